@@ -1,0 +1,991 @@
+/* opt_model.c: the OPT model on the CPU (paper §3, "Background: LLM Inference").
+ *
+ *   fp16             half-precision conversions (F16C where the CPU has it)
+ *   configs          the nine OPT sizes, HF config.json, FlexGen's size formulas
+ *   safetensors      mmap'd archives: header parsing and validation
+ *   weights          one fp32 arena; dummy weights or an HF checkpoint
+ *   forward          embedding, decoder layer, output, one GPU batch at a time
+ *   sampling         greedy, temperature and top-p
+ *
+ * The forward pass is the generative inference of §3: a prefill over the (left-padded) prompts
+ * that fills the KV cache, then decode steps of one token per sequence that read it. Every
+ * function below works on one GPU batch, so the schedule in flexgen.c can walk the loop of
+ * Fig. 4 (token i, layer j, GPU batch k) and call them in any order it needs.
+ */
+#define _GNU_SOURCE
+#include "flexgen.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int fail(char *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, FG_ERR_LEN, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ============================================================================================
+ * fp16
+ * ============================================================================================ */
+
+float fp16_to_fp32(fp16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* Inf or NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: renormalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+fp16 fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (fp16)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (fp16)(sign | 0x7c00); /* rounds past 65504 */
+    if (ax < 0x38800000u) { /* below fp16's normal range: round to a subnormal */
+        if (ax < 0x33000000u) return (fp16)sign; /* below half the smallest subnormal */
+        uint32_t man = (ax & 0x7fffff) | 0x800000, shift = 126 - (ax >> 23);
+        uint32_t q = man >> shift, rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (q & 1))) q++;
+        return (fp16)(sign | q);
+    }
+    uint32_t q = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff), rest = ax & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (q & 1))) q++; /* may carry into the exponent: fine */
+    return (fp16)(sign | q);
+}
+
+float bf16_to_fp32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define HAVE_F16C_PATH 1
+__attribute__((target("f16c,avx"))) static void fp16_to_fp32_f16c(const fp16 *s, float *d,
+                                                                    size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = fp16_to_fp32(s[i]);
+}
+__attribute__((target("f16c,avx"))) static void fp32_to_fp16_f16c(const float *s, fp16 *d,
+                                                                    size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = fp32_to_fp16(s[i]);
+}
+static int cpu_has_f16c(void) {
+    static int cached = -1; /* written once, same value from any thread */
+    if (cached < 0) {
+        unsigned a, b, c = 0, d;
+        __get_cpuid(1, &a, &b, &c, &d);
+        cached = __builtin_cpu_supports("avx") && (c & bit_F16C); /* avx: the OS saves ymm too */
+    }
+    return cached;
+}
+#endif
+
+void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n) {
+#ifdef HAVE_F16C_PATH
+    if (cpu_has_f16c()) { fp16_to_fp32_f16c(src, dst, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(src[i]);
+}
+
+void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n) {
+#ifdef HAVE_F16C_PATH
+    if (cpu_has_f16c()) { fp32_to_fp16_f16c(src, dst, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = fp32_to_fp16(src[i]);
+}
+
+static float round_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
+
+/* ============================================================================================
+ * Configs
+ * ============================================================================================ */
+
+static const opt_config OPT_SIZES[] = {
+    /* name        layers hidden heads ffn   vocab  pos   word  pre_ln */
+    {"opt-125m", 12, 768, 12, 3072, 50272, 2048, 768, 1},
+    {"opt-350m", 24, 1024, 16, 4096, 50272, 2048, 512, 0},
+    {"opt-1.3b", 24, 2048, 32, 8192, 50272, 2048, 2048, 1},
+    {"opt-2.7b", 32, 2560, 32, 10240, 50272, 2048, 2560, 1},
+    {"opt-6.7b", 32, 4096, 32, 16384, 50272, 2048, 4096, 1},
+    {"opt-13b", 40, 5120, 40, 20480, 50272, 2048, 5120, 1},
+    {"opt-30b", 48, 7168, 56, 28672, 50272, 2048, 7168, 1},
+    {"opt-66b", 64, 9216, 72, 36864, 50272, 2048, 9216, 1},
+    {"opt-175b", 96, 12288, 96, 49152, 50272, 2048, 12288, 1},
+};
+
+int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
+    const char *base = strncmp(name, "facebook/", 9) == 0 ? name + 9 : name;
+    for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
+        if (strcmp(base, OPT_SIZES[i].name) == 0) { *cfg = OPT_SIZES[i]; return 0; }
+    return fail(err, "--model: unknown model '%s' (not a directory; known names: opt-125m, "
+                     "opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b, opt-175b)",
+                name);
+}
+
+static char *read_text_file(const char *path, size_t *len, char *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fail(err, "%s: %s", path, strerror(errno)); return NULL; }
+    char *buf = NULL;
+    size_t cap = 0, n = 0, got;
+    do {
+        if (n + 65536 > cap) {
+            char *nb = realloc(buf, cap = cap * 2 + 65536 + 1);
+            if (!nb) { free(buf); fclose(f); fail(err, "%s: out of memory", path); return NULL; }
+            buf = nb;
+        }
+        got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+    } while (got > 0);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); fail(err, "%s: read error", path); return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* Reads an integer field; absent fields take `def` (def < 0 means required). */
+static int json_int(const cJSON *o, const char *key, int def, int *out, const char *path,
+                    char *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) {
+        if (def < 0) return fail(err, "%s: missing \"%s\"", path, key);
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble ||
+        v->valuedouble < 1 || v->valuedouble > (1 << 24))
+        return fail(err, "%s: \"%s\" must be a positive integer", path, key);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, char *err) {
+    if (!cJSON_IsObject(root)) return fail(err, "%s: not a JSON object", path);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0)
+        return fail(err, "%s: unknown architecture (model_type %s%s%s; only \"opt\" is supported)",
+                    path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring
+                    : "missing", cJSON_IsString(mt) ? "\"" : "");
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
+        return fail(err, "%s: unsupported activation_function (only \"relu\")", path);
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", path);
+    if (json_int(root, "num_hidden_layers", -1, &c->n_layers, path, err) ||
+        json_int(root, "hidden_size", -1, &c->hidden, path, err) ||
+        json_int(root, "num_attention_heads", -1, &c->n_heads, path, err) ||
+        json_int(root, "ffn_dim", -1, &c->ffn, path, err) ||
+        json_int(root, "vocab_size", -1, &c->vocab, path, err) ||
+        json_int(root, "max_position_embeddings", 2048, &c->max_pos, path, err) ||
+        json_int(root, "word_embed_proj_dim", c->hidden, &c->word_dim, path, err))
+        return -1;
+    if (c->hidden % c->n_heads)
+        return fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
+                    c->hidden, c->n_heads);
+    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(root, "do_layer_norm_before");
+    c->pre_ln = ln ? cJSON_IsTrue(ln) : 1;
+    /* HF keeps the final layer norm exactly when do_layer_norm_before holds, unless this is set. */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "_remove_final_layer_norm")) && c->pre_ln)
+        return fail(err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported",
+                    path);
+    return 0;
+}
+
+int opt_config_from_json(const char *path, opt_config *cfg, char *err) {
+    char *text = read_text_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return fail(err, "%s: malformed JSON", path);
+    int rc = config_from_cjson(root, path, cfg, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+size_t opt_param_count(const opt_config *c) {
+    size_t h = c->hidden, f = c->ffn;
+    size_t layer = 4 * (h * h + h) + 2 * h * f + f + h + 4 * h;
+    size_t n = c->n_layers * layer + (size_t)c->vocab * c->word_dim + (c->max_pos + 2) * h;
+    if (c->word_dim != c->hidden) n += 2 * h * c->word_dim;
+    if (c->pre_ln) n += 2 * h;
+    return n;
+}
+
+/* FlexGen's opt_config.py formulas, so reports compare with its logs. */
+double opt_model_bytes(const opt_config *c) {
+    double h = c->hidden;
+    return 2 * (c->n_layers * (h * (3 * h + 1) + h * (h + 1) + h * (4 * h + 1) + h * 4 * (h + 1) +
+                               h * 4) +
+                c->vocab * (h + 1));
+}
+double opt_cache_bytes(const opt_config *c, int batch, int seq_len) {
+    return 2.0 * batch * seq_len * c->n_layers * c->hidden * 2;
+}
+double opt_hidden_bytes(const opt_config *c, int batch, int seq_len) {
+    return (double)batch * seq_len * c->hidden * 2;
+}
+
+/* ============================================================================================
+ * safetensors: 8-byte little-endian header length, a JSON header, then the raw tensor bytes.
+ * ============================================================================================ */
+
+static int dtype_from_string(const char *s, st_dtype *d, size_t *size) {
+    if (strcmp(s, "F16") == 0) { *d = ST_F16; *size = 2; return 0; }
+    if (strcmp(s, "BF16") == 0) { *d = ST_BF16; *size = 2; return 0; }
+    if (strcmp(s, "F32") == 0) { *d = ST_F32; *size = 4; return 0; }
+    return -1;
+}
+
+static int cmp_by_offset(const void *a, const void *b) {
+    const st_tensor *x = a, *y = b;
+    const char *px = x->data, *py = y->data;
+    return px < py ? -1 : px > py;
+}
+
+/* Parses one header entry into t; `data` is the start of the byte buffer, `data_len` its size. */
+static int parse_tensor_entry(const cJSON *e, const char *path, const char *data, size_t data_len,
+                              st_tensor *t, char *err) {
+    const char *name = e->string;
+    if (strlen(name) >= sizeof t->name)
+        return fail(err, "%s: tensor name too long: %.60s...", path, name);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    size_t elsize;
+    if (!cJSON_IsString(dt)) return fail(err, "%s: tensor %s: missing dtype", path, name);
+    if (dtype_from_string(dt->valuestring, &t->dtype, &elsize))
+        return fail(err, "%s: tensor %s: unsupported dtype %s (F16, BF16 and F32 are)", path, name,
+                    dt->valuestring);
+    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 4)
+        return fail(err, "%s: tensor %s: bad shape", path, name);
+    t->ndim = cJSON_GetArraySize(shape);
+    uint64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        const cJSON *d = cJSON_GetArrayItem(shape, i);
+        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12 ||
+            d->valuedouble != (double)(int64_t)d->valuedouble)
+            return fail(err, "%s: tensor %s: bad shape", path, name);
+        t->shape[i] = (int64_t)d->valuedouble;
+        numel *= (uint64_t)t->shape[i];
+        if (numel > ((uint64_t)1 << 40)) return fail(err, "%s: tensor %s: bad shape", path, name);
+    }
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        return fail(err, "%s: tensor %s: bad data_offsets", path, name);
+    double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
+    if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) ||
+        b < 0 || en < b || b != (double)(uint64_t)b || en != (double)(uint64_t)en)
+        return fail(err, "%s: tensor %s: bad data_offsets", path, name);
+    if (en > (double)data_len)
+        return fail(err, "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
+                         "bytes; truncated file?)", path, name, b, en, data_len);
+    t->nbytes = (size_t)(en - b);
+    if (t->nbytes != numel * elsize)
+        return fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
+                    path, name, t->nbytes, (unsigned long long)(numel * elsize));
+    t->data = data + (size_t)b;
+    return 0;
+}
+
+static int parse_header(st_archive *a, int file, const char *path, char *err) {
+    const unsigned char *map = a->maps[file];
+    size_t size = a->sizes[file];
+    if (size < 8) return fail(err, "%s: truncated file (%zu bytes, no header)", path, size);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | map[i];
+    if (hlen > size - 8)
+        return fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
+                    (unsigned long long)hlen, size);
+    cJSON *root = cJSON_ParseWithLength((const char *)map + 8, (size_t)hlen);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fail(err, "%s: malformed JSON header", path);
+    }
+    int first = a->n_tensors, n = 0, rc = 0;
+    for (const cJSON *e = root->child; e; e = e->next) n++;
+    st_tensor *grown = realloc(a->tensors, (size_t)(a->n_tensors + n + 1) * sizeof *grown);
+    if (!grown) { cJSON_Delete(root); return fail(err, "%s: out of memory", path); }
+    a->tensors = grown;
+    const char *data = (const char *)map + 8 + hlen;
+    for (const cJSON *e = root->child; e && rc == 0; e = e->next) {
+        if (strcmp(e->string, "__metadata__") == 0) continue;
+        if (!cJSON_IsObject(e)) { rc = fail(err, "%s: tensor %s: not an object", path, e->string); break; }
+        st_tensor *t = &a->tensors[a->n_tensors];
+        rc = parse_tensor_entry(e, path, data, size - 8 - hlen, t, err);
+        t->file = file;
+        if (rc == 0) a->n_tensors++;
+    }
+    cJSON_Delete(root);
+    if (rc) return rc;
+    /* Overlapping byte ranges mean a corrupt or hostile header. */
+    int count = a->n_tensors - first;
+    st_tensor *sorted = malloc((size_t)(count + 1) * sizeof *sorted);
+    if (!sorted) return fail(err, "%s: out of memory", path);
+    memcpy(sorted, a->tensors + first, (size_t)count * sizeof *sorted);
+    qsort(sorted, (size_t)count, sizeof *sorted, cmp_by_offset);
+    for (int i = 1; i < count && rc == 0; i++)
+        if ((const char *)sorted[i - 1].data + sorted[i - 1].nbytes > (const char *)sorted[i].data)
+            rc = fail(err, "%s: tensors %s and %s overlap", path, sorted[i - 1].name,
+                      sorted[i].name);
+    free(sorted);
+    return rc;
+}
+
+int st_open_file(const char *path, st_archive *a, char *err) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (map == MAP_FAILED) return fail(err, "%s: mmap failed: %s", path, strerror(errno));
+    int i = a->n_files;
+    char **np = realloc(a->paths, (size_t)(i + 1) * sizeof *np);
+    if (np) a->paths = np;
+    void **nm = np ? realloc(a->maps, (size_t)(i + 1) * sizeof *nm) : NULL;
+    if (nm) a->maps = nm;
+    size_t *ns = nm ? realloc(a->sizes, (size_t)(i + 1) * sizeof *ns) : NULL;
+    if (ns) a->sizes = ns;
+    char *copy = ns ? strdup(path) : NULL;
+    if (!copy) {
+        if (map) munmap(map, size);
+        return fail(err, "%s: out of memory", path);
+    }
+    a->paths[i] = copy;
+    a->maps[i] = map;
+    a->sizes[i] = size;
+    a->n_files++;
+    return parse_header(a, i, path, err);
+}
+
+static int open_index(const char *dir, const char *index_path, st_archive *a, char *err) {
+    char *text = read_text_file(index_path, NULL, err);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm)) {
+        cJSON_Delete(root);
+        return fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", index_path);
+    }
+    int rc = 0;
+    for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
+            rc = fail(err, "%s: weight_map entry %s: bad file name", index_path, e->string);
+            break;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->valuestring);
+        int seen = 0;
+        for (int f = 0; f < a->n_files; f++) seen |= strcmp(a->paths[f], path) == 0;
+        if (!seen) rc = st_open_file(path, a, err);
+        if (rc == 0) {
+            const st_tensor *t = st_find(a, e->string);
+            if (!t || strcmp(a->paths[t->file], path) != 0)
+                rc = fail(err, "%s: tensor %s is not in %s as the index says", index_path,
+                          e->string, e->valuestring);
+        }
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int st_open_dir(const char *dir, st_archive *a, char *err) {
+    memset(a, 0, sizeof *a);
+    char path[4096];
+    int rc;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) == 0) {
+        rc = open_index(dir, path, a, err);
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (access(path, F_OK) != 0)
+            rc = fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
+                           "pytorch_model.bin with scripts/convert_to_safetensors.py)", dir);
+        else
+            rc = st_open_file(path, a, err);
+    }
+    if (rc) st_close(a);
+    return rc;
+}
+
+const st_tensor *st_find(const st_archive *a, const char *name) {
+    for (int i = 0; i < a->n_tensors; i++)
+        if (strcmp(a->tensors[i].name, name) == 0) return &a->tensors[i];
+    return NULL;
+}
+
+void st_close(st_archive *a) {
+    for (int i = 0; i < a->n_files; i++) {
+        if (a->maps[i]) munmap(a->maps[i], a->sizes[i]);
+        free(a->paths[i]);
+    }
+    free(a->paths);
+    free(a->maps);
+    free(a->sizes);
+    free(a->tensors);
+    memset(a, 0, sizeof *a);
+}
+
+/* ============================================================================================
+ * Weights. One table lists every tensor of the model with its HF name, shape and the pointer it
+ * fills, so dummy initialisation and checkpoint loading walk the same list.
+ * ============================================================================================ */
+
+typedef struct {
+    char name[96]; /* HF name without the "model." prefix */
+    float **slot;
+    int64_t rows, cols; /* cols == 0: a vector of `rows` */
+    int kind;           /* how dummy weights fill it */
+} tensor_spec;
+
+enum { FILL_MATRIX, FILL_EMBED, FILL_BIAS, FILL_LN_W, FILL_LN_B };
+
+static int add_spec(tensor_spec *s, int n, float **slot, int64_t rows, int64_t cols, int kind,
+                    const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s[n].name, sizeof s[n].name, fmt, ap);
+    va_end(ap);
+    s[n].slot = slot;
+    s[n].rows = rows;
+    s[n].cols = cols;
+    s[n].kind = kind;
+    return n + 1;
+}
+
+/* Fills specs (capacity 8 + 16 * n_layers) in checkpoint order; returns the count. */
+static int model_specs(opt_weights *w, int with_lm_head, tensor_spec *s) {
+    const opt_config *c = &w->cfg;
+    int64_t h = c->hidden, f = c->ffn;
+    int n = 0;
+    n = add_spec(s, n, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED, "decoder.embed_tokens.weight");
+    n = add_spec(s, n, &w->embed_positions, c->max_pos + 2, h, FILL_EMBED, "decoder.embed_positions.weight");
+    if (c->word_dim != c->hidden) {
+        n = add_spec(s, n, &w->project_out, c->word_dim, h, FILL_MATRIX, "decoder.project_out.weight");
+        n = add_spec(s, n, &w->project_in, h, c->word_dim, FILL_MATRIX, "decoder.project_in.weight");
+    }
+    if (c->pre_ln) {
+        n = add_spec(s, n, &w->final_ln_w, h, 0, FILL_LN_W, "decoder.final_layer_norm.weight");
+        n = add_spec(s, n, &w->final_ln_b, h, 0, FILL_LN_B, "decoder.final_layer_norm.bias");
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        opt_layer_weights *L = &w->layers[l];
+        const char *p = "decoder.layers";
+        n = add_spec(s, n, &L->wk, h, h, FILL_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l);
+        n = add_spec(s, n, &L->bk, h, 0, FILL_BIAS, "%s.%d.self_attn.k_proj.bias", p, l);
+        n = add_spec(s, n, &L->wv, h, h, FILL_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l);
+        n = add_spec(s, n, &L->bv, h, 0, FILL_BIAS, "%s.%d.self_attn.v_proj.bias", p, l);
+        n = add_spec(s, n, &L->wq, h, h, FILL_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l);
+        n = add_spec(s, n, &L->bq, h, 0, FILL_BIAS, "%s.%d.self_attn.q_proj.bias", p, l);
+        n = add_spec(s, n, &L->wo, h, h, FILL_MATRIX, "%s.%d.self_attn.out_proj.weight", p, l);
+        n = add_spec(s, n, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.out_proj.bias", p, l);
+        n = add_spec(s, n, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.self_attn_layer_norm.weight", p, l);
+        n = add_spec(s, n, &L->attn_ln_b, h, 0, FILL_LN_B, "%s.%d.self_attn_layer_norm.bias", p, l);
+        n = add_spec(s, n, &L->fc1_w, f, h, FILL_MATRIX, "%s.%d.fc1.weight", p, l);
+        n = add_spec(s, n, &L->fc1_b, f, 0, FILL_BIAS, "%s.%d.fc1.bias", p, l);
+        n = add_spec(s, n, &L->fc2_w, h, f, FILL_MATRIX, "%s.%d.fc2.weight", p, l);
+        n = add_spec(s, n, &L->fc2_b, h, 0, FILL_BIAS, "%s.%d.fc2.bias", p, l);
+        n = add_spec(s, n, &L->ffn_ln_w, h, 0, FILL_LN_W, "%s.%d.final_layer_norm.weight", p, l);
+        n = add_spec(s, n, &L->ffn_ln_b, h, 0, FILL_LN_B, "%s.%d.final_layer_norm.bias", p, l);
+    }
+    if (with_lm_head) n = add_spec(s, n, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
+    return n;
+}
+
+static size_t spec_floats(const tensor_spec *s) { return (size_t)s->rows * (s->cols ? s->cols : 1); }
+
+/* Allocates the arena and points every spec's slot into it. Returns the spec table. */
+static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int with_lm_head,
+                                  int *n_specs, char *err) {
+    memset(w, 0, sizeof *w);
+    w->cfg = *cfg;
+    w->layers = calloc((size_t)cfg->n_layers, sizeof *w->layers);
+    tensor_spec *s = malloc((size_t)(8 + 16 * cfg->n_layers) * sizeof *s);
+    if (!w->layers || !s) {
+        free(s);
+        fail(err, "out of memory for the weight table");
+        return NULL;
+    }
+    int n = model_specs(w, with_lm_head, s);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (spec_floats(&s[i]) + 15) & ~(size_t)15; /* 64 B aligned */
+    w->storage = aligned_alloc(64, total * sizeof(float));
+    if (!w->storage) {
+        free(s);
+        fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 working weights of %s",
+             total * 4.0 / 1e9, cfg->name);
+        return NULL;
+    }
+    w->storage_floats = total;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        *s[i].slot = w->storage + off;
+        off += (spec_floats(&s[i]) + 15) & ~(size_t)15;
+    }
+    if (!with_lm_head) w->lm_head = w->embed_tokens; /* tied (DESIGN.md, "OPT facts") */
+    *n_specs = n;
+    return s;
+}
+
+void opt_weights_free(opt_weights *w) {
+    free(w->storage);
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+}
+
+/* A stateless hash of (seed, tensor, element): the same weights whatever the thread count. */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [-1, 1). Matrices get std about 1/sqrt(3 * in): each product keeps its input's
+ * scale, layer norms keep the residual stream bounded, and every value is an fp16 value. */
+static void fill_dummy(const tensor_spec *s, uint64_t seed, int index) {
+    float *p = *s->slot, scale;
+    size_t n = spec_floats(s);
+    switch (s->kind) {
+    case FILL_MATRIX: scale = 1.0f / sqrtf((float)s->cols); break;
+    case FILL_EMBED: scale = 0.5f; break;
+    case FILL_BIAS: scale = 0.02f; break;
+    case FILL_LN_W: scale = 0.1f; break;
+    default: scale = 0.05f; break;
+    }
+    float center = s->kind == FILL_LN_W ? 1.0f : 0.0f;
+    uint64_t base = mix64(seed ^ mix64((uint64_t)index + 0x9e3779b97f4a7c15ULL));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)(mix64(base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        p[i] = round_fp16(center + scale * u);
+    }
+}
+
+int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err) {
+    int n;
+    tensor_spec *s = weights_alloc(w, cfg, 0, &n, err);
+    if (!s) { opt_weights_free(w); return -1; }
+    for (int i = 0; i < n; i++) fill_dummy(&s[i], seed, i);
+    free(s);
+    return 0;
+}
+
+/* Checkpoint names come with "model." (OPTForCausalLM) or without it (OPTModel). */
+static const char *strip_prefix(const char *name) {
+    return strncmp(name, "model.", 6) == 0 ? name + 6 : name;
+}
+
+static const st_tensor *find_spec_tensor(const st_archive *a, const char *spec_name) {
+    for (int i = 0; i < a->n_tensors; i++)
+        if (strcmp(strip_prefix(a->tensors[i].name), spec_name) == 0) return &a->tensors[i];
+    return NULL;
+}
+
+/* The stored-fp16 rule: every source dtype ends as fp16 values held in fp32. */
+static void convert_tensor(const st_tensor *t, float *dst, size_t n) {
+    if (t->dtype == ST_F16) {
+        fp16_to_fp32_n(t->data, dst, n);
+        return;
+    }
+    const uint16_t *b16 = t->data;
+    const float *f32 = t->data;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x;
+        if (t->dtype == ST_BF16) {
+            x = bf16_to_fp32(b16[i]);
+        } else {
+            memcpy(&x, f32 + i, 4); /* the data may be unaligned inside the mapping */
+        }
+        dst[i] = round_fp16(x);
+    }
+}
+
+static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir, char *err) {
+    int want_ndim = s->cols ? 2 : 1;
+    char want[64], got[96] = "";
+    if (s->cols) snprintf(want, sizeof want, "[%lld, %lld]", (long long)s->rows, (long long)s->cols);
+    else snprintf(want, sizeof want, "[%lld]", (long long)s->rows);
+    int ok = t->ndim == want_ndim && t->shape[0] == s->rows && (!s->cols || t->shape[1] == s->cols);
+    if (ok) return 0;
+    for (int i = 0; i < t->ndim; i++) {
+        size_t len = strlen(got);
+        snprintf(got + len, sizeof got - len, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    }
+    return fail(err, "%s: tensor %s has shape [%s], expected %s", dir, t->name, got, want);
+}
+
+static int load_tensors(const st_archive *a, tensor_spec *s, int n, const char *dir, char *err) {
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = find_spec_tensor(a, s[i].name);
+        if (!t) return fail(err, "%s: missing tensor model.%s", dir, s[i].name);
+        if (check_shape(t, &s[i], dir, err)) return -1;
+    }
+    for (int i = 0; i < a->n_tensors; i++) { /* anything the model does not use is an error */
+        const char *name = strip_prefix(a->tensors[i].name);
+        int known = 0;
+        for (int j = 0; j < n && !known; j++) known = strcmp(s[j].name, name) == 0;
+        if (!known) return fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);
+    }
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = find_spec_tensor(a, s[i].name);
+        convert_tensor(t, *s[i].slot, spec_floats(&s[i]));
+        /* The fp32 copy is what the compute device uses: drop the file's pages (§4.1). */
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t lo = ((uintptr_t)t->data + page - 1) & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)t->data + t->nbytes) & ~(page - 1);
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    return 0;
+}
+
+int opt_weights_load(const char *dir, opt_weights *w, char *err) {
+    char path[4096];
+    opt_config cfg;
+    memset(w, 0, sizeof *w);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (opt_config_from_json(path, &cfg, err)) return -1;
+    snprintf(cfg.name, sizeof cfg.name, "%s", dir);
+    st_archive a;
+    if (st_open_dir(dir, &a, err)) return -1;
+    int n, with_lm_head = st_find(&a, "lm_head.weight") != NULL;
+    tensor_spec *s = weights_alloc(w, &cfg, with_lm_head, &n, err);
+    int rc = s ? load_tensors(&a, s, n, dir, err) : -1;
+    free(s);
+    st_close(&a);
+    if (rc) opt_weights_free(w);
+    return rc;
+}
+
+/* ============================================================================================
+ * GPU batch state and workspace
+ * ============================================================================================ */
+
+static void *alloc_floats(size_t n) { return aligned_alloc(64, ((n * 4 + 63) & ~(size_t)63) + 64); }
+
+int gpu_batch_init(gpu_batch *gb, const opt_config *cfg, int batch, int max_len, int max_new,
+                   char *err) {
+    memset(gb, 0, sizeof *gb);
+    gb->batch = batch;
+    gb->max_len = max_len;
+    size_t kv = (size_t)cfg->n_layers * batch * max_len * cfg->hidden;
+    gb->pad = calloc((size_t)batch, sizeof *gb->pad);
+    gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
+    gb->x = alloc_floats((size_t)batch * max_new * cfg->hidden);
+    gb->k = malloc(kv * sizeof(fp16));
+    gb->v = malloc(kv * sizeof(fp16));
+    if (!gb->pad || !gb->tokens || !gb->x || !gb->k || !gb->v) {
+        gpu_batch_free(gb);
+        return fail(err, "gpu tier: cannot allocate the KV cache (%.2f GB) of a GPU batch of %d",
+                    2.0 * kv * sizeof(fp16) / 1e9, batch);
+    }
+    return 0;
+}
+
+void gpu_batch_free(gpu_batch *gb) {
+    free(gb->pad);
+    free(gb->tokens);
+    free(gb->x);
+    free(gb->k);
+    free(gb->v);
+    memset(gb, 0, sizeof *gb);
+}
+
+int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
+                       char *err) {
+    memset(ws, 0, sizeof *ws);
+    size_t h = cfg->hidden, hd = h / cfg->n_heads;
+    size_t wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
+    ws->rows = rows;
+    ws->max_len = max_len;
+    ws->n_threads = omp_get_max_threads();
+    ws->thread_floats = (2 * (size_t)max_len * hd + (size_t)max_len * max_len + 15) & ~(size_t)15;
+    ws->h = alloc_floats(rows * h);
+    ws->q = alloc_floats(rows * h);
+    ws->k = alloc_floats(rows * h);
+    ws->v = alloc_floats(rows * h);
+    ws->attn = alloc_floats(rows * h);
+    ws->ffn = alloc_floats(rows * wide);
+    ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
+    if (!ws->h || !ws->q || !ws->k || !ws->v || !ws->attn || !ws->ffn || !ws->thread_scratch) {
+        opt_workspace_free(ws);
+        return fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+    }
+    return 0;
+}
+
+void opt_workspace_free(opt_workspace *ws) {
+    free(ws->h);
+    free(ws->q);
+    free(ws->k);
+    free(ws->v);
+    free(ws->attn);
+    free(ws->ffn);
+    free(ws->thread_scratch);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* ============================================================================================
+ * Forward pass
+ * ============================================================================================ */
+
+/* y[rows][out] = x[rows][in] W^T + b, with W stored [out][in] as in the checkpoint.
+ * accumulate: y += instead of y =, which is how the residual adds are fused. */
+static void linear(const float *x, int rows, int in, const float *W, const float *b, int out,
+                   float *y, int accumulate) {
+    if (!accumulate && b) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; r++) memcpy(y + (size_t)r * out, b, (size_t)out * sizeof *y);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W, in,
+                (accumulate || b) ? 1.0f : 0.0f, y, out);
+    if (accumulate && b) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < out; i++) y[(size_t)r * out + i] += b[i];
+    }
+}
+
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */
+static void layer_norm(const float *x, int rows, int dim, const float *w, const float *b, float *y) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        float mean = 0, var = 0;
+        for (int i = 0; i < dim; i++) mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        float inv = 1.0f / sqrtf(var / dim + 1e-5f);
+        for (int i = 0; i < dim; i++) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+    }
+}
+
+static void relu(float *x, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0;
+}
+
+/* The position id of cache slot `slot` of sequence b (HF: cumsum(mask) * mask - 1 + 2). Pad
+ * slots get position 1, as in HF; they are masked out of every attention anyway. */
+static int position_of(const gpu_batch *gb, int b, int slot) {
+    return slot < gb->pad[b] ? OPT_POS_OFFSET - 1 : slot - gb->pad[b] + OPT_POS_OFFSET;
+}
+
+/* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
+void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+    const opt_config *c = &w->cfg;
+    int rows = gb->batch * gb->n_new, wd = c->word_dim, h = c->hidden;
+    float *words = w->project_in ? ws->h : gb->x;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        memcpy(words + (size_t)r * wd, w->embed_tokens + (size_t)gb->tokens[r] * wd, wd * sizeof(float));
+    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, 0);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
+        const float *pos = w->embed_positions + (size_t)position_of(gb, b, slot) * h;
+        float *xr = gb->x + (size_t)r * h;
+        for (int i = 0; i < h; i++) xr[i] += pos[i];
+    }
+}
+
+/* Rounds this step's K and V to fp16 into the cache (slots len .. len + n_new - 1). */
+static void store_kv(const opt_config *c, int layer, gpu_batch *gb, const opt_workspace *ws) {
+    int h = c->hidden;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < gb->batch * gb->n_new; r++) {
+        int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
+        size_t at = (((size_t)layer * gb->batch + b) * gb->max_len + slot) * h;
+        fp32_to_fp16_n(ws->k + (size_t)r * h, gb->k + at, (size_t)h);
+        fp32_to_fp16_n(ws->v + (size_t)r * h, gb->v + at, (size_t)h);
+    }
+}
+
+/* softmax over scores[0..n), in place. */
+static void softmax(float *s, int n) {
+    float m = s[0], sum = 0;
+    for (int i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
+    for (int i = 0; i < n; i++) sum += s[i] = expf(s[i] - m);
+    for (int i = 0; i < n; i++) s[i] /= sum;
+}
+
+/* Multi-head attention of this step's queries over the cache as stored (fp16), causal, with the
+ * left padding masked out: query slot s of sequence b sees keys in [pad[b], s]. */
+static void attention(const opt_config *c, int layer, gpu_batch *gb, opt_workspace *ws) {
+    int h = c->hidden, hd = h / c->n_heads, n_new = gb->n_new, end = gb->len + n_new;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for schedule(dynamic)
+    for (int bh = 0; bh < gb->batch * c->n_heads; bh++) {
+        int b = bh / c->n_heads, head = bh % c->n_heads, start = gb->pad[b], nk = end - start;
+        float *kf = ws->thread_scratch + ws->thread_floats * omp_get_thread_num();
+        float *vf = kf + (size_t)gb->max_len * hd, *scores = vf + (size_t)gb->max_len * hd;
+        float *out = ws->attn + (size_t)b * n_new * h + head * hd;
+        const float *q = ws->q + (size_t)b * n_new * h + head * hd;
+        int t0 = start > gb->len ? start - gb->len : 0; /* first query that is not padding */
+        for (int t = 0; t < t0; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
+        if (t0 >= n_new) continue;
+        size_t at = (((size_t)layer * gb->batch + b) * gb->max_len + start) * h + head * hd;
+        for (int j = 0; j < nk; j++) {
+            fp16_to_fp32_n(gb->k + at + (size_t)j * h, kf + (size_t)j * hd, hd);
+            fp16_to_fp32_n(gb->v + at + (size_t)j * h, vf + (size_t)j * hd, hd);
+        }
+        int nq = n_new - t0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q + (size_t)t0 * h,
+                    h, kf, hd, 0.0f, scores, nk);
+        for (int t = 0; t < nq; t++) {
+            int visible = gb->len + t0 + t - start + 1; /* causal: keys up to this query's slot */
+            float *row = scores + (size_t)t * nk;
+            softmax(row, visible);
+            for (int j = visible; j < nk; j++) row[j] = 0;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, scores, nk, vf,
+                    hd, 0.0f, out + (size_t)t0 * h, h);
+    }
+}
+
+/* One decoder layer for one GPU batch (HF's OPTDecoderLayer):
+ *   pre-LN:  x += out_proj(attn(LN(x)));  x += fc2(relu(fc1(LN(x))))
+ *   post-LN: x = LN(x + out_proj(attn(x))); x = LN(x + fc2(relu(fc1(x))))   (opt-350m)
+ * K and V are rounded to fp16 into the cache before attention reads them. */
+void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
+    const opt_config *c = &w->cfg;
+    const opt_layer_weights *L = &w->layers[layer];
+    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
+    const float *in = gb->x;
+    if (c->pre_ln) {
+        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
+        in = ws->h;
+    }
+    linear(in, rows, h, L->wq, L->bq, h, ws->q, 0);
+    linear(in, rows, h, L->wk, L->bk, h, ws->k, 0);
+    linear(in, rows, h, L->wv, L->bv, h, ws->v, 0);
+    store_kv(c, layer, gb, ws);
+    attention(c, layer, gb, ws);
+    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, 1);
+    if (c->pre_ln) {
+        layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
+    } else {
+        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x);
+    }
+    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, 0);
+    relu(ws->ffn, (size_t)rows * f);
+    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, 1);
+    if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
+}
+
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))); advances the cache. */
+void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+    const opt_config *c = &w->cfg;
+    int h = c->hidden, B = gb->batch;
+    for (int b = 0; b < B; b++)
+        memcpy(ws->h + (size_t)b * h, gb->x + ((size_t)b * gb->n_new + gb->n_new - 1) * h,
+               h * sizeof(float));
+    if (w->final_ln_w) layer_norm(ws->h, B, h, w->final_ln_w, w->final_ln_b, ws->h);
+    const float *last = ws->h;
+    if (w->project_out) {
+        linear(ws->h, B, h, w->project_out, NULL, c->word_dim, ws->q, 0);
+        last = ws->q;
+    }
+    linear(last, B, c->word_dim, w->lm_head, NULL, c->vocab, logits, 0);
+    gb->len += gb->n_new;
+}
+
+/* ============================================================================================
+ * Sampling
+ * ============================================================================================ */
+
+void rng_seed(fg_rng *r, uint64_t seed) {
+    r->s[0] = mix64(seed + 0x9e3779b97f4a7c15ULL);
+    r->s[1] = mix64(r->s[0] ^ 0x2545f4914f6cdd1dULL) | 1;
+}
+
+uint64_t rng_next(fg_rng *r) { /* xorshift128+ */
+    uint64_t s1 = r->s[0];
+    const uint64_t s0 = r->s[1];
+    r->s[0] = s0;
+    s1 ^= s1 << 23;
+    r->s[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+    return r->s[1] + s0;
+}
+
+float rng_uniform(fg_rng *r) { return (float)(rng_next(r) >> 40) / 16777216.0f; }
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int cmp_prob_desc(const void *a, const void *b) {
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return (x < y) - (x > y);
+}
+
+int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
+                 float *scratch) {
+    if (temperature <= 0) return argmax(logits, n);
+    /* scratch holds (probability, id) pairs, sorted by probability for the nucleus. */
+    float m = logits[argmax(logits, n)], sum = 0;
+    for (int i = 0; i < n; i++) {
+        scratch[2 * i] = expf((logits[i] - m) / temperature);
+        memcpy(&scratch[2 * i + 1], &i, sizeof i);
+        sum += scratch[2 * i];
+    }
+    int keep = n;
+    if (top_p < 1.0f) {
+        qsort(scratch, (size_t)n, 2 * sizeof(float), cmp_prob_desc);
+        float cum = 0;
+        for (keep = 0; keep < n && cum < top_p * sum; keep++) cum += scratch[2 * keep];
+        sum = cum;
+    }
+    float u = rng_uniform(rng) * sum, acc = 0;
+    int id = 0;
+    for (int i = 0; i < keep; i++) {
+        memcpy(&id, &scratch[2 * i + 1], sizeof id);
+        acc += scratch[2 * i];
+        if (acc > u) break;
+    }
+    return id;
+}

@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""Build the tiny OPT reference fixtures in tests/fixtures/<model>/.
+
+For each of three tiny, randomly initialised OPT models this script writes
+
+    config.json, generation_config.json      (save_pretrained)
+    model.safetensors | model-0000k-of-0000n.safetensors + model.safetensors.index.json
+    prompts.txt     one prompt per line: its unpadded token ids (BOS = 2 first)
+    tokens.txt      one line per prompt: the GEN_LEN greedily generated ids
+    logits.bin      float32 little-endian [n_prompts][GEN_LEN][vocab]: for every prompt and step,
+                    the logits of the last position, i.e. the ones the token was chosen from
+    reference.json  sizes, logit statistics, versions, how it was made
+
+The models:
+    opt-tiny       pre-LN, word_embed_proj_dim == hidden, saved as fp16, one file
+    opt-tiny-350m  post-LN (do_layer_norm_before=False) with project_in / project_out and no
+                   final layer norm, like facebook/opt-350m; saved as fp32, sharded
+    opt-tiny-bf16  pre-LN, other dims, saved as bf16
+
+Numerics, matching the C implementation (weights stored as fp16, compute in fp32, the KV cache
+stored as fp16):
+  * every parameter is rounded so that it is exact both in the saved dtype and in fp16;
+  * the reference runs in fp32, with forward hooks on every k_proj / v_proj that round the
+    projection's output to fp16 and back (the C code stores K and V as fp16 as produced, and
+    attention reads them as stored);
+  * the initialisation is scaled up from HF's std 0.02 so that the logits are well spread, and
+    the smallest top-two gap is asserted to be far above fp32 noise.
+
+Generation: the prompts of different lengths are left-padded with pad id 1 (attention_mask 0
+on pads) and run as one batch: a prefill with use_cache=True, then GEN_LEN - 1 decode steps,
+each feeding the argmax token with the attention mask extended by a 1 and past_key_values.
+No position_ids are passed: HF derives OPT's positions from the attention mask
+(cumsum(mask) * mask - 1, looked up at + 2). No EOS stopping. The same prompts are then run one
+at a time without padding as a check of the padding semantics.
+
+Deterministic: fixed seeds, one CPU thread. Run with /work/venv/bin/python from anywhere:
+    python scripts/make_reference.py [--out DIR] [--only NAME ...]
+"""
+
+import argparse
+import copy
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers import OPTConfig, OPTForCausalLM
+
+GEN_LEN = 8
+PAD_ID = 1
+BOS_ID = 2
+# The smallest top-two logit gap must be at least GAP_FACTOR * 1e-4 * max|logit|.
+GAP_FACTOR = 50.0
+# Batched (padded) vs one-at-a-time logits: max |diff| / max |logit| must stay below this.
+# Checked in pure fp32; with the fp16 K/V rounding on, fp16 rounding flips allow KV_NOISE_RTOL.
+SINGLE_RTOL = 1e-5
+KV_NOISE_RTOL = 2e-4
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MODELS = [
+    dict(
+        name="opt-tiny",
+        seed=36,
+        save_dtype=torch.float16,
+        max_shard_size=None,
+        config=dict(
+            vocab_size=512,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_dim=256,
+            num_hidden_layers=2,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            do_layer_norm_before=True,
+        ),
+        prompt_lengths=[3, 9, 14, 6, 1],
+    ),
+    dict(
+        name="opt-tiny-350m",
+        seed=32,
+        save_dtype=torch.float32,
+        max_shard_size="160KB",
+        config=dict(
+            vocab_size=512,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
+        ),
+        prompt_lengths=[5, 1, 12, 8],
+    ),
+    dict(
+        name="opt-tiny-bf16",
+        seed=40,
+        save_dtype=torch.bfloat16,
+        max_shard_size=None,
+        config=dict(
+            vocab_size=384,
+            hidden_size=48,
+            num_attention_heads=6,
+            ffn_dim=192,
+            num_hidden_layers=3,
+            max_position_embeddings=64,
+            word_embed_proj_dim=48,
+            do_layer_norm_before=True,
+        ),
+        prompt_lengths=[7, 2, 11, 4, 13],
+    ),
+]
+
+FP16_MIN_NORMAL = 2.0 ** -14
+
+# Init: normal(mean, std). Linear weights get std gain / sqrt(fan_in); out_proj and fc2 use
+# out_gain so the layers' residual contributions outweigh the token's own embedding (with tied
+# embeddings a dominant input embedding makes the model repeat its last token).
+INIT_SCALES = dict(embed=0.5, pos=1.0, ln_w=0.15, ln_b=0.02, bias=0.02, out_gain=4.0,
+                   embed_rownorm=True)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def make_config(spec):
+    c = dict(spec["config"])
+    assert c["hidden_size"] % c["num_attention_heads"] == 0, "head dim must divide hidden"
+    return OPTConfig(
+        **c,
+        activation_function="relu",
+        dropout=0.0,
+        attention_dropout=0.0,
+        layerdrop=0.0,
+        enable_bias=True,
+        layer_norm_elementwise_affine=True,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=BOS_ID,
+        tie_word_embeddings=True,
+        init_std=0.02,
+        attn_implementation="eager",
+    )
+
+
+def round_param(t, save_dtype):
+    """Round so the value is exact in save_dtype and in fp16."""
+    if save_dtype == torch.bfloat16:
+        t = t.bfloat16().float()
+        # bf16 has fp16's mantissa bits to spare only in fp16's normal range.
+        t = torch.where(t.abs() < FP16_MIN_NORMAL, torch.zeros_like(t), t)
+    else:
+        t = t.half().float()
+    return t
+
+
+def init_weights(model, spec):
+    """Re-initialise every parameter with scales that give well-spread logits, then round."""
+    g = torch.Generator().manual_seed(spec["seed"])
+    sc = dict(INIT_SCALES, **spec.get("init", {}))
+
+    def randn(shape, std, mean=0.0):
+        return torch.randn(shape, generator=g) * std + mean
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied lm_head.weight appears once (embed_tokens)
+            if name.endswith("embed_tokens.weight"):
+                v = randn(p.shape, 1.0)
+                if sc["embed_rownorm"]:  # equal-norm rows: no token wins by its norm alone
+                    v = v / v.norm(dim=1, keepdim=True) * (p.shape[1] ** 0.5)
+                v = v * sc["embed"]
+            elif name.endswith("embed_positions.weight"):
+                v = randn(p.shape, sc["pos"])
+            elif "layer_norm" in name and name.endswith(".weight"):
+                v = randn(p.shape, sc["ln_w"], 1.0)
+            elif "layer_norm" in name and name.endswith(".bias"):
+                v = randn(p.shape, sc["ln_b"])
+            elif name.endswith(".weight") and p.dim() == 2:  # linear [out][in]
+                gain = sc["out_gain"] if name.endswith(("out_proj.weight", "fc2.weight")) else 1.0
+                v = randn(p.shape, gain / (p.shape[1] ** 0.5))
+            elif name.endswith(".bias"):
+                v = randn(p.shape, sc["bias"])
+            else:
+                raise RuntimeError(f"no init rule for {name}")
+            p.copy_(round_param(v, spec["save_dtype"]))
+        for name, p in model.named_parameters():
+            assert torch.equal(p.half().float(), p), f"{name} is not fp16-exact"
+            assert torch.equal(p.to(spec["save_dtype"]).float(), p), f"{name} not exact in save dtype"
+    assert model.lm_head.weight is model.model.decoder.embed_tokens.weight, "lm_head must be tied"
+
+
+def add_kv_rounding_hooks(model):
+    handles = []
+
+    def hook(_module, _inp, out):
+        return out.half().float()
+
+    for name, mod in model.named_modules():
+        if name.endswith("k_proj") or name.endswith("v_proj"):
+            handles.append(mod.register_forward_hook(hook))
+    return handles
+
+
+def make_prompts(spec, vocab):
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    prompts = []
+    for n in spec["prompt_lengths"]:
+        rest = torch.randint(3, vocab, (n - 1,), generator=g).tolist()
+        prompts.append([BOS_ID] + rest)
+    return prompts
+
+
+@torch.no_grad()
+def greedy(model, prompts, gen_len):
+    """Left-padded batched greedy generation. Returns (tokens [B][gen_len], logits [B][gen_len][V])."""
+    b = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((b, width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    tokens, logits = [], []
+    for step in range(gen_len):
+        last = out.logits[:, -1, :].float()
+        nxt = last.argmax(dim=-1)
+        logits.append(last.clone())
+        tokens.append(nxt.clone())
+        if step == gen_len - 1:
+            break
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+        out = model(input_ids=nxt[:, None], attention_mask=mask,
+                    past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(tokens, dim=1), torch.stack(logits, dim=1)
+
+
+def top2_gap(logits):
+    top = logits.topk(2, dim=-1).values
+    return (top[..., 0] - top[..., 1]).min().item()
+
+
+def clean_dir(d):
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        if (f.endswith(".safetensors") or f.endswith(".bin") or f.endswith(".json")
+                or f in ("prompts.txt", "tokens.txt")):
+            os.remove(os.path.join(d, f))
+
+
+def saved_tensor_names(d):
+    from safetensors import safe_open
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    res = {}
+    for f in files:
+        with safe_open(os.path.join(d, f), framework="pt") as sf:
+            res[f] = {k: (str(sf.get_slice(k).get_dtype()), list(sf.get_slice(k).get_shape()))
+                      for k in sf.keys()}
+    return res
+
+
+def build(spec, out_root):
+    name = spec["name"]
+    d = os.path.join(out_root, name)
+    log(f"=== {name} (seed {spec['seed']}, saved as {spec['save_dtype']}) ===")
+    cfg = make_config(spec)
+    torch.manual_seed(spec["seed"])
+    model = OPTForCausalLM(cfg).float().eval()
+    init_weights(model, spec)
+    dec = model.model.decoder
+    if cfg.word_embed_proj_dim != cfg.hidden_size:
+        assert dec.project_in is not None and dec.project_out is not None
+    if not cfg.do_layer_norm_before:
+        assert dec.final_layer_norm is None, "350m-style model must have no final layer norm"
+
+    # Save in the target dtype.
+    clean_dir(d)
+    to_save = copy.deepcopy(model).to(spec["save_dtype"])
+    kw = dict(safe_serialization=True)
+    if spec["max_shard_size"]:
+        kw["max_shard_size"] = spec["max_shard_size"]
+    to_save.save_pretrained(d, **kw)
+    del to_save
+    names = saved_tensor_names(d)
+    for f, ts in names.items():
+        log(f"  {f}: {len(ts)} tensors")
+        for k, (dt, shape) in ts.items():
+            log(f"    {k:55s} {dt:8s} {shape}")
+    all_names = [k for ts in names.values() for k in ts]
+    assert not any(k.endswith("lm_head.weight") for k in all_names), "lm_head.weight was saved"
+    if spec["max_shard_size"]:
+        assert os.path.exists(os.path.join(d, "model.safetensors.index.json"))
+        assert 2 <= len(names) <= 3, f"expected 2-3 shards, got {len(names)}"
+    else:
+        assert list(names) == ["model.safetensors"], list(names)
+    with open(os.path.join(d, "config.json")) as fh:
+        saved_cfg = json.load(fh)
+    want_dtype = str(spec["save_dtype"]).replace("torch.", "")
+    assert saved_cfg.get("torch_dtype") == want_dtype, (saved_cfg.get("torch_dtype"), want_dtype)
+
+    # Reload from the files just written, in fp32, and check it holds the same numbers.
+    ref = OPTForCausalLM.from_pretrained(d, torch_dtype=torch.float32,
+                                         attn_implementation="eager").eval()
+    assert ref.lm_head.weight.data_ptr() == ref.model.decoder.embed_tokens.weight.data_ptr()
+    sd_a, sd_b = model.state_dict(), ref.state_dict()
+    assert sd_a.keys() == sd_b.keys()
+    for k in sd_a:
+        assert torch.equal(sd_a[k], sd_b[k]), f"reloaded {k} differs"
+    del model
+    hooks = add_kv_rounding_hooks(ref)
+
+    vocab = cfg.vocab_size
+    prompts = make_prompts(spec, vocab)
+    tokens, logits = greedy(ref, prompts, GEN_LEN)
+    assert torch.isfinite(logits).all()
+    max_abs = logits.abs().max().item()
+    gap = top2_gap(logits)
+    log(f"  max|logit| = {max_abs:.6g}   min top-2 gap = {gap:.6g}   "
+        f"gap / (1e-4 * max|logit|) = {gap / (1e-4 * max_abs):.1f}")
+    assert gap >= GAP_FACTOR * 1e-4 * max_abs, \
+        f"{name}: top-2 gap {gap} too small for max|logit| {max_abs}; change seed/scales"
+
+    # Padding-semantics check: each prompt alone, unpadded. In pure fp32 (no K/V rounding) this
+    # differs from the padded batch only by fp32 summation order. With the fp16 K/V rounding, a
+    # different summation order can move a K or V element across an fp16 rounding boundary (one
+    # fp16 ulp, ~5e-4 relative), which shows in the logits at ~1e-5 relative: the same noise any
+    # other implementation (the C code) will show against this reference.
+    def batch_vs_single(p_logits, p_tokens):
+        worst = 0.0
+        for i, p in enumerate(prompts):
+            t1, l1 = greedy(ref, [p], GEN_LEN)
+            assert torch.equal(t1[0], p_tokens[i]), f"{name}: prompt {i} tokens differ unpadded"
+            worst = max(worst, (l1[0] - p_logits[i]).abs().max().item())
+        return worst / p_logits.abs().max().item()
+
+    rel = batch_vs_single(logits, tokens)
+    for h in hooks:
+        h.remove()
+    tokens32, logits32 = greedy(ref, prompts, GEN_LEN)
+    rel32 = batch_vs_single(logits32, tokens32)
+    ref_vs_32 = (logits32 - logits).abs().max().item() / max_abs
+    log(f"  batched vs one-at-a-time, tokens equal: max |dlogit| / max|logit| = {rel:.3g} with fp16 "
+        f"K/V, {rel32:.3g} in pure fp32")
+    log(f"  fp16 K/V vs pure fp32 K/V: max |dlogit| / max|logit| = {ref_vs_32:.3g}, tokens "
+        f"{'equal' if torch.equal(tokens32, tokens) else 'DIFFER'}")
+    assert rel32 <= SINGLE_RTOL, f"{name}: padded vs unpadded fp32 logits differ by {rel32} relative"
+    assert rel <= KV_NOISE_RTOL, f"{name}: padded vs unpadded logits differ by {rel} relative"
+
+    with open(os.path.join(d, "prompts.txt"), "w") as fh:
+        for p in prompts:
+            fh.write(" ".join(map(str, p)) + "\n")
+    with open(os.path.join(d, "tokens.txt"), "w") as fh:
+        for row in tokens.tolist():
+            fh.write(" ".join(map(str, row)) + "\n")
+    logits.numpy().astype("<f4").tofile(os.path.join(d, "logits.bin"))
+    meta = {
+        "n_prompts": len(prompts),
+        "gen_len": GEN_LEN,
+        "vocab": vocab,
+        "max_abs_logit": max_abs,
+        "min_top2_gap": gap,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "note": (
+            "Made by scripts/make_reference.py: random OPT (seed %d), every parameter rounded to "
+            "be exact in the saved dtype (%s) and in fp16; reference run in fp32 (eager attention, "
+            "1 CPU thread) from the saved files, with k_proj/v_proj outputs rounded to fp16 "
+            "(the C KV cache). Prompts left-padded with pad id 1 (attention_mask 0), one batch; "
+            "greedy argmax, prefill + %d cached decode steps, positions from the attention mask "
+            "(no position_ids), no EOS stopping. logits.bin: float32 LE "
+            "[n_prompts][gen_len][vocab], the last position's logits each token was chosen from. "
+            "Unpadded one-at-a-time runs give the same tokens; max |dlogit| / max|logit| = %.3g "
+            "(%.3g with K/V left in fp32: fp16 rounding flips of K/V elements under a different "
+            "summation order cause the rest, so compare logits with a tolerance well above 1e-5 "
+            "relative). Pure-fp32 K/V would change the logits by %.3g relative."
+            % (spec["seed"], want_dtype, GEN_LEN - 1, rel, rel32, ref_vs_32)
+        ),
+    }
+    with open(os.path.join(d, "reference.json"), "w") as fh:
+        json.dump(meta, fh, indent=2)
+        fh.write("\n")
+    log(f"  tokens: {tokens.tolist()}")
+    return meta
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
+    ap.add_argument("--only", nargs="*", help="model names to build (default: all)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    log(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    specs = [s for s in MODELS if not args.only or s["name"] in args.only]
+    if args.only and len(specs) != len(args.only):
+        sys.exit(f"unknown model in {args.only}; known: {[s['name'] for s in MODELS]}")
+    for s in specs:
+        build(s, args.out)
+
+
+if __name__ == "__main__":
+    main()

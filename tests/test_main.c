@@ -1,0 +1,43 @@
+/* test_main.c: runs every CUnit suite of `make test` and prints CUnit's run summary. */
+#define _GNU_SOURCE
+#include "tests.h"
+
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *fixture(const char *rel) {
+    static char path[4096];
+    const char *dir = getenv("FG_FIXTURES");
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/fixtures", rel);
+    return path;
+}
+
+char *make_temp_dir(void) {
+    const char *tmp = getenv("TMPDIR");
+    char *dir = malloc(4096);
+    snprintf(dir, 4096, "%s/flexgen-test-XXXXXX", tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) { free(dir); return NULL; }
+    return dir;
+}
+
+void rm_tree(const char *dir) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int main(void) {
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    add_tokenizer_tests();
+    add_model_tests();
+    add_checkpoint_tests();
+    add_cli_tests();
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned run = CU_get_number_of_tests_run();
+    CU_cleanup_registry();
+    return (failed == 0 && run > 0) ? 0 : 1;
+}

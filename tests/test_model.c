@@ -1,0 +1,331 @@
+/* test_model.c: the forward pass against PyTorch + HF transformers (fixtures written by
+ * scripts/make_reference.py), the KV cache against full recomputation, dummy weights, sampling.
+ *
+ * Tolerance: logits within 1e-4 x max|logit| of the reference, tokens exact. fp32 sums in another
+ * order can round a K or V element to the neighbouring fp16 value; the bound covers that, and the
+ * fixtures' smallest top-two logit gap is checked to be far above it. */
+#define _GNU_SOURCE
+#include "flexgen.h"
+#include "tests.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    opt_weights w;
+    int n, gen_len, vocab;
+    int **prompts, *lens;
+    int *tokens;   /* [n][gen_len] */
+    float *logits; /* [n][gen_len][vocab] */
+    float max_abs, min_gap;
+} reference;
+
+static int read_ints_line(char *line, int **out) {
+    int n = 0, cap = 8, *v = malloc(cap * sizeof *v);
+    for (char *s = strtok(line, " \n"); s; s = strtok(NULL, " \n")) {
+        if (n == cap) v = realloc(v, (cap *= 2) * sizeof *v);
+        v[n++] = atoi(s);
+    }
+    *out = v;
+    return n;
+}
+
+static int read_id_lines(const char *path, int ***rows, int **lens) {
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char line[8192];
+    int n = 0;
+    *rows = NULL;
+    *lens = NULL;
+    while (fgets(line, sizeof line, f)) {
+        *rows = realloc(*rows, (n + 1) * sizeof **rows);
+        *lens = realloc(*lens, (n + 1) * sizeof **lens);
+        (*lens)[n] = read_ints_line(line, &(*rows)[n]);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static float json_number(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    char buf[4096] = "";
+    size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[len] = 0;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *at = strstr(buf, pat);
+    return at ? strtof(at + strlen(pat), NULL) : NAN;
+}
+
+static void load_reference(const char *name, reference *r) {
+    char dir[512], path[600];
+    char err[FG_ERR_LEN];
+    memset(r, 0, sizeof *r);
+    snprintf(dir, sizeof dir, "%s", fixture(name));
+    int rc = opt_weights_load(dir, &r->w, err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    snprintf(path, sizeof path, "%s/prompts.txt", dir);
+    r->n = read_id_lines(path, &r->prompts, &r->lens);
+    int **tok_rows, *tok_lens;
+    snprintf(path, sizeof path, "%s/tokens.txt", dir);
+    CU_ASSERT_EQUAL_FATAL(read_id_lines(path, &tok_rows, &tok_lens), r->n);
+    r->gen_len = tok_lens[0];
+    r->vocab = r->w.cfg.vocab;
+    r->tokens = malloc((size_t)r->n * r->gen_len * sizeof *r->tokens);
+    for (int p = 0; p < r->n; p++) {
+        CU_ASSERT_EQUAL(tok_lens[p], r->gen_len);
+        memcpy(r->tokens + (size_t)p * r->gen_len, tok_rows[p], r->gen_len * sizeof(int));
+        free(tok_rows[p]);
+    }
+    free(tok_rows);
+    free(tok_lens);
+    size_t count = (size_t)r->n * r->gen_len * r->vocab;
+    r->logits = malloc(count * sizeof(float));
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    FILE *f = fopen(path, "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    CU_ASSERT_EQUAL_FATAL(fread(r->logits, sizeof(float), count, f), count);
+    fclose(f);
+    for (size_t i = 0; i < count; i++) r->max_abs = fmaxf(r->max_abs, fabsf(r->logits[i]));
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    r->min_gap = json_number(path, "min_top2_gap");
+}
+
+static void free_reference(reference *r) {
+    for (int p = 0; p < r->n; p++) free(r->prompts[p]);
+    free(r->prompts);
+    free(r->lens);
+    free(r->tokens);
+    free(r->logits);
+    opt_weights_free(&r->w);
+}
+
+/* Generates the reference prompts with the given blocking; compares tokens and logits. */
+static void check_against_reference(reference *r, int gpu_batch_size, int num_gpu_batches) {
+    gen_options opt = {.gpu_batch_size = gpu_batch_size, .num_gpu_batches = num_gpu_batches,
+                       .gen_len = r->gen_len, .top_p = 1};
+    size_t count = (size_t)r->n * r->gen_len * r->vocab;
+    int *tokens = malloc((size_t)r->n * r->gen_len * sizeof *tokens);
+    float *logits = malloc(count * sizeof *logits);
+    gen_timing t;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(generate(&r->w, &opt, r->n, r->prompts, r->lens, tokens, logits, &t, err), 0);
+    int token_mismatches = 0;
+    for (int i = 0; i < r->n * r->gen_len; i++) token_mismatches += tokens[i] != r->tokens[i];
+    float worst = 0;
+    for (size_t i = 0; i < count; i++) worst = fmaxf(worst, fabsf(logits[i] - r->logits[i]));
+    if (token_mismatches || worst > 1e-4f * r->max_abs)
+        fprintf(stderr, "\n  %s gbs %d x %d: %d token mismatches, max |dlogit| %.3g (bound %.3g)\n",
+                r->w.cfg.name, gpu_batch_size, num_gpu_batches, token_mismatches, worst,
+                1e-4 * r->max_abs);
+    CU_ASSERT_EQUAL(token_mismatches, 0);
+    CU_ASSERT(worst <= 1e-4f * r->max_abs);
+    free(tokens);
+    free(logits);
+}
+
+static void check_fixture(const char *name) {
+    reference r;
+    load_reference(name, &r);
+    /* The bound only makes sense if no top-two pair is anywhere near it. */
+    CU_ASSERT(r.min_gap > 20 * 1e-4f * r.max_abs);
+    check_against_reference(&r, r.n, 1);            /* one GPU batch */
+    check_against_reference(&r, 2, 2);              /* blocks of 2 x 2, the last partial */
+    check_against_reference(&r, 1, 3);              /* one sequence per GPU batch */
+    free_reference(&r);
+}
+
+static void test_reference_pre_ln_fp16(void) { check_fixture("opt-tiny"); }
+static void test_reference_350m_fp32_sharded(void) { check_fixture("opt-tiny-350m"); }
+static void test_reference_bf16(void) { check_fixture("opt-tiny-bf16"); }
+
+/* Fills gb for a prefill of the given prompts, left-padded to the longest. */
+static void setup_prefill(gpu_batch *gb, int *const *prompts, const int *lens, int n) {
+    int padded = 0;
+    for (int b = 0; b < n; b++) padded = lens[b] > padded ? lens[b] : padded;
+    gb->batch = n;
+    gb->len = 0;
+    gb->n_new = padded;
+    for (int b = 0; b < n; b++) {
+        gb->pad[b] = padded - lens[b];
+        for (int t = 0; t < padded; t++)
+            gb->tokens[b * padded + t] = t < gb->pad[b] ? OPT_PAD_ID : prompts[b][t - gb->pad[b]];
+    }
+}
+
+static void run_prefill(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+    opt_embed(w, gb, ws);
+    for (int l = 0; l < w->cfg.n_layers; l++) opt_layer(w, l, gb, ws);
+    opt_output(w, gb, ws, logits);
+}
+
+/* Decode with the KV cache equals recomputing every sequence from scratch, step by step. */
+static void test_kv_cache_equals_recompute(void) {
+    reference r;
+    load_reference("opt-tiny", &r);
+    const opt_weights *w = &r.w;
+    int n = r.n, steps = 6, max_prompt = 0, V = r.vocab;
+    for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
+    int max_len = max_prompt + steps;
+    gpu_batch cached, fresh;
+    opt_workspace ws;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&cached, &w->cfg, n, max_len, max_len, err), 0);
+    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&fresh, &w->cfg, n, max_len, max_len, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, err), 0);
+    float *lc = malloc((size_t)n * V * sizeof(float)), *lf = malloc((size_t)n * V * sizeof(float));
+    int **seqs = malloc(n * sizeof *seqs), *lens = malloc(n * sizeof *lens);
+    for (int b = 0; b < n; b++) {
+        seqs[b] = malloc(max_len * sizeof(int));
+        memcpy(seqs[b], r.prompts[b], r.lens[b] * sizeof(int));
+        lens[b] = r.lens[b];
+    }
+    setup_prefill(&cached, seqs, lens, n);
+    float worst = 0;
+    for (int step = 0; step < steps; step++) {
+        if (step == 0) {
+            run_prefill(w, &cached, &ws, lc);
+        } else {
+            cached.n_new = 1;
+            for (int b = 0; b < n; b++) cached.tokens[b] = seqs[b][lens[b] - 1];
+            run_prefill(w, &cached, &ws, lc); /* embed + layers + output of one new token */
+        }
+        setup_prefill(&fresh, seqs, lens, n);
+        run_prefill(w, &fresh, &ws, lf);
+        for (size_t i = 0; i < (size_t)n * V; i++) worst = fmaxf(worst, fabsf(lc[i] - lf[i]));
+        for (int b = 0; b < n; b++) { /* greedy next token, appended to each sequence */
+            int best = 0;
+            for (int v = 1; v < V; v++) best = lc[b * V + v] > lc[b * V + best] ? v : best;
+            seqs[b][lens[b]++] = best;
+        }
+    }
+    CU_ASSERT(worst <= 1e-4f * r.max_abs);
+    if (worst > 1e-4f * r.max_abs) fprintf(stderr, "\n  cached vs recomputed: %g\n", worst);
+    for (int b = 0; b < n; b++) free(seqs[b]);
+    free(seqs);
+    free(lens);
+    free(lc);
+    free(lf);
+    gpu_batch_free(&cached);
+    gpu_batch_free(&fresh);
+    opt_workspace_free(&ws);
+    free_reference(&r);
+}
+
+/* A thin, deep model with the dummy-weight rule of every OPT size. */
+static opt_config deep_config(int pre_ln) {
+    opt_config c = {.n_layers = 96, .hidden = 64, .n_heads = 4, .ffn = 256, .vocab = 300,
+                    .max_pos = 64, .word_dim = pre_ln ? 64 : 32, .pre_ln = pre_ln};
+    snprintf(c.name, sizeof c.name, "deep-%s", pre_ln ? "pre" : "post");
+    return c;
+}
+
+static void generate_dummy(const opt_config *c, uint64_t seed, int *tokens, float *logits) {
+    opt_weights w;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_weights_dummy(c, seed, &w, err), 0);
+    int p0[] = {2, 10, 11, 12, 13, 14, 15, 16}, p1[] = {2, 99};
+    int *prompts[] = {p0, p1}, lens[] = {8, 2};
+    gen_options opt = {.gpu_batch_size = 2, .num_gpu_batches = 1, .gen_len = 4, .top_p = 1};
+    gen_timing t;
+    CU_ASSERT_EQUAL(generate(&w, &opt, 2, prompts, lens, tokens, logits, &t, err), 0);
+    opt_weights_free(&w);
+}
+
+/* Dummy weights keep activations finite through 96 layers and do not depend on the thread
+ * count; different seeds give different weights. */
+static void test_dummy_weights(void) {
+    for (int pre_ln = 0; pre_ln <= 1; pre_ln++) {
+        opt_config c = deep_config(pre_ln);
+        size_t n = (size_t)2 * 4 * c.vocab;
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        int ta[8], tb[8];
+        int threads = omp_get_max_threads();
+        generate_dummy(&c, 7, ta, a);
+        omp_set_num_threads(1);
+        generate_dummy(&c, 7, tb, b);
+        omp_set_num_threads(threads);
+        int finite = 1;
+        float spread = 0;
+        for (size_t i = 0; i < n; i++) finite &= isfinite(a[i]), spread = fmaxf(spread, fabsf(a[i]));
+        CU_ASSERT(finite);
+        CU_ASSERT(spread > 1e-3f); /* not collapsed to zero either */
+        CU_ASSERT_EQUAL(memcmp(ta, tb, sizeof ta), 0);
+        generate_dummy(&c, 8, tb, b);
+        CU_ASSERT(memcmp(a, b, n * sizeof *a) != 0);
+        free(a);
+        free(b);
+    }
+}
+
+/* Every named size resolves, with the dims of DESIGN.md; 350m is the post-LN one. */
+static void test_configs(void) {
+    const char *names[] = {"opt-125m", "opt-350m", "opt-1.3b", "opt-2.7b", "opt-6.7b",
+                           "opt-13b", "opt-30b", "opt-66b", "opt-175b"};
+    opt_config c;
+    char err[FG_ERR_LEN];
+    for (int i = 0; i < 9; i++) {
+        CU_ASSERT_EQUAL(opt_config_by_name(names[i], &c, err), 0);
+        CU_ASSERT_EQUAL(c.pre_ln, i != 1);
+        CU_ASSERT_EQUAL(c.hidden % c.n_heads, 0);
+    }
+    CU_ASSERT_EQUAL(opt_config_by_name("facebook/opt-1.3b", &c, err), 0);
+    CU_ASSERT_EQUAL(c.hidden, 2048);
+    CU_ASSERT_EQUAL(opt_config_by_name("opt-175b", &c, err), 0);
+    CU_ASSERT(c.n_layers == 96 && c.hidden == 12288 && c.ffn == 49152 && c.n_heads == 96);
+    /* FlexGen's model_bytes for opt-175b is 2 x 174.6e9 parameters' worth (324 GiB-ish). */
+    CU_ASSERT(opt_model_bytes(&c) > 3.4e11 && opt_model_bytes(&c) < 3.6e11);
+    CU_ASSERT_EQUAL(opt_config_by_name("opt-7b", &c, err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "opt-7b"));
+    /* opt-125m has 125.2M parameters (HF's count, lm_head tied). */
+    CU_ASSERT_EQUAL(opt_config_by_name("opt-125m", &c, err), 0);
+    CU_ASSERT(opt_param_count(&c) > 125.0e6 && opt_param_count(&c) < 125.5e6);
+}
+
+static void test_sampling(void) {
+    enum { N = 5 };
+    float logits[N] = {0.5f, 2.0f, 1.0f, -1.0f, 1.9f}, scratch[2 * N];
+    fg_rng rng;
+    rng_seed(&rng, 1);
+    CU_ASSERT_EQUAL(sample_token(logits, N, 0, 1, &rng, scratch), 1);    /* greedy */
+    CU_ASSERT_EQUAL(sample_token(logits, N, 1, 1e-6f, &rng, scratch), 1); /* tiny nucleus */
+    /* top-p 0.5 at T=1: ids 1 and 4 hold 0.39 + 0.35 of the mass, so only they are drawn. */
+    int counts[N] = {0}, trials = 20000;
+    for (int i = 0; i < trials; i++) counts[sample_token(logits, N, 1, 0.5f, &rng, scratch)]++;
+    CU_ASSERT_EQUAL(counts[0] + counts[2] + counts[3], 0);
+    CU_ASSERT(counts[1] > counts[4] && counts[4] > trials / 3);
+    /* Full softmax at T=1: frequencies within 2% of the probabilities. */
+    double z = 0, p[N];
+    for (int i = 0; i < N; i++) z += exp(logits[i]);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < trials; i++) counts[sample_token(logits, N, 1, 1, &rng, scratch)]++;
+    for (int i = 0; i < N; i++) {
+        p[i] = exp(logits[i]) / z;
+        CU_ASSERT(fabs((double)counts[i] / trials - p[i]) < 0.02);
+    }
+    /* Same seed, same draws. */
+    fg_rng a, b;
+    rng_seed(&a, 42);
+    rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++)
+        CU_ASSERT_EQUAL(sample_token(logits, N, 0.7f, 0.9f, &a, scratch),
+                        sample_token(logits, N, 0.7f, 0.9f, &b, scratch));
+}
+
+void add_model_tests(void) {
+    CU_pSuite s = CU_add_suite("model", NULL, NULL);
+    CU_add_test(s, "pre-LN fp16 checkpoint matches HF transformers", test_reference_pre_ln_fp16);
+    CU_add_test(s, "350m-style post-LN fp32 sharded checkpoint matches HF",
+                test_reference_350m_fp32_sharded);
+    CU_add_test(s, "bf16 checkpoint matches HF", test_reference_bf16);
+    CU_add_test(s, "KV-cache decode equals full recomputation", test_kv_cache_equals_recompute);
+    CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
+    CU_add_test(s, "every OPT size by name", test_configs);
+    CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);
+}
