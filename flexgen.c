@@ -536,15 +536,47 @@ static int dump_logits(const char *path, const float *logits, size_t n, char *er
     return 0;
 }
 
-static void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens, int gen_len) {
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is not one (Unicode's "maximal
+ * subpart" rule, which Python's errors="replace" follows: *bad is how many bytes one U+FFFD
+ * replaces). */
+static int utf8_sequence(const unsigned char *s, size_t n, int *bad) {
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+    int need = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+    int k = 0;
+    while (k < need && (size_t)k + 1 < n && s[k + 1] >= (k ? 0x80 : lo) && s[k + 1] <= (k ? 0xbf : hi)) k++;
+    *bad = k + 1;
+    return need && k == need ? need + 1 : 0;
+}
+
+/* Writes decoded bytes as text: invalid UTF-8 (a token can end mid-character) becomes U+FFFD,
+ * as in HF's tokenizer.decode. */
+static void print_utf8(const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        int bad, ok = s[i] < 0x80 ? 1 : utf8_sequence(s + i, len - i, &bad);
+        if (ok) fwrite(s + i, 1, (size_t)ok, stdout), i += (size_t)ok;
+        else fputs("\xef\xbf\xbd", stdout), i += (size_t)bad;
+    }
+}
+
+/* "[i] prompt + generated text" for each prompt; with --stop-at-eos the text ends before </s>. */
+static void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
+                        const gen_options *opt) {
     for (int i = 0; i < p->n; i++) {
-        int skip = p->lens[i] > 0 && p->ids[i][0] == OPT_BOS_ID, n = 0;
-        size_t len;
-        char *prompt = tokenizer_decode(tok, p->ids[i] + skip, p->lens[i] - skip, &len);
-        const int *gen = tokens + (size_t)i * gen_len;
-        while (n < gen_len && gen[n] != OPT_PAD_ID && !(gen[n] == OPT_EOS_ID)) n++;
-        char *text = tokenizer_decode(tok, gen, n, &len);
-        printf("[%d] %s%s\n", i + 1, prompt ? prompt : "", text ? text : "");
+        int skip = p->ids[i][0] == OPT_BOS_ID, n = 0;
+        const int *gen = tokens + (size_t)i * opt->gen_len;
+        while (n < opt->gen_len && !(opt->stop_at_eos && gen[n] == OPT_EOS_ID)) n++;
+        size_t prompt_len, text_len;
+        char *prompt = tokenizer_decode(tok, p->ids[i] + skip, p->lens[i] - skip, &prompt_len);
+        char *text = tokenizer_decode(tok, gen, n, &text_len);
+        printf("[%d] ", i + 1);
+        if (prompt) print_utf8(prompt, prompt_len);
+        if (text) print_utf8(text, text_len);
+        printf("\n");
         free(prompt);
         free(text);
     }
@@ -644,7 +676,7 @@ static int run(const cli_args *a, char *err) {
     if (a->dump_logits &&
         dump_logits(a->dump_logits, logits, (size_t)p.n * a->gen.gen_len * cfg.vocab, err))
         goto out;
-    if (tok && !a->json) print_texts(tok, &p, tokens, a->gen.gen_len);
+    if (tok && !a->json) print_texts(tok, &p, tokens, &a->gen);
     report(a, &w.cfg, &p, &t, max_prompt);
     rc = 0;
 out:

@@ -147,7 +147,9 @@ void gpu_batch_free(gpu_batch *gb);
 typedef struct {
     size_t rows;            /* capacity in token rows */
     int max_len, n_threads;
-    float *h, *q, *k, *v, *attn, *ffn; /* [rows][hidden] ([rows][ffn] for ffn) */
+    float *h, *attn;        /* [rows][hidden] */
+    float *qkv;             /* [rows][3 * hidden]: q, k, v side by side */
+    float *ffn;             /* [rows][max(ffn, hidden)] */
     float *thread_scratch;  /* per thread: K, V slices and scores of one (sequence, head) */
     size_t thread_floats;
 } opt_workspace;

@@ -476,6 +476,7 @@ typedef struct {
     float **slot;
     int64_t rows, cols; /* cols == 0: a vector of `rows` */
     int kind;           /* how dummy weights fill it */
+    int joined;         /* placed right after the previous tensor, no alignment gap */
 } tensor_spec;
 
 enum { FILL_MATRIX, FILL_EMBED, FILL_BIAS, FILL_LN_W, FILL_LN_B };
@@ -490,6 +491,7 @@ static int add_spec(tensor_spec *s, int n, float **slot, int64_t rows, int64_t c
     s[n].rows = rows;
     s[n].cols = cols;
     s[n].kind = kind;
+    s[n].joined = 0;
     return n + 1;
 }
 
@@ -511,12 +513,17 @@ static int model_specs(opt_weights *w, int with_lm_head, tensor_spec *s) {
     for (int l = 0; l < c->n_layers; l++) {
         opt_layer_weights *L = &w->layers[l];
         const char *p = "decoder.layers";
-        n = add_spec(s, n, &L->wk, h, h, FILL_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l);
-        n = add_spec(s, n, &L->bk, h, 0, FILL_BIAS, "%s.%d.self_attn.k_proj.bias", p, l);
-        n = add_spec(s, n, &L->wv, h, h, FILL_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l);
-        n = add_spec(s, n, &L->bv, h, 0, FILL_BIAS, "%s.%d.self_attn.v_proj.bias", p, l);
+        /* q, k, v weights back to back, and their biases too: one [3h][h] product. */
         n = add_spec(s, n, &L->wq, h, h, FILL_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l);
+        n = add_spec(s, n, &L->wk, h, h, FILL_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l);
+        s[n - 1].joined = 1;
+        n = add_spec(s, n, &L->wv, h, h, FILL_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l);
+        s[n - 1].joined = 1;
         n = add_spec(s, n, &L->bq, h, 0, FILL_BIAS, "%s.%d.self_attn.q_proj.bias", p, l);
+        n = add_spec(s, n, &L->bk, h, 0, FILL_BIAS, "%s.%d.self_attn.k_proj.bias", p, l);
+        s[n - 1].joined = 1;
+        n = add_spec(s, n, &L->bv, h, 0, FILL_BIAS, "%s.%d.self_attn.v_proj.bias", p, l);
+        s[n - 1].joined = 1;
         n = add_spec(s, n, &L->wo, h, h, FILL_MATRIX, "%s.%d.self_attn.out_proj.weight", p, l);
         n = add_spec(s, n, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.out_proj.bias", p, l);
         n = add_spec(s, n, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.self_attn_layer_norm.weight", p, l);
@@ -534,6 +541,12 @@ static int model_specs(opt_weights *w, int with_lm_head, tensor_spec *s) {
 
 static size_t spec_floats(const tensor_spec *s) { return (size_t)s->rows * (s->cols ? s->cols : 1); }
 
+/* Floats from spec i to the next: 64-byte aligned, unless the next one is joined to it. */
+static size_t spec_stride(const tensor_spec *s, int n, int i) {
+    size_t f = spec_floats(&s[i]);
+    return i + 1 < n && s[i + 1].joined ? f : (f + 15) & ~(size_t)15;
+}
+
 /* Allocates the arena and points every spec's slot into it. Returns the spec table. */
 static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int with_lm_head,
                                   int *n_specs, char *err) {
@@ -548,7 +561,7 @@ static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int wit
     }
     int n = model_specs(w, with_lm_head, s);
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (spec_floats(&s[i]) + 15) & ~(size_t)15; /* 64 B aligned */
+    for (int i = 0; i < n; i++) total += spec_stride(s, n, i);
     w->storage = aligned_alloc(64, total * sizeof(float));
     if (!w->storage) {
         free(s);
@@ -560,7 +573,7 @@ static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int wit
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         *s[i].slot = w->storage + off;
-        off += (spec_floats(&s[i]) + 15) & ~(size_t)15;
+        off += spec_stride(s, n, i);
     }
     if (!with_lm_head) w->lm_head = w->embed_tokens; /* tied (DESIGN.md, "OPT facts") */
     *n_specs = n;
@@ -741,13 +754,11 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
     ws->n_threads = omp_get_max_threads();
     ws->thread_floats = (2 * (size_t)max_len * hd + (size_t)max_len * max_len + 15) & ~(size_t)15;
     ws->h = alloc_floats(rows * h);
-    ws->q = alloc_floats(rows * h);
-    ws->k = alloc_floats(rows * h);
-    ws->v = alloc_floats(rows * h);
+    ws->qkv = alloc_floats(rows * 3 * h);
     ws->attn = alloc_floats(rows * h);
     ws->ffn = alloc_floats(rows * wide);
     ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
-    if (!ws->h || !ws->q || !ws->k || !ws->v || !ws->attn || !ws->ffn || !ws->thread_scratch) {
+    if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch) {
         opt_workspace_free(ws);
         return fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
@@ -756,9 +767,7 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
 
 void opt_workspace_free(opt_workspace *ws) {
     free(ws->h);
-    free(ws->q);
-    free(ws->k);
-    free(ws->v);
+    free(ws->qkv);
     free(ws->attn);
     free(ws->ffn);
     free(ws->thread_scratch);
@@ -769,20 +778,23 @@ void opt_workspace_free(opt_workspace *ws) {
  * Forward pass
  * ============================================================================================ */
 
-/* y[rows][out] = x[rows][in] W^T + b, with W stored [out][in] as in the checkpoint.
- * accumulate: y += instead of y =, which is how the residual adds are fused. */
+/* What a linear layer does with its output y. */
+enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW^T + b;  y += xW^T + b (residual);  relu(xW^T + b) */
+
+/* x[rows][in] times W^T, with W stored [out][in] as in the checkpoint, then the bias (and ReLU)
+ * in one pass over y. */
 static void linear(const float *x, int rows, int in, const float *W, const float *b, int out,
-                   float *y, int accumulate) {
-    if (!accumulate && b) {
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < rows; r++) memcpy(y + (size_t)r * out, b, (size_t)out * sizeof *y);
-    }
+                   float *y, int mode) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W, in,
-                (accumulate || b) ? 1.0f : 0.0f, y, out);
-    if (accumulate && b) {
+                mode == OUT_ADD ? 1.0f : 0.0f, y, out);
+    if (!b) return;
 #pragma omp parallel for schedule(static)
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < out; i++) y[(size_t)r * out + i] += b[i];
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * out;
+        if (mode == OUT_RELU)
+            for (int i = 0; i < out; i++) yr[i] = yr[i] + b[i] > 0 ? yr[i] + b[i] : 0;
+        else
+            for (int i = 0; i < out; i++) yr[i] += b[i];
     }
 }
 
@@ -801,11 +813,6 @@ static void layer_norm(const float *x, int rows, int dim, const float *w, const 
     }
 }
 
-static void relu(float *x, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0;
-}
-
 /* The position id of cache slot `slot` of sequence b (HF: cumsum(mask) * mask - 1 + 2). Pad
  * slots get position 1, as in HF; they are masked out of every attention anyway. */
 static int position_of(const gpu_batch *gb, int b, int slot) {
@@ -820,7 +827,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         memcpy(words + (size_t)r * wd, w->embed_tokens + (size_t)gb->tokens[r] * wd, wd * sizeof(float));
-    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, 0);
+    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, OUT_SET);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
@@ -837,8 +844,9 @@ static void store_kv(const opt_config *c, int layer, gpu_batch *gb, const opt_wo
     for (int r = 0; r < gb->batch * gb->n_new; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
         size_t at = (((size_t)layer * gb->batch + b) * gb->max_len + slot) * h;
-        fp32_to_fp16_n(ws->k + (size_t)r * h, gb->k + at, (size_t)h);
-        fp32_to_fp16_n(ws->v + (size_t)r * h, gb->v + at, (size_t)h);
+        const float *qkv = ws->qkv + (size_t)r * 3 * h;
+        fp32_to_fp16_n(qkv + h, gb->k + at, (size_t)h);
+        fp32_to_fp16_n(qkv + 2 * h, gb->v + at, (size_t)h);
     }
 }
 
@@ -848,6 +856,65 @@ static void softmax(float *s, int n) {
     for (int i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
     for (int i = 0; i < n; i++) sum += s[i] = expf(s[i] - m);
     for (int i = 0; i < n; i++) s[i] /= sum;
+}
+
+/* One query over nk cached keys (fp16, rows `stride` apart): out = softmax(scale q.K^T) V.
+ * Decode attention is pure memory traffic over the cache, so it reads fp16 directly. */
+static void attend_one_scalar(const float *q, const fp16 *K, const fp16 *V, size_t stride, int nk,
+                              int hd, float scale, float *scores, float *out) {
+    for (int j = 0; j < nk; j++) {
+        float dot = 0;
+        for (int d = 0; d < hd; d++) dot += q[d] * fp16_to_fp32(K[j * stride + d]);
+        scores[j] = dot * scale;
+    }
+    softmax(scores, nk);
+    memset(out, 0, hd * sizeof *out);
+    for (int j = 0; j < nk; j++)
+        for (int d = 0; d < hd; d++) out[d] += scores[j] * fp16_to_fp32(V[j * stride + d]);
+}
+
+#ifdef HAVE_F16C_PATH
+__attribute__((target("avx2,fma,f16c"))) static void attend_one_avx2(
+    const float *q, const fp16 *K, const fp16 *V, size_t stride, int nk, int hd, float scale,
+    float *scores, float *out) {
+    for (int j = 0; j < nk; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+            __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(K + j * stride + d)));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), k, acc);
+        }
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        scores[j] = _mm_cvtss_f32(s4) * scale;
+    }
+    softmax(scores, nk);
+    memset(out, 0, hd * sizeof *out);
+    for (int j = 0; j < nk; j++) {
+        __m256 p = _mm256_set1_ps(scores[j]);
+        for (int d = 0; d < hd; d += 8) {
+            __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(V + j * stride + d)));
+            _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, v, _mm256_loadu_ps(out + d)));
+        }
+    }
+}
+
+static int cpu_has_avx2_fma(void) {
+    static int cached = -1; /* written once, same value from any thread */
+    if (cached < 0) cached = cpu_has_f16c() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return cached;
+}
+#endif
+
+static void attend_one(const float *q, const fp16 *K, const fp16 *V, size_t stride, int nk,
+                       int hd, float scale, float *scores, float *out) {
+#ifdef HAVE_F16C_PATH
+    if (hd % 8 == 0 && cpu_has_avx2_fma()) {
+        attend_one_avx2(q, K, V, stride, nk, hd, scale, scores, out);
+        return;
+    }
+#endif
+    attend_one_scalar(q, K, V, stride, nk, hd, scale, scores, out);
 }
 
 /* Multi-head attention of this step's queries over the cache as stored (fp16), causal, with the
@@ -861,18 +928,23 @@ static void attention(const opt_config *c, int layer, gpu_batch *gb, opt_workspa
         float *kf = ws->thread_scratch + ws->thread_floats * omp_get_thread_num();
         float *vf = kf + (size_t)gb->max_len * hd, *scores = vf + (size_t)gb->max_len * hd;
         float *out = ws->attn + (size_t)b * n_new * h + head * hd;
-        const float *q = ws->q + (size_t)b * n_new * h + head * hd;
+        const float *q = ws->qkv + (size_t)b * n_new * 3 * h + head * hd; /* rows of [q|k|v] */
         int t0 = start > gb->len ? start - gb->len : 0; /* first query that is not padding */
         for (int t = 0; t < t0; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
         if (t0 >= n_new) continue;
         size_t at = (((size_t)layer * gb->batch + b) * gb->max_len + start) * h + head * hd;
+        if (n_new == 1) { /* decode: one query, straight from the fp16 cache */
+            attend_one(q, gb->k + at, gb->v + at, (size_t)h, nk, hd, scale, scores, out);
+            continue;
+        }
+        /* prefill: many queries, so convert the slice once and use two matrix products */
         for (int j = 0; j < nk; j++) {
             fp16_to_fp32_n(gb->k + at + (size_t)j * h, kf + (size_t)j * hd, hd);
             fp16_to_fp32_n(gb->v + at + (size_t)j * h, vf + (size_t)j * hd, hd);
         }
         int nq = n_new - t0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q + (size_t)t0 * h,
-                    h, kf, hd, 0.0f, scores, nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
+                    q + (size_t)t0 * 3 * h, 3 * h, kf, hd, 0.0f, scores, nk);
         for (int t = 0; t < nq; t++) {
             int visible = gb->len + t0 + t - start + 1; /* causal: keys up to this query's slot */
             float *row = scores + (size_t)t * nk;
@@ -897,20 +969,17 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
         in = ws->h;
     }
-    linear(in, rows, h, L->wq, L->bq, h, ws->q, 0);
-    linear(in, rows, h, L->wk, L->bk, h, ws->k, 0);
-    linear(in, rows, h, L->wv, L->bv, h, ws->v, 0);
+    linear(in, rows, h, L->wq, L->bq, 3 * h, ws->qkv, OUT_SET); /* wq|wk|wv are contiguous */
     store_kv(c, layer, gb, ws);
     attention(c, layer, gb, ws);
-    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, 1);
+    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
     if (c->pre_ln) {
         layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
     } else {
         layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x);
     }
-    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, 0);
-    relu(ws->ffn, (size_t)rows * f);
-    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, 1);
+    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU);
+    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD);
     if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
 }
 
@@ -924,10 +993,10 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     if (w->final_ln_w) layer_norm(ws->h, B, h, w->final_ln_w, w->final_ln_b, ws->h);
     const float *last = ws->h;
     if (w->project_out) {
-        linear(ws->h, B, h, w->project_out, NULL, c->word_dim, ws->q, 0);
-        last = ws->q;
+        linear(ws->h, B, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
+        last = ws->qkv;
     }
-    linear(last, B, c->word_dim, w->lm_head, NULL, c->vocab, logits, 0);
+    linear(last, B, c->word_dim, w->lm_head, NULL, c->vocab, logits, OUT_SET);
     gb->len += gb->n_new;
 }
 

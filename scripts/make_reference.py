@@ -41,6 +41,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -111,7 +112,28 @@ MODELS = [
         ),
         prompt_lengths=[7, 2, 11, 4, 13],
     ),
+    # An HF-layout directory with a tokenizer: text prompts in, text out (the CLI's real-checkpoint
+    # path). Its vocab is the tokenizer fixture's (tests/fixtures/tokenizer).
+    dict(
+        name="opt-tiny-text",
+        seed=75,
+        save_dtype=torch.float16,
+        max_shard_size=None,
+        config=dict(
+            vocab_size=1000,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_dim=256,
+            num_hidden_layers=2,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            do_layer_norm_before=True,
+        ),
+        texts=["Hello world", "The café is open, isn't it?", "日本語", "  spaces\tand tabs"],
+    ),
 ]
+
+TOKENIZER_DIR = os.path.join(REPO, "tests", "fixtures", "tokenizer")
 
 FP16_MIN_NORMAL = 2.0 ** -14
 
@@ -204,7 +226,16 @@ def add_kv_rounding_hooks(model):
     return handles
 
 
+def text_tokenizer():
+    from transformers import GPT2Tokenizer
+    return GPT2Tokenizer(os.path.join(TOKENIZER_DIR, "vocab.json"),
+                         os.path.join(TOKENIZER_DIR, "merges.txt"))
+
+
 def make_prompts(spec, vocab):
+    if "texts" in spec:
+        tok = text_tokenizer()
+        return [[BOS_ID] + tok.encode(t) for t in spec["texts"]]
     g = torch.Generator().manual_seed(spec["seed"] + 1)
     prompts = []
     for n in spec["prompt_lengths"]:
@@ -379,6 +410,15 @@ def build(spec, out_root):
             % (spec["seed"], want_dtype, GEN_LEN - 1, rel, rel32, ref_vs_32)
         ),
     }
+    if "texts" in spec:  # the tokenizer files, and what HF's tokenizer decodes the output to
+        for f in ("vocab.json", "merges.txt"):
+            shutil.copyfile(os.path.join(TOKENIZER_DIR, f), os.path.join(d, f))
+        tok = text_tokenizer()
+        outs = [{"prompt": t, "generated": tok.decode(row, clean_up_tokenization_spaces=False)}
+                for t, row in zip(spec["texts"], tokens.tolist())]
+        with open(os.path.join(d, "texts.json"), "w") as fh:
+            json.dump(outs, fh, indent=2, ensure_ascii=False)
+            fh.write("\n")
     with open(os.path.join(d, "reference.json"), "w") as fh:
         json.dump(meta, fh, indent=2)
         fh.write("\n")

@@ -1,0 +1,422 @@
+/* test_tokenizer.c: the tokenizer against HF's slow GPT2Tokenizer (tests/fixtures/tokenizer,
+ * written by scripts/make_tokenizer_fixture.py), decode(encode(s)) == s on hand-picked, random
+ * and invalid UTF-8, the reference's merge order, and tokenizer_load's errors on bad files. */
+#define _POSIX_C_SOURCE 200809L
+#include "../flexgen.h"
+#include "tests.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Helpers.
+ * ------------------------------------------------------------------------------------------ */
+static fg_tokenizer *load_fixture_tokenizer(void) {
+    char vocab[4096], err[FG_ERR_LEN] = "";
+    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
+    fg_tokenizer *t = tokenizer_load(vocab, fixture("tokenizer/merges.txt"), err);
+    if (!t) fprintf(stderr, "\n  tokenizer_load: %s\n", err);
+    return t;
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = '\0';
+    if (buf && len) *len = (size_t)n;
+    return buf;
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Encodes then decodes; returns whether the bytes came back unchanged. */
+static int roundtrips(const fg_tokenizer *t, const char *s, size_t len) {
+    int *ids = NULL, n = 0;
+    char err[FG_ERR_LEN] = "";
+    if (tokenizer_encode(t, s, len, &ids, &n, err) != 0) {
+        fprintf(stderr, "\n  encode failed: %s\n", err);
+        return 0;
+    }
+    size_t out_len = 0;
+    char *out = tokenizer_decode(t, ids, n, &out_len);
+    int ok = out && out_len == len && memcmp(out, s, len) == 0 && out[out_len] == '\0';
+    free(out);
+    free(ids);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Against the reference.
+ * ------------------------------------------------------------------------------------------ */
+static int case_matches(const fg_tokenizer *t, const cJSON *c) {
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(c, "text");
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(c, "ids");
+    if (!cJSON_IsString(text) || !cJSON_IsArray(want)) return 0;
+    int *ids = NULL, n = 0, ok;
+    char err[FG_ERR_LEN] = "";
+    ok = tokenizer_encode(t, text->valuestring, strlen(text->valuestring), &ids, &n, err) == 0;
+    ok = ok && n == cJSON_GetArraySize(want);
+    for (int i = 0; ok && i < n; i++)
+        ok = ids[i] == cJSON_GetArrayItem(want, i)->valueint;
+    if (!ok) fprintf(stderr, "\n  case \"%s\": ids differ (%s)\n", text->valuestring, err);
+    free(ids);
+    return ok && roundtrips(t, text->valuestring, strlen(text->valuestring));
+}
+
+static void test_reference_cases(void) {
+    fg_tokenizer *t = load_fixture_tokenizer();
+    char *json = slurp(fixture("tokenizer/cases.json"), NULL);
+    cJSON *cases = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_FATAL(cJSON_IsArray(cases) && cJSON_GetArraySize(cases) >= 30);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cases) CU_ASSERT(case_matches(t, c));
+    cJSON_Delete(cases);
+    tokenizer_free(t);
+}
+
+static void test_vocab_size(void) {
+    fg_tokenizer *t = load_fixture_tokenizer();
+    char *json = slurp(fixture("tokenizer/vocab.json"), NULL);
+    cJSON *vocab = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(vocab);
+    CU_ASSERT_EQUAL(tokenizer_vocab_size(t), cJSON_GetArraySize(vocab)); /* ids are 0..n-1 */
+    cJSON_Delete(vocab);
+    tokenizer_free(t);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Round trips.
+ * ------------------------------------------------------------------------------------------ */
+static void test_roundtrip_strings(void) {
+    static const char *const texts[] = {
+        "",
+        "Hello, world!",
+        "Ça va? Übermäßig große Füße. ñandú, Ærøskøbing, İstanbul",
+        "東京タワーと富士山 中文字符 한국어 텍스트",
+        "👩‍💻 👨‍👩‍👧‍👦 🏳️‍🌈 🧑🏾‍🚀 👍🏽👍🏿 🇫🇷🇩🇪",
+        "a                                                  b",
+        "\t\t\ttabs\t \t",
+        "\n\n\nnewlines\n\n",
+        "dos\r\nline\r\nends\r\n\r\n",
+        " leading and trailing ",
+        "mixed: αβγ абв 123 ١٢٣ ½ ⅷ ④ x²",
+        "\x1c\x1d\x1e\x1f separators \x85 and \xc2\x85 nel",
+        "don't won't shan't y'all 'tis rock'n'roll ''s '''",
+        "\xe2\x80\xa8line separator\xe2\x80\xa9paragraph separator",
+        "\xef\xbb\xbf\x42OM and U+FFFF \xef\xbf\xbf and U+10FFFF \xf4\x8f\xbf\xbf",
+        "<s></s><pad><unk> are plain text to the encoder",
+    };
+    fg_tokenizer *t = load_fixture_tokenizer();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        CU_ASSERT(roundtrips(t, texts[i], strlen(texts[i])));
+    tokenizer_free(t);
+}
+
+static uint64_t xorshift(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static uint32_t random_code_point(uint64_t *seed) {
+    static const uint32_t spaces[] = {' ', '\t', '\n', '\r', 0x0B, 0x0C, 0x85, 0xA0, 0x2028, 0x3000};
+    uint32_t r = (uint32_t)(xorshift(seed) % 100), x = (uint32_t)xorshift(seed);
+    if (r < 40) return 0x20 + x % 0x5F;
+    if (r < 52) return spaces[x % (sizeof spaces / sizeof spaces[0])];
+    if (r < 65) return 0x80 + x % 0x1D0;
+    if (r < 77) return 0x4E00 + x % 0x5200;
+    if (r < 87) return r & 1 ? 0x200D : 0x1F300 + x % 0x800;
+    uint32_t cp = 1 + x % 0x10FFFF;
+    return (cp >= 0xD800 && cp <= 0xDFFF) ? 0xFFFD : cp;
+}
+
+static size_t put_utf8(char *dst, uint32_t cp) {
+    if (cp < 0x80) { dst[0] = (char)cp; return 1; }
+    if (cp < 0x800) {
+        dst[0] = (char)(0xC0 | (cp >> 6));
+        dst[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        dst[0] = (char)(0xE0 | (cp >> 12));
+        dst[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        dst[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    dst[0] = (char)(0xF0 | (cp >> 18));
+    dst[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    dst[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    dst[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+static void test_roundtrip_random_utf8(void) {
+    fg_tokenizer *t = load_fixture_tokenizer();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    char buf[4 * 200];
+    int failures = 0;
+    for (int k = 0; k < 500; k++) {
+        size_t n = 0, chars = xorshift(&seed) % 200;
+        for (size_t i = 0; i < chars; i++) n += put_utf8(buf + n, random_code_point(&seed));
+        failures += !roundtrips(t, buf, n);
+    }
+    CU_ASSERT_EQUAL(failures, 0);
+    tokenizer_free(t);
+}
+
+/* Invalid UTF-8 is still bytes, and byte-level BPE must give every byte back. */
+static void test_invalid_utf8(void) {
+    static const char *const texts[] = {
+        "\xff", "\xfe\xff abc", "trunc\xe6\x97", "\xe6\x97 mid", "\xc0\xaf overlong",
+        "\xed\xa0\x80 surrogate", "\xf4\x90\x80\x80 past U+10FFFF", "\x80\x80\x80",
+        "a \xc3 b \xc3\xa9 c", "don\xff't", " \xff\xfe", "\xf0\x9f\x91 cut emoji",
+    };
+    fg_tokenizer *t = load_fixture_tokenizer();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        CU_ASSERT(roundtrips(t, texts[i], strlen(texts[i])));
+    uint64_t seed = 12345;
+    char buf[300];
+    int failures = 0;
+    for (int k = 0; k < 300; k++) {
+        size_t n = xorshift(&seed) % sizeof buf;
+        for (size_t i = 0; i < n; i++) buf[i] = (char)(xorshift(&seed) & 0xFF); /* NULs too */
+        failures += !roundtrips(t, buf, n);
+    }
+    CU_ASSERT_EQUAL(failures, 0);
+    tokenizer_free(t);
+}
+
+/* Long single pre-tokens (a CJK run, a space run) must not go quadratic or overflow. */
+static void test_long_input(void) {
+    fg_tokenizer *t = load_fixture_tokenizer();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    size_t n = 0, cap = 600000;
+    char *buf = malloc(cap);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+    while (n + 3 <= 200000) n += put_utf8(buf + n, 0x65E5 + (uint32_t)(n % 7)); /* 日... */
+    memset(buf + n, ' ', 100000);
+    n += 100000;
+    while (n + 64 < cap) n += (size_t)sprintf(buf + n, "the cache is offloaded to disk. ");
+    CU_ASSERT(roundtrips(t, buf, n));
+    free(buf);
+    tokenizer_free(t);
+}
+
+static void test_decode(void) {
+    fg_tokenizer *t = load_fixture_tokenizer();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    int v = tokenizer_vocab_size(t);
+    int ids[] = {-5, OPT_BOS_ID, v, INT_MAX, 999999, OPT_PAD_ID, INT_MIN};
+    size_t len = 99;
+    char *s = tokenizer_decode(t, ids, (int)(sizeof ids / sizeof ids[0]), &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(s, "</s><pad>"); /* unknown ids decode to nothing */
+    CU_ASSERT_EQUAL(len, 9);
+    free(s);
+    s = tokenizer_decode(t, NULL, 0, &len);
+    CU_ASSERT(s && len == 0 && s[0] == '\0');
+    free(s);
+
+    int *enc = NULL, n = -1;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL(tokenizer_encode(t, "", 0, &enc, &n, err), 0);
+    CU_ASSERT(enc != NULL && n == 0);
+    free(enc);
+    tokenizer_free(t);
+    tokenizer_free(NULL);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Hand-made vocabularies.
+ * ------------------------------------------------------------------------------------------ */
+static fg_tokenizer *load_dir(const char *dir, char *err) {
+    char vocab[4200], merges[4200];
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", dir);
+    snprintf(merges, sizeof merges, "%s/merges.txt", dir);
+    err[0] = '\0';
+    return tokenizer_load(vocab, merges, err);
+}
+
+static int encodes_to(const fg_tokenizer *t, const char *s, const int *want, int n_want) {
+    int *ids = NULL, n = 0;
+    char err[FG_ERR_LEN];
+    int ok = tokenizer_encode(t, s, strlen(s), &ids, &n, err) == 0 && n == n_want &&
+             memcmp(ids, want, (size_t)n * sizeof *ids) == 0;
+    free(ids);
+    return ok;
+}
+
+/* A merges file that ranks "ab a" above "a b": the slow GPT2Tokenizer merges every "a b" of a
+ * round before it looks at "ab a" (expected ids checked against it; HF's fast one differs). */
+static void test_merge_order(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "vocab.json", "{\"a\":0,\"b\":1,\"ab\":2,\"aba\":3,\"c\":4,\"abc\":5}");
+    write_file(dir, "merges.txt", "#version: 0.2\nab a\na b\nab c\n");
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL(t);
+    if (t) {
+        CU_ASSERT(encodes_to(t, "abab", (const int[]){2, 2}, 2));
+        CU_ASSERT(encodes_to(t, "ababc", (const int[]){2, 5}, 2));
+        CU_ASSERT(encodes_to(t, "aab", (const int[]){0, 2}, 2));
+        CU_ASSERT(encodes_to(t, "abcab", (const int[]){5, 2}, 2));
+        CU_ASSERT(encodes_to(t, "aaba", (const int[]){0, 3}, 2));
+    }
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Tokens outside the byte-level alphabet decode to their own UTF-8; a byte with no token makes
+ * encoding fail cleanly. */
+static void test_unusual_vocab(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    /* "\u0100" is byte 0x00 in GPT-2's map, "\u00ff" byte 0xFF; 日本 is not in the map. */
+    write_file(dir, "vocab.json", "{\"\\u65e5\\u672c\":0,\"a\":1,\"\\u0100\":2,\"x\\u00ff\":3}");
+    write_file(dir, "merges.txt", "");
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    size_t len = 0;
+    char *s = tokenizer_decode(t, (const int[]){0, 1, 2, 3}, 4, &len);
+    CU_ASSERT(s && len == 10 && memcmp(s, "\xe6\x97\xa5\xe6\x9c\xac" "a\0x\xff", 10) == 0);
+    free(s);
+    CU_ASSERT(encodes_to(t, "aa", (const int[]){1, 1}, 2));
+    int *ids = NULL, n = 0;
+    CU_ASSERT_EQUAL(tokenizer_encode(t, "ab", 2, &ids, &n, err), -1);
+    CU_ASSERT(ids == NULL && n == 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "0x62"));
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Bad files: NULL, and one line naming the file and the problem.
+ * ------------------------------------------------------------------------------------------ */
+#define GOOD_VOCAB "{\"a\":0,\"b\":1,\"ab\":2,\"c\":3}"
+#define GOOD_MERGES "#version: 0.2\na b\n"
+
+/* Loads dir's files (written only when not NULL) and checks the error names `file` and says
+ * every one of the `what` strings. */
+static void expect_load_error(const char *vocab, const char *merges, const char *file,
+                              const char *what1, const char *what2) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    if (vocab) write_file(dir, "vocab.json", vocab);
+    if (merges) write_file(dir, "merges.txt", merges);
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NULL(t);
+    tokenizer_free(t);
+    int ok = strstr(err, file) && strstr(err, what1) && (!what2 || strstr(err, what2)) &&
+             !strchr(err, '\n') && strlen(err) < FG_ERR_LEN;
+    if (!ok) fprintf(stderr, "\n  unexpected error: \"%s\"\n", err);
+    CU_ASSERT(ok);
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_missing_files(void) {
+    expect_load_error(NULL, GOOD_MERGES, "vocab.json", "cannot open", NULL);
+    expect_load_error(GOOD_VOCAB, NULL, "merges.txt", "cannot open", NULL);
+}
+
+static void test_unreadable_file(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN], path[4200];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    snprintf(path, sizeof path, "%s/vocab.json", dir); /* a directory, not a file */
+    CU_ASSERT_EQUAL_FATAL(mkdir(path, 0700), 0);
+    write_file(dir, "merges.txt", GOOD_MERGES);
+    CU_ASSERT_PTR_NULL(load_dir(dir, err));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "vocab.json"));
+    CU_ASSERT(strstr(err, "cannot read") || strstr(err, "cannot open"));
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_bad_vocab(void) {
+    expect_load_error("{\"a\": 0,\n \"b\": 1,,\n \"c\": 2}", GOOD_MERGES, "vocab.json",
+                      "malformed JSON", "line 2");
+    expect_load_error("", GOOD_MERGES, "vocab.json", "malformed JSON", NULL);
+    expect_load_error("{\"a\":0}\n\n{\"b\":1}", GOOD_MERGES, "vocab.json", "malformed JSON",
+                      "line 3");
+    expect_load_error("[\"a\", \"b\"]", GOOD_MERGES, "vocab.json", "not a JSON object", NULL);
+    expect_load_error("{\"a\":0,\"b\":1.5}", GOOD_MERGES, "vocab.json", "non-integer", "\"b\"");
+    expect_load_error("{\"a\":0,\"b\":\"1\"}", GOOD_MERGES, "vocab.json", "non-integer", "\"b\"");
+    expect_load_error("{\"a\":0,\"b\":null}", GOOD_MERGES, "vocab.json", "non-integer", NULL);
+    expect_load_error("{\"a\":0,\"b\":-1}", GOOD_MERGES, "vocab.json", "out of range", NULL);
+    expect_load_error("{\"a\":1e12}", GOOD_MERGES, "vocab.json", "out of range", NULL);
+    expect_load_error("{}", GOOD_MERGES, "vocab.json", "empty", NULL);
+}
+
+static void test_bad_merges(void) {
+    expect_load_error(GOOD_VOCAB, "#version: 0.2\na b\nab\n", "merges.txt", "line 3",
+                      "two symbols");
+    expect_load_error(GOOD_VOCAB, "#version: 0.2\na b c\n", "merges.txt", "line 2",
+                      "two symbols");
+    expect_load_error(GOOD_VOCAB, "a b\n\nb c\n", "merges.txt", "line 3", "\"bc\" is not in the vocab");
+    expect_load_error(GOOD_VOCAB, "#version: 0.2\nab c\n", "merges.txt", "line 2",
+                      "\"abc\" is not in the vocab");
+}
+
+/* Tolerated: no #version line, blank lines, CRLF, no final newline. */
+static void test_merges_variants(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "vocab.json", "{\"a\":0,\"b\":1,\"ab\":2,\"c\":3,\"abc\":4}");
+    write_file(dir, "merges.txt", "a b\r\n\r\n  \nab\tc");
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT(encodes_to(t, "abcab ", (const int[]){4, 2}, 2) == 0); /* ' ' has no token */
+    CU_ASSERT(encodes_to(t, "abcab", (const int[]){4, 2}, 2));
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
+void add_tokenizer_tests(void) {
+    CU_pSuite s = CU_add_suite("tokenizer", NULL, NULL);
+    if (!s) return;
+    CU_add_test(s, "fixture cases match HF's slow GPT2Tokenizer", test_reference_cases);
+    CU_add_test(s, "vocab size", test_vocab_size);
+    CU_add_test(s, "decode(encode(s)) == s, hand-picked", test_roundtrip_strings);
+    CU_add_test(s, "decode(encode(s)) == s, random UTF-8", test_roundtrip_random_utf8);
+    CU_add_test(s, "invalid UTF-8 and arbitrary bytes round-trip", test_invalid_utf8);
+    CU_add_test(s, "long pre-tokens", test_long_input);
+    CU_add_test(s, "decode: unknown ids, special tokens, empty", test_decode);
+    CU_add_test(s, "merge order of the slow tokenizer", test_merge_order);
+    CU_add_test(s, "tokens outside the byte map, bytes without a token", test_unusual_vocab);
+    CU_add_test(s, "missing files", test_missing_files);
+    CU_add_test(s, "unreadable file", test_unreadable_file);
+    CU_add_test(s, "bad vocab.json", test_bad_vocab);
+    CU_add_test(s, "bad merges.txt", test_bad_merges);
+    CU_add_test(s, "merges.txt variants", test_merges_variants);
+}
