@@ -187,8 +187,8 @@ static int json_int(const cJSON *o, const char *key, int def, int *out, const ch
         *out = def;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble ||
-        v->valuedouble < 1 || v->valuedouble > (1 << 24))
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= (1 << 24)) ||
+        v->valuedouble != (double)(int)v->valuedouble) /* range first: the cast needs it */
         return fail(err, "%s: \"%s\" must be a positive integer", path, key);
     *out = (int)v->valuedouble;
     return 0;
@@ -309,11 +309,13 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
         return fail(err, "%s: tensor %s: bad data_offsets", path, name);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) ||
-        b < 0 || en < b || b != (double)(uint64_t)b || en != (double)(uint64_t)en)
+        !(b >= 0 && en >= b))
         return fail(err, "%s: tensor %s: bad data_offsets", path, name);
-    if (en > (double)data_len)
+    if (en > (double)data_len) /* checked before the casts below, which need the range */
         return fail(err, "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
                          "bytes; truncated file?)", path, name, b, en, data_len);
+    if (b != (double)(uint64_t)b || en != (double)(uint64_t)en)
+        return fail(err, "%s: tensor %s: bad data_offsets", path, name);
     t->nbytes = (size_t)(en - b);
     if (t->nbytes != numel * elsize)
         return fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
@@ -331,8 +333,11 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     if (hlen > size - 8)
         return fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
                     (unsigned long long)hlen, size);
-    cJSON *root = cJSON_ParseWithLength((const char *)map + 8, (size_t)hlen);
-    if (!cJSON_IsObject(root)) {
+    const char *header = (const char *)map + 8, *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)hlen, &end, 0);
+    while (root && end < header + hlen && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r'))
+        end++; /* the header may be padded with spaces, nothing else */
+    if (!cJSON_IsObject(root) || end != header + hlen) {
         cJSON_Delete(root);
         return fail(err, "%s: malformed JSON header", path);
     }

@@ -144,6 +144,7 @@ static void check_fixture(const char *name) {
 static void test_reference_pre_ln_fp16(void) { check_fixture("opt-tiny"); }
 static void test_reference_350m_fp32_sharded(void) { check_fixture("opt-tiny-350m"); }
 static void test_reference_bf16(void) { check_fixture("opt-tiny-bf16"); }
+static void test_reference_text(void) { check_fixture("opt-tiny-text"); }
 
 /* Fills gb for a prefill of the given prompts, left-padded to the longest. */
 static void setup_prefill(gpu_batch *gb, int *const *prompts, const int *lens, int n) {
@@ -324,6 +325,7 @@ void add_model_tests(void) {
     CU_add_test(s, "350m-style post-LN fp32 sharded checkpoint matches HF",
                 test_reference_350m_fp32_sharded);
     CU_add_test(s, "bf16 checkpoint matches HF", test_reference_bf16);
+    CU_add_test(s, "checkpoint with a tokenizer matches HF", test_reference_text);
     CU_add_test(s, "KV-cache decode equals full recomputation", test_kv_cache_equals_recompute);
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
     CU_add_test(s, "every OPT size by name", test_configs);

@@ -1,0 +1,1154 @@
+/* test_checkpoint.c: the checkpoint loader (opt_model.c) and its bad input, and fp16.
+ *
+ * Good checkpoints: the three fixtures load with the fp16 values of their tensors; F32 and BF16
+ * copies of opt-tiny give the same (fp16-rounded) weights; OPTModel names without "model.";
+ * tied and explicit lm_head; the sharded archive as st_open_dir maps it.
+ * Bad checkpoints: every broken safetensors file, config.json or shard index is refused with -1
+ * and one line that names the file or tensor and the problem.
+ * fp16: the scalar conversions (round trip, round to nearest even, overflow, subnormals) and the
+ * vector path against them.
+ *
+ * Broken checkpoints are made in a temp dir from a fixture: fixture_copy() copies its config.json
+ * and reads its tensors into a tensor list, a test edits the list, and write_safetensors() writes
+ * it back (with any header offsets a test overrides).
+ */
+#define _GNU_SOURCE
+#include "flexgen.h"
+#include "tests.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Files
+ * --------------------------------------------------------------------------------------------- */
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (n + 4096 > cap) buf = realloc(buf, cap = 2 * cap + 4096 + 1);
+        got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+static int write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(data, 1, n, f) == n;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+/* dir/name in one of four static buffers (so a call may take the result of another). */
+static const char *join(const char *dir, const char *name) {
+    static char paths[4][4200];
+    static int next;
+    char *path = paths[next++ % 4];
+    CU_ASSERT_FATAL(snprintf(path, sizeof paths[0], "%s/%s", dir, name) < (int)sizeof paths[0]);
+    return path;
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    CU_ASSERT_EQUAL_FATAL(write_file(join(dir, name), text, strlen(text)), 0);
+}
+
+static void copy_file(const char *src, const char *dir, const char *name) {
+    size_t n;
+    char *data = slurp(src, &n);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(data);
+    CU_ASSERT_EQUAL(write_file(join(dir, name), data, n), 0);
+    free(data);
+}
+
+/* A safetensors file by hand: the 8-byte header length hlen (true or not), `json`, then
+ * data_len zero bytes. */
+static void write_raw_safetensors(const char *path, uint64_t hlen, const char *json,
+                                  size_t data_len) {
+    size_t jlen = strlen(json), n = 8 + jlen + data_len;
+    unsigned char *buf = calloc(1, n);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(hlen >> (8 * i));
+    memcpy(buf + 8, json, jlen);
+    CU_ASSERT_EQUAL(write_file(path, buf, n), 0);
+    free(buf);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor lists and write_safetensors
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char name[160];
+    char dtype[8];
+    int ndim;
+    int64_t shape[4];
+    unsigned char *data;
+    size_t nbytes;
+    int offsets_set;    /* header says data_offsets = off instead of where the bytes are */
+    int64_t off[2];
+} ttensor;
+
+typedef struct {
+    ttensor *t;
+    int n;
+} tlist;
+
+static size_t dtype_bytes(const char *dtype) {
+    if (!strcmp(dtype, "F32") || !strcmp(dtype, "I32")) return 4;
+    if (!strcmp(dtype, "F64") || !strcmp(dtype, "I64")) return 8;
+    return 2;
+}
+
+static size_t numel(const ttensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+static ttensor *tl_add(tlist *l, const char *name, const char *dtype, int ndim,
+                       const int64_t *shape, const void *data) {
+    l->t = realloc(l->t, (size_t)(l->n + 1) * sizeof *l->t);
+    ttensor *t = memset(&l->t[l->n++], 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->nbytes = numel(t) * dtype_bytes(dtype);
+    t->data = calloc(1, t->nbytes + 1);
+    if (data) memcpy(t->data, data, t->nbytes);
+    return t;
+}
+
+static int tl_index(const tlist *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->t[i].name, name)) return i;
+    return -1;
+}
+
+/* The named tensor; the test stops when the fixture lacks it. */
+static ttensor *tl_get(tlist *l, const char *name) {
+    int i = tl_index(l, name);
+    CU_ASSERT_FATAL(i >= 0);
+    return &l->t[i];
+}
+
+static void tl_remove(tlist *l, const char *name) {
+    ttensor *t = tl_get(l, name);
+    free(t->data);
+    memmove(t, t + 1, (size_t)(l->t + l->n - (t + 1)) * sizeof *t);
+    l->n--;
+}
+
+static void tl_free(tlist *l) {
+    for (int i = 0; i < l->n; i++) free(l->t[i].data);
+    free(l->t);
+    l->t = NULL;
+    l->n = 0;
+}
+
+/* New shape (and zeroed data of the matching size). */
+static void tl_reshape(ttensor *t, int ndim, int64_t d0, int64_t d1) {
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->nbytes = numel(t) * dtype_bytes(t->dtype);
+    t->data = realloc(t->data, t->nbytes + 1);
+    memset(t->data, 0, t->nbytes);
+}
+
+static const char *st_dtype_name(st_dtype d) {
+    return d == ST_F16 ? "F16" : d == ST_BF16 ? "BF16" : "F32";
+}
+
+/* Every tensor of the checkpoint in `dir`, in header order, via the public archive API. */
+static void tl_from_dir(const char *dir, tlist *l) {
+    st_archive a;
+    char err[FG_ERR_LEN] = "";
+    memset(l, 0, sizeof *l);
+    CU_ASSERT_EQUAL_FATAL(st_open_dir(dir, &a, err), 0);
+    for (int i = 0; i < a.n_tensors; i++) {
+        const st_tensor *s = &a.tensors[i];
+        tl_add(l, s->name, st_dtype_name(s->dtype), s->ndim, s->shape, s->data);
+    }
+    st_close(&a);
+}
+
+/* Byte offset of tensor i in the data section as write_safetensors lays it out. */
+static int64_t packed_begin(const tlist *l, int i) {
+    int64_t off = 0;
+    for (int j = 0; j < i; j++) off += (int64_t)l->t[j].nbytes;
+    return off;
+}
+
+/* Writes a safetensors file: every tensor's bytes packed in list order; the header gives each
+ * tensor's dtype, shape and data_offsets (the packed range unless the test set other offsets),
+ * padded with spaces to a multiple of 8 as the reference writer does. */
+static int write_safetensors(const char *path, const tlist *l) {
+    char *json = NULL;
+    size_t jlen = 0;
+    FILE *h = open_memstream(&json, &jlen);
+    fprintf(h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < l->n; i++) {
+        const ttensor *t = &l->t[i];
+        int64_t b = t->offsets_set ? t->off[0] : packed_begin(l, i);
+        int64_t e = t->offsets_set ? t->off[1] : b + (int64_t)t->nbytes;
+        fprintf(h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, t->dtype);
+        for (int d = 0; d < t->ndim; d++)
+            fprintf(h, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        fprintf(h, "],\"data_offsets\":[%lld,%lld]}", (long long)b, (long long)e);
+    }
+    fprintf(h, "}");
+    while (ftell(h) % 8) fputc(' ', h);
+    fclose(h);
+    FILE *f = fopen(path, "wb");
+    int ok = f != NULL;
+    for (int i = 0; ok && i < 8; i++) ok = fputc((int)((uint64_t)jlen >> (8 * i)) & 0xff, f) != EOF;
+    ok = ok && fwrite(json, 1, jlen, f) == jlen;
+    for (int i = 0; ok && i < l->n; i++)
+        ok = fwrite(l->t[i].data, 1, l->t[i].nbytes, f) == l->t[i].nbytes;
+    if (f && fclose(f) != 0) ok = 0;
+    free(json);
+    return ok ? 0 : -1;
+}
+
+static void save_model(const char *dir, const tlist *l) {
+    CU_ASSERT_EQUAL_FATAL(write_safetensors(join(dir, "model.safetensors"), l), 0);
+}
+
+/* A temp dir holding the fixture's config.json; *l gets the fixture's tensors. */
+static char *fixture_copy(const char *name, tlist *l) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s", fixture(name));
+    char *dir = make_temp_dir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    copy_file(join(src, "config.json"), dir, "config.json");
+    tl_from_dir(src, l);
+    return dir;
+}
+
+/* A copy of the fixture with its tensors written back unchanged. */
+static char *fixture_rewrite(const char *name) {
+    tlist l;
+    char *dir = fixture_copy(name, &l);
+    save_model(dir, &l);
+    tl_free(&l);
+    return dir;
+}
+
+static void finish(char *dir, tlist *l) {
+    if (l) tl_free(l);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Checking errors and weights
+ * --------------------------------------------------------------------------------------------- */
+
+/* err is one line holding every string of the NULL-terminated list. */
+static void check_err(const char *err, ...) {
+    va_list ap;
+    va_start(ap, err);
+    CU_ASSERT(err[0] != 0 && strchr(err, '\n') == NULL);
+    for (const char *s; (s = va_arg(ap, const char *));) {
+        int found = strstr(err, s) != NULL;
+        CU_ASSERT(found);
+        if (!found) fprintf(stderr, "\n    error \"%s\" lacks \"%s\"\n", err, s);
+    }
+    va_end(ap);
+}
+
+#define EXPECT_ERR(err, ...) check_err(err, __VA_ARGS__, (const char *)NULL)
+
+/* opt_weights_load(dir) fails and its message holds each string given. */
+#define EXPECT_LOAD_FAIL(dir, ...)                                                           \
+    do {                                                                                     \
+        opt_weights w_;                                                                      \
+        char err_[FG_ERR_LEN] = "";                                                          \
+        int rc_ = opt_weights_load(dir, &w_, err_);                                          \
+        CU_ASSERT_EQUAL(rc_, -1);                                                            \
+        EXPECT_ERR(err_, __VA_ARGS__);                                                       \
+        if (rc_ == 0) opt_weights_free(&w_);                                                 \
+        CU_ASSERT_PTR_NULL(w_.storage);                                                      \
+    } while (0)
+
+#define EXPECT_ST_FAIL(dir, ...)                                                             \
+    do {                                                                                     \
+        st_archive a_;                                                                       \
+        char err_[FG_ERR_LEN] = "";                                                          \
+        int rc_ = st_open_dir(dir, &a_, err_);                                               \
+        CU_ASSERT_EQUAL(rc_, -1);                                                            \
+        EXPECT_ERR(err_, __VA_ARGS__);                                                       \
+        if (rc_ == 0) st_close(&a_);                                                         \
+        CU_ASSERT_EQUAL(a_.n_files, 0);                                                      \
+    } while (0)
+
+static void load_ok(const char *dir, opt_weights *w) {
+    char err[FG_ERR_LEN] = "";
+    int rc = opt_weights_load(dir, w, err);
+    if (rc) fprintf(stderr, "\n    %s\n", err);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+}
+
+/* Where the loader put a checkpoint tensor, by its HF name (with or without "model."). */
+static const float *weight_of(const opt_weights *w, const char *name) {
+    static const struct { const char *name; size_t off; } model_fields[] = {
+        {"decoder.embed_tokens.weight", offsetof(opt_weights, embed_tokens)},
+        {"decoder.embed_positions.weight", offsetof(opt_weights, embed_positions)},
+        {"decoder.project_in.weight", offsetof(opt_weights, project_in)},
+        {"decoder.project_out.weight", offsetof(opt_weights, project_out)},
+        {"decoder.final_layer_norm.weight", offsetof(opt_weights, final_ln_w)},
+        {"decoder.final_layer_norm.bias", offsetof(opt_weights, final_ln_b)},
+        {"lm_head.weight", offsetof(opt_weights, lm_head)},
+    };
+    static const struct { const char *name; size_t off; } layer_fields[] = {
+        {"self_attn.q_proj.weight", offsetof(opt_layer_weights, wq)},
+        {"self_attn.q_proj.bias", offsetof(opt_layer_weights, bq)},
+        {"self_attn.k_proj.weight", offsetof(opt_layer_weights, wk)},
+        {"self_attn.k_proj.bias", offsetof(opt_layer_weights, bk)},
+        {"self_attn.v_proj.weight", offsetof(opt_layer_weights, wv)},
+        {"self_attn.v_proj.bias", offsetof(opt_layer_weights, bv)},
+        {"self_attn.out_proj.weight", offsetof(opt_layer_weights, wo)},
+        {"self_attn.out_proj.bias", offsetof(opt_layer_weights, bo)},
+        {"self_attn_layer_norm.weight", offsetof(opt_layer_weights, attn_ln_w)},
+        {"self_attn_layer_norm.bias", offsetof(opt_layer_weights, attn_ln_b)},
+        {"fc1.weight", offsetof(opt_layer_weights, fc1_w)},
+        {"fc1.bias", offsetof(opt_layer_weights, fc1_b)},
+        {"fc2.weight", offsetof(opt_layer_weights, fc2_w)},
+        {"fc2.bias", offsetof(opt_layer_weights, fc2_b)},
+        {"final_layer_norm.weight", offsetof(opt_layer_weights, ffn_ln_w)},
+        {"final_layer_norm.bias", offsetof(opt_layer_weights, ffn_ln_b)},
+    };
+    if (!strncmp(name, "model.", 6)) name += 6;
+    for (size_t i = 0; i < sizeof model_fields / sizeof model_fields[0]; i++)
+        if (!strcmp(name, model_fields[i].name))
+            return *(float *const *)((const char *)w + model_fields[i].off);
+    int layer, used = 0;
+    if (sscanf(name, "decoder.layers.%d.%n", &layer, &used) != 1 || !used || layer < 0 ||
+        layer >= w->cfg.n_layers)
+        return NULL;
+    for (size_t i = 0; i < sizeof layer_fields / sizeof layer_fields[0]; i++)
+        if (!strcmp(name + used, layer_fields[i].name))
+            return *(float *const *)((const char *)&w->layers[layer] + layer_fields[i].off);
+    return NULL;
+}
+
+static float source_value(const ttensor *t, size_t i) {
+    uint16_t h;
+    float f;
+    if (!strcmp(t->dtype, "F32")) {
+        memcpy(&f, t->data + 4 * i, 4);
+        return f;
+    }
+    memcpy(&h, t->data + 2 * i, 2);
+    return !strcmp(t->dtype, "BF16") ? bf16_to_fp32(h) : fp16_to_fp32(h);
+}
+
+static uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Every tensor of l is in w as the fp16 rounding of its source values (bit for bit). Returns how
+ * many floats that covers. */
+static size_t check_weights_match(const opt_weights *w, const tlist *l) {
+    size_t covered = 0, bad = 0;
+    for (int i = 0; i < l->n; i++) {
+        const ttensor *t = &l->t[i];
+        const float *got = weight_of(w, t->name);
+        CU_ASSERT_PTR_NOT_NULL(got);
+        if (!got) { fprintf(stderr, "\n    %s not loaded\n", t->name); continue; }
+        size_t n = numel(t), tbad = 0;
+        for (size_t k = 0; k < n; k++) {
+            float want = fp16_to_fp32(fp32_to_fp16(source_value(t, k)));
+            tbad += float_bits(got[k]) != float_bits(want);
+        }
+        if (tbad) fprintf(stderr, "\n    %s: %zu of %zu values differ\n", t->name, tbad, n);
+        bad += tbad;
+        covered += n;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    return covered;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Good checkpoints
+ * --------------------------------------------------------------------------------------------- */
+
+static void test_fixture_opt_tiny(void) {
+    opt_weights w;
+    tlist l;
+    load_ok(fixture("opt-tiny"), &w);
+    tl_from_dir(fixture("opt-tiny"), &l);
+    CU_ASSERT_EQUAL(w.cfg.n_layers, 2);
+    CU_ASSERT_EQUAL(w.cfg.hidden, 64);
+    CU_ASSERT_EQUAL(w.cfg.vocab, 512);
+    CU_ASSERT_EQUAL(w.cfg.max_pos, 64);
+    CU_ASSERT_EQUAL(w.cfg.word_dim, 64);
+    CU_ASSERT_EQUAL(w.cfg.pre_ln, 1);
+    CU_ASSERT_PTR_NULL(w.project_in);
+    CU_ASSERT_PTR_NULL(w.project_out);
+    CU_ASSERT_PTR_NOT_NULL(w.final_ln_w);
+    CU_ASSERT_EQUAL(tl_index(&l, "lm_head.weight"), -1);
+    CU_ASSERT_PTR_EQUAL(w.lm_head, w.embed_tokens); /* tied */
+    CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg));
+    tl_free(&l);
+    opt_weights_free(&w);
+}
+
+static void test_fixture_opt_tiny_350m(void) {
+    opt_weights w;
+    tlist l;
+    load_ok(fixture("opt-tiny-350m"), &w);
+    tl_from_dir(fixture("opt-tiny-350m"), &l);
+    CU_ASSERT_EQUAL(w.cfg.pre_ln, 0);
+    CU_ASSERT_EQUAL(w.cfg.hidden, 64);
+    CU_ASSERT_EQUAL(w.cfg.word_dim, 32);
+    CU_ASSERT_PTR_NOT_NULL(w.project_in);
+    CU_ASSERT_PTR_NOT_NULL(w.project_out);
+    CU_ASSERT_PTR_NULL(w.final_ln_w);
+    CU_ASSERT_PTR_NULL(w.final_ln_b);
+    CU_ASSERT_PTR_EQUAL(w.lm_head, w.embed_tokens);
+    CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg));
+    tl_free(&l);
+    opt_weights_free(&w);
+}
+
+static void test_fixture_opt_tiny_bf16(void) {
+    opt_weights w;
+    tlist l;
+    load_ok(fixture("opt-tiny-bf16"), &w);
+    tl_from_dir(fixture("opt-tiny-bf16"), &l);
+    CU_ASSERT_STRING_EQUAL(l.t[0].dtype, "BF16");
+    CU_ASSERT_EQUAL(w.cfg.n_layers, 3);
+    CU_ASSERT_EQUAL(w.cfg.hidden, 48);
+    CU_ASSERT_EQUAL(w.cfg.n_heads, 6);
+    CU_ASSERT_EQUAL(w.cfg.vocab, 384);
+    CU_ASSERT_PTR_EQUAL(w.lm_head, w.embed_tokens);
+    CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg));
+    tl_free(&l);
+    opt_weights_free(&w);
+}
+
+static uint16_t bf16_round(float f) { /* round to nearest even; no NaN in weights */
+    uint32_t u = float_bits(f);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* The F16 tensors of l rewritten as dtype (F32: exact; BF16: rounded to nearest even). */
+static void convert_all(tlist *l, const char *dtype) {
+    for (int i = 0; i < l->n; i++) {
+        ttensor *t = &l->t[i];
+        size_t n = numel(t), size = dtype_bytes(dtype);
+        unsigned char *data = malloc(n * size + 1);
+        for (size_t k = 0; k < n; k++) {
+            float f = source_value(t, k);
+            uint16_t b = bf16_round(f);
+            memcpy(data + k * size, size == 4 ? (const void *)&f : (const void *)&b, size);
+        }
+        free(t->data);
+        t->data = data;
+        t->nbytes = n * size;
+        snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+    }
+}
+
+static void test_dtype_f32_equivalence(void) {
+    opt_weights w16, w32;
+    tlist l;
+    load_ok(fixture("opt-tiny"), &w16);
+    char *dir = fixture_copy("opt-tiny", &l);
+    convert_all(&l, "F32");
+    save_model(dir, &l);
+    load_ok(dir, &w32);
+    /* opt-tiny's tensors are all multiples of 16 floats: the arena has no padding to skip. */
+    CU_ASSERT_EQUAL(w32.storage_floats, opt_param_count(&w32.cfg));
+    CU_ASSERT_EQUAL_FATAL(w32.storage_floats, w16.storage_floats);
+    CU_ASSERT(memcmp(w32.storage, w16.storage, w16.storage_floats * sizeof(float)) == 0);
+    opt_weights_free(&w16);
+    opt_weights_free(&w32);
+    finish(dir, &l);
+}
+
+static void test_dtype_bf16_equivalence(void) {
+    opt_weights w;
+    tlist orig, l;
+    tl_from_dir(fixture("opt-tiny"), &orig);
+    char *dir = fixture_copy("opt-tiny", &l);
+    convert_all(&l, "BF16");
+    save_model(dir, &l);
+    load_ok(dir, &w);
+    size_t bad = 0, changed = 0;
+    for (int i = 0; i < orig.n; i++) {
+        const float *got = weight_of(&w, orig.t[i].name);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+        for (size_t k = 0; k < numel(&orig.t[i]); k++) {
+            float x = source_value(&orig.t[i], k);
+            float want = fp16_to_fp32(fp32_to_fp16(bf16_to_fp32(bf16_round(x))));
+            bad += float_bits(got[k]) != float_bits(want);
+            changed += want != x;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(changed > 0); /* bf16 really rounded something: the test compares something */
+    opt_weights_free(&w);
+    tl_free(&orig);
+    finish(dir, &l);
+}
+
+static void test_names_without_model_prefix(void) {
+    opt_weights w16, w;
+    tlist l;
+    load_ok(fixture("opt-tiny"), &w16);
+    char *dir = fixture_copy("opt-tiny", &l);
+    for (int i = 0; i < l.n; i++) {
+        CU_ASSERT_FATAL(strncmp(l.t[i].name, "model.", 6) == 0);
+        memmove(l.t[i].name, l.t[i].name + 6, strlen(l.t[i].name + 6) + 1);
+    }
+    save_model(dir, &l);
+    load_ok(dir, &w);
+    CU_ASSERT_EQUAL_FATAL(w.storage_floats, w16.storage_floats);
+    CU_ASSERT(memcmp(w.storage, w16.storage, w.storage_floats * sizeof(float)) == 0);
+    opt_weights_free(&w16);
+    opt_weights_free(&w);
+    finish(dir, &l);
+}
+
+static void test_explicit_lm_head(void) {
+    opt_weights w;
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    int64_t shape[2] = {512, 64}; /* embed_tokens' */
+    ttensor *head = tl_add(&l, "lm_head.weight", "F16", 2, shape, NULL);
+    for (size_t k = 0; k < numel(head); k++) {
+        fp16 h = fp32_to_fp16((float)(k % 97) / 64.0f - 0.75f);
+        memcpy(head->data + 2 * k, &h, 2);
+    }
+    save_model(dir, &l);
+    load_ok(dir, &w);
+    CU_ASSERT_PTR_NOT_NULL(w.lm_head);
+    CU_ASSERT(w.lm_head != w.embed_tokens);
+    CU_ASSERT_EQUAL(w.lm_head[97 + 3], 3.0f / 64.0f - 0.75f);
+    CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg) + numel(head));
+    opt_weights_free(&w);
+    finish(dir, &l);
+}
+
+/* The index's weight_map, tensor name -> file name. */
+static cJSON *read_index(const char *dir) {
+    char *text = slurp(join(dir, "model.safetensors.index.json"), NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    CU_ASSERT_FATAL(cJSON_IsObject(cJSON_GetObjectItem(root, "weight_map")));
+    return root;
+}
+
+static void expect_shape(const st_archive *a, const char *name, int ndim, int64_t d0,
+                         int64_t d1) {
+    const st_tensor *t = st_find(a, name);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_EQUAL(t->ndim, ndim);
+    CU_ASSERT_EQUAL(t->shape[0], d0);
+    if (ndim == 2) CU_ASSERT_EQUAL(t->shape[1], d1);
+}
+
+static void test_sharded_archive(void) {
+    char dir[4096], err[FG_ERR_LEN] = "";
+    snprintf(dir, sizeof dir, "%s", fixture("opt-tiny-350m"));
+    st_archive a;
+    CU_ASSERT_EQUAL_FATAL(st_open_dir(dir, &a, err), 0);
+    cJSON *root = read_index(dir);
+    const cJSON *e, *wm = cJSON_GetObjectItem(root, "weight_map");
+    CU_ASSERT_EQUAL(a.n_files, 3);
+    CU_ASSERT_EQUAL(a.n_tensors, cJSON_GetArraySize(wm));
+    cJSON_ArrayForEach(e, wm) {
+        const st_tensor *t = st_find(&a, e->string);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+        CU_ASSERT_EQUAL(t->dtype, ST_F32);
+        CU_ASSERT(t->file >= 0 && t->file < a.n_files);
+        const char *path = a.paths[t->file], *base = strrchr(path, '/');
+        CU_ASSERT_STRING_EQUAL(base ? base + 1 : path, e->valuestring);
+        const char *map = a.maps[t->file], *data = t->data;
+        CU_ASSERT(data >= map + 8 && data + t->nbytes <= map + a.sizes[t->file]);
+    }
+    expect_shape(&a, "model.decoder.embed_tokens.weight", 2, 512, 32);
+    expect_shape(&a, "model.decoder.embed_positions.weight", 2, 66, 64);
+    expect_shape(&a, "model.decoder.project_in.weight", 2, 64, 32);
+    expect_shape(&a, "model.decoder.project_out.weight", 2, 32, 64);
+    expect_shape(&a, "model.decoder.layers.1.fc1.weight", 2, 128, 64);
+    expect_shape(&a, "model.decoder.layers.1.fc2.weight", 2, 64, 128);
+    expect_shape(&a, "model.decoder.layers.0.self_attn.q_proj.bias", 1, 64, 0);
+    CU_ASSERT_PTR_NULL(st_find(&a, "model.decoder.final_layer_norm.weight"));
+    CU_ASSERT_PTR_NULL(st_find(&a, "lm_head.weight"));
+    cJSON_Delete(root);
+    st_close(&a);
+    CU_ASSERT_EQUAL(a.n_files, 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Bad tensors
+ * --------------------------------------------------------------------------------------------- */
+
+#define L0 "model.decoder.layers.0."
+#define L1 "model.decoder.layers.1."
+
+static void test_missing_tensor(void) {
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    tl_remove(&l, L1 "fc1.bias");
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, dir, "missing tensor", "decoder.layers.1.fc1.bias");
+    finish(dir, &l);
+}
+
+static void test_extra_tensor(void) {
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    tl_add(&l, L0 "bogus.weight", "F16", 2, (const int64_t[]){4, 4}, NULL);
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, "unexpected tensor", L0 "bogus.weight");
+    finish(dir, &l);
+}
+
+static void test_wrong_shape(void) {
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    tl_reshape(tl_get(&l, L0 "self_attn.q_proj.weight"), 2, 64, 32);
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, L0 "self_attn.q_proj.weight", "[64, 32]", "[64, 64]");
+    finish(dir, &l);
+
+    dir = fixture_copy("opt-tiny", &l); /* transposed */
+    tl_reshape(tl_get(&l, L1 "fc1.weight"), 2, 64, 256);
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, L1 "fc1.weight", "[64, 256]", "[256, 64]");
+    finish(dir, &l);
+}
+
+static void test_wrong_ndim(void) {
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    tl_reshape(tl_get(&l, L0 "self_attn.k_proj.bias"), 2, 1, 64);
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, L0 "self_attn.k_proj.bias", "[1, 64]", "[64]");
+    finish(dir, &l);
+
+    dir = fixture_copy("opt-tiny", &l);
+    tl_reshape(tl_get(&l, L0 "fc2.weight"), 1, 64 * 256, 0);
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, L0 "fc2.weight", "[16384]", "[64, 256]");
+    finish(dir, &l);
+}
+
+static void test_unsupported_dtype(void) {
+    static const char *const dtypes[] = {"I64", "F64"};
+    for (int i = 0; i < 2; i++) {
+        tlist l;
+        char *dir = fixture_copy("opt-tiny", &l);
+        ttensor *t = tl_get(&l, L0 "fc1.bias");
+        snprintf(t->dtype, sizeof t->dtype, "%s", dtypes[i]);
+        tl_reshape(t, 1, t->shape[0], 0);
+        save_model(dir, &l);
+        EXPECT_LOAD_FAIL(dir, "model.safetensors", L0 "fc1.bias", "unsupported dtype", dtypes[i]);
+        finish(dir, &l);
+    }
+}
+
+static void test_truncated_data(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    const char *path = join(dir, "model.safetensors");
+    size_t n;
+    char *data = slurp(path, &n);
+    CU_ASSERT_EQUAL(write_file(path, data, n - 1000), 0);
+    free(data);
+    EXPECT_LOAD_FAIL(dir, "model.safetensors", "out of bounds", "truncated");
+    finish(dir, NULL);
+}
+
+static void test_header_length(void) {
+    char *dir = make_temp_dir();
+    write_raw_safetensors(join(dir, "model.safetensors"), (uint64_t)1 << 40, "{}", 64);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "header length 1099511627776", "beyond the file");
+    write_raw_safetensors(join(dir, "model.safetensors"), UINT64_MAX, "{}", 0);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "header length", "beyond the file");
+    write_raw_safetensors(join(dir, "model.safetensors"), 3, "{}", 0); /* one byte past the end */
+    EXPECT_ST_FAIL(dir, "model.safetensors", "header length 3", "beyond the file");
+    copy_file(fixture("opt-tiny/config.json"), dir, "config.json");
+    EXPECT_LOAD_FAIL(dir, "model.safetensors", "header length 3", "beyond the file");
+    finish(dir, NULL);
+}
+
+static void test_short_file(void) {
+    char *dir = make_temp_dir();
+    CU_ASSERT_EQUAL(write_file(join(dir, "model.safetensors"), "\x02\0\0\0\0", 5), 0);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "truncated file", "5 bytes");
+    CU_ASSERT_EQUAL(write_file(join(dir, "model.safetensors"), "", 0), 0);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "truncated file", "0 bytes");
+    finish(dir, NULL);
+}
+
+/* opt-tiny with tensor `name`'s header offsets set to [b, e] (relative to its packed begin when
+ * rel) must fail to load with a message holding `what`. */
+static void expect_offsets_fail(const char *name, int rel, int64_t b, int64_t e, const char *what) {
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    int i = tl_index(&l, name);
+    CU_ASSERT_FATAL(i >= 0);
+    int64_t base = rel ? packed_begin(&l, i) : 0;
+    l.t[i].offsets_set = 1;
+    l.t[i].off[0] = base + b;
+    l.t[i].off[1] = base + e;
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, "model.safetensors", name, what);
+    finish(dir, &l);
+}
+
+static void test_data_offsets(void) {
+    expect_offsets_fail(L0 "fc1.bias", 0, 1000000000, 1000000512, "out of bounds");
+    expect_offsets_fail(L0 "fc1.bias", 1, 512, 0, "bad data_offsets");  /* end < begin */
+    expect_offsets_fail(L0 "fc1.bias", 0, -2, 510, "bad data_offsets"); /* negative */
+    expect_offsets_fail(L0 "fc1.bias", 0, 0, (int64_t)1 << 62, "out of bounds");
+    expect_offsets_fail(L0 "self_attn.q_proj.weight", 1, 0, 100, "hold 100 bytes");
+    expect_offsets_fail(L0 "self_attn.q_proj.weight", 1, 0, 100, "need 8192");
+    /* Beyond any integer type: refused (as bad or out of bounds), without undefined casts. */
+    char *dir = make_temp_dir();
+    static const char huge[] =
+        "{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 1e30]}}";
+    write_raw_safetensors(join(dir, "model.safetensors"), strlen(huge), huge, 4);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "tensor a", "data_offsets");
+    finish(dir, NULL);
+}
+
+static void test_overlapping_offsets(void) {
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    int q = tl_index(&l, L0 "self_attn.q_proj.weight");
+    int k = tl_index(&l, L0 "self_attn.k_proj.weight");
+    CU_ASSERT_FATAL(q >= 0 && k >= 0);
+    l.t[k].offsets_set = 1; /* k_proj starts in the middle of q_proj's bytes */
+    l.t[k].off[0] = packed_begin(&l, q) + 4096;
+    l.t[k].off[1] = l.t[k].off[0] + (int64_t)l.t[k].nbytes;
+    save_model(dir, &l);
+    EXPECT_LOAD_FAIL(dir, "model.safetensors", "overlap", L0 "self_attn.q_proj.weight",
+                     L0 "self_attn.k_proj.weight");
+    finish(dir, &l);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Bad JSON: the safetensors header, config.json, the shard index
+ * --------------------------------------------------------------------------------------------- */
+
+static void test_malformed_header(void) {
+    static const char *const headers[] = {"{\"a\": {\"dtype\": \"F16\", ", "[1, 2, 3]",
+                                          "\"text\"", ""};
+    char *dir = make_temp_dir();
+    for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
+        write_raw_safetensors(join(dir, "model.safetensors"), strlen(headers[i]), headers[i], 4);
+        EXPECT_ST_FAIL(dir, "model.safetensors", "malformed JSON header");
+    }
+    static const char entry[] = "{\"a\": 7}"; /* valid JSON, but a tensor that is no object */
+    write_raw_safetensors(join(dir, "model.safetensors"), strlen(entry), entry, 0);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "tensor a", "not an object");
+    finish(dir, NULL);
+}
+
+/* The JSON header must be all of the header: nothing but padding may follow it. */
+static void test_header_trailing_garbage(void) {
+    static const char header[] =
+        "{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}garbage";
+    char *dir = make_temp_dir();
+    write_raw_safetensors(join(dir, "model.safetensors"), strlen(header), header, 4);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "malformed JSON header");
+    finish(dir, NULL);
+}
+
+/* Header entries with a field missing or of the wrong form. */
+static void test_bad_header_fields(void) {
+    static const struct { const char *json, *what; } cases[] = {
+        {"{\"a\": {\"shape\": [2], \"data_offsets\": [0, 4]}}", "missing dtype"},
+        {"{\"a\": {\"dtype\": 16, \"shape\": [2], \"data_offsets\": [0, 4]}}", "missing dtype"},
+        {"{\"a\": {\"dtype\": \"F16\", \"data_offsets\": [0, 4]}}", "bad shape"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [1,1,1,1,2], \"data_offsets\": [0, 4]}}",
+         "bad shape"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [-2], \"data_offsets\": [0, 4]}}", "bad shape"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [2.5], \"data_offsets\": [0, 4]}}", "bad shape"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [2]}}", "bad data_offsets"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 2, 4]}}",
+         "bad data_offsets"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [\"0\", 4]}}",
+         "bad data_offsets"},
+        {"{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0.5, 4]}}",
+         "bad data_offsets"},
+    };
+    char *dir = make_temp_dir();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *json = cases[i].json;
+        write_raw_safetensors(join(dir, "model.safetensors"), strlen(json), json, 4);
+        EXPECT_ST_FAIL(dir, "model.safetensors", "tensor a", cases[i].what);
+    }
+    char json[400];
+    snprintf(json, sizeof json, "{\"%0200d\": {\"dtype\": \"F16\", \"shape\": [2], "
+             "\"data_offsets\": [0, 4]}}", 7);
+    write_raw_safetensors(join(dir, "model.safetensors"), strlen(json), json, 4);
+    EXPECT_ST_FAIL(dir, "model.safetensors", "tensor name too long", "00000000");
+    finish(dir, NULL);
+}
+
+/* The fixture's config.json with `key` set to `value` (removed when value is NULL) in dir. */
+static void write_config_edit(const char *dir, const char *fix, const char *key, cJSON *value) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s/config.json", fixture(fix));
+    char *text = slurp(src, NULL);
+    cJSON *root = cJSON_Parse(text);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(root);
+    if (value && cJSON_GetObjectItem(root, key)) cJSON_ReplaceItemInObject(root, key, value);
+    else if (value) cJSON_AddItemToObject(root, key, value);
+    else cJSON_DeleteItemFromObject(root, key);
+    char *out = cJSON_Print(root);
+    write_text(dir, "config.json", out);
+    free(out);
+    free(text);
+    cJSON_Delete(root);
+}
+
+#define EXPECT_CONFIG_FAIL(path, ...)                                                        \
+    do {                                                                                     \
+        opt_config c_;                                                                       \
+        char err_[FG_ERR_LEN] = "";                                                          \
+        CU_ASSERT_EQUAL(opt_config_from_json(path, &c_, err_), -1);                          \
+        EXPECT_ERR(err_, __VA_ARGS__);                                                       \
+    } while (0)
+
+static void test_malformed_config(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    write_text(dir, "config.json", "{\"model_type\": \"opt\", \"hidden_size\": 64,");
+    EXPECT_LOAD_FAIL(dir, "config.json", "malformed JSON");
+    write_text(dir, "config.json", "[\"opt\"]");
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "not a JSON object");
+    finish(dir, NULL);
+}
+
+static void test_unknown_architecture(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    write_config_edit(dir, "opt-tiny", "model_type", cJSON_CreateString("gpt2"));
+    EXPECT_LOAD_FAIL(dir, "config.json", "unknown architecture", "gpt2");
+    write_config_edit(dir, "opt-tiny", "model_type", NULL);
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "unknown architecture", "missing");
+    finish(dir, NULL);
+}
+
+static void test_missing_config_field(void) {
+    static const char *const required[] = {"hidden_size", "num_hidden_layers",
+                                           "num_attention_heads", "ffn_dim", "vocab_size"};
+    char *dir = fixture_rewrite("opt-tiny");
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "\"%s\"", required[i]);
+        write_config_edit(dir, "opt-tiny", required[i], NULL);
+        EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "missing", quoted);
+    }
+    write_config_edit(dir, "opt-tiny", "hidden_size", NULL);
+    EXPECT_LOAD_FAIL(dir, "config.json", "missing \"hidden_size\"");
+    write_config_edit(dir, "opt-tiny", "hidden_size", cJSON_CreateString("64"));
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "\"hidden_size\"", "positive integer");
+    write_config_edit(dir, "opt-tiny", "num_hidden_layers", cJSON_CreateNumber(0));
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "\"num_hidden_layers\"", "positive integer");
+    write_config_edit(dir, "opt-tiny", "vocab_size", cJSON_CreateNumber(512.5));
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "\"vocab_size\"", "positive integer");
+    write_config_edit(dir, "opt-tiny", "hidden_size", cJSON_CreateNumber(1e10));
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "\"hidden_size\"", "positive integer");
+    finish(dir, NULL);
+}
+
+static void test_heads_do_not_divide_hidden(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    write_config_edit(dir, "opt-tiny", "num_attention_heads", cJSON_CreateNumber(5));
+    EXPECT_LOAD_FAIL(dir, "config.json", "hidden_size 64", "not a multiple",
+                     "num_attention_heads 5");
+    finish(dir, NULL);
+}
+
+/* A temp copy of opt-tiny-350m (config, shards) whose index is the fixture's weight_map edited
+ * by `edit` (NULL: unchanged). */
+static char *sharded_copy(void (*edit)(cJSON *weight_map)) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s", fixture("opt-tiny-350m"));
+    char *dir = make_temp_dir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    copy_file(join(src, "config.json"), dir, "config.json");
+    cJSON *root = read_index(src), *wm = cJSON_GetObjectItem(root, "weight_map"), *e;
+    cJSON_ArrayForEach(e, wm) {
+        if (access(join(dir, e->valuestring), F_OK) != 0)
+            copy_file(join(src, e->valuestring), dir, e->valuestring);
+    }
+    if (edit) edit(wm);
+    char *text = cJSON_Print(root);
+    write_text(dir, "model.safetensors.index.json", text);
+    free(text);
+    cJSON_Delete(root);
+    return dir;
+}
+
+static void shard_gone(cJSON *wm) {
+    cJSON_ReplaceItemInObject(wm, L1 "fc1.bias",
+                              cJSON_CreateString("model-00004-of-00003.safetensors"));
+}
+
+static void shard_wrong(cJSON *wm) { /* embed_tokens is in shard 1 */
+    cJSON_ReplaceItemInObject(wm, "model.decoder.embed_tokens.weight",
+                              cJSON_CreateString("model-00003-of-00003.safetensors"));
+}
+
+static void shard_ghost(cJSON *wm) {
+    cJSON_AddItemToObject(wm, L0 "ghost.weight",
+                          cJSON_CreateString("model-00002-of-00003.safetensors"));
+}
+
+static void shard_path(cJSON *wm) {
+    cJSON_ReplaceItemInObject(wm, L1 "fc1.bias", cJSON_CreateString("../model.safetensors"));
+}
+
+static void test_sharded_copy_loads(void) {
+    opt_weights w, ref;
+    char *dir = sharded_copy(NULL);
+    load_ok(dir, &w);
+    load_ok(fixture("opt-tiny-350m"), &ref);
+    CU_ASSERT_EQUAL_FATAL(w.storage_floats, ref.storage_floats);
+    CU_ASSERT(memcmp(w.storage, ref.storage, w.storage_floats * sizeof(float)) == 0);
+    opt_weights_free(&w);
+    opt_weights_free(&ref);
+    finish(dir, NULL);
+}
+
+static void test_index_missing_shard(void) {
+    char *dir = sharded_copy(shard_gone);
+    EXPECT_LOAD_FAIL(dir, "model-00004-of-00003.safetensors", "No such file");
+    finish(dir, NULL);
+}
+
+static void test_index_tensor_not_in_shard(void) {
+    char *dir = sharded_copy(shard_wrong);
+    EXPECT_LOAD_FAIL(dir, "model.safetensors.index.json", "model.decoder.embed_tokens.weight",
+                     "model-00003-of-00003.safetensors", "as the index says");
+    finish(dir, NULL);
+    dir = sharded_copy(shard_ghost);
+    EXPECT_ST_FAIL(dir, "model.safetensors.index.json", L0 "ghost.weight",
+                   "model-00002-of-00003.safetensors");
+    finish(dir, NULL);
+    dir = sharded_copy(shard_path);
+    EXPECT_ST_FAIL(dir, "model.safetensors.index.json", L1 "fc1.bias", "bad file name");
+    finish(dir, NULL);
+}
+
+static void test_malformed_index(void) {
+    char *dir = sharded_copy(NULL);
+    write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {\"a\": ");
+    EXPECT_LOAD_FAIL(dir, "model.safetensors.index.json", "malformed JSON");
+    write_text(dir, "model.safetensors.index.json", "{\"metadata\": {}}");
+    EXPECT_ST_FAIL(dir, "model.safetensors.index.json", "weight_map");
+    finish(dir, NULL);
+}
+
+static void test_no_safetensors(void) {
+    char *dir = make_temp_dir();
+    EXPECT_ST_FAIL(dir, dir, "no model.safetensors or model.safetensors.index.json");
+    copy_file(fixture("opt-tiny/config.json"), dir, "config.json");
+    EXPECT_LOAD_FAIL(dir, dir, "no model.safetensors or model.safetensors.index.json");
+    finish(dir, NULL);
+}
+
+static void test_nonexistent_dir(void) {
+    const char *dir = "/nonexistent/flexgen-test-dir";
+    EXPECT_LOAD_FAIL(dir, "/nonexistent/flexgen-test-dir/config.json", "No such file");
+    EXPECT_ST_FAIL(dir, dir, "no model.safetensors");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fp16
+ * --------------------------------------------------------------------------------------------- */
+
+static int fp16_is_nan(fp16 h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
+
+static void test_fp16_round_trip(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++)
+        if (!fp16_is_nan((fp16)h)) bad += fp32_to_fp16(fp16_to_fp32((fp16)h)) != h;
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* For every pair of neighbouring finite fp16 values (of both signs, the top one's neighbour being
+ * 65536 = Inf): the midpoint rounds to the even one, and the floats just beside it to the near
+ * one. That covers ties to even, subnormals, the subnormal/normal boundary and overflow. */
+static void test_fp16_round_to_nearest_even(void) {
+    int bad = 0;
+    for (uint32_t sign = 0; sign <= 0x8000; sign += 0x8000)
+        for (uint32_t m = 0; m < 0x7c00; m++) {
+            float lo = fp16_to_fp32((fp16)m);
+            float hi = m == 0x7bff ? 65536.0f : fp16_to_fp32((fp16)(m + 1));
+            float mid = (lo + hi) / 2, s = sign ? -1.0f : 1.0f;
+            fp16 even = (fp16)(sign | (m & 1 ? m + 1 : m));
+            bad += fp32_to_fp16(s * lo) != (sign | m);
+            bad += fp32_to_fp16(s * mid) != even;
+            bad += fp32_to_fp16(s * nextafterf(mid, 0)) != (sign | m);
+            bad += fp32_to_fp16(s * nextafterf(mid, INFINITY)) != (sign | (m + 1));
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_fp16_edges(void) {
+    CU_ASSERT_EQUAL(fp32_to_fp16(1.0f), 0x3c00);
+    CU_ASSERT_EQUAL(fp32_to_fp16(1.0f + 0x1p-11f), 0x3c00);     /* tie, down to even */
+    CU_ASSERT_EQUAL(fp32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie, up to even */
+    CU_ASSERT_EQUAL(fp32_to_fp16(65504.0f), 0x7bff);
+    CU_ASSERT_EQUAL(fp32_to_fp16(65519.0f), 0x7bff);
+    CU_ASSERT_EQUAL(fp32_to_fp16(65520.0f), 0x7c00); /* overflow */
+    CU_ASSERT_EQUAL(fp32_to_fp16(1e10f), 0x7c00);
+    CU_ASSERT_EQUAL(fp32_to_fp16(-1e10f), 0xfc00);
+    CU_ASSERT_EQUAL(fp32_to_fp16(3.4e38f), 0x7c00);
+    CU_ASSERT_EQUAL(fp32_to_fp16(INFINITY), 0x7c00);
+    CU_ASSERT_EQUAL(fp32_to_fp16(-INFINITY), 0xfc00);
+    CU_ASSERT(fp16_is_nan(fp32_to_fp16(NAN)));
+    CU_ASSERT_EQUAL(fp32_to_fp16(1e-10f), 0x0000); /* tiny: signed zero */
+    CU_ASSERT_EQUAL(fp32_to_fp16(-1e-10f), 0x8000);
+    CU_ASSERT_EQUAL(fp32_to_fp16(0x1p-149f), 0x0000);
+    CU_ASSERT_EQUAL(fp32_to_fp16(-0.0f), 0x8000);
+    CU_ASSERT_EQUAL(fp32_to_fp16(0x1p-25f), 0x0000);  /* half the smallest subnormal: to even */
+    CU_ASSERT_EQUAL(fp32_to_fp16(nextafterf(0x1p-25f, 1)), 0x0001);
+    CU_ASSERT_EQUAL(fp32_to_fp16(0x1p-24f), 0x0001);  /* smallest subnormal */
+    CU_ASSERT_EQUAL(fp32_to_fp16(-0x1p-24f), 0x8001);
+    CU_ASSERT_EQUAL(fp32_to_fp16(3 * 0x1p-25f), 0x0002); /* 1.5 ulp: to even */
+    CU_ASSERT_EQUAL(fp32_to_fp16(5 * 0x1p-25f), 0x0002); /* 2.5 ulp: to even */
+    CU_ASSERT_EQUAL(fp32_to_fp16(1023 * 0x1p-24f), 0x03ff); /* largest subnormal */
+    CU_ASSERT_EQUAL(fp32_to_fp16(1023.5f * 0x1p-24f), 0x0400); /* tie into the normals */
+    CU_ASSERT_EQUAL(fp32_to_fp16(0x1p-14f), 0x0400);  /* smallest normal */
+    CU_ASSERT_EQUAL(fp16_to_fp32(0x0001), 0x1p-24f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(0x03ff), 1023 * 0x1p-24f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(0x8200), -0x1p-15f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(0x7bff), 65504.0f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(0x7c00), INFINITY);
+    CU_ASSERT_EQUAL(fp16_to_fp32(0xfc00), -INFINITY);
+    CU_ASSERT(isnan(fp16_to_fp32(0x7e00)));
+    CU_ASSERT(signbit(fp16_to_fp32(0x8000)) && fp16_to_fp32(0x8000) == 0.0f);
+    CU_ASSERT_EQUAL(bf16_to_fp32(0x3f80), 1.0f);
+    CU_ASSERT_EQUAL(bf16_to_fp32(0xc040), -3.0f);
+}
+
+static uint64_t xorshift(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float bits_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Edge values, random bit patterns (every exponent), random values in fp16's range and random
+ * values near its subnormals. */
+static void random_floats(float *x, size_t n) {
+    static const float edges[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f,
+                                  -65520.0f, 1e10f, INFINITY, -INFINITY, NAN, 0x1p-24f, 0x1p-25f,
+                                  3 * 0x1p-25f, 1023.5f * 0x1p-24f, 0x1p-14f, 1.0f + 0x1p-11f,
+                                  1.0f + 3 * 0x1p-11f, 0x1p-149f, 3.4e38f};
+    size_t ne = sizeof edges / sizeof edges[0];
+    uint64_t s = 0x243f6a8885a308d3ULL;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = xorshift(&s);
+        float u = (float)(r >> 40) / 16777216.0f * 2 - 1;
+        switch (i < ne ? 3 : r % 3) {
+        case 0: x[i] = bits_float((uint32_t)(r >> 16)); break;
+        case 1: x[i] = u * 70000.0f; break;
+        case 2: x[i] = u * 0x1p-13f; break;
+        default: x[i] = edges[i]; break;
+        }
+    }
+}
+
+static int same_float(float a, float b) {
+    return (isnan(a) && isnan(b)) || float_bits(a) == float_bits(b);
+}
+
+static void test_fp16_vector_matches_scalar(void) {
+    enum { N = 100003 }; /* not a multiple of 8: the vector loop's tail runs too */
+    float *x = malloc(N * sizeof *x), *y = malloc((N + 65536) * sizeof *y);
+    fp16 *h = malloc((N + 65536) * sizeof *h);
+    random_floats(x, N);
+    size_t bad = 0;
+    fp32_to_fp16_n(x, h, N);
+    for (size_t i = 0; i < N; i++)
+        bad += h[i] != fp32_to_fp16(x[i]) && !(fp16_is_nan(h[i]) && isnan(x[i]));
+    CU_ASSERT_EQUAL(bad, 0);
+    fp32_to_fp16_n(x + 1, h + 1, N - 1); /* unaligned start */
+    for (size_t i = 1; i < N; i++)
+        bad += h[i] != fp32_to_fp16(x[i]) && !(fp16_is_nan(h[i]) && isnan(x[i]));
+    CU_ASSERT_EQUAL(bad, 0);
+    for (size_t i = 0; i < 65536; i++) h[N + i] = (fp16)i; /* every fp16 after N random ones */
+    fp16_to_fp32_n(h, y, N + 65536);
+    for (size_t i = 0; i < N + 65536; i++) bad += !same_float(y[i], fp16_to_fp32(h[i]));
+    CU_ASSERT_EQUAL(bad, 0);
+    fp16_to_fp32_n(h + 3, y + 3, 13);
+    for (size_t i = 3; i < 16; i++) bad += !same_float(y[i], fp16_to_fp32(h[i]));
+    CU_ASSERT_EQUAL(bad, 0);
+    free(x);
+    free(y);
+    free(h);
+}
+
+/* --------------------------------------------------------------------------------------------- */
+
+void add_checkpoint_tests(void) {
+    CU_pSuite s = CU_add_suite("checkpoint", NULL, NULL);
+    CU_add_test(s, "fixture opt-tiny (fp16) loads, tied lm_head", test_fixture_opt_tiny);
+    CU_add_test(s, "fixture opt-tiny-350m (fp32, sharded, project_in/out)",
+                test_fixture_opt_tiny_350m);
+    CU_add_test(s, "fixture opt-tiny-bf16 loads", test_fixture_opt_tiny_bf16);
+    CU_add_test(s, "F32 copy gives bit-identical weights", test_dtype_f32_equivalence);
+    CU_add_test(s, "BF16 copy gives bf16- then fp16-rounded weights", test_dtype_bf16_equivalence);
+    CU_add_test(s, "names without \"model.\" load", test_names_without_model_prefix);
+    CU_add_test(s, "explicit lm_head.weight is loaded separately", test_explicit_lm_head);
+    CU_add_test(s, "st_open_dir maps every shard of opt-tiny-350m", test_sharded_archive);
+    CU_add_test(s, "a rewritten shard index loads", test_sharded_copy_loads);
+    CU_add_test(s, "missing tensor", test_missing_tensor);
+    CU_add_test(s, "extra tensor", test_extra_tensor);
+    CU_add_test(s, "wrong shape", test_wrong_shape);
+    CU_add_test(s, "wrong ndim", test_wrong_ndim);
+    CU_add_test(s, "unsupported dtype", test_unsupported_dtype);
+    CU_add_test(s, "truncated data", test_truncated_data);
+    CU_add_test(s, "header length beyond the file", test_header_length);
+    CU_add_test(s, "file shorter than 8 bytes", test_short_file);
+    CU_add_test(s, "bad data_offsets", test_data_offsets);
+    CU_add_test(s, "overlapping data_offsets", test_overlapping_offsets);
+    CU_add_test(s, "malformed safetensors header", test_malformed_header);
+    CU_add_test(s, "header entries with bad fields", test_bad_header_fields);
+    CU_add_test(s, "header with trailing garbage", test_header_trailing_garbage);
+    CU_add_test(s, "malformed config.json", test_malformed_config);
+    CU_add_test(s, "unknown architecture", test_unknown_architecture);
+    CU_add_test(s, "missing or bad config field", test_missing_config_field);
+    CU_add_test(s, "hidden_size not a multiple of heads", test_heads_do_not_divide_hidden);
+    CU_add_test(s, "index names a missing shard", test_index_missing_shard);
+    CU_add_test(s, "index names a tensor its shard lacks", test_index_tensor_not_in_shard);
+    CU_add_test(s, "malformed index", test_malformed_index);
+    CU_add_test(s, "neither model.safetensors nor an index", test_no_safetensors);
+    CU_add_test(s, "non-existent directory", test_nonexistent_dir);
+    CU_add_test(s, "fp16 round trip of all 65536 values", test_fp16_round_trip);
+    CU_add_test(s, "fp16 rounds to nearest even everywhere", test_fp16_round_to_nearest_even);
+    CU_add_test(s, "fp16 edge values", test_fp16_edges);
+    CU_add_test(s, "fp16 vector path == scalar", test_fp16_vector_matches_scalar);
+}

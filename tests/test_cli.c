@@ -1,0 +1,617 @@
+/* test_cli.c: the flexgen binary end to end, as a subprocess ($FLEXGEN_BIN, default ./flexgen).
+ *
+ * Bad input: every bad flag, prompt file or output path exits 2 with exactly one line on stderr,
+ * "flexgen: ..." naming the flag or file, and leaves no partial --dump-logits file behind.
+ * Good runs on the opt-tiny fixture: the --json report, the default report lines, --help, the
+ * dumped logits against the PyTorch reference (tokens.txt, logits.bin), seeded sampling, greedy
+ * decoding, --stop-at-eos; and `flexgen tokenize`.
+ */
+#define _GNU_SOURCE
+#include "tests.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+enum { N_PROMPTS = 5, GEN_LEN = 8, VOCAB = 512, EOS_PROMPT = 3 /* line 4 of prompts.txt */ };
+
+static char tiny_dir[4096], tiny_prompts[4096], tiny_tokens[4096], tiny_logits[4096];
+
+static int cli_init(void) {
+    /* Children must not spin-wait at OpenMP barriers: on a loaded machine (make -j, other test
+     * runs) spinning threads of a 2-core box take seconds for the tiny model. */
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    snprintf(tiny_dir, sizeof tiny_dir, "%s", fixture("opt-tiny"));
+    snprintf(tiny_prompts, sizeof tiny_prompts, "%s", fixture("opt-tiny/prompts.txt"));
+    snprintf(tiny_tokens, sizeof tiny_tokens, "%s", fixture("opt-tiny/tokens.txt"));
+    snprintf(tiny_logits, sizeof tiny_logits, "%s", fixture("opt-tiny/logits.bin"));
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Running the binary
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} buffer;
+
+/* Appends what fd has; returns 0 at end of file. */
+static int drain(int fd, buffer *b) {
+    if (b->len + 4096 > b->cap) b->data = realloc(b->data, b->cap = 2 * b->cap + 4096 + 1);
+    ssize_t n = read(fd, b->data + b->len, b->cap - b->len - 1);
+    if (n < 0 && errno == EINTR) return 1;
+    if (n > 0) b->len += (size_t)n;
+    b->data[b->len] = 0;
+    return n > 0;
+}
+
+/* Runs $FLEXGEN_BIN with args (NULL-terminated, argv[0] left out), stdin_text (NULL: empty) on
+ * its stdin. *out and *err get its stdout and stderr (malloc'd, NUL-terminated). Returns its exit
+ * status, 128 + the signal when killed, or -1 when it could not start. */
+static int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err) {
+    const char *bin = getenv("FLEXGEN_BIN");
+    if (!bin || !*bin) bin = "./flexgen";
+    int n = 0, in[2], o[2], e[2];
+    while (args[n]) n++;
+    char **argv = calloc((size_t)n + 2, sizeof *argv);
+    argv[0] = (char *)bin;
+    memcpy(argv + 1, args, (size_t)n * sizeof *argv);
+    if (pipe(in) || pipe(o) || pipe(e)) abort();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, o[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, e[1], 2);
+    int fds[6] = {in[0], in[1], o[0], o[1], e[0], e[1]};
+    for (int i = 0; i < 6; i++) posix_spawn_file_actions_addclose(&fa, fds[i]);
+    posix_spawnattr_t attr; /* the child gets SIGPIPE's default back */
+    sigset_t dflt;
+    sigemptyset(&dflt);
+    sigaddset(&dflt, SIGPIPE);
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setsigdefault(&attr, &dflt);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+    void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN); /* a child that exits before reading */
+    pid_t pid;
+    int spawned = posix_spawn(&pid, bin, &fa, &attr, argv, environ) == 0;
+    if (!spawned) fprintf(stderr, "\n    cannot run %s (set FLEXGEN_BIN)\n", bin);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    free(argv);
+    close(in[0]);
+    close(o[1]);
+    close(e[1]);
+    buffer ob = {0}, eb = {0};
+    const char *pending = stdin_text ? stdin_text : "";
+    size_t left = strlen(pending);
+    struct pollfd p[3] = {{o[0], POLLIN, 0}, {e[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
+    if (!spawned || left == 0) close(in[1]), p[2].fd = -1;
+    while (spawned && (p[0].fd >= 0 || p[1].fd >= 0)) {
+        if (poll(p, 3, -1) < 0 && errno != EINTR) break;
+        if (p[0].revents && !drain(o[0], &ob)) p[0].fd = -1;
+        if (p[1].revents && !drain(e[0], &eb)) p[1].fd = -1;
+        if (p[2].revents) {
+            ssize_t w = (p[2].revents & POLLOUT) ? write(in[1], pending, left) : -1;
+            if (w > 0) pending += w, left -= (size_t)w;
+            if (w < 0 || left == 0) close(in[1]), p[2].fd = -1;
+        }
+    }
+    if (p[2].fd >= 0) close(in[1]);
+    close(o[0]);
+    close(e[0]);
+    int status = 0, rc = -1;
+    if (spawned && waitpid(pid, &status, 0) == pid)
+        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    signal(SIGPIPE, old_pipe);
+    drain(-1, &ob); /* makes sure both are allocated and terminated */
+    drain(-1, &eb);
+    *out = ob.data;
+    *err = eb.data;
+    return rc;
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* The run exited 2 with nothing on stdout and one stderr line "flexgen: ..." holding every
+ * string of the NULL-terminated list. */
+static void expect_fail(const char *const *args, const char *stdin_text, ...) {
+    char *out, *err;
+    int rc = run_flexgen(args, stdin_text, &out, &err), ok = 1;
+    va_list ap;
+    va_start(ap, stdin_text);
+    for (const char *s; (s = va_arg(ap, const char *));) ok &= strstr(err, s) != NULL;
+    va_end(ap);
+    ok &= rc == 2 && strncmp(err, "flexgen: ", 9) == 0 && count_lines(err) == 1 &&
+          err[strlen(err) - 1] == '\n' && out[0] == 0;
+    CU_ASSERT(ok);
+    if (!ok) {
+        fprintf(stderr, "\n    flexgen");
+        for (int i = 0; args[i]; i++) fprintf(stderr, " %s", args[i]);
+        fprintf(stderr, "\n    exit %d, stderr: %s    stdout: %.200s\n", rc, err, out);
+    }
+    free(out);
+    free(err);
+}
+
+#define EXPECT_FAIL(args, ...) expect_fail(args, NULL, __VA_ARGS__, (const char *)NULL)
+
+/* Runs opt-tiny on its prompts for GEN_LEN tokens with args after the common ones; expects exit
+ * 0 and nothing on stderr. Returns stdout (malloc'd). */
+static char *run_tiny(const char *const *extra) {
+    const char *args[40] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8",
+                            "--quiet"};
+    int n = 7;
+    while (*extra && n < 39) args[n++] = *extra++;
+    args[n] = NULL;
+    char *out, *err;
+    int rc = run_flexgen(args, NULL, &out, &err);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_STRING_EQUAL(err, "");
+    if (rc != 0) fprintf(stderr, "\n    exit %d: %s\n", rc, err);
+    free(err);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Files
+ * --------------------------------------------------------------------------------------------- */
+
+static const char *join(const char *dir, const char *name) {
+    static char paths[4][4200];
+    static int next;
+    char *path = paths[next++ % 4];
+    CU_ASSERT_FATAL(snprintf(path, sizeof paths[0], "%s/%s", dir, name) < (int)sizeof paths[0]);
+    return path;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    CU_ASSERT_EQUAL(fclose(f), 0);
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    buffer b = {0};
+    while (drain(fileno(f), &b)) {}
+    fclose(f);
+    if (len) *len = b.len;
+    return b.data;
+}
+
+/* The float32 file at path, which must hold exactly n floats. */
+static float *read_floats(const char *path, size_t n) {
+    size_t len = 0;
+    char *data = slurp(path, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(data);
+    CU_ASSERT_EQUAL(len, n * sizeof(float));
+    if (len != n * sizeof(float)) {
+        free(data);
+        CU_FAIL_FATAL("logits file of the wrong size");
+    }
+    return (float *)(void *)data;
+}
+
+/* Names in dir besides . and .. */
+static int dir_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The PyTorch reference of opt-tiny
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    float *logits; /* [N_PROMPTS][GEN_LEN][VOCAB] */
+    int tokens[N_PROMPTS][GEN_LEN];
+    float tol;     /* 1e-4 of the largest |logit| */
+} reference;
+
+static void load_reference(reference *r) {
+    r->logits = read_floats(tiny_logits, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
+    float max = 0;
+    for (size_t i = 0; i < (size_t)N_PROMPTS * GEN_LEN * VOCAB; i++)
+        max = fmaxf(max, fabsf(r->logits[i]));
+    r->tol = 1e-4f * max;
+    FILE *f = fopen(tiny_tokens, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++) CU_ASSERT_EQUAL(fscanf(f, "%d", &r->tokens[p][s]), 1);
+    fclose(f);
+}
+
+static const float *row(const float *logits, int prompt, int step) {
+    return logits + ((size_t)prompt * GEN_LEN + step) * VOCAB;
+}
+
+static int argmax(const float *x) {
+    int best = 0;
+    for (int i = 1; i < VOCAB; i++) best = x[i] > x[best] ? i : best;
+    return best;
+}
+
+/* Step `step` of `prompt` has the reference's logits and argmax. */
+static int row_matches(const reference *r, const float *logits, int prompt, int step) {
+    const float *got = row(logits, prompt, step), *want = row(r->logits, prompt, step);
+    float diff = 0;
+    for (int v = 0; v < VOCAB; v++) diff = fmaxf(diff, fabsf(got[v] - want[v]));
+    int ok = diff <= r->tol && argmax(got) == r->tokens[prompt][step];
+    if (!ok)
+        fprintf(stderr, "\n    prompt %d step %d: max |dlogit| %g (tol %g), argmax %d, want %d\n",
+                prompt + 1, step + 1, diff, r->tol, argmax(got), r->tokens[prompt][step]);
+    return ok;
+}
+
+static int row_is_zero(const float *logits, int prompt, int step) {
+    const float *x = row(logits, prompt, step);
+    for (int v = 0; v < VOCAB; v++)
+        if (x[v] != 0) return 0;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Bad input
+ * --------------------------------------------------------------------------------------------- */
+
+static void test_bad_flag_values(void) {
+    EXPECT_FAIL(ARGS("--bogus"), "--bogus", "unknown option");
+    EXPECT_FAIL(ARGS("-x"), "-x", "unknown option");
+    EXPECT_FAIL(ARGS("--gen-len"), "--gen-len", "missing value");
+    EXPECT_FAIL(ARGS("--gen-len", "0"), "--gen-len", "'0'");
+    EXPECT_FAIL(ARGS("--gen-len", "abc"), "--gen-len", "'abc'");
+    EXPECT_FAIL(ARGS("--gen-len", "8x"), "--gen-len", "'8x'");
+    EXPECT_FAIL(ARGS("--gen-len", ""), "--gen-len");
+    EXPECT_FAIL(ARGS("--gen-len", "99999999999999"), "--gen-len", "99999999999999");
+    EXPECT_FAIL(ARGS("--gpu-batch-size", "-1"), "--gpu-batch-size", "'-1'");
+    EXPECT_FAIL(ARGS("--num-gpu-batches", "0"), "--num-gpu-batches", "'0'");
+    EXPECT_FAIL(ARGS("--top-p", "0"), "--top-p", "'0'");
+    EXPECT_FAIL(ARGS("--top-p", "1.5"), "--top-p", "'1.5'");
+    EXPECT_FAIL(ARGS("--top-p", "nan"), "--top-p", "'nan'");
+    EXPECT_FAIL(ARGS("--temperature", "-1"), "--temperature", "'-1'");
+    EXPECT_FAIL(ARGS("--seed", "x"), "--seed", "'x'");
+    EXPECT_FAIL(ARGS("--prompt-len", "0"), "--prompt-len", "'0'");
+    EXPECT_FAIL(ARGS("--gpu-batch-size", "65536", "--num-gpu-batches", "65536"),
+                "--gpu-batch-size", "--num-gpu-batches");
+}
+
+static void test_bad_flag_combinations(void) {
+    EXPECT_FAIL(ARGS("--model", "opt-7b"), "--model", "opt-7b", "opt-6.7b");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt", "Hello"), "--prompt", "tokenizer");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-file", tiny_prompts), "--prompt-file",
+                "tokenizer");
+    EXPECT_FAIL(ARGS("--prompt", "Hello", "--prompt-ids", tiny_prompts), "--prompt",
+                "--prompt-ids", "only one");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--vocab", tiny_prompts), "--vocab", "--merges");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--merges", tiny_prompts), "--vocab", "--merges");
+}
+
+static void test_bad_model_dir(void) {
+    char *dir = make_temp_dir();
+    EXPECT_FAIL(ARGS("--model", dir), dir, "config.json");
+    char *text = slurp(fixture("opt-tiny/config.json"), NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    write_text(join(dir, "config.json"), text);
+    free(text);
+    EXPECT_FAIL(ARGS("--model", dir, "--prompt-ids", tiny_prompts, "--gen-len", "2"), dir,
+                "no model.safetensors");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--vocab", join(dir, "v.json"), "--merges",
+                     join(dir, "m.txt"), "--prompt", "Hi"), "v.json");
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A --prompt-ids file holding `text` for opt-tiny fails with a message naming the file and
+ * holding `a` and `b`. */
+static void expect_bad_ids(const char *dir, const char *text, const char *a, const char *b) {
+    const char *path = join(dir, "ids.txt");
+    write_text(path, text);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), path, a, b);
+}
+
+static void test_bad_prompt_ids(void) {
+    char *dir = make_temp_dir();
+    const char *missing = join(dir, "nonexistent.txt");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", missing), missing, "No such file");
+    expect_bad_ids(dir, "2 5\n2 512\n", "line 2", "512 out of range");
+    expect_bad_ids(dir, "2 -1\n", "line 1", "-1 out of range");
+    expect_bad_ids(dir, "2 5 abc 7\n", "line 1", "not a token id: 'abc");
+    expect_bad_ids(dir, "2 5x\n", "line 1", "not a token id");
+    expect_bad_ids(dir, "2 5\n\n2 6\n", "line 2", "empty prompt");
+    expect_bad_ids(dir, "", "no prompts", "");
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_prompt_too_long(void) {
+    char *dir = make_temp_dir(), ids[400] = "2";
+    for (int i = 1; i < 60; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), " %d", 3 + i);
+    strcat(ids, "\n");
+    const char *path = join(dir, "long.txt");
+    write_text(path, ids);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
+                "60 tokens", "--gen-len 8", "64 positions");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--gen-len 8",
+                "64 positions");
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A failed --dump-logits leaves nothing behind: neither the file nor a temporary. */
+static void test_dump_logits_unwritable(void) {
+    char *dir = make_temp_dir();
+    const char *target = join(dir, "missing/l.bin");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2",
+                     "--dump-logits", target), "--dump-logits", target, "No such file");
+    CU_ASSERT_EQUAL(dir_entries(dir), 0);
+    const char *sub = join(dir, "out"); /* the target is a directory: rename fails */
+    CU_ASSERT_EQUAL_FATAL(mkdir(sub, 0755), 0);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2",
+                     "--dump-logits", sub), "--dump-logits", sub);
+    CU_ASSERT_EQUAL(dir_entries(dir), 1);
+    CU_ASSERT_EQUAL(dir_entries(sub), 0);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Good runs
+ * --------------------------------------------------------------------------------------------- */
+
+static void test_json_run_matches_reference(void) {
+    char *dir = make_temp_dir();
+    const char *dump = join(dir, "l.bin");
+    char *out = run_tiny(ARGS("--gpu-batch-size", "2", "--num-gpu-batches", "2", "--dump-logits",
+                              dump, "--json"));
+    static const char *const keys[] = {"model_size_bytes", "cache_size_bytes",
+        "hidden_size_bytes", "prefill_latency", "prefill_throughput", "decode_latency",
+        "decode_throughput", "total_latency", "total_throughput"};
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithOpts(out, &end, 0);
+    CU_ASSERT(cJSON_IsObject(o));
+    CU_ASSERT(end && strcmp(end, "\n") == 0); /* one object, one line, nothing else */
+    for (size_t i = 0; o && i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        CU_ASSERT(cJSON_IsNumber(v) && v->valuedouble > 0);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0))
+            fprintf(stderr, "\n    %s: not a number > 0\n", keys[i]);
+    }
+    cJSON_Delete(o);
+    free(out);
+    reference r;
+    load_reference(&r);
+    float *l = read_floats(dump, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
+    int bad = 0;
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++) bad += !row_matches(&r, l, p, s);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(dir_entries(dir), 1); /* no temporary left beside it */
+    free(l);
+    free(r.logits);
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_default_report(void) {
+    static const char *const lines[] = {"model size:", "peak gpu mem:", "prefill latency:",
+                                        "decode latency:", "total latency:"};
+    char *out = run_tiny(ARGS("--gpu-batch-size", "4"));
+    CU_ASSERT_EQUAL(count_lines(out), 5);
+    const char *at = out;
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        const char *line = strstr(at, lines[i]);
+        CU_ASSERT(line != NULL && (line == out || line[-1] == '\n'));
+        if (!line) { fprintf(stderr, "\n    no \"%s\" in:\n%s", lines[i], out); break; }
+        at = line;
+    }
+    free(out);
+}
+
+/* Every flag the CLI takes, with a value it accepts (NULL: takes none). */
+static const struct { const char *flag, *value; } FLAGS[] = {
+    {"--model", "opt-125m"}, {"--vocab", "v.json"}, {"--merges", "m.txt"}, {"--prompt", "Hi"},
+    {"--prompt-file", "p.txt"}, {"--prompt-ids", "i.txt"}, {"--prompt-len", "4"},
+    {"--gen-len", "4"}, {"--gpu-batch-size", "1"}, {"--num-gpu-batches", "1"},
+    {"--temperature", "0.5"}, {"--top-p", "0.9"}, {"--seed", "3"}, {"--stop-at-eos", NULL},
+    {"--dump-logits", "l.bin"}, {"--json", NULL}, {"--quiet", NULL}, {"--help", NULL},
+};
+enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
+
+static int known_flag(const char *s, size_t len) {
+    for (int i = 0; i < N_FLAGS; i++)
+        if (strlen(FLAGS[i].flag) == len && !strncmp(FLAGS[i].flag, s, len)) return 1;
+    return 0;
+}
+
+static void test_help(void) {
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--help"), NULL, &out, &err), 0);
+    CU_ASSERT_STRING_EQUAL(err, "");
+    for (int i = 0; i < N_FLAGS; i++) {
+        const char *at = strstr(out, FLAGS[i].flag);
+        size_t len = strlen(FLAGS[i].flag);
+        while (at && (at[len] == '-' || (at[len] >= 'a' && at[len] <= 'z'))) /* --prompt-ids */
+            at = strstr(at + 1, FLAGS[i].flag);
+        CU_ASSERT_PTR_NOT_NULL(at);
+        if (!at) fprintf(stderr, "\n    --help does not mention %s\n", FLAGS[i].flag);
+    }
+    for (const char *s = strstr(out, "--"); s; s = strstr(s + 2, "--")) { /* and no others */
+        size_t len = 2 + strspn(s + 2, "abcdefghijklmnopqrstuvwxyz-");
+        CU_ASSERT(known_flag(s, len));
+        if (!known_flag(s, len))
+            fprintf(stderr, "\n    --help mentions %.*s, not in FLAGS\n", (int)len, s);
+        s += len - 2;
+    }
+    free(out);
+    free(err);
+}
+
+/* Each flag the help lists is one the parser takes: what fails is the bad flag after it. */
+static void test_flags_accepted(void) {
+    for (int i = 0; i < N_FLAGS; i++) {
+        if (!strcmp(FLAGS[i].flag, "--help")) continue;
+        if (FLAGS[i].value)
+            EXPECT_FAIL(ARGS(FLAGS[i].flag, FLAGS[i].value, "--zz-bogus"), "--zz-bogus",
+                        "unknown option");
+        else
+            EXPECT_FAIL(ARGS(FLAGS[i].flag, "--zz-bogus"), "--zz-bogus", "unknown option");
+    }
+}
+
+static void test_tokenize(void) {
+    char vocab[4096], merges[4096], cases[4096];
+    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
+    snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
+    snprintf(cases, sizeof cases, "%s", fixture("tokenizer/cases.json"));
+    EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab), "tokenize", "--merges");
+    EXPECT_FAIL(ARGS("tokenize", "--merges", merges), "tokenize", "--vocab");
+    EXPECT_FAIL(ARGS("tokenize", "--vocab"), "--vocab", "missing value");
+    EXPECT_FAIL(ARGS("tokenize", "--bogus", "x"), "--bogus");
+    if (access(vocab, R_OK) || access(merges, R_OK)) {
+        CU_PASS("tests/fixtures/tokenizer is not there yet: tokenize's output is not checked");
+        return;
+    }
+    char *out, *err;
+    int rc = run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges),
+                         "hello world\nHello world\n", &out, &err);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_STRING_EQUAL(err, "");
+    CU_ASSERT_EQUAL(count_lines(out), 2);
+    CU_ASSERT(strspn(out, "0123456789 \n") == strlen(out) && out[0] >= '0' && out[0] <= '9');
+    const char *second = strchr(out, '\n'); /* "Hello world" as cases.json has it */
+    char *text = slurp(cases, NULL);
+    cJSON *root = text ? cJSON_Parse(text) : NULL, *c;
+    cJSON_ArrayForEach(c, root) {
+        const cJSON *t = cJSON_GetObjectItem(c, "text"), *ids = cJSON_GetObjectItem(c, "ids"), *id;
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "Hello world") || !second) continue;
+        char want[1024] = "";
+        cJSON_ArrayForEach(id, ids)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d",
+                     want[0] ? " " : "", id->valueint);
+        strcat(want, "\n");
+        CU_ASSERT_STRING_EQUAL(second + 1, want);
+    }
+    cJSON_Delete(root);
+    free(text);
+    free(out);
+    free(err);
+}
+
+/* The logits of a run with the given sampling args (plus blocks of 2 x 2). */
+static float *run_dump(const char *dir, const char *name, const char *const *sampling) {
+    const char *dump = join(dir, name), *args[16] = {"--gpu-batch-size", "2", "--num-gpu-batches",
+                                                     "2", "--dump-logits", dump};
+    int n = 6;
+    while (*sampling && n < 15) args[n++] = *sampling++;
+    args[n] = NULL;
+    free(run_tiny(args));
+    return read_floats(dump, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
+}
+
+static const size_t DUMP_BYTES = (size_t)N_PROMPTS * GEN_LEN * VOCAB * sizeof(float);
+
+static void test_sampling_is_seeded(void) {
+    char *dir = make_temp_dir();
+    float *a = run_dump(dir, "a.bin", ARGS("--seed", "7", "--temperature", "0.8"));
+    float *b = run_dump(dir, "b.bin", ARGS("--seed", "7", "--temperature", "0.8"));
+    float *c = run_dump(dir, "c.bin",
+                        ARGS("--seed", "8", "--temperature", "0.8", "--top-p", "0.9"));
+    CU_ASSERT(memcmp(a, b, DUMP_BYTES) == 0);
+    CU_ASSERT(memcmp(a, c, DUMP_BYTES) != 0); /* it does sample: another seed, other tokens */
+    for (int p = 0; p < N_PROMPTS; p++) /* the first step comes before any sampling */
+        CU_ASSERT(memcmp(row(a, p, 0), row(c, p, 0), VOCAB * sizeof(float)) == 0);
+    free(a);
+    free(b);
+    free(c);
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_greedy_ignores_seed(void) {
+    char *dir = make_temp_dir();
+    float *a = run_dump(dir, "a.bin", ARGS("--seed", "1", "--temperature", "0"));
+    float *b = run_dump(dir, "b.bin", ARGS("--seed", "2", "--temperature", "0", "--top-p", "0.5"));
+    CU_ASSERT(memcmp(a, b, DUMP_BYTES) == 0);
+    reference r;
+    load_reference(&r);
+    int bad = 0;
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++) bad += argmax(row(b, p, s)) != r.tokens[p][s];
+    CU_ASSERT_EQUAL(bad, 0);
+    free(r.logits);
+    free(a);
+    free(b);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Prompt 4 generates </s> first: with --stop-at-eos its later rows are never computed (0);
+ * the other prompts, which never generate it, run on unchanged. */
+static void test_stop_at_eos(void) {
+    reference r;
+    load_reference(&r);
+    CU_ASSERT_EQUAL_FATAL(r.tokens[EOS_PROMPT][0], 2);
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++) CU_ASSERT_FATAL(p == EOS_PROMPT || r.tokens[p][s] != 2);
+    char *dir = make_temp_dir();
+    float *l = run_dump(dir, "l.bin", ARGS("--stop-at-eos"));
+    int bad = 0;
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++)
+            bad += p == EOS_PROMPT && s > 0 ? !row_is_zero(l, p, s) : !row_matches(&r, l, p, s);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(l);
+    free(r.logits);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* --------------------------------------------------------------------------------------------- */
+
+void add_cli_tests(void) {
+    CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
+    CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
+    CU_add_test(s, "bad flag combinations exit 2 with one line", test_bad_flag_combinations);
+    CU_add_test(s, "bad --model directory or tokenizer files", test_bad_model_dir);
+    CU_add_test(s, "bad --prompt-ids files", test_bad_prompt_ids);
+    CU_add_test(s, "prompt too long for the positions", test_prompt_too_long);
+    CU_add_test(s, "unwritable --dump-logits leaves no file", test_dump_logits_unwritable);
+    CU_add_test(s, "--json run matches the reference", test_json_run_matches_reference);
+    CU_add_test(s, "default report lines", test_default_report);
+    CU_add_test(s, "--help lists every flag", test_help);
+    CU_add_test(s, "every flag in --help is accepted", test_flags_accepted);
+    CU_add_test(s, "tokenize", test_tokenize);
+    CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
+    CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);
+    CU_add_test(s, "--stop-at-eos", test_stop_at_eos);
+}
