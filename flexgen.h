@@ -64,21 +64,24 @@ double opt_hidden_bytes(const opt_config *cfg, int batch, int seq_len);
 /* ------------------------------------------------------------------------------------------
  * Weights, as the compute device holds them: fp32 working copies of fp16 values (checkpoints in
  * fp32 or bf16 are rounded to fp16 first, so every source gives the same numbers).
- * Linear weights keep the checkpoint's [out][in] layout.
+ * Linear weights are stored transposed, [in][out] (the checkpoint has [out][in]);
+ * opt_weight_locate() says where any checkpoint tensor's elements are.
  * ------------------------------------------------------------------------------------------ */
 typedef struct {
     float *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm */
-    float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
+    float *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
+    float *wo, *bo;               /* out_proj, [hidden][hidden] */
     float *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer) */
-    float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    float *fc1_w, *fc1_b;         /* [hidden][ffn] */
+    float *fc2_w, *fc2_b;         /* [ffn][hidden] */
 } opt_layer_weights;
 
 typedef struct {
     opt_config cfg;
-    float *embed_tokens;    /* [vocab][word_dim] */
+    float *embed_tokens;    /* [vocab][word_dim] (checkpoint layout: rows are looked up) */
     float *embed_positions; /* [max_pos + 2][hidden] */
-    float *project_in;      /* [hidden][word_dim], NULL when word_dim == hidden */
-    float *project_out;     /* [word_dim][hidden], NULL when word_dim == hidden */
+    float *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
+    float *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
     float *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
     float *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
     opt_layer_weights *layers;
@@ -93,6 +96,10 @@ int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char
  * model.safetensors.index.json. Files are mapped, converted, and unmapped. */
 int opt_weights_load(const char *dir, opt_weights *w, char *err);
 void opt_weights_free(opt_weights *w);
+/* Where checkpoint tensor `name` (HF name, with or without "model.") is held: its element [r][c]
+ * is at first[r * row_stride + c * col_stride]. Returns -1 for a name the model does not have. */
+int opt_weight_locate(const opt_weights *w, const char *name, const float **first,
+                      size_t *row_stride, size_t *col_stride);
 
 /* ------------------------------------------------------------------------------------------
  * safetensors archives (mmap'd), used by the loader and by tests.

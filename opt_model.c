@@ -472,123 +472,163 @@ void st_close(st_archive *a) {
 }
 
 /* ============================================================================================
- * Weights. One table lists every tensor of the model with its HF name, shape and the pointer it
- * fills, so dummy initialisation and checkpoint loading walk the same list.
+ * Weights. One table lists every tensor of the model: its HF name, its checkpoint shape and where
+ * each of its elements lives in the arena. Dummy initialisation, checkpoint loading and
+ * opt_weight_locate() all walk that table.
+ *
+ * Linear weights are stored transposed, [in][out], so that every product is x[rows][in] times
+ * W[in][out]: at decode's small batches OpenBLAS streams that layout 1.2-1.5x faster than the
+ * checkpoint's [out][in] (BENCHMARKS.md). q, k and v share one [hidden][3 * hidden] matrix.
+ * Embedding tables keep the checkpoint layout (rows are looked up; lm_head reads them as is).
  * ============================================================================================ */
 
 typedef struct {
-    char name[96]; /* HF name without the "model." prefix */
-    float **slot;
-    int64_t rows, cols; /* cols == 0: a vector of `rows` */
+    char name[96];      /* HF name without the "model." prefix */
+    float **slot;       /* the opt_weights pointer that records where the tensor starts, or NULL */
+    int64_t rows, cols; /* the checkpoint's shape; cols == 0 for a vector */
     int kind;           /* how dummy weights fill it */
-    int joined;         /* placed right after the previous tensor, no alignment gap */
+    size_t offset;      /* element [r][c] is at offset + r * row_stride + c * col_stride */
+    size_t row_stride, col_stride;
 } tensor_spec;
 
 enum { FILL_MATRIX, FILL_EMBED, FILL_BIAS, FILL_LN_W, FILL_LN_B };
 
-static int add_spec(tensor_spec *s, int n, float **slot, int64_t rows, int64_t cols, int kind,
-                    const char *fmt, ...) {
+typedef struct {
+    tensor_spec *s;
+    int n;
+    size_t next; /* the arena's size so far, in floats */
+} spec_list;
+
+static size_t reserve(spec_list *l, size_t floats) {
+    size_t at = l->next;
+    l->next += (floats + 15) & ~(size_t)15; /* 64-byte aligned */
+    return at;
+}
+
+static void add_spec(spec_list *l, float **slot, int64_t rows, int64_t cols, int kind,
+                     size_t offset, size_t row_stride, size_t col_stride, const char *fmt, ...) {
+    tensor_spec *s = &l->s[l->n++];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(s[n].name, sizeof s[n].name, fmt, ap);
+    vsnprintf(s->name, sizeof s->name, fmt, ap);
     va_end(ap);
-    s[n].slot = slot;
-    s[n].rows = rows;
-    s[n].cols = cols;
-    s[n].kind = kind;
-    s[n].joined = 0;
-    return n + 1;
+    s->slot = slot;
+    s->rows = rows;
+    s->cols = cols;
+    s->kind = kind;
+    s->offset = offset;
+    s->row_stride = row_stride;
+    s->col_stride = col_stride;
 }
 
-/* Fills specs (capacity 8 + 16 * n_layers) in checkpoint order; returns the count. */
-static int model_specs(opt_weights *w, int with_lm_head, tensor_spec *s) {
-    const opt_config *c = &w->cfg;
+/* An embedding table or a vector, stored as in the checkpoint. */
+#define ADD_PLAIN(l, slot, rows, cols, kind, ...) \
+    add_spec(l, slot, rows, cols, kind, reserve(l, (size_t)(rows) * ((cols) ? (cols) : 1)), \
+             (cols) ? (size_t)(cols) : 1, 1, __VA_ARGS__)
+/* A linear layer's [out][in] weight, stored as [in][out]. */
+#define ADD_LINEAR(l, slot, out, in, ...) \
+    add_spec(l, slot, out, in, FILL_MATRIX, reserve(l, (size_t)(out) * (in)), 1, (size_t)(out), \
+             __VA_ARGS__)
+
+static void layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c, int i) {
     int64_t h = c->hidden, f = c->ffn;
-    int n = 0;
-    n = add_spec(s, n, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED, "decoder.embed_tokens.weight");
-    n = add_spec(s, n, &w->embed_positions, c->max_pos + 2, h, FILL_EMBED, "decoder.embed_positions.weight");
+    const char *p = "decoder.layers";
+    /* q, k, v: the columns 0, h and 2h of one [h][3h] matrix; their biases side by side. */
+    size_t qkv = reserve(l, 3 * (size_t)h * h), b = reserve(l, 3 * (size_t)h);
+    const char *names[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int j = 0; j < 3; j++) {
+        add_spec(l, j ? NULL : &L->wqkv, h, h, FILL_MATRIX, qkv + j * h, 1, 3 * h,
+                 "%s.%d.self_attn.%s.weight", p, i, names[j]);
+        add_spec(l, j ? NULL : &L->bqkv, h, 0, FILL_BIAS, b + j * h, 1, 1, "%s.%d.self_attn.%s.bias",
+                 p, i, names[j]);
+    }
+    ADD_LINEAR(l, &L->wo, h, h, "%s.%d.self_attn.out_proj.weight", p, i);
+    ADD_PLAIN(l, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.out_proj.bias", p, i);
+    ADD_PLAIN(l, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.self_attn_layer_norm.weight", p, i);
+    ADD_PLAIN(l, &L->attn_ln_b, h, 0, FILL_LN_B, "%s.%d.self_attn_layer_norm.bias", p, i);
+    ADD_LINEAR(l, &L->fc1_w, f, h, "%s.%d.fc1.weight", p, i);
+    ADD_PLAIN(l, &L->fc1_b, f, 0, FILL_BIAS, "%s.%d.fc1.bias", p, i);
+    ADD_LINEAR(l, &L->fc2_w, h, f, "%s.%d.fc2.weight", p, i);
+    ADD_PLAIN(l, &L->fc2_b, h, 0, FILL_BIAS, "%s.%d.fc2.bias", p, i);
+    ADD_PLAIN(l, &L->ffn_ln_w, h, 0, FILL_LN_W, "%s.%d.final_layer_norm.weight", p, i);
+    ADD_PLAIN(l, &L->ffn_ln_b, h, 0, FILL_LN_B, "%s.%d.final_layer_norm.bias", p, i);
+}
+
+/* Every tensor of the model in checkpoint order; l->s holds 8 + 16 * n_layers entries. */
+static void model_specs(opt_weights *w, int with_lm_head, spec_list *l) {
+    const opt_config *c = &w->cfg;
+    int64_t h = c->hidden;
+    l->n = 0;
+    l->next = 0;
+    ADD_PLAIN(l, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED, "decoder.embed_tokens.weight");
+    ADD_PLAIN(l, &w->embed_positions, c->max_pos + 2, h, FILL_EMBED, "decoder.embed_positions.weight");
     if (c->word_dim != c->hidden) {
-        n = add_spec(s, n, &w->project_out, c->word_dim, h, FILL_MATRIX, "decoder.project_out.weight");
-        n = add_spec(s, n, &w->project_in, h, c->word_dim, FILL_MATRIX, "decoder.project_in.weight");
+        ADD_LINEAR(l, &w->project_out, c->word_dim, h, "decoder.project_out.weight");
+        ADD_LINEAR(l, &w->project_in, h, c->word_dim, "decoder.project_in.weight");
     }
     if (c->pre_ln) {
-        n = add_spec(s, n, &w->final_ln_w, h, 0, FILL_LN_W, "decoder.final_layer_norm.weight");
-        n = add_spec(s, n, &w->final_ln_b, h, 0, FILL_LN_B, "decoder.final_layer_norm.bias");
+        ADD_PLAIN(l, &w->final_ln_w, h, 0, FILL_LN_W, "decoder.final_layer_norm.weight");
+        ADD_PLAIN(l, &w->final_ln_b, h, 0, FILL_LN_B, "decoder.final_layer_norm.bias");
     }
-    for (int l = 0; l < c->n_layers; l++) {
-        opt_layer_weights *L = &w->layers[l];
-        const char *p = "decoder.layers";
-        /* q, k, v weights back to back, and their biases too: one [3h][h] product. */
-        n = add_spec(s, n, &L->wq, h, h, FILL_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l);
-        n = add_spec(s, n, &L->wk, h, h, FILL_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l);
-        s[n - 1].joined = 1;
-        n = add_spec(s, n, &L->wv, h, h, FILL_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l);
-        s[n - 1].joined = 1;
-        n = add_spec(s, n, &L->bq, h, 0, FILL_BIAS, "%s.%d.self_attn.q_proj.bias", p, l);
-        n = add_spec(s, n, &L->bk, h, 0, FILL_BIAS, "%s.%d.self_attn.k_proj.bias", p, l);
-        s[n - 1].joined = 1;
-        n = add_spec(s, n, &L->bv, h, 0, FILL_BIAS, "%s.%d.self_attn.v_proj.bias", p, l);
-        s[n - 1].joined = 1;
-        n = add_spec(s, n, &L->wo, h, h, FILL_MATRIX, "%s.%d.self_attn.out_proj.weight", p, l);
-        n = add_spec(s, n, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.out_proj.bias", p, l);
-        n = add_spec(s, n, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.self_attn_layer_norm.weight", p, l);
-        n = add_spec(s, n, &L->attn_ln_b, h, 0, FILL_LN_B, "%s.%d.self_attn_layer_norm.bias", p, l);
-        n = add_spec(s, n, &L->fc1_w, f, h, FILL_MATRIX, "%s.%d.fc1.weight", p, l);
-        n = add_spec(s, n, &L->fc1_b, f, 0, FILL_BIAS, "%s.%d.fc1.bias", p, l);
-        n = add_spec(s, n, &L->fc2_w, h, f, FILL_MATRIX, "%s.%d.fc2.weight", p, l);
-        n = add_spec(s, n, &L->fc2_b, h, 0, FILL_BIAS, "%s.%d.fc2.bias", p, l);
-        n = add_spec(s, n, &L->ffn_ln_w, h, 0, FILL_LN_W, "%s.%d.final_layer_norm.weight", p, l);
-        n = add_spec(s, n, &L->ffn_ln_b, h, 0, FILL_LN_B, "%s.%d.final_layer_norm.bias", p, l);
-    }
-    if (with_lm_head) n = add_spec(s, n, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
-    return n;
+    for (int i = 0; i < c->n_layers; i++) layer_specs(l, &w->layers[i], c, i);
+    if (with_lm_head)
+        ADD_PLAIN(l, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
 }
 
-static size_t spec_floats(const tensor_spec *s) { return (size_t)s->rows * (s->cols ? s->cols : 1); }
-
-/* Floats from spec i to the next: 64-byte aligned, unless the next one is joined to it. */
-static size_t spec_stride(const tensor_spec *s, int n, int i) {
-    size_t f = spec_floats(&s[i]);
-    return i + 1 < n && s[i + 1].joined ? f : (f + 15) & ~(size_t)15;
-}
-
-/* Allocates the arena and points every spec's slot into it. Returns the spec table. */
+/* Allocates the arena and points every slot into it. Returns the spec table. */
 static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int with_lm_head,
                                   int *n_specs, char *err) {
     memset(w, 0, sizeof *w);
     w->cfg = *cfg;
     w->layers = calloc((size_t)cfg->n_layers, sizeof *w->layers);
-    tensor_spec *s = malloc((size_t)(8 + 16 * cfg->n_layers) * sizeof *s);
-    if (!w->layers || !s) {
-        free(s);
+    spec_list l = {malloc((size_t)(8 + 16 * cfg->n_layers) * sizeof *l.s), 0, 0};
+    if (!w->layers || !l.s) {
+        free(l.s);
         fail(err, "out of memory for the weight table");
         return NULL;
     }
-    int n = model_specs(w, with_lm_head, s);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += spec_stride(s, n, i);
-    w->storage = aligned_alloc(64, total * sizeof(float));
+    model_specs(w, with_lm_head, &l);
+    w->storage = aligned_alloc(64, l.next * sizeof(float));
     if (!w->storage) {
-        free(s);
+        free(l.s);
         fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 working weights of %s",
-             total * 4.0 / 1e9, cfg->name);
+             l.next * 4.0 / 1e9, cfg->name);
         return NULL;
     }
-    w->storage_floats = total;
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        *s[i].slot = w->storage + off;
-        off += spec_stride(s, n, i);
-    }
+    w->storage_floats = l.next;
+    for (int i = 0; i < l.n; i++)
+        if (l.s[i].slot) *l.s[i].slot = w->storage + l.s[i].offset;
     if (!with_lm_head) w->lm_head = w->embed_tokens; /* tied (DESIGN.md, "OPT facts") */
-    *n_specs = n;
-    return s;
+    *n_specs = l.n;
+    return l.s;
 }
 
 void opt_weights_free(opt_weights *w) {
     free(w->storage);
     free(w->layers);
     memset(w, 0, sizeof *w);
+}
+
+int opt_weight_locate(const opt_weights *w, const char *name, const float **first,
+                      size_t *row_stride, size_t *col_stride) {
+    opt_weights shadow = *w; /* model_specs records slots; let it write into a copy */
+    shadow.layers = malloc((size_t)w->cfg.n_layers * sizeof *shadow.layers);
+    spec_list l = {malloc((size_t)(8 + 16 * w->cfg.n_layers) * sizeof *l.s), 0, 0};
+    int found = -1;
+    if (shadow.layers && l.s) {
+        model_specs(&shadow, w->lm_head != w->embed_tokens, &l);
+        if (strncmp(name, "model.", 6) == 0) name += 6;
+        for (int i = 0; i < l.n && found < 0; i++)
+            if (strcmp(l.s[i].name, name) == 0) {
+                *first = w->storage + l.s[i].offset;
+                *row_stride = l.s[i].row_stride;
+                *col_stride = l.s[i].col_stride;
+                found = 0;
+            }
+    }
+    free(shadow.layers);
+    free(l.s);
+    return found;
 }
 
 /* A stateless hash of (seed, tensor, element): the same weights whatever the thread count. */
@@ -598,32 +638,64 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-/* Uniform in [-1, 1). Matrices get std about 1/sqrt(3 * in): each product keeps its input's
- * scale, layer norms keep the residual stream bounded, and every value is an fp16 value. */
-static void fill_dummy(const tensor_spec *s, uint64_t seed, int index) {
-    float *p = *s->slot, scale;
-    size_t n = spec_floats(s);
+/* Where a tensor's values come from: a checkpoint tensor, or the dummy-weight hash. */
+typedef struct {
+    const st_tensor *tensor; /* NULL: dummy */
+    uint64_t base;
+    float scale, center;
+} value_source;
+
+/* Dummy values are uniform in [-1, 1) around `center`. Matrices get std about 1/sqrt(3 * in):
+ * each product keeps its input's scale, and layer norms keep the residual stream bounded. */
+static value_source dummy_source(const tensor_spec *s, uint64_t seed, int index) {
+    value_source v = {NULL, mix64(seed ^ mix64((uint64_t)index + 0x9e3779b97f4a7c15ULL)), 0.05f, 0};
     switch (s->kind) {
-    case FILL_MATRIX: scale = 1.0f / sqrtf((float)s->cols); break;
-    case FILL_EMBED: scale = 0.5f; break;
-    case FILL_BIAS: scale = 0.02f; break;
-    case FILL_LN_W: scale = 0.1f; break;
-    default: scale = 0.05f; break;
+    case FILL_MATRIX: v.scale = 1.0f / sqrtf((float)s->cols); break;
+    case FILL_EMBED: v.scale = 0.5f; break;
+    case FILL_BIAS: v.scale = 0.02f; break;
+    case FILL_LN_W: v.scale = 0.1f, v.center = 1.0f; break;
+    default: break;
     }
-    float center = s->kind == FILL_LN_W ? 1.0f : 0.0f;
-    uint64_t base = mix64(seed ^ mix64((uint64_t)index + 0x9e3779b97f4a7c15ULL));
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float u = (float)(mix64(base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
-        p[i] = round_fp16(center + scale * u);
+    return v;
+}
+
+/* Element i (in checkpoint order) as the compute device holds it: an fp16 value, whatever the
+ * source dtype. */
+static float source_value(const value_source *v, size_t i) {
+    float x;
+    if (!v->tensor) {
+        x = v->center + v->scale * ((float)(mix64(v->base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    } else if (v->tensor->dtype == ST_F16) {
+        return fp16_to_fp32(((const fp16 *)v->tensor->data)[i]);
+    } else if (v->tensor->dtype == ST_BF16) {
+        x = bf16_to_fp32(((const uint16_t *)v->tensor->data)[i]);
+    } else {
+        memcpy(&x, (const char *)v->tensor->data + 4 * i, 4); /* may be unaligned in the file */
     }
+    return round_fp16(x);
+}
+
+/* Writes every element of s from v into the arena, in 32 x 32 tiles so that both the
+ * checkpoint's rows and the transposed layout's rows are touched a cache line at a time. */
+static void store_tensor(const tensor_spec *s, float *arena, const value_source *v) {
+    int64_t rows = s->rows, cols = s->cols ? s->cols : 1;
+    float *dst = arena + s->offset;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t r0 = 0; r0 < rows; r0 += 32)
+        for (int64_t c0 = 0; c0 < cols; c0 += 32)
+            for (int64_t c = c0; c < c0 + 32 && c < cols; c++)
+                for (int64_t r = r0; r < r0 + 32 && r < rows; r++)
+                    dst[r * s->row_stride + c * s->col_stride] = source_value(v, (size_t)(r * cols + c));
 }
 
 int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err) {
     int n;
     tensor_spec *s = weights_alloc(w, cfg, 0, &n, err);
     if (!s) { opt_weights_free(w); return -1; }
-    for (int i = 0; i < n; i++) fill_dummy(&s[i], seed, i);
+    for (int i = 0; i < n; i++) {
+        value_source v = dummy_source(&s[i], seed, i);
+        store_tensor(&s[i], w->storage, &v);
+    }
     free(s);
     return 0;
 }
@@ -637,26 +709,6 @@ static const st_tensor *find_spec_tensor(const st_archive *a, const char *spec_n
     for (int i = 0; i < a->n_tensors; i++)
         if (strcmp(strip_prefix(a->tensors[i].name), spec_name) == 0) return &a->tensors[i];
     return NULL;
-}
-
-/* The stored-fp16 rule: every source dtype ends as fp16 values held in fp32. */
-static void convert_tensor(const st_tensor *t, float *dst, size_t n) {
-    if (t->dtype == ST_F16) {
-        fp16_to_fp32_n(t->data, dst, n);
-        return;
-    }
-    const uint16_t *b16 = t->data;
-    const float *f32 = t->data;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x;
-        if (t->dtype == ST_BF16) {
-            x = bf16_to_fp32(b16[i]);
-        } else {
-            memcpy(&x, f32 + i, 4); /* the data may be unaligned inside the mapping */
-        }
-        dst[i] = round_fp16(x);
-    }
 }
 
 static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir, char *err) {
@@ -673,7 +725,8 @@ static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir
     return fail(err, "%s: tensor %s has shape [%s], expected %s", dir, t->name, got, want);
 }
 
-static int load_tensors(const st_archive *a, tensor_spec *s, int n, const char *dir, char *err) {
+static int load_tensors(const st_archive *a, tensor_spec *s, int n, float *arena, const char *dir,
+                        char *err) {
     for (int i = 0; i < n; i++) {
         const st_tensor *t = find_spec_tensor(a, s[i].name);
         if (!t) return fail(err, "%s: missing tensor model.%s", dir, s[i].name);
@@ -686,12 +739,12 @@ static int load_tensors(const st_archive *a, tensor_spec *s, int n, const char *
         if (!known) return fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);
     }
     for (int i = 0; i < n; i++) {
-        const st_tensor *t = find_spec_tensor(a, s[i].name);
-        convert_tensor(t, *s[i].slot, spec_floats(&s[i]));
+        value_source v = {find_spec_tensor(a, s[i].name), 0, 0, 0};
+        store_tensor(&s[i], arena, &v);
         /* The fp32 copy is what the compute device uses: drop the file's pages (§4.1). */
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t lo = ((uintptr_t)t->data + page - 1) & ~(page - 1);
-        uintptr_t hi = ((uintptr_t)t->data + t->nbytes) & ~(page - 1);
+        uintptr_t lo = ((uintptr_t)v.tensor->data + page - 1) & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)v.tensor->data + v.tensor->nbytes) & ~(page - 1);
         if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
     return 0;
@@ -708,7 +761,7 @@ int opt_weights_load(const char *dir, opt_weights *w, char *err) {
     if (st_open_dir(dir, &a, err)) return -1;
     int n, with_lm_head = st_find(&a, "lm_head.weight") != NULL;
     tensor_spec *s = weights_alloc(w, &cfg, with_lm_head, &n, err);
-    int rc = s ? load_tensors(&a, s, n, dir, err) : -1;
+    int rc = s ? load_tensors(&a, s, n, w->storage, dir, err) : -1;
     free(s);
     st_close(&a);
     if (rc) opt_weights_free(w);
@@ -786,11 +839,11 @@ void opt_workspace_free(opt_workspace *ws) {
 /* What a linear layer does with its output y. */
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW^T + b;  y += xW^T + b (residual);  relu(xW^T + b) */
 
-/* x[rows][in] times W^T, with W stored [out][in] as in the checkpoint, then the bias (and ReLU)
- * in one pass over y. */
+/* x[rows][in] times W[in][out] (weights are stored transposed), then the bias (and ReLU) in one
+ * pass over y. */
 static void linear(const float *x, int rows, int in, const float *W, const float *b, int out,
                    float *y, int mode) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W, in,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out, in, 1.0f, x, in, W, out,
                 mode == OUT_ADD ? 1.0f : 0.0f, y, out);
     if (!b) return;
 #pragma omp parallel for schedule(static)
@@ -974,7 +1027,7 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
         in = ws->h;
     }
-    linear(in, rows, h, L->wq, L->bq, 3 * h, ws->qkv, OUT_SET); /* wq|wk|wv are contiguous */
+    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET);
     store_kv(c, layer, gb, ws);
     attention(c, layer, gb, ws);
     linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
@@ -1001,7 +1054,9 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
         linear(ws->h, B, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
         last = ws->qkv;
     }
-    linear(last, B, c->word_dim, w->lm_head, NULL, c->vocab, logits, OUT_SET);
+    /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, c->vocab, c->word_dim, 1.0f, last,
+                c->word_dim, w->lm_head, c->word_dim, 0.0f, logits, c->vocab);
     gb->len += gb->n_new;
 }
 

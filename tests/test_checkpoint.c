@@ -302,49 +302,6 @@ static void load_ok(const char *dir, opt_weights *w) {
     CU_ASSERT_EQUAL_FATAL(rc, 0);
 }
 
-/* Where the loader put a checkpoint tensor, by its HF name (with or without "model."). */
-static const float *weight_of(const opt_weights *w, const char *name) {
-    static const struct { const char *name; size_t off; } model_fields[] = {
-        {"decoder.embed_tokens.weight", offsetof(opt_weights, embed_tokens)},
-        {"decoder.embed_positions.weight", offsetof(opt_weights, embed_positions)},
-        {"decoder.project_in.weight", offsetof(opt_weights, project_in)},
-        {"decoder.project_out.weight", offsetof(opt_weights, project_out)},
-        {"decoder.final_layer_norm.weight", offsetof(opt_weights, final_ln_w)},
-        {"decoder.final_layer_norm.bias", offsetof(opt_weights, final_ln_b)},
-        {"lm_head.weight", offsetof(opt_weights, lm_head)},
-    };
-    static const struct { const char *name; size_t off; } layer_fields[] = {
-        {"self_attn.q_proj.weight", offsetof(opt_layer_weights, wq)},
-        {"self_attn.q_proj.bias", offsetof(opt_layer_weights, bq)},
-        {"self_attn.k_proj.weight", offsetof(opt_layer_weights, wk)},
-        {"self_attn.k_proj.bias", offsetof(opt_layer_weights, bk)},
-        {"self_attn.v_proj.weight", offsetof(opt_layer_weights, wv)},
-        {"self_attn.v_proj.bias", offsetof(opt_layer_weights, bv)},
-        {"self_attn.out_proj.weight", offsetof(opt_layer_weights, wo)},
-        {"self_attn.out_proj.bias", offsetof(opt_layer_weights, bo)},
-        {"self_attn_layer_norm.weight", offsetof(opt_layer_weights, attn_ln_w)},
-        {"self_attn_layer_norm.bias", offsetof(opt_layer_weights, attn_ln_b)},
-        {"fc1.weight", offsetof(opt_layer_weights, fc1_w)},
-        {"fc1.bias", offsetof(opt_layer_weights, fc1_b)},
-        {"fc2.weight", offsetof(opt_layer_weights, fc2_w)},
-        {"fc2.bias", offsetof(opt_layer_weights, fc2_b)},
-        {"final_layer_norm.weight", offsetof(opt_layer_weights, ffn_ln_w)},
-        {"final_layer_norm.bias", offsetof(opt_layer_weights, ffn_ln_b)},
-    };
-    if (!strncmp(name, "model.", 6)) name += 6;
-    for (size_t i = 0; i < sizeof model_fields / sizeof model_fields[0]; i++)
-        if (!strcmp(name, model_fields[i].name))
-            return *(float *const *)((const char *)w + model_fields[i].off);
-    int layer, used = 0;
-    if (sscanf(name, "decoder.layers.%d.%n", &layer, &used) != 1 || !used || layer < 0 ||
-        layer >= w->cfg.n_layers)
-        return NULL;
-    for (size_t i = 0; i < sizeof layer_fields / sizeof layer_fields[0]; i++)
-        if (!strcmp(name + used, layer_fields[i].name))
-            return *(float *const *)((const char *)&w->layers[layer] + layer_fields[i].off);
-    return NULL;
-}
-
 static float source_value(const ttensor *t, size_t i) {
     uint16_t h;
     float f;
@@ -354,6 +311,25 @@ static float source_value(const ttensor *t, size_t i) {
     }
     memcpy(&h, t->data + 2 * i, 2);
     return !strcmp(t->dtype, "BF16") ? bf16_to_fp32(h) : fp16_to_fp32(h);
+}
+
+/* Where the loader stored checkpoint tensor t in w. */
+typedef struct {
+    const float *first;
+    size_t row_stride, col_stride, cols;
+} located;
+
+static int locate(const opt_weights *w, const ttensor *t, located *loc) {
+    loc->cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+    int rc = opt_weight_locate(w, t->name, &loc->first, &loc->row_stride, &loc->col_stride);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "\n    %s not loaded\n", t->name);
+    return rc == 0;
+}
+
+/* Element k, in checkpoint order. */
+static float loaded_value(const located *loc, size_t k) {
+    return loc->first[(k / loc->cols) * loc->row_stride + (k % loc->cols) * loc->col_stride];
 }
 
 static uint32_t float_bits(float f) {
@@ -368,13 +344,12 @@ static size_t check_weights_match(const opt_weights *w, const tlist *l) {
     size_t covered = 0, bad = 0;
     for (int i = 0; i < l->n; i++) {
         const ttensor *t = &l->t[i];
-        const float *got = weight_of(w, t->name);
-        CU_ASSERT_PTR_NOT_NULL(got);
-        if (!got) { fprintf(stderr, "\n    %s not loaded\n", t->name); continue; }
+        located loc;
+        if (!locate(w, t, &loc)) continue;
         size_t n = numel(t), tbad = 0;
         for (size_t k = 0; k < n; k++) {
             float want = fp16_to_fp32(fp32_to_fp16(source_value(t, k)));
-            tbad += float_bits(got[k]) != float_bits(want);
+            tbad += float_bits(loaded_value(&loc, k)) != float_bits(want);
         }
         if (tbad) fprintf(stderr, "\n    %s: %zu of %zu values differ\n", t->name, tbad, n);
         bad += tbad;
@@ -493,12 +468,12 @@ static void test_dtype_bf16_equivalence(void) {
     load_ok(dir, &w);
     size_t bad = 0, changed = 0;
     for (int i = 0; i < orig.n; i++) {
-        const float *got = weight_of(&w, orig.t[i].name);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+        located loc;
+        CU_ASSERT_FATAL(locate(&w, &orig.t[i], &loc));
         for (size_t k = 0; k < numel(&orig.t[i]); k++) {
             float x = source_value(&orig.t[i], k);
             float want = fp16_to_fp32(fp32_to_fp16(bf16_to_fp32(bf16_round(x))));
-            bad += float_bits(got[k]) != float_bits(want);
+            bad += float_bits(loaded_value(&loc, k)) != float_bits(want);
             changed += want != x;
         }
     }

@@ -4,7 +4,8 @@
  * "flexgen: ..." naming the flag or file, and leaves no partial --dump-logits file behind.
  * Good runs on the opt-tiny fixture: the --json report, the default report lines, --help, the
  * dumped logits against the PyTorch reference (tokens.txt, logits.bin), seeded sampling, greedy
- * decoding, --stop-at-eos; and `flexgen tokenize`.
+ * decoding, --stop-at-eos; text generation from a checkpoint with a tokenizer against what HF
+ * decodes; and `flexgen tokenize`.
  */
 #define _GNU_SOURCE
 #include "tests.h"
@@ -596,6 +597,49 @@ static void test_stop_at_eos(void) {
     free(dir);
 }
 
+/* A checkpoint directory with vocab.json and merges.txt: text prompts in (--prompt and
+ * --prompt-file), text out, equal to what HF's tokenizer decodes its reference tokens to
+ * (tests/fixtures/opt-tiny-text/texts.json, written by scripts/make_reference.py). */
+static void test_text_generation(void) {
+    char *json = slurp(fixture("opt-tiny-text/texts.json"), NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(json);
+    cJSON *cases = cJSON_Parse(json);
+    CU_ASSERT_FATAL(cJSON_IsArray(cases));
+    char dir_arg[4096], expected[8192] = "", prompts_text[4096] = "";
+    snprintf(dir_arg, sizeof dir_arg, "%s", fixture("opt-tiny-text"));
+    const char *args[40] = {"--model", dir_arg, "--gen-len", "8", "--quiet"};
+    int n = 5, i = 0;
+    for (const cJSON *c = cases->child; c && n < 37; c = c->next, i++) {
+        const char *prompt = cJSON_GetObjectItem(c, "prompt")->valuestring;
+        size_t len = strlen(expected);
+        snprintf(expected + len, sizeof expected - len, "[%d] %s%s\n", i + 1, prompt,
+                 cJSON_GetObjectItem(c, "generated")->valuestring);
+        len = strlen(prompts_text);
+        snprintf(prompts_text + len, sizeof prompts_text - len, "%s\n", prompt);
+        args[n++] = "--prompt";
+        args[n++] = prompt;
+    }
+    args[n] = NULL;
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_flexgen(args, NULL, &out, &err), 0);
+    CU_ASSERT_EQUAL(strncmp(out, expected, strlen(expected)), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out + strlen(expected), "total throughput:"));
+    free(out);
+    free(err);
+    char *dir = make_temp_dir(); /* the same prompts from a file */
+    const char *file = join(dir, "prompts.txt");
+    write_text(file, prompts_text);
+    const char *file_args[] = {"--model", dir_arg, "--prompt-file", file, "--gen-len", "8", "--quiet", NULL};
+    CU_ASSERT_EQUAL(run_flexgen(file_args, NULL, &out, &err), 0);
+    CU_ASSERT_EQUAL(strncmp(out, expected, strlen(expected)), 0);
+    free(out);
+    free(err);
+    rm_tree(dir);
+    free(dir);
+    cJSON_Delete(cases);
+    free(json);
+}
+
 /* --------------------------------------------------------------------------------------------- */
 
 void add_cli_tests(void) {
@@ -614,4 +658,5 @@ void add_cli_tests(void) {
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
     CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);
     CU_add_test(s, "--stop-at-eos", test_stop_at_eos);
+    CU_add_test(s, "text in, text out with the checkpoint's tokenizer", test_text_generation);
 }
