@@ -26,14 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, FG_ERR_LEN, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -122,13 +114,13 @@ static int choose_tokens(block_state *st, const gen_options *opt, int step, int 
 static int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens,
                          int gen_len, char *err) {
     for (int p = 0; p < n; p++) {
-        if (lens[p] < 1) return fail(err, "prompt %d is empty", p + 1);
+        if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
         if (lens[p] + gen_len > c->max_pos)
-            return fail(err, "prompt %d: %d tokens + --gen-len %d exceed the model's %d positions",
+            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d exceed the model's %d positions",
                         p + 1, lens[p], gen_len, c->max_pos);
         for (int t = 0; t < lens[p]; t++)
             if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
-                return fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,
+                return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,
                             prompts[p][t], c->vocab);
     }
     return 0;
@@ -150,7 +142,7 @@ static int alloc_block(block_state *st, const opt_weights *w, const gen_options 
     st->logits = malloc((size_t)gbs * ngb * w->cfg.vocab * sizeof(float));
     if (!st->gpu_batches || !st->logits) {
         free_block(st, 0);
-        return fail(err, "out of memory for a block of %d sequences", gbs * ngb);
+        return fg_fail(err, "out of memory for a block of %d sequences", gbs * ngb);
     }
     for (int k = 0; k < ngb; k++)
         if (gpu_batch_init(&st->gpu_batches[k], &w->cfg, gbs, max_len, max_prompt, err)) {
@@ -179,7 +171,7 @@ int generate(const opt_weights *w, const gen_options *opt, int n_prompts, int *c
         free(scratch);
         free(done);
         free_block(&st, opt->num_gpu_batches);
-        return fail(err, "out of memory");
+        return fg_fail(err, "out of memory");
     }
     if (logits) memset(logits, 0, (size_t)n_prompts * opt->gen_len * c->vocab * sizeof(float));
     for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
@@ -235,7 +227,7 @@ static int check_plan(const opt_config *c, const gen_options *opt, int max_promp
     double ws = 4.0 * rows * (5 * h + (c->ffn > h ? c->ffn : h)) + 4.0 * block * (c->vocab + h);
     double need = weights + kv + ws, have = mem_available_bytes();
     if (need > have)
-        return fail(err, "gpu tier: the plan needs %.2f GB (fp32 weights %.2f, KV cache %.2f, "
+        return fg_fail(err, "gpu tier: the plan needs %.2f GB (fp32 weights %.2f, KV cache %.2f, "
                          "workspace %.2f), %.2f GB available", need / 1e9, weights / 1e9, kv / 1e9,
                     ws / 1e9, have / 1e9);
     return 0;
@@ -294,7 +286,7 @@ static int parse_int(const char *flag, const char *s, int min, int *out, char *e
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
     if (!s || errno || *s == 0 || *end || v < min || v > INT_MAX)
-        return fail(err, "%s: expected an integer >= %d, got '%s'", flag, min, s ? s : "");
+        return fg_fail(err, "%s: expected an integer >= %d, got '%s'", flag, min, s ? s : "");
     *out = (int)v;
     return 0;
 }
@@ -305,7 +297,7 @@ static int parse_float(const char *flag, const char *s, double lo, double hi, fl
     errno = 0;
     double v = s ? strtod(s, &end) : 0;
     if (!s || errno || *s == 0 || *end || !(v >= lo && v <= hi))
-        return fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, s ? s : "");
+        return fg_fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, s ? s : "");
     *out = (float)v;
     return 0;
 }
@@ -326,7 +318,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     a->gen = (gen_options){.gpu_batch_size = 16, .num_gpu_batches = 2, .gen_len = 32,
                            .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
     a->prompts = calloc((size_t)argc, sizeof *a->prompts);
-    if (!a->prompts) return fail(err, "out of memory");
+    if (!a->prompts) return fg_fail(err, "out of memory");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes_value = 1, rc = 0, seed;
@@ -334,8 +326,8 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--json")) a->json = 1, takes_value = 0;
         else if (!strcmp(f, "--stop-at-eos")) a->gen.stop_at_eos = 1, takes_value = 0;
         else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, takes_value = 0;
-        else if (!is_value_flag(f)) return fail(err, "%s: unknown option (see --help)", f);
-        else if (!v) return fail(err, "%s: missing value", f);
+        else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
+        else if (!v) return fg_fail(err, "%s: missing value", f);
         else if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--prompt")) a->prompts[a->n_prompt_texts++] = v;
         else if (!strcmp(f, "--prompt-file")) a->prompt_file = v;
@@ -354,9 +346,9 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         i += takes_value;
     }
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
-        return fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
+        return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
     if ((long)a->gen.gpu_batch_size * a->gen.num_gpu_batches > 1 << 20)
-        return fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
+        return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
                     (long)a->gen.gpu_batch_size * a->gen.num_gpu_batches);
     return 0;
 }
@@ -382,7 +374,7 @@ static int prompts_add(prompt_set *p, int *ids, int len, char *err) {
         int **ni = realloc(p->ids, (size_t)cap * sizeof *ni);
         if (ni) p->ids = ni;
         int *nl = ni ? realloc(p->lens, (size_t)cap * sizeof *nl) : NULL;
-        if (!nl) { free(ids); return fail(err, "out of memory"); }
+        if (!nl) { free(ids); return fg_fail(err, "out of memory"); }
         p->lens = nl;
         p->cap = cap;
     }
@@ -397,7 +389,7 @@ static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *t
     int *ids, n;
     if (tokenizer_encode(tok, text, len, &ids, &n, err)) return -1;
     int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos);
-    if (!with_bos) { free(ids); return fail(err, "out of memory"); }
+    if (!with_bos) { free(ids); return fg_fail(err, "out of memory"); }
     with_bos[0] = OPT_BOS_ID;
     memcpy(with_bos + 1, ids, (size_t)n * sizeof *ids);
     free(ids);
@@ -407,7 +399,7 @@ static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *t
 static int parse_id_line(const char *path, int line_no, char *line, int vocab, int **out, int *n,
                          char *err) {
     int cap = 16, count = 0, *ids = malloc((size_t)cap * sizeof *ids);
-    if (!ids) return fail(err, "out of memory");
+    if (!ids) return fg_fail(err, "out of memory");
     for (char *s = line, *end;; s = end) {
         while (*s == ' ' || *s == '\t' || *s == '\r') s++;
         if (!*s) break;
@@ -415,22 +407,22 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
         long v = strtol(s, &end, 10);
         if (end == s || errno || (*end && *end != ' ' && *end != '\t' && *end != '\r')) {
             free(ids);
-            return fail(err, "%s line %d: not a token id: '%.20s'", path, line_no, s);
+            return fg_fail(err, "%s line %d: not a token id: '%.20s'", path, line_no, s);
         }
         if (v < 0 || v >= vocab) {
             free(ids);
-            return fail(err, "%s line %d: token id %ld out of range [0, %d)", path, line_no, v, vocab);
+            return fg_fail(err, "%s line %d: token id %ld out of range [0, %d)", path, line_no, v, vocab);
         }
         if (count == cap) {
             int *grown = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-            if (!grown) { free(ids); return fail(err, "out of memory"); }
+            if (!grown) { free(ids); return fg_fail(err, "out of memory"); }
             ids = grown;
         }
         ids[count++] = (int)v;
     }
     if (count == 0) {
         free(ids);
-        return fail(err, "%s line %d: empty prompt", path, line_no);
+        return fg_fail(err, "%s line %d: empty prompt", path, line_no);
     }
     *out = ids;
     *n = count;
@@ -441,7 +433,7 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
 static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
                              char *err) {
     FILE *f = fopen(path, "r");
-    if (!f) return fail(err, "%s: %s", path, strerror(errno));
+    if (!f) return fg_fail(err, "%s: %s", path, strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -459,7 +451,7 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
     }
     free(line);
     fclose(f);
-    if (rc == 0 && p->n == 0) rc = fail(err, "%s: no prompts in the file", path);
+    if (rc == 0 && p->n == 0) rc = fg_fail(err, "%s: no prompts in the file", path);
     return rc;
 }
 
@@ -470,7 +462,7 @@ static int synthetic_prompts(prompt_set *p, const cli_args *a, int vocab, char *
     int n = a->gen.gpu_batch_size * a->gen.num_gpu_batches;
     for (int i = 0; i < n; i++) {
         int *ids = malloc((size_t)a->prompt_len * sizeof *ids);
-        if (!ids) return fail(err, "out of memory");
+        if (!ids) return fg_fail(err, "out of memory");
         ids[0] = OPT_BOS_ID;
         for (int t = 1; t < a->prompt_len; t++) ids[t] = 3 + (int)(rng_next(&rng) % (uint64_t)(vocab - 3));
         if (prompts_add(p, ids, a->prompt_len, err)) return -1;
@@ -490,7 +482,7 @@ static int file_exists(const char *path) { return access(path, F_OK) == 0; }
 static int open_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
     char vocab[4096], merges[4096];
     *tok = NULL;
-    if (!a->vocab != !a->merges) return fail(err, "--vocab and --merges go together");
+    if (!a->vocab != !a->merges) return fg_fail(err, "--vocab and --merges go together");
     if (a->vocab) {
         snprintf(vocab, sizeof vocab, "%s", a->vocab);
         snprintf(merges, sizeof merges, "%s", a->merges);
@@ -507,7 +499,7 @@ static int open_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
 static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
                           char *err) {
     if ((a->n_prompt_texts || a->prompt_file) && !tok)
-        return fail(err, "%s needs a tokenizer: give --vocab and --merges, or a model directory "
+        return fg_fail(err, "%s needs a tokenizer: give --vocab and --merges, or a model directory "
                          "holding vocab.json and merges.txt", a->prompt_file ? "--prompt-file" : "--prompt");
     if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
     if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);
@@ -524,14 +516,14 @@ static int dump_logits(const char *path, const float *logits, size_t n, char *er
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
     int fd = mkstemp(tmp);
-    if (fd < 0) return fail(err, "--dump-logits %s: %s", path, strerror(errno));
+    if (fd < 0) return fg_fail(err, "--dump-logits %s: %s", path, strerror(errno));
     FILE *f = fdopen(fd, "wb");
     int ok = f && fwrite(logits, sizeof(float), n, f) == n;
     ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return fail(err, "--dump-logits %s: write failed: %s", path, strerror(e));
+        return fg_fail(err, "--dump-logits %s: write failed: %s", path, strerror(e));
     }
     return 0;
 }
@@ -670,7 +662,7 @@ static int run(const cli_args *a, char *err) {
     tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
     if (a->dump_logits)
         logits = malloc((size_t)p.n * a->gen.gen_len * cfg.vocab * sizeof *logits);
-    if (!tokens || (a->dump_logits && !logits)) { fail(err, "out of memory"); goto out; }
+    if (!tokens || (a->dump_logits && !logits)) { fg_fail(err, "out of memory"); goto out; }
     if (load_model(a, &w, err) || generate(&w, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err))
         goto out;
     if (a->dump_logits &&
@@ -692,12 +684,12 @@ static int tokenize_command(int argc, char **argv, char *err) {
     const char *vocab = NULL, *merges = NULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        if (i + 1 >= argc) return fail(err, "%s: missing value", argv[i]);
+        if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
         if (!strcmp(argv[i], "--vocab")) vocab = argv[++i];
         else if (!strcmp(argv[i], "--merges")) merges = argv[++i];
-        else return fail(err, "%s: unknown option for tokenize", argv[i]);
+        else return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
     }
-    if (!vocab || !merges) return fail(err, "tokenize: --vocab and --merges are required");
+    if (!vocab || !merges) return fg_fail(err, "tokenize: --vocab and --merges are required");
     fg_tokenizer *tok = tokenizer_load(vocab, merges, err);
     if (!tok) return -1;
     char *line = NULL;

@@ -25,6 +25,11 @@
 #define OPT_EOS_ID 2
 #define OPT_POS_OFFSET 2 /* learned positions are looked up at position + 2 */
 
+/* Writes one line into err (FG_ERR_LEN bytes; err may be NULL) and returns -1. */
+int fg_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A whole file, NUL-terminated (*len, if not NULL, excludes the NUL); NULL and err on failure. */
+char *fg_read_file(const char *path, size_t *len, char *err);
+
 /* ------------------------------------------------------------------------------------------
  * Half precision. Weights and the KV cache are stored as IEEE fp16; compute is fp32.
  * ------------------------------------------------------------------------------------------ */

@@ -29,12 +29,43 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int fail(char *err, const char *fmt, ...) {
+/* ============================================================================================
+ * Shared helpers
+ * ============================================================================================ */
+
+int fg_fail(char *err, const char *fmt, ...) {
+    if (!err) return -1;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, FG_ERR_LEN, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+char *fg_read_file(const char *path, size_t *len, char *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fg_fail(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *bigger = realloc(buf, 2 * cap + 1);
+        if (!bigger) { free(buf); buf = NULL; break; }
+        buf = bigger;
+        cap *= 2;
+    }
+    int read_errno = errno, failed = ferror(f);
+    fclose(f);
+    if (!buf) { fg_fail(err, "%s: out of memory", path); return NULL; }
+    if (failed) {
+        free(buf);
+        fg_fail(err, "%s: cannot read: %s", path, strerror(read_errno));
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
 }
 
 /* ============================================================================================
@@ -151,31 +182,9 @@ int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
     const char *base = strncmp(name, "facebook/", 9) == 0 ? name + 9 : name;
     for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
         if (strcmp(base, OPT_SIZES[i].name) == 0) { *cfg = OPT_SIZES[i]; return 0; }
-    return fail(err, "--model: unknown model '%s' (not a directory; known names: opt-125m, "
+    return fg_fail(err, "--model: unknown model '%s' (not a directory; known names: opt-125m, "
                      "opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b, opt-175b)",
                 name);
-}
-
-static char *read_text_file(const char *path, size_t *len, char *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { fail(err, "%s: %s", path, strerror(errno)); return NULL; }
-    char *buf = NULL;
-    size_t cap = 0, n = 0, got;
-    do {
-        if (n + 65536 > cap) {
-            char *nb = realloc(buf, cap = cap * 2 + 65536 + 1);
-            if (!nb) { free(buf); fclose(f); fail(err, "%s: out of memory", path); return NULL; }
-            buf = nb;
-        }
-        got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-    } while (got > 0);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); fail(err, "%s: read error", path); return NULL; }
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
 }
 
 /* Reads an integer field; absent fields take `def` (def < 0 means required). */
@@ -183,27 +192,27 @@ static int json_int(const cJSON *o, const char *key, int def, int *out, const ch
                     char *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v) {
-        if (def < 0) return fail(err, "%s: missing \"%s\"", path, key);
+        if (def < 0) return fg_fail(err, "%s: missing \"%s\"", path, key);
         *out = def;
         return 0;
     }
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= (1 << 24)) ||
         v->valuedouble != (double)(int)v->valuedouble) /* range first: the cast needs it */
-        return fail(err, "%s: \"%s\" must be a positive integer", path, key);
+        return fg_fail(err, "%s: \"%s\" must be a positive integer", path, key);
     *out = (int)v->valuedouble;
     return 0;
 }
 
 static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, char *err) {
-    if (!cJSON_IsObject(root)) return fail(err, "%s: not a JSON object", path);
+    if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0)
-        return fail(err, "%s: unknown architecture (model_type %s%s%s; only \"opt\" is supported)",
+        return fg_fail(err, "%s: unknown architecture (model_type %s%s%s; only \"opt\" is supported)",
                     path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring
                     : "missing", cJSON_IsString(mt) ? "\"" : "");
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
-        return fail(err, "%s: unsupported activation_function (only \"relu\")", path);
+        return fg_fail(err, "%s: unsupported activation_function (only \"relu\")", path);
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", path);
     if (json_int(root, "num_hidden_layers", -1, &c->n_layers, path, err) ||
@@ -215,23 +224,23 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
         json_int(root, "word_embed_proj_dim", c->hidden, &c->word_dim, path, err))
         return -1;
     if (c->hidden % c->n_heads)
-        return fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
+        return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
                     c->hidden, c->n_heads);
     const cJSON *ln = cJSON_GetObjectItemCaseSensitive(root, "do_layer_norm_before");
     c->pre_ln = ln ? cJSON_IsTrue(ln) : 1;
     /* HF keeps the final layer norm exactly when do_layer_norm_before holds, unless this is set. */
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "_remove_final_layer_norm")) && c->pre_ln)
-        return fail(err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported",
+        return fg_fail(err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported",
                     path);
     return 0;
 }
 
 int opt_config_from_json(const char *path, opt_config *cfg, char *err) {
-    char *text = read_text_file(path, NULL, err);
+    char *text = fg_read_file(path, NULL, err);
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);
-    if (!root) return fail(err, "%s: malformed JSON", path);
+    if (!root) return fg_fail(err, "%s: malformed JSON", path);
     int rc = config_from_cjson(root, path, cfg, err);
     cJSON_Delete(root);
     return rc;
@@ -282,43 +291,43 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
                               st_tensor *t, char *err) {
     const char *name = e->string;
     if (strlen(name) >= sizeof t->name)
-        return fail(err, "%s: tensor name too long: %.60s...", path, name);
+        return fg_fail(err, "%s: tensor name too long: %.60s...", path, name);
     snprintf(t->name, sizeof t->name, "%s", name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     size_t elsize;
-    if (!cJSON_IsString(dt)) return fail(err, "%s: tensor %s: missing dtype", path, name);
+    if (!cJSON_IsString(dt)) return fg_fail(err, "%s: tensor %s: missing dtype", path, name);
     if (dtype_from_string(dt->valuestring, &t->dtype, &elsize))
-        return fail(err, "%s: tensor %s: unsupported dtype %s (F16, BF16 and F32 are)", path, name,
+        return fg_fail(err, "%s: tensor %s: unsupported dtype %s (F16, BF16 and F32 are)", path, name,
                     dt->valuestring);
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 4)
-        return fail(err, "%s: tensor %s: bad shape", path, name);
+        return fg_fail(err, "%s: tensor %s: bad shape", path, name);
     t->ndim = cJSON_GetArraySize(shape);
     uint64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         const cJSON *d = cJSON_GetArrayItem(shape, i);
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12 ||
             d->valuedouble != (double)(int64_t)d->valuedouble)
-            return fail(err, "%s: tensor %s: bad shape", path, name);
+            return fg_fail(err, "%s: tensor %s: bad shape", path, name);
         t->shape[i] = (int64_t)d->valuedouble;
         numel *= (uint64_t)t->shape[i];
-        if (numel > ((uint64_t)1 << 40)) return fail(err, "%s: tensor %s: bad shape", path, name);
+        if (numel > ((uint64_t)1 << 40)) return fg_fail(err, "%s: tensor %s: bad shape", path, name);
     }
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return fail(err, "%s: tensor %s: bad data_offsets", path, name);
+        return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) ||
         !(b >= 0 && en >= b))
-        return fail(err, "%s: tensor %s: bad data_offsets", path, name);
+        return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
     if (en > (double)data_len) /* checked before the casts below, which need the range */
-        return fail(err, "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
+        return fg_fail(err, "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
                          "bytes; truncated file?)", path, name, b, en, data_len);
     if (b != (double)(uint64_t)b || en != (double)(uint64_t)en)
-        return fail(err, "%s: tensor %s: bad data_offsets", path, name);
+        return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
     t->nbytes = (size_t)(en - b);
     if (t->nbytes != numel * elsize)
-        return fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
+        return fg_fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
                     path, name, t->nbytes, (unsigned long long)(numel * elsize));
     t->data = data + (size_t)b;
     return 0;
@@ -327,11 +336,11 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
 static int parse_header(st_archive *a, int file, const char *path, char *err) {
     const unsigned char *map = a->maps[file];
     size_t size = a->sizes[file];
-    if (size < 8) return fail(err, "%s: truncated file (%zu bytes, no header)", path, size);
+    if (size < 8) return fg_fail(err, "%s: truncated file (%zu bytes, no header)", path, size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | map[i];
     if (hlen > size - 8)
-        return fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
+        return fg_fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
                     (unsigned long long)hlen, size);
     const char *header = (const char *)map + 8, *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)hlen, &end, 0);
@@ -339,17 +348,17 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
         end++; /* the header may be padded with spaces, nothing else */
     if (!cJSON_IsObject(root) || end != header + hlen) {
         cJSON_Delete(root);
-        return fail(err, "%s: malformed JSON header", path);
+        return fg_fail(err, "%s: malformed JSON header", path);
     }
     int first = a->n_tensors, n = 0, rc = 0;
     for (const cJSON *e = root->child; e; e = e->next) n++;
     st_tensor *grown = realloc(a->tensors, (size_t)(a->n_tensors + n + 1) * sizeof *grown);
-    if (!grown) { cJSON_Delete(root); return fail(err, "%s: out of memory", path); }
+    if (!grown) { cJSON_Delete(root); return fg_fail(err, "%s: out of memory", path); }
     a->tensors = grown;
     const char *data = (const char *)map + 8 + hlen;
     for (const cJSON *e = root->child; e && rc == 0; e = e->next) {
         if (strcmp(e->string, "__metadata__") == 0) continue;
-        if (!cJSON_IsObject(e)) { rc = fail(err, "%s: tensor %s: not an object", path, e->string); break; }
+        if (!cJSON_IsObject(e)) { rc = fg_fail(err, "%s: tensor %s: not an object", path, e->string); break; }
         st_tensor *t = &a->tensors[a->n_tensors];
         rc = parse_tensor_entry(e, path, data, size - 8 - hlen, t, err);
         t->file = file;
@@ -360,12 +369,12 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     /* Overlapping byte ranges mean a corrupt or hostile header. */
     int count = a->n_tensors - first;
     st_tensor *sorted = malloc((size_t)(count + 1) * sizeof *sorted);
-    if (!sorted) return fail(err, "%s: out of memory", path);
+    if (!sorted) return fg_fail(err, "%s: out of memory", path);
     memcpy(sorted, a->tensors + first, (size_t)count * sizeof *sorted);
     qsort(sorted, (size_t)count, sizeof *sorted, cmp_by_offset);
     for (int i = 1; i < count && rc == 0; i++)
         if ((const char *)sorted[i - 1].data + sorted[i - 1].nbytes > (const char *)sorted[i].data)
-            rc = fail(err, "%s: tensors %s and %s overlap", path, sorted[i - 1].name,
+            rc = fg_fail(err, "%s: tensors %s and %s overlap", path, sorted[i - 1].name,
                       sorted[i].name);
     free(sorted);
     return rc;
@@ -373,16 +382,16 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
 
 int st_open_file(const char *path, st_archive *a, char *err) {
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, "%s: %s", path, strerror(errno));
+    if (fd < 0) return fg_fail(err, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, "%s: not a regular file", path);
+        return fg_fail(err, "%s: not a regular file", path);
     }
     size_t size = (size_t)st.st_size;
     void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
-    if (map == MAP_FAILED) return fail(err, "%s: mmap failed: %s", path, strerror(errno));
+    if (map == MAP_FAILED) return fg_fail(err, "%s: mmap failed: %s", path, strerror(errno));
     int i = a->n_files;
     char **np = realloc(a->paths, (size_t)(i + 1) * sizeof *np);
     if (np) a->paths = np;
@@ -393,7 +402,7 @@ int st_open_file(const char *path, st_archive *a, char *err) {
     char *copy = ns ? strdup(path) : NULL;
     if (!copy) {
         if (map) munmap(map, size);
-        return fail(err, "%s: out of memory", path);
+        return fg_fail(err, "%s: out of memory", path);
     }
     a->paths[i] = copy;
     a->maps[i] = map;
@@ -403,19 +412,19 @@ int st_open_file(const char *path, st_archive *a, char *err) {
 }
 
 static int open_index(const char *dir, const char *index_path, st_archive *a, char *err) {
-    char *text = read_text_file(index_path, NULL, err);
+    char *text = fg_read_file(index_path, NULL, err);
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);
-        return fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", index_path);
+        return fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", index_path);
     }
     int rc = 0;
     for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
-            rc = fail(err, "%s: weight_map entry %s: bad file name", index_path, e->string);
+            rc = fg_fail(err, "%s: weight_map entry %s: bad file name", index_path, e->string);
             break;
         }
         char path[4096];
@@ -426,7 +435,7 @@ static int open_index(const char *dir, const char *index_path, st_archive *a, ch
         if (rc == 0) {
             const st_tensor *t = st_find(a, e->string);
             if (!t || strcmp(a->paths[t->file], path) != 0)
-                rc = fail(err, "%s: tensor %s is not in %s as the index says", index_path,
+                rc = fg_fail(err, "%s: tensor %s is not in %s as the index says", index_path,
                           e->string, e->valuestring);
         }
     }
@@ -444,7 +453,7 @@ int st_open_dir(const char *dir, st_archive *a, char *err) {
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (access(path, F_OK) != 0)
-            rc = fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
+            rc = fg_fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
                            "pytorch_model.bin with scripts/convert_to_safetensors.py)", dir);
         else
             rc = st_open_file(path, a, err);
@@ -584,14 +593,14 @@ static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int wit
     spec_list l = {malloc((size_t)(8 + 16 * cfg->n_layers) * sizeof *l.s), 0, 0};
     if (!w->layers || !l.s) {
         free(l.s);
-        fail(err, "out of memory for the weight table");
+        fg_fail(err, "out of memory for the weight table");
         return NULL;
     }
     model_specs(w, with_lm_head, &l);
     w->storage = aligned_alloc(64, l.next * sizeof(float));
     if (!w->storage) {
         free(l.s);
-        fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 working weights of %s",
+        fg_fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 working weights of %s",
              l.next * 4.0 / 1e9, cfg->name);
         return NULL;
     }
@@ -722,21 +731,21 @@ static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir
         size_t len = strlen(got);
         snprintf(got + len, sizeof got - len, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
     }
-    return fail(err, "%s: tensor %s has shape [%s], expected %s", dir, t->name, got, want);
+    return fg_fail(err, "%s: tensor %s has shape [%s], expected %s", dir, t->name, got, want);
 }
 
 static int load_tensors(const st_archive *a, tensor_spec *s, int n, float *arena, const char *dir,
                         char *err) {
     for (int i = 0; i < n; i++) {
         const st_tensor *t = find_spec_tensor(a, s[i].name);
-        if (!t) return fail(err, "%s: missing tensor model.%s", dir, s[i].name);
+        if (!t) return fg_fail(err, "%s: missing tensor model.%s", dir, s[i].name);
         if (check_shape(t, &s[i], dir, err)) return -1;
     }
     for (int i = 0; i < a->n_tensors; i++) { /* anything the model does not use is an error */
         const char *name = strip_prefix(a->tensors[i].name);
         int known = 0;
         for (int j = 0; j < n && !known; j++) known = strcmp(s[j].name, name) == 0;
-        if (!known) return fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);
+        if (!known) return fg_fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);
     }
     for (int i = 0; i < n; i++) {
         value_source v = {find_spec_tensor(a, s[i].name), 0, 0, 0};
@@ -772,7 +781,7 @@ int opt_weights_load(const char *dir, opt_weights *w, char *err) {
  * GPU batch state and workspace
  * ============================================================================================ */
 
-static void *alloc_floats(size_t n) { return aligned_alloc(64, ((n * 4 + 63) & ~(size_t)63) + 64); }
+static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * 4 + 63) & ~(size_t)63); }
 
 int gpu_batch_init(gpu_batch *gb, const opt_config *cfg, int batch, int max_len, int max_new,
                    char *err) {
@@ -787,7 +796,7 @@ int gpu_batch_init(gpu_batch *gb, const opt_config *cfg, int batch, int max_len,
     gb->v = malloc(kv * sizeof(fp16));
     if (!gb->pad || !gb->tokens || !gb->x || !gb->k || !gb->v) {
         gpu_batch_free(gb);
-        return fail(err, "gpu tier: cannot allocate the KV cache (%.2f GB) of a GPU batch of %d",
+        return fg_fail(err, "gpu tier: cannot allocate the KV cache (%.2f GB) of a GPU batch of %d",
                     2.0 * kv * sizeof(fp16) / 1e9, batch);
     }
     return 0;
@@ -818,7 +827,7 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
     ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
     if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch) {
         opt_workspace_free(ws);
-        return fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
     return 0;
 }
@@ -837,7 +846,7 @@ void opt_workspace_free(opt_workspace *ws) {
  * ============================================================================================ */
 
 /* What a linear layer does with its output y. */
-enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW^T + b;  y += xW^T + b (residual);  relu(xW^T + b) */
+enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 
 /* x[rows][in] times W[in][out] (weights are stored transposed), then the bias (and ReLU) in one
  * pass over y. */
@@ -984,7 +993,7 @@ static void attention(const opt_config *c, int layer, gpu_batch *gb, opt_workspa
     for (int bh = 0; bh < gb->batch * c->n_heads; bh++) {
         int b = bh / c->n_heads, head = bh % c->n_heads, start = gb->pad[b], nk = end - start;
         float *kf = ws->thread_scratch + ws->thread_floats * omp_get_thread_num();
-        float *vf = kf + (size_t)gb->max_len * hd, *scores = vf + (size_t)gb->max_len * hd;
+        float *vf = kf + (size_t)ws->max_len * hd, *scores = vf + (size_t)ws->max_len * hd;
         float *out = ws->attn + (size_t)b * n_new * h + head * hd;
         const float *q = ws->qkv + (size_t)b * n_new * 3 * h + head * hd; /* rows of [q|k|v] */
         int t0 = start > gb->len ? start - gb->len : 0; /* first query that is not padding */

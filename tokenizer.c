@@ -476,14 +476,6 @@ struct fg_tokenizer {
     char *dec;
 };
 
-__attribute__((format(printf, 2, 3))) static void set_err(char *err, const char *fmt, ...) {
-    if (!err) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, FG_ERR_LEN, fmt, ap);
-    va_end(ap);
-}
-
 /* A token as it can be quoted in a one-line message: control bytes become '?', long ones are
  * cut at a character boundary. */
 static void quote_token(char *dst, size_t cap, const char *s, size_t n) {
@@ -495,37 +487,6 @@ static void quote_token(char *dst, size_t cap, const char *s, size_t n) {
         dst[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
     }
     dst[k] = '\0';
-}
-
-static char *read_file(const char *path, size_t *len, char *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) { free(buf); buf = NULL; break; }
-        buf = bigger;
-        cap *= 2;
-    }
-    int read_errno = errno, failed = ferror(f);
-    fclose(f);
-    if (!buf) {
-        set_err(err, "%s: out of memory", path);
-        return NULL;
-    }
-    if (failed) {
-        set_err(err, "%s: cannot read: %s", path, strerror(read_errno));
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
 }
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
@@ -574,16 +535,16 @@ static int check_id(const cJSON *item, const char *path, char *err) {
     char tok[64];
     quote_token(tok, sizeof tok, item->string, strlen(item->string));
     if (!cJSON_IsNumber(item)) {
-        set_err(err, "%s: token \"%s\" has a non-integer id (not a number)", path, tok);
+        fg_fail(err, "%s: token \"%s\" has a non-integer id (not a number)", path, tok);
         return -1;
     }
     double d = item->valuedouble;
     if (!(d >= -1e18 && d <= 1e18) || d != (double)(long long)d) {
-        set_err(err, "%s: token \"%s\" has a non-integer id %g", path, tok, d);
+        fg_fail(err, "%s: token \"%s\" has a non-integer id %g", path, tok, d);
         return -1;
     }
     if (d < 0 || d > MAX_TOKEN_ID) {
-        set_err(err, "%s: token \"%s\" has id %.0f, out of range [0, %d]", path, tok, d,
+        fg_fail(err, "%s: token \"%s\" has id %.0f, out of range [0, %d]", path, tok, d,
                 MAX_TOKEN_ID);
         return -1;
     }
@@ -593,7 +554,7 @@ static int check_id(const cJSON *item, const char *path, char *err) {
 /* Validates every entry and finds the largest id. */
 static int scan_vocab(const cJSON *root, const char *path, int *max_id, char *err) {
     if (!cJSON_IsObject(root)) {
-        set_err(err, "%s: not a JSON object mapping tokens to ids", path);
+        fg_fail(err, "%s: not a JSON object mapping tokens to ids", path);
         return -1;
     }
     *max_id = -1;
@@ -602,7 +563,7 @@ static int scan_vocab(const cJSON *root, const char *path, int *max_id, char *er
         if ((int)it->valuedouble > *max_id) *max_id = (int)it->valuedouble;
     }
     if (*max_id < 0) {
-        set_err(err, "%s: the vocab is empty", path);
+        fg_fail(err, "%s: the vocab is empty", path);
         return -1;
     }
     return 0;
@@ -625,14 +586,14 @@ static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym) {
 
 static int load_vocab(fg_tokenizer *t, const char *path, int32_t **tok_sym, char *err) {
     size_t len;
-    char *buf = read_file(path, &len, err);
+    char *buf = fg_read_file(path, &len, err);
     if (!buf) return -1;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
     if (root && end) end = skip_json_space(end, buf + len);
     if (!root || (end && end < buf + len)) { /* Python's json also rejects data after the value */
         int line = end ? line_of(buf, end) : 0;
-        set_err(err, "%s: malformed JSON near line %d%s", path, line,
+        fg_fail(err, "%s: malformed JSON near line %d%s", path, line,
                 root ? " (data after the object)" : "");
         cJSON_Delete(root);
         free(buf);
@@ -648,7 +609,7 @@ static int load_vocab(fg_tokenizer *t, const char *path, int32_t **tok_sym, char
             rc = fill_vocab(t, root, *tok_sym);
         }
         if (!*tok_sym || rc != 0) {
-            set_err(err, "%s: out of memory", path);
+            fg_fail(err, "%s: out of memory", path);
             rc = -1;
         }
     }
@@ -685,7 +646,7 @@ static int add_merge(fg_tokenizer *t, const char *f[2], const size_t flen[2], in
     char *cat = malloc(flen[0] + flen[1]);
     if (a < 0 || b < 0 || !cat) {
         free(cat);
-        set_err(err, "%s: out of memory", where);
+        fg_fail(err, "%s: out of memory", where);
         return -1;
     }
     memcpy(cat, f[0], flen[0]);
@@ -694,13 +655,13 @@ static int add_merge(fg_tokenizer *t, const char *f[2], const size_t flen[2], in
     if (r < 0 || t->syms.id[r] < 0) {
         char tok[64];
         quote_token(tok, sizeof tok, cat, flen[0] + flen[1]);
-        set_err(err, "%s: merge result \"%s\" is not in the vocab", where, tok);
+        fg_fail(err, "%s: merge result \"%s\" is not in the vocab", where, tok);
         free(cat);
         return -1;
     }
     free(cat);
     if (merge_put(&t->merges, a, b, rank, r) != 0) {
-        set_err(err, "%s: out of memory", where);
+        fg_fail(err, "%s: out of memory", where);
         return -1;
     }
     return 0;
@@ -722,7 +683,7 @@ static int parse_merges(fg_tokenizer *t, const char *path, const char *buf, size
         char where[FG_ERR_LEN];
         snprintf(where, sizeof where, "%s line %d", path, line);
         if (count != 2) {
-            set_err(err, "%s: expected two symbols separated by a space, found %s", where,
+            fg_fail(err, "%s: expected two symbols separated by a space, found %s", where,
                     count == 1 ? "one" : "three or more");
             return -1;
         }
@@ -733,7 +694,7 @@ static int parse_merges(fg_tokenizer *t, const char *path, const char *buf, size
 
 static int load_merges(fg_tokenizer *t, const char *path, char *err) {
     size_t len;
-    char *buf = read_file(path, &len, err);
+    char *buf = fg_read_file(path, &len, err);
     if (!buf) return -1;
     int rc = parse_merges(t, path, buf, len, err);
     free(buf);
@@ -786,17 +747,17 @@ fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, ch
     fg_tokenizer *t = calloc(1, sizeof *t);
     int32_t *tok_sym = NULL;
     if (!t) {
-        set_err(err, "tokenizer: out of memory");
+        fg_fail(err, "tokenizer: out of memory");
         return NULL;
     }
     int rc = load_vocab(t, vocab_path, &tok_sym, err);
     if (rc == 0 && intern_byte_symbols(t) != 0) {
-        set_err(err, "%s: out of memory", vocab_path);
+        fg_fail(err, "%s: out of memory", vocab_path);
         rc = -1;
     }
     if (rc == 0) rc = load_merges(t, merges_path, err);
     if (rc == 0 && build_decode_table(t, tok_sym) != 0) {
-        set_err(err, "%s: out of memory", vocab_path);
+        fg_fail(err, "%s: out of memory", vocab_path);
         rc = -1;
     }
     free(tok_sym);
@@ -938,7 +899,7 @@ static void bpe_rounds(const fg_tokenizer *t, bpe_work *w) {
 static int bpe_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, size_t m,
                     char *err) {
     if (work_reserve(w, m) != 0) {
-        set_err(err, "tokenizer: out of memory");
+        fg_fail(err, "tokenizer: out of memory");
         return -1;
     }
     for (size_t i = 0; i < m; i++) {
@@ -952,11 +913,11 @@ static int bpe_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, 
     for (int p = 0; p >= 0; p = w->next[p]) {
         int id = t->syms.id[w->sym[p]];
         if (id < 0) { /* only single bytes can lack a token: merge results are checked */
-            set_err(err, "tokenizer: byte 0x%02x has no token in the vocab", s[p]);
+            fg_fail(err, "tokenizer: byte 0x%02x has no token in the vocab", s[p]);
             return -1;
         }
         if (emit_id(w, id) != 0) {
-            set_err(err, "tokenizer: out of memory");
+            fg_fail(err, "tokenizer: out of memory");
             return -1;
         }
     }
@@ -968,17 +929,17 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
     *ids = NULL;
     *n_ids = 0;
     if (!t || (!text && len > 0)) {
-        set_err(err, "tokenizer_encode: no tokenizer or no text");
+        fg_fail(err, "tokenizer_encode: no tokenizer or no text");
         return -1;
     }
     if (len > 0x7fffffff) {
-        set_err(err, "tokenizer_encode: text of %zu bytes is too long", len);
+        fg_fail(err, "tokenizer_encode: text of %zu bytes is too long", len);
         return -1;
     }
     bpe_work w = {0};
     const unsigned char *s = (const unsigned char *)text;
     int rc = grow_ids(&w); /* so the output is never NULL, even for empty text */
-    if (rc != 0) set_err(err, "tokenizer: out of memory");
+    if (rc != 0) fg_fail(err, "tokenizer: out of memory");
     for (size_t pos = 0; rc == 0 && pos < len;) {
         size_t end = pretoken_end(s, len, pos);
         rc = bpe_word(t, &w, s + pos, end - pos, err);

@@ -2,8 +2,8 @@
  *
  *   sgemm_rate M N K [reps]
  *
- * Times cblas_sgemm(RowMajor, NoTrans, Trans, M, N, K): activations A[M][K] times weights stored
- * B[N][K] into C[M][N], the layout ./flexgen's linear layers use. After a warm-up call, each of
+ * Times cblas_sgemm(RowMajor, NoTrans, NoTrans, M, N, K): activations A[M][K] times weights stored
+ * B[K][N] into C[M][N], the layout ./flexgen's linear layers use. After a warm-up call, each of
  * `reps` repetitions (default 5) runs the GEMM enough times back to back to last about 0.1 s,
  * and the best (highest) rate of the repetitions is printed as one JSON line:
  *
@@ -53,14 +53,14 @@ static float *random_matrix(size_t n, uint64_t seed) {
 }
 
 static void gemm(int m, int n, int k, const float *a, const float *b, float *c) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
 }
 
 int main(int argc, char **argv) {
     int m, n, k, reps = 5;
     if (argc < 4 || argc > 5) {
         fprintf(stderr, "usage: sgemm_rate M N K [reps]\n"
-                        "  times cblas_sgemm(RowMajor, NoTrans, Trans, M, N, K) and prints\n"
+                        "  times cblas_sgemm(RowMajor, NoTrans, NoTrans, M, N, K) and prints\n"
                         "  {\"m\":..,\"n\":..,\"k\":..,\"reps\":..,\"gflops\":..} (best of reps)\n");
         return 2;
     }
