@@ -597,6 +597,26 @@ static void test_stop_at_eos(void) {
     free(dir);
 }
 
+/* The portable code paths (no F16C/AVX2 kernels, as on other CPUs) give the reference logits too. */
+static void test_portable_paths_match_reference(void) {
+    char *dir = make_temp_dir();
+    const char *dump = join(dir, "l.bin");
+    setenv("FLEXGEN_NO_SIMD", "1", 1);
+    free(run_tiny(ARGS("--dump-logits", dump, "--json")));
+    unsetenv("FLEXGEN_NO_SIMD");
+    reference r;
+    load_reference(&r);
+    float *l = read_floats(dump, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
+    int bad = 0;
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++) bad += !row_matches(&r, l, p, s);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(l);
+    free(r.logits);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A checkpoint directory with vocab.json and merges.txt: text prompts in (--prompt and
  * --prompt-file), text out, equal to what HF's tokenizer decodes its reference tokens to
  * (tests/fixtures/opt-tiny-text/texts.json, written by scripts/make_reference.py). */
@@ -659,4 +679,5 @@ void add_cli_tests(void) {
     CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);
     CU_add_test(s, "--stop-at-eos", test_stop_at_eos);
     CU_add_test(s, "text in, text out with the checkpoint's tokenizer", test_text_generation);
+    CU_add_test(s, "portable (non-SIMD) paths match the reference", test_portable_paths_match_reference);
 }
