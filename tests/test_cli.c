@@ -389,6 +389,19 @@ static void test_dump_logits_unwritable(void) {
  * Good runs
  * --------------------------------------------------------------------------------------------- */
 
+/* A --dump-logits file of opt-tiny's prompts matches the PyTorch reference, row by row. */
+static void expect_reference_logits(const char *dump) {
+    reference r;
+    load_reference(&r);
+    float *l = read_floats(dump, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
+    int bad = 0;
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int s = 0; s < GEN_LEN; s++) bad += !row_matches(&r, l, p, s);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(l);
+    free(r.logits);
+}
+
 static void test_json_run_matches_reference(void) {
     char *dir = make_temp_dir();
     const char *dump = join(dir, "l.bin");
@@ -409,16 +422,8 @@ static void test_json_run_matches_reference(void) {
     }
     cJSON_Delete(o);
     free(out);
-    reference r;
-    load_reference(&r);
-    float *l = read_floats(dump, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
-    int bad = 0;
-    for (int p = 0; p < N_PROMPTS; p++)
-        for (int s = 0; s < GEN_LEN; s++) bad += !row_matches(&r, l, p, s);
-    CU_ASSERT_EQUAL(bad, 0);
+    expect_reference_logits(dump);
     CU_ASSERT_EQUAL(dir_entries(dir), 1); /* no temporary left beside it */
-    free(l);
-    free(r.logits);
     rm_tree(dir);
     free(dir);
 }
@@ -604,15 +609,7 @@ static void test_portable_paths_match_reference(void) {
     setenv("FLEXGEN_NO_SIMD", "1", 1);
     free(run_tiny(ARGS("--dump-logits", dump, "--json")));
     unsetenv("FLEXGEN_NO_SIMD");
-    reference r;
-    load_reference(&r);
-    float *l = read_floats(dump, (size_t)N_PROMPTS * GEN_LEN * VOCAB);
-    int bad = 0;
-    for (int p = 0; p < N_PROMPTS; p++)
-        for (int s = 0; s < GEN_LEN; s++) bad += !row_matches(&r, l, p, s);
-    CU_ASSERT_EQUAL(bad, 0);
-    free(l);
-    free(r.logits);
+    expect_reference_logits(dump);
     rm_tree(dir);
     free(dir);
 }
