@@ -158,7 +158,8 @@ void gpu_batch_free(gpu_batch *gb);
 /* Scratch buffers of the compute device, shared by all GPU batches. */
 typedef struct {
     size_t rows;            /* capacity in token rows */
-    int max_len, n_threads;
+    int max_len;            /* the longest KV cache it serves (a GPU batch's max_len at most) */
+    int n_threads;
     float *h, *attn;        /* [rows][hidden] */
     float *qkv;             /* [rows][3 * hidden]: q, k, v side by side */
     float *ffn;             /* [rows][max(ffn, hidden)] */
