@@ -14,17 +14,81 @@
 #include "flexgen.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
+
+/* ============================================================================================
+ * Tiers (DESIGN.md, "Tiers"): one accounting point each. I/O threads move pages of the disk
+ * tier in and out of memory, so the counters sit behind a lock.
+ * ============================================================================================ */
+
+const char *const fg_tier_names[N_TIERS] = {"gpu", "cpu", "disk"};
+const char *const fg_link_names[N_LINKS] = {"disk->cpu", "cpu->gpu", "gpu->cpu", "cpu->disk"};
+static const char *const tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
+
+enum { TRACK_COMPUTE, TRACK_DISK, TRACK_HOST, N_TRACKS }; /* threads: compute and two links */
+static const char *const track_names[N_TRACKS] = {"compute", "disk<->cpu", "cpu<->gpu"};
+
+typedef struct {
+    const char *name;
+    int a, b;
+    double start, end; /* seconds since the run began */
+} trace_event;
+
+typedef struct {
+    trace_event *events;
+    size_t n, cap;
+} trace_track;
+
+/* A task on an I/O link: fn(rt, arg), after task `after_seq` of link `after_link` is done. */
+typedef struct io_task {
+    void (*fn)(fg_runtime *rt, const struct io_task *t);
+    const char *name;
+    int after_link;
+    uint64_t after_seq;
+    void *ctx;      /* what the task works on (a model, a block) */
+    int arg[6];
+} io_task;
+
+#define IO_QUEUE 64
+
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    io_task queue[IO_QUEUE];
+    uint64_t submitted, done;
+    int running, stop, track;
+} io_link;
+
+enum { IO_DISK, IO_HOST, N_IO }; /* disk<->cpu and cpu<->gpu */
+
+struct fg_runtime {
+    fg_policy policy;
+    const fg_backend *backend;
+    char offload_dir[4096], weight_dir[4096];
+    pthread_mutex_t lock; /* the tier and link counters */
+    double capacity[N_TIERS], current[N_TIERS], peak[N_TIERS], link_bytes[N_LINKS];
+    double disk_read_seconds;
+    io_link io[N_IO];
+    trace_track tracks[N_TRACKS];
+    double t0;
+};
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -32,53 +96,1218 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static const double GB = 1 << 30;
+
+/* "1.50 GiB", "12.3 MiB", "4.0 KiB": sizes in error lines, readable at any scale. */
+typedef struct { char s[32]; } size_text;
+static size_text human(double bytes) {
+    size_text t;
+    if (bytes >= GB) snprintf(t.s, sizeof t.s, "%.2f GiB", bytes / GB);
+    else if (bytes >= 1 << 20) snprintf(t.s, sizeof t.s, "%.1f MiB", bytes / (1 << 20));
+    else snprintf(t.s, sizeof t.s, "%.1f KiB", bytes / 1024);
+    return t;
+}
+
+/* Takes bytes from a tier, or fails naming the tier, what needed them, and what is left. */
+static int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err) {
+    pthread_mutex_lock(&rt->lock);
+    int fits = rt->current[t] + bytes <= rt->capacity[t];
+    if (fits) {
+        rt->current[t] += bytes;
+        if (rt->current[t] > rt->peak[t]) rt->peak[t] = rt->current[t];
+    }
+    double in_use = rt->current[t];
+    pthread_mutex_unlock(&rt->lock);
+    if (fits) return 0;
+    return fg_fail(err, "%s tier: %s needs %s more, %s of %s in use (%s)", fg_tier_names[t], what,
+                   human(bytes).s, human(in_use).s, human(rt->capacity[t]).s, tier_flags[t]);
+}
+
+/* Transient use (pages of the disk tier in memory while they move): counted, never refused,
+ * since the plan check already bounded it. */
+static void tier_add(fg_runtime *rt, fg_tier t, double bytes) {
+    pthread_mutex_lock(&rt->lock);
+    rt->current[t] += bytes;
+    if (rt->current[t] > rt->peak[t]) rt->peak[t] = rt->current[t];
+    pthread_mutex_unlock(&rt->lock);
+}
+
+static void link_add(fg_runtime *rt, fg_link l, double bytes) {
+    pthread_mutex_lock(&rt->lock);
+    rt->link_bytes[l] += bytes;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* Memory of the gpu or cpu tier, zeroed. NULL (and err) when the tier or the machine is full. */
+static void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err) {
+    if (bytes == 0) bytes = 64;
+    if (tier_take(rt, t, (double)bytes, what, err)) return NULL;
+    void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) {
+        tier_add(rt, t, -(double)bytes);
+        fg_fail(err, "%s tier: out of memory allocating %s for %s", fg_tier_names[t],
+                human((double)bytes).s, what);
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes == 0) bytes = 64;
+    if (t == TIER_GPU) rt->backend->free(p);
+    else free(p);
+    tier_add(rt, t, -(double)bytes);
+}
+
+/* ============================================================================================
+ * The disk tier: files in the offload dir, mapped; created unnamed (or unlinked at once), so
+ * nothing is left behind after an exit, an error or Ctrl-C. Pages come in with WILLNEED and a
+ * touch (the disk->cpu link) and leave with msync and DONTNEED, so resident memory follows the
+ * policy and not the page cache.
+ * ============================================================================================ */
+
+typedef struct {
+    int fd;
+    char *base;
+    size_t size, used;
+} disk_arena;
+
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+static size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
+
+/* An unnamed file in dir: O_TMPFILE where the file system has it, else mkstemp + unlink. */
+static int unnamed_file(const char *dir, const char *flag, char *err) {
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/flexgen-XXXXXX", dir);
+        fd = mkstemp(path);
+        if (fd >= 0) unlink(path);
+    }
+    if (fd < 0) return fg_fail(err, "%s %s: cannot create a file: %s", flag, dir, strerror(errno));
+    return fd;
+}
+
+/* Maps a file of `bytes`, reserving its blocks first so that a full disk is an error here and
+ * not a SIGBUS later. Takes ownership of fd. */
+static int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir,
+                     char *err) {
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+    bytes = page_up(bytes ? bytes : 1);
+    int rc = posix_fallocate(fd, 0, (off_t)bytes);
+    if (rc) {
+        close(fd);
+        return fg_fail(err, "%s %s: cannot reserve %s: %s", flag, dir, human((double)bytes).s, strerror(rc));
+    }
+    a->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (a->base == MAP_FAILED) {
+        a->base = NULL;
+        close(fd);
+        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s, strerror(errno));
+    }
+    a->fd = fd;
+    a->size = bytes;
+    return 0;
+}
+
+static void arena_close(disk_arena *a) {
+    if (a->base) munmap(a->base, a->size);
+    if (a->fd >= 0) close(a->fd);
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+}
+
+/* A page-aligned piece of the arena (the plan sized the arena, so this cannot run out). */
+static void *arena_take(disk_arena *a, size_t bytes) {
+    void *p = a->base + a->used;
+    a->used += page_up(bytes);
+    return p;
+}
+
+static void page_range(const disk_arena *a, const void *p, size_t bytes, size_t *off, size_t *len) {
+    size_t start = (size_t)((const char *)p - a->base) & ~(page_size() - 1);
+    size_t end = page_up((size_t)((const char *)p - a->base) + bytes);
+    *off = start;
+    *len = end > a->size ? a->size - start : end - start;
+}
+
+/* disk -> cpu: bring the pages in (and wait for them), on the disk link's thread. */
+static void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes) {
+    if (!bytes) return;
+    size_t off, len;
+    page_range(a, p, bytes, &off, &len);
+    double t0 = now_seconds();
+    madvise(a->base + off, len, MADV_WILLNEED);
+    volatile const char *c = a->base + off;
+    unsigned sum = 0;
+    for (size_t i = 0; i < len; i += page_size()) sum += c[i];
+    (void)sum;
+    double dt = now_seconds() - t0;
+    pthread_mutex_lock(&rt->lock);
+    rt->disk_read_seconds += dt;
+    pthread_mutex_unlock(&rt->lock);
+    link_add(rt, LINK_DISK_TO_CPU, (double)bytes);
+    tier_add(rt, TIER_CPU, (double)bytes);
+}
+
+/* Writes back what was written (cpu -> disk) and drops the pages from memory. */
+static void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
+                         size_t written) {
+    if (!bytes) return;
+    size_t off, len;
+    page_range(a, p, bytes, &off, &len);
+    if (written) {
+        msync(a->base + off, len, MS_SYNC);
+        link_add(rt, LINK_CPU_TO_DISK, (double)written);
+    }
+    madvise(a->base + off, len, MADV_DONTNEED);
+    posix_fadvise(a->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    tier_add(rt, TIER_CPU, -(double)bytes);
+}
+
+/* ============================================================================================
+ * I/O links (Fig. 4's async loads and stores): one thread each for disk<->cpu and cpu<->gpu,
+ * running tasks in order. A task may wait for an earlier task of the other link (a load from
+ * disk is read before it is copied to the gpu tier; a store reaches the cpu tier before disk).
+ * Since a task only ever waits for one submitted before it, the two queues cannot deadlock.
+ * With --overlap 0 every task runs at once on the compute thread: the same steps, in sequence.
+ * ============================================================================================ */
+
+static void trace_add(fg_runtime *rt, int track, const char *name, int a, int b, double start,
+                      double end) {
+    trace_track *t = &rt->tracks[track];
+    if (!rt->policy.trace) return;
+    if (t->n == t->cap) {
+        size_t cap = t->cap * 2 + 1024;
+        trace_event *grown = realloc(t->events, cap * sizeof *grown);
+        if (!grown) return; /* a trace with gaps rather than a failed run */
+        t->events = grown;
+        t->cap = cap;
+    }
+    t->events[t->n++] = (trace_event){name, a, b, start - rt->t0, end - rt->t0};
+}
+
+static void run_task(fg_runtime *rt, int link, const io_task *t) {
+    double start = now_seconds();
+    t->fn(rt, t);
+    trace_add(rt, rt->io[link].track, t->name, t->arg[0], t->arg[1], start, now_seconds());
+}
+
+static void io_wait(fg_runtime *rt, int link, uint64_t seq) {
+    io_link *l = &rt->io[link];
+    pthread_mutex_lock(&l->lock);
+    while (l->done < seq) pthread_cond_wait(&l->changed, &l->lock);
+    pthread_mutex_unlock(&l->lock);
+}
+
+static void *io_thread(void *arg) {
+    fg_runtime *rt = ((void **)arg)[0];
+    int link = (int)(intptr_t)((void **)arg)[1];
+    free(arg);
+    io_link *l = &rt->io[link];
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        while (!l->stop && l->done == l->submitted) pthread_cond_wait(&l->changed, &l->lock);
+        if (l->done == l->submitted) break;
+        io_task t = l->queue[l->done % IO_QUEUE];
+        pthread_mutex_unlock(&l->lock);
+        if (t.after_seq) io_wait(rt, t.after_link, t.after_seq);
+        run_task(rt, link, &t);
+        pthread_mutex_lock(&l->lock);
+        l->done++;
+        pthread_cond_broadcast(&l->changed);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+/* Queues a task on a link; returns its sequence number there (for io_wait and `after`). */
+static uint64_t io_submit(fg_runtime *rt, int link, io_task t) {
+    io_link *l = &rt->io[link];
+    if (!l->running) { /* --overlap 0: in order, now */
+        run_task(rt, link, &t);
+        return ++l->done, ++l->submitted;
+    }
+    pthread_mutex_lock(&l->lock);
+    while (l->submitted - l->done == IO_QUEUE) pthread_cond_wait(&l->changed, &l->lock);
+    l->queue[l->submitted % IO_QUEUE] = t;
+    uint64_t seq = ++l->submitted;
+    pthread_cond_broadcast(&l->changed);
+    pthread_mutex_unlock(&l->lock);
+    return seq;
+}
+
+/* Fig. 4's "synchronize": every task submitted so far is done. */
+static void io_sync(fg_runtime *rt) {
+    for (int i = 0; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
+}
+
+static void io_stop(fg_runtime *rt) {
+    for (int i = 0; i < N_IO; i++) {
+        io_link *l = &rt->io[i];
+        if (!l->running) continue;
+        pthread_mutex_lock(&l->lock);
+        l->stop = 1;
+        pthread_cond_broadcast(&l->changed);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+        l->running = 0;
+    }
+}
+
+/* ============================================================================================
+ * The runtime: capacities, I/O threads, the trace.
+ * ============================================================================================ */
+
+fg_policy fg_default_policy(void) {
+    return (fg_policy){.gpu_batch_size = 16, .num_gpu_batches = 2,
+                       .percent = {100, 0, 100, 0, 100, 0}, .overlap = 1, .pin_weight = 1};
+}
+
+static double mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    double kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb > 0) return kb * 1024;
+    return (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The offload dir must exist and be writable, whatever the plan puts on disk. */
+static int check_dir(const char *flag, const char *dir, char *err) {
+    if (!is_dir(dir)) return fg_fail(err, "%s %s: no such directory", flag, dir);
+    if (access(dir, W_OK | X_OK) != 0) return fg_fail(err, "%s %s: not writable: %s", flag, dir, strerror(errno));
+    return 0;
+}
+
+static void default_weight_dir(char *out, size_t n) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(out, n, "%s/flexgen", xdg);
+    else if (home && *home) snprintf(out, n, "%s/.cache/flexgen", home);
+    else snprintf(out, n, "%s/flexgen-weights", FG_DEFAULT_OFFLOAD_DIR);
+}
+
+int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
+    *out = NULL;
+    for (int kind = 0; kind < 3; kind++) {
+        const int *pc = p->percent + 2 * kind;
+        for (int i = 0; i < 2; i++)
+            if (pc[i] < 0 || pc[i] > 100)
+                return fg_fail(err, "--percent: %d is outside 0..100", pc[i]);
+        if (pc[0] + pc[1] > 100)
+            return fg_fail(err, "--percent: %s on gpu and cpu sum to %d%%, above 100",
+                           (const char *[]){"weights", "KV cache", "activations"}[kind], pc[0] + pc[1]);
+    }
+    if (p->gpu_batch_size < 1 || p->num_gpu_batches < 1)
+        return fg_fail(err, "--gpu-batch-size and --num-gpu-batches must be at least 1");
+    const char *offload = p->offload_dir ? p->offload_dir : FG_DEFAULT_OFFLOAD_DIR;
+    if (check_dir("--offload-dir", offload, err)) return -1;
+    fg_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return fg_fail(err, "out of memory");
+    rt->policy = *p;
+    rt->backend = &fg_cpu_backend;
+    snprintf(rt->offload_dir, sizeof rt->offload_dir, "%s", offload);
+    if (p->weight_dir) snprintf(rt->weight_dir, sizeof rt->weight_dir, "%s", p->weight_dir);
+    else default_weight_dir(rt->weight_dir, sizeof rt->weight_dir);
+    pthread_mutex_init(&rt->lock, NULL);
+    struct statvfs vfs;
+    double disk_free = statvfs(offload, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
+    double defaults[N_TIERS] = {mem_available_bytes(), mem_available_bytes(), disk_free};
+    for (int t = 0; t < N_TIERS; t++) rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
+    rt->t0 = now_seconds();
+    for (int i = 0; i < N_IO; i++) {
+        io_link *l = &rt->io[i];
+        l->track = i == IO_DISK ? TRACK_DISK : TRACK_HOST;
+        pthread_mutex_init(&l->lock, NULL);
+        pthread_cond_init(&l->changed, NULL);
+        if (!p->overlap) continue;
+        void **arg = malloc(2 * sizeof *arg);
+        if (!arg) continue; /* runs without overlap rather than not at all */
+        arg[0] = rt;
+        arg[1] = (void *)(intptr_t)i;
+        if (pthread_create(&l->thread, NULL, io_thread, arg) == 0) l->running = 1;
+        else free(arg);
+    }
+    *out = rt;
+    return 0;
+}
+
+void fg_runtime_close(fg_runtime *rt) {
+    if (!rt) return;
+    io_stop(rt);
+    for (int i = 0; i < N_IO; i++) {
+        pthread_mutex_destroy(&rt->io[i].lock);
+        pthread_cond_destroy(&rt->io[i].changed);
+    }
+    for (int t = 0; t < N_TRACKS; t++) free(rt->tracks[t].events);
+    pthread_mutex_destroy(&rt->lock);
+    free(rt);
+}
+
+void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
+    pthread_mutex_lock((pthread_mutex_t *)&rt->lock);
+    for (int t = 0; t < N_TIERS; t++) {
+        s->capacity[t] = rt->capacity[t];
+        s->peak[t] = rt->peak[t];
+        s->current[t] = rt->current[t];
+    }
+    for (int l = 0; l < N_LINKS; l++) s->link_bytes[l] = rt->link_bytes[l];
+    pthread_mutex_unlock((pthread_mutex_t *)&rt->lock);
+}
+
+/* Chrome's trace event format: one complete ("X") event per task, one thread per track. */
+int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return fg_fail(err, "--trace %s: %s", path, strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    if (!f) { close(fd); unlink(tmp); return fg_fail(err, "--trace %s: %s", path, strerror(errno)); }
+    fprintf(f, "{\"traceEvents\":[\n");
+    for (int t = 0; t < N_TRACKS; t++)
+        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
+                t, track_names[t]);
+    for (int t = 0; t < N_TRACKS; t++)
+        for (size_t i = 0; i < rt->tracks[t].n; i++) {
+            const trace_event *e = &rt->tracks[t].events[i];
+            fprintf(f, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,"
+                       "\"args\":{\"a\":%d,\"b\":%d}},\n",
+                    e->name, t, e->start * 1e6, (e->end - e->start) * 1e6, e->a, e->b);
+        }
+    fprintf(f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
+    int ok = !ferror(f);
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return fg_fail(err, "--trace %s: write failed: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* ============================================================================================
+ * Weights on the tiers (§4.2, "Placement"). Within each layer, tensors in order; each goes to
+ * the tier in which the midpoint of its cumulative size falls, tiers ordered disk, cpu, gpu
+ * (FlexGen's init_weight_list). The gpu tier holds fp32 working copies; cpu and disk hold fp16,
+ * loaded into one of two staging arenas of the gpu tier while the previous layer computes.
+ * ============================================================================================ */
+
+typedef struct {
+    fg_tier tier;
+    float *gpu; /* gpu tier: the working copy */
+    fp16 *host; /* cpu tier, or in the disk arena */
+} weight_home;
+
+struct fg_model {
+    fg_runtime *rt;
+    opt_weights view;     /* what compute reads: homes on the gpu tier, staging for the rest */
+    opt_layout layout;
+    st_archive archive;   /* open until the weights are in their homes */
+    int has_archive, loaded;
+    uint64_t seed;
+    weight_home *homes;   /* [n_tensors] */
+    int *layer_first;     /* [n_layers + 3]: tensors of layer j are layer_first[j] .. [j+1] - 1 */
+    disk_arena disk;      /* disk homes: offloaded copies, or the dummy-weight file */
+    double disk_bytes;    /* of the disk tier that the disk homes take */
+    float *staging[2];
+    size_t staging_floats;
+    long staged[2];       /* which (step, layer) each staging arena holds, -1 for none */
+};
+
+static int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
+
+static void place_weights(fg_model *m) {
+    const int *pc = m->rt->policy.percent;
+    double disk_end = 100 - pc[0] - pc[1], cpu_end = disk_end + pc[1];
+    const opt_layout *l = &m->layout;
+    for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++) {
+        double total = 0, before = 0;
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+            if (l->tensors[i].tied_to < 0) total += (double)l->tensors[i].count;
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            const opt_tensor *t = &l->tensors[i];
+            if (t->tied_to >= 0) continue;
+            double mid = 100 * (before + t->count / 2.0) / total;
+            before += (double)t->count;
+            m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
+        }
+    }
+    for (int i = 0; i < l->n_tensors; i++)
+        if (l->tensors[i].tied_to >= 0) m->homes[i].tier = m->homes[l->tensors[i].tied_to].tier;
+    m->staging_floats = 0;
+    for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++)
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+            if (m->homes[i].tier != TIER_GPU && l->layer_floats[j] > m->staging_floats)
+                m->staging_floats = l->layer_floats[j];
+}
+
+static double home_bytes(fg_tier tier, size_t count) {
+    return tier == TIER_GPU ? 4.0 * count : tier == TIER_CPU ? 2.0 * count : (double)page_up(2 * count);
+}
+
+/* Bytes of the weights' homes per tier, and the largest disk share of one layer. */
+static void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk) {
+    memset(bytes, 0, N_TIERS * sizeof *bytes);
+    *max_layer_disk = 0;
+    for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++) {
+        double layer_disk = 0;
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            const weight_home *h = &m->homes[i];
+            double b = home_bytes(h->tier, m->layout.tensors[i].count);
+            if (m->layout.tensors[i].tied_to < 0) bytes[h->tier] += b;
+            if (h->tier == TIER_DISK) layer_disk += b;
+        }
+        if (layer_disk > *max_layer_disk) *max_layer_disk = layer_disk;
+    }
+}
+
+/* The table, the placement and nothing else: the weights move into their homes on first use. */
+static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const char *dir,
+                      char *err) {
+    m->disk.fd = -1;
+    m->staged[0] = m->staged[1] = -1;
+    if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
+    if (m->has_archive && opt_layout_check_archive(&m->layout, &m->archive, dir, err)) return -1;
+    int L = n_flexgen_layers(cfg);
+    m->homes = calloc((size_t)m->layout.n_tensors, sizeof *m->homes);
+    m->layer_first = calloc((size_t)L + 1, sizeof *m->layer_first);
+    if (!m->homes || !m->layer_first) return fg_fail(err, "out of memory");
+    for (int i = 0, j = 0; j <= L; j++) {
+        while (i < m->layout.n_tensors && m->layout.tensors[i].layer < j) i++;
+        m->layer_first[j] = i;
+    }
+    place_weights(m);
+    return 0;
+}
+
+int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **out,
+                        char *err) {
+    fg_model *m = calloc(1, sizeof *m);
+    *out = NULL;
+    if (!m) return fg_fail(err, "out of memory");
+    m->rt = rt;
+    m->seed = seed;
+    if (model_init(m, cfg, 0, NULL, err)) {
+        fg_model_close(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **out, char *err) {
+    *out = NULL;
+    if (!is_dir(model)) {
+        opt_config cfg;
+        if (opt_config_by_name(model, &cfg, err)) return -1;
+        return fg_model_open_dummy(rt, &cfg, seed, out, err);
+    }
+    fg_model *m = calloc(1, sizeof *m);
+    if (!m) return fg_fail(err, "out of memory");
+    m->rt = rt;
+    m->disk.fd = -1;
+    opt_config cfg;
+    int rc = opt_checkpoint_open(model, &cfg, &m->archive, err);
+    m->has_archive = rc == 0;
+    if (rc == 0) rc = model_init(m, &cfg, st_find(&m->archive, "lm_head.weight") != NULL, model, err);
+    if (rc) {
+        fg_model_close(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+const opt_config *fg_model_config(const fg_model *m) { return &m->view.cfg; }
+
+void fg_model_close(fg_model *m) {
+    if (!m) return;
+    for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
+        const weight_home *h = &m->homes[i];
+        size_t count = m->layout.tensors[i].count;
+        if (m->layout.tensors[i].tied_to >= 0) continue;
+        if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->gpu, 4 * count);
+        if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->host, 2 * count);
+    }
+    for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], 4 * m->staging_floats);
+    if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
+    arena_close(&m->disk);
+    if (m->has_archive) st_close(&m->archive);
+    opt_layout_free(&m->layout);
+    free(m->homes);
+    free(m->layer_first);
+    free(m);
+}
+
+/* ---- dummy weights on disk: written once to a file in the weight dir, reused after ---- */
+
+typedef struct {
+    char magic[16];
+    opt_config cfg;
+    uint64_t seed, bytes;
+} weight_file_header;
+
+/* Where each tensor sits in the dummy-weight file: all tensors, whatever the policy, so that
+ * one file serves every placement. Returns the file's size. */
+static size_t weight_file_offsets(const fg_model *m, size_t *offsets) {
+    size_t at = page_up(sizeof(weight_file_header));
+    for (int i = 0; i < m->layout.n_tensors; i++) {
+        offsets[i] = at;
+        if (m->layout.tensors[i].tied_to < 0) at += page_up(2 * m->layout.tensors[i].count);
+    }
+    return at;
+}
+
+static int mkdir_p(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *s = path + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(path, 0755) && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static void progress(const fg_model *m, const char *what, int done, int total) {
+    if (m->rt->policy.verbose) fprintf(stderr, "\r%s: layer %d/%d", what, done, total);
+    if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
+}
+
+/* Maps the dummy-weight file, writing it first when it is missing or stale. */
+static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
+    const opt_config *c = &m->view.cfg;
+    size_t size = weight_file_offsets(m, offsets);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s-seed%llu.fgw", m->rt->weight_dir, c->name,
+             (unsigned long long)m->seed);
+    weight_file_header want;
+    memset(&want, 0, sizeof want);
+    snprintf(want.magic, sizeof want.magic, "flexgen-wt-1");
+    want.cfg = *c;
+    want.seed = m->seed;
+    want.bytes = size;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    weight_file_header have;
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == size &&
+        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have && !memcmp(&have, &want, sizeof have))
+        return arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err);
+    if (fd >= 0) close(fd);
+    if (mkdir_p(m->rt->weight_dir))
+        return fg_fail(err, "--path %s: cannot create it: %s", m->rt->weight_dir, strerror(errno));
+    fd = unnamed_file(m->rt->weight_dir, "--path", err);
+    if (fd < 0 || arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err)) return -1;
+    weight_source src = {NULL, m->seed};
+    int L = n_flexgen_layers(c);
+    for (int j = 0; j < L; j++) {
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            if (m->layout.tensors[i].tied_to >= 0) continue;
+            fp16 *dst = (fp16 *)(m->disk.base + offsets[i]);
+            opt_tensor_fill(&m->layout, i, &src, NULL, dst);
+            size_t off, len;
+            page_range(&m->disk, dst, 2 * m->layout.tensors[i].count, &off, &len);
+            msync(m->disk.base + off, len, MS_SYNC); /* keep memory to the policy while writing */
+            madvise(m->disk.base + off, len, MADV_DONTNEED);
+            posix_fadvise(m->disk.fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+        }
+        progress(m, "writing dummy weights", j + 1, L);
+    }
+    memcpy(m->disk.base, &want, sizeof want);
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", m->disk.fd);
+    if (msync(m->disk.base, m->disk.size, MS_SYNC) || (unlink(path), 0) ||
+        linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW))
+        fprintf(stderr, "flexgen: note: could not keep the dummy weights as %s (%s); they are "
+                        "written again next run\n", path, strerror(errno));
+    return 0;
+}
+
+/* Writes every tensor into its home (§4.2) and points the view at those on the gpu tier. */
+static int load_weights_into_homes(fg_model *m, char *err) {
+    fg_runtime *rt = m->rt;
+    const opt_layout *l = &m->layout;
+    double bytes[N_TIERS], max_layer_disk;
+    weight_bytes(m, bytes, &max_layer_disk);
+    size_t *offsets = calloc((size_t)l->n_tensors, sizeof *offsets);
+    if (!offsets) return fg_fail(err, "out of memory");
+    int from_file = 0, rc = 0;
+    if (bytes[TIER_DISK] > 0) {
+        rc = tier_take(rt, TIER_DISK, bytes[TIER_DISK], "the weights", err);
+        if (rc == 0) {
+            m->disk_bytes = bytes[TIER_DISK];
+            if (!m->has_archive) {
+                rc = open_weight_file(m, offsets, err);
+                from_file = 1;
+            } else {
+                int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
+                rc = fd < 0 ? -1 : arena_map(&m->disk, fd, (size_t)bytes[TIER_DISK], "--offload-dir",
+                                             rt->offload_dir, err);
+            }
+            if (rc) tier_add(rt, TIER_DISK, -m->disk_bytes), m->disk_bytes = 0;
+        }
+    }
+    weight_source src = {m->has_archive ? &m->archive : NULL, m->seed};
+    int L = n_flexgen_layers(&m->view.cfg);
+    for (int j = 0; j < L && rc == 0; j++) {
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++) {
+            const opt_tensor *t = &l->tensors[i];
+            weight_home *h = &m->homes[i];
+            if (t->tied_to >= 0) continue;
+            if (h->tier == TIER_GPU) {
+                h->gpu = tier_alloc(rt, TIER_GPU, 4 * t->count, "the weights", err);
+                if (h->gpu) opt_tensor_fill(l, i, &src, h->gpu, NULL);
+            } else if (h->tier == TIER_CPU) {
+                h->host = tier_alloc(rt, TIER_CPU, 2 * t->count, "the weights", err);
+                if (h->host) opt_tensor_fill(l, i, &src, NULL, h->host);
+            } else if (from_file) {
+                h->host = (fp16 *)(m->disk.base + offsets[i]);
+            } else {
+                h->host = arena_take(&m->disk, 2 * t->count);
+                opt_tensor_fill(l, i, &src, NULL, h->host);
+                tier_add(rt, TIER_CPU, 2.0 * t->count); /* written pages, until released */
+                disk_release(rt, &m->disk, h->host, 2 * t->count, 0);
+            }
+            if (h->tier != TIER_DISK && !h->gpu && !h->host) rc = -1;
+        }
+        if (m->has_archive) progress(m, "placing weights", j + 1, L);
+    }
+    free(offsets);
+    for (int i = 0; i < l->n_tensors && rc == 0; i++) {
+        if (l->tensors[i].tied_to >= 0) m->homes[i] = m->homes[l->tensors[i].tied_to];
+        if (m->homes[i].tier == TIER_GPU) *l->tensors[i].slot = m->homes[i].gpu;
+    }
+    for (int b = 0; b < 2 && rc == 0 && m->staging_floats; b++)
+        if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, 4 * m->staging_floats, "weight staging", err))) rc = -1;
+    if (m->has_archive) { /* every value is in its home now */
+        st_close(&m->archive);
+        m->has_archive = 0;
+    }
+    m->loaded = rc == 0;
+    return rc;
+}
+
+/* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ---- */
+
+static void weights_fetch_task(fg_runtime *rt, const io_task *task) {
+    fg_model *m = task->ctx;
+    for (int i = m->layer_first[task->arg[0]]; i < m->layer_first[task->arg[0] + 1]; i++)
+        if (m->homes[i].tier == TIER_DISK)
+            disk_fetch(rt, &m->disk, m->homes[i].host, 2 * m->layout.tensors[i].count);
+}
+
+static void weights_in_task(fg_runtime *rt, const io_task *task) {
+    fg_model *m = task->ctx;
+    float *staging = m->staging[task->arg[1]];
+    for (int i = m->layer_first[task->arg[0]]; i < m->layer_first[task->arg[0] + 1]; i++) {
+        const weight_home *h = &m->homes[i];
+        size_t n = m->layout.tensors[i].count;
+        if (h->tier == TIER_GPU) continue;
+        rt->backend->weights_in(staging + m->layout.tensors[i].offset, h->host, n);
+        link_add(rt, LINK_CPU_TO_GPU, 2.0 * n);
+        if (h->tier == TIER_DISK) disk_release(rt, &m->disk, h->host, 2 * n, 0);
+    }
+}
+
+/* Starts loading layer g % L of the step g / L into staging arena g % 2, unless it is there. */
+static void load_weights(fg_model *m, long g) {
+    int L = n_flexgen_layers(&m->view.cfg), j = (int)(g % L), buf = (int)(g % 2), on_disk = 0, staged = 0;
+    if (m->staged[buf] == g) return;
+    m->staged[buf] = g;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+        if (m->homes[i].tier == TIER_GPU) continue;
+        *m->layout.tensors[i].slot = m->staging[buf] + m->layout.tensors[i].offset;
+        on_disk |= m->homes[i].tier == TIER_DISK;
+        staged = 1;
+    }
+    if (!staged) return;
+    uint64_t read = 0;
+    if (on_disk)
+        read = io_submit(m->rt, IO_DISK, (io_task){weights_fetch_task, "read weights", 0, 0, m, {j, buf}});
+    io_submit(m->rt, IO_HOST, (io_task){weights_in_task, "load weights", IO_DISK, read, m, {j, buf}});
+}
+
+/* ============================================================================================
+ * A block in flight (§4.1): its GPU batches, their KV cache and activations on the tiers, and
+ * the staging arenas of the gpu tier that double-buffer what moves.
+ *
+ * KV cache and activations are split by the percentages along the batch dimension (§4.2): of a
+ * GPU batch's sequences, the first go to the gpu tier, the next to cpu, the rest to disk.
+ * Activations are the hidden states between layers, kept in fp32 (what the CPU computes in), so
+ * that placement cannot change a bit of the result.
+ * ============================================================================================ */
+
+typedef struct {
+    int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */
+} row_split;
+
+static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
+    int g = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
+    return (row_split){{g, gc - g, n - gc}};
+}
+
+static fg_tier tier_of(const row_split *s, int b) {
+    return b < s->rows[TIER_GPU] ? TIER_GPU : b < s->rows[TIER_GPU] + s->rows[TIER_CPU] ? TIER_CPU : TIER_DISK;
+}
+
+static fg_tier row_tier(const row_split *s, int b, int *index) {
+    fg_tier t = TIER_GPU;
+    while (t < TIER_DISK && b >= s->rows[t]) b -= s->rows[t++];
+    *index = b;
+    return t;
+}
+
+/* The sizes every allocation of a block follows; the plan check uses the same numbers. */
+typedef struct {
+    int gbs, ngb, max_prompt, max_len, stage_len;
+    row_split cache, act;
+    size_t row_floats;          /* hidden: floats per token */
+    double kv_home[N_TIERS];    /* bytes per tier */
+    double act_home[N_TIERS];
+    double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
+    double transient_cpu;       /* disk pages in memory while they move, at most */
+} block_shape;
+
+static block_shape shape_block(const fg_runtime *rt, const opt_config *c, int n_prompts,
+                               int max_prompt, int gen_len) {
+    const fg_policy *p = &rt->policy;
+    block_shape s;
+    memset(&s, 0, sizeof s);
+    s.gbs = n_prompts < p->gpu_batch_size ? n_prompts : p->gpu_batch_size;
+    int batches = (n_prompts + p->gpu_batch_size - 1) / p->gpu_batch_size;
+    s.ngb = batches < p->num_gpu_batches ? batches : p->num_gpu_batches;
+    s.max_prompt = max_prompt;
+    s.max_len = max_prompt + gen_len;
+    /* With delegation, decode reads the cache where it lives: only the prefill stages it. */
+    s.stage_len = p->cpu_cache_compute ? max_prompt : s.max_len;
+    s.cache = split_rows(s.gbs, p->percent[2], p->percent[3]);
+    s.act = split_rows(s.gbs, p->percent[4], p->percent[5]);
+    s.row_floats = (size_t)c->hidden;
+    double h = c->hidden, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
+    for (int t = 0; t < N_TIERS; t++) {
+        s.kv_home[t] = 2.0 * c->n_layers * s.ngb * 2 * s.cache.rows[t] * s.max_len * h;
+        s.act_home[t] = 4.0 * s.ngb * s.act.rows[t] * max_prompt * h;
+    }
+    s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
+    s.act_home[TIER_DISK] = (double)page_up((size_t)s.act_home[TIER_DISK]);
+    s.kv_stage = staged_rows > 0 ? 2 * 2 * 2.0 * staged_rows * s.stage_len * h : 0;
+    s.x_stage = 2 * 4.0 * s.gbs * max_prompt * h;
+    s.workspace = (double)opt_workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
+    s.logits = 4.0 * s.gbs * s.ngb * c->vocab;
+    /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
+    s.transient_cpu = 2 * (2 * 2.0 * s.cache.rows[TIER_DISK] * s.max_len * h +
+                           4.0 * s.act.rows[TIER_DISK] * max_prompt * h + 2 * page_size());
+    return s;
+}
+
+typedef struct {
+    fg_model *m;
+    fg_runtime *rt;
+    block_shape s;
+    gpu_batch *gb;   /* [ngb] */
+    int n_batches;   /* in this block (the last block may have fewer) */
+    int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
+    opt_workspace ws;
+    float *logits;   /* [gbs * ngb][vocab] */
+    fp16 *kv_home[N_TIERS];   /* [ngb][n_layers][K, V][rows][max_len][hidden] */
+    float *act_home[N_TIERS]; /* [ngb][rows][max_prompt][hidden] */
+    fp16 *kv_stage[2];        /* [K, V][non-gpu rows][stage_len][hidden] */
+    float *x_stage[2];        /* [gbs * max_prompt][hidden]: gb->x of the iteration */
+    disk_arena disk;
+    int has_ws;
+} block;
+
+/* Sequence b's cache rows of `layer` in GPU batch k: K (kv 0) or V (kv 1), where they live. */
+static fp16 *kv_home_rows(const block *bl, int k, int layer, int kv, int b) {
+    int r;
+    fg_tier t = row_tier(&bl->s.cache, b, &r);
+    size_t idx = (((size_t)k * bl->m->view.cfg.n_layers + layer) * 2 + kv) * bl->s.cache.rows[t] + r;
+    return bl->kv_home[t] + idx * bl->s.max_len * bl->s.row_floats;
+}
+
+static fp16 *kv_stage_rows(const block *bl, int buf, int kv, int b) {
+    int staged = bl->s.gbs - bl->s.cache.rows[TIER_GPU];
+    size_t idx = (size_t)kv * staged + (b - bl->s.cache.rows[TIER_GPU]);
+    return bl->kv_stage[buf] + idx * bl->s.stage_len * bl->s.row_floats;
+}
+
+static float *act_home_rows(const block *bl, int k, int b) {
+    int r;
+    fg_tier t = row_tier(&bl->s.act, b, &r);
+    return bl->act_home[t] + ((size_t)k * bl->s.act.rows[t] + r) * bl->s.max_prompt * bl->s.row_floats;
+}
+
+static void free_block(block *bl) {
+    fg_runtime *rt = bl->rt;
+    const block_shape *s = &bl->s;
+    for (int k = 0; bl->gb && k < s->ngb; k++) gpu_batch_free(&bl->gb[k]);
+    free(bl->gb);
+    if (bl->has_ws) opt_workspace_free(&bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
+    tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
+    for (int t = TIER_GPU; t <= TIER_CPU; t++) {
+        tier_free(rt, (fg_tier)t, bl->kv_home[t], (size_t)s->kv_home[t]);
+        tier_free(rt, (fg_tier)t, bl->act_home[t], (size_t)s->act_home[t]);
+    }
+    for (int b = 0; b < 2; b++) {
+        tier_free(rt, TIER_GPU, bl->kv_stage[b], (size_t)s->kv_stage / 2);
+        tier_free(rt, TIER_GPU, bl->x_stage[b], (size_t)s->x_stage / 2);
+    }
+    if (bl->disk.base) tier_add(rt, TIER_DISK, -(s->kv_home[TIER_DISK] + s->act_home[TIER_DISK]));
+    arena_close(&bl->disk);
+    memset(bl, 0, sizeof *bl);
+}
+
+static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, int gen_len,
+                       char *err) {
+    fg_runtime *rt = m->rt;
+    memset(bl, 0, sizeof *bl);
+    bl->disk.fd = -1;
+    bl->m = m;
+    bl->rt = rt;
+    bl->s = shape_block(rt, &m->view.cfg, n_prompts, max_prompt, gen_len);
+    const block_shape *s = &bl->s;
+    bl->gb = calloc((size_t)s->ngb, sizeof *bl->gb);
+    if (!bl->gb) return fg_fail(err, "out of memory");
+    for (int k = 0; k < s->ngb; k++)
+        if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
+    for (int t = TIER_GPU; t <= TIER_CPU; t++) {
+        if (s->kv_home[t] && !(bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err))) goto fail;
+        if (s->act_home[t] && !(bl->act_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err))) goto fail;
+    }
+    double on_disk = s->kv_home[TIER_DISK] + s->act_home[TIER_DISK];
+    if (on_disk > 0) {
+        if (tier_take(rt, TIER_DISK, on_disk, "the KV cache and activations", err)) goto fail;
+        int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
+        if (fd < 0 || arena_map(&bl->disk, fd, (size_t)on_disk, "--offload-dir", rt->offload_dir, err)) {
+            tier_add(rt, TIER_DISK, -on_disk);
+            goto fail;
+        }
+        bl->kv_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->kv_home[TIER_DISK]);
+        bl->act_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->act_home[TIER_DISK]);
+    }
+    for (int b = 0; b < 2; b++) {
+        if (s->kv_stage && !(bl->kv_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->kv_stage / 2, "KV cache staging", err))) goto fail;
+        if (!(bl->x_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err))) goto fail;
+    }
+    if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) goto fail;
+    if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) goto fail;
+    if (opt_workspace_init(&bl->ws, &m->view.cfg, (size_t)s->gbs * max_prompt, s->max_len, err)) {
+        tier_add(rt, TIER_GPU, -s->workspace);
+        goto fail;
+    }
+    bl->has_ws = 1;
+    return 0;
+fail:
+    free_block(bl);
+    return -1;
+}
+
+/* ============================================================================================
+ * The plan check (§4.2): everything a run allocates, per tier, against the capacities, before
+ * any of it is allocated.
+ * ============================================================================================ */
+
+int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len, char *err) {
+    const fg_runtime *rt = m->rt;
+    block_shape s = shape_block(rt, &m->view.cfg, n_prompts, max_prompt, gen_len);
+    double w[N_TIERS], max_layer_disk;
+    weight_bytes(m, w, &max_layer_disk);
+    double staging = 2 * 4.0 * m->staging_floats;
+    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, N_ITEMS };
+    static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
+        "KV cache staging", "activations", "activation staging", "workspace and logits",
+        "disk pages in flight"};
+    double need[N_TIERS][N_ITEMS] = {{0}};
+    for (int t = 0; t < N_TIERS; t++) {
+        need[t][WEIGHTS] = w[t];
+        need[t][CACHE] = s.kv_home[t];
+        need[t][ACTS] = s.act_home[t];
+    }
+    need[TIER_GPU][W_STAGING] = staging;
+    need[TIER_GPU][C_STAGING] = s.kv_stage;
+    need[TIER_GPU][A_STAGING] = s.x_stage;
+    need[TIER_GPU][WORK] = s.workspace + s.logits;
+    need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s.transient_cpu;
+    double total[N_TIERS] = {0};
+    for (int t = 0; t < N_TIERS; t++) {
+        for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
+        if (total[t] <= rt->capacity[t]) continue;
+        char detail[400] = "";
+        for (int i = 0; i < N_ITEMS; i++) {
+            size_t len = strlen(detail);
+            if (need[t][i] > 0)
+                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "", items[i],
+                         human(need[t][i]).s);
+        }
+        return fg_fail(err, "%s tier: the plan needs %s (%s), %s gives %s", fg_tier_names[t],
+                       human(total[t]).s, detail, tier_flags[t], human(rt->capacity[t]).s);
+    }
+    double host = mem_available_bytes();
+    if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
+        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), "
+                            "%s available", human(total[TIER_GPU] + total[TIER_CPU]).s,
+                       human(total[TIER_GPU]).s, human(total[TIER_CPU]).s, human(host).s);
+    return 0;
+}
+
+/* ============================================================================================
+ * Moving the KV cache and activations (Fig. 4's load and store of cache and activations).
+ * Task arguments: GPU batch k, layer, staging buffer, first slot, slots.
+ * ============================================================================================ */
+
+enum { A_BATCH, A_LAYER, A_BUF, A_FIRST, A_COUNT };
+
+/* For each sequence b of GPU batch k whose rows live off the gpu tier, on tier t. */
+#define FOR_OFF_GPU(split, bl, k, b, t)                                                         \
+    for (int b = (split).rows[TIER_GPU]; b < (bl)->gb[k].batch; b++)                           \
+        for (fg_tier t = tier_of(&(split), b), once_ = 1; once_; once_ = 0)
+
+static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const int *a = task->arg;
+    size_t row = bl->s.row_floats * sizeof(fp16);
+    FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
+        for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
+            disk_fetch(rt, &bl->disk, kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + (size_t)a[A_FIRST] * bl->s.row_floats,
+                       (size_t)a[A_COUNT] * row);
+}
+
+static void cache_in_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const int *a = task->arg;
+    size_t row = bl->s.row_floats * sizeof(fp16), bytes = (size_t)a[A_COUNT] * row;
+    FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
+        for (int kv = 0; kv < 2; kv++) {
+            fp16 *home = kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b);
+            rt->backend->copy_in(kv_stage_rows(bl, a[A_BUF], kv, b), home, bytes);
+            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
+            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
+        }
+}
+
+static void cache_out_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const int *a = task->arg;
+    size_t row = bl->s.row_floats * sizeof(fp16), at = (size_t)a[A_FIRST] * bl->s.row_floats;
+    size_t bytes = (size_t)a[A_COUNT] * row;
+    FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
+        for (int kv = 0; kv < 2; kv++) {
+            rt->backend->copy_out(kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + at,
+                                  kv_stage_rows(bl, a[A_BUF], kv, b) + at, bytes);
+            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
+        }
+}
+
+/* Writes back the slots [first, first + count) of the disk rows; with delegation the past rows
+ * [0, first) were read in place and leave memory too. */
+static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const int *a = task->arg;
+    size_t row = bl->s.row_floats * sizeof(fp16), from = bl->delegate ? 0 : (size_t)a[A_FIRST];
+    FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
+        for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
+            disk_release(rt, &bl->disk, kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + from * bl->s.row_floats,
+                         (a[A_FIRST] + a[A_COUNT] - from) * row, (size_t)a[A_COUNT] * row);
+}
+
+static int is_decoder_layer(const block *bl, int j) { return j >= 1 && j <= bl->m->view.cfg.n_layers; }
+
+/* The past of layer j's cache for GPU batch k, into staging arena buf (nothing at prefill);
+ * with delegation, only disk pages come into memory, and attention reads them in place. */
+static void load_cache(block *bl, int j, int k, int buf) {
+    const gpu_batch *gb = &bl->gb[k];
+    if (!is_decoder_layer(bl, j) || gb->len == 0 || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
+    io_task t = {NULL, NULL, 0, 0, bl, {k, j - 1, buf, 0, gb->len}};
+    uint64_t read = 0;
+    if (bl->s.cache.rows[TIER_DISK]) {
+        t.fn = cache_fetch_task, t.name = "read cache";
+        read = io_submit(bl->rt, IO_DISK, t);
+    }
+    if (bl->delegate) return;
+    t.fn = cache_in_task, t.name = "load cache", t.after_link = IO_DISK, t.after_seq = read;
+    io_submit(bl->rt, IO_HOST, t);
+}
+
+/* This step's new rows of layer j's cache for GPU batch k, from staging arena buf to their home. */
+static void store_cache(block *bl, int j, int k, int buf) {
+    const gpu_batch *gb = &bl->gb[k];
+    if (!is_decoder_layer(bl, j) || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
+    io_task t = {NULL, NULL, 0, 0, bl, {k, j - 1, buf, gb->len, gb->n_new}};
+    uint64_t copied = 0;
+    if (!bl->delegate) {
+        t.fn = cache_out_task, t.name = "store cache";
+        copied = io_submit(bl->rt, IO_HOST, t);
+    } else { /* attention wrote them in place: they came from the compute device all the same */
+        size_t bytes = 2 * (size_t)gb->n_new * bl->s.row_floats * sizeof(fp16);
+        FOR_OFF_GPU(bl->s.cache, bl, k, b, tier) {
+            link_add(bl->rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (tier == TIER_DISK) tier_add(bl->rt, TIER_CPU, (double)bytes);
+        }
+    }
+    if (!bl->s.cache.rows[TIER_DISK]) return;
+    t.fn = cache_writeback_task, t.name = "write cache", t.after_link = IO_HOST, t.after_seq = copied;
+    io_submit(bl->rt, IO_DISK, t);
+}
+
+/* Activations: the rows of each sequence (n_new tokens) between its home and staging arena buf. */
+static size_t act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].n_new * bl->s.row_floats * sizeof(float); }
+static float *x_rows(const block *bl, int buf, int k, int b) { return bl->x_stage[buf] + (size_t)b * bl->gb[k].n_new * bl->s.row_floats; }
+
+static void act_fetch_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->arg[A_BATCH];
+    FOR_OFF_GPU(bl->s.act, bl, k, b, t)
+        if (t == TIER_DISK) disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
+}
+
+static void act_in_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->arg[A_BATCH], buf = task->arg[A_BUF];
+    for (int b = 0; b < bl->gb[k].batch; b++) {
+        fg_tier t = tier_of(&bl->s.act, b);
+        if (t == TIER_GPU) {
+            rt->backend->copy(x_rows(bl, buf, k, b), act_home_rows(bl, k, b), act_bytes(bl, k));
+            continue;
+        }
+        rt->backend->copy_in(x_rows(bl, buf, k, b), act_home_rows(bl, k, b), act_bytes(bl, k));
+        link_add(rt, LINK_CPU_TO_GPU, (double)act_bytes(bl, k));
+        if (t == TIER_DISK) disk_release(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k), 0);
+    }
+}
+
+static void act_out_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->arg[A_BATCH], buf = task->arg[A_BUF];
+    for (int b = 0; b < bl->gb[k].batch; b++) {
+        fg_tier t = tier_of(&bl->s.act, b);
+        if (t == TIER_GPU) {
+            rt->backend->copy(act_home_rows(bl, k, b), x_rows(bl, buf, k, b), act_bytes(bl, k));
+            continue;
+        }
+        rt->backend->copy_out(act_home_rows(bl, k, b), x_rows(bl, buf, k, b), act_bytes(bl, k));
+        link_add(rt, LINK_GPU_TO_CPU, (double)act_bytes(bl, k));
+        if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)act_bytes(bl, k));
+    }
+}
+
+static void act_writeback_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->arg[A_BATCH];
+    FOR_OFF_GPU(bl->s.act, bl, k, b, t)
+        if (t == TIER_DISK)
+            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k), act_bytes(bl, k));
+}
+
+/* The input of layer j for GPU batch k (the output of layer j - 1) into staging arena buf.
+ * Returns the task to wait for. The input embedding reads token ids, not activations. */
+static uint64_t load_hidden(block *bl, int j, int k, int buf) {
+    if (j == 0) return 0;
+    io_task t = {act_fetch_task, "read activations", 0, 0, bl, {k, j, buf}};
+    uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(bl->rt, IO_DISK, t) : 0;
+    t.fn = act_in_task, t.name = "load activations", t.after_link = IO_DISK, t.after_seq = read;
+    return io_submit(bl->rt, IO_HOST, t);
+}
+
+/* The output of layer j for GPU batch k, from staging arena buf to its home. The output
+ * embedding's result is the logits, which stay with the block. */
+static void store_hidden(block *bl, int j, int k, int buf) {
+    if (j == n_flexgen_layers(&bl->m->view.cfg) - 1) return;
+    io_task t = {act_out_task, "store activations", 0, 0, bl, {k, j, buf}};
+    uint64_t copied = io_submit(bl->rt, IO_HOST, t);
+    if (!bl->s.act.rows[TIER_DISK]) return;
+    t.fn = act_writeback_task, t.name = "write activations", t.after_link = IO_HOST, t.after_seq = copied;
+    io_submit(bl->rt, IO_DISK, t);
+}
+
 /* ============================================================================================
  * The block schedule (§4.1, Fig. 4)
  * ============================================================================================ */
 
-/* A block in flight: its GPU batches, the workspace they share, this step's logits. */
-typedef struct {
-    const opt_weights *w;
-    gpu_batch *gpu_batches;
-    int num_gpu_batches;
-    opt_workspace ws;
-    float *logits; /* [block][vocab] */
-} block_state;
-
-/* FlexGen's layer list: input embedding, the decoder layers, output embedding. */
-static int num_layers(const opt_weights *w) { return w->cfg.n_layers + 2; }
-
-static void compute_layer(block_state *st, int j, int k) {
-    gpu_batch *gb = &st->gpu_batches[k];
-    if (j == 0) {
-        opt_embed(st->w, gb, &st->ws);
-    } else if (j <= st->w->cfg.n_layers) {
-        opt_layer(st->w, j - 1, gb, &st->ws);
-    } else {
-        size_t first_row = 0;
-        for (int i = 0; i < k; i++) first_row += st->gpu_batches[i].batch;
-        opt_output(st->w, gb, &st->ws, st->logits + first_row * st->w->cfg.vocab);
+/* Points GPU batch k at this iteration's activations and at layer j's cache rows: in their home
+ * on the gpu tier (or, delegated, on cpu and disk), in staging otherwise. */
+static void bind_batch(block *bl, int j, int k, int buf) {
+    gpu_batch *gb = &bl->gb[k];
+    gb->x = bl->x_stage[buf];
+    if (!is_decoder_layer(bl, j)) return;
+    for (int b = 0; b < gb->batch; b++) {
+        int on_gpu = b < bl->s.cache.rows[TIER_GPU], home = on_gpu || bl->delegate;
+        gb->k[b] = home ? kv_home_rows(bl, k, j - 1, 0, b) : kv_stage_rows(bl, buf, 0, b);
+        gb->v[b] = home ? kv_home_rows(bl, k, j - 1, 1, b) : kv_stage_rows(bl, buf, 1, b);
     }
 }
 
-/* One generated token for the whole block: the two inner loops of Fig. 4. Weights of layer j
- * are read once for all GPU batches; the I/O overlap comes with the tiers (issue 3). */
-static void generation_step(block_state *st) {
-    for (int j = 0; j < num_layers(st->w); j++)
-        for (int k = 0; k < st->num_gpu_batches; k++) compute_layer(st, j, k);
+static void compute_layer(block *bl, int j, int k, int buf) {
+    static const char *const names[3] = {"input embedding", "decoder layer", "output embedding"};
+    const fg_backend *be = bl->rt->backend;
+    const opt_weights *w = &bl->m->view;
+    gpu_batch *gb = &bl->gb[k];
+    bind_batch(bl, j, k, buf);
+    double start = now_seconds();
+    if (j == 0) {
+        be->embed(w, gb, &bl->ws);
+    } else if (is_decoder_layer(bl, j)) {
+        be->layer(w, j - 1, gb, &bl->ws);
+    } else {
+        be->output(w, gb, &bl->ws, bl->logits + (size_t)k * bl->s.gbs * w->cfg.vocab);
+    }
+    trace_add(bl->rt, TRACK_COMPUTE, names[j == 0 ? 0 : is_decoder_layer(bl, j) ? 1 : 2], j, k,
+              start, now_seconds());
+}
+
+/* One generated token (step i) for the whole block: the two inner loops of Fig. 4. Weights of
+ * layer j are loaded once and used by every GPU batch of the block; while batch k computes, the
+ * next layer's weights, batch k - 1's results and batch k + 1's inputs move on the I/O links.
+ * Iteration t uses staging arena t % 2, so what moves never touches what computes. */
+static double generation_step(block *bl, int i, int last_step) {
+    int L = n_flexgen_layers(&bl->m->view.cfg), K = bl->n_batches;
+    double compute = 0;
+    for (int j = 0; j < L; j++) {
+        for (int k = 0; k < K; k++) {
+            long t = ((long)i * L + j) * K + k;
+            int prev_j = k > 0 ? j : j - 1, prev_k = k > 0 ? k - 1 : K - 1;
+            int next_j = k + 1 < K ? j : j + 1, next_k = k + 1 < K ? k + 1 : 0;
+            if (k == 0 && !(last_step && j == L - 1)) load_weights(bl->m, (long)i * L + j + 1);
+            if (prev_j >= 0) {
+                store_cache(bl, prev_j, prev_k, (int)((t + 1) % 2));
+                store_hidden(bl, prev_j, prev_k, (int)((t + 1) % 2));
+            }
+            if (K == 1) /* the input is the output just stored: nothing to overlap it with */
+                io_wait(bl->rt, IO_HOST, load_hidden(bl, j, k, (int)(t % 2)));
+            if (next_j < L) {
+                load_cache(bl, next_j, next_k, (int)((t + 1) % 2));
+                if (K > 1) load_hidden(bl, next_j, next_k, (int)((t + 1) % 2));
+            }
+            double start = now_seconds();
+            compute_layer(bl, j, k, (int)(t % 2));
+            compute += now_seconds() - start;
+            io_sync(bl->rt);
+        }
+    }
+    for (int k = 0; k < K; k++) bl->gb[k].len += bl->gb[k].n_new;
+    return compute;
 }
 
 /* Loads a block's prompts, left-padded to the longest, as the prefill step's input. */
-static void start_block(block_state *st, int *const *prompts, const int *lens, int first,
-                        int count, int gpu_batch_size) {
-    int padded = 0;
+static void start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
+    int padded = 0, gbs = bl->s.gbs;
     for (int i = 0; i < count; i++) padded = lens[first + i] > padded ? lens[first + i] : padded;
-    st->num_gpu_batches = (count + gpu_batch_size - 1) / gpu_batch_size;
-    for (int k = 0; k < st->num_gpu_batches; k++) {
-        gpu_batch *gb = &st->gpu_batches[k];
-        int base = first + k * gpu_batch_size;
-        gb->batch = count - k * gpu_batch_size < gpu_batch_size ? count - k * gpu_batch_size
-                                                                : gpu_batch_size;
+    bl->n_batches = (count + gbs - 1) / gbs;
+    for (int k = 0; k < bl->n_batches; k++) {
+        gpu_batch *gb = &bl->gb[k];
+        int base = first + k * gbs;
+        gb->batch = count - k * gbs < gbs ? count - k * gbs : gbs;
         gb->len = 0;
         gb->n_new = padded;
         for (int b = 0; b < gb->batch; b++) {
@@ -92,12 +1321,12 @@ static void start_block(block_state *st, int *const *prompts, const int *lens, i
 
 /* Chooses each sequence's next token and makes it the next step's input. Returns how many
  * sequences are still running. */
-static int choose_tokens(block_state *st, const gen_options *opt, int step, int first, int count,
+static int choose_tokens(block *bl, const gen_options *opt, int step, int first, int count,
                          int *out_tokens, float *logits_out, char *done, fg_rng *rng,
                          float *scratch) {
-    int vocab = st->w->cfg.vocab, running = 0;
+    int vocab = bl->m->view.cfg.vocab, running = 0;
     for (int s = 0; s < count; s++) {
-        const float *row = st->logits + (size_t)s * vocab;
+        const float *row = bl->logits + (size_t)s * vocab;
         int p = first + s;
         if (logits_out && !done[s])
             memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
@@ -105,14 +1334,15 @@ static int choose_tokens(block_state *st, const gen_options *opt, int step, int 
         out_tokens[(size_t)p * opt->gen_len + step] = done[s] ? OPT_PAD_ID : tok;
         if (opt->stop_at_eos && tok == OPT_EOS_ID) done[s] = 1;
         running += !done[s];
-        st->gpu_batches[s / opt->gpu_batch_size].tokens[s % opt->gpu_batch_size] = tok;
+        bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
     }
-    for (int k = 0; k < st->num_gpu_batches; k++) st->gpu_batches[k].n_new = 1;
+    for (int k = 0; k < bl->n_batches; k++) bl->gb[k].n_new = 1;
     return running;
 }
 
 static int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens,
                          int gen_len, char *err) {
+    if (n < 1) return fg_fail(err, "no prompts");
     for (int p = 0; p < n; p++) {
         if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
         if (lens[p] + gen_len > c->max_pos)
@@ -126,110 +1356,62 @@ static int check_prompts(const opt_config *c, int n, int *const *prompts, const 
     return 0;
 }
 
-static void free_block(block_state *st, int n_batches) {
-    for (int k = 0; k < n_batches; k++) gpu_batch_free(&st->gpu_batches[k]);
-    free(st->gpu_batches);
-    opt_workspace_free(&st->ws);
-    free(st->logits);
-}
-
-static int alloc_block(block_state *st, const opt_weights *w, const gen_options *opt,
-                       int max_prompt, char *err) {
-    memset(st, 0, sizeof *st);
-    st->w = w;
-    int gbs = opt->gpu_batch_size, ngb = opt->num_gpu_batches, max_len = max_prompt + opt->gen_len;
-    st->gpu_batches = calloc((size_t)ngb, sizeof *st->gpu_batches);
-    st->logits = malloc((size_t)gbs * ngb * w->cfg.vocab * sizeof(float));
-    if (!st->gpu_batches || !st->logits) {
-        free_block(st, 0);
-        return fg_fail(err, "out of memory for a block of %d sequences", gbs * ngb);
-    }
-    for (int k = 0; k < ngb; k++)
-        if (gpu_batch_init(&st->gpu_batches[k], &w->cfg, gbs, max_len, max_prompt, err)) {
-            free_block(st, k);
-            return -1;
-        }
-    if (opt_workspace_init(&st->ws, &w->cfg, (size_t)gbs * max_prompt, max_len, err)) {
-        free_block(st, ngb);
-        return -1;
-    }
-    return 0;
-}
-
-int generate(const opt_weights *w, const gen_options *opt, int n_prompts, int *const *prompts,
+int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing,
              char *err) {
-    const opt_config *c = &w->cfg;
+    const opt_config *c = &m->view.cfg;
+    fg_runtime *rt = m->rt;
     if (check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err)) return -1;
-    int max_prompt = 1, block = opt->gpu_batch_size * opt->num_gpu_batches;
+    int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
-    block_state st;
-    if (alloc_block(&st, w, opt, max_prompt, err)) return -1;
+    if (fg_check_plan(m, n_prompts, max_prompt, opt->gen_len, err)) return -1;
+    if (!m->loaded && load_weights_into_homes(m, err)) return -1;
+    block bl;
+    if (alloc_block(&bl, m, n_prompts, max_prompt, opt->gen_len, err)) return -1;
+    int block_size = bl.s.gbs * bl.s.ngb;
     float *scratch = malloc((size_t)2 * c->vocab * sizeof(float));
-    char *done = calloc((size_t)block, 1);
+    char *done = calloc((size_t)block_size, 1);
     if (!scratch || !done) {
         free(scratch);
         free(done);
-        free_block(&st, opt->num_gpu_batches);
+        free_block(&bl);
         return fg_fail(err, "out of memory");
     }
     if (logits) memset(logits, 0, (size_t)n_prompts * opt->gen_len * c->vocab * sizeof(float));
     for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
     memset(timing, 0, sizeof *timing);
+    double disk_read_before = rt->disk_read_seconds;
     fg_rng rng;
     rng_seed(&rng, opt->seed);
-    int n_blocks = (n_prompts + block - 1) / block;
-    for (int first = 0, blk = 0; first < n_prompts; first += block, blk++) {
-        int count = n_prompts - first < block ? n_prompts - first : block;
-        start_block(&st, prompts, prompt_lens, first, count, opt->gpu_batch_size);
-        memset(done, 0, (size_t)block);
-        timing->prefill_tokens += (int64_t)count * st.gpu_batches[0].n_new;
+    int n_blocks = (n_prompts + block_size - 1) / block_size;
+    for (int first = 0, blk = 0; first < n_prompts; first += block_size, blk++) {
+        int count = n_prompts - first < block_size ? n_prompts - first : block_size;
+        start_block(&bl, prompts, prompt_lens, first, count);
+        memset(done, 0, (size_t)block_size);
+        timing->prefill_tokens += (int64_t)count * bl.gb[0].n_new;
+        double t0 = now_seconds();
+        m->staged[0] = m->staged[1] = -1;
+        load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
+        io_sync(rt);
         for (int i = 0; i < opt->gen_len; i++) { /* i == 0 is the prefill */
-            double t0 = now_seconds();
-            generation_step(&st);
-            int running = choose_tokens(&st, opt, i, first, count, out_tokens, logits, done, &rng,
+            bl.delegate = rt->policy.cpu_cache_compute && i > 0;
+            timing->compute_seconds += generation_step(&bl, i, i + 1 == opt->gen_len);
+            int running = choose_tokens(&bl, opt, i, first, count, out_tokens, logits, done, &rng,
                                         scratch);
-            double dt = now_seconds() - t0;
-            if (i == 0) timing->prefill_latency += dt;
-            else timing->decode_latency += dt, timing->decode_tokens += count;
+            double t1 = now_seconds();
+            if (i == 0) timing->prefill_latency += t1 - t0;
+            else timing->decode_latency += t1 - t0, timing->decode_tokens += count;
+            t0 = t1;
             if (opt->verbose)
                 fprintf(stderr, "\rblock %d/%d: token %d/%d", blk + 1, n_blocks, i + 1, opt->gen_len);
             if (running == 0) break;
         }
     }
     if (opt->verbose) fprintf(stderr, "\n");
+    timing->disk_read_seconds = rt->disk_read_seconds - disk_read_before;
     free(scratch);
     free(done);
-    free_block(&st, opt->num_gpu_batches);
-    return 0;
-}
-
-/* ============================================================================================
- * Plan check: everything the run allocates, against the memory there is, before any compute.
- * ============================================================================================ */
-
-static double mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    double kb = 0;
-    char line[256];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    if (kb > 0) return kb * 1024;
-    return (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
-}
-
-static int check_plan(const opt_config *c, const gen_options *opt, int max_prompt, char *err) {
-    double h = c->hidden, rows = (double)opt->gpu_batch_size * max_prompt;
-    double block = (double)opt->gpu_batch_size * opt->num_gpu_batches;
-    double weights = 4.0 * opt_param_count(c);
-    double kv = 2.0 * 2 * c->n_layers * block * (max_prompt + opt->gen_len) * h;
-    double ws = 4.0 * rows * (5 * h + (c->ffn > h ? c->ffn : h)) + 4.0 * block * (c->vocab + h);
-    double need = weights + kv + ws, have = mem_available_bytes();
-    if (need > have)
-        return fg_fail(err, "gpu tier: the plan needs %.2f GB (fp32 weights %.2f, KV cache %.2f, "
-                         "workspace %.2f), %.2f GB available", need / 1e9, weights / 1e9, kv / 1e9,
-                    ws / 1e9, have / 1e9);
+    free_block(&bl);
     return 0;
 }
 
@@ -238,10 +1420,11 @@ static int check_plan(const opt_config *c, const gen_options *opt, int max_promp
  * ============================================================================================ */
 
 typedef struct {
-    const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges;
+    const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *trace;
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
     gen_options gen;
+    fg_policy policy;
 } cli_args;
 
 static void usage(FILE *out) {
@@ -249,13 +1432,17 @@ static void usage(FILE *out) {
 "usage: flexgen [options]\n"
 "       flexgen tokenize --vocab FILE --merges FILE   (stdin lines -> token ids, no BOS)\n"
 "\n"
-"Generates text with an OPT model on the CPU, walking blocks of GPU batches in the order of\n"
-"the FlexGen paper's Fig. 4, and prints FlexGen's benchmark report.\n"
+"Generates text with an OPT model, placing weights, KV cache and activations on the gpu, cpu\n"
+"and disk tiers and walking blocks of GPU batches in the order of the FlexGen paper's Fig. 4\n"
+"with I/O overlapped, then prints FlexGen's benchmark report. Without a GPU (this build) the\n"
+"gpu tier is the CPU's working set of fp32 weights and buffers.\n"
 "\n"
 "model\n"
 "  --model NAME|DIR        opt-125m ... opt-175b with dummy weights, or an HF checkpoint\n"
 "                          directory (config.json + model.safetensors or its shard index)\n"
 "                          [opt-125m]\n"
+"  --path DIR              dummy weights placed on disk are written here once and reused\n"
+"                          [$XDG_CACHE_HOME/flexgen or ~/.cache/flexgen]\n"
 "  --vocab F, --merges F   tokenizer files (default: vocab.json, merges.txt in DIR)\n"
 "prompts (synthetic ones of --prompt-len tokens when none are given)\n"
 "  --prompt TEXT           a prompt (repeatable); needs a tokenizer; BOS is prepended\n"
@@ -264,29 +1451,43 @@ static void usage(FILE *out) {
 "  --prompt-len N          length of synthetic prompts [512]\n"
 "generation\n"
 "  --gen-len N             tokens to generate per prompt [32]\n"
-"  --gpu-batch-size N      sequences per GPU batch [16]\n"
-"  --num-gpu-batches N     GPU batches per block; a block is their product, and prompts are\n"
-"                          processed a block at a time (the last may be partial) [2]\n"
 "  --temperature T         0 is greedy; > 0 samples from softmax(logits / T) [0]\n"
 "  --top-p P               nucleus sampling mass, in (0, 1] [1]\n"
 "  --seed N                seed of dummy weights, synthetic prompts and sampling [0]\n"
 "  --stop-at-eos           stop a sequence after it generates </s>\n"
+"policy (paper section 4.2)\n"
+"  --gpu-batch-size N      sequences per GPU batch [16]\n"
+"  --num-gpu-batches N     GPU batches per block; a block is their product, and prompts are\n"
+"                          processed a block at a time (the last may be partial) [2]\n"
+"  --percent WG WC CG CC HG HC\n"
+"                          percent of weights, KV cache and activations on the gpu and cpu\n"
+"                          tiers; disk holds the rest of each [100 0 100 0 100 0]\n"
+"  --overlap 0|1           I/O on its own threads, overlapped with compute [1]\n"
+"  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
+"                          the cache lives\n"
+"  --pin-weight 0|1        pinned cpu-tier weights (CUDA backend only; no effect here) [1]\n"
+"  --gpu-mem SIZE, --cpu-mem SIZE, --disk-mem SIZE\n"
+"                          tier capacities, e.g. 16G, 512M (K, M, G, T are powers of 1024)\n"
+"                          [available memory; free space in the offload dir]\n"
+"  --offload-dir DIR       the disk tier's files, removed as soon as they are mapped [%s]\n"
 "output\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
 "                          token was chosen from, in prompt order\n"
+"  --trace F               a Chrome trace (load it in Perfetto): one track per thread\n"
 "  --json                  one JSON object on stdout instead of the report lines\n"
 "  --quiet                 no progress on stderr\n"
 "  --help                  this text\n"
 "\n"
-"Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2.\n");
+"Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2.\n",
+            FG_DEFAULT_OFFLOAD_DIR);
 }
 
-static int parse_int(const char *flag, const char *s, int min, int *out, char *err) {
+static int parse_int(const char *flag, const char *s, int min, int max, int *out, char *err) {
     char *end;
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || *s == 0 || *end || v < min || v > INT_MAX)
-        return fg_fail(err, "%s: expected an integer >= %d, got '%s'", flag, min, s ? s : "");
+    if (!s || errno || *s == 0 || *end || v < min || v > max)
+        return fg_fail(err, "%s: expected an integer in %d..%d, got '%s'", flag, min, max, s ? s : "");
     *out = (int)v;
     return 0;
 }
@@ -302,10 +1503,26 @@ static int parse_float(const char *flag, const char *s, double lo, double hi, fl
     return 0;
 }
 
+/* "16G", "512M", "1.5G", "4096": K, M, G, T are powers of 1024; a trailing B is allowed. */
+static int parse_size(const char *flag, const char *s, double *out, char *err) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    const char *units = "KMGT";
+    const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    if (u) v *= pow(1024, (double)(u - units + 1)), end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (errno || end == s || *end || !(v > 0) || v > 1e18)
+        return fg_fail(err, "%s: expected a size such as 16G or 512M, got '%s'", flag, s);
+    *out = v;
+    return 0;
+}
+
 static int is_value_flag(const char *f) {
     static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
         "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
-        "--num-gpu-batches", "--temperature", "--top-p", "--seed"};
+        "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
+        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
     return 0;
@@ -315,17 +1532,25 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     memset(a, 0, sizeof *a);
     a->model = "opt-125m";
     a->prompt_len = 512;
-    a->gen = (gen_options){.gpu_batch_size = 16, .num_gpu_batches = 2, .gen_len = 32,
-                           .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
+    a->gen = (gen_options){.gen_len = 32, .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
+    a->policy = fg_default_policy();
     a->prompts = calloc((size_t)argc, sizeof *a->prompts);
     if (!a->prompts) return fg_fail(err, "out of memory");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes_value = 1, rc = 0, seed;
+        fg_policy *p = &a->policy;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
         else if (!strcmp(f, "--json")) a->json = 1, takes_value = 0;
         else if (!strcmp(f, "--stop-at-eos")) a->gen.stop_at_eos = 1, takes_value = 0;
         else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, takes_value = 0;
+        else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
+        else if (!strcmp(f, "--percent")) {
+            for (int j = 0; j < 6 && rc == 0; j++)
+                rc = parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, &p->percent[j], err);
+            if (rc) return fg_fail(err, "--percent: expected six integers in 0..100 (wg wc cg cc hg hc)");
+            takes_value = 6;
+        }
         else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
         else if (!v) return fg_fail(err, "%s: missing value", f);
         else if (!strcmp(f, "--model")) a->model = v;
@@ -333,23 +1558,32 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--prompt-file")) a->prompt_file = v;
         else if (!strcmp(f, "--prompt-ids")) a->prompt_ids = v;
         else if (!strcmp(f, "--dump-logits")) a->dump_logits = v;
+        else if (!strcmp(f, "--trace")) a->trace = v, p->trace = 1;
         else if (!strcmp(f, "--vocab")) a->vocab = v;
         else if (!strcmp(f, "--merges")) a->merges = v;
-        else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, &a->prompt_len, err);
-        else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, &a->gen.gen_len, err);
-        else if (!strcmp(f, "--gpu-batch-size")) rc = parse_int(f, v, 1, &a->gen.gpu_batch_size, err);
-        else if (!strcmp(f, "--num-gpu-batches")) rc = parse_int(f, v, 1, &a->gen.num_gpu_batches, err);
+        else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
+        else if (!strcmp(f, "--path")) p->weight_dir = v;
+        else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
+        else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
+        else if (!strcmp(f, "--gpu-batch-size")) rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
+        else if (!strcmp(f, "--num-gpu-batches")) rc = parse_int(f, v, 1, INT_MAX, &p->num_gpu_batches, err);
+        else if (!strcmp(f, "--overlap")) rc = parse_int(f, v, 0, 1, &p->overlap, err);
+        else if (!strcmp(f, "--pin-weight")) rc = parse_int(f, v, 0, 1, &p->pin_weight, err);
+        else if (!strcmp(f, "--gpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_GPU], err);
+        else if (!strcmp(f, "--cpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_CPU], err);
+        else if (!strcmp(f, "--disk-mem")) rc = parse_size(f, v, &p->capacity[TIER_DISK], err);
         else if (!strcmp(f, "--temperature")) rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
         else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 1, &a->gen.top_p, err);
-        else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, &seed, err); a->gen.seed = (uint64_t)seed; }
+        else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
         if (rc) return -1;
         i += takes_value;
     }
+    a->policy.verbose = a->gen.verbose;
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
-    if ((long)a->gen.gpu_batch_size * a->gen.num_gpu_batches > 1 << 20)
+    if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
         return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
-                    (long)a->gen.gpu_batch_size * a->gen.num_gpu_batches);
+                    (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
     return 0;
 }
 
@@ -459,7 +1693,7 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
 static int synthetic_prompts(prompt_set *p, const cli_args *a, int vocab, char *err) {
     fg_rng rng;
     rng_seed(&rng, a->gen.seed ^ 0x5eedULL);
-    int n = a->gen.gpu_batch_size * a->gen.num_gpu_batches;
+    int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches;
     for (int i = 0; i < n; i++) {
         int *ids = malloc((size_t)a->prompt_len * sizeof *ids);
         if (!ids) return fg_fail(err, "out of memory");
@@ -468,11 +1702,6 @@ static int synthetic_prompts(prompt_set *p, const cli_args *a, int vocab, char *
         if (prompts_add(p, ids, a->prompt_len, err)) return -1;
     }
     return 0;
-}
-
-static int is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 static int file_exists(const char *path) { return access(path, F_OK) == 0; }
@@ -581,28 +1810,43 @@ static double peak_rss_bytes(void) {
 }
 
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
- * generated (decode) or processed (prefill) token. */
+ * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes. */
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
-                   const gen_timing *t, int max_prompt) {
-    const double GB = 1 << 30;
+                   const gen_timing *t, const fg_stats *st, int max_prompt) {
+    const double GiB = 1 << 30;
     int seq = max_prompt + a->gen.gen_len;
     double model = opt_model_bytes(c), cache = opt_cache_bytes(c, p->n, seq);
     double hidden = opt_hidden_bytes(c, p->n, seq), total = t->prefill_latency + t->decode_latency;
     double prefill_tp = t->prefill_tokens / fmax(t->prefill_latency, 1e-10);
     double decode_tp = t->decode_tokens / fmax(t->decode_latency, 1e-10);
     double total_tp = (double)p->n * a->gen.gen_len / fmax(total, 1e-10);
+    static const char *const link_keys[N_LINKS] = {"disk_to_cpu_bytes", "cpu_to_gpu_bytes",
+                                                   "gpu_to_cpu_bytes", "cpu_to_disk_bytes"};
     if (a->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", c->name);
         cJSON_AddNumberToObject(o, "num_prompts", p->n);
         cJSON_AddNumberToObject(o, "prompt_len", max_prompt);
         cJSON_AddNumberToObject(o, "gen_len", a->gen.gen_len);
-        cJSON_AddNumberToObject(o, "gpu_batch_size", a->gen.gpu_batch_size);
-        cJSON_AddNumberToObject(o, "num_gpu_batches", a->gen.num_gpu_batches);
+        cJSON_AddNumberToObject(o, "gpu_batch_size", a->policy.gpu_batch_size);
+        cJSON_AddNumberToObject(o, "num_gpu_batches", a->policy.num_gpu_batches);
+        cJSON_AddItemToObject(o, "percent", cJSON_CreateIntArray(a->policy.percent, 6));
+        cJSON_AddBoolToObject(o, "overlap", a->policy.overlap);
+        cJSON_AddBoolToObject(o, "cpu_cache_compute", a->policy.cpu_cache_compute);
         cJSON_AddNumberToObject(o, "model_size_bytes", model);
         cJSON_AddNumberToObject(o, "cache_size_bytes", cache);
         cJSON_AddNumberToObject(o, "hidden_size_bytes", hidden);
         cJSON_AddNumberToObject(o, "peak_rss_bytes", peak_rss_bytes());
+        for (int i = 0; i < N_TIERS; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "peak_%s_bytes", fg_tier_names[i]);
+            cJSON_AddNumberToObject(o, key, st->peak[i]);
+            snprintf(key, sizeof key, "capacity_%s_bytes", fg_tier_names[i]);
+            cJSON_AddNumberToObject(o, key, st->capacity[i]);
+        }
+        for (int i = 0; i < N_LINKS; i++) cJSON_AddNumberToObject(o, link_keys[i], st->link_bytes[i]);
+        cJSON_AddNumberToObject(o, "compute_seconds", t->compute_seconds);
+        cJSON_AddNumberToObject(o, "disk_read_seconds", t->disk_read_seconds);
         cJSON_AddNumberToObject(o, "prefill_latency", t->prefill_latency);
         cJSON_AddNumberToObject(o, "prefill_throughput", prefill_tp);
         cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
@@ -615,64 +1859,54 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_Delete(o);
         return;
     }
-    printf("model size: %.3f GB\tcache size: %.3f GB\thidden size (p): %.3f GB\n", model / GB,
-           cache / GB, hidden / GB);
-    printf("peak gpu mem: %.3f GB\tprojected: False\n", peak_rss_bytes() / GB);
+    printf("model size: %.3f GB\tcache size: %.3f GB\thidden size (p): %.3f GB\n", model / GiB,
+           cache / GiB, hidden / GiB);
+    printf("peak gpu mem: %.3f GB\tprojected: False\n", st->peak[TIER_GPU] / GiB);
     printf("prefill latency: %.3f s\tprefill throughput: %.3f token/s\n", t->prefill_latency, prefill_tp);
     printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency, decode_tp);
     printf("total latency: %.3f s\ttotal throughput: %.3f token/s\n", total, total_tp);
-}
-
-/* ---- the two commands ---- */
-
-static int load_model(const cli_args *a, opt_weights *w, char *err) {
-    if (is_dir(a->model)) {
-        if (a->gen.verbose) fprintf(stderr, "loading %s\n", a->model);
-        return opt_weights_load(a->model, w, err);
-    }
-    opt_config cfg;
-    if (opt_config_by_name(a->model, &cfg, err)) return -1;
-    if (a->gen.verbose) fprintf(stderr, "generating dummy weights for %s\n", cfg.name);
-    return opt_weights_dummy(&cfg, a->gen.seed, w, err);
-}
-
-static int model_config(const cli_args *a, opt_config *cfg, char *err) {
-    if (is_dir(a->model)) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/config.json", a->model);
-        return opt_config_from_json(path, cfg, err);
-    }
-    return opt_config_by_name(a->model, cfg, err);
+    printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GiB,
+           st->peak[TIER_CPU] / GiB, st->peak[TIER_DISK] / GiB);
+    printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
+           st->link_bytes[LINK_DISK_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_GPU] / GiB,
+           st->link_bytes[LINK_GPU_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_DISK] / GiB);
+    printf("compute: %.3f s\tdisk reads: %.3f s\n", t->compute_seconds, t->disk_read_seconds);
 }
 
 static int run(const cli_args *a, char *err) {
-    opt_config cfg;
     fg_tokenizer *tok = NULL;
     prompt_set p = {0};
-    opt_weights w = {0};
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
     int *tokens = NULL, rc = -1, max_prompt = 0;
     float *logits = NULL;
     gen_timing t;
-    if (model_config(a, &cfg, err) || open_tokenizer(a, &tok, err) ||
-        gather_prompts(a, tok, cfg.vocab, &p, err) ||
-        check_prompts(&cfg, p.n, p.ids, p.lens, a->gen.gen_len, err))
+    fg_stats st;
+    if (fg_runtime_open(&a->policy, &rt, err) || fg_model_open(rt, a->model, a->gen.seed, &m, err))
+        goto out;
+    const opt_config *cfg = fg_model_config(m);
+    if (open_tokenizer(a, &tok, err) || gather_prompts(a, tok, cfg->vocab, &p, err) ||
+        check_prompts(cfg, p.n, p.ids, p.lens, a->gen.gen_len, err))
         goto out;
     for (int i = 0; i < p.n; i++) max_prompt = p.lens[i] > max_prompt ? p.lens[i] : max_prompt;
-    if (check_plan(&cfg, &a->gen, max_prompt, err)) goto out;
+    if (fg_check_plan(m, p.n, max_prompt, a->gen.gen_len, err)) goto out;
     tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
     if (a->dump_logits)
-        logits = malloc((size_t)p.n * a->gen.gen_len * cfg.vocab * sizeof *logits);
+        logits = malloc((size_t)p.n * a->gen.gen_len * cfg->vocab * sizeof *logits);
     if (!tokens || (a->dump_logits && !logits)) { fg_fail(err, "out of memory"); goto out; }
-    if (load_model(a, &w, err) || generate(&w, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err))
-        goto out;
+    if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", cfg->name);
+    if (generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) goto out;
     if (a->dump_logits &&
-        dump_logits(a->dump_logits, logits, (size_t)p.n * a->gen.gen_len * cfg.vocab, err))
+        dump_logits(a->dump_logits, logits, (size_t)p.n * a->gen.gen_len * cfg->vocab, err))
         goto out;
+    if (a->trace && fg_trace_write(rt, a->trace, err)) goto out;
     if (tok && !a->json) print_texts(tok, &p, tokens, &a->gen);
-    report(a, &w.cfg, &p, &t, max_prompt);
+    fg_runtime_stats(rt, &st);
+    report(a, cfg, &p, &t, &st, max_prompt);
     rc = 0;
 out:
-    opt_weights_free(&w);
+    fg_model_close(m);
+    fg_runtime_close(rt);
     prompts_free(&p);
     if (tok) tokenizer_free(tok);
     free(tokens);

@@ -95,10 +95,9 @@ typedef struct {
 } opt_weights;
 
 /* Dummy weights, deterministic from seed whatever the thread count, scaled so that activations
- * stay finite through every layer of every size. */
+ * stay finite through every layer of every size. All tensors in one fp32 arena. */
 int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err);
-/* An HF checkpoint directory: config.json and model.safetensors, or the shards listed in
- * model.safetensors.index.json. Files are mapped, converted, and unmapped. */
+/* An HF checkpoint directory, all tensors in one fp32 arena. */
 int opt_weights_load(const char *dir, opt_weights *w, char *err);
 void opt_weights_free(opt_weights *w);
 /* Where checkpoint tensor `name` (HF name, with or without "model.") is held: its element [r][c]
@@ -134,11 +133,58 @@ int st_open_dir(const char *dir, st_archive *a, char *err);
 int st_open_file(const char *path, st_archive *a, char *err); /* appends one file's tensors */
 const st_tensor *st_find(const st_archive *a, const char *name);
 void st_close(st_archive *a);
+/* An HF checkpoint directory: its config.json (cfg->name becomes dir) and its archive, mapped. */
+int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err);
 
 /* ------------------------------------------------------------------------------------------
- * One GPU batch (§4.1: the unit the schedule of Fig. 4 computes): its sequences' hidden states
- * for the tokens in flight and its KV cache. Prompts are left-padded: sequence b's real tokens
- * start at cache slot pad[b]; position ids follow HF (slot - pad[b] + OPT_POS_OFFSET).
+ * The weight table, for the runtime's placement.
+ * ------------------------------------------------------------------------------------------ */
+/* The model's stored tensors, layer by layer, as the runtime places them (§4.2: weights are placed
+ * tensor by tensor within each layer). A layer's tensors tile one arena of layer_floats[layer]
+ * floats; tensor t starts at element offset and spans count (64-byte padding included). */
+typedef struct {
+    char name[96];        /* HF name without "model." (q_proj's for the fused q, k, v) */
+    int layer;            /* FlexGen's layer list: 0 input embedding, 1 .. n_layers decoder
+                             layers, n_layers + 1 output embedding */
+    size_t offset, count; /* elements, within the layer's arena */
+    float **slot;         /* the field of the view that points at the tensor's fp32 copy */
+    int tied_to;          /* -1, or the tensor whose values and home it shares (tied lm_head) */
+    int first_spec, n_specs; /* the checkpoint tensors that fill it (internal) */
+} opt_tensor;
+
+typedef struct {
+    opt_weights *view;    /* the compute view whose fields the slots name */
+    opt_tensor *tensors;
+    int n_tensors;
+    size_t *layer_floats; /* [n_layers + 2] */
+    void *specs;          /* the checkpoint tensor table (internal to opt_model.c) */
+    int n_specs;
+} opt_layout;
+
+/* Where values come from: a checkpoint (archive) or dummy weights (archive NULL, seed). */
+typedef struct {
+    const st_archive *archive;
+    uint64_t seed;
+} weight_source;
+
+/* Builds the table over view (view->cfg is set, view->layers allocated; opt_layout_free frees them
+ * unless view is set to NULL first). has_lm_head: the checkpoint has its own lm_head.weight. */
+int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int has_lm_head,
+                    char *err);
+void opt_layout_free(opt_layout *l);
+/* Every tensor the model needs is in the archive with its shape, and nothing else is. */
+int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const char *dir, char *err);
+/* Writes tensor t's values, rounded to fp16, in its stored layout: into dst32 (as fp32) or, when
+ * dst32 is NULL, into dst16. Both hold t's count elements. */
+void opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32,
+                     fp16 *dst16);
+
+/* ------------------------------------------------------------------------------------------
+ * One GPU batch (§4.1: the unit the schedule of Fig. 4 computes), as the compute device sees it
+ * for one layer: its sequences' hidden states for the tokens in flight and, for each sequence,
+ * where that layer's K and V cache rows are. The runtime points x, k and v at whichever tier
+ * holds them. Prompts are left-padded: sequence b's real tokens start at cache slot pad[b];
+ * position ids follow HF (slot - pad[b] + OPT_POS_OFFSET).
  * ------------------------------------------------------------------------------------------ */
 typedef struct {
     int batch;    /* sequences */
@@ -148,11 +194,12 @@ typedef struct {
     int *pad;     /* [batch] */
     int *tokens;  /* [batch][n_new] input ids of this step */
     float *x;     /* [batch * n_new][hidden] hidden states */
-    fp16 *k, *v;  /* [n_layers][batch][max_len][hidden], rounded to fp16 as produced */
+    fp16 **k, **v; /* [batch]: sequence b's cache of this layer, [max_len][hidden], fp16 */
 } gpu_batch;
 
-int gpu_batch_init(gpu_batch *gb, const opt_config *cfg, int batch, int max_len, int max_new,
-                   char *err);
+/* Allocates pad, tokens (batch x max_new) and the k, v pointer arrays; x and the cache rows
+ * belong to the caller. */
+int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
 
 /* Scratch buffers of the compute device, shared by all GPU batches. */
@@ -169,10 +216,12 @@ typedef struct {
 
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
                        char *err);
+size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
 void opt_workspace_free(opt_workspace *ws);
 
-/* The forward pass, one step of Fig. 4's innermost loop at a time. gb->tokens and gb->n_new
- * describe the step; opt_output() advances gb->len by n_new. */
+/* The forward pass, one step of Fig. 4's innermost loop at a time. gb->tokens, gb->len and
+ * gb->n_new describe the step; the caller advances gb->len by n_new after the step. opt_layer
+ * writes this step's K and V (rounded to fp16) into slots len .. len + n_new - 1 of gb->k, gb->v. */
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
 void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
 /* Logits of the last token of each sequence: [batch][vocab]. */
@@ -206,10 +255,82 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
 char *tokenizer_decode(const fg_tokenizer *t, const int *ids, int n_ids, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------
- * The runtime (flexgen.c).
+ * The runtime (flexgen.c): tiers, placement, the overlapped block schedule (§4.1, §4.2).
  * ------------------------------------------------------------------------------------------ */
+typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
+typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
+
+/* A policy (§4.2, §4.3): the block shape, where weights, KV cache and activations live, and how
+ * the schedule runs. */
 typedef struct {
     int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */
+    int percent[6];          /* wg wc cg cc hg hc: weights, KV cache, activations (hidden states)
+                                on the gpu and cpu tiers; disk holds the rest of each */
+    int overlap;             /* I/O on its own threads, overlapping compute (Fig. 4) */
+    int cpu_cache_compute;   /* decode attention over a cpu or disk cache runs on the CPU */
+    int pin_weight;          /* pinned cpu-tier weights (CUDA backend; no effect on the CPU) */
+    double capacity[N_TIERS]; /* bytes; 0: what the machine has */
+    const char *offload_dir; /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */
+    const char *weight_dir;  /* dummy weights placed on disk are written (once) here; NULL: the
+                                user's cache dir (~/.cache/flexgen) */
+    int trace;               /* record a Chrome trace (fg_trace_write) */
+    int verbose;             /* progress on stderr */
+} fg_policy;
+
+#define FG_DEFAULT_OFFLOAD_DIR "/var/tmp"
+
+/* FlexGen's default policy: everything on the gpu tier, overlap on, a 2 x 16 block. */
+fg_policy fg_default_policy(void);
+
+typedef struct {
+    double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS]; /* bytes */
+    double link_bytes[N_LINKS];                               /* bytes moved over each link */
+} fg_stats;
+
+extern const char *const fg_tier_names[N_TIERS];
+extern const char *const fg_link_names[N_LINKS];
+
+/* The compute device's operations (DESIGN.md, "Backends"). The schedule calls only these, so the
+ * same loop drives the CPU backend here and the CUDA backend (flexgen.cu). */
+typedef struct {
+    const char *name;
+    int gpu_is_host;                         /* the gpu tier is host memory (CPU backend) */
+    void *(*alloc)(size_t bytes);            /* gpu-tier memory, 64-byte aligned */
+    void (*free)(void *p);
+    void (*weights_in)(float *dst, const fp16 *src, size_t n); /* cpu -> gpu, fp16 -> working */
+    void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
+    void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
+    void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
+    void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
+    void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
+    void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+} fg_backend;
+
+extern const fg_backend fg_cpu_backend;
+
+/* One run: tiers with their accounting, the I/O threads, the trace. */
+typedef struct fg_runtime fg_runtime;
+int fg_runtime_open(const fg_policy *p, fg_runtime **rt, char *err);
+void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
+void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
+int fg_trace_write(const fg_runtime *rt, const char *path, char *err);
+
+/* The whole plan of a run (weights, KV cache, activations, staging, workspace, per tier) against
+ * the capacities, before anything is allocated. */
+typedef struct fg_model fg_model;
+int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len, char *err);
+
+/* A model whose weights the runtime places on its tiers: `model` is an OPT size name (dummy
+ * weights from seed) or an HF checkpoint directory. Opening validates and decides the placement;
+ * the weights are written to their homes on the first generate(). */
+int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
+/* Dummy weights for any configuration (tests use thin, deep ones). */
+int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **m,
+                        char *err);
+const opt_config *fg_model_config(const fg_model *m);
+void fg_model_close(fg_model *m);
+
+typedef struct {
     int gen_len;
     float temperature, top_p;
     uint64_t seed;
@@ -220,12 +341,15 @@ typedef struct {
 typedef struct {
     double prefill_latency, decode_latency; /* seconds, summed over blocks */
     int64_t prefill_tokens, decode_tokens;  /* FlexGen's counts: prompts x prompt_len, x (gen-1) */
+    double compute_seconds;                 /* time the compute thread spent computing */
+    double disk_read_seconds;               /* time the disk->cpu link spent reading */
 } gen_timing;
 
-/* Generates gen_len tokens for each prompt, in blocks of gpu_batch_size x num_gpu_batches.
- * out_tokens: [n_prompts][gen_len] (tokens after an EOS are OPT_PAD_ID with stop_at_eos).
- * logits: NULL, or [n_prompts][gen_len][vocab] (rows not computed are 0). */
-int generate(const opt_weights *w, const gen_options *opt, int n_prompts, int *const *prompts,
+/* Generates gen_len tokens for each prompt, in blocks of gpu_batch_size x num_gpu_batches, with
+ * the model's runtime policy. out_tokens: [n_prompts][gen_len] (tokens after an EOS are
+ * OPT_PAD_ID with stop_at_eos). logits: NULL, or [n_prompts][gen_len][vocab] (rows not computed
+ * are 0). */
+int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing,
              char *err);
 

@@ -160,7 +160,6 @@ void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = fp32_to_fp16(src[i]);
 }
 
-static float round_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
 
 /* ============================================================================================
  * Configs
@@ -482,9 +481,15 @@ void st_close(st_archive *a) {
 }
 
 /* ============================================================================================
- * Weights. One table lists every tensor of the model: its HF name, its checkpoint shape and where
- * each of its elements lives in the arena. Dummy initialisation, checkpoint loading and
+ * Weights. One table lists every checkpoint tensor of the model: its HF name, its shape, the
+ * FlexGen layer it belongs to and where each of its elements lives in that layer's arena.
+ * Dummy initialisation, checkpoint loading, the runtime's placement (flexgen.c) and
  * opt_weight_locate() all walk that table.
+ *
+ * FlexGen's layer list (§4.1): 0 is the input embedding (embed_tokens, embed_positions,
+ * project_in), 1 .. n_layers the decoder layers, n_layers + 1 the output embedding (project_out,
+ * the final layer norm, lm_head). A tied lm_head is a tensor of the output layer that shares
+ * embed_tokens' values and home, as FlexGen's OutputEmbed loads the embedding weights again.
  *
  * Linear weights are stored transposed, [in][out], so that every product is x[rows][in] times
  * W[in][out]: at decode's small batches OpenBLAS streams that layout 1.2-1.5x faster than the
@@ -494,7 +499,9 @@ void st_close(st_archive *a) {
 
 typedef struct {
     char name[96];      /* HF name without the "model." prefix */
-    float **slot;       /* the opt_weights pointer that records where the tensor starts, or NULL */
+    char source[96];    /* the checkpoint tensor its values come from (differs for a tied lm_head) */
+    float **slot;       /* the view pointer that records where its stored tensor starts, or NULL */
+    int layer;          /* FlexGen layer */
     int64_t rows, cols; /* the checkpoint's shape; cols == 0 for a vector */
     int kind;           /* how dummy weights fill it */
     size_t offset;      /* element [r][c] is at offset + r * row_stride + c * col_stride */
@@ -505,14 +512,21 @@ enum { FILL_MATRIX, FILL_EMBED, FILL_BIAS, FILL_LN_W, FILL_LN_B };
 
 typedef struct {
     tensor_spec *s;
-    int n;
-    size_t next; /* the arena's size so far, in floats */
+    int n, layer;
+    size_t next; /* the current layer's arena size so far, in floats */
+    size_t *layer_floats;
 } spec_list;
 
 static size_t reserve(spec_list *l, size_t floats) {
     size_t at = l->next;
     l->next += (floats + 15) & ~(size_t)15; /* 64-byte aligned */
     return at;
+}
+
+static void start_layer(spec_list *l, int layer) {
+    if (layer > 0) l->layer_floats[layer - 1] = l->next;
+    l->layer = layer;
+    l->next = 0;
 }
 
 static void add_spec(spec_list *l, float **slot, int64_t rows, int64_t cols, int kind,
@@ -522,7 +536,9 @@ static void add_spec(spec_list *l, float **slot, int64_t rows, int64_t cols, int
     va_start(ap, fmt);
     vsnprintf(s->name, sizeof s->name, fmt, ap);
     va_end(ap);
+    snprintf(s->source, sizeof s->source, "%s", s->name);
     s->slot = slot;
+    s->layer = l->layer;
     s->rows = rows;
     s->cols = cols;
     s->kind = kind;
@@ -544,14 +560,15 @@ static void layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c,
     int64_t h = c->hidden, f = c->ffn;
     const char *p = "decoder.layers";
     /* q, k, v: the columns 0, h and 2h of one [h][3h] matrix; their biases side by side. */
-    size_t qkv = reserve(l, 3 * (size_t)h * h), b = reserve(l, 3 * (size_t)h);
+    size_t qkv = reserve(l, 3 * (size_t)h * h);
     const char *names[3] = {"q_proj", "k_proj", "v_proj"};
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 3; j++)
         add_spec(l, j ? NULL : &L->wqkv, h, h, FILL_MATRIX, qkv + j * h, 1, 3 * h,
                  "%s.%d.self_attn.%s.weight", p, i, names[j]);
-        add_spec(l, j ? NULL : &L->bqkv, h, 0, FILL_BIAS, b + j * h, 1, 1, "%s.%d.self_attn.%s.bias",
-                 p, i, names[j]);
-    }
+    size_t b = reserve(l, 3 * (size_t)h);
+    for (int j = 0; j < 3; j++)
+        add_spec(l, j ? NULL : &L->bqkv, h, 0, FILL_BIAS, b + j * h, 1, 1,
+                 "%s.%d.self_attn.%s.bias", p, i, names[j]);
     ADD_LINEAR(l, &L->wo, h, h, "%s.%d.self_attn.out_proj.weight", p, i);
     ADD_PLAIN(l, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.out_proj.bias", p, i);
     ADD_PLAIN(l, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.self_attn_layer_norm.weight", p, i);
@@ -564,81 +581,82 @@ static void layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c,
     ADD_PLAIN(l, &L->ffn_ln_b, h, 0, FILL_LN_B, "%s.%d.final_layer_norm.bias", p, i);
 }
 
-/* Every tensor of the model in checkpoint order; l->s holds 8 + 16 * n_layers entries. */
-static void model_specs(opt_weights *w, int with_lm_head, spec_list *l) {
+/* Every tensor of the model, layer by layer; l->s holds 9 + 16 * n_layers entries. */
+static void model_specs(opt_weights *w, int has_lm_head, spec_list *l) {
     const opt_config *c = &w->cfg;
-    int64_t h = c->hidden;
+    int64_t h = c->hidden, n = c->n_layers;
     l->n = 0;
-    l->next = 0;
+    start_layer(l, 0);
     ADD_PLAIN(l, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED, "decoder.embed_tokens.weight");
     ADD_PLAIN(l, &w->embed_positions, c->max_pos + 2, h, FILL_EMBED, "decoder.embed_positions.weight");
-    if (c->word_dim != c->hidden) {
-        ADD_LINEAR(l, &w->project_out, c->word_dim, h, "decoder.project_out.weight");
-        ADD_LINEAR(l, &w->project_in, h, c->word_dim, "decoder.project_in.weight");
+    if (c->word_dim != c->hidden) ADD_LINEAR(l, &w->project_in, h, c->word_dim, "decoder.project_in.weight");
+    for (int i = 0; i < n; i++) {
+        start_layer(l, i + 1);
+        layer_specs(l, &w->layers[i], c, i);
     }
+    start_layer(l, (int)n + 1);
+    if (c->word_dim != c->hidden) ADD_LINEAR(l, &w->project_out, c->word_dim, h, "decoder.project_out.weight");
     if (c->pre_ln) {
         ADD_PLAIN(l, &w->final_ln_w, h, 0, FILL_LN_W, "decoder.final_layer_norm.weight");
         ADD_PLAIN(l, &w->final_ln_b, h, 0, FILL_LN_B, "decoder.final_layer_norm.bias");
     }
-    for (int i = 0; i < c->n_layers; i++) layer_specs(l, &w->layers[i], c, i);
-    if (with_lm_head)
-        ADD_PLAIN(l, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
+    ADD_PLAIN(l, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
+    if (!has_lm_head) /* tied (DESIGN.md, "OPT facts") */
+        snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source, "decoder.embed_tokens.weight");
+    start_layer(l, (int)n + 2);
 }
 
-/* Allocates the arena and points every slot into it. Returns the spec table. */
-static tensor_spec *weights_alloc(opt_weights *w, const opt_config *cfg, int with_lm_head,
-                                  int *n_specs, char *err) {
-    memset(w, 0, sizeof *w);
-    w->cfg = *cfg;
-    w->layers = calloc((size_t)cfg->n_layers, sizeof *w->layers);
-    spec_list l = {malloc((size_t)(8 + 16 * cfg->n_layers) * sizeof *l.s), 0, 0};
-    if (!w->layers || !l.s) {
-        free(l.s);
-        fg_fail(err, "out of memory for the weight table");
-        return NULL;
+static int is_tied(const tensor_spec *s) { return strcmp(s->name, s->source) != 0; }
+
+int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int has_lm_head,
+                    char *err) {
+    memset(l, 0, sizeof *l);
+    memset(view, 0, sizeof *view);
+    view->cfg = *cfg;
+    l->view = view;
+    int n_specs = 9 + 16 * cfg->n_layers;
+    view->layers = calloc((size_t)cfg->n_layers, sizeof *view->layers);
+    spec_list sl = {calloc((size_t)n_specs, sizeof *sl.s), 0, 0, 0,
+                    calloc((size_t)cfg->n_layers + 2, sizeof(size_t))};
+    l->tensors = calloc((size_t)n_specs, sizeof *l->tensors);
+    l->specs = sl.s;
+    l->layer_floats = sl.layer_floats;
+    if (!view->layers || !sl.s || !sl.layer_floats || !l->tensors) {
+        opt_layout_free(l);
+        return fg_fail(err, "out of memory for the weight table");
     }
-    model_specs(w, with_lm_head, &l);
-    w->storage = aligned_alloc(64, l.next * sizeof(float));
-    if (!w->storage) {
-        free(l.s);
-        fg_fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 working weights of %s",
-             l.next * 4.0 / 1e9, cfg->name);
-        return NULL;
+    model_specs(view, has_lm_head, &sl);
+    l->n_specs = sl.n;
+    /* A stored tensor starts at each spec with a slot; k and v pieces belong to q's. */
+    for (int i = 0; i < sl.n; i++) {
+        const tensor_spec *s = &sl.s[i];
+        if (!s->slot) { l->tensors[l->n_tensors - 1].n_specs++; continue; }
+        opt_tensor *t = &l->tensors[l->n_tensors++];
+        snprintf(t->name, sizeof t->name, "%s", s->name);
+        t->layer = s->layer;
+        t->offset = s->offset;
+        t->slot = s->slot;
+        t->first_spec = i;
+        t->n_specs = 1;
+        t->tied_to = -1;
+        for (int j = 0; j < l->n_tensors - 1 && is_tied(s); j++)
+            if (!strcmp(sl.s[l->tensors[j].first_spec].name, s->source)) t->tied_to = j;
     }
-    w->storage_floats = l.next;
-    for (int i = 0; i < l.n; i++)
-        if (l.s[i].slot) *l.s[i].slot = w->storage + l.s[i].offset;
-    if (!with_lm_head) w->lm_head = w->embed_tokens; /* tied (DESIGN.md, "OPT facts") */
-    *n_specs = l.n;
-    return l.s;
+    for (int i = 0; i < l->n_tensors; i++) { /* a tensor runs up to the next one or its layer's end */
+        opt_tensor *t = &l->tensors[i];
+        size_t end = i + 1 < l->n_tensors && l->tensors[i + 1].layer == t->layer
+                         ? l->tensors[i + 1].offset : l->layer_floats[t->layer];
+        t->count = end - t->offset;
+    }
+    return 0;
 }
 
-void opt_weights_free(opt_weights *w) {
-    free(w->storage);
-    free(w->layers);
-    memset(w, 0, sizeof *w);
-}
-
-int opt_weight_locate(const opt_weights *w, const char *name, const float **first,
-                      size_t *row_stride, size_t *col_stride) {
-    opt_weights shadow = *w; /* model_specs records slots; let it write into a copy */
-    shadow.layers = malloc((size_t)w->cfg.n_layers * sizeof *shadow.layers);
-    spec_list l = {malloc((size_t)(8 + 16 * w->cfg.n_layers) * sizeof *l.s), 0, 0};
-    int found = -1;
-    if (shadow.layers && l.s) {
-        model_specs(&shadow, w->lm_head != w->embed_tokens, &l);
-        if (strncmp(name, "model.", 6) == 0) name += 6;
-        for (int i = 0; i < l.n && found < 0; i++)
-            if (strcmp(l.s[i].name, name) == 0) {
-                *first = w->storage + l.s[i].offset;
-                *row_stride = l.s[i].row_stride;
-                *col_stride = l.s[i].col_stride;
-                found = 0;
-            }
-    }
-    free(shadow.layers);
-    free(l.s);
-    return found;
+void opt_layout_free(opt_layout *l) {
+    if (l->view) free(l->view->layers), l->view->layers = NULL;
+    free(l->specs);
+    free(l->tensors);
+    free(l->layer_floats);
+    memset(l, 0, sizeof *l);
 }
 
 /* A stateless hash of (seed, tensor, element): the same weights whatever the thread count. */
@@ -646,6 +664,12 @@ static uint64_t mix64(uint64_t x) {
     x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27; x *= 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
+}
+
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
 }
 
 /* Where a tensor's values come from: a checkpoint tensor, or the dummy-weight hash. */
@@ -657,8 +681,8 @@ typedef struct {
 
 /* Dummy values are uniform in [-1, 1) around `center`. Matrices get std about 1/sqrt(3 * in):
  * each product keeps its input's scale, and layer norms keep the residual stream bounded. */
-static value_source dummy_source(const tensor_spec *s, uint64_t seed, int index) {
-    value_source v = {NULL, mix64(seed ^ mix64((uint64_t)index + 0x9e3779b97f4a7c15ULL)), 0.05f, 0};
+static value_source dummy_source(const tensor_spec *s, uint64_t seed) {
+    value_source v = {NULL, mix64(seed ^ mix64(hash_name(s->source))), 0.05f, 0};
     switch (s->kind) {
     case FILL_MATRIX: v.scale = 1.0f / sqrtf((float)s->cols); break;
     case FILL_EMBED: v.scale = 0.5f; break;
@@ -669,45 +693,39 @@ static value_source dummy_source(const tensor_spec *s, uint64_t seed, int index)
     return v;
 }
 
-/* Element i (in checkpoint order) as the compute device holds it: an fp16 value, whatever the
- * source dtype. */
-static float source_value(const value_source *v, size_t i) {
+/* Element i (in checkpoint order), rounded to fp16 whatever the source dtype. */
+static fp16 source_value(const value_source *v, size_t i) {
     float x;
     if (!v->tensor) {
         x = v->center + v->scale * ((float)(mix64(v->base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f);
     } else if (v->tensor->dtype == ST_F16) {
-        return fp16_to_fp32(((const fp16 *)v->tensor->data)[i]);
+        fp16 h;
+        memcpy(&h, (const char *)v->tensor->data + 2 * i, 2);
+        return h;
     } else if (v->tensor->dtype == ST_BF16) {
-        x = bf16_to_fp32(((const uint16_t *)v->tensor->data)[i]);
+        uint16_t b;
+        memcpy(&b, (const char *)v->tensor->data + 2 * i, 2);
+        x = bf16_to_fp32(b);
     } else {
         memcpy(&x, (const char *)v->tensor->data + 4 * i, 4); /* may be unaligned in the file */
     }
-    return round_fp16(x);
+    return fp32_to_fp16(x);
 }
 
-/* Writes every element of s from v into the arena, in 32 x 32 tiles so that both the
+/* Writes every element of s from v at dst (fp32 or fp16), in 32 x 32 tiles so that both the
  * checkpoint's rows and the transposed layout's rows are touched a cache line at a time. */
-static void store_tensor(const tensor_spec *s, float *arena, const value_source *v) {
+static void store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16, const value_source *v) {
     int64_t rows = s->rows, cols = s->cols ? s->cols : 1;
-    float *dst = arena + s->offset;
 #pragma omp parallel for schedule(dynamic)
     for (int64_t r0 = 0; r0 < rows; r0 += 32)
         for (int64_t c0 = 0; c0 < cols; c0 += 32)
             for (int64_t c = c0; c < c0 + 32 && c < cols; c++)
-                for (int64_t r = r0; r < r0 + 32 && r < rows; r++)
-                    dst[r * s->row_stride + c * s->col_stride] = source_value(v, (size_t)(r * cols + c));
-}
-
-int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err) {
-    int n;
-    tensor_spec *s = weights_alloc(w, cfg, 0, &n, err);
-    if (!s) { opt_weights_free(w); return -1; }
-    for (int i = 0; i < n; i++) {
-        value_source v = dummy_source(&s[i], seed, i);
-        store_tensor(&s[i], w->storage, &v);
-    }
-    free(s);
-    return 0;
+                for (int64_t r = r0; r < r0 + 32 && r < rows; r++) {
+                    size_t at = r * s->row_stride + c * s->col_stride;
+                    fp16 x = source_value(v, (size_t)(r * cols + c));
+                    if (dst16) dst16[at] = x;
+                    else dst32[at] = fp16_to_fp32(x);
+                }
 }
 
 /* Checkpoint names come with "model." (OPTForCausalLM) or without it (OPTModel). */
@@ -719,6 +737,27 @@ static const st_tensor *find_spec_tensor(const st_archive *a, const char *spec_n
     for (int i = 0; i < a->n_tensors; i++)
         if (strcmp(strip_prefix(a->tensors[i].name), spec_name) == 0) return &a->tensors[i];
     return NULL;
+}
+
+void opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32,
+                     fp16 *dst16) {
+    const opt_tensor *ten = &l->tensors[t];
+    const tensor_spec *specs = l->specs;
+    if (dst16) memset(dst16, 0, ten->count * sizeof *dst16); /* the 64-byte padding too */
+    else memset(dst32, 0, ten->count * sizeof *dst32);
+    for (int i = ten->first_spec; i < ten->first_spec + ten->n_specs; i++) {
+        const tensor_spec *s = &specs[i];
+        value_source v = src->archive ? (value_source){find_spec_tensor(src->archive, s->source), 0, 0, 0}
+                                      : dummy_source(s, src->seed);
+        size_t at = s->offset - ten->offset;
+        store_tensor(s, dst32 ? dst32 + at : NULL, dst16 ? dst16 + at : NULL, &v);
+        if (!src->archive) continue;
+        /* The copy is what the runtime uses: drop the file's pages (§4.1). */
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t lo = ((uintptr_t)v.tensor->data + page - 1) & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)v.tensor->data + v.tensor->nbytes) & ~(page - 1);
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
 }
 
 static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir, char *err) {
@@ -735,9 +774,10 @@ static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir
     return fg_fail(err, "%s: tensor %s has shape [%s], expected %s", dir, t->name, got, want);
 }
 
-static int load_tensors(const st_archive *a, tensor_spec *s, int n, float *arena, const char *dir,
-                        char *err) {
-    for (int i = 0; i < n; i++) {
+int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const char *dir, char *err) {
+    const tensor_spec *s = l->specs;
+    for (int i = 0; i < l->n_specs; i++) {
+        if (is_tied(&s[i])) continue;
         const st_tensor *t = find_spec_tensor(a, s[i].name);
         if (!t) return fg_fail(err, "%s: missing tensor model.%s", dir, s[i].name);
         if (check_shape(t, &s[i], dir, err)) return -1;
@@ -745,37 +785,102 @@ static int load_tensors(const st_archive *a, tensor_spec *s, int n, float *arena
     for (int i = 0; i < a->n_tensors; i++) { /* anything the model does not use is an error */
         const char *name = strip_prefix(a->tensors[i].name);
         int known = 0;
-        for (int j = 0; j < n && !known; j++) known = strcmp(s[j].name, name) == 0;
+        for (int j = 0; j < l->n_specs && !known; j++) known = !is_tied(&s[j]) && !strcmp(s[j].name, name);
         if (!known) return fg_fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);
-    }
-    for (int i = 0; i < n; i++) {
-        value_source v = {find_spec_tensor(a, s[i].name), 0, 0, 0};
-        store_tensor(&s[i], arena, &v);
-        /* The fp32 copy is what the compute device uses: drop the file's pages (§4.1). */
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t lo = ((uintptr_t)v.tensor->data + page - 1) & ~(page - 1);
-        uintptr_t hi = ((uintptr_t)v.tensor->data + v.tensor->nbytes) & ~(page - 1);
-        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
     return 0;
 }
 
-int opt_weights_load(const char *dir, opt_weights *w, char *err) {
+int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err) {
     char path[4096];
-    opt_config cfg;
-    memset(w, 0, sizeof *w);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (opt_config_from_json(path, &cfg, err)) return -1;
-    snprintf(cfg.name, sizeof cfg.name, "%s", dir);
-    st_archive a;
-    if (st_open_dir(dir, &a, err)) return -1;
-    int n, with_lm_head = st_find(&a, "lm_head.weight") != NULL;
-    tensor_spec *s = weights_alloc(w, &cfg, with_lm_head, &n, err);
-    int rc = s ? load_tensors(&a, s, n, w->storage, dir, err) : -1;
-    free(s);
-    st_close(&a);
+    if (opt_config_from_json(path, cfg, err)) return -1;
+    snprintf(cfg->name, sizeof cfg->name, "%s", dir);
+    return st_open_dir(dir, a, err);
+}
+
+/* All weights in one fp32 arena: every tensor on the compute device (tests and tools). */
+static int weights_all_fp32(opt_weights *w, const opt_config *cfg, int has_lm_head,
+                            const weight_source *src, const char *dir, char *err) {
+    opt_layout l;
+    if (opt_layout_init(&l, w, cfg, has_lm_head, err)) return -1;
+    if (src->archive && opt_layout_check_archive(&l, src->archive, dir, err)) {
+        opt_layout_free(&l);
+        return -1;
+    }
+    size_t total = 0, *base = malloc((cfg->n_layers + 2) * sizeof *base);
+    for (int j = 0; base && j < cfg->n_layers + 2; j++) base[j] = total, total += l.layer_floats[j];
+    w->storage = base ? aligned_alloc(64, total * sizeof(float)) : NULL;
+    w->storage_floats = total;
+    int rc = 0;
+    if (w->storage) memset(w->storage, 0, total * sizeof(float)); /* a tied lm_head's slot too */
+    if (!w->storage) {
+        rc = fg_fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 weights of %s",
+                     total * 4.0 / 1e9, cfg->name);
+    } else {
+        for (int i = 0; i < l.n_tensors; i++) {
+            opt_tensor *t = &l.tensors[i];
+            if (t->tied_to >= 0) continue;
+            *t->slot = w->storage + base[t->layer] + t->offset;
+            opt_tensor_fill(&l, i, src, *t->slot, NULL);
+        }
+        for (int i = 0; i < l.n_tensors; i++)
+            if (l.tensors[i].tied_to >= 0) *l.tensors[i].slot = *l.tensors[l.tensors[i].tied_to].slot;
+    }
+    free(base);
+    w->layers = l.view->layers; /* the view is w itself; keep its layers, free the table */
+    l.view = NULL;
+    opt_layout_free(&l);
     if (rc) opt_weights_free(w);
     return rc;
+}
+
+void opt_weights_free(opt_weights *w) {
+    free(w->storage);
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+}
+
+int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err) {
+    weight_source src = {NULL, seed};
+    return weights_all_fp32(w, cfg, 0, &src, NULL, err);
+}
+
+int opt_weights_load(const char *dir, opt_weights *w, char *err) {
+    opt_config cfg;
+    st_archive a;
+    memset(w, 0, sizeof *w);
+    if (opt_checkpoint_open(dir, &cfg, &a, err)) return -1;
+    weight_source src = {&a, 0};
+    int rc = weights_all_fp32(w, &cfg, st_find(&a, "lm_head.weight") != NULL, &src, dir, err);
+    st_close(&a);
+    return rc;
+}
+
+int opt_weight_locate(const opt_weights *w, const char *name, const float **first,
+                      size_t *row_stride, size_t *col_stride) {
+    opt_weights shadow; /* the table records slots into a view: give it a copy of w */
+    opt_layout l;
+    if (opt_layout_init(&l, &shadow, &w->cfg, w->lm_head != w->embed_tokens, NULL)) return -1;
+    opt_layer_weights *layers = shadow.layers;
+    shadow = *w;
+    shadow.layers = layers;
+    memcpy(layers, w->layers, (size_t)w->cfg.n_layers * sizeof *layers);
+    if (strncmp(name, "model.", 6) == 0) name += 6;
+    int found = -1;
+    for (int i = 0; i < l.n_tensors && found < 0; i++) {
+        const opt_tensor *t = &l.tensors[i];
+        for (int s = t->first_spec; s < t->first_spec + t->n_specs; s++) {
+            const tensor_spec *sp = &((const tensor_spec *)l.specs)[s];
+            if (strcmp(sp->name, name) || is_tied(sp)) continue;
+            *first = *t->slot + (sp->offset - t->offset);
+            *row_stride = sp->row_stride;
+            *col_stride = sp->col_stride;
+            found = 0;
+        }
+    }
+    opt_layout_free(&l);
+    return found;
 }
 
 /* ============================================================================================
@@ -784,21 +889,17 @@ int opt_weights_load(const char *dir, opt_weights *w, char *err) {
 
 static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * 4 + 63) & ~(size_t)63); }
 
-int gpu_batch_init(gpu_batch *gb, const opt_config *cfg, int batch, int max_len, int max_new,
-                   char *err) {
+int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err) {
     memset(gb, 0, sizeof *gb);
     gb->batch = batch;
     gb->max_len = max_len;
-    size_t kv = (size_t)cfg->n_layers * batch * max_len * cfg->hidden;
     gb->pad = calloc((size_t)batch, sizeof *gb->pad);
     gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
-    gb->x = alloc_floats((size_t)batch * max_new * cfg->hidden);
-    gb->k = malloc(kv * sizeof(fp16));
-    gb->v = malloc(kv * sizeof(fp16));
-    if (!gb->pad || !gb->tokens || !gb->x || !gb->k || !gb->v) {
+    gb->k = calloc((size_t)batch, sizeof *gb->k);
+    gb->v = calloc((size_t)batch, sizeof *gb->v);
+    if (!gb->pad || !gb->tokens || !gb->k || !gb->v) {
         gpu_batch_free(gb);
-        return fg_fail(err, "gpu tier: cannot allocate the KV cache (%.2f GB) of a GPU batch of %d",
-                    2.0 * kv * sizeof(fp16) / 1e9, batch);
+        return fg_fail(err, "out of memory for a GPU batch of %d", batch);
     }
     return 0;
 }
@@ -806,21 +907,30 @@ int gpu_batch_init(gpu_batch *gb, const opt_config *cfg, int batch, int max_len,
 void gpu_batch_free(gpu_batch *gb) {
     free(gb->pad);
     free(gb->tokens);
-    free(gb->x);
     free(gb->k);
     free(gb->v);
     memset(gb, 0, sizeof *gb);
 }
 
+/* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head). */
+static size_t thread_floats(const opt_config *cfg, int max_len) {
+    size_t hd = cfg->hidden / cfg->n_heads;
+    return (2 * (size_t)max_len * hd + (size_t)max_len * max_len + 15) & ~(size_t)15;
+}
+
+size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
+    return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads());
+}
+
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
                        char *err) {
     memset(ws, 0, sizeof *ws);
-    size_t h = cfg->hidden, hd = h / cfg->n_heads;
-    size_t wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
+    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->n_threads = omp_get_max_threads();
-    ws->thread_floats = (2 * (size_t)max_len * hd + (size_t)max_len * max_len + 15) & ~(size_t)15;
+    ws->thread_floats = thread_floats(cfg, max_len);
     ws->h = alloc_floats(rows * h);
     ws->qkv = alloc_floats(rows * 3 * h);
     ws->attn = alloc_floats(rows * h);
@@ -906,15 +1016,14 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 }
 
 /* Rounds this step's K and V to fp16 into the cache (slots len .. len + n_new - 1). */
-static void store_kv(const opt_config *c, int layer, gpu_batch *gb, const opt_workspace *ws) {
+static void store_kv(const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
     int h = c->hidden;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < gb->batch * gb->n_new; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
-        size_t at = (((size_t)layer * gb->batch + b) * gb->max_len + slot) * h;
         const float *qkv = ws->qkv + (size_t)r * 3 * h;
-        fp32_to_fp16_n(qkv + h, gb->k + at, (size_t)h);
-        fp32_to_fp16_n(qkv + 2 * h, gb->v + at, (size_t)h);
+        fp32_to_fp16_n(qkv + h, gb->k[b] + (size_t)slot * h, (size_t)h);
+        fp32_to_fp16_n(qkv + 2 * h, gb->v[b] + (size_t)slot * h, (size_t)h);
     }
 }
 
@@ -987,7 +1096,7 @@ static void attend_one(const float *q, const fp16 *K, const fp16 *V, size_t stri
 
 /* Multi-head attention of this step's queries over the cache as stored (fp16), causal, with the
  * left padding masked out: query slot s of sequence b sees keys in [pad[b], s]. */
-static void attention(const opt_config *c, int layer, gpu_batch *gb, opt_workspace *ws) {
+static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
     int h = c->hidden, hd = h / c->n_heads, n_new = gb->n_new, end = gb->len + n_new;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for schedule(dynamic)
@@ -1000,15 +1109,16 @@ static void attention(const opt_config *c, int layer, gpu_batch *gb, opt_workspa
         int t0 = start > gb->len ? start - gb->len : 0; /* first query that is not padding */
         for (int t = 0; t < t0; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
         if (t0 >= n_new) continue;
-        size_t at = (((size_t)layer * gb->batch + b) * gb->max_len + start) * h + head * hd;
+        size_t at = (size_t)start * h + head * hd;
+        const fp16 *K = gb->k[b], *V = gb->v[b];
         if (n_new == 1) { /* decode: one query, straight from the fp16 cache */
-            attend_one(q, gb->k + at, gb->v + at, (size_t)h, nk, hd, scale, scores, out);
+            attend_one(q, K + at, V + at, (size_t)h, nk, hd, scale, scores, out);
             continue;
         }
         /* prefill: many queries, so convert the slice once and use two matrix products */
         for (int j = 0; j < nk; j++) {
-            fp16_to_fp32_n(gb->k + at + (size_t)j * h, kf + (size_t)j * hd, hd);
-            fp16_to_fp32_n(gb->v + at + (size_t)j * h, vf + (size_t)j * hd, hd);
+            fp16_to_fp32_n(K + at + (size_t)j * h, kf + (size_t)j * hd, hd);
+            fp16_to_fp32_n(V + at + (size_t)j * h, vf + (size_t)j * hd, hd);
         }
         int nq = n_new - t0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
@@ -1038,8 +1148,8 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         in = ws->h;
     }
     linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET);
-    store_kv(c, layer, gb, ws);
-    attention(c, layer, gb, ws);
+    store_kv(c, gb, ws);
+    attention(c, gb, ws);
     linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
     if (c->pre_ln) {
         layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
@@ -1051,7 +1161,7 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
     if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
 }
 
-/* logits[b] = lm_head(project_out(final_LN(x of b's last token))); advances the cache. */
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))). */
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     const opt_config *c = &w->cfg;
     int h = c->hidden, B = gb->batch;
@@ -1067,8 +1177,30 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, c->vocab, c->word_dim, 1.0f, last,
                 c->word_dim, w->lm_head, c->word_dim, 0.0f, logits, c->vocab);
-    gb->len += gb->n_new;
 }
+
+/* ============================================================================================
+ * The CPU backend (DESIGN.md, "Backends"): the gpu tier is the CPU's working set, so a copy into
+ * it is a memcpy and a weight load is the fp16 -> fp32 conversion the CPU's products need.
+ * ============================================================================================ */
+
+static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_weights_in(float *dst, const fp16 *src, size_t n) { fp16_to_fp32_n(src, dst, n); }
+
+const fg_backend fg_cpu_backend = {
+    .name = "cpu",
+    .gpu_is_host = 1,
+    .alloc = cpu_alloc,
+    .free = free,
+    .weights_in = cpu_weights_in,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
+    .copy = cpu_copy,
+    .embed = opt_embed,
+    .layer = opt_layer,
+    .output = opt_output,
+};
 
 /* ============================================================================================
  * Sampling

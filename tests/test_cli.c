@@ -22,8 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -65,6 +67,14 @@ static int drain(int fd, buffer *b) {
 /* Runs $FLEXGEN_BIN with args (NULL-terminated, argv[0] left out), stdin_text (NULL: empty) on
  * its stdin. *out and *err get its stdout and stderr (malloc'd, NUL-terminated). Returns its exit
  * status, 128 + the signal when killed, or -1 when it could not start. */
+static int sigint_after_ms; /* > 0: the next run gets SIGINT after this long */
+
+static double ms_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 static int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err) {
     const char *bin = getenv("FLEXGEN_BIN");
     if (!bin || !*bin) bin = "./flexgen";
@@ -103,8 +113,10 @@ static int run_flexgen(const char *const *args, const char *stdin_text, char **o
     size_t left = strlen(pending);
     struct pollfd p[3] = {{o[0], POLLIN, 0}, {e[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
     if (!spawned || left == 0) close(in[1]), p[2].fd = -1;
+    double interrupt_at = sigint_after_ms > 0 ? ms_now() + sigint_after_ms : 0;
     while (spawned && (p[0].fd >= 0 || p[1].fd >= 0)) {
-        if (poll(p, 3, -1) < 0 && errno != EINTR) break;
+        if (interrupt_at && ms_now() >= interrupt_at) kill(pid, SIGINT), interrupt_at = 0;
+        if (poll(p, 3, interrupt_at ? 20 : -1) < 0 && errno != EINTR) break;
         if (p[0].revents && !drain(o[0], &ob)) p[0].fd = -1;
         if (p[1].revents && !drain(e[0], &eb)) p[1].fd = -1;
         if (p[2].revents) {
@@ -430,9 +442,10 @@ static void test_json_run_matches_reference(void) {
 
 static void test_default_report(void) {
     static const char *const lines[] = {"model size:", "peak gpu mem:", "prefill latency:",
-                                        "decode latency:", "total latency:"};
+                                        "decode latency:", "total latency:", "peak tiers:",
+                                        "moved:", "compute:"};
     char *out = run_tiny(ARGS("--gpu-batch-size", "4"));
-    CU_ASSERT_EQUAL(count_lines(out), 5);
+    CU_ASSERT_EQUAL(count_lines(out), 8);
     const char *at = out;
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         const char *line = strstr(at, lines[i]);
@@ -450,6 +463,9 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--gen-len", "4"}, {"--gpu-batch-size", "1"}, {"--num-gpu-batches", "1"},
     {"--temperature", "0.5"}, {"--top-p", "0.9"}, {"--seed", "3"}, {"--stop-at-eos", NULL},
     {"--dump-logits", "l.bin"}, {"--json", NULL}, {"--quiet", NULL}, {"--help", NULL},
+    {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
+    {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
+    {"--trace", "t.json"}, {"--percent", "1"},
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 
@@ -486,12 +502,141 @@ static void test_help(void) {
 static void test_flags_accepted(void) {
     for (int i = 0; i < N_FLAGS; i++) {
         if (!strcmp(FLAGS[i].flag, "--help")) continue;
+        if (!strcmp(FLAGS[i].flag, "--percent")) { /* six values */
+            EXPECT_FAIL(ARGS("--percent", "1", "2", "3", "4", "5", "6", "--zz-bogus"), "--zz-bogus",
+                        "unknown option");
+            continue;
+        }
         if (FLAGS[i].value)
             EXPECT_FAIL(ARGS(FLAGS[i].flag, FLAGS[i].value, "--zz-bogus"), "--zz-bogus",
                         "unknown option");
         else
             EXPECT_FAIL(ARGS(FLAGS[i].flag, "--zz-bogus"), "--zz-bogus", "unknown option");
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The runtime's flags and the disk tier's files (issue 3)
+ * --------------------------------------------------------------------------------------------- */
+
+static void test_bad_policy(void) {
+    EXPECT_FAIL(ARGS("--percent", "101", "0", "100", "0", "100", "0"), "--percent", "0..100");
+    EXPECT_FAIL(ARGS("--percent", "100", "0", "-1", "0", "100", "0"), "--percent");
+    EXPECT_FAIL(ARGS("--percent", "1", "2", "3", "4", "5"), "--percent", "six");
+    EXPECT_FAIL(ARGS("--percent", "60", "50", "100", "0", "100", "0"), "--percent", "weights",
+                "110%");
+    EXPECT_FAIL(ARGS("--percent", "100", "0", "70", "40", "100", "0"), "--percent", "KV cache");
+    EXPECT_FAIL(ARGS("--percent", "100", "0", "100", "0", "99", "2"), "--percent", "activations");
+    EXPECT_FAIL(ARGS("--overlap", "2"), "--overlap", "'2'");
+    EXPECT_FAIL(ARGS("--pin-weight", "x"), "--pin-weight", "'x'");
+    EXPECT_FAIL(ARGS("--gpu-mem", "abc"), "--gpu-mem", "'abc'");
+    EXPECT_FAIL(ARGS("--cpu-mem", "0"), "--cpu-mem", "'0'");
+    EXPECT_FAIL(ARGS("--disk-mem", "5Q"), "--disk-mem", "'5Q'");
+    EXPECT_FAIL(ARGS("--gpu-mem", "-1G"), "--gpu-mem", "'-1G'");
+    EXPECT_FAIL(ARGS("--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
+    EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", "no such directory");
+    /* a plan that does not fit is refused before any compute, naming the tier and the bytes */
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gpu-mem", "64K"),
+                "gpu tier: the plan needs", "--gpu-mem gives 64.0 KiB");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--percent", "0", "100",
+                     "100", "0", "100", "0", "--cpu-mem", "100K"), "cpu tier: the plan needs");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--percent", "0", "0",
+                     "0", "0", "0", "0", "--disk-mem", "4K"), "disk tier: the plan needs");
+}
+
+/* Runs opt-tiny with everything on disk in offload dir `off`; returns the exit status. */
+static int run_on_disk(const char *off, const char *const *extra, char **out, char **err) {
+    const char *args[40] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8",
+                            "--quiet", "--percent", "0", "0", "0", "0", "0", "0",
+                            "--offload-dir", off};
+    int n = 16;
+    while (*extra && n < 39) args[n++] = *extra++;
+    args[n] = NULL;
+    return run_flexgen(args, NULL, out, err);
+}
+
+/* The offload dir is empty after a normal run and after a failed one; a full disk (here: a
+ * file size limit) is one clear line, not a crash. */
+static void test_offload_dir_left_empty(void) {
+    char *off = make_temp_dir(), *out, *err;
+    CU_ASSERT_EQUAL(run_on_disk(off, ARGS("--json"), &out, &err), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"peak_disk_bytes\":"));
+    CU_ASSERT_PTR_NULL(strstr(out, "\"peak_disk_bytes\":0,"));
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    free(out), free(err);
+    /* fails after generating: the logits cannot be written */
+    CU_ASSERT_EQUAL(run_on_disk(off, ARGS("--dump-logits", "/nonexistent/l.bin"), &out, &err), 2);
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    free(out), free(err);
+    struct rlimit old, small = {16384, 16384};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited: EFBIG instead of a kill */
+    setrlimit(RLIMIT_FSIZE, &small);
+    int rc = run_on_disk(off, ARGS("--json"), &out, &err);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, old_xfsz);
+    CU_ASSERT_EQUAL(rc, 2);
+    CU_ASSERT(strncmp(err, "flexgen: --offload-dir", 22) == 0 && count_lines(err) == 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot reserve"));
+    if (rc != 2) fprintf(stderr, "\n    full disk: exit %d, %s\n", rc, err);
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    free(out), free(err);
+    rm_tree(off);
+    free(off);
+}
+
+/* Ctrl-C while dummy weights are written leaves no partial file in --path; Ctrl-C mid-decode
+ * leaves nothing in the offload dir; a finished file is reused by the next run. */
+static void test_sigint_leaves_no_files(void) {
+    char *off = make_temp_dir(), *path = make_temp_dir(), *out, *err;
+    const char *base[] = {"--model", "opt-125m", "--percent", "0", "0", "0", "0", "0", "0",
+                          "--offload-dir", off, "--path", path, "--quiet", "--prompt-len", "16",
+                          "--gpu-batch-size", "2", "--num-gpu-batches", "2", "--gen-len", NULL, NULL};
+    base[21] = "400";
+    sigint_after_ms = 150;
+    int rc = run_flexgen(base, NULL, &out, &err);
+    CU_ASSERT_EQUAL(rc, 128 + SIGINT);
+    CU_ASSERT_EQUAL(dir_entries(path), 0);
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    free(out), free(err);
+    sigint_after_ms = 0;
+    base[21] = "2";
+    CU_ASSERT_EQUAL(run_flexgen(base, NULL, &out, &err), 0); /* writes the weights once */
+    CU_ASSERT_EQUAL(dir_entries(path), 1);
+    free(out), free(err);
+    base[21] = "400";
+    sigint_after_ms = 2500; /* the weights are there: this is well into decode */
+    rc = run_flexgen(base, NULL, &out, &err);
+    sigint_after_ms = 0;
+    CU_ASSERT_EQUAL(rc, 128 + SIGINT);
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    CU_ASSERT_EQUAL(dir_entries(path), 1);
+    free(out), free(err);
+    rm_tree(off);
+    rm_tree(path);
+    free(off);
+    free(path);
+}
+
+static void test_trace(void) {
+    char *off = make_temp_dir(), *out, *err;
+    const char *trace = join(off, "../flexgen-trace.json");
+    char trace_path[4200];
+    snprintf(trace_path, sizeof trace_path, "%s", trace);
+    CU_ASSERT_EQUAL(run_on_disk(off, ARGS("--trace", trace_path), &out, &err), 0);
+    size_t len = 0;
+    char *json = slurp(trace_path, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(json);
+    static const char *const tracks[] = {"\"compute\"", "\"disk<->cpu\"", "\"cpu<->gpu\"",
+                                         "\"read weights\"", "\"load weights\"",
+                                         "\"store cache\"", "\"decoder layer\""};
+    for (size_t i = 0; i < sizeof tracks / sizeof tracks[0]; i++) CU_ASSERT_PTR_NOT_NULL(strstr(json, tracks[i]));
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    free(json), free(out), free(err);
+    unlink(trace_path);
+    rm_tree(off);
+    free(off);
 }
 
 static void test_tokenize(void) {
@@ -672,6 +817,10 @@ void add_cli_tests(void) {
     CU_add_test(s, "--help lists every flag", test_help);
     CU_add_test(s, "every flag in --help is accepted", test_flags_accepted);
     CU_add_test(s, "tokenize", test_tokenize);
+    CU_add_test(s, "bad policy flags, infeasible plans", test_bad_policy);
+    CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
+    CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
+    CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
     CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);
     CU_add_test(s, "--stop-at-eos", test_stop_at_eos);

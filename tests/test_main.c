@@ -28,12 +28,32 @@ void rm_tree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+                  int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
+                  float *logits, fg_stats *stats, char *err_out) {
+    char err[FG_ERR_LEN] = "";
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    gen_options opt = {.gen_len = gen_len, .top_p = 1};
+    gen_timing t;
+    int rc = fg_runtime_open(p, &rt, err);
+    if (rc == 0) rc = dir ? fg_model_open(rt, dir, seed, &m, err) : fg_model_open_dummy(rt, cfg, seed, &m, err);
+    if (rc == 0) rc = generate(m, &opt, n, prompts, lens, tokens, logits, &t, err);
+    if (rc && err_out) snprintf(err_out, FG_ERR_LEN, "%s", err);
+    else if (rc) fprintf(stderr, "\n  generate_with: %s\n", err);
+    fg_model_close(m);
+    if (stats && rt) fg_runtime_stats(rt, stats);
+    fg_runtime_close(rt);
+    return rc;
+}
+
 int main(void) {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     add_tokenizer_tests();
     add_model_tests();
     add_checkpoint_tests();
     add_cli_tests();
+    add_runtime_tests();
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();

@@ -107,15 +107,15 @@ static void free_reference(reference *r) {
 }
 
 /* Generates the reference prompts with the given blocking; compares tokens and logits. */
-static void check_against_reference(reference *r, int gpu_batch_size, int num_gpu_batches) {
-    gen_options opt = {.gpu_batch_size = gpu_batch_size, .num_gpu_batches = num_gpu_batches,
-                       .gen_len = r->gen_len, .top_p = 1};
+static void check_against_reference(reference *r, const char *dir, int gpu_batch_size,
+                                    int num_gpu_batches) {
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = gpu_batch_size;
+    p.num_gpu_batches = num_gpu_batches;
     size_t count = (size_t)r->n * r->gen_len * r->vocab;
     int *tokens = malloc((size_t)r->n * r->gen_len * sizeof *tokens);
     float *logits = malloc(count * sizeof *logits);
-    gen_timing t;
-    char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(generate(&r->w, &opt, r->n, r->prompts, r->lens, tokens, logits, &t, err), 0);
+    CU_ASSERT_EQUAL_FATAL(generate_with(dir, NULL, 0, &p, r->gen_len, r->n, r->prompts, r->lens, tokens, logits, NULL, NULL), 0);
     int token_mismatches = 0;
     for (int i = 0; i < r->n * r->gen_len; i++) token_mismatches += tokens[i] != r->tokens[i];
     float worst = 0;
@@ -135,9 +135,11 @@ static void check_fixture(const char *name) {
     load_reference(name, &r);
     /* The bound only makes sense if no top-two pair is anywhere near it. */
     CU_ASSERT(r.min_gap > 20 * 1e-4f * r.max_abs);
-    check_against_reference(&r, r.n, 1);            /* one GPU batch */
-    check_against_reference(&r, 2, 2);              /* blocks of 2 x 2, the last partial */
-    check_against_reference(&r, 1, 3);              /* one sequence per GPU batch */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", fixture(name));
+    check_against_reference(&r, dir, r.n, 1); /* one GPU batch */
+    check_against_reference(&r, dir, 2, 2);   /* blocks of 2 x 2, the last partial */
+    check_against_reference(&r, dir, 1, 3);   /* one sequence per GPU batch */
     free_reference(&r);
 }
 
@@ -160,10 +162,41 @@ static void setup_prefill(gpu_batch *gb, int *const *prompts, const int *lens, i
     }
 }
 
-static void run_prefill(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+/* A GPU batch whose whole cache is one array on the compute device: [layer][K, V][b][slot][h]. */
+typedef struct {
+    gpu_batch gb;
+    float *x;
+    fp16 *cache;
+} test_batch;
+
+static void test_batch_init(test_batch *t, const opt_config *c, int batch, int max_len) {
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&t->gb, batch, max_len, max_len, err), 0);
+    t->x = malloc((size_t)batch * max_len * c->hidden * sizeof(float));
+    t->cache = malloc((size_t)c->n_layers * 2 * batch * max_len * c->hidden * sizeof(fp16));
+    t->gb.x = t->x;
+}
+
+static void test_batch_free(test_batch *t) {
+    gpu_batch_free(&t->gb);
+    free(t->x);
+    free(t->cache);
+}
+
+/* One step (prefill or decode) through every layer; advances the cache. */
+static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, float *logits) {
+    gpu_batch *gb = &t->gb;
+    size_t h = w->cfg.hidden, rows = (size_t)gb->max_len * h;
     opt_embed(w, gb, ws);
-    for (int l = 0; l < w->cfg.n_layers; l++) opt_layer(w, l, gb, ws);
+    for (int l = 0; l < w->cfg.n_layers; l++) {
+        for (int b = 0; b < gb->batch; b++) {
+            gb->k[b] = t->cache + (((size_t)l * 2 + 0) * gb->batch + b) * rows;
+            gb->v[b] = t->cache + (((size_t)l * 2 + 1) * gb->batch + b) * rows;
+        }
+        opt_layer(w, l, gb, ws);
+    }
     opt_output(w, gb, ws, logits);
+    gb->len += gb->n_new;
 }
 
 /* Decode with the KV cache equals recomputing every sequence from scratch, step by step. */
@@ -174,11 +207,11 @@ static void test_kv_cache_equals_recompute(void) {
     int n = r.n, steps = 6, max_prompt = 0, V = r.vocab;
     for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
     int max_len = max_prompt + steps;
-    gpu_batch cached, fresh;
+    test_batch cached, fresh;
     opt_workspace ws;
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&cached, &w->cfg, n, max_len, max_len, err), 0);
-    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&fresh, &w->cfg, n, max_len, max_len, err), 0);
+    test_batch_init(&cached, &w->cfg, n, max_len);
+    test_batch_init(&fresh, &w->cfg, n, max_len);
     CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, err), 0);
     float *lc = malloc((size_t)n * V * sizeof(float)), *lf = malloc((size_t)n * V * sizeof(float));
     int **seqs = malloc(n * sizeof *seqs), *lens = malloc(n * sizeof *lens);
@@ -187,18 +220,16 @@ static void test_kv_cache_equals_recompute(void) {
         memcpy(seqs[b], r.prompts[b], r.lens[b] * sizeof(int));
         lens[b] = r.lens[b];
     }
-    setup_prefill(&cached, seqs, lens, n);
+    setup_prefill(&cached.gb, seqs, lens, n);
     float worst = 0;
     for (int step = 0; step < steps; step++) {
-        if (step == 0) {
-            run_prefill(w, &cached, &ws, lc);
-        } else {
-            cached.n_new = 1;
-            for (int b = 0; b < n; b++) cached.tokens[b] = seqs[b][lens[b] - 1];
-            run_prefill(w, &cached, &ws, lc); /* embed + layers + output of one new token */
+        if (step > 0) { /* one new token per sequence */
+            cached.gb.n_new = 1;
+            for (int b = 0; b < n; b++) cached.gb.tokens[b] = seqs[b][lens[b] - 1];
         }
-        setup_prefill(&fresh, seqs, lens, n);
-        run_prefill(w, &fresh, &ws, lf);
+        run_step(w, &cached, &ws, lc);
+        setup_prefill(&fresh.gb, seqs, lens, n);
+        run_step(w, &fresh, &ws, lf);
         for (size_t i = 0; i < (size_t)n * V; i++) worst = fmaxf(worst, fabsf(lc[i] - lf[i]));
         for (int b = 0; b < n; b++) { /* greedy next token, appended to each sequence */
             int best = 0;
@@ -213,8 +244,8 @@ static void test_kv_cache_equals_recompute(void) {
     free(lens);
     free(lc);
     free(lf);
-    gpu_batch_free(&cached);
-    gpu_batch_free(&fresh);
+    test_batch_free(&cached);
+    test_batch_free(&fresh);
     opt_workspace_free(&ws);
     free_reference(&r);
 }
@@ -228,15 +259,12 @@ static opt_config deep_config(int pre_ln) {
 }
 
 static void generate_dummy(const opt_config *c, uint64_t seed, int *tokens, float *logits) {
-    opt_weights w;
-    char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_weights_dummy(c, seed, &w, err), 0);
     int p0[] = {2, 10, 11, 12, 13, 14, 15, 16}, p1[] = {2, 99};
     int *prompts[] = {p0, p1}, lens[] = {8, 2};
-    gen_options opt = {.gpu_batch_size = 2, .num_gpu_batches = 1, .gen_len = 4, .top_p = 1};
-    gen_timing t;
-    CU_ASSERT_EQUAL(generate(&w, &opt, 2, prompts, lens, tokens, logits, &t, err), 0);
-    opt_weights_free(&w);
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = 2;
+    p.num_gpu_batches = 1;
+    CU_ASSERT_EQUAL(generate_with(NULL, c, seed, &p, 4, 2, prompts, lens, tokens, logits, NULL, NULL), 0);
 }
 
 /* Dummy weights keep activations finite through 96 layers and do not depend on the thread

@@ -3,16 +3,27 @@
 #define FLEXGEN_TESTS_H
 
 #include <CUnit/CUnit.h>
+#include <stdint.h>
+
+#include "flexgen.h"
 
 void add_tokenizer_tests(void);  /* test_tokenizer.c */
 void add_model_tests(void);      /* test_model.c: forward pass against PyTorch fixtures */
 void add_checkpoint_tests(void); /* test_checkpoint.c: loader and its bad input */
 void add_cli_tests(void);        /* test_cli.c: ./flexgen end to end and its bad flags */
+void add_runtime_tests(void);    /* test_runtime.c: tiers, placement, the overlapped schedule */
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);
 /* A fresh empty directory under $TMPDIR for one test; removed by rm_tree(). */
 char *make_temp_dir(void);
 void rm_tree(const char *dir);
+
+/* generate() with policy p on a checkpoint dir, or (dir NULL) dummy weights of cfg from seed.
+ * stats: NULL, or the runtime's tier peaks and link bytes after the run. Returns -1 when
+ * generate (or opening) fails, with the error line in err (FG_ERR_LEN), or printed if err is NULL. */
+int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+                  int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
+                  float *logits, fg_stats *stats, char *err);
 
 #endif

@@ -1,0 +1,256 @@
+/* test_runtime.c: the runtime of issue 3 (paper §4.1, §4.2): placement on the gpu, cpu and disk
+ * tiers, the overlapped block schedule of Fig. 4 and CPU delegation must not change a single
+ * bit of the result; the tiers keep to their capacities; a plan that does not fit is refused
+ * before any compute; bytes moved per link follow the schedule's arithmetic. */
+#define _GNU_SOURCE
+#include "flexgen.h"
+#include "tests.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N_SEQ = 7, GEN = 8, MAX_SEQ = 8 };
+
+/* The fixture's prompts, cycled to N_SEQ sequences (so every block shape leaves a partial one). */
+typedef struct {
+    char dir[4096];
+    int *prompts[MAX_SEQ], lens[MAX_SEQ], n;
+    opt_config cfg;
+} fixture_model;
+
+static void open_fixture(const char *name, fixture_model *f) {
+    char path[4200], line[4096];
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s", fixture(name));
+    snprintf(path, sizeof path, "%s/config.json", f->dir);
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(path, &f->cfg, err), 0);
+    snprintf(path, sizeof path, "%s/prompts.txt", f->dir);
+    FILE *in = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(in);
+    int read = 0;
+    while (read < MAX_SEQ && fgets(line, sizeof line, in)) {
+        f->prompts[read] = malloc(64 * sizeof(int));
+        for (char *s = strtok(line, " \n"); s; s = strtok(NULL, " \n")) f->prompts[read][f->lens[read]++] = atoi(s);
+        read++;
+    }
+    fclose(in);
+    for (f->n = read; f->n < N_SEQ; f->n++) f->prompts[f->n] = f->prompts[f->n % read], f->lens[f->n] = f->lens[f->n % read];
+    f->n = N_SEQ;
+    f->lens[MAX_SEQ - 1] = read; /* remember how many to free */
+}
+
+static void close_fixture(fixture_model *f) {
+    for (int i = 0; i < f->lens[MAX_SEQ - 1]; i++) free(f->prompts[i]);
+}
+
+typedef struct {
+    int tokens[N_SEQ * GEN];
+    float *logits;
+    fg_stats stats;
+    int rc;
+    char err[FG_ERR_LEN];
+} result;
+
+static fg_policy policy(int gbs, int ngb, const int percent[6], int overlap, int delegate) {
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = gbs;
+    p.num_gpu_batches = ngb;
+    memcpy(p.percent, percent, sizeof p.percent);
+    p.overlap = overlap;
+    p.cpu_cache_compute = delegate;
+    return p;
+}
+
+static void run(const fixture_model *f, const fg_policy *p, result *r) {
+    r->logits = malloc((size_t)N_SEQ * GEN * f->cfg.vocab * sizeof(float));
+    r->err[0] = 0;
+    r->rc = generate_with(f->dir, NULL, 0, p, GEN, f->n, (int *const *)f->prompts, f->lens,
+                          r->tokens, r->logits, &r->stats, r->err);
+}
+
+static const int ALL_GPU[6] = {100, 0, 100, 0, 100, 0};
+
+static const struct {
+    const char *what;
+    int percent[6];
+} PLACEMENTS[] = {
+    {"everything on the gpu tier", {100, 0, 100, 0, 100, 0}},
+    {"weights on cpu", {0, 100, 100, 0, 100, 0}},
+    {"weights on disk", {0, 0, 100, 0, 100, 0}},
+    {"weights 50/50 gpu/cpu", {50, 50, 100, 0, 100, 0}},
+    {"weights 20/80 gpu/cpu", {20, 80, 100, 0, 100, 0}},
+    {"weights 20/30/50 gpu/cpu/disk", {20, 30, 100, 0, 100, 0}},
+    {"KV cache on cpu", {100, 0, 0, 100, 100, 0}},
+    {"KV cache on disk", {100, 0, 0, 0, 100, 0}},
+    {"KV cache split 30/40/30", {100, 0, 30, 40, 100, 0}},
+    {"activations split 30/40/30", {100, 0, 100, 0, 30, 40}},
+    {"activations on disk", {100, 0, 100, 0, 0, 0}},
+    {"everything on disk", {0, 0, 0, 0, 0, 0}},
+};
+enum { N_PLACEMENTS = sizeof PLACEMENTS / sizeof PLACEMENTS[0] };
+
+/* Placement, overlap and delegation must not change a bit; across block shapes, tokens are
+ * equal and logits within 1e-4 x max|logit| (fp32 sums grouped by another batch size). */
+static void check_policy_invariance(const char *name) {
+    fixture_model f;
+    open_fixture(name, &f);
+    static const int shapes[3][2] = {{1, 1}, {2, 3}, {4, 2}};
+    result plain;
+    fg_policy p0 = policy(N_SEQ, 1, ALL_GPU, 1, 0);
+    run(&f, &p0, &plain);
+    CU_ASSERT_EQUAL_FATAL(plain.rc, 0);
+    size_t n_logits = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float max_abs = 0;
+    for (size_t i = 0; i < n_logits; i++) max_abs = fmaxf(max_abs, fabsf(plain.logits[i]));
+    for (int s = 0; s < 3; s++) {
+        result base;
+        fg_policy pb = policy(shapes[s][0], shapes[s][1], ALL_GPU, 1, 0);
+        run(&f, &pb, &base);
+        CU_ASSERT_EQUAL_FATAL(base.rc, 0);
+        float worst = 0;
+        for (size_t i = 0; i < n_logits; i++) worst = fmaxf(worst, fabsf(base.logits[i] - plain.logits[i]));
+        CU_ASSERT(worst <= 1e-4f * max_abs);
+        CU_ASSERT_EQUAL(memcmp(base.tokens, plain.tokens, sizeof base.tokens), 0);
+        for (int pl = 0; pl < N_PLACEMENTS; pl++)
+            for (int variant = 0; variant < 4; variant++) {
+                int overlap = !(variant & 1), delegate = (variant >> 1) & 1;
+                result r;
+                fg_policy p = policy(shapes[s][0], shapes[s][1], PLACEMENTS[pl].percent, overlap, delegate);
+                run(&f, &p, &r);
+                int same = r.rc == 0 && !memcmp(r.tokens, base.tokens, sizeof r.tokens) &&
+                           !memcmp(r.logits, base.logits, n_logits * sizeof(float));
+                CU_ASSERT(same);
+                if (!same)
+                    fprintf(stderr, "\n  %s %dx%d, %s, overlap %d, delegation %d: not bit-identical\n",
+                            name, shapes[s][0], shapes[s][1], PLACEMENTS[pl].what, overlap, delegate);
+                for (int t = 0; t < N_TIERS; t++) CU_ASSERT(r.stats.peak[t] <= r.stats.capacity[t]);
+                free(r.logits);
+            }
+        free(base.logits);
+    }
+    free(plain.logits);
+    close_fixture(&f);
+}
+
+static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny"); }
+static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m"); }
+
+/* fg_check_plan's verdict for a capacity of one tier. */
+static int plan_fits(const fixture_model *f, fg_policy p, fg_tier t, double bytes) {
+    char err[FG_ERR_LEN];
+    fg_runtime *rt;
+    fg_model *m;
+    p.capacity[t] = bytes;
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f->dir, 0, &m, err), 0);
+    int max_prompt = 0;
+    for (int i = 0; i < f->n; i++) max_prompt = f->lens[i] > max_prompt ? f->lens[i] : max_prompt;
+    int ok = fg_check_plan(m, f->n, max_prompt, GEN, err) == 0;
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    return ok;
+}
+
+/* At the smallest capacity the plan accepts, the run succeeds and its peak stays within it; one
+ * byte less is refused before anything is allocated or moved. */
+static void test_capacities(void) {
+    fixture_model f;
+    open_fixture("opt-tiny", &f);
+    static const int percents[2][6] = {{20, 30, 30, 40, 30, 40}, {0, 0, 0, 0, 0, 0}};
+    for (int pc = 0; pc < 2; pc++)
+        for (int delegate = 0; delegate < 2; delegate++)
+            for (int t = 0; t < N_TIERS; t++) {
+                fg_policy p = policy(2, 3, percents[pc], 1, delegate);
+                double lo = 1, hi = 1 << 30;
+                while (hi - lo > 1) { /* the smallest capacity that fits is in (lo, hi] */
+                    double mid = floor((lo + hi) / 2);
+                    if (plan_fits(&f, p, (fg_tier)t, mid)) hi = mid;
+                    else lo = mid;
+                }
+                p.capacity[t] = hi;
+                result r;
+                run(&f, &p, &r);
+                CU_ASSERT_EQUAL(r.rc, 0);
+                CU_ASSERT(r.stats.peak[t] <= hi);
+                CU_ASSERT(r.stats.peak[t] > 0);
+                free(r.logits);
+                p.capacity[t] = hi - 1;
+                run(&f, &p, &r);
+                CU_ASSERT_EQUAL(r.rc, -1);
+                CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "tier: the plan needs"));
+                CU_ASSERT_PTR_NOT_NULL(strstr(r.err, fg_tier_names[t]));
+                for (int u = 0; u < N_TIERS; u++) CU_ASSERT_EQUAL(r.stats.peak[u], 0);
+                for (int l = 0; l < N_LINKS; l++) CU_ASSERT_EQUAL(r.stats.link_bytes[l], 0);
+                free(r.logits);
+            }
+    close_fixture(&f);
+}
+
+/* Bytes of every weight tensor as the output layer and the input layer each load them (a tied
+ * lm_head is read again by the output layer, as in FlexGen). */
+static double weight_load_bytes(const opt_config *c) {
+    opt_weights view;
+    opt_layout l;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, c, 0, err), 0);
+    double bytes = 0;
+    for (int i = 0; i < l.n_tensors; i++) bytes += 2.0 * l.tensors[i].count;
+    opt_layout_free(&l);
+    return bytes;
+}
+
+/* With all weights on disk, each layer's weights are read once per token per block, not once
+ * per GPU batch; the KV cache moves its past rows in and its new rows out. */
+static void test_link_bytes(void) {
+    fixture_model f;
+    open_fixture("opt-tiny", &f);
+    const opt_config *c = &f.cfg;
+    double weights = weight_load_bytes(c);
+    int padded = 0;
+    for (int i = 0; i < f.n; i++) padded = f.lens[i] > padded ? f.lens[i] : padded;
+    for (int overlap = 0; overlap < 2; overlap++) {
+        /* one block of 2 x 4 holding all 7 sequences; weights on disk */
+        static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
+        fg_policy p = policy(2, 4, disk_weights, overlap, 0);
+        result r;
+        run(&f, &p, &r);
+        CU_ASSERT_EQUAL(r.rc, 0);
+        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_DISK_TO_CPU], GEN * weights);
+        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_CPU_TO_GPU], GEN * weights);
+        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_GPU_TO_CPU], 0);
+        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_CPU_TO_DISK], 0);
+        free(r.logits);
+        /* 7 blocks of one sequence: the weights are read once per block and token */
+        p = policy(1, 1, disk_weights, overlap, 0);
+        run(&f, &p, &r);
+        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_DISK_TO_CPU], N_SEQ * GEN * weights);
+        free(r.logits);
+        /* KV cache on cpu: decode step i loads the (padded + i - 1) past rows of K and V of every
+         * sequence and layer, and every step stores its new rows */
+        for (int delegate = 0; delegate < 2; delegate++) {
+            static const int cpu_cache[6] = {100, 0, 0, 100, 100, 0};
+            p = policy(2, 4, cpu_cache, overlap, delegate);
+            run(&f, &p, &r);
+            double row = 2.0 * c->hidden * 2 * N_SEQ * c->n_layers; /* K and V, fp16 */
+            double in = 0, out = row * (padded + GEN - 1);
+            for (int i = 1; i < GEN; i++) in += row * (padded + i - 1);
+            CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_CPU_TO_GPU], delegate ? 0 : in);
+            CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_GPU_TO_CPU], out);
+            CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_DISK_TO_CPU], 0);
+            free(r.logits);
+        }
+    }
+    close_fixture(&f);
+}
+
+void add_runtime_tests(void) {
+    CU_pSuite s = CU_add_suite("runtime: tiers, placement, overlapped schedule", NULL, NULL);
+    CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
+    CU_add_test(s, "policy invariance, post-LN (350m) fixture", test_invariance_post_ln);
+    CU_add_test(s, "capacities: smallest fitting plan runs within it, one byte less is refused",
+                test_capacities);
+    CU_add_test(s, "bytes moved per link follow the schedule", test_link_bytes);
+}
