@@ -41,8 +41,12 @@ const char *const fg_tier_names[N_TIERS] = {"gpu", "cpu", "disk"};
 const char *const fg_link_names[N_LINKS] = {"disk->cpu", "cpu->gpu", "gpu->cpu", "cpu->disk"};
 static const char *const tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
 
-enum { TRACK_COMPUTE, TRACK_DISK, TRACK_HOST, N_TRACKS }; /* threads: compute and two links */
-static const char *const track_names[N_TRACKS] = {"compute", "disk<->cpu", "cpu<->gpu"};
+/* Threads: compute, and the two links (disk<->cpu, cpu<->gpu) once for weights and once for the
+ * KV cache and activations, as FlexGen's separate CUDA streams: a layer's weights then load
+ * while every GPU batch of the previous layer computes, without holding up those batches' I/O. */
+enum { TRACK_COMPUTE, N_TRACKS = 5 };
+static const char *const track_names[N_TRACKS] = {"compute", "disk<->cpu weights",
+    "cpu<->gpu weights", "disk<->cpu cache+activations", "cpu<->gpu cache+activations"};
 
 typedef struct {
     const char *name;
@@ -76,7 +80,7 @@ typedef struct {
     int running, stop, track;
 } io_link;
 
-enum { IO_DISK, IO_HOST, N_IO }; /* disk<->cpu and cpu<->gpu */
+enum { IO_WEIGHT_DISK, IO_WEIGHT_HOST, IO_DISK, IO_HOST, N_IO }; /* the I/O threads */
 
 struct fg_runtime {
     fg_policy policy;
@@ -269,10 +273,11 @@ static void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, siz
 }
 
 /* ============================================================================================
- * I/O links (Fig. 4's async loads and stores): one thread each for disk<->cpu and cpu<->gpu,
- * running tasks in order. A task may wait for an earlier task of the other link (a load from
- * disk is read before it is copied to the gpu tier; a store reaches the cpu tier before disk).
- * Since a task only ever waits for one submitted before it, the two queues cannot deadlock.
+ * I/O links (Fig. 4's async loads and stores): one thread each for disk<->cpu and cpu<->gpu, for
+ * weights and for the KV cache and activations, each running its tasks in order. A task may
+ * wait for an earlier task of another link (a load from disk is read before it is copied to the
+ * gpu tier; a store reaches the cpu tier before disk). Since a task only ever waits for one
+ * submitted before it, the queues cannot deadlock.
  * With --overlap 0 every task runs at once on the compute thread: the same steps, in sequence.
  * ============================================================================================ */
 
@@ -340,9 +345,10 @@ static uint64_t io_submit(fg_runtime *rt, int link, io_task t) {
     return seq;
 }
 
-/* Fig. 4's "synchronize": every task submitted so far is done. */
-static void io_sync(fg_runtime *rt) {
-    for (int i = 0; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
+/* Fig. 4's "synchronize": the KV cache and activations that moved for this iteration are done;
+ * with `weights` too, the next layer's weights (needed when the next iteration starts a layer). */
+static void io_sync(fg_runtime *rt, int weights) {
+    for (int i = weights ? 0 : IO_DISK; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
 }
 
 static void io_stop(fg_runtime *rt) {
@@ -427,7 +433,7 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     rt->t0 = now_seconds();
     for (int i = 0; i < N_IO; i++) {
         io_link *l = &rt->io[i];
-        l->track = i == IO_DISK ? TRACK_DISK : TRACK_HOST;
+        l->track = 1 + i;
         pthread_mutex_init(&l->lock, NULL);
         pthread_cond_init(&l->changed, NULL);
         if (!p->overlap) continue;
@@ -834,8 +840,8 @@ static void load_weights(fg_model *m, long g) {
     if (!staged) return;
     uint64_t read = 0;
     if (on_disk)
-        read = io_submit(m->rt, IO_DISK, (io_task){weights_fetch_task, "read weights", 0, 0, m, {j, buf}});
-    io_submit(m->rt, IO_HOST, (io_task){weights_in_task, "load weights", IO_DISK, read, m, {j, buf}});
+        read = io_submit(m->rt, IO_WEIGHT_DISK, (io_task){weights_fetch_task, "read weights", 0, 0, m, {j, buf}});
+    io_submit(m->rt, IO_WEIGHT_HOST, (io_task){weights_in_task, "load weights", IO_WEIGHT_DISK, read, m, {j, buf}});
 }
 
 /* ============================================================================================
@@ -1292,7 +1298,7 @@ static double generation_step(block *bl, int i, int last_step) {
             double start = now_seconds();
             compute_layer(bl, j, k, (int)(t % 2));
             compute += now_seconds() - start;
-            io_sync(bl->rt);
+            io_sync(bl->rt, k == K - 1);
         }
     }
     for (int k = 0; k < K; k++) bl->gb[k].len += bl->gb[k].n_new;
@@ -1392,7 +1398,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
         double t0 = now_seconds();
         m->staged[0] = m->staged[1] = -1;
         load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
-        io_sync(rt);
+        io_sync(rt, 1);
         for (int i = 0; i < opt->gen_len; i++) { /* i == 0 is the prefill */
             bl.delegate = rt->policy.cpu_cache_compute && i > 0;
             timing->compute_seconds += generation_step(&bl, i, i + 1 == opt->gen_len);

@@ -628,7 +628,8 @@ static void test_trace(void) {
     size_t len = 0;
     char *json = slurp(trace_path, &len);
     CU_ASSERT_PTR_NOT_NULL_FATAL(json);
-    static const char *const tracks[] = {"\"compute\"", "\"disk<->cpu\"", "\"cpu<->gpu\"",
+    static const char *const tracks[] = {"\"compute\"", "\"disk<->cpu weights\"",
+                                         "\"cpu<->gpu cache+activations\"",
                                          "\"read weights\"", "\"load weights\"",
                                          "\"store cache\"", "\"decoder layer\""};
     for (size_t i = 0; i < sizeof tracks / sizeof tracks[0]; i++) CU_ASSERT_PTR_NOT_NULL(strstr(json, tracks[i]));
