@@ -46,7 +46,7 @@ if [ "$ONLY" = all ] || [ "$ONLY" = large ]; then
     done
 fi
 if [ "$ONLY" = all ] || [ "$ONLY" = ablation ]; then
-    common=(--model opt-1.3b --prompt-len 32 --gen-len 8 --cpu-mem 4G)
+    common=(--model opt-1.3b --prompt-len 16 --gen-len 4 --cpu-mem 4G)
     run ablation-all "${common[@]}" --percent 0 0 0 100 100 0 --gpu-batch-size 8 --num-gpu-batches 4 --cpu-cache-compute
     run ablation-no-overlap "${common[@]}" --percent 0 0 0 100 100 0 --gpu-batch-size 8 --num-gpu-batches 4 --cpu-cache-compute --overlap 0
     run ablation-no-delegation "${common[@]}" --percent 0 0 0 100 100 0 --gpu-batch-size 8 --num-gpu-batches 4
