@@ -257,18 +257,21 @@ static void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_
     tier_add(rt, TIER_CPU, (double)bytes);
 }
 
+/* Writes the pages under p back (when dirty) and drops them from memory and the page cache. */
+static void drop_pages(const disk_arena *a, const void *p, size_t bytes, int dirty) {
+    size_t off, len;
+    page_range(a, p, bytes, &off, &len);
+    if (dirty) msync(a->base + off, len, MS_SYNC);
+    madvise(a->base + off, len, MADV_DONTNEED);
+    posix_fadvise(a->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
 /* Writes back what was written (cpu -> disk) and drops the pages from memory. */
 static void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
                          size_t written) {
     if (!bytes) return;
-    size_t off, len;
-    page_range(a, p, bytes, &off, &len);
-    if (written) {
-        msync(a->base + off, len, MS_SYNC);
-        link_add(rt, LINK_CPU_TO_DISK, (double)written);
-    }
-    madvise(a->base + off, len, MADV_DONTNEED);
-    posix_fadvise(a->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    drop_pages(a, p, bytes, written > 0);
+    if (written) link_add(rt, LINK_CPU_TO_DISK, (double)written);
     tier_add(rt, TIER_CPU, -(double)bytes);
 }
 
@@ -722,18 +725,15 @@ static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
             if (m->layout.tensors[i].tied_to >= 0) continue;
             fp16 *dst = (fp16 *)(m->disk.base + offsets[i]);
             opt_tensor_fill(&m->layout, i, &src, NULL, dst);
-            size_t off, len;
-            page_range(&m->disk, dst, 2 * m->layout.tensors[i].count, &off, &len);
-            msync(m->disk.base + off, len, MS_SYNC); /* keep memory to the policy while writing */
-            madvise(m->disk.base + off, len, MADV_DONTNEED);
-            posix_fadvise(m->disk.fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+            drop_pages(&m->disk, dst, 2 * m->layout.tensors[i].count, 1); /* memory to the policy */
         }
         progress(m, "writing dummy weights", j + 1, L);
     }
     memcpy(m->disk.base, &want, sizeof want);
     char self[64];
     snprintf(self, sizeof self, "/proc/self/fd/%d", m->disk.fd);
-    if (msync(m->disk.base, m->disk.size, MS_SYNC) || (unlink(path), 0) ||
+    unlink(path); /* a stale file of the same name */
+    if (msync(m->disk.base, m->disk.size, MS_SYNC) ||
         linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW))
         fprintf(stderr, "flexgen: note: could not keep the dummy weights as %s (%s); they are "
                         "written again next run\n", path, strerror(errno));
@@ -1178,34 +1178,33 @@ static void act_fetch_task(fg_runtime *rt, const io_task *task) {
         if (t == TIER_DISK) disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
 }
 
-static void act_in_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    int k = task->arg[A_BATCH], buf = task->arg[A_BUF];
+/* Sequence rows of GPU batch k between staging arena buf and their homes: in (home -> staging,
+ * cpu -> gpu) or out (staging -> home, gpu -> cpu). Rows homed on the gpu tier move no link. */
+static void act_move(fg_runtime *rt, block *bl, int k, int buf, int out) {
+    size_t bytes = act_bytes(bl, k);
     for (int b = 0; b < bl->gb[k].batch; b++) {
         fg_tier t = tier_of(&bl->s.act, b);
+        float *home = act_home_rows(bl, k, b), *x = x_rows(bl, buf, k, b);
         if (t == TIER_GPU) {
-            rt->backend->copy(x_rows(bl, buf, k, b), act_home_rows(bl, k, b), act_bytes(bl, k));
-            continue;
+            rt->backend->copy(out ? home : x, out ? x : home, bytes);
+        } else if (out) {
+            rt->backend->copy_out(home, x, bytes);
+            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
+        } else {
+            rt->backend->copy_in(x, home, bytes);
+            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
+            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
         }
-        rt->backend->copy_in(x_rows(bl, buf, k, b), act_home_rows(bl, k, b), act_bytes(bl, k));
-        link_add(rt, LINK_CPU_TO_GPU, (double)act_bytes(bl, k));
-        if (t == TIER_DISK) disk_release(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k), 0);
     }
 }
 
+static void act_in_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->arg[A_BATCH], task->arg[A_BUF], 0);
+}
+
 static void act_out_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    int k = task->arg[A_BATCH], buf = task->arg[A_BUF];
-    for (int b = 0; b < bl->gb[k].batch; b++) {
-        fg_tier t = tier_of(&bl->s.act, b);
-        if (t == TIER_GPU) {
-            rt->backend->copy(act_home_rows(bl, k, b), x_rows(bl, buf, k, b), act_bytes(bl, k));
-            continue;
-        }
-        rt->backend->copy_out(act_home_rows(bl, k, b), x_rows(bl, buf, k, b), act_bytes(bl, k));
-        link_add(rt, LINK_GPU_TO_CPU, (double)act_bytes(bl, k));
-        if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)act_bytes(bl, k));
-    }
+    act_move(rt, task->ctx, task->arg[A_BATCH], task->arg[A_BUF], 1);
 }
 
 static void act_writeback_task(fg_runtime *rt, const io_task *task) {
