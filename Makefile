@@ -10,7 +10,7 @@ CFLAGS += -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I$(BLAS_INC)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-SRC := opt_model.c tokenizer.c flexgen.c
+SRC := opt_model.c tokenizer.c quant.c flexgen.c
 HDR := flexgen.h
 TEST_SRC := $(wildcard tests/*.c)
 

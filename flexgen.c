@@ -349,9 +349,10 @@ static uint64_t io_submit(fg_runtime *rt, int link, io_task t) {
 }
 
 /* Fig. 4's "synchronize": the KV cache and activations that moved for this iteration are done;
- * with `weights` too, the next layer's weights (needed when the next iteration starts a layer). */
+ * with `weights` too, the next layer's weights (needed when the next iteration starts a layer),
+ * but not the disk read of the layer after it, which may go on. */
 static void io_sync(fg_runtime *rt, int weights) {
-    for (int i = weights ? 0 : IO_DISK; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
+    for (int i = weights ? IO_WEIGHT_HOST : IO_DISK; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
 }
 
 static void io_stop(fg_runtime *rt) {
@@ -373,7 +374,8 @@ static void io_stop(fg_runtime *rt) {
 
 fg_policy fg_default_policy(void) {
     return (fg_policy){.gpu_batch_size = 16, .num_gpu_batches = 2,
-                       .percent = {100, 0, 100, 0, 100, 0}, .overlap = 1, .pin_weight = 1};
+                       .percent = {100, 0, 100, 0, 100, 0}, .overlap = 1, .pin_weight = 1,
+                       .attn_sparsity = 1};
 }
 
 static double mem_available_bytes(void) {
@@ -419,6 +421,8 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     }
     if (p->gpu_batch_size < 1 || p->num_gpu_batches < 1)
         return fg_fail(err, "--gpu-batch-size and --num-gpu-batches must be at least 1");
+    if (!(p->attn_sparsity > 0 && p->attn_sparsity <= 1))
+        return fg_fail(err, "--attn-sparsity: %g is outside (0, 1]", p->attn_sparsity);
     const char *offload = p->offload_dir ? p->offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     if (check_dir("--offload-dir", offload, err)) return -1;
     fg_runtime *rt = calloc(1, sizeof *rt);
@@ -512,9 +516,17 @@ int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {
  * ============================================================================================ */
 
 typedef struct {
+    long g;       /* the layer (as in staged), -1 for none */
+    uint64_t seq; /* its task on the disk link */
+    int used;     /* its conversion into the gpu tier is queued */
+} weight_read;
+
+typedef struct {
     fg_tier tier;
-    float *gpu; /* gpu tier: the working copy */
-    fp16 *host; /* cpu tier, or in the disk arena */
+    int q4;       /* compressed (§5): 4-bit in any tier, decompressed into staging before use */
+    float *gpu;   /* gpu tier, uncompressed: the working copy */
+    void *stored; /* otherwise: fp16 or 4-bit, in the tier's memory or the disk arena */
+    size_t bytes; /* of stored */
 } weight_home;
 
 struct fg_model {
@@ -530,10 +542,14 @@ struct fg_model {
     double disk_bytes;    /* of the disk tier that the disk homes take */
     float *staging[2];
     size_t staging_floats;
-    long staged[2];       /* which (step, layer) each staging arena holds, -1 for none */
+    long staged[2];       /* which layer g (step g / L, layer g % L) each staging arena holds, or -1 */
+    weight_read reads[2]; /* disk reads of layers g, in slot g % 2 */
 };
 
 static int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
+
+/* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed. */
+static int is_staged(const weight_home *h) { return h->tier != TIER_GPU || h->q4; }
 
 static void place_weights(fg_model *m) {
     const int *pc = m->rt->policy.percent;
@@ -551,17 +567,24 @@ static void place_weights(fg_model *m) {
             m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
         }
     }
-    for (int i = 0; i < l->n_tensors; i++)
-        if (l->tensors[i].tied_to >= 0) m->homes[i].tier = m->homes[l->tensors[i].tied_to].tier;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const opt_tensor *t = &l->tensors[i];
+        weight_home *h = &m->homes[i];
+        if (t->tied_to >= 0) h->tier = m->homes[t->tied_to].tier;
+        h->q4 = m->rt->policy.compress_weight && t->group_len > 0;
+        h->bytes = h->q4 ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
+    }
     m->staging_floats = 0;
     for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++)
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-            if (m->homes[i].tier != TIER_GPU && l->layer_floats[j] > m->staging_floats)
+            if (is_staged(&m->homes[i]) && l->layer_floats[j] > m->staging_floats)
                 m->staging_floats = l->layer_floats[j];
 }
 
-static double home_bytes(fg_tier tier, size_t count) {
-    return tier == TIER_GPU ? 4.0 * count : tier == TIER_CPU ? 2.0 * count : (double)page_up(2 * count);
+/* What a home takes of its tier. */
+static double home_bytes(const weight_home *h, size_t count) {
+    if (h->tier == TIER_GPU && !h->q4) return 4.0 * count;
+    return h->tier == TIER_DISK ? (double)page_up(h->bytes) : (double)h->bytes;
 }
 
 /* Bytes of the weights' homes per tier, and the largest disk share of one layer. */
@@ -572,7 +595,7 @@ static void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_l
         double layer_disk = 0;
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             const weight_home *h = &m->homes[i];
-            double b = home_bytes(h->tier, m->layout.tensors[i].count);
+            double b = home_bytes(h, m->layout.tensors[i].count);
             if (m->layout.tensors[i].tied_to < 0) bytes[h->tier] += b;
             if (h->tier == TIER_DISK) layer_disk += b;
         }
@@ -584,7 +607,7 @@ static void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_l
 static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const char *dir,
                       char *err) {
     m->disk.fd = -1;
-    m->staged[0] = m->staged[1] = -1;
+    m->staged[0] = m->staged[1] = m->reads[0].g = m->reads[1].g = -1;
     if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
     if (m->has_archive && opt_layout_check_archive(&m->layout, &m->archive, dir, err)) return -1;
     int L = n_flexgen_layers(cfg);
@@ -643,10 +666,10 @@ void fg_model_close(fg_model *m) {
     if (!m) return;
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
-        size_t count = m->layout.tensors[i].count;
+        size_t bytes = (size_t)home_bytes(h, m->layout.tensors[i].count);
         if (m->layout.tensors[i].tied_to >= 0) continue;
-        if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->gpu, 4 * count);
-        if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->host, 2 * count);
+        if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->q4 ? h->stored : h->gpu, bytes);
+        if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->stored, bytes);
     }
     for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], 4 * m->staging_floats);
     if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
@@ -672,7 +695,7 @@ static size_t weight_file_offsets(const fg_model *m, size_t *offsets) {
     size_t at = page_up(sizeof(weight_file_header));
     for (int i = 0; i < m->layout.n_tensors; i++) {
         offsets[i] = at;
-        if (m->layout.tensors[i].tied_to < 0) at += page_up(2 * m->layout.tensors[i].count);
+        if (m->layout.tensors[i].tied_to < 0) at += page_up(m->homes[i].bytes);
     }
     return at;
 }
@@ -694,16 +717,32 @@ static void progress(const fg_model *m, const char *what, int done, int total) {
     if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
 }
 
+/* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
+static int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
+    const opt_tensor *t = &m->layout.tensors[i];
+    if (!m->homes[i].q4) {
+        opt_tensor_fill(&m->layout, i, src, NULL, dst);
+        return 0;
+    }
+    float *values = malloc(t->count * sizeof *values);
+    if (!values) return fg_fail(err, "out of memory compressing %s", t->name);
+    opt_tensor_fill(&m->layout, i, src, values, NULL);
+    q4_compress(values, t->group_outer, t->group_len, t->group_inner, dst);
+    free(values);
+    return 0;
+}
+
 /* Maps the dummy-weight file, writing it first when it is missing or stale. */
 static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
     const opt_config *c = &m->view.cfg;
     size_t size = weight_file_offsets(m, offsets);
     char path[4300];
-    snprintf(path, sizeof path, "%s/%s-seed%llu.fgw", m->rt->weight_dir, c->name,
-             (unsigned long long)m->seed);
+    int q4 = m->rt->policy.compress_weight;
+    snprintf(path, sizeof path, "%s/%s-seed%llu%s.fgw", m->rt->weight_dir, c->name,
+             (unsigned long long)m->seed, q4 ? "-q4" : "");
     weight_file_header want;
     memset(&want, 0, sizeof want);
-    snprintf(want.magic, sizeof want.magic, "flexgen-wt-1");
+    snprintf(want.magic, sizeof want.magic, q4 ? "flexgen-q4-1" : "flexgen-wt-1");
     want.cfg = *c;
     want.seed = m->seed;
     want.bytes = size;
@@ -723,9 +762,9 @@ static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
     for (int j = 0; j < L; j++) {
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             if (m->layout.tensors[i].tied_to >= 0) continue;
-            fp16 *dst = (fp16 *)(m->disk.base + offsets[i]);
-            opt_tensor_fill(&m->layout, i, &src, NULL, dst);
-            drop_pages(&m->disk, dst, 2 * m->layout.tensors[i].count, 1); /* memory to the policy */
+            char *dst = m->disk.base + offsets[i];
+            if (fill_stored(m, i, &src, dst, err)) return -1;
+            drop_pages(&m->disk, dst, m->homes[i].bytes, 1); /* memory to the policy */
         }
         progress(m, "writing dummy weights", j + 1, L);
     }
@@ -771,28 +810,28 @@ static int load_weights_into_homes(fg_model *m, char *err) {
             const opt_tensor *t = &l->tensors[i];
             weight_home *h = &m->homes[i];
             if (t->tied_to >= 0) continue;
-            if (h->tier == TIER_GPU) {
+            if (h->tier == TIER_GPU && !h->q4) {
                 h->gpu = tier_alloc(rt, TIER_GPU, 4 * t->count, "the weights", err);
                 if (h->gpu) opt_tensor_fill(l, i, &src, h->gpu, NULL);
-            } else if (h->tier == TIER_CPU) {
-                h->host = tier_alloc(rt, TIER_CPU, 2 * t->count, "the weights", err);
-                if (h->host) opt_tensor_fill(l, i, &src, NULL, h->host);
+                else rc = -1;
+            } else if (h->tier != TIER_DISK) {
+                h->stored = tier_alloc(rt, h->tier, h->bytes, "the weights", err);
+                rc = h->stored ? fill_stored(m, i, &src, h->stored, err) : -1;
             } else if (from_file) {
-                h->host = (fp16 *)(m->disk.base + offsets[i]);
+                h->stored = m->disk.base + offsets[i];
             } else {
-                h->host = arena_take(&m->disk, 2 * t->count);
-                opt_tensor_fill(l, i, &src, NULL, h->host);
-                tier_add(rt, TIER_CPU, 2.0 * t->count); /* written pages, until released */
-                disk_release(rt, &m->disk, h->host, 2 * t->count, 0);
+                h->stored = arena_take(&m->disk, h->bytes);
+                rc = fill_stored(m, i, &src, h->stored, err);
+                tier_add(rt, TIER_CPU, (double)h->bytes); /* written pages, until released */
+                disk_release(rt, &m->disk, h->stored, h->bytes, 0);
             }
-            if (h->tier != TIER_DISK && !h->gpu && !h->host) rc = -1;
         }
         if (m->has_archive) progress(m, "placing weights", j + 1, L);
     }
     free(offsets);
     for (int i = 0; i < l->n_tensors && rc == 0; i++) {
         if (l->tensors[i].tied_to >= 0) m->homes[i] = m->homes[l->tensors[i].tied_to];
-        if (m->homes[i].tier == TIER_GPU) *l->tensors[i].slot = m->homes[i].gpu;
+        if (!is_staged(&m->homes[i])) *l->tensors[i].slot = m->homes[i].gpu;
     }
     for (int b = 0; b < 2 && rc == 0 && m->staging_floats; b++)
         if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, 4 * m->staging_floats, "weight staging", err))) rc = -1;
@@ -804,13 +843,23 @@ static int load_weights_into_homes(fg_model *m, char *err) {
     return rc;
 }
 
-/* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ---- */
+/* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
+ * Layer g (step g / L, layer g % L) is read from disk one layer earlier than Fig. 4 asks, while
+ * layer g - 2 computes, so that the disk link reads back to back instead of waiting for each
+ * conversion into the gpu tier; the plan counts those two layers of pages in the cpu tier. */
 
 static void weights_fetch_task(fg_runtime *rt, const io_task *task) {
     fg_model *m = task->ctx;
     for (int i = m->layer_first[task->arg[0]]; i < m->layer_first[task->arg[0] + 1]; i++)
         if (m->homes[i].tier == TIER_DISK)
-            disk_fetch(rt, &m->disk, m->homes[i].host, 2 * m->layout.tensors[i].count);
+            disk_fetch(rt, &m->disk, m->homes[i].stored, m->homes[i].bytes);
+}
+
+/* Drops layer j's pages that came from disk (after their conversion, or unused). */
+static void weights_release(fg_runtime *rt, fg_model *m, int j) {
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        if (m->homes[i].tier == TIER_DISK)
+            disk_release(rt, &m->disk, m->homes[i].stored, m->homes[i].bytes, 0);
 }
 
 static void weights_in_task(fg_runtime *rt, const io_task *task) {
@@ -818,30 +867,58 @@ static void weights_in_task(fg_runtime *rt, const io_task *task) {
     float *staging = m->staging[task->arg[1]];
     for (int i = m->layer_first[task->arg[0]]; i < m->layer_first[task->arg[0] + 1]; i++) {
         const weight_home *h = &m->homes[i];
-        size_t n = m->layout.tensors[i].count;
-        if (h->tier == TIER_GPU) continue;
-        rt->backend->weights_in(staging + m->layout.tensors[i].offset, h->host, n);
-        link_add(rt, LINK_CPU_TO_GPU, 2.0 * n);
-        if (h->tier == TIER_DISK) disk_release(rt, &m->disk, h->host, 2 * n, 0);
+        const opt_tensor *t = &m->layout.tensors[i];
+        if (!is_staged(h)) continue;
+        if (h->q4)
+            rt->backend->weights_in_q4(staging + t->offset, h->stored, t->group_outer, t->group_len,
+                                       t->group_inner);
+        else
+            rt->backend->weights_in(staging + t->offset, h->stored, t->count);
+        if (h->tier != TIER_GPU) link_add(rt, LINK_CPU_TO_GPU, (double)h->bytes);
     }
+    weights_release(rt, m, task->arg[0]);
 }
 
-/* Starts loading layer g % L of the step g / L into staging arena g % 2, unless it is there. */
+/* Starts reading the disk part of layer g into the cpu tier, unless it is read or has none. */
+static void read_weights(fg_model *m, long g) {
+    int L = n_flexgen_layers(&m->view.cfg), j = (int)(g % L), on_disk = 0;
+    weight_read *r = &m->reads[g % 2];
+    if (r->g == g) return;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) on_disk |= m->homes[i].tier == TIER_DISK;
+    if (!on_disk) return;
+    *r = (weight_read){g, io_submit(m->rt, IO_WEIGHT_DISK, (io_task){weights_fetch_task, "read weights", 0, 0, m, {j, 0}}), 0};
+}
+
+/* Starts loading layer g into staging arena g % 2 (reading it first if that has not begun). */
 static void load_weights(fg_model *m, long g) {
-    int L = n_flexgen_layers(&m->view.cfg), j = (int)(g % L), buf = (int)(g % 2), on_disk = 0, staged = 0;
+    int L = n_flexgen_layers(&m->view.cfg), j = (int)(g % L), buf = (int)(g % 2), staged = 0;
     if (m->staged[buf] == g) return;
     m->staged[buf] = g;
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-        if (m->homes[i].tier == TIER_GPU) continue;
+        if (!is_staged(&m->homes[i])) continue;
         *m->layout.tensors[i].slot = m->staging[buf] + m->layout.tensors[i].offset;
-        on_disk |= m->homes[i].tier == TIER_DISK;
         staged = 1;
     }
     if (!staged) return;
-    uint64_t read = 0;
-    if (on_disk)
-        read = io_submit(m->rt, IO_WEIGHT_DISK, (io_task){weights_fetch_task, "read weights", 0, 0, m, {j, buf}});
+    read_weights(m, g);
+    weight_read *r = &m->reads[g % 2];
+    uint64_t read = r->g == g ? r->seq : 0;
+    if (r->g == g) r->used = 1;
     io_submit(m->rt, IO_WEIGHT_HOST, (io_task){weights_in_task, "load weights", IO_WEIGHT_DISK, read, m, {j, buf}});
+}
+
+/* At the end of a block: layers read ahead for steps that did not come (every sequence
+ * stopped) give their pages back. */
+static void forget_reads(fg_model *m) {
+    int L = n_flexgen_layers(&m->view.cfg);
+    for (int b = 0; b < 2; b++) {
+        weight_read *r = &m->reads[b];
+        if (r->g >= 0 && !r->used) {
+            io_wait(m->rt, IO_WEIGHT_DISK, r->seq);
+            weights_release(m->rt, m, (int)(r->g % L));
+        }
+        r->g = -1;
+    }
 }
 
 /* ============================================================================================
@@ -878,7 +955,8 @@ static fg_tier row_tier(const row_split *s, int b, int *index) {
 typedef struct {
     int gbs, ngb, max_prompt, max_len, stage_len;
     row_split cache, act;
-    size_t row_floats;          /* hidden: floats per token */
+    size_t row_floats;          /* hidden: floats per token of the activations */
+    size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
     double kv_home[N_TIERS];    /* bytes per tier */
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
@@ -900,19 +978,20 @@ static block_shape shape_block(const fg_runtime *rt, const opt_config *c, int n_
     s.cache = split_rows(s.gbs, p->percent[2], p->percent[3]);
     s.act = split_rows(s.gbs, p->percent[4], p->percent[5]);
     s.row_floats = (size_t)c->hidden;
-    double h = c->hidden, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
+    s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
+    double h = c->hidden, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
     for (int t = 0; t < N_TIERS; t++) {
-        s.kv_home[t] = 2.0 * c->n_layers * s.ngb * 2 * s.cache.rows[t] * s.max_len * h;
+        s.kv_home[t] = kv_row * c->n_layers * s.ngb * 2 * s.cache.rows[t] * s.max_len;
         s.act_home[t] = 4.0 * s.ngb * s.act.rows[t] * max_prompt * h;
     }
     s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
     s.act_home[TIER_DISK] = (double)page_up((size_t)s.act_home[TIER_DISK]);
-    s.kv_stage = staged_rows > 0 ? 2 * 2 * 2.0 * staged_rows * s.stage_len * h : 0;
+    s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
     s.x_stage = 2 * 4.0 * s.gbs * max_prompt * h;
     s.workspace = (double)opt_workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
     s.logits = 4.0 * s.gbs * s.ngb * c->vocab;
     /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
-    s.transient_cpu = 2 * (2 * 2.0 * s.cache.rows[TIER_DISK] * s.max_len * h +
+    s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
                            4.0 * s.act.rows[TIER_DISK] * max_prompt * h + 2 * page_size());
     return s;
 }
@@ -924,28 +1003,30 @@ typedef struct {
     gpu_batch *gb;   /* [ngb] */
     int n_batches;   /* in this block (the last block may have fewer) */
     int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
+    int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
+                        place, so only those cross the link (§5); disk rows move whole */
     opt_workspace ws;
     float *logits;   /* [gbs * ngb][vocab] */
-    fp16 *kv_home[N_TIERS];   /* [ngb][n_layers][K, V][rows][max_len][hidden] */
+    char *kv_home[N_TIERS];   /* [ngb][n_layers][K, V][rows][max_len] rows of kv_row bytes */
     float *act_home[N_TIERS]; /* [ngb][rows][max_prompt][hidden] */
-    fp16 *kv_stage[2];        /* [K, V][non-gpu rows][stage_len][hidden] */
+    char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
     float *x_stage[2];        /* [gbs * max_prompt][hidden]: gb->x of the iteration */
     disk_arena disk;
     int has_ws;
 } block;
 
 /* Sequence b's cache rows of `layer` in GPU batch k: K (kv 0) or V (kv 1), where they live. */
-static fp16 *kv_home_rows(const block *bl, int k, int layer, int kv, int b) {
+static char *kv_home_rows(const block *bl, int k, int layer, int kv, int b) {
     int r;
     fg_tier t = row_tier(&bl->s.cache, b, &r);
     size_t idx = (((size_t)k * bl->m->view.cfg.n_layers + layer) * 2 + kv) * bl->s.cache.rows[t] + r;
-    return bl->kv_home[t] + idx * bl->s.max_len * bl->s.row_floats;
+    return bl->kv_home[t] + idx * bl->s.max_len * bl->s.kv_row;
 }
 
-static fp16 *kv_stage_rows(const block *bl, int buf, int kv, int b) {
+static char *kv_stage_rows(const block *bl, int buf, int kv, int b) {
     int staged = bl->s.gbs - bl->s.cache.rows[TIER_GPU];
     size_t idx = (size_t)kv * staged + (b - bl->s.cache.rows[TIER_GPU]);
-    return bl->kv_stage[buf] + idx * bl->s.stage_len * bl->s.row_floats;
+    return bl->kv_stage[buf] + idx * bl->s.stage_len * bl->s.kv_row;
 }
 
 static float *act_home_rows(const block *bl, int k, int b) {
@@ -987,6 +1068,7 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, in
     if (!bl->gb) return fg_fail(err, "out of memory");
     for (int k = 0; k < s->ngb; k++)
         if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
+        else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity;
     for (int t = TIER_GPU; t <= TIER_CPU; t++) {
         if (s->kv_home[t] && !(bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err))) goto fail;
         if (s->act_home[t] && !(bl->act_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err))) goto fail;
@@ -1082,20 +1164,24 @@ enum { A_BATCH, A_LAYER, A_BUF, A_FIRST, A_COUNT };
 static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const int *a = task->arg;
-    size_t row = bl->s.row_floats * sizeof(fp16);
+    size_t row = bl->s.kv_row;
     FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            disk_fetch(rt, &bl->disk, kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + (size_t)a[A_FIRST] * bl->s.row_floats,
+            disk_fetch(rt, &bl->disk, kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + (size_t)a[A_FIRST] * row,
                        (size_t)a[A_COUNT] * row);
 }
+
+/* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
+static int v_in_place(const block *bl, int kv, fg_tier t) { return bl->sparse_v && kv == 1 && t == TIER_CPU; }
 
 static void cache_in_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const int *a = task->arg;
-    size_t row = bl->s.row_floats * sizeof(fp16), bytes = (size_t)a[A_COUNT] * row;
+    size_t bytes = (size_t)a[A_COUNT] * bl->s.kv_row;
     FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
         for (int kv = 0; kv < 2; kv++) {
-            fp16 *home = kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b);
+            char *home = kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b);
+            if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
             rt->backend->copy_in(kv_stage_rows(bl, a[A_BUF], kv, b), home, bytes);
             link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
             if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
@@ -1105,12 +1191,12 @@ static void cache_in_task(fg_runtime *rt, const io_task *task) {
 static void cache_out_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const int *a = task->arg;
-    size_t row = bl->s.row_floats * sizeof(fp16), at = (size_t)a[A_FIRST] * bl->s.row_floats;
-    size_t bytes = (size_t)a[A_COUNT] * row;
+    size_t at = (size_t)a[A_FIRST] * bl->s.kv_row, bytes = (size_t)a[A_COUNT] * bl->s.kv_row;
     FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
         for (int kv = 0; kv < 2; kv++) {
-            rt->backend->copy_out(kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + at,
-                                  kv_stage_rows(bl, a[A_BUF], kv, b) + at, bytes);
+            if (!v_in_place(bl, kv, t)) /* else attention wrote the row in place */
+                rt->backend->copy_out(kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + at,
+                                      kv_stage_rows(bl, a[A_BUF], kv, b) + at, bytes);
             link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
             if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
         }
@@ -1121,10 +1207,10 @@ static void cache_out_task(fg_runtime *rt, const io_task *task) {
 static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const int *a = task->arg;
-    size_t row = bl->s.row_floats * sizeof(fp16), from = bl->delegate ? 0 : (size_t)a[A_FIRST];
+    size_t row = bl->s.kv_row, from = bl->delegate ? 0 : (size_t)a[A_FIRST];
     FOR_OFF_GPU(bl->s.cache, bl, a[A_BATCH], b, t)
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            disk_release(rt, &bl->disk, kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + from * bl->s.row_floats,
+            disk_release(rt, &bl->disk, kv_home_rows(bl, a[A_BATCH], a[A_LAYER], kv, b) + from * row,
                          (a[A_FIRST] + a[A_COUNT] - from) * row, (size_t)a[A_COUNT] * row);
 }
 
@@ -1156,7 +1242,7 @@ static void store_cache(block *bl, int j, int k, int buf) {
         t.fn = cache_out_task, t.name = "store cache";
         copied = io_submit(bl->rt, IO_HOST, t);
     } else { /* attention wrote them in place: they came from the compute device all the same */
-        size_t bytes = 2 * (size_t)gb->n_new * bl->s.row_floats * sizeof(fp16);
+        size_t bytes = 2 * (size_t)gb->n_new * bl->s.kv_row;
         FOR_OFF_GPU(bl->s.cache, bl, k, b, tier) {
             link_add(bl->rt, LINK_GPU_TO_CPU, (double)bytes);
             if (tier == TIER_DISK) tier_add(bl->rt, TIER_CPU, (double)bytes);
@@ -1247,9 +1333,11 @@ static void bind_batch(block *bl, int j, int k, int buf) {
     gb->x = bl->x_stage[buf];
     if (!is_decoder_layer(bl, j)) return;
     for (int b = 0; b < gb->batch; b++) {
-        int on_gpu = b < bl->s.cache.rows[TIER_GPU], home = on_gpu || bl->delegate;
+        fg_tier t = tier_of(&bl->s.cache, b);
+        int home = t == TIER_GPU || bl->delegate;
         gb->k[b] = home ? kv_home_rows(bl, k, j - 1, 0, b) : kv_stage_rows(bl, buf, 0, b);
-        gb->v[b] = home ? kv_home_rows(bl, k, j - 1, 1, b) : kv_stage_rows(bl, buf, 1, b);
+        gb->v[b] = home || v_in_place(bl, 1, t) ? kv_home_rows(bl, k, j - 1, 1, b) : kv_stage_rows(bl, buf, 1, b);
+        gb->v_rows_read[b] = 0;
     }
 }
 
@@ -1264,6 +1352,9 @@ static void compute_layer(block *bl, int j, int k, int buf) {
         be->embed(w, gb, &bl->ws);
     } else if (is_decoder_layer(bl, j)) {
         be->layer(w, j - 1, gb, &bl->ws);
+        for (int b = 0; b < gb->batch && bl->sparse_v; b++) /* the kept V rows, gathered */
+            if (tier_of(&bl->s.cache, b) == TIER_CPU)
+                link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / w->cfg.n_heads);
     } else {
         be->output(w, gb, &bl->ws, bl->logits + (size_t)k * bl->s.gbs * w->cfg.vocab);
     }
@@ -1277,13 +1368,16 @@ static void compute_layer(block *bl, int j, int k, int buf) {
  * Iteration t uses staging arena t % 2, so what moves never touches what computes. */
 static double generation_step(block *bl, int i, int last_step) {
     int L = n_flexgen_layers(&bl->m->view.cfg), K = bl->n_batches;
+    long end = last_step ? (long)(i + 1) * L : LONG_MAX; /* the layers g = i L + j that will run */
     double compute = 0;
     for (int j = 0; j < L; j++) {
+        long g = (long)i * L + j;
         for (int k = 0; k < K; k++) {
             long t = ((long)i * L + j) * K + k;
             int prev_j = k > 0 ? j : j - 1, prev_k = k > 0 ? k - 1 : K - 1;
             int next_j = k + 1 < K ? j : j + 1, next_k = k + 1 < K ? k + 1 : 0;
-            if (k == 0 && !(last_step && j == L - 1)) load_weights(bl->m, (long)i * L + j + 1);
+            if (k == 0 && g + 1 < end) load_weights(bl->m, g + 1);
+            if (k == 0 && g + 2 < end) read_weights(bl->m, g + 2);
             if (prev_j >= 0) {
                 store_cache(bl, prev_j, prev_k, (int)((t + 1) % 2));
                 store_hidden(bl, prev_j, prev_k, (int)((t + 1) % 2));
@@ -1400,6 +1494,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
         io_sync(rt, 1);
         for (int i = 0; i < opt->gen_len; i++) { /* i == 0 is the prefill */
             bl.delegate = rt->policy.cpu_cache_compute && i > 0;
+            bl.sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl.delegate;
             timing->compute_seconds += generation_step(&bl, i, i + 1 == opt->gen_len);
             int running = choose_tokens(&bl, opt, i, first, count, out_tokens, logits, done, &rng,
                                         scratch);
@@ -1411,6 +1506,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
                 fprintf(stderr, "\rblock %d/%d: token %d/%d", blk + 1, n_blocks, i + 1, opt->gen_len);
             if (running == 0) break;
         }
+        forget_reads(m);
     }
     if (opt->verbose) fprintf(stderr, "\n");
     timing->disk_read_seconds = rt->disk_read_seconds - disk_read_before;
@@ -1471,6 +1567,11 @@ static void usage(FILE *out) {
 "  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
 "                          the cache lives\n"
 "  --pin-weight 0|1        pinned cpu-tier weights (CUDA backend only; no effect here) [1]\n"
+"  --compress-weight       keep every weight matrix 4-bit, group-wise (section 5) in whichever\n"
+"                          tier holds it; decompressed into the gpu tier just before use\n"
+"  --compress-cache        keep the KV cache 4-bit, group-wise along each head (section 5)\n"
+"  --attn-sparsity F       decode attention keeps the top F of the past tokens by weight and\n"
+"                          reads only their V rows (section 5), 0 < F <= 1 [1]\n"
 "  --gpu-mem SIZE, --cpu-mem SIZE, --disk-mem SIZE\n"
 "                          tier capacities, e.g. 16G, 512M (K, M, G, T are powers of 1024)\n"
 "                          [available memory; free space in the offload dir]\n"
@@ -1527,7 +1628,7 @@ static int is_value_flag(const char *f) {
     static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
         "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
-        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace"};
+        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
     return 0;
@@ -1550,6 +1651,8 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--stop-at-eos")) a->gen.stop_at_eos = 1, takes_value = 0;
         else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, takes_value = 0;
         else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
+        else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
+        else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
         else if (!strcmp(f, "--percent")) {
             for (int j = 0; j < 6 && rc == 0; j++)
                 rc = parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, &p->percent[j], err);
@@ -1579,6 +1682,11 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--disk-mem")) rc = parse_size(f, v, &p->capacity[TIER_DISK], err);
         else if (!strcmp(f, "--temperature")) rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
         else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 1, &a->gen.top_p, err);
+        else if (!strcmp(f, "--attn-sparsity")) {
+            rc = parse_float(f, v, 0, 1, &p->attn_sparsity, err);
+            if (rc == 0 && !(p->attn_sparsity > 0))
+                rc = fg_fail(err, "--attn-sparsity: expected a fraction in (0, 1], got '%s'", v);
+        }
         else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
         if (rc) return -1;
         i += takes_value;
@@ -1838,6 +1946,9 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddItemToObject(o, "percent", cJSON_CreateIntArray(a->policy.percent, 6));
         cJSON_AddBoolToObject(o, "overlap", a->policy.overlap);
         cJSON_AddBoolToObject(o, "cpu_cache_compute", a->policy.cpu_cache_compute);
+        cJSON_AddBoolToObject(o, "compress_weight", a->policy.compress_weight);
+        cJSON_AddBoolToObject(o, "compress_cache", a->policy.compress_cache);
+        cJSON_AddNumberToObject(o, "attn_sparsity", a->policy.attn_sparsity);
         cJSON_AddNumberToObject(o, "model_size_bytes", model);
         cJSON_AddNumberToObject(o, "cache_size_bytes", cache);
         cJSON_AddNumberToObject(o, "hidden_size_bytes", hidden);

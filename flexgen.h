@@ -4,6 +4,7 @@
  *   opt_model.c  OPT configs, safetensors checkpoints (mmap), dummy weights, the CPU layer math,
  *                sampling (paper §3: the generative inference computation)
  *   tokenizer.c  GPT-2 byte-level BPE over OPT's vocab.json / merges.txt
+ *   quant.c      4-bit group-wise compression, top-K selection for sparse attention (§5)
  *   flexgen.c    the runtime: blocks of GPU batches walked in the order of Fig. 4, the report,
  *                the CLI (§4.1)
  *
@@ -40,6 +41,21 @@ fp16 fp32_to_fp16(float f); /* round to nearest even; overflow gives +-Inf */
 float bf16_to_fp32(uint16_t b);
 void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* vectorized where F16C exists */
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
+/* AVX2, FMA and F16C are there (and FLEXGEN_NO_SIMD, which tests the portable paths, is unset). */
+int fg_cpu_has_avx2(void);
+
+/* ------------------------------------------------------------------------------------------
+ * 4-bit group-wise compression (quant.c, §5). A tensor [outer][len][inner] is grouped along len
+ * in groups of Q4_GROUP values, each with an fp16 min and scale; quant.c's top comment gives the
+ * byte layout. Decoding gives min + q * scale: a constant group comes back exactly.
+ * ------------------------------------------------------------------------------------------ */
+#define Q4_GROUP 64
+size_t q4_bytes(size_t outer, size_t len, size_t inner);
+void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
+void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
+/* Top-K selection of sparse attention (§5): the indices of the k largest of w[0 .. n), at most
+ * n, in increasing order (ties go to the earlier index). Returns how many. scratch: n floats. */
+int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 
 /* ------------------------------------------------------------------------------------------
  * Model configuration.
@@ -148,6 +164,9 @@ typedef struct {
                              layers, n_layers + 1 output embedding */
     size_t offset, count; /* elements, within the layer's arena */
     float **slot;         /* the field of the view that points at the tensor's fp32 copy */
+    size_t group_outer, group_len, group_inner; /* §5's grouping of a matrix as stored: [outer]
+                             [len][inner] in groups along len (a linear [in][out]: [in][out][1];
+                             an embedding [vocab][dim]: [1][vocab][dim]); group_len 0: a vector */
     int tied_to;          /* -1, or the tensor whose values and home it shares (tied lm_head) */
     int first_spec, n_specs; /* the checkpoint tensors that fill it (internal) */
 } opt_tensor;
@@ -194,8 +213,36 @@ typedef struct {
     int *pad;     /* [batch] */
     int *tokens;  /* [batch][n_new] input ids of this step */
     float *x;     /* [batch * n_new][hidden] hidden states */
-    fp16 **k, **v; /* [batch]: sequence b's cache of this layer, [max_len][hidden], fp16 */
+    int kv_q4;    /* the cache is 4-bit (§5): each row [heads][head_dim] grouped along head_dim */
+    float attn_sparsity; /* decode attention keeps this fraction of the past (§5); 1: all */
+    int64_t *v_rows_read; /* [batch]: V rows (one head's each) decode attention read from the
+                             cache with a 4-bit cache or sparsity; the caller resets it */
+    void **k, **v; /* [batch]: sequence b's cache of this layer, max_len rows of
+                      opt_kv_row_bytes() each: [hidden] fp16, or 4-bit */
 } gpu_batch;
+
+/* Bytes of one token's K (or V) row of one layer: fp16, or (q4) 4-bit group-wise. */
+size_t opt_kv_row_bytes(const opt_config *c, int q4);
+
+/* One head's keys (or values) as decode attention reads them: key j is row j of the cache at
+ * rows + j * stride bytes (fp16, or 4-bit with the head's groups), except keys from first_fresh
+ * on, which are fp32 rows of this step at fresh + (j - first_fresh) * fresh_stride. */
+typedef struct {
+    const char *rows;
+    size_t stride;
+    int q4, head, head_dim;
+    int first_fresh;
+    const float *fresh;
+    size_t fresh_stride;
+} opt_kv_rows;
+
+/* One decode query of one head over keys 0 .. nk - 1 (the last is the new token): softmax(scale
+ * q.K) over all of them, then out = sum of weight_j V_j over the kept keys. sparsity < 1 is §5's
+ * top-K attention as in FlexGen: keep the new token and the floor(sparsity (total - 1)) earlier
+ * keys of largest weight (total: cache slots, left padding included), weights not renormalized,
+ * and only their V rows read. Returns the V rows read. scratch: 3 nk + head_dim floats. */
+int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
+                      int total, float scale, float sparsity, float *scratch, float *out);
 
 /* Allocates pad, tokens (batch x max_new) and the k, v pointer arrays; x and the cache rows
  * belong to the caller. */
@@ -269,6 +316,9 @@ typedef struct {
     int overlap;             /* I/O on its own threads, overlapping compute (Fig. 4) */
     int cpu_cache_compute;   /* decode attention over a cpu or disk cache runs on the CPU */
     int pin_weight;          /* pinned cpu-tier weights (CUDA backend; no effect on the CPU) */
+    int compress_weight;     /* weight matrices kept 4-bit group-wise in their tiers (§5) */
+    int compress_cache;      /* the KV cache kept 4-bit group-wise in its tiers (§5) */
+    float attn_sparsity;     /* decode attention keeps this fraction of the past (§5); 1: all */
     double capacity[N_TIERS]; /* bytes; 0: what the machine has */
     const char *offload_dir; /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */
     const char *weight_dir;  /* dummy weights placed on disk are written (once) here; NULL: the
@@ -298,6 +348,8 @@ typedef struct {
     void *(*alloc)(size_t bytes);            /* gpu-tier memory, 64-byte aligned */
     void (*free)(void *p);
     void (*weights_in)(float *dst, const fp16 *src, size_t n); /* cpu -> gpu, fp16 -> working */
+    void (*weights_in_q4)(float *dst, const void *src, size_t outer, size_t len, size_t inner);
+                                             /* the same from 4-bit (§5), decompressed */
     void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
     void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
     void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */

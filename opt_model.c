@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -647,6 +648,11 @@ int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int
         size_t end = i + 1 < l->n_tensors && l->tensors[i + 1].layer == t->layer
                          ? l->tensors[i + 1].offset : l->layer_floats[t->layer];
         t->count = end - t->offset;
+        const tensor_spec *s = &sl.s[t->first_spec]; /* §5: matrices group along dim 0 of [out, in] */
+        if (s->kind == FILL_MATRIX) /* stored [in][out]: out is contiguous */
+            t->group_outer = (size_t)s->cols, t->group_len = (size_t)s->rows * t->n_specs, t->group_inner = 1;
+        else if (s->kind == FILL_EMBED)
+            t->group_outer = 1, t->group_len = (size_t)s->rows, t->group_inner = (size_t)s->cols;
     }
     return 0;
 }
@@ -897,7 +903,9 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
     gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
     gb->k = calloc((size_t)batch, sizeof *gb->k);
     gb->v = calloc((size_t)batch, sizeof *gb->v);
-    if (!gb->pad || !gb->tokens || !gb->k || !gb->v) {
+    gb->v_rows_read = calloc((size_t)batch, sizeof *gb->v_rows_read);
+    gb->attn_sparsity = 1;
+    if (!gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->v_rows_read) {
         gpu_batch_free(gb);
         return fg_fail(err, "out of memory for a GPU batch of %d", batch);
     }
@@ -909,13 +917,15 @@ void gpu_batch_free(gpu_batch *gb) {
     free(gb->tokens);
     free(gb->k);
     free(gb->v);
+    free(gb->v_rows_read);
     memset(gb, 0, sizeof *gb);
 }
 
-/* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head). */
+/* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head), and
+ * what decode needs besides (opt_attend_decode's scratch). */
 static size_t thread_floats(const opt_config *cfg, int max_len) {
-    size_t hd = cfg->hidden / cfg->n_heads;
-    return (2 * (size_t)max_len * hd + (size_t)max_len * max_len + 15) & ~(size_t)15;
+    size_t hd = cfg->hidden / cfg->n_heads, n = (size_t)max_len;
+    return (2 * n * hd + n * n + 3 * n + hd + 15) & ~(size_t)15;
 }
 
 size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
@@ -1016,14 +1026,41 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 }
 
 /* Rounds this step's K and V to fp16 into the cache (slots len .. len + n_new - 1). */
-static void store_kv(const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
-    int h = c->hidden;
+size_t opt_kv_row_bytes(const opt_config *c, int q4) {
+    int hd = c->hidden / c->n_heads;
+    return q4 ? q4_bytes((size_t)c->n_heads, (size_t)hd, 1) : 2 * (size_t)c->hidden;
+}
+
+/* Rounds x to fp16 values (what an fp16 cache would hold), in place. */
+static void round_to_fp16(float *x, size_t n) {
+    fp16 tmp[256];
+    for (size_t i = 0; i < n; i += 256) {
+        size_t m = n - i < 256 ? n - i : 256;
+        fp32_to_fp16_n(x + i, tmp, m);
+        fp16_to_fp32_n(tmp, x + i, m);
+    }
+}
+
+/* This step's K and V into the cache: fp16, or 4-bit grouped along each head's dimension (§5).
+ * With a 4-bit cache the step's own K and V stay in qkv, rounded to fp16: as in FlexGen, the
+ * tokens being computed attend with their fp16 K and V, and only the past is read back from
+ * the compressed cache. */
+static void store_kv(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+    int h = c->hidden, hd = h / c->n_heads;
+    size_t row = opt_kv_row_bytes(c, gb->kv_q4);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < gb->batch * gb->n_new; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
-        const float *qkv = ws->qkv + (size_t)r * 3 * h;
-        fp32_to_fp16_n(qkv + h, gb->k[b] + (size_t)slot * h, (size_t)h);
-        fp32_to_fp16_n(qkv + 2 * h, gb->v[b] + (size_t)slot * h, (size_t)h);
+        float *qkv = ws->qkv + (size_t)r * 3 * h;
+        char *k = (char *)gb->k[b] + (size_t)slot * row, *v = (char *)gb->v[b] + (size_t)slot * row;
+        if (!gb->kv_q4) {
+            fp32_to_fp16_n(qkv + h, (fp16 *)k, (size_t)h);
+            fp32_to_fp16_n(qkv + 2 * h, (fp16 *)v, (size_t)h);
+            continue;
+        }
+        round_to_fp16(qkv + h, 2 * (size_t)h);
+        q4_compress(qkv + h, (size_t)c->n_heads, (size_t)hd, 1, (uint8_t *)k);
+        q4_compress(qkv + 2 * h, (size_t)c->n_heads, (size_t)hd, 1, (uint8_t *)v);
     }
 }
 
@@ -1076,17 +1113,22 @@ __attribute__((target("avx2,fma,f16c"))) static void attend_one_avx2(
     }
 }
 
-static int cpu_has_avx2_fma(void) {
+#endif
+
+int fg_cpu_has_avx2(void) {
+#ifdef HAVE_F16C_PATH
     static int cached = -1; /* written once, same value from any thread */
     if (cached < 0) cached = cpu_has_f16c() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return cached;
-}
+#else
+    return 0;
 #endif
+}
 
 static void attend_one(const float *q, const fp16 *K, const fp16 *V, size_t stride, int nk,
                        int hd, float scale, float *scores, float *out) {
 #ifdef HAVE_F16C_PATH
-    if (hd % 8 == 0 && cpu_has_avx2_fma()) {
+    if (hd % 8 == 0 && fg_cpu_has_avx2()) {
         attend_one_avx2(q, K, V, stride, nk, hd, scale, scores, out);
         return;
     }
@@ -1094,11 +1136,68 @@ static void attend_one(const float *q, const fp16 *K, const fp16 *V, size_t stri
     attend_one_scalar(q, K, V, stride, nk, hd, scale, scores, out);
 }
 
-/* Multi-head attention of this step's queries over the cache as stored (fp16), causal, with the
- * left padding masked out: query slot s of sequence b sees keys in [pad[b], s]. */
+/* Key (or value) j of one head as fp32: this step's own row from qkv, or a cache row decoded. */
+static const float *kv_row(const opt_kv_rows *r, int j, float *buf) {
+    if (j >= r->first_fresh) return r->fresh + (size_t)(j - r->first_fresh) * r->fresh_stride;
+    const char *row = r->rows + (size_t)j * r->stride;
+    if (r->q4) {
+        size_t head_bytes = q4_bytes(1, (size_t)r->head_dim, 1);
+        q4_decompress((const uint8_t *)row + r->head * head_bytes, 1, (size_t)r->head_dim, 1, buf);
+    } else {
+        fp16_to_fp32_n((const fp16 *)row + (size_t)r->head * r->head_dim, buf, (size_t)r->head_dim);
+    }
+    return buf;
+}
+
+int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
+                      int total, float scale, float sparsity, float *scratch, float *out) {
+    int hd = K->head_dim;
+    float *scores = scratch, *spare = scores + nk, *buf = spare + nk;
+    int *keep = (int *)(buf + hd);
+    for (int j = 0; j < nk; j++) {
+        const float *k = kv_row(K, j, buf);
+        float dot = 0;
+        for (int d = 0; d < hd; d++) dot += q[d] * k[d];
+        scores[j] = dot * scale;
+    }
+    softmax(scores, nk);
+    int n_keep = nk;
+    if (sparsity < 1) {
+        n_keep = topk_keep(scores, nk - 1, (int)floorf(sparsity * (float)(total - 1)), keep, spare);
+        keep[n_keep++] = nk - 1; /* the new token always attends to itself */
+    }
+    memset(out, 0, hd * sizeof *out);
+    for (int i = 0; i < n_keep; i++) {
+        int j = sparsity < 1 ? keep[i] : i;
+        const float *v = kv_row(V, j, buf);
+        for (int d = 0; d < hd; d++) out[d] += scores[j] * v[d];
+    }
+    return n_keep;
+}
+
+/* One head of sequence b's cache, keys [start, end): its rows in the cache, and with a 4-bit
+ * cache this step's rows from qkv (kv 0: K, 1: V). */
+static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt_workspace *ws,
+                             int b, int head, int kv, int start) {
+    int h = c->hidden, hd = h / c->n_heads;
+    size_t row = opt_kv_row_bytes(c, gb->kv_q4);
+    opt_kv_rows r = {(const char *)(kv ? gb->v[b] : gb->k[b]) + (size_t)start * row, row,
+                     gb->kv_q4, head, hd, INT_MAX, NULL, 0};
+    if (gb->kv_q4) {
+        r.first_fresh = gb->len - start;
+        r.fresh = ws->qkv + (size_t)b * gb->n_new * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
+        r.fresh_stride = 3 * (size_t)h;
+    }
+    return r;
+}
+
+/* Multi-head attention of this step's queries over the cache (fp16 or 4-bit), causal, with the
+ * left padding masked out: query slot s of sequence b sees keys in [pad[b], s]. Decode with
+ * gb->attn_sparsity < 1 is §5's top-K sparse attention. */
 static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
     int h = c->hidden, hd = h / c->n_heads, n_new = gb->n_new, end = gb->len + n_new;
     float scale = 1.0f / sqrtf((float)hd);
+    int fast = !gb->kv_q4 && gb->attn_sparsity >= 1; /* decode straight from the fp16 cache */
 #pragma omp parallel for schedule(dynamic)
     for (int bh = 0; bh < gb->batch * c->n_heads; bh++) {
         int b = bh / c->n_heads, head = bh % c->n_heads, start = gb->pad[b], nk = end - start;
@@ -1109,16 +1208,24 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         int t0 = start > gb->len ? start - gb->len : 0; /* first query that is not padding */
         for (int t = 0; t < t0; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
         if (t0 >= n_new) continue;
-        size_t at = (size_t)start * h + head * hd;
-        const fp16 *K = gb->k[b], *V = gb->v[b];
-        if (n_new == 1) { /* decode: one query, straight from the fp16 cache */
+        if (n_new == 1 && fast) {
+            size_t at = (size_t)start * h + head * hd;
+            const fp16 *K = gb->k[b], *V = gb->v[b];
             attend_one(q, K + at, V + at, (size_t)h, nk, hd, scale, scores, out);
+            continue;
+        }
+        opt_kv_rows K = head_rows(c, gb, ws, b, head, 0, start), V = head_rows(c, gb, ws, b, head, 1, start);
+        if (n_new == 1) {
+            int read = opt_attend_decode(q, &K, &V, nk, end, scale, gb->attn_sparsity, scores, out);
+#pragma omp atomic
+            gb->v_rows_read[b] += read;
             continue;
         }
         /* prefill: many queries, so convert the slice once and use two matrix products */
         for (int j = 0; j < nk; j++) {
-            fp16_to_fp32_n(K + at + (size_t)j * h, kf + (size_t)j * hd, hd);
-            fp16_to_fp32_n(V + at + (size_t)j * h, vf + (size_t)j * hd, hd);
+            const float *k = kv_row(&K, j, kf + (size_t)j * hd), *v = kv_row(&V, j, vf + (size_t)j * hd);
+            if (k != kf + (size_t)j * hd) memcpy(kf + (size_t)j * hd, k, hd * sizeof *k);
+            if (v != vf + (size_t)j * hd) memcpy(vf + (size_t)j * hd, v, hd * sizeof *v);
         }
         int nq = n_new - t0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
@@ -1187,6 +1294,9 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
 static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void cpu_weights_in(float *dst, const fp16 *src, size_t n) { fp16_to_fp32_n(src, dst, n); }
+static void cpu_weights_in_q4(float *dst, const void *src, size_t outer, size_t len, size_t inner) {
+    q4_decompress(src, outer, len, inner, dst);
+}
 
 const fg_backend fg_cpu_backend = {
     .name = "cpu",
@@ -1194,6 +1304,7 @@ const fg_backend fg_cpu_backend = {
     .alloc = cpu_alloc,
     .free = free,
     .weights_in = cpu_weights_in,
+    .weights_in_q4 = cpu_weights_in_q4,
     .copy_in = cpu_copy,
     .copy_out = cpu_copy,
     .copy = cpu_copy,

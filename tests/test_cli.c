@@ -465,7 +465,8 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--dump-logits", "l.bin"}, {"--json", NULL}, {"--quiet", NULL}, {"--help", NULL},
     {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
     {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
-    {"--trace", "t.json"}, {"--percent", "1"},
+    {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
+    {"--compress-cache", NULL}, {"--attn-sparsity", "0.5"},
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 
@@ -533,6 +534,10 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--cpu-mem", "0"), "--cpu-mem", "'0'");
     EXPECT_FAIL(ARGS("--disk-mem", "5Q"), "--disk-mem", "'5Q'");
     EXPECT_FAIL(ARGS("--gpu-mem", "-1G"), "--gpu-mem", "'-1G'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "0"), "--attn-sparsity", "(0, 1]", "'0'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "'1.5'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "'-0.1'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "'nan'");
     EXPECT_FAIL(ARGS("--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
     EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", "no such directory");
     /* a plan that does not fit is refused before any compute, naming the tier and the bytes */
@@ -756,6 +761,14 @@ static void test_portable_paths_match_reference(void) {
     free(run_tiny(ARGS("--dump-logits", dump, "--json")));
     unsetenv("FLEXGEN_NO_SIMD");
     expect_reference_logits(dump);
+    /* and the 4-bit and sparse paths give the same bits without SIMD as with it */
+    float *simd = run_dump(dir, "simd.bin", ARGS("--compress-weight", "--compress-cache", "--attn-sparsity", "0.5"));
+    setenv("FLEXGEN_NO_SIMD", "1", 1);
+    float *plain = run_dump(dir, "plain.bin", ARGS("--compress-weight", "--compress-cache", "--attn-sparsity", "0.5"));
+    unsetenv("FLEXGEN_NO_SIMD");
+    CU_ASSERT(simd && plain && !memcmp(simd, plain, DUMP_BYTES));
+    free(simd);
+    free(plain);
     rm_tree(dir);
     free(dir);
 }

@@ -47,15 +47,23 @@ int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const f
     return rc;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     add_tokenizer_tests();
     add_model_tests();
     add_checkpoint_tests();
     add_cli_tests();
     add_runtime_tests();
+    add_quant_tests();
+    add_compress_tests();
     CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
+    CU_pSuite only = argc > 1 ? CU_get_suite(argv[1]) : NULL; /* one suite, by its name */
+    if (argc > 1 && !only) {
+        fprintf(stderr, "%s: no such suite\n", argv[1]);
+        return 2;
+    }
+    if (only) CU_basic_run_suite(only);
+    else CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     unsigned run = CU_get_number_of_tests_run();
     CU_cleanup_registry();

@@ -69,6 +69,7 @@ static void run(const fixture_model *f, const fg_policy *p, result *r) {
     r->err[0] = 0;
     r->rc = generate_with(f->dir, NULL, 0, p, GEN, f->n, (int *const *)f->prompts, f->lens,
                           r->tokens, r->logits, &r->stats, r->err);
+    for (int t = 0; t < N_TIERS; t++) CU_ASSERT_EQUAL(r->stats.current[t], 0); /* all given back */
 }
 
 static const int ALL_GPU[6] = {100, 0, 100, 0, 100, 0};
@@ -246,6 +247,36 @@ static void test_link_bytes(void) {
     close_fixture(&f);
 }
 
+/* Line 4 of the fixture's prompts generates </s> first. Alone in a block with --stop-at-eos and
+ * the weights on disk, the block ends after the prefill, when the next step's first layers are
+ * already read ahead: their pages are given back and the tiers end empty. */
+static void test_early_stop_gives_back_read_ahead(void) {
+    fixture_model f;
+    open_fixture("opt-tiny", &f);
+    static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
+    for (int overlap = 0; overlap < 2; overlap++) {
+        fg_policy p = policy(1, 1, disk_weights, overlap, 0);
+        fg_runtime *rt = NULL;
+        fg_model *m = NULL;
+        char err[FG_ERR_LEN];
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f.dir, 0, &m, err), 0);
+        gen_options opt = {.gen_len = GEN, .top_p = 1, .stop_at_eos = 1};
+        int tokens[GEN];
+        gen_timing t;
+        CU_ASSERT_EQUAL(generate(m, &opt, 1, &f.prompts[3], &f.lens[3], tokens, NULL, &t, err), 0);
+        CU_ASSERT_EQUAL(tokens[0], 2);
+        CU_ASSERT_EQUAL(t.decode_tokens, 0);
+        fg_model_close(m);
+        fg_stats st;
+        fg_runtime_stats(rt, &st);
+        CU_ASSERT(st.link_bytes[LINK_DISK_TO_CPU] > weight_load_bytes(&f.cfg)); /* it read ahead */
+        for (int tier = 0; tier < N_TIERS; tier++) CU_ASSERT_EQUAL(st.current[tier], 0);
+        fg_runtime_close(rt);
+    }
+    close_fixture(&f);
+}
+
 void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime: tiers, placement, overlapped schedule", NULL, NULL);
     CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
@@ -253,4 +284,6 @@ void add_runtime_tests(void) {
     CU_add_test(s, "capacities: smallest fitting plan runs within it, one byte less is refused",
                 test_capacities);
     CU_add_test(s, "bytes moved per link follow the schedule", test_link_bytes);
+    CU_add_test(s, "a block that stops early gives back the layers read ahead",
+                test_early_stop_gives_back_read_ahead);
 }

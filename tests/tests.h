@@ -12,6 +12,8 @@ void add_model_tests(void);      /* test_model.c: forward pass against PyTorch f
 void add_checkpoint_tests(void); /* test_checkpoint.c: loader and its bad input */
 void add_cli_tests(void);        /* test_cli.c: ./flexgen end to end and its bad flags */
 void add_runtime_tests(void);    /* test_runtime.c: tiers, placement, the overlapped schedule */
+void add_quant_tests(void);      /* test_quant.c: 4-bit group-wise compression */
+void add_compress_tests(void);   /* test_compress.c: compression end to end */
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);

@@ -1,0 +1,222 @@
+/* quant.c: group-wise 4-bit compression of weights and the KV cache, and the top-K selection of
+ * sparse attention (paper §5, "Approximate Methods").
+ *
+ * §5 compresses a tensor in groups of 64 consecutive values along one dimension: each group keeps
+ * its min and a scale, and every value becomes a 4-bit integer
+ *     x_q = round((x - min) / (max - min) * 15),      x ~ min + x_q * scale, scale = (max - min) / 15
+ * two to a byte. That cuts weights and cache about 3.6x against fp16 (36 bytes per 64 values),
+ * which is what lets larger blocks and models fit (Table 2's "(c)" rows).
+ *
+ * The layout (the same bytes as FlexGen's compressed tensors): a tensor of shape [outer][len][inner]
+ * is grouped along len, padded to a multiple of 64 (G groups), and stored per outer index as
+ *     nibbles [G][32][inner] bytes: byte (g, p, i) holds element 64 g + 2 p in its high nibble
+ *                                   and element 64 g + 2 p + 1 in its low nibble, at inner index i
+ *     min     [G][inner] fp16
+ *     scale   [G][inner] fp16
+ * Weights: a linear layer stored [in][out] is [in][out][1] (groups along out, dim 0 of the
+ * checkpoint's [out, in]); an embedding table [vocab][dim] is [1][vocab][dim]. The KV cache: one
+ * token's row of heads is [heads][head_dim][1]. Padding nibbles are 0 and never read back; min
+ * and max come from the real values only.
+ * ============================================================================================ */
+#include "flexgen.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#endif
+
+static size_t n_groups(size_t len) { return (len + Q4_GROUP - 1) / Q4_GROUP; }
+
+size_t q4_bytes(size_t outer, size_t len, size_t inner) {
+    return outer * n_groups(len) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
+}
+
+/* The smallest fp16 at or above x >= 0 (so that min + 15 scale reaches the group's max). */
+static fp16 fp16_at_least(float x) {
+    fp16 h = fp32_to_fp16(x);
+    if (fp16_to_fp32(h) < x) h++;
+    if ((h & 0x7c00) == 0x7c00) h = 0x7bff; /* beyond fp16: the largest finite, never Inf */
+    return h;
+}
+
+/* One group: n values, `stride` apart, into 32 bytes `inner` apart, with its min and scale. */
+static void compress_group(const float *x, size_t stride, size_t n, uint8_t *bytes, size_t inner,
+                           fp16 *min_out, fp16 *scale_out) {
+    float lo = x[0], hi = x[0];
+    for (size_t e = 1; e < n; e++) {
+        float v = x[e * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    fp16 min16 = fp32_to_fp16(lo);
+    float min = fp16_to_fp32(min16);
+    fp16 scale16 = hi > min ? fp16_at_least((hi - min) / 15) : 0;
+    float scale = fp16_to_fp32(scale16), inv = scale > 0 ? 1 / scale : 0;
+    for (size_t p = 0; p < Q4_GROUP / 2; p++) {
+        int q[2] = {0, 0};
+        for (int half = 0; half < 2; half++) {
+            size_t e = 2 * p + half;
+            if (e >= n) break;
+            float t = (x[e * stride] - min) * inv + 0.5f;
+            q[half] = t <= 0 ? 0 : t >= 15 ? 15 : (int)t;
+        }
+        bytes[p * inner] = (uint8_t)(q[0] << 4 | q[1]);
+    }
+    *min_out = min16;
+    *scale_out = scale16;
+}
+
+/* Parallel over the rows of groups (weights are compressed once, at load). */
+void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
+    size_t G = n_groups(len);
+#pragma omp parallel for schedule(static) if (outer * G * inner >= 4096)
+    for (size_t og = 0; og < outer * G; og++) {
+        size_t o = og / G, g = og % G, n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
+        const float *x = src + o * len * inner;
+        uint8_t *bytes = dst + o * G * inner * (Q4_GROUP / 2 + 4);
+        fp16 *mins = (fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+        for (size_t i = 0; i < inner; i++)
+            compress_group(x + g * Q4_GROUP * inner + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i,
+                           inner, &mins[g * inner + i], &scales[g * inner + i]);
+    }
+}
+
+/* ---- decompression: the hot path (every compressed weight, every token) ---- */
+
+/* Groups along contiguous values (inner == 1): 32 bytes -> up to 64 floats. */
+static void decode_groups_scalar(const uint8_t *bytes, const fp16 *mins, const fp16 *scales,
+                                 size_t len, float *out) {
+    for (size_t g = 0; g * Q4_GROUP < len; g++) {
+        float min = fp16_to_fp32(mins[g]), scale = fp16_to_fp32(scales[g]);
+        size_t n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
+        const uint8_t *b = bytes + g * (Q4_GROUP / 2);
+        float *o = out + g * Q4_GROUP;
+        for (size_t e = 0; e < n; e++) o[e] = fmaf((float)((b[e / 2] >> (e % 2 ? 0 : 4)) & 15), scale, min);
+    }
+}
+
+/* Groups across rows (inner > 1): row 64 g + 2 p and the next from byte row (g, p). */
+static void decode_rows_scalar(const uint8_t *bytes, const fp16 *mins, const fp16 *scales,
+                               size_t len, size_t inner, float *out) {
+    for (size_t r = 0; r < len; r++) {
+        size_t g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2, shift = r % 2 ? 0 : 4;
+        const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
+        const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
+        for (size_t i = 0; i < inner; i++)
+            out[r * inner + i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
+    }
+}
+
+#ifdef HAVE_AVX2_PATH
+/* 8 nibbles (as 32-bit lanes) to min + q * scale. */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 nibbles_to_ps(__m256i q, __m256 min,
+                                                                            __m256 scale) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, min);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void decode_groups_avx2(
+    const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t len, float *out) {
+    size_t full = len / Q4_GROUP;
+    const __m128i low4 = _mm_set1_epi8(15);
+    for (size_t g = 0; g < full; g++) {
+        __m256 min = _mm256_set1_ps(fp16_to_fp32(mins[g])), scale = _mm256_set1_ps(fp16_to_fp32(scales[g]));
+        const uint8_t *b = bytes + g * (Q4_GROUP / 2);
+        float *o = out + g * Q4_GROUP;
+        for (int half = 0; half < 2; half++) { /* 16 bytes = 32 values */
+            __m128i v = _mm_loadu_si128((const __m128i *)(b + 16 * half));
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4), lo = _mm_and_si128(v, low4);
+            __m128i e0 = _mm_unpacklo_epi8(hi, lo), e1 = _mm_unpackhi_epi8(hi, lo); /* in order */
+            __m128i parts[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_ps(o + 32 * half + 8 * k, nibbles_to_ps(_mm256_cvtepu8_epi32(parts[k]), min, scale));
+        }
+    }
+    if (full * Q4_GROUP < len)
+        decode_groups_scalar(bytes + full * (Q4_GROUP / 2), mins + full, scales + full,
+                             len - full * Q4_GROUP, out + full * Q4_GROUP);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void decode_rows_avx2(
+    const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t len, size_t inner, float *out) {
+    size_t vec = inner / 8 * 8;
+    for (size_t r = 0; r < len; r++) {
+        size_t g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+        int shift = r % 2 ? 0 : 4;
+        const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
+        const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
+        float *o = out + r * inner;
+        for (size_t i = 0; i < vec; i += 8) {
+            __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + i)));
+            q = _mm256_and_si256(_mm256_srli_epi32(q, shift), _mm256_set1_epi32(15));
+            __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + i)));
+            __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + i)));
+            _mm256_storeu_ps(o + i, nibbles_to_ps(q, min, scale));
+        }
+        for (size_t i = vec; i < inner; i++)
+            o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
+    }
+}
+#endif
+
+void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst) {
+    size_t G = n_groups(len);
+#ifdef HAVE_AVX2_PATH
+    int simd = fg_cpu_has_avx2();
+#endif
+    for (size_t o = 0; o < outer; o++) {
+        const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
+        const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+        float *out = dst + o * len * inner;
+#ifdef HAVE_AVX2_PATH
+        if (simd) {
+            if (inner == 1) decode_groups_avx2(bytes, mins, scales, len, out);
+            else decode_rows_avx2(bytes, mins, scales, len, inner, out);
+            continue;
+        }
+#endif
+        if (inner == 1) decode_groups_scalar(bytes, mins, scales, len, out);
+        else decode_rows_scalar(bytes, mins, scales, len, inner, out);
+    }
+}
+
+/* ============================================================================================
+ * Top-K sparse attention (§5): which earlier tokens a decode query keeps.
+ * ============================================================================================ */
+
+/* The k-th largest of x[0 .. n) (k >= 1), by quickselect; x is reordered. */
+static float kth_largest(float *x, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1; /* position want in descending order */
+    while (lo < hi) {
+        float pivot = x[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (x[i] > pivot) i++;
+            while (x[j] < pivot) j--;
+            if (i <= j) {
+                float t = x[i];
+                x[i++] = x[j];
+                x[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break; /* between j and i everything equals the pivot */
+    }
+    return x[want];
+}
+
+int topk_keep(const float *w, int n, int k, int *keep, float *scratch) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    memcpy(scratch, w, (size_t)n * sizeof *w);
+    float threshold = kth_largest(scratch, n, k);
+    int above = 0, m = 0;
+    for (int i = 0; i < n; i++) above += w[i] > threshold;
+    int ties = k - above; /* how many equal to the threshold still fit, earliest first */
+    for (int i = 0; i < n; i++)
+        if (w[i] > threshold || (w[i] == threshold && ties-- > 0)) keep[m++] = i;
+    return m;
+}

@@ -1,0 +1,420 @@
+/* test_compress.c: §5's compression end to end. With --compress-weight the runtime must compute
+ * exactly what the plain forward pass computes on weights that went through the 4-bit round trip
+ * (compression changes the weights' values and nothing else), in every placement; and the result
+ * stays close to fp16's. */
+#define _GNU_SOURCE /* qsort_r */
+#include "tests.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N_SEQ = 5, GEN = 6 };
+
+static float uniform_test(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)(*s >> 40) / (float)(1 << 24);
+}
+
+typedef struct {
+    char dir[4096];
+    int *prompts[N_SEQ], lens[N_SEQ];
+    opt_config cfg;
+} fixture_prompts;
+
+static void open_prompts(const char *name, fixture_prompts *f) {
+    char path[4200], line[4096];
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s", fixture(name));
+    snprintf(path, sizeof path, "%s/config.json", f->dir);
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(path, &f->cfg, err), 0);
+    snprintf(path, sizeof path, "%s/prompts.txt", f->dir);
+    FILE *in = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(in);
+    int read = 0;
+    for (; read < N_SEQ && fgets(line, sizeof line, in); read++) {
+        f->prompts[read] = malloc(64 * sizeof(int));
+        for (char *s = strtok(line, " \n"); s; s = strtok(NULL, " \n")) f->prompts[read][f->lens[read]++] = atoi(s);
+    }
+    fclose(in);
+    CU_ASSERT_FATAL(read > 0);
+    for (int p = read; p < N_SEQ; p++) { /* fewer lines: cycle them */
+        f->prompts[p] = malloc(64 * sizeof(int));
+        f->lens[p] = f->lens[p % read];
+        memcpy(f->prompts[p], f->prompts[p % read], f->lens[p] * sizeof(int));
+    }
+}
+
+static void close_prompts(fixture_prompts *f) {
+    for (int p = 0; p < N_SEQ; p++) free(f->prompts[p]);
+}
+
+/* Greedy generation straight through opt_embed / opt_layer / opt_output, one batch of all the
+ * prompts, the KV cache in one fp16 array: the forward pass with no runtime around it. */
+static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *tokens, float *logits) {
+    const opt_config *c = &w->cfg;
+    int padded = 0, V = c->vocab;
+    for (int b = 0; b < N_SEQ; b++) padded = f->lens[b] > padded ? f->lens[b] : padded;
+    int max_len = padded + GEN;
+    size_t h = (size_t)c->hidden, rows = (size_t)max_len * h;
+    gpu_batch gb;
+    opt_workspace ws;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, N_SEQ, max_len, padded, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, c, (size_t)N_SEQ * padded, max_len, err), 0);
+    float *x = malloc((size_t)N_SEQ * padded * h * sizeof *x), *step = malloc((size_t)N_SEQ * V * sizeof *step);
+    fp16 *cache = malloc((size_t)c->n_layers * 2 * N_SEQ * rows * sizeof *cache);
+    gb.x = x;
+    gb.n_new = padded;
+    for (int b = 0; b < N_SEQ; b++) {
+        gb.pad[b] = padded - f->lens[b];
+        for (int t = 0; t < padded; t++)
+            gb.tokens[b * padded + t] = t < gb.pad[b] ? OPT_PAD_ID : f->prompts[b][t - gb.pad[b]];
+    }
+    for (int i = 0; i < GEN; i++) {
+        opt_embed(w, &gb, &ws);
+        for (int l = 0; l < c->n_layers; l++) {
+            for (int b = 0; b < N_SEQ; b++) {
+                gb.k[b] = cache + (((size_t)l * 2 + 0) * N_SEQ + b) * rows;
+                gb.v[b] = cache + (((size_t)l * 2 + 1) * N_SEQ + b) * rows;
+            }
+            opt_layer(w, l, &gb, &ws);
+        }
+        opt_output(w, &gb, &ws, step);
+        gb.len += gb.n_new;
+        gb.n_new = 1;
+        for (int b = 0; b < N_SEQ; b++) {
+            const float *row = step + (size_t)b * V;
+            int best = 0;
+            for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+            tokens[b * GEN + i] = gb.tokens[b] = best;
+            memcpy(logits + ((size_t)b * GEN + i) * V, row, V * sizeof *row);
+        }
+    }
+    free(x);
+    free(step);
+    free(cache);
+    opt_workspace_free(&ws);
+    gpu_batch_free(&gb);
+}
+
+static void round_trip(float *values, size_t outer, size_t len, size_t inner) {
+    uint8_t *q = malloc(q4_bytes(outer, len, inner));
+    q4_compress(values, outer, len, inner, q);
+    q4_decompress(q, outer, len, inner, values);
+    free(q);
+}
+
+/* Every matrix of w (embeddings included) replaced by its 4-bit round trip, grouped as the
+ * runtime groups it (the weight table's group shapes). */
+static void round_trip_weights(opt_weights *w) {
+    opt_weights view;
+    opt_layout l;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &w->cfg, 0, err), 0);
+    for (int i = 0; i < l.n_tensors; i++) {
+        const opt_tensor *t = &l.tensors[i];
+        const float *first;
+        size_t rs, cs;
+        if (t->group_len == 0 || t->tied_to >= 0) continue;
+        CU_ASSERT_EQUAL_FATAL(opt_weight_locate(w, t->name, &first, &rs, &cs), 0);
+        round_trip((float *)first, t->group_outer, t->group_len, t->group_inner);
+    }
+    if (w->lm_head != w->embed_tokens) round_trip(w->lm_head, 1, (size_t)w->cfg.vocab, (size_t)w->cfg.word_dim);
+    opt_layout_free(&l);
+}
+
+static int runtime_generate(const fixture_prompts *f, const fg_policy *p, int *tokens, float *logits) {
+    return generate_with(f->dir, NULL, 0, p, GEN, N_SEQ, (int *const *)f->prompts, f->lens, tokens,
+                         logits, NULL, NULL);
+}
+
+static fg_policy compressed(int gbs, int ngb, const int percent[6]) {
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = gbs;
+    p.num_gpu_batches = ngb;
+    memcpy(p.percent, percent, sizeof p.percent);
+    p.compress_weight = 1;
+    return p;
+}
+
+static void check_weights(const char *name) {
+    fixture_prompts f;
+    open_prompts(name, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *plain = malloc(n * sizeof *plain), *fp16_run = malloc(n * sizeof *fp16_run), *r = malloc(n * sizeof *r);
+    int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    opt_weights w;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_weights_load(f.dir, &w, err), 0);
+    round_trip_weights(&w);
+    plain_generate(&w, &f, plain_tokens, plain);
+    opt_weights_free(&w);
+
+    /* one batch of all prompts, as the plain pass: the same numbers, bit for bit */
+    static const int all_gpu[6] = {100, 0, 100, 0, 100, 0};
+    fg_policy p = compressed(N_SEQ, 1, all_gpu);
+    CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, r), 0);
+    CU_ASSERT_EQUAL(memcmp(tokens, plain_tokens, sizeof tokens), 0);
+    CU_ASSERT_EQUAL(memcmp(r, plain, n * sizeof *r), 0);
+
+    /* compressed weights on cpu, disk, split: still the same bits */
+    static const int placements[][6] = {{0, 100, 100, 0, 100, 0}, {0, 0, 100, 0, 100, 0},
+                                        {30, 30, 100, 0, 100, 0}, {0, 0, 0, 0, 0, 0}};
+    for (size_t k = 0; k < sizeof placements / sizeof *placements; k++) {
+        for (int overlap = 0; overlap < 2; overlap++) {
+            p = compressed(N_SEQ, 1, placements[k]);
+            p.overlap = overlap;
+            CU_ASSERT_EQUAL(runtime_generate(&f, &p, tokens, r), 0);
+            CU_ASSERT_EQUAL(memcmp(r, plain, n * sizeof *r), 0);
+        }
+    }
+
+    /* against fp16 weights. The fixtures' matrices are N(0, 0.02) (HF's init): the 64 values of
+     * a group span about 4.8 sigma, so the 16 levels are 0.32 sigma apart and the rounding noise
+     * is 0.32 / sqrt(12) = 9% of a weight's size, independent across weights. Each matrix on the
+     * path to a logit (embedding, the layers' products, project_in/out for 350m, lm_head) adds
+     * about that much relative noise, in quadrature: sqrt(6) x 9% = 0.23 for 350m's path. We
+     * require the first step's logits to move by at most 0.35 in relative RMS. */
+    p = fg_default_policy();
+    p.gpu_batch_size = N_SEQ;
+    p.num_gpu_batches = 1;
+    CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, fp16_run), 0);
+    double diff = 0, norm = 0;
+    for (int b = 0; b < N_SEQ; b++) /* first step: the same inputs */
+        for (int v = 0; v < f.cfg.vocab; v++) {
+            size_t at = ((size_t)b * GEN) * f.cfg.vocab + v;
+            diff += (plain[at] - fp16_run[at]) * (plain[at] - fp16_run[at]);
+            norm += fp16_run[at] * fp16_run[at];
+        }
+    fprintf(stderr, "[%s: rms change %.3f] ", name, sqrt(diff / norm));
+    CU_ASSERT(sqrt(diff / norm) <= 0.35);
+    free(plain);
+    free(fp16_run);
+    free(r);
+    close_prompts(&f);
+}
+
+static void test_weights_pre_ln(void) { check_weights("opt-tiny"); }
+static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
+
+/* ---- the KV cache ---- */
+
+static fg_policy cache_policy(int gbs, int ngb, const int percent[6], int overlap, int delegate) {
+    fg_policy p = compressed(gbs, ngb, percent);
+    p.compress_weight = 0;
+    p.compress_cache = 1;
+    p.overlap = overlap;
+    p.cpu_cache_compute = delegate;
+    return p;
+}
+
+/* A 4-bit cache gives the same bits wherever it lives, moved or read in place; and stays close
+ * to the fp16 cache. */
+static void check_cache(const char *name) {
+    fixture_prompts f;
+    open_prompts(name, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *base = malloc(n * sizeof *base), *fp16_run = malloc(n * sizeof *fp16_run), *r = malloc(n * sizeof *r);
+    int base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    static const int all_gpu[6] = {100, 0, 100, 0, 100, 0};
+    static const int placements[][6] = {{100, 0, 0, 100, 100, 0}, {100, 0, 0, 0, 100, 0},
+                                        {100, 0, 30, 40, 100, 0}, {0, 0, 0, 0, 0, 0}};
+    static const int shapes[2][2] = {{N_SEQ, 1}, {2, 2}};
+    for (int sh = 0; sh < 2; sh++) {
+        fg_policy p = cache_policy(shapes[sh][0], shapes[sh][1], all_gpu, 1, 0);
+        CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, base_tokens, base), 0);
+        for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
+            for (int variant = 0; variant < 4; variant++) {
+                p = cache_policy(shapes[sh][0], shapes[sh][1], placements[k], variant & 1, variant >> 1);
+                CU_ASSERT_EQUAL(runtime_generate(&f, &p, tokens, r), 0);
+                CU_ASSERT_EQUAL(memcmp(tokens, base_tokens, sizeof tokens), 0);
+                CU_ASSERT_EQUAL(memcmp(r, base, n * sizeof *r), 0);
+            }
+    }
+    /* Against the fp16 cache. Only decode reads the compressed past (the prefill attends with
+     * its own fp16 K and V), so the prefill's logits must be bit-identical. In decode, each K
+     * and V value of the past is off by up to 1/30 of its group's range: the fixtures' heads
+     * have 16 dims, whose range is about 3.5 sigma, so the rounding noise is 3.5 / 15 / sqrt(12)
+     * = 7% of a value's size. Scores see that noise once through K; outputs average many noisy
+     * V rows, which shrinks it; through two layers we allow 0.15 in relative RMS. */
+    fg_policy p = cache_policy(N_SEQ, 1, all_gpu, 1, 0);
+    CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, base_tokens, base), 0);
+    p.compress_cache = 0;
+    CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, fp16_run), 0);
+    double diff = 0, norm = 0;
+    int prefill_same = 1;
+    for (int b = 0; b < N_SEQ; b++)
+        for (int v = 0; v < f.cfg.vocab; v++) {
+            size_t first = (size_t)b * GEN * f.cfg.vocab + v, second = first + f.cfg.vocab;
+            prefill_same &= base[first] == fp16_run[first];
+            /* the second step's logits, fed the same first token */
+            if (base_tokens[b * GEN] == tokens[b * GEN]) {
+                diff += (base[second] - fp16_run[second]) * (base[second] - fp16_run[second]);
+                norm += fp16_run[second] * fp16_run[second];
+            }
+        }
+    CU_ASSERT(prefill_same);
+    CU_ASSERT(norm > 0);
+    fprintf(stderr, "[%s: rms change %.3f] ", name, sqrt(diff / norm));
+    CU_ASSERT(sqrt(diff / norm) <= 0.15);
+    CU_ASSERT(diff > 0); /* the cache is compressed at all */
+    free(base);
+    free(fp16_run);
+    free(r);
+    close_prompts(&f);
+}
+
+static void test_cache_pre_ln(void) { check_cache("opt-tiny"); }
+static void test_cache_post_ln(void) { check_cache("opt-tiny-350m"); }
+
+/* ---- top-K sparse attention ---- */
+
+static int by_weight_desc(const void *a, const void *b, void *w) {
+    const float *s = w;
+    float x = s[*(const int *)a], y = s[*(const int *)b];
+    return x > y ? -1 : x < y ? 1 : *(const int *)a - *(const int *)b;
+}
+
+/* The decode attention of one head, written out: softmax over all keys, sort the earlier keys
+ * by weight, keep the first floor(F (total - 1)) and the new one, sum their weighted V rows. */
+static void plain_sparse(const float *q, const float *K, const float *V, int nk, int total, int hd,
+                         float F, float *out) {
+    float scores[256], m = -INFINITY, sum = 0;
+    int order[256];
+    for (int j = 0; j < nk; j++) {
+        float dot = 0;
+        for (int d = 0; d < hd; d++) dot += q[d] * K[j * hd + d];
+        scores[j] = dot / sqrtf((float)hd);
+        m = fmaxf(m, scores[j]);
+    }
+    for (int j = 0; j < nk; j++) sum += scores[j] = expf(scores[j] - m);
+    for (int j = 0; j < nk; j++) scores[j] /= sum, order[j] = j;
+    qsort_r(order, nk - 1, sizeof *order, by_weight_desc, scores);
+    int k = (int)floorf(F * (float)(total - 1));
+    if (k > nk - 1) k = nk - 1;
+    order[k] = nk - 1;
+    memset(out, 0, hd * sizeof *out);
+    for (int i = 0; i <= k; i++)
+        for (int d = 0; d < hd; d++) out[d] += scores[order[i]] * V[order[i] * hd + d];
+}
+
+static void check_sparse(int q4) {
+    enum { NK = 37, TOTAL = 40, HEADS = 2, HD = 16, H = HEADS * HD };
+    float q[HD], K[NK * HD], V[NK * HD], out[HD], ref[HD], scratch[3 * NK + HD], row[H];
+    size_t row_bytes = q4 ? q4_bytes(HEADS, HD, 1) : 2 * H;
+    char *kc = malloc(NK * row_bytes), *vc = malloc(NK * row_bytes);
+    uint64_t seed = 3 + q4;
+    for (int d = 0; d < HD; d++) q[d] = 4 * (uniform_test(&seed) - 0.5f);
+    /* cache rows of two heads; the test reads back head 1, as stored */
+    for (int kv = 0; kv < 2; kv++)
+        for (int j = 0; j < NK; j++) {
+            for (int d = 0; d < H; d++) row[d] = fp16_to_fp32(fp32_to_fp16(2 * (uniform_test(&seed) - 0.5f)));
+            char *dst = (kv ? vc : kc) + j * row_bytes;
+            if (q4) q4_compress(row, HEADS, HD, 1, (uint8_t *)dst);
+            else fp32_to_fp16_n(row, (fp16 *)dst, H);
+            float back[H];
+            if (q4) q4_decompress((const uint8_t *)dst, HEADS, HD, 1, back);
+            else fp16_to_fp32_n((const fp16 *)dst, back, H);
+            memcpy((kv ? V : K) + j * HD, back + HD, HD * sizeof(float));
+        }
+    opt_kv_rows kr = {kc, row_bytes, q4, 1, HD, INT32_MAX, NULL, 0}, vr = kr;
+    vr.rows = vc;
+    static const float fractions[] = {0.05f, 0.3f, 0.5f, 0.99f, 1.0f};
+    for (int i = 0; i < 5; i++) {
+        float F = fractions[i];
+        int read = opt_attend_decode(q, &kr, &vr, NK, TOTAL, 1 / sqrtf((float)HD), F, scratch, out);
+        plain_sparse(q, K, V, NK, TOTAL, HD, F, ref);
+        int keep = (int)floorf(F * (TOTAL - 1));
+        CU_ASSERT_EQUAL(read, (keep < NK - 1 ? keep : NK - 1) + 1);
+        float worst = 0, scale = 0;
+        for (int d = 0; d < HD; d++) worst = fmaxf(worst, fabsf(out[d] - ref[d])), scale = fmaxf(scale, fabsf(ref[d]));
+        CU_ASSERT(worst <= 1e-6f * scale); /* the same sums, perhaps in another order */
+    }
+    free(kc);
+    free(vc);
+}
+
+static void test_sparse_fp16(void) { check_sparse(0); }
+static void test_sparse_q4(void) { check_sparse(1); }
+
+/* In the runtime: F = 1 is the dense attention, bit for bit; F < 1 gives the same bits in every
+ * placement; with the cache on the cpu tier only the kept V rows cross the cpu -> gpu link,
+ * which the test counts from the rule itself. */
+static void test_sparse_runtime(void) {
+    fixture_prompts f;
+    open_prompts("opt-tiny", &f);
+    const opt_config *c = &f.cfg;
+    size_t n = (size_t)N_SEQ * GEN * c->vocab;
+    float *dense = malloc(n * sizeof *dense), *base = malloc(n * sizeof *base), *r = malloc(n * sizeof *r);
+    int dense_tokens[N_SEQ * GEN], base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    static const int all_gpu[6] = {100, 0, 100, 0, 100, 0}, cpu_cache[6] = {100, 0, 0, 100, 100, 0};
+    fg_policy p = compressed(N_SEQ, 1, all_gpu);
+    p.compress_weight = 0;
+    CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, dense_tokens, dense), 0);
+    p.attn_sparsity = 1;
+    CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, r), 0);
+    CU_ASSERT_EQUAL(memcmp(r, dense, n * sizeof *r), 0);
+
+    for (int q4 = 0; q4 < 2; q4++) {
+        p = compressed(N_SEQ, 1, all_gpu);
+        p.compress_weight = 0;
+        p.compress_cache = q4;
+        p.attn_sparsity = 0.3f;
+        CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, base_tokens, base), 0);
+        CU_ASSERT(memcmp(base, dense, n * sizeof *base) != 0); /* it does drop something */
+        static const int placements[][6] = {{100, 0, 0, 100, 100, 0}, {100, 0, 0, 0, 100, 0},
+                                            {100, 0, 30, 40, 100, 0}, {0, 0, 0, 0, 0, 0}};
+        for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
+            for (int variant = 0; variant < 4; variant++) {
+                fg_policy v = p;
+                memcpy(v.percent, placements[k], sizeof v.percent);
+                v.overlap = variant & 1;
+                v.cpu_cache_compute = variant >> 1;
+                CU_ASSERT_EQUAL(runtime_generate(&f, &v, tokens, r), 0);
+                CU_ASSERT_EQUAL(memcmp(tokens, base_tokens, sizeof tokens), 0);
+                CU_ASSERT_EQUAL(memcmp(r, base, n * sizeof *r), 0);
+            }
+
+        /* bytes: cache on cpu, not delegated */
+        fg_policy v = p;
+        memcpy(v.percent, cpu_cache, sizeof v.percent);
+        fg_stats st;
+        CU_ASSERT_EQUAL(generate_with(f.dir, NULL, 0, &v, GEN, N_SEQ, (int *const *)f.prompts, f.lens,
+                                      tokens, r, &st, NULL), 0);
+        int padded = 0;
+        for (int b = 0; b < N_SEQ; b++) padded = f.lens[b] > padded ? f.lens[b] : padded;
+        double row = (double)opt_kv_row_bytes(c, q4), in = 0, dense_in = 0;
+        for (int i = 1; i < GEN; i++) {
+            int len = padded + i - 1, total = len + 1;
+            for (int b = 0; b < N_SEQ; b++) {
+                int nk = total - (padded - f.lens[b]), keep = (int)floorf(v.attn_sparsity * (float)(total - 1));
+                keep = (keep < nk - 1 ? keep : nk - 1) + 1;
+                in += c->n_layers * row * (len + keep);        /* all of K, the kept rows of V */
+                dense_in += c->n_layers * row * 2 * len;
+            }
+        }
+        CU_ASSERT_EQUAL(st.link_bytes[LINK_CPU_TO_GPU], in);
+        CU_ASSERT(in < 0.8 * dense_in);
+    }
+    free(dense);
+    free(base);
+    free(r);
+    close_prompts(&f);
+}
+
+void add_compress_tests(void) {
+    CU_pSuite s = CU_add_suite("compression end to end (section 5)", NULL, NULL);
+    CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, pre-LN",
+                test_weights_pre_ln);
+    CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, post-LN",
+                test_weights_post_ln);
+    CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, pre-LN", test_cache_pre_ln);
+    CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, post-LN", test_cache_post_ln);
+    CU_add_test(s, "sparse attention equals a plain top-K, fp16 cache", test_sparse_fp16);
+    CU_add_test(s, "sparse attention equals a plain top-K, 4-bit cache", test_sparse_q4);
+    CU_add_test(s, "sparse attention in the runtime: F = 1 is dense, same bits everywhere, V bytes",
+                test_sparse_runtime);
+}

@@ -1,0 +1,148 @@
+/* test_quant.c: the 4-bit group-wise compression of quant.c (paper §5): the round-trip error of
+ * every element against its group's range, constant groups, a partial last group, and the byte
+ * layout (nibble order, where min and scale sit), read back here by a decoder written from the
+ * layout's description rather than from quant.c. */
+#include "tests.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float uniform(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)(*s >> 40) / (float)(1 << 24);
+}
+
+/* Element (o, r, i) of a [outer][len][inner] tensor, decoded from quant.c's documented layout. */
+static float decode_documented(const uint8_t *q, size_t len, size_t inner, size_t o, size_t r, size_t i) {
+    size_t G = (len + 63) / 64, g = r / 64, p = (r % 64) / 2;
+    const uint8_t *blob = q + o * G * inner * 36;
+    uint8_t byte = blob[(g * 32 + p) * inner + i];
+    int nib = r % 2 ? byte & 15 : byte >> 4;
+    const fp16 *mins = (const fp16 *)(blob + G * 32 * inner), *scales = mins + G * inner;
+    return fp16_to_fp32(mins[g * inner + i]) + nib * fp16_to_fp32(scales[g * inner + i]);
+}
+
+/* Compresses x [outer][len][inner], decompresses it, and checks every element against its
+ * group's bound: (max - min) / 30 from the rounding to 16 levels, plus what fp16 min and scale
+ * cost (relative 2^-11 on the min, 2^-10 on the scale, rounded up). Returns the largest error
+ * as a fraction of its bound. */
+static double round_trip(const float *x, size_t outer, size_t len, size_t inner) {
+    size_t n = outer * len * inner, bytes = q4_bytes(outer, len, inner);
+    CU_ASSERT_EQUAL(bytes, outer * ((len + 63) / 64) * inner * 36);
+    uint8_t *q = malloc(bytes);
+    float *y = malloc(n * sizeof *y);
+    q4_compress(x, outer, len, inner, q);
+    q4_decompress(q, outer, len, inner, y);
+    double worst = 0;
+    int bad = 0, mismatch = 0;
+    for (size_t o = 0; o < outer; o++)
+        for (size_t g = 0; g * 64 < len; g++)
+            for (size_t i = 0; i < inner; i++) {
+                float lo = INFINITY, hi = -INFINITY;
+                size_t end = (g + 1) * 64 < len ? (g + 1) * 64 : len;
+                for (size_t r = g * 64; r < end; r++) {
+                    float v = x[(o * len + r) * inner + i];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                double range = (double)hi - lo;
+                double bound = range / 30 * (1 + 0x1p-10) + 0x1p-11 * fabs(lo) + 1e-6 * (fabs(lo) + fabs(hi));
+                for (size_t r = g * 64; r < end; r++) {
+                    size_t at = (o * len + r) * inner + i;
+                    double e = fabs((double)y[at] - x[at]);
+                    bad += !(e <= bound); /* NaN fails too */
+                    mismatch += y[at] != decode_documented(q, len, inner, o, r, i);
+                    if (e / bound > worst) worst = e / bound;
+                }
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(mismatch, 0);
+    free(q);
+    free(y);
+    return worst;
+}
+
+static void test_round_trip_error(void) {
+    static const size_t shapes[][3] = {{3, 200, 1}, {1, 64, 1}, {2, 130, 5}, {1, 70, 17}, {4, 1000, 1}};
+    uint64_t seed = 7;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        size_t outer = shapes[s][0], len = shapes[s][1], inner = shapes[s][2], n = outer * len * inner;
+        float *x = malloc(n * sizeof *x);
+        /* values of mixed scale and sign, some groups far from zero */
+        for (size_t e = 0; e < n; e++) x[e] = (uniform(&seed) - 0.3f) * (1 + (e / 64 % 5) * 7.5f) + (e / 640 % 2) * 40;
+        double worst = round_trip(x, outer, len, inner);
+        /* random data comes close to the bound: 32 levels would stay near half of it */
+        CU_ASSERT(worst > 0.8);
+        free(x);
+    }
+}
+
+/* A group whose max equals its min decodes exactly to that value: no NaN, no Inf. */
+static void test_constant_groups(void) {
+    enum { LEN = 64 * 3 + 10 };
+    float x[2 * LEN];
+    static const float values[] = {0.0f, -3.25f, 1e-3f, 65504.0f, 0.5f};
+    for (int o = 0; o < 2; o++) /* group g of outer o holds one value (fp16, as stored) */
+        for (int r = 0; r < LEN; r++) x[o * LEN + r] = fp16_to_fp32(fp32_to_fp16(values[(4 * o + r / 64) % 5]));
+    uint8_t q[2 * 4 * 36];
+    float y[2 * LEN];
+    q4_compress(x, 2, LEN, 1, q);
+    q4_decompress(q, 2, LEN, 1, y);
+    int exact = 0;
+    for (int e = 0; e < 2 * LEN; e++) exact += y[e] == x[e];
+    CU_ASSERT_EQUAL(exact, 2 * LEN);
+}
+
+/* The layout: a group of 0..15 twice (min 0, scale 1) packs element 2p in the high nibble;
+ * min and scale follow all the nibbles; the partial last group's padding nibbles are 0. */
+static void test_layout(void) {
+    enum { LEN = 64 + 6 };
+    float x[LEN];
+    for (int e = 0; e < LEN; e++) x[e] = e < 64 ? (float)(e % 16) : 100 + 2 * (e - 64);
+    uint8_t q[2 * 36];
+    CU_ASSERT_EQUAL_FATAL(q4_bytes(1, LEN, 1), sizeof q);
+    q4_compress(x, 1, LEN, 1, q);
+    int wrong = 0;
+    for (int p = 0; p < 32; p++) wrong += q[p] != (uint8_t)((2 * p % 16) << 4 | (2 * p + 1) % 16);
+    CU_ASSERT_EQUAL(wrong, 0);
+    /* second group: 100, 102, ..., 110: min 100, scale 10 / 15 rounded up in fp16 */
+    CU_ASSERT_EQUAL(q[32], 0x03); /* 100 -> 0 high, 102 -> 3 low */
+    CU_ASSERT_EQUAL(q[33], 0x69); /* 104 -> 6, 106 -> 9 */
+    CU_ASSERT_EQUAL(q[34], 0xCF); /* 108 -> 12, 110 -> 15 */
+    const fp16 *mins = (const fp16 *)(q + 64), *scales = mins + 2;
+    CU_ASSERT_EQUAL(fp16_to_fp32(mins[0]), 0.0f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(scales[0]), 1.0f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(mins[1]), 100.0f);
+    float s1 = fp16_to_fp32(scales[1]);
+    CU_ASSERT(s1 >= 10.0f / 15 && s1 < 10.0f / 15 * (1 + 0x1p-9));
+    int pad = 0;
+    for (int p = 3; p < 32; p++) pad += q[32 + p] != 0;
+    CU_ASSERT_EQUAL(pad, 0);
+    float y[LEN];
+    q4_decompress(q, 1, LEN, 1, y);
+    for (int e = 0; e < 64; e++) CU_ASSERT_EQUAL(y[e], x[e]);
+
+    /* grouped across rows: [1][64][2], element (r, i) in byte (r / 2, i) */
+    float z[64 * 2];
+    for (int r = 0; r < 64; r++) z[2 * r] = (float)(r % 16), z[2 * r + 1] = (float)(15 - r % 16);
+    uint8_t qz[2 * 36];
+    CU_ASSERT_EQUAL_FATAL(q4_bytes(1, 64, 2), sizeof qz);
+    q4_compress(z, 1, 64, 2, qz);
+    wrong = 0;
+    for (int p = 0; p < 32; p++)
+        for (int i = 0; i < 2; i++) {
+            int a = (2 * p) % 16, b = (2 * p + 1) % 16;
+            if (i) a = 15 - a, b = 15 - b;
+            wrong += qz[p * 2 + i] != (uint8_t)(a << 4 | b);
+        }
+    CU_ASSERT_EQUAL(wrong, 0);
+}
+
+void add_quant_tests(void) {
+    CU_pSuite s = CU_add_suite("quant: 4-bit group-wise compression", NULL, NULL);
+    CU_add_test(s, "round trip within (max - min) / 30 plus fp16 rounding", test_round_trip_error);
+    CU_add_test(s, "constant groups decode exactly", test_constant_groups);
+    CU_add_test(s, "layout: nibble order, min and scale, padding", test_layout);
+}
