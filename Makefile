@@ -8,9 +8,11 @@ BLAS_LIB := /usr/lib/$(ARCH)/openblas-openmp
 CFLAGS ?= -O2
 CFLAGS += -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I$(BLAS_INC)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
+# The tests' references: CUnit, and GLPK for lp.c (./flexgen itself links neither).
+TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-SRC := opt_model.c tokenizer.c quant.c flexgen.c
+SRC := opt_model.c tokenizer.c quant.c flexgen.c lp.c
 HDR := flexgen.h
 TEST_SRC := $(wildcard tests/*.c)
 
@@ -23,7 +25,7 @@ flexgen: $(SRC) $(HDR)
 
 build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h
 	@mkdir -p build
-	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(LDLIBS) -lcunit
+	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(LDLIBS) $(TEST_LIBS)
 
 test: flexgen build/test_flexgen
 	FLEXGEN_BIN=./flexgen ./build/test_flexgen
@@ -34,7 +36,7 @@ build-san/flexgen: $(SRC) $(HDR)
 
 build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h
 	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(LDLIBS) -lcunit
+	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(LDLIBS) $(TEST_LIBS)
 
 test-san: build-san/flexgen build-san/test_flexgen
 	FLEXGEN_BIN=./build-san/flexgen ASAN_OPTIONS=detect_leaks=1 \

@@ -7,6 +7,7 @@
  *   quant.c      4-bit group-wise compression, top-K selection for sparse attention (§5)
  *   flexgen.c    the runtime: blocks of GPU batches walked in the order of Fig. 4, the report,
  *                the CLI (§4.1)
+ *   lp.c         a dense two-phase simplex for the small LPs of the policy search (§4.3, A.3)
  *
  * Conventions: functions that can fail on bad input return 0 on success and -1 on failure, after
  * writing one line (no newline) into `err`, a buffer of FG_ERR_LEN bytes that names the file,
@@ -268,7 +269,8 @@ void opt_workspace_free(opt_workspace *ws);
 
 /* The forward pass, one step of Fig. 4's innermost loop at a time. gb->tokens, gb->len and
  * gb->n_new describe the step; the caller advances gb->len by n_new after the step. opt_layer
- * writes this step's K and V (rounded to fp16) into slots len .. len + n_new - 1 of gb->k, gb->v. */
+ * writes this step's K and V (rounded to fp16, or 4-bit with gb->kv_q4) into slots len .. len +
+ * n_new - 1 of gb->k, gb->v. */
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
 void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
 /* Logits of the last token of each sequence: [batch][vocab]. */
@@ -406,5 +408,25 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
              char *err);
 
 int flexgen_main(int argc, char **argv);
+
+/* ------------------------------------------------------------------------------------------
+ * Linear programs (lp.c, §4.3): the placement LP of the policy search (Eq. (1), Appendix A.3)
+ * is small and dense; lp.c solves such LPs with a dense two-phase simplex.
+ * ------------------------------------------------------------------------------------------ */
+typedef enum { LP_LE, LP_EQ, LP_GE } lp_sense;
+typedef enum { LP_OPTIMAL, LP_INFEASIBLE, LP_UNBOUNDED } lp_status;
+typedef struct {
+    int n_vars, n_rows;
+    const double *c;         /* [n_vars]: minimize c . x */
+    const double *A;         /* [n_rows][n_vars], row-major */
+    const lp_sense *sense;   /* [n_rows]: row i is A_i . x {<=, =, >=} b_i */
+    const double *b;         /* [n_rows], any sign */
+} lp_problem;                /* and x >= 0 */
+/* Solves p. On LP_OPTIMAL, x [n_vars] and *objective hold an optimal vertex (otherwise they are
+ * left as they were). Returns -1 (err) only when memory runs out or the sizes are invalid
+ * (n_vars < 1, n_rows < 0), or the rest of the input is (a NULL array, a sense outside the enum,
+ * a value that is not finite), or, a guard never seen to trip, the simplex passes its pivot
+ * bound. */
+int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
 
 #endif

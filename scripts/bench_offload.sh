@@ -2,15 +2,18 @@
 # Disk-offload benchmarks of the runtime (BENCHMARKS.md, "Offloading to disk"):
 #   1. opt-6.7b and opt-13b (larger than RAM) with all weights on disk and --cpu-mem below their
 #      size, overlap on and off: wall time against max(compute, disk read) of the same run;
-#   2. a Table 5-style ablation on opt-1.3b with weights on disk and the KV cache on cpu.
+#   2. a Table 5-style ablation on opt-1.3b with weights on disk and the KV cache on cpu;
+#   3. §5's 4-bit weights (--compress-weight) for opt-6.7b, opt-13b and opt-30b, the policy of 1.
+#      (opt-30b in fp16, 60 GB, does not fit this machine's disk beside the others).
 # Each run's JSON, /usr/bin/time -v and (for some) its --trace land in $OUT.
-# Dummy weights are written once to $WEIGHTS (26 GB for opt-13b) and reused.
+# Dummy weights are written once to $WEIGHTS (26 GB for opt-13b, 4-bit: 3.8, 7.3 and 16.9 GB
+# for opt-6.7b, opt-13b and opt-30b) and reused.
 set -euo pipefail
 BIN=${FLEXGEN_BIN:-./flexgen}
 WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
 OFFLOAD=${OFFLOAD:-/var/tmp}
 OUT=${OUT:-bench-offload-$(date -u +%Y%m%dT%H%M%SZ)}
-ONLY=${ONLY:-all} # all | large | ablation
+ONLY=${ONLY:-all} # all | large | ablation | compress
 mkdir -p "$OUT"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
@@ -52,4 +55,10 @@ if [ "$ONLY" = all ] || [ "$ONLY" = ablation ]; then
     run ablation-no-delegation "${common[@]}" --percent 0 0 0 100 100 0 --gpu-batch-size 8 --num-gpu-batches 4
     run ablation-one-gpu-batch "${common[@]}" --percent 0 0 0 100 100 0 --gpu-batch-size 8 --num-gpu-batches 1 --cpu-cache-compute
     run ablation-deepspeed-like "${common[@]}" --percent 0 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1
+fi
+if [ "$ONLY" = all ] || [ "$ONLY" = compress ]; then
+    for model in opt-6.7b opt-13b opt-30b; do
+        run "$model-q4" --model "$model" --percent 0 0 100 0 100 0 --cpu-mem 4G --gpu-mem 8G \
+            --gpu-batch-size 8 --num-gpu-batches 2 --prompt-len 16 --gen-len 4 --compress-weight
+    done
 fi

@@ -14,6 +14,7 @@ void add_cli_tests(void);        /* test_cli.c: ./flexgen end to end and its bad
 void add_runtime_tests(void);    /* test_runtime.c: tiers, placement, the overlapped schedule */
 void add_quant_tests(void);      /* test_quant.c: 4-bit group-wise compression */
 void add_compress_tests(void);   /* test_compress.c: compression end to end */
+void add_lp_tests(void);         /* test_lp.c: the simplex against GLPK */
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);
