@@ -131,11 +131,16 @@ static int runtime_generate(const fixture_prompts *f, const fg_policy *p, int *t
                          logits, NULL, NULL);
 }
 
-static fg_policy compressed(int gbs, int ngb, const int percent[6]) {
+static fg_policy policy_of(int gbs, int ngb, const int percent[6]) {
     fg_policy p = fg_default_policy();
     p.gpu_batch_size = gbs;
     p.num_gpu_batches = ngb;
     memcpy(p.percent, percent, sizeof p.percent);
+    return p;
+}
+
+static fg_policy compressed(int gbs, int ngb, const int percent[6]) {
+    fg_policy p = policy_of(gbs, ngb, percent);
     p.compress_weight = 1;
     return p;
 }
@@ -178,9 +183,7 @@ static void check_weights(const char *name) {
      * path to a logit (embedding, the layers' products, project_in/out for 350m, lm_head) adds
      * about that much relative noise, in quadrature: sqrt(6) x 9% = 0.23 for 350m's path. We
      * require the first step's logits to move by at most 0.35 in relative RMS. */
-    p = fg_default_policy();
-    p.gpu_batch_size = N_SEQ;
-    p.num_gpu_batches = 1;
+    p = policy_of(N_SEQ, 1, all_gpu);
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, fp16_run), 0);
     double diff = 0, norm = 0;
     for (int b = 0; b < N_SEQ; b++) /* first step: the same inputs */
@@ -203,8 +206,7 @@ static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
 /* ---- the KV cache ---- */
 
 static fg_policy cache_policy(int gbs, int ngb, const int percent[6], int overlap, int delegate) {
-    fg_policy p = compressed(gbs, ngb, percent);
-    p.compress_weight = 0;
+    fg_policy p = policy_of(gbs, ngb, percent);
     p.compress_cache = 1;
     p.overlap = overlap;
     p.cpu_cache_compute = delegate;
@@ -351,16 +353,14 @@ static void test_sparse_runtime(void) {
     float *dense = malloc(n * sizeof *dense), *base = malloc(n * sizeof *base), *r = malloc(n * sizeof *r);
     int dense_tokens[N_SEQ * GEN], base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
     static const int all_gpu[6] = {100, 0, 100, 0, 100, 0}, cpu_cache[6] = {100, 0, 0, 100, 100, 0};
-    fg_policy p = compressed(N_SEQ, 1, all_gpu);
-    p.compress_weight = 0;
+    fg_policy p = policy_of(N_SEQ, 1, all_gpu);
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, dense_tokens, dense), 0);
     p.attn_sparsity = 1;
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, r), 0);
     CU_ASSERT_EQUAL(memcmp(r, dense, n * sizeof *r), 0);
 
     for (int q4 = 0; q4 < 2; q4++) {
-        p = compressed(N_SEQ, 1, all_gpu);
-        p.compress_weight = 0;
+        p = policy_of(N_SEQ, 1, all_gpu);
         p.compress_cache = q4;
         p.attn_sparsity = 0.3f;
         CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, base_tokens, base), 0);
