@@ -165,6 +165,20 @@ static void check_weights(const char *name) {
     CU_ASSERT_EQUAL(memcmp(tokens, plain_tokens, sizeof tokens), 0);
     CU_ASSERT_EQUAL(memcmp(r, plain, n * sizeof *r), 0);
 
+    /* a tier holds 36 bytes per 64 values of a matrix instead of 128 (plus fp16 vectors), and
+     * that much moves: weights on cpu (the disk tier rounds each tensor up to pages), then disk */
+    static const int on_cpu[6] = {0, 100, 100, 0, 100, 0}, on_disk[6] = {0, 0, 100, 0, 100, 0};
+    for (int tier = TIER_CPU; tier <= TIER_DISK; tier++) {
+        fg_stats st16, st4;
+        p = compressed(N_SEQ, 1, tier == TIER_CPU ? on_cpu : on_disk);
+        CU_ASSERT_EQUAL(generate_with(f.dir, NULL, 0, &p, GEN, N_SEQ, (int *const *)f.prompts, f.lens, tokens, r, &st4, NULL), 0);
+        p.compress_weight = 0;
+        CU_ASSERT_EQUAL(generate_with(f.dir, NULL, 0, &p, GEN, N_SEQ, (int *const *)f.prompts, f.lens, tokens, r, &st16, NULL), 0);
+        if (tier == TIER_CPU) CU_ASSERT(st4.peak[TIER_CPU] < 0.33 * st16.peak[TIER_CPU]);
+        fg_link link = tier == TIER_CPU ? LINK_CPU_TO_GPU : LINK_DISK_TO_CPU;
+        CU_ASSERT(st4.link_bytes[link] < 0.33 * st16.link_bytes[link]);
+    }
+
     /* compressed weights on cpu, disk, split: still the same bits */
     static const int placements[][6] = {{0, 100, 100, 0, 100, 0}, {0, 0, 100, 0, 100, 0},
                                         {30, 30, 100, 0, 100, 0}, {0, 0, 0, 0, 0, 0}};

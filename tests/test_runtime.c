@@ -156,15 +156,17 @@ static int plan_fits(const fixture_model *f, fg_policy p, fg_tier t, double byte
 }
 
 /* At the smallest capacity the plan accepts, the run succeeds and its peak stays within it; one
- * byte less is refused before anything is allocated or moved. */
+ * byte less is refused before anything is allocated or moved. With 4-bit weights and cache too
+ * (§5): the plan and the tiers count the same compressed bytes. */
 static void test_capacities(void) {
     fixture_model f;
     open_fixture("opt-tiny", &f);
     static const int percents[2][6] = {{20, 30, 30, 40, 30, 40}, {0, 0, 0, 0, 0, 0}};
     for (int pc = 0; pc < 2; pc++)
-        for (int delegate = 0; delegate < 2; delegate++)
+        for (int variant = 0; variant < 3; variant++) /* fp16; delegation; 4-bit, delegation */
             for (int t = 0; t < N_TIERS; t++) {
-                fg_policy p = policy(2, 3, percents[pc], 1, delegate);
+                fg_policy p = policy(2, 3, percents[pc], 1, variant > 0);
+                p.compress_weight = p.compress_cache = variant == 2;
                 double lo = 1, hi = 1 << 30;
                 while (hi - lo > 1) { /* the smallest capacity that fits is in (lo, hi] */
                     double mid = floor((lo + hi) / 2);
