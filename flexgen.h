@@ -429,4 +429,47 @@ typedef struct {
  * bound. */
 int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
 
+/* ------------------------------------------------------------------------------------------
+ * The cost model (lp.c, §4.3 and Appendix A.3), in the paper's symbols. Every latency term of a
+ * layer is linear in the placement x = (wg, wc, wn, cg, cc, cn, hg, hc, hn) (fractions, each
+ * triple summing to 1), so the same coefficients serve the LP and the evaluation of a policy.
+ * ------------------------------------------------------------------------------------------ */
+/* A machine's constants (Table 7): bytes/s and FLOP/s, as `flexgen profile` measures them or a
+ * hardware file gives them (hardware/NAME.json, keys named as the fields). */
+typedef struct {
+    double ctog_bdw;                          /* cpu -> gpu */
+    double gtoc_bdw_cache, gtoc_bdw_hidden;   /* gpu -> cpu: KV cache, activations */
+    double dtoc_bdw;                          /* disk -> cpu */
+    double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g; /* cpu -> disk: prefill cache,
+                                                 prefill activations, decode */
+    double mm_flops_p, mm_flops_g;            /* compute device: matrix products, prefill/decode */
+    double bmm_flops_p, bmm_flops_g;          /* compute device: attention's batched products */
+    double cpu_flops;                         /* CPU attention (delegation) */
+} fg_hardware;
+int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
+
+enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X };
+enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, N_TERMS };
+extern const char *const fg_cost_term_names[N_TERMS]; /* "ctog", "gtoc", "dtoc", "ctod", "comp" */
+
+typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant + coef . x */
+
+/* What a policy is evaluated for: prompt length s, n generated tokens, the block shape, and the
+ * options that change the terms. */
+typedef struct {
+    int s, n, gbs, ngb;
+    int cpu_cache_compute, compress_weight, compress_cache;
+} fg_workload;
+
+/* One layer's latency terms in prefill (pre) and decode (gen, averaged over the n - 1 steps). */
+typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; } fg_cost_model;
+
+void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                         fg_cost_model *m);
+double fg_linear_eval(const fg_linear *f, const double x[N_X]);
+/* T / bls, the seconds per generated token of the block, for placement x (§4.3: T = T_pre l +
+ * T_gen (n - 1) l, each T the max of its terms, overlap assumed); T_pre and T_gen if not NULL. */
+double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
+                         const double x[N_X], double *t_pre, double *t_gen);
+
 #endif

@@ -80,6 +80,7 @@
  */
 #include "flexgen.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,4 +312,126 @@ int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objectiv
     }
     free(t.T);
     return rc;
+}
+
+/* ============================================================================================
+ * The cost model (§4.3, Appendix A.3). Per layer, with h1 the hidden size, h2 the MLP's, s the
+ * prompt length, n the generated tokens, bls = gbs x ngb the block:
+ *   fp16 weights of a layer     8 h1^2 + 4 h1 h2 bytes
+ *   activations of a layer      2 bls h1 bytes per token (2 s bls h1 in prefill)
+ *   KV cache of a layer         4 bls (s + n/2) h1 bytes on average in decode
+ * Each term is the bytes that cross one link (or the FLOPs of one device) divided by its rate,
+ * summed over what goes that way; which fraction of weights, cache and activations a term
+ * counts is the placement. T_pre and T_gen are the max of their terms (I/O overlaps compute).
+ *
+ * As in FlexGen, decode attention over a cache on cpu or disk runs on the CPU when delegated
+ * (cpu_cache_compute); otherwise (A.3 does not write this case out) that cache crosses cpu -> gpu
+ * every step and its new rows come back, and the compute device attends over all of it. 4-bit
+ * compression (§5) scales the weight and cache bytes by 36/128 (a group of 64 values keeps 32
+ * bytes and an fp16 min and scale); the time to decompress is not modeled yet.
+ * ============================================================================================ */
+
+const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
+
+static const char *const HW_KEYS[] = {"ctog_bdw", "gtoc_bdw_cache", "gtoc_bdw_hidden", "dtoc_bdw",
+    "ctod_bdw_cache_p", "ctod_bdw_hidden_p", "ctod_bdw_g", "mm_flops_p", "mm_flops_g",
+    "bmm_flops_p", "bmm_flops_g", "cpu_flops"};
+enum { N_HW = sizeof HW_KEYS / sizeof HW_KEYS[0] };
+
+/* The fields of fg_hardware, in HW_KEYS' order. */
+static double *hw_field(fg_hardware *hw, int i) {
+    double *const fields[N_HW] = {&hw->ctog_bdw, &hw->gtoc_bdw_cache, &hw->gtoc_bdw_hidden,
+        &hw->dtoc_bdw, &hw->ctod_bdw_cache_p, &hw->ctod_bdw_hidden_p, &hw->ctod_bdw_g,
+        &hw->mm_flops_p, &hw->mm_flops_g, &hw->bmm_flops_p, &hw->bmm_flops_g, &hw->cpu_flops};
+    return fields[i];
+}
+
+int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
+    char *text = fg_read_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fg_fail(err, "%s: not a JSON object", path);
+    }
+    int rc = 0;
+    for (int i = 0; i < N_HW && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, HW_KEYS[i]);
+        if (!cJSON_IsNumber(v)) rc = fg_fail(err, "%s: \"%s\" is missing or not a number", path, HW_KEYS[i]);
+        else if (!(v->valuedouble > 0) || !isfinite(v->valuedouble))
+            rc = fg_fail(err, "%s: \"%s\" must be a positive number, got %g", path, HW_KEYS[i], v->valuedouble);
+        else *hw_field(hw, i) = v->valuedouble;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Adds bytes / rate to term f: to its constant (k < 0), or to the coefficient of x_k. */
+static void add(fg_linear *f, int k, double bytes, double rate) {
+    if (k < 0) f->constant += bytes / rate;
+    else f->coef[k] += bytes / rate;
+}
+
+void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                         fg_cost_model *m) {
+    double h1 = c->hidden, h2 = c->ffn, s = w->s, n = w->n, bls = (double)w->gbs * w->ngb;
+    double weights = (8 * h1 * h1 + 4 * h1 * h2) * (w->compress_weight ? 36.0 / 128 : 1);
+    double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
+    double cache_pre = 4 * (s + 1) * h1 * bls * kv;       /* written in prefill (A.3) */
+    double cache_gen = 4 * bls * (s + n / 2) * h1 * kv;   /* read per decode step, on average */
+    double cache_new = 4 * bls * h1 * kv;                 /* written per decode step */
+    double hidden_pre = 2 * s * h1 * bls, hidden_gen = 2 * h1 * bls;
+    memset(m, 0, sizeof *m);
+
+    fg_linear *p = m->pre; /* prefill */
+    add(&p[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&p[T_CTOG], X_WN, weights, hw->ctog_bdw);
+    add(&p[T_CTOG], X_HC, hidden_pre, hw->ctog_bdw), add(&p[T_CTOG], X_HN, hidden_pre, hw->ctog_bdw);
+    add(&p[T_GTOC], X_CC, cache_pre, hw->gtoc_bdw_cache), add(&p[T_GTOC], X_CN, cache_pre, hw->gtoc_bdw_cache);
+    add(&p[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden), add(&p[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
+    add(&p[T_DTOC], X_WN, weights, hw->dtoc_bdw), add(&p[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
+    add(&p[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p), add(&p[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
+    add(&p[T_COMP], -1, bls * (8 * s * h1 * h1 + 4 * s * h1 * h2), hw->mm_flops_p);
+    add(&p[T_COMP], -1, 4 * bls * s * s * h1, hw->bmm_flops_p);
+
+    fg_linear *g = m->gen; /* one decode step */
+    add(&g[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&g[T_CTOG], X_WN, weights, hw->ctog_bdw);
+    add(&g[T_CTOG], X_HC, hidden_gen, hw->ctog_bdw), add(&g[T_CTOG], X_HN, hidden_gen, hw->ctog_bdw);
+    add(&g[T_GTOC], X_HC, hidden_gen, hw->gtoc_bdw_hidden), add(&g[T_GTOC], X_HN, hidden_gen, hw->gtoc_bdw_hidden);
+    add(&g[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw), add(&g[T_DTOC], X_WN, weights, hw->dtoc_bdw);
+    add(&g[T_DTOC], X_HN, hidden_gen, hw->dtoc_bdw);
+    add(&g[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g), add(&g[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
+    add(&g[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), hw->mm_flops_g);
+    /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes) */
+    double att = 4 * bls * (s + n / 2) * h1;
+    add(&g[T_COMP], X_CG, att, hw->bmm_flops_g);
+    for (int k = X_CC; k <= X_CN; k++) {
+        if (w->cpu_cache_compute) {
+            add(&g[T_COMP], k, att, hw->cpu_flops);
+        } else { /* the cache comes to the compute device and its new rows go back */
+            add(&g[T_CTOG], k, cache_gen, hw->ctog_bdw);
+            add(&g[T_GTOC], k, cache_new, hw->gtoc_bdw_cache);
+            add(&g[T_COMP], k, att, hw->bmm_flops_g);
+        }
+    }
+}
+
+double fg_linear_eval(const fg_linear *f, const double x[N_X]) {
+    double v = f->constant;
+    for (int k = 0; k < N_X; k++) v += f->coef[k] * x[k];
+    return v;
+}
+
+static double max_term(const fg_linear *terms, const double x[N_X]) {
+    double t = 0;
+    for (int i = 0; i < N_TERMS; i++) t = fmax(t, fg_linear_eval(&terms[i], x));
+    return t;
+}
+
+double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
+                         const double x[N_X], double *t_pre, double *t_gen) {
+    double pre = max_term(m->pre, x), gen = max_term(m->gen, x), l = c->n_layers;
+    if (t_pre) *t_pre = pre;
+    if (t_gen) *t_gen = gen;
+    return (pre * l + gen * (w->n - 1) * l) / ((double)w->gbs * w->ngb);
 }

@@ -1,0 +1,125 @@
+/* test_cost.c: the cost model of §4.3 and Appendix A.3 (lp.c) against values worked out by hand
+ * below for one small configuration, and the hardware file's bad input. */
+#include "tests.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* h1 = 4, h2 = 16, 2 layers; s = 3, n = 5, bls = 2 x 3 = 6. Per layer:
+ *   weights     8 h1^2 + 4 h1 h2 = 128 + 256 = 384 bytes
+ *   activations 2 s h1 bls = 144 (prefill), 2 h1 bls = 48 (decode)
+ *   KV cache    4 (s + 1) h1 bls = 384 written in prefill; 4 bls (s + n/2) h1 = 528 read per
+ *               decode step; 4 bls h1 = 96 written per step
+ *   FLOPs       prefill bls (8 s h1^2 + 4 s h1 h2) = 6912, attention 4 bls s^2 h1 = 864;
+ *               decode bls (8 h1^2 + 4 h1 h2) = 2304, attention 528
+ * Rates are distinct powers of two, so every quotient is exact. */
+static const opt_config CFG = {"hand", 2, 4, 2, 16, 32, 16, 4, 1};
+static const fg_hardware HW = {.ctog_bdw = 2, .gtoc_bdw_cache = 4, .gtoc_bdw_hidden = 8,
+    .dtoc_bdw = 16, .ctod_bdw_cache_p = 32, .ctod_bdw_hidden_p = 64, .ctod_bdw_g = 128,
+    .mm_flops_p = 256, .mm_flops_g = 512, .bmm_flops_p = 1024, .bmm_flops_g = 2048,
+    .cpu_flops = 4096};
+/* wg wc wn, cg cc cn, hg hc hn */
+static const double X[N_X] = {0.5, 0.25, 0.25, 0.5, 0.25, 0.25, 0.5, 0.25, 0.25};
+
+static void expect_terms(const fg_linear *terms, const double want[N_TERMS], const char *what) {
+    for (int i = 0; i < N_TERMS; i++) {
+        double got = fg_linear_eval(&terms[i], X);
+        CU_ASSERT_DOUBLE_EQUAL(got, want[i], 1e-12 * fabs(want[i]));
+        if (fabs(got - want[i]) > 1e-12 * fabs(want[i]))
+            fprintf(stderr, "\n  %s %s: %.10g, by hand %.10g\n", what, fg_cost_term_names[i], got, want[i]);
+    }
+}
+
+static void test_cost_by_hand(void) {
+    fg_workload w = {.s = 3, .n = 5, .gbs = 2, .ngb = 3, .cpu_cache_compute = 1};
+    fg_cost_model m;
+    fg_cost_model_build(&CFG, &w, &HW, &m);
+    const double pre[N_TERMS] = {
+        (0.5 * 384 + 0.5 * 144) / 2,        /* ctog: (wc + wn) weights + (hc + hn) activations */
+        0.5 * 384 / 4 + 0.5 * 144 / 8,      /* gtoc: (cc + cn) cache, (hc + hn) activations */
+        (0.25 * 384 + 0.25 * 144) / 16,     /* dtoc: wn weights + hn activations */
+        0.25 * 384 / 32 + 0.25 * 144 / 64,  /* ctod: cn cache, hn activations */
+        6912.0 / 256 + 864.0 / 1024};       /* comp */
+    const double gen[N_TERMS] = {
+        (0.5 * 384 + 0.5 * 48) / 2,                   /* ctog */
+        0.5 * 48 / 8,                                 /* gtoc: activations only (delegated) */
+        (0.25 * 528 + 0.25 * 384 + 0.25 * 48) / 16,   /* dtoc: cn cache, wn weights, hn act. */
+        (0.25 * 96 + 0.25 * 48) / 128,                /* ctod: new cache rows, activations */
+        2304.0 / 512 + 0.5 * 528 / 2048 + 0.5 * 528 / 4096}; /* comp: gpu, cg on gpu, cc+cn on cpu */
+    expect_terms(m.pre, pre, "prefill");
+    expect_terms(m.gen, gen, "decode");
+    double t_pre, t_gen;
+    double per_token = fg_cost_per_token(&m, &CFG, &w, X, &t_pre, &t_gen);
+    CU_ASSERT_DOUBLE_EQUAL(t_pre, 132, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(t_gen, 108, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(per_token, (132.0 * 2 + 108.0 * 4 * 2) / 6, 1e-12); /* T / bls = 188 */
+
+    /* not delegated: the off-gpu cache crosses cpu -> gpu, its new rows come back, and the
+     * compute device attends over all of it */
+    w.cpu_cache_compute = 0;
+    fg_cost_model_build(&CFG, &w, &HW, &m);
+    const double gen_moved[N_TERMS] = {108 + 0.5 * 528 / 2, 3 + 0.5 * 96 / 4, gen[T_DTOC], gen[T_CTOD],
+                                       2304.0 / 512 + 528.0 / 2048};
+    expect_terms(m.pre, pre, "prefill, not delegated");
+    expect_terms(m.gen, gen_moved, "decode, not delegated");
+    CU_ASSERT_DOUBLE_EQUAL(fg_cost_per_token(&m, &CFG, &w, X, NULL, NULL), (264 + 240.0 * 8) / 6, 1e-12);
+
+    /* 4-bit weights and cache: their bytes times 36/128 (384 -> 108, 528 -> 148.5, 96 -> 27) */
+    w.cpu_cache_compute = 1;
+    w.compress_weight = w.compress_cache = 1;
+    fg_cost_model_build(&CFG, &w, &HW, &m);
+    const double pre_q4[N_TERMS] = {(0.5 * 108 + 0.5 * 144) / 2, 0.5 * 108 / 4 + 0.5 * 144 / 8,
+                                    (0.25 * 108 + 0.25 * 144) / 16, 0.25 * 108 / 32 + 0.25 * 144 / 64,
+                                    pre[T_COMP]};
+    const double gen_q4[N_TERMS] = {(0.5 * 108 + 0.5 * 48) / 2, gen[T_GTOC],
+                                    (0.25 * 148.5 + 0.25 * 108 + 0.25 * 48) / 16,
+                                    (0.25 * 27 + 0.25 * 48) / 128, gen[T_COMP]};
+    expect_terms(m.pre, pre_q4, "prefill, 4-bit");
+    expect_terms(m.gen, gen_q4, "decode, 4-bit");
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_hardware_file(void) {
+    char *dir = make_temp_dir(), path[4200], err[FG_ERR_LEN];
+    snprintf(path, sizeof path, "%s/hw.json", dir);
+    fg_hardware hw;
+    write_text(path, "{\"ctog_bdw\": 2, \"gtoc_bdw_cache\": 4, \"gtoc_bdw_hidden\": 8, \"dtoc_bdw\": 16,"
+                     " \"ctod_bdw_cache_p\": 32, \"ctod_bdw_hidden_p\": 64, \"ctod_bdw_g\": 128,"
+                     " \"mm_flops_p\": 256, \"mm_flops_g\": 512, \"bmm_flops_p\": 1024,"
+                     " \"bmm_flops_g\": 2048, \"cpu_flops\": 4096}");
+    CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), 0);
+    CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0);
+    static const struct { const char *text, *says; } bad[] = {
+        {"{\"ctog_bdw\": 2", "not a JSON object"},
+        {"[1, 2]", "not a JSON object"},
+        {"{\"ctog_bdw\": 2}", "\"gtoc_bdw_cache\" is missing"},
+        {"{\"ctog_bdw\": \"fast\"}", "\"ctog_bdw\" is missing or not a number"},
+        {"{\"ctog_bdw\": -1}", "\"ctog_bdw\" must be a positive number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(path, bad[i].text);
+        err[0] = 0;
+        CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), -1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, path));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, bad[i].says));
+    }
+    snprintf(path, sizeof path, "%s/missing.json", dir);
+    CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, path));
+    rm_tree(dir);
+    free(dir);
+}
+
+void add_cost_tests(void) {
+    CU_pSuite s = CU_add_suite("cost model (section 4.3, appendix A.3)", NULL, NULL);
+    CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
+    CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
+}
