@@ -42,19 +42,25 @@ static fp16 fp16_at_least(float x) {
     return h;
 }
 
+/* A group's fp16 min and scale from its range [lo, hi], and what quantizing uses of them. */
+static void group_range(float lo, float hi, fp16 *min16, fp16 *scale16, float *min, float *inv) {
+    *min16 = fp32_to_fp16(lo);
+    *min = fp16_to_fp32(*min16);
+    *scale16 = hi > *min ? fp16_at_least((hi - *min) / 15) : 0;
+    float scale = fp16_to_fp32(*scale16);
+    *inv = scale > 0 ? 1 / scale : 0;
+}
+
 /* One group: n values, `stride` apart, into 32 bytes `inner` apart, with its min and scale. */
 static void compress_group(const float *x, size_t stride, size_t n, uint8_t *bytes, size_t inner,
                            fp16 *min_out, fp16 *scale_out) {
-    float lo = x[0], hi = x[0];
+    float lo = x[0], hi = x[0], min, inv;
     for (size_t e = 1; e < n; e++) {
         float v = x[e * stride];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
     }
-    fp16 min16 = fp32_to_fp16(lo);
-    float min = fp16_to_fp32(min16);
-    fp16 scale16 = hi > min ? fp16_at_least((hi - min) / 15) : 0;
-    float scale = fp16_to_fp32(scale16), inv = scale > 0 ? 1 / scale : 0;
+    group_range(lo, hi, min_out, scale_out, &min, &inv);
     for (size_t p = 0; p < Q4_GROUP / 2; p++) {
         int q[2] = {0, 0};
         for (int half = 0; half < 2; half++) {
@@ -65,9 +71,44 @@ static void compress_group(const float *x, size_t stride, size_t n, uint8_t *byt
         }
         bytes[p * inner] = (uint8_t)(q[0] << 4 | q[1]);
     }
-    *min_out = min16;
-    *scale_out = scale16;
 }
+
+#ifdef HAVE_AVX2_PATH
+/* 32 levels (four vectors of 8, in order) to 32 bytes in order: the packs interleave lanes. */
+__attribute__((target("avx2"))) static __m256i levels_to_bytes(const __m256i *q) {
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* A whole group of 64 contiguous values, with the same arithmetic as compress_group. */
+__attribute__((target("avx2,f16c"))) static void compress_group_avx2(const float *x, uint8_t *bytes,
+                                                                   fp16 *min_out, fp16 *scale_out) {
+    __m256 lo = _mm256_loadu_ps(x), hi = lo;
+    for (int i = 8; i < Q4_GROUP; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        lo = _mm256_min_ps(lo, v);
+        hi = _mm256_max_ps(hi, v);
+    }
+    float l[8], h[8], min, inv;
+    _mm256_storeu_ps(l, lo);
+    _mm256_storeu_ps(h, hi);
+    for (int i = 1; i < 8; i++) l[0] = l[i] < l[0] ? l[i] : l[0], h[0] = h[i] > h[0] ? h[i] : h[0];
+    group_range(l[0], h[0], min_out, scale_out, &min, &inv);
+    __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv), half = _mm256_set1_ps(0.5f);
+    __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(15);
+    __m256i q[8];
+    for (int k = 0; k < 8; k++) {
+        __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmin), vinv), half);
+        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, zero), top));
+    }
+    /* pairs (2p, 2p + 1) -> 16 (2p) + (2p + 1), then to bytes, in order */
+    __m256i weights = _mm256_set1_epi16(0x0110);
+    __m256i first = _mm256_maddubs_epi16(levels_to_bytes(q), weights);
+    __m256i second = _mm256_maddubs_epi16(levels_to_bytes(q + 4), weights);
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(first, second), 0xD8);
+    _mm256_storeu_si256((__m256i *)bytes, packed);
+}
+#endif
 
 /* Parallel over the rows of groups (weights are compressed once, at load). */
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
@@ -78,6 +119,12 @@ void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8
         const float *x = src + o * len * inner;
         uint8_t *bytes = dst + o * G * inner * (Q4_GROUP / 2 + 4);
         fp16 *mins = (fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+#ifdef HAVE_AVX2_PATH
+        if (inner == 1 && n == Q4_GROUP && fg_cpu_has_avx2()) {
+            compress_group_avx2(x + g * Q4_GROUP, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
+            continue;
+        }
+#endif
         for (size_t i = 0; i < inner; i++)
             compress_group(x + g * Q4_GROUP * inner + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i,
                            inner, &mins[g * inner + i], &scales[g * inner + i]);
