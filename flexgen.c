@@ -540,6 +540,7 @@ struct fg_model {
     int *layer_first;     /* [n_layers + 3]: tensors of layer j are layer_first[j] .. [j+1] - 1 */
     disk_arena disk;      /* disk homes: offloaded copies, or the dummy-weight file */
     double disk_bytes;    /* of the disk tier that the disk homes take */
+    double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
     float *staging[2];
     size_t staging_floats;
     long staged[2];       /* which layer g (step g / L, layer g % L) each staging arena holds, or -1 */
@@ -547,6 +548,7 @@ struct fg_model {
 };
 
 static int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
+static void count_existing_weight_file(fg_model *m);
 
 /* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed. */
 static int is_staged(const weight_home *h) { return h->tier != TIER_GPU || h->q4; }
@@ -619,6 +621,7 @@ static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const
         m->layer_first[j] = i;
     }
     place_weights(m);
+    count_existing_weight_file(m);
     return 0;
 }
 
@@ -673,6 +676,7 @@ void fg_model_close(fg_model *m) {
     }
     for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], 4 * m->staging_floats);
     if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
+    m->rt->capacity[TIER_DISK] -= m->reused_disk_bytes;
     arena_close(&m->disk);
     if (m->has_archive) st_close(&m->archive);
     opt_layout_free(&m->layout);
@@ -694,7 +698,7 @@ typedef struct {
 static size_t weight_file_offsets(const fg_model *m, size_t *offsets) {
     size_t at = page_up(sizeof(weight_file_header));
     for (int i = 0; i < m->layout.n_tensors; i++) {
-        offsets[i] = at;
+        if (offsets) offsets[i] = at;
         if (m->layout.tensors[i].tied_to < 0) at += page_up(m->homes[i].bytes);
     }
     return at;
@@ -733,26 +737,54 @@ static int fill_stored(const fg_model *m, int i, const weight_source *src, void 
 }
 
 /* Maps the dummy-weight file, writing it first when it is missing or stale. */
+/* The dummy-weight file of this model in --path: its name and the header it starts with. */
+static void weight_file_id(const fg_model *m, size_t size, char *path, size_t n, weight_file_header *want) {
+    int q4 = m->rt->policy.compress_weight;
+    snprintf(path, n, "%s/%s-seed%llu%s.fgw", m->rt->weight_dir, m->view.cfg.name,
+             (unsigned long long)m->seed, q4 ? "-q4" : "");
+    memset(want, 0, sizeof *want);
+    snprintf(want->magic, sizeof want->magic, q4 ? "flexgen-q4-1" : "flexgen-wt-1");
+    want->cfg = m->view.cfg;
+    want->seed = m->seed;
+    want->bytes = size;
+}
+
+/* That file, open, when it is there and complete; else -1. */
+static int existing_weight_file(const fg_model *m, size_t size) {
+    char path[4300];
+    weight_file_header want, have;
+    weight_file_id(m, size, path, sizeof path, &want);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == size &&
+        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have && !memcmp(&have, &want, sizeof have))
+        return fd;
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+/* Dummy weights that an earlier run wrote to --path take no new space. The default capacity of
+ * the disk tier is the offload dir's free space, so there they count on top of it (given back
+ * by fg_model_close). With --disk-mem the user's number stands. */
+static void count_existing_weight_file(fg_model *m) {
+    double bytes[N_TIERS], max_layer_disk;
+    weight_bytes(m, bytes, &max_layer_disk);
+    if (m->has_archive || m->rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
+    int fd = existing_weight_file(m, weight_file_offsets(m, NULL));
+    if (fd < 0) return;
+    close(fd);
+    m->reused_disk_bytes = bytes[TIER_DISK];
+    m->rt->capacity[TIER_DISK] += m->reused_disk_bytes;
+}
+
 static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
     const opt_config *c = &m->view.cfg;
     size_t size = weight_file_offsets(m, offsets);
     char path[4300];
-    int q4 = m->rt->policy.compress_weight;
-    snprintf(path, sizeof path, "%s/%s-seed%llu%s.fgw", m->rt->weight_dir, c->name,
-             (unsigned long long)m->seed, q4 ? "-q4" : "");
     weight_file_header want;
-    memset(&want, 0, sizeof want);
-    snprintf(want.magic, sizeof want.magic, q4 ? "flexgen-q4-1" : "flexgen-wt-1");
-    want.cfg = *c;
-    want.seed = m->seed;
-    want.bytes = size;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    weight_file_header have;
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == size &&
-        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have && !memcmp(&have, &want, sizeof have))
-        return arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err);
-    if (fd >= 0) close(fd);
+    weight_file_id(m, size, path, sizeof path, &want);
+    int fd = existing_weight_file(m, size);
+    if (fd >= 0) return arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err);
     if (mkdir_p(m->rt->weight_dir))
         return fg_fail(err, "--path %s: cannot create it: %s", m->rt->weight_dir, strerror(errno));
     fd = unnamed_file(m->rt->weight_dir, "--path", err);
@@ -1574,7 +1606,8 @@ static void usage(FILE *out) {
 "                          reads only their V rows (section 5), 0 < F <= 1 [1]\n"
 "  --gpu-mem SIZE, --cpu-mem SIZE, --disk-mem SIZE\n"
 "                          tier capacities, e.g. 16G, 512M (K, M, G, T are powers of 1024)\n"
-"                          [available memory; free space in the offload dir]\n"
+"                          [available memory; free space in the offload dir, plus dummy\n"
+"                          weights already written to --path]\n"
 "  --offload-dir DIR       the disk tier's files, removed as soon as they are mapped [%s]\n"
 "output\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"

@@ -279,6 +279,53 @@ static void test_early_stop_gives_back_read_ahead(void) {
     close_fixture(&f);
 }
 
+/* Dummy weights already in --path need no new disk space: with the default disk capacity (the
+ * offload dir's free space) a model whose file exists gets its size on top, and gives it back
+ * when closed; with --disk-mem the user's capacity stands. */
+static void test_existing_weight_file_space(void) {
+    opt_config c = {"reuse-test", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    fg_policy p = policy(2, 1, disk_weights, 1, 0);
+    p.weight_dir = dir;
+    p.offload_dir = dir;
+    for (int pass = 0; pass < 2; pass++) { /* the first writes the file, the second reuses it */
+        fg_runtime *rt;
+        fg_model *m;
+        fg_stats before, opened, closed;
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        fg_runtime_stats(rt, &before);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 5, &m, err), 0);
+        fg_runtime_stats(rt, &opened);
+        int prompt[] = {2, 10, 11}, *prompts[] = {prompt}, len = 3, tokens[2];
+        gen_options opt = {.gen_len = 2, .top_p = 1};
+        gen_timing t;
+        CU_ASSERT_EQUAL(generate(m, &opt, 1, prompts, &len, tokens, NULL, &t, err), 0);
+        fg_stats ran;
+        fg_runtime_stats(rt, &ran);
+        fg_model_close(m);
+        fg_runtime_stats(rt, &closed);
+        if (pass == 0) CU_ASSERT_EQUAL(opened.capacity[TIER_DISK], before.capacity[TIER_DISK]);
+        if (pass == 1) /* exactly the weights' share of the disk tier */
+            CU_ASSERT_EQUAL(opened.capacity[TIER_DISK] - before.capacity[TIER_DISK], ran.peak[TIER_DISK]);
+        CU_ASSERT(ran.peak[TIER_DISK] > 0);
+        CU_ASSERT_EQUAL(closed.capacity[TIER_DISK], before.capacity[TIER_DISK]);
+        fg_runtime_close(rt);
+    }
+    p.capacity[TIER_DISK] = 1 << 30; /* --disk-mem 1G */
+    fg_runtime *rt;
+    fg_model *m;
+    fg_stats opened;
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 5, &m, err), 0);
+    fg_runtime_stats(rt, &opened);
+    CU_ASSERT_EQUAL(opened.capacity[TIER_DISK], 1 << 30);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime: tiers, placement, overlapped schedule", NULL, NULL);
     CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
@@ -286,6 +333,8 @@ void add_runtime_tests(void) {
     CU_add_test(s, "capacities: smallest fitting plan runs within it, one byte less is refused",
                 test_capacities);
     CU_add_test(s, "bytes moved per link follow the schedule", test_link_bytes);
+    CU_add_test(s, "dummy weights already in --path need no new disk space",
+                test_existing_weight_file_space);
     CU_add_test(s, "a block that stops early gives back the layers read ahead",
                 test_early_stop_gives_back_read_ahead);
 }
