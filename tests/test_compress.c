@@ -12,45 +12,6 @@
 
 enum { N_SEQ = 5, GEN = 6 };
 
-static float uniform_test(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)(*s >> 40) / (float)(1 << 24);
-}
-
-typedef struct {
-    char dir[4096];
-    int *prompts[N_SEQ], lens[N_SEQ];
-    opt_config cfg;
-} fixture_prompts;
-
-static void open_prompts(const char *name, fixture_prompts *f) {
-    char path[4200], line[4096];
-    memset(f, 0, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "%s", fixture(name));
-    snprintf(path, sizeof path, "%s/config.json", f->dir);
-    char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(path, &f->cfg, err), 0);
-    snprintf(path, sizeof path, "%s/prompts.txt", f->dir);
-    FILE *in = fopen(path, "r");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(in);
-    int read = 0;
-    for (; read < N_SEQ && fgets(line, sizeof line, in); read++) {
-        f->prompts[read] = malloc(64 * sizeof(int));
-        for (char *s = strtok(line, " \n"); s; s = strtok(NULL, " \n")) f->prompts[read][f->lens[read]++] = atoi(s);
-    }
-    fclose(in);
-    CU_ASSERT_FATAL(read > 0);
-    for (int p = read; p < N_SEQ; p++) { /* fewer lines: cycle them */
-        f->prompts[p] = malloc(64 * sizeof(int));
-        f->lens[p] = f->lens[p % read];
-        memcpy(f->prompts[p], f->prompts[p % read], f->lens[p] * sizeof(int));
-    }
-}
-
-static void close_prompts(fixture_prompts *f) {
-    for (int p = 0; p < N_SEQ; p++) free(f->prompts[p]);
-}
-
 /* Greedy generation straight through opt_embed / opt_layer / opt_output, one batch of all the
  * prompts, the KV cache in one fp16 array: the forward pass with no runtime around it. */
 static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *tokens, float *logits) {
@@ -147,7 +108,7 @@ static fg_policy compressed(int gbs, int ngb, const int percent[6]) {
 
 static void check_weights(const char *name) {
     fixture_prompts f;
-    open_prompts(name, &f);
+    fixture_prompts_open(name, N_SEQ, &f);
     size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
     float *plain = malloc(n * sizeof *plain), *fp16_run = malloc(n * sizeof *fp16_run), *r = malloc(n * sizeof *r);
     int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
@@ -211,7 +172,7 @@ static void check_weights(const char *name) {
     free(plain);
     free(fp16_run);
     free(r);
-    close_prompts(&f);
+    fixture_prompts_close(&f);
 }
 
 static void test_weights_pre_ln(void) { check_weights("opt-tiny"); }
@@ -231,7 +192,7 @@ static fg_policy cache_policy(int gbs, int ngb, const int percent[6], int overla
  * to the fp16 cache. */
 static void check_cache(const char *name) {
     fixture_prompts f;
-    open_prompts(name, &f);
+    fixture_prompts_open(name, N_SEQ, &f);
     size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
     float *base = malloc(n * sizeof *base), *fp16_run = malloc(n * sizeof *fp16_run), *r = malloc(n * sizeof *r);
     int base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
@@ -280,7 +241,7 @@ static void check_cache(const char *name) {
     free(base);
     free(fp16_run);
     free(r);
-    close_prompts(&f);
+    fixture_prompts_close(&f);
 }
 
 static void test_cache_pre_ln(void) { check_cache("opt-tiny"); }
@@ -323,11 +284,11 @@ static void check_sparse(int q4) {
     size_t row_bytes = q4 ? q4_bytes(HEADS, HD, 1) : 2 * H;
     char *kc = malloc(NK * row_bytes), *vc = malloc(NK * row_bytes);
     uint64_t seed = 3 + q4;
-    for (int d = 0; d < HD; d++) q[d] = 4 * (uniform_test(&seed) - 0.5f);
+    for (int d = 0; d < HD; d++) q[d] = 4 * (test_uniform(&seed) - 0.5f);
     /* cache rows of two heads; the test reads back head 1, as stored */
     for (int kv = 0; kv < 2; kv++)
         for (int j = 0; j < NK; j++) {
-            for (int d = 0; d < H; d++) row[d] = fp16_to_fp32(fp32_to_fp16(2 * (uniform_test(&seed) - 0.5f)));
+            for (int d = 0; d < H; d++) row[d] = fp16_to_fp32(fp32_to_fp16(2 * (test_uniform(&seed) - 0.5f)));
             char *dst = (kv ? vc : kc) + j * row_bytes;
             if (q4) q4_compress(row, HEADS, HD, 1, (uint8_t *)dst);
             else fp32_to_fp16_n(row, (fp16 *)dst, H);
@@ -361,7 +322,7 @@ static void test_sparse_q4(void) { check_sparse(1); }
  * which the test counts from the rule itself. */
 static void test_sparse_runtime(void) {
     fixture_prompts f;
-    open_prompts("opt-tiny", &f);
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
     const opt_config *c = &f.cfg;
     size_t n = (size_t)N_SEQ * GEN * c->vocab;
     float *dense = malloc(n * sizeof *dense), *base = malloc(n * sizeof *base), *r = malloc(n * sizeof *r);
@@ -416,7 +377,7 @@ static void test_sparse_runtime(void) {
     free(dense);
     free(base);
     free(r);
-    close_prompts(&f);
+    fixture_prompts_close(&f);
 }
 
 void add_compress_tests(void) {

@@ -22,6 +22,44 @@ char *make_temp_dir(void) {
     return dir;
 }
 
+float test_uniform(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL; /* Knuth's MMIX LCG */
+    return (float)(*s >> 40) / (float)(1 << 24);
+}
+
+void fixture_prompts_open(const char *name, int n, fixture_prompts *f) {
+    char path[4200], line[4096], err[FG_ERR_LEN];
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s", fixture(name));
+    snprintf(path, sizeof path, "%s/config.json", f->dir);
+    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(path, &f->cfg, err), 0);
+    f->n = n;
+    f->prompts = calloc((size_t)n, sizeof *f->prompts);
+    f->lens = calloc((size_t)n, sizeof *f->lens);
+    snprintf(path, sizeof path, "%s/prompts.txt", f->dir);
+    FILE *in = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(in);
+    int read = 0;
+    for (; read < n && fgets(line, sizeof line, in); read++) {
+        f->prompts[read] = malloc(64 * sizeof(int));
+        for (char *s = strtok(line, " \n"); s && f->lens[read] < 64; s = strtok(NULL, " \n"))
+            f->prompts[read][f->lens[read]++] = atoi(s);
+    }
+    fclose(in);
+    CU_ASSERT_FATAL(read > 0);
+    for (int p = read; p < n; p++) { /* fewer lines: cycle them */
+        f->lens[p] = f->lens[p % read];
+        f->prompts[p] = malloc(64 * sizeof(int));
+        memcpy(f->prompts[p], f->prompts[p % read], f->lens[p] * sizeof(int));
+    }
+}
+
+void fixture_prompts_close(fixture_prompts *f) {
+    for (int p = 0; p < f->n; p++) free(f->prompts[p]);
+    free(f->prompts);
+    free(f->lens);
+}
+
 void rm_tree(const char *dir) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

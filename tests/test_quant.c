@@ -9,11 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float uniform(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)(*s >> 40) / (float)(1 << 24);
-}
-
 /* Element (o, r, i) of a [outer][len][inner] tensor, decoded from quant.c's documented layout. */
 static float decode_documented(const uint8_t *q, size_t len, size_t inner, size_t o, size_t r, size_t i) {
     size_t G = (len + 63) / 64, g = r / 64, p = (r % 64) / 2;
@@ -71,7 +66,7 @@ static void test_round_trip_error(void) {
         size_t outer = shapes[s][0], len = shapes[s][1], inner = shapes[s][2], n = outer * len * inner;
         float *x = malloc(n * sizeof *x);
         /* values of mixed scale and sign, some groups far from zero */
-        for (size_t e = 0; e < n; e++) x[e] = (uniform(&seed) - 0.3f) * (1 + (e / 64 % 5) * 7.5f) + (e / 640 % 2) * 40;
+        for (size_t e = 0; e < n; e++) x[e] = (test_uniform(&seed) - 0.3f) * (1 + (e / 64 % 5) * 7.5f) + (e / 640 % 2) * 40;
         double worst = round_trip(x, outer, len, inner);
         /* random data comes close to the bound: 32 levels would stay near half of it */
         CU_ASSERT(worst > 0.8);

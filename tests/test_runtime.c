@@ -11,40 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_SEQ = 7, GEN = 8, MAX_SEQ = 8 };
-
-/* The fixture's prompts, cycled to N_SEQ sequences (so every block shape leaves a partial one). */
-typedef struct {
-    char dir[4096];
-    int *prompts[MAX_SEQ], lens[MAX_SEQ], n;
-    opt_config cfg;
-} fixture_model;
-
-static void open_fixture(const char *name, fixture_model *f) {
-    char path[4200], line[4096];
-    memset(f, 0, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "%s", fixture(name));
-    snprintf(path, sizeof path, "%s/config.json", f->dir);
-    char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(path, &f->cfg, err), 0);
-    snprintf(path, sizeof path, "%s/prompts.txt", f->dir);
-    FILE *in = fopen(path, "r");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(in);
-    int read = 0;
-    while (read < MAX_SEQ && fgets(line, sizeof line, in)) {
-        f->prompts[read] = malloc(64 * sizeof(int));
-        for (char *s = strtok(line, " \n"); s; s = strtok(NULL, " \n")) f->prompts[read][f->lens[read]++] = atoi(s);
-        read++;
-    }
-    fclose(in);
-    for (f->n = read; f->n < N_SEQ; f->n++) f->prompts[f->n] = f->prompts[f->n % read], f->lens[f->n] = f->lens[f->n % read];
-    f->n = N_SEQ;
-    f->lens[MAX_SEQ - 1] = read; /* remember how many to free */
-}
-
-static void close_fixture(fixture_model *f) {
-    for (int i = 0; i < f->lens[MAX_SEQ - 1]; i++) free(f->prompts[i]);
-}
+enum { N_SEQ = 7, GEN = 8 }; /* 7 sequences: every block shape below leaves a partial one */
 
 typedef struct {
     int tokens[N_SEQ * GEN];
@@ -64,7 +31,7 @@ static fg_policy policy(int gbs, int ngb, const int percent[6], int overlap, int
     return p;
 }
 
-static void run(const fixture_model *f, const fg_policy *p, result *r) {
+static void run(const fixture_prompts *f, const fg_policy *p, result *r) {
     r->logits = malloc((size_t)N_SEQ * GEN * f->cfg.vocab * sizeof(float));
     r->err[0] = 0;
     r->rc = generate_with(f->dir, NULL, 0, p, GEN, f->n, (int *const *)f->prompts, f->lens,
@@ -96,8 +63,8 @@ enum { N_PLACEMENTS = sizeof PLACEMENTS / sizeof PLACEMENTS[0] };
 /* Placement, overlap and delegation must not change a bit; across block shapes, tokens are
  * equal and logits within 1e-4 x max|logit| (fp32 sums grouped by another batch size). */
 static void check_policy_invariance(const char *name) {
-    fixture_model f;
-    open_fixture(name, &f);
+    fixture_prompts f;
+    fixture_prompts_open(name, N_SEQ, &f);
     static const int shapes[3][2] = {{1, 1}, {2, 3}, {4, 2}};
     result plain;
     fg_policy p0 = policy(N_SEQ, 1, ALL_GPU, 1, 0);
@@ -133,14 +100,14 @@ static void check_policy_invariance(const char *name) {
         free(base.logits);
     }
     free(plain.logits);
-    close_fixture(&f);
+    fixture_prompts_close(&f);
 }
 
 static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny"); }
 static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m"); }
 
 /* fg_check_plan's verdict for a capacity of one tier. */
-static int plan_fits(const fixture_model *f, fg_policy p, fg_tier t, double bytes) {
+static int plan_fits(const fixture_prompts *f, fg_policy p, fg_tier t, double bytes) {
     char err[FG_ERR_LEN];
     fg_runtime *rt;
     fg_model *m;
@@ -159,8 +126,8 @@ static int plan_fits(const fixture_model *f, fg_policy p, fg_tier t, double byte
  * byte less is refused before anything is allocated or moved. With 4-bit weights and cache too
  * (§5): the plan and the tiers count the same compressed bytes. */
 static void test_capacities(void) {
-    fixture_model f;
-    open_fixture("opt-tiny", &f);
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
     static const int percents[2][6] = {{20, 30, 30, 40, 30, 40}, {0, 0, 0, 0, 0, 0}};
     for (int pc = 0; pc < 2; pc++)
         for (int variant = 0; variant < 3; variant++) /* fp16; delegation; 4-bit, delegation */
@@ -189,7 +156,7 @@ static void test_capacities(void) {
                 for (int l = 0; l < N_LINKS; l++) CU_ASSERT_EQUAL(r.stats.link_bytes[l], 0);
                 free(r.logits);
             }
-    close_fixture(&f);
+    fixture_prompts_close(&f);
 }
 
 /* Bytes of every weight tensor as the output layer and the input layer each load them (a tied
@@ -208,8 +175,8 @@ static double weight_load_bytes(const opt_config *c) {
 /* With all weights on disk, each layer's weights are read once per token per block, not once
  * per GPU batch; the KV cache moves its past rows in and its new rows out. */
 static void test_link_bytes(void) {
-    fixture_model f;
-    open_fixture("opt-tiny", &f);
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
     const opt_config *c = &f.cfg;
     double weights = weight_load_bytes(c);
     int padded = 0;
@@ -246,15 +213,15 @@ static void test_link_bytes(void) {
             free(r.logits);
         }
     }
-    close_fixture(&f);
+    fixture_prompts_close(&f);
 }
 
 /* Line 4 of the fixture's prompts generates </s> first. Alone in a block with --stop-at-eos and
  * the weights on disk, the block ends after the prefill, when the next step's first layers are
  * already read ahead: their pages are given back and the tiers end empty. */
 static void test_early_stop_gives_back_read_ahead(void) {
-    fixture_model f;
-    open_fixture("opt-tiny", &f);
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
     static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
     for (int overlap = 0; overlap < 2; overlap++) {
         fg_policy p = policy(1, 1, disk_weights, overlap, 0);
@@ -276,7 +243,7 @@ static void test_early_stop_gives_back_read_ahead(void) {
         for (int tier = 0; tier < N_TIERS; tier++) CU_ASSERT_EQUAL(st.current[tier], 0);
         fg_runtime_close(rt);
     }
-    close_fixture(&f);
+    fixture_prompts_close(&f);
 }
 
 /* Dummy weights already in --path need no new disk space: with the default disk capacity (the

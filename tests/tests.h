@@ -19,6 +19,17 @@ void add_cost_tests(void);       /* test_cost.c: the cost model of §4.3, by han
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);
+/* Uniform in [0, 1), from a seeded 64-bit LCG: the same numbers on every machine. */
+float test_uniform(uint64_t *s);
+/* A fixture checkpoint (tests/fixtures/NAME) and the first n lines of its prompts.txt (token
+ * ids), cycled when it has fewer; each prompt its own allocation. */
+typedef struct {
+    char dir[4096];
+    opt_config cfg;
+    int n, **prompts, *lens;
+} fixture_prompts;
+void fixture_prompts_open(const char *name, int n, fixture_prompts *f);
+void fixture_prompts_close(fixture_prompts *f);
 /* A fresh empty directory under $TMPDIR for one test; removed by rm_tree(). */
 char *make_temp_dir(void);
 void rm_tree(const char *dir);
