@@ -476,6 +476,7 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     }
     for (int l = 0; l < N_LINKS; l++) s->link_bytes[l] = rt->link_bytes[l];
     pthread_mutex_unlock((pthread_mutex_t *)&rt->lock);
+    s->host_memory = rt->backend->gpu_is_host ? mem_available_bytes() : 0;
 }
 
 /* Chrome's trace event format: one complete ("X") event per task, one thread per track. */
@@ -1181,6 +1182,23 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     return 0;
 }
 
+void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
+    double stored[N_TIERS] = {0}, total = 0;
+    for (int i = 0; i < m->layout.n_tensors; i++) {
+        const weight_home *h = &m->homes[i];
+        if (m->layout.tensors[i].tied_to >= 0) continue;
+        stored[h->tier] += (double)h->bytes;
+        total += (double)h->bytes;
+    }
+    /* the rows of a full GPU batch (max_prompt and gen_len do not change the split) */
+    block_shape s = shape_block(m->rt, &m->view.cfg, n_prompts, 1, 1);
+    for (int t = 0; t < N_TIERS; t++) {
+        x[X_WG + t] = stored[t] / total;
+        x[X_CG + t] = (double)s.cache.rows[t] / s.gbs;
+        x[X_HG + t] = (double)s.act.rows[t] / s.gbs;
+    }
+}
+
 /* ============================================================================================
  * Moving the KV cache and activations (Fig. 4's load and store of cache and activations).
  * Task arguments: GPU batch k, layer, staging buffer, first slot, slots.
@@ -1549,13 +1567,182 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
 }
 
 /* ============================================================================================
+ * Profiling (§4.3: the cost model's constants, Table 7's symbols, for this machine). Each rate
+ * is measured on the path the runtime takes: the backend's cpu -> gpu and gpu -> cpu copies,
+ * the disk tier's mapped files in the offload dir (written back with msync, read by faulting
+ * the pages in after dropping them from the page cache), and the backend's own layer for
+ * compute. Compute rates come from two runs of one decoder layer each, whose time is
+ * mm FLOPs / mm_flops + attention FLOPs / bmm_flops: a short and a long one give both rates.
+ * ============================================================================================ */
+
+/* Best of three: seconds for fn(ctx). */
+typedef void (*timed_fn)(void *ctx);
+static double best_time(timed_fn fn, void *ctx) {
+    double best = INFINITY;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_seconds();
+        fn(ctx);
+        best = fmin(best, now_seconds() - t0);
+    }
+    return best;
+}
+
+typedef struct {
+    const fg_backend *be;
+    void *src, *dst;
+    size_t n;
+    opt_weights *w;
+    gpu_batch *gb;
+    opt_workspace *ws;
+} profile_ctx;
+
+static void time_weights_in(void *c) { profile_ctx *p = c; p->be->weights_in(p->dst, p->src, p->n); }
+static void time_copy_out(void *c) { profile_ctx *p = c; p->be->copy_out(p->dst, p->src, p->n); }
+static void time_dequant(void *c) { profile_ctx *p = c; p->be->weights_in_q4(p->dst, p->src, 1, p->n, 1); }
+static void time_layer(void *c) { profile_ctx *p = c; p->be->layer(p->w, 0, p->gb, p->ws); }
+
+static void profile_step(int verbose, const char *what) {
+    if (verbose) fprintf(stderr, "profile: %s\n", what);
+}
+
+/* Copies through the backend, and 4-bit decompression. */
+static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
+    size_t n = (size_t)64 << 20; /* 64 Mi values: 128 MiB of fp16, 256 MiB of fp32 */
+    profile_ctx c = {.be = be, .n = n, .src = be->alloc(4 * n), .dst = be->alloc(4 * n)};
+    int rc = 0;
+    if (!c.src || !c.dst) rc = fg_fail(err, "profile: out of memory");
+    else {
+        memset(c.src, 0x3c, 4 * n);
+        hw->ctog_bdw = 2.0 * n / best_time(time_weights_in, &c);
+        c.n = 4 * n;
+        hw->gtoc_bdw_cache = hw->gtoc_bdw_hidden = 4.0 * n / best_time(time_copy_out, &c);
+        c.n = n;
+        q4_compress(c.dst, 1, n, 1, c.src);
+        hw->dequant_bdw = 2.0 * n / best_time(time_dequant, &c);
+    }
+    be->free(c.src), be->free(c.dst);
+    return rc;
+}
+
+/* The disk tier: cpu -> disk by writing a mapped file back, disk -> cpu by reading it in. */
+static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
+    struct statvfs vfs;
+    double free_bytes = statvfs(dir, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
+    size_t bytes = (size_t)512 << 20;
+    if (free_bytes / 4 < bytes) bytes = page_up((size_t)(free_bytes / 4));
+    if (bytes < ((size_t)16 << 20))
+        return fg_fail(err, "--offload-dir %s: %s free, too little to measure the disk", dir, human(free_bytes).s);
+    disk_arena a;
+    int fd = unnamed_file(dir, "--offload-dir", err);
+    if (fd < 0 || arena_map(&a, fd, bytes, "--offload-dir", dir, err)) return -1;
+    double t0 = now_seconds();
+    memset(a.base, 0x5a, bytes);
+    drop_pages(&a, a.base, bytes, 1);
+    double t1 = now_seconds();
+    madvise(a.base, bytes, MADV_WILLNEED);
+    volatile const char *p = a.base;
+    unsigned sum = 0;
+    for (size_t i = 0; i < bytes; i += page_size()) sum += p[i];
+    (void)sum;
+    double t2 = now_seconds();
+    arena_close(&a);
+    hw->ctod_bdw_cache_p = hw->ctod_bdw_hidden_p = hw->ctod_bdw_g = bytes / (t1 - t0);
+    hw->dtoc_bdw = bytes / (t2 - t1);
+    return 0;
+}
+
+/* One decoder layer of opt-1.3b's width, timed in three decode runs and two prefills:
+ *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
+ *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
+ *     attention negligible at this length
+ *   decode, 32 sequences over 1024 cached tokens: what those two rates leave is attention,
+ *     4 gbs len h1 FLOPs at bmm_flops_g
+ *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
+ *     bmm_flops_p
+ * Each attention time is taken as at least 1% of its run, against noise. */
+static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, char *err) {
+    opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
+    enum { LONG = 1024, MAX_GBS = 128, LONG_GBS = 32 };
+    opt_weights w;
+    if (opt_weights_dummy(&c, 1, &w, err)) return -1;
+    double h = c.hidden, mm_token = 8 * h * h + 4 * h * c.ffn; /* FLOPs of the products a token */
+    double working = 4 * (4 * h * h + 2 * h * c.ffn);          /* fp32 bytes of the products */
+    gpu_batch gb = {0};
+    opt_workspace ws = {0};
+    float *x = malloc((size_t)LONG * c.hidden * sizeof *x); /* LONG >= MAX_GBS rows */
+    size_t row = 2 * (size_t)c.hidden, rows = (size_t)2 * LONG_GBS * (LONG + 1);
+    char *cache = calloc(rows, row); /* K and V of 32 sequences of LONG + 1 slots, or of more
+                                        sequences of fewer slots */
+    int rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
+    if (rc == 0) rc = opt_workspace_init(&ws, &c, LONG, LONG + 1, err);
+    if (rc == 0 && (!x || !cache)) rc = fg_fail(err, "profile: out of memory");
+    if (rc == 0) {
+        for (size_t i = 0; i < (size_t)LONG * c.hidden; i++) x[i] = 0.01f * (float)((i * 7919) % 201) - 1;
+        gb.x = x;
+        gb.attn_sparsity = 1;
+        profile_ctx ctx = {.be = be, .w = &w, .gb = &gb, .ws = &ws};
+        profile_step(verbose, "matrix products and attention, decode");
+        static const int runs[3][2] = {{8, 32}, {MAX_GBS, 32}, {LONG_GBS, LONG}}; /* gbs, cached */
+        double t[3];
+        for (int i = 0; i < 3; i++) {
+            gb.batch = runs[i][0], gb.len = runs[i][1], gb.n_new = 1;
+            size_t seq = row * (size_t)(runs[i][1] + 1);
+            for (int b = 0; b < gb.batch; b++)
+                gb.k[b] = cache + 2 * b * seq, gb.v[b] = cache + (2 * b + 1) * seq, gb.pad[b] = 0;
+            t[i] = best_time(time_layer, &ctx);
+        }
+        double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
+        double fixed = fmax(t[0] - runs[0][0] * per_seq, 0.01 * t[0]);
+        hw->mm_flops_g = mm_token / per_seq;
+        hw->mem_bdw = working / fixed;
+        double att = fmax(t[2] - fixed - runs[2][0] * per_seq, 0.01 * t[2]);
+        hw->bmm_flops_g = 4.0 * runs[2][0] * runs[2][1] * h / att;
+        profile_step(verbose, "matrix products and attention, prefill");
+        const double lens[2] = {256, LONG};
+        double tp[2];
+        for (int i = 0; i < 2; i++) {
+            gb.batch = 1, gb.len = 0, gb.n_new = (int)lens[i];
+            tp[i] = best_time(time_layer, &ctx);
+        }
+        /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */
+        double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]), 0.01 * tp[1] / (lens[1] * lens[1]));
+        hw->bmm_flops_p = 4 * h / slope;
+        hw->mm_flops_p = mm_token / fmax(tp[1] / lens[1] - slope * lens[1], 0.01 * tp[1] / lens[1]);
+        /* delegated attention runs the same code on the same cores */
+        hw->cpu_flops = hw->bmm_flops_g;
+    }
+    gpu_batch_free(&gb);
+    opt_workspace_free(&ws);
+    opt_weights_free(&w);
+    free(x);
+    free(cache);
+    return rc;
+}
+
+int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err) {
+    const fg_backend *be = &fg_cpu_backend;
+    memset(hw, 0, sizeof *hw);
+    hw->gpu_is_host = be->gpu_is_host;
+    if (check_dir("--offload-dir", offload_dir, err)) return -1;
+    profile_step(verbose, "cpu -> gpu and gpu -> cpu copies, 4-bit decompression");
+    if (profile_copies(be, hw, err)) return -1;
+    profile_step(verbose, "disk write and read in the offload dir (512 MiB)");
+    if (profile_disk(offload_dir, hw, err)) return -1;
+    return profile_compute(be, hw, verbose, err);
+}
+
+/* ============================================================================================
  * Command line
  * ============================================================================================ */
 
 typedef struct {
     const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *trace;
+    const char *hw;      /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
+    int auto_policy;     /* --policy auto: search for the policy (§4.3) */
+    int evaluate;        /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency;  /* --max-latency: the search's bound on a block's latency */
     gen_options gen;
     fg_policy policy;
 } cli_args;
@@ -1563,6 +1750,8 @@ typedef struct {
 static void usage(FILE *out) {
     fprintf(out,
 "usage: flexgen [options]\n"
+"       flexgen policy [options] [--evaluate]         (the policy search; no generation)\n"
+"       flexgen profile [--offload-dir DIR] [--out FILE]\n"
 "       flexgen tokenize --vocab FILE --merges FILE   (stdin lines -> token ids, no BOS)\n"
 "\n"
 "Generates text with an OPT model, placing weights, KV cache and activations on the gpu, cpu\n"
@@ -1609,6 +1798,18 @@ static void usage(FILE *out) {
 "                          [available memory; free space in the offload dir, plus dummy\n"
 "                          weights already written to --path]\n"
 "  --offload-dir DIR       the disk tier's files, removed as soon as they are mapped [%s]\n"
+"policy search (paper section 4.3)\n"
+"  --policy auto|manual    auto: choose the block shape, --percent and --cpu-cache-compute by\n"
+"                          the cost model and LP for these capacities, prompts and --gen-len,\n"
+"                          keeping the other flags [manual]\n"
+"  --hw FILE               the cost model's hardware constants (JSON) [~/.cache/flexgen/\n"
+"                          hardware.json, measured by `flexgen profile` the first time]\n"
+"  --max-latency S         auto: a block may take at most S seconds (Fig. 1's trade-off)\n"
+"  flexgen policy takes the flags of a run and prints the policy the search chooses, as flags,\n"
+"  with its predicted throughput and each layer's latency terms (--json: one object);\n"
+"  --evaluate predicts the policy given by the flags instead of searching.\n"
+"  flexgen profile measures this machine (copies, the disk in --offload-dir, matrix products\n"
+"  and attention) and writes the hardware file (--out FILE) [the default --hw]\n"
 "output\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
 "                          token was chosen from, in prompt order\n"
@@ -1661,7 +1862,8 @@ static int is_value_flag(const char *f) {
     static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
         "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
-        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity"};
+        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
+        "--policy", "--hw", "--max-latency"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
     return 0;
@@ -1686,6 +1888,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
+        else if (!strcmp(f, "--evaluate")) a->evaluate = 1, takes_value = 0;
         else if (!strcmp(f, "--percent")) {
             for (int j = 0; j < 6 && rc == 0; j++)
                 rc = parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, &p->percent[j], err);
@@ -1721,6 +1924,18 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
                 rc = fg_fail(err, "--attn-sparsity: expected a fraction in (0, 1], got '%s'", v);
         }
         else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
+        else if (!strcmp(f, "--hw")) a->hw = v;
+        else if (!strcmp(f, "--policy")) {
+            if (strcmp(v, "auto") && strcmp(v, "manual"))
+                rc = fg_fail(err, "--policy: expected auto or manual, got '%s'", v);
+            a->auto_policy = !strcmp(v, "auto");
+        }
+        else if (!strcmp(f, "--max-latency")) {
+            float lat;
+            rc = parse_float(f, v, 0, 1e9, &lat, err);
+            if (rc == 0 && !(lat > 0)) rc = fg_fail(err, "--max-latency: expected seconds > 0, got '%s'", v);
+            a->max_latency = lat;
+        }
         if (rc) return -1;
         i += takes_value;
     }
@@ -1880,7 +2095,6 @@ static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab,
     if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);
     for (int i = 0; i < a->n_prompt_texts; i++)
         if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), err)) return -1;
-    if (p->n == 0) return synthetic_prompts(p, a, vocab, err);
     return 0;
 }
 
@@ -2022,7 +2236,57 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     printf("compute: %.3f s\tdisk reads: %.3f s\n", t->compute_seconds, t->disk_read_seconds);
 }
 
-static int run(const cli_args *a, char *err) {
+/* The configuration of --model without opening its weights. */
+static int model_config(const char *model, opt_config *cfg, char *err) {
+    if (!is_dir(model)) return opt_config_by_name(model, cfg, err);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    if (opt_config_from_json(path, cfg, err)) return -1;
+    snprintf(cfg->name, sizeof cfg->name, "%s", model);
+    return 0;
+}
+
+static void default_hw_path(char *out, size_t n) {
+    char dir[4096];
+    default_weight_dir(dir, sizeof dir);
+    snprintf(out, n, "%s/hardware.json", dir);
+}
+
+/* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
+static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
+    if (a->hw) return fg_hardware_read(a->hw, hw, err);
+    char path[4200], dir[4096];
+    default_hw_path(path, sizeof path);
+    if (file_exists(path)) return fg_hardware_read(path, hw, err);
+    const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
+    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 20 s), "
+                    "saved to %s\n", path);
+    if (fg_profile(offload, hw, 1, err)) return -1;
+    default_weight_dir(dir, sizeof dir);
+    if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
+    return fg_hardware_write(path, hw, err);
+}
+
+/* The policy search's request for this command line: n_prompts given (0: synthetic, any
+ * block), the longest of them (0: --prompt-len). */
+static int search_policy(const cli_args *a, const opt_config *cfg, int n_prompts, int max_prompt,
+                         fg_search_result *res, char *err) {
+    fg_hardware hw;
+    if (load_hardware(a, &hw, err)) return -1;
+    fg_search_request req = {.s = max_prompt ? max_prompt : a->prompt_len, .n = a->gen.gen_len,
+                             .max_block = n_prompts, .max_latency = a->max_latency,
+                             .verify = hw.gpu_is_host, .seed = a->gen.seed};
+    if (a->evaluate) return fg_policy_evaluate(cfg, &hw, &a->policy, &req, res, err);
+    return fg_policy_search(cfg, &hw, &a->policy, &req, res, err);
+}
+
+static void print_policy_flags(FILE *out, const fg_policy *p) {
+    fprintf(out, "--gpu-batch-size %d --num-gpu-batches %d --percent %d %d %d %d %d %d%s",
+            p->gpu_batch_size, p->num_gpu_batches, p->percent[0], p->percent[1], p->percent[2],
+            p->percent[3], p->percent[4], p->percent[5], p->cpu_cache_compute ? " --cpu-cache-compute" : "");
+}
+
+static int run(cli_args *a, char *err) {
     fg_tokenizer *tok = NULL;
     prompt_set p = {0};
     fg_runtime *rt = NULL;
@@ -2031,13 +2295,28 @@ static int run(const cli_args *a, char *err) {
     float *logits = NULL;
     gen_timing t;
     fg_stats st;
+    opt_config model_cfg;
+    if (a->evaluate) return fg_fail(err, "--evaluate: a flag of `flexgen policy`");
+    if (model_config(a->model, &model_cfg, err) || open_tokenizer(a, &tok, err) ||
+        gather_prompts(a, tok, model_cfg.vocab, &p, err))
+        goto out;
+    for (int i = 0; i < p.n; i++) max_prompt = p.lens[i] > max_prompt ? p.lens[i] : max_prompt;
+    if (a->auto_policy) {
+        fg_search_result res;
+        if (search_policy(a, &model_cfg, p.n, max_prompt, &res, err)) goto out;
+        a->policy = res.policy;
+        if (a->gen.verbose) {
+            fprintf(stderr, "policy auto: ");
+            print_policy_flags(stderr, &a->policy);
+            fprintf(stderr, " (predicted %.3f token/s, searched in %.2f s)\n", res.throughput, res.seconds);
+        }
+    }
+    if (p.n == 0 && synthetic_prompts(&p, a, model_cfg.vocab, err)) goto out;
+    for (int i = 0; i < p.n; i++) max_prompt = p.lens[i] > max_prompt ? p.lens[i] : max_prompt;
     if (fg_runtime_open(&a->policy, &rt, err) || fg_model_open(rt, a->model, a->gen.seed, &m, err))
         goto out;
     const opt_config *cfg = fg_model_config(m);
-    if (open_tokenizer(a, &tok, err) || gather_prompts(a, tok, cfg->vocab, &p, err) ||
-        check_prompts(cfg, p.n, p.ids, p.lens, a->gen.gen_len, err))
-        goto out;
-    for (int i = 0; i < p.n; i++) max_prompt = p.lens[i] > max_prompt ? p.lens[i] : max_prompt;
+    if (check_prompts(cfg, p.n, p.ids, p.lens, a->gen.gen_len, err)) goto out;
     if (fg_check_plan(m, p.n, max_prompt, a->gen.gen_len, err)) goto out;
     tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
     if (a->dump_logits)
@@ -2061,6 +2340,93 @@ out:
     free(tokens);
     free(logits);
     return rc;
+}
+
+/* flexgen policy: the search's choice, its prediction and the terms that bound it. */
+static int policy_command(cli_args *a, char *err) {
+    opt_config cfg;
+    fg_search_result r;
+    if (model_config(a->model, &cfg, err) || search_policy(a, &cfg, 0, 0, &r, err)) return -1;
+    const fg_policy *p = &r.policy;
+    if (a->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "gpu_batch_size", p->gpu_batch_size);
+        cJSON_AddNumberToObject(o, "num_gpu_batches", p->num_gpu_batches);
+        cJSON_AddItemToObject(o, "percent", cJSON_CreateIntArray(p->percent, 6));
+        cJSON_AddBoolToObject(o, "cpu_cache_compute", p->cpu_cache_compute);
+        cJSON_AddNumberToObject(o, "predicted_throughput", r.throughput);
+        cJSON_AddNumberToObject(o, "block_latency", r.block_latency);
+        cJSON_AddNumberToObject(o, "t_pre", r.t_pre);
+        cJSON_AddNumberToObject(o, "t_gen", r.t_gen);
+        cJSON_AddItemToObject(o, "placement", cJSON_CreateDoubleArray(r.x, N_X));
+        cJSON_AddNumberToObject(o, "search_seconds", r.seconds);
+        cJSON_AddNumberToObject(o, "lps", r.lps);
+        char *text = cJSON_PrintUnformatted(o);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(o);
+        return 0;
+    }
+    printf("policy: ");
+    print_policy_flags(stdout, p);
+    printf("\npredicted: %.4g token/s, a block of %d sequences in %.4g s\n", r.throughput,
+           p->gpu_batch_size * p->num_gpu_batches, r.block_latency);
+    printf("placement (gpu/cpu/disk %%): weights %.0f/%.0f/%.0f  cache %.0f/%.0f/%.0f  "
+           "activations %.0f/%.0f/%.0f\n", 100 * r.x[0], 100 * r.x[1], 100 * r.x[2], 100 * r.x[3],
+           100 * r.x[4], 100 * r.x[5], 100 * r.x[6], 100 * r.x[7], 100 * r.x[8]);
+    printf("per layer (s)");
+    for (int i = 0; i < N_TERMS; i++) printf("%11s", fg_cost_term_names[i]);
+    printf("   bound\n");
+    for (int phase = 0; phase < 2; phase++) {
+        const fg_linear *terms = phase ? r.cost.gen : r.cost.pre;
+        int arg = 0;
+        printf("%-13s", phase ? "decode" : "prefill");
+        for (int i = 0; i < N_TERMS; i++) {
+            double v = fg_linear_eval(&terms[i], r.x);
+            printf("%11.4g", v);
+            if (v > fg_linear_eval(&terms[arg], r.x)) arg = i;
+        }
+        printf("   %s\n", fg_cost_term_names[arg]);
+    }
+    if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
+    return 0;
+}
+
+/* flexgen profile: measures this machine and saves the hardware file. */
+static int profile_command(int argc, char **argv, char *err) {
+    const char *dir = FG_DEFAULT_OFFLOAD_DIR, *out = NULL;
+    char path[4200];
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 1; }
+        if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
+        if (!strcmp(argv[i], "--offload-dir")) dir = argv[++i];
+        else if (!strcmp(argv[i], "--out")) out = argv[++i];
+        else return fg_fail(err, "%s: unknown option for profile", argv[i]);
+    }
+    if (!out) {
+        char wdir[4096];
+        default_weight_dir(wdir, sizeof wdir);
+        if (mkdir_p(wdir)) return fg_fail(err, "%s: cannot create: %s", wdir, strerror(errno));
+        default_hw_path(path, sizeof path);
+        out = path;
+    }
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *slash = strrchr(parent, '/');
+    if (slash) *(slash == parent ? slash + 1 : slash) = 0;
+    if (access(slash ? parent : ".", W_OK | X_OK) != 0) /* before a minute of measuring */
+        return fg_fail(err, "--out %s: cannot write there: %s", out, strerror(errno));
+    fg_hardware hw;
+    if (fg_profile(dir, &hw, 1, err) || fg_hardware_write(out, &hw, err)) return -1;
+    const double G = 1 << 30;
+    printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
+           hw.ctog_bdw / G, hw.gtoc_bdw_hidden / G, hw.dtoc_bdw / G, hw.ctod_bdw_g / G);
+    printf("matrix products %.1f (prefill) %.1f (decode) GFLOP/s, attention %.1f (prefill) %.1f "
+           "(decode) GFLOP/s, weights read %.2f GiB/s, 4-bit decompression %.2f GiB/s of fp16\n",
+           hw.mm_flops_p / 1e9, hw.mm_flops_g / 1e9, hw.bmm_flops_p / 1e9, hw.bmm_flops_g / 1e9,
+           hw.mem_bdw / G, hw.dequant_bdw / G);
+    printf("saved %s\n", out);
+    return 0;
 }
 
 static int tokenize_command(int argc, char **argv, char *err) {
@@ -2096,11 +2462,15 @@ int flexgen_main(int argc, char **argv) {
     int rc;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) {
         rc = tokenize_command(argc, argv, err);
+    } else if (argc > 1 && !strcmp(argv[1], "profile")) {
+        rc = profile_command(argc, argv, err);
+        if (rc == 1) return 0;
     } else {
+        int policy = argc > 1 && !strcmp(argv[1], "policy");
         cli_args a;
-        rc = parse_args(argc, argv, &a, err);
+        rc = parse_args(argc - policy, argv + policy, &a, err);
         if (rc == 1) usage(stdout);
-        else if (rc == 0) rc = run(&a, err);
+        else if (rc == 0) rc = policy ? policy_command(&a, err) : run(&a, err);
         free(a.prompts);
         if (rc == 1) return 0;
     }

@@ -336,6 +336,8 @@ fg_policy fg_default_policy(void);
 
 typedef struct {
     double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS]; /* bytes */
+    double host_memory;      /* bytes the gpu and cpu tiers share when the gpu tier is host
+                                memory (the CPU backend), else 0 */
     double link_bytes[N_LINKS];                               /* bytes moved over each link */
 } fg_stats;
 
@@ -445,8 +447,20 @@ typedef struct {
     double mm_flops_p, mm_flops_g;            /* compute device: matrix products, prefill/decode */
     double bmm_flops_p, bmm_flops_g;          /* compute device: attention's batched products */
     double cpu_flops;                         /* CPU attention (delegation) */
+    double dequant_bdw;      /* 4-bit decompression on the compute device, in bytes of fp16 it
+                                gives per second (§5); 0: not modeled (optional in the file) */
+    double mem_bdw;          /* the compute device reading a layer's working weights, once per
+                                GPU batch: what bounds small-batch decode; 0: not modeled
+                                (optional in the file) */
+    int gpu_is_host;         /* the gpu tier is host memory, as on the CPU backend: its weights
+                                are fp32 working copies, and gpu and cpu tiers share the host's
+                                memory (optional in the file, default false: a GPU) */
 } fg_hardware;
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
+int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
+/* Measures this machine's constants on the runtime's own paths (flexgen.c), with a 512 MiB file
+ * in offload_dir for the disk; progress on stderr when verbose. */
+int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err);
 
 enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X };
 enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, N_TERMS };
@@ -461,15 +475,67 @@ typedef struct {
     int cpu_cache_compute, compress_weight, compress_cache;
 } fg_workload;
 
-/* One layer's latency terms in prefill (pre) and decode (gen, averaged over the n - 1 steps). */
-typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; } fg_cost_model;
+/* One layer's latency terms in prefill (pre) and decode (gen, averaged over the n - 1 steps), and
+ * the output layer (lm_head) of one generated token, which A.3 leaves out (it is worth about two
+ * decoder layers of opt-1.3b). */
+typedef struct {
+    fg_linear pre[N_TERMS], gen[N_TERMS];
+    double head;
+} fg_cost_model;
 
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m);
 double fg_linear_eval(const fg_linear *f, const double x[N_X]);
-/* T / bls, the seconds per generated token of the block, for placement x (§4.3: T = T_pre l +
- * T_gen (n - 1) l, each T the max of its terms, overlap assumed); T_pre and T_gen if not NULL. */
+/* T / bls, the seconds per sequence of the block, for placement x (§4.3: T = T_pre l +
+ * T_gen (n - 1) l + head n, each T the max of its terms, overlap assumed); T_pre and T_gen if not
+ * NULL. The predicted throughput is n / (T / bls) generated tokens per second. */
 double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
                          const double x[N_X], double *t_pre, double *t_gen);
+
+/* Peak bytes of each tier, linear in the placement, as the runtime accounts them (fg_check_plan):
+ * homes of weights, KV cache and activations; on the gpu tier the staging buffers, workspace and
+ * logits; on the cpu tier the disk pages in flight; `host` is gpu + cpu when the gpu tier is host
+ * memory. weights_staged: some weights pass through the staging arenas (not all on the gpu tier,
+ * or compressed), a step the LP cannot express, so the search solves both cases. */
+typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
+void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                           int weights_staged, fg_memory_model *mm);
+
+/* The placement a plan of n_prompts sequences realizes (tensor and row granularity), as the cost
+ * model's fractions x[N_X]: weights by stored bytes, KV cache and activations by rows of a GPU
+ * batch. */
+void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
+
+/* The policy search of §4.3. */
+typedef struct {
+    int s, n;             /* prompt length, tokens generated per prompt */
+    int max_block;        /* sequences there are to run: a block holds no more; 0: no bound */
+    double max_latency;   /* seconds one block may take (Fig. 1's latency); 0: no bound */
+    int verify;           /* check each choice with this runtime's plan check (fg_check_plan);
+                             0 when planning for another machine (its hardware file says a GPU) */
+    uint64_t seed;        /* of the dummy weights: their file in the weight dir counts as disk */
+} fg_search_request;
+
+typedef struct {
+    fg_policy policy;     /* the choice: base's fields with block shape, percent and
+                             cpu_cache_compute set */
+    double x[N_X];        /* the placement it realizes */
+    fg_workload workload;
+    fg_cost_model cost;
+    double t_pre, t_gen, block_latency, throughput; /* predicted: s, s, s, generated tokens/s */
+    int lps, checks;      /* LPs solved and plans checked on the way */
+    double seconds;       /* the search's own time */
+} fg_search_result;
+
+/* Enumerates GPU batch sizes and numbers of GPU batches; for each, solves the LP that minimizes
+ * T / bls under the tiers' capacities (base->capacity; 0: what this machine has), rounds its
+ * placement to integer percentages, checks the plan (shrinking the GPU batch until it fits) and
+ * keeps the best. Fails with one line when no block of one sequence fits. */
+int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+                     const fg_search_request *req, fg_search_result *out, char *err);
+/* Policy p's prediction, at the placement it realizes (FlexGen's cost_model.py given a policy);
+ * fails with the plan check's line when it does not fit. */
+int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
+                       const fg_search_request *req, fg_search_result *out, char *err);
 
 #endif

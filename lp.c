@@ -78,12 +78,16 @@
  * (1e-12 pivots on noise) and a value tolerance from 1e-12 to 1e-9 (1e-13 misses noise, 1e-8 zeroes
  * real right-hand sides).
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "flexgen.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LP_PIVOT_TOL 1e-9 /* see Tolerances above */
 #define LP_ZERO_TOL 1e-11
@@ -328,7 +332,9 @@ int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objectiv
  * (cpu_cache_compute); otherwise (A.3 does not write this case out) that cache crosses cpu -> gpu
  * every step and its new rows come back, and the compute device attends over all of it. 4-bit
  * compression (§5) scales the weight and cache bytes by 36/128 (a group of 64 values keeps 32
- * bytes and an fp16 min and scale); the time to decompress is not modeled yet.
+ * bytes and an fp16 min and scale) and adds the compute device's decompression of them, at
+ * hw->dequant_bdw bytes of fp16 a second. Beyond A.3, too: the output layer's product per
+ * generated token (m->head).
  * ============================================================================================ */
 
 const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
@@ -355,6 +361,7 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
         cJSON_Delete(root);
         return fg_fail(err, "%s: not a JSON object", path);
     }
+    memset(hw, 0, sizeof *hw);
     int rc = 0;
     for (int i = 0; i < N_HW && rc == 0; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, HW_KEYS[i]);
@@ -363,8 +370,39 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
             rc = fg_fail(err, "%s: \"%s\" must be a positive number, got %g", path, HW_KEYS[i], v->valuedouble);
         else *hw_field(hw, i) = v->valuedouble;
     }
+    static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw"};
+    double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, OPTIONAL[i]);
+        if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)))
+            rc = fg_fail(err, "%s: \"%s\" must be a number >= 0", path, OPTIONAL[i]);
+        else if (v) *optional[i] = v->valuedouble;
+    }
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "gpu_is_host");
+    if (rc == 0 && host && !cJSON_IsBool(host))
+        rc = fg_fail(err, "%s: \"gpu_is_host\" must be true or false", path);
+    hw->gpu_is_host = cJSON_IsTrue(host);
     cJSON_Delete(root);
     return rc;
+}
+
+int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < N_HW; i++) cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
+    cJSON_AddNumberToObject(o, "dequant_bdw", hw->dequant_bdw);
+    cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
+    cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    int ok = f && fprintf(f, "%s\n", text) > 0;
+    if (f && fclose(f) != 0) ok = 0;
+    free(text);
+    if (!ok) {
+        if (f) remove(path);
+        return fg_fail(err, "%s: cannot write the hardware file: %s", path, strerror(errno));
+    }
+    return 0;
 }
 
 /* Adds bytes / rate to term f: to its constant (k < 0), or to the coefficient of x_k. */
@@ -376,7 +414,8 @@ static void add(fg_linear *f, int k, double bytes, double rate) {
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
     double h1 = c->hidden, h2 = c->ffn, s = w->s, n = w->n, bls = (double)w->gbs * w->ngb;
-    double weights = (8 * h1 * h1 + 4 * h1 * h2) * (w->compress_weight ? 36.0 / 128 : 1);
+    double weights16 = 8 * h1 * h1 + 4 * h1 * h2;
+    double weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
     double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
     double cache_pre = 4 * (s + 1) * h1 * bls * kv;       /* written in prefill (A.3) */
     double cache_gen = 4 * bls * (s + n / 2) * h1 * kv;   /* read per decode step, on average */
@@ -414,6 +453,19 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
             add(&g[T_COMP], k, att, hw->bmm_flops_g);
         }
     }
+    /* §5: the compute device decompresses every weight it uses, and the cache it reads (the
+     * rows it compresses are counted at the same rate) */
+    if (hw->dequant_bdw > 0) {
+        if (w->compress_weight) add(&p[T_COMP], -1, weights16, hw->dequant_bdw), add(&g[T_COMP], -1, weights16, hw->dequant_bdw);
+        if (w->compress_cache) add(&p[T_COMP], -1, cache_pre / kv, hw->dequant_bdw), add(&g[T_COMP], -1, cache_gen / kv, hw->dequant_bdw);
+    }
+    /* beyond A.3: each GPU batch reads the layer's working weights (fp32 on the CPU backend) */
+    if (hw->mem_bdw > 0) {
+        double working = (8 * h1 * h1 + 4 * h1 * h2) * (hw->gpu_is_host ? 2 : 1);
+        add(&p[T_COMP], -1, w->ngb * working, hw->mem_bdw), add(&g[T_COMP], -1, w->ngb * working, hw->mem_bdw);
+    }
+    /* the output layer, once per generated token: logits of the block's last tokens */
+    m->head = 2 * bls * c->vocab * (double)c->word_dim / hw->mm_flops_g;
 }
 
 double fg_linear_eval(const fg_linear *f, const double x[N_X]) {
@@ -433,5 +485,365 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
     double pre = max_term(m->pre, x), gen = max_term(m->gen, x), l = c->n_layers;
     if (t_pre) *t_pre = pre;
     if (t_gen) *t_gen = gen;
-    return (pre * l + gen * (w->n - 1) * l) / ((double)w->gbs * w->ngb);
+    return (pre * l + gen * (w->n - 1) * l + m->head * w->n) / ((double)w->gbs * w->ngb);
+}
+
+/* ============================================================================================
+ * Peak memory (§4.3's constraints), in the runtime's own accounting (fg_check_plan), so that a
+ * placement the LP finds is one the runtime accepts, up to the rounding of its fractions to
+ * tensors and rows. A.3 writes FlexGen's accounting instead (fp16 activations, one working
+ * buffer per op); ours holds activations in fp32, double-buffers the staging of weights, cache
+ * and activations, and keeps two layers of disk pages in flight on the cpu tier.
+ * ============================================================================================ */
+
+/* Adds bytes to tier term f: its constant (k < 0) or the coefficient of x_k. */
+static void add_bytes(fg_linear *f, int k, double bytes) { add(f, k, bytes, 1); }
+
+void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                           int weights_staged, fg_memory_model *mm) {
+    double h = c->hidden, f = c->ffn, s = w->s, len = w->s + w->n;
+    double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
+    double q4 = w->compress_weight ? 36.0 / 128 : 1;
+    double stored = 2 * P * q4;                                 /* cpu and disk homes */
+    double on_gpu = w->compress_weight ? stored : (hw->gpu_is_host ? 4 : 2) * P;
+    double layer = fmax(4 * h * h + 2 * h * f + 10 * h + f,     /* a decoder layer, or */
+                        (double)c->vocab * c->word_dim + (c->max_pos + 2) * h); /* the embeddings */
+    double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
+    double cache = 2 * kv_row * c->n_layers * bls * len, act = 4 * bls * s * h;
+    double stage_len = w->cpu_cache_compute ? s : len;
+    memset(mm, 0, sizeof *mm);
+    fg_linear *gpu = &mm->tier[TIER_GPU], *cpu = &mm->tier[TIER_CPU];
+    const double homes[3] = {on_gpu, stored, stored};
+    for (int t = 0; t < N_TIERS; t++) {
+        add_bytes(&mm->tier[t], X_WG + t, homes[t]);
+        add_bytes(&mm->tier[t], X_CG + t, cache);
+        add_bytes(&mm->tier[t], X_HG + t, act);
+    }
+    if (weights_staged) add_bytes(gpu, -1, 2 * (hw->gpu_is_host ? 4 : 2) * layer);
+    add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
+    add_bytes(gpu, -1, 8 * gbs * s * h);                         /* activation staging */
+    add_bytes(gpu, -1, (double)opt_workspace_bytes(c, (size_t)(gbs * s), (int)len));
+    add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
+    add_bytes(cpu, X_WN, 2 * 2 * layer * q4);                    /* two layers read ahead */
+    add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len), add_bytes(cpu, X_HN, 2 * 4 * gbs * s * h);
+    add_bytes(cpu, -1, 4 * 4096.0);
+    if (hw->gpu_is_host)
+        for (int t = TIER_GPU; t <= TIER_CPU; t++) {
+            mm->host.constant += mm->tier[t].constant;
+            for (int k = 0; k < N_X; k++) mm->host.coef[k] += mm->tier[t].coef[k];
+        }
+}
+
+/* ============================================================================================
+ * The policy search (§4.3, "Policy Search"). For a block shape (gbs, ngb), whether decode
+ * attention is delegated to the CPU, and whether weights pass through staging, Eq. (1) is the LP
+ *     minimize   (l T_pre + l (n - 1) T_gen + n head) / bls
+ *     subject to T_pre >= each prefill term, T_gen >= each decode term  (linear in x)
+ *                wg + wc + wn = 1, cg + cc + cn = 1, hg + hc + hn = 1
+ *                peak bytes of each tier (and of host memory) <= its capacity
+ *                l T_pre + l (n - 1) T_gen + n head <= max_latency          (when asked)
+ * over x (9 fractions) and T_pre, T_gen. Its optimum is rounded to integer percentages, the
+ * runtime realizes those at tensor and row granularity, and that realized placement is what
+ * is checked and evaluated. The shapes' LP optima are tried best first; a shape whose rounded
+ * plan does not fit is retried with a GPU batch one smaller.
+ * ============================================================================================ */
+
+enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
+
+typedef struct {
+    int gbs, ngb, cpu_cache_compute, staged;
+    double objective;   /* the LP's T / bls */
+    double x[N_X];
+} candidate;
+
+typedef struct {
+    const opt_config *cfg;
+    const fg_hardware *hw;
+    const fg_policy *base;
+    const fg_search_request *req;
+    double capacity[N_TIERS], host_memory;
+    int lps, checks;
+} search;
+
+static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_compute) {
+    return (fg_workload){.s = S->req->s, .n = S->req->n, .gbs = gbs, .ngb = ngb,
+                         .cpu_cache_compute = cpu_cache_compute,
+                         .compress_weight = S->base->compress_weight,
+                         .compress_cache = S->base->compress_cache};
+}
+
+/* The LP's rows, one at a time: coefficients over x (and T_pre, T_gen), sense, right side. */
+typedef struct {
+    double A[MAX_ROWS][N_VARS], b[MAX_ROWS];
+    lp_sense sense[MAX_ROWS];
+    int n;
+} lp_rows;
+
+static double *row_add(lp_rows *r, lp_sense sense, double b) {
+    r->sense[r->n] = sense;
+    r->b[r->n] = b;
+    return r->A[r->n++];
+}
+
+/* coef . x (+ t T) <= bound - constant */
+static void row_le(lp_rows *r, const fg_linear *f, int t_var, double bound) {
+    double *a = row_add(r, LP_LE, bound - f->constant);
+    memcpy(a, f->coef, sizeof f->coef);
+    if (t_var >= 0) a[t_var] = -1;
+}
+
+static int solve_shape(search *S, candidate *cd, char *err) {
+    fg_workload w = workload_of(S, cd->gbs, cd->ngb, cd->cpu_cache_compute);
+    fg_cost_model cm;
+    fg_memory_model mm;
+    fg_cost_model_build(S->cfg, &w, S->hw, &cm);
+    fg_memory_model_build(S->cfg, &w, S->hw, cd->staged, &mm);
+    double l = S->cfg->n_layers, n = w.n, bls = (double)w.gbs * w.ngb;
+    lp_rows r = {.n = 0};
+    for (int i = 0; i < N_TERMS; i++) row_le(&r, &cm.pre[i], V_PRE, 0), row_le(&r, &cm.gen[i], V_GEN, 0);
+    for (int k = 0; k < 3; k++) {
+        double *a = row_add(&r, LP_EQ, 1);
+        a[3 * k] = a[3 * k + 1] = a[3 * k + 2] = 1;
+    }
+    for (int t = 0; t < N_TIERS; t++) row_le(&r, &mm.tier[t], -1, S->capacity[t]);
+    if (S->host_memory > 0) row_le(&r, &mm.host, -1, S->host_memory);
+    if (!cd->staged) row_add(&r, LP_EQ, 1)[X_WG] = 1;
+    if (S->req->max_latency > 0) {
+        double *a = row_add(&r, LP_LE, S->req->max_latency - n * cm.head);
+        a[V_PRE] = l, a[V_GEN] = l * (n - 1);
+    }
+    double c[N_VARS] = {0}, x[N_VARS], z;
+    c[V_PRE] = l / bls, c[V_GEN] = l * (n - 1) / bls;
+    lp_problem p = {N_VARS, r.n, c, &r.A[0][0], r.sense, r.b};
+    lp_status status;
+    S->lps++;
+    if (lp_solve(&p, &status, x, &z, err)) return -1;
+    if (status != LP_OPTIMAL) return 0;
+    cd->objective = z + n * cm.head / bls;
+    memcpy(cd->x, x, sizeof cd->x);
+    return 1;
+}
+
+/* Integer percentages near x, each pair at most 100. */
+static void round_percent(const double x[N_X], int percent[6]) {
+    for (int k = 0; k < 3; k++) {
+        int g = (int)lround(100 * x[3 * k]), c = (int)lround(100 * x[3 * k + 1]);
+        g = g < 0 ? 0 : g > 100 ? 100 : g;
+        c = c < 0 ? 0 : c > 100 - g ? 100 - g : c;
+        percent[2 * k] = g, percent[2 * k + 1] = c;
+    }
+}
+
+static fg_policy policy_of(const search *S, const candidate *cd) {
+    fg_policy p = *S->base;
+    p.gpu_batch_size = cd->gbs, p.num_gpu_batches = cd->ngb;
+    p.cpu_cache_compute = cd->cpu_cache_compute;
+    round_percent(cd->x, p.percent);
+    return p;
+}
+
+/* Does policy p fit? On this machine the runtime's plan check says, and x becomes the placement
+ * it realizes; for another machine, the memory model at the rounded percentages. */
+static int plan_fits(search *S, const fg_policy *p, int staged, double x[N_X]) {
+    char err[FG_ERR_LEN];
+    int bls = p->gpu_batch_size * p->num_gpu_batches;
+    S->checks++;
+    if (S->req->verify) {
+        fg_policy q = *p;
+        q.overlap = q.trace = q.verbose = 0;
+        fg_runtime *rt;
+        fg_model *m = NULL;
+        if (fg_runtime_open(&q, &rt, err)) return 0;
+        int rc = fg_model_open_dummy(rt, S->cfg, S->req->seed, &m, err);
+        if (rc == 0) rc = fg_check_plan(m, bls, S->req->s, S->req->n, err);
+        if (rc == 0) fg_plan_placement(m, bls, x);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+        return rc == 0;
+    }
+    for (int k = 0; k < 6; k++) x[k / 2 * 3 + k % 2] = p->percent[k] / 100.0;
+    for (int k = 0; k < 3; k++) x[3 * k + 2] = 1 - x[3 * k] - x[3 * k + 1];
+    fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
+    fg_memory_model mm;
+    fg_memory_model_build(S->cfg, &w, S->hw, staged || x[X_WG] < 1, &mm);
+    for (int t = 0; t < N_TIERS; t++)
+        if (fg_linear_eval(&mm.tier[t], x) > S->capacity[t]) return 0;
+    return !(S->host_memory > 0 && fg_linear_eval(&mm.host, x) > S->host_memory);
+}
+
+static int by_objective(const void *a, const void *b) {
+    double d = ((const candidate *)a)->objective - ((const candidate *)b)->objective;
+    return d < 0 ? -1 : d > 0;
+}
+
+/* GPU batch sizes tried: 1, 2, 4, 8, then steps of a quarter of the power of two below
+ * (multiples of 4, as §4.3 suggests: 12, 16, 20, ..., 32, 40, ..., 64, 80, ...). */
+static int next_gbs(int g) {
+    if (g < 8) return 2 * g;
+    int p = 1;
+    while (2 * p <= g) p *= 2;
+    return g + p / 4;
+}
+
+enum { MAX_NGB = 32, MAX_GBS = 4096, MAX_SHRINK = 16 };
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Every shape's LP optimum, into *out (malloc'd). */
+static int enumerate(search *S, candidate **out, int *n_out, char *err) {
+    int cap = 256, n = 0, max_block = S->req->max_block > 0 ? S->req->max_block : MAX_GBS * MAX_NGB;
+    candidate *all = malloc(cap * sizeof *all);
+    if (!all) return fg_fail(err, "out of memory");
+    for (int gbs = 1; gbs <= MAX_GBS && gbs <= max_block; gbs = next_gbs(gbs)) {
+        int any = 0;
+        for (int ngb = 1; ngb <= MAX_NGB && gbs * ngb <= max_block; ngb++) {
+            int fits = 0;
+            for (int v = 0; v < 4; v++) {
+                candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .staged = v >> 1};
+                if (!cd.staged && S->base->compress_weight) continue; /* 4-bit weights are staged */
+                int rc = solve_shape(S, &cd, err);
+                if (rc < 0) { free(all); return -1; }
+                if (rc == 0) continue;
+                fits = 1;
+                if (n == cap) {
+                    candidate *more = realloc(all, 2 * cap * sizeof *all);
+                    if (!more) { free(all); return fg_fail(err, "out of memory"); }
+                    all = more, cap *= 2;
+                }
+                all[n++] = cd;
+            }
+            if (!fits) break; /* memory only grows with ngb */
+            any = 1;
+        }
+        if (!any) break;      /* and with gbs */
+    }
+    *out = all, *n_out = n;
+    return 0;
+}
+
+/* The reason nothing fits: the plan check of the smallest block with everything off the gpu. */
+static int explain_nothing_fits(search *S, char *err) {
+    if (S->req->max_latency > 0)
+        return fg_fail(err, "--max-latency %g: no policy fits the capacities within that block latency",
+                       S->req->max_latency);
+    fg_policy p = *S->base;
+    p.gpu_batch_size = p.num_gpu_batches = 1;
+    memset(p.percent, 0, sizeof p.percent);
+    if (S->req->verify) {
+        fg_policy q = p;
+        q.overlap = q.trace = q.verbose = 0;
+        fg_runtime *rt;
+        fg_model *m = NULL;
+        char why[FG_ERR_LEN] = "";
+        if (fg_runtime_open(&q, &rt, why) == 0) {
+            if (fg_model_open_dummy(rt, S->cfg, S->req->seed, &m, why) == 0)
+                fg_check_plan(m, 1, S->req->s, S->req->n, why);
+            fg_model_close(m);
+            fg_runtime_close(rt);
+        }
+        if (why[0]) return fg_fail(err, "no policy fits %s: even one sequence with everything off the gpu tier: %s",
+                                   S->cfg->name, why);
+    }
+    return fg_fail(err, "no policy fits %s in --gpu-mem, --cpu-mem and --disk-mem (prompt %d + %d tokens)",
+                   S->cfg->name, S->req->s, S->req->n);
+}
+
+/* The capacities the plan must fit: on this machine the runtime's (defaults filled in). */
+static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+                       const fg_search_request *req, char *err) {
+    *S = (search){.cfg = cfg, .hw = hw, .base = base, .req = req};
+    if (req->s < 1 || req->n < 1) return fg_fail(err, "policy search: prompt and generation lengths must be at least 1");
+    if (!req->verify) {
+        for (int t = 0; t < N_TIERS; t++)
+            if (!(base->capacity[t] > 0))
+                return fg_fail(err, "planning for another machine (the hardware file is not this one's): "
+                                    "give --gpu-mem, --cpu-mem and --disk-mem");
+        memcpy(S->capacity, base->capacity, sizeof S->capacity);
+        return 0;
+    }
+    fg_policy q = *base;
+    q.overlap = q.trace = q.verbose = 0;
+    fg_runtime *rt;
+    fg_model *m = NULL;
+    if (fg_runtime_open(&q, &rt, err)) return -1;
+    int rc = fg_model_open_dummy(rt, cfg, req->seed, &m, err);
+    fg_stats st;
+    fg_runtime_stats(rt, &st);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    memcpy(S->capacity, st.capacity, sizeof S->capacity);
+    S->host_memory = hw->gpu_is_host ? st.host_memory : 0;
+    return rc;
+}
+
+/* Policy p's prediction at the placement it realizes, into *out; 0 when it does not fit. */
+static int evaluate(search *S, const fg_policy *p, int staged, fg_search_result *out) {
+    double x[N_X];
+    if (!plan_fits(S, p, staged, x)) return 0;
+    out->policy = *p;
+    memcpy(out->x, x, sizeof out->x);
+    out->workload = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
+    fg_cost_model_build(S->cfg, &out->workload, S->hw, &out->cost);
+    double per_seq = fg_cost_per_token(&out->cost, S->cfg, &out->workload, x, &out->t_pre, &out->t_gen);
+    out->block_latency = per_seq * p->gpu_batch_size * p->num_gpu_batches;
+    out->throughput = S->req->n / per_seq;
+    return 1;
+}
+
+int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
+                       const fg_search_request *req, fg_search_result *out, char *err) {
+    search S;
+    memset(out, 0, sizeof *out);
+    if (search_init(&S, cfg, hw, p, req, err)) return -1;
+    if (evaluate(&S, p, p->compress_weight || p->percent[0] < 100, out)) return 0;
+    if (!req->verify) return fg_fail(err, "the policy does not fit --gpu-mem, --cpu-mem and --disk-mem");
+    /* the plan check's own words */
+    fg_policy q = *p;
+    q.overlap = q.trace = q.verbose = 0;
+    fg_runtime *rt;
+    fg_model *m = NULL;
+    int rc = fg_runtime_open(&q, &rt, err);
+    if (rc == 0) {
+        rc = fg_model_open_dummy(rt, cfg, req->seed, &m, err);
+        if (rc == 0) rc = fg_check_plan(m, p->gpu_batch_size * p->num_gpu_batches, req->s, req->n, err);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    return rc ? -1 : fg_fail(err, "the policy does not fit");
+}
+
+int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+                     const fg_search_request *req, fg_search_result *out, char *err) {
+    double t0 = seconds_now();
+    search S;
+    memset(out, 0, sizeof *out);
+    if (search_init(&S, cfg, hw, base, req, err)) return -1;
+    candidate *all = NULL;
+    int n = 0;
+    if (enumerate(&S, &all, &n, err)) return -1;
+    qsort(all, (size_t)n, sizeof *all, by_objective);
+    double best = INFINITY;
+    for (int i = 0; i < n && all[i].objective < best; i++) {
+        candidate cd = all[i];
+        for (int shrink = 0; shrink < MAX_SHRINK && cd.gbs >= 1; shrink++, cd.gbs--) {
+            int rc = shrink ? solve_shape(&S, &cd, err) : 1;
+            if (rc < 0) { free(all); return -1; }
+            fg_search_result r;
+            fg_policy p = policy_of(&S, &cd);
+            if (rc == 0 || !evaluate(&S, &p, cd.staged, &r)) continue;
+            if (req->max_latency > 0 && r.block_latency > req->max_latency) continue;
+            double per_seq = r.block_latency / (cd.gbs * cd.ngb);
+            if (per_seq < best) best = per_seq, *out = r;
+            break;
+        }
+    }
+    free(all);
+    out->lps = S.lps, out->checks = S.checks;
+    out->seconds = seconds_now() - t0;
+    if (best == INFINITY) return explain_nothing_fits(&S, err);
+    return 0;
 }

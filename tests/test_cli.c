@@ -466,7 +466,9 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
     {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
     {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
-    {"--compress-cache", NULL}, {"--attn-sparsity", "0.5"},
+    {"--compress-cache", NULL}, {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
+    {"--hw", "hw.json"}, {"--max-latency", "10"}, {"--evaluate", NULL},
+    {"--out", "hw.json"}, /* of `flexgen profile` */
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 
@@ -502,7 +504,7 @@ static void test_help(void) {
 /* Each flag the help lists is one the parser takes: what fails is the bad flag after it. */
 static void test_flags_accepted(void) {
     for (int i = 0; i < N_FLAGS; i++) {
-        if (!strcmp(FLAGS[i].flag, "--help")) continue;
+        if (!strcmp(FLAGS[i].flag, "--help") || !strcmp(FLAGS[i].flag, "--out")) continue;
         if (!strcmp(FLAGS[i].flag, "--percent")) { /* six values */
             EXPECT_FAIL(ARGS("--percent", "1", "2", "3", "4", "5", "6", "--zz-bogus"), "--zz-bogus",
                         "unknown option");
@@ -818,6 +820,140 @@ static void test_text_generation(void) {
 
 /* --------------------------------------------------------------------------------------------- */
 
+
+/* ---------------------------------------------------------------------------------------------
+ * The policy search, `flexgen policy`, `--policy auto` and `flexgen profile` (issue 5)
+ * --------------------------------------------------------------------------------------------- */
+
+/* A hardware file of plausible rates (a CPU backend: the gpu tier is host memory). */
+static void write_hw(const char *path) {
+    write_text(path, "{\"ctog_bdw\": 6e9, \"gtoc_bdw_cache\": 1.2e10, \"gtoc_bdw_hidden\": 1.2e10,"
+                     " \"dtoc_bdw\": 1.4e9, \"ctod_bdw_cache_p\": 2.5e8, \"ctod_bdw_hidden_p\": 2.5e8,"
+                     " \"ctod_bdw_g\": 2.5e8, \"mm_flops_p\": 1.3e11, \"mm_flops_g\": 1.7e11,"
+                     " \"bmm_flops_p\": 1e11, \"bmm_flops_g\": 4e10, \"cpu_flops\": 4e10,"
+                     " \"dequant_bdw\": 5e9, \"mem_bdw\": 8e9, \"gpu_is_host\": true}");
+}
+
+static const cJSON *json_item(const cJSON *o, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(o, key);
+}
+
+static void test_policy_command(void) {
+    char *dir = make_temp_dir(), *out, *err;
+    const char *hw = join(dir, "hw.json");
+    write_hw(hw);
+    const char *const args[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8",
+                                "--hw", hw, "--offload-dir", dir, "--gpu-mem", "3M", "--json", NULL};
+    CU_ASSERT_EQUAL(run_flexgen(args, NULL, &out, &err), 0);
+    CU_ASSERT_STRING_EQUAL(err, "");
+    cJSON *o = cJSON_Parse(out);
+    CU_ASSERT_FATAL(cJSON_IsObject(o));
+    CU_ASSERT(cJSON_IsNumber(json_item(o, "gpu_batch_size")) && json_item(o, "gpu_batch_size")->valueint >= 1);
+    CU_ASSERT(cJSON_IsNumber(json_item(o, "num_gpu_batches")));
+    CU_ASSERT(cJSON_IsArray(json_item(o, "percent")) && cJSON_GetArraySize(json_item(o, "percent")) == 6);
+    CU_ASSERT(cJSON_IsBool(json_item(o, "cpu_cache_compute")));
+    CU_ASSERT(cJSON_IsNumber(json_item(o, "predicted_throughput")) &&
+              json_item(o, "predicted_throughput")->valuedouble > 0);
+    cJSON_Delete(o);
+    free(out), free(err);
+    /* the text form: the policy as flags, the prediction, the terms of both phases */
+    const char *const text[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8",
+                                "--hw", hw, "--offload-dir", dir, NULL};
+    CU_ASSERT_EQUAL(run_flexgen(text, NULL, &out, &err), 0);
+    static const char *const lines[] = {"policy: --gpu-batch-size ", "--percent ", "predicted: ",
+                                        "token/s", "prefill ", "decode ", "ctog", "comp", "search: "};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) CU_ASSERT_PTR_NOT_NULL(strstr(out, lines[i]));
+    free(out), free(err);
+    /* --evaluate predicts the given policy */
+    const char *const eval[] = {"policy", "--evaluate", "--model", tiny_dir, "--prompt-len", "8",
+                                "--gen-len", "8", "--hw", hw, "--offload-dir", dir, "--gpu-batch-size",
+                                "3", "--num-gpu-batches", "2", "--percent", "50", "50", "100", "0",
+                                "100", "0", NULL};
+    CU_ASSERT_EQUAL(run_flexgen(eval, NULL, &out, &err), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "policy: --gpu-batch-size 3 --num-gpu-batches 2 --percent 50 50 100 0 100 0\n"));
+    CU_ASSERT_PTR_NULL(strstr(out, "search: "));
+    free(out), free(err);
+    CU_ASSERT_EQUAL(dir_entries(dir), 1); /* hw.json only */
+    rm_tree(dir);
+    free(dir);
+}
+
+/* --policy auto on the fixture: the block holds no more sequences than there are prompts, the
+ * chosen policy fits, and the tokens are the reference's whatever it chose. */
+static void test_policy_auto_run(void) {
+    char *dir = make_temp_dir();
+    const char *hw = join(dir, "hw.json"), *dump = join(dir, "l.bin");
+    write_hw(hw);
+    char *out = run_tiny(ARGS("--policy", "auto", "--hw", hw, "--gpu-mem", "2M", "--cpu-mem", "1M",
+                              "--offload-dir", dir, "--dump-logits", dump, "--json"));
+    cJSON *o = cJSON_Parse(out);
+    CU_ASSERT_FATAL(cJSON_IsObject(o));
+    int bls = json_item(o, "gpu_batch_size")->valueint * json_item(o, "num_gpu_batches")->valueint;
+    CU_ASSERT(bls >= 1 && bls <= N_PROMPTS);
+    CU_ASSERT(json_item(o, "peak_gpu_bytes")->valuedouble <= 2 << 20);
+    CU_ASSERT(json_item(o, "peak_cpu_bytes")->valuedouble <= 1 << 20);
+    cJSON_Delete(o);
+    free(out);
+    expect_reference_logits(dump);
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_policy_bad_input(void) {
+    char *dir = make_temp_dir();
+    const char *hw = join(dir, "hw.json"), *bad = join(dir, "bad.json"), *missing = join(dir, "none.json");
+    write_hw(hw);
+    write_text(bad, "{\"ctog_bdw\": 6e9}");
+    EXPECT_FAIL(ARGS("--policy", "fast"), "--policy", "'fast'");
+    EXPECT_FAIL(ARGS("--max-latency", "0"), "--max-latency", "'0'");
+    EXPECT_FAIL(ARGS("--max-latency", "soon"), "--max-latency", "'soon'");
+    EXPECT_FAIL(ARGS("--evaluate"), "--evaluate", "flexgen policy");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", bad), bad, "gtoc_bdw_cache");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", missing), missing);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--policy", "auto", "--hw", bad), bad);
+    /* budgets nothing fits: the tier that cannot hold even one sequence is named (here a layer
+     * of opt-175b, staged in fp32, is more than the gpu tier) */
+    EXPECT_FAIL(ARGS("policy", "--model", "opt-175b", "--hw", hw, "--offload-dir", dir, "--path", dir,
+                     "--gpu-mem", "1G", "--cpu-mem", "1G", "--disk-mem", "100G"),
+                "no policy fits opt-175b", "gpu tier", "weight staging", "--gpu-mem gives 1.00 GiB");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--gpu-mem", "64K",
+                     "--cpu-mem", "64K", "--disk-mem", "16K"), "no policy fits", "tier: the plan needs");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--max-latency", "1e-9"),
+                "--max-latency");
+    /* a policy --evaluate cannot fit: the plan check's line */
+    EXPECT_FAIL(ARGS("policy", "--evaluate", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir,
+                     "--gpu-mem", "64K"), "gpu tier: the plan needs");
+    EXPECT_FAIL(ARGS("profile", "--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
+    EXPECT_FAIL(ARGS("profile", "--bogus", "x"), "--bogus", "profile");
+    EXPECT_FAIL(ARGS("profile", "--out", "/nonexistent/hw.json", "--offload-dir", dir), "--out",
+                "/nonexistent/hw.json");
+    CU_ASSERT_EQUAL(dir_entries(dir), 2); /* hw.json and bad.json */
+    rm_tree(dir);
+    free(dir);
+}
+
+/* flexgen profile: a hardware file whose every rate is positive, read back as it was written,
+ * and nothing left in the offload dir. */
+static void test_profile(void) {
+    char *dir = make_temp_dir(), *off = make_temp_dir(), *out, *err;
+    const char *hw = join(dir, "hw.json");
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("profile", "--offload-dir", off, "--out", hw), NULL, &out, &err), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "saved "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "profile: disk"));
+    fg_hardware h;
+    char msg[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(fg_hardware_read(hw, &h, msg), 0);
+    const double rates[] = {h.ctog_bdw, h.gtoc_bdw_cache, h.gtoc_bdw_hidden, h.dtoc_bdw,
+        h.ctod_bdw_cache_p, h.ctod_bdw_hidden_p, h.ctod_bdw_g, h.mm_flops_p, h.mm_flops_g,
+        h.bmm_flops_p, h.bmm_flops_g, h.cpu_flops, h.dequant_bdw, h.mem_bdw};
+    for (size_t i = 0; i < sizeof rates / sizeof *rates; i++) CU_ASSERT(rates[i] > 0 && isfinite(rates[i]));
+    CU_ASSERT_EQUAL(h.gpu_is_host, 1);
+    CU_ASSERT_EQUAL(dir_entries(off), 0);
+    free(out), free(err);
+    rm_tree(dir), rm_tree(off);
+    free(dir), free(off);
+}
+
 void add_cli_tests(void) {
     CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
     CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
@@ -840,4 +976,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "--stop-at-eos", test_stop_at_eos);
     CU_add_test(s, "text in, text out with the checkpoint's tokenizer", test_text_generation);
     CU_add_test(s, "portable (non-SIMD) paths match the reference", test_portable_paths_match_reference);
+    CU_add_test(s, "flexgen policy: --json, text and --evaluate", test_policy_command);
+    CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
+    CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
+    CU_add_test(s, "flexgen profile writes a hardware file", test_profile);
 }

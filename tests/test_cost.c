@@ -14,6 +14,7 @@
  *               decode step; 4 bls h1 = 96 written per step
  *   FLOPs       prefill bls (8 s h1^2 + 4 s h1 h2) = 6912, attention 4 bls s^2 h1 = 864;
  *               decode bls (8 h1^2 + 4 h1 h2) = 2304, attention 528
+ *   output layer  2 bls vocab word_dim = 1536 FLOPs per generated token (vocab 32, word_dim 4)
  * Rates are distinct powers of two, so every quotient is exact. */
 static const opt_config CFG = {"hand", 2, 4, 2, 16, 32, 16, 4, 1};
 static const fg_hardware HW = {.ctog_bdw = 2, .gtoc_bdw_cache = 4, .gtoc_bdw_hidden = 8,
@@ -54,7 +55,9 @@ static void test_cost_by_hand(void) {
     double per_token = fg_cost_per_token(&m, &CFG, &w, X, &t_pre, &t_gen);
     CU_ASSERT_DOUBLE_EQUAL(t_pre, 132, 1e-12);
     CU_ASSERT_DOUBLE_EQUAL(t_gen, 108, 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(per_token, (132.0 * 2 + 108.0 * 4 * 2) / 6, 1e-12); /* T / bls = 188 */
+    CU_ASSERT_DOUBLE_EQUAL(m.head, 1536.0 / 512, 1e-12);
+    /* T / bls = (T_pre l + T_gen (n - 1) l + head n) / bls */
+    CU_ASSERT_DOUBLE_EQUAL(per_token, (132.0 * 2 + 108.0 * 4 * 2 + 3.0 * 5) / 6, 1e-12);
 
     /* not delegated: the off-gpu cache crosses cpu -> gpu, its new rows come back, and the
      * compute device attends over all of it */
@@ -64,7 +67,7 @@ static void test_cost_by_hand(void) {
                                        2304.0 / 512 + 528.0 / 2048};
     expect_terms(m.pre, pre, "prefill, not delegated");
     expect_terms(m.gen, gen_moved, "decode, not delegated");
-    CU_ASSERT_DOUBLE_EQUAL(fg_cost_per_token(&m, &CFG, &w, X, NULL, NULL), (264 + 240.0 * 8) / 6, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(fg_cost_per_token(&m, &CFG, &w, X, NULL, NULL), (264 + 240.0 * 8 + 15) / 6, 1e-12);
 
     /* 4-bit weights and cache: their bytes times 36/128 (384 -> 108, 528 -> 148.5, 96 -> 27) */
     w.cpu_cache_compute = 1;
@@ -78,6 +81,20 @@ static void test_cost_by_hand(void) {
                                     (0.25 * 27 + 0.25 * 48) / 128, gen[T_COMP]};
     expect_terms(m.pre, pre_q4, "prefill, 4-bit");
     expect_terms(m.gen, gen_q4, "decode, 4-bit");
+
+    /* decompression (fp16 bytes / dequant_bdw: weights 384, cache 384 in prefill and 528 per
+     * step) and the working weights read once per GPU batch (ngb 3 x 384 / mem_bdw on a GPU,
+     * twice that as fp32 on the CPU backend) join the compute term */
+    fg_hardware hw = HW;
+    hw.dequant_bdw = 8192, hw.mem_bdw = 16384;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    double pre_comp = pre[T_COMP] + 384.0 / 8192 + 384.0 / 8192 + 3 * 384.0 / 16384;
+    double gen_comp = gen[T_COMP] + 384.0 / 8192 + 528.0 / 8192 + 3 * 384.0 / 16384;
+    CU_ASSERT_DOUBLE_EQUAL(fg_linear_eval(&m.pre[T_COMP], X), pre_comp, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(fg_linear_eval(&m.gen[T_COMP], X), gen_comp, 1e-12);
+    hw.gpu_is_host = 1;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    CU_ASSERT_DOUBLE_EQUAL(fg_linear_eval(&m.gen[T_COMP], X), gen_comp + 3 * 384.0 / 16384, 1e-12);
 }
 
 static void write_text(const char *path, const char *text) {
@@ -87,22 +104,33 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
+#define FULL "{\"ctog_bdw\": 2, \"gtoc_bdw_cache\": 4, \"gtoc_bdw_hidden\": 8, \"dtoc_bdw\": 16," \
+    " \"ctod_bdw_cache_p\": 32, \"ctod_bdw_hidden_p\": 64, \"ctod_bdw_g\": 128," \
+    " \"mm_flops_p\": 256, \"mm_flops_g\": 512, \"bmm_flops_p\": 1024," \
+    " \"bmm_flops_g\": 2048, \"cpu_flops\": 4096"
+
 static void test_hardware_file(void) {
     char *dir = make_temp_dir(), path[4200], err[FG_ERR_LEN];
     snprintf(path, sizeof path, "%s/hw.json", dir);
     fg_hardware hw;
-    write_text(path, "{\"ctog_bdw\": 2, \"gtoc_bdw_cache\": 4, \"gtoc_bdw_hidden\": 8, \"dtoc_bdw\": 16,"
-                     " \"ctod_bdw_cache_p\": 32, \"ctod_bdw_hidden_p\": 64, \"ctod_bdw_g\": 128,"
-                     " \"mm_flops_p\": 256, \"mm_flops_g\": 512, \"bmm_flops_p\": 1024,"
-                     " \"bmm_flops_g\": 2048, \"cpu_flops\": 4096}");
+    write_text(path, FULL "}");
     CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), 0);
-    CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0);
+    CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0); /* the optional keys default to 0, false */
+    /* written and read back */
+    fg_hardware with = HW, back;
+    with.dequant_bdw = 3.25e9, with.mem_bdw = 1.0 / 3, with.gpu_is_host = 1;
+    CU_ASSERT_EQUAL(fg_hardware_write(path, &with, err), 0);
+    CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
+    CU_ASSERT_EQUAL(memcmp(&back, &with, sizeof back), 0);
     static const struct { const char *text, *says; } bad[] = {
         {"{\"ctog_bdw\": 2", "not a JSON object"},
         {"[1, 2]", "not a JSON object"},
         {"{\"ctog_bdw\": 2}", "\"gtoc_bdw_cache\" is missing"},
         {"{\"ctog_bdw\": \"fast\"}", "\"ctog_bdw\" is missing or not a number"},
         {"{\"ctog_bdw\": -1}", "\"ctog_bdw\" must be a positive number"},
+        {FULL ", \"dequant_bdw\": -1}", "\"dequant_bdw\" must be a number >= 0"},
+        {FULL ", \"mem_bdw\": \"fast\"}", "\"mem_bdw\" must be a number >= 0"},
+        {FULL ", \"gpu_is_host\": 1}", "\"gpu_is_host\" must be true or false"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text(path, bad[i].text);

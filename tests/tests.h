@@ -16,6 +16,7 @@ void add_quant_tests(void);      /* test_quant.c: 4-bit group-wise compression *
 void add_compress_tests(void);   /* test_compress.c: compression end to end */
 void add_lp_tests(void);         /* test_lp.c: the simplex against GLPK */
 void add_cost_tests(void);       /* test_cost.c: the cost model of §4.3, by hand */
+void add_policy_tests(void);     /* test_policy.c: the policy search against the plan check */
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);

@@ -1,0 +1,184 @@
+/* test_policy.c: the policy search of §4.3 (lp.c) on this runtime.
+ *
+ * Every policy the search returns must pass the runtime's plan check (fg_check_plan) for the
+ * capacities it was given, and the placement it reports must be the one the runtime realizes.
+ * The search must also be at least as good, by its own cost model, as every policy of a grid a
+ * user could try by hand (up to what rounding to percentages and tensors can cost), honor the
+ * block and latency bounds, and fail with one line when nothing fits.
+ */
+#include "tests.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A thin, deep model: what fits where changes with every capacity below. */
+static const opt_config CFG = {"policy-test", 8, 128, 4, 512, 1000, 256, 128, 1};
+/* Rates of a machine with a slow disk and a fast compute device. */
+static const fg_hardware HW = {.ctog_bdw = 8e9, .gtoc_bdw_cache = 4e9, .gtoc_bdw_hidden = 8e9,
+    .dtoc_bdw = 1e9, .ctod_bdw_cache_p = 5e8, .ctod_bdw_hidden_p = 5e8, .ctod_bdw_g = 5e8,
+    .mm_flops_p = 1e11, .mm_flops_g = 5e10, .bmm_flops_p = 5e10, .bmm_flops_g = 1e10,
+    .cpu_flops = 1e10, .dequant_bdw = 4e9, .mem_bdw = 8e9, .gpu_is_host = 1};
+
+static char *offload;
+
+static int policy_init(void) { offload = make_temp_dir(); return 0; }
+static int policy_clean(void) { rm_tree(offload); free(offload); return 0; }
+
+static fg_policy base_policy(double gpu, double cpu, double disk, int compress) {
+    fg_policy p = fg_default_policy();
+    p.capacity[TIER_GPU] = gpu, p.capacity[TIER_CPU] = cpu, p.capacity[TIER_DISK] = disk;
+    p.compress_weight = p.compress_cache = compress;
+    p.offload_dir = p.weight_dir = offload;
+    return p;
+}
+
+/* The runtime's plan check of p for a block of bls sequences, and the placement it realizes. */
+static int plan_check(const fg_policy *p, int s, int n, double x[N_X], char *err) {
+    fg_runtime *rt;
+    fg_model *m = NULL;
+    fg_policy q = *p;
+    q.overlap = 0;
+    int bls = p->gpu_batch_size * p->num_gpu_batches;
+    if (fg_runtime_open(&q, &rt, err)) return -1;
+    int rc = fg_model_open_dummy(rt, &CFG, 0, &m, err);
+    if (rc == 0) rc = fg_check_plan(m, bls, s, n, err);
+    if (rc == 0) fg_plan_placement(m, bls, x);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    return rc;
+}
+
+static const double MiB = 1 << 20;
+
+/* Capacities from "all fits on the gpu tier" to "weights and cache must go to disk". */
+static const struct { double gpu, cpu, disk; } BUDGETS[] = {
+    {512 * MiB, 512 * MiB, 1024 * MiB}, {24 * MiB, 512 * MiB, 1024 * MiB},
+    {16 * MiB, 8 * MiB, 1024 * MiB}, {12 * MiB, 6 * MiB, 256 * MiB}, {40 * MiB, 4 * MiB, 64 * MiB},
+};
+enum { N_BUDGETS = sizeof BUDGETS / sizeof *BUDGETS };
+
+static void test_search_passes_plan_check(void) {
+    char err[FG_ERR_LEN];
+    for (int b = 0; b < N_BUDGETS; b++)
+        for (int compress = 0; compress < 2; compress++)
+            for (int shape = 0; shape < 2; shape++) {
+                fg_policy base = base_policy(BUDGETS[b].gpu, BUDGETS[b].cpu, BUDGETS[b].disk, compress);
+                fg_search_request req = {.s = shape ? 64 : 16, .n = shape ? 8 : 32, .verify = 1,
+                                         .max_block = shape ? 48 : 0};
+                fg_search_result r;
+                int rc = fg_policy_search(&CFG, &HW, &base, &req, &r, err);
+                CU_ASSERT_EQUAL(rc, 0);
+                if (rc) { fprintf(stderr, "\n    budget %d: %s\n", b, err); continue; }
+                double x[N_X];
+                rc = plan_check(&r.policy, req.s, req.n, x, err);
+                CU_ASSERT_EQUAL(rc, 0);
+                if (rc) fprintf(stderr, "\n    budget %d compress %d: %s\n", b, compress, err);
+                for (int k = 0; rc == 0 && k < N_X; k++) CU_ASSERT_DOUBLE_EQUAL(x[k], r.x[k], 1e-12);
+                int bls = r.policy.gpu_batch_size * r.policy.num_gpu_batches;
+                CU_ASSERT(req.max_block == 0 || bls <= req.max_block);
+                CU_ASSERT(r.throughput > 0 && isfinite(r.throughput));
+                CU_ASSERT(r.seconds < 1.0);
+                /* the other fields stay the caller's */
+                CU_ASSERT_EQUAL(r.policy.compress_weight, compress);
+                CU_ASSERT_DOUBLE_EQUAL(r.policy.capacity[TIER_CPU], BUDGETS[b].cpu, 0);
+            }
+}
+
+/* Against every policy of a grid (block shapes x placements in steps of 25%), by the same cost
+ * model at the placement each realizes: the search may lose only what rounding the LP's
+ * fractions to percentages, rows and tensors costs. */
+static void test_search_beats_hand_grid(void) {
+    static const int gbs[] = {1, 4, 8, 16, 32}, ngb[] = {1, 2, 4, 8};
+    char err[FG_ERR_LEN];
+    for (int b = 1; b < N_BUDGETS; b++) {
+        fg_policy base = base_policy(BUDGETS[b].gpu, BUDGETS[b].cpu, BUDGETS[b].disk, 0);
+        fg_search_request req = {.s = 32, .n = 8, .verify = 1, .max_block = 256};
+        fg_search_result best;
+        CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &best, err), 0);
+        double grid_best = 0;
+        fg_policy grid_choice = base;
+        for (int i = 0; i < 5; i++)
+            for (int j = 0; j < 4; j++)
+                for (int w = 0; w <= 4; w++)
+                    for (int c = 0; c <= 4; c++)
+                        for (int d = 0; d < 2; d++) {
+                            fg_policy p = base;
+                            p.gpu_batch_size = gbs[i], p.num_gpu_batches = ngb[j];
+                            int pc[6] = {25 * w, 0, 25 * c, 100 - 25 * c, 100, 0};
+                            memcpy(p.percent, pc, sizeof pc);
+                            p.percent[1] = 100 - 25 * w; /* the rest of the weights on cpu */
+                            p.cpu_cache_compute = d;
+                            fg_search_result r;
+                            if (fg_policy_evaluate(&CFG, &HW, &p, &req, &r, err) == 0 && r.throughput > grid_best)
+                                grid_best = r.throughput, grid_choice = p;
+                        }
+        CU_ASSERT(grid_best > 0);
+        CU_ASSERT(best.throughput >= 0.9 * grid_best);
+        if (!(best.throughput >= 0.9 * grid_best))
+            fprintf(stderr, "\n    budget %d: search %.4g token/s (%d x %d), grid %.4g (%d x %d, %d %d %d %d)\n",
+                    b, best.throughput, best.policy.gpu_batch_size, best.policy.num_gpu_batches,
+                    grid_best, grid_choice.gpu_batch_size, grid_choice.num_gpu_batches,
+                    grid_choice.percent[0], grid_choice.percent[1], grid_choice.percent[2],
+                    grid_choice.percent[3]);
+    }
+}
+
+static void test_latency_bound(void) {
+    char err[FG_ERR_LEN];
+    fg_policy base = base_policy(16 * MiB, 8 * MiB, 1024 * MiB, 0);
+    fg_search_request req = {.s = 32, .n = 8, .verify = 1};
+    fg_search_result free_run, bounded;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &free_run, err), 0);
+    req.max_latency = free_run.block_latency / 4;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &bounded, err), 0);
+    CU_ASSERT(bounded.block_latency <= req.max_latency);
+    CU_ASSERT(bounded.throughput <= free_run.throughput);
+    req.max_latency = 1e-9;
+    CU_ASSERT_EQUAL(fg_policy_search(&CFG, &HW, &base, &req, &bounded, err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--max-latency"));
+}
+
+static void test_nothing_fits(void) {
+    char err[FG_ERR_LEN] = "";
+    fg_search_request req = {.s = 32, .n = 8, .verify = 1};
+    fg_search_result r;
+    /* the weights alone are 8.7 MiB of fp16: a 2 MiB disk cannot hold them */
+    fg_policy base = base_policy(1 * MiB, 1 * MiB, 2 * MiB, 0);
+    CU_ASSERT_EQUAL(fg_policy_search(&CFG, &HW, &base, &req, &r, err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "no policy fits"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "tier"));
+    CU_ASSERT_PTR_NULL(strchr(err, '\n'));
+    /* planning for another machine needs its capacities */
+    fg_hardware gpu = HW;
+    gpu.gpu_is_host = 0;
+    req.verify = 0;
+    base.capacity[TIER_DISK] = 0;
+    CU_ASSERT_EQUAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--disk-mem"));
+}
+
+/* For another machine (a GPU: fp16 weights on the gpu tier, no shared host memory) the memory
+ * model stands in for the plan check: the choice fits it. */
+static void test_search_for_gpu(void) {
+    char err[FG_ERR_LEN];
+    fg_hardware gpu = HW;
+    gpu.gpu_is_host = 0;
+    fg_policy base = base_policy(16 * MiB, 32 * MiB, 1024 * MiB, 0);
+    fg_search_request req = {.s = 32, .n = 8};
+    fg_search_result r;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), 0);
+    fg_memory_model mm;
+    fg_memory_model_build(&CFG, &r.workload, &gpu, r.x[X_WG] < 1, &mm);
+    for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
+}
+
+void add_policy_tests(void) {
+    CU_pSuite s = CU_add_suite("policy search (section 4.3)", policy_init, policy_clean);
+    CU_add_test(s, "every policy found passes the runtime's plan check", test_search_passes_plan_check);
+    CU_add_test(s, "the search is no worse than a hand grid", test_search_beats_hand_grid);
+    CU_add_test(s, "--max-latency bounds the block latency", test_latency_bound);
+    CU_add_test(s, "nothing fits: one line naming the tier", test_nothing_fits);
+    CU_add_test(s, "planning for a GPU machine fits its memory model", test_search_for_gpu);
+}
