@@ -6,7 +6,9 @@
  *   plan check      the whole plan (weights, KV cache, workspace) against the memory there is,
  *                   refused before any compute when it does not fit
  *   report          FlexGen's benchmark lines, or one JSON object with --json
- *   CLI             flexgen [run flags] | flexgen tokenize --vocab F --merges F
+ *   profile         this machine's constants for the cost model (§4.3), on the runtime's paths
+ *   CLI             flexgen [run flags] | flexgen policy [flags] | flexgen profile |
+ *                   flexgen tokenize --vocab F --merges F
  *
  * Everything that can fail on user input returns an error line; main prints it and exits 2.
  */
@@ -238,17 +240,22 @@ static void page_range(const disk_arena *a, const void *p, size_t bytes, size_t 
     *len = end > a->size ? a->size - start : end - start;
 }
 
+/* Reads len bytes of the arena at off into memory (and waits for them). */
+static void disk_fetch_pages(const disk_arena *a, size_t off, size_t len) {
+    madvise(a->base + off, len, MADV_WILLNEED);
+    volatile const char *c = a->base + off;
+    unsigned sum = 0;
+    for (size_t i = 0; i < len; i += page_size()) sum += c[i];
+    (void)sum;
+}
+
 /* disk -> cpu: bring the pages in (and wait for them), on the disk link's thread. */
 static void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes) {
     if (!bytes) return;
     size_t off, len;
     page_range(a, p, bytes, &off, &len);
     double t0 = now_seconds();
-    madvise(a->base + off, len, MADV_WILLNEED);
-    volatile const char *c = a->base + off;
-    unsigned sum = 0;
-    for (size_t i = 0; i < len; i += page_size()) sum += c[i];
-    (void)sum;
+    disk_fetch_pages(a, off, len);
     double dt = now_seconds() - t0;
     pthread_mutex_lock(&rt->lock);
     rt->disk_read_seconds += dt;
@@ -1571,20 +1578,27 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
  * is measured on the path the runtime takes: the backend's cpu -> gpu and gpu -> cpu copies,
  * the disk tier's mapped files in the offload dir (written back with msync, read by faulting
  * the pages in after dropping them from the page cache), and the backend's own layer for
- * compute. Compute rates come from two runs of one decoder layer each, whose time is
- * mm FLOPs / mm_flops + attention FLOPs / bmm_flops: a short and a long one give both rates.
+ * compute: a layer's time is a sum of terms (weights read, FLOPs of the products, FLOPs of
+ * attention), and runs that differ in one of them give its rate (profile_compute).
  * ============================================================================================ */
 
-/* Best of three: seconds for fn(ctx). */
+/* Seconds for fn(ctx): the median of five runs after one to warm up. Not the best: on a busy
+ * machine, or beside the runtime's own I/O threads, the typical run is what a prediction needs. */
 typedef void (*timed_fn)(void *ctx);
-static double best_time(timed_fn fn, void *ctx) {
-    double best = INFINITY;
-    for (int r = 0; r < 3; r++) {
+static int cmp_double(const void *a, const void *b) {
+    double d = *(const double *)a - *(const double *)b;
+    return d < 0 ? -1 : d > 0;
+}
+static double typical_time(timed_fn fn, void *ctx) {
+    double t[5];
+    fn(ctx);
+    for (int r = 0; r < 5; r++) {
         double t0 = now_seconds();
         fn(ctx);
-        best = fmin(best, now_seconds() - t0);
+        t[r] = now_seconds() - t0;
     }
-    return best;
+    qsort(t, 5, sizeof *t, cmp_double);
+    return t[2];
 }
 
 typedef struct {
@@ -1613,12 +1627,12 @@ static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
     if (!c.src || !c.dst) rc = fg_fail(err, "profile: out of memory");
     else {
         memset(c.src, 0x3c, 4 * n);
-        hw->ctog_bdw = 2.0 * n / best_time(time_weights_in, &c);
+        hw->ctog_bdw = 2.0 * n / typical_time(time_weights_in, &c);
         c.n = 4 * n;
-        hw->gtoc_bdw_cache = hw->gtoc_bdw_hidden = 4.0 * n / best_time(time_copy_out, &c);
+        hw->gtoc_bdw_cache = hw->gtoc_bdw_hidden = 4.0 * n / typical_time(time_copy_out, &c);
         c.n = n;
         q4_compress(c.dst, 1, n, 1, c.src);
-        hw->dequant_bdw = 2.0 * n / best_time(time_dequant, &c);
+        hw->dequant_bdw = 2.0 * n / typical_time(time_dequant, &c);
     }
     be->free(c.src), be->free(c.dst);
     return rc;
@@ -1628,7 +1642,7 @@ static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
 static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
     struct statvfs vfs;
     double free_bytes = statvfs(dir, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
-    size_t bytes = (size_t)512 << 20;
+    size_t bytes = (size_t)1 << 30;
     if (free_bytes / 4 < bytes) bytes = page_up((size_t)(free_bytes / 4));
     if (bytes < ((size_t)16 << 20))
         return fg_fail(err, "--offload-dir %s: %s free, too little to measure the disk", dir, human(free_bytes).s);
@@ -1639,11 +1653,8 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
     memset(a.base, 0x5a, bytes);
     drop_pages(&a, a.base, bytes, 1);
     double t1 = now_seconds();
-    madvise(a.base, bytes, MADV_WILLNEED);
-    volatile const char *p = a.base;
-    unsigned sum = 0;
-    for (size_t i = 0; i < bytes; i += page_size()) sum += p[i];
-    (void)sum;
+    for (size_t at = 0; at < bytes; at += (size_t)64 << 20) /* as disk_fetch: a tensor at a time */
+        disk_fetch_pages(&a, at, bytes - at < ((size_t)64 << 20) ? bytes - at : (size_t)64 << 20);
     double t2 = now_seconds();
     arena_close(&a);
     hw->ctod_bdw_cache_p = hw->ctod_bdw_hidden_p = hw->ctod_bdw_g = bytes / (t1 - t0);
@@ -1651,15 +1662,15 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
     return 0;
 }
 
-/* One decoder layer of opt-1.3b's width, timed in three decode runs and two prefills:
+/* One decoder layer of opt-1.3b's width, timed in four decode runs and two prefills:
  *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
  *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
  *     attention negligible at this length
- *   decode, 32 sequences over 1024 cached tokens: what those two rates leave is attention,
- *     4 gbs len h1 FLOPs at bmm_flops_g
+ *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
+ *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
  *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
  *     bmm_flops_p
- * Each attention time is taken as at least 1% of its run, against noise. */
+ * A difference is taken as at least 1% of the longer run, against noise. */
 static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, char *err) {
     opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
     enum { LONG = 1024, MAX_GBS = 128, LONG_GBS = 32 };
@@ -1682,27 +1693,27 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
         gb.attn_sparsity = 1;
         profile_ctx ctx = {.be = be, .w = &w, .gb = &gb, .ws = &ws};
         profile_step(verbose, "matrix products and attention, decode");
-        static const int runs[3][2] = {{8, 32}, {MAX_GBS, 32}, {LONG_GBS, LONG}}; /* gbs, cached */
-        double t[3];
-        for (int i = 0; i < 3; i++) {
+        static const int runs[4][2] = {{8, 32}, {MAX_GBS, 32}, {LONG_GBS, 32}, {LONG_GBS, LONG}};
+        double t[4]; /* runs: gbs, cached tokens */
+        for (int i = 0; i < 4; i++) {
             gb.batch = runs[i][0], gb.len = runs[i][1], gb.n_new = 1;
             size_t seq = row * (size_t)(runs[i][1] + 1);
             for (int b = 0; b < gb.batch; b++)
                 gb.k[b] = cache + 2 * b * seq, gb.v[b] = cache + (2 * b + 1) * seq, gb.pad[b] = 0;
-            t[i] = best_time(time_layer, &ctx);
+            t[i] = typical_time(time_layer, &ctx);
         }
         double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
         double fixed = fmax(t[0] - runs[0][0] * per_seq, 0.01 * t[0]);
         hw->mm_flops_g = mm_token / per_seq;
         hw->mem_bdw = working / fixed;
-        double att = fmax(t[2] - fixed - runs[2][0] * per_seq, 0.01 * t[2]);
-        hw->bmm_flops_g = 4.0 * runs[2][0] * runs[2][1] * h / att;
+        double att = fmax(t[3] - t[2], 0.01 * t[3]);
+        hw->bmm_flops_g = 4.0 * LONG_GBS * (runs[3][1] - runs[2][1]) * h / att;
         profile_step(verbose, "matrix products and attention, prefill");
         const double lens[2] = {256, LONG};
         double tp[2];
         for (int i = 0; i < 2; i++) {
             gb.batch = 1, gb.len = 0, gb.n_new = (int)lens[i];
-            tp[i] = best_time(time_layer, &ctx);
+            tp[i] = typical_time(time_layer, &ctx);
         }
         /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */
         double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]), 0.01 * tp[1] / (lens[1] * lens[1]));
@@ -1726,7 +1737,7 @@ int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err)
     if (check_dir("--offload-dir", offload_dir, err)) return -1;
     profile_step(verbose, "cpu -> gpu and gpu -> cpu copies, 4-bit decompression");
     if (profile_copies(be, hw, err)) return -1;
-    profile_step(verbose, "disk write and read in the offload dir (512 MiB)");
+    profile_step(verbose, "disk write and read in the offload dir (1 GiB)");
     if (profile_disk(offload_dir, hw, err)) return -1;
     return profile_compute(be, hw, verbose, err);
 }
@@ -2259,7 +2270,7 @@ static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     default_hw_path(path, sizeof path);
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
-    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 20 s), "
+    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 15 s), "
                     "saved to %s\n", path);
     if (fg_profile(offload, hw, 1, err)) return -1;
     default_weight_dir(dir, sizeof dir);
@@ -2346,7 +2357,16 @@ out:
 static int policy_command(cli_args *a, char *err) {
     opt_config cfg;
     fg_search_result r;
-    if (model_config(a->model, &cfg, err) || search_policy(a, &cfg, 0, 0, &r, err)) return -1;
+    fg_tokenizer *tok = NULL;
+    prompt_set prompts = {0};
+    int max_prompt = 0, rc = model_config(a->model, &cfg, err);
+    if (rc == 0) rc = open_tokenizer(a, &tok, err);
+    if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
+    for (int i = 0; i < prompts.n; i++) max_prompt = prompts.lens[i] > max_prompt ? prompts.lens[i] : max_prompt;
+    if (rc == 0) rc = search_policy(a, &cfg, prompts.n, max_prompt, &r, err);
+    prompts_free(&prompts);
+    if (tok) tokenizer_free(tok);
+    if (rc) return -1;
     const fg_policy *p = &r.policy;
     if (a->json) {
         cJSON *o = cJSON_CreateObject();

@@ -7,7 +7,8 @@
  *   quant.c      4-bit group-wise compression, top-K selection for sparse attention (§5)
  *   flexgen.c    the runtime: blocks of GPU batches walked in the order of Fig. 4, the report,
  *                the CLI (§4.1)
- *   lp.c         a dense two-phase simplex for the small LPs of the policy search (§4.3, A.3)
+ *   lp.c         the cost model, peak memory, a dense two-phase simplex and the policy search
+ *                (§4.3, A.3)
  *
  * Conventions: functions that can fail on bad input return 0 on success and -1 on failure, after
  * writing one line (no newline) into `err`, a buffer of FG_ERR_LEN bytes that names the file,
@@ -458,7 +459,7 @@ typedef struct {
 } fg_hardware;
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
 int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
-/* Measures this machine's constants on the runtime's own paths (flexgen.c), with a 512 MiB file
+/* Measures this machine's constants on the runtime's own paths (flexgen.c), with a 1 GiB file
  * in offload_dir for the disk; progress on stderr when verbose. */
 int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err);
 

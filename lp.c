@@ -1,5 +1,8 @@
-/* lp.c: a dense two-phase simplex for the small linear programs of the policy search (paper §4.3,
- * "Policy Search", and Appendix A.3, "Cost Model").
+/* lp.c: the policy search of the paper's §4.3 ("Policy Search") and what it stands on, in order:
+ *   lp_solve                a dense two-phase simplex for its small linear programs (this comment)
+ *   fg_cost_model_build     the latency terms of Appendix A.3 ("Cost Model"), linear in placement
+ *   fg_memory_model_build   each tier's peak bytes, in the runtime's own accounting
+ *   fg_policy_search        the LP of each block shape, rounded, checked, the best kept
  *
  * §4.3 enumerates the block shape (bls, gbs) and, for each, finds the placement
  * p = (wg, wc, wn, cg, cc, cn, hg, hc, hn) by linear programming, Eq. (1): minimize T / bls such
@@ -544,8 +547,9 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
  *                l T_pre + l (n - 1) T_gen + n head <= max_latency          (when asked)
  * over x (9 fractions) and T_pre, T_gen. Its optimum is rounded to integer percentages, the
  * runtime realizes those at tensor and row granularity, and that realized placement is what
- * is checked and evaluated. The shapes' LP optima are tried best first; a shape whose rounded
- * plan does not fit is retried with a GPU batch one smaller.
+ * is checked and evaluated. The shapes' LP optima are tried best first (equal ones: the smaller
+ * block first); a rounded plan that does not fit first has its weight percentages stepped down
+ * to what the LP asked for (snap_weights), then is retried with a GPU batch one smaller.
  * ============================================================================================ */
 
 enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
@@ -614,12 +618,17 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     }
     double c[N_VARS] = {0}, x[N_VARS], z;
     c[V_PRE] = l / bls, c[V_GEN] = l * (n - 1) / bls;
+    /* Among placements of equal T (a term that does not bound T is free), prefer the faster
+     * tiers: the model leaves out what each small transfer costs. The nudge is 1e-4 of the
+     * compute time per tier step, and is not part of the objective reported. */
+    double nudge = 1e-4 * (c[V_PRE] * cm.pre[T_COMP].constant + c[V_GEN] * cm.gen[T_COMP].constant);
+    for (int k = 0; k < 3; k++) c[3 * k + 1] = nudge, c[3 * k + 2] = 2 * nudge;
     lp_problem p = {N_VARS, r.n, c, &r.A[0][0], r.sense, r.b};
     lp_status status;
     S->lps++;
     if (lp_solve(&p, &status, x, &z, err)) return -1;
     if (status != LP_OPTIMAL) return 0;
-    cd->objective = z + n * cm.head / bls;
+    cd->objective = c[V_PRE] * x[V_PRE] + c[V_GEN] * x[V_GEN] + n * cm.head / bls;
     memcpy(cd->x, x, sizeof cd->x);
     return 1;
 }
@@ -642,38 +651,77 @@ static fg_policy policy_of(const search *S, const candidate *cd) {
     return p;
 }
 
-/* Does policy p fit? On this machine the runtime's plan check says, and x becomes the placement
- * it realizes; for another machine, the memory model at the rounded percentages. */
-static int plan_fits(search *S, const fg_policy *p, int staged, double x[N_X]) {
-    char err[FG_ERR_LEN];
-    int bls = p->gpu_batch_size * p->num_gpu_batches;
-    S->checks++;
-    if (S->req->verify) {
-        fg_policy q = *p;
-        q.overlap = q.trace = q.verbose = 0;
-        fg_runtime *rt;
-        fg_model *m = NULL;
-        if (fg_runtime_open(&q, &rt, err)) return 0;
-        int rc = fg_model_open_dummy(rt, S->cfg, S->req->seed, &m, err);
-        if (rc == 0) rc = fg_check_plan(m, bls, S->req->s, S->req->n, err);
-        if (rc == 0) fg_plan_placement(m, bls, x);
-        fg_model_close(m);
-        fg_runtime_close(rt);
-        return rc == 0;
+/* This runtime's verdict on policy p (no I/O threads; dummy weights of the model's shape, only
+ * placed): with bls > 0 its plan check for a block of bls sequences (unless check is 0), and the
+ * placement that realizes (x, if not NULL); the capacities it has (st, if not NULL). */
+static int runtime_check(const search *S, const fg_policy *p, int bls, int check, double x[N_X],
+                         fg_stats *st, char *err) {
+    fg_policy q = *p;
+    q.overlap = q.trace = q.verbose = 0;
+    fg_runtime *rt;
+    fg_model *m = NULL;
+    if (fg_runtime_open(&q, &rt, err)) return -1;
+    int rc = fg_model_open_dummy(rt, S->cfg, S->req->seed, &m, err);
+    if (rc == 0 && bls > 0 && check) rc = fg_check_plan(m, bls, S->req->s, S->req->n, err);
+    if (rc == 0 && x) fg_plan_placement(m, bls, x);
+    if (st) fg_runtime_stats(rt, st);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    return rc;
+}
+
+static void percent_fractions(const int percent[6], double x[N_X]) {
+    for (int k = 0; k < 3; k++) {
+        x[3 * k] = percent[2 * k] / 100.0, x[3 * k + 1] = percent[2 * k + 1] / 100.0;
+        x[3 * k + 2] = 1 - x[3 * k] - x[3 * k + 1];
     }
-    for (int k = 0; k < 6; k++) x[k / 2 * 3 + k % 2] = p->percent[k] / 100.0;
-    for (int k = 0; k < 3; k++) x[3 * k + 2] = 1 - x[3 * k] - x[3 * k + 1];
+}
+
+/* For another machine: the first tier whose memory model exceeds its capacity at the rounded
+ * percentages (N_TIERS: the host's memory), or -1; *need its bytes. */
+static int tier_over(const search *S, const fg_policy *p, int staged, double x[N_X], double *need) {
+    percent_fractions(p->percent, x);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
     fg_memory_model_build(S->cfg, &w, S->hw, staged || x[X_WG] < 1, &mm);
     for (int t = 0; t < N_TIERS; t++)
-        if (fg_linear_eval(&mm.tier[t], x) > S->capacity[t]) return 0;
-    return !(S->host_memory > 0 && fg_linear_eval(&mm.host, x) > S->host_memory);
+        if ((*need = fg_linear_eval(&mm.tier[t], x)) > S->capacity[t]) return t;
+    if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory) return N_TIERS;
+    return -1;
+}
+
+/* Does policy p fit? On this machine the runtime's plan check says, and x becomes the placement
+ * it realizes; for another machine, the memory model at the rounded percentages. */
+static int plan_fits(search *S, const fg_policy *p, int staged, double x[N_X]) {
+    char err[FG_ERR_LEN];
+    double need;
+    S->checks++;
+    if (S->req->verify)
+        return runtime_check(S, p, p->gpu_batch_size * p->num_gpu_batches, 1, x, NULL, err) == 0;
+    return tier_over(S, p, staged, x, &need) < 0;
+}
+
+/* Best objective first; among equal ones (to 1e-6: a compute-bound block gains nothing from
+ * growing) the smaller block, whose latency and memory are less. */
+static int same_cost(double a, double b) { return isfinite(a) && isfinite(b) && fabs(a - b) <= 1e-6 * fmax(a, b); }
+/* The runtime places whole tensors, each on the tier where its midpoint falls, so a weight
+ * percentage can realize up to half a tensor more than asked on the gpu or cpu tier (a third of
+ * a decoder layer, for fc1). When the rounded plan does not fit, its gpu, then cpu, percentage
+ * steps down until the realized fraction is no more than the LP's. */
+static void snap_weights(search *S, fg_policy *p, const double lp_x[N_X]) {
+    char err[FG_ERR_LEN];
+    double x[N_X];
+    int bls = p->gpu_batch_size * p->num_gpu_batches;
+    for (int t = 0; t < 2; t++)
+        while (p->percent[t] > 0 && runtime_check(S, p, bls, 0, x, NULL, err) == 0 &&
+               x[X_WG + t] > lp_x[X_WG + t] + 1e-9)
+            p->percent[t]--;
 }
 
 static int by_objective(const void *a, const void *b) {
-    double d = ((const candidate *)a)->objective - ((const candidate *)b)->objective;
-    return d < 0 ? -1 : d > 0;
+    const candidate *x = a, *y = b;
+    if (!same_cost(x->objective, y->objective)) return x->objective < y->objective ? -1 : 1;
+    return x->gbs * x->ngb - y->gbs * y->ngb;
 }
 
 /* GPU batch sizes tried: 1, 2, 4, 8, then steps of a quarter of the power of two below
@@ -733,21 +781,10 @@ static int explain_nothing_fits(search *S, char *err) {
     fg_policy p = *S->base;
     p.gpu_batch_size = p.num_gpu_batches = 1;
     memset(p.percent, 0, sizeof p.percent);
-    if (S->req->verify) {
-        fg_policy q = p;
-        q.overlap = q.trace = q.verbose = 0;
-        fg_runtime *rt;
-        fg_model *m = NULL;
-        char why[FG_ERR_LEN] = "";
-        if (fg_runtime_open(&q, &rt, why) == 0) {
-            if (fg_model_open_dummy(rt, S->cfg, S->req->seed, &m, why) == 0)
-                fg_check_plan(m, 1, S->req->s, S->req->n, why);
-            fg_model_close(m);
-            fg_runtime_close(rt);
-        }
-        if (why[0]) return fg_fail(err, "no policy fits %s: even one sequence with everything off the gpu tier: %s",
-                                   S->cfg->name, why);
-    }
+    char why[FG_ERR_LEN] = "";
+    if (S->req->verify && runtime_check(S, &p, 1, 1, NULL, NULL, why))
+        return fg_fail(err, "no policy fits %s: even one sequence with everything off the gpu tier: %s",
+                       S->cfg->name, why);
     return fg_fail(err, "no policy fits %s in --gpu-mem, --cpu-mem and --disk-mem (prompt %d + %d tokens)",
                    S->cfg->name, S->req->s, S->req->n);
 }
@@ -765,16 +802,8 @@ static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw, 
         memcpy(S->capacity, base->capacity, sizeof S->capacity);
         return 0;
     }
-    fg_policy q = *base;
-    q.overlap = q.trace = q.verbose = 0;
-    fg_runtime *rt;
-    fg_model *m = NULL;
-    if (fg_runtime_open(&q, &rt, err)) return -1;
-    int rc = fg_model_open_dummy(rt, cfg, req->seed, &m, err);
-    fg_stats st;
-    fg_runtime_stats(rt, &st);
-    fg_model_close(m);
-    fg_runtime_close(rt);
+    fg_stats st = {0};
+    int rc = runtime_check(S, base, 0, 0, NULL, &st, err);
     memcpy(S->capacity, st.capacity, sizeof S->capacity);
     S->host_memory = hw->gpu_is_host ? st.host_memory : 0;
     return rc;
@@ -800,20 +829,14 @@ int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_po
     memset(out, 0, sizeof *out);
     if (search_init(&S, cfg, hw, p, req, err)) return -1;
     if (evaluate(&S, p, p->compress_weight || p->percent[0] < 100, out)) return 0;
-    if (!req->verify) return fg_fail(err, "the policy does not fit --gpu-mem, --cpu-mem and --disk-mem");
-    /* the plan check's own words */
-    fg_policy q = *p;
-    q.overlap = q.trace = q.verbose = 0;
-    fg_runtime *rt;
-    fg_model *m = NULL;
-    int rc = fg_runtime_open(&q, &rt, err);
-    if (rc == 0) {
-        rc = fg_model_open_dummy(rt, cfg, req->seed, &m, err);
-        if (rc == 0) rc = fg_check_plan(m, p->gpu_batch_size * p->num_gpu_batches, req->s, req->n, err);
-        fg_model_close(m);
-        fg_runtime_close(rt);
-    }
-    return rc ? -1 : fg_fail(err, "the policy does not fit");
+    if (req->verify) return runtime_check(&S, p, p->gpu_batch_size * p->num_gpu_batches, 1, NULL, NULL, err);
+    static const char *const flags[N_TIERS + 1] = {"--gpu-mem", "--cpu-mem", "--disk-mem", "memory"};
+    double x[N_X], need;
+    int t = tier_over(&S, p, p->compress_weight || p->percent[0] < 100, x, &need);
+    if (t < 0) return fg_fail(err, "the policy does not fit"); /* not reached: evaluate() fit it */
+    return fg_fail(err, "%s tier: the memory model needs %.2f GiB, %s gives %.2f GiB",
+                   t < N_TIERS ? fg_tier_names[t] : "host", need / (1 << 30), flags[t],
+                   (t < N_TIERS ? S.capacity[t] : S.host_memory) / (1 << 30));
 }
 
 int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
@@ -827,17 +850,22 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
     if (enumerate(&S, &all, &n, err)) return -1;
     qsort(all, (size_t)n, sizeof *all, by_objective);
     double best = INFINITY;
-    for (int i = 0; i < n && all[i].objective < best; i++) {
+    for (int i = 0; i < n && all[i].objective < best && !same_cost(all[i].objective, best); i++) {
         candidate cd = all[i];
         for (int shrink = 0; shrink < MAX_SHRINK && cd.gbs >= 1; shrink++, cd.gbs--) {
             int rc = shrink ? solve_shape(&S, &cd, err) : 1;
             if (rc < 0) { free(all); return -1; }
             fg_search_result r;
             fg_policy p = policy_of(&S, &cd);
-            if (rc == 0 || !evaluate(&S, &p, cd.staged, &r)) continue;
+            if (rc == 0) continue;
+            if (!evaluate(&S, &p, cd.staged, &r)) {
+                if (!req->verify) continue;
+                snap_weights(&S, &p, cd.x);
+                if (!evaluate(&S, &p, cd.staged, &r)) continue;
+            }
             if (req->max_latency > 0 && r.block_latency > req->max_latency) continue;
             double per_seq = r.block_latency / (cd.gbs * cd.ngb);
-            if (per_seq < best) best = per_seq, *out = r;
+            if (per_seq < best && !same_cost(per_seq, best)) best = per_seq, *out = r;
             break;
         }
     }
