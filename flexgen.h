@@ -496,11 +496,18 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
 /* Peak bytes of each tier, linear in the placement, as the runtime accounts them (fg_check_plan):
  * homes of weights, KV cache and activations; on the gpu tier the staging buffers, workspace and
  * logits; on the cpu tier the disk pages in flight; `host` is gpu + cpu when the gpu tier is host
- * memory. weights_staged: some weights pass through the staging arenas (not all on the gpu tier,
- * or compressed), a step the LP cannot express, so the search solves both cases. */
+ * memory. Where the weights may go changes constants that are not linear in x (staging arenas
+ * exist once any weight is staged; two whole layers are in flight once any is read from disk), so
+ * the search solves each case (weights) on its own:
+ *   FG_W_GPU      every weight on the gpu tier, uncompressed: no staging
+ *   FG_W_MEMORY   gpu and cpu tiers (or compressed): staging, nothing read from disk
+ *   FG_W_DISK     any tier: staging, and the largest layer twice in flight on the cpu tier */
+enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
 typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
 void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
-                           int weights_staged, fg_memory_model *mm);
+                           int weights, fg_memory_model *mm);
+/* The case a placement x is in. */
+int fg_weights_case(const double x[N_X], int compress_weight);
 
 /* The placement a plan of n_prompts sequences realizes (tensor and row granularity), as the cost
  * model's fractions x[N_X]: weights by stored bytes, KV cache and activations by rows of a GPU

@@ -502,8 +502,13 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
 /* Adds bytes to tier term f: its constant (k < 0) or the coefficient of x_k. */
 static void add_bytes(fg_linear *f, int k, double bytes) { add(f, k, bytes, 1); }
 
+int fg_weights_case(const double x[N_X], int compress_weight) {
+    if (x[X_WN] > 0) return FG_W_DISK;
+    return x[X_WG] < 1 || compress_weight ? FG_W_MEMORY : FG_W_GPU;
+}
+
 void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
-                           int weights_staged, fg_memory_model *mm) {
+                           int weights, fg_memory_model *mm) {
     double h = c->hidden, f = c->ffn, s = w->s, len = w->s + w->n;
     double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
@@ -522,12 +527,12 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
         add_bytes(&mm->tier[t], X_CG + t, cache);
         add_bytes(&mm->tier[t], X_HG + t, act);
     }
-    if (weights_staged) add_bytes(gpu, -1, 2 * (hw->gpu_is_host ? 4 : 2) * layer);
+    if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * (hw->gpu_is_host ? 4 : 2) * layer);
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 8 * gbs * s * h);                         /* activation staging */
     add_bytes(gpu, -1, (double)opt_workspace_bytes(c, (size_t)(gbs * s), (int)len));
     add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
-    add_bytes(cpu, X_WN, 2 * 2 * layer * q4);                    /* two layers read ahead */
+    if (weights == FG_W_DISK) add_bytes(cpu, -1, 2 * 2 * layer * q4); /* two layers read ahead */
     add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len), add_bytes(cpu, X_HN, 2 * 4 * gbs * s * h);
     add_bytes(cpu, -1, 4 * 4096.0);
     if (hw->gpu_is_host)
@@ -545,7 +550,8 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
  *                wg + wc + wn = 1, cg + cc + cn = 1, hg + hc + hn = 1
  *                peak bytes of each tier (and of host memory) <= its capacity
  *                l T_pre + l (n - 1) T_gen + n head <= max_latency          (when asked)
- * over x (9 fractions) and T_pre, T_gen. Its optimum is rounded to integer percentages, the
+ * over x (9 fractions) and T_pre, T_gen, once for each case of where the weights may go
+ * (FG_W_GPU: wg = 1, FG_W_MEMORY: wn = 0, FG_W_DISK: anywhere). Its optimum is rounded to integer percentages, the
  * runtime realizes those at tensor and row granularity, and that realized placement is what
  * is checked and evaluated. The shapes' LP optima are tried best first (equal ones: the smaller
  * block first); a rounded plan that does not fit first has its weight percentages stepped down
@@ -555,7 +561,7 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
 enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
 
 typedef struct {
-    int gbs, ngb, cpu_cache_compute, staged;
+    int gbs, ngb, cpu_cache_compute, weights; /* weights: FG_W_GPU, _MEMORY or _DISK */
     double objective;   /* the LP's T / bls */
     double x[N_X];
 } candidate;
@@ -601,7 +607,7 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     fg_cost_model cm;
     fg_memory_model mm;
     fg_cost_model_build(S->cfg, &w, S->hw, &cm);
-    fg_memory_model_build(S->cfg, &w, S->hw, cd->staged, &mm);
+    fg_memory_model_build(S->cfg, &w, S->hw, cd->weights, &mm);
     double l = S->cfg->n_layers, n = w.n, bls = (double)w.gbs * w.ngb;
     lp_rows r = {.n = 0};
     for (int i = 0; i < N_TERMS; i++) row_le(&r, &cm.pre[i], V_PRE, 0), row_le(&r, &cm.gen[i], V_GEN, 0);
@@ -611,7 +617,8 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     }
     for (int t = 0; t < N_TIERS; t++) row_le(&r, &mm.tier[t], -1, S->capacity[t]);
     if (S->host_memory > 0) row_le(&r, &mm.host, -1, S->host_memory);
-    if (!cd->staged) row_add(&r, LP_EQ, 1)[X_WG] = 1;
+    if (cd->weights == FG_W_GPU) row_add(&r, LP_EQ, 1)[X_WG] = 1;
+    if (cd->weights == FG_W_MEMORY) row_add(&r, LP_EQ, 0)[X_WN] = 1;
     if (S->req->max_latency > 0) {
         double *a = row_add(&r, LP_LE, S->req->max_latency - n * cm.head);
         a[V_PRE] = l, a[V_GEN] = l * (n - 1);
@@ -679,11 +686,11 @@ static void percent_fractions(const int percent[6], double x[N_X]) {
 
 /* For another machine: the first tier whose memory model exceeds its capacity at the rounded
  * percentages (N_TIERS: the host's memory), or -1; *need its bytes. */
-static int tier_over(const search *S, const fg_policy *p, int staged, double x[N_X], double *need) {
+static int tier_over(const search *S, const fg_policy *p, double x[N_X], double *need) {
     percent_fractions(p->percent, x);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
-    fg_memory_model_build(S->cfg, &w, S->hw, staged || x[X_WG] < 1, &mm);
+    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x, p->compress_weight), &mm);
     for (int t = 0; t < N_TIERS; t++)
         if ((*need = fg_linear_eval(&mm.tier[t], x)) > S->capacity[t]) return t;
     if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory) return N_TIERS;
@@ -692,13 +699,13 @@ static int tier_over(const search *S, const fg_policy *p, int staged, double x[N
 
 /* Does policy p fit? On this machine the runtime's plan check says, and x becomes the placement
  * it realizes; for another machine, the memory model at the rounded percentages. */
-static int plan_fits(search *S, const fg_policy *p, int staged, double x[N_X]) {
+static int plan_fits(search *S, const fg_policy *p, double x[N_X]) {
     char err[FG_ERR_LEN];
     double need;
     S->checks++;
     if (S->req->verify)
         return runtime_check(S, p, p->gpu_batch_size * p->num_gpu_batches, 1, x, NULL, err) == 0;
-    return tier_over(S, p, staged, x, &need) < 0;
+    return tier_over(S, p, x, &need) < 0;
 }
 
 /* Best objective first; among equal ones (to 1e-6: a compute-bound block gains nothing from
@@ -750,9 +757,9 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
         int any = 0;
         for (int ngb = 1; ngb <= MAX_NGB && gbs * ngb <= max_block; ngb++) {
             int fits = 0;
-            for (int v = 0; v < 4; v++) {
-                candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .staged = v >> 1};
-                if (!cd.staged && S->base->compress_weight) continue; /* 4-bit weights are staged */
+            for (int v = 0; v < 2 * FG_W_CASES; v++) {
+                candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
+                if (cd.weights == FG_W_GPU && S->base->compress_weight) continue; /* 4-bit: staged */
                 int rc = solve_shape(S, &cd, err);
                 if (rc < 0) { free(all); return -1; }
                 if (rc == 0) continue;
@@ -810,9 +817,9 @@ static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw, 
 }
 
 /* Policy p's prediction at the placement it realizes, into *out; 0 when it does not fit. */
-static int evaluate(search *S, const fg_policy *p, int staged, fg_search_result *out) {
+static int evaluate(search *S, const fg_policy *p, fg_search_result *out) {
     double x[N_X];
-    if (!plan_fits(S, p, staged, x)) return 0;
+    if (!plan_fits(S, p, x)) return 0;
     out->policy = *p;
     memcpy(out->x, x, sizeof out->x);
     out->workload = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
@@ -828,11 +835,11 @@ int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_po
     search S;
     memset(out, 0, sizeof *out);
     if (search_init(&S, cfg, hw, p, req, err)) return -1;
-    if (evaluate(&S, p, p->compress_weight || p->percent[0] < 100, out)) return 0;
+    if (evaluate(&S, p, out)) return 0;
     if (req->verify) return runtime_check(&S, p, p->gpu_batch_size * p->num_gpu_batches, 1, NULL, NULL, err);
     static const char *const flags[N_TIERS + 1] = {"--gpu-mem", "--cpu-mem", "--disk-mem", "memory"};
     double x[N_X], need;
-    int t = tier_over(&S, p, p->compress_weight || p->percent[0] < 100, x, &need);
+    int t = tier_over(&S, p, x, &need);
     if (t < 0) return fg_fail(err, "the policy does not fit"); /* not reached: evaluate() fit it */
     return fg_fail(err, "%s tier: the memory model needs %.2f GiB, %s gives %.2f GiB",
                    t < N_TIERS ? fg_tier_names[t] : "host", need / (1 << 30), flags[t],
@@ -858,10 +865,10 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
             fg_search_result r;
             fg_policy p = policy_of(&S, &cd);
             if (rc == 0) continue;
-            if (!evaluate(&S, &p, cd.staged, &r)) {
+            if (!evaluate(&S, &p, &r)) {
                 if (!req->verify) continue;
                 snap_weights(&S, &p, cd.x);
-                if (!evaluate(&S, &p, cd.staged, &r)) continue;
+                if (!evaluate(&S, &p, &r)) continue;
             }
             if (req->max_latency > 0 && r.block_latency > req->max_latency) continue;
             double per_seq = r.block_latency / (cd.gbs * cd.ngb);

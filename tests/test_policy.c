@@ -125,6 +125,32 @@ static void test_search_beats_hand_grid(void) {
     }
 }
 
+/* opt-1.3b's shapes, 32 sequences, capacities where whole tensors overshoot the LP's fractions
+ * (a weight percentage realizes up to half a tensor more) and the embedding, a whole layer, is
+ * in flight from disk: the search still finds a policy, and it passes the plan check. (Nothing
+ * is allocated: the plan is checked, about 2.5 GB of it against this machine's free memory.) */
+static void test_search_tensor_granularity(void) {
+    opt_config cfg;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_config_by_name("opt-1.3b", &cfg, err), 0);
+    static const double caps[][2] = {{1.5, 1}, {2, 0.5}, {1, 1}};
+    for (int i = 0; i < 3; i++) {
+        fg_policy base = base_policy(caps[i][0] * 1024 * MiB, caps[i][1] * 1024 * MiB, 100.0 * 1024 * MiB, 0);
+        fg_search_request req = {.s = 16, .n = 4, .verify = 1, .max_block = 32};
+        fg_search_result r;
+        int rc = fg_policy_search(&cfg, &HW, &base, &req, &r, err);
+        CU_ASSERT_EQUAL(rc, 0);
+        if (rc) { fprintf(stderr, "\n    gpu %g GiB, cpu %g GiB: %s\n", caps[i][0], caps[i][1], err); continue; }
+        fg_runtime *rt;
+        fg_model *m = NULL;
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&r.policy, &rt, err), 0);
+        CU_ASSERT_EQUAL(fg_model_open_dummy(rt, &cfg, 0, &m, err), 0);
+        CU_ASSERT_EQUAL(fg_check_plan(m, 32, 16, 4, err), 0);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+}
+
 static void test_latency_bound(void) {
     char err[FG_ERR_LEN];
     fg_policy base = base_policy(16 * MiB, 8 * MiB, 1024 * MiB, 0);
@@ -170,7 +196,7 @@ static void test_search_for_gpu(void) {
     fg_search_result r;
     CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), 0);
     fg_memory_model mm;
-    fg_memory_model_build(&CFG, &r.workload, &gpu, r.x[X_WG] < 1, &mm);
+    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x, 0), &mm);
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
 }
 
@@ -178,6 +204,7 @@ void add_policy_tests(void) {
     CU_pSuite s = CU_add_suite("policy search (section 4.3)", policy_init, policy_clean);
     CU_add_test(s, "every policy found passes the runtime's plan check", test_search_passes_plan_check);
     CU_add_test(s, "the search is no worse than a hand grid", test_search_beats_hand_grid);
+    CU_add_test(s, "tensors larger than the LP's fractions still give a policy", test_search_tensor_granularity);
     CU_add_test(s, "--max-latency bounds the block latency", test_latency_bound);
     CU_add_test(s, "nothing fits: one line naming the tier", test_nothing_fits);
     CU_add_test(s, "planning for a GPU machine fits its memory model", test_search_for_gpu);
