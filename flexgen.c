@@ -2258,25 +2258,32 @@ static int model_config(const char *model, opt_config *cfg, char *err) {
     return 0;
 }
 
-static void default_hw_path(char *out, size_t n) {
+/* The default hardware file, ~/.cache/flexgen/hardware.json, its directory made if need be. */
+static int default_hw_file(char *path, size_t n, char *err) {
     char dir[4096];
     default_weight_dir(dir, sizeof dir);
-    snprintf(out, n, "%s/hardware.json", dir);
+    if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
+    snprintf(path, n, "%s/hardware.json", dir);
+    return 0;
 }
 
 /* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
 static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     if (a->hw) return fg_hardware_read(a->hw, hw, err);
-    char path[4200], dir[4096];
-    default_hw_path(path, sizeof path);
+    char path[4200];
+    if (default_hw_file(path, sizeof path, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 15 s), "
                     "saved to %s\n", path);
     if (fg_profile(offload, hw, 1, err)) return -1;
-    default_weight_dir(dir, sizeof dir);
-    if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
     return fg_hardware_write(path, hw, err);
+}
+
+static int longest_prompt(const prompt_set *p) {
+    int longest = 0;
+    for (int i = 0; i < p->n; i++) longest = p->lens[i] > longest ? p->lens[i] : longest;
+    return longest;
 }
 
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
@@ -2312,7 +2319,7 @@ static int run(cli_args *a, char *err) {
     if (model_config(a->model, &model_cfg, err) || open_tokenizer(a, &tok, err) ||
         gather_prompts(a, tok, model_cfg.vocab, &p, err))
         goto out;
-    for (int i = 0; i < p.n; i++) max_prompt = p.lens[i] > max_prompt ? p.lens[i] : max_prompt;
+    max_prompt = longest_prompt(&p);
     if (a->auto_policy) {
         fg_search_result res;
         if (search_policy(a, &model_cfg, p.n, max_prompt, &res, err)) goto out;
@@ -2324,7 +2331,7 @@ static int run(cli_args *a, char *err) {
         }
     }
     if (p.n == 0 && synthetic_prompts(&p, a, model_cfg.vocab, err)) goto out;
-    for (int i = 0; i < p.n; i++) max_prompt = p.lens[i] > max_prompt ? p.lens[i] : max_prompt;
+    max_prompt = longest_prompt(&p);
     if (fg_runtime_open(&a->policy, &rt, err) || fg_model_open(rt, a->model, a->gen.seed, &m, err))
         goto out;
     const opt_config *cfg = fg_model_config(m);
@@ -2360,11 +2367,10 @@ static int policy_command(cli_args *a, char *err) {
     fg_search_result r;
     fg_tokenizer *tok = NULL;
     prompt_set prompts = {0};
-    int max_prompt = 0, rc = model_config(a->model, &cfg, err);
+    int rc = model_config(a->model, &cfg, err);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
-    for (int i = 0; i < prompts.n; i++) max_prompt = prompts.lens[i] > max_prompt ? prompts.lens[i] : max_prompt;
-    if (rc == 0) rc = search_policy(a, &cfg, prompts.n, max_prompt, &r, err);
+    if (rc == 0) rc = search_policy(a, &cfg, prompts.n, longest_prompt(&prompts), &r, err);
     prompts_free(&prompts);
     if (tok) tokenizer_free(tok);
     if (rc) return -1;
@@ -2425,10 +2431,7 @@ static int profile_command(int argc, char **argv, char *err) {
         else return fg_fail(err, "%s: unknown option for profile", argv[i]);
     }
     if (!out) {
-        char wdir[4096];
-        default_weight_dir(wdir, sizeof wdir);
-        if (mkdir_p(wdir)) return fg_fail(err, "%s: cannot create: %s", wdir, strerror(errno));
-        default_hw_path(path, sizeof path);
+        if (default_hw_file(path, sizeof path, err)) return -1;
         out = path;
     }
     char parent[4200];

@@ -34,17 +34,18 @@ static fg_policy base_policy(double gpu, double cpu, double disk, int compress) 
     return p;
 }
 
-/* The runtime's plan check of p for a block of bls sequences, and the placement it realizes. */
-static int plan_check(const fg_policy *p, int s, int n, double x[N_X], char *err) {
+/* The runtime's plan check of p (model cfg) for its block, and the placement it realizes (x, if
+ * not NULL). */
+static int plan_check(const opt_config *cfg, const fg_policy *p, int s, int n, double x[N_X], char *err) {
     fg_runtime *rt;
     fg_model *m = NULL;
     fg_policy q = *p;
     q.overlap = 0;
     int bls = p->gpu_batch_size * p->num_gpu_batches;
     if (fg_runtime_open(&q, &rt, err)) return -1;
-    int rc = fg_model_open_dummy(rt, &CFG, 0, &m, err);
+    int rc = fg_model_open_dummy(rt, cfg, 0, &m, err);
     if (rc == 0) rc = fg_check_plan(m, bls, s, n, err);
-    if (rc == 0) fg_plan_placement(m, bls, x);
+    if (rc == 0 && x) fg_plan_placement(m, bls, x);
     fg_model_close(m);
     fg_runtime_close(rt);
     return rc;
@@ -72,7 +73,7 @@ static void test_search_passes_plan_check(void) {
                 CU_ASSERT_EQUAL(rc, 0);
                 if (rc) { fprintf(stderr, "\n    budget %d: %s\n", b, err); continue; }
                 double x[N_X];
-                rc = plan_check(&r.policy, req.s, req.n, x, err);
+                rc = plan_check(&CFG, &r.policy, req.s, req.n, x, err);
                 CU_ASSERT_EQUAL(rc, 0);
                 if (rc) fprintf(stderr, "\n    budget %d compress %d: %s\n", b, compress, err);
                 for (int k = 0; rc == 0 && k < N_X; k++) CU_ASSERT_DOUBLE_EQUAL(x[k], r.x[k], 1e-12);
@@ -141,13 +142,7 @@ static void test_search_tensor_granularity(void) {
         int rc = fg_policy_search(&cfg, &HW, &base, &req, &r, err);
         CU_ASSERT_EQUAL(rc, 0);
         if (rc) { fprintf(stderr, "\n    gpu %g GiB, cpu %g GiB: %s\n", caps[i][0], caps[i][1], err); continue; }
-        fg_runtime *rt;
-        fg_model *m = NULL;
-        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&r.policy, &rt, err), 0);
-        CU_ASSERT_EQUAL(fg_model_open_dummy(rt, &cfg, 0, &m, err), 0);
-        CU_ASSERT_EQUAL(fg_check_plan(m, 32, 16, 4, err), 0);
-        fg_model_close(m);
-        fg_runtime_close(rt);
+        CU_ASSERT_EQUAL(plan_check(&cfg, &r.policy, 16, 4, NULL, err), 0);
     }
 }
 
