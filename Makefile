@@ -1,5 +1,8 @@
-# FlexGen in C. `make` builds ./flexgen (CPU backend); `make test` runs the CUnit suites;
-# `make test-san` runs them again under AddressSanitizer and UndefinedBehaviorSanitizer.
+# FlexGen in C. `make` builds ./flexgen: the CPU backend, and the CUDA backend (flexgen.cu) too
+# wherever nvcc is found (NVCC=, or /usr/local/cuda/bin); the binary picks one at run time.
+# `make test` runs the CUnit suites (the GPU suite skips without a GPU); `make test-san` runs them
+# again under AddressSanitizer and UndefinedBehaviorSanitizer; `make test-gpu` runs the GPU suite
+# under compute-sanitizer.
 CC ?= gcc
 ARCH := $(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 # OpenBLAS's OpenMP build, so BLAS and our loops share one thread pool (DESIGN.md).
@@ -13,34 +16,59 @@ TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
 SRC := opt_model.c tokenizer.c quant.c flexgen.c lp.c
+CUDA_OBJ :=
+
+# CUDA: cuBLAS is the only GPU library. Code for T4 (sm_75), A100 (sm_80), RTX 30/40 (sm_86,
+# sm_89), H100 (sm_90), and PTX for newer GPUs.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCHS := -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
+              -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 \
+              -gencode arch=compute_90,code=[sm_90,compute_90]
+NVCCFLAGS ?= -O2
+NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+CUDA_OBJ := build/flexgen_cu.o
+CFLAGS += -DFLEXGEN_CUDA
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
 HDR := flexgen.h
 TEST_SRC := $(wildcard tests/*.c)
 
-.PHONY: all test test-san bench clean
+.PHONY: all test test-san test-gpu bench clean
 
 all: flexgen
 
-flexgen: $(SRC) $(HDR)
-	$(CC) $(CFLAGS) -o $@ $(SRC) $(LDLIBS)
+flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS)
 
-build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h
+build/flexgen_cu.o: flexgen.cu $(HDR)
 	@mkdir -p build
-	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(LDLIBS) $(TEST_LIBS)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ flexgen.cu
+
+build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
+	@mkdir -p build
+	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(CUDA_OBJ) $(LDLIBS) $(TEST_LIBS)
 
 test: flexgen build/test_flexgen
 	FLEXGEN_BIN=./flexgen ./build/test_flexgen
 
-build-san/flexgen: $(SRC) $(HDR)
+build-san/flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
 	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -o $@ $(SRC) $(LDLIBS)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS)
 
-build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h
+build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
 	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(LDLIBS) $(TEST_LIBS)
+	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(CUDA_OBJ) $(LDLIBS) $(TEST_LIBS)
 
 test-san: build-san/flexgen build-san/test_flexgen
 	FLEXGEN_BIN=./build-san/flexgen ASAN_OPTIONS=detect_leaks=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./build-san/test_flexgen
+
+# The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
+COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)
+test-gpu: build/test_flexgen
+	$(COMPUTE_SANITIZER) --tool memcheck --error-exitcode 1 ./build/test_flexgen gpu
 
 bench: flexgen
 	bash scripts/bench_cpu.sh

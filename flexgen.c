@@ -144,26 +144,32 @@ static void link_add(fg_runtime *rt, fg_link l, double bytes) {
     pthread_mutex_unlock(&rt->lock);
 }
 
-/* Memory of the gpu or cpu tier, zeroed. NULL (and err) when the tier or the machine is full. */
-static void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err) {
+/* Memory of the gpu or cpu tier, zeroed (cpu-tier weights pinned with --pin-weight, the rest of
+ * the cpu tier always: what moves over the cpu <-> gpu link). NULL (and err) when the tier or the
+ * machine is full. */
+static void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what,
+                               int pinned, char *err) {
     if (bytes == 0) bytes = 64;
     if (tier_take(rt, t, (double)bytes, what, err)) return NULL;
-    void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : rt->backend->host_alloc(bytes, pinned);
     if (!p) {
         tier_add(rt, t, -(double)bytes);
         fg_fail(err, "%s tier: out of memory allocating %s for %s", fg_tier_names[t],
                 human((double)bytes).s, what);
         return NULL;
     }
-    memset(p, 0, bytes);
     return p;
+}
+
+static void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err) {
+    return tier_alloc_pinned(rt, t, bytes, what, 1, err);
 }
 
 static void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes) {
     if (!p) return;
     if (bytes == 0) bytes = 64;
     if (t == TIER_GPU) rt->backend->free(p);
-    else free(p);
+    else rt->backend->host_free(p);
     tier_add(rt, t, -(double)bytes);
 }
 
@@ -379,8 +385,16 @@ static void io_stop(fg_runtime *rt) {
  * The runtime: capacities, I/O threads, the trace.
  * ============================================================================================ */
 
+#ifndef FLEXGEN_CUDA
+int fg_cuda_compiled(void) { return 0; }
+const fg_backend *fg_cuda_backend(char *err) {
+    fg_fail(err, "this flexgen was built without CUDA (no nvcc at build time)");
+    return NULL;
+}
+#endif
+
 fg_policy fg_default_policy(void) {
-    return (fg_policy){.gpu_batch_size = 16, .num_gpu_batches = 2,
+    return (fg_policy){.device = FG_DEVICE_CPU, .gpu_batch_size = 16, .num_gpu_batches = 2,
                        .percent = {100, 0, 100, 0, 100, 0}, .overlap = 1, .pin_weight = 1,
                        .attn_sparsity = 1};
 }
@@ -415,6 +429,19 @@ static void default_weight_dir(char *out, size_t n) {
     else snprintf(out, n, "%s/flexgen-weights", FG_DEFAULT_OFFLOAD_DIR);
 }
 
+/* The backend of a device: auto is CUDA when a GPU is there, else the CPU. NULL (and err) when
+ * cuda is asked for and there is none. */
+static const fg_backend *backend_for(fg_device device, char *err) {
+    char why[FG_ERR_LEN];
+    const fg_backend *cuda = device == FG_DEVICE_CPU ? NULL : fg_cuda_backend(why);
+    if (cuda) return cuda;
+    if (device == FG_DEVICE_CUDA) {
+        fg_fail(err, "--device cuda: %s", why);
+        return NULL;
+    }
+    return &fg_cpu_backend;
+}
+
 int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     *out = NULL;
     for (int kind = 0; kind < 3; kind++) {
@@ -432,10 +459,12 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
         return fg_fail(err, "--attn-sparsity: %g is outside (0, 1]", p->attn_sparsity);
     const char *offload = p->offload_dir ? p->offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     if (check_dir("--offload-dir", offload, err)) return -1;
+    const fg_backend *backend = backend_for(p->device, err);
+    if (!backend) return -1;
     fg_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return fg_fail(err, "out of memory");
     rt->policy = *p;
-    rt->backend = &fg_cpu_backend;
+    rt->backend = backend;
     snprintf(rt->offload_dir, sizeof rt->offload_dir, "%s", offload);
     if (p->weight_dir) snprintf(rt->weight_dir, sizeof rt->weight_dir, "%s", p->weight_dir);
     else default_weight_dir(rt->weight_dir, sizeof rt->weight_dir);
@@ -473,6 +502,8 @@ void fg_runtime_close(fg_runtime *rt) {
     pthread_mutex_destroy(&rt->lock);
     free(rt);
 }
+
+const fg_backend *fg_runtime_backend(const fg_runtime *rt) { return rt->backend; }
 
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     pthread_mutex_lock((pthread_mutex_t *)&rt->lock);
@@ -549,8 +580,8 @@ struct fg_model {
     disk_arena disk;      /* disk homes: offloaded copies, or the dummy-weight file */
     double disk_bytes;    /* of the disk tier that the disk homes take */
     double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
-    float *staging[2];
-    size_t staging_floats;
+    char *staging[2];     /* working weights of a layer, then (CUDA) a 4-bit tensor's landing */
+    size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
     long staged[2];       /* which layer g (step g / L, layer g % L) each staging arena holds, or -1 */
     weight_read reads[2]; /* disk reads of layers g, in slot g % 2 */
 };
@@ -584,16 +615,25 @@ static void place_weights(fg_model *m) {
         h->q4 = m->rt->policy.compress_weight && t->group_len > 0;
         h->bytes = h->q4 ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
     }
-    m->staging_floats = 0;
+    /* an arena holds the largest staged layer's working weights and, on a device that cannot
+     * decompress host memory, the largest compressed tensor's bytes (one at a time: they land
+     * and are decompressed in order on one stream) */
+    const fg_backend *be = m->rt->backend;
+    size_t working = 0, landing = 0;
     for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++)
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-            if (is_staged(&m->homes[i]) && l->layer_floats[j] > m->staging_floats)
-                m->staging_floats = l->layer_floats[j];
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            const weight_home *h = &m->homes[i];
+            if (!is_staged(h)) continue;
+            if (l->layer_floats[j] * be->weight_elem > working) working = l->layer_floats[j] * be->weight_elem;
+            if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing) landing = h->bytes;
+        }
+    m->landing_at = working;
+    m->staging_bytes = working + landing;
 }
 
 /* What a home takes of its tier. */
-static double home_bytes(const weight_home *h, size_t count) {
-    if (h->tier == TIER_GPU && !h->q4) return 4.0 * count;
+static double home_bytes(const fg_model *m, const weight_home *h, size_t count) {
+    if (h->tier == TIER_GPU && !h->q4) return (double)m->rt->backend->weight_elem * count;
     return h->tier == TIER_DISK ? (double)page_up(h->bytes) : (double)h->bytes;
 }
 
@@ -605,7 +645,7 @@ static void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_l
         double layer_disk = 0;
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             const weight_home *h = &m->homes[i];
-            double b = home_bytes(h, m->layout.tensors[i].count);
+            double b = home_bytes(m, h, m->layout.tensors[i].count);
             if (m->layout.tensors[i].tied_to < 0) bytes[h->tier] += b;
             if (h->tier == TIER_DISK) layer_disk += b;
         }
@@ -677,12 +717,12 @@ void fg_model_close(fg_model *m) {
     if (!m) return;
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
-        size_t bytes = (size_t)home_bytes(h, m->layout.tensors[i].count);
+        size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
         if (m->layout.tensors[i].tied_to >= 0) continue;
         if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->q4 ? h->stored : h->gpu, bytes);
         if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->stored, bytes);
     }
-    for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], 4 * m->staging_floats);
+    for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], m->staging_bytes);
     if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
     m->rt->capacity[TIER_DISK] -= m->reused_disk_bytes;
     arena_close(&m->disk);
@@ -744,7 +784,20 @@ static int fill_stored(const fg_model *m, int i, const weight_source *src, void 
     return 0;
 }
 
-/* Maps the dummy-weight file, writing it first when it is missing or stale. */
+/* A home on the gpu tier: the stored form made in host memory, then through the backend, into
+ * the working format (uncompressed) or as it is (4-bit, decompressed at each use). */
+static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home, char *err) {
+    const fg_backend *be = m->rt->backend;
+    const weight_home *h = &m->homes[i];
+    void *stored = malloc(h->bytes);
+    if (!stored) return fg_fail(err, "out of memory loading %s", m->layout.tensors[i].name);
+    int rc = fill_stored(m, i, src, stored, err);
+    if (rc == 0 && h->q4) be->copy_in(home, stored, h->bytes);
+    else if (rc == 0) be->weights_in(home, stored, m->layout.tensors[i].count);
+    free(stored);
+    return rc;
+}
+
 /* The dummy-weight file of this model in --path: its name and the header it starts with. */
 static void weight_file_id(const fg_model *m, size_t size, char *path, size_t n, weight_file_header *want) {
     int q4 = m->rt->policy.compress_weight;
@@ -850,12 +903,12 @@ static int load_weights_into_homes(fg_model *m, char *err) {
             const opt_tensor *t = &l->tensors[i];
             weight_home *h = &m->homes[i];
             if (t->tied_to >= 0) continue;
-            if (h->tier == TIER_GPU && !h->q4) {
-                h->gpu = tier_alloc(rt, TIER_GPU, 4 * t->count, "the weights", err);
-                if (h->gpu) opt_tensor_fill(l, i, &src, h->gpu, NULL);
-                else rc = -1;
-            } else if (h->tier != TIER_DISK) {
-                h->stored = tier_alloc(rt, h->tier, h->bytes, "the weights", err);
+            if (h->tier == TIER_GPU) {
+                void **home = h->q4 ? &h->stored : (void **)&h->gpu;
+                *home = tier_alloc(rt, TIER_GPU, (size_t)home_bytes(m, h, t->count), "the weights", err);
+                rc = *home ? fill_gpu_home(m, i, &src, *home, err) : -1;
+            } else if (h->tier == TIER_CPU) {
+                h->stored = tier_alloc_pinned(rt, TIER_CPU, h->bytes, "the weights", rt->policy.pin_weight, err);
                 rc = h->stored ? fill_stored(m, i, &src, h->stored, err) : -1;
             } else if (from_file) {
                 h->stored = m->disk.base + offsets[i];
@@ -873,8 +926,8 @@ static int load_weights_into_homes(fg_model *m, char *err) {
         if (l->tensors[i].tied_to >= 0) m->homes[i] = m->homes[l->tensors[i].tied_to];
         if (!is_staged(&m->homes[i])) *l->tensors[i].slot = m->homes[i].gpu;
     }
-    for (int b = 0; b < 2 && rc == 0 && m->staging_floats; b++)
-        if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, 4 * m->staging_floats, "weight staging", err))) rc = -1;
+    for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++)
+        if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, m->staging_bytes, "weight staging", err))) rc = -1;
     if (m->has_archive) { /* every value is in its home now */
         st_close(&m->archive);
         m->has_archive = 0;
@@ -904,16 +957,18 @@ static void weights_release(fg_runtime *rt, fg_model *m, int j) {
 
 static void weights_in_task(fg_runtime *rt, const io_task *task) {
     fg_model *m = task->ctx;
-    float *staging = m->staging[task->arg[1]];
+    const fg_backend *be = rt->backend;
+    char *staging = m->staging[task->arg[1]], *landing = staging + m->landing_at;
     for (int i = m->layer_first[task->arg[0]]; i < m->layer_first[task->arg[0] + 1]; i++) {
         const weight_home *h = &m->homes[i];
         const opt_tensor *t = &m->layout.tensors[i];
+        char *working = staging + t->offset * be->weight_elem;
         if (!is_staged(h)) continue;
         if (h->q4)
-            rt->backend->weights_in_q4(staging + t->offset, h->stored, t->group_outer, t->group_len,
-                                       t->group_inner);
+            be->weights_in_q4(working, h->stored, h->tier == TIER_GPU ? NULL : landing,
+                              t->group_outer, t->group_len, t->group_inner);
         else
-            rt->backend->weights_in(staging + t->offset, h->stored, t->count);
+            be->weights_in(working, h->stored, t->count);
         if (h->tier != TIER_GPU) link_add(rt, LINK_CPU_TO_GPU, (double)h->bytes);
     }
     weights_release(rt, m, task->arg[0]);
@@ -936,7 +991,7 @@ static void load_weights(fg_model *m, long g) {
     m->staged[buf] = g;
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
         if (!is_staged(&m->homes[i])) continue;
-        *m->layout.tensors[i].slot = m->staging[buf] + m->layout.tensors[i].offset;
+        *m->layout.tensors[i].slot = (float *)(m->staging[buf] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
         staged = 1;
     }
     if (!staged) return;
@@ -1028,7 +1083,7 @@ static block_shape shape_block(const fg_runtime *rt, const opt_config *c, int n_
     s.act_home[TIER_DISK] = (double)page_up((size_t)s.act_home[TIER_DISK]);
     s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
     s.x_stage = 2 * 4.0 * s.gbs * max_prompt * h;
-    s.workspace = (double)opt_workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
+    s.workspace = (double)rt->backend->workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
     s.logits = 4.0 * s.gbs * s.ngb * c->vocab;
     /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
     s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
@@ -1046,7 +1101,8 @@ typedef struct {
     int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
                         place, so only those cross the link (§5); disk rows move whole */
     opt_workspace ws;
-    float *logits;   /* [gbs * ngb][vocab] */
+    float *logits;   /* [gbs * ngb][vocab], on the gpu tier */
+    float *host_logits; /* the same, where sampling reads them */
     char *kv_home[N_TIERS];   /* [ngb][n_layers][K, V][rows][max_len] rows of kv_row bytes */
     float *act_home[N_TIERS]; /* [ngb][rows][max_prompt][hidden] */
     char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
@@ -1080,8 +1136,9 @@ static void free_block(block *bl) {
     const block_shape *s = &bl->s;
     for (int k = 0; bl->gb && k < s->ngb; k++) gpu_batch_free(&bl->gb[k]);
     free(bl->gb);
-    if (bl->has_ws) opt_workspace_free(&bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
+    if (bl->has_ws) rt->backend->workspace_free(&bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
     tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
+    free(bl->host_logits);
     for (int t = TIER_GPU; t <= TIER_CPU; t++) {
         tier_free(rt, (fg_tier)t, bl->kv_home[t], (size_t)s->kv_home[t]);
         tier_free(rt, (fg_tier)t, bl->act_home[t], (size_t)s->act_home[t]);
@@ -1129,8 +1186,12 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, in
         if (!(bl->x_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err))) goto fail;
     }
     if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) goto fail;
+    if (!(bl->host_logits = malloc((size_t)s->logits))) {
+        fg_fail(err, "out of memory for the logits");
+        goto fail;
+    }
     if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) goto fail;
-    if (opt_workspace_init(&bl->ws, &m->view.cfg, (size_t)s->gbs * max_prompt, s->max_len, err)) {
+    if (rt->backend->workspace_init(&bl->ws, &m->view.cfg, (size_t)s->gbs * max_prompt, s->max_len, err)) {
         tier_add(rt, TIER_GPU, -s->workspace);
         goto fail;
     }
@@ -1151,7 +1212,7 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     block_shape s = shape_block(rt, &m->view.cfg, n_prompts, max_prompt, gen_len);
     double w[N_TIERS], max_layer_disk;
     weight_bytes(m, w, &max_layer_disk);
-    double staging = 2 * 4.0 * m->staging_floats;
+    double staging = 2.0 * m->staging_bytes;
     enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, N_ITEMS };
     static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
         "KV cache staging", "activations", "activation staging", "workspace and logits",
@@ -1481,8 +1542,9 @@ static int choose_tokens(block *bl, const gen_options *opt, int step, int first,
                          int *out_tokens, float *logits_out, char *done, fg_rng *rng,
                          float *scratch) {
     int vocab = bl->m->view.cfg.vocab, running = 0;
+    bl->rt->backend->copy_out(bl->host_logits, bl->logits, (size_t)count * vocab * sizeof(float));
     for (int s = 0; s < count; s++) {
-        const float *row = bl->logits + (size_t)s * vocab;
+        const float *row = bl->host_logits + (size_t)s * vocab;
         int p = first + s;
         if (logits_out && !done[s])
             memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
@@ -1551,7 +1613,8 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
         io_sync(rt, 1);
         for (int i = 0; i < opt->gen_len; i++) { /* i == 0 is the prefill */
             bl.delegate = rt->policy.cpu_cache_compute && i > 0;
-            bl.sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl.delegate;
+            /* a device that reads only its own memory gets the V rows whole (as they are staged) */
+            bl.sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl.delegate && rt->backend->gpu_is_host;
             timing->compute_seconds += generation_step(&bl, i, i + 1 == opt->gen_len);
             int running = choose_tokens(&bl, opt, i, first, count, out_tokens, logits, done, &rng,
                                         scratch);
@@ -1603,7 +1666,7 @@ static double typical_time(timed_fn fn, void *ctx) {
 
 typedef struct {
     const fg_backend *be;
-    void *src, *dst;
+    void *src, *dst, *landing;
     size_t n;
     opt_weights *w;
     gpu_batch *gb;
@@ -1612,29 +1675,36 @@ typedef struct {
 
 static void time_weights_in(void *c) { profile_ctx *p = c; p->be->weights_in(p->dst, p->src, p->n); }
 static void time_copy_out(void *c) { profile_ctx *p = c; p->be->copy_out(p->dst, p->src, p->n); }
-static void time_dequant(void *c) { profile_ctx *p = c; p->be->weights_in_q4(p->dst, p->src, 1, p->n, 1); }
+static void time_dequant(void *c) { profile_ctx *p = c; p->be->weights_in_q4(p->dst, p->src, p->landing, 1, p->n, 1); }
 static void time_layer(void *c) { profile_ctx *p = c; p->be->layer(p->w, 0, p->gb, p->ws); }
 
 static void profile_step(int verbose, const char *what) {
     if (verbose) fprintf(stderr, "profile: %s\n", what);
 }
 
-/* Copies through the backend, and 4-bit decompression. */
+/* Copies through the backend (from pinned host memory, as the cpu tier's), and 4-bit
+ * decompression. */
 static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
     size_t n = (size_t)64 << 20; /* 64 Mi values: 128 MiB of fp16, 256 MiB of fp32 */
-    profile_ctx c = {.be = be, .n = n, .src = be->alloc(4 * n), .dst = be->alloc(4 * n)};
+    profile_ctx c = {.be = be, .n = n, .src = be->host_alloc(4 * n, 1), .dst = be->alloc(4 * n)};
+    void *landing = be->alloc(q4_bytes(1, n, 1));
     int rc = 0;
-    if (!c.src || !c.dst) rc = fg_fail(err, "profile: out of memory");
+    if (!c.src || !c.dst || !landing) rc = fg_fail(err, "profile: out of memory");
     else {
         memset(c.src, 0x3c, 4 * n);
         hw->ctog_bdw = 2.0 * n / typical_time(time_weights_in, &c);
-        c.n = 4 * n;
+        void *device = c.dst;
+        c.dst = c.src, c.src = device, c.n = 4 * n;
         hw->gtoc_bdw_cache = hw->gtoc_bdw_hidden = 4.0 * n / typical_time(time_copy_out, &c);
-        c.n = n;
-        q4_compress(c.dst, 1, n, 1, c.src);
-        hw->dequant_bdw = 2.0 * n / typical_time(time_dequant, &c);
+        c.src = c.dst, c.dst = device, c.n = n, c.landing = landing;
+        float *values = malloc(n * sizeof *values);
+        if (!values) rc = fg_fail(err, "profile: out of memory");
+        for (size_t i = 0; values && i < n; i++) values[i] = (float)(i % 251) * 0.01f;
+        if (values) q4_compress(values, 1, n, 1, c.src);
+        free(values);
+        if (rc == 0) hw->dequant_bdw = 2.0 * n / typical_time(time_dequant, &c);
     }
-    be->free(c.src), be->free(c.dst);
+    be->host_free(c.src), be->free(c.dst), be->free(landing);
     return rc;
 }
 
@@ -1671,24 +1741,67 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
  *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
  *     bmm_flops_p
  * A difference is taken as at least 1% of the longer run, against noise. */
+/* Dummy weights of cfg in the backend's working format on its gpu tier (view's pointers). */
+static int device_weights(const fg_backend *be, const opt_config *cfg, opt_layout *l,
+                          opt_weights *view, char *err) {
+    memset(view, 0, sizeof *view);
+    if (opt_layout_init(l, view, cfg, 0, err)) return -1;
+    weight_source src = {NULL, 1};
+    for (int i = 0; i < l->n_tensors; i++) {
+        const opt_tensor *t = &l->tensors[i];
+        if (t->tied_to >= 0) continue;
+        fp16 *values = malloc(t->count * sizeof *values);
+        void *working = be->alloc(t->count * be->weight_elem);
+        if (values && working) {
+            opt_tensor_fill(l, i, &src, NULL, values);
+            be->weights_in(working, values, t->count);
+            *t->slot = working;
+        }
+        free(values);
+        if (!working) return fg_fail(err, "profile: out of memory on the gpu tier");
+        if (!values) return fg_fail(err, "profile: out of memory");
+    }
+    for (int i = 0; i < l->n_tensors; i++)
+        if (l->tensors[i].tied_to >= 0) *l->tensors[i].slot = *l->tensors[l->tensors[i].tied_to].slot;
+    return 0;
+}
+
+static void device_weights_free(const fg_backend *be, opt_layout *l) {
+    for (int i = 0; i < l->n_tensors; i++)
+        if (l->tensors[i].tied_to < 0) be->free(*l->tensors[i].slot);
+    opt_layout_free(l);
+}
+
+/* One decoder layer of opt-1.3b's width, timed in four decode runs and two prefills:
+ *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
+ *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
+ *     attention negligible at this length
+ *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
+ *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
+ *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
+ *     bmm_flops_p
+ * A difference is taken as at least 1% of the longer run, against noise. Delegated attention
+ * (cpu_flops) is the CPU backend's decode attention. */
 static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, char *err) {
     opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
     enum { LONG = 1024, MAX_GBS = 128, LONG_GBS = 32 };
     opt_weights w;
-    if (opt_weights_dummy(&c, 1, &w, err)) return -1;
+    opt_layout layout = {0};
     double h = c.hidden, mm_token = 8 * h * h + 4 * h * c.ffn; /* FLOPs of the products a token */
-    double working = 4 * (4 * h * h + 2 * h * c.ffn);          /* fp32 bytes of the products */
+    double working = be->weight_elem * (4 * h * h + 2 * h * c.ffn); /* bytes of the products */
     gpu_batch gb = {0};
     opt_workspace ws = {0};
-    float *x = malloc((size_t)LONG * c.hidden * sizeof *x); /* LONG >= MAX_GBS rows */
+    size_t x_bytes = (size_t)LONG * c.hidden * sizeof(float); /* LONG >= MAX_GBS rows */
     size_t row = 2 * (size_t)c.hidden, rows = (size_t)2 * LONG_GBS * (LONG + 1);
-    char *cache = calloc(rows, row); /* K and V of 32 sequences of LONG + 1 slots, or of more
-                                        sequences of fewer slots */
-    int rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
-    if (rc == 0) rc = opt_workspace_init(&ws, &c, LONG, LONG + 1, err);
-    if (rc == 0 && (!x || !cache)) rc = fg_fail(err, "profile: out of memory");
+    float *x = be->alloc(x_bytes), *x_host = malloc(x_bytes);
+    char *cache = be->alloc(rows * row); /* K and V of 32 sequences of LONG + 1 slots, or of
+                                            more sequences of fewer slots */
+    int rc = device_weights(be, &c, &layout, &w, err), has_ws = 0;
+    if (rc == 0) rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
+    if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG + 1, err), has_ws = rc == 0;
+    if (rc == 0 && (!x || !x_host || !cache)) rc = fg_fail(err, "profile: out of memory");
     if (rc == 0) {
-        for (size_t i = 0; i < (size_t)LONG * c.hidden; i++) x[i] = 0.01f * (float)((i * 7919) % 201) - 1;
+        for (size_t i = 0; i < (size_t)LONG * c.hidden; i++) x_host[i] = 0.01f * (float)((i * 7919) % 201) - 1;
         gb.x = x;
         gb.attn_sparsity = 1;
         profile_ctx ctx = {.be = be, .w = &w, .gb = &gb, .ws = &ws};
@@ -1696,6 +1809,7 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
         static const int runs[4][2] = {{8, 32}, {MAX_GBS, 32}, {LONG_GBS, 32}, {LONG_GBS, LONG}};
         double t[4]; /* runs: gbs, cached tokens */
         for (int i = 0; i < 4; i++) {
+            be->copy_in(x, x_host, x_bytes); /* each run from the same activations */
             gb.batch = runs[i][0], gb.len = runs[i][1], gb.n_new = 1;
             size_t seq = row * (size_t)(runs[i][1] + 1);
             for (int b = 0; b < gb.batch; b++)
@@ -1712,6 +1826,7 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
         const double lens[2] = {256, LONG};
         double tp[2];
         for (int i = 0; i < 2; i++) {
+            be->copy_in(x, x_host, x_bytes);
             gb.batch = 1, gb.len = 0, gb.n_new = (int)lens[i];
             tp[i] = typical_time(time_layer, &ctx);
         }
@@ -1719,19 +1834,19 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
         double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]), 0.01 * tp[1] / (lens[1] * lens[1]));
         hw->bmm_flops_p = 4 * h / slope;
         hw->mm_flops_p = mm_token / fmax(tp[1] / lens[1] - slope * lens[1], 0.01 * tp[1] / lens[1]);
-        /* delegated attention runs the same code on the same cores */
-        hw->cpu_flops = hw->bmm_flops_g;
     }
     gpu_batch_free(&gb);
-    opt_workspace_free(&ws);
-    opt_weights_free(&w);
-    free(x);
-    free(cache);
+    if (has_ws) be->workspace_free(&ws);
+    device_weights_free(be, &layout);
+    be->free(x);
+    be->free(cache);
+    free(x_host);
     return rc;
 }
 
-int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err) {
-    const fg_backend *be = &fg_cpu_backend;
+int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err) {
+    const fg_backend *be = backend_for(device, err);
+    if (!be) return -1;
     memset(hw, 0, sizeof *hw);
     hw->gpu_is_host = be->gpu_is_host;
     if (check_dir("--offload-dir", offload_dir, err)) return -1;
@@ -1739,7 +1854,14 @@ int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err)
     if (profile_copies(be, hw, err)) return -1;
     profile_step(verbose, "disk write and read in the offload dir (1 GiB)");
     if (profile_disk(offload_dir, hw, err)) return -1;
-    return profile_compute(be, hw, verbose, err);
+    if (profile_compute(be, hw, verbose, err)) return -1;
+    hw->cpu_flops = hw->bmm_flops_g;
+    if (be->gpu_is_host) return 0;
+    fg_hardware cpu; /* delegated attention: the CPU backend's decode attention */
+    profile_step(verbose, "the CPU's attention, for --cpu-cache-compute");
+    if (profile_compute(&fg_cpu_backend, &cpu, 0, err)) return -1;
+    hw->cpu_flops = cpu.bmm_flops_g;
+    return 0;
 }
 
 /* ============================================================================================
@@ -1762,13 +1884,14 @@ static void usage(FILE *out) {
     fprintf(out,
 "usage: flexgen [options]\n"
 "       flexgen policy [options] [--evaluate]         (the policy search; no generation)\n"
-"       flexgen profile [--offload-dir DIR] [--out FILE]\n"
+"       flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|auto]\n"
 "       flexgen tokenize --vocab FILE --merges FILE   (stdin lines -> token ids, no BOS)\n"
 "\n"
 "Generates text with an OPT model, placing weights, KV cache and activations on the gpu, cpu\n"
 "and disk tiers and walking blocks of GPU batches in the order of the FlexGen paper's Fig. 4\n"
-"with I/O overlapped, then prints FlexGen's benchmark report. Without a GPU (this build) the\n"
-"gpu tier is the CPU's working set of fp32 weights and buffers.\n"
+"with I/O overlapped, then prints FlexGen's benchmark report. On the CUDA backend the gpu tier\n"
+"is device memory (fp16 weights); on the CPU backend it is the CPU's working set of fp32\n"
+"weights and buffers.\n"
 "\n"
 "model\n"
 "  --model NAME|DIR        opt-125m ... opt-175b with dummy weights, or an HF checkpoint\n"
@@ -1788,6 +1911,9 @@ static void usage(FILE *out) {
 "  --top-p P               nucleus sampling mass, in (0, 1] [1]\n"
 "  --seed N                seed of dummy weights, synthetic prompts and sampling [0]\n"
 "  --stop-at-eos           stop a sequence after it generates </s>\n"
+"device\n"
+"  --device cuda|cpu|auto  the compute device: auto is cuda where a GPU is present (this build:\n"
+"                          %s), else the CPU [auto]\n"
 "policy (paper section 4.2)\n"
 "  --gpu-batch-size N      sequences per GPU batch [16]\n"
 "  --num-gpu-batches N     GPU batches per block; a block is their product, and prompts are\n"
@@ -1798,7 +1924,8 @@ static void usage(FILE *out) {
 "  --overlap 0|1           I/O on its own threads, overlapped with compute [1]\n"
 "  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
 "                          the cache lives\n"
-"  --pin-weight 0|1        pinned cpu-tier weights (CUDA backend only; no effect here) [1]\n"
+"  --pin-weight 0|1        page-locked cpu-tier weights, for fast copies to the GPU (CUDA only)\n"
+"                          [1]\n"
 "  --compress-weight       keep every weight matrix 4-bit, group-wise (section 5) in whichever\n"
 "                          tier holds it; decompressed into the gpu tier just before use\n"
 "  --compress-cache        keep the KV cache 4-bit, group-wise along each head (section 5)\n"
@@ -1831,6 +1958,7 @@ static void usage(FILE *out) {
 "  --help                  this text\n"
 "\n"
 "Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2.\n",
+            fg_cuda_compiled() ? "with CUDA" : "CPU only, no nvcc when it was built",
             FG_DEFAULT_OFFLOAD_DIR);
 }
 
@@ -1870,12 +1998,30 @@ static int parse_size(const char *flag, const char *s, double *out, char *err) {
     return 0;
 }
 
+static int parse_device(const char *s, fg_device *d, char *err) {
+    if (!strcmp(s, "auto")) *d = FG_DEVICE_AUTO;
+    else if (!strcmp(s, "cpu")) *d = FG_DEVICE_CPU;
+    else if (!strcmp(s, "cuda")) *d = FG_DEVICE_CUDA;
+    else return fg_fail(err, "--device: expected cuda, cpu or auto, got '%s'", s);
+    return 0;
+}
+
+/* auto: CUDA when a GPU is there, else the CPU, saying why (with progress on, and when this
+ * build has CUDA; the report names the device either way). */
+static fg_device resolve_device(fg_device d, int verbose) {
+    char why[FG_ERR_LEN];
+    if (d != FG_DEVICE_AUTO) return d;
+    if (fg_cuda_backend(why)) return FG_DEVICE_CUDA;
+    if (verbose && fg_cuda_compiled()) fprintf(stderr, "flexgen: %s; running on the CPU backend\n", why);
+    return FG_DEVICE_CPU;
+}
+
 static int is_value_flag(const char *f) {
     static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
         "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
         "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
-        "--policy", "--hw", "--max-latency"};
+        "--policy", "--hw", "--max-latency", "--device"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
     return 0;
@@ -1887,6 +2033,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     a->prompt_len = 512;
     a->gen = (gen_options){.gen_len = 32, .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
     a->policy = fg_default_policy();
+    a->policy.device = FG_DEVICE_AUTO;
     a->prompts = calloc((size_t)argc, sizeof *a->prompts);
     if (!a->prompts) return fg_fail(err, "out of memory");
     for (int i = 1; i < argc; i++) {
@@ -1918,6 +2065,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--vocab")) a->vocab = v;
         else if (!strcmp(f, "--merges")) a->merges = v;
         else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
+        else if (!strcmp(f, "--device")) rc = parse_device(v, &p->device, err);
         else if (!strcmp(f, "--path")) p->weight_dir = v;
         else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
         else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
@@ -2184,7 +2332,7 @@ static double peak_rss_bytes(void) {
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes. */
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
-                   const gen_timing *t, const fg_stats *st, int max_prompt) {
+                   const gen_timing *t, const fg_stats *st, int max_prompt, const char *device) {
     const double GiB = 1 << 30;
     int seq = max_prompt + a->gen.gen_len;
     double model = opt_model_bytes(c), cache = opt_cache_bytes(c, p->n, seq);
@@ -2197,6 +2345,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     if (a->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", c->name);
+        cJSON_AddStringToObject(o, "device", device);
         cJSON_AddNumberToObject(o, "num_prompts", p->n);
         cJSON_AddNumberToObject(o, "prompt_len", max_prompt);
         cJSON_AddNumberToObject(o, "gen_len", a->gen.gen_len);
@@ -2245,7 +2394,8 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
            st->link_bytes[LINK_DISK_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_GPU] / GiB,
            st->link_bytes[LINK_GPU_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_DISK] / GiB);
-    printf("compute: %.3f s\tdisk reads: %.3f s\n", t->compute_seconds, t->disk_read_seconds);
+    printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
+           t->disk_read_seconds, device);
 }
 
 /* The configuration of --model without opening its weights. */
@@ -2276,7 +2426,7 @@ static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 15 s), "
                     "saved to %s\n", path);
-    if (fg_profile(offload, hw, 1, err)) return -1;
+    if (fg_profile(offload, a->policy.device, hw, 1, err)) return -1;
     return fg_hardware_write(path, hw, err);
 }
 
@@ -2316,6 +2466,7 @@ static int run(cli_args *a, char *err) {
     fg_stats st;
     opt_config model_cfg;
     if (a->evaluate) return fg_fail(err, "--evaluate: a flag of `flexgen policy`");
+    a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
     if (model_config(a->model, &model_cfg, err) || open_tokenizer(a, &tok, err) ||
         gather_prompts(a, tok, model_cfg.vocab, &p, err))
         goto out;
@@ -2349,7 +2500,7 @@ static int run(cli_args *a, char *err) {
     if (a->trace && fg_trace_write(rt, a->trace, err)) goto out;
     if (tok && !a->json) print_texts(tok, &p, tokens, &a->gen);
     fg_runtime_stats(rt, &st);
-    report(a, cfg, &p, &t, &st, max_prompt);
+    report(a, cfg, &p, &t, &st, max_prompt, fg_runtime_backend(rt)->name);
     rc = 0;
 out:
     fg_model_close(m);
@@ -2423,11 +2574,15 @@ static int policy_command(cli_args *a, char *err) {
 static int profile_command(int argc, char **argv, char *err) {
     const char *dir = FG_DEFAULT_OFFLOAD_DIR, *out = NULL;
     char path[4200];
+    fg_device device = FG_DEVICE_AUTO;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 1; }
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
         if (!strcmp(argv[i], "--offload-dir")) dir = argv[++i];
         else if (!strcmp(argv[i], "--out")) out = argv[++i];
+        else if (!strcmp(argv[i], "--device")) {
+            if (parse_device(argv[++i], &device, err)) return -1;
+        }
         else return fg_fail(err, "%s: unknown option for profile", argv[i]);
     }
     if (!out) {
@@ -2441,7 +2596,9 @@ static int profile_command(int argc, char **argv, char *err) {
     if (access(slash ? parent : ".", W_OK | X_OK) != 0) /* before a minute of measuring */
         return fg_fail(err, "--out %s: cannot write there: %s", out, strerror(errno));
     fg_hardware hw;
-    if (fg_profile(dir, &hw, 1, err) || fg_hardware_write(out, &hw, err)) return -1;
+    if (check_dir("--offload-dir", dir, err)) return -1;
+    device = resolve_device(device, 1);
+    if (fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err)) return -1;
     const double G = 1 << 30;
     printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
            hw.ctog_bdw / G, hw.gtoc_bdw_hidden / G, hw.dtoc_bdw / G, hw.ctod_bdw_g / G);

@@ -261,6 +261,7 @@ typedef struct {
     float *ffn;             /* [rows][max(ffn, hidden)] */
     float *thread_scratch;  /* per thread: K, V slices and scores of one (sequence, head) */
     size_t thread_floats;
+    void *device;           /* the CUDA backend's own buffers (flexgen.cu); NULL on the CPU */
 } opt_workspace;
 
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
@@ -274,6 +275,9 @@ void opt_workspace_free(opt_workspace *ws);
  * n_new - 1 of gb->k, gb->v. */
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
 void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
+/* The attention of opt_layer, from ws->qkv (this step's q, k, v) to ws->attn: K and V into the
+ * cache, then attention over it. The CUDA backend runs it for delegated sequences (§4.2). */
+void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
 /* Logits of the last token of each sequence: [batch][vocab]. */
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 
@@ -312,7 +316,11 @@ typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_D
 
 /* A policy (§4.2, §4.3): the block shape, where weights, KV cache and activations live, and how
  * the schedule runs. */
+/* The compute device: CUDA where a GPU is present, else the CPU (auto), or one of them. */
+typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA } fg_device;
+
 typedef struct {
+    fg_device device;
     int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */
     int percent[6];          /* wg wc cg cc hg hc: weights, KV cache, activations (hidden states)
                                 on the gpu and cpu tiers; disk holds the rest of each */
@@ -332,7 +340,8 @@ typedef struct {
 
 #define FG_DEFAULT_OFFLOAD_DIR "/var/tmp"
 
-/* FlexGen's default policy: everything on the gpu tier, overlap on, a 2 x 16 block. */
+/* FlexGen's default policy: everything on the gpu tier, overlap on, a 2 x 16 block; the CPU
+ * backend (the command line's default is auto). */
 fg_policy fg_default_policy(void);
 
 typedef struct {
@@ -346,28 +355,55 @@ extern const char *const fg_tier_names[N_TIERS];
 extern const char *const fg_link_names[N_LINKS];
 
 /* The compute device's operations (DESIGN.md, "Backends"). The schedule calls only these, so the
- * same loop drives the CPU backend here and the CUDA backend (flexgen.cu). */
+ * same loop drives the CPU backend (opt_model.c) and the CUDA backend (flexgen.cu). Pointers to
+ * the gpu tier are the device's: on the CPU backend host memory, on CUDA device memory, which
+ * only the backend's operations touch. Working weights on the gpu tier are weight_elem bytes a
+ * value (fp32 for the CPU's products, fp16 for cuBLAS); opt_weights' float pointers then point at
+ * the backend's format. */
 typedef struct {
     const char *name;
     int gpu_is_host;                         /* the gpu tier is host memory (CPU backend) */
-    void *(*alloc)(size_t bytes);            /* gpu-tier memory, 64-byte aligned */
+    size_t weight_elem;                      /* bytes of one working weight value */
+    void *(*alloc)(size_t bytes);            /* gpu-tier memory, 64-byte aligned, zeroed */
     void (*free)(void *p);
-    void (*weights_in)(float *dst, const fp16 *src, size_t n); /* cpu -> gpu, fp16 -> working */
-    void (*weights_in_q4)(float *dst, const void *src, size_t outer, size_t len, size_t inner);
-                                             /* the same from 4-bit (§5), decompressed */
+    void *(*host_alloc)(size_t bytes, int pinned); /* cpu-tier memory, zeroed; pinned (page-
+                                                      locked, for fast copies) where it can be */
+    void (*host_free)(void *p);
+    void (*weights_in)(void *dst, const fp16 *src, size_t n); /* fp16 (host) -> working */
+    void (*weights_in_q4)(void *dst, const void *src, void *landing, size_t outer, size_t len,
+                          size_t inner);
+                                             /* the same from 4-bit (§5), decompressed; src is in
+                                                host memory, or on the gpu tier when landing is
+                                                NULL; otherwise the compressed bytes first land
+                                                in `landing` (gpu tier) where the device needs */
     void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
     void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
     void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
+    size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_len);
+    int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
+                          char *err);
+    void (*workspace_free)(opt_workspace *ws);
+    /* The forward pass: gb's x, k and v are where bind_batch put them (gpu tier, or with
+     * delegation host memory), its pad and tokens in host memory; logits on the gpu tier. */
     void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
     void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
     void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 } fg_backend;
 
 extern const fg_backend fg_cpu_backend;
+/* The CUDA backend (flexgen.cu) on the first GPU, or NULL with the reason in err: built without
+ * CUDA, no driver, no device. */
+const fg_backend *fg_cuda_backend(char *err);
+int fg_cuda_compiled(void); /* this build has the CUDA backend */
+/* Workspace bytes of the CUDA backend (the cost model's memory model uses it for a GPU). */
+size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
 
 /* One run: tiers with their accounting, the I/O threads, the trace. */
 typedef struct fg_runtime fg_runtime;
+/* Opens a run on p->device: --device cuda without a usable GPU fails with the reason; auto takes
+ * the CPU then (fg_runtime_backend says which it got). */
 int fg_runtime_open(const fg_policy *p, fg_runtime **rt, char *err);
+const fg_backend *fg_runtime_backend(const fg_runtime *rt);
 void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
 int fg_trace_write(const fg_runtime *rt, const char *path, char *err);
@@ -459,9 +495,9 @@ typedef struct {
 } fg_hardware;
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
 int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
-/* Measures this machine's constants on the runtime's own paths (flexgen.c), with a 1 GiB file
- * in offload_dir for the disk; progress on stderr when verbose. */
-int fg_profile(const char *offload_dir, fg_hardware *hw, int verbose, char *err);
+/* Measures this machine's constants on the runtime's own paths (flexgen.c) with the backend of
+ * `device`, with a 1 GiB file in offload_dir for the disk; progress on stderr when verbose. */
+int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err);
 
 enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X };
 enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, N_TERMS };

@@ -528,9 +528,12 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
         add_bytes(&mm->tier[t], X_HG + t, act);
     }
     if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * (hw->gpu_is_host ? 4 : 2) * layer);
+    if (weights != FG_W_GPU && w->compress_weight && !hw->gpu_is_host) /* a 4-bit tensor lands */
+        add_bytes(gpu, -1, 2 * 2 * q4 * fmax(h * f, (double)c->vocab * c->word_dim));
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 8 * gbs * s * h);                         /* activation staging */
-    add_bytes(gpu, -1, (double)opt_workspace_bytes(c, (size_t)(gbs * s), (int)len));
+    size_t (*workspace)(const opt_config *, size_t, int) = hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
+    add_bytes(gpu, -1, (double)workspace(c, (size_t)(gbs * s), (int)len));
     add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
     if (weights == FG_W_DISK) add_bytes(cpu, -1, 2 * 2 * layer * q4); /* two layers read ahead */
     add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len), add_bytes(cpu, X_HN, 2 * 4 * gbs * s * h);

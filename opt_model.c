@@ -1241,6 +1241,11 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
     }
 }
 
+void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+    store_kv(c, gb, ws);
+    attention(c, gb, ws);
+}
+
 /* One decoder layer for one GPU batch (HF's OPTDecoderLayer):
  *   pre-LN:  x += out_proj(attn(LN(x)));  x += fc2(relu(fc1(LN(x))))
  *   post-LN: x = LN(x + out_proj(attn(x))); x = LN(x + fc2(relu(fc1(x))))   (opt-350m)
@@ -1255,8 +1260,7 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         in = ws->h;
     }
     linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET);
-    store_kv(c, gb, ws);
-    attention(c, gb, ws);
+    opt_cache_attention(c, gb, ws);
     linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
     if (c->pre_ln) {
         layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
@@ -1291,27 +1295,51 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
  * it is a memcpy and a weight load is the fp16 -> fp32 conversion the CPU's products need.
  * ============================================================================================ */
 
-static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+static void *cpu_alloc(size_t bytes) {
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+static void *cpu_host_alloc(size_t bytes, int pinned) { (void)pinned; return cpu_alloc(bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-static void cpu_weights_in(float *dst, const fp16 *src, size_t n) { fp16_to_fp32_n(src, dst, n); }
-static void cpu_weights_in_q4(float *dst, const void *src, size_t outer, size_t len, size_t inner) {
+static void cpu_weights_in(void *dst, const fp16 *src, size_t n) { fp16_to_fp32_n(src, dst, n); }
+static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
+                              size_t inner) {
+    (void)landing; /* the CPU decompresses from wherever the bytes are */
     q4_decompress(src, outer, len, inner, dst);
 }
 
 const fg_backend fg_cpu_backend = {
     .name = "cpu",
     .gpu_is_host = 1,
+    .weight_elem = sizeof(float),
     .alloc = cpu_alloc,
     .free = free,
+    .host_alloc = cpu_host_alloc,
+    .host_free = free,
     .weights_in = cpu_weights_in,
     .weights_in_q4 = cpu_weights_in_q4,
     .copy_in = cpu_copy,
     .copy_out = cpu_copy,
     .copy = cpu_copy,
+    .workspace_bytes = opt_workspace_bytes,
+    .workspace_init = opt_workspace_init,
+    .workspace_free = opt_workspace_free,
     .embed = opt_embed,
     .layer = opt_layer,
     .output = opt_output,
 };
+
+/* The CUDA backend's workspace (flexgen.cu): fp32 h, then qkv and attn, whose space ffn takes
+ * after them; the fp16 input of a product; the scores of one sequence's prefill, [heads]
+ * [max_len][max_len]; and per row a token, a pad and two cache pointers. Here so that the cost
+ * model has it without CUDA. */
+size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn, M = (size_t)max_len;
+    size_t mixed = 4 * h > wide ? 4 * h : wide;
+    return 4 * rows * (h + mixed) + 2 * rows * wide + 4 * (size_t)cfg->n_heads * M * M + 24 * rows +
+           8 * 64;
+}
 
 /* ============================================================================================
  * Sampling

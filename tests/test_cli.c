@@ -174,8 +174,8 @@ static void expect_fail(const char *const *args, const char *stdin_text, ...) {
  * 0 and nothing on stderr. Returns stdout (malloc'd). */
 static char *run_tiny(const char *const *extra) {
     const char *args[40] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8",
-                            "--quiet"};
-    int n = 7;
+                            "--quiet", "--device", "cpu"}; /* the GPU suite compares CUDA */
+    int n = 9;
     while (*extra && n < 39) args[n++] = *extra++;
     args[n] = NULL;
     char *out, *err;
@@ -468,7 +468,7 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
     {"--compress-cache", NULL}, {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
     {"--hw", "hw.json"}, {"--max-latency", "10"}, {"--evaluate", NULL},
-    {"--out", "hw.json"}, /* of `flexgen profile` */
+    {"--device", "cpu"}, {"--out", "hw.json"}, /* of `flexgen profile` */
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 
@@ -521,6 +521,28 @@ static void test_flags_accepted(void) {
 /* ---------------------------------------------------------------------------------------------
  * The runtime's flags and the disk tier's files (issue 3)
  * --------------------------------------------------------------------------------------------- */
+
+/* --device: a bad name is refused; cuda without a GPU is one line with the reason; with a GPU
+ * the report names the device that ran. */
+static void test_device(void) {
+    char why[FG_ERR_LEN];
+    EXPECT_FAIL(ARGS("--device", "gpu"), "--device", "cuda, cpu or auto", "'gpu'");
+    EXPECT_FAIL(ARGS("profile", "--device", "tpu"), "--device", "'tpu'");
+    if (!fg_cuda_backend(why)) {
+        EXPECT_FAIL(ARGS("--device", "cuda", "--gen-len", "2", "--prompt-len", "4"), "--device cuda: ", why);
+        char *out = run_tiny(ARGS("--json"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"device\":\"cpu\""));
+        free(out);
+        return;
+    }
+    const char *args[] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "4",
+                          "--quiet", "--device", "cuda", NULL};
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_flexgen(args, NULL, &out, &err), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "device: cuda"));
+    free(out);
+    free(err);
+}
 
 static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--percent", "101", "0", "100", "0", "100", "0"), "--percent", "0..100");
@@ -968,6 +990,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "every flag in --help is accepted", test_flags_accepted);
     CU_add_test(s, "tokenize", test_tokenize);
     CU_add_test(s, "bad policy flags, infeasible plans", test_bad_policy);
+    CU_add_test(s, "--device cuda|cpu|auto", test_device);
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
     CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);

@@ -17,6 +17,7 @@ void add_compress_tests(void);   /* test_compress.c: compression end to end */
 void add_lp_tests(void);         /* test_lp.c: the simplex against GLPK */
 void add_cost_tests(void);       /* test_cost.c: the cost model of §4.3, by hand */
 void add_policy_tests(void);     /* test_policy.c: the policy search against the plan check */
+void add_cuda_tests(void);       /* test_cuda.c: the CUDA backend against the CPU (suite "gpu") */
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);

@@ -1,0 +1,767 @@
+/* flexgen.cu: the CUDA backend (DESIGN.md, "Backends"; paper §4.1, §5, §6), the second filling
+ * of the runtime's table of operations. The schedule of flexgen.c is unchanged: it calls these.
+ *
+ *   memory      the gpu tier is device memory; the cpu tier is pinned host memory (weights with
+ *               --pin-weight); copies from pageable memory (the disk tier's mapped pages) go
+ *               through two pinned bounce buffers per thread, one filling while the other moves
+ *   streams     each runtime thread (compute, and the I/O links of Fig. 4) issues its work on a
+ *               stream of its own, so that a layer's weights, the next batch's cache and the
+ *               last batch's results move while the compute stream runs; every operation waits
+ *               for its stream before it returns, and the runtime's task order does the rest
+ *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) land as they are stored and
+ *               a kernel decompresses them into the staging arena
+ *   products    cuBLAS: fp16 weights times fp16 copies of the activations, fp32 accumulation and
+ *               output (cublasGemmEx); prefill attention as strided batched fp32 products over
+ *               the heads of a sequence
+ *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
+ *               causal and padding-masked softmax, decode attention with §5's top-K selection,
+ *               4-bit decompression
+ *   delegation  sequences whose cache lives in host memory (--cpu-cache-compute, §4.2) get their
+ *               attention from the CPU backend's code, on their q, k, v rows copied to the host
+ *
+ * Activations stay fp32 between operations, as on the CPU, so the two backends differ only by
+ * the fp16 rounding of a product's input and the order of sums (tests/test_cuda.c bounds it).
+ * A failing CUDA or cuBLAS call ends the process with the call and the device's message: the
+ * operations have no error path, and the disk tier's files are unnamed, so nothing is left.
+ */
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "flexgen.h"
+}
+
+/* ============================================================================================
+ * Errors, threads, streams
+ * ============================================================================================ */
+
+static void cuda_fail(const char *call, int line, const char *msg) {
+    fprintf(stderr, "flexgen: CUDA: %s failed (flexgen.cu:%d): %s\n", call, line, msg);
+    exit(3);
+}
+#define CUDA_CHECK(call)                                                                       \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) cuda_fail(#call, __LINE__, cudaGetErrorString(e_));             \
+    } while (0)
+#define BLAS_CHECK(call)                                                                       \
+    do {                                                                                       \
+        cublasStatus_t s_ = (call);                                                            \
+        if (s_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, __LINE__, cublasGetStatusString(s_)); \
+    } while (0)
+#define LAUNCHED(kernel)                                                                       \
+    do {                                                                                       \
+        cudaError_t e_ = cudaGetLastError();                                                   \
+        if (e_ != cudaSuccess) cuda_fail(kernel "<<<>>>", __LINE__, cudaGetErrorString(e_));   \
+    } while (0)
+
+enum { BOUNCE = 8 << 20 }; /* bytes of each pinned bounce buffer */
+
+/* What one runtime thread uses: its stream, its cuBLAS handle, its bounce buffers. */
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    char *bounce[2];
+    cudaEvent_t moved[2];
+} thread_ctx;
+
+static pthread_key_t ctx_key;
+
+static void ctx_destroy(void *p) {
+    thread_ctx *c = (thread_ctx *)p;
+    if (c->blas) cublasDestroy(c->blas);
+    for (int i = 0; i < 2; i++) {
+        if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
+        if (c->moved[i]) cudaEventDestroy(c->moved[i]);
+    }
+    cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static thread_ctx *ctx(void) {
+    thread_ctx *c = (thread_ctx *)pthread_getspecific(ctx_key);
+    if (c) return c;
+    c = (thread_ctx *)calloc(1, sizeof *c);
+    if (!c) cuda_fail("calloc", __LINE__, "out of host memory");
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    pthread_setspecific(ctx_key, c);
+    return c;
+}
+
+static cublasHandle_t blas(void) {
+    thread_ctx *c = ctx();
+    if (!c->blas) {
+        BLAS_CHECK(cublasCreate(&c->blas));
+        BLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    }
+    return c->blas;
+}
+
+static void sync(void) { CUDA_CHECK(cudaStreamSynchronize(ctx()->stream)); }
+
+/* What kind of memory p is in: cudaMemoryTypeDevice, cudaMemoryTypeHost (pinned), or
+ * cudaMemoryTypeUnregistered (plain host memory). */
+static cudaMemoryType memory_type(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* plain host memory on old drivers */
+        return cudaMemoryTypeUnregistered;
+    }
+    return a.type;
+}
+
+/* The copy engines read and write it directly (device or pinned memory). */
+static int is_pinned_or_device(const void *p) { return memory_type(p) != cudaMemoryTypeUnregistered; }
+
+/* ============================================================================================
+ * Memory and copies
+ * ============================================================================================ */
+
+static void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory: the runtime reports the tier */
+        return NULL;
+    }
+    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return p;
+}
+
+static void cuda_free(void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+static void *cuda_host_alloc(size_t bytes, int pinned) {
+    void *p = NULL;
+    if (pinned && cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError(); /* too much to lock: pageable memory still works, more slowly */
+        p = NULL;
+    }
+    if (!p) p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+static void cuda_host_free(void *p) {
+    if (!p) return;
+    if (is_pinned_or_device(p)) CUDA_CHECK(cudaFreeHost(p));
+    else free(p);
+}
+
+static void bounce_ready(thread_ctx *c) {
+    if (c->bounce[0]) return;
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaHostAlloc((void **)&c->bounce[i], BOUNCE, cudaHostAllocPortable));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->moved[i], cudaEventDisableTiming));
+    }
+}
+
+/* Host -> device. Pageable sources (the disk tier's pages) pass through the bounce buffers:
+ * piece i is copied into one while piece i - 1 moves from the other. */
+static void cuda_copy_in(void *dst, const void *src, size_t bytes) {
+    thread_ctx *c = ctx();
+    if (bytes == 0) return;
+    if (is_pinned_or_device(src)) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
+        sync();
+        return;
+    }
+    bounce_ready(c);
+    for (size_t at = 0, i = 0; at < bytes; at += BOUNCE, i++) {
+        size_t n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
+        int b = (int)(i % 2);
+        CUDA_CHECK(cudaEventSynchronize(c->moved[b])); /* its last piece has left */
+        memcpy(c->bounce[b], (const char *)src + at, n);
+        CUDA_CHECK(cudaMemcpyAsync((char *)dst + at, c->bounce[b], n, cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(cudaEventRecord(c->moved[b], c->stream));
+    }
+    sync();
+}
+
+/* Device -> host, the same way round. */
+static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
+    thread_ctx *c = ctx();
+    if (bytes == 0) return;
+    if (is_pinned_or_device(dst)) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
+        sync();
+        return;
+    }
+    bounce_ready(c);
+    size_t pieces = (bytes + BOUNCE - 1) / BOUNCE;
+    for (size_t i = 0; i <= pieces; i++) {
+        if (i < pieces) {
+            size_t at = i * BOUNCE, n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
+            CUDA_CHECK(cudaMemcpyAsync(c->bounce[i % 2], (const char *)src + at, n, cudaMemcpyDeviceToHost, c->stream));
+            CUDA_CHECK(cudaEventRecord(c->moved[i % 2], c->stream));
+        }
+        if (i > 0) { /* piece i - 1 has arrived: out of its bounce buffer */
+            size_t at = (i - 1) * BOUNCE, n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
+            CUDA_CHECK(cudaEventSynchronize(c->moved[(i - 1) % 2]));
+            memcpy((char *)dst + at, c->bounce[(i - 1) % 2], n);
+        }
+    }
+}
+
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx()->stream));
+    sync();
+}
+
+/* ============================================================================================
+ * 4-bit decompression (§5; quant.c has the layout): one thread per value, min + q * scale
+ * rounded to fp16, the device's working format.
+ * ============================================================================================ */
+
+__global__ void dequant_kernel(const uint8_t *src, size_t outer, size_t len, size_t inner, __half *dst) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= outer * len * inner) return;
+    size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
+    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+    const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
+    const __half *mins = (const __half *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+    int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
+    dst[e] = __float2half_rn(__fmaf_rn((float)q, __half2float(scales[g * inner + i]), __half2float(mins[g * inner + i])));
+}
+
+static unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+
+static void cuda_weights_in(void *dst, const fp16 *src, size_t n) { cuda_copy_in(dst, src, 2 * n); }
+
+static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
+                               size_t inner) {
+    const void *bytes = src;
+    if (landing) {
+        cuda_copy_in(landing, src, q4_bytes(outer, len, inner));
+        bytes = landing;
+    }
+    size_t n = outer * len * inner;
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)bytes, outer, len, inner, (__half *)dst);
+    LAUNCHED("dequant_kernel");
+    sync();
+}
+
+/* ============================================================================================
+ * Workspace: the CPU's fp32 buffers on the device (ffn over qkv and attn, which are dead by
+ * then), and what the kernels need besides (fg_cuda_workspace_bytes in opt_model.c counts the
+ * same).
+ * ============================================================================================ */
+
+typedef struct {
+    char *block;        /* the one device allocation */
+    __half *in16;       /* [rows][max(hidden, ffn)]: a product's input, in fp16 */
+    float *scores;      /* [heads][max_len][max_len]: one sequence's prefill */
+    int *pad, *tokens;  /* [rows] */
+    void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
+    char *on_device;    /* [rows], host: the same, as flags */
+    opt_workspace host; /* for delegated attention: the CPU backend's workspace, on first use */
+    int has_host;
+    const opt_config *cfg;
+} cuda_ws;
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
+                               char *err) {
+    memset(ws, 0, sizeof *ws);
+    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn, M = (size_t)max_len;
+    size_t mixed = 4 * h > wide ? 4 * h : wide; /* [qkv | attn], later ffn: never both alive */
+    cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
+    if (!d) return fg_fail(err, "out of memory");
+    size_t sizes[8] = {4 * rows * h, 4 * rows * mixed, 2 * rows * wide, 4 * (size_t)cfg->n_heads * M * M,
+                       4 * rows, 4 * rows, 8 * rows, 8 * rows};
+    size_t total = 0;
+    for (int i = 0; i < 8; i++) total += up64(sizes[i]);
+    d->block = (char *)cuda_alloc(total);
+    d->on_device = (char *)malloc(rows);
+    if (!d->block || !d->on_device) {
+        cuda_free(d->block);
+        free(d->on_device);
+        free(d);
+        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+    }
+    char *at = d->block;
+    void *parts[8];
+    for (int i = 0; i < 8; i++) parts[i] = at, at += up64(sizes[i]);
+    ws->h = (float *)parts[0];
+    ws->qkv = (float *)parts[1], ws->attn = ws->qkv + rows * 3 * h, ws->ffn = ws->qkv;
+    d->in16 = (__half *)parts[2], d->scores = (float *)parts[3];
+    d->pad = (int *)parts[4], d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
+    d->cfg = cfg;
+    ws->rows = rows;
+    ws->max_len = max_len;
+    ws->device = d;
+    return 0;
+}
+
+static void cuda_workspace_free(opt_workspace *ws) {
+    cuda_ws *d = (cuda_ws *)ws->device;
+    if (d) {
+        cuda_free(d->block);
+        if (d->has_host) opt_workspace_free(&d->host);
+        free(d->on_device);
+        free(d);
+    }
+    memset(ws, 0, sizeof *ws);
+}
+
+/* ============================================================================================
+ * Kernels of the layer
+ * ============================================================================================ */
+
+__device__ float block_sum(float v, float *shared) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = 0;
+    for (int w = 0; w < warps; w++) v += shared[w];
+    return v;
+}
+
+__device__ float block_max(float v, float *shared) {
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = -INFINITY;
+    for (int w = 0; w < warps; w++) v = fmaxf(v, shared[w]);
+    return v;
+}
+
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row; y may alias x. */
+__global__ void layer_norm_kernel(const float *x, int dim, const __half *w, const __half *b, float *y) {
+    __shared__ float shared[32];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    float s = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
+    float mean = block_sum(s, shared) / dim;
+    s = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (xr[i] - mean) * (xr[i] - mean);
+    float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + 1e-5f);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = (xr[i] - mean) * inv * __half2float(w[i]) + __half2float(b[i]);
+}
+
+__global__ void to_half_kernel(const float *x, size_t n, __half *y) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2half_rn(x[i]);
+}
+
+enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
+
+__global__ void bias_kernel(float *y, size_t n, int out, const __half *b, int relu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = y[i] + __half2float(b[i % out]);
+    y[i] = relu && v < 0 ? 0 : v;
+}
+
+static void layer_norm(const float *x, int rows, int dim, const float *w, const float *b, float *y) {
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, (const __half *)b, y);
+    LAUNCHED("layer_norm_kernel");
+}
+
+/* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
+ * which cuBLAS sees as the column-major W^T), x through an fp16 copy, fp32 accumulation. */
+static void linear(cuda_ws *d, const float *x, int rows, int in, const float *W, const float *b,
+                   int out, float *y, int mode) {
+    cudaStream_t s = ctx()->stream;
+    size_t n = (size_t)rows * in;
+    to_half_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, d->in16);
+    LAUNCHED("to_half_kernel");
+    float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
+    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F, out,
+                            d->in16, CUDA_R_16F, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+    if (!b) return;
+    size_t m = (size_t)rows * out;
+    bias_kernel<<<blocks_for(m, 256), 256, 0, s>>>(y, m, out, (const __half *)b, mode == OUT_RELU);
+    LAUNCHED("bias_kernel");
+}
+
+/* The position id of a slot (HF: pad slots get 1, then 2, 3, ... from the first real token). */
+__device__ int position_of(int pad, int slot) { return slot < pad ? OPT_POS_OFFSET - 1 : slot - pad + OPT_POS_OFFSET; }
+
+__global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, float *out) {
+    const __half *row = table + (size_t)ids[blockIdx.x] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = __half2float(row[i]);
+}
+
+__global__ void add_positions_kernel(float *x, const __half *pos, const int *pad, int n_new, int len, int h) {
+    int r = blockIdx.x, b = r / n_new, slot = len + r % n_new;
+    const __half *p = pos + (size_t)position_of(pad[b], slot) * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) x[(size_t)r * h + i] += __half2float(p[i]);
+}
+
+/* Uploads the pads and the step's tokens (the host arrays are pageable, hence the wait). */
+static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
+    cudaStream_t s = ctx()->stream;
+    size_t B = (size_t)gb->batch;
+    CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, B * sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d->tokens, gb->tokens, B * gb->n_new * sizeof(int), cudaMemcpyHostToDevice, s));
+    sync();
+}
+
+/* Uploads the pads and each sequence's cache pointers: device memory, or NULL when the cache is
+ * in host memory (its attention is delegated). Returns how many are on the device. */
+static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
+    cudaStream_t s = ctx()->stream;
+    int on_device = 0, B = gb->batch;
+    void **k = (void **)malloc(2 * (size_t)B * sizeof *k), **v = k + B;
+    if (!k) cuda_fail("malloc", __LINE__, "out of host memory");
+    for (int b = 0; b < B; b++) {
+        d->on_device[b] = memory_type(gb->k[b]) == cudaMemoryTypeDevice && memory_type(gb->v[b]) == cudaMemoryTypeDevice;
+        k[b] = d->on_device[b] ? gb->k[b] : NULL;
+        v[b] = d->on_device[b] ? gb->v[b] : NULL;
+        on_device += d->on_device[b];
+    }
+    CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d->k, k, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d->v, v, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
+    sync();
+    free(k);
+    return on_device;
+}
+
+/* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
+static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+    const opt_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    cudaStream_t s = ctx()->stream;
+    int rows = gb->batch * gb->n_new;
+    upload_tokens(d, gb);
+    float *words = w->project_in ? ws->h : gb->x;
+    gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, d->tokens, c->word_dim, words);
+    LAUNCHED("gather_rows_kernel");
+    if (w->project_in) linear(d, ws->h, rows, c->word_dim, w->project_in, NULL, c->hidden, gb->x, OUT_SET);
+    add_positions_kernel<<<rows, 256, 0, s>>>(gb->x, (const __half *)w->embed_positions, d->pad, gb->n_new, gb->len, c->hidden);
+    LAUNCHED("add_positions_kernel");
+    sync();
+}
+
+/* ---- the KV cache (§4.2; 4-bit §5) ---- */
+
+/* K and V of this step rounded to fp16 in qkv: what the cache holds, and (as on the CPU) what
+ * the step's own tokens attend with. */
+__global__ void round_kv_kernel(float *qkv, int rows, int h) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * 2 * h) return;
+    float *x = qkv + (i / (2 * h)) * 3 * h + h + i % (2 * h);
+    *x = __half2float(__float2half_rn(*x));
+}
+
+/* The smallest fp16 at or above x >= 0 (quant.c's fp16_at_least). */
+__device__ __half half_at_least(float x) {
+    __half h = __float2half_rn(x);
+    unsigned short bits = __half_as_ushort(h);
+    if (__half2float(h) < x) bits++;
+    if ((bits & 0x7c00) == 0x7c00) bits = 0x7bff;
+    return __ushort_as_half(bits);
+}
+
+/* One 4-bit group of a cache row: n values of one head, as quant.c's compress_group (inner 1),
+ * without FMA contraction so that the levels are the CPU's. */
+__device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *min_out, __half *scale_out) {
+    float lo = x[0], hi = x[0];
+    for (int e = 1; e < n; e++) lo = fminf(lo, x[e]), hi = fmaxf(hi, x[e]);
+    __half min16 = __float2half_rn(lo);
+    float min = __half2float(min16);
+    __half scale16 = hi > min ? half_at_least(__fdiv_rn(__fsub_rn(hi, min), 15.0f)) : __ushort_as_half(0);
+    float scale = __half2float(scale16), inv = scale > 0 ? __fdiv_rn(1.0f, scale) : 0;
+    for (int p = 0; p < Q4_GROUP / 2; p++) {
+        int q[2] = {0, 0};
+        for (int half = 0; half < 2; half++) {
+            int e = 2 * p + half;
+            if (e >= n) break;
+            float t = __fadd_rn(__fmul_rn(__fsub_rn(x[e], min), inv), 0.5f);
+            q[half] = t <= 0 ? 0 : t >= 15 ? 15 : (int)t;
+        }
+        bytes[p] = (uint8_t)(q[0] << 4 | q[1]);
+    }
+    *min_out = min16;
+    *scale_out = scale16;
+}
+
+/* This step's K and V rows into the device caches: a thread per (row, K or V, head, group). */
+__global__ void store_kv_kernel(const float *qkv, int rows, int n_new, int len, int h, int heads,
+                                int q4, void *const *k, void *const *v) {
+    int hd = h / heads, G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * 2 * heads * G) return;
+    int g = (int)(i % G), head = (int)(i / G % heads), kv = (int)(i / G / heads % 2), r = (int)(i / G / heads / 2);
+    int b = r / n_new, slot = len + r % n_new;
+    char *cache = (char *)(kv ? v[b] : k[b]);
+    if (!cache) return; /* delegated: the CPU stores it */
+    const float *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
+    if (!q4) {
+        __half *row = (__half *)(cache + (size_t)slot * 2 * h) + (size_t)head * hd;
+        for (int e = g * Q4_GROUP; e < hd && e < (g + 1) * Q4_GROUP; e++) row[e] = __float2half_rn(x[e]);
+        return;
+    }
+    size_t head_bytes = (size_t)G * (Q4_GROUP / 2 + 4);
+    uint8_t *bytes = (uint8_t *)cache + (size_t)slot * heads * head_bytes + (size_t)head * head_bytes;
+    __half *mins = (__half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+    int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
+    compress_group(x + g * Q4_GROUP, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
+}
+
+/* Value d of one head's key (or value) at `slot`: from the cache below len, else this step's. */
+__device__ float kv_value(const char *cache, const float *fresh, int slot, int len, int d, int head,
+                          int hd, int h, int heads, int q4) {
+    if (slot >= len) return fresh[(size_t)(slot - len) * 3 * h + (size_t)head * hd + d];
+    if (!q4) return __half2float(((const __half *)(cache + (size_t)slot * 2 * h))[(size_t)head * hd + d]);
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
+    const uint8_t *bytes = (const uint8_t *)cache + ((size_t)slot * heads + head) * G * (Q4_GROUP / 2 + 4);
+    const __half *mins = (const __half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+    int q = (bytes[g * (Q4_GROUP / 2) + p] >> (d % 2 ? 0 : 4)) & 15;
+    return __fmaf_rn((float)q, __half2float(scales[g]), __half2float(mins[g]));
+}
+
+/* Attention of one query (sequence blockIdx.y, head blockIdx.x, query blockIdx.z) over the keys
+ * it sees: [pad, its slot]. softmax(scale q.K) V, with §5's top-K in decode (sparsity < 1):
+ * the new token plus the floor(sparsity (slots - 1)) earlier keys of largest weight (ties to the
+ * earlier), weights not renormalized, as opt_attend_decode. Shared: scores and kept flags. */
+__global__ void attention_kernel(const float *qkv, float *attn, const int *pad, void *const *kc,
+                                 void *const *vc, int n_new, int len, int h, int heads, int q4,
+                                 float scale, float sparsity) {
+    extern __shared__ float scores[];
+    __shared__ float shared[32];
+    int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = h / heads;
+    if (!kc[b]) return; /* delegated */
+    int start = pad[b], slot = len + t, nk = slot - start + 1;
+    float *out = attn + ((size_t)b * n_new + t) * h + (size_t)head * hd;
+    if (nk <= 0) { /* a padding query: zeros, as on the CPU */
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = 0;
+        return;
+    }
+    const float *q = qkv + ((size_t)b * n_new + t) * 3 * h + (size_t)head * hd;
+    const float *fresh = qkv + (size_t)b * n_new * 3 * h;
+    const char *K = (const char *)kc[b], *V = (const char *)vc[b];
+    char *kept = (char *)(scores + nk);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        float dot = 0;
+        for (int d = 0; d < hd; d++) dot += q[d] * kv_value(K, fresh + h, start + j, len, d, head, hd, h, heads, q4);
+        scores[j] = dot * scale;
+    }
+    __syncthreads();
+    float m = -INFINITY, sum = 0;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
+    m = block_max(m, shared);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
+    sum = block_sum(sum, shared);
+    int keep = nk - 1; /* earlier keys kept */
+    if (n_new == 1 && sparsity < 1) {
+        int k = (int)floorf(sparsity * (float)slot); /* slots before this one, padding included */
+        keep = k < nk - 1 ? k : nk - 1;
+    }
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        scores[j] /= sum;
+        kept[j] = 1;
+    }
+    __syncthreads();
+    if (keep < nk - 1) /* rank among the earlier keys: larger first, ties to the earlier */
+        for (int j = threadIdx.x; j < nk - 1; j += blockDim.x) {
+            int rank = 0;
+            for (int i = 0; i < nk - 1; i++) rank += scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
+            kept[j] = rank < keep;
+        }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0;
+        for (int j = 0; j < nk; j++)
+            if (kept[j]) acc += scores[j] * kv_value(V, fresh + 2 * h, start + j, len, d, head, hd, h, heads, q4);
+        out[d] = acc;
+    }
+}
+
+/* Prefill scores of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed; others,
+ * and the rows of padding queries, are 0. A block per (query, head). */
+__global__ void prefill_softmax_kernel(float *scores, int n, int pad) {
+    __shared__ float shared[32];
+    int t = blockIdx.x;
+    float *row = scores + ((size_t)blockIdx.y * n + t) * n;
+    float m = -INFINITY, sum = 0;
+    for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m, shared);
+    for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) sum += row[j] = expf(row[j] - m);
+    sum = block_sum(sum, shared);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = j >= pad && j <= t ? row[j] / sum : 0;
+}
+
+/* Prefill (len 0) of device sequence b: scores = scale Q K^T and out = P V as fp32 products
+ * batched over the heads (cuBLAS sees row-major [n][3h] slices as column-major). */
+static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *gb, opt_workspace *ws, int b) {
+    int n = gb->n_new, h = c->hidden, H = c->n_heads, hd = h / H;
+    float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
+    const float *rows = ws->qkv + (size_t)b * n * 3 * h;
+    BLAS_CHECK(cublasSgemmStridedBatched(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
+                                         rows + h, 3 * h, hd, rows, 3 * h, hd, &zero, d->scores, n,
+                                         (long long)n * n, H));
+    dim3 grid(n, H);
+    prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, n, gb->pad[b]);
+    LAUNCHED("prefill_softmax_kernel");
+    BLAS_CHECK(cublasSgemmStridedBatched(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
+                                         rows + 2 * h, 3 * h, hd, d->scores, n, (long long)n * n,
+                                         &zero, ws->attn + (size_t)b * n * h, h, hd, H));
+}
+
+/* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host, the CPU
+ * backend's store and attention there, the result back. Runs of such sequences at a time. */
+static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, opt_workspace *ws,
+                                const char *on_device) {
+    size_t h = c->hidden, n = gb->n_new;
+    if (!d->has_host) {
+        char err[FG_ERR_LEN];
+        if (opt_workspace_init(&d->host, c, ws->rows, ws->max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
+        d->has_host = 1;
+    }
+    for (int b0 = 0, b1; b0 < gb->batch; b0 = b1) {
+        for (b1 = b0; b1 < gb->batch && !on_device[b1] == !on_device[b0]; b1++) {}
+        if (on_device[b0]) continue;
+        size_t first = (size_t)b0 * n, count = (size_t)(b1 - b0) * n;
+        cuda_copy_out(d->host.qkv + first * 3 * h, ws->qkv + first * 3 * h, count * 3 * h * sizeof(float));
+        gpu_batch part = *gb;
+        part.batch = b1 - b0;
+        part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
+        part.v_rows_read = gb->v_rows_read + b0;
+        opt_workspace host = d->host;
+        host.qkv += first * 3 * h, host.attn += first * h;
+        opt_cache_attention(c, &part, &host);
+        cuda_copy_in(ws->attn + first * h, host.attn, count * h * sizeof(float));
+    }
+}
+
+static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+    cudaStream_t s = ctx()->stream;
+    int h = c->hidden, rows = gb->batch * gb->n_new, H = c->n_heads, hd = h / H;
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    int on_device = upload_cache(d, gb);
+    round_kv_kernel<<<blocks_for((size_t)rows * 2 * h, 256), 256, 0, s>>>(ws->qkv, rows, h);
+    LAUNCHED("round_kv_kernel");
+    size_t groups = (size_t)rows * 2 * H * G;
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(ws->qkv, rows, gb->n_new, gb->len, h, H,
+                                                            gb->kv_q4, d->k, d->v);
+    LAUNCHED("store_kv_kernel");
+    if (gb->len == 0 && gb->n_new > 1) {
+        for (int b = 0; b < gb->batch; b++)
+            if (d->on_device[b]) prefill_attention(d, c, gb, ws, b);
+    } else if (on_device > 0) {
+        int nk = gb->len + gb->n_new;
+        dim3 grid(H, gb->batch, gb->n_new);
+        size_t shared = (size_t)nk * (sizeof(float) + 1);
+        attention_kernel<<<grid, 128, shared, s>>>(ws->qkv, ws->attn, d->pad, d->k, d->v, gb->n_new,
+                                                  gb->len, h, H, gb->kv_q4, 1.0f / sqrtf((float)hd),
+                                                  gb->attn_sparsity);
+        LAUNCHED("attention_kernel");
+    }
+    if (on_device < gb->batch) {
+        sync(); /* qkv is rounded before it is copied */
+        delegated_attention(d, c, gb, ws, d->on_device);
+    }
+}
+
+/* One decoder layer (opt_model.c's opt_layer, step for step). */
+static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
+    const opt_config *c = &w->cfg;
+    const opt_layer_weights *L = &w->layers[layer];
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
+    const float *in = gb->x;
+    if (c->pre_ln) {
+        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
+        in = ws->h;
+    }
+    linear(d, in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET);
+    cache_attention(d, c, gb, ws);
+    linear(d, ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
+    if (c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
+    else layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x);
+    linear(d, c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU);
+    linear(d, ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD);
+    if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
+    sync();
+}
+
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))): lm_head is [vocab][word_dim]. */
+static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+    const opt_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    cudaStream_t s = ctx()->stream;
+    int h = c->hidden, B = gb->batch;
+    CUDA_CHECK(cudaMemcpy2DAsync(ws->h, h * sizeof(float), gb->x + (size_t)(gb->n_new - 1) * h,
+                                 (size_t)gb->n_new * h * sizeof(float), h * sizeof(float), B,
+                                 cudaMemcpyDeviceToDevice, s));
+    if (w->final_ln_w) layer_norm(ws->h, B, h, w->final_ln_w, w->final_ln_b, ws->h);
+    const float *last = ws->h;
+    if (w->project_out) {
+        linear(d, ws->h, B, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
+        last = ws->qkv;
+    }
+    size_t n = (size_t)B * c->word_dim;
+    to_half_kernel<<<blocks_for(n, 256), 256, 0, s>>>(last, n, d->in16);
+    LAUNCHED("to_half_kernel");
+    float one = 1, zero = 0;
+    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, B, c->word_dim, &one,
+                            w->lm_head, CUDA_R_16F, c->word_dim, d->in16, CUDA_R_16F, c->word_dim,
+                            &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    sync();
+}
+
+/* ============================================================================================
+ * The table, once a GPU is found
+ * ============================================================================================ */
+
+static const fg_backend cuda_backend = {
+    "cuda",                 /* name */
+    0,                      /* gpu_is_host */
+    2,                      /* weight_elem: fp16 */
+    cuda_alloc, cuda_free, cuda_host_alloc, cuda_host_free,
+    cuda_weights_in, cuda_weights_in_q4,
+    cuda_copy_in, cuda_copy_out, cuda_copy,
+    fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
+    cuda_embed, cuda_layer, cuda_output,
+};
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static char probe_error[FG_ERR_LEN];
+
+static void probe(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
+        snprintf(probe_error, sizeof probe_error, "no GPU (no NVIDIA device, or no driver as new as "
+                 "this CUDA %d.%d runtime)", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        return;
+    }
+    if (e != cudaSuccess) {
+        snprintf(probe_error, sizeof probe_error, "no usable GPU (%s)", cudaGetErrorString(e));
+        return;
+    }
+    if (n == 0) {
+        snprintf(probe_error, sizeof probe_error, "no GPU found");
+        return;
+    }
+    if (pthread_key_create(&ctx_key, ctx_destroy) != 0)
+        snprintf(probe_error, sizeof probe_error, "cannot create a thread key");
+}
+
+extern "C" int fg_cuda_compiled(void) { return 1; }
+
+extern "C" const fg_backend *fg_cuda_backend(char *err) {
+    pthread_once(&probe_once, probe);
+    if (probe_error[0]) {
+        fg_fail(err, "%s", probe_error);
+        return NULL;
+    }
+    return &cuda_backend;
+}
