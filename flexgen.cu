@@ -102,7 +102,7 @@ static cublasHandle_t blas(void) {
     return c->blas;
 }
 
-static void sync(void) { CUDA_CHECK(cudaStreamSynchronize(ctx()->stream)); }
+static void wait_stream(void) { CUDA_CHECK(cudaStreamSynchronize(ctx()->stream)); }
 
 /* What kind of memory p is in: cudaMemoryTypeDevice, cudaMemoryTypeHost (pinned), or
  * cudaMemoryTypeUnregistered (plain host memory). */
@@ -168,7 +168,7 @@ static void cuda_copy_in(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     if (is_pinned_or_device(src)) {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
-        sync();
+        wait_stream();
         return;
     }
     bounce_ready(c);
@@ -180,7 +180,7 @@ static void cuda_copy_in(void *dst, const void *src, size_t bytes) {
         CUDA_CHECK(cudaMemcpyAsync((char *)dst + at, c->bounce[b], n, cudaMemcpyHostToDevice, c->stream));
         CUDA_CHECK(cudaEventRecord(c->moved[b], c->stream));
     }
-    sync();
+    wait_stream();
 }
 
 /* Device -> host, the same way round. */
@@ -189,7 +189,7 @@ static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     if (is_pinned_or_device(dst)) {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
-        sync();
+        wait_stream();
         return;
     }
     bounce_ready(c);
@@ -211,7 +211,7 @@ static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
 static void cuda_copy(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx()->stream));
-    sync();
+    wait_stream();
 }
 
 /* ============================================================================================
@@ -244,7 +244,7 @@ static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t
     size_t n = outer * len * inner;
     dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)bytes, outer, len, inner, (__half *)dst);
     LAUNCHED("dequant_kernel");
-    sync();
+    wait_stream();
 }
 
 /* ============================================================================================
@@ -260,9 +260,9 @@ typedef struct {
     int *pad, *tokens;  /* [rows] */
     void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
     char *on_device;    /* [rows], host: the same, as flags */
+    void **host_kv;     /* [2][rows], host: what k and v get */
     opt_workspace host; /* for delegated attention: the CPU backend's workspace, on first use */
     int has_host;
-    const opt_config *cfg;
 } cuda_ws;
 
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -280,9 +280,11 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     for (int i = 0; i < 8; i++) total += up64(sizes[i]);
     d->block = (char *)cuda_alloc(total);
     d->on_device = (char *)malloc(rows);
-    if (!d->block || !d->on_device) {
+    d->host_kv = (void **)malloc(2 * rows * sizeof *d->host_kv);
+    if (!d->block || !d->on_device || !d->host_kv) {
         cuda_free(d->block);
         free(d->on_device);
+        free(d->host_kv);
         free(d);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
@@ -293,7 +295,6 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     ws->qkv = (float *)parts[1], ws->attn = ws->qkv + rows * 3 * h, ws->ffn = ws->qkv;
     d->in16 = (__half *)parts[2], d->scores = (float *)parts[3];
     d->pad = (int *)parts[4], d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
-    d->cfg = cfg;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -306,6 +307,7 @@ static void cuda_workspace_free(opt_workspace *ws) {
         cuda_free(d->block);
         if (d->has_host) opt_workspace_free(&d->host);
         free(d->on_device);
+        free(d->host_kv);
         free(d);
     }
     memset(ws, 0, sizeof *ws);
@@ -409,7 +411,7 @@ static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
     size_t B = (size_t)gb->batch;
     CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, B * sizeof(int), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(d->tokens, gb->tokens, B * gb->n_new * sizeof(int), cudaMemcpyHostToDevice, s));
-    sync();
+    wait_stream();
 }
 
 /* Uploads the pads and each sequence's cache pointers: device memory, or NULL when the cache is
@@ -417,8 +419,7 @@ static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
 static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
     cudaStream_t s = ctx()->stream;
     int on_device = 0, B = gb->batch;
-    void **k = (void **)malloc(2 * (size_t)B * sizeof *k), **v = k + B;
-    if (!k) cuda_fail("malloc", __LINE__, "out of host memory");
+    void **k = d->host_kv, **v = k + B;
     for (int b = 0; b < B; b++) {
         d->on_device[b] = memory_type(gb->k[b]) == cudaMemoryTypeDevice && memory_type(gb->v[b]) == cudaMemoryTypeDevice;
         k[b] = d->on_device[b] ? gb->k[b] : NULL;
@@ -428,8 +429,7 @@ static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
     CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(d->k, k, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(d->v, v, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
-    sync();
-    free(k);
+    wait_stream(); /* before the host arrays are written again */
     return on_device;
 }
 
@@ -446,7 +446,7 @@ static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     if (w->project_in) linear(d, ws->h, rows, c->word_dim, w->project_in, NULL, c->hidden, gb->x, OUT_SET);
     add_positions_kernel<<<rows, 256, 0, s>>>(gb->x, (const __half *)w->embed_positions, d->pad, gb->n_new, gb->len, c->hidden);
     LAUNCHED("add_positions_kernel");
-    sync();
+    wait_stream();
 }
 
 /* ---- the KV cache (§4.2; 4-bit §5) ---- */
@@ -665,7 +665,7 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, opt_
         LAUNCHED("attention_kernel");
     }
     if (on_device < gb->batch) {
-        sync(); /* qkv is rounded before it is copied */
+        wait_stream(); /* qkv is rounded before it is copied */
         delegated_attention(d, c, gb, ws, d->on_device);
     }
 }
@@ -689,7 +689,7 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
     linear(d, c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU);
     linear(d, ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD);
     if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
-    sync();
+    wait_stream();
 }
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))): lm_head is [vocab][word_dim]. */
@@ -714,7 +714,7 @@ static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, 
     BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, B, c->word_dim, &one,
                             w->lm_head, CUDA_R_16F, c->word_dim, d->in16, CUDA_R_16F, c->word_dim,
                             &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    sync();
+    wait_stream();
 }
 
 /* ============================================================================================
