@@ -15,7 +15,7 @@ LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-SRC := opt_model.c tokenizer.c quant.c flexgen.c lp.c
+SRC := opt_model.c tokenizer.c quant.c flexgen.c lp.c pipeline.c
 CUDA_OBJ :=
 
 # CUDA: cuBLAS is the only GPU library. Code for T4 (sm_75), A100 (sm_80), RTX 30/40 (sm_86,
@@ -31,6 +31,13 @@ NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werr
 CUDA_OBJ := build/flexgen_cu.o
 CFLAGS += -DFLEXGEN_CUDA
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+# MPI (pipeline parallelism, §4.4): pipeline.c talks MPI where mpicc is found (MPICC=); the
+# whole program then links Open MPI's libraries. Without it every run is one process.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
+LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
 HDR := flexgen.h
 TEST_SRC := $(wildcard tests/*.c)

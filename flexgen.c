@@ -94,6 +94,7 @@ struct fg_runtime {
     io_link io[N_IO];
     trace_track tracks[N_TRACKS];
     double t0;
+    fg_pipe *pipe;        /* to the other pipeline stages (§4.4); NULL: one stage */
 };
 
 static double now_seconds(void) {
@@ -396,7 +397,7 @@ const fg_backend *fg_cuda_backend(char *err) {
 fg_policy fg_default_policy(void) {
     return (fg_policy){.device = FG_DEVICE_CPU, .gpu_batch_size = 16, .num_gpu_batches = 2,
                        .percent = {100, 0, 100, 0, 100, 0}, .overlap = 1, .pin_weight = 1,
-                       .attn_sparsity = 1};
+                       .attn_sparsity = 1, .n_stages = 1};
 }
 
 static double mem_available_bytes(void) {
@@ -505,6 +506,8 @@ void fg_runtime_close(fg_runtime *rt) {
 
 const fg_backend *fg_runtime_backend(const fg_runtime *rt) { return rt->backend; }
 
+void fg_runtime_set_pipe(fg_runtime *rt, fg_pipe *p) { rt->pipe = p; }
+
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     pthread_mutex_lock((pthread_mutex_t *)&rt->lock);
     for (int t = 0; t < N_TIERS; t++) {
@@ -517,25 +520,41 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     s->host_memory = rt->backend->gpu_is_host ? mem_available_bytes() : 0;
 }
 
-/* Chrome's trace event format: one complete ("X") event per task, one thread per track. */
-int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {
+/* Chrome's trace event format: one complete ("X") event per task, one thread per track, one
+ * process per pipeline stage. The events of this runtime as stage `stage` of n, one a line. */
+static char *trace_events(const fg_runtime *rt, int stage, int n) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    int pid = stage + 1;
+    if (n > 1)
+        fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"stage %d of %d\"}},\n",
+                pid, stage + 1, n);
+    for (int t = 0; t < N_TRACKS; t++)
+        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
+                pid, t, track_names[t]);
+    for (int t = 0; t < N_TRACKS; t++)
+        for (size_t i = 0; i < rt->tracks[t].n; i++) {
+            const trace_event *e = &rt->tracks[t].events[i];
+            fprintf(f, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,"
+                       "\"args\":{\"a\":%d,\"b\":%d}},\n",
+                    e->name, pid, t, e->start * 1e6, (e->end - e->start) * 1e6, e->a, e->b);
+        }
+    if (fclose(f) != 0) { free(text); return NULL; }
+    return text;
+}
+
+/* The trace file from every stage's events, written whole or not at all. */
+static int write_trace(const char *path, const char *events, char *err) {
     char tmp[4200];
+    if (!events) return fg_fail(err, "--trace %s: out of memory", path);
     snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
     int fd = mkstemp(tmp);
     if (fd < 0) return fg_fail(err, "--trace %s: %s", path, strerror(errno));
     FILE *f = fdopen(fd, "w");
     if (!f) { close(fd); unlink(tmp); return fg_fail(err, "--trace %s: %s", path, strerror(errno)); }
-    fprintf(f, "{\"traceEvents\":[\n");
-    for (int t = 0; t < N_TRACKS; t++)
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
-                t, track_names[t]);
-    for (int t = 0; t < N_TRACKS; t++)
-        for (size_t i = 0; i < rt->tracks[t].n; i++) {
-            const trace_event *e = &rt->tracks[t].events[i];
-            fprintf(f, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,"
-                       "\"args\":{\"a\":%d,\"b\":%d}},\n",
-                    e->name, t, e->start * 1e6, (e->end - e->start) * 1e6, e->a, e->b);
-        }
+    fprintf(f, "{\"traceEvents\":[\n%s", events);
     fprintf(f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
     int ok = !ferror(f);
     ok = fclose(f) == 0 && ok;
@@ -545,6 +564,13 @@ int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {
         return fg_fail(err, "--trace %s: write failed: %s", path, strerror(e));
     }
     return 0;
+}
+
+int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {
+    char *events = trace_events(rt, 0, 1);
+    int rc = write_trace(path, events, err);
+    free(events);
+    return rc;
 }
 
 /* ============================================================================================
@@ -584,10 +610,42 @@ struct fg_model {
     size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
     long staged[2];       /* which layer g (step g / L, layer g % L) each staging arena holds, or -1 */
     weight_read reads[2]; /* disk reads of layers g, in slot g % 2 */
+    int first_layer, end_layer; /* this pipeline stage's layers [first, end) (§4.4) */
+    int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
 };
 
 static int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
 static void count_existing_weight_file(fg_model *m);
+
+void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end) {
+    int L = c->n_layers;
+    if (n < 1) n = 1;
+    *first = s == 0 ? 0 : 1 + (int)((long)L * s / n);
+    *end = s == n - 1 ? L + 2 : 1 + (int)((long)L * (s + 1) / n);
+}
+
+static int stage_layers(const fg_model *m) { return m->end_layer - m->first_layer; }
+static int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
+static int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
+static int in_stage(const fg_model *m, int i) {
+    int j = m->layout.tensors[i].layer;
+    return j >= m->first_layer && j < m->end_layer;
+}
+/* The tensor whose home tensor i shares: its tie (lm_head to embed_tokens) when both are in this
+ * stage, else -1 (the last stage of a pipeline keeps lm_head's own copy). */
+static int tied_here(const fg_model *m, int i) {
+    int t = m->layout.tensors[i].tied_to;
+    return t >= 0 && in_stage(m, t) ? t : -1;
+}
+
+/* Tensor i is kept 4-bit (§5), and the bytes it is stored in (off the gpu tier, or 4-bit). */
+static int is_q4(const fg_model *m, int i) {
+    return m->rt->policy.compress_weight && m->layout.tensors[i].group_len > 0;
+}
+static size_t stored_bytes(const fg_model *m, int i) {
+    const opt_tensor *t = &m->layout.tensors[i];
+    return is_q4(m, i) ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
+}
 
 /* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed. */
 static int is_staged(const weight_home *h) { return h->tier != TIER_GPU || h->q4; }
@@ -596,31 +654,30 @@ static void place_weights(fg_model *m) {
     const int *pc = m->rt->policy.percent;
     double disk_end = 100 - pc[0] - pc[1], cpu_end = disk_end + pc[1];
     const opt_layout *l = &m->layout;
-    for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++) {
+    for (int j = m->first_layer; j < m->end_layer; j++) {
         double total = 0, before = 0;
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-            if (l->tensors[i].tied_to < 0) total += (double)l->tensors[i].count;
+            if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             const opt_tensor *t = &l->tensors[i];
-            if (t->tied_to >= 0) continue;
+            if (tied_here(m, i) >= 0) continue;
             double mid = 100 * (before + t->count / 2.0) / total;
             before += (double)t->count;
             m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
         }
     }
-    for (int i = 0; i < l->n_tensors; i++) {
-        const opt_tensor *t = &l->tensors[i];
+    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++) {
         weight_home *h = &m->homes[i];
-        if (t->tied_to >= 0) h->tier = m->homes[t->tied_to].tier;
-        h->q4 = m->rt->policy.compress_weight && t->group_len > 0;
-        h->bytes = h->q4 ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
+        if (tied_here(m, i) >= 0) h->tier = m->homes[tied_here(m, i)].tier;
+        h->q4 = is_q4(m, i);
+        h->bytes = stored_bytes(m, i);
     }
     /* an arena holds the largest staged layer's working weights and, on a device that cannot
      * decompress host memory, the largest compressed tensor's bytes (one at a time: they land
      * and are decompressed in order on one stream) */
     const fg_backend *be = m->rt->backend;
     size_t working = 0, landing = 0;
-    for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++)
+    for (int j = m->first_layer; j < m->end_layer; j++)
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             const weight_home *h = &m->homes[i];
             if (!is_staged(h)) continue;
@@ -641,12 +698,12 @@ static double home_bytes(const fg_model *m, const weight_home *h, size_t count) 
 static void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk) {
     memset(bytes, 0, N_TIERS * sizeof *bytes);
     *max_layer_disk = 0;
-    for (int j = 0; j < n_flexgen_layers(&m->view.cfg); j++) {
+    for (int j = m->first_layer; j < m->end_layer; j++) {
         double layer_disk = 0;
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             const weight_home *h = &m->homes[i];
             double b = home_bytes(m, h, m->layout.tensors[i].count);
-            if (m->layout.tensors[i].tied_to < 0) bytes[h->tier] += b;
+            if (tied_here(m, i) < 0) bytes[h->tier] += b;
             if (h->tier == TIER_DISK) layer_disk += b;
         }
         if (layer_disk > *max_layer_disk) *max_layer_disk = layer_disk;
@@ -668,6 +725,14 @@ static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const
         while (i < m->layout.n_tensors && m->layout.tensors[i].layer < j) i++;
         m->layer_first[j] = i;
     }
+    const fg_policy *p = &m->rt->policy;
+    fg_stage_layers(cfg, p->stage, p->n_stages, &m->first_layer, &m->end_layer);
+    if (m->end_layer <= m->first_layer)
+        return fg_fail(err, "%s has %d decoder layers: too few for %d pipeline stages", cfg->name,
+                       cfg->n_layers, p->n_stages);
+    m->first_decoder = m->first_layer > 0 ? m->first_layer - 1 : 0;
+    int last_decoder = m->end_layer <= cfg->n_layers + 1 ? m->end_layer - 1 : cfg->n_layers;
+    m->n_decoder = last_decoder - m->first_decoder;
     place_weights(m);
     count_existing_weight_file(m);
     return 0;
@@ -718,7 +783,7 @@ void fg_model_close(fg_model *m) {
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
         size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
-        if (m->layout.tensors[i].tied_to >= 0) continue;
+        if (!in_stage(m, i) || tied_here(m, i) >= 0) continue;
         if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->q4 ? h->stored : h->gpu, bytes);
         if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->stored, bytes);
     }
@@ -746,8 +811,9 @@ typedef struct {
 static size_t weight_file_offsets(const fg_model *m, size_t *offsets) {
     size_t at = page_up(sizeof(weight_file_header));
     for (int i = 0; i < m->layout.n_tensors; i++) {
-        if (offsets) offsets[i] = at;
-        if (m->layout.tensors[i].tied_to < 0) at += page_up(m->homes[i].bytes);
+        int tie = m->layout.tensors[i].tied_to;
+        if (offsets) offsets[i] = tie >= 0 ? offsets[tie] : at; /* the same values, stored alike */
+        if (tie < 0) at += page_up(stored_bytes(m, i));
     }
     return at;
 }
@@ -897,12 +963,11 @@ static int load_weights_into_homes(fg_model *m, char *err) {
         }
     }
     weight_source src = {m->has_archive ? &m->archive : NULL, m->seed};
-    int L = n_flexgen_layers(&m->view.cfg);
-    for (int j = 0; j < L && rc == 0; j++) {
+    for (int j = m->first_layer; j < m->end_layer && rc == 0; j++) {
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++) {
             const opt_tensor *t = &l->tensors[i];
             weight_home *h = &m->homes[i];
-            if (t->tied_to >= 0) continue;
+            if (tied_here(m, i) >= 0) continue;
             if (h->tier == TIER_GPU) {
                 void **home = h->q4 ? &h->stored : (void **)&h->gpu;
                 *home = tier_alloc(rt, TIER_GPU, (size_t)home_bytes(m, h, t->count), "the weights", err);
@@ -919,11 +984,11 @@ static int load_weights_into_homes(fg_model *m, char *err) {
                 disk_release(rt, &m->disk, h->stored, h->bytes, 0);
             }
         }
-        if (m->has_archive) progress(m, "placing weights", j + 1, L);
+        if (m->has_archive) progress(m, "placing weights", j + 1 - m->first_layer, stage_layers(m));
     }
     free(offsets);
-    for (int i = 0; i < l->n_tensors && rc == 0; i++) {
-        if (l->tensors[i].tied_to >= 0) m->homes[i] = m->homes[l->tensors[i].tied_to];
+    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
+        if (tied_here(m, i) >= 0) m->homes[i] = m->homes[tied_here(m, i)];
         if (!is_staged(&m->homes[i])) *l->tensors[i].slot = m->homes[i].gpu;
     }
     for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++)
@@ -974,26 +1039,25 @@ static void weights_in_task(fg_runtime *rt, const io_task *task) {
     weights_release(rt, m, task->arg[0]);
 }
 
+static void forget_read(fg_model *m, weight_read *r);
+
 /* Starts reading the disk part of layer g into the cpu tier, unless it is read or has none. */
 static void read_weights(fg_model *m, long g) {
-    int L = n_flexgen_layers(&m->view.cfg), j = (int)(g % L), on_disk = 0;
+    int j = m->first_layer + (int)(g % stage_layers(m)), on_disk = 0;
     weight_read *r = &m->reads[g % 2];
     if (r->g == g) return;
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) on_disk |= m->homes[i].tier == TIER_DISK;
     if (!on_disk) return;
+    forget_read(m, r); /* a layer read ahead for a unit that did not come */
     *r = (weight_read){g, io_submit(m->rt, IO_WEIGHT_DISK, (io_task){weights_fetch_task, "read weights", 0, 0, m, {j, 0}}), 0};
 }
 
 /* Starts loading layer g into staging arena g % 2 (reading it first if that has not begun). */
 static void load_weights(fg_model *m, long g) {
-    int L = n_flexgen_layers(&m->view.cfg), j = (int)(g % L), buf = (int)(g % 2), staged = 0;
+    int j = m->first_layer + (int)(g % stage_layers(m)), buf = (int)(g % 2), staged = 0;
     if (m->staged[buf] == g) return;
     m->staged[buf] = g;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-        if (!is_staged(&m->homes[i])) continue;
-        *m->layout.tensors[i].slot = (float *)(m->staging[buf] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
-        staged = 1;
-    }
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) staged |= is_staged(&m->homes[i]);
     if (!staged) return;
     read_weights(m, g);
     weight_read *r = &m->reads[g % 2];
@@ -1002,18 +1066,27 @@ static void load_weights(fg_model *m, long g) {
     io_submit(m->rt, IO_WEIGHT_HOST, (io_task){weights_in_task, "load weights", IO_WEIGHT_DISK, read, m, {j, buf}});
 }
 
+/* Points compute at layer g's staged weights (arena g % 2), as it starts: with one layer on a
+ * pipeline stage, the arena the next layer loads into is this layer's other one. */
+static void bind_weights(fg_model *m, long g) {
+    int j = m->first_layer + (int)(g % stage_layers(m));
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        if (is_staged(&m->homes[i]))
+            *m->layout.tensors[i].slot = (float *)(m->staging[g % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
+}
+
 /* At the end of a block: layers read ahead for steps that did not come (every sequence
  * stopped) give their pages back. */
-static void forget_reads(fg_model *m) {
-    int L = n_flexgen_layers(&m->view.cfg);
-    for (int b = 0; b < 2; b++) {
-        weight_read *r = &m->reads[b];
-        if (r->g >= 0 && !r->used) {
-            io_wait(m->rt, IO_WEIGHT_DISK, r->seq);
-            weights_release(m->rt, m, (int)(r->g % L));
-        }
-        r->g = -1;
+static void forget_read(fg_model *m, weight_read *r) {
+    if (r->g >= 0 && !r->used) {
+        io_wait(m->rt, IO_WEIGHT_DISK, r->seq);
+        weights_release(m->rt, m, m->first_layer + (int)(r->g % stage_layers(m)));
     }
+    r->g = -1;
+}
+
+static void forget_reads(fg_model *m) {
+    for (int b = 0; b < 2; b++) forget_read(m, &m->reads[b]);
 }
 
 /* ============================================================================================
@@ -1046,9 +1119,12 @@ static fg_tier row_tier(const row_split *s, int b, int *index) {
     return t;
 }
 
-/* The sizes every allocation of a block follows; the plan check uses the same numbers. */
+/* The sizes every allocation of a block follows; the plan check uses the same numbers. A stage
+ * of a pipeline holds `micro` blocks (its micro-batches, §4.4), each with its own KV cache and
+ * activations; they compute one at a time, so staging, workspace and logits are shared. */
 typedef struct {
     int gbs, ngb, max_prompt, max_len, stage_len;
+    int micro;                  /* blocks in flight on this stage */
     row_split cache, act;
     size_t row_floats;          /* hidden: floats per token of the activations */
     size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
@@ -1056,15 +1132,33 @@ typedef struct {
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
     double transient_cpu;       /* disk pages in memory while they move, at most */
+    size_t act_message;         /* bytes of one GPU batch's activations between stages, at most */
+    double pipe_buffers;        /* cpu tier: activations on their way out (each block's GPU
+                                   batches) and in (two), when there is such a neighbour */
 } block_shape;
 
-static block_shape shape_block(const fg_runtime *rt, const opt_config *c, int n_prompts,
-                               int max_prompt, int gen_len) {
+/* A pipeline of M stages keeps M micro-batches in flight (§4.4), each a block of at most
+ * gpu_batch_size x num_gpu_batches sequences: prompts go in rounds of *count blocks of *size
+ * (fewer prompts make smaller blocks rather than fewer). One process: blocks, one at a time. */
+static void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
+    const fg_policy *p = &m->rt->policy;
+    int stages = p->n_stages > 1 ? p->n_stages : 1, block = p->gpu_batch_size * p->num_gpu_batches;
+    int share = (n_prompts + stages - 1) / stages;
+    *size = share < block ? share : block;
+    int blocks = (n_prompts + *size - 1) / *size;
+    *count = blocks < stages ? blocks : stages;
+}
+
+static block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int gen_len) {
+    const fg_runtime *rt = m->rt;
+    const opt_config *c = &m->view.cfg;
     const fg_policy *p = &rt->policy;
+    int size;
     block_shape s;
     memset(&s, 0, sizeof s);
-    s.gbs = n_prompts < p->gpu_batch_size ? n_prompts : p->gpu_batch_size;
-    int batches = (n_prompts + p->gpu_batch_size - 1) / p->gpu_batch_size;
+    micro_batches(m, n_prompts, &size, &s.micro);
+    s.gbs = size < p->gpu_batch_size ? size : p->gpu_batch_size;
+    int batches = (size + p->gpu_batch_size - 1) / p->gpu_batch_size;
     s.ngb = batches < p->num_gpu_batches ? batches : p->num_gpu_batches;
     s.max_prompt = max_prompt;
     s.max_len = max_prompt + gen_len;
@@ -1076,7 +1170,7 @@ static block_shape shape_block(const fg_runtime *rt, const opt_config *c, int n_
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
     double h = c->hidden, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
     for (int t = 0; t < N_TIERS; t++) {
-        s.kv_home[t] = kv_row * c->n_layers * s.ngb * 2 * s.cache.rows[t] * s.max_len;
+        s.kv_home[t] = kv_row * m->n_decoder * s.ngb * 2 * s.cache.rows[t] * s.max_len;
         s.act_home[t] = 4.0 * s.ngb * s.act.rows[t] * max_prompt * h;
     }
     s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
@@ -1084,7 +1178,10 @@ static block_shape shape_block(const fg_runtime *rt, const opt_config *c, int n_
     s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
     s.x_stage = 2 * 4.0 * s.gbs * max_prompt * h;
     s.workspace = (double)rt->backend->workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
-    s.logits = 4.0 * s.gbs * s.ngb * c->vocab;
+    s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * c->vocab : 0;
+    s.act_message = (size_t)s.gbs * max_prompt * s.row_floats * sizeof(float);
+    s.pipe_buffers = (double)s.act_message * ((is_last_stage(m) ? 0 : s.micro * s.ngb) +
+                                              (is_first_stage(m) ? 0 : 2));
     /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
     s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
                            4.0 * s.act.rows[TIER_DISK] * max_prompt * h + 2 * page_size());
@@ -1097,10 +1194,23 @@ typedef struct {
     block_shape s;
     gpu_batch *gb;   /* [ngb] */
     int n_batches;   /* in this block (the last block may have fewer) */
+    int count;       /* its sequences (0: an empty micro-batch of the last round) */
+    int running;     /* some sequence of it is still generating */
+    char *done;      /* [gbs * ngb]: the sequence has generated </s> (--stop-at-eos) */
+    int *ids;        /* [gbs * ngb]: the tokens chosen at the last step, the next step's input */
+    int ids_msg;     /* their message to the first stage, or -1 */
+    float *outbox;   /* [ngb][gbs * max_prompt][hidden]: activations on their way to the next
+                        stage (cpu tier), each GPU batch's slot until its message is sent */
+    int *out_msg;    /* [ngb]: those messages, or -1 */
+    float *inbox;    /* [2][gbs * max_prompt][hidden]: activations from the previous stage, by
+                        staging arena (shared by the stage's blocks) */
+    int in_msg, in_k; /* the receive of GPU batch in_k's activations, or -1 */
+    double bubble;   /* seconds the compute thread waited for another stage */
+    int borrowed;    /* staging, workspace, logits and inbox are another block's */
     int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
     int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
                         place, so only those cross the link (§5); disk rows move whole */
-    opt_workspace ws;
+    opt_workspace own_ws, *ws;
     float *logits;   /* [gbs * ngb][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
     char *kv_home[N_TIERS];   /* [ngb][n_layers][K, V][rows][max_len] rows of kv_row bytes */
@@ -1115,7 +1225,7 @@ typedef struct {
 static char *kv_home_rows(const block *bl, int k, int layer, int kv, int b) {
     int r;
     fg_tier t = row_tier(&bl->s.cache, b, &r);
-    size_t idx = (((size_t)k * bl->m->view.cfg.n_layers + layer) * 2 + kv) * bl->s.cache.rows[t] + r;
+    size_t idx = (((size_t)k * bl->m->n_decoder + layer) * 2 + kv) * bl->s.cache.rows[t] + r;
     return bl->kv_home[t] + idx * bl->s.max_len * bl->s.kv_row;
 }
 
@@ -1134,35 +1244,78 @@ static float *act_home_rows(const block *bl, int k, int b) {
 static void free_block(block *bl) {
     fg_runtime *rt = bl->rt;
     const block_shape *s = &bl->s;
+    if (!rt) return;
     for (int k = 0; bl->gb && k < s->ngb; k++) gpu_batch_free(&bl->gb[k]);
     free(bl->gb);
-    if (bl->has_ws) rt->backend->workspace_free(&bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
-    tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
-    free(bl->host_logits);
+    free(bl->done);
+    free(bl->ids);
+    free(bl->out_msg);
+    if (bl->outbox) tier_free(rt, TIER_CPU, bl->outbox, s->act_message * s->ngb);
+    if (!bl->borrowed) {
+        if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
+        tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
+        free(bl->host_logits);
+        for (int b = 0; b < 2; b++) {
+            tier_free(rt, TIER_GPU, bl->kv_stage[b], (size_t)s->kv_stage / 2);
+            tier_free(rt, TIER_GPU, bl->x_stage[b], (size_t)s->x_stage / 2);
+        }
+        if (bl->inbox) tier_free(rt, TIER_CPU, bl->inbox, 2 * s->act_message);
+    }
     for (int t = TIER_GPU; t <= TIER_CPU; t++) {
         tier_free(rt, (fg_tier)t, bl->kv_home[t], (size_t)s->kv_home[t]);
         tier_free(rt, (fg_tier)t, bl->act_home[t], (size_t)s->act_home[t]);
-    }
-    for (int b = 0; b < 2; b++) {
-        tier_free(rt, TIER_GPU, bl->kv_stage[b], (size_t)s->kv_stage / 2);
-        tier_free(rt, TIER_GPU, bl->x_stage[b], (size_t)s->x_stage / 2);
     }
     if (bl->disk.base) tier_add(rt, TIER_DISK, -(s->kv_home[TIER_DISK] + s->act_home[TIER_DISK]));
     arena_close(&bl->disk);
     memset(bl, 0, sizeof *bl);
 }
 
+/* A stage's buffers that its blocks share (they compute one at a time): staging, workspace,
+ * logits, the inbox of activations from the previous stage. */
+static int alloc_stage_buffers(block *bl, char *err) {
+    fg_runtime *rt = bl->rt;
+    const block_shape *s = &bl->s;
+    for (int b = 0; b < 2; b++) {
+        if (s->kv_stage && !(bl->kv_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->kv_stage / 2, "KV cache staging", err))) return -1;
+        if (!(bl->x_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err))) return -1;
+    }
+    if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) return -1;
+    if (s->logits && !(bl->host_logits = malloc((size_t)s->logits))) return fg_fail(err, "out of memory for the logits");
+    if (!is_first_stage(bl->m) &&
+        !(bl->inbox = tier_alloc(rt, TIER_CPU, 2 * s->act_message, "activations from the previous stage", err)))
+        return -1;
+    if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) return -1;
+    bl->ws = &bl->own_ws;
+    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, (size_t)s->gbs * s->max_prompt, s->max_len, err)) {
+        tier_add(rt, TIER_GPU, -s->workspace);
+        return -1;
+    }
+    bl->has_ws = 1;
+    return 0;
+}
+
+/* A block (one micro-batch of a pipeline stage) with its KV cache and activations on the tiers;
+ * the stage's shared buffers are allocated, or (shared != NULL) borrowed from another block. */
 static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, int gen_len,
-                       char *err) {
+                       const block *shared, char *err) {
     fg_runtime *rt = m->rt;
     memset(bl, 0, sizeof *bl);
     bl->disk.fd = -1;
     bl->m = m;
     bl->rt = rt;
-    bl->s = shape_block(rt, &m->view.cfg, n_prompts, max_prompt, gen_len);
+    bl->in_msg = bl->ids_msg = -1;
+    bl->s = shape_block(m, n_prompts, max_prompt, gen_len);
     const block_shape *s = &bl->s;
+    int seqs = s->gbs * s->ngb;
     bl->gb = calloc((size_t)s->ngb, sizeof *bl->gb);
-    if (!bl->gb) return fg_fail(err, "out of memory");
+    bl->done = calloc((size_t)seqs, 1);
+    bl->ids = calloc((size_t)seqs, sizeof *bl->ids);
+    bl->out_msg = malloc((size_t)s->ngb * sizeof *bl->out_msg);
+    if (!bl->gb || !bl->done || !bl->ids || !bl->out_msg) {
+        free_block(bl);
+        return fg_fail(err, "out of memory");
+    }
+    for (int k = 0; k < s->ngb; k++) bl->out_msg[k] = -1;
     for (int k = 0; k < s->ngb; k++)
         if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
         else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity;
@@ -1181,21 +1334,14 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, in
         bl->kv_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->kv_home[TIER_DISK]);
         bl->act_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->act_home[TIER_DISK]);
     }
-    for (int b = 0; b < 2; b++) {
-        if (s->kv_stage && !(bl->kv_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->kv_stage / 2, "KV cache staging", err))) goto fail;
-        if (!(bl->x_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err))) goto fail;
-    }
-    if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) goto fail;
-    if (!(bl->host_logits = malloc((size_t)s->logits))) {
-        fg_fail(err, "out of memory for the logits");
+    if (!is_last_stage(m) &&
+        !(bl->outbox = tier_alloc(rt, TIER_CPU, s->act_message * s->ngb, "activations to the next stage", err)))
         goto fail;
-    }
-    if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) goto fail;
-    if (rt->backend->workspace_init(&bl->ws, &m->view.cfg, (size_t)s->gbs * max_prompt, s->max_len, err)) {
-        tier_add(rt, TIER_GPU, -s->workspace);
-        goto fail;
-    }
-    bl->has_ws = 1;
+    if (!shared) return alloc_stage_buffers(bl, err) ? (free_block(bl), -1) : 0;
+    bl->borrowed = 1;
+    bl->ws = shared->ws;
+    bl->logits = shared->logits, bl->host_logits = shared->host_logits, bl->inbox = shared->inbox;
+    for (int b = 0; b < 2; b++) bl->kv_stage[b] = shared->kv_stage[b], bl->x_stage[b] = shared->x_stage[b];
     return 0;
 fail:
     free_block(bl);
@@ -1209,20 +1355,25 @@ fail:
 
 int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len, char *err) {
     const fg_runtime *rt = m->rt;
-    block_shape s = shape_block(rt, &m->view.cfg, n_prompts, max_prompt, gen_len);
+    block_shape s = shape_block(m, n_prompts, max_prompt, gen_len);
+    if (rt->policy.n_stages > 1 && s.act_message > INT_MAX)
+        return fg_fail(err, "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
+                            "exceed what one MPI message carries (2 GiB)", s.gbs,
+                       human((double)s.act_message).s, max_prompt);
     double w[N_TIERS], max_layer_disk;
     weight_bytes(m, w, &max_layer_disk);
     double staging = 2.0 * m->staging_bytes;
-    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, N_ITEMS };
+    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, N_ITEMS };
     static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
         "KV cache staging", "activations", "activation staging", "workspace and logits",
-        "disk pages in flight"};
+        "disk pages in flight", "activations between stages"};
     double need[N_TIERS][N_ITEMS] = {{0}};
-    for (int t = 0; t < N_TIERS; t++) {
+    for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
         need[t][WEIGHTS] = w[t];
-        need[t][CACHE] = s.kv_home[t];
-        need[t][ACTS] = s.act_home[t];
+        need[t][CACHE] = s.micro * s.kv_home[t];
+        need[t][ACTS] = s.micro * s.act_home[t];
     }
+    need[TIER_CPU][PIPE] = s.pipe_buffers;
     need[TIER_GPU][W_STAGING] = staging;
     need[TIER_GPU][C_STAGING] = s.kv_stage;
     need[TIER_GPU][A_STAGING] = s.x_stage;
@@ -1232,7 +1383,7 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     for (int t = 0; t < N_TIERS; t++) {
         for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
         if (total[t] <= rt->capacity[t]) continue;
-        char detail[400] = "";
+        char detail[480] = "";
         for (int i = 0; i < N_ITEMS; i++) {
             size_t len = strlen(detail);
             if (need[t][i] > 0)
@@ -1252,14 +1403,14 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
 
 void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
     double stored[N_TIERS] = {0}, total = 0;
-    for (int i = 0; i < m->layout.n_tensors; i++) {
+    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++) {
         const weight_home *h = &m->homes[i];
-        if (m->layout.tensors[i].tied_to >= 0) continue;
+        if (tied_here(m, i) >= 0) continue;
         stored[h->tier] += (double)h->bytes;
         total += (double)h->bytes;
     }
     /* the rows of a full GPU batch (max_prompt and gen_len do not change the split) */
-    block_shape s = shape_block(m->rt, &m->view.cfg, n_prompts, 1, 1);
+    block_shape s = shape_block(m, n_prompts, 1, 1);
     for (int t = 0; t < N_TIERS; t++) {
         x[X_WG + t] = stored[t] / total;
         x[X_CG + t] = (double)s.cache.rows[t] / s.gbs;
@@ -1333,13 +1484,15 @@ static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
 }
 
 static int is_decoder_layer(const block *bl, int j) { return j >= 1 && j <= bl->m->view.cfg.n_layers; }
+/* Decoder layer j's KV cache among this stage's. */
+static int cache_layer(const block *bl, int j) { return j - 1 - bl->m->first_decoder; }
 
 /* The past of layer j's cache for GPU batch k, into staging arena buf (nothing at prefill);
  * with delegation, only disk pages come into memory, and attention reads them in place. */
 static void load_cache(block *bl, int j, int k, int buf) {
     const gpu_batch *gb = &bl->gb[k];
     if (!is_decoder_layer(bl, j) || gb->len == 0 || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
-    io_task t = {NULL, NULL, 0, 0, bl, {k, j - 1, buf, 0, gb->len}};
+    io_task t = {NULL, NULL, 0, 0, bl, {k, cache_layer(bl, j), buf, 0, gb->len}};
     uint64_t read = 0;
     if (bl->s.cache.rows[TIER_DISK]) {
         t.fn = cache_fetch_task, t.name = "read cache";
@@ -1354,7 +1507,7 @@ static void load_cache(block *bl, int j, int k, int buf) {
 static void store_cache(block *bl, int j, int k, int buf) {
     const gpu_batch *gb = &bl->gb[k];
     if (!is_decoder_layer(bl, j) || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
-    io_task t = {NULL, NULL, 0, 0, bl, {k, j - 1, buf, gb->len, gb->n_new}};
+    io_task t = {NULL, NULL, 0, 0, bl, {k, cache_layer(bl, j), buf, gb->len, gb->n_new}};
     uint64_t copied = 0;
     if (!bl->delegate) {
         t.fn = cache_out_task, t.name = "store cache";
@@ -1419,20 +1572,107 @@ static void act_writeback_task(fg_runtime *rt, const io_task *task) {
             disk_release(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k), act_bytes(bl, k));
 }
 
+/* ---- Between pipeline stages (§4.4): a stage's first layer takes the previous stage's output
+ * and its last layer gives its own to the next, through host buffers (the network is not assumed
+ * to read device memory). Messages of one kind between two stages arrive in the order they were
+ * sent, which is the order in which both stages walk the blocks and their GPU batches; a block
+ * that stopped sends an empty message where its activations would be. ---- */
+
+enum { TAG_ACTIVATIONS = 1, TAG_TOKENS = 2 };
+
+static int rank_of(const block *bl) { return fg_pipe_rank(bl->rt->pipe); }
+static int n_ranks(const block *bl) { return fg_pipe_size(bl->rt->pipe); }
+static size_t batch_act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].batch * act_bytes(bl, k); }
+static float *inbox_slot(const block *bl, int buf) { return bl->inbox + buf * (bl->s.act_message / sizeof(float)); }
+static float *outbox_slot(const block *bl, int k) { return bl->outbox + k * (bl->s.act_message / sizeof(float)); }
+
+/* Posts the receive of GPU batch k's activations into inbox slot buf, unless it is posted. */
+static void receive_hidden(block *bl, int k, int buf) {
+    if (bl->in_msg >= 0) return;
+    bl->in_k = k;
+    bl->in_msg = fg_pipe_recv(bl->rt->pipe, rank_of(bl) - 1, TAG_ACTIVATIONS, inbox_slot(bl, buf),
+                              bl->s.act_message);
+}
+
+/* The compute thread waits for the input of GPU batch k from the previous stage, if it is on its
+ * way: the time is the pipeline's bubble. Returns the bytes that came (0: the block stopped). */
+static size_t await_hidden(block *bl, int k) {
+    size_t got = 0;
+    if (bl->in_msg < 0 || bl->in_k != k) return 1;
+    double start = now_seconds();
+    bl->bubble += fg_pipe_wait(bl->rt->pipe, bl->in_msg, &got);
+    trace_add(bl->rt, TRACK_COMPUTE, "wait for the previous stage", k, 0, start, now_seconds());
+    return got;
+}
+
+/* After the copy of a received input: its message is done with. */
+static void received_hidden(block *bl) {
+    if (bl->in_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->in_msg);
+    bl->in_msg = -1;
+}
+
+static void act_receive_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->arg[A_BATCH], buf = task->arg[A_BUF];
+    size_t want = batch_act_bytes(bl, k), got;
+    fg_pipe_wait(rt->pipe, task->arg[A_FIRST], &got);
+    if (got != want) { /* the stages disagree on the schedule: a bug, not bad input */
+        fprintf(stderr, "flexgen: rank %d: %zu bytes of activations came from the previous stage, "
+                        "%zu expected\n", rank_of(bl), got, want);
+        abort();
+    }
+    rt->backend->copy_in(bl->x_stage[buf], inbox_slot(bl, buf), want);
+    link_add(rt, LINK_CPU_TO_GPU, (double)want);
+}
+
+static void act_send_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->arg[A_BATCH], buf = task->arg[A_BUF];
+    size_t bytes = batch_act_bytes(bl, k);
+    if (bl->out_msg[k] >= 0) fg_pipe_release(rt->pipe, bl->out_msg[k]); /* the last step's left */
+    rt->backend->copy_out(outbox_slot(bl, k), bl->x_stage[buf], bytes);
+    link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+    bl->out_msg[k] = fg_pipe_send(rt->pipe, rank_of(bl) + 1, TAG_ACTIVATIONS, outbox_slot(bl, k), bytes);
+}
+
+/* Tells the next stage that this block has stopped. */
+static void pass_stop(block *bl) {
+    if (!is_last_stage(bl->m))
+        fg_pipe_release(bl->rt->pipe, fg_pipe_send(bl->rt->pipe, rank_of(bl) + 1, TAG_ACTIVATIONS, bl->ids, 0));
+}
+
+/* The messages a block has in flight, done (at the end of a round). */
+static void finish_sends(block *bl) {
+    for (int k = 0; k < bl->s.ngb; k++)
+        if (bl->out_msg[k] >= 0) fg_pipe_release(bl->rt->pipe, bl->out_msg[k]), bl->out_msg[k] = -1;
+    if (bl->ids_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->ids_msg), bl->ids_msg = -1;
+}
+
 /* The input of layer j for GPU batch k (the output of layer j - 1) into staging arena buf.
- * Returns the task to wait for. The input embedding reads token ids, not activations. */
+ * Returns the task to wait for. The input embedding reads token ids, not activations; the first
+ * layer of a later pipeline stage reads what the previous stage sent. */
 static uint64_t load_hidden(block *bl, int j, int k, int buf) {
-    if (j == 0) return 0;
+    if (j == bl->m->first_layer) {
+        if (is_first_stage(bl->m)) return 0;
+        receive_hidden(bl, k, buf);
+        io_task t = {act_receive_task, "receive activations", 0, 0, bl, {k, j, buf, bl->in_msg}};
+        return io_submit(bl->rt, IO_HOST, t);
+    }
     io_task t = {act_fetch_task, "read activations", 0, 0, bl, {k, j, buf}};
     uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(bl->rt, IO_DISK, t) : 0;
     t.fn = act_in_task, t.name = "load activations", t.after_link = IO_DISK, t.after_seq = read;
     return io_submit(bl->rt, IO_HOST, t);
 }
 
-/* The output of layer j for GPU batch k, from staging arena buf to its home. The output
- * embedding's result is the logits, which stay with the block. */
+/* The output of layer j for GPU batch k, from staging arena buf to its home, or (the stage's
+ * last layer) to the next stage. The output embedding's result is the logits, which stay with
+ * the block. */
 static void store_hidden(block *bl, int j, int k, int buf) {
-    if (j == n_flexgen_layers(&bl->m->view.cfg) - 1) return;
+    if (j == bl->m->end_layer - 1) {
+        if (!is_last_stage(bl->m))
+            io_submit(bl->rt, IO_HOST, (io_task){act_send_task, "send activations", 0, 0, bl, {k, j, buf}});
+        return;
+    }
     io_task t = {act_out_task, "store activations", 0, 0, bl, {k, j, buf}};
     uint64_t copied = io_submit(bl->rt, IO_HOST, t);
     if (!bl->s.act.rows[TIER_DISK]) return;
@@ -1453,8 +1693,8 @@ static void bind_batch(block *bl, int j, int k, int buf) {
     for (int b = 0; b < gb->batch; b++) {
         fg_tier t = tier_of(&bl->s.cache, b);
         int home = t == TIER_GPU || bl->delegate;
-        gb->k[b] = home ? kv_home_rows(bl, k, j - 1, 0, b) : kv_stage_rows(bl, buf, 0, b);
-        gb->v[b] = home || v_in_place(bl, 1, t) ? kv_home_rows(bl, k, j - 1, 1, b) : kv_stage_rows(bl, buf, 1, b);
+        gb->k[b] = home ? kv_home_rows(bl, k, cache_layer(bl, j), 0, b) : kv_stage_rows(bl, buf, 0, b);
+        gb->v[b] = home || v_in_place(bl, 1, t) ? kv_home_rows(bl, k, cache_layer(bl, j), 1, b) : kv_stage_rows(bl, buf, 1, b);
         gb->v_rows_read[b] = 0;
     }
 }
@@ -1467,52 +1707,70 @@ static void compute_layer(block *bl, int j, int k, int buf) {
     bind_batch(bl, j, k, buf);
     double start = now_seconds();
     if (j == 0) {
-        be->embed(w, gb, &bl->ws);
+        be->embed(w, gb, bl->ws);
     } else if (is_decoder_layer(bl, j)) {
-        be->layer(w, j - 1, gb, &bl->ws);
+        be->layer(w, j - 1, gb, bl->ws);
         for (int b = 0; b < gb->batch && bl->sparse_v; b++) /* the kept V rows, gathered */
             if (tier_of(&bl->s.cache, b) == TIER_CPU)
                 link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / w->cfg.n_heads);
     } else {
-        be->output(w, gb, &bl->ws, bl->logits + (size_t)k * bl->s.gbs * w->cfg.vocab);
+        be->output(w, gb, bl->ws, bl->logits + (size_t)k * bl->s.gbs * w->cfg.vocab);
     }
     trace_add(bl->rt, TRACK_COMPUTE, names[j == 0 ? 0 : is_decoder_layer(bl, j) ? 1 : 2], j, k,
               start, now_seconds());
 }
 
-/* One generated token (step i) for the whole block: the two inner loops of Fig. 4. Weights of
- * layer j are loaded once and used by every GPU batch of the block; while batch k computes, the
- * next layer's weights, batch k - 1's results and batch k + 1's inputs move on the I/O links.
- * Iteration t uses staging arena t % 2, so what moves never touches what computes. */
-static double generation_step(block *bl, int i, int last_step) {
-    int L = n_flexgen_layers(&bl->m->view.cfg), K = bl->n_batches;
-    long end = last_step ? (long)(i + 1) * L : LONG_MAX; /* the layers g = i L + j that will run */
+/* One generated token (step i) for the whole block on this stage's layers: the two inner loops
+ * of Fig. 4. Weights of layer j are loaded once and used by every GPU batch of the block; while
+ * batch k computes, the next layer's weights, batch k - 1's results and batch k + 1's inputs move
+ * on the I/O links. Iteration t uses staging arena t % 2, so what moves never touches what
+ * computes. u counts the stage's units (block steps) of the round: layer g = u L + j's weights
+ * load while layer g - 1 computes, across units too. */
+static double generation_step(block *bl, long u, int last_unit) {
+    fg_model *m = bl->m;
+    int L = stage_layers(m), K = bl->n_batches, first = m->first_layer;
+    long end = last_unit ? (u + 1) * L : LONG_MAX; /* the layers g = u L + j that will run */
     double compute = 0;
-    for (int j = 0; j < L; j++) {
-        long g = (long)i * L + j;
+    /* the input and cache of the stage's first layer for the first GPU batch; each later one
+     * loads while the one before computes */
+    load_cache(bl, first, 0, (int)((u * L * K) % 2));
+    load_hidden(bl, first, 0, (int)((u * L * K) % 2));
+    io_sync(bl->rt, 0);
+    received_hidden(bl);
+    for (int jl = 0; jl < L; jl++) {
+        int j = first + jl;
+        long g = u * L + jl;
         for (int k = 0; k < K; k++) {
-            long t = ((long)i * L + j) * K + k;
+            long t = g * K + k;
             int prev_j = k > 0 ? j : j - 1, prev_k = k > 0 ? k - 1 : K - 1;
             int next_j = k + 1 < K ? j : j + 1, next_k = k + 1 < K ? k + 1 : 0;
-            if (k == 0 && g + 1 < end) load_weights(bl->m, g + 1);
-            if (k == 0 && g + 2 < end) read_weights(bl->m, g + 2);
-            if (prev_j >= 0) {
+            if (k == 0) bind_weights(m, g);
+            if (k == 0 && g + 1 < end) load_weights(m, g + 1);
+            if (k == 0 && g + 2 < end) read_weights(m, g + 2);
+            if (prev_j >= first) {
                 store_cache(bl, prev_j, prev_k, (int)((t + 1) % 2));
                 store_hidden(bl, prev_j, prev_k, (int)((t + 1) % 2));
             }
-            if (K == 1) /* the input is the output just stored: nothing to overlap it with */
+            if (K == 1 && j > first) /* the input is the output just stored: nothing to overlap it with */
                 io_wait(bl->rt, IO_HOST, load_hidden(bl, j, k, (int)(t % 2)));
-            if (next_j < L) {
+            if (next_j < first + L) {
                 load_cache(bl, next_j, next_k, (int)((t + 1) % 2));
                 if (K > 1) load_hidden(bl, next_j, next_k, (int)((t + 1) % 2));
             }
             double start = now_seconds();
             compute_layer(bl, j, k, (int)(t % 2));
             compute += now_seconds() - start;
+            await_hidden(bl, next_k);
             io_sync(bl->rt, k == K - 1);
+            received_hidden(bl);
         }
     }
-    for (int k = 0; k < K; k++) bl->gb[k].len += bl->gb[k].n_new;
+    /* the last iteration's results: its cache rows, and its activations for the next stage */
+    long last = (u * L + L - 1) * K + K - 1;
+    store_cache(bl, first + L - 1, K - 1, (int)(last % 2));
+    store_hidden(bl, first + L - 1, K - 1, (int)(last % 2));
+    io_sync(bl->rt, 0);
+    for (int k = 0; k < K; k++) bl->gb[k].len += bl->gb[k].n_new, bl->gb[k].n_new = 1;
     return compute;
 }
 
@@ -1520,7 +1778,10 @@ static double generation_step(block *bl, int i, int last_step) {
 static void start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
     int padded = 0, gbs = bl->s.gbs;
     for (int i = 0; i < count; i++) padded = lens[first + i] > padded ? lens[first + i] : padded;
+    bl->count = count;
+    bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
+    memset(bl->done, 0, (size_t)bl->s.gbs * bl->s.ngb);
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
         int base = first + k * gbs;
@@ -1536,26 +1797,69 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     }
 }
 
-/* Chooses each sequence's next token and makes it the next step's input. Returns how many
- * sequences are still running. */
-static int choose_tokens(block *bl, const gen_options *opt, int step, int first, int count,
-                         int *out_tokens, float *logits_out, char *done, fg_rng *rng,
-                         float *scratch) {
-    int vocab = bl->m->view.cfg.vocab, running = 0;
-    bl->rt->backend->copy_out(bl->host_logits, bl->logits, (size_t)count * vocab * sizeof(float));
-    for (int s = 0; s < count; s++) {
+/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
+ * the logits of sequences still running. Sampling draws from a generator seeded by (seed,
+ * prompt, step), so the tokens do not depend on the block shape or the number of stages. */
+static void sample_tokens(block *bl, const gen_options *opt, int step, int first,
+                          float *logits_out, float *scratch) {
+    int vocab = bl->m->view.cfg.vocab;
+    if (bl->ids_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->ids_msg), bl->ids_msg = -1; /* the ids' last trip */
+    bl->rt->backend->copy_out(bl->host_logits, bl->logits, (size_t)bl->count * vocab * sizeof(float));
+    for (int s = 0; s < bl->count; s++) {
         const float *row = bl->host_logits + (size_t)s * vocab;
         int p = first + s;
-        if (logits_out && !done[s])
+        if (logits_out && !bl->done[s])
             memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
-        int tok = sample_token(row, vocab, opt->temperature, opt->top_p, rng, scratch);
-        out_tokens[(size_t)p * opt->gen_len + step] = done[s] ? OPT_PAD_ID : tok;
-        if (opt->stop_at_eos && tok == OPT_EOS_ID) done[s] = 1;
-        running += !done[s];
+        fg_rng rng;
+        rng_seed(&rng, opt->seed ^ (((uint64_t)p << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
+        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
+    }
+}
+
+/* Takes the tokens of step `step` (bl->ids) as the output and the next step's input. Returns how
+ * many sequences are still running. */
+static int take_tokens(block *bl, const gen_options *opt, int step, int first, int *out_tokens) {
+    int running = 0;
+    for (int s = 0; s < bl->count; s++) {
+        int tok = bl->ids[s];
+        out_tokens[(size_t)(first + s) * opt->gen_len + step] = bl->done[s] ? OPT_PAD_ID : tok;
+        if (opt->stop_at_eos && tok == OPT_EOS_ID) bl->done[s] = 1;
+        running += !bl->done[s];
         bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
     }
-    for (int k = 0; k < bl->n_batches; k++) bl->gb[k].n_new = 1;
     return running;
+}
+
+/* The first stage's side of the token ids: those of step `step` come back from the last stage
+ * (or were chosen here, with one stage); the time waiting for them is the pipeline's bubble. */
+static int receive_tokens(block *bl, const gen_options *opt, int step, int first, int *out_tokens) {
+    if (!is_last_stage(bl->m)) {
+        double start = now_seconds();
+        int msg = fg_pipe_recv(bl->rt->pipe, n_ranks(bl) - 1, TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
+        bl->bubble += fg_pipe_wait(bl->rt->pipe, msg, NULL);
+        fg_pipe_release(bl->rt->pipe, msg);
+        trace_add(bl->rt, TRACK_COMPUTE, "wait for the last stage", step, 0, start, now_seconds());
+    }
+    return take_tokens(bl, opt, step, first, out_tokens);
+}
+
+/* The last stage's side: the chosen ids go back to the first stage (which takes them itself
+ * with one stage); its own copy of the outputs keeps --stop-at-eos's bookkeeping for the logits. */
+static void send_tokens(block *bl, const gen_options *opt, int step, int first, int *out_tokens) {
+    if (is_first_stage(bl->m)) return;
+    take_tokens(bl, opt, step, first, out_tokens);
+    bl->ids_msg = fg_pipe_send(bl->rt->pipe, 0, TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
+}
+
+/* A later stage computes a step of a block when the previous stage's output arrives; an empty
+ * message says the block stopped, which is passed on. */
+static int input_arrives(block *bl, int buf) {
+    receive_hidden(bl, 0, buf);
+    if (await_hidden(bl, 0) > 0) return 1;
+    received_hidden(bl);
+    bl->running = 0;
+    pass_stop(bl);
+    return 0;
 }
 
 static int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens,
@@ -1574,65 +1878,133 @@ static int check_prompts(const opt_config *c, int n, int *const *prompts, const 
     return 0;
 }
 
+static void free_blocks(block *blocks, int n) {
+    for (int t = n - 1; t >= 0; t--) free_block(&blocks[t]); /* the owner of shared buffers last */
+    free(blocks);
+}
+
+/* The blocks of a stage (§4.4's micro-batches; one block in one process), everything checked
+ * and allocated: the plan, the weights in their homes. */
+static block *open_blocks(fg_model *m, int n_prompts, int max_prompt, int gen_len, int *n_blocks,
+                          char *err) {
+    int size, count;
+    micro_batches(m, n_prompts, &size, &count);
+    block *blocks = calloc((size_t)count, sizeof *blocks);
+    if (!blocks) { fg_fail(err, "out of memory"); return NULL; }
+    int rc = fg_check_plan(m, n_prompts, max_prompt, gen_len, err);
+    if (rc == 0 && !m->loaded) rc = load_weights_into_homes(m, err);
+    for (int t = 0; t < count && rc == 0; t++)
+        rc = alloc_block(&blocks[t], m, n_prompts, max_prompt, gen_len, t ? &blocks[0] : NULL, err);
+    if (rc) { free_blocks(blocks, count); return NULL; }
+    *n_blocks = count;
+    return blocks;
+}
+
+/* A generation's state that each round's units share. */
+typedef struct {
+    fg_model *m;
+    const gen_options *opt;
+    block *blocks;   /* [P]: the stage's micro-batches (one block in one process) */
+    int P, B;        /* micro-batches of a round, sequences each at most */
+    int *out_tokens;
+    float *logits, *scratch;
+    gen_timing *timing;
+} gen_run;
+
+/* The first stage takes step i - 1's tokens of a block (from the last stage, or chosen here
+ * with one stage) and sees whether any sequence runs on; a block that stopped is passed on. */
+static void tokens_back(gen_run *g, block *bl, int i, int first) {
+    bl->running = receive_tokens(bl, g->opt, i - 1, first, g->out_tokens) > 0;
+    if (i > 1) g->timing->decode_tokens += bl->count;
+    if (!bl->running && i < g->opt->gen_len) pass_stop(bl);
+}
+
+/* Step i of block bl on this stage, and on the last stage its next tokens. */
+static void run_unit(gen_run *g, block *bl, int i, int first, long u, int last_unit) {
+    const fg_policy *p = &g->m->rt->policy;
+    bl->delegate = p->cpu_cache_compute && i > 0;
+    /* a device that reads only its own memory gets the V rows whole (as they are staged) */
+    bl->sparse_v = p->attn_sparsity < 1 && i > 0 && !bl->delegate && g->m->rt->backend->gpu_is_host;
+    g->timing->compute_seconds += generation_step(bl, u, last_unit);
+    if (!is_last_stage(g->m)) return;
+    sample_tokens(bl, g->opt, i, first, g->logits, g->scratch);
+    send_tokens(bl, g->opt, i, first, g->out_tokens);
+}
+
+/* A round: P micro-batches of prompts from `base` through every step. §4.4's iteration-level
+ * pipeline: each stage runs step i of micro-batch t while the stage before it runs step i of
+ * t + 1 and the one after it step i of t - 1; the first stage then waits for t's tokens of step
+ * i to come back before it starts t's step i + 1 (with one stage: a block at a time, Fig. 4). */
+static void run_round(gen_run *g, int *const *prompts, const int *lens, int n_prompts, int base,
+                      const char *progress) {
+    fg_model *m = g->m;
+    int started = 0, prefilled = 0, gen_len = g->opt->gen_len;
+    for (int t = 0; t < g->P; t++) {
+        int first = base + t * g->B, count = n_prompts - first < g->B ? n_prompts - first : g->B;
+        start_block(&g->blocks[t], prompts, lens, first, count > 0 ? count : 0);
+        if (count > 0) g->timing->prefill_tokens += (int64_t)count * g->blocks[t].gb[0].n_new, started++;
+    }
+    double t0 = now_seconds(), t_prefill = t0;
+    m->staged[0] = m->staged[1] = -1;
+    load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
+    io_sync(m->rt, 1);
+    long u = 0;
+    for (int i = 0; i <= gen_len; i++) /* i == gen_len: the last tokens come back */
+        for (int t = 0; t < g->P; t++) {
+            block *bl = &g->blocks[t];
+            int first = base + t * g->B, buf = (int)((u * stage_layers(m) * bl->n_batches) % 2);
+            if (bl->running && is_first_stage(m) && i > 0) {
+                tokens_back(g, bl, i, first);
+                if (i == 1 && ++prefilled == started) t_prefill = now_seconds();
+                if (progress && t == g->P - 1) fprintf(stderr, "\r%s: token %d/%d", progress, i, gen_len);
+            }
+            if (i == gen_len || !bl->running || (!is_first_stage(m) && !input_arrives(bl, buf))) continue;
+            run_unit(g, bl, i, first, u++, i + 1 == gen_len && t == g->P - 1);
+        }
+    if (is_first_stage(m)) {
+        double t1 = now_seconds();
+        g->timing->prefill_latency += t_prefill - t0;
+        g->timing->decode_latency += t1 - t_prefill;
+    }
+    for (int t = 0; t < g->P; t++) {
+        finish_sends(&g->blocks[t]);
+        g->timing->bubble_seconds += g->blocks[t].bubble, g->blocks[t].bubble = 0;
+    }
+    forget_reads(m);
+}
+
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing,
              char *err) {
     const opt_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
-    if (check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err)) return -1;
+    gen_run g = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing};
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
-    if (fg_check_plan(m, n_prompts, max_prompt, opt->gen_len, err)) return -1;
-    if (!m->loaded && load_weights_into_homes(m, err)) return -1;
-    block bl;
-    if (alloc_block(&bl, m, n_prompts, max_prompt, opt->gen_len, err)) return -1;
-    int block_size = bl.s.gbs * bl.s.ngb;
-    float *scratch = malloc((size_t)2 * c->vocab * sizeof(float));
-    char *done = calloc((size_t)block_size, 1);
-    if (!scratch || !done) {
-        free(scratch);
-        free(done);
-        free_block(&bl);
-        return fg_fail(err, "out of memory");
+    int rc = check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err);
+    if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, max_prompt, opt->gen_len, &g.P, err))) rc = -1;
+    if (rc == 0 && !(g.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
+    if (fg_pipe_agree(rt->pipe, rc, err)) { /* every stage is ready, or none starts */
+        if (g.blocks) free_blocks(g.blocks, g.P);
+        free(g.scratch);
+        return -1;
     }
     if (logits) memset(logits, 0, (size_t)n_prompts * opt->gen_len * c->vocab * sizeof(float));
     for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
     memset(timing, 0, sizeof *timing);
     double disk_read_before = rt->disk_read_seconds;
-    fg_rng rng;
-    rng_seed(&rng, opt->seed);
-    int n_blocks = (n_prompts + block_size - 1) / block_size;
-    for (int first = 0, blk = 0; first < n_prompts; first += block_size, blk++) {
-        int count = n_prompts - first < block_size ? n_prompts - first : block_size;
-        start_block(&bl, prompts, prompt_lens, first, count);
-        memset(done, 0, (size_t)block_size);
-        timing->prefill_tokens += (int64_t)count * bl.gb[0].n_new;
-        double t0 = now_seconds();
-        m->staged[0] = m->staged[1] = -1;
-        load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
-        io_sync(rt, 1);
-        for (int i = 0; i < opt->gen_len; i++) { /* i == 0 is the prefill */
-            bl.delegate = rt->policy.cpu_cache_compute && i > 0;
-            /* a device that reads only its own memory gets the V rows whole (as they are staged) */
-            bl.sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl.delegate && rt->backend->gpu_is_host;
-            timing->compute_seconds += generation_step(&bl, i, i + 1 == opt->gen_len);
-            int running = choose_tokens(&bl, opt, i, first, count, out_tokens, logits, done, &rng,
-                                        scratch);
-            double t1 = now_seconds();
-            if (i == 0) timing->prefill_latency += t1 - t0;
-            else timing->decode_latency += t1 - t0, timing->decode_tokens += count;
-            t0 = t1;
-            if (opt->verbose)
-                fprintf(stderr, "\rblock %d/%d: token %d/%d", blk + 1, n_blocks, i + 1, opt->gen_len);
-            if (running == 0) break;
-        }
-        forget_reads(m);
+    g.B = g.blocks[0].s.gbs * g.blocks[0].s.ngb;
+    int rounds = (n_prompts + g.P * g.B - 1) / (g.P * g.B);
+    for (int r = 0; r < rounds; r++) {
+        char progress[64];
+        snprintf(progress, sizeof progress, "block %d/%d", r + 1, rounds);
+        run_round(&g, prompts, prompt_lens, n_prompts, r * g.P * g.B,
+                  opt->verbose && is_first_stage(m) ? progress : NULL);
     }
-    if (opt->verbose) fprintf(stderr, "\n");
+    if (opt->verbose && is_first_stage(m)) fprintf(stderr, "\n");
     timing->disk_read_seconds = rt->disk_read_seconds - disk_read_before;
-    free(scratch);
-    free(done);
-    free_block(&bl);
+    free(g.scratch);
+    free_blocks(g.blocks, g.P);
     return 0;
 }
 
@@ -1936,6 +2308,15 @@ static void usage(FILE *out) {
 "                          [available memory; free space in the offload dir, plus dummy\n"
 "                          weights already written to --path]\n"
 "  --offload-dir DIR       the disk tier's files, removed as soon as they are mapped [%s]\n"
+"pipeline parallelism (paper section 4.4; this build: %s)\n"
+"  mpirun -np M flexgen [options]\n"
+"                          M stages, one process each (one GPU each where there are GPUs): the\n"
+"                          decoder layers split evenly, the input embedding with the first stage,\n"
+"                          the output embedding with the last. Rank 0 reads the prompts and\n"
+"                          prints the report; the other flags mean what they mean in one process\n"
+"                          and must agree across stages, except the policy and capacities, which\n"
+"                          are each stage's own (mpirun's `-np 1 flexgen ... : -np 1 flexgen ...`\n"
+"                          gives stages different ones; --policy auto plans each stage)\n"
 "policy search (paper section 4.3)\n"
 "  --policy auto|manual    auto: choose the block shape, --percent and --cpu-cache-compute by\n"
 "                          the cost model and LP for these capacities, prompts and --gen-len,\n"
@@ -1959,7 +2340,7 @@ static void usage(FILE *out) {
 "\n"
 "Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2.\n",
             fg_cuda_compiled() ? "with CUDA" : "CPU only, no nvcc when it was built",
-            FG_DEFAULT_OFFLOAD_DIR);
+            FG_DEFAULT_OFFLOAD_DIR, fg_pipe_compiled() ? "with MPI" : "without MPI, no mpicc when it was built");
 }
 
 static int parse_int(const char *flag, const char *s, int min, int max, int *out, char *err) {
@@ -2210,11 +2591,12 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
     return rc;
 }
 
-/* FlexGen's benchmark prompts: BOS and prompt_len - 1 pseudo-random ids, one block's worth. */
-static int synthetic_prompts(prompt_set *p, const cli_args *a, int vocab, char *err) {
+/* FlexGen's benchmark prompts: BOS and prompt_len - 1 pseudo-random ids, one block's worth for
+ * each stage (a pipeline keeps that many micro-batches in flight, §4.4). */
+static int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, char *err) {
     fg_rng rng;
     rng_seed(&rng, a->gen.seed ^ 0x5eedULL);
-    int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches;
+    int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches * stages;
     for (int i = 0; i < n; i++) {
         int *ids = malloc((size_t)a->prompt_len * sizeof *ids);
         if (!ids) return fg_fail(err, "out of memory");
@@ -2259,6 +2641,13 @@ static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab,
 }
 
 /* ---- output ---- */
+
+/* What each stage of a pipeline tells rank 0 for the report (§4.4). */
+typedef struct {
+    int first_layer, end_layer, percent[6];
+    fg_stats st;
+    double sent, compute, bubble, disk_read, peak_rss;
+} stage_report;
 
 /* Writes to a temporary name and renames, so a failed run never leaves a partial file. */
 static int dump_logits(const char *path, const float *logits, size_t n, char *err) {
@@ -2331,8 +2720,33 @@ static double peak_rss_bytes(void) {
 
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes. */
+/* The report's per-stage entries (--json): the layers, the policy, peaks, bytes sent, times. */
+static cJSON *stages_json(const stage_report *stages, int n) {
+    cJSON *list = cJSON_CreateArray();
+    for (int r = 0; r < n; r++) {
+        const stage_report *s = &stages[r];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "first_layer", s->first_layer);
+        cJSON_AddNumberToObject(o, "end_layer", s->end_layer);
+        cJSON_AddItemToObject(o, "percent", cJSON_CreateIntArray(s->percent, 6));
+        for (int i = 0; i < N_TIERS; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "peak_%s_bytes", fg_tier_names[i]);
+            cJSON_AddNumberToObject(o, key, s->st.peak[i]);
+        }
+        cJSON_AddNumberToObject(o, "bytes_sent", s->sent);
+        cJSON_AddNumberToObject(o, "compute_seconds", s->compute);
+        cJSON_AddNumberToObject(o, "bubble_seconds", s->bubble);
+        cJSON_AddNumberToObject(o, "disk_read_seconds", s->disk_read);
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", s->peak_rss);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
+}
+
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
-                   const gen_timing *t, const fg_stats *st, int max_prompt, const char *device) {
+                   const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
+                   const stage_report *stages, int n_stages) {
     const double GiB = 1 << 30;
     int seq = max_prompt + a->gen.gen_len;
     double model = opt_model_bytes(c), cache = opt_cache_bytes(c, p->n, seq);
@@ -2377,6 +2791,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
         cJSON_AddNumberToObject(o, "total_latency", total);
         cJSON_AddNumberToObject(o, "total_throughput", total_tp);
+        if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         free(s);
@@ -2396,6 +2811,13 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
            st->link_bytes[LINK_GPU_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_DISK] / GiB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
+    for (int r = 0; n_stages > 1 && r < n_stages; r++) {
+        const stage_report *s = &stages[r];
+        printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
+               "sent %.3f GB\tcompute %.3f s\tbubble %.3f s\n", r + 1, n_stages, s->first_layer,
+               s->end_layer - 1, s->st.peak[TIER_GPU] / GiB, s->st.peak[TIER_CPU] / GiB,
+               s->st.peak[TIER_DISK] / GiB, s->sent / GiB, s->compute, s->bubble);
+    }
 }
 
 /* The configuration of --model without opening its weights. */
@@ -2439,12 +2861,12 @@ static int longest_prompt(const prompt_set *p) {
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len). */
 static int search_policy(const cli_args *a, const opt_config *cfg, int n_prompts, int max_prompt,
-                         fg_search_result *res, char *err) {
+                         int gbs, int ngb, fg_search_result *res, char *err) {
     fg_hardware hw;
     if (load_hardware(a, &hw, err)) return -1;
     fg_search_request req = {.s = max_prompt ? max_prompt : a->prompt_len, .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .verify = hw.gpu_is_host, .seed = a->gen.seed};
+                             .verify = hw.gpu_is_host, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
     if (a->evaluate) return fg_policy_evaluate(cfg, &hw, &a->policy, &req, res, err);
     return fg_policy_search(cfg, &hw, &a->policy, &req, res, err);
 }
@@ -2455,53 +2877,190 @@ static void print_policy_flags(FILE *out, const fg_policy *p) {
             p->percent[3], p->percent[4], p->percent[5], p->cpu_cache_compute ? " --cpu-cache-compute" : "");
 }
 
-static int run(cli_args *a, char *err) {
+/* ---- a run as one stage of a pipeline (§4.4): rank 0 reads the prompts and reports ---- */
+
+/* Rank 0's prompts on every stage (the first needs the ids, every stage their lengths). */
+static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
+    int n = p->n, total = 0, rc = 0;
+    fg_pipe_bcast(pipe, &n, sizeof n);
+    int *lens = fg_pipe_rank(pipe) ? calloc((size_t)n, sizeof *lens) : p->lens;
+    if (!lens) return fg_fail(err, "out of memory");
+    fg_pipe_bcast(pipe, lens, (size_t)n * sizeof *lens);
+    for (int i = 0; i < n; i++) total += lens[i];
+    int *flat = malloc((size_t)total * sizeof *flat);
+    if (!flat) return fg_fail(err, "out of memory"); /* every rank runs out alike, or aborts */
+    for (int i = 0, at = 0; i < p->n; at += lens[i++]) memcpy(flat + at, p->ids[i], (size_t)lens[i] * sizeof *flat);
+    fg_pipe_bcast(pipe, flat, (size_t)total * sizeof *flat);
+    for (int i = 0, at = 0; fg_pipe_rank(pipe) && i < n && rc == 0; at += lens[i++]) {
+        int *ids = malloc((size_t)lens[i] * sizeof *ids);
+        if (!ids) rc = fg_fail(err, "out of memory");
+        else memcpy(ids, flat + at, (size_t)lens[i] * sizeof *ids), rc = prompts_add(p, ids, lens[i], err);
+    }
+    if (fg_pipe_rank(pipe)) free(lens);
+    free(flat);
+    return rc;
+}
+
+/* --policy auto: each stage searches for its share of the layers (§4.4); the stages then take
+ * the smallest GPU batch and number of GPU batches any of them chose (each fits where the larger
+ * did) and place their tensors again for that block shape. */
+static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
+                       int max_prompt, char *err) {
+    fg_search_result res;
+    int rc = search_policy(a, cfg, n_prompts, max_prompt, 0, 0, &res, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches}, n = fg_pipe_size(pipe);
+    int *all = malloc((size_t)n * sizeof shape);
+    if (!all) return fg_fail(err, "out of memory");
+    fg_pipe_gather(pipe, shape, sizeof shape, all);
+    for (int r = 1; fg_pipe_rank(pipe) == 0 && r < n; r++)
+        for (int d = 0; d < 2; d++) shape[d] = all[2 * r + d] < shape[d] ? all[2 * r + d] : shape[d];
+    free(all);
+    fg_pipe_bcast(pipe, shape, sizeof shape);
+    if (shape[0] != res.policy.gpu_batch_size || shape[1] != res.policy.num_gpu_batches)
+        rc = search_policy(a, cfg, n_prompts, max_prompt, shape[0], shape[1], &res, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    a->policy = res.policy;
+    if (a->gen.verbose) {
+        fprintf(stderr, "policy auto: ");
+        print_policy_flags(stderr, &a->policy);
+        fprintf(stderr, " (predicted %.3f token/s, searched in %.2f s)\n", res.throughput, res.seconds);
+    }
+    return 0;
+}
+
+/* The last stage's logits (--dump-logits) to rank 0, in pieces that fit an MPI message. */
+static void gather_logits(fg_pipe *pipe, float *logits, size_t count) {
+    int last = fg_pipe_size(pipe) - 1, rank = fg_pipe_rank(pipe);
+    if (last == 0 || (rank != 0 && rank != last)) return;
+    size_t piece = (size_t)1 << 28; /* floats: 1 GiB */
+    for (size_t at = 0; at < count; at += piece) {
+        size_t n = count - at < piece ? count - at : piece;
+        int msg = rank == 0 ? fg_pipe_recv(pipe, last, TAG_TOKENS + 1, logits + at, n * sizeof *logits)
+                            : fg_pipe_send(pipe, 0, TAG_TOKENS + 1, logits + at, n * sizeof *logits);
+        fg_pipe_release(pipe, msg);
+    }
+}
+
+/* Rank 0's view of the whole job: peaks and bytes moved summed over the stages, the busiest
+ * stage's compute and disk times. */
+static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_timing *t) {
+    *st = all[0].st;
+    for (int r = 1; r < n; r++) {
+        for (int i = 0; i < N_TIERS; i++)
+            st->peak[i] += all[r].st.peak[i], st->capacity[i] += all[r].st.capacity[i];
+        for (int i = 0; i < N_LINKS; i++) st->link_bytes[i] += all[r].st.link_bytes[i];
+    }
+    for (int r = 0; r < n; r++) {
+        t->compute_seconds = fmax(t->compute_seconds, all[r].compute);
+        t->disk_read_seconds = fmax(t->disk_read_seconds, all[r].disk_read);
+    }
+}
+
+/* The flags of the job, which every stage must share, against rank 0's; what rank 0 alone
+ * writes (--dump-logits, --trace, --json) is taken from it. */
+typedef struct {
+    char model[256];
+    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace;
+    float temperature, top_p;
+    uint64_t seed;
+} job_flags;
+
+static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
+    job_flags mine = {.gen_len = a->gen.gen_len, .stop_at_eos = a->gen.stop_at_eos,
+                      .prompt_len = a->prompt_len, .gbs = a->policy.gpu_batch_size,
+                      .ngb = a->policy.num_gpu_batches, .auto_policy = a->auto_policy,
+                      .dump = a->dump_logits != NULL, .trace = a->trace != NULL,
+                      .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
+    snprintf(mine.model, sizeof mine.model, "%s", a->model);
+    job_flags job = mine;
+    fg_pipe_bcast(pipe, &job, sizeof job);
+    if (fg_pipe_rank(pipe)) { /* rank 0 writes them; the others send it what they need */
+        a->dump_logits = job.dump ? "(rank 0's)" : NULL;
+        a->trace = job.trace ? "(rank 0's)" : NULL;
+        a->policy.trace = job.trace;
+    }
+    const char *differs = strcmp(job.model, mine.model) ? "--model"
+        : job.gen_len != mine.gen_len ? "--gen-len" : job.stop_at_eos != mine.stop_at_eos ? "--stop-at-eos"
+        : job.prompt_len != mine.prompt_len ? "--prompt-len" : job.seed != mine.seed ? "--seed"
+        : job.temperature != mine.temperature ? "--temperature" : job.top_p != mine.top_p ? "--top-p"
+        : job.auto_policy != mine.auto_policy ? "--policy"
+        : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
+        : !job.auto_policy && job.ngb != mine.ngb ? "--num-gpu-batches" : NULL;
+    if (differs) return fg_fail(err, "%s differs from rank 0's: the stages of a pipeline share it", differs);
+    return 0;
+}
+
+static int run(cli_args *a, fg_pipe *pipe, char *err) {
     fg_tokenizer *tok = NULL;
     prompt_set p = {0};
     fg_runtime *rt = NULL;
     fg_model *m = NULL;
-    int *tokens = NULL, rc = -1, max_prompt = 0;
+    int *tokens = NULL, rc = 0, rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
     float *logits = NULL;
+    char *trace = NULL;
+    stage_report mine = {0}, *all = NULL;
     gen_timing t;
     fg_stats st;
     opt_config model_cfg;
-    if (a->evaluate) return fg_fail(err, "--evaluate: a flag of `flexgen policy`");
-    a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
-    if (model_config(a->model, &model_cfg, err) || open_tokenizer(a, &tok, err) ||
-        gather_prompts(a, tok, model_cfg.vocab, &p, err))
-        goto out;
-    max_prompt = longest_prompt(&p);
-    if (a->auto_policy) {
-        fg_search_result res;
-        if (search_policy(a, &model_cfg, p.n, max_prompt, &res, err)) goto out;
-        a->policy = res.policy;
-        if (a->gen.verbose) {
-            fprintf(stderr, "policy auto: ");
-            print_policy_flags(stderr, &a->policy);
-            fprintf(stderr, " (predicted %.3f token/s, searched in %.2f s)\n", res.throughput, res.seconds);
-        }
+    a->policy.stage = rank, a->policy.n_stages = stages;
+    if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
+    if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
+    if (rc == 0 && pipe) rc = share_job(a, pipe, err);
+    if (rc == 0) {
+        a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
+        rc = model_config(a->model, &model_cfg, err);
     }
-    if (p.n == 0 && synthetic_prompts(&p, a, model_cfg.vocab, err)) goto out;
-    max_prompt = longest_prompt(&p);
-    if (fg_runtime_open(&a->policy, &rt, err) || fg_model_open(rt, a->model, a->gen.seed, &m, err))
-        goto out;
-    const opt_config *cfg = fg_model_config(m);
-    if (check_prompts(cfg, p.n, p.ids, p.lens, a->gen.gen_len, err)) goto out;
-    if (fg_check_plan(m, p.n, max_prompt, a->gen.gen_len, err)) goto out;
-    tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
-    if (a->dump_logits)
-        logits = malloc((size_t)p.n * a->gen.gen_len * cfg->vocab * sizeof *logits);
-    if (!tokens || (a->dump_logits && !logits)) { fg_fail(err, "out of memory"); goto out; }
-    if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", cfg->name);
-    if (generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) goto out;
-    if (a->dump_logits &&
-        dump_logits(a->dump_logits, logits, (size_t)p.n * a->gen.gen_len * cfg->vocab, err))
-        goto out;
-    if (a->trace && fg_trace_write(rt, a->trace, err)) goto out;
-    if (tok && !a->json) print_texts(tok, &p, tokens, &a->gen);
-    fg_runtime_stats(rt, &st);
-    report(a, cfg, &p, &t, &st, max_prompt, fg_runtime_backend(rt)->name);
+    if (rc == 0 && rank == 0 && (open_tokenizer(a, &tok, err) || gather_prompts(a, tok, model_cfg.vocab, &p, err)))
+        rc = -1;
+    if (fg_pipe_agree(pipe, rc, err)) goto fail;
+    int given[2] = {p.n, longest_prompt(&p)}; /* n 0: synthetic prompts, made once the block is known */
+    fg_pipe_bcast(pipe, given, sizeof given);
+    if (a->auto_policy &&
+        plan_stages(a, pipe, &model_cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given[1], err))
+        goto fail;
+    if (rank == 0 && p.n == 0) rc = synthetic_prompts(&p, a, stages, model_cfg.vocab, err);
+    if (fg_pipe_agree(pipe, rc, err) || share_prompts(pipe, &p, err)) goto fail;
+    int max_prompt = longest_prompt(&p);
+    rc = fg_runtime_open(&a->policy, &rt, err);
+    if (rc == 0) fg_runtime_set_pipe(rt, pipe), rc = fg_model_open(rt, a->model, a->gen.seed, &m, err);
+    if (rc == 0) rc = check_prompts(fg_model_config(m), p.n, p.ids, p.lens, a->gen.gen_len, err);
+    size_t n_logits = (size_t)p.n * a->gen.gen_len * model_cfg.vocab;
+    int keeps_logits = a->dump_logits && (rank == 0 || rank == stages - 1);
+    if (rc == 0) {
+        tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
+        if (keeps_logits) logits = malloc(n_logits * sizeof *logits);
+        if (!tokens || (keeps_logits && !logits)) rc = fg_fail(err, "out of memory");
+    }
+    if (fg_pipe_agree(pipe, rc, err)) goto fail;
+    if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", model_cfg.name);
+    if (generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) goto fail;
+    gather_logits(pipe, logits, keeps_logits ? n_logits : 0);
+    fg_runtime_stats(rt, &mine.st);
+    fg_stage_layers(&model_cfg, rank, stages, &mine.first_layer, &mine.end_layer);
+    memcpy(mine.percent, a->policy.percent, sizeof mine.percent);
+    mine.sent = fg_pipe_bytes_sent(pipe), mine.compute = t.compute_seconds, mine.bubble = t.bubble_seconds;
+    mine.disk_read = t.disk_read_seconds, mine.peak_rss = peak_rss_bytes();
+    all = calloc((size_t)stages, sizeof *all);
+    if (!all) { fg_fail(err, "out of memory"); goto fail; }
+    fg_pipe_gather(pipe, &mine, sizeof mine, all);
+    if (a->trace) {
+        char *events = trace_events(rt, rank, stages);
+        trace = events ? fg_pipe_gather_text(pipe, events) : NULL;
+        free(events);
+    }
+    if (rank == 0) {
+        if (a->dump_logits && dump_logits(a->dump_logits, logits, n_logits, err)) goto fail;
+        if (a->trace && write_trace(a->trace, trace, err)) goto fail;
+        if (tok && !a->json) print_texts(tok, &p, tokens, &a->gen);
+        t.compute_seconds = t.disk_read_seconds = 0;
+        combine_stages(all, stages, &st, &t);
+        report(a, &model_cfg, &p, &t, &st, max_prompt, fg_runtime_backend(rt)->name, all, stages);
+    }
     rc = 0;
+    goto out;
+fail:
+    rc = -1;
 out:
     fg_model_close(m);
     fg_runtime_close(rt);
@@ -2509,6 +3068,8 @@ out:
     if (tok) tokenizer_free(tok);
     free(tokens);
     free(logits);
+    free(trace);
+    free(all);
     return rc;
 }
 
@@ -2521,7 +3082,7 @@ static int policy_command(cli_args *a, char *err) {
     int rc = model_config(a->model, &cfg, err);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
-    if (rc == 0) rc = search_policy(a, &cfg, prompts.n, longest_prompt(&prompts), &r, err);
+    if (rc == 0) rc = search_policy(a, &cfg, prompts.n, longest_prompt(&prompts), 0, 0, &r, err);
     prompts_free(&prompts);
     if (tok) tokenizer_free(tok);
     if (rc) return -1;
@@ -2640,8 +3201,16 @@ static int tokenize_command(int argc, char **argv, char *err) {
 
 int flexgen_main(int argc, char **argv) {
     char err[FG_ERR_LEN] = "";
-    int rc;
-    if (argc > 1 && !strcmp(argv[1], "tokenize")) {
+    fg_pipe *pipe = NULL;
+    int rc = fg_pipe_open(&argc, &argv, &pipe, err);
+    const char *command = argc > 1 ? argv[1] : "";
+    int one_process = !strcmp(command, "tokenize") || !strcmp(command, "profile") || !strcmp(command, "policy");
+    if (rc == 0 && pipe && one_process) { /* every rank sees it; rank 0 says it */
+        rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
+        if (fg_pipe_rank(pipe)) err[0] = 0;
+    }
+    if (rc) {
+    } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {
         rc = tokenize_command(argc, argv, err);
     } else if (argc > 1 && !strcmp(argv[1], "profile")) {
         rc = profile_command(argc, argv, err);
@@ -2650,13 +3219,19 @@ int flexgen_main(int argc, char **argv) {
         int policy = argc > 1 && !strcmp(argv[1], "policy");
         cli_args a;
         rc = parse_args(argc - policy, argv + policy, &a, err);
-        if (rc == 1) usage(stdout);
-        else if (rc == 0) rc = policy ? policy_command(&a, err) : run(&a, err);
+        if (rc == 1) {
+            if (fg_pipe_rank(pipe) == 0) usage(stdout);
+            rc = 0;
+        } else if (fg_pipe_agree(pipe, rc, err)) { /* a bad flag on any stage stops them all */
+            rc = -1;
+        } else {
+            rc = policy ? policy_command(&a, err) : run(&a, pipe, err);
+        }
         free(a.prompts);
-        if (rc == 1) return 0;
     }
+    fg_pipe_close(pipe);
     if (rc) {
-        fprintf(stderr, "flexgen: %s\n", err);
+        if (err[0]) fprintf(stderr, "flexgen: %s\n", err);
         return 2;
     }
     return fflush(stdout) == 0 ? 0 : 1;

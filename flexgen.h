@@ -336,7 +336,15 @@ typedef struct {
                                 user's cache dir (~/.cache/flexgen) */
     int trace;               /* record a Chrome trace (fg_trace_write) */
     int verbose;             /* progress on stderr */
+    int stage, n_stages;     /* this process runs pipeline stage `stage` of n_stages (§4.4): its
+                                share of the layers (fg_stage_layers); 1 stage: the whole model */
 } fg_policy;
+
+/* The layers of stage s of n (FlexGen's list: 0 input embedding, 1 .. n_layers decoder layers,
+ * n_layers + 1 output embedding): [*first, *end). Decoder layers split as evenly as they can;
+ * the first stage adds the input embedding (the token ids are its input), the last the output
+ * embedding (so only token ids travel back to the first stage). */
+void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end);
 
 #define FG_DEFAULT_OFFLOAD_DIR "/var/tmp"
 
@@ -435,6 +443,7 @@ typedef struct {
     double prefill_latency, decode_latency; /* seconds, summed over blocks */
     int64_t prefill_tokens, decode_tokens;  /* FlexGen's counts: prompts x prompt_len, x (gen-1) */
     double compute_seconds;                 /* time the compute thread spent computing */
+    double bubble_seconds;                  /* time it waited for another pipeline stage */
     double disk_read_seconds;               /* time the disk->cpu link spent reading */
 } gen_timing;
 
@@ -447,6 +456,36 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
              char *err);
 
 int flexgen_main(int argc, char **argv);
+
+/* ------------------------------------------------------------------------------------------
+ * The link between pipeline stages (pipeline.c, §4.4): MPI where the build found mpicc. One
+ * process per stage; the schedule sends activations forward and token ids back through it.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct fg_pipe fg_pipe;
+int fg_pipe_compiled(void); /* this build has MPI */
+/* Under mpirun with more than one process: MPI started, a thread for messages, a crash handler
+ * that names the rank. *p is NULL without mpirun or with one process (nothing started). */
+int fg_pipe_open(int *argc, char ***argv, fg_pipe **p, char *err);
+void fg_pipe_close(fg_pipe *p);
+int fg_pipe_rank(const fg_pipe *p);  /* 0 for NULL */
+int fg_pipe_size(const fg_pipe *p);  /* 1 for NULL */
+/* Non-blocking: returns a message handle at once; buf must stay until the message is released.
+ * A message completes in posting order per (peer, tag), as MPI's are. */
+int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes);
+int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes);
+/* Waits for a message (any thread may); returns the seconds waited, *bytes what arrived. */
+double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes);
+void fg_pipe_release(fg_pipe *p, int msg); /* waits, then frees the handle */
+double fg_pipe_bytes_sent(const fg_pipe *p);
+/* Collective: 0 when rc is 0 on every rank. Otherwise -1 everywhere, and err holds the one line
+ * of the job: the lowest failing rank's, prefixed with its rank, on that rank; "" elsewhere. */
+int fg_pipe_agree(fg_pipe *p, int rc, char *err);
+void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes);                  /* from rank 0 */
+void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all); /* to rank 0 */
+char *fg_pipe_gather_text(fg_pipe *p, const char *mine); /* rank 0: all texts in rank order */
+
+/* The pipe a run's stages talk through (NULL: one stage). */
+void fg_runtime_set_pipe(fg_runtime *rt, fg_pipe *p);
 
 /* ------------------------------------------------------------------------------------------
  * Linear programs (lp.c, §4.3): the placement LP of the policy search (Eq. (1), Appendix A.3)
@@ -510,6 +549,7 @@ typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant +
 typedef struct {
     int s, n, gbs, ngb;
     int cpu_cache_compute, compress_weight, compress_cache;
+    int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
 } fg_workload;
 
 /* One layer's latency terms in prefill (pre) and decode (gen, averaged over the n - 1 steps), and
@@ -558,6 +598,8 @@ typedef struct {
     int verify;           /* check each choice with this runtime's plan check (fg_check_plan);
                              0 when planning for another machine (its hardware file says a GPU) */
     uint64_t seed;        /* of the dummy weights: their file in the weight dir counts as disk */
+    int gbs, ngb;         /* > 0: the block shape is given (the stages of a pipeline share it);
+                             only the placement is searched */
 } fg_search_request;
 
 typedef struct {

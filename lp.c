@@ -517,7 +517,8 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double layer = fmax(4 * h * h + 2 * h * f + 10 * h + f,     /* a decoder layer, or */
                         (double)c->vocab * c->word_dim + (c->max_pos + 2) * h); /* the embeddings */
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
-    double cache = 2 * kv_row * c->n_layers * bls * len, act = 4 * bls * s * h;
+    double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */
+    double cache = 2 * kv_row * c->n_layers * bls * len * micro, act = 4 * bls * s * h * micro;
     double stage_len = w->cpu_cache_compute ? s : len;
     memset(mm, 0, sizeof *mm);
     fg_linear *gpu = &mm->tier[TIER_GPU], *cpu = &mm->tier[TIER_CPU];
@@ -570,7 +571,10 @@ typedef struct {
 } candidate;
 
 typedef struct {
-    const opt_config *cfg;
+    const opt_config *cfg;   /* what the cost and memory models see: a pipeline stage's share of
+                                the decoder layers (§4.4: a stage is an l/m-layer model) */
+    const opt_config *model; /* the whole model, which the runtime check opens (as its stage) */
+    opt_config stage_cfg;
     const fg_hardware *hw;
     const fg_policy *base;
     const fg_search_request *req;
@@ -582,7 +586,7 @@ static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_
     return (fg_workload){.s = S->req->s, .n = S->req->n, .gbs = gbs, .ngb = ngb,
                          .cpu_cache_compute = cpu_cache_compute,
                          .compress_weight = S->base->compress_weight,
-                         .compress_cache = S->base->compress_cache};
+                         .compress_cache = S->base->compress_cache, .micro = S->base->n_stages};
 }
 
 /* The LP's rows, one at a time: coefficients over x (and T_pre, T_gen), sense, right side. */
@@ -671,9 +675,10 @@ static int runtime_check(const search *S, const fg_policy *p, int bls, int check
     fg_runtime *rt;
     fg_model *m = NULL;
     if (fg_runtime_open(&q, &rt, err)) return -1;
-    int rc = fg_model_open_dummy(rt, S->cfg, S->req->seed, &m, err);
-    if (rc == 0 && bls > 0 && check) rc = fg_check_plan(m, bls, S->req->s, S->req->n, err);
-    if (rc == 0 && x) fg_plan_placement(m, bls, x);
+    int rc = fg_model_open_dummy(rt, S->model, S->req->seed, &m, err);
+    int sequences = bls * (p->n_stages > 1 ? p->n_stages : 1); /* a block for each stage (§4.4) */
+    if (rc == 0 && bls > 0 && check) rc = fg_check_plan(m, sequences, S->req->s, S->req->n, err);
+    if (rc == 0 && x) fg_plan_placement(m, sequences, x);
     if (st) fg_runtime_stats(rt, st);
     fg_model_close(m);
     fg_runtime_close(rt);
@@ -756,9 +761,10 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
     int cap = 256, n = 0, max_block = S->req->max_block > 0 ? S->req->max_block : MAX_GBS * MAX_NGB;
     candidate *all = malloc(cap * sizeof *all);
     if (!all) return fg_fail(err, "out of memory");
-    for (int gbs = 1; gbs <= MAX_GBS && gbs <= max_block; gbs = next_gbs(gbs)) {
+    const fg_search_request *r = S->req;
+    for (int gbs = r->gbs ? r->gbs : 1; gbs <= MAX_GBS && gbs <= max_block; gbs = r->gbs ? MAX_GBS + 1 : next_gbs(gbs)) {
         int any = 0;
-        for (int ngb = 1; ngb <= MAX_NGB && gbs * ngb <= max_block; ngb++) {
+        for (int ngb = r->ngb ? r->ngb : 1; ngb <= MAX_NGB && gbs * ngb <= max_block; ngb = r->ngb ? MAX_NGB + 1 : ngb + 1) {
             int fits = 0;
             for (int v = 0; v < 2 * FG_W_CASES; v++) {
                 candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
@@ -802,7 +808,13 @@ static int explain_nothing_fits(search *S, char *err) {
 /* The capacities the plan must fit: on this machine the runtime's (defaults filled in). */
 static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
                        const fg_search_request *req, char *err) {
-    *S = (search){.cfg = cfg, .hw = hw, .base = base, .req = req};
+    *S = (search){.cfg = cfg, .model = cfg, .stage_cfg = *cfg, .hw = hw, .base = base, .req = req};
+    if (base->n_stages > 1) {
+        int first, end;
+        fg_stage_layers(cfg, base->stage, base->n_stages, &first, &end);
+        S->stage_cfg.n_layers = (end > cfg->n_layers + 1 ? cfg->n_layers + 1 : end) - (first > 0 ? first : 1);
+        S->cfg = &S->stage_cfg;
+    }
     if (req->s < 1 || req->n < 1) return fg_fail(err, "policy search: prompt and generation lengths must be at least 1");
     if (!req->verify) {
         for (int t = 0; t < N_TIERS; t++)
@@ -862,7 +874,8 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
     double best = INFINITY;
     for (int i = 0; i < n && all[i].objective < best && !same_cost(all[i].objective, best); i++) {
         candidate cd = all[i];
-        for (int shrink = 0; shrink < MAX_SHRINK && cd.gbs >= 1; shrink++, cd.gbs--) {
+        int shrinks = req->gbs ? 1 : MAX_SHRINK; /* a given block shape stays */
+        for (int shrink = 0; shrink < shrinks && cd.gbs >= 1; shrink++, cd.gbs--) {
             int rc = shrink ? solve_shape(&S, &cd, err) : 1;
             if (rc < 0) { free(all); return -1; }
             fg_search_result r;

@@ -75,14 +75,25 @@ static double ms_now(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err) {
+const char *flexgen_bin(void) {
     const char *bin = getenv("FLEXGEN_BIN");
-    if (!bin || !*bin) bin = "./flexgen";
-    int n = 0, in[2], o[2], e[2];
+    return bin && *bin ? bin : "./flexgen";
+}
+
+static int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err) {
+    int n = 0;
     while (args[n]) n++;
-    char **argv = calloc((size_t)n + 2, sizeof *argv);
-    argv[0] = (char *)bin;
+    const char **argv = calloc((size_t)n + 2, sizeof *argv);
+    argv[0] = flexgen_bin();
     memcpy(argv + 1, args, (size_t)n * sizeof *argv);
+    int rc = run_command(argv, stdin_text, out, err);
+    free(argv);
+    return rc;
+}
+
+int run_command(const char *const *argv, const char *stdin_text, char **out, char **err) {
+    const char *bin = argv[0];
+    int in[2], o[2], e[2];
     if (pipe(in) || pipe(o) || pipe(e)) abort();
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -100,11 +111,10 @@ static int run_flexgen(const char *const *args, const char *stdin_text, char **o
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
     void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN); /* a child that exits before reading */
     pid_t pid;
-    int spawned = posix_spawn(&pid, bin, &fa, &attr, argv, environ) == 0;
+    int spawned = posix_spawnp(&pid, bin, &fa, &attr, (char *const *)argv, environ) == 0;
     if (!spawned) fprintf(stderr, "\n    cannot run %s (set FLEXGEN_BIN)\n", bin);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
-    free(argv);
     close(in[0]);
     close(o[1]);
     close(e[1]);

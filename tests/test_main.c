@@ -98,6 +98,7 @@ int main(int argc, char **argv) {
     add_cost_tests();
     add_policy_tests();
     add_cuda_tests();
+    add_pipeline_tests();
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_pSuite only = argc > 1 ? CU_get_suite(argv[1]) : NULL; /* one suite, by its name */
     if (argc > 1 && !only) {

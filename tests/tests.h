@@ -18,6 +18,12 @@ void add_lp_tests(void);         /* test_lp.c: the simplex against GLPK */
 void add_cost_tests(void);       /* test_cost.c: the cost model of §4.3, by hand */
 void add_policy_tests(void);     /* test_policy.c: the policy search against the plan check */
 void add_cuda_tests(void);       /* test_cuda.c: the CUDA backend against the CPU (suite "gpu") */
+void add_pipeline_tests(void);   /* test_pipeline.c: mpirun -np 2 and 3 against one process */
+
+/* Runs argv (argv[0] found on PATH) with stdin_text (NULL: empty); *out and *err get its stdout
+ * and stderr (malloc'd). Returns its exit status, 128 + the signal, or -1 (test_cli.c). */
+int run_command(const char *const *argv, const char *stdin_text, char **out, char **err);
+const char *flexgen_bin(void); /* $FLEXGEN_BIN, or ./flexgen */
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);

@@ -1,0 +1,372 @@
+/* test_pipeline.c: pipeline parallelism over MPI (§4.4), as `mpirun -np M $FLEXGEN_BIN`.
+ *
+ * Two and three stages on the tiny fixtures against one process with the same flags: the same
+ * generated text (so the same tokens, greedy and sampled) and logits within the runtime's bound
+ * (1e-4 x max|logit|: a pipeline may group a block differently), with per-stage policies given
+ * through mpirun's MPMD form (weights, cache and activations on disk on one stage, on cpu on the
+ * other; 4-bit compression on and off), and with --stop-at-eos ending blocks early. Failures: a
+ * stage that crashes mid-run, an infeasible plan on one stage, bad input on rank 0, flags the
+ * stages disagree on, more stages than layers: each ends the job with one "flexgen:" line that
+ * names the rank, within mpirun's timeout, and leaves the offload dir empty.
+ * Skipped, saying why, where mpirun is missing or the binary was built without MPI.
+ */
+#define _GNU_SOURCE
+#include "tests.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char skip_reason[256];
+static char tiny[4096], tiny_ids[4096], text[4096], text_ids[4096], post_ln[4096], post_ln_ids[4096];
+
+/* What every stage's environment gets: one OpenMP thread (three stages share two cores), and
+ * for the sanitizer build full stacks on malloc and Open MPI's components kept loaded, so that
+ * LeakSanitizer can tell Open MPI's never-freed allocations (tests/lsan-mpi.supp) from ours. */
+static char stage_env[3][4400];
+
+static void set_stage_env(void) {
+    const char *asan = getenv("ASAN_OPTIONS");
+    char supp[4096];
+    if (!realpath("tests/lsan-mpi.supp", supp)) snprintf(supp, sizeof supp, "tests/lsan-mpi.supp");
+    snprintf(stage_env[0], sizeof stage_env[0], "ASAN_OPTIONS=%s%sfast_unwind_on_malloc=0",
+             asan ? asan : "", asan && *asan ? ":" : "");
+    snprintf(stage_env[1], sizeof stage_env[1], "LSAN_OPTIONS=suppressions=%s", supp);
+    snprintf(stage_env[2], sizeof stage_env[2], "OMPI_MCA_mca_base_component_disable_dlclose=1");
+}
+
+static char text_vocab[4200], text_merges[4200]; /* opt-tiny-text's; its vocabulary holds the others' */
+
+static int pipeline_init(void) {
+    snprintf(tiny, sizeof tiny, "%s", fixture("opt-tiny"));
+    snprintf(tiny_ids, sizeof tiny_ids, "%s", fixture("opt-tiny/prompts.txt"));
+    snprintf(text, sizeof text, "%s", fixture("opt-tiny-text"));
+    snprintf(text_ids, sizeof text_ids, "%s", fixture("opt-tiny-text/prompts.txt"));
+    snprintf(post_ln, sizeof post_ln, "%s", fixture("opt-tiny-350m"));
+    snprintf(post_ln_ids, sizeof post_ln_ids, "%s", fixture("opt-tiny-350m/prompts.txt"));
+    snprintf(text_vocab, sizeof text_vocab, "%s/vocab.json", text);
+    snprintf(text_merges, sizeof text_merges, "%s/merges.txt", text);
+    /* CI runs as root, which Open MPI refuses unless told */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    set_stage_env();
+    char *out = NULL, *err = NULL;
+    const char *version[] = {"mpirun", "--version", NULL};
+    if (run_command(version, NULL, &out, &err) != 0) {
+        snprintf(skip_reason, sizeof skip_reason, "no mpirun (install openmpi-bin)");
+    } else {
+        free(out), free(err);
+        const char *help[] = {flexgen_bin(), "--help", NULL};
+        run_command(help, NULL, &out, &err);
+        if (!strstr(out, "this build: with MPI"))
+            snprintf(skip_reason, sizeof skip_reason, "%s was built without MPI (no mpicc)", flexgen_bin());
+    }
+    free(out), free(err);
+    return 0;
+}
+
+static int skipped(void) {
+    static int said;
+    if (!skip_reason[0]) return 0;
+    if (!said++) printf("\n  pipeline suite skipped: %s\n", skip_reason);
+    return 1;
+}
+
+/* ---- running jobs ---- */
+
+typedef struct {
+    int rc;
+    char *out, *err;
+} job;
+
+static void job_free(job *j) { free(j->out), free(j->err); }
+
+enum { MAX_ARGS = 160 };
+
+typedef struct {
+    const char *v[MAX_ARGS];
+    int n;
+} arglist;
+
+static void add(arglist *a, const char *const *args) {
+    for (int i = 0; args && args[i]; i++) a->v[a->n++] = args[i];
+    a->v[a->n] = NULL;
+}
+
+/* mpirun with one program context per rank: ranks[r] are rank r's flags after `common`, env
+ * more of each context's environment; mpirun's --timeout turns a hang into a failure. */
+static job mpirun(int stages, const char *const *common, const char *const *const *ranks,
+                  const char *const *env) {
+    static const char *const head[] = {"mpirun", "--oversubscribe", "--bind-to", "none",
+                                       "--timeout", "120", NULL};
+    arglist a = {.n = 0};
+    add(&a, head);
+    for (int r = 0; r < stages; r++) {
+        if (r) add(&a, (const char *[]){":", NULL});
+        add(&a, (const char *[]){"-np", "1", "-x", "OMP_NUM_THREADS=1", "-x", stage_env[0], "-x", stage_env[1],
+                                 "-x", stage_env[2], NULL});
+        for (int i = 0; env && env[i]; i++) add(&a, (const char *[]){"-x", env[i], NULL});
+        add(&a, (const char *[]){flexgen_bin(), NULL});
+        add(&a, common);
+        add(&a, ranks ? ranks[r] : NULL);
+    }
+    job j;
+    j.rc = run_command(a.v, NULL, &j.out, &j.err);
+    return j;
+}
+
+static job one_process(const char *const *common, const char *const *extra) {
+    arglist a = {.n = 0};
+    add(&a, (const char *[]){flexgen_bin(), NULL});
+    add(&a, common);
+    add(&a, extra);
+    job j;
+    j.rc = run_command(a.v, NULL, &j.out, &j.err);
+    return j;
+}
+
+static float *read_floats(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f) / sizeof(float);
+    fseek(f, 0, SEEK_SET);
+    float *x = malloc(*n * sizeof *x + 1);
+    if (fread(x, sizeof *x, *n, f) != *n) *n = 0;
+    fclose(f);
+    return x;
+}
+
+static const char *join(const char *dir, const char *name) {
+    static char path[2][4200];
+    static int which;
+    which ^= 1;
+    snprintf(path[which], sizeof path[which], "%s/%s", dir, name);
+    return path[which];
+}
+
+static int dir_is_empty(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    if (d) closedir(d);
+    return n == 0;
+}
+
+/* The lines of s that start with "flexgen:" (mpirun's own boxes aside). */
+static int flexgen_lines(const char *s, const char **first) {
+    int n = 0;
+    *first = NULL;
+    for (const char *l = s; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, "flexgen:", 8)) n++, *first = *first ? *first : l;
+    return n;
+}
+
+/* The generated text of a run (stdout up to the report). */
+static char *texts(const char *out) {
+    const char *end = strstr(out, "model size:");
+    size_t n = end ? (size_t)(end - out) : strlen(out);
+    char *t = malloc(n + 1);
+    memcpy(t, out, n);
+    t[n] = 0;
+    return t;
+}
+
+/* ---- one process against M stages ---- */
+
+typedef struct {
+    const char *name;
+    int stages;
+    const char *model, *prompts;
+    const char *const *common;       /* flags of both runs */
+    const char *const *ranks[3];     /* per-stage flags of the pipeline (MPMD) */
+    const char *const *single;       /* the one process's own flags */
+} pipeline_case;
+
+static void expect_same_run(const pipeline_case *c) {
+    char *dir = make_temp_dir();
+    char one_dump[4200], many_dump[4200];
+    snprintf(one_dump, sizeof one_dump, "%s", join(dir, "one.bin"));
+    snprintf(many_dump, sizeof many_dump, "%s", join(dir, "many.bin"));
+    arglist common = {.n = 0};
+    add(&common, (const char *[]){"--model", c->model, "--prompt-ids", c->prompts, "--device", "cpu",
+                                  "--quiet", "--offload-dir", dir, "--path", dir, NULL});
+    add(&common, c->common);
+    job one = one_process(common.v, (const char *[]){"--dump-logits", one_dump, NULL});
+    arglist first = {.n = 0}; /* rank 0 writes the dump */
+    add(&first, c->ranks[0]);
+    add(&first, (const char *[]){"--dump-logits", many_dump, NULL});
+    const char *const *ranks[3] = {first.v, c->ranks[1], c->ranks[2]};
+    job many = mpirun(c->stages, common.v, ranks, NULL);
+    CU_ASSERT_EQUAL(one.rc, 0);
+    CU_ASSERT_EQUAL(many.rc, 0);
+    if (one.rc || many.rc) printf("\n    %s: %s %s\n", c->name, one.err, many.err);
+    char *t1 = texts(one.out), *t2 = texts(many.out);
+    CU_ASSERT(strlen(t1) > 0 && !strcmp(t1, t2)); /* the same tokens */
+    if (strcmp(t1, t2)) printf("\n    %s: texts differ:\n%s---\n%s\n", c->name, t1, t2);
+    size_t n1 = 0, n2 = 0;
+    float *a = read_floats(one_dump, &n1), *b = read_floats(many_dump, &n2);
+    CU_ASSERT(a && b && n1 > 0 && n1 == n2);
+    float worst = 0, max_abs = 0;
+    for (size_t i = 0; a && b && n1 == n2 && i < n1; i++) {
+        worst = fmaxf(worst, fabsf(a[i] - b[i]));
+        max_abs = fmaxf(max_abs, fabsf(a[i]));
+    }
+    CU_ASSERT(max_abs > 0 && worst <= 1e-4f * max_abs);
+    printf("[%s: %g] ", c->name, worst / fmaxf(max_abs, 1e-30f));
+    CU_ASSERT(strstr(many.out, "stage 2/") != NULL); /* the report has a line per stage */
+    unlink(one_dump), unlink(many_dump);
+    CU_ASSERT(dir_is_empty(dir));
+    free(a), free(b), free(t1), free(t2);
+    job_free(&one), job_free(&many);
+    rm_tree(dir);
+    free(dir);
+}
+
+static const char *const ON_DISK[] = {"--percent", "0", "0", "0", "0", "0", "0", NULL};
+static const char *const ON_CPU[] = {"--percent", "0", "100", "0", "100", "0", "100", NULL};
+static const char *const SPLIT[] = {"--percent", "0", "50", "0", "50", "50", "0", NULL};
+
+static void test_two_stages(void) {
+    if (skipped()) return;
+    const pipeline_case cases[] = {
+        {"2 stages, greedy", 2, text, text_ids,
+         (const char *[]){"--gen-len", "8", "--gpu-batch-size", "2", "--num-gpu-batches", "2", NULL},
+         {NULL, NULL, NULL}, NULL},
+        {"disk | cpu, sampled", 2, text, text_ids,
+         (const char *[]){"--gen-len", "8", "--gpu-batch-size", "2", "--num-gpu-batches", "2",
+                          "--temperature", "0.8", "--seed", "5", NULL},
+         {ON_DISK, ON_CPU, NULL}, NULL},
+        {"cpu | disk, 4-bit", 2, text, text_ids,
+         (const char *[]){"--gen-len", "6", "--gpu-batch-size", "3", "--num-gpu-batches", "1",
+                          "--compress-weight", "--compress-cache", NULL},
+         {ON_CPU, ON_DISK, NULL}, NULL},
+        {"split, delegated, overlap off", 2, text, text_ids,
+         (const char *[]){"--gen-len", "5", "--gpu-batch-size", "1", "--num-gpu-batches", "3",
+                          "--cpu-cache-compute", NULL},
+         {SPLIT, (const char *[]){"--overlap", "0", NULL}, NULL}, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
+}
+
+static void test_three_stages(void) {
+    if (skipped()) return;
+    const pipeline_case cases[] = {
+        {"3 stages, pre-LN", 3, text, text_ids,
+         (const char *[]){"--gen-len", "7", "--gpu-batch-size", "1", "--num-gpu-batches", "2",
+                          "--temperature", "0.7", NULL},
+         {ON_CPU, ON_DISK, SPLIT}, NULL},
+        {"3 stages, post-LN (350m)", 3, post_ln, post_ln_ids,
+         (const char *[]){"--gen-len", "6", "--gpu-batch-size", "2", "--num-gpu-batches", "1",
+                          "--compress-weight", "--vocab", text_vocab, "--merges", text_merges, NULL},
+         {ON_DISK, NULL, ON_CPU}, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
+}
+
+/* Blocks of one sequence: opt-tiny's 4th prompt generates </s> first, which ends its block at
+ * once, and the stages pass that on (an empty message where its activations would be). The text
+ * comes from opt-tiny-text's tokenizer (its vocabulary holds opt-tiny's). */
+static void test_stop_at_eos(void) {
+    if (skipped()) return;
+    const pipeline_case c = {"--stop-at-eos", 2, tiny, tiny_ids,
+                             (const char *[]){"--gen-len", "8", "--gpu-batch-size", "1", "--num-gpu-batches",
+                                              "1", "--stop-at-eos", "--vocab", text_vocab, "--merges", text_merges, NULL},
+                             {NULL, NULL, NULL}, NULL};
+    expect_same_run(&c);
+}
+
+/* -np 1 is one process, as without mpirun; the JSON report names each stage otherwise. */
+static void test_report(void) {
+    if (skipped()) return;
+    char *dir = make_temp_dir();
+    const char *trace = join(dir, "trace.json");
+    const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--device", "cpu", "--quiet",
+                                  "--gen-len", "4", "--json", "--offload-dir", dir, NULL};
+    job one = mpirun(1, common, NULL, NULL);
+    CU_ASSERT_EQUAL(one.rc, 0);
+    cJSON *o = cJSON_Parse(one.out);
+    CU_ASSERT(o && !cJSON_GetObjectItem(o, "stages"));
+    cJSON_Delete(o);
+    job two = mpirun(2, common, (const char *const *[]){(const char *[]){"--trace", trace, NULL}, NULL}, NULL);
+    CU_ASSERT_EQUAL(two.rc, 0);
+    o = cJSON_Parse(two.out);
+    cJSON *stages = o ? cJSON_GetObjectItem(o, "stages") : NULL;
+    CU_ASSERT(cJSON_GetArraySize(stages) == 2);
+    int end = 0;
+    for (int s = 0; s < cJSON_GetArraySize(stages); s++) { /* the layers, in order, all of them */
+        cJSON *st = cJSON_GetArrayItem(stages, s);
+        CU_ASSERT_EQUAL(cJSON_GetObjectItem(st, "first_layer")->valueint, end);
+        end = cJSON_GetObjectItem(st, "end_layer")->valueint;
+        CU_ASSERT(cJSON_GetObjectItem(st, "bytes_sent")->valuedouble > 0);
+        CU_ASSERT(cJSON_GetObjectItem(st, "bubble_seconds")->valuedouble >= 0);
+    }
+    CU_ASSERT_EQUAL(end, 4); /* opt-tiny: embedding, 2 decoder layers, output */
+    cJSON_Delete(o);
+    size_t len = 0;
+    FILE *f = fopen(trace, "r");
+    char buf[1 << 16] = "";
+    if (f) len = fread(buf, 1, sizeof buf - 1, f), fclose(f);
+    buf[len] = 0;
+    CU_ASSERT(strstr(buf, "\"stage 1 of 2\"") && strstr(buf, "\"stage 2 of 2\"")); /* a track each */
+    CU_ASSERT(strstr(buf, "\"pid\":2") != NULL);
+    unlink(trace);
+    CU_ASSERT(dir_is_empty(dir));
+    job_free(&one), job_free(&two);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* ---- failures: one line naming the rank, no hang, nothing left in the offload dir ---- */
+
+static void expect_job_fails(const char *what, const char *const *const *ranks, int stages,
+                             const char *const *env, const char *want1, const char *want2) {
+    char *dir = make_temp_dir();
+    const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--device", "cpu", "--quiet",
+                                  "--gen-len", "8", "--gpu-batch-size", "2", "--offload-dir", dir,
+                                  "--path", dir, "--percent", "0", "0", "0", "0", "0", "0", NULL};
+    job j = mpirun(stages, common, ranks, env);
+    const char *line;
+    int n = flexgen_lines(j.err, &line);
+    CU_ASSERT(j.rc != 0);
+    CU_ASSERT_EQUAL(n, 1);
+    CU_ASSERT(line && strstr(line, want1) && strstr(line, want2));
+    if (n != 1 || !line || !strstr(line, want1) || !strstr(line, want2))
+        printf("\n    %s: exit %d, stderr:\n%s\n", what, j.rc, j.err);
+    CU_ASSERT(dir_is_empty(dir));
+    job_free(&j);
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_failures(void) {
+    if (skipped()) return;
+    /* rank 1 crashes as it posts its 5th message: mid-run, the prefill sent and answered */
+    expect_job_fails("crash", NULL, 2, (const char *[]){"FLEXGEN_TEST_CRASH=1:5", NULL},
+                     "flexgen: rank 1 (stage 2 of 2): crashed: ", "signal 11");
+    expect_job_fails("infeasible plan on one stage",
+                     (const char *const *[]){NULL, (const char *[]){"--gpu-mem", "1K", NULL}}, 2, NULL,
+                     "flexgen: rank 1 (stage 2 of 2): gpu tier", "--gpu-mem");
+    expect_job_fails("bad prompt file on rank 0",
+                     (const char *const *[]){(const char *[]){"--prompt-ids", "/nonexistent/p.txt", NULL}, NULL},
+                     2, NULL, "flexgen: rank 0 (stage 1 of 2): ", "/nonexistent/p.txt");
+    expect_job_fails("flags the stages must share",
+                     (const char *const *[]){NULL, NULL, (const char *[]){"--gen-len", "3", NULL}}, 3, NULL,
+                     "flexgen: rank 2 (stage 3 of 3): ", "--gen-len");
+    expect_job_fails("more stages than layers", NULL, 4, NULL, "flexgen: rank ", "too few for 4 pipeline stages");
+    expect_job_fails("an unknown flag on one stage", (const char *const *[]){(const char *[]){"--nonsense", NULL}, NULL},
+                     2, NULL, "flexgen: rank 0 (stage 1 of 2): ", "--nonsense");
+}
+
+void add_pipeline_tests(void) {
+    CU_pSuite s = CU_add_suite("pipeline", pipeline_init, NULL);
+    CU_add_test(s, "2 stages: same tokens and logits, per-stage policies", test_two_stages);
+    CU_add_test(s, "3 stages: same tokens and logits, pre-LN and post-LN", test_three_stages);
+    CU_add_test(s, "--stop-at-eos ends blocks early on every stage", test_stop_at_eos);
+    CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
+    CU_add_test(s, "a failing stage ends the job with one line, no files", test_failures);
+}
