@@ -1,8 +1,11 @@
-/* flexgen.c: the runtime and the command line (paper §4.1, Fig. 4).
+/* flexgen.c: the runtime and the command line (paper §4.1, Fig. 4, §4.4).
  *
  *   generate()      prompts in blocks of gpu_batch_size x num_gpu_batches sequences; each block
  *                   walks token i, layer j, GPU batch k in the order of Fig. 4, so a layer's
  *                   weights are used by every GPU batch of the block before the next layer's
+ *   pipeline        as one stage of mpirun -np M (§4.4): the same loop over the stage's share of
+ *                   the layers, M blocks (micro-batches) in flight, activations to the next stage
+ *                   and token ids back to the first through pipeline.c
  *   plan check      the whole plan (weights, KV cache, workspace) against the memory there is,
  *                   refused before any compute when it does not fit
  *   report          FlexGen's benchmark lines, or one JSON object with --json
@@ -1000,6 +1003,8 @@ static int load_weights_into_homes(fg_model *m, char *err) {
     m->loaded = rc == 0;
     return rc;
 }
+
+int fg_model_load(fg_model *m, char *err) { return m->loaded ? 0 : load_weights_into_homes(m, err); }
 
 /* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
  * Layer g (step g / L, layer g % L) is read from disk one layer earlier than Fig. 4 asks, while
@@ -2860,15 +2865,14 @@ static int longest_prompt(const prompt_set *p) {
 
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len). */
-static int search_policy(const cli_args *a, const opt_config *cfg, int n_prompts, int max_prompt,
-                         int gbs, int ngb, fg_search_result *res, char *err) {
-    fg_hardware hw;
-    if (load_hardware(a, &hw, err)) return -1;
+static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_config *cfg,
+                         int n_prompts, int max_prompt, int gbs, int ngb, fg_search_result *res,
+                         char *err) {
     fg_search_request req = {.s = max_prompt ? max_prompt : a->prompt_len, .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .verify = hw.gpu_is_host, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
-    if (a->evaluate) return fg_policy_evaluate(cfg, &hw, &a->policy, &req, res, err);
-    return fg_policy_search(cfg, &hw, &a->policy, &req, res, err);
+                             .verify = hw->gpu_is_host, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
+    if (a->evaluate) return fg_policy_evaluate(cfg, hw, &a->policy, &req, res, err);
+    return fg_policy_search(cfg, hw, &a->policy, &req, res, err);
 }
 
 static void print_policy_flags(FILE *out, const fg_policy *p) {
@@ -2907,9 +2911,16 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
 static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
                        int max_prompt, char *err) {
     fg_search_result res;
-    int rc = search_policy(a, cfg, n_prompts, max_prompt, 0, 0, &res, err);
+    fg_hardware hw;
+    int rc = 0, n = fg_pipe_size(pipe);
+    for (int r = 0; r < n; r++) { /* a machine without a hardware file measures itself once, a stage
+                                     at a time: stages sharing a machine must not load each other */
+        if (r == fg_pipe_rank(pipe)) rc = load_hardware(a, &hw, err);
+        if (fg_pipe_agree(pipe, rc, err)) return -1;
+    }
+    rc = search_policy(a, &hw, cfg, n_prompts, max_prompt, 0, 0, &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
-    int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches}, n = fg_pipe_size(pipe);
+    int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches};
     int *all = malloc((size_t)n * sizeof shape);
     if (!all) return fg_fail(err, "out of memory");
     fg_pipe_gather(pipe, shape, sizeof shape, all);
@@ -2918,7 +2929,7 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_
     free(all);
     fg_pipe_bcast(pipe, shape, sizeof shape);
     if (shape[0] != res.policy.gpu_batch_size || shape[1] != res.policy.num_gpu_batches)
-        rc = search_policy(a, cfg, n_prompts, max_prompt, shape[0], shape[1], &res, err);
+        rc = search_policy(a, &hw, cfg, n_prompts, max_prompt, shape[0], shape[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     a->policy = res.policy;
     if (a->gen.verbose) {
@@ -2991,6 +3002,73 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     return 0;
 }
 
+/* The prompts of the job on every stage: read (and tokenized) by rank 0, or synthetic ones to
+ * fill the block that --policy auto chooses for each stage. */
+static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tokenizer **tok,
+                       prompt_set *p, char *err) {
+    int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe), rc = 0;
+    if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    int given[2] = {p->n, longest_prompt(p)}; /* n 0: synthetic prompts, once the block is known */
+    fg_pipe_bcast(pipe, given, sizeof given);
+    if (a->auto_policy &&
+        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given[1], err))
+        return -1;
+    if (rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    return share_prompts(pipe, p, err);
+}
+
+/* This stage's runtime and model, its plan checked, its weights in their homes. */
+static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtime **rt,
+                      fg_model **m, char *err) {
+    int rc = fg_runtime_open(&a->policy, rt, err);
+    if (rc == 0) fg_runtime_set_pipe(*rt, pipe), rc = fg_model_open(*rt, a->model, a->gen.seed, m, err);
+    if (rc == 0) rc = check_prompts(fg_model_config(*m), p->n, p->ids, p->lens, a->gen.gen_len, err);
+    if (rc == 0) rc = fg_check_plan(*m, p->n, longest_prompt(p), a->gen.gen_len, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", fg_model_config(*m)->name);
+    for (int r = 0; r < fg_pipe_size(pipe); r++) { /* a stage at a time: stages that share a machine
+                                                      share its dummy-weight file, the first writes it */
+        if (r == fg_pipe_rank(pipe)) rc = fg_model_load(*m, err);
+        if (fg_pipe_agree(pipe, rc, err)) return -1;
+    }
+    return 0;
+}
+
+/* After the run: every stage's numbers and trace to rank 0, which writes the outputs and the
+ * report. */
+static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, const opt_config *cfg,
+                      const prompt_set *p, const fg_tokenizer *tok, const int *tokens, float *logits,
+                      gen_timing *t, stage_report *all, char *err) {
+    int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
+    size_t n_logits = (size_t)p->n * a->gen.gen_len * cfg->vocab;
+    gather_logits(pipe, logits, logits ? n_logits : 0);
+    stage_report mine = {.sent = fg_pipe_bytes_sent(pipe), .compute = t->compute_seconds,
+                         .bubble = t->bubble_seconds, .disk_read = t->disk_read_seconds,
+                         .peak_rss = peak_rss_bytes()};
+    fg_runtime_stats(rt, &mine.st);
+    fg_stage_layers(cfg, rank, stages, &mine.first_layer, &mine.end_layer);
+    memcpy(mine.percent, a->policy.percent, sizeof mine.percent);
+    fg_pipe_gather(pipe, &mine, sizeof mine, all);
+    char *events = a->trace ? trace_events(rt, rank, stages) : NULL;
+    char *trace = a->trace ? fg_pipe_gather_text(pipe, events ? events : "") : NULL;
+    free(events);
+    int rc = 0;
+    if (rank == 0) {
+        if (a->dump_logits) rc = dump_logits(a->dump_logits, logits, n_logits, err);
+        if (rc == 0 && a->trace) rc = write_trace(a->trace, trace, err);
+        if (rc == 0 && tok && !a->json) print_texts(tok, p, tokens, &a->gen);
+        fg_stats st;
+        t->compute_seconds = t->disk_read_seconds = 0;
+        combine_stages(all, stages, &st, t);
+        if (rc == 0) report(a, cfg, p, t, &st, longest_prompt(p), fg_runtime_backend(rt)->name, all, stages);
+    }
+    free(trace);
+    return rc;
+}
+
+/* A run: one process, or (under mpirun) one pipeline stage of the job (§4.4). */
 static int run(cli_args *a, fg_pipe *pipe, char *err) {
     fg_tokenizer *tok = NULL;
     prompt_set p = {0};
@@ -2998,69 +3076,32 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     fg_model *m = NULL;
     int *tokens = NULL, rc = 0, rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
     float *logits = NULL;
-    char *trace = NULL;
-    stage_report mine = {0}, *all = NULL;
+    stage_report *all = NULL;
     gen_timing t;
-    fg_stats st;
-    opt_config model_cfg;
+    opt_config cfg;
     a->policy.stage = rank, a->policy.n_stages = stages;
     if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
     if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
-        rc = model_config(a->model, &model_cfg, err);
+        rc = model_config(a->model, &cfg, err);
     }
-    if (rc == 0 && rank == 0 && (open_tokenizer(a, &tok, err) || gather_prompts(a, tok, model_cfg.vocab, &p, err)))
+    if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, err) ||
+        open_stage(a, pipe, &p, &rt, &m, err)) {
         rc = -1;
-    if (fg_pipe_agree(pipe, rc, err)) goto fail;
-    int given[2] = {p.n, longest_prompt(&p)}; /* n 0: synthetic prompts, made once the block is known */
-    fg_pipe_bcast(pipe, given, sizeof given);
-    if (a->auto_policy &&
-        plan_stages(a, pipe, &model_cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given[1], err))
-        goto fail;
-    if (rank == 0 && p.n == 0) rc = synthetic_prompts(&p, a, stages, model_cfg.vocab, err);
-    if (fg_pipe_agree(pipe, rc, err) || share_prompts(pipe, &p, err)) goto fail;
-    int max_prompt = longest_prompt(&p);
-    rc = fg_runtime_open(&a->policy, &rt, err);
-    if (rc == 0) fg_runtime_set_pipe(rt, pipe), rc = fg_model_open(rt, a->model, a->gen.seed, &m, err);
-    if (rc == 0) rc = check_prompts(fg_model_config(m), p.n, p.ids, p.lens, a->gen.gen_len, err);
-    size_t n_logits = (size_t)p.n * a->gen.gen_len * model_cfg.vocab;
+        goto out;
+    }
     int keeps_logits = a->dump_logits && (rank == 0 || rank == stages - 1);
-    if (rc == 0) {
-        tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
-        if (keeps_logits) logits = malloc(n_logits * sizeof *logits);
-        if (!tokens || (keeps_logits && !logits)) rc = fg_fail(err, "out of memory");
-    }
-    if (fg_pipe_agree(pipe, rc, err)) goto fail;
-    if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", model_cfg.name);
-    if (generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) goto fail;
-    gather_logits(pipe, logits, keeps_logits ? n_logits : 0);
-    fg_runtime_stats(rt, &mine.st);
-    fg_stage_layers(&model_cfg, rank, stages, &mine.first_layer, &mine.end_layer);
-    memcpy(mine.percent, a->policy.percent, sizeof mine.percent);
-    mine.sent = fg_pipe_bytes_sent(pipe), mine.compute = t.compute_seconds, mine.bubble = t.bubble_seconds;
-    mine.disk_read = t.disk_read_seconds, mine.peak_rss = peak_rss_bytes();
+    tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
+    if (keeps_logits) logits = malloc((size_t)p.n * a->gen.gen_len * cfg.vocab * sizeof *logits);
     all = calloc((size_t)stages, sizeof *all);
-    if (!all) { fg_fail(err, "out of memory"); goto fail; }
-    fg_pipe_gather(pipe, &mine, sizeof mine, all);
-    if (a->trace) {
-        char *events = trace_events(rt, rank, stages);
-        trace = events ? fg_pipe_gather_text(pipe, events) : NULL;
-        free(events);
+    rc = !tokens || (keeps_logits && !logits) || !all ? fg_fail(err, "out of memory") : 0;
+    if (fg_pipe_agree(pipe, rc, err) || generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) {
+        rc = -1;
+        goto out;
     }
-    if (rank == 0) {
-        if (a->dump_logits && dump_logits(a->dump_logits, logits, n_logits, err)) goto fail;
-        if (a->trace && write_trace(a->trace, trace, err)) goto fail;
-        if (tok && !a->json) print_texts(tok, &p, tokens, &a->gen);
-        t.compute_seconds = t.disk_read_seconds = 0;
-        combine_stages(all, stages, &st, &t);
-        report(a, &model_cfg, &p, &t, &st, max_prompt, fg_runtime_backend(rt)->name, all, stages);
-    }
-    rc = 0;
-    goto out;
-fail:
-    rc = -1;
+    rc = finish_job(a, pipe, rt, fg_model_config(m), &p, tok, tokens, logits, &t, all, err);
 out:
     fg_model_close(m);
     fg_runtime_close(rt);
@@ -3068,7 +3109,6 @@ out:
     if (tok) tokenizer_free(tok);
     free(tokens);
     free(logits);
-    free(trace);
     free(all);
     return rc;
 }
@@ -3082,7 +3122,9 @@ static int policy_command(cli_args *a, char *err) {
     int rc = model_config(a->model, &cfg, err);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
-    if (rc == 0) rc = search_policy(a, &cfg, prompts.n, longest_prompt(&prompts), 0, 0, &r, err);
+    fg_hardware hw;
+    if (rc == 0) rc = load_hardware(a, &hw, err);
+    if (rc == 0) rc = search_policy(a, &hw, &cfg, prompts.n, longest_prompt(&prompts), 0, 0, &r, err);
     prompts_free(&prompts);
     if (tok) tokenizer_free(tok);
     if (rc) return -1;

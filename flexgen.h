@@ -429,6 +429,8 @@ int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m
 int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **m,
                         char *err);
 const opt_config *fg_model_config(const fg_model *m);
+/* Writes the weights into their homes now (generate() does it on first use). */
+int fg_model_load(fg_model *m, char *err);
 void fg_model_close(fg_model *m);
 
 typedef struct {
