@@ -40,8 +40,13 @@ extern "C" {
  * Errors, threads, streams
  * ============================================================================================ */
 
+/* A failed call ends the process (under mpirun, naming its stage; mpirun then ends the others). */
 static void cuda_fail(const char *call, int line, const char *msg) {
-    fprintf(stderr, "flexgen: CUDA: %s failed (flexgen.cu:%d): %s\n", call, line, msg);
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *size = getenv("OMPI_COMM_WORLD_SIZE");
+    char stage[96] = "";
+    if (rank && size && atoi(size) > 1)
+        snprintf(stage, sizeof stage, "rank %s (stage %d of %s): ", rank, atoi(rank) + 1, size);
+    fprintf(stderr, "flexgen: %sCUDA: %s failed (flexgen.cu:%d): %s\n", stage, call, line, msg);
     exit(3);
 }
 #define CUDA_CHECK(call)                                                                       \
@@ -71,6 +76,7 @@ typedef struct {
 } thread_ctx;
 
 static pthread_key_t ctx_key;
+static int device_index; /* this process's GPU: its pipeline stage's place on the machine (§4.4) */
 
 static void ctx_destroy(void *p) {
     thread_ctx *c = (thread_ctx *)p;
@@ -88,6 +94,7 @@ static thread_ctx *ctx(void) {
     if (c) return c;
     c = (thread_ctx *)calloc(1, sizeof *c);
     if (!c) cuda_fail("calloc", __LINE__, "out of host memory");
+    CUDA_CHECK(cudaSetDevice(device_index)); /* each thread's own setting */
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     pthread_setspecific(ctx_key, c);
     return c;
@@ -751,7 +758,13 @@ static void probe(void) {
         snprintf(probe_error, sizeof probe_error, "no GPU found");
         return;
     }
-    if (pthread_key_create(&ctx_key, ctx_destroy) != 0)
+    /* stages of a pipeline that share a machine take its GPUs in turn, by their local rank */
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("MPI_LOCALRANKID");
+    device_index = local ? atoi(local) % n : 0;
+    if (cudaSetDevice(device_index) != cudaSuccess)
+        snprintf(probe_error, sizeof probe_error, "cannot use GPU %d", device_index);
+    else if (pthread_key_create(&ctx_key, ctx_destroy) != 0)
         snprintf(probe_error, sizeof probe_error, "cannot create a thread key");
 }
 
