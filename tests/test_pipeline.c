@@ -321,6 +321,67 @@ static void test_report(void) {
     free(dir);
 }
 
+/* --policy auto: each stage searches for its own layers and capacities, the stages agree on a
+ * block shape, each stays within its --gpu-mem and --cpu-mem, and the logits are PyTorch's. */
+static void test_policy_auto(void) {
+    if (skipped()) return;
+    char *dir = make_temp_dir();
+    char hw[4200], dump[4200], reference[4200];
+    snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
+    snprintf(dump, sizeof dump, "%s", join(dir, "l.bin"));
+    snprintf(reference, sizeof reference, "%s/logits.bin", text);
+    FILE *f = fopen(hw, "w"); /* plausible rates of a CPU backend (the gpu tier is host memory) */
+    if (f) fputs("{\"ctog_bdw\": 6e9, \"gtoc_bdw_cache\": 1.2e10, \"gtoc_bdw_hidden\": 1.2e10, \"dtoc_bdw\": 1.4e9,"
+                 " \"ctod_bdw_cache_p\": 2.5e8, \"ctod_bdw_hidden_p\": 2.5e8, \"ctod_bdw_g\": 2.5e8,"
+                 " \"mm_flops_p\": 1.3e11, \"mm_flops_g\": 1.7e11, \"bmm_flops_p\": 1e11, \"bmm_flops_g\": 4e10,"
+                 " \"cpu_flops\": 4e10, \"dequant_bdw\": 5e9, \"mem_bdw\": 8e9, \"gpu_is_host\": true}", f), fclose(f);
+    const char *const common[] = {"--model", text, "--prompt-ids", text_ids, "--device", "cpu", "--quiet",
+                                  "--gen-len", "8", "--policy", "auto", "--hw", hw, "--offload-dir", dir,
+                                  "--json", NULL};
+    static const double gpu_mem[2] = {700 << 10, 3 << 20}, cpu_mem = 1 << 20;
+    job j = mpirun(2, common, (const char *const *[]){
+                       (const char *[]){"--gpu-mem", "700K", "--cpu-mem", "1M", "--dump-logits", dump, NULL},
+                       (const char *[]){"--gpu-mem", "3M", "--cpu-mem", "1M", NULL}}, NULL);
+    CU_ASSERT_EQUAL(j.rc, 0);
+    cJSON *o = cJSON_Parse(j.out), *stages = o ? cJSON_GetObjectItem(o, "stages") : NULL;
+    CU_ASSERT_FATAL(cJSON_GetArraySize(stages) == 2);
+    int block = cJSON_GetObjectItem(o, "gpu_batch_size")->valueint * cJSON_GetObjectItem(o, "num_gpu_batches")->valueint;
+    CU_ASSERT(block >= 1 && block <= 2); /* 4 prompts dealt to 2 micro-batches */
+    for (int s = 0; s < 2; s++) {
+        cJSON *st = cJSON_GetArrayItem(stages, s);
+        CU_ASSERT(cJSON_GetObjectItem(st, "peak_gpu_bytes")->valuedouble <= gpu_mem[s]);
+        CU_ASSERT(cJSON_GetObjectItem(st, "peak_cpu_bytes")->valuedouble <= cpu_mem);
+    }
+    cJSON_Delete(o);
+    size_t n = 0, n_ref = 0;
+    float *a = read_floats(dump, &n), *b = read_floats(reference, &n_ref);
+    CU_ASSERT(a && b && n > 0 && n == n_ref);
+    float worst = 0, max_abs = 0;
+    for (size_t i = 0; a && b && n == n_ref && i < n; i++)
+        worst = fmaxf(worst, fabsf(a[i] - b[i])), max_abs = fmaxf(max_abs, fabsf(b[i]));
+    CU_ASSERT(max_abs > 0 && worst <= 1e-4f * max_abs);
+    free(a), free(b);
+    job_free(&j);
+    /* synthetic prompts, no bound on the block: alone, the roomier stage would choose a larger
+     * block than the other; both run the smaller, and fill one block each */
+    const char *const synthetic[] = {"--model", text, "--prompt-len", "8", "--device", "cpu", "--quiet",
+                                     "--gen-len", "4", "--policy", "auto", "--hw", hw, "--offload-dir", dir,
+                                     "--json", NULL};
+    j = mpirun(2, synthetic, (const char *const *[]){(const char *[]){"--gpu-mem", "1M", "--cpu-mem", "1M", NULL},
+                                                    (const char *[]){"--gpu-mem", "8M", "--cpu-mem", "4M", NULL}}, NULL);
+    CU_ASSERT_EQUAL(j.rc, 0);
+    o = cJSON_Parse(j.out), stages = o ? cJSON_GetObjectItem(o, "stages") : NULL;
+    CU_ASSERT_FATAL(cJSON_GetArraySize(stages) == 2);
+    block = cJSON_GetObjectItem(o, "gpu_batch_size")->valueint * cJSON_GetObjectItem(o, "num_gpu_batches")->valueint;
+    CU_ASSERT_EQUAL(cJSON_GetObjectItem(o, "num_prompts")->valueint, 2 * block);
+    CU_ASSERT(cJSON_GetObjectItem(cJSON_GetArrayItem(stages, 0), "peak_gpu_bytes")->valuedouble <= 1 << 20);
+    CU_ASSERT(cJSON_GetObjectItem(cJSON_GetArrayItem(stages, 1), "peak_gpu_bytes")->valuedouble <= 8 << 20);
+    cJSON_Delete(o);
+    job_free(&j);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* ---- failures: one line naming the rank, no hang, nothing left in the offload dir ---- */
 
 static void expect_job_fails(const char *what, const char *const *const *ranks, int stages,
@@ -368,5 +429,6 @@ void add_pipeline_tests(void) {
     CU_add_test(s, "3 stages: same tokens and logits, pre-LN and post-LN", test_three_stages);
     CU_add_test(s, "--stop-at-eos ends blocks early on every stage", test_stop_at_eos);
     CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
+    CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
     CU_add_test(s, "a failing stage ends the job with one line, no files", test_failures);
 }
