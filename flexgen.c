@@ -1218,7 +1218,7 @@ typedef struct {
     opt_workspace own_ws, *ws;
     float *logits;   /* [gbs * ngb][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
-    char *kv_home[N_TIERS];   /* [ngb][n_layers][K, V][rows][max_len] rows of kv_row bytes */
+    char *kv_home[N_TIERS];   /* [ngb][the stage's decoder layers][K, V][rows][max_len] rows of kv_row bytes */
     float *act_home[N_TIERS]; /* [ngb][rows][max_prompt][hidden] */
     char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
     float *x_stage[2];        /* [gbs * max_prompt][hidden]: gb->x of the iteration */
