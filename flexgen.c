@@ -1731,6 +1731,11 @@ static void compute_layer(block *bl, int j, int k, int buf) {
  * on the I/O links. Iteration t uses staging arena t % 2, so what moves never touches what
  * computes. u counts the stage's units (block steps) of the round: layer g = u L + j's weights
  * load while layer g - 1 computes, across units too. */
+/* The staging arena of unit u's first iteration (iteration t uses arena t % 2). */
+static int first_arena(const block *bl, long u) {
+    return (int)((u * stage_layers(bl->m) * bl->n_batches) % 2);
+}
+
 static double generation_step(block *bl, long u, int last_unit) {
     fg_model *m = bl->m;
     int L = stage_layers(m), K = bl->n_batches, first = m->first_layer;
@@ -1738,8 +1743,8 @@ static double generation_step(block *bl, long u, int last_unit) {
     double compute = 0;
     /* the input and cache of the stage's first layer for the first GPU batch; each later one
      * loads while the one before computes */
-    load_cache(bl, first, 0, (int)((u * L * K) % 2));
-    load_hidden(bl, first, 0, (int)((u * L * K) % 2));
+    load_cache(bl, first, 0, first_arena(bl, u));
+    load_hidden(bl, first, 0, first_arena(bl, u));
     io_sync(bl->rt, 0);
     received_hidden(bl);
     for (int jl = 0; jl < L; jl++) {
@@ -1957,13 +1962,14 @@ static void run_round(gen_run *g, int *const *prompts, const int *lens, int n_pr
     for (int i = 0; i <= gen_len; i++) /* i == gen_len: the last tokens come back */
         for (int t = 0; t < g->P; t++) {
             block *bl = &g->blocks[t];
-            int first = base + t * g->B, buf = (int)((u * stage_layers(m) * bl->n_batches) % 2);
+            int first = base + t * g->B;
             if (bl->running && is_first_stage(m) && i > 0) {
                 tokens_back(g, bl, i, first);
                 if (i == 1 && ++prefilled == started) t_prefill = now_seconds();
                 if (progress && t == g->P - 1) fprintf(stderr, "\r%s: token %d/%d", progress, i, gen_len);
             }
-            if (i == gen_len || !bl->running || (!is_first_stage(m) && !input_arrives(bl, buf))) continue;
+            if (i == gen_len || !bl->running || (!is_first_stage(m) && !input_arrives(bl, first_arena(bl, u))))
+                continue;
             run_unit(g, bl, i, first, u++, i + 1 == gen_len && t == g->P - 1);
         }
     if (is_first_stage(m)) {

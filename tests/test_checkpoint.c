@@ -29,21 +29,6 @@
  * Files
  * --------------------------------------------------------------------------------------------- */
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0, got;
-    do {
-        if (n + 4096 > cap) buf = realloc(buf, cap = 2 * cap + 4096 + 1);
-        got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-    } while (got > 0);
-    fclose(f);
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
-}
 
 static int write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -52,14 +37,6 @@ static int write_file(const char *path, const void *data, size_t n) {
     return (fclose(f) == 0 && ok) ? 0 : -1;
 }
 
-/* dir/name in one of four static buffers (so a call may take the result of another). */
-static const char *join(const char *dir, const char *name) {
-    static char paths[4][4200];
-    static int next;
-    char *path = paths[next++ % 4];
-    CU_ASSERT_FATAL(snprintf(path, sizeof paths[0], "%s/%s", dir, name) < (int)sizeof paths[0]);
-    return path;
-}
 
 static void write_text(const char *dir, const char *name, const char *text) {
     CU_ASSERT_EQUAL_FATAL(write_file(join(dir, name), text, strlen(text)), 0);

@@ -201,13 +201,6 @@ static char *run_tiny(const char *const *extra) {
  * Files
  * --------------------------------------------------------------------------------------------- */
 
-static const char *join(const char *dir, const char *name) {
-    static char paths[4][4200];
-    static int next;
-    char *path = paths[next++ % 4];
-    CU_ASSERT_FATAL(snprintf(path, sizeof paths[0], "%s/%s", dir, name) < (int)sizeof paths[0]);
-    return path;
-}
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -216,15 +209,6 @@ static void write_text(const char *path, const char *text) {
     CU_ASSERT_EQUAL(fclose(f), 0);
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    buffer b = {0};
-    while (drain(fileno(f), &b)) {}
-    fclose(f);
-    if (len) *len = b.len;
-    return b.data;
-}
 
 /* The float32 file at path, which must hold exactly n floats. */
 static float *read_floats(const char *path, size_t n) {
@@ -239,16 +223,6 @@ static float *read_floats(const char *path, size_t n) {
     return (float *)(void *)data;
 }
 
-/* Names in dir besides . and .. */
-static int dir_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
 
 /* ---------------------------------------------------------------------------------------------
  * The PyTorch reference of opt-tiny
@@ -857,8 +831,7 @@ static void test_text_generation(void) {
  * The policy search, `flexgen policy`, `--policy auto` and `flexgen profile` (issue 5)
  * --------------------------------------------------------------------------------------------- */
 
-/* A hardware file of plausible rates (a CPU backend: the gpu tier is host memory). */
-static void write_hw(const char *path) {
+void write_hw(const char *path) {
     write_text(path, "{\"ctog_bdw\": 6e9, \"gtoc_bdw_cache\": 1.2e10, \"gtoc_bdw_hidden\": 1.2e10,"
                      " \"dtoc_bdw\": 1.4e9, \"ctod_bdw_cache_p\": 2.5e8, \"ctod_bdw_hidden_p\": 2.5e8,"
                      " \"ctod_bdw_g\": 2.5e8, \"mm_flops_p\": 1.3e11, \"mm_flops_g\": 1.7e11,"

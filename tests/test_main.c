@@ -3,6 +3,7 @@
 #include "tests.h"
 
 #include <CUnit/Basic.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,40 @@ void fixture_prompts_close(fixture_prompts *f) {
     for (int p = 0; p < f->n; p++) free(f->prompts[p]);
     free(f->prompts);
     free(f->lens);
+}
+
+const char *join(const char *dir, const char *name) {
+    static char paths[4][4200];
+    static int next;
+    char *path = paths[next++ % 4];
+    CU_ASSERT_FATAL(snprintf(path, sizeof paths[0], "%s/%s", dir, name) < (int)sizeof paths[0]);
+    return path;
+}
+
+char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (n + 4096 > cap) buf = realloc(buf, cap = 2 * cap + 4096 + 1);
+        got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int dir_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
 }
 
 void rm_tree(const char *dir) {

@@ -129,32 +129,18 @@ static job one_process(const char *const *common, const char *const *extra) {
     return j;
 }
 
-static float *read_floats(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f) / sizeof(float);
-    fseek(f, 0, SEEK_SET);
-    float *x = malloc(*n * sizeof *x + 1);
-    if (fread(x, sizeof *x, *n, f) != *n) *n = 0;
-    fclose(f);
-    return x;
-}
-
-static const char *join(const char *dir, const char *name) {
-    static char path[2][4200];
-    static int which;
-    which ^= 1;
-    snprintf(path[which], sizeof path[which], "%s/%s", dir, name);
-    return path[which];
-}
-
-static int dir_is_empty(const char *dir) {
-    DIR *d = opendir(dir);
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    if (d) closedir(d);
-    return n == 0;
+/* Two float32 files of the same size: the largest difference relative to max|a| (1e30: they
+ * cannot be compared). */
+static float relative_difference(const char *path_a, const char *path_b) {
+    size_t na = 0, nb = 0;
+    float *a = (float *)(void *)slurp(path_a, &na), *b = (float *)(void *)slurp(path_b, &nb);
+    float worst = 0, max_abs = 0;
+    for (size_t i = 0; a && b && na == nb && i < na / sizeof(float); i++) {
+        worst = fmaxf(worst, fabsf(a[i] - b[i]));
+        max_abs = fmaxf(max_abs, fabsf(a[i]));
+    }
+    free(a), free(b);
+    return max_abs > 0 ? worst / max_abs : 1e30f;
 }
 
 /* The lines of s that start with "flexgen:" (mpirun's own boxes aside). */
@@ -208,20 +194,13 @@ static void expect_same_run(const pipeline_case *c) {
     char *t1 = texts(one.out), *t2 = texts(many.out);
     CU_ASSERT(strlen(t1) > 0 && !strcmp(t1, t2)); /* the same tokens */
     if (strcmp(t1, t2)) printf("\n    %s: texts differ:\n%s---\n%s\n", c->name, t1, t2);
-    size_t n1 = 0, n2 = 0;
-    float *a = read_floats(one_dump, &n1), *b = read_floats(many_dump, &n2);
-    CU_ASSERT(a && b && n1 > 0 && n1 == n2);
-    float worst = 0, max_abs = 0;
-    for (size_t i = 0; a && b && n1 == n2 && i < n1; i++) {
-        worst = fmaxf(worst, fabsf(a[i] - b[i]));
-        max_abs = fmaxf(max_abs, fabsf(a[i]));
-    }
-    CU_ASSERT(max_abs > 0 && worst <= 1e-4f * max_abs);
-    printf("[%s: %g] ", c->name, worst / fmaxf(max_abs, 1e-30f));
+    float difference = relative_difference(one_dump, many_dump);
+    CU_ASSERT(difference <= 1e-4f);
+    printf("[%s: %g] ", c->name, difference);
     CU_ASSERT(strstr(many.out, "stage 2/") != NULL); /* the report has a line per stage */
     unlink(one_dump), unlink(many_dump);
-    CU_ASSERT(dir_is_empty(dir));
-    free(a), free(b), free(t1), free(t2);
+    CU_ASSERT(dir_entries(dir) == 0);
+    free(t1), free(t2);
     job_free(&one), job_free(&many);
     rm_tree(dir);
     free(dir);
@@ -315,7 +294,7 @@ static void test_report(void) {
     CU_ASSERT(strstr(buf, "\"stage 1 of 2\"") && strstr(buf, "\"stage 2 of 2\"")); /* a track each */
     CU_ASSERT(strstr(buf, "\"pid\":2") != NULL);
     unlink(trace);
-    CU_ASSERT(dir_is_empty(dir));
+    CU_ASSERT(dir_entries(dir) == 0);
     job_free(&one), job_free(&two);
     rm_tree(dir);
     free(dir);
@@ -330,11 +309,7 @@ static void test_policy_auto(void) {
     snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
     snprintf(dump, sizeof dump, "%s", join(dir, "l.bin"));
     snprintf(reference, sizeof reference, "%s/logits.bin", text);
-    FILE *f = fopen(hw, "w"); /* plausible rates of a CPU backend (the gpu tier is host memory) */
-    if (f) fputs("{\"ctog_bdw\": 6e9, \"gtoc_bdw_cache\": 1.2e10, \"gtoc_bdw_hidden\": 1.2e10, \"dtoc_bdw\": 1.4e9,"
-                 " \"ctod_bdw_cache_p\": 2.5e8, \"ctod_bdw_hidden_p\": 2.5e8, \"ctod_bdw_g\": 2.5e8,"
-                 " \"mm_flops_p\": 1.3e11, \"mm_flops_g\": 1.7e11, \"bmm_flops_p\": 1e11, \"bmm_flops_g\": 4e10,"
-                 " \"cpu_flops\": 4e10, \"dequant_bdw\": 5e9, \"mem_bdw\": 8e9, \"gpu_is_host\": true}", f), fclose(f);
+    write_hw(hw);
     const char *const common[] = {"--model", text, "--prompt-ids", text_ids, "--device", "cpu", "--quiet",
                                   "--gen-len", "8", "--policy", "auto", "--hw", hw, "--offload-dir", dir,
                                   "--json", NULL};
@@ -353,14 +328,7 @@ static void test_policy_auto(void) {
         CU_ASSERT(cJSON_GetObjectItem(st, "peak_cpu_bytes")->valuedouble <= cpu_mem);
     }
     cJSON_Delete(o);
-    size_t n = 0, n_ref = 0;
-    float *a = read_floats(dump, &n), *b = read_floats(reference, &n_ref);
-    CU_ASSERT(a && b && n > 0 && n == n_ref);
-    float worst = 0, max_abs = 0;
-    for (size_t i = 0; a && b && n == n_ref && i < n; i++)
-        worst = fmaxf(worst, fabsf(a[i] - b[i])), max_abs = fmaxf(max_abs, fabsf(b[i]));
-    CU_ASSERT(max_abs > 0 && worst <= 1e-4f * max_abs);
-    free(a), free(b);
+    CU_ASSERT(relative_difference(reference, dump) <= 1e-4f);
     job_free(&j);
     /* synthetic prompts, no bound on the block: alone, the roomier stage would choose a larger
      * block than the other; both run the smaller, and fill one block each */
@@ -398,7 +366,7 @@ static void expect_job_fails(const char *what, const char *const *const *ranks, 
     CU_ASSERT(line && strstr(line, want1) && strstr(line, want2));
     if (n != 1 || !line || !strstr(line, want1) || !strstr(line, want2))
         printf("\n    %s: exit %d, stderr:\n%s\n", what, j.rc, j.err);
-    CU_ASSERT(dir_is_empty(dir));
+    CU_ASSERT(dir_entries(dir) == 0);
     job_free(&j);
     rm_tree(dir);
     free(dir);

@@ -23,22 +23,6 @@ static fg_tokenizer *load_fixture_tokenizer(void) {
     return t;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) buf[n] = '\0';
-    if (buf && len) *len = (size_t)n;
-    return buf;
-}
 
 static void write_file(const char *dir, const char *name, const char *text) {
     char path[4200];

@@ -24,6 +24,8 @@ void add_pipeline_tests(void);   /* test_pipeline.c: mpirun -np 2 and 3 against 
  * and stderr (malloc'd). Returns its exit status, 128 + the signal, or -1 (test_cli.c). */
 int run_command(const char *const *argv, const char *stdin_text, char **out, char **err);
 const char *flexgen_bin(void); /* $FLEXGEN_BIN, or ./flexgen */
+/* A hardware file of plausible rates for the CPU backend (the gpu tier is host memory). */
+void write_hw(const char *path);
 
 /* Path of a file under tests/fixtures (static buffer, valid until the next call). */
 const char *fixture(const char *rel);
@@ -41,6 +43,12 @@ void fixture_prompts_close(fixture_prompts *f);
 /* A fresh empty directory under $TMPDIR for one test; removed by rm_tree(). */
 char *make_temp_dir(void);
 void rm_tree(const char *dir);
+/* dir/name in one of four static buffers (so a call may take the result of another); a whole
+ * file (malloc'd, NUL-terminated, *len its bytes; NULL if it cannot be read); the names in dir
+ * besides . and .. (-1: no such dir). */
+const char *join(const char *dir, const char *name);
+char *slurp(const char *path, size_t *len);
+int dir_entries(const char *dir);
 
 /* generate() with policy p on a checkpoint dir, or (dir NULL) dummy weights of cfg from seed.
  * stats: NULL, or the runtime's tier peaks and link bytes after the run. Returns -1 when
