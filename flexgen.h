@@ -319,11 +319,16 @@ typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_D
 /* The compute device: CUDA where a GPU is present, else the CPU (auto), or one of them. */
 typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA } fg_device;
 
+/* The placement (§4.2), in the paper's symbols: the percentages of the weights (w), the KV cache
+ * (c) and the activations, or hidden states (h), on the gpu (g) and cpu (c) tiers; the disk
+ * tier holds the rest of each (wn = 100 - wg - wc, ...). The cost model's fractions x[X_WG ..]
+ * are the same quantities over 1. */
+typedef struct { int wg, wc, cg, cc, hg, hc; } fg_percent;
+
 typedef struct {
     fg_device device;
     int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */
-    int percent[6];          /* wg wc cg cc hg hc: weights, KV cache, activations (hidden states)
-                                on the gpu and cpu tiers; disk holds the rest of each */
+    fg_percent percent;      /* where weights, KV cache and activations live */
     int overlap;             /* I/O on its own threads, overlapping compute (Fig. 4) */
     int cpu_cache_compute;   /* decode attention over a cpu or disk cache runs on the CPU */
     int pin_weight;          /* pinned cpu-tier weights (CUDA backend; no effect on the CPU) */
@@ -415,6 +420,10 @@ const fg_backend *fg_runtime_backend(const fg_runtime *rt);
 void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
 int fg_trace_write(const fg_runtime *rt, const char *path, char *err);
+/* The run's trace as stage `stage` of n (Chrome's trace events, one a line; malloc'd), and a
+ * trace file made of every stage's events, written whole or not at all (trace.c). */
+char *fg_trace_events(const fg_runtime *rt, int stage, int n);
+int fg_trace_write_events(const char *path, const char *events, char *err);
 
 /* The whole plan of a run (weights, KV cache, activations, staging, workspace, per tier) against
  * the capacities, before anything is allocated. */
@@ -464,6 +473,8 @@ int flexgen_main(int argc, char **argv);
  * process per stage; the schedule sends activations forward and token ids back through it.
  * ------------------------------------------------------------------------------------------ */
 typedef struct fg_pipe fg_pipe;
+/* The kinds of message between stages (MPI tags). */
+enum { FG_TAG_ACTIVATIONS = 1, FG_TAG_TOKENS = 2, FG_TAG_LOGITS = 3 };
 int fg_pipe_compiled(void); /* this build has MPI */
 /* Under mpirun with more than one process: MPI started, a thread for messages, a crash handler
  * that names the rank. *p is NULL without mpirun or with one process (nothing started). */
@@ -486,8 +497,9 @@ void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes);                  /* fro
 void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all); /* to rank 0 */
 char *fg_pipe_gather_text(fg_pipe *p, const char *mine); /* rank 0: all texts in rank order */
 
-/* The pipe a run's stages talk through (NULL: one stage). */
-void fg_runtime_set_pipe(fg_runtime *rt, fg_pipe *p);
+/* Makes the run one stage of the pipeline p (NULL: one stage): the schedule's stage hooks then
+ * receive activations from the previous stage, send them to the next, and pass token ids back. */
+void fg_pipeline_attach(fg_runtime *rt, fg_pipe *p);
 
 /* ------------------------------------------------------------------------------------------
  * Linear programs (lp.c, §4.3): the placement LP of the policy search (Eq. (1), Appendix A.3)
@@ -592,13 +604,25 @@ int fg_weights_case(const double x[N_X], int compress_weight);
  * batch. */
 void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
 
+/* This runtime's verdict on policy p for `model` (dummy weights of seed, placed but not written;
+ * no I/O threads): with sequences > 0 and check != 0, the plan check (fg_check_plan) for that many
+ * sequences of prompt length s generating n; the placement the plan realizes (x, if not NULL);
+ * the capacities the runtime has (st, if not NULL). Defined in plan.c; the policy search is given
+ * it (fg_search_request.check) and so does not depend on the runtime. */
+typedef int (*fg_plan_check)(const opt_config *model, uint64_t seed, const fg_policy *p,
+                             int sequences, int s, int n, int check, double x[N_X], fg_stats *st,
+                             char *err);
+int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+                     int s, int n, int check, double x[N_X], fg_stats *st, char *err);
+
 /* The policy search of §4.3. */
 typedef struct {
     int s, n;             /* prompt length, tokens generated per prompt */
     int max_block;        /* sequences there are to run: a block holds no more; 0: no bound */
     double max_latency;   /* seconds one block may take (Fig. 1's latency); 0: no bound */
-    int verify;           /* check each choice with this runtime's plan check (fg_check_plan);
-                             0 when planning for another machine (its hardware file says a GPU) */
+    fg_plan_check check;  /* check each choice with this runtime's plan (fg_runtime_check); NULL
+                             when planning for another machine (its hardware file says a GPU):
+                             the memory model decides then */
     uint64_t seed;        /* of the dummy weights: their file in the weight dir counts as disk */
     int gbs, ngb;         /* > 0: the block shape is given (the stages of a pipeline share it);
                              only the placement is searched */

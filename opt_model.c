@@ -1,10 +1,13 @@
-/* opt_model.c: the OPT model on the CPU (paper §3, "Background: LLM Inference").
+/* opt_model.c: the OPT model and its forward pass on the CPU (paper §3, "Background: LLM
+ * Inference").
  *
- *   fp16             half-precision conversions (F16C where the CPU has it)
- *   configs          the nine OPT sizes, HF config.json, FlexGen's size formulas
- *   safetensors      mmap'd archives: header parsing and validation
- *   weights          one fp32 arena; dummy weights or an HF checkpoint
- *   forward          embedding, decoder layer, output, one GPU batch at a time
+ *   configs          the nine OPT sizes, HF config.json, FlexGen's size formulas, FlexGen's
+ *                    layer list and its split over pipeline stages
+ *   weights          the weight table (opt_layout): every tensor's layer, shape and place;
+ *                    dummy weights, or an HF checkpoint (safetensors.c)
+ *   forward          opt_embed, opt_layer (layer norm, q k v, attention over the KV cache, out
+ *                    projection, the MLP), opt_output: one GPU batch at a time
+ *   backend          the CPU backend's operation table (fg_cpu_backend)
  *   sampling         greedy, temperature and top-p
  *
  * The forward pass is the generative inference of §3: a prefill over the (left-padded) prompts
@@ -30,137 +33,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ============================================================================================
- * Shared helpers
- * ============================================================================================ */
-
-int fg_fail(char *err, const char *fmt, ...) {
-    if (!err) return -1;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, FG_ERR_LEN, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-char *fg_read_file(const char *path, size_t *len, char *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { fg_fail(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *bigger = realloc(buf, 2 * cap + 1);
-        if (!bigger) { free(buf); buf = NULL; break; }
-        buf = bigger;
-        cap *= 2;
-    }
-    int read_errno = errno, failed = ferror(f);
-    fclose(f);
-    if (!buf) { fg_fail(err, "%s: out of memory", path); return NULL; }
-    if (failed) {
-        free(buf);
-        fg_fail(err, "%s: cannot read: %s", path, strerror(read_errno));
-        return NULL;
-    }
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
-}
-
-/* ============================================================================================
- * fp16
- * ============================================================================================ */
-
-float fp16_to_fp32(fp16 h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* Inf or NaN */
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: renormalize */
-        int e = -1;
-        do { man <<= 1; e++; } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-fp16 fp32_to_fp16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (fp16)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
-    if (ax >= 0x477ff000u) return (fp16)(sign | 0x7c00); /* rounds past 65504 */
-    if (ax < 0x38800000u) { /* below fp16's normal range: round to a subnormal */
-        if (ax < 0x33000000u) return (fp16)sign; /* below half the smallest subnormal */
-        uint32_t man = (ax & 0x7fffff) | 0x800000, shift = 126 - (ax >> 23);
-        uint32_t q = man >> shift, rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rest > half || (rest == half && (q & 1))) q++;
-        return (fp16)(sign | q);
-    }
-    uint32_t q = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff), rest = ax & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (q & 1))) q++; /* may carry into the exponent: fine */
-    return (fp16)(sign | q);
-}
-
-float bf16_to_fp32(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_F16C_PATH 1
-__attribute__((target("f16c,avx"))) static void fp16_to_fp32_f16c(const fp16 *s, float *d,
-                                                                    size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
-    for (; i < n; i++) d[i] = fp16_to_fp32(s[i]);
-}
-__attribute__((target("f16c,avx"))) static void fp32_to_fp16_f16c(const float *s, fp16 *d,
-                                                                    size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(d + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) d[i] = fp32_to_fp16(s[i]);
-}
-static int cpu_has_f16c(void) {
-    static int cached = -1; /* written once, same value from any thread */
-    if (cached < 0) {
-        unsigned a, b, c = 0, d;
-        __get_cpuid(1, &a, &b, &c, &d);
-        cached = __builtin_cpu_supports("avx") && (c & bit_F16C) /* avx: the OS saves ymm too */
-                 && !getenv("FLEXGEN_NO_SIMD"); /* lets the tests check the portable paths */
-    }
-    return cached;
-}
 #endif
-
-void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n) {
-#ifdef HAVE_F16C_PATH
-    if (cpu_has_f16c()) { fp16_to_fp32_f16c(src, dst, n); return; }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(src[i]);
-}
-
-void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n) {
-#ifdef HAVE_F16C_PATH
-    if (cpu_has_f16c()) { fp32_to_fp16_f16c(src, dst, n); return; }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = fp32_to_fp16(src[i]);
-}
-
 
 /* ============================================================================================
  * Configs
@@ -270,216 +146,15 @@ double opt_hidden_bytes(const opt_config *c, int batch, int seq_len) {
     return (double)batch * seq_len * c->hidden * 2;
 }
 
-/* ============================================================================================
- * safetensors: 8-byte little-endian header length, a JSON header, then the raw tensor bytes.
- * ============================================================================================ */
-
-static int dtype_from_string(const char *s, st_dtype *d, size_t *size) {
-    if (strcmp(s, "F16") == 0) { *d = ST_F16; *size = 2; return 0; }
-    if (strcmp(s, "BF16") == 0) { *d = ST_BF16; *size = 2; return 0; }
-    if (strcmp(s, "F32") == 0) { *d = ST_F32; *size = 4; return 0; }
-    return -1;
+/* FlexGen's layer list (0 the input embedding, 1 .. n_layers the decoder layers, n_layers + 1
+ * the output embedding) split over n pipeline stages (§4.4). */
+void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end) {
+    int L = c->n_layers;
+    if (n < 1) n = 1;
+    *first = s == 0 ? 0 : 1 + (int)((long)L * s / n);
+    *end = s == n - 1 ? L + 2 : 1 + (int)((long)L * (s + 1) / n);
 }
 
-static int cmp_by_offset(const void *a, const void *b) {
-    const st_tensor *x = a, *y = b;
-    const char *px = x->data, *py = y->data;
-    return px < py ? -1 : px > py;
-}
-
-/* Parses one header entry into t; `data` is the start of the byte buffer, `data_len` its size. */
-static int parse_tensor_entry(const cJSON *e, const char *path, const char *data, size_t data_len,
-                              st_tensor *t, char *err) {
-    const char *name = e->string;
-    if (strlen(name) >= sizeof t->name)
-        return fg_fail(err, "%s: tensor name too long: %.60s...", path, name);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    size_t elsize;
-    if (!cJSON_IsString(dt)) return fg_fail(err, "%s: tensor %s: missing dtype", path, name);
-    if (dtype_from_string(dt->valuestring, &t->dtype, &elsize))
-        return fg_fail(err, "%s: tensor %s: unsupported dtype %s (F16, BF16 and F32 are)", path, name,
-                    dt->valuestring);
-    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 4)
-        return fg_fail(err, "%s: tensor %s: bad shape", path, name);
-    t->ndim = cJSON_GetArraySize(shape);
-    uint64_t numel = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        const cJSON *d = cJSON_GetArrayItem(shape, i);
-        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12 ||
-            d->valuedouble != (double)(int64_t)d->valuedouble)
-            return fg_fail(err, "%s: tensor %s: bad shape", path, name);
-        t->shape[i] = (int64_t)d->valuedouble;
-        numel *= (uint64_t)t->shape[i];
-        if (numel > ((uint64_t)1 << 40)) return fg_fail(err, "%s: tensor %s: bad shape", path, name);
-    }
-    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
-    double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) ||
-        !(b >= 0 && en >= b))
-        return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
-    if (en > (double)data_len) /* checked before the casts below, which need the range */
-        return fg_fail(err, "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
-                         "bytes; truncated file?)", path, name, b, en, data_len);
-    if (b != (double)(uint64_t)b || en != (double)(uint64_t)en)
-        return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
-    t->nbytes = (size_t)(en - b);
-    if (t->nbytes != numel * elsize)
-        return fg_fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
-                    path, name, t->nbytes, (unsigned long long)(numel * elsize));
-    t->data = data + (size_t)b;
-    return 0;
-}
-
-static int parse_header(st_archive *a, int file, const char *path, char *err) {
-    const unsigned char *map = a->maps[file];
-    size_t size = a->sizes[file];
-    if (size < 8) return fg_fail(err, "%s: truncated file (%zu bytes, no header)", path, size);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | map[i];
-    if (hlen > size - 8)
-        return fg_fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
-                    (unsigned long long)hlen, size);
-    const char *header = (const char *)map + 8, *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)hlen, &end, 0);
-    while (root && end < header + hlen && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r'))
-        end++; /* the header may be padded with spaces, nothing else */
-    if (!cJSON_IsObject(root) || end != header + hlen) {
-        cJSON_Delete(root);
-        return fg_fail(err, "%s: malformed JSON header", path);
-    }
-    int first = a->n_tensors, n = 0, rc = 0;
-    for (const cJSON *e = root->child; e; e = e->next) n++;
-    st_tensor *grown = realloc(a->tensors, (size_t)(a->n_tensors + n + 1) * sizeof *grown);
-    if (!grown) { cJSON_Delete(root); return fg_fail(err, "%s: out of memory", path); }
-    a->tensors = grown;
-    const char *data = (const char *)map + 8 + hlen;
-    for (const cJSON *e = root->child; e && rc == 0; e = e->next) {
-        if (strcmp(e->string, "__metadata__") == 0) continue;
-        if (!cJSON_IsObject(e)) { rc = fg_fail(err, "%s: tensor %s: not an object", path, e->string); break; }
-        st_tensor *t = &a->tensors[a->n_tensors];
-        rc = parse_tensor_entry(e, path, data, size - 8 - hlen, t, err);
-        t->file = file;
-        if (rc == 0) a->n_tensors++;
-    }
-    cJSON_Delete(root);
-    if (rc) return rc;
-    /* Overlapping byte ranges mean a corrupt or hostile header. */
-    int count = a->n_tensors - first;
-    st_tensor *sorted = malloc((size_t)(count + 1) * sizeof *sorted);
-    if (!sorted) return fg_fail(err, "%s: out of memory", path);
-    memcpy(sorted, a->tensors + first, (size_t)count * sizeof *sorted);
-    qsort(sorted, (size_t)count, sizeof *sorted, cmp_by_offset);
-    for (int i = 1; i < count && rc == 0; i++)
-        if ((const char *)sorted[i - 1].data + sorted[i - 1].nbytes > (const char *)sorted[i].data)
-            rc = fg_fail(err, "%s: tensors %s and %s overlap", path, sorted[i - 1].name,
-                      sorted[i].name);
-    free(sorted);
-    return rc;
-}
-
-int st_open_file(const char *path, st_archive *a, char *err) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fg_fail(err, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return fg_fail(err, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
-    close(fd);
-    if (map == MAP_FAILED) return fg_fail(err, "%s: mmap failed: %s", path, strerror(errno));
-    int i = a->n_files;
-    char **np = realloc(a->paths, (size_t)(i + 1) * sizeof *np);
-    if (np) a->paths = np;
-    void **nm = np ? realloc(a->maps, (size_t)(i + 1) * sizeof *nm) : NULL;
-    if (nm) a->maps = nm;
-    size_t *ns = nm ? realloc(a->sizes, (size_t)(i + 1) * sizeof *ns) : NULL;
-    if (ns) a->sizes = ns;
-    char *copy = ns ? strdup(path) : NULL;
-    if (!copy) {
-        if (map) munmap(map, size);
-        return fg_fail(err, "%s: out of memory", path);
-    }
-    a->paths[i] = copy;
-    a->maps[i] = map;
-    a->sizes[i] = size;
-    a->n_files++;
-    return parse_header(a, i, path, err);
-}
-
-static int open_index(const char *dir, const char *index_path, st_archive *a, char *err) {
-    char *text = fg_read_file(index_path, NULL, err);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-    if (!cJSON_IsObject(wm)) {
-        cJSON_Delete(root);
-        return fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", index_path);
-    }
-    int rc = 0;
-    for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
-            rc = fg_fail(err, "%s: weight_map entry %s: bad file name", index_path, e->string);
-            break;
-        }
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, e->valuestring);
-        int seen = 0;
-        for (int f = 0; f < a->n_files; f++) seen |= strcmp(a->paths[f], path) == 0;
-        if (!seen) rc = st_open_file(path, a, err);
-        if (rc == 0) {
-            const st_tensor *t = st_find(a, e->string);
-            if (!t || strcmp(a->paths[t->file], path) != 0)
-                rc = fg_fail(err, "%s: tensor %s is not in %s as the index says", index_path,
-                          e->string, e->valuestring);
-        }
-    }
-    cJSON_Delete(root);
-    return rc;
-}
-
-int st_open_dir(const char *dir, st_archive *a, char *err) {
-    memset(a, 0, sizeof *a);
-    char path[4096];
-    int rc;
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, F_OK) == 0) {
-        rc = open_index(dir, path, a, err);
-    } else {
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (access(path, F_OK) != 0)
-            rc = fg_fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
-                           "pytorch_model.bin with scripts/convert_to_safetensors.py)", dir);
-        else
-            rc = st_open_file(path, a, err);
-    }
-    if (rc) st_close(a);
-    return rc;
-}
-
-const st_tensor *st_find(const st_archive *a, const char *name) {
-    for (int i = 0; i < a->n_tensors; i++)
-        if (strcmp(a->tensors[i].name, name) == 0) return &a->tensors[i];
-    return NULL;
-}
-
-void st_close(st_archive *a) {
-    for (int i = 0; i < a->n_files; i++) {
-        if (a->maps[i]) munmap(a->maps[i], a->sizes[i]);
-        free(a->paths[i]);
-    }
-    free(a->paths);
-    free(a->maps);
-    free(a->sizes);
-    free(a->tensors);
-    memset(a, 0, sizeof *a);
-}
 
 /* ============================================================================================
  * Weights. One table lists every checkpoint tensor of the model: its HF name, its shape, the
@@ -1115,15 +790,6 @@ __attribute__((target("avx2,fma,f16c"))) static void attend_one_avx2(
 
 #endif
 
-int fg_cpu_has_avx2(void) {
-#ifdef HAVE_F16C_PATH
-    static int cached = -1; /* written once, same value from any thread */
-    if (cached < 0) cached = cpu_has_f16c() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return cached;
-#else
-    return 0;
-#endif
-}
 
 static void attend_one(const float *q, const fp16 *K, const fp16 *V, size_t stride, int nk,
                        int hd, float scale, float *scores, float *out) {

@@ -1,16 +1,20 @@
-/* pipeline.c: the link between pipeline stages (paper §4.4), over MPI.
+/* pipeline.c: pipeline parallelism (the paper's §4.4, "Extension to Multiple GPUs"): one
+ * process per stage, each running the block schedule of Fig. 4 over its share of the layers.
  *
  *   fg_pipe_open    under mpirun, one process per stage: MPI started, a crash names its rank
  *   messages        non-blocking sends and receives that a thread of their own drives while the
  *                   stages compute (Open MPI moves large messages only inside MPI calls)
  *   collectives     what setup and the report need: agreeing on failure, broadcast, gathers
+ *   stage hooks     what the schedule does at a stage's edges (fg_pipeline_attach): the first
+ *                   layer's input comes from the previous stage, the last layer's output goes to
+ *                   the next, the last stage's token ids go back to the first
  *
- * The schedule (flexgen.c) sends activations to the next stage and token ids from the last stage
- * to the first through these calls; it never asks whether MPI is there. Built without MPI (no
- * mpicc), or run without mpirun, every process is one stage and fg_pipe_open gives NULL.
+ * The schedule (flexgen.c) reaches a pipeline only through the hooks; it never asks whether MPI
+ * is there. Built without MPI (no mpicc), or run without mpirun, every process is one stage and
+ * fg_pipe_open gives NULL.
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
+#include "runtime.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -319,3 +323,174 @@ char *fg_pipe_gather_text(fg_pipe *p, const char *mine) {
 }
 
 #endif /* FLEXGEN_MPI */
+
+/* ============================================================================================
+ * The stage hooks. A stage's first layer takes the previous stage's output and its last layer
+ * gives its own to the next, through host buffers (the network is not assumed to read device
+ * memory). Messages of one kind between two stages arrive in the order they were sent, which is
+ * the order in which both stages walk the blocks and their GPU batches; a block that stopped
+ * sends an empty message where its activations would be.
+ * ============================================================================================ */
+
+static int rank_of(const block *bl) { return fg_pipe_rank(bl->rt->pipe); }
+static int n_ranks(const block *bl) { return fg_pipe_size(bl->rt->pipe); }
+static float *inbox_slot(const block *bl, int arena) { return bl->inbox + arena * (bl->s.act_message / sizeof(float)); }
+static float *outbox_slot(const block *bl, int k) { return bl->outbox + k * (bl->s.act_message / sizeof(float)); }
+
+static int stage_agree(fg_runtime *rt, int rc, char *err) { return fg_pipe_agree(rt->pipe, rc, err); }
+
+/* A block's outbox (one slot per GPU batch) and the stage's inbox (two slots, by staging arena,
+ * shared by its blocks), on the cpu tier. */
+static int stage_open_block(block *bl, const block *shared, char *err) {
+    const block_shape *s = &bl->s;
+    bl->in_msg = bl->ids_msg = -1;
+    if (!(bl->out_msg = malloc((size_t)s->ngb * sizeof *bl->out_msg))) return fg_fail(err, "out of memory");
+    for (int k = 0; k < s->ngb; k++) bl->out_msg[k] = -1;
+    if (!is_last_stage(bl->m) &&
+        !(bl->outbox = tier_alloc(bl->rt, TIER_CPU, s->act_message * s->ngb, "activations to the next stage", err)))
+        return -1;
+    if (shared) bl->inbox = shared->inbox;
+    else if (!is_first_stage(bl->m) &&
+             !(bl->inbox = tier_alloc(bl->rt, TIER_CPU, 2 * s->act_message, "activations from the previous stage", err)))
+        return -1;
+    return 0;
+}
+
+static void stage_close_block(block *bl) {
+    const block_shape *s = &bl->s;
+    free(bl->out_msg);
+    if (bl->outbox) tier_free(bl->rt, TIER_CPU, bl->outbox, s->act_message * s->ngb);
+    if (!bl->borrowed && bl->inbox) tier_free(bl->rt, TIER_CPU, bl->inbox, 2 * s->act_message);
+}
+
+/* Posts the receive of GPU batch k's activations into inbox slot `arena`, unless it is posted. */
+static void receive_hidden(block *bl, int k, int arena) {
+    if (bl->in_msg >= 0) return;
+    bl->in_k = k;
+    bl->in_msg = fg_pipe_recv(bl->rt->pipe, rank_of(bl) - 1, FG_TAG_ACTIVATIONS, inbox_slot(bl, arena),
+                              bl->s.act_message);
+}
+
+/* The compute thread waits for the input of GPU batch k from the previous stage, if it is on its
+ * way: the time is the pipeline's bubble. Returns the bytes that came (0: the block stopped). */
+static size_t await_hidden(block *bl, int k) {
+    size_t got = 0;
+    if (bl->in_msg < 0 || bl->in_k != k) return 1;
+    double start = now_seconds();
+    bl->bubble += fg_pipe_wait(bl->rt->pipe, bl->in_msg, &got);
+    trace_add(bl->rt, TRACK_COMPUTE, "wait for the previous stage", k, 0, start, now_seconds());
+    return got;
+}
+
+static void stage_await_input(block *bl, int k) { await_hidden(bl, k); }
+
+/* After the copy of a received input: its message is done with. */
+static void stage_input_taken(block *bl) {
+    if (bl->in_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->in_msg);
+    bl->in_msg = -1;
+}
+
+static void act_receive_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    size_t want = batch_act_bytes(bl, task->batch), got;
+    fg_pipe_wait(rt->pipe, task->msg, &got);
+    if (got != want) { /* the stages disagree on the schedule: a bug, not bad input */
+        fprintf(stderr, "flexgen: rank %d: %zu bytes of activations came from the previous stage, "
+                        "%zu expected\n", rank_of(bl), got, want);
+        abort();
+    }
+    rt->backend->copy_in(bl->x_stage[task->arena], inbox_slot(bl, task->arena), want);
+    link_add(rt, LINK_CPU_TO_GPU, (double)want);
+}
+
+static void act_send_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->batch;
+    size_t bytes = batch_act_bytes(bl, k);
+    if (bl->out_msg[k] >= 0) fg_pipe_release(rt->pipe, bl->out_msg[k]); /* the last step's left */
+    rt->backend->copy_out(outbox_slot(bl, k), bl->x_stage[task->arena], bytes);
+    link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+    bl->out_msg[k] = fg_pipe_send(rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, outbox_slot(bl, k), bytes);
+}
+
+/* The stage's first layer: the previous stage's output of GPU batch k, copied into staging arena
+ * `arena` once it arrives (nothing on the first stage, whose first layer reads token ids). */
+static uint64_t stage_receive_activations(block *bl, int k, int arena) {
+    if (is_first_stage(bl->m)) return 0;
+    receive_hidden(bl, k, arena);
+    io_task t = {.fn = act_receive_task, .name = "receive activations", .ctx = bl,
+                 .layer = bl->m->first_layer, .batch = k, .arena = arena, .msg = bl->in_msg};
+    return io_submit(bl->rt, IO_HOST, t);
+}
+
+/* The stage's last layer: its output of GPU batch k, to the next stage (the last stage's output
+ * is the logits, which stay). */
+static void stage_send_activations(block *bl, int k, int arena) {
+    if (is_last_stage(bl->m)) return;
+    io_task t = {.fn = act_send_task, .name = "send activations", .ctx = bl,
+                 .layer = bl->m->end_layer - 1, .batch = k, .arena = arena};
+    io_submit(bl->rt, IO_HOST, t);
+}
+
+/* Tells the next stage that this block has stopped. */
+static void stage_pass_stop(block *bl) {
+    if (!is_last_stage(bl->m))
+        fg_pipe_release(bl->rt->pipe, fg_pipe_send(bl->rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, bl->ids, 0));
+}
+
+/* A later stage computes a step of a block when the previous stage's output arrives (into the
+ * slot of the step's first staging arena, 0); an empty message says the block stopped, which is
+ * passed on. The last stage's ids of the step before have made their trip by then: sampling may
+ * overwrite them. */
+static int stage_step_input(block *bl) {
+    if (!is_first_stage(bl->m)) {
+        receive_hidden(bl, 0, 0);
+        if (await_hidden(bl, 0) == 0) {
+            stage_input_taken(bl);
+            bl->running = 0;
+            stage_pass_stop(bl);
+            return 0;
+        }
+    }
+    if (bl->ids_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->ids_msg), bl->ids_msg = -1;
+    return 1;
+}
+
+/* The first stage: the token ids of step `step` come back from the last stage; the time waiting
+ * for them is the pipeline's bubble. */
+static void stage_receive_tokens(block *bl, int step) {
+    if (is_last_stage(bl->m)) return;
+    double start = now_seconds();
+    int msg = fg_pipe_recv(bl->rt->pipe, n_ranks(bl) - 1, FG_TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
+    bl->bubble += fg_pipe_wait(bl->rt->pipe, msg, NULL);
+    fg_pipe_release(bl->rt->pipe, msg);
+    trace_add(bl->rt, TRACK_COMPUTE, "wait for the last stage", step, 0, start, now_seconds());
+}
+
+/* The last stage: the chosen ids go back to the first stage; its own copy of the outputs keeps
+ * --stop-at-eos's bookkeeping for the logits. */
+static void stage_tokens_out(block *bl, const gen_options *opt, int step, int first, int *out_tokens) {
+    if (is_first_stage(bl->m)) return;
+    take_tokens(bl, opt, step, first, out_tokens);
+    bl->ids_msg = fg_pipe_send(bl->rt->pipe, 0, FG_TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
+}
+
+/* The messages a block has in flight, done (at the end of a round). */
+static void stage_end_round(block *bl) {
+    for (int k = 0; k < bl->s.ngb; k++)
+        if (bl->out_msg[k] >= 0) fg_pipe_release(bl->rt->pipe, bl->out_msg[k]), bl->out_msg[k] = -1;
+    if (bl->ids_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->ids_msg), bl->ids_msg = -1;
+}
+
+static const stage_hooks pipeline_stage = {
+    .agree = stage_agree, .open_block = stage_open_block, .close_block = stage_close_block,
+    .receive_activations = stage_receive_activations, .send_activations = stage_send_activations,
+    .await_input = stage_await_input, .input_taken = stage_input_taken,
+    .step_input = stage_step_input, .receive_tokens = stage_receive_tokens,
+    .tokens_out = stage_tokens_out, .pass_stop = stage_pass_stop, .end_round = stage_end_round,
+};
+
+void fg_pipeline_attach(fg_runtime *rt, fg_pipe *p) {
+    rt->pipe = p;
+    rt->stage = p ? &pipeline_stage : NULL;
+}

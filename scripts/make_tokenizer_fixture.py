@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/tokenizer/{vocab.json, merges.txt, cases.json}.
 
-OPT's real vocab cannot be downloaded here, so a small byte-level BPE (same format as OPT's:
+OPT's real vocab is not part of the repository, so a small byte-level BPE (same format as OPT's:
 GPT-2 byte map, `#version` header in merges.txt, <s> <pad> </s> <unk> at ids 0..3) is trained on
 the text below with the `tokenizers` library. The expected ids of cases.json come from HF
 transformers' slow GPT2Tokenizer loaded from those files: the Python reference that tokenizer.c

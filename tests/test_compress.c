@@ -92,15 +92,15 @@ static int runtime_generate(const fixture_prompts *f, const fg_policy *p, int *t
                          logits, NULL, NULL);
 }
 
-static fg_policy policy_of(int gbs, int ngb, const int percent[6]) {
+static fg_policy policy_of(int gbs, int ngb, fg_percent percent) {
     fg_policy p = fg_default_policy();
     p.gpu_batch_size = gbs;
     p.num_gpu_batches = ngb;
-    memcpy(p.percent, percent, sizeof p.percent);
+    p.percent = percent;
     return p;
 }
 
-static fg_policy compressed(int gbs, int ngb, const int percent[6]) {
+static fg_policy compressed(int gbs, int ngb, fg_percent percent) {
     fg_policy p = policy_of(gbs, ngb, percent);
     p.compress_weight = 1;
     return p;
@@ -120,7 +120,7 @@ static void check_weights(const char *name) {
     opt_weights_free(&w);
 
     /* one batch of all prompts, as the plain pass: the same numbers, bit for bit */
-    static const int all_gpu[6] = {100, 0, 100, 0, 100, 0};
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
     fg_policy p = compressed(N_SEQ, 1, all_gpu);
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, r), 0);
     CU_ASSERT_EQUAL(memcmp(tokens, plain_tokens, sizeof tokens), 0);
@@ -128,7 +128,7 @@ static void check_weights(const char *name) {
 
     /* a tier holds 36 bytes per 64 values of a matrix instead of 128 (plus fp16 vectors), and
      * that much moves: weights on cpu (the disk tier rounds each tensor up to pages), then disk */
-    static const int on_cpu[6] = {0, 100, 100, 0, 100, 0}, on_disk[6] = {0, 0, 100, 0, 100, 0};
+    static const fg_percent on_cpu = {0, 100, 100, 0, 100, 0}, on_disk = {0, 0, 100, 0, 100, 0};
     for (int tier = TIER_CPU; tier <= TIER_DISK; tier++) {
         fg_stats st16, st4;
         p = compressed(N_SEQ, 1, tier == TIER_CPU ? on_cpu : on_disk);
@@ -141,7 +141,7 @@ static void check_weights(const char *name) {
     }
 
     /* compressed weights on cpu, disk, split: still the same bits */
-    static const int placements[][6] = {{0, 100, 100, 0, 100, 0}, {0, 0, 100, 0, 100, 0},
+    static const fg_percent placements[] = {{0, 100, 100, 0, 100, 0}, {0, 0, 100, 0, 100, 0},
                                         {30, 30, 100, 0, 100, 0}, {0, 0, 0, 0, 0, 0}};
     for (size_t k = 0; k < sizeof placements / sizeof *placements; k++) {
         for (int overlap = 0; overlap < 2; overlap++) {
@@ -180,7 +180,7 @@ static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
 
 /* ---- the KV cache ---- */
 
-static fg_policy cache_policy(int gbs, int ngb, const int percent[6], int overlap, int delegate) {
+static fg_policy cache_policy(int gbs, int ngb, fg_percent percent, int overlap, int delegate) {
     fg_policy p = policy_of(gbs, ngb, percent);
     p.compress_cache = 1;
     p.overlap = overlap;
@@ -196,8 +196,8 @@ static void check_cache(const char *name) {
     size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
     float *base = malloc(n * sizeof *base), *fp16_run = malloc(n * sizeof *fp16_run), *r = malloc(n * sizeof *r);
     int base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
-    static const int all_gpu[6] = {100, 0, 100, 0, 100, 0};
-    static const int placements[][6] = {{100, 0, 0, 100, 100, 0}, {100, 0, 0, 0, 100, 0},
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
+    static const fg_percent placements[] = {{100, 0, 0, 100, 100, 0}, {100, 0, 0, 0, 100, 0},
                                         {100, 0, 30, 40, 100, 0}, {0, 0, 0, 0, 0, 0}};
     static const int shapes[2][2] = {{N_SEQ, 1}, {2, 2}};
     for (int sh = 0; sh < 2; sh++) {
@@ -327,7 +327,7 @@ static void test_sparse_runtime(void) {
     size_t n = (size_t)N_SEQ * GEN * c->vocab;
     float *dense = malloc(n * sizeof *dense), *base = malloc(n * sizeof *base), *r = malloc(n * sizeof *r);
     int dense_tokens[N_SEQ * GEN], base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
-    static const int all_gpu[6] = {100, 0, 100, 0, 100, 0}, cpu_cache[6] = {100, 0, 0, 100, 100, 0};
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0}, cpu_cache = {100, 0, 0, 100, 100, 0};
     fg_policy p = policy_of(N_SEQ, 1, all_gpu);
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, dense_tokens, dense), 0);
     p.attn_sparsity = 1;
@@ -340,12 +340,12 @@ static void test_sparse_runtime(void) {
         p.attn_sparsity = 0.3f;
         CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, base_tokens, base), 0);
         CU_ASSERT(memcmp(base, dense, n * sizeof *base) != 0); /* it does drop something */
-        static const int placements[][6] = {{100, 0, 0, 100, 100, 0}, {100, 0, 0, 0, 100, 0},
+        static const fg_percent placements[] = {{100, 0, 0, 100, 100, 0}, {100, 0, 0, 0, 100, 0},
                                             {100, 0, 30, 40, 100, 0}, {0, 0, 0, 0, 0, 0}};
         for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
             for (int variant = 0; variant < 4; variant++) {
                 fg_policy v = p;
-                memcpy(v.percent, placements[k], sizeof v.percent);
+                v.percent = placements[k];
                 v.overlap = variant & 1;
                 v.cpu_cache_compute = variant >> 1;
                 CU_ASSERT_EQUAL(runtime_generate(&f, &v, tokens, r), 0);
@@ -355,7 +355,7 @@ static void test_sparse_runtime(void) {
 
         /* bytes: cache on cpu, not delegated */
         fg_policy v = p;
-        memcpy(v.percent, cpu_cache, sizeof v.percent);
+        v.percent = cpu_cache;
         fg_stats st;
         CU_ASSERT_EQUAL(generate_with(f.dir, NULL, 0, &v, GEN, N_SEQ, (int *const *)f.prompts, f.lens,
                                       tokens, r, &st, NULL), 0);

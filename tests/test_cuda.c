@@ -31,7 +31,8 @@ static int gpu_present(void) {
 
 typedef struct {
     const char *what;
-    int percent[6], delegate, compress_weight, compress_cache;
+    fg_percent percent;
+    int delegate, compress_weight, compress_cache;
     float sparsity;
 } gpu_case;
 
@@ -59,7 +60,7 @@ static fg_policy case_policy(const gpu_case *c, fg_device device) {
     p.device = device;
     p.gpu_batch_size = 2;
     p.num_gpu_batches = 3;
-    memcpy(p.percent, c->percent, sizeof p.percent);
+    p.percent = c->percent;
     p.cpu_cache_compute = c->delegate;
     p.compress_weight = c->compress_weight;
     p.compress_cache = c->compress_cache;

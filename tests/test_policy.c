@@ -66,7 +66,7 @@ static void test_search_passes_plan_check(void) {
         for (int compress = 0; compress < 2; compress++)
             for (int shape = 0; shape < 2; shape++) {
                 fg_policy base = base_policy(BUDGETS[b].gpu, BUDGETS[b].cpu, BUDGETS[b].disk, compress);
-                fg_search_request req = {.s = shape ? 64 : 16, .n = shape ? 8 : 32, .verify = 1,
+                fg_search_request req = {.s = shape ? 64 : 16, .n = shape ? 8 : 32, .check = fg_runtime_check,
                                          .max_block = shape ? 48 : 0};
                 fg_search_result r;
                 int rc = fg_policy_search(&CFG, &HW, &base, &req, &r, err);
@@ -95,7 +95,7 @@ static void test_search_beats_hand_grid(void) {
     char err[FG_ERR_LEN];
     for (int b = 1; b < N_BUDGETS; b++) {
         fg_policy base = base_policy(BUDGETS[b].gpu, BUDGETS[b].cpu, BUDGETS[b].disk, 0);
-        fg_search_request req = {.s = 32, .n = 8, .verify = 1, .max_block = 256};
+        fg_search_request req = {.s = 32, .n = 8, .check = fg_runtime_check, .max_block = 256};
         fg_search_result best;
         CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &best, err), 0);
         double grid_best = 0;
@@ -107,9 +107,9 @@ static void test_search_beats_hand_grid(void) {
                         for (int d = 0; d < 2; d++) {
                             fg_policy p = base;
                             p.gpu_batch_size = gbs[i], p.num_gpu_batches = ngb[j];
-                            int pc[6] = {25 * w, 0, 25 * c, 100 - 25 * c, 100, 0};
-                            memcpy(p.percent, pc, sizeof pc);
-                            p.percent[1] = 100 - 25 * w; /* the rest of the weights on cpu */
+                            /* the rest of the weights and cache on cpu */
+                            p.percent = (fg_percent){.wg = 25 * w, .wc = 100 - 25 * w, .cg = 25 * c,
+                                                     .cc = 100 - 25 * c, .hg = 100};
                             p.cpu_cache_compute = d;
                             fg_search_result r;
                             if (fg_policy_evaluate(&CFG, &HW, &p, &req, &r, err) == 0 && r.throughput > grid_best)
@@ -121,8 +121,8 @@ static void test_search_beats_hand_grid(void) {
             fprintf(stderr, "\n    budget %d: search %.4g token/s (%d x %d), grid %.4g (%d x %d, %d %d %d %d)\n",
                     b, best.throughput, best.policy.gpu_batch_size, best.policy.num_gpu_batches,
                     grid_best, grid_choice.gpu_batch_size, grid_choice.num_gpu_batches,
-                    grid_choice.percent[0], grid_choice.percent[1], grid_choice.percent[2],
-                    grid_choice.percent[3]);
+                    grid_choice.percent.wg, grid_choice.percent.wc, grid_choice.percent.cg,
+                    grid_choice.percent.cc);
     }
 }
 
@@ -137,7 +137,7 @@ static void test_search_tensor_granularity(void) {
     static const double caps[][2] = {{1.5, 1}, {2, 0.5}, {1, 1}};
     for (int i = 0; i < 3; i++) {
         fg_policy base = base_policy(caps[i][0] * 1024 * MiB, caps[i][1] * 1024 * MiB, 100.0 * 1024 * MiB, 0);
-        fg_search_request req = {.s = 16, .n = 4, .verify = 1, .max_block = 32};
+        fg_search_request req = {.s = 16, .n = 4, .check = fg_runtime_check, .max_block = 32};
         fg_search_result r;
         int rc = fg_policy_search(&cfg, &HW, &base, &req, &r, err);
         CU_ASSERT_EQUAL(rc, 0);
@@ -149,7 +149,7 @@ static void test_search_tensor_granularity(void) {
 static void test_latency_bound(void) {
     char err[FG_ERR_LEN];
     fg_policy base = base_policy(16 * MiB, 8 * MiB, 1024 * MiB, 0);
-    fg_search_request req = {.s = 32, .n = 8, .verify = 1};
+    fg_search_request req = {.s = 32, .n = 8, .check = fg_runtime_check};
     fg_search_result free_run, bounded;
     CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &free_run, err), 0);
     req.max_latency = free_run.block_latency / 4;
@@ -163,7 +163,7 @@ static void test_latency_bound(void) {
 
 static void test_nothing_fits(void) {
     char err[FG_ERR_LEN] = "";
-    fg_search_request req = {.s = 32, .n = 8, .verify = 1};
+    fg_search_request req = {.s = 32, .n = 8, .check = fg_runtime_check};
     fg_search_result r;
     /* the weights alone are 8.7 MiB of fp16: a 2 MiB disk cannot hold them */
     fg_policy base = base_policy(1 * MiB, 1 * MiB, 2 * MiB, 0);
@@ -174,7 +174,7 @@ static void test_nothing_fits(void) {
     /* planning for another machine needs its capacities */
     fg_hardware gpu = HW;
     gpu.gpu_is_host = 0;
-    req.verify = 0;
+    req.check = NULL;
     base.capacity[TIER_DISK] = 0;
     CU_ASSERT_EQUAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "--disk-mem"));

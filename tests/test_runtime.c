@@ -21,11 +21,11 @@ typedef struct {
     char err[FG_ERR_LEN];
 } result;
 
-static fg_policy policy(int gbs, int ngb, const int percent[6], int overlap, int delegate) {
+static fg_policy policy(int gbs, int ngb, fg_percent percent, int overlap, int delegate) {
     fg_policy p = fg_default_policy();
     p.gpu_batch_size = gbs;
     p.num_gpu_batches = ngb;
-    memcpy(p.percent, percent, sizeof p.percent);
+    p.percent = percent;
     p.overlap = overlap;
     p.cpu_cache_compute = delegate;
     return p;
@@ -39,11 +39,11 @@ static void run(const fixture_prompts *f, const fg_policy *p, result *r) {
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT_EQUAL(r->stats.current[t], 0); /* all given back */
 }
 
-static const int ALL_GPU[6] = {100, 0, 100, 0, 100, 0};
+static const fg_percent ALL_GPU = {100, 0, 100, 0, 100, 0};
 
 static const struct {
     const char *what;
-    int percent[6];
+    fg_percent percent;
 } PLACEMENTS[] = {
     {"everything on the gpu tier", {100, 0, 100, 0, 100, 0}},
     {"weights on cpu", {0, 100, 100, 0, 100, 0}},
@@ -128,7 +128,7 @@ static int plan_fits(const fixture_prompts *f, fg_policy p, fg_tier t, double by
 static void test_capacities(void) {
     fixture_prompts f;
     fixture_prompts_open("opt-tiny", N_SEQ, &f);
-    static const int percents[2][6] = {{20, 30, 30, 40, 30, 40}, {0, 0, 0, 0, 0, 0}};
+    static const fg_percent percents[2] = {{20, 30, 30, 40, 30, 40}, {0, 0, 0, 0, 0, 0}};
     for (int pc = 0; pc < 2; pc++)
         for (int variant = 0; variant < 3; variant++) /* fp16; delegation; 4-bit, delegation */
             for (int t = 0; t < N_TIERS; t++) {
@@ -183,7 +183,7 @@ static void test_link_bytes(void) {
     for (int i = 0; i < f.n; i++) padded = f.lens[i] > padded ? f.lens[i] : padded;
     for (int overlap = 0; overlap < 2; overlap++) {
         /* one block of 2 x 4 holding all 7 sequences; weights on disk */
-        static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
+        static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
         fg_policy p = policy(2, 4, disk_weights, overlap, 0);
         result r;
         run(&f, &p, &r);
@@ -201,7 +201,7 @@ static void test_link_bytes(void) {
         /* KV cache on cpu: decode step i loads the (padded + i - 1) past rows of K and V of every
          * sequence and layer, and every step stores its new rows */
         for (int delegate = 0; delegate < 2; delegate++) {
-            static const int cpu_cache[6] = {100, 0, 0, 100, 100, 0};
+            static const fg_percent cpu_cache = {100, 0, 0, 100, 100, 0};
             p = policy(2, 4, cpu_cache, overlap, delegate);
             run(&f, &p, &r);
             double row = 2.0 * c->hidden * 2 * N_SEQ * c->n_layers; /* K and V, fp16 */
@@ -222,7 +222,7 @@ static void test_link_bytes(void) {
 static void test_early_stop_gives_back_read_ahead(void) {
     fixture_prompts f;
     fixture_prompts_open("opt-tiny", N_SEQ, &f);
-    static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
+    static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
     for (int overlap = 0; overlap < 2; overlap++) {
         fg_policy p = policy(1, 1, disk_weights, overlap, 0);
         fg_runtime *rt = NULL;
@@ -251,7 +251,7 @@ static void test_early_stop_gives_back_read_ahead(void) {
  * when closed; with --disk-mem the user's capacity stands. */
 static void test_existing_weight_file_space(void) {
     opt_config c = {"reuse-test", 2, 64, 4, 256, 300, 64, 64, 1};
-    static const int disk_weights[6] = {0, 0, 100, 0, 100, 0};
+    static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     fg_policy p = policy(2, 1, disk_weights, 1, 0);
     p.weight_dir = dir;

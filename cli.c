@@ -1,0 +1,1073 @@
+/* cli.c: the command line.
+ *
+ *   flexgen [flags]           generate text for prompts with a policy (§4.2) or --policy auto
+ *                             (§4.3); under mpirun -np M, as one of M pipeline stages (§4.4)
+ *   flexgen policy [flags]    the policy search's choice and its prediction (§4.3)
+ *   flexgen profile           this machine's constants for the cost model (profile.c)
+ *   flexgen tokenize          text to OPT token ids and back
+ *
+ * The report prints FlexGen's benchmark lines (or one JSON object with --json). Everything that
+ * can fail on user input returns an error line; main prints it and exits 2.
+ */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *trace;
+    const char *hw;      /* hardware file of the cost model (--hw) */
+    const char **prompts;
+    int n_prompt_texts, prompt_len, json;
+    int auto_policy;     /* --policy auto: search for the policy (§4.3) */
+    int evaluate;        /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency;  /* --max-latency: the search's bound on a block's latency */
+    gen_options gen;
+    fg_policy policy;
+} cli_args;
+
+static void usage(FILE *out) {
+    fprintf(out,
+"usage: flexgen [options]\n"
+"       flexgen policy [options] [--evaluate]         (the policy search; no generation)\n"
+"       flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|auto]\n"
+"       flexgen tokenize --vocab FILE --merges FILE   (stdin lines -> token ids, no BOS)\n"
+"\n"
+"Generates text with an OPT model, placing weights, KV cache and activations on the gpu, cpu\n"
+"and disk tiers and walking blocks of GPU batches in the order of the FlexGen paper's Fig. 4\n"
+"with I/O overlapped, then prints FlexGen's benchmark report. On the CUDA backend the gpu tier\n"
+"is device memory (fp16 weights); on the CPU backend it is the CPU's working set of fp32\n"
+"weights and buffers.\n"
+"\n"
+"model\n"
+"  --model NAME|DIR        opt-125m ... opt-175b with dummy weights, or an HF checkpoint\n"
+"                          directory (config.json + model.safetensors or its shard index)\n"
+"                          [opt-125m]\n"
+"  --path DIR              dummy weights placed on disk are written here once and reused\n"
+"                          [$XDG_CACHE_HOME/flexgen or ~/.cache/flexgen]\n"
+"  --vocab F, --merges F   tokenizer files (default: vocab.json, merges.txt in DIR)\n"
+"prompts (synthetic ones of --prompt-len tokens when none are given)\n"
+"  --prompt TEXT           a prompt (repeatable); needs a tokenizer; BOS is prepended\n"
+"  --prompt-file F         one prompt a line; needs a tokenizer; BOS is prepended\n"
+"  --prompt-ids F          one prompt a line, space-separated token ids, used as given\n"
+"  --prompt-len N          length of synthetic prompts [512]\n"
+"generation\n"
+"  --gen-len N             tokens to generate per prompt [32]\n"
+"  --temperature T         0 is greedy; > 0 samples from softmax(logits / T) [0]\n"
+"  --top-p P               nucleus sampling mass, in (0, 1] [1]\n"
+"  --seed N                seed of dummy weights, synthetic prompts and sampling [0]\n"
+"  --stop-at-eos           stop a sequence after it generates </s>\n"
+"device\n"
+"  --device cuda|cpu|auto  the compute device: auto is cuda where a GPU is present (this build:\n"
+"                          %s), else the CPU [auto]\n"
+"policy (paper section 4.2)\n"
+"  --gpu-batch-size N      sequences per GPU batch [16]\n"
+"  --num-gpu-batches N     GPU batches per block; a block is their product, and prompts are\n"
+"                          processed a block at a time (the last may be partial) [2]\n"
+"  --percent WG WC CG CC HG HC\n"
+"                          percent of weights, KV cache and activations on the gpu and cpu\n"
+"                          tiers; disk holds the rest of each [100 0 100 0 100 0]\n"
+"  --overlap 0|1           I/O on its own threads, overlapped with compute [1]\n"
+"  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
+"                          the cache lives\n"
+"  --pin-weight 0|1        page-locked cpu-tier weights, for fast copies to the GPU (CUDA only)\n"
+"                          [1]\n"
+"  --compress-weight       keep every weight matrix 4-bit, group-wise (section 5) in whichever\n"
+"                          tier holds it; decompressed into the gpu tier just before use\n"
+"  --compress-cache        keep the KV cache 4-bit, group-wise along each head (section 5)\n"
+"  --attn-sparsity F       decode attention keeps the top F of the past tokens by weight and\n"
+"                          reads only their V rows (section 5), 0 < F <= 1 [1]\n"
+"  --gpu-mem SIZE, --cpu-mem SIZE, --disk-mem SIZE\n"
+"                          tier capacities, e.g. 16G, 512M (K, M, G, T are powers of 1024)\n"
+"                          [available memory; free space in the offload dir, plus dummy\n"
+"                          weights already written to --path]\n"
+"  --offload-dir DIR       the disk tier's files, removed as soon as they are mapped [%s]\n"
+"pipeline parallelism (paper section 4.4; this build: %s)\n"
+"  mpirun -np M flexgen [options]\n"
+"                          M stages, one process each (one GPU each where there are GPUs): the\n"
+"                          decoder layers split evenly, the input embedding with the first stage,\n"
+"                          the output embedding with the last. Rank 0 reads the prompts and\n"
+"                          prints the report; the other flags mean what they mean in one process\n"
+"                          and must agree across stages, except the policy and capacities, which\n"
+"                          are each stage's own (mpirun's `-np 1 flexgen ... : -np 1 flexgen ...`\n"
+"                          gives stages different ones; --policy auto plans each stage)\n"
+"policy search (paper section 4.3)\n"
+"  --policy auto|manual    auto: choose the block shape, --percent and --cpu-cache-compute by\n"
+"                          the cost model and LP for these capacities, prompts and --gen-len,\n"
+"                          keeping the other flags; synthetic prompts fill the block it picks,\n"
+"                          which can be thousands (bound it with --max-latency) [manual]\n"
+"  --hw FILE               the cost model's hardware constants (JSON) [~/.cache/flexgen/\n"
+"                          hardware.json, measured by `flexgen profile` the first time]\n"
+"  --max-latency S         auto: a block may take at most S seconds (Fig. 1's trade-off)\n"
+"  flexgen policy takes the flags of a run and prints the policy the search chooses, as flags,\n"
+"  with its predicted throughput and each layer's latency terms (--json: one object);\n"
+"  --evaluate predicts the policy given by the flags instead of searching.\n"
+"  flexgen profile measures this machine (copies, the disk in --offload-dir, matrix products\n"
+"  and attention) and writes the hardware file (--out FILE) [the default --hw]\n"
+"output\n"
+"  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
+"                          token was chosen from, in prompt order\n"
+"  --trace F               a Chrome trace (load it in Perfetto): one track per thread\n"
+"  --json                  one JSON object on stdout instead of the report lines\n"
+"  --quiet                 no progress on stderr\n"
+"  --help                  this text\n"
+"\n"
+"Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2.\n",
+            fg_cuda_compiled() ? "with CUDA" : "CPU only, no nvcc when it was built",
+            FG_DEFAULT_OFFLOAD_DIR, fg_pipe_compiled() ? "with MPI" : "without MPI, no mpicc when it was built");
+}
+
+static int parse_int(const char *flag, const char *s, int min, int max, int *out, char *err) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || *s == 0 || *end || v < min || v > max)
+        return fg_fail(err, "%s: expected an integer in %d..%d, got '%s'", flag, min, max, s ? s : "");
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, double lo, double hi, float *out,
+                       char *err) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || errno || *s == 0 || *end || !(v >= lo && v <= hi))
+        return fg_fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, s ? s : "");
+    *out = (float)v;
+    return 0;
+}
+
+/* "16G", "512M", "1.5G", "4096": K, M, G, T are powers of 1024; a trailing B is allowed. */
+static int parse_size(const char *flag, const char *s, double *out, char *err) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    const char *units = "KMGT";
+    const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    if (u) v *= pow(1024, (double)(u - units + 1)), end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (errno || end == s || *end || !(v > 0) || v > 1e18)
+        return fg_fail(err, "%s: expected a size such as 16G or 512M, got '%s'", flag, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_device(const char *s, fg_device *d, char *err) {
+    if (!strcmp(s, "auto")) *d = FG_DEVICE_AUTO;
+    else if (!strcmp(s, "cpu")) *d = FG_DEVICE_CPU;
+    else if (!strcmp(s, "cuda")) *d = FG_DEVICE_CUDA;
+    else return fg_fail(err, "--device: expected cuda, cpu or auto, got '%s'", s);
+    return 0;
+}
+
+/* auto: CUDA when a GPU is there, else the CPU, saying why (with progress on, and when this
+ * build has CUDA; the report names the device either way). */
+static fg_device resolve_device(fg_device d, int verbose) {
+    char why[FG_ERR_LEN];
+    if (d != FG_DEVICE_AUTO) return d;
+    if (fg_cuda_backend(why)) return FG_DEVICE_CUDA;
+    if (verbose && fg_cuda_compiled()) fprintf(stderr, "flexgen: %s; running on the CPU backend\n", why);
+    return FG_DEVICE_CPU;
+}
+
+static int is_value_flag(const char *f) {
+    static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
+        "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
+        "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
+        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
+        "--policy", "--hw", "--max-latency", "--device"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (!strcmp(f, flags[i])) return 1;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, cli_args *a, char *err) {
+    memset(a, 0, sizeof *a);
+    a->model = "opt-125m";
+    a->prompt_len = 512;
+    a->gen = (gen_options){.gen_len = 32, .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
+    a->policy = fg_default_policy();
+    a->policy.device = FG_DEVICE_AUTO;
+    a->prompts = calloc((size_t)argc, sizeof *a->prompts);
+    if (!a->prompts) return fg_fail(err, "out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes_value = 1, rc = 0, seed;
+        fg_policy *p = &a->policy;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
+        else if (!strcmp(f, "--json")) a->json = 1, takes_value = 0;
+        else if (!strcmp(f, "--stop-at-eos")) a->gen.stop_at_eos = 1, takes_value = 0;
+        else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, takes_value = 0;
+        else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
+        else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
+        else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
+        else if (!strcmp(f, "--evaluate")) a->evaluate = 1, takes_value = 0;
+        else if (!strcmp(f, "--percent")) {
+            int *fields[6] = {&p->percent.wg, &p->percent.wc, &p->percent.cg, &p->percent.cc,
+                              &p->percent.hg, &p->percent.hc};
+            for (int j = 0; j < 6 && rc == 0; j++)
+                rc = parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, fields[j], err);
+            if (rc) return fg_fail(err, "--percent: expected six integers in 0..100 (wg wc cg cc hg hc)");
+            takes_value = 6;
+        }
+        else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
+        else if (!v) return fg_fail(err, "%s: missing value", f);
+        else if (!strcmp(f, "--model")) a->model = v;
+        else if (!strcmp(f, "--prompt")) a->prompts[a->n_prompt_texts++] = v;
+        else if (!strcmp(f, "--prompt-file")) a->prompt_file = v;
+        else if (!strcmp(f, "--prompt-ids")) a->prompt_ids = v;
+        else if (!strcmp(f, "--dump-logits")) a->dump_logits = v;
+        else if (!strcmp(f, "--trace")) a->trace = v, p->trace = 1;
+        else if (!strcmp(f, "--vocab")) a->vocab = v;
+        else if (!strcmp(f, "--merges")) a->merges = v;
+        else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
+        else if (!strcmp(f, "--device")) rc = parse_device(v, &p->device, err);
+        else if (!strcmp(f, "--path")) p->weight_dir = v;
+        else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
+        else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
+        else if (!strcmp(f, "--gpu-batch-size")) rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
+        else if (!strcmp(f, "--num-gpu-batches")) rc = parse_int(f, v, 1, INT_MAX, &p->num_gpu_batches, err);
+        else if (!strcmp(f, "--overlap")) rc = parse_int(f, v, 0, 1, &p->overlap, err);
+        else if (!strcmp(f, "--pin-weight")) rc = parse_int(f, v, 0, 1, &p->pin_weight, err);
+        else if (!strcmp(f, "--gpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_GPU], err);
+        else if (!strcmp(f, "--cpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_CPU], err);
+        else if (!strcmp(f, "--disk-mem")) rc = parse_size(f, v, &p->capacity[TIER_DISK], err);
+        else if (!strcmp(f, "--temperature")) rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
+        else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 1, &a->gen.top_p, err);
+        else if (!strcmp(f, "--attn-sparsity")) {
+            rc = parse_float(f, v, 0, 1, &p->attn_sparsity, err);
+            if (rc == 0 && !(p->attn_sparsity > 0))
+                rc = fg_fail(err, "--attn-sparsity: expected a fraction in (0, 1], got '%s'", v);
+        }
+        else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
+        else if (!strcmp(f, "--hw")) a->hw = v;
+        else if (!strcmp(f, "--policy")) {
+            if (strcmp(v, "auto") && strcmp(v, "manual"))
+                rc = fg_fail(err, "--policy: expected auto or manual, got '%s'", v);
+            a->auto_policy = !strcmp(v, "auto");
+        }
+        else if (!strcmp(f, "--max-latency")) {
+            float lat;
+            rc = parse_float(f, v, 0, 1e9, &lat, err);
+            if (rc == 0 && !(lat > 0)) rc = fg_fail(err, "--max-latency: expected seconds > 0, got '%s'", v);
+            a->max_latency = lat;
+        }
+        if (rc) return -1;
+        i += takes_value;
+    }
+    a->policy.verbose = a->gen.verbose;
+    if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
+        return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
+    if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
+        return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
+                    (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
+    return 0;
+}
+
+/* ---- prompts ---- */
+
+typedef struct {
+    int n, cap;
+    int **ids;
+    int *lens;
+} prompt_set;
+
+static void prompts_free(prompt_set *p) {
+    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->lens);
+    memset(p, 0, sizeof *p);
+}
+
+static int prompts_add(prompt_set *p, int *ids, int len, char *err) {
+    if (p->n == p->cap) {
+        int cap = p->cap * 2 + 8;
+        int **ni = realloc(p->ids, (size_t)cap * sizeof *ni);
+        if (ni) p->ids = ni;
+        int *nl = ni ? realloc(p->lens, (size_t)cap * sizeof *nl) : NULL;
+        if (!nl) { free(ids); return fg_fail(err, "out of memory"); }
+        p->lens = nl;
+        p->cap = cap;
+    }
+    p->ids[p->n] = ids;
+    p->lens[p->n++] = len;
+    return 0;
+}
+
+/* BOS + the text's tokens. */
+static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len,
+                           char *err) {
+    int *ids, n;
+    if (tokenizer_encode(tok, text, len, &ids, &n, err)) return -1;
+    int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos);
+    if (!with_bos) { free(ids); return fg_fail(err, "out of memory"); }
+    with_bos[0] = OPT_BOS_ID;
+    memcpy(with_bos + 1, ids, (size_t)n * sizeof *ids);
+    free(ids);
+    return prompts_add(p, with_bos, n + 1, err);
+}
+
+static int parse_id_line(const char *path, int line_no, char *line, int vocab, int **out, int *n,
+                         char *err) {
+    int cap = 16, count = 0, *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return fg_fail(err, "out of memory");
+    for (char *s = line, *end;; s = end) {
+        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+        if (!*s) break;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || (*end && *end != ' ' && *end != '\t' && *end != '\r')) {
+            free(ids);
+            return fg_fail(err, "%s line %d: not a token id: '%.20s'", path, line_no, s);
+        }
+        if (v < 0 || v >= vocab) {
+            free(ids);
+            return fg_fail(err, "%s line %d: token id %ld out of range [0, %d)", path, line_no, v, vocab);
+        }
+        if (count == cap) {
+            int *grown = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!grown) { free(ids); return fg_fail(err, "out of memory"); }
+            ids = grown;
+        }
+        ids[count++] = (int)v;
+    }
+    if (count == 0) {
+        free(ids);
+        return fg_fail(err, "%s line %d: empty prompt", path, line_no);
+    }
+    *out = ids;
+    *n = count;
+    return 0;
+}
+
+/* Reads one prompt a line from path: token ids (tok == NULL) or text. */
+static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
+                             char *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return fg_fail(err, "%s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line_no = 0, rc = 0;
+    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+        if (tok) {
+            rc = add_text_prompt(p, tok, line, (size_t)len, err);
+        } else {
+            int *ids = NULL, n = 0;
+            rc = parse_id_line(path, line_no, line, vocab, &ids, &n, err);
+            if (rc == 0) rc = prompts_add(p, ids, n, err);
+        }
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && p->n == 0) rc = fg_fail(err, "%s: no prompts in the file", path);
+    return rc;
+}
+
+/* FlexGen's benchmark prompts: BOS and prompt_len - 1 pseudo-random ids, one block's worth for
+ * each stage (a pipeline keeps that many micro-batches in flight, §4.4). */
+static int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, char *err) {
+    fg_rng rng;
+    rng_seed(&rng, a->gen.seed ^ 0x5eedULL);
+    int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches * stages;
+    for (int i = 0; i < n; i++) {
+        int *ids = malloc((size_t)a->prompt_len * sizeof *ids);
+        if (!ids) return fg_fail(err, "out of memory");
+        ids[0] = OPT_BOS_ID;
+        for (int t = 1; t < a->prompt_len; t++) ids[t] = 3 + (int)(rng_next(&rng) % (uint64_t)(vocab - 3));
+        if (prompts_add(p, ids, a->prompt_len, err)) return -1;
+    }
+    return 0;
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* The tokenizer from --vocab/--merges or the model directory; NULL (no error) when there is
+ * none and none is needed. */
+static int open_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
+    char vocab[4096], merges[4096];
+    *tok = NULL;
+    if (!a->vocab != !a->merges) return fg_fail(err, "--vocab and --merges go together");
+    if (a->vocab) {
+        snprintf(vocab, sizeof vocab, "%s", a->vocab);
+        snprintf(merges, sizeof merges, "%s", a->merges);
+    } else {
+        if (!is_dir(a->model)) return 0;
+        snprintf(vocab, sizeof vocab, "%s/vocab.json", a->model);
+        snprintf(merges, sizeof merges, "%s/merges.txt", a->model);
+        if (!file_exists(vocab) || !file_exists(merges)) return 0;
+    }
+    *tok = tokenizer_load(vocab, merges, err);
+    return *tok ? 0 : -1;
+}
+
+static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
+                          char *err) {
+    if ((a->n_prompt_texts || a->prompt_file) && !tok)
+        return fg_fail(err, "%s needs a tokenizer: give --vocab and --merges, or a model directory "
+                         "holding vocab.json and merges.txt", a->prompt_file ? "--prompt-file" : "--prompt");
+    if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
+    if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);
+    for (int i = 0; i < a->n_prompt_texts; i++)
+        if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), err)) return -1;
+    return 0;
+}
+
+/* ---- output ---- */
+
+/* The placement as the JSON report writes it: [wg, wc, cg, cc, hg, hc]. */
+static cJSON *percent_json(const fg_percent *p) {
+    const int v[6] = {p->wg, p->wc, p->cg, p->cc, p->hg, p->hc};
+    return cJSON_CreateIntArray(v, 6);
+}
+
+/* What each stage of a pipeline tells rank 0 for the report (§4.4). */
+typedef struct {
+    int first_layer, end_layer;
+    fg_percent percent;
+    fg_stats st;
+    double sent, compute, bubble, disk_read, peak_rss;
+} stage_report;
+
+/* Writes to a temporary name and renames, so a failed run never leaves a partial file. */
+static int dump_logits(const char *path, const float *logits, size_t n, char *err) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return fg_fail(err, "--dump-logits %s: %s", path, strerror(errno));
+    FILE *f = fdopen(fd, "wb");
+    int ok = f && fwrite(logits, sizeof(float), n, f) == n;
+    ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return fg_fail(err, "--dump-logits %s: write failed: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is not one (Unicode's "maximal
+ * subpart" rule, which Python's errors="replace" follows: *bad is how many bytes one U+FFFD
+ * replaces). */
+static int utf8_sequence(const unsigned char *s, size_t n, int *bad) {
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+    int need = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+    int k = 0;
+    while (k < need && (size_t)k + 1 < n && s[k + 1] >= (k ? 0x80 : lo) && s[k + 1] <= (k ? 0xbf : hi)) k++;
+    *bad = k + 1;
+    return need && k == need ? need + 1 : 0;
+}
+
+/* Writes decoded bytes as text: invalid UTF-8 (a token can end mid-character) becomes U+FFFD,
+ * as in HF's tokenizer.decode. */
+static void print_utf8(const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        int bad, ok = s[i] < 0x80 ? 1 : utf8_sequence(s + i, len - i, &bad);
+        if (ok) fwrite(s + i, 1, (size_t)ok, stdout), i += (size_t)ok;
+        else fputs("\xef\xbf\xbd", stdout), i += (size_t)bad;
+    }
+}
+
+/* "[i] prompt + generated text" for each prompt; with --stop-at-eos the text ends before </s>. */
+static void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
+                        const gen_options *opt) {
+    for (int i = 0; i < p->n; i++) {
+        int skip = p->ids[i][0] == OPT_BOS_ID, n = 0;
+        const int *gen = tokens + (size_t)i * opt->gen_len;
+        while (n < opt->gen_len && !(opt->stop_at_eos && gen[n] == OPT_EOS_ID)) n++;
+        size_t prompt_len, text_len;
+        char *prompt = tokenizer_decode(tok, p->ids[i] + skip, p->lens[i] - skip, &prompt_len);
+        char *text = tokenizer_decode(tok, gen, n, &text_len);
+        printf("[%d] ", i + 1);
+        if (prompt) print_utf8(prompt, prompt_len);
+        if (text) print_utf8(text, text_len);
+        printf("\n");
+        free(prompt);
+        free(text);
+    }
+}
+
+static double peak_rss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss * 1024.0;
+}
+
+/* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
+ * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes. */
+/* The report's per-stage entries (--json): the layers, the policy, peaks, bytes sent, times. */
+static cJSON *stages_json(const stage_report *stages, int n) {
+    cJSON *list = cJSON_CreateArray();
+    for (int r = 0; r < n; r++) {
+        const stage_report *s = &stages[r];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "first_layer", s->first_layer);
+        cJSON_AddNumberToObject(o, "end_layer", s->end_layer);
+        cJSON_AddItemToObject(o, "percent", percent_json(&s->percent));
+        for (int i = 0; i < N_TIERS; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "peak_%s_bytes", fg_tier_names[i]);
+            cJSON_AddNumberToObject(o, key, s->st.peak[i]);
+        }
+        cJSON_AddNumberToObject(o, "bytes_sent", s->sent);
+        cJSON_AddNumberToObject(o, "compute_seconds", s->compute);
+        cJSON_AddNumberToObject(o, "bubble_seconds", s->bubble);
+        cJSON_AddNumberToObject(o, "disk_read_seconds", s->disk_read);
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", s->peak_rss);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
+}
+
+static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
+                   const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
+                   const stage_report *stages, int n_stages) {
+    const double GiB = 1 << 30;
+    int seq = max_prompt + a->gen.gen_len;
+    double model = opt_model_bytes(c), cache = opt_cache_bytes(c, p->n, seq);
+    double hidden = opt_hidden_bytes(c, p->n, seq), total = t->prefill_latency + t->decode_latency;
+    double prefill_tp = t->prefill_tokens / fmax(t->prefill_latency, 1e-10);
+    double decode_tp = t->decode_tokens / fmax(t->decode_latency, 1e-10);
+    double total_tp = (double)p->n * a->gen.gen_len / fmax(total, 1e-10);
+    static const char *const link_keys[N_LINKS] = {"disk_to_cpu_bytes", "cpu_to_gpu_bytes",
+                                                   "gpu_to_cpu_bytes", "cpu_to_disk_bytes"};
+    if (a->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", c->name);
+        cJSON_AddStringToObject(o, "device", device);
+        cJSON_AddNumberToObject(o, "num_prompts", p->n);
+        cJSON_AddNumberToObject(o, "prompt_len", max_prompt);
+        cJSON_AddNumberToObject(o, "gen_len", a->gen.gen_len);
+        cJSON_AddNumberToObject(o, "gpu_batch_size", a->policy.gpu_batch_size);
+        cJSON_AddNumberToObject(o, "num_gpu_batches", a->policy.num_gpu_batches);
+        cJSON_AddItemToObject(o, "percent", percent_json(&a->policy.percent));
+        cJSON_AddBoolToObject(o, "overlap", a->policy.overlap);
+        cJSON_AddBoolToObject(o, "cpu_cache_compute", a->policy.cpu_cache_compute);
+        cJSON_AddBoolToObject(o, "compress_weight", a->policy.compress_weight);
+        cJSON_AddBoolToObject(o, "compress_cache", a->policy.compress_cache);
+        cJSON_AddNumberToObject(o, "attn_sparsity", a->policy.attn_sparsity);
+        cJSON_AddNumberToObject(o, "model_size_bytes", model);
+        cJSON_AddNumberToObject(o, "cache_size_bytes", cache);
+        cJSON_AddNumberToObject(o, "hidden_size_bytes", hidden);
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", peak_rss_bytes());
+        for (int i = 0; i < N_TIERS; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "peak_%s_bytes", fg_tier_names[i]);
+            cJSON_AddNumberToObject(o, key, st->peak[i]);
+            snprintf(key, sizeof key, "capacity_%s_bytes", fg_tier_names[i]);
+            cJSON_AddNumberToObject(o, key, st->capacity[i]);
+        }
+        for (int i = 0; i < N_LINKS; i++) cJSON_AddNumberToObject(o, link_keys[i], st->link_bytes[i]);
+        cJSON_AddNumberToObject(o, "compute_seconds", t->compute_seconds);
+        cJSON_AddNumberToObject(o, "disk_read_seconds", t->disk_read_seconds);
+        cJSON_AddNumberToObject(o, "prefill_latency", t->prefill_latency);
+        cJSON_AddNumberToObject(o, "prefill_throughput", prefill_tp);
+        cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
+        cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
+        cJSON_AddNumberToObject(o, "total_latency", total);
+        cJSON_AddNumberToObject(o, "total_throughput", total_tp);
+        if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(o);
+        return;
+    }
+    printf("model size: %.3f GB\tcache size: %.3f GB\thidden size (p): %.3f GB\n", model / GiB,
+           cache / GiB, hidden / GiB);
+    printf("peak gpu mem: %.3f GB\tprojected: False\n", st->peak[TIER_GPU] / GiB);
+    printf("prefill latency: %.3f s\tprefill throughput: %.3f token/s\n", t->prefill_latency, prefill_tp);
+    printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency, decode_tp);
+    printf("total latency: %.3f s\ttotal throughput: %.3f token/s\n", total, total_tp);
+    printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GiB,
+           st->peak[TIER_CPU] / GiB, st->peak[TIER_DISK] / GiB);
+    printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
+           st->link_bytes[LINK_DISK_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_GPU] / GiB,
+           st->link_bytes[LINK_GPU_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_DISK] / GiB);
+    printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
+           t->disk_read_seconds, device);
+    for (int r = 0; n_stages > 1 && r < n_stages; r++) {
+        const stage_report *s = &stages[r];
+        printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
+               "sent %.3f GB\tcompute %.3f s\tbubble %.3f s\n", r + 1, n_stages, s->first_layer,
+               s->end_layer - 1, s->st.peak[TIER_GPU] / GiB, s->st.peak[TIER_CPU] / GiB,
+               s->st.peak[TIER_DISK] / GiB, s->sent / GiB, s->compute, s->bubble);
+    }
+}
+
+/* The configuration of --model without opening its weights. */
+static int model_config(const char *model, opt_config *cfg, char *err) {
+    if (!is_dir(model)) return opt_config_by_name(model, cfg, err);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    if (opt_config_from_json(path, cfg, err)) return -1;
+    snprintf(cfg->name, sizeof cfg->name, "%s", model);
+    return 0;
+}
+
+/* The default hardware file, ~/.cache/flexgen/hardware.json, its directory made if need be. */
+static int default_hw_file(char *path, size_t n, char *err) {
+    char dir[4096];
+    default_weight_dir(dir, sizeof dir);
+    if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
+    snprintf(path, n, "%s/hardware.json", dir);
+    return 0;
+}
+
+/* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
+static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
+    if (a->hw) return fg_hardware_read(a->hw, hw, err);
+    char path[4200];
+    if (default_hw_file(path, sizeof path, err)) return -1;
+    if (file_exists(path)) return fg_hardware_read(path, hw, err);
+    const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
+    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 15 s), "
+                    "saved to %s\n", path);
+    if (fg_profile(offload, a->policy.device, hw, 1, err)) return -1;
+    return fg_hardware_write(path, hw, err);
+}
+
+static int longest_prompt(const prompt_set *p) {
+    int longest = 0;
+    for (int i = 0; i < p->n; i++) longest = p->lens[i] > longest ? p->lens[i] : longest;
+    return longest;
+}
+
+/* The policy search's request for this command line: n_prompts given (0: synthetic, any
+ * block), the longest of them (0: --prompt-len). */
+static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_config *cfg,
+                         int n_prompts, int max_prompt, int gbs, int ngb, fg_search_result *res,
+                         char *err) {
+    fg_search_request req = {.s = max_prompt ? max_prompt : a->prompt_len, .n = a->gen.gen_len,
+                             .max_block = n_prompts, .max_latency = a->max_latency,
+                             .check = hw->gpu_is_host ? fg_runtime_check : NULL, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
+    if (a->evaluate) return fg_policy_evaluate(cfg, hw, &a->policy, &req, res, err);
+    return fg_policy_search(cfg, hw, &a->policy, &req, res, err);
+}
+
+static void print_policy_flags(FILE *out, const fg_policy *p) {
+    fprintf(out, "--gpu-batch-size %d --num-gpu-batches %d --percent %d %d %d %d %d %d%s",
+            p->gpu_batch_size, p->num_gpu_batches, p->percent.wg, p->percent.wc, p->percent.cg,
+            p->percent.cc, p->percent.hg, p->percent.hc, p->cpu_cache_compute ? " --cpu-cache-compute" : "");
+}
+
+/* ---- a run as one stage of a pipeline (§4.4): rank 0 reads the prompts and reports ---- */
+
+/* Rank 0's prompts on every stage (the first needs the ids, every stage their lengths). */
+static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
+    int n = p->n, total = 0, rc = 0;
+    fg_pipe_bcast(pipe, &n, sizeof n);
+    int *lens = fg_pipe_rank(pipe) ? calloc((size_t)n, sizeof *lens) : p->lens;
+    if (!lens) return fg_fail(err, "out of memory");
+    fg_pipe_bcast(pipe, lens, (size_t)n * sizeof *lens);
+    for (int i = 0; i < n; i++) total += lens[i];
+    int *flat = malloc((size_t)total * sizeof *flat);
+    if (!flat) return fg_fail(err, "out of memory"); /* every rank runs out alike, or aborts */
+    for (int i = 0, at = 0; i < p->n; at += lens[i++]) memcpy(flat + at, p->ids[i], (size_t)lens[i] * sizeof *flat);
+    fg_pipe_bcast(pipe, flat, (size_t)total * sizeof *flat);
+    for (int i = 0, at = 0; fg_pipe_rank(pipe) && i < n && rc == 0; at += lens[i++]) {
+        int *ids = malloc((size_t)lens[i] * sizeof *ids);
+        if (!ids) rc = fg_fail(err, "out of memory");
+        else memcpy(ids, flat + at, (size_t)lens[i] * sizeof *ids), rc = prompts_add(p, ids, lens[i], err);
+    }
+    if (fg_pipe_rank(pipe)) free(lens);
+    free(flat);
+    return rc;
+}
+
+/* --policy auto: each stage searches for its share of the layers (§4.4); the stages then take
+ * the smallest GPU batch and number of GPU batches any of them chose (each fits where the larger
+ * did) and place their tensors again for that block shape. */
+static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
+                       int max_prompt, char *err) {
+    fg_search_result res;
+    fg_hardware hw;
+    int rc = 0, n = fg_pipe_size(pipe);
+    for (int r = 0; r < n; r++) { /* a machine without a hardware file measures itself once, a stage
+                                     at a time: stages sharing a machine must not load each other */
+        if (r == fg_pipe_rank(pipe)) rc = load_hardware(a, &hw, err);
+        if (fg_pipe_agree(pipe, rc, err)) return -1;
+    }
+    rc = search_policy(a, &hw, cfg, n_prompts, max_prompt, 0, 0, &res, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches};
+    int *all = malloc((size_t)n * sizeof shape);
+    if (!all) return fg_fail(err, "out of memory");
+    fg_pipe_gather(pipe, shape, sizeof shape, all);
+    for (int r = 1; fg_pipe_rank(pipe) == 0 && r < n; r++)
+        for (int d = 0; d < 2; d++) shape[d] = all[2 * r + d] < shape[d] ? all[2 * r + d] : shape[d];
+    free(all);
+    fg_pipe_bcast(pipe, shape, sizeof shape);
+    if (shape[0] != res.policy.gpu_batch_size || shape[1] != res.policy.num_gpu_batches)
+        rc = search_policy(a, &hw, cfg, n_prompts, max_prompt, shape[0], shape[1], &res, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    a->policy = res.policy;
+    if (a->gen.verbose) {
+        fprintf(stderr, "policy auto: ");
+        print_policy_flags(stderr, &a->policy);
+        fprintf(stderr, " (predicted %.3f token/s, searched in %.2f s)\n", res.throughput, res.seconds);
+    }
+    return 0;
+}
+
+/* The last stage's logits (--dump-logits) to rank 0, in pieces that fit an MPI message. */
+static void gather_logits(fg_pipe *pipe, float *logits, size_t count) {
+    int last = fg_pipe_size(pipe) - 1, rank = fg_pipe_rank(pipe);
+    if (last == 0 || (rank != 0 && rank != last)) return;
+    size_t piece = (size_t)1 << 28; /* floats: 1 GiB */
+    for (size_t at = 0; at < count; at += piece) {
+        size_t n = count - at < piece ? count - at : piece;
+        int msg = rank == 0 ? fg_pipe_recv(pipe, last, FG_TAG_LOGITS, logits + at, n * sizeof *logits)
+                            : fg_pipe_send(pipe, 0, FG_TAG_LOGITS, logits + at, n * sizeof *logits);
+        fg_pipe_release(pipe, msg);
+    }
+}
+
+/* Rank 0's view of the whole job: peaks and bytes moved summed over the stages, the busiest
+ * stage's compute and disk times. */
+static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_timing *t) {
+    *st = all[0].st;
+    for (int r = 1; r < n; r++) {
+        for (int i = 0; i < N_TIERS; i++)
+            st->peak[i] += all[r].st.peak[i], st->capacity[i] += all[r].st.capacity[i];
+        for (int i = 0; i < N_LINKS; i++) st->link_bytes[i] += all[r].st.link_bytes[i];
+    }
+    for (int r = 0; r < n; r++) {
+        t->compute_seconds = fmax(t->compute_seconds, all[r].compute);
+        t->disk_read_seconds = fmax(t->disk_read_seconds, all[r].disk_read);
+    }
+}
+
+/* The flags of the job, which every stage must share, against rank 0's; what rank 0 alone
+ * writes (--dump-logits, --trace, --json) is taken from it. */
+typedef struct {
+    char model[256];
+    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace;
+    float temperature, top_p;
+    uint64_t seed;
+} job_flags;
+
+static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
+    job_flags mine = {.gen_len = a->gen.gen_len, .stop_at_eos = a->gen.stop_at_eos,
+                      .prompt_len = a->prompt_len, .gbs = a->policy.gpu_batch_size,
+                      .ngb = a->policy.num_gpu_batches, .auto_policy = a->auto_policy,
+                      .dump = a->dump_logits != NULL, .trace = a->trace != NULL,
+                      .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
+    snprintf(mine.model, sizeof mine.model, "%s", a->model);
+    job_flags job = mine;
+    fg_pipe_bcast(pipe, &job, sizeof job);
+    if (fg_pipe_rank(pipe)) { /* rank 0 writes them; the others send it what they need */
+        a->dump_logits = job.dump ? "(rank 0's)" : NULL;
+        a->trace = job.trace ? "(rank 0's)" : NULL;
+        a->policy.trace = job.trace;
+    }
+    const char *differs = strcmp(job.model, mine.model) ? "--model"
+        : job.gen_len != mine.gen_len ? "--gen-len" : job.stop_at_eos != mine.stop_at_eos ? "--stop-at-eos"
+        : job.prompt_len != mine.prompt_len ? "--prompt-len" : job.seed != mine.seed ? "--seed"
+        : job.temperature != mine.temperature ? "--temperature" : job.top_p != mine.top_p ? "--top-p"
+        : job.auto_policy != mine.auto_policy ? "--policy"
+        : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
+        : !job.auto_policy && job.ngb != mine.ngb ? "--num-gpu-batches" : NULL;
+    if (differs) return fg_fail(err, "%s differs from rank 0's: the stages of a pipeline share it", differs);
+    return 0;
+}
+
+/* The prompts of the job on every stage: read (and tokenized) by rank 0, or synthetic ones to
+ * fill the block that --policy auto chooses for each stage. */
+static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tokenizer **tok,
+                       prompt_set *p, char *err) {
+    int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe), rc = 0;
+    if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    int given[2] = {p->n, longest_prompt(p)}; /* n 0: synthetic prompts, once the block is known */
+    fg_pipe_bcast(pipe, given, sizeof given);
+    if (a->auto_policy &&
+        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given[1], err))
+        return -1;
+    if (rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    return share_prompts(pipe, p, err);
+}
+
+/* This stage's runtime and model, its plan checked, its weights in their homes. */
+static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtime **rt,
+                      fg_model **m, char *err) {
+    int rc = fg_runtime_open(&a->policy, rt, err);
+    if (rc == 0) fg_pipeline_attach(*rt, pipe), rc = fg_model_open(*rt, a->model, a->gen.seed, m, err);
+    if (rc == 0) rc = check_prompts(fg_model_config(*m), p->n, p->ids, p->lens, a->gen.gen_len, err);
+    if (rc == 0) rc = fg_check_plan(*m, p->n, longest_prompt(p), a->gen.gen_len, err);
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", fg_model_config(*m)->name);
+    for (int r = 0; r < fg_pipe_size(pipe); r++) { /* a stage at a time: stages that share a machine
+                                                      share its dummy-weight file, the first writes it */
+        if (r == fg_pipe_rank(pipe)) rc = fg_model_load(*m, err);
+        if (fg_pipe_agree(pipe, rc, err)) return -1;
+    }
+    return 0;
+}
+
+/* After the run: every stage's numbers and trace to rank 0, which writes the outputs and the
+ * report. */
+static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, const opt_config *cfg,
+                      const prompt_set *p, const fg_tokenizer *tok, const int *tokens, float *logits,
+                      gen_timing *t, stage_report *all, char *err) {
+    int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
+    size_t n_logits = (size_t)p->n * a->gen.gen_len * cfg->vocab;
+    gather_logits(pipe, logits, logits ? n_logits : 0);
+    stage_report mine = {.sent = fg_pipe_bytes_sent(pipe), .compute = t->compute_seconds,
+                         .bubble = t->bubble_seconds, .disk_read = t->disk_read_seconds,
+                         .peak_rss = peak_rss_bytes()};
+    fg_runtime_stats(rt, &mine.st);
+    fg_stage_layers(cfg, rank, stages, &mine.first_layer, &mine.end_layer);
+    mine.percent = a->policy.percent;
+    fg_pipe_gather(pipe, &mine, sizeof mine, all);
+    char *events = a->trace ? fg_trace_events(rt, rank, stages) : NULL;
+    char *trace = a->trace ? fg_pipe_gather_text(pipe, events ? events : "") : NULL;
+    free(events);
+    int rc = 0;
+    if (rank == 0) {
+        if (a->dump_logits) rc = dump_logits(a->dump_logits, logits, n_logits, err);
+        if (rc == 0 && a->trace) rc = fg_trace_write_events(a->trace, trace, err);
+        if (rc == 0 && tok && !a->json) print_texts(tok, p, tokens, &a->gen);
+        fg_stats st;
+        t->compute_seconds = t->disk_read_seconds = 0;
+        combine_stages(all, stages, &st, t);
+        if (rc == 0) report(a, cfg, p, t, &st, longest_prompt(p), fg_runtime_backend(rt)->name, all, stages);
+    }
+    free(trace);
+    return rc;
+}
+
+/* A run: one process, or (under mpirun) one pipeline stage of the job (§4.4). */
+static int run(cli_args *a, fg_pipe *pipe, char *err) {
+    fg_tokenizer *tok = NULL;
+    prompt_set p = {0};
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    int *tokens = NULL, rc = 0, rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
+    float *logits = NULL;
+    stage_report *all = NULL;
+    gen_timing t;
+    opt_config cfg;
+    a->policy.stage = rank, a->policy.n_stages = stages;
+    if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
+    if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
+    if (rc == 0 && pipe) rc = share_job(a, pipe, err);
+    if (rc == 0) {
+        a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
+        rc = model_config(a->model, &cfg, err);
+    }
+    if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, err) ||
+        open_stage(a, pipe, &p, &rt, &m, err)) {
+        rc = -1;
+        goto out;
+    }
+    int keeps_logits = a->dump_logits && (rank == 0 || rank == stages - 1);
+    tokens = malloc((size_t)p.n * a->gen.gen_len * sizeof *tokens);
+    if (keeps_logits) logits = malloc((size_t)p.n * a->gen.gen_len * cfg.vocab * sizeof *logits);
+    all = calloc((size_t)stages, sizeof *all);
+    rc = !tokens || (keeps_logits && !logits) || !all ? fg_fail(err, "out of memory") : 0;
+    if (fg_pipe_agree(pipe, rc, err) || generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) {
+        rc = -1;
+        goto out;
+    }
+    rc = finish_job(a, pipe, rt, fg_model_config(m), &p, tok, tokens, logits, &t, all, err);
+out:
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    prompts_free(&p);
+    if (tok) tokenizer_free(tok);
+    free(tokens);
+    free(logits);
+    free(all);
+    return rc;
+}
+
+/* flexgen policy: the search's choice, its prediction and the terms that bound it. */
+static int policy_command(cli_args *a, char *err) {
+    opt_config cfg;
+    fg_search_result r;
+    fg_tokenizer *tok = NULL;
+    prompt_set prompts = {0};
+    int rc = model_config(a->model, &cfg, err);
+    if (rc == 0) rc = open_tokenizer(a, &tok, err);
+    if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
+    fg_hardware hw;
+    if (rc == 0) rc = load_hardware(a, &hw, err);
+    if (rc == 0) rc = search_policy(a, &hw, &cfg, prompts.n, longest_prompt(&prompts), 0, 0, &r, err);
+    prompts_free(&prompts);
+    if (tok) tokenizer_free(tok);
+    if (rc) return -1;
+    const fg_policy *p = &r.policy;
+    if (a->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "gpu_batch_size", p->gpu_batch_size);
+        cJSON_AddNumberToObject(o, "num_gpu_batches", p->num_gpu_batches);
+        cJSON_AddItemToObject(o, "percent", percent_json(&p->percent));
+        cJSON_AddBoolToObject(o, "cpu_cache_compute", p->cpu_cache_compute);
+        cJSON_AddNumberToObject(o, "predicted_throughput", r.throughput);
+        cJSON_AddNumberToObject(o, "block_latency", r.block_latency);
+        cJSON_AddNumberToObject(o, "t_pre", r.t_pre);
+        cJSON_AddNumberToObject(o, "t_gen", r.t_gen);
+        cJSON_AddItemToObject(o, "placement", cJSON_CreateDoubleArray(r.x, N_X));
+        cJSON_AddNumberToObject(o, "search_seconds", r.seconds);
+        cJSON_AddNumberToObject(o, "lps", r.lps);
+        char *text = cJSON_PrintUnformatted(o);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(o);
+        return 0;
+    }
+    printf("policy: ");
+    print_policy_flags(stdout, p);
+    printf("\npredicted: %.4g token/s, a block of %d sequences in %.4g s\n", r.throughput,
+           p->gpu_batch_size * p->num_gpu_batches, r.block_latency);
+    printf("placement (gpu/cpu/disk %%): weights %.0f/%.0f/%.0f  cache %.0f/%.0f/%.0f  "
+           "activations %.0f/%.0f/%.0f\n", 100 * r.x[0], 100 * r.x[1], 100 * r.x[2], 100 * r.x[3],
+           100 * r.x[4], 100 * r.x[5], 100 * r.x[6], 100 * r.x[7], 100 * r.x[8]);
+    printf("per layer (s)");
+    for (int i = 0; i < N_TERMS; i++) printf("%11s", fg_cost_term_names[i]);
+    printf("   bound\n");
+    for (int phase = 0; phase < 2; phase++) {
+        const fg_linear *terms = phase ? r.cost.gen : r.cost.pre;
+        int arg = 0;
+        printf("%-13s", phase ? "decode" : "prefill");
+        for (int i = 0; i < N_TERMS; i++) {
+            double v = fg_linear_eval(&terms[i], r.x);
+            printf("%11.4g", v);
+            if (v > fg_linear_eval(&terms[arg], r.x)) arg = i;
+        }
+        printf("   %s\n", fg_cost_term_names[arg]);
+    }
+    if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
+    return 0;
+}
+
+/* flexgen profile: measures this machine and saves the hardware file. */
+static int profile_command(int argc, char **argv, char *err) {
+    const char *dir = FG_DEFAULT_OFFLOAD_DIR, *out = NULL;
+    char path[4200];
+    fg_device device = FG_DEVICE_AUTO;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 1; }
+        if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
+        if (!strcmp(argv[i], "--offload-dir")) dir = argv[++i];
+        else if (!strcmp(argv[i], "--out")) out = argv[++i];
+        else if (!strcmp(argv[i], "--device")) {
+            if (parse_device(argv[++i], &device, err)) return -1;
+        }
+        else return fg_fail(err, "%s: unknown option for profile", argv[i]);
+    }
+    if (!out) {
+        if (default_hw_file(path, sizeof path, err)) return -1;
+        out = path;
+    }
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *slash = strrchr(parent, '/');
+    if (slash) *(slash == parent ? slash + 1 : slash) = 0;
+    if (access(slash ? parent : ".", W_OK | X_OK) != 0) /* before a minute of measuring */
+        return fg_fail(err, "--out %s: cannot write there: %s", out, strerror(errno));
+    fg_hardware hw;
+    if (check_dir("--offload-dir", dir, err)) return -1;
+    device = resolve_device(device, 1);
+    if (fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err)) return -1;
+    const double G = 1 << 30;
+    printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
+           hw.ctog_bdw / G, hw.gtoc_bdw_hidden / G, hw.dtoc_bdw / G, hw.ctod_bdw_g / G);
+    printf("matrix products %.1f (prefill) %.1f (decode) GFLOP/s, attention %.1f (prefill) %.1f "
+           "(decode) GFLOP/s, weights read %.2f GiB/s, 4-bit decompression %.2f GiB/s of fp16\n",
+           hw.mm_flops_p / 1e9, hw.mm_flops_g / 1e9, hw.bmm_flops_p / 1e9, hw.bmm_flops_g / 1e9,
+           hw.mem_bdw / G, hw.dequant_bdw / G);
+    printf("saved %s\n", out);
+    return 0;
+}
+
+static int tokenize_command(int argc, char **argv, char *err) {
+    const char *vocab = NULL, *merges = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
+        if (!strcmp(argv[i], "--vocab")) vocab = argv[++i];
+        else if (!strcmp(argv[i], "--merges")) merges = argv[++i];
+        else return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
+    }
+    if (!vocab || !merges) return fg_fail(err, "tokenize: --vocab and --merges are required");
+    fg_tokenizer *tok = tokenizer_load(vocab, merges, err);
+    if (!tok) return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int rc = 0;
+    while (rc == 0 && (len = getline(&line, &cap, stdin)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+        int *ids, n;
+        rc = tokenizer_encode(tok, line, (size_t)len, &ids, &n, err);
+        for (int i = 0; rc == 0 && i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+        if (rc == 0) { printf("\n"); free(ids); }
+    }
+    free(line);
+    tokenizer_free(tok);
+    return rc;
+}
+
+int flexgen_main(int argc, char **argv) {
+    char err[FG_ERR_LEN] = "";
+    fg_pipe *pipe = NULL;
+    int rc = fg_pipe_open(&argc, &argv, &pipe, err);
+    const char *command = argc > 1 ? argv[1] : "";
+    int one_process = !strcmp(command, "tokenize") || !strcmp(command, "profile") || !strcmp(command, "policy");
+    if (rc == 0 && pipe && one_process) { /* every rank sees it; rank 0 says it */
+        rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
+        if (fg_pipe_rank(pipe)) err[0] = 0;
+    }
+    if (rc) {
+    } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {
+        rc = tokenize_command(argc, argv, err);
+    } else if (argc > 1 && !strcmp(argv[1], "profile")) {
+        rc = profile_command(argc, argv, err);
+        if (rc == 1) return 0;
+    } else {
+        int policy = argc > 1 && !strcmp(argv[1], "policy");
+        cli_args a;
+        rc = parse_args(argc - policy, argv + policy, &a, err);
+        if (rc == 1) {
+            if (fg_pipe_rank(pipe) == 0) usage(stdout);
+            rc = 0;
+        } else if (fg_pipe_agree(pipe, rc, err)) { /* a bad flag on any stage stops them all */
+            rc = -1;
+        } else {
+            rc = policy ? policy_command(&a, err) : run(&a, pipe, err);
+        }
+        free(a.prompts);
+    }
+    fg_pipe_close(pipe);
+    if (rc) {
+        if (err[0]) fprintf(stderr, "flexgen: %s\n", err);
+        return 2;
+    }
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+#ifndef FLEXGEN_NO_MAIN
+int main(int argc, char **argv) { return flexgen_main(argc, argv); }
+#endif
+

@@ -1,0 +1,236 @@
+/* profile.c: this machine's constants for the cost model (the paper's §4.3 and Table 7's
+ * symbols), measured on the paths the runtime takes: the backend's cpu -> gpu and gpu -> cpu
+ * copies, the disk tier's mapped files in the offload dir (written back with msync, read by
+ * faulting the pages in after dropping them from the page cache), and the backend's own layer
+ * for compute. A layer's time is a sum of terms (weights read, FLOPs of the products, FLOPs of
+ * attention), and runs that differ in one of them give its rate (profile_compute).
+ * `flexgen profile` writes what fg_profile measures to a hardware file (cost_model.c reads it).
+ */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+/* Seconds for fn(ctx): the median of five runs after one to warm up. Not the best: on a busy
+ * machine, or beside the runtime's own I/O threads, the typical run is what a prediction needs. */
+typedef void (*timed_fn)(void *ctx);
+static int cmp_double(const void *a, const void *b) {
+    double d = *(const double *)a - *(const double *)b;
+    return d < 0 ? -1 : d > 0;
+}
+static double typical_time(timed_fn fn, void *ctx) {
+    double t[5];
+    fn(ctx);
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_seconds();
+        fn(ctx);
+        t[r] = now_seconds() - t0;
+    }
+    qsort(t, 5, sizeof *t, cmp_double);
+    return t[2];
+}
+
+typedef struct {
+    const fg_backend *be;
+    void *src, *dst, *landing;
+    size_t n;
+    opt_weights *w;
+    gpu_batch *gb;
+    opt_workspace *ws;
+} profile_ctx;
+
+static void time_weights_in(void *c) { profile_ctx *p = c; p->be->weights_in(p->dst, p->src, p->n); }
+static void time_copy_out(void *c) { profile_ctx *p = c; p->be->copy_out(p->dst, p->src, p->n); }
+static void time_dequant(void *c) { profile_ctx *p = c; p->be->weights_in_q4(p->dst, p->src, p->landing, 1, p->n, 1); }
+static void time_layer(void *c) { profile_ctx *p = c; p->be->layer(p->w, 0, p->gb, p->ws); }
+
+static void profile_step(int verbose, const char *what) {
+    if (verbose) fprintf(stderr, "profile: %s\n", what);
+}
+
+/* Copies through the backend (from pinned host memory, as the cpu tier's), and 4-bit
+ * decompression. */
+static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
+    size_t n = (size_t)64 << 20; /* 64 Mi values: 128 MiB of fp16, 256 MiB of fp32 */
+    profile_ctx c = {.be = be, .n = n, .src = be->host_alloc(4 * n, 1), .dst = be->alloc(4 * n)};
+    void *landing = be->alloc(q4_bytes(1, n, 1));
+    int rc = 0;
+    if (!c.src || !c.dst || !landing) rc = fg_fail(err, "profile: out of memory");
+    else {
+        memset(c.src, 0x3c, 4 * n);
+        hw->ctog_bdw = 2.0 * n / typical_time(time_weights_in, &c);
+        void *device = c.dst;
+        c.dst = c.src, c.src = device, c.n = 4 * n;
+        hw->gtoc_bdw_cache = hw->gtoc_bdw_hidden = 4.0 * n / typical_time(time_copy_out, &c);
+        c.src = c.dst, c.dst = device, c.n = n, c.landing = landing;
+        float *values = malloc(n * sizeof *values);
+        if (!values) rc = fg_fail(err, "profile: out of memory");
+        for (size_t i = 0; values && i < n; i++) values[i] = (float)(i % 251) * 0.01f;
+        if (values) q4_compress(values, 1, n, 1, c.src);
+        free(values);
+        if (rc == 0) hw->dequant_bdw = 2.0 * n / typical_time(time_dequant, &c);
+    }
+    be->host_free(c.src), be->free(c.dst), be->free(landing);
+    return rc;
+}
+
+/* The disk tier: cpu -> disk by writing a mapped file back, disk -> cpu by reading it in. */
+static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
+    struct statvfs vfs;
+    double free_bytes = statvfs(dir, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
+    size_t bytes = (size_t)1 << 30;
+    if (free_bytes / 4 < bytes) bytes = page_up((size_t)(free_bytes / 4));
+    if (bytes < ((size_t)16 << 20))
+        return fg_fail(err, "--offload-dir %s: %s free, too little to measure the disk", dir, human(free_bytes).s);
+    disk_arena a;
+    int fd = unnamed_file(dir, "--offload-dir", err);
+    if (fd < 0 || arena_map(&a, fd, bytes, "--offload-dir", dir, err)) return -1;
+    double t0 = now_seconds();
+    memset(a.base, 0x5a, bytes);
+    drop_pages(&a, a.base, bytes, 1);
+    double t1 = now_seconds();
+    for (size_t at = 0; at < bytes; at += (size_t)64 << 20) /* as disk_fetch: a tensor at a time */
+        disk_fetch_pages(&a, at, bytes - at < ((size_t)64 << 20) ? bytes - at : (size_t)64 << 20);
+    double t2 = now_seconds();
+    arena_close(&a);
+    hw->ctod_bdw_cache_p = hw->ctod_bdw_hidden_p = hw->ctod_bdw_g = bytes / (t1 - t0);
+    hw->dtoc_bdw = bytes / (t2 - t1);
+    return 0;
+}
+
+/* One decoder layer of opt-1.3b's width, timed in four decode runs and two prefills:
+ *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
+ *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
+ *     attention negligible at this length
+ *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
+ *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
+ *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
+ *     bmm_flops_p
+ * A difference is taken as at least 1% of the longer run, against noise. */
+/* Dummy weights of cfg in the backend's working format on its gpu tier (view's pointers). */
+static int device_weights(const fg_backend *be, const opt_config *cfg, opt_layout *l,
+                          opt_weights *view, char *err) {
+    memset(view, 0, sizeof *view);
+    if (opt_layout_init(l, view, cfg, 0, err)) return -1;
+    weight_source src = {NULL, 1};
+    for (int i = 0; i < l->n_tensors; i++) {
+        const opt_tensor *t = &l->tensors[i];
+        if (t->tied_to >= 0) continue;
+        fp16 *values = malloc(t->count * sizeof *values);
+        void *working = be->alloc(t->count * be->weight_elem);
+        if (values && working) {
+            opt_tensor_fill(l, i, &src, NULL, values);
+            be->weights_in(working, values, t->count);
+            *t->slot = working;
+        }
+        free(values);
+        if (!working) return fg_fail(err, "profile: out of memory on the gpu tier");
+        if (!values) return fg_fail(err, "profile: out of memory");
+    }
+    for (int i = 0; i < l->n_tensors; i++)
+        if (l->tensors[i].tied_to >= 0) *l->tensors[i].slot = *l->tensors[l->tensors[i].tied_to].slot;
+    return 0;
+}
+
+static void device_weights_free(const fg_backend *be, opt_layout *l) {
+    for (int i = 0; i < l->n_tensors; i++)
+        if (l->tensors[i].tied_to < 0) be->free(*l->tensors[i].slot);
+    opt_layout_free(l);
+}
+
+/* One decoder layer of opt-1.3b's width, timed in four decode runs and two prefills:
+ *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
+ *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
+ *     attention negligible at this length
+ *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
+ *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
+ *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
+ *     bmm_flops_p
+ * A difference is taken as at least 1% of the longer run, against noise. Delegated attention
+ * (cpu_flops) is the CPU backend's decode attention. */
+static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, char *err) {
+    opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
+    enum { LONG = 1024, MAX_GBS = 128, LONG_GBS = 32 };
+    opt_weights w;
+    opt_layout layout = {0};
+    double h = c.hidden, mm_token = 8 * h * h + 4 * h * c.ffn; /* FLOPs of the products a token */
+    double working = be->weight_elem * (4 * h * h + 2 * h * c.ffn); /* bytes of the products */
+    gpu_batch gb = {0};
+    opt_workspace ws = {0};
+    size_t x_bytes = (size_t)LONG * c.hidden * sizeof(float); /* LONG >= MAX_GBS rows */
+    size_t row = 2 * (size_t)c.hidden, rows = (size_t)2 * LONG_GBS * (LONG + 1);
+    float *x = be->alloc(x_bytes), *x_host = malloc(x_bytes);
+    char *cache = be->alloc(rows * row); /* K and V of 32 sequences of LONG + 1 slots, or of
+                                            more sequences of fewer slots */
+    int rc = device_weights(be, &c, &layout, &w, err), has_ws = 0;
+    if (rc == 0) rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
+    if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG + 1, err), has_ws = rc == 0;
+    if (rc == 0 && (!x || !x_host || !cache)) rc = fg_fail(err, "profile: out of memory");
+    if (rc == 0) {
+        for (size_t i = 0; i < (size_t)LONG * c.hidden; i++) x_host[i] = 0.01f * (float)((i * 7919) % 201) - 1;
+        gb.x = x;
+        gb.attn_sparsity = 1;
+        profile_ctx ctx = {.be = be, .w = &w, .gb = &gb, .ws = &ws};
+        profile_step(verbose, "matrix products and attention, decode");
+        static const int runs[4][2] = {{8, 32}, {MAX_GBS, 32}, {LONG_GBS, 32}, {LONG_GBS, LONG}};
+        double t[4]; /* runs: gbs, cached tokens */
+        for (int i = 0; i < 4; i++) {
+            be->copy_in(x, x_host, x_bytes); /* each run from the same activations */
+            gb.batch = runs[i][0], gb.len = runs[i][1], gb.n_new = 1;
+            size_t seq = row * (size_t)(runs[i][1] + 1);
+            for (int b = 0; b < gb.batch; b++)
+                gb.k[b] = cache + 2 * b * seq, gb.v[b] = cache + (2 * b + 1) * seq, gb.pad[b] = 0;
+            t[i] = typical_time(time_layer, &ctx);
+        }
+        double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
+        double fixed = fmax(t[0] - runs[0][0] * per_seq, 0.01 * t[0]);
+        hw->mm_flops_g = mm_token / per_seq;
+        hw->mem_bdw = working / fixed;
+        double att = fmax(t[3] - t[2], 0.01 * t[3]);
+        hw->bmm_flops_g = 4.0 * LONG_GBS * (runs[3][1] - runs[2][1]) * h / att;
+        profile_step(verbose, "matrix products and attention, prefill");
+        const double lens[2] = {256, LONG};
+        double tp[2];
+        for (int i = 0; i < 2; i++) {
+            be->copy_in(x, x_host, x_bytes);
+            gb.batch = 1, gb.len = 0, gb.n_new = (int)lens[i];
+            tp[i] = typical_time(time_layer, &ctx);
+        }
+        /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */
+        double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]), 0.01 * tp[1] / (lens[1] * lens[1]));
+        hw->bmm_flops_p = 4 * h / slope;
+        hw->mm_flops_p = mm_token / fmax(tp[1] / lens[1] - slope * lens[1], 0.01 * tp[1] / lens[1]);
+    }
+    gpu_batch_free(&gb);
+    if (has_ws) be->workspace_free(&ws);
+    device_weights_free(be, &layout);
+    be->free(x);
+    be->free(cache);
+    free(x_host);
+    return rc;
+}
+
+int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err) {
+    const fg_backend *be = backend_for(device, err);
+    if (!be) return -1;
+    memset(hw, 0, sizeof *hw);
+    hw->gpu_is_host = be->gpu_is_host;
+    if (check_dir("--offload-dir", offload_dir, err)) return -1;
+    profile_step(verbose, "cpu -> gpu and gpu -> cpu copies, 4-bit decompression");
+    if (profile_copies(be, hw, err)) return -1;
+    profile_step(verbose, "disk write and read in the offload dir (1 GiB)");
+    if (profile_disk(offload_dir, hw, err)) return -1;
+    if (profile_compute(be, hw, verbose, err)) return -1;
+    hw->cpu_flops = hw->bmm_flops_g;
+    if (be->gpu_is_host) return 0;
+    fg_hardware cpu; /* delegated attention: the CPU backend's decode attention */
+    profile_step(verbose, "the CPU's attention, for --cpu-cache-compute");
+    if (profile_compute(&fg_cpu_backend, &cpu, 0, err)) return -1;
+    hw->cpu_flops = cpu.bmm_flops_g;
+    return 0;
+}
+

@@ -1,0 +1,157 @@
+/* util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and bf16
+ * conversions (F16C where the CPU has it), and the CPU features the SIMD paths check.
+ *
+ * Weights and the KV cache are stored in IEEE fp16 (paper §3); compute is fp32. fp32_to_fp16
+ * rounds to nearest even, as the hardware instruction and PyTorch's .half() do, so every path
+ * (scalar, F16C, the CUDA backend) stores the same bits.
+ */
+#define _GNU_SOURCE
+#include "flexgen.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ============================================================================================
+ * Error lines and files
+ * ============================================================================================ */
+
+
+int fg_fail(char *err, const char *fmt, ...) {
+    if (!err) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, FG_ERR_LEN, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *fg_read_file(const char *path, size_t *len, char *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fg_fail(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *bigger = realloc(buf, 2 * cap + 1);
+        if (!bigger) { free(buf); buf = NULL; break; }
+        buf = bigger;
+        cap *= 2;
+    }
+    int read_errno = errno, failed = ferror(f);
+    fclose(f);
+    if (!buf) { fg_fail(err, "%s: out of memory", path); return NULL; }
+    if (failed) {
+        free(buf);
+        fg_fail(err, "%s: cannot read: %s", path, strerror(read_errno));
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* ============================================================================================
+ * fp16
+ * ============================================================================================ */
+
+float fp16_to_fp32(fp16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* Inf or NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: renormalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+fp16 fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (fp16)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (fp16)(sign | 0x7c00); /* rounds past 65504 */
+    if (ax < 0x38800000u) { /* below fp16's normal range: round to a subnormal */
+        if (ax < 0x33000000u) return (fp16)sign; /* below half the smallest subnormal */
+        uint32_t man = (ax & 0x7fffff) | 0x800000, shift = 126 - (ax >> 23);
+        uint32_t q = man >> shift, rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (q & 1))) q++;
+        return (fp16)(sign | q);
+    }
+    uint32_t q = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff), rest = ax & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (q & 1))) q++; /* may carry into the exponent: fine */
+    return (fp16)(sign | q);
+}
+
+float bf16_to_fp32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define HAVE_F16C_PATH 1
+__attribute__((target("f16c,avx"))) static void fp16_to_fp32_f16c(const fp16 *s, float *d,
+                                                                    size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = fp16_to_fp32(s[i]);
+}
+__attribute__((target("f16c,avx"))) static void fp32_to_fp16_f16c(const float *s, fp16 *d,
+                                                                    size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = fp32_to_fp16(s[i]);
+}
+static int cpu_has_f16c(void) {
+    static int cached = -1; /* written once, same value from any thread */
+    if (cached < 0) {
+        unsigned a, b, c = 0, d;
+        __get_cpuid(1, &a, &b, &c, &d);
+        cached = __builtin_cpu_supports("avx") && (c & bit_F16C) /* avx: the OS saves ymm too */
+                 && !getenv("FLEXGEN_NO_SIMD"); /* lets the tests check the portable paths */
+    }
+    return cached;
+}
+#endif
+
+void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n) {
+#ifdef HAVE_F16C_PATH
+    if (cpu_has_f16c()) { fp16_to_fp32_f16c(src, dst, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(src[i]);
+}
+
+void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n) {
+#ifdef HAVE_F16C_PATH
+    if (cpu_has_f16c()) { fp32_to_fp16_f16c(src, dst, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = fp32_to_fp16(src[i]);
+}
+
+int fg_cpu_has_avx2(void) {
+#ifdef HAVE_F16C_PATH
+    static int cached = -1; /* written once, same value from any thread */
+    if (cached < 0) cached = cpu_has_f16c() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return cached;
+#else
+    return 0;
+#endif
+}
