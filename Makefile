@@ -1,11 +1,12 @@
 # FlexGen in C. `make` builds ./flexgen: the CPU backend, and the CUDA backend (flexgen.cu) too
 # wherever nvcc is found (NVCC=, or /usr/local/cuda/bin); the binary picks one at run time.
-# `make test` runs the CUnit suites (the GPU suite skips without a GPU); `make test-san` runs them
+# `make test` runs the CUnit suites (the GPU suite skips without a GPU; SUITE=name runs one, e.g.
+# `make test SUITE=quant`); `make test-san` runs them
 # again under AddressSanitizer and UndefinedBehaviorSanitizer; `make test-gpu` runs the GPU suite
 # under compute-sanitizer.
 CC ?= gcc
 ARCH := $(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-# OpenBLAS's OpenMP build, so BLAS and our loops share one thread pool (DESIGN.md).
+# OpenBLAS's OpenMP build, so BLAS and our loops share one thread pool (docs/DESIGN.md, "Conventions").
 BLAS_INC := /usr/include/$(ARCH)/openblas-openmp
 BLAS_LIB := /usr/lib/$(ARCH)/openblas-openmp
 CFLAGS ?= -O2
@@ -42,7 +43,7 @@ endif
 HDR := flexgen.h runtime.h
 TEST_SRC := $(wildcard tests/*.c)
 
-.PHONY: all test test-san test-gpu bench clean
+.PHONY: all test test-san test-gpu bench clean print-cflags
 
 all: flexgen
 
@@ -58,7 +59,7 @@ build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(CUDA_OBJ) $(LDLIBS) $(TEST_LIBS)
 
 test: flexgen build/test_flexgen
-	FLEXGEN_BIN=./flexgen ./build/test_flexgen
+	FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE)
 
 build-san/flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
 	@mkdir -p build-san
@@ -70,7 +71,7 @@ build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
 
 test-san: build-san/flexgen build-san/test_flexgen
 	FLEXGEN_BIN=./build-san/flexgen ASAN_OPTIONS=detect_leaks=1 \
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./build-san/test_flexgen
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./build-san/test_flexgen $(SUITE)
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)
@@ -79,6 +80,10 @@ test-gpu: build/test_flexgen
 
 bench: flexgen
 	bash scripts/bench_cpu.sh
+
+# The flags this build compiles with (scripts/call_graph.sh uses them).
+print-cflags:
+	@echo $(CFLAGS)
 
 clean:
 	rm -rf flexgen build build-san

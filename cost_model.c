@@ -109,6 +109,25 @@ static void add(fg_linear *f, int k, double bytes, double rate) {
     else f->coef[k] += bytes / rate;
 }
 
+/* Decode attention over one layer's KV cache (att FLOPs over all of it), by where the cache
+ * lives (§4.2, "Computation delegation"): the gpu share (cg) is attended on the compute device;
+ * the cpu and disk shares (cc, cn) either on the CPU where they live (delegation: no cache
+ * crosses a link) or on the compute device, after cache_gen bytes of them cross cpu -> gpu and
+ * before their cache_new new bytes cross back. */
+static void decode_attention_terms(fg_linear *g, const fg_workload *w, const fg_hardware *hw,
+                                   double att, double cache_gen, double cache_new) {
+    add(&g[T_COMP], X_CG, att, hw->bmm_flops_g);
+    for (int k = X_CC; k <= X_CN; k++) {
+        if (w->cpu_cache_compute) {
+            add(&g[T_COMP], k, att, hw->cpu_flops);
+        } else { /* the cache comes to the compute device and its new rows go back */
+            add(&g[T_CTOG], k, cache_gen, hw->ctog_bdw);
+            add(&g[T_GTOC], k, cache_new, hw->gtoc_bdw_cache);
+            add(&g[T_COMP], k, att, hw->bmm_flops_g);
+        }
+    }
+}
+
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
     double h1 = c->hidden, h2 = c->ffn, s = w->s, n = w->n, bls = (double)w->gbs * w->ngb;
@@ -141,16 +160,7 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     add(&g[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), hw->mm_flops_g);
     /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes) */
     double att = 4 * bls * (s + n / 2) * h1;
-    add(&g[T_COMP], X_CG, att, hw->bmm_flops_g);
-    for (int k = X_CC; k <= X_CN; k++) {
-        if (w->cpu_cache_compute) {
-            add(&g[T_COMP], k, att, hw->cpu_flops);
-        } else { /* the cache comes to the compute device and its new rows go back */
-            add(&g[T_CTOG], k, cache_gen, hw->ctog_bdw);
-            add(&g[T_GTOC], k, cache_new, hw->gtoc_bdw_cache);
-            add(&g[T_COMP], k, att, hw->bmm_flops_g);
-        }
-    }
+    decode_attention_terms(g, w, hw, att, cache_gen, cache_new);
     /* §5: the compute device decompresses every weight it uses, and the cache it reads (the
      * rows it compresses are counted at the same rate) */
     if (hw->dequant_bdw > 0) {

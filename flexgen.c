@@ -514,7 +514,7 @@ static void step_ends(gen_run *g, int t, int i) {
  * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. */
 static void block_schedule(gen_run *g) {
     int first = g->m->first_layer, end = g->m->end_layer;
-    for (int i = 0; i <= g->opt->gen_len; i++)              /* generation step */
+    for (int i = 0; i <= g->opt->gen_len; i++)              /* generation step (+1: tokens back) */
         for (int t = 0; t < g->P; t++) {                    /* block (micro-batch) */
             if (!step_begins(g, t, i)) continue;
             block *bl = &g->blocks[t];

@@ -1,5 +1,6 @@
-/* flexgen.cu: the CUDA backend (DESIGN.md, "Backends"; paper §4.1, §5, §6), the second filling
- * of the runtime's table of operations. The schedule of flexgen.c is unchanged: it calls these.
+/* flexgen.cu: the CUDA backend (paper §4.1, §5, §6; docs/DESIGN.md, "The backends' operation
+ * table"), the second filling of the runtime's table of operations. The schedule of flexgen.c is
+ * the same for both backends: it calls only these.
  *
  *   memory      the gpu tier is device memory; the cpu tier is pinned host memory (weights with
  *               --pin-weight); copies from pageable memory (the disk tier's mapped pages) go

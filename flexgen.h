@@ -1,14 +1,18 @@
-/* flexgen.h: the one shared header of FlexGen in C.
- *
- * What lives where (see README.md for the map to the paper):
- *   opt_model.c  OPT configs, safetensors checkpoints (mmap), dummy weights, the CPU layer math,
- *                sampling (paper §3: the generative inference computation)
- *   tokenizer.c  GPT-2 byte-level BPE over OPT's vocab.json / merges.txt
- *   quant.c      4-bit group-wise compression, top-K selection for sparse attention (§5)
- *   flexgen.c    the runtime: blocks of GPU batches walked in the order of Fig. 4, the report,
- *                the CLI (§4.1)
- *   lp.c         the cost model, peak memory, a dense two-phase simplex and the policy search
- *                (§4.3, A.3)
+/* flexgen.h: the public interface of FlexGen in C: what the files offer each other and the
+ * tests. The runtime's own state is in runtime.h; docs/DESIGN.md maps every file to the paper
+ * and draws how they call each other. In the order of this header:
+ *   util.c         error lines, whole-file reads, fp16 <-> fp32
+ *   quant.c        4-bit group-wise compression, top-K selection for sparse attention (§5)
+ *   opt_model.c    OPT configs, the weight table, the CPU forward pass and backend, sampling (§3)
+ *   safetensors.c  checkpoints, mapped
+ *   tokenizer.c    GPT-2 byte-level BPE over OPT's vocab.json / merges.txt
+ *   tiers.c, weights.c, plan.c, flexgen.c, trace.c
+ *                  the runtime: tiers, placement, the plan check, the block schedule of Fig. 4
+ *                  (§4.1, §4.2); flexgen.cu the CUDA backend
+ *   pipeline.c     the link between pipeline stages (§4.4)
+ *   lp.c, cost_model.c, policy.c, profile.c
+ *                  the simplex, the cost model, the policy search, the machine's constants
+ *                  (§4.3, Appendix A.3)
  *
  * Conventions: functions that can fail on bad input return 0 on success and -1 on failure, after
  * writing one line (no newline) into `err`, a buffer of FG_ERR_LEN bytes that names the file,
@@ -22,7 +26,7 @@
 
 #define FG_ERR_LEN 512
 
-/* OPT's special tokens (DESIGN.md, "OPT facts"). */
+/* OPT's special tokens (docs/DESIGN.md, "Conventions": OPT facts). */
 #define OPT_PAD_ID 1
 #define OPT_BOS_ID 2 /* `</s>`, prepended to every prompt */
 #define OPT_EOS_ID 2
@@ -309,7 +313,8 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
 char *tokenizer_decode(const fg_tokenizer *t, const int *ids, int n_ids, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------
- * The runtime (flexgen.c): tiers, placement, the overlapped block schedule (§4.1, §4.2).
+ * The runtime (tiers.c, weights.c, plan.c, flexgen.c): tiers, placement, the plan check, the
+ * overlapped block schedule (§4.1, §4.2).
  * ------------------------------------------------------------------------------------------ */
 typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
 typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
@@ -367,7 +372,7 @@ typedef struct {
 extern const char *const fg_tier_names[N_TIERS];
 extern const char *const fg_link_names[N_LINKS];
 
-/* The compute device's operations (DESIGN.md, "Backends"). The schedule calls only these, so the
+/* The compute device's operations (docs/DESIGN.md, "The backends' operation table"). The schedule calls only these, so the
  * same loop drives the CPU backend (opt_model.c) and the CUDA backend (flexgen.cu). Pointers to
  * the gpu tier are the device's: on the CPU backend host memory, on CUDA device memory, which
  * only the backend's operations touch. Working weights on the gpu tier are weight_elem bytes a
@@ -522,7 +527,7 @@ typedef struct {
 int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
 
 /* ------------------------------------------------------------------------------------------
- * The cost model (lp.c, §4.3 and Appendix A.3), in the paper's symbols. Every latency term of a
+ * The cost model (cost_model.c, §4.3 and Appendix A.3), in the paper's symbols. Every latency term of a
  * layer is linear in the placement x = (wg, wc, wn, cg, cc, cn, hg, hc, hn) (fractions, each
  * triple summing to 1), so the same coefficients serve the LP and the evaluation of a policy.
  * ------------------------------------------------------------------------------------------ */
@@ -548,7 +553,7 @@ typedef struct {
 } fg_hardware;
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
 int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
-/* Measures this machine's constants on the runtime's own paths (flexgen.c) with the backend of
+/* Measures this machine's constants on the runtime's own paths (profile.c) with the backend of
  * `device`, with a 1 GiB file in offload_dir for the disk; progress on stderr when verbose. */
 int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err);
 
@@ -615,7 +620,7 @@ typedef int (*fg_plan_check)(const opt_config *model, uint64_t seed, const fg_po
 int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
                      int s, int n, int check, double x[N_X], fg_stats *st, char *err);
 
-/* The policy search of §4.3. */
+/* The policy search of §4.3 (policy.c). */
 typedef struct {
     int s, n;             /* prompt length, tokens generated per prompt */
     int max_block;        /* sequences there are to run: a block holds no more; 0: no bound */

@@ -159,7 +159,7 @@ void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end) {
 /* ============================================================================================
  * Weights. One table lists every checkpoint tensor of the model: its HF name, its shape, the
  * FlexGen layer it belongs to and where each of its elements lives in that layer's arena.
- * Dummy initialisation, checkpoint loading, the runtime's placement (flexgen.c) and
+ * Dummy initialisation, checkpoint loading, the runtime's placement (weights.c) and
  * opt_weight_locate() all walk that table.
  *
  * FlexGen's layer list (§4.1): 0 is the input embedding (embed_tokens, embed_positions,
@@ -277,7 +277,7 @@ static void model_specs(opt_weights *w, int has_lm_head, spec_list *l) {
         ADD_PLAIN(l, &w->final_ln_b, h, 0, FILL_LN_B, "decoder.final_layer_norm.bias");
     }
     ADD_PLAIN(l, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
-    if (!has_lm_head) /* tied (DESIGN.md, "OPT facts") */
+    if (!has_lm_head) /* tied (docs/DESIGN.md, "Conventions": OPT facts) */
         snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source, "decoder.embed_tokens.weight");
     start_layer(l, (int)n + 2);
 }
@@ -957,7 +957,7 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
 }
 
 /* ============================================================================================
- * The CPU backend (DESIGN.md, "Backends"): the gpu tier is the CPU's working set, so a copy into
+ * The CPU backend (docs/DESIGN.md, "The backends' operation table"): the gpu tier is the CPU's working set, so a copy into
  * it is a memcpy and a weight load is the fp16 -> fp32 conversion the CPU's products need.
  * ============================================================================================ */
 

@@ -28,12 +28,10 @@
 #include <unistd.h>
 
 /* ============================================================================================
- * Tiers (docs/DESIGN.md, "Tiers"): one accounting point each. I/O threads move pages of the
+ * Tiers (docs/DESIGN.md, "Glossary": tier): one accounting point each. I/O threads move pages of the
  * disk tier in and out of memory, so the counters sit behind a lock.
  * ============================================================================================ */
 
-const char *const fg_tier_names[N_TIERS] = {"gpu", "cpu", "disk"};
-const char *const fg_link_names[N_LINKS] = {"disk->cpu", "cpu->gpu", "gpu->cpu", "cpu->disk"};
 const char *const fg_tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
 
 double now_seconds(void) {

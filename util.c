@@ -1,5 +1,6 @@
 /* util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and bf16
- * conversions (F16C where the CPU has it), and the CPU features the SIMD paths check.
+ * conversions (F16C where the CPU has it), the CPU features the SIMD paths check, and the names
+ * of the tiers and links.
  *
  * Weights and the KV cache are stored in IEEE fp16 (paper §3); compute is fp32. fp32_to_fp16
  * rounds to nearest even, as the hardware instruction and PyTorch's .half() do, so every path
@@ -13,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+const char *const fg_tier_names[N_TIERS] = {"gpu", "cpu", "disk"};
+const char *const fg_link_names[N_LINKS] = {"disk->cpu", "cpu->gpu", "gpu->cpu", "cpu->disk"};
 
 /* ============================================================================================
  * Error lines and files

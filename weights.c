@@ -50,22 +50,30 @@ static size_t stored_bytes(const fg_model *m, int i) {
 /* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed. */
 static int is_staged(const weight_home *h) { return h->tier != TIER_GPU || h->q4; }
 
-static void place_weights(fg_model *m) {
+/* FlexGen's placement rule (init_weight_list), for the tensors of layer j: in order, each goes
+ * to the tier in which the midpoint of its cumulative size (in elements, as a percentage of the
+ * layer's) falls, the tiers taking the percentages in the order disk, cpu, gpu: [0, wn) disk,
+ * [wn, wn + wc) cpu, the rest gpu. A tied tensor (lm_head) has no home of its own here. */
+static void place_layer(fg_model *m, int j) {
     const fg_percent *pc = &m->rt->policy.percent;
     double disk_end = 100 - pc->wg - pc->wc, cpu_end = disk_end + pc->wc;
     const opt_layout *l = &m->layout;
-    for (int j = m->first_layer; j < m->end_layer; j++) {
-        double total = 0, before = 0;
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-            if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-            const opt_tensor *t = &l->tensors[i];
-            if (tied_here(m, i) >= 0) continue;
-            double mid = 100 * (before + t->count / 2.0) / total;
-            before += (double)t->count;
-            m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
-        }
+    double total = 0, before = 0;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+        const opt_tensor *t = &l->tensors[i];
+        if (tied_here(m, i) >= 0) continue;
+        double mid = 100 * (before + t->count / 2.0) / total;
+        before += (double)t->count;
+        m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
     }
+}
+
+/* Every tensor's home, its stored form, and the staging arenas' size. */
+static void place_weights(fg_model *m) {
+    const opt_layout *l = &m->layout;
+    for (int j = m->first_layer; j < m->end_layer; j++) place_layer(m, j);
     for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++) {
         weight_home *h = &m->homes[i];
         if (tied_here(m, i) >= 0) h->tier = m->homes[tied_here(m, i)].tier;

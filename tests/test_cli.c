@@ -503,7 +503,7 @@ static void test_flags_accepted(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The runtime's flags and the disk tier's files (issue 3)
+ * The runtime's flags and the disk tier's files
  * --------------------------------------------------------------------------------------------- */
 
 /* --device: a bad name is refused; cuda without a GPU is one line with the reason; with a GPU
@@ -828,7 +828,7 @@ static void test_text_generation(void) {
 
 
 /* ---------------------------------------------------------------------------------------------
- * The policy search, `flexgen policy`, `--policy auto` and `flexgen profile` (issue 5)
+ * The policy search, `flexgen policy`, `--policy auto` and `flexgen profile`
  * --------------------------------------------------------------------------------------------- */
 
 void write_hw(const char *path) {

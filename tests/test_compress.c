@@ -381,7 +381,7 @@ static void test_sparse_runtime(void) {
 }
 
 void add_compress_tests(void) {
-    CU_pSuite s = CU_add_suite("compression end to end (section 5)", NULL, NULL);
+    CU_pSuite s = CU_add_suite("compress", NULL, NULL);
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, pre-LN",
                 test_weights_pre_ln);
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, post-LN",

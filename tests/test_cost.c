@@ -147,7 +147,7 @@ static void test_hardware_file(void) {
 }
 
 void add_cost_tests(void) {
-    CU_pSuite s = CU_add_suite("cost model (section 4.3, appendix A.3)", NULL, NULL);
+    CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
 }

@@ -412,7 +412,7 @@ static void test_bad_sizes(void) {
 }
 
 void add_lp_tests(void) {
-    CU_pSuite s = CU_add_suite("lp: simplex against GLPK", NULL, NULL);
+    CU_pSuite s = CU_add_suite("lp", NULL, NULL);
     CU_add_test(s, "random LPs: status, objective and a feasible x as GLPK", test_random_against_glpk);
     CU_add_test(s, "textbook maximization (Wyndor Glass)", test_textbook_max);
     CU_add_test(s, "equality rows", test_equalities);

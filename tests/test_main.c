@@ -137,7 +137,9 @@ int main(int argc, char **argv) {
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_pSuite only = argc > 1 ? CU_get_suite(argv[1]) : NULL; /* one suite, by its name */
     if (argc > 1 && !only) {
-        fprintf(stderr, "%s: no such suite\n", argv[1]);
+        fprintf(stderr, "%s: no such suite; the suites:", argv[1]);
+        for (CU_pSuite s = CU_get_registry()->pSuite; s; s = s->pNext) fprintf(stderr, " %s", s->pName);
+        fprintf(stderr, "\n");
         return 2;
     }
     if (only) CU_basic_run_suite(only);

@@ -293,7 +293,7 @@ static void test_dummy_weights(void) {
     }
 }
 
-/* Every named size resolves, with the dims of DESIGN.md; 350m is the post-LN one. */
+/* Every named size resolves, with the dims of the OPT paper's table; 350m is the post-LN one. */
 static void test_configs(void) {
     const char *names[] = {"opt-125m", "opt-350m", "opt-1.3b", "opt-2.7b", "opt-6.7b",
                            "opt-13b", "opt-30b", "opt-66b", "opt-175b"};

@@ -196,7 +196,7 @@ static void test_search_for_gpu(void) {
 }
 
 void add_policy_tests(void) {
-    CU_pSuite s = CU_add_suite("policy search (section 4.3)", policy_init, policy_clean);
+    CU_pSuite s = CU_add_suite("policy", policy_init, policy_clean);
     CU_add_test(s, "every policy found passes the runtime's plan check", test_search_passes_plan_check);
     CU_add_test(s, "the search is no worse than a hand grid", test_search_beats_hand_grid);
     CU_add_test(s, "tensors larger than the LP's fractions still give a policy", test_search_tensor_granularity);

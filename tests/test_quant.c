@@ -136,7 +136,7 @@ static void test_layout(void) {
 }
 
 void add_quant_tests(void) {
-    CU_pSuite s = CU_add_suite("quant: 4-bit group-wise compression", NULL, NULL);
+    CU_pSuite s = CU_add_suite("quant", NULL, NULL);
     CU_add_test(s, "round trip within (max - min) / 30 plus fp16 rounding", test_round_trip_error);
     CU_add_test(s, "constant groups decode exactly", test_constant_groups);
     CU_add_test(s, "layout: nibble order, min and scale, padding", test_layout);

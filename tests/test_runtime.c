@@ -1,4 +1,4 @@
-/* test_runtime.c: the runtime of issue 3 (paper §4.1, §4.2): placement on the gpu, cpu and disk
+/* test_runtime.c: the runtime (paper §4.1, §4.2): placement on the gpu, cpu and disk
  * tiers, the overlapped block schedule of Fig. 4 and CPU delegation must not change a single
  * bit of the result; the tiers keep to their capacities; a plan that does not fit is refused
  * before any compute; bytes moved per link follow the schedule's arithmetic. */
@@ -294,7 +294,7 @@ static void test_existing_weight_file_space(void) {
 }
 
 void add_runtime_tests(void) {
-    CU_pSuite s = CU_add_suite("runtime: tiers, placement, overlapped schedule", NULL, NULL);
+    CU_pSuite s = CU_add_suite("runtime", NULL, NULL);
     CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
     CU_add_test(s, "policy invariance, post-LN (350m) fixture", test_invariance_post_ln);
     CU_add_test(s, "capacities: smallest fitting plan runs within it, one byte less is refused",

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what `make` and `make test` need on Debian 12 (or Ubuntu), as root or through sudo:
+# gcc and make, OpenBLAS's OpenMP build, cJSON, CUnit and GLPK (the tests' reference for the
+# simplex), and Open MPI (pipeline stages; without it the build leaves them out). The CUDA
+# toolkit is not installed here: where nvcc is found, `make` builds the CUDA backend as well.
+set -euo pipefail
+sudo=
+[ "$(id -u)" = 0 ] || sudo=sudo
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends \
+    gcc make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev \
+    openmpi-bin libopenmpi-dev >/dev/null
+echo "setup: the build's packages are installed"
