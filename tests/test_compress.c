@@ -304,11 +304,18 @@ static void check_sparse(int q4) {
         float F = fractions[i];
         int read = opt_attend_decode(q, &kr, &vr, NK, TOTAL, 1 / sqrtf((float)HD), F, scratch, out);
         plain_sparse(q, K, V, NK, TOTAL, HD, F, ref);
-        int keep = (int)floorf(F * (TOTAL - 1));
-        CU_ASSERT_EQUAL(read, (keep < NK - 1 ? keep : NK - 1) + 1);
+        int keep = (int)floorf(F * (TOTAL - 1)), want = (keep < NK - 1 ? keep : NK - 1) + 1;
+        EXPECT(read == want, "%s cache, F = %g, %d keys over %d slots: V rows read: expected %d "
+               "(the top floor(F (slots - 1)) = %d earlier keys and the new one), got %d",
+               q4 ? "4-bit" : "fp16", F, NK, TOTAL, want, keep, read);
         float worst = 0, scale = 0;
-        for (int d = 0; d < HD; d++) worst = fmaxf(worst, fabsf(out[d] - ref[d])), scale = fmaxf(scale, fabsf(ref[d]));
-        CU_ASSERT(worst <= 1e-6f * scale); /* the same sums, perhaps in another order */
+        int at = 0;
+        for (int d = 0; d < HD; d++) {
+            if (fabsf(out[d] - ref[d]) > worst) worst = fabsf(out[d] - ref[d]), at = d;
+            scale = fmaxf(scale, fabsf(ref[d]));
+        }
+        EXPECT(worst <= 1e-6f * scale, "%s cache, F = %g: attention output [%d]: expected %g (a top-K "
+               "written out in the test), got %g", q4 ? "4-bit" : "fp16", F, at, ref[at], out[at]);
     }
     free(kc);
     free(vc);
@@ -371,7 +378,9 @@ static void test_sparse_runtime(void) {
                 dense_in += c->n_layers * row * 2 * len;
             }
         }
-        CU_ASSERT_EQUAL(st.link_bytes[LINK_CPU_TO_GPU], in);
+        EXPECT(st.link_bytes[LINK_CPU_TO_GPU] == in, "%s cache on cpu, sparsity %g: cpu->gpu bytes: "
+               "expected %.0f (all of K, the kept rows of V), got %.0f", q4 ? "4-bit" : "fp16",
+               v.attn_sparsity, in, st.link_bytes[LINK_CPU_TO_GPU]);
         CU_ASSERT(in < 0.8 * dense_in);
     }
     free(dense);

@@ -24,12 +24,16 @@ static const fg_hardware HW = {.ctog_bdw = 2, .gtoc_bdw_cache = 4, .gtoc_bdw_hid
 /* wg wc wn, cg cc cn, hg hc hn */
 static const double X[N_X] = {0.5, 0.25, 0.25, 0.5, 0.25, 0.25, 0.5, 0.25, 0.25};
 
+static void expect_terms_at(const fg_linear *term, double want, const char *what) {
+    double got = fg_linear_eval(term, X);
+    EXPECT(fabs(got - want) <= 1e-12, "%s: expected %.10g (by hand), got %.10g", what, want, got);
+}
+
 static void expect_terms(const fg_linear *terms, const double want[N_TERMS], const char *what) {
     for (int i = 0; i < N_TERMS; i++) {
         double got = fg_linear_eval(&terms[i], X);
-        CU_ASSERT_DOUBLE_EQUAL(got, want[i], 1e-12 * fabs(want[i]));
-        if (fabs(got - want[i]) > 1e-12 * fabs(want[i]))
-            fprintf(stderr, "\n  %s %s: %.10g, by hand %.10g\n", what, fg_cost_term_names[i], got, want[i]);
+        EXPECT(fabs(got - want[i]) <= 1e-12 * fabs(want[i]), "%s, term %s: expected %.10g (by hand), "
+               "got %.10g", what, fg_cost_term_names[i], want[i], got);
     }
 }
 
@@ -67,7 +71,9 @@ static void test_cost_by_hand(void) {
                                        2304.0 / 512 + 528.0 / 2048};
     expect_terms(m.pre, pre, "prefill, not delegated");
     expect_terms(m.gen, gen_moved, "decode, not delegated");
-    CU_ASSERT_DOUBLE_EQUAL(fg_cost_per_token(&m, &CFG, &w, X, NULL, NULL), (264 + 240.0 * 8 + 15) / 6, 1e-12);
+    double moved = fg_cost_per_token(&m, &CFG, &w, X, NULL, NULL), by_hand = (264 + 240.0 * 8 + 15) / 6;
+    EXPECT(fabs(moved - by_hand) <= 1e-12, "not delegated, T / bls: expected %.10g (by hand), got %.10g",
+           by_hand, moved);
 
     /* 4-bit weights and cache: their bytes times 36/128 (384 -> 108, 528 -> 148.5, 96 -> 27) */
     w.cpu_cache_compute = 1;
@@ -90,11 +96,11 @@ static void test_cost_by_hand(void) {
     fg_cost_model_build(&CFG, &w, &hw, &m);
     double pre_comp = pre[T_COMP] + 384.0 / 8192 + 384.0 / 8192 + 3 * 384.0 / 16384;
     double gen_comp = gen[T_COMP] + 384.0 / 8192 + 528.0 / 8192 + 3 * 384.0 / 16384;
-    CU_ASSERT_DOUBLE_EQUAL(fg_linear_eval(&m.pre[T_COMP], X), pre_comp, 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(fg_linear_eval(&m.gen[T_COMP], X), gen_comp, 1e-12);
+    expect_terms_at(&m.pre[T_COMP], pre_comp, "prefill with decompression and weight reads, term comp");
+    expect_terms_at(&m.gen[T_COMP], gen_comp, "decode with decompression and weight reads, term comp");
     hw.gpu_is_host = 1;
     fg_cost_model_build(&CFG, &w, &hw, &m);
-    CU_ASSERT_DOUBLE_EQUAL(fg_linear_eval(&m.gen[T_COMP], X), gen_comp + 3 * 384.0 / 16384, 1e-12);
+    expect_terms_at(&m.gen[T_COMP], gen_comp + 3 * 384.0 / 16384, "decode, fp32 working weights, term comp");
 }
 
 static void write_text(const char *path, const char *text) {

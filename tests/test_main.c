@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "tests.h"
 
+#include <stdarg.h>
+
 #include <CUnit/Basic.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -99,6 +101,15 @@ void rm_tree(const char *dir) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+void expect_(int ok, const char *file, unsigned line, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    CU_assertImplementation(ok ? CU_TRUE : CU_FALSE, line, msg, file, "", CU_FALSE);
 }
 
 int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,

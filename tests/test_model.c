@@ -116,16 +116,22 @@ static void check_against_reference(reference *r, const char *dir, int gpu_batch
     int *tokens = malloc((size_t)r->n * r->gen_len * sizeof *tokens);
     float *logits = malloc(count * sizeof *logits);
     CU_ASSERT_EQUAL_FATAL(generate_with(dir, NULL, 0, &p, r->gen_len, r->n, r->prompts, r->lens, tokens, logits, NULL, NULL), 0);
-    int token_mismatches = 0;
-    for (int i = 0; i < r->n * r->gen_len; i++) token_mismatches += tokens[i] != r->tokens[i];
+    int token_mismatches = 0, first = -1;
+    for (int i = 0; i < r->n * r->gen_len; i++)
+        if (tokens[i] != r->tokens[i] && token_mismatches++ == 0) first = i;
     float worst = 0;
-    for (size_t i = 0; i < count; i++) worst = fmaxf(worst, fabsf(logits[i] - r->logits[i]));
-    if (token_mismatches || worst > 1e-4f * r->max_abs)
-        fprintf(stderr, "\n  %s gbs %d x %d: %d token mismatches, max |dlogit| %.3g (bound %.3g)\n",
-                r->w.cfg.name, gpu_batch_size, num_gpu_batches, token_mismatches, worst,
-                1e-4 * r->max_abs);
-    CU_ASSERT_EQUAL(token_mismatches, 0);
-    CU_ASSERT(worst <= 1e-4f * r->max_abs);
+    size_t at = 0;
+    for (size_t i = 0; i < count; i++)
+        if (fabsf(logits[i] - r->logits[i]) > worst) worst = fabsf(logits[i] - r->logits[i]), at = i;
+    EXPECT(token_mismatches == 0, "%s, blocks of %d x %d: %d of %d tokens differ from HF's; the first: "
+           "prompt %d, step %d: expected %d, got %d", r->w.cfg.name, gpu_batch_size, num_gpu_batches,
+           token_mismatches, r->n * r->gen_len, first / r->gen_len, first % r->gen_len,
+           first < 0 ? 0 : r->tokens[first], first < 0 ? 0 : tokens[first]);
+    size_t row = at / r->vocab;
+    EXPECT(worst <= 1e-4f * r->max_abs, "%s, blocks of %d x %d: logits of prompt %zu, step %zu, token %zu: "
+           "expected %g (HF), got %g; allowed 1e-4 x max|logit| = %.3g", r->w.cfg.name, gpu_batch_size,
+           num_gpu_batches, row / r->gen_len, row % r->gen_len, at % r->vocab, r->logits[at], logits[at],
+           1e-4 * r->max_abs);
     free(tokens);
     free(logits);
 }

@@ -32,6 +32,7 @@ static double round_trip(const float *x, size_t outer, size_t len, size_t inner)
     q4_decompress(q, outer, len, inner, y);
     double worst = 0;
     int bad = 0, mismatch = 0;
+    char first_bad[400] = "", first_mismatch[400] = "";
     for (size_t o = 0; o < outer; o++)
         for (size_t g = 0; g * 64 < len; g++)
             for (size_t i = 0; i < inner; i++) {
@@ -47,13 +48,19 @@ static double round_trip(const float *x, size_t outer, size_t len, size_t inner)
                 for (size_t r = g * 64; r < end; r++) {
                     size_t at = (o * len + r) * inner + i;
                     double e = fabs((double)y[at] - x[at]);
-                    bad += !(e <= bound); /* NaN fails too */
-                    mismatch += y[at] != decode_documented(q, len, inner, o, r, i);
+                    float documented = decode_documented(q, len, inner, o, r, i);
+                    if (!(e <= bound) && !bad++) /* NaN fails too */
+                        snprintf(first_bad, sizeof first_bad, "element [%zu][%zu][%zu] of [%zu][%zu][%zu]: "
+                                 "expected %g within %.3g, decompressed %g", o, r, i, outer, len, inner,
+                                 x[at], bound, y[at]);
+                    if (y[at] != documented && !(isnan(y[at]) && isnan(documented)) && !mismatch++)
+                        snprintf(first_mismatch, sizeof first_mismatch, "element [%zu][%zu][%zu]: the "
+                                 "documented layout decodes %g, q4_decompress gave %g", o, r, i, documented, y[at]);
                     if (e / bound > worst) worst = e / bound;
                 }
             }
-    CU_ASSERT_EQUAL(bad, 0);
-    CU_ASSERT_EQUAL(mismatch, 0);
+    EXPECT(bad == 0, "round trip: %d elements off; the first: %s", bad, first_bad);
+    EXPECT(mismatch == 0, "layout: %d elements differ; the first: %s", mismatch, first_mismatch);
     free(q);
     free(y);
     return worst;
@@ -69,7 +76,8 @@ static void test_round_trip_error(void) {
         for (size_t e = 0; e < n; e++) x[e] = (test_uniform(&seed) - 0.3f) * (1 + (e / 64 % 5) * 7.5f) + (e / 640 % 2) * 40;
         double worst = round_trip(x, outer, len, inner);
         /* random data comes close to the bound: 32 levels would stay near half of it */
-        CU_ASSERT(worst > 0.8);
+        EXPECT(worst > 0.8, "[%zu][%zu][%zu]: the largest error is %.2f of the bound, expected above 0.8 "
+               "(16 levels)", outer, len, inner, worst);
         free(x);
     }
 }
@@ -85,9 +93,11 @@ static void test_constant_groups(void) {
     float y[2 * LEN];
     q4_compress(x, 2, LEN, 1, q);
     q4_decompress(q, 2, LEN, 1, y);
-    int exact = 0;
-    for (int e = 0; e < 2 * LEN; e++) exact += y[e] == x[e];
-    CU_ASSERT_EQUAL(exact, 2 * LEN);
+    int inexact = 0, first = -1;
+    for (int e = 0; e < 2 * LEN; e++)
+        if (y[e] != x[e] && inexact++ == 0) first = e;
+    EXPECT(inexact == 0, "constant groups: %d of %d values not exact; value %d: expected %g, got %g",
+           inexact, 2 * LEN, first, first < 0 ? 0 : x[first], first < 0 ? 0 : y[first]);
 }
 
 /* The layout: a group of 0..15 twice (min 0, scale 1) packs element 2p in the high nibble;
@@ -99,25 +109,35 @@ static void test_layout(void) {
     uint8_t q[2 * 36];
     CU_ASSERT_EQUAL_FATAL(q4_bytes(1, LEN, 1), sizeof q);
     q4_compress(x, 1, LEN, 1, q);
-    int wrong = 0;
-    for (int p = 0; p < 32; p++) wrong += q[p] != (uint8_t)((2 * p % 16) << 4 | (2 * p + 1) % 16);
-    CU_ASSERT_EQUAL(wrong, 0);
+    for (int p = 0; p < 32; p++) {
+        uint8_t want = (uint8_t)((2 * p % 16) << 4 | (2 * p + 1) % 16);
+        if (q[p] == want) continue;
+        EXPECT(0, "layout: byte %d of group 0 (levels %d and %d): expected 0x%02X (the first in the "
+               "high nibble), got 0x%02X", p, 2 * p % 16, (2 * p + 1) % 16, want, q[p]);
+        break;
+    }
     /* second group: 100, 102, ..., 110: min 100, scale 10 / 15 rounded up in fp16 */
-    CU_ASSERT_EQUAL(q[32], 0x03); /* 100 -> 0 high, 102 -> 3 low */
-    CU_ASSERT_EQUAL(q[33], 0x69); /* 104 -> 6, 106 -> 9 */
-    CU_ASSERT_EQUAL(q[34], 0xCF); /* 108 -> 12, 110 -> 15 */
+    static const uint8_t second[3] = {0x03, 0x69, 0xCF}; /* 100, 102 -> 0, 3; 104, 106 -> 6, 9; ... */
+    for (int p = 0; p < 3; p++)
+        EXPECT(q[32 + p] == second[p], "layout: byte %d of group 1 (100, 102, ..., 110): expected 0x%02X, "
+               "got 0x%02X", p, second[p], q[32 + p]);
     const fp16 *mins = (const fp16 *)(q + 64), *scales = mins + 2;
-    CU_ASSERT_EQUAL(fp16_to_fp32(mins[0]), 0.0f);
-    CU_ASSERT_EQUAL(fp16_to_fp32(scales[0]), 1.0f);
-    CU_ASSERT_EQUAL(fp16_to_fp32(mins[1]), 100.0f);
+    EXPECT(fp16_to_fp32(mins[0]) == 0.0f, "group 0's min: expected 0, got %g", fp16_to_fp32(mins[0]));
+    EXPECT(fp16_to_fp32(scales[0]) == 1.0f, "group 0's scale: expected 1, got %g", fp16_to_fp32(scales[0]));
+    EXPECT(fp16_to_fp32(mins[1]) == 100.0f, "group 1's min: expected 100, got %g", fp16_to_fp32(mins[1]));
     float s1 = fp16_to_fp32(scales[1]);
-    CU_ASSERT(s1 >= 10.0f / 15 && s1 < 10.0f / 15 * (1 + 0x1p-9));
+    EXPECT(s1 >= 10.0f / 15 && s1 < 10.0f / 15 * (1 + 0x1p-9), "group 1's scale: expected 10/15 rounded up "
+           "to fp16 (0.6670), got %.4f", s1);
     int pad = 0;
     for (int p = 3; p < 32; p++) pad += q[32 + p] != 0;
-    CU_ASSERT_EQUAL(pad, 0);
+    EXPECT(pad == 0, "layout: %d padding bytes of the partial group 1 are not 0", pad);
     float y[LEN];
     q4_decompress(q, 1, LEN, 1, y);
-    for (int e = 0; e < 64; e++) CU_ASSERT_EQUAL(y[e], x[e]);
+    for (int e = 0; e < 64; e++)
+        if (y[e] != x[e]) {
+            EXPECT(0, "decompressed value %d of group 0 (min 0, scale 1): expected %g, got %g", e, x[e], y[e]);
+            break;
+        }
 
     /* grouped across rows: [1][64][2], element (r, i) in byte (r / 2, i) */
     float z[64 * 2];
@@ -125,14 +145,16 @@ static void test_layout(void) {
     uint8_t qz[2 * 36];
     CU_ASSERT_EQUAL_FATAL(q4_bytes(1, 64, 2), sizeof qz);
     q4_compress(z, 1, 64, 2, qz);
-    wrong = 0;
+    int wrong = 0;
     for (int p = 0; p < 32; p++)
         for (int i = 0; i < 2; i++) {
             int a = (2 * p) % 16, b = (2 * p + 1) % 16;
             if (i) a = 15 - a, b = 15 - b;
-            wrong += qz[p * 2 + i] != (uint8_t)(a << 4 | b);
+            uint8_t want = (uint8_t)(a << 4 | b);
+            if (qz[p * 2 + i] != want && !wrong++)
+                EXPECT(0, "layout across rows [1][64][2]: byte (%d, %d): expected 0x%02X, got 0x%02X", p, i,
+                       want, qz[p * 2 + i]);
         }
-    CU_ASSERT_EQUAL(wrong, 0);
 }
 
 void add_quant_tests(void) {

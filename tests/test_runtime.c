@@ -172,6 +172,12 @@ static double weight_load_bytes(const opt_config *c) {
     return bytes;
 }
 
+/* The bytes over link l against the schedule's arithmetic, naming the run. */
+static void expect_link(const result *r, fg_link l, double want, const char *run_name) {
+    EXPECT(r->stats.link_bytes[l] == want, "%s: %s bytes: expected %.0f, got %.0f", run_name,
+           fg_link_names[l], want, r->stats.link_bytes[l]);
+}
+
 /* With all weights on disk, each layer's weights are read once per token per block, not once
  * per GPU batch; the KV cache moves its past rows in and its new rows out. */
 static void test_link_bytes(void) {
@@ -188,15 +194,16 @@ static void test_link_bytes(void) {
         result r;
         run(&f, &p, &r);
         CU_ASSERT_EQUAL(r.rc, 0);
-        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_DISK_TO_CPU], GEN * weights);
-        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_CPU_TO_GPU], GEN * weights);
-        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_GPU_TO_CPU], 0);
-        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_CPU_TO_DISK], 0);
+        const char *run_name = "weights on disk, one block of 2 x 4";
+        expect_link(&r, LINK_DISK_TO_CPU, GEN * weights, run_name); /* every layer, every step */
+        expect_link(&r, LINK_CPU_TO_GPU, GEN * weights, run_name);
+        expect_link(&r, LINK_GPU_TO_CPU, 0, run_name);
+        expect_link(&r, LINK_CPU_TO_DISK, 0, run_name);
         free(r.logits);
         /* 7 blocks of one sequence: the weights are read once per block and token */
         p = policy(1, 1, disk_weights, overlap, 0);
         run(&f, &p, &r);
-        CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_DISK_TO_CPU], N_SEQ * GEN * weights);
+        expect_link(&r, LINK_DISK_TO_CPU, N_SEQ * GEN * weights, "weights on disk, 7 blocks of 1");
         free(r.logits);
         /* KV cache on cpu: decode step i loads the (padded + i - 1) past rows of K and V of every
          * sequence and layer, and every step stores its new rows */
@@ -207,9 +214,10 @@ static void test_link_bytes(void) {
             double row = 2.0 * c->hidden * 2 * N_SEQ * c->n_layers; /* K and V, fp16 */
             double in = 0, out = row * (padded + GEN - 1);
             for (int i = 1; i < GEN; i++) in += row * (padded + i - 1);
-            CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_CPU_TO_GPU], delegate ? 0 : in);
-            CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_GPU_TO_CPU], out);
-            CU_ASSERT_EQUAL(r.stats.link_bytes[LINK_DISK_TO_CPU], 0);
+            const char *run_name = delegate ? "KV cache on cpu, delegated" : "KV cache on cpu";
+            expect_link(&r, LINK_CPU_TO_GPU, delegate ? 0 : in, run_name);
+            expect_link(&r, LINK_GPU_TO_CPU, out, run_name);
+            expect_link(&r, LINK_DISK_TO_CPU, 0, run_name);
             free(r.logits);
         }
     }
@@ -239,7 +247,9 @@ static void test_early_stop_gives_back_read_ahead(void) {
         fg_model_close(m);
         fg_stats st;
         fg_runtime_stats(rt, &st);
-        CU_ASSERT(st.link_bytes[LINK_DISK_TO_CPU] > weight_load_bytes(&f.cfg)); /* it read ahead */
+        EXPECT(st.link_bytes[LINK_DISK_TO_CPU] > weight_load_bytes(&f.cfg), "weights on disk: disk->cpu "
+               "bytes: expected more than one token's layers (%.0f: the next step's are read ahead), "
+               "got %.0f", weight_load_bytes(&f.cfg), st.link_bytes[LINK_DISK_TO_CPU]);
         for (int tier = 0; tier < N_TIERS; tier++) CU_ASSERT_EQUAL(st.current[tier], 0);
         fg_runtime_close(rt);
     }
@@ -275,7 +285,8 @@ static void test_existing_weight_file_space(void) {
         if (pass == 0) CU_ASSERT_EQUAL(opened.capacity[TIER_DISK], before.capacity[TIER_DISK]);
         if (pass == 1) /* exactly the weights' share of the disk tier */
             CU_ASSERT_EQUAL(opened.capacity[TIER_DISK] - before.capacity[TIER_DISK], ran.peak[TIER_DISK]);
-        CU_ASSERT(ran.peak[TIER_DISK] > 0);
+        EXPECT(ran.peak[TIER_DISK] > 0, "weights placed on disk (--percent 0 0 ...): the disk tier's "
+               "peak is 0 bytes");
         CU_ASSERT_EQUAL(closed.capacity[TIER_DISK], before.capacity[TIER_DISK]);
         fg_runtime_close(rt);
     }

@@ -20,6 +20,13 @@ void add_policy_tests(void);     /* test_policy.c: the policy search against the
 void add_cuda_tests(void);       /* test_cuda.c: the CUDA backend against the CPU (suite "gpu") */
 void add_pipeline_tests(void);   /* test_pipeline.c: mpirun -np 2 and 3 against one process */
 
+/* A check whose failure says what was expected and what came, in CUnit's list of failures:
+ *   1. tests/test_runtime.c:191  - disk->cpu bytes: expected 18432, got 0
+ * (printf-style message; formatted on every call, so keep it out of per-element loops). */
+void expect_(int ok, const char *file, unsigned line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define EXPECT(ok, ...) expect_((ok), __FILE__, __LINE__, __VA_ARGS__)
+
 /* Runs argv (argv[0] found on PATH) with stdin_text (NULL: empty); *out and *err get its stdout
  * and stderr (malloc'd). Returns its exit status, 128 + the signal, or -1 (test_cli.c). */
 int run_command(const char *const *argv, const char *stdin_text, char **out, char **err);
