@@ -43,12 +43,14 @@ static char *kv_home_rows(const block *bl, int k, int layer, int kv, int b) {
     return bl->kv_home[t] + idx * bl->s.max_len * bl->s.kv_row;
 }
 
-static char *kv_stage_rows(const block *bl, int buf, int kv, int b) {
+/* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
+static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
     int staged = bl->s.gbs - bl->s.cache.rows[TIER_GPU];
     size_t idx = (size_t)kv * staged + (b - bl->s.cache.rows[TIER_GPU]);
-    return bl->kv_stage[buf] + idx * bl->s.stage_len * bl->s.kv_row;
+    return bl->kv_stage[arena] + idx * bl->s.stage_len * bl->s.kv_row;
 }
 
+/* Sequence b's activation rows in GPU batch k, where they live. */
 static float *act_home_rows(const block *bl, int k, int b) {
     int r;
     fg_tier t = row_tier(&bl->s.act, b, &r);

@@ -64,7 +64,7 @@ def main():
             for line in failures[:2]:
                 print('    ' + line)
             bad += crashed or r.returncode == 0
-    print('%d exercises checked, %d not graded as they should be' % (len(EXERCISES) if not only else
+    print('%d checks, %d not graded as they should be' % (len(EXERCISES) if not only else
           sum(1 for e in EXERCISES if e[0] in only), bad))
     sys.exit(1 if bad else 0)
 
