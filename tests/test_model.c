@@ -353,6 +353,56 @@ static void test_sampling(void) {
                         sample_token(logits, N, 0.7f, 0.9f, &b, scratch));
 }
 
+/* Scores near 1000 overflow expf unless softmax subtracts the row's largest score first: the
+ * attention weights must stay finite and sum to 1, in prefill (many queries) and in decode (one,
+ * on the fp16 fast path and, with sparsity, through opt_attend_decode). One head of 8; the keys
+ * are (1, 0.999, 0.998) along dim 0 and the values one-hot, so the output is the weights. */
+static void check_large_scores(float sparsity) {
+    const opt_config c = {"scores", 1, 8, 1, 16, 8, 16, 8, 1};
+    enum { H = 8, MAX_LEN = 4 };
+    char err[FG_ERR_LEN];
+    gpu_batch gb;
+    opt_workspace ws;
+    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, 1, MAX_LEN, 2, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &c, 2, MAX_LEN, err), 0);
+    fp16 kc[MAX_LEN * H], vc[MAX_LEN * H];
+    gb.k[0] = kc, gb.v[0] = vc;
+    gb.attn_sparsity = sparsity;
+    const float a = 2829.0f, keys[3] = {1.0f, 0.999f, 0.998f}; /* a / sqrt(8) x key: ~1000 */
+    for (int step = 0; step < 2; step++) { /* prefill of two tokens, then the third decodes */
+        gb.len = step ? 2 : 0, gb.n_new = step ? 1 : 2;
+        memset(ws.qkv, 0, (size_t)2 * 3 * H * sizeof(float));
+        for (int t = 0; t < gb.n_new; t++) {
+            float *row = ws.qkv + (size_t)t * 3 * H; /* q | k | v */
+            int slot = gb.len + t;
+            row[0] = a;
+            row[H] = keys[slot];
+            row[2 * H + slot] = 1;
+        }
+        opt_cache_attention(&c, &gb, &ws);
+        const float *out = ws.attn + (size_t)(gb.n_new - 1) * H; /* the last query's output */
+        int n = gb.len + gb.n_new, finite = 1;
+        double sum = 0;
+        for (int d = 0; d < n; d++) finite &= isfinite(out[d]), sum += out[d];
+        /* sparse decode drops a key and, as FlexGen, does not renormalize: the kept weights of a
+         * softmax, so at most 1 */
+        int ok = finite && (sparsity < 1 && step ? sum <= 1 + 1e-5 && sum > 0.5 : fabs(sum - 1) < 1e-5);
+        EXPECT(ok, "%s%s, scores near 1000: attention weights %g %g %g: expected finite, summing to 1 "
+               "(softmax must subtract the largest score)",
+               step ? "decode" : "prefill", sparsity < 1 ? " (sparse)" : "", out[0], out[1],
+               n > 2 ? out[2] : 0.0f);
+        EXPECT(out[0] > out[1], "%s, scores near 1000: the larger score must weigh more: %g, %g",
+               step ? "decode" : "prefill", out[0], out[1]);
+    }
+    opt_workspace_free(&ws);
+    gpu_batch_free(&gb);
+}
+
+static void test_large_scores(void) {
+    check_large_scores(1);
+    check_large_scores(0.99f);
+}
+
 void add_model_tests(void) {
     CU_pSuite s = CU_add_suite("model", NULL, NULL);
     CU_add_test(s, "pre-LN fp16 checkpoint matches HF transformers", test_reference_pre_ln_fp16);
@@ -364,4 +414,5 @@ void add_model_tests(void) {
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
     CU_add_test(s, "every OPT size by name", test_configs);
     CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);
+    CU_add_test(s, "softmax of scores near 1000: finite weights summing to 1", test_large_scores);
 }

@@ -157,9 +157,32 @@ static void test_layout(void) {
         }
 }
 
+/* Top-K of sparse attention (§5) with ties at the threshold: they go to the earlier index, and
+ * exactly k are kept. */
+static void test_topk_ties(void) {
+    static const struct { float w[4]; int n, k, want[4], n_want; } cases[] = {
+        {{3, 1, 3, 3}, 4, 2, {0, 2}, 2},
+        {{3, 1, 3, 3}, 4, 3, {0, 2, 3}, 3},
+        {{3, 1, 3, 3}, 4, 1, {0}, 1},
+        {{5, 5, 5, 0}, 3, 2, {0, 1}, 2},
+        {{1, 4, 2, 4}, 4, 1, {1}, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int keep[4] = {-1, -1, -1, -1};
+        float scratch[4];
+        const float *w = cases[i].w;
+        int got = topk_keep(w, cases[i].n, cases[i].k, keep, scratch);
+        int same = got == cases[i].n_want && !memcmp(keep, cases[i].want, (size_t)got * sizeof *keep);
+        EXPECT(same, "topk_keep({%g, %g, %g, %g} of %d, k = %d): expected %d indices {%d, %d, %d}, got "
+               "%d {%d, %d, %d}", w[0], w[1], w[2], w[3], cases[i].n, cases[i].k, cases[i].n_want,
+               cases[i].want[0], cases[i].want[1], cases[i].want[2], got, keep[0], keep[1], keep[2]);
+    }
+}
+
 void add_quant_tests(void) {
     CU_pSuite s = CU_add_suite("quant", NULL, NULL);
     CU_add_test(s, "round trip within (max - min) / 30 plus fp16 rounding", test_round_trip_error);
     CU_add_test(s, "constant groups decode exactly", test_constant_groups);
     CU_add_test(s, "layout: nibble order, min and scale, padding", test_layout);
+    CU_add_test(s, "top-K with ties keeps exactly k, the earlier first", test_topk_ties);
 }

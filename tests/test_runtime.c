@@ -106,6 +106,76 @@ static void check_policy_invariance(const char *name) {
 static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny"); }
 static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m"); }
 
+/* The KV cache and activations of a GPU batch split by rounding each tier's share (§4.2): of 3
+ * sequences, 50% is 2 (lround(1.5)), not 1, and the next tier takes what the sum leaves. */
+static void test_split_rows_round(void) {
+    static const opt_config c = {"rows", 1, 64, 4, 256, 300, 64, 64, 1};
+    fg_policy p = policy(3, 1, (fg_percent){.wg = 100, .cg = 50, .cc = 50, .hg = 50}, 0, 0);
+    fg_runtime *rt;
+    fg_model *m;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+    double x[N_X];
+    fg_plan_placement(m, 3, x);
+    static const int want[N_X] = {[X_CG] = 2, [X_CC] = 1, [X_CN] = 0, [X_HG] = 2, [X_HC] = 0, [X_HN] = 1};
+    static const char *const names[N_X] = {[X_CG] = "KV cache on gpu", [X_CC] = "KV cache on cpu",
+        [X_CN] = "KV cache on disk", [X_HG] = "activations on gpu", [X_HC] = "activations on cpu",
+        [X_HN] = "activations on disk"};
+    for (int i = X_CG; i < N_X; i++)
+        EXPECT(lround(3 * x[i]) == want[i], "a GPU batch of 3 at --percent 100 0 50 50 50 0: %s: "
+               "expected %d sequences, got %.2f", names[i], want[i], 3 * x[i]);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+}
+
+/* The plan check accepts a capacity equal to what the plan needs, summed here from the sizes the
+ * runtime documents (everything on the gpu tier of the CPU backend: fp32 working weights, the
+ * KV cache and activations of the block, two activation staging arenas, the workspace, the
+ * logits), and refuses one byte less. */
+static void test_plan_fits_exactly(void) {
+    static const opt_config c = {"exact", 2, 64, 4, 256, 300, 64, 64, 1};
+    enum { GBS = 2, NGB = 2, PROMPTS = 4, PROMPT = 5, GEN_LEN = 3, LEN = PROMPT + GEN_LEN };
+    opt_weights view = {0};
+    opt_layout l;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &c, 0, err), 0);
+    double weights = 0;
+    for (int i = 0; i < l.n_tensors; i++)
+        if (l.tensors[i].tied_to < 0) weights += 4.0 * l.tensors[i].count;
+    opt_layout_free(&l);
+    double h = c.hidden, kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * LEN;
+    double act = 4 * h * NGB * GBS * PROMPT, staging = 2 * 4 * h * GBS * PROMPT;
+    double work = (double)opt_workspace_bytes(&c, GBS * PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
+    double need = weights + kv + act + staging + work + logits;
+    for (int less = 0; less < 2; less++) {
+        fg_policy p = policy(GBS, NGB, ALL_GPU, 0, 0);
+        p.capacity[TIER_GPU] = need - less;
+        fg_runtime *rt;
+        fg_model *m;
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+        err[0] = 0;
+        int fits = fg_check_plan(m, PROMPTS, PROMPT, GEN_LEN, err) == 0;
+        EXPECT(fits == !less, "--gpu-mem of %.0f bytes, %s the %.0f the plan needs (weights %.0f, KV cache "
+               "%.0f, activations %.0f, staging %.0f, workspace %.0f, logits %.0f): expected %s, got %s%s%s",
+               need - less, less ? "one less than" : "exactly", need, weights, kv, act, staging, work,
+               logits, less ? "refused" : "accepted", fits ? "accepted" : "refused", err[0] ? ": " : "", err);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    /* the cost model's memory model (§4.3) counts the same bytes, but for the weights, which it
+     * takes as 4 bytes a parameter without the runtime's 64-byte padding of each tensor */
+    fg_workload w = {.s = PROMPT, .n = GEN_LEN, .gbs = GBS, .ngb = NGB};
+    fg_hardware hw = {.gpu_is_host = 1};
+    fg_memory_model mm;
+    fg_memory_model_build(&c, &w, &hw, FG_W_GPU, &mm);
+    const double all_gpu[N_X] = {[X_WG] = 1, [X_CG] = 1, [X_HG] = 1};
+    double modeled = fg_linear_eval(&mm.tier[TIER_GPU], all_gpu) - mm.tier[TIER_GPU].coef[X_WG];
+    EXPECT(modeled == need - weights, "the memory model's gpu tier, weights aside: expected %.0f bytes "
+           "(what the plan check needs), got %.0f", need - weights, modeled);
+}
+
 /* fg_check_plan's verdict for a capacity of one tier. */
 static int plan_fits(const fixture_prompts *f, fg_policy p, fg_tier t, double bytes) {
     char err[FG_ERR_LEN];
@@ -315,4 +385,6 @@ void add_runtime_tests(void) {
                 test_existing_weight_file_space);
     CU_add_test(s, "a block that stops early gives back the layers read ahead",
                 test_early_stop_gives_back_read_ahead);
+    CU_add_test(s, "rows split over the tiers by rounding each share", test_split_rows_round);
+    CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
 }
