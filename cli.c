@@ -540,7 +540,6 @@ static cJSON *stages_json(const stage_report *stages, int n) {
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
                    const stage_report *stages, int n_stages) {
-    const double GiB = 1 << 30;
     int seq = max_prompt + a->gen.gen_len;
     double model = opt_model_bytes(c), cache = opt_cache_bytes(c, p->n, seq);
     double hidden = opt_hidden_bytes(c, p->n, seq), total = t->prefill_latency + t->decode_latency;
@@ -591,25 +590,25 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_Delete(o);
         return;
     }
-    printf("model size: %.3f GB\tcache size: %.3f GB\thidden size (p): %.3f GB\n", model / GiB,
-           cache / GiB, hidden / GiB);
-    printf("peak gpu mem: %.3f GB\tprojected: False\n", st->peak[TIER_GPU] / GiB);
+    printf("model size: %.3f GB\tcache size: %.3f GB\thidden size (p): %.3f GB\n", model / GB,
+           cache / GB, hidden / GB);
+    printf("peak gpu mem: %.3f GB\tprojected: False\n", st->peak[TIER_GPU] / GB);
     printf("prefill latency: %.3f s\tprefill throughput: %.3f token/s\n", t->prefill_latency, prefill_tp);
     printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency, decode_tp);
     printf("total latency: %.3f s\ttotal throughput: %.3f token/s\n", total, total_tp);
-    printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GiB,
-           st->peak[TIER_CPU] / GiB, st->peak[TIER_DISK] / GiB);
+    printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GB,
+           st->peak[TIER_CPU] / GB, st->peak[TIER_DISK] / GB);
     printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
-           st->link_bytes[LINK_DISK_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_GPU] / GiB,
-           st->link_bytes[LINK_GPU_TO_CPU] / GiB, st->link_bytes[LINK_CPU_TO_DISK] / GiB);
+           st->link_bytes[LINK_DISK_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_GPU] / GB,
+           st->link_bytes[LINK_GPU_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_DISK] / GB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
     for (int r = 0; n_stages > 1 && r < n_stages; r++) {
         const stage_report *s = &stages[r];
         printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
                "sent %.3f GB\tcompute %.3f s\tbubble %.3f s\n", r + 1, n_stages, s->first_layer,
-               s->end_layer - 1, s->st.peak[TIER_GPU] / GiB, s->st.peak[TIER_CPU] / GiB,
-               s->st.peak[TIER_DISK] / GiB, s->sent / GiB, s->compute, s->bubble);
+               s->end_layer - 1, s->st.peak[TIER_GPU] / GB, s->st.peak[TIER_CPU] / GB,
+               s->st.peak[TIER_DISK] / GB, s->sent / GB, s->compute, s->bubble);
     }
 }
 
@@ -990,13 +989,12 @@ static int profile_command(int argc, char **argv, char *err) {
     if (check_dir("--offload-dir", dir, err)) return -1;
     device = resolve_device(device, 1);
     if (fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err)) return -1;
-    const double G = 1 << 30;
     printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
-           hw.ctog_bdw / G, hw.gtoc_bdw_hidden / G, hw.dtoc_bdw / G, hw.ctod_bdw_g / G);
+           hw.ctog_bdw / GB, hw.gtoc_bdw_hidden / GB, hw.dtoc_bdw / GB, hw.ctod_bdw_g / GB);
     printf("matrix products %.1f (prefill) %.1f (decode) GFLOP/s, attention %.1f (prefill) %.1f "
            "(decode) GFLOP/s, weights read %.2f GiB/s, 4-bit decompression %.2f GiB/s of fp16\n",
            hw.mm_flops_p / 1e9, hw.mm_flops_g / 1e9, hw.bmm_flops_p / 1e9, hw.bmm_flops_g / 1e9,
-           hw.mem_bdw / G, hw.dequant_bdw / G);
+           hw.mem_bdw / GB, hw.dequant_bdw / GB);
     printf("saved %s\n", out);
     return 0;
 }

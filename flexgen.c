@@ -274,7 +274,7 @@ static void store_cache(block *bl, iteration it) {
 }
 
 /* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
-size_t act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].n_new * bl->s.row_floats * sizeof(float); }
+static size_t act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].n_new * bl->s.row_floats * sizeof(float); }
 size_t batch_act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].batch * act_bytes(bl, k); }
 static float *x_rows(const block *bl, int arena, int k, int b) { return bl->x_stage[arena] + (size_t)b * bl->gb[k].n_new * bl->s.row_floats; }
 
@@ -421,6 +421,9 @@ typedef struct {
     const char *progress;   /* a line on stderr for each step, or NULL */
 } gen_run;
 
+/* The first prompt of the round's block t. */
+static int first_prompt(const gen_run *g, int t) { return g->base + t * g->B; }
+
 /* The staging arena of iteration (j, k) of a step: iteration t = (j - first) K + k uses arena
  * t % 2, so the previous and next iterations use the other one. */
 static int staging_arena(const block *bl, int j, int k) {
@@ -473,7 +476,7 @@ static int step_begins(gen_run *g, int t, int i) {
     block *bl = &g->blocks[t];
     fg_model *m = g->m;
     const fg_policy *p = &m->rt->policy;
-    int gen_len = g->opt->gen_len, first = g->base + t * g->B;
+    int gen_len = g->opt->gen_len, first = first_prompt(g, t);
     if (bl->running && is_first_stage(m) && i > 0) {
         tokens_back(g, bl, i, first);
         if (i == 1 && ++g->prefilled == g->started) g->t_prefill = now_seconds();
@@ -505,7 +508,7 @@ static void step_ends(gen_run *g, int t, int i) {
     for (int k = 0; k < bl->n_batches; k++) bl->gb[k].len += bl->gb[k].n_new, bl->gb[k].n_new = 1;
     g->unit++;
     if (!is_last_stage(m)) return;
-    int first = g->base + t * g->B;
+    int first = first_prompt(g, t);
     sample_tokens(bl, g->opt, i, first, g->logits, g->scratch);
     stage_of(m->rt)->tokens_out(bl, g->opt, i, first, g->out_tokens);
 }
@@ -649,7 +652,7 @@ static void run_round(gen_run *g, int *const *prompts, const int *lens, int n_pr
     g->started = g->prefilled = 0;
     g->unit = 0;
     for (int t = 0; t < g->P; t++) {
-        int first = g->base + t * g->B, count = n_prompts - first < g->B ? n_prompts - first : g->B;
+        int first = first_prompt(g, t), count = n_prompts - first < g->B ? n_prompts - first : g->B;
         start_block(&g->blocks[t], prompts, lens, first, count > 0 ? count : 0);
         if (count > 0) g->timing->prefill_tokens += (int64_t)count * g->blocks[t].gb[0].n_new, g->started++;
     }

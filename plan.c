@@ -21,7 +21,8 @@
 #include <stdio.h>
 #include <string.h>
 
-row_split split_rows(int n, int gpu_pct, int cpu_pct) {
+/* n sequences split by percentages (the rest to disk), each tier's count rounded. */
+static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
     int g = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
     return (row_split){{g, gc - g, n - gc}};
 }

@@ -191,9 +191,11 @@ struct fg_model {
     int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
 };
 
+/* FlexGen's layer list: the input embedding, the decoder layers, the output embedding. */
+static inline int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
 static inline int stage_layers(const fg_model *m) { return m->end_layer - m->first_layer; }
 static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
-static inline int is_last_stage(const fg_model *m) { return m->end_layer == m->view.cfg.n_layers + 2; }
+static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
 
 /* Bytes of the weights' homes per tier, and the largest disk share of one layer. */
 void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
@@ -215,8 +217,6 @@ typedef struct {
     int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */
 } row_split;
 
-/* n sequences split by percentages (the rest to disk), each tier's count rounded. */
-row_split split_rows(int n, int gpu_pct, int cpu_pct);
 fg_tier tier_of(const row_split *s, int b);
 fg_tier row_tier(const row_split *s, int b, int *index); /* and b's index within its tier */
 
@@ -280,8 +280,7 @@ typedef struct {
     double compute_seconds; /* seconds it computed, this round */
 } block;
 
-/* Bytes of GPU batch k's activations this step: one sequence's, and all of its sequences'. */
-size_t act_bytes(const block *bl, int k);
+/* Bytes of GPU batch k's activations this step, all of its sequences'. */
 size_t batch_act_bytes(const block *bl, int k);
 /* Every prompt is a non-empty run of token ids in the vocab that fits the model's positions with
  * gen_len more. */

@@ -24,7 +24,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
 static void count_existing_weight_file(fg_model *m);
 
 static int in_stage(const fg_model *m, int i) {

@@ -37,18 +37,8 @@ static fg_policy base_policy(double gpu, double cpu, double disk, int compress) 
 /* The runtime's plan check of p (model cfg) for its block, and the placement it realizes (x, if
  * not NULL). */
 static int plan_check(const opt_config *cfg, const fg_policy *p, int s, int n, double x[N_X], char *err) {
-    fg_runtime *rt;
-    fg_model *m = NULL;
-    fg_policy q = *p;
-    q.overlap = 0;
     int bls = p->gpu_batch_size * p->num_gpu_batches;
-    if (fg_runtime_open(&q, &rt, err)) return -1;
-    int rc = fg_model_open_dummy(rt, cfg, 0, &m, err);
-    if (rc == 0) rc = fg_check_plan(m, bls, s, n, err);
-    if (rc == 0 && x) fg_plan_placement(m, bls, x);
-    fg_model_close(m);
-    fg_runtime_close(rt);
-    return rc;
+    return fg_runtime_check(cfg, 0, p, bls, s, n, 1, x, NULL, err);
 }
 
 static const double MiB = 1 << 20;
