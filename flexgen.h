@@ -34,8 +34,14 @@
 
 /* Writes one line into err (FG_ERR_LEN bytes; err may be NULL) and returns -1. */
 int fg_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* A whole file, NUL-terminated (*len, if not NULL, excludes the NUL); NULL and err on failure. */
+/* A whole file, NUL-terminated (*len, if not NULL, excludes the NUL); NULL and err on failure.
+ * Only regular files of at most FG_MAX_TEXT_FILE bytes are read: a FIFO, a device or a directory is
+ * refused without blocking, and so is a file too big to be one of the text files read whole
+ * (config.json, vocab.json, merges.txt, the shard index, hardware files). */
 char *fg_read_file(const char *path, size_t *len, char *err);
+/* OPT's vocab.json is about 1 MB and its merges.txt 0.5 MB: 64 MiB leaves ample headroom and
+ * stops a wrong path (a checkpoint, say) from being read into memory. */
+#define FG_MAX_TEXT_FILE ((size_t)64 << 20)
 
 /* ------------------------------------------------------------------------------------------
  * Half precision. Weights and the KV cache are stored as IEEE fp16; compute is fp32.

@@ -10,10 +10,13 @@
 #include "flexgen.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 const char *const fg_tier_names[N_TIERS] = {"gpu", "cpu", "disk"};
 const char *const fg_link_names[N_LINKS] = {"disk->cpu", "cpu->gpu", "gpu->cpu", "cpu->disk"};
@@ -33,26 +36,31 @@ int fg_fail(char *err, const char *fmt, ...) {
 }
 
 char *fg_read_file(const char *path, size_t *len, char *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { fg_fail(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *bigger = realloc(buf, 2 * cap + 1);
-        if (!bigger) { free(buf); buf = NULL; break; }
-        buf = bigger;
-        cap *= 2;
+    /* O_NONBLOCK: opening a FIFO with no writer returns at once, to be refused below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) { fg_fail(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    struct stat st;
+    char *buf = NULL;
+    size_t size = 0, n = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        fg_fail(err, "%s: cannot read: not a regular file", path);
+    else if ((size = (size_t)st.st_size) > FG_MAX_TEXT_FILE)
+        fg_fail(err, "%s: %zu bytes, more than the %zu MiB a text file may have", path, size,
+                FG_MAX_TEXT_FILE >> 20);
+    else if (!(buf = malloc(size + 1))) fg_fail(err, "%s: out of memory", path);
+    while (buf && n < size) { /* a file that shrinks meanwhile ends early */
+        ssize_t got = read(fd, buf + n, size - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            fg_fail(err, "%s: cannot read: %s", path, strerror(errno));
+            free(buf);
+            buf = NULL;
+        }
+        if (got <= 0) break;
+        n += (size_t)got;
     }
-    int read_errno = errno, failed = ferror(f);
-    fclose(f);
-    if (!buf) { fg_fail(err, "%s: out of memory", path); return NULL; }
-    if (failed) {
-        free(buf);
-        fg_fail(err, "%s: cannot read: %s", path, strerror(read_errno));
-        return NULL;
-    }
+    close(fd);
+    if (!buf) return NULL;
     buf[n] = 0;
     if (len) *len = n;
     return buf;

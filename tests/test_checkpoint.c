@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -703,6 +704,84 @@ static void test_overlapping_offsets(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Files that are not regular files, or too big to be read whole
+ * --------------------------------------------------------------------------------------------- */
+
+static int open_archive(void *dir, char *err) {
+    st_archive a;
+    int rc = st_open_dir(dir, &a, err);
+    if (rc == 0) st_close(&a);
+    return rc;
+}
+
+static int open_config(void *dir, char *err) {
+    opt_config cfg;
+    return opt_config_from_json(join(dir, "config.json"), &cfg, err);
+}
+
+static int open_tokenizer(void *dir, char *err) {
+    char vocab[4200];
+    snprintf(vocab, sizeof vocab, "%s", join(dir, "vocab.json"));
+    fg_tokenizer *t = tokenizer_load(vocab, join(dir, "merges.txt"), err);
+    if (t) tokenizer_free(t);
+    return t ? 0 : -1;
+}
+
+/* fn(dir) fails at once with one line naming `file` and saying `what`. */
+static void expect_refused(int (*fn)(void *, char *), const char *dir, const char *file,
+                           const char *what) {
+    char err[FG_ERR_LEN] = "";
+    int rc = run_bounded(fn, (void *)dir, 10, err);
+    EXPECT(rc == -1, "%s: expected -1, got %d (%s)", file, rc, err);
+    EXPECT_ERR(err, file, what);
+}
+
+/* A FIFO (no writer: opening it must not block), a device or a directory in place of a
+ * checkpoint's file (config.json, the safetensors, the shard index, vocab.json, merges.txt) is
+ * refused with one line naming it. */
+static void test_not_regular_files(void) {
+    char *dir = make_temp_dir();
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(dir, "model.safetensors"), 0600), 0);
+    expect_refused(open_archive, dir, "model.safetensors", "not a regular file");
+    unlink(join(dir, "model.safetensors"));
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(dir, "model.safetensors.index.json"), 0600), 0);
+    expect_refused(open_archive, dir, "model.safetensors.index.json", "not a regular file");
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(dir, "config.json"), 0600), 0);
+    expect_refused(open_config, dir, "config.json", "not a regular file");
+    unlink(join(dir, "config.json"));
+    CU_ASSERT_EQUAL_FATAL(symlink("/dev/null", join(dir, "config.json")), 0);
+    expect_refused(open_config, dir, "config.json", "not a regular file");
+    unlink(join(dir, "config.json"));
+    CU_ASSERT_EQUAL_FATAL(mkdir(join(dir, "config.json"), 0700), 0);
+    expect_refused(open_config, dir, "config.json", "not a regular file");
+    copy_file(fixture("tokenizer/merges.txt"), dir, "merges.txt");
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(dir, "vocab.json"), 0600), 0);
+    expect_refused(open_tokenizer, dir, "vocab.json", "not a regular file");
+    unlink(join(dir, "vocab.json"));
+    copy_file(fixture("tokenizer/vocab.json"), dir, "vocab.json");
+    unlink(join(dir, "merges.txt"));
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(dir, "merges.txt"), 0600), 0);
+    expect_refused(open_tokenizer, dir, "merges.txt", "not a regular file");
+    finish(dir, NULL);
+}
+
+/* A text file read whole (config.json, the shard index) bigger than FG_MAX_TEXT_FILE is refused
+ * before it is read (the files here are sparse). */
+static void test_text_file_too_big(void) {
+    char *dir = make_temp_dir();
+    static const char *const names[] = {"config.json", "model.safetensors.index.json"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(join(dir, names[i]), "w");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+        CU_ASSERT_EQUAL(ftruncate(fileno(f), (off_t)FG_MAX_TEXT_FILE + 1), 0);
+        fclose(f);
+    }
+    expect_refused(open_config, dir, "config.json", "more than the 64 MiB");
+    expect_refused(open_archive, dir, "model.safetensors.index.json", "more than the 64 MiB");
+    finish(dir, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Bad JSON: the safetensors header, config.json, the shard index
  * --------------------------------------------------------------------------------------------- */
 
@@ -1089,6 +1168,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "file shorter than 8 bytes", test_short_file);
     CU_add_test(s, "bad data_offsets", test_data_offsets);
     CU_add_test(s, "overlapping data_offsets", test_overlapping_offsets);
+    CU_add_test(s, "FIFO, device or directory for a file: refused at once", test_not_regular_files);
+    CU_add_test(s, "text file bigger than FG_MAX_TEXT_FILE", test_text_file_too_big);
     CU_add_test(s, "malformed safetensors header", test_malformed_header);
     CU_add_test(s, "header entries with bad fields", test_bad_header_fields);
     CU_add_test(s, "header with trailing garbage", test_header_trailing_garbage);

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 const char *fixture(const char *rel) {
     static char path[4096];
@@ -101,6 +103,33 @@ void rm_tree(const char *dir) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int run_bounded(int (*fn)(void *arg, char *err), void *arg, int seconds, char *err) {
+    int fds[2];
+    if (pipe(fds)) abort();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) abort();
+    if (pid == 0) {
+        close(fds[0]);
+        alarm((unsigned)seconds);
+        char line[FG_ERR_LEN] = "";
+        int rc = fn(arg, line);
+        _exit(write(fds[1], &rc, sizeof rc) == sizeof rc && write(fds[1], line, sizeof line) == sizeof line ? 0 : 1);
+    }
+    close(fds[1]);
+    int rc = -2, status = 0;
+    char line[FG_ERR_LEN];
+    int got = read(fds[0], &rc, sizeof rc) == sizeof rc && read(fds[0], line, sizeof line) == sizeof line;
+    close(fds[0]);
+    waitpid(pid, &status, 0);
+    if (got && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        snprintf(err, FG_ERR_LEN, "%s", line);
+        return rc;
+    }
+    snprintf(err, FG_ERR_LEN, "the call did not finish in %d s (status %#x)", seconds, status);
+    return -2;
 }
 
 void expect_(int ok, const char *file, unsigned line, const char *fmt, ...) {

@@ -47,6 +47,10 @@ typedef struct {
 } fixture_prompts;
 void fixture_prompts_open(const char *name, int n, fixture_prompts *f);
 void fixture_prompts_close(fixture_prompts *f);
+/* fn(arg, err) in a child process killed after `seconds`, so that a call that blocks (an open()
+ * of a FIFO that no one writes) fails its test instead of hanging the suite. Returns fn's result
+ * with its error line in err (FG_ERR_LEN), or -2 with err saying the child did not finish. */
+int run_bounded(int (*fn)(void *arg, char *err), void *arg, int seconds, char *err);
 /* A fresh empty directory under $TMPDIR for one test; removed by rm_tree(). */
 char *make_temp_dir(void);
 void rm_tree(const char *dir);
