@@ -62,8 +62,8 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
             d->valuedouble != (double)(int64_t)d->valuedouble)
             return fg_fail(err, "%s: tensor %s: bad shape", path, name);
         t->shape[i] = (int64_t)d->valuedouble;
-        numel *= (uint64_t)t->shape[i];
-        if (numel > ((uint64_t)1 << 40)) return fg_fail(err, "%s: tensor %s: bad shape", path, name);
+        if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) || numel > ((uint64_t)1 << 40))
+            return fg_fail(err, "%s: tensor %s: shape of more than 2^40 elements", path, name);
     }
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
         return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
@@ -77,7 +77,7 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
     if (b != (double)(uint64_t)b || en != (double)(uint64_t)en)
         return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
     t->nbytes = (size_t)(en - b);
-    if (t->nbytes != numel * elsize)
+    if (t->nbytes != numel * elsize) /* no overflow: numel <= 2^40, elsize <= 4 */
         return fg_fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
                     path, name, t->nbytes, (unsigned long long)(numel * elsize));
     t->data = data + (size_t)b;
@@ -117,11 +117,13 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     }
     cJSON_Delete(root);
     if (rc) return rc;
-    /* Overlapping byte ranges mean a corrupt or hostile header. */
-    int count = a->n_tensors - first;
-    st_tensor *sorted = malloc((size_t)(count + 1) * sizeof *sorted);
+    /* Overlapping byte ranges mean a corrupt or hostile header. An empty tensor has no bytes,
+     * so it overlaps nothing, wherever its offsets point. */
+    int count = 0;
+    st_tensor *sorted = malloc((size_t)(a->n_tensors - first + 1) * sizeof *sorted);
     if (!sorted) return fg_fail(err, "%s: out of memory", path);
-    memcpy(sorted, a->tensors + first, (size_t)count * sizeof *sorted);
+    for (int i = first; i < a->n_tensors; i++)
+        if (a->tensors[i].nbytes) sorted[count++] = a->tensors[i];
     qsort(sorted, (size_t)count, sizeof *sorted, cmp_by_offset);
     for (int i = 1; i < count && rc == 0; i++)
         if ((const char *)sorted[i - 1].data + sorted[i - 1].nbytes > (const char *)sorted[i].data)

@@ -703,6 +703,48 @@ static void test_overlapping_offsets(void) {
     finish(dir, &l);
 }
 
+/* An empty tensor holds no bytes, so it overlaps nothing: not the tensor whose offset it shares
+ * (either order in the header), nor one whose bytes its offset falls in. */
+static void test_empty_tensor_overlaps_nothing(void) {
+    static const char *const headers[] = {
+        "{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]},"
+        " \"e\": {\"dtype\": \"F16\", \"shape\": [0], \"data_offsets\": [0, 0]}}",
+        "{\"e\": {\"dtype\": \"F32\", \"shape\": [3, 0], \"data_offsets\": [0, 0]},"
+        " \"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}",
+        "{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]},"
+        " \"e\": {\"dtype\": \"F16\", \"shape\": [0], \"data_offsets\": [2, 2]}}",
+    };
+    char *dir = make_temp_dir();
+    for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
+        write_raw_safetensors(join(dir, "model.safetensors"), strlen(headers[i]), headers[i], 4);
+        st_archive a;
+        char err[FG_ERR_LEN] = "";
+        int rc = st_open_dir(dir, &a, err);
+        EXPECT(rc == 0, "header %zu: expected it to open, got \"%s\"", i, err);
+        if (rc) continue;
+        const st_tensor *e = st_find(&a, "e");
+        EXPECT(a.n_tensors == 2 && e && e->nbytes == 0, "header %zu: expected 2 tensors, e empty", i);
+        st_close(&a);
+    }
+    finish(dir, NULL);
+}
+
+/* A shape whose element count overflows 64 bits (2^39 x 2^25 wraps to 0, which empty
+ * data_offsets would match) is refused by the header parser itself. */
+static void test_shape_overflow(void) {
+    static const char *const headers[] = {
+        "{\"a\": {\"dtype\": \"F16\", \"shape\": [549755813888, 33554432], \"data_offsets\": [0, 0]}}",
+        "{\"a\": {\"dtype\": \"F32\", \"shape\": [33554432, 549755813888], \"data_offsets\": [0, 0]}}",
+        "{\"a\": {\"dtype\": \"F16\", \"shape\": [1048576, 1048576, 2], \"data_offsets\": [0, 0]}}",
+    };
+    char *dir = make_temp_dir();
+    for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
+        write_raw_safetensors(join(dir, "model.safetensors"), strlen(headers[i]), headers[i], 0);
+        EXPECT_ST_FAIL(dir, "model.safetensors", "tensor a", "shape");
+    }
+    finish(dir, NULL);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Files that are not regular files, or too big to be read whole
  * --------------------------------------------------------------------------------------------- */
@@ -1168,6 +1210,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "file shorter than 8 bytes", test_short_file);
     CU_add_test(s, "bad data_offsets", test_data_offsets);
     CU_add_test(s, "overlapping data_offsets", test_overlapping_offsets);
+    CU_add_test(s, "an empty tensor overlaps nothing", test_empty_tensor_overlaps_nothing);
+    CU_add_test(s, "shape whose element count overflows", test_shape_overflow);
     CU_add_test(s, "FIFO, device or directory for a file: refused at once", test_not_regular_files);
     CU_add_test(s, "text file bigger than FG_MAX_TEXT_FILE", test_text_file_too_big);
     CU_add_test(s, "malformed safetensors header", test_malformed_header);
