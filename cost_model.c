@@ -50,6 +50,11 @@ static double *hw_field(fg_hardware *hw, int i) {
     return fields[i];
 }
 
+/* A rate (bytes or FLOPs a second) outside [HW_MIN, HW_MAX] is no machine's: a bound keeps every
+ * term bytes / rate of the cost model finite, so the LP gets finite coefficients. */
+#define HW_MIN 1.0
+#define HW_MAX 1e18
+
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     char *text = fg_read_file(path, NULL, err);
     if (!text) return -1;
@@ -64,16 +69,19 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     for (int i = 0; i < N_HW && rc == 0; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, HW_KEYS[i]);
         if (!cJSON_IsNumber(v)) rc = fg_fail(err, "%s: \"%s\" is missing or not a number", path, HW_KEYS[i]);
-        else if (!(v->valuedouble > 0) || !isfinite(v->valuedouble))
-            rc = fg_fail(err, "%s: \"%s\" must be a positive number, got %g", path, HW_KEYS[i], v->valuedouble);
+        else if (!(v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))
+            rc = fg_fail(err, "%s: \"%s\" must be a rate in [%g, %g], got %g", path, HW_KEYS[i],
+                         HW_MIN, HW_MAX, v->valuedouble);
         else *hw_field(hw, i) = v->valuedouble;
     }
     static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw"};
     double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw};
     for (int i = 0; i < 2 && rc == 0; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, OPTIONAL[i]);
-        if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)))
-            rc = fg_fail(err, "%s: \"%s\" must be a number >= 0", path, OPTIONAL[i]);
+        if (v && (!cJSON_IsNumber(v) ||
+                  !(v->valuedouble == 0 || (v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))))
+            rc = fg_fail(err, "%s: \"%s\" must be 0 or a rate in [%g, %g]", path, OPTIONAL[i],
+                         HW_MIN, HW_MAX);
         else if (v) *optional[i] = v->valuedouble;
     }
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "gpu_is_host");

@@ -1,11 +1,15 @@
 /* test_cost.c: the cost model of §4.3 and Appendix A.3 (lp.c) against values worked out by hand
  * below for one small configuration, and the hardware file's bad input. */
+#define _GNU_SOURCE
 #include "tests.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* h1 = 4, h2 = 16, 2 layers; s = 3, n = 5, bls = 2 x 3 = 6. Per layer:
  *   weights     8 h1^2 + 4 h1 h2 = 128 + 256 = 384 bytes
@@ -124,7 +128,7 @@ static void test_hardware_file(void) {
     CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0); /* the optional keys default to 0, false */
     /* written and read back */
     fg_hardware with = HW, back;
-    with.dequant_bdw = 3.25e9, with.mem_bdw = 1.0 / 3, with.gpu_is_host = 1;
+    with.dequant_bdw = 3.25e9, with.mem_bdw = 1e9 / 3, with.gpu_is_host = 1;
     CU_ASSERT_EQUAL(fg_hardware_write(path, &with, err), 0);
     CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
     CU_ASSERT_EQUAL(memcmp(&back, &with, sizeof back), 0);
@@ -133,9 +137,9 @@ static void test_hardware_file(void) {
         {"[1, 2]", "not a JSON object"},
         {"{\"ctog_bdw\": 2}", "\"gtoc_bdw_cache\" is missing"},
         {"{\"ctog_bdw\": \"fast\"}", "\"ctog_bdw\" is missing or not a number"},
-        {"{\"ctog_bdw\": -1}", "\"ctog_bdw\" must be a positive number"},
-        {FULL ", \"dequant_bdw\": -1}", "\"dequant_bdw\" must be a number >= 0"},
-        {FULL ", \"mem_bdw\": \"fast\"}", "\"mem_bdw\" must be a number >= 0"},
+        {"{\"ctog_bdw\": -1}", "\"ctog_bdw\" must be a rate in [1, 1e+18]"},
+        {FULL ", \"dequant_bdw\": -1}", "\"dequant_bdw\" must be 0 or a rate in [1, 1e+18]"},
+        {FULL ", \"mem_bdw\": \"fast\"}", "\"mem_bdw\" must be 0 or a rate in [1, 1e+18]"},
         {FULL ", \"gpu_is_host\": 1}", "\"gpu_is_host\" must be true or false"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -152,8 +156,72 @@ static void test_hardware_file(void) {
     free(dir);
 }
 
+/* The FULL file with `key` set to the number `value`. */
+static void write_with(const char *path, const char *key, double value) {
+    cJSON *o = cJSON_Parse(FULL "}");
+    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+    cJSON_AddNumberToObject(o, key, value);
+    char *text = cJSON_PrintUnformatted(o);
+    write_text(path, text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+/* Rates outside [1, 1e18] a second are refused on read with the file and the key, before the
+ * cost model divides by them (1e-300 made the LP's coefficients infinite). */
+static void test_hardware_extremes(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    const char *path = join(dir, "hw.json");
+    fg_hardware hw;
+    static const char *const keys[] = {"ctog_bdw", "dtoc_bdw", "mm_flops_g", "cpu_flops",
+                                       "dequant_bdw", "mem_bdw"};
+    static const double values[] = {1e-300, 0.5, 2e18, 1e300, -0.0};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+        for (size_t v = 0; v < sizeof values / sizeof *values; v++) {
+            if (k >= 4 && values[v] == 0) continue; /* 0: the optional rate is not modeled */
+            write_with(path, keys[k], values[v]);
+            err[0] = 0;
+            int rc = fg_hardware_read(path, &hw, err);
+            EXPECT(rc == -1 && strstr(err, path) && strstr(err, keys[k]),
+                   "%s = %g: expected -1 and a line naming the file and key, got %d \"%s\"", keys[k],
+                   values[v], rc, err);
+        }
+    static const double fine[] = {1, 1e18};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+        for (size_t v = 0; v < 2; v++) {
+            write_with(path, keys[k], fine[v]);
+            int rc = fg_hardware_read(path, &hw, err);
+            EXPECT(rc == 0, "%s = %g: expected it to be read, got \"%s\"", keys[k], fine[v], err);
+        }
+    rm_tree(dir);
+    free(dir);
+}
+
+static int read_hw(void *path, char *err) {
+    fg_hardware hw;
+    return fg_hardware_read(path, &hw, err);
+}
+
+/* A FIFO (which no one writes: opening it must not block) or a device as the hardware file is
+ * refused at once, with one line naming it. */
+static void test_hardware_not_regular(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    const char *path = join(dir, "hw.json");
+    CU_ASSERT_EQUAL_FATAL(mkfifo(path, 0600), 0);
+    int rc = run_bounded(read_hw, (void *)path, 10, err);
+    EXPECT(rc == -1 && strstr(err, path) && strstr(err, "not a regular file"),
+           "FIFO: expected -1 and \"not a regular file\", got %d \"%s\"", rc, err);
+    rc = run_bounded(read_hw, "/dev/null", 10, err);
+    EXPECT(rc == -1 && strstr(err, "/dev/null") && strstr(err, "not a regular file"),
+           "/dev/null: expected -1 and \"not a regular file\", got %d \"%s\"", rc, err);
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_cost_tests(void) {
     CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
+    CU_add_test(s, "hardware file: rates outside [1, 1e18] name the key", test_hardware_extremes);
+    CU_add_test(s, "hardware file: FIFO or device refused at once", test_hardware_not_regular);
 }
