@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ============================================================================================
@@ -92,21 +93,28 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     return rc;
 }
 
+/* Writes a temp file beside path and renames it over path: an interrupted or failed write leaves
+ * the previous file as it was (a failed one removes its temp). */
 int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     cJSON *o = cJSON_CreateObject();
     for (int i = 0; i < N_HW; i++) cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
     cJSON_AddNumberToObject(o, "dequant_bdw", hw->dequant_bdw);
     cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
     cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
-    char *text = cJSON_Print(o);
+    char *text = cJSON_Print(o), tmp[4200];
     cJSON_Delete(o);
-    FILE *f = text ? fopen(path, "w") : NULL;
-    int ok = f && fprintf(f, "%s\n", text) > 0;
-    if (f && fclose(f) != 0) ok = 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
+    int fd = text ? mkstemp(tmp) : -1;
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    int ok = f && fchmod(fd, 0644) == 0 && fprintf(f, "%s\n", text) > 0;
+    if (f) ok = fclose(f) == 0 && ok;
+    else if (fd >= 0) close(fd);
+    ok = ok && rename(tmp, path) == 0;
+    int e = errno;
     free(text);
     if (!ok) {
-        if (f) remove(path);
-        return fg_fail(err, "%s: cannot write the hardware file: %s", path, strerror(errno));
+        if (fd >= 0) unlink(tmp);
+        return fg_fail(err, "%s: cannot write the hardware file: %s", path, strerror(e));
     }
     return 0;
 }

@@ -6,9 +6,11 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 /* h1 = 4, h2 = 16, 2 layers; s = 3, n = 5, bls = 2 x 3 = 6. Per layer:
@@ -218,10 +220,37 @@ static void test_hardware_not_regular(void) {
     free(dir);
 }
 
+/* fg_hardware_write with files limited to 64 bytes: the write fails part way. */
+static int write_hw_limited(void *path, char *err) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = {64, 64};
+    if (setrlimit(RLIMIT_FSIZE, &small)) return fg_fail(err, "setrlimit: %s", strerror(errno));
+    return fg_hardware_write(path, &HW, err);
+}
+
+/* A write that fails part way (as an interrupted `flexgen profile` does) leaves the previous
+ * hardware file as it was, and no temp file beside it. */
+static void test_hardware_write_atomic(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    const char *path = join(dir, "hardware.json");
+    write_text(path, FULL "}");
+    int rc = run_bounded(write_hw_limited, (void *)path, 10, err);
+    EXPECT(rc == -1 && strstr(err, path), "expected -1 and a line naming the file, got %d \"%s\"",
+           rc, err);
+    char *text = slurp(path, NULL);
+    EXPECT(text && !strcmp(text, FULL "}"), "expected the previous file, got \"%.40s\"",
+           text ? text : "(no file)");
+    free(text);
+    EXPECT(dir_entries(dir) == 1, "expected the hardware file alone, got %d entries", dir_entries(dir));
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_cost_tests(void) {
     CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
     CU_add_test(s, "hardware file: rates outside [1, 1e18] name the key", test_hardware_extremes);
     CU_add_test(s, "hardware file: FIFO or device refused at once", test_hardware_not_regular);
+    CU_add_test(s, "hardware file: a failed write keeps the previous file", test_hardware_write_atomic);
 }
