@@ -303,6 +303,21 @@ static void test_unusual_vocab(void) {
     free(dir);
 }
 
+/* An empty token, first in vocab.json: interned into the empty symbol table without touching a
+ * pool that does not exist yet (a null pointer under UBSan). It never matches any text. */
+static void test_empty_token(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "vocab.json", "{\"\":0,\"a\":1}");
+    write_file(dir, "merges.txt", "");
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT(encodes_to(t, "aa", (const int[]){1, 1}, 2));
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Bad files: NULL, and one line naming the file and the problem.
  * ------------------------------------------------------------------------------------------ */
@@ -398,6 +413,7 @@ void add_tokenizer_tests(void) {
     CU_add_test(s, "decode: unknown ids, special tokens, empty", test_decode);
     CU_add_test(s, "merge order of the slow tokenizer", test_merge_order);
     CU_add_test(s, "tokens outside the byte map, bytes without a token", test_unusual_vocab);
+    CU_add_test(s, "an empty token in vocab.json", test_empty_token);
     CU_add_test(s, "missing files", test_missing_files);
     CU_add_test(s, "unreadable file", test_unreadable_file);
     CU_add_test(s, "bad vocab.json", test_bad_vocab);
