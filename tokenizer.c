@@ -570,17 +570,17 @@ static int scan_vocab(const cJSON *root, const char *path, int *max_id, char *er
 }
 
 /* Interns every token and records id -> symbol. Repeated keys and ids resolve like Python's
- * json + {v: k for k, v in encoder.items()}: the later entry wins. */
+ * json + {v: k for k, v in encoder.items()}: a repeated token takes its last id, and the dict
+ * keeps each token where its first entry was, so an id decodes to the token that comes last in
+ * that order. New symbols are numbered in the order of their first entry: that order. */
 static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym) {
+    int first = t->syms.n;
     for (const cJSON *it = root->child; it; it = it->next) {
-        int id = (int)it->valuedouble;
         int k = symtab_intern(&t->syms, it->string, strlen(it->string));
         if (k < 0) return -1;
-        int old = t->syms.id[k];
-        if (old >= 0 && tok_sym[old] == k) tok_sym[old] = -1;
-        t->syms.id[k] = id;
-        tok_sym[id] = k;
+        t->syms.id[k] = (int)it->valuedouble;
     }
+    for (int k = first; k < t->syms.n; k++) tok_sym[t->syms.id[k]] = k;
     return 0;
 }
 

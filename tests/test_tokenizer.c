@@ -318,6 +318,39 @@ static void test_empty_token(void) {
     free(dir);
 }
 
+/* The text id decodes to, as a string (static buffer). */
+static const char *decoded(const fg_tokenizer *t, int id) {
+    static char text[64];
+    size_t len = 0;
+    char *s = tokenizer_decode(t, &id, 1, &len);
+    snprintf(text, sizeof text, "%.*s", (int)len, s ? s : "");
+    free(s);
+    return text;
+}
+
+/* Repeated tokens and shared ids resolve as the reference's json.load and
+ * {v: k for k, v in encoder.items()} do: a token takes its last id, and the dict keeps a token
+ * where its first entry put it, so an id decodes to the token listed first last. */
+static void test_repeated_vocab_entries(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "merges.txt", "");
+    write_file(dir, "vocab.json", "{\"a\":0,\"b\":0,\"b\":1}"); /* encoder {a: 0, b: 1} */
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT(encodes_to(t, "ab", (const int[]){0, 1}, 2));
+    EXPECT(!strcmp(decoded(t, 0), "a"), "id 0: expected \"a\", got \"%s\"", decoded(t, 0));
+    CU_ASSERT(roundtrips(t, "abba", 4));
+    tokenizer_free(t);
+    write_file(dir, "vocab.json", "{\"b\":5,\"a\":5,\"b\":5,\"c\":0}"); /* decoder {5: a, 0: c} */
+    t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    EXPECT(!strcmp(decoded(t, 5), "a"), "id 5: expected \"a\", got \"%s\"", decoded(t, 5));
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Bad files: NULL, and one line naming the file and the problem.
  * ------------------------------------------------------------------------------------------ */
@@ -414,6 +447,7 @@ void add_tokenizer_tests(void) {
     CU_add_test(s, "merge order of the slow tokenizer", test_merge_order);
     CU_add_test(s, "tokens outside the byte map, bytes without a token", test_unusual_vocab);
     CU_add_test(s, "an empty token in vocab.json", test_empty_token);
+    CU_add_test(s, "repeated tokens and ids in vocab.json resolve as the reference", test_repeated_vocab_entries);
     CU_add_test(s, "missing files", test_missing_files);
     CU_add_test(s, "unreadable file", test_unreadable_file);
     CU_add_test(s, "bad vocab.json", test_bad_vocab);
