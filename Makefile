@@ -3,7 +3,8 @@
 # `make test` runs the CUnit suites (the GPU suite skips without a GPU; SUITE=name runs one, e.g.
 # `make test SUITE=quant`); `make test-san` runs them
 # again under AddressSanitizer and UndefinedBehaviorSanitizer; `make test-gpu` runs the GPU suite
-# under compute-sanitizer.
+# under compute-sanitizer. `make fuzz` builds the libFuzzer harnesses of tests/fuzz/ (clang), which
+# `bash scripts/fuzz.sh SECONDS` runs.
 CC ?= gcc
 ARCH := $(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 # OpenBLAS's OpenMP build, so BLAS and our loops share one thread pool (docs/DESIGN.md, "Conventions").
@@ -46,7 +47,7 @@ endif
 HDR := flexgen.h runtime.h
 TEST_SRC := $(wildcard tests/*.c)
 
-.PHONY: all test test-san test-gpu bench clean print-cflags
+.PHONY: all test test-san test-gpu fuzz bench clean print-cflags
 
 all: flexgen
 
@@ -81,6 +82,27 @@ COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(
 test-gpu: build/test_flexgen
 	$(COMPUTE_SANITIZER) --tool memcheck --error-exitcode 1 ./build/test_flexgen gpu
 
+# Fuzzing: each harness of tests/fuzz/ calls one parser of user input on libFuzzer's bytes, under
+# AddressSanitizer and UndefinedBehaviorSanitizer (clang; no CUDA, no MPI). The sources go into
+# one archive; a harness that includes cli.c (to reach its static parsers) replaces cli.o in it.
+FUZZ_CC ?= clang
+FUZZ_CFLAGS := -std=c11 -Wall -Wextra $(WERROR) -g -O1 -fno-omit-frame-pointer -fopenmp=libgomp \
+               -fsanitize=address,undefined -fno-sanitize-recover=all -I. -I$(BLAS_INC) -DFLEXGEN_NO_MAIN
+FUZZ_LIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+fuzz: $(FUZZ_TARGETS)
+
+build-fuzz/obj/%.o: %.c $(HDR)
+	@mkdir -p build-fuzz/obj
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
+	rm -f $@ && ar rcs $@ $^
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h cli.c build-fuzz/libflexgen.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
+
 bench: flexgen
 	bash scripts/bench_cpu.sh
 
@@ -89,4 +111,4 @@ print-cflags:
 	@echo $(CFLAGS)
 
 clean:
-	rm -rf flexgen build build-san
+	rm -rf flexgen build build-san build-fuzz

@@ -1,0 +1,37 @@
+/* fuzz_prompt_ids.c: fuzzer bytes as a prompt file read by cli.c's read_prompt_lines: as
+ * --prompt-ids (token ids, parse_id_line) and as --prompt-file (text lines through the fixture
+ * tokenizer, loaded once), for the fixture tokenizer's vocab. Accepted ids lie in the vocab;
+ * every prompt has at least one. */
+#include "../../cli.c"
+#include "fuzz.h"
+
+static fg_tokenizer *tok;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    char err[FG_ERR_LEN];
+    tok = tokenizer_load(fuzz_copy_fixture("tokenizer/vocab.json", "vocab.json"),
+                         fuzz_copy_fixture("tokenizer/merges.txt", "merges.txt"), err);
+    if (!tok) { fprintf(stderr, "%s\n", err); abort(); }
+    return 0;
+}
+
+static void read_prompts(const char *path, const fg_tokenizer *t, int vocab) {
+    prompt_set p = {0};
+    char err[FG_ERR_LEN] = "";
+    int rc = read_prompt_lines(&p, path, t, vocab, err);
+    fuzz_check(rc, err, "read_prompt_lines");
+    for (int i = 0; rc == 0 && i < p.n; i++) {
+        if (p.lens[i] < 1) abort();
+        for (int j = 0; j < p.lens[i]; j++)
+            if (p.ids[i][j] < 0 || p.ids[i][j] >= vocab) abort();
+    }
+    prompts_free(&p);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *path = fuzz_write("prompts.txt", data, size);
+    read_prompts(path, NULL, tokenizer_vocab_size(tok));
+    read_prompts(path, tok, tokenizer_vocab_size(tok));
+    return 0;
+}
