@@ -244,11 +244,13 @@ typedef struct {
 
 /* One decode query of one head over keys 0 .. nk - 1 (the last is the new token): softmax(scale
  * q.K) over all of them, then out = sum of weight_j V_j over the kept keys. sparsity < 1 is §5's
- * top-K attention as in FlexGen: keep the new token and the floor(sparsity (total - 1)) earlier
- * keys of largest weight (total: cache slots, left padding included), weights not renormalized,
- * and only their V rows read. Returns the V rows read. scratch: 3 nk + head_dim floats. */
+ * top-K attention: keep the new token and the floor(sparsity (nk - 1)) earlier keys of largest
+ * weight, weights not renormalized, and only their V rows read. The keys are the sequence's own
+ * tokens, left padding excluded, so the result does not depend on which prompts share a block
+ * (FlexGen counts the padding of its one common prompt length). Returns the V rows read.
+ * scratch: 3 nk + head_dim floats. */
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
-                      int total, float scale, float sparsity, float *scratch, float *out);
+                      float scale, float sparsity, float *scratch, float *out);
 
 /* Allocates pad, tokens (batch x max_new) and the k, v pointer arrays; x and the cache rows
  * belong to the caller. */

@@ -816,7 +816,7 @@ static const float *kv_row(const opt_kv_rows *r, int j, float *buf) {
 }
 
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
-                      int total, float scale, float sparsity, float *scratch, float *out) {
+                      float scale, float sparsity, float *scratch, float *out) {
     int hd = K->head_dim;
     float *scores = scratch, *spare = scores + nk, *buf = spare + nk;
     int *keep = (int *)(buf + hd);
@@ -829,7 +829,7 @@ int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V
     softmax(scores, nk);
     int n_keep = nk;
     if (sparsity < 1) {
-        n_keep = topk_keep(scores, nk - 1, (int)floorf(sparsity * (float)(total - 1)), keep, spare);
+        n_keep = topk_keep(scores, nk - 1, (int)floorf(sparsity * (float)(nk - 1)), keep, spare);
         keep[n_keep++] = nk - 1; /* the new token always attends to itself */
     }
     memset(out, 0, hd * sizeof *out);
@@ -882,7 +882,7 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         }
         opt_kv_rows K = head_rows(c, gb, ws, b, head, 0, start), V = head_rows(c, gb, ws, b, head, 1, start);
         if (n_new == 1) {
-            int read = opt_attend_decode(q, &K, &V, nk, end, scale, gb->attn_sparsity, scores, out);
+            int read = opt_attend_decode(q, &K, &V, nk, scale, gb->attn_sparsity, scores, out);
 #pragma omp atomic
             gb->v_rows_read[b] += read;
             continue;
