@@ -472,12 +472,32 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
     return 0;
 }
 
+/* The config against the tensor table before anything is sized from the config: the decoder
+ * layers that the tensors name must be those num_hidden_layers says. */
+static int check_layer_count(const opt_config *cfg, const st_archive *a, const char *path, char *err) {
+    long layers = 0;
+    for (int i = 0; i < a->n_tensors; i++) {
+        const char *s = strstr(a->tensors[i].name, "decoder.layers.");
+        long j = s ? strtol(s + strlen("decoder.layers."), NULL, 10) : -1;
+        if (j >= layers) layers = j + 1;
+    }
+    if (layers != cfg->n_layers)
+        return fg_fail(err, "%s: num_hidden_layers is %d, but the checkpoint holds %ld decoder layers",
+                       path, cfg->n_layers, layers);
+    return 0;
+}
+
 int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (opt_config_from_json(path, cfg, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", dir);
-    return st_open_dir(dir, a, err);
+    if (st_open_dir(dir, a, err)) return -1;
+    if (check_layer_count(cfg, a, path, err)) {
+        st_close(a);
+        return -1;
+    }
+    return 0;
 }
 
 /* All weights in one fp32 arena: every tensor on the compute device (tests and tools). */
