@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* ============================================================================================
@@ -93,30 +92,25 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     return rc;
 }
 
-/* Writes a temp file beside path and renames it over path: an interrupted or failed write leaves
- * the previous file as it was (a failed one removes its temp). */
+/* Written through fg_output: a temporary beside path renamed over it, so an interrupted or failed
+ * write leaves the previous file as it was. */
 int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     cJSON *o = cJSON_CreateObject();
     for (int i = 0; i < N_HW; i++) cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
     cJSON_AddNumberToObject(o, "dequant_bdw", hw->dequant_bdw);
     cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
     cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
-    char *text = cJSON_Print(o), tmp[4200];
+    char *text = cJSON_Print(o);
     cJSON_Delete(o);
-    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
-    int fd = text ? mkstemp(tmp) : -1;
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    int ok = f && fchmod(fd, 0644) == 0 && fprintf(f, "%s\n", text) > 0;
-    if (f) ok = fclose(f) == 0 && ok;
-    else if (fd >= 0) close(fd);
-    ok = ok && rename(tmp, path) == 0;
-    int e = errno;
-    free(text);
-    if (!ok) {
-        if (fd >= 0) unlink(tmp);
-        return fg_fail(err, "%s: cannot write the hardware file: %s", path, strerror(e));
+    if (!text) return fg_fail(err, "%s: out of memory", path);
+    fg_output out;
+    int rc = fg_output_open(&out, "hardware file", path, err);
+    if (rc == 0) {
+        fprintf(out.f, "%s\n", text);
+        rc = fg_output_commit(&out, err);
     }
-    return 0;
+    free(text);
+    return rc;
 }
 
 /* Adds bytes / rate to term f: to its constant (k < 0), or to the coefficient of x_k. */
