@@ -34,7 +34,8 @@
 #define OPT_EOS_ID 2
 #define OPT_POS_OFFSET 2 /* learned positions are looked up at position + 2 */
 
-/* Writes one line into err (FG_ERR_LEN bytes; err may be NULL) and returns -1. */
+/* Writes one line into err (FG_ERR_LEN bytes; err may be NULL) and returns -1. Control characters
+ * (a newline in a tensor name or a flag's value, say) become '?', so the line stays one line. */
 int fg_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A whole file, NUL-terminated (*len, if not NULL, excludes the NUL); NULL and err on failure.
  * Only regular files of at most FG_MAX_TEXT_FILE bytes are read: a FIFO, a device or a directory is

@@ -32,6 +32,8 @@ int fg_fail(char *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, FG_ERR_LEN, fmt, ap);
     va_end(ap);
+    for (char *c = err; *c; c++) /* a name from the input may hold a newline: keep one line */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     return -1;
 }
 

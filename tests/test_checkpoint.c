@@ -745,6 +745,22 @@ static void test_shape_overflow(void) {
     finish(dir, NULL);
 }
 
+/* A name taken from the file (a tensor, a dtype, model_type) that holds a newline or another
+ * control character still gives one error line: each such byte shows as '?'. */
+static void test_error_stays_one_line(void) {
+    static const char header[] =
+        "{\"a\\nflexgen: b\": {\"dtype\": \"F\\r64\", \"shape\": [2], \"data_offsets\": [0, 4]}}";
+    char *dir = make_temp_dir();
+    write_raw_safetensors(join(dir, "model.safetensors"), strlen(header), header, 4);
+    EXPECT_ST_FAIL(dir, "tensor a?flexgen: b", "unsupported dtype F?64");
+    write_text(dir, "config.json", "{\"model_type\": \"o\\npt\\t\"}");
+    opt_config cfg;
+    char err[FG_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &cfg, err), -1);
+    EXPECT_ERR(err, "config.json", "model_type \"o?pt?\"");
+    finish(dir, NULL);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Files that are not regular files, or too big to be read whole
  * --------------------------------------------------------------------------------------------- */
@@ -1226,6 +1242,7 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "overlapping data_offsets", test_overlapping_offsets);
     CU_add_test(s, "an empty tensor overlaps nothing", test_empty_tensor_overlaps_nothing);
     CU_add_test(s, "shape whose element count overflows", test_shape_overflow);
+    CU_add_test(s, "a newline in a name from the file: still one error line", test_error_stays_one_line);
     CU_add_test(s, "FIFO, device or directory for a file: refused at once", test_not_regular_files);
     CU_add_test(s, "text file bigger than FG_MAX_TEXT_FILE", test_text_file_too_big);
     CU_add_test(s, "malformed safetensors header", test_malformed_header);

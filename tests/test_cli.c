@@ -299,6 +299,10 @@ static void test_bad_flag_values(void) {
     EXPECT_FAIL(ARGS("--prompt-len", "0"), "--prompt-len", "'0'");
     EXPECT_FAIL(ARGS("--gpu-batch-size", "65536", "--num-gpu-batches", "65536"),
                 "--gpu-batch-size", "--num-gpu-batches");
+    /* a value or flag holding a newline or another control character still gives one line */
+    EXPECT_FAIL(ARGS("--gpu-mem", "16\nflexgen: G"), "--gpu-mem", "'16?flexgen: G'");
+    EXPECT_FAIL(ARGS("--bo\ngus"), "--bo?gus", "unknown option");
+    EXPECT_FAIL(ARGS("--device", "cp\ru"), "--device", "'cp?u'");
 }
 
 static void test_bad_flag_combinations(void) {

@@ -5,7 +5,7 @@
  * A harness defines LLVMFuzzerTestOneInput (and LLVMFuzzerInitialize for work done once), is
  * built by `make fuzz` with clang's -fsanitize=fuzzer,address,undefined, and is run by
  * scripts/fuzz.sh. A finding is a crash, a sanitizer report, a leak, a timeout, or an abort()
- * of a check below.
+ * of a check (a failure without its one error line, a broken promise of the parser).
  */
 #ifndef FLEXGEN_FUZZ_H
 #define FLEXGEN_FUZZ_H
@@ -97,10 +97,10 @@ static inline void fuzz_split(const uint8_t *data, size_t size, int n, const cha
     }
 }
 
-/* A call that failed (rc != 0) must have written its one line into err. */
+/* A call that failed (rc != 0) must have written its one line into err: not empty, no newline. */
 static inline void fuzz_check(int rc, const char *err, const char *call) {
-    if (rc != 0 && err[0] == 0) {
-        fprintf(stderr, "%s failed without an error line\n", call);
+    if (rc != 0 && (err[0] == 0 || strchr(err, '\n'))) {
+        fprintf(stderr, "%s failed without its one error line: \"%s\"\n", call, err);
         abort();
     }
 }
