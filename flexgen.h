@@ -438,6 +438,9 @@ typedef struct {
     void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
     void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
     void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+    /* The gpu tier's capacity when --gpu-mem is not given: the device's free memory less a
+     * reserve; NULL where the gpu tier is host memory (then the host's available memory). */
+    double (*device_memory)(void);
 } fg_backend;
 
 extern const fg_backend fg_cpu_backend;

@@ -404,7 +404,8 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     pthread_mutex_init(&rt->lock, NULL);
     struct statvfs vfs;
     double disk_free = statvfs(offload, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
-    double defaults[N_TIERS] = {mem_available_bytes(), mem_available_bytes(), disk_free};
+    double gpu_free = backend->device_memory ? backend->device_memory() : mem_available_bytes();
+    double defaults[N_TIERS] = {gpu_free, mem_available_bytes(), disk_free};
     for (int t = 0; t < N_TIERS; t++) rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
     rt->trace.on = p->trace;
     rt->trace.t0 = now_seconds();
