@@ -6,6 +6,8 @@
 # `build-fuzz/fuzz_TARGET FILE`). Exits 1 if any target found something or did not run.
 #
 #   bash scripts/fuzz.sh SECONDS [TARGET...]     e.g. bash scripts/fuzz.sh 60 config hardware
+#
+# FUZZ_RUNS=N stops each target after N executions instead, SECONDS then being a bound.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,12 +30,14 @@ for t in "${targets[@]}"; do
     fi
     rm -rf "$findings"
     mkdir -p "$corpus" "$findings" build-fuzz/logs
-    "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$findings/" "$corpus" "tests/fuzz/corpus/$t" >"$log" 2>&1
+    start=$SECONDS
+    "$bin" -max_total_time="$seconds" -runs="${FUZZ_RUNS:--1}" -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 -artifact_prefix="$findings/" "$corpus" "tests/fuzz/corpus/$t" >"$log" 2>&1
+    took=$((SECONDS - start))
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     found=$(find "$findings" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' \
             -o -name 'oom-*' \) | sort)
-    printf 'fuzz_%-12s %10s executions in %s s, %d findings\n' "$t" "${execs:-no}" "$seconds" \
+    printf 'fuzz_%-12s %10s executions in %s s, %d findings\n' "$t" "${execs:-no}" "$took" \
         "$(printf '%s' "$found" | grep -c .)"
     if [ -z "$found" ] && [ -n "$execs" ]; then
         passed=$((passed + 1))
