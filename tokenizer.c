@@ -368,7 +368,7 @@ static int symtab_rehash(symtab *st, size_t nslots) {
 }
 
 static int symtab_grow(symtab *st, size_t extra) {
-    if (st->pool_len + extra > st->pool_cap) {
+    if (!st->pool || st->pool_len + extra > st->pool_cap) { /* a pool even for "": never NULL + 0 */
         size_t cap = st->pool_cap ? st->pool_cap : 4096;
         while (cap < st->pool_len + extra) cap *= 2;
         char *pool = realloc(st->pool, cap);

@@ -303,6 +303,31 @@ static void test_unusual_vocab(void) {
     free(dir);
 }
 
+/* The empty string is a valid vocab key (HF's reference never produces it): it loads, decodes to
+ * nothing, and the symbol table handles a zero-length first entry. */
+static void test_empty_vocab_key(void) {
+    static const char *const merges[] = {"", "#version: 0.2\n"};
+    for (size_t i = 0; i < sizeof merges / sizeof merges[0]; i++) {
+        char *dir = make_temp_dir(), err[FG_ERR_LEN];
+        CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+        write_file(dir, "vocab.json", "{\"\":0}");
+        write_file(dir, "merges.txt", merges[i]);
+        fg_tokenizer *t = load_dir(dir, err);
+        EXPECT(t != NULL, "{\"\":0} with merges \"%s\": %s", merges[i], err);
+        if (t) {
+            CU_ASSERT_EQUAL(tokenizer_vocab_size(t), 1);
+            size_t len = 99;
+            char *s = tokenizer_decode(t, (const int[]){0, 0}, 2, &len);
+            CU_ASSERT(s && len == 0 && s[0] == '\0');
+            free(s);
+            CU_ASSERT(encodes_to(t, "", (const int[]){0}, 0));
+        }
+        tokenizer_free(t);
+        rm_tree(dir);
+        free(dir);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------
  * Bad files: NULL, and one line naming the file and the problem.
  * ------------------------------------------------------------------------------------------ */
@@ -398,6 +423,7 @@ void add_tokenizer_tests(void) {
     CU_add_test(s, "decode: unknown ids, special tokens, empty", test_decode);
     CU_add_test(s, "merge order of the slow tokenizer", test_merge_order);
     CU_add_test(s, "tokens outside the byte map, bytes without a token", test_unusual_vocab);
+    CU_add_test(s, "the empty string as a vocab key", test_empty_vocab_key);
     CU_add_test(s, "missing files", test_missing_files);
     CU_add_test(s, "unreadable file", test_unreadable_file);
     CU_add_test(s, "bad vocab.json", test_bad_vocab);
