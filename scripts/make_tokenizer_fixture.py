@@ -3,9 +3,10 @@
 
 OPT's real vocab is not part of the repository, so a small byte-level BPE (same format as OPT's:
 GPT-2 byte map, `#version` header in merges.txt, <s> <pad> </s> <unk> at ids 0..3) is trained on
-the text below with the `tokenizers` library. The expected ids of cases.json come from HF
-transformers' slow GPT2Tokenizer loaded from those files: the Python reference that tokenizer.c
-reproduces. The fast tokenizer must agree with it on every case (a sanity check of the fixture).
+the text below with the `tokenizers` library, and CROSS_MERGES are appended. The expected ids of
+cases.json come from HF transformers' slow GPT2Tokenizer loaded from those files: the Python
+reference that tokenizer.c reproduces. The fast tokenizer must agree with it on every case (a
+sanity check of the fixture).
 Deterministic: running it again gives identical files.
 
 Run from the repository root:
@@ -17,6 +18,7 @@ import tempfile
 
 from tokenizers import ByteLevelBPETokenizer
 from transformers import GPT2Tokenizer
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
@@ -104,6 +106,46 @@ CASES = [
 ]
 
 
+# The pre-tokenizer's optional space is ' ' only: other whitespace before a contraction, a word,
+# a number or punctuation is a token of its own (or joins the whitespace run). CROSS_MERGES make a
+# pre-tokenizer that got this wrong give other ids.
+WHITESPACE_CASES = [
+    "a\t's b\n't c\r're d\u00a0've e\u3000ll f  'm g\t\t'd",
+    "\tword \nword \rword \x0bword \x0cword \u00a0word \u3000word \u2003word",
+    "x\t123 x\n456 x\r789 x\u00a0123 x\u3000456 x  789",
+    "x\t!! x\n?? x\r.. x\u00a0;; x\u3000() x  --",
+    "\u00a0\u00a0word \u3000 word \u00a0 word  \u00a0word",
+    "end\t\nend\r\n\r\nend\u2028end\u2029end\u0085end",
+    "\x1cword \x1d123 \x1e!! \x1f's",
+    "\u1680word\u202fword\u205fword\u2000word\u200aword",
+    "  \t  's \r\n 123 \n\t!! \u00a0 \u3000 ",
+    "word\u00a0",
+    "\u3000",
+]
+
+
+# Merges added after training, at the lowest ranks: each joins the last byte of a whitespace
+# character to the ASCII character after it. Trained merges never cross a pre-token boundary, so
+# without these a pre-tokenizer that let "\tword" be one pre-token would still give the same ids.
+CROSS_MERGES = ["\tw", "\nw", "\rw", "\x0bw", "\x0cw", "\u00a0w", "\u3000w", "\u2003w",
+                "\t1", "\n4", "\r7", "\u00a01", "\u30004",
+                "\t!", "\n?", "\r.", "\u00a0;", "\u3000("]
+
+
+def add_cross_merges():
+    byte_char = bytes_to_unicode()
+    vocab_path, merges_path = os.path.join(OUT, "vocab.json"), os.path.join(OUT, "merges.txt")
+    with open(vocab_path, encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(merges_path, "a", encoding="utf-8") as f:
+        for pair in CROSS_MERGES:
+            left, right = (byte_char[pair[:-1].encode()[-1]], byte_char[ord(pair[-1])])
+            f.write(f"{left} {right}\n")
+            vocab[left + right] = len(vocab)
+    with open(vocab_path, "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False, separators=(",", ":"))
+
+
 def train(workdir):
     files = []
     for i, text in enumerate(TRAINING_TEXT):
@@ -115,14 +157,16 @@ def train(workdir):
     tok.train(files, vocab_size=VOCAB_SIZE, min_frequency=1, special_tokens=SPECIALS,
               show_progress=False)
     tok.save_model(OUT)
-    return tok
+    add_cross_merges()
+    return ByteLevelBPETokenizer.from_file(os.path.join(OUT, "vocab.json"),
+                                           os.path.join(OUT, "merges.txt"))
 
 
 def expected_cases(fast):
     slow = GPT2Tokenizer(os.path.join(OUT, "vocab.json"), os.path.join(OUT, "merges.txt"),
                          unk_token="<unk>", bos_token="</s>", eos_token="</s>", pad_token="<pad>")
     cases = []
-    for text in CASES:
+    for text in CASES + WHITESPACE_CASES:
         ids = slow.encode(text, add_special_tokens=False)
         assert ids == fast.encode(text).ids, f"fast and slow tokenizers disagree on {text!r}"
         assert slow.decode(ids, clean_up_tokenization_spaces=False) == text, text
