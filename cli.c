@@ -247,8 +247,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--temperature")) rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
         else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 1, &a->gen.top_p, err);
         else if (!strcmp(f, "--attn-sparsity")) {
-            rc = parse_float(f, v, 0, 1, &p->attn_sparsity, err);
-            if (rc == 0 && !(p->attn_sparsity > 0))
+            if (parse_float(f, v, 0, 1, &p->attn_sparsity, err) || !(p->attn_sparsity > 0))
                 rc = fg_fail(err, "--attn-sparsity: expected a fraction in (0, 1], got '%s'", v);
         }
         else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
@@ -352,28 +351,31 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
     return 0;
 }
 
-/* Reads one prompt a line from path: token ids (tok == NULL) or text. */
+/* Reads one prompt a line from path: token ids (tok == NULL) or text. A NUL byte ends no line:
+ * it is refused, as it could only be a damaged or binary file. */
 static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
                              char *err) {
-    FILE *f = fopen(path, "r");
-    if (!f) return fg_fail(err, "%s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
+    size_t size;
+    char *text = fg_read_file(path, &size, err);
+    if (!text) return -1;
     int line_no = 0, rc = 0;
-    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
+    for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(text + size - line));
+        if (!end) end = text + size;
+        *end = 0;
+        size_t len = (size_t)(end - line);
         line_no++;
-        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
-        if (tok) {
-            rc = add_text_prompt(p, tok, line, (size_t)len, err);
+        if (memchr(line, 0, len)) {
+            rc = fg_fail(err, "%s line %d: a NUL byte inside the line", path, line_no);
+        } else if (tok) {
+            rc = add_text_prompt(p, tok, line, len, err);
         } else {
             int *ids = NULL, n = 0;
             rc = parse_id_line(path, line_no, line, vocab, &ids, &n, err);
             if (rc == 0) rc = prompts_add(p, ids, n, err);
         }
     }
-    free(line);
-    fclose(f);
+    free(text);
     if (rc == 0 && p->n == 0) rc = fg_fail(err, "%s: no prompts in the file", path);
     return rc;
 }
@@ -443,21 +445,12 @@ typedef struct {
     double sent, compute, bubble, disk_read, peak_rss;
 } stage_report;
 
-/* Writes to a temporary name and renames, so a failed run never leaves a partial file. */
+/* Written whole or not at all (fg_output). */
 static int dump_logits(const char *path, const float *logits, size_t n, char *err) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return fg_fail(err, "--dump-logits %s: %s", path, strerror(errno));
-    FILE *f = fdopen(fd, "wb");
-    int ok = f && fwrite(logits, sizeof(float), n, f) == n;
-    ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return fg_fail(err, "--dump-logits %s: write failed: %s", path, strerror(e));
-    }
-    return 0;
+    fg_output o;
+    if (fg_output_open(&o, "--dump-logits", path, err)) return -1;
+    fwrite(logits, sizeof(float), n, o.f);
+    return fg_output_commit(&o, err);
 }
 
 /* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is not one (Unicode's "maximal
@@ -620,6 +613,16 @@ static int model_config(const char *model, opt_config *cfg, char *err) {
     snprintf(path, sizeof path, "%s/config.json", model);
     if (opt_config_from_json(path, cfg, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", model);
+    return 0;
+}
+
+/* --gen-len and --prompt-len against the model's positions, before anything is sized by them
+ * (given prompts are checked one by one once they are read). */
+static int check_lengths(const cli_args *a, const opt_config *cfg, char *err) {
+    int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts, least = given ? 1 : a->prompt_len;
+    if (a->gen.gen_len > cfg->max_pos - least)
+        return fg_fail(err, "%s %d + --gen-len %d exceed the model's %d positions",
+                       given ? "a prompt of" : "--prompt-len", least, a->gen.gen_len, cfg->max_pos);
     return 0;
 }
 
@@ -871,9 +874,12 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
     if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
+    if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
+    if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
         rc = model_config(a->model, &cfg, err);
+        if (rc == 0) rc = check_lengths(a, &cfg, err);
     }
     if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, err) ||
         open_stage(a, pipe, &p, &rt, &m, err)) {
@@ -1032,6 +1038,7 @@ int flexgen_main(int argc, char **argv) {
     char err[FG_ERR_LEN] = "";
     fg_pipe *pipe = NULL;
     int rc = fg_pipe_open(&argc, &argv, &pipe, err);
+    fg_install_signal_handlers(); /* after a stage's crash handlers, which it passes on to */
     const char *command = argc > 1 ? argv[1] : "";
     int one_process = !strcmp(command, "tokenize") || !strcmp(command, "profile") || !strcmp(command, "policy");
     if (rc == 0 && pipe && one_process) { /* every rank sees it; rank 0 says it */

@@ -611,7 +611,7 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
     if (n < 1) return fg_fail(err, "no prompts");
     for (int p = 0; p < n; p++) {
         if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
-        if (lens[p] + gen_len > c->max_pos)
+        if (gen_len > c->max_pos - lens[p]) /* lens[p] + gen_len may not fit an int */
             return fg_fail(err, "prompt %d: %d tokens + --gen-len %d exceed the model's %d positions",
                         p + 1, lens[p], gen_len, c->max_pos);
         for (int t = 0; t < lens[p]; t++)

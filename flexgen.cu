@@ -537,8 +537,9 @@ __device__ float kv_value(const char *cache, const float *fresh, int slot, int l
 
 /* Attention of one query (sequence blockIdx.y, head blockIdx.x, query blockIdx.z) over the keys
  * it sees: [pad, its slot]. softmax(scale q.K) V, with §5's top-K in decode (sparsity < 1):
- * the new token plus the floor(sparsity (slots - 1)) earlier keys of largest weight (ties to the
- * earlier), weights not renormalized, as opt_attend_decode. Shared: scores and kept flags. */
+ * the new token plus the floor(sparsity (nk - 1)) earlier keys of largest weight (ties to the
+ * earlier; nk: the sequence's own keys, padding excluded), weights not renormalized, as
+ * opt_attend_decode. Shared: scores and kept flags. */
 __global__ void attention_kernel(const float *qkv, float *attn, const int *pad, void *const *kc,
                                  void *const *vc, int n_new, int len, int h, int heads, int q4,
                                  float scale, float sparsity) {
@@ -568,10 +569,7 @@ __global__ void attention_kernel(const float *qkv, float *attn, const int *pad, 
     for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
     sum = block_sum(sum, shared);
     int keep = nk - 1; /* earlier keys kept */
-    if (n_new == 1 && sparsity < 1) {
-        int k = (int)floorf(sparsity * (float)slot); /* slots before this one, padding included */
-        keep = k < nk - 1 ? k : nk - 1;
-    }
+    if (n_new == 1 && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         scores[j] /= sum;
         kept[j] = 1;

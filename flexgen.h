@@ -23,8 +23,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define FG_ERR_LEN 512
+#define FG_PATH_LEN 4200 /* a path as the runtime keeps it, with room for a suffix */
 
 /* OPT's special tokens (docs/DESIGN.md, "Conventions": OPT facts). */
 #define OPT_PAD_ID 1
@@ -49,6 +51,27 @@ void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* vectorized where 
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
 /* AVX2, FMA and F16C are there (and FLEXGEN_NO_SIMD, which tests the portable paths, is unset). */
 int fg_cpu_has_avx2(void);
+
+/* ------------------------------------------------------------------------------------------
+ * Output files and signals (util.c). An output is written to a temporary beside its path and
+ * renamed over it by commit; abort, an error or a signal that ends the process removes it.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    FILE *f;
+    const char *flag, *path; /* for error lines: "--trace out.json: ..." */
+    char tmp[FG_PATH_LEN];
+    int slot;
+} fg_output;
+int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
+int fg_output_commit(fg_output *o, char *err);
+void fg_output_abort(fg_output *o);
+/* Whether path can be written as an output, before the work that makes it. */
+int fg_output_check(const char *flag, const char *path, char *err);
+/* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
+ * the process with one line naming its file and exit status 2. */
+void fg_install_signal_handlers(void);
+void fg_watch_mapping(const void *base, size_t size, const char *path);
+void fg_unwatch_mapping(const void *base);
 
 /* ------------------------------------------------------------------------------------------
  * 4-bit group-wise compression (quant.c, §5). A tensor [outer][len][inner] is grouped along len
@@ -244,11 +267,13 @@ typedef struct {
 
 /* One decode query of one head over keys 0 .. nk - 1 (the last is the new token): softmax(scale
  * q.K) over all of them, then out = sum of weight_j V_j over the kept keys. sparsity < 1 is §5's
- * top-K attention as in FlexGen: keep the new token and the floor(sparsity (total - 1)) earlier
- * keys of largest weight (total: cache slots, left padding included), weights not renormalized,
- * and only their V rows read. Returns the V rows read. scratch: 3 nk + head_dim floats. */
+ * top-K attention: keep the new token and the floor(sparsity (nk - 1)) earlier keys of largest
+ * weight, weights not renormalized, and only their V rows read. The keys are the sequence's own
+ * tokens, left padding excluded, so the result does not depend on which prompts share a block
+ * (FlexGen counts the padding of its one common prompt length). Returns the V rows read.
+ * scratch: 3 nk + head_dim floats. */
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
-                      int total, float scale, float sparsity, float *scratch, float *out);
+                      float scale, float sparsity, float *scratch, float *out);
 
 /* Allocates pad, tokens (batch x max_new) and the k, v pointer arrays; x and the cache rows
  * belong to the caller. */

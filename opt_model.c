@@ -472,12 +472,32 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
     return 0;
 }
 
+/* The config against the tensor table before anything is sized from the config: the decoder
+ * layers that the tensors name must be those num_hidden_layers says. */
+static int check_layer_count(const opt_config *cfg, const st_archive *a, const char *path, char *err) {
+    long layers = 0;
+    for (int i = 0; i < a->n_tensors; i++) {
+        const char *s = strstr(a->tensors[i].name, "decoder.layers.");
+        long j = s ? strtol(s + strlen("decoder.layers."), NULL, 10) : -1;
+        if (j >= layers) layers = j + 1;
+    }
+    if (layers != cfg->n_layers)
+        return fg_fail(err, "%s: num_hidden_layers is %d, but the checkpoint holds %ld decoder layers",
+                       path, cfg->n_layers, layers);
+    return 0;
+}
+
 int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (opt_config_from_json(path, cfg, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", dir);
-    return st_open_dir(dir, a, err);
+    if (st_open_dir(dir, a, err)) return -1;
+    if (check_layer_count(cfg, a, path, err)) {
+        st_close(a);
+        return -1;
+    }
+    return 0;
 }
 
 /* All weights in one fp32 arena: every tensor on the compute device (tests and tools). */
@@ -816,7 +836,7 @@ static const float *kv_row(const opt_kv_rows *r, int j, float *buf) {
 }
 
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
-                      int total, float scale, float sparsity, float *scratch, float *out) {
+                      float scale, float sparsity, float *scratch, float *out) {
     int hd = K->head_dim;
     float *scores = scratch, *spare = scores + nk, *buf = spare + nk;
     int *keep = (int *)(buf + hd);
@@ -829,7 +849,7 @@ int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V
     softmax(scores, nk);
     int n_keep = nk;
     if (sparsity < 1) {
-        n_keep = topk_keep(scores, nk - 1, (int)floorf(sparsity * (float)(total - 1)), keep, spare);
+        n_keep = topk_keep(scores, nk - 1, (int)floorf(sparsity * (float)(nk - 1)), keep, spare);
         keep[n_keep++] = nk - 1; /* the new token always attends to itself */
     }
     memset(out, 0, hd * sizeof *out);
@@ -882,7 +902,7 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         }
         opt_kv_rows K = head_rows(c, gb, ws, b, head, 0, start), V = head_rows(c, gb, ws, b, head, 1, start);
         if (n_new == 1) {
-            int read = opt_attend_decode(q, &K, &V, nk, end, scale, gb->attn_sparsity, scores, out);
+            int read = opt_attend_decode(q, &K, &V, nk, scale, gb->attn_sparsity, scores, out);
 #pragma omp atomic
             gb->v_rows_read[b] += read;
             continue;

@@ -157,6 +157,7 @@ int st_open_file(const char *path, st_archive *a, char *err) {
     }
     a->paths[i] = copy;
     a->maps[i] = map;
+    if (map) fg_watch_mapping(map, size, path); /* truncated while mapped: a line, not a SIGBUS */
     a->sizes[i] = size;
     a->n_files++;
     return parse_header(a, i, path, err);
@@ -221,7 +222,10 @@ const st_tensor *st_find(const st_archive *a, const char *name) {
 
 void st_close(st_archive *a) {
     for (int i = 0; i < a->n_files; i++) {
-        if (a->maps[i]) munmap(a->maps[i], a->sizes[i]);
+        if (a->maps[i]) {
+            fg_unwatch_mapping(a->maps[i]);
+            munmap(a->maps[i], a->sizes[i]);
+        }
         free(a->paths[i]);
     }
     free(a->paths);

@@ -61,23 +61,12 @@ char *fg_trace_events(const fg_runtime *rt, int stage, int n) {
 
 /* The trace file from every stage's events, written whole or not at all. */
 int fg_trace_write_events(const char *path, const char *events, char *err) {
-    char tmp[4200];
     if (!events) return fg_fail(err, "--trace %s: out of memory", path);
-    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return fg_fail(err, "--trace %s: %s", path, strerror(errno));
-    FILE *f = fdopen(fd, "w");
-    if (!f) { close(fd); unlink(tmp); return fg_fail(err, "--trace %s: %s", path, strerror(errno)); }
-    fprintf(f, "{\"traceEvents\":[\n%s", events);
-    fprintf(f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
-    int ok = !ferror(f);
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return fg_fail(err, "--trace %s: write failed: %s", path, strerror(e));
-    }
-    return 0;
+    fg_output o;
+    if (fg_output_open(&o, "--trace", path, err)) return -1;
+    fprintf(o.f, "{\"traceEvents\":[\n%s", events);
+    fprintf(o.f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
+    return fg_output_commit(&o, err);
 }
 
 int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {

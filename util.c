@@ -159,3 +159,161 @@ int fg_cpu_has_avx2(void) {
     return 0;
 #endif
 }
+
+/* ============================================================================================
+ * Output files, and what a signal leaves behind
+ *
+ * An output file (--dump-logits, --trace, the hardware file) is written under a temporary name
+ * in its directory and renamed over its path when complete, so a failed run never leaves a
+ * partial file. If SIGINT, SIGTERM or SIGHUP ends the process first, the handler removes the
+ * temporary. A SIGBUS inside a mapped input file (one truncated by someone else while it is
+ * read) ends the process with one line naming the file, where it would die without a word.
+ * ============================================================================================ */
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { MAX_TEMPS = 8, MAX_MAPPED = 256 };
+static char temp_names[MAX_TEMPS][FG_PATH_LEN];
+static volatile sig_atomic_t temp_used[MAX_TEMPS];
+static struct {
+    const char *base;
+    size_t size;
+    char line[FG_ERR_LEN + 16];
+    volatile sig_atomic_t used;
+} mapped[MAX_MAPPED];
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void remove_temps(void) {
+    for (int i = 0; i < MAX_TEMPS; i++)
+        if (temp_used[i]) unlink(temp_names[i]);
+}
+
+static void on_stop(int sig) {
+    remove_temps();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static struct sigaction bus_before; /* the handler in place before ours (e.g. a stage's) */
+
+static void on_bus(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    const char *at = si->si_addr;
+    for (int i = 0; i < MAX_MAPPED; i++)
+        if (mapped[i].used && at >= mapped[i].base && at < mapped[i].base + mapped[i].size) {
+            if (write(2, mapped[i].line, strlen(mapped[i].line)) < 0) { /* nothing else to do */ }
+            remove_temps();
+            _exit(2);
+        }
+    remove_temps();
+    sigaction(sig, &bus_before, NULL); /* the access faults again, into that handler */
+}
+
+void fg_install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    int stops[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) sigaction(stops[i], &sa, NULL);
+    sa.sa_handler = NULL;
+    sa.sa_sigaction = on_bus;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGBUS, &sa, &bus_before);
+}
+
+void fg_watch_mapping(const void *base, size_t size, const char *path) {
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < MAX_MAPPED; i++)
+        if (!mapped[i].used) {
+            mapped[i].base = base, mapped[i].size = size;
+            snprintf(mapped[i].line, sizeof mapped[i].line, "flexgen: %.400s: a mapped page cannot "
+                     "be read: the file was truncated or its disk failed while it was in use\n", path);
+            mapped[i].used = 1;
+            break;
+        }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+void fg_unwatch_mapping(const void *base) {
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < MAX_MAPPED; i++)
+        if (mapped[i].used && mapped[i].base == base) mapped[i].used = 0;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* The temporary of o->path, created and registered (-1: none free, or it cannot be created). */
+static int output_temp(fg_output *o, char *err) {
+    snprintf(o->tmp, sizeof o->tmp, "%s.tmp-XXXXXX", o->path);
+    pthread_mutex_lock(&registry_lock);
+    o->slot = -1;
+    for (int i = 0; i < MAX_TEMPS && o->slot < 0; i++)
+        if (!temp_used[i]) o->slot = i;
+    int fd = -1;
+    if (o->slot >= 0) {
+        snprintf(temp_names[o->slot], FG_PATH_LEN, "%s", o->tmp);
+        temp_used[o->slot] = 1; /* before it exists: a signal in between finds nothing to remove */
+        fd = mkstemp(temp_names[o->slot]);
+        if (fd >= 0) memcpy(o->tmp, temp_names[o->slot], sizeof o->tmp);
+        else temp_used[o->slot] = 0;
+    }
+    int e = o->slot < 0 ? EMFILE : errno;
+    pthread_mutex_unlock(&registry_lock);
+    if (fd < 0) return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path, strerror(e));
+    return fd;
+}
+
+static void output_forget(fg_output *o) {
+    unlink(o->tmp);
+    pthread_mutex_lock(&registry_lock);
+    if (o->slot >= 0) temp_used[o->slot] = 0;
+    pthread_mutex_unlock(&registry_lock);
+    o->slot = -1;
+}
+
+int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) {
+    memset(o, 0, sizeof *o);
+    o->flag = flag, o->path = path;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return fg_fail(err, "%s %s: not a regular file", flag, path);
+    int fd = output_temp(o, err);
+    if (fd < 0) return -1;
+    if (!(o->f = fdopen(fd, "wb"))) {
+        int e = errno;
+        close(fd);
+        output_forget(o);
+        return fg_fail(err, "%s %s: %s", flag, path, strerror(e));
+    }
+    return 0;
+}
+
+int fg_output_commit(fg_output *o, char *err) {
+    int ok = !ferror(o->f);
+    ok = fclose(o->f) == 0 && ok;
+    int e = errno;
+    ok = ok && rename(o->tmp, o->path) == 0;
+    if (!ok) e = e ? e : errno;
+    if (!ok) output_forget(o);
+    else {
+        pthread_mutex_lock(&registry_lock);
+        temp_used[o->slot] = 0;
+        pthread_mutex_unlock(&registry_lock);
+    }
+    return ok ? 0 : fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, strerror(e ? e : EIO));
+}
+
+void fg_output_abort(fg_output *o) {
+    if (o->f) fclose(o->f);
+    output_forget(o);
+}
+
+int fg_output_check(const char *flag, const char *path, char *err) {
+    fg_output o;
+    if (fg_output_open(&o, flag, path, err)) return -1;
+    fg_output_abort(&o);
+    return 0;
+}

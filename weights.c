@@ -211,7 +211,12 @@ void fg_model_close(fg_model *m) {
     free(m);
 }
 
-/* ---- dummy weights on disk: written once to a file in the weight dir, reused after ---- */
+/* ---- dummy weights on disk: written once to a file in the weight dir, reused after ----
+ * The file: a header naming the model, seed and size; a checksum of each layer's stored bytes;
+ * then every tensor, page-aligned. A file that is reused is checked whole as it is opened: one
+ * sequential read, the same as one decode step reads when the weights live on disk, and the
+ * only way to catch damage before a single value is used (the runtime's reads have no path to
+ * fail on). A damaged file is written again, as a missing one is. */
 
 typedef struct {
     char magic[16];
@@ -219,10 +224,36 @@ typedef struct {
     uint64_t seed, bytes;
 } weight_file_header;
 
+/* Where the layer checksums start; they are followed by the tensors. */
+static size_t sums_at(void) { return sizeof(weight_file_header); }
+
+/* A 64-bit checksum of bytes, continued from h (FNV-1a's prime over 8-byte words, with a shift
+ * that carries high bits down): fast enough to run at memory speed, and any change of a word
+ * changes it but for a 2^-64 chance. */
+static uint64_t checksum(const void *bytes, size_t n, uint64_t h) {
+    const unsigned char *s = bytes;
+    for (; n >= 8; n -= 8, s += 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    for (; n; n--, s++) h = (h ^ *s) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The checksum of layer j's tensors as the file stores them (from its base). */
+static uint64_t layer_checksum(const fg_model *m, const char *base, const size_t *offsets, int j) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        if (m->layout.tensors[i].tied_to < 0) h = checksum(base + offsets[i], stored_bytes(m, i), h);
+    return h;
+}
+
 /* Where each tensor sits in the dummy-weight file: all tensors, whatever the policy, so that
  * one file serves every placement. Returns the file's size. */
 static size_t weight_file_offsets(const fg_model *m, size_t *offsets) {
-    size_t at = page_up(sizeof(weight_file_header));
+    size_t at = page_up(sums_at() + (size_t)n_flexgen_layers(&m->view.cfg) * sizeof(uint64_t));
     for (int i = 0; i < m->layout.n_tensors; i++) {
         int tie = m->layout.tensors[i].tied_to;
         if (offsets) offsets[i] = tie >= 0 ? offsets[tie] : at; /* the same values, stored alike */
@@ -271,21 +302,49 @@ static void weight_file_id(const fg_model *m, size_t size, char *path, size_t n,
     snprintf(path, n, "%s/%s-seed%llu%s.fgw", m->rt->weight_dir, m->view.cfg.name,
              (unsigned long long)m->seed, q4 ? "-q4" : "");
     memset(want, 0, sizeof *want);
-    snprintf(want->magic, sizeof want->magic, q4 ? "flexgen-q4-1" : "flexgen-wt-1");
+    snprintf(want->magic, sizeof want->magic, q4 ? "flexgen-q4-2" : "flexgen-wt-2");
     want->cfg = m->view.cfg;
     want->seed = m->seed;
     want->bytes = size;
 }
 
-/* That file, open, when it is there and complete; else -1. */
-static int existing_weight_file(const fg_model *m, size_t size) {
+/* Whether every layer of the file open as fd matches its checksum; a note names the first that
+ * does not. */
+static int weight_file_intact(const fg_model *m, int fd, size_t size, const char *path) {
+    int L = n_flexgen_layers(&m->view.cfg), bad = -1;
+    size_t *offsets = malloc((size_t)m->layout.n_tensors * sizeof *offsets);
+    const char *base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (!offsets || base == MAP_FAILED) {
+        free(offsets);
+        return 0;
+    }
+    fg_watch_mapping(base, size, path);
+    madvise((void *)base, size, MADV_SEQUENTIAL);
+    weight_file_offsets(m, offsets);
+    const uint64_t *sums = (const uint64_t *)(base + sums_at());
+    for (int j = 0; j < L && bad < 0; j++) {
+        if (layer_checksum(m, base, offsets, j) != sums[j]) bad = j;
+        progress(m, "checking dummy weights", j + 1, L);
+    }
+    fg_unwatch_mapping(base);
+    munmap((void *)base, size);
+    free(offsets);
+    if (bad >= 0)
+        fprintf(stderr, "flexgen: note: %s: layer %d does not match its checksum (the file was "
+                        "changed); writing the dummy weights again\n", path, bad);
+    return bad < 0;
+}
+
+/* That file, open, when it is there and complete (and, with check, intact); else -1. */
+static int existing_weight_file(const fg_model *m, size_t size, int check) {
     char path[4300];
     weight_file_header want, have;
     weight_file_id(m, size, path, sizeof path, &want);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == size &&
-        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have && !memcmp(&have, &want, sizeof have))
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == size &&
+        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have && !memcmp(&have, &want, sizeof have) &&
+        (!check || weight_file_intact(m, fd, size, path)))
         return fd;
     if (fd >= 0) close(fd);
     return -1;
@@ -298,7 +357,7 @@ static void count_existing_weight_file(fg_model *m) {
     double bytes[N_TIERS], max_layer_disk;
     weight_bytes(m, bytes, &max_layer_disk);
     if (m->has_archive || m->rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
-    int fd = existing_weight_file(m, weight_file_offsets(m, NULL));
+    int fd = existing_weight_file(m, weight_file_offsets(m, NULL), 0);
     if (fd < 0) return;
     close(fd);
     m->reused_disk_bytes = bytes[TIER_DISK];
@@ -311,21 +370,26 @@ static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
     char path[4300];
     weight_file_header want;
     weight_file_id(m, size, path, sizeof path, &want);
-    int fd = existing_weight_file(m, size);
-    if (fd >= 0) return arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err);
+    int fd = existing_weight_file(m, size, 1);
+    if (fd >= 0) {
+        if (arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err)) return -1;
+        fg_watch_mapping(m->disk.base, m->disk.size, path);
+        return 0;
+    }
     if (mkdir_p(m->rt->weight_dir))
         return fg_fail(err, "--path %s: cannot create it: %s", m->rt->weight_dir, strerror(errno));
     fd = unnamed_file(m->rt->weight_dir, "--path", err);
     if (fd < 0 || arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err)) return -1;
     weight_source src = {NULL, m->seed};
     int L = n_flexgen_layers(c);
+    uint64_t *sums = (uint64_t *)(m->disk.base + sums_at());
     for (int j = 0; j < L; j++) {
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-            if (m->layout.tensors[i].tied_to >= 0) continue;
-            char *dst = m->disk.base + offsets[i];
-            if (fill_stored(m, i, &src, dst, err)) return -1;
-            drop_pages(&m->disk, dst, m->homes[i].bytes, 1); /* memory to the policy */
-        }
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+            if (m->layout.tensors[i].tied_to < 0 && fill_stored(m, i, &src, m->disk.base + offsets[i], err))
+                return -1;
+        sums[j] = layer_checksum(m, m->disk.base, offsets, j);
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) /* memory to the policy */
+            if (m->layout.tensors[i].tied_to < 0) drop_pages(&m->disk, m->disk.base + offsets[i], stored_bytes(m, i), 1);
         progress(m, "writing dummy weights", j + 1, L);
     }
     memcpy(m->disk.base, &want, sizeof want);

@@ -805,6 +805,20 @@ static void test_unknown_architecture(void) {
     finish(dir, NULL);
 }
 
+/* A config that disagrees with the tensors on the number of layers is refused before anything
+ * is sized from it: 2^20 layers would take gigabytes and most of a minute to lay out. */
+static void test_config_layers_against_tensors(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    static const int wrong[] = {1, 3, 1 << 20};
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+        write_config_edit(dir, "opt-tiny", "num_hidden_layers", cJSON_CreateNumber(wrong[i]));
+        char says[64];
+        snprintf(says, sizeof says, "num_hidden_layers is %d", wrong[i]);
+        EXPECT_LOAD_FAIL(dir, "config.json", says, "holds 2 decoder layers");
+    }
+    finish(dir, NULL);
+}
+
 static void test_missing_config_field(void) {
     static const char *const required[] = {"hidden_size", "num_hidden_layers",
                                            "num_attention_heads", "ffn_dim", "vocab_size"};
@@ -1095,6 +1109,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "malformed config.json", test_malformed_config);
     CU_add_test(s, "unknown architecture", test_unknown_architecture);
     CU_add_test(s, "missing or bad config field", test_missing_config_field);
+    CU_add_test(s, "config's layers against the tensor table, before allocating",
+                test_config_layers_against_tensors);
     CU_add_test(s, "hidden_size not a multiple of heads", test_heads_do_not_divide_hidden);
     CU_add_test(s, "index names a missing shard", test_index_missing_shard);
     CU_add_test(s, "index names a tensor its shard lacks", test_index_tensor_not_in_shard);

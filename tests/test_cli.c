@@ -345,6 +345,14 @@ static void test_bad_prompt_ids(void) {
     expect_bad_ids(dir, "2 5x\n", "line 1", "not a token id");
     expect_bad_ids(dir, "2 5\n\n2 6\n", "line 2", "empty prompt");
     expect_bad_ids(dir, "", "no prompts", "");
+    const char *nul = join(dir, "nul.txt"); /* a NUL byte does not end the line quietly */
+    FILE *f = fopen(nul, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fwrite("2 5 6\n2 7\0 9\n", 1, 13, f);
+    fclose(f);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", nul, "--gen-len", "8"), nul, "line 2", "NUL");
+    /* a read error is one, not "no prompts" */
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", dir, "--gen-len", "8"), dir, "cannot read");
     rm_tree(dir);
     free(dir);
 }
@@ -360,6 +368,14 @@ static void test_prompt_too_long(void) {
                 "60 tokens", "--gen-len 8", "64 positions");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--gen-len 8",
                 "64 positions");
+    /* lengths whose sum overflows an int, or whose buffers would take gigabytes, are refused
+     * against the model before anything is allocated */
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "2147483647"),
+                "--gen-len 2147483647", "64 positions");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--gen-len", "2147483647"), "--gen-len 2147483647",
+                "2048 positions");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-len", "20000000"), "--prompt-len 20000000",
+                "2048 positions");
     rm_tree(dir);
     free(dir);
 }
@@ -377,8 +393,134 @@ static void test_dump_logits_unwritable(void) {
                      "--dump-logits", sub), "--dump-logits", sub);
     CU_ASSERT_EQUAL(dir_entries(dir), 1);
     CU_ASSERT_EQUAL(dir_entries(sub), 0);
+    /* both outputs are checked before the model is touched: no dummy weights in --path */
+    const char *path = join(dir, "weights");
+    CU_ASSERT_EQUAL_FATAL(mkdir(path, 0755), 0);
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--percent", "0", "0", "100", "0", "100", "0", "--path", path,
+                     "--dump-logits", target), "--dump-logits", target);
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--percent", "0", "0", "100", "0", "100", "0", "--path", path,
+                     "--trace", sub), "--trace", sub, "not a regular file");
+    CU_ASSERT_EQUAL(dir_entries(path), 0);
     rm_tree(dir);
     free(dir);
+}
+
+/* In a child process with the signal handlers: an output being written when SIGINT comes leaves
+ * no temporary behind, and a mapped checkpoint truncated under the reader ends it with exit 2 and
+ * one line naming the file, not a bare SIGBUS. Returns the child's status; *line gets its stderr. */
+static int in_child(void (*body)(const char *), const char *arg, char *line, size_t n) {
+    int fds[2];
+    if (pipe(fds)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fg_install_signal_handlers();
+        body(arg);
+        _exit(0);
+    }
+    close(fds[1]);
+    ssize_t got = 0, r;
+    while ((size_t)got < n - 1 && (r = read(fds[0], line + got, n - 1 - (size_t)got)) > 0) got += r;
+    line[got > 0 ? got : 0] = 0;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+static void interrupted_output(const char *path) {
+    fg_output o;
+    char err[FG_ERR_LEN];
+    if (fg_output_open(&o, "--dump-logits", path, err)) _exit(3);
+    fputs("half a file", o.f);
+    fflush(o.f);
+    raise(SIGINT);
+    _exit(4); /* not reached: SIGINT ends the process */
+}
+
+static void truncated_checkpoint(const char *dir) {
+    opt_config cfg;
+    st_archive a;
+    char err[FG_ERR_LEN], file[4200];
+    if (opt_checkpoint_open(dir, &cfg, &a, err)) _exit(3);
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    if (truncate(file, 0)) _exit(3);
+    const st_tensor *t = &a.tensors[a.n_tensors - 1];
+    volatile char sum = 0;
+    for (size_t i = 0; i < t->nbytes; i++) sum += ((const char *)t->data)[i];
+    _exit(4); /* not reached: the pages are gone */
+}
+
+static void test_signals_leave_no_files(void) {
+    char *dir = make_temp_dir(), line[1024];
+    int status = in_child(interrupted_output, join(dir, "l.bin"), line, sizeof line);
+    CU_ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT);
+    EXPECT(dir_entries(dir) == 0, "SIGINT while an output is written: %d files left in its directory",
+           dir_entries(dir));
+    const char *names[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char src[4200], dst[4200];
+        snprintf(src, sizeof src, "%s/%s", fixture("opt-tiny"), names[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, names[i]);
+        size_t len;
+        char *data = slurp(src, &len);
+        FILE *f = fopen(dst, "wb");
+        CU_ASSERT_FATAL(data && f && fwrite(data, 1, len, f) == len);
+        fclose(f);
+        free(data);
+    }
+    status = in_child(truncated_checkpoint, dir, line, sizeof line);
+    char want[4300];
+    snprintf(want, sizeof want, "flexgen: %s/model.safetensors: ", dir);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 2 && !strncmp(line, want, strlen(want)) &&
+           strstr(line, "truncated") && count_lines(line) == 1,
+           "a checkpoint truncated while mapped: expected exit 2 and one line naming it, got %s %d, '%s'",
+           WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), line);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Dummy weights in --path that were changed on disk (header and size intact) are found out by
+ * their checksums and written again: the run gives the tokens of a fresh file, says so in one
+ * note, and the next run reuses the new file in silence. */
+static void test_damaged_weight_file(void) {
+    char *path = make_temp_dir(), *out, *err, dumps[3][4200];
+    for (int i = 0; i < 3; i++) snprintf(dumps[i], sizeof dumps[i], "%s/run%d.bin", path, i);
+    const char *weights = NULL;
+    for (int run = 0; run < 3; run++) {
+        int rc = run_flexgen(ARGS("--model", "opt-125m", "--percent", "0", "0", "100", "0", "100", "0",
+                                  "--path", path, "--prompt-len", "8", "--gen-len", "2", "--gpu-batch-size",
+                                  "2", "--quiet", "--dump-logits", dumps[run]), NULL, &out, &err);
+        CU_ASSERT_EQUAL(rc, 0);
+        EXPECT(run == 1 ? strstr(err, "does not match its checksum") && count_lines(err) == 1 : !err[0],
+               "run %d over %s weights: stderr '%s'", run, run == 1 ? "damaged" : "intact", err);
+        free(out), free(err);
+        if (run == 0) { /* zero 8 MiB in the middle of the file */
+            DIR *d = opendir(path);
+            for (struct dirent *e; d && (e = readdir(d));)
+                if (strstr(e->d_name, ".fgw")) weights = join(path, e->d_name);
+            if (d) closedir(d);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(weights);
+            int fd = open(weights, O_WRONLY);
+            struct stat st;
+            CU_ASSERT_FATAL(fd >= 0 && fstat(fd, &st) == 0);
+            static char zeros[8 << 20];
+            CU_ASSERT(pwrite(fd, zeros, sizeof zeros, st.st_size / 2) == (ssize_t)sizeof zeros);
+            close(fd);
+        }
+    }
+    size_t n0, n;
+    char *first = slurp(dumps[0], &n0);
+    for (int run = 1; run < 3; run++) {
+        char *again = slurp(dumps[run], &n);
+        EXPECT(first && again && n == n0 && !memcmp(first, again, n), "run %d: logits differ from the "
+               "first run's, over weights that were damaged before run 1", run);
+        free(again);
+    }
+    free(first);
+    rm_tree(path);
+    free(path);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -543,9 +685,9 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--disk-mem", "5Q"), "--disk-mem", "'5Q'");
     EXPECT_FAIL(ARGS("--gpu-mem", "-1G"), "--gpu-mem", "'-1G'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "0"), "--attn-sparsity", "(0, 1]", "'0'");
-    EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "'1.5'");
-    EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "'-0.1'");
-    EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "'nan'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "(0, 1]", "'1.5'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
+    EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");
     EXPECT_FAIL(ARGS("--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
     EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", "no such directory");
     /* a plan that does not fit is refused before any compute, naming the tier and the bytes */
@@ -1074,6 +1216,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "--device cuda|cpu|auto", test_device);
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
     CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
+    CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
+    CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
     CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);

@@ -256,9 +256,9 @@ static int by_weight_desc(const void *a, const void *b, void *w) {
 }
 
 /* The decode attention of one head, written out: softmax over all keys, sort the earlier keys
- * by weight, keep the first floor(F (total - 1)) and the new one, sum their weighted V rows. */
-static void plain_sparse(const float *q, const float *K, const float *V, int nk, int total, int hd,
-                         float F, float *out) {
+ * by weight, keep the first floor(F (nk - 1)) and the new one, sum their weighted V rows. */
+static void plain_sparse(const float *q, const float *K, const float *V, int nk, int hd, float F,
+                         float *out) {
     float scores[256], m = -INFINITY, sum = 0;
     int order[256];
     for (int j = 0; j < nk; j++) {
@@ -270,8 +270,7 @@ static void plain_sparse(const float *q, const float *K, const float *V, int nk,
     for (int j = 0; j < nk; j++) sum += scores[j] = expf(scores[j] - m);
     for (int j = 0; j < nk; j++) scores[j] /= sum, order[j] = j;
     qsort_r(order, nk - 1, sizeof *order, by_weight_desc, scores);
-    int k = (int)floorf(F * (float)(total - 1));
-    if (k > nk - 1) k = nk - 1;
+    int k = (int)floorf(F * (float)(nk - 1));
     order[k] = nk - 1;
     memset(out, 0, hd * sizeof *out);
     for (int i = 0; i <= k; i++)
@@ -279,7 +278,7 @@ static void plain_sparse(const float *q, const float *K, const float *V, int nk,
 }
 
 static void check_sparse(int q4) {
-    enum { NK = 37, TOTAL = 40, HEADS = 2, HD = 16, H = HEADS * HD };
+    enum { NK = 37, HEADS = 2, HD = 16, H = HEADS * HD };
     float q[HD], K[NK * HD], V[NK * HD], out[HD], ref[HD], scratch[3 * NK + HD], row[H];
     size_t row_bytes = q4 ? q4_bytes(HEADS, HD, 1) : 2 * H;
     char *kc = malloc(NK * row_bytes), *vc = malloc(NK * row_bytes);
@@ -302,12 +301,12 @@ static void check_sparse(int q4) {
     static const float fractions[] = {0.05f, 0.3f, 0.5f, 0.99f, 1.0f};
     for (int i = 0; i < 5; i++) {
         float F = fractions[i];
-        int read = opt_attend_decode(q, &kr, &vr, NK, TOTAL, 1 / sqrtf((float)HD), F, scratch, out);
-        plain_sparse(q, K, V, NK, TOTAL, HD, F, ref);
-        int keep = (int)floorf(F * (TOTAL - 1)), want = (keep < NK - 1 ? keep : NK - 1) + 1;
-        EXPECT(read == want, "%s cache, F = %g, %d keys over %d slots: V rows read: expected %d "
-               "(the top floor(F (slots - 1)) = %d earlier keys and the new one), got %d",
-               q4 ? "4-bit" : "fp16", F, NK, TOTAL, want, keep, read);
+        int read = opt_attend_decode(q, &kr, &vr, NK, 1 / sqrtf((float)HD), F, scratch, out);
+        plain_sparse(q, K, V, NK, HD, F, ref);
+        int keep = (int)floorf(F * (NK - 1)), want = keep + 1;
+        EXPECT(read == want, "%s cache, F = %g, %d keys: V rows read: expected %d (the top "
+               "floor(F (keys - 1)) = %d earlier keys and the new one), got %d",
+               q4 ? "4-bit" : "fp16", F, NK, want, keep, read);
         float worst = 0, scale = 0;
         int at = 0;
         for (int d = 0; d < HD; d++) {
@@ -372,8 +371,8 @@ static void test_sparse_runtime(void) {
         for (int i = 1; i < GEN; i++) {
             int len = padded + i - 1, total = len + 1;
             for (int b = 0; b < N_SEQ; b++) {
-                int nk = total - (padded - f.lens[b]), keep = (int)floorf(v.attn_sparsity * (float)(total - 1));
-                keep = (keep < nk - 1 ? keep : nk - 1) + 1;
+                int nk = total - (padded - f.lens[b]); /* its own tokens */
+                int keep = (int)floorf(v.attn_sparsity * (float)(nk - 1)) + 1;
                 in += c->n_layers * row * (len + keep);        /* all of K, the kept rows of V */
                 dense_in += c->n_layers * row * 2 * len;
             }
@@ -389,6 +388,60 @@ static void test_sparse_runtime(void) {
     fixture_prompts_close(&f);
 }
 
+/* The largest |logit| difference between a run with policy p and one block of all the prompts
+ * (logits base, tokens base_tokens), or -1 when the tokens differ. */
+static double grouping_change(const fixture_prompts *f, const fg_policy *p, const int *base_tokens,
+                              const float *base, float *r) {
+    int tokens[N_SEQ * GEN];
+    if (runtime_generate(f, p, tokens, r)) return INFINITY;
+    if (memcmp(tokens, base_tokens, sizeof tokens)) return -1;
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)N_SEQ * GEN * f->cfg.vocab; i++) worst = fmax(worst, fabs(r[i] - base[i]));
+    return worst;
+}
+
+/* Which prompts share a block, and so how far each is left-padded, does not change the sparse
+ * result: the rule counts a sequence's own tokens. The prompts have 3, 9, 14, 6 and 1 tokens;
+ * the blocks hold all five, one each, 2 x 3 (the second block half empty), and so on. The dense
+ * path's logits already move a little with the grouping (padding rows change how the products
+ * round, and then which fp16 the cache stores), so the sparse path is held to the same tokens and
+ * to 4x the dense path's own change; a rule that counted padding keeps other keys and moves the
+ * logits by far more. */
+static void test_sparse_grouping(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *dense = malloc(n * sizeof *dense), *sparse = malloc(n * sizeof *sparse), *r = malloc(n * sizeof *r);
+    int dense_tokens[N_SEQ * GEN], sparse_tokens[N_SEQ * GEN];
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0}, cpu_cache = {100, 0, 0, 100, 100, 0};
+    static const int shapes[][2] = {{1, 1}, {2, 1}, {1, 3}, {2, 3}, {3, 2}};
+    for (int q4 = 0; q4 < 2; q4++) {
+        fg_policy p = policy_of(N_SEQ, 1, all_gpu);
+        p.compress_cache = q4;
+        CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, dense_tokens, dense), 0);
+        p.attn_sparsity = 0.5f;
+        CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, sparse_tokens, sparse), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            for (int cpu = 0; cpu < 2; cpu++) {
+                fg_policy v = policy_of(shapes[s][0], shapes[s][1], cpu ? cpu_cache : all_gpu);
+                v.compress_cache = q4;
+                double dense_change = grouping_change(&f, &v, dense_tokens, dense, r);
+                v.attn_sparsity = p.attn_sparsity;
+                double change = grouping_change(&f, &v, sparse_tokens, sparse, r);
+                EXPECT(dense_change >= 0 && change >= 0 && change <= 4 * dense_change,
+                       "%s cache %s, blocks of %d x %d against one block of all 5 prompts: sparsity "
+                       "0.5 %s (largest logit change %g), dense %s (%g)", q4 ? "4-bit" : "fp16",
+                       cpu ? "on cpu" : "on gpu", shapes[s][0], shapes[s][1],
+                       change < 0 ? "changes tokens" : "keeps the tokens", change,
+                       dense_change < 0 ? "changes tokens" : "keeps the tokens", dense_change);
+            }
+    }
+    free(dense);
+    free(sparse);
+    free(r);
+    fixture_prompts_close(&f);
+}
+
 void add_compress_tests(void) {
     CU_pSuite s = CU_add_suite("compress", NULL, NULL);
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, pre-LN",
@@ -398,6 +451,8 @@ void add_compress_tests(void) {
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, pre-LN", test_cache_pre_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, post-LN", test_cache_post_ln);
     CU_add_test(s, "sparse attention equals a plain top-K, fp16 cache", test_sparse_fp16);
+    CU_add_test(s, "sparse attention: the same result however prompts are grouped into blocks",
+                test_sparse_grouping);
     CU_add_test(s, "sparse attention equals a plain top-K, 4-bit cache", test_sparse_q4);
     CU_add_test(s, "sparse attention in the runtime: F = 1 is dense, same bits everywhere, V bytes",
                 test_sparse_runtime);

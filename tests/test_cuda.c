@@ -1,4 +1,4 @@
-/* test_cuda.c: the GPU suite (issue "CUDA backend"). The CUDA backend against the CPU backend on
+/* test_cuda.c: the GPU suite. The CUDA backend against the CPU backend on
  * the tiny fixtures, over the runtime's placements, with CPU delegation, 4-bit weights and cache
  * (§5) and top-K sparse attention: the same tokens, and logits within a bound for fp16.
  *
@@ -114,6 +114,47 @@ static void compare_backends(const char *fixture_name) {
 static void test_pre_ln(void) { compare_backends("opt-tiny"); }
 static void test_post_ln(void) { compare_backends("opt-tiny-350m"); }
 
+/* Sparse attention on the GPU keeps what the CPU keeps however the prompts (1 to 14 tokens) are
+ * grouped into blocks: each grouping's tokens equal the CPU's with all five in one block, and
+ * its logits are within the bound above. */
+static void test_sparse_grouping(void) {
+    if (!gpu_present()) return;
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *cpu_logits = malloc(n * sizeof(float)), *gpu_logits = malloc(n * sizeof(float));
+    int cpu_tokens[N_SEQ * GEN], gpu_tokens[N_SEQ * GEN];
+    char err[FG_ERR_LEN];
+    static const int shapes[][2] = {{5, 1}, {1, 1}, {2, 3}, {3, 2}};
+    for (int cache_on_cpu = 0; cache_on_cpu < 2; cache_on_cpu++) {
+        fg_policy p = case_policy(&CASES[N_CASES - 2 + cache_on_cpu], FG_DEVICE_CPU);
+        p.gpu_batch_size = N_SEQ, p.num_gpu_batches = 1;
+        CU_ASSERT_EQUAL_FATAL(generate_with(f.dir, NULL, 0, &p, GEN, f.n, (int *const *)f.prompts, f.lens,
+                                            cpu_tokens, cpu_logits, NULL, err), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            p.device = FG_DEVICE_CUDA;
+            p.gpu_batch_size = shapes[s][0], p.num_gpu_batches = shapes[s][1];
+            int rc = generate_with(f.dir, NULL, 0, &p, GEN, f.n, (int *const *)f.prompts, f.lens, gpu_tokens,
+                                   gpu_logits, NULL, err);
+            EXPECT(rc == 0, "sparse, blocks of %d x %d: %s", shapes[s][0], shapes[s][1], err);
+            if (rc) continue;
+            float max_abs = 0, worst = 0;
+            for (size_t j = 0; j < n; j++) {
+                max_abs = fmaxf(max_abs, fabsf(cpu_logits[j]));
+                worst = fmaxf(worst, fabsf(cpu_logits[j] - gpu_logits[j]));
+            }
+            EXPECT(!memcmp(cpu_tokens, gpu_tokens, sizeof cpu_tokens) && worst <= 1e-2f * max_abs,
+                   "sparse, cache on %s, blocks of %d x %d on the GPU against one block on the CPU: "
+                   "tokens %s, max |logit difference| %g of %g", cache_on_cpu ? "cpu" : "gpu",
+                   shapes[s][0], shapes[s][1],
+                   memcmp(cpu_tokens, gpu_tokens, sizeof cpu_tokens) ? "differ" : "agree", worst, max_abs);
+        }
+    }
+    free(cpu_logits);
+    free(gpu_logits);
+    fixture_prompts_close(&f);
+}
+
 /* --gpu-mem caps device memory like any tier: a plan over it is refused before a byte moves,
  * and a run under it stays within it. */
 static void test_gpu_mem_cap(void) {
@@ -156,6 +197,7 @@ void add_cuda_tests(void) {
     CU_pSuite s = CU_add_suite("gpu", NULL, NULL);
     CU_add_test(s, "CUDA against CPU, pre-LN fixture, policy matrix", test_pre_ln);
     CU_add_test(s, "CUDA against CPU, post-LN fixture, policy matrix", test_post_ln);
+    CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
     CU_add_test(s, "--gpu-mem caps device memory", test_gpu_mem_cap);
     CU_add_test(s, "no GPU: --device cuda refused, auto falls back to the CPU", test_no_gpu_fallback);
 }

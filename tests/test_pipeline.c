@@ -182,7 +182,10 @@ static void expect_same_run(const pipeline_case *c) {
     add(&common, (const char *[]){"--model", c->model, "--prompt-ids", c->prompts, "--device", "cpu",
                                   "--quiet", "--offload-dir", dir, "--path", dir, NULL});
     add(&common, c->common);
-    job one = one_process(common.v, (const char *[]){"--dump-logits", one_dump, NULL});
+    arglist own = {.n = 0};
+    add(&own, c->single);
+    add(&own, (const char *[]){"--dump-logits", one_dump, NULL});
+    job one = one_process(common.v, own.v);
     arglist first = {.n = 0}; /* rank 0 writes the dump */
     add(&first, c->ranks[0]);
     add(&first, (const char *[]){"--dump-logits", many_dump, NULL});
@@ -208,6 +211,7 @@ static void expect_same_run(const pipeline_case *c) {
 
 static const char *const ON_DISK[] = {"--percent", "0", "0", "0", "0", "0", "0", NULL};
 static const char *const ON_CPU[] = {"--percent", "0", "100", "0", "100", "0", "100", NULL};
+static const char *const BLOCKS_OF_2[] = {"--gpu-batch-size", "1", "--num-gpu-batches", "2", NULL};
 static const char *const SPLIT[] = {"--percent", "0", "50", "0", "50", "50", "0", NULL};
 
 static void test_two_stages(void) {
@@ -228,6 +232,9 @@ static void test_two_stages(void) {
          (const char *[]){"--gen-len", "5", "--gpu-batch-size", "1", "--num-gpu-batches", "3",
                           "--cpu-cache-compute", NULL},
          {SPLIT, (const char *[]){"--overlap", "0", NULL}, NULL}, NULL},
+        {"sparse, blocks of 2 against one block of 4", 2, text, text_ids,
+         (const char *[]){"--gen-len", "8", "--attn-sparsity", "0.5", NULL},
+         {BLOCKS_OF_2, BLOCKS_OF_2, NULL}, (const char *[]){"--gpu-batch-size", "4", NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
 }
