@@ -5,7 +5,7 @@
  *   quant.c        4-bit group-wise compression, top-K selection for sparse attention (§5)
  *   opt_model.c    OPT configs, the weight table, the CPU forward pass and backend, sampling (§3)
  *   safetensors.c  checkpoints, mapped
- *   tokenizer.c    GPT-2 byte-level BPE over OPT's vocab.json / merges.txt
+ *   tokenizer.c    GPT-2 byte-level BPE over OPT's vocab.json / merges.txt, special tokens
  *   tiers.c, weights.c, plan.c, flexgen.c, trace.c
  *                  the runtime: tiers, placement, the plan check, the block schedule of Fig. 4
  *                  (§4.1, §4.2); flexgen.cu the CUDA backend
@@ -334,10 +334,14 @@ int sample_token(const float *logits, int n, float temperature, float top_p, fg_
  * ------------------------------------------------------------------------------------------ */
 typedef struct fg_tokenizer fg_tokenizer;
 
+/* Also reads the special and added tokens of the special_tokens_map.json, tokenizer_config.json
+ * and added_tokens.json beside vocab_path, where present (as HF's from_pretrained does). */
 fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err);
 void tokenizer_free(fg_tokenizer *t);
+/* One past the largest id: of the vocab, or of an added token. */
 int tokenizer_vocab_size(const fg_tokenizer *t);
-/* Encodes len bytes of text (no BOS added). *ids is malloc'd; the caller frees it. */
+/* Encodes len bytes of text (no BOS added); special and added tokens in the text become their
+ * ids, as HF's tokenizers split them out. *ids is malloc'd; the caller frees it. */
 int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **ids, int *n_ids,
                      char *err);
 /* Decodes to a malloc'd NUL-terminated byte string; *out_len excludes the NUL. Ids the vocab

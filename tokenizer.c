@@ -5,7 +5,11 @@
  *     hand-coded over UTF-8, with \p{L}, \p{N} and \s taken from Python's `regex` module (the
  *     generated tables below); an invalid UTF-8 byte counts as one "other" character;
  *   - bytes_to_unicode, the BPE merge loop by rank (all occurrences of the best pair per round,
- *     exactly as the slow tokenizer does), and decoding back to raw bytes.
+ *     exactly as the slow tokenizer does), and decoding back to raw bytes;
+ *   - special and added tokens (</s>, <|endoftext|>, ...): read from the special-token files
+ *     beside vocab.json as GPT2Tokenizer.from_pretrained reads them, cut out of the text before
+ *     pre-tokenization (leftmost, then longest, as HF's Trie does), with their lstrip, rstrip
+ *     and single_word flags applied to the text around them, and decoded to their text.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "flexgen.h"
@@ -16,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_TOKEN_ID ((1 << 24) - 1) /* far above any real vocab; bounds the id -> text table */
 
@@ -368,7 +373,7 @@ static int symtab_rehash(symtab *st, size_t nslots) {
 }
 
 static int symtab_grow(symtab *st, size_t extra) {
-    if (st->pool_len + extra > st->pool_cap || !st->pool) { /* even for an empty first symbol */
+    if (!st->pool || st->pool_len + extra > st->pool_cap) { /* a pool even for "": never NULL + 0 */
         size_t cap = st->pool_cap ? st->pool_cap : 4096;
         while (cap < st->pool_len + extra) cap *= 2;
         char *pool = realloc(st->pool, cap);
@@ -467,13 +472,28 @@ static int merge_put(merge_map *m, int a, int b, int rank, int result) {
 /* ------------------------------------------------------------------------------------------
  * The tokenizer.
  * ------------------------------------------------------------------------------------------ */
+/* An added token (HF's AddedToken): a text the encoder splits out before BPE, and its id. */
+typedef struct {
+    const char *text;
+    size_t len;
+    int id;
+    int lstrip, rstrip, single_word; /* AddedToken's flags, applied by apply_token_flags() */
+    int raw;     /* decodes to its own text; otherwise, like the vocab, through the byte map */
+    int in_trie; /* the text is cut out wherever it is (else only a whole piece that is it) */
+} added_token;
+
 struct fg_tokenizer {
     symtab syms;
     merge_map merges;
     int byte_sym[256]; /* symbol of each byte's bytes_to_unicode character */
-    int vocab_size;    /* one past the largest id */
+    int vocab_size;    /* one past the largest id, of the vocab or an added token */
     size_t *dec_off;   /* [vocab_size + 1]: id's decoded bytes are dec[dec_off[id], dec_off[id+1]) */
     char *dec;
+    added_token *added;   /* by first byte, then longest first; texts in added_text */
+    int n_added;
+    int added_first[257]; /* added[added_first[b] .. added_first[b + 1]) start with byte b */
+    char *added_text;
+    int unk_id; /* for a byte the vocab lacks (unk_token's vocab id); -1: none, encoding fails */
 };
 
 /* A token as it can be quoted in a one-line message: control bytes become '?', long ones are
@@ -584,22 +604,29 @@ static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym) {
     return 0;
 }
 
-static int load_vocab(fg_tokenizer *t, const char *path, int32_t **tok_sym, char *err) {
+/* A whole JSON file, or NULL with the error. Like Python's json, data after the value is an
+ * error. */
+static cJSON *parse_json_file(const char *path, char *err) {
     size_t len;
     char *buf = fg_read_file(path, &len, err);
-    if (!buf) return -1;
+    if (!buf) return NULL;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
     if (root && end) end = skip_json_space(end, buf + len);
-    if (!root || (end && end < buf + len)) { /* Python's json also rejects data after the value */
+    if (!root || (end && end < buf + len)) {
         int line = end ? line_of(buf, end) : 0;
         fg_fail(err, "%s: malformed JSON near line %d%s", path, line,
-                root ? " (data after the object)" : "");
+                root ? " (data after the value)" : "");
         cJSON_Delete(root);
-        free(buf);
-        return -1;
+        root = NULL;
     }
     free(buf);
+    return root;
+}
+
+static int load_vocab(fg_tokenizer *t, const char *path, int32_t **tok_sym, char *err) {
+    cJSON *root = parse_json_file(path, err);
+    if (!root) return -1;
     int max_id, rc = scan_vocab(root, path, &max_id, err);
     if (rc == 0) {
         t->vocab_size = max_id + 1;
@@ -701,6 +728,283 @@ static int load_merges(fg_tokenizer *t, const char *path, char *err) {
     return rc;
 }
 
+/* ---- special and added tokens: the files beside vocab.json ----
+ *
+ * HF's slow tokenizer keeps its added tokens in two maps: the decoder (id -> AddedToken: a text
+ * and the flags lstrip, rstrip, single_word) and the encoder (text -> id). from_pretrained fills
+ * them from the checkpoint's files:
+ *   tokenizer_config.json   bos_token, eos_token, unk_token, sep_token, pad_token, cls_token,
+ *                           mask_token (each a string, an AddedToken object or null), the list
+ *                           additional_special_tokens, and in newer checkpoints
+ *                           added_tokens_decoder (id -> AddedToken); when that is there, it is
+ *                           the only file read;
+ *   special_tokens_map.json otherwise: special tokens again, over the config's;
+ *   added_tokens.json       otherwise: text -> id, flags off.
+ * GPT2Tokenizer then makes bos, eos and unk <|endoftext|> where the files say nothing, and each
+ * special token becomes an added token: its vocab id, or the next id past the vocab (HF's
+ * _add_tokens). A special token given as an AddedToken brings its flags; a plain string keeps
+ * those of the added token with its text. ("normalized" only matters to lowercasing tokenizers.)
+ * While loading, texts point into the parsed files. */
+typedef struct {
+    added_token *v;
+    int n, cap;
+} token_list;
+
+/* The last entry with this text (a decoder can hold a text under two ids). */
+static const added_token *find_text(const token_list *l, const char *s, size_t n) {
+    for (int i = l->n - 1; i >= 0; i--)
+        if (l->v[i].len == n && memcmp(l->v[i].text, s, n) == 0) return &l->v[i];
+    return NULL;
+}
+
+static const added_token *find_id(const token_list *l, int id) {
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i].id == id) return &l->v[i];
+    return NULL;
+}
+
+/* Stores tok under its id (by_id: the decoder) or its text (the encoder), replacing what was
+ * there in place, as assigning to a Python dict key does. */
+static int token_list_put(token_list *l, const added_token *tok, int by_id) {
+    const added_token *old = by_id ? find_id(l, tok->id) : find_text(l, tok->text, tok->len);
+    if (old) {
+        l->v[old - l->v] = *tok;
+        return 0;
+    }
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        added_token *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *tok;
+    return 0;
+}
+
+enum { N_SPECIAL = 7, SPECIAL_UNK = 2, SPECIAL_PAD = 4 };
+static const char *const special_keys[N_SPECIAL] = {"bos_token", "eos_token", "unk_token",
+                                                    "sep_token", "pad_token", "cls_token",
+                                                    "mask_token"};
+enum { CONFIG_FILE, MAP_FILE, ADDED_FILE };
+static const char *const added_file_names[3] = {"tokenizer_config.json", "special_tokens_map.json",
+                                                "added_tokens.json"};
+
+/* A special token as the files give it. */
+typedef struct {
+    int given;  /* 0: not in the files, 1: null, 2: a token */
+    int object; /* an AddedToken (its flags count), not a plain string */
+    added_token tok;
+} special_token;
+
+typedef struct {
+    char dir[4096];
+    cJSON *files[3]; /* CONFIG_FILE, MAP_FILE, ADDED_FILE when present */
+    special_token special[N_SPECIAL];
+    special_token *extra; /* additional_special_tokens */
+    int n_extra, cap_extra;
+    token_list decoder, encoder;
+} added_loader;
+
+/* files[which], parsed when the file exists; a missing file is no error. */
+static int read_added_file(added_loader *L, int which, char *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", L->dir, added_file_names[which]);
+    if (access(path, F_OK) != 0) return 0;
+    if (!(L->files[which] = parse_json_file(path, err))) return -1;
+    if (!cJSON_IsObject(L->files[which])) return fg_fail(err, "%s: not a JSON object", path);
+    return 0;
+}
+
+/* An AddedToken object {"content": ..., "lstrip": ..., "rstrip": ..., "single_word": ...} (other
+ * fields ignored), or, where strings are allowed, a string. `what` names it in errors. */
+static int parse_token(const cJSON *v, int strings, const added_loader *L, int which,
+                       const char *what, special_token *out, char *err) {
+    static const char *const flags[3] = {"lstrip", "rstrip", "single_word"};
+    memset(out, 0, sizeof *out);
+    out->given = 2;
+    const cJSON *content = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "content") : v;
+    if (!cJSON_IsString(content) || (!strings && content == v))
+        return fg_fail(err, "%s/%s: %s is not %san object with a \"content\" string", L->dir,
+                       added_file_names[which], what, strings ? "a string or " : "");
+    out->object = content != v;
+    out->tok.text = content->valuestring;
+    out->tok.len = strlen(content->valuestring);
+    int *dst[3] = {&out->tok.lstrip, &out->tok.rstrip, &out->tok.single_word};
+    for (int i = 0; i < 3 && out->object; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(v, flags[i]);
+        if (f && !cJSON_IsBool(f))
+            return fg_fail(err, "%s/%s: %s: \"%s\" is not true or false", L->dir,
+                           added_file_names[which], what, flags[i]);
+        *dst[i] = cJSON_IsTrue(f);
+    }
+    return 0;
+}
+
+/* The special tokens of tokenizer_config.json or special_tokens_map.json, over those read
+ * before; its additional_special_tokens are appended to theirs. */
+static int read_special_keys(added_loader *L, int which, char *err) {
+    const cJSON *root = L->files[which];
+    for (const cJSON *it = root ? root->child : NULL; it; it = it->next) {
+        int k = 0;
+        while (k < N_SPECIAL && strcmp(it->string, special_keys[k]) != 0) k++;
+        if (k < N_SPECIAL && cJSON_IsNull(it)) {
+            L->special[k] = (special_token){.given = 1};
+        } else if (k < N_SPECIAL) {
+            if (parse_token(it, 1, L, which, special_keys[k], &L->special[k], err)) return -1;
+        } else if (!strcmp(it->string, "additional_special_tokens") && !cJSON_IsNull(it)) {
+            if (!cJSON_IsArray(it))
+                return fg_fail(err, "%s/%s: additional_special_tokens is not a list", L->dir,
+                               added_file_names[which]);
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it) {
+                if (L->n_extra == L->cap_extra) {
+                    int cap = L->cap_extra ? 2 * L->cap_extra : 8;
+                    special_token *v = realloc(L->extra, (size_t)cap * sizeof *v);
+                    if (!v) return fg_fail(err, "tokenizer: out of memory");
+                    L->extra = v;
+                    L->cap_extra = cap;
+                }
+                if (parse_token(e, 1, L, which, "an additional_special_tokens entry",
+                                &L->extra[L->n_extra++], err))
+                    return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* tokenizer_config.json's added_tokens_decoder: {"id": AddedToken, ...}. */
+static int read_decoder(added_loader *L, const cJSON *dec, char *err) {
+    if (!cJSON_IsObject(dec))
+        return fg_fail(err, "%s/tokenizer_config.json: added_tokens_decoder is not an object",
+                       L->dir);
+    for (const cJSON *it = dec->child; it; it = it->next) {
+        char what[80], key[48], *end;
+        quote_token(key, sizeof key, it->string, strlen(it->string));
+        snprintf(what, sizeof what, "added_tokens_decoder \"%s\"", key);
+        errno = 0;
+        long id = strtol(it->string, &end, 10);
+        if (end == it->string || *end || errno || id < 0 || id > MAX_TOKEN_ID)
+            return fg_fail(err, "%s/tokenizer_config.json: %s: not a token id in [0, %d]",
+                           L->dir, what, MAX_TOKEN_ID);
+        special_token s;
+        if (parse_token(it, 0, L, CONFIG_FILE, what, &s, err)) return -1;
+        s.tok.id = (int)id;
+        if (token_list_put(&L->decoder, &s.tok, 1)) return fg_fail(err, "tokenizer: out of memory");
+    }
+    return 0;
+}
+
+/* added_tokens.json: {"text": id, ...}, flags off. */
+static int read_added_json(added_loader *L, char *err) {
+    const cJSON *root = L->files[ADDED_FILE];
+    for (const cJSON *it = root ? root->child : NULL; it; it = it->next) {
+        double d = it->valuedouble;
+        if (!cJSON_IsNumber(it) || !(d >= 0 && d <= MAX_TOKEN_ID) || d != (double)(int)d) {
+            char tok[64];
+            quote_token(tok, sizeof tok, it->string, strlen(it->string));
+            return fg_fail(err, "%s/added_tokens.json: token \"%s\" has no id in [0, %d]",
+                           L->dir, tok, MAX_TOKEN_ID);
+        }
+        added_token tok = {.text = it->string, .len = strlen(it->string), .id = (int)d};
+        if (token_list_put(&L->decoder, &tok, 1)) return fg_fail(err, "tokenizer: out of memory");
+    }
+    return 0;
+}
+
+static int vocab_id(const fg_tokenizer *t, const char *s, size_t n) {
+    int k = symtab_find(&t->syms, s, n);
+    return k >= 0 ? t->syms.id[k] : -1;
+}
+
+/* Special token i: the seven keys, then additional_special_tokens. */
+static const special_token *special_at(const added_loader *L, int i) {
+    return i < N_SPECIAL ? &L->special[i] : &L->extra[i - N_SPECIAL];
+}
+
+/* The index of the first special token in [from, to) with this text, or -1. */
+static int find_special(const added_loader *L, int from, int to, const char *s, size_t n) {
+    for (int i = from; i < to; i++) {
+        const special_token *o = special_at(L, i);
+        if (o->given == 2 && o->tok.len == n && memcmp(o->tok.text, s, n) == 0) return i;
+    }
+    return -1;
+}
+
+/* GPT2Tokenizer.__init__ and _add_tokens: each special token (the first of equal texts) into the
+ * decoder and the encoder. */
+static int add_special_tokens(const fg_tokenizer *t, added_loader *L, int n_vocab_keys) {
+    int next_id = n_vocab_keys; /* len(get_vocab()): the vocab's texts and the added ones */
+    for (int i = 0; i < L->encoder.n; i++)
+        next_id += vocab_id(t, L->encoder.v[i].text, L->encoder.v[i].len) < 0;
+    for (int i = 0; i < N_SPECIAL + L->n_extra; i++) {
+        const special_token *s = special_at(L, i);
+        if (s->given != 2 || s->tok.len == 0 || find_special(L, 0, i, s->tok.text, s->tok.len) >= 0)
+            continue;
+        const added_token *have = find_text(&L->encoder, s->tok.text, s->tok.len);
+        if (have && !s->object) continue;
+        added_token tok = s->tok;
+        tok.id = have ? have->id : vocab_id(t, tok.text, tok.len);
+        if (tok.id < 0) tok.id = next_id++;
+        if (token_list_put(&L->decoder, &tok, 1) || token_list_put(&L->encoder, &tok, 0))
+            return -1;
+    }
+    return 0;
+}
+
+/* Which decoder entries decode to their own text: HF's "legacy" added tokens, those with no
+ * special token's text, and additional special tokens past the vocab. The others go through the
+ * byte map like vocab tokens. */
+static void mark_raw(added_loader *L, int n_vocab_keys) {
+    for (int i = 0; i < L->decoder.n; i++) {
+        added_token *d = &L->decoder.v[i];
+        const added_token *e = find_text(&L->encoder, d->text, d->len);
+        int keyed = find_special(L, 0, N_SPECIAL, d->text, d->len) >= 0;
+        int extra = find_special(L, N_SPECIAL, N_SPECIAL + L->n_extra, d->text, d->len) >= 0;
+        d->raw = (e && !keyed && !extra) || (extra && e && e->id >= n_vocab_keys);
+    }
+}
+
+/* Fills L from the files in L->dir, as GPT2Tokenizer.from_pretrained does. */
+static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) {
+    if (read_added_file(L, CONFIG_FILE, err) || read_special_keys(L, CONFIG_FILE, err)) return -1;
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(L->files[CONFIG_FILE],
+                                                        "added_tokens_decoder");
+    if (dec) {
+        if (read_decoder(L, dec, err)) return -1;
+        for (int k = 0; k < N_SPECIAL; k++) { /* a special token that the decoder holds is it */
+            special_token *s = &L->special[k];
+            const added_token *a = find_text(&L->decoder, s->tok.text, s->tok.len);
+            if (s->given == 2 && a) s->tok = *a, s->object = 1;
+        }
+    } else if (read_added_file(L, MAP_FILE, err) || read_special_keys(L, MAP_FILE, err) ||
+               read_added_file(L, ADDED_FILE, err) || read_added_json(L, err)) {
+        return -1;
+    }
+    for (int k = 0; k < N_SPECIAL; k++) { /* GPT2Tokenizer's defaults, and its AddedTokens */
+        special_token *s = &L->special[k];
+        if (k <= SPECIAL_UNK && s->given == 0)
+            *s = (special_token){.given = 2, .tok = {.text = "<|endoftext|>", .len = 13}};
+        if (k <= SPECIAL_UNK || k == SPECIAL_PAD) s->object = 1;
+    }
+    int n_vocab_keys = 0;
+    for (int k = 0; k < t->syms.n; k++) n_vocab_keys += t->syms.id[k] >= 0;
+    int rc = 0; /* the encoder: text -> id of the decoder's entries, the later of equal texts */
+    for (int i = 0; rc == 0 && i < L->decoder.n; i++)
+        rc = token_list_put(&L->encoder, &L->decoder.v[i], 0);
+    if (rc || add_special_tokens(t, L, n_vocab_keys))
+        return fg_fail(err, "tokenizer: out of memory");
+    mark_raw(L, n_vocab_keys);
+    for (int i = 0; i < L->encoder.n; i++) { /* what tokenize() looks up for an encoder text */
+        added_token *e = &L->encoder.v[i];
+        const added_token *d = find_id(&L->decoder, e->id);
+        e->lstrip = d->lstrip, e->rstrip = d->rstrip, e->single_word = d->single_word;
+        e->in_trie = find_text(&L->decoder, e->text, e->len) != NULL; /* HF's trie: decoder texts */
+    }
+    return 0;
+}
+
 /* ---- decode table ---- */
 
 /* Bytes a token's text stands for: each bytes_to_unicode character becomes its byte; any other
@@ -721,26 +1025,105 @@ static size_t token_bytes(const char *s, size_t n, const int16_t *inv, char *out
     return o;
 }
 
-static int build_decode_table(fg_tokenizer *t, const int32_t *tok_sym) {
+/* Bytes of each id: a vocab token's through the byte map, an added token's (which wins, as in
+ * HF's convert_ids_to_tokens) through it or as it is. n_vocab: ids tok_sym covers. */
+static int build_decode_table(fg_tokenizer *t, const int32_t *tok_sym, int n_vocab,
+                              const token_list *decoder) {
     int16_t inv[0x144];
     int32_t cp[256];
     for (int i = 0; i < 0x144; i++) inv[i] = -1;
     bytes_to_unicode(cp);
     for (int b = 0; b < 256; b++) inv[cp[b]] = (int16_t)b;
+    t->vocab_size = n_vocab;
+    for (int i = 0; i < decoder->n; i++)
+        if (decoder->v[i].id >= t->vocab_size) t->vocab_size = decoder->v[i].id + 1;
+    const added_token **added = calloc((size_t)t->vocab_size, sizeof *added);
+    if (!added) return -1;
+    for (int i = 0; i < decoder->n; i++) added[decoder->v[i].id] = &decoder->v[i];
     size_t total = 0;
-    for (int id = 0; id < t->vocab_size; id++)
-        if (tok_sym[id] >= 0) total += t->syms.len[tok_sym[id]];
+    for (int id = 0; id < t->vocab_size; id++) {
+        if (added[id]) total += added[id]->len;
+        else if (id < n_vocab && tok_sym[id] >= 0) total += t->syms.len[tok_sym[id]];
+    }
     t->dec_off = malloc(((size_t)t->vocab_size + 1) * sizeof *t->dec_off);
     t->dec = malloc(total ? total : 1); /* decoding never lengthens a token */
-    if (!t->dec_off || !t->dec) return -1;
+    if (!t->dec_off || !t->dec) {
+        free(added);
+        return -1;
+    }
     size_t o = 0;
     for (int id = 0; id < t->vocab_size; id++) {
         t->dec_off[id] = o;
-        int k = tok_sym[id];
-        if (k >= 0) o += token_bytes(t->syms.pool + t->syms.off[k], t->syms.len[k], inv, t->dec + o);
+        const added_token *a = added[id];
+        if (a && a->raw) {
+            memcpy(t->dec + o, a->text, a->len);
+            o += a->len;
+        } else if (a) {
+            o += token_bytes(a->text, a->len, inv, t->dec + o);
+        } else if (id < n_vocab && tok_sym[id] >= 0) {
+            int k = tok_sym[id];
+            o += token_bytes(t->syms.pool + t->syms.off[k], t->syms.len[k], inv, t->dec + o);
+        }
     }
     t->dec_off[t->vocab_size] = o;
+    free(added);
     return 0;
+}
+
+/* Added tokens first by their first byte, then longest first, so that the first match at a
+ * position is the longest. */
+static int added_order(const void *pa, const void *pb) {
+    const added_token *a = pa, *b = pb;
+    unsigned char ca = (unsigned char)a->text[0], cb = (unsigned char)b->text[0];
+    if (ca != cb) return ca < cb ? -1 : 1;
+    return a->len != b->len ? (a->len > b->len ? -1 : 1) : 0;
+}
+
+/* The encoder's tokens (all but an empty text, which never matches) into t, texts copied. */
+static int keep_encoder(fg_tokenizer *t, const token_list *encoder) {
+    size_t total = 1;
+    for (int i = 0; i < encoder->n; i++) total += encoder->v[i].len;
+    t->added = malloc(((size_t)encoder->n + 1) * sizeof *t->added);
+    t->added_text = malloc(total);
+    if (!t->added || !t->added_text) return -1;
+    size_t o = 0;
+    for (int i = 0; i < encoder->n; i++) {
+        if (encoder->v[i].len == 0) continue;
+        added_token *a = &t->added[t->n_added++];
+        *a = encoder->v[i];
+        memcpy(t->added_text + o, a->text, a->len);
+        a->text = t->added_text + o;
+        o += a->len;
+    }
+    qsort(t->added, (size_t)t->n_added, sizeof *t->added, added_order);
+    for (int b = 0, i = 0; b <= 256; b++) {
+        while (i < t->n_added && (unsigned char)t->added[i].text[0] < b) i++;
+        t->added_first[b] = i;
+    }
+    return 0;
+}
+
+/* The special and added tokens from the files beside vocab_path, and the decode table. */
+static int load_added_tokens(fg_tokenizer *t, const char *vocab_path, const int32_t *tok_sym,
+                             char *err) {
+    added_loader L = {0};
+    snprintf(L.dir, sizeof L.dir, "%s", vocab_path);
+    char *slash = strrchr(L.dir, '/');
+    if (!slash) snprintf(L.dir, sizeof L.dir, ".");
+    else *(slash == L.dir ? slash + 1 : slash) = '\0';
+    int rc = read_added_tokens(t, &L, err);
+    if (rc == 0 && (keep_encoder(t, &L.encoder) ||
+                    build_decode_table(t, tok_sym, t->vocab_size, &L.decoder))) {
+        fg_fail(err, "%s: out of memory", vocab_path);
+        rc = -1;
+    }
+    const special_token *unk = &L.special[SPECIAL_UNK];
+    t->unk_id = unk->given == 2 ? vocab_id(t, unk->tok.text, unk->tok.len) : -1;
+    for (int i = 0; i < 3; i++) cJSON_Delete(L.files[i]);
+    free(L.extra);
+    free(L.decoder.v);
+    free(L.encoder.v);
+    return rc;
 }
 
 fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err) {
@@ -756,10 +1139,7 @@ fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, ch
         rc = -1;
     }
     if (rc == 0) rc = load_merges(t, merges_path, err);
-    if (rc == 0 && build_decode_table(t, tok_sym) != 0) {
-        fg_fail(err, "%s: out of memory", vocab_path);
-        rc = -1;
-    }
+    if (rc == 0) rc = load_added_tokens(t, vocab_path, tok_sym, err);
     free(tok_sym);
     if (rc != 0) {
         tokenizer_free(t);
@@ -774,6 +1154,8 @@ void tokenizer_free(fg_tokenizer *t) {
     free(t->merges.slots);
     free(t->dec_off);
     free(t->dec);
+    free(t->added);
+    free(t->added_text);
     free(t);
 }
 
@@ -912,7 +1294,8 @@ static int bpe_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, 
     bpe_rounds(t, w);
     for (int p = 0; p >= 0; p = w->next[p]) {
         int id = t->syms.id[w->sym[p]];
-        if (id < 0) { /* only single bytes can lack a token: merge results are checked */
+        if (id < 0) id = t->unk_id; /* only single bytes can lack a token: merges are checked */
+        if (id < 0) {
             fg_fail(err, "tokenizer: byte 0x%02x has no token in the vocab", s[p]);
             return -1;
         }
@@ -920,6 +1303,138 @@ static int bpe_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, 
             fg_fail(err, "tokenizer: out of memory");
             return -1;
         }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Added tokens in the text: the slow tokenizer's tokenize() cuts the text at them (its Trie: the
+ * leftmost match, the longest there), applies their flags to the neighbouring pieces, then runs
+ * BPE on each piece that is not an added token's text.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    const char *s;
+    size_t n;
+    char *own; /* s, when the piece was made by joining two */
+} piece;
+
+typedef struct {
+    piece *v;
+    int n, cap;
+} piece_list;
+
+static int piece_add(piece_list *l, const char *s, size_t n) {
+    if (n == 0) return 0; /* the Trie's cut leaves no empty pieces */
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        piece *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (piece){s, n, NULL};
+    return 0;
+}
+
+/* The longest added token at the start of s[0..n) (exact: whose text is all of it), or NULL. */
+static const added_token *added_at(const fg_tokenizer *t, const char *s, size_t n, int exact) {
+    unsigned char b = (unsigned char)s[0];
+    for (int i = t->added_first[b]; i < t->added_first[b + 1]; i++) {
+        const added_token *a = &t->added[i];
+        if ((exact ? a->len == n : a->len <= n && a->in_trie) && !memcmp(a->text, s, a->len))
+            return a;
+    }
+    return NULL;
+}
+
+/* The added token that a piece is, or NULL: HF's `token in no_split_token`. */
+static const added_token *added_exact(const fg_tokenizer *t, const piece *p) {
+    return p->n ? added_at(t, p->s, p->n, 1) : NULL;
+}
+
+/* The text cut before and after each added token, leftmost first. HF's Trie cuts the same way
+ * unless an added token's text holds another one after its first character; then it can miss a
+ * match or cut where no token is, a quirk not copied here. */
+static int split_added(const fg_tokenizer *t, const char *s, size_t n, piece_list *out) {
+    size_t start = 0;
+    for (size_t i = 0; i < n;) {
+        const added_token *a = t->n_added ? added_at(t, s + i, n - i, 0) : NULL;
+        if (!a) {
+            i++;
+            continue;
+        }
+        if (piece_add(out, s + start, i - start) || piece_add(out, s + i, a->len)) return -1;
+        start = i += a->len;
+    }
+    return start < n ? piece_add(out, s + start, n - start) : 0;
+}
+
+/* Python's str.isspace(), what HF's lstrip and rstrip take away: \s and U+001C..U+001F. */
+static int py_space(int32_t cp) { return uc_class(cp) == UC_S || (cp >= 0x1C && cp <= 0x1F); }
+
+static void strip_left(piece *p) {
+    while (p->n > 0) {
+        int32_t cp;
+        size_t len = utf8_next((const unsigned char *)p->s, p->n, &cp);
+        if (!py_space(cp)) break;
+        p->s += len;
+        p->n -= len;
+    }
+}
+
+static void strip_right(piece *p) {
+    size_t keep = 0;
+    for (size_t i = 0; i < p->n;) {
+        int32_t cp;
+        i += utf8_next((const unsigned char *)p->s + i, p->n - i, &cp);
+        if (!py_space(cp)) keep = i;
+    }
+    p->n = keep;
+}
+
+/* dst = a + b (dst is one of them). */
+static int join_pieces(piece *dst, const piece *a, const piece *b) {
+    size_t n = a->n + b->n;
+    char *s = malloc(n + 1);
+    if (!s) return -1;
+    memcpy(s, a->s, a->n);
+    memcpy(s + a->n, b->s, b->n);
+    free(dst->own);
+    *dst = (piece){s, n, s};
+    return 0;
+}
+
+/* The pass of tokenize() over the pieces: an rstrip token takes the whitespace off the start of
+ * the next piece, an lstrip one off the end of the previous piece, and a single_word token that
+ * a piece not ending (starting) in ' ' touches is joined to it, as text. Each step sees the
+ * pieces as the steps before it left them; `left` and `right` are the neighbours before this
+ * step, as the reference's tests read them. */
+static int apply_token_flags(const fg_tokenizer *t, piece_list *l) {
+    piece *p = l->v;
+    for (int i = 0; i < l->n; i++) {
+        const added_token *a = added_exact(t, &p[i]);
+        if (!a) continue;
+        piece none = {0}, left = i > 0 ? p[i - 1] : none, right = i + 1 < l->n ? p[i + 1] : none;
+        if (a->rstrip && right.n) strip_left(&p[i + 1]);
+        if (a->lstrip && left.n) strip_right(&p[i - 1]);
+        if (a->single_word && left.n && left.s[left.n - 1] != ' ') {
+            if (join_pieces(&p[i - 1], &p[i - 1], &p[i])) return -1;
+            p[i].n = 0;
+        } else if (a->single_word && right.n && right.s[0] != ' ') {
+            if (join_pieces(&p[i + 1], &p[i], &p[i + 1])) return -1;
+            p[i].n = 0;
+        }
+    }
+    return 0;
+}
+
+/* BPE over a piece of text, one pre-token at a time. */
+static int encode_text(const fg_tokenizer *t, bpe_work *w, const piece *p, char *err) {
+    const unsigned char *s = (const unsigned char *)p->s;
+    for (size_t pos = 0; pos < p->n;) {
+        size_t end = pretoken_end(s, p->n, pos);
+        if (bpe_word(t, w, s + pos, end - pos, err)) return -1;
+        pos = end;
     }
     return 0;
 }
@@ -937,14 +1452,17 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
         return -1;
     }
     bpe_work w = {0};
-    const unsigned char *s = (const unsigned char *)text;
-    int rc = grow_ids(&w); /* so the output is never NULL, even for empty text */
-    if (rc != 0) fg_fail(err, "tokenizer: out of memory");
-    for (size_t pos = 0; rc == 0 && pos < len;) {
-        size_t end = pretoken_end(s, len, pos);
-        rc = bpe_word(t, &w, s + pos, end - pos, err);
-        pos = end;
+    piece_list pieces = {0};
+    int rc = grow_ids(&w) || split_added(t, text, len, &pieces) || apply_token_flags(t, &pieces)
+                 ? fg_fail(err, "tokenizer: out of memory") /* the output is never NULL */
+                 : 0;
+    for (int i = 0; rc == 0 && i < pieces.n; i++) {
+        const added_token *a = added_exact(t, &pieces.v[i]);
+        if (a && emit_id(&w, a->id)) rc = fg_fail(err, "tokenizer: out of memory");
+        else if (!a) rc = encode_text(t, &w, &pieces.v[i], err);
     }
+    for (int i = 0; i < pieces.n; i++) free(pieces.v[i].own);
+    free(pieces.v);
     work_free(&w);
     if (rc != 0) {
         free(w.ids);

@@ -1,25 +1,42 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/tokenizer/{vocab.json, merges.txt, cases.json}.
+"""Writes the tokenizer fixtures: tests/fixtures/tokenizer{,-gpt2,-added}/, each a checkpoint's
+tokenizer files (vocab.json, merges.txt and the special-token files HF reads beside them) and
+cases.json, the ids HF gives for a list of strings.
 
 OPT's real vocab is not part of the repository, so a small byte-level BPE (same format as OPT's:
 GPT-2 byte map, `#version` header in merges.txt, <s> <pad> </s> <unk> at ids 0..3) is trained on
-the text below with the `tokenizers` library. The expected ids of cases.json come from HF
-transformers' slow GPT2Tokenizer loaded from those files: the Python reference that tokenizer.c
-reproduces. The fast tokenizer must agree with it on every case (a sanity check of the fixture).
+the text below with the `tokenizers` library, and CROSS_MERGES are appended. The three
+directories share it and differ in the files around it:
+  tokenizer/        special_tokens_map.json and tokenizer_config.json as OPT checkpoints have
+                    them: bos, eos and unk are </s>, pad is <pad> (<s> and <unk> are plain text);
+  tokenizer-gpt2/   as GPT-2 ships: <|endoftext|> last in the vocab and no special tokens in its
+                    files, so GPT2Tokenizer's defaults make it bos, eos and unk; plus an
+                    added_tokens.json;
+  tokenizer-added/  a tokenizer_config.json with added_tokens_decoder (as newer transformers
+                    save it): added tokens with lstrip, rstrip and single_word, some past the
+                    vocab, and a special_tokens_map.json that HF ignores next to it.
+The expected ids come from HF transformers' slow GPT2Tokenizer.from_pretrained(directory): the
+Python reference that tokenizer.c reproduces. On text without special tokens HF's fast tokenizer
+must agree with it (a sanity check of the fixture). A case whose decoded ids are not its text
+(stripped whitespace) also records "decoded": HF's decode with skip_special_tokens=False,
+spaces_between_special_tokens=False, clean_up_tokenization_spaces=False.
 Deterministic: running it again gives identical files.
 
-Run from the repository root:
-    /work/venv/bin/python scripts/make_tokenizer_fixture.py
+The slow GPT2Tokenizer exists up to transformers 4.x. Run from the repository root:
+    .venv/bin/python scripts/make_tokenizer_fixture.py
 """
 import json
 import os
+import shutil
 import tempfile
 
 from tokenizers import ByteLevelBPETokenizer
-from transformers import GPT2Tokenizer
+from transformers import GPT2Tokenizer, PreTrainedTokenizer
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+OUT = os.path.join(FIXTURES, "tokenizer")
 VOCAB_SIZE = 1000  # below what the text supports, so some words stay in pieces
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # OPT's ids 0..3
 
@@ -103,6 +120,197 @@ CASES = [
     "it's 's'",
 ]
 
+# The pre-tokenizer's optional space is ' ' only: other whitespace before a contraction, a word,
+# a number or punctuation is a token of its own (or joins the whitespace run). CROSS_MERGES make a
+# pre-tokenizer that got this wrong give other ids.
+WHITESPACE_CASES = [
+    "a\t's b\n't c\r're d\u00a0've e\u3000ll f  'm g\t\t'd",
+    "\tword \nword \rword \x0bword \x0cword \u00a0word \u3000word \u2003word",
+    "x\t123 x\n456 x\r789 x\u00a0123 x\u3000456 x  789",
+    "x\t!! x\n?? x\r.. x\u00a0;; x\u3000() x  --",
+    "\u00a0\u00a0word \u3000 word \u00a0 word  \u00a0word",
+    "end\t\nend\r\n\r\nend\u2028end\u2029end\u0085end",
+    "\x1cword \x1d123 \x1e!! \x1f's",
+    "\u1680word\u202fword\u205fword\u2000word\u200aword",
+    "  \t  's \r\n 123 \n\t!! \u00a0 \u3000 ",
+    "word\u00a0",
+    "\u3000",
+]
+
+
+# OPT: </s> is bos, eos and unk, <pad> is pad; <s> and <unk> are ordinary text.
+OPT_SPECIAL_CASES = [
+    "</s>",
+    "Hello</s>world",
+    "Hello </s> world",
+    "Hello</s> world",
+    "Hello </s>world",
+    "</s></s></s>",
+    "</s> </s>  </s>\t</s>\n</s>",
+    "<pad>Hello<pad>",
+    "<pad></s><pad>",
+    "</s",
+    "</s >",
+    "</ s>",
+    "< /s>",
+    "</S>",
+    "<s>x",
+    "<s></s><pad><unk>",
+    "<</s>>",
+    "</s>>",
+    "<</s>",
+    "<<pad>>",
+    "<pa</s>d>",
+    "in</s>side a wo</s>rd",
+    "don</s>'t</s>'s '</s>s",
+    "\n</s>\n",
+    "\t</s>\t",
+    "  </s>  ",
+    "</s>\u00a0word word\u3000</s>",
+    "x</s",
+    "\U0001F600</s>\u65e5\u672c",
+    "123</s>456 !!</s>??",
+    "</s>Hello world</s>",
+]
+
+# GPT-2: <|endoftext|> from GPT2Tokenizer's defaults, <|im_start|> from added_tokens.json.
+GPT2_CASES = [
+    "<|endoftext|>",
+    "Hello<|endoftext|>world",
+    "Hello <|endoftext|> world",
+    "<|endoftext|><|endoftext|>",
+    "<|endoftext|",
+    "<|endoftext|>x",
+    "<|endoftext||>",
+    "</s><pad> are plain text here",
+    "<|im_start|>user\nhi<|endoftext|>",
+    "a<|im_start|>b",
+]
+
+# Added tokens with flags (added_files): <mask> lstrip, <eat> rstrip, <both> both, <word>
+# single_word, <lw> lstrip and single_word, <pad> and <new> rstrip; <ab> and <ab>c overlap;
+# \u0120world, \u0120cls and \u0120the hold a byte-map character (the special ones decode through
+# the byte map unless past the vocab); <unk> is special only here.
+ADDED_CASES = [
+    "Hello <mask> world",
+    "Hello<mask>world",
+    "Hello \t <mask>world",
+    "\u00a0\u3000\x1c<mask>",
+    "<mask>",
+    "  <mask>  ",
+    "a <eat>  b",
+    "a <eat>\n\tb",
+    "a<eat>",
+    "<eat> ",
+    "<eat>\x1f\u2028x",
+    "<both>",
+    "x  <both>  y",
+    "x<both>y",
+    "<word>",
+    "x<word>",
+    "x <word>",
+    "x <word> y",
+    "x<word> y",
+    "x <word>y",
+    "<word>y",
+    "<word> <word>",
+    "<word><word>",
+    "<word><mask>",
+    "<mask><word>",
+    "x <eat><word> y",
+    "x <lw>",
+    "x<lw>",
+    "x  <lw> y",
+    "x\t<lw>y",
+    "<ab>",
+    "<ab>c",
+    "<ab>cd",
+    "x<ab>c>y",
+    "<a<ab>",
+    "hello\u0120world \u0120world",
+    "x\u0120cls y\u0120cls",
+    "</s><pad><new><unk>",
+    "<pad>  x <new> \t y",
+    "x\u0120the the \u0120the",
+    "<new>, <new>.",
+    "<sep> and <cls> are text: special_tokens_map.json is not read",
+    "<mask><eat><both><new></s>",
+]
+
+# HF's AddedToken fields, as tokenizer files store them.
+def token(content, lstrip=False, rstrip=False, single_word=False, normalized=True):
+    return {"content": content, "lstrip": lstrip, "normalized": normalized, "rstrip": rstrip,
+            "single_word": single_word}
+
+
+# OPT's two files (facebook/opt-*): the AddedToken dicts written by transformers 4.19-era code.
+def opt_files():
+    eos, pad = token("</s>"), token("<pad>")
+    typed = lambda t: dict(t, __type="AddedToken")
+    return {
+        "special_tokens_map.json": {"bos_token": eos, "eos_token": eos, "unk_token": eos,
+                                    "pad_token": pad},
+        "tokenizer_config.json": {"errors": "replace", "unk_token": typed(eos),
+                                  "bos_token": typed(eos), "eos_token": typed(eos),
+                                  "pad_token": typed(pad), "add_prefix_space": False,
+                                  "add_bos_token": True, "special_tokens_map_file": None,
+                                  "name_or_path": "facebook/opt-125m"},
+    }
+
+
+def gpt2_files(n_vocab):
+    return {"tokenizer_config.json": {"model_max_length": 1024},
+            "added_tokens.json": {"<|im_start|>": n_vocab + 1}}
+
+
+# Newer transformers save every added token in tokenizer_config.json's added_tokens_decoder; HF
+# then reads neither special_tokens_map.json nor added_tokens.json.
+def added_files(n_vocab):
+    special = lambda t: dict(t, special=True)
+    plain = lambda t: dict(t, special=False)
+    added = [special(token("<mask>", lstrip=True)), plain(token("<eat>", rstrip=True)),
+             plain(token("<both>", lstrip=True, rstrip=True)),
+             plain(token("<word>", single_word=True)), plain(token("<ab>")), plain(token("<ab>c")),
+             plain(token("\u0120world")), special(token("<new>", rstrip=True)),
+             special(token("\u0120cls")),
+             plain(token("<lw>", lstrip=True, single_word=True))]
+    decoder = {"1": special(token("<pad>", rstrip=True)), "2": special(token("</s>"))}
+    decoder.update({str(n_vocab + i): t for i, t in enumerate(added)})
+    return {
+        "tokenizer_config.json": {
+            "add_bos_token": True, "add_prefix_space": False, "added_tokens_decoder": decoder,
+            "additional_special_tokens": ["<new>", "\u0120the"], "bos_token": "</s>", "cls_token": "\u0120cls",
+            "eos_token": "</s>", "errors": "replace", "mask_token": "<mask>",
+            "model_max_length": 2048, "pad_token": "<pad>", "tokenizer_class": "GPT2Tokenizer",
+            "unk_token": "<unk>",
+        },
+        "special_tokens_map.json": {"sep_token": "<sep>", "bos_token": "</s>",
+                                    "eos_token": "</s>", "unk_token": "</s>",
+                                    "pad_token": "<pad>"},
+    }
+
+
+# Merges added after training, at the lowest ranks: each joins the last byte of a whitespace
+# character to the ASCII character after it. Trained merges never cross a pre-token boundary, so
+# without these a pre-tokenizer that let "\tword" be one pre-token would still give the same ids.
+CROSS_MERGES = ["\tw", "\nw", "\rw", "\x0bw", "\x0cw", "\u00a0w", "\u3000w", "\u2003w",
+                "\t1", "\n4", "\r7", "\u00a01", "\u30004",
+                "\t!", "\n?", "\r.", "\u00a0;", "\u3000("]
+
+
+def add_cross_merges():
+    byte_char = bytes_to_unicode()
+    vocab_path, merges_path = os.path.join(OUT, "vocab.json"), os.path.join(OUT, "merges.txt")
+    with open(vocab_path, encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(merges_path, "a", encoding="utf-8") as f:
+        for pair in CROSS_MERGES:
+            left, right = (byte_char[pair[:-1].encode()[-1]], byte_char[ord(pair[-1])])
+            f.write(f"{left} {right}\n")
+            vocab[left + right] = len(vocab)
+    with open(vocab_path, "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False, separators=(",", ":"))
+
 
 def train(workdir):
     files = []
@@ -115,32 +323,70 @@ def train(workdir):
     tok.train(files, vocab_size=VOCAB_SIZE, min_frequency=1, special_tokens=SPECIALS,
               show_progress=False)
     tok.save_model(OUT)
-    return tok
+    add_cross_merges()
+    return ByteLevelBPETokenizer.from_file(os.path.join(OUT, "vocab.json"),
+                                           os.path.join(OUT, "merges.txt"))
 
 
-def expected_cases(fast):
-    slow = GPT2Tokenizer(os.path.join(OUT, "vocab.json"), os.path.join(OUT, "merges.txt"),
-                         unk_token="<unk>", bos_token="</s>", eos_token="</s>", pad_token="<pad>")
+def write_json(path, obj, indent=2):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False, indent=indent)
+        f.write("\n")
+
+
+def write_dir(name, files, extra_vocab=None):
+    """tests/fixtures/NAME: the trained vocab (plus extra_vocab) and merges, and `files`."""
+    out = os.path.join(FIXTURES, name)
+    if out != OUT:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        shutil.copy(os.path.join(OUT, "merges.txt"), out)
+        with open(os.path.join(OUT, "vocab.json"), encoding="utf-8") as f:
+            vocab = json.load(f)
+        vocab.update(extra_vocab or {})
+        with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False, separators=(",", ":"))
+    for file_name, obj in files.items():
+        write_json(os.path.join(out, file_name), obj)
+    return out
+
+
+def expected_cases(directory, texts, fast=None):
+    slow = GPT2Tokenizer.from_pretrained(directory)
+    assert isinstance(slow, PreTrainedTokenizer), "needs transformers 4.x (the slow tokenizer)"
     cases = []
-    for text in CASES:
+    for text in texts:
         ids = slow.encode(text, add_special_tokens=False)
-        assert ids == fast.encode(text).ids, f"fast and slow tokenizers disagree on {text!r}"
-        assert slow.decode(ids, clean_up_tokenization_spaces=False) == text, text
-        cases.append({"text": text, "ids": ids})
+        if fast is not None:
+            assert ids == fast.encode(text).ids, f"fast and slow tokenizers disagree on {text!r}"
+        case = {"text": text, "ids": ids}
+        decoded = slow.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=False,
+                              clean_up_tokenization_spaces=False)
+        if decoded != text:
+            assert fast is None, text
+            case["decoded"] = decoded
+        cases.append(case)
     return cases
+
+
+def write_cases(directory, cases):
+    write_json(os.path.join(directory, "cases.json"), cases, indent=1)
+    print(f"{directory}: {len(cases)} cases")
 
 
 def main():
     os.makedirs(OUT, exist_ok=True)
     with tempfile.TemporaryDirectory() as workdir:
         fast = train(workdir)
-    cases = expected_cases(fast)
-    with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
-        json.dump(cases, f, ensure_ascii=False, indent=1)
-        f.write("\n")
     with open(os.path.join(OUT, "vocab.json"), encoding="utf-8") as f:
         n_vocab = len(json.load(f))
-    print(f"{OUT}: {n_vocab} tokens, {len(cases)} cases")
+    opt = write_dir("tokenizer", opt_files())
+    write_cases(opt, expected_cases(opt, CASES + WHITESPACE_CASES, fast) +
+                expected_cases(opt, OPT_SPECIAL_CASES))
+    gpt2 = write_dir("tokenizer-gpt2", gpt2_files(n_vocab), {"<|endoftext|>": n_vocab})
+    write_cases(gpt2, expected_cases(gpt2, GPT2_CASES))
+    added = write_dir("tokenizer-added", added_files(n_vocab))
+    write_cases(added, expected_cases(added, ADDED_CASES))
 
 
 if __name__ == "__main__":

@@ -799,11 +799,52 @@ static void test_trace(void) {
     free(off);
 }
 
+/* The ids cases.json of tests/fixtures/DIR holds for text, as `flexgen tokenize` prints them
+ * (appended to out). */
+static void append_case_ids(const char *dir, const char *text, char *out, size_t cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cases.json", fixture(dir));
+    char *json = slurp(path, NULL);
+    cJSON *root = json ? cJSON_Parse(json) : NULL, *c, *id;
+    int found = 0;
+    cJSON_ArrayForEach(c, root) {
+        const cJSON *t = cJSON_GetObjectItem(c, "text");
+        if (found || !cJSON_IsString(t) || strcmp(t->valuestring, text)) continue;
+        found = 1;
+        int first = 1;
+        cJSON_ArrayForEach(id, cJSON_GetObjectItem(c, "ids")) {
+            snprintf(out + strlen(out), cap - strlen(out), "%s%d", first ? "" : " ", id->valueint);
+            first = 0;
+        }
+        snprintf(out + strlen(out), cap - strlen(out), "\n");
+    }
+    EXPECT(found, "%s has no case \"%s\"", path, text);
+    cJSON_Delete(root);
+    free(json);
+}
+
+/* `flexgen tokenize` on a fixture directory's files prints HF's ids for the lines of stdin. */
+static void expect_tokenize(const char *dir, const char *const *lines) {
+    char vocab[4200], merges[4200], in[4096] = "", want[8192] = "";
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", fixture(dir));
+    snprintf(merges, sizeof merges, "%s/merges.txt", fixture(dir));
+    for (; *lines; lines++) {
+        snprintf(in + strlen(in), sizeof in - strlen(in), "%s\n", *lines);
+        append_case_ids(dir, *lines, want, sizeof want);
+    }
+    char *out, *err;
+    int rc = run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges), in, &out, &err);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_STRING_EQUAL(err, "");
+    EXPECT(!strcmp(out, want), "tokenize on %s: got\n%swanted\n%s", dir, out, want);
+    free(out);
+    free(err);
+}
+
 static void test_tokenize(void) {
-    char vocab[4096], merges[4096], cases[4096];
+    char vocab[4096], merges[4096];
     snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
     snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
-    snprintf(cases, sizeof cases, "%s", fixture("tokenizer/cases.json"));
     EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab), "tokenize", "--merges");
     EXPECT_FAIL(ARGS("tokenize", "--merges", merges), "tokenize", "--vocab");
     EXPECT_FAIL(ARGS("tokenize", "--vocab"), "--vocab", "missing value");
@@ -812,30 +853,84 @@ static void test_tokenize(void) {
         CU_PASS("tests/fixtures/tokenizer is not there yet: tokenize's output is not checked");
         return;
     }
+    expect_tokenize("tokenizer", ARGS("Hello world", "The quick brown fox jumps over the lazy dog."));
+    /* special tokens in the text: OPT's </s> and <pad>; GPT-2's <|endoftext|>; flags */
+    expect_tokenize("tokenizer", ARGS("Hello</s>world", "\t</s>\t", "<s></s><pad><unk>",
+                                      "in</s>side a wo</s>rd", "</s", ""));
+    expect_tokenize("tokenizer-gpt2", ARGS("Hello <|endoftext|> world", "a<|im_start|>b"));
+    expect_tokenize("tokenizer-added", ARGS("Hello <mask> world", "x <word>y", "a <eat>  b"));
+}
+
+/* A bad special-token file beside vocab.json fails `flexgen tokenize` and a text prompt with one
+ * line naming the file; a special token past the model's vocab fails a text prompt cleanly. */
+static void test_tokenizer_special_files(void) {
+    char *dir = make_temp_dir();
+    char vocab[4200], merges[4200], text_dir[4096];
+    snprintf(text_dir, sizeof text_dir, "%s", fixture("opt-tiny-text"));
+    char *v = slurp(join(text_dir, "vocab.json"), NULL), *m = slurp(join(text_dir, "merges.txt"), NULL);
+    CU_ASSERT_FATAL(v && m);
+    snprintf(vocab, sizeof vocab, "%s", join(dir, "vocab.json"));
+    snprintf(merges, sizeof merges, "%s", join(dir, "merges.txt"));
+    write_text(vocab, v);
+    write_text(merges, m);
+    free(v);
+    free(m);
+    write_text(join(dir, "tokenizer_config.json"), "{\"eos_token\": \"</s>\",\n \"bos_token\"}");
+    const char *lines = "Hello\n";
+    expect_fail(ARGS("tokenize", "--vocab", vocab, "--merges", merges), lines,
+                "tokenizer_config.json", "malformed JSON", "line 2", (const char *)NULL);
+    EXPECT_FAIL(ARGS("--model", text_dir, "--vocab", vocab, "--merges", merges, "--prompt", "Hi",
+                     "--gen-len", "2"),
+                "tokenizer_config.json", "malformed JSON");
+    write_text(join(dir, "tokenizer_config.json"), "{\"added_tokens_decoder\": 3}");
+    expect_fail(ARGS("tokenize", "--vocab", vocab, "--merges", merges), lines,
+                "tokenizer_config.json", "added_tokens_decoder", (const char *)NULL);
+    unlink(join(dir, "tokenizer_config.json"));
+    write_text(join(dir, "added_tokens.json"), "{\"<x>\": \"1000\"}");
+    expect_fail(ARGS("tokenize", "--vocab", vocab, "--merges", merges), lines, "added_tokens.json",
+                "<x>", (const char *)NULL);
+    /* opt-tiny-text has 1000 ids and no special-token files: <|endoftext|> becomes id 1000 */
+    unlink(join(dir, "added_tokens.json"));
+    EXPECT_FAIL(ARGS("--model", text_dir, "--prompt", "Hi<|endoftext|>", "--gen-len", "2"),
+                "prompt 1", "token id 1000", "out of range");
+    const char *file = join(dir, "prompts.txt");
+    write_text(file, "Hi\nthere<|endoftext|>\n");
+    EXPECT_FAIL(ARGS("--model", text_dir, "--prompt-file", file, "--gen-len", "2"), "prompt 2",
+                "token id 1000", "out of range");
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A text prompt with special tokens is the prompt of HF's ids (BOS first): the same logits as
+ * those ids given with --prompt-ids. */
+static void test_special_tokens_in_prompts(void) {
+    char *dir = make_temp_dir(), vocab[4200], merges[4200], text_dir[4096], ids_file[4200];
+    char line[4096] = "2 ";
+    snprintf(text_dir, sizeof text_dir, "%s", fixture("opt-tiny-text"));
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", fixture("tokenizer"));
+    snprintf(merges, sizeof merges, "%s/merges.txt", fixture("tokenizer"));
+    const char *text = "Hello</s>world";
+    append_case_ids("tokenizer", text, line, sizeof line);
+    snprintf(ids_file, sizeof ids_file, "%s", join(dir, "ids.txt"));
+    write_text(ids_file, line);
+    char dump_a[4200], dump_b[4200];
+    snprintf(dump_a, sizeof dump_a, "%s", join(dir, "a.bin"));
+    snprintf(dump_b, sizeof dump_b, "%s", join(dir, "b.bin"));
     char *out, *err;
-    int rc = run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges),
-                         "hello world\nHello world\n", &out, &err);
-    CU_ASSERT_EQUAL(rc, 0);
-    CU_ASSERT_STRING_EQUAL(err, "");
-    CU_ASSERT_EQUAL(count_lines(out), 2);
-    CU_ASSERT(strspn(out, "0123456789 \n") == strlen(out) && out[0] >= '0' && out[0] <= '9');
-    const char *second = strchr(out, '\n'); /* "Hello world" as cases.json has it */
-    char *text = slurp(cases, NULL);
-    cJSON *root = text ? cJSON_Parse(text) : NULL, *c;
-    cJSON_ArrayForEach(c, root) {
-        const cJSON *t = cJSON_GetObjectItem(c, "text"), *ids = cJSON_GetObjectItem(c, "ids"), *id;
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "Hello world") || !second) continue;
-        char want[1024] = "";
-        cJSON_ArrayForEach(id, ids)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d",
-                     want[0] ? " " : "", id->valueint);
-        strcat(want, "\n");
-        CU_ASSERT_STRING_EQUAL(second + 1, want);
-    }
-    cJSON_Delete(root);
-    free(text);
-    free(out);
-    free(err);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", text_dir, "--vocab", vocab, "--merges", merges,
+                                     "--prompt", text, "--gen-len", "3", "--quiet",
+                                     "--dump-logits", dump_a), NULL, &out, &err), 0);
+    CU_ASSERT_EQUAL(strncmp(out, "[1] Hello</s>world", 18), 0);
+    free(out), free(err);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", text_dir, "--prompt-ids", ids_file, "--gen-len",
+                                     "3", "--quiet", "--dump-logits", dump_b), NULL, &out, &err), 0);
+    free(out), free(err);
+    size_t na = 0, nb = 0;
+    char *a = slurp(dump_a, &na), *b = slurp(dump_b, &nb);
+    CU_ASSERT(a && b && na == nb && na > 0 && !memcmp(a, b, na));
+    free(a), free(b);
+    rm_tree(dir);
+    free(dir);
 }
 
 /* The logits of a run with the given sampling args (plus blocks of 2 x 2). */
@@ -1118,6 +1213,9 @@ void add_cli_tests(void) {
     CU_add_test(s, "--help lists every flag", test_help);
     CU_add_test(s, "every flag in --help is accepted", test_flags_accepted);
     CU_add_test(s, "tokenize", test_tokenize);
+    CU_add_test(s, "bad special-token files, a special token past the model's vocab",
+                test_tokenizer_special_files);
+    CU_add_test(s, "special tokens in text prompts", test_special_tokens_in_prompts);
     CU_add_test(s, "bad policy flags, infeasible plans", test_bad_policy);
     CU_add_test(s, "--device cuda|cpu|auto", test_device);
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);

@@ -1,6 +1,8 @@
-/* test_tokenizer.c: the tokenizer against HF's slow GPT2Tokenizer (tests/fixtures/tokenizer,
- * written by scripts/make_tokenizer_fixture.py), decode(encode(s)) == s on hand-picked, random
- * and invalid UTF-8, the reference's merge order, and tokenizer_load's errors on bad files. */
+/* test_tokenizer.c: the tokenizer against HF's slow GPT2Tokenizer (tests/fixtures/tokenizer*,
+ * written by scripts/make_tokenizer_fixture.py: plain text, whitespace, and special and added
+ * tokens in the text as OPT's, GPT-2's and a newer checkpoint's files define them),
+ * decode(encode(s)) == s on hand-picked, random and invalid UTF-8, the reference's merge order,
+ * and tokenizer_load's errors on bad files. */
 #define _POSIX_C_SOURCE 200809L
 #include "../flexgen.h"
 #include "tests.h"
@@ -15,14 +17,16 @@
 /* ------------------------------------------------------------------------------------------
  * Helpers.
  * ------------------------------------------------------------------------------------------ */
-static fg_tokenizer *load_fixture_tokenizer(void) {
-    char vocab[4096], err[FG_ERR_LEN] = "";
-    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
-    fg_tokenizer *t = tokenizer_load(vocab, fixture("tokenizer/merges.txt"), err);
+static fg_tokenizer *load_fixture_dir(const char *name) {
+    char vocab[4096], merges[4096], err[FG_ERR_LEN] = "";
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", fixture(name));
+    snprintf(merges, sizeof merges, "%s/merges.txt", fixture(name));
+    fg_tokenizer *t = tokenizer_load(vocab, merges, err);
     if (!t) fprintf(stderr, "\n  tokenizer_load: %s\n", err);
     return t;
 }
 
+static fg_tokenizer *load_fixture_tokenizer(void) { return load_fixture_dir("tokenizer"); }
 
 static void write_file(const char *dir, const char *name, const char *text) {
     char path[4200];
@@ -52,10 +56,13 @@ static int roundtrips(const fg_tokenizer *t, const char *s, size_t len) {
 /* ------------------------------------------------------------------------------------------
  * Against the reference.
  * ------------------------------------------------------------------------------------------ */
+/* The case's ids, and its ids decoding to its "decoded" text (HF's decode), or to its text. */
 static int case_matches(const fg_tokenizer *t, const cJSON *c) {
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(c, "text");
     const cJSON *want = cJSON_GetObjectItemCaseSensitive(c, "ids");
+    const cJSON *decoded = cJSON_GetObjectItemCaseSensitive(c, "decoded");
     if (!cJSON_IsString(text) || !cJSON_IsArray(want)) return 0;
+    if (!decoded) decoded = text;
     int *ids = NULL, n = 0, ok;
     char err[FG_ERR_LEN] = "";
     ok = tokenizer_encode(t, text->valuestring, strlen(text->valuestring), &ids, &n, err) == 0;
@@ -63,22 +70,46 @@ static int case_matches(const fg_tokenizer *t, const cJSON *c) {
     for (int i = 0; ok && i < n; i++)
         ok = ids[i] == cJSON_GetArrayItem(want, i)->valueint;
     if (!ok) fprintf(stderr, "\n  case \"%s\": ids differ (%s)\n", text->valuestring, err);
+    size_t len = 0;
+    char *out = ok ? tokenizer_decode(t, ids, n, &len) : NULL;
+    if (ok && !(out && cJSON_IsString(decoded) && len == strlen(decoded->valuestring) &&
+                memcmp(out, decoded->valuestring, len) == 0)) {
+        fprintf(stderr, "\n  case \"%s\": decodes to \"%s\"\n", text->valuestring, out);
+        ok = 0;
+    }
+    free(out);
     free(ids);
-    return ok && roundtrips(t, text->valuestring, strlen(text->valuestring));
+    return ok;
 }
 
-static void test_reference_cases(void) {
-    fg_tokenizer *t = load_fixture_tokenizer();
-    char *json = slurp(fixture("tokenizer/cases.json"), NULL);
+/* Every case of tests/fixtures/DIR/cases.json; at least `min` of them. */
+static void check_reference_cases(const char *dir, int min) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cases.json", fixture(dir));
+    fg_tokenizer *t = load_fixture_dir(dir);
+    char *json = slurp(path, NULL);
     cJSON *cases = json ? cJSON_Parse(json) : NULL;
     free(json);
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
-    CU_ASSERT_FATAL(cJSON_IsArray(cases) && cJSON_GetArraySize(cases) >= 30);
+    EXPECT(cJSON_IsArray(cases) && cJSON_GetArraySize(cases) >= min, "%s: at least %d cases",
+           path, min);
+    int failures = 0;
     const cJSON *c;
-    cJSON_ArrayForEach(c, cases) CU_ASSERT(case_matches(t, c));
+    cJSON_ArrayForEach(c, cases) failures += !case_matches(t, c);
+    EXPECT(failures == 0, "%s: %d cases differ from HF", path, failures);
     cJSON_Delete(cases);
     tokenizer_free(t);
 }
+
+/* OPT's files: </s> and <pad> are special; plain text and whitespace as before. */
+static void test_reference_cases(void) { check_reference_cases("tokenizer", 70); }
+
+/* GPT-2's: <|endoftext|> special by GPT2Tokenizer's default; an added_tokens.json. */
+static void test_reference_cases_gpt2(void) { check_reference_cases("tokenizer-gpt2", 10); }
+
+/* added_tokens_decoder with lstrip, rstrip and single_word, overlapping tokens, ids past the
+ * vocab, special and plain tokens decoding differently. */
+static void test_reference_cases_added(void) { check_reference_cases("tokenizer-added", 30); }
 
 static void test_vocab_size(void) {
     fg_tokenizer *t = load_fixture_tokenizer();
@@ -112,7 +143,8 @@ static void test_roundtrip_strings(void) {
         "don't won't shan't y'all 'tis rock'n'roll ''s '''",
         "\xe2\x80\xa8line separator\xe2\x80\xa9paragraph separator",
         "\xef\xbb\xbf\x42OM and U+FFFF \xef\xbf\xbf and U+10FFFF \xf4\x8f\xbf\xbf",
-        "<s></s><pad><unk> are plain text to the encoder",
+        "<s></s><pad><unk>: special tokens and text that looks like them",
+        "</s", "<pad></s><</s>>", "x</s>y",
     };
     fg_tokenizer *t = load_fixture_tokenizer();
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
@@ -303,16 +335,80 @@ static void test_unusual_vocab(void) {
     free(dir);
 }
 
-/* An empty token, first in vocab.json: interned into the empty symbol table without touching a
- * pool that does not exist yet (a null pointer under UBSan). It never matches any text. */
-static void test_empty_token(void) {
+/* The empty string is a valid vocab key (HF's reference never produces it): it loads, decodes to
+ * nothing, and the symbol table handles a zero-length first entry. */
+static void test_empty_vocab_key(void) {
+    static const char *const merges[] = {"", "#version: 0.2\n"};
+    for (size_t i = 0; i < sizeof merges / sizeof merges[0]; i++) {
+        char *dir = make_temp_dir(), err[FG_ERR_LEN];
+        CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+        write_file(dir, "vocab.json", "{\"\":0}");
+        write_file(dir, "merges.txt", merges[i]);
+        fg_tokenizer *t = load_dir(dir, err);
+        EXPECT(t != NULL, "{\"\":0} with merges \"%s\": %s", merges[i], err);
+        if (t) {
+            size_t len = 99;
+            char *s = tokenizer_decode(t, (const int[]){0, 0}, 2, &len);
+            CU_ASSERT(s && len == 0 && s[0] == '\0');
+            free(s);
+            CU_ASSERT(encodes_to(t, "", (const int[]){0}, 0));
+        }
+        tokenizer_free(t);
+        rm_tree(dir);
+        free(dir);
+    }
+}
+
+/* unk_token stands for a byte the vocab lacks (and, being special, is split out itself); without
+ * any file, <|endoftext|> is special (GPT2Tokenizer's default), with the next id past the vocab.
+ * Expected ids checked against HF's slow GPT2Tokenizer. */
+static void test_unk_and_defaults(void) {
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    write_file(dir, "vocab.json", "{\"\":0,\"a\":1}");
+    write_file(dir, "vocab.json", "{\"\\u65e5\\u672c\":0,\"a\":1,\"\\u0100\":2,\"x\\u00ff\":3}");
     write_file(dir, "merges.txt", "");
     fg_tokenizer *t = load_dir(dir, err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
-    CU_ASSERT(encodes_to(t, "aa", (const int[]){1, 1}, 2));
+    CU_ASSERT(encodes_to(t, "a<|endoftext|>", (const int[]){1, 4}, 2));
+    CU_ASSERT(encodes_to(t, "ab", (const int[]){1}, 1) == 0); /* no unk_token in the vocab */
+    CU_ASSERT_EQUAL(tokenizer_vocab_size(t), 5);
+    size_t len = 0;
+    char *s = tokenizer_decode(t, (const int[]){4, 1}, 2, &len);
+    CU_ASSERT(s && len == 14 && !strcmp(s, "<|endoftext|>a"));
+    free(s);
+    tokenizer_free(t);
+    write_file(dir, "special_tokens_map.json", "{\"unk_token\": \"a\"}");
+    t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT(encodes_to(t, "ab", (const int[]){1, 1}, 2));
+    CU_ASSERT(encodes_to(t, "a<|endoftext|>", (const int[]){1, 4}, 2));
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A special token that takes the id of an added one: the decoder entry is replaced, so the old
+ * text is no longer cut out of the text, yet a piece that is exactly that text still maps to the
+ * id (HF's trie holds the decoder's texts, its encoder keeps both). Checked against HF. */
+static void test_replaced_added_token(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "vocab.json",
+               "{\"a\":0,\"b\":1,\"ab\":2,\"c\":3,\"\\u0120\":4,\"<\":5,\"y\":6,\">\":7}");
+    write_file(dir, "merges.txt", "#version: 0.2\na b\n");
+    write_file(dir, "tokenizer_config.json",
+               "{\"added_tokens_decoder\": {\"1\": {\"content\": \"<y>\", \"rstrip\": true}},"
+               " \"pad_token\": \"b\"}");
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT(encodes_to(t, "<y> c", (const int[]){5, 6, 7, 4, 3}, 5));
+    CU_ASSERT(encodes_to(t, "<y>", (const int[]){1}, 1));
+    CU_ASSERT(encodes_to(t, "ab c", (const int[]){0, 1, 4, 3}, 4));
+    CU_ASSERT(encodes_to(t, "<|endoftext|>", (const int[]){9}, 1)); /* 8 vocab texts + <y> */
+    size_t len = 0;
+    char *s = tokenizer_decode(t, (const int[]){1, 9}, 2, &len);
+    CU_ASSERT(s && !strcmp(s, "b<|endoftext|>"));
+    free(s);
     tokenizer_free(t);
     rm_tree(dir);
     free(dir);
@@ -374,6 +470,65 @@ static void expect_load_error(const char *vocab, const char *merges, const char 
     CU_ASSERT(ok);
     rm_tree(dir);
     free(dir);
+}
+
+/* A bad special-token file beside good vocab.json and merges.txt. */
+static void expect_special_error(const char *file, const char *text, const char *what1,
+                                 const char *what2) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "vocab.json", GOOD_VOCAB);
+    write_file(dir, "merges.txt", GOOD_MERGES);
+    write_file(dir, file, text);
+    fg_tokenizer *t = load_dir(dir, err);
+    CU_ASSERT_PTR_NULL(t);
+    tokenizer_free(t);
+    int ok = strstr(err, file) && strstr(err, what1) && (!what2 || strstr(err, what2)) &&
+             !strchr(err, '\n');
+    EXPECT(ok, "%s \"%s\": unexpected error \"%s\"", file, text, err);
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_bad_special_files(void) {
+    static const char *const files[] = {"tokenizer_config.json", "special_tokens_map.json",
+                                        "added_tokens.json"};
+    for (int i = 0; i < 3; i++) {
+        expect_special_error(files[i], "{\"bos_token\": \"a\",\n \"x\"}", "malformed JSON",
+                             "line 2");
+        expect_special_error(files[i], "", "malformed JSON", NULL);
+        expect_special_error(files[i], "{} {}", "malformed JSON", NULL);
+        expect_special_error(files[i], "[\"a\"]", "not a JSON object", NULL);
+    }
+    expect_special_error("tokenizer_config.json", "{\"eos_token\": 5}", "eos_token", "string");
+    expect_special_error("tokenizer_config.json", "{\"eos_token\": {\"lstrip\": true}}",
+                         "eos_token", "content");
+    expect_special_error("tokenizer_config.json",
+                         "{\"mask_token\": {\"content\": \"<m>\", \"lstrip\": 1}}", "mask_token",
+                         "\"lstrip\" is not true or false");
+    expect_special_error("tokenizer_config.json", "{\"additional_special_tokens\": \"<x>\"}",
+                         "additional_special_tokens", "not a list");
+    expect_special_error("tokenizer_config.json", "{\"additional_special_tokens\": [3]}",
+                         "additional_special_tokens", "string");
+    expect_special_error("tokenizer_config.json", "{\"added_tokens_decoder\": []}",
+                         "added_tokens_decoder", "not an object");
+    expect_special_error("tokenizer_config.json", "{\"added_tokens_decoder\": null}",
+                         "added_tokens_decoder", "not an object");
+    expect_special_error("tokenizer_config.json",
+                         "{\"added_tokens_decoder\": {\"x1\": {\"content\": \"<x>\"}}}",
+                         "added_tokens_decoder \"x1\"", "not a token id");
+    expect_special_error("tokenizer_config.json",
+                         "{\"added_tokens_decoder\": {\"99999999999\": {\"content\": \"<x>\"}}}",
+                         "99999999999", "not a token id");
+    expect_special_error("tokenizer_config.json",
+                         "{\"added_tokens_decoder\": {\"7\": \"<x>\"}}", "added_tokens_decoder \"7\"",
+                         "content");
+    expect_special_error("special_tokens_map.json", "{\"pad_token\": [\"<p>\"]}", "pad_token",
+                         "string");
+    expect_special_error("added_tokens.json", "{\"<x>\": \"5\"}", "\"<x>\"", "no id");
+    expect_special_error("added_tokens.json", "{\"<x>\": -1}", "\"<x>\"", "no id");
+    expect_special_error("added_tokens.json", "{\"<x>\": 1.5}", "\"<x>\"", "no id");
+    expect_special_error("added_tokens.json", "{\"<x>\": 1e300}", "\"<x>\"", "no id");
 }
 
 static void test_missing_files(void) {
@@ -438,6 +593,8 @@ void add_tokenizer_tests(void) {
     CU_pSuite s = CU_add_suite("tokenizer", NULL, NULL);
     if (!s) return;
     CU_add_test(s, "fixture cases match HF's slow GPT2Tokenizer", test_reference_cases);
+    CU_add_test(s, "GPT-2's special token and added_tokens.json", test_reference_cases_gpt2);
+    CU_add_test(s, "added tokens with lstrip, rstrip, single_word", test_reference_cases_added);
     CU_add_test(s, "vocab size", test_vocab_size);
     CU_add_test(s, "decode(encode(s)) == s, hand-picked", test_roundtrip_strings);
     CU_add_test(s, "decode(encode(s)) == s, random UTF-8", test_roundtrip_random_utf8);
@@ -446,11 +603,14 @@ void add_tokenizer_tests(void) {
     CU_add_test(s, "decode: unknown ids, special tokens, empty", test_decode);
     CU_add_test(s, "merge order of the slow tokenizer", test_merge_order);
     CU_add_test(s, "tokens outside the byte map, bytes without a token", test_unusual_vocab);
-    CU_add_test(s, "an empty token in vocab.json", test_empty_token);
+    CU_add_test(s, "the empty string as a vocab key", test_empty_vocab_key);
+    CU_add_test(s, "unk_token and GPT2Tokenizer's default special token", test_unk_and_defaults);
+    CU_add_test(s, "a special token replacing an added token", test_replaced_added_token);
     CU_add_test(s, "repeated tokens and ids in vocab.json resolve as the reference", test_repeated_vocab_entries);
     CU_add_test(s, "missing files", test_missing_files);
     CU_add_test(s, "unreadable file", test_unreadable_file);
     CU_add_test(s, "bad vocab.json", test_bad_vocab);
     CU_add_test(s, "bad merges.txt", test_bad_merges);
+    CU_add_test(s, "bad special-token files", test_bad_special_files);
     CU_add_test(s, "merges.txt variants", test_merges_variants);
 }
