@@ -276,8 +276,9 @@ static int output_temp(fg_output *o, char *err) {
     return fd;
 }
 
-static void output_forget(fg_output *o) {
-    unlink(o->tmp);
+/* The temporary is no longer the handlers' to remove (renamed, or removed here with remove). */
+static void output_release(fg_output *o, int remove) {
+    if (remove) unlink(o->tmp);
     pthread_mutex_lock(&registry_lock);
     if (o->slot >= 0) temp_used[o->slot] = 0;
     pthread_mutex_unlock(&registry_lock);
@@ -295,30 +296,24 @@ int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) 
     if (!(o->f = fdopen(fd, "wb"))) {
         int e = errno;
         close(fd);
-        output_forget(o);
+        output_release(o, 1);
         return fg_fail(err, "%s %s: %s", flag, path, strerror(e));
     }
     return 0;
 }
 
 int fg_output_commit(fg_output *o, char *err) {
-    int ok = !ferror(o->f);
-    ok = fclose(o->f) == 0 && ok;
-    int e = errno;
-    ok = ok && rename(o->tmp, o->path) == 0;
-    if (!ok) e = e ? e : errno;
-    if (!ok) output_forget(o);
-    else {
-        pthread_mutex_lock(&registry_lock);
-        temp_used[o->slot] = 0;
-        pthread_mutex_unlock(&registry_lock);
-    }
-    return ok ? 0 : fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, strerror(e ? e : EIO));
+    int e = ferror(o->f) ? EIO : 0;
+    if (fclose(o->f) != 0 && !e) e = errno;
+    if (!e && rename(o->tmp, o->path) != 0) e = errno;
+    o->f = NULL;
+    output_release(o, e != 0);
+    return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, strerror(e)) : 0;
 }
 
 void fg_output_abort(fg_output *o) {
     if (o->f) fclose(o->f);
-    output_forget(o);
+    output_release(o, 1);
 }
 
 int fg_output_check(const char *flag, const char *path, char *err) {

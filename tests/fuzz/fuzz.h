@@ -86,6 +86,15 @@ static inline const char *fuzz_copy_fixture(const char *rel, const char *name) {
     return copy;
 }
 
+/* The fixture tokenizer (tests/fixtures/tokenizer), copied into the fuzz dir and loaded. */
+static inline fg_tokenizer *fuzz_fixture_tokenizer(void) {
+    char err[FG_ERR_LEN];
+    fg_tokenizer *t = tokenizer_load(fuzz_copy_fixture("tokenizer/vocab.json", "vocab.json"),
+                                     fuzz_copy_fixture("tokenizer/merges.txt", "merges.txt"), err);
+    if (!t) { fprintf(stderr, "%s\n", err); abort(); }
+    return t;
+}
+
 /* The n parts of data separated by FUZZ_SEP (the last takes the rest; missing ones are empty). */
 static inline void fuzz_split(const uint8_t *data, size_t size, int n, const char **part, size_t *len) {
     const char *s = (const char *)data, *end = s + size;
@@ -103,6 +112,15 @@ static inline void fuzz_check(int rc, const char *err, const char *call) {
         fprintf(stderr, "%s failed without its one error line: \"%s\"\n", call, err);
         abort();
     }
+}
+
+/* The checkpoint in the fuzz dir loaded whole (layout check and conversion), then freed. */
+static inline void fuzz_load_weights(void) {
+    char err[FG_ERR_LEN] = "";
+    opt_weights w;
+    int rc = opt_weights_load(fuzz_dir(), &w, err);
+    fuzz_check(rc, err, "opt_weights_load");
+    if (rc == 0) opt_weights_free(&w);
 }
 
 #endif

@@ -9,10 +9,7 @@ static fg_tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    char err[FG_ERR_LEN];
-    tok = tokenizer_load(fuzz_copy_fixture("tokenizer/vocab.json", "vocab.json"),
-                         fuzz_copy_fixture("tokenizer/merges.txt", "merges.txt"), err);
-    if (!tok) { fprintf(stderr, "%s\n", err); abort(); }
+    tok = fuzz_fixture_tokenizer();
     return 0;
 }
 

@@ -33,10 +33,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     st_close(&a);
 
-    err[0] = 0;
-    opt_weights w;
-    rc = opt_weights_load(fuzz_dir(), &w, err);
-    fuzz_check(rc, err, "opt_weights_load");
-    if (rc == 0) opt_weights_free(&w);
+    fuzz_load_weights();
     return 0;
 }
