@@ -5,6 +5,7 @@
  *   flexgen policy [flags]    the policy search's choice and its prediction (§4.3)
  *   flexgen profile           this machine's constants for the cost model (profile.c)
  *   flexgen tokenize          text to OPT token ids and back
+ *   flexgen perplexity        a text's perplexity through the runtime (perplexity.c, §6.2)
  *
  * The report prints FlexGen's benchmark lines (or one JSON object with --json). Everything that
  * can fail on user input returns an error line; main prints it and exits 2.
@@ -32,6 +33,9 @@ typedef struct {
     int auto_policy;     /* --policy auto: search for the policy (§4.3) */
     int evaluate;        /* flexgen policy --evaluate: predict the given policy, no search */
     double max_latency;  /* --max-latency: the search's bound on a block's latency */
+    const char *text, *predictions, *compare; /* flexgen perplexity's files */
+    ppl_options ppl;
+    const char *ppl_flag; /* the first flag given that only flexgen perplexity takes */
     gen_options gen;
     fg_policy policy;
 } cli_args;
@@ -42,6 +46,7 @@ static void usage(FILE *out) {
 "       flexgen policy [options] [--evaluate]         (the policy search; no generation)\n"
 "       flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|auto]\n"
 "       flexgen tokenize --vocab FILE --merges FILE   (stdin lines -> token ids, no BOS)\n"
+"       flexgen perplexity --model DIR --text FILE [options]   (section 6.2's measure)\n"
 "\n"
 "Generates text with an OPT model, placing weights, KV cache and activations on the gpu, cpu\n"
 "and disk tiers and walking blocks of GPU batches in the order of the FlexGen paper's Fig. 4\n"
@@ -115,6 +120,17 @@ static void usage(FILE *out) {
 "  --evaluate predicts the policy given by the flags instead of searching.\n"
 "  flexgen profile measures this machine (copies, the disk in --offload-dir, matrix products\n"
 "  and attention) and writes the hardware file (--out FILE) [the default --hw]\n"
+"perplexity (flexgen perplexity; with the policy, device and section 5 flags above)\n"
+"  --text F                the text to score, tokenized with the model's tokenizer after a BOS\n"
+"  --window N              tokens the model sees at once [the model's positions]\n"
+"  --stride N              how far each window advances; it scores the tokens no earlier one\n"
+"                          did [window / 2]\n"
+"  --decode                score token by token in decode steps, each fed the text's next\n"
+"                          token, so a 4-bit cache and sparse attention act as in generation\n"
+"                          (prefill, the default, attends to fresh keys and values)\n"
+"  --predictions F         write the most likely token at each scored position, one a line\n"
+"  --compare F             print the share of positions whose most likely token is the one\n"
+"                          in F (another run's --predictions): top-1 agreement\n"
 "output\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
 "                          token was chosen from, in prompt order\n"
@@ -187,7 +203,8 @@ static int is_value_flag(const char *f) {
         "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
         "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
-        "--policy", "--hw", "--max-latency", "--device"};
+        "--policy", "--hw", "--max-latency", "--device", "--text", "--window", "--stride",
+        "--predictions", "--compare"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
     return 0;
@@ -214,6 +231,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
         else if (!strcmp(f, "--evaluate")) a->evaluate = 1, takes_value = 0;
+        else if (!strcmp(f, "--decode")) a->ppl.decode = 1, takes_value = 0;
         else if (!strcmp(f, "--percent")) {
             int *fields[6] = {&p->percent.wg, &p->percent.wc, &p->percent.cg, &p->percent.cc,
                               &p->percent.hg, &p->percent.hc};
@@ -252,6 +270,11 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         }
         else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
         else if (!strcmp(f, "--hw")) a->hw = v;
+        else if (!strcmp(f, "--text")) a->text = v;
+        else if (!strcmp(f, "--predictions")) a->predictions = v;
+        else if (!strcmp(f, "--compare")) a->compare = v;
+        else if (!strcmp(f, "--window")) rc = parse_int(f, v, 2, INT_MAX, &a->ppl.window, err);
+        else if (!strcmp(f, "--stride")) rc = parse_int(f, v, 1, INT_MAX, &a->ppl.stride, err);
         else if (!strcmp(f, "--policy")) {
             if (strcmp(v, "auto") && strcmp(v, "manual"))
                 rc = fg_fail(err, "--policy: expected auto or manual, got '%s'", v);
@@ -264,6 +287,10 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
             a->max_latency = lat;
         }
         if (rc) return -1;
+        static const char *const ppl_flags[] = {"--text", "--window", "--stride", "--decode",
+                                                "--predictions", "--compare"};
+        for (size_t j = 0; j < sizeof ppl_flags / sizeof *ppl_flags && !a->ppl_flag; j++)
+            if (!strcmp(f, ppl_flags[j])) a->ppl_flag = ppl_flags[j];
         i += takes_value;
     }
     a->policy.verbose = a->gen.verbose;
@@ -620,7 +647,7 @@ static int model_config(const char *model, opt_config *cfg, char *err) {
  * (given prompts are checked one by one once they are read). */
 static int check_lengths(const cli_args *a, const opt_config *cfg, char *err) {
     int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts, least = given ? 1 : a->prompt_len;
-    if (a->gen.gen_len > cfg->max_pos - least)
+    if (a->gen.gen_len - 1 > cfg->max_pos - least) /* the last token is not fed back */
         return fg_fail(err, "%s %d + --gen-len %d exceed the model's %d positions",
                        given ? "a prompt of" : "--prompt-len", least, a->gen.gen_len, cfg->max_pos);
     return 0;
@@ -873,6 +900,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     a->policy.stage = rank, a->policy.n_stages = stages;
     if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
     if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
+    if (a->ppl_flag) rc = fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag);
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
@@ -913,7 +941,8 @@ static int policy_command(cli_args *a, char *err) {
     fg_search_result r;
     fg_tokenizer *tok = NULL;
     prompt_set prompts = {0};
-    int rc = model_config(a->model, &cfg, err);
+    int rc = a->ppl_flag ? fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag) : 0;
+    if (rc == 0) rc = model_config(a->model, &cfg, err);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
     fg_hardware hw;
@@ -1034,13 +1063,128 @@ static int tokenize_command(int argc, char **argv, char *err) {
     return rc;
 }
 
+/* ---- flexgen perplexity (perplexity.c) ---- */
+
+/* The flags of generation that have no meaning when a text is scored. */
+static int check_perplexity_flags(int argc, char **argv, char *err) {
+    static const char *const not_here[] = {"--prompt", "--prompt-file", "--prompt-ids",
+        "--prompt-len", "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--dump-logits",
+        "--policy", "--max-latency", "--hw", "--evaluate"};
+    for (int i = 2; i < argc; i++)
+        for (size_t j = 0; j < sizeof not_here / sizeof *not_here; j++)
+            if (!strcmp(argv[i], not_here[j]))
+                return fg_fail(err, "%s: not a flag of `flexgen perplexity`", argv[i]);
+    return 0;
+}
+
+/* BOS + the tokens of the text file at path. */
+static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, int *n, char *err) {
+    size_t size;
+    char *text = fg_read_file(path, &size, err);
+    if (!text) return -1;
+    prompt_set p = {0};
+    int rc = memchr(text, 0, size) ? fg_fail(err, "--text %s: a NUL byte: not a text file", path)
+                                   : add_text_prompt(&p, tok, text, size, err);
+    free(text);
+    if (rc == 0) *ids = p.ids[0], *n = p.lens[0], p.n = 0;
+    prompts_free(&p);
+    return rc;
+}
+
+/* Another run's --predictions: one token id a line, as many as the text has scored tokens. */
+static int read_predictions(const char *path, int scored, int vocab, prompt_set *ref, char *err) {
+    if (read_prompt_lines(ref, path, NULL, vocab, err)) return -1;
+    for (int i = 0; i < ref->n; i++)
+        if (ref->lens[i] != 1) return fg_fail(err, "--compare %s line %d: expected one token id", path, i + 1);
+    if (ref->n != scored)
+        return fg_fail(err, "--compare %s: %d predictions, but the text has %d scored tokens", path,
+                       ref->n, scored);
+    return 0;
+}
+
+static int write_predictions(const char *path, const int *top1, int n, char *err) {
+    fg_output o;
+    if (fg_output_open(&o, "--predictions", path, err)) return -1;
+    for (int i = 0; i < n; i++) fprintf(o.f, "%d\n", top1[i]);
+    return fg_output_commit(&o, err);
+}
+
+static void report_perplexity(const cli_args *a, const ppl_result *r, int agree, const char *device) {
+    const char *mode = a->ppl.decode ? "decode" : "prefill";
+    if (a->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "perplexity", r->perplexity);
+        cJSON_AddNumberToObject(o, "nll_per_token", r->nll / (double)r->scored);
+        cJSON_AddNumberToObject(o, "scored_tokens", (double)r->scored);
+        cJSON_AddNumberToObject(o, "windows", r->windows);
+        cJSON_AddNumberToObject(o, "window", r->window);
+        cJSON_AddNumberToObject(o, "stride", r->stride);
+        cJSON_AddStringToObject(o, "mode", mode);
+        cJSON_AddStringToObject(o, "device", device);
+        cJSON_AddNumberToObject(o, "seconds", r->seconds);
+        if (a->compare) cJSON_AddNumberToObject(o, "top1_agreement", (double)agree / (double)r->scored);
+        char *text = cJSON_PrintUnformatted(o);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(o);
+        return;
+    }
+    printf("perplexity: %.4f over %ld tokens (%.5f nats each)\n", r->perplexity, r->scored,
+           r->nll / (double)r->scored);
+    printf("windows: %d of %d tokens advancing %d, scored in %s on %s, %.2f s\n", r->windows,
+           r->window, r->stride, mode, device, r->seconds);
+    if (a->compare)
+        printf("top-1 agreement with %s: %.4f (%d of %ld)\n", a->compare, (double)agree / (double)r->scored,
+               agree, r->scored);
+}
+
+/* flexgen perplexity: a text's perplexity under the model with the run's policy. */
+static int perplexity_command(cli_args *a, int argc, char **argv, char *err) {
+    fg_tokenizer *tok = NULL;
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    prompt_set ref = {0};
+    int *ids = NULL, *top1 = NULL, n = 0, agree = 0;
+    opt_config cfg;
+    ppl_result r;
+    int rc = check_perplexity_flags(argc, argv, err);
+    if (rc == 0 && !a->text) rc = fg_fail(err, "perplexity: --text FILE is required");
+    if (rc == 0 && a->predictions) rc = fg_output_check("--predictions", a->predictions, err);
+    if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) rc = open_tokenizer(a, &tok, err);
+    if (rc == 0 && !tok)
+        rc = fg_fail(err, "perplexity needs a tokenizer: give --vocab and --merges, or a model "
+                          "directory holding vocab.json and merges.txt");
+    if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
+    if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, &ref, err);
+    if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");
+    if (rc == 0) {
+        a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
+        rc = fg_runtime_open(&a->policy, &rt, err);
+    }
+    if (rc == 0) rc = fg_model_open(rt, a->model, a->gen.seed, &m, err);
+    a->ppl.verbose = a->gen.verbose;
+    if (rc == 0) rc = fg_perplexity(m, ids, n, &a->ppl, top1, &r, err);
+    if (rc == 0 && a->predictions) rc = write_predictions(a->predictions, top1, n - 1, err);
+    for (int i = 0; rc == 0 && i < ref.n; i++) agree += ref.ids[i][0] == top1[i];
+    if (rc == 0) report_perplexity(a, &r, agree, fg_runtime_backend(rt)->name);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    prompts_free(&ref);
+    if (tok) tokenizer_free(tok);
+    free(ids);
+    free(top1);
+    return rc;
+}
+
 int flexgen_main(int argc, char **argv) {
     char err[FG_ERR_LEN] = "";
     fg_pipe *pipe = NULL;
     int rc = fg_pipe_open(&argc, &argv, &pipe, err);
     fg_install_signal_handlers(); /* after a stage's crash handlers, which it passes on to */
     const char *command = argc > 1 ? argv[1] : "";
-    int one_process = !strcmp(command, "tokenize") || !strcmp(command, "profile") || !strcmp(command, "policy");
+    int one_process = !strcmp(command, "tokenize") || !strcmp(command, "profile") ||
+                      !strcmp(command, "policy") || !strcmp(command, "perplexity");
     if (rc == 0 && pipe && one_process) { /* every rank sees it; rank 0 says it */
         rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
         if (fg_pipe_rank(pipe)) err[0] = 0;
@@ -1053,15 +1197,17 @@ int flexgen_main(int argc, char **argv) {
         if (rc == 1) return 0;
     } else {
         int policy = argc > 1 && !strcmp(argv[1], "policy");
+        int perplexity = argc > 1 && !strcmp(argv[1], "perplexity");
         cli_args a;
-        rc = parse_args(argc - policy, argv + policy, &a, err);
+        rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
         if (rc == 1) {
             if (fg_pipe_rank(pipe) == 0) usage(stdout);
             rc = 0;
         } else if (fg_pipe_agree(pipe, rc, err)) { /* a bad flag on any stage stops them all */
             rc = -1;
         } else {
-            rc = policy ? policy_command(&a, err) : run(&a, pipe, err);
+            rc = policy ? policy_command(&a, err) : perplexity ? perplexity_command(&a, argc, argv, err)
+                                                               : run(&a, pipe, err);
         }
         free(a.prompts);
     }

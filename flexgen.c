@@ -126,7 +126,8 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, in
     }
     for (int k = 0; k < s->ngb; k++)
         if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
-        else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity;
+        else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity,
+             bl->gb[k].all_rows = m->prompt_logits;
     for (int t = TIER_GPU; t <= TIER_CPU; t++) {
         if (s->kv_home[t] && !(bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err))) goto fail;
         if (s->act_home[t] && !(bl->act_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err))) goto fail;
@@ -392,7 +393,8 @@ static void compute(block *bl, iteration it) {
             if (tier_of(&bl->s.cache, b) == TIER_CPU)
                 link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / w->cfg.n_heads);
     } else {
-        be->output(w, gb, bl->ws, bl->logits + (size_t)it.k * bl->s.gbs * w->cfg.vocab);
+        bl->out_rows = gb->all_rows ? gb->n_new : 1;
+        be->output(w, gb, bl->ws, bl->logits + (size_t)it.k * bl->s.gbs * bl->s.logit_rows * w->cfg.vocab);
     }
     double end = now_seconds();
     bl->compute_seconds += end - start;
@@ -566,18 +568,41 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     }
 }
 
+/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
+static const float *logits_row(const block *bl, int s, int t) {
+    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows, row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
+    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
+}
+
+/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
+static void keep_prompt_logits(const block *bl, const gen_options *opt, int first) {
+    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
+    for (int s = 0; s < bl->count; s++) {
+        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs], len = bl->out_rows - pad;
+        memcpy(opt->prompt_logits + (size_t)(first + s) * longest * vocab, logits_row(bl, s, pad),
+               (size_t)len * vocab * sizeof(float));
+    }
+}
+
 /* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
- * the logits of sequences still running. Sampling draws from a generator seeded by (seed,
- * prompt, step), so the tokens do not depend on the block shape or the number of stages. */
+ * the logits of sequences still running; with teacher forcing the next token is given.
+ * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
+ * on the block shape or the number of stages. */
 static void sample_tokens(block *bl, const gen_options *opt, int step, int first,
                           float *logits_out, float *scratch) {
     int vocab = bl->m->view.cfg.vocab;
-    bl->rt->backend->copy_out(bl->host_logits, bl->logits, (size_t)bl->count * vocab * sizeof(float));
+    size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
+    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
+    if (opt->prompt_logits && step == 0) keep_prompt_logits(bl, opt, first);
     for (int s = 0; s < bl->count; s++) {
-        const float *row = bl->host_logits + (size_t)s * vocab;
+        const float *row = logits_row(bl, s, bl->out_rows - 1);
         int p = first + s;
         if (logits_out && !bl->done[s])
             memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
+        if (opt->forced) {
+            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
+            continue;
+        }
         fg_rng rng;
         rng_seed(&rng, opt->seed ^ (((uint64_t)p << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
         bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
@@ -611,7 +636,8 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
     if (n < 1) return fg_fail(err, "no prompts");
     for (int p = 0; p < n; p++) {
         if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
-        if (gen_len > c->max_pos - lens[p]) /* lens[p] + gen_len may not fit an int */
+        if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
+                                                   lens[p] and gen_len may not fit an int */
             return fg_fail(err, "prompt %d: %d tokens + --gen-len %d exceed the model's %d positions",
                         p + 1, lens[p], gen_len, c->max_pos);
         for (int t = 0; t < lens[p]; t++)
@@ -619,6 +645,18 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
                 return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,
                             prompts[p][t], c->vocab);
     }
+    return 0;
+}
+
+/* Teacher forcing feeds only ids of the vocab. */
+static int check_forced(const opt_config *c, const gen_options *opt, int n_prompts, char *err) {
+    for (int p = 0; p < n_prompts; p++)
+        for (int i = 0; i < opt->gen_len; i++) {
+            int id = opt->forced[(size_t)p * opt->gen_len + i];
+            if (id < 0 || id >= c->vocab)
+                return fg_fail(err, "prompt %d: forced token %d is id %d, out of range [0, %d)", p + 1,
+                               i + 1, id, c->vocab);
+        }
     return 0;
 }
 
@@ -684,14 +722,18 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     int rc = check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err);
+    if (rc == 0 && opt->forced) rc = check_forced(c, opt, n_prompts, err);
+    m->prompt_logits = opt->prompt_logits != NULL;
     if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, max_prompt, opt->gen_len, &g.P, err))) rc = -1;
     if (rc == 0 && !(g.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
     if (stage_of(rt)->agree(rt, rc, err)) { /* every stage is ready, or none starts */
         if (g.blocks) free_blocks(g.blocks, g.P);
         free(g.scratch);
+        m->prompt_logits = 0;
         return -1;
     }
     if (logits) memset(logits, 0, (size_t)n_prompts * opt->gen_len * c->vocab * sizeof(float));
+    if (opt->prompt_logits) memset(opt->prompt_logits, 0, (size_t)n_prompts * max_prompt * c->vocab * sizeof(float));
     for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
     memset(timing, 0, sizeof *timing);
     double disk_read_before = rt->disk_read_seconds;
@@ -708,6 +750,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     timing->disk_read_seconds = rt->disk_read_seconds - disk_read_before;
     free(g.scratch);
     free_blocks(g.blocks, g.P);
+    m->prompt_logits = 0;
     return 0;
 }
 

@@ -707,26 +707,30 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
     wait_stream();
 }
 
-/* logits[b] = lm_head(project_out(final_LN(x of b's last token))): lm_head is [vocab][word_dim]. */
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
+ * all_rows: lm_head is [vocab][word_dim]. */
 static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     const opt_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
     cudaStream_t s = ctx()->stream;
-    int h = c->hidden, B = gb->batch;
-    CUDA_CHECK(cudaMemcpy2DAsync(ws->h, h * sizeof(float), gb->x + (size_t)(gb->n_new - 1) * h,
-                                 (size_t)gb->n_new * h * sizeof(float), h * sizeof(float), B,
-                                 cudaMemcpyDeviceToDevice, s));
-    if (w->final_ln_w) layer_norm(ws->h, B, h, w->final_ln_w, w->final_ln_b, ws->h);
+    int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
+    if (gb->all_rows)
+        CUDA_CHECK(cudaMemcpyAsync(ws->h, gb->x, (size_t)rows * h * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    else
+        CUDA_CHECK(cudaMemcpy2DAsync(ws->h, h * sizeof(float), gb->x + (size_t)(gb->n_new - 1) * h,
+                                     (size_t)gb->n_new * h * sizeof(float), h * sizeof(float), rows,
+                                     cudaMemcpyDeviceToDevice, s));
+    if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h);
     const float *last = ws->h;
     if (w->project_out) {
-        linear(d, ws->h, B, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
+        linear(d, ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
         last = ws->qkv;
     }
-    size_t n = (size_t)B * c->word_dim;
+    size_t n = (size_t)rows * c->word_dim;
     to_half_kernel<<<blocks_for(n, 256), 256, 0, s>>>(last, n, d->in16);
     LAUNCHED("to_half_kernel");
     float one = 1, zero = 0;
-    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, B, c->word_dim, &one,
+    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
                             w->lm_head, CUDA_R_16F, c->word_dim, d->in16, CUDA_R_16F, c->word_dim,
                             &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     wait_stream();

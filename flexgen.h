@@ -246,6 +246,8 @@ typedef struct {
     int max_len;  /* KV capacity in tokens (padded prompt + generated) */
     int len;      /* slots already in the cache */
     int n_new;    /* tokens in flight this step: the padded prompt at prefill, 1 in decode */
+    int all_rows; /* the output layer gives the logits of every token in flight, not only of
+                     each sequence's last (perplexity through prefill) */
     int *pad;     /* [batch] */
     int *tokens;  /* [batch][n_new] input ids of this step */
     float *x;     /* [batch * n_new][hidden] hidden states */
@@ -314,7 +316,8 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
 /* The attention of opt_layer, from ws->qkv (this step's q, k, v) to ws->attn: K and V into the
  * cache, then attention over it. The CUDA backend runs it for delegated sequences (§4.2). */
 void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
-/* Logits of the last token of each sequence: [batch][vocab]. */
+/* Logits of the last token of each sequence, [batch][vocab]; with gb->all_rows of every token
+ * in flight, [batch][n_new][vocab]. */
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 
 /* ------------------------------------------------------------------------------------------
@@ -492,6 +495,10 @@ typedef struct {
     uint64_t seed;
     int stop_at_eos;
     int verbose; /* progress on stderr */
+    const int *forced;    /* NULL, or [n_prompts][gen_len]: the tokens each step feeds back in
+                             place of the chosen ones (teacher forcing: perplexity in decode) */
+    float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits at
+                             every position, row t of prompt p the one after its token t */
 } gen_options;
 
 typedef struct {
@@ -509,6 +516,29 @@ typedef struct {
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing,
              char *err);
+
+/* The perplexity of a token sequence under the model (perplexity.c, §6.2), through its runtime
+ * and policy: windows of `window` tokens that advance by `stride`, each scoring the tokens no
+ * earlier one did, in prefill, or (decode) token by token in decode steps fed the text's own
+ * tokens, so that the KV cache is read as generation reads it. */
+typedef struct {
+    int window, stride; /* 0: the model's positions, and half the window */
+    int decode;
+    int verbose;        /* progress on stderr */
+} ppl_options;
+
+typedef struct {
+    double nll;         /* nats, summed over the scored tokens */
+    long scored;        /* tokens scored: every one but the first */
+    double perplexity;  /* exp(nll / scored) */
+    int windows, window, stride; /* how many, their size and advance */
+    double seconds;
+} ppl_result;
+
+/* top1: NULL, or [n - 1]: the most likely token at each scored position, top1[t - 1] the
+ * prediction of ids[t]. */
+int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int *top1,
+                  ppl_result *r, char *err);
 
 int flexgen_main(int argc, char **argv);
 

@@ -958,21 +958,23 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
     if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
 }
 
-/* logits[b] = lm_head(project_out(final_LN(x of b's last token))). */
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))); with all_rows, the same for
+ * every row of x. */
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     const opt_config *c = &w->cfg;
-    int h = c->hidden, B = gb->batch;
-    for (int b = 0; b < B; b++)
-        memcpy(ws->h + (size_t)b * h, gb->x + ((size_t)b * gb->n_new + gb->n_new - 1) * h,
-               h * sizeof(float));
-    if (w->final_ln_w) layer_norm(ws->h, B, h, w->final_ln_w, w->final_ln_b, ws->h);
+    int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
+    for (int r = 0; r < rows; r++) {
+        size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
+        memcpy(ws->h + (size_t)r * h, gb->x + from * h, h * sizeof(float));
+    }
+    if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h);
     const float *last = ws->h;
     if (w->project_out) {
-        linear(ws->h, B, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
+        linear(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
         last = ws->qkv;
     }
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, c->vocab, c->word_dim, 1.0f, last,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c->vocab, c->word_dim, 1.0f, last,
                 c->word_dim, w->lm_head, c->word_dim, 0.0f, logits, c->vocab);
 }
 

@@ -79,7 +79,8 @@ block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int ge
     s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
     s.x_stage = 2 * 4.0 * s.gbs * max_prompt * h;
     s.workspace = (double)rt->backend->workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
-    s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * c->vocab : 0;
+    s.logit_rows = m->prompt_logits ? max_prompt : 1;
+    s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * s.logit_rows * c->vocab : 0;
     s.act_message = (size_t)s.gbs * max_prompt * s.row_floats * sizeof(float);
     s.pipe_buffers = (double)s.act_message * ((is_last_stage(m) ? 0 : s.micro * s.ngb) +
                                               (is_first_stage(m) ? 0 : 2));

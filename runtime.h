@@ -189,6 +189,7 @@ struct fg_model {
     weight_read reads[2]; /* disk reads of layers g, in slot g % 2 */
     int first_layer, end_layer; /* this pipeline stage's layers [first, end) (§4.4) */
     int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
+    int prompt_logits;    /* this generate() keeps the logits of every prompt position */
 };
 
 /* FlexGen's layer list: the input embedding, the decoder layers, the output embedding. */
@@ -232,6 +233,7 @@ typedef struct {
     double kv_home[N_TIERS];    /* bytes per tier */
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
+    int logit_rows;             /* logits per sequence: 1, or the longest prompt's positions */
     double transient_cpu;       /* disk pages in memory while they move, at most */
     size_t act_message;         /* bytes of one GPU batch's activations between stages, at most */
     double pipe_buffers;        /* cpu tier: activations on their way out (each block's GPU
@@ -256,11 +258,13 @@ typedef struct {
     char *done;      /* [gbs * ngb]: the sequence has generated </s> (--stop-at-eos) */
     int *ids;        /* [gbs * ngb]: the tokens chosen at the last step, the next step's input */
     int borrowed;    /* staging, workspace, logits and inbox are another block's */
+    int out_rows;    /* logits the last output layer gave per sequence (its tokens in flight
+                        with prompt_logits, else 1) */
     int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
     int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
                         place, so only those cross the link (§5); disk rows move whole */
     opt_workspace own_ws, *ws;
-    float *logits;   /* [gbs * ngb][vocab], on the gpu tier */
+    float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
     char *kv_home[N_TIERS];   /* [ngb][the stage's decoder layers][K, V][rows][max_len] rows of kv_row bytes */
     float *act_home[N_TIERS]; /* [ngb][rows][max_prompt][hidden] */

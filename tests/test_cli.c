@@ -34,7 +34,12 @@ enum { N_PROMPTS = 5, GEN_LEN = 8, VOCAB = 512, EOS_PROMPT = 3 /* line 4 of prom
 
 static char tiny_dir[4096], tiny_prompts[4096], tiny_tokens[4096], tiny_logits[4096];
 
+static char kjv_dir[4096], kjv_text[4096], kjv_reference[4096];
+
 static int cli_init(void) {
+    snprintf(kjv_dir, sizeof kjv_dir, "%s", fixture("../../models/opt-kjv"));
+    snprintf(kjv_text, sizeof kjv_text, "%s", fixture("opt-kjv/excerpt.txt"));
+    snprintf(kjv_reference, sizeof kjv_reference, "%s", fixture("opt-kjv/reference.json"));
     /* Children must not spin-wait at OpenMP barriers: on a loaded machine (make -j, other test
      * runs) spinning threads of a 2-core box take seconds for the tiny model. */
     setenv("OMP_WAIT_POLICY", "passive", 0);
@@ -372,6 +377,13 @@ static void test_prompt_too_long(void) {
                 "60 tokens", "--gen-len 8", "64 positions");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--gen-len 8",
                 "64 positions");
+    /* the last token generated is not fed back: 60 + 5 tokens need positions 0 .. 63 */
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "5",
+                                     "--quiet", "--json"), NULL, &out, &err), 0);
+    free(out), free(err);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "6"), "--gen-len 6",
+                "64 positions");
     /* lengths whose sum overflows an int, or whose buffers would take gigabytes, are refused
      * against the model before anything is allocated */
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "2147483647"),
@@ -598,6 +610,8 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
     {"--compress-cache", NULL}, {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
     {"--hw", "hw.json"}, {"--max-latency", "10"}, {"--evaluate", NULL},
+    {"--text", "t.txt"}, {"--window", "8"}, {"--stride", "4"}, {"--decode", NULL},
+    {"--predictions", "p.txt"}, {"--compare", "p.txt"}, /* of `flexgen perplexity` */
     {"--device", "cpu"}, {"--out", "hw.json"}, /* of `flexgen profile` */
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
@@ -1200,6 +1214,151 @@ static void test_profile(void) {
     free(dir), free(off);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * flexgen perplexity, on the trained checkpoint against PyTorch
+ * --------------------------------------------------------------------------------------------- */
+
+/* flexgen perplexity on the excerpt with the extra flags: its --json object. */
+static cJSON *perplexity_run(const char *const *extra) {
+    const char *args[40] = {"perplexity", "--model", kjv_dir, "--text", kjv_text, "--json",
+                            "--quiet", "--device", "cpu"};
+    int n = 9;
+    while (*extra && n < 39) args[n++] = *extra++;
+    args[n] = NULL;
+    char *out, *err;
+    int rc = run_flexgen(args, NULL, &out, &err);
+    EXPECT(rc == 0 && err[0] == 0, "flexgen perplexity exited %d: %s", rc, err);
+    cJSON *o = cJSON_Parse(out);
+    CU_ASSERT_PTR_NOT_NULL(o);
+    free(out);
+    free(err);
+    return o;
+}
+
+static double number(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* PyTorch's perplexity of the excerpt for each window setting (reference.json). */
+static cJSON *kjv_expected(void) {
+    size_t size;
+    char err[FG_ERR_LEN];
+    char *text = fg_read_file(kjv_reference, &size, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    return o;
+}
+
+/* The bound: each log-probability is a logit less a log-sum-exp, so it moves at most twice as
+ * far as the largest logit does, and the reference suite holds logits within 1e-4 x max|logit|
+ * of PyTorch's: |ln ppl - ln ppl_ref| <= 2e-4 x max|logit|. In prefill and in decode (teacher
+ * forcing) alike, each window setting, two block shapes. */
+static void test_perplexity_matches_pytorch(void) {
+    cJSON *ref = kjv_expected(), *setting;
+    cJSON_ArrayForEach(setting, cJSON_GetObjectItemCaseSensitive(ref, "perplexity")) {
+        char window[16], stride[16];
+        snprintf(window, sizeof window, "%d", (int)number(setting, "window"));
+        snprintf(stride, sizeof stride, "%d", (int)number(setting, "stride"));
+        double expected = number(setting, "perplexity"), bound = 2e-4 * number(setting, "max_abs_logit");
+        static const char *const modes[][5] = {{"--gpu-batch-size", "4", "--num-gpu-batches", "2", NULL},
+                                               {"--gpu-batch-size", "3", "--decode", NULL, NULL}};
+        for (int m = 0; m < 2; m++) {
+            const char *args[9] = {"--window", window, "--stride", stride};
+            memcpy(args + 4, modes[m], sizeof modes[m]);
+            cJSON *o = perplexity_run(args);
+            double got = number(o, "perplexity");
+            EXPECT(fabs(log(got) - log(expected)) <= bound, "window %s, stride %s, %s: perplexity %.6f, "
+                   "PyTorch's %.6f; allowed |ln ratio| <= %.3g", window, stride, m ? "decode" : "prefill",
+                   got, expected, bound);
+            CU_ASSERT_EQUAL(number(o, "scored_tokens"), number(setting, "scored_tokens"));
+            cJSON_Delete(o);
+        }
+    }
+    cJSON_Delete(ref);
+}
+
+/* Section 5 in the two modes: prefill attends to the fresh keys and values, so a 4-bit cache or
+ * sparse attention cannot change its numbers; decode reads the cache, so both do. 4-bit weights
+ * change both. */
+static double perplexity_of(const char *const *extra) {
+    cJSON *o = perplexity_run(extra);
+    double v = number(o, "perplexity");
+    cJSON_Delete(o);
+    return v;
+}
+
+static void test_perplexity_approximations(void) {
+    double base = perplexity_of(ARGS("--window", "64", "--stride", "16"));
+#define PPL(...) perplexity_of(ARGS("--window", "64", "--stride", "16", __VA_ARGS__))
+    double cache_prefill = PPL("--compress-cache"), sparse_prefill = PPL("--attn-sparsity", "0.2");
+    double cache_decode = PPL("--compress-cache", "--decode"), sparse_decode = PPL("--attn-sparsity", "0.2", "--decode");
+    double weights = PPL("--compress-weight");
+#undef PPL
+    EXPECT(cache_prefill == base && sparse_prefill == base, "prefill: fp16 %.6f, 4-bit cache %.6f, "
+           "sparsity 0.2 %.6f: expected the same", base, cache_prefill, sparse_prefill);
+    EXPECT(fabs(log(cache_decode / base)) > 1e-4 && fabs(log(sparse_decode / base)) > 1e-4,
+           "decode: fp16 %.6f, 4-bit cache %.6f, sparsity 0.2 %.6f: expected both to differ", base,
+           cache_decode, sparse_decode);
+    EXPECT(fabs(log(weights / base)) > 1e-4, "4-bit weights: %.6f, fp16 %.6f", weights, base);
+}
+
+/* --predictions writes the top-1 token of every scored position; --compare counts agreement:
+ * a run agrees with itself everywhere. */
+static void test_perplexity_predictions(void) {
+    char *dir = make_temp_dir();
+    const char *path = join(dir, "top1.txt");
+    cJSON *o = perplexity_run(ARGS("--window", "64", "--stride", "16", "--predictions", path));
+    long scored = (long)number(o, "scored_tokens");
+    cJSON_Delete(o);
+    size_t size;
+    char err[FG_ERR_LEN];
+    char *text = fg_read_file(path, &size, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    CU_ASSERT_EQUAL(count_lines(text), scored);
+    free(text);
+    o = perplexity_run(ARGS("--window", "64", "--stride", "16", "--compare", path));
+    CU_ASSERT_EQUAL(number(o, "top1_agreement"), 1.0);
+    cJSON_Delete(o);
+    CU_ASSERT_EQUAL(dir_entries(dir), 1); /* no temporary left beside it */
+    rm_tree(dir);
+    free(dir);
+}
+
+static void test_perplexity_bad_input(void) {
+    char *dir = make_temp_dir();
+    const char *empty = join(dir, "empty.txt");
+    write_text(empty, "");
+    char nul_path[4200];
+    snprintf(nul_path, sizeof nul_path, "%s", join(dir, "nul.txt"));
+    FILE *f = fopen(nul_path, "wb");
+    fwrite("In the\0 beginning", 1, 17, f);
+    fclose(f);
+    char short_path[4200];
+    snprintf(short_path, sizeof short_path, "%s", join(dir, "short.txt"));
+    write_text(short_path, "1\n2\n");
+#define PPL_ARGS(...) ARGS("perplexity", "--model", kjv_dir, __VA_ARGS__)
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir), "--text FILE is required");
+    EXPECT_FAIL(PPL_ARGS("--text", join(dir, "missing.txt")), "missing.txt");
+    EXPECT_FAIL(PPL_ARGS("--text", empty), "the text has 1 token");
+    EXPECT_FAIL(PPL_ARGS("--text", nul_path), "--text", "NUL");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "1"), "--window", "2..");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "257"), "--window 257", "256 positions");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "64", "--stride", "64"), "--stride 64");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--compare", short_path), "--compare", "2 predictions");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--gen-len", "4"), "--gen-len", "not a flag of `flexgen perplexity`");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--predictions", join(dir, "no/such/dir/p.txt")), "--predictions");
+    EXPECT_FAIL(ARGS("perplexity", "--model", tiny_dir, "--text", kjv_text), "needs a tokenizer");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--decode"), "--decode", "a flag of `flexgen perplexity`");
+    EXPECT_FAIL(ARGS("policy", "--model", kjv_dir, "--text", kjv_text), "--text", "a flag of `flexgen perplexity`");
+#undef PPL_ARGS
+    CU_ASSERT_EQUAL(dir_entries(dir), 3); /* nothing written */
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_cli_tests(void) {
     CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
     CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
@@ -1213,6 +1372,10 @@ void add_cli_tests(void) {
     CU_add_test(s, "--help lists every flag", test_help);
     CU_add_test(s, "every flag in --help is accepted", test_flags_accepted);
     CU_add_test(s, "tokenize", test_tokenize);
+    CU_add_test(s, "perplexity: the trained model against PyTorch, prefill and decode", test_perplexity_matches_pytorch);
+    CU_add_test(s, "perplexity: section 5's approximations in prefill and in decode", test_perplexity_approximations);
+    CU_add_test(s, "perplexity: top-1 predictions and agreement", test_perplexity_predictions);
+    CU_add_test(s, "perplexity: bad input", test_perplexity_bad_input);
     CU_add_test(s, "bad special-token files, a special token past the model's vocab",
                 test_tokenizer_special_files);
     CU_add_test(s, "special tokens in text prompts", test_special_tokens_in_prompts);

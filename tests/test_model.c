@@ -62,12 +62,13 @@ static float json_number(const char *path, const char *key) {
     return at ? strtof(at + strlen(pat), NULL) : NAN;
 }
 
-static void load_reference(const char *name, reference *r) {
+/* The fixture tests/fixtures/NAME; its weights are in `weights`. */
+static void load_reference(const char *name, const char *weights, reference *r) {
     char dir[512], path[600];
     char err[FG_ERR_LEN];
     memset(r, 0, sizeof *r);
     snprintf(dir, sizeof dir, "%s", fixture(name));
-    int rc = opt_weights_load(dir, &r->w, err);
+    int rc = opt_weights_load(weights, &r->w, err);
     if (rc) fprintf(stderr, "%s\n", err);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     snprintf(path, sizeof path, "%s/prompts.txt", dir);
@@ -136,23 +137,113 @@ static void check_against_reference(reference *r, const char *dir, int gpu_batch
     free(logits);
 }
 
-static void check_fixture(const char *name) {
+/* A fixture against its weights: the random models' are in the fixture, a trained model's in
+ * models/. */
+static void check_fixture_of(const char *name, const char *weights) {
     reference r;
-    load_reference(name, &r);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", weights);
+    load_reference(name, dir, &r);
     /* The bound only makes sense if no top-two pair is anywhere near it. */
     CU_ASSERT(r.min_gap > 20 * 1e-4f * r.max_abs);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", fixture(name));
     check_against_reference(&r, dir, r.n, 1); /* one GPU batch */
     check_against_reference(&r, dir, 2, 2);   /* blocks of 2 x 2, the last partial */
     check_against_reference(&r, dir, 1, 3);   /* one sequence per GPU batch */
     free_reference(&r);
 }
 
+static void check_fixture(const char *name) { check_fixture_of(name, fixture(name)); }
+
 static void test_reference_pre_ln_fp16(void) { check_fixture("opt-tiny"); }
 static void test_reference_350m_fp32_sharded(void) { check_fixture("opt-tiny-350m"); }
 static void test_reference_bf16(void) { check_fixture("opt-tiny-bf16"); }
 static void test_reference_text(void) { check_fixture("opt-tiny-text"); }
+static void test_reference_trained(void) { check_fixture_of("opt-kjv", fixture("../../models/opt-kjv")); }
+
+/* generate() on the opt-tiny fixture with the given options (one GPU batch of 2). */
+static int generate_opt(gen_options *opt, int n, int *const *prompts, const int *lens, int *tokens,
+                        float *logits) {
+    char err[FG_ERR_LEN] = "";
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = 2, p.num_gpu_batches = 2;
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    gen_timing t;
+    int rc = fg_runtime_open(&p, &rt, err);
+    if (rc == 0) rc = fg_model_open(rt, fixture("opt-tiny"), 0, &m, err);
+    if (rc == 0) rc = generate(m, opt, n, prompts, lens, tokens, logits, &t, err);
+    if (rc) fprintf(stderr, "\n  generate: %s\n", err);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    return rc;
+}
+
+/* Teacher forcing (perplexity through decode): fed the tokens greedy decoding chose, each step
+ * computes exactly what greedy decoding computed; fed other tokens, the outputs are those. */
+static void test_teacher_forcing(void) {
+    reference r;
+    load_reference("opt-tiny", fixture("opt-tiny"), &r);
+    size_t count = (size_t)r.n * r.gen_len * r.vocab;
+    int *tokens = malloc((size_t)r.n * r.gen_len * sizeof *tokens), *forced = malloc((size_t)r.n * r.gen_len * sizeof *forced);
+    float *greedy = malloc(count * sizeof *greedy), *taught = malloc(count * sizeof *taught);
+    gen_options opt = {.gen_len = r.gen_len, .top_p = 1};
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, forced, greedy), 0);
+    opt.forced = forced;
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught), 0);
+    CU_ASSERT(memcmp(tokens, forced, (size_t)r.n * r.gen_len * sizeof *tokens) == 0);
+    CU_ASSERT(memcmp(greedy, taught, count * sizeof *greedy) == 0);
+    for (int i = 0; i < r.n * r.gen_len; i++) forced[i] = 3 + (i * 37) % (r.vocab - 3);
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught), 0);
+    CU_ASSERT(memcmp(tokens, forced, (size_t)r.n * r.gen_len * sizeof *tokens) == 0);
+    CU_ASSERT(memcmp(greedy + r.vocab, taught + r.vocab, (size_t)r.vocab * sizeof *greedy) != 0);
+    forced[5] = r.vocab; /* out of the vocab: refused */
+    char err[FG_ERR_LEN] = "";
+    fg_policy p = fg_default_policy();
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    gen_timing t;
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, fixture("opt-tiny"), 0, &m, err), 0);
+    CU_ASSERT_EQUAL(generate(m, &opt, r.n, r.prompts, r.lens, tokens, taught, &t, err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "forced token 6"));
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    free(tokens), free(forced), free(greedy), free(taught);
+    free_reference(&r);
+}
+
+/* Prefill's logits at every prompt position (perplexity through prefill): position t's row of
+ * a prompt equals the next-token logits of the prompt cut after token t, run on its own. */
+static void test_prompt_logits(void) {
+    reference r;
+    load_reference("opt-tiny", fixture("opt-tiny"), &r);
+    int longest = 0, tok, worst_p = -1, worst_t = -1;
+    for (int p = 0; p < r.n; p++) longest = r.lens[p] > longest ? r.lens[p] : longest;
+    float *all = malloc((size_t)r.n * longest * r.vocab * sizeof *all), *one = malloc((size_t)r.vocab * sizeof *one);
+    int *tokens = malloc((size_t)r.n * sizeof *tokens);
+    gen_options opt = {.gen_len = 1, .top_p = 1, .prompt_logits = all};
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, NULL), 0);
+    gen_options plain = {.gen_len = 1, .top_p = 1};
+    float worst = 0, zero = 0;
+    for (int p = 0; p < r.n; p++) {
+        for (int t = 0; t < r.lens[p]; t++) {
+            int len = t + 1;
+            CU_ASSERT_EQUAL_FATAL(generate_opt(&plain, 1, &r.prompts[p], &len, &tok, one), 0);
+            const float *row = all + ((size_t)p * longest + t) * r.vocab;
+            for (int v = 0; v < r.vocab; v++)
+                if (fabsf(row[v] - one[v]) > worst) worst = fabsf(row[v] - one[v]), worst_p = p, worst_t = t;
+        }
+        for (size_t i = (size_t)r.lens[p] * r.vocab; i < (size_t)longest * r.vocab; i++) /* past the prompt */
+            zero = fmaxf(zero, fabsf(all[(size_t)p * longest * r.vocab + i]));
+    }
+    /* the suite's bound: padding changes the order of fp32 sums, which can round a K or V
+     * element to the neighbouring fp16 value (seen: 1.4e-5 x max|logit|) */
+    EXPECT(worst <= 1e-4f * r.max_abs, "prompt %d, position %d: the prefill row differs from the cut "
+           "prompt's logits by %g; allowed 1e-4 x max|logit| = %g", worst_p, worst_t, worst, 1e-4 * r.max_abs);
+    CU_ASSERT_EQUAL(zero, 0);
+    free(all), free(one), free(tokens);
+    free_reference(&r);
+}
 
 /* Fills gb for a prefill of the given prompts, left-padded to the longest. */
 static void setup_prefill(gpu_batch *gb, int *const *prompts, const int *lens, int n) {
@@ -208,7 +299,7 @@ static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, flo
 /* Decode with the KV cache equals recomputing every sequence from scratch, step by step. */
 static void test_kv_cache_equals_recompute(void) {
     reference r;
-    load_reference("opt-tiny", &r);
+    load_reference("opt-tiny", fixture("opt-tiny"), &r);
     const opt_weights *w = &r.w;
     int n = r.n, steps = 6, max_prompt = 0, V = r.vocab;
     for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
@@ -410,6 +501,9 @@ void add_model_tests(void) {
                 test_reference_350m_fp32_sharded);
     CU_add_test(s, "bf16 checkpoint matches HF", test_reference_bf16);
     CU_add_test(s, "checkpoint with a tokenizer matches HF", test_reference_text);
+    CU_add_test(s, "the trained checkpoint (models/opt-kjv) matches HF", test_reference_trained);
+    CU_add_test(s, "teacher forcing: the given tokens, the logits of greedy decoding", test_teacher_forcing);
+    CU_add_test(s, "prefill's logits at every position: those of each cut prompt", test_prompt_logits);
     CU_add_test(s, "KV-cache decode equals full recomputation", test_kv_cache_equals_recompute);
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
     CU_add_test(s, "every OPT size by name", test_configs);

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The reference fixture of a trained checkpoint (models/opt-kjv, from train_tiny_opt.py), from
+PyTorch + HF transformers, in tests/fixtures/<name>/:
+
+    prompts.txt, tokens.txt, logits.bin, reference.json
+        as scripts/make_reference.py writes them for the random models: a few prompts (</s> +
+        the first words of held-out verses), GEN_LEN greedy tokens and the logits each was
+        chosen from; the reference suite loads the weights from the model directory
+    excerpt.txt
+        the start of the held-out text, and in reference.json its perplexity for each window
+        setting in PERPLEXITY, the tokens scored and the largest |logit| seen
+
+Numerics as in make_reference.py: the saved fp16 weights run in fp32 with eager attention, one
+thread, and every k_proj / v_proj output is rounded to fp16 (the C KV cache). A trained model's
+top two logits can be close; prompts are kept only where every step's top-two gap is at least
+GAP_FACTOR x 1e-4 x max|logit|, so that the suite's tolerance cannot flip a token.
+
+    venv/bin/python scripts/make_trained_reference.py [--model models/opt-kjv] [--name opt-kjv]
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import transformers
+from tokenizers import ByteLevelBPETokenizer
+from transformers import OPTForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_reference import BOS_ID, GAP_FACTOR, GEN_LEN, REPO, add_kv_rounding_hooks, greedy  # noqa: E402
+from train_tiny_opt import perplexity  # noqa: E402
+
+N_PROMPTS = 4
+PROMPT_WORDS = 5
+EXCERPT_TOKENS = 1000
+PERPLEXITY = [(None, None), (64, 16)]  # (window, stride); None: the model's positions, half
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=os.path.join(REPO, "models", "opt-kjv"))
+    ap.add_argument("--name", default="opt-kjv")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    out = os.path.join(REPO, "tests", "fixtures", args.name)
+    os.makedirs(out, exist_ok=True)
+
+    tok = ByteLevelBPETokenizer(os.path.join(args.model, "vocab.json"),
+                                os.path.join(args.model, "merges.txt"))
+    model = OPTForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32,
+                                           attn_implementation="eager").eval()
+    add_kv_rounding_hooks(model)
+    held = open(os.path.join(args.model, "heldout.txt"), encoding="utf-8").read().splitlines()
+
+    # Prompts: the first words of held-out verses, where greedy decoding is far from a tie.
+    prompts, tokens, logits = [], [], []
+    for verse in held:
+        p = [BOS_ID] + tok.encode(" ".join(verse.split()[:PROMPT_WORDS])).ids
+        t, l = greedy(model, [p], GEN_LEN)
+        top = l[0].topk(2, dim=-1).values
+        if (top[:, 0] - top[:, 1]).min().item() >= GAP_FACTOR * 1e-4 * l.abs().max().item():
+            prompts.append(p), tokens.append(t[0]), logits.append(l[0])
+        if len(prompts) == N_PROMPTS:
+            break
+    # Run again as one left-padded batch: what the C code is compared with.
+    tokens_b, logits_b = greedy(model, prompts, GEN_LEN)
+    assert torch.equal(tokens_b, torch.stack(tokens)), "batched greedy tokens differ from single"
+    max_abs = logits_b.abs().max().item()
+    top = logits_b.topk(2, dim=-1).values
+    gap = (top[..., 0] - top[..., 1]).min().item()
+    with open(os.path.join(out, "prompts.txt"), "w") as fh:
+        fh.writelines(" ".join(map(str, p)) + "\n" for p in prompts)
+    with open(os.path.join(out, "tokens.txt"), "w") as fh:
+        fh.writelines(" ".join(map(str, r)) + "\n" for r in tokens_b.tolist())
+    logits_b.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
+
+    # The perplexity of the excerpt: whole lines of the held-out text, about EXCERPT_TOKENS.
+    lines, n = [], 1
+    for line in held:
+        n += len(tok.encode(line + "\n").ids)
+        lines.append(line + "\n")
+        if n >= EXCERPT_TOKENS:
+            break
+    excerpt = "".join(lines)
+    with open(os.path.join(out, "excerpt.txt"), "w", encoding="utf-8") as fh:
+        fh.write(excerpt)
+    ids = [BOS_ID] + tok.encode(excerpt).ids
+    ppl = []
+    for window, stride in PERPLEXITY:
+        w = window or model.config.max_position_embeddings
+        value, scored, top_abs = perplexity(model, ids, w, torch, stride)
+        ppl.append({"window": w, "stride": stride or w // 2, "perplexity": value,
+                    "scored_tokens": scored, "max_abs_logit": top_abs})
+        print(f"excerpt: window {w}, stride {stride or w // 2}: perplexity {value:.6f} over {scored} "
+              f"tokens, max|logit| {top_abs:.3f}")
+
+    meta = {
+        "model": os.path.relpath(args.model, REPO),
+        "n_prompts": len(prompts), "gen_len": GEN_LEN, "vocab": model.config.vocab_size,
+        "max_abs_logit": max_abs, "min_top2_gap": gap,
+        "perplexity": ppl,
+        "transformers": transformers.__version__, "torch": torch.__version__,
+        "note": ("Made by scripts/make_trained_reference.py from the trained checkpoint named in "
+                 "`model`: fp16 weights run in fp32 (eager attention, 1 thread) with k_proj/v_proj "
+                 "outputs rounded to fp16. Prompts: </s> + the first %d words of held-out verses, "
+                 "kept where every greedy step's top-two gap is at least %g x 1e-4 x max|logit|; "
+                 "one left-padded batch, %d greedy steps. Perplexity of excerpt.txt (</s> + its "
+                 "tokens): windows advancing by `stride`, each scoring the tokens no earlier one "
+                 "did." % (PROMPT_WORDS, GAP_FACTOR, GEN_LEN)),
+    }
+    with open(os.path.join(out, "reference.json"), "w") as fh:
+        json.dump(meta, fh, indent=2)
+        fh.write("\n")
+    print(f"{out}: {len(prompts)} prompts, max|logit| {max_abs:.3f}, min top-2 gap {gap:.4f}")
+
+
+if __name__ == "__main__":
+    main()
