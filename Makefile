@@ -20,7 +20,7 @@ LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-SRC := util.c quant.c safetensors.c opt_model.c tokenizer.c tiers.c trace.c weights.c plan.c flexgen.c perplexity.c pipeline.c cost_model.c lp.c policy.c profile.c cli.c
+SRC := util.c quant.c matmul.c safetensors.c opt_model.c tokenizer.c tiers.c trace.c weights.c plan.c flexgen.c perplexity.c pipeline.c cost_model.c lp.c policy.c profile.c cli.c
 CUDA_OBJ :=
 
 # CUDA: cuBLAS is the only GPU library. Code for T4 (sm_75), A100 (sm_80), RTX 30/40 (sm_86,

@@ -177,9 +177,10 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
         if (w->compress_weight) add(&p[T_COMP], -1, weights16, hw->dequant_bdw), add(&g[T_COMP], -1, weights16, hw->dequant_bdw);
         if (w->compress_cache) add(&p[T_COMP], -1, cache_pre / kv, hw->dequant_bdw), add(&g[T_COMP], -1, cache_gen / kv, hw->dequant_bdw);
     }
-    /* beyond A.3: each GPU batch reads the layer's working weights (fp32 on the CPU backend) */
+    /* beyond A.3: each GPU batch reads the layer's working weights: fp16, or on the CPU backend
+     * the 4-bit bytes its products read as they are */
     if (hw->mem_bdw > 0) {
-        double working = (8 * h1 * h1 + 4 * h1 * h2) * (hw->gpu_is_host ? 2 : 1);
+        double working = (8 * h1 * h1 + 4 * h1 * h2) * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
         add(&p[T_COMP], -1, w->ngb * working, hw->mem_bdw), add(&g[T_COMP], -1, w->ngb * working, hw->mem_bdw);
     }
     /* the output layer, once per generated token: logits of the block's last tokens */
@@ -217,9 +218,9 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
 /* Adds bytes to tier term f: its constant (k < 0) or the coefficient of x_k. */
 static void add_bytes(fg_linear *f, int k, double bytes) { add(f, k, bytes, 1); }
 
-int fg_weights_case(const double x[N_X], int compress_weight) {
+int fg_weights_case(const double x[N_X], int staged_q4) {
     if (x[X_WN] > 0) return FG_W_DISK;
-    return x[X_WG] < 1 || compress_weight ? FG_W_MEMORY : FG_W_GPU;
+    return x[X_WG] < 1 || staged_q4 ? FG_W_MEMORY : FG_W_GPU;
 }
 
 void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
@@ -228,7 +229,7 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
     double stored = 2 * P * q4;                                 /* cpu and disk homes */
-    double on_gpu = w->compress_weight ? stored : (hw->gpu_is_host ? 4 : 2) * P;
+    double on_gpu = w->compress_weight ? stored : 2 * P;
     double layer = fmax(4 * h * h + 2 * h * f + 10 * h + f,     /* a decoder layer, or */
                         (double)c->vocab * c->word_dim + (c->max_pos + 2) * h); /* the embeddings */
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
@@ -243,7 +244,7 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
         add_bytes(&mm->tier[t], X_CG + t, cache);
         add_bytes(&mm->tier[t], X_HG + t, act);
     }
-    if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * (hw->gpu_is_host ? 4 : 2) * layer);
+    if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * 2 * layer);
     if (weights != FG_W_GPU && w->compress_weight && !hw->gpu_is_host) /* a 4-bit tensor lands */
         add_bytes(gpu, -1, 2 * 2 * q4 * fmax(h * f, (double)c->vocab * c->word_dim));
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);

@@ -385,14 +385,14 @@ __global__ void bias_kernel(float *y, size_t n, int out, const __half *b, int re
     y[i] = relu && v < 0 ? 0 : v;
 }
 
-static void layer_norm(const float *x, int rows, int dim, const float *w, const float *b, float *y) {
+static void layer_norm(const float *x, int rows, int dim, const fp16 *w, const fp16 *b, float *y) {
     layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
 /* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
  * which cuBLAS sees as the column-major W^T), x through an fp16 copy, fp32 accumulation. */
-static void linear(cuda_ws *d, const float *x, int rows, int in, const float *W, const float *b,
+static void linear(cuda_ws *d, const float *x, int rows, int in, const fp16 *W, const fp16 *b,
                    int out, float *y, int mode) {
     cudaStream_t s = ctx()->stream;
     size_t n = (size_t)rows * in;
@@ -761,6 +761,7 @@ static const fg_backend cuda_backend = {
     fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
     cuda_embed, cuda_layer, cuda_output,
     cuda_device_memory,
+    0,                      /* reads_q4: 4-bit weights are decompressed into staging */
 };
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;

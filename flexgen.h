@@ -3,6 +3,7 @@
  * and draws how they call each other. In the order of this header:
  *   util.c         error lines, whole-file reads, fp16 <-> fp32
  *   quant.c        4-bit group-wise compression, top-K selection for sparse attention (§5)
+ *   matmul.c       the CPU's products with fp16 or 4-bit weights as stored
  *   opt_model.c    OPT configs, the weight table, the CPU forward pass and backend, sampling (§3)
  *   safetensors.c  checkpoints, mapped
  *   tokenizer.c    GPT-2 byte-level BPE over OPT's vocab.json / merges.txt, special tokens
@@ -89,9 +90,37 @@ void fg_unwatch_mapping(const void *base);
 size_t q4_bytes(size_t outer, size_t len, size_t inner);
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
+/* Row r of a tensor [1][len][inner] (an embedding table): its inner values, as q4_decompress
+ * gives them. */
+void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
 /* Top-K selection of sparse attention (§5): the indices of the k largest of w[0 .. n), at most
  * n, in increasing order (ties go to the earlier index). Returns how many. scratch: n floats. */
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
+
+/* ------------------------------------------------------------------------------------------
+ * Products with weights as they are stored (matmul.c): fp32 activations times fp16 weights, or
+ * 4-bit ones (q4, quant.c's layout), accumulated in fp32. Parallel over OpenMP's threads.
+ * ------------------------------------------------------------------------------------------ */
+/* y[rows][out] = x[rows][in] W[in][out], or y += that (accumulate). W: [in][out] fp16, or 4-bit
+ * [in][out][1]. Up to MATMUL_DECODE_ROWS rows, each element of y is the same fused chain over k
+ * on every path; more rows go through sgemm on widened panels, in scratch (matmul_scratch_floats
+ * (in) floats; NULL will do for fewer rows). */
+#define MATMUL_DECODE_ROWS 16
+void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                    int accumulate, float *scratch);
+size_t matmul_scratch_floats(int in);
+/* y[rows][n] = x[rows][dim] E^T for a table E [n][dim]: fp16, or 4-bit [1][n][dim]. Up to
+ * MATMUL_EMBED_DOT_ROWS rows, each row of E is widened and dotted with x's rows; more rows go
+ * through sgemm on blocks of MATMUL_EMBED_BLOCK widened rows. scratch: MATMUL_EMBED_BLOCK x dim
+ * floats for each of omp_get_max_threads() threads, scratch_stride floats apart. */
+#define MATMUL_EMBED_DOT_ROWS 4
+#define MATMUL_EMBED_BLOCK 64
+void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, int n, float *y,
+                    float *scratch, size_t scratch_stride);
+/* Row r of such a table as fp32: dim values. */
+void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst);
+/* For the tests: 1 makes every product take the portable C path even where AVX2 is there. */
+void matmul_force_portable(int on);
 
 /* ------------------------------------------------------------------------------------------
  * Model configuration.
@@ -119,42 +148,45 @@ double opt_cache_bytes(const opt_config *cfg, int batch, int seq_len);
 double opt_hidden_bytes(const opt_config *cfg, int batch, int seq_len);
 
 /* ------------------------------------------------------------------------------------------
- * Weights, as the compute device holds them: fp32 working copies of fp16 values (checkpoints in
- * fp32 or bf16 are rounded to fp16 first, so every source gives the same numbers).
+ * Weights, as the compute device holds them: fp16 values, as stored (checkpoints in fp32 or bf16
+ * are rounded to fp16 first, so every source gives the same numbers), which both backends'
+ * products read as they are. With q4 set, the matrices and embedding tables hold their 4-bit
+ * bytes instead (§5, quant.c's layout), which the CPU's products read as they are too.
  * Linear weights are stored transposed, [in][out] (the checkpoint has [out][in]);
  * opt_weight_locate() says where any checkpoint tensor's elements are.
  * ------------------------------------------------------------------------------------------ */
 typedef struct {
-    float *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm */
-    float *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
-    float *wo, *bo;               /* out_proj, [hidden][hidden] */
-    float *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer) */
-    float *fc1_w, *fc1_b;         /* [hidden][ffn] */
-    float *fc2_w, *fc2_b;         /* [ffn][hidden] */
+    fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm */
+    fp16 *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
+    fp16 *wo, *bo;               /* out_proj, [hidden][hidden] */
+    fp16 *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer) */
+    fp16 *fc1_w, *fc1_b;         /* [hidden][ffn] */
+    fp16 *fc2_w, *fc2_b;         /* [ffn][hidden] */
 } opt_layer_weights;
 
 typedef struct {
     opt_config cfg;
-    float *embed_tokens;    /* [vocab][word_dim] (checkpoint layout: rows are looked up) */
-    float *embed_positions; /* [max_pos + 2][hidden] */
-    float *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
-    float *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
-    float *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
-    float *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
+    fp16 *embed_tokens;    /* [vocab][word_dim] (checkpoint layout: rows are looked up) */
+    fp16 *embed_positions; /* [max_pos + 2][hidden] */
+    fp16 *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
+    fp16 *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
+    fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
+    fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
     opt_layer_weights *layers;
-    float *storage;         /* the one allocation all of the above point into */
-    size_t storage_floats;
+    int q4;                /* matrices and embedding tables are 4-bit (CPU backend, §5) */
+    fp16 *storage;         /* the one allocation all of the above point into */
+    size_t storage_values;
 } opt_weights;
 
 /* Dummy weights, deterministic from seed whatever the thread count, scaled so that activations
- * stay finite through every layer of every size. All tensors in one fp32 arena. */
+ * stay finite through every layer of every size. All tensors in one fp16 arena. */
 int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err);
-/* An HF checkpoint directory, all tensors in one fp32 arena. */
+/* An HF checkpoint directory, all tensors in one fp16 arena. */
 int opt_weights_load(const char *dir, opt_weights *w, char *err);
 void opt_weights_free(opt_weights *w);
 /* Where checkpoint tensor `name` (HF name, with or without "model.") is held: its element [r][c]
  * is at first[r * row_stride + c * col_stride]. Returns -1 for a name the model does not have. */
-int opt_weight_locate(const opt_weights *w, const char *name, const float **first,
+int opt_weight_locate(const opt_weights *w, const char *name, const fp16 **first,
                       size_t *row_stride, size_t *col_stride);
 
 /* ------------------------------------------------------------------------------------------
@@ -199,7 +231,7 @@ typedef struct {
     int layer;            /* FlexGen's layer list: 0 input embedding, 1 .. n_layers decoder
                              layers, n_layers + 1 output embedding */
     size_t offset, count; /* elements, within the layer's arena */
-    float **slot;         /* the field of the view that points at the tensor's fp32 copy */
+    fp16 **slot;          /* the field of the view that points at the tensor's working copy */
     size_t group_outer, group_len, group_inner; /* §5's grouping of a matrix as stored: [outer]
                              [len][inner] in groups along len (a linear [in][out]: [in][out][1];
                              an embedding [vocab][dim]: [1][vocab][dim]); group_len 0: a vector */
@@ -297,8 +329,11 @@ typedef struct {
     float *h, *attn;        /* [rows][hidden] */
     float *qkv;             /* [rows][3 * hidden]: q, k, v side by side */
     float *ffn;             /* [rows][max(ffn, hidden)] */
-    float *thread_scratch;  /* per thread: K, V slices and scores of one (sequence, head) */
+    float *thread_scratch;  /* per thread: K, V slices and scores of one (sequence, head), or a
+                               row of the embedding table (lm_head) */
     size_t thread_floats;
+    float *wide;            /* matmul_weights' scratch for prefill's products; NULL when rows
+                               <= MATMUL_DECODE_ROWS */
     void *device;           /* the CUDA backend's own buffers (flexgen.cu); NULL on the CPU */
 } opt_workspace;
 
@@ -415,8 +450,7 @@ extern const char *const fg_link_names[N_LINKS];
  * same loop drives the CPU backend (opt_model.c) and the CUDA backend (flexgen.cu). Pointers to
  * the gpu tier are the device's: on the CPU backend host memory, on CUDA device memory, which
  * only the backend's operations touch. Working weights on the gpu tier are weight_elem bytes a
- * value (fp32 for the CPU's products, fp16 for cuBLAS); opt_weights' float pointers then point at
- * the backend's format. */
+ * value: fp16 on both backends, which opt_weights' pointers point at. */
 typedef struct {
     const char *name;
     int gpu_is_host;                         /* the gpu tier is host memory (CPU backend) */
@@ -448,6 +482,9 @@ typedef struct {
     /* The gpu tier's capacity when --gpu-mem is not given: the device's free memory less a
      * reserve; NULL where the gpu tier is host memory (then the host's available memory). */
     double (*device_memory)(void);
+    int reads_q4;                            /* the products read 4-bit weights (§5) as they are
+                                                stored: weights_in_q4 copies the bytes, and a
+                                                4-bit home on the gpu tier is read in place */
 } fg_backend;
 
 extern const fg_backend fg_cpu_backend;
@@ -616,8 +653,8 @@ typedef struct {
     double mem_bdw;          /* the compute device reading a layer's working weights, once per
                                 GPU batch: what bounds small-batch decode; 0: not modeled
                                 (optional in the file) */
-    int gpu_is_host;         /* the gpu tier is host memory, as on the CPU backend: its weights
-                                are fp32 working copies, and gpu and cpu tiers share the host's
+    int gpu_is_host;         /* the gpu tier is host memory, as on the CPU backend: its products
+                                read 4-bit weights as stored, and gpu and cpu tiers share the host's
                                 memory (optional in the file, default false: a GPU) */
 } fg_hardware;
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
@@ -663,15 +700,17 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
  * memory. Where the weights may go changes constants that are not linear in x (staging arenas
  * exist once any weight is staged; two whole layers are in flight once any is read from disk), so
  * the search solves each case (weights) on its own:
- *   FG_W_GPU      every weight on the gpu tier, uncompressed: no staging
- *   FG_W_MEMORY   gpu and cpu tiers (or compressed): staging, nothing read from disk
+ *   FG_W_GPU      every weight on the gpu tier, read in place (uncompressed, or 4-bit where the
+ *                 gpu tier is host memory: the CPU's products read 4-bit): no staging
+ *   FG_W_MEMORY   gpu and cpu tiers (or 4-bit on a GPU): staging, nothing read from disk
  *   FG_W_DISK     any tier: staging, and the largest layer twice in flight on the cpu tier */
 enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
 typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
 void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm);
 /* The case a placement x is in. */
-int fg_weights_case(const double x[N_X], int compress_weight);
+int fg_weights_case(const double x[N_X], int staged_q4); /* staged_q4: 4-bit weights are
+                                                          decompressed into staging (a GPU) */
 
 /* The placement a plan of n_prompts sequences realizes (tensor and row granularity), as the cost
  * model's fractions x[N_X]: weights by stored bytes, KV cache and activations by rows of a GPU

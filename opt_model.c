@@ -176,7 +176,7 @@ void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end) {
 typedef struct {
     char name[96];      /* HF name without the "model." prefix */
     char source[96];    /* the checkpoint tensor its values come from (differs for a tied lm_head) */
-    float **slot;       /* the view pointer that records where its stored tensor starts, or NULL */
+    fp16 **slot;        /* the view pointer that records where its stored tensor starts, or NULL */
     int layer;          /* FlexGen layer */
     int64_t rows, cols; /* the checkpoint's shape; cols == 0 for a vector */
     int kind;           /* how dummy weights fill it */
@@ -205,7 +205,7 @@ static void start_layer(spec_list *l, int layer) {
     l->next = 0;
 }
 
-static void add_spec(spec_list *l, float **slot, int64_t rows, int64_t cols, int kind,
+static void add_spec(spec_list *l, fp16 **slot, int64_t rows, int64_t cols, int kind,
                      size_t offset, size_t row_stride, size_t col_stride, const char *fmt, ...) {
     tensor_spec *s = &l->s[l->n++];
     va_list ap;
@@ -500,8 +500,8 @@ int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *e
     return 0;
 }
 
-/* All weights in one fp32 arena: every tensor on the compute device (tests and tools). */
-static int weights_all_fp32(opt_weights *w, const opt_config *cfg, int has_lm_head,
+/* All weights in one fp16 arena: every tensor on the compute device (tests and tools). */
+static int weights_all_fp16(opt_weights *w, const opt_config *cfg, int has_lm_head,
                             const weight_source *src, const char *dir, char *err) {
     opt_layout l;
     if (opt_layout_init(&l, w, cfg, has_lm_head, err)) return -1;
@@ -511,19 +511,19 @@ static int weights_all_fp32(opt_weights *w, const opt_config *cfg, int has_lm_he
     }
     size_t total = 0, *base = malloc((cfg->n_layers + 2) * sizeof *base);
     for (int j = 0; base && j < cfg->n_layers + 2; j++) base[j] = total, total += l.layer_floats[j];
-    w->storage = base ? aligned_alloc(64, total * sizeof(float)) : NULL;
-    w->storage_floats = total;
+    w->storage = base ? aligned_alloc(64, (total * sizeof(fp16) + 63) & ~(size_t)63) : NULL;
+    w->storage_values = total;
     int rc = 0;
-    if (w->storage) memset(w->storage, 0, total * sizeof(float)); /* a tied lm_head's slot too */
+    if (w->storage) memset(w->storage, 0, total * sizeof(fp16)); /* a tied lm_head's slot too */
     if (!w->storage) {
-        rc = fg_fail(err, "gpu tier: cannot allocate %.2f GB for the fp32 weights of %s",
-                     total * 4.0 / 1e9, cfg->name);
+        rc = fg_fail(err, "gpu tier: cannot allocate %.2f GB for the fp16 weights of %s",
+                     total * 2.0 / 1e9, cfg->name);
     } else {
         for (int i = 0; i < l.n_tensors; i++) {
             opt_tensor *t = &l.tensors[i];
             if (t->tied_to >= 0) continue;
             *t->slot = w->storage + base[t->layer] + t->offset;
-            opt_tensor_fill(&l, i, src, *t->slot, NULL);
+            opt_tensor_fill(&l, i, src, NULL, *t->slot);
         }
         for (int i = 0; i < l.n_tensors; i++)
             if (l.tensors[i].tied_to >= 0) *l.tensors[i].slot = *l.tensors[l.tensors[i].tied_to].slot;
@@ -544,7 +544,7 @@ void opt_weights_free(opt_weights *w) {
 
 int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err) {
     weight_source src = {NULL, seed};
-    return weights_all_fp32(w, cfg, 0, &src, NULL, err);
+    return weights_all_fp16(w, cfg, 0, &src, NULL, err);
 }
 
 int opt_weights_load(const char *dir, opt_weights *w, char *err) {
@@ -553,12 +553,12 @@ int opt_weights_load(const char *dir, opt_weights *w, char *err) {
     memset(w, 0, sizeof *w);
     if (opt_checkpoint_open(dir, &cfg, &a, err)) return -1;
     weight_source src = {&a, 0};
-    int rc = weights_all_fp32(w, &cfg, st_find(&a, "lm_head.weight") != NULL, &src, dir, err);
+    int rc = weights_all_fp16(w, &cfg, st_find(&a, "lm_head.weight") != NULL, &src, dir, err);
     st_close(&a);
     return rc;
 }
 
-int opt_weight_locate(const opt_weights *w, const char *name, const float **first,
+int opt_weight_locate(const opt_weights *w, const char *name, const fp16 **first,
                       size_t *row_stride, size_t *col_stride) {
     opt_weights shadow; /* the table records slots into a view: give it a copy of w */
     opt_layout l;
@@ -617,15 +617,29 @@ void gpu_batch_free(gpu_batch *gb) {
 }
 
 /* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head), and
- * what decode needs besides (opt_attend_decode's scratch). */
+ * what decode needs besides (opt_attend_decode's scratch); or a block of rows of the
+ * embedding table (matmul_embed_t's scratch). */
 static size_t thread_floats(const opt_config *cfg, int max_len) {
     size_t hd = cfg->hidden / cfg->n_heads, n = (size_t)max_len;
-    return (2 * n * hd + n * n + 3 * n + hd + 15) & ~(size_t)15;
+    size_t attention = 2 * n * hd + n * n + 3 * n + hd, row = (size_t)MATMUL_EMBED_BLOCK * cfg->word_dim;
+    return ((attention > row ? attention : row) + 15) & ~(size_t)15;
+}
+
+/* The widest input of a product (the rows of a weight matrix). */
+static int widest_in(const opt_config *cfg) {
+    int in = cfg->hidden > cfg->ffn ? cfg->hidden : cfg->ffn;
+    return in > cfg->word_dim ? in : cfg->word_dim;
+}
+
+/* matmul_weights' scratch, when the workspace serves products of more rows than decode's. */
+static size_t wide_floats(const opt_config *cfg, size_t rows) {
+    return rows > MATMUL_DECODE_ROWS ? matmul_scratch_floats(widest_in(cfg)) : 0;
 }
 
 size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
     size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
-    return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads());
+    return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads() +
+                wide_floats(cfg, rows));
 }
 
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
@@ -641,7 +655,9 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
     ws->attn = alloc_floats(rows * h);
     ws->ffn = alloc_floats(rows * wide);
     ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
-    if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch) {
+    ws->wide = wide_floats(cfg, rows) ? alloc_floats(wide_floats(cfg, rows)) : NULL;
+    if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch ||
+        (wide_floats(cfg, rows) && !ws->wide)) {
         opt_workspace_free(ws);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
@@ -654,6 +670,7 @@ void opt_workspace_free(opt_workspace *ws) {
     free(ws->attn);
     free(ws->ffn);
     free(ws->thread_scratch);
+    free(ws->wide);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -664,25 +681,27 @@ void opt_workspace_free(opt_workspace *ws) {
 /* What a linear layer does with its output y. */
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 
-/* x[rows][in] times W[in][out] (weights are stored transposed), then the bias (and ReLU) in one
- * pass over y. */
-static void linear(const float *x, int rows, int in, const float *W, const float *b, int out,
-                   float *y, int mode) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out, in, 1.0f, x, in, W, out,
-                mode == OUT_ADD ? 1.0f : 0.0f, y, out);
+/* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: matmul.c), then
+ * the bias (and ReLU) in one pass over y. */
+static void linear(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
+                   float *y, int mode, int q4, float *wide) {
+    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, wide);
     if (!b) return;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *yr = y + (size_t)r * out;
         if (mode == OUT_RELU)
-            for (int i = 0; i < out; i++) yr[i] = yr[i] + b[i] > 0 ? yr[i] + b[i] : 0;
+            for (int i = 0; i < out; i++) {
+                float v = yr[i] + fp16_to_fp32(b[i]);
+                yr[i] = v > 0 ? v : 0;
+            }
         else
-            for (int i = 0; i < out; i++) yr[i] += b[i];
+            for (int i = 0; i < out; i++) yr[i] += fp16_to_fp32(b[i]);
     }
 }
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */
-static void layer_norm(const float *x, int rows, int dim, const float *w, const float *b, float *y) {
+static void layer_norm(const float *x, int rows, int dim, const fp16 *w, const fp16 *b, float *y) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * dim;
@@ -692,7 +711,7 @@ static void layer_norm(const float *x, int rows, int dim, const float *w, const 
         mean /= dim;
         for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
         float inv = 1.0f / sqrtf(var / dim + 1e-5f);
-        for (int i = 0; i < dim; i++) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+        for (int i = 0; i < dim; i++) yr[i] = (xr[i] - mean) * inv * fp16_to_fp32(w[i]) + fp16_to_fp32(b[i]);
     }
 }
 
@@ -709,13 +728,13 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     float *words = w->project_in ? ws->h : gb->x;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
-        memcpy(words + (size_t)r * wd, w->embed_tokens + (size_t)gb->tokens[r] * wd, wd * sizeof(float));
-    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, OUT_SET);
+        matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r], words + (size_t)r * wd);
+    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, OUT_SET, w->q4, ws->wide);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
-        const float *pos = w->embed_positions + (size_t)position_of(gb, b, slot) * h;
-        float *xr = gb->x + (size_t)r * h;
+        float *pos = ws->attn + (size_t)r * h, *xr = gb->x + (size_t)r * h;
+        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, position_of(gb, b, slot), pos);
         for (int i = 0; i < h; i++) xr[i] += pos[i];
     }
 }
@@ -945,16 +964,16 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
         in = ws->h;
     }
-    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET);
+    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, w->q4, ws->wide);
     opt_cache_attention(c, gb, ws);
-    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
+    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD, w->q4, ws->wide);
     if (c->pre_ln) {
         layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
     } else {
         layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x);
     }
-    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU);
-    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD);
+    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, ws->wide);
+    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD, w->q4, ws->wide);
     if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
 }
 
@@ -970,17 +989,18 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h);
     const float *last = ws->h;
     if (w->project_out) {
-        linear(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
+        linear(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, ws->wide);
         last = ws->qkv;
     }
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c->vocab, c->word_dim, 1.0f, last,
-                c->word_dim, w->lm_head, c->word_dim, 0.0f, logits, c->vocab);
+    matmul_embed_t(last, rows, c->word_dim, w->lm_head, w->q4, c->vocab, logits, ws->thread_scratch,
+                   ws->thread_floats);
 }
 
 /* ============================================================================================
- * The CPU backend (docs/DESIGN.md, "The backends' operation table"): the gpu tier is the CPU's working set, so a copy into
- * it is a memcpy and a weight load is the fp16 -> fp32 conversion the CPU's products need.
+ * The CPU backend (docs/DESIGN.md, "The backends' operation table"): the gpu tier is the CPU's
+ * working set, so a copy into it is a memcpy. Its products read weights as they are stored
+ * (matmul.c), so a weight load is a copy too: of fp16 values, or of 4-bit bytes (§5).
  * ============================================================================================ */
 
 static void *cpu_alloc(size_t bytes) {
@@ -990,17 +1010,18 @@ static void *cpu_alloc(size_t bytes) {
 }
 static void *cpu_host_alloc(size_t bytes, int pinned) { (void)pinned; return cpu_alloc(bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-static void cpu_weights_in(void *dst, const fp16 *src, size_t n) { fp16_to_fp32_n(src, dst, n); }
+static void cpu_weights_in(void *dst, const fp16 *src, size_t n) { memcpy(dst, src, 2 * n); }
 static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
                               size_t inner) {
-    (void)landing; /* the CPU decompresses from wherever the bytes are */
-    q4_decompress(src, outer, len, inner, dst);
+    (void)landing; /* the bytes stay 4-bit: the products decode them as they read them */
+    memcpy(dst, src, q4_bytes(outer, len, inner));
 }
 
 const fg_backend fg_cpu_backend = {
     .name = "cpu",
     .gpu_is_host = 1,
-    .weight_elem = sizeof(float),
+    .weight_elem = sizeof(fp16),
+    .reads_q4 = 1,
     .alloc = cpu_alloc,
     .free = free,
     .host_alloc = cpu_host_alloc,

@@ -156,7 +156,7 @@ static int tier_over(const search *S, const fg_policy *p, double x[N_X], double 
     percent_fractions(&p->percent, x);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
-    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x, p->compress_weight), &mm);
+    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x, p->compress_weight && !S->hw->gpu_is_host), &mm);
     for (int t = 0; t < N_TIERS; t++)
         if ((*need = fg_linear_eval(&mm.tier[t], x)) > S->capacity[t]) return t;
     if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory) return N_TIERS;
@@ -227,7 +227,8 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
             int fits = 0;
             for (int v = 0; v < 2 * FG_W_CASES; v++) {
                 candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
-                if (cd.weights == FG_W_GPU && S->base->compress_weight) continue; /* 4-bit: staged */
+                if (cd.weights == FG_W_GPU && S->base->compress_weight && !S->hw->gpu_is_host)
+                    continue; /* 4-bit, decompressed into staging */
                 int rc = solve_shape(S, &cd, err);
                 if (rc < 0) { free(all); return -1; }
                 if (rc == 0) continue;

@@ -146,15 +146,13 @@ static void decode_groups_scalar(const uint8_t *bytes, const fp16 *mins, const f
 }
 
 /* Groups across rows (inner > 1): row 64 g + 2 p and the next from byte row (g, p). */
-static void decode_rows_scalar(const uint8_t *bytes, const fp16 *mins, const fp16 *scales,
-                               size_t len, size_t inner, float *out) {
-    for (size_t r = 0; r < len; r++) {
-        size_t g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2, shift = r % 2 ? 0 : 4;
-        const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
-        const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
-        for (size_t i = 0; i < inner; i++)
-            out[r * inner + i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
-    }
+static void decode_row_scalar(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
+                              size_t inner, float *o) {
+    size_t g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2, shift = r % 2 ? 0 : 4;
+    const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
+    const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
+    for (size_t i = 0; i < inner; i++)
+        o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
 }
 
 #ifdef HAVE_AVX2_PATH
@@ -186,27 +184,32 @@ __attribute__((target("avx2,fma,f16c"))) static void decode_groups_avx2(
                              len - full * Q4_GROUP, out + full * Q4_GROUP);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void decode_rows_avx2(
-    const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t len, size_t inner, float *out) {
-    size_t vec = inner / 8 * 8;
-    for (size_t r = 0; r < len; r++) {
-        size_t g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
-        int shift = r % 2 ? 0 : 4;
-        const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
-        const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
-        float *o = out + r * inner;
-        for (size_t i = 0; i < vec; i += 8) {
-            __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + i)));
-            q = _mm256_and_si256(_mm256_srli_epi32(q, shift), _mm256_set1_epi32(15));
-            __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + i)));
-            __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + i)));
-            _mm256_storeu_ps(o + i, nibbles_to_ps(q, min, scale));
-        }
-        for (size_t i = vec; i < inner; i++)
-            o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
+__attribute__((target("avx2,fma,f16c"))) static void decode_row_avx2(
+    const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r, size_t inner, float *o) {
+    size_t vec = inner / 8 * 8, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+    int shift = r % 2 ? 0 : 4;
+    const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
+    const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
+    for (size_t i = 0; i < vec; i += 8) {
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + i)));
+        q = _mm256_and_si256(_mm256_srli_epi32(q, shift), _mm256_set1_epi32(15));
+        __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + i)));
+        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + i)));
+        _mm256_storeu_ps(o + i, nibbles_to_ps(q, min, scale));
     }
+    for (size_t i = vec; i < inner; i++)
+        o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
 }
 #endif
+
+/* Row r of groups across rows, on the path this CPU has. */
+static void decode_row(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
+                       size_t inner, float *o) {
+#ifdef HAVE_AVX2_PATH
+    if (fg_cpu_has_avx2()) { decode_row_avx2(bytes, mins, scales, r, inner, o); return; }
+#endif
+    decode_row_scalar(bytes, mins, scales, r, inner, o);
+}
 
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst) {
     size_t G = n_groups(len);
@@ -217,16 +220,20 @@ void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, f
         const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
         const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
         float *out = dst + o * len * inner;
-#ifdef HAVE_AVX2_PATH
-        if (simd) {
-            if (inner == 1) decode_groups_avx2(bytes, mins, scales, len, out);
-            else decode_rows_avx2(bytes, mins, scales, len, inner, out);
+        if (inner > 1) {
+            for (size_t r = 0; r < len; r++) decode_row(bytes, mins, scales, r, inner, out + r * inner);
             continue;
         }
+#ifdef HAVE_AVX2_PATH
+        if (simd) { decode_groups_avx2(bytes, mins, scales, len, out); continue; }
 #endif
-        if (inner == 1) decode_groups_scalar(bytes, mins, scales, len, out);
-        else decode_rows_scalar(bytes, mins, scales, len, inner, out);
+        decode_groups_scalar(bytes, mins, scales, len, out);
     }
+}
+
+void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst) {
+    const fp16 *mins = (const fp16 *)(src + n_groups(len) * inner * (Q4_GROUP / 2));
+    decode_row(src, mins, mins + n_groups(len) * inner, r, inner, dst);
 }
 
 /* ============================================================================================

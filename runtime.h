@@ -166,7 +166,7 @@ typedef struct {
 typedef struct {
     fg_tier tier;
     int q4;       /* compressed (§5): 4-bit in any tier, decompressed into staging before use */
-    float *gpu;   /* gpu tier, uncompressed: the working copy */
+    fp16 *gpu;    /* gpu tier, uncompressed: the working copy */
     void *stored; /* otherwise: fp16 or 4-bit, in the tier's memory or the disk arena */
     size_t bytes; /* of stored */
 } weight_home;

@@ -8,9 +8,9 @@
  *                             stored values converted into a staging arena of the gpu tier, and
  *                             compute pointed at them as the layer starts
  *
- * The gpu tier holds working copies in the backend's format (fp32 on the CPU, fp16 on CUDA);
- * cpu and disk homes hold fp16 (or 4-bit), loaded into one of two staging arenas while the
- * previous layer computes.
+ * The gpu tier holds fp16 working copies, or the 4-bit bytes where the backend's products read
+ * them (the CPU's; CUDA decompresses them into staging at each use); cpu and disk homes hold
+ * fp16 (or 4-bit), loaded into one of two staging arenas while the previous layer computes.
  */
 #define _GNU_SOURCE
 #include "runtime.h"
@@ -46,8 +46,11 @@ static size_t stored_bytes(const fg_model *m, int i) {
     return is_q4(m, i) ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
 }
 
-/* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed. */
-static int is_staged(const weight_home *h) { return h->tier != TIER_GPU || h->q4; }
+/* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed and
+ * the backend's products cannot read it as it is (CUDA decompresses it into staging). */
+static int is_staged(const fg_model *m, const weight_home *h) {
+    return h->tier != TIER_GPU || (h->q4 && !m->rt->backend->reads_q4);
+}
 
 /* FlexGen's placement rule (init_weight_list), for the tensors of layer j: in order, each goes
  * to the tier in which the midpoint of its cumulative size (in elements, as a percentage of the
@@ -87,7 +90,7 @@ static void place_weights(fg_model *m) {
     for (int j = m->first_layer; j < m->end_layer; j++)
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             const weight_home *h = &m->homes[i];
-            if (!is_staged(h)) continue;
+            if (!is_staged(m, h)) continue;
             if (l->layer_floats[j] * be->weight_elem > working) working = l->layer_floats[j] * be->weight_elem;
             if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing) landing = h->bytes;
         }
@@ -129,6 +132,7 @@ static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const
     m->disk.fd = -1;
     m->staged[0] = m->staged[1] = m->reads[0].g = m->reads[1].g = -1;
     if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
+    m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
     if (m->has_archive && opt_layout_check_archive(&m->layout, &m->archive, dir, err)) return -1;
     int L = n_flexgen_layers(cfg);
     m->homes = calloc((size_t)m->layout.n_tensors, sizeof *m->homes);
@@ -454,7 +458,7 @@ int load_weights_into_homes(fg_model *m, char *err) {
     free(offsets);
     for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
         if (tied_here(m, i) >= 0) m->homes[i] = m->homes[tied_here(m, i)];
-        if (!is_staged(&m->homes[i])) *l->tensors[i].slot = m->homes[i].gpu;
+        if (!is_staged(m, &m->homes[i])) *l->tensors[i].slot = m->homes[i].q4 ? m->homes[i].stored : m->homes[i].gpu;
     }
     for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++)
         if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, m->staging_bytes, "weight staging", err))) rc = -1;
@@ -495,7 +499,7 @@ static void weights_in_task(fg_runtime *rt, const io_task *task) {
         const weight_home *h = &m->homes[i];
         const opt_tensor *t = &m->layout.tensors[i];
         char *working = staging + t->offset * be->weight_elem;
-        if (!is_staged(h)) continue;
+        if (!is_staged(m, h)) continue;
         if (h->q4)
             be->weights_in_q4(working, h->stored, h->tier == TIER_GPU ? NULL : landing,
                               t->group_outer, t->group_len, t->group_inner);
@@ -524,7 +528,7 @@ void load_weights(fg_model *m, long g) {
     int j = m->first_layer + (int)(g % stage_layers(m)), buf = (int)(g % 2), staged = 0;
     if (m->staged[buf] == g) return;
     m->staged[buf] = g;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) staged |= is_staged(&m->homes[i]);
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) staged |= is_staged(m, &m->homes[i]);
     if (!staged) return;
     read_weights(m, g);
     weight_read *r = &m->reads[g % 2];
@@ -539,8 +543,8 @@ void load_weights(fg_model *m, long g) {
 void bind_weights(fg_model *m, long g) {
     int j = m->first_layer + (int)(g % stage_layers(m));
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-        if (is_staged(&m->homes[i]))
-            *m->layout.tensors[i].slot = (float *)(m->staging[g % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
+        if (is_staged(m, &m->homes[i]))
+            *m->layout.tensors[i].slot = (fp16 *)(m->staging[g % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
 }
 
 /* At the end of a block: layers read ahead for steps that did not come (every sequence

@@ -293,7 +293,7 @@ static float source_value(const ttensor *t, size_t i) {
 
 /* Where the loader stored checkpoint tensor t in w. */
 typedef struct {
-    const float *first;
+    const fp16 *first;
     size_t row_stride, col_stride, cols;
 } located;
 
@@ -307,7 +307,7 @@ static int locate(const opt_weights *w, const ttensor *t, located *loc) {
 
 /* Element k, in checkpoint order. */
 static float loaded_value(const located *loc, size_t k) {
-    return loc->first[(k / loc->cols) * loc->row_stride + (k % loc->cols) * loc->col_stride];
+    return fp16_to_fp32(loc->first[(k / loc->cols) * loc->row_stride + (k % loc->cols) * loc->col_stride]);
 }
 
 static uint32_t float_bits(float f) {
@@ -429,10 +429,10 @@ static void test_dtype_f32_equivalence(void) {
     load_ok(dir, &w32);
     /* opt-tiny's tensors are all multiples of 16 floats: the arena has no padding to skip, only
      * the slot a tied lm_head keeps for the runtime's staging. */
-    CU_ASSERT_EQUAL(w32.storage_floats, opt_param_count(&w32.cfg) +
+    CU_ASSERT_EQUAL(w32.storage_values, opt_param_count(&w32.cfg) +
                                             (size_t)w32.cfg.vocab * w32.cfg.word_dim);
-    CU_ASSERT_EQUAL_FATAL(w32.storage_floats, w16.storage_floats);
-    CU_ASSERT(memcmp(w32.storage, w16.storage, w16.storage_floats * sizeof(float)) == 0);
+    CU_ASSERT_EQUAL_FATAL(w32.storage_values, w16.storage_values);
+    CU_ASSERT(memcmp(w32.storage, w16.storage, w16.storage_values * sizeof(fp16)) == 0);
     opt_weights_free(&w16);
     opt_weights_free(&w32);
     finish(dir, &l);
@@ -475,8 +475,8 @@ static void test_names_without_model_prefix(void) {
     }
     save_model(dir, &l);
     load_ok(dir, &w);
-    CU_ASSERT_EQUAL_FATAL(w.storage_floats, w16.storage_floats);
-    CU_ASSERT(memcmp(w.storage, w16.storage, w.storage_floats * sizeof(float)) == 0);
+    CU_ASSERT_EQUAL_FATAL(w.storage_values, w16.storage_values);
+    CU_ASSERT(memcmp(w.storage, w16.storage, w.storage_values * sizeof(fp16)) == 0);
     opt_weights_free(&w16);
     opt_weights_free(&w);
     finish(dir, &l);
@@ -496,7 +496,7 @@ static void test_explicit_lm_head(void) {
     load_ok(dir, &w);
     CU_ASSERT_PTR_NOT_NULL(w.lm_head);
     CU_ASSERT(w.lm_head != w.embed_tokens);
-    CU_ASSERT_EQUAL(w.lm_head[97 + 3], 3.0f / 64.0f - 0.75f);
+    CU_ASSERT_EQUAL(fp16_to_fp32(w.lm_head[97 + 3]), 3.0f / 64.0f - 0.75f);
     CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg) + numel(head));
     opt_weights_free(&w);
     finish(dir, &l);
@@ -1032,8 +1032,8 @@ static void test_sharded_copy_loads(void) {
     char *dir = sharded_copy(NULL);
     load_ok(dir, &w);
     load_ok(fixture("opt-tiny-350m"), &ref);
-    CU_ASSERT_EQUAL_FATAL(w.storage_floats, ref.storage_floats);
-    CU_ASSERT(memcmp(w.storage, ref.storage, w.storage_floats * sizeof(float)) == 0);
+    CU_ASSERT_EQUAL_FATAL(w.storage_values, ref.storage_values);
+    CU_ASSERT(memcmp(w.storage, ref.storage, w.storage_values * sizeof(fp16)) == 0);
     opt_weights_free(&w);
     opt_weights_free(&ref);
     finish(dir, NULL);

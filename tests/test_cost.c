@@ -95,8 +95,9 @@ static void test_cost_by_hand(void) {
     expect_terms(m.gen, gen_q4, "decode, 4-bit");
 
     /* decompression (fp16 bytes / dequant_bdw: weights 384, cache 384 in prefill and 528 per
-     * step) and the working weights read once per GPU batch (ngb 3 x 384 / mem_bdw on a GPU,
-     * twice that as fp32 on the CPU backend) join the compute term */
+     * step) and the working weights read once per GPU batch (ngb 3 x 384 / mem_bdw on a GPU, as
+     * fp16; on the CPU backend 36 / 128 of that, the 4-bit bytes its products read) join the
+     * compute term */
     fg_hardware hw = HW;
     hw.dequant_bdw = 8192, hw.mem_bdw = 16384;
     fg_cost_model_build(&CFG, &w, &hw, &m);
@@ -106,7 +107,8 @@ static void test_cost_by_hand(void) {
     expect_terms_at(&m.gen[T_COMP], gen_comp, "decode with decompression and weight reads, term comp");
     hw.gpu_is_host = 1;
     fg_cost_model_build(&CFG, &w, &hw, &m);
-    expect_terms_at(&m.gen[T_COMP], gen_comp + 3 * 384.0 / 16384, "decode, fp32 working weights, term comp");
+    expect_terms_at(&m.gen[T_COMP], gen_comp - (1 - 36.0 / 128) * 3 * 384.0 / 16384,
+                    "decode, 4-bit working weights read as stored, term comp");
 }
 
 static void write_text(const char *path, const char *text) {

@@ -168,6 +168,7 @@ int main(int argc, char **argv) {
     add_cli_tests();
     add_runtime_tests();
     add_quant_tests();
+    add_matmul_tests();
     add_compress_tests();
     add_lp_tests();
     add_cost_tests();

@@ -130,7 +130,7 @@ static void test_split_rows_round(void) {
 }
 
 /* The plan check accepts a capacity equal to what the plan needs, summed here from the sizes the
- * runtime documents (everything on the gpu tier of the CPU backend: fp32 working weights, the
+ * runtime documents (everything on the gpu tier of the CPU backend: fp16 working weights, the
  * KV cache and activations of the block, two activation staging arenas, the workspace, the
  * logits), and refuses one byte less. */
 static void test_plan_fits_exactly(void) {
@@ -142,7 +142,7 @@ static void test_plan_fits_exactly(void) {
     CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &c, 0, err), 0);
     double weights = 0;
     for (int i = 0; i < l.n_tensors; i++)
-        if (l.tensors[i].tied_to < 0) weights += 4.0 * l.tensors[i].count;
+        if (l.tensors[i].tied_to < 0) weights += 2.0 * l.tensors[i].count;
     opt_layout_free(&l);
     double h = c.hidden, kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * LEN;
     double act = 4 * h * NGB * GBS * PROMPT, staging = 2 * 4 * h * GBS * PROMPT;
@@ -165,7 +165,7 @@ static void test_plan_fits_exactly(void) {
         fg_runtime_close(rt);
     }
     /* the cost model's memory model (§4.3) counts the same bytes, but for the weights, which it
-     * takes as 4 bytes a parameter without the runtime's 64-byte padding of each tensor */
+     * takes as 2 bytes a parameter without the runtime's 64-byte padding of each tensor */
     fg_workload w = {.s = PROMPT, .n = GEN_LEN, .gbs = GBS, .ngb = NGB};
     fg_hardware hw = {.gpu_is_host = 1};
     fg_memory_model mm;

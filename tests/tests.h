@@ -13,6 +13,7 @@ void add_checkpoint_tests(void); /* test_checkpoint.c: loader and its bad input 
 void add_cli_tests(void);        /* test_cli.c: ./flexgen end to end and its bad flags */
 void add_runtime_tests(void);    /* test_runtime.c: tiers, placement, the overlapped schedule */
 void add_quant_tests(void);      /* test_quant.c: 4-bit group-wise compression */
+void add_matmul_tests(void);     /* test_matmul.c: products with fp16 and 4-bit weights */
 void add_compress_tests(void);   /* test_compress.c: compression end to end */
 void add_lp_tests(void);         /* test_lp.c: the simplex against GLPK */
 void add_cost_tests(void);       /* test_cost.c: the cost model of §4.3, by hand */

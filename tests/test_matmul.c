@@ -1,0 +1,197 @@
+/* test_matmul.c: the products of matmul.c against a plain triple loop in double, on fp16 and
+ * 4-bit weights, on the AVX2 path and the portable one.
+ *
+ * Tolerance: each element is a sum of n = in products (n + 1 terms when adding to y) formed and
+ * added in fp32, each operation rounding once with unit roundoff u = 2^-24. Whatever the order of
+ * the sums, the error is at most gamma_n = n u / (1 - n u) times the sum of the terms' magnitudes
+ * (Higham, "Accuracy and Stability of Numerical Algorithms", §3.1). The reference computes that
+ * magnitude alongside the exact sum, so every element gets its own bound. */
+#include "tests.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double gamma_n(int n) {
+    double u = 0x1p-24;
+    return n * u / (1 - n * u);
+}
+
+/* Weights W[in][out] as fp16 and, compressed, as 4-bit bytes; both with their fp32 values. */
+typedef struct {
+    int in, out;
+    fp16 *w16;
+    uint8_t *w4;
+    float *v16, *v4; /* [in][out]: the values the products must use */
+} weights;
+
+static void weights_make(weights *w, int in, int out, uint64_t seed) {
+    size_t n = (size_t)in * out;
+    w->in = in, w->out = out;
+    w->w16 = malloc(n * sizeof *w->w16);
+    w->w4 = malloc(q4_bytes((size_t)in, (size_t)out, 1));
+    w->v16 = malloc(n * sizeof *w->v16);
+    w->v4 = malloc(n * sizeof *w->v4);
+    for (size_t i = 0; i < n; i++) {
+        w->w16[i] = fp32_to_fp16((test_uniform(&seed) - 0.5f) * 0.2f);
+        w->v16[i] = fp16_to_fp32(w->w16[i]);
+    }
+    q4_compress(w->v16, (size_t)in, (size_t)out, 1, w->w4);
+    q4_decompress(w->w4, (size_t)in, (size_t)out, 1, w->v4);
+}
+
+static void weights_free(weights *w) {
+    free(w->w16);
+    free(w->w4);
+    free(w->v16);
+    free(w->v4);
+}
+
+static float *random_floats(size_t n, uint64_t seed) {
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = test_uniform(&seed) * 2 - 1;
+    return x;
+}
+
+/* y (from y0 when given) against sum_k x[r][k] v[k][c] in double, within gamma of its terms'
+ * magnitudes; counts the elements outside. */
+static int count_outside(const float *x, int rows, int in, const float *v, int out, const float *y0,
+                         const float *y) {
+    int bad = 0;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < out; c++) {
+            double exact = y0 ? y0[(size_t)r * out + c] : 0, mag = fabs(exact);
+            for (int k = 0; k < in; k++) {
+                double t = (double)x[(size_t)r * in + k] * v[(size_t)k * out + c];
+                exact += t, mag += fabs(t);
+            }
+            double err = fabs(y[(size_t)r * out + c] - exact);
+            if (err > gamma_n(in + 1) * mag) bad++;
+        }
+    return bad;
+}
+
+/* Shapes with tails everywhere: rows 1, 3, 17, 64 (the decode kernel) and 65, 100 (panels and
+ * sgemm); in and out not multiples of 8, 16 or 64. */
+static const int SHAPES[][3] = {{1, 7, 5},    {3, 64, 17},  {1, 300, 200}, {17, 100, 130},
+                                {64, 129, 64}, {65, 70, 300}, {100, 257, 77}, {8, 512, 1000}};
+
+static void check_products(int q4) {
+    for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
+        int rows = SHAPES[s][0], in = SHAPES[s][1], out = SHAPES[s][2];
+        weights w;
+        weights_make(&w, in, out, 7 + s);
+        float *x = random_floats((size_t)rows * in, 11 + s), *y0 = random_floats((size_t)rows * out, 13 + s);
+        float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in) * sizeof *scratch);
+        const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
+        const float *v = q4 ? w.v4 : w.v16;
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(y, y0, (size_t)rows * out * sizeof *y);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, scratch);
+            int bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, y);
+            EXPECT(bad == 0, "%s, rows %d, in %d, out %d%s: %d elements outside the bound", q4 ? "4-bit" : "fp16",
+                   rows, in, out, acc ? ", adding" : "", bad);
+        }
+        free(x), free(y0), free(y), free(scratch);
+        weights_free(&w);
+    }
+}
+
+static void test_fp16_products(void) { check_products(0); }
+static void test_q4_products(void) { check_products(1); }
+
+/* lm_head: y = x E^T for E [n][dim], fp16 and 4-bit ([1][n][dim], grouped along n). */
+static void check_embed_t(int q4) {
+    static const int shapes[][3] = {{1, 13, 70}, {3, 64, 129}, {5, 100, 64}, {9, 37, 200}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], dim = shapes[s][1], n = shapes[s][2];
+        uint64_t seed = 3 + s;
+        fp16 *e16 = malloc((size_t)n * dim * sizeof *e16);
+        float *ev = malloc((size_t)n * dim * sizeof *ev), *vt = malloc((size_t)n * dim * sizeof *vt);
+        uint8_t *e4 = malloc(q4_bytes(1, (size_t)n, (size_t)dim));
+        for (size_t i = 0; i < (size_t)n * dim; i++) ev[i] = fp16_to_fp32(e16[i] = fp32_to_fp16(test_uniform(&seed) - 0.5f));
+        q4_compress(ev, 1, (size_t)n, (size_t)dim, e4);
+        if (q4) q4_decompress(e4, 1, (size_t)n, (size_t)dim, ev);
+        for (int v = 0; v < n; v++) /* the reference multiplies by [dim][n] */
+            for (int d = 0; d < dim; d++) vt[(size_t)d * n + v] = ev[(size_t)v * dim + d];
+        float *x = random_floats((size_t)rows * dim, 5 + s), *y = malloc((size_t)rows * n * sizeof *y);
+        size_t stride = (size_t)MATMUL_EMBED_BLOCK * dim;
+        float *scratch = malloc(stride * omp_get_max_threads() * sizeof *scratch);
+        matmul_embed_t(x, rows, dim, q4 ? (const void *)e4 : (const void *)e16, q4, n, y, scratch, stride);
+        int bad = count_outside(x, rows, dim, vt, n, NULL, y);
+        EXPECT(bad == 0, "%s embedding, rows %d, dim %d, n %d: %d elements outside the bound",
+               q4 ? "4-bit" : "fp16", rows, dim, n, bad);
+        float *row = malloc((size_t)dim * sizeof *row); /* and a row looked up */
+        matmul_embed_row(q4 ? (const void *)e4 : (const void *)e16, q4, n, dim, n - 1, row);
+        EXPECT(!memcmp(row, ev + (size_t)(n - 1) * dim, (size_t)dim * sizeof *row), "%s row %d differs",
+               q4 ? "4-bit" : "fp16", n - 1);
+        free(e16), free(ev), free(vt), free(e4), free(x), free(y), free(scratch), free(row);
+    }
+}
+
+static void test_fp16_embed_t(void) { check_embed_t(0); }
+static void test_q4_embed_t(void) { check_embed_t(1); }
+
+/* Every product of check_products and check_embed_t, on the AVX2 path and on the portable one:
+ * the same bits (each element is the same chain of fused multiply-adds). */
+static void test_paths_agree(void) {
+    if (!fg_cpu_has_avx2()) return; /* only the portable path here: nothing to compare */
+    for (int q4 = 0; q4 < 2; q4++)
+        for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
+            int rows = SHAPES[s][0], in = SHAPES[s][1], out = SHAPES[s][2];
+            weights w;
+            weights_make(&w, in, out, 17 + s);
+            float *x = random_floats((size_t)rows * in, 19 + s), *y[2];
+            float *scratch = malloc(matmul_scratch_floats(in) * sizeof *scratch);
+            for (int portable = 0; portable < 2; portable++) {
+                y[portable] = random_floats((size_t)rows * out, 23 + s);
+                matmul_force_portable(portable);
+                matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out,
+                               y[portable], 1, scratch);
+            }
+            matmul_force_portable(0);
+            EXPECT(!memcmp(y[0], y[1], (size_t)rows * out * sizeof(float)),
+                   "%s, rows %d, in %d, out %d: the portable path differs", q4 ? "4-bit" : "fp16", rows, in, out);
+            /* and lm_head's dot products, over W's buffer read as a table [in][out] */
+            float *e[2], *xe = random_floats(3 * (size_t)out, 29 + s);
+            for (int portable = 0; portable < 2; portable++) {
+                e[portable] = malloc(3 * (size_t)in * sizeof(float));
+                matmul_force_portable(portable);
+                if (!q4) matmul_embed_t(xe, 3, out, w.w16, 0, in, e[portable], scratch, (size_t)out);
+            }
+            matmul_force_portable(0);
+            if (!q4) EXPECT(!memcmp(e[0], e[1], 3 * (size_t)in * sizeof(float)), "embedding, dim %d: the portable path differs", out);
+            free(x), free(y[0]), free(y[1]), free(scratch), free(e[0]), free(e[1]), free(xe);
+            weights_free(&w);
+        }
+}
+
+/* Up to MATMUL_DECODE_ROWS rows, a row's result does not depend on the rows beside it: decode of
+ * one sequence gives the same bits in a GPU batch of any size. */
+static void test_rows_independent(void) {
+    int rows = 17, in = 300, out = 130;
+    weights w;
+    weights_make(&w, in, out, 31);
+    float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
+    float *one = malloc((size_t)out * sizeof *one);
+    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, NULL);
+    int differ = 0;
+    for (int r = 0; r < rows; r++) {
+        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, NULL);
+        differ += memcmp(one, all + (size_t)r * out, (size_t)out * sizeof *one) != 0;
+    }
+    EXPECT(differ == 0, "%d of %d rows differ computed alone", differ, rows);
+    free(x), free(all), free(one);
+    weights_free(&w);
+}
+
+void add_matmul_tests(void) {
+    CU_pSuite s = CU_add_suite("matmul", NULL, NULL);
+    CU_add_test(s, "fp16 weights: products within the fp32 summation bound", test_fp16_products);
+    CU_add_test(s, "4-bit weights: products within the bound, on q4_decompress's values", test_q4_products);
+    CU_add_test(s, "fp16 embedding table as lm_head, and its rows", test_fp16_embed_t);
+    CU_add_test(s, "4-bit embedding table as lm_head, and its rows", test_q4_embed_t);
+    CU_add_test(s, "AVX2 and portable paths give the same bits", test_paths_agree);
+    CU_add_test(s, "decode: a row's result does not depend on the rows beside it", test_rows_independent);
+}
