@@ -266,7 +266,9 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
         for (int k = 0; k < in; k++)
             for (int c = 0; c < nc; c += Q4_GROUP) {
                 int n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
-                widen_group(W, q4, out, k, (j0 + c) / Q4_GROUP, n, wide + (size_t)k * nc + c, simd);
+                float group[Q4_GROUP]; /* a group is widened whole, past out too */
+                widen_group(W, q4, out, k, (j0 + c) / Q4_GROUP, n, group, simd);
+                memcpy(wide + (size_t)k * nc + c, group, n * sizeof *group);
             }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, nc, in, 1.0f, x, in, wide, nc,
                     accumulate ? 1.0f : 0.0f, y + j0, out);

@@ -170,7 +170,7 @@ static void test_paths_agree(void) {
 /* Up to MATMUL_DECODE_ROWS rows, a row's result does not depend on the rows beside it: decode of
  * one sequence gives the same bits in a GPU batch of any size. */
 static void test_rows_independent(void) {
-    int rows = 17, in = 300, out = 130;
+    int rows = MATMUL_DECODE_ROWS, in = 300, out = 130;
     weights w;
     weights_make(&w, in, out, 31);
     float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
