@@ -105,7 +105,7 @@ int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
  * [in][out][1]. Up to MATMUL_DECODE_ROWS rows, each element of y is the same fused chain over k
  * on every path; more rows go through sgemm on widened panels, in scratch (matmul_scratch_floats
  * (in) floats; NULL will do for fewer rows). */
-#define MATMUL_DECODE_ROWS 16
+#define MATMUL_DECODE_ROWS 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                     int accumulate, float *scratch);
 size_t matmul_scratch_floats(int in);
@@ -113,7 +113,7 @@ size_t matmul_scratch_floats(int in);
  * MATMUL_EMBED_DOT_ROWS rows, each row of E is widened and dotted with x's rows; more rows go
  * through sgemm on blocks of MATMUL_EMBED_BLOCK widened rows. scratch: MATMUL_EMBED_BLOCK x dim
  * floats for each of omp_get_max_threads() threads, scratch_stride floats apart. */
-#define MATMUL_EMBED_DOT_ROWS 4
+#define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, int n, float *y,
                     float *scratch, size_t scratch_stride);

@@ -4,37 +4,42 @@
  *   matmul_weights   y[rows][out] (= or +=) x[rows][in] W[in][out]   linear weights, [in][out]
  *   matmul_embed_t   y[rows][n] = x[rows][dim] E^T, E [n][dim]        the embedding as lm_head
  *
- * Decode (up to MATMUL_DECODE_ROWS = 64 rows) reads every weight once per step for a few rows,
- * so it is bound by memory: reading the 2 bytes a weight is stored in (0.56 when 4-bit) instead
- * of a 4-byte fp32 copy is the point. Its kernel:
+ * Decode (up to MATMUL_DECODE_ROWS rows) reads every weight once per step for a few rows, so it
+ * is bound by memory or, from about 8 rows on this kind of CPU, by the FMA units. Reading the 2
+ * bytes a weight is stored in (0.56 when 4-bit) instead of a 4-byte fp32 copy is the point, and
+ * the kernel must keep the FMA units busy while the bytes stream in. Its blocking:
  *
- *   cache blocking  W is walked in blocks of KC = 32 rows (k) by NC = 256 columns; threads take
- *                   column blocks of y. Each row k of a block is 512 contiguous bytes of fp16,
- *                   and the next block's rows are prefetched while this one is widened.
- *   packing         a block is widened to fp32 once into a panel (33 KiB, on the thread's stack,
- *                   so in L1) of NC / 16 strips of [KC][16] floats, which every row of x then
- *                   uses: the inner loop reads 64 contiguous bytes per k. Widening is exact:
- *                   fp16 -> fp32 (F16C's cvtph), or a 4-bit value's fmaf(q, scale, min), the
- *                   value q4_decompress gives (64 columns of W[in][out] are one group of a row).
- *   register tile   up to MR = 6 rows by 16 columns of y stay in 12 AVX registers while k runs
- *                   over the block: per k, two loads of the panel, a broadcast of x per row, two
- *                   FMAs per row. Rows are split into tiles as evenly as they go (8 = 4 + 4).
+ *   threads         each owns a contiguous run of 64-column blocks of y.
+ *   cache blocking  a thread walks W in bands of KC = 64 rows (k), each band across its columns
+ *                   in blocks of 64 x 64. Within a band its rows are 64 streams that advance
+ *                   together; while it computes with one band it prefetches the next, row by row
+ *                   (contiguous runs, which DRAM serves best), a share at each block.
+ *   register tile   mr rows by 16 nv columns of y stay in mr x nv AVX registers while k runs over
+ *                   the band: per k, nv loads of W widened fp16 -> fp32 in the register (F16C's
+ *                   cvtph), a broadcast of x per row, mr x nv FMAs. Rows go 6 at a time (6 x 16:
+ *                   12 accumulators, 2 loads and 6 broadcasts for 12 FMAs), the rest in one tile
+ *                   (1 x 64, 2 x 32, 3..5 x 16): enough independent chains to cover the FMA's
+ *                   latency (5 cycles at 2 a cycle wants 10).
+ *   packing         4-bit weights are widened first, a block at a time, into a 16 KiB panel
+ *                   [64][64] that stays in L1 (a group of 64 columns of a row is one min and one
+ *                   scale: the value is fmaf(q, scale, min), exactly what q4_decompress gives);
+ *                   the tiles then read the panel as they read fp16 rows. No fp32 copy of a
+ *                   layer is ever written.
  *
  * Every element of y is one chain of fused multiply-adds over k in increasing order, started at 0
- * (or at y, to add) and carried from one k block to the next through y itself. So its bits do not
- * depend on the number of rows, the threads or the path: the portable C path (the same loops with
- * fmaf) gives the AVX2 path's results bit for bit.
+ * (or at y, to add) and carried from one band to the next through y itself. So its bits do not
+ * depend on the number of rows, the threads or the path: the portable C path (the same chains
+ * with fmaf, over a panel) gives the AVX2 path's results bit for bit.
  *
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
- * kernel: each thread widens a column panel of W (all of k, 256 columns) into its part of a
- * scratch buffer and calls sgemm on it. Measured on opt-1.3b's fc1 (2048 x 8192) and fc2
- * (8192 x 2048), 1024 rows, on a 2-core machine busy with other work (so noisy, +-20%): the
- * kernel reached 0.72-0.79 of cblas_sgemm on fp32 copies of the weights, the panels and sgemm
- * 0.84-0.95. Both differ from an fp32 sgemm only in the order of the sums.
+ * kernel: a panel of SGEMM_COLS columns of W is widened to fp32 by every thread, then one
+ * threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
  *
- * lm_head reads E by rows (the table is [n][dim]): each row is widened into a buffer and dotted
- * with x's rows in 8 lanes (lane l sums k = l mod 8), which are added pairwise at the end; the
- * portable path keeps the same lanes and the same order.
+ * lm_head reads E by rows (the table is [n][dim]): three rows of E at a time against four rows
+ * of x, twelve dot products in 8 lanes each (lane l sums d = l mod 8; fp16 widened in the
+ * register), the lanes added pairwise at the end; the portable path keeps the same lanes and the
+ * same order. Many rows (prefill's logits at every position) go through sgemm on blocks of
+ * MATMUL_EMBED_BLOCK widened rows.
  */
 #include "flexgen.h"
 
@@ -49,26 +54,17 @@
 #define HAVE_AVX2_PATH 1
 #endif
 
-enum { MR = 6, NR = 16, KC = 32, NC = 256 };
+enum { KC = 64, NC = 64, MR = 6 };
 
 static int portable_only;
 void matmul_force_portable(int on) { portable_only = on; }
 static int use_simd(void) { return !portable_only && fg_cpu_has_avx2(); }
 
 /* ============================================================================================
- * Widening a block of W[in][out] (rows k0 .. k0 + kc, columns j0 .. j0 + nc) into the panel:
- * strip s holds columns j0 + 16 s .. as [kcap][16] floats, zeros past out. A block's columns are
- * whole groups of 64: for 4-bit weights, one min and one scale per row.
+ * Widening a block of W[in][out] (rows k0 .. k0 + kc, columns j0 .. j0 + 64) into the panel
+ * [KC][NC] floats. The block's columns are one group of 64: for 4-bit weights, one min and one
+ * scale per row. Columns past out are zeros.
  * ============================================================================================ */
-
-typedef struct {
-    float *p;
-    int kcap; /* rows of a strip */
-} panel;
-
-/* Strips are one cache line more than kcap rows apart: at a power-of-two distance the stores of
- * one row k to every strip would alias (4 KiB apart) and stall the loads of the next. */
-static float *strip_at(panel P, int s, int k) { return P.p + (size_t)s * (P.kcap + 1) * NR + (size_t)k * NR; }
 
 /* 4-bit W[in][out] is [in][out][1] in quant.c's layout: row k is G groups of 32 bytes, then G
  * mins and G scales (fp16). */
@@ -98,7 +94,7 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_group_avx2(const void
     if (!q4) {
         const fp16 *row = (const fp16 *)W + (size_t)k * out + (size_t)g * Q4_GROUP;
         for (int i = 0; i < Q4_GROUP; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i))));
+            _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i))));
         return;
     }
     /* 32 bytes -> 64 values in order, as quant.c's decode_groups_avx2 */
@@ -115,7 +111,7 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_group_avx2(const void
         __m128i parts[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
         for (int i = 0; i < 4; i++) {
             __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
-            _mm256_storeu_ps(dst + 32 * half + 8 * i, _mm256_fmadd_ps(q, scale, min));
+            _mm256_store_ps(dst + 32 * half + 8 * i, _mm256_fmadd_ps(q, scale, min));
         }
     }
 }
@@ -129,123 +125,154 @@ static void widen_group(const void *W, int q4, int out, int k, int g, int n, flo
     widen_group_scalar(W, q4, out, k, g, n, dst);
 }
 
-/* Asks for the bytes of group g of row k ahead of their use (W's rows are read in short runs,
- * too short for the hardware's stream prefetch to reach ahead by itself). */
-static void prefetch_group(const void *W, int q4, int out, int k, int g) {
-    const char *at = q4 ? (const char *)W + (size_t)k * q4_row_bytes(out) + (size_t)g * (Q4_GROUP / 2)
-                        : (const char *)((const fp16 *)W + (size_t)k * out + (size_t)g * Q4_GROUP);
-    __builtin_prefetch(at);
-    if (!q4) __builtin_prefetch(at + 64);
-}
-
-static void widen_block(const void *W, int q4, int in, int out, int k0, int kc, int j0, int nc,
-                        panel P, int simd) {
-    float group[Q4_GROUP];
-    for (int k = 0; k < kc; k++)
-        for (int c = 0; c < nc; c += Q4_GROUP) {
-            int g = (j0 + c) / Q4_GROUP, n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
-            if (k0 + k + kc < in) prefetch_group(W, q4, out, k0 + k + kc, g); /* the next block's */
-            widen_group(W, q4, out, k0 + k, g, n, group, simd);
-            for (int i = 0; i < Q4_GROUP / NR; i++) memcpy(strip_at(P, c / NR + i, k), group + NR * i, sizeof(float) * NR);
-        }
-}
-
 /* ============================================================================================
- * The register tile: y[mr][16] (=, or from y) + x[mr][k0 .. k0 + kc] strip[kc][16], one fused
- * chain per element. x rows are ldx apart, y rows ldy apart.
+ * The register tile: y[mr][16 nv] (=, or from y) + x[mr][k0 .. k0 + kc] P[kc][16 nv], one fused
+ * chain per element; P's rows are NC floats apart, x's ldx, y's ldy.
  * ============================================================================================ */
 
-static void tile_portable(const float *x, size_t ldx, const float *strip, int kc, float *y,
-                          size_t ldy, int from_y, int mr) {
-    for (int r = 0; r < mr; r++) {
-        float acc[NR];
-        for (int c = 0; c < NR; c++) acc[c] = from_y ? y[r * ldy + c] : 0;
-        for (int k = 0; k < kc; k++) {
-            float xr = x[r * ldx + k];
-            for (int c = 0; c < NR; c++) acc[c] = fmaf(xr, strip[k * NR + c], acc[c]);
+static void tile_portable(const float *x, size_t ldx, const float *p, int kc, float *y, size_t ldy,
+                          int from_y, int mr, int cols) {
+    for (int r = 0; r < mr; r++)
+        for (int c = 0; c < cols; c++) {
+            float acc = from_y ? y[r * ldy + c] : 0;
+            for (int k = 0; k < kc; k++) acc = fmaf(x[r * ldx + k], p[(size_t)k * NC + c], acc);
+            y[r * ldy + c] = acc;
         }
-        memcpy(y + r * ldy, acc, sizeof acc);
-    }
 }
 
 #ifdef HAVE_AVX2_PATH
-/* mr is a constant at each call (tile_avx2), so the rows past it vanish and the twelve
- * accumulators are named, not an array: the compiler keeps them in registers. */
-#define ROW_LOAD(r) \
-    __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = a##r##0; \
-    if (mr > r && from_y) a##r##0 = _mm256_loadu_ps(y + r * ldy), a##r##1 = _mm256_loadu_ps(y + r * ldy + 8);
-#define ROW_FMA(r) \
-    if (mr > r) { \
-        __m256 xr = _mm256_broadcast_ss(x + r * ldx + k); \
-        a##r##0 = _mm256_fmadd_ps(xr, w0, a##r##0); \
-        a##r##1 = _mm256_fmadd_ps(xr, w1, a##r##1); \
+/* mr and nv are constants at each call (tile_avx2), so the loops over them unroll and the
+ * accumulators (mr x nv <= 12 of the 16 AVX registers) are never stored inside the k loop.
+ * f16: the rows of w are fp16, widened as they are loaded; else fp32. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_avx2_shape(
+    const float *x, size_t ldx, const void *w, size_t ldw, int kc, float *y, size_t ldy, int from_y,
+    const int mr, const int nv, const int f16) {
+    __m256 acc[MR][8];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm256_loadu_ps(y + r * ldy + 8 * v) : _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m256 wv[8];
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++)
+            wv[v] = f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16 *)w + k * ldw + 8 * v)))
+                        : _mm256_load_ps((const float *)w + k * ldw + 8 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            __m256 xr = _mm256_broadcast_ss(x + r * ldx + k);
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm256_fmadd_ps(xr, wv[v], acc[r][v]);
+        }
     }
-#define ROW_STORE(r) \
-    if (mr > r) _mm256_storeu_ps(y + r * ldy, a##r##0), _mm256_storeu_ps(y + r * ldy + 8, a##r##1);
-
-__attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2_rows(
-    const float *x, size_t ldx, const float *strip, int kc, float *y, size_t ldy, int from_y,
-    const int mr) {
-    ROW_LOAD(0) ROW_LOAD(1) ROW_LOAD(2) ROW_LOAD(3) ROW_LOAD(4) ROW_LOAD(5)
-#pragma GCC unroll 4
-    for (int k = 0; k < kc; k++, strip += NR) {
-        __m256 w0 = _mm256_load_ps(strip), w1 = _mm256_load_ps(strip + 8);
-        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
-    }
-    ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + r * ldy + 8 * v, acc[r][v]);
 }
 
-__attribute__((target("avx2,fma"))) static void tile_avx2(const float *x, size_t ldx, const float *strip,
-                                                          int kc, float *y, size_t ldy, int from_y, int mr) {
-    switch (mr) {
-    case 1: tile_avx2_rows(x, ldx, strip, kc, y, ldy, from_y, 1); break;
-    case 2: tile_avx2_rows(x, ldx, strip, kc, y, ldy, from_y, 2); break;
-    case 3: tile_avx2_rows(x, ldx, strip, kc, y, ldy, from_y, 3); break;
-    case 4: tile_avx2_rows(x, ldx, strip, kc, y, ldy, from_y, 4); break;
-    case 5: tile_avx2_rows(x, ldx, strip, kc, y, ldy, from_y, 5); break;
-    default: tile_avx2_rows(x, ldx, strip, kc, y, ldy, from_y, MR); break;
+#define TILE_CASES(f16) \
+    switch (mr) { \
+    case 1: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 1, 8, f16); break; \
+    case 2: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 2, 4, f16); break; \
+    case 3: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 3, 2, f16); break; \
+    case 4: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 4, 2, f16); break; \
+    case 5: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 5, 2, f16); break; \
+    default: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 6, 2, f16); break; \
     }
+
+__attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, size_t ldx, const void *w,
+                                                               size_t ldw, int kc, float *y, size_t ldy,
+                                                               int from_y, int mr, int f16) {
+    if (f16) TILE_CASES(1) else TILE_CASES(0)
 }
 #endif
 
-/* A tile of y with nr <= 16 columns: a narrower one goes through a [mr][16] copy. */
-static void tile(const float *x, size_t ldx, const float *strip, int kc, float *y, size_t ldy,
-                 int from_y, int mr, int nr, int simd) {
-    float narrow[MR * NR];
-    float *t = nr < NR ? narrow : y;
-    size_t ldt = nr < NR ? NR : ldy;
-    for (int r = 0; r < mr && from_y && nr < NR; r++) memcpy(narrow + r * NR, y + r * ldy, nr * sizeof *y);
+/* Rows are taken MR at a time, the rest in one tile. A tile of mr rows spans 64 columns for one
+ * row, 32 for two, 16 for more: 8 to 12 accumulators. */
+static int tile_rows(int n) { return n < MR ? n : MR; }
+static int tile_cols(int mr) { return mr == 1 ? 64 : mr == 2 ? 32 : 16; }
+
+/* A tile of mr rows and tile_cols(mr) columns of the panel; only the first nc of them exist in y
+ * (a narrower tile goes through a copy). */
+static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, size_t ldy,
+                 int from_y, int mr, int nc, int simd) {
+    int cols = tile_cols(mr);
+    if (nc < cols || !simd) {
+        float narrow[MR * 64];
+        for (int r = 0; r < mr && from_y; r++) memcpy(narrow + r * cols, y + r * ldy, nc * sizeof *y);
+        tile_portable(x, ldx, p, kc, narrow, (size_t)cols, from_y, mr, cols);
+        for (int r = 0; r < mr; r++) memcpy(y + r * ldy, narrow + r * cols, nc * sizeof *y);
+        return;
+    }
 #ifdef HAVE_AVX2_PATH
-    if (simd) tile_avx2(x, ldx, strip, kc, t, ldt, from_y, mr);
-    else
+    tile_avx2(x, ldx, p, NC, kc, y, ldy, from_y, mr, 0);
 #endif
-        tile_portable(x, ldx, strip, kc, t, ldt, from_y, mr);
-    (void)simd;
-    for (int r = 0; r < mr && nr < NR; r++) memcpy(y + r * ldy, narrow + r * NR, nr * sizeof *y);
 }
 
 /* ============================================================================================
  * The products
  * ============================================================================================ */
 
-/* Rows 0 .. rows of y, columns j0 .. j0 + nc (one column block), over all of k. */
+/* Rows k0 .. k0 + kc of W, columns j0 .. j0 + nc (nc <= NC), widened into the panel, and every
+ * row of x's product with it added to y. The block at rows pk0 .., columns pj0 .. is prefetched
+ * (none when pk0 < 0). */
 static void product_block(const float *x, int rows, int in, const void *W, int q4, int out,
-                          float *y, int accumulate, int j0, int nc, int simd) {
-    _Alignas(64) float buf[(KC + 1) * NC]; /* strips a line apart: strip_at */
-    panel P = {buf, KC};
-    int tiles = (rows + MR - 1) / MR;
-    for (int k0 = 0; k0 < in; k0 += KC) {
-        int kc = in - k0 < KC ? in - k0 : KC;
-        widen_block(W, q4, in, out, k0, kc, j0, nc, P, simd);
-        for (int t = 0, r = 0; t < tiles; t++) {
-            int mr = (rows - r + (tiles - t) - 1) / (tiles - t); /* as even as they go */
-            for (int s = 0; s * NR < nc; s++) {
-                int nr = nc - s * NR < NR ? nc - s * NR : NR;
-                tile(x + (size_t)r * in + k0, (size_t)in, strip_at(P, s, 0), kc,
-                     y + (size_t)r * out + j0 + s * NR, (size_t)out, accumulate || k0 > 0, mr, nr, simd);
-            }
-            r += mr;
+                          float *y, int from_y, int k0, int kc, int j0, int nc, int simd) {
+#ifdef HAVE_AVX2_PATH
+    if (simd && !q4 && nc == NC) { /* fp16 rows widened in the registers of the tile */
+        const fp16 *w = (const fp16 *)W + (size_t)k0 * out + j0;
+        for (int r = 0, mr; r < rows; r += mr) {
+            mr = tile_rows(rows - r);
+            for (int c = 0; c < nc; c += tile_cols(mr))
+                tile_avx2(x + (size_t)r * in + k0, (size_t)in, w + c, (size_t)out, kc,
+                          y + (size_t)r * out + j0 + c, (size_t)out, from_y, mr, 1);
         }
+        return;
+    }
+#endif
+    _Alignas(64) float panel[KC * NC];
+    for (int k = 0; k < kc; k++)
+        for (int c = 0; c < nc; c += Q4_GROUP)
+            widen_group(W, q4, out, k0 + k, (j0 + c) / Q4_GROUP, nc - c < Q4_GROUP ? nc - c : Q4_GROUP,
+                        panel + k * NC + c, simd);
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = tile_rows(rows - r);
+        for (int c = 0; c < nc; c += tile_cols(mr))
+            tile(x + (size_t)r * in + k0, (size_t)in, panel + c, kc, y + (size_t)r * out + j0 + c,
+                 (size_t)out, from_y, mr, nc - c < tile_cols(mr) ? nc - c : tile_cols(mr), simd);
+    }
+}
+
+/* Decode: each thread owns a contiguous run of 64-column blocks of y and walks W in bands of KC
+ * rows, each band across its columns from left to right. While it computes with one band it asks
+ * for the next, row by row (runs of contiguous bytes, which DRAM serves best), a share of it at
+ * each block. */
+static void prefetch_band_share(const void *W, int q4, int in, int out, int k0, int b0, int n, int share) {
+    if (k0 >= in) return;
+    int kc = in - k0 < KC ? in - k0 : KC, c0 = b0 * NC, c1 = (b0 + n) * NC < out ? (b0 + n) * NC : out;
+    size_t stride = q4 ? q4_row_bytes(out) : (size_t)out * 2;
+    size_t from = q4 ? (size_t)c0 / 2 : (size_t)c0 * 2, to = q4 ? ((size_t)c1 + 1) / 2 : (size_t)c1 * 2;
+    long lines_per_row = (long)((to - from + 63) / 64), lines = lines_per_row * kc;
+    long first = lines * share / n, last = lines * (share + 1) / n;
+    for (long l = first; l < last; l++)
+        __builtin_prefetch((const char *)W + (size_t)(k0 + l / lines_per_row) * stride + from + (size_t)(l % lines_per_row) * 64);
+}
+
+static void product_decode(const float *x, int rows, int in, const void *W, int q4, int out,
+                           float *y, int accumulate, int simd) {
+    int blocks = (out + NC - 1) / NC;
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        int b0 = (int)((long)blocks * t / threads), n = (int)((long)blocks * (t + 1) / threads) - b0;
+        for (int k0 = 0; k0 < in; k0 += KC)
+            for (int b = 0; b < n; b++) {
+                int j0 = (b0 + b) * NC, kc = in - k0 < KC ? in - k0 : KC;
+                prefetch_band_share(W, q4, in, out, k0 + KC, b0, n, b);
+                product_block(x, rows, in, W, q4, out, y, accumulate || k0 > 0, k0, kc, j0,
+                              out - j0 < NC ? out - j0 : NC, simd);
+            }
     }
 }
 
@@ -266,7 +293,7 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
         for (int k = 0; k < in; k++)
             for (int c = 0; c < nc; c += Q4_GROUP) {
                 int n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
-                float group[Q4_GROUP]; /* a group is widened whole, past out too */
+                _Alignas(32) float group[Q4_GROUP]; /* a group is widened whole, past out too */
                 widen_group(W, q4, out, k, (j0 + c) / Q4_GROUP, n, group, simd);
                 memcpy(wide + (size_t)k * nc + c, group, n * sizeof *group);
             }
@@ -278,13 +305,8 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                     int accumulate, float *scratch) {
     int simd = use_simd();
-    if (rows > MATMUL_DECODE_ROWS) {
-        product_sgemm(x, rows, in, W, q4, out, y, accumulate, scratch, simd);
-        return;
-    }
-#pragma omp parallel for schedule(dynamic)
-    for (int j0 = 0; j0 < out; j0 += NC)
-        product_block(x, rows, in, W, q4, out, y, accumulate, j0, out - j0 < NC ? out - j0 : NC, simd);
+    if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4, out, y, accumulate, scratch, simd);
+    else product_decode(x, rows, in, W, q4, out, y, accumulate, simd);
 }
 
 /* ---- lm_head: E read by rows ---- */
@@ -312,32 +334,58 @@ __attribute__((target("avx2,fma"))) static float lanes_sum(__m256 acc) {
     return _mm_cvtss_f32(s4);
 }
 
-/* Up to 4 rows of x against one row e at once: four independent chains. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void dots_avx2_rows(
-    const float *x, int dim, const float *e, float *y, size_t ldy, const int n) {
-    __m256 acc[4];
+/* ne <= 3 rows of E (fp16 when f16, else fp32; lde apart) against mr <= 4 rows of x: twelve
+ * chains of 8 lanes at most, in 16 registers with the three rows of E and one of x. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_avx2_shape(
+    const float *x, int dim, const void *e, size_t lde, float *y, size_t ldy, const int mr,
+    const int ne, const int f16) {
+    __m256 acc[4][3];
     int vec = dim / 8 * 8;
-    for (int r = 0; r < n; r++) acc[r] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 3
+        for (int v = 0; v < ne; v++) acc[r][v] = _mm256_setzero_ps();
     for (int d = 0; d < vec; d += 8) {
-        __m256 ev = _mm256_loadu_ps(e + d);
-        for (int r = 0; r < n; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)r * dim + d), ev, acc[r]);
+        __m256 ev[3];
+#pragma GCC unroll 3
+        for (int v = 0; v < ne; v++)
+            ev[v] = f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16 *)e + v * lde + d)))
+                        : _mm256_loadu_ps((const float *)e + v * lde + d);
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)r * dim + d);
+#pragma GCC unroll 3
+            for (int v = 0; v < ne; v++) acc[r][v] = _mm256_fmadd_ps(xv, ev[v], acc[r][v]);
+        }
     }
-    for (int r = 0; r < n; r++) {
-        float s = lanes_sum(acc[r]);
-        for (int d = vec; d < dim; d++) s = fmaf(x[(size_t)r * dim + d], e[d], s);
-        y[r * ldy] = s;
-    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < ne; v++) {
+            float s = lanes_sum(acc[r][v]);
+            for (int d = vec; d < dim; d++) {
+                float ed = f16 ? fp16_to_fp32(((const fp16 *)e)[v * lde + d]) : ((const float *)e)[v * lde + d];
+                s = fmaf(x[(size_t)r * dim + d], ed, s);
+            }
+            y[r * ldy + v] = s;
+        }
 }
 
-__attribute__((target("avx2,fma"))) static void dots_avx2(const float *x, int rows, int dim,
-                                                          const float *e, float *y, size_t ldy) {
-    for (int r = 0; r < rows; r += 4) {
-        const float *xr = x + (size_t)r * dim;
-        switch (rows - r < 4 ? rows - r : 4) {
-        case 1: dots_avx2_rows(xr, dim, e, y + r * ldy, ldy, 1); break;
-        case 2: dots_avx2_rows(xr, dim, e, y + r * ldy, ldy, 2); break;
-        case 3: dots_avx2_rows(xr, dim, e, y + r * ldy, ldy, 3); break;
-        default: dots_avx2_rows(xr, dim, e, y + r * ldy, ldy, 4); break;
+#define DOTS_CASE(mr, f16) \
+    switch (ne) { \
+    case 1: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 1, f16); break; \
+    case 2: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 2, f16); break; \
+    default: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 3, f16); break; \
+    }
+
+/* All rows of x against ne <= 3 rows of E, 4 rows of x at a time. */
+__attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *x, int rows, int dim,
+                                                               const void *e, size_t lde, int ne,
+                                                               int f16, float *y, size_t ldy) {
+    for (int r = 0; r < rows; r += 4, x += (size_t)4 * dim, y += 4 * ldy) {
+        int mr = rows - r < 4 ? rows - r : 4;
+        if (f16) {
+            if (mr == 4) DOTS_CASE(4, 1) else if (mr == 3) DOTS_CASE(3, 1) else if (mr == 2) DOTS_CASE(2, 1) else DOTS_CASE(1, 1)
+        } else {
+            if (mr == 4) DOTS_CASE(4, 0) else if (mr == 3) DOTS_CASE(3, 0) else if (mr == 2) DOTS_CASE(2, 0) else DOTS_CASE(1, 0)
         }
     }
 }
@@ -380,12 +428,19 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, in
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int v = 0; v < n; v++) {
-        float *e = scratch + scratch_stride * omp_get_thread_num();
-        embed_row(E, q4, n, dim, v, e, simd);
+    for (int v0 = 0; v0 < n; v0 += 3) { /* three rows of E at a time */
+        int ne = n - v0 < 3 ? n - v0 : 3;
 #ifdef HAVE_AVX2_PATH
-        if (simd) { dots_avx2(x, rows, dim, e, y + v, (size_t)n); continue; }
+        if (simd && !q4) { /* read as stored, widened in registers */
+            dots_avx2(x, rows, dim, (const fp16 *)E + (size_t)v0 * dim, (size_t)dim, ne, 1, y + v0, (size_t)n);
+            continue;
+        }
 #endif
-        dots_portable(x, rows, dim, e, y + v, (size_t)n);
+        float *e = scratch + scratch_stride * omp_get_thread_num();
+        for (int v = 0; v < ne; v++) embed_row(E, q4, n, dim, v0 + v, e + (size_t)v * dim, simd);
+#ifdef HAVE_AVX2_PATH
+        if (simd) { dots_avx2(x, rows, dim, e, (size_t)dim, ne, 0, y + v0, (size_t)n); continue; }
+#endif
+        for (int v = 0; v < ne; v++) dots_portable(x, rows, dim, e + (size_t)v * dim, y + v0 + v, (size_t)n);
     }
 }
