@@ -88,21 +88,20 @@ static void widen_group_scalar(const void *W, int q4, int out, int k, int g, int
 }
 
 #ifdef HAVE_AVX2_PATH
-/* A whole group (n == 64). */
-__attribute__((target("avx2,fma,f16c"))) static void widen_group_avx2(const void *W, int q4, int out,
-                                                                      int k, int g, float *dst) {
+/* A whole group (n == 64) of a row of W: fp16 values, or a 4-bit row of G groups. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void widen_group_avx2(
+    const void *row, int q4, int G, int g, float *dst) {
     if (!q4) {
-        const fp16 *row = (const fp16 *)W + (size_t)k * out + (size_t)g * Q4_GROUP;
+        const fp16 *h = (const fp16 *)row + (size_t)g * Q4_GROUP;
         for (int i = 0; i < Q4_GROUP; i += 8)
-            _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i))));
+            _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
         return;
     }
     /* 32 bytes -> 64 values in order, as quant.c's decode_groups_avx2 */
-    const uint8_t *row = (const uint8_t *)W + (size_t)k * q4_row_bytes(out);
-    int G = (out + Q4_GROUP - 1) / Q4_GROUP;
-    const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-    __m256 min = _mm256_set1_ps(fp16_to_fp32(mins[g])), scale = _mm256_set1_ps(fp16_to_fp32(scales[g]));
-    const uint8_t *b = row + (size_t)g * (Q4_GROUP / 2);
+    const uint8_t *b = (const uint8_t *)row + (size_t)g * (Q4_GROUP / 2);
+    const fp16 *mins = (const fp16 *)((const uint8_t *)row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+    __m256 min = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(mins[g])));
+    __m256 scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(scales[g])));
     const __m128i low4 = _mm_set1_epi8(15);
     for (int half = 0; half < 2; half++) { /* 16 bytes = 32 values */
         __m128i v = _mm_loadu_si128((const __m128i *)(b + 16 * half));
@@ -115,14 +114,25 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_group_avx2(const void
         }
     }
 }
+
+/* Group g of rows k0 .. k0 + kc into dst, ldd floats apart. */
+__attribute__((target("avx2,fma,f16c"))) static void widen_rows_avx2(const void *W, int q4, int out, int k0,
+                                                                     int kc, int g, float *dst, size_t ldd) {
+    size_t stride = q4 ? q4_row_bytes(out) : (size_t)out * sizeof(fp16);
+    int G = (out + Q4_GROUP - 1) / Q4_GROUP;
+    const char *row = (const char *)W + (size_t)k0 * stride;
+    for (int k = 0; k < kc; k++, row += stride, dst += ldd) widen_group_avx2(row, q4, G, g, dst);
+}
 #endif
 
-static void widen_group(const void *W, int q4, int out, int k, int g, int n, float *dst, int simd) {
+/* Group g of rows k0 .. k0 + kc, n values of it (zeros after them), into dst, ldd floats apart. */
+static void widen_rows(const void *W, int q4, int out, int k0, int kc, int g, int n, float *dst, size_t ldd,
+                       int simd) {
 #ifdef HAVE_AVX2_PATH
-    if (simd && n == Q4_GROUP) { widen_group_avx2(W, q4, out, k, g, dst); return; }
+    if (simd && n == Q4_GROUP) { widen_rows_avx2(W, q4, out, k0, kc, g, dst, ldd); return; }
 #endif
     (void)simd;
-    widen_group_scalar(W, q4, out, k, g, n, dst);
+    for (int k = 0; k < kc; k++) widen_group_scalar(W, q4, out, k0 + k, g, n, dst + (size_t)k * ldd);
 }
 
 /* ============================================================================================
@@ -232,10 +242,8 @@ static void product_block(const float *x, int rows, int in, const void *W, int q
     }
 #endif
     _Alignas(64) float panel[KC * NC];
-    for (int k = 0; k < kc; k++)
-        for (int c = 0; c < nc; c += Q4_GROUP)
-            widen_group(W, q4, out, k0 + k, (j0 + c) / Q4_GROUP, nc - c < Q4_GROUP ? nc - c : Q4_GROUP,
-                        panel + k * NC + c, simd);
+    for (int c = 0; c < nc; c += Q4_GROUP)
+        widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, nc - c < Q4_GROUP ? nc - c : Q4_GROUP, panel + c, NC, simd);
     for (int r = 0, mr; r < rows; r += mr) {
         mr = tile_rows(rows - r);
         for (int c = 0; c < nc; c += tile_cols(mr))
@@ -290,12 +298,16 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
     for (int j0 = 0; j0 < out; j0 += SGEMM_COLS) {
         int nc = out - j0 < SGEMM_COLS ? out - j0 : SGEMM_COLS;
 #pragma omp parallel for schedule(static)
-        for (int k = 0; k < in; k++)
+        for (int k0 = 0; k0 < in; k0 += KC)
             for (int c = 0; c < nc; c += Q4_GROUP) {
-                int n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
-                _Alignas(32) float group[Q4_GROUP]; /* a group is widened whole, past out too */
-                widen_group(W, q4, out, k, (j0 + c) / Q4_GROUP, n, group, simd);
-                memcpy(wide + (size_t)k * nc + c, group, n * sizeof *group);
+                int kc = in - k0 < KC ? in - k0 : KC, n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
+                if (n == Q4_GROUP && nc % 8 == 0) { /* straight into the panel, whose rows stay aligned */
+                    widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, wide + (size_t)k0 * nc + c, nc, simd);
+                    continue;
+                }
+                _Alignas(32) float group[KC * Q4_GROUP]; /* a group is widened whole, past out too */
+                widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, group, Q4_GROUP, simd);
+                for (int k = 0; k < kc; k++) memcpy(wide + (size_t)(k0 + k) * nc + c, group + k * Q4_GROUP, n * sizeof *group);
             }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, nc, in, 1.0f, x, in, wide, nc,
                     accumulate ? 1.0f : 0.0f, y + j0, out);
