@@ -128,12 +128,13 @@ int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int 
      * one shape in decode: all but the first and the last do. */
     const fg_policy *p = &m->rt->policy;
     size_t per_window = (size_t)size * c->vocab * sizeof(float);
+    size_t fit = ((size_t)1 << 30) / per_window;
     int block = p->gpu_batch_size * p->num_gpu_batches, rc = 0;
-    int cap = (size_t)block * per_window <= (size_t)1 << 30 ? block : (int)(((size_t)1 << 30) / per_window);
+    int cap = fit < (size_t)block ? (fit > 0 ? (int)fit : 1) : block;
     double start = now_seconds();
     for (int from = 0, to; rc == 0 && from < count; from = to) {
         to = from + 1;
-        while (to < count && to - from < (cap > 0 ? cap : 1) &&
+        while (to < count && to - from < cap &&
                (!o->decode || (w[to].first - w[to].begin == w[from].first - w[from].begin &&
                                w[to].end - w[to].first == w[from].end - w[from].first)))
             to++;

@@ -1242,9 +1242,7 @@ static double number(const cJSON *o, const char *key) {
 
 /* PyTorch's perplexity of the excerpt for each window setting (reference.json). */
 static cJSON *kjv_expected(void) {
-    size_t size;
-    char err[FG_ERR_LEN];
-    char *text = fg_read_file(kjv_reference, &size, err);
+    char *text = slurp(kjv_reference, NULL);
     CU_ASSERT_PTR_NOT_NULL_FATAL(text);
     cJSON *o = cJSON_Parse(text);
     free(text);
@@ -1313,9 +1311,7 @@ static void test_perplexity_predictions(void) {
     cJSON *o = perplexity_run(ARGS("--window", "64", "--stride", "16", "--predictions", path));
     long scored = (long)number(o, "scored_tokens");
     cJSON_Delete(o);
-    size_t size;
-    char err[FG_ERR_LEN];
-    char *text = fg_read_file(path, &size, err);
+    char *text = slurp(path, NULL);
     CU_ASSERT_PTR_NOT_NULL_FATAL(text);
     CU_ASSERT_EQUAL(count_lines(text), scored);
     free(text);

@@ -160,9 +160,10 @@ static void test_reference_bf16(void) { check_fixture("opt-tiny-bf16"); }
 static void test_reference_text(void) { check_fixture("opt-tiny-text"); }
 static void test_reference_trained(void) { check_fixture_of("opt-kjv", fixture("../../models/opt-kjv")); }
 
-/* generate() on the opt-tiny fixture with the given options (one GPU batch of 2). */
+/* generate() on the opt-tiny fixture with the given options (blocks of 2 x 2); its error line
+ * into err, or (err NULL) on stderr. */
 static int generate_opt(gen_options *opt, int n, int *const *prompts, const int *lens, int *tokens,
-                        float *logits) {
+                        float *logits, char *err_out) {
     char err[FG_ERR_LEN] = "";
     fg_policy p = fg_default_policy();
     p.gpu_batch_size = 2, p.num_gpu_batches = 2;
@@ -172,7 +173,8 @@ static int generate_opt(gen_options *opt, int n, int *const *prompts, const int 
     int rc = fg_runtime_open(&p, &rt, err);
     if (rc == 0) rc = fg_model_open(rt, fixture("opt-tiny"), 0, &m, err);
     if (rc == 0) rc = generate(m, opt, n, prompts, lens, tokens, logits, &t, err);
-    if (rc) fprintf(stderr, "\n  generate: %s\n", err);
+    if (rc && err_out) snprintf(err_out, FG_ERR_LEN, "%s", err);
+    else if (rc) fprintf(stderr, "\n  generate: %s\n", err);
     fg_model_close(m);
     fg_runtime_close(rt);
     return rc;
@@ -187,27 +189,19 @@ static void test_teacher_forcing(void) {
     int *tokens = malloc((size_t)r.n * r.gen_len * sizeof *tokens), *forced = malloc((size_t)r.n * r.gen_len * sizeof *forced);
     float *greedy = malloc(count * sizeof *greedy), *taught = malloc(count * sizeof *taught);
     gen_options opt = {.gen_len = r.gen_len, .top_p = 1};
-    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, forced, greedy), 0);
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, forced, greedy, NULL), 0);
     opt.forced = forced;
-    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught), 0);
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught, NULL), 0);
     CU_ASSERT(memcmp(tokens, forced, (size_t)r.n * r.gen_len * sizeof *tokens) == 0);
     CU_ASSERT(memcmp(greedy, taught, count * sizeof *greedy) == 0);
     for (int i = 0; i < r.n * r.gen_len; i++) forced[i] = 3 + (i * 37) % (r.vocab - 3);
-    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught), 0);
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught, NULL), 0);
     CU_ASSERT(memcmp(tokens, forced, (size_t)r.n * r.gen_len * sizeof *tokens) == 0);
     CU_ASSERT(memcmp(greedy + r.vocab, taught + r.vocab, (size_t)r.vocab * sizeof *greedy) != 0);
     forced[5] = r.vocab; /* out of the vocab: refused */
     char err[FG_ERR_LEN] = "";
-    fg_policy p = fg_default_policy();
-    fg_runtime *rt = NULL;
-    fg_model *m = NULL;
-    gen_timing t;
-    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-    CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, fixture("opt-tiny"), 0, &m, err), 0);
-    CU_ASSERT_EQUAL(generate(m, &opt, r.n, r.prompts, r.lens, tokens, taught, &t, err), -1);
+    CU_ASSERT_EQUAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, taught, err), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "forced token 6"));
-    fg_model_close(m);
-    fg_runtime_close(rt);
     free(tokens), free(forced), free(greedy), free(taught);
     free_reference(&r);
 }
@@ -222,13 +216,13 @@ static void test_prompt_logits(void) {
     float *all = malloc((size_t)r.n * longest * r.vocab * sizeof *all), *one = malloc((size_t)r.vocab * sizeof *one);
     int *tokens = malloc((size_t)r.n * sizeof *tokens);
     gen_options opt = {.gen_len = 1, .top_p = 1, .prompt_logits = all};
-    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, NULL), 0);
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, NULL, NULL), 0);
     gen_options plain = {.gen_len = 1, .top_p = 1};
     float worst = 0, zero = 0;
     for (int p = 0; p < r.n; p++) {
         for (int t = 0; t < r.lens[p]; t++) {
             int len = t + 1;
-            CU_ASSERT_EQUAL_FATAL(generate_opt(&plain, 1, &r.prompts[p], &len, &tok, one), 0);
+            CU_ASSERT_EQUAL_FATAL(generate_opt(&plain, 1, &r.prompts[p], &len, &tok, one, NULL), 0);
             const float *row = all + ((size_t)p * longest + t) * r.vocab;
             for (int v = 0; v < r.vocab; v++)
                 if (fabsf(row[v] - one[v]) > worst) worst = fabsf(row[v] - one[v]), worst_p = p, worst_t = t;

@@ -311,14 +311,19 @@ static void test_merge_order(void) {
     free(dir);
 }
 
+/* A vocab of unusual tokens, no merges: "\u0100" is byte 0x00 in GPT-2's map, "\u00ff" byte
+ * 0xFF; 日本 is not in the map. */
+static void write_unusual_vocab(const char *dir) {
+    write_file(dir, "vocab.json", "{\"\\u65e5\\u672c\":0,\"a\":1,\"\\u0100\":2,\"x\\u00ff\":3}");
+    write_file(dir, "merges.txt", "");
+}
+
 /* Tokens outside the byte-level alphabet decode to their own UTF-8; a byte with no token makes
  * encoding fail cleanly. */
 static void test_unusual_vocab(void) {
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    /* "\u0100" is byte 0x00 in GPT-2's map, "\u00ff" byte 0xFF; 日本 is not in the map. */
-    write_file(dir, "vocab.json", "{\"\\u65e5\\u672c\":0,\"a\":1,\"\\u0100\":2,\"x\\u00ff\":3}");
-    write_file(dir, "merges.txt", "");
+    write_unusual_vocab(dir);
     fg_tokenizer *t = load_dir(dir, err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     size_t len = 0;
@@ -365,8 +370,7 @@ static void test_empty_vocab_key(void) {
 static void test_unk_and_defaults(void) {
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    write_file(dir, "vocab.json", "{\"\\u65e5\\u672c\":0,\"a\":1,\"\\u0100\":2,\"x\\u00ff\":3}");
-    write_file(dir, "merges.txt", "");
+    write_unusual_vocab(dir);
     fg_tokenizer *t = load_dir(dir, err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT(encodes_to(t, "a<|endoftext|>", (const int[]){1, 4}, 2));
