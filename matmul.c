@@ -11,9 +11,9 @@
  *
  *   threads         each owns a contiguous run of 64-column blocks of y.
  *   cache blocking  a thread walks W in bands of KC = 64 rows (k), each band across its columns
- *                   in blocks of 64 x 64. Within a band its rows are 64 streams that advance
- *                   together; while it computes with one band it prefetches the next, row by row
- *                   (contiguous runs, which DRAM serves best), a share at each block.
+ *                   in blocks of 64 x 64: 64 streams of W's rows that advance together, 128
+ *                   bytes at a time, which the hardware's prefetcher follows (software prefetch,
+ *                   a band ahead or a few blocks ahead, measured no faster).
  *   register tile   mr rows by 16 nv columns of y stay in mr x nv AVX registers while k runs over
  *                   the band: per k, nv loads of W widened fp16 -> fp32 in the register (F16C's
  *                   cvtph), a broadcast of x per row, mr x nv FMAs. Rows go 6 at a time (6 x 16:
@@ -23,8 +23,8 @@
  *   packing         4-bit weights are widened first, a block at a time, into a 16 KiB panel
  *                   [64][64] that stays in L1 (a group of 64 columns of a row is one min and one
  *                   scale: the value is fmaf(q, scale, min), exactly what q4_decompress gives);
- *                   the tiles then read the panel as they read fp16 rows. No fp32 copy of a
- *                   layer is ever written.
+ *                   the tiles then read the panel as they read fp16 rows. Decode never writes
+ *                   an fp32 copy of a layer.
  *
  * Every element of y is one chain of fused multiply-adds over k in increasing order, started at 0
  * (or at y, to add) and carried from one band to the next through y itself. So its bits do not
@@ -253,40 +253,22 @@ static void product_block(const float *x, int rows, int in, const void *W, int q
 }
 
 /* Decode: each thread owns a contiguous run of 64-column blocks of y and walks W in bands of KC
- * rows, each band across its columns from left to right. While it computes with one band it asks
- * for the next, row by row (runs of contiguous bytes, which DRAM serves best), a share of it at
- * each block. */
-static void prefetch_band_share(const void *W, int q4, int in, int out, int k0, int b0, int n, int share) {
-    if (k0 >= in) return;
-    int kc = in - k0 < KC ? in - k0 : KC, c0 = b0 * NC, c1 = (b0 + n) * NC < out ? (b0 + n) * NC : out;
-    size_t stride = q4 ? q4_row_bytes(out) : (size_t)out * 2;
-    size_t from = q4 ? (size_t)c0 / 2 : (size_t)c0 * 2, to = q4 ? ((size_t)c1 + 1) / 2 : (size_t)c1 * 2;
-    long lines_per_row = (long)((to - from + 63) / 64), lines = lines_per_row * kc;
-    long first = lines * share / n, last = lines * (share + 1) / n;
-    for (long l = first; l < last; l++)
-        __builtin_prefetch((const char *)W + (size_t)(k0 + l / lines_per_row) * stride + from + (size_t)(l % lines_per_row) * 64);
-}
-
+ * rows, each band across its columns from left to right. */
 static void product_decode(const float *x, int rows, int in, const void *W, int q4, int out,
                            float *y, int accumulate, int simd) {
     int blocks = (out + NC - 1) / NC;
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        int b0 = (int)((long)blocks * t / threads), n = (int)((long)blocks * (t + 1) / threads) - b0;
+        int b0 = (int)((long)blocks * t / threads), b1 = (int)((long)blocks * (t + 1) / threads);
         for (int k0 = 0; k0 < in; k0 += KC)
-            for (int b = 0; b < n; b++) {
-                int j0 = (b0 + b) * NC, kc = in - k0 < KC ? in - k0 : KC;
-                prefetch_band_share(W, q4, in, out, k0 + KC, b0, n, b);
-                product_block(x, rows, in, W, q4, out, y, accumulate || k0 > 0, k0, kc, j0,
-                              out - j0 < NC ? out - j0 : NC, simd);
-            }
+            for (int j0 = b0 * NC; j0 < b1 * NC && j0 < out; j0 += NC)
+                product_block(x, rows, in, W, q4, out, y, accumulate || k0 > 0, k0, in - k0 < KC ? in - k0 : KC,
+                              j0, out - j0 < NC ? out - j0 : NC, simd);
     }
 }
 
-/* Many rows: each thread takes a column panel of W, SGEMM_COLS wide, widens it to fp32 [in][cols]
- * in its part of scratch and calls sgemm on it (OpenBLAS runs one thread inside a parallel
- * region); threads take panels as they finish, which suits a machine shared with other work. */
+/* Prefill's panels: SGEMM_COLS columns of W at a time, widened in the caller's scratch. */
 enum { SGEMM_COLS = 1024 };
 
 size_t matmul_scratch_floats(int in) { return (size_t)in * SGEMM_COLS; }
