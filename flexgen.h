@@ -334,6 +334,7 @@ typedef struct {
     size_t thread_floats;
     float *wide;            /* matmul_weights' scratch for prefill's products; NULL when rows
                                <= MATMUL_DECODE_ROWS */
+    float *vec;             /* a bias, or a norm's weight and bias, widened to fp32 */
     void *device;           /* the CUDA backend's own buffers (flexgen.cu); NULL on the CPU */
 } opt_workspace;
 

@@ -32,8 +32,8 @@
  * with fmaf, over a panel) gives the AVX2 path's results bit for bit.
  *
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
- * kernel: a panel of SGEMM_COLS columns of W is widened to fp32 by every thread, then one
- * threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
+ * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
+ * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
  *
  * lm_head reads E by rows (the table is [n][dim]): three rows of E at a time against four rows
  * of x, twelve dot products in 8 lanes each (lane l sums d = l mod 8; fp16 widened in the
@@ -268,17 +268,22 @@ static void product_decode(const float *x, int rows, int in, const void *W, int 
     }
 }
 
-/* Prefill's panels: SGEMM_COLS columns of W at a time, widened in the caller's scratch. */
-enum { SGEMM_COLS = 1024 };
+/* Prefill's panels: as many whole groups of columns of W as SGEMM_PANEL floats hold (at least
+ * one group), widened in the caller's scratch; a small model's matrices go in one panel. */
+enum { SGEMM_PANEL = 1 << 23 };
 
-size_t matmul_scratch_floats(int in) { return (size_t)in * SGEMM_COLS; }
+static int panel_cols(int in) {
+    int cols = SGEMM_PANEL / in / Q4_GROUP * Q4_GROUP;
+    return cols > Q4_GROUP ? cols : Q4_GROUP;
+}
 
-/* Prefill: a panel of SGEMM_COLS columns of W widened by every thread, then one sgemm on it
- * (OpenBLAS threads it). */
+size_t matmul_scratch_floats(int in) { return (size_t)in * panel_cols(in); }
+
+/* Prefill: a panel of W widened by every thread, then one sgemm on it (OpenBLAS threads it). */
 static void product_sgemm(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                           int accumulate, float *wide, int simd) {
-    for (int j0 = 0; j0 < out; j0 += SGEMM_COLS) {
-        int nc = out - j0 < SGEMM_COLS ? out - j0 : SGEMM_COLS;
+    for (int j0 = 0; j0 < out; j0 += panel_cols(in)) {
+        int nc = out - j0 < panel_cols(in) ? out - j0 : panel_cols(in);
 #pragma omp parallel for schedule(static)
         for (int k0 = 0; k0 < in; k0 += KC)
             for (int c = 0; c < nc; c += Q4_GROUP) {

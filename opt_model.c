@@ -636,10 +636,16 @@ static size_t wide_floats(const opt_config *cfg, size_t rows) {
     return rows > MATMUL_DECODE_ROWS ? matmul_scratch_floats(widest_in(cfg)) : 0;
 }
 
+/* The widest vector of a layer (a bias, or a norm's weight and bias side by side). */
+static size_t vec_floats(const opt_config *cfg) {
+    size_t h = cfg->hidden, n = 3 * h > (size_t)cfg->ffn ? 3 * h : (size_t)cfg->ffn;
+    return 2 * (n > (size_t)cfg->word_dim ? n : (size_t)cfg->word_dim);
+}
+
 size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
     size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
     return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads() +
-                wide_floats(cfg, rows));
+                wide_floats(cfg, rows) + vec_floats(cfg));
 }
 
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
@@ -656,7 +662,8 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
     ws->ffn = alloc_floats(rows * wide);
     ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
     ws->wide = wide_floats(cfg, rows) ? alloc_floats(wide_floats(cfg, rows)) : NULL;
-    if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch ||
+    ws->vec = alloc_floats(vec_floats(cfg));
+    if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch || !ws->vec ||
         (wide_floats(cfg, rows) && !ws->wide)) {
         opt_workspace_free(ws);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
@@ -671,6 +678,7 @@ void opt_workspace_free(opt_workspace *ws) {
     free(ws->ffn);
     free(ws->thread_scratch);
     free(ws->wide);
+    free(ws->vec);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -682,26 +690,29 @@ void opt_workspace_free(opt_workspace *ws) {
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 
 /* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: matmul.c), then
- * the bias (and ReLU) in one pass over y. */
+ * the bias (widened once into ws->vec), and ReLU, in one pass over y. */
 static void linear(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
-                   float *y, int mode, int q4, float *wide) {
-    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, wide);
+                   float *y, int mode, int q4, opt_workspace *ws) {
+    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, ws->wide);
     if (!b) return;
+    float *bias = ws->vec;
+    fp16_to_fp32_n(b, bias, (size_t)out);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *yr = y + (size_t)r * out;
         if (mode == OUT_RELU)
-            for (int i = 0; i < out; i++) {
-                float v = yr[i] + fp16_to_fp32(b[i]);
-                yr[i] = v > 0 ? v : 0;
-            }
+            for (int i = 0; i < out; i++) yr[i] = yr[i] + bias[i] > 0 ? yr[i] + bias[i] : 0;
         else
-            for (int i = 0; i < out; i++) yr[i] += fp16_to_fp32(b[i]);
+            for (int i = 0; i < out; i++) yr[i] += bias[i];
     }
 }
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */
-static void layer_norm(const float *x, int rows, int dim, const fp16 *w, const fp16 *b, float *y) {
+static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const fp16 *b16, float *y,
+                       opt_workspace *ws) {
+    float *w = ws->vec, *b = ws->vec + dim; /* widened once */
+    fp16_to_fp32_n(w16, w, (size_t)dim);
+    fp16_to_fp32_n(b16, b, (size_t)dim);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * dim;
@@ -711,7 +722,7 @@ static void layer_norm(const float *x, int rows, int dim, const fp16 *w, const f
         mean /= dim;
         for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
         float inv = 1.0f / sqrtf(var / dim + 1e-5f);
-        for (int i = 0; i < dim; i++) yr[i] = (xr[i] - mean) * inv * fp16_to_fp32(w[i]) + fp16_to_fp32(b[i]);
+        for (int i = 0; i < dim; i++) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
     }
 }
 
@@ -729,7 +740,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r], words + (size_t)r * wd);
-    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, OUT_SET, w->q4, ws->wide);
+    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, OUT_SET, w->q4, ws);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
@@ -961,20 +972,20 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
     const float *in = gb->x;
     if (c->pre_ln) {
-        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
+        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
     }
-    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, w->q4, ws->wide);
+    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, w->q4, ws);
     opt_cache_attention(c, gb, ws);
-    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD, w->q4, ws->wide);
+    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD, w->q4, ws);
     if (c->pre_ln) {
-        layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
+        layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h, ws);
     } else {
-        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x);
+        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x, ws);
     }
-    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, ws->wide);
-    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD, w->q4, ws->wide);
-    if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
+    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, ws);
+    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD, w->q4, ws);
+    if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x, ws);
 }
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))); with all_rows, the same for
@@ -986,10 +997,10 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
         size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
         memcpy(ws->h + (size_t)r * h, gb->x + from * h, h * sizeof(float));
     }
-    if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h);
+    if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;
     if (w->project_out) {
-        linear(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, ws->wide);
+        linear(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, ws);
         last = ws->qkv;
     }
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */

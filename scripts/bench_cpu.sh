@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side CPU benchmark: ./flexgen against eager PyTorch (transformers' OPT with a KV cache),
-# both fp32 with dummy weights, plus this machine's sgemm rate and flexgen's peak RSS.
+# dummy weights (fp16 weights read by fp32 products in ./flexgen, fp32 in PyTorch), plus this
+# machine's sgemm rate and flexgen's peak RSS.
 #
 # Setting up the benchmark environment (Debian/Ubuntu, from the repository root):
 #   apt-get install -y python3-venv python3-torch
@@ -40,7 +41,8 @@
 #   step     2*B*(L*(4h^2 + 2h*ffn) + vocab*word_dim)       (+ both projections for opt-350m)
 # Then (unless SKIP_RSS=1) it runs `/usr/bin/time -v ./flexgen` on RSS_CONFIG and sets its
 # "Maximum resident set size" against the budget
-#   1.1 * (4 bytes * params + KV cache) + 300 MiB,  KV cache = 2 * 2 bytes * L * B * (P+G) * h.
+#   1.1 * (2 bytes * params + KV cache) + 300 MiB,  KV cache = 2 * 2 bytes * L * B * (P+G) * h
+# (fp16 weights, as the CPU backend holds them).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -247,20 +249,20 @@ def cmd_rss(run_id, cfg, threads, time_path, fg_path, results):
     layer = 4 * (h * h + h) + 2 * h * ffn + ffn + h + 4 * h
     proj = 2 * wd * h if wd != h else 0
     params = L * layer + VOCAB * wd + (2048 + 2) * h + proj + (2 * h if ln_before else 0)
-    weights = 4 * params
+    weights = 2 * params
     kv = 2 * 2 * L * B * (P + G) * h
     MiB = 1 << 20
     budget = 1.1 * (weights + kv) + 300 * MiB
     fg = read_jsonl(fg_path)
     rec = {"kind": "rss", "run_id": run_id, "config": cfg, "threads": int(threads),
-           "max_rss_bytes": rss, "params": params, "fp32_weights_bytes": weights,
+           "max_rss_bytes": rss, "params": params, "fp16_weights_bytes": weights,
            "kv_cache_bytes": kv, "budget_bytes": budget, "within_budget": rss <= budget,
            "data": fg[-1] if fg else None}
     with open(results, "a") as f:
         f.write(json.dumps(rec) + "\n")
     print("peak RSS, %s batch %d prompt %d gen %d:" % (model, B, P, G))
     print("  Maximum resident set size  %9.1f MiB" % (rss / MiB))
-    print("  budget                     %9.1f MiB = 1.1 * (fp32 weights %.1f MiB [%d params] "
+    print("  budget                     %9.1f MiB = 1.1 * (fp16 weights %.1f MiB [%d params] "
           "+ KV cache %.1f MiB) + 300 MiB" % (budget / MiB, weights / MiB, params, kv / MiB))
     print("  %s (%.1f%% of the budget)" % ("within budget" if rss <= budget else "OVER BUDGET",
                                            100.0 * rss / budget))
@@ -336,7 +338,7 @@ run_throughput() {
             die "[$cfg] summary failed"
     done
     echo
-    echo "FlexGen (C) vs PyTorch eager, fp32 dummy weights, OMP_NUM_THREADS=$THREADS, best of $REPS round(s)" \
+    echo "FlexGen (C, fp16 weights) vs PyTorch eager (fp32), dummy weights, OMP_NUM_THREADS=$THREADS, best of $REPS round(s)" \
         "(run $RUN_ID)"
     calc table "$TMP/summaries.jsonl"
 }

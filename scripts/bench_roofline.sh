@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The decode step against its roofline on the CPU: for each weight format (fp16 as stored, and
+# 4-bit with --compress-weight) and each batch size, ./flexgen's measured time per decode step
+# beside the least time the machine allows,
+#
+#   bound = max(bytes read / stream bandwidth, FLOPs / GEMM rate)
+#
+# with both rates measured in the same run: the stream bandwidth by scripts/stream_rate.c (a
+# read of 1 GiB, best of 5, the same threads) and the GEMM rate by scripts/sgemm_rate.c at
+# prefill's shape (M = 1024, N = ffn, K = hidden: the machine's sustained fp32 rate), each taken
+# before and after the runs, the higher of the two. Per decode step (B sequences, the context c
+# of the step, L layers, hidden h, ffn f, vocabulary V, word_dim w):
+#   bytes  every weight matrix as stored, once (the layers' and the embedding table as lm_head;
+#          2 bytes a weight for fp16, 36 bytes a group of 64 for 4-bit: 32 of values, an fp16 min
+#          and scale), the layers' biases and norms (fp16), and the KV cache read by attention:
+#          2 (K and V) * 2 bytes * L * B * c * h
+#   FLOPs  2 * B * (L * (4 h^2 + 2 h f) + V * w) for the products, plus 4 * B * L * c * h for
+#          attention (QK^T and PV)
+# averaged over the steps (c = P + 1 .. P + G - 1). The step time is decode_latency / (G - 1).
+# The ratio step / bound is what to read: 1.0 is the roofline.
+#
+# Run from the repository root:
+#   bash scripts/bench_roofline.sh [--threads N] [--model NAME] [--batches "1 8 32"]
+#                                  [--prompt-len P] [--gen-len G] [--results FILE]
+# Environment: THREADS [nproc], MODEL [opt-1.3b], BATCHES ["1 8 32"], PROMPT_LEN [32],
+# GEN_LEN [16], RESULTS [build/roofline.jsonl] (one JSON line per run is appended), FLEXGEN_PATH
+# (--path of the dummy weights) [~/.cache/flexgen].
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+die() { echo "bench_roofline.sh: $*" >&2; exit 2; }
+
+THREADS="${THREADS:-$(nproc)}"
+MODEL="${MODEL:-opt-1.3b}"
+BATCHES="${BATCHES:-1 8 32}"
+PROMPT_LEN="${PROMPT_LEN:-32}"
+GEN_LEN="${GEN_LEN:-16}"
+RESULTS="${RESULTS:-build/roofline.jsonl}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --threads|--model|--batches|--prompt-len|--gen-len|--results)
+            [ $# -ge 2 ] || die "$1 needs a value"
+            case "$1" in
+                --threads) THREADS="$2" ;; --model) MODEL="$2" ;; --batches) BATCHES="$2" ;;
+                --prompt-len) PROMPT_LEN="$2" ;; --gen-len) GEN_LEN="$2" ;; --results) RESULTS="$2" ;;
+            esac
+            shift ;;
+        -h|--help) sed -n '/^# Run from/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument '$1' (try --help)" ;;
+    esac
+    shift
+done
+for v in "$THREADS" "$PROMPT_LEN" $BATCHES; do [[ "$v" =~ ^[1-9][0-9]*$ ]] || die "expected a positive integer, got '$v'"; done
+[[ "$GEN_LEN" =~ ^[1-9][0-9]*$ ]] && [ "$GEN_LEN" -ge 2 ] || die "--gen-len must be at least 2, got '$GEN_LEN'"
+[ -x ./flexgen ] || die "./flexgen is not built (run make)"
+
+export OMP_NUM_THREADS="$THREADS"
+mkdir -p build "$(dirname "$RESULTS")"
+BLAS=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
+gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
+gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I/usr/include/$(gcc -print-multiarch)/openblas-openmp \
+    -o build/sgemm_rate scripts/sgemm_rate.c -L"$BLAS" -Wl,-rpath,"$BLAS" -lopenblas
+
+read -r H FFN < <(python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_pytorch import MODELS
+m = MODELS.get('$MODEL') or sys.exit('bench_roofline.sh: unknown model $MODEL'); print(m[1], m[3])")
+rates() { build/stream_rate >>"$work/stream"; build/sgemm_rate 1024 "$FFN" "$H" >>"$work/sgemm"; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+path_args=()
+[ -n "${FLEXGEN_PATH:-}" ] && path_args=(--path "$FLEXGEN_PATH")
+
+rates
+for fmt in fp16 4-bit; do
+    extra=()
+    [ "$fmt" = 4-bit ] && extra=(--compress-weight)
+    for b in $BATCHES; do
+        echo "bench_roofline.sh: $MODEL $fmt batch $b ..." >&2
+        ./flexgen --model "$MODEL" --device cpu --gpu-batch-size "$b" --num-gpu-batches 1 \
+            --prompt-len "$PROMPT_LEN" --gen-len "$GEN_LEN" --json --quiet "${path_args[@]}" \
+            "${extra[@]}" | python3 -c "import json, sys; d = json.load(sys.stdin); d['format'] = '$fmt'; print(json.dumps(d))" >>"$work/runs"
+    done
+done
+rates
+
+python3 - "$work" "$RESULTS" "$MODEL" <<'PY'
+import json, sys
+sys.path.insert(0, "scripts")
+from bench_pytorch import MODELS, VOCAB
+work, results, model = sys.argv[1:]
+L, h, heads, ffn, wd, _ = MODELS[model]
+# The weights a step reads: every matrix (the layers' and the embedding table, the lm_head) and
+# every vector of the layers; not the positional table (a row per sequence).
+matrices = L * (4 * h * h + 2 * h * ffn) + VOCAB * wd + (2 * wd * h if wd != h else 0)
+vectors = L * (4 * h + ffn + h + 4 * h)
+weight_bytes = lambda fmt: 2 * vectors + (2 * matrices if fmt == "fp16" else matrices * 36 / 64)
+lines = lambda name: [json.loads(l) for l in open(f"{work}/{name}") if l.strip()]
+bw = max(r["gbs"] for r in lines("stream")) * 1e9
+gemm = max(r["gflops"] for r in lines("sgemm")) * 1e9
+print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s, GEMM rate {gemm / 1e9:.1f} GFLOP/s "
+      f"(sgemm 1024 x {ffn} x {h}), threads {lines('stream')[0]['threads']}\n")
+print("| weights | batch | step ms | GB read | GFLOP | bytes / bandwidth ms | FLOPs / GEMM rate ms | step / bound |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+with open(results, "a") as out:
+    for d in lines("runs"):
+        B, P, G = d["gpu_batch_size"], d["prompt_len"], d["gen_len"]
+        ctx = sum(P + s for s in range(1, G)) / (G - 1)
+        step = d["decode_latency"] / (G - 1)
+        nbytes = weight_bytes(d["format"]) + 2 * 2 * L * B * ctx * h
+        flops = 2 * B * (L * (4 * h * h + 2 * h * ffn) + VOCAB * wd) + 4 * B * L * ctx * h
+        t_mem, t_flop = nbytes / bw, flops / gemm
+        ratio = step / max(t_mem, t_flop)
+        print(f"| {d['format']} | {B} | {step * 1e3:.1f} | {nbytes / 1e9:.3f} | {flops / 1e9:.1f} | "
+              f"{t_mem * 1e3:.1f} | {t_flop * 1e3:.1f} | {ratio:.2f} |")
+        out.write(json.dumps({"model": model, "format": d["format"], "batch": B, "step_s": step,
+                              "bytes": nbytes, "flops": flops, "stream_gbs": bw / 1e9,
+                              "gemm_gflops": gemm / 1e9, "ratio": ratio}) + "\n")
+PY
