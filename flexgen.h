@@ -104,11 +104,11 @@ int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 /* y[rows][out] = x[rows][in] W[in][out], or y += that (accumulate). W: [in][out] fp16, or 4-bit
  * [in][out][1]. Up to MATMUL_DECODE_ROWS rows, each element of y is the same fused chain over k
  * on every path; more rows go through sgemm on widened panels, in scratch (matmul_scratch_floats
- * (in) floats; NULL will do for fewer rows). */
+ * (in, out) floats; NULL will do for fewer rows). */
 #define MATMUL_DECODE_ROWS 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                     int accumulate, float *scratch);
-size_t matmul_scratch_floats(int in);
+size_t matmul_scratch_floats(int in, int out);
 /* y[rows][n] = x[rows][dim] E^T for a table E [n][dim]: fp16, or 4-bit [1][n][dim]. Up to
  * MATMUL_EMBED_DOT_ROWS rows, each row of E is widened and dotted with x's rows; more rows go
  * through sgemm on blocks of MATMUL_EMBED_BLOCK widened rows. scratch: MATMUL_EMBED_BLOCK x dim

@@ -277,7 +277,9 @@ static int panel_cols(int in) {
     return cols > Q4_GROUP ? cols : Q4_GROUP;
 }
 
-size_t matmul_scratch_floats(int in) { return (size_t)in * panel_cols(in); }
+size_t matmul_scratch_floats(int in, int out) {
+    return (size_t)in * (out < panel_cols(in) ? out : panel_cols(in));
+}
 
 /* Prefill: a panel of W widened by every thread, then one sgemm on it (OpenBLAS threads it). */
 static void product_sgemm(const float *x, int rows, int in, const void *W, int q4, int out, float *y,

@@ -625,15 +625,18 @@ static size_t thread_floats(const opt_config *cfg, int max_len) {
     return ((attention > row ? attention : row) + 15) & ~(size_t)15;
 }
 
-/* The widest input of a product (the rows of a weight matrix). */
-static int widest_in(const opt_config *cfg) {
-    int in = cfg->hidden > cfg->ffn ? cfg->hidden : cfg->ffn;
-    return in > cfg->word_dim ? in : cfg->word_dim;
-}
-
-/* matmul_weights' scratch, when the workspace serves products of more rows than decode's. */
+/* matmul_weights' scratch, when the workspace serves products of more rows than decode's: the
+ * most any of the model's weight matrices [in][out] asks for. */
 static size_t wide_floats(const opt_config *cfg, size_t rows) {
-    return rows > MATMUL_DECODE_ROWS ? matmul_scratch_floats(widest_in(cfg)) : 0;
+    if (rows <= MATMUL_DECODE_ROWS) return 0;
+    int h = cfg->hidden, f = cfg->ffn, wd = cfg->word_dim;
+    const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f}, {f, h}, {wd, h}, {h, wd}};
+    size_t most = 0;
+    for (int i = 0; i < 6; i++) {
+        size_t n = matmul_scratch_floats(shapes[i][0], shapes[i][1]);
+        most = n > most ? n : most;
+    }
+    return most;
 }
 
 /* The widest vector of a layer (a bias, or a norm's weight and bias side by side). */

@@ -84,7 +84,7 @@ static void check_products(int q4) {
         weights w;
         weights_make(&w, in, out, 7 + s);
         float *x = random_floats((size_t)rows * in, 11 + s), *y0 = random_floats((size_t)rows * out, 13 + s);
-        float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in) * sizeof *scratch);
+        float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
         const float *v = q4 ? w.v4 : w.v16;
         for (int acc = 0; acc < 2; acc++) {
@@ -155,7 +155,7 @@ static void test_paths_agree(void) {
             weights w;
             weights_make(&w, in, out, 17 + s);
             float *x = random_floats((size_t)rows * in, 19 + s), *y[2];
-            float *scratch = malloc(matmul_scratch_floats(in) * sizeof *scratch);
+            float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
             for (int portable = 0; portable < 2; portable++) {
                 y[portable] = random_floats((size_t)rows * out, 23 + s);
                 matmul_force_portable(portable);
