@@ -94,7 +94,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void widen
     if (!q4) {
         const fp16 *h = (const fp16 *)row + (size_t)g * Q4_GROUP;
         for (int i = 0; i < Q4_GROUP; i += 8)
-            _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
         return;
     }
     /* 32 bytes -> 64 values in order, as quant.c's decode_groups_avx2 */
@@ -110,7 +110,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void widen
         __m128i parts[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
         for (int i = 0; i < 4; i++) {
             __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
-            _mm256_store_ps(dst + 32 * half + 8 * i, _mm256_fmadd_ps(q, scale, min));
+            _mm256_storeu_ps(dst + 32 * half + 8 * i, _mm256_fmadd_ps(q, scale, min));
         }
     }
 }
@@ -290,7 +290,7 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
         for (int k0 = 0; k0 < in; k0 += KC)
             for (int c = 0; c < nc; c += Q4_GROUP) {
                 int kc = in - k0 < KC ? in - k0 : KC, n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
-                if (n == Q4_GROUP && nc % 8 == 0) { /* straight into the panel, whose rows stay aligned */
+                if (n == Q4_GROUP) { /* straight into the panel */
                     widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, wide + (size_t)k0 * nc + c, nc, simd);
                     continue;
                 }

@@ -73,10 +73,11 @@ static int count_outside(const float *x, int rows, int in, const float *v, int o
 }
 
 /* Shapes with tails everywhere: rows 1, 2, 3, 8, 13, 17, 64 (the decode kernel: every tile
- * shape, tiles of 6 and a rest) and 65, 100 (panels and sgemm); in across bands of 64 and not a
- * multiple of 8, 16 or 64; out in whole blocks of 64 and not. */
+ * shape, tiles of 6 and a rest) and 65, 70, 100 (panels and sgemm); in across bands of 64 and
+ * not a multiple of 8, 16 or 64; out in whole blocks of 64 and not. */
 static const int SHAPES[][3] = {{1, 7, 5},    {3, 64, 17},   {1, 300, 200}, {17, 100, 130}, {64, 129, 64},
-                                {65, 70, 300}, {100, 257, 77}, {8, 512, 1000}, {2, 130, 192}, {13, 65, 128}};
+                                {65, 70, 300}, {100, 257, 77}, {8, 512, 1000}, {2, 130, 192}, {13, 65, 128},
+                                {70, 100, 136}};
 
 static void check_products(int q4) {
     for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
