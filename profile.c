@@ -108,15 +108,6 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
     return 0;
 }
 
-/* One decoder layer of opt-1.3b's width, timed in four decode runs and two prefills:
- *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
- *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
- *     attention negligible at this length
- *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
- *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
- *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
- *     bmm_flops_p
- * A difference is taken as at least 1% of the longer run, against noise. */
 /* Dummy weights of cfg in the backend's working format on its gpu tier (view's pointers). */
 static int device_weights(const fg_backend *be, const opt_config *cfg, opt_layout *l,
                           opt_weights *view, char *err) {
@@ -149,9 +140,10 @@ static void device_weights_free(const fg_backend *be, opt_layout *l) {
 }
 
 /* One decoder layer of opt-1.3b's width, timed in four decode runs and two prefills:
- *   decode, 8 and 128 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
+ *   decode, 8 and 64 sequences over 32 cached tokens: t = W / mem_bdw + gbs mm / mm_flops_g
  *     (W: the layer's working weights, read once per GPU batch; mm: FLOPs of a token), with
- *     attention negligible at this length
+ *     attention negligible at this length; both within the CPU's decode kernel (up to
+ *     MATMUL_DECODE_ROWS rows), whose rate this is
  *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
  *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
  *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
@@ -160,7 +152,7 @@ static void device_weights_free(const fg_backend *be, opt_layout *l) {
  * (cpu_flops) is the CPU backend's decode attention. */
 static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, char *err) {
     opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
-    enum { LONG = 1024, MAX_GBS = 128, LONG_GBS = 32 };
+    enum { LONG = 1024, MAX_GBS = MATMUL_DECODE_ROWS, LONG_GBS = 32 };
     opt_weights w;
     opt_layout layout = {0};
     double h = c.hidden, mm_token = 8 * h * h + 4 * h * c.ffn; /* FLOPs of the products a token */
