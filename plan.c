@@ -130,7 +130,8 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
         return fg_fail(err, "%s tier: the plan needs %s (%s), %s gives %s", fg_tier_names[t],
                        human(total[t]).s, detail, fg_tier_flags[t], human(rt->capacity[t]).s);
     }
-    double host = mem_available_bytes();
+    /* once the weights are in their homes they are resident already, not to be counted twice */
+    double host = mem_available_bytes() + (m->loaded ? w[TIER_GPU] + w[TIER_CPU] : 0);
     if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
         return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), "
                             "%s available", human(total[TIER_GPU] + total[TIER_CPU]).s,
