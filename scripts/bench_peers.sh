@@ -154,7 +154,7 @@ for m in $need_py; do
     "$PY" -c "import $m" 2>/dev/null || die "the Python module $m is missing from VENV=$VENV; $SETUP_HINT"
 done
 command -v /usr/bin/time >/dev/null || die "/usr/bin/time is missing (apt-get install -y time)"
-helper() { "$PY" scripts/bench_peers.py "$@"; }
+py_helper() { "$PY" scripts/bench_peers.py "$@"; }
 
 if has_engine flexgen || has_engine flexgen-4bit; then
     log "building ./flexgen"
@@ -177,23 +177,23 @@ for cfg in $CONFIGS; do
     ckpt="$(ckpt_dir "$model")"
     if [ ! -f "$ckpt/model.safetensors" ]; then
         log "[$model] making the random-weight checkpoint $ckpt"
-        helper checkpoint --model "$model" --seed "$SEED" --out "$ckpt" ||
+        py_helper checkpoint --model "$model" --seed "$SEED" --out "$ckpt" ||
             die "[$model] making $ckpt failed"
     fi
     for q in float32 int8; do
         if has_engine "ct2-${q/float32/fp32}" && [ ! -f "$ckpt-ct2-$q/model.bin" ]; then
             log "[$model] converting $ckpt to CTranslate2 ($q weights)"
-            helper convert-ct2 --checkpoint "$ckpt" --quantization "$q" --out "$ckpt-ct2-$q" ||
+            py_helper convert-ct2 --checkpoint "$ckpt" --quantization "$q" --out "$ckpt-ct2-$q" ||
                 die "[$model] the CTranslate2 conversion ($q) failed"
         fi
     done
     pf="$(prompts_file "$batch" "$plen")"
-    [ -f "$pf" ] || helper prompts --batch "$batch" --prompt-len "$plen" --seed "$SEED" --out "$pf" ||
+    [ -f "$pf" ] || py_helper prompts --batch "$batch" --prompt-len "$plen" --seed "$SEED" --out "$pf" ||
         die "writing $pf failed"
 done
 
 # ---- the runs ----
-helper meta --run-id "$RUN_ID" --configs "$CONFIGS" --engines "$ENGINES" --rounds "$ROUNDS" \
+py_helper meta --run-id "$RUN_ID" --configs "$CONFIGS" --engines "$ENGINES" --rounds "$ROUNDS" \
     --threads "$THREADS" --seed "$SEED" --results "$RESULTS" || die "writing the run's settings failed"
 
 run_engine() { # engine cfg round
@@ -222,7 +222,7 @@ run_engine() { # engine cfg round
     out="$TMP/out.json"
     /usr/bin/time -f %M -o "$TMP/time.txt" "${cmd[@]}" >"$out" ||
         die "[$cfg] round $round: $engine failed: ${cmd[*]}"
-    helper record --run-id "$RUN_ID" --config "$cfg" --engine "$engine" --round "$round" \
+    py_helper record --run-id "$RUN_ID" --config "$cfg" --engine "$engine" --round "$round" \
         --threads "$THREADS" --time-file "$TMP/time.txt" --results "$RESULTS" \
         --run-file "$RUN_FILE" <"$out" || die "[$cfg] recording $engine's run failed"
 }
@@ -247,13 +247,13 @@ for cfg in $CONFIGS; do
                     --gen-len "$glen" --gpu-batch-size "$batch" --num-gpu-batches 1 --device cpu \
                     --json --quiet --dump-logits "$TMP/logits.bin" "${extra[@]}" >/dev/null ||
                     die "[$cfg] $engine --dump-logits failed"
-                helper argmax --logits "$TMP/logits.bin" --gen-len "$glen" --out "$tokens" ||
+                py_helper argmax --logits "$TMP/logits.bin" --gen-len "$glen" --out "$tokens" ||
                     die "[$cfg] reading $engine's logits failed"
                 rm -f "$TMP/logits.bin"
             fi
             specs+=("$engine=$tokens")
         done
-        [ ${#specs[@]} -eq 0 ] || helper agreement --run-id "$RUN_ID" --config "$cfg" \
+        [ ${#specs[@]} -eq 0 ] || py_helper agreement --run-id "$RUN_ID" --config "$cfg" \
             --reference "$TMP/tokens-$cfg-pytorch.json" --results "$RESULTS" --run-file "$RUN_FILE" \
             "${specs[@]}" || die "[$cfg] the token check failed"
     fi
@@ -263,6 +263,6 @@ echo
 echo "Peer benchmark on the CPU, $THREADS thread(s), $ROUNDS round(s), random-weight checkpoints" \
     "(seed $SEED), run $RUN_ID"
 echo
-helper table --run-id "$RUN_ID" --run-file "$RUN_FILE" --results "$RESULTS" || die "the table failed"
+py_helper table --run-id "$RUN_ID" --run-file "$RUN_FILE" --results "$RESULTS" || die "the table failed"
 echo
 echo "raw results appended to $RESULTS"
