@@ -56,7 +56,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_pytorch import BOS, MAX_POSITIONS, MODELS, VOCAB  # noqa: E402
+from bench_pytorch import BOS, MAX_POSITIONS, MODELS, VOCAB, opt_config  # noqa: E402
 
 ENGINES = ("flexgen", "flexgen-4bit", "ct2-fp32", "ct2-int8", "pytorch")
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")  # OPT's ids 0..3
@@ -97,36 +97,6 @@ def write_tokens(path, tokens):
 
 
 # ---- checkpoint, prompts, conversion ----
-
-def opt_config(name):
-    """The OPTConfig of a real OPT model of this size (random weights are drawn from init_std)."""
-    from transformers import OPTConfig
-
-    layers, hidden, heads, ffn, word_dim, ln_before = MODELS[name]
-    return OPTConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        ffn_dim=ffn,
-        num_attention_heads=heads,
-        max_position_embeddings=MAX_POSITIONS,
-        word_embed_proj_dim=word_dim,
-        do_layer_norm_before=ln_before,
-        _remove_final_layer_norm=False,
-        activation_function="relu",
-        dropout=0.1,
-        attention_dropout=0.0,
-        layerdrop=0.0,
-        init_std=0.02,
-        enable_bias=True,
-        layer_norm_elementwise_affine=True,
-        use_cache=True,
-        pad_token_id=1,
-        bos_token_id=BOS,
-        eos_token_id=2,
-        tie_word_embeddings=True,
-    )
-
 
 def cmd_checkpoint(a):
     import torch

@@ -64,11 +64,13 @@ def parse_args(argv):
     return a
 
 
-def build_model(name):
-    from transformers import OPTConfig, OPTForCausalLM
+def opt_config(name):
+    """The OPTConfig of a real OPT model of this size (random weights are drawn from init_std);
+    scripts/bench_peers.py saves checkpoints with it."""
+    from transformers import OPTConfig
 
     layers, hidden, heads, ffn, word_dim, ln_before = MODELS[name]
-    cfg = OPTConfig(
+    return OPTConfig(
         vocab_size=VOCAB,
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -77,13 +79,26 @@ def build_model(name):
         max_position_embeddings=MAX_POSITIONS,
         word_embed_proj_dim=word_dim,
         do_layer_norm_before=ln_before,
+        _remove_final_layer_norm=False,
         activation_function="relu",
-        dropout=0.0,
+        dropout=0.1,
         attention_dropout=0.0,
+        layerdrop=0.0,
+        init_std=0.02,
         enable_bias=True,
-        torch_dtype="float32",
+        layer_norm_elementwise_affine=True,
+        use_cache=True,
+        pad_token_id=1,
+        bos_token_id=BOS,
+        eos_token_id=2,
+        tie_word_embeddings=True,
     )
-    model = OPTForCausalLM(cfg)  # random init: dummy weights
+
+
+def build_model(name):
+    from transformers import OPTForCausalLM
+
+    model = OPTForCausalLM(opt_config(name))  # random init: dummy weights
     return model.float().eval()
 
 
