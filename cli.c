@@ -75,7 +75,8 @@ static void usage(FILE *out) {
 "  --stop-at-eos           stop a sequence after it generates </s>\n"
 "device\n"
 "  --device cuda|cpu|auto  the compute device: auto is cuda where a GPU is present (this build:\n"
-"                          %s), else the CPU [auto]\n"
+"                          %s), else the CPU [auto]; cpu-fp16 is the CPU holding\n"
+"                          activations in fp16 as cuda does\n"
 "policy (paper section 4.2)\n"
 "  --gpu-batch-size N      sequences per GPU batch [16]\n"
 "  --num-gpu-batches N     GPU batches per block; a block is their product, and prompts are\n"
@@ -185,7 +186,8 @@ static int parse_device(const char *s, fg_device *d, char *err) {
     if (!strcmp(s, "auto")) *d = FG_DEVICE_AUTO;
     else if (!strcmp(s, "cpu")) *d = FG_DEVICE_CPU;
     else if (!strcmp(s, "cuda")) *d = FG_DEVICE_CUDA;
-    else return fg_fail(err, "--device: expected cuda, cpu or auto, got '%s'", s);
+    else if (!strcmp(s, "cpu-fp16")) *d = FG_DEVICE_CPU_FP16;
+    else return fg_fail(err, "--device: expected cuda, cpu, cpu-fp16 or auto, got '%s'", s);
     return 0;
 }
 
@@ -689,7 +691,7 @@ static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_con
                          char *err) {
     fg_search_request req = {.s = max_prompt ? max_prompt : a->prompt_len, .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .check = hw->gpu_is_host ? fg_runtime_check : NULL, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
+                             .check = hw->gpu_is_host ? fg_runtime_check : NULL, .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
     if (a->evaluate) return fg_policy_evaluate(cfg, hw, &a->policy, &req, res, err);
     return fg_policy_search(cfg, hw, &a->policy, &req, res, err);
 }

@@ -210,9 +210,10 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
 /* ============================================================================================
  * Peak memory (§4.3's constraints), in the runtime's own accounting (fg_check_plan), so that a
  * placement the LP finds is one the runtime accepts, up to the rounding of its fractions to
- * tensors and rows. A.3 writes FlexGen's accounting instead (fp16 activations, one working
- * buffer per op); ours holds activations in fp32, double-buffers the staging of weights, cache
- * and activations, and keeps two layers of disk pages in flight on the cpu tier.
+ * tensors and rows. A.3 writes FlexGen's accounting instead (one working buffer per op); ours
+ * holds activations as the backend does (fp16 on a GPU as in FlexGen, fp32 on the CPU), runs
+ * prefill in chunks of the workspace's rows, double-buffers the staging of weights, cache and
+ * activations, and keeps two layers of disk pages in flight on the cpu tier.
  * ============================================================================================ */
 
 /* Adds bytes to tier term f: its constant (k < 0) or the coefficient of x_k. */
@@ -233,8 +234,9 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double layer = fmax(4 * h * h + 2 * h * f + 10 * h + f,     /* a decoder layer, or */
                         (double)c->vocab * c->word_dim + (c->max_pos + 2) * h); /* the embeddings */
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
+    double act_row = h * (double)(hw->gpu_is_host ? fg_cpu_backend.act_elem : FG_CUDA_ACT_ELEM);
     double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */
-    double cache = 2 * kv_row * c->n_layers * bls * len * micro, act = 4 * bls * s * h * micro;
+    double cache = 2 * kv_row * c->n_layers * bls * len * micro, act = act_row * bls * s * micro;
     double stage_len = w->cpu_cache_compute ? s : len;
     memset(mm, 0, sizeof *mm);
     fg_linear *gpu = &mm->tier[TIER_GPU], *cpu = &mm->tier[TIER_CPU];
@@ -248,12 +250,16 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     if (weights != FG_W_GPU && w->compress_weight && !hw->gpu_is_host) /* a 4-bit tensor lands */
         add_bytes(gpu, -1, 2 * 2 * q4 * fmax(h * f, (double)c->vocab * c->word_dim));
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
-    add_bytes(gpu, -1, 8 * gbs * s * h);                         /* activation staging */
+    add_bytes(gpu, -1, 2 * act_row * gbs * s);                   /* activation staging */
     size_t (*workspace)(const opt_config *, size_t, int) = hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
-    add_bytes(gpu, -1, (double)workspace(c, (size_t)(gbs * s), (int)len));
+    add_bytes(gpu, -1, (double)workspace(c, fg_workspace_rows(w->gbs, w->s), (int)len));
     add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
+    if (!hw->gpu_is_host) {
+        add_bytes(gpu, -1, FG_CUDA_RESERVE);                     /* context, cuBLAS, rounding */
+        if (w->cpu_cache_compute) add_bytes(cpu, -1, (double)fg_cuda_delegated_bytes(c, (size_t)w->gbs, (int)len));
+    }
     if (weights == FG_W_DISK) add_bytes(cpu, -1, 2 * 2 * layer * q4); /* two layers read ahead */
-    add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len), add_bytes(cpu, X_HN, 2 * 4 * gbs * s * h);
+    add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len), add_bytes(cpu, X_HN, 2 * act_row * gbs * s);
     add_bytes(cpu, -1, 4 * 4096.0);
     if (hw->gpu_is_host)
         for (int t = TIER_GPU; t <= TIER_CPU; t++) {

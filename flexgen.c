@@ -51,10 +51,10 @@ static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
 }
 
 /* Sequence b's activation rows in GPU batch k, where they live. */
-static float *act_home_rows(const block *bl, int k, int b) {
+static char *act_home_rows(const block *bl, int k, int b) {
     int r;
     fg_tier t = row_tier(&bl->s.act, b, &r);
-    return bl->act_home[t] + ((size_t)k * bl->s.act.rows[t] + r) * bl->s.max_prompt * bl->s.row_floats;
+    return bl->act_home[t] + ((size_t)k * bl->s.act.rows[t] + r) * bl->s.max_prompt * bl->s.act_row;
 }
 
 static void free_block(block *bl) {
@@ -68,6 +68,7 @@ static void free_block(block *bl) {
     stage_of(rt)->close_block(bl);
     if (!bl->borrowed) {
         if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
+        if (bl->has_delegated) tier_add(rt, TIER_CPU, -s->delegated);
         tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
         free(bl->host_logits);
         for (int b = 0; b < 2; b++) {
@@ -95,9 +96,11 @@ static int alloc_stage_buffers(block *bl, char *err) {
     }
     if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) return -1;
     if (s->logits && !(bl->host_logits = malloc((size_t)s->logits))) return fg_fail(err, "out of memory for the logits");
+    if (tier_take(rt, TIER_CPU, s->delegated, "delegated attention's host rows", err)) return -1;
+    bl->has_delegated = 1;
     if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) return -1;
     bl->ws = &bl->own_ws;
-    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, (size_t)s->gbs * s->max_prompt, s->max_len, err)) {
+    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, s->workspace_rows, s->max_len, err)) {
         tier_add(rt, TIER_GPU, -s->workspace);
         return -1;
     }
@@ -275,9 +278,9 @@ static void store_cache(block *bl, iteration it) {
 }
 
 /* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
-static size_t act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].n_new * bl->s.row_floats * sizeof(float); }
+static size_t act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].n_new * bl->s.act_row; }
 size_t batch_act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].batch * act_bytes(bl, k); }
-static float *x_rows(const block *bl, int arena, int k, int b) { return bl->x_stage[arena] + (size_t)b * bl->gb[k].n_new * bl->s.row_floats; }
+static char *x_rows(const block *bl, int arena, int k, int b) { return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k); }
 
 static void act_fetch_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
@@ -292,7 +295,7 @@ static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
     size_t bytes = act_bytes(bl, k);
     for (int b = 0; b < bl->gb[k].batch; b++) {
         fg_tier t = tier_of(&bl->s.act, b);
-        float *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
+        char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
         if (t == TIER_GPU) {
             rt->backend->copy(out ? home : x, out ? x : home, bytes);
         } else if (out) {
@@ -377,28 +380,43 @@ static void bind_batch(block *bl, iteration it) {
     }
 }
 
-/* Fig. 4's compute: layer j of GPU batch k on the backend (opt_model.c or flexgen.cu). */
+/* Sequences [first, first + n) of a GPU batch, as a GPU batch of their own. */
+static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row) {
+    gpu_batch c = *gb;
+    c.batch = n;
+    c.pad = gb->pad + first;
+    c.tokens = gb->tokens + (size_t)first * gb->n_new;
+    c.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
+    c.k = gb->k + first, c.v = gb->v + first;
+    c.v_rows_read = gb->v_rows_read + first;
+    return c;
+}
+
+/* Fig. 4's compute: layer j of GPU batch k on the backend (opt_model.c or flexgen.cu), in
+ * chunks of as many sequences as the workspace holds (prefill; decode is one chunk). */
 static void compute(block *bl, iteration it) {
     static const char *const names[3] = {"input embedding", "decoder layer", "output embedding"};
     const fg_backend *be = bl->rt->backend;
     const opt_weights *w = &bl->m->view;
     gpu_batch *gb = &bl->gb[it.k];
     bind_batch(bl, it);
+    int output = it.j > 0 && !is_decoder_layer(bl, it.j);
+    bl->out_rows = gb->all_rows ? gb->n_new : 1;
+    float *logits = output ? bl->logits + (size_t)it.k * bl->s.gbs * bl->s.logit_rows * w->cfg.vocab : NULL;
+    int chunk = (int)(bl->s.workspace_rows / (size_t)gb->n_new);
     double start = now_seconds();
-    if (it.j == 0) {
-        be->embed(w, gb, bl->ws);
-    } else if (is_decoder_layer(bl, it.j)) {
-        be->layer(w, it.j - 1, gb, bl->ws);
-        for (int b = 0; b < gb->batch && bl->sparse_v; b++) /* the kept V rows, gathered */
-            if (tier_of(&bl->s.cache, b) == TIER_CPU)
-                link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / w->cfg.n_heads);
-    } else {
-        bl->out_rows = gb->all_rows ? gb->n_new : 1;
-        be->output(w, gb, bl->ws, bl->logits + (size_t)it.k * bl->s.gbs * bl->s.logit_rows * w->cfg.vocab);
+    for (int first = 0; first < gb->batch; first += chunk) {
+        gpu_batch part = chunk_of(gb, first, gb->batch - first < chunk ? gb->batch - first : chunk, bl->s.act_row);
+        if (it.j == 0) be->embed(w, &part, bl->ws);
+        else if (!output) be->layer(w, it.j - 1, &part, bl->ws);
+        else be->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
     }
+    for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++) /* kept V rows */
+        if (tier_of(&bl->s.cache, b) == TIER_CPU)
+            link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / w->cfg.n_heads);
     double end = now_seconds();
     bl->compute_seconds += end - start;
-    trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : is_decoder_layer(bl, it.j) ? 1 : 2], it.j, it.k,
+    trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : output ? 2 : 1], it.j, it.k,
               start, end);
 }
 

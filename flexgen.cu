@@ -11,17 +11,20 @@
  *               for its stream before it returns, and the runtime's task order does the rest
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) land as they are stored and
  *               a kernel decompresses them into the staging arena
- *   products    cuBLAS: fp16 weights times fp16 copies of the activations, fp32 accumulation and
- *               output (cublasGemmEx); prefill attention as strided batched fp32 products over
- *               the heads of a sequence
+ *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
+ *               tier, staging and workspace; products and reductions accumulate in fp32
+ *   products    cuBLAS: fp16 weights times fp16 activations, fp32 accumulation (cublasGemmEx);
+ *               prefill attention as strided batched products over the heads of a sequence,
+ *               scores and softmax in fp32
  *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
  *               causal and padding-masked softmax, decode attention with §5's top-K selection,
  *               4-bit decompression
  *   delegation  sequences whose cache lives in host memory (--cpu-cache-compute, §4.2) get their
  *               attention from the CPU backend's code, on their q, k, v rows copied to the host
  *
- * Activations stay fp32 between operations, as on the CPU, so the two backends differ only by
- * the fp16 rounding of a product's input and the order of sums (tests/test_cuda.c bounds it).
+ * The two backends differ by the fp16 rounding of the hidden states and of each operation's
+ * output, and the order of sums (tests/test_cuda.c bounds it; --device cpu-fp16 runs the CPU
+ * with the same activation format).
  * A failing CUDA or cuBLAS call ends the process with the call and the device's message: the
  * operations have no error path, and the disk tier's files are unnamed, so nothing is left.
  */
@@ -265,36 +268,35 @@ static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t
 }
 
 /* ============================================================================================
- * Workspace: the CPU's fp32 buffers on the device (ffn over qkv and attn, which are dead by
- * then), and what the kernels need besides (fg_cuda_workspace_bytes in opt_model.c counts the
- * same).
+ * Workspace: fp16 hidden states and products, as FlexGen keeps them. fg_cuda_workspace_parts
+ * (opt_model.c, so that the cost model has it without CUDA) lays it out; this allocates exactly
+ * that. Delegated attention's host workspace is allocated on first use, for the rows it needs:
+ * the plan counts it on the cpu tier (fg_cuda_delegated_bytes).
  * ============================================================================================ */
 
 typedef struct {
     char *block;        /* the one device allocation */
-    __half *in16;       /* [rows][max(hidden, ffn)]: a product's input, in fp16 */
-    float *scores;      /* [heads][max_len][max_len]: one sequence's prefill */
+    __half *h;          /* [rows][max(hidden, word_dim)]: a layer norm's output, the embedding */
+    __half *qkv, *attn; /* [rows][3 hidden], [rows][hidden]; then ffn takes their space */
+    __half *ffn;        /* [rows][ffn] */
+    float *scores;      /* [heads][max_len][max_len]: one sequence's prefill, fp32 */
+    __half *probs;      /* the same, softmaxed, fp16 */
     int *pad, *tokens;  /* [rows] */
     void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
     char *on_device;    /* [rows], host: the same, as flags */
     void **host_kv;     /* [2][rows], host: what k and v get */
-    opt_workspace host; /* for delegated attention: the CPU backend's workspace, on first use */
-    int has_host;
+    opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
+    fp16 *host16;       /* [host_rows][3 hidden], pinned: q, k, v rows out, attention rows in */
+    size_t host_rows;
 } cuda_ws;
-
-static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
                                char *err) {
     memset(ws, 0, sizeof *ws);
-    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn, M = (size_t)max_len;
-    size_t mixed = 4 * h > wide ? 4 * h : wide; /* [qkv | attn], later ffn: never both alive */
+    size_t sizes[FG_CUDA_WS_PARTS];
+    size_t total = fg_cuda_workspace_parts(cfg, rows, max_len, sizes);
     cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
     if (!d) return fg_fail(err, "out of memory");
-    size_t sizes[8] = {4 * rows * h, 4 * rows * mixed, 2 * rows * wide, 4 * (size_t)cfg->n_heads * M * M,
-                       4 * rows, 4 * rows, 8 * rows, 8 * rows};
-    size_t total = 0;
-    for (int i = 0; i < 8; i++) total += up64(sizes[i]);
     d->block = (char *)cuda_alloc(total);
     d->on_device = (char *)malloc(rows);
     d->host_kv = (void **)malloc(2 * rows * sizeof *d->host_kv);
@@ -305,12 +307,12 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
         free(d);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
-    char *at = d->block;
-    void *parts[8];
-    for (int i = 0; i < 8; i++) parts[i] = at, at += up64(sizes[i]);
-    ws->h = (float *)parts[0];
-    ws->qkv = (float *)parts[1], ws->attn = ws->qkv + rows * 3 * h, ws->ffn = ws->qkv;
-    d->in16 = (__half *)parts[2], d->scores = (float *)parts[3];
+    char *at = d->block, *parts[FG_CUDA_WS_PARTS];
+    for (int i = 0; i < FG_CUDA_WS_PARTS; i++) parts[i] = at, at += sizes[i];
+    size_t h = cfg->hidden;
+    d->h = (__half *)parts[0];
+    d->qkv = (__half *)parts[1], d->attn = d->qkv + rows * 3 * h, d->ffn = d->qkv;
+    d->scores = (float *)parts[2], d->probs = (__half *)parts[3];
     d->pad = (int *)parts[4], d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
     ws->rows = rows;
     ws->max_len = max_len;
@@ -318,11 +320,18 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     return 0;
 }
 
+static void free_host_rows(cuda_ws *d) {
+    if (d->host_rows) opt_workspace_free(&d->host);
+    cuda_host_free(d->host16);
+    d->host16 = NULL;
+    d->host_rows = 0;
+}
+
 static void cuda_workspace_free(opt_workspace *ws) {
     cuda_ws *d = (cuda_ws *)ws->device;
     if (d) {
         cuda_free(d->block);
-        if (d->has_host) opt_workspace_free(&d->host);
+        free_host_rows(d);
         free(d->on_device);
         free(d->host_kv);
         free(d);
@@ -331,7 +340,7 @@ static void cuda_workspace_free(opt_workspace *ws) {
 }
 
 /* ============================================================================================
- * Kernels of the layer
+ * Kernels of the layer: fp16 in and out, fp32 inside
  * ============================================================================================ */
 
 __device__ float block_sum(float v, float *shared) {
@@ -356,70 +365,68 @@ __device__ float block_max(float v, float *shared) {
     return v;
 }
 
-/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row; y may alias x. */
-__global__ void layer_norm_kernel(const float *x, int dim, const __half *w, const __half *b, float *y) {
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row; y may alias x (each thread
+ * writes only the elements it read). */
+__global__ void layer_norm_kernel(const __half *x, int dim, const __half *w, const __half *b, __half *y) {
     __shared__ float shared[32];
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
+    const __half *xr = x + (size_t)blockIdx.x * dim;
+    __half *yr = y + (size_t)blockIdx.x * dim;
     float s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += __half2float(xr[i]);
     float mean = block_sum(s, shared) / dim;
     s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (xr[i] - mean) * (xr[i] - mean);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float d = __half2float(xr[i]) - mean;
+        s += d * d;
+    }
     float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + 1e-5f);
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = (xr[i] - mean) * inv * __half2float(w[i]) + __half2float(b[i]);
-}
-
-__global__ void to_half_kernel(const float *x, size_t n, __half *y) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2half_rn(x[i]);
+        yr[i] = __float2half_rn((__half2float(xr[i]) - mean) * inv * __half2float(w[i]) + __half2float(b[i]));
 }
 
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 
-__global__ void bias_kernel(float *y, size_t n, int out, const __half *b, int relu) {
+__global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = y[i] + __half2float(b[i % out]);
-    y[i] = relu && v < 0 ? 0 : v;
+    float v = __half2float(y[i]) + __half2float(b[i % out]);
+    y[i] = __float2half_rn(relu && v < 0 ? 0 : v);
 }
 
-static void layer_norm(const float *x, int rows, int dim, const fp16 *w, const fp16 *b, float *y) {
+static void layer_norm(const __half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
     layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
 /* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
- * which cuBLAS sees as the column-major W^T), x through an fp16 copy, fp32 accumulation. */
-static void linear(cuda_ws *d, const float *x, int rows, int in, const fp16 *W, const fp16 *b,
-                   int out, float *y, int mode) {
-    cudaStream_t s = ctx()->stream;
-    size_t n = (size_t)rows * in;
-    to_half_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, d->in16);
-    LAUNCHED("to_half_kernel");
+ * which cuBLAS sees as the column-major W^T), x and y fp16, fp32 accumulation. */
+static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
+                   __half *y, int mode) {
     float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
     BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F, out,
-                            d->in16, CUDA_R_16F, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                            x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
     if (!b) return;
     size_t m = (size_t)rows * out;
-    bias_kernel<<<blocks_for(m, 256), 256, 0, s>>>(y, m, out, (const __half *)b, mode == OUT_RELU);
+    bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b, mode == OUT_RELU);
     LAUNCHED("bias_kernel");
 }
 
 /* The position id of a slot (HF: pad slots get 1, then 2, 3, ... from the first real token). */
 __device__ int position_of(int pad, int slot) { return slot < pad ? OPT_POS_OFFSET - 1 : slot - pad + OPT_POS_OFFSET; }
 
-__global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, float *out) {
+__global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, __half *out) {
     const __half *row = table + (size_t)ids[blockIdx.x] * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = __half2float(row[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
 }
 
-__global__ void add_positions_kernel(float *x, const __half *pos, const int *pad, int n_new, int len, int h) {
+__global__ void add_positions_kernel(__half *x, const __half *pos, const int *pad, int n_new, int len, int h) {
     int r = blockIdx.x, b = r / n_new, slot = len + r % n_new;
     const __half *p = pos + (size_t)position_of(pad[b], slot) * h;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) x[(size_t)r * h + i] += __half2float(p[i]);
+    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+        size_t at = (size_t)r * h + i;
+        x[at] = __float2half_rn(__half2float(x[at]) + __half2float(p[i]));
+    }
 }
 
 /* Uploads the pads and the step's tokens (the host arrays are pageable, hence the wait). */
@@ -456,26 +463,17 @@ static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     cuda_ws *d = (cuda_ws *)ws->device;
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new;
+    __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
     upload_tokens(d, gb);
-    float *words = w->project_in ? ws->h : gb->x;
     gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, d->tokens, c->word_dim, words);
     LAUNCHED("gather_rows_kernel");
-    if (w->project_in) linear(d, ws->h, rows, c->word_dim, w->project_in, NULL, c->hidden, gb->x, OUT_SET);
-    add_positions_kernel<<<rows, 256, 0, s>>>(gb->x, (const __half *)w->embed_positions, d->pad, gb->n_new, gb->len, c->hidden);
+    if (w->project_in) linear(d->h, rows, c->word_dim, w->project_in, NULL, c->hidden, x, OUT_SET);
+    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, d->pad, gb->n_new, gb->len, c->hidden);
     LAUNCHED("add_positions_kernel");
     wait_stream();
 }
 
 /* ---- the KV cache (§4.2; 4-bit §5) ---- */
-
-/* K and V of this step rounded to fp16 in qkv: what the cache holds, and (as on the CPU) what
- * the step's own tokens attend with. */
-__global__ void round_kv_kernel(float *qkv, int rows, int h) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * 2 * h) return;
-    float *x = qkv + (i / (2 * h)) * 3 * h + h + i % (2 * h);
-    *x = __half2float(__float2half_rn(*x));
-}
 
 /* The smallest fp16 at or above x >= 0 (quant.c's fp16_at_least). */
 __device__ __half half_at_least(float x) {
@@ -510,7 +508,7 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
 }
 
 /* This step's K and V rows into the device caches: a thread per (row, K or V, head, group). */
-__global__ void store_kv_kernel(const float *qkv, int rows, int n_new, int len, int h, int heads,
+__global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, int len, int h, int heads,
                                 int q4, void *const *k, void *const *v) {
     int hd = h / heads, G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -519,23 +517,25 @@ __global__ void store_kv_kernel(const float *qkv, int rows, int n_new, int len, 
     int b = r / n_new, slot = len + r % n_new;
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache) return; /* delegated: the CPU stores it */
-    const float *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
+    const __half *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
+    int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     if (!q4) {
         __half *row = (__half *)(cache + (size_t)slot * 2 * h) + (size_t)head * hd;
-        for (int e = g * Q4_GROUP; e < hd && e < (g + 1) * Q4_GROUP; e++) row[e] = __float2half_rn(x[e]);
+        for (int e = g * Q4_GROUP; e < g * Q4_GROUP + n; e++) row[e] = x[e];
         return;
     }
+    float group[Q4_GROUP];
+    for (int e = 0; e < n; e++) group[e] = __half2float(x[g * Q4_GROUP + e]);
     size_t head_bytes = (size_t)G * (Q4_GROUP / 2 + 4);
     uint8_t *bytes = (uint8_t *)cache + (size_t)slot * heads * head_bytes + (size_t)head * head_bytes;
     __half *mins = (__half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-    int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
-    compress_group(x + g * Q4_GROUP, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
+    compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
 /* Value d of one head's key (or value) at `slot`: from the cache below len, else this step's. */
-__device__ float kv_value(const char *cache, const float *fresh, int slot, int len, int d, int head,
+__device__ float kv_value(const char *cache, const __half *fresh, int slot, int len, int d, int head,
                           int hd, int h, int heads, int q4) {
-    if (slot >= len) return fresh[(size_t)(slot - len) * 3 * h + (size_t)head * hd + d];
+    if (slot >= len) return __half2float(fresh[(size_t)(slot - len) * 3 * h + (size_t)head * hd + d]);
     if (!q4) return __half2float(((const __half *)(cache + (size_t)slot * 2 * h))[(size_t)head * hd + d]);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
     const uint8_t *bytes = (const uint8_t *)cache + ((size_t)slot * heads + head) * G * (Q4_GROUP / 2 + 4);
@@ -549,7 +549,7 @@ __device__ float kv_value(const char *cache, const float *fresh, int slot, int l
  * the new token plus the floor(sparsity (nk - 1)) earlier keys of largest weight (ties to the
  * earlier; nk: the sequence's own keys, padding excluded), weights not renormalized, as
  * opt_attend_decode. Shared: scores and kept flags. */
-__global__ void attention_kernel(const float *qkv, float *attn, const int *pad, void *const *kc,
+__global__ void attention_kernel(const __half *qkv, __half *attn, const int *pad, void *const *kc,
                                  void *const *vc, int n_new, int len, int h, int heads, int q4,
                                  float scale, float sparsity) {
     extern __shared__ float scores[];
@@ -557,18 +557,18 @@ __global__ void attention_kernel(const float *qkv, float *attn, const int *pad, 
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = h / heads;
     if (!kc[b]) return; /* delegated */
     int start = pad[b], slot = len + t, nk = slot - start + 1;
-    float *out = attn + ((size_t)b * n_new + t) * h + (size_t)head * hd;
+    __half *out = attn + ((size_t)b * n_new + t) * h + (size_t)head * hd;
     if (nk <= 0) { /* a padding query: zeros, as on the CPU */
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = 0;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
         return;
     }
-    const float *q = qkv + ((size_t)b * n_new + t) * 3 * h + (size_t)head * hd;
-    const float *fresh = qkv + (size_t)b * n_new * 3 * h;
+    const __half *q = qkv + ((size_t)b * n_new + t) * 3 * h + (size_t)head * hd;
+    const __half *fresh = qkv + (size_t)b * n_new * 3 * h;
     const char *K = (const char *)kc[b], *V = (const char *)vc[b];
     char *kept = (char *)(scores + nk);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
-        for (int d = 0; d < hd; d++) dot += q[d] * kv_value(K, fresh + h, start + j, len, d, head, hd, h, heads, q4);
+        for (int d = 0; d < hd; d++) dot += __half2float(q[d]) * kv_value(K, fresh + h, start + j, len, d, head, hd, h, heads, q4);
         scores[j] = dot * scale;
     }
     __syncthreads();
@@ -595,143 +595,155 @@ __global__ void attention_kernel(const float *qkv, float *attn, const int *pad, 
         float acc = 0;
         for (int j = 0; j < nk; j++)
             if (kept[j]) acc += scores[j] * kv_value(V, fresh + 2 * h, start + j, len, d, head, hd, h, heads, q4);
-        out[d] = acc;
+        out[d] = __float2half_rn(acc);
     }
 }
 
-/* Prefill scores of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed; others,
- * and the rows of padding queries, are 0. A block per (query, head). */
-__global__ void prefill_softmax_kernel(float *scores, int n, int pad) {
+/* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
+ * fp32 and stored fp16; others, and the rows of padding queries, are 0. A block per (query,
+ * head). */
+__global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad) {
     __shared__ float shared[32];
     int t = blockIdx.x;
-    float *row = scores + ((size_t)blockIdx.y * n + t) * n;
+    size_t at = ((size_t)blockIdx.y * n + t) * n;
+    float *row = scores + at;
     float m = -INFINITY, sum = 0;
     for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, row[j]);
     m = block_max(m, shared);
     for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) sum += row[j] = expf(row[j] - m);
     sum = block_sum(sum, shared);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = j >= pad && j <= t ? row[j] / sum : 0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        probs[at + j] = __float2half_rn(j >= pad && j <= t ? row[j] / sum : 0);
 }
 
-/* Prefill (len 0) of device sequence b: scores = scale Q K^T and out = P V as fp32 products
- * batched over the heads (cuBLAS sees row-major [n][3h] slices as column-major). */
-static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *gb, opt_workspace *ws, int b) {
+/* Prefill (len 0) of device sequence b: scores = scale Q K^T (fp32) and out = P V, products
+ * batched over the heads on fp16 inputs (cuBLAS sees row-major [n][3h] slices as column-major). */
+static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *gb, int b) {
     int n = gb->n_new, h = c->hidden, H = c->n_heads, hd = h / H;
     float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
-    const float *rows = ws->qkv + (size_t)b * n * 3 * h;
-    BLAS_CHECK(cublasSgemmStridedBatched(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
-                                         rows + h, 3 * h, hd, rows, 3 * h, hd, &zero, d->scores, n,
-                                         (long long)n * n, H));
+    const __half *rows = d->qkv + (size_t)b * n * 3 * h;
+    BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
+                                          rows + h, CUDA_R_16F, 3 * h, hd, rows, CUDA_R_16F, 3 * h, hd,
+                                          &zero, d->scores, CUDA_R_32F, n, (long long)n * n, H,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     dim3 grid(n, H);
-    prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, n, gb->pad[b]);
+    prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, d->probs, n, gb->pad[b]);
     LAUNCHED("prefill_softmax_kernel");
-    BLAS_CHECK(cublasSgemmStridedBatched(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
-                                         rows + 2 * h, 3 * h, hd, d->scores, n, (long long)n * n,
-                                         &zero, ws->attn + (size_t)b * n * h, h, hd, H));
+    BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
+                                          rows + 2 * h, CUDA_R_16F, 3 * h, hd, d->probs, CUDA_R_16F, n,
+                                          (long long)n * n, &zero, d->attn + (size_t)b * n * h, CUDA_R_16F,
+                                          h, hd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-/* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host, the CPU
- * backend's store and attention there, the result back. Runs of such sequences at a time. */
-static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, opt_workspace *ws,
-                                const char *on_device) {
+/* The host rows of delegated attention, for `rows` token rows: the CPU backend's workspace and a
+ * pinned fp16 buffer, (re)made when more rows are needed than they hold. */
+static void host_rows_ready(cuda_ws *d, const opt_config *c, size_t rows, int max_len) {
+    if (rows <= d->host_rows) return;
+    free_host_rows(d);
+    char err[FG_ERR_LEN];
+    if (opt_workspace_init(&d->host, c, rows, max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
+    d->host_rows = rows;
+    d->host16 = (fp16 *)cuda_host_alloc(rows * 3 * c->hidden * sizeof(fp16), 1);
+    if (!d->host16) cuda_fail("cuda_host_alloc", __LINE__, "out of host memory for delegated attention");
+}
+
+/* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host (fp16, widened
+ * there), the CPU backend's store and attention, the result back rounded to fp16. Runs of such
+ * sequences at a time. */
+static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
     size_t h = c->hidden, n = gb->n_new;
-    if (!d->has_host) {
-        char err[FG_ERR_LEN];
-        if (opt_workspace_init(&d->host, c, ws->rows, ws->max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
-        d->has_host = 1;
-    }
+    host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
     for (int b0 = 0, b1; b0 < gb->batch; b0 = b1) {
-        for (b1 = b0; b1 < gb->batch && !on_device[b1] == !on_device[b0]; b1++) {}
-        if (on_device[b0]) continue;
+        for (b1 = b0; b1 < gb->batch && !d->on_device[b1] == !d->on_device[b0]; b1++) {}
+        if (d->on_device[b0]) continue;
         size_t first = (size_t)b0 * n, count = (size_t)(b1 - b0) * n;
-        cuda_copy_out(d->host.qkv + first * 3 * h, ws->qkv + first * 3 * h, count * 3 * h * sizeof(float));
+        cuda_copy_out(d->host16, d->qkv + first * 3 * h, count * 3 * h * sizeof(fp16));
+        opt_workspace host = d->host;
+        host.qkv += first * 3 * h, host.attn += first * h;
+        fp16_to_fp32_n(d->host16, host.qkv, count * 3 * h);
         gpu_batch part = *gb;
         part.batch = b1 - b0;
         part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
         part.v_rows_read = gb->v_rows_read + b0;
-        opt_workspace host = d->host;
-        host.qkv += first * 3 * h, host.attn += first * h;
         opt_cache_attention(c, &part, &host);
-        cuda_copy_in(ws->attn + first * h, host.attn, count * h * sizeof(float));
+        fp32_to_fp16_n(host.attn, d->host16, count * h);
+        cuda_copy_in(d->attn + first * h, d->host16, count * h * sizeof(fp16));
     }
 }
 
-static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
     cudaStream_t s = ctx()->stream;
     int h = c->hidden, rows = gb->batch * gb->n_new, H = c->n_heads, hd = h / H;
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     int on_device = upload_cache(d, gb);
-    round_kv_kernel<<<blocks_for((size_t)rows * 2 * h, 256), 256, 0, s>>>(ws->qkv, rows, h);
-    LAUNCHED("round_kv_kernel");
     size_t groups = (size_t)rows * 2 * H * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(ws->qkv, rows, gb->n_new, gb->len, h, H,
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, rows, gb->n_new, gb->len, h, H,
                                                             gb->kv_q4, d->k, d->v);
     LAUNCHED("store_kv_kernel");
     if (gb->len == 0 && gb->n_new > 1) {
         for (int b = 0; b < gb->batch; b++)
-            if (d->on_device[b]) prefill_attention(d, c, gb, ws, b);
+            if (d->on_device[b]) prefill_attention(d, c, gb, b);
     } else if (on_device > 0) {
         int nk = gb->len + gb->n_new;
         dim3 grid(H, gb->batch, gb->n_new);
         size_t shared = (size_t)nk * (sizeof(float) + 1);
-        attention_kernel<<<grid, 128, shared, s>>>(ws->qkv, ws->attn, d->pad, d->k, d->v, gb->n_new,
+        attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->pad, d->k, d->v, gb->n_new,
                                                   gb->len, h, H, gb->kv_q4, 1.0f / sqrtf((float)hd),
                                                   gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
     if (on_device < gb->batch) {
-        wait_stream(); /* qkv is rounded before it is copied */
-        delegated_attention(d, c, gb, ws, d->on_device);
+        wait_stream(); /* this step's q, k, v are in qkv before they are copied */
+        delegated_attention(d, c, gb, ws);
     }
 }
 
-/* One decoder layer (opt_model.c's opt_layer, step for step). */
+/* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). */
 static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
     const opt_config *c = &w->cfg;
     const opt_layer_weights *L = &w->layers[layer];
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
-    const float *in = gb->x;
+    __half *x = (__half *)gb->x;
+    const __half *in = x;
     if (c->pre_ln) {
-        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h);
-        in = ws->h;
+        layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, d->h);
+        in = d->h;
     }
-    linear(d, in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET);
+    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, d->qkv, OUT_SET);
     cache_attention(d, c, gb, ws);
-    linear(d, ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD);
-    if (c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h);
-    else layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x);
-    linear(d, c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU);
-    linear(d, ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD);
-    if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x);
+    linear(d->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD);
+    if (c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, d->h);
+    else layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, x);
+    linear(c->pre_ln ? d->h : x, rows, h, L->fc1_w, L->fc1_b, f, d->ffn, OUT_RELU);
+    linear(d->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD);
+    if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x);
     wait_stream();
 }
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
- * all_rows: lm_head is [vocab][word_dim]. */
+ * all_rows: lm_head is [vocab][word_dim]; fp16 inputs, fp32 logits. */
 static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     const opt_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
     cudaStream_t s = ctx()->stream;
     int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
+    const __half *x = (const __half *)gb->x;
+    size_t row = h * sizeof(__half);
     if (gb->all_rows)
-        CUDA_CHECK(cudaMemcpyAsync(ws->h, gb->x, (size_t)rows * h * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(d->h, x, (size_t)rows * row, cudaMemcpyDeviceToDevice, s));
     else
-        CUDA_CHECK(cudaMemcpy2DAsync(ws->h, h * sizeof(float), gb->x + (size_t)(gb->n_new - 1) * h,
-                                     (size_t)gb->n_new * h * sizeof(float), h * sizeof(float), rows,
-                                     cudaMemcpyDeviceToDevice, s));
-    if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h);
-    const float *last = ws->h;
+        CUDA_CHECK(cudaMemcpy2DAsync(d->h, row, x + (size_t)(gb->n_new - 1) * h, (size_t)gb->n_new * row,
+                                     row, rows, cudaMemcpyDeviceToDevice, s));
+    if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
+    const __half *last = d->h;
     if (w->project_out) {
-        linear(d, ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET);
-        last = ws->qkv;
+        linear(d->h, rows, h, w->project_out, NULL, c->word_dim, d->qkv, OUT_SET);
+        last = d->qkv;
     }
-    size_t n = (size_t)rows * c->word_dim;
-    to_half_kernel<<<blocks_for(n, 256), 256, 0, s>>>(last, n, d->in16);
-    LAUNCHED("to_half_kernel");
     float one = 1, zero = 0;
     BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
-                            w->lm_head, CUDA_R_16F, c->word_dim, d->in16, CUDA_R_16F, c->word_dim,
+                            w->lm_head, CUDA_R_16F, c->word_dim, last, CUDA_R_16F, c->word_dim,
                             &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     wait_stream();
 }
@@ -740,21 +752,23 @@ static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, 
  * The table, once a GPU is found
  * ============================================================================================ */
 
-/* The device's free memory (its context already made by ctx()), less a reserve for what the
- * runtime does not count: each thread's cuBLAS workspace, allocation rounding, the driver's own
- * growth. 512 MiB + 2% of the device: 1.8 GiB of an 80 GiB card, 0.8 of a 16 GiB one. */
+/* The device's free memory (its context already made by ctx()), less 2% of the device for other
+ * processes and the driver's own growth. The plan then takes FG_CUDA_RESERVE off it as it does
+ * off --gpu-mem: the context, already out of this free memory, is counted twice, on the safe
+ * side. */
 static double cuda_device_memory(void) {
     size_t free_bytes = 0, total = 0;
     ctx();
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    double reserve = 512.0 * (1 << 20) + 0.02 * (double)total;
-    return (double)free_bytes > reserve ? (double)free_bytes - reserve : 0;
+    double margin = 0.02 * (double)total;
+    return (double)free_bytes > margin ? (double)free_bytes - margin : 0;
 }
 
 static const fg_backend cuda_backend = {
     "cuda",                 /* name */
     0,                      /* gpu_is_host */
     2,                      /* weight_elem: fp16 */
+    FG_CUDA_ACT_ELEM,       /* act_elem: fp16 */
     cuda_alloc, cuda_free, cuda_host_alloc, cuda_host_free,
     cuda_weights_in, cuda_weights_in_q4,
     cuda_copy_in, cuda_copy_out, cuda_copy,
@@ -762,6 +776,8 @@ static const fg_backend cuda_backend = {
     cuda_embed, cuda_layer, cuda_output,
     cuda_device_memory,
     0,                      /* reads_q4: 4-bit weights are decompressed into staging */
+    FG_CUDA_RESERVE,        /* device_reserve */
+    fg_cuda_delegated_bytes,
 };
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;

@@ -282,7 +282,8 @@ typedef struct {
                      each sequence's last (perplexity through prefill) */
     int *pad;     /* [batch] */
     int *tokens;  /* [batch][n_new] input ids of this step */
-    float *x;     /* [batch * n_new][hidden] hidden states */
+    void *x;      /* [batch * n_new][hidden] hidden states, the backend's act_elem bytes each:
+                     fp32 on the CPU, fp16 on CUDA (as FlexGen keeps them) */
     int kv_q4;    /* the cache is 4-bit (§5): each row [heads][head_dim] grouped along head_dim */
     float attn_sparsity; /* decode attention keeps this fraction of the past (§5); 1: all */
     int64_t *v_rows_read; /* [batch]: V rows (one head's each) decode attention read from the
@@ -335,6 +336,8 @@ typedef struct {
     float *wide;            /* matmul_weights' scratch for prefill's products; NULL when rows
                                <= MATMUL_DECODE_ROWS */
     float *vec;             /* a bias, or a norm's weight and bias, widened to fp32 */
+    float *x32;             /* [rows][hidden]: fp16 hidden states widened for the CPU's fp32
+                               operations (the cpu-fp16 device); NULL otherwise */
     void *device;           /* the CUDA backend's own buffers (flexgen.cu); NULL on the CPU */
 } opt_workspace;
 
@@ -397,7 +400,9 @@ typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_D
 /* A policy (§4.2, §4.3): the block shape, where weights, KV cache and activations live, and how
  * the schedule runs. */
 /* The compute device: CUDA where a GPU is present, else the CPU (auto), or one of them. */
-typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA } fg_device;
+typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA, FG_DEVICE_CPU_FP16 } fg_device;
+/* FG_DEVICE_CPU_FP16 (--device cpu-fp16): the CPU backend holding activations in fp16, as the
+ * CUDA backend does, so that the runtime's 2-byte activations run on any machine. */
 
 /* The placement (§4.2), in the paper's symbols: the percentages of the weights (w), the KV cache
  * (c) and the activations, or hidden states (h), on the gpu (g) and cpu (c) tiers; the disk
@@ -456,6 +461,9 @@ typedef struct {
     const char *name;
     int gpu_is_host;                         /* the gpu tier is host memory (CPU backend) */
     size_t weight_elem;                      /* bytes of one working weight value */
+    size_t act_elem;                         /* bytes of one activation value (gpu_batch.x, the
+                                                activations' homes and staging, messages between
+                                                stages): 4 (fp32) on the CPU, 2 (fp16) on CUDA */
     void *(*alloc)(size_t bytes);            /* gpu-tier memory, 64-byte aligned, zeroed */
     void (*free)(void *p);
     void *(*host_alloc)(size_t bytes, int pinned); /* cpu-tier memory, zeroed; pinned (page-
@@ -486,15 +494,38 @@ typedef struct {
     int reads_q4;                            /* the products read 4-bit weights (§5) as they are
                                                 stored: weights_in_q4 copies the bytes, and a
                                                 4-bit home on the gpu tier is read in place */
+    double device_reserve;                   /* gpu-tier bytes the process holds beyond what the
+                                                runtime allocates (0 on the CPU) */
+    /* Host bytes that delegated attention (§4.2) needs for `rows` token rows beside the
+     * backend's workspace: counted on the cpu tier; NULL where the CPU's own workspace serves. */
+    size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len);
 } fg_backend;
 
 extern const fg_backend fg_cpu_backend;
+extern const fg_backend fg_cpu_fp16_backend; /* the same with fp16 activations (cpu-fp16) */
+#define FG_CUDA_ACT_ELEM 2                  /* the CUDA backend's act_elem, for the cost model */
+
+/* Prefill runs a GPU batch's layer on chunks of its sequences, at most FG_CHUNK_ROWS token rows
+ * each (one sequence when its prompt is longer), so that the workspace does not grow with the
+ * GPU batch size times the prompt length: it holds fg_workspace_rows token rows. */
+#define FG_CHUNK_ROWS 2048
+size_t fg_workspace_rows(int gbs, int max_prompt);
 /* The CUDA backend (flexgen.cu) on the first GPU, or NULL with the reason in err: built without
  * CUDA, no driver, no device. */
 const fg_backend *fg_cuda_backend(char *err);
 int fg_cuda_compiled(void); /* this build has the CUDA backend */
-/* Workspace bytes of the CUDA backend (the cost model's memory model uses it for a GPU). */
+/* The CUDA backend's workspace (the cost model's memory model uses it for a GPU): the bytes of
+ * each of its FG_CUDA_WS_PARTS parts, 64-byte multiples (sizes may be NULL), and their sum. */
+enum { FG_CUDA_WS_PARTS = 8 };
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, size_t *sizes);
 size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
+/* Delegated attention's host rows on CUDA: the CPU's workspace and an fp16 buffer of q, k, v. */
+size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len);
+/* What a CUDA process holds on the device beyond the tiers' allocations, taken off --gpu-mem by
+ * the plan check and the memory model: its context (a few hundred MiB with lazy module loading),
+ * cuBLAS's workspace (up to 32 MiB a handle), and the rounding of allocations to the driver's
+ * pages. An estimate, to be measured on each card (scripts/gpu_first_run.sh). */
+#define FG_CUDA_RESERVE (512.0 * (1 << 20))
 
 /* One run: tiers with their accounting, the I/O threads, the trace. */
 typedef struct fg_runtime fg_runtime;
@@ -737,6 +768,9 @@ typedef struct {
     fg_plan_check check;  /* check each choice with this runtime's plan (fg_runtime_check); NULL
                              when planning for another machine (its hardware file says a GPU):
                              the memory model decides then */
+    fg_plan_check place;  /* for another machine: the placement a policy realizes there
+                             (fg_runtime_check, check 0), whole tensors on their tiers; NULL:
+                             the percentages as given */
     uint64_t seed;        /* of the dummy weights: their file in the weight dir counts as disk */
     int gbs, ngb;         /* > 0: the block shape is given (the stages of a pipeline share it);
                              only the placement is searched */

@@ -7,7 +7,8 @@
  *                    dummy weights, or an HF checkpoint (safetensors.c)
  *   forward          opt_embed, opt_layer (layer norm, q k v, attention over the KV cache, out
  *                    projection, the MLP), opt_output: one GPU batch at a time
- *   backend          the CPU backend's operation table (fg_cpu_backend)
+ *   backend          the CPU backend's operation table (fg_cpu_backend), and the same with
+ *                    fp16 activations (fg_cpu_fp16_backend)
  *   sampling         greedy, temperature and top-p
  *
  * The forward pass is the generative inference of §3: a prefill over the (left-padded) prompts
@@ -682,6 +683,7 @@ void opt_workspace_free(opt_workspace *ws) {
     free(ws->thread_scratch);
     free(ws->wide);
     free(ws->vec);
+    free(ws->x32);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -739,15 +741,15 @@ static int position_of(const gpu_batch *gb, int b, int slot) {
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     const opt_config *c = &w->cfg;
     int rows = gb->batch * gb->n_new, wd = c->word_dim, h = c->hidden;
-    float *words = w->project_in ? ws->h : gb->x;
+    float *x = gb->x, *words = w->project_in ? ws->h : x;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r], words + (size_t)r * wd);
-    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, gb->x, OUT_SET, w->q4, ws);
+    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, ws);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
-        float *pos = ws->attn + (size_t)r * h, *xr = gb->x + (size_t)r * h;
+        float *pos = ws->attn + (size_t)r * h, *xr = x + (size_t)r * h;
         matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, position_of(gb, b, slot), pos);
         for (int i = 0; i < h; i++) xr[i] += pos[i];
     }
@@ -973,22 +975,23 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
     const opt_config *c = &w->cfg;
     const opt_layer_weights *L = &w->layers[layer];
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
-    const float *in = gb->x;
+    float *x = gb->x;
+    const float *in = x;
     if (c->pre_ln) {
-        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
+        layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
     }
     linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, w->q4, ws);
     opt_cache_attention(c, gb, ws);
-    linear(ws->attn, rows, h, L->wo, L->bo, h, gb->x, OUT_ADD, w->q4, ws);
+    linear(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, ws);
     if (c->pre_ln) {
-        layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h, ws);
+        layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h, ws);
     } else {
-        layer_norm(gb->x, rows, h, L->attn_ln_w, L->attn_ln_b, gb->x, ws);
+        layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, x, ws);
     }
-    linear(c->pre_ln ? ws->h : gb->x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, ws);
-    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, gb->x, OUT_ADD, w->q4, ws);
-    if (!c->pre_ln) layer_norm(gb->x, rows, h, L->ffn_ln_w, L->ffn_ln_b, gb->x, ws);
+    linear(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, ws);
+    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD, w->q4, ws);
+    if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x, ws);
 }
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))); with all_rows, the same for
@@ -998,7 +1001,7 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
     for (int r = 0; r < rows; r++) {
         size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
-        memcpy(ws->h + (size_t)r * h, gb->x + from * h, h * sizeof(float));
+        memcpy(ws->h + (size_t)r * h, (const float *)gb->x + from * h, h * sizeof(float));
     }
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;
@@ -1031,20 +1034,16 @@ static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t 
     memcpy(dst, src, q4_bytes(outer, len, inner));
 }
 
+#define CPU_BACKEND_OPS                                                                         \
+    .gpu_is_host = 1, .weight_elem = sizeof(fp16), .reads_q4 = 1, .alloc = cpu_alloc,          \
+    .free = free, .host_alloc = cpu_host_alloc, .host_free = free,                              \
+    .weights_in = cpu_weights_in, .weights_in_q4 = cpu_weights_in_q4, .copy_in = cpu_copy,     \
+    .copy_out = cpu_copy, .copy = cpu_copy
+
 const fg_backend fg_cpu_backend = {
+    CPU_BACKEND_OPS,
     .name = "cpu",
-    .gpu_is_host = 1,
-    .weight_elem = sizeof(fp16),
-    .reads_q4 = 1,
-    .alloc = cpu_alloc,
-    .free = free,
-    .host_alloc = cpu_host_alloc,
-    .host_free = free,
-    .weights_in = cpu_weights_in,
-    .weights_in_q4 = cpu_weights_in_q4,
-    .copy_in = cpu_copy,
-    .copy_out = cpu_copy,
-    .copy = cpu_copy,
+    .act_elem = sizeof(float),
     .workspace_bytes = opt_workspace_bytes,
     .workspace_init = opt_workspace_init,
     .workspace_free = opt_workspace_free,
@@ -1053,15 +1052,89 @@ const fg_backend fg_cpu_backend = {
     .output = opt_output,
 };
 
-/* The CUDA backend's workspace (flexgen.cu): fp32 h, then qkv and attn, whose space ffn takes
- * after them; the fp16 input of a product; the scores of one sequence's prefill, [heads]
- * [max_len][max_len]; and per row a token, a pad and two cache pointers. Here so that the cost
- * model has it without CUDA. */
+/* ---- fp16 activations (--device cpu-fp16) ----
+ * The runtime holds and moves 2-byte activations as it does for CUDA; each operation widens the
+ * GPU batch's x into ws->x32, runs the fp32 operation above on it, and rounds its output back to
+ * fp16. Results differ from the fp32 backend's by that rounding of the hidden states between
+ * layers alone (tests/test_runtime.c bounds it). */
+
+static size_t fp16_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    return opt_workspace_bytes(cfg, rows, max_len) + 4 * rows * cfg->hidden;
+}
+
+static int fp16_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
+                               char *err) {
+    if (opt_workspace_init(ws, cfg, rows, max_len, err)) return -1;
+    if (!(ws->x32 = alloc_floats(rows * cfg->hidden))) {
+        opt_workspace_free(ws);
+        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+    }
+    return 0;
+}
+
+/* The GPU batch with x widened into ws->x32 (n rows of it; 0: none, x is only written). */
+static gpu_batch widened(const gpu_batch *gb, const opt_config *c, opt_workspace *ws, size_t n) {
+    gpu_batch wide = *gb;
+    fp16_to_fp32_n(gb->x, ws->x32, n * c->hidden);
+    wide.x = ws->x32;
+    return wide;
+}
+
+static void fp16_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+    size_t n = (size_t)gb->batch * gb->n_new * w->cfg.hidden;
+    gpu_batch wide = widened(gb, &w->cfg, ws, 0);
+    opt_embed(w, &wide, ws);
+    fp32_to_fp16_n(ws->x32, gb->x, n);
+}
+
+static void fp16_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
+    size_t rows = (size_t)gb->batch * gb->n_new;
+    gpu_batch wide = widened(gb, &w->cfg, ws, rows);
+    opt_layer(w, layer, &wide, ws);
+    fp32_to_fp16_n(ws->x32, gb->x, rows * w->cfg.hidden);
+}
+
+static void fp16_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+    gpu_batch wide = widened(gb, &w->cfg, ws, (size_t)gb->batch * gb->n_new);
+    opt_output(w, &wide, ws, logits);
+}
+
+const fg_backend fg_cpu_fp16_backend = {
+    CPU_BACKEND_OPS,
+    .name = "cpu-fp16",
+    .act_elem = sizeof(fp16),
+    .workspace_bytes = fp16_workspace_bytes,
+    .workspace_init = fp16_workspace_init,
+    .workspace_free = opt_workspace_free,
+    .embed = fp16_embed,
+    .layer = fp16_layer,
+    .output = fp16_output,
+};
+
+/* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
+ * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(4 hidden, ffn)]; one
+ * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_len][max_len]; per
+ * row a pad, a token and two cache pointers. Here so that the cost model has it without CUDA. */
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, size_t *sizes) {
+    size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_len, H = cfg->n_heads;
+    size_t mixed = 4 * h > f ? 4 * h : f;
+    size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
+                                      2 * H * M * M, 4 * rows, 4 * rows, 8 * rows, 8 * rows};
+    size_t total = 0;
+    for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
+        parts[i] = (parts[i] + 63) & ~(size_t)63;
+        total += parts[i];
+        if (sizes) sizes[i] = parts[i];
+    }
+    return total;
+}
+
 size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
-    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn, M = (size_t)max_len;
-    size_t mixed = 4 * h > wide ? 4 * h : wide;
-    return 4 * rows * (h + mixed) + 2 * rows * wide + 4 * (size_t)cfg->n_heads * M * M + 24 * rows +
-           8 * 64;
+    return fg_cuda_workspace_parts(cfg, rows, max_len, NULL);
+}
+
+size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    return opt_workspace_bytes(cfg, rows, max_len) + 2 * rows * 3 * (size_t)cfg->hidden;
 }
 
 /* ============================================================================================

@@ -334,8 +334,8 @@ char *fg_pipe_gather_text(fg_pipe *p, const char *mine) {
 
 static int rank_of(const block *bl) { return fg_pipe_rank(bl->rt->pipe); }
 static int n_ranks(const block *bl) { return fg_pipe_size(bl->rt->pipe); }
-static float *inbox_slot(const block *bl, int arena) { return bl->inbox + arena * (bl->s.act_message / sizeof(float)); }
-static float *outbox_slot(const block *bl, int k) { return bl->outbox + k * (bl->s.act_message / sizeof(float)); }
+static char *inbox_slot(const block *bl, int arena) { return bl->inbox + arena * bl->s.act_message; }
+static char *outbox_slot(const block *bl, int k) { return bl->outbox + k * bl->s.act_message; }
 
 static int stage_agree(fg_runtime *rt, int rc, char *err) { return fg_pipe_agree(rt->pipe, rc, err); }
 

@@ -10,8 +10,10 @@
  *                      tier, what it needs and what is given, when it does not fit
  *   fg_runtime_check   the same for a policy, as the policy search asks it (policy.c)
  *
- * Activations are the hidden states between layers, kept in fp32 (what the CPU computes in), so
- * that placement cannot change a bit of the result.
+ * Activations are the hidden states between layers, in the backend's act_elem bytes a value:
+ * fp32 on the CPU (what it computes in, so that placement cannot change a bit of the result),
+ * fp16 on CUDA (as FlexGen keeps them). The workspace holds a chunk of a GPU batch's prompt
+ * rows (FG_CHUNK_ROWS), not all of them.
  */
 #define _GNU_SOURCE
 #include "runtime.h"
@@ -36,6 +38,12 @@ fg_tier row_tier(const row_split *s, int b, int *index) {
     while (t < TIER_DISK && b >= s->rows[t]) b -= s->rows[t++];
     *index = b;
     return t;
+}
+
+size_t fg_workspace_rows(int gbs, int max_prompt) {
+    int chunk = FG_CHUNK_ROWS / max_prompt;
+    chunk = chunk < 1 ? 1 : chunk < gbs ? chunk : gbs;
+    return (size_t)chunk * (size_t)max_prompt;
 }
 
 /* A pipeline of M stages keeps M micro-batches in flight (§4.4), each a block of at most
@@ -67,26 +75,29 @@ block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int ge
     s.stage_len = p->cpu_cache_compute ? max_prompt : s.max_len;
     s.cache = split_rows(s.gbs, p->percent.cg, p->percent.cc);
     s.act = split_rows(s.gbs, p->percent.hg, p->percent.hc);
-    s.row_floats = (size_t)c->hidden;
+    s.act_row = (size_t)c->hidden * rt->backend->act_elem;
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
-    double h = c->hidden, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
+    double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
     for (int t = 0; t < N_TIERS; t++) {
         s.kv_home[t] = kv_row * m->n_decoder * s.ngb * 2 * s.cache.rows[t] * s.max_len;
-        s.act_home[t] = 4.0 * s.ngb * s.act.rows[t] * max_prompt * h;
+        s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
     }
     s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
     s.act_home[TIER_DISK] = (double)page_up((size_t)s.act_home[TIER_DISK]);
     s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
-    s.x_stage = 2 * 4.0 * s.gbs * max_prompt * h;
-    s.workspace = (double)rt->backend->workspace_bytes(c, (size_t)s.gbs * max_prompt, s.max_len);
+    s.x_stage = 2 * act_row * s.gbs * max_prompt;
+    s.workspace_rows = fg_workspace_rows(s.gbs, max_prompt);
+    s.workspace = (double)rt->backend->workspace_bytes(c, s.workspace_rows, s.max_len);
+    if (p->cpu_cache_compute && rt->backend->delegated_bytes) /* decode delegates: a GPU batch */
+        s.delegated = (double)rt->backend->delegated_bytes(c, (size_t)s.gbs, s.max_len);
     s.logit_rows = m->prompt_logits ? max_prompt : 1;
     s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * s.logit_rows * c->vocab : 0;
-    s.act_message = (size_t)s.gbs * max_prompt * s.row_floats * sizeof(float);
+    s.act_message = (size_t)s.gbs * max_prompt * s.act_row;
     s.pipe_buffers = (double)s.act_message * ((is_last_stage(m) ? 0 : s.micro * s.ngb) +
                                               (is_first_stage(m) ? 0 : 2));
     /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
     s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
-                           4.0 * s.act.rows[TIER_DISK] * max_prompt * h + 2 * page_size());
+                           act_row * s.act.rows[TIER_DISK] * max_prompt + 2 * page_size());
     return s;
 }
 
@@ -100,10 +111,12 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     double w[N_TIERS], max_layer_disk;
     weight_bytes(m, w, &max_layer_disk);
     double staging = 2.0 * m->staging_bytes;
-    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, N_ITEMS };
+    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
+           RESERVE, N_ITEMS };
     static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
         "KV cache staging", "activations", "activation staging", "workspace and logits",
-        "disk pages in flight", "activations between stages"};
+        "disk pages in flight", "activations between stages", "delegated attention",
+        "the device's context, cuBLAS and rounding"};
     double need[N_TIERS][N_ITEMS] = {{0}};
     for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
         need[t][WEIGHTS] = w[t];
@@ -116,6 +129,8 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     need[TIER_GPU][A_STAGING] = s.x_stage;
     need[TIER_GPU][WORK] = s.workspace + s.logits;
     need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s.transient_cpu;
+    need[TIER_CPU][DELEGATED] = s.delegated;
+    need[TIER_GPU][RESERVE] = rt->backend->device_reserve;
     double total[N_TIERS] = {0};
     for (int t = 0; t < N_TIERS; t++) {
         for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];

@@ -141,7 +141,10 @@ static fg_policy policy_of(const search *S, const candidate *cd) {
 static int runtime_check(const search *S, const fg_policy *p, int bls, int check, double x[N_X],
                          fg_stats *st, char *err) {
     int sequences = bls * (p->n_stages > 1 ? p->n_stages : 1);
-    return S->req->check(S->model, S->req->seed, p, sequences, S->req->s, S->req->n, check, x, st, err);
+    if (S->req->check) return S->req->check(S->model, S->req->seed, p, sequences, S->req->s, S->req->n, check, x, st, err);
+    fg_policy there = *p; /* another machine: where this runtime would place the weights there */
+    there.device = FG_DEVICE_CPU;
+    return S->req->place(S->model, S->req->seed, &there, sequences, S->req->s, S->req->n, 0, x, st, err);
 }
 
 static void percent_fractions(const fg_percent *pc, double x[N_X]) {
@@ -150,10 +153,12 @@ static void percent_fractions(const fg_percent *pc, double x[N_X]) {
     x[X_HG] = pc->hg / 100.0, x[X_HC] = pc->hc / 100.0, x[X_HN] = 1 - x[X_HG] - x[X_HC];
 }
 
-/* For another machine: the first tier whose memory model exceeds its capacity at the rounded
- * percentages (N_TIERS: the host's memory), or -1; *need its bytes. */
+/* For another machine: the first tier whose memory model exceeds its capacity at the placement
+ * the rounded percentages realize (N_TIERS: the host's memory), or -1; *need its bytes. */
 static int tier_over(const search *S, const fg_policy *p, double x[N_X], double *need) {
+    char err[FG_ERR_LEN];
     percent_fractions(&p->percent, x);
+    if (S->req->place) runtime_check(S, p, p->gpu_batch_size * p->num_gpu_batches, 0, x, NULL, err);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
     fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x, p->compress_weight && !S->hw->gpu_is_host), &mm);
@@ -342,7 +347,7 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
             fg_policy p = policy_of(&S, &cd);
             if (rc == 0) continue;
             if (!evaluate(&S, &p, &r)) {
-                if (!req->check) continue;
+                if (!req->check && !req->place) continue;
                 snap_weights(&S, &p, cd.x);
                 if (!evaluate(&S, &p, &r)) continue;
             }

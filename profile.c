@@ -159,9 +159,9 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
     double working = be->weight_elem * (4 * h * h + 2 * h * c.ffn); /* bytes of the products */
     gpu_batch gb = {0};
     opt_workspace ws = {0};
-    size_t x_bytes = (size_t)LONG * c.hidden * sizeof(float); /* LONG >= MAX_GBS rows */
+    size_t n_x = (size_t)LONG * c.hidden, x_bytes = n_x * be->act_elem; /* LONG >= MAX_GBS rows */
     size_t row = 2 * (size_t)c.hidden, rows = (size_t)2 * LONG_GBS * (LONG + 1);
-    float *x = be->alloc(x_bytes), *x_host = malloc(x_bytes);
+    void *x = be->alloc(x_bytes), *x_host = malloc(x_bytes);
     char *cache = be->alloc(rows * row); /* K and V of 32 sequences of LONG + 1 slots, or of
                                             more sequences of fewer slots */
     int rc = device_weights(be, &c, &layout, &w, err), has_ws = 0;
@@ -169,7 +169,11 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
     if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG + 1, err), has_ws = rc == 0;
     if (rc == 0 && (!x || !x_host || !cache)) rc = fg_fail(err, "profile: out of memory");
     if (rc == 0) {
-        for (size_t i = 0; i < (size_t)LONG * c.hidden; i++) x_host[i] = 0.01f * (float)((i * 7919) % 201) - 1;
+        for (size_t i = 0; i < n_x; i++) { /* in the backend's activation format */
+            float v = 0.01f * (float)((i * 7919) % 201) - 1;
+            if (be->act_elem == sizeof(fp16)) ((fp16 *)x_host)[i] = fp32_to_fp16(v);
+            else ((float *)x_host)[i] = v;
+        }
         gb.x = x;
         gb.attn_sparsity = 1;
         profile_ctx ctx = {.be = be, .w = &w, .gb = &gb, .ws = &ws};

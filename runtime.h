@@ -228,11 +228,14 @@ typedef struct {
     int gbs, ngb, max_prompt, max_len, stage_len;
     int micro;                  /* blocks in flight on this stage */
     row_split cache, act;
-    size_t row_floats;          /* hidden: floats per token of the activations */
+    size_t act_row;             /* bytes per token of the activations: hidden x act_elem */
     size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
     double kv_home[N_TIERS];    /* bytes per tier */
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
+    size_t workspace_rows;      /* token rows of the workspace: a chunk of prefill (FG_CHUNK_ROWS) */
+    double delegated;           /* cpu tier: delegated attention's host rows (fg_backend's
+                                   delegated_bytes), with --cpu-cache-compute on a GPU */
     int logit_rows;             /* logits per sequence: 1, or the longest prompt's positions */
     double transient_cpu;       /* disk pages in memory while they move, at most */
     size_t act_message;         /* bytes of one GPU batch's activations between stages, at most */
@@ -267,18 +270,18 @@ typedef struct {
     float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
     char *kv_home[N_TIERS];   /* [ngb][the stage's decoder layers][K, V][rows][max_len] rows of kv_row bytes */
-    float *act_home[N_TIERS]; /* [ngb][rows][max_prompt][hidden] */
+    char *act_home[N_TIERS];  /* [ngb][rows][max_prompt] rows of act_row bytes */
     char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
-    float *x_stage[2];        /* [gbs * max_prompt][hidden]: gb->x of the iteration */
+    char *x_stage[2];         /* [gbs * max_prompt] rows of act_row bytes: gb->x of the iteration */
     disk_arena disk;
-    int has_ws;
+    int has_ws, has_delegated;
     /* between pipeline stages (pipeline.c) */
     int ids_msg;     /* the ids' message to the first stage, or -1 */
-    float *outbox;   /* [ngb][gbs * max_prompt][hidden]: activations on their way to the next
-                        stage (cpu tier), each GPU batch's slot until its message is sent */
+    char *outbox;    /* [ngb][gbs * max_prompt] rows of act_row bytes: activations on their way
+                        to the next stage (cpu tier), each GPU batch's slot until it is sent */
     int *out_msg;    /* [ngb]: those messages, or -1 */
-    float *inbox;    /* [2][gbs * max_prompt][hidden]: activations from the previous stage, by
-                        staging arena (shared by the stage's blocks) */
+    char *inbox;     /* [2][gbs * max_prompt] rows of act_row bytes: activations from the
+                        previous stage, by staging arena (shared by the stage's blocks) */
     int in_msg, in_k; /* the receive of GPU batch in_k's activations, or -1 */
     double bubble;   /* seconds the compute thread waited for another stage */
     double compute_seconds; /* seconds it computed, this round */

@@ -364,6 +364,7 @@ void default_weight_dir(char *out, size_t n) {
  * cuda is asked for and there is none. */
 const fg_backend *backend_for(fg_device device, char *err) {
     char why[FG_ERR_LEN];
+    if (device == FG_DEVICE_CPU_FP16) return &fg_cpu_fp16_backend;
     const fg_backend *cuda = device == FG_DEVICE_CPU ? NULL : fg_cuda_backend(why);
     if (cuda) return cuda;
     if (device == FG_DEVICE_CUDA) {

@@ -52,24 +52,37 @@ static int is_staged(const fg_model *m, const weight_home *h) {
     return h->tier != TIER_GPU || (h->q4 && !m->rt->backend->reads_q4);
 }
 
-/* FlexGen's placement rule (init_weight_list), for the tensors of layer j: in order, each goes
- * to the tier in which the midpoint of its cumulative size (in elements, as a percentage of the
- * layer's) falls, the tiers taking the percentages in the order disk, cpu, gpu: [0, wn) disk,
- * [wn, wn + wc) cpu, the rest gpu. A tied tensor (lm_head) has no home of its own here. */
-static void place_layer(fg_model *m, int j) {
+/* FlexGen's placement rule (init_weight_list), for tensors [first, end) of one of FlexGen's
+ * layers: in order, each goes to the tier in which the midpoint of its cumulative size (in
+ * elements, as a percentage of the layer's) falls, the tiers taking the percentages in the order
+ * disk, cpu, gpu: [0, wn) disk, [wn, wn + wc) cpu, the rest gpu. A tied tensor (lm_head) has no
+ * home of its own here. */
+static void place_tensors(fg_model *m, int first, int end) {
     const fg_percent *pc = &m->rt->policy.percent;
     double disk_end = 100 - pc->wg - pc->wc, cpu_end = disk_end + pc->wc;
     const opt_layout *l = &m->layout;
     double total = 0, before = 0;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+    for (int i = first; i < end; i++)
         if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+    for (int i = first; i < end; i++) {
         const opt_tensor *t = &l->tensors[i];
         if (tied_here(m, i) >= 0) continue;
         double mid = 100 * (before + t->count / 2.0) / total;
         before += (double)t->count;
         m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
     }
+}
+
+/* Layer j's tensors. FlexGen's list has a decoder layer as two layers, its attention (q, k, v,
+ * out_proj, their layer norm) and its MLP (fc1, fc2, their layer norm), each placed on its own:
+ * at --percent 20 80 the out_proj of every layer goes to the gpu, fc2 does not. */
+static void place_layer(fg_model *m, int j) {
+    int first = m->layer_first[j], end = m->layer_first[j + 1], mlp = first;
+    const opt_config *c = &m->view.cfg;
+    if (j >= 1 && j <= c->n_layers)
+        while (mlp < end && m->layout.tensors[mlp].slot != &m->view.layers[j - 1].fc1_w) mlp++;
+    place_tensors(m, first, mlp);
+    place_tensors(m, mlp, end);
 }
 
 /* Every tensor's home, its stored form, and the staging arenas' size. */

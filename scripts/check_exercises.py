@@ -13,7 +13,7 @@ EXERCISES = [
     ('compress_group', 'quant.c', '', 'quant', {'FLEXGEN_NO_SIMD': '1'}),
     ('decode_groups_scalar', 'quant.c', '', 'quant', {'FLEXGEN_NO_SIMD': '1'}),
     ('topk_keep', 'quant.c', '    return 0;\n', 'compress', {}),
-    ('place_layer', 'weights.c', '', 'runtime', {}),
+    ('place_tensors', 'weights.c', '', 'runtime', {}),
     ('decode_attention_terms', 'cost_model.c', '', 'cost', {}),
     ('pivot', 'lp.c', '', 'lp', {}),
     ('phase1_costs', 'lp.c', '', 'lp', {}),

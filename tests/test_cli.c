@@ -670,7 +670,7 @@ static void test_flags_accepted(void) {
  * the report names the device that ran. */
 static void test_device(void) {
     char why[FG_ERR_LEN];
-    EXPECT_FAIL(ARGS("--device", "gpu"), "--device", "cuda, cpu or auto", "'gpu'");
+    EXPECT_FAIL(ARGS("--device", "gpu"), "--device", "cuda, cpu, cpu-fp16 or auto", "'gpu'");
     EXPECT_FAIL(ARGS("profile", "--device", "tpu"), "--device", "'tpu'");
     if (!fg_cuda_backend(why)) {
         EXPECT_FAIL(ARGS("--device", "cuda", "--gen-len", "2", "--prompt-len", "4"), "--device cuda: ", why);

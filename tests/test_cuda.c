@@ -2,11 +2,12 @@
  * the tiny fixtures, over the runtime's placements, with CPU delegation, 4-bit weights and cache
  * (§5) and top-K sparse attention: the same tokens, and logits within a bound for fp16.
  *
- * The bound: the CUDA backend rounds each product's input to fp16 (the CPU keeps fp32) and, with
- * --compress-weight, each decompressed weight too, a relative error of at most 2^-11 each; a
- * logit passes through a few dozen such roundings on a tiny fixture, and their errors add up to
- * well under 1% of the largest logit. 1e-2 x max|logit| is that with room for the order of the
- * sums, and far below what a wrong kernel gives (O(1) relative).
+ * The bound: the CUDA backend keeps the hidden states and each operation's output in fp16 (the
+ * CPU keeps fp32) and, with --compress-weight, rounds each decompressed weight too, a relative
+ * error of at most 2^-11 each; a logit passes through a few dozen such roundings on a tiny
+ * fixture, and their errors add up to well under 1% of the largest logit. 1e-2 x max|logit| is
+ * that with room for the order of the sums, and far below what a wrong kernel gives (O(1)
+ * relative).
  *
  * Without a GPU (CI) each test prints why and checks that the CPU fallback is clean instead:
  * --device cuda is refused with the reason, the default device runs on the CPU. */

@@ -3,7 +3,7 @@
  * bit of the result; the tiers keep to their capacities; a plan that does not fit is refused
  * before any compute; bytes moved per link follow the schedule's arithmetic. */
 #define _GNU_SOURCE
-#include "flexgen.h"
+#include "runtime.h"
 #include "tests.h"
 
 #include <math.h>
@@ -21,8 +21,11 @@ typedef struct {
     char err[FG_ERR_LEN];
 } result;
 
+static fg_device device = FG_DEVICE_CPU; /* of every policy below */
+
 static fg_policy policy(int gbs, int ngb, fg_percent percent, int overlap, int delegate) {
     fg_policy p = fg_default_policy();
+    p.device = device;
     p.gpu_batch_size = gbs;
     p.num_gpu_batches = ngb;
     p.percent = percent;
@@ -60,9 +63,13 @@ static const struct {
 };
 enum { N_PLACEMENTS = sizeof PLACEMENTS / sizeof PLACEMENTS[0] };
 
+/* The fp16 rounding of the hidden states between layers, relative (2^-11). */
+#define FP16_ROUNDING (1.0f / 2048)
+
 /* Placement, overlap and delegation must not change a bit; across block shapes, tokens are
- * equal and logits within 1e-4 x max|logit| (fp32 sums grouped by another batch size). */
-static void check_policy_invariance(const char *name) {
+ * equal and logits within 1e-4 x max|logit| (fp32 sums grouped by another batch size), and with
+ * fp16 activations within the rounding of the hidden states besides (fp16_bound). */
+static void check_policy_invariance(const char *name, float fp16_bound) {
     fixture_prompts f;
     fixture_prompts_open(name, N_SEQ, &f);
     static const int shapes[3][2] = {{1, 1}, {2, 3}, {4, 2}};
@@ -80,7 +87,7 @@ static void check_policy_invariance(const char *name) {
         CU_ASSERT_EQUAL_FATAL(base.rc, 0);
         float worst = 0;
         for (size_t i = 0; i < n_logits; i++) worst = fmaxf(worst, fabsf(base.logits[i] - plain.logits[i]));
-        CU_ASSERT(worst <= 1e-4f * max_abs);
+        CU_ASSERT(worst <= (1e-4f + fp16_bound) * max_abs);
         CU_ASSERT_EQUAL(memcmp(base.tokens, plain.tokens, sizeof base.tokens), 0);
         for (int pl = 0; pl < N_PLACEMENTS; pl++)
             for (int variant = 0; variant < 4; variant++) {
@@ -92,8 +99,9 @@ static void check_policy_invariance(const char *name) {
                            !memcmp(r.logits, base.logits, n_logits * sizeof(float));
                 CU_ASSERT(same);
                 if (!same)
-                    fprintf(stderr, "\n  %s %dx%d, %s, overlap %d, delegation %d: not bit-identical\n",
-                            name, shapes[s][0], shapes[s][1], PLACEMENTS[pl].what, overlap, delegate);
+                    fprintf(stderr, "\n  %s %dx%d, %s, overlap %d, delegation %d, %s: not bit-identical\n",
+                            name, shapes[s][0], shapes[s][1], PLACEMENTS[pl].what, overlap, delegate,
+                            device == FG_DEVICE_CPU ? "cpu" : "cpu-fp16");
                 for (int t = 0; t < N_TIERS; t++) CU_ASSERT(r.stats.peak[t] <= r.stats.capacity[t]);
                 free(r.logits);
             }
@@ -103,8 +111,88 @@ static void check_policy_invariance(const char *name) {
     fixture_prompts_close(&f);
 }
 
-static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny"); }
-static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m"); }
+static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny", 0); }
+static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m", 0); }
+
+/* fp16 activations (the CUDA backend's, here on the CPU: --device cpu-fp16). Each of the n_layers
+ * + 1 roundings of the hidden states (after the embedding and after each layer) moves a value by
+ * at most 2^-11 of itself; to first order the logits, a layer norm and a product away from the
+ * last, move by at most that many roundings of their scale: the bound against fp32 at the same
+ * block shape. Then the runtime's moves of 2-byte activations (homes on every tier, staging,
+ * disk pages) must not change a bit (check_policy_invariance). */
+static void check_fp16_activations(const char *name) {
+    fixture_prompts f;
+    fixture_prompts_open(name, N_SEQ, &f);
+    float bound = (f.cfg.n_layers + 1) * FP16_ROUNDING;
+    size_t n_logits = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    result fp32, fp16;
+    fg_policy p = policy(2, 3, ALL_GPU, 1, 0);
+    run(&f, &p, &fp32);
+    device = FG_DEVICE_CPU_FP16;
+    p = policy(2, 3, ALL_GPU, 1, 0);
+    run(&f, &p, &fp16);
+    CU_ASSERT_EQUAL_FATAL(fp32.rc, 0);
+    CU_ASSERT_EQUAL_FATAL(fp16.rc, 0);
+    float max_abs = 0, worst = 0;
+    for (size_t i = 0; i < n_logits; i++) {
+        max_abs = fmaxf(max_abs, fabsf(fp32.logits[i]));
+        worst = fmaxf(worst, fabsf(fp16.logits[i] - fp32.logits[i]));
+    }
+    EXPECT(worst > 0 && worst <= bound * max_abs, "%s, fp16 activations against fp32: the largest logit "
+           "difference is %g, the bound %g (%d roundings of 2^-11 of max|logit| %g)", name, worst,
+           bound * max_abs, f.cfg.n_layers + 1, max_abs);
+    CU_ASSERT_EQUAL(memcmp(fp16.tokens, fp32.tokens, sizeof fp16.tokens), 0);
+    CU_ASSERT(fp16.stats.peak[TIER_GPU] < fp32.stats.peak[TIER_GPU]); /* half the activation bytes */
+    free(fp32.logits);
+    free(fp16.logits);
+    fixture_prompts_close(&f);
+    check_policy_invariance(name, bound);
+    device = FG_DEVICE_CPU;
+}
+
+static void test_fp16_pre_ln(void) { check_fp16_activations("opt-tiny"); }
+static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m"); }
+
+/* Prefill in chunks (FG_CHUNK_ROWS): a GPU batch of 40 prompts of 56 tokens (2240 rows) runs each
+ * layer on 36 sequences, then 4, in a workspace of 36 x 56 rows; its tokens are those of GPU
+ * batches of 8 (one chunk each), its logits within fp32 sums grouped otherwise (1e-4), on both
+ * activation formats, with the cache and activations off the gpu tier too. */
+static void test_prefill_chunks(void) {
+    enum { N = 40, LEN = 56, STEPS = 4 };
+    static const opt_config c = {"chunks", 2, 64, 4, 256, 512, 64, 64, 1};
+    CU_ASSERT_EQUAL(fg_workspace_rows(N, LEN), (size_t)(FG_CHUNK_ROWS / LEN) * LEN);
+    CU_ASSERT(fg_workspace_rows(N, LEN) < (size_t)N * LEN);
+    int *prompts[N], lens[N], *tokens[2] = {malloc(N * STEPS * sizeof(int)), malloc(N * STEPS * sizeof(int))};
+    float *logits[2] = {malloc((size_t)N * STEPS * c.vocab * sizeof(float)),
+                        malloc((size_t)N * STEPS * c.vocab * sizeof(float))};
+    for (int p = 0; p < N; p++) {
+        lens[p] = LEN - p % 5; /* left padding in every chunk, a different pattern in each */
+        prompts[p] = malloc(LEN * sizeof(int));
+        for (int t = 0; t < LEN; t++) prompts[p][t] = 3 + (p * 131 + t * 17) % (c.vocab - 3);
+    }
+    static const fg_device devices[2] = {FG_DEVICE_CPU, FG_DEVICE_CPU_FP16};
+    static const fg_percent placements[2] = {{100, 0, 100, 0, 100, 0}, {50, 50, 0, 50, 0, 50}};
+    for (int d = 0; d < 2; d++)
+        for (int pl = 0; pl < 2; pl++) {
+            device = devices[d];
+            fg_policy one = policy(N, 1, placements[pl], 1, 0), five = policy(8, 5, placements[pl], 1, 0);
+            char err[FG_ERR_LEN];
+            CU_ASSERT_EQUAL_FATAL(generate_with(NULL, &c, 7, &one, STEPS, N, prompts, lens, tokens[0], logits[0], NULL, err), 0);
+            CU_ASSERT_EQUAL_FATAL(generate_with(NULL, &c, 7, &five, STEPS, N, prompts, lens, tokens[1], logits[1], NULL, err), 0);
+            float max_abs = 0, worst = 0;
+            for (size_t i = 0; i < (size_t)N * STEPS * c.vocab; i++) {
+                max_abs = fmaxf(max_abs, fabsf(logits[1][i]));
+                worst = fmaxf(worst, fabsf(logits[0][i] - logits[1][i]));
+            }
+            float bound = (1e-4f + (d ? (c.n_layers + 1) * FP16_ROUNDING : 0)) * max_abs;
+            EXPECT(max_abs > 0 && worst <= bound, "%s, placement %d: a GPU batch of 40 in chunks against 5 of 8: "
+                   "largest logit difference %g, bound %g", d ? "cpu-fp16" : "cpu", pl, worst, bound);
+            CU_ASSERT_EQUAL(memcmp(tokens[0], tokens[1], N * STEPS * sizeof(int)), 0);
+        }
+    device = FG_DEVICE_CPU;
+    for (int p = 0; p < N; p++) free(prompts[p]);
+    for (int i = 0; i < 2; i++) free(tokens[i]), free(logits[i]);
+}
 
 /* The KV cache and activations of a GPU batch split by rounding each tier's share (§4.2): of 3
  * sequences, 50% is 2 (lround(1.5)), not 1, and the next tier takes what the sum leaves. */
@@ -174,6 +262,54 @@ static void test_plan_fits_exactly(void) {
     double modeled = fg_linear_eval(&mm.tier[TIER_GPU], all_gpu) - mm.tier[TIER_GPU].coef[X_WG];
     EXPECT(modeled == need - weights, "the memory model's gpu tier, weights aside: expected %.0f bytes "
            "(what the plan check needs), got %.0f", need - weights, modeled);
+}
+
+/* The memory model for a GPU (a hardware file without gpu_is_host) counts what the runtime's plan
+ * check counts with the CUDA backend: fp16 activations, the CUDA workspace (flexgen.cu lays it out
+ * with fg_cuda_workspace_parts), the device reserve on the gpu tier, delegated attention's host
+ * rows on the cpu tier. Checked without a GPU: the runtime runs its plan check on a table with
+ * the CUDA backend's sizes; each tier fits at exactly the model's bytes (weights counted by
+ * tensor, as the runtime places them) and not at one byte less. */
+static void test_memory_model_cuda_sizes(void) {
+    static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
+    enum { GBS = 3, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
+    fg_backend cuda_sizes = fg_cpu_fp16_backend;
+    cuda_sizes.gpu_is_host = 0, cuda_sizes.reads_q4 = 0, cuda_sizes.act_elem = FG_CUDA_ACT_ELEM;
+    cuda_sizes.workspace_bytes = fg_cuda_workspace_bytes, cuda_sizes.device_reserve = FG_CUDA_RESERVE;
+    cuda_sizes.delegated_bytes = fg_cuda_delegated_bytes;
+    static const struct { fg_percent pc; int delegate; fg_tier tier; } cases[] = {
+        {{100, 0, 100, 0, 100, 0}, 0, TIER_GPU},
+        {{100, 0, 0, 100, 0, 100}, 1, TIER_GPU},
+        {{100, 0, 0, 100, 0, 100}, 1, TIER_CPU},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fg_workload w = {.s = PROMPT, .n = GEN_LEN, .gbs = GBS, .ngb = NGB, .cpu_cache_compute = cases[i].delegate};
+        fg_hardware hw = {.gpu_is_host = 0};
+        fg_memory_model mm;
+        fg_memory_model_build(&c, &w, &hw, FG_W_GPU, &mm);
+        for (int less = 0; less < 2; less++) {
+            fg_policy p = policy(GBS, NGB, cases[i].pc, 0, cases[i].delegate);
+            for (int t = 0; t < N_TIERS; t++) p.capacity[t] = 1e12;
+            fg_runtime *rt;
+            fg_model *m;
+            char err[FG_ERR_LEN] = "";
+            CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+            rt->backend = &cuda_sizes;
+            CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+            double x[N_X], weights[N_TIERS], max_layer_disk;
+            fg_plan_placement(m, GBS * NGB, x);
+            weight_bytes(m, weights, &max_layer_disk);
+            fg_tier t = cases[i].tier;
+            double modeled = fg_linear_eval(&mm.tier[t], x) - mm.tier[t].coef[X_WG + t] * x[X_WG + t] + weights[t];
+            rt->capacity[t] = modeled - less;
+            int fits = fg_check_plan(m, GBS * NGB, PROMPT, GEN_LEN, err) == 0;
+            EXPECT(fits == !less, "CUDA sizes, case %zu, %s tier at %.0f bytes (%s the memory model's): "
+                   "expected %s, got %s %s", i, fg_tier_names[t], modeled - less, less ? "one less than" : "exactly",
+                   less ? "refused" : "accepted", fits ? "accepted" : "refused", err);
+            fg_model_close(m);
+            fg_runtime_close(rt);
+        }
+    }
 }
 
 /* fg_check_plan's verdict for a capacity of one tier. */
@@ -378,6 +514,12 @@ void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime", NULL, NULL);
     CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
     CU_add_test(s, "policy invariance, post-LN (350m) fixture", test_invariance_post_ln);
+    CU_add_test(s, "prefill in chunks of the workspace's rows: the tokens of unchunked GPU batches",
+                test_prefill_chunks);
+    CU_add_test(s, "fp16 activations: within their rounding of fp32, placement changes no bit, pre-LN",
+                test_fp16_pre_ln);
+    CU_add_test(s, "fp16 activations: within their rounding of fp32, placement changes no bit, post-LN",
+                test_fp16_post_ln);
     CU_add_test(s, "capacities: smallest fitting plan runs within it, one byte less is refused",
                 test_capacities);
     CU_add_test(s, "bytes moved per link follow the schedule", test_link_bytes);
@@ -387,4 +529,6 @@ void add_runtime_tests(void) {
                 test_early_stop_gives_back_read_ahead);
     CU_add_test(s, "rows split over the tiers by rounding each share", test_split_rows_round);
     CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
+    CU_add_test(s, "the memory model counts what the plan check counts with the CUDA backend's sizes",
+                test_memory_model_cuda_sizes);
 }
