@@ -12,7 +12,9 @@
 #   flexgen   FlexGen's Python implementation (pip package flexllmgen, or flexgen, its older
 #             name) on the same machine with the same fixed policies, dummy weights, prompt
 #             length 512, gen length 32; where it does not import or torch has no CUDA, one
-#             line saying so
+#             line saying so. FlexGen reads the tokenizer of facebook/opt-30b (the Hugging Face
+#             cache, or the network) even with dummy weights. A policy that needs more CPU
+#             memory than is available, by this project's memory model, is not run.
 # Where a GPU is present, a test step in which the GPU suite skipped fails; without one, the
 # steps that need it are recorded as skipped with the reason.
 #
