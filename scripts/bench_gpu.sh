@@ -7,20 +7,14 @@
 #             throughput, peak gpu memory, bytes per link and a Chrome trace of each run, and
 #             the cost model's prediction for the same policy with the measured constants, so
 #             that each run is also a fraction of its bound
-# Every run's JSON and trace land in $OUT; a markdown table is printed.
+# Every run's JSON and trace land in $OUT; a markdown table is printed. A run that is refused (the
+# plan does not fit), fails or times out is a row saying so, and the next run goes on.
+# `bash scripts/bench_gpu.sh policy MODEL` prints MODEL's fixed policy and exits.
+# Environment: FLEXGEN_BIN [./flexgen], WEIGHTS (dummy weights on disk) [~/.cache/flexgen],
+# OFFLOAD (the disk tier) [/var/tmp], OUT [bench-gpu-<UTC time>], MODELS [opt-6.7b opt-13b
+# opt-30b], HW (a hardware file; profiled into $OUT when missing), MAX_LATENCY (auto's bound on a
+# block, seconds) [600], RUN_TIMEOUT (seconds for each run and for the profile; 0: none) [0].
 set -euo pipefail
-BIN=${FLEXGEN_BIN:-./flexgen}
-WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
-OFFLOAD=${OFFLOAD:-/var/tmp}
-OUT=${OUT:-bench-gpu-$(date -u +%Y%m%dT%H%M%SZ)}
-MODELS=${MODELS:-opt-6.7b opt-13b opt-30b}
-mkdir -p "$OUT"
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-date -u +%Y-%m-%dT%H:%M:%SZ | tee "$OUT/when.txt"
-HW=${HW:-$OUT/hardware.json}
-[ -f "$HW" ] || "$BIN" profile --device cuda --offload-dir "$OFFLOAD" --out "$HW"
 
 # The fixed policies: opt-30b's is FlexGen's published one (§6, Table 5's setting, 16 GB T4);
 # those of 6.7b (all on the GPU) and 13b (weights split, cache on the CPU) follow the same
@@ -30,24 +24,51 @@ policy_for() {
         opt-6.7b) echo "--percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1" ;;
         opt-13b) echo "--percent 40 60 0 100 0 100 --gpu-batch-size 32 --num-gpu-batches 4 --cpu-cache-compute" ;;
         opt-30b) echo "--percent 20 80 0 100 0 100 --gpu-batch-size 48 --num-gpu-batches 3 --cpu-cache-compute" ;;
+        *) echo "bench_gpu.sh: no fixed policy for $1" >&2; return 1 ;;
     esac
 }
+if [ "${1:-}" = policy ]; then
+    policy_for "${2:?usage: bench_gpu.sh policy MODEL}"
+    exit
+fi
+
+BIN=${FLEXGEN_BIN:-./flexgen}
+WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
+OFFLOAD=${OFFLOAD:-/var/tmp}
+OUT=${OUT:-bench-gpu-$(date -u +%Y%m%dT%H%M%SZ)}
+MODELS=${MODELS:-opt-6.7b opt-13b opt-30b}
+RUN_TIMEOUT=${RUN_TIMEOUT:-0}
+mkdir -p "$OUT"
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+date -u +%Y-%m-%dT%H:%M:%SZ | tee "$OUT/when.txt"
+HW=${HW:-$OUT/hardware.json}
+[ -f "$HW" ] || timeout -k 10 "$RUN_TIMEOUT" "$BIN" profile --device cuda --offload-dir "$OFFLOAD" --out "$HW"
 
 run() { # name, flags...
-    local name=$1
+    local name=$1 rc=0
     shift
     local common=(--device cuda --gpu-mem 16G --path "$WEIGHTS" --offload-dir "$OFFLOAD" --prompt-len 512 --gen-len 32 "$@")
-    if ! "$BIN" --quiet --json --trace "$OUT/$name.trace.json" "${common[@]}" > "$OUT/$name.json" 2> "$OUT/$name.err"; then
-        echo "| $name | \`$*\` | refused or failed: $(head -c 300 "$OUT/$name.err") |"
+    timeout -k 10 "$RUN_TIMEOUT" "$BIN" --quiet --json --trace "$OUT/$name.trace.json" "${common[@]}" \
+        > "$OUT/$name.json" 2> "$OUT/$name.err" || rc=$?
+    if [ "$rc" != 0 ]; then
+        local what="failed (exit status $rc)"
+        [ "$rc" = 2 ] && what=refused
+        [ "$rc" = 124 ] || [ "$rc" = 137 ] && what="timed out after $RUN_TIMEOUT s"
+        echo "| $name | \`$*\` | $what: $(head -c 300 "$OUT/$name.err" | tr '\n|' '  ') |"
         return 0
     fi
     local chosen
     chosen=$(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); p=o["percent"]; print("--gpu-batch-size %d --num-gpu-batches %d --percent %s%s" % (o["gpu_batch_size"], o["num_gpu_batches"], " ".join(map(str, p)), " --cpu-cache-compute" if o["cpu_cache_compute"] else ""))' "$OUT/$name.json")
     # the prediction of the policy that ran (for auto: the one the search chose)
     # shellcheck disable=SC2086
-    "$BIN" policy --evaluate --json --hw "$HW" --device cuda --gpu-mem 16G --path "$WEIGHTS" \
+    if ! "$BIN" policy --evaluate --json --hw "$HW" --device cuda --gpu-mem 16G --path "$WEIGHTS" \
         --offload-dir "$OFFLOAD" --prompt-len 512 --gen-len 32 --model "$MODEL" $chosen \
-        > "$OUT/$name.predicted.json"
+        > "$OUT/$name.predicted.json" 2> "$OUT/$name.predicted.err"; then
+        echo "| $name | \`$chosen\` | ran, but no prediction: $(head -c 300 "$OUT/$name.predicted.err" | tr '\n|' '  ') |"
+        return 0
+    fi
     python3 - "$OUT/$name" "$name" "$chosen" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1] + ".json"))

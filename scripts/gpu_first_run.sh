@@ -1,0 +1,420 @@
+#!/usr/bin/env bash
+# The first run of the CUDA backend on a GPU machine, in one command. It prints the GPU
+# (nvidia-smi), then runs these steps in order:
+#   build     make -j
+#   test      make test: the CPU suites and the GPU suite
+#   test-gpu  make test-gpu: the GPU suite under compute-sanitizer's memcheck
+#   test-san  make test-san: every suite under ASan and UBSan (the Makefile's
+#             protect_shadow_gap=0 and tests/lsan-cuda.supp let the GPU suite run there)
+#   bench     scripts/bench_gpu.sh at --gpu-mem 16G (a T4 on a larger card): the profile, then
+#             each model with its fixed policy and with --policy auto, beside the cost model's
+#             bound
+#   flexgen   FlexGen's Python implementation (pip package flexllmgen, or flexgen, its older
+#             name) on the same machine with the same fixed policies, dummy weights, prompt
+#             length 512, gen length 32; where it does not import or torch has no CUDA, one
+#             line saying so. FlexGen reads the tokenizer of facebook/opt-30b (the Hugging Face
+#             cache, or the network) even with dummy weights. A policy that needs more CPU
+#             memory than is available, by this project's memory model, is not run.
+# Where a GPU is present, a test step in which the GPU suite skipped fails; without one, the
+# steps that need it are recorded as skipped with the reason.
+#
+# Results: $OUT/gpu-first-run.md: the GPU and build, each step's result (pass, fail, skip), its
+# seconds and a note, bench_gpu.sh's table, and this project beside FlexGen model by model. Each
+# step's output is in $OUT/STEP.log, bench_gpu.sh's files in $OUT/bench, FlexGen's in
+# $OUT/flexgen. A failed step does not stop the next; the exit status is 1 if any step of this
+# command failed.
+# Run again with the same OUT, it adds to the same file (a step run again replaces its row), so
+# the steps can run one command at a time.
+#
+# Environment:
+#   STEPS         the steps to run, separated by spaces or commas
+#                 [build test test-gpu test-san bench flexgen]
+#   QUICK=1       bench and flexgen run opt-6.7b only
+#   MODELS        the models of bench and flexgen [opt-6.7b opt-13b opt-30b]
+#   OUT           the results directory [gpu-first-run-<UTC time>]
+#   STEP_TIMEOUT  seconds a step may run before it is stopped and recorded as failed [570, so
+#                 that one step fits in a 10-minute command; the three models' bench and
+#                 flexgen steps need more: raise it, or run one model per command]
+#   RUN_TIMEOUT   seconds for each benchmark run, ours and FlexGen's [240]
+#   PYTHON        the Python with FlexGen and a CUDA build of torch [python3]
+#   WEIGHTS, OFFLOAD, HW, MAX_LATENCY  as in scripts/bench_gpu.sh; FlexGen offloads under
+#                 OFFLOAD [/var/tmp] too
+# For example, on a machine that allows 10 minutes a command:
+#   export OUT=first-run
+#   STEPS=build,test bash scripts/gpu_first_run.sh
+#   STEPS=test-gpu bash scripts/gpu_first_run.sh
+#   STEPS=test-san bash scripts/gpu_first_run.sh
+#   QUICK=1 STEPS=bench,flexgen bash scripts/gpu_first_run.sh
+#   MODELS=opt-13b STEPS=bench bash scripts/gpu_first_run.sh
+# shellcheck disable=SC2317 # the step functions are called by name, "step_$STEP"
+set -uo pipefail
+
+ALL_STEPS="build test test-gpu test-san bench flexgen"
+STEPS=${STEPS:-$ALL_STEPS}
+STEPS=${STEPS//,/ }
+[ "${QUICK:-0}" = 1 ] && MODELS=opt-6.7b
+export MODELS=${MODELS:-opt-6.7b opt-13b opt-30b}
+OUT=${OUT:-gpu-first-run-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+export OUT
+export STEP_TIMEOUT=${STEP_TIMEOUT:-570} RUN_TIMEOUT=${RUN_TIMEOUT:-240} PYTHON=${PYTHON:-python3}
+export OFFLOAD=${OFFLOAD:-/var/tmp}
+cd "$(dirname "$0")/.." || exit 2
+SELF=scripts/gpu_first_run.sh
+JOBS=$(nproc)
+
+have_gpu() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+
+no_gpu() { # why there is no GPU, in one line
+    if ! command -v nvidia-smi > /dev/null; then
+        echo "no GPU: nvidia-smi not found"
+    else
+        echo "no GPU: nvidia-smi -L says: $(nvidia-smi -L 2>&1 | head -n 1)"
+    fi
+}
+
+# ---- the steps: each runs in its own process (`$SELF __step NAME`, under timeout), appends its
+# output to $LOG and one-line notes to $OUT/NAME.note, and returns 0 (pass), 1 (fail) or 3 (skip)
+
+note() { printf '%s\n' "$*" >> "$OUT/$STEP.note"; }
+
+run_logged() { # command...: its output on the terminal and in $LOG; its exit status
+    "$@" 2>&1 | tee -a "$LOG"
+    return "${PIPESTATUS[0]}"
+}
+
+first_error() { # the first line of $LOG that names an error, else its last line
+    { grep -m 1 -E 'error:|Error:|No such file|not found|^flexgen:|Segmentation|Abort' "$LOG" ||
+        tail -n 1 "$LOG"; } | head -c 300
+}
+
+suite_summary() { # CUnit's count of tests, its first failure and the suites' skip lines, as notes
+    local line
+    line=$(awk '$1 == "tests" && NF == 6 { t = "tests: " $3 " ran, " $5 " failed" } END { if (t) print t }' "$LOG")
+    note "${line:-no CUnit summary: $(first_error)}"
+    line=$(grep -m 1 -E '^ +[0-9]+\. tests/' "$LOG") && note "first failure: $line"
+    grep -o 'pipeline suite skipped: .*' "$LOG" | head -n 1 | while read -r line; do note "$line"; done
+}
+
+gpu_suite_ran() { # 1 where a GPU is present and the GPU suite skipped all the same
+    local why
+    why=$(grep -o 'GPU suite skipped: .*' "$LOG" | head -n 1)
+    [ -n "$why" ] || return 0
+    if have_gpu; then
+        note "$why, on a machine with a GPU"
+        return 1
+    fi
+    note "$why"
+}
+
+step_build() {
+    run_logged make -j"$JOBS" || { note "make failed: $(first_error)"; return 1; }
+    if make -s print-cflags | grep -q -- -DFLEXGEN_CUDA; then
+        local nvcc
+        nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+        note "with CUDA: $("$nvcc" --version | grep -m 1 release)"
+    elif have_gpu; then
+        note "built without CUDA (no nvcc; NVCC= names one): the GPU cannot be used"
+        return 1
+    else
+        note "built without CUDA (no nvcc)"
+    fi
+}
+
+step_test() {
+    local rc=0
+    run_logged make -j"$JOBS" test || rc=1
+    suite_summary
+    gpu_suite_ran || rc=1
+    return "$rc"
+}
+
+step_test_gpu() {
+    have_gpu || { note "$(no_gpu)"; return 3; }
+    local rc=0 line
+    run_logged make -j"$JOBS" test-gpu || rc=1
+    suite_summary
+    line=$(grep -m 1 -o 'ERROR SUMMARY: .*' "$LOG") && note "compute-sanitizer: $line"
+    gpu_suite_ran || rc=1
+    return "$rc"
+}
+
+step_test_san() {
+    local rc=0 line
+    run_logged make -j"$JOBS" test-san || rc=1
+    suite_summary
+    line=$(grep -m 1 -E 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' "$LOG") && note "$line"
+    gpu_suite_ran || rc=1
+    return "$rc"
+}
+
+step_bench() {
+    have_gpu || { note "$(no_gpu)"; return 3; }
+    [ -x ./flexgen ] || { note "no ./flexgen: run the build step first"; return 1; }
+    local rc=0
+    run_logged env OUT="$OUT/bench" bash scripts/bench_gpu.sh || rc=1
+    # the table's rows, this command's replacing those of the same runs from earlier commands
+    { grep '^|' "$LOG"; [ ! -f "$OUT/bench/rows.md" ] || cat "$OUT/bench/rows.md"; } | awk -F '|' '!seen[$2]++' \
+        > "$OUT/bench/rows.md.tmp" && mv "$OUT/bench/rows.md.tmp" "$OUT/bench/rows.md"
+    local runs refused bad
+    runs=$(grep -c -E '^\| opt-[^ ]+-(fixed|auto) \|' "$LOG")
+    refused=$(grep -c -E '^\| [^|]+ \| [^|]+ \| refused:' "$LOG")
+    bad=$(grep -c -E '^\| [^|]+ \| [^|]+ \| (failed|timed out|ran, but no prediction)' "$LOG")
+    note "$runs runs: $((runs - refused - bad)) measured, $refused refused (the plan does not fit), $bad failed or timed out"
+    [ "$rc" = 0 ] || note "bench_gpu.sh stopped: $(first_error)"
+    [ "$bad" = 0 ] || rc=1
+    return "$rc"
+}
+
+step_flexgen() {
+    have_gpu || { note "$(no_gpu)"; return 3; }
+    local mod="" m
+    for m in flexllmgen flexgen; do
+        if "$PYTHON" -c "import $m.flex_opt" >> "$LOG" 2>&1; then
+            mod=$m
+            break
+        fi
+    done
+    if [ -z "$mod" ]; then
+        note "FlexGen cannot be imported by $PYTHON (pip install flexllmgen): $(tail -n 1 "$LOG" | head -c 200)"
+        return 3
+    fi
+    if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' >> "$LOG" 2>&1; then
+        note "FlexGen ($mod) imports, but torch.cuda.is_available() is false in $PYTHON"
+        return 3
+    fi
+    mkdir -p "$OUT/flexgen"
+    local model policy dir rc failed=0
+    for model in $MODELS; do
+        if ! policy=$(bash scripts/bench_gpu.sh policy "$model" 2>&1); then
+            note "$policy"
+            failed=1
+            continue
+        fi
+        # a policy that needs more CPU memory than is available, by this project's memory model
+        # (the same placement of fp16 weights and cache), is not run: FlexGen would be killed
+        # for memory, or take the machine's memory from everything else
+        if [ -x ./flexgen ]; then
+            local avail fits
+            avail=$(awk '/MemAvailable/ { print int($2 / 1024) "M" }' /proc/meminfo)
+            # shellcheck disable=SC2086
+            if ! fits=$(./flexgen policy --evaluate --hw hardware/t4-flexgen.json --gpu-mem 1T --cpu-mem "$avail" \
+                --disk-mem 1T --prompt-len 512 --gen-len 32 --model "$model" $policy 2>&1 > /dev/null); then
+                echo "not run: this project's plan of the same policy: ${fits#flexgen: } (the available memory)" |
+                    tee "$OUT/flexgen/$model.status" | tee -a "$LOG"
+                note "$model: $(cat "$OUT/flexgen/$model.status")"
+                continue
+            fi
+        fi
+        dir=$(mktemp -d "$OFFLOAD/flexgen-offload.XXXXXX") || { note "cannot make a directory in $OFFLOAD"; return 1; }
+        rm -f "$OUT/flexgen/$model.log"
+        echo "== $mod.flex_opt, $model: $policy" | tee -a "$LOG"
+        rc=0
+        # shellcheck disable=SC2086
+        timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" -m "$mod.flex_opt" --model "facebook/$model" --path _DUMMY_ \
+            --offload-dir "$dir" --prompt-len 512 --gen-len 32 $policy --log-file "$OUT/flexgen/$model.log" \
+            > "$OUT/flexgen/$model.out" 2>&1 || rc=$?
+        rm -rf "$dir"
+        tail -n 8 "$OUT/flexgen/$model.out" | tee -a "$LOG"
+        if [ "$rc" = 0 ]; then
+            echo ok > "$OUT/flexgen/$model.status"
+        else
+            failed=1
+            if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+                echo "timed out after $RUN_TIMEOUT s" > "$OUT/flexgen/$model.status"
+            else
+                echo "failed (exit status $rc): $(tail -n 1 "$OUT/flexgen/$model.out" | head -c 200)" > "$OUT/flexgen/$model.status"
+            fi
+            note "$model: $(cat "$OUT/flexgen/$model.status")"
+        fi
+    done
+    note "FlexGen as $mod: $MODELS"
+    return "$failed"
+}
+
+if [ "${1:-}" = __step ]; then
+    STEP=$2
+    LOG=$OUT/$STEP.log
+    "step_${STEP//-/_}"
+    exit
+fi
+
+# ---- the results file
+
+machine() { # what ran where, as markdown list items
+    local gpu cuda commit
+    if have_gpu; then
+        gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)
+        gpu="$gpu (name, memory, driver)"
+    else
+        gpu=$(no_gpu)
+    fi
+    cuda=$({ command -v nvcc || ls /usr/local/cuda/bin/nvcc; } 2>/dev/null | head -n 1)
+    [ -n "$cuda" ] && cuda=$("$cuda" --version | grep -m 1 release) || cuda="no nvcc"
+    commit=$(git rev-parse --short HEAD 2>/dev/null) || commit=unknown
+    [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit, with local changes"
+    echo "- GPU: $gpu"
+    echo "- CUDA: $cuda"
+    echo "- machine: $(uname -n), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) of memory"
+    echo "- commit: $commit"
+    echo "- last command: $(date -u +%Y-%m-%dT%H:%M:%SZ), STEPS=\"$STEPS\", MODELS=\"$MODELS\""
+}
+
+render() { # $OUT/gpu-first-run.md from the files of $OUT
+    python3 - "$OUT" "$MODELS" "$ALL_STEPS" > "$OUT/gpu-first-run.md.tmp" <<'PY' && mv "$OUT/gpu-first-run.md.tmp" "$OUT/gpu-first-run.md"
+import json, os, re, sys
+
+out, shown, order = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+models = shown
+G = 2 ** 30
+
+
+def read(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def load(name):
+    try:
+        return json.loads(read(name))
+    except ValueError:
+        return None
+
+
+def cell(s):
+    return " ".join(s.split()).replace("|", "/")
+
+
+print("# First run on a GPU\n")
+print("Written by `scripts/gpu_first_run.sh`; each step's output is in `STEP.log` beside this file.\n")
+print(read("machine.md"))
+print("## Steps\n")
+print("| step | result | seconds | note |")
+print("|---|---|---|---|")
+steps = {}
+for row in read("steps.tsv").splitlines():
+    step, result, secs, note = (row.split("\t") + [""] * 4)[:4]
+    steps[step] = (result, secs, note)
+for step in sorted(steps, key=lambda s: order.index(s) if s in order else len(order)):
+    result, secs, note = steps[step]
+    print(f"| {step} | {result} | {secs} | {cell(note)} |")
+
+models = list(dict.fromkeys(["opt-6.7b", "opt-13b", "opt-30b"] + models))
+rows = read("bench/rows.md").splitlines()
+head = [l for l in rows if not l.startswith("| opt-")]
+table = [l for l in rows if l.startswith("| opt-")]
+rank = {f"{m}-{k}": 2 * i + j for i, m in enumerate(models) for j, k in enumerate(("fixed", "auto"))}
+table.sort(key=lambda l: rank.get(l.split("|")[1].strip(), len(rank)))
+print("\n## This project: scripts/bench_gpu.sh (--gpu-mem 16G, prompt 512, gen 32, dummy weights)\n")
+print("\n".join(head + table) if table else "Not run.")
+
+policies = dict(l.split("\t", 1) for l in read("policies.tsv").splitlines() if "\t" in l)
+
+
+def ours(name):
+    """(tok/s, peak GiB, bound tok/s, policy) of one bench_gpu.sh run, or a word on why not."""
+    m = load(f"bench/{name}.json")
+    if m is None:
+        row = next((l for l in table if l.startswith(f"| {name} |")), None)
+        if row is None:
+            return "not run"
+        why = re.search(r"\| (refused|failed \(exit status \d+\)|timed out after \d+ s):", row)
+        return why.group(1) if why else "failed"
+    p = load(f"bench/{name}.predicted.json")
+    policy = "--gpu-batch-size %d --num-gpu-batches %d --percent %s%s" % (
+        m["gpu_batch_size"], m["num_gpu_batches"], " ".join(map(str, m["percent"])),
+        " --cpu-cache-compute" if m["cpu_cache_compute"] else "")
+    bound = f"{p['predicted_throughput']:.2f}" if p else "no prediction"
+    return f"{m['total_throughput']:.2f}", f"{m['peak_gpu_bytes'] / G:.2f}", bound, policy
+
+
+def flexgen(model):
+    """(tok/s, peak GiB) of FlexGen's run of one model, or a word on why not."""
+    status = read(f"flexgen/{model}.status").strip()
+    if not status:
+        return "not run"
+    if status != "ok":
+        return cell(status)
+    text = read(f"flexgen/{model}.log") or read(f"flexgen/{model}.out")
+    tput = re.findall(r"total throughput: ([0-9.]+) token/s", text)
+    peak = re.findall(r"peak gpu mem: ([0-9.]+) GB", text)
+    if not tput:
+        return "printed no throughput"
+    return tput[-1], peak[-1] if peak else "?"
+
+
+print("\n## Side by side with FlexGen (this machine, same fixed policies, prompt 512, gen 32, dummy weights)\n")
+print("Throughput: generated tokens / (prefill + decode), token/s, each program's own report. Peak GPU")
+print("memory, GiB: this project's gpu tier (capped by --gpu-mem 16G) and FlexGen's")
+print("torch.cuda.max_memory_allocated (FlexGen has no cap). Bound: the cost model's prediction for")
+print("the policy that ran, with this machine's profiled constants. FlexGen has no policy search, so")
+print("the auto rows are this project's alone.\n")
+print("| model | policy | this: token/s | this: peak GPU GiB | bound token/s | FlexGen: token/s | FlexGen: peak GPU GiB |")
+print("|---|---|---|---|---|---|---|")
+for model in models:
+    if ours(f"{model}-fixed") == ours(f"{model}-auto") == flexgen(model) == "not run" and model not in shown:
+        continue
+    for kind in ("fixed", "auto"):
+        r = ours(f"{model}-{kind}")
+        f = flexgen(model) if kind == "fixed" else ("-", "-")
+        if isinstance(f, str):
+            f = (f, "-")
+        if isinstance(r, str):
+            policy = policies.get(model, "") if kind == "fixed" else "--policy auto"
+            r = (r, "-", "-", policy)
+        print(f"| {model} | {kind}: `{r[3]}` | {r[0]} | {r[1]} | {r[2]} | {f[0]} | {f[1]} |")
+if "flexgen" in steps and steps["flexgen"][0] == "skip":
+    print(f"\nFlexGen was not run: {cell(steps['flexgen'][2])}")
+PY
+}
+
+# ---- the run
+
+for step in $STEPS; do
+    case " $ALL_STEPS " in
+        *" $step "*) ;;
+        *) echo "gpu_first_run.sh: no step '$step'; the steps: $ALL_STEPS" >&2; exit 2 ;;
+    esac
+done
+
+echo "== the GPU"
+if command -v nvidia-smi > /dev/null; then
+    nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.txt"
+fi
+have_gpu || no_gpu
+machine > "$OUT/machine.md"
+for model in $MODELS; do
+    printf '%s\t%s\n' "$model" "$(bash scripts/bench_gpu.sh policy "$model" 2>/dev/null)"
+done > "$OUT/policies.tsv"
+
+failed=0
+for step in $STEPS; do
+    echo "== $step (at most $STEP_TIMEOUT s)"
+    rm -f "$OUT/$step.log" "$OUT/$step.note"
+    start=$(date +%s)
+    rc=0
+    timeout -k 30 "$STEP_TIMEOUT" bash "$SELF" __step "$step" < /dev/null || rc=$?
+    secs=$(($(date +%s) - start))
+    case $rc in
+        0) result=pass ;;
+        3) result=skip ;;
+        124 | 137)
+            result=fail
+            echo "stopped after $STEP_TIMEOUT s (STEP_TIMEOUT)" >> "$OUT/$step.note"
+            echo ;;
+        *) result=fail ;;
+    esac
+    [ "$result" = fail ] && failed=1
+    note=$(awk '{ printf "%s%s", (NR > 1 ? "; " : ""), $0 }' "$OUT/$step.note" 2>/dev/null)
+    { awk -F '\t' -v s="$step" '$1 != s' "$OUT/steps.tsv" 2>/dev/null
+      printf '%s\t%s\t%s\t%s\n' "$step" "$result" "$secs" "$note"; } > "$OUT/steps.tsv.tmp" &&
+        mv "$OUT/steps.tsv.tmp" "$OUT/steps.tsv"
+    echo "== $step: $result in $secs s${note:+: $note}"
+    render
+done
+render
+echo "== results: $OUT/gpu-first-run.md"
+exit $failed
