@@ -20,7 +20,12 @@ LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-SRC := util.c quant.c matmul.c safetensors.c opt_model.c tokenizer.c tiers.c trace.c weights.c plan.c flexgen.c perplexity.c pipeline.c cost_model.c lp.c policy.c profile.c cli.c
+# The paper's four C files, then the support layer (support/) that a first reading can skip.
+PAPER := opt_model.c quant.c flexgen.c lp.c
+SUPPORT := $(addprefix support/,util.c simd.c matmul.c workspace.c cpu_fp16.c sampling.c \
+           safetensors.c checkpoint.c weight_file.c tokenizer.c trace.c perplexity.c pipeline.c \
+           profile.c cli.c)
+SRC := $(PAPER) $(SUPPORT)
 CUDA_OBJ :=
 
 # CUDA: cuBLAS is the only GPU library. Code for T4 (sm_75), A100 (sm_80), RTX 30/40 (sm_86,
@@ -44,7 +49,7 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := flexgen.h runtime.h
+HDR := flexgen.h support/support.h support/tools.h
 TEST_SRC := $(wildcard tests/*.c)
 
 .PHONY: all test test-san test-gpu fuzz bench clean print-cflags
@@ -102,13 +107,13 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuz
 fuzz: $(FUZZ_TARGETS)
 
 build-fuzz/obj/%.o: %.c $(HDR)
-	@mkdir -p build-fuzz/obj
+	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
 build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h cli.c build-fuzz/libflexgen.a
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h support/cli.c build-fuzz/libflexgen.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
 
 bench: flexgen

@@ -1,30 +1,993 @@
-/* flexgen.c: FlexGen's zig-zag block schedule (the paper's §4.2, "Compute schedule", Fig. 4):
- * the sequences of a block, in GPU batches, computed layer by layer, with the I/O of the next
- * layer and of the neighbouring GPU batches overlapping each computation.
+/* flexgen.c: FlexGen's runtime (the paper's §4.1 and §4.2): three tiers of memory, the weights
+ * placed on them, the plan that checks a block fits, the I/O threads of Fig. 4, and the zig-zag
+ * block schedule that overlaps their loads and stores with compute. Read block_schedule first.
  *
- *   block_schedule    Fig. 4's three loops, generation step, layer and GPU batch, over the
- *                     paper's verbs: load_weight, store_activation, store_cache, load_cache,
- *                     load_activation, compute, synchronize
- *   the verbs         each queues tasks on the I/O threads (tiers.c) that move one GPU batch's
- *                     KV cache and activations between their homes and a staging arena
- *   generate()        prompts in blocks of gpu_batch_size x num_gpu_batches sequences, sampling
+ *   tiers         gpu, cpu and disk, one accounting point each (tier_take): every byte a run
+ *                 holds is taken here or refused with one line naming the tier and its flag
+ *   disk tier     files in the offload dir, mapped: pages come in (disk -> cpu, disk_fetch)
+ *                 and go out (cpu -> disk, disk_release)
+ *   I/O threads   a thread per link and kind of data, tasks in order (io_submit), and Fig. 4's
+ *                 "synchronize" (io_sync)
+ *   weights       each tensor's home tier (place_tensors, FlexGen's rule), the values written
+ *                 into their homes, and "load weight": a layer read ahead from disk, converted
+ *                 into a staging arena of the gpu tier, and bound for compute as it starts
+ *   plan          a block's buffers per tier (shape_block) and the plan check (fg_check_plan)
+ *   schedule      a block of GPU batches in flight, the paper's verbs (load_cache, store_cache,
+ *                 load_activation, store_activation, load_weight, compute, synchronize) and
+ *                 block_schedule, Fig. 4's three loops; generate() runs prompts in blocks
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
- * links once a block rather than once a batch. Where each tensor lives is weights.c's and
- * plan.c's business; a pipeline stage (§4.4) adds its messages through stage hooks (pipeline.c)
- * that do nothing in a single process.
+ * links once a block rather than once a batch. The runtime's state (fg_runtime, fg_model, block,
+ * in support/support.h) is what the pipeline's stage hooks (§4.4, support/pipeline.c) also see;
+ * in one process those hooks do nothing (single_stage, at the end).
  */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
+#include "support/support.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
-/* The hooks at a stage's edges: a pipeline's (pipeline.c), or the single stage's, which do
- * nothing (defined at the end of this file). */
+/* ============================================================================================
+ * Tiers (docs/DESIGN.md, "Glossary": tier): one accounting point each. I/O threads move pages of the
+ * disk tier in and out of memory, so the counters sit behind a lock.
+ * ============================================================================================ */
+
+const char *const fg_tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
+
+/* Takes bytes from a tier, or fails naming the tier, what needed them, and what is left. */
+int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err) {
+    pthread_mutex_lock(&rt->lock);
+    int fits = rt->current[t] + bytes <= rt->capacity[t];
+    if (fits) {
+        rt->current[t] += bytes;
+        if (rt->current[t] > rt->peak[t]) rt->peak[t] = rt->current[t];
+    }
+    double in_use = rt->current[t];
+    pthread_mutex_unlock(&rt->lock);
+    if (fits) return 0;
+    return fg_fail(err, "%s tier: %s needs %s more, %s of %s in use (%s)", fg_tier_names[t], what,
+                   human(bytes).s, human(in_use).s, human(rt->capacity[t]).s, fg_tier_flags[t]);
+}
+
+/* Transient use (pages of the disk tier in memory while they move): counted, never refused,
+ * since the plan check already bounded it. */
+void tier_add(fg_runtime *rt, fg_tier t, double bytes) {
+    pthread_mutex_lock(&rt->lock);
+    rt->current[t] += bytes;
+    if (rt->current[t] > rt->peak[t]) rt->peak[t] = rt->current[t];
+    pthread_mutex_unlock(&rt->lock);
+}
+
+void link_add(fg_runtime *rt, fg_link l, double bytes) {
+    pthread_mutex_lock(&rt->lock);
+    rt->link_bytes[l] += bytes;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* Memory of the gpu or cpu tier, zeroed (cpu-tier weights pinned with --pin-weight, the rest of
+ * the cpu tier always: what moves over the cpu <-> gpu link). NULL (and err) when the tier or the
+ * machine is full. */
+void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what,
+                               int pinned, char *err) {
+    if (bytes == 0) bytes = 64;
+    if (tier_take(rt, t, (double)bytes, what, err)) return NULL;
+    void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : rt->backend->host_alloc(bytes, pinned);
+    if (!p) {
+        tier_add(rt, t, -(double)bytes);
+        fg_fail(err, "%s tier: out of memory allocating %s for %s", fg_tier_names[t],
+                human((double)bytes).s, what);
+        return NULL;
+    }
+    return p;
+}
+
+void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err) {
+    return tier_alloc_pinned(rt, t, bytes, what, 1, err);
+}
+
+void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes == 0) bytes = 64;
+    if (t == TIER_GPU) rt->backend->free(p);
+    else rt->backend->host_free(p);
+    tier_add(rt, t, -(double)bytes);
+}
+
+/* ============================================================================================
+ * The disk tier: files in the offload dir, mapped; created unnamed (or unlinked at once), so
+ * nothing is left behind after an exit, an error or Ctrl-C. Pages come in with WILLNEED and a
+ * touch (the disk->cpu link) and leave with msync and DONTNEED, so resident memory follows the
+ * policy and not the page cache.
+ * ============================================================================================ */
+
+/* Maps a file of `bytes`, reserving its blocks first so that a full disk is an error here and
+ * not a SIGBUS later. Takes ownership of fd. */
+int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir,
+                     char *err) {
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+    bytes = page_up(bytes ? bytes : 1);
+    int rc = posix_fallocate(fd, 0, (off_t)bytes);
+    if (rc) {
+        close(fd);
+        return fg_fail(err, "%s %s: cannot reserve %s: %s", flag, dir, human((double)bytes).s, strerror(rc));
+    }
+    a->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (a->base == MAP_FAILED) {
+        a->base = NULL;
+        close(fd);
+        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s, strerror(errno));
+    }
+    a->fd = fd;
+    a->size = bytes;
+    return 0;
+}
+
+void arena_close(disk_arena *a) {
+    if (a->base) fg_unwatch_mapping(a->base), munmap(a->base, a->size);
+    if (a->fd >= 0) close(a->fd);
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+}
+
+/* A page-aligned piece of the arena (the plan sized the arena, so this cannot run out). */
+void *arena_take(disk_arena *a, size_t bytes) {
+    void *p = a->base + a->used;
+    a->used += page_up(bytes);
+    return p;
+}
+
+static void page_range(const disk_arena *a, const void *p, size_t bytes, size_t *off, size_t *len) {
+    size_t start = (size_t)((const char *)p - a->base) & ~(page_size() - 1);
+    size_t end = page_up((size_t)((const char *)p - a->base) + bytes);
+    *off = start;
+    *len = end > a->size ? a->size - start : end - start;
+}
+
+/* Reads len bytes of the arena at off into memory (and waits for them). */
+void disk_fetch_pages(const disk_arena *a, size_t off, size_t len) {
+    madvise(a->base + off, len, MADV_WILLNEED);
+    volatile const char *c = a->base + off;
+    unsigned sum = 0;
+    for (size_t i = 0; i < len; i += page_size()) sum += c[i];
+    (void)sum;
+}
+
+/* disk -> cpu: bring the pages in (and wait for them), on the disk link's thread. */
+void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes) {
+    if (!bytes) return;
+    size_t off, len;
+    page_range(a, p, bytes, &off, &len);
+    double t0 = now_seconds();
+    disk_fetch_pages(a, off, len);
+    double dt = now_seconds() - t0;
+    pthread_mutex_lock(&rt->lock);
+    rt->disk_read_seconds += dt;
+    pthread_mutex_unlock(&rt->lock);
+    link_add(rt, LINK_DISK_TO_CPU, (double)bytes);
+    tier_add(rt, TIER_CPU, (double)bytes);
+}
+
+/* Writes the pages under p back (when dirty) and drops them from memory and the page cache. */
+void drop_pages(const disk_arena *a, const void *p, size_t bytes, int dirty) {
+    size_t off, len;
+    page_range(a, p, bytes, &off, &len);
+    if (dirty) msync(a->base + off, len, MS_SYNC);
+    madvise(a->base + off, len, MADV_DONTNEED);
+    posix_fadvise(a->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
+/* Writes back what was written (cpu -> disk) and drops the pages from memory. */
+void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
+                         size_t written) {
+    if (!bytes) return;
+    drop_pages(a, p, bytes, written > 0);
+    if (written) link_add(rt, LINK_CPU_TO_DISK, (double)written);
+    tier_add(rt, TIER_CPU, -(double)bytes);
+}
+
+/* ============================================================================================
+ * I/O links (Fig. 4's async loads and stores): one thread each for disk<->cpu and cpu<->gpu, for
+ * weights and for the KV cache and activations, each running its tasks in order. A task may
+ * wait for an earlier task of another link (a load from disk is read before it is copied to the
+ * gpu tier; a store reaches the cpu tier before disk). Since a task only ever waits for one
+ * submitted before it, the queues cannot deadlock.
+ * With --overlap 0 every task runs at once on the compute thread: the same steps, in sequence.
+ * ============================================================================================ */
+
+void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
+               double end) {
+    trace_record(&rt->trace, track, name, layer, batch, start, end);
+}
+
+static void run_task(fg_runtime *rt, int link, const io_task *t) {
+    double start = now_seconds();
+    t->fn(rt, t);
+    trace_add(rt, rt->io[link].track, t->name, t->layer, t->batch, start, now_seconds());
+}
+
+void io_wait(fg_runtime *rt, int link, uint64_t seq) {
+    io_link *l = &rt->io[link];
+    pthread_mutex_lock(&l->lock);
+    while (l->done < seq) pthread_cond_wait(&l->changed, &l->lock);
+    pthread_mutex_unlock(&l->lock);
+}
+
+static void *io_thread(void *arg) {
+    fg_runtime *rt = ((void **)arg)[0];
+    int link = (int)(intptr_t)((void **)arg)[1];
+    free(arg);
+    io_link *l = &rt->io[link];
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        while (!l->stop && l->done == l->submitted) pthread_cond_wait(&l->changed, &l->lock);
+        if (l->done == l->submitted) break;
+        io_task t = l->queue[l->done % IO_QUEUE];
+        pthread_mutex_unlock(&l->lock);
+        if (t.after_seq) io_wait(rt, t.after_link, t.after_seq);
+        run_task(rt, link, &t);
+        pthread_mutex_lock(&l->lock);
+        l->done++;
+        pthread_cond_broadcast(&l->changed);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+/* Queues a task on a link; returns its sequence number there (for io_wait and `after`). */
+uint64_t io_submit(fg_runtime *rt, int link, io_task t) {
+    io_link *l = &rt->io[link];
+    if (!l->running) { /* --overlap 0: in order, now */
+        run_task(rt, link, &t);
+        return ++l->done, ++l->submitted;
+    }
+    pthread_mutex_lock(&l->lock);
+    while (l->submitted - l->done == IO_QUEUE) pthread_cond_wait(&l->changed, &l->lock);
+    l->queue[l->submitted % IO_QUEUE] = t;
+    uint64_t seq = ++l->submitted;
+    pthread_cond_broadcast(&l->changed);
+    pthread_mutex_unlock(&l->lock);
+    return seq;
+}
+
+/* Fig. 4's "synchronize": the KV cache and activations that moved for this iteration are done;
+ * with `weights` too, the next layer's weights (needed when the next iteration starts a layer),
+ * but not the disk read of the layer after it, which may go on. */
+void io_sync(fg_runtime *rt, int weights) {
+    for (int i = weights ? IO_WEIGHT_HOST : IO_DISK; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
+}
+
+static void io_stop(fg_runtime *rt) {
+    for (int i = 0; i < N_IO; i++) {
+        io_link *l = &rt->io[i];
+        if (!l->running) continue;
+        pthread_mutex_lock(&l->lock);
+        l->stop = 1;
+        pthread_cond_broadcast(&l->changed);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+        l->running = 0;
+    }
+}
+
+fg_policy fg_default_policy(void) {
+    return (fg_policy){.device = FG_DEVICE_CPU, .gpu_batch_size = 16, .num_gpu_batches = 2,
+                       .percent = {.wg = 100, .cg = 100, .hg = 100}, .overlap = 1, .pin_weight = 1,
+                       .attn_sparsity = 1, .n_stages = 1};
+}
+
+/* The backend of a device: auto is CUDA when a GPU is there, else the CPU. NULL (and err) when
+ * cuda is asked for and there is none. */
+const fg_backend *backend_for(fg_device device, char *err) {
+    char why[FG_ERR_LEN];
+    if (device == FG_DEVICE_CPU_FP16) return fg_cpu_fp16_backend();
+    const fg_backend *cuda = device == FG_DEVICE_CPU ? NULL : fg_cuda_backend(why);
+    if (cuda) return cuda;
+    if (device == FG_DEVICE_CUDA) {
+        fg_fail(err, "--device cuda: %s", why);
+        return NULL;
+    }
+    return &fg_cpu_backend;
+}
+
+int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
+    *out = NULL;
+    const fg_percent *x = &p->percent;
+    const int pairs[3][2] = {{x->wg, x->wc}, {x->cg, x->cc}, {x->hg, x->hc}};
+    for (int kind = 0; kind < 3; kind++) {
+        const int *pc = pairs[kind];
+        for (int i = 0; i < 2; i++)
+            if (pc[i] < 0 || pc[i] > 100)
+                return fg_fail(err, "--percent: %d is outside 0..100", pc[i]);
+        if (pc[0] + pc[1] > 100)
+            return fg_fail(err, "--percent: %s on gpu and cpu sum to %d%%, above 100",
+                           (const char *[]){"weights", "KV cache", "activations"}[kind], pc[0] + pc[1]);
+    }
+    if (p->gpu_batch_size < 1 || p->num_gpu_batches < 1)
+        return fg_fail(err, "--gpu-batch-size and --num-gpu-batches must be at least 1");
+    if (!(p->attn_sparsity > 0 && p->attn_sparsity <= 1))
+        return fg_fail(err, "--attn-sparsity: %g is outside (0, 1]", p->attn_sparsity);
+    const char *offload = p->offload_dir ? p->offload_dir : FG_DEFAULT_OFFLOAD_DIR;
+    if (check_dir("--offload-dir", offload, err)) return -1;
+    const fg_backend *backend = backend_for(p->device, err);
+    if (!backend) return -1;
+    fg_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return fg_fail(err, "out of memory");
+    rt->policy = *p;
+    rt->backend = backend;
+    snprintf(rt->offload_dir, sizeof rt->offload_dir, "%s", offload);
+    if (p->weight_dir) snprintf(rt->weight_dir, sizeof rt->weight_dir, "%s", p->weight_dir);
+    else default_weight_dir(rt->weight_dir, sizeof rt->weight_dir);
+    pthread_mutex_init(&rt->lock, NULL);
+    struct statvfs vfs;
+    double disk_free = statvfs(offload, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
+    double gpu_free = backend->device_memory ? backend->device_memory() : mem_available_bytes();
+    double defaults[N_TIERS] = {gpu_free, mem_available_bytes(), disk_free};
+    for (int t = 0; t < N_TIERS; t++) rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
+    rt->trace.on = p->trace;
+    rt->trace.t0 = now_seconds();
+    for (int i = 0; i < N_IO; i++) {
+        io_link *l = &rt->io[i];
+        l->track = 1 + i;
+        pthread_mutex_init(&l->lock, NULL);
+        pthread_cond_init(&l->changed, NULL);
+        if (!p->overlap) continue;
+        void **arg = malloc(2 * sizeof *arg);
+        if (!arg) continue; /* runs without overlap rather than not at all */
+        arg[0] = rt;
+        arg[1] = (void *)(intptr_t)i;
+        if (pthread_create(&l->thread, NULL, io_thread, arg) == 0) l->running = 1;
+        else free(arg);
+    }
+    *out = rt;
+    return 0;
+}
+
+void fg_runtime_close(fg_runtime *rt) {
+    if (!rt) return;
+    io_stop(rt);
+    for (int i = 0; i < N_IO; i++) {
+        pthread_mutex_destroy(&rt->io[i].lock);
+        pthread_cond_destroy(&rt->io[i].changed);
+    }
+    trace_free(&rt->trace);
+    pthread_mutex_destroy(&rt->lock);
+    free(rt);
+}
+
+const fg_backend *fg_runtime_backend(const fg_runtime *rt) { return rt->backend; }
+
+void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
+    pthread_mutex_lock((pthread_mutex_t *)&rt->lock);
+    for (int t = 0; t < N_TIERS; t++) {
+        s->capacity[t] = rt->capacity[t];
+        s->peak[t] = rt->peak[t];
+        s->current[t] = rt->current[t];
+    }
+    for (int l = 0; l < N_LINKS; l++) s->link_bytes[l] = rt->link_bytes[l];
+    pthread_mutex_unlock((pthread_mutex_t *)&rt->lock);
+    s->host_memory = rt->backend->gpu_is_host ? mem_available_bytes() : 0;
+}
+
+/* ============================================================================================
+ * Weights on the tiers (§4.2, "Search Space": weight placement). The gpu tier holds fp16
+ * working copies, or the 4-bit bytes where the backend's products read them (the CPU's; CUDA
+ * decompresses them into staging at each use); cpu and disk homes hold fp16 (or 4-bit), loaded
+ * into one of two staging arenas while the previous layer computes.
+ * ============================================================================================ */
+
+static void count_existing_weight_file(fg_model *m);
+
+static int in_stage(const fg_model *m, int i) {
+    int j = m->layout.tensors[i].layer;
+    return j >= m->first_layer && j < m->end_layer;
+}
+/* The tensor whose home tensor i shares: its tie (lm_head to embed_tokens) when both are in this
+ * stage, else -1 (the last stage of a pipeline keeps lm_head's own copy). */
+static int tied_here(const fg_model *m, int i) {
+    int t = m->layout.tensors[i].tied_to;
+    return t >= 0 && in_stage(m, t) ? t : -1;
+}
+
+/* Tensor i is kept 4-bit (§5), and the bytes it is stored in (off the gpu tier, or 4-bit). */
+static int is_q4(const fg_model *m, int i) {
+    return m->rt->policy.compress_weight && m->layout.tensors[i].group_len > 0;
+}
+static size_t stored_bytes(const fg_model *m, int i) {
+    const opt_tensor *t = &m->layout.tensors[i];
+    return is_q4(m, i) ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
+}
+
+/* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed and
+ * the backend's products cannot read it as it is (CUDA decompresses it into staging). */
+static int is_staged(const fg_model *m, const weight_home *h) {
+    return h->tier != TIER_GPU || (h->q4 && !m->rt->backend->reads_q4);
+}
+
+/* FlexGen's placement rule (init_weight_list), for tensors [first, end) of one of FlexGen's
+ * layers: in order, each goes to the tier in which the midpoint of its cumulative size (in
+ * elements, as a percentage of the layer's) falls, the tiers taking the percentages in the order
+ * disk, cpu, gpu: [0, wn) disk, [wn, wn + wc) cpu, the rest gpu. A tied tensor (lm_head) has no
+ * home of its own here. */
+static void place_tensors(fg_model *m, int first, int end) {
+    const fg_percent *pc = &m->rt->policy.percent;
+    double disk_end = 100 - pc->wg - pc->wc, cpu_end = disk_end + pc->wc;
+    const opt_layout *l = &m->layout;
+    double total = 0, before = 0;
+    for (int i = first; i < end; i++)
+        if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
+    for (int i = first; i < end; i++) {
+        const opt_tensor *t = &l->tensors[i];
+        if (tied_here(m, i) >= 0) continue;
+        double mid = 100 * (before + t->count / 2.0) / total;
+        before += (double)t->count;
+        m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
+    }
+}
+
+/* Layer j's tensors. FlexGen's list has a decoder layer as two layers, its attention (q, k, v,
+ * out_proj, their layer norm) and its MLP (fc1, fc2, their layer norm), each placed on its own:
+ * at --percent 20 80 the out_proj of every layer goes to the gpu, fc2 does not. */
+static void place_layer(fg_model *m, int j) {
+    int first = m->layer_first[j], end = m->layer_first[j + 1], mlp = first;
+    const opt_config *c = &m->view.cfg;
+    if (j >= 1 && j <= c->n_layers)
+        while (mlp < end && m->layout.tensors[mlp].slot != &m->view.layers[j - 1].fc1_w) mlp++;
+    place_tensors(m, first, mlp);
+    place_tensors(m, mlp, end);
+}
+
+/* Every tensor's home, its stored form, and the staging arenas' size. */
+static void place_weights(fg_model *m) {
+    const opt_layout *l = &m->layout;
+    for (int j = m->first_layer; j < m->end_layer; j++) place_layer(m, j);
+    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++) {
+        weight_home *h = &m->homes[i];
+        if (tied_here(m, i) >= 0) h->tier = m->homes[tied_here(m, i)].tier;
+        h->q4 = is_q4(m, i);
+        h->bytes = stored_bytes(m, i);
+    }
+    /* an arena holds the largest staged layer's working weights and, on a device that cannot
+     * decompress host memory, the largest compressed tensor's bytes (one at a time: they land
+     * and are decompressed in order on one stream) */
+    const fg_backend *be = m->rt->backend;
+    size_t working = 0, landing = 0;
+    for (int j = m->first_layer; j < m->end_layer; j++)
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            const weight_home *h = &m->homes[i];
+            if (!is_staged(m, h)) continue;
+            if (l->layer_floats[j] * be->weight_elem > working) working = l->layer_floats[j] * be->weight_elem;
+            if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing) landing = h->bytes;
+        }
+    m->landing_at = working;
+    m->staging_bytes = working + landing;
+}
+
+/* What a home takes of its tier. */
+static double home_bytes(const fg_model *m, const weight_home *h, size_t count) {
+    if (h->tier == TIER_GPU && !h->q4) return (double)m->rt->backend->weight_elem * count;
+    return h->tier == TIER_DISK ? (double)page_up(h->bytes) : (double)h->bytes;
+}
+
+/* Bytes of the weights' homes per tier, and the largest disk share of one layer. */
+void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk) {
+    memset(bytes, 0, N_TIERS * sizeof *bytes);
+    *max_layer_disk = 0;
+    for (int j = m->first_layer; j < m->end_layer; j++) {
+        double layer_disk = 0;
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            const weight_home *h = &m->homes[i];
+            double b = home_bytes(m, h, m->layout.tensors[i].count);
+            if (tied_here(m, i) < 0) bytes[h->tier] += b;
+            if (h->tier == TIER_DISK) layer_disk += b;
+        }
+        if (layer_disk > *max_layer_disk) *max_layer_disk = layer_disk;
+    }
+}
+
+void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]) {
+    memset(stored, 0, N_TIERS * sizeof *stored);
+    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++)
+        if (tied_here(m, i) < 0) stored[m->homes[i].tier] += (double)m->homes[i].bytes;
+}
+
+/* The table, the placement and nothing else: the weights move into their homes on first use. */
+static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const char *dir,
+                      char *err) {
+    m->disk.fd = -1;
+    m->staged[0] = m->staged[1] = m->reads[0].g = m->reads[1].g = -1;
+    if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
+    m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
+    if (m->has_archive && opt_layout_check_archive(&m->layout, &m->archive, dir, err)) return -1;
+    int L = n_flexgen_layers(cfg);
+    m->homes = calloc((size_t)m->layout.n_tensors, sizeof *m->homes);
+    m->layer_first = calloc((size_t)L + 1, sizeof *m->layer_first);
+    if (!m->homes || !m->layer_first) return fg_fail(err, "out of memory");
+    for (int i = 0, j = 0; j <= L; j++) {
+        while (i < m->layout.n_tensors && m->layout.tensors[i].layer < j) i++;
+        m->layer_first[j] = i;
+    }
+    const fg_policy *p = &m->rt->policy;
+    fg_stage_layers(cfg, p->stage, p->n_stages, &m->first_layer, &m->end_layer);
+    if (m->end_layer <= m->first_layer)
+        return fg_fail(err, "%s has %d decoder layers: too few for %d pipeline stages", cfg->name,
+                       cfg->n_layers, p->n_stages);
+    m->first_decoder = m->first_layer > 0 ? m->first_layer - 1 : 0;
+    int last_decoder = m->end_layer <= cfg->n_layers + 1 ? m->end_layer - 1 : cfg->n_layers;
+    m->n_decoder = last_decoder - m->first_decoder;
+    place_weights(m);
+    count_existing_weight_file(m);
+    return 0;
+}
+
+int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **out,
+                        char *err) {
+    fg_model *m = calloc(1, sizeof *m);
+    *out = NULL;
+    if (!m) return fg_fail(err, "out of memory");
+    m->rt = rt;
+    m->seed = seed;
+    if (model_init(m, cfg, 0, NULL, err)) {
+        fg_model_close(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **out, char *err) {
+    *out = NULL;
+    if (!is_dir(model)) {
+        opt_config cfg;
+        if (opt_config_by_name(model, &cfg, err)) return -1;
+        return fg_model_open_dummy(rt, &cfg, seed, out, err);
+    }
+    fg_model *m = calloc(1, sizeof *m);
+    if (!m) return fg_fail(err, "out of memory");
+    m->rt = rt;
+    m->disk.fd = -1;
+    opt_config cfg;
+    int rc = opt_checkpoint_open(model, &cfg, &m->archive, err);
+    m->has_archive = rc == 0;
+    if (rc == 0) rc = model_init(m, &cfg, st_find(&m->archive, "lm_head.weight") != NULL, model, err);
+    if (rc) {
+        fg_model_close(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+const opt_config *fg_model_config(const fg_model *m) { return &m->view.cfg; }
+
+void fg_model_close(fg_model *m) {
+    if (!m) return;
+    for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
+        const weight_home *h = &m->homes[i];
+        size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
+        if (!in_stage(m, i) || tied_here(m, i) >= 0) continue;
+        if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->q4 ? h->stored : h->gpu, bytes);
+        if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->stored, bytes);
+    }
+    for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], m->staging_bytes);
+    if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
+    m->rt->capacity[TIER_DISK] -= m->reused_disk_bytes;
+    arena_close(&m->disk);
+    if (m->has_archive) st_close(&m->archive);
+    opt_layout_free(&m->layout);
+    free(m->homes);
+    free(m->layer_first);
+    free(m);
+}
+
+/* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
+static int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
+    const opt_tensor *t = &m->layout.tensors[i];
+    if (!m->homes[i].q4) {
+        opt_tensor_fill(&m->layout, i, src, NULL, dst);
+        return 0;
+    }
+    float *values = malloc(t->count * sizeof *values);
+    if (!values) return fg_fail(err, "out of memory compressing %s", t->name);
+    opt_tensor_fill(&m->layout, i, src, values, NULL);
+    q4_compress(values, t->group_outer, t->group_len, t->group_inner, dst);
+    free(values);
+    return 0;
+}
+
+/* A home on the gpu tier: the stored form made in host memory, then through the backend, into
+ * the working format (uncompressed) or as it is (4-bit, decompressed at each use). */
+static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home, char *err) {
+    const fg_backend *be = m->rt->backend;
+    const weight_home *h = &m->homes[i];
+    void *stored = malloc(h->bytes);
+    if (!stored) return fg_fail(err, "out of memory loading %s", m->layout.tensors[i].name);
+    int rc = fill_stored(m, i, src, stored, err);
+    if (rc == 0 && h->q4) be->copy_in(home, stored, h->bytes);
+    else if (rc == 0) be->weights_in(home, stored, m->layout.tensors[i].count);
+    free(stored);
+    return rc;
+}
+
+static void progress(const fg_model *m, const char *what, int done, int total) {
+    if (m->rt->policy.verbose) fprintf(stderr, "\r%s: layer %d/%d", what, done, total);
+    if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
+}
+
+/* The dummy-weight file of this model (support/weight_file.c) for a disk home: written once
+ * to the weight dir, reused after. */
+static size_t tensor_stored_bytes(void *m, int i) { return stored_bytes(m, i); }
+static int fill_dummy(void *ctx, int i, void *dst, char *err) {
+    const fg_model *m = ctx;
+    weight_source src = {NULL, m->seed};
+    return fill_stored(m, i, &src, dst, err);
+}
+static weight_file weight_file_of(fg_model *m) {
+    return (weight_file){m->rt->weight_dir, &m->view.cfg, m->seed, m->rt->policy.compress_weight,
+                         &m->layout, m->layer_first, tensor_stored_bytes, fill_dummy, m,
+                         m->rt->policy.verbose};
+}
+
+/* Dummy weights that an earlier run wrote to --path take no new space. The default capacity of
+ * the disk tier is the offload dir's free space, so there they count on top of it (given back
+ * by fg_model_close). With --disk-mem the user's number stands. */
+static void count_existing_weight_file(fg_model *m) {
+    double bytes[N_TIERS], max_layer_disk;
+    weight_bytes(m, bytes, &max_layer_disk);
+    if (m->has_archive || m->rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
+    weight_file f = weight_file_of(m);
+    int fd = weight_file_find(&f, 0);
+    if (fd < 0) return;
+    close(fd);
+    m->reused_disk_bytes = bytes[TIER_DISK];
+    m->rt->capacity[TIER_DISK] += m->reused_disk_bytes;
+}
+
+/* The file, mapped as the disk homes: an intact one found, or written now. */
+static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
+    weight_file f = weight_file_of(m);
+    size_t size = weight_file_offsets(&f, offsets);
+    int fd = weight_file_find(&f, 1), found = fd >= 0;
+    if (fd < 0 && (fd = weight_file_write(&f, err)) < 0) return -1;
+    if (arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err)) return -1;
+    char path[FG_PATH_LEN];
+    weight_file_path(&f, path, sizeof path);
+    if (found) fg_watch_mapping(m->disk.base, m->disk.size, path);
+    return 0;
+}
+
+/* Writes every tensor into its home (§4.2) and points the view at those on the gpu tier. */
+int load_weights_into_homes(fg_model *m, char *err) {
+    fg_runtime *rt = m->rt;
+    const opt_layout *l = &m->layout;
+    double bytes[N_TIERS], max_layer_disk;
+    weight_bytes(m, bytes, &max_layer_disk);
+    size_t *offsets = calloc((size_t)l->n_tensors, sizeof *offsets);
+    if (!offsets) return fg_fail(err, "out of memory");
+    int from_file = 0, rc = 0;
+    if (bytes[TIER_DISK] > 0) {
+        rc = tier_take(rt, TIER_DISK, bytes[TIER_DISK], "the weights", err);
+        if (rc == 0) {
+            m->disk_bytes = bytes[TIER_DISK];
+            if (!m->has_archive) {
+                rc = open_weight_file(m, offsets, err);
+                from_file = 1;
+            } else {
+                int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
+                rc = fd < 0 ? -1 : arena_map(&m->disk, fd, (size_t)bytes[TIER_DISK], "--offload-dir",
+                                             rt->offload_dir, err);
+            }
+            if (rc) tier_add(rt, TIER_DISK, -m->disk_bytes), m->disk_bytes = 0;
+        }
+    }
+    weight_source src = {m->has_archive ? &m->archive : NULL, m->seed};
+    for (int j = m->first_layer; j < m->end_layer && rc == 0; j++) {
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++) {
+            const opt_tensor *t = &l->tensors[i];
+            weight_home *h = &m->homes[i];
+            if (tied_here(m, i) >= 0) continue;
+            if (h->tier == TIER_GPU) {
+                void **home = h->q4 ? &h->stored : (void **)&h->gpu;
+                *home = tier_alloc(rt, TIER_GPU, (size_t)home_bytes(m, h, t->count), "the weights", err);
+                rc = *home ? fill_gpu_home(m, i, &src, *home, err) : -1;
+            } else if (h->tier == TIER_CPU) {
+                h->stored = tier_alloc_pinned(rt, TIER_CPU, h->bytes, "the weights", rt->policy.pin_weight, err);
+                rc = h->stored ? fill_stored(m, i, &src, h->stored, err) : -1;
+            } else if (from_file) {
+                h->stored = m->disk.base + offsets[i];
+            } else {
+                h->stored = arena_take(&m->disk, h->bytes);
+                rc = fill_stored(m, i, &src, h->stored, err);
+                tier_add(rt, TIER_CPU, (double)h->bytes); /* written pages, until released */
+                disk_release(rt, &m->disk, h->stored, h->bytes, 0);
+            }
+        }
+        if (m->has_archive) progress(m, "placing weights", j + 1 - m->first_layer, stage_layers(m));
+    }
+    free(offsets);
+    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
+        if (tied_here(m, i) >= 0) m->homes[i] = m->homes[tied_here(m, i)];
+        if (!is_staged(m, &m->homes[i])) *l->tensors[i].slot = m->homes[i].q4 ? m->homes[i].stored : m->homes[i].gpu;
+    }
+    for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++)
+        if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, m->staging_bytes, "weight staging", err))) rc = -1;
+    if (m->has_archive) { /* every value is in its home now */
+        st_close(&m->archive);
+        m->has_archive = 0;
+    }
+    m->loaded = rc == 0;
+    return rc;
+}
+
+int fg_model_load(fg_model *m, char *err) { return m->loaded ? 0 : load_weights_into_homes(m, err); }
+
+/* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
+ * Layer g (step g / L, layer g % L) is read from disk one layer earlier than Fig. 4 asks, while
+ * layer g - 2 computes, so that the disk link reads back to back instead of waiting for each
+ * conversion into the gpu tier; the plan counts those two layers of pages in the cpu tier. */
+
+static void weights_fetch_task(fg_runtime *rt, const io_task *task) {
+    fg_model *m = task->ctx;
+    for (int i = m->layer_first[task->layer]; i < m->layer_first[task->layer + 1]; i++)
+        if (m->homes[i].tier == TIER_DISK)
+            disk_fetch(rt, &m->disk, m->homes[i].stored, m->homes[i].bytes);
+}
+
+/* Drops layer j's pages that came from disk (after their conversion, or unused). */
+static void weights_release(fg_runtime *rt, fg_model *m, int j) {
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        if (m->homes[i].tier == TIER_DISK)
+            disk_release(rt, &m->disk, m->homes[i].stored, m->homes[i].bytes, 0);
+}
+
+static void weights_in_task(fg_runtime *rt, const io_task *task) {
+    fg_model *m = task->ctx;
+    const fg_backend *be = rt->backend;
+    char *staging = m->staging[task->arena], *landing = staging + m->landing_at;
+    for (int i = m->layer_first[task->layer]; i < m->layer_first[task->layer + 1]; i++) {
+        const weight_home *h = &m->homes[i];
+        const opt_tensor *t = &m->layout.tensors[i];
+        char *working = staging + t->offset * be->weight_elem;
+        if (!is_staged(m, h)) continue;
+        if (h->q4)
+            be->weights_in_q4(working, h->stored, h->tier == TIER_GPU ? NULL : landing,
+                              t->group_outer, t->group_len, t->group_inner);
+        else
+            be->weights_in(working, h->stored, t->count);
+        if (h->tier != TIER_GPU) link_add(rt, LINK_CPU_TO_GPU, (double)h->bytes);
+    }
+    weights_release(rt, m, task->layer);
+}
+
+static void forget_read(fg_model *m, weight_read *r);
+
+/* Starts reading the disk part of layer g into the cpu tier, unless it is read or has none. */
+void read_weights(fg_model *m, long g) {
+    int j = m->first_layer + (int)(g % stage_layers(m)), on_disk = 0;
+    weight_read *r = &m->reads[g % 2];
+    if (r->g == g) return;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) on_disk |= m->homes[i].tier == TIER_DISK;
+    if (!on_disk) return;
+    forget_read(m, r); /* a layer read ahead for a unit that did not come */
+    *r = (weight_read){g, io_submit(m->rt, IO_WEIGHT_DISK, (io_task){.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j}), 0};
+}
+
+/* Starts loading layer g into staging arena g % 2 (reading it first if that has not begun). */
+void load_weights(fg_model *m, long g) {
+    int j = m->first_layer + (int)(g % stage_layers(m)), buf = (int)(g % 2), staged = 0;
+    if (m->staged[buf] == g) return;
+    m->staged[buf] = g;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) staged |= is_staged(m, &m->homes[i]);
+    if (!staged) return;
+    read_weights(m, g);
+    weight_read *r = &m->reads[g % 2];
+    uint64_t read = r->g == g ? r->seq : 0;
+    if (r->g == g) r->used = 1;
+    io_submit(m->rt, IO_WEIGHT_HOST, (io_task){.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
+                                             .after_seq = read, .ctx = m, .layer = j, .arena = buf});
+}
+
+/* Points compute at layer g's staged weights (arena g % 2), as it starts: with one layer on a
+ * pipeline stage, the arena the next layer loads into is this layer's other one. */
+void bind_weights(fg_model *m, long g) {
+    int j = m->first_layer + (int)(g % stage_layers(m));
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        if (is_staged(m, &m->homes[i]))
+            *m->layout.tensors[i].slot = (fp16 *)(m->staging[g % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
+}
+
+/* At the end of a block: layers read ahead for steps that did not come (every sequence
+ * stopped) give their pages back. */
+static void forget_read(fg_model *m, weight_read *r) {
+    if (r->g >= 0 && !r->used) {
+        io_wait(m->rt, IO_WEIGHT_DISK, r->seq);
+        weights_release(m->rt, m, m->first_layer + (int)(r->g % stage_layers(m)));
+    }
+    r->g = -1;
+}
+
+void forget_reads(fg_model *m) {
+    for (int b = 0; b < 2; b++) forget_read(m, &m->reads[b]);
+}
+
+/* ============================================================================================
+ * A block's plan (§4.1, §4.2): how its sequences split over the tiers, the size of every
+ * buffer it holds on each tier, and the plan check that holds all of it, weights included,
+ * against the capacities before anything is allocated.
+ * ============================================================================================ */
+
+/* n sequences split by percentages (the rest to disk), each tier's count rounded. */
+static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
+    int g = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
+    return (row_split){{g, gc - g, n - gc}};
+}
+
+fg_tier tier_of(const row_split *s, int b) {
+    return b < s->rows[TIER_GPU] ? TIER_GPU : b < s->rows[TIER_GPU] + s->rows[TIER_CPU] ? TIER_CPU : TIER_DISK;
+}
+
+fg_tier row_tier(const row_split *s, int b, int *index) {
+    fg_tier t = TIER_GPU;
+    while (t < TIER_DISK && b >= s->rows[t]) b -= s->rows[t++];
+    *index = b;
+    return t;
+}
+
+size_t fg_workspace_rows(int gbs, int max_prompt) {
+    int chunk = FG_CHUNK_ROWS / max_prompt;
+    chunk = chunk < 1 ? 1 : chunk < gbs ? chunk : gbs;
+    return (size_t)chunk * (size_t)max_prompt;
+}
+
+/* A pipeline of M stages keeps M micro-batches in flight (§4.4), each a block of at most
+ * gpu_batch_size x num_gpu_batches sequences: prompts go in rounds of *count blocks of *size
+ * (fewer prompts make smaller blocks rather than fewer). One process: blocks, one at a time. */
+void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
+    const fg_policy *p = &m->rt->policy;
+    int stages = p->n_stages > 1 ? p->n_stages : 1, block = p->gpu_batch_size * p->num_gpu_batches;
+    int share = (n_prompts + stages - 1) / stages;
+    *size = share < block ? share : block;
+    int blocks = (n_prompts + *size - 1) / *size;
+    *count = blocks < stages ? blocks : stages;
+}
+
+block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int gen_len) {
+    const fg_runtime *rt = m->rt;
+    const opt_config *c = &m->view.cfg;
+    const fg_policy *p = &rt->policy;
+    int size;
+    block_shape s;
+    memset(&s, 0, sizeof s);
+    micro_batches(m, n_prompts, &size, &s.micro);
+    s.gbs = size < p->gpu_batch_size ? size : p->gpu_batch_size;
+    int batches = (size + p->gpu_batch_size - 1) / p->gpu_batch_size;
+    s.ngb = batches < p->num_gpu_batches ? batches : p->num_gpu_batches;
+    s.max_prompt = max_prompt;
+    s.max_len = max_prompt + gen_len;
+    /* With delegation, decode reads the cache where it lives: only the prefill stages it. */
+    s.stage_len = p->cpu_cache_compute ? max_prompt : s.max_len;
+    s.cache = split_rows(s.gbs, p->percent.cg, p->percent.cc);
+    s.act = split_rows(s.gbs, p->percent.hg, p->percent.hc);
+    s.act_row = (size_t)c->hidden * rt->backend->act_elem;
+    s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
+    double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
+    for (int t = 0; t < N_TIERS; t++) {
+        s.kv_home[t] = kv_row * m->n_decoder * s.ngb * 2 * s.cache.rows[t] * s.max_len;
+        s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
+    }
+    s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
+    s.act_home[TIER_DISK] = (double)page_up((size_t)s.act_home[TIER_DISK]);
+    s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
+    s.x_stage = 2 * act_row * s.gbs * max_prompt;
+    s.workspace_rows = fg_workspace_rows(s.gbs, max_prompt);
+    s.workspace = (double)rt->backend->workspace_bytes(c, s.workspace_rows, s.max_len);
+    if (p->cpu_cache_compute && rt->backend->delegated_bytes) /* decode delegates: a GPU batch */
+        s.delegated = (double)rt->backend->delegated_bytes(c, (size_t)s.gbs, s.max_len);
+    s.logit_rows = m->prompt_logits ? max_prompt : 1;
+    s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * s.logit_rows * c->vocab : 0;
+    s.act_message = (size_t)s.gbs * max_prompt * s.act_row;
+    s.pipe_buffers = (double)s.act_message * ((is_last_stage(m) ? 0 : s.micro * s.ngb) +
+                                              (is_first_stage(m) ? 0 : 2));
+    /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
+    s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
+                           act_row * s.act.rows[TIER_DISK] * max_prompt + 2 * page_size());
+    return s;
+}
+
+int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len, char *err) {
+    const fg_runtime *rt = m->rt;
+    block_shape s = shape_block(m, n_prompts, max_prompt, gen_len);
+    if (rt->policy.n_stages > 1 && s.act_message > INT_MAX)
+        return fg_fail(err, "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
+                            "exceed what one MPI message carries (2 GiB)", s.gbs,
+                       human((double)s.act_message).s, max_prompt);
+    double w[N_TIERS], max_layer_disk;
+    weight_bytes(m, w, &max_layer_disk);
+    double staging = 2.0 * m->staging_bytes;
+    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
+           RESERVE, N_ITEMS };
+    static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
+        "KV cache staging", "activations", "activation staging", "workspace and logits",
+        "disk pages in flight", "activations between stages", "delegated attention",
+        "the device's context, cuBLAS and rounding"};
+    double need[N_TIERS][N_ITEMS] = {{0}};
+    for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
+        need[t][WEIGHTS] = w[t];
+        need[t][CACHE] = s.micro * s.kv_home[t];
+        need[t][ACTS] = s.micro * s.act_home[t];
+    }
+    need[TIER_CPU][PIPE] = s.pipe_buffers;
+    need[TIER_GPU][W_STAGING] = staging;
+    need[TIER_GPU][C_STAGING] = s.kv_stage;
+    need[TIER_GPU][A_STAGING] = s.x_stage;
+    need[TIER_GPU][WORK] = s.workspace + s.logits;
+    need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s.transient_cpu;
+    need[TIER_CPU][DELEGATED] = s.delegated;
+    need[TIER_GPU][RESERVE] = rt->backend->device_reserve;
+    double total[N_TIERS] = {0};
+    for (int t = 0; t < N_TIERS; t++) {
+        for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
+        if (total[t] <= rt->capacity[t]) continue;
+        char detail[480] = "";
+        for (int i = 0; i < N_ITEMS; i++) {
+            size_t len = strlen(detail);
+            if (need[t][i] > 0)
+                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "", items[i],
+                         human(need[t][i]).s);
+        }
+        return fg_fail(err, "%s tier: the plan needs %s (%s), %s gives %s", fg_tier_names[t],
+                       human(total[t]).s, detail, fg_tier_flags[t], human(rt->capacity[t]).s);
+    }
+    /* once the weights are in their homes they are resident already, not to be counted twice */
+    double host = mem_available_bytes() + (m->loaded ? w[TIER_GPU] + w[TIER_CPU] : 0);
+    if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
+        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), "
+                            "%s available", human(total[TIER_GPU] + total[TIER_CPU]).s,
+                       human(total[TIER_GPU]).s, human(total[TIER_CPU]).s, human(host).s);
+    return 0;
+}
+
+void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
+    double stored[N_TIERS];
+    weight_stored_bytes(m, stored);
+    double total = stored[TIER_GPU] + stored[TIER_CPU] + stored[TIER_DISK];
+    /* the rows of a full GPU batch (max_prompt and gen_len do not change the split) */
+    block_shape s = shape_block(m, n_prompts, 1, 1);
+    for (int t = 0; t < N_TIERS; t++) {
+        x[X_WG + t] = stored[t] / total;
+        x[X_CG + t] = (double)s.cache.rows[t] / s.gbs;
+        x[X_HG + t] = (double)s.act.rows[t] / s.gbs;
+    }
+}
+
+int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+                     int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
+    fg_policy q = *p;
+    q.overlap = q.trace = q.verbose = 0;
+    fg_runtime *rt;
+    fg_model *m = NULL;
+    if (fg_runtime_open(&q, &rt, err)) return -1;
+    int rc = fg_model_open_dummy(rt, model, seed, &m, err);
+    if (rc == 0 && sequences > 0 && check) rc = fg_check_plan(m, sequences, s, n, err);
+    if (rc == 0 && x) fg_plan_placement(m, sequences, x);
+    if (st) fg_runtime_stats(rt, st);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    return rc;
+}
+
+/* The hooks at a stage's edges: a pipeline's (pipeline.c), or single_stage's (at the end). */
 static const stage_hooks single_stage;
 static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt->stage : &single_stage; }
 
@@ -359,10 +1322,6 @@ static void store_activation(block *bl, iteration it) {
     t.fn = act_writeback_task, t.name = "write activations", t.after_link = IO_HOST, t.after_seq = copied;
     io_submit(bl->rt, IO_DISK, t);
 }
-
-/* ============================================================================================
- * Compute
- * ============================================================================================ */
 
 /* Points GPU batch k at its iteration's activations and at layer j's cache rows: in their home
  * on the gpu tier (or, delegated, on cpu and disk), in the staging arena otherwise. */

@@ -16,17 +16,14 @@
  * Weights: a linear layer stored [in][out] is [in][out][1] (groups along out, dim 0 of the
  * checkpoint's [out, in]); an embedding table [vocab][dim] is [1][vocab][dim]. The KV cache: one
  * token's row of heads is [heads][head_dim][1]. Padding nibbles are 0 and never read back; min
- * and max come from the real values only.
+ * and max come from the real values only. Whole groups of contiguous values run on AVX2 twins
+ * (support/simd.c) where the CPU has them, with the same arithmetic and so the same bytes.
  * ============================================================================================ */
 #include "flexgen.h"
+#include "support/support.h"
 
 #include <math.h>
 #include <string.h>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_AVX2_PATH 1
-#endif
 
 static size_t n_groups(size_t len) { return (len + Q4_GROUP - 1) / Q4_GROUP; }
 
@@ -51,16 +48,24 @@ static void group_range(float lo, float hi, fp16 *min16, fp16 *scale16, float *m
     *inv = scale > 0 ? 1 / scale : 0;
 }
 
-/* One group: n values, `stride` apart, into 32 bytes `inner` apart, with its min and scale. */
+/* One group: n values, `stride` apart, into 32 bytes `inner` apart, with its min and scale. A
+ * whole group of contiguous values runs on support/simd.c's twins where the CPU has them. */
 static void compress_group(const float *x, size_t stride, size_t n, uint8_t *bytes, size_t inner,
                            fp16 *min_out, fp16 *scale_out) {
+    const fg_simd *simd = fg_simd_kernels();
+    int whole = stride == 1 && n == Q4_GROUP && simd->q4_range;
     float lo = x[0], hi = x[0], min, inv;
-    for (size_t e = 1; e < n; e++) {
+    if (whole) simd->q4_range(x, &lo, &hi);
+    for (size_t e = 1; e < n && !whole; e++) {
         float v = x[e * stride];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
     }
     group_range(lo, hi, min_out, scale_out, &min, &inv);
+    if (whole) {
+        simd->q4_pack(x, min, inv, bytes);
+        return;
+    }
     for (size_t p = 0; p < Q4_GROUP / 2; p++) {
         int q[2] = {0, 0};
         for (int half = 0; half < 2; half++) {
@@ -73,43 +78,6 @@ static void compress_group(const float *x, size_t stride, size_t n, uint8_t *byt
     }
 }
 
-#ifdef HAVE_AVX2_PATH
-/* 32 levels (four vectors of 8, in order) to 32 bytes in order: the packs interleave lanes. */
-__attribute__((target("avx2"))) static __m256i levels_to_bytes(const __m256i *q) {
-    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* A whole group of 64 contiguous values, with the same arithmetic as compress_group. */
-__attribute__((target("avx2,f16c"))) static void compress_group_avx2(const float *x, uint8_t *bytes,
-                                                                   fp16 *min_out, fp16 *scale_out) {
-    __m256 lo = _mm256_loadu_ps(x), hi = lo;
-    for (int i = 8; i < Q4_GROUP; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        lo = _mm256_min_ps(lo, v);
-        hi = _mm256_max_ps(hi, v);
-    }
-    float l[8], h[8], min, inv;
-    _mm256_storeu_ps(l, lo);
-    _mm256_storeu_ps(h, hi);
-    for (int i = 1; i < 8; i++) l[0] = l[i] < l[0] ? l[i] : l[0], h[0] = h[i] > h[0] ? h[i] : h[0];
-    group_range(l[0], h[0], min_out, scale_out, &min, &inv);
-    __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv), half = _mm256_set1_ps(0.5f);
-    __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(15);
-    __m256i q[8];
-    for (int k = 0; k < 8; k++) {
-        __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmin), vinv), half);
-        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, zero), top));
-    }
-    /* pairs (2p, 2p + 1) -> 16 (2p) + (2p + 1), then to bytes, in order */
-    __m256i weights = _mm256_set1_epi16(0x0110);
-    __m256i first = _mm256_maddubs_epi16(levels_to_bytes(q), weights);
-    __m256i second = _mm256_maddubs_epi16(levels_to_bytes(q + 4), weights);
-    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(first, second), 0xD8);
-    _mm256_storeu_si256((__m256i *)bytes, packed);
-}
-#endif
-
 /* Parallel over the rows of groups (weights are compressed once, at load). */
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
     size_t G = n_groups(len);
@@ -119,12 +87,6 @@ void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8
         const float *x = src + o * len * inner;
         uint8_t *bytes = dst + o * G * inner * (Q4_GROUP / 2 + 4);
         fp16 *mins = (fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
-#ifdef HAVE_AVX2_PATH
-        if (inner == 1 && n == Q4_GROUP && fg_cpu_has_avx2()) {
-            compress_group_avx2(x + g * Q4_GROUP, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
-            continue;
-        }
-#endif
         for (size_t i = 0; i < inner; i++)
             compress_group(x + g * Q4_GROUP * inner + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i,
                            inner, &mins[g * inner + i], &scales[g * inner + i]);
@@ -155,67 +117,17 @@ static void decode_row_scalar(const uint8_t *bytes, const fp16 *mins, const fp16
         o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
 }
 
-#ifdef HAVE_AVX2_PATH
-/* 8 nibbles (as 32-bit lanes) to min + q * scale. */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256 nibbles_to_ps(__m256i q, __m256 min,
-                                                                            __m256 scale) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, min);
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void decode_groups_avx2(
-    const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t len, float *out) {
-    size_t full = len / Q4_GROUP;
-    const __m128i low4 = _mm_set1_epi8(15);
-    for (size_t g = 0; g < full; g++) {
-        __m256 min = _mm256_set1_ps(fp16_to_fp32(mins[g])), scale = _mm256_set1_ps(fp16_to_fp32(scales[g]));
-        const uint8_t *b = bytes + g * (Q4_GROUP / 2);
-        float *o = out + g * Q4_GROUP;
-        for (int half = 0; half < 2; half++) { /* 16 bytes = 32 values */
-            __m128i v = _mm_loadu_si128((const __m128i *)(b + 16 * half));
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4), lo = _mm_and_si128(v, low4);
-            __m128i e0 = _mm_unpacklo_epi8(hi, lo), e1 = _mm_unpackhi_epi8(hi, lo); /* in order */
-            __m128i parts[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
-            for (int k = 0; k < 4; k++)
-                _mm256_storeu_ps(o + 32 * half + 8 * k, nibbles_to_ps(_mm256_cvtepu8_epi32(parts[k]), min, scale));
-        }
-    }
-    if (full * Q4_GROUP < len)
-        decode_groups_scalar(bytes + full * (Q4_GROUP / 2), mins + full, scales + full,
-                             len - full * Q4_GROUP, out + full * Q4_GROUP);
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void decode_row_avx2(
-    const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r, size_t inner, float *o) {
-    size_t vec = inner / 8 * 8, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
-    int shift = r % 2 ? 0 : 4;
-    const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
-    const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
-    for (size_t i = 0; i < vec; i += 8) {
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + i)));
-        q = _mm256_and_si256(_mm256_srli_epi32(q, shift), _mm256_set1_epi32(15));
-        __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + i)));
-        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + i)));
-        _mm256_storeu_ps(o + i, nibbles_to_ps(q, min, scale));
-    }
-    for (size_t i = vec; i < inner; i++)
-        o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
-}
-#endif
-
 /* Row r of groups across rows, on the path this CPU has. */
 static void decode_row(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
                        size_t inner, float *o) {
-#ifdef HAVE_AVX2_PATH
-    if (fg_cpu_has_avx2()) { decode_row_avx2(bytes, mins, scales, r, inner, o); return; }
-#endif
-    decode_row_scalar(bytes, mins, scales, r, inner, o);
+    const fg_simd *simd = fg_simd_kernels();
+    if (simd->q4_decode_row) simd->q4_decode_row(bytes, mins, scales, r, inner, o);
+    else decode_row_scalar(bytes, mins, scales, r, inner, o);
 }
 
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst) {
     size_t G = n_groups(len);
-#ifdef HAVE_AVX2_PATH
-    int simd = fg_cpu_has_avx2();
-#endif
+    const fg_simd *simd = fg_simd_kernels();
     for (size_t o = 0; o < outer; o++) {
         const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
         const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
@@ -224,10 +136,9 @@ void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, f
             for (size_t r = 0; r < len; r++) decode_row(bytes, mins, scales, r, inner, out + r * inner);
             continue;
         }
-#ifdef HAVE_AVX2_PATH
-        if (simd) { decode_groups_avx2(bytes, mins, scales, len, out); continue; }
-#endif
-        decode_groups_scalar(bytes, mins, scales, len, out);
+        size_t done = simd->q4_decode_groups ? simd->q4_decode_groups(bytes, mins, scales, len, out) : 0;
+        size_t g = done / Q4_GROUP; /* the partial last group, or every group without SIMD */
+        decode_groups_scalar(bytes + g * (Q4_GROUP / 2), mins + g, scales + g, len - done, out + done);
     }
 }
 

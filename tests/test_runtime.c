@@ -3,7 +3,7 @@
  * bit of the result; the tiers keep to their capacities; a plan that does not fit is refused
  * before any compute; bytes moved per link follow the schedule's arithmetic. */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
 #include "tests.h"
 
 #include <math.h>
@@ -273,7 +273,7 @@ static void test_plan_fits_exactly(void) {
 static void test_memory_model_cuda_sizes(void) {
     static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
     enum { GBS = 3, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
-    fg_backend cuda_sizes = fg_cpu_fp16_backend;
+    fg_backend cuda_sizes = *fg_cpu_fp16_backend();
     cuda_sizes.gpu_is_host = 0, cuda_sizes.reads_q4 = 0, cuda_sizes.act_elem = FG_CUDA_ACT_ELEM;
     cuda_sizes.workspace_bytes = fg_cuda_workspace_bytes, cuda_sizes.device_reserve = FG_CUDA_RESERVE;
     cuda_sizes.delegated_bytes = fg_cuda_delegated_bytes;

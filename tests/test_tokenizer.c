@@ -4,7 +4,7 @@
  * decode(encode(s)) == s on hand-picked, random and invalid UTF-8, the reference's merge order,
  * and tokenizer_load's errors on bad files. */
 #define _POSIX_C_SOURCE 200809L
-#include "../flexgen.h"
+#include "flexgen.h"
 #include "tests.h"
 
 #include <cjson/cJSON.h>

@@ -6,6 +6,8 @@
 #include <stdint.h>
 
 #include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 void add_tokenizer_tests(void);  /* test_tokenizer.c */
 void add_model_tests(void);      /* test_model.c: forward pass against PyTorch fixtures */

@@ -11,6 +11,8 @@
 #define FLEXGEN_FUZZ_H
 
 #include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <fcntl.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * --prompt-ids (token ids, parse_id_line) and as --prompt-file (text lines through the fixture
  * tokenizer, loaded once), for the fixture tokenizer's vocab. Accepted ids lie in the vocab;
  * every prompt has at least one. */
-#include "../../cli.c"
+#include "../../support/cli.c"
 #include "fuzz.h"
 
 static fg_tokenizer *tok;

@@ -14,7 +14,9 @@
  * fg_pipe_open gives NULL.
  */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -11,7 +11,9 @@
  * can fail on user input returns an error line; main prints it and exits 2.
  */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>

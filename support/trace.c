@@ -4,7 +4,9 @@
  * promises, or the gaps where it does not hold (docs/trace-opt-6.7b.png is one such picture).
  */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,73 +1,198 @@
-/* runtime.h: the runtime's own types, shared by the files that implement it (not part of the
- * public interface, flexgen.h). Read it as the map of the runtime's state:
- *
- *   tiers.c     fg_runtime: the tiers' accounting, the disk tier's arenas, the I/O link threads
- *   trace.c     fg_trace: what each thread did when (Chrome's trace format)
- *   weights.c   fg_model: each weight tensor's home tier, staging arenas for the layer in use
- *   plan.c      block_shape: every buffer of a block, per tier; the plan check
- *   flexgen.c   block: a block of GPU batches in flight; the schedule of Fig. 4
- *   pipeline.c  stage_hooks: what a pipeline stage adds to the schedule (§4.4)
- *
- * docs/DESIGN.md draws how these files call each other.
+/* support/support.h: what the paper's files take from the support layer, the one support header
+ * they include: error lines and small services, fp16, the fast kernels (SIMD twins and the CPU's
+ * products), the checkpoint's weight table and dummy weights, sampling, the trace; and the
+ * runtime's state (flexgen.c) that the pipeline's stage hooks and the trace read.
  */
-#ifndef FLEXGEN_RUNTIME_H
-#define FLEXGEN_RUNTIME_H
+#ifndef FLEXGEN_SUPPORT_H
+#define FLEXGEN_SUPPORT_H
 
 #include "flexgen.h"
 
 #include <pthread.h>
-#include <stdint.h>
+#include <stdio.h>
 
-/* ============================================================================================
- * Small helpers (tiers.c)
- * ============================================================================================ */
-
+/* ---- Error lines and small services (util.c) ---- */
+/* Writes one line into err (may be NULL) and returns -1; control characters become '?'. */
+int fg_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double now_seconds(void); /* a monotonic clock */
 #define GB ((double)(1 << 30))
-/* "1.50 GiB", "12.3 MiB", "4.0 KiB": sizes in error lines, readable at any scale. */
 typedef struct { char s[32]; } size_text;
-size_text human(double bytes);
+size_text human(double bytes); /* "1.50 GiB", "12.3 MiB", "4.0 KiB" */
 double mem_available_bytes(void);
 int is_dir(const char *path);
-/* A directory the run writes in must exist and be writable: one line naming the flag if not. */
-int check_dir(const char *flag, const char *dir, char *err);
-int mkdir_p(const char *dir); /* and its parents; -1 (errno) on failure */
-/* The user's cache dir for flexgen: dummy weights, the hardware file (~/.cache/flexgen). */
-void default_weight_dir(char *out, size_t n);
+int check_dir(const char *flag, const char *dir, char *err); /* exists and is writable */
+int mkdir_p(const char *dir);                                 /* -1 (errno) on failure */
+void default_weight_dir(char *out, size_t n);                 /* ~/.cache/flexgen */
+int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, removed at exit */
+/* A SIGBUS in a watched mapping ends the process with one line naming its file. */
+void fg_watch_mapping(const void *base, size_t size, const char *path);
+void fg_unwatch_mapping(const void *base);
+uint64_t fg_mix64(uint64_t x); /* a stateless 64-bit hash */
 
-/* ============================================================================================
- * The trace (trace.c): one track per thread, one complete event per task or computation.
- * ============================================================================================ */
+/* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
+float fp16_to_fp32(fp16 h);
+fp16 fp32_to_fp16(float f);
+float bf16_to_fp32(uint16_t b);
+void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* F16C where the CPU has it */
+void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
+int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
 
+/* ---- The SIMD twins of the paper's loops (simd.c): the same arithmetic, so the same bits.
+ * An entry is NULL where the CPU lacks AVX2 (the plain loop runs then). ---- */
+typedef struct {
+    void (*q4_range)(const float *x, float *lo, float *hi);              /* 64 values */
+    void (*q4_pack)(const float *x, float min, float inv, uint8_t *bytes); /* 64 values */
+    size_t (*q4_decode_groups)(const uint8_t *bytes, const fp16 *mins, const fp16 *scales,
+                               size_t len, float *out); /* whole groups; returns values done */
+    void (*q4_decode_row)(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
+                          size_t inner, float *out);
+    void (*dot_f16_rows)(const float *q, const fp16 *K, size_t stride, int nk, int hd,
+                         float scale, float *scores);
+    void (*axpy_f16_rows)(const float *p, const fp16 *V, size_t stride, int nk, int hd,
+                          float *out);
+} fg_simd;
+const fg_simd *fg_simd_kernels(void);
+
+/* ---- The CPU's products with weights as stored, fp16 or 4-bit (matmul.c): the fast twins of
+ * opt_model.c's matmul_reference and embed_t_reference ---- */
+#define MATMUL_DECODE_ROWS 64
+#define MATMUL_EMBED_DOT_ROWS 64
+#define MATMUL_EMBED_BLOCK 64
+void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                    int accumulate, float *scratch);
+size_t matmul_scratch_floats(int in, int out);
+void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, int n, float *y,
+                    float *scratch, size_t scratch_stride);
+void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst);
+
+/* ---- Buffers of the forward pass (workspace.c) ---- */
+int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
+void gpu_batch_free(gpu_batch *gb);
+size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
+int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
+                       char *err);
+void opt_workspace_free(opt_workspace *ws);
+enum { FG_CUDA_WS_PARTS = 8 };
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, size_t *sizes);
+size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
+size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len);
+const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
+
+/* ---- Configs and the weight table (checkpoint.c, safetensors.c) ---- */
+typedef enum { ST_F16, ST_BF16, ST_F32 } st_dtype;
+typedef struct {
+    char name[160];
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const void *data; /* inside the mapping */
+    size_t nbytes;
+    int file;
+} st_tensor;
+typedef struct {
+    int n_files, n_tensors;
+    char **paths;
+    void **maps;
+    size_t *sizes;
+    st_tensor *tensors;
+} st_archive;
+const st_tensor *st_find(const st_archive *a, const char *name);
+void st_close(st_archive *a);
+
+int opt_config_by_name(const char *name, opt_config *cfg, char *err); /* "opt-125m" ... */
+/* An HF checkpoint directory: its config.json (cfg->name becomes dir) and its archive, mapped. */
+int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err);
+/* FlexGen's layer list (0 input embedding, 1 .. n_layers decoders, n_layers + 1 output
+ * embedding) split over n pipeline stages: stage s has [*first, *end). */
+void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end);
+size_t opt_param_count(const opt_config *cfg);
+
+/* The model's stored tensors, layer by layer (§4.2 places weights tensor by tensor within a
+ * layer). A layer's tensors tile one arena of layer_floats[layer] values; tensor t starts at
+ * offset and spans count (64-byte padding included). */
+typedef struct {
+    char name[96];        /* HF name without "model." (q_proj's for the fused q, k, v) */
+    int layer;            /* FlexGen's layer */
+    size_t offset, count; /* elements, within the layer's arena */
+    fp16 **slot;          /* the field of the view that points at the tensor's working copy */
+    size_t group_outer, group_len, group_inner; /* §5's grouping: [outer][len][inner] along
+                                                   len; group_len 0: a vector, never 4-bit */
+    int tied_to;          /* -1, or the tensor whose values and home it shares (tied lm_head) */
+    int first_spec, n_specs; /* the checkpoint tensors that fill it (internal) */
+} opt_tensor;
+typedef struct {
+    opt_weights *view;    /* the compute view whose fields the slots name */
+    opt_tensor *tensors;
+    int n_tensors;
+    size_t *layer_floats; /* [n_layers + 2] */
+    void *specs;          /* internal to checkpoint.c */
+    int n_specs;
+} opt_layout;
+/* Where values come from: a checkpoint (archive) or dummy weights (archive NULL, seed). */
+typedef struct {
+    const st_archive *archive;
+    uint64_t seed;
+} weight_source;
+int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int has_lm_head,
+                    char *err);
+void opt_layout_free(opt_layout *l);
+int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const char *dir, char *err);
+/* Tensor t's values rounded to fp16, in its stored layout, into dst32 (as fp32) or dst16. */
+void opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32,
+                     fp16 *dst16);
+
+/* The dummy-weight file (weight_file.c): every tensor's stored bytes, page-aligned, with a
+ * checksum per layer, written once into the weight dir and reused while intact. */
+typedef struct {
+    const char *dir;         /* the weight dir (--path) */
+    const opt_config *cfg;   /* with seed and q4, what names the contents */
+    uint64_t seed;
+    int q4;
+    const opt_layout *layout;
+    const int *layer_first;  /* [n_layers + 3]: layer j's tensors are [j] .. [j + 1] - 1 */
+    size_t (*bytes)(void *ctx, int i);                   /* tensor i's stored bytes */
+    int (*fill)(void *ctx, int i, void *dst, char *err); /* ... and the bytes themselves */
+    void *ctx;
+    int verbose;
+} weight_file;
+void weight_file_path(const weight_file *f, char *path, size_t n);
+size_t weight_file_offsets(const weight_file *f, size_t *offsets); /* the file's size */
+int weight_file_find(const weight_file *f, int check); /* an fd of an intact file, or -1 */
+int weight_file_write(const weight_file *f, char *err); /* an fd, or -1 */
+
+/* ---- Sampling (sampling.c) ---- */
+typedef struct { uint64_t s[2]; } fg_rng;
+void rng_seed(fg_rng *r, uint64_t seed);
+uint64_t rng_next(fg_rng *r);
+float rng_uniform(fg_rng *r); /* [0, 1) */
+/* temperature <= 0: argmax. Else softmax(logits / temperature), top-p. scratch: 2 n floats. */
+int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
+                 float *scratch);
+
+/* ---- The trace (trace.c): one track per thread, one event per task or computation ---- */
 enum { TRACK_COMPUTE, N_TRACKS = 5 };
-
 typedef struct {
     const char *name;
     int layer, batch;
     double start, end; /* seconds since the run began */
 } trace_event;
-
 typedef struct {
     trace_event *events;
     size_t n, cap;
 } trace_track;
-
 typedef struct {
     int on;
     double t0;
     trace_track tracks[N_TRACKS];
 } fg_trace;
-
 void trace_record(fg_trace *tr, int track, const char *name, int layer, int batch, double start,
                   double end);
 void trace_free(fg_trace *tr);
 
 /* ============================================================================================
- * Tiers (tiers.c, §4.2): one accounting point each. Memory of the gpu and cpu tiers comes from
- * the backend; the disk tier is files in the offload dir, mapped.
+ * The runtime's state (flexgen.c, §4.1, §4.2), as the pipeline's stage hooks (pipeline.c), the
+ * profiler and the trace see it. flexgen.c's top comment walks through it.
  * ============================================================================================ */
-
-extern const char *const fg_tier_flags[N_TIERS]; /* "--gpu-mem", "--cpu-mem", "--disk-mem" */
 
 /* A file of the disk tier, mapped: pieces of it are taken page-aligned, in order. */
 typedef struct {
@@ -78,17 +203,10 @@ typedef struct {
 
 size_t page_size(void);
 size_t page_up(size_t n);
-int unnamed_file(const char *dir, const char *flag, char *err);
 int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir, char *err);
 void arena_close(disk_arena *a);
-void *arena_take(disk_arena *a, size_t bytes);
 void disk_fetch_pages(const disk_arena *a, size_t off, size_t len);
 void drop_pages(const disk_arena *a, const void *p, size_t bytes, int dirty);
-
-/* ============================================================================================
- * I/O links (tiers.c, Fig. 4's asynchronous loads and stores): a thread per link and kind of
- * data, each running its tasks in order.
- * ============================================================================================ */
 
 typedef struct io_task io_task;
 struct io_task {
@@ -121,6 +239,7 @@ typedef struct {
 enum { IO_WEIGHT_DISK, IO_WEIGHT_HOST, IO_DISK, IO_HOST, N_IO };
 
 typedef struct stage_hooks stage_hooks;
+typedef struct fg_pipe fg_pipe;
 
 struct fg_runtime {
     fg_policy policy;
@@ -135,27 +254,14 @@ struct fg_runtime {
     const stage_hooks *stage;   /* what the schedule does at a stage's edges (pipeline.c) */
 };
 
-int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err);
-void tier_add(fg_runtime *rt, fg_tier t, double bytes);
-void link_add(fg_runtime *rt, fg_link l, double bytes);
-void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, int pinned,
-                        char *err);
 void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err);
 void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes);
+void link_add(fg_runtime *rt, fg_link l, double bytes);
 void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes);
-void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
-                  size_t written);
-
 uint64_t io_submit(fg_runtime *rt, int link, io_task t);
-void io_wait(fg_runtime *rt, int link, uint64_t seq);
-void io_sync(fg_runtime *rt, int weights);
 void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
                double end);
 const fg_backend *backend_for(fg_device device, char *err);
-
-/* ============================================================================================
- * Weights on the tiers (weights.c, §4.2)
- * ============================================================================================ */
 
 typedef struct {
     long g;       /* the layer (as in staged), -1 for none */
@@ -198,28 +304,11 @@ static inline int stage_layers(const fg_model *m) { return m->end_layer - m->fir
 static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
 static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
 
-/* Bytes of the weights' homes per tier, and the largest disk share of one layer. */
 void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
-/* Bytes of the weights as stored (fp16 or 4-bit) per tier, ties counted once. */
-void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]);
-int load_weights_into_homes(fg_model *m, char *err);
-/* The round's layer g (the stage's layer g % L of its unit g / L): read ahead from disk, loaded
- * into staging arena g % 2, bound for compute as it starts. */
-void read_weights(fg_model *m, long g);
-void load_weights(fg_model *m, long g);
-void bind_weights(fg_model *m, long g);
-void forget_reads(fg_model *m);
-
-/* ============================================================================================
- * A block's shape (plan.c): the sizes every allocation follows; the plan check uses the same.
- * ============================================================================================ */
 
 typedef struct {
     int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */
 } row_split;
-
-fg_tier tier_of(const row_split *s, int b);
-fg_tier row_tier(const row_split *s, int b, int *index); /* and b's index within its tier */
 
 /* A stage of a pipeline holds `micro` blocks (its micro-batches, §4.4), each with its own KV
  * cache and activations; they compute one at a time, so staging, workspace and logits are
@@ -242,13 +331,6 @@ typedef struct {
     double pipe_buffers;        /* cpu tier: activations on their way out (each block's GPU
                                    batches) and in (two), when there is such a neighbour */
 } block_shape;
-
-void micro_batches(const fg_model *m, int n_prompts, int *size, int *count);
-block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int gen_len);
-
-/* ============================================================================================
- * A block in flight (flexgen.c, §4.1)
- * ============================================================================================ */
 
 typedef struct {
     fg_model *m;
@@ -297,13 +379,8 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
  * many sequences are still running. */
 int take_tokens(block *bl, const gen_options *opt, int step, int first, int *out_tokens);
 
-/* ============================================================================================
- * Stage hooks (pipeline.c, §4.4): what the schedule does at the edges of a pipeline stage. In
- * one process (single_stage in flexgen.c) every hook does nothing: the first layer is the input
- * embedding, whose input is token ids, and the last layer is the output embedding, whose output
- * is the logits.
- * ============================================================================================ */
-
+/* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
+ * process, flexgen.c's, which do nothing. */
 struct stage_hooks {
     /* every stage reached rc == 0 (0), or none goes on (-1, with the job's one line) */
     int (*agree)(fg_runtime *rt, int rc, char *err);
@@ -330,5 +407,6 @@ struct stage_hooks {
     /* the end of a round: the block's messages are done with */
     void (*end_round)(block *bl);
 };
+
 
 #endif

@@ -42,6 +42,8 @@
  * MATMUL_EMBED_BLOCK widened rows.
  */
 #include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -13,6 +13,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

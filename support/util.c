@@ -8,6 +8,8 @@
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *const fg_tier_names[N_TIERS] = {"gpu", "cpu", "disk"};
@@ -184,6 +187,7 @@ int fg_cpu_has_avx2(void) {
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { MAX_TEMPS = 8, MAX_MAPPED = 256 };
@@ -321,4 +325,96 @@ int fg_output_check(const char *flag, const char *path, char *err) {
     if (fg_output_open(&o, flag, path, err)) return -1;
     fg_output_abort(&o);
     return 0;
+}
+
+/* ============================================================================================
+ * Small services: clocks, sizes, directories, the user's cache dir, unnamed files
+ * ============================================================================================ */
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+size_text human(double bytes) {
+    size_text t;
+    if (bytes >= GB) snprintf(t.s, sizeof t.s, "%.2f GiB", bytes / GB);
+    else if (bytes >= 1 << 20) snprintf(t.s, sizeof t.s, "%.1f MiB", bytes / (1 << 20));
+    else snprintf(t.s, sizeof t.s, "%.1f KiB", bytes / 1024);
+    return t;
+}
+
+size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
+
+/* An unnamed file in dir: O_TMPFILE where the file system has it, else mkstemp + unlink. */
+int unnamed_file(const char *dir, const char *flag, char *err) {
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/flexgen-XXXXXX", dir);
+        fd = mkstemp(path);
+        if (fd >= 0) unlink(path);
+    }
+    if (fd < 0) return fg_fail(err, "%s %s: cannot create a file: %s", flag, dir, strerror(errno));
+    return fd;
+}
+
+double mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    double kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb > 0) return kb * 1024;
+    return (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
+}
+
+int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The offload dir must exist and be writable, whatever the plan puts on disk. */
+int check_dir(const char *flag, const char *dir, char *err) {
+    if (!is_dir(dir)) return fg_fail(err, "%s %s: no such directory", flag, dir);
+    if (access(dir, W_OK | X_OK) != 0) return fg_fail(err, "%s %s: not writable: %s", flag, dir, strerror(errno));
+    return 0;
+}
+
+int mkdir_p(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *s = path + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(path, 0755) && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+void default_weight_dir(char *out, size_t n) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(out, n, "%s/flexgen", xdg);
+    else if (home && *home) snprintf(out, n, "%s/.cache/flexgen", home);
+    else snprintf(out, n, "%s/flexgen-weights", FG_DEFAULT_OFFLOAD_DIR);
+}
+
+#ifndef FLEXGEN_CUDA
+int fg_cuda_compiled(void) { return 0; }
+const fg_backend *fg_cuda_backend(char *err) {
+    fg_fail(err, "this flexgen was built without CUDA (no nvcc at build time)");
+    return NULL;
+}
+#endif
+
+
+/* A stateless 64-bit hash (splitmix64's finalizer). */
+uint64_t fg_mix64(uint64_t x) {
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
 }

@@ -7,7 +7,11 @@
  * `flexgen profile` writes what fg_profile measures to a hardware file (cost_model.c reads it).
  */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
+
+#include <cjson/cJSON.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -234,5 +238,85 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
     if (profile_compute(&fg_cpu_backend, &cpu, 0, err)) return -1;
     hw->cpu_flops = cpu.bmm_flops_g;
     return 0;
+}
+
+/* ============================================================================================
+ * The hardware file: the constants above as JSON, keys named as fg_hardware's fields
+ * ============================================================================================ */
+
+static const char *const HW_KEYS[] = {"ctog_bdw", "gtoc_bdw_cache", "gtoc_bdw_hidden", "dtoc_bdw",
+    "ctod_bdw_cache_p", "ctod_bdw_hidden_p", "ctod_bdw_g", "mm_flops_p", "mm_flops_g",
+    "bmm_flops_p", "bmm_flops_g", "cpu_flops"};
+enum { N_HW = sizeof HW_KEYS / sizeof HW_KEYS[0] };
+
+/* The fields of fg_hardware, in HW_KEYS' order. */
+static double *hw_field(fg_hardware *hw, int i) {
+    double *const fields[N_HW] = {&hw->ctog_bdw, &hw->gtoc_bdw_cache, &hw->gtoc_bdw_hidden,
+        &hw->dtoc_bdw, &hw->ctod_bdw_cache_p, &hw->ctod_bdw_hidden_p, &hw->ctod_bdw_g,
+        &hw->mm_flops_p, &hw->mm_flops_g, &hw->bmm_flops_p, &hw->bmm_flops_g, &hw->cpu_flops};
+    return fields[i];
+}
+
+/* A rate (bytes or FLOPs a second) outside [HW_MIN, HW_MAX] is no machine's: a bound keeps every
+ * term bytes / rate of the cost model finite, so the LP gets finite coefficients. */
+#define HW_MIN 1.0
+#define HW_MAX 1e18
+
+int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
+    char *text = fg_read_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fg_fail(err, "%s: not a JSON object", path);
+    }
+    memset(hw, 0, sizeof *hw);
+    int rc = 0;
+    for (int i = 0; i < N_HW && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, HW_KEYS[i]);
+        if (!cJSON_IsNumber(v)) rc = fg_fail(err, "%s: \"%s\" is missing or not a number", path, HW_KEYS[i]);
+        else if (!(v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))
+            rc = fg_fail(err, "%s: \"%s\" must be a rate in [%g, %g], got %g", path, HW_KEYS[i],
+                         HW_MIN, HW_MAX, v->valuedouble);
+        else *hw_field(hw, i) = v->valuedouble;
+    }
+    static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw"};
+    double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, OPTIONAL[i]);
+        if (v && (!cJSON_IsNumber(v) ||
+                  !(v->valuedouble == 0 || (v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))))
+            rc = fg_fail(err, "%s: \"%s\" must be 0 or a rate in [%g, %g]", path, OPTIONAL[i],
+                         HW_MIN, HW_MAX);
+        else if (v) *optional[i] = v->valuedouble;
+    }
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "gpu_is_host");
+    if (rc == 0 && host && !cJSON_IsBool(host))
+        rc = fg_fail(err, "%s: \"gpu_is_host\" must be true or false", path);
+    hw->gpu_is_host = cJSON_IsTrue(host);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Written through fg_output: a temporary beside path renamed over it, so an interrupted or failed
+ * write leaves the previous file as it was. */
+int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < N_HW; i++) cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
+    cJSON_AddNumberToObject(o, "dequant_bdw", hw->dequant_bdw);
+    cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
+    cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return fg_fail(err, "%s: out of memory", path);
+    fg_output out;
+    int rc = fg_output_open(&out, "hardware file", path, err);
+    if (rc == 0) {
+        fprintf(out.f, "%s\n", text);
+        rc = fg_output_commit(&out, err);
+    }
+    free(text);
+    return rc;
 }
 

@@ -7,6 +7,8 @@
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

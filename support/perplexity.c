@@ -19,7 +19,9 @@
  * perplexity = exp(-(1/N) sum log p(token | the tokens before it in its window)), N scored.
  */
 #define _GNU_SOURCE
-#include "runtime.h"
+#include "flexgen.h"
+#include "support/support.h"
+#include "support/tools.h"
 
 #include <math.h>
 #include <stdio.h>

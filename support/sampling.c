@@ -1,0 +1,64 @@
+/* support/sampling.c: choosing the next token from the logits: greedy, temperature and top-p,
+ * from a small generator that generate() seeds per (prompt, step).
+ */
+#include "flexgen.h"
+#include "support/support.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rng_seed(fg_rng *r, uint64_t seed) {
+    r->s[0] = fg_mix64(seed + 0x9e3779b97f4a7c15ULL);
+    r->s[1] = fg_mix64(r->s[0] ^ 0x2545f4914f6cdd1dULL) | 1;
+}
+
+uint64_t rng_next(fg_rng *r) { /* xorshift128+ */
+    uint64_t s1 = r->s[0];
+    const uint64_t s0 = r->s[1];
+    r->s[0] = s0;
+    s1 ^= s1 << 23;
+    r->s[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+    return r->s[1] + s0;
+}
+
+float rng_uniform(fg_rng *r) { return (float)(rng_next(r) >> 40) / 16777216.0f; }
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int cmp_prob_desc(const void *a, const void *b) {
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return (x < y) - (x > y);
+}
+
+int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
+                 float *scratch) {
+    if (temperature <= 0) return argmax(logits, n);
+    /* scratch holds (probability, id) pairs, sorted by probability for the nucleus. */
+    float m = logits[argmax(logits, n)], sum = 0;
+    for (int i = 0; i < n; i++) {
+        scratch[2 * i] = expf((logits[i] - m) / temperature);
+        memcpy(&scratch[2 * i + 1], &i, sizeof i);
+        sum += scratch[2 * i];
+    }
+    int keep = n;
+    if (top_p < 1.0f) {
+        qsort(scratch, (size_t)n, 2 * sizeof(float), cmp_prob_desc);
+        float cum = 0;
+        for (keep = 0; keep < n && cum < top_p * sum; keep++) cum += scratch[2 * keep];
+        sum = cum;
+    }
+    float u = rng_uniform(rng) * sum, acc = 0;
+    int id = 0;
+    for (int i = 0; i < keep; i++) {
+        memcpy(&id, &scratch[2 * i + 1], sizeof id);
+        acc += scratch[2 * i];
+        if (acc > u) break;
+    }
+    return id;
+}

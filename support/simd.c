@@ -1,0 +1,140 @@
+/* support/simd.c: the AVX2 twins of the paper files' plain loops: 4-bit compression and
+ * decompression (quant.c) and decode attention's two products over an fp16 cache (opt_model.c).
+ * Each does exactly the arithmetic of the loop it stands in for, so both paths give the same
+ * bits (tests/test_quant.c and tests/test_model.c run both). The paper files reach them through
+ * fg_simd_kernels(), whose entries are NULL where the CPU lacks AVX2, FMA and F16C, or where
+ * FLEXGEN_NO_SIMD is set: the plain loops run then.
+ */
+#include "flexgen.h"
+#include "support/support.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* The min and max of 64 contiguous values. */
+AVX2 static void q4_range64(const float *x, float *lo_out, float *hi_out) {
+    __m256 lo = _mm256_loadu_ps(x), hi = lo;
+    for (int i = 8; i < Q4_GROUP; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        lo = _mm256_min_ps(lo, v);
+        hi = _mm256_max_ps(hi, v);
+    }
+    float l[8], h[8];
+    _mm256_storeu_ps(l, lo);
+    _mm256_storeu_ps(h, hi);
+    for (int i = 1; i < 8; i++) l[0] = l[i] < l[0] ? l[i] : l[0], h[0] = h[i] > h[0] ? h[i] : h[0];
+    *lo_out = l[0], *hi_out = h[0];
+}
+
+/* 32 levels (four vectors of 8, in order) to 32 bytes in order: the packs interleave lanes. */
+AVX2 static __m256i levels_to_bytes(const __m256i *q) {
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 64 contiguous values to their levels round((x - min) inv), two to a byte. */
+AVX2 static void q4_pack64(const float *x, float min, float inv, uint8_t *bytes) {
+    __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv), half = _mm256_set1_ps(0.5f);
+    __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(15);
+    __m256i q[8];
+    for (int k = 0; k < 8; k++) {
+        __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmin), vinv), half);
+        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, zero), top));
+    }
+    /* pairs (2p, 2p + 1) -> 16 (2p) + (2p + 1), then to bytes, in order */
+    __m256i weights = _mm256_set1_epi16(0x0110);
+    __m256i first = _mm256_maddubs_epi16(levels_to_bytes(q), weights);
+    __m256i second = _mm256_maddubs_epi16(levels_to_bytes(q + 4), weights);
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(first, second), 0xD8);
+    _mm256_storeu_si256((__m256i *)bytes, packed);
+}
+
+/* 8 nibbles (as 32-bit lanes) to min + q * scale. */
+AVX2 static inline __m256 nibbles_to_ps(__m256i q, __m256 min, __m256 scale) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, min);
+}
+
+/* The whole groups of contiguous values (inner == 1): 32 bytes -> 64 floats each. Returns the
+ * values decoded; the caller decodes a partial last group. */
+AVX2 static size_t q4_decode_groups(const uint8_t *bytes, const fp16 *mins, const fp16 *scales,
+                                    size_t len, float *out) {
+    size_t full = len / Q4_GROUP;
+    const __m128i low4 = _mm_set1_epi8(15);
+    for (size_t g = 0; g < full; g++) {
+        __m256 min = _mm256_set1_ps(fp16_to_fp32(mins[g])), scale = _mm256_set1_ps(fp16_to_fp32(scales[g]));
+        const uint8_t *b = bytes + g * (Q4_GROUP / 2);
+        float *o = out + g * Q4_GROUP;
+        for (int half = 0; half < 2; half++) { /* 16 bytes = 32 values */
+            __m128i v = _mm_loadu_si128((const __m128i *)(b + 16 * half));
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4), lo = _mm_and_si128(v, low4);
+            __m128i e0 = _mm_unpacklo_epi8(hi, lo), e1 = _mm_unpackhi_epi8(hi, lo); /* in order */
+            __m128i parts[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_ps(o + 32 * half + 8 * k, nibbles_to_ps(_mm256_cvtepu8_epi32(parts[k]), min, scale));
+        }
+    }
+    return full * Q4_GROUP;
+}
+
+/* Row r of groups across rows (inner > 1): row 64 g + 2 p and the next from byte row (g, p). */
+AVX2 static void q4_decode_row(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
+                               size_t inner, float *o) {
+    size_t vec = inner / 8 * 8, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+    int shift = r % 2 ? 0 : 4;
+    const uint8_t *b = bytes + (g * (Q4_GROUP / 2) + p) * inner;
+    const fp16 *mn = mins + g * inner, *sc = scales + g * inner;
+    for (size_t i = 0; i < vec; i += 8) {
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + i)));
+        q = _mm256_and_si256(_mm256_srli_epi32(q, shift), _mm256_set1_epi32(15));
+        __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + i)));
+        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + i)));
+        _mm256_storeu_ps(o + i, nibbles_to_ps(q, min, scale));
+    }
+    for (size_t i = vec; i < inner; i++)
+        o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
+}
+
+/* scores[j] = scale q.K_j over nk fp16 rows `stride` apart, hd a multiple of 8. */
+AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int nk, int hd,
+                              float scale, float *scores) {
+    for (int j = 0; j < nk; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+            __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(K + j * stride + d)));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), k, acc);
+        }
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        scores[j] = _mm_cvtss_f32(s4) * scale;
+    }
+}
+
+/* out += sum_j p[j] V_j over nk fp16 rows `stride` apart, hd a multiple of 8. */
+AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int nk, int hd,
+                               float *out) {
+    for (int j = 0; j < nk; j++) {
+        __m256 w = _mm256_set1_ps(p[j]);
+        for (int d = 0; d < hd; d += 8) {
+            __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(V + j * stride + d)));
+            _mm256_storeu_ps(out + d, _mm256_fmadd_ps(w, v, _mm256_loadu_ps(out + d)));
+        }
+    }
+}
+
+static const fg_simd avx2 = {q4_range64, q4_pack64, q4_decode_groups, q4_decode_row, dot_f16_rows,
+                             axpy_f16_rows};
+#endif
+
+const fg_simd *fg_simd_kernels(void) {
+    static const fg_simd none;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (fg_cpu_has_avx2()) return &avx2;
+#endif
+    return &none;
+}

@@ -1,0 +1,156 @@
+/* support/tools.h: the support layer's own interface, for the command line and the tests: whole
+ * files, output files and signals, checkpoints and dummy weights, the tokenizer, the trace file,
+ * the link between pipeline stages, perplexity, the hardware file and the profiler.
+ */
+#ifndef FLEXGEN_TOOLS_H
+#define FLEXGEN_TOOLS_H
+
+#include "flexgen.h"
+#include "support/support.h"
+
+#include <stdio.h>
+
+/* A whole file, NUL-terminated (*len, if not NULL, excludes the NUL); NULL and err on failure.
+ * Only regular files of at most FG_MAX_TEXT_FILE bytes are read: a FIFO, a device or a directory is
+ * refused without blocking, and so is a file too big to be one of the text files read whole
+ * (config.json, vocab.json, merges.txt, the shard index, hardware files). */
+char *fg_read_file(const char *path, size_t *len, char *err);
+/* OPT's vocab.json is about 1 MB and its merges.txt 0.5 MB: 64 MiB leaves ample headroom and
+ * stops a wrong path (a checkpoint, say) from being read into memory. */
+#define FG_MAX_TEXT_FILE ((size_t)64 << 20)
+
+/* ------------------------------------------------------------------------------------------
+ * Output files and signals (util.c). An output is written to a temporary beside its path and
+ * renamed over it by commit; abort, an error or a signal that ends the process removes it.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    FILE *f;
+    const char *flag, *path; /* for error lines: "--trace out.json: ..." */
+    char tmp[FG_PATH_LEN];
+    int slot;
+} fg_output;
+int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
+int fg_output_commit(fg_output *o, char *err);
+void fg_output_abort(fg_output *o);
+/* Whether path can be written as an output, before the work that makes it. */
+int fg_output_check(const char *flag, const char *path, char *err);
+/* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
+ * the process with one line naming its file and exit status 2. */
+void fg_install_signal_handlers(void);
+void fg_watch_mapping(const void *base, size_t size, const char *path);
+void fg_unwatch_mapping(const void *base);
+
+/* For the tests: 1 makes every product take the portable C path even where AVX2 is there. */
+void matmul_force_portable(int on);
+
+/* HF config.json. */
+int opt_config_from_json(const char *path, opt_config *cfg, char *err);
+/* FlexGen's size formulas (flexgen/opt_config.py), in bytes of fp16. */
+double opt_model_bytes(const opt_config *cfg);
+double opt_cache_bytes(const opt_config *cfg, int batch, int seq_len);
+double opt_hidden_bytes(const opt_config *cfg, int batch, int seq_len);
+
+/* Dummy weights, deterministic from seed whatever the thread count, scaled so that activations
+ * stay finite through every layer of every size. All tensors in one fp16 arena. */
+int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err);
+/* An HF checkpoint directory, all tensors in one fp16 arena. */
+int opt_weights_load(const char *dir, opt_weights *w, char *err);
+void opt_weights_free(opt_weights *w);
+/* Where checkpoint tensor `name` (HF name, with or without "model.") is held: its element [r][c]
+ * is at first[r * row_stride + c * col_stride]. Returns -1 for a name the model does not have. */
+int opt_weight_locate(const opt_weights *w, const char *name, const fp16 **first,
+                      size_t *row_stride, size_t *col_stride);
+
+int st_open_dir(const char *dir, st_archive *a, char *err);
+int st_open_file(const char *path, st_archive *a, char *err); /* appends one file's tensors */
+
+/* ------------------------------------------------------------------------------------------
+ * Tokenizer: GPT-2 byte-level BPE (tokenizer.c).
+ * ------------------------------------------------------------------------------------------ */
+typedef struct fg_tokenizer fg_tokenizer;
+
+/* Also reads the special and added tokens of the special_tokens_map.json, tokenizer_config.json
+ * and added_tokens.json beside vocab_path, where present (as HF's from_pretrained does). */
+fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err);
+void tokenizer_free(fg_tokenizer *t);
+/* One past the largest id: of the vocab, or of an added token. */
+int tokenizer_vocab_size(const fg_tokenizer *t);
+/* Encodes len bytes of text (no BOS added); special and added tokens in the text become their
+ * ids, as HF's tokenizers split them out. *ids is malloc'd; the caller frees it. */
+int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **ids, int *n_ids,
+                     char *err);
+/* Decodes to a malloc'd NUL-terminated byte string; *out_len excludes the NUL. Ids the vocab
+ * does not hold decode to nothing. Returns NULL only when out of memory. */
+char *tokenizer_decode(const fg_tokenizer *t, const int *ids, int n_ids, size_t *out_len);
+
+int fg_cuda_compiled(void); /* this build has the CUDA backend */
+int fg_trace_write(const fg_runtime *rt, const char *path, char *err);
+/* The run's trace as stage `stage` of n (Chrome's trace events, one a line; malloc'd), and a
+ * trace file made of every stage's events, written whole or not at all (trace.c). */
+char *fg_trace_events(const fg_runtime *rt, int stage, int n);
+int fg_trace_write_events(const char *path, const char *events, char *err);
+
+/* The perplexity of a token sequence under the model (perplexity.c, §6.2), through its runtime
+ * and policy: windows of `window` tokens that advance by `stride`, each scoring the tokens no
+ * earlier one did, in prefill, or (decode) token by token in decode steps fed the text's own
+ * tokens, so that the KV cache is read as generation reads it. */
+typedef struct {
+    int window, stride; /* 0: the model's positions, and half the window */
+    int decode;
+    int verbose;        /* progress on stderr */
+} ppl_options;
+
+typedef struct {
+    double nll;         /* nats, summed over the scored tokens */
+    long scored;        /* tokens scored: every one but the first */
+    double perplexity;  /* exp(nll / scored) */
+    int windows, window, stride; /* how many, their size and advance */
+    double seconds;
+} ppl_result;
+
+/* top1: NULL, or [n - 1]: the most likely token at each scored position, top1[t - 1] the
+ * prediction of ids[t]. */
+int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int *top1,
+                  ppl_result *r, char *err);
+
+int flexgen_main(int argc, char **argv);
+
+/* ------------------------------------------------------------------------------------------
+ * The link between pipeline stages (pipeline.c, §4.4): MPI where the build found mpicc. One
+ * process per stage; the schedule sends activations forward and token ids back through it.
+ * ------------------------------------------------------------------------------------------ */
+/* The kinds of message between stages (MPI tags). */
+enum { FG_TAG_ACTIVATIONS = 1, FG_TAG_TOKENS = 2, FG_TAG_LOGITS = 3 };
+int fg_pipe_compiled(void); /* this build has MPI */
+/* Under mpirun with more than one process: MPI started, a thread for messages, a crash handler
+ * that names the rank. *p is NULL without mpirun or with one process (nothing started). */
+int fg_pipe_open(int *argc, char ***argv, fg_pipe **p, char *err);
+void fg_pipe_close(fg_pipe *p);
+int fg_pipe_rank(const fg_pipe *p);  /* 0 for NULL */
+int fg_pipe_size(const fg_pipe *p);  /* 1 for NULL */
+/* Non-blocking: returns a message handle at once; buf must stay until the message is released.
+ * A message completes in posting order per (peer, tag), as MPI's are. */
+int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes);
+int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes);
+/* Waits for a message (any thread may); returns the seconds waited, *bytes what arrived. */
+double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes);
+void fg_pipe_release(fg_pipe *p, int msg); /* waits, then frees the handle */
+double fg_pipe_bytes_sent(const fg_pipe *p);
+/* Collective: 0 when rc is 0 on every rank. Otherwise -1 everywhere, and err holds the one line
+ * of the job: the lowest failing rank's, prefixed with its rank, on that rank; "" elsewhere. */
+int fg_pipe_agree(fg_pipe *p, int rc, char *err);
+void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes);                  /* from rank 0 */
+void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all); /* to rank 0 */
+char *fg_pipe_gather_text(fg_pipe *p, const char *mine); /* rank 0: all texts in rank order */
+
+/* Makes the run one stage of the pipeline p (NULL: one stage): the schedule's stage hooks then
+ * receive activations from the previous stage, send them to the next, and pass token ids back. */
+void fg_pipeline_attach(fg_runtime *rt, fg_pipe *p);
+
+int fg_hardware_read(const char *path, fg_hardware *hw, char *err);
+int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
+/* Measures this machine's constants on the runtime's own paths (profile.c) with the backend of
+ * `device`, with a 1 GiB file in offload_dir for the disk; progress on stderr when verbose. */
+int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err);
+
+#endif

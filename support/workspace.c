@@ -1,0 +1,135 @@
+/* support/workspace.c: the buffers the forward pass works in: a GPU batch's small arrays, the
+ * CPU backend's workspace (opt_workspace), and the sizes of the CUDA backend's, which the plan
+ * check and the cost model's memory model count without a GPU.
+ */
+#include "flexgen.h"
+#include "support/support.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * 4 + 63) & ~(size_t)63); }
+
+int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err) {
+    memset(gb, 0, sizeof *gb);
+    gb->batch = batch;
+    gb->max_len = max_len;
+    gb->pad = calloc((size_t)batch, sizeof *gb->pad);
+    gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
+    gb->k = calloc((size_t)batch, sizeof *gb->k);
+    gb->v = calloc((size_t)batch, sizeof *gb->v);
+    gb->v_rows_read = calloc((size_t)batch, sizeof *gb->v_rows_read);
+    gb->attn_sparsity = 1;
+    if (!gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->v_rows_read) {
+        gpu_batch_free(gb);
+        return fg_fail(err, "out of memory for a GPU batch of %d", batch);
+    }
+    return 0;
+}
+
+void gpu_batch_free(gpu_batch *gb) {
+    free(gb->pad);
+    free(gb->tokens);
+    free(gb->k);
+    free(gb->v);
+    free(gb->v_rows_read);
+    memset(gb, 0, sizeof *gb);
+}
+
+/* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head), and
+ * what decode needs besides (opt_attend_decode's scratch); or a block of rows of the
+ * embedding table (matmul_embed_t's scratch). */
+static size_t thread_floats(const opt_config *cfg, int max_len) {
+    size_t hd = cfg->hidden / cfg->n_heads, n = (size_t)max_len;
+    size_t attention = 2 * n * hd + n * n + 3 * n + hd, row = (size_t)MATMUL_EMBED_BLOCK * cfg->word_dim;
+    return ((attention > row ? attention : row) + 15) & ~(size_t)15;
+}
+
+/* matmul_weights' scratch, when the workspace serves products of more rows than decode's: the
+ * most any of the model's weight matrices [in][out] asks for. */
+static size_t wide_floats(const opt_config *cfg, size_t rows) {
+    if (rows <= MATMUL_DECODE_ROWS) return 0;
+    int h = cfg->hidden, f = cfg->ffn, wd = cfg->word_dim;
+    const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f}, {f, h}, {wd, h}, {h, wd}};
+    size_t most = 0;
+    for (int i = 0; i < 6; i++) {
+        size_t n = matmul_scratch_floats(shapes[i][0], shapes[i][1]);
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
+/* The widest vector of a layer (a bias, or a norm's weight and bias side by side). */
+static size_t vec_floats(const opt_config *cfg) {
+    size_t h = cfg->hidden, n = 3 * h > (size_t)cfg->ffn ? 3 * h : (size_t)cfg->ffn;
+    return 2 * (n > (size_t)cfg->word_dim ? n : (size_t)cfg->word_dim);
+}
+
+size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
+    return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads() +
+                wide_floats(cfg, rows) + vec_floats(cfg));
+}
+
+int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
+                       char *err) {
+    memset(ws, 0, sizeof *ws);
+    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
+    ws->rows = rows;
+    ws->max_len = max_len;
+    ws->n_threads = omp_get_max_threads();
+    ws->thread_floats = thread_floats(cfg, max_len);
+    ws->h = alloc_floats(rows * h);
+    ws->qkv = alloc_floats(rows * 3 * h);
+    ws->attn = alloc_floats(rows * h);
+    ws->ffn = alloc_floats(rows * wide);
+    ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
+    ws->wide = wide_floats(cfg, rows) ? alloc_floats(wide_floats(cfg, rows)) : NULL;
+    ws->vec = alloc_floats(vec_floats(cfg));
+    if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch || !ws->vec ||
+        (wide_floats(cfg, rows) && !ws->wide)) {
+        opt_workspace_free(ws);
+        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+    }
+    return 0;
+}
+
+void opt_workspace_free(opt_workspace *ws) {
+    free(ws->h);
+    free(ws->qkv);
+    free(ws->attn);
+    free(ws->ffn);
+    free(ws->thread_scratch);
+    free(ws->wide);
+    free(ws->vec);
+    free(ws->x32);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
+ * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(4 hidden, ffn)]; one
+ * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_len][max_len]; per
+ * row a pad, a token and two cache pointers. Here so that the cost model has it without CUDA. */
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, size_t *sizes) {
+    size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_len, H = cfg->n_heads;
+    size_t mixed = 4 * h > f ? 4 * h : f;
+    size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
+                                      2 * H * M * M, 4 * rows, 4 * rows, 8 * rows, 8 * rows};
+    size_t total = 0;
+    for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
+        parts[i] = (parts[i] + 63) & ~(size_t)63;
+        total += parts[i];
+        if (sizes) sizes[i] = parts[i];
+    }
+    return total;
+}
+
+size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    return fg_cuda_workspace_parts(cfg, rows, max_len, NULL);
+}
+
+size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) {
+    return opt_workspace_bytes(cfg, rows, max_len) + 2 * rows * 3 * (size_t)cfg->hidden;
+}
+
