@@ -993,7 +993,7 @@ static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt
 
 /* ============================================================================================
  * A block in flight (§4.1): its GPU batches, their KV cache and activations on the tiers
- * (homes, as plan.c sizes them), and the two staging arenas of the gpu tier that double-buffer
+ * (homes, as shape_block sizes them), and the two staging arenas of the gpu tier that double-buffer
  * what moves: iteration t of the loop computes from arena t % 2 while the other is filled for
  * the next iteration and emptied from the previous one.
  * ============================================================================================ */
@@ -1423,7 +1423,7 @@ static iteration after(const block *bl, iteration it) {
 /* Fig. 4's load_weight(i, j + 1, k), once a layer (k == 0): the weights of layer j + 1 (after
  * the stage's last layer, the next unit's first) start loading into the staging arena that
  * layer j does not use, and those of layer j + 2 start coming from disk; layer j's, loaded
- * while the layer before it computed, become what compute reads (weights.c). Layers count
+ * while the layer before it computed, become what compute reads (bind_weights). Layers count
  * across the round's units, g = unit L + j, which is how the arena alternates. */
 static void load_weight(gen_run *g, int next_j, int k) {
     if (k > 0) return;

@@ -74,7 +74,7 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4,
 /* What a linear layer does with its output y. */
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 
-/* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: matmul.c), then
+/* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c), then
  * the bias (widened once into ws->vec), and ReLU, in one pass over y. */
 static void linear(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
                    float *y, int mode, int q4, opt_workspace *ws) {

@@ -138,7 +138,7 @@ void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end) {
 /* ============================================================================================
  * Weights. One table lists every checkpoint tensor of the model: its HF name, its shape, the
  * FlexGen layer it belongs to and where each of its elements lives in that layer's arena.
- * Dummy initialisation, checkpoint loading, the runtime's placement (weights.c) and
+ * Dummy initialisation, checkpoint loading, the runtime's placement (flexgen.c) and
  * opt_weight_locate() all walk that table.
  *
  * FlexGen's layer list (§4.1): 0 is the input embedding (embed_tokens, embed_positions,

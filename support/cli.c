@@ -1,4 +1,4 @@
-/* cli.c: the command line.
+/* support/cli.c: the command line.
  *
  *   flexgen [flags]           generate text for prompts with a policy (§4.2) or --policy auto
  *                             (§4.3); under mpirun -np M, as one of M pipeline stages (§4.4)

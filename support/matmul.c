@@ -1,4 +1,4 @@
-/* matmul.c: products of fp32 activations with weights as they are stored, fp16 or 4-bit (§5),
+/* support/matmul.c: products of fp32 activations with weights as they are stored, fp16 or 4-bit (§5),
  * accumulated in fp32: the CPU backend's linear layers and its lm_head.
  *
  *   matmul_weights   y[rows][out] (= or +=) x[rows][in] W[in][out]   linear weights, [in][out]

@@ -1,10 +1,10 @@
-/* profile.c: this machine's constants for the cost model (the paper's §4.3 and Table 7's
+/* support/profile.c: this machine's constants for the cost model (the paper's §4.3 and Table 7's
  * symbols), measured on the paths the runtime takes: the backend's cpu -> gpu and gpu -> cpu
  * copies, the disk tier's mapped files in the offload dir (written back with msync, read by
  * faulting the pages in after dropping them from the page cache), and the backend's own layer
  * for compute. A layer's time is a sum of terms (weights read, FLOPs of the products, FLOPs of
  * attention), and runs that differ in one of them give its rate (profile_compute).
- * `flexgen profile` writes what fg_profile measures to a hardware file (cost_model.c reads it).
+ * `flexgen profile` writes what fg_profile measures to a hardware file (fg_hardware_read, below).
  */
 #define _GNU_SOURCE
 #include "flexgen.h"

@@ -1,4 +1,4 @@
-/* safetensors.c: HF checkpoints as the loader reads them: safetensors archives, mapped with mmap
+/* support/safetensors.c: HF checkpoints as the loader reads them: safetensors archives, mapped with mmap
  * and validated (header, dtypes, shapes, offsets), single files or shards listed by an index.
  *
  * The format: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,

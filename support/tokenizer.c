@@ -1,4 +1,4 @@
-/* tokenizer.c: GPT-2 byte-level BPE over OPT's vocab.json / merges.txt, matching HF transformers'
+/* support/tokenizer.c: GPT-2 byte-level BPE over OPT's vocab.json / merges.txt, matching HF transformers'
  * slow GPT2Tokenizer (the reference):
  *   - pre-tokenization: GPT-2's regex
  *       's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+

@@ -1,4 +1,4 @@
-/* trace.c: what each thread of a run did, and when, as a Chrome trace (chrome://tracing or
+/* support/trace.c: what each thread of a run did, and when, as a Chrome trace (chrome://tracing or
  * Perfetto open it): the compute thread and the four I/O threads of Fig. 4 are one track each,
  * every task and every layer's compute one event, so a reader can see the overlap the schedule
  * promises, or the gaps where it does not hold (docs/trace-opt-6.7b.png is one such picture).

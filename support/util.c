@@ -1,4 +1,4 @@
-/* util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and bf16
+/* support/util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and bf16
  * conversions (F16C where the CPU has it), the CPU features the SIMD paths check, and the names
  * of the tiers and links.
  *

@@ -1,4 +1,5 @@
-/* test_matmul.c: the products of matmul.c against a plain triple loop in double, on fp16 and
+/* test_matmul.c: the fast products of support/matmul.c held to opt_model.c's reference products
+ * (matmul_reference, embed_t_reference), and both to a plain triple loop in double, on fp16 and
  * 4-bit weights, on the AVX2 path and the portable one.
  *
  * Tolerance: each element is a sum of n = in products (n + 1 terms when adding to y) formed and
@@ -55,9 +56,10 @@ static float *random_floats(size_t n, uint64_t seed) {
 }
 
 /* y (from y0 when given) against sum_k x[r][k] v[k][c] in double, within gamma of its terms'
- * magnitudes; counts the elements outside. */
-static int count_outside(const float *x, int rows, int in, const float *v, int out, const float *y0,
-                         const float *y) {
+ * magnitudes, or, given ref, against ref within twice that (both are within gamma of the exact
+ * sum); counts the elements outside. */
+static int count_apart(const float *x, int rows, int in, const float *v, int out, const float *y0,
+                       const float *y, const float *ref) {
     int bad = 0;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < out; c++) {
@@ -66,8 +68,8 @@ static int count_outside(const float *x, int rows, int in, const float *v, int o
                 double t = (double)x[(size_t)r * in + k] * v[(size_t)k * out + c];
                 exact += t, mag += fabs(t);
             }
-            double err = fabs(y[(size_t)r * out + c] - exact);
-            if (err > gamma_n(in + 1) * mag) bad++;
+            double err = fabs(y[(size_t)r * out + c] - (ref ? ref[(size_t)r * out + c] : exact));
+            if (err > (ref ? 2 : 1) * gamma_n(in + 1) * mag) bad++;
         }
     return bad;
 }
@@ -78,6 +80,11 @@ static int count_outside(const float *x, int rows, int in, const float *v, int o
 static const int SHAPES[][3] = {{1, 7, 5},    {3, 64, 17},   {1, 300, 200}, {17, 100, 130}, {64, 129, 64},
                                 {65, 70, 300}, {100, 257, 77}, {8, 512, 1000}, {2, 130, 192}, {13, 65, 128},
                                 {70, 100, 136}};
+
+static int count_outside(const float *x, int rows, int in, const float *v, int out, const float *y0,
+                         const float *y) {
+    return count_apart(x, rows, in, v, out, y0, y, NULL);
+}
 
 static void check_products(int q4) {
     for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
@@ -94,6 +101,15 @@ static void check_products(int q4) {
             int bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, y);
             EXPECT(bad == 0, "%s, rows %d, in %d, out %d%s: %d elements outside the bound", q4 ? "4-bit" : "fp16",
                    rows, in, out, acc ? ", adding" : "", bad);
+            float *ref = malloc((size_t)rows * out * sizeof *ref);
+            memcpy(ref, y0, (size_t)rows * out * sizeof *ref);
+            matmul_reference(x, rows, in, W, q4, out, ref, acc);
+            int ref_bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, ref);
+            int apart = count_apart(x, rows, in, v, out, acc ? y0 : NULL, y, ref);
+            EXPECT(ref_bad == 0 && apart == 0, "%s, rows %d, in %d, out %d%s: matmul_reference has %d "
+                   "elements outside the bound, the kernel %d apart from it", q4 ? "4-bit" : "fp16", rows,
+                   in, out, acc ? ", adding" : "", ref_bad, apart);
+            free(ref);
         }
         free(x), free(y0), free(y), free(scratch);
         weights_free(&w);
@@ -126,6 +142,13 @@ static void check_embed_t(int q4) {
         int bad = count_outside(x, rows, dim, vt, n, NULL, y);
         EXPECT(bad == 0, "%s embedding, rows %d, dim %d, n %d: %d elements outside the bound",
                q4 ? "4-bit" : "fp16", rows, dim, n, bad);
+        float *ref = malloc((size_t)rows * n * sizeof *ref);
+        embed_t_reference(x, rows, dim, q4 ? (const void *)e4 : (const void *)e16, q4, n, ref);
+        int ref_bad = count_outside(x, rows, dim, vt, n, NULL, ref), apart = count_apart(x, rows, dim, vt, n, NULL, y, ref);
+        EXPECT(ref_bad == 0 && apart == 0, "%s embedding, rows %d, dim %d, n %d: embed_t_reference has %d "
+               "elements outside the bound, the kernel %d apart from it", q4 ? "4-bit" : "fp16", rows, dim, n,
+               ref_bad, apart);
+        free(ref);
         if (fg_cpu_has_avx2()) { /* the portable path: the same bits */
             float *yp = malloc((size_t)rows * n * sizeof *yp);
             matmul_force_portable(1);
