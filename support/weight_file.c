@@ -167,6 +167,7 @@ static char *create(const weight_file *f, size_t size, int *fd, char *err) {
     fg_fail(err, "--path %s: cannot %s %s: %s", f->dir, rc ? "reserve" : "map", human((double)size).s,
             strerror(rc ? rc : errno));
     close(*fd);
+    *fd = -1;
     return NULL;
 }
 
