@@ -44,7 +44,7 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := flexgen.h runtime.h
+HDR := flexgen.h runtime.h kernels.h
 TEST_SRC := $(wildcard tests/*.c)
 
 .PHONY: all test test-san test-gpu fuzz bench clean print-cflags
