@@ -7,7 +7,7 @@ versions that an emptied body does not stand for: a function written almost righ
 one mistake its suite must still catch (synchronize before compute, a clamp left out).
 
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
-(about 10 minutes for all on 2 cores; the copies go to a temporary directory, removed after)."""
+(about 5 minutes for all on 2 cores; the copies go to a temporary directory, removed after)."""
 import os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments
