@@ -36,6 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* flexgen.h's kernel bodies (q4_value) are the device's too, with the device's fp16 */
+#define FG_HOST_DEVICE __host__ __device__
+#define FG_HALF_TO_FLOAT(h) __half2float(__ushort_as_half(h))
 extern "C" {
 #include "flexgen.h"
 #include "support/support.h"
@@ -237,18 +240,14 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 
 /* ============================================================================================
  * 4-bit decompression (§5; quant.c has the layout): one thread per value, min + q * scale
- * rounded to fp16, the device's working format.
+ * (flexgen.h's q4_value, which the CPU tests build too) rounded to fp16, the device's working
+ * format.
  * ============================================================================================ */
 
 __global__ void dequant_kernel(const uint8_t *src, size_t outer, size_t len, size_t inner, __half *dst) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= outer * len * inner) return;
-    size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
-    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
-    const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
-    const __half *mins = (const __half *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
-    int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
-    dst[e] = __float2half_rn(__fmaf_rn((float)q, __half2float(scales[g * inner + i]), __half2float(mins[g * inner + i])));
+    dst[e] = __float2half_rn(q4_value(src, len, inner, e));
 }
 
 static unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }

@@ -13,6 +13,7 @@
 #ifndef FLEXGEN_H
 #define FLEXGEN_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,7 @@
 enum { OPT_PAD_ID = 1, OPT_BOS_ID = 2, OPT_EOS_ID = 2, OPT_POS_OFFSET = 2 };
 
 typedef uint16_t fp16; /* weights and the KV cache are stored in IEEE fp16; compute is fp32 */
+float fp16_to_fp32(fp16 h); /* exact (support/util.c) */
 
 /* ---- The model (§3) ---- */
 typedef struct {
@@ -125,6 +127,21 @@ void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, f
 void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 
+/* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
+ * decompression kernel, held on the host to q4_decompress's bits (exact fp16, one rounding). */
+#ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device */
+#define FG_HOST_DEVICE
+#define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
+#endif
+static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size_t inner, size_t e) {
+    size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
+    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+    const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
+    const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+    int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
+    return fmaf((float)q, FG_HALF_TO_FLOAT(scales[g * inner + i]), FG_HALF_TO_FLOAT(mins[g * inner + i]));
+}
+
 /* ---- Tiers, policy and the backends' operation table (§4.2) ---- */
 typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
 typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
@@ -195,10 +212,9 @@ typedef struct {
 } fg_backend;
 extern const fg_backend fg_cpu_backend;
 const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */
-#define FG_CUDA_ACT_ELEM 2
+#define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
 #define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
-/* Prefill runs a layer on chunks of at most FG_CHUNK_ROWS token rows: the workspace holds
- * fg_workspace_rows of them. */
+/* Prefill runs a layer on chunks of FG_CHUNK_ROWS token rows at most (fg_workspace_rows). */
 #define FG_CHUNK_ROWS 2048
 size_t fg_workspace_rows(int gbs, int max_prompt);
 

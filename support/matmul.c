@@ -73,7 +73,7 @@ static int use_simd(void) { return !portable_only && fg_cpu_has_avx2(); }
 static size_t q4_row_bytes(int out) { return q4_bytes(1, (size_t)out, 1); }
 
 /* Column c of group g of a 4-bit row: fmaf(q, scale, min), as q4_decompress computes it. */
-static float q4_value(const uint8_t *row, int out, int g, int c) {
+static float q4_panel_value(const uint8_t *row, int out, int g, int c) {
     int G = (out + Q4_GROUP - 1) / Q4_GROUP;
     const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
     const uint8_t *bytes = row + (size_t)g * (Q4_GROUP / 2); /* value 2p: high nibble of byte p */
@@ -86,7 +86,7 @@ static void widen_group_scalar(const void *W, int q4, int out, int k, int g, int
     const uint8_t *row4 = (const uint8_t *)W + (size_t)k * q4_row_bytes(out);
     const fp16 *row16 = (const fp16 *)W + (size_t)k * out + (size_t)g * Q4_GROUP;
     for (int c = 0; c < Q4_GROUP; c++)
-        dst[c] = c >= n ? 0 : q4 ? q4_value(row4, out, g, c) : fp16_to_fp32(row16[c]);
+        dst[c] = c >= n ? 0 : q4 ? q4_panel_value(row4, out, g, c) : fp16_to_fp32(row16[c]);
 }
 
 #ifdef HAVE_AVX2_PATH

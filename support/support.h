@@ -30,8 +30,7 @@ void fg_unwatch_mapping(const void *base);
 uint64_t fg_mix64(uint64_t x); /* a stateless 64-bit hash */
 
 /* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
-float fp16_to_fp32(fp16 h);
-fp16 fp32_to_fp16(float f);
+fp16 fp32_to_fp16(float f); /* fp16_to_fp32 is in flexgen.h */
 float bf16_to_fp32(uint16_t b);
 void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* F16C where the CPU has it */
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);

@@ -402,6 +402,32 @@ static void test_redundant_rows(void) {
     expect(2, 5, c, A, s, b, LP_OPTIMAL, x, -2);
 }
 
+/* A right-hand side pushed below 0 by an entry the ratio test skips: min -x1 with x1 + x2 <= 100
+ * and 5e-10 x1 + x3 - x4 = 0, whose 5e-10 is under lp.c's pivot tolerance (1e-9 of its column).
+ * Phase 1 makes x3 basic in row 2 at 0; x1 enters on row 1 with a step of 100, which would leave
+ * x3 at -5e-8, 50 times below what the suite accepts as x >= 0. lp.c sets such right-hand sides
+ * to 0 (its Tolerances): x = (100, 0, 0, 0), row 2 off by 5e-8, within the rows' 1e-7. GLPK,
+ * exact or not: -100 at (100, 0, 0, 5e-8). */
+static void test_skipped_entry_keeps_x_nonnegative(void) {
+    lp_case k = {.n = 4, .m = 2, .c = {-1, 0, 0, 0}, .A = {1, 1, 0, 0, 5e-10, 0, 1, -1}, .b = {100, 0},
+                 .sense = {LP_LE, LP_EQ}};
+    double ref = 0, x[4] = {0}, obj = 0;
+    CU_ASSERT_EQUAL_FATAL(glpk_solve(&k, &ref), LP_OPTIMAL);
+    lp_problem p = problem_of(&k);
+    lp_status got = (lp_status)-1;
+    char err[FG_ERR_LEN] = "";
+    int rc = lp_solve(&p, &got, x, &obj, err);
+    EXPECT(rc == 0 && got == LP_OPTIMAL, "status: expected optimal, got rc %d, status %d %s", rc, (int)got, err);
+    if (rc || got != LP_OPTIMAL) return;
+    EXPECT(fabs(obj - ref) <= 1e-7 * fmax(1, fabs(ref)), "objective: expected %.10g (GLPK), got %.10g", ref, obj);
+    int low = 0;
+    for (int j = 1; j < k.n; j++) low = x[j] < x[low] ? j : low;
+    EXPECT(x[low] >= -1e-9, "x >= 0: expected every x_j >= -1e-9, got x[%d] = %.3g (a right-hand side below "
+           "0 left in the tableau)", low, x[low]);
+    EXPECT(point_ok(&k, x, obj), "x = (%g, %g, %g, %g): expected x >= -1e-9 and both rows within 1e-7 of "
+           "their scale", x[0], x[1], x[2], x[3]);
+}
+
 static void test_bad_sizes(void) {
     double c[] = {1}, A[] = {1}, b[] = {1}, x[1], obj;
     lp_sense s[] = {LP_LE};
@@ -426,5 +452,7 @@ void add_lp_tests(void) {
     CU_add_test(s, "Beale's example", test_beale);
     CU_add_test(s, "an LP Dantzig's rule alone cycles on ends at its optimum", test_cycling);
     CU_add_test(s, "redundant and zero rows are dropped", test_redundant_rows);
+    CU_add_test(s, "an entry under the pivot tolerance leaves no x below 0",
+                test_skipped_entry_keeps_x_nonnegative);
     CU_add_test(s, "bad sizes give -1 and an error line", test_bad_sizes);
 }

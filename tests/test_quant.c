@@ -1,7 +1,8 @@
 /* test_quant.c: the 4-bit group-wise compression of quant.c (paper §5): the round-trip error of
  * every element against its group's range, constant groups, a partial last group, and the byte
  * layout (nibble order, where min and scale sit), read back here by a decoder written from the
- * layout's description rather than from quant.c. */
+ * layout's description rather than from quant.c; and the CUDA decompression kernel's per-value
+ * body (flexgen.h's q4_value), built for the host, against quant.c's decompression. */
 #include "tests.h"
 
 #include <math.h>
@@ -157,6 +158,33 @@ static void test_layout(void) {
         }
 }
 
+/* flexgen.cu's 4-bit decompression kernel gives each value a thread, which computes it with
+ * flexgen.h's q4_value; built here for the host, it must give q4_decompress's bits for every
+ * value: groups along contiguous values (inner 1) and across rows, several outer indices, and
+ * partial last groups. */
+static void test_kernel_dequant_body(void) {
+    static const size_t shapes[][3] = {{1, 64, 1}, {3, 150, 1}, {2, 100, 5}, {1, 7, 9}, {2, 200, 33}};
+    uint64_t seed = 11;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        size_t outer = shapes[s][0], len = shapes[s][1], inner = shapes[s][2], n = outer * len * inner;
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        uint8_t *q = malloc(q4_bytes(outer, len, inner));
+        for (size_t e = 0; e < n; e++) x[e] = (test_uniform(&seed) - 0.4f) * (1 + (e / 97 % 4) * 9.0f);
+        q4_compress(x, outer, len, inner, q);
+        q4_decompress(q, outer, len, inner, y);
+        size_t differ = 0, first = 0;
+        float got = 0;
+        for (size_t e = 0; e < n; e++) {
+            float v = q4_value(q, len, inner, e);
+            if (memcmp(&v, &y[e], sizeof v) && !differ++) first = e, got = v;
+        }
+        EXPECT(differ == 0, "[%zu][%zu][%zu]: %zu of %zu values differ; value %zu ([%zu][%zu][%zu]): "
+               "q4_decompress gives %g, the kernel's q4_value %g", outer, len, inner, differ, n, first,
+               first / (len * inner), first / inner % len, first % inner, y[first], got);
+        free(x), free(y), free(q);
+    }
+}
+
 /* Top-K of sparse attention (§5) with ties at the threshold: they go to the earlier index, and
  * exactly k are kept. */
 static void test_topk_ties(void) {
@@ -184,5 +212,7 @@ void add_quant_tests(void) {
     CU_add_test(s, "round trip within (max - min) / 30 plus fp16 rounding", test_round_trip_error);
     CU_add_test(s, "constant groups decode exactly", test_constant_groups);
     CU_add_test(s, "layout: nibble order, min and scale, padding", test_layout);
+    CU_add_test(s, "the CUDA decompression kernel's body, on the host, as q4_decompress",
+                test_kernel_dequant_body);
     CU_add_test(s, "top-K with ties keeps exactly k, the earlier first", test_topk_ties);
 }
