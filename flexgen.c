@@ -891,7 +891,7 @@ block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int ge
     s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
     s.x_stage = 2 * act_row * s.gbs * max_prompt;
     s.workspace_rows = fg_workspace_rows(s.gbs, max_prompt);
-    s.workspace = (double)rt->backend->workspace_bytes(c, s.workspace_rows, s.max_len);
+    s.workspace = (double)rt->backend->workspace_bytes(c, s.workspace_rows, max_prompt, s.max_len);
     if (p->cpu_cache_compute && rt->backend->delegated_bytes) /* decode delegates: a GPU batch */
         s.delegated = (double)rt->backend->delegated_bytes(c, (size_t)s.gbs, s.max_len);
     s.logit_rows = m->prompt_logits ? max_prompt : 1;
@@ -916,11 +916,11 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     weight_bytes(m, w, &max_layer_disk);
     double staging = 2.0 * m->staging_bytes;
     enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
-           RESERVE, N_ITEMS };
+           RESERVE, COPY_BUFFERS, N_ITEMS };
     static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
         "KV cache staging", "activations", "activation staging", "workspace and logits",
         "disk pages in flight", "activations between stages", "delegated attention",
-        "the device's context, cuBLAS and rounding"};
+        "the device's context, cuBLAS and rounding", "pinned copy buffers"};
     double need[N_TIERS][N_ITEMS] = {{0}};
     for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
         need[t][WEIGHTS] = w[t];
@@ -934,7 +934,7 @@ int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len,
     need[TIER_GPU][WORK] = s.workspace + s.logits;
     need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s.transient_cpu;
     need[TIER_CPU][DELEGATED] = s.delegated;
-    need[TIER_GPU][RESERVE] = rt->backend->device_reserve;
+    need[TIER_GPU][RESERVE] = rt->backend->device_reserve, need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
     double total[N_TIERS] = {0};
     for (int t = 0; t < N_TIERS; t++) {
         for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
@@ -1063,7 +1063,7 @@ static int alloc_stage_buffers(block *bl, char *err) {
     bl->has_delegated = 1;
     if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) return -1;
     bl->ws = &bl->own_ws;
-    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, s->workspace_rows, s->max_len, err)) {
+    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, s->workspace_rows, s->max_prompt, s->max_len, err)) {
         tier_add(rt, TIER_GPU, -s->workspace);
         return -1;
     }

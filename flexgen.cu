@@ -62,14 +62,17 @@ static void cuda_fail(const char *call, int line, const char *msg) {
         cudaError_t e_ = (call);                                                               \
         if (e_ != cudaSuccess) cuda_fail(#call, __LINE__, cudaGetErrorString(e_));             \
     } while (0)
+/* After a launch (a kernel's, or a cuBLAS call's, which launches its own): its own error, and
+ * with FLEXGEN_CUDA_SYNC=1 its end too, so that a fault names its kernel or cuBLAS call instead
+ * of a later call (launches are asynchronous). */
+static int sync_each_kernel;
 #define BLAS_CHECK(call)                                                                       \
     do {                                                                                       \
         cublasStatus_t s_ = (call);                                                            \
         if (s_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, __LINE__, cublasGetStatusString(s_)); \
+        cudaError_t e_ = sync_each_kernel ? cudaStreamSynchronize(ctx()->stream) : cudaSuccess; \
+        if (e_ != cudaSuccess) cuda_fail(#call, __LINE__, cudaGetErrorString(e_));             \
     } while (0)
-/* After a launch: its own error, and with FLEXGEN_CUDA_SYNC=1 the kernel's end too, so that a
- * fault names its kernel instead of a later call (kernels are asynchronous). */
-static int sync_each_kernel;
 #define LAUNCHED(kernel)                                                                       \
     do {                                                                                       \
         cudaError_t e_ = cudaGetLastError();                                                   \
@@ -77,7 +80,11 @@ static int sync_each_kernel;
         if (e_ != cudaSuccess) cuda_fail(kernel "<<<>>>", __LINE__, cudaGetErrorString(e_));   \
     } while (0)
 
-enum { BOUNCE = 8 << 20 }; /* bytes of each pinned bounce buffer */
+/* Bytes of each pinned bounce buffer. Three threads copy (compute, and the I/O threads of
+ * weights and of the cache and activations), two buffers each: the plan counts them on the cpu
+ * tier (FG_CUDA_HOST_RESERVE). */
+enum { BOUNCE = 8 << 20 };
+static_assert(FG_CUDA_HOST_RESERVE == 3 * 2 * (double)BOUNCE, "the cpu tier's count of bounce buffers");
 
 /* What one runtime thread uses: its stream, its cuBLAS handle, its bounce buffers. */
 typedef struct {
@@ -156,7 +163,9 @@ static void *cuda_alloc(size_t bytes) {
 }
 
 static void cuda_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    ctx(); /* this process's device on the calling thread, as for the allocation */
+    CUDA_CHECK(cudaFree(p));
 }
 
 static void *cuda_host_alloc(size_t bytes, int pinned) {
@@ -173,6 +182,7 @@ static void *cuda_host_alloc(size_t bytes, int pinned) {
 
 static void cuda_host_free(void *p) {
     if (!p) return;
+    ctx(); /* the device whose context pinned it, before asking about p */
     if (is_pinned_or_device(p)) CUDA_CHECK(cudaFreeHost(p));
     else free(p);
 }
@@ -279,7 +289,7 @@ typedef struct {
     __half *h;          /* [rows][max(hidden, word_dim)]: a layer norm's output, the embedding */
     __half *qkv, *attn; /* [rows][3 hidden], [rows][hidden]; then ffn takes their space */
     __half *ffn;        /* [rows][ffn] */
-    float *scores;      /* [heads][max_len][max_len]: one sequence's prefill, fp32 */
+    float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
     __half *probs;      /* the same, softmaxed, fp16 */
     int *pad, *tokens;  /* [rows] */
     void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
@@ -290,11 +300,11 @@ typedef struct {
     size_t host_rows;
 } cuda_ws;
 
-static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
-                               char *err) {
+static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+                               int max_len, char *err) {
     memset(ws, 0, sizeof *ws);
     size_t sizes[FG_CUDA_WS_PARTS];
-    size_t total = fg_cuda_workspace_parts(cfg, rows, max_len, sizes);
+    size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, sizes);
     cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
     if (!d) return fg_fail(err, "out of memory");
     d->block = (char *)cuda_alloc(total);
@@ -641,7 +651,7 @@ static void host_rows_ready(cuda_ws *d, const opt_config *c, size_t rows, int ma
     if (rows <= d->host_rows) return;
     free_host_rows(d);
     char err[FG_ERR_LEN];
-    if (opt_workspace_init(&d->host, c, rows, max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
+    if (opt_workspace_init(&d->host, c, rows, 0, max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
     d->host_rows = rows;
     d->host16 = (fp16 *)cuda_host_alloc(rows * 3 * c->hidden * sizeof(fp16), 1);
     if (!d->host16) cuda_fail("cuda_host_alloc", __LINE__, "out of host memory for delegated attention");
@@ -777,6 +787,7 @@ static const fg_backend cuda_backend = {
     cuda_device_memory,
     0,                      /* reads_q4: 4-bit weights are decompressed into staging */
     FG_CUDA_RESERVE,        /* device_reserve */
+    FG_CUDA_HOST_RESERVE,   /* host_reserve: the bounce buffers */
     fg_cuda_delegated_bytes,
 };
 

@@ -197,9 +197,9 @@ typedef struct {
     void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
     void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
     void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
-    size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_len);
-    int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
-                          char *err);
+    size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
+    int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+                          int max_len, char *err);
     void (*workspace_free)(opt_workspace *ws);
     void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
     void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
@@ -207,6 +207,7 @@ typedef struct {
     double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
     int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */
     double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
+    double host_reserve;     /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
     size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* host rows of
                                 delegated attention (§4.2) on the cpu tier; NULL on the CPU */
 } fg_backend;
@@ -214,6 +215,7 @@ extern const fg_backend fg_cpu_backend;
 const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */
 #define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
 #define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
+#define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20)) /* 3 copying threads, 2 pinned 8 MiB each */
 /* Prefill runs a layer on chunks of FG_CHUNK_ROWS token rows at most (fg_workspace_rows). */
 #define FG_CHUNK_ROWS 2048
 size_t fg_workspace_rows(int gbs, int max_prompt);

@@ -174,11 +174,11 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
         add_bytes(gpu, -1, 2 * 2 * q4 * fmax(h * f, (double)c->vocab * c->word_dim));
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 2 * act_row * gbs * s);                   /* activation staging */
-    size_t (*workspace)(const opt_config *, size_t, int) = hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
-    add_bytes(gpu, -1, (double)workspace(c, fg_workspace_rows(w->gbs, w->s), (int)len));
+    size_t (*workspace)(const opt_config *, size_t, int, int) = hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
+    add_bytes(gpu, -1, (double)workspace(c, fg_workspace_rows(w->gbs, w->s), w->s, (int)len));
     add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
     if (!hw->gpu_is_host) {
-        add_bytes(gpu, -1, FG_CUDA_RESERVE);                     /* context, cuBLAS, rounding */
+        add_bytes(gpu, -1, FG_CUDA_RESERVE), add_bytes(cpu, -1, FG_CUDA_HOST_RESERVE); /* held beyond */
         if (w->cpu_cache_compute) add_bytes(cpu, -1, (double)fg_cuda_delegated_bytes(c, (size_t)w->gbs, (int)len));
     }
     if (weights == FG_W_DISK) add_bytes(cpu, -1, 2 * 2 * layer * q4); /* two layers read ahead */

@@ -10,13 +10,13 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-static size_t fp16_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
-    return opt_workspace_bytes(cfg, rows, max_len) + 4 * rows * cfg->hidden;
+static size_t fp16_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
+    return opt_workspace_bytes(cfg, rows, max_prompt, max_len) + 4 * rows * cfg->hidden;
 }
 
-static int fp16_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
-                               char *err) {
-    if (opt_workspace_init(ws, cfg, rows, max_len, err)) return -1;
+static int fp16_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows,
+                               int max_prompt, int max_len, char *err) {
+    if (opt_workspace_init(ws, cfg, rows, max_prompt, max_len, err)) return -1;
     if (!(ws->x32 = aligned_alloc(64, (rows * cfg->hidden * sizeof(float) + 63) & ~(size_t)63))) {
         opt_workspace_free(ws);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);

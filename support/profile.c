@@ -170,7 +170,7 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
                                             more sequences of fewer slots */
     int rc = device_weights(be, &c, &layout, &w, err), has_ws = 0;
     if (rc == 0) rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
-    if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG + 1, err), has_ws = rc == 0;
+    if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG, LONG + 1, err), has_ws = rc == 0;
     if (rc == 0 && (!x || !x_host || !cache)) rc = fg_fail(err, "profile: out of memory");
     if (rc == 0) {
         for (size_t i = 0; i < n_x; i++) { /* in the backend's activation format */

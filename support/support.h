@@ -67,13 +67,14 @@ void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst);
 /* ---- Buffers of the forward pass (workspace.c) ---- */
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
-size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
-int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
-                       char *err);
+/* The CPU's workspace: max_prompt is not used (decode's max_len keys are the most). */
+size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
+int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+                       int max_len, char *err);
 void opt_workspace_free(opt_workspace *ws);
 enum { FG_CUDA_WS_PARTS = 8 };
-size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, size_t *sizes);
-size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len);
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, size_t *sizes);
+size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
 size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len);
 const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
 

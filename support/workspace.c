@@ -66,14 +66,16 @@ static size_t vec_floats(const opt_config *cfg) {
     return 2 * (n > (size_t)cfg->word_dim ? n : (size_t)cfg->word_dim);
 }
 
-size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
+size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
+    (void)max_prompt;
     size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
     return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads() +
                 wide_floats(cfg, rows) + vec_floats(cfg));
 }
 
-int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_len,
-                       char *err) {
+int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+                       int max_len, char *err) {
+    (void)max_prompt;
     memset(ws, 0, sizeof *ws);
     size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
     ws->rows = rows;
@@ -109,10 +111,11 @@ void opt_workspace_free(opt_workspace *ws) {
 
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(4 hidden, ffn)]; one
- * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_len][max_len]; per
- * row a pad, a token and two cache pointers. Here so that the cost model has it without CUDA. */
-size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, size_t *sizes) {
-    size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_len, H = cfg->n_heads;
+ * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_prompt][max_prompt]
+ * (decode attends in shared memory); per row a pad, a token and two cache pointers. Here so that
+ * the cost model has it without CUDA. */
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, size_t *sizes) {
+    size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t mixed = 4 * h > f ? 4 * h : f;
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
                                       2 * H * M * M, 4 * rows, 4 * rows, 8 * rows, 8 * rows};
@@ -125,11 +128,12 @@ size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_len, 
     return total;
 }
 
-size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_len) {
-    return fg_cuda_workspace_parts(cfg, rows, max_len, NULL);
+size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
+    (void)max_len;
+    return fg_cuda_workspace_parts(cfg, rows, max_prompt, NULL);
 }
 
 size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) {
-    return opt_workspace_bytes(cfg, rows, max_len) + 2 * rows * 3 * (size_t)cfg->hidden;
+    return opt_workspace_bytes(cfg, rows, 0, max_len) + 2 * rows * 3 * (size_t)cfg->hidden;
 }
 

@@ -24,7 +24,7 @@ static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *
     opt_workspace ws;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, N_SEQ, max_len, padded, err), 0);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, c, (size_t)N_SEQ * padded, max_len, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, c, (size_t)N_SEQ * padded, padded, max_len, err), 0);
     float *x = malloc((size_t)N_SEQ * padded * h * sizeof *x), *step = malloc((size_t)N_SEQ * V * sizeof *step);
     fp16 *cache = malloc((size_t)c->n_layers * 2 * N_SEQ * rows * sizeof *cache);
     gb.x = x;

@@ -158,6 +158,9 @@ static void test_sparse_grouping(void) {
 
 /* --gpu-mem caps device memory like any tier: a plan over it is refused before a byte moves,
  * and a run under it stays within it. */
+/* --gpu-mem of 4096 bytes is refused, naming the gpu tier; MEM_CAP, the device reserve and 64 MiB,
+ * runs, and the runtime's own bytes stay within the 64 MiB. */
+#define MEM_CAP (FG_CUDA_RESERVE + (64 << 20))
 static void test_gpu_mem_cap(void) {
     if (!gpu_present()) return;
     fixture_prompts f;
@@ -170,10 +173,40 @@ static void test_gpu_mem_cap(void) {
     CU_ASSERT_NOT_EQUAL(generate_with(f.dir, NULL, 0, &p, GEN, f.n, (int *const *)f.prompts, f.lens,
                                       tokens, NULL, NULL, err), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "gpu tier"));
-    p.capacity[TIER_GPU] = 64 << 20;
-    CU_ASSERT_EQUAL(generate_with(f.dir, NULL, 0, &p, GEN, f.n, (int *const *)f.prompts, f.lens,
-                                  tokens, NULL, &st, err), 0);
-    CU_ASSERT(st.peak[TIER_GPU] > 0 && st.peak[TIER_GPU] <= 64 << 20);
+    p.capacity[TIER_GPU] = MEM_CAP;
+    int rc = generate_with(f.dir, NULL, 0, &p, GEN, f.n, (int *const *)f.prompts, f.lens, tokens,
+                           NULL, &st, err);
+    EXPECT(rc == 0, "--gpu-mem %.0f: expected a run, got: %s", MEM_CAP, err);
+    if (rc == 0)
+        EXPECT(st.peak[TIER_GPU] > 0 && st.peak[TIER_GPU] <= 64 << 20, "gpu tier peak %.0f bytes: "
+               "expected within the 64 MiB beside the reserve", st.peak[TIER_GPU]);
+    fixture_prompts_close(&f);
+}
+
+/* The plan of test_gpu_mem_cap's two runs, checked on the CPU with the CUDA backend's sizes: the
+ * same verdicts, whether or not a GPU is here. */
+static void test_gpu_mem_cap_plan(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    int max_prompt = 0;
+    for (int i = 0; i < f.n; i++) max_prompt = f.lens[i] > max_prompt ? f.lens[i] : max_prompt;
+    static const double caps[] = {4096, MEM_CAP};
+    for (int i = 0; i < 2; i++) {
+        fg_policy p = case_policy(&CASES[0], FG_DEVICE_CPU);
+        p.capacity[TIER_GPU] = caps[i];
+        fg_runtime *rt;
+        fg_model *m;
+        char err[FG_ERR_LEN] = "";
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        rt->backend = cuda_sized_backend();
+        CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f.dir, 0, &m, err), 0);
+        int fits = fg_check_plan(m, f.n, max_prompt, GEN, err) == 0;
+        EXPECT(fits == (i == 1) && (fits || strstr(err, "gpu tier")), "--gpu-mem %.0f with CUDA's "
+               "sizes: expected %s, got %s %s", caps[i], i ? "a plan that fits" : "a gpu tier error",
+               fits ? "a plan that fits" : "refused:", err);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
     fixture_prompts_close(&f);
 }
 
@@ -200,5 +233,6 @@ void add_cuda_tests(void) {
     CU_add_test(s, "CUDA against CPU, post-LN fixture, policy matrix", test_post_ln);
     CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
     CU_add_test(s, "--gpu-mem caps device memory", test_gpu_mem_cap);
+    CU_add_test(s, "--gpu-mem's plan with CUDA's sizes, on the CPU", test_gpu_mem_cap_plan);
     CU_add_test(s, "no GPU: --device cuda refused, auto falls back to the CPU", test_no_gpu_fallback);
 }

@@ -303,7 +303,7 @@ static void test_kv_cache_equals_recompute(void) {
     char err[FG_ERR_LEN];
     test_batch_init(&cached, &w->cfg, n, max_len);
     test_batch_init(&fresh, &w->cfg, n, max_len);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
     float *lc = malloc((size_t)n * V * sizeof(float)), *lf = malloc((size_t)n * V * sizeof(float));
     int **seqs = malloc(n * sizeof *seqs), *lens = malloc(n * sizeof *lens);
     for (int b = 0; b < n; b++) {
@@ -449,7 +449,7 @@ static void check_large_scores(float sparsity) {
     gpu_batch gb;
     opt_workspace ws;
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, 1, MAX_LEN, 2, err), 0);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &c, 2, MAX_LEN, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &c, 2, 1, MAX_LEN, err), 0);
     fp16 kc[MAX_LEN * H], vc[MAX_LEN * H];
     gb.k[0] = kc, gb.v[0] = vc;
     gb.attn_sparsity = sparsity;

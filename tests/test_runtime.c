@@ -234,7 +234,7 @@ static void test_plan_fits_exactly(void) {
     opt_layout_free(&l);
     double h = c.hidden, kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * LEN;
     double act = 4 * h * NGB * GBS * PROMPT, staging = 2 * 4 * h * GBS * PROMPT;
-    double work = (double)opt_workspace_bytes(&c, GBS * PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
+    double work = (double)opt_workspace_bytes(&c, GBS * PROMPT, PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
     double need = weights + kv + act + staging + work + logits;
     for (int less = 0; less < 2; less++) {
         fg_policy p = policy(GBS, NGB, ALL_GPU, 0, 0);
@@ -267,18 +267,15 @@ static void test_plan_fits_exactly(void) {
 /* The memory model for a GPU (a hardware file without gpu_is_host) counts what the runtime's plan
  * check counts with the CUDA backend: fp16 activations, the CUDA workspace (flexgen.cu lays it out
  * with fg_cuda_workspace_parts), the device reserve on the gpu tier, delegated attention's host
- * rows on the cpu tier. Checked without a GPU: the runtime runs its plan check on a table with
+ * rows and the pinned copy buffers on the cpu tier. Checked without a GPU: the runtime runs its plan check on a table with
  * the CUDA backend's sizes; each tier fits at exactly the model's bytes (weights counted by
  * tensor, as the runtime places them) and not at one byte less. */
 static void test_memory_model_cuda_sizes(void) {
     static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
     enum { GBS = 3, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
-    fg_backend cuda_sizes = *fg_cpu_fp16_backend();
-    cuda_sizes.gpu_is_host = 0, cuda_sizes.reads_q4 = 0, cuda_sizes.act_elem = FG_CUDA_ACT_ELEM;
-    cuda_sizes.workspace_bytes = fg_cuda_workspace_bytes, cuda_sizes.device_reserve = FG_CUDA_RESERVE;
-    cuda_sizes.delegated_bytes = fg_cuda_delegated_bytes;
     static const struct { fg_percent pc; int delegate; fg_tier tier; } cases[] = {
         {{100, 0, 100, 0, 100, 0}, 0, TIER_GPU},
+        {{100, 0, 100, 0, 100, 0}, 0, TIER_CPU},
         {{100, 0, 0, 100, 0, 100}, 1, TIER_GPU},
         {{100, 0, 0, 100, 0, 100}, 1, TIER_CPU},
     };
@@ -294,7 +291,7 @@ static void test_memory_model_cuda_sizes(void) {
             fg_model *m;
             char err[FG_ERR_LEN] = "";
             CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-            rt->backend = &cuda_sizes;
+            rt->backend = cuda_sized_backend();
             CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
             double x[N_X], weights[N_TIERS], max_layer_disk;
             fg_plan_placement(m, GBS * NGB, x);
@@ -310,6 +307,33 @@ static void test_memory_model_cuda_sizes(void) {
             fg_runtime_close(rt);
         }
     }
+}
+
+/* The CUDA workspace's prefill scores (fp32) and probabilities (fp16) hold one sequence's
+ * [heads][prompt][prompt]: the cache's length (decode attends in shared memory) does not size
+ * them. And the plan counts CUDA's pinned copy buffers on the cpu tier, by name. */
+static void test_cuda_sizes(void) {
+    static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
+    enum { ROWS = 40, PROMPT = 20, LEN = 300 };
+    size_t parts[FG_CUDA_WS_PARTS], H = (size_t)c.n_heads;
+    fg_cuda_workspace_parts(&c, ROWS, PROMPT, parts);
+    EXPECT(parts[2] == 4 * H * PROMPT * PROMPT && parts[3] == 2 * H * PROMPT * PROMPT,
+           "prefill scores and probabilities: expected %zu and %zu bytes, got %zu and %zu",
+           4 * H * PROMPT * PROMPT, 2 * H * PROMPT * PROMPT, parts[2], parts[3]);
+    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN), fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1));
+    fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
+    p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
+    fg_runtime *rt;
+    fg_model *m;
+    char err[FG_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+    rt->backend = cuda_sized_backend();
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+    CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, PROMPT, 3, err), 0);
+    EXPECT(strstr(err, "cpu tier") && strstr(err, "pinned copy buffers 48"), "--cpu-mem below CUDA's "
+           "copy buffers (48 MiB): expected a cpu tier error naming them, got: %s", err);
+    fg_model_close(m);
+    fg_runtime_close(rt);
 }
 
 /* fg_check_plan's verdict for a capacity of one tier. */
@@ -602,4 +626,6 @@ void add_runtime_tests(void) {
     CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
     CU_add_test(s, "the memory model counts what the plan check counts with the CUDA backend's sizes",
                 test_memory_model_cuda_sizes);
+    CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
+                test_cuda_sizes);
 }

@@ -64,6 +64,11 @@ const char *join(const char *dir, const char *name);
 char *slurp(const char *path, size_t *len);
 int dir_entries(const char *dir);
 
+/* The CPU with fp16 activations and the CUDA backend's sizes (workspace, device reserve, copy
+ * buffers, delegated host rows): put in place of a runtime's backend, its plan check is the one a
+ * GPU runs, on a machine without one. */
+const fg_backend *cuda_sized_backend(void);
+
 /* generate() with policy p on a checkpoint dir, or (dir NULL) dummy weights of cfg from seed.
  * stats: NULL, or the runtime's tier peaks and link bytes after the run. Returns -1 when
  * generate (or opening) fails, with the error line in err (FG_ERR_LEN), or printed if err is NULL. */
