@@ -171,13 +171,13 @@ static void test_nothing_fits(void) {
 }
 
 /* For another machine (a GPU: fp16 weights on the gpu tier, no shared host memory, the device's
- * reserve) the memory model stands in for the plan check, at the placement the runtime would
+ * reserve and the pinned copy buffers) the memory model stands in for the plan check, at the placement the runtime would
  * realize there: the choice fits it. */
 static void test_search_for_gpu(void) {
     char err[FG_ERR_LEN];
     fg_hardware gpu = HW;
     gpu.gpu_is_host = 0;
-    fg_policy base = base_policy(16 * MiB + FG_CUDA_RESERVE, 32 * MiB, 1024 * MiB, 0);
+    fg_policy base = base_policy(16 * MiB + FG_CUDA_RESERVE, 32 * MiB + FG_CUDA_HOST_RESERVE, 1024 * MiB, 0);
     fg_search_request req = {.s = 32, .n = 8, .place = fg_runtime_check};
     fg_search_result r;
     CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), 0);
