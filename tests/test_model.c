@@ -438,6 +438,22 @@ static void test_sampling(void) {
                         sample_token(logits, N, 0.7f, 0.9f, &b, scratch));
 }
 
+/* Greedy decoding takes the first of equal largest logits, as torch.argmax does. */
+static void test_greedy_ties(void) {
+    static const struct { int n, want; float logits[6]; } cases[] = {
+        {6, 1, {1, 4, -2, 4, 0, 4}}, {4, 0, {0.5f, 0.5f, 0.5f, 0.5f}}, {3, 0, {7, 7, 1}},
+        {5, 2, {-3, -3, -1, -2, -1}},
+    };
+    float scratch[12];
+    fg_rng rng;
+    rng_seed(&rng, 1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int got = sample_token(cases[i].logits, cases[i].n, 0, 1, &rng, scratch);
+        EXPECT(got == cases[i].want, "greedy over tied logits (case %zu): expected the first "
+               "largest, id %d, got id %d", i, cases[i].want, got);
+    }
+}
+
 /* Scores near 1000 overflow expf unless softmax subtracts the row's largest score first: the
  * attention weights must stay finite and sum to 1, in prefill (many queries) and in decode (one,
  * on the fp16 fast path and, with sparsity, through opt_attend_decode). One head of 8; the keys
@@ -502,5 +518,6 @@ void add_model_tests(void) {
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
     CU_add_test(s, "every OPT size by name", test_configs);
     CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);
+    CU_add_test(s, "greedy takes the first of tied logits", test_greedy_ties);
     CU_add_test(s, "softmax of scores near 1000: finite weights summing to 1", test_large_scores);
 }
