@@ -454,6 +454,30 @@ static void test_greedy_ties(void) {
     }
 }
 
+/* Temperature divides the logits: over many seeds, the frequencies at T = 0.3 and T = 2.5 are
+ * those of softmax(logits / T), within five standard deviations of the draws' count. */
+static void test_sampling_temperature(void) {
+    enum { N = 5, TRIALS = 20000 };
+    const float logits[N] = {0.5f, 2.0f, 1.0f, -1.0f, 1.9f}, temps[2] = {0.3f, 2.5f};
+    float scratch[2 * N];
+    for (int k = 0; k < 2; k++) {
+        int counts[N] = {0};
+        for (int i = 0; i < TRIALS; i++) {
+            fg_rng rng;
+            rng_seed(&rng, 1000 + (uint64_t)i);
+            counts[sample_token(logits, N, temps[k], 1, &rng, scratch)]++;
+        }
+        double z = 0, p[N];
+        for (int i = 0; i < N; i++) z += p[i] = exp(logits[i] / temps[k]);
+        for (int i = 0; i < N; i++) {
+            p[i] /= z;
+            double f = (double)counts[i] / TRIALS, bound = 5 * sqrt(p[i] * (1 - p[i]) / TRIALS) + 1e-3;
+            EXPECT(fabs(f - p[i]) < bound, "T = %g, id %d: drawn with frequency %.4f, softmax(logits / T) "
+                   "gives %.4f (allowed %.4f)", temps[k], i, f, p[i], bound);
+        }
+    }
+}
+
 /* Scores near 1000 overflow expf unless softmax subtracts the row's largest score first: the
  * attention weights must stay finite and sum to 1, in prefill (many queries) and in decode (one,
  * on the fp16 fast path and, with sparsity, through opt_attend_decode). One head of 8; the keys
@@ -519,5 +543,6 @@ void add_model_tests(void) {
     CU_add_test(s, "every OPT size by name", test_configs);
     CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);
     CU_add_test(s, "greedy takes the first of tied logits", test_greedy_ties);
+    CU_add_test(s, "temperature divides the logits (T = 0.3, 2.5)", test_sampling_temperature);
     CU_add_test(s, "softmax of scores near 1000: finite weights summing to 1", test_large_scores);
 }
