@@ -206,6 +206,63 @@ static void test_teacher_forcing(void) {
     free_reference(&r);
 }
 
+/* Mismatches of tokens [n][gen_len] against want, the first described in where (or empty). */
+static int count_token_mismatches(const int *tokens, const int *want, int n, int gen_len, char *where,
+                                  size_t cap) {
+    int bad = 0;
+    where[0] = 0;
+    for (int i = 0; i < n * gen_len; i++)
+        if (tokens[i] != want[i] && bad++ == 0)
+            snprintf(where, cap, "prompt %d, step %d: expected %d, got %d", i / gen_len, i % gen_len,
+                     want[i], tokens[i]);
+    return bad;
+}
+
+/* want: tokens up to each sequence's first EOS, then OPT_PAD_ID (flexgen.h's contract). */
+static void pad_after_eos(const int *tokens, int n, int gen_len, int *want) {
+    for (int p = 0; p < n; p++) {
+        int done = 0;
+        for (int s = 0; s < gen_len; s++) {
+            int t = tokens[p * gen_len + s];
+            want[p * gen_len + s] = done ? OPT_PAD_ID : t;
+            done |= t == OPT_EOS_ID;
+        }
+    }
+}
+
+/* With stop_at_eos the token array generate() returns holds OPT_PAD_ID after each sequence's
+ * first EOS, while the other sequences of its block go on: greedy decoding of the fixture
+ * (prompt 4 generates </s> first, in a block with three others), and teacher forcing that gives
+ * EOS at chosen steps and other tokens after it. */
+static void test_stop_at_eos_pads_tokens(void) {
+    reference r;
+    load_reference("opt-tiny", fixture("opt-tiny"), &r);
+    size_t count = (size_t)r.n * r.gen_len;
+    int *tokens = malloc(count * sizeof *tokens), *forced = malloc(count * sizeof *forced);
+    int *want = malloc(count * sizeof *want);
+    char where[160];
+    CU_ASSERT_FATAL(r.n >= 4 && r.gen_len >= 3 && r.tokens[3 * r.gen_len] == OPT_EOS_ID);
+    gen_options opt = {.gen_len = r.gen_len, .top_p = 1, .stop_at_eos = 1};
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, NULL, NULL), 0);
+    pad_after_eos(r.tokens, r.n, r.gen_len, want);
+    int bad = count_token_mismatches(tokens, want, r.n, r.gen_len, where, sizeof where);
+    EXPECT(bad == 0, "greedy with stop_at_eos: %d tokens differ from the reference's, padded after "
+           "the first EOS; %s", bad, where);
+    for (size_t i = 0; i < count; i++) forced[i] = 3 + (int)(i * 37) % (r.vocab - 3); /* no EOS, no pad */
+    forced[0 * r.gen_len + 1] = OPT_EOS_ID;
+    forced[1 * r.gen_len + 0] = OPT_EOS_ID;
+    forced[1 * r.gen_len + 2] = OPT_EOS_ID; /* a second EOS is padded too */
+    forced[2 * r.gen_len + r.gen_len - 1] = OPT_EOS_ID;
+    opt.forced = forced;
+    CU_ASSERT_EQUAL_FATAL(generate_opt(&opt, r.n, r.prompts, r.lens, tokens, NULL, NULL), 0);
+    pad_after_eos(forced, r.n, r.gen_len, want);
+    bad = count_token_mismatches(tokens, want, r.n, r.gen_len, where, sizeof where);
+    EXPECT(bad == 0, "teacher forcing EOS with stop_at_eos: %d tokens differ from the forced ones, "
+           "padded after the first EOS; %s", bad, where);
+    free(tokens), free(forced), free(want);
+    free_reference(&r);
+}
+
 /* Prefill's logits at every prompt position (perplexity through prefill): position t's row of
  * a prompt equals the next-token logits of the prompt cut after token t, run on its own. */
 static void test_prompt_logits(void) {
@@ -537,6 +594,7 @@ void add_model_tests(void) {
     CU_add_test(s, "checkpoint with a tokenizer matches HF", test_reference_text);
     CU_add_test(s, "the trained checkpoint (models/opt-kjv) matches HF", test_reference_trained);
     CU_add_test(s, "teacher forcing: the given tokens, the logits of greedy decoding", test_teacher_forcing);
+    CU_add_test(s, "stop_at_eos: the returned tokens are padding after the first EOS", test_stop_at_eos_pads_tokens);
     CU_add_test(s, "prefill's logits at every position: those of each cut prompt", test_prompt_logits);
     CU_add_test(s, "KV-cache decode equals full recomputation", test_kv_cache_equals_recompute);
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
