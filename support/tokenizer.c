@@ -892,6 +892,9 @@ static int read_decoder(added_loader *L, const cJSON *dec, char *err) {
                            L->dir, what, MAX_TOKEN_ID);
         special_token s;
         if (parse_token(it, 0, L, CONFIG_FILE, what, &s, err)) return -1;
+        if (s.tok.len == 0) /* no text to cut out; cJSON ends a string at \u0000 */
+            return fg_fail(err, "%s/tokenizer_config.json: %s: the content is empty (or starts "
+                           "with \\u0000)", L->dir, what);
         s.tok.id = (int)id;
         if (token_list_put(&L->decoder, &s.tok, 1)) return fg_fail(err, "tokenizer: out of memory");
     }
@@ -909,6 +912,9 @@ static int read_added_json(added_loader *L, char *err) {
             return fg_fail(err, "%s/added_tokens.json: token \"%s\" has no id in [0, %d]",
                            L->dir, tok, MAX_TOKEN_ID);
         }
+        if (!it->string[0])
+            return fg_fail(err, "%s/added_tokens.json: the token with id %d is empty (or starts "
+                           "with \\u0000)", L->dir, (int)d);
         added_token tok = {.text = it->string, .len = strlen(it->string), .id = (int)d};
         if (token_list_put(&L->decoder, &tok, 1)) return fg_fail(err, "tokenizer: out of memory");
     }
@@ -977,8 +983,8 @@ static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) 
         if (read_decoder(L, dec, err)) return -1;
         for (int k = 0; k < N_SPECIAL; k++) { /* a special token that the decoder holds is it */
             special_token *s = &L->special[k];
-            const added_token *a = find_text(&L->decoder, s->tok.text, s->tok.len);
-            if (s->given == 2 && a) s->tok = *a, s->object = 1;
+            const added_token *a = s->given == 2 ? find_text(&L->decoder, s->tok.text, s->tok.len) : NULL;
+            if (a) s->tok = *a, s->object = 1;
         }
     } else if (read_added_file(L, MAP_FILE, err) || read_special_keys(L, MAP_FILE, err) ||
                read_added_file(L, ADDED_FILE, err) || read_added_json(L, err)) {

@@ -535,6 +535,22 @@ static void test_bad_special_files(void) {
     expect_special_error("added_tokens.json", "{\"<x>\": 1e300}", "\"<x>\"", "no id");
 }
 
+/* An added token whose content is empty (or, as cJSON reads it, starts with \u0000) is refused
+ * naming the file and the id: it could never be matched, and an empty text is no token. */
+static void test_empty_added_token(void) {
+    expect_special_error("tokenizer_config.json",
+                         "{\"added_tokens_decoder\": {\"7\": {\"content\": \"\"}}}",
+                         "added_tokens_decoder \"7\"", "empty");
+    expect_special_error("tokenizer_config.json",
+                         "{\"added_tokens_decoder\": {\"7\": {\"content\": \"\\u0000x\"}}}",
+                         "added_tokens_decoder \"7\"", "empty");
+    expect_special_error("tokenizer_config.json",
+                         "{\"eos_token\": \"a\", \"added_tokens_decoder\": {\"1\": "
+                         "{\"content\": \"b\"}, \"9\": {\"content\": \"\"}}}",
+                         "added_tokens_decoder \"9\"", "empty");
+    expect_special_error("added_tokens.json", "{\"\": 5}", "id 5", "empty");
+}
+
 static void test_missing_files(void) {
     expect_load_error(NULL, GOOD_MERGES, "vocab.json", "cannot open", NULL);
     expect_load_error(GOOD_VOCAB, NULL, "merges.txt", "cannot open", NULL);
@@ -616,5 +632,6 @@ void add_tokenizer_tests(void) {
     CU_add_test(s, "bad vocab.json", test_bad_vocab);
     CU_add_test(s, "bad merges.txt", test_bad_merges);
     CU_add_test(s, "bad special-token files", test_bad_special_files);
+    CU_add_test(s, "an empty added token is refused", test_empty_added_token);
     CU_add_test(s, "merges.txt variants", test_merges_variants);
 }

@@ -92,11 +92,20 @@ def main():
     index["weight_map"] = dict(list(index["weight_map"].items())[:3])
     put("index", "three-tensors.json", json.dumps(index, indent=1))
 
-    # fuzz_tokenizer: vocab.json, merges.txt and a text; fuzz_encode: texts
+    # fuzz_tokenizer: vocab.json, merges.txt, a text and optionally tokenizer_config.json;
+    # fuzz_encode: texts
     cases = [c["text"] for c in json.loads(fixture("tokenizer/cases.json"))]
     vocab, merges = fixture("tokenizer/vocab.json"), fixture("tokenizer/merges.txt")
     put("tokenizer", "fixture", vocab + SEP + merges + SEP + "The café is open, isn't it?".encode())
     put("tokenizer", "small", b'{"a":0,"b":1,"ab":2,"c":3}' + SEP + b"#version: 0.2\na b\n" + SEP + b"ababc")
+    added = [c["text"] for c in json.loads(fixture("tokenizer-added/cases.json"))]
+    put("tokenizer", "fixture-added", fixture("tokenizer-added/vocab.json") + SEP + fixture("tokenizer-added/merges.txt")
+        + SEP + added[-1].encode() + SEP + fixture("tokenizer-added/tokenizer_config.json"))
+    small_config = {"eos_token": "c", "unk_token": None, "added_tokens_decoder": {
+        "4": {"content": "<x>", "lstrip": True}, "5": {"content": "ab", "rstrip": True, "single_word": True},
+        "6": {"content": ""}}}
+    put("tokenizer", "small-config", b'{"a":0,"b":1,"ab":2,"c":3}' + SEP + b"#version: 0.2\na b\n" + SEP
+        + b"ab <x> cab" + SEP + json.dumps(small_config).encode())
     put("tokenizer", "bytes", '{"\\u0100":0,"a":1,"\\u00ff":2,"a\\u00ff":3}'.encode() + SEP + b"a \xc3\xbf\n" + SEP + b"a\xff\x00")
     for i, text in enumerate(cases):
         put("encode", "case-%02d" % i, text)
