@@ -591,18 +591,28 @@ static int scan_vocab(const cJSON *root, const char *path, int *max_id, char *er
     return 0;
 }
 
-/* Interns every token and records id -> symbol. Repeated keys and ids resolve like Python's
- * json + {v: k for k, v in encoder.items()}: a repeated token takes its last id, and the dict
- * keeps each token where its first entry was, so an id decodes to the token that comes last in
- * that order. New symbols are numbered in the order of their first entry: that order. */
-static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym) {
+/* Interns every token and records id -> symbol. A repeated token takes its last id, as the
+ * reference's json.load does. Two tokens with one id are refused: the reference would decode the
+ * id to one of them and encode the other to it. New symbols are numbered in the order of their
+ * first entry. */
+static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym, const char *path,
+                      char *err) {
     int first = t->syms.n;
     for (const cJSON *it = root->child; it; it = it->next) {
         int k = symtab_intern(&t->syms, it->string, strlen(it->string));
-        if (k < 0) return -1;
+        if (k < 0) return fg_fail(err, "%s: out of memory", path);
         t->syms.id[k] = (int)it->valuedouble;
     }
-    for (int k = first; k < t->syms.n; k++) tok_sym[t->syms.id[k]] = k;
+    for (int k = first; k < t->syms.n; k++) {
+        int id = t->syms.id[k], j = tok_sym[id];
+        if (j >= 0) {
+            char a[64], b[64];
+            quote_token(a, sizeof a, t->syms.pool + t->syms.off[j], t->syms.len[j]);
+            quote_token(b, sizeof b, t->syms.pool + t->syms.off[k], t->syms.len[k]);
+            return fg_fail(err, "%s: tokens \"%s\" and \"%s\" share id %d", path, a, b, id);
+        }
+        tok_sym[id] = k;
+    }
     return 0;
 }
 
@@ -633,13 +643,11 @@ static int load_vocab(fg_tokenizer *t, const char *path, int32_t **tok_sym, char
     if (rc == 0) {
         t->vocab_size = max_id + 1;
         *tok_sym = malloc((size_t)t->vocab_size * sizeof **tok_sym);
-        if (*tok_sym) {
+        if (!*tok_sym) {
+            rc = fg_fail(err, "%s: out of memory", path);
+        } else {
             for (int i = 0; i < t->vocab_size; i++) (*tok_sym)[i] = -1;
-            rc = fill_vocab(t, root, *tok_sym);
-        }
-        if (!*tok_sym || rc != 0) {
-            fg_fail(err, "%s: out of memory", path);
-            rc = -1;
+            rc = fill_vocab(t, root, *tok_sym, path, err);
         }
     }
     cJSON_Delete(root);
@@ -901,7 +909,8 @@ static int read_decoder(added_loader *L, const cJSON *dec, char *err) {
     return 0;
 }
 
-/* added_tokens.json: {"text": id, ...}, flags off. */
+/* added_tokens.json: {"text": id, ...}, flags off. A repeated text takes its last id (as
+ * json.load does); two texts with one id are refused, since HF would keep only one of them. */
 static int read_added_json(added_loader *L, char *err) {
     const cJSON *root = L->files[ADDED_FILE];
     for (const cJSON *it = root ? root->child : NULL; it; it = it->next) {
@@ -915,6 +924,18 @@ static int read_added_json(added_loader *L, char *err) {
         if (!it->string[0])
             return fg_fail(err, "%s/added_tokens.json: the token with id %d is empty (or starts "
                            "with \\u0000)", L->dir, (int)d);
+        int repeated = 0;
+        for (const cJSON *next = it->next; next && !repeated; next = next->next)
+            repeated = !strcmp(next->string, it->string);
+        if (repeated) continue;
+        const added_token *old = find_id(&L->decoder, (int)d);
+        if (old) {
+            char a[64], b[64];
+            quote_token(a, sizeof a, old->text, old->len);
+            quote_token(b, sizeof b, it->string, strlen(it->string));
+            return fg_fail(err, "%s/added_tokens.json: tokens \"%s\" and \"%s\" share id %d",
+                           L->dir, a, b, (int)d);
+        }
         added_token tok = {.text = it->string, .len = strlen(it->string), .id = (int)d};
         if (token_list_put(&L->decoder, &tok, 1)) return fg_fail(err, "tokenizer: out of memory");
     }

@@ -428,9 +428,7 @@ static const char *decoded(const fg_tokenizer *t, int id) {
     return text;
 }
 
-/* Repeated tokens and shared ids resolve as the reference's json.load and
- * {v: k for k, v in encoder.items()} do: a token takes its last id, and the dict keeps a token
- * where its first entry put it, so an id decodes to the token listed first last. */
+/* A repeated token resolves as the reference's json.load does: it takes its last id. */
 static void test_repeated_vocab_entries(void) {
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
@@ -441,11 +439,6 @@ static void test_repeated_vocab_entries(void) {
     CU_ASSERT(encodes_to(t, "ab", (const int[]){0, 1}, 2));
     EXPECT(!strcmp(decoded(t, 0), "a"), "id 0: expected \"a\", got \"%s\"", decoded(t, 0));
     CU_ASSERT(roundtrips(t, "abba", 4));
-    tokenizer_free(t);
-    write_file(dir, "vocab.json", "{\"b\":5,\"a\":5,\"b\":5,\"c\":0}"); /* decoder {5: a, 0: c} */
-    t = load_dir(dir, err);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
-    EXPECT(!strcmp(decoded(t, 5), "a"), "id 5: expected \"a\", got \"%s\"", decoded(t, 5));
     tokenizer_free(t);
     rm_tree(dir);
     free(dir);
@@ -551,6 +544,33 @@ static void test_empty_added_token(void) {
     expect_special_error("added_tokens.json", "{\"\": 5}", "id 5", "empty");
 }
 
+/* Two tokens sharing one id are refused, naming the file, the tokens and the id: in vocab.json
+ * (once a repeated token took its last id; the reference would decode the id to one of them and
+ * encode the other to it) and in added_tokens.json (HF keeps one of them, the other silently
+ * stops being cut out). A repeated added token takes its last id, as in vocab.json. */
+static void test_shared_ids(void) {
+    expect_load_error("{\"a\":0,\"b\":1,\"c\":1}", "", "vocab.json", "\"b\" and \"c\"", "id 1");
+    expect_load_error("{\"a\":0,\"a\":1,\"b\":1}", "", "vocab.json", "\"a\" and \"b\"", "id 1");
+    expect_load_error("{\"b\":5,\"a\":5,\"b\":5,\"c\":0}", "", "vocab.json", "\"b\" and \"a\"",
+                      "id 5");
+    expect_special_error("added_tokens.json", "{\"<x>\": 5, \"<y>\": 5}", "\"<x>\" and \"<y>\"",
+                         "id 5");
+    char *dir = make_temp_dir(), err[FG_ERR_LEN];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    write_file(dir, "vocab.json", GOOD_VOCAB);
+    write_file(dir, "merges.txt", GOOD_MERGES);
+    write_file(dir, "added_tokens.json", "{\"<x>\": 5, \"<x>\": 6, \"<y>\": 5}");
+    fg_tokenizer *t = load_dir(dir, err);
+    EXPECT(t != NULL, "added_tokens.json with \"<x>\" repeated (its last id 6): %s", err);
+    if (t) {
+        CU_ASSERT(encodes_to(t, "<x><y>", (const int[]){6, 5}, 2));
+        EXPECT(!strcmp(decoded(t, 5), "<y>"), "id 5: expected \"<y>\", got \"%s\"", decoded(t, 5));
+    }
+    tokenizer_free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
 static void test_missing_files(void) {
     expect_load_error(NULL, GOOD_MERGES, "vocab.json", "cannot open", NULL);
     expect_load_error(GOOD_VOCAB, NULL, "merges.txt", "cannot open", NULL);
@@ -633,5 +653,6 @@ void add_tokenizer_tests(void) {
     CU_add_test(s, "bad merges.txt", test_bad_merges);
     CU_add_test(s, "bad special-token files", test_bad_special_files);
     CU_add_test(s, "an empty added token is refused", test_empty_added_token);
+    CU_add_test(s, "two tokens sharing one id are refused", test_shared_ids);
     CU_add_test(s, "merges.txt variants", test_merges_variants);
 }
