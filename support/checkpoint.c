@@ -43,10 +43,19 @@ int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
                 name);
 }
 
+/* o's member `key`, the last of them when the key is repeated: Python's json (and so HF) keeps
+ * the last value, where cJSON's lookup finds the first. */
+static const cJSON *json_get(const cJSON *o, const char *key) {
+    const cJSON *found = NULL;
+    for (const cJSON *it = o ? o->child : NULL; it; it = it->next)
+        if (it->string && !strcmp(it->string, key)) found = it;
+    return found;
+}
+
 /* Reads an integer field; absent fields take `def` (def < 0 means required). */
 static int json_int(const cJSON *o, const char *key, int def, int *out, const char *path,
                     char *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    const cJSON *v = json_get(o, key);
     if (!v) {
         if (def < 0) return fg_fail(err, "%s: missing \"%s\"", path, key);
         *out = def;
@@ -61,12 +70,12 @@ static int json_int(const cJSON *o, const char *key, int def, int *out, const ch
 
 static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const cJSON *mt = json_get(root, "model_type");
     if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0)
         return fg_fail(err, "%s: unknown architecture (model_type %s%s%s; only \"opt\" is supported)",
                     path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring
                     : "missing", cJSON_IsString(mt) ? "\"" : "");
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
+    const cJSON *act = json_get(root, "activation_function");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
         return fg_fail(err, "%s: unsupported activation_function (only \"relu\")", path);
     memset(c, 0, sizeof *c);
@@ -82,10 +91,10 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
     if (c->hidden % c->n_heads)
         return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
                     c->hidden, c->n_heads);
-    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(root, "do_layer_norm_before");
+    const cJSON *ln = json_get(root, "do_layer_norm_before");
     c->pre_ln = ln ? cJSON_IsTrue(ln) : 1;
     /* HF keeps the final layer norm exactly when do_layer_norm_before holds, unless this is set. */
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "_remove_final_layer_norm")) && c->pre_ln)
+    if (cJSON_IsTrue(json_get(root, "_remove_final_layer_norm")) && c->pre_ln)
         return fg_fail(err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported",
                     path);
     return 0;

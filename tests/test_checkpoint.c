@@ -979,6 +979,34 @@ static void test_missing_config_field(void) {
     finish(dir, NULL);
 }
 
+/* A key given twice in config.json takes its last value, as Python's json (and so HF) does:
+ * earlier values of model_type, hidden_size and do_layer_norm_before are overridden by the
+ * fixture's own, and a value appended at the end overrides the fixture's. */
+static void test_config_repeated_keys(void) {
+    char *dir = fixture_rewrite("opt-tiny"), *text = slurp(fixture("opt-tiny/config.json"), NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    char *brace = strrchr(text, '}');
+    CU_ASSERT_PTR_NOT_NULL_FATAL(brace);
+    *brace = 0;
+    size_t cap = strlen(text) + 512;
+    char *edited = malloc(cap);
+    snprintf(edited, cap, "{\"model_type\": \"gpt2\", \"hidden_size\": 32, \"vocab_size\": 7, "
+             "\"do_layer_norm_before\": false, %s, \"word_embed_proj_dim\": 32}", strchr(text, '{') + 1);
+    write_text(dir, "config.json", edited);
+    opt_config c;
+    char err[FG_ERR_LEN] = "";
+    int rc = opt_config_from_json(join(dir, "config.json"), &c, err);
+    EXPECT(rc == 0, "config.json with repeated keys (the last value counts): %s", err);
+    if (rc == 0)
+        EXPECT(c.hidden == 64 && c.vocab == 512 && c.pre_ln == 1 && c.word_dim == 32,
+               "repeated keys: expected the last values hidden_size 64, vocab_size 512, "
+               "do_layer_norm_before true, word_embed_proj_dim 32; got %d, %d, %d, %d",
+               c.hidden, c.vocab, c.pre_ln, c.word_dim);
+    free(edited);
+    free(text);
+    finish(dir, NULL);
+}
+
 static void test_heads_do_not_divide_hidden(void) {
     char *dir = fixture_rewrite("opt-tiny");
     write_config_edit(dir, "opt-tiny", "num_attention_heads", cJSON_CreateNumber(5));
@@ -1254,6 +1282,7 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "config's layers against the tensor table, before allocating",
                 test_config_layers_against_tensors);
     CU_add_test(s, "hidden_size not a multiple of heads", test_heads_do_not_divide_hidden);
+    CU_add_test(s, "a repeated config.json key takes its last value", test_config_repeated_keys);
     CU_add_test(s, "index names a missing shard", test_index_missing_shard);
     CU_add_test(s, "index names a tensor its shard lacks", test_index_tensor_not_in_shard);
     CU_add_test(s, "malformed index", test_malformed_index);
