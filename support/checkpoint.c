@@ -68,6 +68,21 @@ static int json_int(const cJSON *o, const char *key, int def, int *out, const ch
     return 0;
 }
 
+/* A flag HF tests with `if`: true, false, or a number (0 false, any other true, as in Python);
+ * absent: def. Any other value is refused naming the key and the value. */
+static int json_flag(const cJSON *o, const char *key, int def, int *out, const char *path,
+                     char *err) {
+    const cJSON *v = json_get(o, key);
+    *out = !v ? def : cJSON_IsNumber(v) ? v->valuedouble != 0 : cJSON_IsTrue(v);
+    if (!v || cJSON_IsBool(v) || cJSON_IsNumber(v)) return 0;
+    char *text = cJSON_PrintUnformatted(v);
+    int long_text = text && strlen(text) > 40;
+    fg_fail(err, "%s: \"%s\" is %.40s%s, not true or false", path, key, text ? text : "not printable",
+            long_text ? "..." : "");
+    free(text);
+    return -1;
+}
+
 static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
     const cJSON *mt = json_get(root, "model_type");
@@ -91,12 +106,22 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
     if (c->hidden % c->n_heads)
         return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
                     c->hidden, c->n_heads);
-    const cJSON *ln = json_get(root, "do_layer_norm_before");
-    c->pre_ln = ln ? cJSON_IsTrue(ln) : 1;
+    int remove_final_ln, bias, ln_affine;
+    if (json_flag(root, "do_layer_norm_before", 1, &c->pre_ln, path, err) ||
+        json_flag(root, "_remove_final_layer_norm", 0, &remove_final_ln, path, err) ||
+        json_flag(root, "enable_bias", 1, &bias, path, err) ||
+        json_flag(root, "layer_norm_elementwise_affine", 1, &ln_affine, path, err))
+        return -1;
     /* HF keeps the final layer norm exactly when do_layer_norm_before holds, unless this is set. */
-    if (cJSON_IsTrue(json_get(root, "_remove_final_layer_norm")) && c->pre_ln)
+    if (remove_final_ln && c->pre_ln)
         return fg_fail(err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported",
                     path);
+    if (!bias)
+        return fg_fail(err, "%s: enable_bias false is not supported (the layers' biases are "
+                       "expected)", path);
+    if (!ln_affine)
+        return fg_fail(err, "%s: layer_norm_elementwise_affine false is not supported (the layer "
+                       "norms' weights and biases are expected)", path);
     return 0;
 }
 

@@ -1007,6 +1007,43 @@ static void test_config_repeated_keys(void) {
     finish(dir, NULL);
 }
 
+/* do_layer_norm_before and the other flags HF tests with `if` take a JSON number as Python
+ * does (0 false, any other true); a value that is neither a number nor true or false is refused
+ * naming the key and the value. A flag the runtime does not support is refused naming it. */
+static void test_config_flags(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    static const double truthy[] = {1, 2, -1, 0.5};
+    for (size_t i = 0; i < sizeof truthy / sizeof *truthy; i++) {
+        write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateNumber(truthy[i]));
+        opt_weights w;
+        char err[FG_ERR_LEN] = "";
+        int rc = opt_weights_load(dir, &w, err);
+        EXPECT(rc == 0 && w.cfg.pre_ln == 1, "\"do_layer_norm_before\": %g (true to Python): "
+               "expected a pre-LN model, got %s", truthy[i], rc ? err : "post-LN");
+        if (rc == 0) opt_weights_free(&w);
+    }
+    opt_config c;
+    char err[FG_ERR_LEN] = "";
+    write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateNumber(0));
+    CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &c, err), 0);
+    CU_ASSERT_EQUAL(c.pre_ln, 0);
+    write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateString("false"));
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "\"do_layer_norm_before\"",
+                       "\"false\"", "true or false");
+    write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateNull());
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "\"do_layer_norm_before\"", "null");
+    write_config_edit(dir, "opt-tiny", "_remove_final_layer_norm", cJSON_CreateNumber(1));
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "_remove_final_layer_norm", "not supported");
+    static const char *const needed[] = {"enable_bias", "layer_norm_elementwise_affine"};
+    for (int i = 0; i < 2; i++) {
+        write_config_edit(dir, "opt-tiny", needed[i], cJSON_CreateNumber(0));
+        EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", needed[i], "not supported");
+        write_config_edit(dir, "opt-tiny", needed[i], cJSON_CreateNumber(1));
+        CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &c, err), 0);
+    }
+    finish(dir, NULL);
+}
+
 static void test_heads_do_not_divide_hidden(void) {
     char *dir = fixture_rewrite("opt-tiny");
     write_config_edit(dir, "opt-tiny", "num_attention_heads", cJSON_CreateNumber(5));
@@ -1283,6 +1320,7 @@ void add_checkpoint_tests(void) {
                 test_config_layers_against_tensors);
     CU_add_test(s, "hidden_size not a multiple of heads", test_heads_do_not_divide_hidden);
     CU_add_test(s, "a repeated config.json key takes its last value", test_config_repeated_keys);
+    CU_add_test(s, "config.json flags: numbers as Python reads them, other values refused", test_config_flags);
     CU_add_test(s, "index names a missing shard", test_index_missing_shard);
     CU_add_test(s, "index names a tensor its shard lacks", test_index_tensor_not_in_shard);
     CU_add_test(s, "malformed index", test_malformed_index);
