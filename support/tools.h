@@ -27,7 +27,8 @@ typedef struct {
     FILE *f;
     const char *flag, *path; /* for error lines: "--trace out.json: ..." */
     char tmp[FG_PATH_LEN];
-    int slot;
+    int slot, fd;
+    int error; /* errno of the first write that failed, 0 if none */
 } fg_output;
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
 int fg_output_commit(fg_output *o, char *err);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -289,30 +290,62 @@ static void output_release(fg_output *o, int remove) {
     o->slot = -1;
 }
 
+/* The output's stream writes straight to its descriptor and keeps the errno of the first write
+ * that fails: stdio keeps only an error flag, and the cause (a full device, a file size limit)
+ * would be lost. Closing the stream closes the descriptor. */
+static ssize_t output_write(void *cookie, const char *buf, size_t n) {
+    fg_output *o = cookie;
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(o->fd, buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            if (!o->error) o->error = w < 0 ? errno : EIO;
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    return (ssize_t)n;
+}
+
+static int output_close(void *cookie) { return close(((fg_output *)cookie)->fd); }
+
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) {
     memset(o, 0, sizeof *o);
-    o->flag = flag, o->path = path;
+    o->flag = flag, o->path = path, o->fd = -1;
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fg_fail(err, "%s %s: not a regular file", flag, path);
-    int fd = output_temp(o, err);
-    if (fd < 0) return -1;
-    if (!(o->f = fdopen(fd, "wb"))) {
+    if ((o->fd = output_temp(o, err)) < 0) return -1;
+    cookie_io_functions_t io = {.write = output_write, .close = output_close};
+    if (!(o->f = fopencookie(o, "w", io))) {
         int e = errno;
-        close(fd);
+        close(o->fd);
         output_release(o, 1);
         return fg_fail(err, "%s %s: %s", flag, path, strerror(e));
     }
     return 0;
 }
 
+/* Why writing the temporary failed, in words. A full device is named as such also where the file
+ * system reports it as EIO (at close or fsync, on some). */
+static const char *write_failure(const char *tmp, int e) {
+    struct statvfs sv;
+    if (e == ENOSPC || (e == EIO && statvfs(tmp, &sv) == 0 && sv.f_bavail == 0))
+        return "no space left on the device";
+    if (e == EDQUOT) return "the disk quota is used up";
+    if (e == EFBIG) return "larger than the file system or the file size limit (ulimit -f) allows";
+    return strerror(e);
+}
+
 int fg_output_commit(fg_output *o, char *err) {
-    int e = ferror(o->f) ? EIO : 0;
+    int e = fflush(o->f) != 0 || ferror(o->f) ? (o->error ? o->error : EIO) : 0;
+    if (!e && fsync(o->fd) != 0) e = errno; /* a file system that allocates late reports here */
     if (fclose(o->f) != 0 && !e) e = errno;
-    if (!e && rename(o->tmp, o->path) != 0) e = errno;
     o->f = NULL;
+    if (!e && rename(o->tmp, o->path) != 0) e = errno;
+    const char *why = e ? write_failure(o->tmp, e) : NULL;
     output_release(o, e != 0);
-    return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, strerror(e)) : 0;
+    return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, why) : 0;
 }
 
 void fg_output_abort(fg_output *o) {
@@ -379,7 +412,10 @@ int is_dir(const char *path) {
 
 /* The offload dir must exist and be writable, whatever the plan puts on disk. */
 int check_dir(const char *flag, const char *dir, char *err) {
-    if (!is_dir(dir)) return fg_fail(err, "%s %s: no such directory", flag, dir);
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return fg_fail(err, "%s %s: %s", flag, dir, errno == ENOENT ? "no such directory" : strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return fg_fail(err, "%s %s: not a directory", flag, dir);
     if (access(dir, W_OK | X_OK) != 0) return fg_fail(err, "%s %s: not writable: %s", flag, dir, strerror(errno));
     return 0;
 }

@@ -22,8 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -497,6 +502,88 @@ static void test_signals_leave_no_files(void) {
     free(dir);
 }
 
+/* The descriptor this process has open on path, or -1. */
+static int fd_of(const char *path) {
+    for (int fd = 3; fd < 1024; fd++) {
+        char link[64], target[4200];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n > 0 && (target[n] = 0, !strcmp(target, path))) return fd;
+    }
+    return -1;
+}
+
+/* From now on, system call nr on descriptor fd fails with errno e in this process (seccomp). */
+static int fail_syscall_on_fd(int nr, int fd, int e) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)fd, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)e & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof *f), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* An output whose writes (or, as on a file system that allocates late, whose fsync) fail with
+ * ENOSPC: exit 2 with the error line on stderr, 0 if it was committed. */
+static void output_on_full_device(const char *path, int nr) {
+    fg_output o;
+    char err[FG_ERR_LEN];
+    if (fg_output_open(&o, "--dump-logits", path, err)) _exit(3);
+    int fd = fd_of(o.tmp);
+    if (fd < 0 || fail_syscall_on_fd(nr, fd, ENOSPC)) _exit(5);
+    static char block[1 << 16];
+    fwrite(block, 1, sizeof block, o.f);
+    if (fg_output_commit(&o, err) == 0) _exit(0);
+    fprintf(stderr, "%s\n", err);
+    _exit(2);
+}
+static void write_on_full_device(const char *path) { output_on_full_device(path, __NR_write); }
+static void fsync_on_full_device(const char *path) { output_on_full_device(path, __NR_fsync); }
+
+/* A full device is named as such, with the output's flag and path, whether write or fsync
+ * reports it, and no temporary is left; a file size limit (EFBIG) is told apart from I/O errors. */
+static void test_output_on_full_device(void) {
+    char *dir = make_temp_dir(), line[1024];
+    const char *path = join(dir, "l.bin");
+    void (*const bodies[2])(const char *) = {write_on_full_device, fsync_on_full_device};
+    for (int i = 0; i < 2; i++) {
+        int status = in_child(bodies[i], path, line, sizeof line);
+        EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 2 && strstr(line, "--dump-logits") &&
+               strstr(line, path) && strstr(line, "no space left on the device") && count_lines(line) == 1,
+               "%s fails with ENOSPC: expected exit 2 and one line naming --dump-logits %s and \"no space "
+               "left on the device\", got %s %d, '%s'", i ? "fsync" : "write", path,
+               WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+               line);
+        EXPECT(dir_entries(dir) == 0, "%s fails with ENOSPC: %d files left", i ? "fsync" : "write",
+               dir_entries(dir));
+    }
+    /* the whole binary under a file size limit smaller than the logits (5 x 8 x 512 floats) */
+    char *out, *err;
+    struct rlimit old, small = {4096, 4096};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited: EFBIG instead of a kill */
+    setrlimit(RLIMIT_FSIZE, &small);
+    int rc = run_flexgen(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8",
+                              "--quiet", "--dump-logits", path), NULL, &out, &err);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, old_xfsz);
+    char want[4300];
+    snprintf(want, sizeof want, "flexgen: --dump-logits %s: ", path);
+    EXPECT(rc == 2 && !strncmp(err, want, strlen(want)) && strstr(err, "file size limit") &&
+           count_lines(err) == 1, "--dump-logits past the file size limit: expected exit 2 and one line "
+           "'%s... file size limit ...', got %d, '%s'", want, rc, err);
+    EXPECT(dir_entries(dir) == 0, "--dump-logits past the file size limit: %d files left", dir_entries(dir));
+    free(out), free(err);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Dummy weights in --path that were changed on disk (header and size intact) are found out by
  * their checksums and written again: the run gives the tokens of a fresh file, says so in one
  * note, and the next run reuses the new file in silence. */
@@ -707,7 +794,7 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");
     EXPECT_FAIL(ARGS("--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
-    EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", "no such directory");
+    EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", tiny_prompts, "not a directory");
     /* a plan that does not fit is refused before any compute, naming the tier and the bytes */
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gpu-mem", "64K"),
                 "gpu tier: the plan needs", "--gpu-mem gives 64.0 KiB");
@@ -1184,6 +1271,7 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("policy", "--evaluate", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir,
                      "--gpu-mem", "64K"), "gpu tier: the plan needs");
     EXPECT_FAIL(ARGS("profile", "--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
+    EXPECT_FAIL(ARGS("profile", "--offload-dir", tiny_prompts), "--offload-dir", "not a directory");
     EXPECT_FAIL(ARGS("profile", "--bogus", "x"), "--bogus", "profile");
     EXPECT_FAIL(ARGS("profile", "--out", "/nonexistent/hw.json", "--offload-dir", dir), "--out",
                 "/nonexistent/hw.json");
@@ -1380,6 +1468,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
     CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
     CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
+    CU_add_test(s, "an output on a full device: named, no temporary left", test_output_on_full_device);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
