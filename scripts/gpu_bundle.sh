@@ -19,8 +19,13 @@
 #   MANIFEST   the sha256 of every other file (`sha256sum -c MANIFEST` checks them)
 # It writes DIR.tmp and renames it to DIR at the end, so a failed download leaves no DIR; an
 # existing bundle DIR is replaced. The total size is printed last, and must stay under 64 MiB.
+# `unpack` (gpu_first_run.sh and check_bundle.sh use it; no network, no root) checks a bundle
+# against its MANIFEST and unpacks it into PREFIX: the packages with `dpkg-deb -x` (or Python's
+# tarfile where dpkg-deb is missing), so that `make DEPS=PREFIX` builds against them, and the
+# wheels into PREFIX/python, for PYTHONPATH.
 #
 # Usage: bash scripts/gpu_bundle.sh DIR
+#        bash scripts/gpu_bundle.sh unpack DIR PREFIX
 # Environment:
 #   WHEELS  more pip requirements to bundle as wheels, beside flexgen==0.1.8 [none]; e.g.
 #           WHEELS=pulp (FlexGen's own policy search, experimental/cost_model.py, 16 MB;
@@ -30,6 +35,63 @@
 set -euo pipefail
 
 die() { echo "gpu_bundle.sh: $*" >&2; exit 1; }
+PYTHON=${PYTHON:-python3}
+
+is_bundle() { # DIR: fails with one line unless DIR is a bundle
+    [ -d "$1" ] || die "no directory $1"
+    if [ ! -f "$1/MANIFEST" ] || [ ! -d "$1/debs" ] || [ ! -d "$1/wheels" ] || [ ! -d "$1/hf/hub" ]; then
+        die "$1 is not a bundle of scripts/gpu_bundle.sh (no MANIFEST, debs/, wheels/ or hf/hub/)"
+    fi
+}
+
+unpack_deb() { # DEB PREFIX: its files under PREFIX, as `dpkg-deb -x` puts them
+    if command -v dpkg-deb > /dev/null; then
+        dpkg-deb -x "$1" "$2"
+        return
+    fi
+    "$PYTHON" - "$1" "$2" <<'PY'
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+assert data.startswith(b"!<arch>\n"), "not a .deb"
+pos = 8
+while pos < len(data):  # the ar archive's members: debian-binary, control.tar.*, data.tar.*
+    name, size = data[pos:pos + 16].decode().strip().rstrip("/"), int(data[pos + 48:pos + 58])
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(data[pos + 60:pos + 60 + size])).extractall(sys.argv[2])
+        break
+    pos += 60 + size + size % 2
+else:
+    sys.exit("no data.tar in " + sys.argv[1])
+PY
+}
+
+if [ "${1:-}" = unpack ]; then
+    [ $# = 3 ] || die "usage: bash scripts/gpu_bundle.sh unpack DIR PREFIX"
+    BUNDLE=$2 PREFIX=$3
+    is_bundle "$BUNDLE"
+    if command -v sha256sum > /dev/null; then
+        bad=$(cd "$BUNDLE" && sha256sum -c --quiet MANIFEST 2>&1) || die "$BUNDLE does not match its MANIFEST: $(echo "$bad" | head -n 1)"
+    fi
+    mkdir -p "$PREFIX" || die "cannot make $PREFIX"
+    n=0
+    for deb in "$BUNDLE"/debs/*.deb; do
+        unpack_deb "$deb" "$PREFIX" || die "cannot unpack $deb"
+        n=$((n + 1))
+    done
+    for h in cjson/cJSON.h CUnit/Basic.h glpk.h; do
+        [ -f "$PREFIX/usr/include/$h" ] || die "the bundle's packages have no $h"
+    done
+    # pure Python wheels: pip where there is one, else unzipped as they are
+    if "$PYTHON" -m pip --version > /dev/null 2>&1; then
+        PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$PREFIX/python" "$BUNDLE"/wheels/*.whl ||
+            die "pip cannot install the bundle's wheels into $PREFIX/python"
+    else
+        "$PYTHON" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+            "$PREFIX/python" "$BUNDLE"/wheels/*.whl || die "cannot unzip the bundle's wheels into $PREFIX/python"
+    fi
+    echo "unpacked $n packages into $PREFIX (make DEPS=$PREFIX), the wheels into $PREFIX/python (PYTHONPATH)"
+    exit 0
+fi
 
 [ $# = 1 ] || die "usage: bash scripts/gpu_bundle.sh DIR (one directory to write)"
 case $1 in -*) die "unknown flag '$1'; usage: bash scripts/gpu_bundle.sh DIR" ;; esac
