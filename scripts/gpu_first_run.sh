@@ -2,10 +2,10 @@
 # The first run of the CUDA backend on a GPU machine, in one command. It prints the GPU
 # (nvidia-smi), then runs these steps in order, each stopped after its own time limit:
 #   build     make -j                                                                   [120 s]
-#   test      make test: the CPU suites and the GPU suite                               [270 s]
+#   test      make test: the CPU suites and the GPU suite                               [240 s]
 #   test-gpu  make test-gpu: the GPU suite under compute-sanitizer's memcheck           [120 s]
 #   test-san  make test-san: every suite under ASan and UBSan (the Makefile's
-#             protect_shadow_gap=0 and tests/lsan-cuda.supp let the GPU suite run there) [270 s]
+#             protect_shadow_gap=0 and tests/lsan-cuda.supp let the GPU suite run there) [330 s]
 #   bench     scripts/bench_gpu.sh at --gpu-mem 16G (a T4 on a larger card): the profile, then
 #             each model with its fixed policy and with --policy auto, beside the cost model's
 #             bound                                                                     [270 s]
@@ -16,9 +16,9 @@
 #             facebook/opt-30b (the Hugging Face cache, or the network) even with dummy weights.
 #             A policy that needs more CPU memory than is available, by this project's memory
 #             model, is not run.                                                        [210 s]
-# The limits add up to 21 minutes, so that the whole run, with the defaults (MODELS: opt-6.7b and
-# opt-13b), fits in 25 minutes on a machine with 16 cores, and so that build,test,test-gpu (510
-# s), test-san,bench (540 s) and flexgen (210 s) each fit in a 10-minute command. A failed or
+# The limits add up to 21.5 minutes, so that the whole run with the defaults (MODELS: opt-6.7b
+# and opt-13b) fits in 25 minutes on a machine with 16 cores, and so that build,test,test-gpu (480
+# s), test-san (330 s) and bench,flexgen (480 s) each fit in a 10-minute command. A failed or
 # stopped step does not stop the next. Where a GPU is present, a test step in which the GPU suite
 # skipped fails; without one, the steps that need it are recorded as skipped with the reason.
 #
@@ -54,8 +54,8 @@
 # For example, on a machine without a network that allows 10 minutes a command:
 #   export OUT=first-run
 #   STEPS=build,test,test-gpu bash scripts/gpu_first_run.sh --bundle bundle
-#   STEPS=test-san,bench bash scripts/gpu_first_run.sh --bundle bundle
-#   STEPS=flexgen bash scripts/gpu_first_run.sh --bundle bundle
+#   STEPS=test-san bash scripts/gpu_first_run.sh --bundle bundle
+#   STEPS=bench,flexgen bash scripts/gpu_first_run.sh --bundle bundle
 #   MODELS=opt-30b STEP_TIMEOUT=570 STEPS=bench bash scripts/gpu_first_run.sh --bundle bundle
 # shellcheck disable=SC2317 # the step functions are called by name, "step_$STEP"
 set -uo pipefail
@@ -68,7 +68,9 @@ step_limit() { # STEP: its time limit in seconds (the top comment's table), or S
     fi
     case $1 in
         build | test-gpu) echo 120 ;;
-        test | test-san | bench) echo 270 ;;
+        test) echo 240 ;;
+        test-san) echo 330 ;;
+        bench) echo 270 ;;
         flexgen) echo 210 ;;
     esac
 }
@@ -374,8 +376,16 @@ for step in ("test", "test-gpu", "test-san"):
         why = "stopped before" if "stopped after" in steps[step][2] else "did not run"
         print(f"- {step}: the gpu suite {why} (no \"Suite: gpu\" in {step}.log)")
         continue
-    lines = [l.rstrip() for l in block.group(1).splitlines()
-             if re.match(r"\s+\d+\. \S+:\d+ ", l) or "FAILED" in l]
+    lines, test = [], ""
+    for l in block.group(1).splitlines():
+        if l.startswith("  Test: "):
+            test = l.rstrip()
+        if "FAILED" in l:
+            if not l.startswith("  Test: "):  # the test printed between its name and FAILED
+                lines.append(test)
+            lines.append(l.rstrip())
+        elif re.match(r"\s+\d+\. \S+:\d+ ", l):
+            lines.append(l.rstrip())
     skipped = re.search(r"GPU suite skipped: (.*)", block.group(1))
     if lines:
         print(f"- {step}: {sum(1 for l in lines if 'FAILED' in l)} tests failed:\n")
