@@ -2,7 +2,7 @@
 # The first run of the CUDA backend on a GPU machine, in one command. It prints the GPU
 # (nvidia-smi), then runs these steps in order, each stopped after its own time limit:
 #   build     make -j                                                                   [120 s]
-#   test      make test SUITE=gpu, then make test: every suite                           [240 s]
+#   test      make test SUITE=gpu, then make test: every suite                          [240 s]
 #   test-gpu  make test-gpu: the GPU suite under compute-sanitizer's memcheck           [120 s]
 #   test-san  make test-san: every suite under ASan and UBSan (the Makefile's
 #             protect_shadow_gap=0 and tests/lsan-cuda.supp let the GPU suite run there) [330 s]
