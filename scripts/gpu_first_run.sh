@@ -219,15 +219,21 @@ step_bench() {
 
 step_flexgen() {
     have_gpu || { note "$(no_gpu)"; return 3; }
-    local mod="" m
+    local mod="" m err why=""
     for m in flexgen flexllmgen; do
-        if "$PYTHON" -c "import $m.flex_opt" >> "$LOG" 2>&1; then
+        if err=$("$PYTHON" -c "import $m.flex_opt" 2>&1); then
             mod=$m
             break
         fi
+        echo "$err" >> "$LOG"
+        # the reason of the first module that is there but does not import (torch missing, ...)
+        case $err in
+            *"No module named '$m'"*) ;;
+            *) [ -n "$why" ] || why="$m: $(echo "$err" | tail -n 1 | head -c 200)" ;;
+        esac
     done
     if [ -z "$mod" ]; then
-        note "FlexGen cannot be imported by $PYTHON (pip install flexgen==0.1.8, or --bundle DIR): $(tail -n 1 "$LOG" | head -c 200)"
+        note "FlexGen cannot be imported by $PYTHON (pip install flexgen==0.1.8, or --bundle DIR): ${why:-no module flexgen or flexllmgen}"
         return 3
     fi
     if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' >> "$LOG" 2>&1; then
