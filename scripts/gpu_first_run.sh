@@ -42,7 +42,7 @@
 #   QUICK=1       bench and flexgen run opt-6.7b only
 #   MODELS        the models of bench and flexgen [opt-6.7b opt-13b]; opt-30b (FlexGen's
 #                 published policy for a 16 GB T4) needs more time: run it as a command of its
-#                 own, with MODELS=opt-30b STEP_TIMEOUT=570
+#                 own, with MODELS=opt-30b STEP_TIMEOUT=570 RUN_TIMEOUT=240
 #   OUT           the results directory [gpu-first-run-<UTC time>]
 #   STEP_TIMEOUT  seconds that every step may run before it is stopped and recorded as failed
 #                 [each step's own limit, above]
@@ -56,7 +56,7 @@
 #   STEPS=build,test,test-gpu bash scripts/gpu_first_run.sh --bundle bundle
 #   STEPS=test-san bash scripts/gpu_first_run.sh --bundle bundle
 #   STEPS=bench,flexgen bash scripts/gpu_first_run.sh --bundle bundle
-#   MODELS=opt-30b STEP_TIMEOUT=570 STEPS=bench bash scripts/gpu_first_run.sh --bundle bundle
+#   MODELS=opt-30b STEP_TIMEOUT=570 RUN_TIMEOUT=240 STEPS=bench bash scripts/gpu_first_run.sh --bundle bundle
 # shellcheck disable=SC2317 # the step functions are called by name, "step_$STEP"
 set -uo pipefail
 
@@ -378,6 +378,9 @@ if not any(step in steps for step in ("test", "test-gpu", "test-san")):
     print("No step that runs it (test, test-gpu, test-san) has run.")
 for step in ("test", "test-gpu", "test-san"):
     if step not in steps:
+        continue
+    if steps[step][0] == "skip":
+        print(f"- {step}: skipped: {cell(steps[step][2])}")
         continue
     text = read(f"{step}.log")
     block = re.search(r"^Suite: gpu$(.*?)(?=^Suite: |^Run Summary|\Z)", text, re.M | re.S)
