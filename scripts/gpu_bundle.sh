@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Writes one directory with everything that the first run of the CUDA backend needs on a GPU
 # machine that has no network and no package registry (docs/GPU.md, "Without a network"); run it
-# where Debian's packages and PyPI can be reached, on Debian 12 (x86-64: its packages, built
-# against glibc 2.36, load on any newer glibc), then carry DIR over and run there
+# where Debian's packages and PyPI can be reached, on Debian 12 (x86-64; its libraries need
+# glibc 2.34 or newer), then carry DIR over and run there
 #   bash scripts/gpu_first_run.sh --bundle DIR
 # DIR holds:
 #   debs/    the Debian packages of the build and the tests: OpenBLAS's OpenMP build, cJSON,
