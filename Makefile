@@ -7,15 +7,28 @@
 # `bash scripts/fuzz.sh SECONDS` runs.
 CC ?= gcc
 ARCH := $(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+# A private prefix (DEPS=DIR: Debian packages unpacked with `dpkg-deb -x`, as in the bundle of
+# scripts/gpu_bundle.sh) that the libraries and headers come from instead of /usr; empty: /usr.
+DEPS ?=
+PREFIX := $(if $(DEPS),$(abspath $(DEPS)))
 # OpenBLAS's OpenMP build, so BLAS and our loops share one thread pool (docs/DESIGN.md, "Conventions").
-BLAS_INC := /usr/include/$(ARCH)/openblas-openmp
-BLAS_LIB := /usr/lib/$(ARCH)/openblas-openmp
+BLAS_INC := $(PREFIX)/usr/include/$(ARCH)/openblas-openmp
+BLAS_LIB := $(PREFIX)/usr/lib/$(ARCH)/openblas-openmp
+# The prefix's other headers and libraries (cJSON, CUnit, GLPK, libgfortran). Its paths go in as
+# DT_RPATH (--disable-new-dtags), not DT_RUNPATH: only DT_RPATH is also searched for the
+# libraries' own dependencies (OpenBLAS's libgfortran, GLPK's libamd).
+DEPS_CFLAGS := -I$(PREFIX)/usr/include
+DEPS_LIBS := -L$(PREFIX)/usr/lib/$(ARCH) -Wl,-rpath,$(PREFIX)/usr/lib/$(ARCH) -Wl,--disable-new-dtags
 CFLAGS ?= -O2
 # Warnings are errors; WERROR= keeps them warnings (docs/EXERCISES.md: a function emptied for an
 # exercise leaves its helpers and parameters unused).
 WERROR ?= -Werror
 CFLAGS += -std=c11 -Wall -Wextra $(WERROR) -fopenmp -I. -I$(BLAS_INC)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
+ifneq ($(PREFIX),)
+CFLAGS += $(DEPS_CFLAGS)
+LDLIBS += $(DEPS_LIBS)
+endif
 # The tests' references: CUnit, and GLPK for lp.c (./flexgen itself links neither).
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
@@ -102,6 +115,10 @@ FUZZ_CC ?= clang
 FUZZ_CFLAGS := -std=c11 -Wall -Wextra $(WERROR) -g -O1 -fno-omit-frame-pointer -fopenmp=libgomp \
                -fsanitize=address,undefined -fno-sanitize-recover=all -I. -I$(BLAS_INC) -DFLEXGEN_NO_MAIN
 FUZZ_LIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
+ifneq ($(PREFIX),)
+FUZZ_CFLAGS += $(DEPS_CFLAGS)
+FUZZ_LIBS += $(DEPS_LIBS)
+endif
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
 fuzz: $(FUZZ_TARGETS)
