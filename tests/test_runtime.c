@@ -264,6 +264,17 @@ static void test_plan_fits_exactly(void) {
            "(what the plan check needs), got %.0f", need - weights, modeled);
 }
 
+/* Dummy weights of c on a runtime for policy p whose backend has CUDA's sizes (cuda_sized_backend):
+ * the plan check a GPU runs, on the CPU. */
+static fg_model *cuda_sized_model(const fg_policy *p, const opt_config *c, fg_runtime **rt) {
+    char err[FG_ERR_LEN] = "";
+    fg_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(p, rt, err), 0);
+    (*rt)->backend = cuda_sized_backend();
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(*rt, c, 1, &m, err), 0);
+    return m;
+}
+
 /* The memory model for a GPU (a hardware file without gpu_is_host) counts what the runtime's plan
  * check counts with the CUDA backend: fp16 activations, the CUDA workspace (flexgen.cu lays it out
  * with fg_cuda_workspace_parts), the device reserve on the gpu tier, delegated attention's host
@@ -288,11 +299,8 @@ static void test_memory_model_cuda_sizes(void) {
             fg_policy p = policy(GBS, NGB, cases[i].pc, 0, cases[i].delegate);
             for (int t = 0; t < N_TIERS; t++) p.capacity[t] = 1e12;
             fg_runtime *rt;
-            fg_model *m;
+            fg_model *m = cuda_sized_model(&p, &c, &rt);
             char err[FG_ERR_LEN] = "";
-            CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-            rt->backend = cuda_sized_backend();
-            CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
             double x[N_X], weights[N_TIERS], max_layer_disk;
             fg_plan_placement(m, GBS * NGB, x);
             weight_bytes(m, weights, &max_layer_disk);
@@ -324,11 +332,8 @@ static void test_cuda_sizes(void) {
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;
-    fg_model *m;
+    fg_model *m = cuda_sized_model(&p, &c, &rt);
     char err[FG_ERR_LEN] = "";
-    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-    rt->backend = cuda_sized_backend();
-    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
     CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, PROMPT, 3, err), 0);
     EXPECT(strstr(err, "cpu tier") && strstr(err, "pinned copy buffers 48"), "--cpu-mem below CUDA's "
            "copy buffers (48 MiB): expected a cpu tier error naming them, got: %s", err);
