@@ -114,7 +114,7 @@ typedef struct {
  * Returns the V rows read. scratch: 3 nk + head_dim floats. */
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
                       float scale, float sparsity, float *scratch, float *out);
-/* The plain products that the fast kernels (support/matmul.c) are held to. */
+/* The plain products that the fast kernels (support/matmul.c) are held to; q4 > 0: q4 4-bit parts. */
 void matmul_reference(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                       int accumulate);
 void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4, int n, float *y);

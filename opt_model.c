@@ -32,9 +32,9 @@
  * Reference products
  * ============================================================================================ */
 
-/* Row k of a linear weight [in][out] as fp32: fp16, or 4-bit grouped along out (quant.c). */
+/* Row k of a linear weight [in][out] as fp32: fp16, or 4-bit in q4 parts grouped along out. */
 static void weight_row(const void *W, int q4, int out, int k, float *row) {
-    if (q4) q4_decompress((const uint8_t *)W + (size_t)k * q4_bytes(1, (size_t)out, 1), 1, (size_t)out, 1, row);
+    if (q4) q4_decompress((const uint8_t *)W + k * q4_bytes(q4, out / q4, 1), q4, out / q4, 1, row);
     else for (int i = 0; i < out; i++) row[i] = fp16_to_fp32(((const fp16 *)W)[(size_t)k * out + i]);
 }
 
@@ -331,7 +331,7 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
     }
-    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, w->q4, ws);
+    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, ws); /* q, k, v: 3 parts */
     opt_cache_attention(c, gb, ws);
     linear(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, ws);
     if (c->pre_ln) {

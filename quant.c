@@ -14,10 +14,10 @@
  *     min     [G][inner] fp16
  *     scale   [G][inner] fp16
  * Weights: a linear layer stored [in][out] is [in][out][1] (groups along out, dim 0 of the
- * checkpoint's [out, in]); an embedding table [vocab][dim] is [1][vocab][dim]. The KV cache: one
- * token's row of heads is [heads][head_dim][1]. Padding nibbles are 0 and never read back; min
- * and max come from the real values only. Whole groups of contiguous values run on AVX2 twins
- * (support/simd.c) where the CPU has them, with the same arithmetic and so the same bytes.
+ * checkpoint's [out, in]), and q|k|v [in][3][h] (each projection grouped on its own, as FlexGen
+ * does); an embedding table [vocab][dim] is [1][vocab][dim]. The KV cache: a token's row of heads
+ * is [heads][head_dim][1]. Padding nibbles are 0 and never read back; min and max come from the
+ * real values only. Whole groups of contiguous values run on simd.c's AVX2 twins, to the bit.
  * ============================================================================================ */
 #include "flexgen.h"
 #include "support/support.h"

@@ -337,8 +337,8 @@ int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int
                          ? l->tensors[i + 1].offset : l->layer_floats[t->layer];
         t->count = end - t->offset;
         const tensor_spec *s = &sl.s[t->first_spec]; /* §5: matrices group along dim 0 of [out, in] */
-        if (s->kind == FILL_MATRIX) /* stored [in][out]: out is contiguous */
-            t->group_outer = (size_t)s->cols, t->group_len = (size_t)s->rows * t->n_specs, t->group_inner = 1;
+        if (s->kind == FILL_MATRIX) /* stored [in][out]: out is contiguous; q|k|v, [in][3][h] */
+            t->group_outer = (size_t)s->cols * t->n_specs, t->group_len = (size_t)s->rows, t->group_inner = 1;
         else if (s->kind == FILL_EMBED)
             t->group_outer = 1, t->group_len = (size_t)s->rows, t->group_inner = (size_t)s->cols;
     }

@@ -68,25 +68,31 @@ static int use_simd(void) { return !portable_only && fg_cpu_has_avx2(); }
  * scale per row. Columns past out are zeros.
  * ============================================================================================ */
 
-/* 4-bit W[in][out] is [in][out][1] in quant.c's layout: row k is G groups of 32 bytes, then G
- * mins and G scales (fp16). */
-static size_t q4_row_bytes(int out) { return q4_bytes(1, (size_t)out, 1); }
+/* 4-bit W[in][out] (q4 > 0) is q4 parts [in][out / q4] side by side, each grouped along its own
+ * columns in quant.c's layout (q4 = 3: q, k and v, as FlexGen compresses w_q, w_k, w_v): row k
+ * holds, part after part, G groups of 32 bytes, then G mins and G scales (fp16). */
+static size_t q4_part_bytes(int q4, int out) { return q4_bytes(1, (size_t)(out / q4), 1); }
+static size_t q4_row_bytes(int q4, int out) { return (size_t)q4 * q4_part_bytes(q4, out); }
 
-/* Column c of group g of a 4-bit row: fmaf(q, scale, min), as q4_decompress computes it. */
-static float q4_panel_value(const uint8_t *row, int out, int g, int c) {
-    int G = (out + Q4_GROUP - 1) / Q4_GROUP;
-    const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-    const uint8_t *bytes = row + (size_t)g * (Q4_GROUP / 2); /* value 2p: high nibble of byte p */
-    return fmaf((float)((bytes[c / 2] >> (c % 2 ? 0 : 4)) & 15), fp16_to_fp32(scales[g]),
-                fp16_to_fp32(mins[g]));
+/* Column c of a 4-bit row: fmaf(q, scale, min), as q4_decompress computes it. */
+static float q4_column(const uint8_t *row, int q4, int out, int c) {
+    int part = out / q4, s = c / part;
+    return q4_value(row + s * q4_part_bytes(q4, out), (size_t)part, 1, (size_t)(c - s * part));
+}
+
+/* Whether columns 64 g .. 64 g + 63 are one group of one part (always, when a part's columns are
+ * a multiple of 64, as in every OPT size). */
+static int one_group(int q4, int out, int g) {
+    int part = q4 ? out / q4 : out, c = g * Q4_GROUP % part;
+    return !q4 || (c % Q4_GROUP == 0 && c + Q4_GROUP <= part);
 }
 
 /* Group g (columns 64 g ..) of row k into dst: n values, zeros after them. */
 static void widen_group_scalar(const void *W, int q4, int out, int k, int g, int n, float *dst) {
-    const uint8_t *row4 = (const uint8_t *)W + (size_t)k * q4_row_bytes(out);
+    const uint8_t *row4 = (const uint8_t *)W + (q4 ? (size_t)k * q4_row_bytes(q4, out) : 0);
     const fp16 *row16 = (const fp16 *)W + (size_t)k * out + (size_t)g * Q4_GROUP;
     for (int c = 0; c < Q4_GROUP; c++)
-        dst[c] = c >= n ? 0 : q4 ? q4_panel_value(row4, out, g, c) : fp16_to_fp32(row16[c]);
+        dst[c] = c >= n ? 0 : q4 ? q4_column(row4, q4, out, g * Q4_GROUP + c) : fp16_to_fp32(row16[c]);
 }
 
 #ifdef HAVE_AVX2_PATH
@@ -117,13 +123,14 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void widen
     }
 }
 
-/* Group g of rows k0 .. k0 + kc into dst, ldd floats apart. */
+/* Group g of rows k0 .. k0 + kc into dst, ldd floats apart (one group of one part, for 4-bit). */
 __attribute__((target("avx2,fma,f16c"))) static void widen_rows_avx2(const void *W, int q4, int out, int k0,
                                                                      int kc, int g, float *dst, size_t ldd) {
-    size_t stride = q4 ? q4_row_bytes(out) : (size_t)out * sizeof(fp16);
-    int G = (out + Q4_GROUP - 1) / Q4_GROUP;
-    const char *row = (const char *)W + (size_t)k0 * stride;
-    for (int k = 0; k < kc; k++, row += stride, dst += ldd) widen_group_avx2(row, q4, G, g, dst);
+    size_t stride = q4 ? q4_row_bytes(q4, out) : (size_t)out * sizeof(fp16);
+    int part = q4 ? out / q4 : out, s = g * Q4_GROUP / part, G = (part + Q4_GROUP - 1) / Q4_GROUP;
+    const char *row = (const char *)W + (size_t)k0 * stride + (q4 ? s * q4_part_bytes(q4, out) : 0);
+    for (int k = 0; k < kc; k++, row += stride, dst += ldd)
+        widen_group_avx2(row, q4, G, (g * Q4_GROUP - s * part) / Q4_GROUP, dst);
 }
 #endif
 
@@ -131,7 +138,7 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_rows_avx2(const void 
 static void widen_rows(const void *W, int q4, int out, int k0, int kc, int g, int n, float *dst, size_t ldd,
                        int simd) {
 #ifdef HAVE_AVX2_PATH
-    if (simd && n == Q4_GROUP) { widen_rows_avx2(W, q4, out, k0, kc, g, dst, ldd); return; }
+    if (simd && n == Q4_GROUP && one_group(q4, out, g)) { widen_rows_avx2(W, q4, out, k0, kc, g, dst, ldd); return; }
 #endif
     (void)simd;
     for (int k = 0; k < kc; k++) widen_group_scalar(W, q4, out, k0 + k, g, n, dst + (size_t)k * ldd);

@@ -53,7 +53,8 @@ typedef struct {
 const fg_simd *fg_simd_kernels(void);
 
 /* ---- The CPU's products with weights as stored, fp16 or 4-bit (matmul.c): the fast twins of
- * opt_model.c's matmul_reference and embed_t_reference ---- */
+ * opt_model.c's matmul_reference and embed_t_reference. q4 > 0: 4-bit, in q4 parts side by side
+ * (q|k|v: 3), each grouped on its own ---- */
 #define MATMUL_DECODE_ROWS 64
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64

@@ -37,7 +37,7 @@ void weight_file_path(const weight_file *f, char *path, size_t n) {
 static weight_file_header header_of(const weight_file *f, size_t size) {
     weight_file_header h;
     memset(&h, 0, sizeof h);
-    snprintf(h.magic, sizeof h.magic, f->q4 ? "flexgen-q4-2" : "flexgen-wt-2");
+    snprintf(h.magic, sizeof h.magic, f->q4 ? "flexgen-q4-3" : "flexgen-wt-2");
     h.cfg = *f->cfg;
     h.seed = f->seed;
     h.bytes = size;

@@ -181,6 +181,78 @@ static void check_weights(const char *name) {
     fixture_prompts_close(&f);
 }
 
+/* Dummy weights of cfg (seed 5) on a runtime of policy p, loaded into their homes. */
+static fg_model *loaded_dummy(const opt_config *cfg, const fg_policy *p, fg_runtime **rt) {
+    char err[FG_ERR_LEN];
+    fg_model *m;
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(p, rt, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(*rt, cfg, 5, &m, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_load(m, err), 0);
+    return m;
+}
+
+/* W[in][3 h]'s q, k and v ([in][h] each) compressed each on its own and decoded: FlexGen's rule. */
+static void round_trip_projections(const fp16 *w, size_t in, size_t h, float *out) {
+    float *part = malloc(in * h * sizeof *part);
+    uint8_t *q = malloc(q4_bytes(in, h, 1));
+    for (size_t j = 0; j < 3; j++) {
+        for (size_t k = 0; k < in * h; k++) part[k] = fp16_to_fp32(w[k / h * 3 * h + j * h + k % h]);
+        q4_compress(part, in, h, 1, q);
+        q4_decompress(q, in, h, 1, part);
+        for (size_t k = 0; k < in * h; k++) out[k / h * 3 * h + j * h + k % h] = part[k];
+    }
+    free(part);
+    free(q);
+}
+
+/* FlexGen compresses w_q, w_k and w_v each on its own. With hidden 96 (3 heads of 32), groups of
+ * the fused q|k|v taken as one would cross from q into k and from k into v. Each layer's stored
+ * 4-bit q|k|v decodes to the round trip of each projection alone; and the runtime computes the
+ * plain pass on those bytes, with the weights in every tier. */
+static void test_qkv_groups(void) {
+    static const opt_config cfg = {"qkv96", 2, 96, 3, 384, 512, 128, 96, 1};
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
+    size_t h = (size_t)cfg.hidden, n = 3 * h * h;
+    fg_policy p = compressed(N_SEQ, 1, all_gpu), p16 = policy_of(N_SEQ, 1, all_gpu);
+    fg_runtime *rt, *rt16;
+    fg_model *m = loaded_dummy(&cfg, &p, &rt), *m16 = loaded_dummy(&cfg, &p16, &rt16);
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    int layers = 0;
+    for (int i = 0; i < m->layout.n_tensors; i++) {
+        const opt_tensor *t = &m->layout.tensors[i];
+        if (t->n_specs != 3 || t->group_len == 0) continue;
+        round_trip_projections(m16->homes[i].gpu, h, h, want);
+        q4_decompress(m->homes[i].stored, t->group_outer, t->group_len, t->group_inner, got);
+        size_t differ = 0;
+        for (size_t e = 0; e < n; e++) differ += got[e] != want[e];
+        EXPECT(differ == 0, "layer %d's q|k|v, hidden 96: %zu of %zu 4-bit values differ from w_q, w_k and "
+               "w_v compressed each on its own", layers, differ, n);
+        layers++;
+    }
+    CU_ASSERT_EQUAL(layers, cfg.n_layers);
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    size_t nl = (size_t)N_SEQ * GEN * cfg.vocab;
+    float *plain = malloc(nl * sizeof *plain), *r = malloc(nl * sizeof *r);
+    int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    plain_generate(&m->view, &f, plain_tokens, plain);
+    static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {0, 100, 100, 0, 100, 0}, {30, 30, 100, 0, 100, 0}};
+    char *dir = make_temp_dir(); /* the dummy-weight file of the disk tier */
+    for (size_t k = 0; k < sizeof placements / sizeof *placements; k++) {
+        fg_policy pk = compressed(N_SEQ, 1, placements[k]);
+        pk.weight_dir = pk.offload_dir = dir;
+        CU_ASSERT_EQUAL(generate_with(NULL, &cfg, 5, &pk, GEN, N_SEQ, (int *const *)f.prompts, f.lens, tokens, r, NULL, NULL), 0);
+        EXPECT(!memcmp(r, plain, nl * sizeof *r), "hidden 96, 4-bit weights %d%% gpu, %d%% cpu: the runtime's "
+               "logits differ from the plain pass on the same bytes", placements[k].wg, placements[k].wc);
+    }
+    rm_tree(dir);
+    free(dir);
+    fixture_prompts_close(&f);
+    free(plain), free(r), free(want), free(got);
+    fg_model_close(m), fg_model_close(m16);
+    fg_runtime_close(rt), fg_runtime_close(rt16);
+}
+
 static void test_weights_pre_ln(void) { check_weights("opt-tiny"); }
 static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
 
@@ -454,6 +526,7 @@ void add_compress_tests(void) {
                 test_weights_pre_ln);
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, post-LN",
                 test_weights_post_ln);
+    CU_add_test(s, "--compress-weight groups q, k and v each on its own (hidden 96)", test_qkv_groups);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, pre-LN", test_cache_pre_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, post-LN", test_cache_post_ln);
     CU_add_test(s, "sparse attention equals a plain top-K, fp16 cache", test_sparse_fp16);

@@ -19,7 +19,8 @@ static double gamma_n(int n) {
     return n * u / (1 - n * u);
 }
 
-/* Weights W[in][out] as fp16 and, compressed, as 4-bit bytes; both with their fp32 values. */
+/* Weights W[in][out] as fp16 and, compressed, as 4-bit bytes in `parts` parts side by side (each
+ * [in][out / parts] grouped on its own, as q|k|v); both with their fp32 values. */
 typedef struct {
     int in, out;
     fp16 *w16;
@@ -27,19 +28,19 @@ typedef struct {
     float *v16, *v4; /* [in][out]: the values the products must use */
 } weights;
 
-static void weights_make(weights *w, int in, int out, uint64_t seed) {
+static void weights_make(weights *w, int in, int out, int parts, uint64_t seed) {
     size_t n = (size_t)in * out;
     w->in = in, w->out = out;
     w->w16 = malloc(n * sizeof *w->w16);
-    w->w4 = malloc(q4_bytes((size_t)in, (size_t)out, 1));
+    w->w4 = malloc(q4_bytes((size_t)in * parts, (size_t)(out / parts), 1));
     w->v16 = malloc(n * sizeof *w->v16);
     w->v4 = malloc(n * sizeof *w->v4);
     for (size_t i = 0; i < n; i++) {
         w->w16[i] = fp32_to_fp16((test_uniform(&seed) - 0.5f) * 0.2f);
         w->v16[i] = fp16_to_fp32(w->w16[i]);
     }
-    q4_compress(w->v16, (size_t)in, (size_t)out, 1, w->w4);
-    q4_decompress(w->w4, (size_t)in, (size_t)out, 1, w->v4);
+    q4_compress(w->v16, (size_t)in * parts, (size_t)(out / parts), 1, w->w4);
+    q4_decompress(w->w4, (size_t)in * parts, (size_t)(out / parts), 1, w->v4);
 }
 
 static void weights_free(weights *w) {
@@ -80,6 +81,12 @@ static int count_apart(const float *x, int rows, int in, const float *v, int out
 static const int SHAPES[][3] = {{1, 7, 5},    {3, 64, 17},   {1, 300, 200}, {17, 100, 130}, {64, 129, 64},
                                 {65, 70, 300}, {100, 257, 77}, {8, 512, 1000}, {2, 130, 192}, {13, 65, 128},
                                 {70, 100, 136}};
+/* q|k|v (3 parts): parts of 96 and 100 columns, whose groups end inside a 64-column block, and of
+ * 64 and 128, whose groups are the blocks. */
+static const int PARTS_SHAPES[][3] = {{1, 100, 288}, {8, 64, 300}, {70, 130, 288}, {3, 65, 192}, {65, 70, 384},
+                                      {13, 129, 300}};
+enum { N_SHAPES = sizeof SHAPES / sizeof *SHAPES, N_PARTS_SHAPES = sizeof PARTS_SHAPES / sizeof *PARTS_SHAPES };
+static const int *shape_of(int q4, size_t s) { return q4 == 3 ? PARTS_SHAPES[s] : SHAPES[s]; }
 
 static int count_outside(const float *x, int rows, int in, const float *v, int out, const float *y0,
                          const float *y) {
@@ -87,10 +94,10 @@ static int count_outside(const float *x, int rows, int in, const float *v, int o
 }
 
 static void check_products(int q4) {
-    for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
-        int rows = SHAPES[s][0], in = SHAPES[s][1], out = SHAPES[s][2];
+    for (size_t s = 0; s < (q4 == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) {
+        int rows = shape_of(q4, s)[0], in = shape_of(q4, s)[1], out = shape_of(q4, s)[2];
         weights w;
-        weights_make(&w, in, out, 7 + s);
+        weights_make(&w, in, out, q4 ? q4 : 1, 7 + s);
         float *x = random_floats((size_t)rows * in, 11 + s), *y0 = random_floats((size_t)rows * out, 13 + s);
         float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
@@ -99,8 +106,8 @@ static void check_products(int q4) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
             matmul_weights(x, rows, in, W, q4, out, y, acc, scratch);
             int bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, y);
-            EXPECT(bad == 0, "%s, rows %d, in %d, out %d%s: %d elements outside the bound", q4 ? "4-bit" : "fp16",
-                   rows, in, out, acc ? ", adding" : "", bad);
+            EXPECT(bad == 0, "%s, %d part(s), rows %d, in %d, out %d%s: %d elements outside the bound",
+                   q4 ? "4-bit" : "fp16", q4, rows, in, out, acc ? ", adding" : "", bad);
             float *ref = malloc((size_t)rows * out * sizeof *ref);
             memcpy(ref, y0, (size_t)rows * out * sizeof *ref);
             matmul_reference(x, rows, in, W, q4, out, ref, acc);
@@ -118,6 +125,7 @@ static void check_products(int q4) {
 
 static void test_fp16_products(void) { check_products(0); }
 static void test_q4_products(void) { check_products(1); }
+static void test_q4_parts_products(void) { check_products(3); }
 
 /* lm_head: y = x E^T for E [n][dim], fp16 and 4-bit ([1][n][dim], grouped along n). */
 static void check_embed_t(int q4) {
@@ -173,11 +181,11 @@ static void test_q4_embed_t(void) { check_embed_t(1); }
  * element is the same chain of fused multiply-adds). check_embed_t compares lm_head's paths. */
 static void test_paths_agree(void) {
     if (!fg_cpu_has_avx2()) return; /* only the portable path here: nothing to compare */
-    for (int q4 = 0; q4 < 2; q4++)
-        for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
-            int rows = SHAPES[s][0], in = SHAPES[s][1], out = SHAPES[s][2];
+    for (int q4 = 0; q4 < 4; q4 += q4 == 1 ? 2 : 1) /* fp16, 4-bit, 4-bit in 3 parts */
+        for (size_t s = 0; s < (q4 == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) {
+            int rows = shape_of(q4, s)[0], in = shape_of(q4, s)[1], out = shape_of(q4, s)[2];
             weights w;
-            weights_make(&w, in, out, 17 + s);
+            weights_make(&w, in, out, q4 ? q4 : 1, 17 + s);
             float *x = random_floats((size_t)rows * in, 19 + s), *y[2];
             float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
             for (int portable = 0; portable < 2; portable++) {
@@ -188,7 +196,8 @@ static void test_paths_agree(void) {
             }
             matmul_force_portable(0);
             EXPECT(!memcmp(y[0], y[1], (size_t)rows * out * sizeof(float)),
-                   "%s, rows %d, in %d, out %d: the portable path differs", q4 ? "4-bit" : "fp16", rows, in, out);
+                   "%s, %d part(s), rows %d, in %d, out %d: the portable path differs", q4 ? "4-bit" : "fp16", q4,
+                   rows, in, out);
             free(x), free(y[0]), free(y[1]), free(scratch);
             weights_free(&w);
         }
@@ -199,7 +208,7 @@ static void test_paths_agree(void) {
 static void test_rows_independent(void) {
     int rows = MATMUL_DECODE_ROWS, in = 300, out = 130;
     weights w;
-    weights_make(&w, in, out, 31);
+    weights_make(&w, in, out, 1, 31);
     float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
     float *one = malloc((size_t)out * sizeof *one);
     matmul_weights(x, rows, in, w.w16, 0, out, all, 0, NULL);
@@ -217,6 +226,7 @@ void add_matmul_tests(void) {
     CU_pSuite s = CU_add_suite("matmul", NULL, NULL);
     CU_add_test(s, "fp16 weights: products within the fp32 summation bound", test_fp16_products);
     CU_add_test(s, "4-bit weights: products within the bound, on q4_decompress's values", test_q4_products);
+    CU_add_test(s, "4-bit q|k|v, each part grouped on its own: the same bound", test_q4_parts_products);
     CU_add_test(s, "fp16 embedding table as lm_head, and its rows", test_fp16_embed_t);
     CU_add_test(s, "4-bit embedding table as lm_head, and its rows", test_q4_embed_t);
     CU_add_test(s, "AVX2 and portable paths give the same bits", test_paths_agree);
