@@ -83,7 +83,7 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
     return -1;
 }
 
-static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, char *err) {
+static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
     const cJSON *mt = json_get(root, "model_type");
     if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0)
@@ -110,7 +110,8 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
     if (json_flag(root, "do_layer_norm_before", 1, &c->pre_ln, path, err) ||
         json_flag(root, "_remove_final_layer_norm", 0, &remove_final_ln, path, err) ||
         json_flag(root, "enable_bias", 1, &bias, path, err) ||
-        json_flag(root, "layer_norm_elementwise_affine", 1, &ln_affine, path, err))
+        json_flag(root, "layer_norm_elementwise_affine", 1, &ln_affine, path, err) ||
+        json_flag(root, "tie_word_embeddings", 1, tie_head, path, err)) /* HF's default: tied */
         return -1;
     /* HF keeps the final layer norm exactly when do_layer_norm_before holds, unless this is set. */
     if (remove_final_ln && c->pre_ln)
@@ -125,15 +126,21 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
     return 0;
 }
 
-int opt_config_from_json(const char *path, opt_config *cfg, char *err) {
+/* config.json, and whether it ties the output layer to the embedding (tie_word_embeddings). */
+static int read_config(const char *path, opt_config *cfg, int *tie_head, char *err) {
     char *text = fg_read_file(path, NULL, err);
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);
     if (!root) return fg_fail(err, "%s: malformed JSON", path);
-    int rc = config_from_cjson(root, path, cfg, err);
+    int rc = config_from_cjson(root, path, cfg, tie_head, err);
     cJSON_Delete(root);
     return rc;
+}
+
+int opt_config_from_json(const char *path, opt_config *cfg, char *err) {
+    int tie_head;
+    return read_config(path, cfg, &tie_head, err);
 }
 
 size_t opt_param_count(const opt_config *c) {
@@ -493,13 +500,29 @@ static int check_layer_count(const opt_config *cfg, const st_archive *a, const c
     return 0;
 }
 
+/* The output layer as HF builds it: tied to the embedding when the config says so (the
+ * default), and then a lm_head.weight in the file is not read (it leaves the table); untied, it
+ * is lm_head.weight, which must be there. */
+static int choose_head(st_archive *a, int tie_head, const char *path, char *err) {
+    const st_tensor *head = st_find(a, "lm_head.weight");
+    if (!tie_head && !head)
+        return fg_fail(err, "%s: \"tie_word_embeddings\" is false, but the checkpoint has no lm_head.weight", path);
+    if (tie_head && head) {
+        size_t at = (size_t)(head - a->tensors);
+        memmove(&a->tensors[at], &a->tensors[at + 1], (a->n_tensors - at - 1) * sizeof *a->tensors);
+        a->n_tensors--;
+    }
+    return 0;
+}
+
 int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err) {
     char path[4096];
+    int tie_head;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (opt_config_from_json(path, cfg, err)) return -1;
+    if (read_config(path, cfg, &tie_head, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", dir);
     if (st_open_dir(dir, a, err)) return -1;
-    if (check_layer_count(cfg, a, path, err)) {
+    if (check_layer_count(cfg, a, path, err) || choose_head(a, tie_head, path, err)) {
         st_close(a);
         return -1;
     }

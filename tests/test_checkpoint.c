@@ -482,23 +482,72 @@ static void test_names_without_model_prefix(void) {
     finish(dir, &l);
 }
 
-static void test_explicit_lm_head(void) {
-    opt_weights w;
-    tlist l;
-    char *dir = fixture_copy("opt-tiny", &l);
+static void write_config_edit(const char *dir, const char *fix, const char *key, cJSON *value);
+
+/* Greedy logits of two steps from prompts of 3 and 5 tokens, on checkpoint dir (the runtime). */
+static void runtime_logits(const char *dir, float *logits) {
+    int a[3] = {2, 100, 7}, b[5] = {2, 31, 400, 5, 9}, *prompts[2] = {a, b}, lens[2] = {3, 5}, tokens[4];
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = 2, p.num_gpu_batches = 1;
+    CU_ASSERT_EQUAL(generate_with(dir, NULL, 0, &p, 2, 2, prompts, lens, tokens, logits, NULL, NULL), 0);
+}
+
+/* opt-tiny with a lm_head.weight of its own (values unlike the embedding's), and config.json's
+ * tie_word_embeddings set to `tie` (NULL: absent). */
+static char *explicit_head_copy(cJSON *tie, tlist *l) {
+    char *dir = fixture_copy("opt-tiny", l);
     int64_t shape[2] = {512, 64}; /* embed_tokens' */
-    ttensor *head = tl_add(&l, "lm_head.weight", "F16", 2, shape, NULL);
+    ttensor *head = tl_add(l, "lm_head.weight", "F16", 2, shape, NULL);
     for (size_t k = 0; k < numel(head); k++) {
         fp16 h = fp32_to_fp16((float)(k % 97) / 64.0f - 0.75f);
         memcpy(head->data + 2 * k, &h, 2);
     }
-    save_model(dir, &l);
+    save_model(dir, l);
+    write_config_edit(dir, "opt-tiny", "tie_word_embeddings", tie);
+    return dir;
+}
+
+/* "tie_word_embeddings": false with a lm_head.weight: the output layer is that tensor. */
+static void test_explicit_lm_head(void) {
+    opt_weights w;
+    tlist l;
+    char *dir = explicit_head_copy(cJSON_CreateFalse(), &l);
     load_ok(dir, &w);
     CU_ASSERT_PTR_NOT_NULL(w.lm_head);
     CU_ASSERT(w.lm_head != w.embed_tokens);
     CU_ASSERT_EQUAL(fp16_to_fp32(w.lm_head[97 + 3]), 3.0f / 64.0f - 0.75f);
-    CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg) + numel(head));
+    CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg) + numel(tl_get(&l, "lm_head.weight")));
     opt_weights_free(&w);
+    finish(dir, &l);
+}
+
+/* HF ties the output layer to the embedding unless config.json says "tie_word_embeddings": false
+ * (absent, it is true): then a lm_head.weight in the file is not read, and the logits are those of
+ * the checkpoint without it. Untied without a lm_head.weight is refused in one line. */
+static void test_tied_lm_head(void) {
+    cJSON *ties[2] = {NULL, cJSON_CreateTrue()};
+    for (int i = 0; i < 2; i++) {
+        tlist l;
+        opt_weights w;
+        char *dir = explicit_head_copy(ties[i], &l);
+        load_ok(dir, &w);
+        EXPECT(w.lm_head == w.embed_tokens, "tie_word_embeddings %s and a lm_head.weight in the file: "
+               "expected the output layer tied to the embedding, got a separate one", i ? "true" : "absent");
+        opt_weights_free(&w);
+        float got[4 * 512], want[4 * 512];
+        runtime_logits(dir, got);
+        runtime_logits(fixture("opt-tiny"), want);
+        EXPECT(!memcmp(got, want, sizeof got), "tie_word_embeddings %s: the runtime's logits differ from "
+               "those of the checkpoint without lm_head.weight", i ? "true" : "absent");
+        finish(dir, &l);
+    }
+    tlist l;
+    char *dir = fixture_copy("opt-tiny", &l);
+    save_model(dir, &l);
+    write_config_edit(dir, "opt-tiny", "tie_word_embeddings", cJSON_CreateFalse());
+    EXPECT_LOAD_FAIL(dir, "config.json", "\"tie_word_embeddings\" is false", "no lm_head.weight");
+    write_config_edit(dir, "opt-tiny", "tie_word_embeddings", cJSON_CreateString("no"));
+    EXPECT_LOAD_FAIL(dir, "config.json", "\"tie_word_embeddings\" is \"no\"");
     finish(dir, &l);
 }
 
@@ -1292,7 +1341,9 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "F32 copy gives bit-identical weights", test_dtype_f32_equivalence);
     CU_add_test(s, "BF16 copy gives bf16- then fp16-rounded weights", test_dtype_bf16_equivalence);
     CU_add_test(s, "names without \"model.\" load", test_names_without_model_prefix);
-    CU_add_test(s, "explicit lm_head.weight is loaded separately", test_explicit_lm_head);
+    CU_add_test(s, "explicit lm_head.weight is loaded separately when untied", test_explicit_lm_head);
+    CU_add_test(s, "tie_word_embeddings (true when absent) ties lm_head to the embedding, as HF",
+                test_tied_lm_head);
     CU_add_test(s, "st_open_dir maps every shard of opt-tiny-350m", test_sharded_archive);
     CU_add_test(s, "a rewritten shard index loads", test_sharded_copy_loads);
     CU_add_test(s, "missing tensor", test_missing_tensor);
