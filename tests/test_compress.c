@@ -266,6 +266,42 @@ static fg_policy cache_policy(int gbs, int ngb, fg_percent percent, int overlap,
     return p;
 }
 
+/* The same prompts in GPU batches of 4 and of 2 (4 x 30 rows of prefill go through sgemm, 2 x 30
+ * through the FMA kernel: sums in another order). With an fp16 cache the logits agree within
+ * 1e-4 x max|logit|; with a 4-bit cache some K and V values cross a rounding boundary and they
+ * differ by 1.5e-3 x max|logit| here, within the 1e-2 that docs/PIPELINE.md states. */
+static void test_cache_batch_shape(void) {
+    enum { N = 4, LEN = 30, STEPS = 6 };
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N, &f);
+    for (int p = 0; p < N; p++) { /* BOS and 29 ids */
+        f.lens[p] = LEN;
+        for (int t = 0; t < LEN; t++) f.prompts[p][t] = t ? 3 + (p * 131 + (t - 1) * 17) % 500 : OPT_BOS_ID;
+    }
+    size_t n = (size_t)N * STEPS * f.cfg.vocab;
+    float *logits[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    int tokens[2][N * STEPS];
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
+    for (int q4 = 0; q4 < 2; q4++) {
+        for (int shape = 0; shape < 2; shape++) {
+            fg_policy p = compressed(shape ? 2 : 4, shape ? 2 : 1, all_gpu);
+            p.compress_cache = q4;
+            CU_ASSERT_EQUAL_FATAL(generate_with(f.dir, NULL, 0, &p, STEPS, N, (int *const *)f.prompts, f.lens,
+                                                tokens[shape], logits[shape], NULL, NULL), 0);
+        }
+        float worst = 0, max_abs = 0, bound = q4 ? 1e-2f : 1e-4f;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmaxf(worst, fabsf(logits[0][i] - logits[1][i]));
+            max_abs = fmaxf(max_abs, fabsf(logits[0][i]));
+        }
+        fprintf(stderr, "[%s cache: %.3g] ", q4 ? "4-bit" : "fp16", worst / max_abs);
+        EXPECT(worst <= bound * max_abs, "%s cache, GPU batches of 4 against 2: logits differ by %g x "
+               "max|logit|, bound %g", q4 ? "4-bit" : "fp16", worst / max_abs, bound);
+    }
+    free(logits[0]), free(logits[1]);
+    fixture_prompts_close(&f);
+}
+
 /* A 4-bit cache gives the same bits wherever it lives, moved or read in place; and stays close
  * to the fp16 cache. */
 static void check_cache(const char *name) {
@@ -529,6 +565,7 @@ void add_compress_tests(void) {
     CU_add_test(s, "--compress-weight groups q, k and v each on its own (hidden 96)", test_qkv_groups);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, pre-LN", test_cache_pre_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, post-LN", test_cache_post_ln);
+    CU_add_test(s, "--compress-cache: another GPU batch size, within the stated bound", test_cache_batch_shape);
     CU_add_test(s, "sparse attention equals a plain top-K, fp16 cache", test_sparse_fp16);
     CU_add_test(s, "sparse attention: the same result however prompts are grouped into blocks",
                 test_sparse_grouping);

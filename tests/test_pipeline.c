@@ -171,6 +171,7 @@ typedef struct {
     const char *const *common;       /* flags of both runs */
     const char *const *ranks[3];     /* per-stage flags of the pipeline (MPMD) */
     const char *const *single;       /* the one process's own flags */
+    float bound;                     /* on the logits' difference / max|logit|; 0: 1e-4 */
 } pipeline_case;
 
 static void expect_same_run(const pipeline_case *c) {
@@ -197,8 +198,8 @@ static void expect_same_run(const pipeline_case *c) {
     char *t1 = texts(one.out), *t2 = texts(many.out);
     CU_ASSERT(strlen(t1) > 0 && !strcmp(t1, t2)); /* the same tokens */
     if (strcmp(t1, t2)) printf("\n    %s: texts differ:\n%s---\n%s\n", c->name, t1, t2);
-    float difference = relative_difference(one_dump, many_dump);
-    CU_ASSERT(difference <= 1e-4f);
+    float difference = relative_difference(one_dump, many_dump), bound = c->bound ? c->bound : 1e-4f;
+    EXPECT(difference <= bound, "%s: logits differ by %g x max|logit|, bound %g", c->name, difference, bound);
     printf("[%s: %g] ", c->name, difference);
     CU_ASSERT(strstr(many.out, "stage 2/") != NULL); /* the report has a line per stage */
     unlink(one_dump), unlink(many_dump);
@@ -219,28 +220,60 @@ static void test_two_stages(void) {
     const pipeline_case cases[] = {
         {"2 stages, greedy", 2, text, text_ids,
          (const char *[]){"--gen-len", "8", "--gpu-batch-size", "2", "--num-gpu-batches", "2", NULL},
-         {NULL, NULL, NULL}, NULL},
+         {NULL, NULL, NULL}, NULL, 0},
         {"disk | cpu, sampled", 2, text, text_ids,
          (const char *[]){"--gen-len", "8", "--gpu-batch-size", "2", "--num-gpu-batches", "2",
                           "--temperature", "0.8", "--seed", "5", NULL},
-         {ON_DISK, ON_CPU, NULL}, NULL},
+         {ON_DISK, ON_CPU, NULL}, NULL, 0},
         {"cpu | disk, 4-bit", 2, text, text_ids,
          (const char *[]){"--gen-len", "6", "--gpu-batch-size", "3", "--num-gpu-batches", "1",
                           "--compress-weight", "--compress-cache", NULL},
-         {ON_CPU, ON_DISK, NULL}, NULL},
+         {ON_CPU, ON_DISK, NULL}, NULL, 0},
         {"split, delegated, overlap off", 2, text, text_ids,
          (const char *[]){"--gen-len", "5", "--gpu-batch-size", "1", "--num-gpu-batches", "3",
                           "--cpu-cache-compute", NULL},
-         {SPLIT, (const char *[]){"--overlap", "0", NULL}, NULL}, NULL},
+         {SPLIT, (const char *[]){"--overlap", "0", NULL}, NULL}, NULL, 0},
         {"fp16 activations (cpu-fp16), disk | cpu", 2, text, text_ids,
          (const char *[]){"--gen-len", "6", "--gpu-batch-size", "2", "--num-gpu-batches", "2",
                           "--device", "cpu-fp16", NULL},
-         {ON_DISK, ON_CPU, NULL}, NULL},
+         {ON_DISK, ON_CPU, NULL}, NULL, 0},
         {"sparse, blocks of 2 against one block of 4", 2, text, text_ids,
          (const char *[]){"--gen-len", "8", "--attn-sparsity", "0.5", NULL},
-         {BLOCKS_OF_2, BLOCKS_OF_2, NULL}, (const char *[]){"--gpu-batch-size", "4", NULL}},
+         {BLOCKS_OF_2, BLOCKS_OF_2, NULL}, (const char *[]){"--gpu-batch-size", "4", NULL}, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
+}
+
+/* A 4-bit cache where the stages get the prompts in smaller GPU batches than one process runs (2
+ * sequences against 4; the text from opt-tiny-text's tokenizer): prefill's products sum in another order (the FMA kernel up to 64
+ * rows, sgemm above), some K and V values cross a 4-bit rounding boundary, and the logits differ
+ * by 1.5e-3 x max|logit| here, within the bound docs/PIPELINE.md states (1e-2); with an fp16
+ * cache, within 1e-4. */
+static void test_compressed_cache_bound(void) {
+    if (skipped()) return;
+    char *dir = make_temp_dir(), ids[4200];
+    snprintf(ids, sizeof ids, "%s", join(dir, "prompts.txt"));
+    FILE *f = fopen(ids, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    for (int p = 0; p < 4; p++) { /* BOS and 29 ids */
+        fprintf(f, "2");
+        for (int t = 0; t < 29; t++) fprintf(f, " %d", 3 + (p * 131 + t * 17) % 500);
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    const char *const fp16[] = {"--gen-len", "6", "--gpu-batch-size", "4", "--compress-weight", "--vocab",
+                                text_vocab, "--merges", text_merges, NULL};
+    const char *const q4[] = {"--gen-len", "6", "--gpu-batch-size", "4", "--compress-weight", "--compress-cache",
+                              "--vocab", text_vocab, "--merges", text_merges, NULL};
+    const pipeline_case cases[] = {
+        {"2 stages, GPU batches of 2 against 4, fp16 cache", 2, tiny, ids, fp16, {NULL, NULL, NULL}, NULL, 0},
+        {"2 stages, GPU batches of 2 against 4, 4-bit cache", 2, tiny, ids, q4, {NULL, NULL, NULL}, NULL, 1e-2f},
+        {"3 stages, GPU batches of 2 against 4, 4-bit cache", 3, tiny, ids, q4, {NULL, NULL, NULL}, NULL, 1e-2f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
+    unlink(ids);
+    rm_tree(dir);
+    free(dir);
 }
 
 static void test_three_stages(void) {
@@ -249,11 +282,11 @@ static void test_three_stages(void) {
         {"3 stages, pre-LN", 3, text, text_ids,
          (const char *[]){"--gen-len", "7", "--gpu-batch-size", "1", "--num-gpu-batches", "2",
                           "--temperature", "0.7", NULL},
-         {ON_CPU, ON_DISK, SPLIT}, NULL},
+         {ON_CPU, ON_DISK, SPLIT}, NULL, 0},
         {"3 stages, post-LN (350m)", 3, post_ln, post_ln_ids,
          (const char *[]){"--gen-len", "6", "--gpu-batch-size", "2", "--num-gpu-batches", "1",
                           "--compress-weight", "--vocab", text_vocab, "--merges", text_merges, NULL},
-         {ON_DISK, NULL, ON_CPU}, NULL},
+         {ON_DISK, NULL, ON_CPU}, NULL, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
 }
@@ -266,7 +299,7 @@ static void test_stop_at_eos(void) {
     const pipeline_case c = {"--stop-at-eos", 2, tiny, tiny_ids,
                              (const char *[]){"--gen-len", "8", "--gpu-batch-size", "1", "--num-gpu-batches",
                                               "1", "--stop-at-eos", "--vocab", text_vocab, "--merges", text_merges, NULL},
-                             {NULL, NULL, NULL}, NULL};
+                             {NULL, NULL, NULL}, NULL, 0};
     expect_same_run(&c);
 }
 
@@ -406,6 +439,7 @@ void add_pipeline_tests(void) {
     CU_pSuite s = CU_add_suite("pipeline", pipeline_init, NULL);
     CU_add_test(s, "2 stages: same tokens and logits, per-stage policies", test_two_stages);
     CU_add_test(s, "3 stages: same tokens and logits, pre-LN and post-LN", test_three_stages);
+    CU_add_test(s, "a 4-bit cache in smaller GPU batches: within the stated bound", test_compressed_cache_bound);
     CU_add_test(s, "--stop-at-eos ends blocks early on every stage", test_stop_at_eos);
     CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
     CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
