@@ -594,16 +594,13 @@ void fg_model_close(fg_model *m) {
 /* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
 static int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
-    if (!m->homes[i].q4) {
-        opt_tensor_fill(&m->layout, i, src, NULL, dst);
-        return 0;
-    }
+    if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
     float *values = malloc(t->count * sizeof *values);
     if (!values) return fg_fail(err, "out of memory compressing %s", t->name);
-    opt_tensor_fill(&m->layout, i, src, values, NULL);
-    q4_compress(values, t->group_outer, t->group_len, t->group_inner, dst);
+    int rc = opt_tensor_fill(&m->layout, i, src, values, NULL, err);
+    if (rc == 0) q4_compress(values, t->group_outer, t->group_len, t->group_inner, dst);
     free(values);
-    return 0;
+    return rc;
 }
 
 /* A home on the gpu tier: the stored form made in host memory, then through the backend, into

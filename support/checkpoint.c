@@ -387,39 +387,58 @@ static value_source dummy_source(const tensor_spec *s, uint64_t seed) {
     return v;
 }
 
-/* Element i (in checkpoint order), rounded to fp16 whatever the source dtype. */
-static fp16 source_value(const value_source *v, size_t i) {
+/* Element i (in checkpoint order) as the file holds it (or the dummy value), as fp32. */
+static float file_value(const value_source *v, size_t i) {
     float x;
-    if (!v->tensor) {
-        x = v->center + v->scale * ((float)(fg_mix64(v->base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f);
-    } else if (v->tensor->dtype == ST_F16) {
-        fp16 h;
-        memcpy(&h, (const char *)v->tensor->data + 2 * i, 2);
-        return h;
-    } else if (v->tensor->dtype == ST_BF16) {
-        uint16_t b;
-        memcpy(&b, (const char *)v->tensor->data + 2 * i, 2);
-        x = bf16_to_fp32(b);
-    } else {
+    uint16_t b;
+    if (!v->tensor)
+        return v->center + v->scale * ((float)(fg_mix64(v->base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    if (v->tensor->dtype == ST_F32) {
         memcpy(&x, (const char *)v->tensor->data + 4 * i, 4); /* may be unaligned in the file */
+        return x;
     }
-    return fp32_to_fp16(x);
+    memcpy(&b, (const char *)v->tensor->data + 2 * i, 2);
+    return v->tensor->dtype == ST_BF16 ? bf16_to_fp32(b) : fp16_to_fp32(b);
+}
+
+/* Element i rounded to fp16 whatever the source dtype (fp16 as it is, NaN payloads too). */
+static fp16 source_value(const value_source *v, size_t i) {
+    fp16 h;
+    if (!v->tensor || v->tensor->dtype != ST_F16) return fp32_to_fp16(file_value(v, i));
+    memcpy(&h, (const char *)v->tensor->data + 2 * i, 2);
+    return h;
 }
 
 /* Writes every element of s from v at dst (fp32 or fp16), in 32 x 32 tiles so that both the
- * checkpoint's rows and the transposed layout's rows are touched a cache line at a time. */
-static void store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16, const value_source *v) {
-    int64_t rows = s->rows, cols = s->cols ? s->cols : 1;
-#pragma omp parallel for schedule(dynamic)
+ * checkpoint's rows and the transposed layout's rows are touched a cache line at a time.
+ * Returns the first element (in checkpoint order) that is NaN or Inf in fp16, or -1. Checking
+ * here costs no read of its own: every value of a checkpoint passes through once, at load. */
+static int64_t store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16, const value_source *v) {
+    int64_t rows = s->rows, cols = s->cols ? s->cols : 1, first_bad = INT64_MAX;
+#pragma omp parallel for schedule(dynamic) reduction(min : first_bad)
     for (int64_t r0 = 0; r0 < rows; r0 += 32)
         for (int64_t c0 = 0; c0 < cols; c0 += 32)
             for (int64_t c = c0; c < c0 + 32 && c < cols; c++)
                 for (int64_t r = r0; r < r0 + 32 && r < rows; r++) {
                     size_t at = r * s->row_stride + c * s->col_stride;
                     fp16 x = source_value(v, (size_t)(r * cols + c));
+                    if ((x & 0x7c00) == 0x7c00 && r * cols + c < first_bad) first_bad = r * cols + c;
                     if (dst16) dst16[at] = x;
                     else dst32[at] = fp16_to_fp32(x);
                 }
+    return first_bad == INT64_MAX ? -1 : first_bad;
+}
+
+/* The line naming a tensor's first value that is not a finite fp16: NaN, Inf, or beyond fp16. */
+static int bad_value(const st_archive *a, const tensor_spec *s, const value_source *v, int64_t i, char *err) {
+    float x = file_value(v, (size_t)i);
+    char where[48], what[64];
+    if (s->cols) snprintf(where, sizeof where, "[%lld, %lld]", (long long)(i / s->cols), (long long)(i % s->cols));
+    else snprintf(where, sizeof where, "[%lld]", (long long)i);
+    if (isnan(x) || isinf(x)) snprintf(what, sizeof what, "%s", isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf");
+    else snprintf(what, sizeof what, "%g, beyond fp16's largest value (65504)", x);
+    return fg_fail(err, "%s: tensor %s: element %s is %s; the weights must be finite in fp16",
+                   a->paths[v->tensor->file], v->tensor->name, where, what);
 }
 
 /* Checkpoint names come with "model." (OPTForCausalLM) or without it (OPTModel). */
@@ -433,8 +452,8 @@ static const st_tensor *find_spec_tensor(const st_archive *a, const char *spec_n
     return NULL;
 }
 
-void opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32,
-                     fp16 *dst16) {
+int opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32, fp16 *dst16,
+                    char *err) {
     const opt_tensor *ten = &l->tensors[t];
     const tensor_spec *specs = l->specs;
     if (dst16) memset(dst16, 0, ten->count * sizeof *dst16); /* the 64-byte padding too */
@@ -444,14 +463,16 @@ void opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float
         value_source v = src->archive ? (value_source){find_spec_tensor(src->archive, s->source), 0, 0, 0}
                                       : dummy_source(s, src->seed);
         size_t at = s->offset - ten->offset;
-        store_tensor(s, dst32 ? dst32 + at : NULL, dst16 ? dst16 + at : NULL, &v);
+        int64_t bad = store_tensor(s, dst32 ? dst32 + at : NULL, dst16 ? dst16 + at : NULL, &v);
         if (!src->archive) continue;
+        if (bad >= 0) return bad_value(src->archive, s, &v, bad, err);
         /* The copy is what the runtime uses: drop the file's pages (§4.1). */
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
         uintptr_t lo = ((uintptr_t)v.tensor->data + page - 1) & ~(page - 1);
         uintptr_t hi = ((uintptr_t)v.tensor->data + v.tensor->nbytes) & ~(page - 1);
         if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
+    return 0;
 }
 
 static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir, char *err) {
@@ -548,11 +569,11 @@ static int weights_all_fp16(opt_weights *w, const opt_config *cfg, int has_lm_he
         rc = fg_fail(err, "gpu tier: cannot allocate %.2f GB for the fp16 weights of %s",
                      total * 2.0 / 1e9, cfg->name);
     } else {
-        for (int i = 0; i < l.n_tensors; i++) {
+        for (int i = 0; rc == 0 && i < l.n_tensors; i++) {
             opt_tensor *t = &l.tensors[i];
             if (t->tied_to >= 0) continue;
             *t->slot = w->storage + base[t->layer] + t->offset;
-            opt_tensor_fill(&l, i, src, NULL, *t->slot);
+            rc = opt_tensor_fill(&l, i, src, NULL, *t->slot, err);
         }
         for (int i = 0; i < l.n_tensors; i++)
             if (l.tensors[i].tied_to >= 0) *l.tensors[i].slot = *l.tensors[l.tensors[i].tied_to].slot;

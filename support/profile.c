@@ -124,7 +124,7 @@ static int device_weights(const fg_backend *be, const opt_config *cfg, opt_layou
         fp16 *values = malloc(t->count * sizeof *values);
         void *working = be->alloc(t->count * be->weight_elem);
         if (values && working) {
-            opt_tensor_fill(l, i, &src, NULL, values);
+            opt_tensor_fill(l, i, &src, NULL, values, err); /* dummy values: always finite */
             be->weights_in(working, values, t->count);
             *t->slot = working;
         }

@@ -138,9 +138,11 @@ int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int
                     char *err);
 void opt_layout_free(opt_layout *l);
 int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const char *dir, char *err);
-/* Tensor t's values rounded to fp16, in its stored layout, into dst32 (as fp32) or dst16. */
-void opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32,
-                     fp16 *dst16);
+/* Tensor t's values rounded to fp16, in its stored layout, into dst32 (as fp32) or dst16; -1 with
+ * a line naming the file, the tensor and the element where a checkpoint value is not a finite
+ * fp16 (NaN, Inf, or beyond 65504). */
+int opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32, fp16 *dst16,
+                    char *err);
 
 /* The dummy-weight file (weight_file.c): every tensor's stored bytes, page-aligned, with a
  * checksum per layer, written once into the weight dir and reused while intact. */

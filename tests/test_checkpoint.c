@@ -464,6 +464,49 @@ static void test_dtype_bf16_equivalence(void) {
     finish(dir, &l);
 }
 
+/* Element k of t set to x in t's dtype (F16, BF16 or F32). */
+static void set_value(ttensor *t, size_t k, float x) {
+    uint16_t h = !strcmp(t->dtype, "F16") ? fp32_to_fp16(x) : 0;
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    if (!strcmp(t->dtype, "BF16")) h = (uint16_t)(bits >> 16);
+    if (!strcmp(t->dtype, "F32")) memcpy(t->data + 4 * k, &x, 4);
+    else memcpy(t->data + 2 * k, &h, 2);
+}
+
+/* A weight that is not a finite fp16 (NaN, Inf, or an fp32 value beyond 65504 that fp16 makes
+ * Inf) is refused at load with one line naming the file, the tensor and its first such element,
+ * in each dtype; ./flexgen, with the weights on disk, exits 2 with that line and leaves nothing in
+ * the offload dir. (Every value is converted to fp16 at load: the check reads nothing more.) */
+static void test_nonfinite_weights(void) {
+    static const struct { const char *dtype, *tensor; size_t at; float x; const char *says; } cases[] = {
+        {"F16", "model.decoder.layers.0.self_attn.q_proj.weight", 3 * 64 + 17, NAN, "element [3, 17] is NaN"},
+        {"F32", "model.decoder.layers.1.final_layer_norm.weight", 5, INFINITY, "element [5] is Inf"},
+        {"F32", "model.decoder.embed_tokens.weight", 7 * 64 + 2, 1e6f, "element [7, 2] is 1e+06, beyond fp16"},
+        {"BF16", "model.decoder.layers.1.fc1.bias", 9, -INFINITY, "element [9] is -Inf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tlist l;
+        char *dir = fixture_copy("opt-tiny", &l);
+        if (strcmp(cases[i].dtype, "F16")) convert_all(&l, cases[i].dtype);
+        ttensor *t = tl_get(&l, cases[i].tensor);
+        set_value(t, cases[i].at, cases[i].x);
+        set_value(t, cases[i].at + 3, NAN); /* a later one: the first is named */
+        save_model(dir, &l);
+        EXPECT_LOAD_FAIL(dir, "model.safetensors", cases[i].tensor, cases[i].says);
+        const char *argv[] = {flexgen_bin(), "--model", dir, "--prompt-len", "4", "--gen-len", "2", "--device", "cpu",
+                              "--percent", "0", "0", "100", "0", "100", "0", "--offload-dir", dir, "--quiet", NULL};
+        char *out, *err;
+        int rc = run_command(argv, NULL, &out, &err), entries = dir_entries(dir);
+        EXPECT(rc == 2 && !strncmp(err, "flexgen: ", 9) && strchr(err, '\n') == err + strlen(err) - 1 &&
+               strstr(err, cases[i].tensor) && strstr(err, cases[i].says) && entries == 2,
+               "%s %s: expected exit 2, one line naming it and '%s', config.json and model.safetensors "
+               "left; got %d, '%s', %d files", cases[i].dtype, cases[i].tensor, cases[i].says, rc, err, entries);
+        free(out), free(err);
+        finish(dir, &l);
+    }
+}
+
 static void test_names_without_model_prefix(void) {
     opt_weights w16, w;
     tlist l;
@@ -1342,6 +1385,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "BF16 copy gives bf16- then fp16-rounded weights", test_dtype_bf16_equivalence);
     CU_add_test(s, "names without \"model.\" load", test_names_without_model_prefix);
     CU_add_test(s, "explicit lm_head.weight is loaded separately when untied", test_explicit_lm_head);
+    CU_add_test(s, "NaN, Inf or beyond fp16 in the weights: one line naming tensor and element",
+                test_nonfinite_weights);
     CU_add_test(s, "tie_word_embeddings (true when absent) ties lm_head to the embedding, as HF",
                 test_tied_lm_head);
     CU_add_test(s, "st_open_dir maps every shard of opt-tiny-350m", test_sharded_archive);
