@@ -1,7 +1,7 @@
 # FlexGen in C. `make` builds ./flexgen: the CPU backend, and the CUDA backend (flexgen.cu) too
 # wherever nvcc is found (NVCC=, or /usr/local/cuda/bin); the binary picks one at run time.
 # `make test` runs the CUnit suites (the GPU suite skips without a GPU; SUITE=name runs one, e.g.
-# `make test SUITE=quant`); `make test-san` runs them
+# `make test SUITE=quant`, and TEST="its description" one test of it); `make test-san` runs them
 # again under AddressSanitizer and UndefinedBehaviorSanitizer; `make test-gpu` runs the GPU suite
 # under compute-sanitizer. `make fuzz` builds the libFuzzer harnesses of tests/fuzz/ (clang), which
 # `bash scripts/fuzz.sh SECONDS` runs.
@@ -81,7 +81,7 @@ build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(CUDA_OBJ) $(LDLIBS) $(TEST_LIBS)
 
 test: flexgen build/test_flexgen
-	FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE)
+	FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)")
 
 build-san/flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
 	@mkdir -p build-san
@@ -101,7 +101,7 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 test-san: build-san/flexgen build-san/test_flexgen
-	FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE)
+	FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)")
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)

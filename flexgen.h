@@ -230,8 +230,7 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
 /* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory. The
  * weights are written to their homes on the first generate() (or fg_model_load). */
 int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
-int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **m,
-                        char *err);
+int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **m, char *err);
 const opt_config *fg_model_config(const fg_model *m);
 int fg_model_load(fg_model *m, char *err);
 void fg_model_close(fg_model *m);
@@ -258,8 +257,7 @@ typedef struct {
  * [n_prompts][gen_len] (OPT_PAD_ID after an EOS with stop_at_eos); logits: NULL or
  * [n_prompts][gen_len][vocab]. */
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
-             const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing,
-             char *err);
+             const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing, char *err);
 
 /* ---- Linear programs (lp.c, §4.3): minimize c.x subject to A_i . x {<=, =, >=} b_i, x >= 0 ---- */
 typedef enum { LP_LE, LP_EQ, LP_GE } lp_sense;
@@ -346,5 +344,7 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
                      const fg_search_request *req, fg_search_result *out, char *err);
 int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
                        const fg_search_request *req, fg_search_result *out, char *err);
+/* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
+void fg_round_pair(double gpu, double cpu, int *g, int *c);
 
 #endif

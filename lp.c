@@ -603,7 +603,7 @@ static int solve_shape(search *S, candidate *cd, char *err) {
 }
 
 /* Integer percentages near the fractions on the gpu and cpu tiers, the pair at most 100. */
-static void round_pair(double gpu, double cpu, int *g, int *c) {
+void fg_round_pair(double gpu, double cpu, int *g, int *c) {
     *g = (int)lround(100 * gpu), *c = (int)lround(100 * cpu);
     *g = *g < 0 ? 0 : *g > 100 ? 100 : *g;
     *c = *c < 0 ? 0 : *c > 100 - *g ? 100 - *g : *c;
@@ -611,9 +611,9 @@ static void round_pair(double gpu, double cpu, int *g, int *c) {
 
 static fg_percent round_percent(const double x[N_X]) {
     fg_percent pc;
-    round_pair(x[X_WG], x[X_WC], &pc.wg, &pc.wc);
-    round_pair(x[X_CG], x[X_CC], &pc.cg, &pc.cc);
-    round_pair(x[X_HG], x[X_HC], &pc.hg, &pc.hc);
+    fg_round_pair(x[X_WG], x[X_WC], &pc.wg, &pc.wc);
+    fg_round_pair(x[X_CG], x[X_CC], &pc.cg, &pc.cc);
+    fg_round_pair(x[X_HG], x[X_HC], &pc.hg, &pc.hc);
     return pc;
 }
 

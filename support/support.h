@@ -308,6 +308,7 @@ static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0
 static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
 
 void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
+void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
 
 typedef struct {
     int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */

@@ -586,39 +586,45 @@ static void test_output_on_full_device(void) {
 
 /* Dummy weights in --path that were changed on disk (header and size intact) are found out by
  * their checksums and written again: the run gives the tokens of a fresh file, says so in one
- * note, and the next run reuses the new file in silence. */
+ * note, and the next run reuses the new file in silence. Damaged twice: 8 MiB in the middle,
+ * then only the file's last page (the output layer's last tensor, the last layer checked). */
 static void test_damaged_weight_file(void) {
-    char *path = make_temp_dir(), *out, *err, dumps[3][4200];
-    for (int i = 0; i < 3; i++) snprintf(dumps[i], sizeof dumps[i], "%s/run%d.bin", path, i);
+    enum { RUNS = 4 };
+    char *path = make_temp_dir(), *out, *err, dumps[RUNS][4200];
+    for (int i = 0; i < RUNS; i++) snprintf(dumps[i], sizeof dumps[i], "%s/run%d.bin", path, i);
     const char *weights = NULL;
-    for (int run = 0; run < 3; run++) {
+    for (int run = 0; run < RUNS; run++) {
         int rc = run_flexgen(ARGS("--model", "opt-125m", "--percent", "0", "0", "100", "0", "100", "0",
                                   "--path", path, "--prompt-len", "8", "--gen-len", "2", "--gpu-batch-size",
                                   "2", "--quiet", "--dump-logits", dumps[run]), NULL, &out, &err);
         CU_ASSERT_EQUAL(rc, 0);
-        EXPECT(run == 1 ? strstr(err, "does not match its checksum") && count_lines(err) == 1 : !err[0],
-               "run %d over %s weights: stderr '%s'", run, run == 1 ? "damaged" : "intact", err);
+        int damaged = run % 2 == 1;
+        EXPECT(damaged ? strstr(err, "does not match its checksum") && count_lines(err) == 1 : !err[0],
+               "run %d over %s weights: stderr '%s'", run, damaged ? "damaged" : "intact", err);
         free(out), free(err);
-        if (run == 0) { /* zero 8 MiB in the middle of the file */
+        if (run == 0) {
             DIR *d = opendir(path);
             for (struct dirent *e; d && (e = readdir(d));)
                 if (strstr(e->d_name, ".fgw")) weights = join(path, e->d_name);
             if (d) closedir(d);
             CU_ASSERT_PTR_NOT_NULL_FATAL(weights);
+        }
+        if (run == 0 || run == 2) { /* zero 8 MiB in the middle of the file, then its last page */
             int fd = open(weights, O_WRONLY);
             struct stat st;
             CU_ASSERT_FATAL(fd >= 0 && fstat(fd, &st) == 0);
             static char zeros[8 << 20];
-            CU_ASSERT(pwrite(fd, zeros, sizeof zeros, st.st_size / 2) == (ssize_t)sizeof zeros);
+            size_t n = run == 0 ? sizeof zeros : 4096;
+            CU_ASSERT(pwrite(fd, zeros, n, run == 0 ? st.st_size / 2 : st.st_size - 4096) == (ssize_t)n);
             close(fd);
         }
     }
     size_t n0, n;
     char *first = slurp(dumps[0], &n0);
-    for (int run = 1; run < 3; run++) {
+    for (int run = 1; run < RUNS; run++) {
         char *again = slurp(dumps[run], &n);
         EXPECT(first && again && n == n0 && !memcmp(first, again, n), "run %d: logits differ from the "
-               "first run's, over weights that were damaged before run 1", run);
+               "first run's, over weights that were damaged before runs 1 and 3", run);
         free(again);
     }
     free(first);

@@ -192,7 +192,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
         return 2;
     }
-    if (only) CU_basic_run_suite(only);
+    CU_pTest test = only && argc > 2 ? CU_get_test(only, argv[2]) : NULL; /* one test of it, by its name */
+    if (argc > 2 && !test) {
+        fprintf(stderr, "%s: no such test in suite %s\n", argv[2], argv[1]);
+        return 2;
+    }
+    if (test) CU_basic_run_test(only, test);
+    else if (only) CU_basic_run_suite(only);
     else CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     unsigned run = CU_get_number_of_tests_run();

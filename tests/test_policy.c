@@ -186,6 +186,52 @@ static void test_search_for_gpu(void) {
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
 }
 
+/* Everything on the gpu tier, a GPU batch of 16 given: every number of GPU batches costs the same
+ * per token (the block's work grows with it), and the search takes the smallest block of equal
+ * cost, whose latency and memory are least. */
+static void test_equal_cost_smaller_block(void) {
+    char err[FG_ERR_LEN];
+    fg_policy base = base_policy(BUDGETS[0].gpu, BUDGETS[0].cpu, BUDGETS[0].disk, 0);
+    fg_search_request req = {.s = 32, .n = 8, .check = fg_runtime_check, .max_block = 256, .gbs = 16};
+    fg_search_result r, two;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &r, err), 0);
+    fg_policy p = r.policy;
+    p.num_gpu_batches = 2;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_evaluate(&CFG, &HW, &p, &req, &two, err), 0);
+    EXPECT(fabs(two.throughput - r.throughput) <= 1e-6 * r.throughput, "16 x 2 against 16 x 1, all on the "
+           "gpu tier: expected equal costs, got %.9g and %.9g token/s", two.throughput, r.throughput);
+    EXPECT(r.policy.num_gpu_batches == 1, "equal costs from 16 x 1 to 16 x 16: expected the smallest block, "
+           "16 x 1, got 16 x %d", r.policy.num_gpu_batches);
+}
+
+/* The LP's fractions become whole percentages, each the nearest (halves away from zero), the cpu
+ * tier's cut so that gpu + cpu never passes 100: 0.505 and 0.495 round to 51 and 50, and the cpu
+ * tier gets 49. Over a grid of pairs (halves of a percent included), the sum stays within 100 and
+ * each percentage within one of its fraction. */
+static void test_round_pair(void) {
+    static const struct { double gpu, cpu; int g, c; } cases[] = {
+        {0.505, 0.495, 51, 49}, {0.5, 0.5, 50, 50}, {0.335, 0.665, 34, 66}, {0.004, 0.999, 0, 100},
+        {1.2, -0.1, 100, 0}, {0.0049, 0.0051, 0, 1}, {0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int g, c;
+        fg_round_pair(cases[i].gpu, cases[i].cpu, &g, &c);
+        EXPECT(g == cases[i].g && c == cases[i].c, "fractions %g (gpu) and %g (cpu): expected %d%% and %d%%, "
+               "got %d%% and %d%%", cases[i].gpu, cases[i].cpu, cases[i].g, cases[i].c, g, c);
+    }
+    int over = 0, far = 0;
+    for (int i = 0; i <= 200; i++)
+        for (int j = 0; i + j <= 200; j++) {
+            double gpu = i / 200.0, cpu = j / 200.0;
+            int g, c;
+            fg_round_pair(gpu, cpu, &g, &c);
+            over += g + c > 100 || g < 0 || c < 0;
+            far += fabs(g - 100 * gpu) > 0.5 + 1e-9 || fabs(c - 100 * cpu) > 1 + 1e-9;
+        }
+    EXPECT(over == 0 && far == 0, "halves of a percent: %d pairs over 100 or below 0, %d rounded more than "
+           "a point away", over, far);
+}
+
 void add_policy_tests(void) {
     CU_pSuite s = CU_add_suite("policy", policy_init, policy_clean);
     CU_add_test(s, "every policy found passes the runtime's plan check", test_search_passes_plan_check);
@@ -193,5 +239,7 @@ void add_policy_tests(void) {
     CU_add_test(s, "tensors larger than the LP's fractions still give a policy", test_search_tensor_granularity);
     CU_add_test(s, "--max-latency bounds the block latency", test_latency_bound);
     CU_add_test(s, "nothing fits: one line naming the tier", test_nothing_fits);
+    CU_add_test(s, "fractions round to percentages whose gpu + cpu is at most 100", test_round_pair);
+    CU_add_test(s, "of policies of equal cost, the smaller block", test_equal_cost_smaller_block);
     CU_add_test(s, "planning for a GPU machine fits its memory model", test_search_for_gpu);
 }

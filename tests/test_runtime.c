@@ -341,6 +341,38 @@ static void test_cuda_sizes(void) {
     fg_runtime_close(rt);
 }
 
+/* On a GPU the products read 4-bit weights decompressed into staging (reads_q4 0): those held on
+ * the gpu tier are decompressed where they are, and only those on the cpu tier cross the cpu->gpu
+ * link, their 4-bit bytes, once a step. Checked with CUDA's sizes on the CPU (cuda_sized_model). */
+static void test_q4_link_bytes(void) {
+    static const opt_config c = {"q4link", 2, 64, 4, 256, 300, 64, 64, 1};
+    enum { N = 2, LEN = 5, STEPS = 3 };
+    int a[LEN] = {2, 10, 11, 12, 13}, b[LEN] = {2, 20, 21, 22, 23}, *prompts[N] = {a, b}, lens[N] = {LEN, LEN};
+    static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {50, 50, 100, 0, 100, 0}};
+    for (int k = 0; k < 2; k++) {
+        fg_policy p = policy(N, 1, placements[k], 0, 0);
+        p.compress_weight = 1;
+        fg_runtime *rt;
+        fg_model *m = cuda_sized_model(&p, &c, &rt);
+        gen_options opt = {.gen_len = STEPS, .top_p = 1};
+        int tokens[N * STEPS];
+        gen_timing t;
+        char err[FG_ERR_LEN] = "";
+        CU_ASSERT_EQUAL_FATAL(generate(m, &opt, N, prompts, lens, tokens, NULL, &t, err), 0);
+        double stored[N_TIERS], cpu_loads = 0; /* a tied lm_head goes again from the embedding's home */
+        fg_stats st;
+        weight_stored_bytes(m, stored);
+        for (int i = 0; i < m->layout.n_tensors; i++) cpu_loads += m->homes[i].tier == TIER_CPU ? m->homes[i].bytes : 0;
+        fg_runtime_stats(rt, &st);
+        EXPECT(stored[TIER_GPU] > 0 && st.link_bytes[LINK_CPU_TO_GPU] == STEPS * cpu_loads,
+               "4-bit weights %d%% on gpu, %d%% on cpu (%.0f and %.0f bytes), %d steps: expected %.0f cpu->gpu "
+               "bytes, got %.0f", placements[k].wg, placements[k].wc, stored[TIER_GPU], stored[TIER_CPU], STEPS,
+               STEPS * cpu_loads, st.link_bytes[LINK_CPU_TO_GPU]);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+}
+
 /* fg_check_plan's verdict for a capacity of one tier. */
 static int plan_fits(const fixture_prompts *f, fg_policy p, fg_tier t, double bytes) {
     char err[FG_ERR_LEN];
@@ -633,4 +665,6 @@ void add_runtime_tests(void) {
                 test_memory_model_cuda_sizes);
     CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
                 test_cuda_sizes);
+    CU_add_test(s, "4-bit weights held on the gpu tier cross no link (CUDA's staging, on the CPU)",
+                test_q4_link_bytes);
 }
