@@ -242,7 +242,7 @@ typedef struct {
     int gen_len;
     float temperature, top_p;
     uint64_t seed;
-    int stop_at_eos, verbose;
+    int stop_at_eos, verbose, first_prompt; /* first_prompt: prompt 0's place in the job (sampling) */
     const int *forced;    /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
 } gen_options;

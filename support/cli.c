@@ -29,6 +29,9 @@
 
 typedef struct {
     const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *trace;
+    const char *output;  /* --output: the job's records, appended as rounds finish (jobs.c) */
+    int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
+    int job_finished;    /* --resume found every prompt's record in --output */
     const char *hw;      /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
@@ -66,7 +69,9 @@ static void usage(FILE *out) {
 "                          special-token files beside vocab.json are read too\n"
 "prompts (synthetic ones of --prompt-len tokens when none are given)\n"
 "  --prompt TEXT           a prompt (repeatable); needs a tokenizer; BOS is prepended\n"
-"  --prompt-file F         one prompt a line; needs a tokenizer; BOS is prepended\n"
+"  --prompt-file F         one prompt a line; needs a tokenizer; BOS is prepended. F.jsonl:\n"
+"                          a JSON object a line, {\"prompt\": TEXT} or {\"prompt_ids\": [...]},\n"
+"                          each with an optional \"id\" (the line number when absent)\n"
 "  --prompt-ids F          one prompt a line, space-separated token ids, used as given\n"
 "  --prompt-len N          length of synthetic prompts [512]\n"
 "generation\n"
@@ -136,6 +141,12 @@ static void usage(FILE *out) {
 "  --compare F             print the share of positions whose most likely token is the one\n"
 "                          in F (another run's --predictions): top-1 agreement\n"
 "output\n"
+"  --output F.jsonl        a batch job: a JSON record a prompt (id, prompt, completion, tokens,\n"
+"                          stop: eos or length) appended as each round of blocks finishes and\n"
+"                          flushed to disk, after a first line naming the job; a progress line\n"
+"                          on stderr; an existing F is refused without --resume\n"
+"  --resume                finish the job of --output F: prompts with a record there are skipped\n"
+"                          (F must come from this model, prompt file and generation flags)\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
 "                          token was chosen from, in prompt order\n"
 "  --trace F               a Chrome trace (load it in Perfetto): one track per thread\n"
@@ -209,7 +220,7 @@ static int is_value_flag(const char *f) {
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
         "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
         "--policy", "--hw", "--max-latency", "--device", "--text", "--window", "--stride",
-        "--predictions", "--compare"};
+        "--predictions", "--compare", "--output"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
     return 0;
@@ -231,7 +242,8 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
         else if (!strcmp(f, "--json")) a->json = 1, takes_value = 0;
         else if (!strcmp(f, "--stop-at-eos")) a->gen.stop_at_eos = 1, takes_value = 0;
-        else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, takes_value = 0;
+        else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, a->quiet = 1, takes_value = 0;
+        else if (!strcmp(f, "--resume")) a->resume = 1, takes_value = 0;
         else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
@@ -252,6 +264,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--prompt-file")) a->prompt_file = v;
         else if (!strcmp(f, "--prompt-ids")) a->prompt_ids = v;
         else if (!strcmp(f, "--dump-logits")) a->dump_logits = v;
+        else if (!strcmp(f, "--output")) a->output = v;
         else if (!strcmp(f, "--trace")) a->trace = v, p->trace = 1;
         else if (!strcmp(f, "--vocab")) a->vocab = v;
         else if (!strcmp(f, "--merges")) a->merges = v;
@@ -301,6 +314,8 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     a->policy.verbose = a->gen.verbose;
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
+    if (a->resume && !a->output) return fg_fail(err, "--resume: finishes the job of --output F; give it");
+    if (a->output && a->dump_logits) return fg_fail(err, "--output and --dump-logits: give one of them");
     if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
         return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
                     (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
@@ -309,45 +324,76 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
 
 /* ---- prompts ---- */
 
+/* The prompts, and for a job's records (rank 0) each one's id (JSON text) and text as given
+ * (NULL: given as ids); index: its place in the prompt file (a resumed job skips some). */
 typedef struct {
     int n, cap;
     int **ids;
-    int *lens;
+    int *lens, *index;
+    char **record_ids, **texts;
 } prompt_set;
 
 static void prompts_free(prompt_set *p) {
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
-    free(p->ids);
-    free(p->lens);
+    for (int i = 0; i < p->n; i++) free(p->ids[i]), free(p->record_ids[i]), free(p->texts[i]);
+    free(p->ids), free(p->lens), free(p->index), free(p->record_ids), free(p->texts);
     memset(p, 0, sizeof *p);
 }
 
-static int prompts_add(prompt_set *p, int *ids, int len, char *err) {
+/* Takes ids, id and text (id and text may be NULL), as prompt p->n of the file. */
+static int prompts_add_record(prompt_set *p, int *ids, int len, char *id, char *text, char *err) {
     if (p->n == p->cap) {
-        int cap = p->cap * 2 + 8;
-        int **ni = realloc(p->ids, (size_t)cap * sizeof *ni);
-        if (ni) p->ids = ni;
-        int *nl = ni ? realloc(p->lens, (size_t)cap * sizeof *nl) : NULL;
-        if (!nl) { free(ids); return fg_fail(err, "out of memory"); }
-        p->lens = nl;
+        int cap = p->cap * 2 + 8, ok = 1;
+        void **arrays[5] = {(void **)&p->ids, (void **)&p->lens, (void **)&p->index, (void **)&p->record_ids,
+                            (void **)&p->texts};
+        size_t sizes[5] = {sizeof *p->ids, sizeof *p->lens, sizeof *p->index, sizeof *p->record_ids, sizeof *p->texts};
+        for (int k = 0; k < 5 && ok; k++) {
+            void *grown = realloc(*arrays[k], (size_t)cap * sizes[k]);
+            if (grown) *arrays[k] = grown;
+            ok = grown != NULL;
+        }
+        if (!ok) { free(ids), free(id), free(text); return fg_fail(err, "out of memory"); }
         p->cap = cap;
     }
-    p->ids[p->n] = ids;
-    p->lens[p->n++] = len;
+    p->ids[p->n] = ids, p->lens[p->n] = len, p->index[p->n] = p->n, p->record_ids[p->n] = id, p->texts[p->n] = text;
+    p->n++;
     return 0;
 }
 
-/* BOS + the text's tokens. */
+static int prompts_add(prompt_set *p, int *ids, int len, char *err) {
+    return prompts_add_record(p, ids, len, NULL, NULL, err);
+}
+
+/* BOS + the text's tokens; the record keeps the text (valid UTF-8) and its number as its id. */
 static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len,
                            char *err) {
     int *ids, n;
     if (tokenizer_encode(tok, text, len, &ids, &n, err)) return -1;
     int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos);
-    if (!with_bos) { free(ids); return fg_fail(err, "out of memory"); }
+    char *clean = utf8_replace_invalid(text, len, NULL), *id = malloc(16);
+    if (!with_bos || !clean || !id) { free(ids), free(with_bos), free(clean), free(id); return fg_fail(err, "out of memory"); }
     with_bos[0] = OPT_BOS_ID;
     memcpy(with_bos + 1, ids, (size_t)n * sizeof *ids);
     free(ids);
-    return prompts_add(p, with_bos, n + 1, err);
+    snprintf(id, 16, "%d", p->n + 1);
+    return prompts_add_record(p, with_bos, n + 1, id, clean, err);
+}
+
+static int is_jsonl(const char *path) {
+    size_t n = strlen(path);
+    return n > 6 && !strcmp(path + n - 6, ".jsonl");
+}
+
+/* A JSONL line's prompt, its id and its text (jobs.c parses it). */
+static int add_jsonl_prompt(prompt_set *p, const char *path, int line_no, const char *line,
+                            const fg_tokenizer *tok, int vocab, char *err) {
+    int *ids, n;
+    char *id;
+    if (jsonl_prompt(path, line_no, line, tok, vocab, &ids, &n, &id, err)) return -1;
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    char *copy = cJSON_IsString(text) ? strdup(text->valuestring) : NULL;
+    cJSON_Delete(o);
+    return prompts_add_record(p, ids, n, id, copy, err);
 }
 
 static int parse_id_line(const char *path, int line_no, char *line, int vocab, int **out, int *n,
@@ -383,14 +429,15 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
     return 0;
 }
 
-/* Reads one prompt a line from path: token ids (tok == NULL) or text. A NUL byte ends no line:
- * it is refused, as it could only be a damaged or binary file. */
+/* Reads one prompt a line from path: token ids (tok == NULL), text, or (a name ending in .jsonl)
+ * JSON objects, whose blank lines are skipped. A NUL byte ends no line: it is refused, as it
+ * could only be a damaged or binary file. */
 static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
                              char *err) {
     size_t size;
     char *text = fg_read_file(path, &size, err);
     if (!text) return -1;
-    int line_no = 0, rc = 0;
+    int line_no = 0, rc = 0, jsonl = is_jsonl(path);
     for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
         end = memchr(line, '\n', (size_t)(text + size - line));
         if (!end) end = text + size;
@@ -399,12 +446,17 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
         line_no++;
         if (memchr(line, 0, len)) {
             rc = fg_fail(err, "%s line %d: a NUL byte inside the line", path, line_no);
+        } else if (jsonl) {
+            rc = strspn(line, " \t\r") == len ? 0 : add_jsonl_prompt(p, path, line_no, line, tok, vocab, err);
         } else if (tok) {
             rc = add_text_prompt(p, tok, line, len, err);
         } else {
             int *ids = NULL, n = 0;
-            rc = parse_id_line(path, line_no, line, vocab, &ids, &n, err);
-            if (rc == 0) rc = prompts_add(p, ids, n, err);
+            char *id = malloc(16);
+            if (id) snprintf(id, 16, "%d", line_no);
+            rc = id ? parse_id_line(path, line_no, line, vocab, &ids, &n, err) : fg_fail(err, "out of memory");
+            if (rc == 0) rc = prompts_add_record(p, ids, n, id, NULL, err);
+            else free(id);
         }
     }
     free(text);
@@ -451,7 +503,7 @@ static int open_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
 
 static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
                           char *err) {
-    if ((a->n_prompt_texts || a->prompt_file) && !tok)
+    if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
         return fg_fail(err, "%s needs a tokenizer: give --vocab and --merges, or a model directory "
                          "holding vocab.json and merges.txt", a->prompt_file ? "--prompt-file" : "--prompt");
     if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
@@ -485,31 +537,13 @@ static int dump_logits(const char *path, const float *logits, size_t n, char *er
     return fg_output_commit(&o, err);
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is not one (Unicode's "maximal
- * subpart" rule, which Python's errors="replace" follows: *bad is how many bytes one U+FFFD
- * replaces). */
-static int utf8_sequence(const unsigned char *s, size_t n, int *bad) {
-    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
-    int need = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-    int k = 0;
-    while (k < need && (size_t)k + 1 < n && s[k + 1] >= (k ? 0x80 : lo) && s[k + 1] <= (k ? 0xbf : hi)) k++;
-    *bad = k + 1;
-    return need && k == need ? need + 1 : 0;
-}
-
 /* Writes decoded bytes as text: invalid UTF-8 (a token can end mid-character) becomes U+FFFD,
  * as in HF's tokenizer.decode. */
 static void print_utf8(const char *text, size_t len) {
-    const unsigned char *s = (const unsigned char *)text;
-    for (size_t i = 0; i < len;) {
-        int bad, ok = s[i] < 0x80 ? 1 : utf8_sequence(s + i, len - i, &bad);
-        if (ok) fwrite(s + i, 1, (size_t)ok, stdout), i += (size_t)ok;
-        else fputs("\xef\xbf\xbd", stdout), i += (size_t)bad;
-    }
+    size_t n;
+    char *clean = utf8_replace_invalid(text, len, &n);
+    if (clean) fwrite(clean, 1, n, stdout);
+    free(clean);
 }
 
 /* "[i] prompt + generated text" for each prompt; with --stop-at-eos the text ends before </s>. */
@@ -723,6 +757,7 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
         if (!ids) rc = fg_fail(err, "out of memory");
         else memcpy(ids, flat + at, (size_t)lens[i] * sizeof *ids), rc = prompts_add(p, ids, lens[i], err);
     }
+    if (rc == 0 && n) fg_pipe_bcast(pipe, p->index, (size_t)n * sizeof *p->index); /* sampling's seeds */
     if (fg_pipe_rank(pipe)) free(lens);
     free(flat);
     return rc;
@@ -825,15 +860,124 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     return 0;
 }
 
+static int by_string(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* --output (rank 0): checked, and with --resume the prompts it holds records of are dropped
+ * (their place in the file stays in p->index). Two prompts with one id are refused. */
+static int open_job_output(const cli_args *a, prompt_set *p, job_output *out, char *err) {
+    for (int i = 0; i < p->n; i++) /* --prompt texts and synthetic prompts: numbered in order */
+        if (!p->record_ids[i] && (p->record_ids[i] = malloc(16))) snprintf(p->record_ids[i], 16, "%d", i + 1);
+        else if (!p->record_ids[i]) return fg_fail(err, "out of memory");
+    char **sorted = malloc((size_t)p->n * sizeof *sorted);
+    if (!sorted) return fg_fail(err, "out of memory");
+    memcpy(sorted, p->record_ids, (size_t)p->n * sizeof *sorted);
+    qsort(sorted, (size_t)p->n, sizeof *sorted, by_string);
+    for (int i = 1; i < p->n; i++)
+        if (!strcmp(sorted[i], sorted[i - 1])) {
+            char repeated[64];
+            snprintf(repeated, sizeof repeated, "%.60s", sorted[i]);
+            free(sorted);
+            return fg_fail(err, "%s: the id %s is given to two prompts; a record names its prompt by id",
+                           a->prompt_file ? a->prompt_file : "the prompts", repeated);
+        }
+    free(sorted);
+    const char *file = a->prompt_file ? a->prompt_file : a->prompt_ids;
+    char *header = job_header(a->model, file, p->n, &a->gen, &a->policy);
+    if (!header) return fg_fail(err, "out of memory");
+    if (job_output_open(out, a->output, header, a->resume, err)) return -1;
+    int kept = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (job_output_done(out, p->record_ids[i])) {
+            free(p->ids[i]), free(p->record_ids[i]), free(p->texts[i]);
+            continue;
+        }
+        p->ids[kept] = p->ids[i], p->lens[kept] = p->lens[i], p->index[kept] = p->index[i];
+        p->record_ids[kept] = p->record_ids[i], p->texts[kept] = p->texts[i], kept++;
+    }
+    if (out->n_done && !a->quiet)
+        fprintf(stderr, "job: %d of %d prompts already in %s; resuming\n", p->n - kept, p->n, a->output);
+    p->n = kept;
+    return 0;
+}
+
+/* Prompts first .. first + count - 1's records, in one write (rank 0). */
+static int append_records(const cli_args *a, const prompt_set *p, const fg_tokenizer *tok, const int *tokens,
+                          int first, int count, job_output *out, char *err) {
+    size_t len = 0, cap = 0;
+    char *lines = NULL;
+    int rc = 0;
+    for (int i = first; i < first + count && rc == 0; i++) {
+        char *r = job_record(p->record_ids[i], p->texts[i], p->ids[i], p->lens[i],
+                             tokens + (size_t)i * a->gen.gen_len, a->gen.gen_len, a->gen.stop_at_eos, tok);
+        size_t n = r ? strlen(r) : 0;
+        if (r && len + n + 1 > cap) {
+            char *grown = realloc(lines, cap = 2 * (len + n + 1));
+            if (grown) lines = grown;
+            else free(r), r = NULL;
+        }
+        if (!r) rc = fg_fail(err, "out of memory");
+        else memcpy(lines + len, r, n), len += n, free(r);
+    }
+    if (rc == 0) rc = job_output_append(out, lines, len, err);
+    free(lines);
+    return rc;
+}
+
+static void add_timing(gen_timing *sum, const gen_timing *t) {
+    sum->prefill_latency += t->prefill_latency, sum->decode_latency += t->decode_latency;
+    sum->prefill_tokens += t->prefill_tokens, sum->decode_tokens += t->decode_tokens;
+    sum->compute_seconds += t->compute_seconds, sum->bubble_seconds += t->bubble_seconds;
+    sum->disk_read_seconds += t->disk_read_seconds;
+}
+
+/* "job: 120 of 1000 prompts, 35.2 token/s, about 0:12:31 left": a line a round, rewritten in
+ * place on a terminal. */
+static void job_progress(int done, int total, double tokens, double seconds, int done_here) {
+    double left = seconds / done_here * (total - done);
+    int tty = isatty(2);
+    fprintf(stderr, "%sjob: %d of %d prompts, %.1f token/s, about %d:%02d:%02d left%s", tty ? "\r" : "", done,
+            total, seconds > 0 ? tokens / seconds : 0, (int)(left / 3600), (int)(left / 60) % 60, (int)left % 60,
+            tty && done < total ? "" : "\n");
+}
+
+/* --output: a round at a time (a block for each stage: what generate() runs together, §4.4),
+ * each round's records appended before the next starts. A round's prompts are the file's in
+ * order, and generate() is told where they start, so a resumed job samples as an unbroken one. */
+static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p, const fg_tokenizer *tok,
+                      job_output *out, int *tokens, gen_timing *t, char *err) {
+    int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe);
+    double start = now_seconds();
+    memset(t, 0, sizeof *t);
+    for (int first = 0; first < p->n; first += round) {
+        int count = p->n - first < round ? p->n - first : round, rc = 0;
+        gen_options opt = a->gen;
+        opt.first_prompt = p->index[first];
+        gen_timing this_round;
+        if (generate(m, &opt, count, p->ids + first, p->lens + first, tokens + (size_t)first * a->gen.gen_len,
+                     NULL, &this_round, err))
+            return -1;
+        add_timing(t, &this_round);
+        if (fg_pipe_rank(pipe) == 0) rc = append_records(a, p, tok, tokens, first, count, out, err);
+        if (fg_pipe_agree(pipe, rc, err)) return -1;
+        if (fg_pipe_rank(pipe) == 0 && !a->quiet)
+            job_progress(out->n_done + first + count, out->n_done + p->n, (double)(t->prefill_tokens + t->decode_tokens),
+                         now_seconds() - start, first + count);
+    }
+    return 0;
+}
+
 /* The prompts of the job on every stage: read (and tokenized) by rank 0, or synthetic ones to
  * fill the block that --policy auto chooses for each stage. */
 static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tokenizer **tok,
-                       prompt_set *p, char *err) {
+                       prompt_set *p, job_output *out, char *err) {
     int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe), rc = 0;
     if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
+    if (rc == 0 && rank == 0 && a->output) rc = open_job_output(a, p, out, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
-    int given[2] = {p->n, longest_prompt(p)}; /* n 0: synthetic prompts, once the block is known */
+    int given[3] = {p->n, longest_prompt(p), a->output && p->n == 0}; /* n 0: synthetic prompts, once the
+                                                                         block is known, or a finished job */
     fg_pipe_bcast(pipe, given, sizeof given);
+    if ((a->job_finished = given[2])) return 0;
     if (a->auto_policy &&
         plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given[1], err))
         return -1;
@@ -881,7 +1025,7 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, co
     if (rank == 0) {
         if (a->dump_logits) rc = dump_logits(a->dump_logits, logits, n_logits, err);
         if (rc == 0 && a->trace) rc = fg_trace_write_events(a->trace, trace, err);
-        if (rc == 0 && tok && !a->json) print_texts(tok, p, tokens, &a->gen);
+        if (rc == 0 && tok && !a->json && !a->output) print_texts(tok, p, tokens, &a->gen);
         fg_stats st;
         t->compute_seconds = t->disk_read_seconds = 0;
         combine_stages(all, stages, &st, t);
@@ -902,6 +1046,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     stage_report *all = NULL;
     gen_timing t;
     opt_config cfg;
+    job_output job = {.fd = -1};
     a->policy.stage = rank, a->policy.n_stages = stages;
     if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
     if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
@@ -914,8 +1059,15 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
         rc = model_config(a->model, &cfg, err);
         if (rc == 0) rc = check_lengths(a, &cfg, err);
     }
-    if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, err) ||
-        open_stage(a, pipe, &p, &rt, &m, err)) {
+    if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, &job, err)) {
+        rc = -1;
+        goto out;
+    }
+    if (a->job_finished) { /* --resume of a job whose every prompt has its record */
+        if (rank == 0 && !a->quiet) fprintf(stderr, "job: every prompt has its record in %s\n", a->output);
+        goto out;
+    }
+    if (open_stage(a, pipe, &p, &rt, &m, err)) {
         rc = -1;
         goto out;
     }
@@ -924,7 +1076,9 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (keeps_logits) logits = malloc((size_t)p.n * a->gen.gen_len * cfg.vocab * sizeof *logits);
     all = calloc((size_t)stages, sizeof *all);
     rc = !tokens || (keeps_logits && !logits) || !all ? fg_fail(err, "out of memory") : 0;
-    if (fg_pipe_agree(pipe, rc, err) || generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err)) {
+    if (fg_pipe_agree(pipe, rc, err) ||
+        (a->output ? run_rounds(a, pipe, m, &p, tok, &job, tokens, &t, err)
+                   : generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err))) {
         rc = -1;
         goto out;
     }
@@ -937,6 +1091,7 @@ out:
     free(tokens);
     free(logits);
     free(all);
+    job_output_close(&job);
     return rc;
 }
 

@@ -154,4 +154,34 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
  * `device`, with a 1 GiB file in offload_dir for the disk; progress on stderr when verbose. */
 int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err);
 
+/* ------------------------------------------------------------------------------------------
+ * Batch jobs (jobs.c): prompts in JSONL, records appended to --output as rounds finish, --resume.
+ * ------------------------------------------------------------------------------------------ */
+/* text's bytes with invalid UTF-8 replaced by U+FFFD (malloc'd, NUL-terminated; *out_len its bytes). */
+char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len);
+/* One line of a JSONL prompt file: *ids (malloc'd, *n of them: BOS and the text's tokens, or
+ * "prompt_ids" as given) and *id, the record's id as JSON text (malloc'd). */
+int jsonl_prompt(const char *path, int line_no, const char *line, const fg_tokenizer *tok, int vocab,
+                 int **ids, int *n, char **id, char *err);
+/* The output's first line, which names the job (malloc'd). */
+char *job_header(const char *model, const char *prompt_file, int n_prompts, const gen_options *g,
+                 const fg_policy *p);
+typedef struct {
+    const char *path;
+    char *header;      /* this job's first line (owned) */
+    int fd;            /* -1 until the first round is written */
+    int exists;        /* the output held records of this job when opened (--resume) */
+    int n_done;
+    char **done;       /* the ids already in the output, sorted */
+} job_output;
+/* Checks path as this job's output (header: taken over); with resume, an existing output must be
+ * this job's, and its records' ids become the done ones. Nothing is written here. */
+int job_output_open(job_output *o, const char *path, char *header, int resume, char *err);
+int job_output_done(const job_output *o, const char *id);
+/* Whole lines appended in one write and flushed to the disk; the first carries the header. */
+int job_output_append(job_output *o, const char *lines, size_t len, char *err);
+void job_output_close(job_output *o);
+char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,
+                 int gen_len, int stop_at_eos, const fg_tokenizer *tok);
+
 #endif

@@ -633,6 +633,192 @@ static void test_damaged_weight_file(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Batch jobs: JSONL prompts, --output records, --resume
+ * --------------------------------------------------------------------------------------------- */
+
+static int count_char(const char *s, char c) {
+    int n = 0;
+    for (; s && *s; s++) n += *s == c;
+    return n;
+}
+
+/* Each line of a file a whole JSON object (the records of an output). */
+static int whole_lines(const char *text) {
+    int ok = 1;
+    for (const char *l = text; ok && l && *l;) {
+        const char *end = strchr(l, '\n');
+        if (!end) return 0;
+        char *line = strndup(l, (size_t)(end - l));
+        cJSON *o = cJSON_Parse(line);
+        ok = cJSON_IsObject(o);
+        cJSON_Delete(o);
+        free(line);
+        l = end + 1;
+    }
+    return ok;
+}
+
+/* --prompt-file F.jsonl with text, ids and ids of their own; --output: a header line, then a record
+ * a prompt in order, whose completion and tokens are those a run without --output prints, greedy
+ * and sampled (each prompt draws from its own place in the file, whatever round it is in). */
+static void test_job_output(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    write_text(prompts, "{\"prompt\": \"In the beginning God created\", \"id\": \"gen-1\"}\n"
+                        "{\"prompt_ids\": [2, 133, 1040, 9]}\n\n"
+                        "{\"prompt\": \"And the LORD said unto Moses\", \"id\": 7}\n"
+                        "{\"prompt\": \"Blessed are the meek\"}\n{\"prompt\": \"Let there be\"}\n");
+    static const char *const ids[] = {"\"gen-1\"", "2", "7", "5", "6"};
+    for (int sampled = 0; sampled < 2; sampled++) {
+        const char *t = sampled ? "0.8" : "0";
+        char *out, *err, *plain, *perr;
+        unlink(output);
+        int rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "6",
+                                  "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--temperature", t, "--seed", "3",
+                                  "--quiet"), NULL, &out, &err);
+        CU_ASSERT_EQUAL(rc, 0);
+        free(out), free(err);
+        rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6", "--gpu-batch-size", "5",
+                              "--temperature", t, "--seed", "3", "--quiet"), NULL, &plain, &perr);
+        CU_ASSERT_EQUAL(rc, 0);
+        char *records = slurp(output, NULL);
+        CU_ASSERT_FATAL(records != NULL);
+        EXPECT(whole_lines(records) && count_char(records, '\n') == 6 && strstr(records, "{\"flexgen_job\":") == records,
+               "--output: expected a job line and 5 records, got:\n%s", records);
+        const char *line = strchr(records, '\n') + 1;
+        for (int i = 0; i < 5 && line; i++, line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+            char *copy = strndup(line, (size_t)(strchr(line, '\n') - line)), want_id[16];
+            cJSON *r = cJSON_Parse(copy);
+            char *id = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "id"));
+            const cJSON *completion = cJSON_GetObjectItem(r, "completion"), *tokens = cJSON_GetObjectItem(r, "tokens");
+            const char *stop = cJSON_GetStringValue(cJSON_GetObjectItem(r, "stop"));
+            char next[24]; /* the plain run's text of prompt i + 1 ends with the completion */
+            snprintf(want_id, sizeof want_id, "[%d] ", i + 1);
+            snprintf(next, sizeof next, i < 4 ? "\n[%d] " : "\nmodel size:", i + 2);
+            const char *printed = strstr(plain, want_id), *end = printed ? strstr(printed, next) : NULL;
+            size_t clen = cJSON_IsString(completion) ? strlen(completion->valuestring) : 0;
+            int same = printed && end && clen > 0 && (size_t)(end - printed) > clen &&
+                       !strncmp(end - clen, completion->valuestring, clen);
+            EXPECT(id && !strcmp(id, ids[i]) && cJSON_GetArraySize(tokens) == 6 && stop && !strcmp(stop, "length") &&
+                   same && (i != 1 || cJSON_GetObjectItem(r, "prompt_ids")) && (i == 1 || cJSON_GetObjectItem(r, "prompt")),
+                   "%s record %d: expected id %s, 6 tokens, stop length, and the completion the plain run prints; "
+                   "got %s (plain run: %.*s)", sampled ? "sampled" : "greedy", i + 1, ids[i], copy,
+                   printed && end ? (int)(end - printed) : 0, printed ? printed : "");
+            free(id), free(copy);
+            cJSON_Delete(r);
+        }
+        free(records), free(plain), free(perr);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A job killed (SIGKILL) while it runs leaves whole records; --resume finishes it, and the output
+ * is byte for byte the output of a run never stopped. A last line cut short (a write the crash
+ * interrupted) is dropped before the rest is appended. */
+static void test_job_resume_after_kill(void) {
+    enum { PROMPTS = 60 };
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], killed[4200], text[PROMPTS * 120];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(killed, sizeof killed, "%s", join(dir, "killed.jsonl"));
+    size_t at = 0;
+    for (int i = 0; i < PROMPTS; i++) { /* ids out of order, lengths 3 to 9 */
+        at += (size_t)snprintf(text + at, sizeof text - at, "{\"id\": \"q%02d\", \"prompt_ids\": [2", (i * 7) % PROMPTS);
+        for (int t = 0; t < 2 + i % 7; t++) at += (size_t)snprintf(text + at, sizeof text - at, ", %d", 3 + (i * 31 + t * 17) % 900);
+        at += (size_t)snprintf(text + at, sizeof text - at, "]}\n");
+    }
+    write_text(prompts, text);
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "24",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--stop-at-eos", "--quiet", "--output", whole,
+                         NULL, NULL};
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    job[14] = killed;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    CU_ASSERT_EQUAL_FATAL(posix_spawn(&pid, job[0], &fa, NULL, (char *const *)job, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int lines = 0;
+    for (int tries = 0; tries < 60000 && lines < 3; tries++) { /* the job line and two records */
+        char *now = slurp(killed, NULL);
+        lines = count_char(now, '\n');
+        free(now);
+        if (lines < 3) usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    char *part = slurp(killed, NULL), *full = slurp(whole, NULL);
+    int kept = count_char(part, '\n');
+    EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part),
+           "killed mid-job: expected whole lines, fewer than all %d records; got %d lines, %s", PROMPTS, kept,
+           whole_lines(part) ? "all whole" : "not all whole");
+    job[15] = "--resume";
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    char *resumed = slurp(killed, NULL);
+    EXPECT(resumed && full && !strcmp(resumed, full), "killed after %d records and resumed: the output differs "
+           "from an uninterrupted run's", kept - 1);
+    /* a record cut short at the end: dropped, then the job finishes as before */
+    FILE *f = fopen(killed, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    const char *third = full;
+    for (int i = 0; i < 3; i++) third = strchr(third, '\n') + 1;
+    fwrite(full, 1, (size_t)(third - full), f);
+    fputs("{\"id\": \"q07\", \"prompt_i", f);
+    fclose(f);
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err), free(resumed);
+    resumed = slurp(killed, NULL);
+    EXPECT(resumed && !strcmp(resumed, full), "a cut last line and --resume: the output differs from an "
+           "uninterrupted run's");
+    free(resumed), free(part), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Bad jobs: one line, exit 2, and the output neither made nor changed. */
+static void test_job_bad_input(void) {
+    char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200], other[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(bad, sizeof bad, "%s", join(dir, "bad.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(other, sizeof other, "%s", join(dir, "other.jsonl"));
+    write_text(prompts, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 12]}\n");
+    write_text(bad, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 99999]}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 2", "prompt_ids");
+    write_text(bad, "{\"prompt_ids\": [2, 10]}\n\n{\"prompt\": \"x\"\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 3", "not a JSON object");
+    write_text(bad, "{\"prompt_ids\": [2, 10], \"id\": 1}\n{\"prompt_ids\": [2, 12], \"id\": 1}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 1 is given to two prompts");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dir), "--output", "not a regular file");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--resume"), "--resume", "--output");
+    EXPECT(dir_entries(dir) == 2, "refused jobs left %d files beside the two prompt files", dir_entries(dir) - 2);
+    char *out, *err; /* a finished job's output, then others' --resume against it */
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                                     "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    char *before = slurp(output, NULL);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3"), "--output",
+                "exists", "--resume");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-file", prompts, "--output", output, "--gen-len", "3", "--resume"),
+                "another job", "model");
+    write_text(other, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 13]}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", other, "--output", output, "--gen-len", "3", "--resume"),
+                "another job", "prompt_file");
+    char *after = slurp(output, NULL);
+    EXPECT(before && after && !strcmp(before, after), "refused jobs changed %s", output);
+    free(before), free(after);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Good runs
  * --------------------------------------------------------------------------------------------- */
 
@@ -1486,4 +1672,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);
+    CU_add_test(s, "a JSONL job: one record a prompt, as a plain run generates", test_job_output);
+    CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
+    CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
 }
