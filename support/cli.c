@@ -1380,6 +1380,21 @@ int flexgen_main(int argc, char **argv) {
 }
 
 #ifndef FLEXGEN_NO_MAIN
-int main(int argc, char **argv) { return flexgen_main(argc, argv); }
+/* OpenMP threads that wait for work spin before they sleep, 300,000 rounds in libgomp. Beside
+ * another busy process on the cores that spinning takes the time its threads need: two runs at
+ * once each decoded at a tenth of their speed alone (BENCHMARKS.md, "Beside a busy neighbour").
+ * 1000 rounds, libgomp's own figure for more threads than cores, keeps the speed alone and about
+ * half of it beside a neighbour. libgomp reads GOMP_SPINCOUNT once, as it loads, so a run given
+ * neither it nor OMP_WAIT_POLICY starts itself again with it set (and runs on if it cannot). */
+static void short_openmp_spin(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    setenv("GOMP_SPINCOUNT", "1000", 1);
+    execv("/proc/self/exe", argv);
+}
+
+int main(int argc, char **argv) {
+    short_openmp_spin(argv);
+    return flexgen_main(argc, argv);
+}
 #endif
 
