@@ -1578,7 +1578,8 @@ static void sample_tokens(block *bl, const gen_options *opt, int step, int first
             continue;
         }
         fg_rng rng;
-        rng_seed(&rng, opt->seed ^ (((uint64_t)(p + opt->first_prompt) << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
+        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
+        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
         bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
     }
 }

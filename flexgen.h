@@ -216,8 +216,7 @@ const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where th
 #define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
 #define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
 #define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20)) /* 3 copying threads, 2 pinned 8 MiB each */
-/* Prefill runs a layer on chunks of FG_CHUNK_ROWS token rows at most (fg_workspace_rows). */
-#define FG_CHUNK_ROWS 2048
+#define FG_CHUNK_ROWS 2048 /* prefill runs a layer on chunks of this many token rows at most */
 size_t fg_workspace_rows(int gbs, int max_prompt);
 
 /* ---- A run (flexgen.c, §4.1, §4.2) ---- */
@@ -242,7 +241,8 @@ typedef struct {
     int gen_len;
     float temperature, top_p;
     uint64_t seed;
-    int stop_at_eos, verbose, first_prompt; /* first_prompt: prompt 0's place in the job (sampling) */
+    int stop_at_eos, verbose;
+    const int *index;     /* NULL, or [n_prompts]: each prompt's place in the job (sampling's seed) */
     const int *forced;    /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
 } gen_options;

@@ -142,9 +142,10 @@ static void usage(FILE *out) {
 "                          in F (another run's --predictions): top-1 agreement\n"
 "output\n"
 "  --output F.jsonl        a batch job: a JSON record a prompt (id, prompt, completion, tokens,\n"
-"                          stop: eos or length) appended as each round of blocks finishes and\n"
-"                          flushed to disk, after a first line naming the job; a progress line\n"
-"                          on stderr; an existing F is refused without --resume\n"
+"                          stop: eos or length) after a first line naming the job. Prompts run\n"
+"                          in windows of 8 rounds of blocks, longest first (less padding); a\n"
+"                          window's records are appended in file order, flushed to disk. A\n"
+"                          progress line on stderr; an existing F is refused without --resume\n"
 "  --resume                finish the job of --output F: prompts with a record there are skipped\n"
 "                          (F must come from this model, prompt file and generation flags)\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
@@ -639,6 +640,10 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "disk_read_seconds", t->disk_read_seconds);
         cJSON_AddNumberToObject(o, "prefill_latency", t->prefill_latency);
         cJSON_AddNumberToObject(o, "prefill_throughput", prefill_tp);
+        long prompt_tokens = 0; /* the prompts' own tokens; prefill computes them and their padding */
+        for (int i = 0; i < p->n; i++) prompt_tokens += p->lens[i];
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens);
+        cJSON_AddNumberToObject(o, "prefill_tokens", (double)t->prefill_tokens);
         cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
         cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
         cJSON_AddNumberToObject(o, "total_latency", total);
@@ -930,8 +935,8 @@ static void add_timing(gen_timing *sum, const gen_timing *t) {
     sum->disk_read_seconds += t->disk_read_seconds;
 }
 
-/* "job: 120 of 1000 prompts, 35.2 token/s, about 0:12:31 left": a line a round, rewritten in
- * place on a terminal. */
+/* "job: 120 of 1000 prompts, 35.2 token/s, about 0:12:31 left": a line a window of rounds,
+ * rewritten in place on a terminal. */
 static void job_progress(int done, int total, double tokens, double seconds, int done_here) {
     double left = seconds / done_here * (total - done);
     int tty = isatty(2);
@@ -940,30 +945,55 @@ static void job_progress(int done, int total, double tokens, double seconds, int
             tty && done < total ? "" : "\n");
 }
 
-/* --output: a round at a time (a block for each stage: what generate() runs together, §4.4),
- * each round's records appended before the next starts. A round's prompts are the file's in
- * order, and generate() is told where they start, so a resumed job samples as an unbroken one. */
+/* A window's prompts, longest first (ties in file order): rounds of similar lengths pad less. */
+static const prompt_set *sort_set;
+static int by_length(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return sort_set->lens[x] != sort_set->lens[y] ? sort_set->lens[y] - sort_set->lens[x] : x - y;
+}
+
+/* --output: the prompts in windows of JOB_WINDOW rounds, in file order. A window's prompts run
+ * longest first, a round at a time (a block for each stage: what one generate() takes, §4.4), so
+ * that a round's prompts have similar lengths and little padding; its records are appended in
+ * file order, in one write, once the window is done. A crash loses at most the window in flight,
+ * and --resume forms the same windows from the prompts left, so it computes what an unbroken run
+ * would: sampling draws by each prompt's place in the file. */
+enum { JOB_WINDOW = 8 };
 static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p, const fg_tokenizer *tok,
                       job_output *out, int *tokens, gen_timing *t, char *err) {
-    int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe);
+    int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe), G = a->gen.gen_len;
+    int window = round * JOB_WINDOW, rc = 0;
+    int *order = malloc((size_t)window * sizeof *order), *index = malloc((size_t)round * sizeof *index);
+    int **ids = malloc((size_t)round * sizeof *ids), *lens = malloc((size_t)round * sizeof *lens);
+    int *got = malloc((size_t)round * G * sizeof *got);
     double start = now_seconds();
     memset(t, 0, sizeof *t);
-    for (int first = 0; first < p->n; first += round) {
-        int count = p->n - first < round ? p->n - first : round, rc = 0;
-        gen_options opt = a->gen;
-        opt.first_prompt = p->index[first];
-        gen_timing this_round;
-        if (generate(m, &opt, count, p->ids + first, p->lens + first, tokens + (size_t)first * a->gen.gen_len,
-                     NULL, &this_round, err))
-            return -1;
-        add_timing(t, &this_round);
-        if (fg_pipe_rank(pipe) == 0) rc = append_records(a, p, tok, tokens, first, count, out, err);
-        if (fg_pipe_agree(pipe, rc, err)) return -1;
-        if (fg_pipe_rank(pipe) == 0 && !a->quiet)
-            job_progress(out->n_done + first + count, out->n_done + p->n, (double)(t->prefill_tokens + t->decode_tokens),
-                         now_seconds() - start, first + count);
+    if (!order || !index || !ids || !lens || !got) rc = fg_fail(err, "out of memory");
+    for (int w0 = 0; rc == 0 && w0 < p->n; w0 += window) {
+        int in_window = p->n - w0 < window ? p->n - w0 : window;
+        for (int i = 0; i < in_window; i++) order[i] = w0 + i;
+        sort_set = p;
+        qsort(order, (size_t)in_window, sizeof *order, by_length);
+        for (int r0 = 0; rc == 0 && r0 < in_window; r0 += round) {
+            int count = in_window - r0 < round ? in_window - r0 : round;
+            for (int i = 0; i < count; i++)
+                ids[i] = p->ids[order[r0 + i]], lens[i] = p->lens[order[r0 + i]], index[i] = p->index[order[r0 + i]];
+            gen_options opt = a->gen;
+            opt.index = index;
+            gen_timing this_round;
+            if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err)) rc = -1;
+            for (int i = 0; rc == 0 && i < count; i++)
+                memcpy(tokens + (size_t)order[r0 + i] * G, got + (size_t)i * G, (size_t)G * sizeof *got);
+            if (rc == 0) add_timing(t, &this_round);
+        }
+        if (rc == 0 && fg_pipe_rank(pipe) == 0) rc = append_records(a, p, tok, tokens, w0, in_window, out, err);
+        if (fg_pipe_agree(pipe, rc, err)) rc = -1;
+        if (rc == 0 && fg_pipe_rank(pipe) == 0 && !a->quiet)
+            job_progress(out->n_done + w0 + in_window, out->n_done + p->n,
+                         (double)(t->prefill_tokens + t->decode_tokens), now_seconds() - start, w0 + in_window);
     }
-    return 0;
+    free(order), free(index), free(ids), free(lens), free(got);
+    return rc;
 }
 
 /* The prompts of the job on every stage: read (and tokenized) by rank 0, or synthetic ones to
@@ -1246,7 +1276,7 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
     int rc = memchr(text, 0, size) ? fg_fail(err, "--text %s: a NUL byte: not a text file", path)
                                    : add_text_prompt(&p, tok, text, size, err);
     free(text);
-    if (rc == 0) *ids = p.ids[0], *n = p.lens[0], p.n = 0;
+    if (rc == 0) *ids = p.ids[0], *n = p.lens[0], p.ids[0] = NULL; /* the rest is freed */
     prompts_free(&p);
     return rc;
 }

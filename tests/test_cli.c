@@ -714,6 +714,39 @@ static void test_job_output(void) {
     free(dir);
 }
 
+/* A job runs a window's prompts longest first, so that a GPU batch holds prompts of similar
+ * lengths: prompts of 40 and 4 tokens in turn, in GPU batches of 2, prefill 8 x 40 = 320 rows in
+ * file order (each batch padded to 40) and 4 x 40 + 4 x 4 = 176 as a job (--json's
+ * prefill_tokens; prompt_tokens, 176, are the prompts' own). */
+static void test_job_less_padding(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], text[4096] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    for (int i = 0; i < 8; i++) {
+        strcat(text, "{\"prompt_ids\": [2");
+        for (int t = 1; t < (i % 2 ? 4 : 40); t++) sprintf(text + strlen(text), ", %d", 3 + (i * 13 + t * 7) % 900);
+        strcat(text, "]}\n");
+    }
+    write_text(prompts, text);
+    double rows[2], own[2];
+    for (int job = 0; job < 2; job++) {
+        char *out, *err;
+        const char *args[] = {"--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "2", "--gpu-batch-size", "2",
+                              "--num-gpu-batches", "1", "--json", "--quiet", job ? "--output" : NULL, output, NULL};
+        CU_ASSERT_EQUAL(run_flexgen(args, NULL, &out, &err), 0);
+        cJSON *o = cJSON_Parse(out);
+        rows[job] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prefill_tokens"));
+        own[job] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prompt_tokens"));
+        cJSON_Delete(o);
+        free(out), free(err);
+    }
+    EXPECT(rows[0] == 320 && rows[1] == 176 && own[0] == 176 && own[1] == 176, "prompts of 40 and 4 tokens in turn, "
+           "GPU batches of 2: expected 320 prefill rows in file order and 176 as a job (176 the prompts' own); got "
+           "%g and %g (%g and %g)", rows[0], rows[1], own[0], own[1]);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A job killed (SIGKILL) while it runs leaves whole records; --resume finishes it, and the output
  * is byte for byte the output of a run never stopped. A last line cut short (a write the crash
  * interrupted) is dropped before the rest is appended. */
@@ -1674,6 +1707,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);
     CU_add_test(s, "a JSONL job: one record a prompt, as a plain run generates", test_job_output);
+    CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
     CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
 }

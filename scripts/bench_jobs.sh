@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench_jobs.sh: a batch job of mixed prompt lengths, run as before (one generate() over the file,
+# blocks in file order) and as a job (--output: windows of rounds, each window longest first), in
+# alternating rounds. The prompts: N passages of models/opt-kjv/heldout.txt of 3 to 72 words (4
+# to 162 tokens with BOS; the model has 256 positions, less --gen-len 64), with --stop-at-eos.
+# Prints for each run its seconds, useful tokens a second (the prompts' own tokens plus the tokens
+# generated before each sequence's end, counted from the job's records: greedy, both runs
+# generate the same) and the share of prefill's rows that were padding (--json's prompt_tokens
+# against prefill_tokens).
+# Usage: bash scripts/bench_jobs.sh [ROUNDS] [N] [GPU_BATCH]   (default 2 rounds, 1000 prompts, 16)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2} n=${2:-1000} gbs=${3:-16}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 - "$rounds" "$n" "$gbs" "$work" <<'PY'
+import json, random, subprocess, sys, time
+rounds, n, gbs, work = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+words = open('models/opt-kjv/heldout.txt').read().split()
+random.seed(1)
+with open(work + '/prompts.txt', 'w') as f:
+    for _ in range(n):
+        k, at = random.randint(3, 72), random.randrange(len(words) - 140)
+        f.write(' '.join(words[at:at + k]) + '\n')
+common = ['./flexgen', '--model', 'models/opt-kjv', '--prompt-file', work + '/prompts.txt', '--gen-len', '64',
+          '--stop-at-eos', '--gpu-batch-size', str(gbs), '--num-gpu-batches', '1', '--json', '--quiet',
+          '--offload-dir', work]
+print('%d prompts, GPU batches of %d, --gen-len 64, --stop-at-eos' % (n, gbs))
+print('%-6s %8s %14s %9s' % ('run', 'seconds', 'useful tok/s', 'padding'))
+for r in range(rounds):
+    for mode in ('plain', 'job'):
+        out = work + '/out.%d.jsonl' % r
+        t0 = time.time()
+        rep = json.loads(subprocess.run(common + (['--output', out] if mode == 'job' else []), check=True,
+                                        capture_output=True, text=True).stdout)
+        secs = time.time() - t0
+        if mode == 'job':
+            generated = sum(len(json.loads(l)['tokens']) for l in open(out).read().splitlines()[1:])
+        else:
+            generated = None
+        rows = (rep['prompt_tokens'], rep['prefill_tokens'])
+        results = locals().setdefault('results', [])
+        results.append((mode, secs, rows))
+        if mode == 'job':
+            for m, s, (own, pre) in results[-2:]:
+                print('%-6s %8.1f %14.0f %8.1f%%' % (m, s, (own + generated) / s, 100 * (1 - own / pre)))
+print('useful tokens: prompt tokens + %d generated (from the job records)' % generated)
+PY
