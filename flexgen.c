@@ -1613,8 +1613,9 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
         if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
         if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
                                                    lens[p] and gen_len may not fit an int */
-            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d exceed the model's %d positions",
-                        p + 1, lens[p], gen_len, c->max_pos);
+            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
+                           "is not fed back); the model has %d", p + 1, lens[p], gen_len,
+                           (long long)lens[p] + gen_len - 1, c->max_pos);
         for (int t = 0; t < lens[p]; t++)
             if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
                 return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,

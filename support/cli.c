@@ -691,9 +691,13 @@ static int model_config(const char *model, opt_config *cfg, char *err) {
  * (given prompts are checked one by one once they are read). */
 static int check_lengths(const cli_args *a, const opt_config *cfg, char *err) {
     int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts, least = given ? 1 : a->prompt_len;
-    if (a->gen.gen_len - 1 > cfg->max_pos - least) /* the last token is not fed back */
-        return fg_fail(err, "%s %d + --gen-len %d exceed the model's %d positions",
-                       given ? "a prompt of" : "--prompt-len", least, a->gen.gen_len, cfg->max_pos);
+    if (a->gen.gen_len - 1 > cfg->max_pos - least && given) /* the last token is not fed back */
+        return fg_fail(err, "--gen-len %d: even a one-token prompt needs %d positions (the last token "
+                       "generated is not fed back); the model has %d", a->gen.gen_len, a->gen.gen_len, cfg->max_pos);
+    if (a->gen.gen_len - 1 > cfg->max_pos - least)
+        return fg_fail(err, "--prompt-len %d + --gen-len %d need %lld positions (the last token generated is "
+                       "not fed back); the model has %d", least, a->gen.gen_len,
+                       (long long)least + a->gen.gen_len - 1, cfg->max_pos);
     return 0;
 }
 

@@ -379,24 +379,24 @@ static void test_prompt_too_long(void) {
     const char *path = join(dir, "long.txt");
     write_text(path, ids);
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
-                "60 tokens", "--gen-len 8", "64 positions");
-    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--gen-len 8",
-                "64 positions");
+                "60 tokens", "--gen-len 8", "need 67 positions", "the model has 64");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--prompt-len 60",
+                "--gen-len 8", "need 67 positions", "the model has 64");
     /* the last token generated is not fed back: 60 + 5 tokens need positions 0 .. 63 */
     char *out, *err;
     CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "5",
                                      "--quiet", "--json"), NULL, &out, &err), 0);
     free(out), free(err);
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "6"), "--gen-len 6",
-                "64 positions");
+                "need 65 positions", "the model has 64");
     /* lengths whose sum overflows an int, or whose buffers would take gigabytes, are refused
      * against the model before anything is allocated */
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "2147483647"),
-                "--gen-len 2147483647", "64 positions");
+                "--gen-len 2147483647", "even a one-token prompt needs 2147483647 positions", "the model has 64");
     EXPECT_FAIL(ARGS("--model", "opt-125m", "--gen-len", "2147483647"), "--gen-len 2147483647",
-                "2048 positions");
+                "need 2147484158 positions", "the model has 2048");
     EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-len", "20000000"), "--prompt-len 20000000",
-                "2048 positions");
+                "need 20000031 positions", "the model has 2048");
     rm_tree(dir);
     free(dir);
 }
