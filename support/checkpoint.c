@@ -43,19 +43,11 @@ int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
                 name);
 }
 
-/* o's member `key`, the last of them when the key is repeated: Python's json (and so HF) keeps
- * the last value, where cJSON's lookup finds the first. */
-static const cJSON *json_get(const cJSON *o, const char *key) {
-    const cJSON *found = NULL;
-    for (const cJSON *it = o ? o->child : NULL; it; it = it->next)
-        if (it->string && !strcmp(it->string, key)) found = it;
-    return found;
-}
 
 /* Reads an integer field; absent fields take `def` (def < 0 means required). */
 static int json_int(const cJSON *o, const char *key, int def, int *out, const char *path,
                     char *err) {
-    const cJSON *v = json_get(o, key);
+    const cJSON *v = fg_json_get(o, key);
     if (!v) {
         if (def < 0) return fg_fail(err, "%s: missing \"%s\"", path, key);
         *out = def;
@@ -72,7 +64,7 @@ static int json_int(const cJSON *o, const char *key, int def, int *out, const ch
  * absent: def. Any other value is refused naming the key and the value. */
 static int json_flag(const cJSON *o, const char *key, int def, int *out, const char *path,
                      char *err) {
-    const cJSON *v = json_get(o, key);
+    const cJSON *v = fg_json_get(o, key);
     *out = !v ? def : cJSON_IsNumber(v) ? v->valuedouble != 0 : cJSON_IsTrue(v);
     if (!v || cJSON_IsBool(v) || cJSON_IsNumber(v)) return 0;
     char *text = cJSON_PrintUnformatted(v);
@@ -85,12 +77,12 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
 
 static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
-    const cJSON *mt = json_get(root, "model_type");
+    const cJSON *mt = fg_json_get(root, "model_type");
     if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0)
         return fg_fail(err, "%s: unknown architecture (model_type %s%s%s; only \"opt\" is supported)",
                     path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring
                     : "missing", cJSON_IsString(mt) ? "\"" : "");
-    const cJSON *act = json_get(root, "activation_function");
+    const cJSON *act = fg_json_get(root, "activation_function");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
         return fg_fail(err, "%s: unsupported activation_function (only \"relu\")", path);
     memset(c, 0, sizeof *c);

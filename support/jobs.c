@@ -65,9 +65,9 @@ int jsonl_prompt(const char *path, int line_no, const char *line, const fg_token
                  int **ids, int *n, char **id, char *err) {
     *ids = NULL, *id = NULL;
     cJSON *o = cJSON_Parse(line);
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-    const cJSON *given = cJSON_GetObjectItemCaseSensitive(o, "prompt_ids");
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "id");
+    const cJSON *text = fg_json_get(o, "prompt");
+    const cJSON *given = fg_json_get(o, "prompt_ids");
+    const cJSON *name = fg_json_get(o, "id");
     int rc = 0;
     if (!cJSON_IsObject(o)) rc = fg_fail(err, "%s line %d: not a JSON object", path, line_no);
     else if (!text == !given)
@@ -142,7 +142,7 @@ char *job_header(const char *model, const char *prompt_file, int n_prompts, cons
 /* The first key whose value differs between two job headers, or NULL. */
 static const char *header_differs(const cJSON *have, const cJSON *want, char *values, size_t n) {
     for (const cJSON *w = want->child; w; w = w->next) {
-        const cJSON *h = cJSON_GetObjectItemCaseSensitive(have, w->string);
+        const cJSON *h = fg_json_get(have, w->string);
         if (h && cJSON_Compare(h, w, 1)) continue;
         char *a = h ? cJSON_PrintUnformatted(h) : NULL, *b = cJSON_PrintUnformatted(w);
         snprintf(values, n, "%.100s there, %.100s here", a ? a : "none", b ? b : "?");
@@ -170,12 +170,12 @@ static int read_done(job_output *o, FILE *f, char *err) {
         at += len;
         cJSON *rec = cJSON_Parse(line);
         if (line_no == 1) {
-            const cJSON *job = cJSON_GetObjectItemCaseSensitive(rec, "flexgen_job");
-            const char *key = job ? header_differs(job, cJSON_GetObjectItemCaseSensitive(want, "flexgen_job"), values, sizeof values) : NULL;
+            const cJSON *job = fg_json_get(rec, "flexgen_job");
+            const char *key = job ? header_differs(job, fg_json_get(want, "flexgen_job"), values, sizeof values) : NULL;
             if (!job) rc = fg_fail(err, "--resume: %s does not start with a flexgen job line", o->path);
             else if (key) rc = fg_fail(err, "--resume: %s is the output of another job: %s is %s", o->path, key, values);
         } else {
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(rec, "id");
+            const cJSON *id = fg_json_get(rec, "id");
             char **grown = id ? realloc(o->done, (size_t)(o->n_done + 1) * sizeof *grown) : NULL;
             if (!id) rc = fg_fail(err, "--resume: %s line %ld: not a record of this job", o->path, line_no);
             else if (!grown) rc = fg_fail(err, "out of memory");

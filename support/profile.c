@@ -274,7 +274,7 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     memset(hw, 0, sizeof *hw);
     int rc = 0;
     for (int i = 0; i < N_HW && rc == 0; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, HW_KEYS[i]);
+        const cJSON *v = fg_json_get(root, HW_KEYS[i]);
         if (!cJSON_IsNumber(v)) rc = fg_fail(err, "%s: \"%s\" is missing or not a number", path, HW_KEYS[i]);
         else if (!(v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))
             rc = fg_fail(err, "%s: \"%s\" must be a rate in [%g, %g], got %g", path, HW_KEYS[i],
@@ -284,14 +284,14 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw"};
     double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw};
     for (int i = 0; i < 2 && rc == 0; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, OPTIONAL[i]);
+        const cJSON *v = fg_json_get(root, OPTIONAL[i]);
         if (v && (!cJSON_IsNumber(v) ||
                   !(v->valuedouble == 0 || (v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))))
             rc = fg_fail(err, "%s: \"%s\" must be 0 or a rate in [%g, %g]", path, OPTIONAL[i],
                          HW_MIN, HW_MAX);
         else if (v) *optional[i] = v->valuedouble;
     }
-    const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "gpu_is_host");
+    const cJSON *host = fg_json_get(root, "gpu_is_host");
     if (rc == 0 && host && !cJSON_IsBool(host))
         rc = fg_fail(err, "%s: \"gpu_is_host\" must be true or false", path);
     hw->gpu_is_host = cJSON_IsTrue(host);

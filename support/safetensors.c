@@ -46,9 +46,9 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
     if (strlen(name) >= sizeof t->name)
         return fg_fail(err, "%s: tensor name too long: %.60s...", path, name);
     snprintf(t->name, sizeof t->name, "%s", name);
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    const cJSON *dt = fg_json_get(e, "dtype");
+    const cJSON *shape = fg_json_get(e, "shape");
+    const cJSON *offs = fg_json_get(e, "data_offsets");
     size_t elsize;
     if (!cJSON_IsString(dt)) return fg_fail(err, "%s: tensor %s: missing dtype", path, name);
     if (dtype_from_string(dt->valuestring, &t->dtype, &elsize))
@@ -172,7 +172,7 @@ static int open_index(const char *dir, const char *index_path, st_archive *a, ch
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);
-    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    const cJSON *wm = fg_json_get(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);
         return fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", index_path);

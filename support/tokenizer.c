@@ -833,7 +833,7 @@ static int parse_token(const cJSON *v, int strings, const added_loader *L, int w
     static const char *const flags[3] = {"lstrip", "rstrip", "single_word"};
     memset(out, 0, sizeof *out);
     out->given = 2;
-    const cJSON *content = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "content") : v;
+    const cJSON *content = cJSON_IsObject(v) ? fg_json_get(v, "content") : v;
     if (!cJSON_IsString(content) || (!strings && content == v))
         return fg_fail(err, "%s/%s: %s is not %san object with a \"content\" string", L->dir,
                        added_file_names[which], what, strings ? "a string or " : "");
@@ -842,7 +842,7 @@ static int parse_token(const cJSON *v, int strings, const added_loader *L, int w
     out->tok.len = strlen(content->valuestring);
     int *dst[3] = {&out->tok.lstrip, &out->tok.rstrip, &out->tok.single_word};
     for (int i = 0; i < 3 && out->object; i++) {
-        const cJSON *f = cJSON_GetObjectItemCaseSensitive(v, flags[i]);
+        const cJSON *f = fg_json_get(v, flags[i]);
         if (f && !cJSON_IsBool(f))
             return fg_fail(err, "%s/%s: %s: \"%s\" is not true or false", L->dir,
                            added_file_names[which], what, flags[i]);
@@ -998,7 +998,7 @@ static void mark_raw(added_loader *L, int n_vocab_keys) {
 /* Fills L from the files in L->dir, as GPT2Tokenizer.from_pretrained does. */
 static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) {
     if (read_added_file(L, CONFIG_FILE, err) || read_special_keys(L, CONFIG_FILE, err)) return -1;
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(L->files[CONFIG_FILE],
+    const cJSON *dec = fg_json_get(L->files[CONFIG_FILE],
                                                         "added_tokens_decoder");
     if (dec) {
         if (read_decoder(L, dec, err)) return -1;

@@ -18,6 +18,10 @@ char *fg_read_file(const char *path, size_t *len, char *err);
 /* OPT's vocab.json is about 1 MB and its merges.txt 0.5 MB: 64 MiB leaves ample headroom and
  * stops a wrong path (a checkpoint, say) from being read into memory. */
 #define FG_MAX_TEXT_FILE ((size_t)64 << 20)
+/* A JSON object's member `key`; where the key is repeated, its last value, as Python's json reads
+ * it (cJSON's own lookup finds the first). Every JSON file read here goes through it. */
+typedef struct cJSON cJSON;
+const cJSON *fg_json_get(const cJSON *o, const char *key);
 
 /* ------------------------------------------------------------------------------------------
  * Output files and signals (util.c). An output is written to a temporary beside its path and

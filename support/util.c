@@ -1,6 +1,6 @@
 /* support/util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and bf16
- * conversions (F16C where the CPU has it), the CPU features the SIMD paths check, and the names
- * of the tiers and links.
+ * conversions (F16C where the CPU has it), the CPU features the SIMD paths check, the names of
+ * the tiers and links, and JSON lookups as Python's json makes them.
  *
  * Weights and the KV cache are stored in IEEE fp16 (paper §3); compute is fp32. fp32_to_fp16
  * rounds to nearest even, as the hardware instruction and PyTorch's .half() do, so every path
@@ -11,6 +11,7 @@
 #include "support/support.h"
 #include "support/tools.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -453,4 +454,13 @@ uint64_t fg_mix64(uint64_t x) {
     x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27; x *= 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
+}
+
+/* o's member `key`, the last of them when the key is repeated: Python's json (and so HF) keeps
+ * the last value, where cJSON's lookup finds the first. */
+const cJSON *fg_json_get(const cJSON *o, const char *key) {
+    const cJSON *found = NULL;
+    for (const cJSON *it = o ? o->child : NULL; it; it = it->next)
+        if (it->string && !strcmp(it->string, key)) found = it;
+    return found;
 }

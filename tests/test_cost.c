@@ -136,6 +136,11 @@ static void test_hardware_file(void) {
     CU_ASSERT_EQUAL(fg_hardware_write(path, &with, err), 0);
     CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
     CU_ASSERT_EQUAL(memcmp(&back, &with, sizeof back), 0);
+    /* a key given twice takes its last value, as Python's json */
+    write_text(path, FULL ", \"ctog_bdw\": 3, \"gpu_is_host\": false, \"gpu_is_host\": true}");
+    CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
+    EXPECT(back.ctog_bdw == 3 && back.gpu_is_host == 1, "ctog_bdw 2 then 3, gpu_is_host false then true: "
+           "expected the last values, got %g and %d", back.ctog_bdw, back.gpu_is_host);
     static const struct { const char *text, *says; } bad[] = {
         {"{\"ctog_bdw\": 2", "not a JSON object"},
         {"[1, 2]", "not a JSON object"},
