@@ -836,10 +836,10 @@ static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_tim
 }
 
 /* The flags of the job, which every stage must share, against rank 0's; what rank 0 alone
- * writes (--dump-logits, --trace, --json) is taken from it. */
+ * writes (--dump-logits, --trace, --json, --output) is taken from it. */
 typedef struct {
     char model[256];
-    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace;
+    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output;
     float temperature, top_p;
     uint64_t seed;
 } job_flags;
@@ -848,13 +848,14 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     job_flags mine = {.gen_len = a->gen.gen_len, .stop_at_eos = a->gen.stop_at_eos,
                       .prompt_len = a->prompt_len, .gbs = a->policy.gpu_batch_size,
                       .ngb = a->policy.num_gpu_batches, .auto_policy = a->auto_policy,
-                      .dump = a->dump_logits != NULL, .trace = a->trace != NULL,
+                      .dump = a->dump_logits != NULL, .trace = a->trace != NULL, .output = a->output != NULL,
                       .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
     snprintf(mine.model, sizeof mine.model, "%s", a->model);
     job_flags job = mine;
     fg_pipe_bcast(pipe, &job, sizeof job);
     if (fg_pipe_rank(pipe)) { /* rank 0 writes them; the others send it what they need */
         a->dump_logits = job.dump ? "(rank 0's)" : NULL;
+        a->output = job.output ? "(rank 0's)" : NULL; /* the other stages run its rounds too */
         a->trace = job.trace ? "(rank 0's)" : NULL;
         a->policy.trace = job.trace;
     }

@@ -303,6 +303,36 @@ static void test_stop_at_eos(void) {
     expect_same_run(&c);
 }
 
+/* A batch job (--output) on two stages writes the records one process writes, byte for byte,
+ * sampled too (each prompt draws by its place in the file, whatever round it runs in). */
+static void test_job_output(void) {
+    if (skipped()) return;
+    char *dir = make_temp_dir(), prompts[4200], one_out[4200], two_out[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(one_out, sizeof one_out, "%s", join(dir, "one.jsonl"));
+    snprintf(two_out, sizeof two_out, "%s", join(dir, "two.jsonl"));
+    FILE *f = fopen(prompts, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    for (int p = 0; p < 7; p++) { /* lengths 3 to 9, ids of their own */
+        fprintf(f, "{\"id\": \"p%d\", \"prompt_ids\": [2", p);
+        for (int t = 0; t < 2 + (p * 5) % 7; t++) fprintf(f, ", %d", 3 + (p * 41 + t * 13) % 400);
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    const char *const common[] = {"--model", tiny, "--prompt-file", prompts, "--gen-len", "5", "--gpu-batch-size", "2",
+                                  "--num-gpu-batches", "1", "--temperature", "0.7", "--seed", "4", "--device", "cpu",
+                                  "--quiet", "--offload-dir", dir, NULL};
+    job one = one_process(common, (const char *[]){"--output", one_out, NULL});
+    job two = mpirun(2, common, (const char *const *[]){(const char *[]){"--output", two_out, NULL}, NULL}, NULL);
+    char *a = slurp(one_out, NULL), *b = slurp(two_out, NULL);
+    EXPECT(one.rc == 0 && two.rc == 0 && a && b && !strcmp(a, b), "--output on 2 stages against one process: "
+           "exit %d and %d, %s", one.rc, two.rc, a && b && !strcmp(a, b) ? "same records" : "the records differ");
+    free(a), free(b);
+    job_free(&one), job_free(&two);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* -np 1 is one process, as without mpirun; the JSON report names each stage otherwise. */
 static void test_report(void) {
     if (skipped()) return;
@@ -441,6 +471,7 @@ void add_pipeline_tests(void) {
     CU_add_test(s, "3 stages: same tokens and logits, pre-LN and post-LN", test_three_stages);
     CU_add_test(s, "a 4-bit cache in smaller GPU batches: within the stated bound", test_compressed_cache_bound);
     CU_add_test(s, "--stop-at-eos ends blocks early on every stage", test_stop_at_eos);
+    CU_add_test(s, "a batch job (--output) on 2 stages writes one process's records", test_job_output);
     CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
     CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
     CU_add_test(s, "a failing stage ends the job with one line, no files", test_failures);
