@@ -388,13 +388,9 @@ static int is_jsonl(const char *path) {
 static int add_jsonl_prompt(prompt_set *p, const char *path, int line_no, const char *line,
                             const fg_tokenizer *tok, int vocab, char *err) {
     int *ids, n;
-    char *id;
-    if (jsonl_prompt(path, line_no, line, tok, vocab, &ids, &n, &id, err)) return -1;
-    cJSON *o = cJSON_Parse(line);
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-    char *copy = cJSON_IsString(text) ? strdup(text->valuestring) : NULL;
-    cJSON_Delete(o);
-    return prompts_add_record(p, ids, n, id, copy, err);
+    char *id, *text;
+    if (jsonl_prompt(path, line_no, line, tok, vocab, &ids, &n, &id, &text, err)) return -1;
+    return prompts_add_record(p, ids, n, id, text, err);
 }
 
 static int parse_id_line(const char *path, int line_no, char *line, int vocab, int **out, int *n,
@@ -870,27 +866,16 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     return 0;
 }
 
-static int by_string(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 /* --output (rank 0): checked, and with --resume the prompts it holds records of are dropped
  * (their place in the file stays in p->index). Two prompts with one id are refused. */
 static int open_job_output(const cli_args *a, prompt_set *p, job_output *out, char *err) {
     for (int i = 0; i < p->n; i++) /* --prompt texts and synthetic prompts: numbered in order */
         if (!p->record_ids[i] && (p->record_ids[i] = malloc(16))) snprintf(p->record_ids[i], 16, "%d", i + 1);
         else if (!p->record_ids[i]) return fg_fail(err, "out of memory");
-    char **sorted = malloc((size_t)p->n * sizeof *sorted);
-    if (!sorted) return fg_fail(err, "out of memory");
-    memcpy(sorted, p->record_ids, (size_t)p->n * sizeof *sorted);
-    qsort(sorted, (size_t)p->n, sizeof *sorted, by_string);
-    for (int i = 1; i < p->n; i++)
-        if (!strcmp(sorted[i], sorted[i - 1])) {
-            char repeated[64];
-            snprintf(repeated, sizeof repeated, "%.60s", sorted[i]);
-            free(sorted);
-            return fg_fail(err, "%s: the id %s is given to two prompts; a record names its prompt by id",
-                           a->prompt_file ? a->prompt_file : "the prompts", repeated);
-        }
-    free(sorted);
+    const char *repeated = job_repeated_id(p->record_ids, p->n);
+    if (repeated)
+        return fg_fail(err, "%s: the id %.60s is given to two prompts; a record names its prompt by id",
+                       a->prompt_file ? a->prompt_file : "the prompts", repeated);
     const char *file = a->prompt_file ? a->prompt_file : a->prompt_ids;
     char *header = job_header(a->model, file, p->n, &a->gen, &a->policy);
     if (!header) return fg_fail(err, "out of memory");

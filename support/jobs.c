@@ -62,8 +62,8 @@ char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len) {
 /* ---- prompts ---- */
 
 int jsonl_prompt(const char *path, int line_no, const char *line, const fg_tokenizer *tok, int vocab,
-                 int **ids, int *n, char **id, char *err) {
-    *ids = NULL, *id = NULL;
+                 int **ids, int *n, char **id, char **text_out, char *err) {
+    *ids = NULL, *id = NULL, *text_out = NULL;
     cJSON *o = cJSON_Parse(line);
     const cJSON *text = fg_json_get(o, "prompt");
     const cJSON *given = fg_json_get(o, "prompt_ids");
@@ -100,9 +100,10 @@ int jsonl_prompt(const char *path, int line_no, const char *line, const fg_token
         char number[16];
         snprintf(number, sizeof number, "%d", line_no);
         *id = name ? cJSON_PrintUnformatted(name) : strdup(number);
-        if (!*id) rc = fg_fail(err, "out of memory");
+        *text_out = text ? strdup(text->valuestring) : NULL;
+        if (!*id || (text && !*text_out)) rc = fg_fail(err, "out of memory");
     }
-    if (rc) free(*ids), *ids = NULL;
+    if (rc) free(*ids), free(*id), free(*text_out), *ids = NULL, *id = *text_out = NULL;
     cJSON_Delete(o);
     return rc;
 }
@@ -110,6 +111,18 @@ int jsonl_prompt(const char *path, int line_no, const char *line, const fg_token
 /* ---- the output ---- */
 
 static int by_string(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+const char *job_repeated_id(char *const *ids, int n) {
+    char **sorted = malloc((size_t)n * sizeof *sorted);
+    const char *repeated = NULL;
+    if (!sorted) return NULL;
+    memcpy(sorted, ids, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, by_string);
+    for (int i = 1; i < n && !repeated; i++)
+        if (!strcmp(sorted[i], sorted[i - 1])) repeated = sorted[i];
+    free(sorted);
+    return repeated;
+}
 
 /* The job's identity as its first line: what changes the tokens, and the prompt file's bytes. */
 char *job_header(const char *model, const char *prompt_file, int n_prompts, const gen_options *g,

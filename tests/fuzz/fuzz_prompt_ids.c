@@ -1,7 +1,8 @@
 /* fuzz_prompt_ids.c: fuzzer bytes as a prompt file read by cli.c's read_prompt_lines: as
- * --prompt-ids (token ids, parse_id_line) and as --prompt-file (text lines through the fixture
- * tokenizer, loaded once), for the fixture tokenizer's vocab. Accepted ids lie in the vocab;
- * every prompt has at least one. */
+ * --prompt-ids (token ids, parse_id_line), as --prompt-file (text lines through the fixture
+ * tokenizer, loaded once) and as a JSONL --prompt-file (jobs.c's jsonl_prompt, with and without
+ * the tokenizer), for the fixture tokenizer's vocab. Accepted ids lie in the vocab; every prompt
+ * has at least one, and an id. */
 #include "../../support/cli.c"
 #include "fuzz.h"
 
@@ -22,12 +23,16 @@ static void read_prompts(const char *path, const fg_tokenizer *t, int vocab) {
         if (p.lens[i] < 1) abort();
         for (int j = 0; j < p.lens[i]; j++)
             if (p.ids[i][j] < 0 || p.ids[i][j] >= vocab) abort();
+        if (strstr(path, ".jsonl") && !p.record_ids[i]) abort();
     }
     prompts_free(&p);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_write("prompts.txt", data, size);
+    read_prompts(path, NULL, tokenizer_vocab_size(tok));
+    read_prompts(path, tok, tokenizer_vocab_size(tok));
+    path = fuzz_write("prompts.jsonl", data, size);
     read_prompts(path, NULL, tokenizer_vocab_size(tok));
     read_prompts(path, tok, tokenizer_vocab_size(tok));
     return 0;

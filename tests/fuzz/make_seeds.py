@@ -142,6 +142,8 @@ def main():
         put("prompt_ids", d + ".txt", fixture(d + "/prompts.txt"))
     texts = [t["prompt"] for t in json.loads(fixture("opt-tiny-text/texts.json"))]
     put("prompt_ids", "texts.txt", "\n".join(texts) + "\n")
+    put("prompt_ids", "jobs.jsonl", "".join(json.dumps(o) + "\n" for o in [
+        {"id": "a", "prompt": texts[0]}, {"prompt_ids": [2, 100, 7]}, {"id": 7, "prompt": texts[1]}]))
 
 
 if __name__ == "__main__":
