@@ -47,10 +47,9 @@ static window *plan_windows(int n, int size, int stride, int *count) {
     return w;
 }
 
-/* log softmax(row)[target], and the row's argmax. */
+/* log softmax(row)[target], and the row's argmax (greedy decoding's: the first of equal maxima). */
 static double log_prob(const float *row, int vocab, int target, int *argmax) {
-    int best = 0;
-    for (int i = 1; i < vocab; i++) best = row[i] > row[best] ? i : best;
+    int best = fg_argmax(row, vocab);
     double sum = 0;
     for (int i = 0; i < vocab; i++) sum += exp((double)row[i] - row[best]);
     *argmax = best;

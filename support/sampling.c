@@ -24,7 +24,7 @@ uint64_t rng_next(fg_rng *r) { /* xorshift128+ */
 
 float rng_uniform(fg_rng *r) { return (float)(rng_next(r) >> 40) / 16777216.0f; }
 
-static int argmax(const float *x, int n) {
+int fg_argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
@@ -38,9 +38,9 @@ static int cmp_prob_desc(const void *a, const void *b) {
 
 int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
                  float *scratch) {
-    if (temperature <= 0) return argmax(logits, n);
+    if (temperature <= 0) return fg_argmax(logits, n);
     /* scratch holds (probability, id) pairs, sorted by probability for the nucleus. */
-    float m = logits[argmax(logits, n)], sum = 0;
+    float m = logits[fg_argmax(logits, n)], sum = 0;
     for (int i = 0; i < n; i++) {
         scratch[2 * i] = expf((logits[i] - m) / temperature);
         memcpy(&scratch[2 * i + 1], &i, sizeof i);

@@ -168,6 +168,7 @@ typedef struct { uint64_t s[2]; } fg_rng;
 void rng_seed(fg_rng *r, uint64_t seed);
 uint64_t rng_next(fg_rng *r);
 float rng_uniform(fg_rng *r); /* [0, 1) */
+int fg_argmax(const float *x, int n); /* the first of equal maxima, as torch.argmax */
 /* temperature <= 0: argmax. Else softmax(logits / temperature), top-p. scratch: 2 n floats. */
 int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
                  float *scratch);

@@ -495,7 +495,8 @@ static void test_sampling(void) {
                         sample_token(logits, N, 0.7f, 0.9f, &b, scratch));
 }
 
-/* Greedy decoding takes the first of equal largest logits, as torch.argmax does. */
+/* Greedy decoding takes the first of equal largest logits, as torch.argmax does (and so does
+ * perplexity's top-1 prediction: both call fg_argmax). */
 static void test_greedy_ties(void) {
     static const struct { int n, want; float logits[6]; } cases[] = {
         {6, 1, {1, 4, -2, 4, 0, 4}}, {4, 0, {0.5f, 0.5f, 0.5f, 0.5f}}, {3, 0, {7, 7, 1}},
@@ -506,8 +507,9 @@ static void test_greedy_ties(void) {
     rng_seed(&rng, 1);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int got = sample_token(cases[i].logits, cases[i].n, 0, 1, &rng, scratch);
-        EXPECT(got == cases[i].want, "greedy over tied logits (case %zu): expected the first "
-               "largest, id %d, got id %d", i, cases[i].want, got);
+        EXPECT(got == cases[i].want && fg_argmax(cases[i].logits, cases[i].n) == cases[i].want, "greedy over "
+               "tied logits (case %zu): expected the first largest, id %d, got id %d (fg_argmax: %d)", i,
+               cases[i].want, got, fg_argmax(cases[i].logits, cases[i].n));
     }
 }
 
