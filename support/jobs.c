@@ -230,12 +230,20 @@ int job_output_done(const job_output *o, const char *id) {
     return o->n_done && bsearch(&id, o->done, (size_t)o->n_done, sizeof *o->done, by_string) != NULL;
 }
 
+/* A write that failed part way is undone: the output keeps whole lines, and a file this job made
+ * with nothing whole in it is removed. */
+static int append_failed(job_output *o, off_t before, int e, char *err) {
+    if (before == 0 && !o->exists) unlink(o->path);
+    else if (ftruncate(o->fd, before) != 0) { /* the reader drops a cut last line anyway */ }
+    return fg_fail(err, "--output %s: write failed: %s", o->path, fg_write_failure(o->path, e));
+}
+
 int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
     if (o->fd < 0) {
         o->fd = open(o->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (o->fd < 0) return fg_fail(err, "--output %s: %s", o->path, strerror(errno));
         struct stat st;
-        if (fstat(o->fd, &st) == 0 && st.st_size == 0) { /* a new file: its first round carries the header */
+        if (fstat(o->fd, &st) == 0 && st.st_size == 0) { /* a new file: its first window carries the header */
             size_t h = strlen(o->header);
             char *both = malloc(h + 1 + len);
             if (!both) return fg_fail(err, "out of memory");
@@ -245,17 +253,15 @@ int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
             return rc;
         }
     }
+    off_t before = lseek(o->fd, 0, SEEK_END);
     for (size_t done = 0; done < len;) {
         ssize_t w = write(o->fd, lines + done, len - done);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = w < 0 ? errno : EIO;
-            return fg_fail(err, "--output %s: write failed: %s", o->path,
-                           e == ENOSPC ? "no space left on the device" : strerror(e));
-        }
+        if (w <= 0) return append_failed(o, before, w < 0 ? errno : EIO, err);
         done += (size_t)w;
     }
-    if (fdatasync(o->fd) != 0) return fg_fail(err, "--output %s: write failed: %s", o->path, strerror(errno));
+    if (fdatasync(o->fd) != 0) return append_failed(o, before, errno, err);
+    o->exists = 1;
     return 0;
 }
 

@@ -37,6 +37,8 @@ typedef struct {
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
 int fg_output_commit(fg_output *o, char *err);
 void fg_output_abort(fg_output *o);
+/* Why a write to path failed (errno e), in words: a full device, a quota, a file size limit. */
+const char *fg_write_failure(const char *path, int e);
 /* Whether path can be written as an output, before the work that makes it. */
 int fg_output_check(const char *flag, const char *path, char *err);
 /* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
@@ -177,7 +179,7 @@ typedef struct {
     const char *path;
     char *header;      /* this job's first line (owned) */
     int fd;            /* -1 until the first round is written */
-    int exists;        /* the output held records of this job when opened (--resume) */
+    int exists;        /* the output holds whole lines of this job (opened by --resume, or written) */
     int n_done;
     char **done;       /* the ids already in the output, sorted */
 } job_output;

@@ -327,9 +327,9 @@ int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) 
     return 0;
 }
 
-/* Why writing the temporary failed, in words. A full device is named as such also where the file
+/* Why writing a file failed, in words. A full device is named as such also where the file
  * system reports it as EIO (at close or fsync, on some). */
-static const char *write_failure(const char *tmp, int e) {
+const char *fg_write_failure(const char *tmp, int e) {
     struct statvfs sv;
     if (e == ENOSPC || (e == EIO && statvfs(tmp, &sv) == 0 && sv.f_bavail == 0))
         return "no space left on the device";
@@ -344,7 +344,7 @@ int fg_output_commit(fg_output *o, char *err) {
     if (fclose(o->f) != 0 && !e) e = errno;
     o->f = NULL;
     if (!e && rename(o->tmp, o->path) != 0) e = errno;
-    const char *why = e ? write_failure(o->tmp, e) : NULL;
+    const char *why = e ? fg_write_failure(o->tmp, e) : NULL;
     output_release(o, e != 0);
     return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, why) : 0;
 }

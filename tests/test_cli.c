@@ -815,6 +815,57 @@ static void test_job_resume_after_kill(void) {
     free(dir);
 }
 
+/* A window's records that cannot all be written (a file size limit stands in for a full disk) are
+ * taken back: exit 2 with one line, the output keeps the windows written before (or is removed if
+ * it was made for nothing), and --resume then finishes the job as an uninterrupted run. */
+static void test_job_output_full(void) {
+    enum { PROMPTS = 24 };
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200], text[PROMPTS * 80] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    for (int i = 0; i < PROMPTS; i++)
+        sprintf(text + strlen(text), "{\"id\": \"q%02d\", \"prompt_ids\": [2, %d, %d, %d]}\n", i, 10 + i, 300 + i, 7 * i + 3);
+    write_text(prompts, text);
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "8",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--quiet", "--output", whole, NULL, NULL};
+    char *out, *err;
+    CU_ASSERT_EQUAL_FATAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    char *full = slurp(whole, NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(full);
+    const char *end = full; /* the job line and the first window's 8 records */
+    for (int i = 0; i < 9; i++) end = strchr(end, '\n') + 1;
+    size_t first = (size_t)(end - full);
+    job[13] = cut;
+    struct rlimit old, small;
+    getrlimit(RLIMIT_FSIZE, &old);
+    void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited: EFBIG instead of a kill */
+    for (int k = 0; k < 2; k++) { /* a limit below the first window, then one inside the second */
+        small.rlim_cur = k ? first + 100 : 100, small.rlim_max = old.rlim_max;
+        setrlimit(RLIMIT_FSIZE, &small);
+        int rc = run_command(job, NULL, &out, &err);
+        setrlimit(RLIMIT_FSIZE, &old);
+        char *kept = slurp(cut, NULL);
+        int ok = k ? kept && strlen(kept) == first && !strncmp(kept, full, first) : !kept;
+        EXPECT(rc == 2 && strstr(err, "--output") && strstr(err, "file size limit") && count_lines(err) == 1 && ok,
+               "--output past a file size limit of %llu bytes: expected exit 2, one line, and %s; got %d, '%s', %zu bytes",
+               (unsigned long long)small.rlim_cur, k ? "the first window's records" : "no file", rc, err,
+               kept ? strlen(kept) : 0);
+        free(out), free(err), free(kept);
+    }
+    signal(SIGXFSZ, old_xfsz);
+    job[14] = "--resume";
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(resumed && !strcmp(resumed, full), "--resume after a failed write: the output differs from an "
+           "uninterrupted run's");
+    free(resumed), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Bad jobs: one line, exit 2, and the output neither made nor changed. */
 static void test_job_bad_input(void) {
     char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200], other[4200];
@@ -1710,4 +1761,5 @@ void add_cli_tests(void) {
     CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
     CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
+    CU_add_test(s, "a job's output past a full disk keeps whole windows and resumes", test_job_output_full);
 }
