@@ -69,7 +69,8 @@ int jsonl_prompt(const char *path, int line_no, const char *line, const fg_token
     const cJSON *given = fg_json_get(o, "prompt_ids");
     const cJSON *name = fg_json_get(o, "id");
     int rc = 0;
-    if (!cJSON_IsObject(o)) rc = fg_fail(err, "%s line %d: not a JSON object", path, line_no);
+    if (!o) rc = fg_fail(err, "%s line %d: malformed JSON", path, line_no);
+    else if (!cJSON_IsObject(o)) rc = fg_fail(err, "%s line %d: not a JSON object", path, line_no);
     else if (!text == !given)
         rc = fg_fail(err, "%s line %d: give one of \"prompt\" (text) and \"prompt_ids\"", path, line_no);
     else if (text && !cJSON_IsString(text)) rc = fg_fail(err, "%s line %d: \"prompt\" is not a string", path, line_no);

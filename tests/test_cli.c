@@ -877,7 +877,9 @@ static void test_job_bad_input(void) {
     write_text(bad, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 99999]}\n");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 2", "prompt_ids");
     write_text(bad, "{\"prompt_ids\": [2, 10]}\n\n{\"prompt\": \"x\"\n");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 3", "not a JSON object");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 3", "malformed JSON");
+    write_text(bad, "[2, 10]\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 1", "not a JSON object");
     write_text(bad, "{\"prompt_ids\": [2, 10], \"id\": 1}\n{\"prompt_ids\": [2, 12], \"id\": 1}\n");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 1 is given to two prompts");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dir), "--output", "not a regular file");
