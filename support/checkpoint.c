@@ -352,12 +352,6 @@ void opt_layout_free(opt_layout *l) {
     memset(l, 0, sizeof *l);
 }
 
-static uint64_t hash_name(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-    return h;
-}
-
 /* Where a tensor's values come from: a checkpoint tensor, or the dummy-weight hash. */
 typedef struct {
     const st_tensor *tensor; /* NULL: dummy */
@@ -368,7 +362,7 @@ typedef struct {
 /* Dummy values are uniform in [-1, 1) around `center`. Matrices get std about 1/sqrt(3 * in):
  * each product keeps its input's scale, and layer norms keep the residual stream bounded. */
 static value_source dummy_source(const tensor_spec *s, uint64_t seed) {
-    value_source v = {NULL, fg_mix64(seed ^ fg_mix64(hash_name(s->source))), 0.05f, 0};
+    value_source v = {NULL, fg_mix64(seed ^ fg_mix64(fg_fnv64(s->source, strlen(s->source)))), 0.05f, 0};
     switch (s->kind) {
     case FILL_MATRIX: v.scale = 1.0f / sqrtf((float)s->cols); break;
     case FILL_EMBED: v.scale = 0.5f; break;

@@ -332,6 +332,7 @@ typedef struct {
     int **ids;
     int *lens, *index;
     char **record_ids, **texts;
+    uint64_t file_hash; /* of the prompt file's bytes (fg_fnv64), which name a job */
 } prompt_set;
 
 static void prompts_free(prompt_set *p) {
@@ -364,18 +365,20 @@ static int prompts_add(prompt_set *p, int *ids, int len, char *err) {
     return prompts_add_record(p, ids, len, NULL, NULL, err);
 }
 
-/* BOS + the text's tokens; the record keeps the text (valid UTF-8) and its number as its id. */
-static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len,
+/* BOS + the text's tokens; the record keeps the text (valid UTF-8) and its id (taken; NULL: its
+ * number). */
+static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len, char *id,
                            char *err) {
     int *ids, n;
-    if (tokenizer_encode(tok, text, len, &ids, &n, err)) return -1;
+    if (!id && (id = malloc(16))) snprintf(id, 16, "%d", p->n + 1);
+    if (!id) return fg_fail(err, "out of memory");
+    if (tokenizer_encode(tok, text, len, &ids, &n, err)) { free(id); return -1; }
     int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos);
-    char *clean = utf8_replace_invalid(text, len, NULL), *id = malloc(16);
-    if (!with_bos || !clean || !id) { free(ids), free(with_bos), free(clean), free(id); return fg_fail(err, "out of memory"); }
+    char *clean = utf8_replace_invalid(text, len, NULL);
+    if (!with_bos || !clean) { free(ids), free(with_bos), free(clean), free(id); return fg_fail(err, "out of memory"); }
     with_bos[0] = OPT_BOS_ID;
     memcpy(with_bos + 1, ids, (size_t)n * sizeof *ids);
     free(ids);
-    snprintf(id, 16, "%d", p->n + 1);
     return prompts_add_record(p, with_bos, n + 1, id, clean, err);
 }
 
@@ -384,13 +387,17 @@ static int is_jsonl(const char *path) {
     return n > 6 && !strcmp(path + n - 6, ".jsonl");
 }
 
-/* A JSONL line's prompt, its id and its text (jobs.c parses it). */
+/* A JSONL line's prompt and its id (jobs.c parses the line): a text is tokenized as --prompt's. */
 static int add_jsonl_prompt(prompt_set *p, const char *path, int line_no, const char *line,
                             const fg_tokenizer *tok, int vocab, char *err) {
-    int *ids, n;
+    int *ids, n, rc;
     char *id, *text;
-    if (jsonl_prompt(path, line_no, line, tok, vocab, &ids, &n, &id, &text, err)) return -1;
-    return prompts_add_record(p, ids, n, id, text, err);
+    if (jsonl_prompt(path, line_no, line, vocab, &ids, &n, &id, &text, err)) return -1;
+    if (ids) return prompts_add_record(p, ids, n, id, NULL, err);
+    if (!tok) rc = fg_fail(err, "%s line %d: a text prompt needs a tokenizer (--vocab and --merges)", path, line_no), free(id);
+    else rc = add_text_prompt(p, tok, text, strlen(text), id, err);
+    free(text);
+    return rc;
 }
 
 static int parse_id_line(const char *path, int line_no, char *line, int vocab, int **out, int *n,
@@ -435,6 +442,7 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
     char *text = fg_read_file(path, &size, err);
     if (!text) return -1;
     int line_no = 0, rc = 0, jsonl = is_jsonl(path);
+    p->file_hash = fg_fnv64(text, size);
     for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
         end = memchr(line, '\n', (size_t)(text + size - line));
         if (!end) end = text + size;
@@ -446,7 +454,7 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
         } else if (jsonl) {
             rc = strspn(line, " \t\r") == len ? 0 : add_jsonl_prompt(p, path, line_no, line, tok, vocab, err);
         } else if (tok) {
-            rc = add_text_prompt(p, tok, line, len, err);
+            rc = add_text_prompt(p, tok, line, len, NULL, err);
         } else {
             int *ids = NULL, n = 0;
             char *id = malloc(16);
@@ -506,7 +514,7 @@ static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab,
     if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
     if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);
     for (int i = 0; i < a->n_prompt_texts; i++)
-        if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), err)) return -1;
+        if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), NULL, err)) return -1;
     return 0;
 }
 
@@ -877,7 +885,7 @@ static int open_job_output(const cli_args *a, prompt_set *p, job_output *out, ch
         return fg_fail(err, "%s: the id %.60s is given to two prompts; a record names its prompt by id",
                        a->prompt_file ? a->prompt_file : "the prompts", repeated);
     const char *file = a->prompt_file ? a->prompt_file : a->prompt_ids;
-    char *header = job_header(a->model, file, p->n, &a->gen, &a->policy);
+    char *header = job_header(a->model, file, p->file_hash, p->n, &a->gen, &a->policy);
     if (!header) return fg_fail(err, "out of memory");
     if (job_output_open(out, a->output, header, a->resume, err)) return -1;
     int kept = 0;
@@ -936,10 +944,10 @@ static void job_progress(int done, int total, double tokens, double seconds, int
 }
 
 /* A window's prompts, longest first (ties in file order): rounds of similar lengths pad less. */
-static const prompt_set *sort_set;
-static int by_length(const void *a, const void *b) {
+static int by_length(const void *a, const void *b, void *prompts) {
     int x = *(const int *)a, y = *(const int *)b;
-    return sort_set->lens[x] != sort_set->lens[y] ? sort_set->lens[y] - sort_set->lens[x] : x - y;
+    const int *lens = ((const prompt_set *)prompts)->lens;
+    return lens[x] != lens[y] ? lens[y] - lens[x] : x - y;
 }
 
 /* --output: the prompts in windows of JOB_WINDOW rounds, in file order. A window's prompts run
@@ -962,8 +970,7 @@ static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const promp
     for (int w0 = 0; rc == 0 && w0 < p->n; w0 += window) {
         int in_window = p->n - w0 < window ? p->n - w0 : window;
         for (int i = 0; i < in_window; i++) order[i] = w0 + i;
-        sort_set = p;
-        qsort(order, (size_t)in_window, sizeof *order, by_length);
+        qsort_r(order, (size_t)in_window, sizeof *order, by_length, (void *)p);
         for (int r0 = 0; rc == 0 && r0 < in_window; r0 += round) {
             int count = in_window - r0 < round ? in_window - r0 : round;
             for (int i = 0; i < count; i++)
@@ -1264,7 +1271,7 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
     if (!text) return -1;
     prompt_set p = {0};
     int rc = memchr(text, 0, size) ? fg_fail(err, "--text %s: a NUL byte: not a text file", path)
-                                   : add_text_prompt(&p, tok, text, size, err);
+                                   : add_text_prompt(&p, tok, text, size, NULL, err);
     free(text);
     if (rc == 0) *ids = p.ids[0], *n = p.lens[0], p.ids[0] = NULL; /* the rest is freed */
     prompts_free(&p);

@@ -61,8 +61,8 @@ char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len) {
 
 /* ---- prompts ---- */
 
-int jsonl_prompt(const char *path, int line_no, const char *line, const fg_tokenizer *tok, int vocab,
-                 int **ids, int *n, char **id, char **text_out, char *err) {
+int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n, char **id,
+                 char **text_out, char *err) {
     *ids = NULL, *id = NULL, *text_out = NULL;
     cJSON *o = cJSON_Parse(line);
     const cJSON *text = fg_json_get(o, "prompt");
@@ -78,25 +78,18 @@ int jsonl_prompt(const char *path, int line_no, const char *line, const fg_token
         rc = fg_fail(err, "%s line %d: \"prompt_ids\" is not a list of token ids", path, line_no);
     else if (name && !cJSON_IsString(name) && !cJSON_IsNumber(name))
         rc = fg_fail(err, "%s line %d: \"id\" is neither a string nor a number", path, line_no);
-    else if (text && !tok)
-        rc = fg_fail(err, "%s line %d: a text prompt needs a tokenizer (--vocab and --merges)", path, line_no);
-    if (rc == 0 && text) {
-        int *body, count;
-        rc = tokenizer_encode(tok, text->valuestring, strlen(text->valuestring), &body, &count, err);
-        *ids = rc ? NULL : malloc((size_t)(count + 1) * sizeof **ids);
-        if (rc == 0 && *ids) (*ids)[0] = OPT_BOS_ID, memcpy(*ids + 1, body, (size_t)count * sizeof *body), *n = count + 1;
-        if (rc == 0) free(body);
-    } else if (rc == 0) {
+    if (rc == 0 && given) {
         *n = cJSON_GetArraySize(given);
         *ids = malloc((size_t)*n * sizeof **ids);
         int k = 0;
         for (const cJSON *v = given->child; *ids && v && rc == 0; v = v->next, k++) {
-            if (!cJSON_IsNumber(v) || v->valuedouble != (int)v->valuedouble || v->valuedouble < 0 || v->valuedouble >= vocab)
+            if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < vocab) ||
+                v->valuedouble != (int)v->valuedouble) /* range first: the cast needs it */
                 rc = fg_fail(err, "%s line %d: \"prompt_ids\"[%d] is not a token id in [0, %d)", path, line_no, k, vocab);
             else (*ids)[k] = (int)v->valuedouble;
         }
     }
-    if (rc == 0 && !*ids) rc = fg_fail(err, "out of memory");
+    if (rc == 0 && given && !*ids) rc = fg_fail(err, "out of memory");
     if (rc == 0) {
         char number[16];
         snprintf(number, sizeof number, "%d", line_no);
@@ -126,14 +119,10 @@ const char *job_repeated_id(char *const *ids, int n) {
 }
 
 /* The job's identity as its first line: what changes the tokens, and the prompt file's bytes. */
-char *job_header(const char *model, const char *prompt_file, int n_prompts, const gen_options *g,
-                 const fg_policy *p) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a over the prompt file */
-    size_t len = 0;
-    char *bytes = prompt_file ? fg_read_file(prompt_file, &len, NULL) : NULL, hash[24];
-    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)bytes[i]) * 0x100000001b3ULL;
-    free(bytes);
-    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)h);
+char *job_header(const char *model, const char *prompt_file, uint64_t file_hash, int n_prompts,
+                 const gen_options *g, const fg_policy *p) {
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)file_hash);
     cJSON *job = cJSON_CreateObject(), *root = cJSON_CreateObject();
     cJSON_AddStringToObject(job, "model", model);
     cJSON_AddStringToObject(job, "prompt_file", prompt_file ? prompt_file : "");
@@ -207,14 +196,13 @@ static int read_done(job_output *o, FILE *f, char *err) {
 int job_output_open(job_output *o, const char *path, char *header, int resume, char *err) {
     *o = (job_output){.path = path, .header = header, .fd = -1};
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (stat(path, &st) != 0) { /* made by the first window: its directory must take it */
         char dir[FG_PATH_LEN];
         snprintf(dir, sizeof dir, "%s", path);
         char *slash = strrchr(dir, '/');
+        if (errno != ENOENT) return fg_fail(err, "--output %s: %s", path, strerror(errno));
         if (slash) *slash = 0;
-        if (errno != ENOENT || (slash && access(slash == dir ? "/" : dir, W_OK) != 0))
-            return fg_fail(err, "--output %s: %s", path, errno == ENOENT ? "no such directory, or not writable" : strerror(errno));
-        return 0;
+        return check_dir("--output", !slash ? "." : slash == dir ? "/" : dir, err);
     }
     if (!S_ISREG(st.st_mode)) return fg_fail(err, "--output %s: not a regular file", path);
     if (st.st_size == 0) return 0;

@@ -28,6 +28,7 @@ int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, remove
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);
 uint64_t fg_mix64(uint64_t x); /* a stateless 64-bit hash */
+uint64_t fg_fnv64(const void *bytes, size_t n); /* FNV-1a: names, files */
 
 /* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
 fp16 fp32_to_fp16(float f); /* fp16_to_fp32 is in flexgen.h */

@@ -165,16 +165,16 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
  * ------------------------------------------------------------------------------------------ */
 /* text's bytes with invalid UTF-8 replaced by U+FFFD (malloc'd, NUL-terminated; *out_len its bytes). */
 char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len);
-/* One line of a JSONL prompt file: *ids (malloc'd, *n of them: BOS and the text's tokens, or
- * "prompt_ids" as given), *id, the record's id as JSON text, and *text, the prompt's text (NULL:
- * given as ids), both malloc'd. */
-int jsonl_prompt(const char *path, int line_no, const char *line, const fg_tokenizer *tok, int vocab,
-                 int **ids, int *n, char **id, char **text, char *err);
+/* One line of a JSONL prompt file: its "prompt" as *text, or its "prompt_ids" as *ids (*n of them,
+ * checked against vocab), and *id, the record's id as JSON text; each malloc'd, the other of
+ * *text and *ids NULL. */
+int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n, char **id,
+                 char **text, char *err);
 /* An id that two of the n prompts share (one of ids' strings), or NULL. */
 const char *job_repeated_id(char *const *ids, int n);
 /* The output's first line, which names the job (malloc'd). */
-char *job_header(const char *model, const char *prompt_file, int n_prompts, const gen_options *g,
-                 const fg_policy *p);
+char *job_header(const char *model, const char *prompt_file, uint64_t file_hash, int n_prompts,
+                 const gen_options *g, const fg_policy *p);
 typedef struct {
     const char *path;
     char *header;      /* this job's first line (owned) */

@@ -456,6 +456,12 @@ uint64_t fg_mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+uint64_t fg_fnv64(const void *bytes, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)bytes)[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 /* o's member `key`, the last of them when the key is repeated: Python's json (and so HF) keeps
  * the last value, where cJSON's lookup finds the first. */
 const cJSON *fg_json_get(const cJSON *o, const char *key) {

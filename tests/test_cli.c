@@ -161,9 +161,9 @@ int run_command(const char *const *argv, const char *stdin_text, char **out, cha
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
-static int count_lines(const char *s) {
+static int count_lines(const char *s) { /* NULL (no file yet): 0 */
     int n = 0;
-    for (; *s; s++) n += *s == '\n';
+    for (; s && *s; s++) n += *s == '\n';
     return n;
 }
 
@@ -636,12 +636,6 @@ static void test_damaged_weight_file(void) {
  * Batch jobs: JSONL prompts, --output records, --resume
  * --------------------------------------------------------------------------------------------- */
 
-static int count_char(const char *s, char c) {
-    int n = 0;
-    for (; s && *s; s++) n += *s == c;
-    return n;
-}
-
 /* Each line of a file a whole JSON object (the records of an output). */
 static int whole_lines(const char *text) {
     int ok = 1;
@@ -684,7 +678,7 @@ static void test_job_output(void) {
         CU_ASSERT_EQUAL(rc, 0);
         char *records = slurp(output, NULL);
         CU_ASSERT_FATAL(records != NULL);
-        EXPECT(whole_lines(records) && count_char(records, '\n') == 6 && strstr(records, "{\"flexgen_job\":") == records,
+        EXPECT(whole_lines(records) && count_lines(records) == 6 && strstr(records, "{\"flexgen_job\":") == records,
                "--output: expected a job line and 5 records, got:\n%s", records);
         const char *line = strchr(records, '\n') + 1;
         for (int i = 0; i < 5 && line; i++, line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
@@ -779,7 +773,7 @@ static void test_job_resume_after_kill(void) {
     int lines = 0;
     for (int tries = 0; tries < 60000 && lines < 3; tries++) { /* the job line and two records */
         char *now = slurp(killed, NULL);
-        lines = count_char(now, '\n');
+        lines = count_lines(now);
         free(now);
         if (lines < 3) usleep(1000);
     }
@@ -787,7 +781,7 @@ static void test_job_resume_after_kill(void) {
     int status;
     waitpid(pid, &status, 0);
     char *part = slurp(killed, NULL), *full = slurp(whole, NULL);
-    int kept = count_char(part, '\n');
+    int kept = count_lines(part);
     EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part),
            "killed mid-job: expected whole lines, fewer than all %d records; got %d lines, %s", PROMPTS, kept,
            whole_lines(part) ? "all whole" : "not all whole");
