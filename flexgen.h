@@ -55,7 +55,7 @@ typedef struct {
     fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
     fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
     opt_layer_weights *layers;
-    int q4;                /* matrices and embedding tables are 4-bit (§5, quant.c's layout) */
+    int q4, q4_int8;       /* 4-bit matrices and tables (§5, quant.c); times int8 activations (int8.c) */
     fp16 *storage;         /* one allocation all of the above point into, or NULL */
     size_t storage_values;
 } opt_weights;
@@ -163,6 +163,7 @@ typedef struct {
     int cpu_cache_compute;   /* decode attention over a cpu or disk cache runs on the CPU */
     int pin_weight;          /* pinned cpu-tier weights (CUDA) */
     int compress_weight, compress_cache; /* 4-bit group-wise (§5) */
+    int int8_activations;    /* 4-bit matrices times int8 activations on the CPU (support/int8.c) */
     float attn_sparsity;     /* decode attention keeps this fraction of the past (§5); 1: all */
     double capacity[N_TIERS]; /* bytes; 0: what the machine has */
     const char *offload_dir; /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */
@@ -174,9 +175,8 @@ typedef struct {
 fg_policy fg_default_policy(void); /* all on the gpu tier, overlap on, a 2 x 16 block, the CPU */
 
 typedef struct {
-    double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS]; /* bytes */
+    double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS], link_bytes[N_LINKS]; /* bytes */
     double host_memory;      /* what gpu and cpu tiers share where the gpu tier is host memory */
-    double link_bytes[N_LINKS];
 } fg_stats;
 
 /* The compute device's operations: the schedule calls only these, so one loop drives the CPU

@@ -8,7 +8,8 @@ For each mode (prefill: each window in one pass; decode: the scored tokens one d
 time, as generation reads the KV cache) it runs fp16 first with --predictions, then each
 approximation with --compare against fp16's predictions, and prints a Markdown table: the
 perplexity, its change from fp16, and the share of scored positions whose most likely next
-token is fp16's. Extra arguments go to every run (e.g. --window 128).
+token is fp16's. --only "NAME;NAME" runs those approximations (fp16 always runs first). Extra
+arguments go to every run (e.g. --window 128).
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ import tempfile
 CONFIGS = [
     ("fp16", []),
     ("4-bit weights", ["--compress-weight"]),
+    ("4-bit weights x int8 activations", ["--compress-weight", "--int8-activations"]),
     ("4-bit cache", ["--compress-cache"]),
     ("4-bit weights + cache", ["--compress-weight", "--compress-cache"]),
     ("sparsity 0.5", ["--attn-sparsity", "0.5"]),
@@ -42,9 +44,16 @@ def main():
     ap.add_argument("--model", default="models/opt-kjv")
     ap.add_argument("--text", default=None, help="[MODEL/heldout.txt]")
     ap.add_argument("--flexgen", default="./flexgen")
+    ap.add_argument("--only", default=None, help="approximations to run, by name, separated by semicolons")
     ap.add_argument("flags", nargs="*", help="more flags for every run, after --")
     args = ap.parse_args()
     text = args.text or os.path.join(args.model, "heldout.txt")
+    names = [c[0] for c in CONFIGS]
+    only = args.only.split(";") if args.only else names
+    for name in only:
+        if name not in names:
+            sys.exit(f"accuracy_table: --only: no approximation named '{name}' (there are: {', '.join(names)})")
+    configs = [c for c in CONFIGS if c[0] == "fp16" or c[0] in only]
     print("| mode | approximation | perplexity | change | top-1 agreement with fp16 | seconds |")
     print("| --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +61,7 @@ def main():
             extra = args.flags + (["--decode"] if mode == "decode" else [])
             top1 = os.path.join(tmp, f"{mode}.txt")
             base = None
-            for name, flags in CONFIGS:
+            for name, flags in configs:
                 more = ["--predictions", top1] if base is None else ["--compare", top1]
                 r = run(args.flexgen, args.model, text, extra + flags + more)
                 base = base or r["perplexity"]

@@ -6,6 +6,7 @@
 #   flexgen       ./flexgen --model CKPT --prompt-ids FILE --gen-len G --gpu-batch-size B
 #                 --num-gpu-batches 1 --device cpu --json --quiet (fp16 weights, fp32 compute)
 #   flexgen-4bit  the same with --compress-weight (4-bit group-wise weights)
+#   flexgen-int8  the same with --compress-weight --int8-activations (integer products)
 #   ct2-fp32      CTranslate2, the checkpoint converted with float32 weights, compute_type float32
 #   ct2-int8      CTranslate2, the checkpoint converted with int8 weights, compute_type int8
 #   pytorch       transformers' OPTForCausalLM from the checkpoint, fp32, eager, with a KV cache
@@ -35,7 +36,7 @@
 #   ROUNDS     rounds; each runs every engine once, in the order above [2]
 #   THREADS    OMP_NUM_THREADS of every run, CTranslate2's intra_threads, torch.set_num_threads
 #              [nproc]
-#   ENGINES    the engines to run, separated by spaces or commas [all five]
+#   ENGINES    the engines to run, separated by spaces or commas [all six]
 #   CHECK=0    no token check [1]
 #   SEED       seed of the random weights and the prompts [0]
 #   CACHE_DIR  checkpoints, conversions and prompt files [build/peers]
@@ -80,7 +81,7 @@ usage() {
     echo "see the comment at the top of scripts/bench_peers.sh for what is measured and the environment"
 }
 
-ALL_ENGINES="flexgen flexgen-4bit ct2-fp32 ct2-int8 pytorch"
+ALL_ENGINES="flexgen flexgen-4bit flexgen-int8 ct2-fp32 ct2-int8 pytorch"
 CONFIGS="${CONFIGS:-opt-125m:32:128:32 opt-1.3b:8:128:32}"
 ROUNDS="${ROUNDS:-2}"
 THREADS="${THREADS:-$(nproc)}"
@@ -155,8 +156,11 @@ for m in $need_py; do
 done
 command -v /usr/bin/time >/dev/null || die "/usr/bin/time is missing (apt-get install -y time)"
 py_helper() { "$PY" scripts/bench_peers.py "$@"; }
+flexgen_flags() { # an engine of ours: its flags beyond the common ones
+    case "$1" in flexgen-4bit) echo --compress-weight ;; flexgen-int8) echo --compress-weight --int8-activations ;; esac
+}
 
-if has_engine flexgen || has_engine flexgen-4bit; then
+if has_engine flexgen || has_engine flexgen-4bit || has_engine flexgen-int8; then
     log "building ./flexgen"
     make --no-print-directory flexgen >&2 || die "make flexgen failed"
 fi
@@ -204,10 +208,10 @@ run_engine() { # engine cfg round
     [ "$round" = 1 ] && tokens="$TMP/tokens-$cfg-$engine.json"
     local -a cmd
     case "$engine" in
-        flexgen|flexgen-4bit)
+        flexgen|flexgen-4bit|flexgen-int8)
             cmd=(./flexgen --model "$ckpt" --prompt-ids "$pf" --gen-len "$glen"
-                --gpu-batch-size "$batch" --num-gpu-batches 1 --device cpu --json --quiet)
-            [ "$engine" = flexgen-4bit ] && cmd+=(--compress-weight) ;;
+                --gpu-batch-size "$batch" --num-gpu-batches 1 --device cpu --json --quiet
+                $(flexgen_flags "$engine")) ;;
         ct2-fp32|ct2-int8)
             local q=float32
             [ "$engine" = ct2-int8 ] && q=int8
@@ -240,8 +244,7 @@ for cfg in $CONFIGS; do
             tokens="$TMP/tokens-$cfg-$engine.json"
             if [[ "$engine" == flexgen* ]]; then
                 log "[$cfg] $engine: an untimed --dump-logits run for the token check"
-                extra=()
-                [ "$engine" = flexgen-4bit ] && extra=(--compress-weight)
+                read -r -a extra <<<"$(flexgen_flags "$engine")"
                 ./flexgen --model "$(ckpt_dir "$model")" \
                     --prompt-ids "$(prompts_file "$batch" "$plen")" \
                     --gen-len "$glen" --gpu-batch-size "$batch" --num-gpu-batches 1 --device cpu \

@@ -99,6 +99,10 @@ static void usage(FILE *out) {
 "  --compress-weight       keep every weight matrix 4-bit, group-wise (section 5) in whichever\n"
 "                          tier holds it; the CPU's products read it as stored, CUDA\n"
 "                          decompresses it into the gpu tier just before use\n"
+"  --int8-activations      with --compress-weight, on the CPU: round the activations to int8\n"
+"                          (one scale per row, group and 64 inputs) and multiply them by the\n"
+"                          4-bit codes in integers; faster, and not section 5's scheme (its\n"
+"                          accuracy: BENCHMARKS.md); lm_head keeps fp32\n"
 "  --compress-cache        keep the KV cache 4-bit, group-wise along each head (section 5)\n"
 "  --attn-sparsity F       decode attention keeps the top F of the past tokens by weight and\n"
 "                          reads only their V rows (section 5), 0 < F <= 1 [1]\n"
@@ -248,6 +252,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
+        else if (!strcmp(f, "--int8-activations")) p->int8_activations = 1, takes_value = 0;
         else if (!strcmp(f, "--evaluate")) a->evaluate = 1, takes_value = 0;
         else if (!strcmp(f, "--decode")) a->ppl.decode = 1, takes_value = 0;
         else if (!strcmp(f, "--percent")) {
@@ -316,6 +321,8 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
     if (a->resume && !a->output) return fg_fail(err, "--resume: finishes the job of --output F; give it");
+    if (a->policy.int8_activations && !a->policy.compress_weight)
+        return fg_fail(err, "--int8-activations: multiplies 4-bit weights by int8 activations; give --compress-weight too");
     if (a->output && a->dump_logits) return fg_fail(err, "--output and --dump-logits: give one of them");
     if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
         return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
@@ -626,6 +633,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddBoolToObject(o, "overlap", a->policy.overlap);
         cJSON_AddBoolToObject(o, "cpu_cache_compute", a->policy.cpu_cache_compute);
         cJSON_AddBoolToObject(o, "compress_weight", a->policy.compress_weight);
+        cJSON_AddBoolToObject(o, "int8_activations", a->policy.int8_activations);
         cJSON_AddBoolToObject(o, "compress_cache", a->policy.compress_cache);
         cJSON_AddNumberToObject(o, "attn_sparsity", a->policy.attn_sparsity);
         cJSON_AddNumberToObject(o, "model_size_bytes", model);
@@ -1013,10 +1021,19 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tok
     return share_prompts(pipe, p, err);
 }
 
+/* The runtime, refused where --int8-activations meets a backend that keeps section 5's products. */
+static int open_runtime(const fg_policy *p, fg_runtime **rt, char *err) {
+    if (fg_runtime_open(p, rt, err)) return -1;
+    if (!p->int8_activations || fg_runtime_backend(*rt)->reads_q4) return 0;
+    fg_runtime_close(*rt), *rt = NULL;
+    return fg_fail(err, "--int8-activations: the CPU backend's scheme; this run's device is CUDA, which "
+                        "multiplies as section 5 does (give --device cpu)");
+}
+
 /* This stage's runtime and model, its plan checked, its weights in their homes. */
 static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtime **rt,
                       fg_model **m, char *err) {
-    int rc = fg_runtime_open(&a->policy, rt, err);
+    int rc = open_runtime(&a->policy, rt, err);
     if (rc == 0) fg_pipeline_attach(*rt, pipe), rc = fg_model_open(*rt, a->model, a->gen.seed, m, err);
     if (rc == 0) rc = check_prompts(fg_model_config(*m), p->n, p->ids, p->lens, a->gen.gen_len, err);
     if (rc == 0) rc = fg_check_plan(*m, p->n, longest_prompt(p), a->gen.gen_len, err);
@@ -1347,7 +1364,7 @@ static int perplexity_command(cli_args *a, int argc, char **argv, char *err) {
     if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
-        rc = fg_runtime_open(&a->policy, &rt, err);
+        rc = open_runtime(&a->policy, &rt, err);
     }
     if (rc == 0) rc = fg_model_open(rt, a->model, a->gen.seed, &m, err);
     a->ppl.verbose = a->gen.verbose;

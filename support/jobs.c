@@ -134,6 +134,7 @@ char *job_header(const char *model, const char *prompt_file, uint64_t file_hash,
     cJSON_AddNumberToObject(job, "seed", (double)g->seed);
     cJSON_AddBoolToObject(job, "stop_at_eos", g->stop_at_eos);
     cJSON_AddBoolToObject(job, "compress_weight", p->compress_weight);
+    if (p->int8_activations) cJSON_AddBoolToObject(job, "int8_activations", 1); /* absent: off */
     cJSON_AddBoolToObject(job, "compress_cache", p->compress_cache);
     cJSON_AddNumberToObject(job, "attn_sparsity", p->attn_sparsity);
     cJSON_AddItemToObject(root, "flexgen_job", job);
@@ -142,7 +143,7 @@ char *job_header(const char *model, const char *prompt_file, uint64_t file_hash,
     return line;
 }
 
-/* The first key whose value differs between two job headers, or NULL. */
+/* The first key whose value differs between two job headers (a key in one only differs), or NULL. */
 static const char *header_differs(const cJSON *have, const cJSON *want, char *values, size_t n) {
     for (const cJSON *w = want->child; w; w = w->next) {
         const cJSON *h = fg_json_get(have, w->string);
@@ -151,6 +152,13 @@ static const char *header_differs(const cJSON *have, const cJSON *want, char *va
         snprintf(values, n, "%.100s there, %.100s here", a ? a : "none", b ? b : "?");
         free(a), free(b);
         return w->string;
+    }
+    for (const cJSON *h = have->child; h; h = h->next) {
+        if (fg_json_get(want, h->string)) continue;
+        char *a = cJSON_PrintUnformatted(h);
+        snprintf(values, n, "%.100s there, none here", a ? a : "?");
+        free(a);
+        return h->string;
     }
     return NULL;
 }

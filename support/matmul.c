@@ -313,9 +313,10 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
 }
 
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
-                    int accumulate, float *scratch) {
+                    int accumulate, int int8, float *scratch) {
     int simd = use_simd();
-    if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4, out, y, accumulate, scratch, simd);
+    if (int8 && q4) matmul_q4_int8(x, rows, in, W, q4, out, y, accumulate, simd);
+    else if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4, out, y, accumulate, scratch, simd);
     else product_decode(x, rows, in, W, q4, out, y, accumulate, simd);
 }
 

@@ -60,7 +60,9 @@ const fg_simd *fg_simd_kernels(void);
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
-                    int accumulate, float *scratch);
+                    int accumulate, int int8, float *scratch); /* int8: int8.c's scheme (q4 only) */
+void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                    int accumulate, int simd); /* int8.c */
 size_t matmul_scratch_floats(int in, int out);
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, int n, float *y,
                     float *scratch, size_t scratch_stride);

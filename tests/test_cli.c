@@ -967,7 +967,7 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
     {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
     {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
-    {"--compress-cache", NULL}, {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
+    {"--compress-cache", NULL}, {"--int8-activations", NULL}, {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
     {"--hw", "hw.json"}, {"--max-latency", "10"}, {"--evaluate", NULL},
     {"--text", "t.txt"}, {"--window", "8"}, {"--stride", "4"}, {"--decode", NULL},
     {"--predictions", "p.txt"}, {"--compare", "p.txt"}, /* of `flexgen perplexity` */
@@ -989,13 +989,13 @@ static void test_help(void) {
     for (int i = 0; i < N_FLAGS; i++) {
         const char *at = strstr(out, FLAGS[i].flag);
         size_t len = strlen(FLAGS[i].flag);
-        while (at && (at[len] == '-' || (at[len] >= 'a' && at[len] <= 'z'))) /* --prompt-ids */
+        while (at && (at[len] == '-' || (at[len] >= 'a' && at[len] <= 'z') || (at[len] >= '0' && at[len] <= '9')))
             at = strstr(at + 1, FLAGS[i].flag);
         CU_ASSERT_PTR_NOT_NULL(at);
         if (!at) fprintf(stderr, "\n    --help does not mention %s\n", FLAGS[i].flag);
     }
     for (const char *s = strstr(out, "--"); s; s = strstr(s + 2, "--")) { /* and no others */
-        size_t len = 2 + strspn(s + 2, "abcdefghijklmnopqrstuvwxyz-");
+        size_t len = 2 + strspn(s + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
         CU_ASSERT(known_flag(s, len));
         if (!known_flag(s, len))
             fprintf(stderr, "\n    --help mentions %.*s, not in FLAGS\n", (int)len, s);
@@ -1027,7 +1027,7 @@ static void test_flags_accepted(void) {
  * --------------------------------------------------------------------------------------------- */
 
 /* --device: a bad name is refused; cuda without a GPU is one line with the reason; with a GPU
- * the report names the device that ran. */
+ * the report names the device that ran, and --int8-activations (the CPU's scheme) is refused. */
 static void test_device(void) {
     char why[FG_ERR_LEN];
     EXPECT_FAIL(ARGS("--device", "gpu"), "--device", "cuda, cpu, cpu-fp16 or auto", "'gpu'");
@@ -1039,6 +1039,8 @@ static void test_device(void) {
         free(out);
         return;
     }
+    EXPECT_FAIL(ARGS("--device", "cuda", "--compress-weight", "--int8-activations", "--gen-len", "2", "--prompt-len", "4"),
+                "--int8-activations", "--device cpu");
     const char *args[] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "4",
                           "--quiet", "--device", "cuda", NULL};
     char *out, *err;
@@ -1063,6 +1065,7 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--disk-mem", "5Q"), "--disk-mem", "'5Q'");
     EXPECT_FAIL(ARGS("--gpu-mem", "-1G"), "--gpu-mem", "'-1G'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "0"), "--attn-sparsity", "(0, 1]", "'0'");
+    EXPECT_FAIL(ARGS("--int8-activations"), "--int8-activations", "--compress-weight");
     EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "(0, 1]", "'1.5'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");

@@ -253,6 +253,55 @@ static void test_qkv_groups(void) {
     fg_runtime_close(rt), fg_runtime_close(rt16);
 }
 
+/* --int8-activations (support/int8.c): the runtime computes the plain pass with the same scheme,
+ * bit for bit, with the weights on every tier, overlapped or not. Against section 5's products:
+ * each activation a product reads is rounded by at most 1/254 of its block's largest (about
+ * 1/440 of it in RMS, about 0.6% of a typical value), a few products in a row on a logit's path,
+ * in quadrature: a few percent at most. We require the first step's logits to move by something
+ * (the flag takes effect) and by at most 0.05 in relative RMS, a seventh of what 4-bit weights
+ * are allowed against fp16 (measured: 0.029 pre-LN, 0.042 post-LN). */
+static void check_int8(const char *name) {
+    fixture_prompts f;
+    fixture_prompts_open(name, N_SEQ, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *plain = malloc(n * sizeof *plain), *q4_run = malloc(n * sizeof *q4_run), *r = malloc(n * sizeof *r);
+    int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    opt_weights w;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_weights_load(f.dir, &w, err), 0);
+    compress_weights(&w);
+    w.q4_int8 = 1;
+    plain_generate(&w, &f, plain_tokens, plain);
+    w.q4_int8 = 0;
+    plain_generate(&w, &f, plain_tokens, q4_run);
+    opt_weights_free(&w);
+    static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {0, 100, 100, 0, 100, 0},
+                                            {0, 0, 100, 0, 100, 0}, {30, 30, 100, 0, 100, 0}};
+    for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
+        for (int overlap = 0; overlap < 2; overlap++) {
+            fg_policy p = compressed(N_SEQ, 1, placements[k]);
+            p.overlap = overlap, p.int8_activations = 1;
+            CU_ASSERT_EQUAL(runtime_generate(&f, &p, tokens, r), 0);
+            EXPECT(!memcmp(r, plain, n * sizeof *r), "%s, int8 activations, weights %d%% gpu %d%% cpu, overlap %d: "
+                   "the runtime's logits differ from the plain pass's", name, placements[k].wg, placements[k].wc, overlap);
+        }
+    double diff = 0, norm = 0;
+    for (int b = 0; b < N_SEQ; b++)
+        for (int v = 0; v < f.cfg.vocab; v++) {
+            size_t at = ((size_t)b * GEN) * f.cfg.vocab + v;
+            diff += (plain[at] - q4_run[at]) * (plain[at] - q4_run[at]);
+            norm += q4_run[at] * q4_run[at];
+        }
+    EXPECT(diff > 0 && sqrt(diff / norm) <= 0.05, "%s: int8 activations moved the first step's logits by %.4f "
+           "in relative RMS from section 5's products; expected more than 0 and at most 0.05", name, sqrt(diff / norm));
+    fprintf(stderr, "[%s: rms change %.4f] ", name, sqrt(diff / norm));
+    free(plain), free(q4_run), free(r);
+    fixture_prompts_close(&f);
+}
+
+static void test_int8_pre_ln(void) { check_int8("opt-tiny"); }
+static void test_int8_post_ln(void) { check_int8("opt-tiny-350m"); }
+
 static void test_weights_pre_ln(void) { check_weights("opt-tiny"); }
 static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
 
@@ -563,6 +612,9 @@ void add_compress_tests(void) {
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, post-LN",
                 test_weights_post_ln);
     CU_add_test(s, "--compress-weight groups q, k and v each on its own (hidden 96)", test_qkv_groups);
+    CU_add_test(s, "--int8-activations: the plain pass's bits on every tier, close to section 5's, pre-LN",
+                test_int8_pre_ln);
+    CU_add_test(s, "--int8-activations: the same, post-LN (opt-350m's shape)", test_int8_post_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, pre-LN", test_cache_pre_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, post-LN", test_cache_post_ln);
     CU_add_test(s, "--compress-cache: another GPU batch size, within the stated bound", test_cache_batch_shape);

@@ -104,7 +104,7 @@ static void check_products(int q4) {
         const float *v = q4 ? w.v4 : w.v16;
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, scratch);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch);
             int bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, y);
             EXPECT(bad == 0, "%s, %d part(s), rows %d, in %d, out %d%s: %d elements outside the bound",
                    q4 ? "4-bit" : "fp16", q4, rows, in, out, acc ? ", adding" : "", bad);
@@ -192,7 +192,7 @@ static void test_paths_agree(void) {
                 y[portable] = random_floats((size_t)rows * out, 23 + s);
                 matmul_force_portable(portable);
                 matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out,
-                               y[portable], 1, scratch);
+                               y[portable], 1, 0, scratch);
             }
             matmul_force_portable(0);
             EXPECT(!memcmp(y[0], y[1], (size_t)rows * out * sizeof(float)),
@@ -211,14 +211,130 @@ static void test_rows_independent(void) {
     weights_make(&w, in, out, 1, 31);
     float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
     float *one = malloc((size_t)out * sizeof *one);
-    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, NULL);
+    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, NULL);
     int differ = 0;
     for (int r = 0; r < rows; r++) {
-        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, NULL);
+        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, NULL);
         differ += memcmp(one, all + (size_t)r * out, (size_t)out * sizeof *one) != 0;
     }
     EXPECT(differ == 0, "%d of %d rows differ computed alone", differ, rows);
     free(x), free(all), free(one);
+    weights_free(&w);
+}
+
+/* ---- 4-bit weights times int8 activations (support/int8.c) ---- */
+
+/* Code, scale and min of W[k][c] in 4-bit bytes of `parts` parts side by side (quant.c's layout). */
+static void q4_parts_at(const uint8_t *w4, int parts, int out, int k, int c, int *q, float *scale, float *min) {
+    int part = out / parts, G = (part + Q4_GROUP - 1) / Q4_GROUP, s = c / part, j = c % part, g = j / Q4_GROUP;
+    size_t part_bytes = q4_bytes(1, (size_t)part, 1);
+    const uint8_t *p = w4 + (size_t)k * parts * part_bytes + s * part_bytes;
+    fp16 h[2];
+    memcpy(&h[0], p + G * (Q4_GROUP / 2) + 2 * g, 2);
+    memcpy(&h[1], p + G * (Q4_GROUP / 2 + 2) + 2 * g, 2);
+    *min = fp16_to_fp32(h[0]), *scale = fp16_to_fp32(h[1]);
+    *q = (p[g * (Q4_GROUP / 2) + j % Q4_GROUP / 2] >> (j % 2 ? 0 : 4)) & 15;
+}
+
+/* What the scheme computes for y[r][c], in double, from the same int8 operands as the kernel:
+ * per block of 64 k, a = x s in fp32, alpha = max|a| / 127, a8 = round(a (127 / max|a|)); the
+ * sum of alpha sum a8 q + sum x m. Also its bound from fp32 (msum in 64 terms, the fmaf, nb + 1
+ * additions into y) and the bound from rounding a to int8, against the exact sum *exact. */
+static double int8_scheme(const float *xr, int in, const uint8_t *w4, int parts, int out, int c, double y0,
+                          double *fp_bound, double *q_bound, double *exact) {
+    double y = y0, mag = fabs(y0), msum_mag = 0, u = 0x1p-24;
+    *q_bound = 0, *exact = y0;
+    for (int k0 = 0; k0 < in; k0 += 64) {
+        int kc = in - k0 < 64 ? in - k0 : 64, q[64];
+        float a[64], s, m, big = 0;
+        double msum = 0, mm = 0;
+        for (int k = 0; k < kc; k++) {
+            q4_parts_at(w4, parts, out, k0 + k, c, &q[k], &s, &m);
+            a[k] = xr[k0 + k] * s;
+            big = fmaxf(big, fabsf(a[k]));
+            msum += (double)xr[k0 + k] * m, mm += fabs((double)xr[k0 + k] * m);
+            *exact += (double)xr[k0 + k] * ((double)q[k] * s + m);
+        }
+        float alpha = big / 127, inv = 127 / big;
+        long isum = 0;
+        for (int k = 0; k < kc && big > 0; k++) {
+            isum += (long)nearbyintf(a[k] * inv) * q[k];
+            *q_bound += (alpha * (0.5 + 127 * u) + 3.1 * u * fabs(a[k])) * q[k];
+        }
+        double t = (big > 0 ? (double)alpha * isum : 0) + msum;
+        y += t, mag += fabs(t) + mm, msum_mag += mm;
+    }
+    int nb = (in + 63) / 64;
+    *fp_bound = gamma_n(65) * msum_mag + gamma_n(nb + 2) * mag;
+    return y;
+}
+
+/* The kernel (on the path the CPU takes) against int8_scheme, and against the exact product
+ * within the int8 rounding's bound; then the portable path, which must give the same bits. */
+static void check_int8_products(int parts) {
+    for (size_t s = 0; s < (parts == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) {
+        int rows = shape_of(parts, s)[0], in = shape_of(parts, s)[1], out = shape_of(parts, s)[2];
+        weights w;
+        weights_make(&w, in, out, parts, 41 + s);
+        float *x = random_floats((size_t)rows * in, 43 + s), *y0 = random_floats((size_t)rows * out, 47 + s);
+        float *y = malloc((size_t)rows * out * sizeof *y), *yp = malloc((size_t)rows * out * sizeof *yp);
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(y, y0, (size_t)rows * out * sizeof *y);
+            memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, 1, NULL);
+            int fp_bad = 0, q_bad = 0;
+            double worst = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < out; c++) {
+                    double fp_bound, q_bound, exact, got = y[(size_t)r * out + c];
+                    double want = int8_scheme(x + (size_t)r * in, in, w.w4, parts, out, c, acc ? y0[(size_t)r * out + c] : 0,
+                                              &fp_bound, &q_bound, &exact);
+                    fp_bad += fabs(got - want) > fp_bound;
+                    q_bad += fabs(got - exact) > q_bound + fp_bound;
+                    if (q_bound > 0 && fabs(got - exact) / q_bound > worst) worst = fabs(got - exact) / q_bound;
+                }
+            EXPECT(fp_bad == 0 && q_bad == 0, "int8 x 4-bit, %d part(s), rows %d, in %d, out %d%s: %d elements "
+                   "apart from the scheme in double beyond fp32's bound, %d from the exact product beyond the "
+                   "int8 rounding's bound (the worst at %.2f of it)", parts, rows, in, out, acc ? ", adding" : "",
+                   fp_bad, q_bad, worst);
+            if (!fg_cpu_has_avx2()) continue;
+            matmul_force_portable(1);
+            matmul_weights(x, rows, in, w.w4, parts, out, yp, acc, 1, NULL);
+            matmul_force_portable(0);
+            EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
+                   "out %d%s: the portable path differs from AVX2", parts, rows, in, out, acc ? ", adding" : "");
+        }
+        free(x), free(y0), free(y), free(yp);
+        weights_free(&w);
+    }
+}
+
+static void test_int8_products(void) { check_int8_products(1); }
+static void test_int8_parts_products(void) { check_int8_products(3); }
+
+/* Activations with one large value in a block (as OPT's outlier features): the block's other
+ * values keep only 127 levels of it, and the result still keeps the bound. A block of zeros
+ * gives alpha 0, not a division by zero. */
+static void test_int8_outliers_and_zeros(void) {
+    int rows = 4, in = 192, out = 128;
+    weights w;
+    weights_make(&w, in, out, 1, 53);
+    float *x = random_floats((size_t)rows * in, 59), *y = malloc((size_t)rows * out * sizeof *y);
+    x[5] = 60.0f, x[in + 70] = -300.0f;                  /* outliers in rows 0 and 1 */
+    for (int k = 64; k < 128; k++) x[2 * in + k] = 0;    /* row 2's second block: zeros */
+    for (int k = 0; k < in; k++) x[3 * in + k] = 0;      /* row 3: all zeros */
+    matmul_weights(x, rows, in, w.w4, 1, out, y, 0, 1, NULL);
+    int bad = 0, finite = 1;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < out; c++) {
+            double fp_bound, q_bound, exact, got = y[(size_t)r * out + c];
+            int8_scheme(x + (size_t)r * in, in, w.w4, 1, out, c, 0, &fp_bound, &q_bound, &exact);
+            bad += fabs(got - exact) > q_bound + fp_bound;
+            finite &= isfinite(got);
+            if (r == 3) bad += got != 0;
+        }
+    EXPECT(bad == 0 && finite, "%d elements beyond the bound (row 3, all zeros, must give 0), finite: %d", bad, finite);
+    free(x), free(y);
     weights_free(&w);
 }
 
@@ -231,4 +347,8 @@ void add_matmul_tests(void) {
     CU_add_test(s, "4-bit embedding table as lm_head, and its rows", test_q4_embed_t);
     CU_add_test(s, "AVX2 and portable paths give the same bits", test_paths_agree);
     CU_add_test(s, "decode: a row's result does not depend on the rows beside it", test_rows_independent);
+    CU_add_test(s, "int8 activations x 4-bit: the scheme in double, the int8 bound, the paths' bits",
+                test_int8_products);
+    CU_add_test(s, "int8 activations x 4-bit q|k|v in 3 parts: the same", test_int8_parts_products);
+    CU_add_test(s, "int8 activations: an outlier in a block, and blocks of zeros", test_int8_outliers_and_zeros);
 }

@@ -1,0 +1,342 @@
+/* support/int8.c: 4-bit weights times int8 activations, an opt-in numeric scheme beside §5's
+ * (--int8-products, the CPU backend only).
+ *
+ * §5 keeps the activations in fp32 and widens each 4-bit weight, min + q scale, to fp32 before
+ * multiplying (support/matmul.c). Here the activations are rounded to int8 instead, so the inner
+ * loops multiply integers: the 4-bit codes q (0 .. 15) by 8-bit activations, summed exactly in
+ * int32, with AVX2's vpmaddubsw (32 products an instruction, against 8 for an fp32 FMA).
+ *
+ * A linear weight W[in][out] is grouped along out (quant.c's layout): row k's 64 columns of group
+ * g share a min m[k][g] and a scale s[k][g]. So, for a column j of group g,
+ *
+ *   y[r][j] = sum_k x[r][k] (q[k][j] s[k][g] + m[k][g])
+ *           = sum_k a[k] q[k][j]  +  sum_k x[r][k] m[k][g],      a[k] = x[r][k] s[k][g].
+ *
+ * The sum over k runs in blocks of 64. In each block, for each row and group, a is rounded to
+ * int8 with one scale, the block's largest |a| becoming 127:
+ *
+ *   alpha = max|a| / 127,    a8[k] = round(a[k] (127 / max|a|))     (|a8| <= 127)
+ *
+ * and y gains fmaf(alpha, isum[j], msum), where isum[j] = sum_k a8[k] q[k][j], exact in int32,
+ * and msum = sum_k x[r][k] m[k][g] in fp32, in 8 lanes (lane l sums the k = l mod 8 in order; the
+ * lanes are added as AVX2's halving reduction adds them). Rounding a is the one new error: at
+ * most alpha / 2 for each a[k], so |y - exact| <= sum over blocks of (alpha / 2) sum_k q[k][j],
+ * plus fp32's rounding. tests/test_matmul.c holds the kernel to that, against a double-precision
+ * sum of the same int8 operands.
+ *
+ * The portable path and the AVX2 one give the same bits: the integer sums are exact, and the
+ * floating-point steps (a, max|a|, alpha, the rounding to nearest even, msum's lanes, the fmaf)
+ * are the same operations in the same order.
+ *
+ * The kernel. Threads share the groups (64 columns of y, or a part's last, narrower group). For
+ * each pass of up to 64 rows of x, each block of 64 k, and each group:
+ *   pack      the block's codes into a panel of quads, [k / 4][64 columns][4 codes of k]: 4 KiB
+ *             in L1, so that one vpmaddubsw multiplies 8 columns by 4 values of k (the columns
+ *             in the order the bytes interleave into, put back in order at the end);
+ *   quantize  each row's a into a8, alpha and msum;
+ *   tile      isum of 4 rows by 16 columns at a time: per 4 k, vpmaddubsw of two vectors of the
+ *             panel with the row's 4 values of a8 broadcast, summed in int16 over 32 k (at most
+ *             8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32 (vpmaddwd by ones);
+ *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
+ */
+#include "flexgen.h"
+#include "support/support.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#endif
+
+enum { KB = 64, PASS_ROWS = 64, TR = 4 }; /* k in a block; rows of x in a pass; rows in a tile */
+
+/* One group of y's columns: n (<= 64) columns from col; in each row of W (row_bytes long), its
+ * codes start at byte `codes`, its min and scale (fp16) at bytes `min` and `scale`. */
+typedef struct {
+    int col, n;
+    size_t row_bytes, codes, min, scale;
+} q4_group;
+
+/* Group u of W's q4 parts (each [in][out / q4] grouped on its own, side by side in a row). */
+static q4_group group_of(int q4, int out, int u) {
+    int part = out / q4, G = (part + Q4_GROUP - 1) / Q4_GROUP, s = u / G, g = u % G;
+    size_t part_bytes = q4_bytes(1, (size_t)part, 1), at = (size_t)s * part_bytes;
+    return (q4_group){.col = s * part + g * Q4_GROUP,
+                      .n = part - g * Q4_GROUP < Q4_GROUP ? part - g * Q4_GROUP : Q4_GROUP,
+                      .row_bytes = (size_t)q4 * part_bytes,
+                      .codes = at + (size_t)g * (Q4_GROUP / 2),
+                      .min = at + (size_t)G * (Q4_GROUP / 2) + 2 * (size_t)g,
+                      .scale = at + (size_t)G * (Q4_GROUP / 2 + 2) + 2 * (size_t)g};
+}
+
+static float fp16_at(const uint8_t *p) {
+    fp16 h;
+    memcpy(&h, p, sizeof h);
+    return fp16_to_fp32(h);
+}
+
+/* A block's operands: the codes of rows k .. k + 3 of one column side by side (a quad), the
+ * quads of rows 4i .. 4i + 3 at quads[i][slot], and the rows' scales and mins; zeros past the
+ * block's rows and the group's columns. The slots hold the columns in the order that four rows'
+ * bytes interleave into (pack_avx2): slot_column maps them back. */
+typedef struct {
+    _Alignas(32) uint8_t quads[KB / 4][64][4];
+    _Alignas(32) float scale[KB], min[KB];
+} block_panel;
+
+/* Slot s: in each 16 slots, 8 even columns then 8 odd ones; byte p of a row holds columns 2p (its
+ * high nibble) and 2p + 1, and slots 16i .. 16i + 15 take bytes 4i .. 4i + 3 and 16 + 4i .. 19 + 4i. */
+static int slot_column(int s) {
+    int i = s / 16, odd = s / 8 % 2, j = s % 8;
+    return 2 * (j < 4 ? 4 * i + j : 16 + 4 * i + j - 4) + odd;
+}
+
+/* One pass's rows, quantized for a block: a8[r][k], alpha[r], msum[r]. */
+typedef struct {
+    _Alignas(32) int8_t a8[PASS_ROWS][KB];
+    float alpha[PASS_ROWS], msum[PASS_ROWS];
+} block_rows;
+
+/* ---- The plain path, which the AVX2 one is held to, bit for bit ---- */
+
+static void pack_portable(const uint8_t *W, const q4_group *gr, int k0, int kc, block_panel *p) {
+    memset(p, 0, sizeof *p);
+    for (int k = 0; k < kc; k++) {
+        const uint8_t *row = W + (size_t)(k0 + k) * gr->row_bytes;
+        p->scale[k] = fp16_at(row + gr->scale), p->min[k] = fp16_at(row + gr->min);
+        for (int s = 0; s < 64; s++) {
+            int c = slot_column(s);
+            uint8_t byte = row[gr->codes + c / 2];
+            if (c < gr->n) p->quads[k / 4][s][k % 4] = c % 2 ? byte & 15 : byte >> 4;
+        }
+    }
+}
+
+static float lanes_add(const float lane[8]) {
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+/* alpha and 127 / max|a| from max|a|; a block of zeros (or of values too small to scale) is 0. */
+static float scales_of(float big, float *inv) {
+    *inv = big >= 0x1p-100f ? 127 / big : 0;
+    return big >= 0x1p-100f ? big / 127 : 0;
+}
+
+/* Row x of the block (its 64 values, zeros past the block's rows). */
+static void quantize_portable(const float *x, const block_panel *p, int8_t *a8, float *alpha, float *msum) {
+    float a[KB], big = 0, lane[8] = {0}, inv;
+    for (int k = 0; k < KB; k++) {
+        a[k] = x[k] * p->scale[k];
+        big = fmaxf(big, fabsf(a[k]));
+        lane[k % 8] = fmaf(x[k], p->min[k], lane[k % 8]);
+    }
+    *msum = lanes_add(lane);
+    *alpha = scales_of(big, &inv);
+    for (int k = 0; k < KB; k++) a8[k] = (int8_t)nearbyintf(a[k] * inv);
+}
+
+/* isum[r][s]: row r0 + r's sum over the block for slot s. */
+static void tile_portable(const block_panel *p, const block_rows *q, int r0, int mr, int32_t isum[TR][64]) {
+    for (int r = 0; r < mr; r++)
+        for (int s = 0; s < 64; s++) {
+            int32_t sum = 0;
+            for (int k = 0; k < KB; k++) sum += q->a8[r0 + r][k] * p->quads[k / 4][s][k % 4];
+            isum[r][s] = sum;
+        }
+}
+
+static void finish_portable(const block_rows *q, int r0, int mr, int32_t isum[TR][64], int n, float *y,
+                            size_t ldy, int from_y) {
+    for (int r = 0; r < mr; r++)
+        for (int s = 0; s < 64; s++) {
+            int c = slot_column(s);
+            if (c >= n) continue;
+            float base = from_y ? y[r * ldy + c] : 0;
+            y[r * ldy + c] = base + fmaf(q->alpha[r0 + r], (float)isum[r][s], q->msum[r0 + r]);
+        }
+}
+
+#ifdef HAVE_AVX2_PATH
+/* ---- AVX2 ---- */
+
+/* A whole group (n == 64), four rows at a time: their bytes interleaved into 32-bit lanes (byte p
+ * of rows k .. k + 3), whose high nibbles are the quads of column 2p and low nibbles of 2p + 1. */
+__attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, const q4_group *gr, int k0, int kc,
+                                                           block_panel *p) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    _Alignas(16) fp16 scales[KB] = {0}, mins[KB] = {0};
+    for (int k4 = 0; k4 < KB; k4 += 4) {
+        __m256i b[4];
+        for (int i = 0; i < 4; i++) {
+            int k = k4 + i;
+            if (k >= kc) { b[i] = _mm256_setzero_si256(); continue; }
+            const uint8_t *row = W + (size_t)(k0 + k) * gr->row_bytes;
+            b[i] = _mm256_loadu_si256((const __m256i *)(row + gr->codes));
+            memcpy(&scales[k], row + gr->scale, 2), memcpy(&mins[k], row + gr->min, 2);
+        }
+        __m256i lo01 = _mm256_unpacklo_epi8(b[0], b[1]), hi01 = _mm256_unpackhi_epi8(b[0], b[1]);
+        __m256i lo23 = _mm256_unpacklo_epi8(b[2], b[3]), hi23 = _mm256_unpackhi_epi8(b[2], b[3]);
+        __m256i v[4] = {_mm256_unpacklo_epi16(lo01, lo23), _mm256_unpackhi_epi16(lo01, lo23),
+                        _mm256_unpacklo_epi16(hi01, hi23), _mm256_unpackhi_epi16(hi01, hi23)};
+        for (int i = 0; i < 4; i++) {
+            _mm256_store_si256((__m256i *)p->quads[k4 / 4][16 * i], _mm256_and_si256(_mm256_srli_epi16(v[i], 4), low4));
+            _mm256_store_si256((__m256i *)p->quads[k4 / 4][16 * i + 8], _mm256_and_si256(v[i], low4));
+        }
+    }
+    for (int k = 0; k < KB; k += 8) {
+        _mm256_store_ps(p->scale + k, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(scales + k))));
+        _mm256_store_ps(p->min + k, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(mins + k))));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void quantize_avx2(const float *x, const block_panel *p, int8_t *a8,
+                                                              float *alpha, float *msum) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 a[KB / 8], big = _mm256_setzero_ps(), lanes = _mm256_setzero_ps();
+    for (int i = 0; i < KB / 8; i++) {
+        __m256 xv = _mm256_loadu_ps(x + 8 * i);
+        a[i] = _mm256_mul_ps(xv, _mm256_load_ps(p->scale + 8 * i));
+        big = _mm256_max_ps(big, _mm256_and_ps(a[i], magnitude));
+        lanes = _mm256_fmadd_ps(xv, _mm256_load_ps(p->min + 8 * i), lanes);
+    }
+    float lane[8], inv;
+    _mm256_storeu_ps(lane, lanes);
+    *msum = lanes_add(lane);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(big), _mm256_extractf128_ps(big, 1)); /* max is exact */
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    *alpha = scales_of(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), &inv);
+    __m256 invv = _mm256_set1_ps(inv);
+    for (int i = 0; i < KB / 8; i += 2) { /* 16 values: int32 -> int16 -> int8, in order */
+        __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(a[i], invv)), v1 = _mm256_cvtps_epi32(_mm256_mul_ps(a[i + 1], invv));
+        __m128i w0 = _mm_packs_epi32(_mm256_castsi256_si128(v0), _mm256_extracti128_si256(v0, 1));
+        __m128i w1 = _mm_packs_epi32(_mm256_castsi256_si128(v1), _mm256_extracti128_si256(v1, 1));
+        _mm_storeu_si128((__m128i *)(a8 + 8 * i), _mm_packs_epi16(w0, w1));
+    }
+}
+
+/* isum for mr rows (a constant at each call, so the loops unroll) and the 16 slots from s. */
+__attribute__((target("avx2"), always_inline)) static inline void tile_avx2_rows(const block_panel *p,
+                                                                                 const block_rows *q, int r0,
+                                                                                 const int mr, int s,
+                                                                                 int32_t isum[TR][64]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc32[TR][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) acc32[r][0] = acc32[r][1] = _mm256_setzero_si256();
+    for (int k32 = 0; k32 < KB; k32 += 32) {
+        __m256i acc16[TR][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) acc16[r][0] = acc16[r][1] = _mm256_setzero_si256();
+        for (int k4 = k32; k4 < k32 + 32; k4 += 4) {
+            __m256i w0 = _mm256_load_si256((const __m256i *)p->quads[k4 / 4][s]);
+            __m256i w1 = _mm256_load_si256((const __m256i *)p->quads[k4 / 4][s + 8]);
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                int32_t four;
+                memcpy(&four, q->a8[r0 + r] + k4, 4);
+                __m256i b = _mm256_set1_epi32(four);
+                acc16[r][0] = _mm256_add_epi16(acc16[r][0], _mm256_maddubs_epi16(w0, b));
+                acc16[r][1] = _mm256_add_epi16(acc16[r][1], _mm256_maddubs_epi16(w1, b));
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < 2; v++) acc32[r][v] = _mm256_add_epi32(acc32[r][v], _mm256_madd_epi16(acc16[r][v], ones));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; v++) _mm256_storeu_si256((__m256i *)(isum[r] + s + 8 * v), acc32[r][v]);
+}
+
+__attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, const block_rows *q, int r0, int mr,
+                                                      int32_t isum[TR][64]) {
+    for (int s = 0; s < 64; s += 16) switch (mr) {
+        case 1: tile_avx2_rows(p, q, r0, 1, s, isum); break;
+        case 2: tile_avx2_rows(p, q, r0, 2, s, isum); break;
+        case 3: tile_avx2_rows(p, q, r0, 3, s, isum); break;
+        default: tile_avx2_rows(p, q, r0, 4, s, isum); break;
+        }
+}
+
+/* A whole group: slots 16i .. 16i + 15 (8 even columns, then 8 odd) interleave back into columns
+ * 8i .. 8i + 7 and 32 + 8i .. 39 + 8i. */
+__attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q, int r0, int mr,
+                                                            int32_t isum[TR][64], float *y, size_t ldy, int from_y) {
+    for (int r = 0; r < mr; r++) {
+        __m256 alpha = _mm256_set1_ps(q->alpha[r0 + r]), msum = _mm256_set1_ps(q->msum[r0 + r]);
+        float *yr = y + r * ldy;
+        for (int i = 0; i < 4; i++) {
+            __m256i even = _mm256_loadu_si256((const __m256i *)(isum[r] + 16 * i));
+            __m256i odd = _mm256_loadu_si256((const __m256i *)(isum[r] + 16 * i + 8));
+            __m256i lo = _mm256_unpacklo_epi32(even, odd), hi = _mm256_unpackhi_epi32(even, odd);
+            __m256i cols[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+            for (int h = 0; h < 2; h++) {
+                float *yc = yr + 8 * i + 32 * h;
+                __m256 t = _mm256_fmadd_ps(alpha, _mm256_cvtepi32_ps(cols[h]), msum);
+                _mm256_storeu_ps(yc, _mm256_add_ps(from_y ? _mm256_loadu_ps(yc) : _mm256_setzero_ps(), t));
+            }
+        }
+    }
+}
+#endif
+
+/* ---- The product ---- */
+
+/* One block (k0 .. k0 + kc) of one group for rows r0 .. r0 + nr of x, added into y. */
+static void block_product(const float *x, int in, const uint8_t *W, const q4_group *gr, int r0, int nr,
+                          int k0, int kc, float *y, int ldy, int from_y, int simd) {
+    block_panel p;
+    block_rows q;
+    int32_t isum[TR][64];
+    int whole = simd && gr->n == Q4_GROUP;
+    (void)whole;
+#ifdef HAVE_AVX2_PATH
+    if (whole) pack_avx2(W, gr, k0, kc, &p);
+    else
+#endif
+        pack_portable(W, gr, k0, kc, &p);
+    for (int r = 0; r < nr; r++) {
+        const float *xr = x + (size_t)(r0 + r) * in + k0;
+        _Alignas(32) float padded[KB] = {0}; /* a last block of fewer rows: zeros after them */
+        if (kc < KB) memcpy(padded, xr, (size_t)kc * sizeof *padded), xr = padded;
+#ifdef HAVE_AVX2_PATH
+        if (simd) { quantize_avx2(xr, &p, q.a8[r], &q.alpha[r], &q.msum[r]); continue; }
+#endif
+        quantize_portable(xr, &p, q.a8[r], &q.alpha[r], &q.msum[r]);
+    }
+    for (int r = 0, mr; r < nr; r += mr) {
+        mr = nr - r < TR ? nr - r : TR;
+        float *yr = y + (size_t)(r0 + r) * ldy + gr->col;
+#ifdef HAVE_AVX2_PATH
+        if (simd) tile_avx2(&p, &q, r, mr, isum);
+        if (whole) { finish_avx2(&q, r, mr, isum, yr, (size_t)ldy, from_y); continue; }
+        if (simd) { finish_portable(&q, r, mr, isum, gr->n, yr, (size_t)ldy, from_y); continue; }
+#endif
+        tile_portable(&p, &q, r, mr, isum);
+        finish_portable(&q, r, mr, isum, gr->n, yr, (size_t)ldy, from_y);
+    }
+}
+
+/* Each thread owns a contiguous run of groups and walks W in blocks of 64 rows, each block across
+ * its groups from left to right (the order of support/matmul.c's decode). */
+void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4, int out, float *y, int accumulate,
+                    int simd) {
+    int part = out / q4, groups = q4 * ((part + Q4_GROUP - 1) / Q4_GROUP);
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        int u0 = (int)((long)groups * t / threads), u1 = (int)((long)groups * (t + 1) / threads);
+        for (int r0 = 0; r0 < rows; r0 += PASS_ROWS)
+            for (int k0 = 0; k0 < in; k0 += KB)
+                for (int u = u0; u < u1; u++) {
+                    q4_group gr = group_of(q4, out, u);
+                    block_product(x, in, (const uint8_t *)W, &gr, r0, rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS,
+                                  k0, in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd);
+                }
+    }
+}
