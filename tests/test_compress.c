@@ -112,18 +112,36 @@ static fg_policy compressed(int gbs, int ngb, fg_percent percent) {
     return p;
 }
 
+/* The plain pass on the fixture's weights compressed to 4-bit, §5's products or (int8) int8.c's. */
+static void plain_compressed(const fixture_prompts *f, int int8, int *tokens, float *logits) {
+    opt_weights w;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_weights_load(f->dir, &w, err), 0);
+    compress_weights(&w);
+    w.q4_int8 = int8;
+    plain_generate(&w, f, tokens, logits);
+    opt_weights_free(&w);
+}
+
+/* The relative RMS of the first step's logits of a against ref (the same inputs in both). */
+static double first_step_rms(const float *a, const float *ref, int vocab) {
+    double diff = 0, norm = 0;
+    for (int b = 0; b < N_SEQ; b++)
+        for (int v = 0; v < vocab; v++) {
+            size_t at = ((size_t)b * GEN) * vocab + v;
+            diff += (a[at] - ref[at]) * (a[at] - ref[at]);
+            norm += ref[at] * ref[at];
+        }
+    return sqrt(diff / norm);
+}
+
 static void check_weights(const char *name) {
     fixture_prompts f;
     fixture_prompts_open(name, N_SEQ, &f);
     size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
     float *plain = malloc(n * sizeof *plain), *fp16_run = malloc(n * sizeof *fp16_run), *r = malloc(n * sizeof *r);
     int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
-    opt_weights w;
-    char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_weights_load(f.dir, &w, err), 0);
-    compress_weights(&w);
-    plain_generate(&w, &f, plain_tokens, plain);
-    opt_weights_free(&w);
+    plain_compressed(&f, 0, plain_tokens, plain);
 
     /* one batch of all prompts, as the plain pass: the same numbers, bit for bit */
     static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
@@ -166,15 +184,9 @@ static void check_weights(const char *name) {
      * require the first step's logits to move by at most 0.35 in relative RMS. */
     p = policy_of(N_SEQ, 1, all_gpu);
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, fp16_run), 0);
-    double diff = 0, norm = 0;
-    for (int b = 0; b < N_SEQ; b++) /* first step: the same inputs */
-        for (int v = 0; v < f.cfg.vocab; v++) {
-            size_t at = ((size_t)b * GEN) * f.cfg.vocab + v;
-            diff += (plain[at] - fp16_run[at]) * (plain[at] - fp16_run[at]);
-            norm += fp16_run[at] * fp16_run[at];
-        }
-    fprintf(stderr, "[%s: rms change %.3f] ", name, sqrt(diff / norm));
-    CU_ASSERT(sqrt(diff / norm) <= 0.35);
+    double rms = first_step_rms(plain, fp16_run, f.cfg.vocab);
+    fprintf(stderr, "[%s: rms change %.3f] ", name, rms);
+    CU_ASSERT(rms <= 0.35);
     free(plain);
     free(fp16_run);
     free(r);
@@ -266,15 +278,8 @@ static void check_int8(const char *name) {
     size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
     float *plain = malloc(n * sizeof *plain), *q4_run = malloc(n * sizeof *q4_run), *r = malloc(n * sizeof *r);
     int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
-    opt_weights w;
-    char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_weights_load(f.dir, &w, err), 0);
-    compress_weights(&w);
-    w.q4_int8 = 1;
-    plain_generate(&w, &f, plain_tokens, plain);
-    w.q4_int8 = 0;
-    plain_generate(&w, &f, plain_tokens, q4_run);
-    opt_weights_free(&w);
+    plain_compressed(&f, 1, plain_tokens, plain);
+    plain_compressed(&f, 0, plain_tokens, q4_run);
     static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {0, 100, 100, 0, 100, 0},
                                             {0, 0, 100, 0, 100, 0}, {30, 30, 100, 0, 100, 0}};
     for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
@@ -285,16 +290,10 @@ static void check_int8(const char *name) {
             EXPECT(!memcmp(r, plain, n * sizeof *r), "%s, int8 activations, weights %d%% gpu %d%% cpu, overlap %d: "
                    "the runtime's logits differ from the plain pass's", name, placements[k].wg, placements[k].wc, overlap);
         }
-    double diff = 0, norm = 0;
-    for (int b = 0; b < N_SEQ; b++)
-        for (int v = 0; v < f.cfg.vocab; v++) {
-            size_t at = ((size_t)b * GEN) * f.cfg.vocab + v;
-            diff += (plain[at] - q4_run[at]) * (plain[at] - q4_run[at]);
-            norm += q4_run[at] * q4_run[at];
-        }
-    EXPECT(diff > 0 && sqrt(diff / norm) <= 0.05, "%s: int8 activations moved the first step's logits by %.4f "
-           "in relative RMS from section 5's products; expected more than 0 and at most 0.05", name, sqrt(diff / norm));
-    fprintf(stderr, "[%s: rms change %.4f] ", name, sqrt(diff / norm));
+    double rms = first_step_rms(plain, q4_run, f.cfg.vocab);
+    EXPECT(rms > 0 && rms <= 0.05, "%s: int8 activations moved the first step's logits by %.4f in relative RMS "
+           "from section 5's products; expected more than 0 and at most 0.05", name, rms);
+    fprintf(stderr, "[%s: rms change %.4f] ", name, rms);
     free(plain), free(q4_run), free(r);
     fixture_prompts_close(&f);
 }
