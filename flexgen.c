@@ -20,7 +20,7 @@
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
  * links once a block rather than once a batch. The runtime's state (fg_runtime, fg_model, block,
  * in support/support.h) is what the pipeline's stage hooks (§4.4, support/pipeline.c) also see;
- * in one process those hooks do nothing (single_stage, at the end).
+ * in one process those hooks do nothing (fg_single_stage, support/stage.c).
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -985,9 +985,8 @@ int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p,
     return rc;
 }
 
-/* The hooks at a stage's edges: a pipeline's (pipeline.c), or single_stage's (at the end). */
-static const stage_hooks single_stage;
-static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt->stage : &single_stage; }
+/* The hooks at a stage's edges: a pipeline's (pipeline.c), or one process's (support/stage.c). */
+static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt->stage : &fg_single_stage; }
 
 /* ============================================================================================
  * A block in flight (§4.1): its GPU batches, their KV cache and activations on the tiers
@@ -1026,6 +1025,8 @@ static void free_block(block *bl) {
     free(bl->gb);
     free(bl->done);
     free(bl->ids);
+    free(bl->prompt);
+    free(bl->step);
     stage_of(rt)->close_block(bl);
     if (!bl->borrowed) {
         if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
@@ -1084,7 +1085,8 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, in
     bl->gb = calloc((size_t)s->ngb, sizeof *bl->gb);
     bl->done = calloc((size_t)seqs, 1);
     bl->ids = calloc((size_t)seqs, sizeof *bl->ids);
-    if (!bl->gb || !bl->done || !bl->ids) {
+    bl->prompt = calloc((size_t)seqs, sizeof *bl->prompt), bl->step = calloc((size_t)seqs, sizeof *bl->step);
+    if (!bl->gb || !bl->done || !bl->ids || !bl->prompt || !bl->step) {
         free_block(bl);
         return fg_fail(err, "out of memory");
     }
@@ -1145,13 +1147,19 @@ static char *task_kv_home(const block *bl, const io_task *task, int kv, int b) {
     return kv_home_rows(bl, task->batch, cache_layer(bl, task->layer), kv, b);
 }
 
+/* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
+ * not padding), in bytes of one layer's K (or V). */
+static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) { return (size_t)gb->past[b] * bl->s.kv_row; }
+static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return gb->pad[b] < gb->n_new ? (size_t)(gb->n_new - gb->pad[b]) * bl->s.kv_row : 0;
+}
+
 static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
-    size_t row = bl->s.kv_row;
+    const gpu_batch *gb = &bl->gb[task->batch];
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            disk_fetch(rt, &bl->disk, task_kv_home(bl, task, kv, b) + (size_t)task->first * row,
-                       (size_t)task->count * row);
+            disk_fetch(rt, &bl->disk, task_kv_home(bl, task, kv, b), past_bytes(bl, gb, b));
 }
 
 /* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
@@ -1159,9 +1167,9 @@ static int v_in_place(const block *bl, int kv, fg_tier t) { return bl->sparse_v 
 
 static void cache_in_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
-    size_t bytes = (size_t)task->count * bl->s.kv_row;
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2; kv++) {
+            size_t bytes = past_bytes(bl, &bl->gb[task->batch], b);
             char *home = task_kv_home(bl, task, kv, b);
             if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
             rt->backend->copy_in(kv_stage_rows(bl, task->arena, kv, b), home, bytes);
@@ -1172,9 +1180,10 @@ static void cache_in_task(fg_runtime *rt, const io_task *task) {
 
 static void cache_out_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
-    size_t at = (size_t)task->first * bl->s.kv_row, bytes = (size_t)task->count * bl->s.kv_row;
+    const gpu_batch *gb = &bl->gb[task->batch];
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2; kv++) {
+            size_t at = past_bytes(bl, gb, b), bytes = new_bytes(bl, gb, b);
             if (!v_in_place(bl, kv, t)) /* else attention wrote the row in place */
                 rt->backend->copy_out(task_kv_home(bl, task, kv, b) + at,
                                       kv_stage_rows(bl, task->arena, kv, b) + at, bytes);
@@ -1183,15 +1192,17 @@ static void cache_out_task(fg_runtime *rt, const io_task *task) {
         }
 }
 
-/* Writes back the slots [first, first + count) of the disk rows; with delegation the past rows
- * [0, first) were read in place and leave memory too. */
+/* Writes back this step's new slots of the disk rows; with delegation the past rows were read
+ * in place and leave memory too. */
 static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
-    size_t row = bl->s.kv_row, from = bl->delegate ? 0 : (size_t)task->first;
-    FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
+    const gpu_batch *gb = &bl->gb[task->batch];
+    FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t) {
+        size_t from = bl->delegate ? 0 : past_bytes(bl, gb, b), added = new_bytes(bl, gb, b);
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            disk_release(rt, &bl->disk, task_kv_home(bl, task, kv, b) + from * row,
-                         (task->first + task->count - from) * row, (size_t)task->count * row);
+            disk_release(rt, &bl->disk, task_kv_home(bl, task, kv, b) + from,
+                         past_bytes(bl, gb, b) + added - from, added);
+    }
 }
 
 /* A task of iteration `it` on the block. */
@@ -1200,15 +1211,18 @@ static io_task task_at(block *bl, iteration it, void (*fn)(fg_runtime *, const i
     return (io_task){.fn = fn, .name = name, .ctx = bl, .layer = it.j, .batch = it.k, .arena = it.arena};
 }
 
+static int any_past(const gpu_batch *gb) {
+    for (int b = 0; b < gb->batch; b++) if (gb->past[b] > 0) return 1;
+    return 0;
+}
+
 /* Fig. 4's load_cache: the past of layer j's cache for GPU batch k, into its staging arena
  * (nothing at prefill); with delegation, only disk pages come into memory, and attention reads
  * them in place. */
 static void load_cache(block *bl, iteration it) {
     if (it.j < 0 || !is_decoder_layer(bl, it.j)) return;
-    const gpu_batch *gb = &bl->gb[it.k];
-    if (gb->len == 0 || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
+    if (!any_past(&bl->gb[it.k]) || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
     io_task t = task_at(bl, it, cache_fetch_task, "read cache");
-    t.first = 0, t.count = gb->len;
     uint64_t read = bl->s.cache.rows[TIER_DISK] ? io_submit(bl->rt, IO_DISK, t) : 0;
     if (bl->delegate) return;
     t.fn = cache_in_task, t.name = "load cache", t.after_link = IO_DISK, t.after_seq = read;
@@ -1222,13 +1236,12 @@ static void store_cache(block *bl, iteration it) {
     const gpu_batch *gb = &bl->gb[it.k];
     if (bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
     io_task t = task_at(bl, it, cache_out_task, "store cache");
-    t.first = gb->len, t.count = gb->n_new;
     uint64_t copied = 0;
     if (!bl->delegate) {
         copied = io_submit(bl->rt, IO_HOST, t);
     } else { /* attention wrote them in place: they came from the compute device all the same */
-        size_t bytes = 2 * (size_t)gb->n_new * bl->s.kv_row;
         FOR_OFF_GPU(bl->s.cache, bl, it.k, b, tier) {
+            size_t bytes = 2 * new_bytes(bl, gb, b);
             link_add(bl->rt, LINK_GPU_TO_CPU, (double)bytes);
             if (tier == TIER_DISK) tier_add(bl->rt, TIER_CPU, (double)bytes);
         }
@@ -1341,7 +1354,7 @@ static void bind_batch(block *bl, iteration it) {
 static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row) {
     gpu_batch c = *gb;
     c.batch = n;
-    c.pad = gb->pad + first;
+    c.past = gb->past + first, c.pad = gb->pad + first;
     c.tokens = gb->tokens + (size_t)first * gb->n_new;
     c.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
     c.k = gb->k + first, c.v = gb->v + first;
@@ -1391,6 +1404,9 @@ typedef struct {
     float *logits, *scratch;
     gen_timing *timing;
     int base;        /* the round's first prompt */
+    int *const *prompts; const int *lens; int n_prompts; /* the job's */
+    int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
+    int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
     long unit;       /* units (a block's step on this stage) begun this round */
     long end;        /* the round's layers that will run (unit L + j): weights load no further */
     int started, prefilled; /* blocks of the round with prompts, and those past prefill */
@@ -1398,8 +1414,6 @@ typedef struct {
     const char *progress;   /* a line on stderr for each step, or NULL */
 } gen_run;
 
-/* The first prompt of the round's block t. */
-static int first_prompt(const gen_run *g, int t) { return g->base + t * g->B; }
 
 /* The staging arena of iteration (j, k) of a step: iteration t = (j - first) K + k uses arena
  * t % 2, so the previous and next iterations use the other one. */
@@ -1441,9 +1455,9 @@ static void synchronize(block *bl, iteration now) {
     stage->input_taken(bl);
 }
 
-static void tokens_back(gen_run *g, block *bl, int i, int first);
-static void sample_tokens(block *bl, const gen_options *opt, int step, int first, float *logits_out,
-                          float *scratch);
+static void tokens_back(gen_run *g, block *bl, int i);
+static void refill_slots(gen_run *g, block *bl, int i);
+static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 
 /* Step i of block t begins on this stage, or returns 0 when it does not run. The first stage
  * first takes the block's tokens of step i - 1 (after the last step: only that); a later stage
@@ -1453,17 +1467,17 @@ static int step_begins(gen_run *g, int t, int i) {
     block *bl = &g->blocks[t];
     fg_model *m = g->m;
     const fg_policy *p = &m->rt->policy;
-    int gen_len = g->opt->gen_len, first = first_prompt(g, t);
     if (bl->running && is_first_stage(m) && i > 0) {
-        tokens_back(g, bl, i, first);
+        tokens_back(g, bl, i);
+        if (g->refill) refill_slots(g, bl, i);
         if (i == 1 && ++g->prefilled == g->started) g->t_prefill = now_seconds();
-        if (g->progress && t == g->P - 1) fprintf(stderr, "\r%s: token %d/%d", g->progress, i, gen_len);
+        if (g->progress && t == g->P - 1) fprintf(stderr, "\r%s: token %d/%d", g->progress, i, g->steps);
     }
-    if (i == gen_len || !bl->running || !stage_of(m->rt)->step_input(bl)) return 0;
+    if (i == g->steps || !bl->running || !stage_of(m->rt)->step_input(bl)) return 0;
     bl->delegate = p->cpu_cache_compute && i > 0;
     /* a device that reads only its own memory gets the V rows whole (as they are staged) */
     bl->sparse_v = p->attn_sparsity < 1 && i > 0 && !bl->delegate && m->rt->backend->gpu_is_host;
-    int last_unit = i + 1 == gen_len && t == g->P - 1;
+    int last_unit = i + 1 == g->steps && t == g->P - 1 && g->next == g->n_prompts; /* no refill after */
     g->end = last_unit ? (g->unit + 1) * stage_layers(m) : LONG_MAX;
     iteration start = at(bl, m->first_layer, 0);
     load_cache(bl, start);
@@ -1473,21 +1487,25 @@ static int step_begins(gen_run *g, int t, int i) {
     return 1;
 }
 
-/* Step i of block t ends: the last iteration's cache and activations are stored, and the last
+/* A step of block t ends: the last iteration's cache and activations are stored, and the last
  * stage chooses the next tokens (and sends them back to the first stage, on a pipeline). */
-static void step_ends(gen_run *g, int t, int i) {
+static void step_ends(gen_run *g, int t) {
     block *bl = &g->blocks[t];
     fg_model *m = g->m;
     iteration last = at(bl, m->end_layer - 1, bl->n_batches - 1);
     store_activation(bl, last);
     store_cache(bl, last);
     io_sync(m->rt, 0);
-    for (int k = 0; k < bl->n_batches; k++) bl->gb[k].len += bl->gb[k].n_new, bl->gb[k].n_new = 1;
     g->unit++;
-    if (!is_last_stage(m)) return;
-    int first = first_prompt(g, t);
-    sample_tokens(bl, g->opt, i, first, g->logits, g->scratch);
-    stage_of(m->rt)->tokens_out(bl, g->opt, i, first, g->out_tokens);
+    if (is_last_stage(m)) {
+        sample_tokens(bl, g->opt, g->logits, g->scratch);
+        stage_of(m->rt)->tokens_out(bl, g->opt, g->out_tokens);
+    }
+    for (int k = 0; k < bl->n_batches; k++) {
+        g->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new;
+        gpu_batch_advance(&bl->gb[k]);
+        for (int b = 0; b < bl->gb[k].batch; b++) bl->gb[k].pad[b] = bl->prompt[k * bl->s.gbs + b] < 0; /* idle */
+    }
 }
 
 /* Fig. 4: for each generation step i, layer j and GPU batch k, the next layer's weights, the
@@ -1496,7 +1514,7 @@ static void step_ends(gen_run *g, int t, int i) {
  * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. */
 static void block_schedule(gen_run *g) {
     int first = g->m->first_layer, end = g->m->end_layer;
-    for (int i = 0; i <= g->opt->gen_len; i++)              /* generation step (+1: tokens back) */
+    for (int i = 0; i <= g->steps; i++)                     /* generation step (+1: tokens back) */
         for (int t = 0; t < g->P; t++) {                    /* block (micro-batch) */
             if (!step_begins(g, t, i)) continue;
             block *bl = &g->blocks[t];
@@ -1512,7 +1530,7 @@ static void block_schedule(gen_run *g) {
                     compute(bl, now);
                     synchronize(bl, now);
                 }
-            step_ends(g, t, i);
+            step_ends(g, t);
         }
 }
 
@@ -1528,15 +1546,15 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
     memset(bl->done, 0, (size_t)bl->s.gbs * bl->s.ngb);
+    for (int s = 0; s < count; s++) bl->prompt[s] = first + s, bl->step[s] = 0;
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
         int base = first + k * gbs;
         gb->batch = count - k * gbs < gbs ? count - k * gbs : gbs;
-        gb->len = 0;
         gb->n_new = padded;
         for (int b = 0; b < gb->batch; b++) {
             int n = lens[base + b], *row = gb->tokens + (size_t)b * padded;
-            gb->pad[b] = padded - n;
+            gb->past[b] = 0, gb->pad[b] = padded - n;
             for (int t = 0; t < padded - n; t++) row[t] = OPT_PAD_ID;
             memcpy(row + padded - n, prompts[base + b], (size_t)n * sizeof(int));
         }
@@ -1550,11 +1568,11 @@ static const float *logits_row(const block *bl, int s, int t) {
 }
 
 /* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
-static void keep_prompt_logits(const block *bl, const gen_options *opt, int first) {
+static void keep_prompt_logits(const block *bl, const gen_options *opt) {
     int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
     for (int s = 0; s < bl->count; s++) {
         int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs], len = bl->out_rows - pad;
-        memcpy(opt->prompt_logits + (size_t)(first + s) * longest * vocab, logits_row(bl, s, pad),
+        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
                (size_t)len * vocab * sizeof(float));
     }
 }
@@ -1562,16 +1580,16 @@ static void keep_prompt_logits(const block *bl, const gen_options *opt, int firs
 /* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
  * the logits of sequences still running; with teacher forcing the next token is given.
  * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
- * on the block shape or the number of stages. */
-static void sample_tokens(block *bl, const gen_options *opt, int step, int first,
-                          float *logits_out, float *scratch) {
+ * on the block shape, the number of stages or the slot a refill gave the prompt. */
+static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
     int vocab = bl->m->view.cfg.vocab;
     size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
     bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
-    if (opt->prompt_logits && step == 0) keep_prompt_logits(bl, opt, first);
+    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
     for (int s = 0; s < bl->count; s++) {
         const float *row = logits_row(bl, s, bl->out_rows - 1);
-        int p = first + s;
+        int p = bl->prompt[s], step = bl->step[s];
+        if (p < 0) continue; /* an idle slot */
         if (logits_out && !bl->done[s])
             memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
         if (opt->forced) {
@@ -1585,13 +1603,14 @@ static void sample_tokens(block *bl, const gen_options *opt, int step, int first
     }
 }
 
-int take_tokens(block *bl, const gen_options *opt, int step, int first, int *out_tokens) {
+int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
     int running = 0;
     for (int s = 0; s < bl->count; s++) {
         int tok = bl->ids[s];
-        out_tokens[(size_t)(first + s) * opt->gen_len + step] = bl->done[s] ? OPT_PAD_ID : tok;
+        if (bl->prompt[s] < 0) continue;
+        out_tokens[(size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++] = bl->done[s] ? OPT_PAD_ID : tok;
         if (opt->stop_at_eos && tok == OPT_EOS_ID) bl->done[s] = 1;
-        running += !bl->done[s];
+        running += !bl->done[s] && bl->step[s] < opt->gen_len;
         bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
     }
     return running;
@@ -1599,42 +1618,44 @@ int take_tokens(block *bl, const gen_options *opt, int step, int first, int *out
 
 /* The first stage takes step i - 1's tokens of a block (chosen here with one stage, or come back
  * from the last stage) and sees whether any sequence runs on; a block that stopped is passed on. */
-static void tokens_back(gen_run *g, block *bl, int i, int first) {
+static void tokens_back(gen_run *g, block *bl, int i) {
     const stage_hooks *stage = stage_of(g->m->rt);
     stage->receive_tokens(bl, i - 1);
-    bl->running = take_tokens(bl, g->opt, i - 1, first, g->out_tokens) > 0;
-    if (i > 1) g->timing->decode_tokens += bl->count;
-    if (!bl->running && i < g->opt->gen_len) stage->pass_stop(bl);
+    for (int s = 0; s < bl->count; s++) g->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
+    bl->running = take_tokens(bl, g->opt, g->out_tokens) > 0;
+    if (!bl->running && i < g->steps && !g->refill) stage->pass_stop(bl);
 }
 
-int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens, int gen_len,
-                  char *err) {
-    if (n < 1) return fg_fail(err, "no prompts");
-    for (int p = 0; p < n; p++) {
-        if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
-        if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
-                                                   lens[p] and gen_len may not fit an int */
-            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
-                           "is not fed back); the model has %d", p + 1, lens[p], gen_len,
-                           (long long)lens[p] + gen_len - 1, c->max_pos);
-        for (int t = 0; t < lens[p]; t++)
-            if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
-                return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,
-                            prompts[p][t], c->vocab);
-    }
-    return 0;
-}
-
-/* Teacher forcing feeds only ids of the vocab. */
-static int check_forced(const opt_config *c, const gen_options *opt, int n_prompts, char *err) {
-    for (int p = 0; p < n_prompts; p++)
-        for (int i = 0; i < opt->gen_len; i++) {
-            int id = opt->forced[(size_t)p * opt->gen_len + i];
-            if (id < 0 || id >= c->vocab)
-                return fg_fail(err, "prompt %d: forced token %d is id %d, out of range [0, %d)", p + 1,
-                               i + 1, id, c->vocab);
+/* Refill (one block, with --stop-at-eos): the slot of each sequence that ended takes the job's
+ * next prompt, and its prefill joins step i. A GPU batch that takes prompts computes as many rows
+ * per sequence as the longest of them, each sequence left-padded to that: a new prompt whole, a
+ * running sequence its one token last. A slot with no prompt left idles (all its rows padding). */
+static void refill_slots(gen_run *g, block *bl, int i) {
+    int gen_len = g->opt->gen_len, gbs = bl->s.gbs;
+    for (int k = 0; k < bl->n_batches; k++) {
+        gpu_batch *gb = &bl->gb[k];
+        int n_new = 1, changed = 0;
+        for (int b = 0, s = k * gbs; b < gb->batch; b++, s++) {
+            if (bl->prompt[s] < 0 || (!bl->done[s] && bl->step[s] < gen_len)) continue;
+            changed = 1;
+            bl->prompt[s] = g->next < g->n_prompts ? g->next++ : -1;
+            bl->done[s] = 0, bl->step[s] = 0, gb->past[b] = 0;
+            if (bl->prompt[s] < 0) continue;
+            n_new = g->lens[bl->prompt[s]] > n_new ? g->lens[bl->prompt[s]] : n_new;
+            g->steps = i + gen_len > g->steps ? i + gen_len : g->steps;
+            bl->running = 1;
         }
-    return 0;
+        for (int b = gb->batch - 1, s = k * gbs + b; b >= 0 && changed; b--, s--) { /* row b covers tokens[b] */
+            int p = bl->prompt[s], n = p < 0 ? 0 : bl->step[s] == 0 ? g->lens[p] : 1;
+            int *row = gb->tokens + (size_t)b * n_new, token = gb->tokens[b];
+            for (int t = 0; t < n_new - n; t++) row[t] = OPT_PAD_ID;
+            if (n == 1 && bl->step[s] > 0) row[n_new - 1] = token;
+            else if (n) memcpy(row + n_new - n, g->prompts[p], (size_t)n * sizeof(int));
+            gb->pad[b] = n_new - n;
+            if (n && bl->step[s] == 0) g->timing->prefill_tokens += n_new;
+        }
+        gb->n_new = n_new;
+    }
 }
 
 static void free_blocks(block *blocks, int n) {
@@ -1662,15 +1683,17 @@ static block *open_blocks(fg_model *m, int n_prompts, int max_prompt, int gen_le
 /* A round: P micro-batches of prompts from g->base through every step (§4.4's iteration-level
  * pipeline: each stage runs step i of micro-batch t while the stage before it runs step i of
  * t + 1 and the one after it step i of t - 1; with one stage, one block, Fig. 4). */
-static void run_round(gen_run *g, int *const *prompts, const int *lens, int n_prompts) {
+static void run_round(gen_run *g) {
     fg_model *m = g->m;
     g->started = g->prefilled = 0;
     g->unit = 0;
+    g->steps = g->opt->gen_len;
     for (int t = 0; t < g->P; t++) {
-        int first = first_prompt(g, t), count = n_prompts - first < g->B ? n_prompts - first : g->B;
-        start_block(&g->blocks[t], prompts, lens, first, count > 0 ? count : 0);
+        int first = g->base + t * g->B, count = g->n_prompts - first < g->B ? g->n_prompts - first : g->B;
+        start_block(&g->blocks[t], g->prompts, g->lens, first, count > 0 ? count : 0);
         if (count > 0) g->timing->prefill_tokens += (int64_t)count * g->blocks[t].gb[0].n_new, g->started++;
     }
+    g->next = g->refill && g->B < g->n_prompts ? g->B : g->n_prompts; /* refill takes the rest */
     double t0 = now_seconds();
     g->t_prefill = t0;
     m->staged[0] = m->staged[1] = -1;
@@ -1695,11 +1718,14 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
              char *err) {
     const opt_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
-    gen_run g = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing};
+    gen_run g = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing,
+                 .prompts = prompts, .lens = prompt_lens, .n_prompts = n_prompts, .refill = opt->refill};
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     int rc = check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err);
     if (rc == 0 && opt->forced) rc = check_forced(c, opt, n_prompts, err);
+    if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->stage))
+        rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
     m->prompt_logits = opt->prompt_logits != NULL;
     if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, max_prompt, opt->gen_len, &g.P, err))) rc = -1;
     if (rc == 0 && !(g.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
@@ -1715,13 +1741,13 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     memset(timing, 0, sizeof *timing);
     double disk_read_before = rt->disk_read_seconds;
     g.B = g.blocks[0].s.gbs * g.blocks[0].s.ngb;
-    int rounds = (n_prompts + g.P * g.B - 1) / (g.P * g.B);
+    int rounds = g.refill ? 1 : (n_prompts + g.P * g.B - 1) / (g.P * g.B);
     for (int r = 0; r < rounds; r++) {
         char progress[64];
         snprintf(progress, sizeof progress, "block %d/%d", r + 1, rounds);
         g.base = r * g.P * g.B;
         g.progress = opt->verbose && is_first_stage(m) ? progress : NULL;
-        run_round(&g, prompts, prompt_lens, n_prompts);
+        run_round(&g);
     }
     if (opt->verbose && is_first_stage(m)) fprintf(stderr, "\n");
     timing->disk_read_seconds = rt->disk_read_seconds - disk_read_before;
@@ -1730,28 +1756,3 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     m->prompt_logits = 0;
     return 0;
 }
-
-/* ============================================================================================
- * One process is one stage: its first layer reads token ids, its last gives the logits, and
- * nothing travels between stages. Every hook does nothing.
- * ============================================================================================ */
-
-static int single_agree(fg_runtime *rt, int rc, char *err) { (void)rt, (void)err; return rc ? -1 : 0; }
-static int single_open_block(block *bl, const block *shared, char *err) { (void)bl, (void)shared, (void)err; return 0; }
-static void single_block(block *bl) { (void)bl; }
-static uint64_t single_receive(block *bl, int k, int arena) { (void)bl, (void)k, (void)arena; return 0; }
-static void single_send(block *bl, int k, int arena) { (void)bl, (void)k, (void)arena; }
-static void single_await(block *bl, int k) { (void)bl, (void)k; }
-static int single_step_input(block *bl) { (void)bl; return 1; }
-static void single_receive_tokens(block *bl, int step) { (void)bl, (void)step; }
-static void single_tokens_out(block *bl, const gen_options *opt, int step, int first, int *out) {
-    (void)bl, (void)opt, (void)step, (void)first, (void)out;
-}
-
-static const stage_hooks single_stage = {
-    .agree = single_agree, .open_block = single_open_block, .close_block = single_block,
-    .receive_activations = single_receive, .send_activations = single_send,
-    .await_input = single_await, .input_taken = single_block, .step_input = single_step_input,
-    .receive_tokens = single_receive_tokens, .tokens_out = single_tokens_out,
-    .pass_stop = single_block, .end_round = single_block,
-};

@@ -291,7 +291,7 @@ typedef struct {
     __half *ffn;        /* [rows][ffn] */
     float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
     __half *probs;      /* the same, softmaxed, fp16 */
-    int *pad, *tokens;  /* [rows] */
+    int *pad, *past, *tokens; /* [rows] */
     void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
     char *on_device;    /* [rows], host: the same, as flags */
     void **host_kv;     /* [2][rows], host: what k and v get */
@@ -323,7 +323,7 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->h = (__half *)parts[0];
     d->qkv = (__half *)parts[1], d->attn = d->qkv + rows * 3 * h, d->ffn = d->qkv;
     d->scores = (float *)parts[2], d->probs = (__half *)parts[3];
-    d->pad = (int *)parts[4], d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
+    d->pad = (int *)parts[4], d->past = d->pad + rows, d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -422,33 +422,40 @@ static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 
     LAUNCHED("bias_kernel");
 }
 
-/* The position id of a slot (HF: pad slots get 1, then 2, 3, ... from the first real token). */
-__device__ int position_of(int pad, int slot) { return slot < pad ? OPT_POS_OFFSET - 1 : slot - pad + OPT_POS_OFFSET; }
+/* The position id of row t of a sequence this step: its cache slot + 2 (HF: padding gets 1). */
+__device__ int position_of(int past, int pad, int t) { return t < pad ? OPT_POS_OFFSET - 1 : past + t - pad + OPT_POS_OFFSET; }
 
 __global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, __half *out) {
     const __half *row = table + (size_t)ids[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
 }
 
-__global__ void add_positions_kernel(__half *x, const __half *pos, const int *pad, int n_new, int len, int h) {
-    int r = blockIdx.x, b = r / n_new, slot = len + r % n_new;
-    const __half *p = pos + (size_t)position_of(pad[b], slot) * h;
+__global__ void add_positions_kernel(__half *x, const __half *pos, const int *past, const int *pad, int n_new, int h) {
+    int r = blockIdx.x, b = r / n_new;
+    const __half *p = pos + (size_t)position_of(past[b], pad[b], r % n_new) * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         size_t at = (size_t)r * h + i;
         x[at] = __float2half_rn(__half2float(x[at]) + __half2float(p[i]));
     }
 }
 
-/* Uploads the pads and the step's tokens (the host arrays are pageable, hence the wait). */
+/* Uploads each sequence's past and padding (the host arrays are pageable, hence the callers' wait). */
+static void upload_rows(cuda_ws *d, const gpu_batch *gb) {
+    size_t B = (size_t)gb->batch;
+    CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, B * sizeof(int), cudaMemcpyHostToDevice, ctx()->stream));
+    CUDA_CHECK(cudaMemcpyAsync(d->past, gb->past, B * sizeof(int), cudaMemcpyHostToDevice, ctx()->stream));
+}
+
+/* Uploads the rows' layout and the step's tokens. */
 static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
     cudaStream_t s = ctx()->stream;
     size_t B = (size_t)gb->batch;
-    CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, B * sizeof(int), cudaMemcpyHostToDevice, s));
+    upload_rows(d, gb);
     CUDA_CHECK(cudaMemcpyAsync(d->tokens, gb->tokens, B * gb->n_new * sizeof(int), cudaMemcpyHostToDevice, s));
     wait_stream();
 }
 
-/* Uploads the pads and each sequence's cache pointers: device memory, or NULL when the cache is
+/* Uploads the rows' layout and each sequence's cache pointers: device memory, or NULL when the cache is
  * in host memory (its attention is delegated). Returns how many are on the device. */
 static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
     cudaStream_t s = ctx()->stream;
@@ -460,7 +467,7 @@ static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
         v[b] = d->on_device[b] ? gb->v[b] : NULL;
         on_device += d->on_device[b];
     }
-    CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, s));
+    upload_rows(d, gb);
     CUDA_CHECK(cudaMemcpyAsync(d->k, k, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(d->v, v, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
     wait_stream(); /* before the host arrays are written again */
@@ -478,7 +485,7 @@ static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, d->tokens, c->word_dim, words);
     LAUNCHED("gather_rows_kernel");
     if (w->project_in) linear(d->h, rows, c->word_dim, w->project_in, NULL, c->hidden, x, OUT_SET);
-    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, d->pad, gb->n_new, gb->len, c->hidden);
+    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, d->past, d->pad, gb->n_new, c->hidden);
     LAUNCHED("add_positions_kernel");
     wait_stream();
 }
@@ -517,16 +524,17 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
     *scale_out = scale16;
 }
 
-/* This step's K and V rows into the device caches: a thread per (row, K or V, head, group). */
-__global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, int len, int h, int heads,
-                                int q4, void *const *k, void *const *v) {
+/* This step's K and V rows (those not padding) into the device caches at slots past[b] on: a
+ * thread per (row, K or V, head, group). */
+__global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const int *past, const int *pad,
+                                int h, int heads, int q4, void *const *k, void *const *v) {
     int hd = h / heads, G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * 2 * heads * G) return;
     int g = (int)(i % G), head = (int)(i / G % heads), kv = (int)(i / G / heads % 2), r = (int)(i / G / heads / 2);
-    int b = r / n_new, slot = len + r % n_new;
+    int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
-    if (!cache) return; /* delegated: the CPU stores it */
+    if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
     const __half *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
     int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     if (!q4) {
@@ -542,10 +550,10 @@ __global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, int len,
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
-/* Value d of one head's key (or value) at `slot`: from the cache below len, else this step's. */
-__device__ float kv_value(const char *cache, const __half *fresh, int slot, int len, int d, int head,
+/* Value d of one head's key (or value) at `slot`: from the cache below past, else this step's. */
+__device__ float kv_value(const char *cache, const __half *fresh, int slot, int past, int d, int head,
                           int hd, int h, int heads, int q4) {
-    if (slot >= len) return __half2float(fresh[(size_t)(slot - len) * 3 * h + (size_t)head * hd + d]);
+    if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * 3 * h + (size_t)head * hd + d]);
     if (!q4) return __half2float(((const __half *)(cache + (size_t)slot * 2 * h))[(size_t)head * hd + d]);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
     const uint8_t *bytes = (const uint8_t *)cache + ((size_t)slot * heads + head) * G * (Q4_GROUP / 2 + 4);
@@ -554,31 +562,31 @@ __device__ float kv_value(const char *cache, const __half *fresh, int slot, int 
     return __fmaf_rn((float)q, __half2float(scales[g]), __half2float(mins[g]));
 }
 
-/* Attention of one query (sequence blockIdx.y, head blockIdx.x, query blockIdx.z) over the keys
- * it sees: [pad, its slot]. softmax(scale q.K) V, with §5's top-K in decode (sparsity < 1):
- * the new token plus the floor(sparsity (nk - 1)) earlier keys of largest weight (ties to the
- * earlier; nk: the sequence's own keys, padding excluded), weights not renormalized, as
- * opt_attend_decode. Shared: scores and kept flags. */
-__global__ void attention_kernel(const __half *qkv, __half *attn, const int *pad, void *const *kc,
-                                 void *const *vc, int n_new, int len, int h, int heads, int q4,
+/* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
+ * it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's one
+ * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
+ * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
+ * Shared: scores and kept flags. */
+__global__ void attention_kernel(const __half *qkv, __half *attn, const int *past, const int *pad,
+                                 void *const *kc, void *const *vc, int n_new, int h, int heads, int q4,
                                  float scale, float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = h / heads;
     if (!kc[b]) return; /* delegated */
-    int start = pad[b], slot = len + t, nk = slot - start + 1;
+    int slot = past[b] + t - pad[b], nk = slot + 1, decode = n_new - pad[b] == 1 && past[b] > 0;
     __half *out = attn + ((size_t)b * n_new + t) * h + (size_t)head * hd;
-    if (nk <= 0) { /* a padding query: zeros, as on the CPU */
+    if (t < pad[b]) { /* a padding query: zeros, as on the CPU */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
         return;
     }
     const __half *q = qkv + ((size_t)b * n_new + t) * 3 * h + (size_t)head * hd;
-    const __half *fresh = qkv + (size_t)b * n_new * 3 * h;
+    const __half *fresh = qkv + ((size_t)b * n_new + pad[b]) * 3 * h;
     const char *K = (const char *)kc[b], *V = (const char *)vc[b];
     char *kept = (char *)(scores + nk);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
-        for (int d = 0; d < hd; d++) dot += __half2float(q[d]) * kv_value(K, fresh + h, start + j, len, d, head, hd, h, heads, q4);
+        for (int d = 0; d < hd; d++) dot += __half2float(q[d]) * kv_value(K, fresh + h, j, past[b], d, head, hd, h, heads, q4);
         scores[j] = dot * scale;
     }
     __syncthreads();
@@ -588,7 +596,7 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pad
     for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
     sum = block_sum(sum, shared);
     int keep = nk - 1; /* earlier keys kept */
-    if (n_new == 1 && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
+    if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         scores[j] /= sum;
         kept[j] = 1;
@@ -604,7 +612,7 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pad
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0;
         for (int j = 0; j < nk; j++)
-            if (kept[j]) acc += scores[j] * kv_value(V, fresh + 2 * h, start + j, len, d, head, hd, h, heads, q4);
+            if (kept[j]) acc += scores[j] * kv_value(V, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
         out[d] = __float2half_rn(acc);
     }
 }
@@ -673,7 +681,7 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, 
         fp16_to_fp32_n(d->host16, host.qkv, count * 3 * h);
         gpu_batch part = *gb;
         part.batch = b1 - b0;
-        part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
+        part.past = gb->past + b0, part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
         part.v_rows_read = gb->v_rows_read + b0;
         opt_cache_attention(c, &part, &host);
         fp32_to_fp16_n(host.attn, d->host16, count * h);
@@ -687,18 +695,22 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     int on_device = upload_cache(d, gb);
     size_t groups = (size_t)rows * 2 * H * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, rows, gb->n_new, gb->len, h, H,
-                                                            gb->kv_q4, d->k, d->v);
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, rows, gb->n_new, d->past, d->pad,
+                                                            h, H, gb->kv_q4, d->k, d->v);
     LAUNCHED("store_kv_kernel");
-    if (gb->len == 0 && gb->n_new > 1) {
+    int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
+    for (int b = 0; b < gb->batch; b++) {
+        nk = gb->past[b] + gb->n_new - gb->pad[b] > nk ? gb->past[b] + gb->n_new - gb->pad[b] : nk;
+        prompts_only &= gb->past[b] == 0;
+    }
+    if (prompts_only) {
         for (int b = 0; b < gb->batch; b++)
             if (d->on_device[b]) prefill_attention(d, c, gb, b);
     } else if (on_device > 0) {
-        int nk = gb->len + gb->n_new;
         dim3 grid(H, gb->batch, gb->n_new);
         size_t shared = (size_t)nk * (sizeof(float) + 1);
-        attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->pad, d->k, d->v, gb->n_new,
-                                                  gb->len, h, H, gb->kv_q4, 1.0f / sqrtf((float)hd),
+        attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->past, d->pad, d->k, d->v, gb->n_new,
+                                                  h, H, gb->kv_q4, 1.0f / sqrtf((float)hd),
                                                   gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }

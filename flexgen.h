@@ -61,15 +61,15 @@ typedef struct {
 } opt_weights;
 
 /* One GPU batch (§4.1: the unit the schedule computes) for one layer: its sequences' hidden states
- * for the tokens in flight and, per sequence, where that layer's K and V cache rows are. Prompts
- * are left-padded: sequence b's real tokens start at cache slot pad[b]. */
+ * for the tokens in flight and, per sequence, where that layer's K and V cache rows are. A step's
+ * rows are left-padded: sequence b's first pad[b] rows are padding, the rest its tokens, which go
+ * to cache slots past[b] on. The cache holds no padding. */
 typedef struct {
     int batch;    /* sequences */
-    int max_len;  /* KV capacity in tokens (padded prompt + generated) */
-    int len;      /* slots already in the cache */
-    int n_new;    /* tokens in flight this step: the padded prompt at prefill, 1 in decode */
+    int max_len;  /* KV capacity of a sequence in tokens (its prompt + generated) */
+    int n_new;    /* rows in flight per sequence this step: the longest prompt at prefill, 1 in decode */
     int all_rows; /* the output layer gives the logits of every token in flight */
-    int *pad;     /* [batch] */
+    int *past, *pad; /* [batch]: tokens already in the sequence's cache; its padding rows */
     int *tokens;  /* [batch][n_new] input ids of this step */
     void *x;      /* [batch * n_new][hidden]: fp32 on the CPU, fp16 on CUDA (act_elem) */
     int kv_q4;    /* the cache is 4-bit (§5): each row [heads][head_dim] grouped along head_dim */
@@ -93,8 +93,8 @@ typedef struct {
     void *device;          /* the CUDA backend's own buffers; NULL on the CPU */
 } opt_workspace;
 
-/* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. The caller
- * advances gb->len by n_new after the step; opt_layer writes this step's K and V into the cache. */
+/* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
+ * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
 void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
 void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
@@ -241,7 +241,7 @@ typedef struct {
     int gen_len;
     float temperature, top_p;
     uint64_t seed;
-    int stop_at_eos, verbose;
+    int stop_at_eos, refill, verbose; /* refill: an ended sequence's slot takes the next prompt */
     const int *index;     /* NULL, or [n_prompts]: each prompt's place in the job (sampling's seed) */
     const int *forced;    /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
@@ -249,7 +249,7 @@ typedef struct {
 
 typedef struct {
     double prefill_latency, decode_latency; /* seconds, summed over blocks */
-    int64_t prefill_tokens, decode_tokens;  /* FlexGen's counts */
+    int64_t prefill_tokens, decode_tokens, rows; /* FlexGen's counts; token rows computed */
     double compute_seconds, bubble_seconds, disk_read_seconds;
 } gen_timing;
 

@@ -111,10 +111,10 @@ static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const
     }
 }
 
-/* The position id of cache slot `slot` of sequence b (HF: cumsum(mask) * mask - 1 + 2). Pad
- * slots get position 1, as in HF; they are masked out of every attention anyway. */
-static int position_of(const gpu_batch *gb, int b, int slot) {
-    return slot < gb->pad[b] ? OPT_POS_OFFSET - 1 : slot - gb->pad[b] + OPT_POS_OFFSET;
+/* The position id of row t of sequence b this step (HF: cumsum(mask) * mask - 1 + 2): its cache
+ * slot + 2. Padding rows get position 1, as in HF; no attention sees them anyway. */
+static int position_of(const gpu_batch *gb, int b, int t) {
+    return t < gb->pad[b] ? OPT_POS_OFFSET - 1 : gb->past[b] + t - gb->pad[b] + OPT_POS_OFFSET;
 }
 
 /* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
@@ -128,14 +128,13 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->q4_int8, ws);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
-        int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
         float *pos = ws->attn + (size_t)r * h, *xr = x + (size_t)r * h;
-        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, position_of(gb, b, slot), pos);
+        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, position_of(gb, r / gb->n_new, r % gb->n_new), pos);
         for (int i = 0; i < h; i++) xr[i] += pos[i];
     }
 }
 
-/* Rounds this step's K and V to fp16 into the cache (slots len .. len + n_new - 1). */
+/* Bytes of one token's K (or V) in the cache of one layer: fp16, or 4-bit (§5). */
 size_t opt_kv_row_bytes(const opt_config *c, int q4) {
     int hd = c->hidden / c->n_heads;
     return q4 ? q4_bytes((size_t)c->n_heads, (size_t)hd, 1) : 2 * (size_t)c->hidden;
@@ -151,7 +150,8 @@ static void round_to_fp16(float *x, size_t n) {
     }
 }
 
-/* This step's K and V into the cache: fp16, or 4-bit grouped along each head's dimension (§5).
+/* This step's K and V (its rows that are not padding) into the cache at slots past[b] on: fp16,
+ * or 4-bit grouped along each head's dimension (§5).
  * With a 4-bit cache the step's own K and V stay in qkv, rounded to fp16: as in FlexGen, the
  * tokens being computed attend with their fp16 K and V, and only the past is read back from
  * the compressed cache. */
@@ -160,7 +160,8 @@ static void store_kv(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
     size_t row = opt_kv_row_bytes(c, gb->kv_q4);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < gb->batch * gb->n_new; r++) {
-        int b = r / gb->n_new, slot = gb->len + r % gb->n_new;
+        int b = r / gb->n_new, slot = gb->past[b] + r % gb->n_new - gb->pad[b];
+        if (slot < gb->past[b]) continue; /* padding */
         float *qkv = ws->qkv + (size_t)r * 3 * h;
         char *k = (char *)gb->k[b] + (size_t)slot * row, *v = (char *)gb->v[b] + (size_t)slot * row;
         if (!gb->kv_q4) {
@@ -246,69 +247,67 @@ int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V
     return n_keep;
 }
 
-/* One head of sequence b's cache, keys [start, end): its rows in the cache, and with a 4-bit
- * cache this step's rows from qkv (kv 0: K, 1: V). */
+/* One head of sequence b's keys (kv 0) or values (kv 1): its rows in the cache, and with a 4-bit
+ * cache this step's own rows from qkv. */
 static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt_workspace *ws,
-                             int b, int head, int kv, int start) {
+                             int b, int head, int kv) {
     int h = c->hidden, hd = h / c->n_heads;
-    size_t row = opt_kv_row_bytes(c, gb->kv_q4);
-    opt_kv_rows r = {(const char *)(kv ? gb->v[b] : gb->k[b]) + (size_t)start * row, row,
-                     gb->kv_q4, head, hd, INT_MAX, NULL, 0};
+    size_t row = opt_kv_row_bytes(c, gb->kv_q4), first = (size_t)b * gb->n_new + gb->pad[b];
+    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], row, gb->kv_q4, head, hd, INT_MAX, NULL, 0};
     if (gb->kv_q4) {
-        r.first_fresh = gb->len - start;
-        r.fresh = ws->qkv + (size_t)b * gb->n_new * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
+        r.first_fresh = gb->past[b];
+        r.fresh = ws->qkv + first * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
         r.fresh_stride = 3 * (size_t)h;
     }
     return r;
 }
 
-/* Multi-head attention of this step's queries over the cache (fp16 or 4-bit), causal, with the
- * left padding masked out: query slot s of sequence b sees keys in [pad[b], s]. Decode with
- * gb->attn_sparsity < 1 is §5's top-K sparse attention. */
+/* Multi-head attention of this step's queries over the cache (fp16 or 4-bit), causal: the
+ * query of sequence b at cache slot s sees its keys [0, s]; padding rows get zeros. A sequence's
+ * one query after its prompt is decode, with gb->attn_sparsity < 1 §5's top-K sparse attention. */
 static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
-    int h = c->hidden, hd = h / c->n_heads, n_new = gb->n_new, end = gb->len + n_new;
+    int h = c->hidden, hd = h / c->n_heads, n_new = gb->n_new;
     float scale = 1.0f / sqrtf((float)hd);
     int fast = !gb->kv_q4 && gb->attn_sparsity >= 1; /* decode straight from the fp16 cache */
 #pragma omp parallel for schedule(dynamic)
     for (int bh = 0; bh < gb->batch * c->n_heads; bh++) {
-        int b = bh / c->n_heads, head = bh % c->n_heads, start = gb->pad[b], nk = end - start;
+        int b = bh / c->n_heads, head = bh % c->n_heads, t0 = gb->pad[b], past = gb->past[b];
+        int nq = n_new - t0, nk = past + nq; /* its queries (rows t0 on) and the keys they see */
         float *kf = ws->thread_scratch + ws->thread_floats * omp_get_thread_num();
         float *vf = kf + (size_t)ws->max_len * hd, *scores = vf + (size_t)ws->max_len * hd;
         float *out = ws->attn + (size_t)b * n_new * h + head * hd;
-        const float *q = ws->qkv + (size_t)b * n_new * 3 * h + head * hd; /* rows of [q|k|v] */
-        int t0 = start > gb->len ? start - gb->len : 0; /* first query that is not padding */
-        for (int t = 0; t < t0; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
-        if (t0 >= n_new) continue;
-        if (n_new == 1 && fast) {
-            size_t at = (size_t)start * h + head * hd;
-            const fp16 *K = gb->k[b], *V = gb->v[b];
-            attend_one(q, K + at, V + at, (size_t)h, nk, hd, scale, scores, out);
+        for (int t = 0; t < t0 && t < n_new; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
+        if (nq <= 0) continue;
+        out += (size_t)t0 * h;
+        const float *q = ws->qkv + ((size_t)b * n_new + t0) * 3 * h + head * hd; /* rows of [q|k|v] */
+        if (nq == 1 && past > 0 && fast) {
+            attend_one(q, (const fp16 *)gb->k[b] + head * hd, (const fp16 *)gb->v[b] + head * hd, (size_t)h,
+                       nk, hd, scale, scores, out);
             continue;
         }
-        opt_kv_rows K = head_rows(c, gb, ws, b, head, 0, start), V = head_rows(c, gb, ws, b, head, 1, start);
-        if (n_new == 1) {
+        opt_kv_rows K = head_rows(c, gb, ws, b, head, 0), V = head_rows(c, gb, ws, b, head, 1);
+        if (nq == 1 && past > 0) {
             int read = opt_attend_decode(q, &K, &V, nk, scale, gb->attn_sparsity, scores, out);
 #pragma omp atomic
             gb->v_rows_read[b] += read;
             continue;
         }
-        /* prefill: many queries, so convert the slice once and use two matrix products */
+        /* a prompt: many queries, so convert the slice once and use two matrix products */
         for (int j = 0; j < nk; j++) {
             const float *k = kv_row(&K, j, kf + (size_t)j * hd), *v = kv_row(&V, j, vf + (size_t)j * hd);
             if (k != kf + (size_t)j * hd) memcpy(kf + (size_t)j * hd, k, hd * sizeof *k);
             if (v != vf + (size_t)j * hd) memcpy(vf + (size_t)j * hd, v, hd * sizeof *v);
         }
-        int nq = n_new - t0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
-                    q + (size_t)t0 * 3 * h, 3 * h, kf, hd, 0.0f, scores, nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q, 3 * h, kf, hd, 0.0f,
+                    scores, nk);
         for (int t = 0; t < nq; t++) {
-            int visible = gb->len + t0 + t - start + 1; /* causal: keys up to this query's slot */
+            int visible = past + t + 1; /* causal: keys up to this query's slot */
             float *row = scores + (size_t)t * nk;
             softmax(row, visible);
             for (int j = visible; j < nk; j++) row[j] = 0;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, scores, nk, vf,
-                    hd, 0.0f, out + (size_t)t0 * h, h);
+                    hd, 0.0f, out, h);
     }
 }
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # bench_jobs.sh: a batch job of mixed prompt lengths, run as before (one generate() over the file,
-# blocks in file order) and as a job (--output: windows of rounds, each window longest first), in
-# alternating rounds. The prompts: N passages of models/opt-kjv/heldout.txt of 3 to 72 words (4
+# blocks in file order), as a job (--output: windows of rounds, each window longest first) and as a
+# job with --refill (a sequence that ends gives its slot to the next prompt), in alternating rounds. The prompts: N passages of models/opt-kjv/heldout.txt of 3 to 72 words (4
 # to 162 tokens with BOS; the model has 256 positions, less --gen-len 64), with --stop-at-eos.
 # Prints for each run its seconds, useful tokens a second (the prompts' own tokens plus the tokens
 # generated before each sequence's end, counted from the job's records: greedy, both runs
-# generate the same) and the share of prefill's rows that were padding (--json's prompt_tokens
-# against prefill_tokens).
+# generate the same), the share of prefill's rows that were padding (--json's prompt_tokens
+# against prefill_tokens; with --refill, the decoding rows beside a new prompt count as padding),
+# and the share of all rows computed (--json's rows_computed) that were padding or sequences
+# already ended: a prompt needs its own tokens plus one row per generated token but the last.
 # Usage: bash scripts/bench_jobs.sh [ROUNDS] [N] [GPU_BATCH]   (default 2 rounds, 1000 prompts, 16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,23 +28,27 @@ common = ['./flexgen', '--model', 'models/opt-kjv', '--prompt-file', work + '/pr
           '--stop-at-eos', '--gpu-batch-size', str(gbs), '--num-gpu-batches', '1', '--json', '--quiet',
           '--offload-dir', work]
 print('%d prompts, GPU batches of %d, --gen-len 64, --stop-at-eos' % (n, gbs))
-print('%-6s %8s %14s %9s' % ('run', 'seconds', 'useful tok/s', 'padding'))
+print('%-6s %8s %14s %9s %12s' % ('run', 'seconds', 'useful tok/s', 'padding', 'rows wasted'))
+flags = {'plain': [], 'job': ['--output'], 'refill': ['--refill', '--output']}
 for r in range(rounds):
-    for mode in ('plain', 'job'):
-        out = work + '/out.%d.jsonl' % r
+    results = []
+    for mode in ('plain', 'job', 'refill'):
+        out = work + '/out.%s.%d.jsonl' % (mode, r)
         t0 = time.time()
-        rep = json.loads(subprocess.run(common + (['--output', out] if mode == 'job' else []), check=True,
-                                        capture_output=True, text=True).stdout)
+        cmd = common + flags[mode] + ([out] if mode != 'plain' else [])  # --output takes out
+        rep = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         secs = time.time() - t0
-        if mode == 'job':
-            generated = sum(len(json.loads(l)['tokens']) for l in open(out).read().splitlines()[1:])
-        else:
-            generated = None
-        rows = (rep['prompt_tokens'], rep['prefill_tokens'])
-        results = locals().setdefault('results', [])
-        results.append((mode, secs, rows))
-        if mode == 'job':
-            for m, s, (own, pre) in results[-2:]:
-                print('%-6s %8.1f %14.0f %8.1f%%' % (m, s, (own + generated) / s, 100 * (1 - own / pre)))
+        if mode != 'plain':
+            got = [json.loads(l)['tokens'] for l in open(out).read().splitlines()[1:]]
+            generated = sum(len(t) for t in got)
+            if mode == 'refill' and got != first_tokens:
+                sys.exit('--refill generated other tokens than the job without it')
+            first_tokens = got
+        results.append((mode, secs, rep))
+    for m, s, rep in results:
+        own, pre, rows = rep['prompt_tokens'], rep['prefill_tokens'], rep['rows_computed']
+        needed = own + generated - n
+        print('%-6s %8.1f %14.0f %8.1f%% %11.1f%%' % (m, s, (own + generated) / s, 100 * (1 - own / pre),
+                                                      100 * (1 - needed / rows)))
 print('useful tokens: prompt tokens + %d generated (from the job records)' % generated)
 PY

@@ -80,6 +80,9 @@ static void usage(FILE *out) {
 "  --top-p P               nucleus sampling mass, in (0, 1] [1]\n"
 "  --seed N                seed of dummy weights, synthetic prompts and sampling [0]\n"
 "  --stop-at-eos           stop a sequence after it generates </s>\n"
+"  --refill                with --stop-at-eos, in one process: the slot of a sequence that\n"
+"                          ends takes the next prompt, whose prefill joins the next step, so\n"
+"                          a block runs full until the prompts run out\n"
 "device\n"
 "  --device cuda|cpu|auto  the compute device: auto is cuda where a GPU is present (this build:\n"
 "                          %s), else the CPU [auto]; cpu-fp16 is the CPU holding\n"
@@ -231,6 +234,7 @@ static int is_value_flag(const char *f) {
     return 0;
 }
 
+static int check_flags(const cli_args *a, char *err);
 static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     memset(a, 0, sizeof *a);
     a->model = "opt-125m";
@@ -247,6 +251,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
         else if (!strcmp(f, "--json")) a->json = 1, takes_value = 0;
         else if (!strcmp(f, "--stop-at-eos")) a->gen.stop_at_eos = 1, takes_value = 0;
+        else if (!strcmp(f, "--refill")) a->gen.refill = 1, takes_value = 0;
         else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, a->quiet = 1, takes_value = 0;
         else if (!strcmp(f, "--resume")) a->resume = 1, takes_value = 0;
         else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
@@ -318,9 +323,16 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         i += takes_value;
     }
     a->policy.verbose = a->gen.verbose;
+    return check_flags(a, err);
+}
+
+/* Flags that need or exclude others. */
+static int check_flags(const cli_args *a, char *err) {
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
     if (a->resume && !a->output) return fg_fail(err, "--resume: finishes the job of --output F; give it");
+    if (a->gen.refill && !a->gen.stop_at_eos)
+        return fg_fail(err, "--refill: gives a slot whose sequence generated </s> the next prompt; give --stop-at-eos too");
     if (a->policy.int8_activations && !a->policy.compress_weight)
         return fg_fail(err, "--int8-activations: multiplies 4-bit weights by int8 activations; give --compress-weight too");
     if (a->output && a->dump_logits) return fg_fail(err, "--output and --dump-logits: give one of them");
@@ -656,6 +668,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         for (int i = 0; i < p->n; i++) prompt_tokens += p->lens[i];
         cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens);
         cJSON_AddNumberToObject(o, "prefill_tokens", (double)t->prefill_tokens);
+        cJSON_AddNumberToObject(o, "rows_computed", (double)t->rows); /* padding and ended ones too */
         cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
         cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
         cJSON_AddNumberToObject(o, "total_latency", total);
@@ -936,7 +949,7 @@ static int append_records(const cli_args *a, const prompt_set *p, const fg_token
 
 static void add_timing(gen_timing *sum, const gen_timing *t) {
     sum->prefill_latency += t->prefill_latency, sum->decode_latency += t->decode_latency;
-    sum->prefill_tokens += t->prefill_tokens, sum->decode_tokens += t->decode_tokens;
+    sum->prefill_tokens += t->prefill_tokens, sum->decode_tokens += t->decode_tokens, sum->rows += t->rows;
     sum->compute_seconds += t->compute_seconds, sum->bubble_seconds += t->bubble_seconds;
     sum->disk_read_seconds += t->disk_read_seconds;
 }
@@ -960,7 +973,8 @@ static int by_length(const void *a, const void *b, void *prompts) {
 
 /* --output: the prompts in windows of JOB_WINDOW rounds, in file order. A window's prompts run
  * longest first, a round at a time (a block for each stage: what one generate() takes, §4.4), so
- * that a round's prompts have similar lengths and little padding; its records are appended in
+ * that a round's prompts have similar lengths and little padding (with --refill, the window in
+ * one generate(): its block takes the next prompt as a sequence ends); its records are appended in
  * file order, in one write, once the window is done. A crash loses at most the window in flight,
  * and --resume forms the same windows from the prompts left, so it computes what an unbroken run
  * would: sampling draws by each prompt's place in the file. */
@@ -969,6 +983,7 @@ static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const promp
                       job_output *out, int *tokens, gen_timing *t, char *err) {
     int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe), G = a->gen.gen_len;
     int window = round * JOB_WINDOW, rc = 0;
+    if (a->gen.refill) round = window;
     int *order = malloc((size_t)window * sizeof *order), *index = malloc((size_t)round * sizeof *index);
     int **ids = malloc((size_t)round * sizeof *ids), *lens = malloc((size_t)round * sizeof *lens);
     int *got = malloc((size_t)round * G * sizeof *got);
@@ -1096,6 +1111,8 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
     if (a->ppl_flag) rc = fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag);
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
+    if (rc == 0 && a->gen.refill && stages > 1)
+        rc = fg_fail(err, "--refill: refills one process's block; the stages of a pipeline keep theirs in step");
     if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {
@@ -1272,7 +1289,7 @@ static int tokenize_command(int argc, char **argv, char *err) {
 /* The flags of generation that have no meaning when a text is scored. */
 static int check_perplexity_flags(int argc, char **argv, char *err) {
     static const char *const not_here[] = {"--prompt", "--prompt-file", "--prompt-ids",
-        "--prompt-len", "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--dump-logits",
+        "--prompt-len", "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits",
         "--policy", "--max-latency", "--hw", "--evaluate"};
     for (int i = 2; i < argc; i++)
         for (size_t j = 0; j < sizeof not_here / sizeof *not_here; j++)

@@ -471,9 +471,9 @@ static void stage_receive_tokens(block *bl, int step) {
 
 /* The last stage: the chosen ids go back to the first stage; its own copy of the outputs keeps
  * --stop-at-eos's bookkeeping for the logits. */
-static void stage_tokens_out(block *bl, const gen_options *opt, int step, int first, int *out_tokens) {
+static void stage_tokens_out(block *bl, const gen_options *opt, int *out_tokens) {
     if (is_first_stage(bl->m)) return;
-    take_tokens(bl, opt, step, first, out_tokens);
+    take_tokens(bl, opt, out_tokens);
     bl->ids_msg = fg_pipe_send(bl->rt->pipe, 0, FG_TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
 }
 

@@ -186,10 +186,10 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
         double t[4]; /* runs: gbs, cached tokens */
         for (int i = 0; i < 4; i++) {
             be->copy_in(x, x_host, x_bytes); /* each run from the same activations */
-            gb.batch = runs[i][0], gb.len = runs[i][1], gb.n_new = 1;
+            gb.batch = runs[i][0], gb.n_new = 1;
             size_t seq = row * (size_t)(runs[i][1] + 1);
             for (int b = 0; b < gb.batch; b++)
-                gb.k[b] = cache + 2 * b * seq, gb.v[b] = cache + (2 * b + 1) * seq, gb.pad[b] = 0;
+                gb.k[b] = cache + 2 * b * seq, gb.v[b] = cache + (2 * b + 1) * seq, gb.pad[b] = 0, gb.past[b] = runs[i][1];
             t[i] = typical_time(time_layer, &ctx);
         }
         double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
@@ -203,7 +203,7 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
         double tp[2];
         for (int i = 0; i < 2; i++) {
             be->copy_in(x, x_host, x_bytes);
-            gb.batch = 1, gb.len = 0, gb.n_new = (int)lens[i];
+            gb.batch = 1, gb.past[0] = 0, gb.n_new = (int)lens[i];
             tp[i] = typical_time(time_layer, &ctx);
         }
         /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */

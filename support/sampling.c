@@ -1,5 +1,6 @@
-/* support/sampling.c: choosing the next token from the logits: greedy, temperature and top-p,
- * from a small generator that generate() seeds per (prompt, step).
+/* support/sampling.c: the tokens generate() takes and gives: the prompts and forced tokens
+ * checked against the model, and the next token chosen from the logits (greedy, temperature and
+ * top-p) with a small generator that generate() seeds per (prompt, step).
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -61,4 +62,34 @@ int sample_token(const float *logits, int n, float temperature, float top_p, fg_
         if (acc > u) break;
     }
     return id;
+}
+
+int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens, int gen_len,
+                  char *err) {
+    if (n < 1) return fg_fail(err, "no prompts");
+    for (int p = 0; p < n; p++) {
+        if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
+        if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
+                                                   lens[p] and gen_len may not fit an int */
+            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
+                           "is not fed back); the model has %d", p + 1, lens[p], gen_len,
+                           (long long)lens[p] + gen_len - 1, c->max_pos);
+        for (int t = 0; t < lens[p]; t++)
+            if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
+                return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,
+                            prompts[p][t], c->vocab);
+    }
+    return 0;
+}
+
+/* Teacher forcing feeds only ids of the vocab. */
+int check_forced(const opt_config *c, const gen_options *opt, int n_prompts, char *err) {
+    for (int p = 0; p < n_prompts; p++)
+        for (int i = 0; i < opt->gen_len; i++) {
+            int id = opt->forced[(size_t)p * opt->gen_len + i];
+            if (id < 0 || id >= c->vocab)
+                return fg_fail(err, "prompt %d: forced token %d is id %d, out of range [0, %d)", p + 1,
+                               i + 1, id, c->vocab);
+        }
+    return 0;
 }

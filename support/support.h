@@ -71,6 +71,7 @@ void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst);
 /* ---- Buffers of the forward pass (workspace.c) ---- */
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
+void gpu_batch_advance(gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
 /* The CPU's workspace: max_prompt is not used (decode's max_len keys are the most). */
 size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
@@ -350,6 +351,8 @@ typedef struct {
     int running;     /* some sequence of it is still generating */
     char *done;      /* [gbs * ngb]: the sequence has generated </s> (--stop-at-eos) */
     int *ids;        /* [gbs * ngb]: the tokens chosen at the last step, the next step's input */
+    int *prompt;     /* [gbs * ngb]: each slot's prompt (its index in generate()'s), -1: idle */
+    int *step;       /* [gbs * ngb]: the tokens chosen so far for it */
     int borrowed;    /* staging, workspace, logits and inbox are another block's */
     int out_rows;    /* logits the last output layer gave per sequence (its tokens in flight
                         with prompt_logits, else 1) */
@@ -383,9 +386,10 @@ size_t batch_act_bytes(const block *bl, int k);
  * gen_len more. */
 int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens, int gen_len,
                   char *err);
-/* Takes the tokens of step `step` (bl->ids) as the output and the next step's input; returns how
- * many sequences are still running. */
-int take_tokens(block *bl, const gen_options *opt, int step, int first, int *out_tokens);
+int check_forced(const opt_config *c, const gen_options *opt, int n_prompts, char *err); /* ids of the vocab */
+/* Takes the tokens chosen for each slot (bl->ids) as its prompt's output and its next input;
+ * returns how many sequences are still running. */
+int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
 
 /* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
  * process, flexgen.c's, which do nothing. */
@@ -409,12 +413,13 @@ struct stage_hooks {
     /* the first stage: step's token ids come back from the last stage into bl->ids; the last
      * stage: they go (taking them for its own bookkeeping) */
     void (*receive_tokens)(block *bl, int step);
-    void (*tokens_out)(block *bl, const gen_options *opt, int step, int first, int *out_tokens);
+    void (*tokens_out)(block *bl, const gen_options *opt, int *out_tokens);
     /* a block stopped: tell the next stage */
     void (*pass_stop)(block *bl);
     /* the end of a round: the block's messages are done with */
     void (*end_round)(block *bl);
 };
+extern const stage_hooks fg_single_stage; /* one process: every hook does nothing (stage.c) */
 
 
 #endif

@@ -15,13 +15,14 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
     memset(gb, 0, sizeof *gb);
     gb->batch = batch;
     gb->max_len = max_len;
+    gb->past = calloc((size_t)batch, sizeof *gb->past);
     gb->pad = calloc((size_t)batch, sizeof *gb->pad);
     gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
     gb->k = calloc((size_t)batch, sizeof *gb->k);
     gb->v = calloc((size_t)batch, sizeof *gb->v);
     gb->v_rows_read = calloc((size_t)batch, sizeof *gb->v_rows_read);
     gb->attn_sparsity = 1;
-    if (!gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->v_rows_read) {
+    if (!gb->past || !gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->v_rows_read) {
         gpu_batch_free(gb);
         return fg_fail(err, "out of memory for a GPU batch of %d", batch);
     }
@@ -29,12 +30,19 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
 }
 
 void gpu_batch_free(gpu_batch *gb) {
+    free(gb->past);
     free(gb->pad);
     free(gb->tokens);
     free(gb->k);
     free(gb->v);
     free(gb->v_rows_read);
     memset(gb, 0, sizeof *gb);
+}
+
+void gpu_batch_advance(gpu_batch *gb) {
+    for (int b = 0; b < gb->batch; b++)
+        gb->past[b] += gb->pad[b] < gb->n_new ? gb->n_new - gb->pad[b] : 0, gb->pad[b] = 0;
+    gb->n_new = 1;
 }
 
 /* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head), and
@@ -118,7 +126,7 @@ size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_promp
     size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t mixed = 4 * h > f ? 4 * h : f;
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
-                                      2 * H * M * M, 4 * rows, 4 * rows, 8 * rows, 8 * rows};
+                                      2 * H * M * M, 8 * rows, 4 * rows, 8 * rows, 8 * rows};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;

@@ -962,7 +962,7 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--model", "opt-125m"}, {"--vocab", "v.json"}, {"--merges", "m.txt"}, {"--prompt", "Hi"},
     {"--prompt-file", "p.txt"}, {"--prompt-ids", "i.txt"}, {"--prompt-len", "4"},
     {"--gen-len", "4"}, {"--gpu-batch-size", "1"}, {"--num-gpu-batches", "1"},
-    {"--temperature", "0.5"}, {"--top-p", "0.9"}, {"--seed", "3"}, {"--stop-at-eos", NULL},
+    {"--temperature", "0.5"}, {"--top-p", "0.9"}, {"--seed", "3"}, {"--stop-at-eos", NULL}, {"--refill", NULL},
     {"--dump-logits", "l.bin"}, {"--json", NULL}, {"--quiet", NULL}, {"--help", NULL},
     {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
     {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
@@ -1066,6 +1066,7 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--gpu-mem", "-1G"), "--gpu-mem", "'-1G'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "0"), "--attn-sparsity", "(0, 1]", "'0'");
     EXPECT_FAIL(ARGS("--int8-activations"), "--int8-activations", "--compress-weight");
+    EXPECT_FAIL(ARGS("--refill"), "--refill", "--stop-at-eos");
     EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "(0, 1]", "'1.5'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");
@@ -1359,7 +1360,8 @@ static void test_greedy_ignores_seed(void) {
 }
 
 /* Prompt 4 generates </s> first: with --stop-at-eos its later rows are never computed (0);
- * the other prompts, which never generate it, run on unchanged. */
+ * the other prompts, which never generate it, run on unchanged, also when --refill gives prompt
+ * 4's slot to prompt 5, whose prefill then runs beside the decoding of prompts 1 to 3. */
 static void test_stop_at_eos(void) {
     reference r;
     load_reference(&r);
@@ -1367,13 +1369,16 @@ static void test_stop_at_eos(void) {
     for (int p = 0; p < N_PROMPTS; p++)
         for (int s = 0; s < GEN_LEN; s++) CU_ASSERT_FATAL(p == EOS_PROMPT || r.tokens[p][s] != 2);
     char *dir = make_temp_dir();
-    float *l = run_dump(dir, "l.bin", ARGS("--stop-at-eos"));
-    int bad = 0;
-    for (int p = 0; p < N_PROMPTS; p++)
-        for (int s = 0; s < GEN_LEN; s++)
-            bad += p == EOS_PROMPT && s > 0 ? !row_is_zero(l, p, s) : !row_matches(&r, l, p, s);
-    CU_ASSERT_EQUAL(bad, 0);
-    free(l);
+    for (int refill = 0; refill < 2; refill++) { /* with --refill prompt 5 takes prompt 4's slot */
+        float *l = run_dump(dir, "l.bin", refill ? ARGS("--stop-at-eos", "--refill") : ARGS("--stop-at-eos"));
+        int bad = 0;
+        for (int p = 0; p < N_PROMPTS; p++)
+            for (int s = 0; s < GEN_LEN; s++)
+                bad += p == EOS_PROMPT && s > 0 ? !row_is_zero(l, p, s) : !row_matches(&r, l, p, s);
+        EXPECT(bad == 0, "--stop-at-eos%s: %d logit rows differ from HF's (or are not zero after </s>)",
+               refill ? " --refill" : "", bad);
+        free(l);
+    }
     free(r.logits);
     rm_tree(dir);
     free(dir);

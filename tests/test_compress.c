@@ -44,8 +44,7 @@ static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *
             opt_layer(w, l, &gb, &ws);
         }
         opt_output(w, &gb, &ws, step);
-        gb.len += gb.n_new;
-        gb.n_new = 1;
+        gpu_batch_advance(&gb);
         for (int b = 0; b < N_SEQ; b++) {
             const float *row = step + (size_t)b * V;
             int best = 0;
@@ -527,18 +526,13 @@ static void test_sparse_runtime(void) {
         fg_stats st;
         CU_ASSERT_EQUAL(generate_with(f.dir, NULL, 0, &v, GEN, N_SEQ, (int *const *)f.prompts, f.lens,
                                       tokens, r, &st, NULL), 0);
-        int padded = 0;
-        for (int b = 0; b < N_SEQ; b++) padded = f.lens[b] > padded ? f.lens[b] : padded;
         double row = (double)opt_kv_row_bytes(c, q4), in = 0, dense_in = 0;
-        for (int i = 1; i < GEN; i++) {
-            int len = padded + i - 1, total = len + 1;
-            for (int b = 0; b < N_SEQ; b++) {
-                int nk = total - (padded - f.lens[b]); /* its own tokens */
-                int keep = (int)floorf(v.attn_sparsity * (float)(nk - 1)) + 1;
-                in += c->n_layers * row * (len + keep);        /* all of K, the kept rows of V */
-                dense_in += c->n_layers * row * 2 * len;
+        for (int i = 1; i < GEN; i++)
+            for (int b = 0; b < N_SEQ; b++) { /* the cache holds a sequence's own tokens, no padding */
+                int past = f.lens[b] + i - 1, keep = (int)floorf(v.attn_sparsity * (float)past) + 1;
+                in += c->n_layers * row * (past + keep);       /* all of K, the kept rows of V */
+                dense_in += c->n_layers * row * 2 * past;
             }
-        }
         EXPECT(st.link_bytes[LINK_CPU_TO_GPU] == in, "%s cache on cpu, sparsity %g: cpu->gpu bytes: "
                "expected %.0f (all of K, the kept rows of V), got %.0f", q4 ? "4-bit" : "fp16",
                v.attn_sparsity, in, st.link_bytes[LINK_CPU_TO_GPU]);

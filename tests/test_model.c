@@ -301,10 +301,9 @@ static void setup_prefill(gpu_batch *gb, int *const *prompts, const int *lens, i
     int padded = 0;
     for (int b = 0; b < n; b++) padded = lens[b] > padded ? lens[b] : padded;
     gb->batch = n;
-    gb->len = 0;
     gb->n_new = padded;
     for (int b = 0; b < n; b++) {
-        gb->pad[b] = padded - lens[b];
+        gb->past[b] = 0, gb->pad[b] = padded - lens[b];
         for (int t = 0; t < padded; t++)
             gb->tokens[b * padded + t] = t < gb->pad[b] ? OPT_PAD_ID : prompts[b][t - gb->pad[b]];
     }
@@ -344,7 +343,7 @@ static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, flo
         opt_layer(w, l, gb, ws);
     }
     opt_output(w, gb, ws, logits);
-    gb->len += gb->n_new;
+    gpu_batch_advance(gb);
 }
 
 /* Decode with the KV cache equals recomputing every sequence from scratch, step by step. */
@@ -372,7 +371,6 @@ static void test_kv_cache_equals_recompute(void) {
     float worst = 0;
     for (int step = 0; step < steps; step++) {
         if (step > 0) { /* one new token per sequence */
-            cached.gb.n_new = 1;
             for (int b = 0; b < n; b++) cached.gb.tokens[b] = seqs[b][lens[b] - 1];
         }
         run_step(w, &cached, &ws, lc);
@@ -554,18 +552,18 @@ static void check_large_scores(float sparsity) {
     gb.attn_sparsity = sparsity;
     const float a = 2829.0f, keys[3] = {1.0f, 0.999f, 0.998f}; /* a / sqrt(8) x key: ~1000 */
     for (int step = 0; step < 2; step++) { /* prefill of two tokens, then the third decodes */
-        gb.len = step ? 2 : 0, gb.n_new = step ? 1 : 2;
+        gb.past[0] = step ? 2 : 0, gb.n_new = step ? 1 : 2;
         memset(ws.qkv, 0, (size_t)2 * 3 * H * sizeof(float));
         for (int t = 0; t < gb.n_new; t++) {
             float *row = ws.qkv + (size_t)t * 3 * H; /* q | k | v */
-            int slot = gb.len + t;
+            int slot = gb.past[0] + t;
             row[0] = a;
             row[H] = keys[slot];
             row[2 * H + slot] = 1;
         }
         opt_cache_attention(&c, &gb, &ws);
         const float *out = ws.attn + (size_t)(gb.n_new - 1) * H; /* the last query's output */
-        int n = gb.len + gb.n_new, finite = 1;
+        int n = gb.past[0] + gb.n_new, finite = 1;
         double sum = 0;
         for (int d = 0; d < n; d++) finite &= isfinite(out[d]), sum += out[d];
         /* sparse decode drops a key and, as FlexGen, does not renormalize: the kept weights of a

@@ -452,8 +452,6 @@ static void test_link_bytes(void) {
     fixture_prompts_open("opt-tiny", N_SEQ, &f);
     const opt_config *c = &f.cfg;
     double weights = weight_load_bytes(c);
-    int padded = 0;
-    for (int i = 0; i < f.n; i++) padded = f.lens[i] > padded ? f.lens[i] : padded;
     for (int overlap = 0; overlap < 2; overlap++) {
         /* one block of 2 x 4 holding all 7 sequences; weights on disk */
         static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
@@ -472,15 +470,18 @@ static void test_link_bytes(void) {
         run(&f, &p, &r);
         expect_link(&r, LINK_DISK_TO_CPU, N_SEQ * GEN * weights, "weights on disk, 7 blocks of 1");
         free(r.logits);
-        /* KV cache on cpu: decode step i loads the (padded + i - 1) past rows of K and V of every
-         * sequence and layer, and every step stores its new rows */
+        /* KV cache on cpu: decode step i loads the (len + i - 1) past rows of K and V of every
+         * sequence (its own tokens: the cache holds no padding) and layer, and every step stores
+         * its new rows */
         for (int delegate = 0; delegate < 2; delegate++) {
             static const fg_percent cpu_cache = {100, 0, 0, 100, 100, 0};
             p = policy(2, 4, cpu_cache, overlap, delegate);
             run(&f, &p, &r);
-            double row = 2.0 * c->hidden * 2 * N_SEQ * c->n_layers; /* K and V, fp16 */
-            double in = 0, out = row * (padded + GEN - 1);
-            for (int i = 1; i < GEN; i++) in += row * (padded + i - 1);
+            double row = 2.0 * c->hidden * 2 * c->n_layers, in = 0, out = 0; /* K and V, fp16 */
+            for (int b = 0; b < N_SEQ; b++) {
+                out += row * (f.lens[b] + GEN - 1);
+                for (int i = 1; i < GEN; i++) in += row * (f.lens[b] + i - 1);
+            }
             const char *run_name = delegate ? "KV cache on cpu, delegated" : "KV cache on cpu";
             expect_link(&r, LINK_CPU_TO_GPU, delegate ? 0 : in, run_name);
             expect_link(&r, LINK_GPU_TO_CPU, out, run_name);
@@ -520,6 +521,68 @@ static void test_early_stop_gives_back_read_ahead(void) {
         for (int tier = 0; tier < N_TIERS; tier++) CU_ASSERT_EQUAL(st.current[tier], 0);
         fg_runtime_close(rt);
     }
+    fixture_prompts_close(&f);
+}
+
+/* A traced generate() of the fixture's prompts with --stop-at-eos, refilled or not: its tokens,
+ * logits and steps computed (the input embedding's computes, one per step and GPU batch). */
+static int refill_run(const fixture_prompts *f, fg_policy p, int refill, result *r) {
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    gen_options opt = {.gen_len = GEN, .top_p = 1, .stop_at_eos = 1, .refill = refill};
+    gen_timing t;
+    int steps = 0;
+    p.trace = 1;
+    r->logits = malloc((size_t)N_SEQ * GEN * f->cfg.vocab * sizeof(float));
+    r->rc = fg_runtime_open(&p, &rt, r->err) || fg_model_open(rt, f->dir, 0, &m, r->err) ||
+            generate(m, &opt, f->n, (int *const *)f->prompts, f->lens, r->tokens, r->logits, &t, r->err);
+    EXPECT(r->rc == 0, "refill %d: %s", refill, r->err);
+    const trace_track *compute = rt ? &rt->trace.tracks[TRACK_COMPUTE] : NULL;
+    for (size_t i = 0; compute && i < compute->n; i++) steps += !strcmp(compute->events[i].name, "input embedding");
+    fg_model_close(m);
+    if (rt) fg_runtime_stats(rt, &r->stats);
+    fg_runtime_close(rt);
+    for (int tier = 0; tier < N_TIERS; tier++) CU_ASSERT_EQUAL(r->stats.current[tier], 0);
+    return steps;
+}
+
+/* Refill (--refill): the slot of a sequence that ends takes the next prompt, whose prefill joins
+ * the next step beside the decoding sequences (left-padded to its length). On the fixture's 7
+ * prompts of unequal lengths (line 4 ends at once with </s>), blocks smaller than the job, the KV
+ * cache on every tier, with and without delegation, a 4-bit cache and sparse attention: each
+ * prompt's greedy tokens are those of the blocks run one after another, its logits within the
+ * suite's bound (the decoding rows of a refill step are summed in another order), and the steps
+ * (times GPU batches) computed are as counted by hand: with blocks of 2, prompts 2 and 3 start
+ * at step 8, 3 ends at once, 4 takes its slot at 9 and 5 and 6 follow at 16 and 17: 25 steps
+ * against 4 blocks of 8; of 3, 17 against 24; of 2 x 2, two rounds of 8 either way. */
+static void test_refill(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    static const int shapes[3][2] = {{2, 1}, {2, 2}, {3, 1}}, want[3][2] = {{25, 32}, {32, 32}, {17, 24}};
+    static const fg_percent caches[] = {{100, 0, 100, 0, 100, 0}, {100, 0, 0, 100, 100, 0},
+                                        {100, 0, 30, 40, 30, 40}, {0, 0, 0, 0, 0, 0}};
+    size_t n_logits = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    for (int s = 0; s < 3; s++)
+        for (size_t c = 0; c < sizeof caches / sizeof *caches; c++)
+            for (int variant = 0; variant < 4; variant++) {
+                fg_policy p = policy(shapes[s][0], shapes[s][1], caches[c], 1, variant & 1);
+                p.compress_cache = variant == 2, p.attn_sparsity = variant == 3 ? 0.5f : 1;
+                result plain, refilled;
+                int plain_steps = refill_run(&f, p, 0, &plain), steps = refill_run(&f, p, 1, &refilled);
+                float max_abs = 0, worst = 0;
+                for (size_t i = 0; i < n_logits; i++) {
+                    max_abs = fmaxf(max_abs, fabsf(plain.logits[i]));
+                    worst = fmaxf(worst, fabsf(plain.logits[i] - refilled.logits[i]));
+                }
+                int diff = 0;
+                for (int i = 0; i < N_SEQ * GEN; i++) diff += plain.tokens[i] != refilled.tokens[i];
+                EXPECT(diff == 0 && worst <= 1e-4f * max_abs && steps == want[s][0] && plain_steps == want[s][1],
+                       "block %dx%d, percent %d %d %d %d, variant %d: refilled vs blocks in turn: %d "
+                       "tokens differ, logits by %g (bound %g), steps %d vs %d (expected %d vs %d)",
+                       shapes[s][0], shapes[s][1], caches[c].cg, caches[c].cc, caches[c].hg, caches[c].hc,
+                       variant, diff, worst, 1e-4 * max_abs, steps, plain_steps, want[s][0], want[s][1]);
+                free(plain.logits), free(refilled.logits);
+            }
     fixture_prompts_close(&f);
 }
 
@@ -659,6 +722,7 @@ void add_runtime_tests(void) {
                 test_existing_weight_file_space);
     CU_add_test(s, "a block that stops early gives back the layers read ahead",
                 test_early_stop_gives_back_read_ahead);
+    CU_add_test(s, "refill: a finished sequence's slot takes the next prompt, tokens unchanged", test_refill);
     CU_add_test(s, "rows split over the tiers by rounding each share", test_split_rows_round);
     CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
     CU_add_test(s, "the memory model counts what the plan check counts with the CUDA backend's sizes",
