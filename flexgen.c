@@ -1150,9 +1150,7 @@ static char *task_kv_home(const block *bl, const io_task *task, int kv, int b) {
 /* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
  * not padding), in bytes of one layer's K (or V). */
 static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) { return (size_t)gb->past[b] * bl->s.kv_row; }
-static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
-    return gb->pad[b] < gb->n_new ? (size_t)(gb->n_new - gb->pad[b]) * bl->s.kv_row : 0;
-}
+static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) { return (size_t)(gb->n_new - gb->pad[b]) * bl->s.kv_row; }
 
 static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
@@ -1455,8 +1453,7 @@ static void synchronize(block *bl, iteration now) {
     stage->input_taken(bl);
 }
 
-static void tokens_back(gen_run *g, block *bl, int i);
-static void refill_slots(gen_run *g, block *bl, int i);
+static void tokens_back(gen_run *g, block *bl, int i), refill_slots(gen_run *g, block *bl, int i);
 static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 
 /* Step i of block t begins on this stage, or returns 0 when it does not run. The first stage
@@ -1626,26 +1623,29 @@ static void tokens_back(gen_run *g, block *bl, int i) {
     if (!bl->running && i < g->steps && !g->refill) stage->pass_stop(bl);
 }
 
-/* Refill (one block, with --stop-at-eos): the slot of each sequence that ended takes the job's
- * next prompt, and its prefill joins step i. A GPU batch that takes prompts computes as many rows
- * per sequence as the longest of them, each sequence left-padded to that: a new prompt whole, a
- * running sequence its one token last. A slot with no prompt left idles (all its rows padding). */
+/* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
+ * joins step i: the GPU batch computes rows for the longest, each running sequence its token last
+ * after padding. It does when that padding costs no more rows than the free slots would idle (one
+ * a step) until its running sequences could end; a free slot meanwhile, or with no prompt left, idles. */
 static void refill_slots(gen_run *g, block *bl, int i) {
     int gen_len = g->opt->gen_len, gbs = bl->s.gbs;
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
-        int n_new = 1, changed = 0;
+        int running = 0, free_slots = 0, longest = 1, steps_left = 0;
+        for (int s = k * gbs; s < k * gbs + gb->batch; s++)
+            if (bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len)
+                running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
+            else if (g->next + free_slots < g->n_prompts)
+                longest = g->lens[g->next + free_slots] > longest ? g->lens[g->next + free_slots] : longest, free_slots++;
+        int take = free_slots > 0 && (long)running * (longest - 1) <= (long)free_slots * steps_left;
         for (int b = 0, s = k * gbs; b < gb->batch; b++, s++) {
-            if (bl->prompt[s] < 0 || (!bl->done[s] && bl->step[s] < gen_len)) continue;
-            changed = 1;
-            bl->prompt[s] = g->next < g->n_prompts ? g->next++ : -1;
+            if (bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len) continue;
+            bl->prompt[s] = take && g->next < g->n_prompts ? g->next++ : -1;
             bl->done[s] = 0, bl->step[s] = 0, gb->past[b] = 0;
-            if (bl->prompt[s] < 0) continue;
-            n_new = g->lens[bl->prompt[s]] > n_new ? g->lens[bl->prompt[s]] : n_new;
-            g->steps = i + gen_len > g->steps ? i + gen_len : g->steps;
-            bl->running = 1;
+            if (bl->prompt[s] >= 0) g->steps = i + gen_len > g->steps ? i + gen_len : g->steps, bl->running = 1;
         }
-        for (int b = gb->batch - 1, s = k * gbs + b; b >= 0 && changed; b--, s--) { /* row b covers tokens[b] */
+        int n_new = take ? longest : 1;
+        for (int b = gb->batch - 1, s = k * gbs + b; b >= 0; b--, s--) { /* row b covers tokens[b] */
             int p = bl->prompt[s], n = p < 0 ? 0 : bl->step[s] == 0 ? g->lens[p] : 1;
             int *row = gb->tokens + (size_t)b * n_new, token = gb->tokens[b];
             for (int t = 0; t < n_new - n; t++) row[t] = OPT_PAD_ID;
