@@ -289,7 +289,7 @@ extern const char *const fg_cost_term_names[N_TERMS];
 typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant + coef . x */
 
 typedef struct {
-    int s, n, gbs, ngb;   /* prompt length, generated tokens, the block shape */
+    int s, n, gbs, ngb, s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
     int cpu_cache_compute, compress_weight, compress_cache;
     int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
 } fg_workload;
@@ -321,7 +321,7 @@ void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
 
 /* ---- The policy search (lp.c, §4.3) ---- */
 typedef struct {
-    int s, n;             /* prompt length, tokens generated per prompt */
+    int s, n, s_mean;     /* longest prompt, tokens generated each; the prompts' mean length (0: s) */
     int max_block;        /* sequences there are: a block holds no more; 0: no bound */
     double max_latency;   /* seconds one block may take (Fig. 1's latency); 0: no bound */
     fg_plan_check check;  /* check each choice with this runtime's plan; NULL for another machine */

@@ -63,7 +63,7 @@ static void decode_attention_terms(fg_linear *g, const fg_workload *w, const fg_
 
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
-    double h1 = c->hidden, h2 = c->ffn, s = w->s, n = w->n, bls = (double)w->gbs * w->ngb;
+    double h1 = c->hidden, h2 = c->ffn, s = w->s_mean > 0 ? w->s_mean : w->s, n = w->n, bls = (double)w->gbs * w->ngb;
     double weights16 = 8 * h1 * h1 + 4 * h1 * h2;
     double weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
     double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
@@ -538,7 +538,7 @@ typedef struct {
 } search;
 
 static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_compute) {
-    return (fg_workload){.s = S->req->s, .n = S->req->n, .gbs = gbs, .ngb = ngb,
+    return (fg_workload){.s = S->req->s, .s_mean = S->req->s_mean, .n = S->req->n, .gbs = gbs, .ngb = ngb,
                          .cpu_cache_compute = cpu_cache_compute,
                          .compress_weight = S->base->compress_weight,
                          .compress_cache = S->base->compress_cache, .micro = S->base->n_stages};

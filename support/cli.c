@@ -754,12 +754,21 @@ static int longest_prompt(const prompt_set *p) {
     return longest;
 }
 
+/* The prompts' mean length for the cost model: a job (--output) runs its prompts by length, so
+ * that a block pads little. 0 otherwise: in file order a block pads to its longest prompt. */
+static int mean_prompt(const cli_args *a, const prompt_set *p) {
+    long total = 0;
+    for (int i = 0; i < p->n; i++) total += p->lens[i];
+    return a->output && p->n ? (int)((total + p->n - 1) / p->n) : 0;
+}
+
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
- * block), the longest of them (0: --prompt-len). */
+ * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
+ * check holds the longest; the costs take the mean. */
 static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_config *cfg,
-                         int n_prompts, int max_prompt, int gbs, int ngb, fg_search_result *res,
+                         int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
                          char *err) {
-    fg_search_request req = {.s = max_prompt ? max_prompt : a->prompt_len, .n = a->gen.gen_len,
+    fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
                              .check = hw->gpu_is_host ? fg_runtime_check : NULL, .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
     if (a->evaluate) return fg_policy_evaluate(cfg, hw, &a->policy, &req, res, err);
@@ -801,7 +810,7 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
  * the smallest GPU batch and number of GPU batches any of them chose (each fits where the larger
  * did) and place their tensors again for that block shape. */
 static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
-                       int max_prompt, char *err) {
+                       const int lengths[2], char *err) {
     fg_search_result res;
     fg_hardware hw;
     int rc = 0, n = fg_pipe_size(pipe);
@@ -810,7 +819,7 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_
         if (r == fg_pipe_rank(pipe)) rc = load_hardware(a, &hw, err);
         if (fg_pipe_agree(pipe, rc, err)) return -1;
     }
-    rc = search_policy(a, &hw, cfg, n_prompts, max_prompt, 0, 0, &res, err);
+    rc = search_policy(a, &hw, cfg, n_prompts, lengths, 0, 0, &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches};
     int *all = malloc((size_t)n * sizeof shape);
@@ -821,7 +830,7 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_
     free(all);
     fg_pipe_bcast(pipe, shape, sizeof shape);
     if (shape[0] != res.policy.gpu_batch_size || shape[1] != res.policy.num_gpu_batches)
-        rc = search_policy(a, &hw, cfg, n_prompts, max_prompt, shape[0], shape[1], &res, err);
+        rc = search_policy(a, &hw, cfg, n_prompts, lengths, shape[0], shape[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     a->policy = res.policy;
     if (a->gen.verbose) {
@@ -1024,12 +1033,12 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tok
     if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
     if (rc == 0 && rank == 0 && a->output) rc = open_job_output(a, p, out, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
-    int given[3] = {p->n, longest_prompt(p), a->output && p->n == 0}; /* n 0: synthetic prompts, once the
-                                                                         block is known, or a finished job */
+    int given[4] = {p->n, a->output && p->n == 0, longest_prompt(p), mean_prompt(a, p)}; /* n 0: synthetic
+                                                              prompts, once the block is known, or a finished job */
     fg_pipe_bcast(pipe, given, sizeof given);
-    if ((a->job_finished = given[2])) return 0;
+    if ((a->job_finished = given[1])) return 0;
     if (a->auto_policy &&
-        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given[1], err))
+        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given + 2, err))
         return -1;
     if (rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
@@ -1168,7 +1177,8 @@ static int policy_command(cli_args *a, char *err) {
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
     fg_hardware hw;
     if (rc == 0) rc = load_hardware(a, &hw, err);
-    if (rc == 0) rc = search_policy(a, &hw, &cfg, prompts.n, longest_prompt(&prompts), 0, 0, &r, err);
+    int lengths[2] = {longest_prompt(&prompts), mean_prompt(a, &prompts)};
+    if (rc == 0) rc = search_policy(a, &hw, &cfg, prompts.n, lengths, 0, 0, &r, err);
     prompts_free(&prompts);
     if (tok) tokenizer_free(tok);
     if (rc) return -1;

@@ -111,6 +111,30 @@ static void test_cost_by_hand(void) {
                     "decode, 4-bit working weights read as stored, term comp");
 }
 
+/* A job of mixed lengths (--output runs its prompts by length): the costs take the prompts' mean
+ * length, the memory the longest (every block must fit it). */
+static void test_cost_mean_prompt(void) {
+    fg_workload mixed = {.s = 7, .s_mean = 3, .n = 5, .gbs = 2, .ngb = 3}, mean = mixed, longest = mixed;
+    mean.s = 3, mean.s_mean = longest.s_mean = 0;
+    fg_cost_model cm, cw, cl;
+    fg_cost_model_build(&CFG, &mixed, &HW, &cm);
+    fg_cost_model_build(&CFG, &mean, &HW, &cw);
+    fg_cost_model_build(&CFG, &longest, &HW, &cl);
+    for (int i = 0; i < N_TERMS; i++) {
+        EXPECT(fg_linear_eval(&cm.pre[i], X) == fg_linear_eval(&cw.pre[i], X) &&
+               fg_linear_eval(&cm.gen[i], X) == fg_linear_eval(&cw.gen[i], X),
+               "term %s: a mean prompt of 3 (longest 7) costs as prompts of 3", fg_cost_term_names[i]);
+    }
+    double t_mixed = fg_cost_per_token(&cm, &CFG, &mixed, X, NULL, NULL), t_longest = fg_cost_per_token(&cl, &CFG, &longest, X, NULL, NULL);
+    EXPECT(t_mixed < t_longest, "T / bls: a mean prompt of 3 gives %g, prompts of 7 %g: expected less", t_mixed, t_longest);
+    fg_memory_model mm, ml;
+    fg_memory_model_build(&CFG, &mixed, &HW, FG_W_DISK, &mm);
+    fg_memory_model_build(&CFG, &longest, &HW, FG_W_DISK, &ml);
+    for (int t = 0; t < N_TIERS; t++)
+        EXPECT(fg_linear_eval(&mm.tier[t], X) == fg_linear_eval(&ml.tier[t], X),
+               "%s tier: the memory of a mean prompt of 3 is that of the longest, 7", fg_tier_names[t]);
+}
+
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -256,6 +280,7 @@ static void test_hardware_write_atomic(void) {
 void add_cost_tests(void) {
     CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
+    CU_add_test(s, "a job's mean prompt length for the costs, the longest for the memory", test_cost_mean_prompt);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
     CU_add_test(s, "hardware file: rates outside [1, 1e18] name the key", test_hardware_extremes);
     CU_add_test(s, "hardware file: FIFO or device refused at once", test_hardware_not_regular);
