@@ -278,8 +278,8 @@ typedef struct {
     double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g; /* cpu -> disk */
     double mm_flops_p, mm_flops_g, bmm_flops_p, bmm_flops_g; /* prefill / decode */
     double cpu_flops;  /* CPU attention (delegation) */
-    double dequant_bdw; /* 4-bit decompression, fp16 bytes it gives per second; 0: not modeled */
-    double mem_bdw;     /* reading a layer's working weights; 0: not modeled */
+    double dequant_bdw, mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
+    double mm_flops_int8_p, mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
     int gpu_is_host;    /* the gpu tier is host memory (the CPU backend) */
 } fg_hardware;
 
@@ -290,7 +290,7 @@ typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant +
 
 typedef struct {
     int s, n, gbs, ngb, s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
-    int cpu_cache_compute, compress_weight, compress_cache;
+    int cpu_cache_compute, compress_weight, compress_cache, int8; /* int8: --int8-activations */
     int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
 } fg_workload;
 

@@ -30,8 +30,8 @@
  * every step and its new rows come back, and the compute device attends over all of it. 4-bit
  * compression (§5) scales the weight and cache bytes by 36/128 (a group of 64 values keeps 32
  * bytes and an fp16 min and scale) and adds the compute device's decompression of them, at
- * hw->dequant_bdw bytes of fp16 a second. Beyond A.3, too: the output layer's product per
- * generated token (m->head).
+ * hw->dequant_bdw bytes of fp16 a second (--int8-activations' products read the codes, at their own
+ * measured rates). Beyond A.3, too: the output layer's product per generated token (m->head).
  * ============================================================================================ */
 
 const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
@@ -64,8 +64,8 @@ static void decode_attention_terms(fg_linear *g, const fg_workload *w, const fg_
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
     double h1 = c->hidden, h2 = c->ffn, s = w->s_mean > 0 ? w->s_mean : w->s, n = w->n, bls = (double)w->gbs * w->ngb;
-    double weights16 = 8 * h1 * h1 + 4 * h1 * h2;
-    double weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
+    double weights16 = 8 * h1 * h1 + 4 * h1 * h2, weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
+    int int8 = w->int8 && hw->mm_flops_int8_g > 0; /* --int8-activations: its products' measured rates */
     double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
     double cache_pre = 4 * (s + 1) * h1 * bls * kv;       /* written in prefill (A.3) */
     double cache_gen = 4 * bls * (s + n / 2) * h1 * kv;   /* read per decode step, on average */
@@ -80,7 +80,7 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     add(&p[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden), add(&p[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
     add(&p[T_DTOC], X_WN, weights, hw->dtoc_bdw), add(&p[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
     add(&p[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p), add(&p[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
-    add(&p[T_COMP], -1, bls * (8 * s * h1 * h1 + 4 * s * h1 * h2), hw->mm_flops_p);
+    add(&p[T_COMP], -1, bls * (8 * s * h1 * h1 + 4 * s * h1 * h2), int8 ? hw->mm_flops_int8_p : hw->mm_flops_p);
     add(&p[T_COMP], -1, 4 * bls * s * s * h1, hw->bmm_flops_p);
 
     fg_linear *g = m->gen; /* one decode step */
@@ -90,14 +90,14 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     add(&g[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw), add(&g[T_DTOC], X_WN, weights, hw->dtoc_bdw);
     add(&g[T_DTOC], X_HN, hidden_gen, hw->dtoc_bdw);
     add(&g[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g), add(&g[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
-    add(&g[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), hw->mm_flops_g);
+    add(&g[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
     /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes) */
     double att = 4 * bls * (s + n / 2) * h1;
     decode_attention_terms(g, w, hw, att, cache_gen, cache_new);
     /* §5: the compute device decompresses every weight it uses, and the cache it reads (the
      * rows it compresses are counted at the same rate) */
     if (hw->dequant_bdw > 0) {
-        if (w->compress_weight) add(&p[T_COMP], -1, weights16, hw->dequant_bdw), add(&g[T_COMP], -1, weights16, hw->dequant_bdw);
+        if (w->compress_weight && !int8) add(&p[T_COMP], -1, weights16, hw->dequant_bdw), add(&g[T_COMP], -1, weights16, hw->dequant_bdw);
         if (w->compress_cache) add(&p[T_COMP], -1, cache_pre / kv, hw->dequant_bdw), add(&g[T_COMP], -1, cache_gen / kv, hw->dequant_bdw);
     }
     /* beyond A.3: each GPU batch reads the layer's working weights: fp16, or on the CPU backend
@@ -541,7 +541,7 @@ static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_
     return (fg_workload){.s = S->req->s, .s_mean = S->req->s_mean, .n = S->req->n, .gbs = gbs, .ngb = ngb,
                          .cpu_cache_compute = cpu_cache_compute,
                          .compress_weight = S->base->compress_weight,
-                         .compress_cache = S->base->compress_cache, .micro = S->base->n_stages};
+                         .compress_cache = S->base->compress_cache, .int8 = S->base->int8_activations, .micro = S->base->n_stages};
 }
 
 /* The LP's rows, one at a time: coefficients over x (and T_pre, T_gen), sense, right side. */

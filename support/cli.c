@@ -1262,6 +1262,9 @@ static int profile_command(int argc, char **argv, char *err) {
            "(decode) GFLOP/s, weights read %.2f GiB/s, 4-bit decompression %.2f GiB/s of fp16\n",
            hw.mm_flops_p / 1e9, hw.mm_flops_g / 1e9, hw.bmm_flops_p / 1e9, hw.bmm_flops_g / 1e9,
            hw.mem_bdw / GB, hw.dequant_bdw / GB);
+    if (hw.mm_flops_int8_g > 0)
+        printf("4-bit x int8 products %.1f (prefill) %.1f (decode) GFLOP/s\n", hw.mm_flops_int8_p / 1e9,
+               hw.mm_flops_int8_g / 1e9);
     printf("saved %s\n", out);
     return 0;
 }

@@ -112,20 +112,24 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
     return 0;
 }
 
-/* Dummy weights of cfg in the backend's working format on its gpu tier (view's pointers). */
-static int device_weights(const fg_backend *be, const opt_config *cfg, opt_layout *l,
+/* Dummy weights of cfg in the backend's working format on its gpu tier (view's pointers); int8:
+ * the matrices 4-bit, as the CPU's products read them, multiplied by int8 activations. */
+static int device_weights(const fg_backend *be, const opt_config *cfg, int int8, opt_layout *l,
                           opt_weights *view, char *err) {
     memset(view, 0, sizeof *view);
     if (opt_layout_init(l, view, cfg, 0, err)) return -1;
+    view->q4 = view->q4_int8 = int8;
     weight_source src = {NULL, 1};
     for (int i = 0; i < l->n_tensors; i++) {
         const opt_tensor *t = &l->tensors[i];
         if (t->tied_to >= 0) continue;
-        fp16 *values = malloc(t->count * sizeof *values);
-        void *working = be->alloc(t->count * be->weight_elem);
-        if (values && working) {
-            opt_tensor_fill(l, i, &src, NULL, values, err); /* dummy values: always finite */
-            be->weights_in(working, values, t->count);
+        int q4 = int8 && t->group_len > 0;
+        void *values = malloc(t->count * (q4 ? sizeof(float) : sizeof(fp16)));
+        void *working = be->alloc(q4 ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : t->count * be->weight_elem);
+        if (values && working) { /* dummy values: always finite */
+            opt_tensor_fill(l, i, &src, q4 ? values : NULL, q4 ? NULL : values, err);
+            if (q4) q4_compress(values, t->group_outer, t->group_len, t->group_inner, working);
+            else be->weights_in(working, values, t->count);
             *t->slot = working;
         }
         free(values);
@@ -154,7 +158,7 @@ static void device_weights_free(const fg_backend *be, opt_layout *l) {
  *     bmm_flops_p
  * A difference is taken as at least 1% of the longer run, against noise. Delegated attention
  * (cpu_flops) is the CPU backend's decode attention. */
-static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, char *err) {
+static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose, char *err) {
     opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
     enum { LONG = 1024, MAX_GBS = MATMUL_DECODE_ROWS, LONG_GBS = 32 };
     opt_weights w;
@@ -168,7 +172,7 @@ static int profile_compute(const fg_backend *be, fg_hardware *hw, int verbose, c
     void *x = be->alloc(x_bytes), *x_host = malloc(x_bytes);
     char *cache = be->alloc(rows * row); /* K and V of 32 sequences of LONG + 1 slots, or of
                                             more sequences of fewer slots */
-    int rc = device_weights(be, &c, &layout, &w, err), has_ws = 0;
+    int rc = device_weights(be, &c, int8, &layout, &w, err), has_ws = 0;
     if (rc == 0) rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
     if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG, LONG + 1, err), has_ws = rc == 0;
     if (rc == 0 && (!x || !x_host || !cache)) rc = fg_fail(err, "profile: out of memory");
@@ -230,12 +234,17 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
     if (profile_copies(be, hw, err)) return -1;
     profile_step(verbose, "disk write and read in the offload dir (1 GiB)");
     if (profile_disk(offload_dir, hw, err)) return -1;
-    if (profile_compute(be, hw, verbose, err)) return -1;
+    if (profile_compute(be, 0, hw, verbose, err)) return -1;
     hw->cpu_flops = hw->bmm_flops_g;
+    fg_hardware cpu;
+    if (be == &fg_cpu_backend) { /* --int8-activations' products: the CPU backend's alone */
+        profile_step(verbose, "4-bit weights times int8 activations, for --int8-activations");
+        if (profile_compute(be, 1, &cpu, 0, err)) return -1;
+        hw->mm_flops_int8_p = cpu.mm_flops_p, hw->mm_flops_int8_g = cpu.mm_flops_g;
+    }
     if (be->gpu_is_host) return 0;
-    fg_hardware cpu; /* delegated attention: the CPU backend's decode attention */
-    profile_step(verbose, "the CPU's attention, for --cpu-cache-compute");
-    if (profile_compute(&fg_cpu_backend, &cpu, 0, err)) return -1;
+    profile_step(verbose, "the CPU's attention, for --cpu-cache-compute"); /* delegated attention */
+    if (profile_compute(&fg_cpu_backend, 0, &cpu, 0, err)) return -1;
     hw->cpu_flops = cpu.bmm_flops_g;
     return 0;
 }
@@ -281,9 +290,9 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
                          HW_MIN, HW_MAX, v->valuedouble);
         else *hw_field(hw, i) = v->valuedouble;
     }
-    static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw"};
-    double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw};
-    for (int i = 0; i < 2 && rc == 0; i++) {
+    static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw", "mm_flops_int8_p", "mm_flops_int8_g"};
+    double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw, &hw->mm_flops_int8_p, &hw->mm_flops_int8_g};
+    for (int i = 0; i < 4 && rc == 0; i++) {
         const cJSON *v = fg_json_get(root, OPTIONAL[i]);
         if (v && (!cJSON_IsNumber(v) ||
                   !(v->valuedouble == 0 || (v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))))
@@ -306,6 +315,8 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     for (int i = 0; i < N_HW; i++) cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
     cJSON_AddNumberToObject(o, "dequant_bdw", hw->dequant_bdw);
     cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
+    cJSON_AddNumberToObject(o, "mm_flops_int8_p", hw->mm_flops_int8_p);
+    cJSON_AddNumberToObject(o, "mm_flops_int8_g", hw->mm_flops_int8_g);
     cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

@@ -1561,8 +1561,8 @@ static void test_policy_bad_input(void) {
     free(dir);
 }
 
-/* flexgen profile: a hardware file whose every rate is positive, read back as it was written,
- * and nothing left in the offload dir. */
+/* flexgen profile (the CPU backend): a hardware file whose every rate is positive, --int8-activations'
+ * products' too, read back as it was written, and nothing left in the offload dir. */
 static void test_profile(void) {
     char *dir = make_temp_dir(), *off = make_temp_dir(), *out, *err;
     const char *hw = join(dir, "hw.json");
@@ -1574,7 +1574,7 @@ static void test_profile(void) {
     CU_ASSERT_EQUAL_FATAL(fg_hardware_read(hw, &h, msg), 0);
     const double rates[] = {h.ctog_bdw, h.gtoc_bdw_cache, h.gtoc_bdw_hidden, h.dtoc_bdw,
         h.ctod_bdw_cache_p, h.ctod_bdw_hidden_p, h.ctod_bdw_g, h.mm_flops_p, h.mm_flops_g,
-        h.bmm_flops_p, h.bmm_flops_g, h.cpu_flops, h.dequant_bdw, h.mem_bdw};
+        h.bmm_flops_p, h.bmm_flops_g, h.cpu_flops, h.dequant_bdw, h.mem_bdw, h.mm_flops_int8_p, h.mm_flops_int8_g};
     for (size_t i = 0; i < sizeof rates / sizeof *rates; i++) CU_ASSERT(rates[i] > 0 && isfinite(rates[i]));
     CU_ASSERT_EQUAL(h.gpu_is_host, 1);
     CU_ASSERT_EQUAL(dir_entries(off), 0);

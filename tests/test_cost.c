@@ -109,6 +109,18 @@ static void test_cost_by_hand(void) {
     fg_cost_model_build(&CFG, &w, &hw, &m);
     expect_terms_at(&m.gen[T_COMP], gen_comp - (1 - 36.0 / 128) * 3 * 384.0 / 16384,
                     "decode, 4-bit working weights read as stored, term comp");
+
+    /* --int8-activations: without its measured rates, costed as 4-bit; with them, its products at
+     * those rates and no decompression of the weights (the integer products read the codes) */
+    w.int8 = 1;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    expect_terms_at(&m.gen[T_COMP], gen_comp - (1 - 36.0 / 128) * 3 * 384.0 / 16384, "int8, no rates, decode, term comp");
+    hw.mm_flops_int8_p = 128, hw.mm_flops_int8_g = 1024;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    double mem = 36.0 / 128 * 3 * 384.0 / 16384;
+    expect_terms_at(&m.pre[T_COMP], 6912.0 / 128 + 864.0 / 1024 + 384.0 / 8192 + mem, "int8, prefill, term comp");
+    expect_terms_at(&m.gen[T_COMP], 2304.0 / 1024 + 0.5 * 528 / 2048 + 0.5 * 528 / 4096 + 528.0 / 8192 + mem,
+                    "int8, decode, term comp");
 }
 
 /* A job of mixed lengths (--output runs its prompts by length): the costs take the prompts' mean
