@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The decode step against its roofline on the CPU: for each weight format (fp16 as stored, and
-# 4-bit with --compress-weight) and each batch size, ./flexgen's measured time per decode step
+# The decode step against its roofline on the CPU: for each weight format (fp16 as stored, 4-bit
+# with --compress-weight, and 4-bit times int8 activations with --int8-activations, whose bound is
+# still taken at the fp32 GEMM rate) and each batch size, ./flexgen's measured time per decode step
 # beside the least time the machine allows,
 #
 #   bound = max(bytes read / stream bandwidth, FLOPs / GEMM rate)
@@ -71,9 +72,10 @@ path_args=()
 [ -n "${FLEXGEN_PATH:-}" ] && path_args=(--path "$FLEXGEN_PATH")
 
 rates
-for fmt in fp16 4-bit; do
+for fmt in fp16 4-bit 4-bit-int8; do
     extra=()
     [ "$fmt" = 4-bit ] && extra=(--compress-weight)
+    [ "$fmt" = 4-bit-int8 ] && extra=(--compress-weight --int8-activations)
     for b in $BATCHES; do
         echo "bench_roofline.sh: $MODEL $fmt batch $b ..." >&2
         ./flexgen --model "$MODEL" --device cpu --gpu-batch-size "$b" --num-gpu-batches 1 \
