@@ -226,7 +226,6 @@ struct io_task {
     int layer;            /* FlexGen's layer j */
     int batch;            /* GPU batch k */
     int arena;            /* the staging arena it fills or empties */
-    int first, count;     /* KV cache slots [first, first + count) */
     int msg;              /* a message between pipeline stages (pipeline.c) */
 };
 
