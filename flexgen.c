@@ -1498,11 +1498,8 @@ static void step_ends(gen_run *g, int t) {
         sample_tokens(bl, g->opt, g->logits, g->scratch);
         stage_of(m->rt)->tokens_out(bl, g->opt, g->out_tokens);
     }
-    for (int k = 0; k < bl->n_batches; k++) {
-        g->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new;
-        gpu_batch_advance(&bl->gb[k]);
-        for (int b = 0; b < bl->gb[k].batch; b++) bl->gb[k].pad[b] = bl->prompt[k * bl->s.gbs + b] < 0; /* idle */
-    }
+    for (int k = 0; k < bl->n_batches; k++) /* with refill, refill_slots lays the next step out */
+        g->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new, gpu_batch_advance(&bl->gb[k]);
 }
 
 /* Fig. 4: for each generation step i, layer j and GPU batch k, the next layer's weights, the
@@ -1600,6 +1597,9 @@ static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, 
     }
 }
 
+/* Slot s holds a sequence that has not ended (by </s> with --stop-at-eos, or by --gen-len). */
+static int slot_running(const block *bl, int s, int gen_len) { return bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len; }
+
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
     int running = 0;
     for (int s = 0; s < bl->count; s++) {
@@ -1607,7 +1607,7 @@ int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
         if (bl->prompt[s] < 0) continue;
         out_tokens[(size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++] = bl->done[s] ? OPT_PAD_ID : tok;
         if (opt->stop_at_eos && tok == OPT_EOS_ID) bl->done[s] = 1;
-        running += !bl->done[s] && bl->step[s] < opt->gen_len;
+        running += slot_running(bl, s, opt->gen_len);
         bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
     }
     return running;
@@ -1633,13 +1633,13 @@ static void refill_slots(gen_run *g, block *bl, int i) {
         gpu_batch *gb = &bl->gb[k];
         int running = 0, free_slots = 0, longest = 1, steps_left = 0;
         for (int s = k * gbs; s < k * gbs + gb->batch; s++)
-            if (bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len)
+            if (slot_running(bl, s, gen_len))
                 running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
             else if (g->next + free_slots < g->n_prompts)
                 longest = g->lens[g->next + free_slots] > longest ? g->lens[g->next + free_slots] : longest, free_slots++;
         int take = free_slots > 0 && (long)running * (longest - 1) <= (long)free_slots * steps_left;
         for (int b = 0, s = k * gbs; b < gb->batch; b++, s++) {
-            if (bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len) continue;
+            if (slot_running(bl, s, gen_len)) continue;
             bl->prompt[s] = take && g->next < g->n_prompts ? g->next++ : -1;
             bl->done[s] = 0, bl->step[s] = 0, gb->past[b] = 0;
             if (bl->prompt[s] >= 0) g->steps = i + gen_len > g->steps ? i + gen_len : g->steps, bl->running = 1;

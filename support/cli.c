@@ -621,6 +621,13 @@ static cJSON *stages_json(const stage_report *stages, int n) {
     return list;
 }
 
+/* The prompts' own tokens (prefill computes them and their padding). */
+static long prompt_tokens(const prompt_set *p) {
+    long total = 0;
+    for (int i = 0; i < p->n; i++) total += p->lens[i];
+    return total;
+}
+
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
                    const stage_report *stages, int n_stages) {
@@ -664,9 +671,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "disk_read_seconds", t->disk_read_seconds);
         cJSON_AddNumberToObject(o, "prefill_latency", t->prefill_latency);
         cJSON_AddNumberToObject(o, "prefill_throughput", prefill_tp);
-        long prompt_tokens = 0; /* the prompts' own tokens; prefill computes them and their padding */
-        for (int i = 0; i < p->n; i++) prompt_tokens += p->lens[i];
-        cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens);
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens(p));
         cJSON_AddNumberToObject(o, "prefill_tokens", (double)t->prefill_tokens);
         cJSON_AddNumberToObject(o, "rows_computed", (double)t->rows); /* padding and ended ones too */
         cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
@@ -742,7 +747,7 @@ static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     if (default_hw_file(path, sizeof path, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
-    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 15 s), "
+    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 30 s), "
                     "saved to %s\n", path);
     if (fg_profile(offload, a->policy.device, hw, 1, err)) return -1;
     return fg_hardware_write(path, hw, err);
@@ -757,9 +762,7 @@ static int longest_prompt(const prompt_set *p) {
 /* The prompts' mean length for the cost model: a job (--output) runs its prompts by length, so
  * that a block pads little. 0 otherwise: in file order a block pads to its longest prompt. */
 static int mean_prompt(const cli_args *a, const prompt_set *p) {
-    long total = 0;
-    for (int i = 0; i < p->n; i++) total += p->lens[i];
-    return a->output && p->n ? (int)((total + p->n - 1) / p->n) : 0;
+    return a->output && p->n ? (int)((prompt_tokens(p) + p->n - 1) / p->n) : 0;
 }
 
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
