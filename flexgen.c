@@ -11,7 +11,8 @@
  *   weights       each tensor's home tier (place_tensors, FlexGen's rule), the values written
  *                 into their homes, and "load weight": a layer read ahead from disk, converted
  *                 into a staging arena of the gpu tier, and bound for compute as it starts
- *   plan          a block's buffers per tier (shape_block) and the plan check (fg_check_plan)
+ *   plan          a block's buffers per tier (shape_block: the KV cache in pages of its prompts,
+ *                 support/kv_pages.c) and the plan check (fg_check_plan)
  *   schedule      a block of GPU batches in flight, the paper's verbs (load_cache, store_cache,
  *                 load_activation, store_activation, load_weight, compute, synchronize) and
  *                 block_schedule, Fig. 4's three loops; generate() runs prompts in blocks
@@ -387,7 +388,6 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
  * into one of two staging arenas while the previous layer computes.
  * ============================================================================================ */
 
-static void count_existing_weight_file(fg_model *m);
 
 static int in_stage(const fg_model *m, int i) {
     int j = m->layout.tensors[i].layer;
@@ -404,7 +404,7 @@ static int tied_here(const fg_model *m, int i) {
 static int is_q4(const fg_model *m, int i) {
     return m->rt->policy.compress_weight && m->layout.tensors[i].group_len > 0;
 }
-static size_t stored_bytes(const fg_model *m, int i) {
+size_t stored_bytes(const fg_model *m, int i) {
     const opt_tensor *t = &m->layout.tensors[i];
     return is_q4(m, i) ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
 }
@@ -593,7 +593,7 @@ void fg_model_close(fg_model *m) {
 }
 
 /* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
-static int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
+int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
     if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
     float *values = malloc(t->count * sizeof *values);
@@ -621,48 +621,6 @@ static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, voi
 static void progress(const fg_model *m, const char *what, int done, int total) {
     if (m->rt->policy.verbose) fprintf(stderr, "\r%s: layer %d/%d", what, done, total);
     if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
-}
-
-/* The dummy-weight file of this model (support/weight_file.c) for a disk home: written once
- * to the weight dir, reused after. */
-static size_t tensor_stored_bytes(void *m, int i) { return stored_bytes(m, i); }
-static int fill_dummy(void *ctx, int i, void *dst, char *err) {
-    const fg_model *m = ctx;
-    weight_source src = {NULL, m->seed};
-    return fill_stored(m, i, &src, dst, err);
-}
-static weight_file weight_file_of(fg_model *m) {
-    return (weight_file){m->rt->weight_dir, &m->view.cfg, m->seed, m->rt->policy.compress_weight,
-                         &m->layout, m->layer_first, tensor_stored_bytes, fill_dummy, m,
-                         m->rt->policy.verbose};
-}
-
-/* Dummy weights that an earlier run wrote to --path take no new space. The default capacity of
- * the disk tier is the offload dir's free space, so there they count on top of it (given back
- * by fg_model_close). With --disk-mem the user's number stands. */
-static void count_existing_weight_file(fg_model *m) {
-    double bytes[N_TIERS], max_layer_disk;
-    weight_bytes(m, bytes, &max_layer_disk);
-    if (m->has_archive || m->rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
-    weight_file f = weight_file_of(m);
-    int fd = weight_file_find(&f, 0);
-    if (fd < 0) return;
-    close(fd);
-    m->reused_disk_bytes = bytes[TIER_DISK];
-    m->rt->capacity[TIER_DISK] += m->reused_disk_bytes;
-}
-
-/* The file, mapped as the disk homes: an intact one found, or written now. */
-static int open_weight_file(fg_model *m, size_t *offsets, char *err) {
-    weight_file f = weight_file_of(m);
-    size_t size = weight_file_offsets(&f, offsets);
-    int fd = weight_file_find(&f, 1), found = fd >= 0;
-    if (fd < 0 && (fd = weight_file_write(&f, err)) < 0) return -1;
-    if (arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err)) return -1;
-    char path[FG_PATH_LEN];
-    weight_file_path(&f, path, sizeof path);
-    if (found) fg_watch_mapping(m->disk.base, m->disk.size, path);
-    return 0;
 }
 
 /* Writes every tensor into its home (§4.2) and points the view at those on the gpu tier. */
@@ -860,7 +818,7 @@ void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
     *count = blocks < stages ? blocks : stages;
 }
 
-block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int gen_len) {
+block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len) {
     const fg_runtime *rt = m->rt;
     const opt_config *c = &m->view.cfg;
     const fg_policy *p = &rt->policy;
@@ -880,8 +838,9 @@ block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int ge
     s.act_row = (size_t)c->hidden * rt->backend->act_elem;
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
     double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
+    kv_pool_pages(&s, n_prompts, lens, gen_len, s.pool_pages); /* the cache counts pages (kv_pages.c) */
     for (int t = 0; t < N_TIERS; t++) {
-        s.kv_home[t] = kv_row * m->n_decoder * s.ngb * 2 * s.cache.rows[t] * s.max_len;
+        s.kv_home[t] = kv_row * m->n_decoder * 2 * s.pool_pages[t] * FG_PAGE_TOKENS;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
     }
     s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
@@ -903,9 +862,9 @@ block_shape shape_block(const fg_model *m, int n_prompts, int max_prompt, int ge
     return s;
 }
 
-int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len, char *err) {
+int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err) {
     const fg_runtime *rt = m->rt;
-    block_shape s = shape_block(m, n_prompts, max_prompt, gen_len);
+    block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
     if (rt->policy.n_stages > 1 && s.act_message > INT_MAX)
         return fg_fail(err, "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
                             "exceed what one MPI message carries (2 GiB)", s.gbs,
@@ -961,7 +920,7 @@ void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
     weight_stored_bytes(m, stored);
     double total = stored[TIER_GPU] + stored[TIER_CPU] + stored[TIER_DISK];
     /* the rows of a full GPU batch (max_prompt and gen_len do not change the split) */
-    block_shape s = shape_block(m, n_prompts, 1, 1);
+    block_shape s = shape_block(m, n_prompts, NULL, 1, 1);
     for (int t = 0; t < N_TIERS; t++) {
         x[X_WG + t] = stored[t] / total;
         x[X_CG + t] = (double)s.cache.rows[t] / s.gbs;
@@ -977,7 +936,7 @@ int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p,
     fg_model *m = NULL;
     if (fg_runtime_open(&q, &rt, err)) return -1;
     int rc = fg_model_open_dummy(rt, model, seed, &m, err);
-    if (rc == 0 && sequences > 0 && check) rc = fg_check_plan(m, sequences, s, n, err);
+    if (rc == 0 && sequences > 0 && check) rc = fg_check_plan(m, sequences, NULL, s, n, err);
     if (rc == 0 && x) fg_plan_placement(m, sequences, x);
     if (st) fg_runtime_stats(rt, st);
     fg_model_close(m);
@@ -995,12 +954,20 @@ static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt
  * the next iteration and emptied from the previous one.
  * ============================================================================================ */
 
-/* Sequence b's cache rows of `layer` in GPU batch k: K (kv 0) or V (kv 1), where they live. */
-static char *kv_home_rows(const block *bl, int k, int layer, int kv, int b) {
-    int r;
-    fg_tier t = row_tier(&bl->s.cache, b, &r);
-    size_t idx = (((size_t)k * bl->m->n_decoder + layer) * 2 + kv) * bl->s.cache.rows[t] + r;
-    return bl->kv_home[t] + idx * bl->s.max_len * bl->s.kv_row;
+/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * FG_PAGE_TOKENS on. */
+static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
+    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * bl->s.pool_pages[t] * FG_PAGE_TOKENS * bl->s.kv_row;
+}
+
+/* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
+static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
+    return kv_pool(bl, slot_tier(bl, slot), layer, kv) + kv_page_row(slot_pages(bl, slot), j) * bl->s.kv_row;
+}
+
+/* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
+static int run_in_page(int j, int end) {
+    int page_end = (j / FG_PAGE_TOKENS + 1) * FG_PAGE_TOKENS;
+    return (page_end < end ? page_end : end) - j;
 }
 
 /* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
@@ -1027,6 +994,7 @@ static void free_block(block *bl) {
     free(bl->ids);
     free(bl->prompt);
     free(bl->step);
+    kv_pages_free(bl);
     stage_of(rt)->close_block(bl);
     if (!bl->borrowed) {
         if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
@@ -1072,14 +1040,14 @@ static int alloc_stage_buffers(block *bl, char *err) {
 
 /* A block (one micro-batch of a pipeline stage) with its KV cache and activations on the tiers;
  * the stage's shared buffers are allocated, or (shared != NULL) borrowed from another block. */
-static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, int gen_len,
-                       const block *shared, char *err) {
+static int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt,
+                       int gen_len, const block *shared, char *err) {
     fg_runtime *rt = m->rt;
     memset(bl, 0, sizeof *bl);
     bl->disk.fd = -1;
     bl->m = m;
     bl->rt = rt;
-    bl->s = shape_block(m, n_prompts, max_prompt, gen_len);
+    bl->s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
     const block_shape *s = &bl->s;
     int seqs = s->gbs * s->ngb;
     bl->gb = calloc((size_t)s->ngb, sizeof *bl->gb);
@@ -1090,6 +1058,7 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, int max_prompt, in
         free_block(bl);
         return fg_fail(err, "out of memory");
     }
+    if (kv_pages_init(bl, err)) goto fail;
     for (int k = 0; k < s->ngb; k++)
         if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
         else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity,
@@ -1142,9 +1111,9 @@ typedef struct {
 static int is_decoder_layer(const block *bl, int j) { return j >= 1 && j <= bl->m->view.cfg.n_layers; }
 /* Decoder layer j's KV cache among this stage's. */
 static int cache_layer(const block *bl, int j) { return j - 1 - bl->m->first_decoder; }
-/* Sequence b's K (kv 0) or V (kv 1) rows of a task's layer and GPU batch, in their home. */
-static char *task_kv_home(const block *bl, const io_task *task, int kv, int b) {
-    return kv_home_rows(bl, task->batch, cache_layer(bl, task->layer), kv, b);
+/* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
+static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
+    return kv_home_row(bl, task->batch * bl->s.gbs + b, cache_layer(bl, task->layer), kv, j);
 }
 
 /* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
@@ -1157,7 +1126,8 @@ static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     const gpu_batch *gb = &bl->gb[task->batch];
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            disk_fetch(rt, &bl->disk, task_kv_home(bl, task, kv, b), past_bytes(bl, gb, b));
+            for (int j = 0, n; j < gb->past[b]; j += n)
+                n = run_in_page(j, gb->past[b]), disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
 }
 
 /* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
@@ -1165,14 +1135,19 @@ static int v_in_place(const block *bl, int kv, fg_tier t) { return bl->sparse_v 
 
 static void cache_in_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    size_t row = bl->s.kv_row;
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2; kv++) {
-            size_t bytes = past_bytes(bl, &bl->gb[task->batch], b);
-            char *home = task_kv_home(bl, task, kv, b);
             if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
-            rt->backend->copy_in(kv_stage_rows(bl, task->arena, kv, b), home, bytes);
-            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
-            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
+            char *stage = kv_stage_rows(bl, task->arena, kv, b);
+            for (int j = 0, n; j < gb->past[b]; j += n) { /* a page at a time, into rows in order */
+                n = run_in_page(j, gb->past[b]);
+                char *home = task_kv_row(bl, task, kv, b, j);
+                rt->backend->copy_in(stage + j * row, home, n * row);
+                if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
+            }
+            link_add(rt, LINK_CPU_TO_GPU, (double)past_bytes(bl, gb, b));
         }
 }
 
@@ -1181,10 +1156,11 @@ static void cache_out_task(fg_runtime *rt, const io_task *task) {
     const gpu_batch *gb = &bl->gb[task->batch];
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2; kv++) {
-            size_t at = past_bytes(bl, gb, b), bytes = new_bytes(bl, gb, b);
-            if (!v_in_place(bl, kv, t)) /* else attention wrote the row in place */
-                rt->backend->copy_out(task_kv_home(bl, task, kv, b) + at,
-                                      kv_stage_rows(bl, task->arena, kv, b) + at, bytes);
+            size_t bytes = new_bytes(bl, gb, b), row = bl->s.kv_row;
+            int end = gb->past[b] + (int)(bytes / row);
+            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) /* else attention wrote them in place */
+                n = run_in_page(j, end), rt->backend->copy_out(task_kv_row(bl, task, kv, b, j),
+                                                               kv_stage_rows(bl, task->arena, kv, b) + j * row, n * row);
             link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
             if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
         }
@@ -1196,10 +1172,14 @@ static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const gpu_batch *gb = &bl->gb[task->batch];
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t) {
-        size_t from = bl->delegate ? 0 : past_bytes(bl, gb, b), added = new_bytes(bl, gb, b);
+        int past = gb->past[b], from = bl->delegate ? 0 : past, end = past + gb->n_new - gb->pad[b];
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            disk_release(rt, &bl->disk, task_kv_home(bl, task, kv, b) + from,
-                         past_bytes(bl, gb, b) + added - from, added);
+            for (int j = from, n; j < end; j += n) {
+                n = run_in_page(j, end);
+                int written = j + n - (j > past ? j : past); /* of these rows, this step's */
+                disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row,
+                             written > 0 ? written * bl->s.kv_row : 0);
+            }
     }
 }
 
@@ -1339,11 +1319,13 @@ static void bind_batch(block *bl, iteration it) {
     gb->x = bl->x_stage[it.arena];
     if (!is_decoder_layer(bl, it.j)) return;
     int layer = cache_layer(bl, it.j);
-    for (int b = 0; b < gb->batch; b++) {
+    for (int b = 0, slot = it.k * bl->s.gbs; b < gb->batch; b++, slot++) {
         fg_tier t = tier_of(&bl->s.cache, b);
-        int home = t == TIER_GPU || bl->delegate;
-        gb->k[b] = home ? kv_home_rows(bl, it.k, layer, 0, b) : kv_stage_rows(bl, it.arena, 0, b);
-        gb->v[b] = home || v_in_place(bl, 1, t) ? kv_home_rows(bl, it.k, layer, 1, b) : kv_stage_rows(bl, it.arena, 1, b);
+        int home = t == TIER_GPU || bl->delegate, v_home = home || v_in_place(bl, 1, t);
+        gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
+        gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
+        gb->k_pages[b] = home ? slot_pages(bl, slot) : NULL; /* staged rows are in order */
+        gb->v_pages[b] = v_home ? slot_pages(bl, slot) : NULL;
         gb->v_rows_read[b] = 0;
     }
 }
@@ -1355,7 +1337,7 @@ static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row)
     c.past = gb->past + first, c.pad = gb->pad + first;
     c.tokens = gb->tokens + (size_t)first * gb->n_new;
     c.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
-    c.k = gb->k + first, c.v = gb->v + first;
+    c.k = gb->k + first, c.v = gb->v + first, c.k_pages = gb->k_pages + first, c.v_pages = gb->v_pages + first;
     c.v_rows_read = gb->v_rows_read + first;
     return c;
 }
@@ -1454,7 +1436,7 @@ static void synchronize(block *bl, iteration now) {
 }
 
 static void tokens_back(gen_run *g, block *bl, int i), refill_slots(gen_run *g, block *bl, int i);
-static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
+static void end_sequence(gen_run *g, block *bl, int s);
 
 /* Step i of block t begins on this stage, or returns 0 when it does not run. The first stage
  * first takes the block's tokens of step i - 1 (after the last step: only that); a later stage
@@ -1471,6 +1453,9 @@ static int step_begins(gen_run *g, int t, int i) {
         if (g->progress && t == g->P - 1) fprintf(stderr, "\r%s: token %d/%d", g->progress, i, g->steps);
     }
     if (i == g->steps || !bl->running || !stage_of(m->rt)->step_input(bl)) return 0;
+    for (int k = 0; k < bl->n_batches; k++) /* each sequence's pages hold its tokens of this step */
+        for (int b = 0; b < bl->gb[k].batch; b++)
+            kv_pages_grow(bl, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
     bl->delegate = p->cpu_cache_compute && i > 0;
     /* a device that reads only its own memory gets the V rows whole (as they are staged) */
     bl->sparse_v = p->attn_sparsity < 1 && i > 0 && !bl->delegate && m->rt->backend->gpu_is_host;
@@ -1540,6 +1525,7 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
     memset(bl->done, 0, (size_t)bl->s.gbs * bl->s.ngb);
+    kv_pages_reset(bl);
     for (int s = 0; s < count; s++) bl->prompt[s] = first + s, bl->step[s] = 0;
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
@@ -1552,48 +1538,6 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
             for (int t = 0; t < padded - n; t++) row[t] = OPT_PAD_ID;
             memcpy(row + padded - n, prompts[base + b], (size_t)n * sizeof(int));
         }
-    }
-}
-
-/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
-static const float *logits_row(const block *bl, int s, int t) {
-    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows, row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
-    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
-}
-
-/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
-static void keep_prompt_logits(const block *bl, const gen_options *opt) {
-    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
-    for (int s = 0; s < bl->count; s++) {
-        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs], len = bl->out_rows - pad;
-        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
-               (size_t)len * vocab * sizeof(float));
-    }
-}
-
-/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
- * the logits of sequences still running; with teacher forcing the next token is given.
- * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
- * on the block shape, the number of stages or the slot a refill gave the prompt. */
-static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
-    int vocab = bl->m->view.cfg.vocab;
-    size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
-    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
-    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
-    for (int s = 0; s < bl->count; s++) {
-        const float *row = logits_row(bl, s, bl->out_rows - 1);
-        int p = bl->prompt[s], step = bl->step[s];
-        if (p < 0) continue; /* an idle slot */
-        if (logits_out && !bl->done[s])
-            memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
-        if (opt->forced) {
-            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
-            continue;
-        }
-        fg_rng rng;
-        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
-        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
-        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
     }
 }
 
@@ -1623,24 +1567,49 @@ static void tokens_back(gen_run *g, block *bl, int i) {
     if (!bl->running && i < g->steps && !g->refill) stage->pass_stop(bl);
 }
 
+/* Slot s's sequence is done with its cache: the timing counts its pages and tokens, and the pages
+ * go back to the pool. */
+static void end_sequence(gen_run *g, block *bl, int s) {
+    g->timing->cache_rows += (int64_t)bl->held[s] * FG_PAGE_TOKENS;
+    g->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
+    kv_pages_give_back(bl, s);
+}
+
+/* The pages each tier can still promise a new sequence: those free, less what the running ones
+ * may yet take (each up to its prompt + gen_len). */
+static void promisable_pages(const gen_run *g, const block *bl, int promise[N_TIERS]) {
+    for (int t = 0; t < N_TIERS; t++) promise[t] = bl->n_free[t];
+    for (int s = 0; s < bl->count; s++)
+        if (slot_running(bl, s, g->opt->gen_len))
+            promise[slot_tier(bl, s)] -= kv_pages_for(g->lens[bl->prompt[s]] + g->opt->gen_len) - bl->held[s];
+}
+
 /* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
  * joins step i: the GPU batch computes rows for the longest, each running sequence its token last
  * after padding. It does when that padding costs no more rows than the free slots would idle (one
  * a step) until its running sequences could end; a free slot meanwhile, or with no prompt left, idles. */
 static void refill_slots(gen_run *g, block *bl, int i) {
-    int gen_len = g->opt->gen_len, gbs = bl->s.gbs;
+    int gen_len = g->opt->gen_len, gbs = bl->s.gbs, promise[N_TIERS];
+    for (int s = 0; s < bl->count; s++)
+        if (!slot_running(bl, s, gen_len)) end_sequence(g, bl, s);
+    promisable_pages(g, bl, promise);
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
-        int running = 0, free_slots = 0, longest = 1, steps_left = 0;
+        int running = 0, free_slots = 0, longest = 1, steps_left = 0, fits = 1, left[N_TIERS];
+        memcpy(left, promise, sizeof left);
         for (int s = k * gbs; s < k * gbs + gb->batch; s++)
-            if (slot_running(bl, s, gen_len))
+            if (slot_running(bl, s, gen_len)) {
                 running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
-            else if (g->next + free_slots < g->n_prompts)
-                longest = g->lens[g->next + free_slots] > longest ? g->lens[g->next + free_slots] : longest, free_slots++;
+            } else if (fits && g->next + free_slots < g->n_prompts) { /* the next prompt, if its pages can be promised */
+                int len = g->lens[g->next + free_slots], need = kv_pages_for(len + gen_len);
+                fg_tier t = slot_tier(bl, s);
+                if ((fits = left[t] >= need)) left[t] -= need, longest = len > longest ? len : longest, free_slots++;
+            }
         int take = free_slots > 0 && (long)running * (longest - 1) <= (long)free_slots * steps_left;
-        for (int b = 0, s = k * gbs; b < gb->batch; b++, s++) {
+        if (take) memcpy(promise, left, sizeof left);
+        for (int b = 0, s = k * gbs, taken = 0; b < gb->batch; b++, s++) {
             if (slot_running(bl, s, gen_len)) continue;
-            bl->prompt[s] = take && g->next < g->n_prompts ? g->next++ : -1;
+            bl->prompt[s] = take && taken++ < free_slots ? g->next++ : -1;
             bl->done[s] = 0, bl->step[s] = 0, gb->past[b] = 0;
             if (bl->prompt[s] >= 0) g->steps = i + gen_len > g->steps ? i + gen_len : g->steps, bl->running = 1;
         }
@@ -1665,16 +1634,16 @@ static void free_blocks(block *blocks, int n) {
 
 /* The blocks of a stage (§4.4's micro-batches; one block in one process), everything checked
  * and allocated: the plan, the weights in their homes. */
-static block *open_blocks(fg_model *m, int n_prompts, int max_prompt, int gen_len, int *n_blocks,
-                          char *err) {
+static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                          int *n_blocks, char *err) {
     int size, count;
     micro_batches(m, n_prompts, &size, &count);
     block *blocks = calloc((size_t)count, sizeof *blocks);
     if (!blocks) { fg_fail(err, "out of memory"); return NULL; }
-    int rc = fg_check_plan(m, n_prompts, max_prompt, gen_len, err);
+    int rc = fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err);
     if (rc == 0 && !m->loaded) rc = load_weights_into_homes(m, err);
     for (int t = 0; t < count && rc == 0; t++)
-        rc = alloc_block(&blocks[t], m, n_prompts, max_prompt, gen_len, t ? &blocks[0] : NULL, err);
+        rc = alloc_block(&blocks[t], m, n_prompts, lens, max_prompt, gen_len, t ? &blocks[0] : NULL, err);
     if (rc) { free_blocks(blocks, count); return NULL; }
     *n_blocks = count;
     return blocks;
@@ -1700,6 +1669,8 @@ static void run_round(gen_run *g) {
     load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
     io_sync(m->rt, 1);
     block_schedule(g);
+    for (int t = 0; t < g->P; t++)
+        for (int s = 0; s < g->blocks[t].count; s++) end_sequence(g, &g->blocks[t], s);
     if (is_first_stage(m)) {
         g->timing->prefill_latency += g->t_prefill - t0;
         g->timing->decode_latency += now_seconds() - g->t_prefill;
@@ -1727,7 +1698,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->stage))
         rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
     m->prompt_logits = opt->prompt_logits != NULL;
-    if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, max_prompt, opt->gen_len, &g.P, err))) rc = -1;
+    if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &g.P, err))) rc = -1;
     if (rc == 0 && !(g.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
     if (stage_of(rt)->agree(rt, rc, err)) { /* every stage is ready, or none starts */
         if (g.blocks) free_blocks(g.blocks, g.P);

@@ -293,6 +293,8 @@ typedef struct {
     __half *probs;      /* the same, softmaxed, fp16 */
     int *pad, *past, *tokens; /* [rows] */
     void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
+    int *pages, max_pages; /* [K, V][rows][max_pages]: their page tables (in order where staged) */
+    int *host_pages;    /* the same, host */
     char *on_device;    /* [rows], host: the same, as flags */
     void **host_kv;     /* [2][rows], host: what k and v get */
     opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
@@ -304,16 +306,19 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
                                int max_len, char *err) {
     memset(ws, 0, sizeof *ws);
     size_t sizes[FG_CUDA_WS_PARTS];
-    size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, sizes);
+    size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, sizes);
     cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
     if (!d) return fg_fail(err, "out of memory");
     d->block = (char *)cuda_alloc(total);
     d->on_device = (char *)malloc(rows);
     d->host_kv = (void **)malloc(2 * rows * sizeof *d->host_kv);
-    if (!d->block || !d->on_device || !d->host_kv) {
+    d->max_pages = kv_pages_for(max_len);
+    d->host_pages = (int *)malloc(2 * rows * d->max_pages * sizeof(int));
+    if (!d->block || !d->on_device || !d->host_kv || !d->host_pages) {
         cuda_free(d->block);
         free(d->on_device);
         free(d->host_kv);
+        free(d->host_pages);
         free(d);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
@@ -324,6 +329,7 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->qkv = (__half *)parts[1], d->attn = d->qkv + rows * 3 * h, d->ffn = d->qkv;
     d->scores = (float *)parts[2], d->probs = (__half *)parts[3];
     d->pad = (int *)parts[4], d->past = d->pad + rows, d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
+    d->pages = (int *)parts[8];
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -344,6 +350,7 @@ static void cuda_workspace_free(opt_workspace *ws) {
         free_host_rows(d);
         free(d->on_device);
         free(d->host_kv);
+        free(d->host_pages);
         free(d);
     }
     memset(ws, 0, sizeof *ws);
@@ -455,8 +462,17 @@ static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
     wait_stream();
 }
 
-/* Uploads the rows' layout and each sequence's cache pointers: device memory, or NULL when the cache is
- * in host memory (its attention is delegated). Returns how many are on the device. */
+/* Sequence b's page table of K (kv 0) or V (kv 1) into the host copy: its pages, or the rows in
+ * order. */
+static void host_page_table(cuda_ws *d, const gpu_batch *gb, int kv, int b) {
+    const int *pages = kv ? gb->v_pages[b] : gb->k_pages[b];
+    int *to = d->host_pages + ((size_t)kv * gb->batch + b) * d->max_pages;
+    for (int i = 0; i < d->max_pages; i++) to[i] = pages ? pages[i] : i;
+}
+
+/* Uploads the rows' layout and each sequence's cache pointers and page tables: device memory, or
+ * NULL when the cache is in host memory (its attention is delegated). Returns how many are on the
+ * device. */
 static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
     cudaStream_t s = ctx()->stream;
     int on_device = 0, B = gb->batch;
@@ -466,10 +482,13 @@ static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
         k[b] = d->on_device[b] ? gb->k[b] : NULL;
         v[b] = d->on_device[b] ? gb->v[b] : NULL;
         on_device += d->on_device[b];
+        for (int kv = 0; kv < 2 && d->on_device[b]; kv++) host_page_table(d, gb, kv, b);
     }
     upload_rows(d, gb);
     CUDA_CHECK(cudaMemcpyAsync(d->k, k, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(d->v, v, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d->pages, d->host_pages, 2 * (size_t)B * d->max_pages * sizeof(int),
+                               cudaMemcpyHostToDevice, s));
     wait_stream(); /* before the host arrays are written again */
     return on_device;
 }
@@ -524,10 +543,11 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
     *scale_out = scale16;
 }
 
-/* This step's K and V rows (those not padding) into the device caches at slots past[b] on: a
- * thread per (row, K or V, head, group). */
+/* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
+ * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group). */
 __global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const int *past, const int *pad,
-                                int h, int heads, int q4, void *const *k, void *const *v) {
+                                int h, int heads, int q4, void *const *k, void *const *v,
+                                const int *pages, int max_pages) {
     int hd = h / heads, G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * 2 * heads * G) return;
@@ -535,28 +555,31 @@ __global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const in
     int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
+    size_t at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, slot);
     const __half *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
     int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     if (!q4) {
-        __half *row = (__half *)(cache + (size_t)slot * 2 * h) + (size_t)head * hd;
+        __half *row = (__half *)(cache + at * 2 * h) + (size_t)head * hd;
         for (int e = g * Q4_GROUP; e < g * Q4_GROUP + n; e++) row[e] = x[e];
         return;
     }
     float group[Q4_GROUP];
     for (int e = 0; e < n; e++) group[e] = __half2float(x[g * Q4_GROUP + e]);
     size_t head_bytes = (size_t)G * (Q4_GROUP / 2 + 4);
-    uint8_t *bytes = (uint8_t *)cache + (size_t)slot * heads * head_bytes + (size_t)head * head_bytes;
+    uint8_t *bytes = (uint8_t *)cache + at * heads * head_bytes + (size_t)head * head_bytes;
     __half *mins = (__half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
-/* Value d of one head's key (or value) at `slot`: from the cache below past, else this step's. */
-__device__ float kv_value(const char *cache, const __half *fresh, int slot, int past, int d, int head,
-                          int hd, int h, int heads, int q4) {
+/* Value d of one head's key (or value) at `slot`: from the cache below past (through its page
+ * table), else this step's. */
+__device__ float kv_value(const char *cache, const int *pages, const __half *fresh, int slot, int past,
+                          int d, int head, int hd, int h, int heads, int q4) {
     if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * 3 * h + (size_t)head * hd + d]);
-    if (!q4) return __half2float(((const __half *)(cache + (size_t)slot * 2 * h))[(size_t)head * hd + d]);
+    size_t row = kv_page_row(pages, slot);
+    if (!q4) return __half2float(((const __half *)(cache + row * 2 * h))[(size_t)head * hd + d]);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
-    const uint8_t *bytes = (const uint8_t *)cache + ((size_t)slot * heads + head) * G * (Q4_GROUP / 2 + 4);
+    const uint8_t *bytes = (const uint8_t *)cache + (row * heads + head) * G * (Q4_GROUP / 2 + 4);
     const __half *mins = (const __half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
     int q = (bytes[g * (Q4_GROUP / 2) + p] >> (d % 2 ? 0 : 4)) & 15;
     return __fmaf_rn((float)q, __half2float(scales[g]), __half2float(mins[g]));
@@ -568,8 +591,8 @@ __device__ float kv_value(const char *cache, const __half *fresh, int slot, int 
  * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
  * Shared: scores and kept flags. */
 __global__ void attention_kernel(const __half *qkv, __half *attn, const int *past, const int *pad,
-                                 void *const *kc, void *const *vc, int n_new, int h, int heads, int q4,
-                                 float scale, float sparsity) {
+                                 void *const *kc, void *const *vc, const int *pages, int max_pages,
+                                 int n_new, int h, int heads, int q4, float scale, float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = h / heads;
@@ -583,10 +606,11 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
     const __half *q = qkv + ((size_t)b * n_new + t) * 3 * h + (size_t)head * hd;
     const __half *fresh = qkv + ((size_t)b * n_new + pad[b]) * 3 * h;
     const char *K = (const char *)kc[b], *V = (const char *)vc[b];
+    const int *k_pages = pages + (size_t)b * max_pages, *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
     char *kept = (char *)(scores + nk);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
-        for (int d = 0; d < hd; d++) dot += __half2float(q[d]) * kv_value(K, fresh + h, j, past[b], d, head, hd, h, heads, q4);
+        for (int d = 0; d < hd; d++) dot += __half2float(q[d]) * kv_value(K, k_pages, fresh + h, j, past[b], d, head, hd, h, heads, q4);
         scores[j] = dot * scale;
     }
     __syncthreads();
@@ -612,7 +636,7 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0;
         for (int j = 0; j < nk; j++)
-            if (kept[j]) acc += scores[j] * kv_value(V, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
+            if (kept[j]) acc += scores[j] * kv_value(V, v_pages, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
         out[d] = __float2half_rn(acc);
     }
 }
@@ -682,6 +706,7 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, 
         gpu_batch part = *gb;
         part.batch = b1 - b0;
         part.past = gb->past + b0, part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
+        part.k_pages = gb->k_pages + b0, part.v_pages = gb->v_pages + b0;
         part.v_rows_read = gb->v_rows_read + b0;
         opt_cache_attention(c, &part, &host);
         fp32_to_fp16_n(host.attn, d->host16, count * h);
@@ -696,7 +721,7 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     int on_device = upload_cache(d, gb);
     size_t groups = (size_t)rows * 2 * H * G;
     store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, rows, gb->n_new, d->past, d->pad,
-                                                            h, H, gb->kv_q4, d->k, d->v);
+                                                            h, H, gb->kv_q4, d->k, d->v, d->pages, d->max_pages);
     LAUNCHED("store_kv_kernel");
     int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
     for (int b = 0; b < gb->batch; b++) {
@@ -709,9 +734,9 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     } else if (on_device > 0) {
         dim3 grid(H, gb->batch, gb->n_new);
         size_t shared = (size_t)nk * (sizeof(float) + 1);
-        attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->past, d->pad, d->k, d->v, gb->n_new,
-                                                  h, H, gb->kv_q4, 1.0f / sqrtf((float)hd),
-                                                  gb->attn_sparsity);
+        attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->past, d->pad, d->k, d->v, d->pages,
+                                                  d->max_pages, gb->n_new, h, H, gb->kv_q4,
+                                                  1.0f / sqrtf((float)hd), gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
     if (on_device < gb->batch) {

@@ -60,6 +60,17 @@ typedef struct {
     size_t storage_values;
 } opt_weights;
 
+/* A sequence's KV cache is pages of FG_PAGE_TOKENS tokens (vLLM's PagedAttention): token `slot` is
+ * row kv_page_row(pages, slot), through its page table, or row `slot` (pages NULL: rows in order). */
+#define FG_PAGE_TOKENS 16
+#ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device, which runs these functions too */
+#define FG_HOST_DEVICE
+#define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
+#endif
+static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int slot) {
+    return pages ? (size_t)pages[slot / FG_PAGE_TOKENS] * FG_PAGE_TOKENS + (size_t)(slot % FG_PAGE_TOKENS) : (size_t)slot;
+}
+
 /* One GPU batch (§4.1: the unit the schedule computes) for one layer: its sequences' hidden states
  * for the tokens in flight and, per sequence, where that layer's K and V cache rows are. A step's
  * rows are left-padded: sequence b's first pad[b] rows are padding, the rest its tokens, which go
@@ -76,6 +87,7 @@ typedef struct {
     float attn_sparsity;  /* decode attention keeps this fraction of the past (§5); 1: all */
     int64_t *v_rows_read; /* [batch]: V rows decode attention read (sparse or 4-bit cache) */
     void **k, **v;        /* [batch]: this layer's cache rows, opt_kv_row_bytes() each */
+    const int **k_pages, **v_pages; /* [batch]: the page table of k[b] (v[b]); NULL: rows in order */
 } gpu_batch;
 
 /* Scratch of the compute device, shared by all GPU batches (support/workspace.c sizes it). */
@@ -101,10 +113,11 @@ void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
 
-/* One head's keys (or values) as decode attention reads them: key j is row j of the cache
- * (fp16, or 4-bit), except keys from first_fresh on: this step's fp32 rows at fresh. */
+/* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages, j)
+ * of the cache (fp16, or 4-bit), except keys from first_fresh on: this step's fp32 rows at fresh. */
 typedef struct {
     const char *rows;
+    const int *pages;
     size_t stride;
     int q4, head, head_dim, first_fresh;
     const float *fresh;
@@ -129,10 +142,6 @@ int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 
 /* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
  * decompression kernel, held on the host to q4_decompress's bits (exact fp16, one rounding). */
-#ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device */
-#define FG_HOST_DEVICE
-#define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
-#endif
 static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size_t inner, size_t e) {
     size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
     size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
@@ -145,8 +154,7 @@ static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size
 /* ---- Tiers, policy and the backends' operation table (§4.2) ---- */
 typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
 typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
-extern const char *const fg_tier_names[N_TIERS], *const fg_link_names[N_LINKS];
-extern const char *const fg_tier_flags[N_TIERS]; /* "--gpu-mem", "--cpu-mem", "--disk-mem" */
+extern const char *const fg_tier_names[N_TIERS], *const fg_link_names[N_LINKS], *const fg_tier_flags[N_TIERS];
 
 /* auto: CUDA where a GPU is present, else the CPU; cpu-fp16: the CPU with fp16 activations. */
 typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA, FG_DEVICE_CPU_FP16 } fg_device;
@@ -191,9 +199,8 @@ typedef struct {
     void *(*host_alloc)(size_t bytes, int pinned); /* cpu-tier memory, zeroed */
     void (*host_free)(void *p);
     void (*weights_in)(void *dst, const fp16 *src, size_t n); /* fp16 (host) -> working */
-    /* 4-bit -> working; the bytes land in `landing` (gpu tier) first where the device needs */
     void (*weights_in_q4)(void *dst, const void *src, void *landing, size_t outer, size_t len,
-                          size_t inner);
+                          size_t inner); /* 4-bit -> working, landing first (gpu tier) if need be */
     void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
     void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
     void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
@@ -208,16 +215,10 @@ typedef struct {
     int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */
     double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
     double host_reserve;     /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
-    size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* host rows of
-                                delegated attention (§4.2) on the cpu tier; NULL on the CPU */
+    size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2; CPU: NULL */
 } fg_backend;
 extern const fg_backend fg_cpu_backend;
 const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */
-#define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
-#define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
-#define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20)) /* 3 copying threads, 2 pinned 8 MiB each */
-#define FG_CHUNK_ROWS 2048 /* prefill runs a layer on chunks of this many token rows at most */
-size_t fg_workspace_rows(int gbs, int max_prompt);
 
 /* ---- A run (flexgen.c, §4.1, §4.2) ---- */
 typedef struct fg_runtime fg_runtime; /* tiers with their accounting, the I/O threads */
@@ -226,16 +227,16 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **rt, char *err);
 const fg_backend *fg_runtime_backend(const fg_runtime *rt);
 void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
-/* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory. The
- * weights are written to their homes on the first generate() (or fg_model_load). */
+/* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory; its weights
+ * go to their homes on the first generate() (or fg_model_load). */
 int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
 int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **m, char *err);
 const opt_config *fg_model_config(const fg_model *m);
 int fg_model_load(fg_model *m, char *err);
 void fg_model_close(fg_model *m);
 /* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
- * capacities, before anything is allocated. */
-int fg_check_plan(const fg_model *m, int n_prompts, int max_prompt, int gen_len, char *err);
+ * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all max_prompt). */
+int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err);
 
 typedef struct {
     int gen_len;
@@ -250,12 +251,12 @@ typedef struct {
 typedef struct {
     double prefill_latency, decode_latency; /* seconds, summed over blocks */
     int64_t prefill_tokens, decode_tokens, rows; /* FlexGen's counts; token rows computed */
+    int64_t cache_rows, cache_tokens; /* each sequence's KV cache at its end: rows of its pages, tokens */
     double compute_seconds, bubble_seconds, disk_read_seconds;
 } gen_timing;
 
 /* gen_len tokens for each prompt, in blocks of gpu_batch_size x num_gpu_batches. out_tokens:
- * [n_prompts][gen_len] (OPT_PAD_ID after an EOS with stop_at_eos); logits: NULL or
- * [n_prompts][gen_len][vocab]. */
+ * [n_prompts][gen_len] (OPT_PAD_ID after an EOS with stop_at_eos); logits: NULL or [..][vocab]. */
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing, char *err);
 
@@ -265,8 +266,7 @@ typedef enum { LP_OPTIMAL, LP_INFEASIBLE, LP_UNBOUNDED } lp_status;
 typedef struct {
     int n_vars, n_rows;
     const double *c, *A;     /* [n_vars], [n_rows][n_vars] row-major */
-    const lp_sense *sense;   /* [n_rows] */
-    const double *b;         /* [n_rows] */
+    const lp_sense *sense; const double *b; /* [n_rows] */
 } lp_problem;
 /* x and *objective are set on LP_OPTIMAL; -1 (err) only for invalid input or no memory. */
 int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);

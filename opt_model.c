@@ -150,7 +150,8 @@ static void round_to_fp16(float *x, size_t n) {
     }
 }
 
-/* This step's K and V (its rows that are not padding) into the cache at slots past[b] on: fp16,
+/* This step's K and V (its rows that are not padding) into the cache at slots past[b] on, through
+ * each sequence's page table: fp16,
  * or 4-bit grouped along each head's dimension (§5).
  * With a 4-bit cache the step's own K and V stay in qkv, rounded to fp16: as in FlexGen, the
  * tokens being computed attend with their fp16 K and V, and only the past is read back from
@@ -163,7 +164,8 @@ static void store_kv(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         int b = r / gb->n_new, slot = gb->past[b] + r % gb->n_new - gb->pad[b];
         if (slot < gb->past[b]) continue; /* padding */
         float *qkv = ws->qkv + (size_t)r * 3 * h;
-        char *k = (char *)gb->k[b] + (size_t)slot * row, *v = (char *)gb->v[b] + (size_t)slot * row;
+        char *k = (char *)gb->k[b] + kv_page_row(gb->k_pages[b], slot) * row;
+        char *v = (char *)gb->v[b] + kv_page_row(gb->v_pages[b], slot) * row;
         if (!gb->kv_q4) {
             fp32_to_fp16_n(qkv + h, (fp16 *)k, (size_t)h);
             fp32_to_fp16_n(qkv + 2 * h, (fp16 *)v, (size_t)h);
@@ -183,35 +185,44 @@ static void softmax(float *s, int n) {
     for (int i = 0; i < n; i++) s[i] /= sum;
 }
 
-/* One query over nk cached keys (fp16, rows `stride` apart): out = softmax(scale q.K^T) V.
- * Decode attention is pure memory traffic over the cache, so it reads fp16 directly; where the
+/* Keys [j, j + n) of one head, n as many as lie in order from j: to the end of j's page. */
+static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
+    int end = r->pages ? (j / FG_PAGE_TOKENS + 1) * FG_PAGE_TOKENS : nk;
+    *n = (end < nk ? end : nk) - j;
+    return (const fp16 *)(r->rows + kv_page_row(r->pages, j) * r->stride) + (size_t)r->head * r->head_dim;
+}
+
+/* One query over nk cached keys (fp16): out = softmax(scale q.K^T) V. Decode attention is pure
+ * memory traffic over the cache, so it reads fp16 directly, a page's rows at a time; where the
  * CPU has AVX2, support/simd.c's twins run the two loops with the same arithmetic. */
-static void attend_one(const float *q, const fp16 *K, const fp16 *V, size_t stride, int nk,
-                       int hd, float scale, float *scores, float *out) {
+static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
+                       float scale, float *scores, float *out) {
     const fg_simd *simd = fg_simd_kernels();
-    if (hd % 8 == 0 && simd->dot_f16_rows) {
-        simd->dot_f16_rows(q, K, stride, nk, hd, scale, scores);
-    } else {
-        for (int j = 0; j < nk; j++) {
+    int hd = K->head_dim, n, fast = hd % 8 == 0 && simd->dot_f16_rows;
+    size_t stride = K->stride / sizeof(fp16);
+    for (int j = 0; j < nk; j += n) {
+        const fp16 *k = page_run(K, j, nk, &n);
+        if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j);
+        for (int i = 0; i < n && !fast; i++) {
             float dot = 0;
-            for (int d = 0; d < hd; d++) dot += q[d] * fp16_to_fp32(K[j * stride + d]);
-            scores[j] = dot * scale;
+            for (int d = 0; d < hd; d++) dot += q[d] * fp16_to_fp32(k[i * stride + d]);
+            scores[j + i] = dot * scale;
         }
     }
     softmax(scores, nk);
     memset(out, 0, hd * sizeof *out);
-    if (hd % 8 == 0 && simd->axpy_f16_rows) {
-        simd->axpy_f16_rows(scores, V, stride, nk, hd, out);
-        return;
+    for (int j = 0; j < nk; j += n) {
+        const fp16 *v = page_run(V, j, nk, &n);
+        if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out);
+        for (int i = 0; i < n && !fast; i++)
+            for (int d = 0; d < hd; d++) out[d] += scores[j + i] * fp16_to_fp32(v[i * stride + d]);
     }
-    for (int j = 0; j < nk; j++)
-        for (int d = 0; d < hd; d++) out[d] += scores[j] * fp16_to_fp32(V[j * stride + d]);
 }
 
 /* Key (or value) j of one head as fp32: this step's own row from qkv, or a cache row decoded. */
 static const float *kv_row(const opt_kv_rows *r, int j, float *buf) {
     if (j >= r->first_fresh) return r->fresh + (size_t)(j - r->first_fresh) * r->fresh_stride;
-    const char *row = r->rows + (size_t)j * r->stride;
+    const char *row = r->rows + kv_page_row(r->pages, j) * r->stride;
     if (r->q4) {
         size_t head_bytes = q4_bytes(1, (size_t)r->head_dim, 1);
         q4_decompress((const uint8_t *)row + r->head * head_bytes, 1, (size_t)r->head_dim, 1, buf);
@@ -253,7 +264,8 @@ static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt
                              int b, int head, int kv) {
     int h = c->hidden, hd = h / c->n_heads;
     size_t row = opt_kv_row_bytes(c, gb->kv_q4), first = (size_t)b * gb->n_new + gb->pad[b];
-    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], row, gb->kv_q4, head, hd, INT_MAX, NULL, 0};
+    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], kv ? gb->v_pages[b] : gb->k_pages[b], row, gb->kv_q4,
+                     head, hd, INT_MAX, NULL, 0};
     if (gb->kv_q4) {
         r.first_fresh = gb->past[b];
         r.fresh = ws->qkv + first * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
@@ -280,12 +292,11 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         if (nq <= 0) continue;
         out += (size_t)t0 * h;
         const float *q = ws->qkv + ((size_t)b * n_new + t0) * 3 * h + head * hd; /* rows of [q|k|v] */
+        opt_kv_rows K = head_rows(c, gb, ws, b, head, 0), V = head_rows(c, gb, ws, b, head, 1);
         if (nq == 1 && past > 0 && fast) {
-            attend_one(q, (const fp16 *)gb->k[b] + head * hd, (const fp16 *)gb->v[b] + head * hd, (size_t)h,
-                       nk, hd, scale, scores, out);
+            attend_one(q, &K, &V, nk, scale, scores, out);
             continue;
         }
-        opt_kv_rows K = head_rows(c, gb, ws, b, head, 0), V = head_rows(c, gb, ws, b, head, 1);
         if (nq == 1 && past > 0) {
             int read = opt_attend_decode(q, &K, &V, nk, scale, gb->attn_sparsity, scores, out);
 #pragma omp atomic

@@ -9,6 +9,10 @@
 # against prefill_tokens; with --refill, the decoding rows beside a new prompt count as padding),
 # and the share of all rows computed (--json's rows_computed) that were padding or sequences
 # already ended: a prompt needs its own tokens plus one row per generated token but the last.
+# Then the KV cache a sequence holds, in rows per sequence (--json's kv_cache_rows: its pages at its
+# end), against its real length (the tokens in them, kv_cache_tokens), and against what the cache
+# before pages gave each sequence: its generate() call's longest prompt + 64 rows (a call is the
+# whole file for the plain run, a round of the window for the job, a window for --refill).
 # Usage: bash scripts/bench_jobs.sh [ROUNDS] [N] [GPU_BATCH]   (default 2 rounds, 1000 prompts, 16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +31,23 @@ with open(work + '/prompts.txt', 'w') as f:
 common = ['./flexgen', '--model', 'models/opt-kjv', '--prompt-file', work + '/prompts.txt', '--gen-len', '64',
           '--stop-at-eos', '--gpu-batch-size', str(gbs), '--num-gpu-batches', '1', '--json', '--quiet',
           '--offload-dir', work]
+ids = subprocess.run(['./flexgen', 'tokenize', '--vocab', 'models/opt-kjv/vocab.json', '--merges',
+                      'models/opt-kjv/merges.txt'], stdin=open(work + '/prompts.txt'), check=True,
+                     capture_output=True, text=True).stdout.splitlines()
+lens = [len(l.split()) + 1 for l in ids]  # with BOS
+window = 8 * gbs  # --output's window: 8 rounds of a block
+def unpaged(mode):  # rows per sequence of the cache before pages: the call's longest prompt + 64
+    if mode == 'plain':
+        return max(lens) + 64
+    rows = 0
+    for w0 in range(0, n, window):
+        w = sorted(lens[w0:w0 + window], reverse=True)
+        calls = [w] if mode == 'refill' else [w[i:i + gbs] for i in range(0, len(w), gbs)]
+        rows += sum(len(c) * (max(c) + 64) for c in calls)
+    return rows / n
 print('%d prompts, GPU batches of %d, --gen-len 64, --stop-at-eos' % (n, gbs))
-print('%-6s %8s %14s %9s %12s' % ('run', 'seconds', 'useful tok/s', 'padding', 'rows wasted'))
+print('%-6s %8s %14s %9s %12s %12s %12s %12s' % ('run', 'seconds', 'useful tok/s', 'padding', 'rows wasted',
+                                                  'cache rows', 'its tokens', 'unpaged rows'))
 flags = {'plain': [], 'job': ['--output'], 'refill': ['--refill', '--output']}
 for r in range(rounds):
     results = []
@@ -48,7 +67,10 @@ for r in range(rounds):
     for m, s, rep in results:
         own, pre, rows = rep['prompt_tokens'], rep['prefill_tokens'], rep['rows_computed']
         needed = own + generated - n
-        print('%-6s %8.1f %14.0f %8.1f%% %11.1f%%' % (m, s, (own + generated) / s, 100 * (1 - own / pre),
-                                                      100 * (1 - needed / rows)))
+        print('%-6s %8.1f %14.0f %8.1f%% %11.1f%% %12.1f %12.1f %12.1f' % (
+            m, s, (own + generated) / s, 100 * (1 - own / pre), 100 * (1 - needed / rows),
+            rep['kv_cache_rows'] / n, rep['kv_cache_tokens'] / n, unpaged(m)))
 print('useful tokens: prompt tokens + %d generated (from the job records)' % generated)
+print('cache: rows a sequence held at its end (pages of 16), the tokens in them, and the rows the cache '
+      'before pages held for it; per sequence, mean over %d' % n)
 PY

@@ -674,6 +674,8 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens(p));
         cJSON_AddNumberToObject(o, "prefill_tokens", (double)t->prefill_tokens);
         cJSON_AddNumberToObject(o, "rows_computed", (double)t->rows); /* padding and ended ones too */
+        cJSON_AddNumberToObject(o, "kv_cache_rows", (double)t->cache_rows); /* each sequence's pages at its end */
+        cJSON_AddNumberToObject(o, "kv_cache_tokens", (double)t->cache_tokens); /* the tokens in them */
         cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
         cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
         cJSON_AddNumberToObject(o, "total_latency", total);
@@ -962,6 +964,7 @@ static int append_records(const cli_args *a, const prompt_set *p, const fg_token
 static void add_timing(gen_timing *sum, const gen_timing *t) {
     sum->prefill_latency += t->prefill_latency, sum->decode_latency += t->decode_latency;
     sum->prefill_tokens += t->prefill_tokens, sum->decode_tokens += t->decode_tokens, sum->rows += t->rows;
+    sum->cache_rows += t->cache_rows, sum->cache_tokens += t->cache_tokens;
     sum->compute_seconds += t->compute_seconds, sum->bubble_seconds += t->bubble_seconds;
     sum->disk_read_seconds += t->disk_read_seconds;
 }
@@ -1063,7 +1066,7 @@ static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtim
     int rc = open_runtime(&a->policy, rt, err);
     if (rc == 0) fg_pipeline_attach(*rt, pipe), rc = fg_model_open(*rt, a->model, a->gen.seed, m, err);
     if (rc == 0) rc = check_prompts(fg_model_config(*m), p->n, p->ids, p->lens, a->gen.gen_len, err);
-    if (rc == 0) rc = fg_check_plan(*m, p->n, longest_prompt(p), a->gen.gen_len, err);
+    if (rc == 0) rc = fg_check_plan(*m, p->n, a->output ? NULL : p->lens, longest_prompt(p), a->gen.gen_len, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", fg_model_config(*m)->name);
     for (int r = 0; r < fg_pipe_size(pipe); r++) { /* a stage at a time: stages that share a machine

@@ -69,6 +69,11 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, in
 void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst);
 
 /* ---- Buffers of the forward pass (workspace.c) ---- */
+#define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
+#define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
+#define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20)) /* 3 copying threads, 2 pinned 8 MiB each */
+#define FG_CHUNK_ROWS 2048 /* prefill runs a layer on chunks of this many token rows at most */
+size_t fg_workspace_rows(int gbs, int max_prompt);
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
 void gpu_batch_advance(gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
@@ -77,8 +82,9 @@ size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, i
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
                        int max_len, char *err);
 void opt_workspace_free(opt_workspace *ws);
-enum { FG_CUDA_WS_PARTS = 8 };
-size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, size_t *sizes);
+enum { FG_CUDA_WS_PARTS = 9 };
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len,
+                               size_t *sizes);
 size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
 size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len);
 const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
@@ -313,10 +319,17 @@ static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_fl
 
 void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
 void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
+size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
+int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
+/* The model's dummy-weight file on disk (weight_file.c): counted where an earlier run wrote it,
+ * mapped as the disk homes (found intact, or written now). */
+void count_existing_weight_file(fg_model *m);
+int open_weight_file(fg_model *m, size_t *offsets, char *err);
 
 typedef struct {
     int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */
 } row_split;
+fg_tier tier_of(const row_split *s, int b); /* the tier of a GPU batch's sequence b */
 
 /* A stage of a pipeline holds `micro` blocks (its micro-batches, §4.4), each with its own KV
  * cache and activations; they compute one at a time, so staging, workspace and logits are
@@ -327,7 +340,8 @@ typedef struct {
     row_split cache, act;
     size_t act_row;             /* bytes per token of the activations: hidden x act_elem */
     size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
-    double kv_home[N_TIERS];    /* bytes per tier */
+    int pool_pages[N_TIERS];    /* the KV cache's pages per tier (kv_pool_pages) */
+    double kv_home[N_TIERS];    /* bytes per tier: the pool */
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
     size_t workspace_rows;      /* token rows of the workspace: a chunk of prefill (FG_CHUNK_ROWS) */
@@ -361,7 +375,11 @@ typedef struct {
     opt_workspace own_ws, *ws;
     float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
-    char *kv_home[N_TIERS];   /* [ngb][the stage's decoder layers][K, V][rows][max_len] rows of kv_row bytes */
+    char *kv_home[N_TIERS];   /* [the stage's decoder layers][K, V][pool pages][FG_PAGE_TOKENS] rows of kv_row bytes */
+    int max_pages;            /* a slot's page table: the pages of max_len tokens */
+    int *page_table;          /* [gbs * ngb][max_pages]: each slot's pages in its tier's pool */
+    int *held;                /* [gbs * ngb]: how many pages each slot holds */
+    int *free_pages[N_TIERS], n_free[N_TIERS]; /* each tier's pages held by no slot (a stack) */
     char *act_home[N_TIERS];  /* [ngb][rows][max_prompt] rows of act_row bytes */
     char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
     char *x_stage[2];         /* [gbs * max_prompt] rows of act_row bytes: gb->x of the iteration */
@@ -379,6 +397,17 @@ typedef struct {
     double compute_seconds; /* seconds it computed, this round */
 } block;
 
+/* The KV cache's pages (kv_pages.c): the pools' sizes for a job, a block's page tables. */
+static inline int kv_pages_for(int tokens) { return (tokens + FG_PAGE_TOKENS - 1) / FG_PAGE_TOKENS; }
+void kv_pool_pages(const block_shape *s, int n, const int *lens, int gen_len, int pages[N_TIERS]);
+int kv_pages_init(block *bl, char *err);
+void kv_pages_free(block *bl);
+void kv_pages_reset(block *bl);
+fg_tier slot_tier(const block *bl, int slot);
+const int *slot_pages(const block *bl, int slot);
+void kv_pages_grow(block *bl, int slot, int tokens);
+void kv_pages_give_back(block *bl, int slot);
+
 /* Bytes of GPU batch k's activations this step, all of its sequences'. */
 size_t batch_act_bytes(const block *bl, int k);
 /* Every prompt is a non-empty run of token ids in the vocab that fits the model's positions with
@@ -386,6 +415,8 @@ size_t batch_act_bytes(const block *bl, int k);
 int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens, int gen_len,
                   char *err);
 int check_forced(const opt_config *c, const gen_options *opt, int n_prompts, char *err); /* ids of the vocab */
+/* The last stage chooses each sequence's next token from the block's logits (into bl->ids). */
+void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 /* Takes the tokens chosen for each slot (bl->ids) as its prompt's output and its next input;
  * returns how many sequences are still running. */
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens);

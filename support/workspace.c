@@ -20,9 +20,12 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
     gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
     gb->k = calloc((size_t)batch, sizeof *gb->k);
     gb->v = calloc((size_t)batch, sizeof *gb->v);
+    gb->k_pages = calloc((size_t)batch, sizeof *gb->k_pages);
+    gb->v_pages = calloc((size_t)batch, sizeof *gb->v_pages);
     gb->v_rows_read = calloc((size_t)batch, sizeof *gb->v_rows_read);
     gb->attn_sparsity = 1;
-    if (!gb->past || !gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->v_rows_read) {
+    if (!gb->past || !gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->k_pages || !gb->v_pages ||
+        !gb->v_rows_read) {
         gpu_batch_free(gb);
         return fg_fail(err, "out of memory for a GPU batch of %d", batch);
     }
@@ -35,6 +38,8 @@ void gpu_batch_free(gpu_batch *gb) {
     free(gb->tokens);
     free(gb->k);
     free(gb->v);
+    free(gb->k_pages);
+    free(gb->v_pages);
     free(gb->v_rows_read);
     memset(gb, 0, sizeof *gb);
 }
@@ -120,13 +125,14 @@ void opt_workspace_free(opt_workspace *ws) {
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(4 hidden, ffn)]; one
  * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_prompt][max_prompt]
- * (decode attends in shared memory); per row a pad, a token and two cache pointers. Here so that
- * the cost model has it without CUDA. */
-size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, size_t *sizes) {
+ * (decode attends in shared memory); per row a pad, a token, two cache pointers and two page
+ * tables of a cache of max_len. Here so that the cost model has it without CUDA. */
+size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_prompt, H = cfg->n_heads;
-    size_t mixed = 4 * h > f ? 4 * h : f;
+    size_t mixed = 4 * h > f ? 4 * h : f, pages = (size_t)kv_pages_for(max_len);
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
-                                      2 * H * M * M, 8 * rows, 4 * rows, 8 * rows, 8 * rows};
+                                      2 * H * M * M, 8 * rows, 4 * rows, 8 * rows, 8 * rows,
+                                      2 * 4 * rows * pages};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;
@@ -137,8 +143,7 @@ size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_promp
 }
 
 size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
-    (void)max_len;
-    return fg_cuda_workspace_parts(cfg, rows, max_prompt, NULL);
+    return fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, NULL);
 }
 
 size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) {

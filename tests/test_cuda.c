@@ -200,7 +200,7 @@ static void test_gpu_mem_cap_plan(void) {
         CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
         rt->backend = cuda_sized_backend();
         CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f.dir, 0, &m, err), 0);
-        int fits = fg_check_plan(m, f.n, max_prompt, GEN, err) == 0;
+        int fits = fg_check_plan(m, f.n, NULL, max_prompt, GEN, err) == 0;
         EXPECT(fits == (i == 1) && (fits || strstr(err, "gpu tier")), "--gpu-mem %.0f with CUDA's "
                "sizes: expected %s, got %s %s", caps[i], i ? "a plan that fits" : "a gpu tier error",
                fits ? "a plan that fits" : "refused:", err);

@@ -309,18 +309,23 @@ static void setup_prefill(gpu_batch *gb, int *const *prompts, const int *lens, i
     }
 }
 
-/* A GPU batch whose whole cache is one array on the compute device: [layer][K, V][b][slot][h]. */
+/* A GPU batch whose whole cache is one array on the compute device: [layer][K, V][b][slot] rows
+ * of `row` bytes, room for an fp16 row or a 4-bit one (which is longer where a head has fewer
+ * values than a group). */
 typedef struct {
     gpu_batch gb;
     float *x;
-    fp16 *cache;
+    char *cache;
+    size_t row;
 } test_batch;
 
 static void test_batch_init(test_batch *t, const opt_config *c, int batch, int max_len) {
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&t->gb, batch, max_len, max_len, err), 0);
     t->x = malloc((size_t)batch * max_len * c->hidden * sizeof(float));
-    t->cache = malloc((size_t)c->n_layers * 2 * batch * max_len * c->hidden * sizeof(fp16));
+    size_t paged = (size_t)kv_pages_for(max_len) * FG_PAGE_TOKENS; /* room for the paged layout */
+    t->row = opt_kv_row_bytes(c, 1) > opt_kv_row_bytes(c, 0) ? opt_kv_row_bytes(c, 1) : opt_kv_row_bytes(c, 0);
+    t->cache = malloc((size_t)c->n_layers * 2 * batch * paged * t->row);
     t->gb.x = t->x;
 }
 
@@ -330,20 +335,29 @@ static void test_batch_free(test_batch *t) {
     free(t->cache);
 }
 
-/* One step (prefill or decode) through every layer; advances the cache. */
-static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, float *logits) {
+/* One step (prefill or decode) through every layer; advances the cache. With `pages` (not NULL),
+ * sequence b's cache is the pages pages[b][0..] of each layer's K and V pool, which t->cache holds
+ * in place of its rows in order ([layer][K, V][batch * max_len tokens' pages][page]). */
+static void run_paged_step(const opt_weights *w, test_batch *t, const int *pages, opt_workspace *ws,
+                           float *logits) {
     gpu_batch *gb = &t->gb;
-    size_t h = w->cfg.hidden, rows = (size_t)gb->max_len * h;
+    size_t rows = (size_t)gb->max_len * t->row, max_pages = (size_t)kv_pages_for(gb->max_len);
     opt_embed(w, gb, ws);
     for (int l = 0; l < w->cfg.n_layers; l++) {
-        for (int b = 0; b < gb->batch; b++) {
-            gb->k[b] = t->cache + (((size_t)l * 2 + 0) * gb->batch + b) * rows;
-            gb->v[b] = t->cache + (((size_t)l * 2 + 1) * gb->batch + b) * rows;
-        }
+        for (int b = 0; b < gb->batch; b++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t layer = ((size_t)l * 2 + kv) * gb->batch * max_pages * FG_PAGE_TOKENS * t->row;
+                (kv ? gb->v : gb->k)[b] = t->cache + (pages ? layer : (((size_t)l * 2 + kv) * gb->batch + b) * rows);
+                (kv ? gb->v_pages : gb->k_pages)[b] = pages ? pages + b * max_pages : NULL;
+            }
         opt_layer(w, l, gb, ws);
     }
     opt_output(w, gb, ws, logits);
     gpu_batch_advance(gb);
+}
+
+static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, float *logits) {
+    run_paged_step(w, t, NULL, ws, logits);
 }
 
 /* Decode with the KV cache equals recomputing every sequence from scratch, step by step. */
@@ -392,6 +406,59 @@ static void test_kv_cache_equals_recompute(void) {
     free(lf);
     test_batch_free(&cached);
     test_batch_free(&fresh);
+    opt_workspace_free(&ws);
+    free_reference(&r);
+}
+
+/* A cache in pages (vLLM's PagedAttention) is read and written through each sequence's page
+ * table: with the pages of a pool handed out in a shuffled order, every step's logits have the
+ * same bits as with each sequence's rows in order, past several page boundaries: an fp16 cache
+ * (decode's fast path), a 4-bit one, and top-K sparse attention. */
+static void test_paged_cache_same_bits(void) {
+    reference r;
+    load_reference("opt-tiny", fixture("opt-tiny"), &r);
+    const opt_weights *w = &r.w;
+    enum { STEPS = 2 * FG_PAGE_TOKENS + 3 };
+    int n = r.n, V = r.vocab, max_prompt = 0;
+    for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
+    int max_len = max_prompt + STEPS, max_pages = kv_pages_for(max_len), n_pages = n * max_pages;
+    int *pages = malloc((size_t)n_pages * sizeof *pages);
+    fg_rng rng;
+    rng_seed(&rng, 7);
+    for (int i = 0; i < n_pages; i++) pages[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) { /* Fisher-Yates */
+        int j = (int)(rng_next(&rng) % (uint64_t)(i + 1)), tmp = pages[i];
+        pages[i] = pages[j], pages[j] = tmp;
+    }
+    char err[FG_ERR_LEN];
+    opt_workspace ws;
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
+    float *in_order = malloc((size_t)n * V * sizeof(float)), *paged = malloc((size_t)n * V * sizeof(float));
+    for (int variant = 0; variant < 3; variant++) { /* fp16; 4-bit; sparse */
+        test_batch a, b;
+        test_batch_init(&a, &w->cfg, n, max_len);
+        test_batch_init(&b, &w->cfg, n, max_len);
+        a.gb.kv_q4 = b.gb.kv_q4 = variant == 1;
+        a.gb.attn_sparsity = b.gb.attn_sparsity = variant == 2 ? 0.5f : 1;
+        setup_prefill(&a.gb, r.prompts, r.lens, n);
+        setup_prefill(&b.gb, r.prompts, r.lens, n);
+        int differ = -1;
+        for (int step = 0; step < STEPS && differ < 0; step++) {
+            run_paged_step(w, &a, NULL, &ws, in_order);
+            run_paged_step(w, &b, pages, &ws, paged);
+            if (memcmp(in_order, paged, (size_t)n * V * sizeof(float))) differ = step;
+            for (int s = 0; s < n; s++) { /* greedy, fed to both */
+                int best = 0;
+                for (int v = 1; v < V; v++) best = in_order[s * V + v] > in_order[s * V + best] ? v : best;
+                a.gb.tokens[s] = b.gb.tokens[s] = best;
+            }
+        }
+        EXPECT(differ < 0, "variant %d (fp16, 4-bit, sparse): step %d's logits differ between the cache "
+               "in shuffled pages and in order", variant, differ);
+        test_batch_free(&a);
+        test_batch_free(&b);
+    }
+    free(in_order), free(paged), free(pages);
     opt_workspace_free(&ws);
     free_reference(&r);
 }
@@ -597,6 +664,7 @@ void add_model_tests(void) {
     CU_add_test(s, "stop_at_eos: the returned tokens are padding after the first EOS", test_stop_at_eos_pads_tokens);
     CU_add_test(s, "prefill's logits at every position: those of each cut prompt", test_prompt_logits);
     CU_add_test(s, "KV-cache decode equals full recomputation", test_kv_cache_equals_recompute);
+    CU_add_test(s, "a cache in shuffled pages gives the bits of rows in order", test_paged_cache_same_bits);
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
     CU_add_test(s, "every OPT size by name", test_configs);
     CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);

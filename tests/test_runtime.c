@@ -232,7 +232,8 @@ static void test_plan_fits_exactly(void) {
     for (int i = 0; i < l.n_tensors; i++)
         if (l.tensors[i].tied_to < 0) weights += 2.0 * l.tensors[i].count;
     opt_layout_free(&l);
-    double h = c.hidden, kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * LEN;
+    double h = c.hidden, pages = kv_pages_for(LEN) * FG_PAGE_TOKENS; /* a sequence's cache: whole pages */
+    double kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * pages;
     double act = 4 * h * NGB * GBS * PROMPT, staging = 2 * 4 * h * GBS * PROMPT;
     double work = (double)opt_workspace_bytes(&c, GBS * PROMPT, PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
     double need = weights + kv + act + staging + work + logits;
@@ -244,7 +245,7 @@ static void test_plan_fits_exactly(void) {
         CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
         CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
         err[0] = 0;
-        int fits = fg_check_plan(m, PROMPTS, PROMPT, GEN_LEN, err) == 0;
+        int fits = fg_check_plan(m, PROMPTS, NULL, PROMPT, GEN_LEN, err) == 0;
         EXPECT(fits == !less, "--gpu-mem of %.0f bytes, %s the %.0f the plan needs (weights %.0f, KV cache "
                "%.0f, activations %.0f, staging %.0f, workspace %.0f, logits %.0f): expected %s, got %s%s%s",
                need - less, less ? "one less than" : "exactly", need, weights, kv, act, staging, work,
@@ -307,7 +308,7 @@ static void test_memory_model_cuda_sizes(void) {
             fg_tier t = cases[i].tier;
             double modeled = fg_linear_eval(&mm.tier[t], x) - mm.tier[t].coef[X_WG + t] * x[X_WG + t] + weights[t];
             rt->capacity[t] = modeled - less;
-            int fits = fg_check_plan(m, GBS * NGB, PROMPT, GEN_LEN, err) == 0;
+            int fits = fg_check_plan(m, GBS * NGB, NULL, PROMPT, GEN_LEN, err) == 0;
             EXPECT(fits == !less, "CUDA sizes, case %zu, %s tier at %.0f bytes (%s the memory model's): "
                    "expected %s, got %s %s", i, fg_tier_names[t], modeled - less, less ? "one less than" : "exactly",
                    less ? "refused" : "accepted", fits ? "accepted" : "refused", err);
@@ -317,24 +318,62 @@ static void test_memory_model_cuda_sizes(void) {
     }
 }
 
+/* The least --gpu-mem that the plan check accepts for n prompts of these lengths (lens NULL: all
+ * of the longest), everything on the gpu tier in blocks of 2 x 2. */
+static double least_gpu_mem(const opt_config *c, int n, const int *lens, int longest, int gen_len) {
+    double lo = 1, hi = 1 << 30;
+    while (hi - lo > 1) {
+        double mid = floor((lo + hi) / 2);
+        fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
+        p.capacity[TIER_GPU] = mid;
+        fg_runtime *rt;
+        fg_model *m;
+        char err[FG_ERR_LEN];
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, c, 1, &m, err), 0);
+        if (fg_check_plan(m, n, lens, longest, gen_len, err) == 0) hi = mid;
+        else lo = mid;
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    return hi;
+}
+
+/* The plan counts the KV cache in pages of the prompts it is given, not as the longest prompt
+ * for every sequence: prompts of 2, 30, 2 and 2 tokens with 3 generated hold 1, 3, 1 and 1 pages
+ * of 16 tokens of each layer's K and V, against 3 each for four prompts of 30, so the least
+ * --gpu-mem that fits is 6 such pages less. */
+static void test_plan_counts_pages(void) {
+    static const opt_config c = {"pages", 2, 64, 4, 256, 300, 64, 64, 1};
+    const int lens[4] = {2, 30, 2, 2};
+    double real = least_gpu_mem(&c, 4, lens, 30, 3), worst = least_gpu_mem(&c, 4, NULL, 30, 3);
+    double page = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * FG_PAGE_TOKENS;
+    EXPECT(worst - real == 6 * page, "least --gpu-mem: %.0f bytes for the prompts' pages, %.0f for the "
+           "longest's: expected a difference of 6 pages (%.0f bytes), got %.0f", real, worst, 6 * page,
+           worst - real);
+}
+
 /* The CUDA workspace's prefill scores (fp32) and probabilities (fp16) hold one sequence's
- * [heads][prompt][prompt]: the cache's length (decode attends in shared memory) does not size
- * them. And the plan counts CUDA's pinned copy buffers on the cpu tier, by name. */
+ * [heads][prompt][prompt]: the cache's length (decode attends in shared memory) sizes only the
+ * page tables. And the plan counts CUDA's pinned copy buffers on the cpu tier, by name. */
 static void test_cuda_sizes(void) {
     static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
     enum { ROWS = 40, PROMPT = 20, LEN = 300 };
     size_t parts[FG_CUDA_WS_PARTS], H = (size_t)c.n_heads;
-    fg_cuda_workspace_parts(&c, ROWS, PROMPT, parts);
+    fg_cuda_workspace_parts(&c, ROWS, PROMPT, LEN, parts);
     EXPECT(parts[2] == 4 * H * PROMPT * PROMPT && parts[3] == 2 * H * PROMPT * PROMPT,
            "prefill scores and probabilities: expected %zu and %zu bytes, got %zu and %zu",
            4 * H * PROMPT * PROMPT, 2 * H * PROMPT * PROMPT, parts[2], parts[3]);
-    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN), fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1));
+    size_t tables = ((size_t)2 * 4 * ROWS * kv_pages_for(LEN) + 63) & ~(size_t)63; /* K's and V's page tables */
+    EXPECT(parts[8] == tables, "page tables: expected %zu bytes, got %zu", tables, parts[8]);
+    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[8],
+                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - (((size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1) + 63) & ~(size_t)63));
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;
     fg_model *m = cuda_sized_model(&p, &c, &rt);
     char err[FG_ERR_LEN] = "";
-    CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, PROMPT, 3, err), 0);
+    CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, NULL, PROMPT, 3, err), 0);
     EXPECT(strstr(err, "cpu tier") && strstr(err, "pinned copy buffers 48"), "--cpu-mem below CUDA's "
            "copy buffers (48 MiB): expected a cpu tier error naming them, got: %s", err);
     fg_model_close(m);
@@ -373,7 +412,7 @@ static void test_q4_link_bytes(void) {
     }
 }
 
-/* fg_check_plan's verdict for a capacity of one tier. */
+/* fg_check_plan's verdict for a capacity of one tier, on the prompts generate() is given. */
 static int plan_fits(const fixture_prompts *f, fg_policy p, fg_tier t, double bytes) {
     char err[FG_ERR_LEN];
     fg_runtime *rt;
@@ -383,7 +422,7 @@ static int plan_fits(const fixture_prompts *f, fg_policy p, fg_tier t, double by
     CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f->dir, 0, &m, err), 0);
     int max_prompt = 0;
     for (int i = 0; i < f->n; i++) max_prompt = f->lens[i] > max_prompt ? f->lens[i] : max_prompt;
-    int ok = fg_check_plan(m, f->n, max_prompt, GEN, err) == 0;
+    int ok = fg_check_plan(m, f->n, f->lens, max_prompt, GEN, err) == 0; /* the pages of these prompts */
     fg_model_close(m);
     fg_runtime_close(rt);
     return ok;
@@ -543,6 +582,15 @@ static int refill_run(const fixture_prompts *f, fg_policy p, int refill, result 
     if (rt) fg_runtime_stats(rt, &r->stats);
     fg_runtime_close(rt);
     for (int tier = 0; tier < N_TIERS; tier++) CU_ASSERT_EQUAL(r->stats.current[tier], 0);
+    int64_t tokens = 0, rows = 0; /* refilled, a sequence's cache ends with its prompt and its tokens but the last */
+    for (int i = 0; i < f->n && refill && r->rc == 0; i++) {
+        int made = 0;
+        while (made < GEN && r->tokens[i * GEN + made++] != OPT_EOS_ID) {}
+        tokens += f->lens[i] + made - 1, rows += (int64_t)kv_pages_for(f->lens[i] + made - 1) * FG_PAGE_TOKENS;
+    }
+    EXPECT(!refill || r->rc || (t.cache_tokens == tokens && t.cache_rows == rows), "refilled: each sequence's "
+           "cache at its end: expected %lld tokens in %lld rows of pages, got %lld in %lld", (long long)tokens,
+           (long long)rows, (long long)t.cache_tokens, (long long)t.cache_rows);
     return steps;
 }
 
@@ -728,6 +776,7 @@ void add_runtime_tests(void) {
     CU_add_test(s, "refill: a finished sequence's slot takes the next prompt, tokens unchanged", test_refill);
     CU_add_test(s, "rows split over the tiers by rounding each share", test_split_rows_round);
     CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
+    CU_add_test(s, "the plan counts the pages of the prompts' lengths", test_plan_counts_pages);
     CU_add_test(s, "the memory model counts what the plan check counts with the CUDA backend's sizes",
                 test_memory_model_cuda_sizes);
     CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
