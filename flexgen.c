@@ -388,7 +388,6 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
  * into one of two staging arenas while the previous layer computes.
  * ============================================================================================ */
 
-
 static int in_stage(const fg_model *m, int i) {
     int j = m->layout.tensors[i].layer;
     return j >= m->first_layer && j < m->end_layer;

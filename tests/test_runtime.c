@@ -637,6 +637,47 @@ static void test_refill(void) {
     fixture_prompts_close(&f);
 }
 
+/* Refill waits for pages. Prompts of 30, 1, 30 and 1 tokens, 40 generated (fed back as given),
+ * in one GPU batch of 2: the pool holds 8 pages of 16 tokens, what 30 + 40 and 1 + 40 need. The
+ * second prompt ends at once with </s>; the first still holds 2 pages and may take 3 more, so of
+ * the 6 free only 3 can be promised, and the third prompt (5 pages) waits for the first to end:
+ * without that wait its pages would run out mid-run. Steps: 80 either way; the logits of each
+ * prompt within the suite's bound of the blocks run in turn. */
+static void test_refill_waits_for_pages(void) {
+    static const opt_config c = {"pages", 2, 64, 4, 256, 300, 128, 64, 1};
+    enum { N = 4, GEN_LEN = 40, V = 300 };
+    int lens[N] = {30, 1, 30, 1}, *prompts[N], tokens[N * GEN_LEN], forced[N * GEN_LEN], steps[2] = {0, 0};
+    float *logits[2] = {malloc(sizeof(float) * N * GEN_LEN * V), malloc(sizeof(float) * N * GEN_LEN * V)};
+    for (int i = 0; i < N; i++) {
+        prompts[i] = malloc(30 * sizeof(int));
+        for (int t = 0; t < lens[i]; t++) prompts[i][t] = 10 + (7 * i + t) % 200;
+        for (int t = 0; t < GEN_LEN; t++) forced[i * GEN_LEN + t] = i == 1 ? OPT_EOS_ID : 20 + (3 * i + t) % 200;
+    }
+    for (int refill = 0; refill < 2; refill++) {
+        fg_policy p = policy(2, 1, ALL_GPU, 1, 0);
+        p.trace = 1;
+        fg_runtime *rt;
+        fg_model *m;
+        char err[FG_ERR_LEN];
+        gen_options opt = {.gen_len = GEN_LEN, .top_p = 1, .stop_at_eos = 1, .refill = refill, .forced = forced};
+        gen_timing t;
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 3, &m, err), 0);
+        EXPECT(generate(m, &opt, N, prompts, lens, tokens, logits[refill], &t, err) == 0, "refill %d: %s", refill, err);
+        const trace_track *compute = &rt->trace.tracks[TRACK_COMPUTE];
+        for (size_t i = 0; i < compute->n; i++) steps[refill] += !strcmp(compute->events[i].name, "input embedding");
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    float max_abs = 0, worst = 0;
+    for (size_t i = 0; i < (size_t)N * GEN_LEN * V; i++)
+        max_abs = fmaxf(max_abs, fabsf(logits[0][i])), worst = fmaxf(worst, fabsf(logits[0][i] - logits[1][i]));
+    EXPECT(worst <= 1e-4f * max_abs && steps[0] == 80 && steps[1] == 80, "refilled vs blocks in turn: logits "
+           "differ by %g (bound %g), steps %d vs %d (expected 80 vs 80)", worst, 1e-4 * max_abs, steps[1], steps[0]);
+    for (int i = 0; i < N; i++) free(prompts[i]);
+    free(logits[0]), free(logits[1]);
+}
+
 /* Dummy weights already in --path need no new disk space: with the default disk capacity (the
  * offload dir's free space) a model whose file exists gets its size on top, and gives it back
  * when closed; with --disk-mem the user's capacity stands. */
@@ -774,6 +815,7 @@ void add_runtime_tests(void) {
     CU_add_test(s, "a block that stops early gives back the layers read ahead",
                 test_early_stop_gives_back_read_ahead);
     CU_add_test(s, "refill: a finished sequence's slot takes the next prompt, tokens unchanged", test_refill);
+    CU_add_test(s, "refill: a prompt waits for the pages it needs", test_refill_waits_for_pages);
     CU_add_test(s, "rows split over the tiers by rounding each share", test_split_rows_round);
     CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
     CU_add_test(s, "the plan counts the pages of the prompts' lengths", test_plan_counts_pages);
