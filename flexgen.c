@@ -837,9 +837,9 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     s.act_row = (size_t)c->hidden * rt->backend->act_elem;
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
     double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
-    kv_pool_pages(&s, n_prompts, lens, gen_len, s.pool_pages); /* the cache counts pages (kv_pages.c) */
+    kv_pool_shape(&s, n_prompts, lens, gen_len); /* the cache counts pages (kv_pages.c) */
     for (int t = 0; t < N_TIERS; t++) {
-        s.kv_home[t] = kv_row * m->n_decoder * 2 * s.pool_pages[t] * FG_PAGE_TOKENS;
+        s.kv_home[t] = kv_row * m->n_decoder * 2 * s.pool_pages[t] * s.page_tokens;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
     }
     s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
@@ -953,19 +953,20 @@ static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt
  * the next iteration and emptied from the previous one.
  * ============================================================================================ */
 
-/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * FG_PAGE_TOKENS on. */
+/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
 static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
-    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * bl->s.pool_pages[t] * FG_PAGE_TOKENS * bl->s.kv_row;
+    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * bl->s.pool_pages[t] * bl->s.page_tokens * bl->s.kv_row;
 }
 
 /* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
 static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
-    return kv_pool(bl, slot_tier(bl, slot), layer, kv) + kv_page_row(slot_pages(bl, slot), j) * bl->s.kv_row;
+    size_t row = kv_page_row(slot_pages(bl, slot), bl->s.page_tokens, j);
+    return kv_pool(bl, slot_tier(bl, slot), layer, kv) + row * bl->s.kv_row;
 }
 
 /* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
-static int run_in_page(int j, int end) {
-    int page_end = (j / FG_PAGE_TOKENS + 1) * FG_PAGE_TOKENS;
+static int run_in_page(const block *bl, int j, int end) {
+    int page_end = (j / bl->s.page_tokens + 1) * bl->s.page_tokens;
     return (page_end < end ? page_end : end) - j;
 }
 
@@ -1061,7 +1062,7 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, i
     for (int k = 0; k < s->ngb; k++)
         if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
         else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity,
-             bl->gb[k].all_rows = m->prompt_logits;
+             bl->gb[k].all_rows = m->prompt_logits, bl->gb[k].page_tokens = s->page_tokens;
     for (int t = TIER_GPU; t <= TIER_CPU; t++) {
         if (s->kv_home[t] && !(bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err))) goto fail;
         if (s->act_home[t] && !(bl->act_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err))) goto fail;
@@ -1126,7 +1127,7 @@ static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
             for (int j = 0, n; j < gb->past[b]; j += n)
-                n = run_in_page(j, gb->past[b]), disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
+                n = run_in_page(bl, j, gb->past[b]), disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
 }
 
 /* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
@@ -1141,7 +1142,7 @@ static void cache_in_task(fg_runtime *rt, const io_task *task) {
             if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
             char *stage = kv_stage_rows(bl, task->arena, kv, b);
             for (int j = 0, n; j < gb->past[b]; j += n) { /* a page at a time, into rows in order */
-                n = run_in_page(j, gb->past[b]);
+                n = run_in_page(bl, j, gb->past[b]);
                 char *home = task_kv_row(bl, task, kv, b, j);
                 rt->backend->copy_in(stage + j * row, home, n * row);
                 if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
@@ -1158,7 +1159,7 @@ static void cache_out_task(fg_runtime *rt, const io_task *task) {
             size_t bytes = new_bytes(bl, gb, b), row = bl->s.kv_row;
             int end = gb->past[b] + (int)(bytes / row);
             for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) /* else attention wrote them in place */
-                n = run_in_page(j, end), rt->backend->copy_out(task_kv_row(bl, task, kv, b, j),
+                n = run_in_page(bl, j, end), rt->backend->copy_out(task_kv_row(bl, task, kv, b, j),
                                                                kv_stage_rows(bl, task->arena, kv, b) + j * row, n * row);
             link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
             if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
@@ -1174,7 +1175,7 @@ static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
         int past = gb->past[b], from = bl->delegate ? 0 : past, end = past + gb->n_new - gb->pad[b];
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
             for (int j = from, n; j < end; j += n) {
-                n = run_in_page(j, end);
+                n = run_in_page(bl, j, end);
                 int written = j + n - (j > past ? j : past); /* of these rows, this step's */
                 disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row,
                              written > 0 ? written * bl->s.kv_row : 0);
@@ -1569,7 +1570,7 @@ static void tokens_back(gen_run *g, block *bl, int i) {
 /* Slot s's sequence is done with its cache: the timing counts its pages and tokens, and the pages
  * go back to the pool. */
 static void end_sequence(gen_run *g, block *bl, int s) {
-    g->timing->cache_rows += (int64_t)bl->held[s] * FG_PAGE_TOKENS;
+    g->timing->cache_rows += (int64_t)bl->held[s] * bl->s.page_tokens, g->timing->page_tokens = bl->s.page_tokens;
     g->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
     kv_pages_give_back(bl, s);
 }
@@ -1580,7 +1581,7 @@ static void promisable_pages(const gen_run *g, const block *bl, int promise[N_TI
     for (int t = 0; t < N_TIERS; t++) promise[t] = bl->n_free[t];
     for (int s = 0; s < bl->count; s++)
         if (slot_running(bl, s, g->opt->gen_len))
-            promise[slot_tier(bl, s)] -= kv_pages_for(g->lens[bl->prompt[s]] + g->opt->gen_len) - bl->held[s];
+            promise[slot_tier(bl, s)] -= kv_pages_for(g->lens[bl->prompt[s]] + g->opt->gen_len, bl->s.page_tokens) - bl->held[s];
 }
 
 /* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
@@ -1600,7 +1601,7 @@ static void refill_slots(gen_run *g, block *bl, int i) {
             if (slot_running(bl, s, gen_len)) {
                 running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
             } else if (fits && g->next + free_slots < g->n_prompts) { /* the next prompt, if its pages can be promised */
-                int len = g->lens[g->next + free_slots], need = kv_pages_for(len + gen_len);
+                int len = g->lens[g->next + free_slots], need = kv_pages_for(len + gen_len, bl->s.page_tokens);
                 fg_tier t = slot_tier(bl, s);
                 if ((fits = left[t] >= need)) left[t] -= need, longest = len > longest ? len : longest, free_slots++;
             }

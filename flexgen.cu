@@ -312,7 +312,7 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->block = (char *)cuda_alloc(total);
     d->on_device = (char *)malloc(rows);
     d->host_kv = (void **)malloc(2 * rows * sizeof *d->host_kv);
-    d->max_pages = kv_pages_for(max_len);
+    d->max_pages = kv_pages_for(max_len, FG_PAGE_TOKENS); /* the most: a page has 16 tokens or max_len */
     d->host_pages = (int *)malloc(2 * rows * d->max_pages * sizeof(int));
     if (!d->block || !d->on_device || !d->host_kv || !d->host_pages) {
         cuda_free(d->block);
@@ -467,7 +467,7 @@ static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
 static void host_page_table(cuda_ws *d, const gpu_batch *gb, int kv, int b) {
     const int *pages = kv ? gb->v_pages[b] : gb->k_pages[b];
     int *to = d->host_pages + ((size_t)kv * gb->batch + b) * d->max_pages;
-    for (int i = 0; i < d->max_pages; i++) to[i] = pages ? pages[i] : i;
+    for (int i = 0; i < kv_pages_for(gb->max_len, gb->page_tokens); i++) to[i] = pages ? pages[i] : i;
 }
 
 /* Uploads the rows' layout and each sequence's cache pointers and page tables: device memory, or
@@ -547,7 +547,7 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
  * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group). */
 __global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const int *past, const int *pad,
                                 int h, int heads, int q4, void *const *k, void *const *v,
-                                const int *pages, int max_pages) {
+                                const int *pages, int max_pages, int page_tokens) {
     int hd = h / heads, G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * 2 * heads * G) return;
@@ -555,7 +555,7 @@ __global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const in
     int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
-    size_t at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, slot);
+    size_t at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
     const __half *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
     int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     if (!q4) {
@@ -573,10 +573,10 @@ __global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const in
 
 /* Value d of one head's key (or value) at `slot`: from the cache below past (through its page
  * table), else this step's. */
-__device__ float kv_value(const char *cache, const int *pages, const __half *fresh, int slot, int past,
-                          int d, int head, int hd, int h, int heads, int q4) {
+__device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh, int slot,
+                          int past, int d, int head, int hd, int h, int heads, int q4) {
     if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * 3 * h + (size_t)head * hd + d]);
-    size_t row = kv_page_row(pages, slot);
+    size_t row = kv_page_row(pages, page_tokens, slot);
     if (!q4) return __half2float(((const __half *)(cache + row * 2 * h))[(size_t)head * hd + d]);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
     const uint8_t *bytes = (const uint8_t *)cache + (row * heads + head) * G * (Q4_GROUP / 2 + 4);
@@ -592,7 +592,7 @@ __device__ float kv_value(const char *cache, const int *pages, const __half *fre
  * Shared: scores and kept flags. */
 __global__ void attention_kernel(const __half *qkv, __half *attn, const int *past, const int *pad,
                                  void *const *kc, void *const *vc, const int *pages, int max_pages,
-                                 int n_new, int h, int heads, int q4, float scale, float sparsity) {
+                                 int page_tokens, int n_new, int h, int heads, int q4, float scale, float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = h / heads;
@@ -610,7 +610,8 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
     char *kept = (char *)(scores + nk);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
-        for (int d = 0; d < hd; d++) dot += __half2float(q[d]) * kv_value(K, k_pages, fresh + h, j, past[b], d, head, hd, h, heads, q4);
+        for (int d = 0; d < hd; d++)
+            dot += __half2float(q[d]) * kv_value(K, k_pages, page_tokens, fresh + h, j, past[b], d, head, hd, h, heads, q4);
         scores[j] = dot * scale;
     }
     __syncthreads();
@@ -636,7 +637,8 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0;
         for (int j = 0; j < nk; j++)
-            if (kept[j]) acc += scores[j] * kv_value(V, v_pages, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
+            if (kept[j])
+                acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
         out[d] = __float2half_rn(acc);
     }
 }
@@ -721,7 +723,8 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     int on_device = upload_cache(d, gb);
     size_t groups = (size_t)rows * 2 * H * G;
     store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, rows, gb->n_new, d->past, d->pad,
-                                                            h, H, gb->kv_q4, d->k, d->v, d->pages, d->max_pages);
+                                                            h, H, gb->kv_q4, d->k, d->v, d->pages, d->max_pages,
+                                                            gb->page_tokens);
     LAUNCHED("store_kv_kernel");
     int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
     for (int b = 0; b < gb->batch; b++) {
@@ -735,7 +738,7 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
         dim3 grid(H, gb->batch, gb->n_new);
         size_t shared = (size_t)nk * (sizeof(float) + 1);
         attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->past, d->pad, d->k, d->v, d->pages,
-                                                  d->max_pages, gb->n_new, h, H, gb->kv_q4,
+                                                  d->max_pages, gb->page_tokens, gb->n_new, h, H, gb->kv_q4,
                                                   1.0f / sqrtf((float)hd), gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }

@@ -4,8 +4,7 @@
  *   flexgen.c    tiers, placement, the plan check, I/O threads, the block schedule (§4.1, §4.2)
  *   lp.c         the cost model, the simplex, the policy search (§4.3, Appendix A.3)
  *   flexgen.cu   the CUDA backend: the same operation table with cuBLAS
- * What they need from the support layer (errors, fp16, the fast kernels, the checkpoint's
- * weight table) is in support/support.h.
+ * What they need from the support layer (errors, fp16, fast kernels, weight table): support/support.h.
  *
  * Conventions: a function that can fail on bad input returns 0, or -1 after writing one line
  * into `err` (FG_ERR_LEN bytes) that names the file, tensor, tier or flag and what is wrong.
@@ -60,15 +59,15 @@ typedef struct {
     size_t storage_values;
 } opt_weights;
 
-/* A sequence's KV cache is pages of FG_PAGE_TOKENS tokens (vLLM's PagedAttention): token `slot` is
- * row kv_page_row(pages, slot), through its page table, or row `slot` (pages NULL: rows in order). */
-#define FG_PAGE_TOKENS 16
+/* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
+ * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in order). */
+#define FG_PAGE_TOKENS 16 /* a page's tokens, unless a tier's pool needs fewer rows with whole sequences */
 #ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device, which runs these functions too */
 #define FG_HOST_DEVICE
 #define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
 #endif
-static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int slot) {
-    return pages ? (size_t)pages[slot / FG_PAGE_TOKENS] * FG_PAGE_TOKENS + (size_t)(slot % FG_PAGE_TOKENS) : (size_t)slot;
+static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int page_tokens, int slot) {
+    return pages ? (size_t)pages[slot / page_tokens] * page_tokens + (size_t)(slot % page_tokens) : (size_t)slot;
 }
 
 /* One GPU batch (§4.1: the unit the schedule computes) for one layer: its sequences' hidden states
@@ -77,7 +76,7 @@ static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int slot) {
  * to cache slots past[b] on. The cache holds no padding. */
 typedef struct {
     int batch;    /* sequences */
-    int max_len;  /* KV capacity of a sequence in tokens (its prompt + generated) */
+    int max_len, page_tokens; /* KV capacity of a sequence in tokens (prompt + generated); of a page */
     int n_new;    /* rows in flight per sequence this step: the longest prompt at prefill, 1 in decode */
     int all_rows; /* the output layer gives the logits of every token in flight */
     int *past, *pad; /* [batch]: tokens already in the sequence's cache; its padding rows */
@@ -113,11 +112,11 @@ void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
 
-/* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages, j)
- * of the cache (fp16, or 4-bit), except keys from first_fresh on: this step's fp32 rows at fresh. */
+/* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages,
+ * page_tokens, j) of the cache (fp16 or 4-bit), but keys from first_fresh on: this step's fp32 rows. */
 typedef struct {
     const char *rows;
-    const int *pages;
+    const int *pages; int page_tokens;
     size_t stride;
     int q4, head, head_dim, first_fresh;
     const float *fresh;
@@ -252,6 +251,7 @@ typedef struct {
     double prefill_latency, decode_latency; /* seconds, summed over blocks */
     int64_t prefill_tokens, decode_tokens, rows; /* FlexGen's counts; token rows computed */
     int64_t cache_rows, cache_tokens; /* each sequence's KV cache at its end: rows of its pages, tokens */
+    int page_tokens;      /* tokens per page of the KV cache (of the last block) */
     double compute_seconds, bubble_seconds, disk_read_seconds;
 } gen_timing;
 

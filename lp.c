@@ -159,8 +159,8 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
     double act_row = h * (double)(hw->gpu_is_host ? fg_cpu_backend.act_elem : FG_CUDA_ACT_ELEM);
     double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */
-    double pages = kv_pages_for(w->s + w->n) * FG_PAGE_TOKENS; /* a sequence's cache, in pages */
-    double cache = 2 * kv_row * c->n_layers * bls * pages * micro, act = act_row * bls * s * micro;
+    /* a sequence's cache: len rows, as kv_pool_shape's pools hold sequences all of length len */
+    double cache = 2 * kv_row * c->n_layers * bls * len * micro, act = act_row * bls * s * micro;
     double stage_len = w->cpu_cache_compute ? s : len;
     memset(mm, 0, sizeof *mm);
     fg_linear *gpu = &mm->tier[TIER_GPU], *cpu = &mm->tier[TIER_CPU];

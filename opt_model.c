@@ -164,8 +164,8 @@ static void store_kv(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         int b = r / gb->n_new, slot = gb->past[b] + r % gb->n_new - gb->pad[b];
         if (slot < gb->past[b]) continue; /* padding */
         float *qkv = ws->qkv + (size_t)r * 3 * h;
-        char *k = (char *)gb->k[b] + kv_page_row(gb->k_pages[b], slot) * row;
-        char *v = (char *)gb->v[b] + kv_page_row(gb->v_pages[b], slot) * row;
+        char *k = (char *)gb->k[b] + kv_page_row(gb->k_pages[b], gb->page_tokens, slot) * row;
+        char *v = (char *)gb->v[b] + kv_page_row(gb->v_pages[b], gb->page_tokens, slot) * row;
         if (!gb->kv_q4) {
             fp32_to_fp16_n(qkv + h, (fp16 *)k, (size_t)h);
             fp32_to_fp16_n(qkv + 2 * h, (fp16 *)v, (size_t)h);
@@ -187,9 +187,9 @@ static void softmax(float *s, int n) {
 
 /* Keys [j, j + n) of one head, n as many as lie in order from j: to the end of j's page. */
 static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
-    int end = r->pages ? (j / FG_PAGE_TOKENS + 1) * FG_PAGE_TOKENS : nk;
+    int end = r->pages ? (j / r->page_tokens + 1) * r->page_tokens : nk;
     *n = (end < nk ? end : nk) - j;
-    return (const fp16 *)(r->rows + kv_page_row(r->pages, j) * r->stride) + (size_t)r->head * r->head_dim;
+    return (const fp16 *)(r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride) + (size_t)r->head * r->head_dim;
 }
 
 /* One query over nk cached keys (fp16): out = softmax(scale q.K^T) V. Decode attention is pure
@@ -222,7 +222,7 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
 /* Key (or value) j of one head as fp32: this step's own row from qkv, or a cache row decoded. */
 static const float *kv_row(const opt_kv_rows *r, int j, float *buf) {
     if (j >= r->first_fresh) return r->fresh + (size_t)(j - r->first_fresh) * r->fresh_stride;
-    const char *row = r->rows + kv_page_row(r->pages, j) * r->stride;
+    const char *row = r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride;
     if (r->q4) {
         size_t head_bytes = q4_bytes(1, (size_t)r->head_dim, 1);
         q4_decompress((const uint8_t *)row + r->head * head_bytes, 1, (size_t)r->head_dim, 1, buf);
@@ -264,8 +264,8 @@ static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt
                              int b, int head, int kv) {
     int h = c->hidden, hd = h / c->n_heads;
     size_t row = opt_kv_row_bytes(c, gb->kv_q4), first = (size_t)b * gb->n_new + gb->pad[b];
-    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], kv ? gb->v_pages[b] : gb->k_pages[b], row, gb->kv_q4,
-                     head, hd, INT_MAX, NULL, 0};
+    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], kv ? gb->v_pages[b] : gb->k_pages[b],
+                     gb->page_tokens, row, gb->kv_q4, head, hd, INT_MAX, NULL, 0};
     if (gb->kv_q4) {
         r.first_fresh = gb->past[b];
         r.fresh = ws->qkv + first * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;

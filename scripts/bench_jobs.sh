@@ -14,13 +14,16 @@
 # before pages gave each sequence: its generate() call's longest prompt + 64 rows (a call is the
 # whole file for the plain run, a round of the window for the job, a window for --refill).
 # Usage: bash scripts/bench_jobs.sh [ROUNDS] [N] [GPU_BATCH]   (default 2 rounds, 1000 prompts, 16)
+# MODEL (default models/opt-kjv) runs another model on the same prompts, tokenized with opt-kjv's
+# tokenizer (an OPT size name: dummy weights); FLAGS adds flags to every run, for example
+#     MODEL=opt-1.3b FLAGS='--percent 100 0 0 100 100 0' bash scripts/bench_jobs.sh 1 128 16
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2} n=${2:-1000} gbs=${3:-16}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 - "$rounds" "$n" "$gbs" "$work" <<'PY'
-import json, random, subprocess, sys, time
+MODEL=${MODEL:-models/opt-kjv} FLAGS=${FLAGS:-} python3 - "$rounds" "$n" "$gbs" "$work" <<'PY'
+import json, os, random, subprocess, sys, time
 rounds, n, gbs, work = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 words = open('models/opt-kjv/heldout.txt').read().split()
 random.seed(1)
@@ -28,11 +31,11 @@ with open(work + '/prompts.txt', 'w') as f:
     for _ in range(n):
         k, at = random.randint(3, 72), random.randrange(len(words) - 140)
         f.write(' '.join(words[at:at + k]) + '\n')
-common = ['./flexgen', '--model', 'models/opt-kjv', '--prompt-file', work + '/prompts.txt', '--gen-len', '64',
+tokenizer = ['--vocab', 'models/opt-kjv/vocab.json', '--merges', 'models/opt-kjv/merges.txt']
+common = ['./flexgen', '--model', os.environ['MODEL'], '--prompt-file', work + '/prompts.txt', '--gen-len', '64',
           '--stop-at-eos', '--gpu-batch-size', str(gbs), '--num-gpu-batches', '1', '--json', '--quiet',
-          '--offload-dir', work]
-ids = subprocess.run(['./flexgen', 'tokenize', '--vocab', 'models/opt-kjv/vocab.json', '--merges',
-                      'models/opt-kjv/merges.txt'], stdin=open(work + '/prompts.txt'), check=True,
+          '--offload-dir', work] + tokenizer + os.environ['FLAGS'].split()
+ids = subprocess.run(['./flexgen', 'tokenize'] + tokenizer, stdin=open(work + '/prompts.txt'), check=True,
                      capture_output=True, text=True).stdout.splitlines()
 lens = [len(l.split()) + 1 for l in ids]  # with BOS
 window = 8 * gbs  # --output's window: 8 rounds of a block
@@ -45,7 +48,7 @@ def unpaged(mode):  # rows per sequence of the cache before pages: the call's lo
         calls = [w] if mode == 'refill' else [w[i:i + gbs] for i in range(0, len(w), gbs)]
         rows += sum(len(c) * (max(c) + 64) for c in calls)
     return rows / n
-print('%d prompts, GPU batches of %d, --gen-len 64, --stop-at-eos' % (n, gbs))
+print('%s, %d prompts, GPU batches of %d, --gen-len 64, --stop-at-eos %s' % (os.environ['MODEL'], n, gbs, os.environ['FLAGS']))
 print('%-6s %8s %14s %9s %12s %12s %12s %12s' % ('run', 'seconds', 'useful tok/s', 'padding', 'rows wasted',
                                                   'cache rows', 'its tokens', 'unpaged rows'))
 flags = {'plain': [], 'job': ['--output'], 'refill': ['--refill', '--output']}
@@ -71,6 +74,6 @@ for r in range(rounds):
             m, s, (own + generated) / s, 100 * (1 - own / pre), 100 * (1 - needed / rows),
             rep['kv_cache_rows'] / n, rep['kv_cache_tokens'] / n, unpaged(m)))
 print('useful tokens: prompt tokens + %d generated (from the job records)' % generated)
-print('cache: rows a sequence held at its end (pages of 16), the tokens in them, and the rows the cache '
+print('cache: rows a sequence held at its end (its pages), the tokens in them, and the rows the cache '
       'before pages held for it; per sequence, mean over %d' % n)
 PY

@@ -879,7 +879,8 @@ static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_tim
 typedef struct {
     char model[256];
     int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output;
-    float temperature, top_p;
+    int compress_weight, compress_cache, int8; /* the numbers the job's records hold */
+    float temperature, top_p, sparsity;
     uint64_t seed;
 } job_flags;
 
@@ -888,6 +889,8 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
                       .prompt_len = a->prompt_len, .gbs = a->policy.gpu_batch_size,
                       .ngb = a->policy.num_gpu_batches, .auto_policy = a->auto_policy,
                       .dump = a->dump_logits != NULL, .trace = a->trace != NULL, .output = a->output != NULL,
+                      .compress_weight = a->policy.compress_weight, .compress_cache = a->policy.compress_cache,
+                      .int8 = a->policy.int8_activations, .sparsity = a->policy.attn_sparsity,
                       .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
     snprintf(mine.model, sizeof mine.model, "%s", a->model);
     job_flags job = mine;
@@ -902,6 +905,9 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
         : job.gen_len != mine.gen_len ? "--gen-len" : job.stop_at_eos != mine.stop_at_eos ? "--stop-at-eos"
         : job.prompt_len != mine.prompt_len ? "--prompt-len" : job.seed != mine.seed ? "--seed"
         : job.temperature != mine.temperature ? "--temperature" : job.top_p != mine.top_p ? "--top-p"
+        : job.compress_weight != mine.compress_weight ? "--compress-weight"
+        : job.compress_cache != mine.compress_cache ? "--compress-cache"
+        : job.int8 != mine.int8 ? "--int8-activations" : job.sparsity != mine.sparsity ? "--attn-sparsity"
         : job.auto_policy != mine.auto_policy ? "--policy"
         : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
         : !job.auto_policy && job.ngb != mine.ngb ? "--num-gpu-batches" : NULL;

@@ -336,11 +336,12 @@ fg_tier tier_of(const row_split *s, int b); /* the tier of a GPU batch's sequenc
  * shared. */
 typedef struct {
     int gbs, ngb, max_prompt, max_len, stage_len;
+    int page_tokens;            /* tokens per page of the KV cache (kv_pool_shape) */
     int micro;                  /* blocks in flight on this stage */
     row_split cache, act;
     size_t act_row;             /* bytes per token of the activations: hidden x act_elem */
     size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
-    int pool_pages[N_TIERS];    /* the KV cache's pages per tier (kv_pool_pages) */
+    int pool_pages[N_TIERS];    /* the KV cache's pages per tier (kv_pool_shape) */
     double kv_home[N_TIERS];    /* bytes per tier: the pool */
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
@@ -375,7 +376,7 @@ typedef struct {
     opt_workspace own_ws, *ws;
     float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
-    char *kv_home[N_TIERS];   /* [the stage's decoder layers][K, V][pool pages][FG_PAGE_TOKENS] rows of kv_row bytes */
+    char *kv_home[N_TIERS];   /* [the stage's decoder layers][K, V][pool pages][page_tokens] rows of kv_row bytes */
     int max_pages;            /* a slot's page table: the pages of max_len tokens */
     int *page_table;          /* [gbs * ngb][max_pages]: each slot's pages in its tier's pool */
     int *held;                /* [gbs * ngb]: how many pages each slot holds */
@@ -398,8 +399,8 @@ typedef struct {
 } block;
 
 /* The KV cache's pages (kv_pages.c): the pools' sizes for a job, a block's page tables. */
-static inline int kv_pages_for(int tokens) { return (tokens + FG_PAGE_TOKENS - 1) / FG_PAGE_TOKENS; }
-void kv_pool_pages(const block_shape *s, int n, const int *lens, int gen_len, int pages[N_TIERS]);
+static inline int kv_pages_for(int tokens, int page_tokens) { return (tokens + page_tokens - 1) / page_tokens; }
+void kv_pool_shape(block_shape *s, int n, const int *lens, int gen_len);
 int kv_pages_init(block *bl, char *err);
 void kv_pages_free(block *bl);
 void kv_pages_reset(block *bl);

@@ -15,6 +15,7 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
     memset(gb, 0, sizeof *gb);
     gb->batch = batch;
     gb->max_len = max_len;
+    gb->page_tokens = FG_PAGE_TOKENS;
     gb->past = calloc((size_t)batch, sizeof *gb->past);
     gb->pad = calloc((size_t)batch, sizeof *gb->pad);
     gb->tokens = calloc((size_t)batch * max_new, sizeof *gb->tokens);
@@ -129,7 +130,7 @@ void opt_workspace_free(opt_workspace *ws) {
  * tables of a cache of max_len. Here so that the cost model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_prompt, H = cfg->n_heads;
-    size_t mixed = 4 * h > f ? 4 * h : f, pages = (size_t)kv_pages_for(max_len);
+    size_t mixed = 4 * h > f ? 4 * h : f, pages = (size_t)kv_pages_for(max_len, FG_PAGE_TOKENS);
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
                                       2 * H * M * M, 8 * rows, 4 * rows, 8 * rows, 8 * rows,
                                       2 * 4 * rows * pages};

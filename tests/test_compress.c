@@ -457,7 +457,7 @@ static void check_sparse(int q4) {
             else fp16_to_fp32_n((const fp16 *)dst, back, H);
             memcpy((kv ? V : K) + j * HD, back + HD, HD * sizeof(float));
         }
-    opt_kv_rows kr = {kc, NULL, row_bytes, q4, 1, HD, INT32_MAX, NULL, 0}, vr = kr;
+    opt_kv_rows kr = {kc, NULL, 0, row_bytes, q4, 1, HD, INT32_MAX, NULL, 0}, vr = kr;
     vr.rows = vc;
     static const float fractions[] = {0.05f, 0.3f, 0.5f, 0.99f, 1.0f};
     for (int i = 0; i < 5; i++) {

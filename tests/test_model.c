@@ -323,7 +323,7 @@ static void test_batch_init(test_batch *t, const opt_config *c, int batch, int m
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&t->gb, batch, max_len, max_len, err), 0);
     t->x = malloc((size_t)batch * max_len * c->hidden * sizeof(float));
-    size_t paged = (size_t)kv_pages_for(max_len) * FG_PAGE_TOKENS; /* room for the paged layout */
+    size_t paged = (size_t)max_len + FG_PAGE_TOKENS; /* room for the paged layout, pages of up to 16 */
     t->row = opt_kv_row_bytes(c, 1) > opt_kv_row_bytes(c, 0) ? opt_kv_row_bytes(c, 1) : opt_kv_row_bytes(c, 0);
     t->cache = malloc((size_t)c->n_layers * 2 * batch * paged * t->row);
     t->gb.x = t->x;
@@ -341,12 +341,13 @@ static void test_batch_free(test_batch *t) {
 static void run_paged_step(const opt_weights *w, test_batch *t, const int *pages, opt_workspace *ws,
                            float *logits) {
     gpu_batch *gb = &t->gb;
-    size_t rows = (size_t)gb->max_len * t->row, max_pages = (size_t)kv_pages_for(gb->max_len);
+    int page = gb->page_tokens;
+    size_t rows = (size_t)gb->max_len * t->row, max_pages = (size_t)kv_pages_for(gb->max_len, page);
     opt_embed(w, gb, ws);
     for (int l = 0; l < w->cfg.n_layers; l++) {
         for (int b = 0; b < gb->batch; b++)
             for (int kv = 0; kv < 2; kv++) {
-                size_t layer = ((size_t)l * 2 + kv) * gb->batch * max_pages * FG_PAGE_TOKENS * t->row;
+                size_t layer = ((size_t)l * 2 + kv) * gb->batch * max_pages * page * t->row;
                 (kv ? gb->v : gb->k)[b] = t->cache + (pages ? layer : (((size_t)l * 2 + kv) * gb->batch + b) * rows);
                 (kv ? gb->v_pages : gb->k_pages)[b] = pages ? pages + b * max_pages : NULL;
             }
@@ -413,7 +414,7 @@ static void test_kv_cache_equals_recompute(void) {
 /* A cache in pages (vLLM's PagedAttention) is read and written through each sequence's page
  * table: with the pages of a pool handed out in a shuffled order, every step's logits have the
  * same bits as with each sequence's rows in order, past several page boundaries: an fp16 cache
- * (decode's fast path), a 4-bit one, and top-K sparse attention. */
+ * (decode's fast path), a 4-bit one, top-K sparse attention, and pages of 5 tokens. */
 static void test_paged_cache_same_bits(void) {
     reference r;
     load_reference("opt-tiny", fixture("opt-tiny"), &r);
@@ -421,23 +422,24 @@ static void test_paged_cache_same_bits(void) {
     enum { STEPS = 2 * FG_PAGE_TOKENS + 3 };
     int n = r.n, V = r.vocab, max_prompt = 0;
     for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
-    int max_len = max_prompt + STEPS, max_pages = kv_pages_for(max_len), n_pages = n * max_pages;
-    int *pages = malloc((size_t)n_pages * sizeof *pages);
+    int max_len = max_prompt + STEPS, *pages = malloc((size_t)n * kv_pages_for(max_len, 5) * sizeof *pages);
     fg_rng rng;
     rng_seed(&rng, 7);
-    for (int i = 0; i < n_pages; i++) pages[i] = i;
-    for (int i = n_pages - 1; i > 0; i--) { /* Fisher-Yates */
-        int j = (int)(rng_next(&rng) % (uint64_t)(i + 1)), tmp = pages[i];
-        pages[i] = pages[j], pages[j] = tmp;
-    }
     char err[FG_ERR_LEN];
     opt_workspace ws;
     CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
     float *in_order = malloc((size_t)n * V * sizeof(float)), *paged = malloc((size_t)n * V * sizeof(float));
-    for (int variant = 0; variant < 3; variant++) { /* fp16; 4-bit; sparse */
+    for (int variant = 0; variant < 4; variant++) { /* fp16; 4-bit; sparse; pages of 5 */
         test_batch a, b;
         test_batch_init(&a, &w->cfg, n, max_len);
         test_batch_init(&b, &w->cfg, n, max_len);
+        b.gb.page_tokens = variant == 3 ? 5 : FG_PAGE_TOKENS;
+        int n_pages = n * kv_pages_for(max_len, b.gb.page_tokens);
+        for (int i = 0; i < n_pages; i++) pages[i] = i;
+        for (int i = n_pages - 1; i > 0; i--) { /* Fisher-Yates */
+            int j = (int)(rng_next(&rng) % (uint64_t)(i + 1)), tmp = pages[i];
+            pages[i] = pages[j], pages[j] = tmp;
+        }
         a.gb.kv_q4 = b.gb.kv_q4 = variant == 1;
         a.gb.attn_sparsity = b.gb.attn_sparsity = variant == 2 ? 0.5f : 1;
         setup_prefill(&a.gb, r.prompts, r.lens, n);
@@ -453,7 +455,7 @@ static void test_paged_cache_same_bits(void) {
                 a.gb.tokens[s] = b.gb.tokens[s] = best;
             }
         }
-        EXPECT(differ < 0, "variant %d (fp16, 4-bit, sparse): step %d's logits differ between the cache "
+        EXPECT(differ < 0, "variant %d (fp16, 4-bit, sparse, pages of 5): step %d's logits differ between the cache "
                "in shuffled pages and in order", variant, differ);
         test_batch_free(&a);
         test_batch_free(&b);

@@ -460,6 +460,9 @@ static void test_failures(void) {
     expect_job_fails("flags the stages must share",
                      (const char *const *[]){NULL, NULL, (const char *[]){"--gen-len", "3", NULL}}, 3, NULL,
                      "flexgen: rank 2 (stage 3 of 3): ", "--gen-len");
+    expect_job_fails("a 4-bit cache on one stage only",
+                     (const char *const *[]){NULL, (const char *[]){"--compress-cache", NULL}}, 2, NULL,
+                     "flexgen: rank 1 (stage 2 of 2): ", "--compress-cache");
     expect_job_fails("more stages than layers", NULL, 4, NULL, "flexgen: rank ", "too few for 4 pipeline stages");
     expect_job_fails("an unknown flag on one stage", (const char *const *[]){(const char *[]){"--nonsense", NULL}, NULL},
                      2, NULL, "flexgen: rank 0 (stage 1 of 2): ", "--nonsense");

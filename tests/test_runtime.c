@@ -232,7 +232,7 @@ static void test_plan_fits_exactly(void) {
     for (int i = 0; i < l.n_tensors; i++)
         if (l.tensors[i].tied_to < 0) weights += 2.0 * l.tensors[i].count;
     opt_layout_free(&l);
-    double h = c.hidden, pages = kv_pages_for(LEN) * FG_PAGE_TOKENS; /* a sequence's cache: whole pages */
+    double h = c.hidden, pages = LEN; /* a sequence's cache: one page, as long as the longest sequence */
     double kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * pages;
     double act = 4 * h * NGB * GBS * PROMPT, staging = 2 * 4 * h * GBS * PROMPT;
     double work = (double)opt_workspace_bytes(&c, GBS * PROMPT, PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
@@ -341,16 +341,43 @@ static double least_gpu_mem(const opt_config *c, int n, const int *lens, int lon
 
 /* The plan counts the KV cache in pages of the prompts it is given, not as the longest prompt
  * for every sequence: prompts of 2, 30, 2 and 2 tokens with 3 generated hold 1, 3, 1 and 1 pages
- * of 16 tokens of each layer's K and V, against 3 each for four prompts of 30, so the least
- * --gpu-mem that fits is 6 such pages less. */
+ * of 16 tokens of each layer's K and V (96 rows). Four prompts of 30 would hold 3 pages each,
+ * 192 rows, so their pages are a sequence long: 4 of 33 rows. The least --gpu-mem that fits
+ * differs by the 36 rows between. */
 static void test_plan_counts_pages(void) {
     static const opt_config c = {"pages", 2, 64, 4, 256, 300, 64, 64, 1};
     const int lens[4] = {2, 30, 2, 2};
     double real = least_gpu_mem(&c, 4, lens, 30, 3), worst = least_gpu_mem(&c, 4, NULL, 30, 3);
-    double page = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * FG_PAGE_TOKENS;
-    EXPECT(worst - real == 6 * page, "least --gpu-mem: %.0f bytes for the prompts' pages, %.0f for the "
-           "longest's: expected a difference of 6 pages (%.0f bytes), got %.0f", real, worst, 6 * page,
+    double row = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers;
+    EXPECT(worst - real == 36 * row, "least --gpu-mem: %.0f bytes for the prompts' pages, %.0f for the "
+           "longest's: expected a difference of 36 rows (%.0f bytes), got %.0f", real, worst, 36 * row,
            worst - real);
+}
+
+/* The page size, counted by hand for a block of 8 slots, 2 on the gpu tier and 6 on cpu, 3
+ * tokens generated, each pool at least one longest sequence: pages of 16 tokens unless they make
+ * a tier's pool larger than pages of a whole sequence (33 tokens, or 5 where every prompt is 2). */
+static void test_page_size(void) {
+    static const struct {
+        int lens[8], page_tokens, gpu_pages, cpu_pages;
+        const char *why;
+    } cases[] = {
+        {{30, 30, 2, 2, 2, 2, 2, 2}, 33, 2, 6, "gpu: 2 x 3 pages of 16 hold 96 rows, 2 of 33 hold 66"},
+        {{2, 2, 30, 2, 2, 2, 2, 2}, 16, 3, 8, "gpu: one longest, 48 rows against 66; cpu: 128 against 198"},
+        {{2, 2, 2, 2, 2, 2, 2, 2}, 5, 2, 6, "every sequence fits a page of 5 rows"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int longest = 0;
+        for (int b = 0; b < 8; b++) longest = cases[i].lens[b] > longest ? cases[i].lens[b] : longest;
+        block_shape s = {.gbs = 8, .ngb = 1, .max_prompt = longest, .max_len = longest + 3,
+                         .cache = {{2, 6, 0}}};
+        kv_pool_shape(&s, 8, cases[i].lens, 3);
+        EXPECT(s.page_tokens == cases[i].page_tokens && s.pool_pages[TIER_GPU] == cases[i].gpu_pages &&
+               s.pool_pages[TIER_CPU] == cases[i].cpu_pages && s.pool_pages[TIER_DISK] == 0,
+               "case %zu (%s): expected pages of %d tokens, %d on gpu and %d on cpu; got %d, %d, %d, %d on disk",
+               i, cases[i].why, cases[i].page_tokens, cases[i].gpu_pages, cases[i].cpu_pages, s.page_tokens,
+               s.pool_pages[TIER_GPU], s.pool_pages[TIER_CPU], s.pool_pages[TIER_DISK]);
+    }
 }
 
 /* The CUDA workspace's prefill scores (fp32) and probabilities (fp16) hold one sequence's
@@ -364,10 +391,10 @@ static void test_cuda_sizes(void) {
     EXPECT(parts[2] == 4 * H * PROMPT * PROMPT && parts[3] == 2 * H * PROMPT * PROMPT,
            "prefill scores and probabilities: expected %zu and %zu bytes, got %zu and %zu",
            4 * H * PROMPT * PROMPT, 2 * H * PROMPT * PROMPT, parts[2], parts[3]);
-    size_t tables = ((size_t)2 * 4 * ROWS * kv_pages_for(LEN) + 63) & ~(size_t)63; /* K's and V's page tables */
+    size_t tables = ((size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS) + 63) & ~(size_t)63; /* K's and V's */
     EXPECT(parts[8] == tables, "page tables: expected %zu bytes, got %zu", tables, parts[8]);
     CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[8],
-                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - (((size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1) + 63) & ~(size_t)63));
+                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - (((size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1, FG_PAGE_TOKENS) + 63) & ~(size_t)63));
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;
@@ -586,7 +613,7 @@ static int refill_run(const fixture_prompts *f, fg_policy p, int refill, result 
     for (int i = 0; i < f->n && refill && r->rc == 0; i++) {
         int made = 0;
         while (made < GEN && r->tokens[i * GEN + made++] != OPT_EOS_ID) {}
-        tokens += f->lens[i] + made - 1, rows += (int64_t)kv_pages_for(f->lens[i] + made - 1) * FG_PAGE_TOKENS;
+        tokens += f->lens[i] + made - 1, rows += (int64_t)kv_pages_for(f->lens[i] + made - 1, t.page_tokens) * t.page_tokens;
     }
     EXPECT(!refill || r->rc || (t.cache_tokens == tokens && t.cache_rows == rows), "refilled: each sequence's "
            "cache at its end: expected %lld tokens in %lld rows of pages, got %lld in %lld", (long long)tokens,
@@ -819,6 +846,7 @@ void add_runtime_tests(void) {
     CU_add_test(s, "rows split over the tiers by rounding each share", test_split_rows_round);
     CU_add_test(s, "the plan check accepts a capacity equal to the need", test_plan_fits_exactly);
     CU_add_test(s, "the plan counts the pages of the prompts' lengths", test_plan_counts_pages);
+    CU_add_test(s, "pages of 16 tokens unless a tier's pool grows", test_page_size);
     CU_add_test(s, "the memory model counts what the plan check counts with the CUDA backend's sizes",
                 test_memory_model_cuda_sizes);
     CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
