@@ -1541,9 +1541,6 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     }
 }
 
-/* Slot s holds a sequence that has not ended (by </s> with --stop-at-eos, or by --gen-len). */
-static int slot_running(const block *bl, int s, int gen_len) { return bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len; }
-
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
     int running = 0;
     for (int s = 0; s < bl->count; s++) {
@@ -1570,18 +1567,9 @@ static void tokens_back(gen_run *g, block *bl, int i) {
 /* Slot s's sequence is done with its cache: the timing counts its pages and tokens, and the pages
  * go back to the pool. */
 static void end_sequence(gen_run *g, block *bl, int s) {
-    g->timing->cache_rows += (int64_t)bl->held[s] * bl->s.page_tokens, g->timing->page_tokens = bl->s.page_tokens;
+    g->timing->cache_rows += (int64_t)bl->held[s] * bl->s.page_tokens;
     g->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
     kv_pages_give_back(bl, s);
-}
-
-/* The pages each tier can still promise a new sequence: those free, less what the running ones
- * may yet take (each up to its prompt + gen_len). */
-static void promisable_pages(const gen_run *g, const block *bl, int promise[N_TIERS]) {
-    for (int t = 0; t < N_TIERS; t++) promise[t] = bl->n_free[t];
-    for (int s = 0; s < bl->count; s++)
-        if (slot_running(bl, s, g->opt->gen_len))
-            promise[slot_tier(bl, s)] -= kv_pages_for(g->lens[bl->prompt[s]] + g->opt->gen_len, bl->s.page_tokens) - bl->held[s];
 }
 
 /* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
@@ -1592,7 +1580,7 @@ static void refill_slots(gen_run *g, block *bl, int i) {
     int gen_len = g->opt->gen_len, gbs = bl->s.gbs, promise[N_TIERS];
     for (int s = 0; s < bl->count; s++)
         if (!slot_running(bl, s, gen_len)) end_sequence(g, bl, s);
-    promisable_pages(g, bl, promise);
+    kv_pages_promisable(bl, g->lens, gen_len, promise);
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
         int running = 0, free_slots = 0, longest = 1, steps_left = 0, fits = 1, left[N_TIERS];
@@ -1671,6 +1659,7 @@ static void run_round(gen_run *g) {
     block_schedule(g);
     for (int t = 0; t < g->P; t++)
         for (int s = 0; s < g->blocks[t].count; s++) end_sequence(g, &g->blocks[t], s);
+    g->timing->page_tokens = g->blocks[0].s.page_tokens;
     if (is_first_stage(m)) {
         g->timing->prefill_latency += g->t_prefill - t0;
         g->timing->decode_latency += now_seconds() - g->t_prefill;

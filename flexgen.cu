@@ -467,7 +467,8 @@ static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
 static void host_page_table(cuda_ws *d, const gpu_batch *gb, int kv, int b) {
     const int *pages = kv ? gb->v_pages[b] : gb->k_pages[b];
     int *to = d->host_pages + ((size_t)kv * gb->batch + b) * d->max_pages;
-    for (int i = 0; i < kv_pages_for(gb->max_len, gb->page_tokens); i++) to[i] = pages ? pages[i] : i;
+    int n = kv_pages_for(gb->max_len, gb->page_tokens);
+    for (int i = 0; i < n; i++) to[i] = pages ? pages[i] : i;
 }
 
 /* Uploads the rows' layout and each sequence's cache pointers and page tables: device memory, or

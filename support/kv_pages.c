@@ -74,7 +74,7 @@ fg_tier slot_tier(const block *bl, int slot) { return tier_of(&bl->s.cache, slot
 const int *slot_pages(const block *bl, int slot) { return bl->page_table + (size_t)slot * bl->max_pages; }
 
 /* Slot `slot` holds pages for `tokens` tokens, taking what it lacks from its tier's pool. The
- * refill's admission (pages_owed) keeps the pool from running dry; that it did is a bug. */
+ * refill's admission (kv_pages_promisable) keeps the pool from running dry; that it did is a bug. */
 void kv_pages_grow(block *bl, int slot, int tokens) {
     fg_tier t = slot_tier(bl, slot);
     int *table = bl->page_table + (size_t)slot * bl->max_pages;
@@ -93,4 +93,13 @@ void kv_pages_give_back(block *bl, int slot) {
     fg_tier t = slot_tier(bl, slot);
     const int *table = slot_pages(bl, slot);
     while (bl->held[slot] > 0) bl->free_pages[t][bl->n_free[t]++] = table[--bl->held[slot]];
+}
+
+/* The pages each tier can still promise a new sequence (a refill's admission): those free, less
+ * what the running ones may yet take, each up to its prompt (of lens) + gen_len. */
+void kv_pages_promisable(const block *bl, const int *lens, int gen_len, int promise[N_TIERS]) {
+    for (int t = 0; t < N_TIERS; t++) promise[t] = bl->n_free[t];
+    for (int s = 0; s < bl->count; s++)
+        if (slot_running(bl, s, gen_len))
+            promise[slot_tier(bl, s)] -= kv_pages_for(lens[bl->prompt[s]] + gen_len, bl->s.page_tokens) - bl->held[s];
 }

@@ -408,6 +408,11 @@ fg_tier slot_tier(const block *bl, int slot);
 const int *slot_pages(const block *bl, int slot);
 void kv_pages_grow(block *bl, int slot, int tokens);
 void kv_pages_give_back(block *bl, int slot);
+void kv_pages_promisable(const block *bl, const int *lens, int gen_len, int promise[N_TIERS]);
+/* Slot s holds a sequence that has not ended (by </s> with --stop-at-eos, or by --gen-len). */
+static inline int slot_running(const block *bl, int s, int gen_len) {
+    return bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len;
+}
 
 /* Bytes of GPU batch k's activations this step, all of its sequences'. */
 size_t batch_act_bytes(const block *bl, int k);
