@@ -40,20 +40,26 @@ SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_fp
            profile.c jobs.c stage.c kv_pages.c cli.c)
 SRC := $(PAPER) $(SUPPORT)
 CUDA_OBJ :=
+TEST_CUDA_OBJ :=
 
 # CUDA: cuBLAS is the only GPU library. Code for T4 (sm_75), A100 (sm_80), RTX 30/40 (sm_86,
-# sm_89), H100 (sm_90), and PTX for newer GPUs.
+# sm_89), H100 (sm_90), and PTX of sm_90 for newer GPUs. The emulated build (below) gets the same list.
+CUDA_SM := 75 80 86 89 90
+comma := ,
+empty :=
+CUDA_ARCH_LIST := $(subst $(empty) $(empty),$(comma),$(CUDA_SM:%=%0))
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_LDLIBS :=
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCHS := -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
-              -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 \
-              -gencode arch=compute_90,code=[sm_90,compute_90]
+CUDA_ARCHS := $(foreach a,$(CUDA_SM),-gencode arch=compute_$(a),code=sm_$(a)) \
+              -gencode arch=compute_$(lastword $(CUDA_SM)),code=compute_$(lastword $(CUDA_SM))
 NVCCFLAGS ?= -O2
 NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 CUDA_OBJ := build/flexgen_cu.o
+TEST_CUDA_OBJ := build/test_kernels.o
 CFLAGS += -DFLEXGEN_CUDA
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
 # MPI (pipeline parallelism, §4.4): pipeline.c talks MPI where mpicc is found (MPICC=); the
 # whole program then links Open MPI's libraries. Without it every run is one process.
@@ -65,31 +71,93 @@ endif
 HDR := flexgen.h support/support.h support/tools.h
 TEST_SRC := $(wildcard tests/*.c)
 
-.PHONY: all test test-san test-gpu fuzz bench clean print-cflags
+.PHONY: all test test-san test-gpu fuzz bench clean print-cflags emu
 
 all: flexgen
 
 flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS)
 
 build/flexgen_cu.o: flexgen.cu $(HDR)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -c -o $@ flexgen.cu
 
-build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
+# The kernel tests include flexgen.cu, so the test binary links them in its place.
+build/test_kernels.o: tests/test_kernels.cu flexgen.cu $(HDR) tests/tests.h
 	@mkdir -p build
-	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(CUDA_OBJ) $(LDLIBS) $(TEST_LIBS)
+	$(NVCC) $(NVCCFLAGS) -I$(BLAS_INC) -c -o $@ tests/test_kernels.cu
 
-test: flexgen build/test_flexgen
-	FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)")
+build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(TEST_CUDA_OBJ)
+	@mkdir -p build
+	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(TEST_CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
+
+# The emulated GPU (tests/cuda_emu, docs/GPU.md): flexgen.cu and the kernel tests compiled by g++
+# against the harness's cuda_runtime.h, cuda_fp16.h and cublas_v2.h, on every machine, nvcc or
+# not. One step rewrites each launch `k<<<grid, block, shared, stream>>>(` into a macro call and
+# `extern __shared__ T x[];` into the block's dynamic shared memory; #line keeps flexgen.cu's lines.
+# build-emu/test_flexgen runs the suites gpu, kernels and emu; ./flexgen-emu is ./flexgen on the
+# emulated GPU (`make emu`; EMU_OPT=-O0 for stepping through kernels in gdb).
+EMU := tests/cuda_emu
+EMU_HDR := $(EMU)/cuda_runtime.h $(EMU)/cuda_fp16.h $(EMU)/cublas_v2.h $(EMU)/cuda_emu.h
+EMU_SED := sed -e 's/\b\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/CUDA_EMU_LAUNCH(\1, \2)(/' \
+               -e 's/extern __shared__ \([A-Za-z_0-9]*\) \([A-Za-z_0-9]*\)\[\];/\1 *\2 = (\1 *)cuda_emu::dynamic_shared();/'
+EMU_OPT ?= -O2
+EMU_CXXFLAGS = -std=c++17 $(EMU_OPT) -g -Wall -Wextra $(WERROR) -ffp-contract=off -I$(EMU) -I. -I$(BLAS_INC) \
+               $(if $(PREFIX),$(DEPS_CFLAGS)) -D__CUDA_ARCH_LIST__=$(CUDA_ARCH_LIST) -DFLEXGEN_CUDA_EMU
+EMU_CFLAGS = $(filter-out -DFLEXGEN_CUDA,$(CFLAGS)) -DFLEXGEN_CUDA -DFLEXGEN_CUDA_EMU
+EMU_LDLIBS := $(LDLIBS) -lstdc++
+
+build-emu/%.cu: %.cu
+	@mkdir -p $(dir $@)
+	(echo '#line 1 "$<"'; $(EMU_SED) $<) > $@
+
+define emu_build # $(1): the build directory, $(2): extra flags (the sanitizers)
+$(1)/emu.o: $(EMU)/emu.cpp $(EMU_HDR)
+	@mkdir -p $(1)
+	$(CXX) $(EMU_CXXFLAGS) $(2) -c -o $$@ $$<
+$(1)/flexgen_cu.o: build-emu/flexgen.cu $(EMU_HDR) $(HDR)
+	@mkdir -p $(1)
+	$(CXX) $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
+$(1)/test_kernels.o: build-emu/tests/test_kernels.cu build-emu/flexgen.cu $(EMU_HDR) $(HDR) tests/tests.h
+	@mkdir -p $(1)
+	$(CXX) -Ibuild-emu $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
+$(1)/test_emu.o: build-emu/tests/cuda_emu/test_emu.cu $(EMU_HDR) tests/tests.h
+	@mkdir -p $(1)
+	$(CXX) $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
+$(1)/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o
+	$(CC) $(EMU_CFLAGS) $(2) -DFLEXGEN_NO_MAIN -o $$@ $(SRC) $(TEST_SRC) $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o \
+	      $(EMU_LDLIBS) $(TEST_LIBS)
+endef
+$(eval $(call emu_build,build-emu,))
+$(eval $(call emu_build,build-san-emu,$(SAN)))
+
+flexgen-emu: $(SRC) $(HDR) build-emu/flexgen_cu.o build-emu/emu.o
+	$(CC) $(EMU_CFLAGS) -g -o $@ $(SRC) build-emu/flexgen_cu.o build-emu/emu.o $(EMU_LDLIBS)
+build-san-emu/flexgen: $(SRC) $(HDR) build-san-emu/flexgen_cu.o build-san-emu/emu.o
+	$(CC) $(EMU_CFLAGS) $(SAN) -o $@ $(SRC) build-san-emu/flexgen_cu.o build-san-emu/emu.o $(EMU_LDLIBS)
+
+emu: flexgen-emu
+
+# `make test` runs the native suites (the GPU ones on a GPU, or skipping), then the emulated GPU's.
+# SUITE=name runs one where it is: gpu and kernels in both binaries, emu in the emulated one.
+EMU_SUITES := gpu kernels emu
+# OpenMP's idle threads spin for a while by default; beside kernels that run on one thread, on
+# two cores, that spinning made the emulated suites ten times slower.
+EMU_ENV := GOMP_SPINCOUNT=1000
+run_native = $(if $(SUITE),$(filter-out emu,$(SUITE)),all)
+run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
+
+test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen
+	$(if $(run_native),FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 
 build-san/flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
 	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS)
 
-build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(CUDA_OBJ)
+build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(TEST_CUDA_OBJ)
 	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(CUDA_OBJ) $(LDLIBS) $(TEST_LIBS)
+	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(TEST_CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
 
 # test-san's options, harmless without a GPU. protect_shadow_gap=0: the CUDA driver maps memory
 # inside ASan's shadow gap, and with the gap protected cuInit fails and the GPU suite skips.
@@ -100,8 +168,9 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
            LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-cuda.supp \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-test-san: build-san/flexgen build-san/test_flexgen
-	FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)")
+test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen
+	$(if $(run_native),FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)
@@ -141,4 +210,4 @@ print-cflags:
 	@echo $(CFLAGS)
 
 clean:
-	rm -rf flexgen build build-san build-fuzz
+	rm -rf flexgen flexgen-emu build build-san build-fuzz build-emu build-san-emu

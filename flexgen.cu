@@ -295,6 +295,8 @@ typedef struct {
     void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
     int *pages, max_pages; /* [K, V][rows][max_pages]: their page tables (in order where staged) */
     int *host_pages;    /* the same, host */
+    size_t rows;        /* token rows the workspace holds */
+    int *grown_pages;   /* pages' own allocation once a run's pages outnumber the workspace's part */
     char *on_device;    /* [rows], host: the same, as flags */
     void **host_kv;     /* [2][rows], host: what k and v get */
     opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
@@ -330,6 +332,7 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->scores = (float *)parts[2], d->probs = (__half *)parts[3];
     d->pad = (int *)parts[4], d->past = d->pad + rows, d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
     d->pages = (int *)parts[8];
+    d->rows = rows;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -347,6 +350,7 @@ static void cuda_workspace_free(opt_workspace *ws) {
     cuda_ws *d = (cuda_ws *)ws->device;
     if (d) {
         cuda_free(d->block);
+        cuda_free(d->grown_pages);
         free_host_rows(d);
         free(d->on_device);
         free(d->host_kv);
@@ -462,6 +466,21 @@ static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
     wait_stream();
 }
 
+/* Room for page tables of the run's page size. The workspace's part holds tables of 16-token
+ * pages, the smallest the runtime makes (support/kv_pages.c); smaller pages, as a test may give,
+ * get tables of their own, outside the plan's count (4 bytes a page). */
+static void page_tables_ready(cuda_ws *d, const gpu_batch *gb) {
+    int need = kv_pages_for(gb->max_len, gb->page_tokens);
+    if (need <= d->max_pages) return;
+    size_t bytes = 2 * d->rows * (size_t)need * sizeof(int);
+    cuda_free(d->grown_pages);
+    free(d->host_pages);
+    d->grown_pages = d->pages = (int *)cuda_alloc(bytes);
+    d->host_pages = (int *)malloc(bytes);
+    if (!d->pages || !d->host_pages) cuda_fail("page tables", __LINE__, "out of memory");
+    d->max_pages = need;
+}
+
 /* Sequence b's page table of K (kv 0) or V (kv 1) into the host copy: its pages, or the rows in
  * order. */
 static void host_page_table(cuda_ws *d, const gpu_batch *gb, int kv, int b) {
@@ -478,6 +497,7 @@ static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
     cudaStream_t s = ctx()->stream;
     int on_device = 0, B = gb->batch;
     void **k = d->host_kv, **v = k + B;
+    page_tables_ready(d, gb);
     for (int b = 0; b < B; b++) {
         d->on_device[b] = memory_type(gb->k[b]) == cudaMemoryTypeDevice && memory_type(gb->v[b]) == cudaMemoryTypeDevice;
         k[b] = d->on_device[b] ? gb->k[b] : NULL;
@@ -835,6 +855,24 @@ static const fg_backend cuda_backend = {
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static char probe_error[FG_ERR_LEN];
 
+/* Whether this build has code the GPU runs (its own architecture's, or PTX of an older one that the
+ * driver compiles); if not, `why` names the GPU's compute capability and the ones built. A GTX 10xx
+ * (6.1) or a V100 (7.0) gets this line rather than a failed first kernel. */
+static int has_code_for_device(char *why, size_t n) {
+    cudaFuncAttributes attr;
+    cudaDeviceProp prop;
+    if (cudaFuncGetAttributes(&attr, dequant_kernel) != cudaErrorNoKernelImageForDevice) return 1;
+    cudaGetLastError();
+    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) prop.major = prop.minor = 0, prop.name[0] = 0;
+    static const int built[] = {__CUDA_ARCH_LIST__};
+    char list[128] = "";
+    for (size_t i = 0; i < sizeof built / sizeof *built; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d.%d", i ? ", " : "", built[i] / 100, built[i] / 10 % 10);
+    snprintf(why, n, "GPU %d (%s) has compute capability %d.%d; this build has code for %s and newer", device_index,
+             prop.name, prop.major, prop.minor, list);
+    return 0;
+}
+
 static void probe(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -857,6 +895,7 @@ static void probe(void) {
     device_index = local ? atoi(local) % n : 0;
     if (cudaSetDevice(device_index) != cudaSuccess)
         snprintf(probe_error, sizeof probe_error, "cannot use GPU %d", device_index);
+    else if (!has_code_for_device(probe_error, sizeof probe_error)) {}
     else if (pthread_key_create(&ctx_key, ctx_destroy) != 0)
         snprintf(probe_error, sizeof probe_error, "cannot create a thread key");
     const char *sync = getenv("FLEXGEN_CUDA_SYNC");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what `make` and `make test` need on Debian 12 (or Ubuntu), as root or through sudo:
-# gcc and make, OpenBLAS's OpenMP build, cJSON, CUnit and GLPK (the tests' reference for the
+# gcc, g++ (the emulated GPU, tests/cuda_emu) and make, OpenBLAS's OpenMP build, cJSON, CUnit and GLPK (the tests' reference for the
 # simplex), Open MPI (pipeline stages; without it the build leaves them out), and clang with
 # its libFuzzer and sanitizer runtimes and omp.h (`make fuzz`, tests/fuzz/). The CUDA
 # toolkit is not installed here: where nvcc is found, `make` builds the CUDA backend as well.
@@ -10,6 +10,6 @@ sudo=
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends \
-    gcc make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev \
+    gcc g++ make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev \
     openmpi-bin libopenmpi-dev clang libclang-rt-14-dev libomp-14-dev >/dev/null
 echo "setup: the build's packages are installed"

@@ -171,6 +171,11 @@ int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const f
 
 int main(int argc, char **argv) {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+#ifdef FLEXGEN_CUDA_EMU /* the emulated GPU's binary: its suites alone (the others run natively) */
+    add_emu_tests();
+    add_kernel_tests();
+    add_cuda_tests();
+#else
     add_tokenizer_tests();
     add_model_tests();
     add_checkpoint_tests();
@@ -183,7 +188,11 @@ int main(int argc, char **argv) {
     add_cost_tests();
     add_policy_tests();
     add_cuda_tests();
+#ifdef FLEXGEN_CUDA
+    add_kernel_tests();
+#endif
     add_pipeline_tests();
+#endif
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_pSuite only = argc > 1 ? CU_get_suite(argv[1]) : NULL; /* one suite, by its name */
     if (argc > 1 && !only) {

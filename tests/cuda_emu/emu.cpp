@@ -1,0 +1,1213 @@
+/* tests/cuda_emu/emu.cpp: a CPU execution harness for flexgen.cu (docs/GPU.md, "The emulated
+ * GPU"). It is test infrastructure, not a backend: it runs the same flexgen.cu that nvcc builds,
+ * compiled by g++ against the headers beside this file, so that every kernel and CUDA call runs
+ * in `make test` on a machine without a GPU. What it holds the code to:
+ *
+ *   kernels     each block's threads run as fibers on one host thread: __syncthreads
+ *               is a barrier of the block, a warp shuffle a meeting of its 32 lanes, and between
+ *               barriers the threads (and the grid's blocks) run in a chosen order: forward,
+ *               reversed or shuffled (cuda_emu_set_order), so a race on shared memory changes
+ *               the result; dynamic shared memory starts as NaN bytes
+ *   memory      each cudaMalloc is its own mapping, 256-byte aligned, ending at a guard page;
+ *               its pages are closed to the host: a host access faults and is reported with the
+ *               allocation; a kernel or copy opens them (on its first touch) and they close
+ *               again when the host resumes; new device memory is NaN bytes; the bytes between
+ *               an allocation's end and the guard are checked after every kernel
+ *   arguments   a kernel's pointer arguments must be device (or pinned) memory; a copy's
+ *               direction must match the kinds of its pointers, and its bytes lie inside their
+ *               allocations; cudaMemGetInfo reports a device of a size a test sets
+ *   streams     work on a stream runs in order, events order streams, and nothing on a stream
+ *               runs before the host must wait for it: cudaStreamSynchronize,
+ *               cudaEventSynchronize, a copy to pageable host memory, cudaFree, cudaFreeHost,
+ *               cudaDeviceSynchronize; a copy from pageable memory reads it when it is issued
+ *   cuBLAS      cublasGemmEx and cublasGemmStridedBatchedEx check their arguments and run in
+ *               fp32 through OpenBLAS on the handle's stream
+ *
+ * One host thread runs device work at a time (a device lock), so the device is a GPU with one
+ * multiprocessor; what this cannot show is in docs/GPU.md.
+ */
+#define _GNU_SOURCE 1
+#include "cublas_v2.h"
+#include "cuda_fp16.h"
+#include "cuda_runtime.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+
+/* ============================================================================================
+ * Settings, errors, statistics
+ * ============================================================================================ */
+
+static struct {
+    int order = CUDA_EMU_FORWARD;
+    unsigned seed = 1;
+    size_t device_bytes = (size_t)8 << 30;
+    int major = 8, minor = 6, devices = 1;
+} settings;
+static cuda_emu_stats stats;
+static std::once_flag settings_once;
+
+static size_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    double unit = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0
+                : *end == 'G' || *end == 'g' ? 1073741824.0 : 1.0;
+    return (size_t)(v * unit);
+}
+
+static void parse_order(const char *s) {
+    if (!strcmp(s, "forward")) settings.order = CUDA_EMU_FORWARD;
+    else if (!strcmp(s, "reverse")) settings.order = CUDA_EMU_REVERSE;
+    else if (!strncmp(s, "shuffle", 7)) {
+        settings.order = CUDA_EMU_SHUFFLE;
+        if (s[7] == ':') settings.seed = (unsigned)strtoul(s + 8, NULL, 10);
+    } else fprintf(stderr, "cuda-emu: FLEXGEN_EMU_ORDER=%s: expected forward, reverse or shuffle[:SEED]\n", s);
+}
+
+static void read_environment() {
+    const char *v;
+    if ((v = getenv("FLEXGEN_EMU_ORDER"))) parse_order(v);
+    if ((v = getenv("FLEXGEN_EMU_MEMORY"))) settings.device_bytes = parse_size(v);
+    if ((v = getenv("FLEXGEN_EMU_CC"))) sscanf(v, "%d.%d", &settings.major, &settings.minor);
+    if ((v = getenv("FLEXGEN_EMU_DEVICES"))) settings.devices = atoi(v);
+}
+static void install_fault_handler();
+static void settings_ready() {
+    std::call_once(settings_once, [] {
+        read_environment();
+        install_fault_handler();
+    });
+}
+
+extern "C" void cuda_emu_set_order(int order, unsigned seed) {
+    settings_ready();
+    settings.order = order, settings.seed = seed;
+}
+extern "C" const char *cuda_emu_order_name(void) {
+    static char name[32];
+    settings_ready();
+    if (settings.order == CUDA_EMU_SHUFFLE) snprintf(name, sizeof name, "shuffle:%u", settings.seed);
+    else snprintf(name, sizeof name, "%s", settings.order == CUDA_EMU_REVERSE ? "reverse" : "forward");
+    return name;
+}
+extern "C" void cuda_emu_set_device_memory(size_t bytes) { settings_ready(); settings.device_bytes = bytes; }
+extern "C" void cuda_emu_set_capability(int major, int minor) {
+    settings_ready();
+    settings.major = major, settings.minor = minor;
+}
+extern "C" void cuda_emu_get_stats(cuda_emu_stats *s) { *s = stats; }
+
+/* A misuse that a GPU would turn into a fault or undefined results: reported, then abort(). */
+[[noreturn]] static void fatal(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda-emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+/* An API error: reported on stderr (the return code alone rarely says which argument), returned,
+ * and kept for cudaGetLastError as CUDA keeps a launch's. */
+static thread_local cudaError_t last_error = cudaSuccess;
+static cudaError_t api_error(cudaError_t e, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda-emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    last_error = e;
+    return e;
+}
+
+/* ============================================================================================
+ * Memory: device allocations closed to the host, pinned host memory
+ * ============================================================================================ */
+
+enum memory_kind { DEVICE, PINNED };
+struct allocation {
+    char *begin;            /* what the program got */
+    size_t bytes;
+    memory_kind kind;
+    char *map;              /* device: the mapping, data pages then one guard page */
+    size_t data_bytes;      /* device: the data pages */
+    long id;                /* the n-th allocation of the process */
+    bool open;              /* device: its pages are readable and writable now */
+};
+enum { ALIGN = 256, SLACK_BYTE = 0xa5 };
+
+static std::mutex alloc_mutex;
+static std::map<uintptr_t, allocation *> allocations; /* by begin */
+static size_t device_used;
+static long next_id = 1;
+static size_t page_size() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
+
+/* The allocation that p points into (its guard page included for device memory), or NULL.
+ * Callers hold alloc_mutex. */
+static allocation *find_locked(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocations.upper_bound(a);
+    if (it == allocations.begin()) return NULL;
+    allocation *al = (--it)->second;
+    uintptr_t end = al->kind == DEVICE ? (uintptr_t)al->map + al->data_bytes + page_size()
+                                       : (uintptr_t)al->begin + al->bytes;
+    uintptr_t start = al->kind == DEVICE ? (uintptr_t)al->map : (uintptr_t)al->begin;
+    return a >= start && a < end ? al : NULL;
+}
+/* The same, only where p is inside [begin, begin + bytes]; its end counts (a pointer one past). */
+static allocation *find(const void *p) {
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    allocation *al = find_locked(p);
+    if (al && ((const char *)p < al->begin || (const char *)p > al->begin + al->bytes)) return NULL;
+    return al;
+}
+
+static void protect(allocation *al, int prot) {
+    if (mprotect(al->map, al->data_bytes, prot)) fatal("mprotect: %s", strerror(errno));
+    al->open = prot != PROT_NONE;
+}
+
+/* Device allocations opened to the device work now running; closed when the host resumes. */
+static std::vector<allocation *> opened;
+static void open_allocation(allocation *al) {
+    if (al->open) return;
+    protect(al, PROT_READ | PROT_WRITE);
+    opened.push_back(al);
+    stats.opened++;
+}
+static void close_opened() {
+    for (allocation *al : opened)
+        if (al->open) protect(al, PROT_NONE);
+    opened.clear();
+}
+
+/* The bytes between an allocation's end and its guard page still hold SLACK_BYTE. */
+static void check_slack(const allocation *al, const char *after) {
+    for (const char *p = al->begin + al->bytes; p < al->map + al->data_bytes; p++)
+        if ((unsigned char)*p != SLACK_BYTE)
+            fatal("%s wrote %td bytes past the end of device allocation #%ld (%zu bytes)", after,
+                  p - (al->begin + al->bytes) + 1, al->id, al->bytes);
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    settings_ready();
+    *p = NULL;
+    if (bytes == 0) return cudaSuccess;
+    size_t rounded = (bytes + ALIGN - 1) / ALIGN * ALIGN, pg = page_size();
+    size_t data = (rounded + pg - 1) / pg * pg;
+    {
+        std::lock_guard<std::mutex> lock(alloc_mutex);
+        if (device_used + rounded > settings.device_bytes)
+            return api_error(cudaErrorMemoryAllocation, "cudaMalloc(%zu bytes): out of memory on the device "
+                             "(%zu of %zu bytes in use)", bytes, device_used, settings.device_bytes);
+        device_used += rounded;
+    }
+    char *map = (char *)mmap(NULL, data + pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) return api_error(cudaErrorMemoryAllocation, "cudaMalloc(%zu bytes): mmap failed", bytes);
+    allocation *al = new allocation{map + data - rounded, bytes, DEVICE, map, data, 0, false};
+    protect(al, PROT_READ | PROT_WRITE);
+    memset(al->begin, 0xff, bytes); /* NaN in fp16 and fp32, -1 in integers */
+    memset(al->begin + bytes, SLACK_BYTE, (size_t)(map + data - al->begin) - bytes);
+    protect(al, PROT_NONE);
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    al->id = next_id++;
+    allocations[(uintptr_t)al->begin] = al;
+    *p = al->begin;
+    return cudaSuccess;
+}
+
+static void drain_all();
+static std::recursive_mutex device_mutex; /* the device lock: see "Streams and events" */
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::recursive_mutex> device(device_mutex);
+    drain_all(); /* cudaFree waits for the device */
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    auto it = allocations.find((uintptr_t)p);
+    if (it == allocations.end() || it->second->kind != DEVICE)
+        return api_error(cudaErrorInvalidValue, "cudaFree(%p): not the start of a device allocation", p);
+    allocation *al = it->second;
+    protect(al, PROT_READ);
+    check_slack(al, "a kernel");
+    munmap(al->map, al->data_bytes + page_size());
+    device_used -= (al->bytes + ALIGN - 1) / ALIGN * ALIGN;
+    allocations.erase(it);
+    delete al;
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    (void)flags;
+    settings_ready();
+    *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096 + (bytes == 0 ? 4096 : 0));
+    if (!*p) return api_error(cudaErrorMemoryAllocation, "cudaHostAlloc(%zu bytes): out of host memory", bytes);
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    allocations[(uintptr_t)*p] = new allocation{(char *)*p, bytes, PINNED, NULL, 0, next_id++, true};
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    drain_all();
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    auto it = allocations.find((uintptr_t)p);
+    if (it == allocations.end() || it->second->kind != PINNED)
+        return api_error(cudaErrorInvalidValue, "cudaFreeHost(%p): not the start of pinned host memory", p);
+    free(p);
+    delete it->second;
+    allocations.erase(it);
+    return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
+    allocation *al = find(p);
+    memset(a, 0, sizeof *a);
+    a->type = !al ? cudaMemoryTypeUnregistered : al->kind == DEVICE ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+    a->device = al ? 0 : -2;
+    if (al) a->devicePointer = (void *)p, a->hostPointer = al->kind == PINNED ? (void *)p : NULL;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    settings_ready();
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    *total = settings.device_bytes;
+    *free_bytes = settings.device_bytes - device_used;
+    return cudaSuccess;
+}
+
+/* ---- Faults: a host access to device memory, or a kernel past an allocation's end ---- */
+
+static thread_local int device_mode;                 /* this thread runs device work now */
+static thread_local const cuda_emu::launch_config *running_kernel;
+static struct sigaction previous_segv, previous_bus;
+
+static void describe_thread(char *out, size_t n) {
+    if (running_kernel)
+        snprintf(out, n, "kernel %s (flexgen.cu launch at %s:%d), block (%u,%u,%u) thread (%u,%u,%u)",
+                 running_kernel->name, running_kernel->file, running_kernel->line, blockIdx.x, blockIdx.y,
+                 blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    else snprintf(out, n, "a copy or cuBLAS call");
+}
+
+static void on_fault(int sig, siginfo_t *info, void *context) {
+    (void)context;
+    char *addr = (char *)info->si_addr;
+    allocation *al;
+    { /* never held by this thread: no code that holds it touches closed pages */
+        std::lock_guard<std::mutex> lock(alloc_mutex);
+        al = find_locked(addr);
+    }
+    if (al && al->kind == DEVICE) {
+        bool guard = addr >= al->map + al->data_bytes;
+        char who[256];
+        describe_thread(who, sizeof who);
+        if (device_mode && !guard) {
+            open_allocation(al);
+            return; /* the access runs again, now allowed */
+        }
+        if (guard)
+            fatal("%s accessed byte %td past the end of device allocation #%ld (%zu bytes)",
+                  device_mode ? who : "host code", addr - (al->begin + al->bytes), al->id, al->bytes);
+        fatal("host code touched device memory: byte %td of device allocation #%ld (%zu bytes); the host "
+              "must copy it with cudaMemcpy", addr - al->begin, al->id, al->bytes);
+    }
+    /* not ours: the previous handler (the default ends the process; ASan reports) */
+    sigaction(sig, sig == SIGSEGV ? &previous_segv : &previous_bus, NULL);
+}
+
+static void install_fault_handler() {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+    sigaction(SIGBUS, &sa, &previous_bus);
+}
+
+/* ============================================================================================
+ * Streams and events: queued work that runs when the host waits
+ * ============================================================================================ */
+
+struct stream_state;
+struct dependency { stream_state *stream; uint64_t upto; };
+struct operation {
+    std::function<void()> run;
+    std::vector<dependency> after; /* work on other streams that must run first */
+};
+struct stream_state {
+    std::deque<operation> queue;
+    uint64_t queued = 0, done = 0; /* operations ever queued, and run */
+    bool blocking;                 /* orders with the legacy stream (not cudaStreamNonBlocking) */
+};
+struct event_state {
+    stream_state *stream = NULL;   /* NULL: never recorded, or its stream is gone */
+    uint64_t upto = 0;
+};
+
+/* device_mutex, the device lock: queues are changed and work runs under it. Recursive: a
+ * waiting thread runs another stream's work first. */
+static stream_state legacy{{}, 0, 0, true};
+static std::vector<stream_state *> streams; /* created ones; the legacy stream is not listed */
+static std::vector<event_state *> events;
+
+static stream_state *stream_of(cudaStream_t s) { return s ? (stream_state *)s : &legacy; }
+static bool stream_exists(cudaStream_t s) {
+    return !s || std::find(streams.begin(), streams.end(), (stream_state *)s) != streams.end();
+}
+
+/* Queues op on s with the legacy stream's implicit ordering; returns its sequence number. */
+static uint64_t enqueue(stream_state *s, operation op) {
+    if (s == &legacy) {
+        for (stream_state *t : streams)
+            if (t->blocking) op.after.push_back({t, t->queued});
+    } else if (s->blocking) op.after.push_back({&legacy, legacy.queued});
+    s->queue.push_back(std::move(op));
+    return ++s->queued;
+}
+
+static void run_until(stream_state *s, uint64_t upto);
+
+static void run_next(stream_state *s) {
+    operation op = std::move(s->queue.front());
+    s->queue.pop_front();
+    for (const dependency &d : op.after) run_until(d.stream, d.upto);
+    device_mode++;
+    op.run();
+    device_mode--;
+    s->done++;
+}
+
+/* Runs s's work up to operation `upto`, and what it waits for on other streams. */
+static void run_until(stream_state *s, uint64_t upto) {
+    while (s->done < upto) run_next(s);
+}
+
+/* The host waits here: the device work that must be done by now runs, then the host resumes and
+ * device memory closes to it again. */
+template <typename F> static void host_waits(F &&run) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    stats.host_waits++;
+    run();
+    if (!device_mode) close_opened();
+}
+
+static void drain_all() {
+    host_waits([] {
+        run_until(&legacy, legacy.queued);
+        for (size_t i = 0; i < streams.size(); i++) run_until(streams[i], streams[i]->queued);
+    });
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    settings_ready();
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    stream_state *st = new stream_state;
+    st->blocking = !(flags & cudaStreamNonBlocking);
+    streams.push_back(st);
+    *s = (cudaStream_t)st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: no such stream");
+    stream_state *st = (stream_state *)s;
+    host_waits([st] { run_until(st, st->queued); }); /* its work still completes */
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    streams.erase(std::find(streams.begin(), streams.end(), st));
+    for (stream_state *t : streams) /* what waited on it is done */
+        for (operation &op : t->queue)
+            op.after.erase(std::remove_if(op.after.begin(), op.after.end(),
+                                          [st](const dependency &d) { return d.stream == st; }), op.after.end());
+    for (event_state *e : events)
+        if (e->stream == st) e->stream = NULL;
+    delete st;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (!stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: no such stream");
+    stream_state *st = stream_of(s);
+    host_waits([st] { run_until(st, st->queued); });
+    return cudaSuccess;
+}
+/* A query is a wait too: the harness has no other moment to run the work. */
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+cudaError_t cudaDeviceSynchronize(void) { drain_all(); return cudaSuccess; }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    (void)flags;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    event_state *ev = new event_state;
+    events.push_back(ev);
+    *e = (cudaEvent_t)ev;
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
+static event_state *event_of(cudaEvent_t e) {
+    auto it = std::find(events.begin(), events.end(), (event_state *)e);
+    return it == events.end() ? NULL : *it;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    event_state *ev = event_of(e);
+    if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventDestroy: no such event");
+    events.erase(std::find(events.begin(), events.end(), ev));
+    delete ev;
+    return cudaSuccess;
+}
+
+/* The event stands for all work queued on s so far. */
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    event_state *ev = event_of(e);
+    if (!ev || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: no such %s", ev ? "stream" : "event");
+    ev->stream = stream_of(s), ev->upto = ev->stream->queued;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    std::unique_lock<std::recursive_mutex> lock(device_mutex);
+    event_state *ev = event_of(e);
+    if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no such event");
+    if (!ev->stream) return cudaSuccess; /* never recorded: nothing to wait for */
+    stream_state *st = ev->stream;
+    uint64_t upto = ev->upto;
+    host_waits([st, upto] { run_until(st, upto); });
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    (void)start, (void)end;
+    *ms = 0; /* the harness keeps no device time */
+    return cudaSuccess;
+}
+
+/* Later work on s waits for what e stands for now. */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    (void)flags;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    event_state *ev = event_of(e);
+    if (!ev || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: no such %s", ev ? "stream" : "event");
+    if (ev->stream) enqueue(stream_of(s), operation{[] {}, {{ev->stream, ev->upto}}});
+    return cudaSuccess;
+}
+
+/* ============================================================================================
+ * Copies
+ * ============================================================================================ */
+
+/* What kind of memory [p, p + bytes) is: device, pinned, or pageable host memory (-1: it starts
+ * in an allocation and runs past its end). */
+enum { PAGEABLE = 2, STRADDLES = -1 };
+static int memory_of(const void *p, size_t bytes) {
+    allocation *al = find(p);
+    if (!al) return PAGEABLE;
+    if ((const char *)p + bytes > al->begin + al->bytes) return STRADDLES;
+    return al->kind;
+}
+static const char *const kind_names[] = {"device memory", "pinned host memory", "pageable host memory"};
+
+/* Checks a copy of `bytes` (rows of `width` at pitches for 2D) against kcopy's direction; on
+ * success *dst_kind and *src_kind are the kinds. */
+static cudaError_t check_copy(const char *call, void *dst, size_t dst_extent, const void *src, size_t src_extent,
+                              cudaMemcpyKind kind, int *dst_kind, int *src_kind) {
+    *dst_kind = memory_of(dst, dst_extent), *src_kind = memory_of(src, src_extent);
+    if (*dst_kind == STRADDLES || *src_kind == STRADDLES)
+        return api_error(cudaErrorInvalidValue, "%s: the %s runs past the end of its allocation", call,
+                         *dst_kind == STRADDLES ? "destination" : "source");
+    bool dst_dev = *dst_kind == DEVICE, src_dev = *src_kind == DEVICE;
+    bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dst_dev && !src_dev) ||
+              (kind == cudaMemcpyDeviceToHost && !dst_dev && src_dev) ||
+              (kind == cudaMemcpyDeviceToDevice && dst_dev && src_dev) ||
+              (kind == cudaMemcpyHostToHost && !dst_dev && !src_dev);
+    static const char *const names[] = {"HostToHost", "HostToDevice", "DeviceToHost", "DeviceToDevice", "Default"};
+    if (!ok)
+        return api_error(cudaErrorInvalidMemcpyDirection, "%s: cudaMemcpy%s from %s to %s", call, names[kind],
+                         kind_names[*src_kind], kind_names[*dst_kind]);
+    return cudaSuccess;
+}
+
+/* Rows of `width` bytes; one row for a plain copy. A pageable source is read now (CUDA stages
+ * it before returning); a pageable destination is a wait of the host for the copy. */
+static cudaError_t copy_rows(const char *call, void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+    if (width == 0 || height == 0) return cudaSuccess;
+    if (dpitch < width || spitch < width)
+        return api_error(cudaErrorInvalidPitchValue, "%s: a pitch is smaller than the row's %zu bytes", call, width);
+    if (!stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "%s: no such stream", call);
+    int dk, sk;
+    cudaError_t e = check_copy(call, dst, dpitch * (height - 1) + width, src, spitch * (height - 1) + width, kind, &dk, &sk);
+    if (e) return e;
+    std::shared_ptr<std::vector<char>> staged;
+    if (sk == PAGEABLE) {
+        staged = std::make_shared<std::vector<char>>(width * height);
+        for (size_t r = 0; r < height; r++) memcpy(staged->data() + r * width, (const char *)src + r * spitch, width);
+        src = staged->data(), spitch = width;
+    }
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    stream_state *st = stream_of(s);
+    uint64_t at = enqueue(st, operation{[dst, dpitch, src, spitch, width, height, staged] {
+        for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+        stats.copies++;
+    }, {}});
+    if (dk == PAGEABLE) host_waits([st, at] { run_until(st, at); });
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    return copy_rows("cudaMemcpyAsync", dst, bytes, src, bytes, bytes, 1, kind, s);
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                              size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+    return copy_rows("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, kind, s);
+}
+/* The synchronous copy: on the legacy stream, and the host waits for it. */
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    cudaError_t e = copy_rows("cudaMemcpy", dst, bytes, src, bytes, bytes, 1, kind, 0);
+    if (!e) host_waits([] { run_until(&legacy, legacy.queued); });
+    return e;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
+    if (bytes == 0) return cudaSuccess;
+    if (memory_of(p, bytes) != DEVICE)
+        return api_error(cudaErrorInvalidValue, "cudaMemsetAsync(%p, %zu bytes): not inside one device allocation", p, bytes);
+    if (!stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: no such stream");
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    enqueue(stream_of(s), operation{[=] { memset(p, value, bytes); }, {}});
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    cudaError_t e = cudaMemsetAsync(p, value, bytes, 0);
+    if (!e) host_waits([] { run_until(&legacy, legacy.queued); });
+    return e;
+}
+
+/* ============================================================================================
+ * Kernels: blocks of fibers
+ * ============================================================================================ */
+
+/* A fiber's saved context, and the switch between two. On x86-64 a switch saves and restores the
+ * callee-saved registers and the FP control words (a few nanoseconds); elsewhere it is ucontext's
+ * swapcontext, which also makes a system call for the signal mask. */
+#if defined(__x86_64__)
+struct context { void *sp; };
+extern "C" void cuda_emu_switch(void **save_sp, void *sp);
+extern "C" void cuda_emu_fiber_start(void);
+asm(".text\n"
+    ".globl cuda_emu_switch\n.type cuda_emu_switch,@function\n"
+    "cuda_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
+    ".size cuda_emu_switch, .-cuda_emu_switch\n"
+    ".globl cuda_emu_fiber_start\n.type cuda_emu_fiber_start,@function\n"
+    "cuda_emu_fiber_start:\n  .cfi_startproc\n  .cfi_undefined rip\n  call *%r13\n  ud2\n  .cfi_endproc\n"
+    ".size cuda_emu_fiber_start, .-cuda_emu_fiber_start\n");
+static void switch_context(context *from, context *to) { cuda_emu_switch(&from->sp, to->sp); }
+/* A context that starts entry() on the stack [stack, stack + bytes): the registers' slots as
+ * cuda_emu_switch pops them, entry in r13, then cuda_emu_fiber_start as the return address. */
+static void make_context(context *c, char *stack, size_t bytes, void (*entry)()) {
+    uint64_t *top = (uint64_t *)((uintptr_t)(stack + bytes) & ~(uintptr_t)15), *sp = top - 10;
+    uint32_t controls[2];
+    asm volatile("stmxcsr %0\n fnstcw %1" : "=m"(controls[0]), "=m"(controls[1]));
+    memset(sp, 0, 10 * sizeof *sp);
+    memcpy(sp, controls, 8);
+    sp[3] = (uint64_t)(uintptr_t)entry;                /* r13: after the FP words, r15, r14 */
+    sp[7] = (uint64_t)(uintptr_t)cuda_emu_fiber_start; /* the return address of the first switch */
+    c->sp = sp;
+}
+#else
+struct context { ucontext_t uc; };
+static void switch_context(context *from, context *to) { swapcontext(&from->uc, &to->uc); }
+static void make_context(context *c, char *stack, size_t bytes, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
+
+enum thread_state { RUNNABLE, AT_BARRIER, AT_SHUFFLE, AT_WARP_BARRIER, EXITED };
+struct fiber {
+    context saved;
+    char *stack;
+    thread_state state;
+    uint3 index;
+    unsigned lane_mask;           /* the lanes the shuffle or warp barrier names */
+    uint64_t shuffle_in, shuffle_out;
+    int shuffle_from;             /* the lane this one reads */
+    void *asan_fake_stack;
+};
+enum { STACK_BYTES = 128 << 10, MAX_THREADS = 1024 };
+
+/* The block now running (one at a time: the device lock), its fibers and the scheduler's context. */
+static struct {
+    std::vector<fiber> fibers;
+    int n;                         /* threads in the block */
+    context scheduler;
+    fiber *current;
+    const std::function<void()> *body;
+    std::vector<char> shared;      /* dynamic shared memory */
+    const void *scheduler_stack;   /* for ASan's fiber switches */
+    size_t scheduler_stack_bytes;
+    void *scheduler_fake_stack;
+} block;
+
+static void fiber_stacks_ready(int n) {
+    for (size_t i = block.fibers.size(); i < (size_t)n; i++) {
+        fiber f;
+        memset(&f, 0, sizeof f);
+        f.stack = (char *)mmap(NULL, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (f.stack == MAP_FAILED) fatal("cannot map a thread's stack");
+        mprotect(f.stack, page_size(), PROT_NONE); /* a guard below the stack */
+        block.fibers.push_back(f);
+    }
+}
+
+/* Back to the scheduler; `exiting`: this fiber never resumes. */
+static void to_scheduler(fiber *f, bool exiting) {
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(exiting ? NULL : &f->asan_fake_stack, block.scheduler_stack, block.scheduler_stack_bytes);
+#endif
+    switch_context(&f->saved, &block.scheduler);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(f->asan_fake_stack, NULL, NULL);
+#else
+    (void)exiting;
+#endif
+}
+
+static void fiber_main() {
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &block.scheduler_stack, &block.scheduler_stack_bytes);
+#endif
+    (*block.body)();
+    block.current->state = EXITED;
+    to_scheduler(block.current, true);
+}
+
+static void run_fiber(fiber *f) {
+    block.current = f;
+    threadIdx = f->index;
+    stats.switches++;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(&block.scheduler_fake_stack, f->stack, STACK_BYTES);
+#endif
+    switch_context(&block.scheduler, &f->saved);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(block.scheduler_fake_stack, NULL, NULL);
+#endif
+}
+
+static fiber *this_thread(const char *call) {
+    if (!block.current || !device_mode) fatal("%s called outside a kernel", call);
+    return block.current;
+}
+
+void __syncthreads(void) {
+    fiber *f = this_thread("__syncthreads");
+    f->state = AT_BARRIER;
+    to_scheduler(f, false);
+}
+
+static int lane_of(const fiber *f) { return (int)(f - block.fibers.data()) % 32; }
+
+uint64_t cuda_emu::shuffle(unsigned mask, uint64_t bits, shuffle_kind kind, int arg, int width) {
+    fiber *f = this_thread("__shfl_*_sync");
+    int lane = lane_of(f), base = lane & ~(width - 1), from = lane;
+    if (kind == SHFL_IDX) from = base + (arg & (width - 1));
+    else if (kind == SHFL_UP) from = lane - arg >= base ? lane - arg : lane;
+    else if (kind == SHFL_DOWN) from = lane + arg < base + width ? lane + arg : lane;
+    else from = ((lane ^ arg) & ~(width - 1)) == base ? lane ^ arg : lane;
+    if (!(mask >> lane & 1)) fatal("a warp shuffle in a lane (%d) its mask %#x leaves out", lane, mask);
+    f->lane_mask = mask, f->shuffle_in = bits, f->shuffle_from = from;
+    f->state = AT_SHUFFLE;
+    to_scheduler(f, false);
+    return f->shuffle_out;
+}
+
+void __syncwarp(unsigned mask) {
+    fiber *f = this_thread("__syncwarp");
+    f->lane_mask = mask;
+    f->state = AT_WARP_BARRIER;
+    to_scheduler(f, false);
+}
+
+void *cuda_emu::dynamic_shared(void) {
+    this_thread("extern __shared__");
+    return block.shared.data();
+}
+
+/* Lets each warp whose named lanes all wait at one shuffle (or warp barrier) go on. Returns
+ * whether any did. A lane it names that exited, or that waits elsewhere, is a kernel bug. */
+static bool release_warps(const char *kernel) {
+    bool released = false;
+    for (int w = 0; w * 32 < block.n; w++) {
+        fiber *lanes = &block.fibers[(size_t)w * 32];
+        int n = std::min(32, block.n - w * 32), first = -1;
+        for (int l = 0; l < n && first < 0; l++)
+            if (lanes[l].state == AT_SHUFFLE || lanes[l].state == AT_WARP_BARRIER) first = l;
+        if (first < 0) continue;
+        unsigned mask = lanes[first].lane_mask;
+        thread_state kind = lanes[first].state;
+        bool all_there = true;
+        for (int l = 0; l < 32; l++) {
+            if (!(mask >> l & 1)) continue;
+            if (l >= n) fatal("kernel %s: a warp shuffle's mask %#x names lane %d of warp %d, past the block's %d threads", kernel, mask, l, w, block.n);
+            if (lanes[l].state == EXITED) fatal("kernel %s: lane %d of warp %d exited before the warp shuffle or __syncwarp its mask %#x names it in", kernel, l, w, mask);
+            if (lanes[l].state != kind || lanes[l].lane_mask != mask) all_there = false;
+        }
+        if (!all_there) continue;
+        for (int l = 0; l < 32; l++) {
+            if (!(mask >> l & 1)) continue;
+            if (kind == AT_SHUFFLE) {
+                int from = lanes[l].shuffle_from;
+                if (!(mask >> from & 1)) fatal("kernel %s: lane %d reads lane %d, which its shuffle's mask %#x leaves out", kernel, l, from, mask);
+                lanes[l].shuffle_out = lanes[from].shuffle_in;
+            }
+            lanes[l].state = RUNNABLE;
+        }
+        released = true;
+    }
+    return released;
+}
+
+/* The order of n threads (or blocks) for one round: forward, reversed, or shuffled. */
+static void order_of(std::vector<int> &order, int n, uint64_t salt) {
+    order.resize((size_t)n);
+    for (int i = 0; i < n; i++) order[(size_t)i] = settings.order == CUDA_EMU_REVERSE ? n - 1 - i : i;
+    if (settings.order == CUDA_EMU_SHUFFLE) {
+        std::mt19937_64 rng(settings.seed * 0x9e3779b97f4a7c15ull + salt);
+        std::shuffle(order.begin(), order.end(), rng);
+    }
+}
+
+/* One block: every thread runs until it waits or exits, in the round's order; then the waits
+ * that are complete end (warp shuffles, then the block's barrier), until every thread exits. */
+static void run_block(const cuda_emu::launch_config &c, const std::function<void()> &body, uint64_t block_number) {
+    if (block.fibers.empty()) block.fibers.reserve(MAX_THREADS);
+    block.n = (int)(c.block.x * c.block.y * c.block.z);
+    fiber_stacks_ready(block.n);
+    block.body = &body;
+    block.shared.assign(c.shared, (char)0xff); /* NaN until written */
+    for (int i = 0; i < block.n; i++) {
+        fiber &f = block.fibers[(size_t)i];
+        make_context(&f.saved, f.stack, STACK_BYTES, fiber_main);
+        f.state = RUNNABLE;
+        f.index = uint3{(unsigned)i % c.block.x, (unsigned)i / c.block.x % c.block.y, (unsigned)i / (c.block.x * c.block.y)};
+    }
+    std::vector<int> order;
+    for (uint64_t round = 0;; round++) {
+        order_of(order, block.n, block_number * 1000003u + round);
+        for (int i : order)
+            if (block.fibers[(size_t)i].state == RUNNABLE) run_fiber(&block.fibers[(size_t)i]);
+        int exited = 0, at_barrier = 0;
+        for (int i = 0; i < block.n; i++) {
+            exited += block.fibers[(size_t)i].state == EXITED;
+            at_barrier += block.fibers[(size_t)i].state == AT_BARRIER;
+        }
+        if (exited == block.n) break;
+        if (release_warps(c.name)) continue;
+        if (at_barrier + exited < block.n)
+            fatal("kernel %s, block (%u,%u,%u): threads wait at different barriers and shuffles (a deadlock on a GPU)",
+                  c.name, blockIdx.x, blockIdx.y, blockIdx.z);
+        for (int i = 0; i < block.n; i++) /* threads that exited count as arrived, as on the GPU */
+            if (block.fibers[(size_t)i].state == AT_BARRIER) block.fibers[(size_t)i].state = RUNNABLE;
+    }
+    block.current = NULL;
+    stats.blocks++;
+    stats.threads += block.n;
+}
+
+/* The grid: its blocks in the chosen order, then the allocations it touched are checked past
+ * their ends. */
+static void run_grid(const cuda_emu::launch_config &c, const std::function<void()> &body) {
+    unsigned nb = c.grid.x * c.grid.y * c.grid.z;
+    std::vector<int> order;
+    order_of(order, (int)nb, 0x5eed);
+    running_kernel = &c;
+    gridDim = c.grid, blockDim = c.block;
+    for (int i : order) {
+        unsigned b = (unsigned)i;
+        blockIdx = uint3{b % c.grid.x, b / c.grid.x % c.grid.y, b / (c.grid.x * c.grid.y)};
+        run_block(c, body, b);
+    }
+    running_kernel = NULL;
+    char who[300];
+    snprintf(who, sizeof who, "kernel %s (launched at %s:%d)", c.name, c.file, c.line);
+    for (allocation *al : opened) check_slack(al, who);
+    stats.kernels++;
+}
+
+static int has_code_for_device() {
+    static const int built[] = {__CUDA_ARCH_LIST__};
+    int cc = settings.major * 10 + settings.minor, newest = 0;
+    for (int a : built) {
+        a /= 10;
+        newest = std::max(newest, a);
+        if (a / 10 == settings.major && a <= cc) return 1; /* the architecture's own code */
+    }
+    return cc >= newest; /* PTX of the newest, compiled for later GPUs */
+}
+
+int cuda_emu::check_pointer_argument(const launch_config &c, int index, const void *p) {
+    if (!p) return 0;
+    allocation *al = find(p);
+    if (al) return 0; /* device memory, or pinned host memory the GPU maps */
+    api_error(cudaErrorInvalidValue, "kernel %s (%s:%d): argument %d, %p, is pageable host memory, which a GPU "
+              "cannot read", c.name, c.file, c.line, index + 1, p);
+    return 1;
+}
+
+void cuda_emu::enqueue_kernel(const launch_config &c, std::function<void()> body) {
+    settings_ready();
+    unsigned long threads = (unsigned long)c.block.x * c.block.y * c.block.z;
+    if (!has_code_for_device()) {
+        api_error(cudaErrorNoKernelImageForDevice, "kernel %s: no code for compute capability %d.%d in this build",
+                  c.name, settings.major, settings.minor);
+        return;
+    }
+    if (threads == 0 || threads > MAX_THREADS || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
+        c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.shared > 48 * 1024) {
+        api_error(cudaErrorInvalidConfiguration, "kernel %s (%s:%d): grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
+                  "shared memory: not a launch a GPU takes", c.name, c.file, c.line, c.grid.x, c.grid.y, c.grid.z,
+                  c.block.x, c.block.y, c.block.z, c.shared);
+        return;
+    }
+    if (!stream_exists(c.stream)) {
+        api_error(cudaErrorInvalidResourceHandle, "kernel %s: no such stream", c.name);
+        return;
+    }
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    enqueue(stream_of(c.stream), operation{[c, body] { run_grid(c, body); }, {}});
+}
+
+/* ============================================================================================
+ * Devices and errors
+ * ============================================================================================ */
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    settings_ready();
+    *n = 0;
+    if (settings.devices <= 0) return cudaErrorNoDevice;
+    *n = settings.devices;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+    settings_ready();
+    return device >= 0 && device < settings.devices ? cudaSuccess : api_error(cudaErrorInvalidDevice, "cudaSetDevice(%d): no such device", device);
+}
+cudaError_t cudaGetDevice(int *device) { *device = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
+    settings_ready();
+    if (device < 0 || device >= settings.devices) return api_error(cudaErrorInvalidDevice, "cudaGetDeviceProperties(%d): no such device", device);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "emulated GPU (tests/cuda_emu)");
+    p->totalGlobalMem = settings.device_bytes;
+    p->major = settings.major, p->minor = settings.minor;
+    p->multiProcessorCount = 1, p->warpSize = 32, p->maxThreadsPerBlock = MAX_THREADS;
+    p->sharedMemPerBlock = 48 * 1024;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    if (e) return e;
+    *value = attr == cudaDevAttrComputeCapabilityMajor ? p.major : attr == cudaDevAttrComputeCapabilityMinor ? p.minor
+           : attr == cudaDevAttrMultiProcessorCount ? p.multiProcessorCount : p.maxThreadsPerBlock;
+    return cudaSuccess;
+}
+cudaError_t cuda_emu_func_attributes(cudaFuncAttributes *a) {
+    settings_ready();
+    memset(a, 0, sizeof *a);
+    if (!has_code_for_device()) return cudaErrorNoKernelImageForDevice;
+    a->maxThreadsPerBlock = MAX_THREADS;
+    a->ptxVersion = a->binaryVersion = settings.major * 10 + settings.minor;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    default: return "cudaErrorUnknown";
+    }
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    default: return "unknown error";
+    }
+}
+
+/* ============================================================================================
+ * cuBLAS: checked as documented, computed in fp32 through OpenBLAS on the handle's stream
+ * ============================================================================================ */
+
+struct cublasContext { cudaStream_t stream; };
+static std::vector<cublasContext *> handles;
+
+static bool handle_exists(cublasHandle_t h) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    return h && std::find(handles.begin(), handles.end(), h) != handles.end();
+}
+
+cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    *h = new cublasContext{0};
+    handles.push_back(*h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+    if (!handle_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    drain_all();
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    handles.erase(std::find(handles.begin(), handles.end(), h));
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    if (!handle_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    if (!stream_exists(s)) {
+        api_error(cudaErrorInvalidResourceHandle, "cublasSetStream: no such stream");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t *s) {
+    if (!handle_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    *s = h->stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
+    (void)mode;
+    return handle_exists(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+const char *cublasGetStatusName(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    }
+}
+const char *cublasGetStatusString(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an unsupported value or parameter was passed to the function";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    default: return "an internal operation failed";
+    }
+}
+
+/* One matrix operand: rows x cols, column-major at leading dimension ld, `batches` of them
+ * `stride` elements apart. */
+struct matrix {
+    const char *name;
+    void *data;
+    cudaDataType type;
+    int rows, cols, ld;
+    long long stride;
+};
+static size_t type_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+static float element(const matrix &m, size_t i) {
+    if (m.type == CUDA_R_32F) return ((const float *)m.data)[i];
+    unsigned short b = ((const unsigned short *)m.data)[i];
+    if (m.type == CUDA_R_16F) return cuda_emu_half_to_float(b);
+    uint32_t x = (uint32_t)b << 16; /* bf16 */
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static void set_element(const matrix &m, size_t i, float v) {
+    if (m.type == CUDA_R_32F) ((float *)m.data)[i] = v;
+    else if (m.type == CUDA_R_16F) ((unsigned short *)m.data)[i] = cuda_emu_float_to_half(v);
+    else fatal("bf16 outputs are not emulated");
+}
+/* Elements the operand spans, over all its batches. */
+static size_t extent(const matrix &m, int batches) {
+    if (m.rows == 0 || m.cols == 0 || batches == 0) return 0;
+    return (size_t)m.ld * (m.cols - 1) + m.rows + (size_t)(batches - 1) * (size_t)m.stride;
+}
+
+static cublasStatus_t invalid(const char *call, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda-emu: %s: ", call);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* The documented checks of cublasGemmEx (and its batched form), then the harness's own: each
+ * operand is device memory and lies inside its allocation. */
+static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                 int m, int n, int k, const matrix &A, const matrix &B, const matrix &C,
+                                 cublasComputeType_t compute, int batches) {
+    if (!handle_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!stream_exists(h->stream)) return invalid(call, "the handle's stream was destroyed");
+    if (m < 0 || n < 0 || k < 0 || batches < 0) return invalid(call, "m %d, n %d, k %d, batches %d", m, n, k, batches);
+    if (ta > CUBLAS_OP_C || tb > CUBLAS_OP_C) return invalid(call, "an operation that is not N, T or C");
+    if (A.ld < std::max(1, A.rows)) return invalid(call, "lda %d < %d (%s of op(A))", A.ld, std::max(1, A.rows), ta == CUBLAS_OP_N ? "m, rows" : "k, rows");
+    if (B.ld < std::max(1, B.rows)) return invalid(call, "ldb %d < %d (%s of op(B))", B.ld, std::max(1, B.rows), tb == CUBLAS_OP_N ? "k, rows" : "n, rows");
+    if (C.ld < std::max(1, C.rows)) return invalid(call, "ldc %d < %d (m)", C.ld, std::max(1, C.rows));
+    bool half_in = A.type == CUDA_R_16F && B.type == CUDA_R_16F, bf_in = A.type == CUDA_R_16BF && B.type == CUDA_R_16BF;
+    bool ok = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_FAST_16F
+                  ? (half_in && (C.type == CUDA_R_16F || C.type == CUDA_R_32F)) ||
+                        (bf_in && (C.type == CUDA_R_16BF || C.type == CUDA_R_32F)) ||
+                        (A.type == CUDA_R_32F && B.type == CUDA_R_32F && C.type == CUDA_R_32F)
+                  : compute == CUBLAS_COMPUTE_16F && half_in && C.type == CUDA_R_16F;
+    if (!ok) {
+        fprintf(stderr, "cuda-emu: %s: types A %d, B %d, C %d with compute type %d: not a combination cuBLAS supports\n",
+                call, A.type, B.type, C.type, compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    for (const matrix *x : {&A, &B, &C}) {
+        size_t bytes = extent(*x, batches) * type_bytes(x->type);
+        if (bytes && memory_of(x->data, bytes) != DEVICE) {
+            fprintf(stderr, "cuda-emu: %s: %s (%zu bytes from %p) is %s (a GPU would fault)\n", call, x->name, bytes,
+                    x->data, memory_of(x->data, 1) == DEVICE ? "not inside its device allocation" : "not device memory");
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* op(A) op(B) of one batch in fp32 through OpenBLAS, C rounded once to its type. */
+static void gemm_fp32(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, matrix A,
+                      matrix B, float beta, matrix C, int batch) {
+    std::vector<float> a((size_t)A.ld * A.cols), b((size_t)B.ld * B.cols), c((size_t)C.ld * C.cols);
+    auto widen = [batch](const matrix &x, std::vector<float> &out, bool needed) {
+        if (!needed) return;
+        for (int j = 0; j < x.cols; j++)
+            for (int i = 0; i < x.rows; i++) {
+                size_t at = (size_t)j * x.ld + i;
+                out[at] = element(x, (size_t)batch * x.stride + at);
+            }
+    };
+    widen(A, a, true), widen(B, b, true), widen(C, c, beta != 0); /* beta 0: C is not read */
+    if (m && n)
+        cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                    m, n, k, alpha, a.data(), A.ld, b.data(), B.ld, beta, c.data(), C.ld);
+    for (int j = 0; j < C.cols; j++)
+        for (int i = 0; i < C.rows; i++) set_element(C, (size_t)batch * C.stride + (size_t)j * C.ld + i, c[(size_t)j * C.ld + i]);
+    stats.gemms++;
+}
+
+static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const void *alpha, const void *A, cudaDataType at, int lda, long long sa,
+                           const void *B, cudaDataType bt, int ldb, long long sb, const void *beta, void *C,
+                           cudaDataType ct, int ldc, long long sc, int batches, cublasComputeType_t compute) {
+    matrix a{"A", (void *)A, at, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda, sa};
+    matrix b{"B", (void *)B, bt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb, sb};
+    matrix c{"C", C, ct, m, n, ldc, sc};
+    cublasStatus_t s = check_gemm(call, h, ta, tb, m, n, k, a, b, c, compute, batches);
+    if (s) return s;
+    if (!alpha || !beta) return invalid(call, "alpha or beta is NULL");
+    float al = *(const float *)alpha, be = *(const float *)beta; /* the host's values now */
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    enqueue(stream_of(h->stream), operation{[=] {
+        for (int i = 0; i < batches; i++) gemm_fp32(ta, tb, m, n, k, al, a, b, be, c, i);
+    }, {}});
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    (void)algo;
+    return gemm("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1, compute);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                          int n, int k, const void *alpha, const void *A, cudaDataType at,
+                                          int lda, long long sa, const void *B, cudaDataType bt, int ldb,
+                                          long long sb, const void *beta, void *C, cudaDataType ct, int ldc,
+                                          long long sc, int batches, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t algo) {
+    (void)algo;
+    return gemm("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C,
+                ct, ldc, sc, batches, compute);
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
+                           float *C, int ldc) {
+    return gemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, beta, C,
+                CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F);
+}
+
+/* At exit: what the harness itself holds, so that LeakSanitizer sees only the program's. */
+static struct cleanup {
+    ~cleanup() {
+        for (fiber &f : block.fibers) munmap(f.stack, STACK_BYTES);
+        block.fibers.clear();
+    }
+} at_exit;

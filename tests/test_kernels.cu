@@ -1,0 +1,1162 @@
+/* test_kernels.cu: each kernel of flexgen.cu against its CPU reference, one test per kernel (suite
+ * "kernels"), on small shapes that are not multiples of a block or of a 4-bit group of 64:
+ *
+ *   dequant_kernel          quant.c's q4_decompress, rounded to fp16: bit for bit
+ *   store_kv_kernel         each token at its page-table row (kv_page_row): fp16 rows byte for
+ *                           byte, 4-bit rows byte for byte against q4_compress(row, heads,
+ *                           head_dim, 1), the layout of opt_model.c's store_kv, with a group whose
+ *                           levels a fused multiply-add would change; padding rows and delegated
+ *                           sequences (NULL cache pointers) leave the pools as they were
+ *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
+ *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie)
+ *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L); y == x
+ *                           gives the same bits
+ *   linear() + bias_kernel  matmul_reference on the same fp16 values plus the bias, within (B)
+ *   gather_rows_kernel +
+ *   add_positions_kernel    the token's row plus its position's row, added in fp32 and rounded
+ *                           once to fp16, as the CPU computes it here: bit for bit
+ *   prefill_attention +
+ *   prefill_softmax_kernel  causal softmax attention with left padding in double, within (P)
+ *
+ * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
+ * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
+ * outputs must be the same bits every time, since a result that depends on the order in which
+ * threads reach a barrier is a shared-memory race. On a GPU each runs once; without one the suite
+ * says why and skips.
+ *
+ * Bounds. u = 2^-24 is fp32's unit roundoff; a sum of n products formed and added in fp32, in any
+ * order, with or without fused multiply-adds, is within gamma_n = n u / (1 - n u) of the exact
+ * sum times the sum of its terms' magnitudes (Higham, §3.1). cuBLAS's sums take 2u for u, g_n =
+ * 2 n u / (1 - 2 n u): on tensor cores its fp32 additions may truncate instead of rounding (Fasi
+ * et al., "Numerical behavior of NVIDIA tensor cores", 2021). h(x) = max(2^-11 |x|, 2^-25) is at
+ * least half an fp16 ulp at x, the error of one rounding to fp16. "To first order" below leaves
+ * out products of two of these small errors; the checks add 1% of the first-order terms for them.
+ *
+ * (A) Decode attention, device against opt_attend_decode: both read the same fp32 values (fp16
+ *     widened exactly; 4-bit decoded by the same fma), so they differ only by the order of their
+ *     sums, expf and the device's final rounding to fp16. Each side's score s_j = scale q.k_j is
+ *     within scale gamma_hd sum_d |q_d k_jd| + u |s_j| of the exact one, and its subtraction of
+ *     the max adds u (|s_j| + |m|): the two sides' scores differ by at most
+ *         D = max_j 2 scale gamma_hd sum_d |q_d k_jd| + 4 u max_j |s_j|.
+ *     Moving every score by at most D moves each weight p_j = e^(s_j - m) / sum by at most 2 D p_j
+ *     (to first order); expf (2 ulp on the device, 1 on the host: 6 u), the two sums of nk terms
+ *     (2 gamma_nk) and the two divisions (2 u) add at most (2 nk + 8) u p_j: the weights differ by
+ *     eta p_j, eta = 2 D + (2 nk + 8) u. The output sum_kept p_j v_jd then differs by at most
+ *         E_d = (eta + 2 gamma_nk) sum_kept p_j |v_jd|,
+ *     and the device's rounding to fp16 adds h(|out_d| + E_d): one fp16 ulp of the output plus a
+ *     few fp32 ulps of the sums. Top-K: equal weights on both sides give the same kept set; a cut
+ *     between two different weights closer than 2 eta of the larger could go either way, and
+ *     such queries (random data) are counted and left out. Exact ties come from identical keys,
+ *     which give identical weights on each side.
+ * (L) Layer norm, device (fp32) against the exact value y in double on the same fp16 inputs. The
+ *     mean is within dm = gamma_dim sum|x| / dim + u |mean|; each x - mean within dm + u |x - mean|;
+ *     the variance's relative error is gamma_dim + 2 u (the sum of squares; the mean's error
+ *     cancels to first order since sum (x - mean) = 0) and its division by dim, the + 1e-5, the
+ *     sqrt and the reciprocal add 4 u, so 1/sqrt(var + 1e-5) has a relative error of gamma_dim / 2
+ *     + 5 u; the two products add 2 u and the bias u |y|. With t = (x - mean) inv w:
+ *         E = dm inv |w| + |t| (gamma_dim / 2 + 8 u) + u |y|,
+ *     and the device's rounding adds h(|y| + E): within half an fp16 ulp of y, so within one ulp of
+ *     y rounded to fp16, except where t and b cancel and E, fp32's error in t, is the larger part.
+ * (B) linear(): cuBLAS sums the in products (and the residual y0, OUT_ADD) in fp32 and rounds the
+ *     result to fp16; bias_kernel adds b in fp32 and rounds again (then ReLU). Every mode with a
+ *     bias rounds twice, and OUT_ADD's first rounding is of the residual sum y0 + xW, before the
+ *     bias. The reference is matmul_reference (fp32, in order, within gamma_in A of the exact sum)
+ *     plus y0 and b in double; cuBLAS's sum is within g_(in+1) A, A = sum_k |x_k W_kj| (+ |y0|), so
+ *     with g the reference's value before the bias and y after it:
+ *         |device - y| <= (gamma_in + g_(in+1)) A + h(|g| + ...) + u |y| + h(|y| + ...),
+ *     the "..." the terms before it; without a bias, (gamma_in + g_(in+1)) A + h(|g| + ...).
+ * (P) Prefill attention, device against softmax attention in double. cuBLAS's scores (fp32 sums
+ *     of hd fp16 products, times scale) are within D_j = scale g_(hd+1) sum_d |q_d k_jd| + 2 u
+ *     max|s| (with the subtraction of the max); the fp32 softmax's weights within eta p_j, eta = 2 D
+ *     + (nk + 5) u (expf 4 u, the sum gamma_nk, the division u), and they are stored in fp16: each
+ *     probability is within e_j = eta p_j + h(p_j (1 + eta)) of the exact one, which the test
+ *     checks too. P V sums the fp16 probabilities times fp16 values in fp32 and rounds to fp16:
+ *         E_d = sum_j (e_j + g_nk (p_j + e_j)) |v_jd|,   |device - exact| <= E_d + h(|out| + E_d).
+ *     Here the fp16 probabilities dominate: about 2^-11 of sum_j p_j |v_jd|.
+ */
+#include "flexgen.cu"
+
+extern "C" {
+#include "tests/tests.h"
+}
+#ifdef FLEXGEN_CUDA_EMU
+#include "tests/cuda_emu/cuda_emu.h"
+#endif
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ============================================================================================
+ * The suite's tools
+ * ============================================================================================ */
+
+static const double U = 0x1p-24; /* fp32's unit roundoff */
+
+static double gamma_n(int n) { return n * U / (1 - n * U); }
+
+/* cuBLAS's sums: on tensor cores fp32 additions may truncate, 2 u each. */
+static double gamma_blas(int n) { return 2 * n * U / (1 - 2 * n * U); }
+
+/* At least half an fp16 ulp at x (normal or subnormal): the error of one rounding to fp16. */
+static double h16(double x) {
+    x = fabs(x) * 0x1p-11;
+    return x > 0x1p-25 ? x : 0x1p-25;
+}
+
+static float half_value(fp16 h) { return fp16_to_fp32(h); }
+
+/* 1 where a GPU (or the harness) is there; else says once why the suite skips. */
+static int gpu_ready(void) {
+    static int said;
+    char why[FG_ERR_LEN];
+    if (fg_cuda_backend(why)) return 1;
+    if (!said++) printf("\n  kernel suite skipped: %s\n", why);
+    return 0;
+}
+
+template <typename T> static T *host_array(size_t n) {
+    T *p = (T *)calloc(n ? n : 1, sizeof(T));
+    CU_ASSERT_FATAL(p != NULL);
+    return p;
+}
+
+template <typename T> static T *device_array(size_t n) {
+    T *p = (T *)cuda_alloc((n ? n : 1) * sizeof(T));
+    if (!p) cuda_fail("cuda_alloc", __LINE__, "out of device memory for a kernel test");
+    return p;
+}
+
+static void upload(void *dev, const void *host, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx()->stream));
+    wait_stream();
+}
+
+static void download(void *host, const void *dev, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx()->stream));
+    wait_stream();
+}
+
+template <typename T> static T *device_copy(const T *host, size_t n) {
+    T *p = device_array<T>(n);
+    upload(p, host, n * sizeof(T));
+    return p;
+}
+
+/* All bits set: NaN as fp16, fp32, a 4-bit group's min and scale; a kernel must overwrite it. */
+static void poison(void *dev, size_t bytes) {
+    CUDA_CHECK(cudaMemsetAsync(dev, 0xff, bytes, ctx()->stream));
+}
+
+static fp16 random_half(uint64_t *seed, float lo, float hi) {
+    return fp32_to_fp16(lo + (hi - lo) * test_uniform(seed));
+}
+
+static fp16 *random_halves(size_t n, uint64_t *seed, float lo, float hi) {
+    fp16 *x = host_array<fp16>(n);
+    for (size_t i = 0; i < n; i++) x[i] = random_half(seed, lo, hi);
+    return x;
+}
+
+static float *widened(const fp16 *x, size_t n) {
+    float *y = host_array<float>(n);
+    for (size_t i = 0; i < n; i++) y[i] = half_value(x[i]);
+    return y;
+}
+
+/* run(arg) launches a kernel (resetting its outputs first) and waits for it; `bytes` of device
+ * memory at `out` are its result, copied into host. Under the harness it runs again with the
+ * block's threads reversed and shuffled (two seeds), and each time the result must be the same
+ * bits. */
+static void run_in_every_order(const char *what, void (*run)(void *), void *arg, const void *out,
+                               size_t bytes, void *host) {
+#ifdef FLEXGEN_CUDA_EMU
+    cuda_emu_set_order(CUDA_EMU_FORWARD, 0);
+#endif
+    run(arg);
+    download(host, out, bytes);
+#ifdef FLEXGEN_CUDA_EMU
+    static const struct { int order; unsigned seed; } orders[] = {
+        {CUDA_EMU_REVERSE, 0}, {CUDA_EMU_SHUFFLE, 1}, {CUDA_EMU_SHUFFLE, 2718281}};
+    unsigned char *again = host_array<unsigned char>(bytes);
+    for (size_t i = 0; i < sizeof orders / sizeof *orders; i++) {
+        cuda_emu_set_order(orders[i].order, orders[i].seed);
+        run(arg);
+        download(again, out, bytes);
+        size_t at = 0;
+        while (at < bytes && again[at] == ((const unsigned char *)host)[at]) at++;
+        EXPECT(at == bytes, "%s: the threads in %s order change the output (byte %zu of %zu: 0x%02x "
+               "forward, 0x%02x now): a race", what, cuda_emu_order_name(), at, bytes,
+               at < bytes ? ((const unsigned char *)host)[at] : 0, at < bytes ? again[at] : 0);
+    }
+    cuda_emu_set_order(CUDA_EMU_FORWARD, 0);
+    free(again);
+#else
+    (void)what;
+#endif
+}
+
+/* ============================================================================================
+ * dequant_kernel
+ * ============================================================================================ */
+
+typedef struct {
+    const uint8_t *src;
+    size_t outer, len, inner;
+    __half *dst;
+} dequant_args;
+
+static void run_dequant(void *p) {
+    dequant_args *a = (dequant_args *)p;
+    size_t n = a->outer * a->len * a->inner;
+    poison(a->dst, n * sizeof(__half));
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(a->src, a->outer, a->len, a->inner, a->dst);
+    LAUNCHED("dequant_kernel");
+    wait_stream();
+}
+
+/* [outer][len][inner] tensors, len not a multiple of 64 (partial groups, a lone value), groups
+ * along contiguous values (inner 1) and across rows (inner 3). */
+static void test_dequant(void) {
+    if (!gpu_ready()) return;
+    static const size_t lens[] = {1, 17, 80, 130}, inners[] = {1, 3};
+    uint64_t seed = 11;
+    for (size_t outer = 1; outer <= 2; outer++)
+        for (size_t l = 0; l < sizeof lens / sizeof *lens; l++)
+            for (size_t i = 0; i < sizeof inners / sizeof *inners; i++) {
+                size_t len = lens[l], inner = inners[i], n = outer * len * inner, bytes = q4_bytes(outer, len, inner);
+                float *x = host_array<float>(n), *want = host_array<float>(n);
+                for (size_t e = 0; e < n; e++) /* mixed scales and signs, some groups far from 0 */
+                    x[e] = (test_uniform(&seed) - 0.3f) * (1 + (float)(e / 64 % 5) * 7.5f) + (float)(e / 150 % 2) * 40;
+                uint8_t *q = host_array<uint8_t>(bytes);
+                q4_compress(x, outer, len, inner, q);
+                q4_decompress(q, outer, len, inner, want);
+                dequant_args a = {device_copy(q, bytes), outer, len, inner, device_array<__half>(n)};
+                fp16 *got = host_array<fp16>(n);
+                char what[96];
+                snprintf(what, sizeof what, "dequant_kernel [%zu][%zu][%zu]", outer, len, inner);
+                run_in_every_order(what, run_dequant, &a, a.dst, n * sizeof(fp16), got);
+                size_t bad = 0, first = 0;
+                for (size_t e = 0; e < n; e++)
+                    if (got[e] != fp32_to_fp16(want[e]) && !bad++) first = e;
+                EXPECT(bad == 0, "%s: %zu of %zu values differ from q4_decompress's; value %zu: expected "
+                       "0x%04x (%g), got 0x%04x (%g)", what, bad, n, first, fp32_to_fp16(want[first]),
+                       want[first], got[first], half_value(got[first]));
+                cuda_free((void *)a.src);
+                cuda_free(a.dst);
+                free(x);
+                free(want);
+                free(q);
+                free(got);
+            }
+}
+
+/* ============================================================================================
+ * A paged KV cache as the kernels see it
+ * ============================================================================================ */
+
+/* One layer's K and V pools for a batch, in one device allocation [K pool][V pool], and their page
+ * tables as the kernels take them ([K, V][batch][max_pages]). Sequence b's cache pointer is its
+ * pool's start plus b pages, and its table names pages batch + perm - b from there, perm a
+ * shuffled permutation: every sequence has a pointer of its own and pages scattered among the
+ * others'. A pool starts all ones (NaN values, NaN min and scale), so a wrong row shows. */
+typedef struct {
+    int batch, max_pages, page_tokens;
+    size_t row_bytes, page_bytes, pool_bytes; /* pool_bytes: one of K or V */
+    int *tables;   /* host, [2][batch][max_pages] */
+    uint8_t *host; /* the pools, [2][pool_bytes] */
+    uint8_t *dev;  /* the same on the device */
+    int *dev_tables;
+    void **dev_k, **dev_v; /* [batch] each, device: the sequences' pointers (NULL: delegated) */
+} paged_cache;
+
+static void shuffle_ints(int *x, int n, uint64_t *seed) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(test_uniform(seed) * (float)(i + 1)), t = x[i];
+        j = j > i ? i : j;
+        x[i] = x[j], x[j] = t;
+    }
+}
+
+static void paged_cache_init(paged_cache *c, int batch, int max_len, int page_tokens, size_t row_bytes,
+                             int delegated, uint64_t *seed) {
+    memset(c, 0, sizeof *c);
+    c->batch = batch, c->page_tokens = page_tokens, c->row_bytes = row_bytes;
+    c->max_pages = kv_pages_for(max_len, page_tokens) + 1; /* a spare entry, as the workspace's */
+    int used = batch * c->max_pages;
+    c->page_bytes = (size_t)page_tokens * row_bytes;
+    c->pool_bytes = (size_t)(used + batch) * c->page_bytes;
+    c->tables = host_array<int>(2 * (size_t)used);
+    int *perm = host_array<int>((size_t)used);
+    for (int kv = 0; kv < 2; kv++) {
+        for (int i = 0; i < used; i++) perm[i] = i;
+        shuffle_ints(perm, used, seed);
+        for (int b = 0; b < batch; b++)
+            for (int i = 0; i < c->max_pages; i++)
+                c->tables[((size_t)kv * batch + b) * c->max_pages + i] = batch + perm[b * c->max_pages + i] - b;
+    }
+    c->host = host_array<uint8_t>(2 * c->pool_bytes);
+    memset(c->host, 0xff, 2 * c->pool_bytes);
+    c->dev = device_array<uint8_t>(2 * c->pool_bytes);
+    c->dev_tables = device_copy(c->tables, 2 * (size_t)used);
+    void **k = host_array<void *>((size_t)batch), **v = host_array<void *>((size_t)batch);
+    for (int b = 0; b < batch; b++) {
+        k[b] = b == delegated ? NULL : c->dev + (size_t)b * c->page_bytes;
+        v[b] = b == delegated ? NULL : c->dev + c->pool_bytes + (size_t)b * c->page_bytes;
+    }
+    c->dev_k = device_copy(k, (size_t)batch);
+    c->dev_v = device_copy(v, (size_t)batch);
+    free(perm);
+    free(k);
+    free(v);
+}
+
+static void paged_cache_free(paged_cache *c) {
+    cuda_free(c->dev);
+    cuda_free(c->dev_tables);
+    cuda_free(c->dev_k);
+    cuda_free(c->dev_v);
+    free(c->tables);
+    free(c->host);
+}
+
+static const int *table_of(const paged_cache *c, int kv, int b) {
+    return c->tables + ((size_t)kv * c->batch + b) * c->max_pages;
+}
+
+/* Sequence b's K (kv 0) or V rows on the host, from its pointer (its page table counts from there). */
+static uint8_t *rows_of(const paged_cache *c, int kv, int b) {
+    return c->host + (size_t)kv * c->pool_bytes + (size_t)b * c->page_bytes;
+}
+
+static uint8_t *row_at(const paged_cache *c, int kv, int b, int slot) {
+    return rows_of(c, kv, b) + kv_page_row(table_of(c, kv, b), c->page_tokens, slot) * c->row_bytes;
+}
+
+/* One token's K or V row of fp16 values x [heads][head_dim] as the cache holds it. */
+static void write_row(uint8_t *row, const fp16 *x, int heads, int head_dim, int q4) {
+    size_t h = (size_t)heads * head_dim;
+    if (!q4) {
+        memcpy(row, x, h * sizeof(fp16));
+        return;
+    }
+    float *wide = widened(x, h);
+    q4_compress(wide, (size_t)heads, (size_t)head_dim, 1, row);
+    free(wide);
+}
+
+/* A step's sequences: past and padding rows of each; a delegated one (its cache in host memory,
+ * NULL pointers on the device) or -1. */
+typedef struct {
+    const char *what;
+    int heads, head_dim, batch, n_new, page_tokens, delegated;
+    float sparsity;
+    int past[8], pad[8];
+} step_case;
+
+/* The most keys a query of the step sees (at least 1). */
+static int longest(const step_case *c) {
+    int n = 1;
+    for (int b = 0; b < c->batch; b++)
+        n = c->past[b] + c->n_new - c->pad[b] > n ? c->past[b] + c->n_new - c->pad[b] : n;
+    return n;
+}
+
+/* ============================================================================================
+ * store_kv_kernel
+ * ============================================================================================ */
+
+typedef struct {
+    const step_case *c;
+    int q4;
+    const __half *qkv;
+    const int *past, *pad;
+    paged_cache *cache;
+} store_args;
+
+static void run_store(void *p) {
+    store_args *a = (store_args *)p;
+    const step_case *c = a->c;
+    int h = c->heads * c->head_dim, rows = c->batch * c->n_new, G = (c->head_dim + Q4_GROUP - 1) / Q4_GROUP;
+    upload(a->cache->dev, a->cache->host, 2 * a->cache->pool_bytes); /* the pools as they were */
+    size_t groups = (size_t)rows * 2 * c->heads * G;
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, ctx()->stream>>>(
+        a->qkv, rows, c->n_new, a->past, a->pad, h, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v,
+        a->cache->dev_tables, a->cache->max_pages, a->cache->page_tokens);
+    LAUNCHED("store_kv_kernel");
+    wait_stream();
+}
+
+/* Pages of 5 and 16 tokens, sequences whose length ends exactly on a page and one past it, all
+ * padding, delegated, prefill, decode and both in one step. */
+static const step_case STORE_CASES[] = {
+    {"prefill, 3 heads of 48 (h 144), pages of 5, one delegated", 3, 48, 7, 6, 5, 4, 1,
+     {0, 0, 0, 0, 0, 0, 0}, {0, 1, 2, 3, 0, 6, 1}},
+    {"decode, 2 heads of 80, pages of 16", 2, 80, 7, 1, 16, -1, 1,
+     {15, 16, 31, 32, 4, 0, 47}, {0, 0, 0, 0, 0, 1, 0}},
+    {"prefill of 17, 1 head of 96, pages of 16", 1, 96, 1, 17, 16, -1, 1, {0}, {0}},
+    {"prefill and decode in one step, 2 heads of 128, pages of 5", 2, 128, 7, 3, 5, -1, 1,
+     {0, 9, 10, 0, 4, 0, 14}, {0, 2, 2, 1, 2, 3, 2}},
+    {"decode to the end of a page, 2 heads of 128, pages of 5", 2, 128, 1, 1, 5, -1, 1, {4}, {0}},
+};
+
+/* Where the first differing byte of the pools lies, in words. */
+static void describe_byte(const paged_cache *c, size_t at, char *out, size_t size) {
+    int kv = at >= c->pool_bytes;
+    size_t in_pool = at - (size_t)kv * c->pool_bytes, row = in_pool / c->row_bytes;
+    snprintf(out, size, "%s pool, row %zu (page %zu), byte %zu of the row", kv ? "V" : "K", row,
+             row / (size_t)c->page_tokens, in_pool % c->row_bytes);
+}
+
+/* The first stored token's K, head 0, group 0 becomes a group whose levels an fma would change:
+ * min -5 and max 145 give scale 10 and inv 0.1f; for the values just below 0 (fp16 0x8005 to
+ * 0x800b), (x - min) inv rounds to 0.5 and + 0.5 gives level 1, where fma(x - min, inv, 0.5) stays
+ * below 1 and gives 0. The device must give the CPU's levels (compress_group's _rn operations). */
+static void fused_rounding_group(const step_case *c, fp16 *qkv, uint64_t *seed) {
+    int h = c->heads * c->head_dim, n = c->head_dim < Q4_GROUP ? c->head_dim : Q4_GROUP;
+    for (int r = 0; r < c->batch * c->n_new; r++) {
+        int b = r / c->n_new;
+        if (r % c->n_new < c->pad[b] || b == c->delegated) continue;
+        fp16 *k = qkv + (size_t)r * 3 * h + h;
+        for (int e = 0; e < n; e++)
+            k[e] = e == 0 ? fp32_to_fp16(-5) : e == 1 ? fp32_to_fp16(145) : e < 9 ? (fp16)(0x8005 + e - 2)
+                                                                             : random_half(seed, -5, 145);
+        return;
+    }
+}
+
+static void store_case(const step_case *c, int q4, uint64_t *seed) {
+    int h = c->heads * c->head_dim, rows = c->batch * c->n_new;
+    size_t row_bytes = q4 ? q4_bytes((size_t)c->heads, (size_t)c->head_dim, 1) : 2 * (size_t)h;
+    fp16 *qkv = host_array<fp16>((size_t)rows * 3 * h);
+    for (int r = 0; r < rows; r++) { /* rows of small, middling and large values */
+        float range = r % 3 == 0 ? 0.1f : r % 3 == 1 ? 3 : 60;
+        for (int i = 0; i < 3 * h; i++) qkv[(size_t)r * 3 * h + i] = random_half(seed, -range, range * 0.7f);
+    }
+    if (q4) fused_rounding_group(c, qkv, seed);
+    paged_cache cache;
+    paged_cache_init(&cache, c->batch, longest(c), c->page_tokens, row_bytes, c->delegated, seed);
+    /* what the pools must hold after the step: each token's row at its slot's page row */
+    uint8_t *want = host_array<uint8_t>(2 * cache.pool_bytes), *got = host_array<uint8_t>(2 * cache.pool_bytes);
+    memcpy(want, cache.host, 2 * cache.pool_bytes);
+    for (int r = 0; r < rows; r++) {
+        int b = r / c->n_new, t = r % c->n_new, slot = c->past[b] + t - c->pad[b];
+        if (t < c->pad[b] || b == c->delegated) continue;
+        for (int kv = 0; kv < 2; kv++) {
+            uint8_t *row = want + (row_at(&cache, kv, b, slot) - cache.host);
+            write_row(row, qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h, c->heads, c->head_dim, q4);
+        }
+    }
+    store_args a = {c, q4, (const __half *)device_copy(qkv, (size_t)rows * 3 * h), device_copy(c->past, (size_t)c->batch),
+                    device_copy(c->pad, (size_t)c->batch), &cache};
+    char what[160];
+    snprintf(what, sizeof what, "store_kv_kernel, %s, %s cache", c->what, q4 ? "4-bit" : "fp16");
+    run_in_every_order(what, run_store, &a, cache.dev, 2 * cache.pool_bytes, got);
+    size_t at = 0;
+    while (at < 2 * cache.pool_bytes && got[at] == want[at]) at++;
+    char where[128] = "";
+    if (at < 2 * cache.pool_bytes) describe_byte(&cache, at, where, sizeof where);
+    EXPECT(at == 2 * cache.pool_bytes, "%s: the pools differ first at %s: expected 0x%02x, got 0x%02x", what,
+           where, at < 2 * cache.pool_bytes ? want[at] : 0, at < 2 * cache.pool_bytes ? got[at] : 0);
+    cuda_free((void *)a.qkv);
+    cuda_free((void *)a.past);
+    cuda_free((void *)a.pad);
+    paged_cache_free(&cache);
+    free(qkv);
+    free(want);
+    free(got);
+}
+
+static void test_store_kv(void) {
+    if (!gpu_ready()) return;
+    uint64_t seed = 21;
+    for (size_t i = 0; i < sizeof STORE_CASES / sizeof *STORE_CASES; i++)
+        for (int q4 = 0; q4 <= 1; q4++) store_case(&STORE_CASES[i], q4, &seed);
+}
+
+/* ============================================================================================
+ * attention_kernel
+ * ============================================================================================ */
+
+/* A step of decode (or mixed) attention: its q, k, v rows, the cache of the tokens before it, and
+ * their device copies. */
+typedef struct {
+    step_case c;
+    int q4, h, rows;
+    fp16 *qkv;    /* [rows][3 h] */
+    float *qkv32; /* the same, widened */
+    paged_cache cache;
+    __half *dev_qkv, *dev_attn;
+    int *dev_past, *dev_pad;
+} attn_setup;
+
+/* Random q, k, v rows and cached rows for every slot below past (fp16, or 4-bit of fp16 values). */
+static void attn_setup_init(attn_setup *s, const step_case *c, int q4, uint64_t *seed) {
+    memset(s, 0, sizeof *s);
+    s->c = *c, s->q4 = q4, s->h = c->heads * c->head_dim, s->rows = c->batch * c->n_new;
+    size_t n = (size_t)s->rows * 3 * s->h;
+    s->qkv = random_halves(n, seed, -2, 2);
+    size_t row_bytes = q4 ? q4_bytes((size_t)c->heads, (size_t)c->head_dim, 1) : 2 * (size_t)s->h;
+    paged_cache_init(&s->cache, c->batch, longest(c), c->page_tokens, row_bytes, c->delegated, seed);
+    for (int b = 0; b < c->batch; b++)
+        for (int slot = 0; slot < c->past[b]; slot++)
+            for (int kv = 0; kv < 2; kv++) {
+                fp16 *x = random_halves((size_t)s->h, seed, -2, 2);
+                write_row(row_at(&s->cache, kv, b, slot), x, c->heads, c->head_dim, q4);
+                free(x);
+            }
+    s->dev_qkv = device_array<__half>(n);
+    s->dev_attn = device_array<__half>((size_t)s->rows * s->h);
+    s->dev_past = device_copy(c->past, (size_t)c->batch);
+    s->dev_pad = device_copy(c->pad, (size_t)c->batch);
+}
+
+/* The host's rows to the device (after any change to them), and widened for the reference. */
+static void attn_setup_upload(attn_setup *s) {
+    size_t n = (size_t)s->rows * 3 * s->h;
+    upload(s->dev_qkv, s->qkv, n * sizeof(fp16));
+    upload(s->cache.dev, s->cache.host, 2 * s->cache.pool_bytes);
+    free(s->qkv32);
+    s->qkv32 = widened(s->qkv, n);
+}
+
+static void attn_setup_free(attn_setup *s) {
+    paged_cache_free(&s->cache);
+    cuda_free(s->dev_qkv);
+    cuda_free(s->dev_attn);
+    cuda_free(s->dev_past);
+    cuda_free(s->dev_pad);
+    free(s->qkv);
+    free(s->qkv32);
+}
+
+static void run_attention(void *p) {
+    attn_setup *s = (attn_setup *)p;
+    const step_case *c = &s->c;
+    poison(s->dev_attn, (size_t)s->rows * s->h * sizeof(__half));
+    dim3 grid(c->heads, c->batch, c->n_new);
+    size_t shared = (size_t)longest(c) * (sizeof(float) + 1);
+    attention_kernel<<<grid, 128, shared, ctx()->stream>>>(
+        s->dev_qkv, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, s->cache.dev_tables,
+        s->cache.max_pages, s->cache.page_tokens, c->n_new, s->h, c->heads, s->q4,
+        1.0f / sqrtf((float)c->head_dim), c->sparsity);
+    LAUNCHED("attention_kernel");
+    wait_stream();
+}
+
+/* Key (or value) j of one head as the CPU reads it (opt_model.c's kv_row). */
+static const float *kv_values(const opt_kv_rows *r, int j, float *buf) {
+    if (j >= r->first_fresh) return r->fresh + (size_t)(j - r->first_fresh) * r->fresh_stride;
+    const char *row = r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride;
+    if (r->q4) q4_decompress((const uint8_t *)row + r->head * q4_bytes(1, (size_t)r->head_dim, 1), 1,
+                             (size_t)r->head_dim, 1, buf);
+    else for (int d = 0; d < r->head_dim; d++) buf[d] = half_value(((const fp16 *)row)[(size_t)r->head * r->head_dim + d]);
+    return buf;
+}
+
+typedef struct {
+    double worst;     /* the largest |device - CPU| / bound */
+    int sparse, left_out; /* sparse queries; those left out for a cut within the bound */
+    int bad;          /* queries off */
+    char first[400];  /* the first of them */
+} attn_stats;
+
+static void attn_fail(attn_stats *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void attn_fail(attn_stats *st, const char *fmt, ...) {
+    if (st->bad++) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->first, sizeof st->first, fmt, ap);
+    va_end(ap);
+}
+
+static int by_weight_descending(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* 1 when the CPU's top-K cut falls between two different weights within 2 eta of each other. */
+static int cut_within(const float *p, int earlier, int keep, double eta) {
+    if (keep <= 0 || keep >= earlier) return 0;
+    float *sorted = host_array<float>((size_t)earlier);
+    memcpy(sorted, p, (size_t)earlier * sizeof *p);
+    qsort(sorted, (size_t)earlier, sizeof *sorted, by_weight_descending);
+    int close = sorted[keep - 1] != sorted[keep] && sorted[keep - 1] - sorted[keep] <= 2 * eta * sorted[keep - 1];
+    free(sorted);
+    return close;
+}
+
+/* Query row t of sequence b, head `head`: the device's output (got, [rows][h] fp16) against
+ * opt_attend_decode's within (A). With ties (one-hot values, hd >= nk) the device's nonzero
+ * outputs must be the keys the CPU kept, exactly. */
+static void check_query(const attn_setup *s, const fp16 *got, int b, int head, int t, int ties, attn_stats *st) {
+    const step_case *c = &s->c;
+    int hd = c->head_dim, h = s->h, past = c->past[b], pad = c->pad[b], nk = past + t - pad + 1;
+    int decode = c->n_new - pad == 1 && past > 0;
+    float sparsity = decode ? c->sparsity : 1, scale = 1.0f / sqrtf((float)hd);
+    const fp16 *out16 = got + ((size_t)b * c->n_new + t) * h + (size_t)head * hd;
+    const float *fresh = s->qkv32 + ((size_t)b * c->n_new + pad) * 3 * h + (size_t)head * hd;
+    const float *q = s->qkv32 + ((size_t)b * c->n_new + t) * 3 * h + (size_t)head * hd;
+    opt_kv_rows K = {(const char *)rows_of(&s->cache, 0, b), table_of(&s->cache, 0, b), c->page_tokens,
+                     s->cache.row_bytes, s->q4, head, hd, past, fresh + h, 3 * (size_t)h};
+    opt_kv_rows V = K;
+    V.rows = (const char *)rows_of(&s->cache, 1, b), V.pages = table_of(&s->cache, 1, b), V.fresh = fresh + 2 * h;
+    float *scratch = host_array<float>(3 * (size_t)nk + hd), *out = host_array<float>((size_t)hd);
+    float *buf = host_array<float>((size_t)hd);
+    int n_keep = opt_attend_decode(q, &K, &V, nk, scale, sparsity, scratch, out);
+    const float *p = scratch;                                     /* the CPU's weights */
+    const int *keep = (const int *)(scratch + 2 * (size_t)nk + hd); /* its kept keys, when sparse */
+    char *kept = host_array<char>((size_t)nk);
+    for (int i = 0; i < n_keep; i++) kept[sparsity < 1 ? keep[i] : i] = 1;
+    /* D: how far apart the two sides' scores can be */
+    double D = 0, smax = 0;
+    for (int j = 0; j < nk; j++) {
+        const float *k = kv_values(&K, j, buf);
+        double dot = 0, mag = 0;
+        for (int d = 0; d < hd; d++) dot += (double)q[d] * k[d], mag += fabs((double)q[d] * k[d]);
+        D = fmax(D, 2 * scale * gamma_n(hd) * mag);
+        smax = fmax(smax, fabs(scale * dot));
+    }
+    D += 4 * U * smax;
+    double eta = 2 * D + (2 * nk + 8) * U;
+    int earlier_kept = (int)floorf(sparsity * (float)(nk - 1));
+    if (sparsity < 1) st->sparse++;
+    if (sparsity < 1 && !ties && cut_within(p, nk - 1, earlier_kept, eta)) {
+        st->left_out++;
+    } else {
+        double *mass = (double *)calloc((size_t)hd, sizeof(double)); /* sum_kept p_j |v_jd| */
+        for (int j = 0; j < nk; j++) {
+            if (!kept[j]) continue;
+            const float *v = kv_values(&V, j, buf);
+            for (int d = 0; d < hd; d++) mass[d] += p[j] * fabs((double)v[d]);
+        }
+        for (int d = 0; d < hd; d++) {
+            double E = 1.01 * (eta + 2 * gamma_n(nk)) * mass[d], bound = E + h16(fabs(out[d]) + E);
+            double err = fabs((double)half_value(out16[d]) - out[d]);
+            if (!(err <= bound)) /* NaN fails too */
+                attn_fail(st, "sequence %d, row %d, head %d, element %d of %d keys: expected %.7g within %.3g, got %.7g",
+                          b, t, head, d, nk, out[d], bound, half_value(out16[d]));
+            else if (err / bound > st->worst) st->worst = err / bound;
+        }
+        free(mass);
+    }
+    if (ties) {
+        int count = 0;
+        for (int j = 0; j < nk; j++) count += out16[j] != 0;
+        for (int j = 0; j < nk; j++)
+            if ((out16[j] != 0) != kept[j]) {
+                attn_fail(st, "sequence %d, head %d: key %d of %d %s by the device, %s by the CPU (%d earlier "
+                          "keys kept of %d)", b, head, j, nk, out16[j] ? "kept" : "dropped",
+                          kept[j] ? "kept" : "dropped", earlier_kept, nk - 1);
+                break;
+            }
+        if (count != earlier_kept + 1)
+            attn_fail(st, "sequence %d, head %d: the device kept %d keys, expected %d", b, head, count, earlier_kept + 1);
+    }
+    free(scratch);
+    free(out);
+    free(buf);
+    free(kept);
+}
+
+/* The whole step: padding rows zero, a delegated sequence's rows untouched, the others within (A). */
+static void check_attention(const attn_setup *s, const fp16 *got, const char *what, int ties, attn_stats *st) {
+    const step_case *c = &s->c;
+    for (int b = 0; b < c->batch; b++)
+        for (int t = 0; t < c->n_new; t++)
+            for (int head = 0; head < c->heads; head++) {
+                const fp16 *o = got + ((size_t)b * c->n_new + t) * s->h + (size_t)head * c->head_dim;
+                if (b == c->delegated || t < c->pad[b]) {
+                    fp16 want = b == c->delegated ? 0xffff : 0; /* left as it was; zeros */
+                    for (int d = 0; d < c->head_dim; d++)
+                        if (o[d] != want) {
+                            attn_fail(st, "sequence %d (%s), row %d, head %d: element %d is 0x%04x, expected 0x%04x", b,
+                                      b == c->delegated ? "delegated" : "padding", t, head, d, o[d], want);
+                            break;
+                        }
+                    continue;
+                }
+                check_query(s, got, b, head, t, ties, st);
+            }
+    EXPECT(st->bad == 0, "%s: %d queries off; the first: %s", what, st->bad, st->first);
+    st->bad = 0;
+}
+
+/* Decode (keys 1 to 17), top-K, a delegated sequence, prefill and decode in one step (n_new 4:
+ * decoding sequences with 3 padding rows, a 1-token prompt, one all padding), a prefill of 17,
+ * and several rows after cached ones (causal over the cache and this step's rows, no top-K). */
+static const step_case ATTN_CASES[] = {
+    {"decode, 3 heads of 48, pages of 5", 3, 48, 7, 1, 5, -1, 1,
+     {16, 0, 4, 5, 9, 16, 1}, {0, 0, 0, 0, 0, 0, 0}},
+    {"decode with top-K 0.5, 2 heads of 80, pages of 16", 2, 80, 1, 1, 16, -1, 0.5f, {16}, {0}},
+    {"decode with top-K 0.5, 1 head of 96, one delegated", 1, 96, 7, 1, 16, 3, 0.5f,
+     {16, 16, 7, 16, 12, 16, 3}, {0, 0, 0, 0, 0, 0, 0}},
+    {"prefill and decode in one step, top-K 0.5, 2 heads of 128, pages of 5", 2, 128, 7, 4, 5, -1, 0.5f,
+     {0, 16, 9, 0, 13, 0, 5}, {0, 3, 3, 3, 3, 4, 3}},
+    {"prefill of 17 through the cache kernel, 3 heads of 48", 3, 48, 1, 17, 16, -1, 1, {0}, {0}},
+    {"3 rows after 9 and 16 cached, top-K 0.5 (not decode: all keys), 2 heads of 80, pages of 5", 2, 80, 2, 3, 5,
+     -1, 0.5f, {9, 16}, {0, 1}},
+};
+
+static void test_attention(void) {
+    if (!gpu_ready()) return;
+    uint64_t seed = 31;
+    attn_stats st;
+    memset(&st, 0, sizeof st);
+    for (size_t i = 0; i < sizeof ATTN_CASES / sizeof *ATTN_CASES; i++)
+        for (int q4 = 0; q4 <= 1; q4++) {
+            attn_setup s;
+            attn_setup_init(&s, &ATTN_CASES[i], q4, &seed);
+            attn_setup_upload(&s);
+            fp16 *got = host_array<fp16>((size_t)s.rows * s.h);
+            char what[160];
+            snprintf(what, sizeof what, "attention_kernel, %s, %s cache", ATTN_CASES[i].what, q4 ? "4-bit" : "fp16");
+            run_in_every_order(what, run_attention, &s, s.dev_attn, (size_t)s.rows * s.h * sizeof(fp16), got);
+            check_attention(&s, got, what, 0, &st);
+            free(got);
+            attn_setup_free(&s);
+        }
+    /* a few left out is chance; most would mean the cut rule is wrong */
+    EXPECT(st.left_out * 10 <= st.sparse, "attention_kernel: %d of %d sparse queries left out for a cut "
+           "within the bound", st.left_out, st.sparse);
+    printf("(worst %.2f of the bound; %d of %d sparse queries left out) ", st.worst, st.left_out, st.sparse);
+}
+
+/* Top-K over exact ties: the 16 earlier keys of each (sequence, head) are levels x one direction,
+ * with levels [1 2 2 0 2 1 3 2 0 1 2 3 1 2 0 1] rotated: two 3s, six 2s, five 1s, three 0s, whose
+ * weights are e apart; identical keys tie exactly on each side. Keeping 5 cuts the 2s, 9 cuts the
+ * 1s, 8 falls between levels, 0 keeps the new token alone. Values are one-hot (value j is unit
+ * vector j), so output element j is nonzero exactly when key j was kept. */
+static void test_attention_ties(void) {
+    if (!gpu_ready()) return;
+    static const int levels[16] = {1, 2, 2, 0, 2, 1, 3, 2, 0, 1, 2, 3, 1, 2, 0, 1};
+    static const float sparsities[] = {0.05f, 0.35f, 0.5f, 0.6f};
+    step_case c = {"top-K over ties, 2 heads of 48, pages of 5", 2, 48, 2, 1, 5, -1, 1, {16, 16}, {0, 0}};
+    int hd = c.head_dim, h = c.heads * hd;
+    float scale = 1.0f / sqrtf((float)hd), alpha = 1 / (scale * 0.25f * (float)hd); /* q.k = level */
+    uint64_t seed = 41;
+    attn_stats st;
+    memset(&st, 0, sizeof st);
+    for (size_t si = 0; si < sizeof sparsities / sizeof *sparsities; si++)
+        for (int q4 = 0; q4 <= 1; q4++) {
+            c.sparsity = sparsities[si];
+            attn_setup s;
+            attn_setup_init(&s, &c, q4, &seed);
+            fp16 *k = host_array<fp16>((size_t)h), *v = host_array<fp16>((size_t)h);
+            for (int b = 0; b < c.batch; b++)
+                for (int j = 0; j <= 16; j++) { /* key j (16: this step's, in qkv) */
+                    for (int head = 0; head < c.heads; head++) {
+                        float level = j == 16 ? 1.5f : (float)levels[(j + 3 * (2 * b + head)) % 16];
+                        for (int d = 0; d < hd; d++) {
+                            float dir = d % 3 == 0 ? -0.5f : 0.5f; /* |dir|^2 = 1/4 */
+                            k[head * hd + d] = fp32_to_fp16(level * dir);
+                            v[head * hd + d] = fp32_to_fp16(d == j ? 1.0f : 0.0f);
+                            if (j == 16) s.qkv[(size_t)b * 3 * h + head * hd + d] = fp32_to_fp16(alpha * dir);
+                        }
+                    }
+                    if (j < 16) {
+                        write_row(row_at(&s.cache, 0, b, j), k, c.heads, hd, q4);
+                        write_row(row_at(&s.cache, 1, b, j), v, c.heads, hd, q4);
+                    } else {
+                        memcpy(s.qkv + (size_t)b * 3 * h + h, k, (size_t)h * sizeof(fp16));
+                        memcpy(s.qkv + (size_t)b * 3 * h + 2 * h, v, (size_t)h * sizeof(fp16));
+                    }
+                }
+            attn_setup_upload(&s);
+            fp16 *got = host_array<fp16>((size_t)s.rows * h);
+            char what[160];
+            snprintf(what, sizeof what, "attention_kernel, %s, top-K %g, %s cache", c.what, (double)c.sparsity,
+                     q4 ? "4-bit" : "fp16");
+            run_in_every_order(what, run_attention, &s, s.dev_attn, (size_t)s.rows * h * sizeof(fp16), got);
+            check_attention(&s, got, what, 1, &st);
+            free(k);
+            free(v);
+            free(got);
+            attn_setup_free(&s);
+        }
+    printf("(worst %.2f of the bound) ", st.worst);
+}
+
+/* ============================================================================================
+ * layer_norm_kernel
+ * ============================================================================================ */
+
+typedef struct {
+    int rows, dim, alias;
+    const fp16 *x_host;
+    __half *x, *y; /* y == x when alias */
+    const fp16 *w, *b; /* device */
+} ln_args;
+
+static void run_layer_norm(void *p) {
+    ln_args *a = (ln_args *)p;
+    size_t bytes = (size_t)a->rows * a->dim * sizeof(fp16);
+    upload(a->x, a->x_host, bytes); /* aliased, the last run wrote over it */
+    if (!a->alias) poison(a->y, bytes);
+    layer_norm(a->x, a->rows, a->dim, a->w, a->b, a->y);
+    wait_stream();
+}
+
+/* Row r of x against (L): the largest error as a fraction of its bound, or -1 (and what) if one
+ * is beyond it. */
+static double check_norm_row(const fp16 *x, const fp16 *w, const fp16 *b, const fp16 *got, int dim, char *what, size_t size) {
+    double sum = 0, abs_sum = 0, var = 0, worst = 0;
+    for (int i = 0; i < dim; i++) sum += half_value(x[i]), abs_sum += fabs(half_value(x[i]));
+    double mean = sum / dim;
+    for (int i = 0; i < dim; i++) var += (half_value(x[i]) - mean) * (half_value(x[i]) - mean);
+    double inv = 1 / sqrt(var / dim + 1e-5), dm = gamma_n(dim) * abs_sum / dim + U * fabs(mean);
+    for (int i = 0; i < dim; i++) {
+        double t = (half_value(x[i]) - mean) * inv * half_value(w[i]), y = t + half_value(b[i]);
+        double E = 1.01 * (dm * inv * fabs(half_value(w[i])) + fabs(t) * (gamma_n(dim) / 2 + 8 * U) + U * fabs(y));
+        double bound = E + h16(fabs(y) + E), err = fabs(half_value(got[i]) - y);
+        if (!(err <= bound)) {
+            snprintf(what, size, "element %d: expected %.7g within %.3g, got %.7g", i, y, bound, half_value(got[i]));
+            return -1;
+        }
+        worst = fmax(worst, err / bound);
+    }
+    return worst;
+}
+
+/* dims below, at and above the block of 256 threads, not multiples of 64; rows 1 and 7; each
+ * row's own mean and spread; y == x must give the same bits as a separate y. */
+static void test_layer_norm(void) {
+    if (!gpu_ready()) return;
+    static const int dims[] = {80, 144, 256, 600}, row_counts[] = {1, 7};
+    uint64_t seed = 51;
+    double worst = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++) {
+            int dim = dims[di], rows = row_counts[ri];
+            size_t n = (size_t)rows * dim;
+            fp16 *x = host_array<fp16>(n);
+            for (int r = 0; r < rows; r++) {
+                float center = (float)(r % 3 - 1) * 2, spread = 0.5f + (float)(r % 4);
+                for (int i = 0; i < dim; i++) x[(size_t)r * dim + i] = random_half(&seed, center - spread, center + spread);
+            }
+            fp16 *w = random_halves((size_t)dim, &seed, 0.5f, 1.5f), *b = random_halves((size_t)dim, &seed, -0.5f, 0.5f);
+            ln_args a = {rows, dim, 0, x, device_array<__half>(n), device_array<__half>(n),
+                         device_copy(w, (size_t)dim), device_copy(b, (size_t)dim)};
+            fp16 *got = host_array<fp16>(n), *aliased = host_array<fp16>(n);
+            char what[96];
+            snprintf(what, sizeof what, "layer_norm_kernel, %d rows of %d", rows, dim);
+            run_in_every_order(what, run_layer_norm, &a, a.y, n * sizeof(fp16), got);
+            for (int r = 0; r < rows; r++) {
+                char why[200];
+                double ratio = check_norm_row(x + (size_t)r * dim, w, b, got + (size_t)r * dim, dim, why, sizeof why);
+                EXPECT(ratio >= 0, "%s, row %d: %s", what, r, ratio >= 0 ? "" : why);
+                worst = fmax(worst, ratio);
+            }
+            __half *y = a.y;
+            a.alias = 1, a.y = a.x;
+            snprintf(what, sizeof what, "layer_norm_kernel, %d rows of %d, y == x", rows, dim);
+            run_in_every_order(what, run_layer_norm, &a, a.y, n * sizeof(fp16), aliased);
+            EXPECT(memcmp(got, aliased, n * sizeof(fp16)) == 0, "%s: not the bits of a separate y", what);
+            cuda_free(a.x);
+            cuda_free(y);
+            cuda_free((void *)a.w);
+            cuda_free((void *)a.b);
+            free(x);
+            free(w);
+            free(b);
+            free(got);
+            free(aliased);
+        }
+    printf("(worst %.2f of the bound) ", worst);
+}
+
+/* ============================================================================================
+ * linear(): cuBLAS, then bias_kernel
+ * ============================================================================================ */
+
+typedef struct {
+    int rows, in, out, mode;
+    const __half *x;
+    const fp16 *W, *b; /* device; b may be NULL */
+    const fp16 *y0;    /* host: y before (OUT_ADD's residual) */
+    __half *y;
+} linear_args;
+
+static void run_linear(void *p) {
+    linear_args *a = (linear_args *)p;
+    size_t bytes = (size_t)a->rows * a->out * sizeof(fp16);
+    if (a->mode == OUT_ADD) upload(a->y, a->y0, bytes);
+    else poison(a->y, bytes); /* beta 0: cuBLAS must not read it */
+    linear(a->x, a->rows, a->in, a->W, a->b, a->out, a->y, a->mode);
+    wait_stream();
+}
+
+static void linear_case(int rows, int in, int out, int with_bias, int mode, uint64_t *seed, double *worst) {
+    static const char *const modes[] = {"OUT_SET", "OUT_ADD", "OUT_RELU"};
+    size_t nx = (size_t)rows * in, nw = (size_t)in * out, ny = (size_t)rows * out;
+    fp16 *x = random_halves(nx, seed, -1, 1), *W = random_halves(nw, seed, -0.2f, 0.2f);
+    fp16 *b = random_halves((size_t)out, seed, -0.5f, 0.5f), *y0 = random_halves(ny, seed, -2, 2);
+    float *x32 = widened(x, nx), *W32 = widened(W, nw), *r = host_array<float>(ny);
+    matmul_reference(x32, rows, in, W, 0, out, r, 0);
+    linear_args a = {rows, in, out, mode, (const __half *)device_copy(x, nx), device_copy(W, nw),
+                     with_bias ? device_copy(b, (size_t)out) : NULL, y0, device_array<__half>(ny)};
+    fp16 *got = host_array<fp16>(ny);
+    char what[128];
+    snprintf(what, sizeof what, "linear, %d x %d times %d x %d, %s, %s", rows, in, in, out, modes[mode],
+             with_bias ? "bias" : "no bias");
+    run_in_every_order(what, run_linear, &a, a.y, ny * sizeof(fp16), got);
+    int bad = 0;
+    char first[200] = "";
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < out; j++) {
+            size_t at = (size_t)i * out + j;
+            double A = mode == OUT_ADD ? fabs(half_value(y0[at])) : 0;
+            for (int k = 0; k < in; k++) A += fabs((double)x32[(size_t)i * in + k] * W32[(size_t)k * out + j]);
+            double g = r[at] + (mode == OUT_ADD ? half_value(y0[at]) : 0), y = g + (with_bias ? half_value(b[j]) : 0);
+            if (mode == OUT_RELU && y < 0) y = 0;
+            double e_sum = (gamma_n(in) + gamma_blas(in + 1)) * A, e_gemm16 = h16(fabs(g) + e_sum), bound = e_sum + e_gemm16;
+            if (with_bias) {
+                double e_add = U * (fabs(y) + bound);
+                bound += e_add + h16(fabs(y) + bound + e_add);
+            }
+            bound *= 1.01;
+            double err = fabs(half_value(got[at]) - y);
+            if (!(err <= bound) && !bad++)
+                snprintf(first, sizeof first, "row %d, column %d: expected %.7g within %.3g, got %.7g", i, j, y,
+                         bound, half_value(got[at]));
+            if (err <= bound) *worst = fmax(*worst, err / bound);
+        }
+    EXPECT(bad == 0, "%s: %d values off; the first: %s", what, bad, first);
+    cuda_free((void *)a.x);
+    cuda_free((void *)a.W);
+    cuda_free((void *)a.b);
+    cuda_free(a.y);
+    free(x);
+    free(W);
+    free(b);
+    free(y0);
+    free(x32);
+    free(W32);
+    free(r);
+    free(got);
+}
+
+/* q|k|v's shape (144 -> 432), a square one, 80 -> 160, every mode; and one without a bias (a
+ * projection's), set and added: without a bias linear() ends after the product, with no ReLU,
+ * as opt_model.c's does, and ReLU layers (fc1) always have one. */
+static void test_linear(void) {
+    if (!gpu_ready()) return;
+    static const int shapes[][4] = {{7, 144, 432, 1}, {1, 144, 144, 1}, {7, 80, 160, 1}, {7, 144, 80, 0}};
+    uint64_t seed = 61;
+    double worst = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (int mode = OUT_SET; mode <= (shapes[i][3] ? OUT_RELU : OUT_ADD); mode++)
+            linear_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], mode, &seed, &worst);
+    printf("(worst %.2f of the bound) ", worst);
+}
+
+/* ============================================================================================
+ * gather_rows_kernel + add_positions_kernel
+ * ============================================================================================ */
+
+typedef struct {
+    int rows, n_new, dim;
+    const __half *table, *pos;
+    const int *ids, *past, *pad;
+    __half *x;
+} embed_args;
+
+static void run_embed(void *p) {
+    embed_args *a = (embed_args *)p;
+    cudaStream_t s = ctx()->stream;
+    poison(a->x, (size_t)a->rows * a->dim * sizeof(fp16));
+    gather_rows_kernel<<<a->rows, 256, 0, s>>>(a->table, a->ids, a->dim, a->x);
+    LAUNCHED("gather_rows_kernel");
+    add_positions_kernel<<<a->rows, 256, 0, s>>>(a->x, a->pos, a->past, a->pad, a->n_new, a->dim);
+    LAUNCHED("add_positions_kernel");
+    wait_stream();
+}
+
+/* 7 sequences of 3 rows (prefill with 0 to 3 padding rows, decode past 5, 17, 30 with padding),
+ * rows of 80, 144 and 300 (more than a block's threads): each value the fp16 rounding of token
+ * row + position row, padding rows at position OPT_POS_OFFSET - 1. */
+static void test_embed(void) {
+    if (!gpu_ready()) return;
+    enum { VOCAB = 50, MAX_POS = 40, B = 7, N_NEW = 3 };
+    static const int dims[] = {80, 144, 300}, past[B] = {0, 0, 0, 0, 5, 17, 30}, pad[B] = {0, 1, 2, 3, 2, 2, 0};
+    uint64_t seed = 71;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        int dim = dims[di], rows = B * N_NEW, ids[B * N_NEW];
+        fp16 *table = random_halves((size_t)VOCAB * dim, &seed, -1, 1);
+        fp16 *pos = random_halves((size_t)(MAX_POS + 2) * dim, &seed, -0.3f, 0.3f);
+        for (int r = 0; r < rows; r++)
+            ids[r] = r % N_NEW < pad[r / N_NEW] ? OPT_PAD_ID : (int)(test_uniform(&seed) * VOCAB);
+        embed_args a = {rows, N_NEW, dim, (const __half *)device_copy(table, (size_t)VOCAB * dim),
+                        (const __half *)device_copy(pos, (size_t)(MAX_POS + 2) * dim), device_copy(ids, (size_t)rows),
+                        device_copy(past, (size_t)B), device_copy(pad, (size_t)B), device_array<__half>((size_t)rows * dim)};
+        fp16 *got = host_array<fp16>((size_t)rows * dim);
+        char what[96];
+        snprintf(what, sizeof what, "gather_rows_kernel + add_positions_kernel, rows of %d", dim);
+        run_in_every_order(what, run_embed, &a, a.x, (size_t)rows * dim * sizeof(fp16), got);
+        int bad = 0;
+        char first[200] = "";
+        for (int r = 0; r < rows; r++) {
+            int b = r / N_NEW, t = r % N_NEW;
+            int position = t < pad[b] ? OPT_POS_OFFSET - 1 : past[b] + t - pad[b] + OPT_POS_OFFSET;
+            for (int i = 0; i < dim; i++) {
+                fp16 want = fp32_to_fp16(half_value(table[(size_t)ids[r] * dim + i]) + half_value(pos[(size_t)position * dim + i]));
+                if (got[(size_t)r * dim + i] != want && !bad++)
+                    snprintf(first, sizeof first, "row %d (token %d, position %d), element %d: expected 0x%04x, got 0x%04x",
+                             r, ids[r], position, i, want, got[(size_t)r * dim + i]);
+            }
+        }
+        EXPECT(bad == 0, "%s: %d values differ; the first: %s", what, bad, first);
+        cuda_free((void *)a.table);
+        cuda_free((void *)a.pos);
+        cuda_free((void *)a.ids);
+        cuda_free((void *)a.past);
+        cuda_free((void *)a.pad);
+        cuda_free(a.x);
+        free(table);
+        free(pos);
+        free(got);
+    }
+}
+
+/* ============================================================================================
+ * prefill_attention: cuBLAS's scores, prefill_softmax_kernel, cuBLAS's P V
+ * ============================================================================================ */
+
+typedef struct {
+    cuda_ws d;         /* qkv, scores, probs, attn: the parts prefill_attention uses */
+    char *out;         /* one allocation: [scores][probs][attn], the outputs compared bit for bit */
+    size_t out_bytes;
+    opt_config c;
+    gpu_batch gb;
+    int b;             /* the sequence this run computes */
+} prefill_args;
+
+static void run_prefill(void *p) {
+    prefill_args *a = (prefill_args *)p;
+    poison(a->out, a->out_bytes);
+    prefill_attention(&a->d, &a->c, &a->gb, a->b);
+    wait_stream();
+}
+
+/* Sequence b's probabilities and output (got: attn of the whole batch) against (P). */
+static void check_prefill(const prefill_args *a, const fp16 *qkv, const fp16 *probs, const fp16 *attn,
+                          const char *what, double *worst) {
+    int n = a->gb.n_new, pad = a->gb.pad[a->b], H = a->c.n_heads, h = a->c.hidden, hd = h / H;
+    double scale = 1.0f / sqrtf((float)hd);
+    const fp16 *rows = qkv + (size_t)a->b * n * 3 * h;
+    double *p = host_array<double>((size_t)n), *e = host_array<double>((size_t)n);
+    int bad = 0;
+    char first[240] = "";
+    for (int head = 0; head < H; head++)
+        for (int t = 0; t < n; t++) {
+            const fp16 *prow = probs + ((size_t)head * n + t) * n;
+            const fp16 *orow = attn + ((size_t)a->b * n + t) * h + (size_t)head * hd;
+            /* exact weights of keys [pad, t], and D */
+            double m = -INFINITY, sum = 0, D = 0, smax = 0;
+            for (int j = pad; j <= t; j++) {
+                double dot = 0, mag = 0;
+                for (int d = 0; d < hd; d++) {
+                    double prod = (double)half_value(rows[(size_t)t * 3 * h + head * hd + d]) *
+                                  half_value(rows[(size_t)j * 3 * h + h + head * hd + d]);
+                    dot += prod, mag += fabs(prod);
+                }
+                p[j] = scale * dot;
+                m = fmax(m, p[j]), smax = fmax(smax, fabs(p[j]));
+                D = fmax(D, scale * gamma_blas(hd + 1) * mag);
+            }
+            D += 2 * U * smax;
+            double eta = 2 * D + (t - pad + 1 + 5) * U;
+            for (int j = pad; j <= t; j++) sum += p[j] = exp(p[j] - m);
+            for (int j = pad; j <= t; j++) p[j] /= sum, e[j] = 1.01 * eta * p[j] + h16(p[j] * (1 + eta));
+            for (int j = 0; j < n; j++) { /* the probabilities: masked ones exactly +0 */
+                int visible = j >= pad && j <= t;
+                double err = visible ? fabs(half_value(prow[j]) - p[j]) : 0;
+                if ((visible ? !(err <= e[j]) : prow[j] != 0) && !bad++)
+                    snprintf(first, sizeof first, "head %d, query %d, key %d: probability %.7g, expected %s%.7g", head,
+                             t, j, half_value(prow[j]), visible ? "within the bound of " : "", visible ? p[j] : 0.0);
+            }
+            for (int d = 0; d < hd; d++) { /* the output; a padding query's is 0 */
+                double want = 0, E = 0;
+                for (int j = pad; j <= t; j++) {
+                    double v = half_value(rows[(size_t)j * 3 * h + 2 * h + head * hd + d]);
+                    want += p[j] * v;
+                    E += (e[j] + gamma_blas(t - pad + 1) * (p[j] + e[j])) * fabs(v);
+                }
+                E *= 1.01;
+                double bound = E + h16(fabs(want) + E), err = fabs(half_value(orow[d]) - want);
+                if (t < pad ? half_value(orow[d]) != 0 : !(err <= bound)) {
+                    if (!bad++)
+                        snprintf(first, sizeof first, "head %d, query %d, element %d: expected %.7g within %.3g, got %.7g",
+                                 head, t, d, want, bound, half_value(orow[d]));
+                } else if (t >= pad) {
+                    *worst = fmax(*worst, err / bound);
+                }
+            }
+        }
+    EXPECT(bad == 0, "%s: %d values off; the first: %s", what, bad, first);
+    free(p);
+    free(e);
+}
+
+static void prefill_case(int heads, int head_dim, int batch, int n, const int *pads, uint64_t *seed, double *worst) {
+    int h = heads * head_dim;
+    size_t nqkv = (size_t)batch * n * 3 * h, nscores = (size_t)heads * n * n, nattn = (size_t)batch * n * h;
+    fp16 *qkv = random_halves(nqkv, seed, -2, 2);
+    prefill_args a;
+    memset(&a, 0, sizeof a);
+    a.c.hidden = h, a.c.n_heads = heads;
+    a.gb.batch = batch, a.gb.n_new = n, a.gb.pad = (int *)pads;
+    a.d.qkv = (__half *)device_copy(qkv, nqkv);
+    a.out_bytes = nscores * sizeof(float) + nscores * sizeof(fp16) + nattn * sizeof(fp16);
+    a.out = device_array<char>(a.out_bytes);
+    a.d.scores = (float *)a.out;
+    a.d.probs = (__half *)(a.d.scores + nscores);
+    a.d.attn = a.d.probs + nscores;
+    char *got = host_array<char>(a.out_bytes);
+    const fp16 *probs = (const fp16 *)(got + nscores * sizeof(float)), *attn = probs + nscores;
+    for (a.b = 0; a.b < batch; a.b++) {
+        char what[128];
+        snprintf(what, sizeof what, "prefill_attention, %d heads of %d, %d rows, %d padding", heads, head_dim, n, pads[a.b]);
+        run_in_every_order(what, run_prefill, &a, a.out, a.out_bytes, got);
+        check_prefill(&a, qkv, probs, attn, what, worst);
+        /* the other sequences' rows are not its to write */
+        int touched = 0;
+        for (size_t i = 0; i < nattn; i++)
+            touched += i / ((size_t)n * h) != (size_t)a.b && attn[i] != 0xffff;
+        EXPECT(touched == 0, "%s: %d values of other sequences' rows written", what, touched);
+    }
+    cuda_free(a.d.qkv);
+    cuda_free(a.out);
+    free(qkv);
+    free(got);
+}
+
+/* Prompts of 1 and 17 rows with 0, 3 and all 17 padding (a slot with no prompt), heads of 48, 80,
+ * 96 and 128. */
+static void test_prefill(void) {
+    if (!gpu_ready()) return;
+    static const int pads_17[] = {0, 3, 17}, pads_1[] = {0, 0};
+    uint64_t seed = 81;
+    double worst = 0;
+    prefill_case(3, 48, 3, 17, pads_17, &seed, &worst);
+    prefill_case(1, 128, 2, 17, pads_17 + 1, &seed, &worst);
+    prefill_case(2, 80, 2, 1, pads_1, &seed, &worst);
+    prefill_case(2, 96, 1, 1, pads_1, &seed, &worst);
+    printf("(worst %.2f of the bound) ", worst);
+}
+
+/* ============================================================================================ */
+
+extern "C" void add_kernel_tests(void) {
+    CU_pSuite s = CU_add_suite("kernels", NULL, NULL);
+    CU_add_test(s, "dequant_kernel: q4_decompress rounded to fp16, bit for bit", test_dequant);
+    CU_add_test(s, "store_kv_kernel: fp16 and 4-bit rows at their page rows, byte for byte", test_store_kv);
+    CU_add_test(s, "attention_kernel: opt_attend_decode within its bound, fp16 and 4-bit cache", test_attention);
+    CU_add_test(s, "attention_kernel: top-K over exact ties keeps the CPU's keys", test_attention_ties);
+    CU_add_test(s, "layer_norm_kernel: a layer norm in double within its bound; y == x", test_layer_norm);
+    CU_add_test(s, "linear and bias_kernel: matmul_reference within its bound, every mode", test_linear);
+    CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit", test_embed);
+    CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);
+}
