@@ -17,6 +17,8 @@
  *                           once to fp16, as the CPU computes it here: bit for bit
  *   prefill_attention +
  *   prefill_softmax_kernel  causal softmax attention with left padding in double, within (P)
+ *   cuda_copy_in, _out      2.5 bounce buffers of pageable memory in and out, pinned memory, a
+ *                           device copy: byte for byte
  *
  * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
  * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
@@ -36,15 +38,15 @@
  *     widened exactly; 4-bit decoded by the same fma), so they differ only by the order of their
  *     sums, expf and the device's final rounding to fp16. Each side's score s_j = scale q.k_j is
  *     within scale gamma_hd sum_d |q_d k_jd| + u |s_j| of the exact one, and its subtraction of
- *     the max adds u (|s_j| + |m|): the two sides' scores differ by at most
- *         D = max_j 2 scale gamma_hd sum_d |q_d k_jd| + 4 u max_j |s_j|.
+ *     the max adds u (|s_j| + |m|) <= 2 u max|s|: the two sides' scores differ by at most
+ *         D = max_j 2 scale gamma_hd sum_d |q_d k_jd| + 6 u max_j |s_j|.
  *     Moving every score by at most D moves each weight p_j = e^(s_j - m) / sum by at most 2 D p_j
  *     (to first order); expf (2 ulp on the device, 1 on the host: 6 u), the two sums of nk terms
  *     (2 gamma_nk) and the two divisions (2 u) add at most (2 nk + 8) u p_j: the weights differ by
  *     eta p_j, eta = 2 D + (2 nk + 8) u. The output sum_kept p_j v_jd then differs by at most
  *         E_d = (eta + 2 gamma_nk) sum_kept p_j |v_jd|,
- *     and the device's rounding to fp16 adds h(|out_d| + E_d): one fp16 ulp of the output plus a
- *     few fp32 ulps of the sums. Top-K: equal weights on both sides give the same kept set; a cut
+ *     and the device's rounding to fp16 adds h(|out_d| + E_d): half an fp16 ulp of the output
+ *     plus a few fp32 ulps of the sums. Top-K: equal weights on both sides give the same kept set; a cut
  *     between two different weights closer than 2 eta of the larger could go either way, and
  *     such queries (random data) are counted and left out. Exact ties come from identical keys,
  *     which give identical weights on each side.
@@ -480,8 +482,17 @@ static void test_store_kv(void) {
  * attention_kernel
  * ============================================================================================ */
 
-/* A step of decode (or mixed) attention: its q, k, v rows, the cache of the tokens before it, and
- * their device copies. */
+/* What attention_kernel takes: a block per (head, sequence b, row t) of the step's qkv rows
+ * [batch][n_new][q|k|v]. Row t < pad[b] is padding: its output is zeros. Otherwise its query sits
+ * at slot past[b] + t - pad[b] and sees keys [0, slot]: those below past[b] from the cache through
+ * b's page tables (pages [K, V][batch][max_pages], rows from kc[b] and vc[b]), the others from
+ * this step's own k and v rows (from row pad[b] on), never from the cache. kc[b] NULL is a
+ * delegated sequence: its rows are left untouched. decode (n_new - pad[b] == 1 and past[b] > 0:
+ * one query after cached ones) is where top-K applies: the new key and the floor(sparsity (nk -
+ * 1)) earlier ones of largest weight, ties to the earlier. */
+
+/* A step of attention as a test sets it up: its q, k, v rows, the cache of the tokens before it,
+ * and their device copies. */
 typedef struct {
     step_case c;
     int q4, h, rows;
@@ -559,7 +570,7 @@ static const float *kv_values(const opt_kv_rows *r, int j, float *buf) {
 typedef struct {
     double worst;     /* the largest |device - CPU| / bound */
     int sparse, left_out; /* sparse queries; those left out for a cut within the bound */
-    int bad;          /* queries off */
+    int bad;          /* values off */
     char first[400];  /* the first of them */
 } attn_stats;
 
@@ -619,14 +630,14 @@ static void check_query(const attn_setup *s, const fp16 *got, int b, int head, i
         D = fmax(D, 2 * scale * gamma_n(hd) * mag);
         smax = fmax(smax, fabs(scale * dot));
     }
-    D += 4 * U * smax;
+    D += 6 * U * smax;
     double eta = 2 * D + (2 * nk + 8) * U;
     int earlier_kept = (int)floorf(sparsity * (float)(nk - 1));
     if (sparsity < 1) st->sparse++;
     if (sparsity < 1 && !ties && cut_within(p, nk - 1, earlier_kept, eta)) {
         st->left_out++;
     } else {
-        double *mass = (double *)calloc((size_t)hd, sizeof(double)); /* sum_kept p_j |v_jd| */
+        double *mass = host_array<double>((size_t)hd); /* sum_kept p_j |v_jd| */
         for (int j = 0; j < nk; j++) {
             if (!kept[j]) continue;
             const float *v = kv_values(&V, j, buf);
@@ -680,13 +691,14 @@ static void check_attention(const attn_setup *s, const fp16 *got, const char *wh
                 }
                 check_query(s, got, b, head, t, ties, st);
             }
-    EXPECT(st->bad == 0, "%s: %d queries off; the first: %s", what, st->bad, st->first);
+    EXPECT(st->bad == 0, "%s: %d values off; the first: %s", what, st->bad, st->first);
     st->bad = 0;
 }
 
 /* Decode (keys 1 to 17), top-K, a delegated sequence, prefill and decode in one step (n_new 4:
  * decoding sequences with 3 padding rows, a 1-token prompt, one all padding), a prefill of 17,
- * and several rows after cached ones (causal over the cache and this step's rows, no top-K). */
+ * several rows after cached ones (causal over the cache and this step's rows, no top-K), and more
+ * keys than the block's 128 threads. */
 static const step_case ATTN_CASES[] = {
     {"decode, 3 heads of 48, pages of 5", 3, 48, 7, 1, 5, -1, 1,
      {16, 0, 4, 5, 9, 16, 1}, {0, 0, 0, 0, 0, 0, 0}},
@@ -698,6 +710,8 @@ static const step_case ATTN_CASES[] = {
     {"prefill of 17 through the cache kernel, 3 heads of 48", 3, 48, 1, 17, 16, -1, 1, {0}, {0}},
     {"3 rows after 9 and 16 cached, top-K 0.5 (not decode: all keys), 2 heads of 80, pages of 5", 2, 80, 2, 3, 5,
      -1, 0.5f, {9, 16}, {0, 1}},
+    {"decode after 200 and 130 cached (more keys than threads), top-K 0.5, 1 head of 80", 1, 80, 2, 1, 16, -1, 0.5f,
+     {200, 130}, {0, 0}},
 };
 
 static void test_attention(void) {
@@ -1134,17 +1148,46 @@ static void prefill_case(int heads, int head_dim, int batch, int n, const int *p
 }
 
 /* Prompts of 1 and 17 rows with 0, 3 and all 17 padding (a slot with no prompt), heads of 48, 80,
- * 96 and 128. */
+ * 96 and 128, and one of 140 rows, more than the softmax block's 128 threads. */
 static void test_prefill(void) {
     if (!gpu_ready()) return;
-    static const int pads_17[] = {0, 3, 17}, pads_1[] = {0, 0};
+    static const int pads_17[] = {0, 3, 17}, pads_1[] = {0, 0}, pads_140[] = {5};
     uint64_t seed = 81;
     double worst = 0;
     prefill_case(3, 48, 3, 17, pads_17, &seed, &worst);
     prefill_case(1, 128, 2, 17, pads_17 + 1, &seed, &worst);
     prefill_case(2, 80, 2, 1, pads_1, &seed, &worst);
     prefill_case(2, 96, 1, 1, pads_1, &seed, &worst);
+    prefill_case(1, 48, 1, 140, pads_140, &seed, &worst);
     printf("(worst %.2f of the bound) ", worst);
+}
+
+/* The copies of the disk tier's pages (pageable memory): 2.5 bounce buffers' worth in and out,
+ * so each buffer is filled again while its last piece may still be moving; byte for byte, and so
+ * from pinned memory and between device buffers. */
+static void test_copies(void) {
+    if (!gpu_ready()) return;
+    size_t bytes = 5 * (size_t)BOUNCE / 2 + 4099;
+    uint8_t *src = host_array<uint8_t>(bytes), *back = host_array<uint8_t>(bytes);
+    for (size_t i = 0; i < bytes; i++) src[i] = (uint8_t)(i * 2654435761u >> 13);
+    uint8_t *dev = device_array<uint8_t>(bytes), *dev2 = device_array<uint8_t>(bytes);
+    cuda_copy_in(dev, src, bytes);
+    cuda_copy(dev2, dev, bytes);
+    cuda_copy_out(back, dev2, bytes);
+    size_t first = 0;
+    while (first < bytes && back[first] == src[first]) first++;
+    EXPECT(first == bytes, "pageable memory in and out through the bounce buffers: byte %zu of %zu differs", first, bytes);
+    uint8_t *pinned = (uint8_t *)cuda_host_alloc(bytes, 1);
+    memcpy(pinned, src, bytes);
+    cuda_copy_in(dev, pinned, bytes);
+    memset(pinned, 0, bytes);
+    cuda_copy_out(pinned, dev, bytes);
+    EXPECT(!memcmp(pinned, src, bytes), "pinned memory in and out: the bytes differ");
+    cuda_host_free(pinned);
+    cuda_free(dev);
+    cuda_free(dev2);
+    free(src);
+    free(back);
 }
 
 /* ============================================================================================ */
@@ -1159,4 +1202,5 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "linear and bias_kernel: matmul_reference within its bound, every mode", test_linear);
     CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit", test_embed);
     CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);
+    CU_add_test(s, "copies through the bounce buffers, from pinned memory, on the device: byte for byte", test_copies);
 }

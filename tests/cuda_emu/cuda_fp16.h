@@ -8,6 +8,7 @@
 #ifndef CUDA_EMU_FP16_H
 #define CUDA_EMU_FP16_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -66,6 +67,12 @@ static inline __half cuda_emu_bits(unsigned short b) { __half h; h.__x = b; retu
 
 static inline __half __float2half(float f) { return cuda_emu_bits(cuda_emu_float_to_half(f)); }
 static inline __half __float2half_rn(float f) { return __float2half(f); }
+/* Toward zero: nearest, then one step back where that went past f in magnitude. */
+static inline __half __float2half_rz(float f) {
+    unsigned short h = cuda_emu_float_to_half(f);
+    if ((h & 0x7fff) <= 0x7c00 && (h & 0x7fff) && fabsf(cuda_emu_half_to_float(h)) > fabsf(f)) h--;
+    return cuda_emu_bits(h);
+}
 static inline float __half2float(__half h) { return cuda_emu_half_to_float(h.__x); }
 static inline float __low2float(__half2 h) { return __half2float(h.x); }
 static inline float __high2float(__half2 h) { return __half2float(h.y); }

@@ -3,11 +3,12 @@
  * compiled by g++ against the headers beside this file, so that every kernel and CUDA call runs
  * in `make test` on a machine without a GPU. What it holds the code to:
  *
- *   kernels     each block's threads run as fibers on one host thread: __syncthreads
- *               is a barrier of the block, a warp shuffle a meeting of its 32 lanes, and between
- *               barriers the threads (and the grid's blocks) run in a chosen order: forward,
- *               reversed or shuffled (cuda_emu_set_order), so a race on shared memory changes
- *               the result; dynamic shared memory starts as NaN bytes
+ *   kernels     each block's threads run as fibers on one host thread: __syncthreads is a
+ *               barrier of the block, a warp shuffle a meeting of its 32 lanes; a warp runs a
+ *               whole stretch between barriers before the next, and the warps, their lanes and
+ *               the grid's blocks run in a chosen order: forward, reversed or shuffled
+ *               (cuda_emu_set_order), so a race on shared memory changes the result; dynamic
+ *               shared memory starts as NaN bytes
  *   memory      each cudaMalloc is its own mapping, 256-byte aligned, ending at a guard page;
  *               its pages are closed to the host: a host access faults and is reported with the
  *               allocation; a kernel or copy opens them (on its first touch) and they close
@@ -165,7 +166,9 @@ struct allocation {
 enum { ALIGN = 256, SLACK_BYTE = 0xa5 };
 
 static std::mutex alloc_mutex;
-static std::map<uintptr_t, allocation *> allocations; /* by begin */
+/* by begin; never destroyed, so what the program leaves allocated at exit stays reachable (as
+ * the driver's bookkeeping would) rather than reported by LeakSanitizer */
+static std::map<uintptr_t, allocation *> &allocations = *new std::map<uintptr_t, allocation *>;
 static size_t device_used;
 static long next_id = 1;
 static size_t page_size() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
@@ -314,7 +317,7 @@ static struct sigaction previous_segv, previous_bus;
 
 static void describe_thread(char *out, size_t n) {
     if (running_kernel)
-        snprintf(out, n, "kernel %s (flexgen.cu launch at %s:%d), block (%u,%u,%u) thread (%u,%u,%u)",
+        snprintf(out, n, "kernel %s (launched at %s:%d), block (%u,%u,%u) thread (%u,%u,%u)",
                  running_kernel->name, running_kernel->file, running_kernel->line, blockIdx.x, blockIdx.y,
                  blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
     else snprintf(out, n, "a copy or cuBLAS call");
@@ -379,8 +382,9 @@ struct event_state {
 /* device_mutex, the device lock: queues are changed and work runs under it. Recursive: a
  * waiting thread runs another stream's work first. */
 static stream_state legacy{{}, 0, 0, true};
-static std::vector<stream_state *> streams; /* created ones; the legacy stream is not listed */
-static std::vector<event_state *> events;
+static std::vector<stream_state *> &streams = *new std::vector<stream_state *>; /* created ones; not
+                                                                                 the legacy stream */
+static std::vector<event_state *> &events = *new std::vector<event_state *>;
 
 static stream_state *stream_of(cudaStream_t s) { return s ? (stream_state *)s : &legacy; }
 static bool stream_exists(cudaStream_t s) {
@@ -777,38 +781,32 @@ void *cuda_emu::dynamic_shared(void) {
     return block.shared.data();
 }
 
-/* Lets each warp whose named lanes all wait at one shuffle (or warp barrier) go on. Returns
- * whether any did. A lane it names that exited, or that waits elsewhere, is a kernel bug. */
-static bool release_warps(const char *kernel) {
-    bool released = false;
-    for (int w = 0; w * 32 < block.n; w++) {
-        fiber *lanes = &block.fibers[(size_t)w * 32];
-        int n = std::min(32, block.n - w * 32), first = -1;
-        for (int l = 0; l < n && first < 0; l++)
-            if (lanes[l].state == AT_SHUFFLE || lanes[l].state == AT_WARP_BARRIER) first = l;
-        if (first < 0) continue;
-        unsigned mask = lanes[first].lane_mask;
-        thread_state kind = lanes[first].state;
-        bool all_there = true;
-        for (int l = 0; l < 32; l++) {
-            if (!(mask >> l & 1)) continue;
-            if (l >= n) fatal("kernel %s: a warp shuffle's mask %#x names lane %d of warp %d, past the block's %d threads", kernel, mask, l, w, block.n);
-            if (lanes[l].state == EXITED) fatal("kernel %s: lane %d of warp %d exited before the warp shuffle or __syncwarp its mask %#x names it in", kernel, l, w, mask);
-            if (lanes[l].state != kind || lanes[l].lane_mask != mask) all_there = false;
-        }
-        if (!all_there) continue;
-        for (int l = 0; l < 32; l++) {
-            if (!(mask >> l & 1)) continue;
-            if (kind == AT_SHUFFLE) {
-                int from = lanes[l].shuffle_from;
-                if (!(mask >> from & 1)) fatal("kernel %s: lane %d reads lane %d, which its shuffle's mask %#x leaves out", kernel, l, from, mask);
-                lanes[l].shuffle_out = lanes[from].shuffle_in;
-            }
-            lanes[l].state = RUNNABLE;
-        }
-        released = true;
+/* Lets warp w go on if the lanes its waiting lanes name all wait at one shuffle (or warp
+ * barrier); returns whether it did. A named lane that exited, or is past the block, is a bug. */
+static bool release_warp(int w, const char *kernel) {
+    fiber *lanes = &block.fibers[(size_t)w * 32];
+    int n = std::min(32, block.n - w * 32), first = -1;
+    for (int l = 0; l < n && first < 0; l++)
+        if (lanes[l].state == AT_SHUFFLE || lanes[l].state == AT_WARP_BARRIER) first = l;
+    if (first < 0) return false;
+    unsigned mask = lanes[first].lane_mask;
+    thread_state kind = lanes[first].state;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1)) continue;
+        if (l >= n) fatal("kernel %s: a warp shuffle's mask %#x names lane %d of warp %d, past the block's %d threads", kernel, mask, l, w, block.n);
+        if (lanes[l].state == EXITED) fatal("kernel %s: lane %d of warp %d exited before the warp shuffle or __syncwarp its mask %#x names it in", kernel, l, w, mask);
+        if (lanes[l].state != kind || lanes[l].lane_mask != mask) return false;
     }
-    return released;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1)) continue;
+        if (kind == AT_SHUFFLE) {
+            int from = lanes[l].shuffle_from;
+            if (!(mask >> from & 1)) fatal("kernel %s: lane %d reads lane %d, which its shuffle's mask %#x leaves out", kernel, l, from, mask);
+            lanes[l].shuffle_out = lanes[from].shuffle_in;
+        }
+        lanes[l].state = RUNNABLE;
+    }
+    return true;
 }
 
 /* The order of n threads (or blocks) for one round: forward, reversed, or shuffled. */
@@ -821,8 +819,11 @@ static void order_of(std::vector<int> &order, int n, uint64_t salt) {
     }
 }
 
-/* One block: every thread runs until it waits or exits, in the round's order; then the waits
- * that are complete end (warp shuffles, then the block's barrier), until every thread exits. */
+/* One block, a warp at a time: each warp's threads run (in the chosen order) until they wait, its
+ * shuffles complete as soon as its lanes meet, and it runs on so until its threads reach the
+ * block's barrier or exit; then the next warp (warps in the chosen order too). So one warp gets a
+ * whole stretch between barriers ahead of the others, and a race between warps on shared memory
+ * shows when the warps' order changes. Then the barrier opens, until every thread exits. */
 static void run_block(const cuda_emu::launch_config &c, const std::function<void()> &body, uint64_t block_number) {
     if (block.fibers.empty()) block.fibers.reserve(MAX_THREADS);
     block.n = (int)(c.block.x * c.block.y * c.block.z);
@@ -835,18 +836,24 @@ static void run_block(const cuda_emu::launch_config &c, const std::function<void
         f.state = RUNNABLE;
         f.index = uint3{(unsigned)i % c.block.x, (unsigned)i / c.block.x % c.block.y, (unsigned)i / (c.block.x * c.block.y)};
     }
-    std::vector<int> order;
+    std::vector<int> warps, lanes;
+    int n_warps = (block.n + 31) / 32;
     for (uint64_t round = 0;; round++) {
-        order_of(order, block.n, block_number * 1000003u + round);
-        for (int i : order)
-            if (block.fibers[(size_t)i].state == RUNNABLE) run_fiber(&block.fibers[(size_t)i]);
+        order_of(warps, n_warps, block_number * 1000003u + round);
+        for (int w : warps)
+            for (uint64_t step = 0;; step++) {
+                int n = std::min(32, block.n - w * 32);
+                order_of(lanes, n, (block_number * 1000003u + round) * 4099u + (uint64_t)w * 131u + step);
+                for (int l : lanes)
+                    if (block.fibers[(size_t)(w * 32 + l)].state == RUNNABLE) run_fiber(&block.fibers[(size_t)(w * 32 + l)]);
+                if (!release_warp(w, c.name)) break;
+            }
         int exited = 0, at_barrier = 0;
         for (int i = 0; i < block.n; i++) {
             exited += block.fibers[(size_t)i].state == EXITED;
             at_barrier += block.fibers[(size_t)i].state == AT_BARRIER;
         }
         if (exited == block.n) break;
-        if (release_warps(c.name)) continue;
         if (at_barrier + exited < block.n)
             fatal("kernel %s, block (%u,%u,%u): threads wait at different barriers and shuffles (a deadlock on a GPU)",
                   c.name, blockIdx.x, blockIdx.y, blockIdx.z);
@@ -1004,7 +1011,7 @@ const char *cudaGetErrorString(cudaError_t e) {
  * ============================================================================================ */
 
 struct cublasContext { cudaStream_t stream; };
-static std::vector<cublasContext *> handles;
+static std::vector<cublasContext *> &handles = *new std::vector<cublasContext *>;
 
 static bool handle_exists(cublasHandle_t h) {
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
