@@ -139,12 +139,13 @@ build-san-emu/flexgen: $(SRC) $(HDR) build-san-emu/flexgen_cu.o build-san-emu/em
 emu: flexgen-emu
 
 # `make test` runs the native suites (the GPU ones on a GPU, or skipping), then the emulated GPU's.
-# SUITE=name runs one where it is: gpu and kernels in both binaries, emu in the emulated one.
+# SUITE=name runs one where it is: gpu in both binaries, kernels in both where nvcc is, emu in
+# the emulated one.
 EMU_SUITES := gpu kernels emu
 # OpenMP's idle threads spin for a while by default; beside kernels that run on one thread, on
 # two cores, that spinning made the emulated suites ten times slower.
 EMU_ENV := GOMP_SPINCOUNT=1000
-run_native = $(if $(SUITE),$(filter-out emu,$(SUITE)),all)
+run_native = $(if $(SUITE),$(filter-out emu $(if $(NVCC),,kernels),$(SUITE)),all)
 run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
 
 test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen
