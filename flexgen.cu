@@ -763,10 +763,7 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
                                                   1.0f / sqrtf((float)hd), gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
-    if (on_device < gb->batch) {
-        wait_stream(); /* this step's q, k, v are in qkv before they are copied */
-        delegated_attention(d, c, gb, ws);
-    }
+    if (on_device < gb->batch) delegated_attention(d, c, gb, ws); /* its copies follow on this stream */
 }
 
 /* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). */

@@ -19,6 +19,8 @@
  *   prefill_softmax_kernel  causal softmax attention with left padding in double, within (P)
  *   cuda_copy_in, _out      2.5 bounce buffers of pageable memory in and out, pinned memory, a
  *                           device copy: byte for byte
+ *   upload_cache            the page tables of pages of 5 tokens, more than the workspace's part
+ *                           holds: each sequence's K and V tables on the device
  *
  * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
  * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
@@ -1190,6 +1192,45 @@ static void test_copies(void) {
     free(back);
 }
 
+/* upload_cache's page tables for pages of 5 tokens: the runtime makes pages of 16 tokens or of a
+ * whole sequence, and the workspace holds tables of 16-token pages; smaller ones (max_len 40 takes
+ * 8 pages of 5, not 3 of 16) must reach the device whole, for each sequence and for K and V. */
+static void test_page_tables(void) {
+    if (!gpu_ready()) return;
+    opt_config cfg = {"pages", 1, 64, 4, 256, 16, 64, 64, 1};
+    opt_workspace ws;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(cuda_workspace_init(&ws, &cfg, 2, 1, 40, err), 0);
+    cuda_ws *d = (cuda_ws *)ws.device;
+    enum { B = 2, PAGES = 8 };
+    int past[B] = {10, 33}, pad[B] = {0, 0}, tables[2][B][PAGES];
+    const int *k_pages[B], *v_pages[B];
+    void *k[B], *v[B];
+    for (int kv = 0; kv < 2; kv++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < PAGES; i++) tables[kv][b][i] = 100 * kv + 10 * b + (7 * i + 3) % PAGES;
+    for (int b = 0; b < B; b++) {
+        k_pages[b] = tables[0][b], v_pages[b] = tables[1][b];
+        k[b] = device_array<uint8_t>(64), v[b] = device_array<uint8_t>(64);
+    }
+    gpu_batch gb;
+    memset(&gb, 0, sizeof gb);
+    gb.batch = B, gb.max_len = 40, gb.page_tokens = 5, gb.n_new = 1, gb.past = past, gb.pad = pad;
+    gb.k = k, gb.v = v, gb.k_pages = k_pages, gb.v_pages = v_pages;
+    CU_ASSERT_EQUAL(upload_cache(d, &gb), B);
+    EXPECT(d->max_pages >= PAGES, "pages of 5 for 40 tokens: tables of %d pages, expected %d", d->max_pages, PAGES);
+    int *got = host_array<int>((size_t)2 * B * d->max_pages);
+    download(got, d->pages, (size_t)2 * B * d->max_pages * sizeof(int));
+    int wrong = 0;
+    for (int kv = 0; kv < 2; kv++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < PAGES; i++) wrong += got[((size_t)kv * B + b) * d->max_pages + i] != tables[kv][b][i];
+    EXPECT(wrong == 0, "pages of 5: %d of %d page-table entries on the device differ from the sequences' tables", wrong, 2 * B * PAGES);
+    free(got);
+    for (int b = 0; b < B; b++) cuda_free(k[b]), cuda_free(v[b]);
+    cuda_workspace_free(&ws);
+}
+
 /* ============================================================================================ */
 
 extern "C" void add_kernel_tests(void) {
@@ -1203,4 +1244,5 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit", test_embed);
     CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);
     CU_add_test(s, "copies through the bounce buffers, from pinned memory, on the device: byte for byte", test_copies);
+    CU_add_test(s, "upload_cache: page tables of pages under 16 tokens", test_page_tables);
 }

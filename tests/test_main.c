@@ -175,6 +175,7 @@ int main(int argc, char **argv) {
     add_emu_tests();
     add_kernel_tests();
     add_cuda_tests();
+    add_gpu_cli_tests();
 #else
     add_tokenizer_tests();
     add_model_tests();
@@ -188,6 +189,7 @@ int main(int argc, char **argv) {
     add_cost_tests();
     add_policy_tests();
     add_cuda_tests();
+    add_gpu_cli_tests();
 #ifdef FLEXGEN_CUDA
     add_kernel_tests();
 #endif

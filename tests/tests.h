@@ -21,6 +21,7 @@ void add_lp_tests(void);         /* test_lp.c: the simplex against GLPK */
 void add_cost_tests(void);       /* test_cost.c: the cost model of §4.3, by hand */
 void add_policy_tests(void);     /* test_policy.c: the policy search against the plan check */
 void add_cuda_tests(void);       /* test_cuda.c: the CUDA backend against the CPU (suite "gpu") */
+void add_gpu_cli_tests(void);    /* test_gpu_cli.c: the whole program on the GPU against the CPU */
 void add_pipeline_tests(void);   /* test_pipeline.c: mpirun -np 2 and 3 against one process */
 void add_kernel_tests(void);     /* test_kernels.cu: each CUDA kernel against its CPU reference */
 void add_emu_tests(void);        /* cuda_emu/test_emu.cpp: the emulated GPU's own checks */
