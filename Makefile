@@ -145,6 +145,8 @@ EMU_SUITES := gpu kernels emu
 # OpenMP's idle threads spin for a while by default; beside kernels that run on one thread, on
 # two cores, that spinning made the emulated suites ten times slower.
 EMU_ENV := GOMP_SPINCOUNT=1000
+# test-san runs the emulated suites with the threads shuffled, make test in forward order.
+EMU_SAN_ORDER := FLEXGEN_EMU_ORDER=shuffle:7
 run_native = $(if $(SUITE),$(filter-out emu $(if $(NVCC),,kernels),$(SUITE)),all)
 run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
 
@@ -171,7 +173,7 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
 
 test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen
 	$(if $(run_native),FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
-	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	$(if $(run_emu),$(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)

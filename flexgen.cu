@@ -892,7 +892,8 @@ static void probe(void) {
     device_index = local ? atoi(local) % n : 0;
     if (cudaSetDevice(device_index) != cudaSuccess)
         snprintf(probe_error, sizeof probe_error, "cannot use GPU %d", device_index);
-    else if (!has_code_for_device(probe_error, sizeof probe_error)) {}
+    else if (!has_code_for_device(probe_error, sizeof probe_error))
+        return; /* probe_error names the GPU's capability and the build's */
     else if (pthread_key_create(&ctx_key, ctx_destroy) != 0)
         snprintf(probe_error, sizeof probe_error, "cannot create a thread key");
     const char *sync = getenv("FLEXGEN_CUDA_SYNC");

@@ -20,7 +20,7 @@
  *                exchange of two keys at the threshold moves the output by about as much as
  *                dropping the keys below it, which is S, the CPU's own sparsity effect (the CPU
  *                with and without --attn-sparsity). Loose: test_kernels.cu holds the kernel's
- *                choice to the CPU's on the same fp16 rows, and test_cuda.c the backend's at B16.
+ *                choice to the CPU's on the same fp16 rows, exactly.
  *
  * Tokens. The runs are greedy, each fed its own tokens. On models/opt-kjv, trained, with the
  * reference's prompts (tests/fixtures/opt-kjv, chosen where PyTorch's greedy steps are far from

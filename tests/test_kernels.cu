@@ -177,6 +177,9 @@ static float *widened(const fp16 *x, size_t n) {
 static void run_in_every_order(const char *what, void (*run)(void *), void *arg, const void *out,
                                size_t bytes, void *host) {
 #ifdef FLEXGEN_CUDA_EMU
+    int order_before;
+    unsigned seed_before;
+    cuda_emu_get_order(&order_before, &seed_before); /* FLEXGEN_EMU_ORDER's, or forward */
     cuda_emu_set_order(CUDA_EMU_FORWARD, 0);
 #endif
     run(arg);
@@ -195,7 +198,7 @@ static void run_in_every_order(const char *what, void (*run)(void *), void *arg,
                "forward, 0x%02x now): a race", what, cuda_emu_order_name(), at, bytes,
                at < bytes ? ((const unsigned char *)host)[at] : 0, at < bytes ? again[at] : 0);
     }
-    cuda_emu_set_order(CUDA_EMU_FORWARD, 0);
+    cuda_emu_set_order(order_before, seed_before);
     free(again);
 #else
     (void)what;

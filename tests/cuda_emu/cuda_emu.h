@@ -18,6 +18,7 @@ extern "C" {
 
 enum { CUDA_EMU_FORWARD, CUDA_EMU_REVERSE, CUDA_EMU_SHUFFLE };
 void cuda_emu_set_order(int order, unsigned seed);
+void cuda_emu_get_order(int *order, unsigned *seed);
 const char *cuda_emu_order_name(void); /* "forward", "reverse", "shuffle:SEED" */
 void cuda_emu_set_device_memory(size_t bytes);
 void cuda_emu_set_capability(int major, int minor);

@@ -110,6 +110,10 @@ extern "C" void cuda_emu_set_order(int order, unsigned seed) {
     settings_ready();
     settings.order = order, settings.seed = seed;
 }
+extern "C" void cuda_emu_get_order(int *order, unsigned *seed) {
+    settings_ready();
+    *order = settings.order, *seed = settings.seed;
+}
 extern "C" const char *cuda_emu_order_name(void) {
     static char name[32];
     settings_ready();

@@ -240,6 +240,9 @@ static void run_neighbour(int sync, float *host) {
 
 static void test_thread_orders(void) {
     float forward[64], reverse[64], synced_f[64], synced_r[64], sums[3];
+    int order_before;
+    unsigned seed_before;
+    cuda_emu_get_order(&order_before, &seed_before);
     cuda_emu_set_order(CUDA_EMU_FORWARD, 0);
     run_neighbour(0, forward), run_neighbour(1, synced_f);
     cuda_emu_set_order(CUDA_EMU_REVERSE, 0);
@@ -260,7 +263,7 @@ static void test_thread_orders(void) {
         block_total<<<1, 256, 0, 0>>>(dx, dsum);
         cudaMemcpy(&sums[i], dsum, sizeof(float), cudaMemcpyDeviceToHost);
     }
-    cuda_emu_set_order(CUDA_EMU_FORWARD, 0);
+    cuda_emu_set_order(order_before, seed_before);
     CU_ASSERT(sums[0] == sums[1] && sums[1] == sums[2]);
     EXPECT(fabs(sums[0] - exact) < 1e-4, "block sum %g, expected %g", sums[0], exact);
     cudaFree(dx);
