@@ -232,6 +232,12 @@ static void compare_backends(const char *fixture_name) {
     }
     printf("\n  %s: worst share, fp16 cache %.2e, 4-bit cache %.2e, sparse attention %.2e", fixture_name,
            worst_share[0], worst_share[1], worst_share[2]);
+#ifdef FLEXGEN_CUDA_EMU
+    cuda_emu_stats emu;
+    cuda_emu_get_stats(&emu);
+    printf("\n  emulated so far: %lld kernels (%lld blocks, %lld threads), %lld GEMMs, %lld copies, %lld host waits",
+           emu.kernels, emu.blocks, emu.threads, emu.gemms, emu.copies, emu.host_waits);
+#endif
     free(r.ref_logits);
     free(r.logits);
     fixture_prompts_close(&f);
@@ -346,6 +352,29 @@ static void test_no_gpu_fallback(void) {
     fg_runtime_close(rt);
 }
 
+/* A device smaller than the plan (FLEXGEN_EMU_MEMORY): the plan is refused naming the gpu tier,
+ * before a byte moves; with --gpu-mem above the device, the allocation that fails is one line,
+ * exit 2, and the offload dir is left empty. */
+static void test_device_out_of_memory(void) {
+#ifdef FLEXGEN_CUDA_EMU
+    char *dir = make_temp_dir(), *out = NULL, *err = NULL;
+    const char *argv[] = {"env", "FLEXGEN_EMU_MEMORY=100M", flexgen_bin(), "--model", "models/opt-kjv", "--device", "cuda",
+                          "--prompt-len", "4", "--gen-len", "2", "--offload-dir", dir, NULL, NULL, NULL};
+    int rc = run_command(argv, NULL, &out, &err);
+    EXPECT(rc == 2 && strstr(err, "flexgen: gpu tier: the plan needs"), "a device of 100 MiB: expected the plan "
+           "refused naming the gpu tier, exit 2; got %d: %.300s", rc, err);
+    free(out), free(err);
+    argv[1] = "FLEXGEN_EMU_MEMORY=4M", argv[13] = "--gpu-mem", argv[14] = "2G";
+    rc = run_command(argv, NULL, &out, &err);
+    EXPECT(rc == 2 && strstr(err, "flexgen: gpu tier: out of memory allocating") && dir_entries(dir) == 0,
+           "a device of 4 MiB under --gpu-mem 2G: expected one line, exit 2, no files; got %d, %d files: %.300s",
+           rc, dir_entries(dir), err);
+    free(out), free(err);
+    rm_tree(dir);
+    free(dir);
+#endif
+}
+
 /* scripts/gpu_laptop_run.sh's opt-kjv step on the emulated GPU: the same text from cuda and cpu,
  * exit 0; a binary that fails is one FAIL line naming it, exit 1; its files go to OUT alone. */
 static void test_laptop_run(void) {
@@ -376,5 +405,6 @@ void add_cuda_tests(void) {
     CU_add_test(s, "--gpu-mem caps device memory", test_gpu_mem_cap);
     CU_add_test(s, "--gpu-mem's plan with CUDA's sizes, on the CPU", test_gpu_mem_cap_plan);
     CU_add_test(s, "no GPU: --device cuda refused, auto falls back to the CPU", test_no_gpu_fallback);
+    CU_add_test(s, "a device smaller than the plan, or than --gpu-mem: one line, exit 2", test_device_out_of_memory);
     CU_add_test(s, "scripts/gpu_laptop_run.sh's opt-kjv step on the emulated GPU", test_laptop_run);
 }

@@ -1,8 +1,9 @@
 /* tests/cuda_emu/cuda_emu.h: the controls of the CPU execution harness for flexgen.cu (C and
  * C++). A build against tests/cuda_emu (FLEXGEN_CUDA_EMU) has them; a native build does not.
  * Each has an environment variable too, read at the first CUDA call, for ./flexgen-emu:
- *   FLEXGEN_EMU_ORDER    forward | reverse | shuffle[:SEED]: the order in which a block's threads
- *                        (and a grid's blocks) run between barriers; forward by default
+ *   FLEXGEN_EMU_ORDER    forward | reverse | shuffle[:SEED]: the order in which a block's warps,
+ *                        each warp's threads and a grid's blocks run between barriers; forward by
+ *                        default
  *   FLEXGEN_EMU_MEMORY   the device's size in bytes (K, M, G suffixes); 8G by default
  *   FLEXGEN_EMU_CC       the device's compute capability, e.g. 6.1; 8.6 by default
  *   FLEXGEN_EMU_DEVICES  0: report no GPU; 1 by default

@@ -128,13 +128,18 @@ extern "C" void cuda_emu_set_capability(int major, int minor) {
 }
 extern "C" void cuda_emu_get_stats(cuda_emu_stats *s) { *s = stats; }
 
+/* One line on stderr, "cuda-emu: " and the message. */
+static void say(const char *fmt, va_list ap) {
+    fprintf(stderr, "cuda-emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+}
+
 /* A misuse that a GPU would turn into a fault or undefined results: reported, then abort(). */
 [[noreturn]] static void fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "cuda-emu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    say(fmt, ap);
     va_end(ap);
     abort();
 }
@@ -145,9 +150,7 @@ static thread_local cudaError_t last_error = cudaSuccess;
 static cudaError_t api_error(cudaError_t e, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "cuda-emu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    say(fmt, ap);
     va_end(ap);
     last_error = e;
     return e;
@@ -1106,13 +1109,14 @@ static size_t extent(const matrix &m, int batches) {
     return (size_t)m.ld * (m.cols - 1) + m.rows + (size_t)(batches - 1) * (size_t)m.stride;
 }
 
+/* A refused cuBLAS call: "cuda-emu: CALL: " and why. */
 static cublasStatus_t invalid(const char *call, const char *fmt, ...) {
+    char why[512];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "cuda-emu: %s: ", call);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "cuda-emu: %s: %s\n", call, why);
     return CUBLAS_STATUS_INVALID_VALUE;
 }
 
