@@ -207,6 +207,8 @@ static void protect(allocation *al, int prot) {
 
 /* Device allocations opened to the device work now running; closed when the host resumes. */
 static std::vector<allocation *> opened;
+/* From the fault handler: the list has room already (reserved with the handler), so this takes no
+ * memory there but in a run that touches more allocations than that at once. */
 static void open_allocation(allocation *al) {
     if (al->open) return;
     protect(al, PROT_READ | PROT_WRITE);
@@ -357,6 +359,7 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
 }
 
 static void install_fault_handler() {
+    opened.reserve(4096);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fault;
@@ -394,7 +397,8 @@ static std::vector<stream_state *> &streams = *new std::vector<stream_state *>; 
 static std::vector<event_state *> &events = *new std::vector<event_state *>;
 
 static stream_state *stream_of(cudaStream_t s) { return s ? (stream_state *)s : &legacy; }
-static bool stream_exists(cudaStream_t s) {
+static bool stream_exists(cudaStream_t s) { /* under the device lock: other threads make and end streams */
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
     return !s || std::find(streams.begin(), streams.end(), (stream_state *)s) != streams.end();
 }
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""check_cuda_bugs.py: plants bugs of the kinds a GPU punishes in a copy of flexgen.cu, one at a
+time, and runs the emulated GPU's suites (build-emu/test_flexgen: emu, kernels, gpu) on each. A bug
+is caught when the suites fail: a failed test, or the run ended by the harness's report (a host
+access to device memory, a kernel past an allocation) or by flexgen.cu's own check of a CUDA or
+cuBLAS call. docs/TESTS.md lists the bugs and what caught each.
+
+Usage: python3 scripts/check_cuda_bugs.py [N ...]   (from anywhere; N: the bugs to plant, 1-based)
+It works in a temporary copy of the tree (the build directories left out), builds with make -j2,
+takes about 90 s a bug on two cores, prints what failed for each, and ends with
+'N passed, N failed' (a bug caught passes); the exit status is 1 if any bug got through.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (what, the line or lines as flexgen.cu has them, the same with the bug)
+BUGS = [
+    ("an off-by-one in a kernel's bound (dequant_kernel: > for >=)",
+     "    if (e >= outer * len * inner) return;",
+     "    if (e > outer * len * inner) return;"),
+    ("a missing __syncthreads (block_sum's first barrier)",
+     "v += __shfl_xor_sync(0xffffffff, v, o);\n    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;\n    __syncthreads();\n",
+     "v += __shfl_xor_sync(0xffffffff, v, o);\n    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;\n"),
+    ("a copy on the wrong stream (cuda_copy_out's copy to pinned memory on the legacy stream)",
+     "CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));\n        wait_stream();\n        return;\n    }\n    bounce_ready(c);\n    size_t pieces",
+     "CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, 0));\n        wait_stream();\n        return;\n    }\n    bounce_ready(c);\n    size_t pieces"),
+    ("a missing event wait (cuda_copy_in refills a bounce buffer whose copy has not run)",
+     "        CUDA_CHECK(cudaEventSynchronize(c->moved[b])); /* its last piece has left */\n",
+     ""),
+    ("a wrong leading dimension (linear's lda: in for out)",
+     "&one, W, CUDA_R_16F, out,",
+     "&one, W, CUDA_R_16F, in,"),
+    ("a host read of device memory (cuda_layer reads x)",
+     "    __half *x = (__half *)gb->x;\n    const __half *in = x;",
+     "    __half *x = (__half *)gb->x;\n    if (__half_as_ushort(x[0]) == 0x7fff) abort();\n    const __half *in = x;"),
+    ("a shared-memory race (attention_kernel's barrier before the output)",
+     "    __syncthreads();\n    for (int d = threadIdx.x; d < hd; d += blockDim.x) {\n        float acc = 0;",
+     "    for (int d = threadIdx.x; d < hd; d += blockDim.x) {\n        float acc = 0;"),
+    ("a wrong __half rounding (layer_norm_kernel rounds toward zero)",
+     "        yr[i] = __float2half_rn((__half2float(xr[i])",
+     "        yr[i] = __float2half_rz((__half2float(xr[i])"),
+    ("swapped nibbles (the 4-bit cache store)",
+     "bytes[p] = (uint8_t)(q[0] << 4 | q[1]);",
+     "bytes[p] = (uint8_t)(q[1] << 4 | q[0]);"),
+    ("truncation for rounding (the 4-bit cache store)",
+     "float t = __fadd_rn(__fmul_rn(__fsub_rn(x[e], min), inv), 0.5f);",
+     "float t = __fmul_rn(__fsub_rn(x[e], min), inv);"),
+]
+
+# The harness's own suite prints these on purpose (it tries each misuse).
+EXPECTED_LINES = ("kernel write_at", "lda 1 < 2", "32 bytes from", "types A 2", "cudaMalloc(33554432")
+
+
+def copy_tree(dst):
+    skip = {".git", "build", "build-san", "build-san-emu", "build-fuzz"}
+    shutil.copytree(ROOT, dst, ignore=lambda d, names: [n for n in names if d == ROOT and n in skip])
+
+
+def failures(stdout):
+    """The failed tests, as 'suite: test', and each one's first failure line."""
+    suite = test = None
+    found = []
+    lines = stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Suite: "):
+            suite = line[7:].strip()
+        if "Test: " in line:
+            test = line.split("Test: ", 1)[1].split(" ...")[0]
+        if line.rstrip().endswith("FAILED") and test:
+            first = next((m.strip() for m in lines[i + 1:i + 4] if m.strip()[:1].isdigit()), "")
+            found.append((f"{suite}: {test}", first))
+    return found
+
+
+def plant(n, what, old, new, work):
+    copy_tree(work)
+    path = os.path.join(work, "flexgen.cu")
+    src = open(path).read()
+    if src.count(old) != 1:
+        print(f"#{n} {what}: flexgen.cu no longer has the line this bug changes; update BUGS")
+        return False
+    open(path, "w").write(src.replace(old, new))
+    build = subprocess.run("make -j2 flexgen-emu build-emu/test_flexgen", shell=True, cwd=work,
+                           capture_output=True, text=True)
+    if build.returncode:
+        print(f"#{n} {what}: the build failed\n{build.stderr[-1500:]}")
+        return False
+    env = dict(os.environ, GOMP_SPINCOUNT="1000", FLEXGEN_BIN="./flexgen-emu")
+    run = subprocess.run("timeout 900 ./build-emu/test_flexgen", shell=True, cwd=work, capture_output=True,
+                         text=True, env=env)
+    reports = [l for l in run.stderr.splitlines() if l.startswith(("cuda-emu: ", "flexgen: CUDA"))
+               and not any(e in l for e in EXPECTED_LINES)]
+    failed = failures(run.stdout)
+    caught = run.returncode != 0
+    print(f"#{n} {what}: {'caught' if caught else 'NOT CAUGHT'} (exit {run.returncode})")
+    for test, first in failed:
+        print(f"    failed {test}\n        {first[:240]}")
+    if run.returncode not in (0, 1):
+        for line in reports[-2:]:
+            print(f"    {line[:300]}")
+    return caught
+
+
+def main():
+    which = [int(a) for a in sys.argv[1:]] or range(1, len(BUGS) + 1)
+    caught = missed = 0
+    with tempfile.TemporaryDirectory(prefix="flexgen-bugs-") as tmp:
+        for n in which:
+            work = os.path.join(tmp, f"bug{n}")
+            if plant(n, *BUGS[n - 1], work):
+                caught += 1
+            else:
+                missed += 1
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{caught} passed, {missed} failed")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
