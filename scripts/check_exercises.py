@@ -64,7 +64,7 @@ def prepared(tmp, key, root, path, edit, make_args, built):
     if key in built:
         return built[key]
     tree = os.path.join(tmp, key)
-    shutil.copytree(root, tree, ignore=shutil.ignore_patterns('.git', 'build-san', 'build-fuzz', 'peers', '.venv*'))
+    shutil.copytree(root, tree, ignore=shutil.ignore_patterns('.git', 'build-san', 'build-fuzz', 'build-emu', 'build-san-emu', 'peers', '.venv*'))
     src = os.path.join(tree, path)
     text = edit(open(src).read())
     built[key] = None
