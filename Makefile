@@ -111,7 +111,14 @@ build-emu/%.cu: %.cu
 	@mkdir -p $(dir $@)
 	(echo '#line 1 "$<"'; $(EMU_SED) $<) > $@
 
+# The optimization the emulated objects were built with is a file of its build directory, so
+# that `make emu EMU_OPT=-O0` after an -O2 build (or back) builds them again.
+EMU_OPT_TAG := $(subst $(empty) $(empty),_,$(subst -,,$(EMU_OPT)))
+
 define emu_build # $(1): the build directory, $(2): extra flags (the sanitizers)
+$(1)/.opt-$(EMU_OPT_TAG):
+	@mkdir -p $(1) && rm -f $(1)/.opt-* && touch $$@
+$(1)/emu.o $(1)/flexgen_cu.o $(1)/test_kernels.o $(1)/test_emu.o: $(1)/.opt-$(EMU_OPT_TAG)
 $(1)/emu.o: $(EMU)/emu.cpp $(EMU_HDR)
 	@mkdir -p $(1)
 	$(CXX) $(EMU_CXXFLAGS) $(2) -c -o $$@ $$<
