@@ -108,17 +108,7 @@ static fg_policy case_policy(const gpu_case *c, fg_device device) {
  * `forced`, those tokens are fed back instead of its own (teacher forcing). */
 static int run_fixture(const fixture_prompts *f, const fg_policy *p, const int *forced, int *tokens,
                        float *logits, fg_stats *st, char *err) {
-    fg_runtime *rt = NULL;
-    fg_model *m = NULL;
-    gen_options opt = {.gen_len = GEN, .top_p = 1, .forced = forced};
-    gen_timing t;
-    int rc = fg_runtime_open(p, &rt, err);
-    if (rc == 0) rc = fg_model_open(rt, f->dir, 0, &m, err);
-    if (rc == 0) rc = generate(m, &opt, f->n, f->prompts, f->lens, tokens, logits, &t, err);
-    fg_model_close(m);
-    if (st && rt) fg_runtime_stats(rt, st);
-    fg_runtime_close(rt);
-    return rc;
+    return generate_forced(f->dir, p, GEN, f->n, f->prompts, f->lens, forced, tokens, logits, st, err);
 }
 
 typedef struct {
@@ -235,8 +225,9 @@ static void compare_backends(const char *fixture_name) {
 #ifdef FLEXGEN_CUDA_EMU
     cuda_emu_stats emu;
     cuda_emu_get_stats(&emu);
-    printf("\n  emulated so far: %lld kernels (%lld blocks, %lld threads), %lld GEMMs, %lld copies, %lld host waits",
-           emu.kernels, emu.blocks, emu.threads, emu.gemms, emu.copies, emu.host_waits);
+    printf("\n  emulated so far: %lld kernels (%lld blocks, %lld threads, %lld switches), %lld GEMMs, %lld copies, "
+           "%lld host waits, %lld allocations opened", emu.kernels, emu.blocks, emu.threads, emu.switches, emu.gemms,
+           emu.copies, emu.host_waits, emu.opened);
 #endif
     free(r.ref_logits);
     free(r.logits);

@@ -59,20 +59,6 @@ static int gpu_here(void) {
  * Running the binary
  * --------------------------------------------------------------------------------------------- */
 
-enum { MAX_ARGS = 128 };
-
-typedef struct {
-    const char *v[MAX_ARGS];
-    int n;
-} arglist;
-
-static void add(arglist *a, const char *const *args) {
-    for (int i = 0; args && args[i]; i++) {
-        CU_ASSERT_FATAL(a->n < MAX_ARGS - 1);
-        a->v[a->n++] = args[i];
-    }
-    a->v[a->n] = NULL;
-}
 
 typedef struct {
     int rc;
@@ -165,7 +151,7 @@ static size_t n_logits(const model *m) { return (size_t)m->n_prompts * m->gen_le
 
 /* The model, its prompts and --gen-len. */
 static void model_args(arglist *a, const model *m) {
-    add(a, ARGS("--model", m->dir, m->prompt_flag, m->prompts, "--gen-len", m->gen_len_arg));
+    arglist_add(a, ARGS("--model", m->dir, m->prompt_flag, m->prompts, "--gen-len", m->gen_len_arg));
 }
 
 /* m's prompts on `device` with `flags`, greedy, its logits dumped to dir/DEVICE.bin: those logits
@@ -176,9 +162,9 @@ static float *run_model(const model *m, const char *device, const char *const *f
     char dump[4200];
     snprintf(dump, sizeof dump, "%s/%s.bin", dir, device);
     arglist a = {.n = 0};
-    add(&a, ARGS(flexgen_bin(), "--device", device, "--quiet", "--dump-logits", dump));
+    arglist_add(&a, ARGS(flexgen_bin(), "--device", device, "--quiet", "--dump-logits", dump));
     model_args(&a, m);
-    add(&a, flags);
+    arglist_add(&a, flags);
     run r = run_args(&a);
     int ok = r.rc == 0 && names_device(r.out, device);
     EXPECT(ok, "%s on %s: expected exit 0 and a report naming %s, got exit %d: %s", m->name, device, device,
@@ -306,7 +292,7 @@ enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
 /* A block of two GPU batches of 3 (the second partly filled: 4 or 5 prompts); the disk tier in dir. */
 static void block_flags(arglist *a, const char *dir) {
-    add(a, ARGS("--gpu-batch-size", "3", "--num-gpu-batches", "2", "--offload-dir", dir));
+    arglist_add(a, ARGS("--gpu-batch-size", "3", "--num-gpu-batches", "2", "--offload-dir", dir));
 }
 
 /* The CPU with `flag` against the CPU without, on the gpu tier: an approximation's own effect, a
@@ -314,9 +300,9 @@ static void block_flags(arglist *a, const char *dir) {
 static float cpu_effect(const model *m, const char *const *flag, const char *dir) {
     arglist exact = {.n = 0}, approx = {.n = 0};
     block_flags(&exact, dir), block_flags(&approx, dir);
-    add(&exact, ARGS(ON_GPU));
-    add(&approx, ARGS(ON_GPU));
-    add(&approx, flag);
+    arglist_add(&exact, ARGS(ON_GPU));
+    arglist_add(&approx, ARGS(ON_GPU));
+    arglist_add(&approx, flag);
     float *a = run_model(m, "cpu", exact.v, dir, NULL), *b = a ? run_model(m, "cpu", approx.v, dir, NULL) : NULL;
     float share = -1;
     if (a && b) share = compare_logits(a, b, m->n_prompts, m->gen_len, m->vocab).share;
@@ -348,7 +334,7 @@ static void expect_cases(model *m) {
         if (bound < 0) continue; /* the CPU's run failed, said */
         arglist a = {.n = 0};
         block_flags(&a, dir);
-        add(&a, CASES[i].flags);
+        arglist_add(&a, CASES[i].flags);
         expect_same_run(m, CASES[i].what, a.v, dir, bound, m->same_tokens && CASES[i].bound != SPARSE);
     }
     EXPECT(dir_entries(dir) == 0, "%s: expected the offload dir empty after the runs, %d files left", m->name,
@@ -380,10 +366,10 @@ static refill_run run_refill(const model *m, const char *device, const char *con
     char dump[4200];
     snprintf(dump, sizeof dump, "%s/%s.bin", dir, device);
     arglist a = {.n = 0};
-    add(&a, ARGS(flexgen_bin(), "--model", m->dir, "--gen-len", m->gen_len_arg, "--device", device,
+    arglist_add(&a, ARGS(flexgen_bin(), "--model", m->dir, "--gen-len", m->gen_len_arg, "--device", device,
                  "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--stop-at-eos", "--refill", "--json",
                  "--quiet", "--dump-logits", dump));
-    add(&a, prompts);
+    arglist_add(&a, prompts);
     run r = run_args(&a);
     refill_run f = {NULL, NAN, NAN, NAN, NAN};
     int ok = r.rc == 0 && names_device(r.out, device);
@@ -478,7 +464,7 @@ static void test_job(void) {
         char output[4200];
         snprintf(output, sizeof output, "%s/%s.jsonl", dir, devices[d]);
         arglist a = {.n = 0};
-        add(&a, ARGS(flexgen_bin(), "--model", m->dir, "--prompt-file", m->prompts, "--gen-len", "6",
+        arglist_add(&a, ARGS(flexgen_bin(), "--model", m->dir, "--prompt-file", m->prompts, "--gen-len", "6",
                      "--gpu-batch-size", "2", "--num-gpu-batches", "2", "--stop-at-eos", "--device", devices[d],
                      "--quiet", "--output", output));
         run r = run_args(&a);
@@ -511,8 +497,8 @@ static const char *pipeline_missing(void) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0); /* CI runs as root, which Open MPI refuses unless told */
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
     arglist version = {.n = 0}, help = {.n = 0};
-    add(&version, ARGS("mpirun", "--version"));
-    add(&help, ARGS(flexgen_bin(), "--help"));
+    arglist_add(&version, ARGS("mpirun", "--version"));
+    arglist_add(&help, ARGS(flexgen_bin(), "--help"));
     run r = run_args(&version);
     if (r.rc != 0) snprintf(why, sizeof why, "no mpirun (install openmpi-bin)");
     run_free(&r);
@@ -534,10 +520,10 @@ static run two_stages(const char *const *args) {
              asan_options && *asan_options ? ":" : "");
     snprintf(lsan, sizeof lsan, "LSAN_OPTIONS=suppressions=%s", supp);
     arglist a = {.n = 0};
-    add(&a, ARGS("mpirun", "--oversubscribe", "--bind-to", "none", "--timeout", "120", "-np", "2", "-x",
+    arglist_add(&a, ARGS("mpirun", "--oversubscribe", "--bind-to", "none", "--timeout", "120", "-np", "2", "-x",
                  "OMP_NUM_THREADS=1", "-x", asan, "-x", lsan, "-x", "OMPI_MCA_mca_base_component_disable_dlclose=1",
                  flexgen_bin(), "--device", "cuda"));
-    add(&a, args);
+    arglist_add(&a, args);
     return run_args(&a);
 }
 
@@ -552,8 +538,8 @@ static void expect_pipeline(const model *m, const char *dir) {
     float *cpu = run_model(m, "cpu", flags, dir, &cpu_text);
     arglist a = {.n = 0};
     model_args(&a, m);
-    add(&a, flags);
-    add(&a, ARGS("--quiet", "--dump-logits", dump));
+    arglist_add(&a, flags);
+    arglist_add(&a, ARGS("--quiet", "--dump-logits", dump));
     run r = two_stages(a.v);
     int ok = r.rc == 0 && names_device(r.out, "cuda");
     EXPECT(ok, "%s, two stages on cuda: expected exit 0 and a report naming cuda, got %d: %s", m->name, r.rc, r.err);
@@ -621,9 +607,9 @@ static double reference_max_logit(void) {
 /* flexgen perplexity on `device`: its --json object (NULL, and a failure, unless it exits 0). */
 static cJSON *perplexity_on(const char *device, const char *text, const char *const *extra) {
     arglist a = {.n = 0};
-    add(&a, ARGS(flexgen_bin(), "perplexity", "--model", MODELS[KJV].dir, "--text", text, "--window", "64",
+    arglist_add(&a, ARGS(flexgen_bin(), "perplexity", "--model", MODELS[KJV].dir, "--text", text, "--window", "64",
                  "--stride", "16", "--json", "--quiet", "--device", device));
-    add(&a, extra);
+    arglist_add(&a, extra);
     run r = run_args(&a);
     cJSON *o = r.rc == 0 ? cJSON_Parse(r.out) : NULL;
     int ok = o && names_device(r.out, device);
@@ -673,7 +659,7 @@ static void test_perplexity(void) {
 #ifdef FLEXGEN_CUDA_EMU
 static run run_with_capability(const char *cc, const char *device) {
     arglist a = {.n = 0};
-    add(&a, ARGS(flexgen_bin(), "--model", MODELS[KJV].dir, "--prompt", "In the beginning", "--gen-len", "4",
+    arglist_add(&a, ARGS(flexgen_bin(), "--model", MODELS[KJV].dir, "--prompt", "In the beginning", "--gen-len", "4",
                  "--device", device));
     setenv("FLEXGEN_EMU_CC", cc, 1);
     run r = run_args(&a);

@@ -150,23 +150,45 @@ const fg_backend *cuda_sized_backend(void) {
     return &b;
 }
 
-int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
-                  int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
-                  float *logits, fg_stats *stats, char *err_out) {
+/* generate() with `opt` on a checkpoint dir or dummy weights: generate_with and generate_forced. */
+static int generate_opt(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+                        const gen_options *opt, int n, int *const *prompts, const int *lens, int *tokens,
+                        float *logits, fg_stats *stats, char *err_out) {
     char err[FG_ERR_LEN] = "";
     fg_runtime *rt = NULL;
     fg_model *m = NULL;
-    gen_options opt = {.gen_len = gen_len, .top_p = 1};
     gen_timing t;
     int rc = fg_runtime_open(p, &rt, err);
     if (rc == 0) rc = dir ? fg_model_open(rt, dir, seed, &m, err) : fg_model_open_dummy(rt, cfg, seed, &m, err);
-    if (rc == 0) rc = generate(m, &opt, n, prompts, lens, tokens, logits, &t, err);
+    if (rc == 0) rc = generate(m, opt, n, prompts, lens, tokens, logits, &t, err);
     if (rc && err_out) snprintf(err_out, FG_ERR_LEN, "%s", err);
     else if (rc) fprintf(stderr, "\n  generate_with: %s\n", err);
     fg_model_close(m);
     if (stats && rt) fg_runtime_stats(rt, stats);
     fg_runtime_close(rt);
     return rc;
+}
+
+int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+                  int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
+                  float *logits, fg_stats *stats, char *err_out) {
+    gen_options opt = {.gen_len = gen_len, .top_p = 1};
+    return generate_opt(dir, cfg, seed, p, &opt, n, prompts, lens, tokens, logits, stats, err_out);
+}
+
+int generate_forced(const char *dir, const fg_policy *p, int gen_len, int n, int *const *prompts,
+                    const int *lens, const int *forced, int *tokens, float *logits, fg_stats *stats,
+                    char *err_out) {
+    gen_options opt = {.gen_len = gen_len, .top_p = 1, .forced = forced};
+    return generate_opt(dir, NULL, 0, p, &opt, n, prompts, lens, tokens, logits, stats, err_out);
+}
+
+void arglist_add(arglist *a, const char *const *args) {
+    for (int i = 0; args && args[i]; i++) {
+        CU_ASSERT_FATAL(a->n < ARGLIST_MAX - 1);
+        a->v[a->n++] = args[i];
+    }
+    a->v[a->n] = NULL;
 }
 
 int main(int argc, char **argv) {

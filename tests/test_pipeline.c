@@ -85,18 +85,6 @@ typedef struct {
 
 static void job_free(job *j) { free(j->out), free(j->err); }
 
-enum { MAX_ARGS = 160 };
-
-typedef struct {
-    const char *v[MAX_ARGS];
-    int n;
-} arglist;
-
-static void add(arglist *a, const char *const *args) {
-    for (int i = 0; args && args[i]; i++) a->v[a->n++] = args[i];
-    a->v[a->n] = NULL;
-}
-
 /* mpirun with one program context per rank: ranks[r] are rank r's flags after `common`, env
  * more of each context's environment; mpirun's --timeout turns a hang into a failure. */
 static job mpirun(int stages, const char *const *common, const char *const *const *ranks,
@@ -104,15 +92,15 @@ static job mpirun(int stages, const char *const *common, const char *const *cons
     static const char *const head[] = {"mpirun", "--oversubscribe", "--bind-to", "none",
                                        "--timeout", "120", NULL};
     arglist a = {.n = 0};
-    add(&a, head);
+    arglist_add(&a, head);
     for (int r = 0; r < stages; r++) {
-        if (r) add(&a, (const char *[]){":", NULL});
-        add(&a, (const char *[]){"-np", "1", "-x", "OMP_NUM_THREADS=1", "-x", stage_env[0], "-x", stage_env[1],
+        if (r) arglist_add(&a, (const char *[]){":", NULL});
+        arglist_add(&a, (const char *[]){"-np", "1", "-x", "OMP_NUM_THREADS=1", "-x", stage_env[0], "-x", stage_env[1],
                                  "-x", stage_env[2], NULL});
-        for (int i = 0; env && env[i]; i++) add(&a, (const char *[]){"-x", env[i], NULL});
-        add(&a, (const char *[]){flexgen_bin(), NULL});
-        add(&a, common);
-        add(&a, ranks ? ranks[r] : NULL);
+        for (int i = 0; env && env[i]; i++) arglist_add(&a, (const char *[]){"-x", env[i], NULL});
+        arglist_add(&a, (const char *[]){flexgen_bin(), NULL});
+        arglist_add(&a, common);
+        arglist_add(&a, ranks ? ranks[r] : NULL);
     }
     job j;
     j.rc = run_command(a.v, NULL, &j.out, &j.err);
@@ -121,9 +109,9 @@ static job mpirun(int stages, const char *const *common, const char *const *cons
 
 static job one_process(const char *const *common, const char *const *extra) {
     arglist a = {.n = 0};
-    add(&a, (const char *[]){flexgen_bin(), NULL});
-    add(&a, common);
-    add(&a, extra);
+    arglist_add(&a, (const char *[]){flexgen_bin(), NULL});
+    arglist_add(&a, common);
+    arglist_add(&a, extra);
     job j;
     j.rc = run_command(a.v, NULL, &j.out, &j.err);
     return j;
@@ -180,16 +168,16 @@ static void expect_same_run(const pipeline_case *c) {
     snprintf(one_dump, sizeof one_dump, "%s", join(dir, "one.bin"));
     snprintf(many_dump, sizeof many_dump, "%s", join(dir, "many.bin"));
     arglist common = {.n = 0};
-    add(&common, (const char *[]){"--model", c->model, "--prompt-ids", c->prompts, "--device", "cpu",
+    arglist_add(&common, (const char *[]){"--model", c->model, "--prompt-ids", c->prompts, "--device", "cpu",
                                   "--quiet", "--offload-dir", dir, "--path", dir, NULL});
-    add(&common, c->common);
+    arglist_add(&common, c->common);
     arglist own = {.n = 0};
-    add(&own, c->single);
-    add(&own, (const char *[]){"--dump-logits", one_dump, NULL});
+    arglist_add(&own, c->single);
+    arglist_add(&own, (const char *[]){"--dump-logits", one_dump, NULL});
     job one = one_process(common.v, own.v);
     arglist first = {.n = 0}; /* rank 0 writes the dump */
-    add(&first, c->ranks[0]);
-    add(&first, (const char *[]){"--dump-logits", many_dump, NULL});
+    arglist_add(&first, c->ranks[0]);
+    arglist_add(&first, (const char *[]){"--dump-logits", many_dump, NULL});
     const char *const *ranks[3] = {first.v, c->ranks[1], c->ranks[2]};
     job many = mpirun(c->stages, common.v, ranks, NULL);
     CU_ASSERT_EQUAL(one.rc, 0);

@@ -79,4 +79,17 @@ int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const f
                   int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
                   float *logits, fg_stats *stats, char *err);
 
+/* The same, fed `forced` ([n][gen_len] tokens) instead of its own (teacher forcing). */
+int generate_forced(const char *dir, const fg_policy *p, int gen_len, int n, int *const *prompts,
+                    const int *lens, const int *forced, int *tokens, float *logits, fg_stats *stats,
+                    char *err);
+
+/* A command line built in pieces (v NULL-terminated), for run_command. */
+enum { ARGLIST_MAX = 160 };
+typedef struct {
+    const char *v[ARGLIST_MAX];
+    int n;
+} arglist;
+void arglist_add(arglist *a, const char *const *args); /* args NULL-terminated; NULL adds nothing */
+
 #endif
