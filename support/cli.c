@@ -4,7 +4,7 @@
  *                             (§4.3); under mpirun -np M, as one of M pipeline stages (§4.4)
  *   flexgen policy [flags]    the policy search's choice and its prediction (§4.3)
  *   flexgen profile           this machine's constants for the cost model (profile.c)
- *   flexgen tokenize          text to OPT token ids and back
+ *   flexgen tokenize          text to OPT token ids, a line at a time
  *   flexgen perplexity        a text's perplexity through the runtime (perplexity.c, §6.2)
  *
  * The report prints FlexGen's benchmark lines (or one JSON object with --json). Everything that
@@ -32,6 +32,8 @@ typedef struct {
     const char *output;  /* --output: the job's records, appended as rounds finish (jobs.c) */
     int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
     int job_finished;    /* --resume found every prompt's record in --output */
+    int n_job_prompts;   /* the job's prompts, with those --output has records of */
+    uint64_t prompts_hash; /* their ids and tokens (a job's identity) */
     const char *hw;      /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
@@ -148,13 +150,16 @@ static void usage(FILE *out) {
 "  --compare F             print the share of positions whose most likely token is the one\n"
 "                          in F (another run's --predictions): top-1 agreement\n"
 "output\n"
-"  --output F.jsonl        a batch job: a JSON record a prompt (id, prompt, completion, tokens,\n"
-"                          stop: eos or length) after a first line naming the job. Prompts run\n"
-"                          in windows of 8 rounds of blocks, longest first (less padding); a\n"
-"                          window's records are appended in file order, flushed to disk. A\n"
-"                          progress line on stderr; an existing F is refused without --resume\n"
+"  --output F.jsonl        a batch job of the prompts given: a JSON record a prompt (id, prompt,\n"
+"                          completion, tokens, stop: eos or length) after a first line naming\n"
+"                          the job. Prompts run in windows of 8 rounds of blocks, longest first\n"
+"                          (less padding); a window's records are appended in file order,\n"
+"                          flushed to disk. F is locked while the job runs (a second job on it is\n"
+"                          refused). A progress line on stderr; an existing F is refused without\n"
+"                          --resume\n"
 "  --resume                finish the job of --output F: prompts with a record there are skipped\n"
-"                          (F must come from this model, prompt file and generation flags)\n"
+"                          (F must hold this job: its model and prompts, by content, generation\n"
+"                          flags, device and block shape, which --policy auto keeps)\n"
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
 "                          token was chosen from, in prompt order\n"
 "  --trace F               a Chrome trace (load it in Perfetto): one track per thread\n"
@@ -162,7 +167,8 @@ static void usage(FILE *out) {
 "  --quiet                 no progress on stderr\n"
 "  --help                  this text\n"
 "\n"
-"Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2.\n",
+"Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2; standard output\n"
+"that cannot be written (a full disk), with status 1.\n",
             fg_cuda_compiled() ? "with CUDA" : "CPU only, no nvcc when it was built",
             FG_DEFAULT_OFFLOAD_DIR, fg_pipe_compiled() ? "with MPI" : "without MPI, no mpicc when it was built");
 }
@@ -326,11 +332,53 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     return check_flags(a, err);
 }
 
+/* dir gets path's directory ("." for a bare name); returns its last component. */
+static const char *split_path(const char *path, char *dir, size_t n) {
+    snprintf(dir, n, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, n, ".");
+    else *(slash == dir ? slash + 1 : slash) = 0;
+    return slash ? path + (slash - dir) + 1 : path;
+}
+
+/* Whether two paths name one file: the same device and inode, or (where neither exists yet) the
+ * same name in the same directory. Names alone would miss ../p.txt, a link, a hard link. */
+static int same_file(const char *x, const char *y) {
+    struct stat a, b;
+    int has_x = stat(x, &a) == 0, has_y = stat(y, &b) == 0;
+    if (has_x || has_y) return has_x && has_y && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    char dx[4096], dy[4096];
+    const char *nx = split_path(x, dx, sizeof dx), *ny = split_path(y, dy, sizeof dy);
+    return !strcmp(nx, ny) && stat(dx, &a) == 0 && stat(dy, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* An output that is an input would destroy it, and two outputs on one file lose one of them. */
+static int check_outputs_apart(const cli_args *a, char *err) {
+    const char *const out_flags[] = {"--output", "--dump-logits", "--trace", "--predictions"};
+    const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text", "--compare", "--vocab", "--merges", "--hw"};
+    const char *outs[] = {a->output, a->dump_logits, a->trace, a->predictions};
+    const char *ins[] = {a->prompt_file, a->prompt_ids, a->text, a->compare, a->vocab, a->merges, a->hw};
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; outs[i] && j < 7; j++)
+            if (ins[j] && same_file(outs[i], ins[j]))
+                return fg_fail(err, "%s %s: the same file as %s %s, which it would overwrite; give another file",
+                               out_flags[i], outs[i], in_flags[j], ins[j]);
+        for (int j = 0; outs[i] && j < i; j++)
+            if (outs[j] && same_file(outs[i], outs[j]))
+                return fg_fail(err, "%s %s: the same file as %s %s; give each its own", out_flags[i], outs[i],
+                               out_flags[j], outs[j]);
+    }
+    return 0;
+}
+
 /* Flags that need or exclude others. */
 static int check_flags(const cli_args *a, char *err) {
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
     if (a->resume && !a->output) return fg_fail(err, "--resume: finishes the job of --output F; give it");
+    if (a->output && !a->prompt_file && !a->prompt_ids && !a->n_prompt_texts)
+        return fg_fail(err, "--output: a job writes a record for each prompt given; give --prompt-file, "
+                            "--prompt-ids or --prompt");
     if (a->gen.refill && !a->gen.stop_at_eos)
         return fg_fail(err, "--refill: gives a slot whose sequence generated </s> the next prompt; give --stop-at-eos too");
     if (a->policy.int8_activations && !a->policy.compress_weight)
@@ -339,7 +387,7 @@ static int check_flags(const cli_args *a, char *err) {
     if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
         return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
                     (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
-    return 0;
+    return check_outputs_apart(a, err);
 }
 
 /* ---- prompts ---- */
@@ -351,7 +399,6 @@ typedef struct {
     int **ids;
     int *lens, *index;
     char **record_ids, **texts;
-    uint64_t file_hash; /* of the prompt file's bytes (fg_fnv64), which name a job */
 } prompt_set;
 
 static void prompts_free(prompt_set *p) {
@@ -461,7 +508,6 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
     char *text = fg_read_file(path, &size, err);
     if (!text) return -1;
     int line_no = 0, rc = 0, jsonl = is_jsonl(path);
-    p->file_hash = fg_fnv64(text, size);
     for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
         end = memchr(line, '\n', (size_t)(text + size - line));
         if (!end) end = text + size;
@@ -813,9 +859,10 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
 
 /* --policy auto: each stage searches for its share of the layers (§4.4); the stages then take
  * the smallest GPU batch and number of GPU batches any of them chose (each fits where the larger
- * did) and place their tensors again for that block shape. */
+ * did) and place their tensors again for that block shape. shape: a block shape to keep (a
+ * resumed job's), or {0, 0}. */
 static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
-                       const int lengths[2], char *err) {
+                       const int lengths[2], const int shape_kept[2], char *err) {
     fg_search_result res;
     fg_hardware hw;
     int rc = 0, n = fg_pipe_size(pipe);
@@ -824,7 +871,7 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_
         if (r == fg_pipe_rank(pipe)) rc = load_hardware(a, &hw, err);
         if (fg_pipe_agree(pipe, rc, err)) return -1;
     }
-    rc = search_policy(a, &hw, cfg, n_prompts, lengths, 0, 0, &res, err);
+    rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0], shape_kept[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches};
     int *all = malloc((size_t)n * sizeof shape);
@@ -915,20 +962,56 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     return 0;
 }
 
-/* --output (rank 0): checked, and with --resume the prompts it holds records of are dropped
- * (their place in the file stays in p->index). Two prompts with one id are refused. */
-static int open_job_output(const cli_args *a, prompt_set *p, job_output *out, char *err) {
-    for (int i = 0; i < p->n; i++) /* --prompt texts and synthetic prompts: numbered in order */
+/* The prompts as a job runs them: each one's id and tokens, hashed (FNV-1a). A prompt file read
+ * from another path, or the same prompts given another way, are the same job. */
+static uint64_t prompts_hash(const prompt_set *p) {
+    uint64_t h = FG_FNV64_START;
+    for (int i = 0; i < p->n; i++) {
+        h = fg_fnv64_more(h, p->record_ids[i], strlen(p->record_ids[i]) + 1);
+        h = fg_fnv64_more(h, &p->lens[i], sizeof p->lens[i]);
+        h = fg_fnv64_more(h, p->ids[i], (size_t)p->lens[i] * sizeof *p->ids[i]);
+    }
+    return h;
+}
+
+static const char *device_name(fg_device d) {
+    return d == FG_DEVICE_CUDA ? "cuda" : d == FG_DEVICE_CPU_FP16 ? "cpu-fp16" : "cpu";
+}
+
+/* The job's first line for its flags and (once planned) block shape; an existing output must hold
+ * the same (rank 0). */
+static int begin_job(const cli_args *a, job_output *out, char *err) {
+    job_identity id = {.model = is_dir(a->model) ? NULL : a->model, .device = device_name(a->policy.device),
+                       .prompts_hash = a->prompts_hash, .n_prompts = a->n_job_prompts};
+    if (!id.model && job_checkpoint_hash(a->model, &id.checkpoint_hash, err)) return -1;
+    char *header = job_header(&id, &a->gen, &a->policy);
+    if (!header) return fg_fail(err, "out of memory");
+    return job_output_begin(out, header, err);
+}
+
+/* --output (rank 0): locked for the job, and with --resume the prompts it holds records of are
+ * dropped (their place in the file stays in p->index). Two prompts with one id are refused, and
+ * so is an output with records of prompts the job does not have. --policy auto keeps the block
+ * shape an existing output was made with. */
+static int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *err) {
+    for (int i = 0; i < p->n; i++) /* --prompt texts: numbered in order */
         if (!p->record_ids[i] && (p->record_ids[i] = malloc(16))) snprintf(p->record_ids[i], 16, "%d", i + 1);
         else if (!p->record_ids[i]) return fg_fail(err, "out of memory");
     const char *repeated = job_repeated_id(p->record_ids, p->n);
     if (repeated)
         return fg_fail(err, "%s: the id %.60s is given to two prompts; a record names its prompt by id",
                        a->prompt_file ? a->prompt_file : "the prompts", repeated);
-    const char *file = a->prompt_file ? a->prompt_file : a->prompt_ids;
-    char *header = job_header(a->model, file, p->file_hash, p->n, &a->gen, &a->policy);
-    if (!header) return fg_fail(err, "out of memory");
-    if (job_output_open(out, a->output, header, a->resume, err)) return -1;
+    a->prompts_hash = prompts_hash(p), a->n_job_prompts = p->n;
+    if (job_output_open(out, a->output, a->resume, err)) return -1;
+    int shape[2];
+    job_output_shape(out, &shape[0], &shape[1]);
+    if (a->auto_policy && shape[0] > 0 && shape[1] > 0)
+        a->policy.gpu_batch_size = shape[0], a->policy.num_gpu_batches = shape[1];
+    if (begin_job(a, out, err)) return -1;
+    const char *stranger = job_output_stranger(out, p->record_ids, p->n);
+    if (stranger)
+        return fg_fail(err, "--resume: %s has a record of the id %.60s, which no prompt of this job has", a->output,
+                       stranger);
     int kept = 0;
     for (int i = 0; i < p->n; i++) {
         if (job_output_done(out, p->record_ids[i])) {
@@ -1045,14 +1128,15 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tok
     if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
     if (rc == 0 && rank == 0 && a->output) rc = open_job_output(a, p, out, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
-    int given[4] = {p->n, a->output && p->n == 0, longest_prompt(p), mean_prompt(a, p)}; /* n 0: synthetic
-                                                              prompts, once the block is known, or a finished job */
-    fg_pipe_bcast(pipe, given, sizeof given);
+    int given[6] = {p->n, a->output && p->n == 0, longest_prompt(p), mean_prompt(a, p), /* n 0: synthetic */
+                    out->recorded ? a->policy.gpu_batch_size : 0, out->recorded ? a->policy.num_gpu_batches : 0};
+    fg_pipe_bcast(pipe, given, sizeof given); /* prompts, once the block is known, or a finished job */
     if ((a->job_finished = given[1])) return 0;
     if (a->auto_policy &&
-        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given + 2, err))
+        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given + 2, given + 4, err))
         return -1;
-    if (rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
+    if (rank == 0 && a->output && a->auto_policy) rc = begin_job(a, out, err); /* the shape it chose */
+    if (rc == 0 && rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     return share_prompts(pipe, p, err);
 }
@@ -1115,6 +1199,18 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, co
     return rc;
 }
 
+/* --json for a --resume that finds nothing left to do. */
+static void report_finished_job(const char *output, int records) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "output", output);
+    cJSON_AddNumberToObject(o, "records", records);
+    cJSON_AddBoolToObject(o, "finished", 1);
+    char *text = cJSON_PrintUnformatted(o);
+    if (text) printf("%s\n", text);
+    free(text);
+    cJSON_Delete(o);
+}
+
 /* A run: one process, or (under mpirun) one pipeline stage of the job (§4.4). */
 static int run(cli_args *a, fg_pipe *pipe, char *err) {
     fg_tokenizer *tok = NULL;
@@ -1146,7 +1242,8 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
         goto out;
     }
     if (a->job_finished) { /* --resume of a job whose every prompt has its record */
-        if (rank == 0 && !a->quiet) fprintf(stderr, "job: every prompt has its record in %s\n", a->output);
+        if (rank == 0 && a->json) report_finished_job(a->output, job.n_done);
+        else if (rank == 0 && !a->quiet) fprintf(stderr, "job: every prompt has its record in %s\n", a->output);
         goto out;
     }
     if (open_stage(a, pipe, &p, &rt, &m, err)) {
@@ -1175,6 +1272,14 @@ out:
     free(all);
     job_output_close(&job);
     return rc;
+}
+
+/* Flags a subcommand has no use for: refused, not ignored. */
+static int refuse_flags(const char *command, const char *const *flags, int argc, char **argv, char *err) {
+    for (int i = 2; i < argc; i++)
+        for (int j = 0; flags[j]; j++)
+            if (!strcmp(argv[i], flags[j])) return fg_fail(err, "%s: not a flag of `flexgen %s`", argv[i], command);
+    return 0;
 }
 
 /* flexgen policy: the search's choice, its prediction and the terms that bound it. */
@@ -1246,13 +1351,14 @@ static int profile_command(int argc, char **argv, char *err) {
     fg_device device = FG_DEVICE_AUTO;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 1; }
+        if (strcmp(argv[i], "--offload-dir") && strcmp(argv[i], "--out") && strcmp(argv[i], "--device"))
+            return fg_fail(err, "%s: unknown option for profile", argv[i]);
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
         if (!strcmp(argv[i], "--offload-dir")) dir = argv[++i];
         else if (!strcmp(argv[i], "--out")) out = argv[++i];
         else if (!strcmp(argv[i], "--device")) {
             if (parse_device(argv[++i], &device, err)) return -1;
         }
-        else return fg_fail(err, "%s: unknown option for profile", argv[i]);
     }
     if (!out) {
         if (default_hw_file(path, sizeof path, err)) return -1;
@@ -1285,10 +1391,11 @@ static int tokenize_command(int argc, char **argv, char *err) {
     const char *vocab = NULL, *merges = NULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if (strcmp(argv[i], "--vocab") && strcmp(argv[i], "--merges"))
+            return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
         if (!strcmp(argv[i], "--vocab")) vocab = argv[++i];
-        else if (!strcmp(argv[i], "--merges")) merges = argv[++i];
-        else return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
+        else merges = argv[++i];
     }
     if (!vocab || !merges) return fg_fail(err, "tokenize: --vocab and --merges are required");
     fg_tokenizer *tok = tokenizer_load(vocab, merges, err);
@@ -1311,16 +1418,14 @@ static int tokenize_command(int argc, char **argv, char *err) {
 
 /* ---- flexgen perplexity (perplexity.c) ---- */
 
-/* The flags of generation that have no meaning when a text is scored. */
-static int check_perplexity_flags(int argc, char **argv, char *err) {
-    static const char *const not_here[] = {"--prompt", "--prompt-file", "--prompt-ids",
-        "--prompt-len", "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits",
-        "--policy", "--max-latency", "--hw", "--evaluate"};
-    for (int i = 2; i < argc; i++)
-        for (size_t j = 0; j < sizeof not_here / sizeof *not_here; j++)
-            if (!strcmp(argv[i], not_here[j]))
-                return fg_fail(err, "%s: not a flag of `flexgen perplexity`", argv[i]);
-    return 0;
+/* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and
+ * (perplexity) generation's. */
+static int check_command_flags(const char *command, int argc, char **argv, char *err) {
+    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", NULL};
+    static const char *const perplexity[] = {"--prompt", "--prompt-file", "--prompt-ids", "--prompt-len",
+        "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits", "--policy",
+        "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", NULL};
+    return refuse_flags(command, !strcmp(command, "policy") ? policy : perplexity, argc, argv, err);
 }
 
 /* BOS + the tokens of the text file at path. */
@@ -1338,14 +1443,28 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
 }
 
 /* Another run's --predictions: one token id a line, as many as the text has scored tokens. */
-static int read_predictions(const char *path, int scored, int vocab, prompt_set *ref, char *err) {
-    if (read_prompt_lines(ref, path, NULL, vocab, err)) return -1;
-    for (int i = 0; i < ref->n; i++)
-        if (ref->lens[i] != 1) return fg_fail(err, "--compare %s line %d: expected one token id", path, i + 1);
-    if (ref->n != scored)
-        return fg_fail(err, "--compare %s: %d predictions, but the text has %d scored tokens", path,
-                       ref->n, scored);
-    return 0;
+static int read_predictions(const char *path, int scored, int vocab, int *ref, char *err) {
+    size_t size;
+    char *text = fg_read_file(path, &size, err), why[FG_ERR_LEN];
+    if (!text) return snprintf(why, sizeof why, "%s", err), fg_fail(err, "--compare %s", why);
+    int n = 0, line_no = 0, rc = 0;
+    for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(text + size - line));
+        if (!end) end = text + size;
+        char *after;
+        errno = 0;
+        long v = strtol(line, &after, 10);
+        after += strspn(after, " \t\r");
+        line_no++;
+        if (after == line || after != end || errno || v < 0 || v >= vocab)
+            rc = fg_fail(err, "--compare %s line %d: expected one token id in [0, %d)", path, line_no, vocab);
+        else if (n < scored) ref[n++] = (int)v;
+        else n++;
+    }
+    free(text);
+    if (rc == 0 && n != scored)
+        rc = fg_fail(err, "--compare %s: %d predictions, but the text has %d scored tokens", path, n, scored);
+    return rc;
 }
 
 static int write_predictions(const char *path, const int *top1, int n, char *err) {
@@ -1385,16 +1504,15 @@ static void report_perplexity(const cli_args *a, const ppl_result *r, int agree,
 }
 
 /* flexgen perplexity: a text's perplexity under the model with the run's policy. */
-static int perplexity_command(cli_args *a, int argc, char **argv, char *err) {
+static int perplexity_command(cli_args *a, char *err) {
     fg_tokenizer *tok = NULL;
     fg_runtime *rt = NULL;
     fg_model *m = NULL;
-    prompt_set ref = {0};
-    int *ids = NULL, *top1 = NULL, n = 0, agree = 0;
+    int *ids = NULL, *top1 = NULL, *ref = NULL, n = 0, agree = 0;
     opt_config cfg;
     ppl_result r;
-    int rc = check_perplexity_flags(argc, argv, err);
-    if (rc == 0 && !a->text) rc = fg_fail(err, "perplexity: --text FILE is required");
+    int rc = 0;
+    if (!a->text) rc = fg_fail(err, "perplexity: --text FILE is required");
     if (rc == 0 && a->predictions) rc = fg_output_check("--predictions", a->predictions, err);
     if (rc == 0) rc = model_config(a->model, &cfg, err);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
@@ -1402,7 +1520,8 @@ static int perplexity_command(cli_args *a, int argc, char **argv, char *err) {
         rc = fg_fail(err, "perplexity needs a tokenizer: give --vocab and --merges, or a model "
                           "directory holding vocab.json and merges.txt");
     if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
-    if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, &ref, err);
+    if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref))) rc = fg_fail(err, "out of memory");
+    if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, ref, err);
     if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
@@ -1412,14 +1531,14 @@ static int perplexity_command(cli_args *a, int argc, char **argv, char *err) {
     a->ppl.verbose = a->gen.verbose;
     if (rc == 0) rc = fg_perplexity(m, ids, n, &a->ppl, top1, &r, err);
     if (rc == 0 && a->predictions) rc = write_predictions(a->predictions, top1, n - 1, err);
-    for (int i = 0; rc == 0 && i < ref.n; i++) agree += ref.ids[i][0] == top1[i];
+    for (int i = 0; rc == 0 && ref && i < n - 1; i++) agree += ref[i] == top1[i];
     if (rc == 0) report_perplexity(a, &r, agree, fg_runtime_backend(rt)->name);
     fg_model_close(m);
     fg_runtime_close(rt);
-    prompts_free(&ref);
     if (tok) tokenizer_free(tok);
     free(ids);
     free(top1);
+    free(ref);
     return rc;
 }
 
@@ -1444,15 +1563,16 @@ int flexgen_main(int argc, char **argv) {
     } else {
         int policy = argc > 1 && !strcmp(argv[1], "policy");
         int perplexity = argc > 1 && !strcmp(argv[1], "perplexity");
-        cli_args a;
-        rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
+        cli_args a = {0};
+        rc = policy || perplexity ? check_command_flags(argv[1], argc, argv, err) : 0;
+        if (rc == 0) rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
         if (rc == 1) {
             if (fg_pipe_rank(pipe) == 0) usage(stdout);
             rc = 0;
         } else if (fg_pipe_agree(pipe, rc, err)) { /* a bad flag on any stage stops them all */
             rc = -1;
         } else {
-            rc = policy ? policy_command(&a, err) : perplexity ? perplexity_command(&a, argc, argv, err)
+            rc = policy ? policy_command(&a, err) : perplexity ? perplexity_command(&a, err)
                                                                : run(&a, pipe, err);
         }
         free(a.prompts);
@@ -1462,7 +1582,9 @@ int flexgen_main(int argc, char **argv) {
         if (err[0]) fprintf(stderr, "flexgen: %s\n", err);
         return 2;
     }
-    return fflush(stdout) == 0 ? 0 : 1;
+    int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;
+    if (e) fprintf(stderr, "flexgen: standard output: write failed: %s\n", e == EIO ? "an I/O error" : strerror(e));
+    return e ? 1 : 0;
 }
 
 #ifndef FLEXGEN_NO_MAIN

@@ -3,27 +3,33 @@
  * killed at any moment keeps what it finished and --resume does the rest.
  *
  *   prompts (--prompt-file F.jsonl)   {"prompt": "text"} or {"prompt_ids": [2, 100, ...]}, each
- *                                     with an optional "id" (a string or a number; the line
- *                                     number when absent)
- *   output (--output F.jsonl)         first line {"flexgen_job": {...}}: what identifies the job
- *                                     (model, prompt file and a hash of its bytes, the flags that
- *                                     change the tokens); then a record a prompt:
- *                                     {"id", "prompt" or "prompt_ids", "completion", "tokens",
- *                                      "stop": "eos" or "length"}
+ *                                     with an optional "id" (a string, or an integer of up to 15
+ *                                     digits; the line number when absent): one JSON object a
+ *                                     line, in UTF-8, whose values a record gives back unchanged
+ *   output (--output F.jsonl)         first line {"flexgen_job": {...}}: what the tokens depend
+ *                                     on (the model and the prompts by content, the flags that
+ *                                     change the tokens, the device, the block shape); then a
+ *                                     record a prompt: {"id", "prompt" or "prompt_ids",
+ *                                     "completion", "tokens", "stop": "eos" or "length"}
  *
- * A round's records go out in one write() of whole lines, flushed to the disk (fdatasync) before
- * the next round starts; a write cut short by a crash can leave only a last line without its
- * newline, which --resume removes before appending. The paper's loop does not change: the
- * command line (cli.c) calls generate() a round at a time and hands the tokens here.
+ * The output is locked (flock) from the start of the job to its end, so two jobs never write one
+ * file; the lock goes with the process, however it ends. A round's records go out in one write()
+ * of whole lines, flushed to the disk (fdatasync) before the next round starts; a write cut
+ * short by a crash can leave only a last line without its newline, which --resume removes
+ * before appending. The paper's loop does not change: the command line (cli.c) calls generate()
+ * a round at a time and hands the tokens here.
  */
 #define _GNU_SOURCE
 #include "support/tools.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,23 +67,70 @@ char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len) {
 
 /* ---- prompts ---- */
 
+/* Whether text[0..len) is UTF-8 (JSON text must be). */
+static int utf8_valid(const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        int bad, ok = s[i] < 0x80 ? 1 : utf8_sequence(s + i, len - i, &bad);
+        if (!ok) return 0;
+        i += (size_t)ok;
+    }
+    return 1;
+}
+
+/* Whether the JSON text has the escape \u0000, which a C string cannot carry (it would end the
+ * string there). */
+static int has_nul_escape(const char *s) {
+    for (; *s; s++)
+        if (*s == '\\' && s[1] == 'u' && !strncmp(s + 2, "0000", 4)) return 1;
+        else if (*s == '\\' && s[1]) s++; /* an escaped character: \\u0000 is text */
+    return 0;
+}
+
+/* One JSON object and nothing after it (but spaces), in valid UTF-8 without \u0000; NULL with
+ * the reason in err. what: "F line N" for the error line. */
+static cJSON *parse_line(const char *what, const char *line, char *err) {
+    const char *end = NULL;
+    if (!utf8_valid(line, strlen(line))) return fg_fail(err, "%s: not valid UTF-8, as JSON must be", what), NULL;
+    cJSON *o = cJSON_ParseWithOpts(line, &end, 0);
+    while (o && end && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
+    if (!o) fg_fail(err, "%s: malformed JSON", what);
+    else if (!cJSON_IsObject(o)) fg_fail(err, "%s: not a JSON object", what);
+    else if (end && *end) fg_fail(err, "%s: text after the JSON object: '%.20s'", what, end);
+    else if (has_nul_escape(line)) fg_fail(err, "%s: a string holds \\u0000 (NUL), which no prompt or id may", what);
+    else return o;
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* An id its record gives back unchanged: a string, or an integer of at most 15 digits (cJSON
+ * prints numbers with 15 significant digits; longer ones, fractions and 1e400 would change). */
+static int id_round_trips(const cJSON *id) {
+    if (cJSON_IsString(id)) return 1;
+    double v = cJSON_IsNumber(id) ? id->valuedouble : NAN;
+    return v == floor(v) && fabs(v) < 1e15;
+}
+
 int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n, char **id,
                  char **text_out, char *err) {
     *ids = NULL, *id = NULL, *text_out = NULL;
-    cJSON *o = cJSON_Parse(line);
+    char what[FG_PATH_LEN + 32];
+    snprintf(what, sizeof what, "%s line %d", path, line_no);
+    cJSON *o = parse_line(what, line, err);
     const cJSON *text = fg_json_get(o, "prompt");
     const cJSON *given = fg_json_get(o, "prompt_ids");
     const cJSON *name = fg_json_get(o, "id");
     int rc = 0;
-    if (!o) rc = fg_fail(err, "%s line %d: malformed JSON", path, line_no);
-    else if (!cJSON_IsObject(o)) rc = fg_fail(err, "%s line %d: not a JSON object", path, line_no);
-    else if (!text == !given)
-        rc = fg_fail(err, "%s line %d: give one of \"prompt\" (text) and \"prompt_ids\"", path, line_no);
-    else if (text && !cJSON_IsString(text)) rc = fg_fail(err, "%s line %d: \"prompt\" is not a string", path, line_no);
+    if (!o) rc = -1;
+    else if (!text == !given) rc = fg_fail(err, "%s: give one of \"prompt\" (text) and \"prompt_ids\"", what);
+    else if (text && !cJSON_IsString(text)) rc = fg_fail(err, "%s: \"prompt\" is not a string", what);
     else if (given && (!cJSON_IsArray(given) || cJSON_GetArraySize(given) == 0))
-        rc = fg_fail(err, "%s line %d: \"prompt_ids\" is not a list of token ids", path, line_no);
+        rc = fg_fail(err, "%s: \"prompt_ids\" is not a list of token ids", what);
     else if (name && !cJSON_IsString(name) && !cJSON_IsNumber(name))
-        rc = fg_fail(err, "%s line %d: \"id\" is neither a string nor a number", path, line_no);
+        rc = fg_fail(err, "%s: \"id\" is neither a string nor a number", what);
+    else if (name && !id_round_trips(name))
+        rc = fg_fail(err, "%s: \"id\" is a number a record could not give back as it is (an integer of up to "
+                          "15 digits can be); give it as a string", what);
     if (rc == 0 && given) {
         *n = cJSON_GetArraySize(given);
         *ids = malloc((size_t)*n * sizeof **ids);
@@ -85,7 +138,7 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
         for (const cJSON *v = given->child; *ids && v && rc == 0; v = v->next, k++) {
             if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < vocab) ||
                 v->valuedouble != (int)v->valuedouble) /* range first: the cast needs it */
-                rc = fg_fail(err, "%s line %d: \"prompt_ids\"[%d] is not a token id in [0, %d)", path, line_no, k, vocab);
+                rc = fg_fail(err, "%s: \"prompt_ids\"[%d] is not a token id in [0, %d)", what, k, vocab);
             else (*ids)[k] = (int)v->valuedouble;
         }
     }
@@ -102,7 +155,7 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
     return rc;
 }
 
-/* ---- the output ---- */
+/* ---- a job's identity ---- */
 
 static int by_string(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -118,32 +171,77 @@ const char *job_repeated_id(char *const *ids, int n) {
     return repeated;
 }
 
-/* The job's identity as its first line: what changes the tokens, and the prompt file's bytes. */
-char *job_header(const char *model, const char *prompt_file, uint64_t file_hash, int n_prompts,
-                 const gen_options *g, const fg_policy *p) {
+/* A file's name, size and sampled bytes into h: its first 64 KiB (a safetensors header and the
+ * start of its data) and 4 KiB at each of 16 places through it. Changed weights change the
+ * samples; a file of hundreds of GB costs a few reads. */
+static int hash_file_samples(const char *dir, const char *name, uint64_t *h, char *err) {
+    char path[FG_PATH_LEN + 256], buf[1 << 16];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return fg_fail(err, "--model %s: %s", path, strerror(errno));
+    }
+    *h = fg_fnv64_more(*h, name, strlen(name) + 1);
+    *h = fg_fnv64_more(*h, &st.st_size, sizeof st.st_size);
+    for (int k = 0; k <= 16; k++) {
+        off_t at = k == 0 ? 0 : st.st_size / 16 * (k - 1);
+        ssize_t got = pread(fd, buf, k == 0 ? sizeof buf : 4096, at);
+        if (got > 0) *h = fg_fnv64_more(*h, buf, (size_t)got);
+    }
+    close(fd);
+    return 0;
+}
+
+static int weight_file_name(const struct dirent *e) {
+    size_t n = strlen(e->d_name);
+    return !strcmp(e->d_name, "config.json") || !strcmp(e->d_name, "model.safetensors.index.json") ||
+           (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors"));
+}
+
+int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err) {
+    struct dirent **names;
+    int n = scandir(dir, &names, weight_file_name, alphasort), rc = 0;
+    if (n < 0) return fg_fail(err, "--model %s: %s", dir, strerror(errno));
+    *hash = FG_FNV64_START;
+    for (int i = 0; i < n; i++) {
+        if (rc == 0) rc = hash_file_samples(dir, names[i]->d_name, hash, err);
+        free(names[i]);
+    }
+    free(names);
+    return rc;
+}
+
+char *job_header(const job_identity *id, const gen_options *g, const fg_policy *p) {
     char hash[24];
-    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)file_hash);
     cJSON *job = cJSON_CreateObject(), *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(job, "model", model);
-    cJSON_AddStringToObject(job, "prompt_file", prompt_file ? prompt_file : "");
-    cJSON_AddStringToObject(job, "prompt_file_fnv64", hash);
-    cJSON_AddNumberToObject(job, "prompts", n_prompts);
+    if (id->model) cJSON_AddStringToObject(job, "model", id->model);
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)id->checkpoint_hash);
+    if (!id->model) cJSON_AddStringToObject(job, "checkpoint_fnv64", hash);
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)id->prompts_hash);
+    cJSON_AddStringToObject(job, "prompts_fnv64", hash);
+    cJSON_AddNumberToObject(job, "prompts", id->n_prompts);
     cJSON_AddNumberToObject(job, "gen_len", g->gen_len);
     cJSON_AddNumberToObject(job, "temperature", g->temperature);
     cJSON_AddNumberToObject(job, "top_p", g->top_p);
     cJSON_AddNumberToObject(job, "seed", (double)g->seed);
     cJSON_AddBoolToObject(job, "stop_at_eos", g->stop_at_eos);
+    if (g->refill) cJSON_AddBoolToObject(job, "refill", 1); /* absent: off */
     cJSON_AddBoolToObject(job, "compress_weight", p->compress_weight);
-    if (p->int8_activations) cJSON_AddBoolToObject(job, "int8_activations", 1); /* absent: off */
+    if (p->int8_activations) cJSON_AddBoolToObject(job, "int8_activations", 1);
     cJSON_AddBoolToObject(job, "compress_cache", p->compress_cache);
     cJSON_AddNumberToObject(job, "attn_sparsity", p->attn_sparsity);
+    cJSON_AddStringToObject(job, "device", id->device);
+    cJSON_AddNumberToObject(job, "gpu_batch_size", p->gpu_batch_size);
+    cJSON_AddNumberToObject(job, "num_gpu_batches", p->num_gpu_batches);
     cJSON_AddItemToObject(root, "flexgen_job", job);
     char *line = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return line;
 }
 
-/* The first key whose value differs between two job headers (a key in one only differs), or NULL. */
+/* The first key whose value differs between two job lines (a key in one only differs), or NULL. */
 static const char *header_differs(const cJSON *have, const cJSON *want, char *values, size_t n) {
     for (const cJSON *w = want->child; w; w = w->next) {
         const cJSON *h = fg_json_get(have, w->string);
@@ -163,111 +261,185 @@ static const char *header_differs(const cJSON *have, const cJSON *want, char *va
     return NULL;
 }
 
-/* An existing output: its header against this job's, the ids of its records; a last line
- * without its newline (a write cut short) is cut off. */
-static int read_done(job_output *o, FILE *f, char *err) {
-    char *line = NULL, values[256];
+/* ---- the output: one job's, locked while the job runs ---- */
+
+/* Whether path names the open file fd (not removed, not replaced by another). */
+static int names_file(const char *path, int fd) {
+    struct stat a, b;
+    return stat(path, &a) == 0 && fstat(fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* Why path could not be opened: its directory, or the file itself. */
+static int open_failed(const char *path, int e, char *err) {
+    char dir[FG_PATH_LEN];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+    if (check_dir("--output", slash ? dir : ".", err)) return -1;
+    return fg_fail(err, "--output %s: %s", path, strerror(e));
+}
+
+/* The file at o->path, made if there is none, under an exclusive lock: flock's lock belongs to
+ * the open file, so it goes with the process however it ends (kill -9 too). A file replaced
+ * between the open and the lock is opened again. */
+static int lock_output(job_output *o, char *err) {
+    for (int tries = 0; tries < 8; tries++) {
+        int fd = open(o->path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644), created = fd >= 0;
+        if (fd < 0 && errno == EEXIST) {
+            fd = open(o->path, O_RDWR | O_APPEND | O_CLOEXEC);
+            if (fd < 0 && errno == ENOENT) continue; /* removed in between: made the next time */
+        }
+        if (fd < 0) return open_failed(o->path, errno, err);
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) { /* never removed here: it is the other job's */
+            int e = errno;
+            close(fd);
+            if (e == EWOULDBLOCK)
+                return fg_fail(err, "--output %s: another job holds it (a flexgen run is writing there); wait "
+                                    "for it to end, or give another file", o->path);
+            return fg_fail(err, "--output %s: cannot lock it: %s", o->path, strerror(e));
+        }
+        if (!names_file(o->path, fd)) { close(fd); continue; }
+        o->fd = fd, o->created = created;
+        if (created) fg_watch_new_output(fd, o->path);
+        return 0;
+    }
+    return fg_fail(err, "--output %s: replaced again and again while it was opened", o->path);
+}
+
+/* An existing output: its job line, the ids of its records; a last line without its newline (a
+ * write cut short) is cut off. */
+static int read_done(job_output *o, char *err) {
+    int fd = dup(o->fd);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return fg_fail(err, "--output %s: %s", o->path, strerror(errno));
+    }
+    char *line = NULL, what[FG_PATH_LEN + 48];
     size_t cap = 0;
     ssize_t len;
     long at = 0, line_no = 0;
     int rc = 0;
-    cJSON *want = cJSON_Parse(o->header);
     while (rc == 0 && (len = getline(&line, &cap, f)) > 0) {
         line_no++;
         if (line[len - 1] != '\n') { /* the crash's partial line: every byte before it stays */
-            if (truncate(o->path, at) != 0) rc = fg_fail(err, "--output %s: %s", o->path, strerror(errno));
+            if (ftruncate(o->fd, at) != 0) rc = fg_fail(err, "--output %s: %s", o->path, strerror(errno));
             break;
         }
         at += len;
-        cJSON *rec = cJSON_Parse(line);
-        if (line_no == 1) {
-            const cJSON *job = fg_json_get(rec, "flexgen_job");
-            const char *key = job ? header_differs(job, fg_json_get(want, "flexgen_job"), values, sizeof values) : NULL;
-            if (!job) rc = fg_fail(err, "--resume: %s does not start with a flexgen job line", o->path);
-            else if (key) rc = fg_fail(err, "--resume: %s is the output of another job: %s is %s", o->path, key, values);
-        } else {
-            const cJSON *id = fg_json_get(rec, "id");
-            char **grown = id ? realloc(o->done, (size_t)(o->n_done + 1) * sizeof *grown) : NULL;
-            if (!id) rc = fg_fail(err, "--resume: %s line %ld: not a record of this job", o->path, line_no);
-            else if (!grown) rc = fg_fail(err, "out of memory");
-            else if (!(grown[o->n_done] = cJSON_PrintUnformatted(id))) o->done = grown, rc = fg_fail(err, "out of memory");
-            else o->done = grown, o->n_done++;
-        }
+        snprintf(what, sizeof what, "--resume: %s line %ld", o->path, line_no);
+        cJSON *rec = memchr(line, 0, (size_t)len) ? NULL : parse_line(what, line, err);
+        cJSON *job = line_no == 1 ? cJSON_DetachItemFromObject(rec, "flexgen_job") : NULL;
+        const cJSON *id = line_no > 1 ? fg_json_get(rec, "id") : NULL;
+        char **grown = id ? realloc(o->done, (size_t)(o->n_done + 1) * sizeof *grown) : NULL;
+        if (memchr(line, 0, (size_t)len)) rc = fg_fail(err, "%s: a NUL byte", what);
+        else if (!rec) rc = -1;
+        else if (line_no == 1 && !cJSON_IsObject(job))
+            rc = fg_fail(err, "--resume: %s does not start with a flexgen job line", o->path);
+        else if (line_no == 1) o->recorded = job, job = NULL;
+        else if (!id) rc = fg_fail(err, "%s: not a record of a job (no \"id\")", what);
+        else if (!grown) rc = fg_fail(err, "out of memory");
+        else if (!(grown[o->n_done] = cJSON_PrintUnformatted(id))) o->done = grown, rc = fg_fail(err, "out of memory");
+        else o->done = grown, o->n_done++;
+        cJSON_Delete(job);
         cJSON_Delete(rec);
     }
     free(line);
-    cJSON_Delete(want);
+    fclose(f);
     if (rc == 0) qsort(o->done, (size_t)o->n_done, sizeof *o->done, by_string);
+    const char *twice = rc == 0 ? job_repeated_id(o->done, o->n_done) : NULL;
+    if (twice) rc = fg_fail(err, "--resume: %s has two records of the id %.60s", o->path, twice);
+    o->size = at;
     return rc;
 }
 
-int job_output_open(job_output *o, const char *path, char *header, int resume, char *err) {
-    *o = (job_output){.path = path, .header = header, .fd = -1};
+int job_output_open(job_output *o, const char *path, int resume, char *err) {
+    *o = (job_output){.path = path, .fd = -1};
     struct stat st;
-    if (stat(path, &st) != 0) { /* made by the first window: its directory must take it */
-        char dir[FG_PATH_LEN];
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (errno != ENOENT) return fg_fail(err, "--output %s: %s", path, strerror(errno));
-        if (slash) *slash = 0;
-        return check_dir("--output", !slash ? "." : slash == dir ? "/" : dir, err);
-    }
-    if (!S_ISREG(st.st_mode)) return fg_fail(err, "--output %s: not a regular file", path);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return fg_fail(err, "--output %s: not a regular file", path);
+    if (lock_output(o, err)) return -1;
+    if (fstat(o->fd, &st) != 0) return fg_fail(err, "--output %s: %s", path, strerror(errno));
     if (st.st_size == 0) return 0;
     if (!resume) return fg_fail(err, "--output %s: exists; --resume finishes its job, or give another file", path);
-    FILE *f = fopen(path, "r");
-    if (!f) return fg_fail(err, "--output %s: %s", path, strerror(errno));
-    int rc = read_done(o, f, err);
-    fclose(f);
-    o->exists = 1;
+    return read_done(o, err);
+}
+
+void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches) {
+    const cJSON *g = fg_json_get(o->recorded, "gpu_batch_size"), *n = fg_json_get(o->recorded, "num_gpu_batches");
+    *gpu_batch_size = cJSON_IsNumber(g) ? g->valueint : 0;
+    *num_gpu_batches = cJSON_IsNumber(n) ? n->valueint : 0;
+}
+
+int job_output_begin(job_output *o, char *header, char *err) {
+    free(o->header);
+    o->header = header;
+    if (!o->recorded) return 0;
+    char values[256];
+    cJSON *want = cJSON_Parse(header);
+    const char *key = header_differs(o->recorded, fg_json_get(want, "flexgen_job"), values, sizeof values);
+    int rc = key ? fg_fail(err, "--resume: %s is the output of another job: %s is %s", o->path, key, values) : 0;
+    cJSON_Delete(want);
     return rc;
+}
+
+const char *job_output_stranger(const job_output *o, char *const *ids, int n) {
+    char **sorted = malloc((size_t)(n ? n : 1) * sizeof *sorted);
+    const char *stranger = NULL;
+    if (!sorted) return o->n_done ? o->done[0] : NULL;
+    memcpy(sorted, ids, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, by_string);
+    for (int i = 0; i < o->n_done && !stranger; i++)
+        if (!bsearch(&o->done[i], sorted, (size_t)n, sizeof *sorted, by_string)) stranger = o->done[i];
+    free(sorted);
+    return stranger;
 }
 
 int job_output_done(const job_output *o, const char *id) {
     return o->n_done && bsearch(&id, o->done, (size_t)o->n_done, sizeof *o->done, by_string) != NULL;
 }
 
-/* A write that failed part way is undone: the output keeps whole lines, and a file this job made
- * with nothing whole in it is removed. */
-static int append_failed(job_output *o, off_t before, int e, char *err) {
-    if (before == 0 && !o->exists) unlink(o->path);
-    else if (ftruncate(o->fd, before) != 0) { /* the reader drops a cut last line anyway */ }
+/* A write that failed part way is undone: the output keeps whole lines. */
+static int append_failed(job_output *o, int e, char *err) {
+    if (ftruncate(o->fd, o->size) != 0) { /* the reader drops a cut last line anyway */ }
     return fg_fail(err, "--output %s: write failed: %s", o->path, fg_write_failure(o->path, e));
 }
 
-int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
-    if (o->fd < 0) {
-        o->fd = open(o->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (o->fd < 0) return fg_fail(err, "--output %s: %s", o->path, strerror(errno));
-        struct stat st;
-        if (fstat(o->fd, &st) == 0 && st.st_size == 0) { /* a new file: its first window carries the header */
-            size_t h = strlen(o->header);
-            char *both = malloc(h + 1 + len);
-            if (!both) return fg_fail(err, "out of memory");
-            memcpy(both, o->header, h), both[h] = '\n', memcpy(both + h + 1, lines, len);
-            int rc = job_output_append(o, both, h + 1 + len, err);
-            free(both);
-            return rc;
-        }
-    }
-    off_t before = lseek(o->fd, 0, SEEK_END);
+static int write_all(job_output *o, const char *bytes, size_t len, char *err) {
     for (size_t done = 0; done < len;) {
-        ssize_t w = write(o->fd, lines + done, len - done);
+        ssize_t w = write(o->fd, bytes + done, len - done);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return append_failed(o, before, w < 0 ? errno : EIO, err);
+        if (w <= 0) return append_failed(o, w < 0 ? errno : EIO, err);
         done += (size_t)w;
     }
-    if (fdatasync(o->fd) != 0) return append_failed(o, before, errno, err);
-    o->exists = 1;
     return 0;
 }
 
+int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
+    if (!names_file(o->path, o->fd))
+        return fg_fail(err, "--output %s: removed or replaced while the job ran; the records written there "
+                            "went with it, so the job stops", o->path);
+    size_t h = o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with them */
+    char *all = h ? malloc(h + len) : NULL;
+    if (h && !all) return fg_fail(err, "out of memory");
+    if (h) memcpy(all, o->header, h - 1), all[h - 1] = '\n', memcpy(all + h, lines, len);
+    int rc = write_all(o, h ? all : lines, h + len, err);
+    if (rc == 0 && fdatasync(o->fd) != 0) rc = append_failed(o, errno, err);
+    if (rc == 0) o->size += (off_t)(h + len);
+    free(all);
+    return rc;
+}
+
 void job_output_close(job_output *o) {
+    struct stat st;
+    if (o->created && fstat(o->fd, &st) == 0 && st.st_size == 0 && names_file(o->path, o->fd))
+        unlink(o->path); /* made for nothing, removed before the lock goes */
+    if (o->created) fg_unwatch_new_output();
     if (o->fd >= 0) close(o->fd);
     for (int i = 0; i < o->n_done; i++) free(o->done[i]);
     free(o->done);
     free(o->header);
-    o->fd = -1, o->done = NULL, o->n_done = 0, o->header = NULL;
+    cJSON_Delete(o->recorded);
+    *o = (job_output){.fd = -1};
 }
 
 /* One record, with its newline. text: the prompt as given (NULL: it came as ids); tok: NULL

@@ -29,6 +29,8 @@ void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);
 uint64_t fg_mix64(uint64_t x); /* a stateless 64-bit hash */
 uint64_t fg_fnv64(const void *bytes, size_t n); /* FNV-1a: names, files */
+#define FG_FNV64_START 0xcbf29ce484222325ULL
+uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n); /* h: FG_FNV64_START, or an earlier result */
 
 /* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
 fp16 fp32_to_fp16(float f); /* fp16_to_fp32 is in flexgen.h */

@@ -9,6 +9,7 @@
 #include "support/support.h"
 
 #include <stdio.h>
+#include <sys/types.h>
 
 /* A whole file, NUL-terminated (*len, if not NULL, excludes the NUL); NULL and err on failure.
  * Only regular files of at most FG_MAX_TEXT_FILE bytes are read: a FIFO, a device or a directory is
@@ -44,6 +45,11 @@ int fg_output_check(const char *flag, const char *path, char *err);
 /* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
  * the process with one line naming its file and exit status 2. */
 void fg_install_signal_handlers(void);
+/* A job's output that this process made: a signal that ends the process removes it while it is
+ * still empty. One at a time. */
+void fg_watch_new_output(int fd, const char *path);
+void fg_unwatch_new_output(void);
+mode_t fg_umask(void); /* the process's umask, left as it is */
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);
 
@@ -172,22 +178,41 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
                  char **text, char *err);
 /* An id that two of the n prompts share (one of ids' strings), or NULL. */
 const char *job_repeated_id(char *const *ids, int n);
-/* The output's first line, which names the job (malloc'd). */
-char *job_header(const char *model, const char *prompt_file, uint64_t file_hash, int n_prompts,
-                 const gen_options *g, const fg_policy *p);
+/* A checkpoint directory named by its content, not its path: its config, its shard index, and
+ * each .safetensors file's name, size, header and samples of its bytes (FNV-1a). */
+int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err);
+/* What a job's tokens depend on besides the flags: the model (a dummy model's name, or NULL and
+ * a checkpoint's hash), the prompts (their ids and tokens, hashed) and the device. */
+typedef struct {
+    const char *model, *device;
+    uint64_t checkpoint_hash, prompts_hash;
+    int n_prompts;
+} job_identity;
+/* The output's first line, which names the job (malloc'd): the identity, the flags that change
+ * the tokens, and the block's shape (a batch's numbers depend on its rows). */
+char *job_header(const job_identity *id, const gen_options *g, const fg_policy *p);
 typedef struct {
     const char *path;
-    char *header;      /* this job's first line (owned) */
-    int fd;            /* -1 until the first round is written */
-    int exists;        /* the output holds whole lines of this job (opened by --resume, or written) */
+    char *header;      /* this job's first line (owned), written before its first record */
+    cJSON *recorded;   /* an existing output's job ("flexgen_job"'s value), or NULL */
+    int fd;            /* open and locked (flock) from job_output_open to job_output_close */
+    int created;       /* made by this job: removed at close (or by a signal) while still empty */
+    off_t size;        /* the output's bytes */
     int n_done;
     char **done;       /* the ids already in the output, sorted */
 } job_output;
-/* Checks path as this job's output (header: taken over); with resume, an existing output must be
- * this job's, and its records' ids become the done ones. Nothing is written here. */
-int job_output_open(job_output *o, const char *path, char *header, int resume, char *err);
+/* Opens path as a job's output, creating it if need be, and locks it for the whole job (a second
+ * job on the file is refused); with resume, an existing output's job line and ids are read. */
+int job_output_open(job_output *o, const char *path, int resume, char *err);
+/* The block shape an existing output was made with (0 where none is recorded). */
+void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches);
+/* This job's first line (taken over): an existing output must hold the same job. */
+int job_output_begin(job_output *o, char *header, char *err);
+/* An id of the output's records that none of the n prompts has, or NULL. */
+const char *job_output_stranger(const job_output *o, char *const *ids, int n);
 int job_output_done(const job_output *o, const char *id);
-/* Whole lines appended in one write and flushed to the disk; the first carries the header. */
+/* Whole lines appended in one write and flushed to the disk; the first carries the header. The
+ * path must still name the file the job holds. */
 int job_output_append(job_output *o, const char *lines, size_t len, char *err);
 void job_output_close(job_output *o);
 char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,

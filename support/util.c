@@ -203,10 +203,23 @@ static struct {
 } mapped[MAX_MAPPED];
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static char new_output_name[FG_PATH_LEN]; /* a job's output, made by this process */
+static volatile sig_atomic_t new_output_fd = -1;
+
 static void remove_temps(void) {
     for (int i = 0; i < MAX_TEMPS; i++)
         if (temp_used[i]) unlink(temp_names[i]);
+    struct stat st; /* the job's output goes only while nothing is in it */
+    if (new_output_fd >= 0 && fstat(new_output_fd, &st) == 0 && st.st_size == 0) unlink(new_output_name);
 }
+
+void fg_watch_new_output(int fd, const char *path) {
+    new_output_fd = -1;
+    snprintf(new_output_name, sizeof new_output_name, "%s", path);
+    new_output_fd = fd;
+}
+
+void fg_unwatch_new_output(void) { new_output_fd = -1; }
 
 static void on_stop(int sig) {
     remove_temps();
@@ -261,6 +274,17 @@ void fg_unwatch_mapping(const void *base) {
     pthread_mutex_unlock(&registry_lock);
 }
 
+/* The process's umask, read without changing it (umask() sets it, which other threads would see). */
+mode_t fg_umask(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    unsigned mask = 022;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &mask) == 1) break;
+    if (f) fclose(f);
+    return (mode_t)mask;
+}
+
 /* The temporary of o->path, created and registered (-1: none free, or it cannot be created). */
 static int output_temp(fg_output *o, char *err) {
     snprintf(o->tmp, sizeof o->tmp, "%s.tmp-XXXXXX", o->path);
@@ -278,6 +302,7 @@ static int output_temp(fg_output *o, char *err) {
     }
     int e = o->slot < 0 ? EMFILE : errno;
     pthread_mutex_unlock(&registry_lock);
+    if (fd >= 0) fchmod(fd, 0666 & ~fg_umask()); /* mkstemp's 0600 would outlive the rename */
     if (fd < 0) return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path, strerror(e));
     return fd;
 }
@@ -456,11 +481,12 @@ uint64_t fg_mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-uint64_t fg_fnv64(const void *bytes, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ULL;
+uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)bytes)[i]) * 0x100000001b3ULL;
     return h;
 }
+
+uint64_t fg_fnv64(const void *bytes, size_t n) { return fg_fnv64_more(FG_FNV64_START, bytes, n); }
 
 /* o's member `key`, the last of them when the key is repeated: Python's json (and so HF) keeps
  * the last value, where cJSON's lookup finds the first. */

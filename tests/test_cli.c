@@ -90,7 +90,7 @@ const char *flexgen_bin(void) {
     return bin && *bin ? bin : "./flexgen";
 }
 
-static int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err) {
+int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err) {
     int n = 0;
     while (args[n]) n++;
     const char **argv = calloc((size_t)n + 2, sizeof *argv);
@@ -159,9 +159,7 @@ int run_command(const char *const *argv, const char *stdin_text, char **out, cha
     return rc;
 }
 
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-static int count_lines(const char *s) { /* NULL (no file yet): 0 */
+int count_lines(const char *s) { /* NULL (no file yet): 0 */
     int n = 0;
     for (; s && *s; s++) n += *s == '\n';
     return n;
@@ -169,7 +167,7 @@ static int count_lines(const char *s) { /* NULL (no file yet): 0 */
 
 /* The run exited 2 with nothing on stdout and one stderr line "flexgen: ..." holding every
  * string of the NULL-terminated list. */
-static void expect_fail(const char *const *args, const char *stdin_text, ...) {
+void expect_fail(const char *const *args, const char *stdin_text, ...) {
     char *out, *err;
     int rc = run_flexgen(args, stdin_text, &out, &err), ok = 1;
     va_list ap;
@@ -178,7 +176,8 @@ static void expect_fail(const char *const *args, const char *stdin_text, ...) {
     va_end(ap);
     ok &= rc == 2 && strncmp(err, "flexgen: ", 9) == 0 && count_lines(err) == 1 &&
           err[strlen(err) - 1] == '\n' && out[0] == 0;
-    CU_ASSERT(ok);
+    const char *first = args[0] ? args[0] : "", *second = args[0] && args[1] ? args[1] : "";
+    EXPECT(ok, "flexgen %s %s ...: expected exit 2, one line on stderr; got exit %d, %.200s", first, second, rc, err);
     if (!ok) {
         fprintf(stderr, "\n    flexgen");
         for (int i = 0; args[i]; i++) fprintf(stderr, " %s", args[i]);
@@ -187,8 +186,6 @@ static void expect_fail(const char *const *args, const char *stdin_text, ...) {
     free(out);
     free(err);
 }
-
-#define EXPECT_FAIL(args, ...) expect_fail(args, NULL, __VA_ARGS__, (const char *)NULL)
 
 /* Runs opt-tiny on its prompts for GEN_LEN tokens with args after the common ones; expects exit
  * 0 and nothing on stderr. Returns stdout (malloc'd). */
@@ -212,7 +209,7 @@ static char *run_tiny(const char *const *extra) {
  * --------------------------------------------------------------------------------------------- */
 
 
-static void write_text(const char *path, const char *text) {
+void write_text_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     fputs(text, f);
@@ -331,7 +328,7 @@ static void test_bad_model_dir(void) {
     EXPECT_FAIL(ARGS("--model", dir), dir, "config.json");
     char *text = slurp(fixture("opt-tiny/config.json"), NULL);
     CU_ASSERT_PTR_NOT_NULL_FATAL(text);
-    write_text(join(dir, "config.json"), text);
+    write_text_file(join(dir, "config.json"), text);
     free(text);
     EXPECT_FAIL(ARGS("--model", dir, "--prompt-ids", tiny_prompts, "--gen-len", "2"), dir,
                 "no model.safetensors");
@@ -345,7 +342,7 @@ static void test_bad_model_dir(void) {
  * holding `a` and `b`. */
 static void expect_bad_ids(const char *dir, const char *text, const char *a, const char *b) {
     const char *path = join(dir, "ids.txt");
-    write_text(path, text);
+    write_text_file(path, text);
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), path, a, b);
 }
 
@@ -377,7 +374,7 @@ static void test_prompt_too_long(void) {
         snprintf(ids + strlen(ids), sizeof ids - strlen(ids), " %d", 3 + i);
     strcat(ids, "\n");
     const char *path = join(dir, "long.txt");
-    write_text(path, ids);
+    write_text_file(path, ids);
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
                 "60 tokens", "--gen-len 8", "need 67 positions", "the model has 64");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--prompt-len 60",
@@ -637,267 +634,6 @@ static void test_damaged_weight_file(void) {
  * --------------------------------------------------------------------------------------------- */
 
 /* Each line of a file a whole JSON object (the records of an output). */
-static int whole_lines(const char *text) {
-    int ok = 1;
-    for (const char *l = text; ok && l && *l;) {
-        const char *end = strchr(l, '\n');
-        if (!end) return 0;
-        char *line = strndup(l, (size_t)(end - l));
-        cJSON *o = cJSON_Parse(line);
-        ok = cJSON_IsObject(o);
-        cJSON_Delete(o);
-        free(line);
-        l = end + 1;
-    }
-    return ok;
-}
-
-/* --prompt-file F.jsonl with text, ids and ids of their own; --output: a header line, then a record
- * a prompt in order, whose completion and tokens are those a run without --output prints, greedy
- * and sampled (each prompt draws from its own place in the file, whatever round it is in). */
-static void test_job_output(void) {
-    char *dir = make_temp_dir(), prompts[4200], output[4200];
-    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
-    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
-    write_text(prompts, "{\"prompt\": \"In the beginning God created\", \"id\": \"gen-1\"}\n"
-                        "{\"prompt_ids\": [2, 133, 1040, 9]}\n\n"
-                        "{\"prompt\": \"And the LORD said unto Moses\", \"id\": 7}\n"
-                        "{\"prompt\": \"Blessed are the meek\"}\n{\"prompt\": \"Let there be\"}\n");
-    static const char *const ids[] = {"\"gen-1\"", "2", "7", "5", "6"};
-    for (int sampled = 0; sampled < 2; sampled++) {
-        const char *t = sampled ? "0.8" : "0";
-        char *out, *err, *plain, *perr;
-        unlink(output);
-        int rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "6",
-                                  "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--temperature", t, "--seed", "3",
-                                  "--quiet"), NULL, &out, &err);
-        CU_ASSERT_EQUAL(rc, 0);
-        free(out), free(err);
-        rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6", "--gpu-batch-size", "5",
-                              "--temperature", t, "--seed", "3", "--quiet"), NULL, &plain, &perr);
-        CU_ASSERT_EQUAL(rc, 0);
-        char *records = slurp(output, NULL);
-        CU_ASSERT_FATAL(records != NULL);
-        EXPECT(whole_lines(records) && count_lines(records) == 6 && strstr(records, "{\"flexgen_job\":") == records,
-               "--output: expected a job line and 5 records, got:\n%s", records);
-        const char *line = strchr(records, '\n') + 1;
-        for (int i = 0; i < 5 && line; i++, line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-            char *copy = strndup(line, (size_t)(strchr(line, '\n') - line)), want_id[16];
-            cJSON *r = cJSON_Parse(copy);
-            char *id = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "id"));
-            const cJSON *completion = cJSON_GetObjectItem(r, "completion"), *tokens = cJSON_GetObjectItem(r, "tokens");
-            const char *stop = cJSON_GetStringValue(cJSON_GetObjectItem(r, "stop"));
-            char next[24]; /* the plain run's text of prompt i + 1 ends with the completion */
-            snprintf(want_id, sizeof want_id, "[%d] ", i + 1);
-            snprintf(next, sizeof next, i < 4 ? "\n[%d] " : "\nmodel size:", i + 2);
-            const char *printed = strstr(plain, want_id), *end = printed ? strstr(printed, next) : NULL;
-            size_t clen = cJSON_IsString(completion) ? strlen(completion->valuestring) : 0;
-            int same = printed && end && clen > 0 && (size_t)(end - printed) > clen &&
-                       !strncmp(end - clen, completion->valuestring, clen);
-            EXPECT(id && !strcmp(id, ids[i]) && cJSON_GetArraySize(tokens) == 6 && stop && !strcmp(stop, "length") &&
-                   same && (i != 1 || cJSON_GetObjectItem(r, "prompt_ids")) && (i == 1 || cJSON_GetObjectItem(r, "prompt")),
-                   "%s record %d: expected id %s, 6 tokens, stop length, and the completion the plain run prints; "
-                   "got %s (plain run: %.*s)", sampled ? "sampled" : "greedy", i + 1, ids[i], copy,
-                   printed && end ? (int)(end - printed) : 0, printed ? printed : "");
-            free(id), free(copy);
-            cJSON_Delete(r);
-        }
-        free(records), free(plain), free(perr);
-    }
-    rm_tree(dir);
-    free(dir);
-}
-
-/* A job runs a window's prompts longest first, so that a GPU batch holds prompts of similar
- * lengths: prompts of 40 and 4 tokens in turn, in GPU batches of 2, prefill 8 x 40 = 320 rows in
- * file order (each batch padded to 40) and 4 x 40 + 4 x 4 = 176 as a job (--json's
- * prefill_tokens; prompt_tokens, 176, are the prompts' own). */
-static void test_job_less_padding(void) {
-    char *dir = make_temp_dir(), prompts[4200], output[4200], text[4096] = "";
-    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
-    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
-    for (int i = 0; i < 8; i++) {
-        strcat(text, "{\"prompt_ids\": [2");
-        for (int t = 1; t < (i % 2 ? 4 : 40); t++) sprintf(text + strlen(text), ", %d", 3 + (i * 13 + t * 7) % 900);
-        strcat(text, "]}\n");
-    }
-    write_text(prompts, text);
-    double rows[2], own[2];
-    for (int job = 0; job < 2; job++) {
-        char *out, *err;
-        const char *args[] = {"--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "2", "--gpu-batch-size", "2",
-                              "--num-gpu-batches", "1", "--json", "--quiet", job ? "--output" : NULL, output, NULL};
-        CU_ASSERT_EQUAL(run_flexgen(args, NULL, &out, &err), 0);
-        cJSON *o = cJSON_Parse(out);
-        rows[job] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prefill_tokens"));
-        own[job] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prompt_tokens"));
-        cJSON_Delete(o);
-        free(out), free(err);
-    }
-    EXPECT(rows[0] == 320 && rows[1] == 176 && own[0] == 176 && own[1] == 176, "prompts of 40 and 4 tokens in turn, "
-           "GPU batches of 2: expected 320 prefill rows in file order and 176 as a job (176 the prompts' own); got "
-           "%g and %g (%g and %g)", rows[0], rows[1], own[0], own[1]);
-    rm_tree(dir);
-    free(dir);
-}
-
-/* A job killed (SIGKILL) while it runs leaves whole records; --resume finishes it, and the output
- * is byte for byte the output of a run never stopped. A last line cut short (a write the crash
- * interrupted) is dropped before the rest is appended. */
-static void test_job_resume_after_kill(void) {
-    enum { PROMPTS = 60 };
-    char *dir = make_temp_dir(), prompts[4200], whole[4200], killed[4200], text[PROMPTS * 120];
-    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
-    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
-    snprintf(killed, sizeof killed, "%s", join(dir, "killed.jsonl"));
-    size_t at = 0;
-    for (int i = 0; i < PROMPTS; i++) { /* ids out of order, lengths 3 to 9 */
-        at += (size_t)snprintf(text + at, sizeof text - at, "{\"id\": \"q%02d\", \"prompt_ids\": [2", (i * 7) % PROMPTS);
-        for (int t = 0; t < 2 + i % 7; t++) at += (size_t)snprintf(text + at, sizeof text - at, ", %d", 3 + (i * 31 + t * 17) % 900);
-        at += (size_t)snprintf(text + at, sizeof text - at, "]}\n");
-    }
-    write_text(prompts, text);
-    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "24",
-                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--stop-at-eos", "--quiet", "--output", whole,
-                         NULL, NULL};
-    char *out, *err;
-    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
-    free(out), free(err);
-    job[14] = killed;
-    pid_t pid;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    CU_ASSERT_EQUAL_FATAL(posix_spawn(&pid, job[0], &fa, NULL, (char *const *)job, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    int lines = 0;
-    for (int tries = 0; tries < 60000 && lines < 3; tries++) { /* the job line and two records */
-        char *now = slurp(killed, NULL);
-        lines = count_lines(now);
-        free(now);
-        if (lines < 3) usleep(1000);
-    }
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    char *part = slurp(killed, NULL), *full = slurp(whole, NULL);
-    int kept = count_lines(part);
-    EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part),
-           "killed mid-job: expected whole lines, fewer than all %d records; got %d lines, %s", PROMPTS, kept,
-           whole_lines(part) ? "all whole" : "not all whole");
-    job[15] = "--resume";
-    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
-    free(out), free(err);
-    char *resumed = slurp(killed, NULL);
-    EXPECT(resumed && full && !strcmp(resumed, full), "killed after %d records and resumed: the output differs "
-           "from an uninterrupted run's", kept - 1);
-    /* a record cut short at the end: dropped, then the job finishes as before */
-    FILE *f = fopen(killed, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    const char *third = full;
-    for (int i = 0; i < 3; i++) third = strchr(third, '\n') + 1;
-    fwrite(full, 1, (size_t)(third - full), f);
-    fputs("{\"id\": \"q07\", \"prompt_i", f);
-    fclose(f);
-    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
-    free(out), free(err), free(resumed);
-    resumed = slurp(killed, NULL);
-    EXPECT(resumed && !strcmp(resumed, full), "a cut last line and --resume: the output differs from an "
-           "uninterrupted run's");
-    free(resumed), free(part), free(full);
-    rm_tree(dir);
-    free(dir);
-}
-
-/* A window's records that cannot all be written (a file size limit stands in for a full disk) are
- * taken back: exit 2 with one line, the output keeps the windows written before (or is removed if
- * it was made for nothing), and --resume then finishes the job as an uninterrupted run. */
-static void test_job_output_full(void) {
-    enum { PROMPTS = 24 };
-    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200], text[PROMPTS * 80] = "";
-    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
-    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
-    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
-    for (int i = 0; i < PROMPTS; i++)
-        sprintf(text + strlen(text), "{\"id\": \"q%02d\", \"prompt_ids\": [2, %d, %d, %d]}\n", i, 10 + i, 300 + i, 7 * i + 3);
-    write_text(prompts, text);
-    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "8",
-                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--quiet", "--output", whole, NULL, NULL};
-    char *out, *err;
-    CU_ASSERT_EQUAL_FATAL(run_command(job, NULL, &out, &err), 0);
-    free(out), free(err);
-    char *full = slurp(whole, NULL);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(full);
-    const char *end = full; /* the job line and the first window's 8 records */
-    for (int i = 0; i < 9; i++) end = strchr(end, '\n') + 1;
-    size_t first = (size_t)(end - full);
-    job[13] = cut;
-    struct rlimit old, small;
-    getrlimit(RLIMIT_FSIZE, &old);
-    void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited: EFBIG instead of a kill */
-    for (int k = 0; k < 2; k++) { /* a limit below the first window, then one inside the second */
-        small.rlim_cur = k ? first + 100 : 100, small.rlim_max = old.rlim_max;
-        setrlimit(RLIMIT_FSIZE, &small);
-        int rc = run_command(job, NULL, &out, &err);
-        setrlimit(RLIMIT_FSIZE, &old);
-        char *kept = slurp(cut, NULL);
-        int ok = k ? kept && strlen(kept) == first && !strncmp(kept, full, first) : !kept;
-        EXPECT(rc == 2 && strstr(err, "--output") && strstr(err, "file size limit") && count_lines(err) == 1 && ok,
-               "--output past a file size limit of %llu bytes: expected exit 2, one line, and %s; got %d, '%s', %zu bytes",
-               (unsigned long long)small.rlim_cur, k ? "the first window's records" : "no file", rc, err,
-               kept ? strlen(kept) : 0);
-        free(out), free(err), free(kept);
-    }
-    signal(SIGXFSZ, old_xfsz);
-    job[14] = "--resume";
-    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
-    free(out), free(err);
-    char *resumed = slurp(cut, NULL);
-    EXPECT(resumed && !strcmp(resumed, full), "--resume after a failed write: the output differs from an "
-           "uninterrupted run's");
-    free(resumed), free(full);
-    rm_tree(dir);
-    free(dir);
-}
-
-/* Bad jobs: one line, exit 2, and the output neither made nor changed. */
-static void test_job_bad_input(void) {
-    char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200], other[4200];
-    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
-    snprintf(bad, sizeof bad, "%s", join(dir, "bad.jsonl"));
-    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
-    snprintf(other, sizeof other, "%s", join(dir, "other.jsonl"));
-    write_text(prompts, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 12]}\n");
-    write_text(bad, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 99999]}\n");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 2", "prompt_ids");
-    write_text(bad, "{\"prompt_ids\": [2, 10]}\n\n{\"prompt\": \"x\"\n");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 3", "malformed JSON");
-    write_text(bad, "[2, 10]\n");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 1", "not a JSON object");
-    write_text(bad, "{\"prompt_ids\": [2, 10], \"id\": 1}\n{\"prompt_ids\": [2, 12], \"id\": 1}\n");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 1 is given to two prompts");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dir), "--output", "not a regular file");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--resume"), "--resume", "--output");
-    EXPECT(dir_entries(dir) == 2, "refused jobs left %d files beside the two prompt files", dir_entries(dir) - 2);
-    char *out, *err; /* a finished job's output, then others' --resume against it */
-    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
-                                     "--quiet"), NULL, &out, &err), 0);
-    free(out), free(err);
-    char *before = slurp(output, NULL);
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3"), "--output",
-                "exists", "--resume");
-    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-file", prompts, "--output", output, "--gen-len", "3", "--resume"),
-                "another job", "model");
-    write_text(other, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 13]}\n");
-    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", other, "--output", output, "--gen-len", "3", "--resume"),
-                "another job", "prompt_file");
-    char *after = slurp(output, NULL);
-    EXPECT(before && after && !strcmp(before, after), "refused jobs changed %s", output);
-    free(before), free(after);
-    rm_tree(dir);
-    free(dir);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Good runs
  * --------------------------------------------------------------------------------------------- */
@@ -1227,6 +963,8 @@ static void test_tokenize(void) {
     EXPECT_FAIL(ARGS("tokenize", "--merges", merges), "tokenize", "--vocab");
     EXPECT_FAIL(ARGS("tokenize", "--vocab"), "--vocab", "missing value");
     EXPECT_FAIL(ARGS("tokenize", "--bogus", "x"), "--bogus");
+    EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab, "junk"), "junk", "unknown option");
+    EXPECT_FAIL(ARGS("profile", "--out", "x.json", "junk"), "junk", "unknown option");
     if (access(vocab, R_OK) || access(merges, R_OK)) {
         CU_PASS("tests/fixtures/tokenizer is not there yet: tokenize's output is not checked");
         return;
@@ -1249,22 +987,22 @@ static void test_tokenizer_special_files(void) {
     CU_ASSERT_FATAL(v && m);
     snprintf(vocab, sizeof vocab, "%s", join(dir, "vocab.json"));
     snprintf(merges, sizeof merges, "%s", join(dir, "merges.txt"));
-    write_text(vocab, v);
-    write_text(merges, m);
+    write_text_file(vocab, v);
+    write_text_file(merges, m);
     free(v);
     free(m);
-    write_text(join(dir, "tokenizer_config.json"), "{\"eos_token\": \"</s>\",\n \"bos_token\"}");
+    write_text_file(join(dir, "tokenizer_config.json"), "{\"eos_token\": \"</s>\",\n \"bos_token\"}");
     const char *lines = "Hello\n";
     expect_fail(ARGS("tokenize", "--vocab", vocab, "--merges", merges), lines,
                 "tokenizer_config.json", "malformed JSON", "line 2", (const char *)NULL);
     EXPECT_FAIL(ARGS("--model", text_dir, "--vocab", vocab, "--merges", merges, "--prompt", "Hi",
                      "--gen-len", "2"),
                 "tokenizer_config.json", "malformed JSON");
-    write_text(join(dir, "tokenizer_config.json"), "{\"added_tokens_decoder\": 3}");
+    write_text_file(join(dir, "tokenizer_config.json"), "{\"added_tokens_decoder\": 3}");
     expect_fail(ARGS("tokenize", "--vocab", vocab, "--merges", merges), lines,
                 "tokenizer_config.json", "added_tokens_decoder", (const char *)NULL);
     unlink(join(dir, "tokenizer_config.json"));
-    write_text(join(dir, "added_tokens.json"), "{\"<x>\": \"1000\"}");
+    write_text_file(join(dir, "added_tokens.json"), "{\"<x>\": \"1000\"}");
     expect_fail(ARGS("tokenize", "--vocab", vocab, "--merges", merges), lines, "added_tokens.json",
                 "<x>", (const char *)NULL);
     /* opt-tiny-text has 1000 ids and no special-token files: <|endoftext|> becomes id 1000 */
@@ -1272,7 +1010,7 @@ static void test_tokenizer_special_files(void) {
     EXPECT_FAIL(ARGS("--model", text_dir, "--prompt", "Hi<|endoftext|>", "--gen-len", "2"),
                 "prompt 1", "token id 1000", "out of range");
     const char *file = join(dir, "prompts.txt");
-    write_text(file, "Hi\nthere<|endoftext|>\n");
+    write_text_file(file, "Hi\nthere<|endoftext|>\n");
     EXPECT_FAIL(ARGS("--model", text_dir, "--prompt-file", file, "--gen-len", "2"), "prompt 2",
                 "token id 1000", "out of range");
     rm_tree(dir);
@@ -1290,7 +1028,7 @@ static void test_special_tokens_in_prompts(void) {
     const char *text = "Hello</s>world";
     append_case_ids("tokenizer", text, line, sizeof line);
     snprintf(ids_file, sizeof ids_file, "%s", join(dir, "ids.txt"));
-    write_text(ids_file, line);
+    write_text_file(ids_file, line);
     char dump_a[4200], dump_b[4200];
     snprintf(dump_a, sizeof dump_a, "%s", join(dir, "a.bin"));
     snprintf(dump_b, sizeof dump_b, "%s", join(dir, "b.bin"));
@@ -1435,7 +1173,7 @@ static void test_text_generation(void) {
     free(err);
     char *dir = make_temp_dir(); /* the same prompts from a file */
     const char *file = join(dir, "prompts.txt");
-    write_text(file, prompts_text);
+    write_text_file(file, prompts_text);
     const char *file_args[] = {"--model", dir_arg, "--prompt-file", file, "--gen-len", "8", "--quiet", NULL};
     CU_ASSERT_EQUAL(run_flexgen(file_args, NULL, &out, &err), 0);
     CU_ASSERT_EQUAL(strncmp(out, expected, strlen(expected)), 0);
@@ -1455,7 +1193,7 @@ static void test_text_generation(void) {
  * --------------------------------------------------------------------------------------------- */
 
 void write_hw(const char *path) {
-    write_text(path, "{\"ctog_bdw\": 6e9, \"gtoc_bdw_cache\": 1.2e10, \"gtoc_bdw_hidden\": 1.2e10,"
+    write_text_file(path, "{\"ctog_bdw\": 6e9, \"gtoc_bdw_cache\": 1.2e10, \"gtoc_bdw_hidden\": 1.2e10,"
                      " \"dtoc_bdw\": 1.4e9, \"ctod_bdw_cache_p\": 2.5e8, \"ctod_bdw_hidden_p\": 2.5e8,"
                      " \"ctod_bdw_g\": 2.5e8, \"mm_flops_p\": 1.3e11, \"mm_flops_g\": 1.7e11,"
                      " \"bmm_flops_p\": 1e11, \"bmm_flops_g\": 4e10, \"cpu_flops\": 4e10,"
@@ -1531,7 +1269,7 @@ static void test_policy_bad_input(void) {
     char *dir = make_temp_dir();
     const char *hw = join(dir, "hw.json"), *bad = join(dir, "bad.json"), *missing = join(dir, "none.json");
     write_hw(hw);
-    write_text(bad, "{\"ctog_bdw\": 6e9}");
+    write_text_file(bad, "{\"ctog_bdw\": 6e9}");
     EXPECT_FAIL(ARGS("--policy", "fast"), "--policy", "'fast'");
     EXPECT_FAIL(ARGS("--max-latency", "0"), "--max-latency", "'0'");
     EXPECT_FAIL(ARGS("--max-latency", "soon"), "--max-latency", "'soon'");
@@ -1695,7 +1433,7 @@ static void test_perplexity_predictions(void) {
 static void test_perplexity_bad_input(void) {
     char *dir = make_temp_dir();
     const char *empty = join(dir, "empty.txt");
-    write_text(empty, "");
+    write_text_file(empty, "");
     char nul_path[4200];
     snprintf(nul_path, sizeof nul_path, "%s", join(dir, "nul.txt"));
     FILE *f = fopen(nul_path, "wb");
@@ -1703,7 +1441,7 @@ static void test_perplexity_bad_input(void) {
     fclose(f);
     char short_path[4200];
     snprintf(short_path, sizeof short_path, "%s", join(dir, "short.txt"));
-    write_text(short_path, "1\n2\n");
+    write_text_file(short_path, "1\n2\n");
 #define PPL_ARGS(...) ARGS("perplexity", "--model", kjv_dir, __VA_ARGS__)
     EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir), "--text FILE is required");
     EXPECT_FAIL(PPL_ARGS("--text", join(dir, "missing.txt")), "missing.txt");
@@ -1713,6 +1451,11 @@ static void test_perplexity_bad_input(void) {
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "257"), "--window 257", "256 positions");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "64", "--stride", "64"), "--stride 64");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--compare", short_path), "--compare", "2 predictions");
+    write_text_file(short_path, "1\nx\n");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--compare", short_path), "--compare", "line 2", "token id");
+    write_text_file(short_path, "");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--compare", short_path), "--compare", "0 predictions");
+    EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--compare", join(dir, "none.txt")), "--compare", "none.txt");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--gen-len", "4"), "--gen-len", "not a flag of `flexgen perplexity`");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--predictions", join(dir, "no/such/dir/p.txt")), "--predictions");
     EXPECT_FAIL(ARGS("perplexity", "--model", tiny_dir, "--text", kjv_text), "needs a tokenizer");
@@ -1724,11 +1467,78 @@ static void test_perplexity_bad_input(void) {
     free(dir);
 }
 
+/* Flags a subcommand has no use for are refused, not ignored. */
+static void test_flags_of_other_commands(void) {
+    static const char *const policy[] = {"--output", "--trace", "--dump-logits"};
+    for (int i = 0; i < 3; i++)
+        EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, policy[i], "x.out"), policy[i], "not a flag of `flexgen policy`");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--resume"), "--resume", "not a flag of `flexgen policy`");
+    static const char *const perplexity[] = {"--output", "--trace"};
+    for (int i = 0; i < 2; i++)
+        EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, perplexity[i], "x.out"), perplexity[i],
+                    "not a flag of `flexgen perplexity`");
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, "--resume"), "--resume", "flexgen perplexity");
+}
+
+/* Standard output that cannot be written (/dev/full): exit 1 with a line that says so. */
+static void test_stdout_full(void) {
+    char *dir = make_temp_dir(), hw[4200], cmd[16384];
+    snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
+    write_hw(hw);
+    const char *runs[] = {"--model %s --prompt-ids %s --gen-len 2 --quiet --device cpu",
+                          "tokenize --vocab %s/vocab.json --merges %s/merges.txt",
+                          "policy --model %s --hw %s --gen-len 2", "perplexity --model %s --text %s --quiet"};
+    const char *first[] = {tiny_dir, kjv_dir, tiny_dir, kjv_dir}, *second[] = {tiny_prompts, kjv_dir, hw, kjv_text};
+    for (int i = 0; i < 4; i++) {
+        char args[12000], *out, *err;
+        snprintf(args, sizeof args, runs[i], first[i], second[i]);
+        snprintf(cmd, sizeof cmd, "echo 'In the beginning' | %s %s > /dev/full", flexgen_bin(), args);
+        int rc = run_command(ARGS("sh", "-c", cmd), NULL, &out, &err);
+        EXPECT(rc == 1 && strstr(err, "flexgen: standard output: write failed") && count_lines(err) == 1,
+               "flexgen %s > /dev/full: expected exit 1 and one line; got %d, '%s'", args, rc, err);
+        free(out), free(err);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Every output file is made with the umask's mode, as --output's are (0644 under umask 022). */
+static void test_output_modes(void) {
+    char *dir = make_temp_dir(), logits[4200], trace[4200], job[4200], prompts[4200], predictions[4200];
+    snprintf(logits, sizeof logits, "%s", join(dir, "l.bin"));
+    snprintf(trace, sizeof trace, "%s", join(dir, "t.json"));
+    snprintf(job, sizeof job, "%s", join(dir, "out.jsonl"));
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "p.jsonl"));
+    snprintf(predictions, sizeof predictions, "%s", join(dir, "p.txt"));
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10]}\n");
+    mode_t old = umask(022);
+    free(run_tiny(ARGS("--dump-logits", logits, "--trace", trace)));
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", job, "--gen-len", "2",
+                                     "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, "--window", "32",
+                                     "--predictions", predictions, "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    umask(old);
+    const char *files[] = {logits, trace, job, predictions};
+    for (int i = 0; i < 4; i++) {
+        struct stat st;
+        int mode = stat(files[i], &st) == 0 ? (int)(st.st_mode & 0777) : -1;
+        EXPECT(mode == 0644, "%s under umask 022: expected mode 644, got %o", files[i], (unsigned)mode);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_cli_tests(void) {
     CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
     CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
     CU_add_test(s, "bad flag combinations exit 2 with one line", test_bad_flag_combinations);
     CU_add_test(s, "bad --model directory or tokenizer files", test_bad_model_dir);
+    CU_add_test(s, "flags a subcommand has no use for are refused", test_flags_of_other_commands);
+    CU_add_test(s, "standard output that cannot be written: exit 1, one line", test_stdout_full);
+    CU_add_test(s, "output files take the umask's mode", test_output_modes);
     CU_add_test(s, "bad --prompt-ids files", test_bad_prompt_ids);
     CU_add_test(s, "prompt too long for the positions", test_prompt_too_long);
     CU_add_test(s, "unwritable --dump-logits leaves no file", test_dump_logits_unwritable);
@@ -1761,9 +1571,4 @@ void add_cli_tests(void) {
     CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);
-    CU_add_test(s, "a JSONL job: one record a prompt, as a plain run generates", test_job_output);
-    CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
-    CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
-    CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
-    CU_add_test(s, "a job's output past a full disk keeps whole windows and resumes", test_job_output_full);
 }

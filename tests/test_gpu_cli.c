@@ -667,12 +667,6 @@ static run run_with_capability(const char *cc, const char *device) {
     return r;
 }
 
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; s && *s; s++) n += *s == '\n';
-    return n;
-}
-
 static const char *last_line(const char *s) {
     size_t n = strlen(s);
     if (n > 0 && s[n - 1] == '\n') n--;

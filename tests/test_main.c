@@ -203,6 +203,7 @@ int main(int argc, char **argv) {
     add_model_tests();
     add_checkpoint_tests();
     add_cli_tests();
+    add_job_tests();
     add_runtime_tests();
     add_quant_tests();
     add_matmul_tests();

@@ -13,6 +13,7 @@ void add_tokenizer_tests(void);  /* test_tokenizer.c */
 void add_model_tests(void);      /* test_model.c: forward pass against PyTorch fixtures */
 void add_checkpoint_tests(void); /* test_checkpoint.c: loader and its bad input */
 void add_cli_tests(void);        /* test_cli.c: ./flexgen end to end and its bad flags */
+void add_job_tests(void);        /* test_jobs.c: batch jobs (--output, --resume) and their bad input */
 void add_runtime_tests(void);    /* test_runtime.c: tiers, placement, the overlapped schedule */
 void add_quant_tests(void);      /* test_quant.c: 4-bit group-wise compression */
 void add_matmul_tests(void);     /* test_matmul.c: products with fp16 and 4-bit weights */
@@ -37,6 +38,15 @@ void expect_(int ok, const char *file, unsigned line, const char *fmt, ...)
  * and stderr (malloc'd). Returns its exit status, 128 + the signal, or -1 (test_cli.c). */
 int run_command(const char *const *argv, const char *stdin_text, char **out, char **err);
 const char *flexgen_bin(void); /* $FLEXGEN_BIN, or ./flexgen */
+/* run_command on $FLEXGEN_BIN with args (NULL-terminated, argv[0] left out). */
+int run_flexgen(const char *const *args, const char *stdin_text, char **out, char **err);
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+/* The run exits 2 with nothing on stdout and one stderr line "flexgen: ..." holding each string
+ * of the NULL-terminated list (a failed check otherwise). */
+void expect_fail(const char *const *args, const char *stdin_text, ...);
+#define EXPECT_FAIL(args, ...) expect_fail(args, NULL, __VA_ARGS__, (const char *)NULL)
+int count_lines(const char *s); /* newlines in s; 0 for NULL */
+void write_text_file(const char *path, const char *text); /* the file is made, or the test stops */
 /* A hardware file of plausible rates for the CPU backend (the gpu tier is host memory). */
 void write_hw(const char *path);
 

@@ -1,0 +1,638 @@
+/* test_jobs.c: batch jobs end to end, as subprocesses of the flexgen binary (support/jobs.c and
+ * the job half of support/cli.c).
+ *
+ * A job's records against a plain run and against HF's tokens; a job killed, cut short or out of
+ * disk resumes to an uninterrupted run's output; one job at a time on an output (the lock); what
+ * names a job (its prompts and model by content, its flags and block shape); and bad input: a
+ * JSONL line with more than one object, ids and strings that would not come back unchanged, an
+ * output that is an input, an output removed while the job runs, records of other prompts.
+ */
+#define _GNU_SOURCE
+#include "tests.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static char kjv_dir[4096], tiny_dir[4096], tiny_prompts[4096], tiny_tokens[4096];
+
+static int jobs_init(void) {
+    snprintf(kjv_dir, sizeof kjv_dir, "%s", fixture("../../models/opt-kjv"));
+    snprintf(tiny_dir, sizeof tiny_dir, "%s", fixture("opt-tiny"));
+    snprintf(tiny_prompts, sizeof tiny_prompts, "%s", fixture("opt-tiny/prompts.txt"));
+    snprintf(tiny_tokens, sizeof tiny_tokens, "%s", fixture("opt-tiny/tokens.txt"));
+    setenv("OMP_WAIT_POLICY", "passive", 0); /* children must not spin on a loaded machine */
+    return 0;
+}
+
+/* Runs argv (argv[0] the binary) and expects exit 0; frees what it printed. */
+static void run_ok(const char *const *argv) {
+    char *out, *err;
+    int rc = run_command(argv, NULL, &out, &err);
+    EXPECT(rc == 0, "%s ...: exit %d: %s", argv[0], rc, err);
+    free(out), free(err);
+}
+
+/* The first n lines of text (malloc'd). */
+static char *first_lines(const char *text, int n) {
+    const char *end = text;
+    for (int i = 0; i < n && end && *end; i++) end = strchr(end, '\n') ? strchr(end, '\n') + 1 : NULL;
+    return strndup(text, end ? (size_t)(end - text) : strlen(text));
+}
+
+static int whole_lines(const char *text) {
+    int ok = 1;
+    for (const char *l = text; ok && l && *l;) {
+        const char *end = strchr(l, '\n');
+        if (!end) return 0;
+        char *line = strndup(l, (size_t)(end - l));
+        cJSON *o = cJSON_Parse(line);
+        ok = cJSON_IsObject(o);
+        cJSON_Delete(o);
+        free(line);
+        l = end + 1;
+    }
+    return ok;
+}
+
+/* --prompt-file F.jsonl with text, ids and ids of their own; --output: a header line, then a record
+ * a prompt in order, whose completion and tokens are those a run without --output prints, greedy
+ * and sampled (each prompt draws from its own place in the file, whatever round it is in). */
+static void test_job_output(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    write_text_file(prompts, "{\"prompt\": \"In the beginning God created\", \"id\": \"gen-1\"}\n"
+                        "{\"prompt_ids\": [2, 133, 1040, 9]}\n\n"
+                        "{\"prompt\": \"And the LORD said unto Moses\", \"id\": 7}\n"
+                        "{\"prompt\": \"Blessed are the meek\"}\n{\"prompt\": \"Let there be\"}\n");
+    static const char *const ids[] = {"\"gen-1\"", "2", "7", "5", "6"};
+    for (int sampled = 0; sampled < 2; sampled++) {
+        const char *t = sampled ? "0.8" : "0";
+        char *out, *err, *plain, *perr;
+        unlink(output);
+        int rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "6",
+                                  "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--temperature", t, "--seed", "3",
+                                  "--quiet"), NULL, &out, &err);
+        CU_ASSERT_EQUAL(rc, 0);
+        free(out), free(err);
+        rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6", "--gpu-batch-size", "5",
+                              "--temperature", t, "--seed", "3", "--quiet"), NULL, &plain, &perr);
+        CU_ASSERT_EQUAL(rc, 0);
+        char *records = slurp(output, NULL);
+        CU_ASSERT_FATAL(records != NULL);
+        EXPECT(whole_lines(records) && count_lines(records) == 6 && strstr(records, "{\"flexgen_job\":") == records,
+               "--output: expected a job line and 5 records, got:\n%s", records);
+        const char *line = strchr(records, '\n') + 1;
+        for (int i = 0; i < 5 && line; i++, line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+            char *copy = strndup(line, (size_t)(strchr(line, '\n') - line)), want_id[16];
+            cJSON *r = cJSON_Parse(copy);
+            char *id = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "id"));
+            const cJSON *completion = cJSON_GetObjectItem(r, "completion"), *tokens = cJSON_GetObjectItem(r, "tokens");
+            const char *stop = cJSON_GetStringValue(cJSON_GetObjectItem(r, "stop"));
+            char next[24]; /* the plain run's text of prompt i + 1 ends with the completion */
+            snprintf(want_id, sizeof want_id, "[%d] ", i + 1);
+            snprintf(next, sizeof next, i < 4 ? "\n[%d] " : "\nmodel size:", i + 2);
+            const char *printed = strstr(plain, want_id), *end = printed ? strstr(printed, next) : NULL;
+            size_t clen = cJSON_IsString(completion) ? strlen(completion->valuestring) : 0;
+            int same = printed && end && clen > 0 && (size_t)(end - printed) > clen &&
+                       !strncmp(end - clen, completion->valuestring, clen);
+            EXPECT(id && !strcmp(id, ids[i]) && cJSON_GetArraySize(tokens) == 6 && stop && !strcmp(stop, "length") &&
+                   same && (i != 1 || cJSON_GetObjectItem(r, "prompt_ids")) && (i == 1 || cJSON_GetObjectItem(r, "prompt")),
+                   "%s record %d: expected id %s, 6 tokens, stop length, and the completion the plain run prints; "
+                   "got %s (plain run: %.*s)", sampled ? "sampled" : "greedy", i + 1, ids[i], copy,
+                   printed && end ? (int)(end - printed) : 0, printed ? printed : "");
+            free(id), free(copy);
+            cJSON_Delete(r);
+        }
+        free(records), free(plain), free(perr);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A job runs a window's prompts longest first, so that a GPU batch holds prompts of similar
+ * lengths: prompts of 40 and 4 tokens in turn, in GPU batches of 2, prefill 8 x 40 = 320 rows in
+ * file order (each batch padded to 40) and 4 x 40 + 4 x 4 = 176 as a job (--json's
+ * prefill_tokens; prompt_tokens, 176, are the prompts' own). */
+static void test_job_less_padding(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], text[4096] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    for (int i = 0; i < 8; i++) {
+        strcat(text, "{\"prompt_ids\": [2");
+        for (int t = 1; t < (i % 2 ? 4 : 40); t++) sprintf(text + strlen(text), ", %d", 3 + (i * 13 + t * 7) % 900);
+        strcat(text, "]}\n");
+    }
+    write_text_file(prompts, text);
+    double rows[2], own[2];
+    for (int job = 0; job < 2; job++) {
+        char *out, *err;
+        const char *args[] = {"--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "2", "--gpu-batch-size", "2",
+                              "--num-gpu-batches", "1", "--json", "--quiet", job ? "--output" : NULL, output, NULL};
+        CU_ASSERT_EQUAL(run_flexgen(args, NULL, &out, &err), 0);
+        cJSON *o = cJSON_Parse(out);
+        rows[job] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prefill_tokens"));
+        own[job] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prompt_tokens"));
+        cJSON_Delete(o);
+        free(out), free(err);
+    }
+    EXPECT(rows[0] == 320 && rows[1] == 176 && own[0] == 176 && own[1] == 176, "prompts of 40 and 4 tokens in turn, "
+           "GPU batches of 2: expected 320 prefill rows in file order and 176 as a job (176 the prompts' own); got "
+           "%g and %g (%g and %g)", rows[0], rows[1], own[0], own[1]);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A job killed (SIGKILL) while it runs leaves whole records; --resume finishes it, and the output
+ * is byte for byte the output of a run never stopped. A last line cut short (a write the crash
+ * interrupted) is dropped before the rest is appended. */
+static void test_job_resume_after_kill(void) {
+    enum { PROMPTS = 60 };
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], killed[4200], text[PROMPTS * 120];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(killed, sizeof killed, "%s", join(dir, "killed.jsonl"));
+    size_t at = 0;
+    for (int i = 0; i < PROMPTS; i++) { /* ids out of order, lengths 3 to 9 */
+        at += (size_t)snprintf(text + at, sizeof text - at, "{\"id\": \"q%02d\", \"prompt_ids\": [2", (i * 7) % PROMPTS);
+        for (int t = 0; t < 2 + i % 7; t++) at += (size_t)snprintf(text + at, sizeof text - at, ", %d", 3 + (i * 31 + t * 17) % 900);
+        at += (size_t)snprintf(text + at, sizeof text - at, "]}\n");
+    }
+    write_text_file(prompts, text);
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "24",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--stop-at-eos", "--quiet", "--output", whole,
+                         NULL, NULL};
+    char *out, *err;
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    job[14] = killed;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    CU_ASSERT_EQUAL_FATAL(posix_spawn(&pid, job[0], &fa, NULL, (char *const *)job, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int lines = 0;
+    for (int tries = 0; tries < 60000 && lines < 3; tries++) { /* the job line and two records */
+        char *now = slurp(killed, NULL);
+        lines = count_lines(now);
+        free(now);
+        if (lines < 3) usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    char *part = slurp(killed, NULL), *full = slurp(whole, NULL);
+    int kept = count_lines(part);
+    EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part),
+           "killed mid-job: expected whole lines, fewer than all %d records; got %d lines, %s", PROMPTS, kept,
+           whole_lines(part) ? "all whole" : "not all whole");
+    job[15] = "--resume";
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    char *resumed = slurp(killed, NULL);
+    EXPECT(resumed && full && !strcmp(resumed, full), "killed after %d records and resumed: the output differs "
+           "from an uninterrupted run's", kept - 1);
+    /* a record cut short at the end: dropped, then the job finishes as before */
+    FILE *f = fopen(killed, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    const char *third = full;
+    for (int i = 0; i < 3; i++) third = strchr(third, '\n') + 1;
+    fwrite(full, 1, (size_t)(third - full), f);
+    fputs("{\"id\": \"q07\", \"prompt_i", f);
+    fclose(f);
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err), free(resumed);
+    resumed = slurp(killed, NULL);
+    EXPECT(resumed && !strcmp(resumed, full), "a cut last line and --resume: the output differs from an "
+           "uninterrupted run's");
+    free(resumed), free(part), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A window's records that cannot all be written (a file size limit stands in for a full disk) are
+ * taken back: exit 2 with one line, the output keeps the windows written before (or is removed if
+ * it was made for nothing), and --resume then finishes the job as an uninterrupted run. */
+static void test_job_output_full(void) {
+    enum { PROMPTS = 24 };
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200], text[PROMPTS * 80] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    for (int i = 0; i < PROMPTS; i++)
+        sprintf(text + strlen(text), "{\"id\": \"q%02d\", \"prompt_ids\": [2, %d, %d, %d]}\n", i, 10 + i, 300 + i, 7 * i + 3);
+    write_text_file(prompts, text);
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "8",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--quiet", "--output", whole, NULL, NULL};
+    char *out, *err;
+    CU_ASSERT_EQUAL_FATAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    char *full = slurp(whole, NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(full);
+    const char *end = full; /* the job line and the first window's 8 records */
+    for (int i = 0; i < 9; i++) end = strchr(end, '\n') + 1;
+    size_t first = (size_t)(end - full);
+    job[13] = cut;
+    struct rlimit old, small;
+    getrlimit(RLIMIT_FSIZE, &old);
+    void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited: EFBIG instead of a kill */
+    for (int k = 0; k < 2; k++) { /* a limit below the first window, then one inside the second */
+        small.rlim_cur = k ? first + 100 : 100, small.rlim_max = old.rlim_max;
+        setrlimit(RLIMIT_FSIZE, &small);
+        int rc = run_command(job, NULL, &out, &err);
+        setrlimit(RLIMIT_FSIZE, &old);
+        char *kept = slurp(cut, NULL);
+        int ok = k ? kept && strlen(kept) == first && !strncmp(kept, full, first) : !kept;
+        EXPECT(rc == 2 && strstr(err, "--output") && strstr(err, "file size limit") && count_lines(err) == 1 && ok,
+               "--output past a file size limit of %llu bytes: expected exit 2, one line, and %s; got %d, '%s', %zu bytes",
+               (unsigned long long)small.rlim_cur, k ? "the first window's records" : "no file", rc, err,
+               kept ? strlen(kept) : 0);
+        free(out), free(err), free(kept);
+    }
+    signal(SIGXFSZ, old_xfsz);
+    job[14] = "--resume";
+    CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(resumed && !strcmp(resumed, full), "--resume after a failed write: the output differs from an "
+           "uninterrupted run's");
+    free(resumed), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Bad jobs: one line, exit 2, and the output neither made nor changed. */
+static void test_job_bad_input(void) {
+    char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200], other[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(bad, sizeof bad, "%s", join(dir, "bad.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(other, sizeof other, "%s", join(dir, "other.jsonl"));
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 12]}\n");
+    write_text_file(bad, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 99999]}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 2", "prompt_ids");
+    write_text_file(bad, "{\"prompt_ids\": [2, 10]}\n\n{\"prompt\": \"x\"\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 3", "malformed JSON");
+    write_text_file(bad, "[2, 10]\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 1", "not a JSON object");
+    write_text_file(bad, "{\"prompt_ids\": [2, 10], \"id\": 1}\n{\"prompt_ids\": [2, 12], \"id\": 1}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 1 is given to two prompts");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dir), "--output", "not a regular file");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--resume"), "--resume", "--output");
+    EXPECT(dir_entries(dir) == 2, "refused jobs left %d files beside the two prompt files", dir_entries(dir) - 2);
+    char *out, *err; /* a finished job's output, then others' --resume against it */
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                                     "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    char *before = slurp(output, NULL);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3"), "--output",
+                "exists", "--resume");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-file", prompts, "--output", output, "--gen-len", "3", "--resume"),
+                "another job", "model");
+    write_text_file(other, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 13]}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", other, "--output", output, "--gen-len", "3", "--resume"),
+                "another job", "prompts_fnv64");
+    char *after = slurp(output, NULL);
+    EXPECT(before && after && !strcmp(before, after), "refused jobs changed %s", output);
+    free(before), free(after);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A job's records hold every generated token, </s> included, unless --stop-at-eos: opt-tiny's
+ * prompts as a job give HF's tokens (tokens.txt); prompt 4's first token is </s>, and with
+ * --stop-at-eos its record is empty and stops at "eos". */
+static void test_job_tokens_match_hf(void) {
+    enum { PROMPTS = 5, GEN = 8 };
+    char *dir = make_temp_dir(), prompts[4200], output[4200], text[1024] = "", *ids = slurp(tiny_prompts, NULL);
+    int want[PROMPTS][GEN];
+    FILE *f = fopen(tiny_tokens, "r");
+    CU_ASSERT_FATAL(f && ids);
+    for (int p = 0; p < PROMPTS; p++)
+        for (int s = 0; s < GEN; s++) CU_ASSERT_FATAL(fscanf(f, "%d", &want[p][s]) == 1);
+    fclose(f);
+    CU_ASSERT_FATAL(want[3][0] == 2);
+    for (char *line = strtok(ids, "\n"); line; line = strtok(NULL, "\n")) { /* "2 153 146" -> [2, 153, 146] */
+        strcat(text, "{\"prompt_ids\": [");
+        for (char *c = line; *c; c++) {
+            size_t n = strlen(text);
+            if (*c == ' ') strcat(text, ", ");
+            else text[n] = *c, text[n + 1] = 0;
+        }
+        strcat(text, "]}\n");
+    }
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    write_text_file(prompts, text);
+    for (int stop = 0; stop < 2; stop++) {
+        unlink(output);
+        run_ok(ARGS(flexgen_bin(), "--model", tiny_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "8",
+                    "--device", "cpu", "--quiet", stop ? "--stop-at-eos" : "--gpu-batch-size", stop ? NULL : "4"));
+        char *records = slurp(output, NULL), *line = records ? strchr(records, '\n') : NULL;
+        int bad = 0;
+        for (int p = 0; p < PROMPTS && line; p++, line = strchr(line + 1, '\n')) {
+            cJSON *r = cJSON_Parse(line + 1);
+            const cJSON *tokens = cJSON_GetObjectItem(r, "tokens");
+            const char *why = cJSON_GetStringValue(cJSON_GetObjectItem(r, "stop"));
+            int n = stop && p == 3 ? 0 : GEN, same = cJSON_GetArraySize(tokens) == n;
+            for (int s = 0; same && s < n; s++) same = cJSON_GetArrayItem(tokens, s)->valueint == want[p][s];
+            bad += !same || !why || strcmp(why, stop && p == 3 ? "eos" : "length");
+            cJSON_Delete(r);
+        }
+        EXPECT(records && count_lines(records) == PROMPTS + 1 && bad == 0, "opt-tiny as a job%s: %d records differ "
+               "from HF's tokens (</s> included unless --stop-at-eos):\n%s", stop ? " with --stop-at-eos" : "", bad,
+               records ? records : "(no output)");
+        free(records);
+    }
+    free(ids);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* --resume finds the finished ids whatever their order: ids 1 to 12 ("1" < "10" < "11" < "2" as
+ * text), cut after 11 records, resume to the uninterrupted output, each id once. Resumed again,
+ * --json says the job is finished. */
+static void test_job_resume_unsorted_ids(void) {
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200], text[1024] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    for (int i = 0; i < 12; i++) sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, %d]}\n", 20 + i, 400 - 3 * i);
+    write_text_file(prompts, text);
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "4", "--quiet",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", whole, NULL, NULL, NULL};
+    run_ok(job);
+    char *full = slurp(whole, NULL), *part = full ? first_lines(full, 12) : NULL;
+    CU_ASSERT_FATAL(full && count_lines(full) == 13);
+    write_text_file(cut, part);
+    job[13] = cut, job[14] = "--resume";
+    run_ok(job);
+    char *resumed = slurp(cut, NULL), *out, *err;
+    EXPECT(resumed && !strcmp(resumed, full), "ids 1..12 cut after 11 records and resumed: expected the "
+           "uninterrupted output, got:\n%s", resumed ? resumed : "(none)");
+    job[15] = "--json";
+    int rc = run_command(job, NULL, &out, &err);
+    cJSON *o = cJSON_Parse(out);
+    EXPECT(rc == 0 && cJSON_IsTrue(cJSON_GetObjectItem(o, "finished")) &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(o, "records")) == 12,
+           "--resume --json of a finished job: expected {\"finished\": true, \"records\": 12, ...}, got exit %d, '%s'", rc, out);
+    cJSON_Delete(o);
+    free(out), free(err), free(resumed), free(part), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A job that runs a while: N_LONG prompts, a round a prompt. */
+enum { N_LONG = 240 };
+static pid_t start_long_job(const char *prompts, const char *output, const char *stderr_file) {
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "32", "--quiet",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", output, NULL};
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, stderr_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = posix_spawn(&pid, job[0], &fa, NULL, (char *const *)job, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc == 0 ? pid : -1;
+}
+
+/* Waits until path holds at least n lines (up to a minute); returns the lines. */
+static int wait_for_lines(const char *path, int n) {
+    int lines = 0;
+    for (int tries = 0; tries < 60000 && lines < n; tries++) {
+        char *now = slurp(path, NULL);
+        lines = count_lines(now);
+        free(now);
+        if (lines < n) usleep(1000);
+    }
+    return lines;
+}
+
+static int exit_status(pid_t pid) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Two jobs on one output: the second, plain or --resume, is refused while the first runs, which
+ * then finishes with one record a prompt. An output removed while its job runs stops the job with
+ * one line. */
+static void test_job_lock(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], log[4200], text[N_LONG * 40] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(log, sizeof log, "%s", join(dir, "stderr.txt"));
+    for (int i = 0; i < N_LONG; i++) sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, %d]}\n", 10 + i, 900 - i);
+    write_text_file(prompts, text);
+    pid_t first = start_long_job(prompts, output, log);
+    CU_ASSERT_FATAL(first > 0);
+    CU_ASSERT(wait_for_lines(output, 2) >= 2); /* its first window is out: it holds the lock */
+    for (int resume = 0; resume < 2; resume++) {
+        const char *args[] = {"--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "32", "--quiet",
+                              "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", output,
+                              resume ? "--resume" : NULL, NULL};
+        expect_fail(args, NULL, "--output", "another job holds it", (const char *)NULL);
+    }
+    int still_running = waitpid(first, NULL, WNOHANG) == 0, rc = exit_status(first);
+    char *records = slurp(output, NULL);
+    int lines = count_lines(records), once = whole_lines(records);
+    char **ids = calloc(N_LONG + 1, sizeof *ids);
+    for (const char *l = records ? strchr(records, '\n') : NULL; l && l[1] && once; l = strchr(l + 1, '\n')) {
+        cJSON *r = cJSON_Parse(l + 1);
+        int i = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "id"));
+        once = i >= 1 && i <= N_LONG && !ids[i];
+        if (once) ids[i] = "seen";
+        cJSON_Delete(r);
+    }
+    EXPECT(still_running && rc == 0 && lines == N_LONG + 1 && once, "two jobs on one output: expected the first to "
+           "run on alone (running %d, exit %d) to one record a prompt; got %d lines%s", still_running, rc, lines,
+           once ? "" : ", an id twice or a line not whole");
+    free(ids), free(records);
+    unlink(output); /* now removed while a job writes it */
+    pid_t job = start_long_job(prompts, output, log);
+    CU_ASSERT(wait_for_lines(output, 2) >= 2);
+    unlink(output);
+    rc = exit_status(job);
+    char *said = slurp(log, NULL);
+    EXPECT(rc == 2 && said && strstr(said, "--output") && strstr(said, "removed or replaced") && count_lines(said) == 1,
+           "the output removed during the job: expected exit 2 and one line saying so; got %d, '%s'", rc, said);
+    free(said);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A job stopped (SIGINT) before its first record removes the output it made: nothing is left. */
+static void test_job_interrupted_early(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], text[300 * 40] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    for (int i = 0; i < 300; i++) sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, 7, 9]}\n", 10 + i);
+    write_text_file(prompts, text);
+    const char *job[] = {flexgen_bin(), "--model", "opt-125m", "--prompt-file", prompts, "--output", output,
+                         "--gen-len", "64", "--quiet", NULL}; /* its first window: 256 prompts */
+    pid_t pid;
+    CU_ASSERT_FATAL(posix_spawn(&pid, job[0], NULL, NULL, (char *const *)job, environ) == 0);
+    for (int tries = 0; tries < 30000 && access(output, F_OK) != 0; tries++) usleep(1000);
+    int made = access(output, F_OK) == 0;
+    kill(pid, SIGINT);
+    int rc = exit_status(pid);
+    EXPECT(made && rc == 128 + SIGINT && dir_entries(dir) == 1, "a job stopped before its first record: expected "
+           "the output it made removed; made %d, exit %d, %d files beside the prompts", made, rc, dir_entries(dir) - 1);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* What names a job. Other --prompt texts are another job; the same prompt file and checkpoint by
+ * other paths (a symbolic link, ..) are the same job; another --gpu-batch-size is another job (a
+ * batch's numbers depend on its rows); --policy auto resumes with the block shape the job began
+ * with, to the uninterrupted output. */
+static void test_job_identity(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], cut[4200], link[4200], hw[4200], text[2048] = "";
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    snprintf(link, sizeof link, "%s", join(dir, "model"));
+    snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
+    write_hw(hw);
+    char *model = realpath(kjv_dir, NULL);
+    CU_ASSERT_FATAL(model && symlink(model, link) == 0);
+    free(model);
+    run_ok(ARGS(flexgen_bin(), "--model", kjv_dir, "--prompt", "In the beginning", "--prompt", "And God said",
+                "--output", output, "--gen-len", "3", "--quiet"));
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt", "Blessed are", "--prompt", "the meek", "--output", output,
+                     "--gen-len", "3", "--resume"), "another job", "prompts_fnv64");
+    unlink(output);
+    for (int i = 0; i < 20; i++) sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, %d, %d]}\n", 30 + i, 7 * i + 5, 600 - i);
+    write_text_file(prompts, text);
+    char other_path[4300];
+    snprintf(other_path, sizeof other_path, "%s/../%s/prompts.jsonl", dir, strrchr(dir, '/') + 1);
+    for (int auto_policy = 0; auto_policy < 2; auto_policy++) {
+        const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6", "--quiet",
+                             "--temperature", "0.9", "--seed", "5", "--output", output, "--policy",
+                             auto_policy ? "auto" : "manual", "--hw", hw, "--gpu-batch-size", "2", NULL, NULL};
+        unlink(output);
+        run_ok(job);
+        char *full = slurp(output, NULL), *part = full ? first_lines(full, 18) : NULL; /* 17 of 20 records */
+        CU_ASSERT_FATAL(full && part);
+        write_text_file(cut, part);
+        job[2] = link, job[4] = other_path, job[13] = cut, job[20] = "--resume";
+        run_ok(job);
+        char *resumed = slurp(cut, NULL);
+        EXPECT(resumed && !strcmp(resumed, full), "%s job resumed by other paths to its model and prompts: expected "
+               "the uninterrupted output", auto_policy ? "a --policy auto" : "a");
+        if (!auto_policy) {
+            write_text_file(cut, part);
+            job[19] = "3";
+            char *out, *err;
+            int rc = run_command(job, NULL, &out, &err);
+            EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "gpu_batch_size"), "resumed with another "
+                   "--gpu-batch-size: expected exit 2 naming gpu_batch_size; got %d, '%s'", rc, err);
+            free(out), free(err);
+        }
+        free(full), free(part), free(resumed);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A prompt file's line and an output's record line are one JSON object each, in UTF-8, whose
+ * strings and ids come back unchanged; an output's records are of the job's prompts, once each. */
+static void test_job_bad_lines(void) {
+    char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(bad, sizeof bad, "%s", join(dir, "bad.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    static const struct { const char *line, *says; } lines[] = {
+        {"{\"prompt_ids\": [2, 10]} {\"prompt_ids\": [2, 11]}", "text after the JSON object"},
+        {"{\"prompt_ids\": [2, 10], \"id\": \"a\xff\"}", "UTF-8"},
+        {"{\"prompt\": \"In the\\u0000 beginning\"}", "\\u0000"},
+        {"{\"prompt_ids\": [2, 10], \"id\": 1e400}", "give it as a string"},
+        {"{\"prompt_ids\": [2, 10], \"id\": 12345678901234567890}", "give it as a string"},
+        {"{\"prompt_ids\": [2, 10], \"id\": 1.5}", "give it as a string"},
+        {"{\"prompt_ids\": [2, 10], \"id\": 1000000000000000}", "give it as a string"},
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        write_text_file(bad, lines[i].line);
+        EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 1", lines[i].says);
+    }
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10, 11], \"id\": 999999999999999}\n"
+                        "{\"prompt\": \"caf\\u00e9 \\\\u0000\", \"id\": \"\\u00e9\"}\n");
+    run_ok(ARGS(flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "2", "--quiet"));
+    char *full = slurp(output, NULL), *first = full ? first_lines(full, 2) : NULL;
+    EXPECT(full && strstr(full, "{\"id\":999999999999999,") && strstr(full, "{\"id\":\"\xc3\xa9\",\"prompt\":\"caf\xc3\xa9 \\\\u0000\""),
+           "ids and strings as given: expected them back unchanged, got:\n%s", full ? full : "(no output)");
+    static const char *const records[] = {"{\"id\":999999999999999,\"tokens\":[]}GARBAGE\n",
+                                          "{\"id\":\"zz\",\"tokens\":[5]}\n", "{\"id\":999999999999999,\"tokens\":[5]}\n"};
+    static const char *const says[] = {"text after the JSON object", "no prompt of this job has", "two records"};
+    for (int i = 0; i < 3 && first; i++) { /* the job line and one record, then one that is not right */
+        char *text = malloc(strlen(full) + 100), *after;
+        sprintf(text, "%s%s", first, records[i]);
+        write_text_file(output, text);
+        expect_fail(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "2", "--resume"),
+                    NULL, "--resume", says[i], (const char *)NULL);
+        after = slurp(output, NULL);
+        EXPECT(after && !strcmp(after, text), "a refused --resume changed its output");
+        free(text), free(after);
+    }
+    free(full), free(first);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* An output that is an input is refused, by device and inode (a hard link, a path through ..),
+ * and the input stays as it was; a job needs prompts given (a record names its prompt). */
+static void test_outputs_apart_from_inputs(void) {
+    char *dir = make_temp_dir(), prompts[4200], linked[4200], dotdot[4300], text[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "p.txt"));
+    snprintf(linked, sizeof linked, "%s", join(dir, "linked.jsonl"));
+    snprintf(text, sizeof text, "%s", join(dir, "t.txt"));
+    snprintf(dotdot, sizeof dotdot, "%s/../%s/p.txt", dir, strrchr(dir, '/') + 1);
+    write_text_file(prompts, "2 10 11\n2 12\n");
+    write_text_file(text, "In the beginning God created the heaven and the earth.\n");
+    CU_ASSERT_FATAL(link(prompts, linked) == 0);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--dump-logits", dotdot), "--dump-logits", "--prompt-ids",
+                "the same file");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--trace", linked), "--trace", "the same file");
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", text, "--predictions", text), "--predictions", "--text",
+                "the same file");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--output", linked, "--resume"), "--output", "the same file");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--dump-logits", join(dir, "x"), "--trace",
+                     join(dir, "x")), "--trace", "--dump-logits");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--output", join(dir, "out.jsonl")), "--output", "--prompt-file");
+    char *p = slurp(prompts, NULL), *t = slurp(text, NULL);
+    EXPECT(p && t && !strcmp(p, "2 10 11\n2 12\n") && strstr(t, "God created") && dir_entries(dir) == 3,
+           "refused outputs changed an input or left a file (%d in the directory)", dir_entries(dir));
+    free(p), free(t);
+    rm_tree(dir);
+    free(dir);
+}
+
+void add_job_tests(void) {
+    CU_pSuite s = CU_add_suite("jobs", jobs_init, NULL);
+    CU_add_test(s, "a JSONL job: one record a prompt, as a plain run generates", test_job_output);
+    CU_add_test(s, "a job's records hold HF's tokens, </s> included unless --stop-at-eos", test_job_tokens_match_hf);
+    CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
+    CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
+    CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
+    CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
+    CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
+    CU_add_test(s, "a job is named by its prompts, model, flags and block shape", test_job_identity);
+    CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
+    CU_add_test(s, "JSONL lines: one object, UTF-8, values that come back unchanged", test_job_bad_lines);
+    CU_add_test(s, "an output that is an input is refused", test_outputs_apart_from_inputs);
+    CU_add_test(s, "a job's output past a full disk keeps whole windows and resumes", test_job_output_full);
+}
