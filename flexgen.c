@@ -901,6 +901,16 @@ void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_pr
     plan_need(m, &s, need, total, weights);
 }
 
+/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and a reused weight file). */
+static void capacity_source(const fg_runtime *rt, double reused, fg_tier t, char *out, size_t len) {
+    const char *what[N_TIERS] = {rt->backend->device_memory ? "the device's free memory" : "available memory",
+                                 "available memory", "the free space of --offload-dir "};
+    size_text cap = human(rt->capacity[t]);
+    if (rt->policy.capacity[t] > 0) snprintf(out, len, "%s gives %s", fg_tier_flags[t], cap.s);
+    else snprintf(out, len, "%s%s%s is %s (%s overrides it)", what[t], t == TIER_DISK ? rt->offload_dir : "",
+                  t == TIER_DISK && reused > 0 ? " with the weight file already in --path" : "", cap.s, fg_tier_flags[t]);
+}
+
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err) {
     const fg_runtime *rt = m->rt;
     block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
@@ -919,8 +929,9 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
                 snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "", plan_items[i],
                          human(need[t][i]).s);
         }
-        return fg_fail(err, "%s tier: the plan needs %s (%s), %s gives %s", fg_tier_names[t],
-                       human(total[t]).s, detail, fg_tier_flags[t], human(rt->capacity[t]).s);
+        char source[sizeof rt->offload_dir + 128];
+        capacity_source(rt, m->reused_disk_bytes, t, source, sizeof source);
+        return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t], human(total[t]).s, detail, source);
     }
     /* once the weights are in their homes they are resident already, not to be counted twice */
     double host = mem_available_bytes() + (m->loaded ? need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS] : 0);

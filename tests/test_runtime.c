@@ -385,6 +385,53 @@ static void test_memory_model_against_plan(void) {
             compare_memory_model(cases[i].what, cases[i].pc, cases[i].delegate, cases[i].compress, cuda);
 }
 
+static double fake_device_memory(void) { return 1e12; }
+
+/* The plan check's line for a tier over its capacity says where that capacity came from: "--X-mem
+ * gives" where the flag gave it; otherwise what fg_runtime_open took in its place (the free space
+ * of --offload-dir, plus dummy weights already in --path; the device's free memory; available
+ * memory), and the flag that overrides it. Each tier is made too small, with its flag given (1)
+ * and not (0; then as if the default were small), and on disk with a weight file reused (2). */
+static void test_plan_names_capacity_source(void) {
+    static const opt_config c = {"source", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const char *const defaults[2][N_TIERS] = {
+        {"available memory", "available memory", "the free space of --offload-dir "},
+        {"the device's free memory", "available memory", "the free space of --offload-dir "}};
+    char *dir = make_temp_dir();
+    fg_backend device = *cuda_sized_backend();
+    device.device_memory = fake_device_memory;
+    for (int gpu = 0; gpu < 2; gpu++)
+        for (int t = 0; t < N_TIERS; t++)
+            for (int given = 0; given < (t == TIER_DISK ? 3 : 2); given++) {
+                fg_policy p = policy(2, 2, (fg_percent){0, 0, 0, 0, 0, 0}, 0, 0); /* all on disk */
+                for (int u = 0; u < N_TIERS; u++) p.capacity[u] = u == t ? (given == 1 ? 1000 : 0) : 1e12;
+                p.offload_dir = p.weight_dir = dir;
+                fg_runtime *rt;
+                fg_model *m;
+                char err[FG_ERR_LEN] = "", want[4200], flag_gives[32];
+                CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+                if (gpu) rt->backend = &device;
+                CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+                rt->capacity[t] = 1000; /* without the flag: as if the default were 1000 bytes */
+                m->reused_disk_bytes = given == 2; /* as count_existing_weight_file finds a file */
+                CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, NULL, 5, 3, err), 0);
+                if (given == 1) snprintf(want, sizeof want, "%s gives %s", fg_tier_flags[t], human(1000).s);
+                else snprintf(want, sizeof want, "%s%s%s is %s (%s overrides it)", defaults[gpu][t],
+                              t == TIER_DISK ? dir : "", given ? " with the weight file already in --path" : "",
+                              human(1000).s, fg_tier_flags[t]);
+                snprintf(flag_gives, sizeof flag_gives, "%s gives", fg_tier_flags[t]);
+                EXPECT(strstr(err, fg_tier_names[t]) == err && strstr(err, want) && !strchr(err, '\n') &&
+                       (given == 1 || !strstr(err, flag_gives)), "%s, %s tier of 1000 bytes, case %d: "
+                       "expected one line with \"%s\", got: %s", gpu ? "a GPU" : "the CPU backend",
+                       fg_tier_names[t], given, want, err);
+                m->reused_disk_bytes = 0;
+                fg_model_close(m);
+                fg_runtime_close(rt);
+            }
+    rm_tree(dir);
+    free(dir);
+}
+
 /* The least --gpu-mem that the plan check accepts for n prompts of these lengths (lens NULL: all
  * of the longest), everything on the gpu tier in blocks of 2 x 2. */
 static double least_gpu_mem(const opt_config *c, int n, const int *lens, int longest, int gen_len) {
@@ -918,6 +965,8 @@ void add_runtime_tests(void) {
                 test_memory_model_cuda_sizes);
     CU_add_test(s, "the memory model counts each tier's bytes as the plan check does",
                 test_memory_model_against_plan);
+    CU_add_test(s, "the plan check's line names where each tier's capacity came from",
+                test_plan_names_capacity_source);
     CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
                 test_cuda_sizes);
     CU_add_test(s, "4-bit weights held on the gpu tier cross no link (CUDA's staging, on the CPU)",
