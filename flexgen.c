@@ -861,6 +861,56 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     return s;
 }
 
+enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
+       RESERVE, COPY_BUFFERS, N_ITEMS };
+static const char *const plan_items[N_ITEMS] = {"weights", "weight staging", "KV cache",
+    "KV cache staging", "activations", "activation staging", "workspace and logits",
+    "disk pages in flight", "activations between stages", "delegated attention",
+    "the device's context, cuBLAS and rounding", "pinned copy buffers"};
+
+/* Each tier's bytes of each item of the plan for a block of shape s (need, zeroed), their total,
+ * and of it the weights' (homes, staging arenas, the two disk layers read ahead on the cpu tier). */
+static void plan_need(const fg_model *m, const block_shape *s, double need[N_TIERS][N_ITEMS],
+                      double total[N_TIERS], double weights[N_TIERS]) {
+    const fg_runtime *rt = m->rt;
+    double w[N_TIERS], max_layer_disk;
+    weight_bytes(m, w, &max_layer_disk);
+    for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
+        need[t][WEIGHTS] = w[t];
+        need[t][CACHE] = s->micro * s->kv_home[t];
+        need[t][ACTS] = s->micro * s->act_home[t];
+    }
+    need[TIER_CPU][PIPE] = s->pipe_buffers;
+    need[TIER_GPU][W_STAGING] = 2.0 * m->staging_bytes;
+    need[TIER_GPU][C_STAGING] = s->kv_stage;
+    need[TIER_GPU][A_STAGING] = s->x_stage;
+    need[TIER_GPU][WORK] = s->workspace + s->logits;
+    need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s->transient_cpu;
+    need[TIER_CPU][DELEGATED] = s->delegated;
+    need[TIER_GPU][RESERVE] = rt->backend->device_reserve, need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
+    for (int t = 0; t < N_TIERS; t++) {
+        weights[t] = w[t] + need[t][W_STAGING] + (t == TIER_CPU ? 2 * max_layer_disk : 0), total[t] = 0;
+        for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
+    }
+}
+
+void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                   double total[N_TIERS], double weights[N_TIERS]) {
+    block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
+    double need[N_TIERS][N_ITEMS] = {{0}};
+    plan_need(m, &s, need, total, weights);
+}
+
+/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and a reused weight file). */
+static void capacity_source(const fg_runtime *rt, double reused, fg_tier t, char *out, size_t len) {
+    const char *what[N_TIERS] = {rt->backend->device_memory ? "the device's free memory" : "available memory",
+                                 "available memory", "the free space of --offload-dir "};
+    size_text cap = human(rt->capacity[t]);
+    if (rt->policy.capacity[t] > 0) snprintf(out, len, "%s gives %s", fg_tier_flags[t], cap.s);
+    else snprintf(out, len, "%s%s%s is %s (%s overrides it)", what[t], t == TIER_DISK ? rt->offload_dir : "",
+                  t == TIER_DISK && reused > 0 ? " with the weight file already in --path" : "", cap.s, fg_tier_flags[t]);
+}
+
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err) {
     const fg_runtime *rt = m->rt;
     block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
@@ -868,45 +918,23 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
         return fg_fail(err, "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
                             "exceed what one MPI message carries (2 GiB)", s.gbs,
                        human((double)s.act_message).s, max_prompt);
-    double w[N_TIERS], max_layer_disk;
-    weight_bytes(m, w, &max_layer_disk);
-    double staging = 2.0 * m->staging_bytes;
-    enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
-           RESERVE, COPY_BUFFERS, N_ITEMS };
-    static const char *const items[N_ITEMS] = {"weights", "weight staging", "KV cache",
-        "KV cache staging", "activations", "activation staging", "workspace and logits",
-        "disk pages in flight", "activations between stages", "delegated attention",
-        "the device's context, cuBLAS and rounding", "pinned copy buffers"};
-    double need[N_TIERS][N_ITEMS] = {{0}};
-    for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
-        need[t][WEIGHTS] = w[t];
-        need[t][CACHE] = s.micro * s.kv_home[t];
-        need[t][ACTS] = s.micro * s.act_home[t];
-    }
-    need[TIER_CPU][PIPE] = s.pipe_buffers;
-    need[TIER_GPU][W_STAGING] = staging;
-    need[TIER_GPU][C_STAGING] = s.kv_stage;
-    need[TIER_GPU][A_STAGING] = s.x_stage;
-    need[TIER_GPU][WORK] = s.workspace + s.logits;
-    need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s.transient_cpu;
-    need[TIER_CPU][DELEGATED] = s.delegated;
-    need[TIER_GPU][RESERVE] = rt->backend->device_reserve, need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
-    double total[N_TIERS] = {0};
+    double need[N_TIERS][N_ITEMS] = {{0}}, total[N_TIERS], weights[N_TIERS];
+    plan_need(m, &s, need, total, weights);
     for (int t = 0; t < N_TIERS; t++) {
-        for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
         if (total[t] <= rt->capacity[t]) continue;
         char detail[480] = "";
         for (int i = 0; i < N_ITEMS; i++) {
             size_t len = strlen(detail);
             if (need[t][i] > 0)
-                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "", items[i],
+                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "", plan_items[i],
                          human(need[t][i]).s);
         }
-        return fg_fail(err, "%s tier: the plan needs %s (%s), %s gives %s", fg_tier_names[t],
-                       human(total[t]).s, detail, fg_tier_flags[t], human(rt->capacity[t]).s);
+        char source[sizeof rt->offload_dir + 128];
+        capacity_source(rt, m->reused_disk_bytes, t, source, sizeof source);
+        return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t], human(total[t]).s, detail, source);
     }
     /* once the weights are in their homes they are resident already, not to be counted twice */
-    double host = mem_available_bytes() + (m->loaded ? w[TIER_GPU] + w[TIER_CPU] : 0);
+    double host = mem_available_bytes() + (m->loaded ? need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS] : 0);
     if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
         return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), "
                             "%s available", human(total[TIER_GPU] + total[TIER_CPU]).s,

@@ -507,18 +507,41 @@ static int check_layer_count(const opt_config *cfg, const st_archive *a, const c
     return 0;
 }
 
+/* Do a and b hold the same tensor: the same shape and, element by element, the same values?
+ * Byte for byte where the dtypes agree; otherwise as fp32 numbers, which fp16, bf16 and fp32
+ * all convert to exactly. */
+static int same_tensor(const st_tensor *a, const st_tensor *b) {
+    size_t n = 1;
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] != b->shape[i]) return 0;
+        n *= (size_t)a->shape[i];
+    }
+    if (a->dtype == b->dtype) return memcmp(a->data, b->data, a->nbytes) == 0;
+    value_source va = {a, 0, 0, 0}, vb = {b, 0, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (file_value(&va, i) != file_value(&vb, i)) return 0;
+    return 1;
+}
+
 /* The output layer as HF builds it: tied to the embedding when the config says so (the
- * default), and then a lm_head.weight in the file is not read (it leaves the table); untied, it
- * is lm_head.weight, which must be there. */
+ * default); untied, it is lm_head.weight, which must be there. Tied, HF uses one tensor for both
+ * ends, so a lm_head.weight in the file must hold the embedding's values (same shape, and the same
+ * bytes, or values where the dtypes differ): it is then not read (it leaves the table). One that
+ * differs is refused, since which of the two the output layer should use is ambiguous. */
 static int choose_head(st_archive *a, int tie_head, const char *path, char *err) {
     const st_tensor *head = st_find(a, "lm_head.weight");
     if (!tie_head && !head)
         return fg_fail(err, "%s: \"tie_word_embeddings\" is false, but the checkpoint has no lm_head.weight", path);
-    if (tie_head && head) {
-        size_t at = (size_t)(head - a->tensors);
-        memmove(&a->tensors[at], &a->tensors[at + 1], (a->n_tensors - at - 1) * sizeof *a->tensors);
-        a->n_tensors--;
-    }
+    if (!tie_head || !head) return 0;
+    const st_tensor *embed = find_spec_tensor(a, "decoder.embed_tokens.weight");
+    if (embed && !same_tensor(head, embed))
+        return fg_fail(err, "%s: \"tie_word_embeddings\" is true or absent, but lm_head.weight differs from %s; "
+                            "which one the output layer uses is ambiguous (set \"tie_word_embeddings\" to "
+                            "false to use lm_head.weight)", path, embed->name);
+    size_t at = (size_t)(head - a->tensors);
+    memmove(&a->tensors[at], &a->tensors[at + 1], (a->n_tensors - at - 1) * sizeof *a->tensors);
+    a->n_tensors--;
     return 0;
 }
 

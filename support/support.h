@@ -321,6 +321,10 @@ static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_fl
 
 void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
 void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
+/* The bytes fg_check_plan holds against each tier's capacity, and of them the weights' (their
+ * homes, staging arenas and the disk layers read ahead); the cache counts the pages of lens. */
+void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                   double total[N_TIERS], double weights[N_TIERS]);
 size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
 int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
 /* The model's dummy-weight file on disk (weight_file.c): counted where an earlier run wrote it,

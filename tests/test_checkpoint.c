@@ -3,8 +3,9 @@
  * Good checkpoints: the three fixtures load with the fp16 values of their tensors; F32 and BF16
  * copies of opt-tiny give the same (fp16-rounded) weights; OPTModel names without "model.";
  * tied and explicit lm_head; the sharded archive as st_open_dir maps it.
- * Bad checkpoints: every broken safetensors file, config.json or shard index is refused with -1
- * and one line that names the file or tensor and the problem.
+ * Bad checkpoints: every broken safetensors file, config.json or shard index, and a tied
+ * lm_head.weight unlike the embedding, is refused with -1 and one line that names the file or
+ * tensor and the problem.
  * fp16: the scalar conversions (round trip, round to nearest even, overflow, subnormals) and the
  * vector path against them.
  *
@@ -564,26 +565,63 @@ static void test_explicit_lm_head(void) {
     finish(dir, &l);
 }
 
-/* HF ties the output layer to the embedding unless config.json says "tie_word_embeddings": false
- * (absent, it is true): then a lm_head.weight in the file is not read, and the logits are those of
- * the checkpoint without it. Untied without a lm_head.weight is refused in one line. */
-static void test_tied_lm_head(void) {
-    cJSON *ties[2] = {NULL, cJSON_CreateTrue()};
-    for (int i = 0; i < 2; i++) {
-        tlist l;
-        opt_weights w;
-        char *dir = explicit_head_copy(ties[i], &l);
-        load_ok(dir, &w);
-        EXPECT(w.lm_head == w.embed_tokens, "tie_word_embeddings %s and a lm_head.weight in the file: "
-               "expected the output layer tied to the embedding, got a separate one", i ? "true" : "absent");
-        opt_weights_free(&w);
-        float got[4 * 512], want[4 * 512];
-        runtime_logits(dir, got);
-        runtime_logits(fixture("opt-tiny"), want);
-        EXPECT(!memcmp(got, want, sizeof got), "tie_word_embeddings %s: the runtime's logits differ from "
-               "those of the checkpoint without lm_head.weight", i ? "true" : "absent");
-        finish(dir, &l);
+/* opt-tiny with a lm_head.weight holding the embedding's values in `dtype` (F16: its bytes, F32:
+ * its values), element `changed` (-1: none) one step of that dtype away (its lowest bit flipped),
+ * and config.json's tie_word_embeddings set to `tie` (NULL: absent). */
+static char *embedding_head_copy(cJSON *tie, const char *dtype, long changed, tlist *l) {
+    char *dir = fixture_copy("opt-tiny", l);
+    int64_t shape[2] = {512, 64}; /* embed_tokens' */
+    ttensor *head = tl_add(l, "lm_head.weight", dtype, 2, shape, NULL);
+    const ttensor *embed = tl_get(l, "model.decoder.embed_tokens.weight");
+    CU_ASSERT_FATAL(!strcmp(embed->dtype, "F16") && numel(embed) == numel(head));
+    size_t size = dtype_bytes(dtype);
+    for (size_t k = 0; k < numel(head); k++) {
+        float x = source_value(embed, k);
+        if (size == 2) memcpy(head->data + 2 * k, embed->data + 2 * k, 2);
+        else memcpy(head->data + 4 * k, &x, 4);
     }
+    if (changed >= 0) head->data[size * (size_t)changed] ^= 1; /* little-endian: the lowest bit */
+    save_model(dir, l);
+    write_config_edit(dir, "opt-tiny", "tie_word_embeddings", tie);
+    return dir;
+}
+
+/* HF ties the output layer to the embedding unless config.json says "tie_word_embeddings": false
+ * (absent, it is true), one tensor for both ends. A lm_head.weight in a tied checkpoint that holds
+ * the embedding's values, byte for byte or as F32, is not read, and the logits are those of the
+ * checkpoint without it; one that differs, in one element or all, is refused in one line naming
+ * config.json, since which of the two the output layer uses is ambiguous. Untied without a
+ * lm_head.weight is refused too. */
+static void test_tied_lm_head(void) {
+    static const struct { const char *dtype; long changed; } heads[] = {
+        {"F16", -1}, {"F32", -1}, {"F16", 0}, {"F16", 512 * 64 - 1}, {"F32", 7 * 64 + 3}, {NULL, 0},
+    };
+    for (int i = 0; i < 2; i++)
+        for (size_t h = 0; h < sizeof heads / sizeof *heads; h++) {
+            tlist l;
+            opt_weights w;
+            cJSON *tie = i ? cJSON_CreateTrue() : NULL;
+            char *dir = heads[h].dtype ? embedding_head_copy(tie, heads[h].dtype, heads[h].changed, &l)
+                                       : explicit_head_copy(tie, &l); /* unlike the embedding */
+            char config[4200];
+            snprintf(config, sizeof config, "%s", join(dir, "config.json"));
+            if (heads[h].dtype && heads[h].changed < 0) {
+                load_ok(dir, &w);
+                EXPECT(w.lm_head == w.embed_tokens, "tie_word_embeddings %s and a %s lm_head.weight equal to "
+                       "the embedding: expected the output layer tied to it, got a separate one",
+                       i ? "true" : "absent", heads[h].dtype);
+                opt_weights_free(&w);
+                float got[4 * 512], want[4 * 512];
+                runtime_logits(dir, got);
+                runtime_logits(fixture("opt-tiny"), want);
+                EXPECT(!memcmp(got, want, sizeof got), "tie_word_embeddings %s: the runtime's logits differ "
+                       "from those of the checkpoint without lm_head.weight", i ? "true" : "absent");
+            } else {
+                EXPECT_LOAD_FAIL(dir, config, "\"tie_word_embeddings\" is true",
+                                 "lm_head.weight differs from model.decoder.embed_tokens.weight", "ambiguous");
+            }
+            finish(dir, &l);
+        }
     tlist l;
     char *dir = fixture_copy("opt-tiny", &l);
     save_model(dir, &l);
@@ -1387,8 +1425,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "explicit lm_head.weight is loaded separately when untied", test_explicit_lm_head);
     CU_add_test(s, "NaN, Inf or beyond fp16 in the weights: one line naming tensor and element",
                 test_nonfinite_weights);
-    CU_add_test(s, "tie_word_embeddings (true when absent) ties lm_head to the embedding, as HF",
-                test_tied_lm_head);
+    CU_add_test(s, "tie_word_embeddings (true when absent) ties lm_head to the embedding, as HF; "
+                   "a lm_head.weight that differs is refused", test_tied_lm_head);
     CU_add_test(s, "st_open_dir maps every shard of opt-tiny-350m", test_sharded_archive);
     CU_add_test(s, "a rewritten shard index loads", test_sharded_copy_loads);
     CU_add_test(s, "missing tensor", test_missing_tensor);

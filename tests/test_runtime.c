@@ -318,6 +318,120 @@ static void test_memory_model_cuda_sizes(void) {
     }
 }
 
+/* The memory model's bytes of each tier (lp.c, §4.3) against the plan check's own (fg_plan_bytes)
+ * for one placement of a block of 4 x 2 sequences, on the CPU backend or with CUDA's sizes
+ * (cuda_sized_model). They agree to the byte but where they differ by design:
+ *  - the weights: the model counts 2 bytes a parameter (36/128 of that in 4 bits) as a fraction
+ *    of the model, and stages its largest layer; the runtime places whole tensors padded to 64
+ *    bytes, and stages its largest staged layer. Both are left out: the runtime's weight bytes as
+ *    fg_plan_bytes reports them, the model's as its x_W terms and the staging terms that it adds
+ *    only where the weights are not all on the gpu tier (built here for FG_W_GPU: none);
+ *  - the disk tier: the runtime's KV cache and activation homes there are whole pages, so the
+ *    model's two disk terms are rounded up to pages.
+ * Everything else (cache, activations, their staging, the disk pages in flight on the cpu tier,
+ * workspace, logits, delegated attention, reserves) must match. */
+static void compare_memory_model(const char *what, fg_percent pc, int delegate, int compress, int cuda) {
+    static const opt_config c = {"tiers", 2, 64, 4, 256, 300, 64, 64, 1};
+    enum { GBS = 4, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
+    fg_policy p = policy(GBS, NGB, pc, 0, delegate);
+    p.compress_weight = p.compress_cache = compress;
+    fg_runtime *rt;
+    fg_model *m = NULL;
+    char err[FG_ERR_LEN] = "";
+    if (cuda) {
+        m = cuda_sized_model(&p, &c, &rt);
+    } else {
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+    }
+    double x[N_X], total[N_TIERS], weights[N_TIERS];
+    fg_plan_placement(m, GBS * NGB, x);
+    fg_plan_bytes(m, GBS * NGB, NULL, PROMPT, GEN_LEN, total, weights);
+    fg_workload w = {.s = PROMPT, .n = GEN_LEN, .gbs = GBS, .ngb = NGB, .cpu_cache_compute = delegate,
+                     .compress_weight = compress, .compress_cache = compress};
+    fg_hardware hw = {.gpu_is_host = !cuda};
+    fg_memory_model mm;
+    fg_memory_model_build(&c, &w, &hw, FG_W_GPU, &mm);
+    for (int t = 0; t < N_TIERS; t++) {
+        const fg_linear *f = &mm.tier[t];
+        double modeled = fg_linear_eval(f, x) - f->coef[X_WG + t] * x[X_WG + t];
+        if (t == TIER_DISK)
+            modeled = (double)page_up((size_t)(f->coef[X_CN] * x[X_CN])) +
+                      (double)page_up((size_t)(f->coef[X_HN] * x[X_HN]));
+        EXPECT(total[t] - weights[t] == modeled, "%s (%s%s%s): %s tier, weights aside: the plan check "
+               "needs %.0f bytes, the memory model %.0f", what, cuda ? "CUDA sizes" : "CPU backend",
+               compress ? ", 4-bit" : "", delegate ? ", delegated" : "", fg_tier_names[t],
+               total[t] - weights[t], modeled);
+    }
+    fg_model_close(m);
+    fg_runtime_close(rt);
+}
+
+/* The memory model agrees with the plan check (compare_memory_model) for placements with the
+ * weights, the KV cache and the activations on the cpu and disk tiers, fp16 and 4-bit, with
+ * and without delegated attention: a plan the search proposes is one the runtime accepts. */
+static void test_memory_model_against_plan(void) {
+    static const struct { const char *what; fg_percent pc; int delegate, compress; } cases[] = {
+        {"weights on cpu, KV cache on disk", {0, 100, 0, 0, 100, 0}, 0, 0},
+        {"weights and KV cache on disk", {0, 0, 0, 0, 100, 0}, 0, 1},
+        {"weights, KV cache 25/25/50, activations 50/0/50", {25, 25, 25, 25, 50, 0}, 0, 0},
+        {"weights, KV cache 25/25/50, activations 50/0/50", {25, 25, 25, 25, 50, 0}, 0, 1},
+        {"KV cache 0/50/50", {50, 50, 0, 50, 100, 0}, 1, 0},
+        {"everything on disk", {0, 0, 0, 0, 0, 0}, 1, 1},
+        {"KV cache on cpu", {100, 0, 0, 100, 100, 0}, 0, 0},
+    };
+    for (int cuda = 0; cuda < 2; cuda++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            compare_memory_model(cases[i].what, cases[i].pc, cases[i].delegate, cases[i].compress, cuda);
+}
+
+static double fake_device_memory(void) { return 1e12; }
+
+/* The plan check's line for a tier over its capacity says where that capacity came from: "--X-mem
+ * gives" where the flag gave it; otherwise what fg_runtime_open took in its place (the free space
+ * of --offload-dir, plus dummy weights already in --path; the device's free memory; available
+ * memory), and the flag that overrides it. Each tier is made too small, with its flag given (1)
+ * and not (0; then as if the default were small), and on disk with a weight file reused (2). */
+static void test_plan_names_capacity_source(void) {
+    static const opt_config c = {"source", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const char *const defaults[2][N_TIERS] = {
+        {"available memory", "available memory", "the free space of --offload-dir "},
+        {"the device's free memory", "available memory", "the free space of --offload-dir "}};
+    char *dir = make_temp_dir();
+    fg_backend device = *cuda_sized_backend();
+    device.device_memory = fake_device_memory;
+    for (int gpu = 0; gpu < 2; gpu++)
+        for (int t = 0; t < N_TIERS; t++)
+            for (int given = 0; given < (t == TIER_DISK ? 3 : 2); given++) {
+                fg_policy p = policy(2, 2, (fg_percent){0, 0, 0, 0, 0, 0}, 0, 0); /* all on disk */
+                for (int u = 0; u < N_TIERS; u++) p.capacity[u] = u == t ? (given == 1 ? 1000 : 0) : 1e12;
+                p.offload_dir = p.weight_dir = dir;
+                fg_runtime *rt;
+                fg_model *m;
+                char err[FG_ERR_LEN] = "", want[4200], flag_gives[32];
+                CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+                if (gpu) rt->backend = &device;
+                CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
+                rt->capacity[t] = 1000; /* without the flag: as if the default were 1000 bytes */
+                m->reused_disk_bytes = given == 2; /* as count_existing_weight_file finds a file */
+                CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, NULL, 5, 3, err), 0);
+                if (given == 1) snprintf(want, sizeof want, "%s gives %s", fg_tier_flags[t], human(1000).s);
+                else snprintf(want, sizeof want, "%s%s%s is %s (%s overrides it)", defaults[gpu][t],
+                              t == TIER_DISK ? dir : "", given ? " with the weight file already in --path" : "",
+                              human(1000).s, fg_tier_flags[t]);
+                snprintf(flag_gives, sizeof flag_gives, "%s gives", fg_tier_flags[t]);
+                EXPECT(strstr(err, fg_tier_names[t]) == err && strstr(err, want) && !strchr(err, '\n') &&
+                       (given == 1 || !strstr(err, flag_gives)), "%s, %s tier of 1000 bytes, case %d: "
+                       "expected one line with \"%s\", got: %s", gpu ? "a GPU" : "the CPU backend",
+                       fg_tier_names[t], given, want, err);
+                m->reused_disk_bytes = 0;
+                fg_model_close(m);
+                fg_runtime_close(rt);
+            }
+    rm_tree(dir);
+    free(dir);
+}
+
 /* The least --gpu-mem that the plan check accepts for n prompts of these lengths (lens NULL: all
  * of the longest), everything on the gpu tier in blocks of 2 x 2. */
 static double least_gpu_mem(const opt_config *c, int n, const int *lens, int longest, int gen_len) {
@@ -849,6 +963,10 @@ void add_runtime_tests(void) {
     CU_add_test(s, "pages of 16 tokens unless a tier's pool grows", test_page_size);
     CU_add_test(s, "the memory model counts what the plan check counts with the CUDA backend's sizes",
                 test_memory_model_cuda_sizes);
+    CU_add_test(s, "the memory model counts each tier's bytes as the plan check does",
+                test_memory_model_against_plan);
+    CU_add_test(s, "the plan check's line names where each tier's capacity came from",
+                test_plan_names_capacity_source);
     CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
                 test_cuda_sizes);
     CU_add_test(s, "4-bit weights held on the gpu tier cross no link (CUDA's staging, on the CPU)",
