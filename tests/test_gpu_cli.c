@@ -448,8 +448,8 @@ static void test_refill(void) {
  * A batch job
  * --------------------------------------------------------------------------------------------- */
 
-/* --output of opt-kjv's prompts.jsonl in windows of blocks, longest first: the job line and every
- * record (id, completion, tokens, stop) the same on both devices, byte for byte. */
+/* --output of opt-kjv's prompts.jsonl in windows of blocks, longest first: every record (id,
+ * completion, tokens, stop) the same on both devices, byte for byte; the job lines name each. */
 static void test_job(void) {
     if (!gpu_here()) return;
     models_init();
@@ -473,13 +473,13 @@ static void test_job(void) {
         run_free(&r);
         records[d] = slurp(output, NULL);
     }
-    int lines = 0;
-    for (const char *s = records[0]; s && *s; s++) lines += *s == '\n';
-    EXPECT(records[0] && records[1] && lines == m->n_prompts + 1 && !strcmp(records[0], records[1]),
-           "a job: expected the CPU's %d lines on cuda, got:\n%s\nthe CPU's:\n%s", m->n_prompts + 1,
-           records[1] ? records[1] : "(no file)", records[0] ? records[0] : "(no file)");
-    printf("\n  %s, a job of %d prompts: the records %s", m->name, m->n_prompts,
-           records[0] && records[1] && !strcmp(records[0], records[1]) ? "agree" : "differ");
+    const char *after[2]; /* the records, after the job lines, which name the device */
+    for (int d = 0; d < 2; d++) after[d] = records[d] && strchr(records[d], '\n') ? strchr(records[d], '\n') + 1 : "";
+    int same = records[0] && records[1] && !strcmp(after[0], after[1]) && count_lines(records[0]) == m->n_prompts + 1;
+    EXPECT(same && strstr(records[1], "\"device\":\"cuda\""), "a job: expected the CPU's %d records on cuda, and "
+           "a job line naming cuda, got:\n%s\nthe CPU's:\n%s", m->n_prompts, records[1] ? records[1] : "(no file)",
+           records[0] ? records[0] : "(no file)");
+    printf("\n  %s, a job of %d prompts: the records %s", m->name, m->n_prompts, same ? "agree" : "differ");
     free(records[0]), free(records[1]);
     rm_tree(dir);
     free(dir);
