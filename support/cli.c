@@ -1021,7 +1021,7 @@ static int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *er
         p->ids[kept] = p->ids[i], p->lens[kept] = p->lens[i], p->index[kept] = p->index[i];
         p->record_ids[kept] = p->record_ids[i], p->texts[kept] = p->texts[i], kept++;
     }
-    if (out->n_done && !a->quiet)
+    if (out->n_done && kept && !a->quiet) /* none left: run() says the job is finished */
         fprintf(stderr, "job: %d of %d prompts already in %s; resuming\n", p->n - kept, p->n, a->output);
     p->n = kept;
     return 0;
