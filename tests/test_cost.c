@@ -147,13 +147,6 @@ static void test_cost_mean_prompt(void) {
                "%s tier: the memory of a mean prompt of 3 is that of the longest, 7", fg_tier_names[t]);
 }
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 #define FULL "{\"ctog_bdw\": 2, \"gtoc_bdw_cache\": 4, \"gtoc_bdw_hidden\": 8, \"dtoc_bdw\": 16," \
     " \"ctod_bdw_cache_p\": 32, \"ctod_bdw_hidden_p\": 64, \"ctod_bdw_g\": 128," \
     " \"mm_flops_p\": 256, \"mm_flops_g\": 512, \"bmm_flops_p\": 1024," \
@@ -163,7 +156,7 @@ static void test_hardware_file(void) {
     char *dir = make_temp_dir(), path[4200], err[FG_ERR_LEN];
     snprintf(path, sizeof path, "%s/hw.json", dir);
     fg_hardware hw;
-    write_text(path, FULL "}");
+    write_text_file(path, FULL "}");
     CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), 0);
     CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0); /* the optional keys default to 0, false */
     /* written and read back */
@@ -173,7 +166,7 @@ static void test_hardware_file(void) {
     CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
     CU_ASSERT_EQUAL(memcmp(&back, &with, sizeof back), 0);
     /* a key given twice takes its last value, as Python's json */
-    write_text(path, FULL ", \"ctog_bdw\": 3, \"gpu_is_host\": false, \"gpu_is_host\": true}");
+    write_text_file(path, FULL ", \"ctog_bdw\": 3, \"gpu_is_host\": false, \"gpu_is_host\": true}");
     CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
     EXPECT(back.ctog_bdw == 3 && back.gpu_is_host == 1, "ctog_bdw 2 then 3, gpu_is_host false then true: "
            "expected the last values, got %g and %d", back.ctog_bdw, back.gpu_is_host);
@@ -188,7 +181,7 @@ static void test_hardware_file(void) {
         {FULL ", \"gpu_is_host\": 1}", "\"gpu_is_host\" must be true or false"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        write_text(path, bad[i].text);
+        write_text_file(path, bad[i].text);
         err[0] = 0;
         CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), -1);
         CU_ASSERT_PTR_NOT_NULL(strstr(err, path));
@@ -207,7 +200,7 @@ static void write_with(const char *path, const char *key, double value) {
     cJSON_DeleteItemFromObjectCaseSensitive(o, key);
     cJSON_AddNumberToObject(o, key, value);
     char *text = cJSON_PrintUnformatted(o);
-    write_text(path, text);
+    write_text_file(path, text);
     free(text);
     cJSON_Delete(o);
 }
@@ -276,7 +269,7 @@ static int write_hw_limited(void *path, char *err) {
 static void test_hardware_write_atomic(void) {
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     const char *path = join(dir, "hardware.json");
-    write_text(path, FULL "}");
+    write_text_file(path, FULL "}");
     int rc = run_bounded(write_hw_limited, (void *)path, 10, err);
     EXPECT(rc == -1 && strstr(err, path), "expected -1 and a line naming the file, got %d \"%s\"",
            rc, err);
