@@ -37,7 +37,7 @@ SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-ov
 PAPER := opt_model.c quant.c flexgen.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_fp16.c sampling.c \
            safetensors.c checkpoint.c weight_file.c tokenizer.c trace.c perplexity.c pipeline.c \
-           profile.c jobs.c stage.c kv_pages.c cli.c)
+           profile.c jobs.c stage.c kv_pages.c disk_arena.c io_links.c runtime.c cli.c)
 SRC := $(PAPER) $(SUPPORT)
 CUDA_OBJ :=
 TEST_CUDA_OBJ :=
@@ -68,7 +68,7 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := flexgen.h support/support.h support/tools.h
+HDR := model.h flexgen.h support/support.h support/tools.h
 TEST_SRC := $(wildcard tests/*.c)
 
 .PHONY: all test test-san test-gpu fuzz bench clean print-cflags emu

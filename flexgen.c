@@ -106,64 +106,9 @@ void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes) {
 }
 
 /* ============================================================================================
- * The disk tier: files in the offload dir, mapped; created unnamed (or unlinked at once), so
- * nothing is left behind after an exit, an error or Ctrl-C. Pages come in with WILLNEED and a
- * touch (the disk->cpu link) and leave with msync and DONTNEED, so resident memory follows the
- * policy and not the page cache.
+ * The disk tier (support/disk_arena.c maps its files): pages come into memory over the disk -> cpu
+ * link and leave over cpu -> disk, counted on the cpu tier while they are in.
  * ============================================================================================ */
-
-/* Maps a file of `bytes`, reserving its blocks first so that a full disk is an error here and
- * not a SIGBUS later. Takes ownership of fd. */
-int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir,
-                     char *err) {
-    memset(a, 0, sizeof *a);
-    a->fd = -1;
-    bytes = page_up(bytes ? bytes : 1);
-    int rc = posix_fallocate(fd, 0, (off_t)bytes);
-    if (rc) {
-        close(fd);
-        return fg_fail(err, "%s %s: cannot reserve %s: %s", flag, dir, human((double)bytes).s, strerror(rc));
-    }
-    a->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (a->base == MAP_FAILED) {
-        a->base = NULL;
-        close(fd);
-        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s, strerror(errno));
-    }
-    a->fd = fd;
-    a->size = bytes;
-    return 0;
-}
-
-void arena_close(disk_arena *a) {
-    if (a->base) fg_unwatch_mapping(a->base), munmap(a->base, a->size);
-    if (a->fd >= 0) close(a->fd);
-    memset(a, 0, sizeof *a);
-    a->fd = -1;
-}
-
-/* A page-aligned piece of the arena (the plan sized the arena, so this cannot run out). */
-void *arena_take(disk_arena *a, size_t bytes) {
-    void *p = a->base + a->used;
-    a->used += page_up(bytes);
-    return p;
-}
-
-static void page_range(const disk_arena *a, const void *p, size_t bytes, size_t *off, size_t *len) {
-    size_t start = (size_t)((const char *)p - a->base) & ~(page_size() - 1);
-    size_t end = page_up((size_t)((const char *)p - a->base) + bytes);
-    *off = start;
-    *len = end > a->size ? a->size - start : end - start;
-}
-
-/* Reads len bytes of the arena at off into memory (and waits for them). */
-void disk_fetch_pages(const disk_arena *a, size_t off, size_t len) {
-    madvise(a->base + off, len, MADV_WILLNEED);
-    volatile const char *c = a->base + off;
-    unsigned sum = 0;
-    for (size_t i = 0; i < len; i += page_size()) sum += c[i];
-    (void)sum;
-}
 
 /* disk -> cpu: bring the pages in (and wait for them), on the disk link's thread. */
 void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes) {
@@ -180,15 +125,6 @@ void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes
     tier_add(rt, TIER_CPU, (double)bytes);
 }
 
-/* Writes the pages under p back (when dirty) and drops them from memory and the page cache. */
-void drop_pages(const disk_arena *a, const void *p, size_t bytes, int dirty) {
-    size_t off, len;
-    page_range(a, p, bytes, &off, &len);
-    if (dirty) msync(a->base + off, len, MS_SYNC);
-    madvise(a->base + off, len, MADV_DONTNEED);
-    posix_fadvise(a->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
-}
-
 /* Writes back what was written (cpu -> disk) and drops the pages from memory. */
 void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
                          size_t written) {
@@ -198,187 +134,9 @@ void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t byt
     tier_add(rt, TIER_CPU, -(double)bytes);
 }
 
-/* ============================================================================================
- * I/O links (Fig. 4's async loads and stores): one thread each for disk<->cpu and cpu<->gpu, for
- * weights and for the KV cache and activations, each running its tasks in order. A task may
- * wait for an earlier task of another link (a load from disk is read before it is copied to the
- * gpu tier; a store reaches the cpu tier before disk). Since a task only ever waits for one
- * submitted before it, the queues cannot deadlock.
- * With --overlap 0 every task runs at once on the compute thread: the same steps, in sequence.
- * ============================================================================================ */
-
 void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
                double end) {
     trace_record(&rt->trace, track, name, layer, batch, start, end);
-}
-
-static void run_task(fg_runtime *rt, int link, const io_task *t) {
-    double start = now_seconds();
-    t->fn(rt, t);
-    trace_add(rt, rt->io[link].track, t->name, t->layer, t->batch, start, now_seconds());
-}
-
-void io_wait(fg_runtime *rt, int link, uint64_t seq) {
-    io_link *l = &rt->io[link];
-    pthread_mutex_lock(&l->lock);
-    while (l->done < seq) pthread_cond_wait(&l->changed, &l->lock);
-    pthread_mutex_unlock(&l->lock);
-}
-
-static void *io_thread(void *arg) {
-    fg_runtime *rt = ((void **)arg)[0];
-    int link = (int)(intptr_t)((void **)arg)[1];
-    free(arg);
-    io_link *l = &rt->io[link];
-    pthread_mutex_lock(&l->lock);
-    for (;;) {
-        while (!l->stop && l->done == l->submitted) pthread_cond_wait(&l->changed, &l->lock);
-        if (l->done == l->submitted) break;
-        io_task t = l->queue[l->done % IO_QUEUE];
-        pthread_mutex_unlock(&l->lock);
-        if (t.after_seq) io_wait(rt, t.after_link, t.after_seq);
-        run_task(rt, link, &t);
-        pthread_mutex_lock(&l->lock);
-        l->done++;
-        pthread_cond_broadcast(&l->changed);
-    }
-    pthread_mutex_unlock(&l->lock);
-    return NULL;
-}
-
-/* Queues a task on a link; returns its sequence number there (for io_wait and `after`). */
-uint64_t io_submit(fg_runtime *rt, int link, io_task t) {
-    io_link *l = &rt->io[link];
-    if (!l->running) { /* --overlap 0: in order, now */
-        run_task(rt, link, &t);
-        return ++l->done, ++l->submitted;
-    }
-    pthread_mutex_lock(&l->lock);
-    while (l->submitted - l->done == IO_QUEUE) pthread_cond_wait(&l->changed, &l->lock);
-    l->queue[l->submitted % IO_QUEUE] = t;
-    uint64_t seq = ++l->submitted;
-    pthread_cond_broadcast(&l->changed);
-    pthread_mutex_unlock(&l->lock);
-    return seq;
-}
-
-/* Fig. 4's "synchronize": the KV cache and activations that moved for this iteration are done;
- * with `weights` too, the next layer's weights (needed when the next iteration starts a layer),
- * but not the disk read of the layer after it, which may go on. */
-void io_sync(fg_runtime *rt, int weights) {
-    for (int i = weights ? IO_WEIGHT_HOST : IO_DISK; i < N_IO; i++) io_wait(rt, i, rt->io[i].submitted);
-}
-
-static void io_stop(fg_runtime *rt) {
-    for (int i = 0; i < N_IO; i++) {
-        io_link *l = &rt->io[i];
-        if (!l->running) continue;
-        pthread_mutex_lock(&l->lock);
-        l->stop = 1;
-        pthread_cond_broadcast(&l->changed);
-        pthread_mutex_unlock(&l->lock);
-        pthread_join(l->thread, NULL);
-        l->running = 0;
-    }
-}
-
-fg_policy fg_default_policy(void) {
-    return (fg_policy){.device = FG_DEVICE_CPU, .gpu_batch_size = 16, .num_gpu_batches = 2,
-                       .percent = {.wg = 100, .cg = 100, .hg = 100}, .overlap = 1, .pin_weight = 1,
-                       .attn_sparsity = 1, .n_stages = 1};
-}
-
-/* The backend of a device: auto is CUDA when a GPU is there, else the CPU. NULL (and err) when
- * cuda is asked for and there is none. */
-const fg_backend *backend_for(fg_device device, char *err) {
-    char why[FG_ERR_LEN];
-    if (device == FG_DEVICE_CPU_FP16) return fg_cpu_fp16_backend();
-    const fg_backend *cuda = device == FG_DEVICE_CPU ? NULL : fg_cuda_backend(why);
-    if (cuda) return cuda;
-    if (device == FG_DEVICE_CUDA) {
-        fg_fail(err, "--device cuda: %s", why);
-        return NULL;
-    }
-    return &fg_cpu_backend;
-}
-
-int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
-    *out = NULL;
-    const fg_percent *x = &p->percent;
-    const int pairs[3][2] = {{x->wg, x->wc}, {x->cg, x->cc}, {x->hg, x->hc}};
-    for (int kind = 0; kind < 3; kind++) {
-        const int *pc = pairs[kind];
-        for (int i = 0; i < 2; i++)
-            if (pc[i] < 0 || pc[i] > 100)
-                return fg_fail(err, "--percent: %d is outside 0..100", pc[i]);
-        if (pc[0] + pc[1] > 100)
-            return fg_fail(err, "--percent: %s on gpu and cpu sum to %d%%, above 100",
-                           (const char *[]){"weights", "KV cache", "activations"}[kind], pc[0] + pc[1]);
-    }
-    if (p->gpu_batch_size < 1 || p->num_gpu_batches < 1)
-        return fg_fail(err, "--gpu-batch-size and --num-gpu-batches must be at least 1");
-    if (!(p->attn_sparsity > 0 && p->attn_sparsity <= 1))
-        return fg_fail(err, "--attn-sparsity: %g is outside (0, 1]", p->attn_sparsity);
-    const char *offload = p->offload_dir ? p->offload_dir : FG_DEFAULT_OFFLOAD_DIR;
-    if (check_dir("--offload-dir", offload, err)) return -1;
-    const fg_backend *backend = backend_for(p->device, err);
-    if (!backend) return -1;
-    fg_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt) return fg_fail(err, "out of memory");
-    rt->policy = *p;
-    rt->backend = backend;
-    snprintf(rt->offload_dir, sizeof rt->offload_dir, "%s", offload);
-    if (p->weight_dir) snprintf(rt->weight_dir, sizeof rt->weight_dir, "%s", p->weight_dir);
-    else default_weight_dir(rt->weight_dir, sizeof rt->weight_dir);
-    pthread_mutex_init(&rt->lock, NULL);
-    struct statvfs vfs;
-    double disk_free = statvfs(offload, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
-    double gpu_free = backend->device_memory ? backend->device_memory() : mem_available_bytes();
-    double defaults[N_TIERS] = {gpu_free, mem_available_bytes(), disk_free};
-    for (int t = 0; t < N_TIERS; t++) rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
-    rt->trace.on = p->trace;
-    rt->trace.t0 = now_seconds();
-    for (int i = 0; i < N_IO; i++) {
-        io_link *l = &rt->io[i];
-        l->track = 1 + i;
-        pthread_mutex_init(&l->lock, NULL);
-        pthread_cond_init(&l->changed, NULL);
-        if (!p->overlap) continue;
-        void **arg = malloc(2 * sizeof *arg);
-        if (!arg) continue; /* runs without overlap rather than not at all */
-        arg[0] = rt;
-        arg[1] = (void *)(intptr_t)i;
-        if (pthread_create(&l->thread, NULL, io_thread, arg) == 0) l->running = 1;
-        else free(arg);
-    }
-    *out = rt;
-    return 0;
-}
-
-void fg_runtime_close(fg_runtime *rt) {
-    if (!rt) return;
-    io_stop(rt);
-    for (int i = 0; i < N_IO; i++) {
-        pthread_mutex_destroy(&rt->io[i].lock);
-        pthread_cond_destroy(&rt->io[i].changed);
-    }
-    trace_free(&rt->trace);
-    pthread_mutex_destroy(&rt->lock);
-    free(rt);
-}
-
-const fg_backend *fg_runtime_backend(const fg_runtime *rt) { return rt->backend; }
-
-void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
-    pthread_mutex_lock((pthread_mutex_t *)&rt->lock);
-    for (int t = 0; t < N_TIERS; t++) {
-        s->capacity[t] = rt->capacity[t];
-        s->peak[t] = rt->peak[t];
-        s->current[t] = rt->current[t];
-    }
-    for (int l = 0; l < N_LINKS; l++) s->link_bytes[l] = rt->link_bytes[l];
-    pthread_mutex_unlock((pthread_mutex_t *)&rt->lock);
-    s->host_memory = rt->backend->gpu_is_host ? mem_available_bytes() : 0;
 }
 
 /* ============================================================================================
@@ -448,7 +206,7 @@ static void place_layer(fg_model *m, int j) {
 }
 
 /* Every tensor's home, its stored form, and the staging arenas' size. */
-static void place_weights(fg_model *m) {
+void place_weights(fg_model *m) {
     const opt_layout *l = &m->layout;
     for (int j = m->first_layer; j < m->end_layer; j++) place_layer(m, j);
     for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++) {
@@ -501,78 +259,22 @@ void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]) {
         if (tied_here(m, i) < 0) stored[m->homes[i].tier] += (double)m->homes[i].bytes;
 }
 
-/* The table, the placement and nothing else: the weights move into their homes on first use. */
-static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const char *dir,
-                      char *err) {
-    m->disk.fd = -1;
-    m->staged[0] = m->staged[1] = m->reads[0].g = m->reads[1].g = -1;
-    if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
-    m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
-    m->view.q4_int8 = m->view.q4 && m->rt->policy.int8_activations;
-    if (m->has_archive && opt_layout_check_archive(&m->layout, &m->archive, dir, err)) return -1;
-    int L = n_flexgen_layers(cfg);
-    m->homes = calloc((size_t)m->layout.n_tensors, sizeof *m->homes);
-    m->layer_first = calloc((size_t)L + 1, sizeof *m->layer_first);
-    if (!m->homes || !m->layer_first) return fg_fail(err, "out of memory");
-    for (int i = 0, j = 0; j <= L; j++) {
-        while (i < m->layout.n_tensors && m->layout.tensors[i].layer < j) i++;
-        m->layer_first[j] = i;
-    }
-    const fg_policy *p = &m->rt->policy;
-    fg_stage_layers(cfg, p->stage, p->n_stages, &m->first_layer, &m->end_layer);
-    if (m->end_layer <= m->first_layer)
-        return fg_fail(err, "%s has %d decoder layers: too few for %d pipeline stages", cfg->name,
-                       cfg->n_layers, p->n_stages);
-    m->first_decoder = m->first_layer > 0 ? m->first_layer - 1 : 0;
-    int last_decoder = m->end_layer <= cfg->n_layers + 1 ? m->end_layer - 1 : cfg->n_layers;
-    m->n_decoder = last_decoder - m->first_decoder;
-    place_weights(m);
-    count_existing_weight_file(m);
-    return 0;
+/* The model's dummy-weight file for disk homes (support/weight_file.c): written once to the
+ * weight dir, reused after. */
+static size_t tensor_stored_bytes(void *m, int i) { return stored_bytes(m, i); }
+static int fill_dummy(void *ctx, int i, void *dst, char *err) {
+    const fg_model *m = ctx;
+    weight_source src = {NULL, m->seed};
+    return fill_stored(m, i, &src, dst, err);
+}
+weight_file weight_file_of(fg_model *m) {
+    return (weight_file){m->rt->weight_dir, &m->view.cfg, m->seed, m->rt->policy.compress_weight,
+                         &m->layout, m->layer_first, tensor_stored_bytes, fill_dummy, m,
+                         m->rt->policy.verbose};
 }
 
-int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **out,
-                        char *err) {
-    fg_model *m = calloc(1, sizeof *m);
-    *out = NULL;
-    if (!m) return fg_fail(err, "out of memory");
-    m->rt = rt;
-    m->seed = seed;
-    if (model_init(m, cfg, 0, NULL, err)) {
-        fg_model_close(m);
-        return -1;
-    }
-    *out = m;
-    return 0;
-}
-
-int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **out, char *err) {
-    *out = NULL;
-    if (!is_dir(model)) {
-        opt_config cfg;
-        if (opt_config_by_name(model, &cfg, err)) return -1;
-        return fg_model_open_dummy(rt, &cfg, seed, out, err);
-    }
-    fg_model *m = calloc(1, sizeof *m);
-    if (!m) return fg_fail(err, "out of memory");
-    m->rt = rt;
-    m->disk.fd = -1;
-    opt_config cfg;
-    int rc = opt_checkpoint_open(model, &cfg, &m->archive, err);
-    m->has_archive = rc == 0;
-    if (rc == 0) rc = model_init(m, &cfg, st_find(&m->archive, "lm_head.weight") != NULL, model, err);
-    if (rc) {
-        fg_model_close(m);
-        return -1;
-    }
-    *out = m;
-    return 0;
-}
-
-const opt_config *fg_model_config(const fg_model *m) { return &m->view.cfg; }
-
-void fg_model_close(fg_model *m) {
-    if (!m) return;
+/* Frees every home of this stage's tensors (the disk homes' file is unmapped), and the staging arenas. */
+void free_weight_homes(fg_model *m) {
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
         size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
@@ -584,11 +286,6 @@ void fg_model_close(fg_model *m) {
     if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
     m->rt->capacity[TIER_DISK] -= m->reused_disk_bytes;
     arena_close(&m->disk);
-    if (m->has_archive) st_close(&m->archive);
-    opt_layout_free(&m->layout);
-    free(m->homes);
-    free(m->layer_first);
-    free(m);
 }
 
 /* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
@@ -636,7 +333,8 @@ int load_weights_into_homes(fg_model *m, char *err) {
         if (rc == 0) {
             m->disk_bytes = bytes[TIER_DISK];
             if (!m->has_archive) {
-                rc = open_weight_file(m, offsets, err);
+                weight_file f = weight_file_of(m);
+                rc = weight_file_map(&f, &m->disk, offsets, err);
                 from_file = 1;
             } else {
                 int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
@@ -684,8 +382,6 @@ int load_weights_into_homes(fg_model *m, char *err) {
     m->loaded = rc == 0;
     return rc;
 }
-
-int fg_model_load(fg_model *m, char *err) { return m->loaded ? 0 : load_weights_into_homes(m, err); }
 
 /* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
  * Layer g (step g / L, layer g % L) is read from disk one layer earlier than Fig. 4 asks, while
@@ -735,7 +431,7 @@ void read_weights(fg_model *m, long g) {
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) on_disk |= m->homes[i].tier == TIER_DISK;
     if (!on_disk) return;
     forget_read(m, r); /* a layer read ahead for a unit that did not come */
-    *r = (weight_read){g, io_submit(m->rt, IO_WEIGHT_DISK, (io_task){.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j}), 0};
+    *r = (weight_read){g, io_submit(&m->rt->io, IO_WEIGHT_DISK, (io_task){.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j}), 0};
 }
 
 /* Starts loading layer g into staging arena g % 2 (reading it first if that has not begun). */
@@ -749,7 +445,7 @@ void load_weights(fg_model *m, long g) {
     weight_read *r = &m->reads[g % 2];
     uint64_t read = r->g == g ? r->seq : 0;
     if (r->g == g) r->used = 1;
-    io_submit(m->rt, IO_WEIGHT_HOST, (io_task){.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
+    io_submit(&m->rt->io, IO_WEIGHT_HOST, (io_task){.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
                                              .after_seq = read, .ctx = m, .layer = j, .arena = buf});
 }
 
@@ -766,7 +462,7 @@ void bind_weights(fg_model *m, long g) {
  * stopped) give their pages back. */
 static void forget_read(fg_model *m, weight_read *r) {
     if (r->g >= 0 && !r->used) {
-        io_wait(m->rt, IO_WEIGHT_DISK, r->seq);
+        io_wait(&m->rt->io, IO_WEIGHT_DISK, r->seq);
         weights_release(m->rt, m, m->first_layer + (int)(r->g % stage_layers(m)));
     }
     r->g = -1;
@@ -786,10 +482,6 @@ void forget_reads(fg_model *m) {
 static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
     int g = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
     return (row_split){{g, gc - g, n - gc}};
-}
-
-fg_tier tier_of(const row_split *s, int b) {
-    return b < s->rows[TIER_GPU] ? TIER_GPU : b < s->rows[TIER_GPU] + s->rows[TIER_CPU] ? TIER_CPU : TIER_DISK;
 }
 
 fg_tier row_tier(const row_split *s, int b, int *index) {
@@ -837,9 +529,9 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     s.act_row = (size_t)c->hidden * rt->backend->act_elem;
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
     double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
-    kv_pool_shape(&s, n_prompts, lens, gen_len); /* the cache counts pages (kv_pages.c) */
+    s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len); /* in pages */
     for (int t = 0; t < N_TIERS; t++) {
-        s.kv_home[t] = kv_row * m->n_decoder * 2 * s.pool_pages[t] * s.page_tokens;
+        s.kv_home[t] = kv_row * m->n_decoder * 2 * s.kv.pool_pages[t] * s.kv.page_tokens;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
     }
     s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
@@ -942,37 +634,8 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
     return 0;
 }
 
-void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
-    double stored[N_TIERS];
-    weight_stored_bytes(m, stored);
-    double total = stored[TIER_GPU] + stored[TIER_CPU] + stored[TIER_DISK];
-    /* the rows of a full GPU batch (max_prompt and gen_len do not change the split) */
-    block_shape s = shape_block(m, n_prompts, NULL, 1, 1);
-    for (int t = 0; t < N_TIERS; t++) {
-        x[X_WG + t] = stored[t] / total;
-        x[X_CG + t] = (double)s.cache.rows[t] / s.gbs;
-        x[X_HG + t] = (double)s.act.rows[t] / s.gbs;
-    }
-}
-
-int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
-                     int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
-    fg_policy q = *p;
-    q.overlap = q.trace = q.verbose = 0;
-    fg_runtime *rt;
-    fg_model *m = NULL;
-    if (fg_runtime_open(&q, &rt, err)) return -1;
-    int rc = fg_model_open_dummy(rt, model, seed, &m, err);
-    if (rc == 0 && sequences > 0 && check) rc = fg_check_plan(m, sequences, NULL, s, n, err);
-    if (rc == 0 && x) fg_plan_placement(m, sequences, x);
-    if (st) fg_runtime_stats(rt, st);
-    fg_model_close(m);
-    fg_runtime_close(rt);
-    return rc;
-}
-
 /* The hooks at a stage's edges: a pipeline's (pipeline.c), or one process's (support/stage.c). */
-static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt->stage : &fg_single_stage; }
+static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage; }
 
 /* ============================================================================================
  * A block in flight (§4.1): its GPU batches, their KV cache and activations on the tiers
@@ -983,18 +646,18 @@ static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage ? rt
 
 /* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
 static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
-    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * bl->s.pool_pages[t] * bl->s.page_tokens * bl->s.kv_row;
+    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * bl->s.kv.pool_pages[t] * bl->s.kv.page_tokens * bl->s.kv_row;
 }
 
 /* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
 static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
-    size_t row = kv_page_row(slot_pages(bl, slot), bl->s.page_tokens, j);
-    return kv_pool(bl, slot_tier(bl, slot), layer, kv) + row * bl->s.kv_row;
+    size_t row = kv_page_row(slot_pages(&bl->pages, slot), bl->s.kv.page_tokens, j);
+    return kv_pool(bl, slot_tier(&bl->pages, slot), layer, kv) + row * bl->s.kv_row;
 }
 
 /* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
 static int run_in_page(const block *bl, int j, int end) {
-    int page_end = (j / bl->s.page_tokens + 1) * bl->s.page_tokens;
+    int page_end = (j / bl->s.kv.page_tokens + 1) * bl->s.kv.page_tokens;
     return (page_end < end ? page_end : end) - j;
 }
 
@@ -1022,7 +685,7 @@ static void free_block(block *bl) {
     free(bl->ids);
     free(bl->prompt);
     free(bl->step);
-    kv_pages_free(bl);
+    kv_pages_free(&bl->pages);
     stage_of(rt)->close_block(bl);
     if (!bl->borrowed) {
         if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
@@ -1086,11 +749,11 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, i
         free_block(bl);
         return fg_fail(err, "out of memory");
     }
-    if (kv_pages_init(bl, err)) goto fail;
+    if (kv_pages_init(&bl->pages, &s->kv, &s->cache, s->gbs, seqs, s->max_len, err)) goto fail;
     for (int k = 0; k < s->ngb; k++)
         if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
         else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity,
-             bl->gb[k].all_rows = m->prompt_logits, bl->gb[k].page_tokens = s->page_tokens;
+             bl->gb[k].all_rows = m->prompt_logits, bl->gb[k].page_tokens = s->kv.page_tokens;
     for (int t = TIER_GPU; t <= TIER_CPU; t++) {
         if (s->kv_home[t] && !(bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err))) goto fail;
         if (s->act_home[t] && !(bl->act_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err))) goto fail;
@@ -1229,10 +892,10 @@ static void load_cache(block *bl, iteration it) {
     if (it.j < 0 || !is_decoder_layer(bl, it.j)) return;
     if (!any_past(&bl->gb[it.k]) || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
     io_task t = task_at(bl, it, cache_fetch_task, "read cache");
-    uint64_t read = bl->s.cache.rows[TIER_DISK] ? io_submit(bl->rt, IO_DISK, t) : 0;
+    uint64_t read = bl->s.cache.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
     if (bl->delegate) return;
     t.fn = cache_in_task, t.name = "load cache", t.after_link = IO_DISK, t.after_seq = read;
-    io_submit(bl->rt, IO_HOST, t);
+    io_submit(&bl->rt->io, IO_HOST, t);
 }
 
 /* Fig. 4's store_cache: this step's new rows of layer j's cache for GPU batch k, from its
@@ -1244,7 +907,7 @@ static void store_cache(block *bl, iteration it) {
     io_task t = task_at(bl, it, cache_out_task, "store cache");
     uint64_t copied = 0;
     if (!bl->delegate) {
-        copied = io_submit(bl->rt, IO_HOST, t);
+        copied = io_submit(&bl->rt->io, IO_HOST, t);
     } else { /* attention wrote them in place: they came from the compute device all the same */
         FOR_OFF_GPU(bl->s.cache, bl, it.k, b, tier) {
             size_t bytes = 2 * new_bytes(bl, gb, b);
@@ -1254,7 +917,7 @@ static void store_cache(block *bl, iteration it) {
     }
     if (!bl->s.cache.rows[TIER_DISK]) return;
     t.fn = cache_writeback_task, t.name = "write cache", t.after_link = IO_HOST, t.after_seq = copied;
-    io_submit(bl->rt, IO_DISK, t);
+    io_submit(&bl->rt->io, IO_DISK, t);
 }
 
 /* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
@@ -1307,9 +970,9 @@ static void act_writeback_task(fg_runtime *rt, const io_task *task) {
 static uint64_t activation_in(block *bl, iteration it) {
     if (it.j == bl->m->first_layer) return stage_of(bl->rt)->receive_activations(bl, it.k, it.arena);
     io_task t = task_at(bl, it, act_fetch_task, "read activations");
-    uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(bl->rt, IO_DISK, t) : 0;
+    uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
     t.fn = act_in_task, t.name = "load activations", t.after_link = IO_DISK, t.after_seq = read;
-    return io_submit(bl->rt, IO_HOST, t);
+    return io_submit(&bl->rt->io, IO_HOST, t);
 }
 
 /* Fig. 4's load_activation, for the next iteration. With one GPU batch the next iteration's
@@ -1321,7 +984,7 @@ static void load_activation(block *bl, iteration next) {
 /* With one GPU batch there is nothing to overlap an input with: it is the output just stored,
  * loaded now (as FlexGen's loop for one GPU batch does). */
 static void load_input_now(block *bl, iteration now) {
-    if (bl->n_batches == 1 && now.j > bl->m->first_layer) io_wait(bl->rt, IO_HOST, activation_in(bl, now));
+    if (bl->n_batches == 1 && now.j > bl->m->first_layer) io_wait(&bl->rt->io, IO_HOST, activation_in(bl, now));
 }
 
 /* Fig. 4's store_activation: the output of layer j for GPU batch k, from its staging arena to
@@ -1334,10 +997,10 @@ static void store_activation(block *bl, iteration it) {
         return;
     }
     io_task t = task_at(bl, it, act_out_task, "store activations");
-    uint64_t copied = io_submit(bl->rt, IO_HOST, t);
+    uint64_t copied = io_submit(&bl->rt->io, IO_HOST, t);
     if (!bl->s.act.rows[TIER_DISK]) return;
     t.fn = act_writeback_task, t.name = "write activations", t.after_link = IO_HOST, t.after_seq = copied;
-    io_submit(bl->rt, IO_DISK, t);
+    io_submit(&bl->rt->io, IO_DISK, t);
 }
 
 /* Points GPU batch k at its iteration's activations and at layer j's cache rows: in their home
@@ -1352,8 +1015,8 @@ static void bind_batch(block *bl, iteration it) {
         int home = t == TIER_GPU || bl->delegate, v_home = home || v_in_place(bl, 1, t);
         gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
         gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
-        gb->k_pages[b] = home ? slot_pages(bl, slot) : NULL; /* staged rows are in order */
-        gb->v_pages[b] = v_home ? slot_pages(bl, slot) : NULL;
+        gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
+        gb->v_pages[b] = v_home ? slot_pages(&bl->pages, slot) : NULL;
         gb->v_rows_read[b] = 0;
     }
 }
@@ -1459,7 +1122,7 @@ static void load_weight(gen_run *g, int next_j, int k) {
 static void synchronize(block *bl, iteration now) {
     const stage_hooks *stage = stage_of(bl->rt);
     stage->await_input(bl, (now.k + 1) % bl->n_batches);
-    io_sync(bl->rt, now.k == bl->n_batches - 1);
+    io_sync(&bl->rt->io, now.k == bl->n_batches - 1);
     stage->input_taken(bl);
 }
 
@@ -1483,7 +1146,7 @@ static int step_begins(gen_run *g, int t, int i) {
     if (i == g->steps || !bl->running || !stage_of(m->rt)->step_input(bl)) return 0;
     for (int k = 0; k < bl->n_batches; k++) /* each sequence's pages hold its tokens of this step */
         for (int b = 0; b < bl->gb[k].batch; b++)
-            kv_pages_grow(bl, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
+            kv_pages_grow(&bl->pages, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
     bl->delegate = p->cpu_cache_compute && i > 0;
     /* a device that reads only its own memory gets the V rows whole (as they are staged) */
     bl->sparse_v = p->attn_sparsity < 1 && i > 0 && !bl->delegate && m->rt->backend->gpu_is_host;
@@ -1492,9 +1155,51 @@ static int step_begins(gen_run *g, int t, int i) {
     iteration start = at(bl, m->first_layer, 0);
     load_cache(bl, start);
     activation_in(bl, start);
-    io_sync(m->rt, 0);
+    io_sync(&m->rt->io, 0);
     stage_of(m->rt)->input_taken(bl);
     return 1;
+}
+
+/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
+static const float *logits_row(const block *bl, int s, int t) {
+    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows, row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
+    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
+}
+
+/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
+static void keep_prompt_logits(const block *bl, const gen_options *opt) {
+    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
+    for (int s = 0; s < bl->count; s++) {
+        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs], len = bl->out_rows - pad;
+        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
+               (size_t)len * vocab * sizeof(float));
+    }
+}
+
+/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
+ * the logits of sequences still running; with teacher forcing the next token is given.
+ * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
+ * on the block shape, the number of stages or the slot a refill gave the prompt. */
+static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
+    int vocab = bl->m->view.cfg.vocab;
+    size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
+    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
+    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
+    for (int s = 0; s < bl->count; s++) {
+        const float *row = logits_row(bl, s, bl->out_rows - 1);
+        int p = bl->prompt[s], step = bl->step[s];
+        if (p < 0) continue; /* an idle slot */
+        if (logits_out && !bl->done[s])
+            memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
+        if (opt->forced) {
+            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
+            continue;
+        }
+        fg_rng rng;
+        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
+        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
+        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
+    }
 }
 
 /* A step of block t ends: the last iteration's cache and activations are stored, and the last
@@ -1505,7 +1210,7 @@ static void step_ends(gen_run *g, int t) {
     iteration last = at(bl, m->end_layer - 1, bl->n_batches - 1);
     store_activation(bl, last);
     store_cache(bl, last);
-    io_sync(m->rt, 0);
+    io_sync(&m->rt->io, 0);
     g->unit++;
     if (is_last_stage(m)) {
         sample_tokens(bl, g->opt, g->logits, g->scratch);
@@ -1553,7 +1258,7 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
     memset(bl->done, 0, (size_t)bl->s.gbs * bl->s.ngb);
-    kv_pages_reset(bl);
+    kv_pages_reset(&bl->pages);
     for (int s = 0; s < count; s++) bl->prompt[s] = first + s, bl->step[s] = 0;
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
@@ -1595,9 +1300,19 @@ static void tokens_back(gen_run *g, block *bl, int i) {
 /* Slot s's sequence is done with its cache: the timing counts its pages and tokens, and the pages
  * go back to the pool. */
 static void end_sequence(gen_run *g, block *bl, int s) {
-    g->timing->cache_rows += (int64_t)bl->held[s] * bl->s.page_tokens;
+    g->timing->cache_rows += (int64_t)bl->pages.held[s] * bl->s.kv.page_tokens;
     g->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
-    kv_pages_give_back(bl, s);
+    kv_pages_give_back(&bl->pages, s);
+}
+
+/* The pages each tier can still promise a new sequence (a refill's admission): those free, less
+ * what the running ones may yet take, each up to its prompt (of lens) + gen_len. */
+static void promisable_pages(const block *bl, const int *lens, int gen_len, int promise[N_TIERS]) {
+    const kv_pages *kp = &bl->pages;
+    for (int t = 0; t < N_TIERS; t++) promise[t] = kp->n_free[t];
+    for (int s = 0; s < bl->count; s++)
+        if (slot_running(bl, s, gen_len))
+            promise[slot_tier(kp, s)] -= kv_pages_for(lens[bl->prompt[s]] + gen_len, kp->pool.page_tokens) - kp->held[s];
 }
 
 /* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
@@ -1608,7 +1323,7 @@ static void refill_slots(gen_run *g, block *bl, int i) {
     int gen_len = g->opt->gen_len, gbs = bl->s.gbs, promise[N_TIERS];
     for (int s = 0; s < bl->count; s++)
         if (!slot_running(bl, s, gen_len)) end_sequence(g, bl, s);
-    kv_pages_promisable(bl, g->lens, gen_len, promise);
+    promisable_pages(bl, g->lens, gen_len, promise);
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
         int running = 0, free_slots = 0, longest = 1, steps_left = 0, fits = 1, left[N_TIERS];
@@ -1617,8 +1332,8 @@ static void refill_slots(gen_run *g, block *bl, int i) {
             if (slot_running(bl, s, gen_len)) {
                 running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
             } else if (fits && g->next + free_slots < g->n_prompts) { /* the next prompt, if its pages can be promised */
-                int len = g->lens[g->next + free_slots], need = kv_pages_for(len + gen_len, bl->s.page_tokens);
-                fg_tier t = slot_tier(bl, s);
+                int len = g->lens[g->next + free_slots], need = kv_pages_for(len + gen_len, bl->s.kv.page_tokens);
+                fg_tier t = slot_tier(&bl->pages, s);
                 if ((fits = left[t] >= need)) left[t] -= need, longest = len > longest ? len : longest, free_slots++;
             }
         int take = free_slots > 0 && (long)running * (longest - 1) <= (long)free_slots * steps_left;
@@ -1683,11 +1398,11 @@ static void run_round(gen_run *g) {
     g->t_prefill = t0;
     m->staged[0] = m->staged[1] = -1;
     load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
-    io_sync(m->rt, 1);
+    io_sync(&m->rt->io, 1);
     block_schedule(g);
     for (int t = 0; t < g->P; t++)
         for (int s = 0; s < g->blocks[t].count; s++) end_sequence(g, &g->blocks[t], s);
-    g->timing->page_tokens = g->blocks[0].s.page_tokens;
+    g->timing->page_tokens = g->blocks[0].s.kv.page_tokens;
     if (is_first_stage(m)) {
         g->timing->prefill_latency += g->t_prefill - t0;
         g->timing->decode_latency += now_seconds() - g->t_prefill;
@@ -1711,8 +1426,8 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     int rc = check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err);
-    if (rc == 0 && opt->forced) rc = check_forced(c, opt, n_prompts, err);
-    if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->stage))
+    if (rc == 0 && opt->forced) rc = check_forced(c, opt->forced, n_prompts, opt->gen_len, err);
+    if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->pipe))
         rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
     m->prompt_logits = opt->prompt_logits != NULL;
     if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &g.P, err))) rc = -1;

@@ -40,7 +40,7 @@
 #define FG_HOST_DEVICE __host__ __device__
 #define FG_HALF_TO_FLOAT(h) __half2float(__ushort_as_half(h))
 extern "C" {
-#include "flexgen.h"
+#include "model.h"
 #include "support/support.h"
 }
 

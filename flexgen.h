@@ -1,159 +1,22 @@
-/* flexgen.h: the paper's types, shared by its five files (docs/DESIGN.md maps them to the paper):
+/* flexgen.h: the runtime (§4.1, §4.2) and the policy search (§4.3), on model.h's types: the
+ * policy, a run's state (fg_runtime: the tiers' accounting and the I/O threads), a model placed on
+ * the tiers (fg_model: each tensor's weight_home), a block of GPU batches in flight and the I/O
+ * tasks that the loop of Fig. 4 submits, generate(), and the cost model, the simplex and the search
+ * of lp.c. docs/DESIGN.md maps each file to the paper:
  *   opt_model.c  the OPT forward pass of one GPU batch on the CPU, and the CPU backend (§3)
  *   quant.c      4-bit group-wise compression, top-K sparse attention (§5)
- *   flexgen.c    tiers, placement, the plan check, I/O threads, the block schedule (§4.1, §4.2)
+ *   flexgen.c    the block schedule, its verbs, the tiers, placement, the plan check (§4.1, §4.2)
  *   lp.c         the cost model, the simplex, the policy search (§4.3, Appendix A.3)
  *   flexgen.cu   the CUDA backend: the same operation table with cuBLAS
- * What they need from the support layer (errors, fp16, fast kernels, weight table): support/support.h.
- *
- * Conventions: a function that can fail on bad input returns 0, or -1 after writing one line
- * into `err` (FG_ERR_LEN bytes) that names the file, tensor, tier or flag and what is wrong.
+ * What the runtime takes from the support layer (errors, the disk arena, the I/O threads, the
+ * KV cache's pages, checkpoints, sampling, the trace): support/support.h.
  */
 #ifndef FLEXGEN_H
 #define FLEXGEN_H
 
-#include <math.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "model.h"
+#include "support/support.h"
 
-#define FG_ERR_LEN 512
-#define FG_PATH_LEN 4200 /* a path as the runtime keeps it, with room for a suffix */
-
-/* OPT's special tokens; learned positions are looked up at position + 2. */
-enum { OPT_PAD_ID = 1, OPT_BOS_ID = 2, OPT_EOS_ID = 2, OPT_POS_OFFSET = 2 };
-
-typedef uint16_t fp16; /* weights and the KV cache are stored in IEEE fp16; compute is fp32 */
-float fp16_to_fp32(fp16 h); /* exact (support/util.c) */
-
-/* ---- The model (§3) ---- */
-typedef struct {
-    char name[64];
-    int n_layers, hidden, n_heads, ffn, vocab; /* hidden is h1 in the paper, ffn h2 */
-    int max_pos;  /* 2048; the position table has max_pos + 2 rows */
-    int word_dim; /* word_embed_proj_dim: == hidden except for 350m (512) */
-    int pre_ln;   /* do_layer_norm_before: 1 for all sizes but 350m */
-} opt_config;
-
-/* A decoder layer's weights as compute reads them: fp16, or 4-bit (§5) where opt_weights.q4.
- * Linear weights are stored transposed, [in][out]. */
-typedef struct {
-    fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm */
-    fp16 *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
-    fp16 *wo, *bo;               /* out_proj, [hidden][hidden] */
-    fp16 *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer) */
-    fp16 *fc1_w, *fc1_b;         /* [hidden][ffn] */
-    fp16 *fc2_w, *fc2_b;         /* [ffn][hidden] */
-} opt_layer_weights;
-
-typedef struct {
-    opt_config cfg;
-    fp16 *embed_tokens;    /* [vocab][word_dim] */
-    fp16 *embed_positions; /* [max_pos + 2][hidden] */
-    fp16 *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
-    fp16 *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
-    fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
-    fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
-    opt_layer_weights *layers;
-    int q4, q4_int8;       /* 4-bit matrices and tables (§5, quant.c); times int8 activations (int8.c) */
-    fp16 *storage;         /* one allocation all of the above point into, or NULL */
-    size_t storage_values;
-} opt_weights;
-
-/* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
- * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in order). */
-#define FG_PAGE_TOKENS 16 /* a page's tokens, unless a tier's pool needs fewer rows with whole sequences */
-#ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device, which runs these functions too */
-#define FG_HOST_DEVICE
-#define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
-#endif
-static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int page_tokens, int slot) {
-    return pages ? (size_t)pages[slot / page_tokens] * page_tokens + (size_t)(slot % page_tokens) : (size_t)slot;
-}
-
-/* One GPU batch (§4.1: the unit the schedule computes) for one layer: its sequences' hidden states
- * for the tokens in flight and, per sequence, where that layer's K and V cache rows are. A step's
- * rows are left-padded: sequence b's first pad[b] rows are padding, the rest its tokens, which go
- * to cache slots past[b] on. The cache holds no padding. */
-typedef struct {
-    int batch;    /* sequences */
-    int max_len, page_tokens; /* KV capacity of a sequence in tokens (prompt + generated); of a page */
-    int n_new;    /* rows in flight per sequence this step: the longest prompt at prefill, 1 in decode */
-    int all_rows; /* the output layer gives the logits of every token in flight */
-    int *past, *pad; /* [batch]: tokens already in the sequence's cache; its padding rows */
-    int *tokens;  /* [batch][n_new] input ids of this step */
-    void *x;      /* [batch * n_new][hidden]: fp32 on the CPU, fp16 on CUDA (act_elem) */
-    int kv_q4;    /* the cache is 4-bit (§5): each row [heads][head_dim] grouped along head_dim */
-    float attn_sparsity;  /* decode attention keeps this fraction of the past (§5); 1: all */
-    int64_t *v_rows_read; /* [batch]: V rows decode attention read (sparse or 4-bit cache) */
-    void **k, **v;        /* [batch]: this layer's cache rows, opt_kv_row_bytes() each */
-    const int **k_pages, **v_pages; /* [batch]: the page table of k[b] (v[b]); NULL: rows in order */
-} gpu_batch;
-
-/* Scratch of the compute device, shared by all GPU batches (support/workspace.c sizes it). */
-typedef struct {
-    size_t rows;           /* capacity in token rows */
-    int max_len, n_threads;
-    float *h, *attn;       /* [rows][hidden] */
-    float *qkv;            /* [rows][3 * hidden]: q, k, v side by side */
-    float *ffn;            /* [rows][max(ffn, hidden)] */
-    float *thread_scratch; /* per thread: one (sequence, head)'s K, V and scores, or lm_head rows */
-    size_t thread_floats;
-    float *wide;           /* the fast products' scratch for prefill; NULL in decode */
-    float *vec;            /* a bias, or a norm's weight and bias, widened to fp32 */
-    float *x32;            /* fp16 hidden states widened (the cpu-fp16 device); NULL otherwise */
-    void *device;          /* the CUDA backend's own buffers; NULL on the CPU */
-} opt_workspace;
-
-/* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
- * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
-void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
-void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
-void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
-size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
-
-/* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages,
- * page_tokens, j) of the cache (fp16 or 4-bit), but keys from first_fresh on: this step's fp32 rows. */
-typedef struct {
-    const char *rows;
-    const int *pages; int page_tokens;
-    size_t stride;
-    int q4, head, head_dim, first_fresh;
-    const float *fresh;
-    size_t fresh_stride;
-} opt_kv_rows;
-/* One decode query over nk keys: softmax(scale q.K) V, with §5's top-K when sparsity < 1.
- * Returns the V rows read. scratch: 3 nk + head_dim floats. */
-int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
-                      float scale, float sparsity, float *scratch, float *out);
-/* The plain products that the fast kernels (support/matmul.c) are held to; q4 > 0: q4 4-bit parts. */
-void matmul_reference(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
-                      int accumulate);
-void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4, int n, float *y);
-
-/* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
-#define Q4_GROUP 64
-size_t q4_bytes(size_t outer, size_t len, size_t inner);
-void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
-void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
-void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
-int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
-
-/* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
- * decompression kernel, held on the host to q4_decompress's bits (exact fp16, one rounding). */
-static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size_t inner, size_t e) {
-    size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
-    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
-    const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
-    const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
-    int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
-    return fmaf((float)q, FG_HALF_TO_FLOAT(scales[g * inner + i]), FG_HALF_TO_FLOAT(mins[g * inner + i]));
-}
-
-/* ---- Tiers, policy and the backends' operation table (§4.2) ---- */
-typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
-typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
-extern const char *const fg_tier_names[N_TIERS], *const fg_link_names[N_LINKS], *const fg_tier_flags[N_TIERS];
 
 /* auto: CUDA where a GPU is present, else the CPU; cpu-fp16: the CPU with fp16 activations. */
 typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA, FG_DEVICE_CPU_FP16 } fg_device;
@@ -185,39 +48,6 @@ typedef struct {
     double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS], link_bytes[N_LINKS]; /* bytes */
     double host_memory;      /* what gpu and cpu tiers share where the gpu tier is host memory */
 } fg_stats;
-
-/* The compute device's operations: the schedule calls only these, so one loop drives the CPU
- * (opt_model.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's. */
-typedef struct {
-    const char *name;
-    int gpu_is_host;         /* the gpu tier is host memory (the CPU) */
-    size_t weight_elem;      /* bytes of one working weight value: 2 (fp16) on both */
-    size_t act_elem;         /* bytes of one activation: 4 on the CPU, 2 on CUDA */
-    void *(*alloc)(size_t bytes); /* gpu-tier memory, 64-byte aligned, zeroed */
-    void (*free)(void *p);
-    void *(*host_alloc)(size_t bytes, int pinned); /* cpu-tier memory, zeroed */
-    void (*host_free)(void *p);
-    void (*weights_in)(void *dst, const fp16 *src, size_t n); /* fp16 (host) -> working */
-    void (*weights_in_q4)(void *dst, const void *src, void *landing, size_t outer, size_t len,
-                          size_t inner); /* 4-bit -> working, landing first (gpu tier) if need be */
-    void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
-    void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
-    void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
-    size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
-    int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
-                          int max_len, char *err);
-    void (*workspace_free)(opt_workspace *ws);
-    void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-    void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
-    void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
-    double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
-    int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */
-    double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
-    double host_reserve;     /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
-    size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2; CPU: NULL */
-} fg_backend;
-extern const fg_backend fg_cpu_backend;
-const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */
 
 /* ---- A run (flexgen.c, §4.1, §4.2) ---- */
 typedef struct fg_runtime fg_runtime; /* tiers with their accounting, the I/O threads */
@@ -346,5 +176,196 @@ int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_po
                        const fg_search_request *req, fg_search_result *out, char *err);
 /* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
 void fg_round_pair(double gpu, double cpu, int *g, int *c);
+
+/* ============================================================================================
+ * The runtime's state (flexgen.c, §4.1, §4.2), as the pipeline's stage hooks (pipeline.c), the
+ * profiler and the trace see it. flexgen.c's top comment walks through it.
+ * ============================================================================================ */
+
+typedef struct stage_hooks stage_hooks;
+typedef struct fg_pipe fg_pipe;
+
+struct fg_runtime {
+    fg_policy policy;
+    const fg_backend *backend;
+    char offload_dir[4096], weight_dir[4096];
+    pthread_mutex_t lock; /* the tier and link counters */
+    double capacity[N_TIERS], current[N_TIERS], peak[N_TIERS], link_bytes[N_LINKS];
+    double disk_read_seconds;
+    io_links io;                /* the I/O threads (support/io_links.c) */
+    fg_trace trace;
+    fg_pipe *pipe;              /* to the other pipeline stages (§4.4); NULL: one stage */
+    const stage_hooks *stage;   /* what the schedule does at a stage's edges (pipeline.c) */
+};
+
+void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err);
+void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes);
+void link_add(fg_runtime *rt, fg_link l, double bytes);
+void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes);
+void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
+               double end);
+const fg_backend *backend_for(fg_device device, char *err);
+
+typedef struct {
+    long g;       /* the layer (as in staged), -1 for none */
+    uint64_t seq; /* its task on the disk link */
+    int used;     /* its conversion into the gpu tier is queued */
+} weight_read;
+
+typedef struct {
+    fg_tier tier;
+    int q4;       /* compressed (§5): 4-bit in any tier, decompressed into staging before use */
+    fp16 *gpu;    /* gpu tier, uncompressed: the working copy */
+    void *stored; /* otherwise: fp16 or 4-bit, in the tier's memory or the disk arena */
+    size_t bytes; /* of stored */
+} weight_home;
+
+struct fg_model {
+    fg_runtime *rt;
+    opt_weights view;     /* what compute reads: homes on the gpu tier, staging for the rest */
+    opt_layout layout;
+    st_archive archive;   /* open until the weights are in their homes */
+    int has_archive, loaded;
+    uint64_t seed;
+    weight_home *homes;   /* [n_tensors] */
+    int *layer_first;     /* [n_layers + 3]: tensors of layer j are layer_first[j] .. [j+1] - 1 */
+    disk_arena disk;      /* disk homes: offloaded copies, or the dummy-weight file */
+    double disk_bytes;    /* of the disk tier that the disk homes take */
+    double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
+    char *staging[2];     /* working weights of a layer, then (CUDA) a 4-bit tensor's landing */
+    size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
+    long staged[2];       /* which layer g of the round each staging arena holds, or -1 */
+    weight_read reads[2]; /* disk reads of layers g, in slot g % 2 */
+    int first_layer, end_layer; /* this pipeline stage's layers [first, end) (§4.4) */
+    int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
+    int prompt_logits;    /* this generate() keeps the logits of every prompt position */
+};
+
+/* FlexGen's layer list: the input embedding, the decoder layers, the output embedding. */
+static inline int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
+static inline int stage_layers(const fg_model *m) { return m->end_layer - m->first_layer; }
+static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
+static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
+
+void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
+void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
+/* The bytes fg_check_plan holds against each tier's capacity, and of them the weights' (their
+ * homes, staging arenas and the disk layers read ahead); the cache counts the pages of lens. */
+void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                   double total[N_TIERS], double weights[N_TIERS]);
+/* The weights' homes (flexgen.c): placed by FlexGen's rule, freed; the dummy-weight file. */
+void place_weights(fg_model *m);
+void free_weight_homes(fg_model *m);
+weight_file weight_file_of(fg_model *m);
+int load_weights_into_homes(fg_model *m, char *err);
+size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
+int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
+
+
+/* A stage of a pipeline holds `micro` blocks (its micro-batches, §4.4), each with its own KV
+ * cache and activations; they compute one at a time, so staging, workspace and logits are
+ * shared. */
+typedef struct {
+    int gbs, ngb, max_prompt, max_len, stage_len;
+    int micro;                  /* blocks in flight on this stage */
+    row_split cache, act;
+    size_t act_row;             /* bytes per token of the activations: hidden x act_elem */
+    size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
+    kv_pool_size kv;            /* the KV cache's page size and pages per tier (kv_pool_shape) */
+    double kv_home[N_TIERS];    /* bytes per tier: the pool */
+    double act_home[N_TIERS];
+    double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
+    size_t workspace_rows;      /* token rows of the workspace: a chunk of prefill (FG_CHUNK_ROWS) */
+    double delegated;           /* cpu tier: delegated attention's host rows (fg_backend's
+                                   delegated_bytes), with --cpu-cache-compute on a GPU */
+    int logit_rows;             /* logits per sequence: 1, or the longest prompt's positions */
+    double transient_cpu;       /* disk pages in memory while they move, at most */
+    size_t act_message;         /* bytes of one GPU batch's activations between stages, at most */
+    double pipe_buffers;        /* cpu tier: activations on their way out (each block's GPU
+                                   batches) and in (two), when there is such a neighbour */
+} block_shape;
+/* A block's shape for a job: its GPU batches, their rows on each tier, every buffer's bytes. */
+block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
+
+typedef struct {
+    fg_model *m;
+    fg_runtime *rt;
+    block_shape s;
+    gpu_batch *gb;   /* [ngb] */
+    int n_batches;   /* in this block (the last block may have fewer) */
+    int count;       /* its sequences (0: an empty micro-batch of the last round) */
+    int running;     /* some sequence of it is still generating */
+    char *done;      /* [gbs * ngb]: the sequence has generated </s> (--stop-at-eos) */
+    int *ids;        /* [gbs * ngb]: the tokens chosen at the last step, the next step's input */
+    int *prompt;     /* [gbs * ngb]: each slot's prompt (its index in generate()'s), -1: idle */
+    int *step;       /* [gbs * ngb]: the tokens chosen so far for it */
+    int borrowed;    /* staging, workspace, logits and inbox are another block's */
+    int out_rows;    /* logits the last output layer gave per sequence (its tokens in flight
+                        with prompt_logits, else 1) */
+    int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
+    int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
+                        place, so only those cross the link (§5); disk rows move whole */
+    opt_workspace own_ws, *ws;
+    float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
+    float *host_logits; /* the same, where sampling reads them */
+    char *kv_home[N_TIERS];   /* [the stage's decoder layers][K, V][pool pages][page_tokens] rows of kv_row bytes */
+    kv_pages pages;           /* each slot's pages in its tier's pool (support/kv_pages.c) */
+    char *act_home[N_TIERS];  /* [ngb][rows][max_prompt] rows of act_row bytes */
+    char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
+    char *x_stage[2];         /* [gbs * max_prompt] rows of act_row bytes: gb->x of the iteration */
+    disk_arena disk;
+    int has_ws, has_delegated;
+    /* between pipeline stages (pipeline.c) */
+    int ids_msg;     /* the ids' message to the first stage, or -1 */
+    char *outbox;    /* [ngb][gbs * max_prompt] rows of act_row bytes: activations on their way
+                        to the next stage (cpu tier), each GPU batch's slot until it is sent */
+    int *out_msg;    /* [ngb]: those messages, or -1 */
+    char *inbox;     /* [2][gbs * max_prompt] rows of act_row bytes: activations from the
+                        previous stage, by staging arena (shared by the stage's blocks) */
+    int in_msg, in_k; /* the receive of GPU batch in_k's activations, or -1 */
+    double bubble;   /* seconds the compute thread waited for another stage */
+    double compute_seconds; /* seconds it computed, this round */
+} block;
+
+/* Slot s holds a sequence that has not ended (by </s> with --stop-at-eos, or by --gen-len). */
+static inline int slot_running(const block *bl, int s, int gen_len) {
+    return bl->prompt[s] >= 0 && !bl->done[s] && bl->step[s] < gen_len;
+}
+
+/* Bytes of GPU batch k's activations this step, all of its sequences'. */
+size_t batch_act_bytes(const block *bl, int k);
+/* Takes the tokens chosen for each slot (bl->ids) as its prompt's output and its next input;
+ * returns how many sequences are still running. */
+int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
+
+/* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
+ * process, flexgen.c's, which do nothing. */
+struct stage_hooks {
+    /* every stage reached rc == 0 (0), or none goes on (-1, with the job's one line) */
+    int (*agree)(fg_runtime *rt, int rc, char *err);
+    /* a block's buffers for messages (the shared ones borrowed from `shared`, if not NULL) */
+    int (*open_block)(block *bl, const block *shared, char *err);
+    void (*close_block)(block *bl);
+    /* the stage's first layer's input of GPU batch k into staging arena `arena`: the task to
+     * wait for (0: none) */
+    uint64_t (*receive_activations)(block *bl, int k, int arena);
+    /* the stage's last layer's output of GPU batch k, from staging arena `arena`, onwards */
+    void (*send_activations)(block *bl, int k, int arena);
+    /* the compute thread waits for GPU batch k's input to arrive (the bubble), and after the
+     * iteration's synchronize lets its message go */
+    void (*await_input)(block *bl, int k);
+    void (*input_taken)(block *bl);
+    /* a step of the block may begin: on a later stage its input arrived (0: the block stopped) */
+    int (*step_input)(block *bl);
+    /* the first stage: step's token ids come back from the last stage into bl->ids; the last
+     * stage: they go (taking them for its own bookkeeping) */
+    void (*receive_tokens)(block *bl, int step);
+    void (*tokens_out)(block *bl, const gen_options *opt, int *out_tokens);
+    /* a block stopped: tell the next stage */
+    void (*pass_stop)(block *bl);
+    /* the end of a round: the block's messages are done with */
+    void (*end_round)(block *bl);
+};
+extern const stage_hooks fg_single_stage; /* one process: every hook does nothing (stage.c) */
 
 #endif

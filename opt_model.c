@@ -18,7 +18,7 @@
  * Weights are stored as FlexGen stores them: fp16 (or 4-bit, §5), linear layers transposed to
  * [in][out] so that every product is x[rows][in] times W[in][out]. Compute is fp32.
  */
-#include "flexgen.h"
+#include "model.h"
 #include "support/support.h"
 
 #include <cblas.h>

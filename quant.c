@@ -19,7 +19,7 @@
  * is [heads][head_dim][1]. Padding nibbles are 0 and never read back; min and max come from the
  * real values only. Whole groups of contiguous values run on simd.c's AVX2 twins, to the bit.
  * ============================================================================================ */
-#include "flexgen.h"
+#include "model.h"
 #include "support/support.h"
 
 #include <math.h>

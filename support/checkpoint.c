@@ -4,7 +4,6 @@
  * (through safetensors.c). The runtime (flexgen.c) places and loads the tensors this table lists.
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
 #include "support/support.h"
 #include "support/tools.h"
 

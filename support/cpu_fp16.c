@@ -4,7 +4,6 @@
  * and rounds its output back to fp16. Results differ from the fp32 backend's by that rounding of
  * the hidden states between layers alone (tests/test_runtime.c bounds it).
  */
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <pthread.h>

@@ -39,7 +39,6 @@
  *             8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32 (vpmaddwd by ones);
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
  */
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <math.h>

@@ -41,7 +41,6 @@
  * same order. Many rows (prefill's logits at every position) go through sgemm on blocks of
  * MATMUL_EMBED_BLOCK widened rows.
  */
-#include "flexgen.h"
 #include "support/support.h"
 #include "support/tools.h"
 

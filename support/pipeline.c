@@ -422,7 +422,7 @@ static uint64_t stage_receive_activations(block *bl, int k, int arena) {
     receive_hidden(bl, k, arena);
     io_task t = {.fn = act_receive_task, .name = "receive activations", .ctx = bl,
                  .layer = bl->m->first_layer, .batch = k, .arena = arena, .msg = bl->in_msg};
-    return io_submit(bl->rt, IO_HOST, t);
+    return io_submit(&bl->rt->io, IO_HOST, t);
 }
 
 /* The stage's last layer: its output of GPU batch k, to the next stage (the last stage's output
@@ -431,7 +431,7 @@ static void stage_send_activations(block *bl, int k, int arena) {
     if (is_last_stage(bl->m)) return;
     io_task t = {.fn = act_send_task, .name = "send activations", .ctx = bl,
                  .layer = bl->m->end_layer - 1, .batch = k, .arena = arena};
-    io_submit(bl->rt, IO_HOST, t);
+    io_submit(&bl->rt->io, IO_HOST, t);
 }
 
 /* Tells the next stage that this block has stopped. */
@@ -494,5 +494,5 @@ static const stage_hooks pipeline_stage = {
 
 void fg_pipeline_attach(fg_runtime *rt, fg_pipe *p) {
     rt->pipe = p;
-    rt->stage = p ? &pipeline_stage : NULL;
+    rt->stage = p ? &pipeline_stage : &fg_single_stage;
 }

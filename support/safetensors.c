@@ -6,7 +6,6 @@
  * inside the mapping, and opt_model.c converts values as it places them.
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
 #include "support/support.h"
 #include "support/tools.h"
 

@@ -5,7 +5,6 @@
  * fg_simd_kernels(), whose entries are NULL where the CPU lacks AVX2, FMA and F16C, or where
  * FLEXGEN_NO_SIMD is set: the plain loops run then.
  */
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <math.h>

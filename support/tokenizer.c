@@ -12,7 +12,6 @@
  *     and single_word flags applied to the text around them, and decoded to their text.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "flexgen.h"
 #include "support/support.h"
 #include "support/tools.h"
 

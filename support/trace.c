@@ -4,7 +4,6 @@
  * promises, or the gaps where it does not hold (docs/trace-opt-6.7b.png is one such picture).
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
 #include "support/support.h"
 #include "support/tools.h"
 

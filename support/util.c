@@ -7,7 +7,6 @@
  * (scalar, F16C, the CUDA backend) stores the same bits.
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
 #include "support/support.h"
 #include "support/tools.h"
 

@@ -9,7 +9,6 @@
  * fail on). A damaged file is written again, as a missing one is.
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <errno.h>
@@ -197,44 +196,21 @@ int weight_file_write(const weight_file *f, char *err) {
     return rc ? -1 : fd;
 }
 
-/* The dummy-weight file of this model (support/weight_file.c) for a disk home: written once
- * to the weight dir, reused after. */
-static size_t tensor_stored_bytes(void *m, int i) { return stored_bytes(m, i); }
-static int fill_dummy(void *ctx, int i, void *dst, char *err) {
-    const fg_model *m = ctx;
-    weight_source src = {NULL, m->seed};
-    return fill_stored(m, i, &src, dst, err);
-}
-static weight_file weight_file_of(fg_model *m) {
-    return (weight_file){m->rt->weight_dir, &m->view.cfg, m->seed, m->rt->policy.compress_weight,
-                         &m->layout, m->layer_first, tensor_stored_bytes, fill_dummy, m,
-                         m->rt->policy.verbose};
+/* An intact file is there: an earlier run wrote it. */
+int weight_file_exists(const weight_file *f) {
+    int fd = weight_file_find(f, 0);
+    if (fd >= 0) close(fd);
+    return fd >= 0;
 }
 
-/* Dummy weights that an earlier run wrote to --path take no new space. The default capacity of
- * the disk tier is the offload dir's free space, so there they count on top of it (given back
- * by fg_model_close). With --disk-mem the user's number stands. */
-void count_existing_weight_file(fg_model *m) {
-    double bytes[N_TIERS], max_layer_disk;
-    weight_bytes(m, bytes, &max_layer_disk);
-    if (m->has_archive || m->rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
-    weight_file f = weight_file_of(m);
-    int fd = weight_file_find(&f, 0);
-    if (fd < 0) return;
-    close(fd);
-    m->reused_disk_bytes = bytes[TIER_DISK];
-    m->rt->capacity[TIER_DISK] += m->reused_disk_bytes;
-}
-
-/* The file, mapped as the disk homes: an intact one found, or written now. */
-int open_weight_file(fg_model *m, size_t *offsets, char *err) {
-    weight_file f = weight_file_of(m);
-    size_t size = weight_file_offsets(&f, offsets);
-    int fd = weight_file_find(&f, 1), found = fd >= 0;
-    if (fd < 0 && (fd = weight_file_write(&f, err)) < 0) return -1;
-    if (arena_map(&m->disk, fd, size, "--path", m->rt->weight_dir, err)) return -1;
+/* The file mapped into `a`, an intact one found or written now, and each tensor's offset in it. */
+int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *err) {
+    size_t size = weight_file_offsets(f, offsets);
+    int fd = weight_file_find(f, 1), found = fd >= 0;
+    if (fd < 0 && (fd = weight_file_write(f, err)) < 0) return -1;
+    if (arena_map(a, fd, size, "--path", f->dir, err)) return -1;
     char path[FG_PATH_LEN];
-    weight_file_path(&f, path, sizeof path);
-    if (found) fg_watch_mapping(m->disk.base, m->disk.size, path);
+    weight_file_path(f, path, sizeof path);
+    if (found) fg_watch_mapping(a->base, a->size, path);
     return 0;
 }

@@ -2,7 +2,6 @@
  * CPU backend's workspace (opt_workspace), and the sizes of the CUDA backend's, which the plan
  * check and the cost model's memory model count without a GPU.
  */
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <omp.h>

@@ -1,0 +1,192 @@
+/* model.h: the model and its compute, as every layer of the code sees them: OPT's config and
+ * weights (§3), a GPU batch and the workspace that compute reads, the forward pass of one GPU batch
+ * (opt_model.c), 4-bit group-wise compression and top-K attention (quant.c, §5), the three tiers,
+ * and the operation table of a compute device (the CPU's in opt_model.c, CUDA's in flexgen.cu).
+ * flexgen.h builds the runtime on top of it. Nothing here knows of the runtime, so the support
+ * layer's kernels, checkpoints and buffers (support/support.h) use these types and the runtime
+ * uses them in turn.
+ *
+ * Conventions: a function that can fail on bad input returns 0, or -1 after writing one line
+ * into `err` (FG_ERR_LEN bytes) that names the file, tensor, tier or flag and what is wrong.
+ */
+#ifndef FLEXGEN_MODEL_H
+#define FLEXGEN_MODEL_H
+
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FG_ERR_LEN 512
+#define FG_PATH_LEN 4200 /* a path as the runtime keeps it, with room for a suffix */
+
+/* OPT's special tokens; learned positions are looked up at position + 2. */
+enum { OPT_PAD_ID = 1, OPT_BOS_ID = 2, OPT_EOS_ID = 2, OPT_POS_OFFSET = 2 };
+
+typedef uint16_t fp16; /* weights and the KV cache are stored in IEEE fp16; compute is fp32 */
+float fp16_to_fp32(fp16 h); /* exact (support/util.c) */
+
+/* ---- The model (§3) ---- */
+typedef struct {
+    char name[64];
+    int n_layers, hidden, n_heads, ffn, vocab; /* hidden is h1 in the paper, ffn h2 */
+    int max_pos;  /* 2048; the position table has max_pos + 2 rows */
+    int word_dim; /* word_embed_proj_dim: == hidden except for 350m (512) */
+    int pre_ln;   /* do_layer_norm_before: 1 for all sizes but 350m */
+} opt_config;
+
+/* A decoder layer's weights as compute reads them: fp16, or 4-bit (§5) where opt_weights.q4.
+ * Linear weights are stored transposed, [in][out]. */
+typedef struct {
+    fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm */
+    fp16 *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
+    fp16 *wo, *bo;               /* out_proj, [hidden][hidden] */
+    fp16 *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer) */
+    fp16 *fc1_w, *fc1_b;         /* [hidden][ffn] */
+    fp16 *fc2_w, *fc2_b;         /* [ffn][hidden] */
+} opt_layer_weights;
+
+typedef struct {
+    opt_config cfg;
+    fp16 *embed_tokens;    /* [vocab][word_dim] */
+    fp16 *embed_positions; /* [max_pos + 2][hidden] */
+    fp16 *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
+    fp16 *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
+    fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
+    fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
+    opt_layer_weights *layers;
+    int q4, q4_int8;       /* 4-bit matrices and tables (§5, quant.c); times int8 activations (int8.c) */
+    fp16 *storage;         /* one allocation all of the above point into, or NULL */
+    size_t storage_values;
+} opt_weights;
+
+/* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
+ * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in order). */
+#define FG_PAGE_TOKENS 16 /* a page's tokens, unless a tier's pool needs fewer rows with whole sequences */
+#ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device, which runs these functions too */
+#define FG_HOST_DEVICE
+#define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
+#endif
+static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int page_tokens, int slot) {
+    return pages ? (size_t)pages[slot / page_tokens] * page_tokens + (size_t)(slot % page_tokens) : (size_t)slot;
+}
+
+/* One GPU batch (§4.1: the unit the schedule computes) for one layer: its sequences' hidden states
+ * for the tokens in flight and, per sequence, where that layer's K and V cache rows are. A step's
+ * rows are left-padded: sequence b's first pad[b] rows are padding, the rest its tokens, which go
+ * to cache slots past[b] on. The cache holds no padding. */
+typedef struct {
+    int batch;    /* sequences */
+    int max_len, page_tokens; /* KV capacity of a sequence in tokens (prompt + generated); of a page */
+    int n_new;    /* rows in flight per sequence this step: the longest prompt at prefill, 1 in decode */
+    int all_rows; /* the output layer gives the logits of every token in flight */
+    int *past, *pad; /* [batch]: tokens already in the sequence's cache; its padding rows */
+    int *tokens;  /* [batch][n_new] input ids of this step */
+    void *x;      /* [batch * n_new][hidden]: fp32 on the CPU, fp16 on CUDA (act_elem) */
+    int kv_q4;    /* the cache is 4-bit (§5): each row [heads][head_dim] grouped along head_dim */
+    float attn_sparsity;  /* decode attention keeps this fraction of the past (§5); 1: all */
+    int64_t *v_rows_read; /* [batch]: V rows decode attention read (sparse or 4-bit cache) */
+    void **k, **v;        /* [batch]: this layer's cache rows, opt_kv_row_bytes() each */
+    const int **k_pages, **v_pages; /* [batch]: the page table of k[b] (v[b]); NULL: rows in order */
+} gpu_batch;
+
+/* Scratch of the compute device, shared by all GPU batches (support/workspace.c sizes it). */
+typedef struct {
+    size_t rows;           /* capacity in token rows */
+    int max_len, n_threads;
+    float *h, *attn;       /* [rows][hidden] */
+    float *qkv;            /* [rows][3 * hidden]: q, k, v side by side */
+    float *ffn;            /* [rows][max(ffn, hidden)] */
+    float *thread_scratch; /* per thread: one (sequence, head)'s K, V and scores, or lm_head rows */
+    size_t thread_floats;
+    float *wide;           /* the fast products' scratch for prefill; NULL in decode */
+    float *vec;            /* a bias, or a norm's weight and bias, widened to fp32 */
+    float *x32;            /* fp16 hidden states widened (the cpu-fp16 device); NULL otherwise */
+    void *device;          /* the CUDA backend's own buffers; NULL on the CPU */
+} opt_workspace;
+
+/* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
+ * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
+void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
+void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
+void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
+void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
+
+/* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages,
+ * page_tokens, j) of the cache (fp16 or 4-bit), but keys from first_fresh on: this step's fp32 rows. */
+typedef struct {
+    const char *rows;
+    const int *pages; int page_tokens;
+    size_t stride;
+    int q4, head, head_dim, first_fresh;
+    const float *fresh;
+    size_t fresh_stride;
+} opt_kv_rows;
+/* One decode query over nk keys: softmax(scale q.K) V, with §5's top-K when sparsity < 1.
+ * Returns the V rows read. scratch: 3 nk + head_dim floats. */
+int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
+                      float scale, float sparsity, float *scratch, float *out);
+/* The plain products that the fast kernels (support/matmul.c) are held to; q4 > 0: q4 4-bit parts. */
+void matmul_reference(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                      int accumulate);
+void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4, int n, float *y);
+
+/* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
+#define Q4_GROUP 64
+size_t q4_bytes(size_t outer, size_t len, size_t inner);
+void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
+void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
+void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
+int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
+
+/* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
+ * decompression kernel, held on the host to q4_decompress's bits (exact fp16, one rounding). */
+static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size_t inner, size_t e) {
+    size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
+    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+    const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
+    const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+    int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
+    return fmaf((float)q, FG_HALF_TO_FLOAT(scales[g * inner + i]), FG_HALF_TO_FLOAT(mins[g * inner + i]));
+}
+
+/* ---- The tiers (§4.1) and a compute device's operation table (§4.2) ---- */
+typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
+typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
+extern const char *const fg_tier_names[N_TIERS], *const fg_link_names[N_LINKS], *const fg_tier_flags[N_TIERS];
+
+/* The compute device's operations: the schedule calls only these, so one loop drives the CPU
+ * (opt_model.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's. */
+typedef struct {
+    const char *name;
+    int gpu_is_host;         /* the gpu tier is host memory (the CPU) */
+    size_t weight_elem;      /* bytes of one working weight value: 2 (fp16) on both */
+    size_t act_elem;         /* bytes of one activation: 4 on the CPU, 2 on CUDA */
+    void *(*alloc)(size_t bytes); /* gpu-tier memory, 64-byte aligned, zeroed */
+    void (*free)(void *p);
+    void *(*host_alloc)(size_t bytes, int pinned); /* cpu-tier memory, zeroed */
+    void (*host_free)(void *p);
+    void (*weights_in)(void *dst, const fp16 *src, size_t n); /* fp16 (host) -> working */
+    void (*weights_in_q4)(void *dst, const void *src, void *landing, size_t outer, size_t len,
+                          size_t inner); /* 4-bit -> working, landing first (gpu tier) if need be */
+    void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
+    void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
+    void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
+    size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
+    int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+                          int max_len, char *err);
+    void (*workspace_free)(opt_workspace *ws);
+    void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
+    void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
+    void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+    double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
+    int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */
+    double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
+    double host_reserve;     /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
+    size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2; CPU: NULL */
+} fg_backend;
+extern const fg_backend fg_cpu_backend;
+const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */
+
+#endif
