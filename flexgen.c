@@ -1,27 +1,29 @@
-/* flexgen.c: FlexGen's runtime (the paper's §4.1 and §4.2): three tiers of memory, the weights
- * placed on them, the plan that checks a block fits, the I/O threads of Fig. 4, and the zig-zag
- * block schedule that overlaps their loads and stores with compute. Read block_schedule first.
+/* flexgen.c: FlexGen's runtime (§4.1, §4.2): the zig-zag block schedule of Fig. 4, the paper's
+ * verbs it calls, and the tiers, weights and plan that they move data between. C defines a
+ * function before its first use, so the file is built bottom-up; read it top-down from the loop,
+ * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   tiers         gpu, cpu and disk, one accounting point each (tier_take): every byte a run
- *                 holds is taken here or refused with one line naming the tier and its flag
- *   disk tier     files in the offload dir, mapped: pages come in (disk -> cpu, disk_fetch)
- *                 and go out (cpu -> disk, disk_release)
- *   I/O threads   a thread per link and kind of data, tasks in order (io_submit), and Fig. 4's
- *                 "synchronize" (io_sync)
- *   weights       each tensor's home tier (place_tensors, FlexGen's rule), the values written
- *                 into their homes, and "load weight": a layer read ahead from disk, converted
- *                 into a staging arena of the gpu tier, and bound for compute as it starts
- *   plan          a block's buffers per tier (shape_block: the KV cache in pages of its prompts,
- *                 support/kv_pages.c) and the plan check (fg_check_plan)
- *   schedule      a block of GPU batches in flight, the paper's verbs (load_cache, store_cache,
- *                 load_activation, store_activation, load_weight, compute, synchronize) and
- *                 block_schedule, Fig. 4's three loops; generate() runs prompts in blocks
+ *  1249  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1135  step_begins              a block's step: tokens back, pages, first inputs; step_ends
+ *  1110  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1037  compute                  layer j of GPU batch k on the backend
+ *   890  load_cache               store_cache below it, then load_ and store_activation
+ *  1441  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *    52  tier_take                the tiers: every byte taken here, or refused
+ *   116  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
+ *   182  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   325  load_weights_into_homes  the weights written into their homes, once
+ *   440  load_weights             a layer read ahead, converted into a staging arena
+ *   508  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   730  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
- * links once a block rather than once a batch. The runtime's state (fg_runtime, fg_model, block,
- * in support/support.h) is what the pipeline's stage hooks (§4.4, support/pipeline.c) also see;
- * in one process those hooks do nothing (fg_single_stage, support/stage.c).
+ * links once a block rather than once a batch. The types the loop reads (fg_runtime, fg_model,
+ * weight_home, block_shape, block) are in flexgen.h. Below this file: the disk arena's mapping,
+ * the I/O threads and the KV cache's pages (support/disk_arena.c, io_links.c, kv_pages.c); above
+ * it, opening a run and a model (support/runtime.c) and a pipeline's stage hooks (§4.4,
+ * support/pipeline.c; in one process they do nothing, support/stage.c).
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -384,8 +386,8 @@ int load_weights_into_homes(fg_model *m, char *err) {
 }
 
 /* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
- * Layer g (step g / L, layer g % L) is read from disk one layer earlier than Fig. 4 asks, while
- * layer g - 2 computes, so that the disk link reads back to back instead of waiting for each
+ * Layer n (step n / L, layer n % L) is read from disk one layer earlier than Fig. 4 asks, while
+ * layer n - 2 computes, so that the disk link reads back to back instead of waiting for each
  * conversion into the gpu tier; the plan counts those two layers of pages in the cpu tier. */
 
 static void weights_fetch_task(fg_runtime *rt, const io_task *task) {
@@ -423,52 +425,52 @@ static void weights_in_task(fg_runtime *rt, const io_task *task) {
 
 static void forget_read(fg_model *m, weight_read *r);
 
-/* Starts reading the disk part of layer g into the cpu tier, unless it is read or has none. */
-void read_weights(fg_model *m, long g) {
-    int j = m->first_layer + (int)(g % stage_layers(m)), on_disk = 0;
-    weight_read *r = &m->reads[g % 2];
-    if (r->g == g) return;
+/* Starts reading the disk part of layer n into the cpu tier, unless it is read or has none. */
+static void read_weights(fg_model *m, long n) {
+    int j = m->first_layer + (int)(n % stage_layers(m)), on_disk = 0;
+    weight_read *r = &m->reads[n % 2];
+    if (r->n == n) return;
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) on_disk |= m->homes[i].tier == TIER_DISK;
     if (!on_disk) return;
     forget_read(m, r); /* a layer read ahead for a unit that did not come */
-    *r = (weight_read){g, io_submit(&m->rt->io, IO_WEIGHT_DISK, (io_task){.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j}), 0};
+    *r = (weight_read){n, io_submit(&m->rt->io, IO_WEIGHT_DISK, (io_task){.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j}), 0};
 }
 
-/* Starts loading layer g into staging arena g % 2 (reading it first if that has not begun). */
-void load_weights(fg_model *m, long g) {
-    int j = m->first_layer + (int)(g % stage_layers(m)), buf = (int)(g % 2), staged = 0;
-    if (m->staged[buf] == g) return;
-    m->staged[buf] = g;
+/* Starts loading layer n into staging arena n % 2 (reading it first if that has not begun). */
+static void load_weights(fg_model *m, long n) {
+    int j = m->first_layer + (int)(n % stage_layers(m)), buf = (int)(n % 2), staged = 0;
+    if (m->staged[buf] == n) return;
+    m->staged[buf] = n;
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) staged |= is_staged(m, &m->homes[i]);
     if (!staged) return;
-    read_weights(m, g);
-    weight_read *r = &m->reads[g % 2];
-    uint64_t read = r->g == g ? r->seq : 0;
-    if (r->g == g) r->used = 1;
+    read_weights(m, n);
+    weight_read *r = &m->reads[n % 2];
+    uint64_t read = r->n == n ? r->seq : 0;
+    if (r->n == n) r->used = 1;
     io_submit(&m->rt->io, IO_WEIGHT_HOST, (io_task){.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
                                              .after_seq = read, .ctx = m, .layer = j, .arena = buf});
 }
 
-/* Points compute at layer g's staged weights (arena g % 2), as it starts: with one layer on a
+/* Points compute at layer n's staged weights (arena n % 2), as it starts: with one layer on a
  * pipeline stage, the arena the next layer loads into is this layer's other one. */
-void bind_weights(fg_model *m, long g) {
-    int j = m->first_layer + (int)(g % stage_layers(m));
+static void bind_weights(fg_model *m, long n) {
+    int j = m->first_layer + (int)(n % stage_layers(m));
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
         if (is_staged(m, &m->homes[i]))
-            *m->layout.tensors[i].slot = (fp16 *)(m->staging[g % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
+            *m->layout.tensors[i].slot = (fp16 *)(m->staging[n % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
 }
 
 /* At the end of a block: layers read ahead for steps that did not come (every sequence
  * stopped) give their pages back. */
 static void forget_read(fg_model *m, weight_read *r) {
-    if (r->g >= 0 && !r->used) {
+    if (r->n >= 0 && !r->used) {
         io_wait(&m->rt->io, IO_WEIGHT_DISK, r->seq);
-        weights_release(m->rt, m, m->first_layer + (int)(r->g % stage_layers(m)));
+        weights_release(m->rt, m, m->first_layer + (int)(r->n % stage_layers(m)));
     }
-    r->g = -1;
+    r->n = -1;
 }
 
-void forget_reads(fg_model *m) {
+static void forget_reads(fg_model *m) {
     for (int b = 0; b < 2; b++) forget_read(m, &m->reads[b]);
 }
 
@@ -480,8 +482,8 @@ void forget_reads(fg_model *m) {
 
 /* n sequences split by percentages (the rest to disk), each tier's count rounded. */
 static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
-    int g = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
-    return (row_split){{g, gc - g, n - gc}};
+    int gpu = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
+    return (row_split){{gpu, gc - gpu, n - gc}};
 }
 
 fg_tier row_tier(const row_split *s, int b, int *index) {
@@ -489,12 +491,6 @@ fg_tier row_tier(const row_split *s, int b, int *index) {
     while (t < TIER_DISK && b >= s->rows[t]) b -= s->rows[t++];
     *index = b;
     return t;
-}
-
-size_t fg_workspace_rows(int gbs, int max_prompt) {
-    int chunk = FG_CHUNK_ROWS / max_prompt;
-    chunk = chunk < 1 ? 1 : chunk < gbs ? chunk : gbs;
-    return (size_t)chunk * (size_t)max_prompt;
 }
 
 /* A pipeline of M stages keeps M micro-batches in flight (§4.4), each a block of at most
@@ -788,9 +784,11 @@ fail:
  * verb works on one iteration of the loop: layer j, GPU batch k, the staging arena it uses.
  * ============================================================================================ */
 
+/* Two numberings of layers: the schedule's j runs over FlexGen's list (0 the input embedding,
+ * 1 .. l the decoder layers, l + 1 the output embedding); a decoder layer d (0 .. l - 1, as HF
+ * numbers model.decoder.layers) is the schedule's j = d + 1. */
 typedef struct {
-    int j, k;   /* layer (FlexGen's list: 0 input embedding, 1 .. l decoder, l + 1 output) and
-                   GPU batch; j < 0: no such iteration on this stage */
+    int j, k;   /* the schedule's layer and GPU batch; j < 0: no such iteration on this stage */
     int arena;  /* the staging arena of its activations and KV cache */
 } iteration;
 
@@ -800,8 +798,9 @@ typedef struct {
         for (fg_tier t = tier_of(&(split), b), once_ = 1; once_; once_ = 0)
 
 static int is_decoder_layer(const block *bl, int j) { return j >= 1 && j <= bl->m->view.cfg.n_layers; }
-/* Decoder layer j's KV cache among this stage's. */
-static int cache_layer(const block *bl, int j) { return j - 1 - bl->m->first_decoder; }
+static int decoder_of(int j) { return j - 1; } /* the schedule's layer j, as a decoder layer d */
+/* Layer j's KV cache among this stage's decoder layers'. */
+static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
 /* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
 static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
     return kv_home_row(bl, task->batch * bl->s.gbs + b, cache_layer(bl, task->layer), kv, j);
@@ -1049,7 +1048,7 @@ static void compute(block *bl, iteration it) {
     for (int first = 0; first < gb->batch; first += chunk) {
         gpu_batch part = chunk_of(gb, first, gb->batch - first < chunk ? gb->batch - first : chunk, bl->s.act_row);
         if (it.j == 0) be->embed(w, &part, bl->ws);
-        else if (!output) be->layer(w, it.j - 1, &part, bl->ws);
+        else if (!output) be->layer(w, decoder_of(it.j), &part, bl->ws);
         else be->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
     }
     for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++) /* kept V rows */
@@ -1107,13 +1106,13 @@ static iteration after(const block *bl, iteration it) {
  * the stage's last layer, the next unit's first) start loading into the staging arena that
  * layer j does not use, and those of layer j + 2 start coming from disk; layer j's, loaded
  * while the layer before it computed, become what compute reads (bind_weights). Layers count
- * across the round's units, g = unit L + j, which is how the arena alternates. */
-static void load_weight(gen_run *g, int next_j, int k) {
+ * across the round's units, n = unit L + j, which is how the arena alternates. */
+static void load_weight(gen_run *run, int next_j, int k) {
     if (k > 0) return;
-    long next = g->unit * stage_layers(g->m) + (next_j - g->m->first_layer);
-    bind_weights(g->m, next - 1);
-    if (next < g->end) load_weights(g->m, next);
-    if (next + 1 < g->end) read_weights(g->m, next + 1);
+    long next = run->unit * stage_layers(run->m) + (next_j - run->m->first_layer);
+    bind_weights(run->m, next - 1);
+    if (next < run->end) load_weights(run->m, next);
+    if (next + 1 < run->end) read_weights(run->m, next + 1);
 }
 
 /* Fig. 4's synchronize: this iteration's loads and stores of cache and activations are done
@@ -1126,38 +1125,61 @@ static void synchronize(block *bl, iteration now) {
     stage->input_taken(bl);
 }
 
-static void tokens_back(gen_run *g, block *bl, int i), refill_slots(gen_run *g, block *bl, int i);
-static void end_sequence(gen_run *g, block *bl, int s);
+static void tokens_back(gen_run *run, block *bl, int i), refill_slots(gen_run *run, block *bl, int i);
+static void end_sequence(gen_run *run, block *bl, int s), tokens_of_last_step(gen_run *run, int t, int i);
+static void grow_pages(block *bl), choose_step_reads(gen_run *run, int t, int i), load_first_iteration(block *bl);
 
 /* Step i of block t begins on this stage, or returns 0 when it does not run. The first stage
  * first takes the block's tokens of step i - 1 (after the last step: only that); a later stage
- * waits for the step's input. Then the input and cache of the stage's first layer load for the
- * first GPU batch: each later one loads while the one before it computes. */
-static int step_begins(gen_run *g, int t, int i) {
-    block *bl = &g->blocks[t];
-    fg_model *m = g->m;
-    const fg_policy *p = &m->rt->policy;
-    if (bl->running && is_first_stage(m) && i > 0) {
-        tokens_back(g, bl, i);
-        if (g->refill) refill_slots(g, bl, i);
-        if (i == 1 && ++g->prefilled == g->started) g->t_prefill = now_seconds();
-        if (g->progress && t == g->P - 1) fprintf(stderr, "\r%s: token %d/%d", g->progress, i, g->steps);
-    }
-    if (i == g->steps || !bl->running || !stage_of(m->rt)->step_input(bl)) return 0;
-    for (int k = 0; k < bl->n_batches; k++) /* each sequence's pages hold its tokens of this step */
+ * waits for the step's input. */
+static int step_begins(gen_run *run, int t, int i) {
+    block *bl = &run->blocks[t];
+    if (bl->running && is_first_stage(run->m) && i > 0) tokens_of_last_step(run, t, i);
+    if (i == run->steps || !bl->running || !stage_of(run->m->rt)->step_input(bl)) return 0;
+    grow_pages(bl);
+    choose_step_reads(run, t, i);
+    load_first_iteration(bl);
+    return 1;
+}
+
+/* The first stage takes step i - 1's tokens of block t; with refill, ended sequences' slots take
+ * new prompts; the time of prefill and the progress line are noted. */
+static void tokens_of_last_step(gen_run *run, int t, int i) {
+    block *bl = &run->blocks[t];
+    tokens_back(run, bl, i);
+    if (run->refill) refill_slots(run, bl, i);
+    if (i == 1 && ++run->prefilled == run->started) run->t_prefill = now_seconds();
+    if (run->progress && t == run->P - 1) fprintf(stderr, "\r%s: token %d/%d", run->progress, i, run->steps);
+}
+
+/* Each sequence's pages hold its tokens of this step. */
+static void grow_pages(block *bl) {
+    for (int k = 0; k < bl->n_batches; k++)
         for (int b = 0; b < bl->gb[k].batch; b++)
             kv_pages_grow(&bl->pages, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
-    bl->delegate = p->cpu_cache_compute && i > 0;
-    /* a device that reads only its own memory gets the V rows whole (as they are staged) */
-    bl->sparse_v = p->attn_sparsity < 1 && i > 0 && !bl->delegate && m->rt->backend->gpu_is_host;
-    int last_unit = i + 1 == g->steps && t == g->P - 1 && g->next == g->n_prompts; /* no refill after */
-    g->end = last_unit ? (g->unit + 1) * stage_layers(m) : LONG_MAX;
-    iteration start = at(bl, m->first_layer, 0);
+}
+
+/* How step i reads: decode attention over cpu and disk caches in place (--cpu-cache-compute), the
+ * kept V rows of sparse attention in place (a device that reads only its own memory gets them
+ * whole, as they are staged), and how far ahead the weights load (no further than the round's
+ * last unit, unless a refill may start another). */
+static void choose_step_reads(gen_run *run, int t, int i) {
+    block *bl = &run->blocks[t];
+    const fg_runtime *rt = run->m->rt;
+    bl->delegate = rt->policy.cpu_cache_compute && i > 0;
+    bl->sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl->delegate && rt->backend->gpu_is_host;
+    int last_unit = i + 1 == run->steps && t == run->P - 1 && run->next == run->n_prompts;
+    run->end = last_unit ? (run->unit + 1) * stage_layers(run->m) : LONG_MAX;
+}
+
+/* The input and cache of the stage's first layer load for the first GPU batch: each later one
+ * loads while the one before it computes. */
+static void load_first_iteration(block *bl) {
+    iteration start = at(bl, bl->m->first_layer, 0);
     load_cache(bl, start);
     activation_in(bl, start);
-    io_sync(&m->rt->io, 0);
-    stage_of(m->rt)->input_taken(bl);
-    return 1;
+    io_sync(&bl->rt->io, 0);
+    stage_of(bl->rt)->input_taken(bl);
 }
 
 /* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
@@ -1204,36 +1226,36 @@ static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, 
 
 /* A step of block t ends: the last iteration's cache and activations are stored, and the last
  * stage chooses the next tokens (and sends them back to the first stage, on a pipeline). */
-static void step_ends(gen_run *g, int t) {
-    block *bl = &g->blocks[t];
-    fg_model *m = g->m;
+static void step_ends(gen_run *run, int t) {
+    block *bl = &run->blocks[t];
+    fg_model *m = run->m;
     iteration last = at(bl, m->end_layer - 1, bl->n_batches - 1);
     store_activation(bl, last);
     store_cache(bl, last);
     io_sync(&m->rt->io, 0);
-    g->unit++;
+    run->unit++;
     if (is_last_stage(m)) {
-        sample_tokens(bl, g->opt, g->logits, g->scratch);
-        stage_of(m->rt)->tokens_out(bl, g->opt, g->out_tokens);
+        sample_tokens(bl, run->opt, run->logits, run->scratch);
+        stage_of(m->rt)->tokens_out(bl, run->opt, run->out_tokens);
     }
     for (int k = 0; k < bl->n_batches; k++) /* with refill, refill_slots lays the next step out */
-        g->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new, gpu_batch_advance(&bl->gb[k]);
+        run->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new, gpu_batch_advance(&bl->gb[k]);
 }
 
 /* Fig. 4: for each generation step i, layer j and GPU batch k, the next layer's weights, the
  * previous batch's results and the next batch's inputs move on the I/O threads while batch k of
  * layer j computes. One process computes one block at a time; a pipeline stage takes the P
  * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. */
-static void block_schedule(gen_run *g) {
-    int first = g->m->first_layer, end = g->m->end_layer;
-    for (int i = 0; i <= g->steps; i++)                     /* generation step (+1: tokens back) */
-        for (int t = 0; t < g->P; t++) {                    /* block (micro-batch) */
-            if (!step_begins(g, t, i)) continue;
-            block *bl = &g->blocks[t];
+static void block_schedule(gen_run *run) {
+    int first = run->m->first_layer, end = run->m->end_layer;
+    for (int i = 0; i <= run->steps; i++)                     /* generation step (+1: tokens back) */
+        for (int t = 0; t < run->P; t++) {                    /* block (micro-batch) */
+            if (!step_begins(run, t, i)) continue;
+            block *bl = &run->blocks[t];
             for (int j = first; j < end; j++)               /* layer */
                 for (int k = 0; k < bl->n_batches; k++) {   /* GPU batch */
                     iteration now = at(bl, j, k), prev = before(bl, now), next = after(bl, now);
-                    load_weight(g, j + 1, k);
+                    load_weight(run, j + 1, k);
                     store_activation(bl, prev);
                     store_cache(bl, prev);
                     load_input_now(bl, now);                /* one GPU batch: just stored */
@@ -1242,7 +1264,7 @@ static void block_schedule(gen_run *g) {
                     compute(bl, now);
                     synchronize(bl, now);
                 }
-            step_ends(g, t);
+            step_ends(run, t);
         }
 }
 
@@ -1289,19 +1311,19 @@ int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
 
 /* The first stage takes step i - 1's tokens of a block (chosen here with one stage, or come back
  * from the last stage) and sees whether any sequence runs on; a block that stopped is passed on. */
-static void tokens_back(gen_run *g, block *bl, int i) {
-    const stage_hooks *stage = stage_of(g->m->rt);
+static void tokens_back(gen_run *run, block *bl, int i) {
+    const stage_hooks *stage = stage_of(run->m->rt);
     stage->receive_tokens(bl, i - 1);
-    for (int s = 0; s < bl->count; s++) g->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
-    bl->running = take_tokens(bl, g->opt, g->out_tokens) > 0;
-    if (!bl->running && i < g->steps && !g->refill) stage->pass_stop(bl);
+    for (int s = 0; s < bl->count; s++) run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
+    bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0;
+    if (!bl->running && i < run->steps && !run->refill) stage->pass_stop(bl);
 }
 
 /* Slot s's sequence is done with its cache: the timing counts its pages and tokens, and the pages
  * go back to the pool. */
-static void end_sequence(gen_run *g, block *bl, int s) {
-    g->timing->cache_rows += (int64_t)bl->pages.held[s] * bl->s.kv.page_tokens;
-    g->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
+static void end_sequence(gen_run *run, block *bl, int s) {
+    run->timing->cache_rows += (int64_t)bl->pages.held[s] * bl->s.kv.page_tokens;
+    run->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
     kv_pages_give_back(&bl->pages, s);
 }
 
@@ -1319,11 +1341,11 @@ static void promisable_pages(const block *bl, const int *lens, int gen_len, int 
  * joins step i: the GPU batch computes rows for the longest, each running sequence its token last
  * after padding. It does when that padding costs no more rows than the free slots would idle (one
  * a step) until its running sequences could end; a free slot meanwhile, or with no prompt left, idles. */
-static void refill_slots(gen_run *g, block *bl, int i) {
-    int gen_len = g->opt->gen_len, gbs = bl->s.gbs, promise[N_TIERS];
+static void refill_slots(gen_run *run, block *bl, int i) {
+    int gen_len = run->opt->gen_len, gbs = bl->s.gbs, promise[N_TIERS];
     for (int s = 0; s < bl->count; s++)
-        if (!slot_running(bl, s, gen_len)) end_sequence(g, bl, s);
-    promisable_pages(bl, g->lens, gen_len, promise);
+        if (!slot_running(bl, s, gen_len)) end_sequence(run, bl, s);
+    promisable_pages(bl, run->lens, gen_len, promise);
     for (int k = 0; k < bl->n_batches; k++) {
         gpu_batch *gb = &bl->gb[k];
         int running = 0, free_slots = 0, longest = 1, steps_left = 0, fits = 1, left[N_TIERS];
@@ -1331,8 +1353,8 @@ static void refill_slots(gen_run *g, block *bl, int i) {
         for (int s = k * gbs; s < k * gbs + gb->batch; s++)
             if (slot_running(bl, s, gen_len)) {
                 running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
-            } else if (fits && g->next + free_slots < g->n_prompts) { /* the next prompt, if its pages can be promised */
-                int len = g->lens[g->next + free_slots], need = kv_pages_for(len + gen_len, bl->s.kv.page_tokens);
+            } else if (fits && run->next + free_slots < run->n_prompts) { /* the next prompt, if its pages can be promised */
+                int len = run->lens[run->next + free_slots], need = kv_pages_for(len + gen_len, bl->s.kv.page_tokens);
                 fg_tier t = slot_tier(&bl->pages, s);
                 if ((fits = left[t] >= need)) left[t] -= need, longest = len > longest ? len : longest, free_slots++;
             }
@@ -1340,19 +1362,19 @@ static void refill_slots(gen_run *g, block *bl, int i) {
         if (take) memcpy(promise, left, sizeof left);
         for (int b = 0, s = k * gbs, taken = 0; b < gb->batch; b++, s++) {
             if (slot_running(bl, s, gen_len)) continue;
-            bl->prompt[s] = take && taken++ < free_slots ? g->next++ : -1;
+            bl->prompt[s] = take && taken++ < free_slots ? run->next++ : -1;
             bl->done[s] = 0, bl->step[s] = 0, gb->past[b] = 0;
-            if (bl->prompt[s] >= 0) g->steps = i + gen_len > g->steps ? i + gen_len : g->steps, bl->running = 1;
+            if (bl->prompt[s] >= 0) run->steps = i + gen_len > run->steps ? i + gen_len : run->steps, bl->running = 1;
         }
         int n_new = take ? longest : 1;
         for (int b = gb->batch - 1, s = k * gbs + b; b >= 0; b--, s--) { /* row b covers tokens[b] */
-            int p = bl->prompt[s], n = p < 0 ? 0 : bl->step[s] == 0 ? g->lens[p] : 1;
+            int p = bl->prompt[s], n = p < 0 ? 0 : bl->step[s] == 0 ? run->lens[p] : 1;
             int *row = gb->tokens + (size_t)b * n_new, token = gb->tokens[b];
             for (int t = 0; t < n_new - n; t++) row[t] = OPT_PAD_ID;
             if (n == 1 && bl->step[s] > 0) row[n_new - 1] = token;
-            else if (n) memcpy(row + n_new - n, g->prompts[p], (size_t)n * sizeof(int));
+            else if (n) memcpy(row + n_new - n, run->prompts[p], (size_t)n * sizeof(int));
             gb->pad[b] = n_new - n;
-            if (n && bl->step[s] == 0) g->timing->prefill_tokens += n_new;
+            if (n && bl->step[s] == 0) run->timing->prefill_tokens += n_new;
         }
         gb->n_new = n_new;
     }
@@ -1380,38 +1402,38 @@ static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_p
     return blocks;
 }
 
-/* A round: P micro-batches of prompts from g->base through every step (§4.4's iteration-level
+/* A round: P micro-batches of prompts from run->base through every step (§4.4's iteration-level
  * pipeline: each stage runs step i of micro-batch t while the stage before it runs step i of
  * t + 1 and the one after it step i of t - 1; with one stage, one block, Fig. 4). */
-static void run_round(gen_run *g) {
-    fg_model *m = g->m;
-    g->started = g->prefilled = 0;
-    g->unit = 0;
-    g->steps = g->opt->gen_len;
-    for (int t = 0; t < g->P; t++) {
-        int first = g->base + t * g->B, count = g->n_prompts - first < g->B ? g->n_prompts - first : g->B;
-        start_block(&g->blocks[t], g->prompts, g->lens, first, count > 0 ? count : 0);
-        if (count > 0) g->timing->prefill_tokens += (int64_t)count * g->blocks[t].gb[0].n_new, g->started++;
+static void run_round(gen_run *run) {
+    fg_model *m = run->m;
+    run->started = run->prefilled = 0;
+    run->unit = 0;
+    run->steps = run->opt->gen_len;
+    for (int t = 0; t < run->P; t++) {
+        int first = run->base + t * run->B, count = run->n_prompts - first < run->B ? run->n_prompts - first : run->B;
+        start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
+        if (count > 0) run->timing->prefill_tokens += (int64_t)count * run->blocks[t].gb[0].n_new, run->started++;
     }
-    g->next = g->refill && g->B < g->n_prompts ? g->B : g->n_prompts; /* refill takes the rest */
+    run->next = run->refill && run->B < run->n_prompts ? run->B : run->n_prompts; /* refill takes the rest */
     double t0 = now_seconds();
-    g->t_prefill = t0;
+    run->t_prefill = t0;
     m->staged[0] = m->staged[1] = -1;
     load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
     io_sync(&m->rt->io, 1);
-    block_schedule(g);
-    for (int t = 0; t < g->P; t++)
-        for (int s = 0; s < g->blocks[t].count; s++) end_sequence(g, &g->blocks[t], s);
-    g->timing->page_tokens = g->blocks[0].s.kv.page_tokens;
+    block_schedule(run);
+    for (int t = 0; t < run->P; t++)
+        for (int s = 0; s < run->blocks[t].count; s++) end_sequence(run, &run->blocks[t], s);
+    run->timing->page_tokens = run->blocks[0].s.kv.page_tokens;
     if (is_first_stage(m)) {
-        g->timing->prefill_latency += g->t_prefill - t0;
-        g->timing->decode_latency += now_seconds() - g->t_prefill;
+        run->timing->prefill_latency += run->t_prefill - t0;
+        run->timing->decode_latency += now_seconds() - run->t_prefill;
     }
-    for (int t = 0; t < g->P; t++) {
-        block *bl = &g->blocks[t];
+    for (int t = 0; t < run->P; t++) {
+        block *bl = &run->blocks[t];
         stage_of(m->rt)->end_round(bl);
-        g->timing->bubble_seconds += bl->bubble, bl->bubble = 0;
-        g->timing->compute_seconds += bl->compute_seconds, bl->compute_seconds = 0;
+        run->timing->bubble_seconds += bl->bubble, bl->bubble = 0;
+        run->timing->compute_seconds += bl->compute_seconds, bl->compute_seconds = 0;
     }
     forget_reads(m);
 }
@@ -1421,7 +1443,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
              char *err) {
     const opt_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
-    gen_run g = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing,
+    gen_run run = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing,
                  .prompts = prompts, .lens = prompt_lens, .n_prompts = n_prompts, .refill = opt->refill};
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
@@ -1430,11 +1452,11 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->pipe))
         rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
     m->prompt_logits = opt->prompt_logits != NULL;
-    if (rc == 0 && !(g.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &g.P, err))) rc = -1;
-    if (rc == 0 && !(g.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
+    if (rc == 0 && !(run.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &run.P, err))) rc = -1;
+    if (rc == 0 && !(run.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
     if (stage_of(rt)->agree(rt, rc, err)) { /* every stage is ready, or none starts */
-        if (g.blocks) free_blocks(g.blocks, g.P);
-        free(g.scratch);
+        if (run.blocks) free_blocks(run.blocks, run.P);
+        free(run.scratch);
         m->prompt_logits = 0;
         return -1;
     }
@@ -1443,19 +1465,19 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
     memset(timing, 0, sizeof *timing);
     double disk_read_before = rt->disk_read_seconds;
-    g.B = g.blocks[0].s.gbs * g.blocks[0].s.ngb;
-    int rounds = g.refill ? 1 : (n_prompts + g.P * g.B - 1) / (g.P * g.B);
+    run.B = run.blocks[0].s.gbs * run.blocks[0].s.ngb;
+    int rounds = run.refill ? 1 : (n_prompts + run.P * run.B - 1) / (run.P * run.B);
     for (int r = 0; r < rounds; r++) {
         char progress[64];
         snprintf(progress, sizeof progress, "block %d/%d", r + 1, rounds);
-        g.base = r * g.P * g.B;
-        g.progress = opt->verbose && is_first_stage(m) ? progress : NULL;
-        run_round(&g);
+        run.base = r * run.P * run.B;
+        run.progress = opt->verbose && is_first_stage(m) ? progress : NULL;
+        run_round(&run);
     }
     if (opt->verbose && is_first_stage(m)) fprintf(stderr, "\n");
     timing->disk_read_seconds = rt->disk_read_seconds - disk_read_before;
-    free(g.scratch);
-    free_blocks(g.blocks, g.P);
+    free(run.scratch);
+    free_blocks(run.blocks, run.P);
     m->prompt_logits = 0;
     return 0;
 }

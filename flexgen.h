@@ -207,7 +207,7 @@ void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch
 const fg_backend *backend_for(fg_device device, char *err);
 
 typedef struct {
-    long g;       /* the layer (as in staged), -1 for none */
+    long n;       /* the round's layer n (as in staged), -1 for none */
     uint64_t seq; /* its task on the disk link */
     int used;     /* its conversion into the gpu tier is queued */
 } weight_read;
@@ -234,8 +234,8 @@ struct fg_model {
     double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
     char *staging[2];     /* working weights of a layer, then (CUDA) a 4-bit tensor's landing */
     size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
-    long staged[2];       /* which layer g of the round each staging arena holds, or -1 */
-    weight_read reads[2]; /* disk reads of layers g, in slot g % 2 */
+    long staged[2];       /* which layer n of the round (unit L + j) each staging arena holds, or -1 */
+    weight_read reads[2]; /* disk reads of layers n, in slot n % 2 */
     int first_layer, end_layer; /* this pipeline stage's layers [first, end) (§4.4) */
     int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
     int prompt_logits;    /* this generate() keeps the logits of every prompt position */

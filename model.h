@@ -108,7 +108,7 @@ typedef struct {
 /* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
  * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
+void opt_layer(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws); /* decoder layer d */
 void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
@@ -127,10 +127,10 @@ typedef struct {
  * Returns the V rows read. scratch: 3 nk + head_dim floats. */
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
                       float scale, float sparsity, float *scratch, float *out);
-/* The plain products that the fast kernels (support/matmul.c) are held to; q4 > 0: q4 4-bit parts. */
-void matmul_reference(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+/* The plain products that the fast kernels (support/matmul.c) are held to; q4_parts > 0: 4-bit, in q4_parts parts side by side (q|k|v: 3). */
+void matmul_reference(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                       int accumulate);
-void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4, int n, float *y);
+void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y);
 
 /* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
 #define Q4_GROUP 64
@@ -178,7 +178,7 @@ typedef struct {
                           int max_len, char *err);
     void (*workspace_free)(opt_workspace *ws);
     void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-    void (*layer)(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws);
+    void (*layer)(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws); /* decoder layer d */
     void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
     double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
     int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */

@@ -39,12 +39,12 @@ static void weight_row(const void *W, int q4, int out, int k, float *row) {
 }
 
 /* y[rows][out] (= or +=) x[rows][in] W[in][out]: each y summed over k in order. */
-void matmul_reference(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+void matmul_reference(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                       int accumulate) {
     float *row = malloc((size_t)out * sizeof *row);
     if (!accumulate) memset(y, 0, (size_t)rows * out * sizeof *y);
     for (int k = 0; row && k < in; k++) {
-        weight_row(W, q4, out, k, row);
+        weight_row(W, q4_parts, out, k, row);
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < out; i++) y[(size_t)r * out + i] += x[(size_t)r * in + k] * row[i];
     }
@@ -53,10 +53,10 @@ void matmul_reference(const float *x, int rows, int in, const void *W, int q4, i
 
 /* y[rows][n] = x[rows][dim] E^T for an embedding table E [n][dim]: fp16, or 4-bit [1][n][dim]
  * (the output layer: logits from the token embeddings). */
-void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4, int n, float *y) {
+void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y) {
     float *e = malloc((size_t)dim * sizeof *e);
     for (int t = 0; e && t < n; t++) {
-        if (q4) q4_decompress_row(E, (size_t)n, (size_t)dim, (size_t)t, e);
+        if (q4_parts) q4_decompress_row(E, (size_t)n, (size_t)dim, (size_t)t, e);
         else for (int d = 0; d < dim; d++) e[d] = fp16_to_fp32(((const fp16 *)E)[(size_t)t * dim + d]);
         for (int r = 0; r < rows; r++) {
             float dot = 0;

@@ -323,9 +323,9 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
 
 /* Each thread owns a contiguous run of groups and walks W in blocks of 64 rows, each block across
  * its groups from left to right (the order of support/matmul.c's decode). */
-void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4, int out, float *y, int accumulate,
+void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y, int accumulate,
                     int simd) {
-    int part = out / q4, groups = q4 * ((part + Q4_GROUP - 1) / Q4_GROUP);
+    int part = out / q4_parts, groups = q4_parts * ((part + Q4_GROUP - 1) / Q4_GROUP);
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -333,7 +333,7 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4, int
         for (int r0 = 0; r0 < rows; r0 += PASS_ROWS)
             for (int k0 = 0; k0 < in; k0 += KB)
                 for (int u = u0; u < u1; u++) {
-                    q4_group gr = group_of(q4, out, u);
+                    q4_group gr = group_of(q4_parts, out, u);
                     block_product(x, in, (const uint8_t *)W, &gr, r0, rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS,
                                   k0, in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd);
                 }

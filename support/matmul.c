@@ -311,12 +311,12 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
     }
 }
 
-void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int int8, float *scratch) {
     int simd = use_simd();
-    if (int8 && q4) matmul_q4_int8(x, rows, in, W, q4, out, y, accumulate, simd);
-    else if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4, out, y, accumulate, scratch, simd);
-    else product_decode(x, rows, in, W, q4, out, y, accumulate, simd);
+    if (int8 && q4_parts) matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, simd);
+    else if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
+    else product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
 }
 
 /* ---- lm_head: E read by rows ---- */
@@ -413,8 +413,8 @@ static void embed_row(const void *E, int q4, int n, int dim, int r, float *dst, 
     }
 }
 
-void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst) {
-    embed_row(E, q4, n, dim, r, dst, use_simd());
+void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float *dst) {
+    embed_row(E, q4_parts, n, dim, r, dst, use_simd());
 }
 
 /* More rows than a few: blocks of MATMUL_EMBED_BLOCK rows of E widened, then sgemm. */
@@ -430,24 +430,24 @@ static void embed_t_sgemm(const float *x, int rows, int dim, const void *E, int 
     }
 }
 
-void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, int n, float *y,
+void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride) {
     int simd = use_simd();
     if (rows > MATMUL_EMBED_DOT_ROWS) {
-        embed_t_sgemm(x, rows, dim, E, q4, n, y, scratch, scratch_stride, simd);
+        embed_t_sgemm(x, rows, dim, E, q4_parts, n, y, scratch, scratch_stride, simd);
         return;
     }
 #pragma omp parallel for schedule(static)
     for (int v0 = 0; v0 < n; v0 += 3) { /* three rows of E at a time */
         int ne = n - v0 < 3 ? n - v0 : 3;
 #ifdef HAVE_AVX2_PATH
-        if (simd && !q4) { /* read as stored, widened in registers */
+        if (simd && !q4_parts) { /* read as stored, widened in registers */
             dots_avx2(x, rows, dim, (const fp16 *)E + (size_t)v0 * dim, (size_t)dim, ne, 1, y + v0, (size_t)n);
             continue;
         }
 #endif
         float *e = scratch + scratch_stride * omp_get_thread_num();
-        for (int v = 0; v < ne; v++) embed_row(E, q4, n, dim, v0 + v, e + (size_t)v * dim, simd);
+        for (int v = 0; v < ne; v++) embed_row(E, q4_parts, n, dim, v0 + v, e + (size_t)v * dim, simd);
 #ifdef HAVE_AVX2_PATH
         if (simd) { dots_avx2(x, rows, dim, e, (size_t)dim, ne, 0, y + v0, (size_t)n); continue; }
 #endif

@@ -117,7 +117,7 @@ static void count_existing_weight_file(fg_model *m) {
 static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const char *dir,
                       char *err) {
     m->disk.fd = -1;
-    m->staged[0] = m->staged[1] = m->reads[0].g = m->reads[1].g = -1;
+    m->staged[0] = m->staged[1] = m->reads[0].n = m->reads[1].n = -1;
     if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
     m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
     m->view.q4_int8 = m->view.q4 && m->rt->policy.int8_activations;

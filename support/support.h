@@ -56,19 +56,19 @@ typedef struct {
 const fg_simd *fg_simd_kernels(void);
 
 /* ---- The CPU's products with weights as stored, fp16 or 4-bit (matmul.c): the fast twins of
- * opt_model.c's matmul_reference and embed_t_reference. q4 > 0: 4-bit, in q4 parts side by side
- * (q|k|v: 3), each grouped on its own ---- */
+ * opt_model.c's matmul_reference and embed_t_reference. q4_parts > 0: 4-bit, in q4_parts
+ * parts side by side (q|k|v: 3), each grouped on its own ---- */
 #define MATMUL_DECODE_ROWS 64
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
-void matmul_weights(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int int8, float *scratch); /* int8: int8.c's scheme (q4 only) */
-void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int simd); /* int8.c */
 size_t matmul_scratch_floats(int in, int out);
-void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4, int n, float *y,
+void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride);
-void matmul_embed_row(const void *E, int q4, int n, int dim, int r, float *dst);
+void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float *dst);
 
 /* ---- Buffers of the forward pass (workspace.c) ---- */
 #define FG_CUDA_ACT_ELEM 2 /* fp16 activations */

@@ -150,3 +150,10 @@ size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) 
     return opt_workspace_bytes(cfg, rows, 0, max_len) + 2 * rows * 3 * (size_t)cfg->hidden;
 }
 
+/* A workspace's token rows: prefill computes a layer on chunks of at most FG_CHUNK_ROWS rows,
+ * whole sequences of max_prompt each, at most a GPU batch. */
+size_t fg_workspace_rows(int gbs, int max_prompt) {
+    int chunk = FG_CHUNK_ROWS / max_prompt;
+    chunk = chunk < 1 ? 1 : chunk < gbs ? chunk : gbs;
+    return (size_t)chunk * (size_t)max_prompt;
+}
