@@ -71,7 +71,7 @@ endif
 HDR := model.h flexgen.h support/support.h support/tools.h
 TEST_SRC := $(wildcard tests/*.c)
 
-.PHONY: all test test-san test-gpu fuzz bench clean print-cflags emu
+.PHONY: all test test-san test-gpu fuzz fuzz-toolchain bench clean print-cflags emu
 
 all: flexgen
 
@@ -204,9 +204,19 @@ FUZZ_LIBS += $(DEPS_LIBS)
 endif
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-fuzz: $(FUZZ_TARGETS)
+fuzz: fuzz-toolchain $(FUZZ_TARGETS)
 
-build-fuzz/obj/%.o: %.c $(HDR)
+# Before anything is compiled: can FUZZ_CC build a libFuzzer harness that includes omp.h? If not,
+# one line says what to install (scripts/setup.sh leaves clang out; scripts/setup_fuzz.sh has it).
+FUZZ_PROBE := '\#include <omp.h>\n\#include <stddef.h>\n\#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n'
+fuzz-toolchain:
+	@mkdir -p build-fuzz
+	@printf $(FUZZ_PROBE) > build-fuzz/probe.c
+	@ok=1; $(FUZZ_CC) -fopenmp=libgomp -fsanitize=fuzzer,address,undefined -o build-fuzz/probe build-fuzz/probe.c \
+	  >/dev/null 2>&1 || ok=0; rm -f build-fuzz/probe build-fuzz/probe.c; [ $$ok = 1 ] \
+	  || { echo "make fuzz: $(FUZZ_CC) cannot build a libFuzzer harness with omp.h; install clang, libclang-rt-14-dev and libomp-14-dev (bash scripts/setup_fuzz.sh)" >&2; exit 1; }
+
+build-fuzz/obj/%.o: %.c $(HDR) | fuzz-toolchain
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what `make` and `make test` need on Debian 12 (or Ubuntu), as root or through sudo:
 # gcc, g++ (the emulated GPU, tests/cuda_emu) and make, OpenBLAS's OpenMP build, cJSON, CUnit and GLPK (the tests' reference for the
-# simplex), Open MPI (pipeline stages; without it the build leaves them out), and clang with
-# its libFuzzer and sanitizer runtimes and omp.h (`make fuzz`, tests/fuzz/). The CUDA
-# toolkit is not installed here: where nvcc is found, `make` builds the CUDA backend as well.
+# simplex) and Open MPI (pipeline stages; without it the build leaves them out). `make fuzz`
+# needs clang and its libFuzzer besides: scripts/setup_fuzz.sh installs them. The CUDA toolkit
+# is not installed here: where nvcc is found, `make` builds the CUDA backend as well.
 set -euo pipefail
 sudo=
 [ "$(id -u)" = 0 ] || sudo=sudo
@@ -11,5 +11,5 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends \
     gcc g++ make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev \
-    openmpi-bin libopenmpi-dev clang libclang-rt-14-dev libomp-14-dev >/dev/null
+    openmpi-bin libopenmpi-dev >/dev/null
 echo "setup: the build's packages are installed"
