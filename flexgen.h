@@ -175,7 +175,7 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
 int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
                        const fg_search_request *req, fg_search_result *out, char *err);
 /* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
-void fg_round_pair(double gpu, double cpu, int *g, int *c);
+void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct);
 
 /* ============================================================================================
  * The runtime's state (flexgen.c, §4.1, §4.2), as the pipeline's stage hooks (pipeline.c), the

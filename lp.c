@@ -47,16 +47,16 @@ static void add(fg_linear *f, int k, double bytes, double rate) {
  * the cpu and disk shares (cc, cn) either on the CPU where they live (delegation: no cache
  * crosses a link) or on the compute device, after cache_gen bytes of them cross cpu -> gpu and
  * before their cache_new new bytes cross back. */
-static void decode_attention_terms(fg_linear *g, const fg_workload *w, const fg_hardware *hw,
+static void decode_attention_terms(fg_linear *gen, const fg_workload *w, const fg_hardware *hw,
                                    double att, double cache_gen, double cache_new) {
-    add(&g[T_COMP], X_CG, att, hw->bmm_flops_g);
+    add(&gen[T_COMP], X_CG, att, hw->bmm_flops_g);
     for (int k = X_CC; k <= X_CN; k++) {
         if (w->cpu_cache_compute) {
-            add(&g[T_COMP], k, att, hw->cpu_flops);
+            add(&gen[T_COMP], k, att, hw->cpu_flops);
         } else { /* the cache comes to the compute device and its new rows go back */
-            add(&g[T_CTOG], k, cache_gen, hw->ctog_bdw);
-            add(&g[T_GTOC], k, cache_new, hw->gtoc_bdw_cache);
-            add(&g[T_COMP], k, att, hw->bmm_flops_g);
+            add(&gen[T_CTOG], k, cache_gen, hw->ctog_bdw);
+            add(&gen[T_GTOC], k, cache_new, hw->gtoc_bdw_cache);
+            add(&gen[T_COMP], k, att, hw->bmm_flops_g);
         }
     }
 }
@@ -73,38 +73,38 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     double hidden_pre = 2 * s * h1 * bls, hidden_gen = 2 * h1 * bls;
     memset(m, 0, sizeof *m);
 
-    fg_linear *p = m->pre; /* prefill */
-    add(&p[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&p[T_CTOG], X_WN, weights, hw->ctog_bdw);
-    add(&p[T_CTOG], X_HC, hidden_pre, hw->ctog_bdw), add(&p[T_CTOG], X_HN, hidden_pre, hw->ctog_bdw);
-    add(&p[T_GTOC], X_CC, cache_pre, hw->gtoc_bdw_cache), add(&p[T_GTOC], X_CN, cache_pre, hw->gtoc_bdw_cache);
-    add(&p[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden), add(&p[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
-    add(&p[T_DTOC], X_WN, weights, hw->dtoc_bdw), add(&p[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
-    add(&p[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p), add(&p[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
-    add(&p[T_COMP], -1, bls * (8 * s * h1 * h1 + 4 * s * h1 * h2), int8 ? hw->mm_flops_int8_p : hw->mm_flops_p);
-    add(&p[T_COMP], -1, 4 * bls * s * s * h1, hw->bmm_flops_p);
+    fg_linear *pre = m->pre; /* prefill */
+    add(&pre[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&pre[T_CTOG], X_WN, weights, hw->ctog_bdw);
+    add(&pre[T_CTOG], X_HC, hidden_pre, hw->ctog_bdw), add(&pre[T_CTOG], X_HN, hidden_pre, hw->ctog_bdw);
+    add(&pre[T_GTOC], X_CC, cache_pre, hw->gtoc_bdw_cache), add(&pre[T_GTOC], X_CN, cache_pre, hw->gtoc_bdw_cache);
+    add(&pre[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden), add(&pre[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
+    add(&pre[T_DTOC], X_WN, weights, hw->dtoc_bdw), add(&pre[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
+    add(&pre[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p), add(&pre[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
+    add(&pre[T_COMP], -1, bls * (8 * s * h1 * h1 + 4 * s * h1 * h2), int8 ? hw->mm_flops_int8_p : hw->mm_flops_p);
+    add(&pre[T_COMP], -1, 4 * bls * s * s * h1, hw->bmm_flops_p);
 
-    fg_linear *g = m->gen; /* one decode step */
-    add(&g[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&g[T_CTOG], X_WN, weights, hw->ctog_bdw);
-    add(&g[T_CTOG], X_HC, hidden_gen, hw->ctog_bdw), add(&g[T_CTOG], X_HN, hidden_gen, hw->ctog_bdw);
-    add(&g[T_GTOC], X_HC, hidden_gen, hw->gtoc_bdw_hidden), add(&g[T_GTOC], X_HN, hidden_gen, hw->gtoc_bdw_hidden);
-    add(&g[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw), add(&g[T_DTOC], X_WN, weights, hw->dtoc_bdw);
-    add(&g[T_DTOC], X_HN, hidden_gen, hw->dtoc_bdw);
-    add(&g[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g), add(&g[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
-    add(&g[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
+    fg_linear *gen = m->gen; /* one decode step */
+    add(&gen[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&gen[T_CTOG], X_WN, weights, hw->ctog_bdw);
+    add(&gen[T_CTOG], X_HC, hidden_gen, hw->ctog_bdw), add(&gen[T_CTOG], X_HN, hidden_gen, hw->ctog_bdw);
+    add(&gen[T_GTOC], X_HC, hidden_gen, hw->gtoc_bdw_hidden), add(&gen[T_GTOC], X_HN, hidden_gen, hw->gtoc_bdw_hidden);
+    add(&gen[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw), add(&gen[T_DTOC], X_WN, weights, hw->dtoc_bdw);
+    add(&gen[T_DTOC], X_HN, hidden_gen, hw->dtoc_bdw);
+    add(&gen[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g), add(&gen[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
+    add(&gen[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
     /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes) */
     double att = 4 * bls * (s + n / 2) * h1;
-    decode_attention_terms(g, w, hw, att, cache_gen, cache_new);
+    decode_attention_terms(gen, w, hw, att, cache_gen, cache_new);
     /* §5: the compute device decompresses every weight it uses, and the cache it reads (the
      * rows it compresses are counted at the same rate) */
     if (hw->dequant_bdw > 0) {
-        if (w->compress_weight && !int8) add(&p[T_COMP], -1, weights16, hw->dequant_bdw), add(&g[T_COMP], -1, weights16, hw->dequant_bdw);
-        if (w->compress_cache) add(&p[T_COMP], -1, cache_pre / kv, hw->dequant_bdw), add(&g[T_COMP], -1, cache_gen / kv, hw->dequant_bdw);
+        if (w->compress_weight && !int8) add(&pre[T_COMP], -1, weights16, hw->dequant_bdw), add(&gen[T_COMP], -1, weights16, hw->dequant_bdw);
+        if (w->compress_cache) add(&pre[T_COMP], -1, cache_pre / kv, hw->dequant_bdw), add(&gen[T_COMP], -1, cache_gen / kv, hw->dequant_bdw);
     }
     /* beyond A.3: each GPU batch reads the layer's working weights: fp16, or on the CPU backend
      * the 4-bit bytes its products read as they are */
     if (hw->mem_bdw > 0) {
         double working = (8 * h1 * h1 + 4 * h1 * h2) * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
-        add(&p[T_COMP], -1, w->ngb * working, hw->mem_bdw), add(&g[T_COMP], -1, w->ngb * working, hw->mem_bdw);
+        add(&pre[T_COMP], -1, w->ngb * working, hw->mem_bdw), add(&gen[T_COMP], -1, w->ngb * working, hw->mem_bdw);
     }
     /* the output layer, once per generated token: logits of the block's last tokens */
     m->head = 2 * bls * c->vocab * (double)c->word_dim / hw->mm_flops_g;
@@ -604,10 +604,10 @@ static int solve_shape(search *S, candidate *cd, char *err) {
 }
 
 /* Integer percentages near the fractions on the gpu and cpu tiers, the pair at most 100. */
-void fg_round_pair(double gpu, double cpu, int *g, int *c) {
-    *g = (int)lround(100 * gpu), *c = (int)lround(100 * cpu);
-    *g = *g < 0 ? 0 : *g > 100 ? 100 : *g;
-    *c = *c < 0 ? 0 : *c > 100 - *g ? 100 - *g : *c;
+void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct) {
+    *gpu_pct = (int)lround(100 * gpu), *cpu_pct = (int)lround(100 * cpu);
+    *gpu_pct = *gpu_pct < 0 ? 0 : *gpu_pct > 100 ? 100 : *gpu_pct;
+    *cpu_pct = *cpu_pct < 0 ? 0 : *cpu_pct > 100 - *gpu_pct ? 100 - *gpu_pct : *cpu_pct;
 }
 
 static fg_percent round_percent(const double x[N_X]) {
@@ -695,11 +695,11 @@ static int by_objective(const void *a, const void *b) {
 
 /* GPU batch sizes tried: 1, 2, 4, 8, then steps of a quarter of the power of two below
  * (multiples of 4, as §4.3 suggests: 12, 16, 20, ..., 32, 40, ..., 64, 80, ...). */
-static int next_gbs(int g) {
-    if (g < 8) return 2 * g;
+static int next_gbs(int gbs) {
+    if (gbs < 8) return 2 * gbs;
     int p = 1;
-    while (2 * p <= g) p *= 2;
-    return g + p / 4;
+    while (2 * p <= gbs) p *= 2;
+    return gbs + p / 4;
 }
 
 enum { MAX_NGB = 32, MAX_GBS = 4096, MAX_SHRINK = 16 };
