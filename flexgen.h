@@ -90,96 +90,9 @@ typedef struct {
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing, char *err);
 
-/* ---- Linear programs (lp.c, §4.3): minimize c.x subject to A_i . x {<=, =, >=} b_i, x >= 0 ---- */
-typedef enum { LP_LE, LP_EQ, LP_GE } lp_sense;
-typedef enum { LP_OPTIMAL, LP_INFEASIBLE, LP_UNBOUNDED } lp_status;
-typedef struct {
-    int n_vars, n_rows;
-    const double *c, *A;     /* [n_vars], [n_rows][n_vars] row-major */
-    const lp_sense *sense; const double *b; /* [n_rows] */
-} lp_problem;
-/* x and *objective are set on LP_OPTIMAL; -1 (err) only for invalid input or no memory. */
-int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
-
-/* ---- The cost model (lp.c, §4.3, Appendix A.3), in the paper's symbols ---- */
-/* A machine's constants (Table 7), bytes/s and FLOP/s (support/profile.c reads and writes them). */
-typedef struct {
-    double ctog_bdw, gtoc_bdw_cache, gtoc_bdw_hidden, dtoc_bdw;
-    double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g; /* cpu -> disk */
-    double mm_flops_p, mm_flops_g, bmm_flops_p, bmm_flops_g; /* prefill / decode */
-    double cpu_flops;  /* CPU attention (delegation) */
-    double dequant_bdw, mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
-    double mm_flops_int8_p, mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
-    int gpu_is_host;    /* the gpu tier is host memory (the CPU backend) */
-} fg_hardware;
-
-enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X }; /* the placement x */
-enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, N_TERMS };           /* a layer's latencies */
-extern const char *const fg_cost_term_names[N_TERMS];
-typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant + coef . x */
-
-typedef struct {
-    int s, n, gbs, ngb, s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
-    int cpu_cache_compute, compress_weight, compress_cache, int8; /* int8: --int8-activations */
-    int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
-} fg_workload;
-
-/* A layer's terms in prefill and decode, and the output layer of one token (head). */
-typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; double head; } fg_cost_model;
-void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
-                         fg_cost_model *m);
-double fg_linear_eval(const fg_linear *f, const double x[N_X]);
-/* T / bls, the seconds per sequence of the block for placement x; T_pre and T_gen if not NULL. */
-double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
-                         const double x[N_X], double *t_pre, double *t_gen);
-/* Each tier's peak bytes, linear in x, in the runtime's accounting, for one case of where the
- * weights may go: all on the gpu tier, in memory, or any tier (lp.c explains). */
-enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
-typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
-void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
-                           int weights, fg_memory_model *mm);
-int fg_weights_case(const double x[N_X], int staged_q4);
-
-/* This runtime's verdict on policy p (flexgen.c's fg_runtime_check, handed to the search): the
- * plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */
-typedef int (*fg_plan_check)(const opt_config *model, uint64_t seed, const fg_policy *p,
-                             int sequences, int s, int n, int check, double x[N_X], fg_stats *st,
-                             char *err);
-int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
-                     int s, int n, int check, double x[N_X], fg_stats *st, char *err);
-void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
-
-/* ---- The policy search (lp.c, §4.3) ---- */
-typedef struct {
-    int s, n, s_mean;     /* longest prompt, tokens generated each; the prompts' mean length (0: s) */
-    int max_block;        /* sequences there are: a block holds no more; 0: no bound */
-    double max_latency;   /* seconds one block may take (Fig. 1's latency); 0: no bound */
-    fg_plan_check check;  /* check each choice with this runtime's plan; NULL for another machine */
-    fg_plan_check place;  /* for another machine: the placement a policy realizes there */
-    uint64_t seed;        /* of the dummy weights */
-    int gbs, ngb;         /* > 0: the block shape is given; only the placement is searched */
-} fg_search_request;
-
-typedef struct {
-    fg_policy policy;     /* the choice */
-    double x[N_X];        /* the placement it realizes */
-    fg_workload workload;
-    fg_cost_model cost;
-    double t_pre, t_gen, block_latency, throughput; /* predicted */
-    int lps, checks;      /* LPs solved and plans checked */
-    double seconds;       /* the search's own time */
-} fg_search_result;
-
-int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
-                     const fg_search_request *req, fg_search_result *out, char *err);
-int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
-                       const fg_search_request *req, fg_search_result *out, char *err);
-/* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
-void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct);
-
 /* ============================================================================================
- * The runtime's state (flexgen.c, §4.1, §4.2), as the pipeline's stage hooks (pipeline.c), the
- * profiler and the trace see it. flexgen.c's top comment walks through it.
+ * The runtime's state (flexgen.c, §4.1, §4.2): what the loop of Fig. 4 reads, and what the
+ * pipeline's stage hooks (support/pipeline.c) and the profiler see of it.
  * ============================================================================================ */
 
 typedef struct stage_hooks stage_hooks;
@@ -367,5 +280,92 @@ struct stage_hooks {
     void (*end_round)(block *bl);
 };
 extern const stage_hooks fg_single_stage; /* one process: every hook does nothing (stage.c) */
+
+/* ---- Linear programs (lp.c, §4.3): minimize c.x subject to A_i . x {<=, =, >=} b_i, x >= 0 ---- */
+typedef enum { LP_LE, LP_EQ, LP_GE } lp_sense;
+typedef enum { LP_OPTIMAL, LP_INFEASIBLE, LP_UNBOUNDED } lp_status;
+typedef struct {
+    int n_vars, n_rows;
+    const double *c, *A;     /* [n_vars], [n_rows][n_vars] row-major */
+    const lp_sense *sense; const double *b; /* [n_rows] */
+} lp_problem;
+/* x and *objective are set on LP_OPTIMAL; -1 (err) only for invalid input or no memory. */
+int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
+
+/* ---- The cost model (lp.c, §4.3, Appendix A.3), in the paper's symbols ---- */
+/* A machine's constants (Table 7), bytes/s and FLOP/s (support/profile.c reads and writes them). */
+typedef struct {
+    double ctog_bdw, gtoc_bdw_cache, gtoc_bdw_hidden, dtoc_bdw;
+    double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g; /* cpu -> disk */
+    double mm_flops_p, mm_flops_g, bmm_flops_p, bmm_flops_g; /* prefill / decode */
+    double cpu_flops;  /* CPU attention (delegation) */
+    double dequant_bdw, mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
+    double mm_flops_int8_p, mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
+    int gpu_is_host;    /* the gpu tier is host memory (the CPU backend) */
+} fg_hardware;
+
+enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X }; /* the placement x */
+enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, N_TERMS };           /* a layer's latencies */
+extern const char *const fg_cost_term_names[N_TERMS];
+typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant + coef . x */
+
+typedef struct {
+    int s, n, gbs, ngb, s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
+    int cpu_cache_compute, compress_weight, compress_cache, int8; /* int8: --int8-activations */
+    int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
+} fg_workload;
+
+/* A layer's terms in prefill and decode, and the output layer of one token (head). */
+typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; double head; } fg_cost_model;
+void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                         fg_cost_model *m);
+double fg_linear_eval(const fg_linear *f, const double x[N_X]);
+/* T / bls, the seconds per sequence of the block for placement x; T_pre and T_gen if not NULL. */
+double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
+                         const double x[N_X], double *t_pre, double *t_gen);
+/* Each tier's peak bytes, linear in x, in the runtime's accounting, for one case of where the
+ * weights may go: all on the gpu tier, in memory, or any tier (lp.c explains). */
+enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
+typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
+void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                           int weights, fg_memory_model *mm);
+int fg_weights_case(const double x[N_X], int staged_q4);
+
+/* This runtime's verdict on policy p (flexgen.c's fg_runtime_check, handed to the search): the
+ * plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */
+typedef int (*fg_plan_check)(const opt_config *model, uint64_t seed, const fg_policy *p,
+                             int sequences, int s, int n, int check, double x[N_X], fg_stats *st,
+                             char *err);
+int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+                     int s, int n, int check, double x[N_X], fg_stats *st, char *err);
+void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
+
+/* ---- The policy search (lp.c, §4.3) ---- */
+typedef struct {
+    int s, n, s_mean;     /* longest prompt, tokens generated each; the prompts' mean length (0: s) */
+    int max_block;        /* sequences there are: a block holds no more; 0: no bound */
+    double max_latency;   /* seconds one block may take (Fig. 1's latency); 0: no bound */
+    fg_plan_check check;  /* check each choice with this runtime's plan; NULL for another machine */
+    fg_plan_check place;  /* for another machine: the placement a policy realizes there */
+    uint64_t seed;        /* of the dummy weights */
+    int gbs, ngb;         /* > 0: the block shape is given; only the placement is searched */
+} fg_search_request;
+
+typedef struct {
+    fg_policy policy;     /* the choice */
+    double x[N_X];        /* the placement it realizes */
+    fg_workload workload;
+    fg_cost_model cost;
+    double t_pre, t_gen, block_latency, throughput; /* predicted */
+    int lps, checks;      /* LPs solved and plans checked */
+    double seconds;       /* the search's own time */
+} fg_search_result;
+
+int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+                     const fg_search_request *req, fg_search_result *out, char *err);
+int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
+                       const fg_search_request *req, fg_search_result *out, char *err);
+/* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
+void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct);
 
 #endif

@@ -1,7 +1,8 @@
 /* support/support.h: what the paper's files take from the support layer, the one support header
  * they include: error lines and small services, fp16, the fast kernels (SIMD twins and the CPU's
- * products), the checkpoint's weight table and dummy weights, sampling, the trace; and the
- * runtime's state (flexgen.c) that the pipeline's stage hooks and the trace read.
+ * products), the checkpoint's weight table and dummy weights, the disk tier's mapped files, the
+ * KV cache's pages, the I/O threads, sampling, the trace. It builds on model.h alone: nothing here
+ * knows the runtime (flexgen.h), so the support files beneath it never call back up into it.
  */
 #ifndef FLEXGEN_SUPPORT_H
 #define FLEXGEN_SUPPORT_H
