@@ -164,7 +164,7 @@ def prepared(tmp, key, root, path, edit, make_args, built):
 
 def graded(tree, label, suite, env):
     """Runs the suite on the changed tree; 0 when it fails as it should, 1 when not."""
-    r = subprocess.run(['timeout', '600', './build/test_flexgen', suite], cwd=tree,
+    r = subprocess.run(['timeout', '1200', './build/test_flexgen', suite], cwd=tree,
                        env=dict(os.environ, FLEXGEN_BIN='./flexgen', **env),
                        capture_output=True, text=True)
     failures = [l.strip() for l in r.stdout.splitlines() if re.match(r'\s+\d+\. ', l)]

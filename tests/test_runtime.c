@@ -1034,6 +1034,40 @@ static fg_model *placed_model(const opt_config *cfg, int wg, int wc, fg_runtime 
     return m;
 }
 
+/* How many of m's tensors are on another tier than FlexGen's rule puts them at --percent wg wc
+ * (every tensor with a home of its own is checked, by name, its layer and size against the
+ * config's), with a line in what saying which and the first (or that all agree). */
+static int rule_mismatches(const opt_config *c, const fg_model *m, int wg, int wc, char *what, size_t len_what) {
+    int checked = 0, wrong = 0, own = 0;
+    char first[300] = "";
+    for (int j = 0; j < c->n_layers + 2; j++) {
+        weight_spec lists[2][8];
+        int len[2], n_lists = flexgen_lists(c, j, lists, len);
+        for (int l = 0; l < n_lists; l++) {
+            fg_tier tier[8];
+            double mid[8];
+            flexgen_homes(lists[l], len[l], wg, wc, tier, mid);
+            for (int s = 0; s < len[l]; s++) {
+                int i = tensor_named(m, lists[l][s].name);
+                int ok = i >= 0 && m->layout.tensors[i].layer == j &&
+                         (double)m->layout.tensors[i].count == lists[l][s].size;
+                EXPECT(ok, "%s: tensor %s of layer %d with %.0f elements: the runtime's table has %s", c->name,
+                       lists[l][s].name, j, lists[l][s].size, i < 0 ? "no such tensor" : "another layer or size");
+                if (!ok) continue;
+                checked++;
+                if (m->homes[i].tier != tier[s] && !wrong++)
+                    snprintf(first, sizeof first, "%s (midpoint %.2f%% of its list): expected %s, got %s",
+                             lists[l][s].name, mid[s], fg_tier_names[tier[s]], fg_tier_names[m->homes[i].tier]);
+            }
+        }
+    }
+    for (int i = 0; i < m->layout.n_tensors; i++) own += m->layout.tensors[i].tied_to < 0;
+    EXPECT(checked == own, "%s: %d tensors with a home of their own, %d checked", c->name, own, checked);
+    snprintf(what, len_what, "%d of %d tensors on another tier than FlexGen's rule puts them%s%s", wrong, checked,
+             wrong ? "; the first: " : "", first);
+    return wrong;
+}
+
 /* Every tensor's home tier, on OPT's real layer shapes (opt-125m, post-LN opt-350m with its
  * projections, opt-6.7b) at mixed percentages, against FlexGen's rule as written above. At 20 80
  * (hand-worked: out_proj's midpoint is at about 87.5% of the attention's elements, fc2's at 75%
@@ -1051,35 +1085,9 @@ static void test_placement_rule(void) {
             fg_runtime *rt;
             fg_model *m = placed_model(&c, wg, wc, &rt);
             if (!m) continue;
-            int checked = 0, wrong = 0, own = 0;
-            char first[400] = "";
-            for (int j = 0; j < c.n_layers + 2; j++) {
-                weight_spec lists[2][8];
-                int len[2], n_lists = flexgen_lists(&c, j, lists, len);
-                for (int l = 0; l < n_lists; l++) {
-                    fg_tier tier[8];
-                    double mid[8];
-                    flexgen_homes(lists[l], len[l], wg, wc, tier, mid);
-                    for (int s = 0; s < len[l]; s++) {
-                        int i = tensor_named(m, lists[l][s].name);
-                        int ok = i >= 0 && m->layout.tensors[i].layer == j &&
-                                 (double)m->layout.tensors[i].count == lists[l][s].size;
-                        EXPECT(ok, "%s: tensor %s of layer %d with %.0f elements: the runtime's table has %s",
-                               models[mi], lists[l][s].name, j, lists[l][s].size,
-                               i < 0 ? "no such tensor" : "another layer or size");
-                        if (!ok) continue;
-                        checked++;
-                        if (m->homes[i].tier != tier[s] && !wrong++)
-                            snprintf(first, sizeof first, "%s (midpoint %.2f%% of its list): expected %s, got %s",
-                                     lists[l][s].name, mid[s], fg_tier_names[tier[s]],
-                                     fg_tier_names[m->homes[i].tier]);
-                    }
-                }
-            }
-            for (int i = 0; i < m->layout.n_tensors; i++) own += m->layout.tensors[i].tied_to < 0;
-            EXPECT(wrong == 0, "%s at --percent %d %d: %d of %d tensors on another tier than FlexGen's rule "
-                   "puts them; the first: %s", models[mi], wg, wc, wrong, checked, first);
-            EXPECT(checked == own, "%s: %d tensors with a home of their own, %d checked", models[mi], own, checked);
+            char first[400];
+            int wrong = rule_mismatches(&c, m, wg, wc, first, sizeof first);
+            EXPECT(wrong == 0, "%s at --percent %d %d: %s", models[mi], wg, wc, first);
             if (wg == 20 && (wc == 80 || wc == 30)) {
                 static const struct { const char *suffix; fg_tier at80, at30; } hand[] = {
                     {"self_attn.q_proj.weight", TIER_CPU, TIER_DISK},
@@ -1131,6 +1139,18 @@ static void flexgen_weight_shares(const opt_config *c, int wg, int wc, double sh
  * lab sheet shows: --percent 20 80 in blocks of 4 x 28 (tiers taken gpu first, the search
  * recommends 32 68 in blocks of 8 x 11, whose weights the rule puts 40.5% on the gpu tier). */
 static void test_placement_policy(void) {
+    opt_config c;
+    char e[FG_ERR_LEN], what[400];
+    CU_ASSERT_EQUAL_FATAL(opt_config_by_name("opt-6.7b", &c, e), 0);
+    /* a runtime that does not place by the rule fails here, before a search that could take
+     * minutes to find that nothing fits */
+    fg_runtime *rt;
+    fg_model *m = placed_model(&c, 20, 80, &rt);
+    int wrong = m ? rule_mismatches(&c, m, 20, 80, what, sizeof what) : 1;
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    EXPECT(wrong == 0, "opt-6.7b at --percent 20 80: %s; the policy search not run", m ? what : "not opened");
+    if (wrong) return;
     char *out = NULL, *err = NULL;
     int rc = run_flexgen(ARGS("policy", "--model", "opt-6.7b", "--hw", "hardware/t4-flexgen.json", "--gpu-mem", "8G",
                               "--cpu-mem", "16G", "--disk-mem", "100G", "--prompt-len", "128", "--gen-len", "32"),
@@ -1145,9 +1165,6 @@ static void test_placement_policy(void) {
                  sscanf(placed, "placement (gpu/cpu/disk %%): weights %lf/%lf/%lf", &shown[0], &shown[1], &shown[2]) == 3;
     EXPECT(parsed, "flexgen policy: expected a policy line and a placement line, got: %s", out ? out : "");
     if (parsed) {
-        opt_config c;
-        char e[FG_ERR_LEN];
-        CU_ASSERT_EQUAL_FATAL(opt_config_by_name("opt-6.7b", &c, e), 0);
         flexgen_weight_shares(&c, wg, wc, share);
         int off = 0;
         for (int t = 0; t < N_TIERS; t++) off += fabs(shown[t] - 100 * share[t]) > 0.5;
