@@ -3,11 +3,13 @@
 builds with WERROR= (an emptied function leaves unused helpers), runs the suite that grades it,
 and prints that suite's first failure lines. Every exercise must fail its suite with a line that
 says what was expected and what came, not pass and not crash. Then the same for the wrong
-versions that an emptied body does not stand for: a function written almost right, with the
-one mistake its suite must still catch (synchronize before compute, a clamp left out).
+versions (at least three a function): a function written almost right, with one of the mistakes
+a student is likely to make, which its suite must still catch (the tiers taken in the wrong
+order, synchronize before compute, a clamp left out, ...).
 
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
-(about 5 minutes for all on 2 cores; the copies go to a temporary directory, removed after)."""
+(a build and a suite run per check: half an hour or more for all on 2 cores, a minute or two a
+check; the copies go to a temporary directory, removed after)."""
 import os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments
