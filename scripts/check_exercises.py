@@ -8,8 +8,8 @@ a student is likely to make, which its suite must still catch (the tiers taken i
 order, synchronize before compute, a clamp left out, ...).
 
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
-(a build and a suite run per check: half an hour or more for all on 2 cores, a minute or two a
-check; the copies go to a temporary directory, removed after)."""
+(a build and a suite run per check: about 10 minutes for all on 2 idle cores, much longer on a
+busy machine; the copies go to a temporary directory, removed after)."""
 import os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments
