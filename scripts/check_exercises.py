@@ -3,11 +3,13 @@
 builds with WERROR= (an emptied function leaves unused helpers), runs the suite that grades it,
 and prints that suite's first failure lines. Every exercise must fail its suite with a line that
 says what was expected and what came, not pass and not crash. Then the same for the wrong
-versions that an emptied body does not stand for: a function written almost right, with the
-one mistake its suite must still catch (synchronize before compute, a clamp left out).
+versions (at least three a function): a function written almost right, with one of the mistakes
+a student is likely to make, which its suite must still catch (the tiers taken in the wrong
+order, synchronize before compute, a clamp left out, ...).
 
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
-(about 5 minutes for all on 2 cores; the copies go to a temporary directory, removed after)."""
+(a build and a suite run per check: about 10 minutes for all on 2 idle cores, much longer on a
+busy machine; the copies go to a temporary directory, removed after)."""
 import os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments
@@ -22,16 +24,97 @@ EXERCISES = [
     ('block_schedule', 'flexgen.c', '', 'model', {}, []),
     ('block_schedule', 'flexgen.c', '', 'runtime', {}, []),
     # nvcc keeps warnings errors: NVCC= builds without the CUDA backend, as the Grade line says
-    ('q4_value', 'flexgen.h', '    return 0;\n', 'quant', {}, ['NVCC=']),
+    ('q4_value', 'model.h', '    return 0;\n', 'quant', {}, ['NVCC=']),
 ]
 
-# function, file, what is wrong, (pattern, replacement) in the function's body, suite, environment
+# function, file, what is wrong, (pattern, replacement) in the function's body, suite, environment.
+# Each is a mistake a student is likely to make; the patterns match the statement that goes wrong
+# (an expression, a comparison, a call), not the names of the variables around it.
+NO_SIMD = {'FLEXGEN_NO_SIMD': '1'}
 WRONG_VERSIONS = [
-    ('block_schedule', 'flexgen.c', 'synchronize before compute',
-     (r'(\s*)compute\(bl, now\);(\s*)synchronize\(bl, now\);', r'\1synchronize(bl, now);\2compute(bl, now);'),
-     'runtime', {}),
+    # 1. compress_group
+    ('compress_group', 'quant.c', 'rounding by truncation, not to the nearest level',
+     (r'\s*\+\s*0\.5f', ''), 'quant', NO_SIMD),
+    ('compress_group', 'quant.c', 'the nibbles of a pair swapped (the first in the low nibble)',
+     (r'\(uint8_t\)\((\w+)\[0\] << 4 \| \1\[1\]\)', r'(uint8_t)(\1[1] << 4 | \1[0])'), 'quant', NO_SIMD),
+    ('compress_group', 'quant.c', 'one value past the partial last group packed (e > n)',
+     (r'if \((\w+) >= (\w+)\) break;', r'if (\1 > \2) break;'), 'quant', NO_SIMD),
+    ('compress_group', 'quant.c', 'the range of a partial last group taken over 64 values',
+     (r'(\w+) < n && !(\w+); \1\+\+', r'\1 < Q4_GROUP && !\2; \1++'), 'quant', NO_SIMD),
+    # 2. decode_groups_scalar
+    ('decode_groups_scalar', 'quant.c', 'the nibbles of a pair swapped',
+     (r'\((\w+) % 2 \? 0 : 4\)', r'(\1 % 2 ? 4 : 0)'), 'quant', NO_SIMD),
+    ('decode_groups_scalar', 'quant.c', 'the partial last group left out',
+     (r'(\w+) \* Q4_GROUP < (\w+);', r'(\1 + 1) * Q4_GROUP <= \2;'), 'quant', NO_SIMD),
+    ('decode_groups_scalar', 'quant.c', 'the low nibble not masked',
+     (r' & 15\)', ')'), 'quant', NO_SIMD),
+    # 3. topk_keep
+    ('topk_keep', 'quant.c', 'ties to the later index',
+     (r'for \(int (\w+) = 0; \1 < n; \1\+\+\)(\s*)if \((.*)\) keep\[(\w+)\+\+\] = \1;',
+      r'for (int \1 = n - 1; \1 >= 0; \1--)\2if (\3) keep[\4++] = \1;\n'
+      r'    for (int a = 0, b = \4 - 1; a < b; a++, b--) { int s = keep[a]; keep[a] = keep[b]; keep[b] = s; }'),
+     'compress', {}),
+    ('topk_keep', 'quant.c', 'every value equal to the threshold kept',
+     (r'\|\| \(w\[(\w+)\] == (\w+) && \w+-- > 0\)', r'|| w[\1] == \2'), 'compress', {}),
+    ('topk_keep', 'quant.c', 'one tie too many kept (ties-- >= 0)',
+     (r'(\w+)-- > 0', r'\1-- >= 0'), 'compress', {}),
+    ('topk_keep', 'quant.c', 'the values above the threshold counted with >=',
+     (r'\+= w\[(\w+)\] > (\w+);', r'+= w[\1] >= \2;'), 'compress', {}),
+    # 4. place_tensors
+    ('place_tensors', 'flexgen.c', 'the tiers taken in the order gpu, cpu, disk',
+     (r'(\w+)\s*<\s*(\w+)\s*\?\s*TIER_DISK\s*:\s*\1\s*<\s*(\w+)\s*\?\s*TIER_CPU\s*:\s*TIER_GPU',
+      r'\1 < 100 - \3 ? TIER_GPU : \1 < 100 - \2 ? TIER_CPU : TIER_DISK'), 'runtime', {}),
+    ('place_tensors', 'flexgen.c', "a tensor's start, not its midpoint",
+     (r'\(\s*([\w>.-]+)\s*\+\s*([\w>.\[\]-]+)\s*/\s*2(?:\.0)?\s*\)', r'(\1)'), 'runtime', {}),
+    ('place_tensors', 'flexgen.c', "a tensor's end, not its midpoint",
+     (r'\(\s*([\w>.-]+)\s*\+\s*([\w>.\[\]-]+)\s*/\s*2(?:\.0)?\s*\)', r'(\1 + \2)'), 'runtime', {}),
+    # 5. decode_attention_terms
+    ('decode_attention_terms', 'lp.c', 'the disk share of the cache left out (k < X_CN)',
+     (r'<= X_CN', '< X_CN'), 'cost', {}),
+    ('decode_attention_terms', 'lp.c', "delegated attention at the compute device's rate",
+     (r'hw->cpu_flops', 'hw->bmm_flops_g'), 'cost', {}),
+    ('decode_attention_terms', 'lp.c', 'the new rows not carried back (no gpu -> cpu term)',
+     (r'\n[^\n]*add\(&\w+\[T_GTOC\][^\n]*', ''), 'cost', {}),
+    ('decode_attention_terms', 'lp.c', "the new rows carried back at the hidden states' rate",
+     (r'gtoc_bdw_cache', 'gtoc_bdw_hidden'), 'cost', {}),
+    # 6. pivot
     ('pivot', 'lp.c', 'the right-hand side clamp removed',
      (r'\n[^\n]*if \((?:rp|row)\[t->n\] <= t->eps_b\)[^\n]*', ''), 'lp', {}),
+    ('pivot', 'lp.c', 'the pivot row not divided',
+     (r'\n[^\n]*\*= *\w+;', ''), 'lp', {}),
+    ('pivot', 'lp.c', 'the pivot row divided in place by its own entry (rp[j] /= rp[q])',
+     (r'(\w+)\[(\w+)\] \*= *\w+;', r'\1[\2] /= \1[q];'), 'lp', {}),
+    ('pivot', 'lp.c', 'the reduced costs not updated',
+     (r'\n[^\n]*eliminate\(t->d,[^\n]*', ''), 'lp', {}),
+    ('pivot', 'lp.c', 'the new basic variable not recorded',
+     (r'\n[^\n]*->basis\[\w+\] = \w+;', ''), 'lp', {}),
+    # 7. phase1_costs
+    ('phase1_costs', 'lp.c', 'the sum added, not subtracted',
+     (r'(->d\[\w+\]) -= ', r'\1 += '), 'lp', {}),
+    ('phase1_costs', 'lp.c', 'the rows whose basic variable is not an artificial summed',
+     (r'(basis\[\w+\]) == ART', r'\1 != ART'), 'lp', {}),
+    ('phase1_costs', 'lp.c', 'each artificial row assigned, not summed',
+     (r'(->d\[\w+\]) -= ', r'\1 = -'), 'lp', {}),
+    # 8. block_schedule
+    ('block_schedule', 'flexgen.c', 'synchronize before compute',
+     (r'(\s*)compute\((\w+), (\w+)\);(\s*)synchronize\(\2, \3\);', r'\1synchronize(\2, \3);\4compute(\2, \3);'),
+     'runtime', {}),
+    ('block_schedule', 'flexgen.c', "this iteration's results stored before its compute, not the previous one's",
+     (r'(?s)(\w+) = before\((\w+), (\w+)\)(.*?)store_activation\(\2, \1\);(\s*)store_cache\(\2, \1\);',
+      r'\1 = before(\2, \3)\4store_activation(\2, \3);\5store_cache(\2, \3);'), 'model', {}),
+    ('block_schedule', 'flexgen.c', "this iteration's cache and activations loaded, not the next one's",
+     (r'(?s)(\w+) = after\((\w+), (\w+)\)(.*?)load_cache\(\2, \1\);(\s*)load_activation\(\2, \1\);',
+      r'\1 = after(\2, \3)\4load_cache(\2, \3);\5load_activation(\2, \3);'), 'model', {}),
+    ('block_schedule', 'flexgen.c', 'the next iteration loaded after compute',
+     (r'(\s*)(load_cache\((\w+), \w+\);\s*load_activation\(\3, \w+\);)(\s*)(compute\(\3, \w+\);)',
+      r'\1\5\4\2'), 'runtime', {}),
+    # 9. q4_value
+    ('q4_value', 'model.h', 'the nibbles of a pair swapped',
+     (r'\((\w+) % 2 \? 0 : 4\)', r'(\1 % 2 ? 4 : 0)'), 'quant', {}),
+    ('q4_value', 'model.h', 'the groups counted rounding down',
+     (r'\((\w+) \+ Q4_GROUP - 1\) / Q4_GROUP', r'\1 / Q4_GROUP'), 'quant', {}),
+    ('q4_value', 'model.h', "min and scale indexed by the group alone, not the column's",
+     (r'(\w+)\[(\w+) \* inner \+ \w+\]\)', r'\1[\2])'), 'quant', {}),
 ]
 
 
@@ -83,7 +166,7 @@ def prepared(tmp, key, root, path, edit, make_args, built):
 
 def graded(tree, label, suite, env):
     """Runs the suite on the changed tree; 0 when it fails as it should, 1 when not."""
-    r = subprocess.run(['timeout', '600', './build/test_flexgen', suite], cwd=tree,
+    r = subprocess.run(['timeout', '1200', './build/test_flexgen', suite], cwd=tree,
                        env=dict(os.environ, FLEXGEN_BIN='./flexgen', **env),
                        capture_output=True, text=True)
     failures = [l.strip() for l in r.stdout.splitlines() if re.match(r'\s+\d+\. ', l)]
@@ -102,14 +185,15 @@ def main():
     only = sys.argv[1:]
     checks = [(name, path, 'emptied', lambda t, n=name, b=body: emptied(t, n, b), suite, env, args)
               for name, path, body, suite, env, args in EXERCISES]
-    checks += [(name, path, 'with ' + what, lambda t, n=name, c=change: wrong_version(t, n, c), suite, env, [])
-               for name, path, what, change, suite, env in WRONG_VERSIONS]
+    make_args = {name: args for name, path, body, suite, env, args in EXERCISES}
+    checks += [(name, path, 'with ' + what, lambda t, n=name, c=change: wrong_version(t, n, c), suite, env,
+                make_args[name]) for name, path, what, change, suite, env in WRONG_VERSIONS]
     checks = [c for c in checks if not only or c[0] in only]
     bad, built = 0, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, path, what, edit, suite, env, args in checks:
             key = '%s %s' % (name, what)
-            tree = prepared(tmp, key.replace(' ', '-'), root, path, edit, args, built)
+            tree = prepared(tmp, re.sub(r'[^\w.-]+', '-', key), root, path, edit, args, built)
             bad += graded(tree, key, suite, env) if tree else 1
     print('%d checks, %d not graded as they should be' % (len(checks), bad))
     sys.exit(1 if bad else 0)

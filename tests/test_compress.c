@@ -438,7 +438,11 @@ static void plain_sparse(const float *q, const float *K, const float *V, int nk,
         for (int d = 0; d < hd; d++) out[d] += scores[order[i]] * V[order[i] * hd + d];
 }
 
-static void check_sparse(int q4) {
+/* Sparse decode attention against plain_sparse, on random keys, or (tied) on keys that repeat
+ * rows 0, 1 and 2 of the cache (key j is key j % 3): the weights of the 36 earlier keys then take
+ * three values, 12 keys each, and every top-K below cuts through a tie, which goes to the
+ * earlier keys (their V rows differ). */
+static void check_sparse(int q4, int tied) {
     enum { NK = 37, HEADS = 2, HD = 16, H = HEADS * HD };
     float q[HD], K[NK * HD], V[NK * HD], out[HD], ref[HD], scratch[3 * NK + HD], row[H];
     size_t row_bytes = q4 ? q4_bytes(HEADS, HD, 1) : 2 * H;
@@ -452,6 +456,7 @@ static void check_sparse(int q4) {
             char *dst = (kv ? vc : kc) + j * row_bytes;
             if (q4) q4_compress(row, HEADS, HD, 1, (uint8_t *)dst);
             else fp32_to_fp16_n(row, (fp16 *)dst, H);
+            if (tied && kv == 0 && j >= 3) memcpy(dst, kc + (j % 3) * row_bytes, row_bytes);
             float back[H];
             if (q4) q4_decompress((const uint8_t *)dst, HEADS, HD, 1, back);
             else fp16_to_fp32_n((const fp16 *)dst, back, H);
@@ -465,24 +470,26 @@ static void check_sparse(int q4) {
         int read = opt_attend_decode(q, &kr, &vr, NK, 1 / sqrtf((float)HD), F, scratch, out);
         plain_sparse(q, K, V, NK, HD, F, ref);
         int keep = (int)floorf(F * (NK - 1)), want = keep + 1;
-        EXPECT(read == want, "%s cache, F = %g, %d keys: V rows read: expected %d (the top "
+        EXPECT(read == want, "%s cache%s, F = %g, %d keys: V rows read: expected %d (the top "
                "floor(F (keys - 1)) = %d earlier keys and the new one), got %d",
-               q4 ? "4-bit" : "fp16", F, NK, want, keep, read);
+               q4 ? "4-bit" : "fp16", tied ? " with tied keys" : "", F, NK, want, keep, read);
         float worst = 0, scale = 0;
         int at = 0;
         for (int d = 0; d < HD; d++) {
             if (fabsf(out[d] - ref[d]) > worst) worst = fabsf(out[d] - ref[d]), at = d;
             scale = fmaxf(scale, fabsf(ref[d]));
         }
-        EXPECT(worst <= 1e-6f * scale, "%s cache, F = %g: attention output [%d]: expected %g (a top-K "
-               "written out in the test), got %g", q4 ? "4-bit" : "fp16", F, at, ref[at], out[at]);
+        EXPECT(worst <= 1e-6f * scale, "%s cache%s, F = %g: attention output [%d]: expected %g (a top-K "
+               "written out in the test, ties to the earlier key), got %g", q4 ? "4-bit" : "fp16",
+               tied ? " with tied keys" : "", F, at, ref[at], out[at]);
     }
     free(kc);
     free(vc);
 }
 
-static void test_sparse_fp16(void) { check_sparse(0); }
-static void test_sparse_q4(void) { check_sparse(1); }
+static void test_sparse_fp16(void) { check_sparse(0, 0); }
+static void test_sparse_q4(void) { check_sparse(1, 0); }
+static void test_sparse_ties(void) { check_sparse(0, 1), check_sparse(1, 1); }
 
 /* In the runtime: F = 1 is the dense attention, bit for bit; F < 1 gives the same bits in every
  * placement; with the cache on the cpu tier only the kept V rows cross the cpu -> gpu link,
@@ -615,6 +622,7 @@ void add_compress_tests(void) {
     CU_add_test(s, "sparse attention: the same result however prompts are grouped into blocks",
                 test_sparse_grouping);
     CU_add_test(s, "sparse attention equals a plain top-K, 4-bit cache", test_sparse_q4);
+    CU_add_test(s, "sparse attention with tied weights keeps the earlier keys, exactly k", test_sparse_ties);
     CU_add_test(s, "sparse attention in the runtime: F = 1 is dense, same bits everywhere, V bytes",
                 test_sparse_runtime);
 }

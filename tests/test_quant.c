@@ -102,11 +102,13 @@ static void test_constant_groups(void) {
 }
 
 /* The layout: a group of 0..15 twice (min 0, scale 1) packs element 2p in the high nibble;
- * min and scale follow all the nibbles; the partial last group's padding nibbles are 0. */
+ * min and scale follow all the nibbles; the partial last group's padding nibbles are 0. The
+ * array holding the tensor goes on past its end with values far outside its range (1000), which
+ * neither the partial last group's range nor its padding nibbles may take in. */
 static void test_layout(void) {
     enum { LEN = 64 + 6 };
-    float x[LEN];
-    for (int e = 0; e < LEN; e++) x[e] = e < 64 ? (float)(e % 16) : 100 + 2 * (e - 64);
+    float x[128];
+    for (int e = 0; e < 128; e++) x[e] = e < 64 ? (float)(e % 16) : e < LEN ? 100 + 2 * (e - 64) : 1000;
     uint8_t q[2 * 36];
     CU_ASSERT_EQUAL_FATAL(q4_bytes(1, LEN, 1), sizeof q);
     q4_compress(x, 1, LEN, 1, q);
