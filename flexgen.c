@@ -3,19 +3,19 @@
  * function before its first use, so the file is built bottom-up; read it top-down from the loop,
  * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1250  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
- *  1135  step_begins              a block's step: tokens back, pages, first inputs; step_ends
- *  1110  load_weight              Fig. 4's load_weight; synchronize below it
- *  1037  compute                  layer j of GPU batch k on the backend
- *   890  load_cache               store_cache below it, then load_ and store_activation
- *  1442  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1247  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1132  step_begins              a block's step: tokens back, pages, first inputs; step_ends
+ *  1107  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1034  compute                  layer j of GPU batch k on the backend
+ *   887  load_cache               store_cache below it, then load_ and store_activation
+ *  1439  generate                 prompts in rounds of blocks (run_round), refill_slots
  *    52  tier_take                the tiers: every byte taken here, or refused
  *   116  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   182  place_tensors            each tensor's home tier, by FlexGen's rule
  *   325  load_weights_into_homes  the weights written into their homes, once
  *   440  load_weights             a layer read ahead, converted into a staging arena
  *   508  shape_block              a block's buffers per tier; fg_check_plan below it
- *   730  alloc_block              a block's KV cache and activations on the tiers
+ *   727  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -630,9 +630,6 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
     return 0;
 }
 
-/* The hooks at a stage's edges: a pipeline's (pipeline.c), or one process's (support/stage.c). */
-static const stage_hooks *stage_of(const fg_runtime *rt) { return rt->stage; }
-
 /* ============================================================================================
  * A block in flight (§4.1): its GPU batches, their KV cache and activations on the tiers
  * (homes, as shape_block sizes them), and the two staging arenas of the gpu tier that double-buffer
@@ -682,7 +679,7 @@ static void free_block(block *bl) {
     free(bl->prompt);
     free(bl->step);
     kv_pages_free(&bl->pages);
-    stage_of(rt)->close_block(bl);
+    rt->stage->close_block(bl);
     if (!bl->borrowed) {
         if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
         if (bl->has_delegated) tier_add(rt, TIER_CPU, -s->delegated);
@@ -772,7 +769,7 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, i
         bl->logits = shared->logits, bl->host_logits = shared->host_logits;
         for (int b = 0; b < 2; b++) bl->kv_stage[b] = shared->kv_stage[b], bl->x_stage[b] = shared->x_stage[b];
     }
-    if (stage_of(rt)->open_block(bl, shared, err) == 0) return 0;
+    if (rt->stage->open_block(bl, shared, err) == 0) return 0;
 fail:
     free_block(bl);
     return -1;
@@ -967,7 +964,7 @@ static void act_writeback_task(fg_runtime *rt, const io_task *task) {
  * arena; returns the task to wait for. The stage's first layer takes its input from the stage
  * hooks: in one process that is the input embedding, which reads token ids and needs none. */
 static uint64_t activation_in(block *bl, iteration it) {
-    if (it.j == bl->m->first_layer) return stage_of(bl->rt)->receive_activations(bl, it.k, it.arena);
+    if (it.j == bl->m->first_layer) return bl->rt->stage->receive_activations(bl, it.k, it.arena);
     io_task t = task_at(bl, it, act_fetch_task, "read activations");
     uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
     t.fn = act_in_task, t.name = "load activations", t.after_link = IO_DISK, t.after_seq = read;
@@ -992,7 +989,7 @@ static void load_input_now(block *bl, iteration now) {
 static void store_activation(block *bl, iteration it) {
     if (it.j < 0) return;
     if (it.j == bl->m->end_layer - 1) {
-        stage_of(bl->rt)->send_activations(bl, it.k, it.arena);
+        bl->rt->stage->send_activations(bl, it.k, it.arena);
         return;
     }
     io_task t = task_at(bl, it, act_out_task, "store activations");
@@ -1119,7 +1116,7 @@ static void load_weight(gen_run *run, int next_j, int k) {
  * and, after a layer's last GPU batch, the next layer's weights too. On a pipeline stage the
  * compute thread first waits for the next GPU batch's input to arrive (the bubble). */
 static void synchronize(block *bl, iteration now) {
-    const stage_hooks *stage = stage_of(bl->rt);
+    const stage_hooks *stage = bl->rt->stage;
     stage->await_input(bl, (now.k + 1) % bl->n_batches);
     io_sync(&bl->rt->io, now.k == bl->n_batches - 1);
     stage->input_taken(bl);
@@ -1135,7 +1132,7 @@ static void grow_pages(block *bl), choose_step_reads(gen_run *run, int t, int i)
 static int step_begins(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     if (bl->running && is_first_stage(run->m) && i > 0) tokens_of_last_step(run, t, i);
-    if (i == run->steps || !bl->running || !stage_of(run->m->rt)->step_input(bl)) return 0;
+    if (i == run->steps || !bl->running || !run->m->rt->stage->step_input(bl)) return 0;
     grow_pages(bl);
     choose_step_reads(run, t, i);
     load_first_iteration(bl);
@@ -1179,7 +1176,7 @@ static void load_first_iteration(block *bl) {
     load_cache(bl, start);
     activation_in(bl, start);
     io_sync(&bl->rt->io, 0);
-    stage_of(bl->rt)->input_taken(bl);
+    bl->rt->stage->input_taken(bl);
 }
 
 /* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
@@ -1236,7 +1233,7 @@ static void step_ends(gen_run *run, int t) {
     run->unit++;
     if (is_last_stage(m)) {
         sample_tokens(bl, run->opt, run->logits, run->scratch);
-        stage_of(m->rt)->tokens_out(bl, run->opt, run->out_tokens);
+        m->rt->stage->tokens_out(bl, run->opt, run->out_tokens);
     }
     for (int k = 0; k < bl->n_batches; k++) /* with refill, refill_slots lays the next step out */
         run->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new, gpu_batch_advance(&bl->gb[k]);
@@ -1313,7 +1310,7 @@ int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
 /* The first stage takes step i - 1's tokens of a block (chosen here with one stage, or come back
  * from the last stage) and sees whether any sequence runs on; a block that stopped is passed on. */
 static void tokens_back(gen_run *run, block *bl, int i) {
-    const stage_hooks *stage = stage_of(run->m->rt);
+    const stage_hooks *stage = run->m->rt->stage;
     stage->receive_tokens(bl, i - 1);
     for (int s = 0; s < bl->count; s++) run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
     bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0;
@@ -1432,7 +1429,7 @@ static void run_round(gen_run *run) {
     }
     for (int t = 0; t < run->P; t++) {
         block *bl = &run->blocks[t];
-        stage_of(m->rt)->end_round(bl);
+        m->rt->stage->end_round(bl);
         run->timing->bubble_seconds += bl->bubble, bl->bubble = 0;
         run->timing->compute_seconds += bl->compute_seconds, bl->compute_seconds = 0;
     }
@@ -1455,7 +1452,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     m->prompt_logits = opt->prompt_logits != NULL;
     if (rc == 0 && !(run.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &run.P, err))) rc = -1;
     if (rc == 0 && !(run.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
-    if (stage_of(rt)->agree(rt, rc, err)) { /* every stage is ready, or none starts */
+    if (rt->stage->agree(rt, rc, err)) { /* every stage is ready, or none starts */
         if (run.blocks) free_blocks(run.blocks, run.P);
         free(run.scratch);
         m->prompt_logits = 0;
