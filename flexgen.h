@@ -252,7 +252,8 @@ size_t batch_act_bytes(const block *bl, int k);
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
 
 /* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
- * process, flexgen.c's, which do nothing. */
+ * process, support/stage.c's, which do nothing (fg_runtime_open sets them; fg_pipeline_attach
+ * replaces them). */
 struct stage_hooks {
     /* every stage reached rc == 0 (0), or none goes on (-1, with the job's one line) */
     int (*agree)(fg_runtime *rt, int rc, char *err);
