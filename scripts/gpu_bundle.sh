@@ -123,7 +123,7 @@ mkdir -p "$TMP/debs" "$TMP/wheels"
 # `apt-cache depends`, what they depend on, leaving out what any machine with gcc has (glibc,
 # libgcc, libstdc++, libgomp, zlib) and the -dev packages that only static linking needs
 # (libglpk-dev's libgmp-dev, zlib1g-dev and libsuitesparse-dev: -lglpk links the shared library)
-ROOTS="libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev"
+ROOTS="libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev libsimde-dev"
 PRESENT=" libc6 libgcc-s1 gcc-12-base libgomp1 libstdc++6 zlib1g libgmp-dev zlib1g-dev libsuitesparse-dev "
 
 depends() { # PACKAGE: its Depends and Pre-Depends, the first of each group of alternatives

@@ -10,26 +10,28 @@
  * the kernel must keep the FMA units busy while the bytes stream in. Its blocking:
  *
  *   threads         each owns a contiguous run of 64-column blocks of y.
- *   cache blocking  a thread walks W in bands of KC = 64 rows (k), each band across its columns
- *                   in blocks of 64 x 64: 64 streams of W's rows that advance together, 128
- *                   bytes at a time, which the hardware's prefetcher follows (software prefetch,
- *                   a band ahead or a few blocks ahead, measured no faster).
- *   register tile   mr rows by 16 nv columns of y stay in mr x nv AVX registers while k runs over
- *                   the band: per k, nv loads of W widened fp16 -> fp32 in the register (F16C's
- *                   cvtph), a broadcast of x per row, mr x nv FMAs. Rows go 6 at a time (6 x 16:
- *                   12 accumulators, 2 loads and 6 broadcasts for 12 FMAs), the rest in one tile
- *                   (1 x 64, 2 x 32, 3..5 x 16): enough independent chains to cover the FMA's
- *                   latency (5 cycles at 2 a cycle wants 10).
- *   packing         4-bit weights are widened first, a block at a time, into a 16 KiB panel
- *                   [64][64] that stays in L1 (a group of 64 columns of a row is one min and one
- *                   scale: the value is fmaf(q, scale, min), exactly what q4_decompress gives);
- *                   the tiles then read the panel as they read fp16 rows. Decode never writes
- *                   an fp32 copy of a layer.
+ *   bands           a thread walks W in bands of DECODE_KC = 16 rows (k), each band across its
+ *                   columns: 16 streams of W's rows that advance together. The hardware's
+ *                   prefetcher does not follow that many streams far enough ahead, so the tiles
+ *                   of a band's first rows prefetch the same columns of the next band, 16 rows on
+ *                   (measured on 2 threads: 1.3x the read rate for fp16, 2x for 4-bit).
+ *   register tile   mr rows by a few vectors of y stay in registers while k runs over the band:
+ *                   per k, the weights of the tile are widened to fp32 in the registers, one
+ *                   broadcast of x per row, mr x nv FMAs. AVX2 (here): 1 x 64, 2 x 32, up to 6 x 16
+ *                   (8 to 12 accumulators of the 16 registers; the FMA's latency, 5 cycles at 2 a
+ *                   cycle, wants 10). AVX-512 (avx512.c): wider tiles, in 32 registers.
+ *   4-bit, fused    a group of 64 columns of a row is one min and one scale, so a tile's codes are
+ *                   widened in the registers to fmaf(q, scale, min), exactly q4_value's value, and
+ *                   multiplied there: the codes are read once per tile and no fp32 copy of W is
+ *                   written. Columns that are not a whole group go through a panel [16][64] of
+ *                   widened values (the portable path does it for all).
  *
  * Every element of y is one chain of fused multiply-adds over k in increasing order, started at 0
  * (or at y, to add) and carried from one band to the next through y itself. So its bits do not
  * depend on the number of rows, the threads or the path: the portable C path (the same chains
- * with fmaf, over a panel) gives the AVX2 path's results bit for bit.
+ * with fmaf, over a panel), the AVX2 one and the AVX-512 one, native or on SIMDe, give the same
+ * results bit for bit (tests/test_matmul.c runs every one this machine has). The path is
+ * fg_isa_active's: the CPU's widest, or FLEXGEN_ISA's.
  *
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
@@ -55,11 +57,15 @@
 #define HAVE_AVX2_PATH 1
 #endif
 
-enum { KC = 64, NC = 64, MR = 6 };
+enum { KC = 64, NC = 64, MR = 6, DECODE_KC = 16, MATMUL_Q4_DOT_ROWS = 2 };
 
-static int portable_only;
-void matmul_force_portable(int on) { portable_only = on; }
-static int use_simd(void) { return !portable_only && fg_cpu_has_avx2(); }
+/* The path: fg_isa_active's, or the tests' choice. */
+static int forced_isa = -1;
+void matmul_force_isa(int isa) { forced_isa = isa; }
+static fg_isa isa_now(void) { return forced_isa >= 0 ? (fg_isa)forced_isa : fg_isa_active(); }
+/* AVX2 for widening and for lm_head (every path but the portable one, where the CPU has it). */
+static int use_simd(void) { return isa_now() != FG_ISA_PORTABLE && fg_cpu_has_avx2(); }
+static const matmul_kernels *wide_kernels(void);
 
 /* ============================================================================================
  * Widening a block of W[in][out] (rows k0 .. k0 + kc, columns j0 .. j0 + 64) into the panel
@@ -164,7 +170,7 @@ static void tile_portable(const float *x, size_t ldx, const float *p, int kc, fl
  * f16: the rows of w are fp16, widened as they are loaded; else fp32. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_avx2_shape(
     const float *x, size_t ldx, const void *w, size_t ldw, int kc, float *y, size_t ldy, int from_y,
-    const int mr, const int nv, const int f16) {
+    int ahead, const int mr, const int nv, const int f16) {
     __m256 acc[MR][8];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
@@ -172,6 +178,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm256_loadu_ps(y + r * ldy + 8 * v) : _mm256_setzero_ps();
     for (int k = 0; k < kc; k++) {
         __m256 wv[8];
+        if (f16 && ahead) /* the same columns of the next band: a line holds 4 vectors */
+#pragma GCC unroll 2
+            for (int v = 0; v < nv; v += 4) _mm_prefetch((const char *)((const fp16 *)w + (k + kc) * ldw + 8 * v), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++)
             wv[v] = f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16 *)w + k * ldw + 8 * v)))
@@ -191,19 +200,107 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 
 #define TILE_CASES(f16) \
     switch (mr) { \
-    case 1: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 1, 8, f16); break; \
-    case 2: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 2, 4, f16); break; \
-    case 3: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 3, 2, f16); break; \
-    case 4: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 4, 2, f16); break; \
-    case 5: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 5, 2, f16); break; \
-    default: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, 6, 2, f16); break; \
+    case 1: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 1, 8, f16); break; \
+    case 2: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 2, 4, f16); break; \
+    case 3: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 3, 2, f16); break; \
+    case 4: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 4, 2, f16); break; \
+    case 5: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 5, 2, f16); break; \
+    default: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 6, 2, f16); break; \
     }
 
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, size_t ldx, const void *w,
                                                                size_t ldw, int kc, float *y, size_t ldy,
-                                                               int from_y, int mr, int f16) {
+                                                               int from_y, int ahead, int mr, int f16) {
     if (f16) TILE_CASES(1) else TILE_CASES(0)
 }
+
+/* 4-bit, fused: y[mr][8 nv] from column c0 of a part (inside one group) over kc rows of its bytes
+ * (stride apart, G groups): per row, the tile's codes are widened in the registers to
+ * fmaf(q, scale, min), q4_value's value, and multiplied there. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_q4_avx2_shape(
+    const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int c0, int kc, float *y, size_t ldy,
+    int from_y, int ahead, const int mr, const int nv) {
+    __m256 acc[MR][8];
+    const __m128i low4 = _mm_set1_epi8(15);
+    int g = c0 / Q4_GROUP;
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm256_loadu_ps(y + r * ldy + 8 * v) : _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        const uint8_t *row = w + k * stride, *codes = row + c0 / 2;
+        const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+        if (ahead) { /* the codes, min and scale kc rows on */
+            const uint8_t *next = row + (size_t)kc * stride;
+            _mm_prefetch((const char *)(next + c0 / 2), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2) + 2 * g), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2 + 2) + 2 * g), _MM_HINT_T0);
+        }
+        __m256 min = _mm256_set1_ps(_cvtsh_ss(mins[g])), scale = _mm256_set1_ps(_cvtsh_ss(scales[g]));
+        __m128i level[4]; /* 16 levels each, in column order: a byte's high nibble, then its low one */
+#pragma GCC unroll 2
+        for (int i = 0; i < (nv + 3) / 4; i++) {
+            __m128i b = nv == 2 ? _mm_loadl_epi64((const __m128i *)codes) : _mm_loadu_si128((const __m128i *)(codes + 16 * i));
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4), lo = _mm_and_si128(b, low4);
+            level[2 * i] = _mm_unpacklo_epi8(hi, lo), level[2 * i + 1] = _mm_unpackhi_epi8(hi, lo);
+        }
+        __m256 wv[8];
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) {
+            __m128i l = v % 2 ? _mm_srli_si128(level[v / 2], 8) : level[v / 2];
+            wv[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), scale, min);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            __m256 xr = _mm256_broadcast_ss(x + r * ldx + k);
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm256_fmadd_ps(xr, wv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + r * ldy + 8 * v, acc[r][v]);
+}
+
+/* The AVX2 bands: tiles of 1 x 64, 2 x 32 and up to 6 x 16, as for the panel; the first rows'
+ * tiles prefetch the next band. */
+__attribute__((target("avx2,fma,f16c"))) static void band_f16_avx2(const float *x, int rows, size_t ldx,
+                                                                   const fp16 *w, size_t ldw, int kc, int cols,
+                                                                   float *y, size_t ldy, int from_y, int ahead) {
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = rows - r < MR ? rows - r : MR;
+        for (int c = 0; c < cols; c += mr == 1 ? 64 : mr == 2 ? 32 : 16)
+            tile_avx2(x + r * ldx, ldx, w + c, ldw, kc, y + r * ldy + c, ldy, from_y, ahead && r == 0, mr, 1);
+    }
+}
+
+#define TILE_Q4_CASES \
+    switch (mr) { \
+    case 1: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 1, 8); break; \
+    case 2: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 2, 4); break; \
+    case 3: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 3, 2); break; \
+    case 4: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 4, 2); break; \
+    case 5: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 5, 2); break; \
+    default: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 6, 2); break; \
+    }
+
+__attribute__((target("avx2,fma,f16c"))) static void band_q4_avx2(const float *x, int rows, size_t ldx,
+                                                                  const uint8_t *w, size_t stride, int G, int g0,
+                                                                  int ng, int kc, float *y, size_t ldy,
+                                                                  int from_y, int ahead) {
+    int c0 = g0 * Q4_GROUP;
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = rows - r < MR ? rows - r : MR;
+        const float *xr = x + r * ldx;
+        float *yr = y + r * ldy;
+        for (int c = c0; c < c0 + ng * Q4_GROUP; c += mr == 1 ? 64 : mr == 2 ? 32 : 16) {
+            int pf = ahead && r == 0 && c % Q4_GROUP == 0; /* once per group */
+            TILE_Q4_CASES
+        }
+    }
+}
+
 #endif
 
 /* Rows are taken MR at a time, the rest in one tile. A tile of mr rows spans 64 columns for one
@@ -224,7 +321,7 @@ static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, s
         return;
     }
 #ifdef HAVE_AVX2_PATH
-    tile_avx2(x, ldx, p, NC, kc, y, ldy, from_y, mr, 0);
+    tile_avx2(x, ldx, p, NC, kc, y, ldy, from_y, 0, mr, 0);
 #endif
 }
 
@@ -233,23 +330,11 @@ static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, s
  * ============================================================================================ */
 
 /* Rows k0 .. k0 + kc of W, columns j0 .. j0 + nc (nc <= NC), widened into the panel, and every
- * row of x's product with it added to y. The block at rows pk0 .., columns pj0 .. is prefetched
- * (none when pk0 < 0). */
+ * row of x's product with it added to y: the portable path, and the columns that are not whole
+ * groups. */
 static void product_block(const float *x, int rows, int in, const void *W, int q4, int out,
                           float *y, int from_y, int k0, int kc, int j0, int nc, int simd) {
-#ifdef HAVE_AVX2_PATH
-    if (simd && !q4 && nc == NC) { /* fp16 rows widened in the registers of the tile */
-        const fp16 *w = (const fp16 *)W + (size_t)k0 * out + j0;
-        for (int r = 0, mr; r < rows; r += mr) {
-            mr = tile_rows(rows - r);
-            for (int c = 0; c < nc; c += tile_cols(mr))
-                tile_avx2(x + (size_t)r * in + k0, (size_t)in, w + c, (size_t)out, kc,
-                          y + (size_t)r * out + j0 + c, (size_t)out, from_y, mr, 1);
-        }
-        return;
-    }
-#endif
-    _Alignas(64) float panel[KC * NC];
+    _Alignas(64) float panel[DECODE_KC * NC];
     for (int c = 0; c < nc; c += Q4_GROUP)
         widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, nc - c < Q4_GROUP ? nc - c : Q4_GROUP, panel + c, NC, simd);
     for (int r = 0, mr; r < rows; r += mr) {
@@ -260,19 +345,50 @@ static void product_block(const float *x, int rows, int in, const void *W, int q
     }
 }
 
-/* Decode: each thread owns a contiguous run of 64-column blocks of y and walks W in bands of KC
- * rows, each band across its columns from left to right. */
+/* How many columns from j (before j1) the wide kernels take in one call: whole groups of 64, of
+ * one part for 4-bit weights; 0 where j starts no whole group. */
+static int whole_groups(int q4, int out, int j, int j1) {
+    int part = q4 ? out / q4 : out, s = j / part, end = (s + 1) * part < j1 ? (s + 1) * part : j1;
+    return (j - s * part) % Q4_GROUP ? 0 : (end - j) / Q4_GROUP * Q4_GROUP;
+}
+
+/* One band: rows k0 .. k0 + kc of W, columns j0 .. j1, every row of x; the wide kernels take the
+ * whole groups, the panel the rest. ahead: the next band is whole (its rows may be prefetched). */
+static void product_band(const float *x, int rows, int in, const void *W, int q4, int out, float *y, int from_y,
+                         int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide, int simd) {
+    for (int j = j0, n; j < j1; j += n) {
+        n = wide ? whole_groups(q4, out, j, j1) : 0;
+        if (n && !q4) {
+            wide->band_f16(x + k0, rows, (size_t)in, (const fp16 *)W + (size_t)k0 * out + j, (size_t)out, kc, n,
+                           y + j, (size_t)out, from_y, ahead);
+        } else if (n) {
+            int part = out / q4, s = j / part, G = (part + Q4_GROUP - 1) / Q4_GROUP;
+            const uint8_t *w = (const uint8_t *)W + (size_t)k0 * q4_row_bytes(q4, out) + s * q4_part_bytes(q4, out);
+            wide->band_q4(x + k0, rows, (size_t)in, w, q4_row_bytes(q4, out), G, (j - s * part) / Q4_GROUP,
+                          n / Q4_GROUP, kc, y + j, (size_t)out, from_y, ahead);
+        } else {
+            n = j1 - j < NC ? j1 - j : NC;
+            product_block(x, rows, in, W, q4, out, y, from_y, k0, kc, j, n, simd);
+        }
+    }
+}
+
+/* Decode: each thread owns a contiguous run of 64-column blocks of y and walks W in bands of
+ * DECODE_KC rows, each band across its columns from left to right. */
 static void product_decode(const float *x, int rows, int in, const void *W, int q4, int out,
                            float *y, int accumulate, int simd) {
+    const matmul_kernels *wide = wide_kernels();
     int blocks = (out + NC - 1) / NC;
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
         int b0 = (int)((long)blocks * t / threads), b1 = (int)((long)blocks * (t + 1) / threads);
-        for (int k0 = 0; k0 < in; k0 += KC)
-            for (int j0 = b0 * NC; j0 < b1 * NC && j0 < out; j0 += NC)
-                product_block(x, rows, in, W, q4, out, y, accumulate || k0 > 0, k0, in - k0 < KC ? in - k0 : KC,
-                              j0, out - j0 < NC ? out - j0 : NC, simd);
+        int j1 = b1 * NC < out ? b1 * NC : out;
+        for (int k0 = 0; k0 < in && b0 < b1; k0 += DECODE_KC) {
+            int kc = in - k0 < DECODE_KC ? in - k0 : DECODE_KC;
+            product_band(x, rows, in, W, q4, out, y, accumulate || k0 > 0, k0, kc, b0 * NC, j1,
+                         k0 + 2 * kc <= in, wide, simd);
+        }
     }
 }
 
@@ -399,7 +515,94 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *x, i
         }
     }
 }
+
+/* 4-bit, fused: ne <= 4 rows of the table E (n rows, grouped along them) from v0, a multiple of 4
+ * (so one group: one min and one scale per d for all), against mr <= 2 rows of x: per 8 d, each
+ * row's nibbles widened to fmaf(q, scale, min), q4_value's value, in the register. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_q4_avx2_shape(
+    const float *x, int dim, const uint8_t *E, int n, int v0, float *y, size_t ldy, const int mr, const int ne) {
+    __m256 acc[2][4];
+    int vec = dim / 8 * 8;
+    size_t G = (size_t)(n + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v0 / Q4_GROUP;
+    const fp16 *mins = (const fp16 *)(E + G * (Q4_GROUP / 2) * dim) + g * dim, *scales = mins + G * dim;
+    const uint8_t *bytes[4];
+    for (int v = 0; v < ne; v++) bytes[v] = E + (g * (Q4_GROUP / 2) + (size_t)(v0 + v) % Q4_GROUP / 2) * dim;
+#pragma GCC unroll 2
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < ne; v++) acc[r][v] = _mm256_setzero_ps();
+    for (int d = 0; d < vec; d += 8) {
+        __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + d)));
+        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + d)));
+        __m256 ev[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < ne; v++) { /* row 2p: the high nibbles; 2p + 1: the low */
+            __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes[v] + d)));
+            q = _mm256_and_si256(_mm256_srli_epi32(q, (v0 + v) % 2 ? 0 : 4), _mm256_set1_epi32(15));
+            ev[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, min);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < mr; r++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)r * dim + d);
+#pragma GCC unroll 4
+            for (int v = 0; v < ne; v++) acc[r][v] = _mm256_fmadd_ps(xv, ev[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < ne; v++) {
+            float s = lanes_sum(acc[r][v]);
+            for (int d = vec; d < dim; d++)
+                s = fmaf(x[(size_t)r * dim + d], q4_value(E, (size_t)n, (size_t)dim, (size_t)(v0 + v) * dim + d), s);
+            y[r * ldy + v] = s;
+        }
+}
+
+#define DOTS_Q4_CASE(mr) \
+    switch (ne) { \
+    case 1: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 1); break; \
+    case 2: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 2); break; \
+    case 3: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 3); break; \
+    default: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 4); break; \
+    }
+
+__attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *x, int rows, int dim,
+                                                                  const uint8_t *E, int n, int v0, int ne,
+                                                                  float *y, size_t ldy) {
+    for (int r = 0; r < rows; r += 2, x += (size_t)2 * dim, y += 2 * ldy)
+        if (rows - r >= 2) DOTS_Q4_CASE(2) else DOTS_Q4_CASE(1)
+}
+
+/* The kernel table's fp16 dots: rows of E three at a time (twelve chains), then the fourth. */
+static void dots_f16_avx2(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
+    int first = ne < 3 ? ne : 3;
+    dots_avx2(x, rows, dim, E + (size_t)v0 * dim, (size_t)dim, first, 1, y, ldy);
+    if (ne > 3) dots_avx2(x, rows, dim, E + (size_t)(v0 + 3) * dim, (size_t)dim, ne - 3, 1, y + 3, ldy);
+}
+
+static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2};
 #endif
+
+/* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build
+ * lacks, which main refuses before). */
+static const matmul_kernels *wide_kernels(void) {
+    switch (isa_now()) {
+#ifdef HAVE_AVX2_PATH
+    case FG_ISA_AVX512:
+        if (fg_isa_of_cpu() == FG_ISA_AVX512 && matmul_avx512()) return matmul_avx512();
+        /* fall through */
+    case FG_ISA_AVX2:
+        return fg_isa_of_cpu() >= FG_ISA_AVX2 ? &avx2_kernels : NULL;
+#endif
+    case FG_ISA_AVX512_SIMDE: return matmul_avx512_simde();
+    default: return NULL;
+    }
+}
+
+const char *matmul_path(void) {
+    const matmul_kernels *wide = wide_kernels();
+    return wide ? wide->name : "portable";
+}
+
 
 /* Row r of E widened (fp16_to_fp32 and q4 decoding are exact on every path). */
 static void embed_row(const void *E, int q4, int n, int dim, int r, float *dst, int simd) {
@@ -433,23 +636,27 @@ static void embed_t_sgemm(const float *x, int rows, int dim, const void *E, int 
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride) {
     int simd = use_simd();
+    const matmul_kernels *wide = wide_kernels();
     if (rows > MATMUL_EMBED_DOT_ROWS) {
         embed_t_sgemm(x, rows, dim, E, q4_parts, n, y, scratch, scratch_stride, simd);
         return;
     }
+    /* The wide kernels read E as stored (4-bit: for a few rows of x; more rows widen each row of
+     * E once instead); the rest widen rows of E into the scratch. */
+    int fused = wide && (!q4_parts || rows <= MATMUL_Q4_DOT_ROWS);
 #pragma omp parallel for schedule(static)
-    for (int v0 = 0; v0 < n; v0 += 3) { /* three rows of E at a time */
-        int ne = n - v0 < 3 ? n - v0 : 3;
-#ifdef HAVE_AVX2_PATH
-        if (simd && !q4_parts) { /* read as stored, widened in registers */
-            dots_avx2(x, rows, dim, (const fp16 *)E + (size_t)v0 * dim, (size_t)dim, ne, 1, y + v0, (size_t)n);
-            continue;
-        }
-#endif
+    for (int v0 = 0; v0 < n; v0 += 4) { /* four rows of E at a time: one group's, for 4-bit */
+        int ne = n - v0 < 4 ? n - v0 : 4;
+        if (fused && !q4_parts) { wide->dots_f16(x, rows, dim, (const fp16 *)E, v0, ne, y + v0, (size_t)n); continue; }
+        if (fused) { wide->dots_q4(x, rows, dim, (const uint8_t *)E, n, v0, ne, y + v0, (size_t)n); continue; }
         float *e = scratch + scratch_stride * omp_get_thread_num();
         for (int v = 0; v < ne; v++) embed_row(E, q4_parts, n, dim, v0 + v, e + (size_t)v * dim, simd);
 #ifdef HAVE_AVX2_PATH
-        if (simd) { dots_avx2(x, rows, dim, e, (size_t)dim, ne, 0, y + v0, (size_t)n); continue; }
+        if (simd) {
+            dots_avx2(x, rows, dim, e, (size_t)dim, ne < 3 ? ne : 3, 0, y + v0, (size_t)n);
+            if (ne > 3) dots_avx2(x, rows, dim, e + (size_t)3 * dim, (size_t)dim, ne - 3, 0, y + v0 + 3, (size_t)n);
+            continue;
+        }
 #endif
         for (int v = 0; v < ne; v++) dots_portable(x, rows, dim, e + (size_t)v * dim, y + v0 + v, (size_t)n);
     }

@@ -40,6 +40,39 @@ void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* F16C where the CP
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
 int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
 
+/* ---- The instruction set the CPU's kernels run (util.c): the widest the CPU has, or the one
+ * FLEXGEN_ISA names: portable, avx2, avx512 (no wider than the CPU's), or avx512-simde, the
+ * AVX-512 kernels built on SIMDe's portable C, which runs anywhere. FLEXGEN_NO_SIMD=1: portable.
+ * AVX-512 here means F, BW, DQ and VL. ---- */
+typedef enum { FG_ISA_PORTABLE, FG_ISA_AVX2, FG_ISA_AVX512, FG_ISA_AVX512_SIMDE } fg_isa;
+fg_isa fg_isa_of_cpu(void);
+fg_isa fg_isa_active(void);
+const char *fg_isa_name(fg_isa isa);
+/* FLEXGEN_ISA checked: 0, or -1 with err naming the variable and what is wrong. */
+int fg_isa_check_env(char *err);
+
+/* ---- The decode products' wide kernels (matmul.c: AVX2; avx512.c: AVX-512, built natively and
+ * on SIMDe). A band is kc rows of W for every row of x (ldx apart; y ldy apart), over whole groups
+ * of 64 columns: one fused chain per element of y over k in order, from y (from_y) or 0, so the
+ * bits are the portable path's. ahead: prefetch the same columns kc rows on (the next band). ---- */
+typedef struct {
+    const char *name;
+    /* fp16 rows of W, ldw apart; cols a multiple of 64 */
+    void (*band_f16)(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc, int cols,
+                     float *y, size_t ldy, int from_y, int ahead);
+    /* 4-bit rows of one part (G groups), stride bytes apart: groups g0 .. g0 + ng, y at group g0 */
+    void (*band_q4)(const float *x, int rows, size_t ldx, const uint8_t *w, size_t stride, int G, int g0,
+                    int ng, int kc, float *y, size_t ldy, int from_y, int ahead);
+    /* lm_head: y[r][j] = x[r] . E[v0 + j] for every row of x (dim apart) and ne <= 4 rows of E
+     * (v0 a multiple of 4), each dot in 8 lanes as matmul.c's dot_portable: fp16 E [n][dim], or
+     * the 4-bit table of n rows */
+    void (*dots_f16)(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy);
+    void (*dots_q4)(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y, size_t ldy);
+} matmul_kernels;
+const matmul_kernels *matmul_avx512(void);       /* NULL where the compiler cannot build it */
+const matmul_kernels *matmul_avx512_simde(void);
+const char *matmul_path(void); /* the path the products run: "portable", "avx2", "avx512", ... */
+
 /* ---- The SIMD twins of the paper's loops (simd.c): the same arithmetic, so the same bits.
  * An entry is NULL where the CPU lacks AVX2 (the plain loop runs then). ---- */
 typedef struct {

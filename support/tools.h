@@ -53,8 +53,9 @@ mode_t fg_umask(void); /* the process's umask, left as it is */
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);
 
-/* For the tests: 1 makes every product take the portable C path even where AVX2 is there. */
-void matmul_force_portable(int on);
+/* For the tests: the products' path (an fg_isa; -1: fg_isa_active's). The caller makes sure the
+ * CPU has it. */
+void matmul_force_isa(int isa);
 
 /* HF config.json. */
 int opt_config_from_json(const char *path, opt_config *cfg, char *err);

@@ -144,7 +144,7 @@ static int cpu_has_f16c(void) {
         unsigned a, b, c = 0, d;
         __get_cpuid(1, &a, &b, &c, &d);
         cached = __builtin_cpu_supports("avx") && (c & bit_F16C) /* avx: the OS saves ymm too */
-                 && !getenv("FLEXGEN_NO_SIMD"); /* lets the tests check the portable paths */
+                 && fg_isa_active() != FG_ISA_PORTABLE; /* lets the tests check the portable paths */
     }
     return cached;
 }
@@ -172,6 +172,59 @@ int fg_cpu_has_avx2(void) {
 #else
     return 0;
 #endif
+}
+
+/* ============================================================================================
+ * The instruction set of the CPU kernels: cpuid (through GCC's __builtin_cpu_supports, which also
+ * asks the OS whether it saves the wide registers), narrowed by FLEXGEN_ISA or FLEXGEN_NO_SIMD.
+ * ============================================================================================ */
+
+static const char *const ISA_NAMES[] = {"portable", "avx2", "avx512", "avx512-simde"};
+
+const char *fg_isa_name(fg_isa isa) { return ISA_NAMES[isa]; }
+
+fg_isa fg_isa_of_cpu(void) {
+#ifdef HAVE_F16C_PATH
+    __builtin_cpu_init();
+    unsigned a, b, c = 0, d;
+    __get_cpuid(1, &a, &b, &c, &d);
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !(c & bit_F16C)) return FG_ISA_PORTABLE;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return FG_ISA_AVX512;
+    return FG_ISA_AVX2;
+#else
+    return FG_ISA_PORTABLE;
+#endif
+}
+
+/* FLEXGEN_ISA's value as an fg_isa: 0, or -1 where it names none. Unset: the CPU's. */
+static int isa_from_env(fg_isa *isa) {
+    const char *s = getenv("FLEXGEN_ISA");
+    *isa = getenv("FLEXGEN_NO_SIMD") ? FG_ISA_PORTABLE : fg_isa_of_cpu();
+    if (!s) return 0;
+    for (int i = 0; i < (int)(sizeof ISA_NAMES / sizeof *ISA_NAMES); i++)
+        if (!strcmp(s, ISA_NAMES[i])) return *isa = (fg_isa)i, 0;
+    return -1;
+}
+
+int fg_isa_check_env(char *err) {
+    fg_isa isa, cpu = fg_isa_of_cpu();
+    if (isa_from_env(&isa))
+        return fg_fail(err, "FLEXGEN_ISA: expected portable, avx2, avx512 or avx512-simde, got '%s'", getenv("FLEXGEN_ISA"));
+    if (isa != FG_ISA_AVX512_SIMDE && isa > cpu)
+        return fg_fail(err, "FLEXGEN_ISA=%s: this CPU has no wider path than %s", getenv("FLEXGEN_ISA"), fg_isa_name(cpu));
+    return 0;
+}
+
+fg_isa fg_isa_active(void) {
+    static int cached = -1; /* written once, same value from any thread */
+    if (cached < 0) {
+        fg_isa isa, cpu = fg_isa_of_cpu();
+        if (isa_from_env(&isa) || (isa != FG_ISA_AVX512_SIMDE && isa > cpu)) isa = cpu; /* main refused it */
+        cached = (int)isa;
+    }
+    return (fg_isa)cached;
 }
 
 /* ============================================================================================

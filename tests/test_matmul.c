@@ -127,11 +127,23 @@ static void test_fp16_products(void) { check_products(0); }
 static void test_q4_products(void) { check_products(1); }
 static void test_q4_parts_products(void) { check_products(3); }
 
+/* The paths this machine can run: the portable one first, then AVX2 and AVX-512 where the CPU has
+ * them, and the AVX-512 kernels on SIMDe's portable C everywhere. */
+static int paths_here(fg_isa *paths) {
+    int n = 0;
+    paths[n++] = FG_ISA_PORTABLE;
+    if (fg_isa_of_cpu() >= FG_ISA_AVX2) paths[n++] = FG_ISA_AVX2;
+    if (fg_isa_of_cpu() >= FG_ISA_AVX512 && matmul_avx512()) paths[n++] = FG_ISA_AVX512;
+    paths[n++] = FG_ISA_AVX512_SIMDE;
+    return n;
+}
+
 /* lm_head: y = x E^T for E [n][dim], fp16 and 4-bit ([1][n][dim], grouped along n). */
 static void check_embed_t(int q4) {
     /* rows 1 .. 9 and 64: the dot products (tiles of 4 rows, E 3 rows at a time, 70 = 3 x 23 + 1);
      * 65: sgemm on widened blocks. dim: tails after the 8 lanes. */
-    static const int shapes[][3] = {{1, 13, 70}, {3, 64, 129}, {5, 100, 64}, {9, 37, 200}, {64, 24, 71}, {65, 40, 130}};
+    static const int shapes[][3] = {{1, 13, 70},  {3, 64, 129}, {5, 100, 64}, {9, 37, 200}, {64, 24, 71},
+                                    {65, 40, 130}, {1, 64, 131}, {2, 19, 67},  {4, 32, 65}, {7, 48, 66}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int rows = shapes[s][0], dim = shapes[s][1], n = shapes[s][2];
         uint64_t seed = 3 + s;
@@ -157,13 +169,14 @@ static void check_embed_t(int q4) {
                "elements outside the bound, the kernel %d apart from it", q4 ? "4-bit" : "fp16", rows, dim, n,
                ref_bad, apart);
         free(ref);
-        if (fg_cpu_has_avx2()) { /* the portable path: the same bits */
+        fg_isa paths[4];
+        for (int p = 0, n_paths = paths_here(paths); p < n_paths; p++) { /* every path: the same bits */
             float *yp = malloc((size_t)rows * n * sizeof *yp);
-            matmul_force_portable(1);
+            matmul_force_isa(paths[p]);
             matmul_embed_t(x, rows, dim, q4 ? (const void *)e4 : (const void *)e16, q4, n, yp, scratch, stride);
-            matmul_force_portable(0);
-            EXPECT(!memcmp(y, yp, (size_t)rows * n * sizeof *y), "%s embedding, rows %d, dim %d, n %d: the portable path differs",
-                   q4 ? "4-bit" : "fp16", rows, dim, n);
+            matmul_force_isa(-1);
+            EXPECT(!memcmp(y, yp, (size_t)rows * n * sizeof *y), "%s embedding, rows %d, dim %d, n %d: the %s path differs",
+                   q4 ? "4-bit" : "fp16", rows, dim, n, fg_isa_name(paths[p]));
             free(yp);
         }
         float *row = malloc((size_t)dim * sizeof *row); /* and a row looked up */
@@ -177,30 +190,42 @@ static void check_embed_t(int q4) {
 static void test_fp16_embed_t(void) { check_embed_t(0); }
 static void test_q4_embed_t(void) { check_embed_t(1); }
 
-/* Every product of check_products, on the AVX2 path and on the portable one: the same bits (each
- * element is the same chain of fused multiply-adds). check_embed_t compares lm_head's paths. */
+/* Every product of check_products, and the decode shapes of every tile, on each path: the same
+ * bits as the portable path (each element is the same chain of fused multiply-adds). check_embed_t
+ * compares lm_head's paths. */
+static const int DECODE_SHAPES[][3] = {{1, 40, 512}, {2, 33, 448}, {3, 70, 320}, {4, 17, 256}, {5, 48, 192},
+                                       {6, 20, 128}, {7, 35, 640}, {8, 64, 576}, {9, 19, 384}, {16, 50, 256}};
+enum { N_DECODE_SHAPES = sizeof DECODE_SHAPES / sizeof *DECODE_SHAPES };
+
+static void paths_agree_on(int q4, const int *shape, uint64_t seed, const fg_isa *paths, int n_paths) {
+    int rows = shape[0], in = shape[1], out = shape[2];
+    weights w;
+    weights_make(&w, in, out, q4 ? q4 : 1, seed);
+    float *x = random_floats((size_t)rows * in, seed + 2), *y[4];
+    float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+    for (int p = 0; p < n_paths; p++) {
+        y[p] = random_floats((size_t)rows * out, seed + 6);
+        matmul_force_isa(paths[p]);
+        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, scratch);
+        matmul_force_isa(-1);
+        EXPECT(!memcmp(y[0], y[p], (size_t)rows * out * sizeof(float)),
+               "%s, %d part(s), rows %d, in %d, out %d: the %s path differs from the portable one",
+               q4 ? "4-bit" : "fp16", q4, rows, in, out, fg_isa_name(paths[p]));
+    }
+    for (int p = 0; p < n_paths; p++) free(y[p]);
+    free(x), free(scratch);
+    weights_free(&w);
+}
+
 static void test_paths_agree(void) {
-    if (!fg_cpu_has_avx2()) return; /* only the portable path here: nothing to compare */
-    for (int q4 = 0; q4 < 4; q4 += q4 == 1 ? 2 : 1) /* fp16, 4-bit, 4-bit in 3 parts */
-        for (size_t s = 0; s < (q4 == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) {
-            int rows = shape_of(q4, s)[0], in = shape_of(q4, s)[1], out = shape_of(q4, s)[2];
-            weights w;
-            weights_make(&w, in, out, q4 ? q4 : 1, 17 + s);
-            float *x = random_floats((size_t)rows * in, 19 + s), *y[2];
-            float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
-            for (int portable = 0; portable < 2; portable++) {
-                y[portable] = random_floats((size_t)rows * out, 23 + s);
-                matmul_force_portable(portable);
-                matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out,
-                               y[portable], 1, 0, scratch);
-            }
-            matmul_force_portable(0);
-            EXPECT(!memcmp(y[0], y[1], (size_t)rows * out * sizeof(float)),
-                   "%s, %d part(s), rows %d, in %d, out %d: the portable path differs", q4 ? "4-bit" : "fp16", q4,
-                   rows, in, out);
-            free(x), free(y[0]), free(y[1]), free(scratch);
-            weights_free(&w);
-        }
+    fg_isa paths[4];
+    int n = paths_here(paths);
+    printf("\n    paths: portable%s%s, avx512-simde; native AVX-512 %s\n", n > 2 ? ", avx2" : "",
+           n > 3 ? ", avx512" : "", n > 3 ? "tested" : "not on this CPU");
+    for (int q4 = 0; q4 < 4; q4 += q4 == 1 ? 2 : 1) { /* fp16, 4-bit, 4-bit in 3 parts */
+        for (size_t s = 0; s < (q4 == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) paths_agree_on(q4, shape_of(q4, s), 17 + s, paths, n);
+        for (size_t s = 0; s < N_DECODE_SHAPES && q4 < 3; s++) paths_agree_on(q4, DECODE_SHAPES[s], 41 + s, paths, n);
+    }
 }
 
 /* Up to MATMUL_DECODE_ROWS rows, a row's result does not depend on the rows beside it: decode of
@@ -298,9 +323,9 @@ static void check_int8_products(int parts) {
                    "int8 rounding's bound (the worst at %.2f of it)", parts, rows, in, out, acc ? ", adding" : "",
                    fp_bad, q_bad, worst);
             if (!fg_cpu_has_avx2()) continue;
-            matmul_force_portable(1);
+            matmul_force_isa(FG_ISA_PORTABLE);
             matmul_weights(x, rows, in, w.w4, parts, out, yp, acc, 1, NULL);
-            matmul_force_portable(0);
+            matmul_force_isa(-1);
             EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
                    "out %d%s: the portable path differs from AVX2", parts, rows, in, out, acc ? ", adding" : "");
         }
@@ -345,7 +370,7 @@ void add_matmul_tests(void) {
     CU_add_test(s, "4-bit q|k|v, each part grouped on its own: the same bound", test_q4_parts_products);
     CU_add_test(s, "fp16 embedding table as lm_head, and its rows", test_fp16_embed_t);
     CU_add_test(s, "4-bit embedding table as lm_head, and its rows", test_q4_embed_t);
-    CU_add_test(s, "AVX2 and portable paths give the same bits", test_paths_agree);
+    CU_add_test(s, "every path (portable, AVX2, AVX-512 native and on SIMDe) gives the same bits", test_paths_agree);
     CU_add_test(s, "decode: a row's result does not depend on the rows beside it", test_rows_independent);
     CU_add_test(s, "int8 activations x 4-bit: the scheme in double, the int8 bound, the paths' bits",
                 test_int8_products);

@@ -1,0 +1,338 @@
+/* support/avx512.c: the decode products' AVX-512 kernels, the fast path of support/matmul.c on CPUs
+ * with AVX-512 F, BW, DQ and VL. One source, built twice: here natively (the target is switched on
+ * for this file alone, and matmul.c calls in only where cpuid says the CPU has it), and again in
+ * support/avx512_simde.c on SIMDe's portable C, which runs on every machine. So the tests hold
+ * these kernels to the portable path's bits everywhere, and where the CPU has AVX-512, the native
+ * build too. The intrinsics are Intel's names; SIMDe maps each to the instruction when the target
+ * has it.
+ *
+ * A band is kc rows of W (k0 .. k0 + kc) across whole groups of 64 columns, for every row of x.
+ * Each element of y is one chain of fused multiply-adds over k in increasing order, started at 0 or
+ * at y, as in matmul.c's portable tile, so every path gives the same bits.
+ *
+ *   fp16   W's rows widened in the registers (vcvtph2ps); tiles of 1 row x 128 columns, or of up to
+ *          6 rows x 64 (24 accumulators of the 32 registers).
+ *   4-bit  a row's group of 64 columns has one min and one scale, so its 16 levels are a table of
+ *          16 floats, T[q] = fmaf(q, scale, min) (one vfmadd over 0 .. 15), exactly q4_value's
+ *          value; each code picks its value from the table (vpermps reads the low 4 bits of each
+ *          lane: a byte as it is gives its low nibble, shifted down 4 its high one). The low
+ *          nibbles are the odd columns and the high ones the even, so the accumulators keep the
+ *          even and the odd columns of 32 apart and put them back in order when they are stored.
+ *          Tiles: 1 row x 256 columns, 2 x 128, up to 4 x 64, up to 8 x 32. The codes are read
+ *          once per tile, and no fp32 copy of W is ever written.
+ *   Each tile of the first rows of x prefetches the same columns of the next band's rows, kc rows
+ *   on: the rows of a band are kc separate streams, too many for the hardware's prefetcher alone.
+ */
+#include "support/support.h"
+
+#ifndef AVX512_SIMDE
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#define AVX512_BUILT 1
+#endif
+#else
+#define AVX512_BUILT 1
+#endif
+
+#ifdef AVX512_BUILT
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+#ifndef SIMDE_X86_AVX512F_NATIVE
+/* SIMDe 0.7's portable vfmadd rounds twice (the product, then the sum); the instruction rounds
+ * once, as fmaf does. */
+#undef _mm512_fmadd_ps
+#define _mm512_fmadd_ps fused_multiply_add
+INLINE __m512 fused_multiply_add(__m512 a, __m512 b, __m512 c) {
+    float fa[16], fb[16], fc[16];
+    _mm512_storeu_ps(fa, a), _mm512_storeu_ps(fb, b), _mm512_storeu_ps(fc, c);
+    for (int i = 0; i < 16; i++) fc[i] = fmaf(fa[i], fb[i], fc[i]);
+    return _mm512_loadu_ps(fc);
+}
+#endif
+
+/* 16 fp16 values widened. */
+INLINE __m512 widen16(const fp16 *h) {
+#ifdef SIMDE_X86_AVX512F_NATIVE
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+#else /* SIMDe 0.7 has no 512-bit cvtph: two halves */
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8)));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+#endif
+}
+
+/* 16 bytes, each in a lane of 32 bits. */
+INLINE __m512i widen_bytes(const uint8_t *b) {
+#ifdef SIMDE_X86_AVX512F_NATIVE
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+#else /* nor vpmovzxbd */
+    return _mm512_setr_epi32(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+                             b[13], b[14], b[15]);
+#endif
+}
+
+INLINE __m512 broadcast_half(const fp16 *h) {
+#ifdef SIMDE_X86_AVX512F_NATIVE
+    return _mm512_set1_ps(_cvtsh_ss(*h));
+#else
+    return _mm512_set1_ps(fp16_to_fp32(*h));
+#endif
+}
+
+INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+
+/* ---- fp16: y[mr][16 nv] over kc rows of w (ldw apart) ---- */
+INLINE void tile_f16(const float *x, size_t ldx, const fp16 *w, size_t ldw, int kc, float *y, size_t ldy,
+                     int from_y, int ahead, const int mr, const int nv) {
+    __m512 acc[6][8];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm512_loadu_ps(y + r * ldy + 16 * v) : _mm512_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        const fp16 *row = w + k * ldw;
+        if (ahead)
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v += 2) prefetch(row + (size_t)kc * ldw + 16 * v); /* a line: 32 values */
+        __m512 wv[8];
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) wv[v] = widen16(row + 16 * v);
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            __m512 xr = _mm512_set1_ps(x[r * ldx + k]);
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_fmadd_ps(xr, wv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
+}
+
+static void band_f16(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc, int cols,
+                     float *y, size_t ldy, int from_y, int ahead) {
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = rows - r < 6 ? rows - r : 6;
+        const float *xr = x + r * ldx;
+        float *yr = y + r * ldy;
+        int pf = ahead && r == 0;
+        for (int c = 0; c < cols; c += mr == 1 && cols - c >= 128 ? 128 : 64) {
+            if (mr == 1 && cols - c >= 128) { tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 1, 8); continue; }
+            switch (mr) {
+            case 1: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 1, 4); break;
+            case 2: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 2, 4); break;
+            case 3: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 3, 4); break;
+            case 4: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 4, 4); break;
+            case 5: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 5, 4); break;
+            default: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 6, 4); break;
+            }
+        }
+    }
+}
+
+/* ---- 4-bit: y[mr][32 nh] over kc rows of 4-bit bytes (stride apart, G groups to a row's part),
+ * from half-group h0 (columns 32 h0 ..) of the part ---- */
+
+/* 32 columns of y, in order, as their even and odd columns; and back. */
+INLINE void split_even_odd(const float *y, __m512 *even, __m512 *odd) {
+    const __m512i e = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i o = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 a = _mm512_loadu_ps(y), b = _mm512_loadu_ps(y + 16);
+    *even = _mm512_permutex2var_ps(a, e, b), *odd = _mm512_permutex2var_ps(a, o, b);
+}
+
+INLINE void join_even_odd(__m512 even, __m512 odd, float *y) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    _mm512_storeu_ps(y, _mm512_permutex2var_ps(even, lo, odd));
+    _mm512_storeu_ps(y + 16, _mm512_permutex2var_ps(even, hi, odd));
+}
+
+INLINE void tile_q4(const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int h0, int kc,
+                    float *y, size_t ldy, int from_y, int ahead, const int mr, const int nh) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[8][16]; /* [row][2 h: even columns of half-group h, 2 h + 1: odd] */
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int h = 0; h < nh; h++) {
+            if (from_y) split_even_odd(y + r * ldy + 32 * h, &acc[r][2 * h], &acc[r][2 * h + 1]);
+            else acc[r][2 * h] = acc[r][2 * h + 1] = _mm512_setzero_ps();
+        }
+    for (int k = 0; k < kc; k++) {
+        const uint8_t *row = w + k * stride, *codes = row + 16 * h0;
+        const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+        if (ahead) { /* the codes, the min and the scale of the same columns, kc rows on */
+            const uint8_t *next = row + (size_t)kc * stride;
+#pragma GCC unroll 4
+            for (int b = 0; b < 16 * nh; b += 64) prefetch(next + 16 * h0 + b);
+            prefetch(next + (size_t)G * (Q4_GROUP / 2) + h0), prefetch(next + (size_t)G * (Q4_GROUP / 2 + 2) + h0);
+        }
+        __m512 table = iota;
+#pragma GCC unroll 8
+        for (int h = 0; h < nh; h++) {
+            if (h == 0 || (h0 + h) % 2 == 0) { /* a new group: its 16 values */
+                int g = (h0 + h) / 2;
+                table = _mm512_fmadd_ps(iota, broadcast_half(scales + g), broadcast_half(mins + g));
+            }
+            __m512i bytes = widen_bytes(codes + 16 * h);
+            __m512 odd = _mm512_permutexvar_ps(bytes, table);
+            __m512 even = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+#pragma GCC unroll 8
+            for (int r = 0; r < mr; r++) {
+                __m512 xr = _mm512_set1_ps(x[r * ldx + k]);
+                acc[r][2 * h] = _mm512_fmadd_ps(xr, even, acc[r][2 * h]);
+                acc[r][2 * h + 1] = _mm512_fmadd_ps(xr, odd, acc[r][2 * h + 1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int h = 0; h < nh; h++) join_even_odd(acc[r][2 * h], acc[r][2 * h + 1], y + r * ldy + 32 * h);
+}
+
+/* Tiles over groups g0 .. g0 + ng of the part at w: the widest tile whose columns are left. */
+static void band_q4(const float *x, int rows, size_t ldx, const uint8_t *w, size_t stride, int G, int g0,
+                    int ng, int kc, float *y, size_t ldy, int from_y, int ahead) {
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = rows - r < 8 ? rows - r : 8;
+        const float *xr = x + r * ldx;
+        float *yr = y + r * ldy;
+        int pf = ahead && r == 0, halves = 2 * ng;
+        for (int h = 0, nh; h < halves; h += nh) {
+            int left = halves - h, h0 = 2 * g0 + h;
+            float *yt = yr + 32 * h;
+            if (mr == 1 && left >= 8) nh = 8, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 1, 8);
+            else if (mr == 1) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 1, 2);
+            else if (mr == 2 && left >= 4) nh = 4, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 2, 4);
+            else if (mr == 2) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 2, 2);
+            else if (mr == 3) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 3, 2);
+            else if (mr == 4) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 4, 2);
+            else if (mr == 5) nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 5, 1);
+            else if (mr == 6) nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 6, 1);
+            else if (mr == 7) nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 7, 1);
+            else nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 8, 1);
+        }
+    }
+}
+
+/* ---- lm_head: y[r][v] = x[r] . E[v], rows of E taken two to a register: lanes 0-7 hold one
+ * row's d .. d + 7 and lanes 8-15 the other's, so each dot is the 8-lane chain of matmul.c's
+ * dot_portable (lane l sums d = l mod 8 in d's order), added as it adds them ---- */
+
+/* The two 8-lane chains of a register, each added as dot_portable adds its lanes, then the tail
+ * d = vec .. dim of rows a and b (fp16 when e16, else 4-bit through q4_value). */
+INLINE float lanes_added(const float *l) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/* Rows a and b of E, d .. d + 7, widened: fp16, or 4-bit byte row (both rows' nibbles). */
+INLINE __m512 pair_f16(const fp16 *a, const fp16 *b) {
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)a));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* Rows 2p and 2p + 1 of a 4-bit table, d .. d + 7: the byte row's high nibbles, then its low. */
+INLINE __m512 pair_q4(const uint8_t *bytes, const fp16 *mins, const fp16 *scales) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
+    __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+    __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+    __m512 q = _mm512_insertf32x8(_mm512_castps256_ps512(hi), lo, 1);
+    __m512 min = _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mins)));
+    __m512 scale = _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)));
+    return _mm512_fmadd_ps(q, scale, min);
+}
+
+/* mr <= 4 rows of x against np <= 2 pairs of rows of E: row pointers e16[2 np] (fp16), or the
+ * 4-bit table's byte rows, mins and scales of pairs starting at rows v[2 i] (even). */
+INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const uint8_t *E4, int n, const int *v,
+                       float *dot, const int mr, const int np) {
+    __m512 acc[4][2];
+    int vec = dim / 8 * 8;
+    size_t G = (size_t)(n + Q4_GROUP - 1) / Q4_GROUP;
+    const uint8_t *row4[2] = {0};
+    const fp16 *mins = E4 ? (const fp16 *)(E4 + G * (Q4_GROUP / 2) * dim) : NULL, *gmin[2] = {0}, *gscale[2] = {0};
+    for (int i = 0; i < np && E4; i++) {
+        size_t g = (size_t)v[2 * i] / Q4_GROUP, p = (size_t)v[2 * i] % Q4_GROUP / 2;
+        row4[i] = E4 + (g * (Q4_GROUP / 2) + p) * dim, gmin[i] = mins + g * dim, gscale[i] = mins + (G + g) * dim;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < np; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int d = 0; d < vec; d += 8) {
+        __m512 e[2];
+#pragma GCC unroll 2
+        for (int i = 0; i < np; i++)
+            e[i] = E4 ? pair_q4(row4[i] + d, gmin[i] + d, gscale[i] + d) : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            __m512 xr = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)r * dim + d));
+#pragma GCC unroll 2
+            for (int i = 0; i < np; i++) acc[r][i] = _mm512_fmadd_ps(xr, e[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int i = 0; i < np; i++) {
+            float l[16];
+            _mm512_storeu_ps(l, acc[r][i]);
+            dot[r * 4 + 2 * i] = lanes_added(l), dot[r * 4 + 2 * i + 1] = lanes_added(l + 8);
+        }
+}
+
+/* The tail d = vec .. dim of dot[j] (row v of E), one fmaf at a time, as dot_portable. */
+static float tail_of(float s, const float *x, int dim, const fp16 *e16, const uint8_t *E4, int n, int v) {
+    for (int d = dim / 8 * 8; d < dim; d++) {
+        float e = E4 ? q4_value(E4, (size_t)n, (size_t)dim, (size_t)v * dim + d) : fp16_to_fp32(e16[(size_t)v * dim + d]);
+        s = fmaf(x[d], e, s);
+    }
+    return s;
+}
+
+/* Rows v0 .. v0 + ne (ne <= 4; v0 even for 4-bit) of E, fp16 (E16) or 4-bit (E4, n rows), against
+ * every row of x, 4 at a time. A lone last row is paired with itself (a 4-bit one with the other
+ * nibble of its byte row, padding past n), and the extra dot is not stored. */
+static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8_t *E4, int n, int v0, int ne,
+                 float *y, size_t ldy) {
+    int v[4], np = (ne + 1) / 2;
+    const fp16 *e16[4];
+    for (int j = 0; j < 4; j++) v[j] = v0 + (j < ne ? j : ne - 1), e16[j] = E16 ? E16 + (size_t)v[j] * dim : NULL;
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = rows - r < 4 ? rows - r : 4;
+        float dot[16];
+        const float *xr = x + (size_t)r * dim;
+#define DOTS(m) np == 1 ? dots_shape(xr, dim, e16, E4, n, v, dot, m, 1) : dots_shape(xr, dim, e16, E4, n, v, dot, m, 2)
+        if (mr == 4) DOTS(4); else if (mr == 3) DOTS(3); else if (mr == 2) DOTS(2); else DOTS(1);
+#undef DOTS
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < ne; j++)
+                y[(size_t)(r + i) * ldy + j] = tail_of(dot[i * 4 + j], xr + (size_t)i * dim, dim, E16, E4, n, v0 + j);
+    }
+}
+
+static void dots_f16(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
+    dots(x, rows, dim, E, NULL, 0, v0, ne, y, ldy);
+}
+
+static void dots_q4(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y, size_t ldy) {
+    dots(x, rows, dim, NULL, E, n, v0, ne, y, ldy);
+}
+
+#ifdef AVX512_SIMDE
+static const matmul_kernels kernels = {"avx512 (SIMDe, portable C)", band_f16, band_q4, dots_f16, dots_q4};
+const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
+#else
+static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4};
+const matmul_kernels *matmul_avx512(void) { return &kernels; }
+#endif
+
+#elif !defined(AVX512_SIMDE)
+const matmul_kernels *matmul_avx512(void) { return NULL; } /* not built for this compiler */
+#endif
