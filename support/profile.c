@@ -311,7 +311,7 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     const cJSON *core = fg_json_get(root, "blas_core"); /* optional: older files have none */
     if (rc == 0 && core && !(cJSON_IsString(core) && strlen(core->valuestring) < sizeof hw->blas_core))
         rc = fg_fail(err, "%s: \"blas_core\" must be an OpenBLAS core's name", path);
-    else if (core) snprintf(hw->blas_core, sizeof hw->blas_core, "%s", core->valuestring);
+    else if (rc == 0 && core) snprintf(hw->blas_core, sizeof hw->blas_core, "%s", core->valuestring);
     cJSON_Delete(root);
     return rc;
 }

@@ -181,6 +181,7 @@ static void test_hardware_file(void) {
         {FULL ", \"mem_bdw\": \"fast\"}", "\"mem_bdw\" must be 0 or a rate in [1, 1e+18]"},
         {FULL ", \"gpu_is_host\": 1}", "\"gpu_is_host\" must be true or false"},
         {FULL ", \"blas_core\": 3}", "\"blas_core\" must be an OpenBLAS core's name"},
+        {FULL ", \"gpu_is_host\": 1, \"blas_core\": 3}", "\"gpu_is_host\" must be true or false"},
         {FULL ", \"blas_core\": \"a name far longer than any core of OpenBLAS\"}", "\"blas_core\" must be"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
