@@ -303,6 +303,7 @@ typedef struct {
     double dequant_bdw, mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
     double mm_flops_int8_p, mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
     int gpu_is_host;    /* the gpu tier is host memory (the CPU backend) */
+    char blas_core[32]; /* the OpenBLAS core the rates were measured on ("": not recorded) */
 } fg_hardware;
 
 enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X }; /* the placement x */

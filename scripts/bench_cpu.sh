@@ -24,12 +24,12 @@
 #   VENV        the virtual environment with torch and transformers [./.venv if it exists,
 #               else /work/venv]
 #
-# For each configuration it measures the sgemm rate (scripts/sgemm_rate.c, best of SGEMM_REPS) at
-# the prefill's dominant shape (M = batch*prompt_len, N = ffn = 4*hidden, K = hidden) and at the
-# decode's (M = batch), before and after the runs (the higher of the two is used); runs
-# ./flexgen --json and scripts/bench_pytorch.py alternately REPS times (so both face the same
-# machine conditions), keeping the best (highest total throughput) run of each; and reports, with
-# their targets:
+# For each configuration it measures the sgemm rate (scripts/sgemm_rate.c, best of SGEMM_REPS, on
+# the OpenBLAS core ./flexgen runs on) at the prefill's dominant shape (M = batch*prompt_len,
+# N = ffn = 4*hidden, K = hidden) and at the decode's (M = batch), before and after the runs (the
+# higher of the two is used); runs ./flexgen --json and scripts/bench_pytorch.py alternately REPS
+# times (so both face the same machine conditions), keeping the best (highest total throughput)
+# run of each; and reports, with ./flexgen's OpenBLAS core (--json's blas_core) and the targets:
 #   ratio        flexgen / pytorch total throughput                                  (>= 2)
 #   prefill %    prefill matmul GFLOP/s / the prefill-shape sgemm rate               (>= 60%)
 #   step/mm      decode step time (decode_latency / (gen_len-1)) / the time its matmul FLOPs
@@ -285,8 +285,8 @@ make --no-print-directory flexgen >&2 || die "make flexgen failed"
 mkdir -p build "$(dirname "$RESULTS")"
 if [ "$RSS" != 1 ]; then
     log "building build/sgemm_rate"
-    "$CC" -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I"/usr/include/$ARCH/openblas-openmp" \
-        -o build/sgemm_rate scripts/sgemm_rate.c -L"/usr/lib/$ARCH/openblas-openmp" \
+    "$CC" -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I"/usr/include/$ARCH/openblas-openmp" \
+        -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c -L"/usr/lib/$ARCH/openblas-openmp" \
         -Wl,-rpath,"/usr/lib/$ARCH/openblas-openmp" -lopenblas || die "building build/sgemm_rate failed"
 fi
 
@@ -337,9 +337,13 @@ run_throughput() {
             "$TMP/sgp$n.jsonl" "$TMP/sgd$n.jsonl" "$RESULTS" "$TMP/summaries.jsonl" ||
             die "[$cfg] summary failed"
     done
+    # The OpenBLAS core of ./flexgen's runs (--json's blas_core); sgemm_rate takes the same one.
+    local core
+    core="$(cat "$TMP"/fg*.jsonl | "$PY" -c 'import json, sys
+print("/".join(sorted({json.loads(l).get("blas_core", "not reported") for l in sys.stdin if l.strip()})))')"
     echo
-    echo "FlexGen (C, fp16 weights) vs PyTorch eager (fp32), dummy weights, OMP_NUM_THREADS=$THREADS, best of $REPS round(s)" \
-        "(run $RUN_ID)"
+    echo "FlexGen (C, fp16 weights) vs PyTorch eager (fp32), dummy weights, OMP_NUM_THREADS=$THREADS, OpenBLAS core" \
+        "$core, best of $REPS round(s) (run $RUN_ID)"
     calc table "$TMP/summaries.jsonl"
 }
 

@@ -262,9 +262,14 @@ for cfg in $CONFIGS; do
     fi
 done
 
+# The OpenBLAS core of ./flexgen's runs (--json's blas_core).
+core="$("$PY" -c 'import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("/".join(sorted({r["data"].get("blas_core", "not reported") for r in runs
+                       if r["kind"] == "run" and r["engine"].startswith("flexgen")})) or "n/a")' "$RUN_FILE")"
 echo
 echo "Peer benchmark on the CPU, $THREADS thread(s), $ROUNDS round(s), random-weight checkpoints" \
-    "(seed $SEED), run $RUN_ID"
+    "(seed $SEED), ./flexgen's OpenBLAS core $core, run $RUN_ID"
 echo
 py_helper table --run-id "$RUN_ID" --run-file "$RUN_FILE" --results "$RESULTS" || die "the table failed"
 echo

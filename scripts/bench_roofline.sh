@@ -60,8 +60,8 @@ export OMP_NUM_THREADS="$THREADS"
 mkdir -p build "$(dirname "$RESULTS")"
 BLAS=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
 gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
-gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I/usr/include/$(gcc -print-multiarch)/openblas-openmp \
-    -o build/sgemm_rate scripts/sgemm_rate.c -L"$BLAS" -Wl,-rpath,"$BLAS" -lopenblas
+gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I/usr/include/$(gcc -print-multiarch)/openblas-openmp \
+    -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c -L"$BLAS" -Wl,-rpath,"$BLAS" -lopenblas
 
 read -r H FFN < <(python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_pytorch import MODELS
 m = MODELS.get('$MODEL') or sys.exit('bench_roofline.sh: unknown model $MODEL'); print(m[1], m[3])")
@@ -99,8 +99,9 @@ weight_bytes = lambda fmt: 2 * vectors + (2 * matrices if fmt == "fp16" else mat
 lines = lambda name: [json.loads(l) for l in open(f"{work}/{name}") if l.strip()]
 bw = max(r["gbs"] for r in lines("stream")) * 1e9
 gemm = max(r["gflops"] for r in lines("sgemm")) * 1e9
+cores = "/".join(sorted({d.get("blas_core", "not reported") for d in lines("runs")}))
 print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s, GEMM rate {gemm / 1e9:.1f} GFLOP/s "
-      f"(sgemm 1024 x {ffn} x {h}), threads {lines('stream')[0]['threads']}\n")
+      f"(sgemm 1024 x {ffn} x {h}), threads {lines('stream')[0]['threads']}, OpenBLAS core {cores}\n")
 print("| weights | batch | step ms | GB read | GFLOP | bytes / bandwidth ms | FLOPs / GEMM rate ms | step / bound |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 with open(results, "a") as out:

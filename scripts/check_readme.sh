@@ -4,7 +4,8 @@
 # repository root (after `make`), with --offload-dir and --path in a temporary directory that is
 # removed after; its stdout and stderr are compared line by line with the sample: exactly, except
 # on lines that carry measured times (latency, throughput, compute, disk reads, the search's
-# seconds), whose numbers are masked and the rest compared.
+# seconds), whose numbers are masked and the rest compared, and on the `blas:` line, which names
+# this machine's library and core and is compared in its shape only.
 # Prints `same` or `DIFF` per sample (with the first differing line), then `N passed, M failed`;
 # exits 1 if any sample differs.
 set -uo pipefail
@@ -18,6 +19,8 @@ text = open('README.md').read()
 samples = re.findall(r'```console\n\$ (.*?)\n(.*?)```', text, re.S)
 timed = re.compile(r'latency|throughput|compute:|disk reads:|^search:')
 def mask(line):
+    if line.startswith('blas: '):
+        return re.sub(r'^blas: .+, core \S+ \(.+\)$', 'blas: #, core # (#)', line)
     return re.sub(r'[0-9][0-9.e+-]*', '#', line) if timed.search(line) else line
 passed = failed = 0
 for cmd, want in samples:

@@ -7,16 +7,21 @@
  * `reps` repetitions (default 5) runs the GEMM enough times back to back to last about 0.1 s,
  * and the best (highest) rate of the repetitions is printed as one JSON line:
  *
- *   {"m":M,"n":N,"k":K,"reps":R,"gflops":G}
+ *   {"m":M,"n":N,"k":K,"reps":R,"gflops":G,"core":"SkylakeX"}
  *
  * Best-of is the usual way to get a machine's rate on a noisy, shared host. Threads: OpenBLAS's
- * OpenMP build, so OMP_NUM_THREADS sets them, as for ./flexgen.
+ * OpenMP build, so OMP_NUM_THREADS sets them, as for ./flexgen. OpenBLAS's core is the one
+ * ./flexgen runs on: it starts itself again on a better one where the library picked a core of an
+ * older instruction set than the CPU has, by the same rule (support/blas_core.c); "core" names it.
  *
  * Build (as the Makefile links ./flexgen):
- *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I/usr/include/x86_64-linux-gnu/openblas-openmp \
- *       -o build/sgemm_rate scripts/sgemm_rate.c -L/usr/lib/x86_64-linux-gnu/openblas-openmp \
- *       -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas
+ *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+ *       -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c \
+ *       -L/usr/lib/x86_64-linux-gnu/openblas-openmp -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas
  */
+#define _GNU_SOURCE
+#include "support/tools.h"
+
 #include <cblas.h>
 #include <errno.h>
 #include <limits.h>
@@ -24,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define MIN_REP_SECONDS 0.1
 
@@ -57,6 +63,11 @@ static void gemm(int m, int n, int k, const float *a, const float *b, float *c) 
 }
 
 int main(int argc, char **argv) {
+    const char *core = fg_blas_core_force();
+    if (core) {
+        execv("/proc/self/exe", argv);
+        fg_blas_core_unforce(core, errno);
+    }
     int m, n, k, reps = 5;
     if (argc < 4 || argc > 5) {
         fprintf(stderr, "usage: sgemm_rate M N K [reps]\n"
@@ -97,7 +108,8 @@ int main(int argc, char **argv) {
     /* Reading C keeps the GEMMs observable. */
     volatile float sink = c[(size_t)m * n - 1];
     (void)sink;
-    printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"reps\":%d,\"gflops\":%.3f}\n", m, n, k, reps, best);
+    printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"reps\":%d,\"gflops\":%.3f,\"core\":\"%s\"}\n", m, n, k, reps, best,
+           openblas_get_corename());
     free(a), free(b), free(c);
     return 0;
 }

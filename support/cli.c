@@ -641,8 +641,6 @@ static double peak_rss_bytes(void) {
     return ru.ru_maxrss * 1024.0;
 }
 
-/* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
- * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes. */
 /* The report's per-stage entries (--json): the layers, the policy, peaks, bytes sent, times. */
 static cJSON *stages_json(const stage_report *stages, int n) {
     cJSON *list = cJSON_CreateArray();
@@ -674,6 +672,9 @@ static long prompt_tokens(const prompt_set *p) {
     return total;
 }
 
+/* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
+ * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
+ * the times, and the OpenBLAS core the CPU's products ran on. */
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
                    const stage_report *stages, int n_stages) {
@@ -685,6 +686,8 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     double total_tp = (double)p->n * a->gen.gen_len / fmax(total, 1e-10);
     static const char *const link_keys[N_LINKS] = {"disk_to_cpu_bytes", "cpu_to_gpu_bytes",
                                                    "gpu_to_cpu_bytes", "cpu_to_disk_bytes"};
+    fg_blas_info blas; /* the CPU's products and attention, on either device */
+    fg_blas_info_get(&blas);
     if (a->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", c->name);
@@ -726,6 +729,8 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
         cJSON_AddNumberToObject(o, "total_latency", total);
         cJSON_AddNumberToObject(o, "total_throughput", total_tp);
+        cJSON_AddStringToObject(o, "blas_library", blas.library);
+        cJSON_AddStringToObject(o, "blas_core", blas.core);
         if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
@@ -746,6 +751,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
            st->link_bytes[LINK_GPU_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_DISK] / GB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
+    printf("blas: %s, core %s (%s)\n", blas.library, blas.core, blas.why);
     for (int r = 0; n_stages > 1 && r < n_stages; r++) {
         const stage_report *s = &stages[r];
         printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
@@ -1383,7 +1389,7 @@ static int profile_command(int argc, char **argv, char *err) {
     if (hw.mm_flops_int8_g > 0)
         printf("4-bit x int8 products %.1f (prefill) %.1f (decode) GFLOP/s\n", hw.mm_flops_int8_p / 1e9,
                hw.mm_flops_int8_g / 1e9);
-    printf("saved %s\n", out);
+    printf("saved %s (the products on OpenBLAS's %s core)\n", out, hw.blas_core);
     return 0;
 }
 
@@ -1594,14 +1600,21 @@ int flexgen_main(int argc, char **argv) {
  * 1000 rounds, libgomp's own figure for more threads than cores, keeps the speed alone and about
  * half of it beside a neighbour. libgomp reads GOMP_SPINCOUNT once, as it loads, so a run given
  * neither it nor OMP_WAIT_POLICY starts itself again with it set (and runs on if it cannot). */
-static void short_openmp_spin(char **argv) {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+static int short_openmp_spin(void) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
     setenv("GOMP_SPINCOUNT", "1000", 1);
-    execv("/proc/self/exe", argv);
+    return 1;
 }
 
+/* Both variables are read as the libraries load, so one new start takes both: OpenBLAS's core
+ * where it picked one of an older instruction set than this CPU has (blas_core.c), and the spin. */
 int main(int argc, char **argv) {
-    short_openmp_spin(argv);
+    const char *core = fg_blas_core_force();
+    int spin = short_openmp_spin();
+    if (core || spin) {
+        execv("/proc/self/exe", argv);
+        if (core) fg_blas_core_unforce(core, errno);
+    }
     return flexgen_main(argc, argv);
 }
 #endif

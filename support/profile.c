@@ -4,7 +4,8 @@
  * faulting the pages in after dropping them from the page cache), and the backend's own layer
  * for compute. A layer's time is a sum of terms (weights read, FLOPs of the products, FLOPs of
  * attention), and runs that differ in one of them give its rate (profile_compute).
- * `flexgen profile` writes what fg_profile measures to a hardware file (fg_hardware_read, below).
+ * `flexgen profile` writes what fg_profile measures to a hardware file (fg_hardware_read, below),
+ * with the OpenBLAS core it measured on.
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -229,6 +230,9 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
     if (!be) return -1;
     memset(hw, 0, sizeof *hw);
     hw->gpu_is_host = be->gpu_is_host;
+    fg_blas_info blas; /* the CPU's rates are OpenBLAS's on this core */
+    fg_blas_info_get(&blas);
+    snprintf(hw->blas_core, sizeof hw->blas_core, "%s", blas.core);
     if (check_dir("--offload-dir", offload_dir, err)) return -1;
     profile_step(verbose, "cpu -> gpu and gpu -> cpu copies, 4-bit decompression");
     if (profile_copies(be, hw, err)) return -1;
@@ -304,6 +308,10 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     if (rc == 0 && host && !cJSON_IsBool(host))
         rc = fg_fail(err, "%s: \"gpu_is_host\" must be true or false", path);
     hw->gpu_is_host = cJSON_IsTrue(host);
+    const cJSON *core = fg_json_get(root, "blas_core"); /* optional: older files have none */
+    if (rc == 0 && core && !(cJSON_IsString(core) && strlen(core->valuestring) < sizeof hw->blas_core))
+        rc = fg_fail(err, "%s: \"blas_core\" must be an OpenBLAS core's name", path);
+    else if (rc == 0 && core) snprintf(hw->blas_core, sizeof hw->blas_core, "%s", core->valuestring);
     cJSON_Delete(root);
     return rc;
 }
@@ -318,6 +326,7 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     cJSON_AddNumberToObject(o, "mm_flops_int8_p", hw->mm_flops_int8_p);
     cJSON_AddNumberToObject(o, "mm_flops_int8_g", hw->mm_flops_int8_g);
     cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
+    if (hw->blas_core[0]) cJSON_AddStringToObject(o, "blas_core", hw->blas_core);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return fg_fail(err, "%s: out of memory", path);

@@ -1,6 +1,7 @@
 /* support/tools.h: the support layer's own interface, for the command line and the tests: whole
  * files, output files and signals, checkpoints and dummy weights, the tokenizer, the trace file,
- * the link between pipeline stages, perplexity, the hardware file and the profiler.
+ * the link between pipeline stages, perplexity, the hardware file and the profiler, OpenBLAS's
+ * core, batch jobs.
  */
 #ifndef FLEXGEN_TOOLS_H
 #define FLEXGEN_TOOLS_H
@@ -166,6 +167,29 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
 /* Measures this machine's constants on the runtime's own paths (profile.c) with the backend of
  * `device`, with a 1 GiB file in offload_dir for the disk; progress on stderr when verbose. */
 int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err);
+
+/* ------------------------------------------------------------------------------------------
+ * OpenBLAS's core (blas_core.c): the one the library picked as it loaded, and a better one for
+ * this CPU's instruction set, which ./flexgen's main starts itself again on.
+ * ------------------------------------------------------------------------------------------ */
+enum { FG_CPU_AVX = 1, FG_CPU_AVX2 = 2, FG_CPU_FMA = 4, FG_CPU_AVX512F = 8, FG_CPU_AVX512BW = 16,
+       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64 };
+unsigned fg_cpu_features(void); /* this CPU's FG_CPU_ bits (with the OS's support for them) */
+/* The core to force on a CPU of `features` where the library picked `picked`: the core of the
+ * CPU's best instruction set (AVX-512 F/BW/DQ/VL: SkylakeX, AVX2 and FMA: Haswell, AVX:
+ * Sandybridge) when `picked` is a known core of a lower one. NULL: nothing to force (the user set
+ * OPENBLAS_CORETYPE, `picked` is as good or unknown, or the CPU has no AVX). */
+const char *fg_blas_core_due(unsigned features, const char *picked, int user_set);
+/* main's first step: when a core is due and the user has not set OPENBLAS_CORETYPE, sets it and
+ * FLEXGEN_BLAS_CORE_FORCED (the core picked; it stops a second start) and returns the core, for
+ * main to exec itself; NULL otherwise. fg_blas_core_unforce undoes it where the exec failed,
+ * with one line on stderr. */
+const char *fg_blas_core_force(void);
+void fg_blas_core_unforce(const char *core, int errnum);
+/* What the report says: "OpenBLAS 0.3.21", the core running, and why it is that one ("chosen
+ * for AVX-512; the library picked Haswell", "OPENBLAS_CORETYPE", "as the library picked"). */
+typedef struct { char library[32], core[32], why[96]; } fg_blas_info;
+void fg_blas_info_get(fg_blas_info *b);
 
 /* ------------------------------------------------------------------------------------------
  * Batch jobs (jobs.c): prompts in JSONL, records appended to --output as rounds finish, --resume.

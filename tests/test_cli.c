@@ -680,9 +680,9 @@ static void test_json_run_matches_reference(void) {
 static void test_default_report(void) {
     static const char *const lines[] = {"model size:", "peak gpu mem:", "prefill latency:",
                                         "decode latency:", "total latency:", "peak tiers:",
-                                        "moved:", "compute:"};
+                                        "moved:", "compute:", "blas:"};
     char *out = run_tiny(ARGS("--gpu-batch-size", "4"));
-    CU_ASSERT_EQUAL(count_lines(out), 8);
+    CU_ASSERT_EQUAL(count_lines(out), 9);
     const char *at = out;
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         const char *line = strstr(at, lines[i]);
@@ -1315,6 +1315,8 @@ static void test_profile(void) {
         h.bmm_flops_p, h.bmm_flops_g, h.cpu_flops, h.dequant_bdw, h.mem_bdw, h.mm_flops_int8_p, h.mm_flops_int8_g};
     for (size_t i = 0; i < sizeof rates / sizeof *rates; i++) CU_ASSERT(rates[i] > 0 && isfinite(rates[i]));
     CU_ASSERT_EQUAL(h.gpu_is_host, 1);
+    EXPECT(h.blas_core[0] && strstr(out, h.blas_core), "the hardware file's \"blas_core\": expected the core "
+           "the run names, got '%s' (%s)", h.blas_core, out);
     CU_ASSERT_EQUAL(dir_entries(off), 0);
     free(out), free(err);
     rm_tree(dir), rm_tree(off);
@@ -1531,6 +1533,153 @@ static void test_output_modes(void) {
     free(dir);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * OpenBLAS's core (support/blas_core.c)
+ * --------------------------------------------------------------------------------------------- */
+
+/* fg_blas_core_due over a table: the CPU's instruction sets x the core the library picked (x a
+ * user's OPENBLAS_CORETYPE) -> the core forced, or none. */
+static void test_blas_core_decision(void) {
+    enum { AVX = FG_CPU_AVX, AVX2 = AVX | FG_CPU_AVX2 | FG_CPU_FMA,
+           AVX512 = AVX2 | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL };
+    static const struct { unsigned cpu; const char *picked; int user; const char *want; } rows[] = {
+        {AVX512, "Haswell", 0, "SkylakeX"}, /* an AVX-512 CPU newer than the library's table */
+        {AVX512, "Prescott", 0, "SkylakeX"},
+        {AVX512, "Zen", 0, "SkylakeX"},
+        {AVX512, "haswell", 0, "SkylakeX"}, /* any case, as the library compares names */
+        {AVX512, "SkylakeX", 0, NULL},      /* the best already */
+        {AVX512, "Cooperlake", 0, NULL},
+        {AVX512, "Haswell", 1, NULL},       /* the user's OPENBLAS_CORETYPE */
+        {AVX512, "Prescott", 1, NULL},
+        {AVX512, "NeoverseN1", 0, NULL},    /* a core not in the table */
+        {AVX512, "", 0, NULL},
+        {AVX2 | FG_CPU_AVX512F, "Haswell", 0, NULL}, /* AVX-512 F without BW, DQ, VL: AVX2 */
+        {AVX2, "Prescott", 0, "Haswell"},
+        {AVX2, "Sandybridge", 0, "Haswell"},
+        {AVX2, "Steamroller", 0, "Haswell"},
+        {AVX2, "Haswell", 0, NULL},
+        {AVX2, "Excavator", 0, NULL},
+        {AVX2, "SkylakeX", 0, NULL},        /* above what the CPU has: never lowered */
+        {AVX | FG_CPU_AVX2, "Nehalem", 0, "Sandybridge"}, /* AVX2 without FMA: AVX */
+        {AVX, "Core2", 0, "Sandybridge"},
+        {AVX, "Bulldozer", 0, NULL},
+        {0, "Prescott", 0, NULL},           /* no AVX: nothing better to force */
+        {0, "Atom", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        const char *got = fg_blas_core_due(rows[i].cpu, rows[i].picked, rows[i].user);
+        EXPECT(got == rows[i].want || (got && rows[i].want && !strcmp(got, rows[i].want)),
+               "CPU features 0x%x, the library's %s%s: expected %s, got %s", rows[i].cpu, rows[i].picked,
+               rows[i].user ? ", the user's OPENBLAS_CORETYPE" : "", rows[i].want ? rows[i].want : "none",
+               got ? got : "none");
+    }
+}
+
+/* ./flexgen on opt-tiny with OPENBLAS_CORETYPE (NULL: unset), FLEXGEN_TEST_BLAS_LOW=1 where low,
+ * FLEXGEN_BLAS_CORE_FORCED (NULL: unset) and the extra flags, under timeout(1), so that a run
+ * that kept starting itself again fails instead of hanging. Returns its stdout; the check fails
+ * unless it exits 0 with nothing on stderr. */
+static char *blas_run(const char *coretype, int low, const char *forced, const char *const *extra) {
+    static const char *const names[] = {"OPENBLAS_CORETYPE", "FLEXGEN_TEST_BLAS_LOW", "FLEXGEN_BLAS_CORE_FORCED"};
+    const char *values[] = {coretype, low ? "1" : NULL, forced};
+    char *saved[3];
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        if (values[i]) setenv(names[i], values[i], 1);
+        else unsetenv(names[i]);
+    }
+    const char *argv[40] = {"timeout", "120", flexgen_bin(), "--model", tiny_dir, "--prompt-ids",
+                            tiny_prompts, "--gen-len", "2", "--quiet", "--device", "cpu"};
+    int n = 12;
+    while (*extra && n < 39) argv[n++] = *extra++;
+    argv[n] = NULL;
+    char *out, *err;
+    int rc = run_command(argv, NULL, &out, &err);
+    for (int i = 0; i < 3; i++) {
+        if (saved[i]) setenv(names[i], saved[i], 1);
+        else unsetenv(names[i]);
+        free(saved[i]);
+    }
+    EXPECT(rc == 0 && !err[0], "OPENBLAS_CORETYPE=%s%s%s: expected exit 0 and nothing on stderr, got %d "
+           "(124: still running after 120 s): %s", coretype ? coretype : "(unset)",
+           low ? " FLEXGEN_TEST_BLAS_LOW=1" : "", forced ? " FLEXGEN_BLAS_CORE_FORCED" : "", rc, err);
+    free(err);
+    return out;
+}
+
+static const char *last_line(const char *s) {
+    size_t n = strlen(s);
+    if (n > 0 && s[n - 1] == '\n') n--;
+    while (n > 0 && s[n - 1] != '\n') n--;
+    return s + n;
+}
+
+/* The --json report's value of key ("" when it is not a string). */
+static const char *json_text(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* The report's blas line: "blas: OpenBLAS ..., core <core> (<why>)". */
+static void expect_blas_line(const char *out, const char *core, const char *why) {
+    char want[200];
+    snprintf(want, sizeof want, ", core %s (%s)\n", core, why);
+    const char *line = last_line(out), *at = strstr(line, want);
+    EXPECT(!strncmp(line, "blas: OpenBLAS ", 15) && at && !at[strlen(want)],
+           "the report's last line: expected 'blas: OpenBLAS ...%.*s', got '%s'", (int)strlen(want) - 1, want, line);
+}
+
+/* The library "picks" Prescott (OPENBLAS_CORETYPE=Prescott with FLEXGEN_TEST_BLAS_LOW=1, which
+ * makes it stand for the library's own pick): ./flexgen starts itself again, once, on the core
+ * fg_blas_core_due gives for this CPU, and the report says so; a CPU without AVX stays on
+ * Prescott. With FLEXGEN_BLAS_CORE_FORCED set, as in the second start, it does not start again. */
+static void test_blas_core_restart(void) {
+#if defined(__x86_64__)
+    const char *want = fg_blas_core_due(fg_cpu_features(), "Prescott", 0);
+    char *out = blas_run("Prescott", 1, NULL, ARGS(NULL));
+    if (want) {
+        char why[100];
+        snprintf(why, sizeof why, "chosen for %s; the library picked Prescott",
+                 !strcmp(want, "SkylakeX") ? "AVX-512" : !strcmp(want, "Haswell") ? "AVX2" : "AVX");
+        expect_blas_line(out, want, why);
+    } else {
+        expect_blas_line(out, "Prescott", "as the library picked");
+    }
+    free(out);
+    out = blas_run("Prescott", 1, NULL, ARGS("--json"));
+    cJSON *o = cJSON_Parse(out);
+    EXPECT(!strcmp(json_text(o, "blas_core"), want ? want : "Prescott"), "--json: expected \"blas_core\" %s, got '%s'",
+           want ? want : "Prescott", json_text(o, "blas_core"));
+    cJSON_Delete(o);
+    free(out);
+    out = blas_run("Prescott", 1, "Prescott", ARGS("--json")); /* the marker: no second start */
+    o = cJSON_Parse(out);
+    EXPECT(!strcmp(json_text(o, "blas_core"), "Prescott"),
+           "FLEXGEN_BLAS_CORE_FORCED set: expected no new start, on Prescott; got '%s'", json_text(o, "blas_core"));
+    cJSON_Delete(o);
+    free(out);
+#endif
+}
+
+/* A user's OPENBLAS_CORETYPE is kept, even one the CPU could better (Haswell on an AVX-512 CPU,
+ * Prescott elsewhere): the report names it, as the user's, and --json has it. */
+static void test_blas_core_user(void) {
+#if defined(__x86_64__)
+    const char *mine = fg_blas_core_due(fg_cpu_features(), "Haswell", 0) ? "Haswell" : "Prescott";
+    char *out = blas_run(mine, 0, NULL, ARGS(NULL));
+    expect_blas_line(out, mine, "OPENBLAS_CORETYPE");
+    free(out);
+    out = blas_run(mine, 0, NULL, ARGS("--json"));
+    cJSON *o = cJSON_Parse(out);
+    EXPECT(!strcmp(json_text(o, "blas_core"), mine) && !strncmp(json_text(o, "blas_library"), "OpenBLAS ", 9),
+           "--json with OPENBLAS_CORETYPE=%s: expected \"blas_core\" %s and \"blas_library\" OpenBLAS ..., got '%s' "
+           "and '%s'", mine, mine, json_text(o, "blas_core"), json_text(o, "blas_library"));
+    cJSON_Delete(o);
+    free(out);
+#endif
+}
+
 void add_cli_tests(void) {
     CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
     CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
@@ -1571,4 +1720,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);
+    CU_add_test(s, "OpenBLAS's core: the decision over a table", test_blas_core_decision);
+    CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
+    CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
 }

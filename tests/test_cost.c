@@ -158,10 +158,11 @@ static void test_hardware_file(void) {
     fg_hardware hw;
     write_text_file(path, FULL "}");
     CU_ASSERT_EQUAL(fg_hardware_read(path, &hw, err), 0);
-    CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0); /* the optional keys default to 0, false */
+    CU_ASSERT_EQUAL(memcmp(&hw, &HW, sizeof hw), 0); /* the optional keys default to 0, false, "" */
     /* written and read back */
     fg_hardware with = HW, back;
     with.dequant_bdw = 3.25e9, with.mem_bdw = 1e9 / 3, with.gpu_is_host = 1;
+    snprintf(with.blas_core, sizeof with.blas_core, "SkylakeX");
     CU_ASSERT_EQUAL(fg_hardware_write(path, &with, err), 0);
     CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
     CU_ASSERT_EQUAL(memcmp(&back, &with, sizeof back), 0);
@@ -179,6 +180,9 @@ static void test_hardware_file(void) {
         {FULL ", \"dequant_bdw\": -1}", "\"dequant_bdw\" must be 0 or a rate in [1, 1e+18]"},
         {FULL ", \"mem_bdw\": \"fast\"}", "\"mem_bdw\" must be 0 or a rate in [1, 1e+18]"},
         {FULL ", \"gpu_is_host\": 1}", "\"gpu_is_host\" must be true or false"},
+        {FULL ", \"blas_core\": 3}", "\"blas_core\" must be an OpenBLAS core's name"},
+        {FULL ", \"gpu_is_host\": 1, \"blas_core\": 3}", "\"gpu_is_host\" must be true or false"},
+        {FULL ", \"blas_core\": \"a name far longer than any core of OpenBLAS\"}", "\"blas_core\" must be"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text_file(path, bad[i].text);

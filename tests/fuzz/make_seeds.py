@@ -118,7 +118,7 @@ def main():
         '{"ctog_bdw": 6e9, "gtoc_bdw_cache": 1.2e10, "gtoc_bdw_hidden": 1.2e10, "dtoc_bdw": 1.4e9,'
         ' "ctod_bdw_cache_p": 2.5e8, "ctod_bdw_hidden_p": 2.5e8, "ctod_bdw_g": 2.5e8,'
         ' "mm_flops_p": 1.3e11, "mm_flops_g": 1.7e11, "bmm_flops_p": 1e11, "bmm_flops_g": 4e10,'
-        ' "cpu_flops": 4e10, "dequant_bdw": 5e9, "mem_bdw": 8e9, "gpu_is_host": true}\n')
+        ' "cpu_flops": 4e10, "dequant_bdw": 5e9, "mem_bdw": 8e9, "gpu_is_host": true, "blas_core": "SkylakeX"}\n')
 
     # fuzz_cli_args: arguments separated by NUL bytes
     lines = [

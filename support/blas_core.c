@@ -1,0 +1,129 @@
+/* support/blas_core.c: the OpenBLAS core that runs the products, and a better one where the
+ * library picked a core of an older instruction set than this CPU has.
+ *
+ * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels as it loads, from a table of CPU
+ * model numbers; a CPU newer than its table gets a fallback, which can be a core of an older
+ * instruction set: AVX2 kernels on an AVX-512 CPU, or SSE3 ones (Prescott) on an AVX2 one. It reads
+ * OPENBLAS_CORETYPE only as it loads, so ./flexgen's main asks fg_blas_core_force whether a better
+ * core is due and, if so, starts itself again with OPENBLAS_CORETYPE naming it
+ * (docs/DESIGN.md, "Conventions"). A user's own OPENBLAS_CORETYPE is always kept.
+ */
+#define _GNU_SOURCE
+#include "support/tools.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Set beside OPENBLAS_CORETYPE when ./flexgen set it: the core the library had picked. Its
+ * presence also stops a second start. */
+#define FORCED "FLEXGEN_BLAS_CORE_FORCED"
+/* Tests only: the OPENBLAS_CORETYPE given stands for the library's own pick, not a user's. */
+#define TEST_LOW "FLEXGEN_TEST_BLAS_LOW"
+
+#define AVX2_SET (FG_CPU_AVX | FG_CPU_AVX2 | FG_CPU_FMA)
+#define AVX512_SET (AVX2_SET | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL)
+
+/* The instruction sets, lowest first, each with the core forced for a CPU whose best set it is
+ * (names OpenBLAS has known since 0.3.5; 0.3.21 does not take Cooperlake). */
+static const struct { const char *name, *core; unsigned needs; } LEVELS[] = {
+    {"SSE", NULL, 0},
+    {"AVX", "Sandybridge", FG_CPU_AVX},
+    {"AVX2", "Haswell", AVX2_SET},
+    {"AVX-512", "SkylakeX", AVX512_SET},
+};
+enum { N_LEVELS = sizeof LEVELS / sizeof LEVELS[0] };
+
+/* OpenBLAS's x86 cores, as openblas_get_corename names them, each at the set of the CPUs it is
+ * named after (Steamroller and Excavator both run Piledriver's kernels, but only Excavator CPUs,
+ * which have AVX2, get Excavator). */
+static const struct { const char *core; int level; } CORES[] = {
+    {"Katmai", 0}, {"Coppermine", 0}, {"Northwood", 0}, {"Prescott", 0}, {"Banias", 0},
+    {"Atom", 0}, {"Core2", 0}, {"Penryn", 0}, {"Dunnington", 0}, {"Nehalem", 0}, {"Athlon", 0},
+    {"Opteron", 0}, {"Opteron_SSE3", 0}, {"Barcelona", 0}, {"Nano", 0}, {"Bobcat", 0},
+    {"Sandybridge", 1}, {"Bulldozer", 1}, {"Piledriver", 1}, {"Steamroller", 1},
+    {"Haswell", 2}, {"Zen", 2}, {"Excavator", 2},
+    {"SkylakeX", 3}, {"Cooperlake", 3}, {"SapphireRapids", 3},
+};
+
+static int core_level(const char *core) { /* -1: a core not in the table */
+    for (size_t i = 0; core && i < sizeof CORES / sizeof CORES[0]; i++)
+        if (!strcasecmp(core, CORES[i].core)) return CORES[i].level;
+    return -1;
+}
+
+static int cpu_level(unsigned features) {
+    int best = 0;
+    for (int i = 1; i < N_LEVELS; i++)
+        if ((features & LEVELS[i].needs) == LEVELS[i].needs) best = i;
+    return best;
+}
+
+unsigned fg_cpu_features(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) |
+           (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
+           (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) |
+           (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
+           (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
+           (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
+           (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u);
+#else
+    return 0;
+#endif
+}
+
+const char *fg_blas_core_due(unsigned features, const char *picked, int user_set) {
+    int have = cpu_level(features), got = core_level(picked);
+    return user_set || got < 0 || got >= have ? NULL : LEVELS[have].core;
+}
+
+static char *given; /* OPENBLAS_CORETYPE before fg_blas_core_force set it (tests only) */
+
+const char *fg_blas_core_force(void) {
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    if (getenv(FORCED)) return NULL; /* this is the second start */
+    const char *picked = openblas_get_corename();
+    const char *core = fg_blas_core_due(fg_cpu_features(), picked, env && !getenv(TEST_LOW));
+    if (!core) return NULL;
+    given = env ? strdup(env) : NULL;
+    setenv(FORCED, picked, 1);
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    return core;
+}
+
+void fg_blas_core_unforce(const char *core, int errnum) {
+    fprintf(stderr, "flexgen: OpenBLAS stays on %s: starting again with OPENBLAS_CORETYPE=%s failed: %s\n",
+            openblas_get_corename(), core, strerror(errnum));
+    if (given) setenv("OPENBLAS_CORETYPE", given, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    unsetenv(FORCED);
+    free(given);
+    given = NULL;
+}
+
+void fg_blas_info_get(fg_blas_info *b) {
+    const char *core = openblas_get_corename(), *env = getenv("OPENBLAS_CORETYPE");
+    const char *picked = getenv(FORCED);
+    int words = 0; /* the library: the first two words of its configuration, "OpenBLAS 0.3.21" */
+    size_t n = 0;
+    for (const char *c = openblas_get_config(); *c && n + 1 < sizeof b->library; c++) {
+        if (*c == ' ' && ++words == 2) break;
+        b->library[n++] = *c;
+    }
+    b->library[n] = 0;
+    snprintf(b->core, sizeof b->core, "%s", core);
+    int level = core_level(core);
+    if (picked && env)
+        snprintf(b->why, sizeof b->why, "chosen for %s; the library picked %s",
+                 level >= 0 ? LEVELS[level].name : "this CPU", picked);
+    else if (env && !getenv(TEST_LOW) && !strcasecmp(env, core))
+        snprintf(b->why, sizeof b->why, "OPENBLAS_CORETYPE");
+    else if (env && !getenv(TEST_LOW))
+        snprintf(b->why, sizeof b->why, "OPENBLAS_CORETYPE=%.40s", env);
+    else
+        snprintf(b->why, sizeof b->why, "as the library picked");
+}
