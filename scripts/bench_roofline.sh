@@ -18,14 +18,21 @@
 #   FLOPs  2 * B * (L * (4 h^2 + 2 h f) + V * w) for the products, plus 4 * B * L * c * h for
 #          attention (QK^T and PV)
 # averaged over the steps (c = P + 1 .. P + G - 1). The step time is decode_latency / (G - 1).
-# The ratio step / bound is what to read: 1.0 is the roofline.
+# The ratio step / bound is what to read: 1.0 is the roofline. Beside it: tokens per second
+# (B / step), the share of the read limit (bytes / bandwidth / step: how close the step comes to
+# reading its bytes at the stream rate), and the path of the CPU kernels (--json's cpu_kernels).
+#
+# With --base BIN, a second binary (another build of ./flexgen, say the previous commit's) runs
+# each configuration too, alternating with ./flexgen ROUNDS times (the best run of each is kept),
+# so that both face the same machine.
 #
 # Run from the repository root:
 #   bash scripts/bench_roofline.sh [--threads N] [--model NAME] [--batches "1 8 32"]
 #                                  [--prompt-len P] [--gen-len G] [--results FILE]
+#                                  [--base BIN] [--rounds N]
 # Environment: THREADS [nproc], MODEL [opt-1.3b], BATCHES ["1 8 32"], PROMPT_LEN [32],
 # GEN_LEN [16], RESULTS [build/roofline.jsonl] (one JSON line per run is appended), FLEXGEN_PATH
-# (--path of the dummy weights) [~/.cache/flexgen].
+# (--path of the dummy weights) [~/.cache/flexgen], BASE [none], ROUNDS [1].
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,13 +45,16 @@ BATCHES="${BATCHES:-1 8 32}"
 PROMPT_LEN="${PROMPT_LEN:-32}"
 GEN_LEN="${GEN_LEN:-16}"
 RESULTS="${RESULTS:-build/roofline.jsonl}"
+BASE="${BASE:-}"
+ROUNDS="${ROUNDS:-1}"
 while [ $# -gt 0 ]; do
     case "$1" in
-        --threads|--model|--batches|--prompt-len|--gen-len|--results)
+        --threads|--model|--batches|--prompt-len|--gen-len|--results|--base|--rounds)
             [ $# -ge 2 ] || die "$1 needs a value"
             case "$1" in
                 --threads) THREADS="$2" ;; --model) MODEL="$2" ;; --batches) BATCHES="$2" ;;
                 --prompt-len) PROMPT_LEN="$2" ;; --gen-len) GEN_LEN="$2" ;; --results) RESULTS="$2" ;;
+                --base) BASE="$2" ;; --rounds) ROUNDS="$2" ;;
             esac
             shift ;;
         -h|--help) sed -n '/^# Run from/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -52,7 +62,8 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-for v in "$THREADS" "$PROMPT_LEN" $BATCHES; do [[ "$v" =~ ^[1-9][0-9]*$ ]] || die "expected a positive integer, got '$v'"; done
+[ -z "$BASE" ] || [ -x "$BASE" ] || die "--base: $BASE is not an executable"
+for v in "$THREADS" "$PROMPT_LEN" "$ROUNDS" $BATCHES; do [[ "$v" =~ ^[1-9][0-9]*$ ]] || die "expected a positive integer, got '$v'"; done
 [[ "$GEN_LEN" =~ ^[1-9][0-9]*$ ]] && [ "$GEN_LEN" -ge 2 ] || die "--gen-len must be at least 2, got '$GEN_LEN'"
 [ -x ./flexgen ] || die "./flexgen is not built (run make)"
 
@@ -77,10 +88,14 @@ for fmt in fp16 4-bit 4-bit-int8; do
     [ "$fmt" = 4-bit ] && extra=(--compress-weight)
     [ "$fmt" = 4-bit-int8 ] && extra=(--compress-weight --int8-activations)
     for b in $BATCHES; do
-        echo "bench_roofline.sh: $MODEL $fmt batch $b ..." >&2
-        ./flexgen --model "$MODEL" --device cpu --gpu-batch-size "$b" --num-gpu-batches 1 \
-            --prompt-len "$PROMPT_LEN" --gen-len "$GEN_LEN" --json --quiet "${path_args[@]}" \
-            "${extra[@]}" | python3 -c "import json, sys; d = json.load(sys.stdin); d['format'] = '$fmt'; print(json.dumps(d))" >>"$work/runs"
+        for ((round = 0; round < ROUNDS; round++)); do
+            for bin in ./flexgen $BASE; do
+                echo "bench_roofline.sh: $bin $MODEL $fmt batch $b (round $((round + 1)) of $ROUNDS) ..." >&2
+                "$bin" --model "$MODEL" --device cpu --gpu-batch-size "$b" --num-gpu-batches 1 \
+                    --prompt-len "$PROMPT_LEN" --gen-len "$GEN_LEN" --json --quiet "${path_args[@]}" "${extra[@]}" |
+                    python3 -c "import json, sys; d = json.load(sys.stdin); d['format'] = '$fmt'; d['bin'] = '$bin'; print(json.dumps(d))" >>"$work/runs"
+            done
+        done
     done
 done
 rates
@@ -102,10 +117,17 @@ gemm = max(r["gflops"] for r in lines("sgemm")) * 1e9
 cores = "/".join(sorted({d.get("blas_core", "not reported") for d in lines("runs")}))
 print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s, GEMM rate {gemm / 1e9:.1f} GFLOP/s "
       f"(sgemm 1024 x {ffn} x {h}), threads {lines('stream')[0]['threads']}, OpenBLAS core {cores}\n")
-print("| weights | batch | step ms | GB read | GFLOP | bytes / bandwidth ms | FLOPs / GEMM rate ms | step / bound |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| binary | cpu kernels | weights | batch | step ms | tok/s | GB read | GFLOP | bytes / bandwidth ms "
+      "| FLOPs / GEMM rate ms | share of the read limit | step / bound |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+best = {}  # the fastest run of each binary, format and batch, in the order first run
+for d in lines("runs"):
+    key = (d["bin"], d["format"], d["gpu_batch_size"])
+    if key not in best or d["decode_latency"] < best[key]["decode_latency"]:
+        best[key] = d
 with open(results, "a") as out:
-    for d in lines("runs"):
+    for d in sorted(best.values(), key=lambda d: (["fp16", "4-bit", "4-bit-int8"].index(d["format"]),
+                                                  d["gpu_batch_size"], d["bin"] != "./flexgen")):
         B, P, G = d["gpu_batch_size"], d["prompt_len"], d["gen_len"]
         ctx = sum(P + s for s in range(1, G)) / (G - 1)
         step = d["decode_latency"] / (G - 1)
@@ -113,9 +135,11 @@ with open(results, "a") as out:
         flops = 2 * B * (L * (4 * h * h + 2 * h * ffn) + VOCAB * wd) + 4 * B * L * ctx * h
         t_mem, t_flop = nbytes / bw, flops / gemm
         ratio = step / max(t_mem, t_flop)
-        print(f"| {d['format']} | {B} | {step * 1e3:.1f} | {nbytes / 1e9:.3f} | {flops / 1e9:.1f} | "
-              f"{t_mem * 1e3:.1f} | {t_flop * 1e3:.1f} | {ratio:.2f} |")
-        out.write(json.dumps({"model": model, "format": d["format"], "batch": B, "step_s": step,
+        print(f"| {d['bin']} | {d.get('cpu_kernels', 'not reported')} | {d['format']} | {B} | {step * 1e3:.1f} | "
+              f"{B / step:.1f} | {nbytes / 1e9:.3f} | {flops / 1e9:.1f} | {t_mem * 1e3:.1f} | {t_flop * 1e3:.1f} | "
+              f"{t_mem / step:.0%} | {ratio:.2f} |")
+        out.write(json.dumps({"model": model, "bin": d["bin"], "cpu_kernels": d.get("cpu_kernels"),
+                              "format": d["format"], "batch": B, "step_s": step,
                               "bytes": nbytes, "flops": flops, "stream_gbs": bw / 1e9,
                               "gemm_gflops": gemm / 1e9, "ratio": ratio}) + "\n")
 PY

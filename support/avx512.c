@@ -35,6 +35,7 @@
 #endif
 
 #ifdef AVX512_BUILT
+#pragma GCC diagnostic ignored "-Wpsabi" /* zmm arguments of static functions: no ABI to keep */
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
@@ -326,7 +327,7 @@ static void dots_q4(const float *x, int rows, int dim, const uint8_t *E, int n, 
 }
 
 #ifdef AVX512_SIMDE
-static const matmul_kernels kernels = {"avx512 (SIMDe, portable C)", band_f16, band_q4, dots_f16, dots_q4};
+static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4};
 const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 #else
 static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4};

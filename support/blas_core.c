@@ -61,21 +61,6 @@ static int cpu_level(unsigned features) {
     return best;
 }
 
-unsigned fg_cpu_features(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) |
-           (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
-           (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) |
-           (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
-           (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
-           (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
-           (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u);
-#else
-    return 0;
-#endif
-}
-
 const char *fg_blas_core_due(unsigned features, const char *picked, int user_set) {
     int have = cpu_level(features), got = core_level(picked);
     return user_set || got < 0 || got >= have ? NULL : LEVELS[have].core;

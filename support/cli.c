@@ -731,6 +731,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "total_throughput", total_tp);
         cJSON_AddStringToObject(o, "blas_library", blas.library);
         cJSON_AddStringToObject(o, "blas_core", blas.core);
+        cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
         if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
@@ -751,7 +752,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
            st->link_bytes[LINK_GPU_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_DISK] / GB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
-    printf("blas: %s, core %s (%s)\n", blas.library, blas.core, blas.why);
+    printf("blas: %s, core %s (%s)\tcpu kernels: %s\n", blas.library, blas.core, blas.why, matmul_path());
     for (int r = 0; n_stages > 1 && r < n_stages; r++) {
         const stage_report *s = &stages[r];
         printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
@@ -1560,6 +1561,7 @@ int flexgen_main(int argc, char **argv) {
         rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
         if (fg_pipe_rank(pipe)) err[0] = 0;
     }
+    if (rc == 0) rc = fg_isa_check_env(err); /* FLEXGEN_ISA, before any kernel runs */
     if (rc) {
     } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {
         rc = tokenize_command(argc, argv, err);

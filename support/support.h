@@ -44,6 +44,9 @@ int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
  * FLEXGEN_ISA names: portable, avx2, avx512 (no wider than the CPU's), or avx512-simde, the
  * AVX-512 kernels built on SIMDe's portable C, which runs anywhere. FLEXGEN_NO_SIMD=1: portable.
  * AVX-512 here means F, BW, DQ and VL. ---- */
+enum { FG_CPU_AVX = 1, FG_CPU_AVX2 = 2, FG_CPU_FMA = 4, FG_CPU_AVX512F = 8, FG_CPU_AVX512BW = 16,
+       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64, FG_CPU_F16C = 128 };
+unsigned fg_cpu_features(void); /* this CPU's FG_CPU_ bits (with the OS's support for them) */
 typedef enum { FG_ISA_PORTABLE, FG_ISA_AVX2, FG_ISA_AVX512, FG_ISA_AVX512_SIMDE } fg_isa;
 fg_isa fg_isa_of_cpu(void);
 fg_isa fg_isa_active(void);

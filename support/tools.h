@@ -172,9 +172,6 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
  * OpenBLAS's core (blas_core.c): the one the library picked as it loaded, and a better one for
  * this CPU's instruction set, which ./flexgen's main starts itself again on.
  * ------------------------------------------------------------------------------------------ */
-enum { FG_CPU_AVX = 1, FG_CPU_AVX2 = 2, FG_CPU_FMA = 4, FG_CPU_AVX512F = 8, FG_CPU_AVX512BW = 16,
-       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64 };
-unsigned fg_cpu_features(void); /* this CPU's FG_CPU_ bits (with the OS's support for them) */
 /* The core to force on a CPU of `features` where the library picked `picked`: the core of the
  * CPU's best instruction set (AVX-512 F/BW/DQ/VL: SkylakeX, AVX2 and FMA: Haswell, AVX:
  * Sandybridge) when `picked` is a known core of a lower one. NULL: nothing to force (the user set

@@ -183,19 +183,31 @@ static const char *const ISA_NAMES[] = {"portable", "avx2", "avx512", "avx512-si
 
 const char *fg_isa_name(fg_isa isa) { return ISA_NAMES[isa]; }
 
-fg_isa fg_isa_of_cpu(void) {
+unsigned fg_cpu_features(void) {
 #ifdef HAVE_F16C_PATH
     __builtin_cpu_init();
     unsigned a, b, c = 0, d;
     __get_cpuid(1, &a, &b, &c, &d);
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !(c & bit_F16C)) return FG_ISA_PORTABLE;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-        return FG_ISA_AVX512;
-    return FG_ISA_AVX2;
+    return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
+           (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
+           (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
+           (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
+           (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
+           (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u);
 #else
-    return FG_ISA_PORTABLE;
+    return 0;
 #endif
+}
+
+fg_isa fg_isa_of_cpu(void) {
+    const unsigned avx2 = FG_CPU_AVX | FG_CPU_AVX2 | FG_CPU_FMA | FG_CPU_F16C;
+    const unsigned avx512 = avx2 | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL;
+    static int cached = -1; /* written once, same value from any thread (cpuid is slow in a VM) */
+    if (cached < 0) {
+        unsigned f = fg_cpu_features();
+        cached = (f & avx512) == avx512 ? FG_ISA_AVX512 : (f & avx2) == avx2 ? FG_ISA_AVX2 : FG_ISA_PORTABLE;
+    }
+    return (fg_isa)cached;
 }
 
 /* FLEXGEN_ISA's value as an fg_isa: 0, or -1 where it names none. Unset: the CPU's. */

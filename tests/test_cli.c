@@ -1621,10 +1621,10 @@ static const char *json_text(const cJSON *o, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-/* The report's blas line: "blas: OpenBLAS ..., core <core> (<why>)". */
+/* The report's blas line: "blas: OpenBLAS ..., core <core> (<why>)\tcpu kernels: <path>". */
 static void expect_blas_line(const char *out, const char *core, const char *why) {
     char want[200];
-    snprintf(want, sizeof want, ", core %s (%s)\n", core, why);
+    snprintf(want, sizeof want, ", core %s (%s)\tcpu kernels: %s\n", core, why, matmul_path());
     const char *line = last_line(out), *at = strstr(line, want);
     EXPECT(!strncmp(line, "blas: OpenBLAS ", 15) && at && !at[strlen(want)],
            "the report's last line: expected 'blas: OpenBLAS ...%.*s', got '%s'", (int)strlen(want) - 1, want, line);
@@ -1680,6 +1680,81 @@ static void test_blas_core_user(void) {
 #endif
 }
 
+/* ./flexgen on opt-tiny with FLEXGEN_ISA=isa (NULL: unset) and the extra flags. */
+static int isa_run(const char *isa, const char *const *extra, char **out, char **err) {
+    const char *v = getenv("FLEXGEN_ISA");
+    char *saved = v ? strdup(v) : NULL;
+    if (isa) setenv("FLEXGEN_ISA", isa, 1);
+    else unsetenv("FLEXGEN_ISA");
+    const char *argv[40] = {flexgen_bin(), "--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "4",
+                            "--quiet", "--device", "cpu"};
+    int n = 10;
+    while (*extra && n < 39) argv[n++] = *extra++;
+    argv[n] = NULL;
+    int rc = run_command(argv, NULL, out, err);
+    if (saved) setenv("FLEXGEN_ISA", saved, 1);
+    else unsetenv("FLEXGEN_ISA");
+    free(saved);
+    return rc;
+}
+
+/* FLEXGEN_ISA: every path of the products this machine has runs a job to the same logits, bit for
+ * bit, with fp16 and with 4-bit weights, and --json and the report name it; a name it does not
+ * know, or a path wider than the CPU has, is one line and exit 2. (The portable path also turns
+ * off simd.c's attention twins, whose sums go in another order: it is compared only where the
+ * CPU has no AVX2, and so no twins on any path.) */
+static void test_isa_paths(void) {
+    char *dir = make_temp_dir(), *out, *err;
+    fg_isa cpu = fg_isa_of_cpu();
+    for (int q4 = 0; q4 < 2; q4++) {
+        char *first = NULL;
+        size_t first_len = 0;
+        for (int isa = FG_ISA_PORTABLE; isa <= FG_ISA_AVX512_SIMDE; isa++) {
+            if (isa != FG_ISA_AVX512_SIMDE && isa > (int)cpu) continue;
+            const char *name = fg_isa_name((fg_isa)isa), *logits = join(dir, name);
+            int rc = isa_run(name, q4 ? ARGS("--json", "--dump-logits", logits, "--compress-weight")
+                                      : ARGS("--json", "--dump-logits", logits), &out, &err);
+            cJSON *o = cJSON_Parse(out);
+            EXPECT(rc == 0 && !strcmp(json_text(o, "cpu_kernels"), name), "FLEXGEN_ISA=%s%s: expected exit 0 and "
+                   "\"cpu_kernels\" %s, got %d and '%s': %s", name, q4 ? " --compress-weight" : "", name, rc,
+                   json_text(o, "cpu_kernels"), err);
+            cJSON_Delete(o);
+            free(out), free(err);
+            size_t len = 0;
+            char *bytes = slurp(logits, &len);
+            if (isa == FG_ISA_PORTABLE && cpu >= FG_ISA_AVX2) {
+                free(bytes);
+                continue;
+            }
+            if (!first) {
+                first = bytes, first_len = len;
+                continue;
+            }
+            EXPECT(bytes && len == first_len && len > 0 && !memcmp(bytes, first, len), "FLEXGEN_ISA=%s%s: the "
+                   "logits differ from the first path's", name, q4 ? " --compress-weight" : "");
+            free(bytes);
+        }
+        free(first);
+    }
+    int rc = isa_run("avx2", ARGS(NULL), &out, &err); /* the report's last line */
+    if (cpu >= FG_ISA_AVX2)
+        EXPECT(rc == 0 && strstr(last_line(out), "\tcpu kernels: avx2\n"), "FLEXGEN_ISA=avx2: the report's last "
+               "line: expected '... cpu kernels: avx2', got '%s'", last_line(out));
+    free(out), free(err);
+    rc = isa_run("avx9", ARGS(NULL), &out, &err);
+    EXPECT(rc == 2 && strstr(err, "FLEXGEN_ISA") && strstr(err, "'avx9'") && !strchr(err, '\n')[1],
+           "FLEXGEN_ISA=avx9: expected exit 2 and one line naming it, got %d: %s", rc, err);
+    free(out), free(err);
+    if (cpu < FG_ISA_AVX512) { /* wider than the CPU */
+        rc = isa_run("avx512", ARGS(NULL), &out, &err);
+        EXPECT(rc == 2 && strstr(err, "FLEXGEN_ISA=avx512") && !strchr(err, '\n')[1],
+               "FLEXGEN_ISA=avx512 on a CPU without AVX-512: expected exit 2 and one line, got %d: %s", rc, err);
+        free(out), free(err);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_cli_tests(void) {
     CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
     CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
@@ -1723,4 +1798,5 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: the decision over a table", test_blas_core_decision);
     CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
+    CU_add_test(s, "FLEXGEN_ISA: every path to the same logits, named in the report; bad names refused", test_isa_paths);
 }
