@@ -1,5 +1,6 @@
 /* support/blas_core.c: the OpenBLAS core that runs the products, and a better one where the
- * library picked a core of an older instruction set than this CPU has.
+ * library picked a core of an older instruction set than this CPU has; and the CPU's instruction
+ * sets, which the path of the CPU's own kernels (util.c's fg_isa_of_cpu) is read from too.
  *
  * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels as it loads, from a table of CPU
  * model numbers; a CPU newer than its table gets a fallback, which can be a core of an older
@@ -12,6 +13,9 @@
 #include "support/tools.h"
 
 #include <cblas.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +63,22 @@ static int cpu_level(unsigned features) {
     for (int i = 1; i < N_LEVELS; i++)
         if ((features & LEVELS[i].needs) == LEVELS[i].needs) best = i;
     return best;
+}
+
+unsigned fg_cpu_features(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    unsigned a, b, c = 0, d;
+    __get_cpuid(1, &a, &b, &c, &d);
+    return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
+           (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
+           (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
+           (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
+           (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
+           (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u);
+#else
+    return 0;
+#endif
 }
 
 const char *fg_blas_core_due(unsigned features, const char *picked, int user_set) {

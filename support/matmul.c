@@ -37,11 +37,14 @@
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
  * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
  *
- * lm_head reads E by rows (the table is [n][dim]): three rows of E at a time against four rows
- * of x, twelve dot products in 8 lanes each (lane l sums d = l mod 8; fp16 widened in the
- * register), the lanes added pairwise at the end; the portable path keeps the same lanes and the
- * same order. Many rows (prefill's logits at every position) go through sgemm on blocks of
- * MATMUL_EMBED_BLOCK widened rows.
+ * lm_head reads E by rows (the table is [n][dim]), four rows of E at a time (for 4-bit, rows of
+ * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
+ * the lanes added pairwise at the end; the portable path keeps the same lanes and the same order.
+ * AVX2 takes three rows of E against four rows of x (twelve chains), then the fourth; AVX-512 two
+ * rows of E to a register. fp16 rows are widened in the registers; 4-bit ones too, for up to
+ * MATMUL_Q4_DOT_ROWS rows of x (more rows widen each row of E once, into the scratch). Many rows
+ * (prefill's logits at every position) go through sgemm on blocks of MATMUL_EMBED_BLOCK widened
+ * rows.
  */
 #include "support/support.h"
 #include "support/tools.h"

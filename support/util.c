@@ -183,22 +183,6 @@ static const char *const ISA_NAMES[] = {"portable", "avx2", "avx512", "avx512-si
 
 const char *fg_isa_name(fg_isa isa) { return ISA_NAMES[isa]; }
 
-unsigned fg_cpu_features(void) {
-#ifdef HAVE_F16C_PATH
-    __builtin_cpu_init();
-    unsigned a, b, c = 0, d;
-    __get_cpuid(1, &a, &b, &c, &d);
-    return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
-           (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
-           (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
-           (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
-           (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
-           (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u);
-#else
-    return 0;
-#endif
-}
-
 fg_isa fg_isa_of_cpu(void) {
     const unsigned avx2 = FG_CPU_AVX | FG_CPU_AVX2 | FG_CPU_FMA | FG_CPU_F16C;
     const unsigned avx512 = avx2 | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL;
