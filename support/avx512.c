@@ -240,43 +240,44 @@ INLINE __m512 pair_f16(const fp16 *a, const fp16 *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
-/* Rows 2p and 2p + 1 of a 4-bit table, d .. d + 7: the byte row's high nibbles, then its low. */
-INLINE __m512 pair_q4(const uint8_t *bytes, const fp16 *mins, const fp16 *scales) {
+/* Rows 2p and 2p + 1 of a 4-bit table, d .. d + 7: the byte row's high nibbles, then its low,
+ * each fmaf(q, scale, min) with the group's min and scale at d .. d + 7 (in both halves). */
+INLINE __m512 pair_q4(const uint8_t *bytes, __m512 min, __m512 scale) {
     __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
     __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
     __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
-    __m512 q = _mm512_insertf32x8(_mm512_castps256_ps512(hi), lo, 1);
-    __m512 min = _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mins)));
-    __m512 scale = _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)));
-    return _mm512_fmadd_ps(q, scale, min);
+    return _mm512_fmadd_ps(_mm512_insertf32x8(_mm512_castps256_ps512(hi), lo, 1), scale, min);
 }
 
-/* mr <= 4 rows of x against np <= 2 pairs of rows of E: row pointers e16[2 np] (fp16), or the
- * 4-bit table's byte rows, mins and scales of pairs starting at rows v[2 i] (even). */
-INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const uint8_t *E4, int n, const int *v,
-                       float *dot, const int mr, const int np) {
-    __m512 acc[4][2];
+INLINE __m512 both_halves(const fp16 *h) {
+    return _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+}
+
+/* mr <= 4 rows of x against np <= 4 pairs of rows of E, v0 + 2 i and v0 + 2 i + 1: fp16 rows
+ * e16[2 np], or 4-bit (E4, n rows), the pairs' byte rows in one group (v0 a multiple of 8), whose
+ * min and scale at d are widened once for all of them. dot[r][j]: row j's 8 lanes added. */
+INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const uint8_t *E4, int n, int v0,
+                       float dot[4][8], const int mr, const int np) {
+    __m512 acc[4][4];
     int vec = dim / 8 * 8;
-    size_t G = (size_t)(n + Q4_GROUP - 1) / Q4_GROUP;
-    const uint8_t *row4[2] = {0};
-    const fp16 *mins = E4 ? (const fp16 *)(E4 + G * (Q4_GROUP / 2) * dim) : NULL, *gmin[2] = {0}, *gscale[2] = {0};
-    for (int i = 0; i < np && E4; i++) {
-        size_t g = (size_t)v[2 * i] / Q4_GROUP, p = (size_t)v[2 * i] % Q4_GROUP / 2;
-        row4[i] = E4 + (g * (Q4_GROUP / 2) + p) * dim, gmin[i] = mins + g * dim, gscale[i] = mins + (G + g) * dim;
-    }
+    size_t G = (size_t)(n + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v0 / Q4_GROUP;
+    const fp16 *mins = E4 ? (const fp16 *)(E4 + G * (Q4_GROUP / 2) * dim) + g * dim : NULL;
+    const fp16 *scales = E4 ? mins + G * dim : NULL;
+    const uint8_t *bytes = E4 ? E4 + (g * (Q4_GROUP / 2) + (size_t)v0 % Q4_GROUP / 2) * dim : NULL;
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < np; i++) acc[r][i] = _mm512_setzero_ps();
     for (int d = 0; d < vec; d += 8) {
-        __m512 e[2];
-#pragma GCC unroll 2
+        __m512 e[4], min = _mm512_setzero_ps(), scale = min;
+        if (E4) min = both_halves(mins + d), scale = both_halves(scales + d);
+#pragma GCC unroll 4
         for (int i = 0; i < np; i++)
-            e[i] = E4 ? pair_q4(row4[i] + d, gmin[i] + d, gscale[i] + d) : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
+            e[i] = E4 ? pair_q4(bytes + (size_t)i * dim + d, min, scale) : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
             __m512 xr = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)r * dim + d));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int i = 0; i < np; i++) acc[r][i] = _mm512_fmadd_ps(xr, e[i], acc[r][i]);
         }
     }
@@ -284,11 +285,11 @@ INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const ui
         for (int i = 0; i < np; i++) {
             float l[16];
             _mm512_storeu_ps(l, acc[r][i]);
-            dot[r * 4 + 2 * i] = lanes_added(l), dot[r * 4 + 2 * i + 1] = lanes_added(l + 8);
+            dot[r][2 * i] = lanes_added(l), dot[r][2 * i + 1] = lanes_added(l + 8);
         }
 }
 
-/* The tail d = vec .. dim of dot[j] (row v of E), one fmaf at a time, as dot_portable. */
+/* The tail d = vec .. dim of a dot with row v of E, one fmaf at a time, as dot_portable. */
 static float tail_of(float s, const float *x, int dim, const fp16 *e16, const uint8_t *E4, int n, int v) {
     for (int d = dim / 8 * 8; d < dim; d++) {
         float e = E4 ? q4_value(E4, (size_t)n, (size_t)dim, (size_t)v * dim + d) : fp16_to_fp32(e16[(size_t)v * dim + d]);
@@ -297,24 +298,28 @@ static float tail_of(float s, const float *x, int dim, const fp16 *e16, const ui
     return s;
 }
 
-/* Rows v0 .. v0 + ne (ne <= 4; v0 even for 4-bit) of E, fp16 (E16) or 4-bit (E4, n rows), against
+/* Rows v0 .. v0 + ne (ne <= 8, v0 a multiple of 8) of E, fp16 (E16) or 4-bit (E4, n rows), against
  * every row of x, 4 at a time. A lone last row is paired with itself (a 4-bit one with the other
  * nibble of its byte row, padding past n), and the extra dot is not stored. */
 static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8_t *E4, int n, int v0, int ne,
                  float *y, size_t ldy) {
-    int v[4], np = (ne + 1) / 2;
-    const fp16 *e16[4];
-    for (int j = 0; j < 4; j++) v[j] = v0 + (j < ne ? j : ne - 1), e16[j] = E16 ? E16 + (size_t)v[j] * dim : NULL;
+    int np = (ne + 1) / 2;
+    const fp16 *e16[8];
+    for (int j = 0; j < 8; j++) e16[j] = E16 ? E16 + (size_t)(v0 + (j < ne ? j : ne - 1)) * dim : NULL;
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < 4 ? rows - r : 4;
-        float dot[16];
+        float dot[4][8];
         const float *xr = x + (size_t)r * dim;
-#define DOTS(m) np == 1 ? dots_shape(xr, dim, e16, E4, n, v, dot, m, 1) : dots_shape(xr, dim, e16, E4, n, v, dot, m, 2)
+#define DOTS(m) \
+    np == 1   ? dots_shape(xr, dim, e16, E4, n, v0, dot, m, 1) \
+    : np == 2 ? dots_shape(xr, dim, e16, E4, n, v0, dot, m, 2) \
+    : np == 3 ? dots_shape(xr, dim, e16, E4, n, v0, dot, m, 3) \
+              : dots_shape(xr, dim, e16, E4, n, v0, dot, m, 4)
         if (mr == 4) DOTS(4); else if (mr == 3) DOTS(3); else if (mr == 2) DOTS(2); else DOTS(1);
 #undef DOTS
         for (int i = 0; i < mr; i++)
             for (int j = 0; j < ne; j++)
-                y[(size_t)(r + i) * ldy + j] = tail_of(dot[i * 4 + j], xr + (size_t)i * dim, dim, E16, E4, n, v0 + j);
+                y[(size_t)(r + i) * ldy + j] = tail_of(dot[i][j], xr + (size_t)i * dim, dim, E16, E4, n, v0 + j);
     }
 }
 
@@ -327,10 +332,10 @@ static void dots_q4(const float *x, int rows, int dim, const uint8_t *E, int n, 
 }
 
 #ifdef AVX512_SIMDE
-static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4};
+static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, 8};
 const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 #else
-static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4};
+static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, 8};
 const matmul_kernels *matmul_avx512(void) { return &kernels; }
 #endif
 

@@ -37,14 +37,14 @@
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
  * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
  *
- * lm_head reads E by rows (the table is [n][dim]), four rows of E at a time (for 4-bit, rows of
+ * lm_head reads E by rows (the table is [n][dim]), eight rows of E at a time (for 4-bit, rows of
  * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
  * the lanes added pairwise at the end; the portable path keeps the same lanes and the same order.
- * AVX2 takes three rows of E against four rows of x (twelve chains), then the fourth; AVX-512 two
- * rows of E to a register. fp16 rows are widened in the registers; 4-bit ones too, for up to
- * MATMUL_Q4_DOT_ROWS rows of x (more rows widen each row of E once, into the scratch). Many rows
- * (prefill's logits at every position) go through sgemm on blocks of MATMUL_EMBED_BLOCK widened
- * rows.
+ * AVX2 takes three rows of E against four rows of x (twelve chains); AVX-512 two rows of E to a
+ * register, four such pairs against four rows of x. fp16 rows are widened in the registers, and
+ * 4-bit ones too for a few rows of x (2 on AVX2, 8 on AVX-512, as measured; with more, each row
+ * of E is widened once, into the scratch). Many rows (prefill's logits at every position) go
+ * through sgemm on blocks of MATMUL_EMBED_BLOCK widened rows.
  */
 #include "support/support.h"
 #include "support/tools.h"
@@ -60,7 +60,7 @@
 #define HAVE_AVX2_PATH 1
 #endif
 
-enum { KC = 64, NC = 64, MR = 6, DECODE_KC = 16, MATMUL_Q4_DOT_ROWS = 2 };
+enum { KC = 64, NC = 64, MR = 6, DECODE_KC = 16 };
 
 /* The path: fg_isa_active's, or the tests' choice. */
 static int forced_isa = -1;
@@ -575,14 +575,18 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *x
         if (rows - r >= 2) DOTS_Q4_CASE(2) else DOTS_Q4_CASE(1)
 }
 
-/* The kernel table's fp16 dots: rows of E three at a time (twelve chains), then the fourth. */
+/* The kernel table's dots: fp16 rows of E three at a time (twelve chains), 4-bit four. */
 static void dots_f16_avx2(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
-    int first = ne < 3 ? ne : 3;
-    dots_avx2(x, rows, dim, E + (size_t)v0 * dim, (size_t)dim, first, 1, y, ldy);
-    if (ne > 3) dots_avx2(x, rows, dim, E + (size_t)(v0 + 3) * dim, (size_t)dim, ne - 3, 1, y + 3, ldy);
+    for (int j = 0; j < ne; j += 3)
+        dots_avx2(x, rows, dim, E + (size_t)(v0 + j) * dim, (size_t)dim, ne - j < 3 ? ne - j : 3, 1, y + j, ldy);
 }
 
-static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2};
+static void dots_q4_avx2_rows(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y,
+                              size_t ldy) {
+    for (int j = 0; j < ne; j += 4) dots_q4_avx2(x, rows, dim, E, n, v0 + j, ne - j < 4 ? ne - j : 4, y + j, ldy);
+}
+
+static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2_rows, 2};
 #endif
 
 /* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build
@@ -646,20 +650,18 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_par
     }
     /* The wide kernels read E as stored (4-bit: for a few rows of x; more rows widen each row of
      * E once instead); the rest widen rows of E into the scratch. */
-    int fused = wide && (!q4_parts || rows <= MATMUL_Q4_DOT_ROWS);
+    int fused = wide && (!q4_parts || rows <= wide->q4_dot_rows);
 #pragma omp parallel for schedule(static)
-    for (int v0 = 0; v0 < n; v0 += 4) { /* four rows of E at a time: one group's, for 4-bit */
-        int ne = n - v0 < 4 ? n - v0 : 4;
+    for (int v0 = 0; v0 < n; v0 += 8) { /* eight rows of E at a time: one group's, for 4-bit */
+        int ne = n - v0 < 8 ? n - v0 : 8;
         if (fused && !q4_parts) { wide->dots_f16(x, rows, dim, (const fp16 *)E, v0, ne, y + v0, (size_t)n); continue; }
         if (fused) { wide->dots_q4(x, rows, dim, (const uint8_t *)E, n, v0, ne, y + v0, (size_t)n); continue; }
         float *e = scratch + scratch_stride * omp_get_thread_num();
         for (int v = 0; v < ne; v++) embed_row(E, q4_parts, n, dim, v0 + v, e + (size_t)v * dim, simd);
 #ifdef HAVE_AVX2_PATH
-        if (simd) {
-            dots_avx2(x, rows, dim, e, (size_t)dim, ne < 3 ? ne : 3, 0, y + v0, (size_t)n);
-            if (ne > 3) dots_avx2(x, rows, dim, e + (size_t)3 * dim, (size_t)dim, ne - 3, 0, y + v0 + 3, (size_t)n);
-            continue;
-        }
+        for (int j = 0; simd && j < ne; j += 3)
+            dots_avx2(x, rows, dim, e + (size_t)j * dim, (size_t)dim, ne - j < 3 ? ne - j : 3, 0, y + v0 + j, (size_t)n);
+        if (simd) continue;
 #endif
         for (int v = 0; v < ne; v++) dots_portable(x, rows, dim, e + (size_t)v * dim, y + v0 + v, (size_t)n);
     }

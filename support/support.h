@@ -66,11 +66,12 @@ typedef struct {
     /* 4-bit rows of one part (G groups), stride bytes apart: groups g0 .. g0 + ng, y at group g0 */
     void (*band_q4)(const float *x, int rows, size_t ldx, const uint8_t *w, size_t stride, int G, int g0,
                     int ng, int kc, float *y, size_t ldy, int from_y, int ahead);
-    /* lm_head: y[r][j] = x[r] . E[v0 + j] for every row of x (dim apart) and ne <= 4 rows of E
-     * (v0 a multiple of 4), each dot in 8 lanes as matmul.c's dot_portable: fp16 E [n][dim], or
-     * the 4-bit table of n rows */
+    /* lm_head: y[r][j] = x[r] . E[v0 + j] for every row of x (dim apart) and ne <= 8 rows of E
+     * (v0 a multiple of 8: one 4-bit group's), each dot in 8 lanes as matmul.c's dot_portable:
+     * fp16 E [n][dim], or the 4-bit table of n rows */
     void (*dots_f16)(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy);
     void (*dots_q4)(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y, size_t ldy);
+    int q4_dot_rows; /* dots_q4 up to this many rows of x; more widen each row of E once instead */
 } matmul_kernels;
 const matmul_kernels *matmul_avx512(void);       /* NULL where the compiler cannot build it */
 const matmul_kernels *matmul_avx512_simde(void);
