@@ -194,14 +194,15 @@ fg_isa fg_isa_of_cpu(void) {
     return (fg_isa)cached;
 }
 
-/* FLEXGEN_ISA's value as an fg_isa: 0, or -1 where it names none. Unset: the CPU's. */
+/* FLEXGEN_ISA's value as an fg_isa: 0, or -1 where it names none. Unset: the CPU's.
+ * FLEXGEN_NO_SIMD=1 makes it portable whatever FLEXGEN_ISA says. */
 static int isa_from_env(fg_isa *isa) {
     const char *s = getenv("FLEXGEN_ISA");
-    *isa = getenv("FLEXGEN_NO_SIMD") ? FG_ISA_PORTABLE : fg_isa_of_cpu();
-    if (!s) return 0;
-    for (int i = 0; i < (int)(sizeof ISA_NAMES / sizeof *ISA_NAMES); i++)
-        if (!strcmp(s, ISA_NAMES[i])) return *isa = (fg_isa)i, 0;
-    return -1;
+    *isa = fg_isa_of_cpu();
+    for (int i = 0; s && i < (int)(sizeof ISA_NAMES / sizeof *ISA_NAMES); i++)
+        if (!strcmp(s, ISA_NAMES[i])) *isa = (fg_isa)i, s = NULL;
+    if (getenv("FLEXGEN_NO_SIMD")) *isa = FG_ISA_PORTABLE;
+    return s ? -1 : 0;
 }
 
 int fg_isa_check_env(char *err) {
