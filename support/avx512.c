@@ -78,7 +78,7 @@ INLINE __m512i widen_bytes(const uint8_t *b) {
 
 INLINE __m512 broadcast_half(const fp16 *h) {
 #ifdef SIMDE_X86_AVX512F_NATIVE
-    return _mm512_set1_ps(_cvtsh_ss(*h));
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)*h));
 #else
     return _mm512_set1_ps(fp16_to_fp32(*h));
 #endif
@@ -177,7 +177,7 @@ INLINE void tile_q4(const float *x, size_t ldx, const uint8_t *w, size_t stride,
         __m512 table = iota;
 #pragma GCC unroll 8
         for (int h = 0; h < nh; h++) {
-            if (h == 0 || (h0 + h) % 2 == 0) { /* a new group: its 16 values */
+            if (h % 2 == 0) { /* a new group: its 16 values (h0 is even where nh > 1) */
                 int g = (h0 + h) / 2;
                 table = _mm512_fmadd_ps(iota, broadcast_half(scales + g), broadcast_half(mins + g));
             }

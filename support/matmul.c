@@ -10,11 +10,15 @@
  * the kernel must keep the FMA units busy while the bytes stream in. Its blocking:
  *
  *   threads         each owns a contiguous run of 64-column blocks of y.
- *   bands           a thread walks W in bands of DECODE_KC = 16 rows (k), each band across its
- *                   columns: 16 streams of W's rows that advance together. The hardware's
- *                   prefetcher does not follow that many streams far enough ahead, so the tiles
- *                   of a band's first rows prefetch the same columns of the next band, 16 rows on
- *                   (measured on 2 threads: 1.3x the read rate for fp16, 2x for 4-bit).
+ *   bands           a thread walks W in bands of kc rows (k), each band across its columns: kc
+ *                   streams of W's rows that advance together. The hardware's prefetcher does
+ *                   not follow that many streams far enough ahead, so the tiles of a band's first
+ *                   rows prefetch the same columns of the next band, kc rows on (measured on 2
+ *                   threads: 1.3x the read rate for fp16, 2x for 4-bit). kc is decode_kc's, as
+ *                   measured on one layer's product (fc1 of opt-1.3b, 2048 x 8192): fp16 reads
+ *                   at 29-32 GB/s in bands of 8 rows against 23-24 in bands of 16 for one or two
+ *                   rows of x, and 4-bit runs fastest in bands of 32 (its unpacking, not the
+ *                   read, is what bounds it). The band does not change a bit of y.
  *   register tile   mr rows by a few vectors of y stay in registers while k runs over the band:
  *                   per k, the weights of the tile are widened to fp32 in the registers, one
  *                   broadcast of x per row, mr x nv FMAs. AVX2 (here): 1 x 64, 2 x 32, up to 6 x 16
@@ -60,7 +64,10 @@
 #define HAVE_AVX2_PATH 1
 #endif
 
-enum { KC = 64, NC = 64, MR = 6, DECODE_KC = 16 };
+enum { KC = 64, NC = 64, MR = 6, DECODE_KC_MAX = 32 };
+
+/* Rows of W a decode band spans (the blocking comment above says why these). */
+static int decode_kc(int q4, int rows) { return q4 ? 32 : rows <= 2 ? 8 : 16; }
 
 /* The path: fg_isa_active's, or the tests' choice. */
 static int forced_isa = -1;
@@ -337,7 +344,7 @@ static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, s
  * groups. */
 static void product_block(const float *x, int rows, int in, const void *W, int q4, int out,
                           float *y, int from_y, int k0, int kc, int j0, int nc, int simd) {
-    _Alignas(64) float panel[DECODE_KC * NC];
+    _Alignas(64) float panel[DECODE_KC_MAX * NC];
     for (int c = 0; c < nc; c += Q4_GROUP)
         widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, nc - c < Q4_GROUP ? nc - c : Q4_GROUP, panel + c, NC, simd);
     for (int r = 0, mr; r < rows; r += mr) {
@@ -377,7 +384,7 @@ static void product_band(const float *x, int rows, int in, const void *W, int q4
 }
 
 /* Decode: each thread owns a contiguous run of 64-column blocks of y and walks W in bands of
- * DECODE_KC rows, each band across its columns from left to right. */
+ * decode_kc rows, each band across its columns from left to right. */
 static void product_decode(const float *x, int rows, int in, const void *W, int q4, int out,
                            float *y, int accumulate, int simd) {
     const matmul_kernels *wide = wide_kernels();
@@ -387,8 +394,9 @@ static void product_decode(const float *x, int rows, int in, const void *W, int 
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
         int b0 = (int)((long)blocks * t / threads), b1 = (int)((long)blocks * (t + 1) / threads);
         int j1 = b1 * NC < out ? b1 * NC : out;
-        for (int k0 = 0; k0 < in && b0 < b1; k0 += DECODE_KC) {
-            int kc = in - k0 < DECODE_KC ? in - k0 : DECODE_KC;
+        int band = decode_kc(q4, rows);
+        for (int k0 = 0; k0 < in && b0 < b1; k0 += band) {
+            int kc = in - k0 < band ? in - k0 : band;
             product_band(x, rows, in, W, q4, out, y, accumulate || k0 > 0, k0, kc, b0 * NC, j1,
                          k0 + 2 * kc <= in, wide, simd);
         }
