@@ -7,9 +7,11 @@
 #   bound = max(bytes read / stream bandwidth, FLOPs / GEMM rate)
 #
 # with both rates measured in the same run: the stream bandwidth by scripts/stream_rate.c (a
-# read of 1 GiB, best of 5, the same threads) and the GEMM rate by scripts/sgemm_rate.c at
-# prefill's shape (M = 1024, N = ffn, K = hidden: the machine's sustained fp32 rate), each taken
-# before and after the runs, the higher of the two. Per decode step (B sequences, the context c
+# read of 1 GiB, best of 5, the same threads), taken before each configuration's runs and after
+# the last, the median of those readings (a shared machine's read rate moves: one quiet moment
+# can read far above the rest, so the range is printed beside it), and the GEMM rate by
+# scripts/sgemm_rate.c at prefill's shape (M = 1024, N = ffn, K = hidden: the machine's
+# sustained fp32 rate), taken before and after the runs, the higher of the two. Per decode step (B sequences, the context c
 # of the step, L layers, hidden h, ffn f, vocabulary V, word_dim w):
 #   bytes  every weight matrix as stored, once (the layers' and the embedding table as lm_head;
 #          2 bytes a weight for fp16, 36 bytes a group of 64 for 4-bit: 32 of values, an fp16 min
@@ -76,7 +78,8 @@ gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I/usr/include/$(gcc -print-
 
 read -r H FFN < <(python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_pytorch import MODELS
 m = MODELS.get('$MODEL') or sys.exit('bench_roofline.sh: unknown model $MODEL'); print(m[1], m[3])")
-rates() { build/stream_rate >>"$work/stream"; build/sgemm_rate 1024 "$FFN" "$H" >>"$work/sgemm"; }
+stream() { build/stream_rate >>"$work/stream"; }
+rates() { stream; build/sgemm_rate 1024 "$FFN" "$H" >>"$work/sgemm"; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 path_args=()
@@ -88,6 +91,7 @@ for fmt in fp16 4-bit 4-bit-int8; do
     [ "$fmt" = 4-bit ] && extra=(--compress-weight)
     [ "$fmt" = 4-bit-int8 ] && extra=(--compress-weight --int8-activations)
     for b in $BATCHES; do
+        stream
         for ((round = 0; round < ROUNDS; round++)); do
             for bin in ./flexgen $BASE; do
                 echo "bench_roofline.sh: $bin $MODEL $fmt batch $b (round $((round + 1)) of $ROUNDS) ..." >&2
@@ -112,10 +116,12 @@ matrices = L * (4 * h * h + 2 * h * ffn) + VOCAB * wd + (2 * wd * h if wd != h e
 vectors = L * (4 * h + ffn + h + 4 * h)
 weight_bytes = lambda fmt: 2 * vectors + (2 * matrices if fmt == "fp16" else matrices * 36 / 64)
 lines = lambda name: [json.loads(l) for l in open(f"{work}/{name}") if l.strip()]
-bw = max(r["gbs"] for r in lines("stream")) * 1e9
+reads = sorted(r["gbs"] for r in lines("stream"))
+n = len(reads)
+bw = (reads[n // 2] if n % 2 else (reads[n // 2 - 1] + reads[n // 2]) / 2) * 1e9
 gemm = max(r["gflops"] for r in lines("sgemm")) * 1e9
 cores = "/".join(sorted({d.get("blas_core", "not reported") for d in lines("runs")}))
-print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s, GEMM rate {gemm / 1e9:.1f} GFLOP/s "
+print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s (median of {n} readings, {reads[0]:.1f} to {reads[-1]:.1f}), GEMM rate {gemm / 1e9:.1f} GFLOP/s "
       f"(sgemm 1024 x {ffn} x {h}), threads {lines('stream')[0]['threads']}, OpenBLAS core {cores}\n")
 print("| binary | cpu kernels | weights | batch | step ms | tok/s | GB read | GFLOP | bytes / bandwidth ms "
       "| FLOPs / GEMM rate ms | share of the read limit | step / bound |")

@@ -84,7 +84,7 @@ INLINE __m512 broadcast_half(const fp16 *h) {
 #endif
 }
 
-INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); } /* into L2 */
 
 /* ---- fp16: y[mr][16 nv] over kc rows of w (ldw apart) ---- */
 INLINE void tile_f16(const float *x, size_t ldx, const fp16 *w, size_t ldw, int kc, float *y, size_t ldy,

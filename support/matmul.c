@@ -13,8 +13,9 @@
  *   bands           a thread walks W in bands of kc rows (k), each band across its columns: kc
  *                   streams of W's rows that advance together. The hardware's prefetcher does
  *                   not follow that many streams far enough ahead, so the tiles of a band's first
- *                   rows prefetch the same columns of the next band, kc rows on (measured on 2
- *                   threads: 1.3x the read rate for fp16, 2x for 4-bit). kc is decode_kc's, as
+ *                   rows prefetch the same columns of the next band, kc rows on, into L2 (measured
+ *                   on 2 threads: 1.3x the read rate for fp16, 2x for 4-bit; into L2 rather than
+ *                   L1, another 1.1-1.2x for fp16 at one row of x). kc is decode_kc's, as
  *                   measured on one layer's product (fc1 of opt-1.3b, 2048 x 8192): fp16 reads
  *                   at 29-32 GB/s in bands of 8 rows against 23-24 in bands of 16 for one or two
  *                   rows of x, and 4-bit runs fastest in bands of 32 (its unpacking, not the
@@ -190,7 +191,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         __m256 wv[8];
         if (f16 && ahead) /* the same columns of the next band: a line holds 4 vectors */
 #pragma GCC unroll 2
-            for (int v = 0; v < nv; v += 4) _mm_prefetch((const char *)((const fp16 *)w + (k + kc) * ldw + 8 * v), _MM_HINT_T0);
+            for (int v = 0; v < nv; v += 4) _mm_prefetch((const char *)((const fp16 *)w + (k + kc) * ldw + 8 * v), _MM_HINT_T1);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++)
             wv[v] = f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16 *)w + k * ldw + 8 * v)))
@@ -242,9 +243,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
         if (ahead) { /* the codes, min and scale kc rows on */
             const uint8_t *next = row + (size_t)kc * stride;
-            _mm_prefetch((const char *)(next + c0 / 2), _MM_HINT_T0);
-            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2) + 2 * g), _MM_HINT_T0);
-            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2 + 2) + 2 * g), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + c0 / 2), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2) + 2 * g), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2 + 2) + 2 * g), _MM_HINT_T1);
         }
         __m256 min = _mm256_set1_ps(_cvtsh_ss(mins[g])), scale = _mm256_set1_ps(_cvtsh_ss(scales[g]));
         __m128i level[4]; /* 16 levels each, in column order: a byte's high nibble, then its low one */
