@@ -1,0 +1,79 @@
+/* bench_matmul.c: one decode product alone, support/matmul.c's matmul_weights on weights as stored
+ * (fp16 or 4-bit), in GB/s of weight bytes read: the kernel's share of a decode step, beside
+ * scripts/stream_rate.c's read rate (BENCHMARKS.md, "Decode at the read limit").
+ *
+ *   bench_matmul ROWS FORMAT [IN OUT [MATRICES [REPEATS]]]
+ *
+ * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16
+ * or 4-bit. MATRICES distinct copies of W (default 12: 400 MB of fp16, far past the caches) are
+ * multiplied in turn, REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a
+ * few hundred KiB with many repeats measures the kernel from cache: its arithmetic alone. The path
+ * is the CPU's widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. One JSON line per run.
+ * scripts/bench_matmul.sh builds it and runs the set BENCHMARKS.md quotes; by hand:
+ *
+ *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
+ *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit 256 4096 1 500      (from L2)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "flexgen.h"
+#include "support/support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int arg(int argc, char **argv, int i, int fallback) {
+    int v = argc > i ? atoi(argv[i]) : fallback;
+    if (v < 1) {
+        fprintf(stderr, "bench_matmul: argument %d: expected a positive integer, got '%s'\n", i, argv[i]);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "4-bit"))) {
+        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit [IN OUT [MATRICES [REPEATS]]]\n");
+        return 2;
+    }
+    int rows = arg(argc, argv, 1, 1), q4 = !strcmp(argv[2], "4-bit");
+    int in = arg(argc, argv, 3, 2048), out = arg(argc, argv, 4, 8192);
+    int matrices = arg(argc, argv, 5, 12), repeats = arg(argc, argv, 6, 1);
+    if (q4 && out % Q4_GROUP) {
+        fprintf(stderr, "bench_matmul: OUT must be a multiple of %d for 4-bit weights\n", Q4_GROUP);
+        return 2;
+    }
+    size_t n = (size_t)in * out, bytes = q4 ? q4_bytes((size_t)in, (size_t)out, 1) : n * sizeof(fp16);
+    float *w32 = malloc(n * sizeof *w32), *x = malloc((size_t)rows * in * sizeof *x);
+    float *y = malloc((size_t)rows * out * sizeof *y);
+    uint8_t **W = calloc((size_t)matrices, sizeof *W);
+    if (!w32 || !x || !y || !W) return fprintf(stderr, "bench_matmul: out of memory\n"), 1;
+    for (size_t i = 0; i < n; i++) w32[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (int i = 0; i < rows * in; i++) x[i] = 0.01f * (float)(i % 7);
+    for (int m = 0; m < matrices; m++) {
+        if (!(W[m] = aligned_alloc(64, (bytes + 63) / 64 * 64))) return fprintf(stderr, "bench_matmul: out of memory\n"), 1;
+        if (q4) q4_compress(w32, (size_t)in, (size_t)out, 1, W[m]);
+        else fp32_to_fp16_n(w32, (fp16 *)W[m], n);
+    }
+    double best = 1e30;
+    for (int pass = 0; pass < 8; pass++) {
+        double t0 = now();
+        for (int r = 0; r < repeats; r++)
+            for (int m = 0; m < matrices; m++) matmul_weights(x, rows, in, W[m], q4, out, y, 0, 0, NULL);
+        double dt = now() - t0;
+        best = dt < best ? dt : best;
+    }
+    double each = best / matrices / repeats;
+    printf("{\"rows\":%d,\"format\":\"%s\",\"in\":%d,\"out\":%d,\"bytes\":%zu,\"ms\":%.4f,\"gbs\":%.2f,\"path\":\"%s\"}\n",
+           rows, argv[2], in, out, bytes, each * 1e3, (double)bytes / each / 1e9, matmul_path());
+    for (int m = 0; m < matrices; m++) free(W[m]);
+    free(W), free(w32), free(x), free(y);
+    return 0;
+}
