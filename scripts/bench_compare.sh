@@ -6,7 +6,8 @@
 # /tmp/flexgen-base), rebuild, then
 #   bash scripts/bench_compare.sh /tmp/flexgen-base ./flexgen
 # Environment: CONFIGS (MODEL:BATCH:PROMPT_LEN:GEN_LEN, space-separated)
-# [opt-125m:32:128:32 opt-1.3b:8:128:32], ROUNDS [3], THREADS (OMP_NUM_THREADS) [nproc].
+# [opt-125m:32:128:32 opt-1.3b:8:128:32], ROUNDS [3], THREADS (OMP_NUM_THREADS) [nproc], EXTRA
+# (more flags for both, e.g. "--compress-weight --int8-activations") [none].
 set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: bash scripts/bench_compare.sh BASE_BIN NEW_BIN" >&2; exit 2; }
 base=$1 new=$2
@@ -23,6 +24,8 @@ for cfg in $CONFIGS; do
     IFS=: read -r model batch plen glen <<<"$cfg"
     args=(--model "$model" --gpu-batch-size "$batch" --num-gpu-batches 1 --prompt-len "$plen"
           --gen-len "$glen" --device cpu --json --quiet --offload-dir "$work" --path "$work")
+    # shellcheck disable=SC2206
+    [ -n "${EXTRA:-}" ] && args+=($EXTRA)
     for r in $(seq "$ROUNDS"); do
         for side in base new; do
             bin=$base; [ $side = new ] && bin=$new

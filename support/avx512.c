@@ -25,6 +25,8 @@
  */
 #include "support/support.h"
 
+#include <string.h>
+
 #ifndef AVX512_SIMDE
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
@@ -331,11 +333,56 @@ static void dots_q4(const float *x, int rows, int dim, const uint8_t *E, int n, 
     dots(x, rows, dim, NULL, E, n, v0, ne, y, ldy);
 }
 
+/* ---- 4-bit x int8 with VNNI: one vpdpbusd multiplies 16 slots' quads (4 codes of k, unsigned) by
+ * a row's 4 values of a8 (signed) and adds the 4 products into each slot's int32 sum, exactly ---- */
+
+#ifndef AVX512_SIMDE
+/* The file's target leaves VNNI out (AVX-512 CPUs without it run the rest), so SIMDe's alias is its
+ * portable form: these functions take the target and call the instruction itself. They run only
+ * where cpuid says the CPU has it (matmul.c's matmul_int8_sums). */
+#undef _mm512_dpbusd_epi32
+#define VNNI __attribute__((target("avx512vnni")))
+#else
+#define VNNI
+#endif
+
+VNNI INLINE void int8_sums_rows(const uint8_t *quads, const int8_t *a8, int32_t (*isum)[64], const int mr) {
+    __m512i acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_si512();
+    for (int k4 = 0; k4 < 64; k4 += 4) {
+        __m512i w[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) w[v] = _mm512_loadu_si512((const void *)(quads + 4 * (16 * k4 + 16 * v)));
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            int32_t four;
+            memcpy(&four, a8 + 64 * r + k4, 4);
+            __m512i b = _mm512_set1_epi32(four);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], w[v], b);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) _mm512_storeu_si512((void *)(isum[r] + 16 * v), acc[r][v]);
+}
+
+VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]) {
+    if (mr >= 4) int8_sums_rows(quads, a8, isum, 4);
+    else if (mr == 3) int8_sums_rows(quads, a8, isum, 3);
+    else if (mr == 2) int8_sums_rows(quads, a8, isum, 2);
+    else int8_sums_rows(quads, a8, isum, 1);
+}
+
 #ifdef AVX512_SIMDE
-static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, 8};
+static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums};
 const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 #else
-static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, 8};
+static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums};
 const matmul_kernels *matmul_avx512(void) { return &kernels; }
 #endif
 

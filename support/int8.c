@@ -24,7 +24,7 @@
  * plus fp32's rounding. tests/test_matmul.c holds the kernel to that, against a double-precision
  * sum of the same int8 operands.
  *
- * The portable path and the AVX2 one give the same bits: the integer sums are exact, and the
+ * The portable path, the AVX2 one and the VNNI one give the same bits: the integer sums are exact, and the
  * floating-point steps (a, max|a|, alpha, the rounding to nearest even, msum's lanes, the fmaf)
  * are the same operations in the same order.
  *
@@ -59,6 +59,8 @@
  *   tile      isum of 4 rows by 16 columns at a time: per 4 k, vpmaddubsw of two vectors of the
  *             panel with the row's 4 values of a8 broadcast, summed in int16 over 32 k (at most
  *             8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32 (vpmaddwd by ones);
+ *             on AVX-512 with VNNI (support/avx512.c's int8_sums, on SIMDe too), one vpdpbusd
+ *             multiplies 16 slots' quads by the row's 4 values and adds them into int32 at once;
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
  */
 #include "support/support.h"
@@ -308,9 +310,10 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
 
 /* ---- The product ---- */
 
-/* One block (k0 .. k0 + kc) of one group for rows r0 .. r0 + nr of x, added into y. */
+/* One block (k0 .. k0 + kc) of one group for rows r0 .. r0 + nr of x, added into y; the integer
+ * sums by VNNI where vnni is given (support/avx512.c), which gives them exactly, as every path. */
 static void block_product(const float *x, int in, const uint8_t *W, const q4_group *gr, int r0, int nr,
-                          int k0, int kc, float *y, int ldy, int from_y, int simd) {
+                          int k0, int kc, float *y, int ldy, int from_y, int simd, fg_int8_sums *vnni) {
     block_panel p;
     block_rows q;
     int32_t isum[TR][64];
@@ -333,12 +336,13 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
     for (int r = 0, mr; r < nr; r += mr) {
         mr = nr - r < TR ? nr - r : TR;
         float *yr = y + (size_t)(r0 + r) * ldy + gr->col;
+        int summed = vnni != NULL;
+        if (vnni) vnni(&p.quads[0][0][0], q.a8[r], mr, isum);
 #ifdef HAVE_AVX2_PATH
-        if (simd) tile_avx2(&p, &q, r, mr, isum);
+        if (!summed && simd) tile_avx2(&p, &q, r, mr, isum), summed = 1;
         if (whole) { finish_avx2(&q, r, mr, isum, yr, (size_t)ldy, from_y); continue; }
-        if (simd) { finish_portable(&q, r, mr, isum, gr->n, yr, (size_t)ldy, from_y); continue; }
 #endif
-        tile_portable(&p, &q, r, mr, isum);
+        if (!summed) tile_portable(&p, &q, r, mr, isum);
         finish_portable(&q, r, mr, isum, gr->n, yr, (size_t)ldy, from_y);
     }
 }
@@ -348,6 +352,7 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y, int accumulate,
                     int simd) {
     int part = out / q4_parts, groups = q4_parts * ((part + Q4_GROUP - 1) / Q4_GROUP);
+    fg_int8_sums *vnni = matmul_int8_sums();
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -357,7 +362,7 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
                 for (int u = u0; u < u1; u++) {
                     q4_group gr = group_of(q4_parts, out, u);
                     block_product(x, in, (const uint8_t *)W, &gr, r0, rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS,
-                                  k0, in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd);
+                                  k0, in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd, vnni);
                 }
     }
 }

@@ -595,7 +595,7 @@ static void dots_q4_avx2_rows(const float *x, int rows, int dim, const uint8_t *
     for (int j = 0; j < ne; j += 4) dots_q4_avx2(x, rows, dim, E, n, v0 + j, ne - j < 4 ? ne - j : 4, y + j, ldy);
 }
 
-static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2_rows, 2};
+static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2_rows, 2, NULL};
 #endif
 
 /* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build
@@ -612,6 +612,13 @@ static const matmul_kernels *wide_kernels(void) {
     case FG_ISA_AVX512_SIMDE: return matmul_avx512_simde();
     default: return NULL;
     }
+}
+
+fg_int8_sums *matmul_int8_sums(void) {
+    static int vnni = -1; /* written once, same value from any thread (cpuid is slow in a VM) */
+    if (vnni < 0) vnni = (fg_cpu_features() & FG_CPU_AVX512VNNI) != 0;
+    const matmul_kernels *wide = wide_kernels();
+    return wide && (vnni || wide != matmul_avx512()) ? wide->int8_sums : NULL;
 }
 
 const char *matmul_path(void) {

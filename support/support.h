@@ -45,7 +45,7 @@ int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
  * AVX-512 kernels built on SIMDe's portable C, which runs anywhere. FLEXGEN_NO_SIMD=1: portable.
  * AVX-512 here means F, BW, DQ and VL. ---- */
 enum { FG_CPU_AVX = 1, FG_CPU_AVX2 = 2, FG_CPU_FMA = 4, FG_CPU_AVX512F = 8, FG_CPU_AVX512BW = 16,
-       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64, FG_CPU_F16C = 128 };
+       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64, FG_CPU_F16C = 128, FG_CPU_AVX512VNNI = 256 };
 unsigned fg_cpu_features(void); /* this CPU's FG_CPU_ bits (with the OS's support for them) */
 typedef enum { FG_ISA_PORTABLE, FG_ISA_AVX2, FG_ISA_AVX512, FG_ISA_AVX512_SIMDE } fg_isa;
 fg_isa fg_isa_of_cpu(void);
@@ -72,7 +72,12 @@ typedef struct {
     void (*dots_f16)(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy);
     void (*dots_q4)(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y, size_t ldy);
     int q4_dot_rows; /* dots_q4 up to this many rows of x; more widen each row of E once instead */
+    /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k / 4)
+     * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL: none */
+    void (*int8_sums)(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
 } matmul_kernels;
+typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
+fg_int8_sums *matmul_int8_sums(void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
 const matmul_kernels *matmul_avx512(void);       /* NULL where the compiler cannot build it */
 const matmul_kernels *matmul_avx512_simde(void);
 const char *matmul_path(void); /* the path the products run: "portable", "avx2", "avx512", ... */

@@ -220,8 +220,9 @@ static void paths_agree_on(int q4, const int *shape, uint64_t seed, const fg_isa
 static void test_paths_agree(void) {
     fg_isa paths[4];
     int n = paths_here(paths);
-    printf("\n    paths: portable%s%s, avx512-simde; native AVX-512 %s\n", n > 2 ? ", avx2" : "",
-           n > 3 ? ", avx512" : "", n > 3 ? "tested" : "not on this CPU");
+    printf("\n    paths: portable%s%s, avx512-simde; native AVX-512 %s; native VNNI %s\n", n > 2 ? ", avx2" : "",
+           n > 3 ? ", avx512" : "", n > 3 ? "tested" : "not on this CPU",
+           n > 3 && (fg_cpu_features() & FG_CPU_AVX512VNNI) ? "tested (int8 suites)" : "not on this CPU");
     for (int q4 = 0; q4 < 4; q4 += q4 == 1 ? 2 : 1) { /* fp16, 4-bit, 4-bit in 3 parts */
         for (size_t s = 0; s < (q4 == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) paths_agree_on(q4, shape_of(q4, s), 17 + s, paths, n);
         for (size_t s = 0; s < N_DECODE_SHAPES && q4 < 3; s++) paths_agree_on(q4, DECODE_SHAPES[s], 41 + s, paths, n);
@@ -295,7 +296,9 @@ static double int8_scheme(const float *xr, int in, const uint8_t *w4, int parts,
 }
 
 /* The kernel (on the path the CPU takes) against int8_scheme, and against the exact product
- * within the int8 rounding's bound; then the portable path, which must give the same bits. */
+ * within the int8 rounding's bound; then every other path this machine runs (the integer sums by
+ * VNNI on the AVX-512 ones, native where the CPU has it, and on SIMDe everywhere), which must give
+ * the same bits. */
 static void check_int8_products(int parts) {
     for (size_t s = 0; s < (parts == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) {
         int rows = shape_of(parts, s)[0], in = shape_of(parts, s)[1], out = shape_of(parts, s)[2];
@@ -322,12 +325,17 @@ static void check_int8_products(int parts) {
                    "apart from the scheme in double beyond fp32's bound, %d from the exact product beyond the "
                    "int8 rounding's bound (the worst at %.2f of it)", parts, rows, in, out, acc ? ", adding" : "",
                    fp_bad, q_bad, worst);
-            if (!fg_cpu_has_avx2()) continue;
-            matmul_force_isa(FG_ISA_PORTABLE);
-            matmul_weights(x, rows, in, w.w4, parts, out, yp, acc, 1, NULL);
-            matmul_force_isa(-1);
-            EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
-                   "out %d%s: the portable path differs from AVX2", parts, rows, in, out, acc ? ", adding" : "");
+            fg_isa paths[4];
+            for (int p = 0, n_paths = paths_here(paths); p < n_paths; p++) {
+                memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
+                matmul_force_isa(paths[p]);
+                int vnni = matmul_int8_sums() != NULL;
+                matmul_weights(x, rows, in, w.w4, parts, out, yp, acc, 1, NULL);
+                matmul_force_isa(-1);
+                EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
+                       "out %d%s: the %s path%s differs from the CPU's own", parts, rows, in, out,
+                       acc ? ", adding" : "", fg_isa_name(paths[p]), vnni ? " (VNNI)" : "");
+            }
         }
         free(x), free(y0), free(y), free(yp);
         weights_free(&w);
