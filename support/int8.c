@@ -348,11 +348,11 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
 }
 
 /* Each thread owns a contiguous run of groups and walks W in blocks of 64 rows, each block across
- * its groups from left to right (the order of support/matmul.c's decode). */
+ * its groups from left to right (the order of support/matmul.c's decode). vnni: the integer sums
+ * with VNNI, which support/matmul.c passes where the path has them (matmul_int8_sums). */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y, int accumulate,
-                    int simd) {
+                    int simd, fg_int8_sums *vnni) {
     int part = out / q4_parts, groups = q4_parts * ((part + Q4_GROUP - 1) / Q4_GROUP);
-    fg_int8_sums *vnni = matmul_int8_sums();
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();

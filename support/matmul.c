@@ -442,7 +442,7 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int int8, float *scratch) {
     int simd = use_simd();
-    if (int8 && q4_parts) matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, simd);
+    if (int8 && q4_parts) matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, simd, matmul_int8_sums());
     else if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
     else product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
 }

@@ -107,7 +107,7 @@ const fg_simd *fg_simd_kernels(void);
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int int8, float *scratch); /* int8: int8.c's scheme (q4 only) */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int simd); /* int8.c */
+                    int accumulate, int simd, fg_int8_sums *vnni); /* int8.c; vnni: NULL, or the sums */
 size_t matmul_scratch_floats(int in, int out);
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride);
