@@ -24,9 +24,9 @@
  * plus fp32's rounding. tests/test_matmul.c holds the kernel to that, against a double-precision
  * sum of the same int8 operands.
  *
- * The portable path, the AVX2 one and the VNNI one give the same bits: the integer sums are exact, and the
- * floating-point steps (a, max|a|, alpha, the rounding to nearest even, msum's lanes, the fmaf)
- * are the same operations in the same order.
+ * The portable path, the AVX2 one and the VNNI one give the same bits: the integer sums are exact,
+ * and the floating-point steps (a, max|a|, alpha, the rounding to nearest even, msum's lanes, the
+ * fmaf) are the same operations in the same order.
  *
  * What is rounded: the input rows of the linear layers that take 4-bit weights (q/k/v, out_proj,
  * fc1, fc2; project_in and project_out where a model has them), each row on its own. lm_head and
