@@ -186,9 +186,17 @@ static void finish_portable(const block_rows *q, int r0, int mr, int32_t isum[TR
 /* ---- AVX2 ---- */
 
 /* A whole group (n == 64), four rows at a time: their bytes interleaved into 32-bit lanes (byte p
- * of rows k .. k + 3), whose high nibbles are the quads of column 2p and low nibbles of 2p + 1. */
+ * of rows k .. k + 3), whose high nibbles are the quads of column 2p and low nibbles of 2p + 1.
+ * The same group's rows of the next block (`ahead` of them) are prefetched into L2: a block's 64
+ * rows are 64 streams, more than the hardware's prefetcher follows (as in support/matmul.c). */
 __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, const q4_group *gr, int k0, int kc,
-                                                           block_panel *p) {
+                                                           int ahead, block_panel *p) {
+    for (int k = 0; k < ahead; k++) {
+        const char *next = (const char *)W + (size_t)(k0 + KB + k) * gr->row_bytes;
+        _mm_prefetch(next + gr->codes, _MM_HINT_T1);
+        if (gr->col / Q4_GROUP % 8 == 0) /* mins and scales: 8 groups' are 16 bytes of a line */
+            _mm_prefetch(next + gr->min, _MM_HINT_T1), _mm_prefetch(next + gr->scale, _MM_HINT_T1);
+    }
     const __m256i low4 = _mm256_set1_epi8(15);
     _Alignas(16) fp16 scales[KB] = {0}, mins[KB] = {0};
     for (int k4 = 0; k4 < KB; k4 += 4) {
@@ -320,7 +328,7 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
     int whole = simd && gr->n == Q4_GROUP;
     (void)whole;
 #ifdef HAVE_AVX2_PATH
-    if (whole) pack_avx2(W, gr, k0, kc, &p);
+    if (whole) pack_avx2(W, gr, k0, kc, in - k0 - KB < 0 ? 0 : in - k0 - KB < KB ? in - k0 - KB : KB, &p);
     else
 #endif
         pack_portable(W, gr, k0, kc, &p);
