@@ -48,10 +48,10 @@ for path in $paths; do
 done
 
 python3 - "$work" <<'PY'
-import json, sys
+import json, statistics, sys
 work = sys.argv[1]
 reads = sorted(json.loads(l)["gbs"] for l in open(f"{work}/stream"))
-bw = reads[len(reads) // 2] if len(reads) % 2 else (reads[len(reads) // 2 - 1] + reads[len(reads) // 2]) / 2
+bw = statistics.median(reads)
 print(f"read rate {bw:.1f} GB/s (median of {len(reads)} readings, {reads[0]:.1f} to {reads[-1]:.1f}), "
       f"threads {json.loads(open(f'{work}/stream').readline())['threads']}\n")
 print("| path | weights | rows | W (in x out) | from | ms | GB/s | share of the read rate |")

@@ -105,7 +105,7 @@ done
 rates
 
 python3 - "$work" "$RESULTS" "$MODEL" <<'PY'
-import json, sys
+import json, statistics, sys
 sys.path.insert(0, "scripts")
 from bench_pytorch import MODELS, VOCAB
 work, results, model = sys.argv[1:]
@@ -118,7 +118,7 @@ weight_bytes = lambda fmt: 2 * vectors + (2 * matrices if fmt == "fp16" else mat
 lines = lambda name: [json.loads(l) for l in open(f"{work}/{name}") if l.strip()]
 reads = sorted(r["gbs"] for r in lines("stream"))
 n = len(reads)
-bw = (reads[n // 2] if n % 2 else (reads[n // 2 - 1] + reads[n // 2]) / 2) * 1e9
+bw = statistics.median(reads) * 1e9
 gemm = max(r["gflops"] for r in lines("sgemm")) * 1e9
 cores = "/".join(sorted({d.get("blas_core", "not reported") for d in lines("runs")}))
 print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s (median of {n} readings, {reads[0]:.1f} to {reads[-1]:.1f}), GEMM rate {gemm / 1e9:.1f} GFLOP/s "

@@ -328,7 +328,8 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
     int whole = simd && gr->n == Q4_GROUP;
     (void)whole;
 #ifdef HAVE_AVX2_PATH
-    if (whole) pack_avx2(W, gr, k0, kc, in - k0 - KB < 0 ? 0 : in - k0 - KB < KB ? in - k0 - KB : KB, &p);
+    int next = in - (k0 + KB); /* rows of the next block, to prefetch */
+    if (whole) pack_avx2(W, gr, k0, kc, next < 0 ? 0 : next < KB ? next : KB, &p);
     else
 #endif
         pack_portable(W, gr, k0, kc, &p);
