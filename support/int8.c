@@ -55,7 +55,7 @@
  *   pack      the block's codes into a panel of quads, [k / 4][64 columns][4 codes of k]: 4 KiB
  *             in L1, so that one vpmaddubsw multiplies 8 columns by 4 values of k (the columns
  *             in the order the bytes interleave into, put back in order at the end);
- *   quantize  each row's a into a8, alpha and msum;
+ *   quantize  each row's a into a8, alpha and msum, four rows side by side (their chains overlap);
  *   tile      isum of 4 rows by 16 columns at a time: per 4 k, vpmaddubsw of two vectors of the
  *             panel with the row's 4 values of a8 broadcast, summed in int16 over 32 k (at most
  *             8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32 (vpmaddwd by ones);
@@ -223,28 +223,54 @@ __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, con
     }
 }
 
-__attribute__((target("avx2,fma"))) static void quantize_avx2(const float *x, const block_panel *p, int8_t *a8,
-                                                              float *alpha, float *msum) {
+/* Rows x[0 .. mr) of the block, mr <= TR, quantized together: each row's chains (its msum's 8
+ * lanes, its max) are 8 dependent steps, so four rows' side by side keep the FMA units busy. a is
+ * computed twice, once for max|a| and once to round it, the same product both times. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void quantize_rows_avx2(const float *const x[TR],
+                                                                                         const block_panel *p,
+                                                                                         block_rows *q, int r0,
+                                                                                         const int mr) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 a[KB / 8], big = _mm256_setzero_ps(), lanes = _mm256_setzero_ps();
-    for (int i = 0; i < KB / 8; i++) {
-        __m256 xv = _mm256_loadu_ps(x + 8 * i);
-        a[i] = _mm256_mul_ps(xv, _mm256_load_ps(p->scale + 8 * i));
-        big = _mm256_max_ps(big, _mm256_and_ps(a[i], magnitude));
-        lanes = _mm256_fmadd_ps(xv, _mm256_load_ps(p->min + 8 * i), lanes);
+    __m256 big[TR], lanes[TR];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) big[r] = lanes[r] = _mm256_setzero_ps();
+    for (int k = 0; k < KB; k += 8) {
+        __m256 scale = _mm256_load_ps(p->scale + k), min = _mm256_load_ps(p->min + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            __m256 xv = _mm256_loadu_ps(x[r] + k);
+            big[r] = _mm256_max_ps(big[r], _mm256_and_ps(_mm256_mul_ps(xv, scale), magnitude));
+            lanes[r] = _mm256_fmadd_ps(xv, min, lanes[r]);
+        }
     }
-    float lane[8], inv;
-    _mm256_storeu_ps(lane, lanes);
-    *msum = lanes_add(lane);
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(big), _mm256_extractf128_ps(big, 1)); /* max is exact */
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    *alpha = scales_of(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), &inv);
-    __m256 invv = _mm256_set1_ps(inv);
-    for (int i = 0; i < KB / 8; i += 2) { /* 16 values: int32 -> int16 -> int8, in order */
-        __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(a[i], invv)), v1 = _mm256_cvtps_epi32(_mm256_mul_ps(a[i + 1], invv));
-        __m128i w0 = _mm_packs_epi32(_mm256_castsi256_si128(v0), _mm256_extracti128_si256(v0, 1));
-        __m128i w1 = _mm_packs_epi32(_mm256_castsi256_si128(v1), _mm256_extracti128_si256(v1, 1));
-        _mm_storeu_si128((__m128i *)(a8 + 8 * i), _mm_packs_epi16(w0, w1));
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+        __m128 l4 = _mm_add_ps(_mm256_castps256_ps128(lanes[r]), _mm256_extractf128_ps(lanes[r], 1));
+        l4 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4)); /* (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 + l7) */
+        q->msum[r0 + r] = _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(big[r]), _mm256_extractf128_ps(big[r], 1)); /* exact */
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float inv;
+        q->alpha[r0 + r] = scales_of(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), &inv);
+        __m256 invv = _mm256_set1_ps(inv);
+        for (int k = 0; k < KB; k += 16) { /* 16 values: int32 -> int16 -> int8, in order */
+            __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(x[r] + k), _mm256_load_ps(p->scale + k));
+            __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(x[r] + k + 8), _mm256_load_ps(p->scale + k + 8));
+            __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(a0, invv)), v1 = _mm256_cvtps_epi32(_mm256_mul_ps(a1, invv));
+            __m128i w0 = _mm_packs_epi32(_mm256_castsi256_si128(v0), _mm256_extracti128_si256(v0, 1));
+            __m128i w1 = _mm_packs_epi32(_mm256_castsi256_si128(v1), _mm256_extracti128_si256(v1, 1));
+            _mm_storeu_si128((__m128i *)(q->a8[r0 + r] + k), _mm_packs_epi16(w0, w1));
+        }
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void quantize_avx2(const float *const x[TR], const block_panel *p,
+                                                              block_rows *q, int r0, int mr) {
+    switch (mr) {
+    case 1: quantize_rows_avx2(x, p, q, r0, 1); break;
+    case 2: quantize_rows_avx2(x, p, q, r0, 2); break;
+    case 3: quantize_rows_avx2(x, p, q, r0, 3); break;
+    default: quantize_rows_avx2(x, p, q, r0, 4); break;
     }
 }
 
@@ -333,14 +359,20 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
     else
 #endif
         pack_portable(W, gr, k0, kc, &p);
-    for (int r = 0; r < nr; r++) {
-        const float *xr = x + (size_t)(r0 + r) * in + k0;
-        _Alignas(32) float padded[KB] = {0}; /* a last block of fewer rows: zeros after them */
-        if (kc < KB) memcpy(padded, xr, (size_t)kc * sizeof *padded), xr = padded;
+    for (int r = 0, mr; r < nr; r += mr) {
+        mr = nr - r < TR ? nr - r : TR;
+        _Alignas(32) float padded[TR][KB]; /* a last block of fewer rows: zeros after them */
+        const float *xr[TR];
+        for (int i = 0; i < mr; i++) {
+            xr[i] = x + (size_t)(r0 + r + i) * in + k0;
+            if (kc == KB) continue;
+            memset(padded[i], 0, sizeof padded[i]);
+            memcpy(padded[i], xr[i], (size_t)kc * sizeof **padded), xr[i] = padded[i];
+        }
 #ifdef HAVE_AVX2_PATH
-        if (simd) { quantize_avx2(xr, &p, q.a8[r], &q.alpha[r], &q.msum[r]); continue; }
+        if (simd) { quantize_avx2(xr, &p, &q, r, mr); continue; }
 #endif
-        quantize_portable(xr, &p, q.a8[r], &q.alpha[r], &q.msum[r]);
+        for (int i = 0; i < mr; i++) quantize_portable(xr[i], &p, q.a8[r + i], &q.alpha[r + i], &q.msum[r + i]);
     }
     for (int r = 0, mr; r < nr; r += mr) {
         mr = nr - r < TR ? nr - r : TR;
