@@ -76,7 +76,8 @@ unsigned fg_cpu_features(void) {
            (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
            (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
            (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u) |
-           (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u);
+           (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u) |
+           (__builtin_cpu_supports("avxvnni") ? FG_CPU_AVXVNNI : 0u);
 #else
     return 0;
 #endif

@@ -732,6 +732,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddStringToObject(o, "blas_library", blas.library);
         cJSON_AddStringToObject(o, "blas_core", blas.core);
         cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
+        if (a->policy.int8_activations) cJSON_AddStringToObject(o, "int8_sums", matmul_int8_path());
         if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
@@ -752,7 +753,8 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
            st->link_bytes[LINK_GPU_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_DISK] / GB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
-    printf("blas: %s, core %s (%s)\tcpu kernels: %s\n", blas.library, blas.core, blas.why, matmul_path());
+    printf("blas: %s, core %s (%s)\tcpu kernels: %s%s%s\n", blas.library, blas.core, blas.why, matmul_path(),
+           a->policy.int8_activations ? ", int8 sums " : "", a->policy.int8_activations ? matmul_int8_path() : "");
     for (int r = 0; n_stages > 1 && r < n_stages; r++) {
         const stage_report *s = &stages[r];
         printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"

@@ -61,6 +61,7 @@
  *             8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32 (vpmaddwd by ones);
  *             on AVX-512 with VNNI (support/avx512.c's int8_sums, on SIMDe too), one vpdpbusd
  *             multiplies 16 slots' quads by the row's 4 values and adds them into int32 at once;
+ *             with AVX-VNNI (CPUs without AVX-512: vnni256_sums below), 8 slots' in 256 bits;
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
  */
 #include "support/support.h"
@@ -320,6 +321,58 @@ __attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, cons
         }
 }
 
+/* ---- AVX-VNNI: vpdpbusd in 256 bits (VEX), on CPUs that have it without AVX-512 ----
+ * The same sums as support/avx512.c's int8_sums, a tile of up to 4 rows x 16 slots at a time (8
+ * int32 accumulators, a quarter of the 512-bit tile's, which fits AVX2's 16 registers). The
+ * tile is written once and built twice: with the instruction, and with an exact AVX2 stand-in
+ * for it (dpbusd_avx2), which every machine with AVX2 runs, so the tests hold the tile to the
+ * other paths' bits everywhere and the instruction itself where the CPU has it. */
+#define VNNI256_SUMS(name, isa, dpbusd)                                                                          \
+    __attribute__((target(isa))) static void name(const uint8_t *quads, const int8_t *a8, int mr,              \
+                                                  int32_t (*isum)[64]) {                                       \
+        for (int s = 0; s < 64; s += 16) {                                                                     \
+            __m256i acc[TR][2];                                                                                \
+            for (int r = 0; r < TR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();                       \
+            for (int k4 = 0; k4 < KB; k4 += 4) {                                                               \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s)));                 \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s + 8)));             \
+                for (int r = 0; r < TR; r++) { /* rows past mr: a8's rows are there, their sums unused */      \
+                    int32_t four;                                                                              \
+                    memcpy(&four, a8 + KB * r + k4, 4);                                                        \
+                    __m256i b = _mm256_set1_epi32(four);                                                       \
+                    acc[r][0] = dpbusd(acc[r][0], w0, b), acc[r][1] = dpbusd(acc[r][1], w1, b);                \
+                }                                                                                              \
+            }                                                                                                  \
+            for (int r = 0; r < mr; r++)                                                                       \
+                for (int v = 0; v < 2; v++) _mm256_storeu_si256((__m256i *)(isum[r] + s + 8 * v), acc[r][v]); \
+        }                                                                                                      \
+    }
+
+/* vpdpbusd exactly: each 32-bit lane gains the 4 products of its unsigned bytes of u by the signed
+ * bytes of s. Bytes 0 and 2 (and 1 and 3) widen to 16 bits, where a product of a byte by a byte
+ * fits; vpmaddwd adds each pair into 32 bits. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dpbusd_avx2(__m256i acc, __m256i u, __m256i s) {
+    __m256i u_even = _mm256_and_si256(u, _mm256_set1_epi16(0xff)), u_odd = _mm256_srli_epi16(u, 8);
+    __m256i s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), s_odd = _mm256_srai_epi16(s, 8);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even), _mm256_madd_epi16(u_odd, s_odd)));
+}
+
+VNNI256_SUMS(vnni256_sums, "avx2,avxvnni", _mm256_dpbusd_avx_epi32)
+VNNI256_SUMS(vnni256_sums_on_avx2, "avx2", dpbusd_avx2)
+#endif
+
+/* The AVX-VNNI sums (support/matmul.c gives them to the avx2 path where cpuid has AVX-VNNI), or,
+ * not native, their stand-in on AVX2; NULL where this build has no x86 kernels. */
+fg_int8_sums *int8_sums_vnni256(int native) {
+#ifdef HAVE_AVX2_PATH
+    return native ? vnni256_sums : vnni256_sums_on_avx2;
+#else
+    (void)native;
+    return NULL;
+#endif
+}
+
+#ifdef HAVE_AVX2_PATH
 /* A whole group: slots 16i .. 16i + 15 (8 even columns, then 8 odd) interleave back into columns
  * 8i .. 8i + 7 and 32 + 8i .. 39 + 8i. */
 __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q, int r0, int mr,

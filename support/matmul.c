@@ -614,11 +614,26 @@ static const matmul_kernels *wide_kernels(void) {
     }
 }
 
+/* VNNI's integer sums: the 512-bit form on the avx512 path, the 256-bit one (AVX-VNNI) on the avx2
+ * path, each where cpuid has it; on SIMDe, always. */
 fg_int8_sums *matmul_int8_sums(void) {
-    static int vnni = -1; /* written once, same value from any thread (cpuid is slow in a VM) */
-    if (vnni < 0) vnni = (fg_cpu_features() & FG_CPU_AVX512VNNI) != 0;
+    static int features = -1; /* written once, same value from any thread (cpuid is slow in a VM) */
+    if (features < 0) features = (int)fg_cpu_features();
     const matmul_kernels *wide = wide_kernels();
-    return wide && (vnni || wide != matmul_avx512()) ? wide->int8_sums : NULL;
+#ifdef HAVE_AVX2_PATH
+    if (wide == &avx2_kernels) return features & FG_CPU_AVXVNNI ? int8_sums_vnni256(1) : NULL;
+#endif
+    return wide && (features & FG_CPU_AVX512VNNI || wide != matmul_avx512()) ? wide->int8_sums : NULL;
+}
+
+/* The instructions of the path's integer sums (--int8-activations): avx512-vnni, avx-vnni, avx2
+ * (vpmaddubsw) or portable. */
+const char *matmul_int8_path(void) {
+    fg_int8_sums *sums = matmul_int8_sums();
+#ifdef HAVE_AVX2_PATH
+    if (sums && sums == int8_sums_vnni256(1)) return "avx-vnni";
+#endif
+    return sums ? "avx512-vnni" : use_simd() ? "avx2" : "portable";
 }
 
 const char *matmul_path(void) {

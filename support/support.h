@@ -45,7 +45,8 @@ int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
  * AVX-512 kernels built on SIMDe's portable C, which runs anywhere. FLEXGEN_NO_SIMD=1: portable.
  * AVX-512 here means F, BW, DQ and VL. ---- */
 enum { FG_CPU_AVX = 1, FG_CPU_AVX2 = 2, FG_CPU_FMA = 4, FG_CPU_AVX512F = 8, FG_CPU_AVX512BW = 16,
-       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64, FG_CPU_F16C = 128, FG_CPU_AVX512VNNI = 256 };
+       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64, FG_CPU_F16C = 128, FG_CPU_AVX512VNNI = 256,
+       FG_CPU_AVXVNNI = 512 };
 unsigned fg_cpu_features(void); /* this CPU's FG_CPU_ bits (with the OS's support for them) */
 typedef enum { FG_ISA_PORTABLE, FG_ISA_AVX2, FG_ISA_AVX512, FG_ISA_AVX512_SIMDE } fg_isa;
 fg_isa fg_isa_of_cpu(void);
@@ -78,6 +79,8 @@ typedef struct {
 } matmul_kernels;
 typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
 fg_int8_sums *matmul_int8_sums(void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
+const char *matmul_int8_path(void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2, portable */
+fg_int8_sums *int8_sums_vnni256(int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2 stand-in */
 const matmul_kernels *matmul_avx512(void);       /* NULL where the compiler cannot build it */
 const matmul_kernels *matmul_avx512_simde(void);
 const char *matmul_path(void); /* the path the products run: "portable", "avx2", "avx512", ... */

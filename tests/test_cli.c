@@ -1736,6 +1736,20 @@ static void test_isa_paths(void) {
         }
         free(first);
     }
+    for (int isa = FG_ISA_PORTABLE; isa <= FG_ISA_AVX512_SIMDE; isa++) { /* --int8-activations' sums */
+        if (isa != FG_ISA_AVX512_SIMDE && isa > (int)cpu) continue;
+        const char *name = fg_isa_name((fg_isa)isa);
+        unsigned features = fg_cpu_features();
+        const char *want = isa == FG_ISA_PORTABLE ? "portable"
+                           : isa == FG_ISA_AVX2   ? (features & FG_CPU_AVXVNNI ? "avx-vnni" : "avx2")
+                           : isa == FG_ISA_AVX512 && !(features & FG_CPU_AVX512VNNI) ? "avx2" : "avx512-vnni";
+        int rc = isa_run(name, ARGS("--json", "--compress-weight", "--int8-activations"), &out, &err);
+        cJSON *o = cJSON_Parse(out);
+        EXPECT(rc == 0 && !strcmp(json_text(o, "int8_sums"), want), "FLEXGEN_ISA=%s --int8-activations: expected "
+               "\"int8_sums\" %s, got %d and '%s': %s", name, want, rc, json_text(o, "int8_sums"), err);
+        cJSON_Delete(o);
+        free(out), free(err);
+    }
     int rc = isa_run("avx2", ARGS(NULL), &out, &err); /* the report's last line */
     if (cpu >= FG_ISA_AVX2)
         EXPECT(rc == 0 && strstr(last_line(out), "\tcpu kernels: avx2\n"), "FLEXGEN_ISA=avx2: the report's last "

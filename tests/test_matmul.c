@@ -220,9 +220,10 @@ static void paths_agree_on(int q4, const int *shape, uint64_t seed, const fg_isa
 static void test_paths_agree(void) {
     fg_isa paths[4];
     int n = paths_here(paths);
-    printf("\n    paths: portable%s%s, avx512-simde; native AVX-512 %s; native VNNI %s\n", n > 2 ? ", avx2" : "",
-           n > 3 ? ", avx512" : "", n > 3 ? "tested" : "not on this CPU",
-           n > 3 && (fg_cpu_features() & FG_CPU_AVX512VNNI) ? "tested (int8 suites)" : "not on this CPU");
+    printf("\n    paths: portable%s%s, avx512-simde; native AVX-512 %s; native VNNI %s; native AVX-VNNI %s\n",
+           n > 2 ? ", avx2" : "", n > 3 ? ", avx512" : "", n > 3 ? "tested" : "not on this CPU",
+           n > 3 && (fg_cpu_features() & FG_CPU_AVX512VNNI) ? "tested (int8 suites)" : "not on this CPU",
+           fg_cpu_features() & FG_CPU_AVXVNNI ? "tested (int8 suites)" : "not on this CPU");
     for (int q4 = 0; q4 < 4; q4 += q4 == 1 ? 2 : 1) { /* fp16, 4-bit, 4-bit in 3 parts */
         for (size_t s = 0; s < (q4 == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) paths_agree_on(q4, shape_of(q4, s), 17 + s, paths, n);
         for (size_t s = 0; s < N_DECODE_SHAPES && q4 < 3; s++) paths_agree_on(q4, DECODE_SHAPES[s], 41 + s, paths, n);
@@ -335,6 +336,16 @@ static void check_int8_products(int parts) {
                 EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
                        "out %d%s: the %s path%s differs from the CPU's own", parts, rows, in, out,
                        acc ? ", adding" : "", fg_isa_name(paths[p]), vnni ? " (VNNI)" : "");
+            }
+            /* AVX-VNNI's sums on the avx2 path: their AVX2 stand-in everywhere, the instruction where
+             * the CPU has it */
+            for (int native = 0; native < 2 && fg_isa_of_cpu() >= FG_ISA_AVX2; native++) {
+                if (native && !(fg_cpu_features() & FG_CPU_AVXVNNI)) break;
+                memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
+                matmul_q4_int8(x, rows, in, w.w4, parts, out, yp, acc, 1, int8_sums_vnni256(native));
+                EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
+                       "out %d%s: the AVX-VNNI sums (%s) differ from the CPU's own path", parts, rows, in, out,
+                       acc ? ", adding" : "", native ? "native" : "on AVX2");
             }
         }
         free(x), free(y0), free(y), free(yp);
