@@ -525,7 +525,8 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     s.act_row = (size_t)c->hidden * rt->backend->act_elem;
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
     double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
-    s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len); /* in pages */
+    s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len, /* in pages */
+                         p->schedule == FG_SCHEDULE_DIAGONAL);
     for (int t = 0; t < N_TIERS; t++) {
         s.kv_home[t] = kv_row * m->n_decoder * 2 * s.kv.pool_pages[t] * s.kv.page_tokens;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
@@ -1036,6 +1037,7 @@ static void compute(block *bl, iteration it) {
     const fg_backend *be = bl->rt->backend;
     const opt_weights *w = &bl->m->view;
     gpu_batch *gb = &bl->gb[it.k];
+    if (gb->batch == 0) return; /* an idle GPU batch (the diagonal schedule's warm-up and end) */
     bind_batch(bl, it);
     int output = it.j > 0 && !is_decoder_layer(bl, it.j);
     bl->out_rows = gb->all_rows ? gb->n_new : 1;
@@ -1073,7 +1075,9 @@ typedef struct {
     int base;        /* the round's first prompt */
     int *const *prompts; const int *lens; int n_prompts; /* the job's */
     int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
+    int diagonal;     /* the diagonal schedule (one block): GPU batches staggered, prompts streaming */
     int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
+    int steps_before; /* steps of the rounds before this one */
     long unit;       /* units (a block's step on this stage) begun this round */
     long end;        /* the round's layers that will run (unit L + j): weights load no further */
     int started, prefilled; /* blocks of the round with prompts, and those past prefill */
@@ -1123,6 +1127,7 @@ static void synchronize(block *bl, iteration now) {
 }
 
 static void tokens_back(gen_run *run, block *bl, int i), refill_slots(gen_run *run, block *bl, int i);
+static void diagonal_slots(gen_run *run, block *bl, int i);
 static void end_sequence(gen_run *run, block *bl, int s), tokens_of_last_step(gen_run *run, int t, int i);
 static void grow_pages(block *bl), choose_step_reads(gen_run *run, int t, int i), load_first_iteration(block *bl);
 
@@ -1144,7 +1149,8 @@ static int step_begins(gen_run *run, int t, int i) {
 static void tokens_of_last_step(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     tokens_back(run, bl, i);
-    if (run->refill) refill_slots(run, bl, i);
+    if (run->diagonal) diagonal_slots(run, bl, i);
+    else if (run->refill) refill_slots(run, bl, i);
     if (i == 1 && ++run->prefilled == run->started) run->t_prefill = now_seconds();
     if (run->progress && t == run->P - 1) fprintf(stderr, "\r%s: token %d/%d", run->progress, i, run->steps);
 }
@@ -1270,28 +1276,36 @@ static void block_schedule(gen_run *run) {
  * Generation: prompts in rounds of blocks, each through every step
  * ============================================================================================ */
 
+/* GPU batch k's slots take prompts first .. first + count - 1, left-padded to `padded` tokens, as
+ * their prefill's input; its other slots idle. */
+static void start_batch(block *bl, int k, int *const *prompts, const int *lens, int first, int count, int padded) {
+    gpu_batch *gb = &bl->gb[k];
+    gb->batch = count, gb->n_new = padded;
+    for (int b = 0, s = k * bl->s.gbs; b < bl->s.gbs; b++, s++) {
+        bl->prompt[s] = b < count ? first + b : -1, bl->step[s] = 0, bl->done[s] = 0, gb->past[b] = 0;
+        if (b >= count) continue;
+        int n = lens[first + b], *row = gb->tokens + (size_t)b * padded;
+        gb->pad[b] = padded - n;
+        for (int t = 0; t < padded - n; t++) row[t] = OPT_PAD_ID;
+        memcpy(row + padded - n, prompts[first + b], (size_t)n * sizeof(int));
+    }
+}
+
+static int longest_of(const int *lens, int first, int count) {
+    int longest = 0;
+    for (int i = first; i < first + count; i++) longest = lens[i] > longest ? lens[i] : longest;
+    return longest;
+}
+
 /* Loads a block's prompts, left-padded to the longest, as the prefill step's input. */
 static void start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
-    int padded = 0, gbs = bl->s.gbs;
-    for (int i = 0; i < count; i++) padded = lens[first + i] > padded ? lens[first + i] : padded;
+    int padded = longest_of(lens, first, count), gbs = bl->s.gbs;
     bl->count = count;
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
-    memset(bl->done, 0, (size_t)bl->s.gbs * bl->s.ngb);
     kv_pages_reset(&bl->pages);
-    for (int s = 0; s < count; s++) bl->prompt[s] = first + s, bl->step[s] = 0;
-    for (int k = 0; k < bl->n_batches; k++) {
-        gpu_batch *gb = &bl->gb[k];
-        int base = first + k * gbs;
-        gb->batch = count - k * gbs < gbs ? count - k * gbs : gbs;
-        gb->n_new = padded;
-        for (int b = 0; b < gb->batch; b++) {
-            int n = lens[base + b], *row = gb->tokens + (size_t)b * padded;
-            gb->past[b] = 0, gb->pad[b] = padded - n;
-            for (int t = 0; t < padded - n; t++) row[t] = OPT_PAD_ID;
-            memcpy(row + padded - n, prompts[base + b], (size_t)n * sizeof(int));
-        }
-    }
+    for (int k = 0; k < bl->n_batches; k++)
+        start_batch(bl, k, prompts, lens, first + k * gbs, count - k * gbs < gbs ? count - k * gbs : gbs, padded);
 }
 
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
@@ -1314,6 +1328,9 @@ static void tokens_back(gen_run *run, block *bl, int i) {
     stage->receive_tokens(bl, i - 1);
     for (int s = 0; s < bl->count; s++) run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
     bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0;
+    for (int s = 0; s < bl->count && run->opt->finish_step; s++)
+        if (bl->prompt[s] >= 0 && bl->step[s] == run->opt->gen_len)
+            run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;
     if (!bl->running && i < run->steps && !run->refill) stage->pass_stop(bl);
 }
 
@@ -1378,6 +1395,36 @@ static void refill_slots(gen_run *run, block *bl, int i) {
     }
 }
 
+/* The diagonal schedule (Appendix A.2, Fig. 6): GPU batch k first takes prompts at step
+ * diagonal_start(k) (the warm-up: the staircase of its figure) and then every gen_len steps,
+ * as its sequences end, so that at each step the batches are at staggered steps of their
+ * sequences: one prefills while the others decode, the layer's weights loaded once for all. */
+static void diagonal_slots(gen_run *run, block *bl, int i) {
+    int gen_len = run->opt->gen_len, gbs = bl->s.gbs;
+    for (int k = 0; k < bl->n_batches; k++) {
+        int start = diagonal_start(k, bl->n_batches, gen_len);
+        if (i < start || (i - start) % gen_len != 0) continue;
+        for (int s = k * gbs; s < (k + 1) * gbs; s++)
+            if (bl->prompt[s] >= 0) end_sequence(run, bl, s);
+        int count = run->n_prompts - run->next < gbs ? run->n_prompts - run->next : gbs;
+        int padded = longest_of(run->lens, run->next, count);
+        start_batch(bl, k, run->prompts, run->lens, run->next, count, padded > 0 ? padded : 1);
+        run->next += count;
+        if (count == 0) continue;
+        run->timing->prefill_tokens += (int64_t)count * padded;
+        run->steps = i + gen_len > run->steps ? i + gen_len : run->steps, bl->running = 1;
+    }
+}
+
+/* A diagonal run's one block: every GPU batch idle until diagonal_slots starts it. */
+static void start_diagonal(gen_run *run, block *bl) {
+    start_block(bl, run->prompts, run->lens, 0, 0);
+    bl->n_batches = bl->s.ngb, bl->count = bl->s.ngb * bl->s.gbs;
+    for (int k = 0; k < bl->n_batches; k++) start_batch(bl, k, run->prompts, run->lens, 0, 0, 1);
+    run->next = 0;
+    diagonal_slots(run, bl, 0);
+}
+
 static void free_blocks(block *blocks, int n) {
     for (int t = n - 1; t >= 0; t--) free_block(&blocks[t]); /* the owner of shared buffers last */
     free(blocks);
@@ -1408,18 +1455,20 @@ static void run_round(gen_run *run) {
     run->started = run->prefilled = 0;
     run->unit = 0;
     run->steps = run->opt->gen_len;
-    for (int t = 0; t < run->P; t++) {
+    for (int t = 0; t < run->P && !run->diagonal; t++) {
         int first = run->base + t * run->B, count = run->n_prompts - first < run->B ? run->n_prompts - first : run->B;
         start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
         if (count > 0) run->timing->prefill_tokens += (int64_t)count * run->blocks[t].gb[0].n_new, run->started++;
     }
     run->next = run->refill && run->B < run->n_prompts ? run->B : run->n_prompts; /* refill takes the rest */
+    if (run->diagonal) start_diagonal(run, &run->blocks[0]), run->started = 1;
     double t0 = now_seconds();
     run->t_prefill = t0;
     m->staged[0] = m->staged[1] = -1;
     load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
     io_sync(&m->rt->io, 1);
     block_schedule(run);
+    run->steps_before += run->steps;
     for (int t = 0; t < run->P; t++)
         for (int s = 0; s < run->blocks[t].count; s++) end_sequence(run, &run->blocks[t], s);
     run->timing->page_tokens = run->blocks[0].s.kv.page_tokens;
@@ -1442,13 +1491,17 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     const opt_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
     gen_run run = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing,
-                 .prompts = prompts, .lens = prompt_lens, .n_prompts = n_prompts, .refill = opt->refill};
+                 .prompts = prompts, .lens = prompt_lens, .n_prompts = n_prompts, .refill = opt->refill,
+                 .diagonal = rt->policy.schedule == FG_SCHEDULE_DIAGONAL};
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     int rc = check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err);
     if (rc == 0 && opt->forced) rc = check_forced(c, opt->forced, n_prompts, opt->gen_len, err);
     if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->pipe))
         rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
+    if (rc == 0 && run.diagonal && (opt->refill || opt->prompt_logits || rt->pipe))
+        rc = fg_fail(err, "the diagonal schedule: runs in one process, refills its GPU batches itself, keeps no "
+                          "prompt logits");
     m->prompt_logits = opt->prompt_logits != NULL;
     if (rc == 0 && !(run.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &run.P, err))) rc = -1;
     if (rc == 0 && !(run.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
@@ -1464,7 +1517,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     memset(timing, 0, sizeof *timing);
     double disk_read_before = rt->disk_read_seconds;
     run.B = run.blocks[0].s.gbs * run.blocks[0].s.ngb;
-    int rounds = run.refill ? 1 : (n_prompts + run.P * run.B - 1) / (run.P * run.B);
+    int rounds = run.refill || run.diagonal ? 1 : (n_prompts + run.P * run.B - 1) / (run.P * run.B);
     for (int r = 0; r < rounds; r++) {
         char progress[64];
         snprintf(progress, sizeof progress, "block %d/%d", r + 1, rounds);

@@ -25,6 +25,10 @@ typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA, FG_DEVICE_CPU_FP16
  * states (h) on the gpu (g) and cpu (c) tiers; disk holds the rest (wn = 100 - wg - wc, ...). */
 typedef struct { int wg, wc, cg, cc, hg, hc; } fg_percent;
 
+/* zig-zag: a block's GPU batches all at the same step (§4.2, Fig. 4); diagonal: staggered over the
+ * steps, prompts streaming through them (Appendix A.2, Fig. 6). */
+typedef enum { FG_SCHEDULE_ZIGZAG, FG_SCHEDULE_DIAGONAL } fg_schedule;
+
 typedef struct {
     fg_device device;
     int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */
@@ -40,6 +44,7 @@ typedef struct {
     const char *weight_dir;  /* where dummy weights on disk are kept; NULL: ~/.cache/flexgen */
     int trace, verbose;      /* record a Chrome trace; progress on stderr */
     int stage, n_stages;     /* pipeline stage `stage` of n_stages (§4.4); 1: the whole model */
+    fg_schedule schedule;    /* the block's order: zig-zag (§4.2) or diagonal (Appendix A.2) */
 } fg_policy;
 #define FG_DEFAULT_OFFLOAD_DIR "/var/tmp"
 fg_policy fg_default_policy(void); /* all on the gpu tier, overlap on, a 2 x 16 block, the CPU */
@@ -75,6 +80,8 @@ typedef struct {
     const int *index;     /* NULL, or [n_prompts]: each prompt's place in the job (sampling's seed) */
     const int *forced;    /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
+    int *finish_step;     /* NULL, or [n_prompts]: the step (counted over the job's blocks) after which
+                             each prompt's last token was taken */
 } gen_options;
 
 typedef struct {

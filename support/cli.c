@@ -96,6 +96,12 @@ static void usage(FILE *out) {
 "  --percent WG WC CG CC HG HC\n"
 "                          percent of weights, KV cache and activations on the gpu and cpu\n"
 "                          tiers; disk holds the rest of each [100 0 100 0 100 0]\n"
+"  --schedule zigzag|diagonal\n"
+"                          zigzag: a block's GPU batches step together (section 4.2); diagonal:\n"
+"                          in one process, GPU batch k starts k gen_len / num-gpu-batches steps\n"
+"                          after the first, and each takes the next prompts as its sequences\n"
+"                          end, so prompts stream through one block and its KV cache peaks\n"
+"                          lower (Appendix A.2) [zigzag]\n"
 "  --overlap 0|1           I/O on its own threads, overlapped with compute [1]\n"
 "  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
 "                          the cache lives\n"
@@ -218,6 +224,13 @@ static int parse_device(const char *s, fg_device *d, char *err) {
     return 0;
 }
 
+static int parse_schedule(const char *s, fg_schedule *schedule, char *err) {
+    if (!strcmp(s, "zigzag")) *schedule = FG_SCHEDULE_ZIGZAG;
+    else if (!strcmp(s, "diagonal")) *schedule = FG_SCHEDULE_DIAGONAL;
+    else return fg_fail(err, "--schedule: expected zigzag or diagonal, got '%s'", s);
+    return 0;
+}
+
 /* auto: CUDA when a GPU is there, else the CPU, saying why (with progress on, and when this
  * build has CUDA; the report names the device either way). */
 static fg_device resolve_device(fg_device d, int verbose) {
@@ -233,7 +246,7 @@ static int is_value_flag(const char *f) {
         "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
         "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
-        "--policy", "--hw", "--max-latency", "--device", "--text", "--window", "--stride",
+        "--policy", "--hw", "--max-latency", "--device", "--schedule", "--text", "--window", "--stride",
         "--predictions", "--compare", "--output"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
@@ -287,6 +300,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--merges")) a->merges = v;
         else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
         else if (!strcmp(f, "--device")) rc = parse_device(v, &p->device, err);
+        else if (!strcmp(f, "--schedule")) rc = parse_schedule(v, &p->schedule, err);
         else if (!strcmp(f, "--path")) p->weight_dir = v;
         else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
         else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
@@ -381,6 +395,9 @@ static int check_flags(const cli_args *a, char *err) {
                             "--prompt-ids or --prompt");
     if (a->gen.refill && !a->gen.stop_at_eos)
         return fg_fail(err, "--refill: gives a slot whose sequence generated </s> the next prompt; give --stop-at-eos too");
+    if (a->policy.schedule == FG_SCHEDULE_DIAGONAL && a->gen.refill)
+        return fg_fail(err, "--refill and --schedule diagonal: the diagonal schedule refills its GPU batches itself; "
+                            "give one of them");
     if (a->policy.int8_activations && !a->policy.compress_weight)
         return fg_fail(err, "--int8-activations: multiplies 4-bit weights by int8 activations; give --compress-weight too");
     if (a->output && a->dump_logits) return fg_fail(err, "--output and --dump-logits: give one of them");
@@ -1239,6 +1256,11 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && a->gen.refill && stages > 1)
         rc = fg_fail(err, "--refill: refills one process's block; the stages of a pipeline keep theirs in step");
+    if (rc == 0 && a->policy.schedule == FG_SCHEDULE_DIAGONAL && stages > 1)
+        rc = fg_fail(err, "--schedule diagonal: staggers one process's block; the stages of a pipeline run zigzag");
+    if (rc == 0 && a->policy.schedule == FG_SCHEDULE_DIAGONAL && a->auto_policy)
+        rc = fg_fail(err, "--schedule diagonal: the policy search (--policy auto) plans the zigzag schedule; give "
+                          "the policy");
     if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {
@@ -1430,10 +1452,10 @@ static int tokenize_command(int argc, char **argv, char *err) {
 /* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and
  * (perplexity) generation's. */
 static int check_command_flags(const char *command, int argc, char **argv, char *err) {
-    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", NULL};
+    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", "--schedule", NULL};
     static const char *const perplexity[] = {"--prompt", "--prompt-file", "--prompt-ids", "--prompt-len",
         "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits", "--policy",
-        "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", NULL};
+        "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", "--schedule", NULL};
     return refuse_flags(command, !strcmp(command, "policy") ? policy : perplexity, argc, argv, err);
 }
 

@@ -35,15 +35,39 @@ static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, 
     }
 }
 
+/* The same for the diagonal schedule: the prompts stream through the block's `slots / gbs` GPU
+ * batches, which start at their diagonal_start and take the next prompts as their sequences end
+ * (gen_len steps later), so at each step the groups hold sequences at different steps: a pool
+ * holds the most that any step's sequences hold at once. At step i of its sequence (0: prefill) a
+ * sequence holds its prompt and i tokens. */
+static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int max_len, int page, int n,
+                                const int *lens, int gen_len, int pages[N_TIERS]) {
+    int groups = slots / gbs, next = 0, busy = 1, first[groups], count[groups];
+    for (int t = 0; t < N_TIERS; t++) pages[t] = cache->rows[t] > 0 ? kv_pages_for(max_len, page) : 0;
+    for (int k = 0; k < groups; k++) count[k] = 0;
+    for (int i = 0; busy; i++) {
+        int sum[N_TIERS] = {0};
+        busy = 0;
+        for (int k = 0; k < groups; k++) {
+            int start = diagonal_start(k, groups, gen_len), step = (i - start) % gen_len;
+            if (i >= start && step == 0) first[k] = next, count[k] = n - next < gbs ? n - next : gbs, next += count[k];
+            for (int b = 0; i >= start && b < count[k]; b++)
+                sum[tier_of(cache, b)] += kv_pages_for((lens ? lens[first[k] + b] : max_len - gen_len) + step, page);
+            busy |= next < n || (i >= start && count[k] > 0 && step < gen_len - 1);
+        }
+        for (int t = 0; t < N_TIERS; t++) pages[t] = sum[t] > pages[t] ? sum[t] : pages[t];
+    }
+}
+
 /* The page size and the pools for a job: pages of FG_PAGE_TOKENS tokens where they make no
  * tier's pool larger than pages of max_len tokens, one a sequence; else those (short sequences,
  * or all of one length). A pool never holds more than max_len rows a slot, the cache before
  * pages, so a plan that fits the longest prompts fits these. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                      const int *lens, int gen_len) {
+                      const int *lens, int gen_len, int diagonal) {
     int paged[N_TIERS], whole[N_TIERS], no_larger = 1;
-    pool_pages(cache, gbs, slots, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
-    pool_pages(cache, gbs, slots, max_len, max_len, n, lens, gen_len, whole);
+    (diagonal ? diagonal_pool_pages : pool_pages)(cache, gbs, slots, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
+    (diagonal ? diagonal_pool_pages : pool_pages)(cache, gbs, slots, max_len, max_len, n, lens, gen_len, whole);
     for (int t = 0; t < N_TIERS; t++) no_larger &= (long)paged[t] * FG_PAGE_TOKENS <= (long)whole[t] * max_len;
     kv_pool_size p = {.page_tokens = no_larger ? FG_PAGE_TOKENS : max_len};
     memcpy(p.pool_pages, no_larger ? paged : whole, sizeof paged);

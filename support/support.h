@@ -286,9 +286,13 @@ typedef struct {
     int page_tokens;          /* tokens a page */
     int pool_pages[N_TIERS];  /* each tier's pool */
 } kv_pool_size;
-/* The pools of a job of n prompts (lens NULL: each max_len - gen_len long), in blocks of `slots`. */
+/* The diagonal schedule (Appendix A.2): GPU batch k of `groups` starts its first prompts at step
+ * diagonal_start and new ones every gen_len steps after, so the groups are staggered in steps. */
+static inline int diagonal_start(int k, int groups, int gen_len) { return (int)((long)k * gen_len / groups); }
+/* The pools of a job of n prompts (lens NULL: each max_len - gen_len long), in blocks of `slots`;
+ * diagonal: the slots' GPU batches staggered as the diagonal schedule runs them, one block. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                      const int *lens, int gen_len);
+                      const int *lens, int gen_len, int diagonal);
 typedef struct {
     kv_pool_size pool;
     row_split cache;          /* slot s is on tier tier_of(&cache, s % gbs) */

@@ -205,6 +205,7 @@ int main(int argc, char **argv) {
     add_cli_tests();
     add_job_tests();
     add_runtime_tests();
+    add_schedule_tests();
     add_quant_tests();
     add_matmul_tests();
     add_compress_tests();

@@ -485,7 +485,7 @@ static void test_page_size(void) {
         for (int b = 0; b < 8; b++) longest = cases[i].lens[b] > longest ? cases[i].lens[b] : longest;
         block_shape s = {.gbs = 8, .ngb = 1, .max_prompt = longest, .max_len = longest + 3,
                          .cache = {{2, 6, 0}}};
-        s.kv = kv_pool_shape(&s.cache, s.gbs, 8, s.max_len, 8, cases[i].lens, 3);
+        s.kv = kv_pool_shape(&s.cache, s.gbs, 8, s.max_len, 8, cases[i].lens, 3, 0);
         EXPECT(s.kv.page_tokens == cases[i].page_tokens && s.kv.pool_pages[TIER_GPU] == cases[i].gpu_pages &&
                s.kv.pool_pages[TIER_CPU] == cases[i].cpu_pages && s.kv.pool_pages[TIER_DISK] == 0,
                "case %zu (%s): expected pages of %d tokens, %d on gpu and %d on cpu; got %d, %d, %d, %d on disk",

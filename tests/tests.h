@@ -24,6 +24,7 @@ void add_policy_tests(void);     /* test_policy.c: the policy search against the
 void add_cuda_tests(void);       /* test_cuda.c: the CUDA backend against the CPU (suite "gpu") */
 void add_gpu_cli_tests(void);    /* test_gpu_cli.c: the whole program on the GPU against the CPU */
 void add_pipeline_tests(void);   /* test_pipeline.c: mpirun -np 2 and 3 against one process */
+void add_schedule_tests(void);   /* test_schedule.c: the diagonal schedule against the zig-zag one */
 void add_kernel_tests(void);     /* test_kernels.cu: each CUDA kernel against its CPU reference */
 void add_emu_tests(void);        /* cuda_emu/test_emu.cpp: the emulated GPU's own checks */
 

@@ -1,0 +1,177 @@
+/* test_schedule.c: the diagonal block schedule (Appendix A.2, Fig. 6) against the zig-zag one
+ * (§4.2): every prompt computes the same numbers in another order, so the tokens are the same and
+ * the logits within the fp32 bound of the other suites; the GPU batches are staggered by steps
+ * and prompts stream through one block; each layer's weights load once a step for every batch;
+ * the KV cache's pools hold the staggered sequences' peak, less than zig-zag's. */
+#define _GNU_SOURCE
+#include "flexgen.h"
+#include "tests.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N_PROMPTS = 13, GEN = 6, GBS = 2, NGB = 3 }; /* 13 prompts through blocks of 2 x 3 */
+
+typedef struct {
+    int tokens[N_PROMPTS * GEN], finish[N_PROMPTS];
+    float *logits;
+    int weight_loads, batch_steps; /* "load weights" events; input embeddings computed */
+    int rc;
+    char err[FG_ERR_LEN];
+} result;
+
+static void run(const fixture_prompts *f, fg_policy p, fg_schedule schedule, const gen_options *given, result *r) {
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    gen_options opt = *given;
+    gen_timing t;
+    memset(r, 0, sizeof *r);
+    opt.finish_step = r->finish;
+    p.schedule = schedule, p.trace = 1;
+    r->logits = malloc((size_t)N_PROMPTS * GEN * f->cfg.vocab * sizeof(float));
+    r->rc = fg_runtime_open(&p, &rt, r->err) || fg_model_open(rt, f->dir, 0, &m, r->err) ||
+            generate(m, &opt, f->n, (int *const *)f->prompts, f->lens, r->tokens, r->logits, &t, r->err);
+    for (int k = 0; rt && k < N_TRACKS; k++)
+        for (size_t i = 0; i < rt->trace.tracks[k].n; i++) {
+            r->weight_loads += !strcmp(rt->trace.tracks[k].events[i].name, "load weights");
+            r->batch_steps += !strcmp(rt->trace.tracks[k].events[i].name, "input embedding");
+        }
+    fg_model_close(m);
+    fg_stats st;
+    if (rt) fg_runtime_stats(rt, &st);
+    for (int tier = 0; rt && tier < N_TIERS; tier++) CU_ASSERT_EQUAL(st.current[tier], 0); /* all given back */
+    fg_runtime_close(rt);
+}
+
+static fg_policy policy(fg_percent percent, int overlap) {
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = GBS, p.num_gpu_batches = NGB, p.percent = percent, p.overlap = overlap;
+    return p;
+}
+
+/* Diagonal against zig-zag on the same prompts: tokens equal, logits within 1e-4 x max|logit|
+ * (a GPU batch pads its prompts to its own longest, not the block's, so prefill's sums can group
+ * differently), in every placement and mode of the runtime. */
+static void test_diagonal_matches_zigzag(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_PROMPTS, &f);
+    static const struct {
+        const char *what;
+        fg_percent percent;
+    } placements[] = {
+        {"everything on the gpu tier", {100, 0, 100, 0, 100, 0}}, {"weights on cpu", {0, 100, 100, 0, 100, 0}},
+        {"weights on disk", {0, 0, 100, 0, 100, 0}},              {"KV cache on cpu", {100, 0, 0, 100, 100, 0}},
+        {"KV cache on disk", {100, 0, 0, 0, 100, 0}},             {"everything split", {20, 30, 30, 40, 30, 40}},
+        {"everything on disk", {0, 0, 0, 0, 0, 0}},
+    };
+    static const char *const modes[] = {"plain", "overlap 0", "--cpu-cache-compute", "--compress-weight",
+                                        "--compress-cache", "--attn-sparsity 0.5", "sampling, seed 5"};
+    size_t n_logits = (size_t)N_PROMPTS * GEN * f.cfg.vocab;
+    for (size_t pl = 0; pl < sizeof placements / sizeof *placements; pl++)
+        for (size_t mode = 0; mode < sizeof modes / sizeof *modes; mode++) {
+            fg_policy p = policy(placements[pl].percent, mode != 1);
+            p.cpu_cache_compute = mode == 2, p.compress_weight = mode == 3, p.compress_cache = mode == 4;
+            p.attn_sparsity = mode == 5 ? 0.5f : 1;
+            gen_options opt = {.gen_len = GEN, .top_p = 1};
+            if (mode == 6) opt.temperature = 0.8f, opt.top_p = 0.9f, opt.seed = 5;
+            result zigzag, diagonal;
+            run(&f, p, FG_SCHEDULE_ZIGZAG, &opt, &zigzag);
+            run(&f, p, FG_SCHEDULE_DIAGONAL, &opt, &diagonal);
+            float max_abs = 0, worst = 0;
+            for (size_t i = 0; i < n_logits; i++) {
+                max_abs = fmaxf(max_abs, fabsf(zigzag.logits[i]));
+                worst = fmaxf(worst, fabsf(zigzag.logits[i] - diagonal.logits[i]));
+            }
+            int diff = 0;
+            for (int i = 0; i < N_PROMPTS * GEN; i++) diff += zigzag.tokens[i] != diagonal.tokens[i];
+            EXPECT(zigzag.rc == 0 && diagonal.rc == 0 && diff == 0 && worst <= 1e-4f * max_abs,
+                   "%s, %s: diagonal against zigzag: rc %d and %d (%s%s), %d tokens differ, logits by %g (bound %g)",
+                   placements[pl].what, modes[mode], zigzag.rc, diagonal.rc, zigzag.err, diagonal.err, diff, worst,
+                   1e-4 * max_abs);
+            free(zigzag.logits), free(diagonal.logits);
+        }
+    fixture_prompts_close(&f);
+}
+
+/* The order, in steps. GPU batch k of 3 starts at step k GEN / 3 (0, 2, 4) and takes new prompts
+ * every GEN steps, the prompts in turn: batch 0 takes prompts 0-1 at step 0 and 6-7 at 6, batch 1
+ * 2-3 at 2 and 8-9 at 8, batch 2 4-5 at 4 and 10-11 at 10, batch 0 prompt 12 at 12 (alone). A
+ * prompt started at step s ends after step s + GEN. Zig-zag runs blocks of 6 in turn: prompts
+ * 0-5 end at GEN, 6-11 at 2 GEN, 12 at 3 GEN. (All prompts given at once, the same block: the
+ * diagonal's warm-up makes its later batches wait. Its gain is the larger block that the same
+ * memory holds.) Each step loads every layer's weights once (weights
+ * on the cpu tier), whatever the number of batches it computes: the diagonal's 24 steps compute
+ * 2 + 6 + ... batch steps for 24 x layers loads. */
+static void test_diagonal_order(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_PROMPTS, &f);
+    static const int starts[N_PROMPTS] = {0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12};
+    gen_options opt = {.gen_len = GEN, .top_p = 1};
+    result zigzag, diagonal;
+    fg_percent weights_on_cpu = {0, 100, 100, 0, 100, 0};
+    run(&f, policy(weights_on_cpu, 1), FG_SCHEDULE_ZIGZAG, &opt, &zigzag);
+    run(&f, policy(weights_on_cpu, 1), FG_SCHEDULE_DIAGONAL, &opt, &diagonal);
+    CU_ASSERT_EQUAL_FATAL(zigzag.rc, 0);
+    CU_ASSERT_EQUAL_FATAL(diagonal.rc, 0);
+    int bad = 0;
+    for (int p = 0; p < N_PROMPTS; p++)
+        bad += diagonal.finish[p] != starts[p] + GEN || zigzag.finish[p] != (p / (GBS * NGB) + 1) * GEN;
+    EXPECT(bad == 0, "%d prompts finish after another step than the schedule's (prompt 0: zigzag %d, diagonal %d)",
+           bad, zigzag.finish[0], diagonal.finish[0]);
+    /* the diagonal's steps: 0 .. 18 (prompt 12 ends after 18); batches computed at each step: 1 at
+     * 0-1, 2 at 2-3, 3 from 4 to 11, then 12-17: batches 0 (prompt 12), 1 until 13, 2 until 15 */
+    int steps = 18, batch_steps = 2 * 1 + 2 * 2 + 8 * 3 + 2 * 3 + 2 * 2 + 2 * 1;
+    int layers = f.cfg.n_layers + 2;
+    EXPECT(diagonal.batch_steps == batch_steps && diagonal.weight_loads == steps * layers,
+           "diagonal: expected %d batch steps and each of the %d layers' weights loaded once a step (%d), got %d "
+           "and %d", batch_steps, layers, steps * layers, diagonal.batch_steps, diagonal.weight_loads);
+    free(zigzag.logits), free(diagonal.logits);
+    fixture_prompts_close(&f);
+}
+
+/* The pools, by hand: prompts of 30 tokens, 40 generated, 4 GPU batches of 1 sequence, pages of
+ * 16 tokens. Staggered by 10 steps, the batches hold sequences at steps i, i - 10, i - 20 and
+ * i - 30 of theirs; at the most, the first in its last step, 30 + 39 = 69 tokens (5 pages), the
+ * others 59, 49 and 39 (4, 4 and 3): 16 pages, where zig-zag's four hold 70 each. */
+static void test_diagonal_pools(void) {
+    row_split all_gpu = {{1, 0, 0}};
+    int lens[8] = {30, 30, 30, 30, 30, 30, 30, 30};
+    kv_pool_size diagonal = kv_pool_shape(&all_gpu, 1, 4, 70, 8, lens, 40, 1);
+    kv_pool_size zigzag = kv_pool_shape(&all_gpu, 1, 4, 70, 8, lens, 40, 0);
+    EXPECT(diagonal.page_tokens == 16 && diagonal.pool_pages[TIER_GPU] == 16 && diagonal.pool_pages[TIER_CPU] == 0,
+           "diagonal: expected 16 pages of 16 tokens on the gpu tier, got %d of %d (cpu %d)",
+           diagonal.pool_pages[TIER_GPU], diagonal.page_tokens, diagonal.pool_pages[TIER_CPU]);
+    long zigzag_tokens = (long)zigzag.pool_pages[TIER_GPU] * zigzag.page_tokens;
+    EXPECT(zigzag_tokens == 4 * 70, "zigzag: expected room for 4 x 70 tokens, got %ld", zigzag_tokens);
+}
+
+/* Bad input: a pipeline, --refill, --policy auto and the policy search are refused with one line. */
+static void test_diagonal_refusals(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", 2, &f);
+    gen_options opt = {.gen_len = 2, .top_p = 1, .stop_at_eos = 1, .refill = 1};
+    fg_policy p = policy((fg_percent){100, 0, 100, 0, 100, 0}, 1);
+    p.schedule = FG_SCHEDULE_DIAGONAL;
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    char err[FG_ERR_LEN] = "";
+    int tokens[4];
+    gen_timing t;
+    int rc = fg_runtime_open(&p, &rt, err) || fg_model_open(rt, f.dir, 0, &m, err) ||
+             generate(m, &opt, f.n, (int *const *)f.prompts, f.lens, tokens, NULL, &t, err);
+    EXPECT(rc != 0 && strstr(err, "diagonal"), "diagonal with refill: expected a refusal naming the schedule, got "
+           "%d: %s", rc, err);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    fixture_prompts_close(&f);
+}
+
+void add_schedule_tests(void) {
+    CU_pSuite s = CU_add_suite("schedule", NULL, NULL);
+    CU_add_test(s, "diagonal against zigzag: the same tokens in every placement and mode", test_diagonal_matches_zigzag);
+    CU_add_test(s, "diagonal: batches staggered by steps, weights loaded once a step", test_diagonal_order);
+    CU_add_test(s, "diagonal: the KV cache pools hold the staggered peak, by hand", test_diagonal_pools);
+    CU_add_test(s, "diagonal: what it does not run is refused", test_diagonal_refusals);
+}
