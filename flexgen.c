@@ -1,21 +1,23 @@
-/* flexgen.c: FlexGen's runtime (§4.1, §4.2): the zig-zag block schedule of Fig. 4, the paper's
- * verbs it calls, and the tiers, weights and plan that they move data between. C defines a
+/* flexgen.c: FlexGen's runtime (§4.1, §4.2): the zig-zag block schedule of Fig. 4 (and, on the
+ * same loop, the diagonal one of Appendix A.2), the paper's verbs it calls, and the tiers,
+ * weights and plan that they move data between. C defines a
  * function before its first use, so the file is built bottom-up; read it top-down from the loop,
  * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1247  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
- *  1132  step_begins              a block's step: tokens back, pages, first inputs; step_ends
- *  1107  load_weight              Fig. 4's load_weight; synchronize below it
- *  1034  compute                  layer j of GPU batch k on the backend
- *   887  load_cache               store_cache below it, then load_ and store_activation
- *  1439  generate                 prompts in rounds of blocks (run_round), refill_slots
- *    52  tier_take                the tiers: every byte taken here, or refused
- *   116  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   182  place_tensors            each tensor's home tier, by FlexGen's rule
- *   325  load_weights_into_homes  the weights written into their homes, once
- *   440  load_weights             a layer read ahead, converted into a staging arena
- *   508  shape_block              a block's buffers per tier; fg_check_plan below it
- *   727  alloc_block              a block's KV cache and activations on the tiers
+ *  1215  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1139  step_begins              a block's step: tokens back, pages, first inputs; step_ends
+ *  1113  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1037  compute                  layer j of GPU batch k on the backend
+ *   890  load_cache               store_cache below it, then load_ and store_activation
+ *  1437  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1351  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *    54  tier_take                the tiers: every byte taken here, or refused
+ *   118  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
+ *   184  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   327  load_weights_into_homes  the weights written into their homes, once
+ *   442  load_weights             a layer read ahead, converted into a staging arena
+ *   510  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   730  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -1185,48 +1187,6 @@ static void load_first_iteration(block *bl) {
     bl->rt->stage->input_taken(bl);
 }
 
-/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
-static const float *logits_row(const block *bl, int s, int t) {
-    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows, row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
-    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
-}
-
-/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
-static void keep_prompt_logits(const block *bl, const gen_options *opt) {
-    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
-    for (int s = 0; s < bl->count; s++) {
-        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs], len = bl->out_rows - pad;
-        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
-               (size_t)len * vocab * sizeof(float));
-    }
-}
-
-/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
- * the logits of sequences still running; with teacher forcing the next token is given.
- * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
- * on the block shape, the number of stages or the slot a refill gave the prompt. */
-static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
-    int vocab = bl->m->view.cfg.vocab;
-    size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
-    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
-    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
-    for (int s = 0; s < bl->count; s++) {
-        const float *row = logits_row(bl, s, bl->out_rows - 1);
-        int p = bl->prompt[s], step = bl->step[s];
-        if (p < 0) continue; /* an idle slot */
-        if (logits_out && !bl->done[s])
-            memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
-        if (opt->forced) {
-            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
-            continue;
-        }
-        fg_rng rng;
-        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
-        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
-        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
-    }
-}
-
 /* A step of block t ends: the last iteration's cache and activations are stored, and the last
  * stage chooses the next tokens (and sends them back to the first stage, on a pipeline). */
 static void step_ends(gen_run *run, int t) {
@@ -1248,8 +1208,10 @@ static void step_ends(gen_run *run, int t) {
 /* Fig. 4: for each generation step i, layer j and GPU batch k, the next layer's weights, the
  * previous batch's results and the next batch's inputs move on the I/O threads while batch k of
  * layer j computes. One process computes one block at a time; a pipeline stage takes the P
- * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. Appendix A.2
- * shows this order's I/O at most twice that of the I/O-optimal diagonal schedule (not built). */
+ * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. The diagonal
+ * schedule of Appendix A.2 runs this same loop: its GPU batches start at staggered steps and take
+ * new prompts as theirs end (diagonal_slots), so a step's batches are at different steps of
+ * their sequences. */
 static void block_schedule(gen_run *run) {
     int first = run->m->first_layer, end = run->m->end_layer;
     for (int i = 0; i <= run->steps; i++)                     /* generation step (+1: tokens back) */
@@ -1306,19 +1268,6 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
     kv_pages_reset(&bl->pages);
     for (int k = 0; k < bl->n_batches; k++)
         start_batch(bl, k, prompts, lens, first + k * gbs, count - k * gbs < gbs ? count - k * gbs : gbs, padded);
-}
-
-int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
-    int running = 0;
-    for (int s = 0; s < bl->count; s++) {
-        int tok = bl->ids[s];
-        if (bl->prompt[s] < 0) continue;
-        out_tokens[(size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++] = bl->done[s] ? OPT_PAD_ID : tok;
-        if (opt->stop_at_eos && tok == OPT_EOS_ID) bl->done[s] = 1;
-        running += slot_running(bl, s, opt->gen_len);
-        bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
-    }
-    return running;
 }
 
 /* The first stage takes step i - 1's tokens of a block (chosen here with one stage, or come back

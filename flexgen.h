@@ -257,6 +257,8 @@ size_t batch_act_bytes(const block *bl, int k);
 /* Takes the tokens chosen for each slot (bl->ids) as its prompt's output and its next input;
  * returns how many sequences are still running. */
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
+/* The last stage chooses each running sequence's next token from the block's logits (support/sampling.c). */
+void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 
 /* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
  * process, support/stage.c's, which do nothing (fg_runtime_open sets them; fg_pipeline_attach

@@ -708,7 +708,7 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--text", "t.txt"}, {"--window", "8"}, {"--stride", "4"}, {"--decode", NULL},
     {"--predictions", "p.txt"}, {"--compare", "p.txt"}, /* of `flexgen perplexity` */
     {"--device", "cpu"}, {"--out", "hw.json"}, /* of `flexgen profile` */
-    {"--output", "o.jsonl"}, {"--resume", NULL},
+    {"--output", "o.jsonl"}, {"--resume", NULL}, {"--schedule", "diagonal"},
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 
@@ -803,6 +803,9 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--attn-sparsity", "0"), "--attn-sparsity", "(0, 1]", "'0'");
     EXPECT_FAIL(ARGS("--int8-activations"), "--int8-activations", "--compress-weight");
     EXPECT_FAIL(ARGS("--refill"), "--refill", "--stop-at-eos");
+    EXPECT_FAIL(ARGS("--schedule", "spiral"), "--schedule", "zigzag or diagonal", "'spiral'");
+    EXPECT_FAIL(ARGS("--schedule", "diagonal", "--stop-at-eos", "--refill"), "--refill", "--schedule diagonal");
+    EXPECT_FAIL(ARGS("--schedule", "diagonal", "--policy", "auto"), "--schedule diagonal", "--policy auto");
     EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "(0, 1]", "'1.5'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");

@@ -90,6 +90,10 @@ static const gpu_case CASES[] = {
     {"sparse attention, cache on cpu", {100, 0, 0, 100, 100, 0}, 0, 0, 0, 0.5f},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
+/* Cases run again with the diagonal schedule (Appendix A.2): all on the gpu tier, a split cache
+ * delegated, 4-bit weights and cache split. */
+static const int DIAGONAL_CASES[] = {0, 4, 12};
+enum { N_RUNS = N_CASES + sizeof DIAGONAL_CASES / sizeof DIAGONAL_CASES[0] };
 
 static fg_policy case_policy(const gpu_case *c, fg_device device) {
     fg_policy p = fg_default_policy();
@@ -197,21 +201,25 @@ static void compare_backends(const char *fixture_name) {
     CU_ASSERT_FATAL(r.ref_logits && r.logits);
     fixture_bounds b = measure_bounds(&r, fixture_name);
     float worst_share[3] = {0, 0, 0}; /* fp16 cache, 4-bit cache, sparse attention */
-    for (int i = 0; i < N_CASES; i++) {
+    for (int i = 0; i < N_RUNS; i++) {
         fg_stats st;
-        char err[FG_ERR_LEN];
-        int rc = run_pair(&r, case_policy(&CASES[i], FG_DEVICE_CPU), FG_DEVICE_CPU, FG_DEVICE_CUDA, &st, err);
-        EXPECT(rc == 0, "%s, %s: %s", fixture_name, CASES[i].what, err);
+        char err[FG_ERR_LEN], what[160];
+        const gpu_case *k = &CASES[i < N_CASES ? i : DIAGONAL_CASES[i - N_CASES]];
+        snprintf(what, sizeof what, "%s%s", i < N_CASES ? "" : "diagonal schedule, ", k->what);
+        fg_policy p = case_policy(k, FG_DEVICE_CPU);
+        p.schedule = i < N_CASES ? FG_SCHEDULE_ZIGZAG : FG_SCHEDULE_DIAGONAL;
+        int rc = run_pair(&r, p, FG_DEVICE_CPU, FG_DEVICE_CUDA, &st, err);
+        EXPECT(rc == 0, "%s, %s: %s", fixture_name, what, err);
         if (rc) continue;
-        float bound = CASES[i].compress_cache ? b.b4 : CASES[i].sparsity < 1 ? b.bs : b.b16;
+        float bound = k->compress_cache ? b.b4 : k->sparsity < 1 ? b.bs : b.b16;
         comparison c = compare_logits(r.ref_logits, r.logits, f.cfg.vocab, bound);
         float share = c.worst / c.max_abs;
-        int kind = CASES[i].compress_cache ? 1 : CASES[i].sparsity < 1 ? 2 : 0;
+        int kind = k->compress_cache ? 1 : k->sparsity < 1 ? 2 : 0;
         worst_share[kind] = fmaxf(worst_share[kind], share);
         EXPECT(share <= bound && c.wrong_tokens == 0, "%s, %s: logits differ by %.2e of max|logit| (bound %.2e); "
-               "%d of %d tokens differ away from a near tie", fixture_name, CASES[i].what, share, bound,
+               "%d of %d tokens differ away from a near tie", fixture_name, what, share, bound,
                c.wrong_tokens, c.steps - c.near_ties);
-        printf("\n  %s, %s: %.2e of max|logit| %.2f (bound %.2e); tokens %d/%d%s", fixture_name, CASES[i].what,
+        printf("\n  %s, %s: %.2e of max|logit| %.2f (bound %.2e); tokens %d/%d%s", fixture_name, what,
                share, c.max_abs, bound, c.steps - c.near_ties - c.wrong_tokens, c.steps - c.near_ties,
                c.near_ties ? ", near ties skipped" : "");
         if (c.near_ties) printf(" %d", c.near_ties);
