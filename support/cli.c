@@ -1103,8 +1103,8 @@ static int by_length(const void *a, const void *b, void *prompts) {
 
 /* --output: the prompts in windows of JOB_WINDOW rounds, in file order. A window's prompts run
  * longest first, a round at a time (a block for each stage: what one generate() takes, §4.4), so
- * that a round's prompts have similar lengths and little padding (with --refill, the window in
- * one generate(): its block takes the next prompt as a sequence ends); its records are appended in
+ * that a round's prompts have similar lengths and little padding (with --refill or the diagonal
+ * schedule, the window in one generate(): its block takes the next prompts as sequences end); its records are appended in
  * file order, in one write, once the window is done. A crash loses at most the window in flight,
  * and --resume forms the same windows from the prompts left, so it computes what an unbroken run
  * would: sampling draws by each prompt's place in the file. */
@@ -1113,7 +1113,7 @@ static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const promp
                       job_output *out, int *tokens, gen_timing *t, char *err) {
     int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe), G = a->gen.gen_len;
     int window = round * JOB_WINDOW, rc = 0;
-    if (a->gen.refill) round = window;
+    if (a->gen.refill || a->policy.schedule == FG_SCHEDULE_DIAGONAL) round = window; /* one block streams them */
     int *order = malloc((size_t)window * sizeof *order), *index = malloc((size_t)round * sizeof *index);
     int **ids = malloc((size_t)round * sizeof *ids), *lens = malloc((size_t)round * sizeof *lens);
     int *got = malloc((size_t)round * G * sizeof *got);

@@ -122,6 +122,35 @@ static void test_job_output(void) {
     free(dir);
 }
 
+/* With the diagonal schedule a job's window streams through one block: the same file, record for
+ * record, as the zig-zag job (7 prompts, GPU batches of 1, 3 of them, sampled). */
+static void test_job_diagonal(void) {
+    char *dir = make_temp_dir(), prompts[4200], out_path[2][4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    write_text_file(prompts, "{\"prompt\": \"In the beginning\"}\n{\"prompt\": \"And God said\"}\n"
+                             "{\"prompt\": \"Blessed are the meek, for they\"}\n{\"prompt\": \"Let there be\"}\n"
+                             "{\"prompt\": \"The LORD is my shepherd\"}\n{\"prompt\": \"Jesus wept\"}\n"
+                             "{\"prompt\": \"And it came to pass\"}\n");
+    char *files[2];
+    for (int diagonal = 0; diagonal < 2; diagonal++) {
+        char *out, *err;
+        snprintf(out_path[diagonal], sizeof out_path[0], "%s", join(dir, diagonal ? "diagonal.jsonl" : "zigzag.jsonl"));
+        int rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", out_path[diagonal],
+                                  "--gen-len", "5", "--gpu-batch-size", "1", "--num-gpu-batches", "3", "--temperature",
+                                  "0.7", "--seed", "2", "--schedule", diagonal ? "diagonal" : "zigzag", "--quiet"),
+                             NULL, &out, &err);
+        EXPECT(rc == 0, "--schedule %s job: exit %d, %s", diagonal ? "diagonal" : "zigzag", rc, err);
+        free(out), free(err);
+        files[diagonal] = slurp(out_path[diagonal], NULL);
+    }
+    EXPECT(files[0] && files[1] && count_lines(files[0]) == 8 && !strcmp(files[0], files[1]),
+           "the diagonal job's records differ from zig-zag's:\n%s\n---\n%s", files[0] ? files[0] : "(none)",
+           files[1] ? files[1] : "(none)");
+    free(files[0]), free(files[1]);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A job runs a window's prompts longest first, so that a GPU batch holds prompts of similar
  * lengths: prompts of 40 and 4 tokens in turn, in GPU batches of 2, prefill 8 x 40 = 320 rows in
  * file order (each batch padded to 40) and 4 x 40 + 4 x 4 = 176 as a job (--json's
@@ -626,6 +655,7 @@ void add_job_tests(void) {
     CU_add_test(s, "a JSONL job: one record a prompt, as a plain run generates", test_job_output);
     CU_add_test(s, "a job's records hold HF's tokens, </s> included unless --stop-at-eos", test_job_tokens_match_hf);
     CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
+    CU_add_test(s, "a job with the diagonal schedule: zig-zag's records", test_job_diagonal);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
