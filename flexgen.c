@@ -1276,7 +1276,7 @@ static void tokens_back(gen_run *run, block *bl, int i) {
     const stage_hooks *stage = run->m->rt->stage;
     stage->receive_tokens(bl, i - 1);
     for (int s = 0; s < bl->count; s++) run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
-    bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0;
+    bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0 || (run->diagonal && run->next < run->n_prompts);
     for (int s = 0; s < bl->count && run->opt->finish_step; s++)
         if (bl->prompt[s] >= 0 && bl->step[s] == run->opt->gen_len)
             run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;

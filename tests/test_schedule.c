@@ -147,6 +147,38 @@ static void test_diagonal_pools(void) {
     EXPECT(zigzag_tokens == 4 * 70, "zigzag: expected room for 4 x 70 tokens, got %ld", zigzag_tokens);
 }
 
+/* With --stop-at-eos a batch's sequences can all end before their turn to take new prompts is
+ * due: the block waits for it, and the prompts left still run. GPU batches of 1, 2 of them; the
+ * fixture's fourth prompt generates </s> at once and goes first, so after step 0 no sequence
+ * runs while 4 prompts wait. Each prompt's tokens: zig-zag's. */
+static void test_diagonal_all_ended(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", 5, &f);
+    int *first = f.prompts[0], first_len = f.lens[0];
+    f.prompts[0] = f.prompts[3], f.lens[0] = f.lens[3], f.prompts[3] = first, f.lens[3] = first_len;
+    fg_policy p = fg_default_policy();
+    p.gpu_batch_size = 1, p.num_gpu_batches = 2;
+    gen_options opt = {.gen_len = GEN, .top_p = 1, .stop_at_eos = 1};
+    int tokens[2][5 * GEN];
+    for (int diagonal = 0; diagonal < 2; diagonal++) {
+        fg_runtime *rt = NULL;
+        fg_model *m = NULL;
+        char err[FG_ERR_LEN] = "";
+        gen_timing t;
+        p.schedule = diagonal ? FG_SCHEDULE_DIAGONAL : FG_SCHEDULE_ZIGZAG;
+        int rc = fg_runtime_open(&p, &rt, err) || fg_model_open(rt, f.dir, 0, &m, err) ||
+                 generate(m, &opt, f.n, (int *const *)f.prompts, f.lens, tokens[diagonal], NULL, &t, err);
+        EXPECT(rc == 0, "%s: %s", diagonal ? "diagonal" : "zigzag", err);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    int diff = 0;
+    for (int i = 0; i < 5 * GEN; i++) diff += tokens[0][i] != tokens[1][i];
+    EXPECT(tokens[0][0] == OPT_EOS_ID && diff == 0, "--stop-at-eos: the first prompt's first token %d (expected "
+           "</s>), %d tokens of the diagonal run differ from zig-zag's", tokens[0][0], diff);
+    fixture_prompts_close(&f);
+}
+
 /* Bad input: a pipeline, --refill, --policy auto and the policy search are refused with one line. */
 static void test_diagonal_refusals(void) {
     fixture_prompts f;
@@ -173,5 +205,7 @@ void add_schedule_tests(void) {
     CU_add_test(s, "diagonal against zigzag: the same tokens in every placement and mode", test_diagonal_matches_zigzag);
     CU_add_test(s, "diagonal: batches staggered by steps, weights loaded once a step", test_diagonal_order);
     CU_add_test(s, "diagonal: the KV cache pools hold the staggered peak, by hand", test_diagonal_pools);
+    CU_add_test(s, "diagonal: every sequence ended before a batch's turn, the prompts left still run",
+                test_diagonal_all_ended);
     CU_add_test(s, "diagonal: what it does not run is refused", test_diagonal_refusals);
 }
