@@ -70,6 +70,8 @@ unsigned fg_cpu_features(void) {
     __builtin_cpu_init();
     unsigned a, b, c = 0, d;
     __get_cpuid(1, &a, &b, &c, &d);
+    unsigned a7 = 0, b7, c7, d7; /* AVX-VNNI: leaf 7, subleaf 1, EAX bit 4 (not every compiler's builtin knows it) */
+    int avx_vnni = __get_cpuid_count(7, 1, &a7, &b7, &c7, &d7) && (a7 >> 4 & 1) && __builtin_cpu_supports("avx2");
     return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
            (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
            (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
@@ -77,7 +79,7 @@ unsigned fg_cpu_features(void) {
            (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
            (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u) |
            (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u) |
-           (__builtin_cpu_supports("avxvnni") ? FG_CPU_AVXVNNI : 0u);
+           (avx_vnni ? FG_CPU_AVXVNNI : 0u);
 #else
     return 0;
 #endif
