@@ -1104,8 +1104,8 @@ static int by_length(const void *a, const void *b, void *prompts) {
 /* --output: the prompts in windows of JOB_WINDOW rounds, in file order. A window's prompts run
  * longest first, a round at a time (a block for each stage: what one generate() takes, §4.4), so
  * that a round's prompts have similar lengths and little padding (with --refill or the diagonal
- * schedule, the window in one generate(): its block takes the next prompts as sequences end); its records are appended in
- * file order, in one write, once the window is done. A crash loses at most the window in flight,
+ * schedule, the window in one generate(): its block takes the next prompts as sequences end); its
+ * records are appended in file order, in one write, once the window is done. A crash loses at most the window in flight,
  * and --resume forms the same windows from the prompts left, so it computes what an unbroken run
  * would: sampling draws by each prompt's place in the file. */
 enum { JOB_WINDOW = 8 };
