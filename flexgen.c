@@ -4,13 +4,13 @@
  * function before its first use, so the file is built bottom-up; read it top-down from the loop,
  * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1215  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
- *  1139  step_begins              a block's step: tokens back, pages, first inputs; step_ends
- *  1113  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1219  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1141  step_begins              a block's step: tokens back, pages, first inputs; step_ends
+ *  1114  load_weight              Fig. 4's load_weight; synchronize below it
  *  1037  compute                  layer j of GPU batch k on the backend
  *   890  load_cache               store_cache below it, then load_ and store_activation
- *  1437  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1351  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1445  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1357  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
  *    54  tier_take                the tiers: every byte taken here, or refused
  *   118  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   184  place_tensors            each tensor's home tier, by FlexGen's rule
@@ -1078,12 +1078,13 @@ typedef struct {
     int *const *prompts; const int *lens; int n_prompts; /* the job's */
     int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
     int diagonal;     /* the diagonal schedule (one block): GPU batches staggered, prompts streaming */
+    int pools_ran_out; /* a KV cache pool ran dry: the schedule held more than kv_pool_shape sized */
     int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
     int steps_before; /* steps of the rounds before this one */
     long unit;       /* units (a block's step on this stage) begun this round */
     long end;        /* the round's layers that will run (unit L + j): weights load no further */
     int started, prefilled; /* blocks of the round with prompts, and those past prefill */
-    double t_prefill;       /* when the last of them finished prefill */
+    double t_prefill, t_start; /* when the last of them finished prefill; when generate() began */
     const char *progress;   /* a line on stderr for each step, or NULL */
 } gen_run;
 
@@ -1131,7 +1132,8 @@ static void synchronize(block *bl, iteration now) {
 static void tokens_back(gen_run *run, block *bl, int i), refill_slots(gen_run *run, block *bl, int i);
 static void diagonal_slots(gen_run *run, block *bl, int i);
 static void end_sequence(gen_run *run, block *bl, int s), tokens_of_last_step(gen_run *run, int t, int i);
-static void grow_pages(block *bl), choose_step_reads(gen_run *run, int t, int i), load_first_iteration(block *bl);
+static int grow_pages(block *bl);
+static void choose_step_reads(gen_run *run, int t, int i), load_first_iteration(block *bl);
 
 /* Step i of block t begins on this stage, or returns 0 when it does not run. The first stage
  * first takes the block's tokens of step i - 1 (after the last step: only that); a later stage
@@ -1140,7 +1142,7 @@ static int step_begins(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     if (bl->running && is_first_stage(run->m) && i > 0) tokens_of_last_step(run, t, i);
     if (i == run->steps || !bl->running || !run->m->rt->stage->step_input(bl)) return 0;
-    grow_pages(bl);
+    if (grow_pages(bl)) return run->pools_ran_out = 1, bl->running = 0; /* a bug: the block stops */
     choose_step_reads(run, t, i);
     load_first_iteration(bl);
     return 1;
@@ -1158,10 +1160,12 @@ static void tokens_of_last_step(gen_run *run, int t, int i) {
 }
 
 /* Each sequence's pages hold its tokens of this step. */
-static void grow_pages(block *bl) {
+static int grow_pages(block *bl) {
+    int rc = 0;
     for (int k = 0; k < bl->n_batches; k++)
-        for (int b = 0; b < bl->gb[k].batch; b++)
-            kv_pages_grow(&bl->pages, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
+        for (int b = 0; b < bl->gb[k].batch && rc == 0; b++)
+            rc = kv_pages_grow(&bl->pages, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
+    return rc;
 }
 
 /* How step i reads: decode attention over cpu and disk caches in place (--cpu-cache-compute), the
@@ -1277,9 +1281,11 @@ static void tokens_back(gen_run *run, block *bl, int i) {
     stage->receive_tokens(bl, i - 1);
     for (int s = 0; s < bl->count; s++) run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
     bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0 || (run->diagonal && run->next < run->n_prompts);
-    for (int s = 0; s < bl->count && run->opt->finish_step; s++)
-        if (bl->prompt[s] >= 0 && bl->step[s] == run->opt->gen_len)
-            run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;
+    for (int s = 0; s < bl->count; s++)
+        if (bl->prompt[s] >= 0 && bl->step[s] == run->opt->gen_len) { /* its last token: the time to it */
+            run->timing->completed++, run->timing->completion_seconds += now_seconds() - run->t_start;
+            if (run->opt->finish_step) run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;
+        }
     if (!bl->running && i < run->steps && !run->refill) stage->pass_stop(bl);
 }
 
@@ -1421,6 +1427,8 @@ static void run_round(gen_run *run) {
     for (int t = 0; t < run->P; t++)
         for (int s = 0; s < run->blocks[t].count; s++) end_sequence(run, &run->blocks[t], s);
     run->timing->page_tokens = run->blocks[0].s.kv.page_tokens;
+    for (int t = 0; t < N_TIERS; t++) /* the pools' most in use (the diagonal's staggered peak) */
+        run->timing->cache_peak_rows[t] = (int64_t)run->blocks[0].pages.peak[t] * run->timing->page_tokens;
     if (is_first_stage(m)) {
         run->timing->prefill_latency += run->t_prefill - t0;
         run->timing->decode_latency += now_seconds() - run->t_prefill;
@@ -1464,10 +1472,11 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     if (opt->prompt_logits) memset(opt->prompt_logits, 0, (size_t)n_prompts * max_prompt * c->vocab * sizeof(float));
     for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
     memset(timing, 0, sizeof *timing);
+    run.t_start = now_seconds();
     double disk_read_before = rt->disk_read_seconds;
     run.B = run.blocks[0].s.gbs * run.blocks[0].s.ngb;
     int rounds = run.refill || run.diagonal ? 1 : (n_prompts + run.P * run.B - 1) / (run.P * run.B);
-    for (int r = 0; r < rounds; r++) {
+    for (int r = 0; r < rounds && !run.pools_ran_out; r++) {
         char progress[64];
         snprintf(progress, sizeof progress, "block %d/%d", r + 1, rounds);
         run.base = r * run.P * run.B;
@@ -1479,5 +1488,6 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     free(run.scratch);
     free_blocks(run.blocks, run.P);
     m->prompt_logits = 0;
-    return 0;
+    return run.pools_ran_out ? fg_fail(err, "internal error: a KV cache pool ran out: the schedule held more "
+                                            "than its pools were sized for") : 0;
 }

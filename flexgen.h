@@ -27,7 +27,8 @@ typedef struct { int wg, wc, cg, cc, hg, hc; } fg_percent;
 
 /* zig-zag: a block's GPU batches all at the same step (§4.2, Fig. 4); diagonal: staggered over the
  * steps, prompts streaming through them (Appendix A.2, Fig. 6). */
-typedef enum { FG_SCHEDULE_ZIGZAG, FG_SCHEDULE_DIAGONAL } fg_schedule;
+typedef enum { FG_SCHEDULE_ZIGZAG, FG_SCHEDULE_DIAGONAL, FG_SCHEDULES } fg_schedule;
+extern const char *const fg_schedule_names[FG_SCHEDULES];
 
 typedef struct {
     fg_device device;
@@ -89,6 +90,9 @@ typedef struct {
     int64_t prefill_tokens, decode_tokens, rows; /* FlexGen's counts; token rows computed */
     int64_t cache_rows, cache_tokens; /* each sequence's KV cache at its end: rows of its pages, tokens */
     int page_tokens;      /* tokens per page of the KV cache (of the last block) */
+    int64_t cache_peak_rows[N_TIERS]; /* the most rows of pages each tier's cache held at once */
+    int64_t completed;    /* sequences that took their gen_len-th token, and the seconds from */
+    double completion_seconds; /* generate()'s start to each of those tokens, summed (Appendix A.2) */
     double compute_seconds, bubble_seconds, disk_read_seconds;
 } gen_timing;
 
@@ -324,7 +328,12 @@ typedef struct {
     int s, n, gbs, ngb, s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
     int cpu_cache_compute, compress_weight, compress_cache, int8; /* int8: --int8-activations */
     int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
+    fg_schedule schedule; /* the diagonal's smaller peak cache and its warm-up (Appendix A.2) */
+    int prompts;          /* sequences the diagonal's block streams in one run; 0: one block */
 } fg_workload;
+/* Appendix A.2: the rows a sequence of a diagonal block of `groups` GPU batches holds on average at
+ * the block's peak (prompts of s tokens, n generated): s + n - 1 - about n (groups - 1) / (2 groups). */
+double fg_diagonal_rows(int s, int n, int groups);
 
 /* A layer's terms in prefill and decode, and the output layer of one token (head). */
 typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; double head; } fg_cost_model;
@@ -360,6 +369,8 @@ typedef struct {
     fg_plan_check place;  /* for another machine: the placement a policy realizes there */
     uint64_t seed;        /* of the dummy weights */
     int gbs, ngb;         /* > 0: the block shape is given; only the placement is searched */
+    int schedules;        /* 1 << fg_schedule for each schedule to search; 0: the base policy's */
+    int stream_blocks;    /* > 0: one run streams at most this many blocks of prompts (a job's window) */
 } fg_search_request;
 
 typedef struct {
@@ -370,6 +381,7 @@ typedef struct {
     double t_pre, t_gen, block_latency, throughput; /* predicted */
     int lps, checks;      /* LPs solved and plans checked */
     double seconds;       /* the search's own time */
+    struct { int found; fg_policy policy; double throughput, block_latency; } best[FG_SCHEDULES]; /* each one's */
 } fg_search_result;
 
 int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,

@@ -1,12 +1,14 @@
 /* lp.c: the policy search of §4.3 and Appendix A.3: how fast a placement runs (the cost model),
  * how much of each tier it takes (the memory model), and the LP that picks the block shape and
- * placement, solved by a hand-written simplex.
+ * placement, solved by a hand-written simplex; for both schedules (zig-zag, §4.2, and the
+ * diagonal one of Appendix A.2).
  *   fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
  *   fg_cost_per_token      T / bls for a placement: what the search minimizes
  *   fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
  *   lp_solve               a dense two-phase simplex
- *   fg_policy_search       Eq. (1) for each block shape, the optimum rounded and checked
- *                          against this runtime's plan; read it first */
+ *   fg_policy_search       Eq. (1) for each block shape and schedule, the optimum rounded and
+ *                          checked against this runtime's plan; read it first */
 #include "flexgen.h"
 #include "support/support.h"
 
@@ -35,6 +37,7 @@
  * ============================================================================================ */
 
 const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
+const char *const fg_schedule_names[FG_SCHEDULES] = {"zigzag", "diagonal"};
 
 /* Adds bytes / rate to term f: to its constant (k < 0), or to the coefficient of x_k. */
 static void add(fg_linear *f, int k, double bytes, double rate) {
@@ -122,12 +125,48 @@ static double max_term(const fg_linear *terms, const double x[N_X]) {
     return t;
 }
 
+/* ============================================================================================
+ * The diagonal block schedule (Appendix A.2.1, Fig. 6). The block's ngb = K GPU batches are
+ * groups staggered by n/K steps: group k takes prompts at step diagonal_start(k) = k n / K and
+ * again every n steps, so that each step loads every layer's weights once and computes one step of
+ * every group. A.2.1 counts, for n groups of a block of bls sequences, each layer's weights w:
+ *   zig-zag    peak_mem = w + 2 h1 bls + 4 h1 bls l (s + n)
+ *   diagonal   peak_mem = w + 2 h1 bls + 4 h1 bls l (2s + n)(n - 1) / (2n)
+ * so that the same memory holds a block larger by about (2s + 2n) / (2s + n), while the I/O per
+ * generated token is the zig-zag's for the same bls. In the runtime's accounting a sequence at
+ * step j of its own holds s + j rows, and the peak is the step just before a group ends
+ * (fg_diagonal_rows). The cost: after the one-time warm-up (the staircase until the last group has
+ * started) and before the drain (the same staircase at the end) each step generates bls tokens, as
+ * a zig-zag step does. A run of N prompts takes N / bls rounds of n steps and the staircase's
+ * diagonal_start(K - 1) steps more, each priced as a full step (so with the weights' I/O bound:
+ * compute-bound, a staircase step costs less).
+ * ============================================================================================ */
+
+double fg_diagonal_rows(int s, int n, int groups) {
+    double most = 0;
+    for (int e = 0; e < groups; e++) { /* just before group e ends, at step start_e - 1 (mod n) */
+        int i = (diagonal_start(e, groups, n) + n - 1) % n;
+        double rows = 0;
+        for (int k = 0; k < groups; k++) rows += s + ((i - diagonal_start(k, groups, n)) % n + n) % n;
+        most = fmax(most, rows);
+    }
+    return most / groups;
+}
+
+/* The diagonal's time for its prompts over that of as many full zig-zag blocks: the staircase's
+ * steps over those of N / bls rounds. */
+static double warmup_factor(const fg_workload *w) {
+    if (w->schedule != FG_SCHEDULE_DIAGONAL) return 1;
+    double bls = (double)w->gbs * w->ngb, prompts = w->prompts > 0 ? w->prompts : bls;
+    return 1 + diagonal_start(w->ngb - 1, w->ngb, w->n) / (double)w->n * bls / prompts;
+}
+
 double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
                          const double x[N_X], double *t_pre, double *t_gen) {
     double pre = max_term(m->pre, x), gen = max_term(m->gen, x), l = c->n_layers;
     if (t_pre) *t_pre = pre;
     if (t_gen) *t_gen = gen;
-    return (pre * l + gen * (w->n - 1) * l + m->head * w->n) / ((double)w->gbs * w->ngb);
+    return (pre * l + gen * (w->n - 1) * l + m->head * w->n) * warmup_factor(w) / ((double)w->gbs * w->ngb);
 }
 
 /* ============================================================================================
@@ -159,8 +198,10 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
     double act_row = h * (double)(hw->gpu_is_host ? fg_cpu_backend.act_elem : FG_CUDA_ACT_ELEM);
     double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */
-    /* a sequence's cache: len rows, as kv_pool_shape's pools hold sequences all of length len */
-    double cache = 2 * kv_row * c->n_layers * bls * len * micro, act = act_row * bls * s * micro;
+    /* a sequence's cache: len rows, as kv_pool_shape's pools hold sequences all of length len
+     * (the diagonal's: the mean at its peak) */
+    double rows = w->schedule == FG_SCHEDULE_DIAGONAL ? fg_diagonal_rows(w->s, w->n, w->ngb) : len;
+    double cache = 2 * kv_row * c->n_layers * bls * rows * micro, act = act_row * bls * s * micro;
     double stage_len = w->cpu_cache_compute ? s : len;
     memset(mm, 0, sizeof *mm);
     fg_linear *gpu = &mm->tier[TIER_GPU], *cpu = &mm->tier[TIER_CPU];
@@ -538,11 +579,18 @@ typedef struct {
     int lps, checks;
 } search;
 
+/* The prompts one run streams through a block of bls: those there are, at most stream_blocks blocks. */
+static int streamed(const fg_search_request *r, int bls) {
+    int prompts = r->max_block > 0 ? r->max_block : bls;
+    return r->stream_blocks > 0 && prompts / r->stream_blocks > bls ? r->stream_blocks * bls : prompts;
+}
+
 static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_compute) {
     return (fg_workload){.s = S->req->s, .s_mean = S->req->s_mean, .n = S->req->n, .gbs = gbs, .ngb = ngb,
                          .cpu_cache_compute = cpu_cache_compute,
                          .compress_weight = S->base->compress_weight,
-                         .compress_cache = S->base->compress_cache, .int8 = S->base->int8_activations, .micro = S->base->n_stages};
+                         .compress_cache = S->base->compress_cache, .int8 = S->base->int8_activations, .micro = S->base->n_stages,
+                         .schedule = S->base->schedule, .prompts = streamed(S->req, gbs * ngb)};
 }
 
 /* The LP's rows, one at a time: coefficients over x (and T_pre, T_gen), sense, right side. */
@@ -571,7 +619,7 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     fg_memory_model mm;
     fg_cost_model_build(S->cfg, &w, S->hw, &cm);
     fg_memory_model_build(S->cfg, &w, S->hw, cd->weights, &mm);
-    double l = S->cfg->n_layers, n = w.n, bls = (double)w.gbs * w.ngb;
+    double l = S->cfg->n_layers, n = w.n, bls = (double)w.gbs * w.ngb, f = warmup_factor(&w);
     lp_rows r = {.n = 0};
     for (int i = 0; i < N_TERMS; i++) row_le(&r, &cm.pre[i], V_PRE, 0), row_le(&r, &cm.gen[i], V_GEN, 0);
     for (int k = 0; k < 3; k++) {
@@ -583,11 +631,11 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     if (cd->weights == FG_W_GPU) row_add(&r, LP_EQ, 1)[X_WG] = 1;
     if (cd->weights == FG_W_MEMORY) row_add(&r, LP_EQ, 0)[X_WN] = 1;
     if (S->req->max_latency > 0) {
-        double *a = row_add(&r, LP_LE, S->req->max_latency - n * cm.head);
+        double *a = row_add(&r, LP_LE, S->req->max_latency / f - n * cm.head);
         a[V_PRE] = l, a[V_GEN] = l * (n - 1);
     }
     double c[N_VARS] = {0}, x[N_VARS], z;
-    c[V_PRE] = l / bls, c[V_GEN] = l * (n - 1) / bls;
+    c[V_PRE] = f * l / bls, c[V_GEN] = f * l * (n - 1) / bls;
     /* Among placements of equal T (a term that does not bound T is free), prefer the faster
      * tiers: the model leaves out what each small transfer costs. The nudge is 1e-4 of the
      * compute time per tier step, and is not part of the objective reported. */
@@ -598,7 +646,7 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     S->lps++;
     if (lp_solve(&p, &status, x, &z, err)) return -1;
     if (status != LP_OPTIMAL) return 0;
-    cd->objective = c[V_PRE] * x[V_PRE] + c[V_GEN] * x[V_GEN] + n * cm.head / bls;
+    cd->objective = c[V_PRE] * x[V_PRE] + c[V_GEN] * x[V_GEN] + f * n * cm.head / bls;
     memcpy(cd->x, x, sizeof cd->x);
     return 1;
 }
@@ -714,6 +762,7 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
         int any = 0;
         for (int ngb = r->ngb ? r->ngb : 1; ngb <= MAX_NGB && gbs * ngb <= max_block; ngb = r->ngb ? MAX_NGB + 1 : ngb + 1) {
             int fits = 0;
+            if (ngb == 1 && S->base->schedule == FG_SCHEDULE_DIAGONAL) continue; /* one group: zig-zag */
             for (int v = 0; v < 2 * FG_W_CASES; v++) {
                 candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
                 if (cd.weights == FG_W_GPU && S->base->compress_weight && !S->hw->gpu_is_host)
@@ -810,30 +859,27 @@ int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_po
                    (t < N_TIERS ? S.capacity[t] : S.host_memory) / (1 << 30));
 }
 
-int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
-                     const fg_search_request *req, fg_search_result *out, char *err) {
-    double t0 = now_seconds();
-    search S;
-    memset(out, 0, sizeof *out);
-    if (search_init(&S, cfg, hw, base, req, err)) return -1;
+/* Eq. (1) for S's schedule: its best policy into *out (1), none fits (0), or -1 (err). */
+static int best_policy(search *S, fg_search_result *out, char *err) {
+    const fg_search_request *req = S->req;
     candidate *all = NULL;
     int n = 0;
-    if (enumerate(&S, &all, &n, err)) return -1;
+    if (enumerate(S, &all, &n, err)) return -1;
     qsort(all, (size_t)n, sizeof *all, by_objective);
     double best = INFINITY;
     for (int i = 0; i < n && all[i].objective < best && !same_cost(all[i].objective, best); i++) {
         candidate cd = all[i];
         int shrinks = req->gbs ? 1 : MAX_SHRINK; /* a given block shape stays */
         for (int shrink = 0; shrink < shrinks && cd.gbs >= 1; shrink++, cd.gbs--) {
-            int rc = shrink ? solve_shape(&S, &cd, err) : 1;
+            int rc = shrink ? solve_shape(S, &cd, err) : 1;
             if (rc < 0) { free(all); return -1; }
             fg_search_result r;
-            fg_policy p = policy_of(&S, &cd);
+            fg_policy p = policy_of(S, &cd);
             if (rc == 0) continue;
-            if (!evaluate(&S, &p, &r)) {
+            if (!evaluate(S, &p, &r)) {
                 if (!req->check && !req->place) continue;
-                snap_weights(&S, &p, cd.x);
-                if (!evaluate(&S, &p, &r)) continue;
+                snap_weights(S, &p, cd.x);
+                if (!evaluate(S, &p, &r)) continue;
             }
             if (req->max_latency > 0 && r.block_latency > req->max_latency) continue;
             double per_seq = r.block_latency / (cd.gbs * cd.ngb);
@@ -842,8 +888,35 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
         }
     }
     free(all);
-    out->lps = S.lps, out->checks = S.checks;
+    return best < INFINITY;
+}
+
+/* The best policy of each schedule the request allows (Appendix A.2: the diagonal's block may be
+ * larger in the same memory, but pays its warm-up), and the better of them; zig-zag on a tie. */
+int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+                     const fg_search_request *req, fg_search_result *out, char *err) {
+    double t0 = now_seconds();
+    int schedules = req->schedules ? req->schedules : 1 << base->schedule, lps = 0, checks = 0;
+    fg_search_result best = {0}, r;
+    search S;
+    memset(out, 0, sizeof *out);
+    for (int k = 0; k < FG_SCHEDULES; k++) {
+        if (!(schedules & 1 << k)) continue;
+        fg_policy b = *base;
+        b.schedule = (fg_schedule)k;
+        if (search_init(&S, cfg, hw, &b, req, err)) return -1;
+        int rc = best_policy(&S, &r, err);
+        if (rc < 0) return -1;
+        lps += S.lps, checks += S.checks;
+        if (rc == 0) continue;
+        out->best[k].found = 1, out->best[k].policy = r.policy;
+        out->best[k].throughput = r.throughput, out->best[k].block_latency = r.block_latency;
+        if (r.throughput > best.throughput && !same_cost(r.throughput, best.throughput)) best = r;
+    }
+    if (best.throughput == 0) return explain_nothing_fits(&S, err);
+    memcpy(best.best, out->best, sizeof best.best);
+    *out = best;
+    out->lps = lps, out->checks = checks;
     out->seconds = now_seconds() - t0;
-    if (best == INFINITY) return explain_nothing_fits(&S, err);
     return 0;
 }

@@ -9,6 +9,9 @@
 # A block is accepted when ./flexgen does not refuse its plan ("the plan needs ...") within a few
 # seconds of starting; the plan check runs before any compute.
 #
+# Each run prints its throughput and its mean time to a completed sequence (from the job's start),
+# then the cost model's prediction for each schedule at its block.
+#
 # Usage (from the repository root, after make):
 #   bash scripts/bench_schedule.sh
 # Environment: MODEL [opt-125m], PROMPT_LEN [32], GEN_LEN [128], GBS [4], GPU_MEM [360M],
@@ -61,8 +64,16 @@ for ((r = 1; r <= ROUNDS; r++)); do
         ./flexgen "${args[@]}" --schedule "$s" --num-gpu-batches "${ngb[$s]}" --prompt-ids "$work/prompts.txt" \
             --json >"$work/$s.json"
         end=$(date +%s.%N)
-        printf '%-8s round %d  block %3d  total %8.2f token/s  wall %6.1f s  peak gpu tier %7.1f MiB\n' "$s" "$r" \
-            "$((GBS * ngb[$s]))" "$(field "$work/$s.json" total_throughput)" \
-            "$(python3 -c "print($end - $start)")" "$(python3 -c "print($(field "$work/$s.json" peak_gpu_bytes) / 1048576)")"
+        printf '%-8s round %d  block %3d  total %8.2f token/s  wall %6.1f s  peak gpu tier %7.1f MiB  mean time to a completed sequence %6.1f s\n' \
+            "$s" "$r" "$((GBS * ngb[$s]))" "$(field "$work/$s.json" total_throughput)" \
+            "$(python3 -c "print($end - $start)")" "$(python3 -c "print($(field "$work/$s.json" peak_gpu_bytes) / 1048576)")" \
+            "$(field "$work/$s.json" mean_completion_seconds)"
     done
+done
+# The cost model's prediction for each schedule at its block (flexgen policy --evaluate, this
+# machine's hardware file), and the search's own choice for these capacities, given the GPU batch.
+for s in zigzag diagonal; do
+    printf '%-8s predicted %8.2f token/s at its block\n' "$s" "$(./flexgen policy --evaluate "${args[@]}" --schedule "$s" \
+        --num-gpu-batches "${ngb[$s]}" --prompt-ids "$work/prompts.txt" --json | python3 -c \
+        "import json,sys; print(json.load(sys.stdin)['predicted_throughput'])")"
 done

@@ -23,6 +23,7 @@ EXERCISES = [
     ('phase1_costs', 'lp.c', '', 'lp', {}, []),
     ('block_schedule', 'flexgen.c', '', 'model', {}, []),
     ('block_schedule', 'flexgen.c', '', 'runtime', {}, []),
+    ('diagonal_slots', 'flexgen.c', '', 'schedule', {}, []),
     # nvcc keeps warnings errors: NVCC= builds without the CUDA backend, as the Grade line says
     ('q4_value', 'model.h', '    return 0;\n', 'quant', {}, ['NVCC=']),
 ]
@@ -108,6 +109,13 @@ WRONG_VERSIONS = [
     ('block_schedule', 'flexgen.c', 'the next iteration loaded after compute',
      (r'(\s*)(load_cache\((\w+), \w+\);\s*load_activation\(\3, \w+\);)(\s*)(compute\(\3, \w+\);)',
       r'\1\5\4\2'), 'runtime', {}),
+    # 10. diagonal_slots
+    ('diagonal_slots', 'flexgen.c', 'every batch started at step 0: a zig-zag order passed off as diagonal',
+     (r'diagonal_start\([^;]*\)', '0'), 'schedule', {}),
+    ('diagonal_slots', 'flexgen.c', 'the batches staggered by one step, not by n / K',
+     (r'diagonal_start\((\w+)[^;]*\)', r'\1'), 'schedule', {}),
+    ('diagonal_slots', 'flexgen.c', "an ended batch's pages not given back",
+     (r'(\s*)if \(([^;]*)\) end_sequence\(([^;]*)\);', r'\1(void)0;'), 'schedule', {}),
     # 9. q4_value
     ('q4_value', 'model.h', 'the nibbles of a pair swapped',
      (r'\((\w+) % 2 \? 0 : 4\)', r'(\1 % 2 ? 4 : 0)'), 'quant', {}),

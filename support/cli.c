@@ -38,6 +38,7 @@ typedef struct {
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
     int auto_policy;     /* --policy auto: search for the policy (§4.3) */
+    int schedule_given;  /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
     int evaluate;        /* flexgen policy --evaluate: predict the given policy, no search */
     double max_latency;  /* --max-latency: the search's bound on a block's latency */
     const char *text, *predictions, *compare; /* flexgen perplexity's files */
@@ -101,7 +102,7 @@ static void usage(FILE *out) {
 "                          in one process, GPU batch k starts k gen_len / num-gpu-batches steps\n"
 "                          after the first, and each takes the next prompts as its sequences\n"
 "                          end, so prompts stream through one block and its KV cache peaks\n"
-"                          lower (Appendix A.2) [zigzag]\n"
+"                          lower (Appendix A.2) [zigzag; --policy auto: the faster]\n"
 "  --overlap 0|1           I/O on its own threads, overlapped with compute [1]\n"
 "  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
 "                          the cache lives\n"
@@ -132,15 +133,18 @@ static void usage(FILE *out) {
 "                          are each stage's own (mpirun's `-np 1 flexgen ... : -np 1 flexgen ...`\n"
 "                          gives stages different ones; --policy auto plans each stage)\n"
 "policy search (paper section 4.3)\n"
-"  --policy auto|manual    auto: choose the block shape, --percent and --cpu-cache-compute by\n"
-"                          the cost model and LP for these capacities, prompts and --gen-len,\n"
-"                          keeping the other flags; synthetic prompts fill the block it picks,\n"
+"  --policy auto|manual    auto: choose the block shape, --percent, --cpu-cache-compute and\n"
+"                          (unless given) --schedule by the cost model and LP for these\n"
+"                          capacities, prompts and --gen-len, keeping the other flags (the\n"
+"                          diagonal schedule pays a warm-up: it gains on many prompts, not one\n"
+"                          block); synthetic prompts fill the block it picks,\n"
 "                          which can be thousands (bound it with --max-latency) [manual]\n"
 "  --hw FILE               the cost model's hardware constants (JSON) [~/.cache/flexgen/\n"
 "                          hardware.json, measured by `flexgen profile` the first time]\n"
 "  --max-latency S         auto: a block may take at most S seconds (Fig. 1's trade-off)\n"
 "  flexgen policy takes the flags of a run and prints the policy the search chooses, as flags,\n"
-"  with its predicted throughput and each layer's latency terms (--json: one object);\n"
+"  with its predicted throughput and each layer's latency terms, and each schedule's best\n"
+"  (--json: one object);\n"
 "  --evaluate predicts the policy given by the flags instead of searching.\n"
 "  flexgen profile measures this machine (copies, the disk in --offload-dir, matrix products\n"
 "  and attention) and writes the hardware file (--out FILE) [the default --hw]\n"
@@ -300,7 +304,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--merges")) a->merges = v;
         else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
         else if (!strcmp(f, "--device")) rc = parse_device(v, &p->device, err);
-        else if (!strcmp(f, "--schedule")) rc = parse_schedule(v, &p->schedule, err);
+        else if (!strcmp(f, "--schedule")) rc = parse_schedule(v, &p->schedule, err), a->schedule_given = 1;
         else if (!strcmp(f, "--path")) p->weight_dir = v;
         else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
         else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
@@ -701,6 +705,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     double prefill_tp = t->prefill_tokens / fmax(t->prefill_latency, 1e-10);
     double decode_tp = t->decode_tokens / fmax(t->decode_latency, 1e-10);
     double total_tp = (double)p->n * a->gen.gen_len / fmax(total, 1e-10);
+    double completion = t->completion_seconds / (double)(t->completed > 0 ? t->completed : 1);
     static const char *const link_keys[N_LINKS] = {"disk_to_cpu_bytes", "cpu_to_gpu_bytes",
                                                    "gpu_to_cpu_bytes", "cpu_to_disk_bytes"};
     fg_blas_info blas; /* the CPU's products and attention, on either device */
@@ -746,6 +751,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "decode_throughput", decode_tp);
         cJSON_AddNumberToObject(o, "total_latency", total);
         cJSON_AddNumberToObject(o, "total_throughput", total_tp);
+        cJSON_AddNumberToObject(o, "mean_completion_seconds", completion);
         cJSON_AddStringToObject(o, "blas_library", blas.library);
         cJSON_AddStringToObject(o, "blas_core", blas.core);
         cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
@@ -763,6 +769,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     printf("prefill latency: %.3f s\tprefill throughput: %.3f token/s\n", t->prefill_latency, prefill_tp);
     printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency, decode_tp);
     printf("total latency: %.3f s\ttotal throughput: %.3f token/s\n", total, total_tp);
+    printf("mean time to a completed sequence: %.3f s\n", completion);
     printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GB,
            st->peak[TIER_CPU] / GB, st->peak[TIER_DISK] / GB);
     printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
@@ -839,23 +846,30 @@ static int mean_prompt(const cli_args *a, const prompt_set *p) {
     return a->output && p->n ? (int)((prompt_tokens(p) + p->n - 1) / p->n) : 0;
 }
 
+enum { JOB_WINDOW = 8 }; /* a batch job's window: rounds of prompts (run_rounds) */
+
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
  * check holds the longest; the costs take the mean. */
 static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_config *cfg,
                          int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
                          char *err) {
+    int diagonal_runs = !a->gen.refill && a->policy.n_stages <= 1; /* one process, its own refills */
     fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .check = hw->gpu_is_host ? fg_runtime_check : NULL, .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb};
+                             .check = hw->gpu_is_host ? fg_runtime_check : NULL, .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
+                             .schedules = a->schedule_given ? 1 << a->policy.schedule
+                                          : 1 << FG_SCHEDULE_ZIGZAG | diagonal_runs << FG_SCHEDULE_DIAGONAL,
+                             .stream_blocks = a->output ? JOB_WINDOW : 0};
     if (a->evaluate) return fg_policy_evaluate(cfg, hw, &a->policy, &req, res, err);
     return fg_policy_search(cfg, hw, &a->policy, &req, res, err);
 }
 
 static void print_policy_flags(FILE *out, const fg_policy *p) {
-    fprintf(out, "--gpu-batch-size %d --num-gpu-batches %d --percent %d %d %d %d %d %d%s",
+    fprintf(out, "--gpu-batch-size %d --num-gpu-batches %d --percent %d %d %d %d %d %d%s --schedule %s",
             p->gpu_batch_size, p->num_gpu_batches, p->percent.wg, p->percent.wc, p->percent.cg,
-            p->percent.cc, p->percent.hg, p->percent.hc, p->cpu_cache_compute ? " --cpu-cache-compute" : "");
+            p->percent.cc, p->percent.hg, p->percent.hc, p->cpu_cache_compute ? " --cpu-cache-compute" : "",
+            fg_schedule_names[p->schedule]);
 }
 
 /* ---- a run as one stage of a pipeline (§4.4): rank 0 reads the prompts and reports ---- */
@@ -1082,6 +1096,7 @@ static void add_timing(gen_timing *sum, const gen_timing *t) {
     sum->cache_rows += t->cache_rows, sum->cache_tokens += t->cache_tokens;
     sum->compute_seconds += t->compute_seconds, sum->bubble_seconds += t->bubble_seconds;
     sum->disk_read_seconds += t->disk_read_seconds;
+    sum->completed += t->completed, sum->completion_seconds += t->completion_seconds;
 }
 
 /* "job: 120 of 1000 prompts, 35.2 token/s, about 0:12:31 left": a line a window of rounds,
@@ -1108,7 +1123,6 @@ static int by_length(const void *a, const void *b, void *prompts) {
  * records are appended in file order, in one write, once the window is done. A crash loses at most the window in flight,
  * and --resume forms the same windows from the prompts left, so it computes what an unbroken run
  * would: sampling draws by each prompt's place in the file. */
-enum { JOB_WINDOW = 8 };
 static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p, const fg_tokenizer *tok,
                       job_output *out, int *tokens, gen_timing *t, char *err) {
     int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe), G = a->gen.gen_len;
@@ -1131,7 +1145,9 @@ static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const promp
             gen_options opt = a->gen;
             opt.index = index;
             gen_timing this_round;
+            double began = now_seconds() - start; /* a completion's time counts from the job's start */
             if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err)) rc = -1;
+            this_round.completion_seconds += began * (double)this_round.completed;
             for (int i = 0; rc == 0 && i < count; i++)
                 memcpy(tokens + (size_t)order[r0 + i] * G, got + (size_t)i * G, (size_t)G * sizeof *got);
             if (rc == 0) add_timing(t, &this_round);
@@ -1258,9 +1274,6 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
         rc = fg_fail(err, "--refill: refills one process's block; the stages of a pipeline keep theirs in step");
     if (rc == 0 && a->policy.schedule == FG_SCHEDULE_DIAGONAL && stages > 1)
         rc = fg_fail(err, "--schedule diagonal: staggers one process's block; the stages of a pipeline run zigzag");
-    if (rc == 0 && a->policy.schedule == FG_SCHEDULE_DIAGONAL && a->auto_policy)
-        rc = fg_fail(err, "--schedule diagonal: the policy search (--policy auto) plans the zigzag schedule; give "
-                          "the policy");
     if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {
@@ -1313,6 +1326,20 @@ static int refuse_flags(const char *command, const char *const *flags, int argc,
     return 0;
 }
 
+/* Each schedule's best policy (block shape) and prediction; null where it was not searched or none fits. */
+static cJSON *schedules_json(const fg_search_result *r) {
+    cJSON *all = cJSON_CreateObject();
+    for (int k = 0; k < FG_SCHEDULES; k++) {
+        if (!r->best[k].found) { cJSON_AddNullToObject(all, fg_schedule_names[k]); continue; }
+        cJSON *o = cJSON_AddObjectToObject(all, fg_schedule_names[k]);
+        cJSON_AddNumberToObject(o, "gpu_batch_size", r->best[k].policy.gpu_batch_size);
+        cJSON_AddNumberToObject(o, "num_gpu_batches", r->best[k].policy.num_gpu_batches);
+        cJSON_AddNumberToObject(o, "predicted_throughput", r->best[k].throughput);
+        cJSON_AddNumberToObject(o, "block_latency", r->best[k].block_latency);
+    }
+    return all;
+}
+
 /* flexgen policy: the search's choice, its prediction and the terms that bound it. */
 static int policy_command(cli_args *a, char *err) {
     opt_config cfg;
@@ -1344,6 +1371,8 @@ static int policy_command(cli_args *a, char *err) {
         cJSON_AddItemToObject(o, "placement", cJSON_CreateDoubleArray(r.x, N_X));
         cJSON_AddNumberToObject(o, "search_seconds", r.seconds);
         cJSON_AddNumberToObject(o, "lps", r.lps);
+        cJSON_AddStringToObject(o, "schedule", fg_schedule_names[p->schedule]);
+        if (!a->evaluate) cJSON_AddItemToObject(o, "schedules", schedules_json(&r));
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text);
         free(text);
@@ -1370,6 +1399,13 @@ static int policy_command(cli_args *a, char *err) {
             if (v > fg_linear_eval(&terms[arg], r.x)) arg = i;
         }
         printf("   %s\n", fg_cost_term_names[arg]);
+    }
+    for (int k = 0; k < FG_SCHEDULES && !a->evaluate; k++) {
+        const fg_policy *b = &r.best[k].policy;
+        if (r.best[k].found)
+            printf("%s%s: %.4g token/s, a block of %d x %d", k ? ", " : "schedules: ", fg_schedule_names[k],
+                   r.best[k].throughput, b->gpu_batch_size, b->num_gpu_batches);
+        printf(k < FG_SCHEDULES - 1 ? "" : "\n");
     }
     if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
     return 0;
@@ -1452,7 +1488,7 @@ static int tokenize_command(int argc, char **argv, char *err) {
 /* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and
  * (perplexity) generation's. */
 static int check_command_flags(const char *command, int argc, char **argv, char *err) {
-    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", "--schedule", NULL};
+    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", NULL};
     static const char *const perplexity[] = {"--prompt", "--prompt-file", "--prompt-ids", "--prompt-len",
         "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits", "--policy",
         "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", "--schedule", NULL};

@@ -9,7 +9,6 @@
  */
 #include "support/support.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,20 +106,19 @@ void kv_pages_reset(kv_pages *kp) {
 fg_tier slot_tier(const kv_pages *kp, int slot) { return tier_of(&kp->cache, slot % kp->gbs); }
 const int *slot_pages(const kv_pages *kp, int slot) { return kp->page_table + (size_t)slot * kp->max_pages; }
 
-/* Slot `slot` holds pages for `tokens` tokens, taking what it lacks from its tier's pool. The
- * refill's admission (flexgen.c's promisable_pages) keeps the pool from running dry; that it
- * did is a bug. */
-void kv_pages_grow(kv_pages *kp, int slot, int tokens) {
+/* Slot `slot` holds pages for `tokens` tokens, taking what it lacks from its tier's pool: 0, or
+ * -1 when the pool ran dry. The pools hold the schedule's peak (kv_pool_shape) and the refill's
+ * admission (flexgen.c's promisable_pages) keeps within them: a schedule that runs dry is a bug. */
+int kv_pages_grow(kv_pages *kp, int slot, int tokens) {
     fg_tier t = slot_tier(kp, slot);
     int *table = kp->page_table + (size_t)slot * kp->max_pages;
     while (kp->held[slot] < kv_pages_for(tokens, kp->pool.page_tokens)) {
-        if (kp->n_free[t] == 0 || kp->held[slot] == kp->max_pages) {
-            fprintf(stderr, "flexgen: internal error: the %s tier's KV cache pool (%d pages) ran out\n",
-                    fg_tier_names[t], kp->pool.pool_pages[t]);
-            abort();
-        }
+        if (kp->n_free[t] == 0 || kp->held[slot] == kp->max_pages) return -1;
         table[kp->held[slot]++] = kp->free_pages[t][--kp->n_free[t]];
     }
+    int in_use = kp->pool.pool_pages[t] - kp->n_free[t];
+    kp->peak[t] = in_use > kp->peak[t] ? in_use : kp->peak[t];
+    return 0;
 }
 
 /* Slot `slot`'s sequence ended: its pages go back to the pool. */

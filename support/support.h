@@ -301,6 +301,7 @@ typedef struct {
     int *page_table;          /* [slots][max_pages]: each slot's pages in its tier's pool */
     int *held;                /* [slots]: how many pages each slot holds */
     int *free_pages[N_TIERS], n_free[N_TIERS]; /* each tier's pages held by no slot (a stack) */
+    int peak[N_TIERS];        /* the most pages of each tier's pool held at once since kv_pages_init */
 } kv_pages;
 int kv_pages_init(kv_pages *kp, const kv_pool_size *pool, const row_split *cache, int gbs, int slots,
                   int max_len, char *err);
@@ -308,7 +309,7 @@ void kv_pages_free(kv_pages *kp);
 void kv_pages_reset(kv_pages *kp);
 fg_tier slot_tier(const kv_pages *kp, int slot);
 const int *slot_pages(const kv_pages *kp, int slot);
-void kv_pages_grow(kv_pages *kp, int slot, int tokens);
+int kv_pages_grow(kv_pages *kp, int slot, int tokens);
 void kv_pages_give_back(kv_pages *kp, int slot);
 
 /* ---- The I/O threads (io_links.c): a queue of tasks per link, each run in order ---- */

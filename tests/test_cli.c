@@ -679,10 +679,11 @@ static void test_json_run_matches_reference(void) {
 
 static void test_default_report(void) {
     static const char *const lines[] = {"model size:", "peak gpu mem:", "prefill latency:",
-                                        "decode latency:", "total latency:", "peak tiers:",
+                                        "decode latency:", "total latency:",
+                                        "mean time to a completed sequence:", "peak tiers:",
                                         "moved:", "compute:", "blas:"};
     char *out = run_tiny(ARGS("--gpu-batch-size", "4"));
-    CU_ASSERT_EQUAL(count_lines(out), 9);
+    CU_ASSERT_EQUAL(count_lines(out), 10);
     const char *at = out;
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         const char *line = strstr(at, lines[i]);
@@ -805,7 +806,6 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--refill"), "--refill", "--stop-at-eos");
     EXPECT_FAIL(ARGS("--schedule", "spiral"), "--schedule", "zigzag or diagonal", "'spiral'");
     EXPECT_FAIL(ARGS("--schedule", "diagonal", "--stop-at-eos", "--refill"), "--refill", "--schedule diagonal");
-    EXPECT_FAIL(ARGS("--schedule", "diagonal", "--policy", "auto"), "--schedule diagonal", "--policy auto");
     EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "(0, 1]", "'1.5'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");
@@ -1230,8 +1230,21 @@ static void test_policy_command(void) {
                                 "--hw", hw, "--offload-dir", dir, NULL};
     CU_ASSERT_EQUAL(run_flexgen(text, NULL, &out, &err), 0);
     static const char *const lines[] = {"policy: --gpu-batch-size ", "--percent ", "predicted: ",
-                                        "token/s", "prefill ", "decode ", "ctog", "comp", "search: "};
+                                        "token/s", "prefill ", "decode ", "ctog", "comp", "search: ",
+                                        "schedules: zigzag: ", ", diagonal: "};
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) CU_ASSERT_PTR_NOT_NULL(strstr(out, lines[i]));
+    free(out), free(err);
+    /* --schedule given: the search keeps it, and reports no other */
+    const char *const diagonal[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8",
+                                    "--hw", hw, "--offload-dir", dir, "--schedule", "diagonal", "--json", NULL};
+    CU_ASSERT_EQUAL(run_flexgen(diagonal, NULL, &out, &err), 0);
+    o = cJSON_Parse(out);
+    CU_ASSERT_FATAL(cJSON_IsObject(o));
+    const cJSON *each = json_item(o, "schedules");
+    CU_ASSERT(cJSON_IsString(json_item(o, "schedule")) && !strcmp(json_item(o, "schedule")->valuestring, "diagonal"));
+    CU_ASSERT(cJSON_IsNull(json_item(each, "zigzag")) && cJSON_IsObject(json_item(each, "diagonal")));
+    CU_ASSERT(json_item(o, "num_gpu_batches")->valueint >= 2); /* one GPU batch staggers nothing */
+    cJSON_Delete(o);
     free(out), free(err);
     /* --evaluate predicts the given policy */
     const char *const eval[] = {"policy", "--evaluate", "--model", tiny_dir, "--prompt-len", "8",
@@ -1239,7 +1252,8 @@ static void test_policy_command(void) {
                                 "3", "--num-gpu-batches", "2", "--percent", "50", "50", "100", "0",
                                 "100", "0", NULL};
     CU_ASSERT_EQUAL(run_flexgen(eval, NULL, &out, &err), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "policy: --gpu-batch-size 3 --num-gpu-batches 2 --percent 50 50 100 0 100 0\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "policy: --gpu-batch-size 3 --num-gpu-batches 2 --percent 50 50 100 0 100 0 "
+                                       "--schedule zigzag\n"));
     CU_ASSERT_PTR_NULL(strstr(out, "search: "));
     free(out), free(err);
     CU_ASSERT_EQUAL(dir_entries(dir), 1); /* hw.json only */
@@ -1261,6 +1275,17 @@ static void test_policy_auto_run(void) {
     CU_ASSERT(bls >= 1 && bls <= N_PROMPTS);
     CU_ASSERT(json_item(o, "peak_gpu_bytes")->valuedouble <= 2 << 20);
     CU_ASSERT(json_item(o, "peak_cpu_bytes")->valuedouble <= 1 << 20);
+    cJSON_Delete(o);
+    free(out);
+    expect_reference_logits(dump);
+    /* the search kept to the diagonal schedule: its tokens are the reference's too */
+    out = run_tiny(ARGS("--policy", "auto", "--schedule", "diagonal", "--hw", hw, "--gpu-mem", "2M", "--cpu-mem",
+                        "1M", "--offload-dir", dir, "--dump-logits", dump, "--json"));
+    o = cJSON_Parse(out);
+    CU_ASSERT_FATAL(cJSON_IsObject(o));
+    CU_ASSERT(json_item(o, "num_gpu_batches")->valueint >= 2);
+    double completion = json_item(o, "mean_completion_seconds")->valuedouble; /* from the job's start */
+    CU_ASSERT(completion > 0 && completion <= json_item(o, "total_latency")->valuedouble + 0.05);
     cJSON_Delete(o);
     free(out);
     expect_reference_logits(dump);

@@ -204,6 +204,49 @@ static void test_equal_cost_smaller_block(void) {
            "16 x 1, got 16 x %d", r.policy.num_gpu_batches);
 }
 
+/* The choice between the schedules (Appendix A.2), on a GPU machine that must offload the
+ * weights (a 12-layer model of hidden size 1024, 290 MiB of fp16, in 192 MiB of GPU memory): with
+ * 2048 prompts and n >> s the diagonal's block, larger in the same memory, loads the weights for
+ * more tokens, and it wins; at FlexGen's benchmark shape (s = 512, n = 32: a staggered block
+ * holds little less), or with one block of prompts (its warm-up doubles the steps), zig-zag
+ * wins. Each schedule's best is reported, and the choice fits the memory model. */
+static void test_schedule_choice(void) {
+    static const opt_config LONG = {"schedule-test", 12, 1024, 16, 4096, 1000, 1024, 1024, 1};
+    static const struct { int s, n, prompts; fg_schedule wins; } cases[] = {
+        {16, 256, 2048, FG_SCHEDULE_DIAGONAL}, {512, 32, 2048, FG_SCHEDULE_ZIGZAG}, {16, 256, 0, FG_SCHEDULE_ZIGZAG},
+    };
+    fg_hardware gpu = HW;
+    gpu.gpu_is_host = 0, gpu.mm_flops_p = gpu.mm_flops_g = gpu.bmm_flops_p = gpu.bmm_flops_g = 1e12, gpu.mem_bdw = 1e12;
+    fg_policy base = base_policy(192 * MiB + FG_CUDA_RESERVE, 512 * MiB + FG_CUDA_HOST_RESERVE, 4096 * MiB, 0);
+    char err[FG_ERR_LEN];
+    for (int i = 0; i < 3; i++) {
+        fg_search_request req = {.s = cases[i].s, .n = cases[i].n, .place = fg_runtime_check,
+                                 .max_block = cases[i].prompts, .schedules = 3};
+        fg_search_result r;
+        int rc = fg_policy_search(&LONG, &gpu, &base, &req, &r, err);
+        CU_ASSERT_EQUAL(rc, 0);
+        if (rc) { fprintf(stderr, "\n    case %d: %s\n", i, err); continue; }
+        CU_ASSERT(r.best[0].found && r.best[1].found);
+        double won = r.best[cases[i].wins].throughput, lost = r.best[!cases[i].wins].throughput;
+        EXPECT(r.policy.schedule == cases[i].wins && won > 1.1 * lost && r.throughput == won,
+               "s %d, n %d, %d prompts: expected %s to win by 10%%, got zigzag %.4g token/s (%d x %d), diagonal "
+               "%.4g (%d x %d), chose %s", cases[i].s, cases[i].n, cases[i].prompts,
+               fg_schedule_names[cases[i].wins], r.best[0].throughput, r.best[0].policy.gpu_batch_size,
+               r.best[0].policy.num_gpu_batches, r.best[1].throughput, r.best[1].policy.gpu_batch_size,
+               r.best[1].policy.num_gpu_batches, fg_schedule_names[r.policy.schedule]);
+        CU_ASSERT_EQUAL(r.workload.schedule, r.policy.schedule);
+        fg_memory_model mm;
+        fg_memory_model_build(&LONG, &r.workload, &gpu, fg_weights_case(r.x, 0), &mm);
+        for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
+    }
+    /* one schedule asked for: only it is searched */
+    fg_search_request one = {.s = 16, .n = 256, .place = fg_runtime_check, .max_block = 2048,
+                             .schedules = 1 << FG_SCHEDULE_ZIGZAG};
+    fg_search_result r;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&LONG, &gpu, &base, &one, &r, err), 0);
+    CU_ASSERT(r.policy.schedule == FG_SCHEDULE_ZIGZAG && r.best[0].found && !r.best[1].found);
+}
+
 /* The LP's fractions become whole percentages, each the nearest (halves away from zero), the cpu
  * tier's cut so that gpu + cpu never passes 100: 0.505 and 0.495 round to 51 and 50, and the cpu
  * tier gets 49. Over a grid of pairs (halves of a percent included), the sum stays within 100 and
@@ -242,4 +285,5 @@ void add_policy_tests(void) {
     CU_add_test(s, "fractions round to percentages whose gpu + cpu is at most 100", test_round_pair);
     CU_add_test(s, "of policies of equal cost, the smaller block", test_equal_cost_smaller_block);
     CU_add_test(s, "planning for a GPU machine fits its memory model", test_search_for_gpu);
+    CU_add_test(s, "the search chooses the schedule: each one wins a case", test_schedule_choice);
 }

@@ -131,6 +131,54 @@ static void test_diagonal_order(void) {
     fixture_prompts_close(&f);
 }
 
+/* Completion times, in steps (Appendix A.2: "the first bls/n samples finish with latency T/n").
+ * Zig-zag's block of 6 completes all at once, every GEN = 6 steps; the diagonal's 3 batches, once
+ * the first has completed, complete in turn every GEN / 3 = 2 steps, so from any step on the next
+ * completion is at most a third of a block's steps away. (Counted from the start, the warm-up
+ * delays the later batches: the mean completion step is the diagonal's 150 / 13 against 126 / 13.) */
+static void completion_steps(const result *r, int *widest, int *sum) {
+    *widest = *sum = 0;
+    for (int step = GEN, last = GEN; step <= 3 * GEN; step++) { /* the widest gap between completions */
+        int any = 0;
+        for (int p = 0; p < N_PROMPTS; p++) any |= r->finish[p] == step;
+        if (any) *widest = step - last > *widest ? step - last : *widest, last = step;
+    }
+    for (int p = 0; p < N_PROMPTS; p++) *sum += r->finish[p];
+}
+
+/* The diagonal run: 0, or 1 and what differs in err. */
+static int diagonal_completions(const fixture_prompts *prompts, char *err) {
+    gen_options opt = {.gen_len = GEN, .top_p = 1};
+    result r;
+    int widest, sum;
+    run(prompts, policy((fg_percent){100, 0, 100, 0, 100, 0}, 1), FG_SCHEDULE_DIAGONAL, &opt, &r);
+    free(r.logits);
+    if (r.rc) return snprintf(err, FG_ERR_LEN, "%s", r.err), 1;
+    completion_steps(&r, &widest, &sum);
+    if (widest == GEN / NGB && sum == 150) return 0;
+    snprintf(err, FG_ERR_LEN, "expected a completion every %d steps (finish steps summing to 150), got gaps of "
+             "up to %d steps (summing to %d)", GEN / NGB, widest, sum);
+    return 1;
+}
+
+static void test_diagonal_completions(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_PROMPTS, &f);
+    gen_options opt = {.gen_len = GEN, .top_p = 1};
+    result zigzag;
+    int widest, sum;
+    char err[FG_ERR_LEN];
+    run(&f, policy((fg_percent){100, 0, 100, 0, 100, 0}, 1), FG_SCHEDULE_ZIGZAG, &opt, &zigzag);
+    CU_ASSERT_EQUAL_FATAL(zigzag.rc, 0);
+    completion_steps(&zigzag, &widest, &sum);
+    free(zigzag.logits);
+    EXPECT(widest == GEN && sum == 126, "zig-zag: expected a block completing every %d steps (126 summed), got gaps "
+           "of up to %d (%d)", GEN, widest, sum);
+    int rc = diagonal_completions(&f, err);
+    EXPECT(rc == 0, "diagonal, 13 prompts through 3 GPU batches of 2, %d tokens each: %s", GEN, err);
+    fixture_prompts_close(&f);
+}
+
 /* The pools, by hand: prompts of 30 tokens, 40 generated, 4 GPU batches of 1 sequence, pages of
  * 16 tokens. Staggered by 10 steps, the batches hold sequences at steps i, i - 10, i - 20 and
  * i - 30 of theirs; at the most, the first in its last step, 30 + 39 = 69 tokens (5 pages), the
@@ -145,6 +193,47 @@ static void test_diagonal_pools(void) {
            diagonal.pool_pages[TIER_GPU], diagonal.page_tokens, diagonal.pool_pages[TIER_CPU]);
     long zigzag_tokens = (long)zigzag.pool_pages[TIER_GPU] * zigzag.page_tokens;
     EXPECT(zigzag_tokens == 4 * 70, "zigzag: expected room for 4 x 70 tokens, got %ld", zigzag_tokens);
+}
+
+/* The measured peak of each tier's cache against the memory model's diagonal formula (lp.c's
+ * fg_diagonal_rows): 24 prompts of 8 tokens, 56 generated, through 4 GPU batches of 2 sequences,
+ * one on the gpu tier and one on cpu. The pools' most pages in use, as rows, are at least the
+ * formula's rows (a page holds whole tokens) and at most a page per sequence more; zig-zag's
+ * peak is every sequence at 8 + 56 rows' pages. */
+static void test_diagonal_measured_peak(void) {
+    enum { PROMPTS = 24, S = 8, N = 56, K = 4 };
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", PROMPTS, &f);
+    for (int i = 0; i < PROMPTS; i++) { /* all S long */
+        f.prompts[i] = realloc(f.prompts[i], S * sizeof(int));
+        for (int j = 0; j < (f.lens[i] = S); j++) f.prompts[i][j] = 3 + (7 * i + 5 * j) % (f.cfg.vocab - 3);
+    }
+    fg_policy p = policy((fg_percent){100, 0, 50, 50, 100, 0}, 1);
+    p.gpu_batch_size = 2, p.num_gpu_batches = K;
+    gen_options opt = {.gen_len = N, .top_p = 1};
+    int tokens[PROMPTS * N];
+    gen_timing t[2];
+    for (int diagonal = 0; diagonal < 2; diagonal++) {
+        fg_runtime *rt = NULL;
+        fg_model *m = NULL;
+        char err[FG_ERR_LEN] = "";
+        p.schedule = diagonal ? FG_SCHEDULE_DIAGONAL : FG_SCHEDULE_ZIGZAG;
+        int rc = fg_runtime_open(&p, &rt, err) || fg_model_open(rt, f.dir, 0, &m, err) ||
+                 generate(m, &opt, PROMPTS, (int *const *)f.prompts, f.lens, tokens, NULL, &t[diagonal], err);
+        EXPECT(rc == 0, "%s: %s", diagonal ? "diagonal" : "zigzag", err);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+        if (rc) { fixture_prompts_close(&f); return; }
+    }
+    double rows = fg_diagonal_rows(S, N, K) * K; /* one sequence of each GPU batch on each tier */
+    int page = t[1].page_tokens, whole = K * kv_pages_for(S + N, t[0].page_tokens) * t[0].page_tokens;
+    for (int tier = TIER_GPU; tier <= TIER_CPU; tier++) {
+        double measured = (double)t[1].cache_peak_rows[tier], zigzag = (double)t[0].cache_peak_rows[tier];
+        EXPECT(measured >= rows && measured <= rows + K * (page - 1) && zigzag == whole,
+               "%s tier: the diagonal's peak %.0f rows, the formula's %.0f (+ up to %d for pages of %d); zig-zag's "
+               "%.0f, expected %d", fg_tier_names[tier], measured, rows, K * (page - 1), page, zigzag, whole);
+    }
+    fixture_prompts_close(&f);
 }
 
 /* With --stop-at-eos a batch's sequences can all end before their turn to take new prompts is
@@ -204,7 +293,9 @@ void add_schedule_tests(void) {
     CU_pSuite s = CU_add_suite("schedule", NULL, NULL);
     CU_add_test(s, "diagonal against zigzag: the same tokens in every placement and mode", test_diagonal_matches_zigzag);
     CU_add_test(s, "diagonal: batches staggered by steps, weights loaded once a step", test_diagonal_order);
+    CU_add_test(s, "diagonal: a batch completes every n / K steps, zig-zag's block every n", test_diagonal_completions);
     CU_add_test(s, "diagonal: the KV cache pools hold the staggered peak, by hand", test_diagonal_pools);
+    CU_add_test(s, "diagonal: each tier's measured peak is the memory model's", test_diagonal_measured_peak);
     CU_add_test(s, "diagonal: every sequence ended before a batch's turn, the prompts left still run",
                 test_diagonal_all_ended);
     CU_add_test(s, "diagonal: what it does not run is refused", test_diagonal_refusals);
