@@ -898,11 +898,11 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
     double t0 = now_seconds();
     int schedules = req->schedules ? req->schedules : 1 << base->schedule, lps = 0, checks = 0;
     fg_search_result best = {0}, r;
+    fg_policy b = *base; /* S keeps a pointer to it, explain_nothing_fits too */
     search S;
     memset(out, 0, sizeof *out);
     for (int k = 0; k < FG_SCHEDULES; k++) {
         if (!(schedules & 1 << k)) continue;
-        fg_policy b = *base;
         b.schedule = (fg_schedule)k;
         if (search_init(&S, cfg, hw, &b, req, err)) return -1;
         int rc = best_policy(&S, &r, err);
