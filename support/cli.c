@@ -1400,13 +1400,11 @@ static int policy_command(cli_args *a, char *err) {
         }
         printf("   %s\n", fg_cost_term_names[arg]);
     }
-    for (int k = 0; k < FG_SCHEDULES && !a->evaluate; k++) {
-        const fg_policy *b = &r.best[k].policy;
+    for (int k = 0, shown = 0; k < FG_SCHEDULES && !a->evaluate; k++) /* each one searched that fits */
         if (r.best[k].found)
-            printf("%s%s: %.4g token/s, a block of %d x %d", k ? ", " : "schedules: ", fg_schedule_names[k],
-                   r.best[k].throughput, b->gpu_batch_size, b->num_gpu_batches);
-        printf(k < FG_SCHEDULES - 1 ? "" : "\n");
-    }
+            printf("%s%s: %.4g token/s, a block of %d x %d", shown++ ? ", " : "schedules: ", fg_schedule_names[k],
+                   r.best[k].throughput, r.best[k].policy.gpu_batch_size, r.best[k].policy.num_gpu_batches);
+    if (!a->evaluate) printf("\n");
     if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
     return 0;
 }
