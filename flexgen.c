@@ -4,13 +4,13 @@
  * function before its first use, so the file is built bottom-up; read it top-down from the loop,
  * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1219  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1220  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
  *  1141  step_begins              a block's step: tokens back, pages, first inputs; step_ends
  *  1114  load_weight              Fig. 4's load_weight; synchronize below it
  *  1037  compute                  layer j of GPU batch k on the backend
  *   890  load_cache               store_cache below it, then load_ and store_activation
- *  1445  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1357  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1447  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1358  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
  *    54  tier_take                the tiers: every byte taken here, or refused
  *   118  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   184  place_tensors            each tensor's home tier, by FlexGen's rule
@@ -528,7 +528,7 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
     double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
     s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len, /* in pages */
-                         p->schedule == FG_SCHEDULE_DIAGONAL);
+                         p->schedule == FG_SCHEDULE_DIAGONAL ? s.micro : 0);
     for (int t = 0; t < N_TIERS; t++) {
         s.kv_home[t] = kv_row * m->n_decoder * 2 * s.kv.pool_pages[t] * s.kv.page_tokens;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
@@ -1077,7 +1077,7 @@ typedef struct {
     int base;        /* the round's first prompt */
     int *const *prompts; const int *lens; int n_prompts; /* the job's */
     int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
-    int diagonal;     /* the diagonal schedule (one block): GPU batches staggered, prompts streaming */
+    int diagonal;     /* the diagonal schedule: GPU batches staggered, prompts streaming through the blocks */
     int pools_ran_out; /* a KV cache pool ran dry: the schedule held more than kv_pool_shape sized */
     int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
     int steps_before; /* steps of the rounds before this one */
@@ -1140,7 +1140,7 @@ static void choose_step_reads(gen_run *run, int t, int i), load_first_iteration(
  * waits for the step's input. */
 static int step_begins(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
-    if (bl->running && is_first_stage(run->m) && i > 0) tokens_of_last_step(run, t, i);
+    if (bl->running && i > 0) tokens_of_last_step(run, t, i);
     if (i == run->steps || !bl->running || !run->m->rt->stage->step_input(bl)) return 0;
     if (grow_pages(bl)) return run->pools_ran_out = 1, bl->running = 0; /* a bug: the block stops */
     choose_step_reads(run, t, i);
@@ -1148,11 +1148,12 @@ static int step_begins(gen_run *run, int t, int i) {
     return 1;
 }
 
-/* The first stage takes step i - 1's tokens of block t; with refill, ended sequences' slots take
- * new prompts; the time of prefill and the progress line are noted. */
+/* The first stage takes step i - 1's tokens of block t; with refill or the diagonal schedule,
+ * ended sequences' slots take new prompts (on every stage: each lays its GPU batches out alike);
+ * the time of prefill and the progress line are noted. */
 static void tokens_of_last_step(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
-    tokens_back(run, bl, i);
+    if (is_first_stage(run->m)) tokens_back(run, bl, i);
     if (run->diagonal) diagonal_slots(run, bl, i);
     else if (run->refill) refill_slots(run, bl, i);
     if (i == 1 && ++run->prefilled == run->started) run->t_prefill = now_seconds();
@@ -1359,6 +1360,8 @@ static void diagonal_slots(gen_run *run, block *bl, int i) {
     for (int k = 0; k < bl->n_batches; k++) {
         int start = diagonal_start(k, bl->n_batches, gen_len);
         if (i < start || (i - start) % gen_len != 0) continue;
+        if (run->opt->group_done && bl->gb[k].batch && is_first_stage(run->m)) /* its tokens are all in */
+            run->opt->group_done(run->opt->group_ctx, bl->prompt[k * gbs], bl->gb[k].batch);
         for (int s = k * gbs; s < (k + 1) * gbs; s++)
             if (bl->prompt[s] >= 0) end_sequence(run, bl, s);
         int count = run->n_prompts - run->next < gbs ? run->n_prompts - run->next : gbs;
@@ -1371,12 +1374,11 @@ static void diagonal_slots(gen_run *run, block *bl, int i) {
     }
 }
 
-/* A diagonal run's one block: every GPU batch idle until diagonal_slots starts it. */
+/* A block of a diagonal run: every GPU batch idle until diagonal_slots starts it. */
 static void start_diagonal(gen_run *run, block *bl) {
     start_block(bl, run->prompts, run->lens, 0, 0);
     bl->n_batches = bl->s.ngb, bl->count = bl->s.ngb * bl->s.gbs;
     for (int k = 0; k < bl->n_batches; k++) start_batch(bl, k, run->prompts, run->lens, 0, 0, 1);
-    run->next = 0;
     diagonal_slots(run, bl, 0);
 }
 
@@ -1415,8 +1417,8 @@ static void run_round(gen_run *run) {
         start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
         if (count > 0) run->timing->prefill_tokens += (int64_t)count * run->blocks[t].gb[0].n_new, run->started++;
     }
-    run->next = run->refill && run->B < run->n_prompts ? run->B : run->n_prompts; /* refill takes the rest */
-    if (run->diagonal) start_diagonal(run, &run->blocks[0]), run->started = 1;
+    run->next = run->diagonal ? 0 : run->refill && run->B < run->n_prompts ? run->B : run->n_prompts; /* the rest */
+    for (int t = 0; t < run->P && run->diagonal; t++) start_diagonal(run, &run->blocks[t]), run->started += run->blocks[t].running;
     double t0 = now_seconds();
     run->t_prefill = t0;
     m->staged[0] = m->staged[1] = -1;
@@ -1456,9 +1458,8 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     if (rc == 0 && opt->forced) rc = check_forced(c, opt->forced, n_prompts, opt->gen_len, err);
     if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->pipe))
         rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
-    if (rc == 0 && run.diagonal && (opt->refill || opt->prompt_logits || rt->pipe))
-        rc = fg_fail(err, "the diagonal schedule: runs in one process, refills its GPU batches itself, keeps no "
-                          "prompt logits");
+    if (rc == 0 && run.diagonal && (opt->refill || opt->prompt_logits))
+        rc = fg_fail(err, "the diagonal schedule: refills its GPU batches itself, keeps no prompt logits");
     m->prompt_logits = opt->prompt_logits != NULL;
     if (rc == 0 && !(run.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &run.P, err))) rc = -1;
     if (rc == 0 && !(run.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");

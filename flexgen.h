@@ -83,6 +83,9 @@ typedef struct {
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
     int *finish_step;     /* NULL, or [n_prompts]: the step (counted over the job's blocks) after which
                              each prompt's last token was taken */
+    void (*group_done)(void *ctx, int first, int count); /* NULL, or called (first stage) as a GPU
+                             batch's group ends: prompts first .. first + count - 1 have their tokens */
+    void *group_ctx;
 } gen_options;
 
 typedef struct {

@@ -99,10 +99,11 @@ static void usage(FILE *out) {
 "                          tiers; disk holds the rest of each [100 0 100 0 100 0]\n"
 "  --schedule zigzag|diagonal\n"
 "                          zigzag: a block's GPU batches step together (section 4.2); diagonal:\n"
-"                          in one process, GPU batch k starts k gen_len / num-gpu-batches steps\n"
-"                          after the first, and each takes the next prompts as its sequences\n"
-"                          end, so prompts stream through one block and its KV cache peaks\n"
-"                          lower (Appendix A.2) [zigzag; --policy auto: the faster]\n"
+"                          GPU batch k starts k gen_len / num-gpu-batches steps after the\n"
+"                          first, and each takes the next prompts as its sequences end, so\n"
+"                          prompts stream through the block and its KV cache peaks lower\n"
+"                          (Appendix A.2); a job's records go out as groups end [zigzag;\n"
+"                          --policy auto: the faster]\n"
 "  --overlap 0|1           I/O on its own threads, overlapped with compute [1]\n"
 "  --cpu-cache-compute     decode attention over a cache on cpu or disk runs on the CPU where\n"
 "                          the cache lives\n"
@@ -719,6 +720,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "gen_len", a->gen.gen_len);
         cJSON_AddNumberToObject(o, "gpu_batch_size", a->policy.gpu_batch_size);
         cJSON_AddNumberToObject(o, "num_gpu_batches", a->policy.num_gpu_batches);
+        cJSON_AddStringToObject(o, "schedule", fg_schedule_names[a->policy.schedule]);
         cJSON_AddItemToObject(o, "percent", percent_json(&a->policy.percent));
         cJSON_AddBoolToObject(o, "overlap", a->policy.overlap);
         cJSON_AddBoolToObject(o, "cpu_cache_compute", a->policy.cpu_cache_compute);
@@ -854,7 +856,7 @@ enum { JOB_WINDOW = 8 }; /* a batch job's window: rounds of prompts (run_rounds)
 static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_config *cfg,
                          int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
                          char *err) {
-    int diagonal_runs = !a->gen.refill && a->policy.n_stages <= 1; /* one process, its own refills */
+    int diagonal_runs = !a->gen.refill; /* it refills its GPU batches itself */
     fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
                              .check = hw->gpu_is_host ? fg_runtime_check : NULL, .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
@@ -897,10 +899,24 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
     return rc;
 }
 
+/* Every stage's v[0..n), each the least over the stages (rank 0 takes them and says); returns
+ * whether this stage's own differed. */
+static int agree_on_least(fg_pipe *pipe, int *v, int n) {
+    int stages = fg_pipe_size(pipe), mine[n], all[stages * n], differs = 0;
+    memcpy(mine, v, (size_t)n * sizeof *v);
+    fg_pipe_gather(pipe, v, (size_t)n * sizeof *v, all);
+    for (int r = 1; fg_pipe_rank(pipe) == 0 && r < stages; r++)
+        for (int d = 0; d < n; d++) v[d] = all[r * n + d] < v[d] ? all[r * n + d] : v[d];
+    fg_pipe_bcast(pipe, v, (size_t)n * sizeof *v);
+    for (int d = 0; d < n; d++) differs |= v[d] != mine[d];
+    return differs;
+}
+
 /* --policy auto: each stage searches for its share of the layers (§4.4); the stages then take
- * the smallest GPU batch and number of GPU batches any of them chose (each fits where the larger
- * did) and place their tensors again for that block shape. shape: a block shape to keep (a
- * resumed job's), or {0, 0}. */
+ * one schedule (the diagonal where every stage chose it, else zig-zag, each stage searching again
+ * for it), then the smallest GPU batch and number of GPU batches any of them chose (each fits
+ * where the larger did) and place their tensors again for that block shape. shape: a block shape
+ * to keep (a resumed job's), or {0, 0}. */
 static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
                        const int lengths[2], const int shape_kept[2], char *err) {
     fg_search_result res;
@@ -913,16 +929,15 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_
     }
     rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0], shape_kept[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
+    int schedule = res.policy.schedule; /* zig-zag unless every stage chose the diagonal */
+    if (agree_on_least(pipe, &schedule, 1)) {
+        a->policy.schedule = schedule, a->schedule_given = 1;
+        rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0], shape_kept[1], &res, err);
+    }
+    if (fg_pipe_agree(pipe, rc, err)) return -1;
+    a->policy.schedule = res.policy.schedule, a->schedule_given = 1; /* kept while the shape is agreed */
     int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches};
-    int *all = malloc((size_t)n * sizeof shape);
-    if (!all) return fg_fail(err, "out of memory");
-    fg_pipe_gather(pipe, shape, sizeof shape, all);
-    for (int r = 1; fg_pipe_rank(pipe) == 0 && r < n; r++)
-        for (int d = 0; d < 2; d++) shape[d] = all[2 * r + d] < shape[d] ? all[2 * r + d] : shape[d];
-    free(all);
-    fg_pipe_bcast(pipe, shape, sizeof shape);
-    if (shape[0] != res.policy.gpu_batch_size || shape[1] != res.policy.num_gpu_batches)
-        rc = search_policy(a, &hw, cfg, n_prompts, lengths, shape[0], shape[1], &res, err);
+    if (agree_on_least(pipe, shape, 2)) rc = search_policy(a, &hw, cfg, n_prompts, lengths, shape[0], shape[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     a->policy = res.policy;
     if (a->gen.verbose) {
@@ -965,7 +980,7 @@ static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_tim
  * writes (--dump-logits, --trace, --json, --output) is taken from it. */
 typedef struct {
     char model[256];
-    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output;
+    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, schedule, schedule_given;
     int compress_weight, compress_cache, int8; /* the numbers the job's records hold */
     float temperature, top_p, sparsity;
     uint64_t seed;
@@ -975,6 +990,7 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     job_flags mine = {.gen_len = a->gen.gen_len, .stop_at_eos = a->gen.stop_at_eos,
                       .prompt_len = a->prompt_len, .gbs = a->policy.gpu_batch_size,
                       .ngb = a->policy.num_gpu_batches, .auto_policy = a->auto_policy,
+                      .schedule = a->policy.schedule, .schedule_given = a->schedule_given,
                       .dump = a->dump_logits != NULL, .trace = a->trace != NULL, .output = a->output != NULL,
                       .compress_weight = a->policy.compress_weight, .compress_cache = a->policy.compress_cache,
                       .int8 = a->policy.int8_activations, .sparsity = a->policy.attn_sparsity,
@@ -996,6 +1012,7 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
         : job.compress_cache != mine.compress_cache ? "--compress-cache"
         : job.int8 != mine.int8 ? "--int8-activations" : job.sparsity != mine.sparsity ? "--attn-sparsity"
         : job.auto_policy != mine.auto_policy ? "--policy"
+        : job.schedule != mine.schedule || (job.auto_policy && job.schedule_given != mine.schedule_given) ? "--schedule"
         : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
         : !job.auto_policy && job.ngb != mine.ngb ? "--num-gpu-batches" : NULL;
     if (differs) return fg_fail(err, "%s differs from rank 0's: the stages of a pipeline share it", differs);
@@ -1032,7 +1049,7 @@ static int begin_job(const cli_args *a, job_output *out, char *err) {
 /* --output (rank 0): locked for the job, and with --resume the prompts it holds records of are
  * dropped (their place in the file stays in p->index). Two prompts with one id are refused, and
  * so is an output with records of prompts the job does not have. --policy auto keeps the block
- * shape an existing output was made with. */
+ * shape and the schedule an existing output was made with (a --schedule given must be its). */
 static int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *err) {
     for (int i = 0; i < p->n; i++) /* --prompt texts: numbered in order */
         if (!p->record_ids[i] && (p->record_ids[i] = malloc(16))) snprintf(p->record_ids[i], 16, "%d", i + 1);
@@ -1044,9 +1061,12 @@ static int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *er
     a->prompts_hash = prompts_hash(p), a->n_job_prompts = p->n;
     if (job_output_open(out, a->output, a->resume, err)) return -1;
     int shape[2];
-    job_output_shape(out, &shape[0], &shape[1]);
-    if (a->auto_policy && shape[0] > 0 && shape[1] > 0)
+    fg_schedule schedule;
+    job_output_shape(out, &shape[0], &shape[1], &schedule);
+    if (a->auto_policy && shape[0] > 0 && shape[1] > 0) {
         a->policy.gpu_batch_size = shape[0], a->policy.num_gpu_batches = shape[1];
+        if (!a->schedule_given) a->policy.schedule = schedule, a->schedule_given = 1;
+    }
     if (begin_job(a, out, err)) return -1;
     const char *stranger = job_output_stranger(out, p->record_ids, p->n);
     if (stranger)
@@ -1067,13 +1087,15 @@ static int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *er
     return 0;
 }
 
-/* Prompts first .. first + count - 1's records, in one write (rank 0). */
+/* The records of prompts which[first .. first + count - 1] (which NULL: first .. first + count - 1
+ * themselves), in one write (rank 0). */
 static int append_records(const cli_args *a, const prompt_set *p, const fg_tokenizer *tok, const int *tokens,
-                          int first, int count, job_output *out, char *err) {
+                          const int *which, int first, int count, job_output *out, char *err) {
     size_t len = 0, cap = 0;
     char *lines = NULL;
     int rc = 0;
-    for (int i = first; i < first + count && rc == 0; i++) {
+    for (int j = first, i; j < first + count && rc == 0; j++) {
+        i = which ? which[j] : j;
         char *r = job_record(p->record_ids[i], p->texts[i], p->ids[i], p->lens[i],
                              tokens + (size_t)i * a->gen.gen_len, a->gen.gen_len, a->gen.stop_at_eos, tok);
         size_t n = r ? strlen(r) : 0;
@@ -1116,26 +1138,54 @@ static int by_length(const void *a, const void *b, void *prompts) {
     return lens[x] != lens[y] ? lens[y] - lens[x] : x - y;
 }
 
-/* --output: the prompts in windows of JOB_WINDOW rounds, in file order. A window's prompts run
- * longest first, a round at a time (a block for each stage: what one generate() takes, §4.4), so
- * that a round's prompts have similar lengths and little padding (with --refill or the diagonal
- * schedule, the window in one generate(): its block takes the next prompts as sequences end); its
- * records are appended in file order, in one write, once the window is done. A crash loses at most the window in flight,
- * and --resume forms the same windows from the prompts left, so it computes what an unbroken run
- * would: sampling draws by each prompt's place in the file. */
+/* A diagonal job's records as its groups end (generate()'s group_done, on rank 0): the groups of
+ * a window end in the order they started, so their records go out in the window's order, a
+ * group in one write. */
+typedef struct {
+    const cli_args *a;
+    const prompt_set *p;
+    const fg_tokenizer *tok;
+    job_output *out;
+    int *tokens;
+    const int *got, *order; /* generate()'s tokens, and each of its prompts' place in p */
+    int written, rc;        /* its prompts recorded (a group's failed write: rc -1, err says why) */
+    char *err;
+} group_records;
+
+static void record_group(void *ctx, int first, int count) {
+    group_records *g = ctx;
+    int G = g->a->gen.gen_len;
+    if (g->rc || first != g->written) return;
+    for (int i = first; i < first + count; i++)
+        memcpy(g->tokens + (size_t)g->order[i] * G, g->got + (size_t)i * G, (size_t)G * sizeof *g->got);
+    g->rc = append_records(g->a, g->p, g->tok, g->tokens, g->order, first, count, g->out, g->err);
+    g->written = first + count;
+}
+
+/* --output: the prompts in windows of JOB_WINDOW rounds of places in the file (those left of a
+ * resumed job: the windows of the job unbroken). A window's prompts run longest first, a round
+ * at a time (a block for each stage: what one generate() takes, §4.4), so that a round's prompts
+ * have similar lengths and little padding; its records are appended in file order, in one write,
+ * once the window is done. With --refill or the diagonal schedule the window is one generate():
+ * its blocks take the next prompts as sequences end, and the diagonal's records are appended as
+ * each GPU batch's group ends (record_group). A crash loses at most what is in flight, and
+ * --resume forms the same windows of the prompts left, and the same groups, so it computes what
+ * an unbroken run would: sampling draws by each prompt's place in the file. */
 static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p, const fg_tokenizer *tok,
                       job_output *out, int *tokens, gen_timing *t, char *err) {
     int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe), G = a->gen.gen_len;
-    int window = round * JOB_WINDOW, rc = 0;
-    if (a->gen.refill || a->policy.schedule == FG_SCHEDULE_DIAGONAL) round = window; /* one block streams them */
+    int window = round * JOB_WINDOW, rc = 0, diagonal = a->policy.schedule == FG_SCHEDULE_DIAGONAL;
+    if (a->gen.refill || diagonal) round = window; /* its blocks stream them */
     int *order = malloc((size_t)window * sizeof *order), *index = malloc((size_t)round * sizeof *index);
     int **ids = malloc((size_t)round * sizeof *ids), *lens = malloc((size_t)round * sizeof *lens);
     int *got = malloc((size_t)round * G * sizeof *got);
+    group_records groups = {.a = a, .p = p, .tok = tok, .out = out, .tokens = tokens, .got = got, .err = err};
     double start = now_seconds();
     memset(t, 0, sizeof *t);
     if (!order || !index || !ids || !lens || !got) rc = fg_fail(err, "out of memory");
-    for (int w0 = 0; rc == 0 && w0 < p->n; w0 += window) {
-        int in_window = p->n - w0 < window ? p->n - w0 : window;
+    for (int w0 = 0, in_window = 0; rc == 0 && w0 < p->n; w0 += in_window) {
+        for (in_window = 1; w0 + in_window < p->n && p->index[w0 + in_window] / window == p->index[w0] / window;
+             in_window++) {}
         for (int i = 0; i < in_window; i++) order[i] = w0 + i;
         qsort_r(order, (size_t)in_window, sizeof *order, by_length, (void *)p);
         for (int r0 = 0; rc == 0 && r0 < in_window; r0 += round) {
@@ -1144,15 +1194,19 @@ static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const promp
                 ids[i] = p->ids[order[r0 + i]], lens[i] = p->lens[order[r0 + i]], index[i] = p->index[order[r0 + i]];
             gen_options opt = a->gen;
             opt.index = index;
+            groups.order = order + r0, groups.written = 0;
+            if (diagonal && fg_pipe_rank(pipe) == 0) opt.group_done = record_group, opt.group_ctx = &groups;
             gen_timing this_round;
             double began = now_seconds() - start; /* a completion's time counts from the job's start */
-            if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err)) rc = -1;
+            if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err) || groups.rc) rc = -1;
             this_round.completion_seconds += began * (double)this_round.completed;
             for (int i = 0; rc == 0 && i < count; i++)
                 memcpy(tokens + (size_t)order[r0 + i] * G, got + (size_t)i * G, (size_t)G * sizeof *got);
             if (rc == 0) add_timing(t, &this_round);
         }
-        if (rc == 0 && fg_pipe_rank(pipe) == 0) rc = append_records(a, p, tok, tokens, w0, in_window, out, err);
+        if (rc == 0 && fg_pipe_rank(pipe) == 0) /* the diagonal's groups that ended with the run */
+            rc = diagonal ? append_records(a, p, tok, tokens, order, groups.written, in_window - groups.written, out, err)
+                          : append_records(a, p, tok, tokens, NULL, w0, in_window, out, err);
         if (fg_pipe_agree(pipe, rc, err)) rc = -1;
         if (rc == 0 && fg_pipe_rank(pipe) == 0 && !a->quiet)
             job_progress(out->n_done + w0 + in_window, out->n_done + p->n,
@@ -1170,10 +1224,12 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tok
     if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
     if (rc == 0 && rank == 0 && a->output) rc = open_job_output(a, p, out, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
-    int given[6] = {p->n, a->output && p->n == 0, longest_prompt(p), mean_prompt(a, p), /* n 0: synthetic */
-                    out->recorded ? a->policy.gpu_batch_size : 0, out->recorded ? a->policy.num_gpu_batches : 0};
+    int given[7] = {p->n, a->output && p->n == 0, longest_prompt(p), mean_prompt(a, p), /* n 0: synthetic */
+                    out->recorded ? a->policy.gpu_batch_size : 0, out->recorded ? a->policy.num_gpu_batches : 0,
+                    out->recorded ? (int)a->policy.schedule : -1};
     fg_pipe_bcast(pipe, given, sizeof given); /* prompts, once the block is known, or a finished job */
     if ((a->job_finished = given[1])) return 0;
+    if (given[6] >= 0) a->policy.schedule = (fg_schedule)given[6], a->schedule_given = 1; /* a resumed job's */
     if (a->auto_policy &&
         plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given + 2, given + 4, err))
         return -1;
@@ -1272,8 +1328,6 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && a->gen.refill && stages > 1)
         rc = fg_fail(err, "--refill: refills one process's block; the stages of a pipeline keep theirs in step");
-    if (rc == 0 && a->policy.schedule == FG_SCHEDULE_DIAGONAL && stages > 1)
-        rc = fg_fail(err, "--schedule diagonal: staggers one process's block; the stages of a pipeline run zigzag");
     if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {

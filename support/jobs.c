@@ -235,6 +235,7 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     cJSON_AddStringToObject(job, "device", id->device);
     cJSON_AddNumberToObject(job, "gpu_batch_size", p->gpu_batch_size);
     cJSON_AddNumberToObject(job, "num_gpu_batches", p->num_gpu_batches);
+    if (p->schedule == FG_SCHEDULE_DIAGONAL) cJSON_AddStringToObject(job, "schedule", "diagonal"); /* absent: zig-zag */
     cJSON_AddItemToObject(root, "flexgen_job", job);
     char *line = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -364,10 +365,12 @@ int job_output_open(job_output *o, const char *path, int resume, char *err) {
     return read_done(o, err);
 }
 
-void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches) {
+void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches, fg_schedule *schedule) {
     const cJSON *g = fg_json_get(o->recorded, "gpu_batch_size"), *n = fg_json_get(o->recorded, "num_gpu_batches");
+    const cJSON *s = fg_json_get(o->recorded, "schedule");
     *gpu_batch_size = cJSON_IsNumber(g) ? g->valueint : 0;
     *num_gpu_batches = cJSON_IsNumber(n) ? n->valueint : 0;
+    *schedule = cJSON_IsString(s) && !strcmp(s->valuestring, "diagonal") ? FG_SCHEDULE_DIAGONAL : FG_SCHEDULE_ZIGZAG;
 }
 
 int job_output_begin(job_output *o, char *header, char *err) {

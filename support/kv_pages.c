@@ -22,9 +22,10 @@ fg_tier tier_of(const row_split *s, int b) {
  * sequences on that tier hold at their longest (prompt + gen_len), and at least one such sequence
  * of the longest prompt, which a refill may place in any slot. lens NULL: every prompt
  * max_len - gen_len long. */
-static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, int page, int n,
+static void pool_pages(const row_split *cache, int gbs, int slots, int blocks, int max_len, int page, int n,
                        const int *lens, int gen_len, int pages[N_TIERS]) {
     int longest = kv_pages_for(max_len, page);
+    (void)blocks; /* a round's blocks each take their own prompts */
     for (int t = 0; t < N_TIERS; t++) pages[t] = cache->rows[t] > 0 ? longest : 0;
     for (int first = 0; first < n; first += slots) {
         int sum[N_TIERS] = {0};
@@ -34,27 +35,31 @@ static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, 
     }
 }
 
-/* The same for the diagonal schedule: the prompts stream through the block's `slots / gbs` GPU
- * batches, which start at their diagonal_start and take the next prompts as their sequences end
- * (gen_len steps later), so at each step the groups hold sequences at different steps: a pool
- * holds the most that any step's sequences hold at once. At step i of its sequence (0: prefill) a
- * sequence holds its prompt and i tokens. */
-static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int max_len, int page, int n,
+/* The same for the diagonal schedule: the prompts stream through the `blocks` blocks' (a
+ * pipeline stage's micro-batches; one in one process) `slots / gbs` GPU batches each, which
+ * start at their diagonal_start and take the next prompts as their sequences end (gen_len steps
+ * later), block by block at each step as the schedule walks them; so at each step the groups
+ * hold sequences at different steps: a pool holds the most that any step's sequences of one
+ * block hold at once. At step i of its sequence (0: prefill) a sequence holds its prompt and i
+ * tokens. */
+static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int blocks, int max_len, int page, int n,
                                 const int *lens, int gen_len, int pages[N_TIERS]) {
-    int groups = slots / gbs, next = 0, busy = 1, first[groups], count[groups];
+    int groups = slots / gbs, next = 0, busy = 1, first[blocks][groups], count[blocks][groups];
     for (int t = 0; t < N_TIERS; t++) pages[t] = cache->rows[t] > 0 ? kv_pages_for(max_len, page) : 0;
-    for (int k = 0; k < groups; k++) count[k] = 0;
+    memset(count, 0, sizeof count);
     for (int i = 0; busy; i++) {
-        int sum[N_TIERS] = {0};
         busy = 0;
-        for (int k = 0; k < groups; k++) {
-            int start = diagonal_start(k, groups, gen_len), step = (i - start) % gen_len;
-            if (i >= start && step == 0) first[k] = next, count[k] = n - next < gbs ? n - next : gbs, next += count[k];
-            for (int b = 0; i >= start && b < count[k]; b++)
-                sum[tier_of(cache, b)] += kv_pages_for((lens ? lens[first[k] + b] : max_len - gen_len) + step, page);
-            busy |= next < n || (i >= start && count[k] > 0 && step < gen_len - 1);
+        for (int bl = 0; bl < blocks; bl++) {
+            int sum[N_TIERS] = {0}, *at = first[bl], *took = count[bl];
+            for (int k = 0; k < groups; k++) {
+                int start = diagonal_start(k, groups, gen_len), step = (i - start) % gen_len;
+                if (i >= start && step == 0) at[k] = next, took[k] = n - next < gbs ? n - next : gbs, next += took[k];
+                for (int b = 0; i >= start && b < took[k]; b++)
+                    sum[tier_of(cache, b)] += kv_pages_for((lens ? lens[at[k] + b] : max_len - gen_len) + step, page);
+                busy |= next < n || (i >= start && took[k] > 0 && step < gen_len - 1);
+            }
+            for (int t = 0; t < N_TIERS; t++) pages[t] = sum[t] > pages[t] ? sum[t] : pages[t];
         }
-        for (int t = 0; t < N_TIERS; t++) pages[t] = sum[t] > pages[t] ? sum[t] : pages[t];
     }
 }
 
@@ -63,10 +68,12 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
  * or all of one length). A pool never holds more than max_len rows a slot, the cache before
  * pages, so a plan that fits the longest prompts fits these. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                      const int *lens, int gen_len, int diagonal) {
-    int paged[N_TIERS], whole[N_TIERS], no_larger = 1;
-    (diagonal ? diagonal_pool_pages : pool_pages)(cache, gbs, slots, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
-    (diagonal ? diagonal_pool_pages : pool_pages)(cache, gbs, slots, max_len, max_len, n, lens, gen_len, whole);
+                      const int *lens, int gen_len, int diagonal_blocks) {
+    int paged[N_TIERS], whole[N_TIERS], no_larger = 1, blocks = diagonal_blocks;
+    void (*pages)(const row_split *, int, int, int, int, int, int, const int *, int, int[N_TIERS]) =
+        blocks ? diagonal_pool_pages : pool_pages;
+    pages(cache, gbs, slots, blocks, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
+    pages(cache, gbs, slots, blocks, max_len, max_len, n, lens, gen_len, whole);
     for (int t = 0; t < N_TIERS; t++) no_larger &= (long)paged[t] * FG_PAGE_TOKENS <= (long)whole[t] * max_len;
     kv_pool_size p = {.page_tokens = no_larger ? FG_PAGE_TOKENS : max_len};
     memcpy(p.pool_pages, no_larger ? paged : whole, sizeof paged);

@@ -330,9 +330,13 @@ char *fg_pipe_gather_text(fg_pipe *p, const char *mine) {
  * The stage hooks. A stage's first layer takes the previous stage's output and its last layer
  * gives its own to the next, through host buffers (the network is not assumed to read device
  * memory). Messages of one kind between two stages arrive in the order they were sent, which is
- * the order in which both stages walk the blocks and their GPU batches; a block that stopped
- * sends an empty message where its activations would be.
+ * the order in which both stages walk the blocks and their GPU batches. A GPU batch with no
+ * sequences (the diagonal schedule's, before its first prompts and after its last) sends an empty
+ * message; a block that stopped sends one of STOP_BYTES where its activations would be, a size
+ * that rows of activations never have (a row is at least two bytes an element).
  * ============================================================================================ */
+
+enum { STOP_BYTES = 1 };
 
 static int rank_of(const block *bl) { return fg_pipe_rank(bl->rt->pipe); }
 static int n_ranks(const block *bl) { return fg_pipe_size(bl->rt->pipe); }
@@ -374,10 +378,11 @@ static void receive_hidden(block *bl, int k, int arena) {
 }
 
 /* The compute thread waits for the input of GPU batch k from the previous stage, if it is on its
- * way: the time is the pipeline's bubble. Returns the bytes that came (0: the block stopped). */
+ * way: the time is the pipeline's bubble. Returns the bytes that came (STOP_BYTES: the block
+ * stopped), or 0 with nothing on its way. */
 static size_t await_hidden(block *bl, int k) {
     size_t got = 0;
-    if (bl->in_msg < 0 || bl->in_k != k) return 1;
+    if (bl->in_msg < 0 || bl->in_k != k) return 0;
     double start = now_seconds();
     bl->bubble += fg_pipe_wait(bl->rt->pipe, bl->in_msg, &got);
     trace_add(bl->rt, TRACK_COMPUTE, "wait for the previous stage", k, 0, start, now_seconds());
@@ -437,17 +442,17 @@ static void stage_send_activations(block *bl, int k, int arena) {
 /* Tells the next stage that this block has stopped. */
 static void stage_pass_stop(block *bl) {
     if (!is_last_stage(bl->m))
-        fg_pipe_release(bl->rt->pipe, fg_pipe_send(bl->rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, bl->ids, 0));
+        fg_pipe_release(bl->rt->pipe, fg_pipe_send(bl->rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, bl->ids, STOP_BYTES));
 }
 
 /* A later stage computes a step of a block when the previous stage's output arrives (into the
- * slot of the step's first staging arena, 0); an empty message says the block stopped, which is
- * passed on. The last stage's ids of the step before have made their trip by then: sampling may
+ * slot of the step's first staging arena, 0); a message of STOP_BYTES says the block stopped,
+ * which is passed on. The last stage's ids of the step before have made their trip by then: sampling may
  * overwrite them. */
 static int stage_step_input(block *bl) {
     if (!is_first_stage(bl->m)) {
         receive_hidden(bl, 0, 0);
-        if (await_hidden(bl, 0) == 0) {
+        if (await_hidden(bl, 0) == STOP_BYTES) {
             stage_input_taken(bl);
             bl->running = 0;
             stage_pass_stop(bl);

@@ -290,9 +290,10 @@ typedef struct {
  * diagonal_start and new ones every gen_len steps after, so the groups are staggered in steps. */
 static inline int diagonal_start(int k, int groups, int gen_len) { return (int)((long)k * gen_len / groups); }
 /* The pools of a job of n prompts (lens NULL: each max_len - gen_len long), in blocks of `slots`;
- * diagonal: the slots' GPU batches staggered as the diagonal schedule runs them, one block. */
+ * diagonal_blocks > 0: the prompts stream through that many blocks, their GPU batches staggered
+ * as the diagonal schedule runs them. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                      const int *lens, int gen_len, int diagonal);
+                      const int *lens, int gen_len, int diagonal_blocks);
 typedef struct {
     kv_pool_size pool;
     row_split cache;          /* slot s is on tier tier_of(&cache, s % gbs) */

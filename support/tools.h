@@ -226,8 +226,8 @@ typedef struct {
 /* Opens path as a job's output, creating it if need be, and locks it for the whole job (a second
  * job on the file is refused); with resume, an existing output's job line and ids are read. */
 int job_output_open(job_output *o, const char *path, int resume, char *err);
-/* The block shape an existing output was made with (0 where none is recorded). */
-void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches);
+/* The block shape an existing output was made with (0 where none is recorded), and its schedule. */
+void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches, fg_schedule *schedule);
 /* This job's first line (taken over): an existing output must hold the same job. */
 int job_output_begin(job_output *o, char *header, char *err);
 /* An id of the output's records that none of the n prompts has, or NULL. */

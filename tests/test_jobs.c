@@ -122,8 +122,22 @@ static void test_job_output(void) {
     free(dir);
 }
 
-/* With the diagonal schedule a job's window streams through one block: the same file, record for
- * record, as the zig-zag job (7 prompts, GPU batches of 1, 3 of them, sampled). */
+/* Each line of `some` (a newline ends it) is a line of `all`, and they have as many. */
+static int same_lines(const char *some, const char *all) {
+    int missing = count_lines(some) != count_lines(all);
+    for (const char *l = some; !missing && *l; l = strchr(l, '\n') + 1) {
+        char line[4096];
+        size_t n = (size_t)(strchr(l, '\n') - l) + 1;
+        snprintf(line, sizeof line, "%.*s", (int)n, l);
+        missing = n >= sizeof line || !strstr(all, line);
+    }
+    return !missing;
+}
+
+/* With the diagonal schedule a job's window streams through one block, and each GPU batch's group
+ * is recorded as it ends: zig-zag's records (7 prompts, GPU batches of 1, 3 of them, sampled),
+ * each line the same, in the order the window runs them (longest first, so prompt 3 leads), under
+ * a job line that names the schedule. */
 static void test_job_diagonal(void) {
     char *dir = make_temp_dir(), prompts[4200], out_path[2][4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -143,9 +157,15 @@ static void test_job_diagonal(void) {
         free(out), free(err);
         files[diagonal] = slurp(out_path[diagonal], NULL);
     }
-    EXPECT(files[0] && files[1] && count_lines(files[0]) == 8 && !strcmp(files[0], files[1]),
-           "the diagonal job's records differ from zig-zag's:\n%s\n---\n%s", files[0] ? files[0] : "(none)",
-           files[1] ? files[1] : "(none)");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(files[0]);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(files[1]);
+    const char *records[2] = {strchr(files[0], '\n') + 1, strchr(files[1], '\n') + 1};
+    const char *named = strstr(files[1], ",\"schedule\":\"diagonal\"}}\n");
+    int header_ok = named && named < records[1] && !strstr(files[0], "schedule");
+    EXPECT(count_lines(files[0]) == 8 && same_lines(records[1], records[0]) && header_ok &&
+           !strncmp(records[1], "{\"id\":3,", 8) && strcmp(records[0], records[1]),
+           "the diagonal job's records: expected zig-zag's lines, prompt 3's first, under a job line with "
+           "\"schedule\":\"diagonal\":\n%s\n---\n%s", files[0], files[1]);
     free(files[0]), free(files[1]);
     rm_tree(dir);
     free(dir);
@@ -186,8 +206,11 @@ static void test_job_less_padding(void) {
 
 /* A job killed (SIGKILL) while it runs leaves whole records; --resume finishes it, and the output
  * is byte for byte the output of a run never stopped. A last line cut short (a write the crash
- * interrupted) is dropped before the rest is appended. */
-static void test_job_resume_after_kill(void) {
+ * interrupted) is dropped before the rest is appended. With the diagonal schedule (GPU batches of
+ * 2, 3 of them: windows of 48 prompts) records go out a group at a time as groups end, so the kill
+ * leaves whole groups of a window part done, whose other groups the resumed job runs as the
+ * unbroken one did. */
+static void resume_after_kill(const char *gbs, const char *ngb, const char *schedule) {
     enum { PROMPTS = 60 };
     char *dir = make_temp_dir(), prompts[4200], whole[4200], killed[4200], text[PROMPTS * 120];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -201,12 +224,12 @@ static void test_job_resume_after_kill(void) {
     }
     write_text_file(prompts, text);
     const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "24",
-                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--stop-at-eos", "--quiet", "--output", whole,
-                         NULL, NULL};
+                         "--gpu-batch-size", gbs, "--num-gpu-batches", ngb, "--stop-at-eos", "--quiet", "--schedule",
+                         schedule, "--output", whole, NULL, NULL};
     char *out, *err;
     CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
     free(out), free(err);
-    job[14] = killed;
+    job[16] = killed;
     pid_t pid;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -224,32 +247,38 @@ static void test_job_resume_after_kill(void) {
     int status;
     waitpid(pid, &status, 0);
     char *part = slurp(killed, NULL), *full = slurp(whole, NULL);
-    int kept = count_lines(part);
-    EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part),
-           "killed mid-job: expected whole lines, fewer than all %d records; got %d lines, %s", PROMPTS, kept,
-           whole_lines(part) ? "all whole" : "not all whole");
-    job[15] = "--resume";
+    int kept = count_lines(part), group = atoi(gbs);
+    EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part) && (kept - 1) % group == 0,
+           "%s, killed mid-job: expected whole lines in groups of %d, fewer than all %d records; got %d lines, %s",
+           schedule, group, PROMPTS, kept, whole_lines(part) ? "all whole" : "not all whole");
+    printf("[%s: killed after %d records] ", schedule, kept - 1);
+    job[17] = "--resume";
     CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
     free(out), free(err);
     char *resumed = slurp(killed, NULL);
-    EXPECT(resumed && full && !strcmp(resumed, full), "killed after %d records and resumed: the output differs "
-           "from an uninterrupted run's", kept - 1);
+    EXPECT(resumed && full && !strcmp(resumed, full), "%s, killed after %d records and resumed: the output differs "
+           "from an uninterrupted run's", schedule, kept - 1);
     /* a record cut short at the end: dropped, then the job finishes as before */
     FILE *f = fopen(killed, "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    const char *third = full;
-    for (int i = 0; i < 3; i++) third = strchr(third, '\n') + 1;
-    fwrite(full, 1, (size_t)(third - full), f);
-    fputs("{\"id\": \"q07\", \"prompt_i", f);
+    const char *cut = full;
+    for (int i = 0; i < 1 + 2 * group; i++) cut = strchr(cut, '\n') + 1; /* the job line, two groups */
+    fwrite(full, 1, (size_t)(cut - full), f);
+    fwrite(cut, 1, (size_t)(strchr(cut, '\n') - cut) / 2, f);
     fclose(f);
     CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
     free(out), free(err), free(resumed);
     resumed = slurp(killed, NULL);
-    EXPECT(resumed && !strcmp(resumed, full), "a cut last line and --resume: the output differs from an "
-           "uninterrupted run's");
+    EXPECT(resumed && !strcmp(resumed, full), "%s, a cut last line and --resume: the output differs from an "
+           "uninterrupted run's", schedule);
     free(resumed), free(part), free(full);
     rm_tree(dir);
     free(dir);
+}
+
+static void test_job_resume_after_kill(void) {
+    resume_after_kill("1", "1", "zigzag");
+    resume_after_kill("2", "3", "diagonal");
 }
 
 /* A window's records that cannot all be written (a file size limit stands in for a full disk) are
@@ -655,8 +684,8 @@ void add_job_tests(void) {
     CU_add_test(s, "a JSONL job: one record a prompt, as a plain run generates", test_job_output);
     CU_add_test(s, "a job's records hold HF's tokens, </s> included unless --stop-at-eos", test_job_tokens_match_hf);
     CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
-    CU_add_test(s, "a job with the diagonal schedule: zig-zag's records", test_job_diagonal);
-    CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output", test_job_resume_after_kill);
+    CU_add_test(s, "a job with the diagonal schedule: zig-zag's records, a group at a time", test_job_diagonal);
+    CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);

@@ -280,7 +280,7 @@ static void test_three_stages(void) {
 }
 
 /* Blocks of one sequence: opt-tiny's 4th prompt generates </s> first, which ends its block at
- * once, and the stages pass that on (an empty message where its activations would be). The text
+ * once, and the stages pass that on (a one-byte message where its activations would be). The text
  * comes from opt-tiny-text's tokenizer (its vocabulary holds opt-tiny's). */
 static void test_stop_at_eos(void) {
     if (skipped()) return;
@@ -412,6 +412,62 @@ static void test_policy_auto(void) {
     free(dir);
 }
 
+/* The diagonal schedule on a pipeline (Appendix A.2 with §4.4): each stage's micro-batches stream
+ * the prompts through their staggered GPU batches, every stage laying the batches out alike, an
+ * idle GPU batch passing an empty message and a stopped block a one-byte one. Against one
+ * process's zig-zag: the same text, logits within the bound (a GPU batch pads to its own longest
+ * prompt). 13 prompts of 4 to 12 ids (opt-tiny-text's own, in other cuts), so that groups end and take new prompts mid-run; opt-tiny's
+ * 4 prompts with --stop-at-eos, whose 4th ends at once; and --policy auto --schedule diagonal,
+ * each stage planning the diagonal for its layers. */
+static void test_diagonal(void) {
+    if (skipped()) return;
+    char *dir = make_temp_dir(), ids[4200];
+    snprintf(ids, sizeof ids, "%s", join(dir, "prompts.txt"));
+    FILE *f = fopen(ids, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    static const int words[] = {556, 306, 275, 287, 79, 71, 335, 401, 601, 224, 303, 299, 83, 268, 15, 224,
+                                303, 81, 363, 323, 34, 524, 731, 691, 689, 224, 526, 201, 578, 260, 574, 86};
+    for (int p = 0; p < 13; p++) { /* BOS and 3 to 11 of opt-tiny-text's prompts' ids */
+        fprintf(f, "2");
+        for (int t = 0; t < 3 + (p * 5) % 9; t++) fprintf(f, " %d", words[(p * 3 + t) % 32]);
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    static const char *const DIAGONAL[] = {"--schedule", "diagonal", NULL};
+    static const char *const DIAGONAL_ON_DISK[] = {"--schedule", "diagonal", "--percent", "0", "0", "0", "0", "0", "0", NULL};
+    static const char *const DIAGONAL_ON_CPU[] = {"--schedule", "diagonal", "--percent", "0", "100", "0", "100", "0", "100", NULL};
+    static const char *const DIAGONAL_SPLIT[] = {"--schedule", "diagonal", "--percent", "0", "50", "0", "50", "50", "0", NULL};
+    static const char *const DIAGONAL_NO_OVERLAP[] = {"--schedule", "diagonal", "--overlap", "0", NULL};
+    const pipeline_case cases[] = {
+        {"diagonal on 2 stages, greedy", 2, text, ids,
+         (const char *[]){"--gen-len", "6", "--gpu-batch-size", "2", "--num-gpu-batches", "3", NULL},
+         {DIAGONAL, DIAGONAL, NULL}, NULL, 0},
+        {"diagonal on 3 stages, disk | cpu | split, sampled", 3, text, ids,
+         (const char *[]){"--gen-len", "7", "--gpu-batch-size", "1", "--num-gpu-batches", "3", "--temperature",
+                          "0.8", "--seed", "5", NULL},
+         {DIAGONAL_ON_DISK, DIAGONAL_ON_CPU, DIAGONAL_SPLIT}, NULL, 0},
+        {"diagonal on 2 stages, split, delegated, overlap off", 2, text, ids,
+         (const char *[]){"--gen-len", "6", "--gpu-batch-size", "2", "--num-gpu-batches", "2", "--cpu-cache-compute",
+                          NULL},
+         {DIAGONAL_SPLIT, DIAGONAL_NO_OVERLAP, NULL}, NULL, 0},
+        {"diagonal on 2 stages, 4-bit weights, sparse", 2, text, ids,
+         (const char *[]){"--gen-len", "6", "--gpu-batch-size", "2", "--num-gpu-batches", "3", "--compress-weight",
+                          "--attn-sparsity", "0.5", NULL},
+         {DIAGONAL_ON_CPU, DIAGONAL_ON_DISK, NULL}, NULL, 0},
+        {"diagonal on 2 stages, --stop-at-eos", 2, tiny, tiny_ids,
+         (const char *[]){"--gen-len", "8", "--gpu-batch-size", "1", "--num-gpu-batches", "2", "--stop-at-eos",
+                          "--vocab", text_vocab, "--merges", text_merges, NULL},
+         {DIAGONAL, DIAGONAL, NULL}, NULL, 0},
+        {"diagonal on 2 stages, --policy auto", 2, text, ids,
+         (const char *[]){"--gen-len", "6", "--policy", "auto", "--schedule", "diagonal", "--gpu-mem", "2M", NULL},
+         {NULL, NULL, NULL}, (const char *[]){"--schedule", "zigzag", NULL}, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_same_run(&cases[i]);
+    unlink(ids);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* ---- failures: one line naming the rank, no hang, nothing left in the offload dir ---- */
 
 static void expect_job_fails(const char *what, const char *const *const *ranks, int stages,
@@ -465,5 +521,6 @@ void add_pipeline_tests(void) {
     CU_add_test(s, "a batch job (--output) on 2 stages writes one process's records", test_job_output);
     CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
     CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
+    CU_add_test(s, "the diagonal schedule on 2 and 3 stages: one process's zig-zag tokens", test_diagonal);
     CU_add_test(s, "a failing stage ends the job with one line, no files", test_failures);
 }

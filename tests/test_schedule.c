@@ -268,7 +268,40 @@ static void test_diagonal_all_ended(void) {
     fixture_prompts_close(&f);
 }
 
-/* Bad input: a pipeline, --refill, --policy auto and the policy search are refused with one line. */
+/* A batch job appends a group's records as it ends (generate's group_done): 13 prompts through 3
+ * GPU batches of 2 end in the order they started, {0, 2}, {2, 2}, ... {12, 1}, each called when its
+ * prompts have taken their last tokens and the next group's have not: in the middle of the run. */
+typedef struct {
+    int n, first[8], count[8], out_of_time;
+    const int *finish; /* the run's finish_step */
+} groups_seen;
+
+static void group_seen(void *ctx, int first, int count) {
+    groups_seen *g = ctx;
+    if (g->n < 8) g->first[g->n] = first, g->count[g->n] = count;
+    g->n++;
+    for (int p = first; p < first + count; p++) g->out_of_time += g->finish[p] == 0;
+    g->out_of_time += first + count < N_PROMPTS && g->finish[first + count] != 0;
+}
+
+static void test_diagonal_groups_done(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_PROMPTS, &f);
+    result r;
+    groups_seen g = {.finish = r.finish};
+    gen_options opt = {.gen_len = GEN, .top_p = 1, .group_done = group_seen, .group_ctx = &g};
+    run(&f, policy((fg_percent){0, 100, 100, 0, 100, 0}, 1), FG_SCHEDULE_DIAGONAL, &opt, &r);
+    CU_ASSERT_EQUAL_FATAL(r.rc, 0);
+    int bad = g.n != 7 || g.out_of_time;
+    for (int i = 0; i < 7 && i < g.n; i++) bad += g.first[i] != 2 * i || g.count[i] != (i < 6 ? 2 : 1);
+    EXPECT(!bad, "expected 7 groups ({0, 2} ... {12, 1}) in order, each as it ended; got %d calls, the first {%d, %d}, "
+           "%d out of time", g.n, g.first[0], g.count[0], g.out_of_time);
+    free(r.logits);
+    fixture_prompts_close(&f);
+}
+
+/* Bad input: --refill with the diagonal schedule (which refills its GPU batches itself) is
+ * refused with one line naming the schedule. */
 static void test_diagonal_refusals(void) {
     fixture_prompts f;
     fixture_prompts_open("opt-tiny", 2, &f);
@@ -298,5 +331,6 @@ void add_schedule_tests(void) {
     CU_add_test(s, "diagonal: each tier's measured peak is the memory model's", test_diagonal_measured_peak);
     CU_add_test(s, "diagonal: every sequence ended before a batch's turn, the prompts left still run",
                 test_diagonal_all_ended);
+    CU_add_test(s, "diagonal: a group is handed back as it ends, in the order groups started", test_diagonal_groups_done);
     CU_add_test(s, "diagonal: what it does not run is refused", test_diagonal_refusals);
 }
