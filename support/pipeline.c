@@ -447,8 +447,8 @@ static void stage_pass_stop(block *bl) {
 
 /* A later stage computes a step of a block when the previous stage's output arrives (into the
  * slot of the step's first staging arena, 0); a message of STOP_BYTES says the block stopped,
- * which is passed on. The last stage's ids of the step before have made their trip by then: sampling may
- * overwrite them. */
+ * which is passed on. The last stage's ids of the step before have made their trip by then:
+ * sampling may overwrite them. */
 static int stage_step_input(block *bl) {
     if (!is_first_stage(bl->m)) {
         receive_hidden(bl, 0, 0);
