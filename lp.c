@@ -896,18 +896,17 @@ static int best_policy(search *S, fg_search_result *out, char *err) {
 int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
                      const fg_search_request *req, fg_search_result *out, char *err) {
     double t0 = now_seconds();
-    int schedules = req->schedules ? req->schedules : 1 << base->schedule, lps = 0, checks = 0;
+    int schedules = req->schedules ? req->schedules : 1 << base->schedule;
     fg_search_result best = {0}, r;
-    fg_policy b = *base; /* S keeps a pointer to it, explain_nothing_fits too */
+    fg_policy b = *base; /* S keeps a pointer to it, explain_nothing_fits too: the schedule searched */
     search S;
     memset(out, 0, sizeof *out);
+    if (search_init(&S, cfg, hw, &b, req, err)) return -1; /* the capacities, whatever the schedule */
     for (int k = 0; k < FG_SCHEDULES; k++) {
         if (!(schedules & 1 << k)) continue;
         b.schedule = (fg_schedule)k;
-        if (search_init(&S, cfg, hw, &b, req, err)) return -1;
         int rc = best_policy(&S, &r, err);
         if (rc < 0) return -1;
-        lps += S.lps, checks += S.checks;
         if (rc == 0) continue;
         out->best[k].found = 1, out->best[k].policy = r.policy;
         out->best[k].throughput = r.throughput, out->best[k].block_latency = r.block_latency;
@@ -916,7 +915,7 @@ int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_poli
     if (best.throughput == 0) return explain_nothing_fits(&S, err);
     memcpy(best.best, out->best, sizeof best.best);
     *out = best;
-    out->lps = lps, out->checks = checks;
+    out->lps = S.lps, out->checks = S.checks;
     out->seconds = now_seconds() - t0;
     return 0;
 }

@@ -22,10 +22,9 @@ fg_tier tier_of(const row_split *s, int b) {
  * sequences on that tier hold at their longest (prompt + gen_len), and at least one such sequence
  * of the longest prompt, which a refill may place in any slot. lens NULL: every prompt
  * max_len - gen_len long. */
-static void pool_pages(const row_split *cache, int gbs, int slots, int blocks, int max_len, int page, int n,
+static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, int page, int n,
                        const int *lens, int gen_len, int pages[N_TIERS]) {
     int longest = kv_pages_for(max_len, page);
-    (void)blocks; /* a round's blocks each take their own prompts */
     for (int t = 0; t < N_TIERS; t++) pages[t] = cache->rows[t] > 0 ? longest : 0;
     for (int first = 0; first < n; first += slots) {
         int sum[N_TIERS] = {0};
@@ -69,11 +68,14 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
  * pages, so a plan that fits the longest prompts fits these. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
                       const int *lens, int gen_len, int diagonal_blocks) {
-    int paged[N_TIERS], whole[N_TIERS], no_larger = 1, blocks = diagonal_blocks;
-    void (*pages)(const row_split *, int, int, int, int, int, int, const int *, int, int[N_TIERS]) =
-        blocks ? diagonal_pool_pages : pool_pages;
-    pages(cache, gbs, slots, blocks, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
-    pages(cache, gbs, slots, blocks, max_len, max_len, n, lens, gen_len, whole);
+    int paged[N_TIERS], whole[N_TIERS], no_larger = 1;
+    if (diagonal_blocks) {
+        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
+        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, max_len, n, lens, gen_len, whole);
+    } else {
+        pool_pages(cache, gbs, slots, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
+        pool_pages(cache, gbs, slots, max_len, max_len, n, lens, gen_len, whole);
+    }
     for (int t = 0; t < N_TIERS; t++) no_larger &= (long)paged[t] * FG_PAGE_TOKENS <= (long)whole[t] * max_len;
     kv_pool_size p = {.page_tokens = no_larger ? FG_PAGE_TOKENS : max_len};
     memcpy(p.pool_pages, no_larger ? paged : whole, sizeof paged);
