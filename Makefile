@@ -86,7 +86,7 @@ build/flexgen_cu.o: flexgen.cu $(HDR)
 # The kernel tests include flexgen.cu, so the test binary links them in its place.
 build/test_kernels.o: tests/test_kernels.cu flexgen.cu $(HDR) tests/tests.h
 	@mkdir -p build
-	$(NVCC) $(NVCCFLAGS) -I$(BLAS_INC) -c -o $@ tests/test_kernels.cu
+	$(NVCC) $(NVCCFLAGS) -I$(BLAS_INC) $(if $(PREFIX),$(DEPS_CFLAGS)) -c -o $@ tests/test_kernels.cu
 
 build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(TEST_CUDA_OBJ)
 	@mkdir -p build

@@ -628,7 +628,7 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
     const __half *fresh = qkv + ((size_t)b * n_new + pad[b]) * 3 * h;
     const char *K = (const char *)kc[b], *V = (const char *)vc[b];
     const int *k_pages = pages + (size_t)b * max_pages, *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
-    char *kept = (char *)(scores + nk);
+    char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
         for (int d = 0; d < hd; d++)
@@ -662,6 +662,13 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
                 acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
         out[d] = __float2half_rn(acc);
     }
+}
+
+/* attention_kernel's shared bytes for queries that see up to nk keys: the scores padded to whole
+ * 16-byte groups, then the kept flags, in whole groups too (nvcc loads the rank loop's last
+ * scores as one LDS.128, and compute-sanitizer holds every load to the launch's bytes). */
+static size_t attention_shared_bytes(int nk) {
+    return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
 }
 
 /* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
@@ -757,10 +764,9 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
             if (d->on_device[b]) prefill_attention(d, c, gb, b);
     } else if (on_device > 0) {
         dim3 grid(H, gb->batch, gb->n_new);
-        size_t shared = (size_t)nk * (sizeof(float) + 1);
-        attention_kernel<<<grid, 128, shared, s>>>(d->qkv, d->attn, d->past, d->pad, d->k, d->v, d->pages,
-                                                  d->max_pages, gb->page_tokens, gb->n_new, h, H, gb->kv_q4,
-                                                  1.0f / sqrtf((float)hd), gb->attn_sparsity);
+        attention_kernel<<<grid, 128, attention_shared_bytes(nk), s>>>(
+            d->qkv, d->attn, d->past, d->pad, d->k, d->v, d->pages, d->max_pages, gb->page_tokens, gb->n_new, h, H,
+            gb->kv_q4, 1.0f / sqrtf((float)hd), gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
     if (on_device < gb->batch) delegated_attention(d, c, gb, ws); /* its copies follow on this stream */

@@ -3,9 +3,10 @@
 # ```console block: its first line `$ command`, the rest the output. Each command runs from the
 # repository root (after `make`), with --offload-dir and --path in a temporary directory that is
 # removed after; its stdout and stderr are compared line by line with the sample: exactly, except
-# on lines that carry measured times (latency, throughput, compute, disk reads, the search's
-# seconds), whose numbers are masked and the rest compared, and on the `blas:` line, which names
-# this machine's library and core and is compared in its shape only.
+# on lines that carry measured times (latency, throughput, compute, disk reads, the mean time to
+# a completed sequence, the search's seconds), whose numbers are masked and the rest compared,
+# and on the `blas:` line, which names this machine's library and core and is compared in its
+# shape only.
 # Prints `same` or `DIFF` per sample (with the first differing line), then `N passed, M failed`;
 # exits 1 if any sample differs.
 set -uo pipefail
@@ -17,7 +18,7 @@ import re, shlex, subprocess, sys
 work = sys.argv[1]
 text = open('README.md').read()
 samples = re.findall(r'```console\n\$ (.*?)\n(.*?)```', text, re.S)
-timed = re.compile(r'latency|throughput|compute:|disk reads:|^search:')
+timed = re.compile(r'latency|throughput|compute:|disk reads:|^search:|^mean time')
 def mask(line):
     if line.startswith('blas: '):
         return re.sub(r'^blas: .+, core \S+ \(.+\)\tcpu kernels: \S+$', 'blas: #, core # (#)\tcpu kernels: #', line)

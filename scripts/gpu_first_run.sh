@@ -250,12 +250,13 @@ step_flexgen() {
         fi
         # a policy that needs more CPU memory than is available, by this project's memory model
         # (the same placement of fp16 weights and cache), is not run: FlexGen would be killed
-        # for memory, or take the machine's memory from everything else
+        # for memory, or take the machine's memory from everything else. --device cpu with the
+        # T4's GPU file: a plan for another machine, held to these capacities alone
         if [ -x ./flexgen ]; then
             local avail fits
             avail=$(awk '/MemAvailable/ { print int($2 / 1024) "M" }' /proc/meminfo)
             # shellcheck disable=SC2086
-            if ! fits=$(./flexgen policy --evaluate --hw hardware/t4-flexgen.json --gpu-mem 1T --cpu-mem "$avail" \
+            if ! fits=$(./flexgen policy --evaluate --device cpu --hw hardware/t4-flexgen.json --gpu-mem 1T --cpu-mem "$avail" \
                 --disk-mem 1T --prompt-len 512 --gen-len 32 --model "$model" $policy 2>&1 > /dev/null); then
                 echo "not run: this project's plan of the same policy: ${fits#flexgen: } (the available memory)" |
                     tee "$OUT/flexgen/$model.status" | tee -a "$LOG"

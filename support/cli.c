@@ -145,7 +145,7 @@ static void usage(FILE *out) {
 "  --max-latency S         auto: a block may take at most S seconds (Fig. 1's trade-off)\n"
 "  flexgen policy takes the flags of a run and prints the policy the search chooses, as flags,\n"
 "  with its predicted throughput and each layer's latency terms, and each schedule's best\n"
-"  (--json: one object);\n"
+"  (--json: one object; --device auto: the backend the hardware file describes);\n"
 "  --evaluate predicts the policy given by the flags instead of searching.\n"
 "  flexgen profile measures this machine (copies, the disk in --offload-dir, matrix products\n"
 "  and attention) and writes the hardware file (--out FILE) [the default --hw]\n"
@@ -850,6 +850,15 @@ static int mean_prompt(const cli_args *a, const prompt_set *p) {
 
 enum { JOB_WINDOW = 8 }; /* a batch job's window: rounds of prompts (run_rounds) */
 
+/* Whether the hardware file is of the backend the device gets on this machine (a CPU file on the
+ * CPU, a GPU file where a GPU is present): then this runtime checks each plan; otherwise the
+ * plan is for another machine, whose capacities the flags give. */
+static int hardware_is_here(const fg_hardware *hw, fg_device device) {
+    char why[FG_ERR_LEN];
+    const fg_backend *be = backend_for(device, why);
+    return be && !be->gpu_is_host == !hw->gpu_is_host;
+}
+
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
  * check holds the longest; the costs take the mean. */
@@ -859,7 +868,8 @@ static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_con
     int diagonal_runs = !a->gen.refill; /* it refills its GPU batches itself */
     fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .check = hw->gpu_is_host ? fg_runtime_check : NULL, .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
+                             .check = hardware_is_here(hw, a->policy.device) ? fg_runtime_check : NULL,
+                             .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
                              .schedules = a->schedule_given ? 1 << a->policy.schedule
                                           : 1 << FG_SCHEDULE_ZIGZAG | diagonal_runs << FG_SCHEDULE_DIAGONAL,
                              .stream_blocks = a->output ? JOB_WINDOW : 0};
@@ -1406,6 +1416,7 @@ static int policy_command(cli_args *a, char *err) {
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
     fg_hardware hw;
     if (rc == 0) rc = load_hardware(a, &hw, err);
+    if (rc == 0 && a->policy.device == FG_DEVICE_AUTO && hw.gpu_is_host) a->policy.device = FG_DEVICE_CPU;
     int lengths[2] = {longest_prompt(&prompts), mean_prompt(a, &prompts)};
     if (rc == 0) rc = search_policy(a, &hw, &cfg, prompts.n, lengths, 0, 0, &r, err);
     prompts_free(&prompts);

@@ -1332,7 +1332,7 @@ static void test_policy_bad_input(void) {
 static void test_profile(void) {
     char *dir = make_temp_dir(), *off = make_temp_dir(), *out, *err;
     const char *hw = join(dir, "hw.json");
-    CU_ASSERT_EQUAL(run_flexgen(ARGS("profile", "--offload-dir", off, "--out", hw), NULL, &out, &err), 0);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("profile", "--device", "cpu", "--offload-dir", off, "--out", hw), NULL, &out, &err), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "saved "));
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "profile: disk"));
     fg_hardware h;

@@ -553,8 +553,7 @@ static void run_attention(void *p) {
     const step_case *c = &s->c;
     poison(s->dev_attn, (size_t)s->rows * s->h * sizeof(__half));
     dim3 grid(c->heads, c->batch, c->n_new);
-    size_t shared = (size_t)longest(c) * (sizeof(float) + 1);
-    attention_kernel<<<grid, 128, shared, ctx()->stream>>>(
+    attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
         s->dev_qkv, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, s->cache.dev_tables,
         s->cache.max_pages, s->cache.page_tokens, c->n_new, s->h, c->heads, s->q4,
         1.0f / sqrtf((float)c->head_dim), c->sparsity);
@@ -930,7 +929,11 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, uint
             for (int k = 0; k < in; k++) A += fabs((double)x32[(size_t)i * in + k] * W32[(size_t)k * out + j]);
             double g = r[at] + (mode == OUT_ADD ? half_value(y0[at]) : 0), y = g + (with_bias ? half_value(b[j]) : 0);
             if (mode == OUT_RELU && y < 0) y = 0;
-            double e_sum = (gamma_n(in) + gamma_blas(in + 1)) * A, e_gemm16 = h16(fabs(g) + e_sum), bound = e_sum + e_gemm16;
+            /* the residual added (beta 1): cuBLAS may first round the product to y's fp16 (on an
+             * H200 it did for 7 rows), a rounding of the product's size, not of the sum's */
+            double e_sum = (gamma_n(in) + gamma_blas(in + 1)) * A;
+            double e_product16 = mode == OUT_ADD ? h16(fabs(r[at]) + e_sum) : 0;
+            double bound = e_sum + e_product16 + h16(fabs(g) + e_sum + e_product16);
             if (with_bias) {
                 double e_add = U * (fabs(y) + bound);
                 bound += e_add + h16(fabs(y) + bound + e_add);

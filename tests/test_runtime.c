@@ -1039,7 +1039,7 @@ static fg_model *placed_model(const opt_config *cfg, int wg, int wc, fg_runtime 
  * config's), with a line in what saying which and the first (or that all agree). */
 static int rule_mismatches(const opt_config *c, const fg_model *m, int wg, int wc, char *what, size_t len_what) {
     int checked = 0, wrong = 0, own = 0;
-    char first[300] = "";
+    char first[2048] = "";
     for (int j = 0; j < c->n_layers + 2; j++) {
         weight_spec lists[2][8];
         int len[2], n_lists = flexgen_lists(c, j, lists, len);

@@ -8,7 +8,8 @@
  *               whole stretch between barriers before the next, and the warps, their lanes and
  *               the grid's blocks run in a chosen order: forward, reversed or shuffled
  *               (cuda_emu_set_order), so a race on shared memory changes the result; dynamic
- *               shared memory starts as NaN bytes
+ *               shared memory starts as NaN bytes and ends at a guard page, and a launch's
+ *               bytes of it must be whole 16-byte groups (nvcc loads such a group at once)
  *   memory      each cudaMalloc is its own mapping, 256-byte aligned, ending at a guard page;
  *               its pages are closed to the host: a host access faults and is reported with the
  *               allocation; a kernel or copy opens them (on its first touch) and they close
@@ -332,9 +333,19 @@ static void describe_thread(char *out, size_t n) {
     else snprintf(out, n, "a copy or cuBLAS call");
 }
 
+/* The page after the running block's dynamic shared memory, closed (shared_ready), and its bytes. */
+static char *shared_guard;
+static size_t shared_bytes;
+
 static void on_fault(int sig, siginfo_t *info, void *context) {
     (void)context;
     char *addr = (char *)info->si_addr;
+    if (shared_guard && addr >= shared_guard && addr < shared_guard + sysconf(_SC_PAGESIZE)) {
+        char who[256];
+        describe_thread(who, sizeof who);
+        fatal("%s accessed byte %td past the end of its dynamic shared memory (%zu bytes)", who,
+              addr - shared_guard, shared_bytes);
+    }
     allocation *al;
     { /* never held by this thread: no code that holds it touches closed pages */
         std::lock_guard<std::mutex> lock(alloc_mutex);
@@ -701,7 +712,7 @@ static struct {
     context scheduler;
     fiber *current;
     const std::function<void()> *body;
-    std::vector<char> shared;      /* dynamic shared memory */
+    char *shared;                  /* dynamic shared memory: its last byte next to shared_guard */
     const void *scheduler_stack;   /* for ASan's fiber switches */
     size_t scheduler_stack_bytes;
     void *scheduler_fake_stack;
@@ -789,7 +800,7 @@ void __syncwarp(unsigned mask) {
 
 void *cuda_emu::dynamic_shared(void) {
     this_thread("extern __shared__");
-    return block.shared.data();
+    return block.shared;
 }
 
 /* Lets warp w go on if the lanes its waiting lanes name all wait at one shuffle (or warp
@@ -820,6 +831,23 @@ static bool release_warp(int w, const char *kernel) {
     return true;
 }
 
+/* Dynamic shared memory of `bytes` for the next block, NaN bytes until written: the end of one
+ * mapping whose next page is closed, so a read or write past the launch's bytes faults. */
+enum { SHARED_MAP_BYTES = 48 * 1024 };
+
+static char *shared_ready(size_t bytes) {
+    if (!shared_guard) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        char *map = (char *)mmap(NULL, SHARED_MAP_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED || mprotect(map + SHARED_MAP_BYTES, page, PROT_NONE))
+            fatal("mmap of dynamic shared memory: %s", strerror(errno));
+        shared_guard = map + SHARED_MAP_BYTES;
+    }
+    shared_bytes = bytes;
+    memset(shared_guard - bytes, 0xff, bytes);
+    return shared_guard - bytes;
+}
+
 /* The order of n threads (or blocks) for one round: forward, reversed, or shuffled. */
 static void order_of(std::vector<int> &order, int n, uint64_t salt) {
     order.resize((size_t)n);
@@ -840,7 +868,7 @@ static void run_block(const cuda_emu::launch_config &c, const std::function<void
     block.n = (int)(c.block.x * c.block.y * c.block.z);
     fiber_stacks_ready(block.n);
     block.body = &body;
-    block.shared.assign(c.shared, (char)0xff); /* NaN until written */
+    block.shared = shared_ready(c.shared);
     for (int i = 0; i < block.n; i++) {
         fiber &f = block.fibers[(size_t)i];
         make_context(&f.saved, f.stack, STACK_BYTES, fiber_main);
@@ -931,6 +959,10 @@ void cuda_emu::enqueue_kernel(const launch_config &c, std::function<void()> body
                   c.block.x, c.block.y, c.block.z, c.shared);
         return;
     }
+    if (c.shared % 16)
+        fatal("kernel %s (%s:%d): %zu bytes of dynamic shared memory, not whole 16-byte groups: nvcc may load "
+              "a group's last bytes with its first (LDS.128), past the launch's bytes, which compute-sanitizer "
+              "reports", c.name, c.file, c.line, c.shared);
     if (!stream_exists(c.stream)) {
         api_error(cudaErrorInvalidResourceHandle, "kernel %s: no such stream", c.name);
         return;

@@ -133,11 +133,37 @@ static void kernel_past_end(void) { /* 100 bytes: the overrun lands in the round
     cudaDeviceSynchronize();
 }
 
+__global__ void read_shared_at(float *out, int i) {
+    extern __shared__ float cells[];
+    cells[threadIdx.x] = 1;
+    __syncthreads();
+    out[0] = cells[i];
+}
+
+static void kernel_past_shared(void) { /* 16 bytes of dynamic shared memory, the 5th float read */
+    float *p;
+    cudaMalloc(&p, 4);
+    read_shared_at<<<1, 4, 16, 0>>>(p, 4);
+    cudaDeviceSynchronize();
+}
+
+static void kernel_shared_not_whole_groups(void) {
+    float *p;
+    cudaMalloc(&p, 4);
+    read_shared_at<<<1, 4, 20, 0>>>(p, 0);
+    cudaDeviceSynchronize();
+}
+
 static void test_faults(void) {
     expect_death(host_reads_device, "host code touched device memory: byte 12 of device allocation", "a host read");
     expect_death(kernel_past_guard, "kernel write_at", "a kernel past the guard page");
     expect_death(kernel_past_guard, "accessed byte 0 past the end", "a kernel past the guard page");
     expect_death(kernel_past_end, "wrote 1 bytes past the end of device allocation", "a kernel into the rounding");
+    expect_death(kernel_past_shared, "read_shared_at (launched at tests/cuda_emu/test_emu.cu", "a kernel past its shared memory");
+    expect_death(kernel_past_shared, "accessed byte 0 past the end of its dynamic shared memory (16 bytes)",
+                 "a kernel past its shared memory");
+    expect_death(kernel_shared_not_whole_groups, "20 bytes of dynamic shared memory, not whole 16-byte groups",
+                 "dynamic shared memory of 20 bytes");
 }
 
 /* A host pointer given to a kernel, a copy whose direction or size is wrong: the call's error. */
@@ -322,7 +348,7 @@ extern "C" void add_emu_tests(void) {
     CU_pSuite s = CU_add_suite("emu", NULL, NULL);
     CU_add_test(s, "__half conversions: F16C's bits, NaN canonical", test_half_conversions);
     CU_add_test(s, "__half +, -, *: correctly rounded", test_half_arithmetic);
-    CU_add_test(s, "a host read of device memory, a kernel past an allocation: reported", test_faults);
+    CU_add_test(s, "a host read of device memory, a kernel past an allocation or its shared memory: reported", test_faults);
     CU_add_test(s, "a host pointer to a kernel, a copy's wrong direction or size: refused", test_argument_checks);
     CU_add_test(s, "streams run when the host waits, in event order", test_stream_order);
     CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move", test_thread_orders);
