@@ -833,15 +833,15 @@ static bool release_warp(int w, const char *kernel) {
 
 /* Dynamic shared memory of `bytes` for the next block, NaN bytes until written: the end of one
  * mapping whose next page is closed, so a read or write past the launch's bytes faults. */
-enum { SHARED_MAP_BYTES = 48 * 1024 };
+enum { SHARED_BYTES = 48 * 1024 }; /* a block's shared memory at most, as the device reports */
 
 static char *shared_ready(size_t bytes) {
     if (!shared_guard) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
-        char *map = (char *)mmap(NULL, SHARED_MAP_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (map == MAP_FAILED || mprotect(map + SHARED_MAP_BYTES, page, PROT_NONE))
+        char *map = (char *)mmap(NULL, SHARED_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED || mprotect(map + SHARED_BYTES, page, PROT_NONE))
             fatal("mmap of dynamic shared memory: %s", strerror(errno));
-        shared_guard = map + SHARED_MAP_BYTES;
+        shared_guard = map + SHARED_BYTES;
     }
     shared_bytes = bytes;
     memset(shared_guard - bytes, 0xff, bytes);
@@ -953,7 +953,7 @@ void cuda_emu::enqueue_kernel(const launch_config &c, std::function<void()> body
         return;
     }
     if (threads == 0 || threads > MAX_THREADS || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
-        c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.shared > 48 * 1024) {
+        c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.shared > SHARED_BYTES) {
         api_error(cudaErrorInvalidConfiguration, "kernel %s (%s:%d): grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
                   "shared memory: not a launch a GPU takes", c.name, c.file, c.line, c.grid.x, c.grid.y, c.grid.z,
                   c.block.x, c.block.y, c.block.z, c.shared);
@@ -995,7 +995,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
     p->totalGlobalMem = settings.device_bytes;
     p->major = settings.major, p->minor = settings.minor;
     p->multiProcessorCount = 1, p->warpSize = 32, p->maxThreadsPerBlock = MAX_THREADS;
-    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlock = SHARED_BYTES;
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
