@@ -1036,8 +1036,8 @@ static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row)
  * chunks of as many sequences as the workspace holds (prefill; decode is one chunk). */
 static void compute(block *bl, iteration it) {
     static const char *const names[3] = {"input embedding", "decoder layer", "output embedding"};
-    const fg_backend *be = bl->rt->backend;
     const opt_weights *w = &bl->m->view;
+    const fg_forward *f = &bl->rt->backend->forward[w->cfg.family];
     gpu_batch *gb = &bl->gb[it.k];
     if (gb->batch == 0) return; /* an idle GPU batch (the diagonal schedule's warm-up and end) */
     bind_batch(bl, it);
@@ -1048,13 +1048,13 @@ static void compute(block *bl, iteration it) {
     double start = now_seconds();
     for (int first = 0; first < gb->batch; first += chunk) {
         gpu_batch part = chunk_of(gb, first, gb->batch - first < chunk ? gb->batch - first : chunk, bl->s.act_row);
-        if (it.j == 0) be->embed(w, &part, bl->ws);
-        else if (!output) be->layer(w, decoder_of(it.j), &part, bl->ws);
-        else be->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
+        if (it.j == 0) f->embed(w, &part, bl->ws);
+        else if (!output) f->layer(w, decoder_of(it.j), &part, bl->ws);
+        else f->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
     }
     for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++) /* kept V rows */
         if (tier_of(&bl->s.cache, b) == TIER_CPU)
-            link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / w->cfg.n_heads);
+            link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / cfg_kv_heads(&w->cfg));
     double end = now_seconds();
     bl->compute_seconds += end - start;
     trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : output ? 2 : 1], it.j, it.k,

@@ -405,7 +405,6 @@ __global__ void layer_norm_kernel(const __half *x, int dim, const __half *w, con
         yr[i] = __float2half_rn((__half2float(xr[i]) - mean) * inv * __half2float(w[i]) + __half2float(b[i]));
 }
 
-enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 
 __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -847,7 +846,7 @@ static const fg_backend cuda_backend = {
     cuda_weights_in, cuda_weights_in_q4,
     cuda_copy_in, cuda_copy_out, cuda_copy,
     fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
-    cuda_embed, cuda_layer, cuda_output,
+    {{cuda_embed, cuda_layer, cuda_output}}, /* forward: OPT's; LLaMA's not yet (NULL) */
     cuda_device_memory,
     0,                      /* reads_q4: 4-bit weights are decompressed into staging */
     FG_CUDA_RESERVE,        /* device_reserve */

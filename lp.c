@@ -64,15 +64,23 @@ static void decode_attention_terms(fg_linear *gen, const fg_workload *w, const f
     }
 }
 
+/* A decoder layer's matrix values: OPT's 4 h1^2 + 2 h1 h2 (A.3); LLaMA's q and o h1 x q_width,
+ * k and v h1 x kv_width (grouped-query attention), and three MLP matrices. */
+static double layer_matrices(const opt_config *c) {
+    double h1 = c->hidden, h2 = c->ffn, q = q_width(c), kv = kv_width(c);
+    return h1 * (2 * q + 2 * kv) + (c->family == FAMILY_LLAMA ? 3 : 2) * h1 * h2;
+}
+
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
-    double h1 = c->hidden, h2 = c->ffn, s = w->s_mean > 0 ? w->s_mean : w->s, n = w->n, bls = (double)w->gbs * w->ngb;
-    double weights16 = 8 * h1 * h1 + 4 * h1 * h2, weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
+    double h1 = c->hidden, s = w->s_mean > 0 ? w->s_mean : w->s, n = w->n, bls = (double)w->gbs * w->ngb;
+    double kvw = kv_width(c), qw = q_width(c);            /* a token's K (or V), and q: h1 in OPT */
+    double weights16 = 2 * layer_matrices(c), weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
     int int8 = w->int8 && hw->mm_flops_int8_g > 0; /* --int8-activations: its products' measured rates */
     double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
-    double cache_pre = 4 * (s + 1) * h1 * bls * kv;       /* written in prefill (A.3) */
-    double cache_gen = 4 * bls * (s + n / 2) * h1 * kv;   /* read per decode step, on average */
-    double cache_new = 4 * bls * h1 * kv;                 /* written per decode step */
+    double cache_pre = 4 * (s + 1) * kvw * bls * kv;      /* written in prefill (A.3) */
+    double cache_gen = 4 * bls * (s + n / 2) * kvw * kv;  /* read per decode step, on average */
+    double cache_new = 4 * bls * kvw * kv;                /* written per decode step */
     double hidden_pre = 2 * s * h1 * bls, hidden_gen = 2 * h1 * bls;
     memset(m, 0, sizeof *m);
 
@@ -83,8 +91,8 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     add(&pre[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden), add(&pre[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
     add(&pre[T_DTOC], X_WN, weights, hw->dtoc_bdw), add(&pre[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
     add(&pre[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p), add(&pre[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
-    add(&pre[T_COMP], -1, bls * (8 * s * h1 * h1 + 4 * s * h1 * h2), int8 ? hw->mm_flops_int8_p : hw->mm_flops_p);
-    add(&pre[T_COMP], -1, 4 * bls * s * s * h1, hw->bmm_flops_p);
+    add(&pre[T_COMP], -1, bls * s * weights16, int8 ? hw->mm_flops_int8_p : hw->mm_flops_p); /* 2 FLOPs a value */
+    add(&pre[T_COMP], -1, 4 * bls * s * s * qw, hw->bmm_flops_p);
 
     fg_linear *gen = m->gen; /* one decode step */
     add(&gen[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&gen[T_CTOG], X_WN, weights, hw->ctog_bdw);
@@ -93,9 +101,9 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     add(&gen[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw), add(&gen[T_DTOC], X_WN, weights, hw->dtoc_bdw);
     add(&gen[T_DTOC], X_HN, hidden_gen, hw->dtoc_bdw);
     add(&gen[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g), add(&gen[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
-    add(&gen[T_COMP], -1, bls * (8 * h1 * h1 + 4 * h1 * h2), int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
-    /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes) */
-    double att = 4 * bls * (s + n / 2) * h1;
+    add(&gen[T_COMP], -1, bls * weights16, int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
+    /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes); q's width */
+    double att = 4 * bls * (s + n / 2) * qw;
     decode_attention_terms(gen, w, hw, att, cache_gen, cache_new);
     /* §5: the compute device decompresses every weight it uses, and the cache it reads (the
      * rows it compresses are counted at the same rate) */
@@ -106,7 +114,7 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     /* beyond A.3: each GPU batch reads the layer's working weights: fp16, or on the CPU backend
      * the 4-bit bytes its products read as they are */
     if (hw->mem_bdw > 0) {
-        double working = (8 * h1 * h1 + 4 * h1 * h2) * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
+        double working = weights16 * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
         add(&pre[T_COMP], -1, w->ngb * working, hw->mem_bdw), add(&gen[T_COMP], -1, w->ngb * working, hw->mem_bdw);
     }
     /* the output layer, once per generated token: logits of the block's last tokens */
@@ -193,8 +201,9 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
     double stored = 2 * P * q4;                                 /* cpu and disk homes */
     double on_gpu = w->compress_weight ? stored : 2 * P;
-    double layer = fmax(4 * h * h + 2 * h * f + 10 * h + f,     /* a decoder layer, or */
-                        (double)c->vocab * c->word_dim + (c->max_pos + 2) * h); /* the embeddings */
+    double layer = 0; /* the largest layer: a decoder layer, or an embedding; its tensors' padding */
+    for (int j = 0; j < c->n_layers + 2; j += j == 1 ? c->n_layers : 1)
+        layer = fmax(layer, (double)layer_param_count(c, j) + 16.0 * 15);
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
     double act_row = h * (double)(hw->gpu_is_host ? fg_cpu_backend.act_elem : FG_CUDA_ACT_ELEM);
     double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */

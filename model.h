@@ -27,32 +27,57 @@ typedef uint16_t fp16; /* weights and the KV cache are stored in IEEE fp16; comp
 float fp16_to_fp32(fp16 h); /* exact (support/util.c) */
 
 /* ---- The model (§3) ---- */
+/* The two families the forward pass knows: OPT (opt_model.c) and LLaMA (llama_model.c: LLaMA 1
+ * to 3, Mistral, Qwen2). A backend has one forward table per family (fg_backend.forward). */
+typedef enum { FAMILY_OPT, FAMILY_LLAMA, N_FAMILIES } model_family;
+extern const char *const model_family_names[N_FAMILIES];
+/* RoPE's frequencies: as trained; positions divided by factor (linear); LLaMA 3.1's bands. */
+typedef enum { ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3 } rope_kind;
+#define FG_MAX_EOS 8
+
 typedef struct {
     char name[64];
     int n_layers, hidden, n_heads, ffn, vocab; /* hidden is h1 in the paper, ffn h2 */
-    int max_pos;  /* 2048; the position table has max_pos + 2 rows */
-    int word_dim; /* word_embed_proj_dim: == hidden except for 350m (512) */
-    int pre_ln;   /* do_layer_norm_before: 1 for all sizes but 350m */
+    int max_pos;  /* OPT: 2048, the position table has max_pos + 2 rows; LLaMA: RoPE's longest */
+    int word_dim; /* word_embed_proj_dim: == hidden except for opt-350m (512) */
+    int pre_ln;   /* do_layer_norm_before: 1 for all sizes but opt-350m, and for LLaMA */
+    model_family family;
+    /* LLaMA's (0 in OPT's table: n_kv_heads then is n_heads, head_dim hidden / n_heads) */
+    int n_kv_heads, head_dim; /* grouped-query attention: heads share a K and V head */
+    int qkv_bias, o_bias, mlp_bias; /* attention_bias (q, k, v, o); Qwen2: q, k, v; mlp_bias */
+    float rms_eps;
+    struct { rope_kind kind; float theta, factor, low_freq, high_freq; int original_max_pos; } rope;
+    int bos_id, n_eos, eos_ids[FG_MAX_EOS]; /* LLaMA's special tokens (OPT's: the enum above) */
+    int window;   /* Mistral's sliding_window: every sequence must fit in it; 0: none */
+    int untied;   /* lm_head.weight is a tensor of its own, not the embedding's */
 } opt_config;
 
+/* The attention's shape: heads of head_dim; q is n_heads of them wide, K and V n_kv_heads. */
+static inline int cfg_head_dim(const opt_config *c) { return c->head_dim ? c->head_dim : c->hidden / c->n_heads; }
+static inline int cfg_kv_heads(const opt_config *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_heads; }
+static inline int q_width(const opt_config *c) { return c->n_heads * cfg_head_dim(c); }
+static inline int kv_width(const opt_config *c) { return cfg_kv_heads(c) * cfg_head_dim(c); }
+
 /* A decoder layer's weights as compute reads them: fp16, or 4-bit (§5) where opt_weights.q4.
- * Linear weights are stored transposed, [in][out]. */
+ * Linear weights are stored transposed, [in][out]. OPT's fields first, then LLaMA's. */
 typedef struct {
-    fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm */
+    fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm; LLaMA's input_layernorm (no bias) */
     fp16 *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
-    fp16 *wo, *bo;               /* out_proj, [hidden][hidden] */
-    fp16 *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer) */
+    fp16 *wo, *bo;               /* out_proj, [hidden][hidden]; LLaMA's o_proj [q_width][hidden] */
+    fp16 *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer); LLaMA's post_attention_layernorm */
     fp16 *fc1_w, *fc1_b;         /* [hidden][ffn] */
     fp16 *fc2_w, *fc2_b;         /* [ffn][hidden] */
+    fp16 *wq, *bq, *wk, *bk, *wv, *bv; /* LLaMA: [hidden][q_width], [hidden][kv_width] twice */
+    fp16 *gate_w, *gate_b, *up_w, *up_b, *down_w, *down_b; /* LLaMA's MLP: [hidden][ffn] twice, [ffn][hidden] */
 } opt_layer_weights;
 
 typedef struct {
     opt_config cfg;
     fp16 *embed_tokens;    /* [vocab][word_dim] */
-    fp16 *embed_positions; /* [max_pos + 2][hidden] */
+    fp16 *embed_positions; /* [max_pos + 2][hidden]; NULL for LLaMA (RoPE) */
     fp16 *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
     fp16 *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
-    fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m) */
+    fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m); LLaMA's norm: no bias */
     fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
     opt_layer_weights *layers;
     int q4, q4_int8;       /* 4-bit matrices and tables (§5, quant.c); times int8 activations (int8.c) */
@@ -94,9 +119,10 @@ typedef struct {
 typedef struct {
     size_t rows;           /* capacity in token rows */
     int max_len, n_threads;
-    float *h, *attn;       /* [rows][hidden] */
-    float *qkv;            /* [rows][3 * hidden]: q, k, v side by side */
-    float *ffn;            /* [rows][max(ffn, hidden)] */
+    float *h;              /* [rows][hidden] */
+    float *attn;           /* [rows][max(q_width, hidden)] */
+    float *qkv;            /* [rows][q_width + 2 kv_width]: q, k, v (qkv_layout_of) */
+    float *ffn;            /* [rows][max(ffn, hidden)]; LLaMA: [2][rows][ffn], gate and up */
     float *thread_scratch; /* per thread: one (sequence, head)'s K, V and scores, or lm_head rows */
     size_t thread_floats;
     float *wide;           /* the fast products' scratch for prefill; NULL in decode */
@@ -105,13 +131,37 @@ typedef struct {
     void *device;          /* the CUDA backend's own buffers; NULL on the CPU */
 } opt_workspace;
 
+/* Where a step's q, k and v rows lie in ws->qkv (rows of the GPU batch): OPT's one product
+ * writes them side by side, [rows][q|k|v]; LLaMA's three write planes, q's rows then k's then v's. */
+typedef struct { size_t at[3], stride[3]; } qkv_layout;
+static inline qkv_layout qkv_layout_of(const opt_config *c, size_t rows) {
+    size_t q = (size_t)q_width(c), kv = (size_t)kv_width(c);
+    if (c->family == FAMILY_OPT) return (qkv_layout){{0, q, q + kv}, {q + 2 * kv, q + 2 * kv, q + 2 * kv}};
+    return (qkv_layout){{0, rows * q, rows * (q + kv)}, {q, kv, kv}};
+}
+
 /* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
  * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
 void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
 void opt_layer(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws); /* decoder layer d */
-void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws);
+void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws); /* both families' */
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
+/* What both families' layers do around attention (opt_model.c): a product with its bias and its
+ * output's use (linear_layer), and the row positions a step computes (cache slots; padding: 0). */
+enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
+void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
+                  int mode, int q4, int int8, opt_workspace *ws);
+static inline int slot_of(const gpu_batch *gb, int b, int t) {
+    return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];
+}
+
+/* The LLaMA family's forward pass (llama_model.c), the same steps for the same schedule. */
+void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
+void llama_layer(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws);
+void llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+/* RoPE's angle per pair i < head_dim / 2 at position 1 (HF's inv_freq, with rope_scaling). */
+void rope_frequencies(const opt_config *c, float *inv_freq);
 
 /* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages,
  * page_tokens, j) of the cache (fp16 or 4-bit), but keys from first_fresh on: this step's fp32 rows. */
@@ -156,6 +206,13 @@ typedef enum { TIER_GPU, TIER_CPU, TIER_DISK, N_TIERS } fg_tier;
 typedef enum { LINK_DISK_TO_CPU, LINK_CPU_TO_GPU, LINK_GPU_TO_CPU, LINK_CPU_TO_DISK, N_LINKS } fg_link;
 extern const char *const fg_tier_names[N_TIERS], *const fg_link_names[N_LINKS], *const fg_tier_flags[N_TIERS];
 
+/* One family's forward pass on a device: the input embedding, decoder layer d, the output layer. */
+typedef struct {
+    void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
+    void (*layer)(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws);
+    void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+} fg_forward;
+
 /* The compute device's operations: the schedule calls only these, so one loop drives the CPU
  * (opt_model.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's. */
 typedef struct {
@@ -177,9 +234,7 @@ typedef struct {
     int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
                           int max_len, char *err);
     void (*workspace_free)(opt_workspace *ws);
-    void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-    void (*layer)(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws); /* decoder layer d */
-    void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+    fg_forward forward[N_FAMILIES]; /* a family's forward pass; NULL entries: not on this device */
     double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
     int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */
     double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */

@@ -71,13 +71,10 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
  * The forward pass of one GPU batch (§3)
  * ============================================================================================ */
 
-/* What a linear layer does with its output y. */
-enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
-
 /* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c), then
  * the bias (widened once into ws->vec), and ReLU, in one pass over y. */
-static void linear(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
-                   float *y, int mode, int q4, int int8, opt_workspace *ws) {
+void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
+                  int mode, int q4, int int8, opt_workspace *ws) {
     matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, int8, ws->wide);
     if (!b) return;
     float *bias = ws->vec;
@@ -125,7 +122,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r], words + (size_t)r * wd);
-    if (w->project_in) linear(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->q4_int8, ws);
+    if (w->project_in) linear_layer(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->q4_int8, ws);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *pos = ws->attn + (size_t)r * h, *xr = x + (size_t)r * h;
@@ -136,8 +133,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 
 /* Bytes of one token's K (or V) in the cache of one layer: fp16, or 4-bit (§5). */
 size_t opt_kv_row_bytes(const opt_config *c, int q4) {
-    int hd = c->hidden / c->n_heads;
-    return q4 ? q4_bytes((size_t)c->n_heads, (size_t)hd, 1) : 2 * (size_t)c->hidden;
+    return q4 ? q4_bytes((size_t)cfg_kv_heads(c), (size_t)cfg_head_dim(c), 1) : 2 * (size_t)kv_width(c);
 }
 
 /* Rounds x to fp16 values (what an fp16 cache would hold), in place. */
@@ -157,23 +153,26 @@ static void round_to_fp16(float *x, size_t n) {
  * tokens being computed attend with their fp16 K and V, and only the past is read back from
  * the compressed cache. */
 static void store_kv(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
-    int h = c->hidden, hd = h / c->n_heads;
+    size_t kw = (size_t)kv_width(c), heads = (size_t)cfg_kv_heads(c), hd = (size_t)cfg_head_dim(c);
     size_t row = opt_kv_row_bytes(c, gb->kv_q4);
+    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * gb->n_new);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < gb->batch * gb->n_new; r++) {
         int b = r / gb->n_new, slot = gb->past[b] + r % gb->n_new - gb->pad[b];
         if (slot < gb->past[b]) continue; /* padding */
-        float *qkv = ws->qkv + (size_t)r * 3 * h;
+        float *k_new = ws->qkv + at.at[1] + (size_t)r * at.stride[1];
+        float *v_new = ws->qkv + at.at[2] + (size_t)r * at.stride[2];
         char *k = (char *)gb->k[b] + kv_page_row(gb->k_pages[b], gb->page_tokens, slot) * row;
         char *v = (char *)gb->v[b] + kv_page_row(gb->v_pages[b], gb->page_tokens, slot) * row;
         if (!gb->kv_q4) {
-            fp32_to_fp16_n(qkv + h, (fp16 *)k, (size_t)h);
-            fp32_to_fp16_n(qkv + 2 * h, (fp16 *)v, (size_t)h);
+            fp32_to_fp16_n(k_new, (fp16 *)k, kw);
+            fp32_to_fp16_n(v_new, (fp16 *)v, kw);
             continue;
         }
-        round_to_fp16(qkv + h, 2 * (size_t)h);
-        q4_compress(qkv + h, (size_t)c->n_heads, (size_t)hd, 1, (uint8_t *)k);
-        q4_compress(qkv + 2 * h, (size_t)c->n_heads, (size_t)hd, 1, (uint8_t *)v);
+        round_to_fp16(k_new, kw);
+        round_to_fp16(v_new, kw);
+        q4_compress(k_new, heads, hd, 1, (uint8_t *)k);
+        q4_compress(v_new, heads, hd, 1, (uint8_t *)v);
     }
 }
 
@@ -258,41 +257,44 @@ int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V
     return n_keep;
 }
 
-/* One head of sequence b's keys (kv 0) or values (kv 1): its rows in the cache, and with a 4-bit
- * cache this step's own rows from qkv. */
+/* One K and V head of sequence b's keys (kv 0) or values (kv 1): its rows in the cache, and with
+ * a 4-bit cache this step's own rows from qkv. */
 static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt_workspace *ws,
-                             int b, int head, int kv) {
-    int h = c->hidden, hd = h / c->n_heads;
+                             int b, int kv_head, int kv) {
+    int hd = cfg_head_dim(c);
     size_t row = opt_kv_row_bytes(c, gb->kv_q4), first = (size_t)b * gb->n_new + gb->pad[b];
+    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * gb->n_new);
     opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], kv ? gb->v_pages[b] : gb->k_pages[b],
-                     gb->page_tokens, row, gb->kv_q4, head, hd, INT_MAX, NULL, 0};
+                     gb->page_tokens, row, gb->kv_q4, kv_head, hd, INT_MAX, NULL, 0};
     if (gb->kv_q4) {
         r.first_fresh = gb->past[b];
-        r.fresh = ws->qkv + first * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
-        r.fresh_stride = 3 * (size_t)h;
+        r.fresh = ws->qkv + at.at[kv + 1] + first * at.stride[kv + 1] + (size_t)kv_head * hd;
+        r.fresh_stride = at.stride[kv + 1];
     }
     return r;
 }
 
 /* Multi-head attention of this step's queries over the cache (fp16 or 4-bit), causal: the
  * query of sequence b at cache slot s sees its keys [0, s]; padding rows get zeros. A sequence's
- * one query after its prompt is decode, with gb->attn_sparsity < 1 §5's top-K sparse attention. */
+ * one query after its prompt is decode, with gb->attn_sparsity < 1 §5's top-K sparse attention.
+ * Grouped-query attention (LLaMA): n_heads / n_kv_heads query heads in a row share a K and V head. */
 static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
-    int h = c->hidden, hd = h / c->n_heads, n_new = gb->n_new;
+    int hd = cfg_head_dim(c), qw = q_width(c), group = c->n_heads / cfg_kv_heads(c), n_new = gb->n_new;
     float scale = 1.0f / sqrtf((float)hd);
     int fast = !gb->kv_q4 && gb->attn_sparsity >= 1; /* decode straight from the fp16 cache */
+    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n_new);
 #pragma omp parallel for schedule(dynamic)
     for (int bh = 0; bh < gb->batch * c->n_heads; bh++) {
         int b = bh / c->n_heads, head = bh % c->n_heads, t0 = gb->pad[b], past = gb->past[b];
         int nq = n_new - t0, nk = past + nq; /* its queries (rows t0 on) and the keys they see */
         float *kf = ws->thread_scratch + ws->thread_floats * omp_get_thread_num();
         float *vf = kf + (size_t)ws->max_len * hd, *scores = vf + (size_t)ws->max_len * hd;
-        float *out = ws->attn + (size_t)b * n_new * h + head * hd;
-        for (int t = 0; t < t0 && t < n_new; t++) memset(out + (size_t)t * h, 0, hd * sizeof(float));
+        float *out = ws->attn + (size_t)b * n_new * qw + head * hd;
+        for (int t = 0; t < t0 && t < n_new; t++) memset(out + (size_t)t * qw, 0, hd * sizeof(float));
         if (nq <= 0) continue;
-        out += (size_t)t0 * h;
-        const float *q = ws->qkv + ((size_t)b * n_new + t0) * 3 * h + head * hd; /* rows of [q|k|v] */
-        opt_kv_rows K = head_rows(c, gb, ws, b, head, 0), V = head_rows(c, gb, ws, b, head, 1);
+        out += (size_t)t0 * qw;
+        const float *q = ws->qkv + at.at[0] + ((size_t)b * n_new + t0) * at.stride[0] + head * hd;
+        opt_kv_rows K = head_rows(c, gb, ws, b, head / group, 0), V = head_rows(c, gb, ws, b, head / group, 1);
         if (nq == 1 && past > 0 && fast) {
             attend_one(q, &K, &V, nk, scale, scores, out);
             continue;
@@ -309,8 +311,8 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
             if (k != kf + (size_t)j * hd) memcpy(kf + (size_t)j * hd, k, hd * sizeof *k);
             if (v != vf + (size_t)j * hd) memcpy(vf + (size_t)j * hd, v, hd * sizeof *v);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q, 3 * h, kf, hd, 0.0f,
-                    scores, nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q, (int)at.stride[0], kf,
+                    hd, 0.0f, scores, nk);
         for (int t = 0; t < nq; t++) {
             int visible = past + t + 1; /* causal: keys up to this query's slot */
             float *row = scores + (size_t)t * nk;
@@ -318,7 +320,7 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
             for (int j = visible; j < nk; j++) row[j] = 0;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, scores, nk, vf,
-                    hd, 0.0f, out, h);
+                    hd, 0.0f, out, qw);
     }
 }
 
@@ -341,16 +343,16 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
     }
-    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, w->q4_int8, ws); /* 3 parts */
+    linear_layer(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, w->q4_int8, ws); /* 3 parts */
     opt_cache_attention(c, gb, ws);
-    linear(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, w->q4_int8, ws);
+    linear_layer(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, w->q4_int8, ws);
     if (c->pre_ln) {
         layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h, ws);
     } else {
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, x, ws);
     }
-    linear(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, w->q4_int8, ws);
-    linear(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD, w->q4, w->q4_int8, ws);
+    linear_layer(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, w->q4_int8, ws);
+    linear_layer(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD, w->q4, w->q4_int8, ws);
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x, ws);
 }
 
@@ -366,7 +368,7 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;
     if (w->project_out) {
-        linear(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, w->q4_int8, ws);
+        linear_layer(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, w->q4_int8, ws);
         last = ws->qkv;
     }
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */
@@ -412,7 +414,6 @@ const fg_backend fg_cpu_backend = {
     .workspace_bytes = opt_workspace_bytes,
     .workspace_init = opt_workspace_init,
     .workspace_free = opt_workspace_free,
-    .embed = opt_embed,
-    .layer = opt_layer,
-    .output = opt_output,
+    .forward = {[FAMILY_OPT] = {opt_embed, opt_layer, opt_output},
+                [FAMILY_LLAMA] = {llama_embed, llama_layer, llama_output}},
 };

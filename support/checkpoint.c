@@ -22,25 +22,63 @@
 
 static const opt_config OPT_SIZES[] = {
     /* name        layers hidden heads ffn   vocab  pos   word  pre_ln */
-    {"opt-125m", 12, 768, 12, 3072, 50272, 2048, 768, 1},
-    {"opt-350m", 24, 1024, 16, 4096, 50272, 2048, 512, 0},
-    {"opt-1.3b", 24, 2048, 32, 8192, 50272, 2048, 2048, 1},
-    {"opt-2.7b", 32, 2560, 32, 10240, 50272, 2048, 2560, 1},
-    {"opt-6.7b", 32, 4096, 32, 16384, 50272, 2048, 4096, 1},
-    {"opt-13b", 40, 5120, 40, 20480, 50272, 2048, 5120, 1},
-    {"opt-30b", 48, 7168, 56, 28672, 50272, 2048, 7168, 1},
-    {"opt-66b", 64, 9216, 72, 36864, 50272, 2048, 9216, 1},
-    {"opt-175b", 96, 12288, 96, 49152, 50272, 2048, 12288, 1},
+    OPT_SHAPE("opt-125m", 12, 768, 12, 3072, 50272, 2048, 768, 1),
+    OPT_SHAPE("opt-350m", 24, 1024, 16, 4096, 50272, 2048, 512, 0),
+    OPT_SHAPE("opt-1.3b", 24, 2048, 32, 8192, 50272, 2048, 2048, 1),
+    OPT_SHAPE("opt-2.7b", 32, 2560, 32, 10240, 50272, 2048, 2560, 1),
+    OPT_SHAPE("opt-6.7b", 32, 4096, 32, 16384, 50272, 2048, 4096, 1),
+    OPT_SHAPE("opt-13b", 40, 5120, 40, 20480, 50272, 2048, 5120, 1),
+    OPT_SHAPE("opt-30b", 48, 7168, 56, 28672, 50272, 2048, 7168, 1),
+    OPT_SHAPE("opt-66b", 64, 9216, 72, 36864, 50272, 2048, 9216, 1),
+    OPT_SHAPE("opt-175b", 96, 12288, 96, 49152, 50272, 2048, 12288, 1),
 };
 
-int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
-    const char *base = strncmp(name, "facebook/", 9) == 0 ? name + 9 : name;
-    for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
-        if (strcmp(base, OPT_SIZES[i].name) == 0) { *cfg = OPT_SIZES[i]; return 0; }
-    return fg_fail(err, "--model: unknown model '%s' (not a directory; known names: opt-125m, "
-                     "opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b, opt-175b)",
-                name);
+/* The LLaMA family's sizes, from their config.json files: dummy weights of the same shapes. */
+typedef struct {
+    const char *name;
+    int layers, hidden, heads, kv_heads, ffn, vocab, max_pos, untied, qkv_bias;
+    float eps, theta;
+    int llama3_rope, bos, eos;
+} llama_size;
+static const llama_size LLAMA_SIZES[] = {
+    /* name           layers hidden heads kv ffn    vocab   max_pos untied bias eps   theta  llama3 bos eos */
+    {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
+    {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
+    {"llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
+    {"llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 1, 0, 1e-5f, 5e5f, 0, 128000, 128001},
+    {"llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, 0, 0, 1e-5f, 5e5f, 1, 128000, 128001},
+    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
+    {"mistral-7b", 32, 4096, 32, 8, 14336, 32768, 32768, 1, 0, 1e-5f, 1e6f, 0, 1, 2},
+    {"qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, 0, 1, 1e-6f, 1e6f, 0, 151643, 151643},
+};
+
+static opt_config llama_sized(const llama_size *z) {
+    opt_config c = {.n_layers = z->layers, .hidden = z->hidden, .n_heads = z->heads, .ffn = z->ffn,
+                    .vocab = z->vocab, .max_pos = z->max_pos, .word_dim = z->hidden, .pre_ln = 1,
+                    .family = FAMILY_LLAMA, .n_kv_heads = z->kv_heads, .head_dim = z->hidden / z->heads,
+                    .qkv_bias = z->qkv_bias, .rms_eps = z->eps, .bos_id = z->bos, .n_eos = 1,
+                    .eos_ids = {z->eos}, .untied = z->untied};
+    c.rope.theta = z->theta, c.rope.factor = 1;
+    if (z->llama3_rope) /* LLaMA 3.1 and 3.2's rope_scaling */
+        c.rope.kind = ROPE_LLAMA3, c.rope.factor = 32, c.rope.low_freq = 1, c.rope.high_freq = 4,
+        c.rope.original_max_pos = 8192;
+    snprintf(c.name, sizeof c.name, "%s", z->name);
+    return c;
 }
+
+int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
+    const char *slash = strrchr(name, '/'), *base = slash ? slash + 1 : name; /* facebook/opt-1.3b */
+    for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
+        if (strcasecmp(base, OPT_SIZES[i].name) == 0) { *cfg = OPT_SIZES[i]; return 0; }
+    for (size_t i = 0; i < sizeof LLAMA_SIZES / sizeof LLAMA_SIZES[0]; i++)
+        if (strcasecmp(base, LLAMA_SIZES[i].name) == 0) { *cfg = llama_sized(&LLAMA_SIZES[i]); return 0; }
+    return fg_fail(err, "--model: unknown model '%s' (not a directory; known names: opt-125m, "
+                     "opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b, opt-175b, "
+                     "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.2-1b, tinyllama-1.1b, "
+                     "mistral-7b, qwen2.5-0.5b)", name);
+}
+
+const char *const model_family_names[N_FAMILIES] = {"opt", "llama"};
 
 
 /* Reads an integer field; absent fields take `def` (def < 0 means required). */
@@ -74,13 +112,8 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
     return -1;
 }
 
-static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
-    if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
-    const cJSON *mt = fg_json_get(root, "model_type");
-    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0)
-        return fg_fail(err, "%s: unknown architecture (model_type %s%s%s; only \"opt\" is supported)",
-                    path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring
-                    : "missing", cJSON_IsString(mt) ? "\"" : "");
+/* OPT's fields (OPTConfig). */
+static int opt_fields(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
     const cJSON *act = fg_json_get(root, "activation_function");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
         return fg_fail(err, "%s: unsupported activation_function (only \"relu\")", path);
@@ -117,6 +150,155 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
     return 0;
 }
 
+/* The value of a field this project does not implement, in one line naming the field. */
+static int refuse_value(const cJSON *v, const char *field, const char *path, const char *why, char *err) {
+    char *text = v ? cJSON_PrintUnformatted(v) : NULL;
+    int long_text = text && strlen(text) > 60;
+    fg_fail(err, "%s: %s is %.60s%s; %s", path, field, text ? text : "missing", long_text ? "..." : "", why);
+    free(text);
+    return -1;
+}
+
+/* A number field (absent or null: def) that must lie in (lo, hi]. */
+static int json_real(const cJSON *o, const char *key, double def, double lo, double hi, float *out,
+                     const char *path, char *err) {
+    const cJSON *v = fg_json_get(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (def < 0) return fg_fail(err, "%s: missing \"%s\"", path, key);
+        *out = (float)def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > lo && v->valuedouble <= hi)) {
+        char field[64], why[96];
+        snprintf(field, sizeof field, "\"%s\"", key);
+        snprintf(why, sizeof why, "expected a number in (%g, %g]", lo, hi);
+        return refuse_value(v, field, path, why, err);
+    }
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+/* A token id (absent or null: def, -1 for none), or for eos_token_id a list of them. */
+static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, int max, const char *path,
+                    char *err) {
+    const cJSON *v = fg_json_get(o, key);
+    *n = 0;
+    if (!v || cJSON_IsNull(v)) {
+        if (def >= 0) ids[(*n)++] = def;
+        return 0;
+    }
+    int list = cJSON_IsArray(v), count = list ? cJSON_GetArraySize(v) : 1;
+    if (count > max) return fg_fail(err, "%s: \"%s\" lists %d ids, more than %d", path, key, count, max);
+    for (int i = 0; i < count; i++) {
+        const cJSON *e = list ? cJSON_GetArrayItem(v, i) : v;
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < (1 << 24)) ||
+            e->valuedouble != (double)(int)e->valuedouble) {
+            char field[64];
+            snprintf(field, sizeof field, "\"%s\"", key);
+            return refuse_value(v, field, path, "expected a token id or a list of them", err);
+        }
+        ids[(*n)++] = (int)e->valuedouble;
+    }
+    return 0;
+}
+
+/* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others refused. */
+static int rope_scaling(const cJSON *root, opt_config *c, const char *path, char *err) {
+    const cJSON *rs = fg_json_get(root, "rope_scaling");
+    c->rope.kind = ROPE_DEFAULT, c->rope.factor = 1;
+    if (!rs || cJSON_IsNull(rs)) return 0;
+    if (!cJSON_IsObject(rs)) return refuse_value(rs, "\"rope_scaling\"", path, "expected null or an object", err);
+    const cJSON *type = fg_json_get(rs, "rope_type");
+    if (!type) type = fg_json_get(rs, "type");
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    if (!strcmp(t, "default")) return 0;
+    if (strcmp(t, "linear") && strcmp(t, "llama3"))
+        return refuse_value(type, "\"rope_scaling\" type", path,
+                            "not implemented (null, \"default\", \"linear\" and \"llama3\" are)", err);
+    if (json_real(rs, "factor", -1, 0, 1e6, &c->rope.factor, path, err)) return -1;
+    if (!strcmp(t, "linear")) return c->rope.kind = ROPE_LINEAR, 0;
+    c->rope.kind = ROPE_LLAMA3;
+    if (json_real(rs, "low_freq_factor", -1, 0, 1e6, &c->rope.low_freq, path, err) ||
+        json_real(rs, "high_freq_factor", -1, 0, 1e6, &c->rope.high_freq, path, err) ||
+        json_int(rs, "original_max_position_embeddings", -1, &c->rope.original_max_pos, path, err))
+        return -1;
+    if (c->rope.high_freq <= c->rope.low_freq)
+        return fg_fail(err, "%s: \"rope_scaling\": high_freq_factor %g is not above low_freq_factor %g", path,
+                       c->rope.high_freq, c->rope.low_freq);
+    return 0;
+}
+
+/* Mistral's sliding_window (kept: every sequence must fit in it), Qwen2's use_sliding_window. */
+static int sliding_window(const cJSON *root, opt_config *c, const char *type, const char *path, char *err) {
+    int on = 1;
+    if (!strcmp(type, "qwen2") && json_flag(root, "use_sliding_window", 0, &on, path, err)) return -1;
+    if (!strcmp(type, "qwen2") && on)
+        return refuse_value(fg_json_get(root, "use_sliding_window"), "\"use_sliding_window\"", path,
+                            "sliding-window attention is not implemented", err);
+    const cJSON *w = fg_json_get(root, "sliding_window");
+    if (strcmp(type, "mistral") || !w || cJSON_IsNull(w)) return 0;
+    return json_int(root, "sliding_window", -1, &c->window, path, err);
+}
+
+/* The LLaMA family's fields (LlamaConfig, MistralConfig, Qwen2Config; docs/USAGE.md lists them). */
+static int llama_fields(const cJSON *root, const char *type, const char *path, opt_config *c, int *tie_head,
+                        char *err) {
+    int qwen2 = !strcmp(type, "qwen2"), llama = !strcmp(type, "llama");
+    const cJSON *act = fg_json_get(root, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
+        return refuse_value(act, "\"hidden_act\"", path, "only \"silu\" is implemented", err);
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", path);
+    c->family = FAMILY_LLAMA, c->pre_ln = 1;
+    const cJSON *kv = fg_json_get(root, "num_key_value_heads"), *hd = fg_json_get(root, "head_dim");
+    if (json_int(root, "num_hidden_layers", -1, &c->n_layers, path, err) ||
+        json_int(root, "hidden_size", -1, &c->hidden, path, err) ||
+        json_int(root, "num_attention_heads", -1, &c->n_heads, path, err) ||
+        json_int(root, "intermediate_size", -1, &c->ffn, path, err) ||
+        json_int(root, "vocab_size", -1, &c->vocab, path, err) ||
+        json_int(root, "max_position_embeddings", 2048, &c->max_pos, path, err) ||
+        (kv && !cJSON_IsNull(kv) && json_int(root, "num_key_value_heads", -1, &c->n_kv_heads, path, err)) ||
+        (hd && !cJSON_IsNull(hd) && json_int(root, "head_dim", -1, &c->head_dim, path, err)))
+        return -1;
+    c->word_dim = c->hidden;
+    if (!c->n_kv_heads) c->n_kv_heads = c->n_heads;
+    if (!c->head_dim && c->hidden % c->n_heads)
+        return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d (and no head_dim)",
+                       path, c->hidden, c->n_heads);
+    if (!c->head_dim) c->head_dim = c->hidden / c->n_heads;
+    if (c->n_heads % c->n_kv_heads)
+        return fg_fail(err, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
+                       c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2 || c->head_dim > 1024)
+        return fg_fail(err, "%s: head_dim %d is not implemented (an even number up to 1024)", path, c->head_dim);
+    int attention_bias = 0;
+    if (json_real(root, "rms_norm_eps", 1e-6, 0, 1, &c->rms_eps, path, err) ||
+        json_real(root, "rope_theta", 10000, 0, 1e12, &c->rope.theta, path, err) || rope_scaling(root, c, path, err) ||
+        json_flag(root, "attention_bias", 0, &attention_bias, path, err) ||
+        json_flag(root, "mlp_bias", 0, &c->mlp_bias, path, err) ||
+        json_flag(root, "tie_word_embeddings", 0, tie_head, path, err) || /* HF's default here: untied */
+        json_ids(root, "bos_token_id", qwen2 ? -1 : 1, &c->bos_id, &(int){0}, 1, path, err) ||
+        json_ids(root, "eos_token_id", qwen2 ? -1 : 2, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err) ||
+        sliding_window(root, c, type, path, err))
+        return -1;
+    if (!fg_json_get(root, "bos_token_id") && qwen2) c->bos_id = -1;
+    c->qkv_bias = qwen2 || (llama && attention_bias);
+    c->o_bias = llama && attention_bias;
+    c->mlp_bias = llama && c->mlp_bias;
+    return 0;
+}
+
+static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
+    if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
+    const cJSON *mt = fg_json_get(root, "model_type");
+    const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
+    if (!strcmp(type, "opt")) return opt_fields(root, path, c, tie_head, err);
+    if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2"))
+        return llama_fields(root, type, path, c, tie_head, err);
+    return refuse_value(mt, "model_type", path, "unknown architecture (known: \"opt\", \"llama\", \"mistral\", \"qwen2\")",
+                        err);
+}
+
 /* config.json, and whether it ties the output layer to the embedding (tie_word_embeddings). */
 static int read_config(const char *path, opt_config *cfg, int *tie_head, char *err) {
     char *text = fg_read_file(path, NULL, err);
@@ -134,24 +316,38 @@ int opt_config_from_json(const char *path, opt_config *cfg, char *err) {
     return read_config(path, cfg, &tie_head, err);
 }
 
+/* The values of FlexGen's layer j (0 the input embedding, 1 .. n_layers a decoder layer, then the
+ * output layer; a tied lm_head shares the embedding's), as the weight table lists them. */
+size_t layer_param_count(const opt_config *c, int j) {
+    size_t h = c->hidden, f = c->ffn, q = (size_t)q_width(c), kv = (size_t)kv_width(c), v = c->vocab;
+    if (c->family == FAMILY_OPT) {
+        size_t wd = c->word_dim, proj = wd != h ? h * wd : 0;
+        if (j == 0) return v * wd + (c->max_pos + 2) * h + proj;
+        if (j > c->n_layers) return proj + (c->pre_ln ? 2 * h : 0) + (c->untied ? v * wd : 0);
+        return 4 * (h * h + h) + 2 * h * f + f + h + 4 * h;
+    }
+    if (j == 0) return v * h;
+    if (j > c->n_layers) return h + (c->untied ? v * h : 0);
+    return h * (2 * q + 2 * kv) + 3 * h * f + 2 * h + (c->qkv_bias ? q + 2 * kv : 0) + (c->o_bias ? h : 0) +
+           (c->mlp_bias ? 2 * f + h : 0);
+}
+
 size_t opt_param_count(const opt_config *c) {
-    size_t h = c->hidden, f = c->ffn;
-    size_t layer = 4 * (h * h + h) + 2 * h * f + f + h + 4 * h;
-    size_t n = c->n_layers * layer + (size_t)c->vocab * c->word_dim + (c->max_pos + 2) * h;
-    if (c->word_dim != c->hidden) n += 2 * h * c->word_dim;
-    if (c->pre_ln) n += 2 * h;
+    size_t n = 0;
+    for (int j = 0; j < c->n_layers + 2; j++) n += layer_param_count(c, j);
     return n;
 }
 
 /* FlexGen's opt_config.py formulas, so reports compare with its logs. */
 double opt_model_bytes(const opt_config *c) {
     double h = c->hidden;
+    if (c->family != FAMILY_OPT) return 2.0 * (double)opt_param_count(c); /* LLaMA: its fp16 bytes */
     return 2 * (c->n_layers * (h * (3 * h + 1) + h * (h + 1) + h * (4 * h + 1) + h * 4 * (h + 1) +
                                h * 4) +
                 c->vocab * (h + 1));
 }
 double opt_cache_bytes(const opt_config *c, int batch, int seq_len) {
-    return 2.0 * batch * seq_len * c->n_layers * c->hidden * 2;
+    return 2.0 * batch * seq_len * c->n_layers * kv_width(c) * 2;
 }
 double opt_hidden_bytes(const opt_config *c, int batch, int seq_len) {
     return (double)batch * seq_len * c->hidden * 2;
@@ -268,10 +464,55 @@ static void layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c,
     ADD_PLAIN(l, &L->ffn_ln_b, h, 0, FILL_LN_B, "%s.%d.final_layer_norm.bias", p, i);
 }
 
+/* A LLaMA decoder layer: q, k and v each a matrix of its own (4-bit groups each on its own,
+ * and grouped-query attention's k and v are narrower), the SwiGLU MLP's gate, up and down. */
+static void llama_layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c, int i) {
+    int64_t h = c->hidden, f = c->ffn, q = q_width(c), kv = kv_width(c);
+    const char *p = "layers";
+    ADD_PLAIN(l, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.input_layernorm.weight", p, i);
+    ADD_LINEAR(l, &L->wq, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+    if (c->qkv_bias) ADD_PLAIN(l, &L->bq, q, 0, FILL_BIAS, "%s.%d.self_attn.q_proj.bias", p, i);
+    ADD_LINEAR(l, &L->wk, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+    if (c->qkv_bias) ADD_PLAIN(l, &L->bk, kv, 0, FILL_BIAS, "%s.%d.self_attn.k_proj.bias", p, i);
+    ADD_LINEAR(l, &L->wv, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    if (c->qkv_bias) ADD_PLAIN(l, &L->bv, kv, 0, FILL_BIAS, "%s.%d.self_attn.v_proj.bias", p, i);
+    ADD_LINEAR(l, &L->wo, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
+    if (c->o_bias) ADD_PLAIN(l, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.o_proj.bias", p, i);
+    ADD_PLAIN(l, &L->ffn_ln_w, h, 0, FILL_LN_W, "%s.%d.post_attention_layernorm.weight", p, i);
+    ADD_LINEAR(l, &L->gate_w, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
+    if (c->mlp_bias) ADD_PLAIN(l, &L->gate_b, f, 0, FILL_BIAS, "%s.%d.mlp.gate_proj.bias", p, i);
+    ADD_LINEAR(l, &L->up_w, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+    if (c->mlp_bias) ADD_PLAIN(l, &L->up_b, f, 0, FILL_BIAS, "%s.%d.mlp.up_proj.bias", p, i);
+    ADD_LINEAR(l, &L->down_w, h, f, "%s.%d.mlp.down_proj.weight", p, i);
+    if (c->mlp_bias) ADD_PLAIN(l, &L->down_b, h, 0, FILL_BIAS, "%s.%d.mlp.down_proj.bias", p, i);
+}
+
+/* LLaMA's layers: the token embedding; the decoder layers; the final RMSNorm and lm_head. */
+static void llama_specs(opt_weights *w, int has_lm_head, spec_list *l) {
+    const opt_config *c = &w->cfg;
+    int64_t h = c->hidden, n = c->n_layers;
+    l->n = 0;
+    start_layer(l, 0);
+    ADD_PLAIN(l, &w->embed_tokens, c->vocab, h, FILL_EMBED, "embed_tokens.weight");
+    for (int i = 0; i < n; i++) {
+        start_layer(l, i + 1);
+        llama_layer_specs(l, &w->layers[i], c, i);
+    }
+    start_layer(l, (int)n + 1);
+    ADD_PLAIN(l, &w->final_ln_w, h, 0, FILL_LN_W, "norm.weight");
+    ADD_PLAIN(l, &w->lm_head, c->vocab, h, FILL_EMBED, "lm_head.weight");
+    if (!has_lm_head) snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source, "embed_tokens.weight");
+    start_layer(l, (int)n + 2);
+}
+
 /* Every tensor of the model, layer by layer; l->s holds 9 + 16 * n_layers entries. */
 static void model_specs(opt_weights *w, int has_lm_head, spec_list *l) {
     const opt_config *c = &w->cfg;
     int64_t h = c->hidden, n = c->n_layers;
+    if (c->family == FAMILY_LLAMA) {
+        llama_specs(w, has_lm_head, l);
+        return;
+    }
     l->n = 0;
     start_layer(l, 0);
     ADD_PLAIN(l, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED, "decoder.embed_tokens.weight");
@@ -495,9 +736,10 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
  * layers that the tensors name must be those num_hidden_layers says. */
 static int check_layer_count(const opt_config *cfg, const st_archive *a, const char *path, char *err) {
     long layers = 0;
+    const char *prefix = cfg->family == FAMILY_OPT ? "decoder.layers." : "layers.";
     for (int i = 0; i < a->n_tensors; i++) {
-        const char *s = strstr(a->tensors[i].name, "decoder.layers.");
-        long j = s ? strtol(s + strlen("decoder.layers."), NULL, 10) : -1;
+        const char *name = strip_prefix(a->tensors[i].name);
+        long j = !strncmp(name, prefix, strlen(prefix)) ? strtol(name + strlen(prefix), NULL, 10) : -1;
         if (j >= layers) layers = j + 1;
     }
     if (layers != cfg->n_layers)
@@ -528,12 +770,13 @@ static int same_tensor(const st_tensor *a, const st_tensor *b) {
  * ends, so a lm_head.weight in the file must hold the embedding's values (same shape, and the same
  * bytes, or values where the dtypes differ): it is then not read (it leaves the table). One that
  * differs is refused, since which of the two the output layer should use is ambiguous. */
-static int choose_head(st_archive *a, int tie_head, const char *path, char *err) {
+static int choose_head(st_archive *a, const opt_config *cfg, int tie_head, const char *path, char *err) {
     const st_tensor *head = st_find(a, "lm_head.weight");
     if (!tie_head && !head)
         return fg_fail(err, "%s: \"tie_word_embeddings\" is false, but the checkpoint has no lm_head.weight", path);
     if (!tie_head || !head) return 0;
-    const st_tensor *embed = find_spec_tensor(a, "decoder.embed_tokens.weight");
+    const st_tensor *embed = find_spec_tensor(a, cfg->family == FAMILY_OPT ? "decoder.embed_tokens.weight"
+                                                                           : "embed_tokens.weight");
     if (embed && !same_tensor(head, embed))
         return fg_fail(err, "%s: \"tie_word_embeddings\" is true or absent, but lm_head.weight differs from %s; "
                             "which one the output layer uses is ambiguous (set \"tie_word_embeddings\" to "
@@ -551,10 +794,11 @@ int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *e
     if (read_config(path, cfg, &tie_head, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", dir);
     if (st_open_dir(dir, a, err)) return -1;
-    if (check_layer_count(cfg, a, path, err) || choose_head(a, tie_head, path, err)) {
+    if (check_layer_count(cfg, a, path, err) || choose_head(a, cfg, tie_head, path, err)) {
         st_close(a);
         return -1;
     }
+    cfg->untied = st_find(a, "lm_head.weight") != NULL;
     return 0;
 }
 

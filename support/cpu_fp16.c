@@ -1,6 +1,6 @@
 /* support/cpu_fp16.c: the CPU backend holding activations in fp16 (--device cpu-fp16), as the
  * CUDA backend does, so that the runtime's 2-byte activations run and are tested on any machine.
- * Each operation widens the GPU batch's x into ws->x32, runs opt_model.c's fp32 operation on it,
+ * Each operation widens the GPU batch's x into ws->x32, runs the CPU backend's fp32 operation on it,
  * and rounds its output back to fp16. Results differ from the fp32 backend's by that rounding of
  * the hidden states between layers alone (tests/test_runtime.c bounds it).
  */
@@ -34,20 +34,20 @@ static gpu_batch widened(const gpu_batch *gb, const opt_config *c, opt_workspace
 static void fp16_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     size_t n = (size_t)gb->batch * gb->n_new * w->cfg.hidden;
     gpu_batch wide = widened(gb, &w->cfg, ws, 0);
-    opt_embed(w, &wide, ws);
+    fg_cpu_backend.forward[w->cfg.family].embed(w, &wide, ws);
     fp32_to_fp16_n(ws->x32, gb->x, n);
 }
 
 static void fp16_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
     size_t rows = (size_t)gb->batch * gb->n_new;
     gpu_batch wide = widened(gb, &w->cfg, ws, rows);
-    opt_layer(w, layer, &wide, ws);
+    fg_cpu_backend.forward[w->cfg.family].layer(w, layer, &wide, ws);
     fp32_to_fp16_n(ws->x32, gb->x, rows * w->cfg.hidden);
 }
 
 static void fp16_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     gpu_batch wide = widened(gb, &w->cfg, ws, (size_t)gb->batch * gb->n_new);
-    opt_output(w, &wide, ws, logits);
+    fg_cpu_backend.forward[w->cfg.family].output(w, &wide, ws, logits);
 }
 
 /* fg_cpu_backend's memory operations, with fp16 activations and the operations above. */
@@ -59,9 +59,7 @@ static void fp16_backend_init(void) {
     fp16_backend.act_elem = sizeof(fp16);
     fp16_backend.workspace_bytes = fp16_workspace_bytes;
     fp16_backend.workspace_init = fp16_workspace_init;
-    fp16_backend.embed = fp16_embed;
-    fp16_backend.layer = fp16_layer;
-    fp16_backend.output = fp16_output;
+    for (int f = 0; f < N_FAMILIES; f++) fp16_backend.forward[f] = (fg_forward){fp16_embed, fp16_layer, fp16_output};
 }
 
 const fg_backend *fg_cpu_fp16_backend(void) {

@@ -57,7 +57,7 @@ static void time_dequant(void *c) {
     if (p->be->reads_q4) q4_decompress(p->src, 1, p->n, 1, p->dst);
     else p->be->weights_in_q4(p->dst, p->src, p->landing, 1, p->n, 1);
 }
-static void time_layer(void *c) { profile_ctx *p = c; p->be->layer(p->w, 0, p->gb, p->ws); }
+static void time_layer(void *c) { profile_ctx *p = c; p->be->forward[p->w->cfg.family].layer(p->w, 0, p->gb, p->ws); }
 
 static void profile_step(int verbose, const char *what) {
     if (verbose) fprintf(stderr, "profile: %s\n", what);
@@ -160,7 +160,7 @@ static void device_weights_free(const fg_backend *be, opt_layout *l) {
  * A difference is taken as at least 1% of the longer run, against noise. Delegated attention
  * (cpu_flops) is the CPU backend's decode attention. */
 static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose, char *err) {
-    opt_config c = {"profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1};
+    opt_config c = OPT_SHAPE("profile", 1, 2048, 32, 8192, 64, 2048, 2048, 1);
     enum { LONG = 1024, MAX_GBS = MATMUL_DECODE_ROWS, LONG_GBS = 32 };
     opt_weights w;
     opt_layout layout = {0};

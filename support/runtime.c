@@ -118,6 +118,10 @@ static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const
                       char *err) {
     m->disk.fd = -1;
     m->staged[0] = m->staged[1] = m->reads[0].n = m->reads[1].n = -1;
+    const fg_backend *be = m->rt->backend;
+    if (!be->forward[cfg->family].layer)
+        return fg_fail(err, "--device: %s models do not run on the %s backend yet (--device cpu runs them)",
+                       model_family_names[cfg->family], be->name);
     if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
     m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
     m->view.q4_int8 = m->view.q4 && m->rt->policy.int8_activations;
@@ -150,7 +154,7 @@ int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg
     if (!m) return fg_fail(err, "out of memory");
     m->rt = rt;
     m->seed = seed;
-    if (model_init(m, cfg, 0, NULL, err)) {
+    if (model_init(m, cfg, cfg->untied, NULL, err)) {
         fg_model_close(m);
         return -1;
     }

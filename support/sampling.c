@@ -73,8 +73,12 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
         if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
                                                    lens[p] and gen_len may not fit an int */
             return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
-                           "is not fed back); the model has %d", p + 1, lens[p], gen_len,
+                           "is not fed back); the model has %d (max_position_embeddings)", p + 1, lens[p], gen_len,
                            (long long)lens[p] + gen_len - 1, c->max_pos);
+        if (c->window && gen_len - 1 > c->window - lens[p])
+            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions, beyond the model's "
+                           "sliding_window %d (sliding-window attention is not implemented)", p + 1, lens[p],
+                           gen_len, (long long)lens[p] + gen_len - 1, c->window);
         for (int t = 0; t < lens[p]; t++)
             if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
                 return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,

@@ -158,6 +158,11 @@ typedef struct {
 const st_tensor *st_find(const st_archive *a, const char *name);
 void st_close(st_archive *a);
 
+/* An OPT-shaped config written out (tests, the profiler): the fields of OPT_SIZES' rows. */
+#define OPT_SHAPE(nm, layers, h, heads, f, v, pos, wd, pre) \
+    {.name = nm, .n_layers = layers, .hidden = h, .n_heads = heads, .ffn = f, .vocab = v, .max_pos = pos, \
+     .word_dim = wd, .pre_ln = pre}
+
 int opt_config_by_name(const char *name, opt_config *cfg, char *err); /* "opt-125m" ... */
 /* An HF checkpoint directory: its config.json (cfg->name becomes dir) and its archive, mapped. */
 int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err);
@@ -165,6 +170,7 @@ int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *e
  * embedding) split over n pipeline stages: stage s has [*first, *end). */
 void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end);
 size_t opt_param_count(const opt_config *cfg);
+size_t layer_param_count(const opt_config *cfg, int j); /* FlexGen's layer j: 0 input, 1 .. n_layers, output */
 
 /* The model's stored tensors, layer by layer (§4.2 places weights tensor by tensor within a
  * layer). A layer's tensors tile one arena of layer_floats[layer] values; tensor t starts at

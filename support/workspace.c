@@ -54,7 +54,7 @@ void gpu_batch_advance(gpu_batch *gb) {
  * what decode needs besides (opt_attend_decode's scratch); or a block of rows of the
  * embedding table (matmul_embed_t's scratch). */
 static size_t thread_floats(const opt_config *cfg, int max_len) {
-    size_t hd = cfg->hidden / cfg->n_heads, n = (size_t)max_len;
+    size_t hd = (size_t)cfg_head_dim(cfg), n = (size_t)max_len;
     size_t attention = 2 * n * hd + n * n + 3 * n + hd, row = (size_t)MATMUL_EMBED_BLOCK * cfg->word_dim;
     return ((attention > row ? attention : row) + 15) & ~(size_t)15;
 }
@@ -63,10 +63,10 @@ static size_t thread_floats(const opt_config *cfg, int max_len) {
  * most any of the model's weight matrices [in][out] asks for. */
 static size_t wide_floats(const opt_config *cfg, size_t rows) {
     if (rows <= MATMUL_DECODE_ROWS) return 0;
-    int h = cfg->hidden, f = cfg->ffn, wd = cfg->word_dim;
-    const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f}, {f, h}, {wd, h}, {h, wd}};
+    int h = cfg->hidden, f = cfg->ffn, wd = cfg->word_dim, q = q_width(cfg), kv = kv_width(cfg);
+    const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f}, {f, h}, {wd, h}, {h, wd}, {h, q}, {h, kv}, {q, h}};
     size_t most = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 9; i++) {
         size_t n = matmul_scratch_floats(shapes[i][0], shapes[i][1]);
         most = n > most ? n : most;
     }
@@ -74,15 +74,23 @@ static size_t wide_floats(const opt_config *cfg, size_t rows) {
 }
 
 /* The widest vector of a layer (a bias, or a norm's weight and bias side by side). */
+static size_t most(size_t a, size_t b) { return a > b ? a : b; }
 static size_t vec_floats(const opt_config *cfg) {
-    size_t h = cfg->hidden, n = 3 * h > (size_t)cfg->ffn ? 3 * h : (size_t)cfg->ffn;
-    return 2 * (n > (size_t)cfg->word_dim ? n : (size_t)cfg->word_dim);
+    size_t h = cfg->hidden, n = most(most(3 * h, (size_t)cfg->ffn), (size_t)(q_width(cfg) + 2 * kv_width(cfg)));
+    return 2 * most(n, (size_t)cfg->word_dim);
+}
+
+/* A token row's floats in qkv, attn and ffn (model.h's opt_workspace). */
+static size_t qkv_floats(const opt_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
+static size_t attn_floats(const opt_config *c) { return most((size_t)q_width(c), (size_t)c->hidden); }
+static size_t ffn_floats(const opt_config *c) {
+    return c->family == FAMILY_LLAMA ? 2 * (size_t)c->ffn : most((size_t)c->ffn, (size_t)c->hidden);
 }
 
 size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
     (void)max_prompt;
-    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
-    return 4 * (rows * (5 * h + wide) + thread_floats(cfg, max_len) * omp_get_max_threads() +
+    size_t row = cfg->hidden + qkv_floats(cfg) + attn_floats(cfg) + ffn_floats(cfg);
+    return 4 * (rows * row + thread_floats(cfg, max_len) * omp_get_max_threads() +
                 wide_floats(cfg, rows) + vec_floats(cfg));
 }
 
@@ -90,15 +98,15 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
                        int max_len, char *err) {
     (void)max_prompt;
     memset(ws, 0, sizeof *ws);
-    size_t h = cfg->hidden, wide = h > (size_t)cfg->ffn ? h : (size_t)cfg->ffn;
+    size_t h = cfg->hidden;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->n_threads = omp_get_max_threads();
     ws->thread_floats = thread_floats(cfg, max_len);
     ws->h = alloc_floats(rows * h);
-    ws->qkv = alloc_floats(rows * 3 * h);
-    ws->attn = alloc_floats(rows * h);
-    ws->ffn = alloc_floats(rows * wide);
+    ws->qkv = alloc_floats(rows * qkv_floats(cfg));
+    ws->attn = alloc_floats(rows * attn_floats(cfg));
+    ws->ffn = alloc_floats(rows * ffn_floats(cfg));
     ws->thread_scratch = alloc_floats(ws->thread_floats * ws->n_threads);
     ws->wide = wide_floats(cfg, rows) ? alloc_floats(wide_floats(cfg, rows)) : NULL;
     ws->vec = alloc_floats(vec_floats(cfg));

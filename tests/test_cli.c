@@ -1293,6 +1293,50 @@ static void test_policy_auto_run(void) {
     free(dir);
 }
 
+/* The LLaMA family by name and by directory: the named sizes plan (llama-2-70b for a 16 GB GPU and
+ * 200 GB of memory, on the T4's rates); a checkpoint generates; a config.json this project does
+ * not follow is refused with its one line, exit 2, and nothing left in the offload dir. */
+static void test_llama_family(void) {
+    char *dir = make_temp_dir(), *out, *err;
+    char hw[4096], model[4096];
+    snprintf(hw, sizeof hw, "%s", fixture("../../hardware/t4-flexgen.json"));
+    static const char *const sizes[] = {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3.2-1b",
+                                        "qwen2.5-0.5b", "mistral-7b", "tinyllama-1.1b"};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        int rc = run_flexgen(ARGS("policy", "--model", sizes[i], "--gpu-mem", "16G", "--cpu-mem", "200G",
+                                  "--disk-mem", "1T", "--hw", hw, "--offload-dir", dir), NULL, &out, &err);
+        EXPECT(rc == 0 && strstr(out, "policy: --gpu-batch-size "), "flexgen policy --model %s: exit %d, %s",
+               sizes[i], rc, err);
+        free(out), free(err);
+    }
+    snprintf(model, sizeof model, "%s", fixture("llama-tiny-gqa2-llama3"));
+    int rc = run_flexgen(ARGS("--model", model, "--prompt-ids", fixture("llama-tiny-gqa2-llama3/prompts.txt"),
+                              "--gen-len", "4", "--gpu-batch-size", "2", "--num-gpu-batches", "2", "--percent", "0",
+                              "50", "0", "50", "100", "0", "--device", "cpu", "--offload-dir", dir),
+                         NULL, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "decode throughput"), "a LLaMA checkpoint off the gpu tier: exit %d, %s", rc, err);
+    free(out), free(err);
+    char *bad = make_temp_dir();
+    for (const char *f = "config.json model.safetensors"; *f;) {
+        char name[64], cmd[9000];
+        int n = (int)strcspn(f, " ");
+        snprintf(name, sizeof name, "%.*s", n, f);
+        snprintf(cmd, sizeof cmd, "cp '%s/%s' '%s/'", model, name, bad);
+        CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+        f += n + (f[n] == ' ');
+    }
+    char *text = slurp(join(bad, "config.json"), NULL), *at = strstr(text, "\"llama3\"");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    memcpy(at, "\"yarn\"  ", 8); /* rope_scaling's type */
+    write_text_file(join(bad, "config.json"), text);
+    free(text);
+    EXPECT_FAIL(ARGS("--model", bad, "--prompt-len", "4", "--gen-len", "2", "--offload-dir", dir), "config.json",
+                "\"rope_scaling\" type is \"yarn\"", "not implemented");
+    CU_ASSERT_EQUAL(dir_entries(dir), 0);
+    rm_tree(bad), rm_tree(dir);
+    free(bad), free(dir);
+}
+
 static void test_policy_bad_input(void) {
     char *dir = make_temp_dir();
     const char *hw = join(dir, "hw.json"), *bad = join(dir, "bad.json"), *missing = join(dir, "none.json");
@@ -1834,6 +1878,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "text in, text out with the checkpoint's tokenizer", test_text_generation);
     CU_add_test(s, "portable (non-SIMD) paths match the reference", test_portable_paths_match_reference);
     CU_add_test(s, "flexgen policy: --json, text and --evaluate", test_policy_command);
+    CU_add_test(s, "the LLaMA family: named sizes plan, a checkpoint runs, a bad config.json is refused",
+                test_llama_family);
     CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);

@@ -12,14 +12,15 @@
 
 enum { N_SEQ = 5, GEN = 6 };
 
-/* Greedy generation straight through opt_embed / opt_layer / opt_output, one batch of all the
- * prompts, the KV cache in one fp16 array: the forward pass with no runtime around it. */
+/* Greedy generation straight through the CPU's embed, layer and output of the model's family, one
+ * batch of all the prompts, the KV cache in one fp16 array: the forward pass with no runtime around it. */
 static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *tokens, float *logits) {
     const opt_config *c = &w->cfg;
     int padded = 0, V = c->vocab;
     for (int b = 0; b < N_SEQ; b++) padded = f->lens[b] > padded ? f->lens[b] : padded;
     int max_len = padded + GEN;
-    size_t h = (size_t)c->hidden, rows = (size_t)max_len * h;
+    const fg_forward *fw = &fg_cpu_backend.forward[c->family];
+    size_t h = (size_t)c->hidden, rows = (size_t)max_len * (h > (size_t)kv_width(c) ? h : (size_t)kv_width(c));
     gpu_batch gb;
     opt_workspace ws;
     char err[FG_ERR_LEN];
@@ -35,15 +36,15 @@ static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *
             gb.tokens[b * padded + t] = t < gb.pad[b] ? OPT_PAD_ID : f->prompts[b][t - gb.pad[b]];
     }
     for (int i = 0; i < GEN; i++) {
-        opt_embed(w, &gb, &ws);
+        fw->embed(w, &gb, &ws);
         for (int l = 0; l < c->n_layers; l++) {
             for (int b = 0; b < N_SEQ; b++) {
                 gb.k[b] = cache + (((size_t)l * 2 + 0) * N_SEQ + b) * rows;
                 gb.v[b] = cache + (((size_t)l * 2 + 1) * N_SEQ + b) * rows;
             }
-            opt_layer(w, l, &gb, &ws);
+            fw->layer(w, l, &gb, &ws);
         }
-        opt_output(w, &gb, &ws, step);
+        fw->output(w, &gb, &ws, step);
         gpu_batch_advance(&gb);
         for (int b = 0; b < N_SEQ; b++) {
             const float *row = step + (size_t)b * V;
@@ -221,7 +222,7 @@ static void round_trip_projections(const fp16 *w, size_t in, size_t h, float *ou
  * 4-bit q|k|v decodes to the round trip of each projection alone; and the runtime computes the
  * plain pass on those bytes, with the weights in every tier. */
 static void test_qkv_groups(void) {
-    static const opt_config cfg = {"qkv96", 2, 96, 3, 384, 512, 128, 96, 1};
+    static const opt_config cfg = OPT_SHAPE("qkv96", 2, 96, 3, 384, 512, 128, 96, 1);
     static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
     size_t h = (size_t)cfg.hidden, n = 3 * h * h;
     fg_policy p = compressed(N_SEQ, 1, all_gpu), p16 = policy_of(N_SEQ, 1, all_gpu);
@@ -302,6 +303,9 @@ static void test_int8_post_ln(void) { check_int8("opt-tiny-350m"); }
 
 static void test_weights_pre_ln(void) { check_weights("opt-tiny"); }
 static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
+/* The LLaMA family: q, k, v, gate, up and down each grouped on its own, an untied lm_head. */
+static void test_weights_llama(void) { check_weights("llama-tiny-gqa4-linear"); }
+static void test_int8_llama(void) { check_int8("llama-tiny-mqa-bias"); }
 
 /* ---- the KV cache ---- */
 
@@ -407,6 +411,7 @@ static void check_cache(const char *name) {
 
 static void test_cache_pre_ln(void) { check_cache("opt-tiny"); }
 static void test_cache_post_ln(void) { check_cache("opt-tiny-350m"); }
+static void test_cache_gqa(void) { check_cache("mistral-tiny-gqa8"); } /* 2 K/V heads of 8 for 16 queries */
 
 /* ---- top-K sparse attention ---- */
 
@@ -612,6 +617,11 @@ void add_compress_tests(void) {
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, post-LN",
                 test_weights_post_ln);
     CU_add_test(s, "--compress-weight groups q, k and v each on its own (hidden 96)", test_qkv_groups);
+    CU_add_test(s, "--compress-weight on LLaMA (GQA 4, untied): the plain pass's bits, close to fp16",
+                test_weights_llama);
+    CU_add_test(s, "--int8-activations on LLaMA (MQA, biases): the plain pass's bits", test_int8_llama);
+    CU_add_test(s, "--compress-cache on Mistral (GQA 8): same bits in every placement, close to fp16",
+                test_cache_gqa);
     CU_add_test(s, "--int8-activations: the plain pass's bits on every tier, close to section 5's, pre-LN",
                 test_int8_pre_ln);
     CU_add_test(s, "--int8-activations: the same, post-LN (opt-350m's shape)", test_int8_post_ln);

@@ -1204,7 +1204,9 @@ static void test_copies(void) {
  * 8 pages of 5, not 3 of 16) must reach the device whole, for each sequence and for K and V. */
 static void test_page_tables(void) {
     if (!gpu_ready()) return;
-    opt_config cfg = {"pages", 1, 64, 4, 256, 16, 64, 64, 1};
+    opt_config cfg = {}; /* OPT-shaped: 1 layer, hidden 64, 4 heads, ffn 256, vocab 16, 64 positions */
+    cfg.n_layers = 1, cfg.hidden = 64, cfg.n_heads = 4, cfg.ffn = 256, cfg.vocab = 16, cfg.max_pos = 64;
+    cfg.word_dim = 64, cfg.pre_ln = 1;
     opt_workspace ws;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(cuda_workspace_init(&ws, &cfg, 2, 1, 40, err), 0);

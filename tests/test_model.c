@@ -160,6 +160,14 @@ static void test_reference_bf16(void) { check_fixture("opt-tiny-bf16"); }
 static void test_reference_text(void) { check_fixture("opt-tiny-text"); }
 static void test_reference_trained(void) { check_fixture_of("opt-kjv", fixture("../../models/opt-kjv")); }
 
+/* The LLaMA family (scripts/make_llama_reference.py): GQA ratios, head dims, RoPE's variants. */
+static void test_llama_mha(void) { check_fixture("llama-tiny-mha"); }
+static void test_llama_gqa2_llama3(void) { check_fixture("llama-tiny-gqa2-llama3"); }
+static void test_llama_gqa4_linear(void) { check_fixture("llama-tiny-gqa4-linear"); }
+static void test_llama_mqa_bias(void) { check_fixture("llama-tiny-mqa-bias"); }
+static void test_mistral_gqa8(void) { check_fixture("mistral-tiny-gqa8"); }
+static void test_qwen2(void) { check_fixture("qwen2-tiny"); }
+
 /* generate() on the opt-tiny fixture with the given options (blocks of 2 x 2); its error line
  * into err, or (err NULL) on stderr. */
 static int generate_opt(gen_options *opt, int n, int *const *prompts, const int *lens, int *tokens,
@@ -609,7 +617,7 @@ static void test_sampling_temperature(void) {
  * on the fp16 fast path and, with sparsity, through opt_attend_decode). One head of 8; the keys
  * are (1, 0.999, 0.998) along dim 0 and the values one-hot, so the output is the weights. */
 static void check_large_scores(float sparsity) {
-    const opt_config c = {"scores", 1, 8, 1, 16, 8, 16, 8, 1};
+    const opt_config c = OPT_SHAPE("scores", 1, 8, 1, 16, 8, 16, 8, 1);
     enum { H = 8, MAX_LEN = 4 };
     char err[FG_ERR_LEN];
     gpu_batch gb;
@@ -662,6 +670,13 @@ void add_model_tests(void) {
     CU_add_test(s, "bf16 checkpoint matches HF", test_reference_bf16);
     CU_add_test(s, "checkpoint with a tokenizer matches HF", test_reference_text);
     CU_add_test(s, "the trained checkpoint (models/opt-kjv) matches HF", test_reference_trained);
+    CU_add_test(s, "LLaMA, 2 heads of 64, rope_theta 1e4, fp16, untied, matches HF", test_llama_mha);
+    CU_add_test(s, "LLaMA, GQA 2, llama3 rope_scaling, theta 5e5, bf16, tied, matches HF", test_llama_gqa2_llama3);
+    CU_add_test(s, "LLaMA, GQA 4, linear rope_scaling, fp32 sharded, matches HF", test_llama_gqa4_linear);
+    CU_add_test(s, "LLaMA, MQA (8 heads, 1 K/V head) of dim 24, attention and MLP biases, matches HF",
+                test_llama_mqa_bias);
+    CU_add_test(s, "Mistral, GQA 8 (16 heads, 2 K/V heads), theta 1e6, matches HF", test_mistral_gqa8);
+    CU_add_test(s, "Qwen2, one head of 128, q/k/v biases, bf16, tied, matches HF", test_qwen2);
     CU_add_test(s, "teacher forcing: the given tokens, the logits of greedy decoding", test_teacher_forcing);
     CU_add_test(s, "stop_at_eos: the returned tokens are padding after the first EOS", test_stop_at_eos_pads_tokens);
     CU_add_test(s, "prefill's logits at every position: those of each cut prompt", test_prompt_logits);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 /* A thin, deep model: what fits where changes with every capacity below. */
-static const opt_config CFG = {"policy-test", 8, 128, 4, 512, 1000, 256, 128, 1};
+static const opt_config CFG = OPT_SHAPE("policy-test", 8, 128, 4, 512, 1000, 256, 128, 1);
 /* Rates of a machine with a slow disk and a fast compute device. */
 static const fg_hardware HW = {.ctog_bdw = 8e9, .gtoc_bdw_cache = 4e9, .gtoc_bdw_hidden = 8e9,
     .dtoc_bdw = 1e9, .ctod_bdw_cache_p = 5e8, .ctod_bdw_hidden_p = 5e8, .ctod_bdw_g = 5e8,
@@ -211,7 +211,7 @@ static void test_equal_cost_smaller_block(void) {
  * holds little less), or with one block of prompts (its warm-up doubles the steps), zig-zag
  * wins. Each schedule's best is reported, and the choice fits the memory model. */
 static void test_schedule_choice(void) {
-    static const opt_config LONG = {"schedule-test", 12, 1024, 16, 4096, 1000, 1024, 1024, 1};
+    static const opt_config LONG = OPT_SHAPE("schedule-test", 12, 1024, 16, 4096, 1000, 1024, 1024, 1);
     static const struct { int s, n, prompts; fg_schedule wins; } cases[] = {
         {16, 256, 2048, FG_SCHEDULE_DIAGONAL}, {512, 32, 2048, FG_SCHEDULE_ZIGZAG}, {16, 256, 0, FG_SCHEDULE_ZIGZAG},
     };

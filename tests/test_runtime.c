@@ -69,7 +69,7 @@ enum { N_PLACEMENTS = sizeof PLACEMENTS / sizeof PLACEMENTS[0] };
 /* Placement, overlap and delegation must not change a bit; across block shapes, tokens are
  * equal and logits within 1e-4 x max|logit| (fp32 sums grouped by another batch size), and with
  * fp16 activations within the rounding of the hidden states besides (fp16_bound). */
-static void check_policy_invariance(const char *name, float fp16_bound) {
+static void check_policy_invariance(const char *name, float fp16_bound, int n_shapes) {
     fixture_prompts f;
     fixture_prompts_open(name, N_SEQ, &f);
     static const int shapes[3][2] = {{1, 1}, {2, 3}, {4, 2}};
@@ -80,7 +80,7 @@ static void check_policy_invariance(const char *name, float fp16_bound) {
     size_t n_logits = (size_t)N_SEQ * GEN * f.cfg.vocab;
     float max_abs = 0;
     for (size_t i = 0; i < n_logits; i++) max_abs = fmaxf(max_abs, fabsf(plain.logits[i]));
-    for (int s = 0; s < 3; s++) {
+    for (int s = 3 - n_shapes; s < 3; s++) {
         result base;
         fg_policy pb = policy(shapes[s][0], shapes[s][1], ALL_GPU, 1, 0);
         run(&f, &pb, &base);
@@ -111,8 +111,10 @@ static void check_policy_invariance(const char *name, float fp16_bound) {
     fixture_prompts_close(&f);
 }
 
-static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny", 0); }
-static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m", 0); }
+static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny", 0, 3); }
+static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m", 0, 3); }
+/* The LLaMA family: the last block shape (4 x 2, the last block partial) */
+static void test_invariance_llama(void) { check_policy_invariance("llama-tiny-gqa2-llama3", 0, 1); }
 
 /* fp16 activations (the CUDA backend's, here on the CPU: --device cpu-fp16). Each of the n_layers
  * + 1 roundings of the hidden states (after the embedding and after each layer) moves a value by
@@ -120,7 +122,7 @@ static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-35
  * last, move by at most that many roundings of their scale: the bound against fp32 at the same
  * block shape. Then the runtime's moves of 2-byte activations (homes on every tier, staging,
  * disk pages) must not change a bit (check_policy_invariance). */
-static void check_fp16_activations(const char *name) {
+static void check_fp16_activations(const char *name, int n_shapes) {
     fixture_prompts f;
     fixture_prompts_open(name, N_SEQ, &f);
     float bound = (f.cfg.n_layers + 1) * FP16_ROUNDING;
@@ -146,12 +148,13 @@ static void check_fp16_activations(const char *name) {
     free(fp32.logits);
     free(fp16.logits);
     fixture_prompts_close(&f);
-    check_policy_invariance(name, bound);
+    check_policy_invariance(name, bound, n_shapes);
     device = FG_DEVICE_CPU;
 }
 
-static void test_fp16_pre_ln(void) { check_fp16_activations("opt-tiny"); }
-static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m"); }
+static void test_fp16_pre_ln(void) { check_fp16_activations("opt-tiny", 3); }
+static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m", 3); }
+static void test_fp16_qwen2(void) { check_fp16_activations("qwen2-tiny", 1); }
 
 /* Prefill in chunks (FG_CHUNK_ROWS): a GPU batch of 40 prompts of 56 tokens (2240 rows) runs each
  * layer on 36 sequences, then 4, in a workspace of 36 x 56 rows; its tokens are those of GPU
@@ -159,7 +162,7 @@ static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m"); }
  * activation formats, with the cache and activations off the gpu tier too. */
 static void test_prefill_chunks(void) {
     enum { N = 40, LEN = 56, STEPS = 4 };
-    static const opt_config c = {"chunks", 2, 64, 4, 256, 512, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("chunks", 2, 64, 4, 256, 512, 64, 64, 1);
     CU_ASSERT_EQUAL(fg_workspace_rows(N, LEN), (size_t)(FG_CHUNK_ROWS / LEN) * LEN);
     CU_ASSERT(fg_workspace_rows(N, LEN) < (size_t)N * LEN);
     int *prompts[N], lens[N], *tokens[2] = {malloc(N * STEPS * sizeof(int)), malloc(N * STEPS * sizeof(int))};
@@ -197,7 +200,7 @@ static void test_prefill_chunks(void) {
 /* The KV cache and activations of a GPU batch split by rounding each tier's share (§4.2): of 3
  * sequences, 50% is 2 (lround(1.5)), not 1, and the next tier takes what the sum leaves. */
 static void test_split_rows_round(void) {
-    static const opt_config c = {"rows", 1, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("rows", 1, 64, 4, 256, 300, 64, 64, 1);
     fg_policy p = policy(3, 1, (fg_percent){.wg = 100, .cg = 50, .cc = 50, .hg = 50}, 0, 0);
     fg_runtime *rt;
     fg_model *m;
@@ -222,7 +225,7 @@ static void test_split_rows_round(void) {
  * KV cache and activations of the block, two activation staging arenas, the workspace, the
  * logits), and refuses one byte less. */
 static void test_plan_fits_exactly(void) {
-    static const opt_config c = {"exact", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("exact", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { GBS = 2, NGB = 2, PROMPTS = 4, PROMPT = 5, GEN_LEN = 3, LEN = PROMPT + GEN_LEN };
     opt_weights view = {0};
     opt_layout l;
@@ -283,7 +286,7 @@ static fg_model *cuda_sized_model(const fg_policy *p, const opt_config *c, fg_ru
  * the CUDA backend's sizes; each tier fits at exactly the model's bytes (weights counted by
  * tensor, as the runtime places them) and not at one byte less. */
 static void test_memory_model_cuda_sizes(void) {
-    static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { GBS = 3, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
     static const struct { fg_percent pc; int delegate; fg_tier tier; } cases[] = {
         {{100, 0, 100, 0, 100, 0}, 0, TIER_GPU},
@@ -331,7 +334,7 @@ static void test_memory_model_cuda_sizes(void) {
  * Everything else (cache, activations, their staging, the disk pages in flight on the cpu tier,
  * workspace, logits, delegated attention, reserves) must match. */
 static void compare_memory_model(const char *what, fg_percent pc, int delegate, int compress, int cuda) {
-    static const opt_config c = {"tiers", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("tiers", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { GBS = 4, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
     fg_policy p = policy(GBS, NGB, pc, 0, delegate);
     p.compress_weight = p.compress_cache = compress;
@@ -393,7 +396,7 @@ static double fake_device_memory(void) { return 1e12; }
  * memory), and the flag that overrides it. Each tier is made too small, with its flag given (1)
  * and not (0; then as if the default were small), and on disk with a weight file reused (2). */
 static void test_plan_names_capacity_source(void) {
-    static const opt_config c = {"source", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("source", 2, 64, 4, 256, 300, 64, 64, 1);
     static const char *const defaults[2][N_TIERS] = {
         {"available memory", "available memory", "the free space of --offload-dir "},
         {"the device's free memory", "available memory", "the free space of --offload-dir "}};
@@ -459,7 +462,7 @@ static double least_gpu_mem(const opt_config *c, int n, const int *lens, int lon
  * 192 rows, so their pages are a sequence long: 4 of 33 rows. The least --gpu-mem that fits
  * differs by the 36 rows between. */
 static void test_plan_counts_pages(void) {
-    static const opt_config c = {"pages", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("pages", 2, 64, 4, 256, 300, 64, 64, 1);
     const int lens[4] = {2, 30, 2, 2};
     double real = least_gpu_mem(&c, 4, lens, 30, 3), worst = least_gpu_mem(&c, 4, NULL, 30, 3);
     double row = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers;
@@ -498,7 +501,7 @@ static void test_page_size(void) {
  * [heads][prompt][prompt]: the cache's length (decode attends in shared memory) sizes only the
  * page tables. And the plan counts CUDA's pinned copy buffers on the cpu tier, by name. */
 static void test_cuda_sizes(void) {
-    static const opt_config c = {"gpu", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { ROWS = 40, PROMPT = 20, LEN = 300 };
     size_t parts[FG_CUDA_WS_PARTS], H = (size_t)c.n_heads;
     fg_cuda_workspace_parts(&c, ROWS, PROMPT, LEN, parts);
@@ -525,7 +528,7 @@ static void test_cuda_sizes(void) {
  * the gpu tier are decompressed where they are, and only those on the cpu tier cross the cpu->gpu
  * link, their 4-bit bytes, once a step. Checked with CUDA's sizes on the CPU (cuda_sized_model). */
 static void test_q4_link_bytes(void) {
-    static const opt_config c = {"q4link", 2, 64, 4, 256, 300, 64, 64, 1};
+    static const opt_config c = OPT_SHAPE("q4link", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { N = 2, LEN = 5, STEPS = 3 };
     int a[LEN] = {2, 10, 11, 12, 13}, b[LEN] = {2, 20, 21, 22, 23}, *prompts[N] = {a, b}, lens[N] = {LEN, LEN};
     static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {50, 50, 100, 0, 100, 0}};
@@ -785,7 +788,7 @@ static void test_refill(void) {
  * without that wait its pages would run out mid-run. Steps: 80 either way; the logits of each
  * prompt within the suite's bound of the blocks run in turn. */
 static void test_refill_waits_for_pages(void) {
-    static const opt_config c = {"pages", 2, 64, 4, 256, 300, 128, 64, 1};
+    static const opt_config c = OPT_SHAPE("pages", 2, 64, 4, 256, 300, 128, 64, 1);
     enum { N = 4, GEN_LEN = 40, V = 300 };
     int lens[N] = {30, 1, 30, 1}, *prompts[N], tokens[N * GEN_LEN], forced[N * GEN_LEN], steps[2] = {0, 0};
     float *logits[2] = {malloc(sizeof(float) * N * GEN_LEN * V), malloc(sizeof(float) * N * GEN_LEN * V)};
@@ -823,7 +826,7 @@ static void test_refill_waits_for_pages(void) {
  * offload dir's free space) a model whose file exists gets its size on top, and gives it back
  * when closed; with --disk-mem the user's capacity stands. */
 static void test_existing_weight_file_space(void) {
-    opt_config c = {"reuse-test", 2, 64, 4, 256, 300, 64, 64, 1};
+    opt_config c = OPT_SHAPE("reuse-test", 2, 64, 4, 256, 300, 64, 64, 1);
     static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     fg_policy p = policy(2, 1, disk_weights, 1, 0);
@@ -896,7 +899,7 @@ static void io_beside_compute(const fg_trace *tr, int beside[2], int n_io[2]) {
  * kind (io_beside_compute) ran while a layer computed. */
 static void traced_overlap(int beside[2], int n_io[2]) {
     enum { N = 12, LEN = 256 };
-    static const opt_config c = {"overlap", 2, 512, 8, 512, 256, 512, 512, 1};
+    static const opt_config c = OPT_SHAPE("overlap", 2, 512, 8, 512, 256, 512, 512, 1);
     static const fg_percent on_disk = {100, 0, 0, 0, 0, 0};
     int *prompts[N], lens[N], tokens[N * 2];
     for (int p = 0; p < N; p++) {
@@ -1184,6 +1187,9 @@ void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime", NULL, NULL);
     CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
     CU_add_test(s, "policy invariance, post-LN (350m) fixture", test_invariance_post_ln);
+    CU_add_test(s, "policy invariance, LLaMA fixture (GQA 2, llama3 RoPE)", test_invariance_llama);
+    CU_add_test(s, "fp16 activations: within their rounding of fp32, placement changes no bit, Qwen2",
+                test_fp16_qwen2);
     CU_add_test(s, "prefill in chunks of the workspace's rows: the tokens of unchunked GPU batches",
                 test_prefill_chunks);
     CU_add_test(s, "fp16 activations: within their rounding of fp32, placement changes no bit, pre-LN",
