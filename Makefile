@@ -35,7 +35,7 @@ SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-ov
 
 # The paper's four C files, then the support layer (support/) that a first reading can skip.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
-SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_fp16.c sampling.c \
+SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_backend.c cpu_fp16.c sampling.c \
            safetensors.c checkpoint.c weight_file.c tokenizer.c trace.c perplexity.c pipeline.c \
            profile.c jobs.c stage.c kv_pages.c avx512.c avx512_simde.c disk_arena.c io_links.c runtime.c \
            blas_core.c cli.c)

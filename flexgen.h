@@ -3,7 +3,7 @@
  * the tiers (fg_model: each tensor's weight_home), a block of GPU batches in flight and the I/O
  * tasks that the loop of Fig. 4 submits, generate(), and the cost model, the simplex and the search
  * of lp.c. docs/DESIGN.md maps each file to the paper:
- *   opt_model.c  the OPT forward pass of one GPU batch on the CPU, and the CPU backend (§3)
+ *   opt_model.c  the OPT forward pass of one GPU batch on the CPU (§3); llama_model.c LLaMA's
  *   quant.c      4-bit group-wise compression, top-K sparse attention (§5)
  *   flexgen.c    the block schedule, its verbs, the tiers, placement, the plan check (§4.1, §4.2)
  *   lp.c         the cost model, the simplex, the policy search (§4.3, Appendix A.3)

@@ -1,7 +1,7 @@
 /* model.h: the model and its compute, as every layer of the code sees them: OPT's config and
  * weights (§3), a GPU batch and the workspace that compute reads, the forward pass of one GPU batch
  * (opt_model.c), 4-bit group-wise compression and top-K attention (quant.c, §5), the three tiers,
- * and the operation table of a compute device (the CPU's in opt_model.c, CUDA's in flexgen.cu).
+ * and the operation table of a compute device (the CPU's in support/cpu_backend.c, CUDA's in flexgen.cu).
  * flexgen.h builds the runtime on top of it. Nothing here knows of the runtime, so the support
  * layer's kernels, checkpoints and buffers (support/support.h) use these types and the runtime
  * uses them in turn.
@@ -214,7 +214,7 @@ typedef struct {
 } fg_forward;
 
 /* The compute device's operations: the schedule calls only these, so one loop drives the CPU
- * (opt_model.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's. */
+ * (support/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's. */
 typedef struct {
     const char *name;
     int gpu_is_host;         /* the gpu tier is host memory (the CPU) */

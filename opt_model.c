@@ -7,8 +7,6 @@
  *                       tests/test_matmul.c holds them to these
  *   forward             opt_embed, opt_layer (layer norm, q k v, attention over the KV cache, out
  *                       projection, the MLP), opt_output: one GPU batch at a time
- *   backend             the CPU backend's operation table (fg_cpu_backend), the table that the
- *                       schedule calls and flexgen.cu fills again for CUDA
  *
  * The forward pass is the generative inference of §3: a prefill over the (left-padded) prompts
  * that fills the KV cache, then decode steps of one token per sequence that read it. Every
@@ -375,45 +373,3 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     matmul_embed_t(last, rows, c->word_dim, w->lm_head, w->q4, c->vocab, logits, ws->thread_scratch,
                    ws->thread_floats);
 }
-
-/* ============================================================================================
- * The CPU backend (docs/DESIGN.md, "The backends' operation table"): the gpu tier is the CPU's
- * working set, so a copy into it is a memcpy. Its products read weights as they are stored
- * (support/matmul.c), so a weight load is a copy too: of fp16 values, or of 4-bit bytes (§5).
- * ============================================================================================ */
-
-static void *cpu_alloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (p) memset(p, 0, bytes);
-    return p;
-}
-static void *cpu_host_alloc(size_t bytes, int pinned) { (void)pinned; return cpu_alloc(bytes); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-static void cpu_weights_in(void *dst, const fp16 *src, size_t n) { memcpy(dst, src, 2 * n); }
-static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
-                              size_t inner) {
-    (void)landing; /* the bytes stay 4-bit: the products decode them as they read them */
-    memcpy(dst, src, q4_bytes(outer, len, inner));
-}
-
-const fg_backend fg_cpu_backend = {
-    .name = "cpu",
-    .gpu_is_host = 1,
-    .weight_elem = sizeof(fp16),
-    .reads_q4 = 1,
-    .alloc = cpu_alloc,
-    .free = free,
-    .host_alloc = cpu_host_alloc,
-    .host_free = free,
-    .weights_in = cpu_weights_in,
-    .weights_in_q4 = cpu_weights_in_q4,
-    .copy_in = cpu_copy,
-    .copy_out = cpu_copy,
-    .copy = cpu_copy,
-    .act_elem = sizeof(float),
-    .workspace_bytes = opt_workspace_bytes,
-    .workspace_init = opt_workspace_init,
-    .workspace_free = opt_workspace_free,
-    .forward = {[FAMILY_OPT] = {opt_embed, opt_layer, opt_output},
-                [FAMILY_LLAMA] = {llama_embed, llama_layer, llama_output}},
-};
