@@ -64,10 +64,19 @@ void rope_frequencies(const opt_config *c, float *inv_freq) {
     }
 }
 
+/* One head's pairs turned by the row's angles: HF's rotate_half layout. */
+static void rotate(float *v, int half, const float *cosines, const float *sines) {
+    for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cosines[i] - b * sines[i];
+        v[i + half] = b * cosines[i] + a * sines[i];
+    }
+}
+
 /* RoPE in HF's layout (rotate_half: pair i is dimensions i and i + d/2 of a head, not 2i and
- * 2i + 1), on each head of each row of y (width heads x d, stride apart), at the row's position
- * (its cache slot). */
-static void rope(const opt_config *c, const gpu_batch *gb, float *y, size_t stride, int heads) {
+ * 2i + 1) on every head of q and k, each row at its position (its cache slot): the angles once
+ * a row for both. */
+static void rope(const opt_config *c, const gpu_batch *gb, float *q, float *k, const qkv_layout *at) {
     int d = cfg_head_dim(c), half = d / 2;
     float inv_freq[512]; /* head_dim <= 1024 (llama_fields) */
     rope_frequencies(c, inv_freq);
@@ -78,14 +87,10 @@ static void rope(const opt_config *c, const gpu_batch *gb, float *y, size_t stri
             float angle = pos * inv_freq[i];
             angle_cos[i] = cosf(angle), angle_sin[i] = sinf(angle);
         }
-        for (int head = 0; head < heads; head++) {
-            float *v = y + (size_t)r * stride + (size_t)head * d;
-            for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * angle_cos[i] - b * angle_sin[i];
-                v[i + half] = b * angle_cos[i] + a * angle_sin[i];
-            }
-        }
+        for (int head = 0; head < c->n_heads; head++)
+            rotate(q + (size_t)r * at->stride[0] + (size_t)head * d, half, angle_cos, angle_sin);
+        for (int head = 0; head < cfg_kv_heads(c); head++)
+            rotate(k + (size_t)r * at->stride[1] + (size_t)head * d, half, angle_cos, angle_sin);
     }
 }
 
@@ -111,8 +116,7 @@ void llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *
     linear_layer(ws->h, rows, h, L->wq, L->bq, qw, q, OUT_SET, q4, int8, ws); /* q, k, v projections */
     linear_layer(ws->h, rows, h, L->wk, L->bk, kw, k, OUT_SET, q4, int8, ws);
     linear_layer(ws->h, rows, h, L->wv, L->bv, kw, v, OUT_SET, q4, int8, ws);
-    rope(c, gb, q, at.stride[0], c->n_heads);                              /* positions into q, k */
-    rope(c, gb, k, at.stride[1], cfg_kv_heads(c));
+    rope(c, gb, q, k, &at);                                                /* positions into q, k */
     opt_cache_attention(c, gb, ws);                                        /* K, V cached; attention */
     linear_layer(ws->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD, q4, int8, ws); /* o_proj, residual */
     rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, ws->h, ws);              /* post_attention_layernorm */
@@ -125,11 +129,7 @@ void llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *
 /* logits[b] = lm_head(RMSNorm(x of b's last token)); with all_rows, the same for every row of x. */
 void llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     const opt_config *c = &w->cfg;
-    int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
-    for (int r = 0; r < rows; r++) {
-        size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
-        memcpy(ws->h + (size_t)r * h, (const float *)gb->x + from * h, h * sizeof(float));
-    }
+    int h = c->hidden, rows = output_rows(gb, h, ws->h);
     rms_norm(ws->h, rows, h, w->final_ln_w, c->rms_eps, ws->h, ws);
     matmul_embed_t(ws->h, rows, h, w->lm_head, w->q4, c->vocab, logits, ws->thread_scratch, ws->thread_floats);
 }

@@ -152,6 +152,7 @@ size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
                   int mode, int q4, int int8, opt_workspace *ws);
+int output_rows(const gpu_batch *gb, int hidden, float *dst); /* the rows the output layer reads, into dst */
 static inline int slot_of(const gpu_batch *gb, int b, int t) {
     return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];
 }

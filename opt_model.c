@@ -354,15 +354,21 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x, ws);
 }
 
+/* Each sequence's last row of x (every row, with all_rows) into dst; returns how many. */
+int output_rows(const gpu_batch *gb, int hidden, float *dst) {
+    int rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
+    for (int r = 0; r < rows; r++) {
+        size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
+        memcpy(dst + (size_t)r * hidden, (const float *)gb->x + from * hidden, hidden * sizeof(float));
+    }
+    return rows;
+}
+
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))); with all_rows, the same for
  * every row of x. */
 void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
     const opt_config *c = &w->cfg;
-    int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
-    for (int r = 0; r < rows; r++) {
-        size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
-        memcpy(ws->h + (size_t)r * h, (const float *)gb->x + from * h, h * sizeof(float));
-    }
+    int h = c->hidden, rows = output_rows(gb, h, ws->h);
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;
     if (w->project_out) {

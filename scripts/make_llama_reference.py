@@ -24,7 +24,6 @@ Deterministic: fixed seeds, one CPU thread. Run with a Python that has torch and
     python scripts/make_llama_reference.py [--out DIR] [--only NAME ...]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -37,8 +36,8 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_reference import (GAP_FACTOR, KV_NOISE_RTOL, clean_dir, log, round_param,  # noqa: E402
                             saved_tensor_names, top2_gap)
+from make_reference import main as reference_main  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEN_LEN = 8
 PAD_ID = 0
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
@@ -215,20 +214,5 @@ def build(spec, out_root):
     log(f"  tokens: {tokens.tolist()}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", help="model names to build (default: all)")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    log(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    specs = [s for s in MODELS if not args.only or s["name"] in args.only]
-    if args.only and len(specs) != len(args.only):
-        sys.exit(f"unknown model in {args.only}; known: {[s['name'] for s in MODELS]}")
-    for s in specs:
-        build(s, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    reference_main(MODELS, build, __doc__)

@@ -426,19 +426,21 @@ def build(spec, out_root):
     return meta
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(models=MODELS, build_one=None, doc=__doc__):
+    """The command line of a fixture script: --out, --only, one thread, deterministic."""
+    build_one = build_one or build
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
     ap.add_argument("--only", nargs="*", help="model names to build (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     log(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    specs = [s for s in MODELS if not args.only or s["name"] in args.only]
+    specs = [s for s in models if not args.only or s["name"] in args.only]
     if args.only and len(specs) != len(args.only):
-        sys.exit(f"unknown model in {args.only}; known: {[s['name'] for s in MODELS]}")
+        sys.exit(f"unknown model in {args.only}; known: {[s['name'] for s in models]}")
     for s in specs:
-        build(s, args.out)
+        build_one(s, args.out)
 
 
 if __name__ == "__main__":

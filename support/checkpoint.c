@@ -272,6 +272,7 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, o
     if (c->head_dim % 2 || c->head_dim > 1024)
         return fg_fail(err, "%s: head_dim %d is not implemented (an even number up to 1024)", path, c->head_dim);
     int attention_bias = 0;
+    c->bos_id = -1; /* none, unless the field or the family's default names one */
     if (json_real(root, "rms_norm_eps", 1e-6, 0, 1, &c->rms_eps, path, err) ||
         json_real(root, "rope_theta", 10000, 0, 1e12, &c->rope.theta, path, err) || rope_scaling(root, c, path, err) ||
         json_flag(root, "attention_bias", 0, &attention_bias, path, err) ||
@@ -281,7 +282,6 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, o
         json_ids(root, "eos_token_id", qwen2 ? -1 : 2, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err) ||
         sliding_window(root, c, type, path, err))
         return -1;
-    if (!fg_json_get(root, "bos_token_id") && qwen2) c->bos_id = -1;
     c->qkv_bias = qwen2 || (llama && attention_bias);
     c->o_bias = llama && attention_bias;
     c->mlp_bias = llama && c->mlp_bias;
@@ -464,27 +464,26 @@ static void layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c,
     ADD_PLAIN(l, &L->ffn_ln_b, h, 0, FILL_LN_B, "%s.%d.final_layer_norm.bias", p, i);
 }
 
+/* A LLaMA linear layer layers.i.NAME: its [out][in] weight stored [in][out], and its bias. */
+static void llama_linear(spec_list *l, fp16 **W, fp16 **b, int64_t out, int64_t in, int bias, int i,
+                         const char *name) {
+    ADD_LINEAR(l, W, out, in, "layers.%d.%s.weight", i, name);
+    if (bias) ADD_PLAIN(l, b, out, 0, FILL_BIAS, "layers.%d.%s.bias", i, name);
+}
+
 /* A LLaMA decoder layer: q, k and v each a matrix of its own (4-bit groups each on its own,
  * and grouped-query attention's k and v are narrower), the SwiGLU MLP's gate, up and down. */
 static void llama_layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c, int i) {
     int64_t h = c->hidden, f = c->ffn, q = q_width(c), kv = kv_width(c);
-    const char *p = "layers";
-    ADD_PLAIN(l, &L->attn_ln_w, h, 0, FILL_LN_W, "%s.%d.input_layernorm.weight", p, i);
-    ADD_LINEAR(l, &L->wq, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-    if (c->qkv_bias) ADD_PLAIN(l, &L->bq, q, 0, FILL_BIAS, "%s.%d.self_attn.q_proj.bias", p, i);
-    ADD_LINEAR(l, &L->wk, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-    if (c->qkv_bias) ADD_PLAIN(l, &L->bk, kv, 0, FILL_BIAS, "%s.%d.self_attn.k_proj.bias", p, i);
-    ADD_LINEAR(l, &L->wv, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-    if (c->qkv_bias) ADD_PLAIN(l, &L->bv, kv, 0, FILL_BIAS, "%s.%d.self_attn.v_proj.bias", p, i);
-    ADD_LINEAR(l, &L->wo, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
-    if (c->o_bias) ADD_PLAIN(l, &L->bo, h, 0, FILL_BIAS, "%s.%d.self_attn.o_proj.bias", p, i);
-    ADD_PLAIN(l, &L->ffn_ln_w, h, 0, FILL_LN_W, "%s.%d.post_attention_layernorm.weight", p, i);
-    ADD_LINEAR(l, &L->gate_w, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
-    if (c->mlp_bias) ADD_PLAIN(l, &L->gate_b, f, 0, FILL_BIAS, "%s.%d.mlp.gate_proj.bias", p, i);
-    ADD_LINEAR(l, &L->up_w, f, h, "%s.%d.mlp.up_proj.weight", p, i);
-    if (c->mlp_bias) ADD_PLAIN(l, &L->up_b, f, 0, FILL_BIAS, "%s.%d.mlp.up_proj.bias", p, i);
-    ADD_LINEAR(l, &L->down_w, h, f, "%s.%d.mlp.down_proj.weight", p, i);
-    if (c->mlp_bias) ADD_PLAIN(l, &L->down_b, h, 0, FILL_BIAS, "%s.%d.mlp.down_proj.bias", p, i);
+    ADD_PLAIN(l, &L->attn_ln_w, h, 0, FILL_LN_W, "layers.%d.input_layernorm.weight", i);
+    llama_linear(l, &L->wq, &L->bq, q, h, c->qkv_bias, i, "self_attn.q_proj");
+    llama_linear(l, &L->wk, &L->bk, kv, h, c->qkv_bias, i, "self_attn.k_proj");
+    llama_linear(l, &L->wv, &L->bv, kv, h, c->qkv_bias, i, "self_attn.v_proj");
+    llama_linear(l, &L->wo, &L->bo, h, q, c->o_bias, i, "self_attn.o_proj");
+    ADD_PLAIN(l, &L->ffn_ln_w, h, 0, FILL_LN_W, "layers.%d.post_attention_layernorm.weight", i);
+    llama_linear(l, &L->gate_w, &L->gate_b, f, h, c->mlp_bias, i, "mlp.gate_proj");
+    llama_linear(l, &L->up_w, &L->up_b, f, h, c->mlp_bias, i, "mlp.up_proj");
+    llama_linear(l, &L->down_w, &L->down_b, h, f, c->mlp_bias, i, "mlp.down_proj");
 }
 
 /* LLaMA's layers: the token embedding; the decoder layers; the final RMSNorm and lm_head. */
