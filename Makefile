@@ -36,7 +36,7 @@ SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-ov
 # The paper's four C files, then the support layer (support/) that a first reading can skip.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_backend.c cpu_fp16.c sampling.c \
-           safetensors.c checkpoint.c weight_file.c tokenizer.c trace.c perplexity.c pipeline.c \
+           safetensors.c checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c perplexity.c pipeline.c \
            profile.c jobs.c stage.c kv_pages.c avx512.c avx512_simde.c disk_arena.c io_links.c runtime.c \
            blas_core.c cli.c)
 SRC := $(PAPER) $(SUPPORT)
@@ -69,8 +69,12 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := model.h flexgen.h support/support.h support/tools.h
+HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h
 TEST_SRC := $(wildcard tests/*.c)
+# The tokenizer fixtures kept compressed (tests/fixtures/tokenizers/, xz), unpacked for the tests
+# into build/tokenizers/ with the tokenizer_config.json each tokenizer.json reads beside it.
+TOK_FIXTURES := $(patsubst tests/fixtures/%.xz,build/%,$(wildcard tests/fixtures/tokenizers/*.xz tests/fixtures/tokenizers/*/*.xz)) \
+                $(patsubst tests/fixtures/%,build/%,$(wildcard tests/fixtures/tokenizers/*/tokenizer_config.json))
 
 .PHONY: all test test-san test-gpu fuzz fuzz-toolchain bench clean print-cflags emu
 
@@ -147,6 +151,14 @@ build-san-emu/flexgen: $(SRC) $(HDR) build-san-emu/flexgen_cu.o build-san-emu/em
 emu: flexgen-emu
 
 # `make test` runs the native suites (the GPU ones on a GPU, or skipping), then the emulated GPU's.
+build/tokenizers/%: tests/fixtures/tokenizers/%.xz
+	@mkdir -p $(dir $@)
+	xz -dc $< >$@.part && mv $@.part $@
+
+build/tokenizers/%/tokenizer_config.json: tests/fixtures/tokenizers/%/tokenizer_config.json
+	@mkdir -p $(dir $@)
+	cp $< $@
+
 # SUITE=name runs one where it is: gpu in both binaries, kernels in both where nvcc is, emu in
 # the emulated one.
 EMU_SUITES := gpu kernels emu
@@ -160,7 +172,7 @@ run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
 
 # The whole run also checks the layout (scripts/check_layout.sh) and that no file's calls come
 # back to it (scripts/call_graph.sh, from the compiled objects).
-test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen
+test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(SUITE),,bash scripts/check_layout.sh >build/layout.txt; rc=$$?; grep -v '^ok' build/layout.txt; exit $$rc)
 	$(if $(SUITE),,bash scripts/call_graph.sh >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)
 	$(if $(run_native),FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
@@ -183,7 +195,7 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
            LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-cuda.supp \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen
+test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(run_native),FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 	$(if $(run_emu),$(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 

@@ -78,6 +78,7 @@ typedef struct {
     float temperature, top_p;
     uint64_t seed;
     int stop_at_eos, refill, verbose; /* refill: an ended sequence's slot takes the next prompt */
+    int n_eos, eos_ids[FG_MAX_EOS]; /* the ids that end a sequence (n_eos 0: OPT's </s>) */
     const int *index;     /* NULL, or [n_prompts]: each prompt's place in the job (sampling's seed) */
     const int *forced;    /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
@@ -264,6 +265,7 @@ size_t batch_act_bytes(const block *bl, int k);
 /* Takes the tokens chosen for each slot (bl->ids) as its prompt's output and its next input;
  * returns how many sequences are still running. */
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
+int gen_is_eos(const gen_options *opt, int tok); /* tok ends a sequence */
 /* The last stage chooses each running sequence's next token from the block's logits (support/sampling.c). */
 void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 

@@ -11,5 +11,5 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends \
     gcc g++ make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev libsimde-dev \
-    openmpi-bin libopenmpi-dev >/dev/null
+    openmpi-bin libopenmpi-dev xz-utils >/dev/null
 echo "setup: the build's packages are installed"

@@ -4,7 +4,7 @@
  *                             (§4.3); under mpirun -np M, as one of M pipeline stages (§4.4)
  *   flexgen policy [flags]    the policy search's choice and its prediction (§4.3)
  *   flexgen profile           this machine's constants for the cost model (profile.c)
- *   flexgen tokenize          text to OPT token ids, a line at a time
+ *   flexgen tokenize          text to token ids, a line at a time
  *   flexgen perplexity        a text's perplexity through the runtime (perplexity.c, §6.2)
  *
  * The report prints FlexGen's benchmark lines (or one JSON object with --json). Everything that
@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 typedef struct {
-    const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *trace;
+    const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *tokenizer, *trace;
     const char *output;  /* --output: the job's records, appended as rounds finish (jobs.c) */
     int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
     int job_finished;    /* --resume found every prompt's record in --output */
@@ -53,7 +53,8 @@ static void usage(FILE *out) {
 "usage: flexgen [options]\n"
 "       flexgen policy [options] [--evaluate]         (the policy search; no generation)\n"
 "       flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|auto]\n"
-"       flexgen tokenize --vocab FILE --merges FILE   (stdin lines -> token ids, no BOS)\n"
+"       flexgen tokenize --vocab FILE --merges FILE | --tokenizer FILE.json | --model DIR\n"
+"                                                     (stdin lines -> token ids, no BOS)\n"
 "       flexgen perplexity --model DIR --text FILE [options]   (section 6.2's measure)\n"
 "\n"
 "Generates text with an OPT or LLaMA-family model (LLaMA 1-3, Mistral, Qwen2; these on the CPU\n"
@@ -71,11 +72,14 @@ static void usage(FILE *out) {
 "                          model.safetensors or its shard index) [opt-125m]\n"
 "  --path DIR              dummy weights placed on disk are written here once and reused\n"
 "                          [$XDG_CACHE_HOME/flexgen or ~/.cache/flexgen]\n"
-"  --vocab F, --merges F   tokenizer files (default: vocab.json, merges.txt in DIR); the\n"
-"                          special-token files beside vocab.json are read too\n"
+"  --vocab F, --merges F   tokenizer files (default: DIR's tokenizer.json, else its\n"
+"                          vocab.json and merges.txt); the special-token files beside\n"
+"                          vocab.json are read too\n"
+"  --tokenizer F.json      an HF tokenizer.json instead (LLaMA, Mistral, Qwen2), with the\n"
+"                          add_bos_token of the tokenizer_config.json beside it\n"
 "prompts (synthetic ones of --prompt-len tokens when none are given)\n"
-"  --prompt TEXT           a prompt (repeatable); needs a tokenizer; BOS is prepended\n"
-"  --prompt-file F         one prompt a line; needs a tokenizer; BOS is prepended. F.jsonl:\n"
+"  --prompt TEXT           a prompt (repeatable); needs a tokenizer; its BOS is prepended\n"
+"  --prompt-file F         one prompt a line; needs a tokenizer; its BOS is prepended. F.jsonl:\n"
 "                          a JSON object a line, {\"prompt\": TEXT} or {\"prompt_ids\": [...]},\n"
 "                          each with an optional \"id\" (the line number when absent)\n"
 "  --prompt-ids F          one prompt a line, space-separated token ids, used as given\n"
@@ -251,7 +255,7 @@ static fg_device resolve_device(fg_device d, int verbose) {
 
 static int is_value_flag(const char *f) {
     static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
-        "--dump-logits", "--vocab", "--merges", "--prompt-len", "--gen-len", "--gpu-batch-size",
+        "--dump-logits", "--vocab", "--merges", "--tokenizer", "--prompt-len", "--gen-len", "--gpu-batch-size",
         "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
         "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
         "--policy", "--hw", "--max-latency", "--device", "--schedule", "--text", "--window", "--stride",
@@ -305,6 +309,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--output")) a->output = v;
         else if (!strcmp(f, "--trace")) a->trace = v, p->trace = 1;
         else if (!strcmp(f, "--vocab")) a->vocab = v;
+        else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
         else if (!strcmp(f, "--merges")) a->merges = v;
         else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
         else if (!strcmp(f, "--device")) rc = parse_device(v, &p->device, err);
@@ -377,11 +382,12 @@ static int same_file(const char *x, const char *y) {
 /* An output that is an input would destroy it, and two outputs on one file lose one of them. */
 static int check_outputs_apart(const cli_args *a, char *err) {
     const char *const out_flags[] = {"--output", "--dump-logits", "--trace", "--predictions"};
-    const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text", "--compare", "--vocab", "--merges", "--hw"};
+    const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text", "--compare", "--vocab", "--merges",
+                                    "--tokenizer", "--hw"};
     const char *outs[] = {a->output, a->dump_logits, a->trace, a->predictions};
-    const char *ins[] = {a->prompt_file, a->prompt_ids, a->text, a->compare, a->vocab, a->merges, a->hw};
+    const char *ins[] = {a->prompt_file, a->prompt_ids, a->text, a->compare, a->vocab, a->merges, a->tokenizer, a->hw};
     for (int i = 0; i < 4; i++) {
-        for (int j = 0; outs[i] && j < 7; j++)
+        for (int j = 0; outs[i] && j < 8; j++)
             if (ins[j] && same_file(outs[i], ins[j]))
                 return fg_fail(err, "%s %s: the same file as %s %s, which it would overwrite; give another file",
                                out_flags[i], outs[i], in_flags[j], ins[j]);
@@ -456,21 +462,21 @@ static int prompts_add(prompt_set *p, int *ids, int len, char *err) {
     return prompts_add_record(p, ids, len, NULL, NULL, err);
 }
 
-/* BOS + the text's tokens; the record keeps the text (valid UTF-8) and its id (taken; NULL: its
- * number). */
+/* The tokenizer's BOS (if it has one) + the text's tokens; the record keeps the text (valid
+ * UTF-8) and its id (taken; NULL: its number). */
 static int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len, char *id,
                            char *err) {
     int *ids, n;
     if (!id && (id = malloc(16))) snprintf(id, 16, "%d", p->n + 1);
     if (!id) return fg_fail(err, "out of memory");
     if (tokenizer_encode(tok, text, len, &ids, &n, err)) { free(id); return -1; }
-    int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos);
+    int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos), bos = tokenizer_bos_id(tok) >= 0;
     char *clean = utf8_replace_invalid(text, len, NULL);
     if (!with_bos || !clean) { free(ids), free(with_bos), free(clean), free(id); return fg_fail(err, "out of memory"); }
-    with_bos[0] = OPT_BOS_ID;
-    memcpy(with_bos + 1, ids, (size_t)n * sizeof *ids);
+    with_bos[0] = tokenizer_bos_id(tok);
+    memcpy(with_bos + bos, ids, (size_t)n * sizeof *ids);
     free(ids);
-    return prompts_add_record(p, with_bos, n + 1, id, clean, err);
+    return prompts_add_record(p, with_bos, n + bos, id, clean, err);
 }
 
 static int is_jsonl(const char *path) {
@@ -485,7 +491,7 @@ static int add_jsonl_prompt(prompt_set *p, const char *path, int line_no, const 
     char *id, *text;
     if (jsonl_prompt(path, line_no, line, vocab, &ids, &n, &id, &text, err)) return -1;
     if (ids) return prompts_add_record(p, ids, n, id, NULL, err);
-    if (!tok) rc = fg_fail(err, "%s line %d: a text prompt needs a tokenizer (--vocab and --merges)", path, line_no), free(id);
+    if (!tok) rc = fg_fail(err, "%s line %d: a text prompt needs a tokenizer (the model directory's tokenizer.json, or --vocab and --merges)", path, line_no), free(id);
     else rc = add_text_prompt(p, tok, text, strlen(text), id, err);
     free(text);
     return rc;
@@ -583,14 +589,15 @@ static int open_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
     char vocab[4096], merges[4096];
     *tok = NULL;
     if (!a->vocab != !a->merges) return fg_fail(err, "--vocab and --merges go together");
+    if (a->vocab && a->tokenizer) return fg_fail(err, "--tokenizer: give it or --vocab and --merges, not both");
+    if (a->tokenizer) return (*tok = tokenizer_load_json(a->tokenizer, err)) ? 0 : -1;
     if (a->vocab) {
         snprintf(vocab, sizeof vocab, "%s", a->vocab);
         snprintf(merges, sizeof merges, "%s", a->merges);
     } else {
         if (!is_dir(a->model)) return 0;
-        snprintf(vocab, sizeof vocab, "%s/vocab.json", a->model);
-        snprintf(merges, sizeof merges, "%s/merges.txt", a->model);
-        if (!file_exists(vocab) || !file_exists(merges)) return 0;
+        *tok = tokenizer_load_dir(a->model, err);
+        return *tok || !err[0] ? 0 : -1;
     }
     *tok = tokenizer_load(vocab, merges, err);
     return *tok ? 0 : -1;
@@ -600,7 +607,8 @@ static int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab,
                           char *err) {
     if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
         return fg_fail(err, "%s needs a tokenizer: give --vocab and --merges, or a model directory "
-                         "holding vocab.json and merges.txt", a->prompt_file ? "--prompt-file" : "--prompt");
+                         "holding tokenizer.json, or vocab.json and merges.txt",
+                       a->prompt_file ? "--prompt-file" : "--prompt");
     if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
     if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);
     for (int i = 0; i < a->n_prompt_texts; i++)
@@ -641,23 +649,27 @@ static void print_utf8(const char *text, size_t len) {
     free(clean);
 }
 
-/* "[i] prompt + generated text" for each prompt; with --stop-at-eos the text ends before </s>. */
+/* "[i] prompt + generated text" for each prompt (without its BOS); with --stop-at-eos the text
+ * ends before the EOS. */
 static void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
                         const gen_options *opt) {
-    for (int i = 0; i < p->n; i++) {
-        int skip = p->ids[i][0] == OPT_BOS_ID, n = 0;
+    int longest = 0;
+    for (int i = 0; i < p->n; i++) longest = p->lens[i] > longest ? p->lens[i] : longest;
+    int *ids = malloc((size_t)(longest + opt->gen_len + 1) * sizeof *ids);
+    for (int i = 0; ids && i < p->n; i++) {
+        int skip = p->ids[i][0] == tokenizer_bos_id(tok), len = p->lens[i] - skip, n = 0;
         const int *gen = tokens + (size_t)i * opt->gen_len;
-        while (n < opt->gen_len && !(opt->stop_at_eos && gen[n] == OPT_EOS_ID)) n++;
-        size_t prompt_len, text_len;
-        char *prompt = tokenizer_decode(tok, p->ids[i] + skip, p->lens[i] - skip, &prompt_len);
-        char *text = tokenizer_decode(tok, gen, n, &text_len);
+        while (n < opt->gen_len && !(opt->stop_at_eos && gen_is_eos(opt, gen[n]))) n++;
+        memcpy(ids, p->ids[i] + skip, (size_t)len * sizeof *ids);
+        memcpy(ids + len, gen, (size_t)n * sizeof *ids);
+        size_t text_len;
+        char *text = tokenizer_decode(tok, ids, len + n, &text_len);
         printf("[%d] ", i + 1);
-        if (prompt) print_utf8(prompt, prompt_len);
         if (text) print_utf8(text, text_len);
         printf("\n");
-        free(prompt);
         free(text);
     }
+    free(ids);
 }
 
 static double peak_rss_bytes(void) {
@@ -837,6 +849,16 @@ static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
                     "saved to %s\n", path);
     if (fg_profile(offload, a->policy.device, hw, 1, err)) return -1;
     return fg_hardware_write(path, hw, err);
+}
+
+/* The ids that end a sequence: OPT's </s>, or the LLaMA config's eos_token_id (none: -1). */
+static void set_eos(gen_options *g, const opt_config *cfg) {
+    g->n_eos = 1;
+    g->eos_ids[0] = cfg->family == FAMILY_OPT ? OPT_EOS_ID : -1;
+    if (cfg->family != FAMILY_OPT && cfg->n_eos > 0) {
+        g->n_eos = cfg->n_eos;
+        memcpy(g->eos_ids, cfg->eos_ids, sizeof g->eos_ids);
+    }
 }
 
 static int longest_prompt(const prompt_set *p) {
@@ -1110,7 +1132,7 @@ static int append_records(const cli_args *a, const prompt_set *p, const fg_token
     for (int j = first, i; j < first + count && rc == 0; j++) {
         i = which ? which[j] : j;
         char *r = job_record(p->record_ids[i], p->texts[i], p->ids[i], p->lens[i],
-                             tokens + (size_t)i * a->gen.gen_len, a->gen.gen_len, a->gen.stop_at_eos, tok);
+                             tokens + (size_t)i * a->gen.gen_len, &a->gen, tok);
         size_t n = r ? strlen(r) : 0;
         if (r && len + n + 1 > cap) {
             char *grown = realloc(lines, cap = 2 * (len + n + 1));
@@ -1347,6 +1369,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
         rc = model_config(a->model, &cfg, err);
         if (rc == 0) rc = check_lengths(a, &cfg, err);
+        if (rc == 0) set_eos(&a->gen, &cfg);
     }
     if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, &job, err)) {
         rc = -1;
@@ -1520,18 +1543,32 @@ static int profile_command(int argc, char **argv, char *err) {
     return 0;
 }
 
+/* flexgen tokenize: a tokenizer from --vocab and --merges, --tokenizer FILE.json, or --model DIR. */
+static fg_tokenizer *tokenize_tokenizer(const char *vocab, const char *merges, const char *json,
+                                        const char *model, char *err) {
+    if ((vocab || merges) + !!json + !!model != 1 || !vocab != !merges) {
+        fg_fail(err, "tokenize: give --vocab and --merges, or --tokenizer FILE.json, or --model DIR");
+        return NULL;
+    }
+    if (vocab) return tokenizer_load(vocab, merges, err);
+    if (json) return tokenizer_load_json(json, err);
+    fg_tokenizer *t = tokenizer_load_dir(model, err);
+    if (!t && !err[0]) fg_fail(err, "--model %s: no tokenizer.json, and no vocab.json and merges.txt", model);
+    return t;
+}
+
 static int tokenize_command(int argc, char **argv, char *err) {
-    const char *vocab = NULL, *merges = NULL;
+    static const char *const flags[] = {"--vocab", "--merges", "--tokenizer", "--model"};
+    const char *value[4] = {0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        if (strcmp(argv[i], "--vocab") && strcmp(argv[i], "--merges"))
-            return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
+        int k = 0;
+        while (k < 4 && strcmp(argv[i], flags[k])) k++;
+        if (k == 4) return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
-        if (!strcmp(argv[i], "--vocab")) vocab = argv[++i];
-        else merges = argv[++i];
+        value[k] = argv[++i];
     }
-    if (!vocab || !merges) return fg_fail(err, "tokenize: --vocab and --merges are required");
-    fg_tokenizer *tok = tokenizer_load(vocab, merges, err);
+    fg_tokenizer *tok = tokenize_tokenizer(value[0], value[1], value[2], value[3], err);
     if (!tok) return -1;
     char *line = NULL;
     size_t cap = 0;

@@ -445,21 +445,33 @@ void job_output_close(job_output *o) {
     *o = (job_output){.fd = -1};
 }
 
+/* The text that gen[0..n) adds to the prompt's. */
+static char *decode_continuation(const fg_tokenizer *tok, const int *prompt, int prompt_len, const int *gen,
+                                 int n, size_t *len) {
+    int *all = malloc((size_t)(prompt_len + n + 1) * sizeof *all);
+    if (!all) return NULL;
+    memcpy(all, prompt, (size_t)prompt_len * sizeof *all);
+    memcpy(all + prompt_len, gen, (size_t)n * sizeof *all);
+    char *text = tokenizer_decode_from(tok, all, prompt_len + n, prompt_len, len);
+    free(all);
+    return text;
+}
+
 /* One record, with its newline. text: the prompt as given (NULL: it came as ids); tok: NULL
  * where there is no tokenizer (no completion text then). */
 char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,
-                 int gen_len, int stop_at_eos, const fg_tokenizer *tok) {
-    int n = 0;
-    while (n < gen_len && gen[n] != OPT_EOS_ID) n++;
+                 const gen_options *g, const fg_tokenizer *tok) {
+    int n = 0, gen_len = g->gen_len;
+    while (n < gen_len && !gen_is_eos(g, gen[n])) n++;
     const char *stop = n < gen_len ? "eos" : "length";
-    if (!stop_at_eos) n = gen_len, stop = "length";
+    if (!g->stop_at_eos) n = gen_len, stop = "length";
     cJSON *r = cJSON_CreateObject();
     cJSON_AddItemToObject(r, "id", cJSON_Parse(id));
     if (text) cJSON_AddStringToObject(r, "prompt", text);
     else cJSON_AddItemToObject(r, "prompt_ids", cJSON_CreateIntArray(prompt, prompt_len));
     if (tok) {
         size_t len, clean_len;
-        char *raw = tokenizer_decode(tok, gen, n, &len);
+        char *raw = decode_continuation(tok, prompt, prompt_len, gen, n, &len);
         char *clean = raw ? utf8_replace_invalid(raw, len, &clean_len) : NULL;
         cJSON_AddStringToObject(r, "completion", clean ? clean : "");
         free(raw), free(clean);

@@ -81,8 +81,8 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
                            gen_len, (long long)lens[p] + gen_len - 1, c->window);
         for (int t = 0; t < lens[p]; t++)
             if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
-                return fg_fail(err, "prompt %d: token id %d out of range [0, %d)", p + 1,
-                            prompts[p][t], c->vocab);
+                return fg_fail(err, "prompt %d: token id %d out of range [0, %d) (the model's vocab_size)",
+                               p + 1, prompts[p][t], c->vocab);
     }
     return 0;
 }
@@ -143,13 +143,20 @@ void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *
     }
 }
 
+int gen_is_eos(const gen_options *opt, int tok) {
+    if (opt->n_eos == 0) return tok == OPT_EOS_ID;
+    for (int i = 0; i < opt->n_eos; i++)
+        if (tok == opt->eos_ids[i]) return 1;
+    return 0;
+}
+
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
     int running = 0;
     for (int s = 0; s < bl->count; s++) {
         int tok = bl->ids[s];
         if (bl->prompt[s] < 0) continue;
         out_tokens[(size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++] = bl->done[s] ? OPT_PAD_ID : tok;
-        if (opt->stop_at_eos && tok == OPT_EOS_ID) bl->done[s] = 1;
+        if (opt->stop_at_eos && gen_is_eos(opt, tok)) bl->done[s] = 1;
         running += slot_running(bl, s, opt->gen_len);
         bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
     }

@@ -1,5 +1,14 @@
-/* support/tokenizer.c: GPT-2 byte-level BPE over OPT's vocab.json / merges.txt, matching HF transformers'
- * slow GPT2Tokenizer (the reference):
+/* support/tokenizer.c: BPE tokenizers. Two sources of rules: OPT's vocab.json / merges.txt, GPT-2's
+ * byte-level BPE as HF transformers' slow GPT2Tokenizer runs it (below), and a tokenizer.json
+ * (tokenizer_json.c reads it into tok_rules), as HF tokenizers runs it:
+ *   - LLaMA 3's and Qwen2's Split regex (digits 3 and 1 at a time), then byte-level BPE, with
+ *     ignore_merges (a word that is a token stays whole);
+ *   - SentencePiece-style BPE (LLaMA 1-2, Mistral): the text between added tokens is one word of
+ *     characters, U+2581 for spaces and before it; a character the vocab lacks becomes its
+ *     <0xNN> byte tokens (byte fallback) or unk; decoding turns them back and drops the leading
+ *     space;
+ *   - NFC first where the normalizer asks (nfc.c), and one merge at a time, the best rank first.
+ * For OPT's files, matching the slow GPT2Tokenizer:
  *   - pre-tokenization: GPT-2's regex
  *       's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *     hand-coded over UTF-8, with \p{L}, \p{N} and \s taken from Python's `regex` module (the
@@ -14,8 +23,10 @@
 #define _POSIX_C_SOURCE 200809L
 #include "support/support.h"
 #include "support/tools.h"
+#include "support/nfc.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -312,6 +323,48 @@ static size_t pretoken_end(const unsigned char *s, size_t n, size_t i) {
     return space_end(s, n, i);
 }
 
+/* LLaMA 3's and Qwen2's Split regex (max_digits 3 and 1), the end of its match at i:
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ *   \s*[\r\n]+|\s+(?!\S)|\s+
+ * Its classes are the GPT-2 regex's; the contractions take either case (and U+017F, which folds
+ * to s). */
+static int is_crlf(unsigned char c) { return c == '\r' || c == '\n'; }
+
+static size_t contraction_ci_len(const unsigned char *s, size_t n) {
+    if (n < 2 || s[0] != '\'') return 0;
+    int a = s[1] | 0x20, b = n > 2 ? s[2] | 0x20 : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (n > 2 && s[1] == 0xC5 && s[2] == 0xBF) return 3; /* 'ſ */
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+static size_t split_end(const unsigned char *s, size_t n, size_t i, int max_digits) {
+    size_t len = contraction_ci_len(s + i, n - i), next, after;
+    if (len) return i + len;
+    int cls = class_at(s, n, i, &next);
+    if (cls == UC_L) return run_end(s, n, next, UC_L);
+    if (cls != UC_N && !is_crlf(s[i]) && next < n && class_at(s, n, next, &after) == UC_L)
+        return run_end(s, n, after, UC_L); /* one non-letter, then letters */
+    if (cls == UC_N) {
+        for (int k = 1; k < max_digits && next < n && class_at(s, n, next, &after) == UC_N; k++)
+            next = after;
+        return next;
+    }
+    size_t j = s[i] == ' ' && next < n && class_at(s, n, next, &after) == UC_O ? next : i;
+    if (class_at(s, n, j, &after) == UC_O) { /* ` ?[^\s\p{L}\p{N}]+[\r\n]*` */
+        j = run_end(s, n, after, UC_O);
+        while (j < n && is_crlf(s[j])) j++;
+        return j;
+    }
+    size_t end = i, last_crlf = 0; /* whitespace: up to its last \r or \n, if it has one */
+    while (end < n && class_at(s, n, end, &after) == UC_S) {
+        if (is_crlf(s[end])) last_crlf = after;
+        end = after;
+    }
+    return last_crlf ? last_crlf : space_end(s, n, i);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Symbol table: every string BPE can hold (vocab tokens, byte symbols, merge parts), interned so
  * that symbols compare as ints. Open addressing over symbol indices.
@@ -495,6 +548,11 @@ struct fg_tokenizer {
     int added_first[257]; /* added[added_first[b] .. added_first[b + 1]) start with byte b */
     char *added_text;
     int unk_id; /* for a byte the vocab lacks (unk_token's vocab id); -1: none, encoding fails */
+    tok_rules rules;  /* how text becomes BPE's words (tokenizer.json's; GPT-2's for vocab.json) */
+    int merge_rounds; /* the slow tokenizer's order: every occurrence of the best pair at once */
+    int unk_sym;      /* symbol of the unk token, or -1 */
+    int byte_tok[256]; /* symbol of each byte's <0xNN> token (byte fallback), or -1 */
+    int32_t *tok_sym;  /* while a tokenizer.json is read: each id's symbol, or -1 */
 };
 
 /* A token as it can be quoted in a one-line message: control bytes become '?', long ones are
@@ -1053,6 +1111,29 @@ static size_t token_bytes(const char *s, size_t n, const int16_t *inv, char *out
     return o;
 }
 
+/* A SentencePiece-style token's bytes: <0xNN> is that byte (byte fallback), U+2581 a space. */
+static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, char *out) {
+    unsigned v;
+    if (t->rules.byte_fallback && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' &&
+        isxdigit((unsigned char)s[3]) && isxdigit((unsigned char)s[4]) &&
+        sscanf(s + 3, "%2x", &v) == 1) {
+        out[0] = (char)v;
+        return 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int meta = i + 2 < n && !memcmp(s + i, "\xE2\x96\x81", 3);
+        out[o++] = meta ? ' ' : s[i];
+        i += meta ? 2 : 0;
+    }
+    return o;
+}
+
+static size_t text_bytes(const fg_tokenizer *t, const char *s, size_t n, const int16_t *inv,
+                         char *out) {
+    return t->rules.byte_level ? token_bytes(s, n, inv, out) : meta_token_bytes(t, s, n, out);
+}
+
 /* Bytes of each id: a vocab token's through the byte map, an added token's (which wins, as in
  * HF's convert_ids_to_tokens) through it or as it is. n_vocab: ids tok_sym covers. */
 static int build_decode_table(fg_tokenizer *t, const int32_t *tok_sym, int n_vocab,
@@ -1087,10 +1168,10 @@ static int build_decode_table(fg_tokenizer *t, const int32_t *tok_sym, int n_voc
             memcpy(t->dec + o, a->text, a->len);
             o += a->len;
         } else if (a) {
-            o += token_bytes(a->text, a->len, inv, t->dec + o);
+            o += text_bytes(t, a->text, a->len, inv, t->dec + o);
         } else if (id < n_vocab && tok_sym[id] >= 0) {
             int k = tok_sym[id];
-            o += token_bytes(t->syms.pool + t->syms.off[k], t->syms.len[k], inv, t->dec + o);
+            o += text_bytes(t, t->syms.pool + t->syms.off[k], t->syms.len[k], inv, t->dec + o);
         }
     }
     t->dec_off[t->vocab_size] = o;
@@ -1154,13 +1235,26 @@ static int load_added_tokens(fg_tokenizer *t, const char *vocab_path, const int3
     return rc;
 }
 
-fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err) {
+/* An empty tokenizer that follows these rules. */
+static fg_tokenizer *new_tokenizer(const tok_rules *rules, char *err) {
     fg_tokenizer *t = calloc(1, sizeof *t);
-    int32_t *tok_sym = NULL;
     if (!t) {
         fg_fail(err, "tokenizer: out of memory");
         return NULL;
     }
+    t->rules = *rules;
+    t->unk_id = t->unk_sym = -1;
+    for (int b = 0; b < 256; b++) t->byte_tok[b] = -1;
+    return t;
+}
+
+fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err) {
+    /* OPT's prompts start with </s> (id 2), as HF's OPT tokenizer files make it the BOS */
+    const tok_rules gpt2 = {.byte_level = 1, .pretok = PRETOK_GPT2, .bos_id = OPT_BOS_ID};
+    fg_tokenizer *t = new_tokenizer(&gpt2, err);
+    int32_t *tok_sym = NULL;
+    if (!t) return NULL;
+    t->merge_rounds = 1;
     int rc = load_vocab(t, vocab_path, &tok_sym, err);
     if (rc == 0 && intern_byte_symbols(t) != 0) {
         fg_fail(err, "%s: out of memory", vocab_path);
@@ -1176,8 +1270,81 @@ fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, ch
     return t;
 }
 
+/* ---- built from a tokenizer.json (tokenizer_json.c reads it) ---- */
+
+fg_tokenizer *tokenizer_new(const tok_rules *rules, int n_vocab, char *err) {
+    fg_tokenizer *t = new_tokenizer(rules, err);
+    if (!t) return NULL;
+    t->vocab_size = n_vocab;
+    t->tok_sym = malloc((size_t)(n_vocab > 0 ? n_vocab : 1) * sizeof *t->tok_sym);
+    for (int i = 0; t->tok_sym && i < n_vocab; i++) t->tok_sym[i] = -1;
+    if (!t->tok_sym || (rules->byte_level && intern_byte_symbols(t))) {
+        fg_fail(err, "tokenizer: out of memory");
+        tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const char *path, char *err) {
+    int k = symtab_intern(&t->syms, s, n);
+    if (k < 0) return fg_fail(err, "%s: out of memory", path);
+    if (t->syms.id[k] >= 0 || t->tok_sym[id] >= 0) {
+        char tok[64];
+        quote_token(tok, sizeof tok, s, n);
+        return fg_fail(err, "%s: token \"%s\" with id %d: the token or the id is in the vocab twice",
+                       path, tok, id);
+    }
+    t->syms.id[k] = id;
+    t->tok_sym[id] = k;
+    return 0;
+}
+
+int tokenizer_add_merge(fg_tokenizer *t, const char *a, size_t an, const char *b, size_t bn, int rank,
+                        const char *where, char *err) {
+    const char *f[2] = {a, b};
+    size_t flen[2] = {an, bn};
+    for (int i = 0; i < 2; i++)
+        if (vocab_id(t, f[i], flen[i]) < 0) {
+            char tok[64];
+            quote_token(tok, sizeof tok, f[i], flen[i]);
+            return fg_fail(err, "%s: \"%s\" is not in the vocab", where, tok);
+        }
+    return add_merge(t, f, flen, rank, where, err);
+}
+
+int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const char *unk,
+                     const char *path, char *err) {
+    token_list list = {0};
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n_added; i++) {
+        const tok_added *a = &added[i];
+        added_token tok = {a->text, a->len, a->id, a->lstrip, a->rstrip, a->single_word, 0, 1};
+        rc = token_list_put(&list, &tok, 1);
+    }
+    if (rc || keep_encoder(t, &list) || build_decode_table(t, t->tok_sym, t->vocab_size, &list))
+        rc = fg_fail(err, "%s: out of memory", path);
+    free(list.v);
+    free(t->tok_sym);
+    t->tok_sym = NULL;
+    if (rc == 0 && unk && (t->unk_sym = symtab_find(&t->syms, unk, strlen(unk))) >= 0)
+        t->unk_id = t->syms.id[t->unk_sym];
+    if (rc == 0 && unk && t->unk_id < 0)
+        return fg_fail(err, "%s: model.unk_token \"%s\" is not in the vocab", path, unk);
+    for (int b = 0; b < 256; b++) { /* the byte fallback's tokens */
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        int k = symtab_find(&t->syms, name, 6);
+        t->byte_tok[b] = k >= 0 && t->syms.id[k] >= 0 ? k : -1;
+    }
+    return rc;
+}
+
+int tokenizer_bos_id(const fg_tokenizer *t) { return t ? t->rules.bos_id : -1; }
+
 void tokenizer_free(fg_tokenizer *t) {
     if (!t) return;
+    free(t->tok_sym);
     symtab_free(&t->syms);
     free(t->merges.slots);
     free(t->dec_off);
@@ -1201,6 +1368,7 @@ typedef struct {
     int *sym, *prev, *next; /* per node; sym -1 once merged into its left neighbour */
     pair_entry *heap, *batch;
     size_t n_heap, cap;      /* nodes; the heap and batch hold 3 * cap (m - 1 pairs + 2 a merge) */
+    char *text;              /* [4 * cap]: a word through the byte map */
     int *ids;                /* the output */
     size_t n_ids, cap_ids;
 } bpe_work;
@@ -1211,8 +1379,10 @@ static void work_free(bpe_work *w) {
     free(w->next);
     free(w->heap);
     free(w->batch);
+    free(w->text);
     w->sym = w->prev = w->next = NULL;
     w->heap = w->batch = NULL;
+    w->text = NULL;
     w->cap = 0;
 }
 
@@ -1226,8 +1396,9 @@ static int work_reserve(bpe_work *w, size_t m) {
     w->next = malloc(cap * sizeof *w->next);
     w->heap = malloc(3 * cap * sizeof *w->heap);
     w->batch = malloc(3 * cap * sizeof *w->batch);
+    w->text = malloc(4 * cap);
     w->cap = cap;
-    if (w->sym && w->prev && w->next && w->heap && w->batch) return 0;
+    if (w->sym && w->prev && w->next && w->heap && w->batch && w->text) return 0;
     work_free(w);
     return -1;
 }
@@ -1306,33 +1477,90 @@ static void bpe_rounds(const fg_tokenizer *t, bpe_work *w) {
     }
 }
 
-static int bpe_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, size_t m,
-                    char *err) {
-    if (work_reserve(w, m) != 0) {
-        fg_fail(err, "tokenizer: out of memory");
-        return -1;
+/* HF tokenizers' order: one merge at a time, the best-ranked pair first, leftmost among equals. */
+static void bpe_in_order(const fg_tokenizer *t, bpe_work *w) {
+    while (w->n_heap > 0) {
+        pair_entry e = heap_pop(w);
+        merge_at(t, w, &e);
     }
+}
+
+/* BPE over the word in nodes 0..m-1 (w->sym set), then its ids. s: the word's bytes, for the
+ * error a byte-level word can meet. */
+static int bpe_merge_emit(const fg_tokenizer *t, bpe_work *w, size_t m, const unsigned char *s,
+                          char *err) {
     for (size_t i = 0; i < m; i++) {
-        w->sym[i] = t->byte_sym[s[i]];
         w->prev[i] = (int)i - 1;
         w->next[i] = i + 1 < m ? (int)i + 1 : -1;
     }
     w->n_heap = 0;
     for (size_t i = 0; i + 1 < m; i++) push_pair(t, w, (int)i);
-    bpe_rounds(t, w);
-    for (int p = 0; p >= 0; p = w->next[p]) {
+    if (t->merge_rounds) bpe_rounds(t, w);
+    else bpe_in_order(t, w);
+    for (int p = 0; m > 0 && p >= 0; p = w->next[p]) {
         int id = t->syms.id[w->sym[p]];
         if (id < 0) id = t->unk_id; /* only single bytes can lack a token: merges are checked */
-        if (id < 0) {
-            fg_fail(err, "tokenizer: byte 0x%02x has no token in the vocab", s[p]);
-            return -1;
-        }
-        if (emit_id(w, id) != 0) {
-            fg_fail(err, "tokenizer: out of memory");
-            return -1;
-        }
+        if (id < 0) return fg_fail(err, "tokenizer: byte 0x%02x has no token in the vocab", s[p]);
+        if (emit_id(w, id) != 0) return fg_fail(err, "tokenizer: out of memory");
     }
     return 0;
+}
+
+/* The vocab id of a byte-level word as a whole (its bytes through the byte map), or -1. */
+static int whole_word_id(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, size_t m) {
+    size_t n = 0;
+    for (size_t i = 0; i < m; i++) {
+        int k = t->byte_sym[s[i]];
+        memcpy(w->text + n, t->syms.pool + t->syms.off[k], t->syms.len[k]);
+        n += t->syms.len[k];
+    }
+    int k = symtab_find(&t->syms, w->text, n);
+    return k >= 0 ? t->syms.id[k] : -1;
+}
+
+/* A byte-level word: one symbol per byte, or (ignore_merges) the word's own token. */
+static int byte_level_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, size_t m,
+                           char *err) {
+    if (work_reserve(w, m) != 0) return fg_fail(err, "tokenizer: out of memory");
+    int id = t->rules.ignore_merges ? whole_word_id(t, w, s, m) : -1;
+    if (id >= 0) return emit_id(w, id) ? fg_fail(err, "tokenizer: out of memory") : 0;
+    for (size_t i = 0; i < m; i++) w->sym[i] = t->byte_sym[s[i]];
+    return bpe_merge_emit(t, w, m, s, err);
+}
+
+/* Whether every byte of a character has a <0xNN> token. */
+static int has_byte_tokens(const fg_tokenizer *t, const unsigned char *s, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (!t->rules.byte_fallback || t->byte_tok[s[i]] < 0) return 0;
+    return 1;
+}
+
+/* A SentencePiece-style word: one symbol per character that is a token, else its byte tokens,
+ * else the unk token (one for a run of them with fuse_unk), as HF's BPE.merge_word. */
+static int char_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s, size_t n,
+                     char *err) {
+    if (work_reserve(w, n) != 0) return fg_fail(err, "tokenizer: out of memory");
+    size_t m = 0;
+    int in_unk = 0;
+    for (size_t i = 0, len; i < n; i += len) {
+        int32_t cp;
+        len = utf8_next(s + i, n - i, &cp);
+        int k = symtab_find(&t->syms, (const char *)s + i, len);
+        if (k >= 0 && t->syms.id[k] >= 0) {
+            w->sym[m++] = k;
+        } else if (has_byte_tokens(t, s + i, len)) {
+            for (size_t b = 0; b < len; b++) w->sym[m++] = t->byte_tok[s[i + b]];
+        } else if (t->unk_sym >= 0) {
+            if (!(in_unk && t->rules.fuse_unk)) w->sym[m++] = t->unk_sym;
+            in_unk = 1;
+            continue;
+        } else {
+            return fg_fail(err, "tokenizer: the character at byte %zu has no token, and the vocab no "
+                           "byte tokens or unk token", i);
+        }
+        in_unk = 0;
+    }
+    return bpe_merge_emit(t, w, m, s, err);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -1456,15 +1684,63 @@ static int apply_token_flags(const fg_tokenizer *t, piece_list *l) {
     return 0;
 }
 
-/* BPE over a piece of text, one pre-token at a time. */
-static int encode_text(const fg_tokenizer *t, bpe_work *w, const piece *p, char *err) {
-    const unsigned char *s = (const unsigned char *)p->s;
-    for (size_t pos = 0; pos < p->n;) {
-        size_t end = pretoken_end(s, p->n, pos);
-        if (bpe_word(t, w, s + pos, end - pos, err)) return -1;
-        pos = end;
+/* End of the pre-token that starts at i. */
+static size_t pretoken_at(const fg_tokenizer *t, const unsigned char *s, size_t n, size_t i) {
+    switch (t->rules.pretok) {
+    case PRETOK_GPT2: return pretoken_end(s, n, i);
+    case PRETOK_LLAMA3: return split_end(s, n, i, 3);
+    case PRETOK_QWEN2: return split_end(s, n, i, 1);
+    default: return n;
     }
-    return 0;
+}
+
+/* Whether SentencePiece's U+2581 goes before this piece (at_start: it begins the text). */
+static int prepends(const fg_tokenizer *t, const char *s, size_t n, int at_start) {
+    int there = n > 0 && (s[0] == ' ' ? t->rules.spaces_to_meta : n >= 3 && !memcmp(s, "\xE2\x96\x81", 3));
+    switch (t->rules.prepend) {
+    case PREPEND_EACH: return n > 0;
+    case PREPEND_EACH_UNLESS_THERE: return n > 0 && !there;
+    case PREPEND_FIRST_UNLESS_THERE: return n > 0 && at_start && !there;
+    default: return 0;
+    }
+}
+
+/* The normalizers: NFC, then SentencePiece's U+2581 for spaces and before the piece. NULL and
+ * *out = s where they change nothing; NULL and *out NULL when out of memory. */
+static char *normalize(const fg_tokenizer *t, const char *s, size_t n, int at_start,
+                       const char **out, size_t *out_n) {
+    char *nfc = t->rules.nfc ? utf8_nfc(s, n, &n) : NULL;
+    *out = t->rules.nfc ? nfc : s, *out_n = n;
+    if (!*out || t->rules.byte_level) return nfc;
+    s = *out;
+    size_t spaces = 0;
+    for (size_t i = 0; t->rules.spaces_to_meta && i < n; i++) spaces += s[i] == ' ';
+    int lead = prepends(t, s, n, at_start);
+    char *meta = malloc(n + 2 * spaces + 3 * (size_t)lead + 1), *o = meta;
+    if (meta && lead) o = memcpy(o, "\xE2\x96\x81", 3), o += 3;
+    for (size_t i = 0; meta && i < n; i++)
+        if (s[i] == ' ' && t->rules.spaces_to_meta) o = memcpy(o, "\xE2\x96\x81", 3), o += 3;
+        else *o++ = s[i];
+    free(nfc);
+    *out = meta, *out_n = meta ? (size_t)(o - meta) : 0;
+    return meta;
+}
+
+/* BPE over a piece of text, normalized, one pre-token at a time. */
+static int encode_text(const fg_tokenizer *t, bpe_work *w, const piece *p, int at_start, char *err) {
+    const char *text;
+    size_t n;
+    char *own = normalize(t, p->s, p->n, at_start, &text, &n);
+    if (!text) return fg_fail(err, "tokenizer: out of memory");
+    const unsigned char *s = (const unsigned char *)text;
+    int rc = 0;
+    for (size_t pos = 0, end; rc == 0 && pos < n; pos = end) {
+        end = pretoken_at(t, s, n, pos);
+        rc = t->rules.byte_level ? byte_level_word(t, w, s + pos, end - pos, err)
+                                 : char_word(t, w, s + pos, end - pos, err);
+    }
+    free(own);
+    return rc;
 }
 
 int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **ids, int *n_ids,
@@ -1487,7 +1763,7 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
     for (int i = 0; rc == 0 && i < pieces.n; i++) {
         const added_token *a = added_exact(t, &pieces.v[i]);
         if (a && emit_id(&w, a->id)) rc = fg_fail(err, "tokenizer: out of memory");
-        else if (!a) rc = encode_text(t, &w, &pieces.v[i], err);
+        else if (!a) rc = encode_text(t, &w, &pieces.v[i], pieces.v[i].s == text, err);
     }
     for (int i = 0; i < pieces.n; i++) free(pieces.v[i].own);
     free(pieces.v);
@@ -1501,21 +1777,37 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
     return 0;
 }
 
-char *tokenizer_decode(const fg_tokenizer *t, const int *ids, int n_ids, size_t *out_len) {
-    size_t total = 0;
-    for (int i = 0; t && ids && i < n_ids; i++)
-        if (ids[i] >= 0 && ids[i] < t->vocab_size)
-            total += t->dec_off[ids[i] + 1] - t->dec_off[ids[i]];
+/* Bytes of id's decoding, or 0 for an id the vocab does not hold. */
+static size_t id_bytes(const fg_tokenizer *t, int id, const char **bytes) {
+    if (id < 0 || id >= t->vocab_size) return 0;
+    *bytes = t->dec + t->dec_off[id];
+    return t->dec_off[id + 1] - t->dec_off[id];
+}
+
+char *tokenizer_decode_from(const fg_tokenizer *t, const int *ids, int n_ids, int from,
+                            size_t *out_len) {
+    size_t total = 0, head = 0, len;
+    const char *b = NULL;
+    for (int i = 0; t && ids && i < n_ids; i++) {
+        total += len = id_bytes(t, ids[i], &b);
+        if (i < from) head += len;
+    }
     char *out = malloc(total + 1);
     if (!out) return NULL;
     size_t o = 0;
     for (int i = 0; t && ids && i < n_ids; i++) {
-        if (ids[i] < 0 || ids[i] >= t->vocab_size) continue;
-        size_t a = t->dec_off[ids[i]], b = t->dec_off[ids[i] + 1];
-        memcpy(out + o, t->dec + a, b - a);
-        o += b - a;
+        len = id_bytes(t, ids[i], &b);
+        memcpy(out + o, b, len);
+        o += len;
     }
-    out[o] = '\0';
-    if (out_len) *out_len = o;
+    size_t strip = t && t->rules.strip_space && o > 0 && out[0] == ' '; /* the decoder's Strip */
+    size_t cut = head > strip ? head : strip;
+    memmove(out, out + cut, o - cut);
+    out[o - cut] = '\0';
+    if (out_len) *out_len = o - cut;
     return out;
+}
+
+char *tokenizer_decode(const fg_tokenizer *t, const int *ids, int n_ids, size_t *out_len) {
+    return tokenizer_decode_from(t, ids, n_ids, 0, out_len);
 }

@@ -80,23 +80,65 @@ int st_open_dir(const char *dir, st_archive *a, char *err);
 int st_open_file(const char *path, st_archive *a, char *err); /* appends one file's tensors */
 
 /* ------------------------------------------------------------------------------------------
- * Tokenizer: GPT-2 byte-level BPE (tokenizer.c).
+ * Tokenizers: BPE (tokenizer.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)
+ * or from a tokenizer.json (tokenizer_json.c: LLaMA's, Mistral's and Qwen2's).
  * ------------------------------------------------------------------------------------------ */
 typedef struct fg_tokenizer fg_tokenizer;
 
 /* Also reads the special and added tokens of the special_tokens_map.json, tokenizer_config.json
  * and added_tokens.json beside vocab_path, where present (as HF's from_pretrained does). */
 fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err);
+/* HF tokenizers' tokenizer.json, and add_bos_token of the tokenizer_config.json beside it. */
+fg_tokenizer *tokenizer_load_json(const char *path, char *err);
+/* A model directory's tokenizer: tokenizer.json, else vocab.json and merges.txt. NULL with an
+ * empty err when it has neither. */
+fg_tokenizer *tokenizer_load_dir(const char *dir, char *err);
 void tokenizer_free(fg_tokenizer *t);
 /* One past the largest id: of the vocab, or of an added token. */
 int tokenizer_vocab_size(const fg_tokenizer *t);
+/* The id a prompt starts with (BOS), or -1 for none. */
+int tokenizer_bos_id(const fg_tokenizer *t);
 /* Encodes len bytes of text (no BOS added); special and added tokens in the text become their
  * ids, as HF's tokenizers split them out. *ids is malloc'd; the caller frees it. */
 int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **ids, int *n_ids,
                      char *err);
-/* Decodes to a malloc'd NUL-terminated byte string; *out_len excludes the NUL. Ids the vocab
- * does not hold decode to nothing. Returns NULL only when out of memory. */
+/* Decodes to a malloc'd NUL-terminated byte string, as HF's decode does (special tokens kept);
+ * *out_len excludes the NUL. Ids the vocab does not hold decode to nothing. Returns NULL only
+ * when out of memory. */
 char *tokenizer_decode(const fg_tokenizer *t, const int *ids, int n_ids, size_t *out_len);
+/* The bytes that ids[from..n) add to the decoding of ids[0..from): a continuation's text. */
+char *tokenizer_decode_from(const fg_tokenizer *t, const int *ids, int n_ids, int from,
+                            size_t *out_len);
+
+/* What tokenizer_json.c tells tokenizer.c: how text becomes BPE's words, and the vocab. */
+typedef enum { PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3, PRETOK_QWEN2 } tok_pretok;
+typedef enum { PREPEND_NONE, PREPEND_EACH, PREPEND_EACH_UNLESS_THERE, PREPEND_FIRST_UNLESS_THERE } tok_prepend;
+typedef struct {
+    int byte_level;      /* bytes through GPT-2's byte map; else characters (SentencePiece-style) */
+    tok_pretok pretok;   /* the Split regex (or none: the text between added tokens is one word) */
+    int nfc;             /* the NFC normalizer */
+    tok_prepend prepend; /* U+2581 before a text piece: SentencePiece's dummy prefix */
+    int spaces_to_meta;  /* ' ' becomes U+2581 */
+    int byte_fallback;   /* a character the vocab lacks becomes its <0xNN> tokens */
+    int fuse_unk;        /* consecutive unknown characters make one unk token */
+    int ignore_merges;   /* a word that is a vocab token is that token */
+    int strip_space;     /* the decoder drops one leading space */
+    int bos_id;          /* -1: none */
+} tok_rules;
+typedef struct {
+    const char *text;
+    size_t len;
+    int id, lstrip, rstrip, single_word;
+} tok_added;
+fg_tokenizer *tokenizer_new(const tok_rules *rules, int n_vocab, char *err);
+/* Token `id`'s text (each id once; ids below n_vocab). */
+int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const char *path, char *err);
+/* Merge number `rank`: a + b; both and their concatenation are tokens. */
+int tokenizer_add_merge(fg_tokenizer *t, const char *a, size_t an, const char *b, size_t bn, int rank,
+                        const char *where, char *err);
+/* The added tokens, the unk token (NULL: none), and the decode table. */
+int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const char *unk,
+                     const char *path, char *err);
 
 int fg_cuda_compiled(void); /* this build has the CUDA backend */
 int fg_trace_write(const fg_runtime *rt, const char *path, char *err);
@@ -238,6 +280,6 @@ int job_output_done(const job_output *o, const char *id);
 int job_output_append(job_output *o, const char *lines, size_t len, char *err);
 void job_output_close(job_output *o);
 char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,
-                 int gen_len, int stop_at_eos, const fg_tokenizer *tok);
+                 const gen_options *g, const fg_tokenizer *tok);
 
 #endif

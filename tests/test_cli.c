@@ -696,7 +696,7 @@ static void test_default_report(void) {
 
 /* Every flag the CLI takes, with a value it accepts (NULL: takes none). */
 static const struct { const char *flag, *value; } FLAGS[] = {
-    {"--model", "opt-125m"}, {"--vocab", "v.json"}, {"--merges", "m.txt"}, {"--prompt", "Hi"},
+    {"--model", "opt-125m"}, {"--vocab", "v.json"}, {"--merges", "m.txt"}, {"--tokenizer", "t.json"}, {"--prompt", "Hi"},
     {"--prompt-file", "p.txt"}, {"--prompt-ids", "i.txt"}, {"--prompt-len", "4"},
     {"--gen-len", "4"}, {"--gpu-batch-size", "1"}, {"--num-gpu-batches", "1"},
     {"--temperature", "0.5"}, {"--top-p", "0.9"}, {"--seed", "3"}, {"--stop-at-eos", NULL}, {"--refill", NULL},
@@ -1337,6 +1337,65 @@ static void test_llama_family(void) {
     free(bad), free(dir);
 }
 
+/* A SentencePiece tokenizer.json over the fixture's 256 ids: <unk> <s> </s>, U+2581, a..z, six
+ * merges ("the" and "cat" whole), and the byte tokens of ASCII. `the_id`: the id of "▁the". */
+static void write_small_tokenizer(const char *dir, const char *normalizer, int the_id) {
+    char vocab[8192] = "", *v = vocab;
+    v += sprintf(v, "\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, \"\u2581\": 3");
+    for (int c = 'a'; c <= 'z'; c++) v += sprintf(v, ", \"%c\": %d", c, 4 + c - 'a');
+    v += sprintf(v, ", \"\u2581t\": 30, \"he\": 31, \"\u2581the\": %d, \"ca\": 33, \"cat\": 34, \"\u2581cat\": 35", the_id);
+    for (int b = 0; b < 128; b++) v += sprintf(v, ", \"<0x%02X>\": %d", b, 36 + b);
+    char *json = malloc(16384);
+    snprintf(json, 16384,
+             "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, {\"id\": 1, \"content\": \"<s>\", "
+             "\"special\": true}, {\"id\": 2, \"content\": \"</s>\", \"special\": true}], \"normalizer\": %s, "
+             "\"pre_tokenizer\": null, \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
+             "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+             "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}}, \"decoder\": "
+             "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"\u2581\"}, "
+             "\"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", "
+             "\"content\": \" \", \"start\": 1, \"stop\": 0}]}, \"model\": {\"type\": \"BPE\", \"dropout\": null, "
+             "\"unk_token\": \"<unk>\", \"fuse_unk\": true, \"byte_fallback\": true, \"vocab\": {%s}, \"merges\": "
+             "[\"\u2581 t\", \"h e\", \"\u2581t he\", \"c a\", \"ca t\", \"\u2581 cat\"]}}",
+             normalizer, vocab);
+    write_text_file(join(dir, "tokenizer.json"), json);
+    free(json);
+}
+
+/* A LLaMA checkpoint with a tokenizer.json: --prompt runs it and prints the text, flexgen tokenize
+ * reads it (--model, --tokenizer), and what it cannot follow, or an id past the model's vocab,
+ * is refused with one line. */
+static void test_llama_tokenizer_json(void) {
+    char *dir = make_temp_dir(), *model = make_temp_dir(), *out, *err, cmd[9000];
+    static const char *const spm = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": "
+                                   "\"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}";
+    snprintf(cmd, sizeof cmd, "cp '%s'/config.json '%s'/model.safetensors '%s'/", fixture("llama-tiny-mha"),
+             fixture("llama-tiny-mha"), model);
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    write_small_tokenizer(model, spm, 32);
+    int rc = run_flexgen(ARGS("tokenize", "--model", model), "the cat\nthe\xc3\xa9\n", &out, &err);
+    EXPECT(rc == 0 && !strcmp(out, "32 35\n32 0\n"), "tokenize --model: exit %d, \"%s\" %s", rc, out, err);
+    free(out), free(err);
+    rc = run_flexgen(ARGS("tokenize", "--tokenizer", join(model, "tokenizer.json")), "the cat\n", &out, &err);
+    EXPECT(rc == 0 && !strcmp(out, "32 35\n"), "tokenize --tokenizer: exit %d, \"%s\" %s", rc, out, err);
+    free(out), free(err);
+    rc = run_flexgen(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--device", "cpu",
+                          "--offload-dir", dir), NULL, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "[1] the cat"), "--prompt with a LLaMA directory: exit %d, %s %s", rc, out, err);
+    free(out), free(err);
+    EXPECT_FAIL(ARGS("tokenize", "--model", dir), "--model", "no tokenizer.json");
+    EXPECT_FAIL(ARGS("tokenize", "--tokenizer", join(model, "tokenizer.json"), "--model", model), "give --vocab");
+    write_small_tokenizer(model, "{\"type\": \"NFKC\"}", 32);
+    EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--offload-dir", dir),
+                "tokenizer.json", "normalizer \"NFKC\" is not implemented");
+    write_small_tokenizer(model, spm, 300);
+    EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--device", "cpu",
+                     "--offload-dir", dir), "300", "vocab");
+    CU_ASSERT_EQUAL(dir_entries(dir), 0);
+    rm_tree(model), rm_tree(dir);
+    free(model), free(dir);
+}
+
 static void test_policy_bad_input(void) {
     char *dir = make_temp_dir();
     const char *hw = join(dir, "hw.json"), *bad = join(dir, "bad.json"), *missing = join(dir, "none.json");
@@ -1880,6 +1939,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "flexgen policy: --json, text and --evaluate", test_policy_command);
     CU_add_test(s, "the LLaMA family: named sizes plan, a checkpoint runs, a bad config.json is refused",
                 test_llama_family);
+    CU_add_test(s, "a LLaMA directory's tokenizer.json: --prompt, tokenize, refusals", test_llama_tokenizer_json);
     CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);

@@ -200,6 +200,7 @@ int main(int argc, char **argv) {
     add_gpu_cli_tests();
 #else
     add_tokenizer_tests();
+    add_tokenizer_json_tests();
     add_model_tests();
     add_checkpoint_tests();
     add_cli_tests();

@@ -112,7 +112,9 @@ static void check_policy_invariance(const char *name, float fp16_bound, int n_sh
 }
 
 static void test_invariance_pre_ln(void) { check_policy_invariance("opt-tiny", 0, 3); }
-static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m", 0, 3); }
+/* Post-LN differs from pre-LN in the layer alone, which no placement or block shape reaches: the
+ * last block shape (4 x 2, the last block partial) under every placement */
+static void test_invariance_post_ln(void) { check_policy_invariance("opt-tiny-350m", 0, 1); }
 /* The LLaMA family: the last block shape (4 x 2, the last block partial) */
 static void test_invariance_llama(void) { check_policy_invariance("llama-tiny-gqa2-llama3", 0, 1); }
 
@@ -153,7 +155,7 @@ static void check_fp16_activations(const char *name, int n_shapes) {
 }
 
 static void test_fp16_pre_ln(void) { check_fp16_activations("opt-tiny", 3); }
-static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m", 3); }
+static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m", 1); }
 static void test_fp16_qwen2(void) { check_fp16_activations("qwen2-tiny", 1); }
 
 /* Prefill in chunks (FG_CHUNK_ROWS): a GPU batch of 40 prompts of 56 tokens (2240 rows) runs each

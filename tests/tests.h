@@ -10,6 +10,7 @@
 #include "support/tools.h"
 
 void add_tokenizer_tests(void);  /* test_tokenizer.c */
+void add_tokenizer_json_tests(void); /* test_tokenizer_json.c */
 void add_model_tests(void);      /* test_model.c: forward pass against PyTorch fixtures */
 void add_checkpoint_tests(void); /* test_checkpoint.c: loader and its bad input */
 void add_cli_tests(void);        /* test_cli.c: ./flexgen end to end and its bad flags */

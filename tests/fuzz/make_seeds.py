@@ -145,6 +145,59 @@ def main():
     put("prompt_ids", "jobs.jsonl", "".join(json.dumps(o) + "\n" for o in [
         {"id": "a", "prompt": texts[0]}, {"prompt_ids": [2, 100, 7]}, {"id": 7, "prompt": texts[1]}]))
 
+    # fuzz_tokenizer_json: small tokenizer.json files of the three kinds tokenizer_json.c reads
+    for name, tok in tokenizer_json_seeds().items():
+        put("tokenizer_json", name, json.dumps(tok, ensure_ascii=False).encode() + SEP +
+            "Hello wörld 123 don't <s> \u00e9 \u0065\u0301 \U0001F999".encode())
+
+
+def tokenizer_json_seeds():
+    """A SentencePiece-style, a LLaMA 3 and a Qwen2 tokenizer.json over a few dozen tokens."""
+    meta = "\u2581"
+    added = [{"id": 0, "content": "<unk>", "special": True}, {"id": 1, "content": "<s>", "special": True}]
+    spm_vocab = {"<unk>": 0, "<s>": 1, meta: 2, **{c: 3 + i for i, c in enumerate("abcdehlorstw")}}
+    spm_vocab.update({"<0x%02X>" % b: 15 + b for b in range(256)})
+    spm_vocab.update({meta + "t": 271, "he": 272, meta + "the": 273})
+    spm = {"added_tokens": added,
+           "normalizer": {"type": "Sequence", "normalizers": [
+               {"type": "Prepend", "prepend": meta},
+               {"type": "Replace", "pattern": {"String": " "}, "content": meta}]},
+           "pre_tokenizer": None,
+           "post_processor": {"type": "TemplateProcessing",
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+           "decoder": {"type": "Sequence", "decoders": [
+               {"type": "Replace", "pattern": {"String": meta}, "content": " "},
+               {"type": "ByteFallback"}, {"type": "Fuse"},
+               {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+           "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                     "vocab": spm_vocab, "merges": [meta + " t", "h e", meta + "t he"]}}
+    byte_map = [chr(b) if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174 else None for b in range(256)]
+    n = 0
+    for b in range(256):
+        if byte_map[b] is None:
+            byte_map[b] = chr(256 + n)
+            n += 1
+    bl_vocab = {c: i for i, c in enumerate(byte_map)}
+    bl_vocab.update({"<|begin_of_text|>": 256, "he": 257, "hel": 258, "\u0120w": 259})
+    split = {"type": "Split", "behavior": "Isolated", "invert": False, "pattern": {"Regex": (
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")}}
+    llama3 = {"added_tokens": [{"id": 256, "content": "<|begin_of_text|>", "special": True}],
+              "normalizer": None,
+              "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                  split, {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]},
+              "post_processor": None, "decoder": {"type": "ByteLevel"},
+              "model": {"type": "BPE", "ignore_merges": True, "vocab": bl_vocab,
+                        "merges": [["h", "e"], ["he", "l"], ["\u0120", "w"]]}}
+    qwen2 = json.loads(json.dumps(llama3))
+    qwen2["normalizer"] = {"type": "NFC"}
+    qwen2["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = split["pattern"]["Regex"].replace(
+        "\\p{N}{1,3}", "\\p{N}")
+    qwen2["model"]["merges"] = ["h e", "he l", "\u0120 w"]
+    return {"spm": spm, "llama3": llama3, "qwen2": qwen2}
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,286 @@
+/* test_tokenizer_json.c: tokenizer.json (support/tokenizer_json.c) against its references, on three
+ * real vocabularies (tests/fixtures/tokenizers/, written by scripts/make_tokenizer_json_fixture.py
+ * and unpacked into build/tokenizers/ by make): LLaMA 2's SentencePiece BPE with byte fallback,
+ * LLaMA 3's byte-level BPE (digits three at a time, ignore_merges) and Qwen2's (NFC, one digit at
+ * a time).
+ *   - llama.cpp's test strings and the ids the original tokenizers gave them;
+ *   - 20,000 lines each, of many scripts, digits, whitespace runs, contractions and special tokens,
+ *     against HF tokenizers' ids and decoding;
+ *   - NFC against Python's unicodedata;
+ *   - every field this project does not implement refused with one line. */
+#define _POSIX_C_SOURCE 200809L
+#include "flexgen.h"
+#include "support/nfc.h"
+#include "tests.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const VOCABS[3] = {"llama-spm", "llama-bpe", "qwen2"};
+
+static fg_tokenizer *load_vocab(const char *name) {
+    char path[4096], err[FG_ERR_LEN] = "";
+    snprintf(path, sizeof path, "build/tokenizers/%s/tokenizer.json", name);
+    fg_tokenizer *t = tokenizer_load_json(path, err);
+    if (!t) fprintf(stderr, "\n  %s\n", err);
+    return t;
+}
+
+static int same_ids(const int *a, int na, const int *b, int nb) {
+    return na == nb && (na == 0 || !memcmp(a, b, (size_t)na * sizeof *a));
+}
+
+static void show_ids(const char *what, const int *ids, int n) {
+    fprintf(stderr, "    %s:", what);
+    for (int i = 0; i < n && i < 40; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "%s\n", n > 40 ? " ..." : "");
+}
+
+/* Encodes text and compares with want; prints the first few misses. */
+static int encodes_to(const fg_tokenizer *t, const char *text, size_t len, const int *want, int n_want,
+                      int *shown) {
+    int *ids = NULL, n = 0;
+    char err[FG_ERR_LEN] = "";
+    int ok = tokenizer_encode(t, text, len, &ids, &n, err) == 0 && same_ids(ids, n, want, n_want);
+    if (!ok && (*shown)++ < 5) {
+        fprintf(stderr, "\n  \"%.*s\" %s\n", (int)(len < 120 ? len : 120), text, err);
+        show_ids("got ", ids, n);
+        show_ids("want", want, n_want);
+    }
+    free(ids);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * llama.cpp's pairs: .inp holds the strings, each followed by "\n__ggml_vocab_test__\n"; .out a
+ * line of ids for each.
+ * ------------------------------------------------------------------------------------------ */
+static int parse_ids(char *line, int *ids, int cap) {
+    int n = 0;
+    for (char *tok = strtok(line, " "); tok && n < cap; tok = strtok(NULL, " ")) ids[n++] = atoi(tok);
+    return n;
+}
+
+static void check_llamacpp(const char *name, int expect_strings) {
+    char path[4096];
+    fg_tokenizer *t = load_vocab(name);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    snprintf(path, sizeof path, "%s/%s/llamacpp.inp", fixture("tokenizers"), name);
+    char *inp = slurp(path, NULL);
+    snprintf(path, sizeof path, "%s/%s/llamacpp.out", fixture("tokenizers"), name);
+    char *out = slurp(path, NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inp);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    static const char SEP[] = "\n__ggml_vocab_test__\n";
+    int strings = 0, agree = 0, shown = 0, *want = malloc(4096 * sizeof *want);
+    char *s = inp, *line = out;
+    for (char *end; (end = strstr(s, SEP)); s = end + strlen(SEP)) {
+        char *nl = strchr(line, '\n');
+        CU_ASSERT_PTR_NOT_NULL_FATAL(nl);
+        *nl = '\0';
+        int n_want = parse_ids(line, want, 4096);
+        line = nl + 1;
+        strings++;
+        agree += encodes_to(t, s, (size_t)(end - s), want, n_want, &shown);
+    }
+    fprintf(stderr, "[%s: %d of %d llama.cpp strings agree] ", name, agree, strings);
+    CU_ASSERT_EQUAL(strings, expect_strings);
+    CU_ASSERT_EQUAL(agree, strings);
+    free(want), free(inp), free(out);
+    tokenizer_free(t);
+}
+
+static void test_llamacpp_spm(void) { check_llamacpp("llama-spm", 46); }
+static void test_llamacpp_llama3(void) { check_llamacpp("llama-bpe", 46); }
+static void test_llamacpp_qwen2(void) { check_llamacpp("qwen2", 46); }
+
+/* ------------------------------------------------------------------------------------------
+ * HF tokenizers on 20,000 lines each: {"text", "ids", and "decoded" where HF's decode is not the
+ * text}.
+ * ------------------------------------------------------------------------------------------ */
+static int decodes_to(const fg_tokenizer *t, const cJSON *ids, const char *want, int *shown) {
+    int n = cJSON_GetArraySize(ids), i = 0, *v = malloc((size_t)(n + 1) * sizeof *v);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ids) v[i++] = e->valueint;
+    size_t len, clean_len;
+    char *raw = tokenizer_decode(t, v, n, &len), *clean = utf8_replace_invalid(raw, len, &clean_len);
+    int ok = clean && clean_len == strlen(want) && !memcmp(clean, want, clean_len);
+    if (!ok && (*shown)++ < 5) fprintf(stderr, "\n  decoded \"%s\", want \"%s\"\n", clean, want);
+    free(v), free(raw), free(clean);
+    return ok;
+}
+
+static void check_cases(const char *name) {
+    char path[4096];
+    fg_tokenizer *t = load_vocab(name);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    snprintf(path, sizeof path, "build/tokenizers/%s/cases.jsonl", name);
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char *line = NULL;
+    size_t cap = 0;
+    int lines = 0, encoded = 0, decoded = 0, shown = 0, *want = malloc(65536 * sizeof *want);
+    while (getline(&line, &cap, f) > 0) {
+        cJSON *c = cJSON_Parse(line);
+        const cJSON *text = fg_json_get(c, "text"), *ids = fg_json_get(c, "ids"), *e;
+        const cJSON *dec = fg_json_get(c, "decoded");
+        CU_ASSERT_FATAL(cJSON_IsString(text) && cJSON_IsArray(ids));
+        int n = 0;
+        cJSON_ArrayForEach(e, ids) if (n < 65536) want[n++] = e->valueint;
+        lines++;
+        encoded += encodes_to(t, text->valuestring, strlen(text->valuestring), want, n, &shown);
+        decoded += decodes_to(t, ids, cJSON_IsString(dec) ? dec->valuestring : text->valuestring, &shown);
+        cJSON_Delete(c);
+    }
+    fprintf(stderr, "[%s: %d lines, %d encode and %d decode as HF] ", name, lines, encoded, decoded);
+    CU_ASSERT(lines >= 20000);
+    CU_ASSERT_EQUAL(encoded, lines);
+    CU_ASSERT_EQUAL(decoded, lines);
+    free(line), free(want);
+    fclose(f);
+    tokenizer_free(t);
+}
+
+static void test_cases_spm(void) { check_cases("llama-spm"); }
+static void test_cases_llama3(void) { check_cases("llama-bpe"); }
+static void test_cases_qwen2(void) { check_cases("qwen2"); }
+
+/* BOS from the post_processor (and add_bos_token); decoding a continuation. */
+static void test_bos_and_continuation(void) {
+    const int bos[3] = {1, 128000, -1};
+    for (int i = 0; i < 3; i++) {
+        fg_tokenizer *t = load_vocab(VOCABS[i]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+        CU_ASSERT_EQUAL(tokenizer_bos_id(t), bos[i]);
+        int *ids, n;
+        char err[FG_ERR_LEN];
+        CU_ASSERT_EQUAL_FATAL(tokenizer_encode(t, "Hello world", 11, &ids, &n, err), 0);
+        CU_ASSERT_FATAL(n >= 2);
+        size_t len;
+        char *tail = tokenizer_decode_from(t, ids, n, n - 1, &len); /* " world", its space kept */
+        CU_ASSERT_STRING_EQUAL(tail, " world");
+        free(tail), free(ids);
+        tokenizer_free(t);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * NFC: tests/fixtures/nfc-cases.txt, "input hex \t NFC hex" from Python's unicodedata.
+ * ------------------------------------------------------------------------------------------ */
+static size_t unhex(const char *s, size_t n, char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        unsigned v;
+        if (sscanf(s + i, "%2x", &v) != 1) break;
+        out[o++] = (char)v;
+    }
+    return o;
+}
+
+static void test_nfc(void) {
+    FILE *f = fopen("build/tokenizers/nfc-cases.txt", "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char *line = NULL, *in = malloc(1 << 16), *want = malloc(1 << 16);
+    size_t cap = 0;
+    int cases = 0, agree = 0;
+    while (getline(&line, &cap, f) > 0) {
+        char *tab = strchr(line, '\t');
+        if (!tab) continue;
+        size_t n_in = unhex(line, (size_t)(tab - line), in), n_want = unhex(tab + 1, strcspn(tab + 1, "\n"), want);
+        size_t n;
+        char *got = utf8_nfc(in, n_in, &n);
+        cases++;
+        agree += got && n == n_want && !memcmp(got, want, n);
+        free(got);
+    }
+    fprintf(stderr, "[%d of %d NFC cases agree] ", agree, cases);
+    CU_ASSERT(cases > 12000);
+    CU_ASSERT_EQUAL(agree, cases);
+    free(line), free(in), free(want);
+    fclose(f);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * What is not implemented, refused with one line naming it.
+ * ------------------------------------------------------------------------------------------ */
+#define SPM_VOCAB "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3}, \"merges\": [\"a b\"]"
+
+static void refused(const char *json, const char *want) {
+    char *dir = make_temp_dir(), path[4200], err[FG_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(json, f);
+    fclose(f);
+    fg_tokenizer *t = tokenizer_load_json(path, err);
+    CU_ASSERT_PTR_NULL(t);
+    if (!strstr(err, want) || strchr(err, '\n')) fprintf(stderr, "\n  got \"%s\", want \"%s\"\n", err, want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "tokenizer.json"));
+    tokenizer_free(t);
+    remove(path);
+    rmdir(dir);
+    free(dir);
+}
+
+static void test_refusals(void) {
+    refused("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "model \"Unigram\" is not implemented");
+    refused("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "model \"WordPiece\"");
+    refused("{\"normalizer\": {\"type\": \"NFKC\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
+            "normalizer \"NFKC\"");
+    refused("{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Lowercase\"}]}, "
+            "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "normalizer \"Lowercase\"");
+    refused("{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
+            "pre_tokenizer \"Whitespace\"");
+    refused("{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+            "{\"Regex\": \"\\\\d+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\"}]}, "
+            "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "LLaMA 3's or Qwen2's Split");
+    refused("{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": "
+            "\"always\", \"split\": true}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "pre_tokenizer \"Metaspace\"");
+    refused("{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}, \"model\": {\"type\": \"BPE\", "
+            SPM_VOCAB "}}", "pre_tokenizer \"ByteLevel\"");
+    refused("{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\"}}, "
+            "{\"SpecialToken\": {\"id\": \"</s>\"}}]}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
+            "post_processor \"TemplateProcessing\"");
+    refused("{\"post_processor\": {\"type\": \"RobertaProcessing\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
+            "post_processor \"RobertaProcessing\"");
+    refused("{\"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
+            "decoder \"WordPiece\"");
+    refused("{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, " SPM_VOCAB "}}", "model.dropout");
+    refused("{\"model\": {\"type\": \"BPE\", \"continuing_subword_prefix\": \"##\", " SPM_VOCAB "}}",
+            "continuing_subword_prefix");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
+            "model.merges[0]: merge result \"ab\" is not in the vocab");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"ab\": 1}, \"merges\": [\"a b\"]}}",
+            "model.merges[0]: \"b\" is not in the vocab");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b c\"]}}",
+            "model.merges[0]: not \"a b\"");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "in the vocab twice");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "model.vocab");
+    refused("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<u>\", " SPM_VOCAB "}}", "unk_token \"<u>\" is not in");
+    refused("{\"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "added_tokens[0]");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a\"]", "not a JSON object");
+    refused("[1, 2]", "not a JSON object");
+}
+
+static void test_missing_file(void) {
+    char err[FG_ERR_LEN] = "";
+    CU_ASSERT_PTR_NULL(tokenizer_load_json("/nonexistent/tokenizer.json", err));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "/nonexistent/tokenizer.json"));
+}
+
+void add_tokenizer_json_tests(void) {
+    CU_pSuite s = CU_add_suite("tokenizer-json", NULL, NULL);
+    CU_add_test(s, "llama.cpp's strings, LLaMA 2's SentencePiece vocab", test_llamacpp_spm);
+    CU_add_test(s, "llama.cpp's strings, LLaMA 3's byte-level vocab", test_llamacpp_llama3);
+    CU_add_test(s, "llama.cpp's strings, Qwen2's byte-level vocab", test_llamacpp_qwen2);
+    CU_add_test(s, "HF tokenizers on 20,000 lines, LLaMA 2", test_cases_spm);
+    CU_add_test(s, "HF tokenizers on 20,000 lines, LLaMA 3", test_cases_llama3);
+    CU_add_test(s, "HF tokenizers on 20,000 lines, Qwen2", test_cases_qwen2);
+    CU_add_test(s, "BOS from the post_processor; a continuation's text", test_bos_and_continuation);
+    CU_add_test(s, "NFC against Python's unicodedata", test_nfc);
+    CU_add_test(s, "unimplemented fields refused with one line", test_refusals);
+    CU_add_test(s, "a missing tokenizer.json", test_missing_file);
+}
