@@ -4,20 +4,20 @@
  * function before its first use, so the file is built bottom-up; read it top-down from the loop,
  * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1220  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
- *  1141  step_begins              a block's step: tokens back, pages, first inputs; step_ends
- *  1114  load_weight              Fig. 4's load_weight; synchronize below it
- *  1037  compute                  layer j of GPU batch k on the backend
- *   890  load_cache               store_cache below it, then load_ and store_activation
- *  1447  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1358  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1225  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1146  step_begins              a block's step: tokens back, pages, first inputs; step_ends
+ *  1119  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1042  compute                  layer j of GPU batch k on the backend
+ *   895  load_cache               store_cache below it, then load_ and store_activation
+ *  1452  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1363  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
  *    54  tier_take                the tiers: every byte taken here, or refused
  *   118  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   184  place_tensors            each tensor's home tier, by FlexGen's rule
- *   327  load_weights_into_homes  the weights written into their homes, once
- *   442  load_weights             a layer read ahead, converted into a staging arena
- *   510  shape_block              a block's buffers per tier; fg_check_plan below it
- *   730  alloc_block              a block's KV cache and activations on the tiers
+ *   331  load_weights_into_homes  the weights written into their homes, once
+ *   447  load_weights             a layer read ahead, converted into a staging arena
+ *   515  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   735  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -220,19 +220,23 @@ void place_weights(fg_model *m) {
         h->bytes = stored_bytes(m, i);
     }
     /* an arena holds the largest staged layer's working weights and, on a device that cannot
-     * decompress host memory, the largest compressed tensor's bytes (one at a time: they land
-     * and are decompressed in order on one stream) */
+     * decompress host memory, the largest compressed tensor's bytes (landing and decompressed in
+     * order on one stream). A tensor sits at its place among the layer's fp16 values, after what
+     * 4-bit tensors before it take beyond their fp16 where the products read 4-bit bytes (a
+     * group of 64 holds a row of under 29 values in more bytes than fp16) */
     const fg_backend *be = m->rt->backend;
     size_t working = 0, landing = 0;
     for (int j = m->first_layer; j < m->end_layer; j++)
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-            const weight_home *h = &m->homes[i];
+        for (int i = m->layer_first[j], extra = 0; i < m->layer_first[j + 1]; i++) {
+            weight_home *h = &m->homes[i];
+            size_t slot = l->tensors[i].count * be->weight_elem, end = l->layer_floats[j] * be->weight_elem;
             if (!is_staged(m, h)) continue;
-            if (l->layer_floats[j] * be->weight_elem > working) working = l->layer_floats[j] * be->weight_elem;
+            h->staged_at = l->tensors[i].offset * be->weight_elem + (size_t)extra;
+            extra += h->q4 && be->reads_q4 && h->bytes > slot ? (int)(h->bytes - slot) : 0;
+            if (end + (size_t)extra > working) working = end + (size_t)extra;
             if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing) landing = h->bytes;
         }
-    m->landing_at = working;
-    m->staging_bytes = working + landing;
+    m->staging_bytes = (m->landing_at = working) + landing;
 }
 
 /* What a home takes of its tier. */
@@ -374,7 +378,8 @@ int load_weights_into_homes(fg_model *m, char *err) {
     }
     free(offsets);
     for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
-        if (tied_here(m, i) >= 0) m->homes[i] = m->homes[tied_here(m, i)];
+        size_t at = m->homes[i].staged_at; /* a tied tensor: its tie's home, staged where it is */
+        if (tied_here(m, i) >= 0) m->homes[i] = m->homes[tied_here(m, i)], m->homes[i].staged_at = at;
         if (!is_staged(m, &m->homes[i])) *l->tensors[i].slot = m->homes[i].q4 ? m->homes[i].stored : m->homes[i].gpu;
     }
     for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++)
@@ -413,7 +418,7 @@ static void weights_in_task(fg_runtime *rt, const io_task *task) {
     for (int i = m->layer_first[task->layer]; i < m->layer_first[task->layer + 1]; i++) {
         const weight_home *h = &m->homes[i];
         const opt_tensor *t = &m->layout.tensors[i];
-        char *working = staging + t->offset * be->weight_elem;
+        char *working = staging + h->staged_at;
         if (!is_staged(m, h)) continue;
         if (h->q4)
             be->weights_in_q4(working, h->stored, h->tier == TIER_GPU ? NULL : landing,
@@ -459,7 +464,7 @@ static void bind_weights(fg_model *m, long n) {
     int j = m->first_layer + (int)(n % stage_layers(m));
     for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
         if (is_staged(m, &m->homes[i]))
-            *m->layout.tensors[i].slot = (fp16 *)(m->staging[n % 2] + m->layout.tensors[i].offset * m->rt->backend->weight_elem);
+            *m->layout.tensors[i].slot = (fp16 *)(m->staging[n % 2] + m->homes[i].staged_at);
 }
 
 /* At the end of a block: layers read ahead for steps that did not come (every sequence

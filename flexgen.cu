@@ -287,8 +287,9 @@ static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t
 typedef struct {
     char *block;        /* the one device allocation */
     __half *h;          /* [rows][max(hidden, word_dim)]: a layer norm's output, the embedding */
-    __half *qkv, *attn; /* [rows][3 hidden], [rows][hidden]; then ffn takes their space */
-    __half *ffn;        /* [rows][ffn] */
+    __half *qkv, *attn; /* [rows][q + 2 kv width] (qkv_layout_of), [rows][q width]; then ffn takes
+                           their space */
+    __half *ffn;        /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
     float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
     __half *probs;      /* the same, softmaxed, fp16 */
     int *pad, *past, *tokens; /* [rows] */
@@ -300,7 +301,7 @@ typedef struct {
     char *on_device;    /* [rows], host: the same, as flags */
     void **host_kv;     /* [2][rows], host: what k and v get */
     opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
-    fp16 *host16;       /* [host_rows][3 hidden], pinned: q, k, v rows out, attention rows in */
+    fp16 *host16;       /* [host_rows][q + 2 kv width], pinned: q, k, v rows out, attention rows in */
     size_t host_rows;
 } cuda_ws;
 
@@ -326,9 +327,8 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     }
     char *at = d->block, *parts[FG_CUDA_WS_PARTS];
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) parts[i] = at, at += sizes[i];
-    size_t h = cfg->hidden;
     d->h = (__half *)parts[0];
-    d->qkv = (__half *)parts[1], d->attn = d->qkv + rows * 3 * h, d->ffn = d->qkv;
+    d->qkv = (__half *)parts[1], d->attn = d->qkv + rows * qkv_width(cfg), d->ffn = d->qkv;
     d->scores = (float *)parts[2], d->probs = (__half *)parts[3];
     d->pad = (int *)parts[4], d->past = d->pad + rows, d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
     d->pages = (int *)parts[8];
@@ -564,40 +564,42 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
 }
 
 /* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
- * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group). */
-__global__ void store_kv_kernel(const __half *qkv, int rows, int n_new, const int *past, const int *pad,
-                                int h, int heads, int q4, void *const *k, void *const *v,
+ * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group).
+ * q, k and v sit in qkv as `at` lays them out (qkv_layout_of); a cache row is heads (the K/V
+ * heads) x hd. */
+__global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new, const int *past,
+                                const int *pad, int hd, int heads, int q4, void *const *k, void *const *v,
                                 const int *pages, int max_pages, int page_tokens) {
-    int hd = h / heads, G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * 2 * heads * G) return;
     int g = (int)(i % G), head = (int)(i / G % heads), kv = (int)(i / G / heads % 2), r = (int)(i / G / heads / 2);
     int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
-    size_t at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
-    const __half *x = qkv + (size_t)r * 3 * h + (size_t)(kv + 1) * h + (size_t)head * hd;
+    size_t row_at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
+    const __half *x = qkv + at.at[kv + 1] + (size_t)r * at.stride[kv + 1] + (size_t)head * hd;
     int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     if (!q4) {
-        __half *row = (__half *)(cache + at * 2 * h) + (size_t)head * hd;
+        __half *row = (__half *)(cache + row_at * 2 * kvw) + (size_t)head * hd;
         for (int e = g * Q4_GROUP; e < g * Q4_GROUP + n; e++) row[e] = x[e];
         return;
     }
     float group[Q4_GROUP];
     for (int e = 0; e < n; e++) group[e] = __half2float(x[g * Q4_GROUP + e]);
     size_t head_bytes = (size_t)G * (Q4_GROUP / 2 + 4);
-    uint8_t *bytes = (uint8_t *)cache + at * heads * head_bytes + (size_t)head * head_bytes;
+    uint8_t *bytes = (uint8_t *)cache + row_at * heads * head_bytes + (size_t)head * head_bytes;
     __half *mins = (__half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
-/* Value d of one head's key (or value) at `slot`: from the cache below past (through its page
- * table), else this step's. */
-__device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh, int slot,
-                          int past, int d, int head, int hd, int h, int heads, int q4) {
-    if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * 3 * h + (size_t)head * hd + d]);
+/* Value d of one K/V head's key (or value) at `slot`: from the cache below past (through its page
+ * table; rows of heads x hd), else this step's (rows `stride` apart). */
+__device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh, size_t stride,
+                          int slot, int past, int d, int head, int hd, int heads, int q4) {
+    if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * stride + (size_t)head * hd + d]);
     size_t row = kv_page_row(pages, page_tokens, slot);
-    if (!q4) return __half2float(((const __half *)(cache + row * 2 * h))[(size_t)head * hd + d]);
+    if (!q4) return __half2float(((const __half *)(cache + row * 2 * heads * hd))[(size_t)head * hd + d]);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
     const uint8_t *bytes = (const uint8_t *)cache + (row * heads + head) * G * (Q4_GROUP / 2 + 4);
     const __half *mins = (const __half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
@@ -609,29 +611,33 @@ __device__ float kv_value(const char *cache, const int *pages, int page_tokens, 
  * it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's one
  * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
  * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
- * Shared: scores and kept flags. */
-__global__ void attention_kernel(const __half *qkv, __half *attn, const int *past, const int *pad,
+ * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: scores
+ * and kept flags. */
+__global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past, const int *pad,
                                  void *const *kc, void *const *vc, const int *pages, int max_pages,
-                                 int page_tokens, int n_new, int h, int heads, int q4, float scale, float sparsity) {
+                                 int page_tokens, int n_new, int hd, int heads, int kv_heads, int q4, float scale,
+                                 float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
-    int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = h / heads;
+    int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, kvh = head / (heads / kv_heads);
     if (!kc[b]) return; /* delegated */
     int slot = past[b] + t - pad[b], nk = slot + 1, decode = n_new - pad[b] == 1 && past[b] > 0;
-    __half *out = attn + ((size_t)b * n_new + t) * h + (size_t)head * hd;
+    __half *out = attn + ((size_t)b * n_new + t) * heads * hd + (size_t)head * hd;
     if (t < pad[b]) { /* a padding query: zeros, as on the CPU */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
         return;
     }
-    const __half *q = qkv + ((size_t)b * n_new + t) * 3 * h + (size_t)head * hd;
-    const __half *fresh = qkv + ((size_t)b * n_new + pad[b]) * 3 * h;
+    const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
+    size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
+    const __half *fresh_k = qkv + at.at[1] + first * at.stride[1], *fresh_v = qkv + at.at[2] + first * at.stride[2];
     const char *K = (const char *)kc[b], *V = (const char *)vc[b];
     const int *k_pages = pages + (size_t)b * max_pages, *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
         for (int d = 0; d < hd; d++)
-            dot += __half2float(q[d]) * kv_value(K, k_pages, page_tokens, fresh + h, j, past[b], d, head, hd, h, heads, q4);
+            dot += __half2float(q[d]) * kv_value(K, k_pages, page_tokens, fresh_k, at.stride[1], j, past[b], d, kvh, hd,
+                                                 kv_heads, q4);
         scores[j] = dot * scale;
     }
     __syncthreads();
@@ -658,7 +664,8 @@ __global__ void attention_kernel(const __half *qkv, __half *attn, const int *pas
         float acc = 0;
         for (int j = 0; j < nk; j++)
             if (kept[j])
-                acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh + 2 * h, j, past[b], d, head, hd, h, heads, q4);
+                acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh_v, at.stride[2], j, past[b], d, kvh, hd,
+                                            kv_heads, q4);
         out[d] = __float2half_rn(acc);
     }
 }
@@ -688,22 +695,32 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 }
 
 /* Prefill (len 0) of device sequence b: scores = scale Q K^T (fp32) and out = P V, products
- * batched over the heads on fp16 inputs (cuBLAS sees row-major [n][3h] slices as column-major). */
+ * batched over the query heads on fp16 inputs (cuBLAS sees row-major [n][width] slices as
+ * column-major): one product over every head (OPT), or one per K/V head over the query heads that
+ * share it, its K and V repeated by a batch stride of 0 (grouped-query attention). */
 static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *gb, int b) {
-    int n = gb->n_new, h = c->hidden, H = c->n_heads, hd = h / H;
+    int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c), qw = q_width(c);
+    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
-    const __half *rows = d->qkv + (size_t)b * n * 3 * h;
-    BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
-                                          rows + h, CUDA_R_16F, 3 * h, hd, rows, CUDA_R_16F, 3 * h, hd,
-                                          &zero, d->scores, CUDA_R_32F, n, (long long)n * n, H,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0], *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
+    const __half *v = d->qkv + at.at[2] + (size_t)b * n * at.stride[2];
+    int calls = group == 1 ? 1 : H / group, batch = group == 1 ? H : group;
+    long long kv_stride = group == 1 ? hd : 0;
+    for (int j = 0; j < calls; j++) /* scores of query heads j batch .. (j + 1) batch - 1 */
+        BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
+                                              k + (size_t)j * hd, CUDA_R_16F, (int)at.stride[1], kv_stride,
+                                              q + (size_t)j * batch * hd, CUDA_R_16F, (int)at.stride[0], hd, &zero,
+                                              d->scores + (size_t)j * batch * n * n, CUDA_R_32F, n, (long long)n * n,
+                                              batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     dim3 grid(n, H);
     prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, d->probs, n, gb->pad[b]);
     LAUNCHED("prefill_softmax_kernel");
-    BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
-                                          rows + 2 * h, CUDA_R_16F, 3 * h, hd, d->probs, CUDA_R_16F, n,
-                                          (long long)n * n, &zero, d->attn + (size_t)b * n * h, CUDA_R_16F,
-                                          h, hd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    for (int j = 0; j < calls; j++)
+        BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
+                                              v + (size_t)j * hd, CUDA_R_16F, (int)at.stride[2], kv_stride,
+                                              d->probs + (size_t)j * batch * n * n, CUDA_R_16F, n, (long long)n * n,
+                                              &zero, d->attn + (size_t)b * n * qw + (size_t)j * batch * hd, CUDA_R_16F,
+                                              qw, hd, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 /* The host rows of delegated attention, for `rows` token rows: the CPU backend's workspace and a
@@ -714,43 +731,50 @@ static void host_rows_ready(cuda_ws *d, const opt_config *c, size_t rows, int ma
     char err[FG_ERR_LEN];
     if (opt_workspace_init(&d->host, c, rows, 0, max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
     d->host_rows = rows;
-    d->host16 = (fp16 *)cuda_host_alloc(rows * 3 * c->hidden * sizeof(fp16), 1);
+    d->host16 = (fp16 *)cuda_host_alloc(rows * qkv_width(c) * sizeof(fp16), 1);
     if (!d->host16) cuda_fail("cuda_host_alloc", __LINE__, "out of host memory for delegated attention");
 }
 
 /* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host (fp16, widened
- * there), the CPU backend's store and attention, the result back rounded to fp16. Runs of such
- * sequences at a time. */
+ * there, in the layout the CPU gives that many rows), the CPU backend's store and attention, the
+ * result back rounded to fp16. Runs of such sequences at a time. */
 static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
-    size_t h = c->hidden, n = gb->n_new;
+    size_t n = gb->n_new, qw = q_width(c), width = qkv_width(c);
+    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
     for (int b0 = 0, b1; b0 < gb->batch; b0 = b1) {
         for (b1 = b0; b1 < gb->batch && !d->on_device[b1] == !d->on_device[b0]; b1++) {}
         if (d->on_device[b0]) continue;
         size_t first = (size_t)b0 * n, count = (size_t)(b1 - b0) * n;
-        cuda_copy_out(d->host16, d->qkv + first * 3 * h, count * 3 * h * sizeof(fp16));
+        if (at.stride[0] == width) /* rows of q, k and v together (OPT) */
+            cuda_copy_out(d->host16, d->qkv + first * width, count * width * sizeof(fp16));
+        else /* q, then k, then v, each its own block */
+            for (int i = 0, o = 0; i < 3; o += (int)(count * at.stride[i]), i++)
+                cuda_copy_out(d->host16 + o, d->qkv + at.at[i] + first * at.stride[i], count * at.stride[i] * sizeof(fp16));
         opt_workspace host = d->host;
-        host.qkv += first * 3 * h, host.attn += first * h;
-        fp16_to_fp32_n(d->host16, host.qkv, count * 3 * h);
+        fp16_to_fp32_n(d->host16, host.qkv, count * width);
         gpu_batch part = *gb;
         part.batch = b1 - b0;
         part.past = gb->past + b0, part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
         part.k_pages = gb->k_pages + b0, part.v_pages = gb->v_pages + b0;
         part.v_rows_read = gb->v_rows_read + b0;
         opt_cache_attention(c, &part, &host);
-        fp32_to_fp16_n(host.attn, d->host16, count * h);
-        cuda_copy_in(d->attn + first * h, d->host16, count * h * sizeof(fp16));
+        fp32_to_fp16_n(host.attn, d->host16, count * qw);
+        cuda_copy_in(d->attn + first * qw, d->host16, count * qw * sizeof(fp16));
     }
 }
 
+/* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
+ * prefill after cached tokens) by attention_kernel, delegated sequences on the CPU. */
 static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
     cudaStream_t s = ctx()->stream;
-    int h = c->hidden, rows = gb->batch * gb->n_new, H = c->n_heads, hd = h / H;
+    int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    qkv_layout at = qkv_layout_of(c, (size_t)rows);
     int on_device = upload_cache(d, gb);
-    size_t groups = (size_t)rows * 2 * H * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, rows, gb->n_new, d->past, d->pad,
-                                                            h, H, gb->kv_q4, d->k, d->v, d->pages, d->max_pages,
+    size_t groups = (size_t)rows * 2 * KV * G;
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, at, rows, gb->n_new, d->past, d->pad,
+                                                            hd, KV, gb->kv_q4, d->k, d->v, d->pages, d->max_pages,
                                                             gb->page_tokens);
     LAUNCHED("store_kv_kernel");
     int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
@@ -764,8 +788,8 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     } else if (on_device > 0) {
         dim3 grid(H, gb->batch, gb->n_new);
         attention_kernel<<<grid, 128, attention_shared_bytes(nk), s>>>(
-            d->qkv, d->attn, d->past, d->pad, d->k, d->v, d->pages, d->max_pages, gb->page_tokens, gb->n_new, h, H,
-            gb->kv_q4, 1.0f / sqrtf((float)hd), gb->attn_sparsity);
+            d->qkv, at, d->attn, d->past, d->pad, d->k, d->v, d->pages, d->max_pages, gb->page_tokens, gb->n_new, hd,
+            H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd), gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
     if (on_device < gb->batch) delegated_attention(d, c, gb, ws); /* its copies follow on this stream */
@@ -783,7 +807,7 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, d->h);
         in = d->h;
     }
-    linear(in, rows, h, L->wqkv, L->bqkv, 3 * h, d->qkv, OUT_SET);
+    linear(in, rows, h, L->wqkv, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
     cache_attention(d, c, gb, ws);
     linear(d->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD);
     if (c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, d->h);
@@ -794,31 +818,141 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
     wait_stream();
 }
 
-/* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
- * all_rows: lm_head is [vocab][word_dim]; fp16 inputs, fp32 logits. */
-static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
-    const opt_config *c = &w->cfg;
-    cuda_ws *d = (cuda_ws *)ws->device;
-    cudaStream_t s = ctx()->stream;
-    int h = c->hidden, rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
+/* Into d->h: the last row of each sequence of x, or every row with all_rows; their count. */
+static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
+    int rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
     const __half *x = (const __half *)gb->x;
     size_t row = h * sizeof(__half);
+    cudaStream_t s = ctx()->stream;
     if (gb->all_rows)
         CUDA_CHECK(cudaMemcpyAsync(d->h, x, (size_t)rows * row, cudaMemcpyDeviceToDevice, s));
     else
         CUDA_CHECK(cudaMemcpy2DAsync(d->h, row, x + (size_t)(gb->n_new - 1) * h, (size_t)gb->n_new * row,
                                      row, rows, cudaMemcpyDeviceToDevice, s));
+    return rows;
+}
+
+/* logits[rows][vocab] = x lm_head^T: lm_head is [vocab][word_dim]; fp16 inputs, fp32 logits. */
+static void lm_head(const opt_weights *w, const __half *x, int rows, float *logits) {
+    const opt_config *c = &w->cfg;
+    float one = 1, zero = 0;
+    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
+                            w->lm_head, CUDA_R_16F, c->word_dim, x, CUDA_R_16F, c->word_dim,
+                            &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    wait_stream();
+}
+
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
+ * all_rows. */
+static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+    const opt_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int h = c->hidden, rows = last_rows(d, gb, h);
     if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
     const __half *last = d->h;
     if (w->project_out) {
         linear(d->h, rows, h, w->project_out, NULL, c->word_dim, d->qkv, OUT_SET);
         last = d->qkv;
     }
-    float one = 1, zero = 0;
-    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
-                            w->lm_head, CUDA_R_16F, c->word_dim, last, CUDA_R_16F, c->word_dim,
-                            &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    lm_head(w, last, rows, logits);
+}
+
+/* ============================================================================================
+ * The LLaMA family (llama_model.c's steps, on fp16 hidden states): RMSNorm, RoPE and SwiGLU here;
+ * the products, the cache and attention (grouped-query) as above.
+ * ============================================================================================ */
+
+/* y = x / sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm), a block per row; y may alias x. */
+__global__ void rms_norm_kernel(const __half *x, int dim, const __half *w, float eps, __half *y) {
+    __shared__ float shared[32];
+    const __half *xr = x + (size_t)blockIdx.x * dim;
+    __half *yr = y + (size_t)blockIdx.x * dim;
+    float s = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += __half2float(xr[i]) * __half2float(xr[i]);
+    float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __float2half_rn(__half2float(w[i]) * (__half2float(xr[i]) * inv));
+}
+
+static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float eps, __half *y) {
+    rms_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, eps, y);
+    LAUNCHED("rms_norm_kernel");
+}
+
+/* RoPE's inverse frequencies, by value (head_dim <= 1024). */
+typedef struct { float f[512]; } rope_freqs;
+
+/* RoPE in HF's layout (pair i: dimensions i and i + hd/2 of a head) on the q heads and the k
+ * heads of each row at its position (its cache slot; padding rows too, unread): a block per row. */
+__global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *past, const int *pad, int hd,
+                            int heads, int kv_heads, rope_freqs freqs) {
+    int r = blockIdx.x, b = r / n_new, half = hd / 2;
+    float pos = (float)(past[b] + r % n_new - pad[b]);
+    for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
+        int head = i / half, p = i % half, is_k = head >= heads;
+        __half *v = qkv + at.at[is_k] + (size_t)r * at.stride[is_k] + (size_t)(head - is_k * heads) * hd;
+        float angle = pos * freqs.f[p], cosine = cosf(angle), sine = sinf(angle);
+        float a = __half2float(v[p]), c = __half2float(v[p + half]);
+        v[p] = __float2half_rn(a * cosine - c * sine);
+        v[p + half] = __float2half_rn(c * cosine + a * sine);
+    }
+}
+
+/* gate = silu(gate) * up, elementwise. */
+__global__ void swiglu_kernel(__half *gate, const __half *up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = __half2float(gate[i]);
+    gate[i] = __float2half_rn(g / (1.0f + expf(-g)) * __half2float(up[i]));
+}
+
+/* x = embed_tokens[token] (no position table). */
+static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int rows = gb->batch * gb->n_new;
+    upload_tokens(d, gb);
+    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>((const __half *)w->embed_tokens, d->tokens, w->cfg.hidden,
+                                                        (__half *)gb->x);
+    LAUNCHED("gather_rows_kernel");
     wait_stream();
+}
+
+/* One decoder layer (llama_model.c's llama_layer, step for step). */
+static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
+    const opt_config *c = &w->cfg;
+    const opt_layer_weights *L = &w->layers[layer];
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
+    __half *x = (__half *)gb->x, *gate = d->ffn, *up = d->ffn + (size_t)rows * f;
+    qkv_layout at = qkv_layout_of(c, (size_t)rows);
+    rope_freqs freqs;
+    rope_frequencies(c, freqs.f);
+    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);                    /* input_layernorm */
+    linear(d->h, rows, h, L->wq, L->bq, qw, d->qkv + at.at[0], OUT_SET);      /* q, k, v projections */
+    linear(d->h, rows, h, L->wk, L->bk, kw, d->qkv + at.at[1], OUT_SET);
+    linear(d->h, rows, h, L->wv, L->bv, kw, d->qkv + at.at[2], OUT_SET);
+    upload_rows(d, gb);                                                        /* positions into q, k */
+    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, d->past, d->pad, cfg_head_dim(c), c->n_heads,
+                                                 cfg_kv_heads(c), freqs);
+    LAUNCHED("rope_kernel");
+    cache_attention(d, c, gb, ws);                                             /* K, V cached; attention */
+    linear(d->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD);                   /* o_proj, residual */
+    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);                      /* post_attention_layernorm */
+    linear(d->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET);            /* SwiGLU MLP */
+    linear(d->h, rows, h, L->up_w, L->up_b, f, up, OUT_SET);
+    size_t n = (size_t)rows * f;
+    swiglu_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(gate, up, n);
+    LAUNCHED("swiglu_kernel");
+    linear(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD);               /* down_proj, residual */
+    wait_stream();
+}
+
+/* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
+static void cuda_llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+    const opt_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int h = c->hidden, rows = last_rows(d, gb, h);
+    rms_norm(d->h, rows, h, w->final_ln_w, c->rms_eps, d->h);
+    lm_head(w, d->h, rows, logits);
 }
 
 /* ============================================================================================
@@ -846,7 +980,7 @@ static const fg_backend cuda_backend = {
     cuda_weights_in, cuda_weights_in_q4,
     cuda_copy_in, cuda_copy_out, cuda_copy,
     fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
-    {{cuda_embed, cuda_layer, cuda_output}}, /* forward: OPT's; LLaMA's not yet (NULL) */
+    {{cuda_embed, cuda_layer, cuda_output}, {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* forward */
     cuda_device_memory,
     0,                      /* reads_q4: 4-bit weights are decompressed into staging */
     FG_CUDA_RESERVE,        /* device_reserve */

@@ -146,6 +146,7 @@ typedef struct {
     fp16 *gpu;    /* gpu tier, uncompressed: the working copy */
     void *stored; /* otherwise: fp16 or 4-bit, in the tier's memory or the disk arena */
     size_t bytes; /* of stored */
+    size_t staged_at; /* where it is in a staging arena, when staged */
 } weight_home;
 
 struct fg_model {

@@ -57,6 +57,8 @@ static inline int cfg_head_dim(const opt_config *c) { return c->head_dim ? c->he
 static inline int cfg_kv_heads(const opt_config *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_heads; }
 static inline int q_width(const opt_config *c) { return c->n_heads * cfg_head_dim(c); }
 static inline int kv_width(const opt_config *c) { return cfg_kv_heads(c) * cfg_head_dim(c); }
+/* A token's q, k and v together. */
+static inline size_t qkv_width(const opt_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
 
 /* A decoder layer's weights as compute reads them: fp16, or 4-bit (§5) where opt_weights.q4.
  * Linear weights are stored transposed, [in][out]. OPT's fields first, then LLaMA's. */

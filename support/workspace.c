@@ -131,13 +131,16 @@ void opt_workspace_free(opt_workspace *ws) {
 }
 
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
- * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(4 hidden, ffn)]; one
+ * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(q + 2 kv + q widths
+ * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one
  * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_prompt][max_prompt]
  * (decode attends in shared memory); per row a pad, a token, two cache pointers and two page
  * tables of a cache of max_len. Here so that the cost model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
-    size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, M = (size_t)max_prompt, H = cfg->n_heads;
-    size_t mixed = 4 * h > f ? 4 * h : f, pages = (size_t)kv_pages_for(max_len, FG_PAGE_TOKENS);
+    size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
+    size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
+    size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
+    size_t mixed = qkv_attn > f ? qkv_attn : f, pages = (size_t)kv_pages_for(max_len, FG_PAGE_TOKENS);
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
                                       2 * H * M * M, 8 * rows, 4 * rows, 8 * rows, 8 * rows,
                                       2 * 4 * rows * pages};
@@ -155,7 +158,7 @@ size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_promp
 }
 
 size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) {
-    return opt_workspace_bytes(cfg, rows, 0, max_len) + 2 * rows * 3 * (size_t)cfg->hidden;
+    return opt_workspace_bytes(cfg, rows, 0, max_len) + 2 * rows * qkv_width(cfg);
 }
 
 /* A workspace's token rows: prefill computes a layer on chunks of at most FG_CHUNK_ROWS rows,

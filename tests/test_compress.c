@@ -307,6 +307,27 @@ static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
 static void test_weights_llama(void) { check_weights("llama-tiny-gqa4-linear"); }
 static void test_int8_llama(void) { check_int8("llama-tiny-mqa-bias"); }
 
+/* Mistral's k and v are 16 wide: a 4-bit group of 64 holds such a row in 36 bytes, more than its
+ * 32 of fp16, and staged for the CPU's products (which read the 4-bit bytes) it must not run into
+ * the next tensor: weights on cpu, on disk and split give the bits of weights on the gpu tier. */
+static void test_weights_narrow_rows(void) {
+    fixture_prompts f;
+    fixture_prompts_open("mistral-tiny-gqa8", N_SEQ, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *ref = malloc(n * sizeof *ref), *r = malloc(n * sizeof *r);
+    int ref_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {0, 100, 100, 0, 100, 0},
+                                            {0, 0, 100, 0, 100, 0}, {30, 30, 100, 0, 100, 0}};
+    for (size_t k = 0; k < sizeof placements / sizeof *placements; k++) {
+        fg_policy p = compressed(2, 2, placements[k]);
+        CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, k ? tokens : ref_tokens, k ? r : ref), 0);
+        if (k) CU_ASSERT(!memcmp(tokens, ref_tokens, sizeof tokens) && !memcmp(r, ref, n * sizeof *r));
+    }
+    for (size_t i = 0; i < n; i++) CU_ASSERT_FATAL(isfinite(ref[i]));
+    free(ref), free(r);
+    fixture_prompts_close(&f);
+}
+
 /* ---- the KV cache ---- */
 
 static fg_policy cache_policy(int gbs, int ngb, fg_percent percent, int overlap, int delegate) {
@@ -620,6 +641,8 @@ void add_compress_tests(void) {
     CU_add_test(s, "--compress-weight on LLaMA (GQA 4, untied): the plain pass's bits, close to fp16",
                 test_weights_llama);
     CU_add_test(s, "--int8-activations on LLaMA (MQA, biases): the plain pass's bits", test_int8_llama);
+    CU_add_test(s, "--compress-weight on Mistral (k, v rows of 16): the gpu tier's bits staged from cpu and disk",
+                test_weights_narrow_rows);
     CU_add_test(s, "--compress-cache on Mistral (GQA 8): same bits in every placement, close to fp16",
                 test_cache_gqa);
     CU_add_test(s, "--int8-activations: the plain pass's bits on every tier, close to section 5's, pre-LN",

@@ -1,4 +1,5 @@
-/* test_cuda.c: the GPU suite. The CUDA backend against the CPU backend on the tiny fixtures, over
+/* test_cuda.c: the GPU suite. The CUDA backend against the CPU backend on the tiny fixtures (OPT's
+ * and the LLaMA family's), over
  * the runtime's placements, with CPU delegation, 4-bit weights and cache (§5) and top-K sparse
  * attention. It runs natively on a GPU and, on every machine, on the emulated GPU of tests/cuda_emu
  * (build-emu/test_flexgen: the same flexgen.cu, its kernels run thread by thread on the CPU).
@@ -244,6 +245,11 @@ static void compare_backends(const char *fixture_name) {
 
 static void test_pre_ln(void) { compare_backends("opt-tiny"); }
 static void test_post_ln(void) { compare_backends("opt-tiny-350m"); }
+/* The LLaMA family: LLaMA with one K/V head for 8 query heads of 24 and every bias, Mistral's
+ * 16 heads on 2 K/V heads, Qwen2's q, k, v biases (bf16 checkpoint). */
+static void test_llama(void) { compare_backends("llama-tiny-mqa-bias"); }
+static void test_mistral(void) { compare_backends("mistral-tiny-gqa8"); }
+static void test_qwen2(void) { compare_backends("qwen2-tiny"); }
 
 /* Sparse attention on the GPU keeps what the CPU keeps however the prompts (1 to 14 tokens) are
  * grouped into blocks: each grouping's tokens equal the CPU's with all five in one block, and
@@ -400,6 +406,11 @@ void add_cuda_tests(void) {
     CU_pSuite s = CU_add_suite("gpu", NULL, NULL);
     CU_add_test(s, "CUDA against CPU, pre-LN fixture, policy matrix", test_pre_ln);
     CU_add_test(s, "CUDA against CPU, post-LN fixture, policy matrix", test_post_ln);
+    CU_add_test(s, "CUDA against CPU, LLaMA fixture (MQA, head_dim 24, biases), policy matrix", test_llama);
+#ifndef __SANITIZE_ADDRESS__ /* make test-san: the LLaMA family's paths once, on the LLaMA fixture */
+    CU_add_test(s, "CUDA against CPU, Mistral fixture (GQA 8), policy matrix", test_mistral);
+    CU_add_test(s, "CUDA against CPU, Qwen2 fixture, policy matrix", test_qwen2);
+#endif
     CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
     CU_add_test(s, "--gpu-mem caps device memory", test_gpu_mem_cap);
     CU_add_test(s, "--gpu-mem's plan with CUDA's sizes, on the CPU", test_gpu_mem_cap_plan);

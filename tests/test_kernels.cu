@@ -21,6 +21,13 @@
  *                           device copy: byte for byte
  *   upload_cache            the page tables of pages of 5 tokens, more than the workspace's part
  *                           holds: each sequence's K and V tables on the device
+ *   rms_norm_kernel,
+ *   rope_kernel,
+ *   swiglu_kernel           the LLaMA family's steps in double on the same fp16 values, each within
+ *                           the fp32 rounding it does plus one fp16 rounding (RoPE's cosf and sinf
+ *                           within 2 ulps, CUDA's bound), at head dims 24, 64 and 128
+ *   attention_kernel, GQA   grouped-query attention over LLaMA's blocked q, k, v against the same
+ *                           kernel over OPT's rows with each K/V head repeated: bit for bit
  *
  * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
  * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
@@ -389,8 +396,9 @@ static void run_store(void *p) {
     int h = c->heads * c->head_dim, rows = c->batch * c->n_new, G = (c->head_dim + Q4_GROUP - 1) / Q4_GROUP;
     upload(a->cache->dev, a->cache->host, 2 * a->cache->pool_bytes); /* the pools as they were */
     size_t groups = (size_t)rows * 2 * c->heads * G;
+    qkv_layout at = {{0, (size_t)h, 2 * (size_t)h}, {3 * (size_t)h, 3 * (size_t)h, 3 * (size_t)h}}; /* OPT's rows */
     store_kv_kernel<<<blocks_for(groups, 128), 128, 0, ctx()->stream>>>(
-        a->qkv, rows, c->n_new, a->past, a->pad, h, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v,
+        a->qkv, at, rows, c->n_new, a->past, a->pad, c->head_dim, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v,
         a->cache->dev_tables, a->cache->max_pages, a->cache->page_tokens);
     LAUNCHED("store_kv_kernel");
     wait_stream();
@@ -553,9 +561,11 @@ static void run_attention(void *p) {
     const step_case *c = &s->c;
     poison(s->dev_attn, (size_t)s->rows * s->h * sizeof(__half));
     dim3 grid(c->heads, c->batch, c->n_new);
+    size_t h = (size_t)s->h;
+    qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
     attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
-        s->dev_qkv, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, s->cache.dev_tables,
-        s->cache.max_pages, s->cache.page_tokens, c->n_new, s->h, c->heads, s->q4,
+        s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, s->cache.dev_tables,
+        s->cache.max_pages, s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads, s->q4,
         1.0f / sqrtf((float)c->head_dim), c->sparsity);
     LAUNCHED("attention_kernel");
     wait_stream();
@@ -1240,6 +1250,244 @@ static void test_page_tables(void) {
     cuda_workspace_free(&ws);
 }
 
+/* ============================================================================================
+ * The LLaMA family's kernels: rms_norm_kernel, rope_kernel, swiglu_kernel against their math in
+ * double on the same fp16 inputs, and grouped-query attention (attention_kernel over q, k and v
+ * in LLaMA's blocked layout, n_heads / n_kv_heads query heads to a K/V head) against the same
+ * kernel over OPT's rows with each K/V head repeated for its query heads, bit for bit.
+ * ============================================================================================ */
+
+/* Bound of a value y computed in fp32 with relative error rel, then rounded to fp16. */
+static double fp16_bound(double y, double rel) {
+    double E = 1.01 * rel * fabs(y);
+    return E + h16(fabs(y) + E);
+}
+
+typedef struct {
+    int rows, dim;
+    float eps;
+    const fp16 *x_host;
+    __half *x, *y;
+    const fp16 *w;
+} rms_args;
+
+static void run_rms_norm(void *p) {
+    rms_args *a = (rms_args *)p;
+    size_t bytes = (size_t)a->rows * a->dim * sizeof(fp16);
+    upload(a->x, a->x_host, bytes);
+    if (a->y != a->x) poison(a->y, bytes);
+    rms_norm(a->x, a->rows, a->dim, a->w, a->eps, a->y);
+    wait_stream();
+}
+
+/* RMSNorm: the sum of squares (positive terms) within gamma_dim, the root and three roundings
+ * more: y within gamma_dim / 2 + 8 u of itself before its fp16 rounding. y == x: the same bits. */
+static void test_rms_norm(void) {
+    if (!gpu_ready()) return;
+    static const int dims[] = {24, 144, 600}, row_counts[] = {1, 5};
+    uint64_t seed = 61;
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ri = 0; ri < 2; ri++) {
+            int dim = dims[di], rows = row_counts[ri], bad = 0;
+            float eps = di % 2 ? 1e-6f : 1e-5f;
+            size_t n = (size_t)rows * dim;
+            fp16 *x = random_halves(n, &seed, -3, 3), *w = random_halves((size_t)dim, &seed, 0.2f, 2);
+            rms_args a = {rows, dim, eps, x, device_array<__half>(n), device_array<__half>(n), device_copy(w, (size_t)dim)};
+            fp16 *got = host_array<fp16>(n), *aliased = host_array<fp16>(n);
+            char what[96];
+            snprintf(what, sizeof what, "rms_norm_kernel, %d rows of %d", rows, dim);
+            run_in_every_order(what, run_rms_norm, &a, a.y, n * sizeof(fp16), got);
+            for (int r = 0; r < rows; r++) {
+                const fp16 *xr = x + (size_t)r * dim;
+                double squares = 0;
+                for (int i = 0; i < dim; i++) squares += (double)half_value(xr[i]) * half_value(xr[i]);
+                double inv = 1 / sqrt(squares / dim + eps);
+                for (int i = 0; i < dim; i++) {
+                    double y = half_value(w[i]) * half_value(xr[i]) * inv;
+                    bad += !(fabs(half_value(got[(size_t)r * dim + i]) - y) <= fp16_bound(y, gamma_n(dim) / 2 + 8 * U));
+                }
+            }
+            EXPECT(bad == 0, "%s: %d values beyond their bound", what, bad);
+            __half *y = a.y;
+            a.y = a.x;
+            run_in_every_order(what, run_rms_norm, &a, a.y, n * sizeof(fp16), aliased);
+            EXPECT(!memcmp(got, aliased, n * sizeof(fp16)), "%s, y == x: not the bits of a separate y", what);
+            cuda_free(a.x), cuda_free(y), cuda_free((void *)a.w);
+            free(x), free(w), free(got), free(aliased);
+        }
+}
+
+typedef struct {
+    const fp16 *host;
+    __half *qkv;
+    qkv_layout at;
+    int n_new, hd, heads, kv_heads;
+    const int *past, *pad;
+    rope_freqs freqs;
+    size_t n;
+} rope_args;
+
+static void run_rope(void *p) {
+    rope_args *a = (rope_args *)p;
+    upload(a->qkv, a->host, a->n * sizeof(fp16));
+    rope_kernel<<<(unsigned)(a->n / (a->at.stride[0] + 2 * a->at.stride[1])), 128, 0, ctx()->stream>>>(
+        a->qkv, a->at, a->n_new, a->past, a->pad, a->hd, a->heads, a->kv_heads, a->freqs);
+    LAUNCHED("rope_kernel");
+    wait_stream();
+}
+
+/* RoPE on q and k heads at each row's position (cache slot), v untouched: each output a c - b s
+ * (or b c + a s) of the fp16 inputs, with the fp32 angle pos * inv_freq (as the CPU forms it),
+ * cosf and sinf within 2 ulps (CUDA's bound), two products and a sum in fp32. llama3 scaling,
+ * head dims 24 (MQA), 64 and 128, positions past a page, padding rows. */
+static void test_rope(void) {
+    if (!gpu_ready()) return;
+    static const struct { int heads, kv_heads, hd; } shapes[] = {{4, 1, 24}, {6, 2, 64}, {2, 2, 128}};
+    const int batch = 3, n_new = 4, past[3] = {0, 37, 5}, pad[3] = {1, 0, 3};
+    uint64_t seed = 71;
+    for (int si = 0; si < 3; si++) {
+        opt_config c = {};
+        c.family = FAMILY_LLAMA, c.hidden = 96, c.n_heads = shapes[si].heads, c.n_kv_heads = shapes[si].kv_heads;
+        c.head_dim = shapes[si].hd, c.rope.theta = si == 1 ? 500000.0f : 10000.0f;
+        if (si == 1) c.rope.kind = ROPE_LLAMA3, c.rope.factor = 8, c.rope.low_freq = 1, c.rope.high_freq = 4, c.rope.original_max_pos = 64;
+        int rows = batch * n_new, hd = c.head_dim, half = hd / 2, bad = 0;
+        qkv_layout at = qkv_layout_of(&c, (size_t)rows);
+        size_t n = (size_t)rows * qkv_width(&c);
+        rope_args a = {random_halves(n, &seed, -2, 2), device_array<__half>(n), at, n_new, hd, c.n_heads, c.n_kv_heads,
+                       device_copy(past, 3), device_copy(pad, 3), {}, n};
+        rope_frequencies(&c, a.freqs.f);
+        fp16 *got = host_array<fp16>(n);
+        char what[96];
+        snprintf(what, sizeof what, "rope_kernel, %d heads, %d K/V heads of %d", c.n_heads, c.n_kv_heads, hd);
+        run_in_every_order(what, run_rope, &a, a.qkv, n * sizeof(fp16), got);
+        for (int r = 0; r < rows; r++) {
+            float pos = (float)(past[r / n_new] + r % n_new - pad[r / n_new]);
+            for (int head = 0; head < c.n_heads + c.n_kv_heads; head++) {
+                int is_k = head >= c.n_heads;
+                size_t base = at.at[is_k] + (size_t)r * at.stride[is_k] + (size_t)(head - is_k * c.n_heads) * hd;
+                for (int p = 0; p < half; p++) {
+                    float angle = pos * a.freqs.f[p];
+                    double cs = cos((double)angle), sn = sin((double)angle);
+                    double x0 = half_value(a.host[base + p]), x1 = half_value(a.host[base + p + half]);
+                    double y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn, mag = fabs(x0) + fabs(x1);
+                    double E = mag * (2 * 0x1p-23 + 3 * U); /* cos, sin within 2^-23; products, sum */
+                    bad += !(fabs(half_value(got[base + p]) - y0) <= E + h16(fabs(y0) + E));
+                    bad += !(fabs(half_value(got[base + p + half]) - y1) <= E + h16(fabs(y1) + E));
+                }
+            }
+        }
+        bad += memcmp(got + at.at[2], a.host + at.at[2], (size_t)rows * at.stride[2] * sizeof(fp16)) != 0; /* v */
+        EXPECT(bad == 0, "%s: %d values beyond their bound (or v changed)", what, bad);
+        cuda_free(a.qkv), cuda_free((void *)a.past), cuda_free((void *)a.pad);
+        free((void *)a.host), free(got);
+    }
+}
+
+typedef struct {
+    const fp16 *gate_host;
+    __half *gate, *up;
+    size_t n;
+} swiglu_args;
+
+static void run_swiglu(void *p) {
+    swiglu_args *a = (swiglu_args *)p;
+    upload(a->gate, a->gate_host, a->n * sizeof(fp16));
+    swiglu_kernel<<<blocks_for(a->n, 256), 256, 0, ctx()->stream>>>(a->gate, a->up, a->n);
+    LAUNCHED("swiglu_kernel");
+    wait_stream();
+}
+
+/* silu(g) u: expf within 2 ulps, then an addition, a division and a product in fp32 (the
+ * exponential's error is damped by e/(1 + e) <= 1): within 10 u before the fp16 rounding. */
+static void test_swiglu(void) {
+    if (!gpu_ready()) return;
+    const size_t n = 1000;
+    uint64_t seed = 81;
+    fp16 *g = random_halves(n, &seed, -12, 12), *u = random_halves(n, &seed, -3, 3), *got = host_array<fp16>(n);
+    swiglu_args a = {g, device_array<__half>(n), device_copy((const __half *)u, n), n};
+    run_in_every_order("swiglu_kernel", run_swiglu, &a, a.gate, n * sizeof(fp16), got);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = half_value(g[i]), y = x / (1 + exp(-x)) * half_value(u[i]);
+        bad += !(fabs(half_value(got[i]) - y) <= fp16_bound(y, 10 * U));
+    }
+    EXPECT(bad == 0, "swiglu_kernel: %d of %zu values beyond their bound", bad, n);
+    cuda_free(a.gate), cuda_free(a.up);
+    free(g), free(u), free(got);
+}
+
+/* attention_kernel's output for q, k, v rows laid out by `at`, over a cache of kv_heads heads. */
+static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_layout at, int kv_heads,
+                           const paged_cache *cache, int q4) {
+    int rows = c->batch * c->n_new;
+    size_t out = (size_t)rows * c->heads * c->head_dim;
+    __half *dev_qkv = (__half *)device_copy(qkv, n), *dev_attn = device_array<__half>(out);
+    int *past = device_copy(c->past, (size_t)c->batch), *pad = device_copy(c->pad, (size_t)c->batch);
+    upload(cache->dev, cache->host, 2 * cache->pool_bytes);
+    dim3 grid(c->heads, c->batch, c->n_new);
+    attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
+        dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, cache->dev_tables, cache->max_pages,
+        cache->page_tokens, c->n_new, c->head_dim, c->heads, kv_heads, q4, 1.0f / sqrtf((float)c->head_dim), c->sparsity);
+    LAUNCHED("attention_kernel");
+    wait_stream();
+    fp16 *got = host_array<fp16>(out);
+    download(got, dev_attn, out * sizeof(fp16));
+    cuda_free(dev_qkv), cuda_free(dev_attn), cuda_free(past), cuda_free(pad);
+    return got;
+}
+
+/* Grouped-query attention equals multi-head attention over repeated K/V heads: the blocked
+ * layout and a cache of kv_heads heads against OPT's rows and a cache with each K/V head written
+ * for each of its query heads, the same page tables; decode and prefill after cached tokens, fp16
+ * and 4-bit caches, dense and top-K. */
+static void test_gqa_attention(void) {
+    if (!gpu_ready()) return;
+    static const step_case cases[] = {
+        {"decode, 4 heads on 1 K/V head of 24, pages of 5", 4, 24, 3, 1, 5, -1, 1, {7, 16, 3}, {0, 0, 0}},
+        {"decode, top-K, 6 heads on 2 K/V heads of 40", 6, 40, 2, 1, 16, -1, 0.5f, {20, 33}, {0, 0}},
+        {"prefill after cached tokens, 8 heads on 2 K/V heads of 64", 8, 64, 2, 3, 5, -1, 1, {9, 4}, {1, 0}},
+    };
+    const int kv_heads[] = {1, 2, 2};
+    uint64_t seed = 91;
+    for (int ci = 0; ci < 3; ci++)
+        for (int q4 = 0; q4 <= 1; q4++) {
+            const step_case *c = &cases[ci];
+            int H = c->heads, KV = kv_heads[ci], hd = c->head_dim, group = H / KV, rows = c->batch * c->n_new;
+            size_t qw = (size_t)H * hd, kw = (size_t)KV * hd;
+            qkv_layout blocked = {{0, rows * qw, rows * (qw + kw)}, {qw, kw, kw}};
+            qkv_layout rows_at = {{0, qw, 2 * qw}, {3 * qw, 3 * qw, 3 * qw}};
+            fp16 *gq = random_halves((size_t)rows * (qw + 2 * kw), &seed, -2, 2), *mq = host_array<fp16>((size_t)rows * 3 * qw);
+            for (int r = 0; r < rows; r++)
+                for (int head = 0; head < H; head++)
+                    for (int i = 0; i < 3; i++)
+                        memcpy(mq + (size_t)r * 3 * qw + i * qw + (size_t)head * hd,
+                               gq + blocked.at[i] + (size_t)r * blocked.stride[i] + (size_t)(i ? head / group : head) * hd,
+                               (size_t)hd * sizeof(fp16));
+            uint64_t tables = seed; /* both caches get the same page tables */
+            paged_cache gc, mc;
+            size_t g_row = q4 ? q4_bytes((size_t)KV, (size_t)hd, 1) : 2 * kw, m_row = q4 ? q4_bytes((size_t)H, (size_t)hd, 1) : 2 * qw;
+            paged_cache_init(&gc, c->batch, longest(c), c->page_tokens, g_row, -1, &tables);
+            tables = seed;
+            paged_cache_init(&mc, c->batch, longest(c), c->page_tokens, m_row, -1, &tables);
+            fp16 *expanded = host_array<fp16>(qw);
+            for (int b = 0; b < c->batch; b++)
+                for (int slot = 0; slot < c->past[b]; slot++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        fp16 *x = random_halves(kw, &seed, -2, 2);
+                        for (int head = 0; head < H; head++) memcpy(expanded + (size_t)head * hd, x + (size_t)(head / group) * hd, (size_t)hd * sizeof(fp16));
+                        write_row(row_at(&gc, kv, b, slot), x, KV, hd, q4);
+                        write_row(row_at(&mc, kv, b, slot), expanded, H, hd, q4);
+                        free(x);
+                    }
+            fp16 *got = gqa_attention(c, gq, (size_t)rows * (qw + 2 * kw), blocked, KV, &gc, q4);
+            fp16 *want = gqa_attention(c, mq, (size_t)rows * 3 * qw, rows_at, H, &mc, q4);
+            EXPECT(!memcmp(got, want, (size_t)rows * qw * sizeof(fp16)), "attention_kernel, %s, %s cache: grouped-query "
+                   "attention is not multi-head attention over repeated K/V heads", c->what, q4 ? "4-bit" : "fp16");
+            paged_cache_free(&gc), paged_cache_free(&mc);
+            free(gq), free(mq), free(expanded), free(got), free(want);
+        }
+}
+
 /* ============================================================================================ */
 
 extern "C" void add_kernel_tests(void) {
@@ -1254,4 +1502,9 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);
     CU_add_test(s, "copies through the bounce buffers, from pinned memory, on the device: byte for byte", test_copies);
     CU_add_test(s, "upload_cache: page tables of pages under 16 tokens", test_page_tables);
+    CU_add_test(s, "rms_norm_kernel: RMSNorm in double within its bound; y == x", test_rms_norm);
+    CU_add_test(s, "rope_kernel: HF's rotation in double within its bound, v untouched", test_rope);
+    CU_add_test(s, "swiglu_kernel: silu(g) u in double within its bound", test_swiglu);
+    CU_add_test(s, "attention_kernel: grouped-query attention is attention over repeated K/V heads, bit for bit",
+                test_gqa_attention);
 }
