@@ -248,8 +248,10 @@ static void test_post_ln(void) { compare_backends("opt-tiny-350m"); }
 /* The LLaMA family: LLaMA with one K/V head for 8 query heads of 24 and every bias, Mistral's
  * 16 heads on 2 K/V heads, Qwen2's q, k, v biases (bf16 checkpoint). */
 static void test_llama(void) { compare_backends("llama-tiny-mqa-bias"); }
+#ifndef __SANITIZE_ADDRESS__ /* make test-san: the LLaMA family's paths once, on the LLaMA fixture */
 static void test_mistral(void) { compare_backends("mistral-tiny-gqa8"); }
 static void test_qwen2(void) { compare_backends("qwen2-tiny"); }
+#endif
 
 /* Sparse attention on the GPU keeps what the CPU keeps however the prompts (1 to 14 tokens) are
  * grouped into blocks: each grouping's tokens equal the CPU's with all five in one block, and
@@ -407,7 +409,7 @@ void add_cuda_tests(void) {
     CU_add_test(s, "CUDA against CPU, pre-LN fixture, policy matrix", test_pre_ln);
     CU_add_test(s, "CUDA against CPU, post-LN fixture, policy matrix", test_post_ln);
     CU_add_test(s, "CUDA against CPU, LLaMA fixture (MQA, head_dim 24, biases), policy matrix", test_llama);
-#ifndef __SANITIZE_ADDRESS__ /* make test-san: the LLaMA family's paths once, on the LLaMA fixture */
+#ifndef __SANITIZE_ADDRESS__
     CU_add_test(s, "CUDA against CPU, Mistral fixture (GQA 8), policy matrix", test_mistral);
     CU_add_test(s, "CUDA against CPU, Qwen2 fixture, policy matrix", test_qwen2);
 #endif
