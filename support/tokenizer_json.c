@@ -79,9 +79,12 @@ static int read_normalizer(const cJSON *n, tok_rules *r, const char *path, char 
 
 /* ---- pre_tokenizer ---- */
 
+/* Metaspace with "split": false (before that field, it split the text at each U+2581); an older
+ * add_prefix_space stands for prepend_scheme always or never. */
 static int read_metaspace(const cJSON *m, tok_rules *r, const char *path, char *err) {
     const char *scheme = str_of(m, "prepend_scheme");
-    if (!is(m, "replacement", META) || flag(m, "split") || (!scheme && !fg_json_get(m, "split")))
+    if (!scheme) scheme = flag(m, "add_prefix_space") ? "always" : "never";
+    if (!is(m, "replacement", META) || !cJSON_IsFalse(fg_json_get(m, "split")))
         return refuse(path, "pre_tokenizer", m, "Metaspace splits no words here: \"split\": false", err);
     r->spaces_to_meta = 1;
     if (!strcmp(scheme, "always")) r->prepend = PREPEND_EACH_UNLESS_THERE;

@@ -239,6 +239,8 @@ static void test_refusals(void) {
             "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "LLaMA 3's or Qwen2's Split");
     refused("{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": "
             "\"always\", \"split\": true}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "pre_tokenizer \"Metaspace\"");
+    refused("{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"add_prefix_space\": "
+            "true}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "pre_tokenizer \"Metaspace\"");
     refused("{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}, \"model\": {\"type\": \"BPE\", "
             SPM_VOCAB "}}", "pre_tokenizer \"ByteLevel\"");
     refused("{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\"}}, "
@@ -265,6 +267,34 @@ static void test_refusals(void) {
     refused("[1, 2]", "not a JSON object");
 }
 
+/* Metaspace ("split": false) puts U+2581 for spaces, and before the text by its prepend_scheme, or
+ * by the older add_prefix_space where that is absent. */
+static void test_metaspace(void) {
+    static const struct { const char *fields; int ids[2]; } cases[] = {
+        {"\"prepend_scheme\": \"first\"", {3, 3}}, {"\"prepend_scheme\": \"always\"", {3, 3}},
+        {"\"prepend_scheme\": \"never\"", {2, 3}}, {"\"add_prefix_space\": true", {3, 3}}, {"\"add_prefix_space\": false", {2, 3}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *dir = make_temp_dir(), path[4200], json[1024], err[FG_ERR_LEN] = "";
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        snprintf(json, sizeof json, "{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", %s, "
+                 "\"split\": false}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"<unk>\": 0, \"\\u2581\": 1, \"a\": 2, "
+                 "\"\\u2581a\": 3}, \"merges\": [\"\\u2581 a\"]}}", cases[i].fields);
+        FILE *f = fopen(path, "w");
+        fputs(json, f);
+        fclose(f);
+        fg_tokenizer *t = tokenizer_load_json(path, err);
+        int *ids = NULL, n = 0;
+        EXPECT(t && tokenizer_encode(t, "a a", 3, &ids, &n, err) == 0 && n == 2 && ids[0] == cases[i].ids[0] &&
+               ids[1] == cases[i].ids[1], "Metaspace with %s: %s", cases[i].fields, err);
+        free(ids);
+        tokenizer_free(t);
+        remove(path);
+        rmdir(dir);
+        free(dir);
+    }
+}
+
 static void test_missing_file(void) {
     char err[FG_ERR_LEN] = "";
     CU_ASSERT_PTR_NULL(tokenizer_load_json("/nonexistent/tokenizer.json", err));
@@ -282,5 +312,6 @@ void add_tokenizer_json_tests(void) {
     CU_add_test(s, "BOS from the post_processor; a continuation's text", test_bos_and_continuation);
     CU_add_test(s, "NFC against Python's unicodedata", test_nfc);
     CU_add_test(s, "unimplemented fields refused with one line", test_refusals);
+    CU_add_test(s, "Metaspace: prepend_scheme first, always, never; the older add_prefix_space", test_metaspace);
     CU_add_test(s, "a missing tokenizer.json", test_missing_file);
 }
