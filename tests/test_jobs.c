@@ -223,7 +223,7 @@ static void resume_after_kill(const char *gbs, const char *ngb, const char *sche
         at += (size_t)snprintf(text + at, sizeof text - at, "]}\n");
     }
     write_text_file(prompts, text);
-    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "24",
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "12",
                          "--gpu-batch-size", gbs, "--num-gpu-batches", ngb, "--stop-at-eos", "--quiet", "--schedule",
                          schedule, "--output", whole, NULL, NULL};
     char *out, *err;
@@ -454,7 +454,7 @@ static void test_job_resume_unsorted_ids(void) {
 }
 
 /* A job that runs a while: N_LONG prompts, a round a prompt. */
-enum { N_LONG = 240 };
+enum { N_LONG = 80 };
 static pid_t start_long_job(const char *prompts, const char *output, const char *stderr_file) {
     const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "32", "--quiet",
                          "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", output, NULL};
