@@ -57,6 +57,17 @@ static const cJSON *parts_of(const cJSON *o, const char *key) {
     return is(o, "type", "Sequence") ? fg_json_get(o, key) : NULL;
 }
 
+typedef int (*part_reader)(const cJSON *part, tok_rules *r, const char *path, char *err);
+
+/* read(part) for each part of o (a Sequence under `key`, or o alone); nothing for null. */
+static int read_parts(const cJSON *o, const char *key, part_reader read, tok_rules *r, const char *path, char *err) {
+    if (!o || cJSON_IsNull(o)) return 0;
+    const cJSON *parts = parts_of(o, key), *p;
+    if (!parts) return read(o, r, path, err);
+    cJSON_ArrayForEach(p, parts) if (read(p, r, path, err)) return -1;
+    return 0;
+}
+
 /* ---- normalizer ---- */
 
 static int read_normalizer_part(const cJSON *n, tok_rules *r, const char *path, char *err) {
@@ -66,14 +77,6 @@ static int read_normalizer_part(const cJSON *n, tok_rules *r, const char *path, 
     else if (is(n, "type", "Replace") && is(pattern, "String", " ") && is(n, "content", META))
         r->spaces_to_meta = 1;
     else return refuse(path, "normalizer", n, "NFC, Prepend(\"\u2581\") and Replace(\" \", \"\u2581\") are", err);
-    return 0;
-}
-
-static int read_normalizer(const cJSON *n, tok_rules *r, const char *path, char *err) {
-    if (!n || cJSON_IsNull(n)) return 0;
-    const cJSON *parts = parts_of(n, "normalizers"), *p;
-    if (!parts) return read_normalizer_part(n, r, path, err);
-    cJSON_ArrayForEach(p, parts) if (read_normalizer_part(p, r, path, err)) return -1;
     return 0;
 }
 
@@ -134,14 +137,6 @@ static int read_decoder_part(const cJSON *d, tok_rules *r, const char *path, cha
              !(is(d, "type", "Replace") && is(pattern, "String", META) && is(d, "content", " ")))
         return refuse(path, "decoder", d, "ByteLevel, ByteFallback, Fuse, Replace(\"\u2581\", \" \"), "
                       "Strip(\" \", 1, 0) and Metaspace are", err);
-    return 0;
-}
-
-static int read_decoder(const cJSON *d, tok_rules *r, const char *path, char *err) {
-    if (!d || cJSON_IsNull(d)) return 0;
-    const cJSON *parts = parts_of(d, "decoders"), *p;
-    if (!parts) return read_decoder_part(d, r, path, err);
-    cJSON_ArrayForEach(p, parts) if (read_decoder_part(p, r, path, err)) return -1;
     return 0;
 }
 
@@ -269,9 +264,9 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
 static fg_tokenizer *read_tokenizer(const cJSON *root, const char *path, char *err) {
     tok_rules rules = {.bos_id = -1};
     const cJSON *m = fg_json_get(root, "model");
-    if (read_normalizer(fg_json_get(root, "normalizer"), &rules, path, err) ||
+    if (read_parts(fg_json_get(root, "normalizer"), "normalizers", read_normalizer_part, &rules, path, err) ||
         read_pre_tokenizer(fg_json_get(root, "pre_tokenizer"), &rules, path, err) ||
-        read_decoder(fg_json_get(root, "decoder"), &rules, path, err) ||
+        read_parts(fg_json_get(root, "decoder"), "decoders", read_decoder_part, &rules, path, err) ||
         read_post_processor(fg_json_get(root, "post_processor"), &rules, path, err))
         return NULL;
     if (rules.byte_level && (rules.prepend || rules.spaces_to_meta)) {
