@@ -300,25 +300,25 @@ void free_weight_homes(fg_model *m) {
 int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
     if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
-    float *values = malloc(t->count * sizeof *values);
-    if (!values) return fg_fail(err, "out of memory compressing %s", t->name);
-    int rc = opt_tensor_fill(&m->layout, i, src, values, NULL, err);
-    if (rc == 0) q4_compress(values, t->group_outer, t->group_len, t->group_inner, dst);
+    fp16 *values = malloc(t->count * sizeof *values); /* as loaded: the fp32 values are these, widened */
+    int rc = values ? opt_tensor_fill(&m->layout, i, src, NULL, values, err) : 1; /* 1: out of memory */
+    if (rc == 0 && q4_compress_fp16(values, t->group_outer, t->group_len, t->group_inner, dst)) rc = 1;
+    if (rc == 1) rc = fg_fail(err, "out of memory compressing %s", t->name);
     free(values);
     return rc;
 }
 
-/* A home on the gpu tier: the stored form made in host memory, then through the backend, into
- * the working format (uncompressed) or as it is (4-bit, decompressed at each use). */
+/* A home on the gpu tier: the stored form written in place where that tier is host memory, else
+ * made in host memory and sent through the backend (fp16 into the working format, 4-bit as is). */
 static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home, char *err) {
     const fg_backend *be = m->rt->backend;
     const weight_home *h = &m->homes[i];
-    void *stored = malloc(h->bytes);
+    void *stored = be->gpu_is_host ? home : malloc(h->bytes); /* no second copy of a large tensor */
     if (!stored) return fg_fail(err, "out of memory loading %s", m->layout.tensors[i].name);
     int rc = fill_stored(m, i, src, stored, err);
-    if (rc == 0 && h->q4) be->copy_in(home, stored, h->bytes);
-    else if (rc == 0) be->weights_in(home, stored, m->layout.tensors[i].count);
-    free(stored);
+    if (rc == 0 && stored != home && h->q4) be->copy_in(home, stored, h->bytes);
+    else if (rc == 0 && stored != home) be->weights_in(home, stored, m->layout.tensors[i].count);
+    if (stored != home) free(stored);
     return rc;
 }
 

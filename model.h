@@ -181,14 +181,14 @@ typedef struct {
 int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
                       float scale, float sparsity, float *scratch, float *out);
 /* The plain products that the fast kernels (support/matmul.c) are held to; q4_parts > 0: 4-bit, in q4_parts parts side by side (q|k|v: 3). */
-void matmul_reference(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                      int accumulate);
+void matmul_reference(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y, int accumulate);
 void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y);
 
 /* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
 #define Q4_GROUP 64
 size_t q4_bytes(size_t outer, size_t len, size_t inner);
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
+int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
 void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);

@@ -23,6 +23,7 @@
 #include "support/support.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static size_t n_groups(size_t len) { return (len + Q4_GROUP - 1) / Q4_GROUP; }
@@ -78,19 +79,43 @@ static void compress_group(const float *x, size_t stride, size_t n, uint8_t *byt
     }
 }
 
-/* Parallel over the rows of groups (weights are compressed once, at load). */
-void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
-    size_t G = n_groups(len);
-#pragma omp parallel for schedule(static) if (outer * G * inner >= 4096)
-    for (size_t og = 0; og < outer * G; og++) {
-        size_t o = og / G, g = og % G, n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
-        const float *x = src + o * len * inner;
+/* Groups g0 .. g1 - 1 along len of every outer index, parallel over them, into the whole
+ * tensor's layout: src is [outer][rows][inner], its rows those of the groups, from g0 on. */
+static void compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner, size_t g0,
+                            size_t g1, uint8_t *dst) {
+    size_t G = n_groups(len), span = g1 - g0;
+#pragma omp parallel for schedule(static) if (outer * span * inner >= 4096)
+    for (size_t og = 0; og < outer * span; og++) {
+        size_t o = og / span, g = g0 + og % span, n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
+        const float *x = src + (o * rows + (g - g0) * Q4_GROUP) * inner;
         uint8_t *bytes = dst + o * G * inner * (Q4_GROUP / 2 + 4);
         fp16 *mins = (fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
         for (size_t i = 0; i < inner; i++)
-            compress_group(x + g * Q4_GROUP * inner + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i,
-                           inner, &mins[g * inner + i], &scales[g * inner + i]);
+            compress_group(x + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i, inner, &mins[g * inner + i],
+                           &scales[g * inner + i]);
     }
+}
+
+/* The whole tensor (the KV cache's new rows at every step; weights once, at load). */
+void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
+    compress_groups(src, len, outer, len, inner, 0, n_groups(len), dst);
+}
+
+/* The same bytes from fp16 values (a weight as loaded), widened a few groups at a time: a large
+ * tensor such as a vocabulary's embedding needs no fp32 copy of itself. -1: out of memory. */
+int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
+    size_t G = n_groups(len), step = ((size_t)1 << 22) / (outer * Q4_GROUP * inner);
+    step = step < 1 ? 1 : step > G ? G : step;
+    float *wide = malloc(outer * step * Q4_GROUP * inner * sizeof *wide);
+    for (size_t g0 = 0; wide && g0 < G; g0 += step) {
+        size_t g1 = g0 + step < G ? g0 + step : G, r0 = g0 * Q4_GROUP;
+        size_t rows = (g1 * Q4_GROUP < len ? g1 * Q4_GROUP : len) - r0;
+        for (size_t o = 0; o < outer; o++)
+            fp16_to_fp32_n(src + (o * len + r0) * inner, wide + o * rows * inner, rows * inner);
+        compress_groups(wide, rows, outer, len, inner, g0, g1, dst);
+    }
+    free(wide);
+    return wide ? 0 : -1;
 }
 
 /* ---- decompression: the hot path (every compressed weight, every token) ---- */

@@ -209,9 +209,33 @@ static void test_topk_ties(void) {
     }
 }
 
+/* q4_compress_fp16 (weights at load) widens a few groups at a time: on fp16 values its bytes are
+ * q4_compress's of the same values in fp32, byte for byte, at shapes that take several slices:
+ * an embedding-like [1][1000][8192] (16 groups in slices of 8, the last partial) and a matrix-like
+ * [66000][70][1] (one group a slice, the second of 6 values). */
+static void test_compress_fp16(void) {
+    static const size_t shapes[][3] = {{1, 1000, 8192}, {66000, 70, 1}, {3, 130, 5}};
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        size_t outer = shapes[c][0], len = shapes[c][1], inner = shapes[c][2], n = outer * len * inner;
+        size_t bytes = q4_bytes(outer, len, inner);
+        fp16 *h = malloc(n * sizeof *h);
+        float *x = malloc(n * sizeof *x);
+        uint8_t *want = malloc(bytes), *got = malloc(bytes);
+        uint64_t seed = 7 + c;
+        for (size_t e = 0; e < n; e++) h[e] = fp32_to_fp16(4 * test_uniform(&seed) - 2), x[e] = fp16_to_fp32(h[e]);
+        q4_compress(x, outer, len, inner, want);
+        memset(got, 0xa5, bytes);
+        CU_ASSERT_EQUAL(q4_compress_fp16(h, outer, len, inner, got), 0);
+        EXPECT(memcmp(want, got, bytes) == 0, "[%zu][%zu][%zu]: q4_compress_fp16's bytes differ from q4_compress's",
+               outer, len, inner);
+        free(h), free(x), free(want), free(got);
+    }
+}
+
 void add_quant_tests(void) {
     CU_pSuite s = CU_add_suite("quant", NULL, NULL);
     CU_add_test(s, "round trip within (max - min) / 30 plus fp16 rounding", test_round_trip_error);
+    CU_add_test(s, "fp16 input compressed a slice of groups at a time: q4_compress's bytes", test_compress_fp16);
     CU_add_test(s, "constant groups decode exactly", test_constant_groups);
     CU_add_test(s, "layout: nibble order, min and scale, padding", test_layout);
     CU_add_test(s, "the CUDA decompression kernel's body, on the host, as q4_decompress",
