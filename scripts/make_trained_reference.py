@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""The reference fixture of a trained checkpoint (models/opt-kjv, from train_tiny_opt.py), from
-PyTorch + HF transformers, in tests/fixtures/<name>/:
+"""The reference fixture of a trained checkpoint (models/opt-kjv, from train_tiny_opt.py, or
+models/llama-kjv, from train_tiny_llama.py), from PyTorch + HF transformers, in
+tests/fixtures/<name>/:
 
     prompts.txt, tokens.txt, logits.bin, reference.json
-        as scripts/make_reference.py writes them for the random models: a few prompts (</s> +
+        as scripts/make_reference.py writes them for the random models: a few prompts (BOS +
         the first words of held-out verses), GEN_LEN greedy tokens and the logits each was
         chosen from; the reference suite loads the weights from the model directory
     excerpt.txt
         the start of the held-out text, and in reference.json its perplexity for each window
         setting in PERPLEXITY, the tokens scored and the largest |logit| seen
 
-Numerics as in make_reference.py: the saved fp16 weights run in fp32 with eager attention, one
-thread, and every k_proj / v_proj output is rounded to fp16 (the C KV cache). A trained model's
-top two logits can be close; prompts are kept only where every step's top-two gap is at least
-GAP_FACTOR x 1e-4 x max|logit|, so that the suite's tolerance cannot flip a token.
+The architecture is config.json's model_type. OPT: OPTForCausalLM, the tokenizer of vocab.json
+and merges.txt, BOS </s> (2); numerics as in make_reference.py: the saved fp16 weights run in
+fp32 with eager attention, one thread, and every k_proj / v_proj output is rounded to fp16 (the C
+KV cache); the batch's positions come from the attention mask. LLaMA: LlamaForCausalLM, the
+tokenizer.json, BOS <s> (1); numerics as in make_llama_reference.py: the keys after RoPE (as HF
+caches them) and the v_proj outputs are rounded to fp16, and the positions are passed (the
+mask's cumsum - 1). A trained model's top two logits can be close; prompts are kept only where
+every step's top-two gap is at least GAP_FACTOR x 1e-4 x max|logit|, so that the suite's
+tolerance cannot flip a token.
 
     venv/bin/python scripts/make_trained_reference.py [--model models/opt-kjv] [--name opt-kjv]
+    venv/bin/python scripts/make_trained_reference.py --model models/llama-kjv --name llama-kjv
 """
 import argparse
 import json
@@ -24,10 +31,12 @@ import sys
 
 import torch
 import transformers
-from tokenizers import ByteLevelBPETokenizer
-from transformers import OPTForCausalLM
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
+from transformers import LlamaForCausalLM, OPTForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_llama_reference import PAD_ID as LLAMA_PAD_ID  # noqa: E402
+from make_llama_reference import greedy as llama_greedy, round_cache, v_hooks  # noqa: E402
 from make_reference import BOS_ID, GAP_FACTOR, GEN_LEN, REPO, add_kv_rounding_hooks, greedy  # noqa: E402
 from train_tiny_opt import perplexity  # noqa: E402
 
@@ -35,6 +44,32 @@ N_PROMPTS = 4
 PROMPT_WORDS = 5
 EXCERPT_TOKENS = 1000
 PERPLEXITY = [(None, None), (64, 16)]  # (window, stride); None: the model's positions, half
+
+
+def load(model_dir):
+    """The checkpoint in fp32 with its cache's fp16 rounding, its tokenizer's encode (no BOS), its
+    BOS id, its greedy generation and the words of the note that differ by architecture."""
+    with open(os.path.join(model_dir, "config.json")) as fh:
+        model_type = json.load(fh).get("model_type")
+    if model_type == "llama":
+        tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+        round_cache("llama")
+        v_hooks(model)
+        words = dict(rounded="keys after RoPE and v_proj outputs", bos="<s>",
+                     batch="one left-padded batch (pad id %d, positions from the mask)" % LLAMA_PAD_ID)
+        return (model, lambda s: tok.encode(s, add_special_tokens=False).ids, model.config.bos_token_id,
+                llama_greedy, words)
+    if model_type != "opt":
+        sys.exit(f"make_trained_reference: {model_dir}: model_type {model_type!r} (known: opt, llama)")
+    tok = ByteLevelBPETokenizer(os.path.join(model_dir, "vocab.json"),
+                                os.path.join(model_dir, "merges.txt"))
+    model = OPTForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                           attn_implementation="eager").eval()
+    add_kv_rounding_hooks(model)
+    words = dict(rounded="k_proj/v_proj outputs", bos="</s>", batch="one left-padded batch")
+    return model, lambda s: tok.encode(s).ids, BOS_ID, greedy, words
 
 
 def main():
@@ -47,17 +82,13 @@ def main():
     out = os.path.join(REPO, "tests", "fixtures", args.name)
     os.makedirs(out, exist_ok=True)
 
-    tok = ByteLevelBPETokenizer(os.path.join(args.model, "vocab.json"),
-                                os.path.join(args.model, "merges.txt"))
-    model = OPTForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32,
-                                           attn_implementation="eager").eval()
-    add_kv_rounding_hooks(model)
+    model, encode, bos_id, greedy, words = load(args.model)
     held = open(os.path.join(args.model, "heldout.txt"), encoding="utf-8").read().splitlines()
 
     # Prompts: the first words of held-out verses, where greedy decoding is far from a tie.
     prompts, tokens, logits = [], [], []
     for verse in held:
-        p = [BOS_ID] + tok.encode(" ".join(verse.split()[:PROMPT_WORDS])).ids
+        p = [bos_id] + encode(" ".join(verse.split()[:PROMPT_WORDS]))
         t, l = greedy(model, [p], GEN_LEN)
         top = l[0].topk(2, dim=-1).values
         if (top[:, 0] - top[:, 1]).min().item() >= GAP_FACTOR * 1e-4 * l.abs().max().item():
@@ -79,14 +110,14 @@ def main():
     # The perplexity of the excerpt: whole lines of the held-out text, about EXCERPT_TOKENS.
     lines, n = [], 1
     for line in held:
-        n += len(tok.encode(line + "\n").ids)
+        n += len(encode(line + "\n"))
         lines.append(line + "\n")
         if n >= EXCERPT_TOKENS:
             break
     excerpt = "".join(lines)
     with open(os.path.join(out, "excerpt.txt"), "w", encoding="utf-8") as fh:
         fh.write(excerpt)
-    ids = [BOS_ID] + tok.encode(excerpt).ids
+    ids = [bos_id] + encode(excerpt)
     ppl = []
     for window, stride in PERPLEXITY:
         w = window or model.config.max_position_embeddings
@@ -103,12 +134,13 @@ def main():
         "perplexity": ppl,
         "transformers": transformers.__version__, "torch": torch.__version__,
         "note": ("Made by scripts/make_trained_reference.py from the trained checkpoint named in "
-                 "`model`: fp16 weights run in fp32 (eager attention, 1 thread) with k_proj/v_proj "
-                 "outputs rounded to fp16. Prompts: </s> + the first %d words of held-out verses, "
+                 "`model`: fp16 weights run in fp32 (eager attention, 1 thread) with %s "
+                 "rounded to fp16. Prompts: %s + the first %d words of held-out verses, "
                  "kept where every greedy step's top-two gap is at least %g x 1e-4 x max|logit|; "
-                 "one left-padded batch, %d greedy steps. Perplexity of excerpt.txt (</s> + its "
+                 "%s, %d greedy steps. Perplexity of excerpt.txt (%s + its "
                  "tokens): windows advancing by `stride`, each scoring the tokens no earlier one "
-                 "did." % (PROMPT_WORDS, GAP_FACTOR, GEN_LEN)),
+                 "did." % (words["rounded"], words["bos"], PROMPT_WORDS, GAP_FACTOR, words["batch"], GEN_LEN,
+                           words["bos"])),
     }
     with open(os.path.join(out, "reference.json"), "w") as fh:
         json.dump(meta, fh, indent=2)

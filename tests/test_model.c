@@ -159,6 +159,7 @@ static void test_reference_350m_fp32_sharded(void) { check_fixture("opt-tiny-350
 static void test_reference_bf16(void) { check_fixture("opt-tiny-bf16"); }
 static void test_reference_text(void) { check_fixture("opt-tiny-text"); }
 static void test_reference_trained(void) { check_fixture_of("opt-kjv", fixture("../../models/opt-kjv")); }
+static void test_reference_trained_llama(void) { check_fixture_of("llama-kjv", fixture("../../models/llama-kjv")); }
 
 /* The LLaMA family (scripts/make_llama_reference.py): GQA ratios, head dims, RoPE's variants. */
 static void test_llama_mha(void) { check_fixture("llama-tiny-mha"); }
@@ -670,6 +671,7 @@ void add_model_tests(void) {
     CU_add_test(s, "bf16 checkpoint matches HF", test_reference_bf16);
     CU_add_test(s, "checkpoint with a tokenizer matches HF", test_reference_text);
     CU_add_test(s, "the trained checkpoint (models/opt-kjv) matches HF", test_reference_trained);
+    CU_add_test(s, "the trained LLaMA (models/llama-kjv, GQA 2) matches HF", test_reference_trained_llama);
     CU_add_test(s, "LLaMA, 2 heads of 64, rope_theta 1e4, fp16, untied, matches HF", test_llama_mha);
     CU_add_test(s, "LLaMA, GQA 2, llama3 rope_scaling, theta 5e5, bf16, tied, matches HF", test_llama_gqa2_llama3);
     CU_add_test(s, "LLaMA, GQA 4, linear rope_scaling, fp32 sharded, matches HF", test_llama_gqa4_linear);
