@@ -40,11 +40,16 @@ enum { N_PROMPTS = 5, GEN_LEN = 8, VOCAB = 512, EOS_PROMPT = 3 /* line 4 of prom
 static char tiny_dir[4096], tiny_prompts[4096], tiny_tokens[4096], tiny_logits[4096];
 
 static char kjv_dir[4096], kjv_text[4096], kjv_reference[4096];
+/* The trained LLaMA (models/llama-kjv: grouped-query attention, a SentencePiece tokenizer.json). */
+static char llama_kjv_dir[4096], llama_kjv_text[4096], llama_kjv_reference[4096];
 
 static int cli_init(void) {
     snprintf(kjv_dir, sizeof kjv_dir, "%s", fixture("../../models/opt-kjv"));
     snprintf(kjv_text, sizeof kjv_text, "%s", fixture("opt-kjv/excerpt.txt"));
     snprintf(kjv_reference, sizeof kjv_reference, "%s", fixture("opt-kjv/reference.json"));
+    snprintf(llama_kjv_dir, sizeof llama_kjv_dir, "%s", fixture("../../models/llama-kjv"));
+    snprintf(llama_kjv_text, sizeof llama_kjv_text, "%s", fixture("llama-kjv/excerpt.txt"));
+    snprintf(llama_kjv_reference, sizeof llama_kjv_reference, "%s", fixture("llama-kjv/reference.json"));
     /* Children must not spin-wait at OpenMP barriers: on a loaded machine (make -j, other test
      * runs) spinning threads of a 2-core box take seconds for the tiny model. */
     setenv("OMP_WAIT_POLICY", "passive", 0);
@@ -1396,6 +1401,120 @@ static void test_llama_tokenizer_json(void) {
     free(model), free(dir);
 }
 
+/* The LLaMA family through the runtime's features, on the GQA-2 fixture (llama3 RoPE): its
+ * config.json given an eos_token_id list of 2 and the ids HF's greedy run takes third in prompts
+ * 2 and 3, so that prompt 4 ends at once, prompts 2 and 3 at their third token, and prompts 1
+ * and 5 run to gen_len. With --stop-at-eos, in blocks run in turn, refilled (the cache on the
+ * cpu tier; on disk with delegated attention), and under --policy auto in capacities that push
+ * the weights off the gpu tier and part of the cache to disk: each row up to its sequence's end is HF's
+ * (within 1e-4 x max|logit|, HF's argmax), each row after it zero. Sparse attention refilled
+ * gives the rows of sparse attention in blocks run in turn. */
+static void llama_rows_check(const char *what, const float *got, const float *want, const int *last, int n, int gen,
+                             int vocab, float tol) {
+    int bad = 0;
+    for (int p = 0; p < n; p++)
+        for (int s = 0; s < gen; s++) {
+            const float *g = got + ((size_t)p * gen + s) * vocab, *w = want + ((size_t)p * gen + s) * vocab;
+            int ok = 1, best = 0, want_best = 0;
+            for (int v = 0; v < vocab; v++) {
+                ok &= s > last[p] ? g[v] == 0 : fabsf(g[v] - w[v]) <= tol;
+                best = g[v] > g[best] ? v : best, want_best = w[v] > w[want_best] ? v : want_best;
+            }
+            bad += !ok || (s <= last[p] && best != want_best);
+        }
+    EXPECT(bad == 0, "%s: %d of %d logit rows differ (beyond %g, or argmax, or not zero after the end)", what, bad,
+           n * gen, tol);
+}
+
+static void test_llama_runtime_features(void) {
+    enum { N = 5, G = 8, V = 256 };
+    char *dir = make_temp_dir(), *model = make_temp_dir(), src[4096], prompts[4200], cmd[9000], hw[4200], dump[4200];
+    snprintf(src, sizeof src, "%s", fixture("llama-tiny-gqa2-llama3"));
+    snprintf(prompts, sizeof prompts, "%s/prompts.txt", src);
+    snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
+    snprintf(dump, sizeof dump, "%s", join(dir, "l.bin"));
+    write_hw(hw);
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/model.safetensors' '%s/'", src, src, model);
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    int tokens[N][G], last[N], ends = 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokens.txt", src);
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    for (int i = 0; i < N * G; i++) CU_ASSERT_EQUAL_FATAL(fscanf(f, "%d", &tokens[i / G][i % G]), 1);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/logits.bin", src);
+    float *hf = read_floats(path, (size_t)N * G * V), max_abs = 0;
+    for (size_t i = 0; i < (size_t)N * G * V; i++) max_abs = fmaxf(max_abs, fabsf(hf[i]));
+    const int eos[3] = {2, tokens[1][2], tokens[2][2]};
+    for (int p = 0; p < N; p++) {
+        last[p] = G - 1;
+        for (int s = G - 1; s >= 0; s--)
+            if (tokens[p][s] == eos[0] || tokens[p][s] == eos[1] || tokens[p][s] == eos[2]) last[p] = s;
+        ends += last[p] < G - 1;
+    }
+    CU_ASSERT_FATAL(last[3] == 0 && last[1] == 2 && last[2] == 2 && ends == 3); /* as above */
+    char *config = slurp(join(model, "config.json"), NULL), *at = strstr(config, "\"eos_token_id\": 2,"), list[64];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    snprintf(list, sizeof list, "\"eos_token_id\": [%d, %d, %d],", eos[0], eos[1], eos[2]);
+    size_t head = (size_t)(at - config), old = strlen("\"eos_token_id\": 2,");
+    char *edited = malloc(strlen(config) + sizeof list);
+    sprintf(edited, "%.*s%s%s", (int)head, config, list, at + old);
+    write_text_file(join(model, "config.json"), edited);
+    free(config), free(edited);
+#define LLAMA_RUN(...) run_flexgen(ARGS("--model", model, "--prompt-ids", prompts, "--gen-len", "8", "--device", "cpu", \
+                                        "--quiet", "--offload-dir", dir, "--dump-logits", dump, "--stop-at-eos", \
+                                        __VA_ARGS__), NULL, &out, &err)
+    static const char *const names[] = {"blocks of 2 in turn", "refilled, the cache on cpu",
+                                        "refilled, the cache on disk, delegated", "--policy auto off the gpu tier"};
+    for (int r = 0; r < 4; r++) {
+        char *out = NULL, *err = NULL;
+        int rc = r == 0   ? LLAMA_RUN("--gpu-batch-size", "2", "--num-gpu-batches", "1")
+                 : r == 1 ? LLAMA_RUN("--refill", "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--percent", "100",
+                                      "0", "0", "100", "100", "0")
+                 : r == 2 ? LLAMA_RUN("--refill", "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--percent", "100",
+                                      "0", "0", "0", "100", "0", "--cpu-cache-compute")
+                          : LLAMA_RUN("--policy", "auto", "--hw", hw, "--gpu-mem", "660K", "--cpu-mem", "1M", "--json");
+        EXPECT(rc == 0, "%s: exit %d, %s", names[r], rc, err);
+        if (r == 3) { /* the search put the weights off the gpu tier, part of the cache on disk */
+            cJSON *o = cJSON_Parse(out), *pct = cJSON_GetObjectItem(o, "percent");
+            EXPECT(cJSON_GetArraySize(pct) == 6 && cJSON_GetArrayItem(pct, 0)->valueint < 100 &&
+                       cJSON_GetArrayItem(pct, 2)->valueint + cJSON_GetArrayItem(pct, 3)->valueint < 100 &&
+                       json_item(o, "peak_gpu_bytes")->valuedouble <= 660 << 10 &&
+                       json_item(o, "peak_cpu_bytes")->valuedouble <= 1 << 20,
+                   "--policy auto: expected weights off the gpu tier and cache partly on disk, within 660K / 1M, "
+                   "got %s", out);
+            cJSON_Delete(o);
+        }
+        free(out), free(err);
+        float *got = read_floats(dump, (size_t)N * G * V);
+        llama_rows_check(names[r], got, hf, last, N, G, V, 1e-4f * max_abs);
+        free(got);
+    }
+    float *sparse[2];
+    for (int refill = 0; refill < 2; refill++) {
+        char *out = NULL, *err = NULL;
+        int rc = refill ? LLAMA_RUN("--attn-sparsity", "0.5", "--refill", "--gpu-batch-size", "2", "--num-gpu-batches", "1")
+                        : LLAMA_RUN("--attn-sparsity", "0.5", "--gpu-batch-size", "2", "--num-gpu-batches", "1");
+        EXPECT(rc == 0, "sparse attention%s: exit %d, %s", refill ? ", refilled" : "", rc, err);
+        free(out), free(err);
+        sparse[refill] = read_floats(dump, (size_t)N * G * V);
+    }
+#undef LLAMA_RUN
+    int sparse_last[N];
+    for (int p = 0; p < N; p++) {
+        sparse_last[p] = G - 1;
+        for (int s = G - 1; s > 0; s--) /* a row of zeros follows the end */
+            if (sparse[0][((size_t)p * G + s) * V] == 0 && sparse[0][((size_t)p * G + s) * V + 1] == 0) sparse_last[p] = s - 1;
+    }
+    llama_rows_check("sparse attention, refilled against blocks in turn", sparse[1], sparse[0], sparse_last, N, G, V,
+                     1e-4f * max_abs);
+    CU_ASSERT_EQUAL(dir_entries(dir), 2); /* hw.json and the dump */
+    free(sparse[0]), free(sparse[1]), free(hf);
+    rm_tree(model), rm_tree(dir);
+    free(model), free(dir);
+}
+
 static void test_policy_bad_input(void) {
     char *dir = make_temp_dir();
     const char *hw = join(dir, "hw.json"), *bad = join(dir, "bad.json"), *missing = join(dir, "none.json");
@@ -1458,9 +1577,9 @@ static void test_profile(void) {
  * flexgen perplexity, on the trained checkpoint against PyTorch
  * --------------------------------------------------------------------------------------------- */
 
-/* flexgen perplexity on the excerpt with the extra flags: its --json object. */
-static cJSON *perplexity_run(const char *const *extra) {
-    const char *args[40] = {"perplexity", "--model", kjv_dir, "--text", kjv_text, "--json",
+/* flexgen perplexity of a model on a text with the extra flags: its --json object. */
+static cJSON *perplexity_run_on(const char *model, const char *text, const char *const *extra) {
+    const char *args[40] = {"perplexity", "--model", model, "--text", text, "--json",
                             "--quiet", "--device", "cpu"};
     int n = 9;
     while (*extra && n < 39) args[n++] = *extra++;
@@ -1475,14 +1594,17 @@ static cJSON *perplexity_run(const char *const *extra) {
     return o;
 }
 
+/* The same on opt-kjv's excerpt. */
+static cJSON *perplexity_run(const char *const *extra) { return perplexity_run_on(kjv_dir, kjv_text, extra); }
+
 static double number(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsNumber(v) ? v->valuedouble : NAN;
 }
 
-/* PyTorch's perplexity of the excerpt for each window setting (reference.json). */
-static cJSON *kjv_expected(void) {
-    char *text = slurp(kjv_reference, NULL);
+/* PyTorch's perplexity of the excerpt for each window setting (a reference.json). */
+static cJSON *kjv_expected(const char *reference) {
+    char *text = slurp(reference, NULL);
     CU_ASSERT_PTR_NOT_NULL_FATAL(text);
     cJSON *o = cJSON_Parse(text);
     free(text);
@@ -1493,9 +1615,9 @@ static cJSON *kjv_expected(void) {
 /* The bound: each log-probability is a logit less a log-sum-exp, so it moves at most twice as
  * far as the largest logit does, and the reference suite holds logits within 1e-4 x max|logit|
  * of PyTorch's: |ln ppl - ln ppl_ref| <= 2e-4 x max|logit|. In prefill and in decode (teacher
- * forcing) alike, each window setting, two block shapes. */
-static void test_perplexity_matches_pytorch(void) {
-    cJSON *ref = kjv_expected(), *setting;
+ * forcing) alike, each window setting, two block shapes; OPT, and LLaMA with its tokenizer.json. */
+static void perplexity_matches_pytorch(const char *model, const char *text, const char *reference) {
+    cJSON *ref = kjv_expected(reference), *setting;
     cJSON_ArrayForEach(setting, cJSON_GetObjectItemCaseSensitive(ref, "perplexity")) {
         char window[16], stride[16];
         snprintf(window, sizeof window, "%d", (int)number(setting, "window"));
@@ -1506,16 +1628,21 @@ static void test_perplexity_matches_pytorch(void) {
         for (int m = 0; m < 2; m++) {
             const char *args[9] = {"--window", window, "--stride", stride};
             memcpy(args + 4, modes[m], sizeof modes[m]);
-            cJSON *o = perplexity_run(args);
+            cJSON *o = perplexity_run_on(model, text, args);
             double got = number(o, "perplexity");
-            EXPECT(fabs(log(got) - log(expected)) <= bound, "window %s, stride %s, %s: perplexity %.6f, "
-                   "PyTorch's %.6f; allowed |ln ratio| <= %.3g", window, stride, m ? "decode" : "prefill",
+            EXPECT(fabs(log(got) - log(expected)) <= bound, "%s, window %s, stride %s, %s: perplexity %.6f, "
+                   "PyTorch's %.6f; allowed |ln ratio| <= %.3g", model, window, stride, m ? "decode" : "prefill",
                    got, expected, bound);
             CU_ASSERT_EQUAL(number(o, "scored_tokens"), number(setting, "scored_tokens"));
             cJSON_Delete(o);
         }
     }
     cJSON_Delete(ref);
+}
+
+static void test_perplexity_matches_pytorch(void) {
+    perplexity_matches_pytorch(kjv_dir, kjv_text, kjv_reference);
+    perplexity_matches_pytorch(llama_kjv_dir, llama_kjv_text, llama_kjv_reference);
 }
 
 /* Section 5 in the two modes: prefill attends to the fresh keys and values, so a 4-bit cache or
@@ -1916,7 +2043,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "--help lists every flag", test_help);
     CU_add_test(s, "every flag in --help is accepted", test_flags_accepted);
     CU_add_test(s, "tokenize", test_tokenize);
-    CU_add_test(s, "perplexity: the trained model against PyTorch, prefill and decode", test_perplexity_matches_pytorch);
+    CU_add_test(s, "perplexity: the trained OPT and LLaMA against PyTorch, prefill and decode",
+                test_perplexity_matches_pytorch);
     CU_add_test(s, "perplexity: section 5's approximations in prefill and in decode", test_perplexity_approximations);
     CU_add_test(s, "perplexity: top-1 predictions and agreement", test_perplexity_predictions);
     CU_add_test(s, "perplexity: bad input", test_perplexity_bad_input);
@@ -1940,6 +2068,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "the LLaMA family: named sizes plan, a checkpoint runs, a bad config.json is refused",
                 test_llama_family);
     CU_add_test(s, "a LLaMA directory's tokenizer.json: --prompt, tokenize, refusals", test_llama_tokenizer_json);
+    CU_add_test(s, "the LLaMA family: an eos list, --stop-at-eos refilled, --policy auto, sparse attention",
+                test_llama_runtime_features);
     CU_add_test(s, "--policy auto runs the fixture to the reference", test_policy_auto_run);
     CU_add_test(s, "policy search bad input: one line each", test_policy_bad_input);
     CU_add_test(s, "flexgen profile writes a hardware file", test_profile);

@@ -25,10 +25,11 @@
 
 extern char **environ;
 
-static char kjv_dir[4096], tiny_dir[4096], tiny_prompts[4096], tiny_tokens[4096];
+static char kjv_dir[4096], llama_kjv_dir[4096], tiny_dir[4096], tiny_prompts[4096], tiny_tokens[4096];
 
 static int jobs_init(void) {
     snprintf(kjv_dir, sizeof kjv_dir, "%s", fixture("../../models/opt-kjv"));
+    snprintf(llama_kjv_dir, sizeof llama_kjv_dir, "%s", fixture("../../models/llama-kjv"));
     snprintf(tiny_dir, sizeof tiny_dir, "%s", fixture("opt-tiny"));
     snprintf(tiny_prompts, sizeof tiny_prompts, "%s", fixture("opt-tiny/prompts.txt"));
     snprintf(tiny_tokens, sizeof tiny_tokens, "%s", fixture("opt-tiny/tokens.txt"));
@@ -453,6 +454,53 @@ static void test_job_resume_unsorted_ids(void) {
     free(dir);
 }
 
+/* A LLaMA-family job (models/llama-kjv: its tokenizer.json, grouped-query attention, the KV cache
+ * on disk): seven text prompts of different lengths in blocks of 2 x 2, cut after 3 records and
+ * resumed, gives the uninterrupted output byte for byte; each record's completion is what its
+ * tokens decode to, a text of its own for each prompt. */
+static void test_job_llama(void) {
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    write_text_file(prompts, "{\"prompt\": \"In the beginning\"}\n{\"prompt\": \"And God said, Let there be\"}\n"
+                             "{\"prompt\": \"The LORD is my shepherd;\"}\n{\"prompt\": \"Blessed are\"}\n"
+                             "{\"prompt\": \"And it came to pass, when the king heard\"}\n{\"prompt\": \"Jesus wept.\"}\n"
+                             "{\"prompt\": \"For God so loved the world, that he gave\"}\n");
+    const char *job[] = {flexgen_bin(), "--model", llama_kjv_dir, "--prompt-file", prompts, "--gen-len", "6", "--quiet",
+                         "--gpu-batch-size", "2", "--num-gpu-batches", "2", "--percent", "100", "0", "0", "0", "100", "0",
+                         "--offload-dir", dir, "--output", whole, NULL, NULL};
+    enum { OUTPUT = 22 };
+    run_ok(job);
+    char *full = slurp(whole, NULL), *part = full ? first_lines(full, 4) : NULL;
+    CU_ASSERT_FATAL(full && count_lines(full) == 8 && whole_lines(full));
+    int distinct = 0;
+    char seen[7][256] = {{0}};
+    for (const char *l = strchr(full, '\n') + 1; *l; l = strchr(l, '\n') + 1) {
+        char *line = strndup(l, (size_t)(strchr(l, '\n') - l));
+        cJSON *o = cJSON_Parse(line), *completion = cJSON_GetObjectItem(o, "completion");
+        const char *c = cJSON_GetStringValue(completion);
+        EXPECT(c && strlen(c) > 0 && cJSON_GetArraySize(cJSON_GetObjectItem(o, "tokens")) >= 1,
+               "a LLaMA job's record without a completion: %s", line);
+        int fresh = c != NULL;
+        for (int i = 0; c && i < distinct; i++) fresh &= strcmp(seen[i], c) != 0;
+        if (fresh && distinct < 7) snprintf(seen[distinct++], sizeof seen[0], "%s", c);
+        cJSON_Delete(o);
+        free(line);
+    }
+    EXPECT(distinct == 7, "a LLaMA job: expected 7 different completions, got %d:\n%s", distinct, full);
+    write_text_file(cut, part);
+    job[OUTPUT] = cut, job[OUTPUT + 1] = "--resume";
+    run_ok(job);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(resumed && !strcmp(resumed, full), "a LLaMA job cut after 3 records and resumed: expected the "
+           "uninterrupted output, got:\n%s", resumed ? resumed : "(none)");
+    CU_ASSERT_EQUAL(dir_entries(dir), 3); /* the prompts and the two outputs */
+    free(resumed), free(part), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A job that runs a while: N_LONG prompts, a round a prompt. */
 enum { N_LONG = 80 };
 static pid_t start_long_job(const char *prompts, const char *output, const char *stderr_file) {
@@ -687,6 +735,7 @@ void add_job_tests(void) {
     CU_add_test(s, "a job with the diagonal schedule: zig-zag's records, a group at a time", test_job_diagonal);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
+    CU_add_test(s, "a LLaMA job: text through tokenizer.json, the cache on disk, cut and resumed", test_job_llama);
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
     CU_add_test(s, "a job is named by its prompts, model, flags and block shape", test_job_identity);
