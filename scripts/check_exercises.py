@@ -26,6 +26,7 @@ EXERCISES = [
     ('diagonal_slots', 'flexgen.c', '', 'schedule', {}, []),
     # nvcc keeps warnings errors: NVCC= builds without the CUDA backend, as the Grade line says
     ('q4_value', 'model.h', '    return 0;\n', 'quant', {}, ['NVCC=']),
+    ('rope', 'llama_model.c', '', 'model', {}, []),
 ]
 
 # function, file, what is wrong, (pattern, replacement) in the function's body, suite, environment.
@@ -123,6 +124,15 @@ WRONG_VERSIONS = [
      (r'\((\w+) \+ Q4_GROUP - 1\) / Q4_GROUP', r'\1 / Q4_GROUP'), 'quant', {}),
     ('q4_value', 'model.h', "min and scale indexed by the group alone, not the column's",
      (r'(\w+)\[(\w+) \* inner \+ \w+\]\)', r'\1[\2])'), 'quant', {}),
+    # 11. rope
+    ('rope', 'llama_model.c', "a row's place among the new tokens as its position, not its cache slot",
+     (r'\(float\)slot_of\(\w+, (\w+) / (\w+)->n_new, \1 % \2->n_new\)', r'(float)(\1 % \2->n_new)'), 'model', {}),
+    ('rope', 'llama_model.c', 'the angles turned the other way (the sine negated)',
+     (r'sinf\((\w+)\)', r'-sinf(\1)'), 'model', {}),
+    ('rope', 'llama_model.c', "k's heads counted as q's (n_heads, not the K/V heads)",
+     (r'(\w+) < cfg_kv_heads\(c\);', r'\1 < c->n_heads;'), 'model', {}),
+    ('rope', 'llama_model.c', "q's heads counted as k's (the K/V heads only)",
+     (r'(\w+) < c->n_heads;', r'\1 < cfg_kv_heads(c);'), 'model', {}),
 ]
 
 
