@@ -8,17 +8,19 @@
 #           (the CUDA backend against the CPU over placements), each natively on the GPU and on
 #           the emulated GPU (docs/GPU.md); where nvidia-smi sees a GPU, a native suite that
 #           skipped fails the step                                                   [90 s, 45 s]
-#   kjv     models/opt-kjv, greedy, two prompts, 16 tokens each, with --device cuda and --device
-#           cpu: both texts are printed and must be identical. At every step of these prompts
-#           the CPU's top two logits are at least 2.8% of the largest logit apart, more than
-#           twice the 1% of it by which tests/test_cuda.c lets CUDA's logits differ from the
-#           CPU's: the margin beyond which that suite too requires the same token     [15 s each]
+#   kjv     models/opt-kjv (two prompts, 16 tokens each) and models/llama-kjv (the LLaMA
+#           family's kernels: RMSNorm, RoPE, grouped-query attention, SwiGLU; two prompts, 12
+#           tokens each), greedy, with --device cuda and --device cpu: both texts are printed and
+#           must be identical. At every step of these prompts the CPU's top two logits are at
+#           least 2.8% of the largest logit apart, more than twice the 1% of it by which
+#           tests/test_cuda.c lets CUDA's logits differ from the CPU's: the margin beyond which
+#           that suite too requires the same token                                   [15 s each]
 #   models  dummy weights, prompt 128, 32 generated tokens, 2 GPU batches of 4, with policies
 #           that fit a 4 GB card: opt-125m all on the GPU (--gpu-mem 4G); opt-1.3b all on the GPU
 #           (--gpu-mem 4G: the memory model's plan is 3.21 GiB, 2.45 of them weights) and with its
 #           weights split 50/50 between GPU and CPU (--gpu-mem 3G); then a table of throughput
 #           and peak GPU memory (the gpu tier's peak, --json's peak_gpu_bytes)         [35 s each]
-# The limits add up to 5.5 minutes. A failed or stopped command does not stop the next; the exit
+# The limits add up to 6 minutes. A failed or stopped command does not stop the next; the exit
 # status is 1 if any failed, 2 for bad usage. A GPU that this build has no code for (compute
 # capability below 7.5: a GTX 10xx is 6.1, a V100 7.0) fails test, kjv and models with flexgen's
 # one line naming its capability and the ones built.
@@ -27,8 +29,9 @@
 # Environment:
 #   FLEXGEN  the binary that kjv and models run [./flexgen]; ./flexgen-emu runs them on the
 #            emulated GPU, on a machine without one: FLEXGEN=./flexgen-emu STEPS=kjv MODELS=opt-kjv
-#   MODELS   [opt-kjv opt-125m opt-1.3b]: opt-kjv is the kjv step's model; another OPT name runs
-#            all on the GPU at --gpu-mem 4G in the models step
+#   MODELS   [opt-kjv llama-kjv opt-125m opt-1.3b]: opt-kjv and llama-kjv are the kjv step's
+#            models; another name (OPT or LLaMA) runs all on the GPU at --gpu-mem 4G in the
+#            models step
 #   STEPS    the steps to run, separated by spaces or commas [build test kjv models]
 #   OUT      the directory of each command's NAME.out, NAME.err and NAME.cmd (the command)
 #            [gpu-laptop-run-<UTC time>]
@@ -38,7 +41,7 @@ case ${1:-} in
     "") ;;
     *) echo "gpu_laptop_run.sh: unknown argument '$1'; usage: bash scripts/gpu_laptop_run.sh [--help]" >&2; exit 2 ;;
 esac
-FLEXGEN=${FLEXGEN:-./flexgen} MODELS=${MODELS:-opt-kjv opt-125m opt-1.3b}
+FLEXGEN=${FLEXGEN:-./flexgen} MODELS=${MODELS:-opt-kjv llama-kjv opt-125m opt-1.3b}
 STEPS=${STEPS:-build test kjv models}
 STEPS=${STEPS//,/ }
 for step in $STEPS; do
@@ -101,29 +104,36 @@ for step in $STEPS; do
             fi
         done ;;
     kjv)
-        ran=0
-        devices="cuda cpu"
-        case " $MODELS " in *" opt-kjv "*) ;; *) devices="" skip=1 && echo "skipped: opt-kjv is not in MODELS" ;; esac
-        for device in $devices; do
-            run 15 "kjv-$device" "$FLEXGEN" --quiet --model models/opt-kjv --device "$device" \
-                --prompt "In the beginning God" --prompt "And the LORD spake unto Moses, saying," --gen-len 16 || break
-            ran=$((ran + 1))
-            # the generated text: what comes before the report
-            sed '/^model size: /,$d' "$OUT/kjv-$device.out" > "$OUT/kjv-$device.txt"
-            echo "--device $device (the report's $(grep -o 'device: .*' "$OUT/kjv-$device.out")):"
-            cat "$OUT/kjv-$device.txt"
+        kjv_ran=0
+        for model in opt-kjv llama-kjv; do
+            case " $MODELS " in *" $model "*) ;; *) continue ;; esac
+            kjv_ran=1 ran=0
+            if [ $model = opt-kjv ]; then
+                prompts=(--prompt "In the beginning God" --prompt "And the LORD spake unto Moses, saying," --gen-len 16)
+            else
+                prompts=(--prompt "Speak unto the children of" --prompt "And they shall make an" --gen-len 12)
+            fi
+            for device in cuda cpu; do
+                run 15 "$model-$device" "$FLEXGEN" --quiet --model "models/$model" --device "$device" "${prompts[@]}" || break
+                ran=$((ran + 1))
+                # the generated text: what comes before the report
+                sed '/^model size: /,$d' "$OUT/$model-$device.out" > "$OUT/$model-$device.txt"
+                echo "$model, --device $device (the report's $(grep -o 'device: .*' "$OUT/$model-$device.out")):"
+                cat "$OUT/$model-$device.txt"
+            done
+            if [ $ran = 2 ] && cmp -s "$OUT/$model-cuda.txt" "$OUT/$model-cpu.txt"; then
+                echo "identical"
+            elif [ $ran = 2 ]; then
+                fail "kjv: $model: --device cuda and --device cpu generated different text"
+            fi
         done
-        if [ $ran = 2 ] && cmp -s "$OUT/kjv-cuda.txt" "$OUT/kjv-cpu.txt"; then
-            echo "identical"
-        elif [ $ran = 2 ]; then
-            fail "kjv: --device cuda and --device cpu generated different text"
-        fi ;;
+        [ $kjv_ran = 1 ] || { skip=1 && echo "skipped: neither opt-kjv nor llama-kjv is in MODELS"; } ;;
     models)
         common=(--device cuda --quiet --json --prompt-len 128 --gen-len 32 --gpu-batch-size 4 --num-gpu-batches 2)
         rows=()
         for model in $MODELS; do
             case $model in
-                opt-kjv) continue ;;
+                opt-kjv | llama-kjv) continue ;;
                 opt-1.3b) policies=("gpu --gpu-mem 4G --percent 100 0 100 0 100 0"
                                     "split --gpu-mem 3G --percent 50 50 100 0 100 0") ;;
                 *) policies=("gpu --gpu-mem 4G --percent 100 0 100 0 100 0") ;;
@@ -142,7 +152,7 @@ for step in $STEPS; do
             done
         done
         if [ ${#rows[@]} = 0 ]; then
-            skip=1 && echo "skipped: no model but opt-kjv in MODELS"
+            skip=1 && echo "skipped: no model but the kjv step's in MODELS"
         else
             echo "prompt 128, gen 32, --gpu-batch-size 4 --num-gpu-batches 2, dummy weights, --device cuda:"
             echo "| run | policy | total token/s | decode token/s | peak GPU GiB |"

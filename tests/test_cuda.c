@@ -382,21 +382,25 @@ static void test_device_out_of_memory(void) {
 #endif
 }
 
-/* scripts/gpu_laptop_run.sh's opt-kjv step on the emulated GPU: the same text from cuda and cpu,
- * exit 0; a binary that fails is one FAIL line naming it, exit 1; its files go to OUT alone. */
+/* scripts/gpu_laptop_run.sh's kjv step on the emulated GPU, opt-kjv and llama-kjv: the same text
+ * from cuda and cpu for each, exit 0; a binary that fails is one FAIL line naming it, exit 1; its
+ * files go to OUT alone. */
 static void test_laptop_run(void) {
 #ifdef FLEXGEN_CUDA_EMU
     char *dir = make_temp_dir(), *out = NULL, *err = NULL, flexgen[4200], out_dir[4200];
     snprintf(flexgen, sizeof flexgen, "FLEXGEN=%s", flexgen_bin());
     snprintf(out_dir, sizeof out_dir, "OUT=%s/run", dir);
-    const char *argv[] = {"env", flexgen, "STEPS=kjv", "MODELS=opt-kjv", out_dir, "bash", "scripts/gpu_laptop_run.sh", NULL};
+    const char *argv[] = {"env", flexgen, "STEPS=kjv", "MODELS=opt-kjv llama-kjv", out_dir, "bash",
+                          "scripts/gpu_laptop_run.sh", NULL};
     int rc = run_command(argv, NULL, &out, &err);
-    EXPECT(rc == 0 && strstr(out, "identical"), "gpu_laptop_run.sh on %s: expected exit 0 and identical texts, "
-           "got %d: %.300s %.300s", flexgen_bin(), rc, out, err);
+    const char *second = out ? strstr(out, "identical") : NULL;
+    EXPECT(rc == 0 && second && strstr(second + 1, "identical") && strstr(out, "llama-kjv, --device cuda"),
+           "gpu_laptop_run.sh on %s: expected exit 0 and identical texts for opt-kjv and llama-kjv, got %d: %.600s "
+           "%.300s", flexgen_bin(), rc, out, err);
     free(out), free(err);
     argv[1] = "FLEXGEN=/bin/false";
     rc = run_command(argv, NULL, &out, &err);
-    EXPECT(rc == 1 && strstr(out, "FAIL kjv-cuda: /bin/false failed"), "gpu_laptop_run.sh with FLEXGEN=/bin/false: "
+    EXPECT(rc == 1 && strstr(out, "FAIL opt-kjv-cuda: /bin/false failed"), "gpu_laptop_run.sh with FLEXGEN=/bin/false: "
            "expected exit 1 and a FAIL line, got %d: %.300s", rc, out);
     free(out), free(err);
     rm_tree(dir);
@@ -418,5 +422,5 @@ void add_cuda_tests(void) {
     CU_add_test(s, "--gpu-mem's plan with CUDA's sizes, on the CPU", test_gpu_mem_cap_plan);
     CU_add_test(s, "no GPU: --device cuda refused, auto falls back to the CPU", test_no_gpu_fallback);
     CU_add_test(s, "a device smaller than the plan, or than --gpu-mem: one line, exit 2", test_device_out_of_memory);
-    CU_add_test(s, "scripts/gpu_laptop_run.sh's opt-kjv step on the emulated GPU", test_laptop_run);
+    CU_add_test(s, "scripts/gpu_laptop_run.sh's kjv step on the emulated GPU, OPT and LLaMA", test_laptop_run);
 }
