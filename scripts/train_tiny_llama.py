@@ -51,14 +51,13 @@ they wait made a training step six times slower here (the numbers are the same e
 """
 import argparse
 import json
-import math
 import os
 import random
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_tiny_opt import HELD_OUT_EVERY, perplexity, read_chapters  # noqa: E402
+from train_tiny_opt import HELD_OUT_EVERY, perplexity, read_chapters, train_model  # noqa: E402
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 BOS_ID, EOS_ID = 1, 2
@@ -227,41 +226,8 @@ def main():
     print(f"model: {args.layers} layers of {args.hidden}, {n_heads} heads, {args.kv_heads} key/value heads, "
           f"MLP {args.ffn}, {args.context} positions, vocab {args.vocab}: {n_params / 1e6:.2f}M parameters",
           flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-
-    def lr_at(step):
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-    curve = open(os.path.join(args.out, "training.tsv"), "w")
-    curve.write("step\ttokens\ttrain_loss\theldout_ppl\n")
-    last_start = len(stream) - args.context
-    sum_loss, n_loss, t0 = 0.0, 0, time.time()
-    for step in range(args.steps):
-        offsets = [random.choice(starts) if random.random() < 0.25 else random.randrange(last_start)
-                   for _ in range(args.batch)]
-        offsets = [min(o, last_start) for o in offsets]
-        x = torch.tensor([stream[o:o + args.context] for o in offsets])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sum_loss += loss.item()
-        n_loss += 1
-        done = step + 1
-        if done % args.eval_every == 0 or done == args.steps:
-            ppl, _, _ = perplexity(model, eval_ids, args.context, torch)
-            seen = done * args.batch * args.context
-            curve.write(f"{done}\t{seen}\t{sum_loss / n_loss:.4f}\t{ppl:.3f}\n")
-            curve.flush()
-            print(f"step {done}/{args.steps}: train loss {sum_loss / n_loss:.3f}, held-out "
-                  f"perplexity {ppl:.2f} ({time.time() - t0:.0f} s)", flush=True)
-            sum_loss, n_loss = 0.0, 0
+    t0 = time.time()
+    curve = train_model(model, stream, starts, eval_ids, args, torch)
 
     model = model.half()
     model.save_pretrained(args.out, safe_serialization=True)
