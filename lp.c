@@ -796,11 +796,9 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
     return 0;
 }
 
-/* The reason nothing fits: the plan check of the smallest block with everything off the gpu. */
+/* The reason nothing fits: the plan check of the smallest block with everything off the gpu,
+ * and where that fits, --max-latency's bound. */
 static int explain_nothing_fits(search *S, char *err) {
-    if (S->req->max_latency > 0)
-        return fg_fail(err, "--max-latency %g: no policy fits the capacities within that block latency",
-                       S->req->max_latency);
     fg_policy p = *S->base;
     p.gpu_batch_size = p.num_gpu_batches = 1;
     p.percent = (fg_percent){0};
@@ -808,6 +806,9 @@ static int explain_nothing_fits(search *S, char *err) {
     if (S->req->check && runtime_check(S, &p, 1, 1, NULL, NULL, why))
         return fg_fail(err, "no policy fits %s: even one sequence with everything off the gpu tier: %s",
                        S->cfg->name, why);
+    if (S->req->max_latency > 0)
+        return fg_fail(err, "--max-latency %g: no policy fits the capacities within that block latency",
+                       S->req->max_latency);
     return fg_fail(err, "no policy fits %s in --gpu-mem, --cpu-mem and --disk-mem (prompt %d + %d tokens)",
                    S->cfg->name, S->req->s, S->req->n);
 }

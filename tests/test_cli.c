@@ -1536,6 +1536,10 @@ static void test_policy_bad_input(void) {
                      "--cpu-mem", "64K", "--disk-mem", "16K"), "no policy fits", "tier: the plan needs");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--max-latency", "1e-9"),
                 "--max-latency");
+    /* with --max-latency too, capacities nothing fits in are named as such, not the latency */
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--gpu-mem", "64K",
+                     "--cpu-mem", "64K", "--disk-mem", "16K", "--max-latency", "60"), "no policy fits",
+                "tier: the plan needs");
     /* a policy --evaluate cannot fit: the plan check's line */
     EXPECT_FAIL(ARGS("policy", "--evaluate", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir,
                      "--gpu-mem", "64K"), "gpu tier: the plan needs");
