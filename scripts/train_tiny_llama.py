@@ -52,12 +52,11 @@ they wait made a training step six times slower here (the numbers are the same e
 import argparse
 import json
 import os
-import random
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_tiny_opt import HELD_OUT_EVERY, perplexity, read_chapters, train_model  # noqa: E402
+from train_tiny_opt import perplexity, prepare_corpus, train_model  # noqa: E402
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 BOS_ID, EOS_ID = 1, 2
@@ -192,17 +191,7 @@ def main():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    os.makedirs(args.out, exist_ok=True)
-
-    chapters = read_chapters(args.bible)
-    held = [c for i, c in enumerate(chapters) if (i + 1) % HELD_OUT_EVERY == 0]
-    train = [c for i, c in enumerate(chapters) if (i + 1) % HELD_OUT_EVERY != 0]
-    with open(os.path.join(args.out, "heldout.txt"), "w") as f:
-        f.write("".join(held))
+    held, train = prepare_corpus(args, torch)
 
     tok, new_id = train_tokenizer(train, args.vocab, args.out)
     write_tokenizer_config(args.out, args.context)

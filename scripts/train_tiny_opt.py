@@ -123,6 +123,22 @@ def perplexity(model, ids, window, torch, stride=None):
     return math.exp(nll / count), count, max_abs
 
 
+def prepare_corpus(args, torch):
+    """Seeds, threads and torch's deterministic algorithms from args; the chapters split into
+    held-out and training ones, the held-out written to --out's heldout.txt; returns both."""
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(args.out, exist_ok=True)
+    chapters = read_chapters(args.bible)
+    held = [c for i, c in enumerate(chapters) if (i + 1) % HELD_OUT_EVERY == 0]
+    train = [c for i, c in enumerate(chapters) if (i + 1) % HELD_OUT_EVERY != 0]
+    with open(os.path.join(args.out, "heldout.txt"), "w") as f:
+        f.write("".join(held))
+    return held, train
+
+
 def train_model(model, stream, starts, eval_ids, args, torch):
     """AdamW over windows of the stream (a quarter starting at a document's BOS), warm-up then
     cosine decay, the held-out perplexity every --eval-every steps into training.tsv; returns
@@ -187,17 +203,7 @@ def main():
     import torch
     from transformers import OPTConfig, OPTForCausalLM
 
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    os.makedirs(args.out, exist_ok=True)
-
-    chapters = read_chapters(args.bible)
-    held = [c for i, c in enumerate(chapters) if (i + 1) % HELD_OUT_EVERY == 0]
-    train = [c for i, c in enumerate(chapters) if (i + 1) % HELD_OUT_EVERY != 0]
-    with open(os.path.join(args.out, "heldout.txt"), "w") as f:
-        f.write("".join(held))
+    held, train = prepare_corpus(args, torch)
 
     tok = train_tokenizer(train, args.vocab, args.out)
     write_tokenizer_config(args.out, args.context)
