@@ -308,17 +308,17 @@ int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, c
     return rc;
 }
 
-/* A home on the gpu tier: the stored form written in place where that tier is host memory, else
- * made in host memory and sent through the backend (fp16 into the working format, 4-bit as is). */
+/* A home on the gpu tier: written in place where it is host memory, else sent through the backend. */
 static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home, char *err) {
     const fg_backend *be = m->rt->backend;
     const weight_home *h = &m->homes[i];
-    void *stored = be->gpu_is_host ? home : malloc(h->bytes); /* no second copy of a large tensor */
+    if (be->gpu_is_host) return fill_stored(m, i, src, home, err); /* no second copy of a large tensor */
+    void *stored = malloc(h->bytes);
     if (!stored) return fg_fail(err, "out of memory loading %s", m->layout.tensors[i].name);
     int rc = fill_stored(m, i, src, stored, err);
-    if (rc == 0 && stored != home && h->q4) be->copy_in(home, stored, h->bytes);
-    else if (rc == 0 && stored != home) be->weights_in(home, stored, m->layout.tensors[i].count);
-    if (stored != home) free(stored);
+    if (rc == 0 && h->q4) be->copy_in(home, stored, h->bytes); /* 4-bit as is */
+    else if (rc == 0) be->weights_in(home, stored, m->layout.tensors[i].count); /* fp16 into the working format */
+    free(stored);
     return rc;
 }
 
