@@ -629,12 +629,12 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
         capacity_source(rt, m->reused_disk_bytes, t, source, sizeof source);
         return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t], human(total[t]).s, detail, source);
     }
-    /* once the weights are in their homes they are resident already, not to be counted twice */
-    double host = mem_available_bytes() + (m->loaded ? need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS] : 0);
+    /* before loading, a reserve is kept (host_memory_for_plans); after, the weights are resident */
+    double host = m->loaded ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS] : host_memory_for_plans();
     if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
-        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), "
-                            "%s available", human(total[TIER_GPU] + total[TIER_CPU]).s,
-                       human(total[TIER_GPU]).s, human(total[TIER_CPU]).s, human(host).s);
+        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), %s available%s",
+                       human(total[TIER_GPU] + total[TIER_CPU]).s, human(total[TIER_GPU]).s, human(total[TIER_CPU]).s,
+                       human(host).s, m->loaded ? "" : " (a sixteenth of the machine's memory is kept for the system)");
     return 0;
 }
 

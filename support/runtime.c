@@ -95,7 +95,7 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     }
     for (int l = 0; l < N_LINKS; l++) s->link_bytes[l] = rt->link_bytes[l];
     pthread_mutex_unlock((pthread_mutex_t *)&rt->lock);
-    s->host_memory = rt->backend->gpu_is_host ? mem_available_bytes() : 0;
+    s->host_memory = rt->backend->gpu_is_host ? host_memory_for_plans() : 0;
 }
 
 

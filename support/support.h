@@ -20,6 +20,7 @@ double now_seconds(void); /* a monotonic clock */
 typedef struct { char s[32]; } size_text;
 size_text human(double bytes); /* "1.50 GiB", "12.3 MiB", "4.0 KiB" */
 double mem_available_bytes(void);
+double host_memory_for_plans(void);
 int is_dir(const char *path);
 int check_dir(const char *flag, const char *dir, char *err); /* exists and is writable */
 int mkdir_p(const char *dir);                                 /* -1 (errno) on failure */

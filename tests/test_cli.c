@@ -823,6 +823,10 @@ static void test_bad_policy(void) {
                      "100", "0", "100", "0", "--cpu-mem", "100K"), "cpu tier: the plan needs");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--percent", "0", "0",
                      "0", "0", "0", "0", "--disk-mem", "4K"), "disk tier: the plan needs");
+    /* on the CPU backend the gpu and cpu tiers share host memory, less the system's reserve */
+    EXPECT_FAIL(ARGS("--model", "opt-175b", "--device", "cpu", "--gpu-mem", "1T", "--cpu-mem", "1T"),
+                "gpu and cpu tiers: the plan needs", "of host memory",
+                "a sixteenth of the machine's memory is kept for the system");
 }
 
 /* Runs opt-tiny with everything on disk in offload dir `off`; returns the exit status. */
@@ -1476,14 +1480,16 @@ static void test_llama_runtime_features(void) {
                                       "0", "0", "0", "100", "0", "--cpu-cache-compute")
                           : LLAMA_RUN("--policy", "auto", "--hw", hw, "--gpu-mem", "660K", "--cpu-mem", "1M", "--json");
         EXPECT(rc == 0, "%s: exit %d, %s", names[r], rc, err);
-        if (r == 3) { /* the search put the weights off the gpu tier, part of the cache on disk */
+        if (r == 3) { /* the search put the weights off the gpu tier, within the capacities; where the
+                         cache goes is not asserted: at these sizes every block is compute-bound, so
+                         plans tie, and the pick among them (1 x 5 with 71% of the cache on disk on
+                         one machine, 1 x 2 with the cache on the gpu tier on another) is the last
+                         bits' (the cache on disk is the runs above) */
             cJSON *o = cJSON_Parse(out), *pct = cJSON_GetObjectItem(o, "percent");
             EXPECT(cJSON_GetArraySize(pct) == 6 && cJSON_GetArrayItem(pct, 0)->valueint < 100 &&
-                       cJSON_GetArrayItem(pct, 2)->valueint + cJSON_GetArrayItem(pct, 3)->valueint < 100 &&
                        json_item(o, "peak_gpu_bytes")->valuedouble <= 660 << 10 &&
                        json_item(o, "peak_cpu_bytes")->valuedouble <= 1 << 20,
-                   "--policy auto: expected weights off the gpu tier and cache partly on disk, within 660K / 1M, "
-                   "got %s", out);
+                   "--policy auto: expected weights off the gpu tier, within 660K / 1M, got %s", out);
             cJSON_Delete(o);
         }
         free(out), free(err);
