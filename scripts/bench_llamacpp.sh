@@ -40,9 +40,12 @@
 # the placement; weights that do not fit go to disk, copied from the checkpoint into the offload
 # dir), against llama-batched-bench on the F16 GGUF with mmap (-lm mmap: the page cache holds
 # what fits and the rest is read again from disk) at each batch of BIG_BATCHES, and the best of
-# those by total tok/s. (On the CPU backend the gpu and cpu tiers are both host memory; flexgen
-# checks that their sum fits in it. The search's default block can take hours: --max-latency
-# bounds it.)
+# those by total tok/s. (On the CPU backend the gpu and cpu tiers are both host memory, and the
+# gpu tier's default capacity is the available memory, so the search may place every weight that
+# fits there and leave --cpu-mem unused; flexgen plans their sum within the available memory less
+# a sixteenth of the machine's. The search's default block can take hours: --max-latency bounds
+# it. BENCHMARKS.md's run: DROP_CACHES=1 BIG_BATCHES="8 32 64" ... --big --prompt-len 32
+# --gen-len 16 --max-latency 600.)
 #
 # Setting up:
 #   - llama.cpp: the source vendored in llama-cpp-python's sdist (pip download --no-binary :all:
