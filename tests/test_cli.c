@@ -1480,11 +1480,11 @@ static void test_llama_runtime_features(void) {
                                       "0", "0", "0", "100", "0", "--cpu-cache-compute")
                           : LLAMA_RUN("--policy", "auto", "--hw", hw, "--gpu-mem", "660K", "--cpu-mem", "1M", "--json");
         EXPECT(rc == 0, "%s: exit %d, %s", names[r], rc, err);
-        if (r == 3) { /* the search put the weights off the gpu tier, within the capacities; where the
-                         cache goes is not asserted: at these sizes every block is compute-bound, so
-                         plans tie, and the pick among them (1 x 5 with 71% of the cache on disk on
-                         one machine, 1 x 2 with the cache on the gpu tier on another) is the last
-                         bits' (the cache on disk is the runs above) */
+        if (r == 3) { /* the search put the weights off the gpu tier, within the capacities. Where the
+                         cache goes is not asserted: at these sizes every block is compute-bound, the
+                         plans' predictions tie, and the last bits pick among them (1 x 5 with 71% of
+                         the cache on disk on one machine, 1 x 2 with it on the gpu tier on another);
+                         runs 1 and 2 above place the cache on cpu and on disk themselves */
             cJSON *o = cJSON_Parse(out), *pct = cJSON_GetObjectItem(o, "percent");
             EXPECT(cJSON_GetArraySize(pct) == 6 && cJSON_GetArrayItem(pct, 0)->valueint < 100 &&
                        json_item(o, "peak_gpu_bytes")->valuedouble <= 660 << 10 &&
