@@ -4,20 +4,20 @@
  * function before its first use, so the file is built bottom-up; read it top-down from the loop,
  * by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1225  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
- *  1146  step_begins              a block's step: tokens back, pages, first inputs; step_ends
- *  1119  load_weight              Fig. 4's load_weight; synchronize below it
- *  1042  compute                  layer j of GPU batch k on the backend
- *   895  load_cache               store_cache below it, then load_ and store_activation
- *  1452  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1363  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1275  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
+ *  1194  step_begins              a block's step: tokens back, pages, first inputs; step_ends
+ *  1148  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1071  compute                  layer j of GPU batch k on the backend
+ *   917  load_cache               store_cache below it, then load_ and store_activation
+ *  1502  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1413  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
  *    54  tier_take                the tiers: every byte taken here, or refused
  *   118  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   184  place_tensors            each tensor's home tier, by FlexGen's rule
  *   331  load_weights_into_homes  the weights written into their homes, once
  *   447  load_weights             a layer read ahead, converted into a staging arena
  *   515  shape_block              a block's buffers per tier; fg_check_plan below it
- *   735  alloc_block              a block's KV cache and activations on the tiers
+ *   751  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -662,6 +662,17 @@ static int run_in_page(const block *bl, int j, int end) {
     return (page_end < end ? page_end : end) - j;
 }
 
+/* The tokens of slot `slot`'s cache from j on (to `end`) that lie one after another in its pool:
+ * j's page and each next page that its table puts right after the one before. A run moves as one
+ * copy, however many pages it spans. */
+static int run_in_pool(const block *bl, int slot, int j, int end) {
+    const int *pages = slot_pages(&bl->pages, slot);
+    int page_tokens = bl->s.kv.page_tokens, n = run_in_page(bl, j, end);
+    while (j + n < end && pages[(j + n) / page_tokens] == pages[(j + n) / page_tokens - 1] + 1)
+        n += run_in_page(bl, j + n, end);
+    return n;
+}
+
 /* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
 static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
     int staged = bl->s.gbs - bl->s.cache.rows[TIER_GPU];
@@ -669,11 +680,14 @@ static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
     return bl->kv_stage[arena] + idx * bl->s.stage_len * bl->s.kv_row;
 }
 
-/* Sequence b's activation rows in GPU batch k, where they live. */
+/* Sequence b's activation rows in GPU batch k, where they live: in batch k's part of its tier's
+ * home (max_prompt rows a sequence), this step's rows of the tier's sequences one after another,
+ * so that they move in one copy. */
 static char *act_home_rows(const block *bl, int k, int b) {
     int r;
     fg_tier t = row_tier(&bl->s.act, b, &r);
-    return bl->act_home[t] + ((size_t)k * bl->s.act.rows[t] + r) * bl->s.max_prompt * bl->s.act_row;
+    size_t part = (size_t)k * bl->s.act.rows[t] * bl->s.max_prompt;
+    return bl->act_home[t] + (part + (size_t)r * bl->gb[k].n_new) * bl->s.act_row;
 }
 
 static void free_block(block *bl) {
@@ -692,7 +706,7 @@ static void free_block(block *bl) {
         if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
         if (bl->has_delegated) tier_add(rt, TIER_CPU, -s->delegated);
         tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
-        free(bl->host_logits);
+        rt->backend->host_free(bl->host_logits);
         for (int b = 0; b < 2; b++) {
             tier_free(rt, TIER_GPU, bl->kv_stage[b], (size_t)s->kv_stage / 2);
             tier_free(rt, TIER_GPU, bl->x_stage[b], (size_t)s->x_stage / 2);
@@ -717,7 +731,9 @@ static int alloc_stage_buffers(block *bl, char *err) {
         if (!(bl->x_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err))) return -1;
     }
     if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) return -1;
-    if (s->logits && !(bl->host_logits = malloc((size_t)s->logits))) return fg_fail(err, "out of memory for the logits");
+    int pinned = s->logit_rows == 1; /* a step's logits: copied to in one piece; not every prompt position's */
+    if (s->logits && !(bl->host_logits = rt->backend->host_alloc((size_t)s->logits, pinned)))
+        return fg_fail(err, "out of memory for the logits");
     if (tier_take(rt, TIER_CPU, s->delegated, "delegated attention's host rows", err)) return -1;
     bl->has_delegated = 1;
     if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) return -1;
@@ -806,9 +822,11 @@ static int is_decoder_layer(const block *bl, int j) { return j >= 1 && j <= bl->
 static int decoder_of(int j) { return j - 1; } /* the schedule's layer j, as a decoder layer d */
 /* Layer j's KV cache among this stage's decoder layers'. */
 static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
+/* Sequence b of a task's GPU batch: its slot in the block. */
+static int task_slot(const block *bl, const io_task *task, int b) { return task->batch * bl->s.gbs + b; }
 /* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
 static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
-    return kv_home_row(bl, task->batch * bl->s.gbs + b, cache_layer(bl, task->layer), kv, j);
+    return kv_home_row(bl, task_slot(bl, task, b), cache_layer(bl, task->layer), kv, j);
 }
 
 /* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
@@ -821,8 +839,10 @@ static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     const gpu_batch *gb = &bl->gb[task->batch];
     FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
-            for (int j = 0, n; j < gb->past[b]; j += n)
-                n = run_in_page(bl, j, gb->past[b]), disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
+            for (int j = 0, n; j < gb->past[b]; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
+                disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
+            }
 }
 
 /* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
@@ -836,8 +856,8 @@ static void cache_in_task(fg_runtime *rt, const io_task *task) {
         for (int kv = 0; kv < 2; kv++) {
             if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
             char *stage = kv_stage_rows(bl, task->arena, kv, b);
-            for (int j = 0, n; j < gb->past[b]; j += n) { /* a page at a time, into rows in order */
-                n = run_in_page(bl, j, gb->past[b]);
+            for (int j = 0, n; j < gb->past[b]; j += n) { /* a run of pages at a time, into rows in order */
+                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
                 char *home = task_kv_row(bl, task, kv, b, j);
                 rt->backend->copy_in(stage + j * row, home, n * row);
                 if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
@@ -853,12 +873,14 @@ static void cache_out_task(fg_runtime *rt, const io_task *task) {
         for (int kv = 0; kv < 2; kv++) {
             size_t bytes = new_bytes(bl, gb, b), row = bl->s.kv_row;
             int end = gb->past[b] + (int)(bytes / row);
-            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) /* else attention wrote them in place */
-                n = run_in_page(bl, j, end), rt->backend->copy_out(task_kv_row(bl, task, kv, b, j),
-                                                               kv_stage_rows(bl, task->arena, kv, b) + j * row, n * row);
+            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) { /* else attention wrote them in place */
+                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
+                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), kv_stage_rows(bl, task->arena, kv, b) + j * row, n * row);
+            }
             link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
             if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
         }
+    rt->backend->copies_done(); /* in their homes before they are read there or written to disk */
 }
 
 /* Writes back this step's new slots of the disk rows; with delegation the past rows were read
@@ -870,7 +892,7 @@ static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
         int past = gb->past[b], from = bl->delegate ? 0 : past, end = past + gb->n_new - gb->pad[b];
         for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
             for (int j = from, n; j < end; j += n) {
-                n = run_in_page(bl, j, end);
+                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
                 int written = j + n - (j > past ? j : past); /* of these rows, this step's */
                 disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row,
                              written > 0 ? written * bl->s.kv_row : 0);
@@ -937,11 +959,13 @@ static void act_fetch_task(fg_runtime *rt, const io_task *task) {
 }
 
 /* Sequence rows of GPU batch k between a staging arena and their homes: in (home -> staging,
- * cpu -> gpu) or out (staging -> home, gpu -> cpu). Rows homed on the gpu tier move no link. */
+ * cpu -> gpu) or out (staging -> home, gpu -> cpu), a tier's sequences at a time. Rows homed on
+ * the gpu tier move no link. */
 static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
-    size_t bytes = act_bytes(bl, k);
-    for (int b = 0; b < bl->gb[k].batch; b++) {
+    for (int b = 0, n; b < bl->gb[k].batch; b += n) {
         fg_tier t = tier_of(&bl->s.act, b);
+        for (n = 1; b + n < bl->gb[k].batch && tier_of(&bl->s.act, b + n) == t; n++) {}
+        size_t bytes = n * act_bytes(bl, k);
         char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
         if (t == TIER_GPU) {
             rt->backend->copy(out ? home : x, out ? x : home, bytes);
@@ -958,7 +982,10 @@ static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
 }
 
 static void act_in_task(fg_runtime *rt, const io_task *task) { act_move(rt, task->ctx, task->batch, task->arena, 0); }
-static void act_out_task(fg_runtime *rt, const io_task *task) { act_move(rt, task->ctx, task->batch, task->arena, 1); }
+static void act_out_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->batch, task->arena, 1);
+    rt->backend->copies_done(); /* in their homes before they are written to disk */
+}
 
 static void act_writeback_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
@@ -1021,6 +1048,7 @@ static void bind_batch(block *bl, iteration it) {
         gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
         gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
         gb->v_pages[b] = v_home ? slot_pages(&bl->pages, slot) : NULL;
+        gb->kv_in_host[b] = bl->delegate && t != TIER_GPU;
         gb->v_rows_read[b] = 0;
     }
 }
@@ -1034,6 +1062,7 @@ static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row)
     c.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
     c.k = gb->k + first, c.v = gb->v + first, c.k_pages = gb->k_pages + first, c.v_pages = gb->v_pages + first;
     c.v_rows_read = gb->v_rows_read + first;
+    c.kv_in_host = gb->kv_in_host + first;
     return c;
 }
 
@@ -1140,6 +1169,25 @@ static void end_sequence(gen_run *run, block *bl, int s), tokens_of_last_step(ge
 static int grow_pages(block *bl);
 static void choose_step_reads(gen_run *run, int t, int i), load_first_iteration(block *bl);
 
+/* The backend's counters of what the host asked of the device (CUDA's; zeros on the CPU). */
+static void device_counts_now(const fg_runtime *rt, fg_device_counts *c) {
+    memset(c, 0, sizeof *c);
+    if (rt->backend->counts) rt->backend->counts(c);
+}
+
+/* A step's counts, from `start`, into the timing (prefill or decode steps) and the trace. */
+static void count_step(fg_runtime *rt, gen_timing *t, const fg_device_counts *start, int decode) {
+    if (!rt->backend->counts) return;
+    fg_device_counts end, step;
+    device_counts_now(rt, &end);
+    device_counts_diff(&end, start, &step);
+    t->device_counted = 1;
+    device_counts_add(decode ? &t->decode_counts : &t->prefill_counts, &step, 0);
+    if (decode) device_counts_add(&t->decode_step_most, &step, 1);
+    t->decode_steps += decode;
+    trace_record_counts(&rt->trace, now_seconds(), &step);
+}
+
 /* Step i of block t begins on this stage, or returns 0 when it does not run. The first stage
  * first takes the block's tokens of step i - 1 (after the last step: only that); a later stage
  * waits for the step's input. */
@@ -1149,6 +1197,7 @@ static int step_begins(gen_run *run, int t, int i) {
     if (i == run->steps || !bl->running || !run->m->rt->stage->step_input(bl)) return 0;
     if (grow_pages(bl)) return run->pools_ran_out = 1, bl->running = 0; /* a bug: the block stops */
     choose_step_reads(run, t, i);
+    device_counts_now(run->m->rt, &bl->step_start);
     load_first_iteration(bl);
     return 1;
 }
@@ -1197,9 +1246,9 @@ static void load_first_iteration(block *bl) {
     bl->rt->stage->input_taken(bl);
 }
 
-/* A step of block t ends: the last iteration's cache and activations are stored, and the last
+/* Step i of block t ends: the last iteration's cache and activations are stored, and the last
  * stage chooses the next tokens (and sends them back to the first stage, on a pipeline). */
-static void step_ends(gen_run *run, int t) {
+static void step_ends(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     fg_model *m = run->m;
     iteration last = at(bl, m->end_layer - 1, bl->n_batches - 1);
@@ -1211,6 +1260,7 @@ static void step_ends(gen_run *run, int t) {
         sample_tokens(bl, run->opt, run->logits, run->scratch);
         m->rt->stage->tokens_out(bl, run->opt, run->out_tokens);
     }
+    count_step(m->rt, run->timing, &bl->step_start, i > 0); /* what the host asked of the device */
     for (int k = 0; k < bl->n_batches; k++) /* with refill, refill_slots lays the next step out */
         run->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new, gpu_batch_advance(&bl->gb[k]);
 }
@@ -1240,7 +1290,7 @@ static void block_schedule(gen_run *run) {
                     compute(bl, now);
                     synchronize(bl, now);
                 }
-            step_ends(run, t);
+            step_ends(run, t, i);
         }
 }
 

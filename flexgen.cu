@@ -5,10 +5,18 @@
  *   memory      the gpu tier is device memory; the cpu tier is pinned host memory (weights with
  *               --pin-weight); copies from pageable memory (the disk tier's mapped pages) go
  *               through two pinned bounce buffers per thread, one filling while the other moves
- *   streams     each runtime thread (compute, and the I/O links of Fig. 4) issues its work on a
+ *   streams     each runtime thread (compute, and the I/O links of Fig. 4) queues its work on a
  *               stream of its own, so that a layer's weights, the next batch's cache and the
- *               last batch's results move while the compute stream runs; every operation waits
- *               for its stream before it returns, and the runtime's task order does the rest
+ *               last batch's results move while the compute stream runs. No operation waits for
+ *               the GPU: after the runtime's synchronize, join orders the streams on the device
+ *               (each waits for an event of the others); the host waits only where it reads what
+ *               the GPU wrote (the logits, a delegated attention's rows) or writes a host buffer
+ *               a queued copy still reads (copies_done). A decode step on the gpu tier waits once.
+ *   tables      the rows' layout, cache pointers and page tables that the kernels read go up
+ *               from pinned memory once a step, not once a layer: a table already on the device
+ *               serves the next layer, whose pools lie a fixed distance on (its shift)
+ *   counters    host waits, launches, cuBLAS products, copies and allocations, on every thread,
+ *               which the runtime reads per step (--json, the trace; docs/GPU.md, "Counters")
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) land as they are stored and
  *               a kernel decompresses them into the staging arena
  *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
@@ -45,6 +53,22 @@ extern "C" {
 }
 
 /* ============================================================================================
+ * Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Counters"). The
+ * runtime reads them at each step's edges, so that a step's waits, launches and copies can be
+ * held to account on any machine, the emulated GPU's included.
+ * ============================================================================================ */
+
+static fg_device_counts counts;
+
+static void count(int64_t *counter, int64_t n) { __atomic_fetch_add(counter, n, __ATOMIC_RELAXED); }
+
+static void cuda_counts(fg_device_counts *out) {
+    const int64_t *from = (const int64_t *)&counts;
+    int64_t *to = (int64_t *)out;
+    for (size_t i = 0; i < sizeof counts / sizeof(int64_t); i++) to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
+}
+
+/* ============================================================================================
  * Errors, threads, streams
  * ============================================================================================ */
 
@@ -64,20 +88,30 @@ static void cuda_fail(const char *call, int line, const char *msg) {
     } while (0)
 /* After a launch (a kernel's, or a cuBLAS call's, which launches its own): its own error, and
  * with FLEXGEN_CUDA_SYNC=1 its end too, so that a fault names its kernel or cuBLAS call instead
- * of a later call (launches are asynchronous). */
+ * of a later call (launches are asynchronous). Each is counted, as is each wait it adds. */
 static int sync_each_kernel;
+static void wait_stream(void);
+static uint64_t queued(void);
+static void launched(const char *kernel, int line) {
+    count(&counts.launches, 1);
+    queued();
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) cuda_fail(kernel, line, cudaGetErrorString(e));
+    if (sync_each_kernel) wait_stream();
+}
+#define LAUNCHED(kernel) launched(kernel "<<<>>>", __LINE__)
 #define BLAS_CHECK(call)                                                                       \
     do {                                                                                       \
         cublasStatus_t s_ = (call);                                                            \
         if (s_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, __LINE__, cublasGetStatusString(s_)); \
-        cudaError_t e_ = sync_each_kernel ? cudaStreamSynchronize(ctx()->stream) : cudaSuccess; \
-        if (e_ != cudaSuccess) cuda_fail(#call, __LINE__, cudaGetErrorString(e_));             \
     } while (0)
-#define LAUNCHED(kernel)                                                                       \
+/* A cuBLAS product: counted, and with FLEXGEN_CUDA_SYNC=1 waited for. */
+#define BLAS_PRODUCT(call)                                                                     \
     do {                                                                                       \
-        cudaError_t e_ = cudaGetLastError();                                                   \
-        if (e_ == cudaSuccess && sync_each_kernel) e_ = cudaStreamSynchronize(ctx()->stream);  \
-        if (e_ != cudaSuccess) cuda_fail(kernel "<<<>>>", __LINE__, cudaGetErrorString(e_));   \
+        count(&counts.blas_calls, 1);                                                          \
+        BLAS_CHECK(call);                                                                      \
+        queued();                                                                              \
+        if (sync_each_kernel) wait_stream();                                                   \
     } while (0)
 
 /* Bytes of each pinned bounce buffer. Three threads copy (compute, and the I/O threads of
@@ -86,24 +120,44 @@ static int sync_each_kernel;
 enum { BOUNCE = 8 << 20 };
 static_assert(FG_CUDA_HOST_RESERVE == 3 * 2 * (double)BOUNCE, "the cpu tier's count of bounce buffers");
 
-/* What one runtime thread uses: its stream, its cuBLAS handle, its bounce buffers. */
+/* What one runtime thread uses: its stream, its cuBLAS handle, its bounce buffers, and the events
+ * by which the host and the other threads' streams wait for its work. `queued` numbers the work
+ * it puts on its stream and `finished` says how much of it the host has seen end, so that a host
+ * buffer whose copy is known to have run is written again without a wait. */
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     char *bounce[2];
-    cudaEvent_t moved[2];
+    cudaEvent_t moved[2];     /* recorded after the copy that last used each bounce buffer */
+    uint64_t moved_at[2];     /* the work each of those events stands for */
+    int link;                 /* the I/O link whose thread this is (io_links.c), or -1 */
+    cudaEvent_t host_copied;  /* recorded after each copy from or to host memory */
+    uint64_t host_copied_at;  /* the work that event stands for, 0: none since the host waited */
+    cudaEvent_t mark;         /* recorded by join: the work another stream must wait for */
+    uint64_t queued, finished;
 } thread_ctx;
 
 static pthread_key_t ctx_key;
 static int device_index; /* this process's GPU: its pipeline stage's place on the machine (§4.4) */
 
+/* Every thread's context, for join. */
+enum { MAX_THREADS = 64 };
+static thread_ctx *contexts[MAX_THREADS];
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void ctx_destroy(void *p) {
     thread_ctx *c = (thread_ctx *)p;
+    pthread_mutex_lock(&contexts_lock);
+    for (int i = 0; i < MAX_THREADS; i++)
+        if (contexts[i] == c) contexts[i] = NULL;
+    pthread_mutex_unlock(&contexts_lock);
     if (c->blas) cublasDestroy(c->blas);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
         if (c->moved[i]) cudaEventDestroy(c->moved[i]);
     }
+    cudaEventDestroy(c->host_copied);
+    cudaEventDestroy(c->mark);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -115,7 +169,21 @@ static thread_ctx *ctx(void) {
     if (!c) cuda_fail("calloc", __LINE__, "out of host memory");
     CUDA_CHECK(cudaSetDevice(device_index)); /* each thread's own setting */
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->host_copied, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->mark, cudaEventDisableTiming));
+    c->link = io_link_of_this_thread();
+    if (c->link >= 0) { /* an I/O thread's stream: its first copy comes after all the work queued
+                           before its task, which no join ordered before this stream was made */
+        count(&counts.host_waits, 1);
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }
     pthread_setspecific(ctx_key, c);
+    pthread_mutex_lock(&contexts_lock);
+    int slot = 0;
+    while (slot < MAX_THREADS && contexts[slot]) slot++;
+    if (slot < MAX_THREADS) contexts[slot] = c;
+    pthread_mutex_unlock(&contexts_lock);
+    if (slot == MAX_THREADS) cuda_fail("ctx", __LINE__, "more threads than the backend keeps streams for");
     return c;
 }
 
@@ -128,7 +196,28 @@ static cublasHandle_t blas(void) {
     return c->blas;
 }
 
-static void wait_stream(void) { CUDA_CHECK(cudaStreamSynchronize(ctx()->stream)); }
+/* The host waits for all this thread queued. */
+static void wait_stream(void) {
+    thread_ctx *c = ctx();
+    count(&counts.host_waits, 1);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    c->finished = c->queued;
+    c->host_copied_at = 0;
+}
+
+/* The host waits for this thread's work up to `at`, which event e was recorded after; none if
+ * the host has seen that work end already. */
+static void wait_event(cudaEvent_t e, uint64_t at) {
+    thread_ctx *c = ctx();
+    if (at <= c->finished) return;
+    count(&counts.host_waits, 1);
+    CUDA_CHECK(cudaEventSynchronize(e));
+    c->finished = at;
+    if (c->host_copied_at <= at) c->host_copied_at = 0;
+}
+
+/* Numbers a piece of work just put on this thread's stream (a kernel's, a copy's, a wait's). */
+static uint64_t queued(void) { return ++ctx()->queued; }
 
 /* What kind of memory p is in: cudaMemoryTypeDevice, cudaMemoryTypeHost (pinned), or
  * cudaMemoryTypeUnregistered (plain host memory). */
@@ -145,19 +234,72 @@ static cudaMemoryType memory_type(const void *p) {
 static int is_pinned_or_device(const void *p) { return memory_type(p) != cudaMemoryTypeUnregistered; }
 
 /* ============================================================================================
- * Memory and copies
+ * Memory and copies. A copy is queued on the calling thread's stream: one between the device
+ * and host memory leaves that memory in use until the thread's copies_done (the runtime's tasks,
+ * sampling's logits), one on the device needs no host at all.
  * ============================================================================================ */
+
+enum { TO_DEVICE, TO_HOST, ON_DEVICE };
+
+/* Queues a copy of `rows` rows of `width` bytes (one row: a plain copy), counted. */
+static void queue_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                            int direction) {
+    thread_ctx *c = ctx();
+    if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, c->stream));
+    else CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, c->stream));
+    uint64_t at = queued();
+    size_t bytes = width * rows;
+    if (direction == TO_DEVICE) count(&counts.copies_in, 1), count(&counts.bytes_in, (int64_t)bytes);
+    if (direction == TO_HOST) count(&counts.copies_out, 1), count(&counts.bytes_out, (int64_t)bytes);
+    if (direction == ON_DEVICE) count(&counts.copies_on_device, 1);
+    if (direction == ON_DEVICE) return;
+    CUDA_CHECK(cudaEventRecord(c->host_copied, c->stream));
+    c->host_copied_at = at;
+}
+
+static void queue_copy(void *dst, const void *src, size_t bytes, int direction) {
+    queue_copy_rows(dst, bytes, src, bytes, bytes, 1, direction);
+}
+
+/* This thread's copies from and to host memory have run: their host buffers may be read and
+ * written again. A decode step on the gpu tier waits here once, for its logits. */
+static void cuda_copies_done(void) {
+    thread_ctx *c = ctx();
+    if (c->host_copied_at) wait_event(c->host_copied, c->host_copied_at);
+}
+
+static void cuda_finish(void) { wait_stream(); }
+
+/* Fig. 4's synchronize on the device: the compute thread's stream and the streams of the I/O
+ * threads of `links` (bits 1 << link; their tasks are done, so nothing more comes on them) each
+ * wait for what the other has queued so far. No host thread waits. */
+static void cuda_join(unsigned links) {
+    thread_ctx *me = ctx();
+    CUDA_CHECK(cudaEventRecord(me->mark, me->stream));
+    pthread_mutex_lock(&contexts_lock);
+    for (int i = 0; i < MAX_THREADS; i++) {
+        thread_ctx *c = contexts[i];
+        if (!c || c == me || c->link < 0 || !(links >> c->link & 1)) continue;
+        CUDA_CHECK(cudaEventRecord(c->mark, c->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(me->stream, c->mark, 0));
+        CUDA_CHECK(cudaStreamWaitEvent(c->stream, me->mark, 0));
+    }
+    pthread_mutex_unlock(&contexts_lock);
+    queued();
+}
 
 /* Allocations go through ctx() first: it selects this process's device on the calling thread. */
 static void *cuda_alloc(size_t bytes) {
     void *p = NULL;
     cudaStream_t s = ctx()->stream;
+    count(&counts.allocations, 1);
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
         cudaGetLastError(); /* out of memory: the runtime reports the tier */
         return NULL;
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); /* the thread's stream: the legacy one would
                                                    not order with the non-blocking streams */
+    queued();
     wait_stream();
     return p;
 }
@@ -195,48 +337,58 @@ static void bounce_ready(thread_ctx *c) {
     }
 }
 
-/* Host -> device. Pageable sources (the disk tier's pages) pass through the bounce buffers:
- * piece i is copied into one while piece i - 1 moves from the other. */
+/* Bounce buffer b may be filled (or read) again: the copy that last used it has run. */
+static void bounce_free(thread_ctx *c, int b) { wait_event(c->moved[b], c->moved_at[b]); }
+
+/* The copy just queued uses bounce buffer b. */
+static void bounce_used(thread_ctx *c, int b) {
+    CUDA_CHECK(cudaEventRecord(c->moved[b], c->stream));
+    c->moved_at[b] = c->queued;
+}
+
+/* Host -> device. A pinned source is read when the copy runs; a pageable one (the disk tier's
+ * pages) before this returns, through the bounce buffers: piece i is copied into one while piece
+ * i - 1 moves from the other. */
 static void cuda_copy_in(void *dst, const void *src, size_t bytes) {
     thread_ctx *c = ctx();
     if (bytes == 0) return;
     if (is_pinned_or_device(src)) {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
-        wait_stream();
+        queue_copy(dst, src, bytes, TO_DEVICE);
         return;
     }
+    count(&counts.pageable_copies, 1);
     bounce_ready(c);
     for (size_t at = 0, i = 0; at < bytes; at += BOUNCE, i++) {
         size_t n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
         int b = (int)(i % 2);
-        CUDA_CHECK(cudaEventSynchronize(c->moved[b])); /* its last piece has left */
+        bounce_free(c, b); /* its last piece has left */
         memcpy(c->bounce[b], (const char *)src + at, n);
-        CUDA_CHECK(cudaMemcpyAsync((char *)dst + at, c->bounce[b], n, cudaMemcpyHostToDevice, c->stream));
-        CUDA_CHECK(cudaEventRecord(c->moved[b], c->stream));
+        queue_copy((char *)dst + at, c->bounce[b], n, TO_DEVICE);
+        bounce_used(c, b);
     }
-    wait_stream();
 }
 
-/* Device -> host, the same way round. */
+/* Device -> host. A pinned destination holds the bytes after copies_done; a pageable one when
+ * this returns, the same way round through the bounce buffers. */
 static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
     thread_ctx *c = ctx();
     if (bytes == 0) return;
     if (is_pinned_or_device(dst)) {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
-        wait_stream();
+        queue_copy(dst, src, bytes, TO_HOST);
         return;
     }
+    count(&counts.pageable_copies, 1);
     bounce_ready(c);
     size_t pieces = (bytes + BOUNCE - 1) / BOUNCE;
     for (size_t i = 0; i <= pieces; i++) {
         if (i < pieces) {
             size_t at = i * BOUNCE, n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
-            CUDA_CHECK(cudaMemcpyAsync(c->bounce[i % 2], (const char *)src + at, n, cudaMemcpyDeviceToHost, c->stream));
-            CUDA_CHECK(cudaEventRecord(c->moved[i % 2], c->stream));
+            queue_copy(c->bounce[i % 2], (const char *)src + at, n, TO_HOST);
+            bounce_used(c, (int)(i % 2));
         }
         if (i > 0) { /* piece i - 1 has arrived: out of its bounce buffer */
             size_t at = (i - 1) * BOUNCE, n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
-            CUDA_CHECK(cudaEventSynchronize(c->moved[(i - 1) % 2]));
+            bounce_free(c, (int)((i - 1) % 2));
             memcpy((char *)dst + at, c->bounce[(i - 1) % 2], n);
         }
     }
@@ -244,8 +396,7 @@ static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
 
 static void cuda_copy(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx()->stream));
-    wait_stream();
+    queue_copy(dst, src, bytes, ON_DEVICE);
 }
 
 /* ============================================================================================
@@ -274,15 +425,27 @@ static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t
     size_t n = outer * len * inner;
     dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)bytes, outer, len, inner, (__half *)dst);
     LAUNCHED("dequant_kernel");
-    wait_stream();
 }
 
 /* ============================================================================================
- * Workspace: fp16 hidden states and products, as FlexGen keeps them. fg_cuda_workspace_parts
- * (opt_model.c, so that the cost model has it without CUDA) lays it out; this allocates exactly
- * that. Delegated attention's host workspace is allocated on first use, for the rows it needs:
- * the plan counts it on the cpu tier (fg_cuda_delegated_bytes).
+ * Workspace: fp16 hidden states and products, as FlexGen keeps them, and the tables the kernels
+ * read. fg_cuda_workspace_parts (support/workspace.c, so that the cost model has it without
+ * CUDA) lays it out; this allocates exactly that. Delegated attention's host workspace is
+ * allocated on first use, for the rows it needs: the plan counts it on the cpu tier
+ * (fg_cuda_delegated_bytes).
  * ============================================================================================ */
+
+/* A small table the kernels read: a step's rows and tokens (the input embedding's), or a layer's
+ * rows, cache pointers and page tables. Its content lies in pinned memory, the source of its
+ * upload, and on the device. A slot that already holds a table is not uploaded again: a decode
+ * step's layers share their rows and pages, so only the first layer's table moves. */
+typedef struct {
+    char *host, *device;
+    size_t bytes;          /* of the content; 0: empty */
+    uint64_t uploaded_at;  /* the compute thread's work up to the upload, which `uploaded` marks */
+    cudaEvent_t uploaded;
+    uint64_t last_used;
+} table_slot;
 
 typedef struct {
     char *block;        /* the one device allocation */
@@ -292,51 +455,35 @@ typedef struct {
     __half *ffn;        /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
     float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
     __half *probs;      /* the same, softmaxed, fp16 */
-    int *pad, *past, *tokens; /* [rows] */
-    void **k, **v;      /* [rows]: device cache rows of each sequence, NULL when in host memory */
-    int *pages, max_pages; /* [K, V][rows][max_pages]: their page tables (in order where staged) */
-    int *host_pages;    /* the same, host */
     size_t rows;        /* token rows the workspace holds */
-    int *grown_pages;   /* pages' own allocation once a run's pages outnumber the workspace's part */
-    char *on_device;    /* [rows], host: the same, as flags */
-    void **host_kv;     /* [2][rows], host: what k and v get */
+    table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
+    int max_pages;      /* entries of a sequence's page table in a cache table */
+    char *grown_tables; /* the cache tables' own allocation once a run's pages outnumber the part */
+    char *table;        /* host: the table being built, as large as a cache table */
+    uint64_t clock;     /* counts table lookups (which slot was used last) */
     opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
     fp16 *host16;       /* [host_rows][q + 2 kv width], pinned: q, k, v rows out, attention rows in */
     size_t host_rows;
 } cuda_ws;
 
-static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
-                               int max_len, char *err) {
-    memset(ws, 0, sizeof *ws);
-    size_t sizes[FG_CUDA_WS_PARTS];
-    size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, sizes);
-    cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
-    if (!d) return fg_fail(err, "out of memory");
-    d->block = (char *)cuda_alloc(total);
-    d->on_device = (char *)malloc(rows);
-    d->host_kv = (void **)malloc(2 * rows * sizeof *d->host_kv);
-    d->max_pages = kv_pages_for(max_len, FG_PAGE_TOKENS); /* the most: a page has 16 tokens or max_len */
-    d->host_pages = (int *)malloc(2 * rows * d->max_pages * sizeof(int));
-    if (!d->block || !d->on_device || !d->host_kv || !d->host_pages) {
-        cuda_free(d->block);
-        free(d->on_device);
-        free(d->host_kv);
-        free(d->host_pages);
-        free(d);
-        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+/* n table slots of `bytes` each, their device parts from `device` on. 0, or -1 when out of memory. */
+static int table_slots_init(table_slot *slots, int n, char *device, size_t bytes) {
+    for (int i = 0; i < n; i++) {
+        memset(&slots[i], 0, sizeof slots[i]);
+        slots[i].device = device + (size_t)i * bytes;
+        slots[i].host = (char *)cuda_host_alloc(bytes, 1);
+        if (!slots[i].host) return -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&slots[i].uploaded, cudaEventDisableTiming));
     }
-    char *at = d->block, *parts[FG_CUDA_WS_PARTS];
-    for (int i = 0; i < FG_CUDA_WS_PARTS; i++) parts[i] = at, at += sizes[i];
-    d->h = (__half *)parts[0];
-    d->qkv = (__half *)parts[1], d->attn = d->qkv + rows * qkv_width(cfg), d->ffn = d->qkv;
-    d->scores = (float *)parts[2], d->probs = (__half *)parts[3];
-    d->pad = (int *)parts[4], d->past = d->pad + rows, d->tokens = (int *)parts[5], d->k = (void **)parts[6], d->v = (void **)parts[7];
-    d->pages = (int *)parts[8];
-    d->rows = rows;
-    ws->rows = rows;
-    ws->max_len = max_len;
-    ws->device = d;
     return 0;
+}
+
+static void table_slots_free(table_slot *slots, int n) {
+    for (int i = 0; i < n; i++) {
+        cuda_host_free(slots[i].host);
+        if (slots[i].uploaded) cudaEventDestroy(slots[i].uploaded);
+        memset(&slots[i], 0, sizeof slots[i]);
+    }
 }
 
 static void free_host_rows(cuda_ws *d) {
@@ -346,18 +493,183 @@ static void free_host_rows(cuda_ws *d) {
     d->host_rows = 0;
 }
 
-static void cuda_workspace_free(opt_workspace *ws) {
-    cuda_ws *d = (cuda_ws *)ws->device;
-    if (d) {
-        cuda_free(d->block);
-        cuda_free(d->grown_pages);
-        free_host_rows(d);
-        free(d->on_device);
-        free(d->host_kv);
-        free(d->host_pages);
-        free(d);
-    }
+static void cuda_ws_free(cuda_ws *d) {
+    table_slots_free(d->token_tables, FG_CUDA_TOKEN_TABLES);
+    table_slots_free(d->cache_tables, FG_CUDA_CACHE_TABLES);
+    cuda_free(d->block);
+    cuda_free(d->grown_tables);
+    free_host_rows(d);
+    free(d->table);
+    free(d);
+}
+
+static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+                               int max_len, char *err) {
     memset(ws, 0, sizeof *ws);
+    size_t sizes[FG_CUDA_WS_PARTS];
+    size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, sizes);
+    cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
+    if (!d) return fg_fail(err, "out of memory");
+    d->rows = rows;
+    d->max_pages = kv_pages_for(max_len, FG_PAGE_TOKENS); /* the most: a page has 16 tokens or max_len */
+    d->block = (char *)cuda_alloc(total);
+    size_t token_bytes = fg_cuda_token_table_bytes(rows), cache_bytes = fg_cuda_cache_table_bytes(rows, d->max_pages);
+    char *parts[FG_CUDA_WS_PARTS], *at = d->block;
+    for (int i = 0; i < FG_CUDA_WS_PARTS && d->block; i++) {
+        parts[i] = at;
+        at += sizes[i];
+    }
+    d->table = (char *)malloc(cache_bytes > token_bytes ? cache_bytes : token_bytes);
+    if (!d->block || !d->table ||
+        table_slots_init(d->token_tables, FG_CUDA_TOKEN_TABLES, parts[4], token_bytes) ||
+        table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, parts[5], cache_bytes)) {
+        cuda_ws_free(d);
+        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
+    }
+    d->h = (__half *)parts[0];
+    d->qkv = (__half *)parts[1];
+    d->attn = d->qkv + rows * qkv_width(cfg);
+    d->ffn = d->qkv;
+    d->scores = (float *)parts[2];
+    d->probs = (__half *)parts[3];
+    ws->rows = rows;
+    ws->max_len = max_len;
+    ws->device = d;
+    return 0;
+}
+
+static void cuda_workspace_free(opt_workspace *ws) {
+    if (ws->device) cuda_ws_free((cuda_ws *)ws->device);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* Room for page tables of the run's page size. The workspace's part holds tables of 16-token
+ * pages, the smallest the runtime makes (support/kv_pages.c); smaller pages, as a test may give,
+ * get cache tables of their own, outside the plan's count (4 bytes a page). */
+static void cache_tables_ready(cuda_ws *d, const gpu_batch *gb) {
+    int need = kv_pages_for(gb->max_len, gb->page_tokens);
+    if (need <= d->max_pages) return;
+    size_t bytes = fg_cuda_cache_table_bytes(d->rows, need);
+    table_slots_free(d->cache_tables, FG_CUDA_CACHE_TABLES);
+    cuda_free(d->grown_tables);
+    free(d->table);
+    d->grown_tables = (char *)cuda_alloc(FG_CUDA_CACHE_TABLES * bytes);
+    d->table = (char *)malloc(bytes);
+    if (!d->grown_tables || !d->table || table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, d->grown_tables, bytes))
+        cuda_fail("page tables", __LINE__, "out of memory");
+    d->max_pages = need;
+}
+
+/* Whether slot s holds `want`, but that its cache pointers ([n_pointers] from byte
+ * `pointers_at`; none in a token table) may all lie *shift bytes from the slot's, as the next
+ * layer's pools lie from this one's; NULL (a delegated sequence) must stay NULL. */
+static int table_matches(const table_slot *s, const char *want, size_t bytes, size_t pointers_at, int n_pointers,
+                         long long *shift) {
+    size_t pointers_end = pointers_at + (size_t)n_pointers * sizeof(void *);
+    if (s->bytes != bytes || memcmp(s->host, want, pointers_at) ||
+        memcmp(s->host + pointers_end, want + pointers_end, bytes - pointers_end))
+        return 0;
+    const uint64_t *have = (const uint64_t *)(s->host + pointers_at), *now = (const uint64_t *)(want + pointers_at);
+    uint64_t distance = 0;
+    int first = 1;
+    for (int i = 0; i < n_pointers; i++) {
+        if (!have[i] != !now[i]) return 0;
+        if (!have[i]) continue;
+        if (first) distance = now[i] - have[i];
+        else if (now[i] - have[i] != distance) return 0;
+        first = 0;
+    }
+    *shift = (long long)distance;
+    return 1;
+}
+
+/* The device's copy of the table `want` (built in d->table): a slot holding it, or else the one
+ * used longest ago, uploaded on the compute stream, which runs the copy after the kernels that
+ * read the slot's old content (queued before it). Its pinned source is written again only once
+ * its last upload has run. */
+static const char *device_table(cuda_ws *d, table_slot *slots, int n, size_t bytes, size_t pointers_at,
+                                int n_pointers, long long *shift) {
+    table_slot *s = NULL;
+    *shift = 0;
+    for (int i = 0; i < n && !s; i++)
+        if (table_matches(&slots[i], d->table, bytes, pointers_at, n_pointers, shift)) s = &slots[i];
+    if (!s) {
+        s = &slots[0];
+        for (int i = 1; i < n; i++)
+            if (slots[i].last_used < s->last_used) s = &slots[i];
+        wait_event(s->uploaded, s->uploaded_at);
+        memcpy(s->host, d->table, bytes);
+        s->bytes = bytes;
+        *shift = 0;
+        queue_copy(s->device, s->host, bytes, TO_DEVICE);
+        CUDA_CHECK(cudaEventRecord(s->uploaded, ctx()->stream));
+        s->uploaded_at = ctx()->queued;
+    }
+    s->last_used = ++d->clock;
+    return s->device;
+}
+
+/* A step's rows and tokens as the input embedding reads them. */
+typedef struct { const int *pad, *past, *tokens; } token_table;
+
+static token_table upload_tokens(cuda_ws *d, const gpu_batch *gb) {
+    size_t B = (size_t)gb->batch, n_tokens = B * gb->n_new;
+    int *t = (int *)d->table;
+    memcpy(t, gb->pad, B * sizeof(int));
+    memcpy(t + B, gb->past, B * sizeof(int));
+    memcpy(t + 2 * B, gb->tokens, n_tokens * sizeof(int));
+    long long shift;
+    const int *dev = (const int *)device_table(d, d->token_tables, FG_CUDA_TOKEN_TABLES,
+                                               (2 * B + n_tokens) * sizeof(int), 0, 0, &shift);
+    return (token_table){dev, dev + B, dev + 2 * B};
+}
+
+/* A layer's rows, cache pointers and page tables as its kernels read them: each sequence's K and
+ * V rows (NULL where they are in host memory and attention is delegated) lie `shift` bytes from
+ * k[b] and v[b]; its page tables are pages[K, V][batch][max_pages] (in order where staged). */
+typedef struct {
+    const int *pad, *past;
+    void *const *k, *const *v;
+    const int *pages;
+    int max_pages;
+    long long shift;
+    int on_device;      /* sequences whose cache is device memory */
+} cache_table;
+
+/* Sequence b's page table of K (kv 0) or V (kv 1), or the rows in order, into `to`. */
+static void page_table(const gpu_batch *gb, int kv, int b, int *to) {
+    const int *pages = kv ? gb->v_pages[b] : gb->k_pages[b];
+    int n = kv_pages_for(gb->max_len, gb->page_tokens);
+    for (int i = 0; i < n; i++) to[i] = pages ? pages[i] : i;
+}
+
+/* Where the cache lives comes from the runtime's placement (gb->kv_in_host), not the driver. */
+static cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
+    cache_tables_ready(d, gb);
+    size_t B = (size_t)gb->batch, P = (size_t)d->max_pages, pointers_at = 2 * B * sizeof(int);
+    size_t pages_at = pointers_at + 2 * B * sizeof(void *), bytes = pages_at + 2 * B * P * sizeof(int);
+    int *ints = (int *)d->table, *pages = (int *)(d->table + pages_at);
+    void **k = (void **)(d->table + pointers_at), **v = k + B;
+    cache_table t;
+    memset(&t, 0, sizeof t);
+    memset(d->table, 0, bytes);
+    memcpy(ints, gb->pad, B * sizeof(int));
+    memcpy(ints + B, gb->past, B * sizeof(int));
+    for (size_t b = 0; b < B; b++) {
+        int on_device = !gb->kv_in_host[b];
+        k[b] = on_device ? gb->k[b] : NULL;
+        v[b] = on_device ? gb->v[b] : NULL;
+        t.on_device += on_device;
+        for (int kv = 0; kv < 2 && on_device; kv++) page_table(gb, kv, (int)b, pages + ((size_t)kv * B + b) * P);
+    }
+    const char *dev = device_table(d, d->cache_tables, FG_CUDA_CACHE_TABLES, bytes, pointers_at, (int)(2 * B), &t.shift);
+    t.pad = (const int *)dev;
+    t.past = t.pad + B;
+    t.k = (void *const *)(dev + pointers_at);
+    t.v = t.k + B;
+    t.pages = (const int *)(dev + pages_at);
+    t.max_pages = (int)P;
+    return t;
 }
 
 /* ============================================================================================
@@ -386,14 +698,20 @@ __device__ float block_max(float v, float *shared) {
     return v;
 }
 
-/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row; y may alias x (each thread
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row (opt_model.c's layer_norm; tested
+ * by test_kernels.cu's test_layer_norm). With `add` (a product's bias, [dim]), x += add first,
+ * rounded to fp16 and kept in x, the bits of bias_kernel's OUT_ADD before a separate norm (tested
+ * bit for bit by test_bias_layer_norm): one launch for the two. y may alias x (each thread
  * writes only the elements it read). */
-__global__ void layer_norm_kernel(const __half *x, int dim, const __half *w, const __half *b, __half *y) {
+__global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const __half *w, const __half *b, __half *y) {
     __shared__ float shared[32];
-    const __half *xr = x + (size_t)blockIdx.x * dim;
+    __half *xr = x + (size_t)blockIdx.x * dim;
     __half *yr = y + (size_t)blockIdx.x * dim;
     float s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += __half2float(xr[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        if (add) xr[i] = __float2half_rn(__half2float(xr[i]) + __half2float(add[i]));
+        s += __half2float(xr[i]);
+    }
     float mean = block_sum(s, shared) / dim;
     s = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -413,8 +731,15 @@ __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int r
     y[i] = __float2half_rn(relu && v < 0 ? 0 : v);
 }
 
-static void layer_norm(const __half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, (const __half *)b, y);
+static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)NULL, (const __half *)w, (const __half *)b, y);
+    LAUNCHED("layer_norm_kernel");
+}
+
+/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y = layer_norm(x). */
+static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w, const fp16 *b, __half *y) {
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias, (const __half *)w,
+                                                       (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
@@ -423,7 +748,7 @@ static void layer_norm(const __half *x, int rows, int dim, const fp16 *w, const 
 static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
                    __half *y, int mode) {
     float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
-    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F, out,
+    BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F, out,
                             x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
     if (!b) return;
@@ -449,70 +774,6 @@ __global__ void add_positions_kernel(__half *x, const __half *pos, const int *pa
     }
 }
 
-/* Uploads each sequence's past and padding (the host arrays are pageable, hence the callers' wait). */
-static void upload_rows(cuda_ws *d, const gpu_batch *gb) {
-    size_t B = (size_t)gb->batch;
-    CUDA_CHECK(cudaMemcpyAsync(d->pad, gb->pad, B * sizeof(int), cudaMemcpyHostToDevice, ctx()->stream));
-    CUDA_CHECK(cudaMemcpyAsync(d->past, gb->past, B * sizeof(int), cudaMemcpyHostToDevice, ctx()->stream));
-}
-
-/* Uploads the rows' layout and the step's tokens. */
-static void upload_tokens(cuda_ws *d, const gpu_batch *gb) {
-    cudaStream_t s = ctx()->stream;
-    size_t B = (size_t)gb->batch;
-    upload_rows(d, gb);
-    CUDA_CHECK(cudaMemcpyAsync(d->tokens, gb->tokens, B * gb->n_new * sizeof(int), cudaMemcpyHostToDevice, s));
-    wait_stream();
-}
-
-/* Room for page tables of the run's page size. The workspace's part holds tables of 16-token
- * pages, the smallest the runtime makes (support/kv_pages.c); smaller pages, as a test may give,
- * get tables of their own, outside the plan's count (4 bytes a page). */
-static void page_tables_ready(cuda_ws *d, const gpu_batch *gb) {
-    int need = kv_pages_for(gb->max_len, gb->page_tokens);
-    if (need <= d->max_pages) return;
-    size_t bytes = 2 * d->rows * (size_t)need * sizeof(int);
-    cuda_free(d->grown_pages);
-    free(d->host_pages);
-    d->grown_pages = d->pages = (int *)cuda_alloc(bytes);
-    d->host_pages = (int *)malloc(bytes);
-    if (!d->pages || !d->host_pages) cuda_fail("page tables", __LINE__, "out of memory");
-    d->max_pages = need;
-}
-
-/* Sequence b's page table of K (kv 0) or V (kv 1) into the host copy: its pages, or the rows in
- * order. */
-static void host_page_table(cuda_ws *d, const gpu_batch *gb, int kv, int b) {
-    const int *pages = kv ? gb->v_pages[b] : gb->k_pages[b];
-    int *to = d->host_pages + ((size_t)kv * gb->batch + b) * d->max_pages;
-    int n = kv_pages_for(gb->max_len, gb->page_tokens);
-    for (int i = 0; i < n; i++) to[i] = pages ? pages[i] : i;
-}
-
-/* Uploads the rows' layout and each sequence's cache pointers and page tables: device memory, or
- * NULL when the cache is in host memory (its attention is delegated). Returns how many are on the
- * device. */
-static int upload_cache(cuda_ws *d, const gpu_batch *gb) {
-    cudaStream_t s = ctx()->stream;
-    int on_device = 0, B = gb->batch;
-    void **k = d->host_kv, **v = k + B;
-    page_tables_ready(d, gb);
-    for (int b = 0; b < B; b++) {
-        d->on_device[b] = memory_type(gb->k[b]) == cudaMemoryTypeDevice && memory_type(gb->v[b]) == cudaMemoryTypeDevice;
-        k[b] = d->on_device[b] ? gb->k[b] : NULL;
-        v[b] = d->on_device[b] ? gb->v[b] : NULL;
-        on_device += d->on_device[b];
-        for (int kv = 0; kv < 2 && d->on_device[b]; kv++) host_page_table(d, gb, kv, b);
-    }
-    upload_rows(d, gb);
-    CUDA_CHECK(cudaMemcpyAsync(d->k, k, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(d->v, v, (size_t)B * sizeof(void *), cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(d->pages, d->host_pages, 2 * (size_t)B * d->max_pages * sizeof(int),
-                               cudaMemcpyHostToDevice, s));
-    wait_stream(); /* before the host arrays are written again */
-    return on_device;
-}
-
 /* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
 static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     const opt_config *c = &w->cfg;
@@ -520,13 +781,12 @@ static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new;
     __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
-    upload_tokens(d, gb);
-    gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, d->tokens, c->word_dim, words);
+    token_table t = upload_tokens(d, gb);
+    gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, t.tokens, c->word_dim, words);
     LAUNCHED("gather_rows_kernel");
     if (w->project_in) linear(d->h, rows, c->word_dim, w->project_in, NULL, c->hidden, x, OUT_SET);
-    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, d->past, d->pad, gb->n_new, c->hidden);
+    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, t.past, t.pad, gb->n_new, c->hidden);
     LAUNCHED("add_positions_kernel");
-    wait_stream();
 }
 
 /* ---- the KV cache (§4.2; 4-bit §5) ---- */
@@ -569,7 +829,7 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
  * heads) x hd. */
 __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new, const int *past,
                                 const int *pad, int hd, int heads, int q4, void *const *k, void *const *v,
-                                const int *pages, int max_pages, int page_tokens) {
+                                long long shift, const int *pages, int max_pages, int page_tokens) {
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * 2 * heads * G) return;
@@ -577,6 +837,7 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
     int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
+    cache += shift;
     size_t row_at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
     const __half *x = qkv + at.at[kv + 1] + (size_t)r * at.stride[kv + 1] + (size_t)head * hd;
     int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
@@ -614,7 +875,7 @@ __device__ float kv_value(const char *cache, const int *pages, int page_tokens, 
  * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: scores
  * and kept flags. */
 __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past, const int *pad,
-                                 void *const *kc, void *const *vc, const int *pages, int max_pages,
+                                 void *const *kc, void *const *vc, long long shift, const int *pages, int max_pages,
                                  int page_tokens, int n_new, int hd, int heads, int kv_heads, int q4, float scale,
                                  float sparsity) {
     extern __shared__ float scores[];
@@ -630,7 +891,7 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
     size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
     const __half *fresh_k = qkv + at.at[1] + first * at.stride[1], *fresh_v = qkv + at.at[2] + first * at.stride[2];
-    const char *K = (const char *)kc[b], *V = (const char *)vc[b];
+    const char *K = (const char *)kc[b] + shift, *V = (const char *)vc[b] + shift;
     const int *k_pages = pages + (size_t)b * max_pages, *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
@@ -707,7 +968,7 @@ static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *
     int calls = group == 1 ? 1 : H / group, batch = group == 1 ? H : group;
     long long kv_stride = group == 1 ? hd : 0;
     for (int j = 0; j < calls; j++) /* scores of query heads j batch .. (j + 1) batch - 1 */
-        BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
+        BLAS_PRODUCT(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
                                               k + (size_t)j * hd, CUDA_R_16F, (int)at.stride[1], kv_stride,
                                               q + (size_t)j * batch * hd, CUDA_R_16F, (int)at.stride[0], hd, &zero,
                                               d->scores + (size_t)j * batch * n * n, CUDA_R_32F, n, (long long)n * n,
@@ -716,7 +977,7 @@ static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *
     prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, d->probs, n, gb->pad[b]);
     LAUNCHED("prefill_softmax_kernel");
     for (int j = 0; j < calls; j++)
-        BLAS_CHECK(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
+        BLAS_PRODUCT(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
                                               v + (size_t)j * hd, CUDA_R_16F, (int)at.stride[2], kv_stride,
                                               d->probs + (size_t)j * batch * n * n, CUDA_R_16F, n, (long long)n * n,
                                               &zero, d->attn + (size_t)b * n * qw + (size_t)j * batch * hd, CUDA_R_16F,
@@ -743,14 +1004,15 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, 
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
     for (int b0 = 0, b1; b0 < gb->batch; b0 = b1) {
-        for (b1 = b0; b1 < gb->batch && !d->on_device[b1] == !d->on_device[b0]; b1++) {}
-        if (d->on_device[b0]) continue;
+        for (b1 = b0; b1 < gb->batch && gb->kv_in_host[b1] == gb->kv_in_host[b0]; b1++) {}
+        if (!gb->kv_in_host[b0]) continue;
         size_t first = (size_t)b0 * n, count = (size_t)(b1 - b0) * n;
         if (at.stride[0] == width) /* rows of q, k and v together (OPT) */
             cuda_copy_out(d->host16, d->qkv + first * width, count * width * sizeof(fp16));
         else /* q, then k, then v, each its own block */
             for (int i = 0, o = 0; i < 3; o += (int)(count * at.stride[i]), i++)
                 cuda_copy_out(d->host16 + o, d->qkv + at.at[i] + first * at.stride[i], count * at.stride[i] * sizeof(fp16));
+        cuda_copies_done(); /* the rows are on the host (and the last run's copy in has left) */
         opt_workspace host = d->host;
         fp16_to_fp32_n(d->host16, host.qkv, count * width);
         gpu_batch part = *gb;
@@ -758,6 +1020,7 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, 
         part.past = gb->past + b0, part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
         part.k_pages = gb->k_pages + b0, part.v_pages = gb->v_pages + b0;
         part.v_rows_read = gb->v_rows_read + b0;
+        part.kv_in_host = gb->kv_in_host + b0;
         opt_cache_attention(c, &part, &host);
         fp32_to_fp16_n(host.attn, d->host16, count * qw);
         cuda_copy_in(d->attn + first * qw, d->host16, count * qw * sizeof(fp16));
@@ -766,15 +1029,15 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, 
 
 /* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
  * prefill after cached tokens) by attention_kernel, delegated sequences on the CPU. */
-static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
+static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const cache_table *t,
+                            const opt_workspace *ws) {
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
-    int on_device = upload_cache(d, gb);
     size_t groups = (size_t)rows * 2 * KV * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, at, rows, gb->n_new, d->past, d->pad,
-                                                            hd, KV, gb->kv_q4, d->k, d->v, d->pages, d->max_pages,
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV,
+                                                            gb->kv_q4, t->k, t->v, t->shift, t->pages, t->max_pages,
                                                             gb->page_tokens);
     LAUNCHED("store_kv_kernel");
     int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
@@ -784,15 +1047,15 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     }
     if (prompts_only) {
         for (int b = 0; b < gb->batch; b++)
-            if (d->on_device[b]) prefill_attention(d, c, gb, b);
-    } else if (on_device > 0) {
+            if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
+    } else if (t->on_device > 0) {
         dim3 grid(H, gb->batch, gb->n_new);
         attention_kernel<<<grid, 128, attention_shared_bytes(nk), s>>>(
-            d->qkv, at, d->attn, d->past, d->pad, d->k, d->v, d->pages, d->max_pages, gb->page_tokens, gb->n_new, hd,
-            H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd), gb->attn_sparsity);
+            d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift, t->pages, t->max_pages, gb->page_tokens,
+            gb->n_new, hd, H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd), gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
-    if (on_device < gb->batch) delegated_attention(d, c, gb, ws); /* its copies follow on this stream */
+    if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws); /* its copies follow on this stream */
 }
 
 /* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). */
@@ -808,14 +1071,14 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
         in = d->h;
     }
     linear(in, rows, h, L->wqkv, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
-    cache_attention(d, c, gb, ws);
-    linear(d->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD);
-    if (c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, d->h);
-    else layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, x);
+    cache_table t = upload_cache(d, gb);
+    cache_attention(d, c, gb, &t, ws);
+    linear(d->attn, rows, h, L->wo, NULL, h, x, OUT_ADD); /* its bias with the norm: one launch */
+    if (c->pre_ln) bias_layer_norm(x, rows, h, L->bo, L->ffn_ln_w, L->ffn_ln_b, d->h);
+    else bias_layer_norm(x, rows, h, L->bo, L->attn_ln_w, L->attn_ln_b, x);
     linear(c->pre_ln ? d->h : x, rows, h, L->fc1_w, L->fc1_b, f, d->ffn, OUT_RELU);
     linear(d->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD);
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x);
-    wait_stream();
 }
 
 /* Into d->h: the last row of each sequence of x, or every row with all_rows; their count. */
@@ -823,12 +1086,8 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
     int rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
     const __half *x = (const __half *)gb->x;
     size_t row = h * sizeof(__half);
-    cudaStream_t s = ctx()->stream;
-    if (gb->all_rows)
-        CUDA_CHECK(cudaMemcpyAsync(d->h, x, (size_t)rows * row, cudaMemcpyDeviceToDevice, s));
-    else
-        CUDA_CHECK(cudaMemcpy2DAsync(d->h, row, x + (size_t)(gb->n_new - 1) * h, (size_t)gb->n_new * row,
-                                     row, rows, cudaMemcpyDeviceToDevice, s));
+    if (gb->all_rows) queue_copy(d->h, x, (size_t)rows * row, ON_DEVICE);
+    else queue_copy_rows(d->h, row, x + (size_t)(gb->n_new - 1) * h, (size_t)gb->n_new * row, row, rows, ON_DEVICE);
     return rows;
 }
 
@@ -836,10 +1095,9 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
 static void lm_head(const opt_weights *w, const __half *x, int rows, float *logits) {
     const opt_config *c = &w->cfg;
     float one = 1, zero = 0;
-    BLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
+    BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
                             w->lm_head, CUDA_R_16F, c->word_dim, x, CUDA_R_16F, c->word_dim,
                             &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    wait_stream();
 }
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
@@ -909,11 +1167,10 @@ __global__ void swiglu_kernel(__half *gate, const __half *up, size_t n) {
 static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new;
-    upload_tokens(d, gb);
-    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>((const __half *)w->embed_tokens, d->tokens, w->cfg.hidden,
+    token_table t = upload_tokens(d, gb);
+    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>((const __half *)w->embed_tokens, t.tokens, w->cfg.hidden,
                                                         (__half *)gb->x);
     LAUNCHED("gather_rows_kernel");
-    wait_stream();
 }
 
 /* One decoder layer (llama_model.c's llama_layer, step for step). */
@@ -930,11 +1187,11 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
     linear(d->h, rows, h, L->wq, L->bq, qw, d->qkv + at.at[0], OUT_SET);      /* q, k, v projections */
     linear(d->h, rows, h, L->wk, L->bk, kw, d->qkv + at.at[1], OUT_SET);
     linear(d->h, rows, h, L->wv, L->bv, kw, d->qkv + at.at[2], OUT_SET);
-    upload_rows(d, gb);                                                        /* positions into q, k */
-    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, d->past, d->pad, cfg_head_dim(c), c->n_heads,
+    cache_table t = upload_cache(d, gb);                                       /* positions into q, k */
+    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, cfg_head_dim(c), c->n_heads,
                                                  cfg_kv_heads(c), freqs);
     LAUNCHED("rope_kernel");
-    cache_attention(d, c, gb, ws);                                             /* K, V cached; attention */
+    cache_attention(d, c, gb, &t, ws);                                         /* K, V cached; attention */
     linear(d->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD);                   /* o_proj, residual */
     rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);                      /* post_attention_layernorm */
     linear(d->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET);            /* SwiGLU MLP */
@@ -943,7 +1200,6 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
     swiglu_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(gate, up, n);
     LAUNCHED("swiglu_kernel");
     linear(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD);               /* down_proj, residual */
-    wait_stream();
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
@@ -979,6 +1235,7 @@ static const fg_backend cuda_backend = {
     cuda_alloc, cuda_free, cuda_host_alloc, cuda_host_free,
     cuda_weights_in, cuda_weights_in_q4,
     cuda_copy_in, cuda_copy_out, cuda_copy,
+    cuda_copies_done, cuda_finish, cuda_join, cuda_counts,
     fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
     {{cuda_embed, cuda_layer, cuda_output}, {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* forward */
     cuda_device_memory,

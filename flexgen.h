@@ -62,6 +62,7 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **rt, char *err);
 const fg_backend *fg_runtime_backend(const fg_runtime *rt);
 void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
+void fg_runtime_trace_restart(fg_runtime *rt); /* the trace from now on (after a warm-up) */
 /* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory; its weights
  * go to their homes on the first generate() (or fg_model_load). */
 int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
@@ -98,6 +99,10 @@ typedef struct {
     int64_t completed;    /* sequences that took their gen_len-th token, and the seconds from */
     double completion_seconds; /* generate()'s start to each of those tokens, summed (Appendix A.2) */
     double compute_seconds, bubble_seconds, disk_read_seconds;
+    int device_counted;   /* the backend counts what the host asks of it (CUDA) */
+    fg_device_counts prefill_counts, decode_counts; /* summed over prefill steps, decode steps */
+    fg_device_counts decode_step_most; /* the most of each in one decode step */
+    int64_t decode_steps; /* decode steps counted (a block's step on this stage) */
 } gen_timing;
 
 /* gen_len tokens for each prompt, in blocks of gpu_batch_size x num_gpu_batches. out_tokens:
@@ -253,6 +258,7 @@ typedef struct {
                         previous stage, by staging arena (shared by the stage's blocks) */
     int in_msg, in_k; /* the receive of GPU batch in_k's activations, or -1 */
     double bubble;   /* seconds the compute thread waited for another stage */
+    fg_device_counts step_start; /* the backend's counters as this step began */
     double compute_seconds; /* seconds it computed, this round */
 } block;
 

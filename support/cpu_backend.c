@@ -21,6 +21,9 @@ static void *cpu_alloc(size_t bytes) {
 }
 static void *cpu_host_alloc(size_t bytes, int pinned) { (void)pinned; return cpu_alloc(bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+/* Its copies are done when they return, and one thread computes: nothing to wait for or order. */
+static void cpu_nothing_to_wait_for(void) {}
+static void cpu_nothing_to_order(unsigned links) { (void)links; }
 static void cpu_weights_in(void *dst, const fp16 *src, size_t n) { memcpy(dst, src, 2 * n); }
 static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
                               size_t inner) {
@@ -42,6 +45,9 @@ const fg_backend fg_cpu_backend = {
     .copy_in = cpu_copy,
     .copy_out = cpu_copy,
     .copy = cpu_copy,
+    .copies_done = cpu_nothing_to_wait_for,
+    .finish = cpu_nothing_to_wait_for,
+    .join = cpu_nothing_to_order,
     .act_elem = sizeof(float),
     .workspace_bytes = opt_workspace_bytes,
     .workspace_init = opt_workspace_init,

@@ -5,7 +5,9 @@
  * tier; a store reaches the cpu tier before disk); since a task only ever waits for one submitted
  * before it, the queues cannot deadlock. With --overlap 0 no thread starts, and every task runs
  * at once on the compute thread: the same steps, in sequence. The runtime (flexgen.c) submits the
- * tasks; io_sync is Fig. 4's "synchronize".
+ * tasks; io_sync is Fig. 4's "synchronize". After the compute thread waits for a link's tasks, the
+ * backend's join orders the device work they queued before the compute thread's next (CUDA's
+ * streams: no host wait for the device).
  */
 #include "support/support.h"
 
@@ -17,11 +19,22 @@ static void run_task(io_links *io, int link, const io_task *t) {
     trace_record(io->trace, io->link[link].track, t->name, t->layer, t->batch, start, now_seconds());
 }
 
-void io_wait(io_links *io, int link, uint64_t seq) {
-    io_link *l = &io->link[link];
+static _Thread_local int this_thread_link = -1;
+
+int io_link_of_this_thread(void) { return this_thread_link; }
+
+/* The link's tasks up to seq are done. */
+static void wait_done(io_link *l, uint64_t seq) {
     pthread_mutex_lock(&l->lock);
     while (l->done < seq) pthread_cond_wait(&l->changed, &l->lock);
     pthread_mutex_unlock(&l->lock);
+}
+
+/* The compute thread waits for a link's tasks up to seq; then what they queued on the device
+ * comes before what it queues next. */
+void io_wait(io_links *io, int link, uint64_t seq) {
+    wait_done(&io->link[link], seq);
+    if (io->join) io->join(1u << link);
 }
 
 typedef struct { io_links *io; int link; } link_thread;
@@ -30,6 +43,7 @@ static void *io_thread(void *arg) {
     io_links *io = ((link_thread *)arg)->io;
     int link = ((link_thread *)arg)->link;
     free(arg);
+    this_thread_link = link;
     io_link *l = &io->link[link];
     pthread_mutex_lock(&l->lock);
     for (;;) {
@@ -37,7 +51,7 @@ static void *io_thread(void *arg) {
         if (l->done == l->submitted) break;
         io_task t = l->queue[l->done % IO_QUEUE];
         pthread_mutex_unlock(&l->lock);
-        if (t.after_seq) io_wait(io, t.after_link, t.after_seq);
+        if (t.after_seq) wait_done(&io->link[t.after_link], t.after_seq);
         run_task(io, link, &t);
         pthread_mutex_lock(&l->lock);
         l->done++;
@@ -49,9 +63,10 @@ static void *io_thread(void *arg) {
 
 /* The links' locks, and with overlap their threads (a link whose thread cannot start runs its
  * tasks at once, rather than not at all). Tasks get `owner` and are traced on track 1 + link. */
-void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap) {
+void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap, void (*join)(unsigned links)) {
     io->owner = owner;
     io->trace = trace;
+    io->join = join;
     for (int i = 0; i < N_IO; i++) {
         io_link *l = &io->link[i];
         l->track = 1 + i;
@@ -85,7 +100,12 @@ uint64_t io_submit(io_links *io, int link, io_task t) {
  * with `weights` too, the next layer's weights (needed when the next iteration starts a layer),
  * but not the disk read of the layer after it, which may go on. */
 void io_sync(io_links *io, int weights) {
-    for (int i = weights ? IO_WEIGHT_HOST : IO_DISK; i < N_IO; i++) io_wait(io, i, io->link[i].submitted);
+    unsigned links = 0;
+    for (int i = weights ? IO_WEIGHT_HOST : IO_DISK; i < N_IO; i++) {
+        wait_done(&io->link[i], io->link[i].submitted);
+        links |= 1u << i;
+    }
+    if (io->join) io->join(links);
 }
 
 /* Every queued task runs, then the threads end. */

@@ -407,6 +407,7 @@ static void act_receive_task(fg_runtime *rt, const io_task *task) {
         abort();
     }
     rt->backend->copy_in(bl->x_stage[task->arena], inbox_slot(bl, task->arena), want);
+    rt->backend->copies_done(); /* before the inbox takes the next message */
     link_add(rt, LINK_CPU_TO_GPU, (double)want);
 }
 
@@ -416,6 +417,7 @@ static void act_send_task(fg_runtime *rt, const io_task *task) {
     size_t bytes = batch_act_bytes(bl, k);
     if (bl->out_msg[k] >= 0) fg_pipe_release(rt->pipe, bl->out_msg[k]); /* the last step's left */
     rt->backend->copy_out(outbox_slot(bl, k), bl->x_stage[task->arena], bytes);
+    rt->backend->copies_done(); /* in the outbox before it is sent */
     link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
     bl->out_msg[k] = fg_pipe_send(rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, outbox_slot(bl, k), bytes);
 }

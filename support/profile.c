@@ -48,16 +48,30 @@ typedef struct {
     opt_workspace *ws;
 } profile_ctx;
 
-static void time_weights_in(void *c) { profile_ctx *p = c; p->be->weights_in(p->dst, p->src, p->n); }
-static void time_copy_out(void *c) { profile_ctx *p = c; p->be->copy_out(p->dst, p->src, p->n); }
+/* Each timed operation ends when the device has done it: the backend queues its work. */
+static void time_weights_in(void *c) {
+    profile_ctx *p = c;
+    p->be->weights_in(p->dst, p->src, p->n);
+    p->be->copies_done();
+}
+static void time_copy_out(void *c) {
+    profile_ctx *p = c;
+    p->be->copy_out(p->dst, p->src, p->n);
+    p->be->copies_done();
+}
 /* 4-bit decompression: the backend's, or where its products read 4-bit weights as stored (the
  * CPU's), the same decoding done apart from them. */
 static void time_dequant(void *c) {
     profile_ctx *p = c;
     if (p->be->reads_q4) q4_decompress(p->src, 1, p->n, 1, p->dst);
     else p->be->weights_in_q4(p->dst, p->src, p->landing, 1, p->n, 1);
+    p->be->finish();
 }
-static void time_layer(void *c) { profile_ctx *p = c; p->be->forward[p->w->cfg.family].layer(p->w, 0, p->gb, p->ws); }
+static void time_layer(void *c) {
+    profile_ctx *p = c;
+    p->be->forward[p->w->cfg.family].layer(p->w, 0, p->gb, p->ws);
+    p->be->finish();
+}
 
 static void profile_step(int verbose, const char *what) {
     if (verbose) fprintf(stderr, "profile: %s\n", what);

@@ -71,7 +71,7 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     rt->stage = &fg_single_stage;
     rt->trace.on = p->trace;
     rt->trace.t0 = now_seconds();
-    io_start(&rt->io, rt, &rt->trace, p->overlap);
+    io_start(&rt->io, rt, &rt->trace, p->overlap, backend->join);
     *out = rt;
     return 0;
 }
@@ -85,6 +85,8 @@ void fg_runtime_close(fg_runtime *rt) {
 }
 
 const fg_backend *fg_runtime_backend(const fg_runtime *rt) { return rt->backend; }
+
+void fg_runtime_trace_restart(fg_runtime *rt) { trace_restart(&rt->trace, now_seconds()); }
 
 void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     pthread_mutex_lock((pthread_mutex_t *)&rt->lock);
@@ -229,3 +231,4 @@ int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p,
     fg_runtime_close(rt);
     return rc;
 }
+

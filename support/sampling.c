@@ -125,6 +125,7 @@ void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *
     int vocab = bl->m->view.cfg.vocab;
     size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
     bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
+    bl->rt->backend->copies_done(); /* a decode step's one wait on the device, on a GPU */
     if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
     for (int s = 0; s < bl->count; s++) {
         const float *row = logits_row(bl, s, bl->out_rows - 1);

@@ -131,7 +131,13 @@ size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, i
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
                        int max_len, char *err);
 void opt_workspace_free(opt_workspace *ws);
-enum { FG_CUDA_WS_PARTS = 9 };
+enum { FG_CUDA_WS_PARTS = 6 };
+/* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a
+ * layer's pad, past, K and V pointers and page tables of max_pages entries (flexgen.cu). A few
+ * of each stay on the device, so that one already there is not uploaded again. */
+enum { FG_CUDA_TOKEN_TABLES = 2, FG_CUDA_CACHE_TABLES = 2 };
+size_t fg_cuda_token_table_bytes(size_t rows);
+size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages);
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len,
                                size_t *sizes);
 size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
@@ -275,12 +281,23 @@ typedef struct {
     size_t n, cap;
 } trace_track;
 typedef struct {
+    double time;            /* seconds since the run began: the step's end */
+    fg_device_counts step;  /* what the host asked of the device in the step */
+} trace_counts;
+typedef struct {
     int on;
     double t0;
     trace_track tracks[N_TRACKS];
+    trace_counts *counts;   /* each step's counters, where the backend counts (CUDA) */
+    size_t n_counts, cap_counts;
 } fg_trace;
 void trace_record(fg_trace *tr, int track, const char *name, int layer, int batch, double start,
                   double end);
+void trace_record_counts(fg_trace *tr, double end, const fg_device_counts *step);
+void trace_restart(fg_trace *tr, double t0); /* no events yet; times from t0 */
+/* Each counter of sum: plus c's, or (most) the larger of the two; d = end - start. */
+void device_counts_add(fg_device_counts *sum, const fg_device_counts *c, int most);
+void device_counts_diff(const fg_device_counts *end, const fg_device_counts *start, fg_device_counts *d);
 void trace_free(fg_trace *tr);
 
 /* ---- The KV cache in pages (kv_pages.c; vLLM's PagedAttention) ---- */
@@ -354,11 +371,14 @@ typedef struct {
     io_link link[N_IO];
     struct fg_runtime *owner; /* what each task's fn is given */
     fg_trace *trace;
+    void (*join)(unsigned links); /* after the compute thread waits for links (bits 1 << link): the
+                                     backend orders their streams and its own (fg_backend.join) */
 } io_links;
-void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap);
+void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap, void (*join)(unsigned links));
 void io_stop(io_links *io);
 uint64_t io_submit(io_links *io, int link, io_task t);
 void io_wait(io_links *io, int link, uint64_t seq);
 void io_sync(io_links *io, int weights);
+int io_link_of_this_thread(void); /* the link whose thread calls, or -1 (the compute thread) */
 
 #endif

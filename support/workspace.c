@@ -23,9 +23,10 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
     gb->k_pages = calloc((size_t)batch, sizeof *gb->k_pages);
     gb->v_pages = calloc((size_t)batch, sizeof *gb->v_pages);
     gb->v_rows_read = calloc((size_t)batch, sizeof *gb->v_rows_read);
+    gb->kv_in_host = calloc((size_t)batch, 1);
     gb->attn_sparsity = 1;
     if (!gb->past || !gb->pad || !gb->tokens || !gb->k || !gb->v || !gb->k_pages || !gb->v_pages ||
-        !gb->v_rows_read) {
+        !gb->v_rows_read || !gb->kv_in_host) {
         gpu_batch_free(gb);
         return fg_fail(err, "out of memory for a GPU batch of %d", batch);
     }
@@ -41,6 +42,7 @@ void gpu_batch_free(gpu_batch *gb) {
     free(gb->k_pages);
     free(gb->v_pages);
     free(gb->v_rows_read);
+    free(gb->kv_in_host);
     memset(gb, 0, sizeof *gb);
 }
 
@@ -130,20 +132,27 @@ void opt_workspace_free(opt_workspace *ws) {
     memset(ws, 0, sizeof *ws);
 }
 
+size_t fg_cuda_token_table_bytes(size_t rows) { return (2 * rows + rows) * sizeof(int); }
+
+size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages) {
+    return 2 * rows * sizeof(int) + 2 * rows * sizeof(void *) + 2 * rows * (size_t)max_pages * sizeof(int);
+}
+
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(q + 2 kv + q widths
- * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one
- * sequence's prefill scores (fp32) and probabilities (fp16), [heads][max_prompt][max_prompt]
- * (decode attends in shared memory); per row a pad, a token, two cache pointers and two page
- * tables of a cache of max_len. Here so that the cost model has it without CUDA. */
+ * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one sequence's prefill scores (fp32) and
+ * probabilities (fp16), [heads][max_prompt][max_prompt] (decode attends in shared memory); the
+ * token tables and the cache tables, of page tables of a cache of max_len. Here so that the cost
+ * model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
     size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
-    size_t mixed = qkv_attn > f ? qkv_attn : f, pages = (size_t)kv_pages_for(max_len, FG_PAGE_TOKENS);
-    size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M,
-                                      2 * H * M * M, 8 * rows, 4 * rows, 8 * rows, 8 * rows,
-                                      2 * 4 * rows * pages};
+    size_t mixed = qkv_attn > f ? qkv_attn : f;
+    int pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
+    size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M, 2 * H * M * M,
+                                      FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows),
+                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages)};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;

@@ -714,7 +714,7 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--text", "t.txt"}, {"--window", "8"}, {"--stride", "4"}, {"--decode", NULL},
     {"--predictions", "p.txt"}, {"--compare", "p.txt"}, /* of `flexgen perplexity` */
     {"--device", "cpu"}, {"--out", "hw.json"}, /* of `flexgen profile` */
-    {"--output", "o.jsonl"}, {"--resume", NULL}, {"--schedule", "diagonal"},
+    {"--output", "o.jsonl"}, {"--resume", NULL}, {"--schedule", "diagonal"}, {"--warmup", NULL},
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 

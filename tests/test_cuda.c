@@ -288,6 +288,88 @@ static void test_sparse_grouping(void) {
     fixture_prompts_close(&f);
 }
 
+/* ============================================================================================
+ * The host's work on the GPU, counted (docs/GPU.md, "Counters"): a decode step on the gpu tier
+ * asks of the device no more than docs/GPU.md derives.
+ * ============================================================================================ */
+
+/* The most kernels and cuBLAS products a GPU batch's decode step on the gpu tier launches: per
+ * decoder layer (OPT: two layer norms, the qkv bias, the cache store, attention, the fc1 and fc2
+ * biases, out's bias fused into the second norm; LLaMA: two RMSNorms, RoPE, the store, attention,
+ * SwiGLU and a kernel for each bias), the embedding (rows, then positions) and the output (the
+ * final norm; lm_head a product). */
+typedef struct { int64_t launches, blas_calls; } step_budget;
+
+static step_budget decode_step_budget(const opt_config *c) {
+    int64_t L = c->n_layers;
+    if (c->family == FAMILY_OPT)
+        return (step_budget){7 * L + 2 + c->pre_ln, 4 * L + 1 + 2 * (c->word_dim != c->hidden)};
+    int64_t per_layer = 6 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
+    return (step_budget){per_layer * L + 2, 7 * L + 1};
+}
+
+/* Every decode step of the fixture's prompts, all on the gpu tier in blocks of 2 x ngb: at most one
+ * host wait (for the logits), no copy from pageable memory, no device allocation, the rows' tables
+ * uploaded once a step and GPU batch (a token table and a cache table), and the launches of the
+ * budget. The CPU counts nothing. */
+static void expect_steady_decode(const char *fixture_name, int ngb) {
+    fixture_prompts f;
+    fixture_prompts_open(fixture_name, N_SEQ, &f);
+    int tokens[N_SEQ * GEN];
+    for (int device = FG_DEVICE_CPU; device <= FG_DEVICE_CUDA; device++) {
+        fg_policy p = case_policy(&CASES[0], (fg_device)device);
+        p.num_gpu_batches = ngb;
+        fg_runtime *rt = NULL;
+        fg_model *m = NULL;
+        gen_timing t;
+        char err[FG_ERR_LEN] = "";
+        gen_options opt = {.gen_len = GEN, .top_p = 1};
+        int rc = fg_runtime_open(&p, &rt, err);
+        if (rc == 0) rc = fg_model_open(rt, f.dir, 0, &m, err);
+        if (rc == 0) rc = generate(m, &opt, f.n, f.prompts, f.lens, tokens, NULL, &t, err);
+        EXPECT(rc == 0, "%s: %s", fixture_name, err);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+        if (rc) continue;
+        if (device == FG_DEVICE_CPU) {
+            EXPECT(!t.device_counted, "%s: the CPU backend counted device work", fixture_name);
+            continue;
+        }
+        const fg_device_counts *most = &t.decode_step_most;
+        step_budget budget = decode_step_budget(&f.cfg); /* a GPU batch's */
+        budget.launches *= ngb;
+        budget.blas_calls *= ngb;
+        printf("\n  %s, blocks of 2 x %d: a decode step at most: %lld host waits, %lld launches (budget %lld), %lld "
+               "cuBLAS products (%lld), %lld copies in, %lld out, %lld on the device, %lld pageable, %lld allocations",
+               fixture_name, ngb, (long long)most->host_waits, (long long)most->launches, (long long)budget.launches,
+               (long long)most->blas_calls, (long long)budget.blas_calls, (long long)most->copies_in,
+               (long long)most->copies_out, (long long)most->copies_on_device, (long long)most->pageable_copies,
+               (long long)most->allocations);
+        CU_ASSERT(t.device_counted && t.decode_steps > 0);
+        EXPECT(most->host_waits <= 1, "%s, blocks of 2 x %d: a decode step waited %lld times for the GPU; at most "
+               "once, for the logits", fixture_name, ngb, (long long)most->host_waits);
+        EXPECT(most->pageable_copies == 0 && most->allocations == 0, "%s, blocks of 2 x %d: a decode step made %lld "
+               "copies of pageable memory and %lld device allocations; expected none", fixture_name, ngb,
+               (long long)most->pageable_copies, (long long)most->allocations);
+        EXPECT(most->copies_in <= 2 * ngb, "%s, blocks of 2 x %d: a decode step made %lld copies to the device; at "
+               "most %d (each GPU batch's token table and cache table)", fixture_name, ngb,
+               (long long)most->copies_in, 2 * ngb);
+        EXPECT(most->launches <= budget.launches && most->blas_calls <= budget.blas_calls, "%s, blocks of 2 x %d: a "
+               "decode step launched %lld kernels and %lld cuBLAS products; at most %lld and %lld", fixture_name, ngb,
+               (long long)most->launches, (long long)most->blas_calls, (long long)budget.launches,
+               (long long)budget.blas_calls);
+    }
+    fixture_prompts_close(&f);
+}
+
+static void test_steady_decode(void) {
+    if (!gpu_present()) return;
+    expect_steady_decode("opt-tiny", 1);
+    expect_steady_decode("opt-tiny", 2);
+    expect_steady_decode("opt-tiny-350m", 1);
+    expect_steady_decode("llama-tiny-mqa-bias", 1);
+}
+
 /* --gpu-mem caps device memory like any tier: a plan over it is refused before a byte moves,
  * and a run under it stays within it. */
 /* --gpu-mem of 4096 bytes is refused, naming the gpu tier; MEM_CAP, the device reserve and 64 MiB,
@@ -418,6 +500,8 @@ void add_cuda_tests(void) {
     CU_add_test(s, "CUDA against CPU, Qwen2 fixture, policy matrix", test_qwen2);
 #endif
     CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
+    CU_add_test(s, "a decode step on the gpu tier: one host wait, no pageable copy or allocation, its launches",
+                test_steady_decode);
     CU_add_test(s, "--gpu-mem caps device memory", test_gpu_mem_cap);
     CU_add_test(s, "--gpu-mem's plan with CUDA's sizes, on the CPU", test_gpu_mem_cap_plan);
     CU_add_test(s, "no GPU: --device cuda refused, auto falls back to the CPU", test_no_gpu_fallback);

@@ -10,7 +10,8 @@
  *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
  *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie)
  *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L); y == x
- *                           gives the same bits
+ *                           gives the same bits; with a bias added first (bias_layer_norm), the
+ *                           bits of bias_kernel then layer_norm_kernel
  *   linear() + bias_kernel  matmul_reference on the same fp16 values plus the bias, within (B)
  *   gather_rows_kernel +
  *   add_positions_kernel    the token's row plus its position's row, added in fp32 and rounded
@@ -20,7 +21,8 @@
  *   cuda_copy_in, _out      2.5 bounce buffers of pageable memory in and out, pinned memory, a
  *                           device copy: byte for byte
  *   upload_cache            the page tables of pages of 5 tokens, more than the workspace's part
- *                           holds: each sequence's K and V tables on the device
+ *                           holds, each sequence's rows and cache pointers on the device; the same
+ *                           table for the next layer's pools not uploaded again, a changed one is
  *   rms_norm_kernel,
  *   rope_kernel,
  *   swiglu_kernel           the LLaMA family's steps in double on the same fp16 values, each within
@@ -398,7 +400,7 @@ static void run_store(void *p) {
     size_t groups = (size_t)rows * 2 * c->heads * G;
     qkv_layout at = {{0, (size_t)h, 2 * (size_t)h}, {3 * (size_t)h, 3 * (size_t)h, 3 * (size_t)h}}; /* OPT's rows */
     store_kv_kernel<<<blocks_for(groups, 128), 128, 0, ctx()->stream>>>(
-        a->qkv, at, rows, c->n_new, a->past, a->pad, c->head_dim, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v,
+        a->qkv, at, rows, c->n_new, a->past, a->pad, c->head_dim, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v, 0,
         a->cache->dev_tables, a->cache->max_pages, a->cache->page_tokens);
     LAUNCHED("store_kv_kernel");
     wait_stream();
@@ -564,7 +566,7 @@ static void run_attention(void *p) {
     size_t h = (size_t)s->h;
     qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
     attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
-        s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, s->cache.dev_tables,
+        s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, 0, s->cache.dev_tables,
         s->cache.max_pages, s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads, s->q4,
         1.0f / sqrtf((float)c->head_dim), c->sparsity);
     LAUNCHED("attention_kernel");
@@ -895,6 +897,42 @@ static void test_layer_norm(void) {
     printf("(worst %.2f of the bound) ", worst);
 }
 
+/* layer_norm_kernel with a bias to add first (bias_layer_norm: out_proj's bias, then the norm,
+ * in one launch) against its two steps apart, bias_kernel's OUT_ADD and layer_norm_kernel: the
+ * same bits in x and in y, y apart and y == x. */
+static void test_bias_layer_norm(void) {
+    if (!gpu_ready()) return;
+    static const int dims[] = {80, 600};
+    uint64_t seed = 53;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (int alias = 0; alias <= 1; alias++) {
+            int dim = dims[di], rows = 5;
+            size_t n = (size_t)rows * dim, bytes = n * sizeof(fp16);
+            fp16 *x = random_halves(n, &seed, -3, 3), *add = random_halves((size_t)dim, &seed, -2, 2);
+            fp16 *w = random_halves((size_t)dim, &seed, 0.5f, 1.5f), *b = random_halves((size_t)dim, &seed, -0.5f, 0.5f);
+            __half *dx = device_array<__half>(n), *dy = device_array<__half>(n);
+            __half *y = alias ? dx : dy;
+            const fp16 *d_add = device_copy(add, (size_t)dim), *dw = device_copy(w, (size_t)dim), *db = device_copy(b, (size_t)dim);
+            fp16 *apart_x = host_array<fp16>(n), *apart_y = host_array<fp16>(n), *fused_x = host_array<fp16>(n), *fused_y = host_array<fp16>(n);
+            upload(dx, x, bytes);
+            bias_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(dx, n, dim, (const __half *)d_add, 0);
+            LAUNCHED("bias_kernel");
+            layer_norm(dx, rows, dim, dw, db, y);
+            wait_stream();
+            download(apart_x, dx, bytes);
+            download(apart_y, y, bytes);
+            upload(dx, x, bytes);
+            bias_layer_norm(dx, rows, dim, d_add, dw, db, y);
+            wait_stream();
+            download(fused_x, dx, bytes);
+            download(fused_y, y, bytes);
+            EXPECT(!memcmp(apart_x, fused_x, bytes) && !memcmp(apart_y, fused_y, bytes), "bias_layer_norm, %d rows of %d%s: "
+                   "not the bits of bias_kernel then layer_norm_kernel", rows, dim, alias ? ", y == x" : "");
+            cuda_free(dx), cuda_free(dy), cuda_free((void *)d_add), cuda_free((void *)dw), cuda_free((void *)db);
+            free(x), free(add), free(w), free(b), free(apart_x), free(apart_y), free(fused_x), free(fused_y);
+        }
+}
+
 /* ============================================================================================
  * linear(): cuBLAS, then bias_kernel
  * ============================================================================================ */
@@ -1192,15 +1230,17 @@ static void test_copies(void) {
     uint8_t *dev = device_array<uint8_t>(bytes), *dev2 = device_array<uint8_t>(bytes);
     cuda_copy_in(dev, src, bytes);
     cuda_copy(dev2, dev, bytes);
-    cuda_copy_out(back, dev2, bytes);
+    cuda_copy_out(back, dev2, bytes); /* pageable: there when it returns */
     size_t first = 0;
     while (first < bytes && back[first] == src[first]) first++;
     EXPECT(first == bytes, "pageable memory in and out through the bounce buffers: byte %zu of %zu differs", first, bytes);
     uint8_t *pinned = (uint8_t *)cuda_host_alloc(bytes, 1);
     memcpy(pinned, src, bytes);
     cuda_copy_in(dev, pinned, bytes);
+    cuda_copies_done(); /* before the source is written again */
     memset(pinned, 0, bytes);
     cuda_copy_out(pinned, dev, bytes);
+    cuda_copies_done();
     EXPECT(!memcmp(pinned, src, bytes), "pinned memory in and out: the bytes differ");
     cuda_host_free(pinned);
     cuda_free(dev);
@@ -1209,9 +1249,12 @@ static void test_copies(void) {
     free(back);
 }
 
-/* upload_cache's page tables for pages of 5 tokens: the runtime makes pages of 16 tokens or of a
- * whole sequence, and the workspace holds tables of 16-token pages; smaller ones (max_len 40 takes
- * 8 pages of 5, not 3 of 16) must reach the device whole, for each sequence and for K and V. */
+/* upload_cache's tables: page tables for pages of 5 tokens (the runtime makes pages of 16 tokens
+ * or of a whole sequence, and the workspace holds tables of 16-token pages; smaller ones, max_len
+ * 40 taking 8 pages of 5, not 3 of 16, must reach the device whole, for each sequence and for K
+ * and V), the rows' pad and past, the cache pointers (NULL for a delegated sequence); and a table
+ * already on the device is used again, with the pointers' shift, for the same sequences in the
+ * next layer's pools, but uploaded anew when a page, a row or one pointer's distance differs. */
 static void test_page_tables(void) {
     if (!gpu_ready()) return;
     opt_config cfg = {}; /* OPT-shaped: 1 layer, hidden 64, 4 heads, ffn 256, vocab 16, 64 positions */
@@ -1219,34 +1262,71 @@ static void test_page_tables(void) {
     cfg.word_dim = 64, cfg.pre_ln = 1;
     opt_workspace ws;
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(cuda_workspace_init(&ws, &cfg, 2, 1, 40, err), 0);
+    CU_ASSERT_EQUAL_FATAL(cuda_workspace_init(&ws, &cfg, 3, 1, 40, err), 0);
     cuda_ws *d = (cuda_ws *)ws.device;
-    enum { B = 2, PAGES = 8 };
-    int past[B] = {10, 33}, pad[B] = {0, 0}, tables[2][B][PAGES];
+    enum { B = 3, PAGES = 8, LAYER = 4096 };
+    int past[B] = {10, 33, 7}, pad[B] = {0, 0, 1}, tables[2][B][PAGES];
     const int *k_pages[B], *v_pages[B];
+    char in_host[B] = {0, 0, 1};
+    uint8_t *pools = device_array<uint8_t>(4 * LAYER); /* two layers' K and V pools */
     void *k[B], *v[B];
     for (int kv = 0; kv < 2; kv++)
         for (int b = 0; b < B; b++)
             for (int i = 0; i < PAGES; i++) tables[kv][b][i] = 100 * kv + 10 * b + (7 * i + 3) % PAGES;
     for (int b = 0; b < B; b++) {
-        k_pages[b] = tables[0][b], v_pages[b] = tables[1][b];
-        k[b] = device_array<uint8_t>(64), v[b] = device_array<uint8_t>(64);
+        k_pages[b] = tables[0][b];
+        v_pages[b] = tables[1][b];
+        k[b] = pools + 64 * b;
+        v[b] = pools + LAYER + 64 * b;
     }
     gpu_batch gb;
     memset(&gb, 0, sizeof gb);
     gb.batch = B, gb.max_len = 40, gb.page_tokens = 5, gb.n_new = 1, gb.past = past, gb.pad = pad;
-    gb.k = k, gb.v = v, gb.k_pages = k_pages, gb.v_pages = v_pages;
-    CU_ASSERT_EQUAL(upload_cache(d, &gb), B);
-    EXPECT(d->max_pages >= PAGES, "pages of 5 for 40 tokens: tables of %d pages, expected %d", d->max_pages, PAGES);
-    int *got = host_array<int>((size_t)2 * B * d->max_pages);
-    download(got, d->pages, (size_t)2 * B * d->max_pages * sizeof(int));
+    gb.k = k, gb.v = v, gb.k_pages = k_pages, gb.v_pages = v_pages, gb.kv_in_host = in_host;
+    cache_table t = upload_cache(d, &gb);
+    CU_ASSERT_EQUAL(t.on_device, B - 1);
+    EXPECT(t.max_pages >= PAGES, "pages of 5 for 40 tokens: tables of %d pages, expected %d", t.max_pages, PAGES);
+    int *got = host_array<int>((size_t)2 * B * t.max_pages), rows[2 * B];
+    download(got, t.pages, (size_t)2 * B * t.max_pages * sizeof(int));
+    download(rows, t.pad, sizeof rows);
+    void *pointers[2 * B];
+    download(pointers, t.k, sizeof pointers);
     int wrong = 0;
     for (int kv = 0; kv < 2; kv++)
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < PAGES; i++) wrong += got[((size_t)kv * B + b) * d->max_pages + i] != tables[kv][b][i];
-    EXPECT(wrong == 0, "pages of 5: %d of %d page-table entries on the device differ from the sequences' tables", wrong, 2 * B * PAGES);
+        for (int b = 0; b < B - 1; b++)
+            for (int i = 0; i < PAGES; i++) wrong += got[((size_t)kv * B + b) * t.max_pages + i] != tables[kv][b][i];
+    EXPECT(wrong == 0, "pages of 5: %d of %d page-table entries on the device differ from the sequences' tables", wrong,
+           2 * (B - 1) * PAGES);
+    for (int b = 0; b < B; b++) {
+        EXPECT(rows[b] == pad[b] && rows[B + b] == past[b], "sequence %d: pad %d and past %d on the device, not %d and %d",
+               b, rows[b], rows[B + b], pad[b], past[b]);
+        void *want_k = in_host[b] ? NULL : k[b], *want_v = in_host[b] ? NULL : v[b];
+        EXPECT(pointers[b] == want_k && pointers[B + b] == want_v, "sequence %d: cache pointers %p, %p on the device, "
+               "not %p, %p", b, pointers[b], pointers[B + b], want_k, want_v);
+    }
+    fg_device_counts before, after;
+    cuda_counts(&before);
+    for (int b = 0; b < B; b++) { /* the next layer: its pools 2 LAYER bytes on */
+        k[b] = (char *)k[b] + 2 * LAYER;
+        v[b] = (char *)v[b] + 2 * LAYER;
+    }
+    cache_table next = upload_cache(d, &gb);
+    cuda_counts(&after);
+    EXPECT(after.copies_in == before.copies_in && next.k == t.k && next.shift == 2 * LAYER, "the next layer's table: %lld "
+           "uploads, shift %lld; expected the same table, no upload, shift %d",
+           (long long)(after.copies_in - before.copies_in), next.shift, 2 * LAYER);
+    tables[1][0][PAGES - 1]++; /* a page of its own: the table differs */
+    upload_cache(d, &gb);
+    v[1] = (char *)v[1] + 64; /* one pointer's distance differs */
+    upload_cache(d, &gb);
+    past[2]++; /* a row's past differs */
+    upload_cache(d, &gb);
+    fg_device_counts last;
+    cuda_counts(&last);
+    EXPECT(last.copies_in - after.copies_in == 3, "a changed page, pointer or row: %lld uploads, expected 3",
+           (long long)(last.copies_in - after.copies_in));
     free(got);
-    for (int b = 0; b < B; b++) cuda_free(k[b]), cuda_free(v[b]);
+    cuda_free(pools);
     cuda_workspace_free(&ws);
 }
 
@@ -1426,7 +1506,7 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
     dim3 grid(c->heads, c->batch, c->n_new);
     attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
-        dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, cache->dev_tables, cache->max_pages,
+        dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0, cache->dev_tables, cache->max_pages,
         cache->page_tokens, c->n_new, c->head_dim, c->heads, kv_heads, q4, 1.0f / sqrtf((float)c->head_dim), c->sparsity);
     LAUNCHED("attention_kernel");
     wait_stream();
@@ -1497,11 +1577,12 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "attention_kernel: opt_attend_decode within its bound, fp16 and 4-bit cache", test_attention);
     CU_add_test(s, "attention_kernel: top-K over exact ties keeps the CPU's keys", test_attention_ties);
     CU_add_test(s, "layer_norm_kernel: a layer norm in double within its bound; y == x", test_layer_norm);
+    CU_add_test(s, "bias_layer_norm: the bits of bias_kernel, then layer_norm_kernel", test_bias_layer_norm);
     CU_add_test(s, "linear and bias_kernel: matmul_reference within its bound, every mode", test_linear);
     CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit", test_embed);
     CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);
     CU_add_test(s, "copies through the bounce buffers, from pinned memory, on the device: byte for byte", test_copies);
-    CU_add_test(s, "upload_cache: page tables of pages under 16 tokens", test_page_tables);
+    CU_add_test(s, "upload_cache: page tables of pages under 16 tokens; a table on the device used again", test_page_tables);
     CU_add_test(s, "rms_norm_kernel: RMSNorm in double within its bound; y == x", test_rms_norm);
     CU_add_test(s, "rope_kernel: HF's rotation in double within its bound, v untouched", test_rope);
     CU_add_test(s, "swiglu_kernel: silu(g) u in double within its bound", test_swiglu);

@@ -518,10 +518,13 @@ static void test_cuda_sizes(void) {
     EXPECT(parts[2] == 4 * H * PROMPT * PROMPT && parts[3] == 2 * H * PROMPT * PROMPT,
            "prefill scores and probabilities: expected %zu and %zu bytes, got %zu and %zu",
            4 * H * PROMPT * PROMPT, 2 * H * PROMPT * PROMPT, parts[2], parts[3]);
-    size_t tables = ((size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS) + 63) & ~(size_t)63; /* K's and V's */
-    EXPECT(parts[8] == tables, "page tables: expected %zu bytes, got %zu", tables, parts[8]);
-    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[8],
-                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - (((size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1, FG_PAGE_TOKENS) + 63) & ~(size_t)63));
+    /* each cache table: pad and past, K and V pointers, K's and V's page tables, of each row */
+    size_t one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS);
+    size_t tables = (FG_CUDA_CACHE_TABLES * one + 63) & ~(size_t)63;
+    EXPECT(parts[5] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[5]);
+    size_t short_one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1, FG_PAGE_TOKENS);
+    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[5],
+                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - ((FG_CUDA_CACHE_TABLES * short_one + 63) & ~(size_t)63));
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;

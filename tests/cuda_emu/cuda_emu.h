@@ -7,6 +7,7 @@
  *   FLEXGEN_EMU_MEMORY   the device's size in bytes (K, M, G suffixes); 8G by default
  *   FLEXGEN_EMU_CC       the device's compute capability, e.g. 6.1; 8.6 by default
  *   FLEXGEN_EMU_DEVICES  0: report no GPU; 1 by default
+ *   FLEXGEN_EMU_STATS    a file to which the statistics below are appended at exit, one line
  */
 #ifndef CUDA_EMU_H
 #define CUDA_EMU_H

@@ -92,8 +92,22 @@ static void parse_order(const char *s) {
     } else fprintf(stderr, "cuda-emu: FLEXGEN_EMU_ORDER=%s: expected forward, reverse or shuffle[:SEED]\n", s);
 }
 
+/* FLEXGEN_EMU_STATS=FILE: the statistics, one line appended to FILE at exit. */
+static const char *stats_file;
+static void write_stats() {
+    FILE *f = fopen(stats_file, "a");
+    if (!f) return;
+    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld\n", stats.kernels, stats.blocks,
+            stats.gemms, stats.copies, stats.host_waits);
+    fclose(f);
+}
+
 static void read_environment() {
     const char *v;
+    if ((v = getenv("FLEXGEN_EMU_STATS")) && *v) {
+        stats_file = v;
+        atexit(write_stats);
+    }
     if ((v = getenv("FLEXGEN_EMU_ORDER"))) parse_order(v);
     if ((v = getenv("FLEXGEN_EMU_MEMORY"))) settings.device_bytes = parse_size(v);
     if ((v = getenv("FLEXGEN_EMU_CC"))) sscanf(v, "%d.%d", &settings.major, &settings.minor);
