@@ -29,7 +29,13 @@ int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, remove
 /* A SIGBUS in a watched mapping ends the process with one line naming its file. */
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);
-uint64_t fg_mix64(uint64_t x); /* a stateless 64-bit hash */
+static inline uint64_t fg_mix64(uint64_t x) { /* a stateless 64-bit hash (splitmix64's finalizer) */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
 uint64_t fg_fnv64(const void *bytes, size_t n); /* FNV-1a: names, files */
 #define FG_FNV64_START 0xcbf29ce484222325ULL
 uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n); /* h: FG_FNV64_START, or an earlier result */

@@ -535,12 +535,6 @@ const fg_backend *fg_cuda_backend(char *err) {
 
 
 /* A stateless 64-bit hash (splitmix64's finalizer). */
-uint64_t fg_mix64(uint64_t x) {
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)bytes)[i]) * 0x100000001b3ULL;
     return h;
