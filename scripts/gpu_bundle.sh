@@ -3,7 +3,7 @@
 # machine that has no network and no package registry (docs/GPU.md, "Without a network"); run it
 # where Debian's packages and PyPI can be reached, on Debian 12 (x86-64; its libraries need
 # glibc 2.34 or newer), then carry DIR over and run there
-#   bash scripts/gpu_first_run.sh --bundle DIR
+#   bash scripts/gpu_check.sh --bundle DIR       (or scripts/gpu_first_run.sh --bundle DIR)
 # DIR holds:
 #   debs/    the Debian packages of the build and the tests: OpenBLAS's OpenMP build, cJSON,
 #            CUnit and GLPK, each with its -dev, and the libraries they need that a CUDA image
@@ -26,6 +26,7 @@
 #
 # Usage: bash scripts/gpu_bundle.sh DIR
 #        bash scripts/gpu_bundle.sh unpack DIR PREFIX
+#        bash scripts/gpu_bundle.sh prefix DIR   (gpu_first_run.sh's and gpu_check.sh's --bundle)
 # Environment:
 #   WHEELS  more pip requirements to bundle as wheels, beside flexgen==0.1.8 [none]; e.g.
 #           WHEELS=pulp (FlexGen's own policy search, experimental/cost_model.py, 16 MB;
@@ -64,6 +65,27 @@ else:
     sys.exit("no data.tar in " + sys.argv[1])
 PY
 }
+
+# `prefix DIR`: the bundle unpacked once into a prefix that the binaries' DT_RPATH names (so it
+# stays where it is for later commands), with its tokenizer cache copied where the hub may write;
+# prints the prefix (BUNDLE_PREFIX, or /tmp/flexgen-bundle-<the MANIFEST's hash>).
+if [ "${1:-}" = prefix ]; then
+    [ $# = 2 ] || die "usage: bash scripts/gpu_bundle.sh prefix DIR"
+    is_bundle "$2"
+    BUNDLE=$(cd "$2" && pwd)
+    PREFIX=${BUNDLE_PREFIX:-/tmp/flexgen-bundle-$(sha256sum "$BUNDLE/MANIFEST" | cut -c1-12)}
+    if [ ! -f "$PREFIX/MANIFEST" ] || ! cmp -s "$BUNDLE/MANIFEST" "$PREFIX/MANIFEST"; then
+        rm -rf "$PREFIX"
+        bash "$0" unpack "$BUNDLE" "$PREFIX" >&2 || { rm -rf "$PREFIX"; exit 1; }
+        # the MANIFEST last: a prefix without it is unpacked again
+        if ! cp -R "$BUNDLE/hf" "$PREFIX/hf" || ! cp "$BUNDLE/MANIFEST" "$PREFIX/MANIFEST"; then
+            rm -rf "$PREFIX"
+            die "cannot copy the bundle's files into $PREFIX"
+        fi
+    fi
+    echo "$PREFIX"
+    exit 0
+fi
 
 if [ "${1:-}" = unpack ]; then
     [ $# = 3 ] || die "usage: bash scripts/gpu_bundle.sh unpack DIR PREFIX"

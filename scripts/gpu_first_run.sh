@@ -480,24 +480,10 @@ PY
 # ---- the run
 
 if [ -n "$BUNDLE" ]; then
-    # the bundle's packages and wheels, unpacked once into a prefix that the binaries' DT_RPATH
-    # names (so it stays where it is for later commands), and its tokenizer cache, copied to
-    # where the hub may write
-    hash=$(sha256sum "$BUNDLE/MANIFEST" | cut -c1-12)
-    export DEPS=${BUNDLE_PREFIX:-/tmp/flexgen-bundle-$hash}
-    echo "== the bundle $BUNDLE, in $DEPS"
-    if [ ! -f "$DEPS/MANIFEST" ] || ! cmp -s "$BUNDLE/MANIFEST" "$DEPS/MANIFEST"; then
-        rm -rf "$DEPS"
-        bash scripts/gpu_bundle.sh unpack "$BUNDLE" "$DEPS" || { rm -rf "$DEPS"; exit 2; }
-        # the MANIFEST last: a prefix without it is unpacked again
-        if ! cp -R "$BUNDLE/hf" "$DEPS/hf" || ! cp "$BUNDLE/MANIFEST" "$DEPS/MANIFEST"; then
-            rm -rf "$DEPS"
-            exit 2
-        fi
-    else
-        echo "unpacked already"
-    fi
-    export PYTHONPATH=$DEPS/python${PYTHONPATH:+:$PYTHONPATH}
+    echo "== the bundle $BUNDLE"
+    DEPS=$(bash scripts/gpu_bundle.sh prefix "$BUNDLE") || exit 2
+    echo "unpacked in $DEPS"
+    export DEPS PYTHONPATH=$DEPS/python${PYTHONPATH:+:$PYTHONPATH}
     export HF_HOME=$DEPS/hf HF_HUB_CACHE=$DEPS/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 fi
 

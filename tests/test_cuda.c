@@ -490,6 +490,36 @@ static void test_laptop_run(void) {
 #endif
 }
 
+/* scripts/gpu_check.sh --dry, the prepared check of a GPU rental run on the emulated GPU: the
+ * checks pass (compute-sanitizer skips), the speed table has a row of ours for each run with a
+ * decode step's counters, and a bad argument is one line and exit 2. Not under the sanitizers:
+ * the script runs ./flexgen-emu and build-emu/test_flexgen. */
+static void test_gpu_check_dry(void) {
+#if defined(FLEXGEN_CUDA_EMU) && !defined(__SANITIZE_ADDRESS__)
+    char *dir = make_temp_dir(), *out = NULL, *err = NULL, out_dir[4200];
+    snprintf(out_dir, sizeof out_dir, "OUT=%s/check", dir);
+    const char *argv[] = {"env", out_dir, "bash", "scripts/gpu_check.sh", "--dry", NULL};
+    int rc = run_command(argv, NULL, &out, &err);
+    EXPECT(rc == 0, "gpu_check.sh --dry: exit %d: %.600s %.300s", rc, out, err);
+    char *md = slurp(join(dir, "check/gpu-check.md"), NULL);
+    CU_ASSERT_FATAL(md != NULL);
+    static const char *const want[] = {"| check | build | pass |", "| check | suites | pass |", "| check | kjv | pass |",
+                                       "| check | sanitizer | skip |", "| opt-6.7b-4x1 | 4 x 1, 100 0 100 0 100 0, gen 4 | this",
+                                       "| opt-13b-offloaded |", "| llama-2-7b-4bit |", "| opt-13b-diagonal |",
+                                       "| opt-6.7b-auto |", "| opt-30b-offloaded |", "| 1 / "};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        EXPECT(strstr(md, want[i]) != NULL, "gpu_check.sh --dry: no \"%s\" in its markdown:\n%s", want[i], md);
+    free(md), free(out), free(err);
+    const char *bad[] = {"bash", "scripts/gpu_check.sh", "--fast", NULL};
+    rc = run_command(bad, NULL, &out, &err);
+    EXPECT(rc == 2 && strstr(err, "gpu_check.sh: unknown argument '--fast'"), "gpu_check.sh --fast: expected exit 2 "
+           "and one line, got %d: %s", rc, err);
+    free(out), free(err);
+    rm_tree(dir);
+    free(dir);
+#endif
+}
+
 void add_cuda_tests(void) {
     CU_pSuite s = CU_add_suite("gpu", NULL, NULL);
     CU_add_test(s, "CUDA against CPU, pre-LN fixture, policy matrix", test_pre_ln);
@@ -507,4 +537,5 @@ void add_cuda_tests(void) {
     CU_add_test(s, "no GPU: --device cuda refused, auto falls back to the CPU", test_no_gpu_fallback);
     CU_add_test(s, "a device smaller than the plan, or than --gpu-mem: one line, exit 2", test_device_out_of_memory);
     CU_add_test(s, "scripts/gpu_laptop_run.sh's kjv step on the emulated GPU, OPT and LLaMA", test_laptop_run);
+    CU_add_test(s, "scripts/gpu_check.sh --dry: the checks and the speed table on the emulated GPU", test_gpu_check_dry);
 }

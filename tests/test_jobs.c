@@ -123,6 +123,43 @@ static void test_job_output(void) {
     free(dir);
 }
 
+/* --warmup runs a generate of its own before the job's: the records are the same bytes with and
+ * without it, sampled, and a job cut after two records and resumed with it too; --json gives the
+ * cold run's latency. */
+static void test_job_warmup(void) {
+    char *dir = make_temp_dir(), prompts[4200], plain[4200], warm[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(plain, sizeof plain, "%s", join(dir, "plain.jsonl"));
+    snprintf(warm, sizeof warm, "%s", join(dir, "warm.jsonl"));
+    write_text_file(prompts, "{\"prompt\": \"In the beginning God created\"}\n{\"prompt\": \"And the LORD said\"}\n"
+                             "{\"prompt\": \"Blessed are the meek\"}\n{\"prompt\": \"Let there be\"}\n"
+                             "{\"prompt\": \"And it came to pass\"}\n");
+#define JOB_FLAGS "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "5", "--gpu-batch-size", "2", \
+                  "--num-gpu-batches", "1", "--temperature", "0.8", "--seed", "3", "--quiet"
+    run_ok(ARGS(flexgen_bin(), JOB_FLAGS, "--output", plain));
+    char *out, *err;
+    int rc = run_flexgen(ARGS(JOB_FLAGS, "--output", warm, "--warmup", "--json"), NULL, &out, &err);
+    CU_ASSERT_EQUAL(rc, 0);
+    cJSON *o = cJSON_Parse(out);
+    const cJSON *cold = cJSON_GetObjectItem(o, "warmup_latency");
+    EXPECT(cJSON_IsNumber(cold) && cold->valuedouble > 0, "--warmup --json: expected a warmup_latency, got %s", out);
+    cJSON_Delete(o);
+    free(out), free(err);
+    char *want = slurp(plain, NULL), *got = slurp(warm, NULL);
+    CU_ASSERT_FATAL(want && got);
+    EXPECT(!strcmp(want, got), "--warmup: the job's records differ from a run without it:\n%s\nagainst\n%s", got, want);
+    char *cut = first_lines(got, 3); /* the job line and two records */
+    write_text_file(warm, cut);
+    run_ok(ARGS(flexgen_bin(), JOB_FLAGS, "--output", warm, "--resume", "--warmup"));
+#undef JOB_FLAGS
+    free(got);
+    got = slurp(warm, NULL);
+    EXPECT(got && !strcmp(want, got), "--resume --warmup: the output differs from an uninterrupted run's:\n%s", got);
+    free(want), free(got), free(cut);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Each line of `some` (a newline ends it) is a line of `all`, and they have as many. */
 static int same_lines(const char *some, const char *all) {
     int missing = count_lines(some) != count_lines(all);
@@ -733,6 +770,7 @@ void add_job_tests(void) {
     CU_add_test(s, "a job's records hold HF's tokens, </s> included unless --stop-at-eos", test_job_tokens_match_hf);
     CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
     CU_add_test(s, "a job with the diagonal schedule: zig-zag's records, a group at a time", test_job_diagonal);
+    CU_add_test(s, "--warmup: the same records, run and resumed; the cold run's latency", test_job_warmup);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
     CU_add_test(s, "a LLaMA job: text through tokenizer.json, the cache on disk, cut and resumed", test_job_llama);

@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the CUDA backend checked on a short GPU rental (a 16-core H100 or H200, no network),
+# in at most 10 minutes: two halves, each of which runs alone in at most 5.
+#   check  build for the card's own SM only (make CUDA_SM=its capability)                [150 s]
+#          the kernel suite and the GPU suite, natively on the GPU                        [100 s]
+#          compute-sanitizer's memcheck over the kernel suite                              [60 s]
+#          models/opt-kjv's and models/llama-kjv's greedy texts on cuda against cpu: the same
+#          text (docs/GPU.md, "A first run on a laptop GPU", says why they must be)        [40 s]
+#   speed  this project beside FlexGen 0.1.8 on the same card in the same run, each warmed up
+#          (--warmup; FlexGen's flex_opt warms itself up), dummy weights, prompt 512, --gpu-mem
+#          16G: opt-6.7b all on the GPU at 4 x 1 and 32 x 1; opt-13b offloaded (weights 40/60,
+#          cache and activations on the cpu, --cpu-cache-compute, 32 x 4); the llama-2-7b shape
+#          all on the GPU, fp16 and 4-bit (FlexGen has no LLaMA); opt-13b with --schedule
+#          diagonal; then, while time is left, opt-6.7b with --policy auto and opt-30b with
+#          FlexGen's published policy (weights 20/80, cache on the cpu, 48 x 3). 32 tokens are
+#          generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s).
+#          Each row of ours gives the counters of its busiest decode step (host waits,
+#          launches, cuBLAS products, copies in), and where the card is known, the decode's
+#          share of the weights' read limit and prefill's of the dense fp16 peak. Last, where
+#          nsys is found and time is left: one decode step's kernels by GPU time (opt-6.7b, 4
+#          x 1: the kernels of 3 generated tokens less those of 2).
+# Every run has a limit of its own and none starts past its half's 5 minutes (a row then says
+# so). Results: $OUT/gpu-check.md, and at most 7 logs beside it: build.log, suites.log,
+# sanitizer.log, kjv.log, speed.log, flexgen.log, kernels.log; the runs' own output (JSON,
+# FlexGen's report, nsys's sums) in $OUT/.data, from which the markdown is written
+# (scripts/gpu_check_report.py). The halves may run as two commands with the same OUT, in either
+# order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
+# bad usage.
+#
+# --dry: the same plumbing on the emulated GPU (./flexgen-emu; docs/GPU.md), on models/opt-kjv and
+# models/llama-kjv at prompt 16 and 4 tokens, in under a minute, without FlexGen, compute-sanitizer
+# or nsys: what CI runs.
+# --bundle DIR: what the machine lacks, from scripts/gpu_bundle.sh's bundle (docs/GPU.md,
+# "Without a network"): the build's libraries (make DEPS=), FlexGen's wheel and its tokenizer.
+#
+# Usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed]   (no half: both)
+# Environment: OUT [gpu-check-<UTC time>], PYTHON (with a CUDA build of torch) [python3],
+# WEIGHTS (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp]
+set -uo pipefail
+
+usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed]"
+BUNDLE="" DRY=0 HALVES=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --bundle) [ $# -ge 2 ] || { echo "gpu_check.sh: --bundle needs a directory; $usage" >&2; exit 2; }
+            BUNDLE=$2; shift 2 ;;
+        --dry) DRY=1; shift ;;
+        check | speed) HALVES="$HALVES $1"; shift ;;
+        -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
+    esac
+done
+HALVES=${HALVES:-check speed}
+cd "$(dirname "$0")/.." || exit 2
+OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+PYTHON=${PYTHON:-python3} WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen} OFFLOAD=${OFFLOAD:-/var/tmp}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+JOBS=$(nproc)
+failed=0
+
+if [ -n "$BUNDLE" ]; then
+    DEPS=$(bash scripts/gpu_bundle.sh prefix "$BUNDLE") || exit 2
+    export DEPS PYTHONPATH=$DEPS/python${PYTHONPATH:+:$PYTHONPATH}
+    export HF_HOME=$DEPS/hf HF_HUB_CACHE=$DEPS/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+fi
+
+if [ "$DRY" = 1 ]; then
+    BIN=./flexgen-emu TESTS=./build-emu/test_flexgen GPU_MEM=1G
+    PROMPT=16 GEN=4 GEN_OFFLOADED=4
+    export GOMP_SPINCOUNT=1000 # the emulated kernels run on one thread (the Makefile's EMU_ENV)
+else
+    BIN=./flexgen TESTS=./build/test_flexgen GPU_MEM=16G
+    PROMPT=512 GEN=32 GEN_OFFLOADED=8
+fi
+
+record() { # HALF STEP RESULT SECONDS NOTE: a row of the results
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$OUT/.data/steps.tsv"
+    echo "== $2: $3 in $4 s${5:+: $5}"
+    [ "$3" != fail ] || failed=1
+}
+
+step() { # HALF NAME LIMIT LOG command...: run under its limit, output appended to LOG; recorded
+    local half=$1 name=$2 limit=$3 log=$4 start rc=0
+    shift 4
+    echo "== $name (at most $limit s)" | tee -a "$OUT/$log"
+    start=$(date +%s)
+    timeout -k 10 "$limit" bash -c '"$@"' step "$@" >> "$OUT/$log" 2>&1 || rc=$? # the functions are exported
+    local secs=$(($(date +%s) - start)) note
+    note=$(grep -m 1 -E '^ +[0-9]+\. tests/|ERROR SUMMARY: [1-9]|error:|^flexgen:|differ' "$OUT/$log" | head -c 300)
+    case $rc in
+        0) record "$half" "$name" pass "$secs" "" ;;
+        3) record "$half" "$name" skip "$secs" "$(tail -n 1 "$OUT/$log")" ;;
+        124 | 137) record "$half" "$name" fail "$secs" "stopped after $limit s" ;;
+        *) record "$half" "$name" fail "$secs" "${note:-exit status $rc; see $log}" ;;
+    esac
+}
+
+sm_of_card() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '. '; }
+
+do_build() {
+    if [ "$DRY" = 1 ]; then
+        make -j"$JOBS" flexgen-emu build-emu/test_flexgen
+        return
+    fi
+    local sm
+    sm=$(sm_of_card) || { echo "no GPU: nvidia-smi cannot say its compute capability"; return 1; }
+    rm -f build/flexgen_cu.o build/test_kernels.o # built for this card's SM alone
+    make -j"$JOBS" flexgen build/test_flexgen CUDA_SM="$sm"
+}
+
+do_suites() {
+    local rc=0 suite
+    for suite in kernels gpu; do
+        if [ "$DRY" = 1 ] && [ $suite = gpu ]; then # the counters' test stands for the suite
+            FLEXGEN_BIN=$BIN "$TESTS" gpu "a decode step on the gpu tier: one host wait, no pageable copy or allocation, its launches" || rc=1
+        else
+            FLEXGEN_BIN=$BIN "$TESTS" $suite || rc=1
+        fi
+    done
+    ! grep -q 'suite skipped' "$OUT/suites.log" || { echo "the GPU suites skipped"; rc=1; }
+    return $rc
+}
+
+do_sanitizer() {
+    [ "$DRY" = 0 ] || { echo "skipped: compute-sanitizer needs a GPU"; return 3; }
+    local cs
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    FLEXGEN_BIN=$BIN "$cs" --tool memcheck --error-exitcode 1 "$TESTS" kernels
+}
+
+do_kjv() {
+    local rc=0 model device
+    for model in opt-kjv llama-kjv; do
+        local prompts=(--prompt "In the beginning God" --prompt "And the LORD spake unto Moses, saying," --gen-len 16)
+        [ $model = opt-kjv ] || prompts=(--prompt "Speak unto the children of" --prompt "And they shall make an" --gen-len 12)
+        for device in cuda cpu; do
+            "$BIN" --quiet --model "models/$model" --device $device "${prompts[@]}" > "$OUT/$model-$device.txt" || rc=1
+            echo "$model, --device $device:"
+            sed '/^model size: /,$d' "$OUT/$model-$device.txt" | tee "$OUT/$model-$device.text"
+        done
+        if cmp -s "$OUT/$model-cuda.text" "$OUT/$model-cpu.text"; then echo "$model: the same text"
+        else echo "$model: the texts differ"; rc=1; fi
+        rm -f "$OUT/$model"-{cuda,cpu}.{txt,text}
+    done
+    return $rc
+}
+
+# ---- the speed half: each row a run of ours and, where FlexGen has the model, one of FlexGen's
+
+HALF_END=0
+time_left() { echo $((HALF_END - $(date +%s))); }
+
+ours() { # NAME TIMEOUT flags...: its --json into .data/NAME.json, its stderr into speed.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== ours, $name: $*" >> "$OUT/speed.log"
+    timeout -k 10 "$limit" "$BIN" --quiet --json --warmup --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" \
+        --offload-dir "$OFFLOAD" "$@" > "$OUT/.data/$name.json" 2>> "$OUT/speed.log" ||
+        echo "failed: exit status $? (speed.log)" > "$OUT/.data/$name.json"
+}
+
+flexgen_module() { # the module of FlexGen's that imports, with torch on a GPU; else why not
+    local m
+    for m in flexgen flexllmgen; do
+        if "$PYTHON" -c "import torch, $m.flex_opt, sys; sys.exit(not torch.cuda.is_available())" 2>> "$OUT/flexgen.log"; then
+            echo "$m"
+            return 0
+        fi
+    done
+    echo "FlexGen (flexgen 0.1.8 with a CUDA build of torch) does not import in $PYTHON"
+    return 1
+}
+
+theirs() { # NAME TIMEOUT MODEL GEN flags...: FlexGen's report into .data/NAME.flexgen
+    local name=$1 limit=$2 model=$3 gen=$4 dir
+    shift 4
+    if ! FLEXGEN_MODULE=${FLEXGEN_MODULE:-$(flexgen_module)}; then
+        echo "not run: $FLEXGEN_MODULE" > "$OUT/.data/$name.flexgen"
+        return
+    fi
+    dir=$(mktemp -d "$OFFLOAD/flexgen-offload.XXXXXX") || return
+    echo "== FlexGen, $name: $*" >> "$OUT/flexgen.log"
+    timeout -k 10 "$limit" "$PYTHON" -m "$FLEXGEN_MODULE.flex_opt" --model "facebook/$model" --path _DUMMY_ \
+        --offload-dir "$dir" --prompt-len "$PROMPT" --gen-len "$gen" "$@" > "$OUT/.data/$name.flexgen" 2>> "$OUT/flexgen.log" ||
+        echo "failed: exit status $? (flexgen.log)" >> "$OUT/.data/$name.flexgen"
+    rm -rf "$dir"
+}
+
+row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
+    local name=$1 model=$2 gen=$3 with_flexgen=$4 left
+    shift 4
+    left=$(time_left)
+    if [ "$left" -lt 30 ]; then
+        echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.json"
+        return
+    fi
+    echo "$name" >> "$OUT/.data/rows"
+    local m=$model
+    [ "$DRY" = 0 ] || m=models/$([ "${model#llama}" = "$model" ] && echo opt-kjv || echo llama-kjv)
+    ours "$name" "$((left - 5))" --model "$m" --prompt-len "$PROMPT" --gen-len "$gen" "$@"
+    if [ "$with_flexgen" = 1 ] && [ "$DRY" = 0 ]; then
+        left=$(time_left)
+        if [ "$left" -ge 30 ]; then theirs "$name" "$((left - 5))" "$model" "$gen" "$@"
+        else echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.flexgen"; fi
+    fi
+}
+
+do_speed() {
+    HALF_END=$(($(date +%s) + 290))
+    rm -f "$OUT/.data"/*.json "$OUT/.data"/*.flexgen "$OUT/.data"/*.csv "$OUT/.data/rows" "$OUT/.data/kernels.txt"
+    local g=$GEN o=$GEN_OFFLOADED big=32
+    [ "$DRY" = 0 ] || big=4
+    local gpu=(--percent 100 0 100 0 100 0 --num-gpu-batches 1)
+    local offloaded=(--percent 40 60 0 100 0 100 --gpu-batch-size "$big" --num-gpu-batches 4 --cpu-cache-compute)
+    row opt-6.7b-4x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
+    row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
+    row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
+    row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
+    row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
+    row opt-13b-diagonal opt-13b "$o" 0 "${offloaded[@]}" --schedule diagonal
+    local hw=()
+    [ "$DRY" = 0 ] || hw=(--hw hardware/t4-flexgen.json) # the emulated GPU's profile means nothing
+    row opt-6.7b-auto opt-6.7b "$g" 0 --policy auto "${hw[@]}"
+    local b30=48
+    [ "$DRY" = 0 ] || b30=4
+    row opt-30b-offloaded opt-30b "$o" 1 --percent 20 80 0 100 0 100 --gpu-batch-size "$b30" --num-gpu-batches 3 --cpu-cache-compute
+    decode_kernels
+    return 0
+}
+
+# One decode step's kernels by GPU time: nsys's kernel sums of 3 generated tokens less those of 2.
+decode_kernels() {
+    local nsys left gen
+    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2>/dev/null)
+    left=$(time_left)
+    if [ "$DRY" = 1 ] || [ -z "$nsys" ] || [ "$left" -lt 60 ]; then
+        echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$nsys" ] && echo "no nsys"; } || echo "too little time left")" \
+            > "$OUT/.data/kernels.txt"
+        return
+    fi
+    for gen in 2 3; do
+        timeout -k 10 $((left / 2 - 5)) "$nsys" profile -t cuda -o "$OUT/.data/kernels-$gen" --force-overwrite true \
+            "$BIN" --quiet --device cuda --gpu-mem 16G --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT" \
+            --gen-len $gen --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1 >> "$OUT/kernels.log" 2>&1
+        "$nsys" stats -r cuda_gpu_kern_sum -f csv -o "$OUT/.data/kernels-$gen" "$OUT/.data/kernels-$gen.nsys-rep" >> "$OUT/kernels.log" 2>&1
+        rm -f "$OUT/.data/kernels-$gen.nsys-rep" "$OUT/.data/kernels-$gen.sqlite"
+    done
+}
+
+run_half() { # HALF
+    local half=$1
+    if [ "$half" = check ]; then
+        step check build 150 build.log do_build
+        step check suites 100 suites.log do_suites
+        step check sanitizer 60 sanitizer.log do_sanitizer
+        step check kjv 40 kjv.log do_kjv
+    else
+        [ -x "$BIN" ] || step check build 150 build.log do_build
+        local start
+        start=$(date +%s)
+        do_speed >> "$OUT/speed.log" 2>&1
+        record speed table pass $(($(date +%s) - start)) "the rows' own results are in the table"
+    fi
+}
+
+machine() {
+    local gpu cuda commit
+    gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
+    [ "$DRY" = 0 ] || gpu="the emulated GPU (tests/cuda_emu): --dry, no timing means anything"
+    cuda=$({ command -v nvcc || ls /usr/local/cuda/bin/nvcc; } 2>/dev/null | head -n 1)
+    [ -n "$cuda" ] && cuda=$("$cuda" --version | grep -m 1 release) || cuda="no nvcc"
+    commit=$(git rev-parse --short HEAD 2>/dev/null) || commit=unknown
+    [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit, with local changes"
+    echo "- GPU: ${gpu:-none} (name, memory, driver, compute capability)"
+    echo "- CUDA: $cuda"
+    echo "- machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) of memory"
+    echo "- commit: $commit; halves: $HALVES; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    [ -z "$BUNDLE" ] || echo "- libraries and FlexGen: the bundle $BUNDLE (make DEPS=$DEPS), offline"
+}
+
+export OUT DRY BIN TESTS JOBS PYTHON WEIGHTS OFFLOAD
+export -f sm_of_card do_build do_suites do_sanitizer do_kjv
+mkdir -p "$OUT/.data" || exit 2
+for half in $HALVES; do # a half run again replaces its rows
+    touch "$OUT/.data/steps.tsv"
+    awk -F '\t' -v h="$half" '$1 != h' "$OUT/.data/steps.tsv" > "$OUT/.data/steps.tsv.tmp"
+    mv "$OUT/.data/steps.tsv.tmp" "$OUT/.data/steps.tsv"
+    run_half "$half"
+done
+machine > "$OUT/.data/machine.md"
+"$PYTHON" scripts/gpu_check_report.py "$OUT" "$PROMPT" > "$OUT/gpu-check.md.tmp" && mv "$OUT/gpu-check.md.tmp" "$OUT/gpu-check.md" ||
+    { echo "gpu_check.sh: cannot write $OUT/gpu-check.md" >&2; exit 1; }
+echo "== results: $OUT/gpu-check.md"
+exit $failed
