@@ -327,12 +327,13 @@ typedef struct {
     double cpu_flops;  /* CPU attention (delegation) */
     double dequant_bdw, mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
     double mm_flops_int8_p, mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
+    double launch_seconds, wait_seconds; /* a GPU's host: queueing a launch; waiting for the GPU (0: not modeled) */
     int gpu_is_host;    /* the gpu tier is host memory (the CPU backend) */
     char blas_core[32]; /* the OpenBLAS core the rates were measured on ("": not recorded) */
 } fg_hardware;
 
 enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X }; /* the placement x */
-enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, N_TERMS };           /* a layer's latencies */
+enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, T_HOST, N_TERMS };   /* a layer's latencies */
 extern const char *const fg_cost_term_names[N_TERMS];
 typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant + coef . x */
 

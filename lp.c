@@ -33,10 +33,11 @@
  * compression (§5) scales the weight and cache bytes by 36/128 (a group of 64 values keeps 32
  * bytes and an fp16 min and scale) and adds the compute device's decompression of them, at
  * hw->dequant_bdw bytes of fp16 a second (--int8-activations' products read the codes, at their own
- * measured rates). Beyond A.3, too: the output layer's product per generated token (m->head).
+ * measured rates). Beyond A.3, too: the output layer's product per generated token (m->head),
+ * and on a GPU the host's queueing of launches and its waits (host_terms).
  * ============================================================================================ */
 
-const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
+const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp", "host"};
 const char *const fg_schedule_names[FG_SCHEDULES] = {"zigzag", "diagonal"};
 
 /* Adds bytes / rate to term f: to its constant (k < 0), or to the coefficient of x_k. */
@@ -69,6 +70,33 @@ static void decode_attention_terms(fg_linear *gen, const fg_workload *w, const f
 static double layer_matrices(const opt_config *c) {
     double h1 = c->hidden, h2 = c->ffn, q = q_width(c), kv = kv_width(c);
     return h1 * (2 * q + 2 * kv) + (c->family == FAMILY_LLAMA ? 3 : 2) * h1 * h2;
+}
+
+/* Kernels and cuBLAS products that one GPU batch's decoder layer queues on a GPU (docs/GPU.md,
+ * "Where the host waits"): OPT's 7 and 4, LLaMA's 6 and 7 and a kernel a bias; and the
+ * iteration's 5 more calls (its activations' two copies, its join's event and two waits). */
+static double layer_launches(const opt_config *c) {
+    double kernels_and_products = c->family == FAMILY_OPT ? 11 : 13 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
+    return kernels_and_products + 5;
+}
+
+/* Beyond A.3, a GPU's host (hw->launch_seconds, hw->wait_seconds; 0 where not measured). Each GPU
+ * batch's layer queues its launches while the GPU runs earlier ones: the term `host`, a bound on
+ * the layer as each link and compute are (prefill's attention adds 3 a sequence: two products and
+ * a softmax). A step waits once, for its logits (m->head). The cache that moves to the GPU goes
+ * in a copy a run of pages (a prompt's pages are one run, each page grown in decode another: on
+ * average 1 + n / 32 a sequence), each a launch on its link; delegated attention waits for its
+ * rows once a GPU batch. */
+static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardware *hw, fg_cost_model *m) {
+    double launch = hw->launch_seconds, batches = w->ngb, sequences = (double)w->gbs * w->ngb;
+    m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
+    m->gen[T_HOST].constant += batches * layer_launches(c) * launch;
+    m->head += hw->wait_seconds;
+    double copies = 2 * sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K and V, in runs */
+    for (int k = X_CC; k <= X_CN; k++) {
+        if (w->cpu_cache_compute) m->gen[T_COMP].coef[k] += batches * hw->wait_seconds;
+        else m->gen[T_CTOG].coef[k] += copies * launch;
+    }
 }
 
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
@@ -119,6 +147,7 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     }
     /* the output layer, once per generated token: logits of the block's last tokens */
     m->head = 2 * bls * c->vocab * (double)c->word_dim / hw->mm_flops_g;
+    if (!hw->gpu_is_host) host_terms(c, w, hw, m);
 }
 
 double fg_linear_eval(const fg_linear *f, const double x[N_X]) {

@@ -1625,6 +1625,9 @@ static int profile_command(int argc, char **argv, char *err) {
     if (hw.mm_flops_int8_g > 0)
         printf("4-bit x int8 products %.1f (prefill) %.1f (decode) GFLOP/s\n", hw.mm_flops_int8_p / 1e9,
                hw.mm_flops_int8_g / 1e9);
+    if (!hw.gpu_is_host)
+        printf("the host: %.2f us to queue a launch, %.1f us to wait for the GPU\n", hw.launch_seconds * 1e6,
+               hw.wait_seconds * 1e6);
     printf("saved %s (the products on OpenBLAS's %s core)\n", out, hw.blas_core);
     return 0;
 }

@@ -181,6 +181,48 @@ enum { PROFILE_HIDDEN = 512 };
 enum { PROFILE_HIDDEN = 2048 };
 #endif
 
+/* Bytes of a sequence's K (or V) of `past` cached tokens and the new one, rows of `row` bytes. */
+static size_t seq_rows(size_t row, int past) { return row * (size_t)(past + 1); }
+
+/* A decode step of `batch` sequences over `past` cached tokens, their K and V one after another
+ * in `cache`, `seq` bytes each. */
+static void decode_batch(gpu_batch *gb, int batch, int past, char *cache, size_t seq) {
+    gb->batch = batch;
+    gb->n_new = 1;
+    for (int b = 0; b < batch; b++) {
+        gb->k[b] = cache + 2 * b * seq;
+        gb->v[b] = cache + (2 * b + 1) * seq;
+        gb->pad[b] = 0;
+        gb->past[b] = past;
+    }
+}
+
+/* A GPU's host (a backend that counts its launches): the seconds to queue one launch (a kernel,
+ * a cuBLAS product or a copy: a decode layer of `batch` sequences queued HOST_LAYERS times with
+ * no wait, over what the counters saw queued) and those of one wait for the GPU (a small copy
+ * queued and waited for, less a launch). */
+enum { HOST_LAYERS = 20, HOST_WAITS = 200 };
+static void profile_host(const fg_backend *be, profile_ctx *c, int batch, char *cache, size_t seq, fg_hardware *hw) {
+    fg_device_counts before, after;
+    decode_batch(c->gb, batch, 32, cache, seq);
+    be->finish();
+    be->counts(&before);
+    double t0 = now_seconds();
+    for (int i = 0; i < HOST_LAYERS; i++) be->forward[c->w->cfg.family].layer(c->w, 0, c->gb, c->ws);
+    double queueing = now_seconds() - t0;
+    be->counts(&after);
+    be->finish();
+    double launches = (double)(after.launches - before.launches + after.blas_calls - before.blas_calls +
+                               after.copies_in - before.copies_in + after.copies_on_device - before.copies_on_device);
+    hw->launch_seconds = queueing / fmax(launches, 1);
+    t0 = now_seconds();
+    for (int i = 0; i < HOST_WAITS; i++) {
+        be->copy(cache + 64, cache, 64);
+        be->finish();
+    }
+    hw->wait_seconds = fmax((now_seconds() - t0) / HOST_WAITS - hw->launch_seconds, 0);
+}
+
 static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose, char *err) {
     opt_config c = OPT_SHAPE("profile", 1, PROFILE_HIDDEN, PROFILE_HIDDEN / 64, 4 * PROFILE_HIDDEN, 64, 2048,
                              PROFILE_HIDDEN, 1);
@@ -214,12 +256,10 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
         double t[4]; /* runs: gbs, cached tokens */
         for (int i = 0; i < 4; i++) {
             be->copy_in(x, x_host, x_bytes); /* each run from the same activations */
-            gb.batch = runs[i][0], gb.n_new = 1;
-            size_t seq = row * (size_t)(runs[i][1] + 1);
-            for (int b = 0; b < gb.batch; b++)
-                gb.k[b] = cache + 2 * b * seq, gb.v[b] = cache + (2 * b + 1) * seq, gb.pad[b] = 0, gb.past[b] = runs[i][1];
+            decode_batch(&gb, runs[i][0], runs[i][1], cache, seq_rows(row, runs[i][1]));
             t[i] = typical_time(time_layer, &ctx);
         }
+        if (be->counts) profile_host(be, &ctx, runs[0][0], (char *)cache, seq_rows(row, runs[0][1]), hw);
         double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
         double fixed = fmax(t[0] - runs[0][0] * per_seq, 0.01 * t[0]);
         hw->mm_flops_g = mm_token / per_seq;
@@ -319,6 +359,14 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     }
     static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw", "mm_flops_int8_p", "mm_flops_int8_g"};
     double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw, &hw->mm_flops_int8_p, &hw->mm_flops_int8_g};
+    static const char *const SECONDS[] = {"launch_seconds", "wait_seconds"}; /* optional: older files have none */
+    double *const seconds[] = {&hw->launch_seconds, &hw->wait_seconds};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        const cJSON *v = fg_json_get(root, SECONDS[i]);
+        if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1)))
+            rc = fg_fail(err, "%s: \"%s\" must be seconds in [0, 1]", path, SECONDS[i]);
+        else if (v) *seconds[i] = v->valuedouble;
+    }
     for (int i = 0; i < 4 && rc == 0; i++) {
         const cJSON *v = fg_json_get(root, OPTIONAL[i]);
         if (v && (!cJSON_IsNumber(v) ||
@@ -348,6 +396,8 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
     cJSON_AddNumberToObject(o, "mm_flops_int8_p", hw->mm_flops_int8_p);
     cJSON_AddNumberToObject(o, "mm_flops_int8_g", hw->mm_flops_int8_g);
+    cJSON_AddNumberToObject(o, "launch_seconds", hw->launch_seconds);
+    cJSON_AddNumberToObject(o, "wait_seconds", hw->wait_seconds);
     cJSON_AddBoolToObject(o, "gpu_is_host", hw->gpu_is_host);
     if (hw->blas_core[0]) cJSON_AddStringToObject(o, "blas_core", hw->blas_core);
     char *text = cJSON_Print(o);

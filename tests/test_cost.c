@@ -123,6 +123,36 @@ static void test_cost_by_hand(void) {
                     "int8, decode, term comp");
 }
 
+/* A GPU's host, launch 2^-10 s and wait 2^-8 s, on the configuration above (an OPT layer: 16
+ * launches a GPU batch, 11 kernels and products and 5 calls of the iteration's copies and join):
+ *   host       prefill (3 batches x 16 + 6 sequences x 3) x 2^-10 = 66 / 1024; decode 48 / 1024
+ *   head       + one wait a step, for the logits: 3 + 1 / 256
+ *   delegated  decode comp + 3 batches x 2^-8 on the cpu and disk cache (cc + cn = 0.5 at X)
+ *   moved      decode ctog + 2 x 6 x (1 + 5 / 32) = 13.875 copies of runs of pages x 2^-10, cc + cn
+ * and none of it where the gpu tier is host memory (the CPU backend queues nothing). */
+static void test_cost_host(void) {
+    fg_workload w = {.s = 3, .n = 5, .gbs = 2, .ngb = 3, .cpu_cache_compute = 1};
+    fg_hardware hw = HW;
+    hw.launch_seconds = 1.0 / 1024, hw.wait_seconds = 1.0 / 256;
+    fg_cost_model m, none;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    fg_cost_model_build(&CFG, &w, &HW, &none);
+    expect_terms_at(&m.pre[T_HOST], 66.0 / 1024, "prefill, term host");
+    expect_terms_at(&m.gen[T_HOST], 48.0 / 1024, "decode, term host");
+    CU_ASSERT_DOUBLE_EQUAL(m.head, 3 + 1.0 / 256, 1e-12);
+    expect_terms_at(&m.gen[T_COMP], fg_linear_eval(&none.gen[T_COMP], X) + 0.5 * 3 / 256, "delegated decode, term comp");
+    w.cpu_cache_compute = 0;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    fg_cost_model_build(&CFG, &w, &HW, &none);
+    expect_terms_at(&m.gen[T_CTOG], fg_linear_eval(&none.gen[T_CTOG], X) + 0.5 * 13.875 / 1024,
+                    "decode, the cache moved in runs of pages, term ctog");
+    hw.gpu_is_host = 1;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    for (int i = 0; i < N_TERMS; i++)
+        EXPECT(fg_linear_eval(&m.gen[i], X) == fg_linear_eval(&none.gen[i], X) && m.head == none.head,
+               "the CPU backend: the host's seconds charged to term %s", fg_cost_term_names[i]);
+}
+
 /* A job of mixed lengths (--output runs its prompts by length): the costs take the prompts' mean
  * length, the memory the longest (every block must fit it). */
 static void test_cost_mean_prompt(void) {
@@ -162,6 +192,7 @@ static void test_hardware_file(void) {
     /* written and read back */
     fg_hardware with = HW, back;
     with.dequant_bdw = 3.25e9, with.mem_bdw = 1e9 / 3, with.gpu_is_host = 1;
+    with.launch_seconds = 3.5e-6, with.wait_seconds = 1e-5 / 3;
     snprintf(with.blas_core, sizeof with.blas_core, "SkylakeX");
     CU_ASSERT_EQUAL(fg_hardware_write(path, &with, err), 0);
     CU_ASSERT_EQUAL(fg_hardware_read(path, &back, err), 0);
@@ -180,6 +211,8 @@ static void test_hardware_file(void) {
         {FULL ", \"dequant_bdw\": -1}", "\"dequant_bdw\" must be 0 or a rate in [1, 1e+18]"},
         {FULL ", \"mem_bdw\": \"fast\"}", "\"mem_bdw\" must be 0 or a rate in [1, 1e+18]"},
         {FULL ", \"gpu_is_host\": 1}", "\"gpu_is_host\" must be true or false"},
+        {FULL ", \"launch_seconds\": 2}", "\"launch_seconds\" must be seconds in [0, 1]"},
+        {FULL ", \"wait_seconds\": \"slow\"}", "\"wait_seconds\" must be seconds in [0, 1]"},
         {FULL ", \"blas_core\": 3}", "\"blas_core\" must be an OpenBLAS core's name"},
         {FULL ", \"gpu_is_host\": 1, \"blas_core\": 3}", "\"gpu_is_host\" must be true or false"},
         {FULL ", \"blas_core\": \"a name far longer than any core of OpenBLAS\"}", "\"blas_core\" must be"},
@@ -290,6 +323,7 @@ void add_cost_tests(void) {
     CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
     CU_add_test(s, "a job's mean prompt length for the costs, the longest for the memory", test_cost_mean_prompt);
+    CU_add_test(s, "a GPU's host: its launches and waits, worked out by hand; none on the CPU", test_cost_host);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
     CU_add_test(s, "hardware file: rates outside [1, 1e18] name the key", test_hardware_extremes);
     CU_add_test(s, "hardware file: FIFO or device refused at once", test_hardware_not_regular);
