@@ -16,7 +16,7 @@
  *               from pinned memory once a step, not once a layer: a table already on the device
  *               serves the next layer, whose pools lie a fixed distance on (its shift)
  *   counters    host waits, launches, cuBLAS products, copies and allocations, on every thread,
- *               which the runtime reads per step (--json, the trace; docs/GPU.md, "Counters")
+ *               which the runtime reads per step (--json, the trace; docs/GPU.md)
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) land as they are stored and
  *               a kernel decompresses them into the staging arena
  *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
@@ -53,7 +53,7 @@ extern "C" {
 }
 
 /* ============================================================================================
- * Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Counters"). The
+ * Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Where the host waits, and the counters"). The
  * runtime reads them at each step's edges, so that a step's waits, launches and copies can be
  * held to account on any machine, the emulated GPU's included.
  * ============================================================================================ */
@@ -91,10 +91,10 @@ static void cuda_fail(const char *call, int line, const char *msg) {
  * of a later call (launches are asynchronous). Each is counted, as is each wait it adds. */
 static int sync_each_kernel;
 static void wait_stream(void);
-static uint64_t queued(void);
+static uint64_t note_queued(void);
 static void launched(const char *kernel, int line) {
     count(&counts.launches, 1);
-    queued();
+    note_queued();
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) cuda_fail(kernel, line, cudaGetErrorString(e));
     if (sync_each_kernel) wait_stream();
@@ -110,7 +110,7 @@ static void launched(const char *kernel, int line) {
     do {                                                                                       \
         count(&counts.blas_calls, 1);                                                          \
         BLAS_CHECK(call);                                                                      \
-        queued();                                                                              \
+        note_queued();                                                                         \
         if (sync_each_kernel) wait_stream();                                                   \
     } while (0)
 
@@ -217,7 +217,7 @@ static void wait_event(cudaEvent_t e, uint64_t at) {
 }
 
 /* Numbers a piece of work just put on this thread's stream (a kernel's, a copy's, a wait's). */
-static uint64_t queued(void) { return ++ctx()->queued; }
+static uint64_t note_queued(void) { return ++ctx()->queued; }
 
 /* What kind of memory p is in: cudaMemoryTypeDevice, cudaMemoryTypeHost (pinned), or
  * cudaMemoryTypeUnregistered (plain host memory). */
@@ -247,7 +247,7 @@ static void queue_copy_rows(void *dst, size_t dpitch, const void *src, size_t sp
     thread_ctx *c = ctx();
     if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, c->stream));
     else CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, c->stream));
-    uint64_t at = queued();
+    uint64_t at = note_queued();
     size_t bytes = width * rows;
     if (direction == TO_DEVICE) count(&counts.copies_in, 1), count(&counts.bytes_in, (int64_t)bytes);
     if (direction == TO_HOST) count(&counts.copies_out, 1), count(&counts.bytes_out, (int64_t)bytes);
@@ -285,7 +285,7 @@ static void cuda_join(unsigned links) {
         CUDA_CHECK(cudaStreamWaitEvent(c->stream, me->mark, 0));
     }
     pthread_mutex_unlock(&contexts_lock);
-    queued();
+    note_queued();
 }
 
 /* Allocations go through ctx() first: it selects this process's device on the calling thread. */
@@ -299,7 +299,7 @@ static void *cuda_alloc(size_t bytes) {
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); /* the thread's stream: the legacy one would
                                                    not order with the non-blocking streams */
-    queued();
+    note_queued();
     wait_stream();
     return p;
 }

@@ -289,7 +289,7 @@ static void test_sparse_grouping(void) {
 }
 
 /* ============================================================================================
- * The host's work on the GPU, counted (docs/GPU.md, "Counters"): a decode step on the gpu tier
+ * The host's work on the GPU, counted (docs/GPU.md, "Where the host waits"): a decode step on the gpu tier
  * asks of the device no more than docs/GPU.md derives.
  * ============================================================================================ */
 
