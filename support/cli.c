@@ -1563,14 +1563,15 @@ static int policy_command(cli_args *a, char *err) {
     printf("placement (gpu/cpu/disk %%): weights %.0f/%.0f/%.0f  cache %.0f/%.0f/%.0f  "
            "activations %.0f/%.0f/%.0f\n", 100 * r.x[0], 100 * r.x[1], 100 * r.x[2], 100 * r.x[3],
            100 * r.x[4], 100 * r.x[5], 100 * r.x[6], 100 * r.x[7], 100 * r.x[8]);
+    int terms_shown = hw.gpu_is_host ? T_HOST : N_TERMS; /* the host term: a GPU's alone */
     printf("per layer (s)");
-    for (int i = 0; i < N_TERMS; i++) printf("%11s", fg_cost_term_names[i]);
+    for (int i = 0; i < terms_shown; i++) printf("%11s", fg_cost_term_names[i]);
     printf("   bound\n");
     for (int phase = 0; phase < 2; phase++) {
         const fg_linear *terms = phase ? r.cost.gen : r.cost.pre;
         int arg = 0;
         printf("%-13s", phase ? "decode" : "prefill");
-        for (int i = 0; i < N_TERMS; i++) {
+        for (int i = 0; i < terms_shown; i++) {
             double v = fg_linear_eval(&terms[i], r.x);
             printf("%11.4g", v);
             if (v > fg_linear_eval(&terms[arg], r.x)) arg = i;
