@@ -410,7 +410,9 @@ static size_t symtab_slot(const symtab *st, const char *s, size_t n) {
     }
 }
 
+/* Index of s, or -1 when it is not in the table (a table without slots holds nothing). */
 static int symtab_find(const symtab *st, const char *s, size_t n) {
+    if (!st->slots) return -1;
     return st->slots[symtab_slot(st, s, n)];
 }
 
@@ -453,10 +455,8 @@ static int symtab_grow(symtab *st, size_t extra) {
 
 /* Index of s, added (with no vocab id) when new; -1 when out of memory. */
 static int symtab_intern(symtab *st, const char *s, size_t n) {
-    if (st->slots) {
-        int k = symtab_find(st, s, n);
-        if (k >= 0) return k;
-    }
+    int found = symtab_find(st, s, n);
+    if (found >= 0) return found;
     if (st->n == 0x7fffffff || symtab_grow(st, n) != 0) return -1;
     int k = st->n++;
     memcpy(st->pool + st->pool_len, s, n);

@@ -181,6 +181,7 @@ static int check_model(const cJSON *m, const char *path, char *err) {
         return fg_fail(err, "%s: model: a continuing_subword_prefix or end_of_word_suffix is not implemented", path);
     if (!cJSON_IsObject(fg_json_get(m, "vocab")) || !cJSON_IsArray(fg_json_get(m, "merges")))
         return fg_fail(err, "%s: model: no \"vocab\" object or no \"merges\" list", path);
+    if (!fg_json_get(m, "vocab")->child) return fg_fail(err, "%s: model.vocab is empty", path);
     return 0;
 }
 

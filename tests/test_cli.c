@@ -1400,6 +1400,17 @@ static void test_llama_tokenizer_json(void) {
     write_small_tokenizer(model, spm, 300);
     EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--device", "cpu",
                      "--offload-dir", dir), "300", "vocab");
+    static const char *const empty[] = { /* an empty vocab, without and with an unk token */
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {}, \"merges\": []}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        write_text_file(join(model, "tokenizer.json"), empty[i]);
+        expect_fail(ARGS("tokenize", "--tokenizer", join(model, "tokenizer.json")), "the cat\n",
+                    "tokenizer.json", "model.vocab is empty", (const char *)NULL);
+        EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--device", "cpu",
+                         "--offload-dir", dir), "tokenizer.json", "model.vocab is empty");
+    }
     CU_ASSERT_EQUAL(dir_entries(dir), 0);
     rm_tree(model), rm_tree(dir);
     free(model), free(dir);

@@ -261,6 +261,9 @@ static void test_refusals(void) {
             "model.merges[0]: not \"a b\"");
     refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "in the vocab twice");
     refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "model.vocab");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "model.vocab is empty");
+    refused("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {}, \"merges\": []}}",
+            "model.vocab is empty");
     refused("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<u>\", " SPM_VOCAB "}}", "unk_token \"<u>\" is not in");
     refused("{\"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "added_tokens[0]");
     refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a\"]", "not a JSON object");
@@ -295,6 +298,26 @@ static void test_metaspace(void) {
     }
 }
 
+/* A tokenizer built with no tokens at all: every lookup in its empty symbol table finds nothing
+ * (the unk token, the byte tokens, a character of the text), and each is one line, not a crash. */
+static void test_no_tokens(void) {
+    const tok_rules rules = {.bos_id = -1};
+    char err[FG_ERR_LEN] = "";
+    fg_tokenizer *t = tokenizer_new(&rules, 0, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    EXPECT(tokenizer_finish(t, NULL, 0, "<unk>", "empty.json", err) != 0 && strstr(err, "\"<unk>\" is not in the vocab"),
+           "an unk token in a tokenizer of no tokens: expected it refused, got \"%s\"", err);
+    tokenizer_free(t);
+    t = tokenizer_new(&rules, 0, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_EQUAL_FATAL(tokenizer_finish(t, NULL, 0, NULL, "empty.json", err), 0);
+    int *ids = NULL, n = -1;
+    EXPECT(tokenizer_encode(t, "ab", 2, &ids, &n, err) != 0 && strstr(err, "has no token") && n == 0,
+           "text through a tokenizer of no tokens: expected one line saying a character has no token, got \"%s\"", err);
+    free(ids);
+    tokenizer_free(t);
+}
+
 static void test_missing_file(void) {
     char err[FG_ERR_LEN] = "";
     CU_ASSERT_PTR_NULL(tokenizer_load_json("/nonexistent/tokenizer.json", err));
@@ -313,5 +336,6 @@ void add_tokenizer_json_tests(void) {
     CU_add_test(s, "NFC against Python's unicodedata", test_nfc);
     CU_add_test(s, "unimplemented fields refused with one line", test_refusals);
     CU_add_test(s, "Metaspace: prepend_scheme first, always, never; the older add_prefix_space", test_metaspace);
+    CU_add_test(s, "a tokenizer of no tokens: lookups find nothing", test_no_tokens);
     CU_add_test(s, "a missing tokenizer.json", test_missing_file);
 }
