@@ -504,6 +504,89 @@ static void test_signals_leave_no_files(void) {
     free(dir);
 }
 
+/* Whether process pid has a handler of its own for sig (SigCgt in /proc/PID/status). */
+static int catches_signal(pid_t pid, int sig) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+    if (f) fclose(f);
+    return (int)((mask >> (sig - 1)) & 1);
+}
+
+/* `flexgen tokenize` started as nohup starts a program: the signals in `ignored` (0-terminated)
+ * set to SIG_IGN before the exec. Once it runs flexgen (the exec closed `ran`) and its handlers
+ * are in place (it catches SIGTERM, which nothing here ignores), it gets each signal of `sent`
+ * (0-terminated) while it waits for its input, then the input. Returns its wait status; *out gets
+ * its stdout (malloc'd). */
+static int tokenize_with_signals(const int *ignored, const int *sent, const char *input, char **out) {
+    char vocab[4096], merges[4096], byte;
+    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
+    snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
+    int in[2], o[2], ran[2];
+    if (pipe(in) || pipe(o) || pipe2(ran, O_CLOEXEC)) abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (int i = 0; ignored[i]; i++) signal(ignored[i], SIG_IGN);
+        dup2(in[0], 0);
+        dup2(o[1], 1);
+        close(in[0]);
+        close(in[1]);
+        close(o[0]);
+        close(o[1]);
+        close(ran[0]);
+        execl(flexgen_bin(), flexgen_bin(), "tokenize", "--vocab", vocab, "--merges", merges, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(o[1]);
+    close(ran[1]);
+    while (read(ran[0], &byte, 1) < 0 && errno == EINTR) continue; /* end of file: the exec happened */
+    close(ran[0]);
+    for (int tries = 0; tries < 10000 && !catches_signal(pid, SIGTERM); tries++) usleep(1000);
+    for (int i = 0; sent[i]; i++) kill(pid, sent[i]);
+    usleep(100000); /* a signal that ends it has ended it by now */
+    void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN); /* a child that died reads nothing */
+    if (write(in[1], input, strlen(input)) < 0) { /* it died: its status says how */ }
+    close(in[1]);
+    signal(SIGPIPE, old_pipe);
+    size_t len = 0, cap = 4096;
+    char *text = malloc(cap);
+    ssize_t got;
+    while ((got = read(o[0], text + len, cap - len - 1)) > 0)
+        if ((len += (size_t)got) + 1 == cap) text = realloc(text, cap *= 2);
+    text[len] = 0;
+    close(o[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *out = text;
+    return status;
+}
+
+/* A stop signal the parent set to be ignored stays ignored (nohup's SIGHUP, SIGINT in a script's
+ * background job): the run gets it and finishes as it would have. One it did not ignore (SIGTERM)
+ * still ends the run by that signal. */
+static void test_ignored_signals_stay_ignored(void) {
+    const char *input = "Hello world\nThe quick brown fox\n";
+    char vocab[4096], merges[4096], *want, *err, *out;
+    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
+    snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
+    CU_ASSERT_EQUAL_FATAL(run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges), input, &want, &err), 0);
+    const int hup_int[] = {SIGHUP, SIGINT, 0}, hup[] = {SIGHUP, 0}, hup_term[] = {SIGHUP, SIGTERM, 0};
+    int status = tokenize_with_signals(hup_int, hup_int, input, &out);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strcmp(out, want), "SIGHUP and SIGINT ignored by the "
+           "parent, then sent: expected exit 0 and the ids of a plain run, got %s %d, \"%s\"",
+           WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+    free(out);
+    status = tokenize_with_signals(hup, hup_term, input, &out);
+    EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "SIGHUP ignored by the parent, SIGHUP and SIGTERM "
+           "sent: expected the run ended by SIGTERM, got %s %d", WIFEXITED(status) ? "exit" : "signal",
+           WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    free(out), free(want), free(err);
+}
+
 /* The descriptor this process has open on path, or -1. */
 static int fd_of(const char *path) {
     for (int fd = 3; fd < 1024; fd++) {
@@ -2077,6 +2160,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
     CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
     CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
+    CU_add_test(s, "signals ignored by the parent (nohup) stay ignored", test_ignored_signals_stay_ignored);
     CU_add_test(s, "an output on a full device: named, no temporary left", test_output_on_full_device);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
