@@ -1612,6 +1612,29 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
     return rc;
 }
 
+/* Where the tokenizer came from, as the user named it: the flag and its file, or the model
+ * directory's file. */
+static void tokenizer_origin(const cli_args *a, char *out, size_t n) {
+    char json[FG_PATH_LEN + 32];
+    snprintf(json, sizeof json, "%s/tokenizer.json", a->model);
+    if (a->tokenizer) snprintf(out, n, "--tokenizer %s", a->tokenizer);
+    else if (a->vocab) snprintf(out, n, "--vocab %s", a->vocab);
+    else if (access(json, F_OK) == 0) snprintf(out, n, "%s", json);
+    else snprintf(out, n, "%s/vocab.json", a->model);
+}
+
+/* Every id of the text within the model's vocab: a tokenizer of a bigger vocab is named. */
+static int check_text_ids(const cli_args *a, const int *ids, int n, int vocab, char *err) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            char origin[FG_PATH_LEN + 64];
+            tokenizer_origin(a, origin, sizeof origin);
+            return fg_fail(err, "%s: token id %d of --text %s is out of range [0, %d) (the model's vocab_size)",
+                           origin, ids[i], a->text, vocab);
+        }
+    return 0;
+}
+
 /* Another run's --predictions: one token id a line, as many as the text has scored tokens. */
 static int read_predictions(const char *path, int scored, int vocab, int *ref, char *err) {
     size_t size;
@@ -1690,6 +1713,7 @@ static int perplexity_command(cli_args *a, char *err) {
         rc = fg_fail(err, "perplexity needs a tokenizer: give --vocab and --merges, or a model "
                           "directory holding vocab.json and merges.txt");
     if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
+    if (rc == 0) rc = check_text_ids(a, ids, n, cfg.vocab, err);
     if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref))) rc = fg_fail(err, "out of memory");
     if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, ref, err);
     if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");

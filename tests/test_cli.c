@@ -1429,6 +1429,11 @@ static void test_llama_family(void) {
     free(bad), free(dir);
 }
 
+/* SentencePiece's normalizer: U+2581 before the text and for each space. */
+static const char SPM_NORMALIZER[] = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                                     "\"prepend\": \"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": "
+                                     "\" \"}, \"content\": \"\u2581\"}]}";
+
 /* A SentencePiece tokenizer.json over the fixture's 256 ids: <unk> <s> </s>, U+2581, a..z, six
  * merges ("the" and "cat" whole), and the byte tokens of ASCII. `the_id`: the id of "▁the". */
 static void write_small_tokenizer(const char *dir, const char *normalizer, int the_id) {
@@ -1459,8 +1464,7 @@ static void write_small_tokenizer(const char *dir, const char *normalizer, int t
  * is refused with one line. */
 static void test_llama_tokenizer_json(void) {
     char *dir = make_temp_dir(), *model = make_temp_dir(), *out, *err, cmd[9000];
-    static const char *const spm = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": "
-                                   "\"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}";
+    const char *spm = SPM_NORMALIZER;
     snprintf(cmd, sizeof cmd, "cp '%s'/config.json '%s'/model.safetensors '%s'/", fixture("llama-tiny-mha"),
              fixture("llama-tiny-mha"), model);
     CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
@@ -1823,6 +1827,28 @@ static void test_perplexity_bad_input(void) {
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--gen-len", "4"), "--gen-len", "not a flag of `flexgen perplexity`");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--predictions", join(dir, "no/such/dir/p.txt")), "--predictions");
     EXPECT_FAIL(ARGS("perplexity", "--model", tiny_dir, "--text", kjv_text), "needs a tokenizer");
+    /* a tokenizer whose "▁the" is id 5000, past the trained LLaMA's 2048: named with the text,
+     * given by --tokenizer and as the model directory's own */
+    char *big = make_temp_dir(), text[4200], model_link[4200], want[9000];
+    snprintf(text, sizeof text, "%s", join(big, "text.txt"));
+    write_text_file(text, "the cat\n");
+    write_small_tokenizer(big, SPM_NORMALIZER, 5000);
+    snprintf(want, sizeof want, "--tokenizer %s: token id 5000 of --text %s is out of range [0, 2048) (the model's "
+             "vocab_size)", join(big, "tokenizer.json"), text);
+    EXPECT_FAIL(ARGS("perplexity", "--model", llama_kjv_dir, "--tokenizer", join(big, "tokenizer.json"), "--text", text),
+                want);
+    static const char *const weights[] = {"config.json", "model.safetensors"};
+    char *llama = realpath(llama_kjv_dir, NULL);
+    for (int i = 0; i < 2; i++) {
+        snprintf(model_link, sizeof model_link, "%s/%s", llama, weights[i]);
+        CU_ASSERT_EQUAL_FATAL(symlink(model_link, join(big, weights[i])), 0);
+    }
+    free(llama);
+    snprintf(want, sizeof want, "%s: token id 5000 of --text %s is out of range [0, 2048)", join(big, "tokenizer.json"),
+             text);
+    EXPECT_FAIL(ARGS("perplexity", "--model", big, "--text", text), want);
+    rm_tree(big);
+    free(big);
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--decode"), "--decode", "a flag of `flexgen perplexity`");
     EXPECT_FAIL(ARGS("policy", "--model", kjv_dir, "--text", kjv_text), "--text", "a flag of `flexgen perplexity`");
 #undef PPL_ARGS
