@@ -815,6 +815,27 @@ static int model_config(const char *model, opt_config *cfg, char *err) {
     return 0;
 }
 
+/* One line on stderr where config.json's bos_token_id or eos_token_id is not a token of the model
+ * (not below vocab_size): the model never generates it, so a sequence never ends on that id. */
+static void warn_special_ids(const char *model, const opt_config *cfg) {
+    char ids[256] = "";
+    size_t n = 0;
+    int count = 0;
+    if (cfg->family == FAMILY_OPT || !is_dir(model)) return;
+    if (cfg->bos_id >= cfg->vocab) {
+        n += (size_t)snprintf(ids + n, sizeof ids - n, "bos_token_id %d", cfg->bos_id);
+        count++;
+    }
+    for (int i = 0; i < cfg->n_eos && n < sizeof ids; i++)
+        if (cfg->eos_ids[i] >= cfg->vocab) {
+            n += (size_t)snprintf(ids + n, sizeof ids - n, "%seos_token_id %d", n ? ", " : "", cfg->eos_ids[i]);
+            count++;
+        }
+    if (count == 0) return;
+    fprintf(stderr, "flexgen: warning: %s/config.json: %s %s not below vocab_size %d: the model has no such token\n",
+            model, ids, count > 1 ? "are" : "is", cfg->vocab);
+}
+
 /* --gen-len and --prompt-len against the model's positions, before anything is sized by them
  * (given prompts are checked one by one once they are read). */
 static int check_lengths(const cli_args *a, const opt_config *cfg, char *err) {
@@ -1368,6 +1389,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
         rc = model_config(a->model, &cfg, err);
+        if (rc == 0 && rank == 0) warn_special_ids(a->model, &cfg);
         if (rc == 0) rc = check_lengths(a, &cfg, err);
         if (rc == 0) set_eos(&a->gen, &cfg);
     }
@@ -1438,6 +1460,7 @@ static int policy_command(cli_args *a, char *err) {
     prompt_set prompts = {0};
     int rc = a->ppl_flag ? fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag) : 0;
     if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
     fg_hardware hw;
@@ -1708,6 +1731,7 @@ static int perplexity_command(cli_args *a, char *err) {
     if (!a->text) rc = fg_fail(err, "perplexity: --text FILE is required");
     if (rc == 0 && a->predictions) rc = fg_output_check("--predictions", a->predictions, err);
     if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0 && !tok)
         rc = fg_fail(err, "perplexity needs a tokenizer: give --vocab and --merges, or a model "

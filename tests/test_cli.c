@@ -1388,6 +1388,15 @@ static void test_policy_auto_run(void) {
 /* The LLaMA family by name and by directory: the named sizes plan (llama-2-70b for a 16 GB GPU and
  * 200 GB of memory, on the T4's rates); a checkpoint generates; a config.json this project does
  * not follow is refused with its one line, exit 2, and nothing left in the offload dir. */
+/* text with its first `from` replaced by `to` (malloc'd); the test stops where text has no `from`. */
+static char *replaced(const char *text, const char *from, const char *to) {
+    const char *at = text ? strstr(text, from) : NULL;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    char *out = malloc(strlen(text) + strlen(to) + 1);
+    sprintf(out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    return out;
+}
+
 static void test_llama_family(void) {
     char *dir = make_temp_dir(), *out, *err;
     char hw[4096], model[4096];
@@ -1424,6 +1433,18 @@ static void test_llama_family(void) {
     free(text);
     EXPECT_FAIL(ARGS("--model", bad, "--prompt-len", "4", "--gen-len", "2", "--offload-dir", dir), "config.json",
                 "\"rope_scaling\" type is \"yarn\"", "not implemented");
+    /* special ids past vocab_size (256): the run goes on, with one line saying which */
+    text = slurp(join(model, "config.json"), NULL);
+    char *ids = replaced(text, "\"bos_token_id\": 1,", "\"bos_token_id\": 256,");
+    char *both = replaced(ids, "\"eos_token_id\": 2,", "\"eos_token_id\": [2, 300],");
+    write_text_file(join(bad, "config.json"), both);
+    free(text), free(ids), free(both);
+    rc = run_flexgen(ARGS("--model", bad, "--prompt-len", "4", "--gen-len", "2", "--device", "cpu", "--offload-dir",
+                          dir, "--quiet"), NULL, &out, &err);
+    EXPECT(rc == 0 && count_lines(err) == 1 && strstr(err, "flexgen: warning: ") && strstr(err, "config.json") &&
+           strstr(err, "bos_token_id 256, eos_token_id 300 are not below vocab_size 256"),
+           "bos_token_id and eos_token_id past vocab_size: expected exit 0 and one warning line, got %d, '%s'", rc, err);
+    free(out), free(err);
     CU_ASSERT_EQUAL(dir_entries(dir), 0);
     rm_tree(bad), rm_tree(dir);
     free(bad), free(dir);
