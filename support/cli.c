@@ -905,6 +905,18 @@ static int hardware_is_here(const fg_hardware *hw, fg_device device) {
     return be && !be->gpu_is_host == !hw->gpu_is_host;
 }
 
+/* The capacities the last policy search on this machine planned within, as the runtime's plan
+ * check gave them to it (the defaults filled in, the host's memory where the gpu and cpu tiers
+ * share it): flexgen policy reports them. */
+static fg_stats searched_capacities;
+
+static int check_keeping_capacities(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+                                    int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
+    int rc = fg_runtime_check(model, seed, p, sequences, s, n, check, x, st, err);
+    if (st) searched_capacities = *st;
+    return rc;
+}
+
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
  * check holds the longest; the costs take the mean. */
@@ -914,7 +926,7 @@ static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_con
     int diagonal_runs = !a->gen.refill; /* it refills its GPU batches itself */
     fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .check = hardware_is_here(hw, a->policy.device) ? fg_runtime_check : NULL,
+                             .check = hardware_is_here(hw, a->policy.device) ? check_keeping_capacities : NULL,
                              .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
                              .schedules = a->schedule_given ? 1 << a->policy.schedule
                                           : 1 << FG_SCHEDULE_ZIGZAG | diagonal_runs << FG_SCHEDULE_DIAGONAL,
@@ -1452,6 +1464,33 @@ static cJSON *schedules_json(const fg_search_result *r) {
     return all;
 }
 
+/* The capacities the plan used: each tier's, and *host, the host memory that the gpu and cpu tiers
+ * share on the CPU backend of this machine (0: no such bound). */
+static void planned_capacities(const cli_args *a, const fg_hardware *hw, double cap[N_TIERS], double *host) {
+    int here = hardware_is_here(hw, a->policy.device);
+    for (int t = 0; t < N_TIERS; t++) cap[t] = here ? searched_capacities.capacity[t] : a->policy.capacity[t];
+    *host = here && hw->gpu_is_host ? searched_capacities.host_memory : 0;
+}
+
+/* The plan's capacities in the JSON report: "capacity" in bytes, "host_memory" (null: none), and
+ * whether the gpu and cpu tiers were cut to it. */
+static void add_capacities_json(cJSON *o, const double cap[N_TIERS], double host) {
+    cJSON *c = cJSON_CreateObject();
+    for (int t = 0; t < N_TIERS; t++) cJSON_AddNumberToObject(c, fg_tier_names[t], cap[t]);
+    cJSON_AddItemToObject(o, "capacity", c);
+    if (host > 0) cJSON_AddNumberToObject(o, "host_memory", host);
+    else cJSON_AddNullToObject(o, "host_memory");
+    cJSON_AddBoolToObject(o, "cut_to_host_memory", host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host);
+}
+
+/* In the text report, a line where the host's memory cut what the gpu and cpu tiers were given. */
+static void print_capacity_cut(const double cap[N_TIERS], double host) {
+    if (!(host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host)) return;
+    printf("capacity: gpu %s, cpu %s, disk %s; the gpu and cpu tiers together within %s of host memory (a "
+           "sixteenth of the machine's memory is kept for the system)\n", human(cap[TIER_GPU]).s,
+           human(cap[TIER_CPU]).s, human(cap[TIER_DISK]).s, human(host).s);
+}
+
 /* flexgen policy: the search's choice, its prediction and the terms that bound it. */
 static int policy_command(cli_args *a, char *err) {
     opt_config cfg;
@@ -1472,6 +1511,8 @@ static int policy_command(cli_args *a, char *err) {
     if (tok) tokenizer_free(tok);
     if (rc) return -1;
     const fg_policy *p = &r.policy;
+    double cap[N_TIERS], host;
+    planned_capacities(a, &hw, cap, &host);
     if (a->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "gpu_batch_size", p->gpu_batch_size);
@@ -1487,6 +1528,7 @@ static int policy_command(cli_args *a, char *err) {
         cJSON_AddNumberToObject(o, "lps", r.lps);
         cJSON_AddStringToObject(o, "schedule", fg_schedule_names[p->schedule]);
         if (!a->evaluate) cJSON_AddItemToObject(o, "schedules", schedules_json(&r));
+        add_capacities_json(o, cap, host);
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text);
         free(text);
@@ -1520,6 +1562,7 @@ static int policy_command(cli_args *a, char *err) {
                    r.best[k].throughput, r.best[k].policy.gpu_batch_size, r.best[k].policy.num_gpu_batches);
     if (!a->evaluate) printf("\n");
     if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
+    print_capacity_cut(cap, host);
     return 0;
 }
 

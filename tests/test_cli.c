@@ -1299,6 +1299,49 @@ static const cJSON *json_item(const cJSON *o, const char *key) {
     return cJSON_GetObjectItemCaseSensitive(o, key);
 }
 
+/* flexgen policy reports the capacities it planned within: on this machine's CPU backend, --gpu-mem
+ * and --cpu-mem of 1 TiB each are cut to the host memory they share (what is available less a
+ * sixteenth of the machine's, read again here before and after the run), in --json and in a text
+ * line; for another machine, the capacities given, and no host memory. */
+static void policy_capacities(const char *dir, const char *hw) {
+    double before = host_memory_for_plans(), slack = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 64;
+    char *out, *err;
+    const char *const big[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8", "--hw", hw,
+                               "--offload-dir", dir, "--gpu-mem", "1T", "--cpu-mem", "1T", "--disk-mem", "5G", "--json",
+                               NULL};
+    CU_ASSERT_EQUAL(run_flexgen(big, NULL, &out, &err), 0);
+    double after = host_memory_for_plans(), lo = fmin(before, after) - slack, hi = fmax(before, after) + slack;
+    cJSON *o = cJSON_Parse(out);
+    const cJSON *cap = json_item(o, "capacity"), *host = json_item(o, "host_memory");
+    EXPECT(cJSON_IsNumber(json_item(cap, "gpu")) && json_item(cap, "gpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNumber(json_item(cap, "cpu")) && json_item(cap, "cpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNumber(json_item(cap, "disk")) && json_item(cap, "disk")->valuedouble == 5 * 0x1p30 &&
+           cJSON_IsNumber(host) && host->valuedouble >= lo && host->valuedouble <= hi &&
+           cJSON_IsTrue(json_item(o, "cut_to_host_memory")), "policy --json, --gpu-mem 1T --cpu-mem 1T: expected "
+           "capacity 1 TiB, 1 TiB, 5 GiB and host_memory in [%.0f, %.0f], cut_to_host_memory true; got %s", lo, hi, out);
+    cJSON_Delete(o);
+    free(out), free(err);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8", "--hw", hw,
+                                     "--offload-dir", dir, "--gpu-mem", "1T", "--cpu-mem", "1T"), NULL, &out, &err), 0);
+    char want[256];
+    snprintf(want, sizeof want, "\ncapacity: gpu %s, cpu %s, disk ", human(0x1p40).s, human(0x1p40).s);
+    EXPECT(strstr(out, want) && strstr(out, "the gpu and cpu tiers together within "), "policy, --gpu-mem 1T --cpu-mem "
+           "1T: expected a line \"%s...\" saying the host memory cut them, got:\n%s", want + 1, strstr(out, "search: "));
+    free(out), free(err);
+    const char *const other[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8", "--hw",
+                                 fixture("../../hardware/t4-flexgen.json"), "--gpu-mem", "1T", "--cpu-mem", "1T",
+                                 "--disk-mem", "5G", "--json", NULL};
+    CU_ASSERT_EQUAL(run_flexgen(other, NULL, &out, &err), 0);
+    o = cJSON_Parse(out);
+    cap = json_item(o, "capacity");
+    EXPECT(cJSON_IsNumber(json_item(cap, "gpu")) && json_item(cap, "gpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNumber(json_item(cap, "cpu")) && json_item(cap, "cpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNull(json_item(o, "host_memory")) && cJSON_IsFalse(json_item(o, "cut_to_host_memory")),
+           "policy --json for another machine: expected the capacities given and no host memory, got %s", out);
+    cJSON_Delete(o);
+    free(out), free(err);
+}
+
 static void test_policy_command(void) {
     char *dir = make_temp_dir(), *out, *err;
     const char *hw = join(dir, "hw.json");
@@ -1348,6 +1391,7 @@ static void test_policy_command(void) {
                                        "--schedule zigzag\n"));
     CU_ASSERT_PTR_NULL(strstr(out, "search: "));
     free(out), free(err);
+    policy_capacities(dir, hw);
     CU_ASSERT_EQUAL(dir_entries(dir), 1); /* hw.json only */
     rm_tree(dir);
     free(dir);
