@@ -1432,8 +1432,7 @@ static void test_policy_auto_run(void) {
 /* The LLaMA family by name and by directory: the named sizes plan (llama-2-70b for a 16 GB GPU and
  * 200 GB of memory, on the T4's rates); a checkpoint generates; a config.json this project does
  * not follow is refused with its one line, exit 2, and nothing left in the offload dir. */
-/* text with its first `from` replaced by `to` (malloc'd); the test stops where text has no `from`. */
-static char *replaced(const char *text, const char *from, const char *to) {
+char *replaced(const char *text, const char *from, const char *to) {
     const char *at = text ? strstr(text, from) : NULL;
     CU_ASSERT_PTR_NOT_NULL_FATAL(at);
     char *out = malloc(strlen(text) + strlen(to) + 1);
