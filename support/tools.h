@@ -122,7 +122,8 @@ typedef struct {
     int byte_fallback;   /* a character the vocab lacks becomes its <0xNN> tokens */
     int fuse_unk;        /* consecutive unknown characters make one unk token */
     int ignore_merges;   /* a word that is a vocab token is that token */
-    int strip_space;     /* the decoder drops one leading space */
+    int strip_space;     /* the decoder drops one leading space (Strip) */
+    int drop_first_meta; /* the decoder drops every U+2581 of the first token (Metaspace) */
     int bos_id;          /* -1: none */
 } tok_rules;
 typedef struct {
