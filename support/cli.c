@@ -853,6 +853,27 @@ static int model_config(const char *model, opt_config *cfg, char *err) {
     return 0;
 }
 
+/* One line on stderr where config.json's bos_token_id or eos_token_id is not a token of the model
+ * (not below vocab_size): the model never generates it, so a sequence never ends on that id. */
+static void warn_special_ids(const char *model, const opt_config *cfg) {
+    char ids[256] = "";
+    size_t n = 0;
+    int count = 0;
+    if (cfg->family == FAMILY_OPT || !is_dir(model)) return;
+    if (cfg->bos_id >= cfg->vocab) {
+        n += (size_t)snprintf(ids + n, sizeof ids - n, "bos_token_id %d", cfg->bos_id);
+        count++;
+    }
+    for (int i = 0; i < cfg->n_eos && n < sizeof ids; i++)
+        if (cfg->eos_ids[i] >= cfg->vocab) {
+            n += (size_t)snprintf(ids + n, sizeof ids - n, "%seos_token_id %d", n ? ", " : "", cfg->eos_ids[i]);
+            count++;
+        }
+    if (count == 0) return;
+    fprintf(stderr, "flexgen: warning: %s/config.json: %s %s not below vocab_size %d: the model has no such token\n",
+            model, ids, count > 1 ? "are" : "is", cfg->vocab);
+}
+
 /* --gen-len and --prompt-len against the model's positions, before anything is sized by them
  * (given prompts are checked one by one once they are read). */
 static int check_lengths(const cli_args *a, const opt_config *cfg, char *err) {
@@ -922,6 +943,18 @@ static int hardware_is_here(const fg_hardware *hw, fg_device device) {
     return be && !be->gpu_is_host == !hw->gpu_is_host;
 }
 
+/* The capacities the last policy search on this machine planned within, as the runtime's plan
+ * check gave them to it (the defaults filled in, the host's memory where the gpu and cpu tiers
+ * share it): flexgen policy reports them. */
+static fg_stats searched_capacities;
+
+static int check_keeping_capacities(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+                                    int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
+    int rc = fg_runtime_check(model, seed, p, sequences, s, n, check, x, st, err);
+    if (st) searched_capacities = *st;
+    return rc;
+}
+
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
  * check holds the longest; the costs take the mean. */
@@ -931,7 +964,7 @@ static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_con
     int diagonal_runs = !a->gen.refill; /* it refills its GPU batches itself */
     fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
                              .max_block = n_prompts, .max_latency = a->max_latency,
-                             .check = hardware_is_here(hw, a->policy.device) ? fg_runtime_check : NULL,
+                             .check = hardware_is_here(hw, a->policy.device) ? check_keeping_capacities : NULL,
                              .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
                              .schedules = a->schedule_given ? 1 << a->policy.schedule
                                           : 1 << FG_SCHEDULE_ZIGZAG | diagonal_runs << FG_SCHEDULE_DIAGONAL,
@@ -1453,6 +1486,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
         rc = model_config(a->model, &cfg, err);
+        if (rc == 0 && rank == 0) warn_special_ids(a->model, &cfg);
         if (rc == 0) rc = check_lengths(a, &cfg, err);
         if (rc == 0) set_eos(&a->gen, &cfg);
     }
@@ -1516,6 +1550,33 @@ static cJSON *schedules_json(const fg_search_result *r) {
     return all;
 }
 
+/* The capacities the plan used: each tier's, and *host, the host memory that the gpu and cpu tiers
+ * share on the CPU backend of this machine (0: no such bound). */
+static void planned_capacities(const cli_args *a, const fg_hardware *hw, double cap[N_TIERS], double *host) {
+    int here = hardware_is_here(hw, a->policy.device);
+    for (int t = 0; t < N_TIERS; t++) cap[t] = here ? searched_capacities.capacity[t] : a->policy.capacity[t];
+    *host = here && hw->gpu_is_host ? searched_capacities.host_memory : 0;
+}
+
+/* The plan's capacities in the JSON report: "capacity" in bytes, "host_memory" (null: none), and
+ * whether the gpu and cpu tiers were cut to it. */
+static void add_capacities_json(cJSON *o, const double cap[N_TIERS], double host) {
+    cJSON *c = cJSON_CreateObject();
+    for (int t = 0; t < N_TIERS; t++) cJSON_AddNumberToObject(c, fg_tier_names[t], cap[t]);
+    cJSON_AddItemToObject(o, "capacity", c);
+    if (host > 0) cJSON_AddNumberToObject(o, "host_memory", host);
+    else cJSON_AddNullToObject(o, "host_memory");
+    cJSON_AddBoolToObject(o, "cut_to_host_memory", host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host);
+}
+
+/* In the text report, a line where the host's memory cut what the gpu and cpu tiers were given. */
+static void print_capacity_cut(const double cap[N_TIERS], double host) {
+    if (!(host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host)) return;
+    printf("capacity: gpu %s, cpu %s, disk %s; the gpu and cpu tiers together within %s of host memory (a "
+           "sixteenth of the machine's memory is kept for the system)\n", human(cap[TIER_GPU]).s,
+           human(cap[TIER_CPU]).s, human(cap[TIER_DISK]).s, human(host).s);
+}
+
 /* flexgen policy: the search's choice, its prediction and the terms that bound it. */
 static int policy_command(cli_args *a, char *err) {
     opt_config cfg;
@@ -1524,6 +1585,7 @@ static int policy_command(cli_args *a, char *err) {
     prompt_set prompts = {0};
     int rc = a->ppl_flag ? fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag) : 0;
     if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
     fg_hardware hw;
@@ -1535,6 +1597,8 @@ static int policy_command(cli_args *a, char *err) {
     if (tok) tokenizer_free(tok);
     if (rc) return -1;
     const fg_policy *p = &r.policy;
+    double cap[N_TIERS], host;
+    planned_capacities(a, &hw, cap, &host);
     if (a->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "gpu_batch_size", p->gpu_batch_size);
@@ -1550,6 +1614,7 @@ static int policy_command(cli_args *a, char *err) {
         cJSON_AddNumberToObject(o, "lps", r.lps);
         cJSON_AddStringToObject(o, "schedule", fg_schedule_names[p->schedule]);
         if (!a->evaluate) cJSON_AddItemToObject(o, "schedules", schedules_json(&r));
+        add_capacities_json(o, cap, host);
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text);
         free(text);
@@ -1584,6 +1649,7 @@ static int policy_command(cli_args *a, char *err) {
                    r.best[k].throughput, r.best[k].policy.gpu_batch_size, r.best[k].policy.num_gpu_batches);
     if (!a->evaluate) printf("\n");
     if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
+    print_capacity_cut(cap, host);
     return 0;
 }
 
@@ -1702,6 +1768,29 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
     return rc;
 }
 
+/* Where the tokenizer came from, as the user named it: the flag and its file, or the model
+ * directory's file. */
+static void tokenizer_origin(const cli_args *a, char *out, size_t n) {
+    char json[FG_PATH_LEN + 32];
+    snprintf(json, sizeof json, "%s/tokenizer.json", a->model);
+    if (a->tokenizer) snprintf(out, n, "--tokenizer %s", a->tokenizer);
+    else if (a->vocab) snprintf(out, n, "--vocab %s", a->vocab);
+    else if (access(json, F_OK) == 0) snprintf(out, n, "%s", json);
+    else snprintf(out, n, "%s/vocab.json", a->model);
+}
+
+/* Every id of the text within the model's vocab: a tokenizer of a bigger vocab is named. */
+static int check_text_ids(const cli_args *a, const int *ids, int n, int vocab, char *err) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            char origin[FG_PATH_LEN + 64];
+            tokenizer_origin(a, origin, sizeof origin);
+            return fg_fail(err, "%s: token id %d of --text %s is out of range [0, %d) (the model's vocab_size)",
+                           origin, ids[i], a->text, vocab);
+        }
+    return 0;
+}
+
 /* Another run's --predictions: one token id a line, as many as the text has scored tokens. */
 static int read_predictions(const char *path, int scored, int vocab, int *ref, char *err) {
     size_t size;
@@ -1775,11 +1864,13 @@ static int perplexity_command(cli_args *a, char *err) {
     if (!a->text) rc = fg_fail(err, "perplexity: --text FILE is required");
     if (rc == 0 && a->predictions) rc = fg_output_check("--predictions", a->predictions, err);
     if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0 && !tok)
         rc = fg_fail(err, "perplexity needs a tokenizer: give --vocab and --merges, or a model "
                           "directory holding vocab.json and merges.txt");
     if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
+    if (rc == 0) rc = check_text_ids(a, ids, n, cfg.vocab, err);
     if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref))) rc = fg_fail(err, "out of memory");
     if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, ref, err);
     if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");

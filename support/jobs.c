@@ -171,26 +171,84 @@ const char *job_repeated_id(char *const *ids, int n) {
     return repeated;
 }
 
-/* A file's name, size and sampled bytes into h: its first 64 KiB (a safetensors header and the
- * start of its data) and 4 KiB at each of 16 places through it. Changed weights change the
- * samples; a file of hundreds of GB costs a few reads. */
-static int hash_file_samples(const char *dir, const char *name, uint64_t *h, char *err) {
-    char path[FG_PATH_LEN + 256], buf[1 << 16];
+/* Every byte of a checkpoint hashed, fast enough to read a checkpoint at about the speed of the
+ * page cache: 32-byte blocks through four lanes of 64-bit words, each word taken in by xxHash64's
+ * round (a multiply, a rotation, a multiply), so that an edit anywhere in a tensor changes its
+ * lane; the last block padded with zeros, the length counted apart. */
+enum { HASH_BLOCK = 32, HASH_CHUNK = 1 << 22 };
+static const uint64_t HASH_P1 = 0x9e3779b185ebca87ull, HASH_P2 = 0xc2b2ae3d27d4eb4full;
+
+typedef struct {
+    uint64_t lane[4];
+} content_hash;
+
+static uint64_t lane_round(uint64_t acc, uint64_t word) {
+    acc += word * HASH_P2;
+    acc = acc << 31 | acc >> 33;
+    return acc * HASH_P1;
+}
+
+/* n bytes, a multiple of HASH_BLOCK, into the lanes. */
+static void hash_blocks(content_hash *c, const unsigned char *bytes, size_t n) {
+    for (size_t i = 0; i < n; i += HASH_BLOCK) {
+        uint64_t w[4];
+        memcpy(w, bytes + i, sizeof w);
+        c->lane[0] = lane_round(c->lane[0], w[0]);
+        c->lane[1] = lane_round(c->lane[1], w[1]);
+        c->lane[2] = lane_round(c->lane[2], w[2]);
+        c->lane[3] = lane_round(c->lane[3], w[3]);
+    }
+}
+
+/* n bytes of fd at offset `at`; -1 with errno when a read fails or the file ends first. */
+static int read_at(int fd, unsigned char *buf, size_t n, off_t at) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, at + (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) {
+            errno = EIO; /* shorter than it was: truncated while it is read */
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The whole of fd (size bytes) into c; -1 with errno when a read fails. */
+static int hash_contents(int fd, off_t size, content_hash *c, unsigned char *buf) {
+    off_t at = 0;
+    while (at < size) {
+        size_t want = size - at < HASH_CHUNK ? (size_t)(size - at) : HASH_CHUNK;
+        if (read_at(fd, buf, want, at) != 0) return -1;
+        size_t whole = want / HASH_BLOCK * HASH_BLOCK;
+        if (whole < want) { /* the file's last block */
+            memset(buf + want, 0, whole + HASH_BLOCK - want);
+            whole += HASH_BLOCK;
+        }
+        hash_blocks(c, buf, whole);
+        at += (off_t)want;
+    }
+    return 0;
+}
+
+/* A file's name, size and every byte into h. */
+static int hash_file(const char *dir, const char *name, uint64_t *h, unsigned char *buf, char *err) {
+    char path[FG_PATH_LEN + 256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
+    content_hash c = {{1, 2, 3, 4}};
+    if (fd < 0 || fstat(fd, &st) != 0 || hash_contents(fd, st.st_size, &c, buf) != 0) {
+        int e = errno;
         if (fd >= 0) close(fd);
-        return fg_fail(err, "--model %s: %s", path, strerror(errno));
-    }
-    *h = fg_fnv64_more(*h, name, strlen(name) + 1);
-    *h = fg_fnv64_more(*h, &st.st_size, sizeof st.st_size);
-    for (int k = 0; k <= 16; k++) {
-        off_t at = k == 0 ? 0 : st.st_size / 16 * (k - 1);
-        ssize_t got = pread(fd, buf, k == 0 ? sizeof buf : 4096, at);
-        if (got > 0) *h = fg_fnv64_more(*h, buf, (size_t)got);
+        return fg_fail(err, "--model %s: %s", path, strerror(e));
     }
     close(fd);
+    *h = fg_fnv64_more(*h, name, strlen(name) + 1);
+    *h = fg_fnv64_more(*h, &st.st_size, sizeof st.st_size);
+    *h = fg_fnv64_more(*h, c.lane, sizeof c.lane);
     return 0;
 }
 
@@ -204,12 +262,15 @@ int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err) {
     struct dirent **names;
     int n = scandir(dir, &names, weight_file_name, alphasort), rc = 0;
     if (n < 0) return fg_fail(err, "--model %s: %s", dir, strerror(errno));
+    unsigned char *buf = malloc(HASH_CHUNK + HASH_BLOCK);
+    if (!buf) rc = fg_fail(err, "out of memory");
     *hash = FG_FNV64_START;
     for (int i = 0; i < n; i++) {
-        if (rc == 0) rc = hash_file_samples(dir, names[i]->d_name, hash, err);
+        if (rc == 0) rc = hash_file(dir, names[i]->d_name, hash, buf, err);
         free(names[i]);
     }
     free(names);
+    free(buf);
     return rc;
 }
 
@@ -218,7 +279,7 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     cJSON *job = cJSON_CreateObject(), *root = cJSON_CreateObject();
     if (id->model) cJSON_AddStringToObject(job, "model", id->model);
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)id->checkpoint_hash);
-    if (!id->model) cJSON_AddStringToObject(job, "checkpoint_fnv64", hash);
+    if (!id->model) cJSON_AddStringToObject(job, "checkpoint_hash64", hash);
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)id->prompts_hash);
     cJSON_AddStringToObject(job, "prompts_fnv64", hash);
     cJSON_AddNumberToObject(job, "prompts", id->n_prompts);
@@ -377,6 +438,11 @@ int job_output_begin(job_output *o, char *header, char *err) {
     free(o->header);
     o->header = header;
     if (!o->recorded) return 0;
+    if (fg_json_get(o->recorded, "checkpoint_fnv64"))
+        return fg_fail(err, "--resume: %s was begun by an earlier flexgen, which named the checkpoint by samples of "
+                            "its bytes (checkpoint_fnv64), not by every byte; it cannot tell that this is the same "
+                            "checkpoint: finish the job with the flexgen that began it, or run it again into a new "
+                            "output", o->path);
     char values[256];
     cJSON *want = cJSON_Parse(header);
     const char *key = header_differs(o->recorded, fg_json_get(want, "flexgen_job"), values, sizeof values);

@@ -410,7 +410,9 @@ static size_t symtab_slot(const symtab *st, const char *s, size_t n) {
     }
 }
 
+/* Index of s, or -1 when it is not in the table (a table without slots holds nothing). */
 static int symtab_find(const symtab *st, const char *s, size_t n) {
+    if (!st->slots) return -1;
     return st->slots[symtab_slot(st, s, n)];
 }
 
@@ -453,10 +455,8 @@ static int symtab_grow(symtab *st, size_t extra) {
 
 /* Index of s, added (with no vocab id) when new; -1 when out of memory. */
 static int symtab_intern(symtab *st, const char *s, size_t n) {
-    if (st->slots) {
-        int k = symtab_find(st, s, n);
-        if (k >= 0) return k;
-    }
+    int found = symtab_find(st, s, n);
+    if (found >= 0) return found;
     if (st->n == 0x7fffffff || symtab_grow(st, n) != 0) return -1;
     int k = st->n++;
     memcpy(st->pool + st->pool_len, s, n);
@@ -543,6 +543,8 @@ struct fg_tokenizer {
     int vocab_size;    /* one past the largest id, of the vocab or an added token */
     size_t *dec_off;   /* [vocab_size + 1]: id's decoded bytes are dec[dec_off[id], dec_off[id+1]) */
     char *dec;
+    size_t *first_off; /* the same for the first token where the decoder treats it apart (a */
+    char *first;       /* Metaspace decoder drops its U+2581s); NULL where it does not */
     added_token *added;   /* by first byte, then longest first; texts in added_text */
     int n_added;
     int added_first[257]; /* added[added_first[b] .. added_first[b + 1]) start with byte b */
@@ -1111,8 +1113,9 @@ static size_t token_bytes(const char *s, size_t n, const int16_t *inv, char *out
     return o;
 }
 
-/* A SentencePiece-style token's bytes: <0xNN> is that byte (byte fallback), U+2581 a space. */
-static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, char *out) {
+/* A SentencePiece-style token's bytes: <0xNN> is that byte (byte fallback), U+2581 a space, or
+ * nothing where drop_meta is set. */
+static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, int drop_meta, char *out) {
     unsigned v;
     if (t->rules.byte_fallback && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' &&
         isxdigit((unsigned char)s[3]) && isxdigit((unsigned char)s[4]) &&
@@ -1123,15 +1126,41 @@ static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, c
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         int meta = i + 2 < n && !memcmp(s + i, "\xE2\x96\x81", 3);
-        out[o++] = meta ? ' ' : s[i];
+        if (!(meta && drop_meta)) out[o++] = meta ? ' ' : s[i];
         i += meta ? 2 : 0;
     }
     return o;
 }
 
-static size_t text_bytes(const fg_tokenizer *t, const char *s, size_t n, const int16_t *inv,
+static size_t text_bytes(const fg_tokenizer *t, const char *s, size_t n, const int16_t *inv, int drop_meta,
                          char *out) {
-    return t->rules.byte_level ? token_bytes(s, n, inv, out) : meta_token_bytes(t, s, n, out);
+    return t->rules.byte_level ? token_bytes(s, n, inv, out) : meta_token_bytes(t, s, n, drop_meta, out);
+}
+
+/* One table of each id's bytes (total of them at most) into *off and *bytes, malloc'd; drop_meta:
+ * U+2581 decodes to nothing (the first token under a Metaspace decoder), else to a space. */
+static int fill_decode_table(const fg_tokenizer *t, const added_token *const *added, const int32_t *tok_sym,
+                             int n_vocab, const int16_t *inv, int drop_meta, size_t total, size_t **off,
+                             char **bytes) {
+    *off = malloc(((size_t)t->vocab_size + 1) * sizeof **off);
+    *bytes = malloc(total ? total : 1); /* decoding never lengthens a token */
+    if (!*off || !*bytes) return -1;
+    size_t o = 0;
+    for (int id = 0; id < t->vocab_size; id++) {
+        (*off)[id] = o;
+        const added_token *a = added[id];
+        if (a && a->raw) {
+            memcpy(*bytes + o, a->text, a->len);
+            o += a->len;
+        } else if (a) {
+            o += text_bytes(t, a->text, a->len, inv, drop_meta, *bytes + o);
+        } else if (id < n_vocab && tok_sym[id] >= 0) {
+            int k = tok_sym[id];
+            o += text_bytes(t, t->syms.pool + t->syms.off[k], t->syms.len[k], inv, drop_meta, *bytes + o);
+        }
+    }
+    (*off)[t->vocab_size] = o;
+    return 0;
 }
 
 /* Bytes of each id: a vocab token's through the byte map, an added token's (which wins, as in
@@ -1154,29 +1183,11 @@ static int build_decode_table(fg_tokenizer *t, const int32_t *tok_sym, int n_voc
         if (added[id]) total += added[id]->len;
         else if (id < n_vocab && tok_sym[id] >= 0) total += t->syms.len[tok_sym[id]];
     }
-    t->dec_off = malloc(((size_t)t->vocab_size + 1) * sizeof *t->dec_off);
-    t->dec = malloc(total ? total : 1); /* decoding never lengthens a token */
-    if (!t->dec_off || !t->dec) {
-        free(added);
-        return -1;
-    }
-    size_t o = 0;
-    for (int id = 0; id < t->vocab_size; id++) {
-        t->dec_off[id] = o;
-        const added_token *a = added[id];
-        if (a && a->raw) {
-            memcpy(t->dec + o, a->text, a->len);
-            o += a->len;
-        } else if (a) {
-            o += text_bytes(t, a->text, a->len, inv, t->dec + o);
-        } else if (id < n_vocab && tok_sym[id] >= 0) {
-            int k = tok_sym[id];
-            o += text_bytes(t, t->syms.pool + t->syms.off[k], t->syms.len[k], inv, t->dec + o);
-        }
-    }
-    t->dec_off[t->vocab_size] = o;
+    int rc = fill_decode_table(t, added, tok_sym, n_vocab, inv, 0, total, &t->dec_off, &t->dec);
+    if (rc == 0 && t->rules.drop_first_meta)
+        rc = fill_decode_table(t, added, tok_sym, n_vocab, inv, 1, total, &t->first_off, &t->first);
     free(added);
-    return 0;
+    return rc;
 }
 
 /* Added tokens first by their first byte, then longest first, so that the first match at a
@@ -1349,6 +1360,8 @@ void tokenizer_free(fg_tokenizer *t) {
     free(t->merges.slots);
     free(t->dec_off);
     free(t->dec);
+    free(t->first_off);
+    free(t->first);
     free(t->added);
     free(t->added_text);
     free(t);
@@ -1777,9 +1790,14 @@ int tokenizer_encode(const fg_tokenizer *t, const char *text, size_t len, int **
     return 0;
 }
 
-/* Bytes of id's decoding, or 0 for an id the vocab does not hold. */
-static size_t id_bytes(const fg_tokenizer *t, int id, const char **bytes) {
+/* Bytes of id's decoding (as the first token where `first`), or 0 for an id the vocab does not
+ * hold. */
+static size_t id_bytes(const fg_tokenizer *t, int id, int first, const char **bytes) {
     if (id < 0 || id >= t->vocab_size) return 0;
+    if (first && t->first) {
+        *bytes = t->first + t->first_off[id];
+        return t->first_off[id + 1] - t->first_off[id];
+    }
     *bytes = t->dec + t->dec_off[id];
     return t->dec_off[id + 1] - t->dec_off[id];
 }
@@ -1789,14 +1807,14 @@ char *tokenizer_decode_from(const fg_tokenizer *t, const int *ids, int n_ids, in
     size_t total = 0, head = 0, len;
     const char *b = NULL;
     for (int i = 0; t && ids && i < n_ids; i++) {
-        total += len = id_bytes(t, ids[i], &b);
+        total += len = id_bytes(t, ids[i], i == 0, &b);
         if (i < from) head += len;
     }
     char *out = malloc(total + 1);
     if (!out) return NULL;
     size_t o = 0;
     for (int i = 0; t && ids && i < n_ids; i++) {
-        len = id_bytes(t, ids[i], &b);
+        len = id_bytes(t, ids[i], i == 0, &b);
         memcpy(out + o, b, len);
         o += len;
     }

@@ -9,7 +9,8 @@
  *                   followed by ByteLevel;
  *   post_processor  the BOS of a TemplateProcessing "<bos> $A" (or none); add_bos_token in the
  *                   tokenizer_config.json beside the file has the last word, as in transformers;
- *   decoder         whether it strips the leading space that the SentencePiece prefix put there;
+ *   decoder         whether it strips the leading space that the SentencePiece prefix put there
+ *                   (Strip), or every U+2581 of the first token (Metaspace);
  *   added_tokens    cut out of the text before all the rest.
  * Anything else gets one line naming the field and its value: a tokenizer this file cannot follow
  * is refused, never approximated.
@@ -128,11 +129,24 @@ static int read_pre_tokenizer(const cJSON *p, tok_rules *r, const char *path, ch
 
 /* ---- decoder and post_processor ---- */
 
+/* A Metaspace decoder turns U+2581 into spaces and, unless its prepend_scheme is "never", drops
+ * every U+2581 of the first token, HF tokenizers' rule; the older add_prefix_space stands for
+ * "always" or "never". */
+static int read_metaspace_decoder(const cJSON *d, tok_rules *r, const char *path, char *err) {
+    const char *scheme = str_of(d, "prepend_scheme");
+    if (!scheme) scheme = flag(d, "add_prefix_space") ? "always" : "never";
+    if (!is(d, "replacement", META) || (strcmp(scheme, "first") && strcmp(scheme, "always") && strcmp(scheme, "never")))
+        return refuse(path, "decoder", d, "Metaspace with the replacement \u2581 and a prepend_scheme of first, "
+                      "always or never is", err);
+    r->drop_first_meta = strcmp(scheme, "never") != 0;
+    return 0;
+}
+
 static int read_decoder_part(const cJSON *d, tok_rules *r, const char *path, char *err) {
     const cJSON *pattern = fg_json_get(d, "pattern"), *start = fg_json_get(d, "start");
     if (is(d, "type", "Strip") && is(d, "content", " ") && cJSON_IsNumber(start) && start->valueint <= 1)
         r->strip_space = start->valueint == 1;
-    else if (is(d, "type", "Metaspace")) r->strip_space = !is(d, "prepend_scheme", "never");
+    else if (is(d, "type", "Metaspace")) return read_metaspace_decoder(d, r, path, err);
     else if (!is(d, "type", "ByteLevel") && !is(d, "type", "ByteFallback") && !is(d, "type", "Fuse") &&
              !(is(d, "type", "Replace") && is(pattern, "String", META) && is(d, "content", " ")))
         return refuse(path, "decoder", d, "ByteLevel, ByteFallback, Fuse, Replace(\"\u2581\", \" \"), "
@@ -181,6 +195,7 @@ static int check_model(const cJSON *m, const char *path, char *err) {
         return fg_fail(err, "%s: model: a continuing_subword_prefix or end_of_word_suffix is not implemented", path);
     if (!cJSON_IsObject(fg_json_get(m, "vocab")) || !cJSON_IsArray(fg_json_get(m, "merges")))
         return fg_fail(err, "%s: model: no \"vocab\" object or no \"merges\" list", path);
+    if (!fg_json_get(m, "vocab")->child) return fg_fail(err, "%s: model.vocab is empty", path);
     return 0;
 }
 

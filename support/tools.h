@@ -122,7 +122,8 @@ typedef struct {
     int byte_fallback;   /* a character the vocab lacks becomes its <0xNN> tokens */
     int fuse_unk;        /* consecutive unknown characters make one unk token */
     int ignore_merges;   /* a word that is a vocab token is that token */
-    int strip_space;     /* the decoder drops one leading space */
+    int strip_space;     /* the decoder drops one leading space (Strip) */
+    int drop_first_meta; /* the decoder drops every U+2581 of the first token (Metaspace) */
     int bos_id;          /* -1: none */
 } tok_rules;
 typedef struct {
@@ -243,7 +244,7 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
 /* An id that two of the n prompts share (one of ids' strings), or NULL. */
 const char *job_repeated_id(char *const *ids, int n);
 /* A checkpoint directory named by its content, not its path: its config, its shard index, and
- * each .safetensors file's name, size, header and samples of its bytes (FNV-1a). */
+ * each .safetensors file: its name, its size and a hash of every byte. */
 int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err);
 /* What a job's tokens depend on besides the flags: the model (a dummy model's name, or NULL and
  * a checkpoint's hash), the prompts (their ids and tokens, hashed) and the device. */

@@ -291,12 +291,20 @@ static void on_bus(int sig, siginfo_t *si, void *ctx) {
     sigaction(sig, &bus_before, NULL); /* the access faults again, into that handler */
 }
 
+/* A stop signal that the parent set to be ignored stays ignored (nohup's SIGHUP, SIGINT in a
+ * shell script's background job): this process was asked not to end on it. */
+static void catch_unless_ignored(int sig, const struct sigaction *sa) {
+    struct sigaction before;
+    if (sigaction(sig, NULL, &before) == 0 && before.sa_handler == SIG_IGN) return;
+    sigaction(sig, sa, NULL);
+}
+
 void fg_install_signal_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
     int stops[] = {SIGINT, SIGTERM, SIGHUP};
-    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) sigaction(stops[i], &sa, NULL);
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) catch_unless_ignored(stops[i], &sa);
     sa.sa_handler = NULL;
     sa.sa_sigaction = on_bus;
     sa.sa_flags = SA_SIGINFO;

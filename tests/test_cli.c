@@ -504,6 +504,89 @@ static void test_signals_leave_no_files(void) {
     free(dir);
 }
 
+/* Whether process pid has a handler of its own for sig (SigCgt in /proc/PID/status). */
+static int catches_signal(pid_t pid, int sig) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+    if (f) fclose(f);
+    return (int)((mask >> (sig - 1)) & 1);
+}
+
+/* `flexgen tokenize` started as nohup starts a program: the signals in `ignored` (0-terminated)
+ * set to SIG_IGN before the exec. Once it runs flexgen (the exec closed `ran`) and its handlers
+ * are in place (it catches SIGTERM, which nothing here ignores), it gets each signal of `sent`
+ * (0-terminated) while it waits for its input, then the input. Returns its wait status; *out gets
+ * its stdout (malloc'd). */
+static int tokenize_with_signals(const int *ignored, const int *sent, const char *input, char **out) {
+    char vocab[4096], merges[4096], byte;
+    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
+    snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
+    int in[2], o[2], ran[2];
+    if (pipe(in) || pipe(o) || pipe2(ran, O_CLOEXEC)) abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (int i = 0; ignored[i]; i++) signal(ignored[i], SIG_IGN);
+        dup2(in[0], 0);
+        dup2(o[1], 1);
+        close(in[0]);
+        close(in[1]);
+        close(o[0]);
+        close(o[1]);
+        close(ran[0]);
+        execl(flexgen_bin(), flexgen_bin(), "tokenize", "--vocab", vocab, "--merges", merges, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(o[1]);
+    close(ran[1]);
+    while (read(ran[0], &byte, 1) < 0 && errno == EINTR) continue; /* end of file: the exec happened */
+    close(ran[0]);
+    for (int tries = 0; tries < 10000 && !catches_signal(pid, SIGTERM); tries++) usleep(1000);
+    for (int i = 0; sent[i]; i++) kill(pid, sent[i]);
+    usleep(100000); /* a signal that ends it has ended it by now */
+    void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN); /* a child that died reads nothing */
+    if (write(in[1], input, strlen(input)) < 0) { /* it died: its status says how */ }
+    close(in[1]);
+    signal(SIGPIPE, old_pipe);
+    size_t len = 0, cap = 4096;
+    char *text = malloc(cap);
+    ssize_t got;
+    while ((got = read(o[0], text + len, cap - len - 1)) > 0)
+        if ((len += (size_t)got) + 1 == cap) text = realloc(text, cap *= 2);
+    text[len] = 0;
+    close(o[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *out = text;
+    return status;
+}
+
+/* A stop signal the parent set to be ignored stays ignored (nohup's SIGHUP, SIGINT in a script's
+ * background job): the run gets it and finishes as it would have. One it did not ignore (SIGTERM)
+ * still ends the run by that signal. */
+static void test_ignored_signals_stay_ignored(void) {
+    const char *input = "Hello world\nThe quick brown fox\n";
+    char vocab[4096], merges[4096], *want, *err, *out;
+    snprintf(vocab, sizeof vocab, "%s", fixture("tokenizer/vocab.json"));
+    snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
+    CU_ASSERT_EQUAL_FATAL(run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges), input, &want, &err), 0);
+    const int hup_int[] = {SIGHUP, SIGINT, 0}, hup[] = {SIGHUP, 0}, hup_term[] = {SIGHUP, SIGTERM, 0};
+    int status = tokenize_with_signals(hup_int, hup_int, input, &out);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strcmp(out, want), "SIGHUP and SIGINT ignored by the "
+           "parent, then sent: expected exit 0 and the ids of a plain run, got %s %d, \"%s\"",
+           WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+    free(out);
+    status = tokenize_with_signals(hup, hup_term, input, &out);
+    EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "SIGHUP ignored by the parent, SIGHUP and SIGTERM "
+           "sent: expected the run ended by SIGTERM, got %s %d", WIFEXITED(status) ? "exit" : "signal",
+           WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    free(out), free(want), free(err);
+}
+
 /* The descriptor this process has open on path, or -1. */
 static int fd_of(const char *path) {
     for (int fd = 3; fd < 1024; fd++) {
@@ -1216,6 +1299,49 @@ static const cJSON *json_item(const cJSON *o, const char *key) {
     return cJSON_GetObjectItemCaseSensitive(o, key);
 }
 
+/* flexgen policy reports the capacities it planned within: on this machine's CPU backend, --gpu-mem
+ * and --cpu-mem of 1 TiB each are cut to the host memory they share (what is available less a
+ * sixteenth of the machine's, read again here before and after the run), in --json and in a text
+ * line; for another machine, the capacities given, and no host memory. */
+static void policy_capacities(const char *dir, const char *hw) {
+    double before = host_memory_for_plans(), slack = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 64;
+    char *out, *err;
+    const char *const big[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8", "--hw", hw,
+                               "--offload-dir", dir, "--gpu-mem", "1T", "--cpu-mem", "1T", "--disk-mem", "5G", "--json",
+                               NULL};
+    CU_ASSERT_EQUAL(run_flexgen(big, NULL, &out, &err), 0);
+    double after = host_memory_for_plans(), lo = fmin(before, after) - slack, hi = fmax(before, after) + slack;
+    cJSON *o = cJSON_Parse(out);
+    const cJSON *cap = json_item(o, "capacity"), *host = json_item(o, "host_memory");
+    EXPECT(cJSON_IsNumber(json_item(cap, "gpu")) && json_item(cap, "gpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNumber(json_item(cap, "cpu")) && json_item(cap, "cpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNumber(json_item(cap, "disk")) && json_item(cap, "disk")->valuedouble == 5 * 0x1p30 &&
+           cJSON_IsNumber(host) && host->valuedouble >= lo && host->valuedouble <= hi &&
+           cJSON_IsTrue(json_item(o, "cut_to_host_memory")), "policy --json, --gpu-mem 1T --cpu-mem 1T: expected "
+           "capacity 1 TiB, 1 TiB, 5 GiB and host_memory in [%.0f, %.0f], cut_to_host_memory true; got %s", lo, hi, out);
+    cJSON_Delete(o);
+    free(out), free(err);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8", "--hw", hw,
+                                     "--offload-dir", dir, "--gpu-mem", "1T", "--cpu-mem", "1T"), NULL, &out, &err), 0);
+    char want[256];
+    snprintf(want, sizeof want, "\ncapacity: gpu %s, cpu %s, disk ", human(0x1p40).s, human(0x1p40).s);
+    EXPECT(strstr(out, want) && strstr(out, "the gpu and cpu tiers together within "), "policy, --gpu-mem 1T --cpu-mem "
+           "1T: expected a line \"%s...\" saying the host memory cut them, got:\n%s", want + 1, strstr(out, "search: "));
+    free(out), free(err);
+    const char *const other[] = {"policy", "--model", tiny_dir, "--prompt-len", "8", "--gen-len", "8", "--hw",
+                                 fixture("../../hardware/t4-flexgen.json"), "--gpu-mem", "1T", "--cpu-mem", "1T",
+                                 "--disk-mem", "5G", "--json", NULL};
+    CU_ASSERT_EQUAL(run_flexgen(other, NULL, &out, &err), 0);
+    o = cJSON_Parse(out);
+    cap = json_item(o, "capacity");
+    EXPECT(cJSON_IsNumber(json_item(cap, "gpu")) && json_item(cap, "gpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNumber(json_item(cap, "cpu")) && json_item(cap, "cpu")->valuedouble == 0x1p40 &&
+           cJSON_IsNull(json_item(o, "host_memory")) && cJSON_IsFalse(json_item(o, "cut_to_host_memory")),
+           "policy --json for another machine: expected the capacities given and no host memory, got %s", out);
+    cJSON_Delete(o);
+    free(out), free(err);
+}
+
 static void test_policy_command(void) {
     char *dir = make_temp_dir(), *out, *err;
     const char *hw = join(dir, "hw.json");
@@ -1265,6 +1391,7 @@ static void test_policy_command(void) {
                                        "--schedule zigzag\n"));
     CU_ASSERT_PTR_NULL(strstr(out, "search: "));
     free(out), free(err);
+    policy_capacities(dir, hw);
     CU_ASSERT_EQUAL(dir_entries(dir), 1); /* hw.json only */
     rm_tree(dir);
     free(dir);
@@ -1305,6 +1432,14 @@ static void test_policy_auto_run(void) {
 /* The LLaMA family by name and by directory: the named sizes plan (llama-2-70b for a 16 GB GPU and
  * 200 GB of memory, on the T4's rates); a checkpoint generates; a config.json this project does
  * not follow is refused with its one line, exit 2, and nothing left in the offload dir. */
+char *replaced(const char *text, const char *from, const char *to) {
+    const char *at = text ? strstr(text, from) : NULL;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    char *out = malloc(strlen(text) + strlen(to) + 1);
+    sprintf(out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    return out;
+}
+
 static void test_llama_family(void) {
     char *dir = make_temp_dir(), *out, *err;
     char hw[4096], model[4096];
@@ -1341,10 +1476,27 @@ static void test_llama_family(void) {
     free(text);
     EXPECT_FAIL(ARGS("--model", bad, "--prompt-len", "4", "--gen-len", "2", "--offload-dir", dir), "config.json",
                 "\"rope_scaling\" type is \"yarn\"", "not implemented");
+    /* special ids past vocab_size (256): the run goes on, with one line saying which */
+    text = slurp(join(model, "config.json"), NULL);
+    char *ids = replaced(text, "\"bos_token_id\": 1,", "\"bos_token_id\": 256,");
+    char *both = replaced(ids, "\"eos_token_id\": 2,", "\"eos_token_id\": [2, 300],");
+    write_text_file(join(bad, "config.json"), both);
+    free(text), free(ids), free(both);
+    rc = run_flexgen(ARGS("--model", bad, "--prompt-len", "4", "--gen-len", "2", "--device", "cpu", "--offload-dir",
+                          dir, "--quiet"), NULL, &out, &err);
+    EXPECT(rc == 0 && count_lines(err) == 1 && strstr(err, "flexgen: warning: ") && strstr(err, "config.json") &&
+           strstr(err, "bos_token_id 256, eos_token_id 300 are not below vocab_size 256"),
+           "bos_token_id and eos_token_id past vocab_size: expected exit 0 and one warning line, got %d, '%s'", rc, err);
+    free(out), free(err);
     CU_ASSERT_EQUAL(dir_entries(dir), 0);
     rm_tree(bad), rm_tree(dir);
     free(bad), free(dir);
 }
+
+/* SentencePiece's normalizer: U+2581 before the text and for each space. */
+static const char SPM_NORMALIZER[] = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                                     "\"prepend\": \"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": "
+                                     "\" \"}, \"content\": \"\u2581\"}]}";
 
 /* A SentencePiece tokenizer.json over the fixture's 256 ids: <unk> <s> </s>, U+2581, a..z, six
  * merges ("the" and "cat" whole), and the byte tokens of ASCII. `the_id`: the id of "▁the". */
@@ -1376,8 +1528,7 @@ static void write_small_tokenizer(const char *dir, const char *normalizer, int t
  * is refused with one line. */
 static void test_llama_tokenizer_json(void) {
     char *dir = make_temp_dir(), *model = make_temp_dir(), *out, *err, cmd[9000];
-    static const char *const spm = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": "
-                                   "\"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}";
+    const char *spm = SPM_NORMALIZER;
     snprintf(cmd, sizeof cmd, "cp '%s'/config.json '%s'/model.safetensors '%s'/", fixture("llama-tiny-mha"),
              fixture("llama-tiny-mha"), model);
     CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
@@ -1400,6 +1551,17 @@ static void test_llama_tokenizer_json(void) {
     write_small_tokenizer(model, spm, 300);
     EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--device", "cpu",
                      "--offload-dir", dir), "300", "vocab");
+    static const char *const empty[] = { /* an empty vocab, without and with an unk token */
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {}, \"merges\": []}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        write_text_file(join(model, "tokenizer.json"), empty[i]);
+        expect_fail(ARGS("tokenize", "--tokenizer", join(model, "tokenizer.json")), "the cat\n",
+                    "tokenizer.json", "model.vocab is empty", (const char *)NULL);
+        EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--device", "cpu",
+                         "--offload-dir", dir), "tokenizer.json", "model.vocab is empty");
+    }
     CU_ASSERT_EQUAL(dir_entries(dir), 0);
     rm_tree(model), rm_tree(dir);
     free(model), free(dir);
@@ -1729,6 +1891,28 @@ static void test_perplexity_bad_input(void) {
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--gen-len", "4"), "--gen-len", "not a flag of `flexgen perplexity`");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--predictions", join(dir, "no/such/dir/p.txt")), "--predictions");
     EXPECT_FAIL(ARGS("perplexity", "--model", tiny_dir, "--text", kjv_text), "needs a tokenizer");
+    /* a tokenizer whose "▁the" is id 5000, past the trained LLaMA's 2048: named with the text,
+     * given by --tokenizer and as the model directory's own */
+    char *big = make_temp_dir(), text[4200], model_link[4200], want[9000];
+    snprintf(text, sizeof text, "%s", join(big, "text.txt"));
+    write_text_file(text, "the cat\n");
+    write_small_tokenizer(big, SPM_NORMALIZER, 5000);
+    snprintf(want, sizeof want, "--tokenizer %s: token id 5000 of --text %s is out of range [0, 2048) (the model's "
+             "vocab_size)", join(big, "tokenizer.json"), text);
+    EXPECT_FAIL(ARGS("perplexity", "--model", llama_kjv_dir, "--tokenizer", join(big, "tokenizer.json"), "--text", text),
+                want);
+    static const char *const weights[] = {"config.json", "model.safetensors"};
+    char *llama = realpath(llama_kjv_dir, NULL);
+    for (int i = 0; i < 2; i++) {
+        snprintf(model_link, sizeof model_link, "%s/%s", llama, weights[i]);
+        CU_ASSERT_EQUAL_FATAL(symlink(model_link, join(big, weights[i])), 0);
+    }
+    free(llama);
+    snprintf(want, sizeof want, "%s: token id 5000 of --text %s is out of range [0, 2048)", join(big, "tokenizer.json"),
+             text);
+    EXPECT_FAIL(ARGS("perplexity", "--model", big, "--text", text), want);
+    rm_tree(big);
+    free(big);
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--decode"), "--decode", "a flag of `flexgen perplexity`");
     EXPECT_FAIL(ARGS("policy", "--model", kjv_dir, "--text", kjv_text), "--text", "a flag of `flexgen perplexity`");
 #undef PPL_ARGS
@@ -2066,6 +2250,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
     CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
     CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
+    CU_add_test(s, "signals ignored by the parent (nohup) stay ignored", test_ignored_signals_stay_ignored);
     CU_add_test(s, "an output on a full device: named, no temporary left", test_output_on_full_device);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);

@@ -251,6 +251,11 @@ static void test_llama(void) { compare_backends("llama-tiny-mqa-bias"); }
 #ifndef __SANITIZE_ADDRESS__ /* make test-san: the LLaMA family's paths once, on the LLaMA fixture */
 static void test_mistral(void) { compare_backends("mistral-tiny-gqa8"); }
 static void test_qwen2(void) { compare_backends("qwen2-tiny"); }
+/* RoPE's scaling on CUDA, LLaMA 3's (factor 8 over 32 original positions, theta 5e5) and linear
+ * (factor 2): the default frequencies in their place move the logits by 0.46 and 0.49 of
+ * max|logit| on these fixtures, against a bound of 1e-2. */
+static void test_llama3_rope(void) { compare_backends("llama-tiny-gqa2-llama3"); }
+static void test_linear_rope(void) { compare_backends("llama-tiny-gqa4-linear"); }
 #endif
 
 /* Sparse attention on the GPU keeps what the CPU keeps however the prompts (1 to 14 tokens) are
@@ -528,6 +533,8 @@ void add_cuda_tests(void) {
 #ifndef __SANITIZE_ADDRESS__
     CU_add_test(s, "CUDA against CPU, Mistral fixture (GQA 8), policy matrix", test_mistral);
     CU_add_test(s, "CUDA against CPU, Qwen2 fixture, policy matrix", test_qwen2);
+    CU_add_test(s, "CUDA against CPU, LLaMA 3's RoPE scaling (GQA 2), policy matrix", test_llama3_rope);
+    CU_add_test(s, "CUDA against CPU, linear RoPE scaling (GQA 4), policy matrix", test_linear_rope);
 #endif
     CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
     CU_add_test(s, "a decode step on the gpu tier: one host wait, no pageable copy or allocation, its launches",

@@ -421,9 +421,28 @@ static const char *const REFILL_PROMPTS[] = {
     NULL,
 };
 
+/* opt-tiny's prompts in the order 4, 2, 1, 3, 5, so that the first slot refills beside a slot that
+ * decodes: prompt 4 ends at its first step (</s>) in slot 0, and slot 0 takes prompt 1 (3 tokens:
+ * its prefill) while prompt 2 in slot 1 decodes in the same GPU batch. Its prompt file, in dir. */
+static const char *slot0_refill_prompts(const model *tiny, const char *dir) {
+    static char path[4200];
+    static const int order[] = {3, 1, 0, 2, 4};
+    char *text = slurp(tiny->prompts, NULL), *lines[8], out[4096] = "";
+    int n = 0;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    for (char *line = strtok(text, "\n"); line && n < 8; line = strtok(NULL, "\n")) lines[n++] = line;
+    CU_ASSERT_FATAL(n == 5);
+    for (int i = 0; i < 5; i++) snprintf(out + strlen(out), sizeof out - strlen(out), "%s\n", lines[order[i]]);
+    snprintf(path, sizeof path, "%s/slot0-refill.txt", dir);
+    write_text_file(path, out);
+    free(text);
+    return path;
+}
+
 /* opt-kjv: five prompts in two slots, each slot taken by the next prompt as its sequence ends, the
  * cache in pages. opt-tiny: its fourth prompt ends at its first step (</s>) and its slot goes to
- * the fifth; on cuda too, its later rows are zero. */
+ * the fifth; on cuda too, its later rows are zero. The same prompts reordered so that slot 0
+ * prefills a new prompt beside slot 1's decoding (slot0_refill_prompts): CUDA's logits the CPU's. */
 static void test_refill(void) {
     if (!gpu_here()) return;
     models_init();
@@ -440,6 +459,9 @@ static void test_refill(void) {
     EXPECT(zero, "opt-tiny, --stop-at-eos --refill on cuda: expected prompt %d's rows after its </s> zero",
            EOS_PROMPT + 1);
     free(gpu);
+    const char *reordered = slot0_refill_prompts(tiny, dir);
+    free(expect_same_refill(tiny, ARGS("--prompt-ids", reordered), 0, dir));
+    unlink(reordered);
     rm_tree(dir);
     free(dir);
 }

@@ -692,6 +692,99 @@ static void test_job_identity(void) {
     free(dir);
 }
 
+/* Where a tensor's bytes lie in a safetensors file: [*begin, *end) from the file's start. */
+static int tensor_span(const char *path, const char *name, long *begin, long *end) {
+    FILE *f = fopen(path, "rb");
+    uint64_t n = 0;
+    char *header = NULL;
+    int ok = f && fread(&n, 8, 1, f) == 1 && n < (1 << 20) && (header = calloc(n + 1, 1)) && fread(header, 1, n, f) == n;
+    if (f) fclose(f);
+    cJSON *root = ok ? cJSON_Parse(header) : NULL;
+    const cJSON *offsets = cJSON_GetObjectItem(cJSON_GetObjectItem(root, name), "data_offsets");
+    ok = cJSON_GetArraySize(offsets) == 2;
+    if (ok) {
+        *begin = 8 + (long)n + (long)cJSON_GetArrayItem(offsets, 0)->valuedouble;
+        *end = 8 + (long)n + (long)cJSON_GetArrayItem(offsets, 1)->valuedouble;
+    }
+    cJSON_Delete(root);
+    free(header);
+    return ok ? 0 : -1;
+}
+
+/* Whether bytes [at, at + 2) of a file of `size` bytes miss what a hash of samples would read: its
+ * first 64 KiB and 4 KiB at each sixteenth of it. */
+static int between_samples(long at, long size) {
+    if (at < 65536) return 0;
+    for (int k = 0; k < 16; k++)
+        if (at + 2 > size / 16 * k && at < size / 16 * k + 4096) return 0;
+    return 1;
+}
+
+/* A job's output, cut after its job line and two records, resumed with `model`: its exit status,
+ * the output as the resume left it in *after (malloc'd), its stderr in *err. */
+static int resume_cut_job(const char *model, const char *prompts, const char *output, const char *full, char **after,
+                          char **err) {
+    char *part = first_lines(full, 3), *out;
+    write_text_file(output, part);
+    free(part);
+    int rc = run_flexgen(ARGS("--model", model, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                              "--gpu-batch-size", "1", "--quiet", "--resume"), NULL, &out, err);
+    free(out);
+    *after = slurp(output, NULL);
+    return rc;
+}
+
+/* A checkpoint is named by every byte of it. A job cut short and resumed with another checkpoint
+ * directory, or with its own whose layer 1 down_proj had two bytes changed in its middle (where a
+ * hash of the first 64 KiB and 16 samples of 4 KiB reads nothing), is another job: refused with
+ * one line naming checkpoint_hash64, the output untouched. A job line of an earlier version, which
+ * named the checkpoint by samples (checkpoint_fnv64), is refused with a line saying so. */
+static void test_job_checkpoint_identity(void) {
+    char *dir = make_temp_dir(), *model = make_temp_dir(), prompts[4200], output[4200], cmd[9000], weights[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(weights, sizeof weights, "%s", join(model, "model.safetensors"));
+    write_text_file(prompts, "{\"prompt_ids\": [1, 10, 11]}\n{\"prompt_ids\": [1, 12]}\n{\"prompt_ids\": [1, 13, 14]}\n"
+                             "{\"prompt_ids\": [1, 15]}\n{\"prompt_ids\": [1, 16, 17, 18]}\n");
+    snprintf(cmd, sizeof cmd, "cp '%s'/config.json '%s'/model.safetensors '%s'/", llama_kjv_dir, llama_kjv_dir, model);
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    run_ok(ARGS(flexgen_bin(), "--model", model, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                "--gpu-batch-size", "1", "--quiet"));
+    char *full = slurp(output, NULL), *after, *err;
+    CU_ASSERT_FATAL(full && count_lines(full) == 6);
+    EXPECT(strstr(full, "\"checkpoint_hash64\":\"") != NULL, "a job on a checkpoint: no checkpoint_hash64 in %.300s", full);
+    int rc = resume_cut_job(kjv_dir, prompts, output, full, &after, &err);
+    EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "checkpoint_hash64") && count_lines(err) == 1 &&
+           after && count_lines(after) == 3, "resumed with another checkpoint directory: expected exit 2 naming "
+           "checkpoint_hash64 and the output as it was, got %d, '%s', %d lines", rc, err, count_lines(after));
+    free(after), free(err);
+    long begin = 0, end = 0, at;
+    struct stat st;
+    CU_ASSERT_EQUAL_FATAL(tensor_span(weights, "model.layers.1.mlp.down_proj.weight", &begin, &end), 0);
+    CU_ASSERT_EQUAL_FATAL(stat(weights, &st), 0);
+    for (at = (begin + end) / 2 / 2 * 2; at + 2 <= end && !between_samples(at, (long)st.st_size); at += 2) continue;
+    CU_ASSERT_FATAL(at + 2 <= end);
+    FILE *f = fopen(weights, "r+b");
+    unsigned char two[2];
+    CU_ASSERT_FATAL(f && fseek(f, at, SEEK_SET) == 0 && fread(two, 1, 2, f) == 2);
+    two[0] ^= 0xff; /* the low mantissa bytes of two fp16 weights: finite, a little changed */
+    two[1] = (unsigned char)(two[1] ^ 0x01);
+    CU_ASSERT_FATAL(fseek(f, at, SEEK_SET) == 0 && fwrite(two, 1, 2, f) == 2 && fclose(f) == 0);
+    rc = resume_cut_job(model, prompts, output, full, &after, &err);
+    EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "checkpoint_hash64") && after && count_lines(after) == 3,
+           "resumed after two bytes at %ld of down_proj [%ld, %ld) changed: expected exit 2 naming checkpoint_hash64, "
+           "got %d, '%s'", at, begin, end, rc, err);
+    free(after), free(err);
+    char *old = replaced(full, "\"checkpoint_hash64\":", "\"checkpoint_fnv64\":"); /* an earlier version's */
+    rc = resume_cut_job(model, prompts, output, old, &after, &err);
+    EXPECT(rc == 2 && strstr(err, "earlier flexgen") && strstr(err, "checkpoint_fnv64") && count_lines(err) == 1,
+           "an earlier version's job line (checkpoint_fnv64): expected exit 2 and one line saying so, got %d, '%s'", rc,
+           err);
+    free(after), free(err), free(old), free(full);
+    rm_tree(model), rm_tree(dir);
+    free(model), free(dir);
+}
+
 /* A prompt file's line and an output's record line are one JSON object each, in UTF-8, whose
  * strings and ids come back unchanged; an output's records are of the job's prompts, once each. */
 static void test_job_bad_lines(void) {
@@ -777,6 +870,8 @@ void add_job_tests(void) {
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
     CU_add_test(s, "a job is named by its prompts, model, flags and block shape", test_job_identity);
+    CU_add_test(s, "a job's checkpoint is named by every byte: another one, or one tensor changed, is refused",
+                test_job_checkpoint_identity);
     CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
     CU_add_test(s, "JSONL lines: one object, UTF-8, values that come back unchanged", test_job_bad_lines);
     CU_add_test(s, "an output that is an input is refused", test_outputs_apart_from_inputs);

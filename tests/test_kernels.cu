@@ -1361,21 +1361,24 @@ static void run_rms_norm(void *p) {
 }
 
 /* RMSNorm: the sum of squares (positive terms) within gamma_dim, the root and three roundings
- * more: y within gamma_dim / 2 + 8 u of itself before its fp16 rounding. y == x: the same bits. */
+ * more: y within gamma_dim / 2 + 8 u of itself before its fp16 rounding. y == x: the same bits.
+ * Inputs in [-3, 3], and in [-0.017, 0.017] (an rms near 0.01, as an embedding row's), where
+ * epsilon under the root moves y by 5% (1e-5) or 0.5% (1e-6) against epsilon added after it. */
 static void test_rms_norm(void) {
     if (!gpu_ready()) return;
     static const int dims[] = {24, 144, 600}, row_counts[] = {1, 5};
+    static const float ranges[] = {3, 0.017f};
     uint64_t seed = 61;
     for (size_t di = 0; di < 3; di++)
-        for (size_t ri = 0; ri < 2; ri++) {
-            int dim = dims[di], rows = row_counts[ri], bad = 0;
-            float eps = di % 2 ? 1e-6f : 1e-5f;
+        for (size_t ri = 0; ri < 4; ri++) {
+            int dim = dims[di], rows = row_counts[ri % 2], bad = 0;
+            float eps = di % 2 ? 1e-6f : 1e-5f, range = ranges[ri / 2];
             size_t n = (size_t)rows * dim;
-            fp16 *x = random_halves(n, &seed, -3, 3), *w = random_halves((size_t)dim, &seed, 0.2f, 2);
+            fp16 *x = random_halves(n, &seed, -range, range), *w = random_halves((size_t)dim, &seed, 0.2f, 2);
             rms_args a = {rows, dim, eps, x, device_array<__half>(n), device_array<__half>(n), device_copy(w, (size_t)dim)};
             fp16 *got = host_array<fp16>(n), *aliased = host_array<fp16>(n);
             char what[96];
-            snprintf(what, sizeof what, "rms_norm_kernel, %d rows of %d", rows, dim);
+            snprintf(what, sizeof what, "rms_norm_kernel, %d rows of %d in [-%g, %g]", rows, dim, range, range);
             run_in_every_order(what, run_rms_norm, &a, a.y, n * sizeof(fp16), got);
             for (int r = 0; r < rows; r++) {
                 const fp16 *xr = x + (size_t)r * dim;

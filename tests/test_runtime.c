@@ -1196,6 +1196,31 @@ static void test_placement_policy(void) {
     free(out), free(err);
 }
 
+/* A figure of /proc/meminfo ("MemTotal", "MemAvailable"), in bytes; -1 where it has none. */
+static double meminfo_bytes(const char *name) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256], key[64];
+    double kb = -1, v;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "%63[^:]: %lf kB", key, &v) == 2 && !strcmp(key, name)) kb = v;
+    if (f) fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* What a plan on the CPU backend may give its gpu and cpu tiers together: MemAvailable less a
+ * sixteenth of MemTotal (the system's reserve), read from /proc/meminfo before and after; the
+ * reserve is 1/16 of the memory, so taking it the wrong way moves the figure by 1/8, far outside
+ * the 1/64 allowed for what others allocate meanwhile. */
+static void test_host_memory_for_plans(void) {
+    double total = meminfo_bytes("MemTotal"), before = meminfo_bytes("MemAvailable");
+    double got = host_memory_for_plans(), after = meminfo_bytes("MemAvailable");
+    CU_ASSERT_FATAL(total > 0 && before > 0 && after > 0);
+    double lo = fmax(0, fmin(before, after) - total / 16 - total / 64);
+    double hi = fmax(0, fmax(before, after) - total / 16 + total / 64);
+    EXPECT(got >= lo && got <= hi, "host_memory_for_plans: expected MemAvailable less MemTotal / 16, within [%.0f, "
+           "%.0f] (MemTotal %.0f, MemAvailable %.0f then %.0f); got %.0f", lo, hi, total, before, after, got);
+}
+
 void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime", NULL, NULL);
     CU_add_test(s, "policy invariance, pre-LN fixture", test_invariance_pre_ln);
@@ -1230,6 +1255,7 @@ void add_runtime_tests(void) {
                 test_memory_model_against_plan);
     CU_add_test(s, "the plan check's line names where each tier's capacity came from",
                 test_plan_names_capacity_source);
+    CU_add_test(s, "host memory for plans: MemAvailable less a sixteenth of MemTotal", test_host_memory_for_plans);
     CU_add_test(s, "CUDA's sizes: prefill scores by the prompt, pinned copy buffers on the cpu tier",
                 test_cuda_sizes);
     CU_add_test(s, "4-bit weights held on the gpu tier cross no link (CUDA's staging, on the CPU)",

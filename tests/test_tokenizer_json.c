@@ -168,6 +168,74 @@ static void test_bos_and_continuation(void) {
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The forms of tests/fixtures/tokenizer-forms/ (scripts/make_tokenizer_forms_fixture.py): small
+ * tokenizer.json files with no tokenizer_config.json beside them, each holding a post_processor
+ * template or a Metaspace decoder the real vocabularies leave out, and what HF tokenizers gives:
+ * encode(text) with the template's BOS, decode(ids) with special tokens kept.
+ * ------------------------------------------------------------------------------------------ */
+static int json_ids(const cJSON *list, int *ids, int cap) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list) if (n < cap) ids[n++] = e->valueint;
+    return n;
+}
+
+/* One case of a form: the text's ids (BOS first where the template adds it) and their decoding,
+ * or, for a case of ids alone, their decoding. */
+static int form_case_agrees(const char *form, const fg_tokenizer *t, const cJSON *c) {
+    int want[64], n_want = json_ids(cJSON_GetObjectItem(c, "ids"), want, 64), got[64], n = 0, *ids = NULL, n_ids = 0;
+    const cJSON *text = cJSON_GetObjectItem(c, "text");
+    const char *decoded = cJSON_GetObjectItem(c, "decoded")->valuestring;
+    char err[FG_ERR_LEN] = "";
+    int ok = 1;
+    if (cJSON_IsString(text)) {
+        if (tokenizer_bos_id(t) >= 0) got[n++] = tokenizer_bos_id(t);
+        ok = tokenizer_encode(t, text->valuestring, strlen(text->valuestring), &ids, &n_ids, err) == 0 && n + n_ids <= 64;
+        for (int i = 0; ok && i < n_ids; i++) got[n++] = ids[i];
+        free(ids);
+        ok = ok && same_ids(got, n, want, n_want);
+    }
+    size_t len;
+    char *back = tokenizer_decode(t, want, n_want, &len);
+    ok = ok && back && !strcmp(back, decoded);
+    if (!ok) {
+        fprintf(stderr, "\n  %s, %s \"%s\": decoded \"%s\", HF \"%s\" %s\n", form, cJSON_IsString(text) ? "text" : "ids",
+                cJSON_IsString(text) ? text->valuestring : "", back ? back : "", decoded, err);
+        if (cJSON_IsString(text)) show_ids("got ", got, n);
+        show_ids("want", want, n_want);
+    }
+    free(back);
+    return ok;
+}
+
+static void test_forms(void) {
+    char *text = slurp(fixture("tokenizer-forms/cases.json"), NULL);
+    cJSON *root = cJSON_Parse(text);
+    const cJSON *forms = cJSON_GetObjectItem(root, "forms"), *form;
+    CU_ASSERT_FATAL(cJSON_GetArraySize(forms) >= 8);
+    cJSON_ArrayForEach(form, forms) {
+        char path[4200], err[FG_ERR_LEN] = "";
+        snprintf(path, sizeof path, "%s/%s.json", fixture("tokenizer-forms"), form->string);
+        fg_tokenizer *t = tokenizer_load_json(path, err);
+        EXPECT(t != NULL, "%s: %s", form->string, err);
+        if (!t) continue;
+        const cJSON *bos = cJSON_GetObjectItem(form, "bos"), *c;
+        int want_bos = cJSON_IsNumber(bos) ? bos->valueint : -1;
+        EXPECT(tokenizer_bos_id(t) == want_bos, "%s: BOS %d, HF's %d (-1: none)", form->string, tokenizer_bos_id(t),
+               want_bos);
+        int cases = 0, agree = 0;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(form, "cases")) {
+            cases++;
+            agree += form_case_agrees(form->string, t, c);
+        }
+        EXPECT(cases > 0 && agree == cases, "%s: %d of %d cases agree with HF tokenizers", form->string, agree, cases);
+        tokenizer_free(t);
+    }
+    cJSON_Delete(root);
+    free(text);
+}
+
+/* ------------------------------------------------------------------------------------------
  * NFC: tests/fixtures/nfc-cases.txt, "input hex \t NFC hex" from Python's unicodedata.
  * ------------------------------------------------------------------------------------------ */
 static size_t unhex(const char *s, size_t n, char *out) {
@@ -250,6 +318,10 @@ static void test_refusals(void) {
             "post_processor \"RobertaProcessing\"");
     refused("{\"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
             "decoder \"WordPiece\"");
+    refused("{\"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"sometimes\"}, "
+            "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "decoder \"Metaspace\" is not implemented");
+    refused("{\"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"first\"}, "
+            "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "decoder \"Metaspace\" is not implemented");
     refused("{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, " SPM_VOCAB "}}", "model.dropout");
     refused("{\"model\": {\"type\": \"BPE\", \"continuing_subword_prefix\": \"##\", " SPM_VOCAB "}}",
             "continuing_subword_prefix");
@@ -261,6 +333,9 @@ static void test_refusals(void) {
             "model.merges[0]: not \"a b\"");
     refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "in the vocab twice");
     refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "model.vocab");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "model.vocab is empty");
+    refused("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {}, \"merges\": []}}",
+            "model.vocab is empty");
     refused("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<u>\", " SPM_VOCAB "}}", "unk_token \"<u>\" is not in");
     refused("{\"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "added_tokens[0]");
     refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a\"]", "not a JSON object");
@@ -295,6 +370,26 @@ static void test_metaspace(void) {
     }
 }
 
+/* A tokenizer built with no tokens at all: every lookup in its empty symbol table finds nothing
+ * (the unk token, the byte tokens, a character of the text), and each is one line, not a crash. */
+static void test_no_tokens(void) {
+    const tok_rules rules = {.bos_id = -1};
+    char err[FG_ERR_LEN] = "";
+    fg_tokenizer *t = tokenizer_new(&rules, 0, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    EXPECT(tokenizer_finish(t, NULL, 0, "<unk>", "empty.json", err) != 0 && strstr(err, "\"<unk>\" is not in the vocab"),
+           "an unk token in a tokenizer of no tokens: expected it refused, got \"%s\"", err);
+    tokenizer_free(t);
+    t = tokenizer_new(&rules, 0, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_EQUAL_FATAL(tokenizer_finish(t, NULL, 0, NULL, "empty.json", err), 0);
+    int *ids = NULL, n = -1;
+    EXPECT(tokenizer_encode(t, "ab", 2, &ids, &n, err) != 0 && strstr(err, "has no token") && n == 0,
+           "text through a tokenizer of no tokens: expected one line saying a character has no token, got \"%s\"", err);
+    free(ids);
+    tokenizer_free(t);
+}
+
 static void test_missing_file(void) {
     char err[FG_ERR_LEN] = "";
     CU_ASSERT_PTR_NULL(tokenizer_load_json("/nonexistent/tokenizer.json", err));
@@ -310,8 +405,11 @@ void add_tokenizer_json_tests(void) {
     CU_add_test(s, "HF tokenizers on 20,000 lines, LLaMA 3", test_cases_llama3);
     CU_add_test(s, "HF tokenizers on 20,000 lines, Qwen2", test_cases_qwen2);
     CU_add_test(s, "BOS from the post_processor; a continuation's text", test_bos_and_continuation);
+    CU_add_test(s, "templates' BOS with no tokenizer_config.json, Metaspace decoders: HF tokenizers' ids and text",
+                test_forms);
     CU_add_test(s, "NFC against Python's unicodedata", test_nfc);
     CU_add_test(s, "unimplemented fields refused with one line", test_refusals);
     CU_add_test(s, "Metaspace: prepend_scheme first, always, never; the older add_prefix_space", test_metaspace);
+    CU_add_test(s, "a tokenizer of no tokens: lookups find nothing", test_no_tokens);
     CU_add_test(s, "a missing tokenizer.json", test_missing_file);
 }

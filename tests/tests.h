@@ -48,6 +48,8 @@ int run_flexgen(const char *const *args, const char *stdin_text, char **out, cha
 void expect_fail(const char *const *args, const char *stdin_text, ...);
 #define EXPECT_FAIL(args, ...) expect_fail(args, NULL, __VA_ARGS__, (const char *)NULL)
 int count_lines(const char *s); /* newlines in s; 0 for NULL */
+/* text with its first `from` replaced by `to` (malloc'd); the test stops where text has no `from`. */
+char *replaced(const char *text, const char *from, const char *to);
 void write_text_file(const char *path, const char *text); /* the file is made, or the test stops */
 /* A hardware file of plausible rates for the CPU backend (the gpu tier is host memory). */
 void write_hw(const char *path);
