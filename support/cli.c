@@ -1628,7 +1628,8 @@ static int policy_command(cli_args *a, char *err) {
     printf("placement (gpu/cpu/disk %%): weights %.0f/%.0f/%.0f  cache %.0f/%.0f/%.0f  "
            "activations %.0f/%.0f/%.0f\n", 100 * r.x[0], 100 * r.x[1], 100 * r.x[2], 100 * r.x[3],
            100 * r.x[4], 100 * r.x[5], 100 * r.x[6], 100 * r.x[7], 100 * r.x[8]);
-    int terms_shown = hw.gpu_is_host ? T_HOST : N_TERMS; /* the host term: a GPU's alone */
+    int host_measured = hw.launch_seconds > 0 || hw.wait_seconds > 0; /* a GPU's, profiled */
+    int terms_shown = host_measured ? N_TERMS : T_HOST;
     printf("per layer (s)");
     for (int i = 0; i < terms_shown; i++) printf("%11s", fg_cost_term_names[i]);
     printf("   bound\n");
