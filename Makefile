@@ -29,6 +29,13 @@ ifneq ($(PREFIX),)
 CFLAGS += $(DEPS_CFLAGS)
 LDLIBS += $(DEPS_LIBS)
 endif
+# oneDNN (Debian's libdnnl-dev), for the opt-in prefill schemes' products (support/onednn.c),
+# where its header is found; without it those products run on plain loops.
+ONEDNN_H := $(wildcard $(PREFIX)/usr/include/oneapi/dnnl/dnnl.h)
+ifneq ($(ONEDNN_H),)
+CFLAGS += -DFLEXGEN_ONEDNN
+LDLIBS += -ldnnl
+endif
 # The tests' references: CUnit, and GLPK for lp.c (./flexgen itself links neither).
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
@@ -38,7 +45,7 @@ PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_backend.c cpu_fp16.c sampling.c \
            safetensors.c checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c perplexity.c pipeline.c \
            profile.c jobs.c stage.c kv_pages.c avx512.c avx512_simde.c disk_arena.c io_links.c runtime.c \
-           blas_core.c cli.c)
+           blas_core.c onednn.c cli.c)
 SRC := $(PAPER) $(SUPPORT)
 CUDA_OBJ :=
 TEST_CUDA_OBJ :=

@@ -39,6 +39,7 @@ typedef struct {
     int pin_weight;          /* pinned cpu-tier weights (CUDA) */
     int compress_weight, compress_cache; /* 4-bit group-wise (§5) */
     int int8_activations;    /* 4-bit matrices times int8 activations on the CPU (support/int8.c) */
+    int bf16_prefill;        /* prefill's products in bf16 on the CPU (support/matmul.c) */
     float attn_sparsity;     /* decode attention keeps this fraction of the past (§5); 1: all */
     double capacity[N_TIERS]; /* bytes; 0: what the machine has */
     const char *offload_dir; /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */

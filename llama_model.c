@@ -108,22 +108,22 @@ void llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *
     const opt_config *c = &w->cfg;
     const opt_layer_weights *L = &w->layers[layer];
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
-    int q4 = w->q4, int8 = w->q4_int8;
+    int q4 = w->q4, products = w->products;
     float *x = gb->x, *gate = ws->ffn, *up = ws->ffn + (size_t)rows * f;
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     float *q = ws->qkv + at.at[0], *k = ws->qkv + at.at[1], *v = ws->qkv + at.at[2];
     rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, ws->h, ws);             /* input_layernorm */
-    linear_layer(ws->h, rows, h, L->wq, L->bq, qw, q, OUT_SET, q4, int8, ws); /* q, k, v projections */
-    linear_layer(ws->h, rows, h, L->wk, L->bk, kw, k, OUT_SET, q4, int8, ws);
-    linear_layer(ws->h, rows, h, L->wv, L->bv, kw, v, OUT_SET, q4, int8, ws);
+    linear_layer(ws->h, rows, h, L->wq, L->bq, qw, q, OUT_SET, q4, products, ws); /* q, k, v projections */
+    linear_layer(ws->h, rows, h, L->wk, L->bk, kw, k, OUT_SET, q4, products, ws);
+    linear_layer(ws->h, rows, h, L->wv, L->bv, kw, v, OUT_SET, q4, products, ws);
     rope(c, gb, q, k, &at);                                                /* positions into q, k */
     opt_cache_attention(c, gb, ws);                                        /* K, V cached; attention */
-    linear_layer(ws->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD, q4, int8, ws); /* o_proj, residual */
+    linear_layer(ws->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD, q4, products, ws); /* o_proj, residual */
     rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, ws->h, ws);              /* post_attention_layernorm */
-    linear_layer(ws->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET, q4, int8, ws); /* SwiGLU MLP */
-    linear_layer(ws->h, rows, h, L->up_w, L->up_b, f, up, OUT_SET, q4, int8, ws);
+    linear_layer(ws->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET, q4, products, ws); /* SwiGLU MLP */
+    linear_layer(ws->h, rows, h, L->up_w, L->up_b, f, up, OUT_SET, q4, products, ws);
     swiglu(gate, up, (size_t)rows * f);
-    linear_layer(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD, q4, int8, ws); /* down_proj, residual */
+    linear_layer(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD, q4, products, ws); /* down_proj, residual */
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)); with all_rows, the same for every row of x. */

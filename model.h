@@ -82,10 +82,15 @@ typedef struct {
     fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m); LLaMA's norm: no bias */
     fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
     opt_layer_weights *layers;
-    int q4, q4_int8;       /* 4-bit matrices and tables (§5, quant.c); times int8 activations (int8.c) */
+    int q4;                /* 4-bit matrices and tables (§5, quant.c) */
+    int products;          /* fg_products: how the CPU's linear layers multiply (support/matmul.c) */
     fp16 *storage;         /* one allocation all of the above point into, or NULL */
     size_t storage_values;
 } opt_weights;
+
+/* How the CPU backend's linear layers multiply: fp32 products of the weights as stored (§5), the
+ * 4-bit weights times int8 activations (support/int8.c), or prefill's products in bf16. */
+typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products;
 
 /* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
  * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in order). */
@@ -155,7 +160,7 @@ size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of
  * output's use (linear_layer), and the row positions a step computes (cache slots; padding: 0). */
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
-                  int mode, int q4, int int8, opt_workspace *ws);
+                  int mode, int q4, int products, opt_workspace *ws);
 int output_rows(const gpu_batch *gb, int hidden, float *dst); /* the rows the output layer reads, into dst */
 static inline int slot_of(const gpu_batch *gb, int b, int t) {
     return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];

@@ -72,8 +72,8 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 /* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c), then
  * the bias (widened once into ws->vec), and ReLU, in one pass over y. */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
-                  int mode, int q4, int int8, opt_workspace *ws) {
-    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, int8, ws->wide);
+                  int mode, int q4, int products, opt_workspace *ws) {
+    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide);
     if (!b) return;
     float *bias = ws->vec;
     fp16_to_fp32_n(b, bias, (size_t)out);
@@ -120,7 +120,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r], words + (size_t)r * wd);
-    if (w->project_in) linear_layer(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->q4_int8, ws);
+    if (w->project_in) linear_layer(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->products, ws);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *pos = ws->attn + (size_t)r * h, *xr = x + (size_t)r * h;
@@ -341,16 +341,16 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
     }
-    linear_layer(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, w->q4_int8, ws); /* 3 parts */
+    linear_layer(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, w->products, ws); /* 3 parts */
     opt_cache_attention(c, gb, ws);
-    linear_layer(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, w->q4_int8, ws);
+    linear_layer(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, w->products, ws);
     if (c->pre_ln) {
         layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, ws->h, ws);
     } else {
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, x, ws);
     }
-    linear_layer(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, w->q4_int8, ws);
-    linear_layer(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD, w->q4, w->q4_int8, ws);
+    linear_layer(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, w->products, ws);
+    linear_layer(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD, w->q4, w->products, ws);
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x, ws);
 }
 
@@ -372,7 +372,7 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;
     if (w->project_out) {
-        linear_layer(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, w->q4_int8, ws);
+        linear_layer(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, w->products, ws);
         last = ws->qkv;
     }
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */

@@ -38,6 +38,8 @@ CONFIGS = [
     ("fp16", []),
     ("4-bit weights", ["--compress-weight"]),
     ("4-bit weights x int8 activations", ["--compress-weight", "--int8-activations"]),
+    ("bf16 prefill", ["--bf16-prefill"]),
+    ("4-bit weights, bf16 prefill", ["--compress-weight", "--bf16-prefill"]),
     ("4-bit cache", ["--compress-cache"]),
     ("4-bit weights + cache", ["--compress-weight", "--compress-cache"]),
     ("sparsity 0.5", ["--attn-sparsity", "0.5"]),

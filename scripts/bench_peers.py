@@ -58,7 +58,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_pytorch import BOS, MAX_POSITIONS, MODELS, VOCAB, opt_config  # noqa: E402
 
-ENGINES = ("flexgen", "flexgen-4bit", "flexgen-int8", "ct2-fp32", "ct2-int8", "pytorch")
+ENGINES = ("flexgen", "flexgen-4bit", "flexgen-int8", "flexgen-bf16", "ct2-fp32", "ct2-int8", "pytorch")
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")  # OPT's ids 0..3
 PROMPT_ID_END = 50000  # prompt ids are drawn from [3, PROMPT_ID_END)
 

@@ -7,6 +7,7 @@
 #                 --num-gpu-batches 1 --device cpu --json --quiet (fp16 weights, fp32 compute)
 #   flexgen-4bit  the same with --compress-weight (4-bit group-wise weights)
 #   flexgen-int8  the same with --compress-weight --int8-activations (integer products)
+#   flexgen-bf16  the same with --bf16-prefill (fp16 weights; prefill's products in bf16)
 #   ct2-fp32      CTranslate2, the checkpoint converted with float32 weights, compute_type float32
 #   ct2-int8      CTranslate2, the checkpoint converted with int8 weights, compute_type int8
 #   pytorch       transformers' OPTForCausalLM from the checkpoint, fp32, eager, with a KV cache
@@ -36,7 +37,7 @@
 #   ROUNDS     rounds; each runs every engine once, in the order above [2]
 #   THREADS    OMP_NUM_THREADS of every run, CTranslate2's intra_threads, torch.set_num_threads
 #              [nproc]
-#   ENGINES    the engines to run, separated by spaces or commas [all six]
+#   ENGINES    the engines to run, separated by spaces or commas [all seven]
 #   CHECK=0    no token check [1]
 #   SEED       seed of the random weights and the prompts [0]
 #   CACHE_DIR  checkpoints, conversions and prompt files [build/peers]
@@ -81,7 +82,7 @@ usage() {
     echo "see the comment at the top of scripts/bench_peers.sh for what is measured and the environment"
 }
 
-ALL_ENGINES="flexgen flexgen-4bit flexgen-int8 ct2-fp32 ct2-int8 pytorch"
+ALL_ENGINES="flexgen flexgen-4bit flexgen-int8 flexgen-bf16 ct2-fp32 ct2-int8 pytorch"
 CONFIGS="${CONFIGS:-opt-125m:32:128:32 opt-1.3b:8:128:32}"
 ROUNDS="${ROUNDS:-2}"
 THREADS="${THREADS:-$(nproc)}"
@@ -157,10 +158,14 @@ done
 command -v /usr/bin/time >/dev/null || die "/usr/bin/time is missing (apt-get install -y time)"
 py_helper() { "$PY" scripts/bench_peers.py "$@"; }
 flexgen_flags() { # an engine of ours: its flags beyond the common ones
-    case "$1" in flexgen-4bit) echo --compress-weight ;; flexgen-int8) echo --compress-weight --int8-activations ;; esac
+    case "$1" in
+        flexgen-4bit) echo --compress-weight ;;
+        flexgen-int8) echo --compress-weight --int8-activations ;;
+        flexgen-bf16) echo --bf16-prefill ;;
+    esac
 }
 
-if has_engine flexgen || has_engine flexgen-4bit || has_engine flexgen-int8; then
+if has_engine flexgen || has_engine flexgen-4bit || has_engine flexgen-int8 || has_engine flexgen-bf16; then
     log "building ./flexgen"
     make --no-print-directory flexgen >&2 || die "make flexgen failed"
 fi
@@ -208,7 +213,7 @@ run_engine() { # engine cfg round
     [ "$round" = 1 ] && tokens="$TMP/tokens-$cfg-$engine.json"
     local -a cmd
     case "$engine" in
-        flexgen|flexgen-4bit|flexgen-int8)
+        flexgen|flexgen-4bit|flexgen-int8|flexgen-bf16)
             cmd=(./flexgen --model "$ckpt" --prompt-ids "$pf" --gen-len "$glen"
                 --gpu-batch-size "$batch" --num-gpu-batches 1 --device cpu --json --quiet
                 $(flexgen_flags "$engine")) ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make` and `make test` need on Debian 12 (or Ubuntu), as root or through sudo:
 # gcc, g++ (the emulated GPU, tests/cuda_emu) and make, OpenBLAS's OpenMP build, cJSON, CUnit and GLPK (the tests' reference for the
-# simplex), Open MPI (pipeline stages; without it the build leaves them out) and python3
+# simplex), oneDNN (the opt-in prefill schemes' products; without it they run on plain loops), Open MPI (pipeline stages; without it the build leaves them out) and python3
 # (scripts/gpu_check.sh's report, which the GPU suite runs on the emulated GPU). `make fuzz`
 # needs clang and its libFuzzer besides: scripts/setup_fuzz.sh installs them. The CUDA toolkit
 # is not installed here: where nvcc is found, `make` builds the CUDA backend as well.
@@ -11,6 +11,6 @@ sudo=
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends \
-    gcc g++ make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev libsimde-dev \
+    gcc g++ make libc6-dev libopenblas-openmp-dev libcjson-dev libcunit1-dev libglpk-dev libsimde-dev libdnnl-dev \
     openmpi-bin libopenmpi-dev xz-utils python3 >/dev/null
 echo "setup: the build's packages are installed"

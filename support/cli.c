@@ -121,10 +121,14 @@ static void usage(FILE *out) {
 "  --compress-weight       keep every weight matrix 4-bit, group-wise (section 5) in whichever\n"
 "                          tier holds it; the CPU's products read it as stored, CUDA\n"
 "                          decompresses it into the gpu tier just before use\n"
-"  --int8-activations      with --compress-weight, on the CPU: round the activations to int8\n"
-"                          (one scale per row, group and 64 inputs) and multiply them by the\n"
-"                          4-bit codes in integers; faster, and not section 5's scheme (its\n"
-"                          accuracy: BENCHMARKS.md); lm_head keeps fp32\n"
+"  --int8-activations      with --compress-weight, on the CPU: multiply in integers. Decode\n"
+"                          rounds the activations to int8 (one scale per row, group and 64\n"
+"                          inputs) against the 4-bit codes; prefill rounds each row once and\n"
+"                          widens the weights to int8 (one scale per column). Faster, and not\n"
+"                          section 5's scheme (its accuracy: BENCHMARKS.md); lm_head keeps fp32\n"
+"  --bf16-prefill          on the CPU: prefill's linear layers round both operands to bf16 and\n"
+"                          sum in fp32 (AMX or AVX-512 BF16 where the CPU has them); decode\n"
+"                          keeps fp32 (its accuracy: BENCHMARKS.md)\n"
 "  --compress-cache        keep the KV cache 4-bit, group-wise along each head (section 5)\n"
 "  --attn-sparsity F       decode attention keeps the top F of the past tokens by weight and\n"
 "                          reads only their V rows (section 5), 0 < F <= 1 [1]\n"
@@ -297,6 +301,7 @@ static int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1, takes_value = 0;
         else if (!strcmp(f, "--compress-cache")) p->compress_cache = 1, takes_value = 0;
         else if (!strcmp(f, "--int8-activations")) p->int8_activations = 1, takes_value = 0;
+        else if (!strcmp(f, "--bf16-prefill")) p->bf16_prefill = 1, takes_value = 0;
         else if (!strcmp(f, "--evaluate")) a->evaluate = 1, takes_value = 0;
         else if (!strcmp(f, "--decode")) a->ppl.decode = 1, takes_value = 0;
         else if (!strcmp(f, "--percent")) {
@@ -422,6 +427,8 @@ static int check_flags(const cli_args *a, char *err) {
                             "give one of them");
     if (a->policy.int8_activations && !a->policy.compress_weight)
         return fg_fail(err, "--int8-activations: multiplies 4-bit weights by int8 activations; give --compress-weight too");
+    if (a->policy.int8_activations && a->policy.bf16_prefill)
+        return fg_fail(err, "--int8-activations and --bf16-prefill: two schemes for prefill's products; give one of them");
     if (a->output && a->dump_logits) return fg_fail(err, "--output and --dump-logits: give one of them");
     if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
         return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
@@ -747,6 +754,11 @@ static long prompt_tokens(const prompt_set *p) {
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
  * the times, and the OpenBLAS core the CPU's products ran on. */
+/* Whether prefill's products run an opt-in scheme on onednn.c, and on what kernel ("" if not). */
+static int prefill_scheme(const fg_policy *p) { return p->int8_activations || p->bf16_prefill; }
+
+static const char *prefill_path(const fg_policy *p) { return prefill_scheme(p) ? gemm_path(p->bf16_prefill) : ""; }
+
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
                    const stage_report *stages, int n_stages) {
@@ -776,6 +788,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddBoolToObject(o, "cpu_cache_compute", a->policy.cpu_cache_compute);
         cJSON_AddBoolToObject(o, "compress_weight", a->policy.compress_weight);
         cJSON_AddBoolToObject(o, "int8_activations", a->policy.int8_activations);
+        cJSON_AddBoolToObject(o, "bf16_prefill", a->policy.bf16_prefill);
         cJSON_AddBoolToObject(o, "compress_cache", a->policy.compress_cache);
         cJSON_AddNumberToObject(o, "attn_sparsity", a->policy.attn_sparsity);
         cJSON_AddNumberToObject(o, "model_size_bytes", model);
@@ -809,6 +822,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddStringToObject(o, "blas_core", blas.core);
         cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
         if (a->policy.int8_activations) cJSON_AddStringToObject(o, "int8_sums", matmul_int8_path());
+        if (prefill_scheme(&a->policy)) cJSON_AddStringToObject(o, "prefill_products", prefill_path(&a->policy));
         if (t->device_counted) cJSON_AddItemToObject(o, "device_counts", device_counts_json(t));
         if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);
@@ -832,8 +846,9 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
            st->link_bytes[LINK_GPU_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_DISK] / GB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
-    printf("blas: %s, core %s (%s)\tcpu kernels: %s%s%s\n", blas.library, blas.core, blas.why, matmul_path(),
-           a->policy.int8_activations ? ", int8 sums " : "", a->policy.int8_activations ? matmul_int8_path() : "");
+    printf("blas: %s, core %s (%s)\tcpu kernels: %s%s%s%s%s\n", blas.library, blas.core, blas.why, matmul_path(),
+           a->policy.int8_activations ? ", int8 sums " : "", a->policy.int8_activations ? matmul_int8_path() : "",
+           prefill_scheme(&a->policy) ? ", prefill products " : "", prefill_path(&a->policy));
     for (int r = 0; n_stages > 1 && r < n_stages; r++) {
         const stage_report *s = &stages[r];
         printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
@@ -1087,7 +1102,7 @@ static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_tim
 typedef struct {
     char model[256];
     int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, schedule, schedule_given;
-    int compress_weight, compress_cache, int8; /* the numbers the job's records hold */
+    int compress_weight, compress_cache, int8, bf16; /* the numbers the job's records hold */
     int warmup;
     float temperature, top_p, sparsity;
     uint64_t seed;
@@ -1100,7 +1115,8 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
                       .schedule = a->policy.schedule, .schedule_given = a->schedule_given,
                       .dump = a->dump_logits != NULL, .trace = a->trace != NULL, .output = a->output != NULL,
                       .compress_weight = a->policy.compress_weight, .compress_cache = a->policy.compress_cache,
-                      .int8 = a->policy.int8_activations, .sparsity = a->policy.attn_sparsity,
+                      .int8 = a->policy.int8_activations, .bf16 = a->policy.bf16_prefill,
+                      .sparsity = a->policy.attn_sparsity,
                       .warmup = a->warmup,
                       .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
     snprintf(mine.model, sizeof mine.model, "%s", a->model);
@@ -1119,7 +1135,8 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
         : job.temperature != mine.temperature ? "--temperature" : job.top_p != mine.top_p ? "--top-p"
         : job.compress_weight != mine.compress_weight ? "--compress-weight"
         : job.compress_cache != mine.compress_cache ? "--compress-cache"
-        : job.int8 != mine.int8 ? "--int8-activations" : job.sparsity != mine.sparsity ? "--attn-sparsity"
+        : job.int8 != mine.int8 ? "--int8-activations" : job.bf16 != mine.bf16 ? "--bf16-prefill"
+        : job.sparsity != mine.sparsity ? "--attn-sparsity"
         : job.auto_policy != mine.auto_policy ? "--policy"
         : job.schedule != mine.schedule || (job.auto_policy && job.schedule_given != mine.schedule_given) ? "--schedule"
         : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
@@ -1353,13 +1370,16 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tok
     return share_prompts(pipe, p, err);
 }
 
-/* The runtime, refused where --int8-activations meets a backend that keeps section 5's products. */
+/* The runtime, refused where --int8-activations or --bf16-prefill meets a backend that keeps
+ * section 5's products. */
 static int open_runtime(const fg_policy *p, fg_runtime **rt, char *err) {
     if (fg_runtime_open(p, rt, err)) return -1;
-    if (!p->int8_activations || fg_runtime_backend(*rt)->reads_q4) return 0;
-    fg_runtime_close(*rt), *rt = NULL;
-    return fg_fail(err, "--int8-activations: the CPU backend's scheme; this run's device is CUDA, which "
-                        "multiplies as section 5 does (give --device cpu)");
+    const char *flag = p->int8_activations ? "--int8-activations" : p->bf16_prefill ? "--bf16-prefill" : NULL;
+    if (!flag || fg_runtime_backend(*rt)->reads_q4) return 0;
+    fg_runtime_close(*rt);
+    *rt = NULL;
+    return fg_fail(err, "%s: the CPU backend's scheme; this run's device is CUDA, which "
+                        "multiplies as section 5 does (give --device cpu)", flag);
 }
 
 /* This stage's runtime and model, its plan checked, its weights in their homes. */

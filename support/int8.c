@@ -1,5 +1,6 @@
 /* support/int8.c: 4-bit weights times int8 activations, an opt-in numeric scheme beside §5's
- * (--int8-activations, the CPU backend only).
+ * (--int8-activations, the CPU backend only), in two forms: decode's blocks, described first, and
+ * prefill's rows rounded once (the end of this file).
  *
  * §5 keeps the activations in fp32 and widens each 4-bit weight, min + q scale, to fp32 before
  * multiplying (support/matmul.c). Here the activations are rounded to int8 instead, so the inner
@@ -32,9 +33,9 @@
  * fc1, fc2; project_in and project_out where a model has them), each row on its own. lm_head and
  * attention keep fp32, and the KV cache is fp16 as in every mode. On models/opt-kjv
  * (scripts/accuracy_table.py; BENCHMARKS.md has the tables) the mode changes about 1% of the 4-bit
- * run's next-token predictions (413 of 42,101 in prefill, 415 in decode), but the changes go both
- * ways, away from fp16's token and back to it, so the top-1 agreement with fp16 moves by only 0.03
- * to 0.05 points (0.8862 to 0.8858 in prefill, 0.8859 in decode).
+ * run's next-token predictions (395 of 42,101 in prefill, 408 in decode), but the changes go both
+ * ways, away from fp16's token and back to it, so the top-1 agreement with fp16 moves by 0.01
+ * points (0.8862 to 0.8861, in prefill and in decode).
  *
  * Why a difference in the last bit grows here. Rounding to int8 is a step function. Attention sums
  * in another order in prefill (sgemm over all queries) than in decode (one query's dot products),
@@ -45,8 +46,8 @@
  * (about 2^-7 of the block's largest value, where a last bit is 2^-24 of the value); if the value
  * is the block's largest, alpha and every a8 of the block move with it. The layer's outputs, the
  * next layer's K, V and inputs, then differ by that much, and every later linear layer rounds them
- * again. So with int8 activations decode and prefill predict differently at 179 of 42,101
- * positions. That is the scheme's rounding, not a bug in the kernel (tests/test_matmul.c holds it
+ * again; and prefill's products round once per row where decode's round per block. So with int8
+ * activations decode and prefill predict differently at 555 of 42,101 positions. That is the scheme's rounding, not a bug in the kernel (tests/test_matmul.c holds it
  * to its bound): compare this mode's runs within one mode; anything that changes an fp32 sum
  * upstream (another BLAS kernel, another order) can move a few predictions.
  *
@@ -68,6 +69,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -459,4 +461,122 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
                                   k0, in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd, vnni);
                 }
     }
+}
+
+/* ============================================================================================
+ * Prefill: each row of x rounded once, W widened to int8 with one scale per column
+ *
+ * Where hundreds of rows share each weight (prefill; support/matmul.c's product_int8_rows runs
+ * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
+ * 127), each panel of W is widened to fp32 (exactly q4_value's values) and rounded to int8 with
+ * one scale per column (int8_round_columns: scale[j] = max_k |w[k][j]| / 127), one integer
+ * product gives exact int32 sums (gemm_s8, onednn.c), and int8_finish_rows applies the scales:
+ * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding). Rounding x[r][k] moves it by at
+ * most alpha[r] / 2 and w[k][j] by at most scale[j] / 2, so, before fp32's last roundings,
+ *   |y - x W| <= sum_k (|x[r][k]| scale[j] + alpha[r] |w[k][j]| + alpha[r] scale[j] / 2) / 2,
+ * which tests/test_matmul.c holds the product to, with its bits against a plain reference.
+ * ============================================================================================ */
+
+/* The loops below are built for AVX-512, AVX2 and plain x86-64, and the CPU picks one when the
+ * program loads (GCC's target_clones). Every step is one IEEE operation, so each version gives
+ * the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FOR_EACH_VECTOR_WIDTH __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FOR_EACH_VECTOR_WIDTH
+#endif
+
+/* v (|v| <= 127 expected) to the nearest integer, ties to even, clamped to +-127. Adding
+ * 1.5 x 2^23 to a float of magnitude below 2^22 leaves round(v) + 2^22 in its low 23 bits (the
+ * default rounding mode); the clamp is on integers, so the loops vectorize. */
+static inline int8_t round_int8(float v) {
+    float shifted = v + 12582912.0f;
+    uint32_t bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    int32_t i = (int32_t)(bits & 0x7fffff) - 0x400000;
+    i = i < 127 ? i : 127;
+    i = i > -127 ? i : -127;
+    return (int8_t)i;
+}
+
+/* |v|'s bits: for floats of one sign, the order of their bits as integers is their order. */
+static inline uint32_t magnitude_bits(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return bits & 0x7fffffff;
+}
+
+static inline float float_of_bits(uint32_t bits) {
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* One row: row8[k] = round_int8(row[k] (127 / max|row|)); returns alpha = max|row| / 127 (0 for 0s). */
+FOR_EACH_VECTOR_WIDTH static float round_row(const float *row, int in, int8_t *row8) {
+    uint32_t top_bits = 0;
+#pragma omp simd reduction(max : top_bits)
+    for (int k = 0; k < in; k++) top_bits = magnitude_bits(row[k]) > top_bits ? magnitude_bits(row[k]) : top_bits;
+    float top = float_of_bits(top_bits);
+    float inv = top > 0 ? 127.0f / top : 0.0f;
+#pragma omp simd
+    for (int k = 0; k < in; k++) row8[k] = round_int8(row[k] * inv);
+    return top / 127.0f;
+}
+
+void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) alpha[r] = round_row(x + (size_t)r * in, in, x8 + (size_t)r * in);
+}
+
+/* The same for n (<= 64) columns of a panel w[in][ldw], from column c: scale[j] = max_k |w[k][j]|
+ * / 127 and w8[k][j] = round_int8(w[k][j] (127 / max)). */
+FOR_EACH_VECTOR_WIDTH static void round_column_block(const float *w, int in, size_t ldw, int n, int8_t *w8,
+                                                     float *scale) {
+    uint32_t top_bits[64] = {0};
+    float inv[64];
+    for (int k = 0; k < in; k++) {
+        const float *row = w + (size_t)k * ldw;
+#pragma omp simd
+        for (int j = 0; j < n; j++)
+            top_bits[j] = magnitude_bits(row[j]) > top_bits[j] ? magnitude_bits(row[j]) : top_bits[j];
+    }
+    for (int j = 0; j < n; j++) {
+        float top = float_of_bits(top_bits[j]);
+        inv[j] = top > 0 ? 127.0f / top : 0.0f;
+        scale[j] = top / 127.0f;
+    }
+    for (int k = 0; k < in; k++) {
+        const float *row = w + (size_t)k * ldw;
+        int8_t *row8 = w8 + (size_t)k * ldw;
+#pragma omp simd
+        for (int j = 0; j < n; j++) row8[j] = round_int8(row[j] * inv[j]);
+    }
+}
+
+void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale) {
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < nc; c0 += 64) {
+        int n = nc - c0 < 64 ? nc - c0 : 64;
+        round_column_block(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
+    }
+}
+
+/* One row of y: y[j] = (alpha scale[j]) isum[j], or y[j] plus that when accumulating. */
+FOR_EACH_VECTOR_WIDTH static void finish_row(const int32_t *isum, float alpha, const float *scale, int nc, float *y,
+                                             int accumulate) {
+    if (accumulate) {
+#pragma omp simd
+        for (int j = 0; j < nc; j++) y[j] += alpha * scale[j] * (float)isum[j];
+        return;
+    }
+#pragma omp simd
+    for (int j = 0; j < nc; j++) y[j] = alpha * scale[j] * (float)isum[j];
+}
+
+void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc, float *y,
+                        int ldy, int accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        finish_row(isum + (size_t)r * nc, alpha[r], scale, nc, y + (size_t)r * ldy, accumulate);
 }

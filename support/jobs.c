@@ -291,6 +291,7 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     if (g->refill) cJSON_AddBoolToObject(job, "refill", 1); /* absent: off */
     cJSON_AddBoolToObject(job, "compress_weight", p->compress_weight);
     if (p->int8_activations) cJSON_AddBoolToObject(job, "int8_activations", 1);
+    if (p->bf16_prefill) cJSON_AddBoolToObject(job, "bf16_prefill", 1);
     cJSON_AddBoolToObject(job, "compress_cache", p->compress_cache);
     cJSON_AddNumberToObject(job, "attn_sparsity", p->attn_sparsity);
     cJSON_AddStringToObject(job, "device", id->device);

@@ -41,6 +41,9 @@
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
  * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
+ * The two opt-in prefill schemes take the same panels to a denser product (support/onednn.c, AMX
+ * where the CPU has it): --int8-activations rounds x's rows and the panel's columns to int8
+ * (int8.c), --bf16-prefill rounds both to bf16 (product_bf16).
  *
  * lm_head reads E by rows (the table is [n][dim]), eight rows of E at a time (for 4-bit, rows of
  * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
@@ -413,38 +416,116 @@ static int panel_cols(int in) {
     return cols > Q4_GROUP ? cols : Q4_GROUP;
 }
 
-size_t matmul_scratch_floats(int in, int out) {
-    return (size_t)in * (out < panel_cols(in) ? out : panel_cols(in));
+/* The width of prefill's panels for W[in][out]. */
+static int panel_width(int in, int out) { return out < panel_cols(in) ? out : panel_cols(in); }
+
+size_t matmul_scratch_floats(int in, int out) { return (size_t)in * panel_width(in, out); }
+
+/* Prefill's panel: columns j0 .. j0 + nc of W widened to fp32, wide[in][nc], by every thread. */
+static void widen_panel(const void *W, int q4, int in, int out, int j0, int nc, float *wide, int simd) {
+#pragma omp parallel for schedule(static)
+    for (int k0 = 0; k0 < in; k0 += KC)
+        for (int c = 0; c < nc; c += Q4_GROUP) {
+            int kc = in - k0 < KC ? in - k0 : KC, n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
+            if (n == Q4_GROUP) { /* straight into the panel */
+                widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, wide + (size_t)k0 * nc + c, nc, simd);
+                continue;
+            }
+            _Alignas(32) float group[KC * Q4_GROUP]; /* a group is widened whole, past out too */
+            widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, group, Q4_GROUP, simd);
+            for (int k = 0; k < kc; k++) memcpy(wide + (size_t)(k0 + k) * nc + c, group + k * Q4_GROUP, n * sizeof *group);
+        }
 }
 
 /* Prefill: a panel of W widened by every thread, then one sgemm on it (OpenBLAS threads it). */
 static void product_sgemm(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                           int accumulate, float *wide, int simd) {
-    for (int j0 = 0; j0 < out; j0 += panel_cols(in)) {
-        int nc = out - j0 < panel_cols(in) ? out - j0 : panel_cols(in);
-#pragma omp parallel for schedule(static)
-        for (int k0 = 0; k0 < in; k0 += KC)
-            for (int c = 0; c < nc; c += Q4_GROUP) {
-                int kc = in - k0 < KC ? in - k0 : KC, n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
-                if (n == Q4_GROUP) { /* straight into the panel */
-                    widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, wide + (size_t)k0 * nc + c, nc, simd);
-                    continue;
-                }
-                _Alignas(32) float group[KC * Q4_GROUP]; /* a group is widened whole, past out too */
-                widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, group, Q4_GROUP, simd);
-                for (int k = 0; k < kc; k++) memcpy(wide + (size_t)(k0 + k) * nc + c, group + k * Q4_GROUP, n * sizeof *group);
-            }
+    int cols = panel_width(in, out);
+    for (int j0 = 0; j0 < out; j0 += cols) {
+        int nc = out - j0 < cols ? out - j0 : cols;
+        widen_panel(W, q4, in, out, j0, nc, wide, simd);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, nc, in, 1.0f, x, in, wide, nc,
                     accumulate ? 1.0f : 0.0f, y + j0, out);
     }
 }
 
+/* Prefill in bf16 (PRODUCTS_BF16_PREFILL): x and each widened panel of W rounded to bf16 (to
+ * nearest, ties to even), the products summed in fp32 by gemm_bf16 (onednn.c). A bf16 value keeps
+ * 8 bits of significand, so each operand moves by at most 2^-9 of itself; the products of two of
+ * them are exact in fp32. */
+static void product_bf16(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                         int accumulate, float *wide) {
+    int cols = panel_width(in, out);
+    uint16_t *x16 = malloc((size_t)rows * in * sizeof *x16), *w16 = malloc((size_t)in * cols * sizeof *w16);
+    float *panel = malloc((size_t)rows * cols * sizeof *panel);
+    if (!x16 || !w16 || !panel) {
+        fprintf(stderr, "flexgen: out of memory for a bf16 product of %d x %d x %d\n", rows, in, out);
+        abort();
+    }
+    fp32_to_bf16_n(x, x16, (size_t)rows * in);
+    for (int j0 = 0; j0 < out; j0 += cols) {
+        int nc = out - j0 < cols ? out - j0 : cols;
+        widen_panel(W, q4, in, out, j0, nc, wide, use_simd());
+        fp32_to_bf16_n(wide, w16, (size_t)in * nc);
+        gemm_bf16(rows, nc, in, x16, w16, panel);
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            float *yr = y + (size_t)r * out + j0;
+            const float *pr = panel + (size_t)r * nc;
+            for (int j = 0; j < nc; j++) yr[j] = accumulate ? yr[j] + pr[j] : pr[j];
+        }
+    }
+    free(x16);
+    free(w16);
+    free(panel);
+}
+
+/* Prefill with --int8-activations: int8.c's rows rounded once, W's columns once, one integer
+ * product per panel (gemm_s8, onednn.c); int8.c's comment has the scheme and its bound. */
+static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                              int accumulate, float *wide) {
+    int cols = panel_width(in, out);
+    int8_t *x8 = malloc((size_t)rows * in), *w8 = malloc((size_t)in * cols);
+    float *alpha = malloc((size_t)rows * sizeof *alpha), *scale = malloc((size_t)cols * sizeof *scale);
+    int32_t *isum = malloc((size_t)rows * cols * sizeof *isum);
+    if (!x8 || !w8 || !alpha || !scale || !isum) {
+        fprintf(stderr, "flexgen: out of memory for an int8 product of %d x %d x %d\n", rows, in, out);
+        abort();
+    }
+    int8_round_rows(x, rows, in, x8, alpha);
+    for (int j0 = 0; j0 < out; j0 += cols) {
+        int nc = out - j0 < cols ? out - j0 : cols;
+        widen_panel(W, q4, in, out, j0, nc, wide, use_simd());
+        int8_round_columns(wide, in, nc, w8, scale);
+        gemm_s8(rows, nc, in, x8, w8, isum);
+        int8_finish_rows(isum, alpha, scale, rows, nc, y + j0, out, accumulate);
+    }
+    free(x8);
+    free(w8);
+    free(alpha);
+    free(scale);
+    free(isum);
+}
+
+void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
+                        int accumulate) {
+    matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), matmul_int8_sums());
+}
+
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int int8, float *scratch) {
+                    int accumulate, int products, float *scratch) {
     int simd = use_simd();
-    if (int8 && q4_parts) matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, simd, matmul_int8_sums());
-    else if (rows > MATMUL_DECODE_ROWS) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
-    else product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
+    int prefill = rows > MATMUL_DECODE_ROWS;
+    if (products == PRODUCTS_INT8 && q4_parts && prefill)
+        product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, scratch);
+    else if (products == PRODUCTS_INT8 && q4_parts)
+        matmul_int8_blocks(x, rows, in, W, q4_parts, out, y, accumulate);
+    else if (products == PRODUCTS_BF16_PREFILL && prefill)
+        product_bf16(x, rows, in, W, q4_parts, out, y, accumulate, scratch);
+    else if (prefill)
+        product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
+    else
+        product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
 }
 
 /* ---- lm_head: E read by rows ---- */

@@ -133,7 +133,8 @@ static int device_weights(const fg_backend *be, const opt_config *cfg, int int8,
                           opt_weights *view, char *err) {
     memset(view, 0, sizeof *view);
     if (opt_layout_init(l, view, cfg, 0, err)) return -1;
-    view->q4 = view->q4_int8 = int8;
+    view->q4 = int8;
+    view->products = int8 ? PRODUCTS_INT8 : PRODUCTS_FP32;
     weight_source src = {NULL, 1};
     for (int i = 0; i < l->n_tensors; i++) {
         const opt_tensor *t = &l->tensors[i];

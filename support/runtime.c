@@ -126,7 +126,9 @@ static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const
                        model_family_names[cfg->family], be->name);
     if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
     m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
-    m->view.q4_int8 = m->view.q4 && m->rt->policy.int8_activations;
+    m->view.products = PRODUCTS_FP32;
+    if (m->view.q4 && m->rt->policy.int8_activations) m->view.products = PRODUCTS_INT8;
+    if (m->rt->policy.bf16_prefill) m->view.products = PRODUCTS_BF16_PREFILL;
     if (m->has_archive && opt_layout_check_archive(&m->layout, &m->archive, dir, err)) return -1;
     int L = n_flexgen_layers(cfg);
     m->homes = calloc((size_t)m->layout.n_tensors, sizeof *m->homes);

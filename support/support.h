@@ -43,6 +43,8 @@ uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n); /* h: FG_FNV64_
 /* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
 fp16 fp32_to_fp16(float f); /* fp16_to_fp32 is in flexgen.h */
 float bf16_to_fp32(uint16_t b);
+uint16_t fp32_to_bf16(float f);                                /* to nearest, ties to even */
+void fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n); /* every thread */
 void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* F16C where the CPU has it */
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
 int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
@@ -115,10 +117,26 @@ const fg_simd *fg_simd_kernels(void);
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int int8, float *scratch); /* int8: int8.c's scheme (q4 only) */
+                    int accumulate, int products, float *scratch); /* products: fg_products (model.h) */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int simd, fg_int8_sums *vnni); /* int8.c; vnni: NULL, or the sums */
+/* int8.c's scheme of decode (any rows), on this CPU's path */
+void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
+                        int accumulate);
+/* int8.c, prefill's steps (every thread): each row of x rounded to int8 once; each column of a
+ * widened panel of W; then y (= or +=) alpha[r] scale[j] isum[r][j] */
+void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha);
+void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale);
+void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc, float *y,
+                      int ldy, int accumulate);
 size_t matmul_scratch_floats(int in, int out);
+
+/* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it ---- */
+void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c); /* c [m][n] */
+void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c); /* c [m][n] */
+void gemm_s8_reference(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);
+void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c);
+const char *gemm_path(int bf16); /* "portable", or "onednn " and the kernel it chose */
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride);
 void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float *dst);

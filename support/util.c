@@ -119,6 +119,19 @@ float bf16_to_fp32(uint16_t b) {
     return f;
 }
 
+uint16_t fp32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    int nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    return (uint16_t)(nan ? (bits >> 16) | 0x40u : rounded); /* a NaN stays one */
+}
+
+void fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] = fp32_to_bf16(src[i]);
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>

@@ -792,7 +792,8 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
     {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
     {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
-    {"--compress-cache", NULL}, {"--int8-activations", NULL}, {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
+    {"--compress-cache", NULL}, {"--int8-activations", NULL}, {"--bf16-prefill", NULL},
+    {"--attn-sparsity", "0.5"}, {"--policy", "manual"},
     {"--hw", "hw.json"}, {"--max-latency", "10"}, {"--evaluate", NULL},
     {"--text", "t.txt"}, {"--window", "8"}, {"--stride", "4"}, {"--decode", NULL},
     {"--predictions", "p.txt"}, {"--compare", "p.txt"}, /* of `flexgen perplexity` */
@@ -866,6 +867,8 @@ static void test_device(void) {
     }
     EXPECT_FAIL(ARGS("--device", "cuda", "--compress-weight", "--int8-activations", "--gen-len", "2", "--prompt-len", "4"),
                 "--int8-activations", "--device cpu");
+    EXPECT_FAIL(ARGS("--device", "cuda", "--bf16-prefill", "--gen-len", "2", "--prompt-len", "4"), "--bf16-prefill",
+                "--device cpu");
     const char *args[] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "4",
                           "--quiet", "--device", "cuda", NULL};
     char *out, *err;
@@ -891,6 +894,8 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--gpu-mem", "-1G"), "--gpu-mem", "'-1G'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "0"), "--attn-sparsity", "(0, 1]", "'0'");
     EXPECT_FAIL(ARGS("--int8-activations"), "--int8-activations", "--compress-weight");
+    EXPECT_FAIL(ARGS("--compress-weight", "--int8-activations", "--bf16-prefill"), "--int8-activations",
+                "--bf16-prefill", "give one");
     EXPECT_FAIL(ARGS("--refill"), "--refill", "--stop-at-eos");
     EXPECT_FAIL(ARGS("--schedule", "spiral"), "--schedule", "zigzag or diagonal", "'spiral'");
     EXPECT_FAIL(ARGS("--schedule", "diagonal", "--stop-at-eos", "--refill"), "--refill", "--schedule diagonal");

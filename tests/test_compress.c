@@ -10,27 +10,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_SEQ = 5, GEN = 6 };
+/* N_SEQ prompts, or SCHEME_SEQ where prefill's products must take more rows than
+ * MATMUL_DECODE_ROWS (the fixtures' longest prompts have 12 to 14 tokens) */
+enum { N_SEQ = 5, SCHEME_SEQ = 6, GEN = 6 };
 
 /* Greedy generation straight through the CPU's embed, layer and output of the model's family, one
  * batch of all the prompts, the KV cache in one fp16 array: the forward pass with no runtime around it. */
 static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *tokens, float *logits) {
     const opt_config *c = &w->cfg;
     int padded = 0, V = c->vocab;
-    for (int b = 0; b < N_SEQ; b++) padded = f->lens[b] > padded ? f->lens[b] : padded;
+    for (int b = 0; b < f->n; b++) padded = f->lens[b] > padded ? f->lens[b] : padded;
     int max_len = padded + GEN;
     const fg_forward *fw = &fg_cpu_backend.forward[c->family];
     size_t h = (size_t)c->hidden, rows = (size_t)max_len * (h > (size_t)kv_width(c) ? h : (size_t)kv_width(c));
     gpu_batch gb;
     opt_workspace ws;
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, N_SEQ, max_len, padded, err), 0);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, c, (size_t)N_SEQ * padded, padded, max_len, err), 0);
-    float *x = malloc((size_t)N_SEQ * padded * h * sizeof *x), *step = malloc((size_t)N_SEQ * V * sizeof *step);
-    fp16 *cache = malloc((size_t)c->n_layers * 2 * N_SEQ * rows * sizeof *cache);
+    CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, f->n, max_len, padded, err), 0);
+    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, c, (size_t)f->n * padded, padded, max_len, err), 0);
+    float *x = malloc((size_t)f->n * padded * h * sizeof *x), *step = malloc((size_t)f->n * V * sizeof *step);
+    fp16 *cache = malloc((size_t)c->n_layers * 2 * f->n * rows * sizeof *cache);
     gb.x = x;
     gb.n_new = padded;
-    for (int b = 0; b < N_SEQ; b++) {
+    for (int b = 0; b < f->n; b++) {
         gb.pad[b] = padded - f->lens[b];
         for (int t = 0; t < padded; t++)
             gb.tokens[b * padded + t] = t < gb.pad[b] ? OPT_PAD_ID : f->prompts[b][t - gb.pad[b]];
@@ -38,15 +40,15 @@ static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *
     for (int i = 0; i < GEN; i++) {
         fw->embed(w, &gb, &ws);
         for (int l = 0; l < c->n_layers; l++) {
-            for (int b = 0; b < N_SEQ; b++) {
-                gb.k[b] = cache + (((size_t)l * 2 + 0) * N_SEQ + b) * rows;
-                gb.v[b] = cache + (((size_t)l * 2 + 1) * N_SEQ + b) * rows;
+            for (int b = 0; b < f->n; b++) {
+                gb.k[b] = cache + (((size_t)l * 2 + 0) * f->n + b) * rows;
+                gb.v[b] = cache + (((size_t)l * 2 + 1) * f->n + b) * rows;
             }
             fw->layer(w, l, &gb, &ws);
         }
         fw->output(w, &gb, &ws, step);
         gpu_batch_advance(&gb);
-        for (int b = 0; b < N_SEQ; b++) {
+        for (int b = 0; b < f->n; b++) {
             const float *row = step + (size_t)b * V;
             int best = 0;
             for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
@@ -94,7 +96,7 @@ static void compress_weights(opt_weights *w) {
 }
 
 static int runtime_generate(const fixture_prompts *f, const fg_policy *p, int *tokens, float *logits) {
-    return generate_with(f->dir, NULL, 0, p, GEN, N_SEQ, (int *const *)f->prompts, f->lens, tokens,
+    return generate_with(f->dir, NULL, 0, p, GEN, f->n, (int *const *)f->prompts, f->lens, tokens,
                          logits, NULL, NULL);
 }
 
@@ -112,21 +114,27 @@ static fg_policy compressed(int gbs, int ngb, fg_percent percent) {
     return p;
 }
 
-/* The plain pass on the fixture's weights compressed to 4-bit, §5's products or (int8) int8.c's. */
-static void plain_compressed(const fixture_prompts *f, int int8, int *tokens, float *logits) {
+/* The plain pass on the fixture's weights, compressed to 4-bit (q4) or not, multiplied as products
+ * says (fg_products). */
+static void plain_with(const fixture_prompts *f, int q4, int products, int *tokens, float *logits) {
     opt_weights w;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(opt_weights_load(f->dir, &w, err), 0);
-    compress_weights(&w);
-    w.q4_int8 = int8;
+    if (q4) compress_weights(&w);
+    w.products = products;
     plain_generate(&w, f, tokens, logits);
     opt_weights_free(&w);
 }
 
-/* The relative RMS of the first step's logits of a against ref (the same inputs in both). */
-static double first_step_rms(const float *a, const float *ref, int vocab) {
+/* The plain pass on the fixture's weights compressed to 4-bit, §5's products or (int8) int8.c's. */
+static void plain_compressed(const fixture_prompts *f, int int8, int *tokens, float *logits) {
+    plain_with(f, 1, int8 ? PRODUCTS_INT8 : PRODUCTS_FP32, tokens, logits);
+}
+
+/* The relative RMS of the first step's logits of a against ref (the same n_seq inputs in both). */
+static double first_step_rms(const float *a, const float *ref, int n_seq, int vocab) {
     double diff = 0, norm = 0;
-    for (int b = 0; b < N_SEQ; b++)
+    for (int b = 0; b < n_seq; b++)
         for (int v = 0; v < vocab; v++) {
             size_t at = ((size_t)b * GEN) * vocab + v;
             diff += (a[at] - ref[at]) * (a[at] - ref[at]);
@@ -184,7 +192,7 @@ static void check_weights(const char *name) {
      * require the first step's logits to move by at most 0.35 in relative RMS. */
     p = policy_of(N_SEQ, 1, all_gpu);
     CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, tokens, fp16_run), 0);
-    double rms = first_step_rms(plain, fp16_run, f.cfg.vocab);
+    double rms = first_step_rms(plain, fp16_run, f.n, f.cfg.vocab);
     fprintf(stderr, "[%s: rms change %.3f] ", name, rms);
     CU_ASSERT(rms <= 0.35);
     free(plain);
@@ -265,47 +273,63 @@ static void test_qkv_groups(void) {
     fg_runtime_close(rt), fg_runtime_close(rt16);
 }
 
-/* --int8-activations (support/int8.c): the runtime computes the plain pass with the same scheme,
- * bit for bit, with the weights on every tier, overlapped or not. Against section 5's products:
- * each activation a product reads is rounded by at most 1/254 of its block's largest (about
- * 1/440 of it in RMS, about 0.6% of a typical value), a few products in a row on a logit's path,
- * in quadrature: a few percent at most. We require the first step's logits to move by something
- * (the flag takes effect) and by at most 0.05 in relative RMS, a seventh of what 4-bit weights
- * are allowed against fp16 (measured: 0.029 pre-LN, 0.042 post-LN). */
-static void check_int8(const char *name) {
+/* An opt-in scheme of the CPU's products (fg_products): the runtime computes the plain pass with
+ * the same scheme, bit for bit, with the weights on every tier, overlapped or not; and the first
+ * step's logits (prefill's, above MATMUL_DECODE_ROWS rows) move from fp32 products of the
+ * same weights by more than 0 (the flag takes effect) and at most max_rms in relative RMS.
+ *
+ * --int8-activations (support/int8.c), on 4-bit weights: each activation a product reads is
+ * rounded by at most 1/254 of its row's (decode: its block's) largest, each widened weight by
+ * 1/254 of its column's, a few products in a row on a logit's path, in quadrature: a few percent
+ * at most. max_rms 0.05: a seventh of what 4-bit weights are allowed against fp16 (measured:
+ * 0.029 pre-LN, 0.042 post-LN).
+ * --bf16-prefill (support/matmul.c), on fp16 weights: each operand moves by at most 2^-9 of
+ * itself (RMS about 2^-9 / sqrt 3, 0.0011), a few products in a row: max_rms 0.01. */
+static void check_scheme(const char *name, int products, double max_rms) {
+    const char *flag = products == PRODUCTS_INT8 ? "int8 activations" : "bf16 prefill";
+    int q4 = products == PRODUCTS_INT8;
     fixture_prompts f;
-    fixture_prompts_open(name, N_SEQ, &f);
-    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
-    float *plain = malloc(n * sizeof *plain), *q4_run = malloc(n * sizeof *q4_run), *r = malloc(n * sizeof *r);
-    int plain_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];
-    plain_compressed(&f, 1, plain_tokens, plain);
-    plain_compressed(&f, 0, plain_tokens, q4_run);
+    fixture_prompts_open(name, SCHEME_SEQ, &f);
+    size_t n = (size_t)SCHEME_SEQ * GEN * f.cfg.vocab;
+    float *plain = malloc(n * sizeof *plain), *fp32_run = malloc(n * sizeof *fp32_run), *r = malloc(n * sizeof *r);
+    int plain_tokens[SCHEME_SEQ * GEN], tokens[SCHEME_SEQ * GEN];
+    plain_with(&f, q4, products, plain_tokens, plain);
+    plain_with(&f, q4, PRODUCTS_FP32, plain_tokens, fp32_run);
     static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {0, 100, 100, 0, 100, 0},
                                             {0, 0, 100, 0, 100, 0}, {30, 30, 100, 0, 100, 0}};
     for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
         for (int overlap = 0; overlap < 2; overlap++) {
-            fg_policy p = compressed(N_SEQ, 1, placements[k]);
-            p.overlap = overlap, p.int8_activations = 1;
+            if (SANITIZERS_ONE_DIAGONAL && overlap != (int)k % 2) continue;
+            fg_policy p = policy_of(SCHEME_SEQ, 1, placements[k]);
+            p.compress_weight = q4;
+            p.overlap = overlap;
+            p.int8_activations = products == PRODUCTS_INT8;
+            p.bf16_prefill = products == PRODUCTS_BF16_PREFILL;
             CU_ASSERT_EQUAL(runtime_generate(&f, &p, tokens, r), 0);
-            EXPECT(!memcmp(r, plain, n * sizeof *r), "%s, int8 activations, weights %d%% gpu %d%% cpu, overlap %d: "
-                   "the runtime's logits differ from the plain pass's", name, placements[k].wg, placements[k].wc, overlap);
+            EXPECT(!memcmp(r, plain, n * sizeof *r), "%s, %s, weights %d%% gpu %d%% cpu, overlap %d: "
+                   "the runtime's logits differ from the plain pass's", name, flag, placements[k].wg,
+                   placements[k].wc, overlap);
         }
-    double rms = first_step_rms(plain, q4_run, f.cfg.vocab);
-    EXPECT(rms > 0 && rms <= 0.05, "%s: int8 activations moved the first step's logits by %.4f in relative RMS "
-           "from section 5's products; expected more than 0 and at most 0.05", name, rms);
+    double rms = first_step_rms(plain, fp32_run, f.n, f.cfg.vocab);
+    EXPECT(rms > 0 && rms <= max_rms, "%s: %s moved the first step's logits by %.4f in relative RMS from fp32 "
+           "products; expected more than 0 and at most %.2f", name, flag, rms, max_rms);
     fprintf(stderr, "[%s: rms change %.4f] ", name, rms);
-    free(plain), free(q4_run), free(r);
+    free(plain);
+    free(fp32_run);
+    free(r);
     fixture_prompts_close(&f);
 }
 
-static void test_int8_pre_ln(void) { check_int8("opt-tiny"); }
-static void test_int8_post_ln(void) { check_int8("opt-tiny-350m"); }
+static void test_int8_pre_ln(void) { check_scheme("opt-tiny", PRODUCTS_INT8, 0.05); }
+static void test_int8_post_ln(void) { check_scheme("opt-tiny-350m", PRODUCTS_INT8, 0.05); }
+static void test_bf16_pre_ln(void) { check_scheme("opt-tiny", PRODUCTS_BF16_PREFILL, 0.01); }
+static void test_bf16_post_ln(void) { check_scheme("opt-tiny-350m", PRODUCTS_BF16_PREFILL, 0.01); }
 
 static void test_weights_pre_ln(void) { check_weights("opt-tiny"); }
 static void test_weights_post_ln(void) { check_weights("opt-tiny-350m"); }
 /* The LLaMA family: q, k, v, gate, up and down each grouped on its own, an untied lm_head. */
 static void test_weights_llama(void) { check_weights("llama-tiny-gqa4-linear"); }
-static void test_int8_llama(void) { check_int8("llama-tiny-mqa-bias"); }
+static void test_int8_llama(void) { check_scheme("llama-tiny-mqa-bias", PRODUCTS_INT8, 0.05); }
 
 /* Mistral's k and v are 16 wide: a 4-bit group of 64 holds such a row in 36 bytes, more than its
  * 32 of fp16, and staged for the CPU's products (which read the 4-bit bytes) it must not run into
@@ -391,6 +415,7 @@ static void check_cache(const char *name) {
         CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, base_tokens, base), 0);
         for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
             for (int variant = 0; variant < 4; variant++) {
+                if (SANITIZERS_ONE_DIAGONAL && variant != (int)k % 4) continue;
                 p = cache_policy(shapes[sh][0], shapes[sh][1], placements[k], variant & 1, variant >> 1);
                 CU_ASSERT_EQUAL(runtime_generate(&f, &p, tokens, r), 0);
                 CU_ASSERT_EQUAL(memcmp(tokens, base_tokens, sizeof tokens), 0);
@@ -544,6 +569,7 @@ static void test_sparse_runtime(void) {
                                             {100, 0, 30, 40, 100, 0}, {0, 0, 0, 0, 0, 0}};
         for (size_t k = 0; k < sizeof placements / sizeof *placements; k++)
             for (int variant = 0; variant < 4; variant++) {
+                if (SANITIZERS_ONE_DIAGONAL && variant != (int)k % 4) continue;
                 fg_policy v = p;
                 v.percent = placements[k];
                 v.overlap = variant & 1;
@@ -612,6 +638,7 @@ static void test_sparse_grouping(void) {
         CU_ASSERT_EQUAL_FATAL(runtime_generate(&f, &p, sparse_tokens, sparse), 0);
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (int cpu = 0; cpu < 2; cpu++) {
+                if (SANITIZERS_ONE_DIAGONAL && cpu != (int)s % 2) continue;
                 fg_policy v = policy_of(shapes[s][0], shapes[s][1], cpu ? cpu_cache : all_gpu);
                 v.compress_cache = q4;
                 double dense_change = grouping_change(&f, &v, dense_tokens, dense, r);
@@ -648,6 +675,9 @@ void add_compress_tests(void) {
     CU_add_test(s, "--int8-activations: the plain pass's bits on every tier, close to section 5's, pre-LN",
                 test_int8_pre_ln);
     CU_add_test(s, "--int8-activations: the same, post-LN (opt-350m's shape)", test_int8_post_ln);
+    CU_add_test(s, "--bf16-prefill: the plain pass's bits on every tier, and its change from fp32 products",
+                test_bf16_pre_ln);
+    CU_add_test(s, "--bf16-prefill: the same, post-LN (opt-350m's shape)", test_bf16_post_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, pre-LN", test_cache_pre_ln);
     CU_add_test(s, "--compress-cache: same bits in every placement, close to fp16, post-LN", test_cache_post_ln);
     CU_add_test(s, "--compress-cache: another GPU batch size, within the stated bound", test_cache_batch_shape);

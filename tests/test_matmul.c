@@ -310,7 +310,7 @@ static void check_int8_products(int parts) {
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
             memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
-            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, 1, NULL);
+            matmul_int8_blocks(x, rows, in, w.w4, parts, out, y, acc);
             int fp_bad = 0, q_bad = 0;
             double worst = 0;
             for (int r = 0; r < rows; r++)
@@ -331,7 +331,7 @@ static void check_int8_products(int parts) {
                 memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
                 matmul_force_isa(paths[p]);
                 int vnni = matmul_int8_sums() != NULL;
-                matmul_weights(x, rows, in, w.w4, parts, out, yp, acc, 1, NULL);
+                matmul_int8_blocks(x, rows, in, w.w4, parts, out, yp, acc);
                 matmul_force_isa(-1);
                 EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
                        "out %d%s: the %s path%s differs from the CPU's own", parts, rows, in, out,
@@ -367,7 +367,7 @@ static void test_int8_outliers_and_zeros(void) {
     x[5] = 60.0f, x[in + 70] = -300.0f;                  /* outliers in rows 0 and 1 */
     for (int k = 64; k < 128; k++) x[2 * in + k] = 0;    /* row 2's second block: zeros */
     for (int k = 0; k < in; k++) x[3 * in + k] = 0;      /* row 3: all zeros */
-    matmul_weights(x, rows, in, w.w4, 1, out, y, 0, 1, NULL);
+    matmul_int8_blocks(x, rows, in, w.w4, 1, out, y, 0);
     int bad = 0, finite = 1;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < out; c++) {
@@ -382,6 +382,207 @@ static void test_int8_outliers_and_zeros(void) {
     weights_free(&w);
 }
 
+/* ============================================================================================
+ * The opt-in prefill schemes: onednn.c's two products, int8.c's rows rounded once, bf16
+ * ============================================================================================ */
+
+static int8_t random_int8(uint64_t *seed) { return (int8_t)((int)(test_uniform(seed) * 255.0f) - 127); }
+
+/* Integer sums are exact: oneDNN (where the build has it, on whatever kernel it picks for this
+ * CPU) gives the plain loops' bits. */
+static void test_gemm_s8(void) {
+    static const int shapes[][3] = {{65, 64, 64}, {67, 130, 75}, {300, 256, 1000}, {128, 8, 3}, {1, 1, 1}};
+    uint64_t seed = 61;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        int8_t *a = malloc((size_t)m * k), *b = malloc((size_t)k * n);
+        int32_t *c = malloc((size_t)m * n * sizeof *c), *want = malloc((size_t)m * n * sizeof *want);
+        for (size_t i = 0; i < (size_t)m * k; i++) a[i] = random_int8(&seed);
+        for (size_t i = 0; i < (size_t)k * n; i++) b[i] = random_int8(&seed);
+        a[0] = -127;
+        b[0] = -127; /* the largest product, k times, is within int32 */
+        gemm_s8(m, n, k, a, b, c);
+        gemm_s8_reference(m, n, k, a, b, want);
+        EXPECT(!memcmp(c, want, (size_t)m * n * sizeof *c), "gemm_s8 %d x %d x %d on %s: sums differ from the plain "
+               "loops'", m, n, k, gemm_path(0));
+        free(a);
+        free(b);
+        free(c);
+        free(want);
+    }
+}
+
+/* bf16 operands: each product is exact in fp32 (8-bit significands), so oneDNN and the plain
+ * loops differ only in the order of the fp32 sums: both within gamma_k of the terms' magnitudes
+ * of the exact sum. */
+static void test_gemm_bf16(void) {
+    static const int shapes[][3] = {{65, 64, 64}, {67, 130, 75}, {200, 256, 1000}, {1, 3, 1}};
+    uint64_t seed = 67;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        uint16_t *a = malloc((size_t)m * k * sizeof *a), *b = malloc((size_t)k * n * sizeof *b);
+        for (size_t i = 0; i < (size_t)m * k; i++) a[i] = fp32_to_bf16(test_uniform(&seed) * 2 - 1);
+        for (size_t i = 0; i < (size_t)k * n; i++) b[i] = fp32_to_bf16(test_uniform(&seed) * 2 - 1);
+        float *c = malloc((size_t)m * n * sizeof *c), *ref = malloc((size_t)m * n * sizeof *ref);
+        gemm_bf16(m, n, k, a, b, c);
+        gemm_bf16_reference(m, n, k, a, b, ref);
+        int bad = 0;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                double exact = 0, mag = 0;
+                for (int p = 0; p < k; p++) {
+                    double t = (double)bf16_to_fp32(a[(size_t)i * k + p]) * bf16_to_fp32(b[(size_t)p * n + j]);
+                    exact += t;
+                    mag += fabs(t);
+                }
+                bad += fabs(c[(size_t)i * n + j] - exact) > gamma_n(k) * mag;
+                bad += fabs(ref[(size_t)i * n + j] - exact) > gamma_n(k) * mag;
+            }
+        EXPECT(bad == 0, "gemm_bf16 %d x %d x %d on %s: %d sums beyond the fp32 bound", m, n, k, gemm_path(1), bad);
+        free(a);
+        free(b);
+        free(c);
+        free(ref);
+    }
+}
+
+/* fp32 to bf16: to nearest, ties to even; infinities and signed zeros kept; a NaN stays a NaN. */
+static void test_bf16_rounding(void) {
+    static const struct { uint32_t in; uint16_t out; } cases[] = {
+        {0x3f800000, 0x3f80}, {0x3f808000, 0x3f80}, {0x3f818000, 0x3f82}, {0x3f808001, 0x3f81},
+        {0x3f807fff, 0x3f80}, {0xbf818000, 0xbf82}, {0x80000000, 0x8000}, {0x7f800000, 0x7f80},
+        {0x7f7fffff, 0x7f80}, {0x00000001, 0x0000}, {0x00018000, 0x0002}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        float f;
+        memcpy(&f, &cases[i].in, 4);
+        EXPECT(fp32_to_bf16(f) == cases[i].out, "fp32_to_bf16(0x%08x) = 0x%04x; want 0x%04x", cases[i].in,
+               fp32_to_bf16(f), cases[i].out);
+    }
+    float nan = NAN;
+    EXPECT(isnan(bf16_to_fp32(fp32_to_bf16(nan))), "a NaN rounded to bf16 is no longer a NaN");
+}
+
+/* int8.c's prefill scheme as its comment defines it, on the widened values v[in][out]: x's row
+ * rounded once, v's column once, the exact integer sum, then the two scales. */
+static int8_t scheme_round(float v) {
+    v = v < 127.0f ? v : 127.0f;
+    v = v > -127.0f ? v : -127.0f;
+    return (int8_t)nearbyintf(v);
+}
+
+static float int8_rows_scheme(const float *xr, int in, const float *v, int out, int c, float y0, int acc,
+                              double *bound, double *exact) {
+    float top = 0, col = 0;
+    for (int k = 0; k < in; k++) top = fabsf(xr[k]) > top ? fabsf(xr[k]) : top;
+    for (int k = 0; k < in; k++) col = fabsf(v[(size_t)k * out + c]) > col ? fabsf(v[(size_t)k * out + c]) : col;
+    float alpha = top / 127.0f, scale = col / 127.0f;
+    float inv = top > 0 ? 127.0f / top : 0.0f, inv_col = col > 0 ? 127.0f / col : 0.0f;
+    int64_t isum = 0;
+    double q_bound = 0;
+    *exact = acc ? y0 : 0;
+    for (int k = 0; k < in; k++) {
+        float w = v[(size_t)k * out + c];
+        isum += (int64_t)scheme_round(xr[k] * inv) * scheme_round(w * inv_col);
+        *exact += (double)xr[k] * w;
+        q_bound += (fabs(xr[k]) * scale + alpha * fabs(w) + alpha * scale / 2) / 2;
+    }
+    float step = alpha * scale;
+    float want = acc ? y0 + step * (float)isum : step * (float)isum;
+    *bound = q_bound + 4 * 0x1p-24 * (fabs((double)step * isum) + fabs(y0));
+    return want;
+}
+
+/* --int8-activations' prefill (rows > MATMUL_DECODE_ROWS): the scheme's bits, and within its
+ * rounding bound of the exact product; a row with an outlier, a row of zeros. */
+static void check_int8_rows(int parts) {
+    static const int shapes[][3] = {{65, 70, 384}, {70, 130, 288}, {100, 64, 192}, {129, 200, 96}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        weights w;
+        weights_make(&w, in, out, parts, 73 + s);
+        float *x = random_floats((size_t)rows * in, 79 + s), *y0 = random_floats((size_t)rows * out, 83 + s);
+        float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+        x[3] = 40.0f;                                   /* an outlier in row 0 */
+        memset(x + in, 0, (size_t)in * sizeof *x);      /* row 1: zeros */
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(y, y0, (size_t)rows * out * sizeof *y);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch);
+            int differ = 0, beyond = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < out; c++) {
+                    size_t at = (size_t)r * out + c;
+                    double bound, exact;
+                    float want = int8_rows_scheme(x + (size_t)r * in, in, w.v4, out, c, y0[at], acc, &bound, &exact);
+                    differ += memcmp(&want, &y[at], sizeof want) != 0;
+                    beyond += fabs(y[at] - exact) > bound;
+                }
+            EXPECT(differ == 0 && beyond == 0, "int8 prefill, %d part(s), rows %d, in %d, out %d%s on %s: %d elements "
+                   "differ from the scheme's bits, %d beyond its rounding bound", parts, rows, in, out,
+                   acc ? ", adding" : "", gemm_path(0), differ, beyond);
+        }
+        free(x);
+        free(y0);
+        free(y);
+        free(scratch);
+        weights_free(&w);
+    }
+}
+
+static void test_int8_rows(void) { check_int8_rows(1); }
+static void test_int8_rows_parts(void) { check_int8_rows(3); }
+
+/* --bf16-prefill: above MATMUL_DECODE_ROWS rows, within fp32's bound of the product of the
+ * operands rounded to bf16; at or below it, the bits of the fp32 products (decode keeps them). */
+static void check_bf16_prefill(int q4) {
+    static const int shapes[][3] = {{65, 70, 384}, {70, 130, 192}, {129, 200, 96}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        weights w;
+        weights_make(&w, in, out, 1, 89 + s);
+        const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
+        const float *v = q4 ? w.v4 : w.v16;
+        float *x = random_floats((size_t)rows * in, 97 + s), *y0 = random_floats((size_t)rows * out, 101 + s);
+        float *y = malloc((size_t)rows * out * sizeof *y), *y32 = malloc((size_t)rows * out * sizeof *y32);
+        float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(y, y0, (size_t)rows * out * sizeof *y);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch);
+            int beyond = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < out; c++) {
+                    size_t at = (size_t)r * out + c;
+                    double exact = acc ? y0[at] : 0, mag = acc ? fabs(y0[at]) : 0;
+                    for (int k = 0; k < in; k++) {
+                        double t = (double)bf16_to_fp32(fp32_to_bf16(x[(size_t)r * in + k])) *
+                                   bf16_to_fp32(fp32_to_bf16(v[(size_t)k * out + c]));
+                        exact += t;
+                        mag += fabs(t);
+                    }
+                    beyond += fabs(y[at] - exact) > gamma_n(in + 1) * mag;
+                }
+            EXPECT(beyond == 0, "bf16 prefill, %s weights, rows %d, in %d, out %d%s on %s: %d elements beyond fp32's "
+                   "bound of the bf16 operands' product", q4 ? "4-bit" : "fp16", rows, in, out, acc ? ", adding" : "",
+                   gemm_path(1), beyond);
+            int decode_rows = MATMUL_DECODE_ROWS;
+            memcpy(y, y0, (size_t)decode_rows * out * sizeof *y);
+            memcpy(y32, y0, (size_t)decode_rows * out * sizeof *y32);
+            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch);
+            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, scratch);
+            EXPECT(!memcmp(y, y32, (size_t)decode_rows * out * sizeof *y), "bf16 prefill, %s weights, %d rows (decode): "
+                   "not the fp32 products' bits", q4 ? "4-bit" : "fp16", decode_rows);
+        }
+        free(x);
+        free(y0);
+        free(y);
+        free(y32);
+        free(scratch);
+        weights_free(&w);
+    }
+}
+
+static void test_bf16_prefill_fp16(void) { check_bf16_prefill(0); }
+static void test_bf16_prefill_q4(void) { check_bf16_prefill(1); }
+
 void add_matmul_tests(void) {
     CU_pSuite s = CU_add_suite("matmul", NULL, NULL);
     CU_add_test(s, "fp16 weights: products within the fp32 summation bound", test_fp16_products);
@@ -395,4 +596,12 @@ void add_matmul_tests(void) {
                 test_int8_products);
     CU_add_test(s, "int8 activations x 4-bit q|k|v in 3 parts: the same", test_int8_parts_products);
     CU_add_test(s, "int8 activations: an outlier in a block, and blocks of zeros", test_int8_outliers_and_zeros);
+    CU_add_test(s, "gemm_s8 (oneDNN where built): the plain loops' integer sums, bit for bit", test_gemm_s8);
+    CU_add_test(s, "gemm_bf16 (oneDNN where built): within fp32's bound, like its plain loops", test_gemm_bf16);
+    CU_add_test(s, "fp32 to bf16: to nearest, ties to even, NaN kept", test_bf16_rounding);
+    CU_add_test(s, "int8 prefill, each row rounded once: the scheme's bits and its rounding bound", test_int8_rows);
+    CU_add_test(s, "int8 prefill on 4-bit q|k|v in 3 parts: the same", test_int8_rows_parts);
+    CU_add_test(s, "bf16 prefill on fp16 weights: fp32's bound of the bf16 product; decode's rows keep fp32",
+                test_bf16_prefill_fp16);
+    CU_add_test(s, "bf16 prefill on 4-bit weights: the same", test_bf16_prefill_q4);
 }

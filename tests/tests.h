@@ -36,6 +36,15 @@ void expect_(int ok, const char *file, unsigned line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define EXPECT(ok, ...) expect_((ok), __FILE__, __LINE__, __VA_ARGS__)
 
+/* make test-san checks memory; make test has checked the numbers. Under the sanitizers (ten
+ * times slower) a test whose cases form a matrix, placements by variants, may run one diagonal
+ * of it: every row and every column once, so every code path still runs. */
+#ifdef __SANITIZE_ADDRESS__
+#define SANITIZERS_ONE_DIAGONAL 1
+#else
+#define SANITIZERS_ONE_DIAGONAL 0
+#endif
+
 /* Runs argv (argv[0] found on PATH) with stdin_text (NULL: empty); *out and *err get its stdout
  * and stderr (malloc'd). Returns its exit status, 128 + the signal, or -1 (test_cli.c). */
 int run_command(const char *const *argv, const char *stdin_text, char **out, char **err);
