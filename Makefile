@@ -33,7 +33,8 @@ endif
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-# The paper's four C files, then the support layer (support/) that a first reading can skip.
+# The paper's four C files and llama_model.c beside opt_model.c (flexgen.cu, the fifth paper file,
+# builds below), then the support layer (support/) that a first reading can skip.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_backend.c cpu_fp16.c sampling.c \
            safetensors.c checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c perplexity.c pipeline.c \

@@ -44,7 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* flexgen.h's kernel bodies (q4_value) are the device's too, with the device's fp16 */
+/* model.h's kernel bodies (kv_page_row, position_of, q4_bytes, q4_value) are the device's too,
+ * with the device's fp16 */
 #define FG_HOST_DEVICE __host__ __device__
 #define FG_HALF_TO_FLOAT(h) __half2float(__ushort_as_half(h))
 extern "C" {
@@ -401,9 +402,12 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 
 /* ============================================================================================
  * 4-bit decompression (§5; quant.c has the layout): one thread per value, min + q * scale
- * (flexgen.h's q4_value, which the CPU tests build too) rounded to fp16, the device's working
- * format.
+ * (model.h's q4_value, which the CPU builds too) rounded to fp16, the device's working format.
+ * Each kernel below names its CPU twin and the test of tests/test_kernels.cu that holds the two
+ * together (the kernels suite, on a GPU or the emulated one).
  * ============================================================================================ */
+
+/* CPU twin: quant.c's q4_decompress. Test: test_dequant, bit for bit after the fp16 rounding. */
 
 __global__ void dequant_kernel(const uint8_t *src, size_t outer, size_t len, size_t inner, __half *dst) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -698,11 +702,11 @@ __device__ float block_max(float v, float *shared) {
     return v;
 }
 
-/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row (opt_model.c's layer_norm; tested
- * by test_kernels.cu's test_layer_norm). With `add` (a product's bias, [dim]), x += add first,
- * rounded to fp16 and kept in x, the bits of bias_kernel's OUT_ADD before a separate norm (tested
- * bit for bit by test_bias_layer_norm): one launch for the two. y may alias x (each thread
- * writes only the elements it read). */
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row. CPU twin: opt_model.c's
+ * layer_norm. Test: test_layer_norm, within its bound of a layer norm in double. With `add` (a
+ * product's bias, [dim]), x += add first, rounded to fp16 and kept in x, the bits of
+ * bias_kernel's OUT_ADD before a separate norm (tested bit for bit by test_bias_layer_norm): one
+ * launch for the two. y may alias x (each thread writes only the elements it read). */
 __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const __half *w, const __half *b, __half *y) {
     __shared__ float shared[32];
     __half *xr = x + (size_t)blockIdx.x * dim;
@@ -723,7 +727,8 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
         yr[i] = __float2half_rn((__half2float(xr[i]) - mean) * inv * __half2float(w[i]) + __half2float(b[i]));
 }
 
-
+/* y += b[column], then ReLU if relu. CPU twin: opt_model.c's linear_layer, after its product.
+ * Test: test_linear, every mode (and test_bias_layer_norm its OUT_ADD bits). */
 __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -757,14 +762,15 @@ static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 
     LAUNCHED("bias_kernel");
 }
 
-/* The position id of row t of a sequence this step: its cache slot + 2 (HF: padding gets 1). */
-__device__ int position_of(int past, int pad, int t) { return t < pad ? OPT_POS_OFFSET - 1 : past + t - pad + OPT_POS_OFFSET; }
-
+/* out = table[ids[row]], a block per row. CPU twin: opt_embed's matmul_embed_row of the token
+ * table (llama_embed's too). Test: test_embed, bit for bit. */
 __global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, __half *out) {
     const __half *row = table + (size_t)ids[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
 }
 
+/* x += pos[position_of(row)], a block per row. CPU twin: opt_embed's positions. Test: test_embed,
+ * bit for bit. */
 __global__ void add_positions_kernel(__half *x, const __half *pos, const int *past, const int *pad, int n_new, int h) {
     int r = blockIdx.x, b = r / n_new;
     const __half *p = pos + (size_t)position_of(past[b], pad[b], r % n_new) * h;
@@ -801,7 +807,7 @@ __device__ __half half_at_least(float x) {
 }
 
 /* One 4-bit group of a cache row: n values of one head, as quant.c's compress_group (inner 1),
- * without FMA contraction so that the levels are the CPU's. */
+ * without FMA contraction so that the levels are the CPU's (store_kv_kernel's test holds them). */
 __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *min_out, __half *scale_out) {
     float lo = x[0], hi = x[0];
     for (int e = 1; e < n; e++) lo = fminf(lo, x[e]), hi = fmaxf(hi, x[e]);
@@ -826,7 +832,8 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
 /* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
  * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group).
  * q, k and v sit in qkv as `at` lays them out (qkv_layout_of); a cache row is heads (the K/V
- * heads) x hd. */
+ * heads) x hd. CPU twin: opt_model.c's store_kv (q4_compress for a 4-bit cache). Test:
+ * test_store_kv, byte for byte at each row's page, fp16 and 4-bit. */
 __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new, const int *past,
                                 const int *pad, int hd, int heads, int q4, void *const *k, void *const *v,
                                 long long shift, const int *pages, int max_pages, int page_tokens) {
@@ -855,17 +862,16 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
 }
 
 /* Value d of one K/V head's key (or value) at `slot`: from the cache below past (through its page
- * table; rows of heads x hd), else this step's (rows `stride` apart). */
+ * table; rows of heads x hd), else this step's (rows `stride` apart). A 4-bit row is
+ * [heads][hd][1] in quant.c's layout; its value d is model.h's q4_value, the value that
+ * opt_model.c's kv_row decompresses on the CPU. */
 __device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh, size_t stride,
                           int slot, int past, int d, int head, int hd, int heads, int q4) {
     if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * stride + (size_t)head * hd + d]);
     size_t row = kv_page_row(pages, page_tokens, slot);
     if (!q4) return __half2float(((const __half *)(cache + row * 2 * heads * hd))[(size_t)head * hd + d]);
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
-    const uint8_t *bytes = (const uint8_t *)cache + (row * heads + head) * G * (Q4_GROUP / 2 + 4);
-    const __half *mins = (const __half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-    int q = (bytes[g * (Q4_GROUP / 2) + p] >> (d % 2 ? 0 : 4)) & 15;
-    return __fmaf_rn((float)q, __half2float(scales[g]), __half2float(mins[g]));
+    const uint8_t *bytes = (const uint8_t *)cache + (row * heads + head) * q4_bytes(1, (size_t)hd, 1);
+    return q4_value(bytes, (size_t)hd, 1, (size_t)d);
 }
 
 /* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
@@ -873,7 +879,9 @@ __device__ float kv_value(const char *cache, const int *pages, int page_tokens, 
  * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
  * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
  * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: scores
- * and kept flags. */
+ * and kept flags. CPU twin: opt_model.c's attention (opt_attend_decode in decode). Tests:
+ * test_attention within its bound, test_attention_ties (the same keys kept) and
+ * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
 __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past, const int *pad,
                                  void *const *kc, void *const *vc, long long shift, const int *pages, int max_pages,
                                  int page_tokens, int n_new, int hd, int heads, int kv_heads, int q4, float scale,
@@ -940,7 +948,8 @@ static size_t attention_shared_bytes(int nk) {
 
 /* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
  * fp32 and stored fp16; others, and the rows of padding queries, are 0. A block per (query,
- * head). */
+ * head). CPU twin: opt_model.c's softmax over a prompt's causal rows (attention). Test:
+ * test_prefill, prefill_attention within its bound of softmax attention in double. */
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad) {
     __shared__ float shared[32];
     int t = blockIdx.x;
@@ -1120,7 +1129,8 @@ static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, 
  * the products, the cache and attention (grouped-query) as above.
  * ============================================================================================ */
 
-/* y = x / sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm), a block per row; y may alias x. */
+/* y = x / sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm), a block per row; y may alias x. CPU
+ * twin: llama_model.c's rms_norm. Test: test_rms_norm, within its bound of RMSNorm in double. */
 __global__ void rms_norm_kernel(const __half *x, int dim, const __half *w, float eps, __half *y) {
     __shared__ float shared[32];
     const __half *xr = x + (size_t)blockIdx.x * dim;
@@ -1140,7 +1150,8 @@ static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float ep
 typedef struct { float f[512]; } rope_freqs;
 
 /* RoPE in HF's layout (pair i: dimensions i and i + hd/2 of a head) on the q heads and the k
- * heads of each row at its position (its cache slot; padding rows too, unread): a block per row. */
+ * heads of each row at its position (its cache slot; padding rows too, unread): a block per row.
+ * CPU twin: llama_model.c's rope. Test: test_rope, within its bound of HF's rotation in double. */
 __global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *past, const int *pad, int hd,
                             int heads, int kv_heads, rope_freqs freqs) {
     int r = blockIdx.x, b = r / n_new, half = hd / 2;
@@ -1155,7 +1166,8 @@ __global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *pa
     }
 }
 
-/* gate = silu(gate) * up, elementwise. */
+/* gate = silu(gate) * up, elementwise. CPU twin: llama_model.c's swiglu. Test: test_swiglu,
+ * within its bound of silu(g) u in double. */
 __global__ void swiglu_kernel(__half *gate, const __half *up, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -1227,22 +1239,35 @@ static double cuda_device_memory(void) {
     return (double)free_bytes > margin ? (double)free_bytes - margin : 0;
 }
 
+/* The fields in model.h's order, as support/cpu_backend.c's fg_cpu_backend lists them. */
 static const fg_backend cuda_backend = {
-    "cuda",                 /* name */
-    0,                      /* gpu_is_host */
-    2,                      /* weight_elem: fp16 */
-    FG_CUDA_ACT_ELEM,       /* act_elem: fp16 */
-    cuda_alloc, cuda_free, cuda_host_alloc, cuda_host_free,
-    cuda_weights_in, cuda_weights_in_q4,
-    cuda_copy_in, cuda_copy_out, cuda_copy,
-    cuda_copies_done, cuda_finish, cuda_join, cuda_counts,
-    fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
-    {{cuda_embed, cuda_layer, cuda_output}, {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* forward */
-    cuda_device_memory,
-    0,                      /* reads_q4: 4-bit weights are decompressed into staging */
-    FG_CUDA_RESERVE,        /* device_reserve */
-    FG_CUDA_HOST_RESERVE,   /* host_reserve: the bounce buffers */
-    fg_cuda_delegated_bytes,
+    .name = "cuda",
+    .gpu_is_host = 0,
+    .weight_elem = 2, /* fp16 */
+    .act_elem = FG_CUDA_ACT_ELEM, /* fp16 */
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .weights_in = cuda_weights_in,
+    .weights_in_q4 = cuda_weights_in_q4,
+    .copy_in = cuda_copy_in,
+    .copy_out = cuda_copy_out,
+    .copy = cuda_copy,
+    .copies_done = cuda_copies_done,
+    .finish = cuda_finish,
+    .join = cuda_join,
+    .counts = cuda_counts,
+    .workspace_bytes = fg_cuda_workspace_bytes,
+    .workspace_init = cuda_workspace_init,
+    .workspace_free = cuda_workspace_free,
+    .forward = {{cuda_embed, cuda_layer, cuda_output},                     /* FAMILY_OPT */
+                {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* FAMILY_LLAMA */
+    .device_memory = cuda_device_memory,
+    .reads_q4 = 0, /* 4-bit weights are decompressed into staging */
+    .device_reserve = FG_CUDA_RESERVE,
+    .host_reserve = FG_CUDA_HOST_RESERVE, /* the bounce buffers */
+    .delegated_bytes = fg_cuda_delegated_bytes,
 };
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;

@@ -160,6 +160,12 @@ int output_rows(const gpu_batch *gb, int hidden, float *dst); /* the rows the ou
 static inline int slot_of(const gpu_batch *gb, int b, int t) {
     return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];
 }
+/* OPT's position id of row t of a sequence this step (HF: cumsum(mask) * mask - 1 + 2): its cache
+ * slot + 2. Padding rows get position 1, as in HF; no attention sees them anyway. Both backends'
+ * input embedding reads it (opt_embed, flexgen.cu's add_positions_kernel). */
+static inline FG_HOST_DEVICE int position_of(int past, int pad, int t) {
+    return t < pad ? OPT_POS_OFFSET - 1 : past + t - pad + OPT_POS_OFFSET;
+}
 
 /* The LLaMA family's forward pass (llama_model.c), the same steps for the same schedule. */
 void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
@@ -188,7 +194,11 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 
 /* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
 #define Q4_GROUP 64
-size_t q4_bytes(size_t outer, size_t len, size_t inner);
+/* Bytes of a 4-bit tensor [outer][len][inner] (quant.c's layout): per outer index, G groups along
+ * len of 32 bytes of nibbles and an fp16 min and scale, at each inner index. */
+static inline FG_HOST_DEVICE size_t q4_bytes(size_t outer, size_t len, size_t inner) {
+    return outer * ((len + Q4_GROUP - 1) / Q4_GROUP) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
+}
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
 int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);

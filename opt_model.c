@@ -106,10 +106,10 @@ static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const
     }
 }
 
-/* The position id of row t of sequence b this step (HF: cumsum(mask) * mask - 1 + 2): its cache
- * slot + 2. Padding rows get position 1, as in HF; no attention sees them anyway. */
-static int position_of(const gpu_batch *gb, int b, int t) {
-    return t < gb->pad[b] ? OPT_POS_OFFSET - 1 : gb->past[b] + t - gb->pad[b] + OPT_POS_OFFSET;
+/* The position id of token row r of the GPU batch (model.h's position_of). */
+static int row_position(const gpu_batch *gb, int r) {
+    int b = r / gb->n_new;
+    return position_of(gb->past[b], gb->pad[b], r % gb->n_new);
 }
 
 /* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
@@ -124,7 +124,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *pos = ws->attn + (size_t)r * h, *xr = x + (size_t)r * h;
-        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, position_of(gb, r / gb->n_new, r % gb->n_new), pos);
+        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, row_position(gb, r), pos);
         for (int i = 0; i < h; i++) xr[i] += pos[i];
     }
 }

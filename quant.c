@@ -28,10 +28,6 @@
 
 static size_t n_groups(size_t len) { return (len + Q4_GROUP - 1) / Q4_GROUP; }
 
-size_t q4_bytes(size_t outer, size_t len, size_t inner) {
-    return outer * n_groups(len) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
-}
-
 /* The smallest fp16 at or above x >= 0 (so that min + 15 scale reaches the group's max). */
 static fp16 fp16_at_least(float x) {
     fp16 h = fp32_to_fp16(x);
