@@ -34,13 +34,16 @@ TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
 # The paper's four C files and llama_model.c beside opt_model.c (flexgen.cu, the fifth paper file,
-# builds below), then the support layer (support/) that a first reading can skip.
+# builds below); the services beneath them (support/); the program around them (app/): the
+# command line, a run opened, the pipeline's stages, the CPU backends' tables. A first reading can
+# skip both folders.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
-SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_backend.c cpu_fp16.c sampling.c \
-           safetensors.c checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c perplexity.c pipeline.c \
-           profile.c jobs.c stage.c kv_pages.c avx512.c avx512_simde.c disk_arena.c io_links.c runtime.c \
-           blas_core.c cli.c)
-SRC := $(PAPER) $(SUPPORT)
+SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampling.c safetensors.c \
+           checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
+           avx512_simde.c disk_arena.c io_links.c blas_core.c)
+APP := $(addprefix app/,cpu_backend.c cpu_fp16.c perplexity.c pipeline.c profile.c jobs.c stage.c \
+       runtime.c cli.c)
+SRC := $(PAPER) $(SUPPORT) $(APP)
 CUDA_OBJ :=
 TEST_CUDA_OBJ :=
 
@@ -237,7 +240,7 @@ build-fuzz/obj/%.o: %.c $(HDR) | fuzz-toolchain
 build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h support/cli.c build-fuzz/libflexgen.a
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/cli.c build-fuzz/libflexgen.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
 
 bench: flexgen
