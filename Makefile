@@ -73,7 +73,7 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h
+HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
 TEST_SRC := $(wildcard tests/*.c)
 # The tokenizer fixtures kept compressed (tests/fixtures/tokenizers/, xz), unpacked for the tests
 # into build/tokenizers/ with the tokenizer_config.json each tokenizer.json reads beside it.

@@ -5,29 +5,30 @@
  * defines a function before its first use). Read it top-down from the loop, by this map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   112  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
- *   143  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
- *  1455  step_begins              a block's step: tokens back, pages; step_ends
- *  1398  load_weight              Fig. 4's load_weight; synchronize below it
- *  1340  compute                  layer j of GPU batch k on the backend
- *  1170  load_cache               store_cache below it, then load_ and store_activation
- *  1870  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1725  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *   170  tier_take                the tiers: every byte taken here, or refused
- *   234  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   300  place_tensors            each tensor's home tier, by FlexGen's rule
- *   518  load_weights_into_homes  the weights written into their homes, once
- *   611  load_weights             a layer read ahead, converted into a staging arena
- *   685  shape_block              a block's buffers per tier; fg_check_plan below it
- *   983  alloc_block              a block's KV cache and activations on the tiers
+ *   113  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
+ *   144  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
+ *  1456  step_begins              a block's step: tokens back, pages; step_ends
+ *  1399  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1341  compute                  layer j of GPU batch k on the backend
+ *  1171  load_cache               store_cache below it, then load_ and store_activation
+ *  1945  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1800  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1567  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   171  tier_take                the tiers: every byte taken here, or refused
+ *   235  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
+ *   301  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   519  load_weights_into_homes  the weights written into their homes, once
+ *   612  load_weights             a layer read ahead, converted into a staging arena
+ *   686  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   984  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
  * links once a block rather than once a batch. The types the loop reads (fg_runtime, fg_model,
  * weight_home, block_shape, block) are in flexgen.h. Below this file: the disk arena's mapping,
  * the I/O threads and the KV cache's pages (support/disk_arena.c, io_links.c, kv_pages.c); above
- * it, opening a run and a model (support/runtime.c) and a pipeline's stage hooks (§4.4,
- * support/pipeline.c; in one process they do nothing, support/stage.c).
+ * it, opening a run and a model (app/runtime.c) and a pipeline's stage hooks (§4.4,
+ * app/pipeline.c; in one process they do nothing, app/stage.c).
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -1537,6 +1538,80 @@ static void step_ends(gen_run *run, int t, int i) {
         run->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new;
         gpu_batch_advance(&bl->gb[k]);
     }
+}
+
+/* ---- A block's tokens, as its step ends (support/sampling.c chooses each from its logits) ---- */
+
+/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
+static const float *logits_row(const block *bl, int s, int t) {
+    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows;
+    size_t row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
+    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
+}
+
+/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
+static void keep_prompt_logits(const block *bl, const gen_options *opt) {
+    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
+    for (int s = 0; s < bl->count; s++) {
+        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs];
+        int len = bl->out_rows - pad;
+        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
+               (size_t)len * vocab * sizeof(float));
+    }
+}
+
+/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
+ * the logits of sequences still running; with teacher forcing the next token is given.
+ * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
+ * on the block shape, the number of stages or the slot a refill gave the prompt. */
+void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
+    int vocab = bl->m->view.cfg.vocab;
+    size_t rows = (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
+    if (bl->s.logit_rows == 1) rows = (size_t)bl->count;
+    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
+    bl->rt->backend->copies_done(); /* a decode step's one wait on the device, on a GPU */
+    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
+    for (int s = 0; s < bl->count; s++) {
+        const float *row = logits_row(bl, s, bl->out_rows - 1);
+        int p = bl->prompt[s], step = bl->step[s];
+        if (p < 0) continue; /* an idle slot */
+        if (logits_out && !bl->done[s]) {
+            float *out = logits_out + ((size_t)p * opt->gen_len + step) * vocab;
+            memcpy(out, row, vocab * sizeof(float));
+        }
+        if (opt->forced) {
+            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
+            continue;
+        }
+        fg_rng rng;
+        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
+        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
+        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
+    }
+}
+
+/* tok ends a sequence: one of the model's EOS ids, or OPT's. */
+int gen_is_eos(const gen_options *opt, int tok) {
+    if (opt->n_eos == 0) return tok == OPT_EOS_ID;
+    for (int i = 0; i < opt->n_eos; i++)
+        if (tok == opt->eos_ids[i]) return 1;
+    return 0;
+}
+
+/* The first stage takes each sequence's token of the step just ended into out_tokens (padding
+ * once it is done) and the next step's input; returns how many sequences run on. */
+int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
+    int running = 0;
+    for (int s = 0; s < bl->count; s++) {
+        int tok = bl->ids[s];
+        if (bl->prompt[s] < 0) continue;
+        size_t at = (size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++;
+        out_tokens[at] = bl->done[s] ? OPT_PAD_ID : tok;
+        if (opt->stop_at_eos && gen_is_eos(opt, tok)) bl->done[s] = 1;
+        running += slot_running(bl, s, opt->gen_len);
+        bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
+    }
+    return running;
 }
 
 /* ============================================================================================

@@ -1313,7 +1313,7 @@ static double cuda_device_memory(void) {
     return (double)free_bytes > margin ? (double)free_bytes - margin : 0;
 }
 
-/* The fields in model.h's order, as support/cpu_backend.c's fg_cpu_backend lists them. */
+/* The fields in model.h's order, as app/cpu_backend.c's fg_cpu_backend lists them. */
 static const fg_backend cuda_backend = {
     .name = "cuda",
     .gpu_is_host = 0,

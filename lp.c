@@ -351,7 +351,7 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     for (int j = 0; j < c->n_layers + 2; j += j == 1 ? c->n_layers : 1)
         layer = fmax(layer, (double)layer_param_count(c, j) + 16.0 * 15);
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
-    double act_row = h * (double)(hw->gpu_is_host ? fg_cpu_backend.act_elem : FG_CUDA_ACT_ELEM);
+    double act_row = h * (double)(hw->gpu_is_host ? FG_CPU_ACT_ELEM : FG_CUDA_ACT_ELEM);
     double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */
     /* a sequence's cache: len rows, as kv_pool_shape's pools hold sequences all of length len
      * (the diagonal's: the mean at its peak) */

@@ -1,7 +1,7 @@
 /* model.h: the model and its compute, as every layer of the code sees them: OPT's config and
  * weights (§3), a GPU batch and the workspace that compute reads, the forward pass of one GPU batch
  * (opt_model.c), 4-bit group-wise compression and top-K attention (quant.c, §5), the three tiers,
- * and the operation table of a compute device (the CPU's in support/cpu_backend.c, CUDA's in flexgen.cu).
+ * and the operation table of a compute device (the CPU's in app/cpu_backend.c, CUDA's in flexgen.cu).
  * flexgen.h builds the runtime on top of it. Nothing here knows of the runtime, so the support
  * layer's kernels, checkpoints and buffers (support/support.h) use these types and the runtime
  * uses them in turn.
@@ -194,15 +194,13 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 
 /* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
 #define Q4_GROUP 64
-/* Bytes of a 4-bit tensor [outer][len][inner] (quant.c's layout): per outer index, G groups along
- * len of 32 bytes of nibbles and an fp16 min and scale, at each inner index. */
+/* Bytes of a 4-bit tensor [outer][len][inner]: per outer index, G groups of 32 bytes, min, scale. */
 static inline FG_HOST_DEVICE size_t q4_bytes(size_t outer, size_t len, size_t inner) {
     return outer * ((len + Q4_GROUP - 1) / Q4_GROUP) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
 }
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
 int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
-void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 
 /* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
@@ -214,6 +212,18 @@ static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size
     const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
     int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
     return fmaf((float)q, FG_HALF_TO_FLOAT(scales[g * inner + i]), FG_HALF_TO_FLOAT(mins[g * inner + i]));
+}
+/* Row r of a 4-bit tensor [1][len][inner] widened, by the groups' fp16 mins (q4_mins; the scales
+ * follow them): the plain loop of support/simd.c's q4_decode_row, to the bit. */
+static inline const fp16 *q4_mins(const uint8_t *src, size_t len, size_t inner) {
+    return (const fp16 *)(src + (len + Q4_GROUP - 1) / Q4_GROUP * inner * (Q4_GROUP / 2));
+}
+static inline void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst) {
+    const fp16 *mins = q4_mins(src, len, inner) + r / Q4_GROUP * inner;
+    const fp16 *scales = mins + (len + Q4_GROUP - 1) / Q4_GROUP * inner;
+    const uint8_t *b = src + (r / Q4_GROUP * (Q4_GROUP / 2) + (r % Q4_GROUP) / 2) * inner;
+    for (size_t i = 0; i < inner; i++)
+        dst[i] = fmaf((float)((b[i] >> (r % 2 ? 0 : 4)) & 15), FG_HALF_TO_FLOAT(scales[i]), FG_HALF_TO_FLOAT(mins[i]));
 }
 
 /* ---- The tiers (§4.1) and a compute device's operation table (§4.2) ---- */
@@ -241,7 +251,7 @@ typedef struct {
 } fg_device_counts;
 
 /* The compute device's operations: the schedule calls only these, so one loop drives the CPU
- * (support/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's.
+ * (app/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's.
  * CUDA queues its copies and kernels on the calling thread's stream and returns: a copy's host
  * buffer is in use until that thread's copies_done, and the I/O threads' work and the compute
  * thread's are ordered on the device by join (the I/O threads call it after each sync). */

@@ -170,11 +170,6 @@ void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, f
     }
 }
 
-void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst) {
-    const fp16 *mins = (const fp16 *)(src + n_groups(len) * inner * (Q4_GROUP / 2));
-    decode_row(src, mins, mins + n_groups(len) * inner, r, inner, dst);
-}
-
 /* ============================================================================================
  * Top-K sparse attention (§5): which earlier tokens a decode query keeps.
  * ============================================================================================ */

@@ -1,4 +1,4 @@
-/* support/cli.c: the command line.
+/* app/cli.c: the command line.
  *
  *   flexgen [flags]           generate text for prompts with a policy (§4.2) or --policy auto
  *                             (§4.3); under mpirun -np M, as one of M pipeline stages (§4.4)
@@ -13,7 +13,7 @@
 #define _GNU_SOURCE
 #include "flexgen.h"
 #include "support/support.h"
-#include "support/tools.h"
+#include "app/app.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -1394,7 +1394,7 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, co
     fg_stage_layers(cfg, rank, stages, &mine.first_layer, &mine.end_layer);
     mine.percent = a->policy.percent;
     fg_pipe_gather(pipe, &mine, sizeof mine, all);
-    char *events = a->trace ? fg_trace_events(rt, rank, stages) : NULL;
+    char *events = a->trace ? fg_trace_events(&rt->trace, rank, stages) : NULL;
     char *trace = a->trace ? fg_pipe_gather_text(pipe, events ? events : "") : NULL;
     free(events);
     int rc = 0;

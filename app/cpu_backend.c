@@ -1,4 +1,4 @@
-/* support/cpu_backend.c: the CPU backend's operation table (fg_cpu_backend, model.h), the table
+/* app/cpu_backend.c: the CPU backend's operation table (fg_cpu_backend, model.h), the table
  * that the schedule calls and flexgen.cu fills again for CUDA: memory of the gpu tier is host
  * memory, and each family's row is its forward pass on the CPU (opt_model.c, llama_model.c).
  */
@@ -36,7 +36,7 @@ const fg_backend fg_cpu_backend = {
     .name = "cpu",
     .gpu_is_host = 1,
     .weight_elem = sizeof(fp16),
-    .act_elem = sizeof(float),
+    .act_elem = FG_CPU_ACT_ELEM, /* sizeof(float) */
     .alloc = cpu_alloc,
     .free = free,
     .host_alloc = cpu_host_alloc,
