@@ -40,13 +40,17 @@ endif
 TEST_LIBS := -lcunit -lglpk
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-# The paper's four C files, then the support layer (support/) that a first reading can skip.
+# The paper's four C files and llama_model.c beside opt_model.c (flexgen.cu, the fifth paper file,
+# builds below); the services beneath them (support/); the program around them (app/): the
+# command line, a run opened, the pipeline's stages, the CPU backends' tables. A first reading can
+# skip both folders.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
-SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c cpu_backend.c cpu_fp16.c sampling.c \
-           safetensors.c checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c perplexity.c pipeline.c \
-           profile.c jobs.c stage.c kv_pages.c avx512.c avx512_simde.c disk_arena.c io_links.c runtime.c \
-           blas_core.c onednn.c cli.c)
-SRC := $(PAPER) $(SUPPORT)
+SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampling.c safetensors.c \
+           checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
+           avx512_simde.c disk_arena.c io_links.c blas_core.c onednn.c)
+APP := $(addprefix app/,cpu_backend.c cpu_fp16.c perplexity.c pipeline.c profile.c jobs.c stage.c \
+       runtime.c cli.c)
+SRC := $(PAPER) $(SUPPORT) $(APP)
 CUDA_OBJ :=
 TEST_CUDA_OBJ :=
 
@@ -76,7 +80,7 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h
+HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
 TEST_SRC := $(wildcard tests/*.c)
 # The tokenizer fixtures kept compressed (tests/fixtures/tokenizers/, xz), unpacked for the tests
 # into build/tokenizers/ with the tokenizer_config.json each tokenizer.json reads beside it.
@@ -243,7 +247,7 @@ build-fuzz/obj/%.o: %.c $(HDR) | fuzz-toolchain
 build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h support/cli.c build-fuzz/libflexgen.a
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/cli.c build-fuzz/libflexgen.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
 
 bench: flexgen

@@ -1,31 +1,34 @@
 /* flexgen.c: FlexGen's runtime (§4.1, §4.2): the zig-zag block schedule of Fig. 4 (and, on the
  * same loop, the diagonal one of Appendix A.2), the paper's verbs it calls, and the tiers,
- * weights and plan that they move data between. C defines a
- * function before its first use, so the file is built bottom-up; read it top-down from the loop,
- * by this map (scripts/check_layout.sh holds each line to the function's definition):
+ * weights and plan that they move data between. The loop stands first, under this map, and the
+ * plain loop without overlap beside it; what they call is defined below them, bottom-up (C
+ * defines a function before its first use). Read it top-down from the loop, by this map
+ * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *  1275  block_schedule           Fig. 4's loops (step, layer, GPU batch) over the verbs
- *  1194  step_begins              a block's step: tokens back, pages, first inputs; step_ends
- *  1148  load_weight              Fig. 4's load_weight; synchronize below it
- *  1071  compute                  layer j of GPU batch k on the backend
- *   917  load_cache               store_cache below it, then load_ and store_activation
- *  1502  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1413  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *    54  tier_take                the tiers: every byte taken here, or refused
- *   118  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   184  place_tensors            each tensor's home tier, by FlexGen's rule
- *   331  load_weights_into_homes  the weights written into their homes, once
- *   447  load_weights             a layer read ahead, converted into a staging arena
- *   515  shape_block              a block's buffers per tier; fg_check_plan below it
- *   751  alloc_block              a block's KV cache and activations on the tiers
+ *   113  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
+ *   144  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
+ *  1456  step_begins              a block's step: tokens back, pages; step_ends
+ *  1399  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1341  compute                  layer j of GPU batch k on the backend
+ *  1171  load_cache               store_cache below it, then load_ and store_activation
+ *  1945  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1800  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1567  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   171  tier_take                the tiers: every byte taken here, or refused
+ *   235  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
+ *   301  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   519  load_weights_into_homes  the weights written into their homes, once
+ *   612  load_weights             a layer read ahead, converted into a staging arena
+ *   686  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   984  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
  * links once a block rather than once a batch. The types the loop reads (fg_runtime, fg_model,
  * weight_home, block_shape, block) are in flexgen.h. Below this file: the disk arena's mapping,
  * the I/O threads and the KV cache's pages (support/disk_arena.c, io_links.c, kv_pages.c); above
- * it, opening a run and a model (support/runtime.c) and a pipeline's stage hooks (§4.4,
- * support/pipeline.c; in one process they do nothing, support/stage.c).
+ * it, opening a run and a model (app/runtime.c) and a pipeline's stage hooks (§4.4,
+ * app/pipeline.c; in one process they do nothing, app/stage.c).
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -44,8 +47,122 @@
 #include <unistd.h>
 
 /* ============================================================================================
- * Tiers (docs/DESIGN.md, "Glossary": tier): one accounting point each. I/O threads move pages of the
- * disk tier in and out of memory, so the counters sit behind a lock.
+ * The block schedule (§4.2, Fig. 4), first. Its verbs and helpers are defined below, bottom-up,
+ * and declared here: the loop reads them in Fig. 4's order.
+ * ============================================================================================ */
+
+/* Two numberings of layers: the schedule's j runs over FlexGen's list (0 the input embedding,
+ * 1 .. l the decoder layers, l + 1 the output embedding); a decoder layer d (0 .. l - 1, as HF
+ * numbers model.decoder.layers) is the schedule's j = d + 1. */
+typedef struct {
+    int j, k;   /* the schedule's layer and GPU batch; j < 0: no such iteration on this stage */
+    int arena;  /* the staging arena of its activations and KV cache */
+} iteration;
+
+/* A generation's state that each round's blocks share. */
+typedef struct {
+    fg_model *m;
+    const gen_options *opt;
+    block *blocks;   /* [P]: the stage's micro-batches (one block in one process) */
+    int P, B;        /* micro-batches of a round, sequences each at most */
+    int *out_tokens;
+    float *logits, *scratch;
+    gen_timing *timing;
+    int base;        /* the round's first prompt */
+    int *const *prompts; /* the job's prompts, their lengths and how many */
+    const int *lens;
+    int n_prompts;
+    int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
+    int diagonal;     /* the diagonal schedule: GPU batches staggered, prompts streaming through */
+    int plain;        /* --overlap 0 in one process: the plain loop, plain_schedule */
+    int pools_ran_out; /* a KV cache pool ran dry: the schedule held more than its pools' size */
+    int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
+    int steps_before; /* steps of the rounds before this one */
+    long unit;       /* units (a block's step on this stage) begun this round */
+    long end;        /* the round's layers that will run (unit L + j): weights load no further */
+    int started, prefilled; /* blocks of the round with prompts, and those past prefill */
+    double t_prefill, t_start; /* when the last of them finished prefill; when generate() began */
+    const char *progress;   /* a line on stderr for each step, or NULL */
+} gen_run;
+
+static iteration at(const block *bl, int j, int k);
+static iteration before(const block *bl, iteration it);
+static iteration after(const block *bl, iteration it);
+static int step_begins(gen_run *run, int t, int i);
+static void load_first_iteration(block *bl);
+static void load_weight(gen_run *run, int next_j, int k);
+static void load_weight_now(gen_run *run, int j);
+static void load_cache(block *bl, iteration it);
+static void load_activation(block *bl, iteration next);
+static void load_input_now(block *bl, iteration now);
+static uint64_t activation_in(block *bl, iteration it);
+static void compute(block *bl, iteration it);
+static void store_activation(block *bl, iteration it);
+static void store_cache(block *bl, iteration it);
+static void synchronize(block *bl, iteration now);
+static void store_last_iteration(block *bl);
+static void step_ends(gen_run *run, int t, int i);
+
+/* Fig. 4: for each generation step i, layer j and GPU batch k, the next layer's weights, the
+ * previous batch's results and the next batch's inputs move on the I/O threads while batch k of
+ * layer j computes. One process computes one block at a time; a pipeline stage takes the P
+ * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. The diagonal
+ * schedule of Appendix A.2 runs this same loop: its GPU batches start at staggered steps and take
+ * new prompts as theirs end (diagonal_slots), so a step's batches are at different steps of
+ * their sequences. */
+static void block_schedule(gen_run *run) {
+    int first = run->m->first_layer;
+    int end = run->m->end_layer;
+    for (int i = 0; i <= run->steps; i++)                 /* generation step (+1: tokens back) */
+        for (int t = 0; t < run->P; t++) {                /* block (micro-batch) */
+            if (!step_begins(run, t, i)) continue;
+            block *bl = &run->blocks[t];
+            load_first_iteration(bl);
+            for (int j = first; j < end; j++)             /* layer */
+                for (int k = 0; k < bl->n_batches; k++) { /* GPU batch */
+                    iteration now = at(bl, j, k);
+                    iteration prev = before(bl, now);
+                    iteration next = after(bl, now);
+                    load_weight(run, j + 1, k);
+                    store_activation(bl, prev);
+                    store_cache(bl, prev);
+                    load_input_now(bl, now);                /* one GPU batch: just stored */
+                    load_cache(bl, next);
+                    load_activation(bl, next);
+                    compute(bl, now);
+                    synchronize(bl, now);
+                }
+            store_last_iteration(bl);
+            step_ends(run, t, i);
+        }
+}
+
+/* The same computation without overlap, FlexGen's plain loop (its generation_loop_normal),
+ * which --overlap 0 runs in one process: each layer's weights load, then each GPU batch loads
+ * its cache and input, computes, and stores both before the next begins. Every placement gives
+ * Fig. 4's bits (tests/test_runtime.c, "the plain loop and Fig. 4's"). */
+static void plain_schedule(gen_run *run) {
+    block *bl = &run->blocks[0];
+    for (int i = 0; i <= run->steps; i++) {                               /* generation step */
+        if (!step_begins(run, 0, i)) continue;
+        for (int j = run->m->first_layer; j < run->m->end_layer; j++) { /* layer */
+            load_weight_now(run, j);
+            for (int k = 0; k < bl->n_batches; k++) {                     /* GPU batch */
+                iteration now = at(bl, j, k);
+                load_cache(bl, now);
+                activation_in(bl, now); /* load_activation, of this iteration */
+                compute(bl, now);
+                store_activation(bl, now);
+                store_cache(bl, now);
+            }
+        }
+        step_ends(run, 0, i);
+    }
+}
+
+/* ============================================================================================
+ * Tiers (docs/DESIGN.md, "Glossary": tier): one accounting point each. I/O threads move pages of
+ * the disk tier in and out of memory, so the counters sit behind a lock.
  * ============================================================================================ */
 
 const char *const fg_tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
@@ -183,9 +300,11 @@ static int is_staged(const fg_model *m, const weight_home *h) {
  * home of its own here. */
 static void place_tensors(fg_model *m, int first, int end) {
     const fg_percent *pc = &m->rt->policy.percent;
-    double disk_end = 100 - pc->wg - pc->wc, cpu_end = disk_end + pc->wc;
+    double disk_end = 100 - pc->wg - pc->wc;
+    double cpu_end = disk_end + pc->wc;
     const opt_layout *l = &m->layout;
-    double total = 0, before = 0;
+    double total = 0;
+    double before = 0;
     for (int i = first; i < end; i++)
         if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
     for (int i = first; i < end; i++) {
@@ -201,7 +320,9 @@ static void place_tensors(fg_model *m, int first, int end) {
  * out_proj, their layer norm) and its MLP (fc1, fc2, their layer norm), each placed on its own:
  * at --percent 20 80 the out_proj of every layer goes to the gpu, fc2 does not. */
 static void place_layer(fg_model *m, int j) {
-    int first = m->layer_first[j], end = m->layer_first[j + 1], mlp = first;
+    int first = m->layer_first[j];
+    int end = m->layer_first[j + 1];
+    int mlp = first;
     const opt_config *c = &m->view.cfg;
     if (j >= 1 && j <= c->n_layers)
         while (mlp < end && m->layout.tensors[mlp].slot != &m->view.layers[j - 1].fc1_w) mlp++;
@@ -225,18 +346,24 @@ void place_weights(fg_model *m) {
      * 4-bit tensors before it take beyond their fp16 where the products read 4-bit bytes (a
      * group of 64 holds a row of under 29 values in more bytes than fp16) */
     const fg_backend *be = m->rt->backend;
-    size_t working = 0, landing = 0;
-    for (int j = m->first_layer; j < m->end_layer; j++)
-        for (int i = m->layer_first[j], extra = 0; i < m->layer_first[j + 1]; i++) {
+    size_t working = 0;
+    size_t landing = 0;
+    for (int j = m->first_layer; j < m->end_layer; j++) {
+        int extra = 0;
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
             weight_home *h = &m->homes[i];
-            size_t slot = l->tensors[i].count * be->weight_elem, end = l->layer_floats[j] * be->weight_elem;
+            size_t slot = l->tensors[i].count * be->weight_elem;
+            size_t end = l->layer_floats[j] * be->weight_elem;
             if (!is_staged(m, h)) continue;
             h->staged_at = l->tensors[i].offset * be->weight_elem + (size_t)extra;
             extra += h->q4 && be->reads_q4 && h->bytes > slot ? (int)(h->bytes - slot) : 0;
             if (end + (size_t)extra > working) working = end + (size_t)extra;
-            if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing) landing = h->bytes;
+            if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing)
+                landing = h->bytes;
         }
-    m->staging_bytes = (m->landing_at = working) + landing;
+    }
+    m->landing_at = working;
+    m->staging_bytes = working + landing;
 }
 
 /* What a home takes of its tier. */
@@ -281,7 +408,8 @@ weight_file weight_file_of(fg_model *m) {
                          m->rt->policy.verbose};
 }
 
-/* Frees every home of this stage's tensors (the disk homes' file is unmapped), and the staging arenas. */
+/* Frees every home of this stage's tensors (the disk homes' file is unmapped), and the staging
+ * arenas. */
 void free_weight_homes(fg_model *m) {
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
@@ -300,24 +428,31 @@ void free_weight_homes(fg_model *m) {
 int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
     if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
-    fp16 *values = malloc(t->count * sizeof *values); /* as loaded: the fp32 values are these, widened */
-    int rc = values ? opt_tensor_fill(&m->layout, i, src, NULL, values, err) : 1; /* 1: out of memory */
-    if (rc == 0 && q4_compress_fp16(values, t->group_outer, t->group_len, t->group_inner, dst)) rc = 1;
+    /* as loaded: the fp32 values are these, widened */
+    fp16 *values = malloc(t->count * sizeof *values);
+    /* 1: out of memory */
+    int rc = values ? opt_tensor_fill(&m->layout, i, src, NULL, values, err) : 1;
+    if (rc == 0 && q4_compress_fp16(values, t->group_outer, t->group_len, t->group_inner, dst))
+        rc = 1;
     if (rc == 1) rc = fg_fail(err, "out of memory compressing %s", t->name);
     free(values);
     return rc;
 }
 
-/* A home on the gpu tier: written in place where it is host memory, else sent through the backend. */
-static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home, char *err) {
+/* A home on the gpu tier: written in place where it is host memory, else sent through the
+ * backend. */
+static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home,
+                         char *err) {
     const fg_backend *be = m->rt->backend;
     const weight_home *h = &m->homes[i];
-    if (be->gpu_is_host) return fill_stored(m, i, src, home, err); /* no second copy of a large tensor */
+    /* no second copy of a large tensor */
+    if (be->gpu_is_host) return fill_stored(m, i, src, home, err);
     void *stored = malloc(h->bytes);
     if (!stored) return fg_fail(err, "out of memory loading %s", m->layout.tensors[i].name);
     int rc = fill_stored(m, i, src, stored, err);
     if (rc == 0 && h->q4) be->copy_in(home, stored, h->bytes); /* 4-bit as is */
-    else if (rc == 0) be->weights_in(home, stored, m->layout.tensors[i].count); /* fp16 into the working format */
+    else if (rc == 0)
+        be->weights_in(home, stored, m->layout.tensors[i].count); /* fp16 to working */
     free(stored);
     return rc;
 }
@@ -325,6 +460,59 @@ static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, voi
 static void progress(const fg_model *m, const char *what, int done, int total) {
     if (m->rt->policy.verbose) fprintf(stderr, "\r%s: layer %d/%d", what, done, total);
     if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
+}
+
+/* The disk tier's file of the weights' disk homes (`bytes` of them): the dummy-weight file,
+ * whose tensors lie at `offsets` (*from_file), or an unnamed file that the checkpoint's values
+ * are written into. */
+static int map_disk_homes(fg_model *m, double bytes, size_t *offsets, int *from_file, char *err) {
+    fg_runtime *rt = m->rt;
+    if (tier_take(rt, TIER_DISK, bytes, "the weights", err)) return -1;
+    m->disk_bytes = bytes;
+    int rc;
+    if (!m->has_archive) {
+        weight_file f = weight_file_of(m);
+        rc = weight_file_map(&f, &m->disk, offsets, err);
+        *from_file = 1;
+    } else {
+        int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
+        rc = -1;
+        if (fd >= 0)
+            rc = arena_map(&m->disk, fd, (size_t)bytes, "--offload-dir", rt->offload_dir, err);
+    }
+    if (rc) {
+        tier_add(rt, TIER_DISK, -m->disk_bytes);
+        m->disk_bytes = 0;
+    }
+    return rc;
+}
+
+/* Tensor i written into its home: allocated on the gpu or cpu tier, or taken from the disk
+ * homes' file (offsets[i] into the dummy-weight file when from_file). */
+static int fill_home(fg_model *m, int i, const weight_source *src, const size_t *offsets,
+                     int from_file, char *err) {
+    fg_runtime *rt = m->rt;
+    weight_home *h = &m->homes[i];
+    if (h->tier == TIER_GPU) {
+        void **home = h->q4 ? &h->stored : (void **)&h->gpu;
+        size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
+        *home = tier_alloc(rt, TIER_GPU, bytes, "the weights", err);
+        return *home ? fill_gpu_home(m, i, src, *home, err) : -1;
+    }
+    if (h->tier == TIER_CPU) {
+        int pin = rt->policy.pin_weight;
+        h->stored = tier_alloc_pinned(rt, TIER_CPU, h->bytes, "the weights", pin, err);
+        return h->stored ? fill_stored(m, i, src, h->stored, err) : -1;
+    }
+    if (from_file) {
+        h->stored = m->disk.base + offsets[i];
+        return 0;
+    }
+    h->stored = arena_take(&m->disk, h->bytes);
+    int rc = fill_stored(m, i, src, h->stored, err);
+    tier_add(rt, TIER_CPU, (double)h->bytes); /* written pages, until released */
+    disk_release(rt, &m->disk, h->stored, h->bytes, 0);
+    return rc;
 }
 
 /* Writes every tensor into its home (§4.2) and points the view at those on the gpu tier. */
@@ -335,55 +523,29 @@ int load_weights_into_homes(fg_model *m, char *err) {
     weight_bytes(m, bytes, &max_layer_disk);
     size_t *offsets = calloc((size_t)l->n_tensors, sizeof *offsets);
     if (!offsets) return fg_fail(err, "out of memory");
-    int from_file = 0, rc = 0;
-    if (bytes[TIER_DISK] > 0) {
-        rc = tier_take(rt, TIER_DISK, bytes[TIER_DISK], "the weights", err);
-        if (rc == 0) {
-            m->disk_bytes = bytes[TIER_DISK];
-            if (!m->has_archive) {
-                weight_file f = weight_file_of(m);
-                rc = weight_file_map(&f, &m->disk, offsets, err);
-                from_file = 1;
-            } else {
-                int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
-                rc = fd < 0 ? -1 : arena_map(&m->disk, fd, (size_t)bytes[TIER_DISK], "--offload-dir",
-                                             rt->offload_dir, err);
-            }
-            if (rc) tier_add(rt, TIER_DISK, -m->disk_bytes), m->disk_bytes = 0;
-        }
-    }
+    int from_file = 0;
+    int rc = 0;
+    if (bytes[TIER_DISK] > 0) rc = map_disk_homes(m, bytes[TIER_DISK], offsets, &from_file, err);
     weight_source src = {m->has_archive ? &m->archive : NULL, m->seed};
     for (int j = m->first_layer; j < m->end_layer && rc == 0; j++) {
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++) {
-            const opt_tensor *t = &l->tensors[i];
-            weight_home *h = &m->homes[i];
-            if (tied_here(m, i) >= 0) continue;
-            if (h->tier == TIER_GPU) {
-                void **home = h->q4 ? &h->stored : (void **)&h->gpu;
-                *home = tier_alloc(rt, TIER_GPU, (size_t)home_bytes(m, h, t->count), "the weights", err);
-                rc = *home ? fill_gpu_home(m, i, &src, *home, err) : -1;
-            } else if (h->tier == TIER_CPU) {
-                h->stored = tier_alloc_pinned(rt, TIER_CPU, h->bytes, "the weights", rt->policy.pin_weight, err);
-                rc = h->stored ? fill_stored(m, i, &src, h->stored, err) : -1;
-            } else if (from_file) {
-                h->stored = m->disk.base + offsets[i];
-            } else {
-                h->stored = arena_take(&m->disk, h->bytes);
-                rc = fill_stored(m, i, &src, h->stored, err);
-                tier_add(rt, TIER_CPU, (double)h->bytes); /* written pages, until released */
-                disk_release(rt, &m->disk, h->stored, h->bytes, 0);
-            }
-        }
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++)
+            if (tied_here(m, i) < 0) rc = fill_home(m, i, &src, offsets, from_file, err);
         if (m->has_archive) progress(m, "placing weights", j + 1 - m->first_layer, stage_layers(m));
     }
     free(offsets);
     for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
-        size_t at = m->homes[i].staged_at; /* a tied tensor: its tie's home, staged where it is */
-        if (tied_here(m, i) >= 0) m->homes[i] = m->homes[tied_here(m, i)], m->homes[i].staged_at = at;
-        if (!is_staged(m, &m->homes[i])) *l->tensors[i].slot = m->homes[i].q4 ? m->homes[i].stored : m->homes[i].gpu;
+        weight_home *h = &m->homes[i];
+        if (tied_here(m, i) >= 0) { /* a tied tensor: its tie's home, staged where it is */
+            size_t at = h->staged_at;
+            *h = m->homes[tied_here(m, i)];
+            h->staged_at = at;
+        }
+        if (!is_staged(m, h)) *l->tensors[i].slot = h->q4 ? h->stored : h->gpu;
     }
-    for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++)
-        if (!(m->staging[b] = tier_alloc(rt, TIER_GPU, m->staging_bytes, "weight staging", err))) rc = -1;
+    for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++) {
+        m->staging[b] = tier_alloc(rt, TIER_GPU, m->staging_bytes, "weight staging", err);
+        if (!m->staging[b]) rc = -1;
+    }
     if (m->has_archive) { /* every value is in its home now */
         st_close(&m->archive);
         m->has_archive = 0;
@@ -434,28 +596,35 @@ static void forget_read(fg_model *m, weight_read *r);
 
 /* Starts reading the disk part of layer n into the cpu tier, unless it is read or has none. */
 static void read_weights(fg_model *m, long n) {
-    int j = m->first_layer + (int)(n % stage_layers(m)), on_disk = 0;
+    int j = m->first_layer + (int)(n % stage_layers(m));
+    int on_disk = 0;
     weight_read *r = &m->reads[n % 2];
     if (r->n == n) return;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) on_disk |= m->homes[i].tier == TIER_DISK;
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        on_disk |= m->homes[i].tier == TIER_DISK;
     if (!on_disk) return;
     forget_read(m, r); /* a layer read ahead for a unit that did not come */
-    *r = (weight_read){n, io_submit(&m->rt->io, IO_WEIGHT_DISK, (io_task){.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j}), 0};
+    io_task t = {.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j};
+    *r = (weight_read){n, io_submit(&m->rt->io, IO_WEIGHT_DISK, t), 0};
 }
 
 /* Starts loading layer n into staging arena n % 2 (reading it first if that has not begun). */
 static void load_weights(fg_model *m, long n) {
-    int j = m->first_layer + (int)(n % stage_layers(m)), buf = (int)(n % 2), staged = 0;
+    int j = m->first_layer + (int)(n % stage_layers(m));
+    int buf = (int)(n % 2);
+    int staged = 0;
     if (m->staged[buf] == n) return;
     m->staged[buf] = n;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) staged |= is_staged(m, &m->homes[i]);
+    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
+        staged |= is_staged(m, &m->homes[i]);
     if (!staged) return;
     read_weights(m, n);
     weight_read *r = &m->reads[n % 2];
     uint64_t read = r->n == n ? r->seq : 0;
     if (r->n == n) r->used = 1;
-    io_submit(&m->rt->io, IO_WEIGHT_HOST, (io_task){.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
-                                             .after_seq = read, .ctx = m, .layer = j, .arena = buf});
+    io_task t = {.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
+                 .after_seq = read, .ctx = m, .layer = j, .arena = buf};
+    io_submit(&m->rt->io, IO_WEIGHT_HOST, t);
 }
 
 /* Points compute at layer n's staged weights (arena n % 2), as it starts: with one layer on a
@@ -489,7 +658,8 @@ static void forget_reads(fg_model *m) {
 
 /* n sequences split by percentages (the rest to disk), each tier's count rounded. */
 static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
-    int gpu = (int)lround(n * gpu_pct / 100.0), gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
+    int gpu = (int)lround(n * gpu_pct / 100.0);
+    int gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
     return (row_split){{gpu, gc - gpu, n - gc}};
 }
 
@@ -505,14 +675,16 @@ fg_tier row_tier(const row_split *s, int b, int *index) {
  * (fewer prompts make smaller blocks rather than fewer). One process: blocks, one at a time. */
 void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
     const fg_policy *p = &m->rt->policy;
-    int stages = p->n_stages > 1 ? p->n_stages : 1, block = p->gpu_batch_size * p->num_gpu_batches;
+    int stages = p->n_stages > 1 ? p->n_stages : 1;
+    int block = p->gpu_batch_size * p->num_gpu_batches;
     int share = (n_prompts + stages - 1) / stages;
     *size = share < block ? share : block;
     int blocks = (n_prompts + *size - 1) / *size;
     *count = blocks < stages ? blocks : stages;
 }
 
-block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len) {
+block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt,
+                        int gen_len) {
     const fg_runtime *rt = m->rt;
     const opt_config *c = &m->view.cfg;
     const fg_policy *p = &rt->policy;
@@ -531,9 +703,13 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     s.act = split_rows(s.gbs, p->percent.hg, p->percent.hc);
     s.act_row = (size_t)c->hidden * rt->backend->act_elem;
     s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
-    double act_row = (double)s.act_row, kv_row = (double)s.kv_row, staged_rows = s.gbs - s.cache.rows[TIER_GPU];
-    s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len, /* in pages */
-                         p->schedule == FG_SCHEDULE_DIAGONAL ? s.micro : 0);
+    double act_row = (double)s.act_row;
+    double kv_row = (double)s.kv_row;
+    double staged_rows = s.gbs - s.cache.rows[TIER_GPU];
+    int diagonal_blocks = p->schedule == FG_SCHEDULE_DIAGONAL ? s.micro : 0;
+    /* the KV cache pools, in pages */
+    s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len,
+                         diagonal_blocks);
     for (int t = 0; t < N_TIERS; t++) {
         s.kv_home[t] = kv_row * m->n_decoder * 2 * s.kv.pool_pages[t] * s.kv.page_tokens;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
@@ -565,7 +741,8 @@ static const char *const plan_items[N_ITEMS] = {"weights", "weight staging", "KV
     "the device's context, cuBLAS and rounding", "pinned copy buffers"};
 
 /* Each tier's bytes of each item of the plan for a block of shape s (need, zeroed), their total,
- * and of it the weights' (homes, staging arenas, the two disk layers read ahead on the cpu tier). */
+ * and of it the weights' (homes, staging arenas, the two disk layers read ahead on the cpu
+ * tier). */
 static void plan_need(const fg_model *m, const block_shape *s, double need[N_TIERS][N_ITEMS],
                       double total[N_TIERS], double weights[N_TIERS]) {
     const fg_runtime *rt = m->rt;
@@ -583,9 +760,11 @@ static void plan_need(const fg_model *m, const block_shape *s, double need[N_TIE
     need[TIER_GPU][WORK] = s->workspace + s->logits;
     need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s->transient_cpu;
     need[TIER_CPU][DELEGATED] = s->delegated;
-    need[TIER_GPU][RESERVE] = rt->backend->device_reserve, need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
+    need[TIER_GPU][RESERVE] = rt->backend->device_reserve;
+    need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
     for (int t = 0; t < N_TIERS; t++) {
-        weights[t] = w[t] + need[t][W_STAGING] + (t == TIER_CPU ? 2 * max_layer_disk : 0), total[t] = 0;
+        weights[t] = w[t] + need[t][W_STAGING] + (t == TIER_CPU ? 2 * max_layer_disk : 0);
+        total[t] = 0;
         for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
     }
 }
@@ -597,23 +776,30 @@ void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_pr
     plan_need(m, &s, need, total, weights);
 }
 
-/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and a reused weight file). */
+/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and a reused weight
+ * file). */
 static void capacity_source(const fg_runtime *rt, double reused, fg_tier t, char *out, size_t len) {
-    const char *what[N_TIERS] = {rt->backend->device_memory ? "the device's free memory" : "available memory",
+    const char *what[N_TIERS] = {rt->backend->device_memory ? "the device's free memory"
+                                                            : "available memory",
                                  "available memory", "the free space of --offload-dir "};
     size_text cap = human(rt->capacity[t]);
     if (rt->policy.capacity[t] > 0) snprintf(out, len, "%s gives %s", fg_tier_flags[t], cap.s);
-    else snprintf(out, len, "%s%s%s is %s (%s overrides it)", what[t], t == TIER_DISK ? rt->offload_dir : "",
-                  t == TIER_DISK && reused > 0 ? " with the weight file already in --path" : "", cap.s, fg_tier_flags[t]);
+    else
+        snprintf(out, len, "%s%s%s is %s (%s overrides it)", what[t],
+                 t == TIER_DISK ? rt->offload_dir : "",
+                 t == TIER_DISK && reused > 0 ? " with the weight file already in --path" : "",
+                 cap.s, fg_tier_flags[t]);
 }
 
-int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err) {
+int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                  char *err) {
     const fg_runtime *rt = m->rt;
     block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
     if (rt->policy.n_stages > 1 && s.act_message > INT_MAX)
-        return fg_fail(err, "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
-                            "exceed what one MPI message carries (2 GiB)", s.gbs,
-                       human((double)s.act_message).s, max_prompt);
+        return fg_fail(err,
+                       "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
+                       "exceed what one MPI message carries (2 GiB)",
+                       s.gbs, human((double)s.act_message).s, max_prompt);
     double need[N_TIERS][N_ITEMS] = {{0}}, total[N_TIERS], weights[N_TIERS];
     plan_need(m, &s, need, total, weights);
     for (int t = 0; t < N_TIERS; t++) {
@@ -622,19 +808,25 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
         for (int i = 0; i < N_ITEMS; i++) {
             size_t len = strlen(detail);
             if (need[t][i] > 0)
-                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "", plan_items[i],
-                         human(need[t][i]).s);
+                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "",
+                         plan_items[i], human(need[t][i]).s);
         }
         char source[sizeof rt->offload_dir + 128];
         capacity_source(rt, m->reused_disk_bytes, t, source, sizeof source);
-        return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t], human(total[t]).s, detail, source);
+        return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t],
+                       human(total[t]).s, detail, source);
     }
     /* before loading, a reserve is kept (host_memory_for_plans); after, the weights are resident */
-    double host = m->loaded ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS] : host_memory_for_plans();
+    double host = m->loaded
+                      ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS]
+                      : host_memory_for_plans();
     if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
-        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, cpu %s), %s available%s",
-                       human(total[TIER_GPU] + total[TIER_CPU]).s, human(total[TIER_GPU]).s, human(total[TIER_CPU]).s,
-                       human(host).s, m->loaded ? "" : " (a sixteenth of the machine's memory is kept for the system)");
+        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, "
+                            "cpu %s), %s available%s",
+                       human(total[TIER_GPU] + total[TIER_CPU]).s, human(total[TIER_GPU]).s,
+                       human(total[TIER_CPU]).s, human(host).s,
+                       m->loaded ? "" : " (a sixteenth of the machine's memory is kept for the "
+                                        "system)");
     return 0;
 }
 
@@ -647,7 +839,8 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
 
 /* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
 static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
-    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * bl->s.kv.pool_pages[t] * bl->s.kv.page_tokens * bl->s.kv_row;
+    return bl->kv_home[t] +
+           ((size_t)layer * 2 + kv) * bl->s.kv.pool_pages[t] * bl->s.kv.page_tokens * bl->s.kv_row;
 }
 
 /* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
@@ -667,7 +860,8 @@ static int run_in_page(const block *bl, int j, int end) {
  * copy, however many pages it spans. */
 static int run_in_pool(const block *bl, int slot, int j, int end) {
     const int *pages = slot_pages(&bl->pages, slot);
-    int page_tokens = bl->s.kv.page_tokens, n = run_in_page(bl, j, end);
+    int page_tokens = bl->s.kv.page_tokens;
+    int n = run_in_page(bl, j, end);
     while (j + n < end && pages[(j + n) / page_tokens] == pages[(j + n) / page_tokens - 1] + 1)
         n += run_in_page(bl, j + n, end);
     return n;
@@ -727,22 +921,61 @@ static int alloc_stage_buffers(block *bl, char *err) {
     fg_runtime *rt = bl->rt;
     const block_shape *s = &bl->s;
     for (int b = 0; b < 2; b++) {
-        if (s->kv_stage && !(bl->kv_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->kv_stage / 2, "KV cache staging", err))) return -1;
-        if (!(bl->x_stage[b] = tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err))) return -1;
+        if (s->kv_stage) {
+            bl->kv_stage[b] =
+                tier_alloc(rt, TIER_GPU, (size_t)s->kv_stage / 2, "KV cache staging", err);
+            if (!bl->kv_stage[b]) return -1;
+        }
+        bl->x_stage[b] =
+            tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err);
+        if (!bl->x_stage[b]) return -1;
     }
-    if (!(bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err))) return -1;
-    int pinned = s->logit_rows == 1; /* a step's logits: copied to in one piece; not every prompt position's */
+    bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err);
+    if (!bl->logits) return -1;
+    /* a step's logits: copied to in one piece; not every prompt position's */
+    int pinned = s->logit_rows == 1;
     if (s->logits && !(bl->host_logits = rt->backend->host_alloc((size_t)s->logits, pinned)))
         return fg_fail(err, "out of memory for the logits");
     if (tier_take(rt, TIER_CPU, s->delegated, "delegated attention's host rows", err)) return -1;
     bl->has_delegated = 1;
     if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) return -1;
     bl->ws = &bl->own_ws;
-    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, s->workspace_rows, s->max_prompt, s->max_len, err)) {
+    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, s->workspace_rows, s->max_prompt,
+                                    s->max_len, err)) {
         tier_add(rt, TIER_GPU, -s->workspace);
         return -1;
     }
     bl->has_ws = 1;
+    return 0;
+}
+
+/* A block's homes of its KV cache and activations on each tier; the disk tier's are a file of
+ * their own in --offload-dir. */
+static int alloc_homes(block *bl, char *err) {
+    fg_runtime *rt = bl->rt;
+    const block_shape *s = &bl->s;
+    for (int t = TIER_GPU; t <= TIER_CPU; t++) {
+        if (s->kv_home[t]) {
+            bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err);
+            if (!bl->kv_home[t]) return -1;
+        }
+        if (s->act_home[t]) {
+            bl->act_home[t] =
+                tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err);
+            if (!bl->act_home[t]) return -1;
+        }
+    }
+    double on_disk = s->kv_home[TIER_DISK] + s->act_home[TIER_DISK];
+    if (on_disk <= 0) return 0;
+    if (tier_take(rt, TIER_DISK, on_disk, "the KV cache and activations", err)) return -1;
+    int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
+    if (fd < 0 ||
+        arena_map(&bl->disk, fd, (size_t)on_disk, "--offload-dir", rt->offload_dir, err)) {
+        tier_add(rt, TIER_DISK, -on_disk);
+        return -1;
+    }
+    bl->kv_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->kv_home[TIER_DISK]);
+    bl->act_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->act_home[TIER_DISK]);
     return 0;
 }
 
@@ -761,37 +994,32 @@ static int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, i
     bl->gb = calloc((size_t)s->ngb, sizeof *bl->gb);
     bl->done = calloc((size_t)seqs, 1);
     bl->ids = calloc((size_t)seqs, sizeof *bl->ids);
-    bl->prompt = calloc((size_t)seqs, sizeof *bl->prompt), bl->step = calloc((size_t)seqs, sizeof *bl->step);
+    bl->prompt = calloc((size_t)seqs, sizeof *bl->prompt);
+    bl->step = calloc((size_t)seqs, sizeof *bl->step);
     if (!bl->gb || !bl->done || !bl->ids || !bl->prompt || !bl->step) {
         free_block(bl);
         return fg_fail(err, "out of memory");
     }
     if (kv_pages_init(&bl->pages, &s->kv, &s->cache, s->gbs, seqs, s->max_len, err)) goto fail;
-    for (int k = 0; k < s->ngb; k++)
-        if (gpu_batch_init(&bl->gb[k], s->gbs, s->max_len, max_prompt, err)) goto fail;
-        else bl->gb[k].kv_q4 = rt->policy.compress_cache, bl->gb[k].attn_sparsity = rt->policy.attn_sparsity,
-             bl->gb[k].all_rows = m->prompt_logits, bl->gb[k].page_tokens = s->kv.page_tokens;
-    for (int t = TIER_GPU; t <= TIER_CPU; t++) {
-        if (s->kv_home[t] && !(bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err))) goto fail;
-        if (s->act_home[t] && !(bl->act_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err))) goto fail;
+    for (int k = 0; k < s->ngb; k++) {
+        gpu_batch *gb = &bl->gb[k];
+        if (gpu_batch_init(gb, s->gbs, s->max_len, max_prompt, err)) goto fail;
+        gb->kv_q4 = rt->policy.compress_cache;
+        gb->attn_sparsity = rt->policy.attn_sparsity;
+        gb->all_rows = m->prompt_logits;
+        gb->page_tokens = s->kv.page_tokens;
     }
-    double on_disk = s->kv_home[TIER_DISK] + s->act_home[TIER_DISK];
-    if (on_disk > 0) {
-        if (tier_take(rt, TIER_DISK, on_disk, "the KV cache and activations", err)) goto fail;
-        int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
-        if (fd < 0 || arena_map(&bl->disk, fd, (size_t)on_disk, "--offload-dir", rt->offload_dir, err)) {
-            tier_add(rt, TIER_DISK, -on_disk);
-            goto fail;
-        }
-        bl->kv_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->kv_home[TIER_DISK]);
-        bl->act_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->act_home[TIER_DISK]);
-    }
+    if (alloc_homes(bl, err)) goto fail;
     if (!shared && alloc_stage_buffers(bl, err)) goto fail;
     if (shared) {
         bl->borrowed = 1;
         bl->ws = shared->ws;
-        bl->logits = shared->logits, bl->host_logits = shared->host_logits;
-        for (int b = 0; b < 2; b++) bl->kv_stage[b] = shared->kv_stage[b], bl->x_stage[b] = shared->x_stage[b];
+        bl->logits = shared->logits;
+        bl->host_logits = shared->host_logits;
+        for (int b = 0; b < 2; b++) {
+            bl->kv_stage[b] = shared->kv_stage[b];
+            bl->x_stage[b] = shared->x_stage[b];
+        }
     }
     if (rt->stage->open_block(bl, shared, err) == 0) return 0;
 fail:
@@ -805,25 +1033,16 @@ fail:
  * verb works on one iteration of the loop: layer j, GPU batch k, the staging arena it uses.
  * ============================================================================================ */
 
-/* Two numberings of layers: the schedule's j runs over FlexGen's list (0 the input embedding,
- * 1 .. l the decoder layers, l + 1 the output embedding); a decoder layer d (0 .. l - 1, as HF
- * numbers model.decoder.layers) is the schedule's j = d + 1. */
-typedef struct {
-    int j, k;   /* the schedule's layer and GPU batch; j < 0: no such iteration on this stage */
-    int arena;  /* the staging arena of its activations and KV cache */
-} iteration;
-
-/* For each sequence b of GPU batch k whose rows live off the gpu tier, on tier t. */
-#define FOR_OFF_GPU(split, bl, k, b, t)                                                         \
-    for (int b = (split).rows[TIER_GPU]; b < (bl)->gb[k].batch; b++)                           \
-        for (fg_tier t = tier_of(&(split), b), once_ = 1; once_; once_ = 0)
-
-static int is_decoder_layer(const block *bl, int j) { return j >= 1 && j <= bl->m->view.cfg.n_layers; }
+static int is_decoder_layer(const block *bl, int j) {
+    return j >= 1 && j <= bl->m->view.cfg.n_layers;
+}
 static int decoder_of(int j) { return j - 1; } /* the schedule's layer j, as a decoder layer d */
 /* Layer j's KV cache among this stage's decoder layers'. */
 static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
 /* Sequence b of a task's GPU batch: its slot in the block. */
-static int task_slot(const block *bl, const io_task *task, int b) { return task->batch * bl->s.gbs + b; }
+static int task_slot(const block *bl, const io_task *task, int b) {
+    return task->batch * bl->s.gbs + b;
+}
 /* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
 static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
     return kv_home_row(bl, task_slot(bl, task, b), cache_layer(bl, task->layer), kv, j);
@@ -831,32 +1050,46 @@ static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, in
 
 /* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
  * not padding), in bytes of one layer's K (or V). */
-static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) { return (size_t)gb->past[b] * bl->s.kv_row; }
-static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) { return (size_t)(gb->n_new - gb->pad[b]) * bl->s.kv_row; }
+static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return (size_t)gb->past[b] * bl->s.kv_row;
+}
+static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return (size_t)(gb->n_new - gb->pad[b]) * bl->s.kv_row;
+}
+
+/* The verbs' tasks below walk a GPU batch's sequences whose rows live off the gpu tier: a split
+ * (block_shape's cache and act) homes a GPU batch's first rows on the gpu tier, the next on cpu,
+ * the rest on disk, so those are the sequences from split.rows[TIER_GPU] on. */
 
 static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const gpu_batch *gb = &bl->gb[task->batch];
-    FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
-        for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
+    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        if (tier_of(&bl->s.cache, b) != TIER_DISK) continue;
+        for (int kv = 0; kv < 2; kv++)
             for (int j = 0, n; j < gb->past[b]; j += n) {
                 n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
                 disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
             }
+    }
 }
 
 /* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
-static int v_in_place(const block *bl, int kv, fg_tier t) { return bl->sparse_v && kv == 1 && t == TIER_CPU; }
+static int v_in_place(const block *bl, int kv, fg_tier t) {
+    return bl->sparse_v && kv == 1 && t == TIER_CPU;
+}
 
 static void cache_in_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const gpu_batch *gb = &bl->gb[task->batch];
     size_t row = bl->s.kv_row;
-    FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
+    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        fg_tier t = tier_of(&bl->s.cache, b);
         for (int kv = 0; kv < 2; kv++) {
             if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
             char *stage = kv_stage_rows(bl, task->arena, kv, b);
-            for (int j = 0, n; j < gb->past[b]; j += n) { /* a run of pages at a time, into rows in order */
+            /* a run of pages at a time, into rows in order */
+            for (int j = 0, n; j < gb->past[b]; j += n) {
                 n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
                 char *home = task_kv_row(bl, task, kv, b, j);
                 rt->backend->copy_in(stage + j * row, home, n * row);
@@ -864,22 +1097,28 @@ static void cache_in_task(fg_runtime *rt, const io_task *task) {
             }
             link_add(rt, LINK_CPU_TO_GPU, (double)past_bytes(bl, gb, b));
         }
+    }
 }
 
 static void cache_out_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const gpu_batch *gb = &bl->gb[task->batch];
-    FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t)
+    size_t row = bl->s.kv_row;
+    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        fg_tier t = tier_of(&bl->s.cache, b);
         for (int kv = 0; kv < 2; kv++) {
-            size_t bytes = new_bytes(bl, gb, b), row = bl->s.kv_row;
+            size_t bytes = new_bytes(bl, gb, b);
             int end = gb->past[b] + (int)(bytes / row);
-            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) { /* else attention wrote them in place */
+            char *stage = kv_stage_rows(bl, task->arena, kv, b);
+            /* else attention wrote them in place */
+            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) {
                 n = run_in_pool(bl, task_slot(bl, task, b), j, end);
-                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), kv_stage_rows(bl, task->arena, kv, b) + j * row, n * row);
+                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), stage + j * row, n * row);
             }
             link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
             if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
         }
+    }
     rt->backend->copies_done(); /* in their homes before they are read there or written to disk */
 }
 
@@ -888,9 +1127,12 @@ static void cache_out_task(fg_runtime *rt, const io_task *task) {
 static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     const gpu_batch *gb = &bl->gb[task->batch];
-    FOR_OFF_GPU(bl->s.cache, bl, task->batch, b, t) {
-        int past = gb->past[b], from = bl->delegate ? 0 : past, end = past + gb->n_new - gb->pad[b];
-        for (int kv = 0; kv < 2 && t == TIER_DISK; kv++)
+    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        if (tier_of(&bl->s.cache, b) != TIER_DISK) continue;
+        int past = gb->past[b];
+        int from = bl->delegate ? 0 : past;
+        int end = past + gb->n_new - gb->pad[b];
+        for (int kv = 0; kv < 2; kv++)
             for (int j = from, n; j < end; j += n) {
                 n = run_in_pool(bl, task_slot(bl, task, b), j, end);
                 int written = j + n - (j > past ? j : past); /* of these rows, this step's */
@@ -903,11 +1145,23 @@ static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
 /* A task of iteration `it` on the block. */
 static io_task task_at(block *bl, iteration it, void (*fn)(fg_runtime *, const io_task *),
                        const char *name) {
-    return (io_task){.fn = fn, .name = name, .ctx = bl, .layer = it.j, .batch = it.k, .arena = it.arena};
+    return (io_task){.fn = fn, .name = name, .ctx = bl, .layer = it.j, .batch = it.k,
+                     .arena = it.arena};
+}
+
+/* The same task, for another function that waits for one task of another I/O thread. */
+static io_task task_after(io_task t, void (*fn)(fg_runtime *, const io_task *), const char *name,
+                          int after_link, uint64_t after_seq) {
+    t.fn = fn;
+    t.name = name;
+    t.after_link = after_link;
+    t.after_seq = after_seq;
+    return t;
 }
 
 static int any_past(const gpu_batch *gb) {
-    for (int b = 0; b < gb->batch; b++) if (gb->past[b] > 0) return 1;
+    for (int b = 0; b < gb->batch; b++)
+        if (gb->past[b] > 0) return 1;
     return 0;
 }
 
@@ -920,8 +1174,7 @@ static void load_cache(block *bl, iteration it) {
     io_task t = task_at(bl, it, cache_fetch_task, "read cache");
     uint64_t read = bl->s.cache.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
     if (bl->delegate) return;
-    t.fn = cache_in_task, t.name = "load cache", t.after_link = IO_DISK, t.after_seq = read;
-    io_submit(&bl->rt->io, IO_HOST, t);
+    io_submit(&bl->rt->io, IO_HOST, task_after(t, cache_in_task, "load cache", IO_DISK, read));
 }
 
 /* Fig. 4's store_cache: this step's new rows of layer j's cache for GPU batch k, from its
@@ -935,27 +1188,34 @@ static void store_cache(block *bl, iteration it) {
     if (!bl->delegate) {
         copied = io_submit(&bl->rt->io, IO_HOST, t);
     } else { /* attention wrote them in place: they came from the compute device all the same */
-        FOR_OFF_GPU(bl->s.cache, bl, it.k, b, tier) {
+        for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
             size_t bytes = 2 * new_bytes(bl, gb, b);
             link_add(bl->rt, LINK_GPU_TO_CPU, (double)bytes);
-            if (tier == TIER_DISK) tier_add(bl->rt, TIER_CPU, (double)bytes);
+            if (tier_of(&bl->s.cache, b) == TIER_DISK) tier_add(bl->rt, TIER_CPU, (double)bytes);
         }
     }
     if (!bl->s.cache.rows[TIER_DISK]) return;
-    t.fn = cache_writeback_task, t.name = "write cache", t.after_link = IO_HOST, t.after_seq = copied;
-    io_submit(&bl->rt->io, IO_DISK, t);
+    io_submit(&bl->rt->io, IO_DISK,
+              task_after(t, cache_writeback_task, "write cache", IO_HOST, copied));
 }
 
 /* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
-static size_t act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].n_new * bl->s.act_row; }
-size_t batch_act_bytes(const block *bl, int k) { return (size_t)bl->gb[k].batch * act_bytes(bl, k); }
-static char *x_rows(const block *bl, int arena, int k, int b) { return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k); }
+static size_t act_bytes(const block *bl, int k) {
+    return (size_t)bl->gb[k].n_new * bl->s.act_row;
+}
+size_t batch_act_bytes(const block *bl, int k) {
+    return (size_t)bl->gb[k].batch * act_bytes(bl, k);
+}
+static char *x_rows(const block *bl, int arena, int k, int b) {
+    return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k);
+}
 
 static void act_fetch_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     int k = task->batch;
-    FOR_OFF_GPU(bl->s.act, bl, k, b, t)
-        if (t == TIER_DISK) disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
+    for (int b = bl->s.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
+        if (tier_of(&bl->s.act, b) == TIER_DISK)
+            disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
 }
 
 /* Sequence rows of GPU batch k between a staging arena and their homes: in (home -> staging,
@@ -981,7 +1241,9 @@ static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
     }
 }
 
-static void act_in_task(fg_runtime *rt, const io_task *task) { act_move(rt, task->ctx, task->batch, task->arena, 0); }
+static void act_in_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->batch, task->arena, 0);
+}
 static void act_out_task(fg_runtime *rt, const io_task *task) {
     act_move(rt, task->ctx, task->batch, task->arena, 1);
     rt->backend->copies_done(); /* in their homes before they are written to disk */
@@ -990,9 +1252,10 @@ static void act_out_task(fg_runtime *rt, const io_task *task) {
 static void act_writeback_task(fg_runtime *rt, const io_task *task) {
     block *bl = task->ctx;
     int k = task->batch;
-    FOR_OFF_GPU(bl->s.act, bl, k, b, t)
-        if (t == TIER_DISK)
-            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k), act_bytes(bl, k));
+    size_t bytes = act_bytes(bl, k);
+    for (int b = bl->s.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
+        if (tier_of(&bl->s.act, b) == TIER_DISK)
+            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), bytes, bytes);
 }
 
 /* The input of iteration `it` (the output of layer j - 1 for GPU batch k) into its staging
@@ -1002,8 +1265,8 @@ static uint64_t activation_in(block *bl, iteration it) {
     if (it.j == bl->m->first_layer) return bl->rt->stage->receive_activations(bl, it.k, it.arena);
     io_task t = task_at(bl, it, act_fetch_task, "read activations");
     uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
-    t.fn = act_in_task, t.name = "load activations", t.after_link = IO_DISK, t.after_seq = read;
-    return io_submit(&bl->rt->io, IO_HOST, t);
+    return io_submit(&bl->rt->io, IO_HOST,
+                     task_after(t, act_in_task, "load activations", IO_DISK, read));
 }
 
 /* Fig. 4's load_activation, for the next iteration. With one GPU batch the next iteration's
@@ -1015,7 +1278,8 @@ static void load_activation(block *bl, iteration next) {
 /* With one GPU batch there is nothing to overlap an input with: it is the output just stored,
  * loaded now (as FlexGen's loop for one GPU batch does). */
 static void load_input_now(block *bl, iteration now) {
-    if (bl->n_batches == 1 && now.j > bl->m->first_layer) io_wait(&bl->rt->io, IO_HOST, activation_in(bl, now));
+    if (bl->n_batches == 1 && now.j > bl->m->first_layer)
+        io_wait(&bl->rt->io, IO_HOST, activation_in(bl, now));
 }
 
 /* Fig. 4's store_activation: the output of layer j for GPU batch k, from its staging arena to
@@ -1030,7 +1294,7 @@ static void store_activation(block *bl, iteration it) {
     io_task t = task_at(bl, it, act_out_task, "store activations");
     uint64_t copied = io_submit(&bl->rt->io, IO_HOST, t);
     if (!bl->s.act.rows[TIER_DISK]) return;
-    t.fn = act_writeback_task, t.name = "write activations", t.after_link = IO_HOST, t.after_seq = copied;
+    t = task_after(t, act_writeback_task, "write activations", IO_HOST, copied);
     io_submit(&bl->rt->io, IO_DISK, t);
 }
 
@@ -1041,9 +1305,11 @@ static void bind_batch(block *bl, iteration it) {
     gb->x = bl->x_stage[it.arena];
     if (!is_decoder_layer(bl, it.j)) return;
     int layer = cache_layer(bl, it.j);
-    for (int b = 0, slot = it.k * bl->s.gbs; b < gb->batch; b++, slot++) {
+    for (int b = 0; b < gb->batch; b++) {
+        int slot = it.k * bl->s.gbs + b;
         fg_tier t = tier_of(&bl->s.cache, b);
-        int home = t == TIER_GPU || bl->delegate, v_home = home || v_in_place(bl, 1, t);
+        int home = t == TIER_GPU || bl->delegate;
+        int v_home = home || v_in_place(bl, 1, t);
         gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
         gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
         gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
@@ -1057,10 +1323,14 @@ static void bind_batch(block *bl, iteration it) {
 static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row) {
     gpu_batch c = *gb;
     c.batch = n;
-    c.past = gb->past + first, c.pad = gb->pad + first;
+    c.past = gb->past + first;
+    c.pad = gb->pad + first;
     c.tokens = gb->tokens + (size_t)first * gb->n_new;
     c.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
-    c.k = gb->k + first, c.v = gb->v + first, c.k_pages = gb->k_pages + first, c.v_pages = gb->v_pages + first;
+    c.k = gb->k + first;
+    c.v = gb->v + first;
+    c.k_pages = gb->k_pages + first;
+    c.v_pages = gb->v_pages + first;
     c.v_rows_read = gb->v_rows_read + first;
     c.kv_in_host = gb->kv_in_host + first;
     return c;
@@ -1077,18 +1347,22 @@ static void compute(block *bl, iteration it) {
     bind_batch(bl, it);
     int output = it.j > 0 && !is_decoder_layer(bl, it.j);
     bl->out_rows = gb->all_rows ? gb->n_new : 1;
-    float *logits = output ? bl->logits + (size_t)it.k * bl->s.gbs * bl->s.logit_rows * w->cfg.vocab : NULL;
+    float *logits =
+        output ? bl->logits + (size_t)it.k * bl->s.gbs * bl->s.logit_rows * w->cfg.vocab : NULL;
     int chunk = (int)(bl->s.workspace_rows / (size_t)gb->n_new);
     double start = now_seconds();
     for (int first = 0; first < gb->batch; first += chunk) {
-        gpu_batch part = chunk_of(gb, first, gb->batch - first < chunk ? gb->batch - first : chunk, bl->s.act_row);
+        gpu_batch part = chunk_of(gb, first, gb->batch - first < chunk ? gb->batch - first : chunk,
+                                  bl->s.act_row);
         if (it.j == 0) f->embed(w, &part, bl->ws);
         else if (!output) f->layer(w, decoder_of(it.j), &part, bl->ws);
         else f->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
     }
-    for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++) /* kept V rows */
+    /* kept V rows */
+    for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++)
         if (tier_of(&bl->s.cache, b) == TIER_CPU)
-            link_add(bl->rt, LINK_CPU_TO_GPU, (double)gb->v_rows_read[b] * (double)bl->s.kv_row / cfg_kv_heads(&w->cfg));
+            link_add(bl->rt, LINK_CPU_TO_GPU,
+                     (double)gb->v_rows_read[b] * (double)bl->s.kv_row / cfg_kv_heads(&w->cfg));
     double end = now_seconds();
     bl->compute_seconds += end - start;
     trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : output ? 2 : 1], it.j, it.k,
@@ -1096,32 +1370,9 @@ static void compute(block *bl, iteration it) {
 }
 
 /* ============================================================================================
- * The block schedule (§4.2, Fig. 4)
+ * The block schedule's helpers (§4.2, Fig. 4): an iteration and its neighbours, the weights'
+ * verb, synchronize, and a block's step begun and ended
  * ============================================================================================ */
-
-/* A generation's state that each round's blocks share. */
-typedef struct {
-    fg_model *m;
-    const gen_options *opt;
-    block *blocks;   /* [P]: the stage's micro-batches (one block in one process) */
-    int P, B;        /* micro-batches of a round, sequences each at most */
-    int *out_tokens;
-    float *logits, *scratch;
-    gen_timing *timing;
-    int base;        /* the round's first prompt */
-    int *const *prompts; const int *lens; int n_prompts; /* the job's */
-    int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
-    int diagonal;     /* the diagonal schedule: GPU batches staggered, prompts streaming through the blocks */
-    int pools_ran_out; /* a KV cache pool ran dry: the schedule held more than kv_pool_shape sized */
-    int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
-    int steps_before; /* steps of the rounds before this one */
-    long unit;       /* units (a block's step on this stage) begun this round */
-    long end;        /* the round's layers that will run (unit L + j): weights load no further */
-    int started, prefilled; /* blocks of the round with prompts, and those past prefill */
-    double t_prefill, t_start; /* when the last of them finished prefill; when generate() began */
-    const char *progress;   /* a line on stderr for each step, or NULL */
-} gen_run;
-
 
 /* The staging arena of iteration (j, k) of a step: iteration t = (j - first) K + k uses arena
  * t % 2, so the previous and next iterations use the other one. */
@@ -1153,6 +1404,14 @@ static void load_weight(gen_run *run, int next_j, int k) {
     if (next + 1 < run->end) read_weights(run->m, next + 1);
 }
 
+/* The plain loop's load_weight: layer j's weights (the unit's layer n = unit L + j) loaded now,
+ * with no read-ahead, and what compute reads. */
+static void load_weight_now(gen_run *run, int j) {
+    long n = run->unit * stage_layers(run->m) + (j - run->m->first_layer);
+    load_weights(run->m, n);
+    bind_weights(run->m, n);
+}
+
 /* Fig. 4's synchronize: this iteration's loads and stores of cache and activations are done
  * and, after a layer's last GPU batch, the next layer's weights too. On a pipeline stage the
  * compute thread first waits for the next GPU batch's input to arrive (the bubble). */
@@ -1163,11 +1422,14 @@ static void synchronize(block *bl, iteration now) {
     stage->input_taken(bl);
 }
 
-static void tokens_back(gen_run *run, block *bl, int i), refill_slots(gen_run *run, block *bl, int i);
+static void tokens_back(gen_run *run, block *bl, int i);
+static void refill_slots(gen_run *run, block *bl, int i);
 static void diagonal_slots(gen_run *run, block *bl, int i);
-static void end_sequence(gen_run *run, block *bl, int s), tokens_of_last_step(gen_run *run, int t, int i);
+static void end_sequence(gen_run *run, block *bl, int s);
+static void tokens_of_last_step(gen_run *run, int t, int i);
 static int grow_pages(block *bl);
-static void choose_step_reads(gen_run *run, int t, int i), load_first_iteration(block *bl);
+static void choose_step_reads(gen_run *run, int t, int i);
+static void load_first_iteration(block *bl);
 
 /* The backend's counters of what the host asked of the device (CUDA's; zeros on the CPU). */
 static void device_counts_now(const fg_runtime *rt, fg_device_counts *c) {
@@ -1195,10 +1457,13 @@ static int step_begins(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     if (bl->running && i > 0) tokens_of_last_step(run, t, i);
     if (i == run->steps || !bl->running || !run->m->rt->stage->step_input(bl)) return 0;
-    if (grow_pages(bl)) return run->pools_ran_out = 1, bl->running = 0; /* a bug: the block stops */
+    if (grow_pages(bl)) { /* a bug: the block stops */
+        run->pools_ran_out = 1;
+        bl->running = 0;
+        return 0;
+    }
     choose_step_reads(run, t, i);
     device_counts_now(run->m->rt, &bl->step_start);
-    load_first_iteration(bl);
     return 1;
 }
 
@@ -1211,7 +1476,8 @@ static void tokens_of_last_step(gen_run *run, int t, int i) {
     if (run->diagonal) diagonal_slots(run, bl, i);
     else if (run->refill) refill_slots(run, bl, i);
     if (i == 1 && ++run->prefilled == run->started) run->t_prefill = now_seconds();
-    if (run->progress && t == run->P - 1) fprintf(stderr, "\r%s: token %d/%d", run->progress, i, run->steps);
+    if (run->progress && t == run->P - 1)
+        fprintf(stderr, "\r%s: token %d/%d", run->progress, i, run->steps);
 }
 
 /* Each sequence's pages hold its tokens of this step. */
@@ -1219,7 +1485,8 @@ static int grow_pages(block *bl) {
     int rc = 0;
     for (int k = 0; k < bl->n_batches; k++)
         for (int b = 0; b < bl->gb[k].batch && rc == 0; b++)
-            rc = kv_pages_grow(&bl->pages, k * bl->s.gbs + b, bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
+            rc = kv_pages_grow(&bl->pages, k * bl->s.gbs + b,
+                               bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
     return rc;
 }
 
@@ -1231,13 +1498,14 @@ static void choose_step_reads(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     const fg_runtime *rt = run->m->rt;
     bl->delegate = rt->policy.cpu_cache_compute && i > 0;
-    bl->sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl->delegate && rt->backend->gpu_is_host;
+    bl->sparse_v =
+        rt->policy.attn_sparsity < 1 && i > 0 && !bl->delegate && rt->backend->gpu_is_host;
     int last_unit = i + 1 == run->steps && t == run->P - 1 && run->next == run->n_prompts;
     run->end = last_unit ? (run->unit + 1) * stage_layers(run->m) : LONG_MAX;
 }
 
-/* The input and cache of the stage's first layer load for the first GPU batch: each later one
- * loads while the one before it computes. */
+/* Fig. 4's prologue: the input and cache of the stage's first layer load for the first GPU
+ * batch; each later one loads while the one before it computes. */
 static void load_first_iteration(block *bl) {
     iteration start = at(bl, bl->m->first_layer, 0);
     load_cache(bl, start);
@@ -1246,14 +1514,19 @@ static void load_first_iteration(block *bl) {
     bl->rt->stage->input_taken(bl);
 }
 
-/* Step i of block t ends: the last iteration's cache and activations are stored, and the last
- * stage chooses the next tokens (and sends them back to the first stage, on a pipeline). */
+/* Fig. 4's epilogue: the last iteration's activations and cache are stored (each earlier one's
+ * while the next computed). */
+static void store_last_iteration(block *bl) {
+    iteration last = at(bl, bl->m->end_layer - 1, bl->n_batches - 1);
+    store_activation(bl, last);
+    store_cache(bl, last);
+}
+
+/* Step i of block t ends: what moved is in place, and the last stage chooses the next tokens
+ * (and sends them back to the first stage, on a pipeline). */
 static void step_ends(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     fg_model *m = run->m;
-    iteration last = at(bl, m->end_layer - 1, bl->n_batches - 1);
-    store_activation(bl, last);
-    store_cache(bl, last);
     io_sync(&m->rt->io, 0);
     run->unit++;
     if (is_last_stage(m)) {
@@ -1261,37 +1534,84 @@ static void step_ends(gen_run *run, int t, int i) {
         m->rt->stage->tokens_out(bl, run->opt, run->out_tokens);
     }
     count_step(m->rt, run->timing, &bl->step_start, i > 0); /* what the host asked of the device */
-    for (int k = 0; k < bl->n_batches; k++) /* with refill, refill_slots lays the next step out */
-        run->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new, gpu_batch_advance(&bl->gb[k]);
+    for (int k = 0; k < bl->n_batches; k++) { /* with refill, refill_slots lays the next step out */
+        run->timing->rows += (int64_t)bl->gb[k].batch * bl->gb[k].n_new;
+        gpu_batch_advance(&bl->gb[k]);
+    }
 }
 
-/* Fig. 4: for each generation step i, layer j and GPU batch k, the next layer's weights, the
- * previous batch's results and the next batch's inputs move on the I/O threads while batch k of
- * layer j computes. One process computes one block at a time; a pipeline stage takes the P
- * blocks (micro-batches) of a round in turn at each step, the loop that §4.4 adds. The diagonal
- * schedule of Appendix A.2 runs this same loop: its GPU batches start at staggered steps and take
- * new prompts as theirs end (diagonal_slots), so a step's batches are at different steps of
- * their sequences. */
-static void block_schedule(gen_run *run) {
-    int first = run->m->first_layer, end = run->m->end_layer;
-    for (int i = 0; i <= run->steps; i++)                     /* generation step (+1: tokens back) */
-        for (int t = 0; t < run->P; t++) {                    /* block (micro-batch) */
-            if (!step_begins(run, t, i)) continue;
-            block *bl = &run->blocks[t];
-            for (int j = first; j < end; j++)               /* layer */
-                for (int k = 0; k < bl->n_batches; k++) {   /* GPU batch */
-                    iteration now = at(bl, j, k), prev = before(bl, now), next = after(bl, now);
-                    load_weight(run, j + 1, k);
-                    store_activation(bl, prev);
-                    store_cache(bl, prev);
-                    load_input_now(bl, now);                /* one GPU batch: just stored */
-                    load_cache(bl, next);
-                    load_activation(bl, next);
-                    compute(bl, now);
-                    synchronize(bl, now);
-                }
-            step_ends(run, t, i);
+/* ---- A block's tokens, as its step ends (support/sampling.c chooses each from its logits) ---- */
+
+/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
+static const float *logits_row(const block *bl, int s, int t) {
+    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows;
+    size_t row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
+    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
+}
+
+/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
+static void keep_prompt_logits(const block *bl, const gen_options *opt) {
+    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
+    for (int s = 0; s < bl->count; s++) {
+        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs];
+        int len = bl->out_rows - pad;
+        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
+               (size_t)len * vocab * sizeof(float));
+    }
+}
+
+/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
+ * the logits of sequences still running; with teacher forcing the next token is given.
+ * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
+ * on the block shape, the number of stages or the slot a refill gave the prompt. */
+void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
+    int vocab = bl->m->view.cfg.vocab;
+    size_t rows = (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
+    if (bl->s.logit_rows == 1) rows = (size_t)bl->count;
+    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
+    bl->rt->backend->copies_done(); /* a decode step's one wait on the device, on a GPU */
+    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
+    for (int s = 0; s < bl->count; s++) {
+        const float *row = logits_row(bl, s, bl->out_rows - 1);
+        int p = bl->prompt[s], step = bl->step[s];
+        if (p < 0) continue; /* an idle slot */
+        if (logits_out && !bl->done[s]) {
+            float *out = logits_out + ((size_t)p * opt->gen_len + step) * vocab;
+            memcpy(out, row, vocab * sizeof(float));
         }
+        if (opt->forced) {
+            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
+            continue;
+        }
+        fg_rng rng;
+        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
+        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
+        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
+    }
+}
+
+/* tok ends a sequence: one of the model's EOS ids, or OPT's. */
+int gen_is_eos(const gen_options *opt, int tok) {
+    if (opt->n_eos == 0) return tok == OPT_EOS_ID;
+    for (int i = 0; i < opt->n_eos; i++)
+        if (tok == opt->eos_ids[i]) return 1;
+    return 0;
+}
+
+/* The first stage takes each sequence's token of the step just ended into out_tokens (padding
+ * once it is done) and the next step's input; returns how many sequences run on. */
+int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
+    int running = 0;
+    for (int s = 0; s < bl->count; s++) {
+        int tok = bl->ids[s];
+        if (bl->prompt[s] < 0) continue;
+        size_t at = (size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++;
+        out_tokens[at] = bl->done[s] ? OPT_PAD_ID : tok;
+        if (opt->stop_at_eos && gen_is_eos(opt, tok)) bl->done[s] = 1;
+        running += slot_running(bl, s, opt->gen_len);
+        bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
+    }
+    return running;
 }
 
 /* ============================================================================================
@@ -1300,11 +1620,17 @@ static void block_schedule(gen_run *run) {
 
 /* GPU batch k's slots take prompts first .. first + count - 1, left-padded to `padded` tokens, as
  * their prefill's input; its other slots idle. */
-static void start_batch(block *bl, int k, int *const *prompts, const int *lens, int first, int count, int padded) {
+static void start_batch(block *bl, int k, int *const *prompts, const int *lens, int first,
+                        int count, int padded) {
     gpu_batch *gb = &bl->gb[k];
-    gb->batch = count, gb->n_new = padded;
-    for (int b = 0, s = k * bl->s.gbs; b < bl->s.gbs; b++, s++) {
-        bl->prompt[s] = b < count ? first + b : -1, bl->step[s] = 0, bl->done[s] = 0, gb->past[b] = 0;
+    gb->batch = count;
+    gb->n_new = padded;
+    for (int b = 0; b < bl->s.gbs; b++) {
+        int s = k * bl->s.gbs + b;
+        bl->prompt[s] = b < count ? first + b : -1;
+        bl->step[s] = 0;
+        bl->done[s] = 0;
+        gb->past[b] = 0;
         if (b >= count) continue;
         int n = lens[first + b], *row = gb->tokens + (size_t)b * padded;
         gb->pad[b] = padded - n;
@@ -1321,13 +1647,15 @@ static int longest_of(const int *lens, int first, int count) {
 
 /* Loads a block's prompts, left-padded to the longest, as the prefill step's input. */
 static void start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
-    int padded = longest_of(lens, first, count), gbs = bl->s.gbs;
+    int padded = longest_of(lens, first, count);
+    int gbs = bl->s.gbs;
     bl->count = count;
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
     kv_pages_reset(&bl->pages);
     for (int k = 0; k < bl->n_batches; k++)
-        start_batch(bl, k, prompts, lens, first + k * gbs, count - k * gbs < gbs ? count - k * gbs : gbs, padded);
+        start_batch(bl, k, prompts, lens, first + k * gbs,
+                    count - k * gbs < gbs ? count - k * gbs : gbs, padded);
 }
 
 /* The first stage takes step i - 1's tokens of a block (chosen here with one stage, or come back
@@ -1335,13 +1663,16 @@ static void start_block(block *bl, int *const *prompts, const int *lens, int fir
 static void tokens_back(gen_run *run, block *bl, int i) {
     const stage_hooks *stage = run->m->rt->stage;
     stage->receive_tokens(bl, i - 1);
-    for (int s = 0; s < bl->count; s++) run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
-    bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0 || (run->diagonal && run->next < run->n_prompts);
     for (int s = 0; s < bl->count; s++)
-        if (bl->prompt[s] >= 0 && bl->step[s] == run->opt->gen_len) { /* its last token: the time to it */
-            run->timing->completed++, run->timing->completion_seconds += now_seconds() - run->t_start;
-            if (run->opt->finish_step) run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;
-        }
+        run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
+    int more_prompts = run->diagonal && run->next < run->n_prompts;
+    bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0 || more_prompts;
+    for (int s = 0; s < bl->count; s++) {
+        if (bl->prompt[s] < 0 || bl->step[s] != run->opt->gen_len) continue;
+        run->timing->completed++; /* its last token: the time to it */
+        run->timing->completion_seconds += now_seconds() - run->t_start;
+        if (run->opt->finish_step) run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;
+    }
     if (!bl->running && i < run->steps && !run->refill) stage->pass_stop(bl);
 }
 
@@ -1360,49 +1691,105 @@ static void promisable_pages(const block *bl, const int *lens, int gen_len, int 
     for (int t = 0; t < N_TIERS; t++) promise[t] = kp->n_free[t];
     for (int s = 0; s < bl->count; s++)
         if (slot_running(bl, s, gen_len))
-            promise[slot_tier(kp, s)] -= kv_pages_for(lens[bl->prompt[s]] + gen_len, kp->pool.page_tokens) - kp->held[s];
+            promise[slot_tier(kp, s)] -=
+                kv_pages_for(lens[bl->prompt[s]] + gen_len, kp->pool.page_tokens) - kp->held[s];
+}
+
+/* How many of GPU batch k's free slots take the next prompts at a refill, and *longest, their
+ * longest: a free slot takes the next prompt if the tiers can still promise its pages (promise,
+ * less what the slots before it took). They are taken when that padding costs no more rows than
+ * the free slots would idle (one a step) until the batch's running sequences could end; then
+ * promise loses their pages. */
+static int prompts_to_take(const gen_run *run, const block *bl, int k, int promise[N_TIERS],
+                           int *longest) {
+    int gen_len = run->opt->gen_len;
+    int running = 0;
+    int free_slots = 0;
+    int steps_left = 0;
+    int fits = 1;
+    int left[N_TIERS];
+    memcpy(left, promise, sizeof left);
+    *longest = 1;
+    for (int s = k * bl->s.gbs; s < k * bl->s.gbs + bl->gb[k].batch; s++) {
+        if (slot_running(bl, s, gen_len)) {
+            running++;
+            if (gen_len - bl->step[s] > steps_left) steps_left = gen_len - bl->step[s];
+            continue;
+        }
+        if (!fits || run->next + free_slots >= run->n_prompts) continue;
+        int len = run->lens[run->next + free_slots];
+        int need = kv_pages_for(len + gen_len, bl->s.kv.page_tokens);
+        fg_tier t = slot_tier(&bl->pages, s);
+        fits = left[t] >= need;
+        if (!fits) continue;
+        left[t] -= need;
+        if (len > *longest) *longest = len;
+        free_slots++;
+    }
+    int take = free_slots > 0 && (long)running * (*longest - 1) <= (long)free_slots * steps_left;
+    if (!take) return 0;
+    memcpy(promise, left, sizeof left);
+    return free_slots;
+}
+
+/* GPU batch k's free slots: the first `taking` take the next prompts, whose prefill joins step
+ * i; the others idle. */
+static void assign_prompts(gen_run *run, block *bl, int k, int i, int taking) {
+    gpu_batch *gb = &bl->gb[k];
+    int gen_len = run->opt->gen_len;
+    int taken = 0;
+    for (int b = 0; b < gb->batch; b++) {
+        int s = k * bl->s.gbs + b;
+        if (slot_running(bl, s, gen_len)) continue;
+        bl->prompt[s] = -1;
+        if (taken < taking) {
+            bl->prompt[s] = run->next++;
+            taken++;
+        }
+        bl->done[s] = 0;
+        bl->step[s] = 0;
+        gb->past[b] = 0;
+        if (bl->prompt[s] < 0) continue;
+        if (i + gen_len > run->steps) run->steps = i + gen_len;
+        bl->running = 1;
+    }
+}
+
+/* GPU batch k's rows for a refill step, n_new a sequence, left-padded: a new prompt's tokens, a
+ * running sequence's last token, or an idle slot's padding. Row b covers tokens[b], the token
+ * of sequence b that it keeps, so the rows are laid out from the last back. */
+static void lay_out_rows(gen_run *run, block *bl, int k, int n_new) {
+    gpu_batch *gb = &bl->gb[k];
+    for (int b = gb->batch - 1; b >= 0; b--) {
+        int s = k * bl->s.gbs + b;
+        int p = bl->prompt[s];
+        int n = p < 0 ? 0 : bl->step[s] == 0 ? run->lens[p] : 1;
+        int token = gb->tokens[b];
+        int *row = gb->tokens + (size_t)b * n_new;
+        for (int t = 0; t < n_new - n; t++) row[t] = OPT_PAD_ID;
+        if (n == 1 && bl->step[s] > 0) row[n_new - 1] = token;
+        else if (n) memcpy(row + n_new - n, run->prompts[p], (size_t)n * sizeof(int));
+        gb->pad[b] = n_new - n;
+        if (n && bl->step[s] == 0) run->timing->prefill_tokens += n_new;
+    }
+    gb->n_new = n_new;
 }
 
 /* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
  * joins step i: the GPU batch computes rows for the longest, each running sequence its token last
- * after padding. It does when that padding costs no more rows than the free slots would idle (one
- * a step) until its running sequences could end; a free slot meanwhile, or with no prompt left, idles. */
+ * after padding (prompts_to_take says when). A free slot meanwhile, or with no prompt left,
+ * idles. */
 static void refill_slots(gen_run *run, block *bl, int i) {
-    int gen_len = run->opt->gen_len, gbs = bl->s.gbs, promise[N_TIERS];
+    int gen_len = run->opt->gen_len;
+    int promise[N_TIERS];
     for (int s = 0; s < bl->count; s++)
         if (!slot_running(bl, s, gen_len)) end_sequence(run, bl, s);
     promisable_pages(bl, run->lens, gen_len, promise);
     for (int k = 0; k < bl->n_batches; k++) {
-        gpu_batch *gb = &bl->gb[k];
-        int running = 0, free_slots = 0, longest = 1, steps_left = 0, fits = 1, left[N_TIERS];
-        memcpy(left, promise, sizeof left);
-        for (int s = k * gbs; s < k * gbs + gb->batch; s++)
-            if (slot_running(bl, s, gen_len)) {
-                running++, steps_left = gen_len - bl->step[s] > steps_left ? gen_len - bl->step[s] : steps_left;
-            } else if (fits && run->next + free_slots < run->n_prompts) { /* the next prompt, if its pages can be promised */
-                int len = run->lens[run->next + free_slots], need = kv_pages_for(len + gen_len, bl->s.kv.page_tokens);
-                fg_tier t = slot_tier(&bl->pages, s);
-                if ((fits = left[t] >= need)) left[t] -= need, longest = len > longest ? len : longest, free_slots++;
-            }
-        int take = free_slots > 0 && (long)running * (longest - 1) <= (long)free_slots * steps_left;
-        if (take) memcpy(promise, left, sizeof left);
-        for (int b = 0, s = k * gbs, taken = 0; b < gb->batch; b++, s++) {
-            if (slot_running(bl, s, gen_len)) continue;
-            bl->prompt[s] = take && taken++ < free_slots ? run->next++ : -1;
-            bl->done[s] = 0, bl->step[s] = 0, gb->past[b] = 0;
-            if (bl->prompt[s] >= 0) run->steps = i + gen_len > run->steps ? i + gen_len : run->steps, bl->running = 1;
-        }
-        int n_new = take ? longest : 1;
-        for (int b = gb->batch - 1, s = k * gbs + b; b >= 0; b--, s--) { /* row b covers tokens[b] */
-            int p = bl->prompt[s], n = p < 0 ? 0 : bl->step[s] == 0 ? run->lens[p] : 1;
-            int *row = gb->tokens + (size_t)b * n_new, token = gb->tokens[b];
-            for (int t = 0; t < n_new - n; t++) row[t] = OPT_PAD_ID;
-            if (n == 1 && bl->step[s] > 0) row[n_new - 1] = token;
-            else if (n) memcpy(row + n_new - n, run->prompts[p], (size_t)n * sizeof(int));
-            gb->pad[b] = n_new - n;
-            if (n && bl->step[s] == 0) run->timing->prefill_tokens += n_new;
-        }
-        gb->n_new = n_new;
+        int longest;
+        int taking = prompts_to_take(run, bl, k, promise, &longest);
+        assign_prompts(run, bl, k, i, taking);
+        lay_out_rows(run, bl, k, taking ? longest : 1);
     }
 }
 
@@ -1411,11 +1798,13 @@ static void refill_slots(gen_run *run, block *bl, int i) {
  * as its sequences end, so that at each step the batches are at staggered steps of their
  * sequences: one prefills while the others decode, the layer's weights loaded once for all. */
 static void diagonal_slots(gen_run *run, block *bl, int i) {
-    int gen_len = run->opt->gen_len, gbs = bl->s.gbs;
+    int gen_len = run->opt->gen_len;
+    int gbs = bl->s.gbs;
     for (int k = 0; k < bl->n_batches; k++) {
         int start = diagonal_start(k, bl->n_batches, gen_len);
         if (i < start || (i - start) % gen_len != 0) continue;
-        if (run->opt->group_done && bl->gb[k].batch && is_first_stage(run->m)) /* its tokens are all in */
+        /* its tokens are all in */
+        if (run->opt->group_done && bl->gb[k].batch && is_first_stage(run->m))
             run->opt->group_done(run->opt->group_ctx, bl->prompt[k * gbs], bl->gb[k].batch);
         for (int s = k * gbs; s < (k + 1) * gbs; s++)
             if (bl->prompt[s] >= 0) end_sequence(run, bl, s);
@@ -1425,14 +1814,16 @@ static void diagonal_slots(gen_run *run, block *bl, int i) {
         run->next += count;
         if (count == 0) continue;
         run->timing->prefill_tokens += (int64_t)count * padded;
-        run->steps = i + gen_len > run->steps ? i + gen_len : run->steps, bl->running = 1;
+        if (i + gen_len > run->steps) run->steps = i + gen_len;
+        bl->running = 1;
     }
 }
 
 /* A block of a diagonal run: every GPU batch idle until diagonal_slots starts it. */
 static void start_diagonal(gen_run *run, block *bl) {
     start_block(bl, run->prompts, run->lens, 0, 0);
-    bl->n_batches = bl->s.ngb, bl->count = bl->s.ngb * bl->s.gbs;
+    bl->n_batches = bl->s.ngb;
+    bl->count = bl->s.ngb * bl->s.gbs;
     for (int k = 0; k < bl->n_batches; k++) start_batch(bl, k, run->prompts, run->lens, 0, 0, 1);
     diagonal_slots(run, bl, 0);
 }
@@ -1453,10 +1844,36 @@ static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_p
     int rc = fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err);
     if (rc == 0 && !m->loaded) rc = load_weights_into_homes(m, err);
     for (int t = 0; t < count && rc == 0; t++)
-        rc = alloc_block(&blocks[t], m, n_prompts, lens, max_prompt, gen_len, t ? &blocks[0] : NULL, err);
+        rc = alloc_block(&blocks[t], m, n_prompts, lens, max_prompt, gen_len, t ? &blocks[0] : NULL,
+                         err);
     if (rc) { free_blocks(blocks, count); return NULL; }
     *n_blocks = count;
     return blocks;
+}
+
+/* The round's blocks take their prompts: P blocks of B from run->base on (with refill, the
+ * prompts after the first B wait for free slots), or none yet in the diagonal schedule, whose
+ * GPU batches start at their steps. */
+static void start_round(gen_run *run) {
+    run->started = 0;
+    run->prefilled = 0;
+    run->unit = 0;
+    run->steps = run->opt->gen_len;
+    for (int t = 0; t < run->P && !run->diagonal; t++) {
+        int first = run->base + t * run->B;
+        int count = run->n_prompts - first < run->B ? run->n_prompts - first : run->B;
+        start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
+        if (count <= 0) continue;
+        run->timing->prefill_tokens += (int64_t)count * run->blocks[t].gb[0].n_new;
+        run->started++;
+    }
+    if (run->diagonal) run->next = 0;
+    else if (run->refill && run->B < run->n_prompts) run->next = run->B; /* the rest */
+    else run->next = run->n_prompts;
+    for (int t = 0; t < run->P && run->diagonal; t++) {
+        start_diagonal(run, &run->blocks[t]);
+        run->started += run->blocks[t].running;
+    }
 }
 
 /* A round: P micro-batches of prompts from run->base through every step (§4.4's iteration-level
@@ -1464,28 +1881,23 @@ static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_p
  * t + 1 and the one after it step i of t - 1; with one stage, one block, Fig. 4). */
 static void run_round(gen_run *run) {
     fg_model *m = run->m;
-    run->started = run->prefilled = 0;
-    run->unit = 0;
-    run->steps = run->opt->gen_len;
-    for (int t = 0; t < run->P && !run->diagonal; t++) {
-        int first = run->base + t * run->B, count = run->n_prompts - first < run->B ? run->n_prompts - first : run->B;
-        start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
-        if (count > 0) run->timing->prefill_tokens += (int64_t)count * run->blocks[t].gb[0].n_new, run->started++;
-    }
-    run->next = run->diagonal ? 0 : run->refill && run->B < run->n_prompts ? run->B : run->n_prompts; /* the rest */
-    for (int t = 0; t < run->P && run->diagonal; t++) start_diagonal(run, &run->blocks[t]), run->started += run->blocks[t].running;
+    start_round(run);
     double t0 = now_seconds();
     run->t_prefill = t0;
-    m->staged[0] = m->staged[1] = -1;
-    load_weights(m, 0); /* the first layer; every later one is loaded while its predecessor computes */
+    m->staged[0] = -1;
+    m->staged[1] = -1;
+    /* the first layer; in Fig. 4's loop every later one loads while its predecessor computes */
+    load_weights(m, 0);
     io_sync(&m->rt->io, 1);
-    block_schedule(run);
+    if (run->plain) plain_schedule(run);
+    else block_schedule(run);
     run->steps_before += run->steps;
     for (int t = 0; t < run->P; t++)
         for (int s = 0; s < run->blocks[t].count; s++) end_sequence(run, &run->blocks[t], s);
     run->timing->page_tokens = run->blocks[0].s.kv.page_tokens;
     for (int t = 0; t < N_TIERS; t++) /* the pools' most in use (the diagonal's staggered peak) */
-        run->timing->cache_peak_rows[t] = (int64_t)run->blocks[0].pages.peak[t] * run->timing->page_tokens;
+        run->timing->cache_peak_rows[t] =
+            (int64_t)run->blocks[0].pages.peak[t] * run->timing->page_tokens;
     if (is_first_stage(m)) {
         run->timing->prefill_latency += run->t_prefill - t0;
         run->timing->decode_latency += now_seconds() - run->t_prefill;
@@ -1493,10 +1905,41 @@ static void run_round(gen_run *run) {
     for (int t = 0; t < run->P; t++) {
         block *bl = &run->blocks[t];
         m->rt->stage->end_round(bl);
-        run->timing->bubble_seconds += bl->bubble, bl->bubble = 0;
-        run->timing->compute_seconds += bl->compute_seconds, bl->compute_seconds = 0;
+        run->timing->bubble_seconds += bl->bubble;
+        bl->bubble = 0;
+        run->timing->compute_seconds += bl->compute_seconds;
+        bl->compute_seconds = 0;
     }
     forget_reads(m);
+}
+
+/* The job and the options checked: the prompts, the forced tokens, and what refill and the
+ * diagonal schedule allow. */
+static int check_job(const gen_run *run, const gen_options *opt, char *err) {
+    const opt_config *c = &run->m->view.cfg;
+    int rc = check_prompts(c, run->n_prompts, run->prompts, run->lens, opt->gen_len, err);
+    if (rc == 0 && opt->forced)
+        rc = check_forced(c, opt->forced, run->n_prompts, opt->gen_len, err);
+    if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || run->m->rt->pipe))
+        rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
+    if (rc == 0 && run->diagonal && (opt->refill || opt->prompt_logits))
+        rc = fg_fail(err, "the diagonal schedule: refills its GPU batches itself, "
+                          "keeps no prompt logits");
+    return rc;
+}
+
+/* The outputs cleared before the first round: logits and prompt logits zero, tokens padding. */
+static void clear_outputs(const gen_run *run, int max_prompt) {
+    const gen_options *opt = run->opt;
+    size_t vocab = (size_t)run->m->view.cfg.vocab;
+    size_t tokens = (size_t)run->n_prompts * opt->gen_len;
+    if (run->logits) memset(run->logits, 0, tokens * vocab * sizeof(float));
+    if (opt->prompt_logits) {
+        size_t rows = (size_t)run->n_prompts * max_prompt;
+        memset(opt->prompt_logits, 0, rows * vocab * sizeof(float));
+    }
+    for (size_t i = 0; i < tokens; i++) run->out_tokens[i] = OPT_PAD_ID;
+    memset(run->timing, 0, sizeof *run->timing);
 }
 
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
@@ -1504,30 +1947,31 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
              char *err) {
     const opt_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
-    gen_run run = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits, .timing = timing,
-                 .prompts = prompts, .lens = prompt_lens, .n_prompts = n_prompts, .refill = opt->refill,
-                 .diagonal = rt->policy.schedule == FG_SCHEDULE_DIAGONAL};
+    gen_run run = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits,
+                   .timing = timing, .prompts = prompts, .lens = prompt_lens,
+                   .n_prompts = n_prompts, .refill = opt->refill,
+                   .diagonal = rt->policy.schedule == FG_SCHEDULE_DIAGONAL};
     int max_prompt = 1;
-    for (int p = 0; p < n_prompts; p++) max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
-    int rc = check_prompts(c, n_prompts, prompts, prompt_lens, opt->gen_len, err);
-    if (rc == 0 && opt->forced) rc = check_forced(c, opt->forced, n_prompts, opt->gen_len, err);
-    if (rc == 0 && opt->refill && (!opt->stop_at_eos || opt->prompt_logits || rt->pipe))
-        rc = fg_fail(err, "refill: needs stop_at_eos, one process and no prompt logits");
-    if (rc == 0 && run.diagonal && (opt->refill || opt->prompt_logits))
-        rc = fg_fail(err, "the diagonal schedule: refills its GPU batches itself, keeps no prompt logits");
+    for (int p = 0; p < n_prompts; p++)
+        if (prompt_lens[p] > max_prompt) max_prompt = prompt_lens[p];
+    int rc = check_job(&run, opt, err);
     m->prompt_logits = opt->prompt_logits != NULL;
-    if (rc == 0 && !(run.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &run.P, err))) rc = -1;
-    if (rc == 0 && !(run.scratch = malloc((size_t)2 * c->vocab * sizeof(float)))) rc = fg_fail(err, "out of memory");
+    if (rc == 0) {
+        run.blocks = open_blocks(m, n_prompts, prompt_lens, max_prompt, opt->gen_len, &run.P, err);
+        if (!run.blocks) rc = -1;
+    }
+    if (rc == 0) {
+        run.scratch = malloc((size_t)2 * c->vocab * sizeof(float));
+        if (!run.scratch) rc = fg_fail(err, "out of memory");
+    }
     if (rt->stage->agree(rt, rc, err)) { /* every stage is ready, or none starts */
         if (run.blocks) free_blocks(run.blocks, run.P);
         free(run.scratch);
         m->prompt_logits = 0;
         return -1;
     }
-    if (logits) memset(logits, 0, (size_t)n_prompts * opt->gen_len * c->vocab * sizeof(float));
-    if (opt->prompt_logits) memset(opt->prompt_logits, 0, (size_t)n_prompts * max_prompt * c->vocab * sizeof(float));
-    for (size_t i = 0; i < (size_t)n_prompts * opt->gen_len; i++) out_tokens[i] = OPT_PAD_ID;
-    memset(timing, 0, sizeof *timing);
+    clear_outputs(&run, max_prompt);
+    run.plain = !rt->policy.overlap && !rt->pipe && run.P == 1;
     run.t_start = now_seconds();
     double disk_read_before = rt->disk_read_seconds;
     run.B = run.blocks[0].s.gbs * run.blocks[0].s.ngb;
@@ -1544,6 +1988,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     free(run.scratch);
     free_blocks(run.blocks, run.P);
     m->prompt_logits = 0;
-    return run.pools_ran_out ? fg_fail(err, "internal error: a KV cache pool ran out: the schedule held more "
-                                            "than its pools were sized for") : 0;
+    if (!run.pools_ran_out) return 0;
+    return fg_fail(err, "internal error: a KV cache pool ran out: the schedule held more than its "
+                        "pools were sized for");
 }

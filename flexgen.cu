@@ -44,7 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* flexgen.h's kernel bodies (q4_value) are the device's too, with the device's fp16 */
+/* model.h's kernel bodies (kv_page_row, position_of, q4_bytes, q4_value) are the device's too,
+ * with the device's fp16 */
 #define FG_HOST_DEVICE __host__ __device__
 #define FG_HALF_TO_FLOAT(h) __half2float(__ushort_as_half(h))
 extern "C" {
@@ -53,9 +54,9 @@ extern "C" {
 }
 
 /* ============================================================================================
- * Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Where the host waits, and the counters"). The
- * runtime reads them at each step's edges, so that a step's waits, launches and copies can be
- * held to account on any machine, the emulated GPU's included.
+ * Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Where the host waits, and
+ * the counters"). The runtime reads them at each step's edges, so that a step's waits, launches and
+ * copies can be held to account on any machine, the emulated GPU's included.
  * ============================================================================================ */
 
 static fg_device_counts counts;
@@ -65,7 +66,8 @@ static void count(int64_t *counter, int64_t n) { __atomic_fetch_add(counter, n, 
 static void cuda_counts(fg_device_counts *out) {
     const int64_t *from = (const int64_t *)&counts;
     int64_t *to = (int64_t *)out;
-    for (size_t i = 0; i < sizeof counts / sizeof(int64_t); i++) to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
+    for (size_t i = 0; i < sizeof counts / sizeof(int64_t); i++)
+        to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
 }
 
 /* ============================================================================================
@@ -118,7 +120,8 @@ static void launched(const char *kernel, int line) {
  * weights and of the cache and activations), two buffers each: the plan counts them on the cpu
  * tier (FG_CUDA_HOST_RESERVE). */
 enum { BOUNCE = 8 << 20 };
-static_assert(FG_CUDA_HOST_RESERVE == 3 * 2 * (double)BOUNCE, "the cpu tier's count of bounce buffers");
+static_assert(FG_CUDA_HOST_RESERVE == 3 * 2 * (double)BOUNCE,
+              "the cpu tier's count of bounce buffers");
 
 /* What one runtime thread uses: its stream, its cuBLAS handle, its bounce buffers, and the events
  * by which the host and the other threads' streams wait for its work. `queued` numbers the work
@@ -183,7 +186,8 @@ static thread_ctx *ctx(void) {
     while (slot < MAX_THREADS && contexts[slot]) slot++;
     if (slot < MAX_THREADS) contexts[slot] = c;
     pthread_mutex_unlock(&contexts_lock);
-    if (slot == MAX_THREADS) cuda_fail("ctx", __LINE__, "more threads than the backend keeps streams for");
+    if (slot == MAX_THREADS)
+        cuda_fail("ctx", __LINE__, "more threads than the backend keeps streams for");
     return c;
 }
 
@@ -231,7 +235,9 @@ static cudaMemoryType memory_type(const void *p) {
 }
 
 /* The copy engines read and write it directly (device or pinned memory). */
-static int is_pinned_or_device(const void *p) { return memory_type(p) != cudaMemoryTypeUnregistered; }
+static int is_pinned_or_device(const void *p) {
+    return memory_type(p) != cudaMemoryTypeUnregistered;
+}
 
 /* ============================================================================================
  * Memory and copies. A copy is queued on the calling thread's stream: one between the device
@@ -242,15 +248,23 @@ static int is_pinned_or_device(const void *p) { return memory_type(p) != cudaMem
 enum { TO_DEVICE, TO_HOST, ON_DEVICE };
 
 /* Queues a copy of `rows` rows of `width` bytes (one row: a plain copy), counted. */
-static void queue_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
-                            int direction) {
+static void queue_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                            size_t rows, int direction) {
     thread_ctx *c = ctx();
     if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, c->stream));
-    else CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, c->stream));
+    else
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
+                                     c->stream));
     uint64_t at = note_queued();
     size_t bytes = width * rows;
-    if (direction == TO_DEVICE) count(&counts.copies_in, 1), count(&counts.bytes_in, (int64_t)bytes);
-    if (direction == TO_HOST) count(&counts.copies_out, 1), count(&counts.bytes_out, (int64_t)bytes);
+    if (direction == TO_DEVICE) {
+        count(&counts.copies_in, 1);
+        count(&counts.bytes_in, (int64_t)bytes);
+    }
+    if (direction == TO_HOST) {
+        count(&counts.copies_out, 1);
+        count(&counts.bytes_out, (int64_t)bytes);
+    }
     if (direction == ON_DEVICE) count(&counts.copies_on_device, 1);
     if (direction == ON_DEVICE) return;
     CUDA_CHECK(cudaEventRecord(c->host_copied, c->stream));
@@ -387,7 +401,8 @@ static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
             bounce_used(c, (int)(i % 2));
         }
         if (i > 0) { /* piece i - 1 has arrived: out of its bounce buffer */
-            size_t at = (i - 1) * BOUNCE, n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
+            size_t at = (i - 1) * BOUNCE,
+                   n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
             bounce_free(c, (int)((i - 1) % 2));
             memcpy((char *)dst + at, c->bounce[(i - 1) % 2], n);
         }
@@ -401,17 +416,23 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 
 /* ============================================================================================
  * 4-bit decompression (§5; quant.c has the layout): one thread per value, min + q * scale
- * (flexgen.h's q4_value, which the CPU tests build too) rounded to fp16, the device's working
- * format.
+ * (model.h's q4_value, which the CPU builds too) rounded to fp16, the device's working format.
+ * Each kernel below names its CPU twin and the test of tests/test_kernels.cu that holds the two
+ * together (the kernels suite, on a GPU or the emulated one).
  * ============================================================================================ */
 
-__global__ void dequant_kernel(const uint8_t *src, size_t outer, size_t len, size_t inner, __half *dst) {
+/* CPU twin: quant.c's q4_decompress. Test: test_dequant, bit for bit after the fp16 rounding. */
+
+__global__ void dequant_kernel(const uint8_t *src, size_t outer, size_t len, size_t inner,
+                               __half *dst) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= outer * len * inner) return;
     dst[e] = __float2half_rn(q4_value(src, len, inner, e));
 }
 
-static unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+static unsigned blocks_for(size_t n, unsigned threads) {
+    return (unsigned)((n + threads - 1) / threads);
+}
 
 static void cuda_weights_in(void *dst, const fp16 *src, size_t n) { cuda_copy_in(dst, src, 2 * n); }
 
@@ -423,7 +444,8 @@ static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t
         bytes = landing;
     }
     size_t n = outer * len * inner;
-    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)bytes, outer, len, inner, (__half *)dst);
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)bytes, outer,
+                                                                  len, inner, (__half *)dst);
     LAUNCHED("dequant_kernel");
 }
 
@@ -462,11 +484,13 @@ typedef struct {
     char *table;        /* host: the table being built, as large as a cache table */
     uint64_t clock;     /* counts table lookups (which slot was used last) */
     opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
-    fp16 *host16;       /* [host_rows][q + 2 kv width], pinned: q, k, v rows out, attention rows in */
+    /* [host_rows][q + 2 kv width], pinned: q, k, v rows out, attention rows in */
+    fp16 *host16;
     size_t host_rows;
 } cuda_ws;
 
-/* n table slots of `bytes` each, their device parts from `device` on. 0, or -1 when out of memory. */
+/* n table slots of `bytes` each, their device parts from `device` on. 0, or -1 when out of memory.
+ */
 static int table_slots_init(table_slot *slots, int n, char *device, size_t bytes) {
     for (int i = 0; i < n; i++) {
         memset(&slots[i], 0, sizeof slots[i]);
@@ -503,17 +527,19 @@ static void cuda_ws_free(cuda_ws *d) {
     free(d);
 }
 
-static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
-                               int max_len, char *err) {
+static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows,
+                               int max_prompt, int max_len, char *err) {
     memset(ws, 0, sizeof *ws);
     size_t sizes[FG_CUDA_WS_PARTS];
     size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, sizes);
     cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
     if (!d) return fg_fail(err, "out of memory");
     d->rows = rows;
-    d->max_pages = kv_pages_for(max_len, FG_PAGE_TOKENS); /* the most: a page has 16 tokens or max_len */
+    /* the most: a page has 16 tokens or max_len */
+    d->max_pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
     d->block = (char *)cuda_alloc(total);
-    size_t token_bytes = fg_cuda_token_table_bytes(rows), cache_bytes = fg_cuda_cache_table_bytes(rows, d->max_pages);
+    size_t token_bytes = fg_cuda_token_table_bytes(rows),
+           cache_bytes = fg_cuda_cache_table_bytes(rows, d->max_pages);
     char *parts[FG_CUDA_WS_PARTS], *at = d->block;
     for (int i = 0; i < FG_CUDA_WS_PARTS && d->block; i++) {
         parts[i] = at;
@@ -555,7 +581,8 @@ static void cache_tables_ready(cuda_ws *d, const gpu_batch *gb) {
     free(d->table);
     d->grown_tables = (char *)cuda_alloc(FG_CUDA_CACHE_TABLES * bytes);
     d->table = (char *)malloc(bytes);
-    if (!d->grown_tables || !d->table || table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, d->grown_tables, bytes))
+    if (!d->grown_tables || !d->table ||
+        table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, d->grown_tables, bytes))
         cuda_fail("page tables", __LINE__, "out of memory");
     d->max_pages = need;
 }
@@ -563,13 +590,14 @@ static void cache_tables_ready(cuda_ws *d, const gpu_batch *gb) {
 /* Whether slot s holds `want`, but that its cache pointers ([n_pointers] from byte
  * `pointers_at`; none in a token table) may all lie *shift bytes from the slot's, as the next
  * layer's pools lie from this one's; NULL (a delegated sequence) must stay NULL. */
-static int table_matches(const table_slot *s, const char *want, size_t bytes, size_t pointers_at, int n_pointers,
-                         long long *shift) {
+static int table_matches(const table_slot *s, const char *want, size_t bytes, size_t pointers_at,
+                         int n_pointers, long long *shift) {
     size_t pointers_end = pointers_at + (size_t)n_pointers * sizeof(void *);
     if (s->bytes != bytes || memcmp(s->host, want, pointers_at) ||
         memcmp(s->host + pointers_end, want + pointers_end, bytes - pointers_end))
         return 0;
-    const uint64_t *have = (const uint64_t *)(s->host + pointers_at), *now = (const uint64_t *)(want + pointers_at);
+    const uint64_t *have = (const uint64_t *)(s->host + pointers_at),
+                   *now = (const uint64_t *)(want + pointers_at);
     uint64_t distance = 0;
     int first = 1;
     for (int i = 0; i < n_pointers; i++) {
@@ -587,12 +615,13 @@ static int table_matches(const table_slot *s, const char *want, size_t bytes, si
  * used longest ago, uploaded on the compute stream, which runs the copy after the kernels that
  * read the slot's old content (queued before it). Its pinned source is written again only once
  * its last upload has run. */
-static const char *device_table(cuda_ws *d, table_slot *slots, int n, size_t bytes, size_t pointers_at,
-                                int n_pointers, long long *shift) {
+static const char *device_table(cuda_ws *d, table_slot *slots, int n, size_t bytes,
+                                size_t pointers_at, int n_pointers, long long *shift) {
     table_slot *s = NULL;
     *shift = 0;
     for (int i = 0; i < n && !s; i++)
-        if (table_matches(&slots[i], d->table, bytes, pointers_at, n_pointers, shift)) s = &slots[i];
+        if (table_matches(&slots[i], d->table, bytes, pointers_at, n_pointers, shift))
+            s = &slots[i];
     if (!s) {
         s = &slots[0];
         for (int i = 1; i < n; i++)
@@ -647,7 +676,8 @@ static void page_table(const gpu_batch *gb, int kv, int b, int *to) {
 static cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
     cache_tables_ready(d, gb);
     size_t B = (size_t)gb->batch, P = (size_t)d->max_pages, pointers_at = 2 * B * sizeof(int);
-    size_t pages_at = pointers_at + 2 * B * sizeof(void *), bytes = pages_at + 2 * B * P * sizeof(int);
+    size_t pages_at = pointers_at + 2 * B * sizeof(void *),
+           bytes = pages_at + 2 * B * P * sizeof(int);
     int *ints = (int *)d->table, *pages = (int *)(d->table + pages_at);
     void **k = (void **)(d->table + pointers_at), **v = k + B;
     cache_table t;
@@ -660,9 +690,11 @@ static cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
         k[b] = on_device ? gb->k[b] : NULL;
         v[b] = on_device ? gb->v[b] : NULL;
         t.on_device += on_device;
-        for (int kv = 0; kv < 2 && on_device; kv++) page_table(gb, kv, (int)b, pages + ((size_t)kv * B + b) * P);
+        for (int kv = 0; kv < 2 && on_device; kv++)
+            page_table(gb, kv, (int)b, pages + ((size_t)kv * B + b) * P);
     }
-    const char *dev = device_table(d, d->cache_tables, FG_CUDA_CACHE_TABLES, bytes, pointers_at, (int)(2 * B), &t.shift);
+    const char *dev = device_table(d, d->cache_tables, FG_CUDA_CACHE_TABLES, bytes, pointers_at,
+                                   (int)(2 * B), &t.shift);
     t.pad = (const int *)dev;
     t.past = t.pad + B;
     t.k = (void *const *)(dev + pointers_at);
@@ -698,12 +730,13 @@ __device__ float block_max(float v, float *shared) {
     return v;
 }
 
-/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row (opt_model.c's layer_norm; tested
- * by test_kernels.cu's test_layer_norm). With `add` (a product's bias, [dim]), x += add first,
- * rounded to fp16 and kept in x, the bits of bias_kernel's OUT_ADD before a separate norm (tested
- * bit for bit by test_bias_layer_norm): one launch for the two. y may alias x (each thread
- * writes only the elements it read). */
-__global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const __half *w, const __half *b, __half *y) {
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row. CPU twin: opt_model.c's
+ * layer_norm. Test: test_layer_norm, within its bound of a layer norm in double. With `add` (a
+ * product's bias, [dim]), x += add first, rounded to fp16 and kept in x, the bits of
+ * bias_kernel's OUT_ADD before a separate norm (tested bit for bit by test_bias_layer_norm): one
+ * launch for the two. y may alias x (each thread writes only the elements it read). */
+__global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const __half *w,
+                                  const __half *b, __half *y) {
     __shared__ float shared[32];
     __half *xr = x + (size_t)blockIdx.x * dim;
     __half *yr = y + (size_t)blockIdx.x * dim;
@@ -720,10 +753,12 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
     }
     float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + 1e-5f);
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = __float2half_rn((__half2float(xr[i]) - mean) * inv * __half2float(w[i]) + __half2float(b[i]));
+        yr[i] = __float2half_rn((__half2float(xr[i]) - mean) * inv * __half2float(w[i]) +
+                                __half2float(b[i]));
 }
 
-
+/* y += b[column], then ReLU if relu. CPU twin: opt_model.c's linear_layer, after its product.
+ * Test: test_linear, every mode (and test_bias_layer_norm its OUT_ADD bits). */
 __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -732,14 +767,17 @@ __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int r
 }
 
 static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)NULL, (const __half *)w, (const __half *)b, y);
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)NULL,
+                                                       (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
-/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y = layer_norm(x). */
-static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w, const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias, (const __half *)w,
-                                                       (const __half *)b, y);
+/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y = layer_norm(x).
+ */
+static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
+                            const fp16 *b, __half *y) {
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias,
+                                                       (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
@@ -748,24 +786,27 @@ static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, cons
 static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
                    __half *y, int mode) {
     float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
-    BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F, out,
-                            x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+    BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F,
+                              out, x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
     if (!b) return;
     size_t m = (size_t)rows * out;
-    bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b, mode == OUT_RELU);
+    bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b,
+                                                               mode == OUT_RELU);
     LAUNCHED("bias_kernel");
 }
 
-/* The position id of row t of a sequence this step: its cache slot + 2 (HF: padding gets 1). */
-__device__ int position_of(int past, int pad, int t) { return t < pad ? OPT_POS_OFFSET - 1 : past + t - pad + OPT_POS_OFFSET; }
-
+/* out = table[ids[row]], a block per row. CPU twin: opt_embed's matmul_embed_row of the token
+ * table (llama_embed's too). Test: test_embed, bit for bit. */
 __global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, __half *out) {
     const __half *row = table + (size_t)ids[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
 }
 
-__global__ void add_positions_kernel(__half *x, const __half *pos, const int *past, const int *pad, int n_new, int h) {
+/* x += pos[position_of(row)], a block per row. CPU twin: opt_embed's positions. Test: test_embed,
+ * bit for bit. */
+__global__ void add_positions_kernel(__half *x, const __half *pos, const int *past, const int *pad,
+                                     int n_new, int h) {
     int r = blockIdx.x, b = r / n_new;
     const __half *p = pos + (size_t)position_of(past[b], pad[b], r % n_new) * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
@@ -782,10 +823,12 @@ static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     int rows = gb->batch * gb->n_new;
     __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
     token_table t = upload_tokens(d, gb);
-    gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, t.tokens, c->word_dim, words);
+    gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, t.tokens, c->word_dim,
+                                            words);
     LAUNCHED("gather_rows_kernel");
     if (w->project_in) linear(d->h, rows, c->word_dim, w->project_in, NULL, c->hidden, x, OUT_SET);
-    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, t.past, t.pad, gb->n_new, c->hidden);
+    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, t.past, t.pad,
+                                              gb->n_new, c->hidden);
     LAUNCHED("add_positions_kernel");
 }
 
@@ -801,13 +844,18 @@ __device__ __half half_at_least(float x) {
 }
 
 /* One 4-bit group of a cache row: n values of one head, as quant.c's compress_group (inner 1),
- * without FMA contraction so that the levels are the CPU's. */
-__device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *min_out, __half *scale_out) {
+ * without FMA contraction so that the levels are the CPU's (store_kv_kernel's test holds them). */
+__device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *min_out,
+                               __half *scale_out) {
     float lo = x[0], hi = x[0];
-    for (int e = 1; e < n; e++) lo = fminf(lo, x[e]), hi = fmaxf(hi, x[e]);
+    for (int e = 1; e < n; e++) {
+        lo = fminf(lo, x[e]);
+        hi = fmaxf(hi, x[e]);
+    }
     __half min16 = __float2half_rn(lo);
     float min = __half2float(min16);
-    __half scale16 = hi > min ? half_at_least(__fdiv_rn(__fsub_rn(hi, min), 15.0f)) : __ushort_as_half(0);
+    __half scale16 =
+        hi > min ? half_at_least(__fdiv_rn(__fsub_rn(hi, min), 15.0f)) : __ushort_as_half(0);
     float scale = __half2float(scale16), inv = scale > 0 ? __fdiv_rn(1.0f, scale) : 0;
     for (int p = 0; p < Q4_GROUP / 2; p++) {
         int q[2] = {0, 0};
@@ -826,19 +874,23 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
 /* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
  * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group).
  * q, k and v sit in qkv as `at` lays them out (qkv_layout_of); a cache row is heads (the K/V
- * heads) x hd. */
-__global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new, const int *past,
-                                const int *pad, int hd, int heads, int q4, void *const *k, void *const *v,
-                                long long shift, const int *pages, int max_pages, int page_tokens) {
+ * heads) x hd. CPU twin: opt_model.c's store_kv (q4_compress for a 4-bit cache). Test:
+ * test_store_kv, byte for byte at each row's page, fp16 and 4-bit. */
+__global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new,
+                                const int *past, const int *pad, int hd, int heads, int q4,
+                                void *const *k, void *const *v, long long shift, const int *pages,
+                                int max_pages, int page_tokens) {
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * 2 * heads * G) return;
-    int g = (int)(i % G), head = (int)(i / G % heads), kv = (int)(i / G / heads % 2), r = (int)(i / G / heads / 2);
+    int g = (int)(i % G), head = (int)(i / G % heads), kv = (int)(i / G / heads % 2),
+        r = (int)(i / G / heads / 2);
     int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
     cache += shift;
-    size_t row_at = kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
+    size_t row_at =
+        kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
     const __half *x = qkv + at.at[kv + 1] + (size_t)r * at.stride[kv + 1] + (size_t)head * hd;
     int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     if (!q4) {
@@ -855,17 +907,21 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
 }
 
 /* Value d of one K/V head's key (or value) at `slot`: from the cache below past (through its page
- * table; rows of heads x hd), else this step's (rows `stride` apart). */
-__device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh, size_t stride,
-                          int slot, int past, int d, int head, int hd, int heads, int q4) {
-    if (slot >= past) return __half2float(fresh[(size_t)(slot - past) * stride + (size_t)head * hd + d]);
+ * table; rows of heads x hd), else this step's (rows `stride` apart). A 4-bit row is
+ * [heads][hd][1] in quant.c's layout; its value d is model.h's q4_value, the value that
+ * opt_model.c's kv_row decompresses on the CPU. */
+__device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh,
+                          size_t stride, int slot, int past, int d, int head, int hd, int heads,
+                          int q4) {
+    if (slot >= past)
+        return __half2float(fresh[(size_t)(slot - past) * stride + (size_t)head * hd + d]);
     size_t row = kv_page_row(pages, page_tokens, slot);
-    if (!q4) return __half2float(((const __half *)(cache + row * 2 * heads * hd))[(size_t)head * hd + d]);
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = d / Q4_GROUP, p = (d % Q4_GROUP) / 2;
-    const uint8_t *bytes = (const uint8_t *)cache + (row * heads + head) * G * (Q4_GROUP / 2 + 4);
-    const __half *mins = (const __half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-    int q = (bytes[g * (Q4_GROUP / 2) + p] >> (d % 2 ? 0 : 4)) & 15;
-    return __fmaf_rn((float)q, __half2float(scales[g]), __half2float(mins[g]));
+    if (!q4)
+        return __half2float(
+            ((const __half *)(cache + row * 2 * heads * hd))[(size_t)head * hd + d]);
+    const uint8_t *bytes =
+        (const uint8_t *)cache + (row * heads + head) * q4_bytes(1, (size_t)hd, 1);
+    return q4_value(bytes, (size_t)hd, 1, (size_t)d);
 }
 
 /* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
@@ -873,10 +929,13 @@ __device__ float kv_value(const char *cache, const int *pages, int page_tokens, 
  * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
  * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
  * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: scores
- * and kept flags. */
-__global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past, const int *pad,
-                                 void *const *kc, void *const *vc, long long shift, const int *pages, int max_pages,
-                                 int page_tokens, int n_new, int hd, int heads, int kv_heads, int q4, float scale,
+ * and kept flags. CPU twin: opt_model.c's attention (opt_attend_decode in decode). Tests:
+ * test_attention within its bound, test_attention_ties (the same keys kept) and
+ * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
+__global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
+                                 const int *pad, void *const *kc, void *const *vc, long long shift,
+                                 const int *pages, int max_pages, int page_tokens, int n_new,
+                                 int hd, int heads, int kv_heads, int q4, float scale,
                                  float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
@@ -890,15 +949,17 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     }
     const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
     size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
-    const __half *fresh_k = qkv + at.at[1] + first * at.stride[1], *fresh_v = qkv + at.at[2] + first * at.stride[2];
+    const __half *fresh_k = qkv + at.at[1] + first * at.stride[1],
+                 *fresh_v = qkv + at.at[2] + first * at.stride[2];
     const char *K = (const char *)kc[b] + shift, *V = (const char *)vc[b] + shift;
-    const int *k_pages = pages + (size_t)b * max_pages, *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
+    const int *k_pages = pages + (size_t)b * max_pages,
+              *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float dot = 0;
         for (int d = 0; d < hd; d++)
-            dot += __half2float(q[d]) * kv_value(K, k_pages, page_tokens, fresh_k, at.stride[1], j, past[b], d, kvh, hd,
-                                                 kv_heads, q4);
+            dot += __half2float(q[d]) * kv_value(K, k_pages, page_tokens, fresh_k, at.stride[1], j,
+                                                 past[b], d, kvh, hd, kv_heads, q4);
         scores[j] = dot * scale;
     }
     __syncthreads();
@@ -917,7 +978,8 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     if (keep < nk - 1) /* rank among the earlier keys: larger first, ties to the earlier */
         for (int j = threadIdx.x; j < nk - 1; j += blockDim.x) {
             int rank = 0;
-            for (int i = 0; i < nk - 1; i++) rank += scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
+            for (int i = 0; i < nk - 1; i++)
+                rank += scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
             kept[j] = rank < keep;
         }
     __syncthreads();
@@ -925,8 +987,8 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
         float acc = 0;
         for (int j = 0; j < nk; j++)
             if (kept[j])
-                acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh_v, at.stride[2], j, past[b], d, kvh, hd,
-                                            kv_heads, q4);
+                acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh_v, at.stride[2], j,
+                                            past[b], d, kvh, hd, kv_heads, q4);
         out[d] = __float2half_rn(acc);
     }
 }
@@ -940,7 +1002,8 @@ static size_t attention_shared_bytes(int nk) {
 
 /* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
  * fp32 and stored fp16; others, and the rows of padding queries, are 0. A block per (query,
- * head). */
+ * head). CPU twin: opt_model.c's softmax over a prompt's causal rows (attention). Test:
+ * test_prefill, prefill_attention within its bound of softmax attention in double. */
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad) {
     __shared__ float shared[32];
     int t = blockIdx.x;
@@ -960,28 +1023,30 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
  * column-major): one product over every head (OPT), or one per K/V head over the query heads that
  * share it, its K and V repeated by a batch stride of 0 (grouped-query attention). */
 static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *gb, int b) {
-    int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c), qw = q_width(c);
+    int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c),
+        qw = q_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
-    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0], *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
+    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0],
+                 *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
     const __half *v = d->qkv + at.at[2] + (size_t)b * n * at.stride[2];
     int calls = group == 1 ? 1 : H / group, batch = group == 1 ? H : group;
     long long kv_stride = group == 1 ? hd : 0;
     for (int j = 0; j < calls; j++) /* scores of query heads j batch .. (j + 1) batch - 1 */
-        BLAS_PRODUCT(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale,
-                                              k + (size_t)j * hd, CUDA_R_16F, (int)at.stride[1], kv_stride,
-                                              q + (size_t)j * batch * hd, CUDA_R_16F, (int)at.stride[0], hd, &zero,
-                                              d->scores + (size_t)j * batch * n * n, CUDA_R_32F, n, (long long)n * n,
-                                              batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        BLAS_PRODUCT(cublasGemmStridedBatchedEx(
+            blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale, k + (size_t)j * hd, CUDA_R_16F,
+            (int)at.stride[1], kv_stride, q + (size_t)j * batch * hd, CUDA_R_16F, (int)at.stride[0],
+            hd, &zero, d->scores + (size_t)j * batch * n * n, CUDA_R_32F, n, (long long)n * n,
+            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     dim3 grid(n, H);
     prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, d->probs, n, gb->pad[b]);
     LAUNCHED("prefill_softmax_kernel");
     for (int j = 0; j < calls; j++)
-        BLAS_PRODUCT(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one,
-                                              v + (size_t)j * hd, CUDA_R_16F, (int)at.stride[2], kv_stride,
-                                              d->probs + (size_t)j * batch * n * n, CUDA_R_16F, n, (long long)n * n,
-                                              &zero, d->attn + (size_t)b * n * qw + (size_t)j * batch * hd, CUDA_R_16F,
-                                              qw, hd, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        BLAS_PRODUCT(cublasGemmStridedBatchedEx(
+            blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one, v + (size_t)j * hd, CUDA_R_16F,
+            (int)at.stride[2], kv_stride, d->probs + (size_t)j * batch * n * n, CUDA_R_16F, n,
+            (long long)n * n, &zero, d->attn + (size_t)b * n * qw + (size_t)j * batch * hd,
+            CUDA_R_16F, qw, hd, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 /* The host rows of delegated attention, for `rows` token rows: the CPU backend's workspace and a
@@ -990,16 +1055,19 @@ static void host_rows_ready(cuda_ws *d, const opt_config *c, size_t rows, int ma
     if (rows <= d->host_rows) return;
     free_host_rows(d);
     char err[FG_ERR_LEN];
-    if (opt_workspace_init(&d->host, c, rows, 0, max_len, err)) cuda_fail("opt_workspace_init", __LINE__, err);
+    if (opt_workspace_init(&d->host, c, rows, 0, max_len, err))
+        cuda_fail("opt_workspace_init", __LINE__, err);
     d->host_rows = rows;
     d->host16 = (fp16 *)cuda_host_alloc(rows * qkv_width(c) * sizeof(fp16), 1);
-    if (!d->host16) cuda_fail("cuda_host_alloc", __LINE__, "out of host memory for delegated attention");
+    if (!d->host16)
+        cuda_fail("cuda_host_alloc", __LINE__, "out of host memory for delegated attention");
 }
 
 /* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host (fp16, widened
  * there, in the layout the CPU gives that many rows), the CPU backend's store and attention, the
  * result back rounded to fp16. Runs of such sequences at a time. */
-static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const opt_workspace *ws) {
+static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb,
+                                const opt_workspace *ws) {
     size_t n = gb->n_new, qw = q_width(c), width = qkv_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
@@ -1011,14 +1079,19 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, 
             cuda_copy_out(d->host16, d->qkv + first * width, count * width * sizeof(fp16));
         else /* q, then k, then v, each its own block */
             for (int i = 0, o = 0; i < 3; o += (int)(count * at.stride[i]), i++)
-                cuda_copy_out(d->host16 + o, d->qkv + at.at[i] + first * at.stride[i], count * at.stride[i] * sizeof(fp16));
+                cuda_copy_out(d->host16 + o, d->qkv + at.at[i] + first * at.stride[i],
+                              count * at.stride[i] * sizeof(fp16));
         cuda_copies_done(); /* the rows are on the host (and the last run's copy in has left) */
         opt_workspace host = d->host;
         fp16_to_fp32_n(d->host16, host.qkv, count * width);
         gpu_batch part = *gb;
         part.batch = b1 - b0;
-        part.past = gb->past + b0, part.pad = gb->pad + b0, part.k = gb->k + b0, part.v = gb->v + b0;
-        part.k_pages = gb->k_pages + b0, part.v_pages = gb->v_pages + b0;
+        part.past = gb->past + b0;
+        part.pad = gb->pad + b0;
+        part.k = gb->k + b0;
+        part.v = gb->v + b0;
+        part.k_pages = gb->k_pages + b0;
+        part.v_pages = gb->v_pages + b0;
         part.v_rows_read = gb->v_rows_read + b0;
         part.kv_in_host = gb->kv_in_host + b0;
         opt_cache_attention(c, &part, &host);
@@ -1036,9 +1109,9 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     size_t groups = (size_t)rows * 2 * KV * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV,
-                                                            gb->kv_q4, t->k, t->v, t->shift, t->pages, t->max_pages,
-                                                            gb->page_tokens);
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(
+        d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV, gb->kv_q4, t->k, t->v, t->shift,
+        t->pages, t->max_pages, gb->page_tokens);
     LAUNCHED("store_kv_kernel");
     int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
     for (int b = 0; b < gb->batch; b++) {
@@ -1051,11 +1124,13 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     } else if (t->on_device > 0) {
         dim3 grid(H, gb->batch, gb->n_new);
         attention_kernel<<<grid, 128, attention_shared_bytes(nk), s>>>(
-            d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift, t->pages, t->max_pages, gb->page_tokens,
-            gb->n_new, hd, H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd), gb->attn_sparsity);
+            d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift, t->pages, t->max_pages,
+            gb->page_tokens, gb->n_new, hd, H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd),
+            gb->attn_sparsity);
         LAUNCHED("attention_kernel");
     }
-    if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws); /* its copies follow on this stream */
+    /* its copies follow on this stream */
+    if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);
 }
 
 /* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). */
@@ -1087,7 +1162,9 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
     const __half *x = (const __half *)gb->x;
     size_t row = h * sizeof(__half);
     if (gb->all_rows) queue_copy(d->h, x, (size_t)rows * row, ON_DEVICE);
-    else queue_copy_rows(d->h, row, x + (size_t)(gb->n_new - 1) * h, (size_t)gb->n_new * row, row, rows, ON_DEVICE);
+    else
+        queue_copy_rows(d->h, row, x + (size_t)(gb->n_new - 1) * h, (size_t)gb->n_new * row, row,
+                        rows, ON_DEVICE);
     return rows;
 }
 
@@ -1096,8 +1173,9 @@ static void lm_head(const opt_weights *w, const __half *x, int rows, float *logi
     const opt_config *c = &w->cfg;
     float one = 1, zero = 0;
     BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
-                            w->lm_head, CUDA_R_16F, c->word_dim, x, CUDA_R_16F, c->word_dim,
-                            &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                              w->lm_head, CUDA_R_16F, c->word_dim, x, CUDA_R_16F, c->word_dim,
+                              &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
@@ -1120,15 +1198,18 @@ static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, 
  * the products, the cache and attention (grouped-query) as above.
  * ============================================================================================ */
 
-/* y = x / sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm), a block per row; y may alias x. */
+/* y = x / sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm), a block per row; y may alias x. CPU
+ * twin: llama_model.c's rms_norm. Test: test_rms_norm, within its bound of RMSNorm in double. */
 __global__ void rms_norm_kernel(const __half *x, int dim, const __half *w, float eps, __half *y) {
     __shared__ float shared[32];
     const __half *xr = x + (size_t)blockIdx.x * dim;
     __half *yr = y + (size_t)blockIdx.x * dim;
     float s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += __half2float(xr[i]) * __half2float(xr[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        s += __half2float(xr[i]) * __half2float(xr[i]);
     float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __float2half_rn(__half2float(w[i]) * (__half2float(xr[i]) * inv));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = __float2half_rn(__half2float(w[i]) * (__half2float(xr[i]) * inv));
 }
 
 static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float eps, __half *y) {
@@ -1140,14 +1221,16 @@ static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float ep
 typedef struct { float f[512]; } rope_freqs;
 
 /* RoPE in HF's layout (pair i: dimensions i and i + hd/2 of a head) on the q heads and the k
- * heads of each row at its position (its cache slot; padding rows too, unread): a block per row. */
-__global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *past, const int *pad, int hd,
-                            int heads, int kv_heads, rope_freqs freqs) {
+ * heads of each row at its position (its cache slot; padding rows too, unread): a block per row.
+ * CPU twin: llama_model.c's rope. Test: test_rope, within its bound of HF's rotation in double. */
+__global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *past, const int *pad,
+                            int hd, int heads, int kv_heads, rope_freqs freqs) {
     int r = blockIdx.x, b = r / n_new, half = hd / 2;
     float pos = (float)(past[b] + r % n_new - pad[b]);
     for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
         int head = i / half, p = i % half, is_k = head >= heads;
-        __half *v = qkv + at.at[is_k] + (size_t)r * at.stride[is_k] + (size_t)(head - is_k * heads) * hd;
+        __half *v =
+            qkv + at.at[is_k] + (size_t)r * at.stride[is_k] + (size_t)(head - is_k * heads) * hd;
         float angle = pos * freqs.f[p], cosine = cosf(angle), sine = sinf(angle);
         float a = __half2float(v[p]), c = __half2float(v[p + half]);
         v[p] = __float2half_rn(a * cosine - c * sine);
@@ -1155,7 +1238,8 @@ __global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *pa
     }
 }
 
-/* gate = silu(gate) * up, elementwise. */
+/* gate = silu(gate) * up, elementwise. CPU twin: llama_model.c's swiglu. Test: test_swiglu,
+ * within its bound of silu(g) u in double. */
 __global__ void swiglu_kernel(__half *gate, const __half *up, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -1168,8 +1252,8 @@ static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace 
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new;
     token_table t = upload_tokens(d, gb);
-    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>((const __half *)w->embed_tokens, t.tokens, w->cfg.hidden,
-                                                        (__half *)gb->x);
+    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>((const __half *)w->embed_tokens, t.tokens,
+                                                        w->cfg.hidden, (__half *)gb->x);
     LAUNCHED("gather_rows_kernel");
 }
 
@@ -1183,27 +1267,29 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     rope_freqs freqs;
     rope_frequencies(c, freqs.f);
-    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);                    /* input_layernorm */
-    linear(d->h, rows, h, L->wq, L->bq, qw, d->qkv + at.at[0], OUT_SET);      /* q, k, v projections */
+    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);                /* input_layernorm */
+    linear(d->h, rows, h, L->wq, L->bq, qw, d->qkv + at.at[0], OUT_SET); /* q, k, v projections */
     linear(d->h, rows, h, L->wk, L->bk, kw, d->qkv + at.at[1], OUT_SET);
     linear(d->h, rows, h, L->wv, L->bv, kw, d->qkv + at.at[2], OUT_SET);
-    cache_table t = upload_cache(d, gb);                                       /* positions into q, k */
-    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, cfg_head_dim(c), c->n_heads,
-                                                 cfg_kv_heads(c), freqs);
+    cache_table t = upload_cache(d, gb);                                 /* positions into q, k */
+    int hd = cfg_head_dim(c);
+    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, hd,
+                                                 c->n_heads, cfg_kv_heads(c), freqs);
     LAUNCHED("rope_kernel");
-    cache_attention(d, c, gb, &t, ws);                                         /* K, V cached; attention */
-    linear(d->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD);                   /* o_proj, residual */
-    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);                      /* post_attention_layernorm */
-    linear(d->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET);            /* SwiGLU MLP */
+    cache_attention(d, c, gb, &t, ws);                                   /* K, V cached; attend */
+    linear(d->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD);              /* o_proj, residual */
+    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);                 /* post-attention norm */
+    linear(d->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET);       /* SwiGLU MLP */
     linear(d->h, rows, h, L->up_w, L->up_b, f, up, OUT_SET);
     size_t n = (size_t)rows * f;
     swiglu_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(gate, up, n);
     LAUNCHED("swiglu_kernel");
-    linear(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD);               /* down_proj, residual */
+    linear(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD);          /* down_proj, residual */
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
-static void cuda_llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+static void cuda_llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws,
+                              float *logits) {
     const opt_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
     int h = c->hidden, rows = last_rows(d, gb, h);
@@ -1227,22 +1313,35 @@ static double cuda_device_memory(void) {
     return (double)free_bytes > margin ? (double)free_bytes - margin : 0;
 }
 
+/* The fields in model.h's order, as app/cpu_backend.c's fg_cpu_backend lists them. */
 static const fg_backend cuda_backend = {
-    "cuda",                 /* name */
-    0,                      /* gpu_is_host */
-    2,                      /* weight_elem: fp16 */
-    FG_CUDA_ACT_ELEM,       /* act_elem: fp16 */
-    cuda_alloc, cuda_free, cuda_host_alloc, cuda_host_free,
-    cuda_weights_in, cuda_weights_in_q4,
-    cuda_copy_in, cuda_copy_out, cuda_copy,
-    cuda_copies_done, cuda_finish, cuda_join, cuda_counts,
-    fg_cuda_workspace_bytes, cuda_workspace_init, cuda_workspace_free,
-    {{cuda_embed, cuda_layer, cuda_output}, {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* forward */
-    cuda_device_memory,
-    0,                      /* reads_q4: 4-bit weights are decompressed into staging */
-    FG_CUDA_RESERVE,        /* device_reserve */
-    FG_CUDA_HOST_RESERVE,   /* host_reserve: the bounce buffers */
-    fg_cuda_delegated_bytes,
+    .name = "cuda",
+    .gpu_is_host = 0,
+    .weight_elem = 2, /* fp16 */
+    .act_elem = FG_CUDA_ACT_ELEM, /* fp16 */
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .weights_in = cuda_weights_in,
+    .weights_in_q4 = cuda_weights_in_q4,
+    .copy_in = cuda_copy_in,
+    .copy_out = cuda_copy_out,
+    .copy = cuda_copy,
+    .copies_done = cuda_copies_done,
+    .finish = cuda_finish,
+    .join = cuda_join,
+    .counts = cuda_counts,
+    .workspace_bytes = fg_cuda_workspace_bytes,
+    .workspace_init = cuda_workspace_init,
+    .workspace_free = cuda_workspace_free,
+    .forward = {{cuda_embed, cuda_layer, cuda_output},                     /* FAMILY_OPT */
+                {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* FAMILY_LLAMA */
+    .device_memory = cuda_device_memory,
+    .reads_q4 = 0, /* 4-bit weights are decompressed into staging */
+    .device_reserve = FG_CUDA_RESERVE,
+    .host_reserve = FG_CUDA_HOST_RESERVE, /* the bounce buffers */
+    .delegated_bytes = fg_cuda_delegated_bytes,
 };
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
@@ -1256,13 +1355,19 @@ static int has_code_for_device(char *why, size_t n) {
     cudaDeviceProp prop;
     if (cudaFuncGetAttributes(&attr, dequant_kernel) != cudaErrorNoKernelImageForDevice) return 1;
     cudaGetLastError();
-    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) prop.major = prop.minor = 0, prop.name[0] = 0;
+    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
+        prop.major = 0;
+        prop.minor = 0;
+        prop.name[0] = 0;
+    }
     static const int built[] = {__CUDA_ARCH_LIST__};
     char list[128] = "";
     for (size_t i = 0; i < sizeof built / sizeof *built; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d.%d", i ? ", " : "", built[i] / 100, built[i] / 10 % 10);
-    snprintf(why, n, "GPU %d (%s) has compute capability %d.%d; this build has code for %s and newer", device_index,
-             prop.name, prop.major, prop.minor, list);
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d.%d", i ? ", " : "",
+                 built[i] / 100, built[i] / 10 % 10);
+    snprintf(why, n,
+             "GPU %d (%s) has compute capability %d.%d; this build has code for %s and newer",
+             device_index, prop.name, prop.major, prop.minor, list);
     return 0;
 }
 
@@ -1270,8 +1375,10 @@ static void probe(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
-        snprintf(probe_error, sizeof probe_error, "no GPU (no NVIDIA device, or no driver as new as "
-                 "this CUDA %d.%d runtime)", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        snprintf(probe_error, sizeof probe_error,
+                 "no GPU (no NVIDIA device, or no driver as new as "
+                 "this CUDA %d.%d runtime)",
+                 CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
         return;
     }
     if (e != cudaSuccess) {

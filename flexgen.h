@@ -38,8 +38,7 @@ typedef struct {
     int cpu_cache_compute;   /* decode attention over a cpu or disk cache runs on the CPU */
     int pin_weight;          /* pinned cpu-tier weights (CUDA) */
     int compress_weight, compress_cache; /* 4-bit group-wise (§5) */
-    int int8_activations;    /* 4-bit matrices times int8 activations on the CPU (support/int8.c) */
-    int bf16_prefill;        /* prefill's products in bf16 on the CPU (support/matmul.c) */
+    int int8_activations, bf16_prefill; /* the CPU's int8 (support/int8.c) or bf16 prefill products */
     float attn_sparsity;     /* decode attention keeps this fraction of the past (§5); 1: all */
     double capacity[N_TIERS]; /* bytes; 0: what the machine has */
     const char *offload_dir; /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */
@@ -48,7 +47,6 @@ typedef struct {
     int stage, n_stages;     /* pipeline stage `stage` of n_stages (§4.4); 1: the whole model */
     fg_schedule schedule;    /* the block's order: zig-zag (§4.2) or diagonal (Appendix A.2) */
 } fg_policy;
-#define FG_DEFAULT_OFFLOAD_DIR "/var/tmp"
 fg_policy fg_default_policy(void); /* all on the gpu tier, overlap on, a 2 x 16 block, the CPU */
 
 typedef struct {
@@ -113,7 +111,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
 
 /* ============================================================================================
  * The runtime's state (flexgen.c, §4.1, §4.2): what the loop of Fig. 4 reads, and what the
- * pipeline's stage hooks (support/pipeline.c) and the profiler see of it.
+ * pipeline's stage hooks (app/pipeline.c) and the profiler see of it.
  * ============================================================================================ */
 
 typedef struct stage_hooks stage_hooks;
@@ -274,11 +272,12 @@ size_t batch_act_bytes(const block *bl, int k);
  * returns how many sequences are still running. */
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
 int gen_is_eos(const gen_options *opt, int tok); /* tok ends a sequence */
-/* The last stage chooses each running sequence's next token from the block's logits (support/sampling.c). */
+/* The last stage chooses each running sequence's next token from the block's logits (flexgen.c,
+ * with support/sampling.c's sample_token). */
 void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 
 /* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
- * process, support/stage.c's, which do nothing (fg_runtime_open sets them; fg_pipeline_attach
+ * process, app/stage.c's, which do nothing (fg_runtime_open sets them; fg_pipeline_attach
  * replaces them). */
 struct stage_hooks {
     /* every stage reached rc == 0 (0), or none goes on (-1, with the job's one line) */
@@ -320,7 +319,7 @@ typedef struct {
 int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
 
 /* ---- The cost model (lp.c, §4.3, Appendix A.3), in the paper's symbols ---- */
-/* A machine's constants (Table 7), bytes/s and FLOP/s (support/profile.c reads and writes them). */
+/* A machine's constants (Table 7), bytes/s and FLOP/s (app/profile.c reads and writes them). */
 typedef struct {
     double ctog_bdw, gtoc_bdw_cache, gtoc_bdw_hidden, dtoc_bdw;
     double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g; /* cpu -> disk */

@@ -27,11 +27,13 @@ void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     int rows = gb->batch * gb->n_new, h = c->hidden;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
-        matmul_embed_row(w->embed_tokens, w->q4, c->vocab, h, gb->tokens[r], (float *)gb->x + (size_t)r * h);
+        matmul_embed_row(w->embed_tokens, w->q4, c->vocab, h, gb->tokens[r],
+                         (float *)gb->x + (size_t)r * h);
 }
 
 /* RMSNorm (HF's LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w, row by row; y may alias x. */
-static void rms_norm(const float *x, int rows, int dim, const fp16 *w16, float eps, float *y, opt_workspace *ws) {
+static void rms_norm(const float *x, int rows, int dim, const fp16 *w16, float eps, float *y,
+                     opt_workspace *ws) {
     float *w = ws->vec; /* widened once */
     fp16_to_fp32_n(w16, w, (size_t)dim);
 #pragma omp parallel for schedule(static)
@@ -57,8 +59,11 @@ void rope_frequencies(const opt_config *c, float *inv_freq) {
             float old = (float)c->rope.original_max_pos, wavelen = 2 * 3.14159265358979f / f;
             float low = old / c->rope.low_freq, high = old / c->rope.high_freq;
             float slow = wavelen > low ? f / c->rope.factor : f;
-            float smooth = (old / wavelen - c->rope.low_freq) / (c->rope.high_freq - c->rope.low_freq);
-            f = wavelen < high || wavelen > low ? slow : (1 - smooth) * slow / c->rope.factor + smooth * slow;
+            float smooth =
+                (old / wavelen - c->rope.low_freq) / (c->rope.high_freq - c->rope.low_freq);
+            f = wavelen < high || wavelen > low
+                    ? slow
+                    : (1 - smooth) * slow / c->rope.factor + smooth * slow;
         }
         inv_freq[i] = f;
     }
@@ -76,16 +81,20 @@ static void rotate(float *v, int half, const float *cosines, const float *sines)
 /* RoPE in HF's layout (rotate_half: pair i is dimensions i and i + d/2 of a head, not 2i and
  * 2i + 1) on every head of q and k, each row at its position (its cache slot): the angles once
  * a row for both. */
-static void rope(const opt_config *c, const gpu_batch *gb, float *q, float *k, const qkv_layout *at) {
+static void rope(const opt_config *c, const gpu_batch *gb, float *q, float *k,
+                 const qkv_layout *at) {
     int d = cfg_head_dim(c), half = d / 2;
     float inv_freq[512]; /* head_dim <= 1024 (llama_fields) */
     rope_frequencies(c, inv_freq);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < gb->batch * gb->n_new; r++) {
-        float angle_cos[512], angle_sin[512], pos = (float)slot_of(gb, r / gb->n_new, r % gb->n_new);
+        float angle_cos[512];
+        float angle_sin[512];
+        float pos = (float)slot_of(gb, r / gb->n_new, r % gb->n_new);
         for (int i = 0; i < half; i++) {
             float angle = pos * inv_freq[i];
-            angle_cos[i] = cosf(angle), angle_sin[i] = sinf(angle);
+            angle_cos[i] = cosf(angle);
+            angle_sin[i] = sinf(angle);
         }
         for (int head = 0; head < c->n_heads; head++)
             rotate(q + (size_t)r * at->stride[0] + (size_t)head * d, half, angle_cos, angle_sin);
@@ -112,18 +121,21 @@ void llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *
     float *x = gb->x, *gate = ws->ffn, *up = ws->ffn + (size_t)rows * f;
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     float *q = ws->qkv + at.at[0], *k = ws->qkv + at.at[1], *v = ws->qkv + at.at[2];
-    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, ws->h, ws);             /* input_layernorm */
-    linear_layer(ws->h, rows, h, L->wq, L->bq, qw, q, OUT_SET, q4, products, ws); /* q, k, v projections */
+    /* input_layernorm; the q, k and v projections */
+    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, ws->h, ws);
+    linear_layer(ws->h, rows, h, L->wq, L->bq, qw, q, OUT_SET, q4, products, ws);
     linear_layer(ws->h, rows, h, L->wk, L->bk, kw, k, OUT_SET, q4, products, ws);
     linear_layer(ws->h, rows, h, L->wv, L->bv, kw, v, OUT_SET, q4, products, ws);
-    rope(c, gb, q, k, &at);                                                /* positions into q, k */
-    opt_cache_attention(c, gb, ws);                                        /* K, V cached; attention */
-    linear_layer(ws->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD, q4, products, ws); /* o_proj, residual */
-    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, ws->h, ws);              /* post_attention_layernorm */
-    linear_layer(ws->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET, q4, products, ws); /* SwiGLU MLP */
+    rope(c, gb, q, k, &at);         /* positions into q, k */
+    opt_cache_attention(c, gb, ws); /* K, V cached; attention */
+    /* o_proj, the residual; post_attention_layernorm */
+    linear_layer(ws->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD, q4, products, ws);
+    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, ws->h, ws);
+    /* the SwiGLU MLP: gate and up, silu(gate) up, down_proj and the residual */
+    linear_layer(ws->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET, q4, products, ws);
     linear_layer(ws->h, rows, h, L->up_w, L->up_b, f, up, OUT_SET, q4, products, ws);
     swiglu(gate, up, (size_t)rows * f);
-    linear_layer(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD, q4, products, ws); /* down_proj, residual */
+    linear_layer(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD, q4, products, ws);
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)); with all_rows, the same for every row of x. */
@@ -131,5 +143,6 @@ void llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float 
     const opt_config *c = &w->cfg;
     int h = c->hidden, rows = output_rows(gb, h, ws->h);
     rms_norm(ws->h, rows, h, w->final_ln_w, c->rms_eps, ws->h, ws);
-    matmul_embed_t(ws->h, rows, h, w->lm_head, w->q4, c->vocab, logits, ws->thread_scratch, ws->thread_floats);
+    matmul_embed_t(ws->h, rows, h, w->lm_head, w->q4, c->vocab, logits, ws->thread_scratch,
+                   ws->thread_floats);
 }

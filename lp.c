@@ -1,14 +1,19 @@
 /* lp.c: the policy search of §4.3 and Appendix A.3: how fast a placement runs (the cost model),
  * how much of each tier it takes (the memory model), and the LP that picks the block shape and
  * placement, solved by a hand-written simplex; for both schedules (zig-zag, §4.2, and the
- * diagonal one of Appendix A.2).
- *   fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   lp_solve               a dense two-phase simplex
- *   fg_policy_search       Eq. (1) for each block shape and schedule, the optimum rounded and
- *                          checked against this runtime's plan; read it first */
+ * diagonal one of Appendix A.2). The search stands first, under this map; what it calls is
+ * defined below it, bottom-up (C defines a function before its first use). Read it by this map
+ * (scripts/check_layout.sh holds each line to the function's definition):
+ *
+ *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
+ *  1043  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   760  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *   211  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   296  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   316  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   342  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   698  lp_solve               a dense two-phase simplex
+ */
 #include "flexgen.h"
 #include "support/support.h"
 
@@ -16,6 +21,83 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ============================================================================================
+ * The policy search (§4.3, "Policy Search"). For a block shape (gbs, ngb), whether decode
+ * attention is delegated to the CPU, and whether weights pass through staging, Eq. (1) is the LP
+ *     minimize   (l T_pre + l (n - 1) T_gen + n head) / bls
+ *     subject to T_pre >= each prefill term, T_gen >= each decode term  (linear in x)
+ *                wg + wc + wn = 1, cg + cc + cn = 1, hg + hc + hn = 1
+ *                peak bytes of each tier (and of host memory) <= its capacity
+ *                l T_pre + l (n - 1) T_gen + n head <= max_latency          (when asked)
+ * over x (9 fractions) and T_pre, T_gen, once for each case of where the weights may go
+ * (FG_W_GPU: wg = 1, FG_W_MEMORY: wn = 0, FG_W_DISK: anywhere). Its optimum is rounded to integer
+ * percentages, the runtime realizes those at tensor and row granularity, and that realized
+ * placement is what is checked and evaluated. The shapes' LP optima are tried best first (equal
+ * ones: the smaller block first); a rounded plan that does not fit first has its weight percentages
+ * stepped down to what the LP asked for (snap_weights), then is retried with a GPU batch one
+ * smaller.
+ * ============================================================================================ */
+
+enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
+
+typedef struct {
+    int gbs, ngb, cpu_cache_compute, weights; /* weights: FG_W_GPU, _MEMORY or _DISK */
+    double objective;   /* the LP's T / bls */
+    double x[N_X];
+} candidate;
+
+typedef struct {
+    const opt_config *cfg;   /* what the cost and memory models see: a pipeline stage's share of
+                                the decoder layers (§4.4: a stage is an l/m-layer model) */
+    const opt_config *model; /* the whole model, which the runtime check opens (as its stage) */
+    opt_config stage_cfg;
+    const fg_hardware *hw;
+    const fg_policy *base;
+    const fg_search_request *req;
+    double capacity[N_TIERS], host_memory;
+    int lps, checks;
+} search;
+
+static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw,
+                       const fg_policy *base, const fg_search_request *req, char *err);
+static int best_policy(search *S, fg_search_result *out, char *err);
+static int explain_nothing_fits(search *S, char *err);
+static int same_cost(double a, double b);
+
+/* The best policy of each schedule the request allows (Appendix A.2: the diagonal's block may be
+ * larger in the same memory, but pays its warm-up), and the better of them; zig-zag on a tie. */
+int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+                     const fg_search_request *req, fg_search_result *out, char *err) {
+    double t0 = now_seconds();
+    int schedules = req->schedules ? req->schedules : 1 << base->schedule;
+    fg_search_result best = {0}, r;
+    /* S keeps a pointer to it, explain_nothing_fits too: the schedule searched */
+    fg_policy b = *base;
+    search S;
+    memset(out, 0, sizeof *out);
+    /* the capacities, whatever the schedule */
+    if (search_init(&S, cfg, hw, &b, req, err)) return -1;
+    for (int k = 0; k < FG_SCHEDULES; k++) {
+        if (!(schedules & 1 << k)) continue;
+        b.schedule = (fg_schedule)k;
+        int rc = best_policy(&S, &r, err);
+        if (rc < 0) return -1;
+        if (rc == 0) continue;
+        out->best[k].found = 1;
+        out->best[k].policy = r.policy;
+        out->best[k].throughput = r.throughput;
+        out->best[k].block_latency = r.block_latency;
+        if (r.throughput > best.throughput && !same_cost(r.throughput, best.throughput)) best = r;
+    }
+    if (best.throughput == 0) return explain_nothing_fits(&S, err);
+    memcpy(best.best, out->best, sizeof best.best);
+    *out = best;
+    out->lps = S.lps;
+    out->checks = S.checks;
+    out->seconds = now_seconds() - t0;
+    return 0;
+}
 
 /* ============================================================================================
  * The cost model (§4.3, Appendix A.3). Per layer, with h1 the hidden size, h2 the MLP's, s the
@@ -76,7 +158,8 @@ static double layer_matrices(const opt_config *c) {
  * "Where the host waits"): OPT's 7 and 4, LLaMA's 6 and 7 and a kernel a bias; and the
  * iteration's 5 more calls (its activations' two copies, its join's event and two waits). */
 static double layer_launches(const opt_config *c) {
-    double kernels_and_products = c->family == FAMILY_OPT ? 11 : 13 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
+    double kernels_and_products =
+        c->family == FAMILY_OPT ? 11 : 13 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
     return kernels_and_products + 5;
 }
 
@@ -87,7 +170,8 @@ static double layer_launches(const opt_config *c) {
  * in a copy a run of pages (a prompt's pages are one run, each page grown in decode another: on
  * average 1 + n / 32 a sequence), each a launch on its link; delegated attention waits for its
  * rows once a GPU batch. */
-static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardware *hw, fg_cost_model *m) {
+static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+                       fg_cost_model *m) {
     double launch = hw->launch_seconds, batches = w->ngb, sequences = (double)w->gbs * w->ngb;
     m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
     m->gen[T_HOST].constant += batches * layer_launches(c) * launch;
@@ -99,12 +183,39 @@ static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardw
     }
 }
 
+/* The compute device's reads beyond its products, in prefill and decode: §5's decompression of
+ * every 4-bit weight it uses and of the cache it reads (the rows it compresses are counted at
+ * the same rate), and (beyond A.3) each GPU batch's read of the layer's working weights: fp16, or
+ * on the CPU backend the 4-bit bytes its products read as they are. fp16_bytes: a layer's
+ * weights, the cache written in prefill and the cache read per decode step, as fp16. */
+static void compute_reads(fg_linear *pre, fg_linear *gen, const fg_workload *w,
+                          const fg_hardware *hw, const double fp16_bytes[3], int int8) {
+    double weights16 = fp16_bytes[0];
+    if (hw->dequant_bdw > 0) {
+        if (w->compress_weight && !int8) {
+            add(&pre[T_COMP], -1, weights16, hw->dequant_bdw);
+            add(&gen[T_COMP], -1, weights16, hw->dequant_bdw);
+        }
+        if (w->compress_cache) {
+            add(&pre[T_COMP], -1, fp16_bytes[1], hw->dequant_bdw);
+            add(&gen[T_COMP], -1, fp16_bytes[2], hw->dequant_bdw);
+        }
+    }
+    if (hw->mem_bdw > 0) {
+        double working = weights16 * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
+        add(&pre[T_COMP], -1, w->ngb * working, hw->mem_bdw);
+        add(&gen[T_COMP], -1, w->ngb * working, hw->mem_bdw);
+    }
+}
+
 void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
-    double h1 = c->hidden, s = w->s_mean > 0 ? w->s_mean : w->s, n = w->n, bls = (double)w->gbs * w->ngb;
+    double h1 = c->hidden, n = w->n, bls = (double)w->gbs * w->ngb;
+    double s = w->s_mean > 0 ? w->s_mean : w->s;
     double kvw = kv_width(c), qw = q_width(c);            /* a token's K (or V), and q: h1 in OPT */
-    double weights16 = 2 * layer_matrices(c), weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
-    int int8 = w->int8 && hw->mm_flops_int8_g > 0; /* --int8-activations: its products' measured rates */
+    double weights16 = 2 * layer_matrices(c);
+    double weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
+    int int8 = w->int8 && hw->mm_flops_int8_g > 0;        /* its products' measured rates */
     double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
     double cache_pre = 4 * (s + 1) * kvw * bls * kv;      /* written in prefill (A.3) */
     double cache_gen = 4 * bls * (s + n / 2) * kvw * kv;  /* read per decode step, on average */
@@ -113,38 +224,41 @@ void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_har
     memset(m, 0, sizeof *m);
 
     fg_linear *pre = m->pre; /* prefill */
-    add(&pre[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&pre[T_CTOG], X_WN, weights, hw->ctog_bdw);
-    add(&pre[T_CTOG], X_HC, hidden_pre, hw->ctog_bdw), add(&pre[T_CTOG], X_HN, hidden_pre, hw->ctog_bdw);
-    add(&pre[T_GTOC], X_CC, cache_pre, hw->gtoc_bdw_cache), add(&pre[T_GTOC], X_CN, cache_pre, hw->gtoc_bdw_cache);
-    add(&pre[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden), add(&pre[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
-    add(&pre[T_DTOC], X_WN, weights, hw->dtoc_bdw), add(&pre[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
-    add(&pre[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p), add(&pre[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
-    add(&pre[T_COMP], -1, bls * s * weights16, int8 ? hw->mm_flops_int8_p : hw->mm_flops_p); /* 2 FLOPs a value */
+    add(&pre[T_CTOG], X_WC, weights, hw->ctog_bdw);
+    add(&pre[T_CTOG], X_WN, weights, hw->ctog_bdw);
+    add(&pre[T_CTOG], X_HC, hidden_pre, hw->ctog_bdw);
+    add(&pre[T_CTOG], X_HN, hidden_pre, hw->ctog_bdw);
+    add(&pre[T_GTOC], X_CC, cache_pre, hw->gtoc_bdw_cache);
+    add(&pre[T_GTOC], X_CN, cache_pre, hw->gtoc_bdw_cache);
+    add(&pre[T_GTOC], X_HC, hidden_pre, hw->gtoc_bdw_hidden);
+    add(&pre[T_GTOC], X_HN, hidden_pre, hw->gtoc_bdw_hidden);
+    add(&pre[T_DTOC], X_WN, weights, hw->dtoc_bdw);
+    add(&pre[T_DTOC], X_HN, hidden_pre, hw->dtoc_bdw);
+    add(&pre[T_CTOD], X_CN, cache_pre, hw->ctod_bdw_cache_p);
+    add(&pre[T_CTOD], X_HN, hidden_pre, hw->ctod_bdw_hidden_p);
+    /* 2 FLOPs a value */
+    add(&pre[T_COMP], -1, bls * s * weights16, int8 ? hw->mm_flops_int8_p : hw->mm_flops_p);
     add(&pre[T_COMP], -1, 4 * bls * s * s * qw, hw->bmm_flops_p);
 
     fg_linear *gen = m->gen; /* one decode step */
-    add(&gen[T_CTOG], X_WC, weights, hw->ctog_bdw), add(&gen[T_CTOG], X_WN, weights, hw->ctog_bdw);
-    add(&gen[T_CTOG], X_HC, hidden_gen, hw->ctog_bdw), add(&gen[T_CTOG], X_HN, hidden_gen, hw->ctog_bdw);
-    add(&gen[T_GTOC], X_HC, hidden_gen, hw->gtoc_bdw_hidden), add(&gen[T_GTOC], X_HN, hidden_gen, hw->gtoc_bdw_hidden);
-    add(&gen[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw), add(&gen[T_DTOC], X_WN, weights, hw->dtoc_bdw);
+    add(&gen[T_CTOG], X_WC, weights, hw->ctog_bdw);
+    add(&gen[T_CTOG], X_WN, weights, hw->ctog_bdw);
+    add(&gen[T_CTOG], X_HC, hidden_gen, hw->ctog_bdw);
+    add(&gen[T_CTOG], X_HN, hidden_gen, hw->ctog_bdw);
+    add(&gen[T_GTOC], X_HC, hidden_gen, hw->gtoc_bdw_hidden);
+    add(&gen[T_GTOC], X_HN, hidden_gen, hw->gtoc_bdw_hidden);
+    add(&gen[T_DTOC], X_CN, cache_gen, hw->dtoc_bdw);
+    add(&gen[T_DTOC], X_WN, weights, hw->dtoc_bdw);
     add(&gen[T_DTOC], X_HN, hidden_gen, hw->dtoc_bdw);
-    add(&gen[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g), add(&gen[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
+    add(&gen[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g);
+    add(&gen[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
     add(&gen[T_COMP], -1, bls * weights16, int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
-    /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes); q's width */
+    /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes); qw:
+     * q's width */
     double att = 4 * bls * (s + n / 2) * qw;
     decode_attention_terms(gen, w, hw, att, cache_gen, cache_new);
-    /* §5: the compute device decompresses every weight it uses, and the cache it reads (the
-     * rows it compresses are counted at the same rate) */
-    if (hw->dequant_bdw > 0) {
-        if (w->compress_weight && !int8) add(&pre[T_COMP], -1, weights16, hw->dequant_bdw), add(&gen[T_COMP], -1, weights16, hw->dequant_bdw);
-        if (w->compress_cache) add(&pre[T_COMP], -1, cache_pre / kv, hw->dequant_bdw), add(&gen[T_COMP], -1, cache_gen / kv, hw->dequant_bdw);
-    }
-    /* beyond A.3: each GPU batch reads the layer's working weights: fp16, or on the CPU backend
-     * the 4-bit bytes its products read as they are */
-    if (hw->mem_bdw > 0) {
-        double working = weights16 * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
-        add(&pre[T_COMP], -1, w->ngb * working, hw->mem_bdw), add(&gen[T_COMP], -1, w->ngb * working, hw->mem_bdw);
-    }
+    double fp16_bytes[3] = {weights16, cache_pre / kv, cache_gen / kv};
+    compute_reads(pre, gen, w, hw, fp16_bytes, int8);
     /* the output layer, once per generated token: logits of the block's last tokens */
     m->head = 2 * bls * c->vocab * (double)c->word_dim / hw->mm_flops_g;
     if (!hw->gpu_is_host) host_terms(c, w, hw, m);
@@ -184,7 +298,8 @@ double fg_diagonal_rows(int s, int n, int groups) {
     for (int e = 0; e < groups; e++) { /* just before group e ends, at step start_e - 1 (mod n) */
         int i = (diagonal_start(e, groups, n) + n - 1) % n;
         double rows = 0;
-        for (int k = 0; k < groups; k++) rows += s + ((i - diagonal_start(k, groups, n)) % n + n) % n;
+        for (int k = 0; k < groups; k++)
+            rows += s + ((i - diagonal_start(k, groups, n)) % n + n) % n;
         most = fmax(most, rows);
     }
     return most / groups;
@@ -203,7 +318,8 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
     double pre = max_term(m->pre, x), gen = max_term(m->gen, x), l = c->n_layers;
     if (t_pre) *t_pre = pre;
     if (t_gen) *t_gen = gen;
-    return (pre * l + gen * (w->n - 1) * l + m->head * w->n) * warmup_factor(w) / ((double)w->gbs * w->ngb);
+    return (pre * l + gen * (w->n - 1) * l + m->head * w->n) * warmup_factor(w) /
+           ((double)w->gbs * w->ngb);
 }
 
 /* ============================================================================================
@@ -230,11 +346,12 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
     double stored = 2 * P * q4;                                 /* cpu and disk homes */
     double on_gpu = w->compress_weight ? stored : 2 * P;
-    double layer = 0; /* the largest layer: a decoder layer, or an embedding; its tensors' padding */
+    /* the largest layer: a decoder layer, or an embedding; its tensors' padding */
+    double layer = 0;
     for (int j = 0; j < c->n_layers + 2; j += j == 1 ? c->n_layers : 1)
         layer = fmax(layer, (double)layer_param_count(c, j) + 16.0 * 15);
     double kv_row = (double)opt_kv_row_bytes(c, w->compress_cache);
-    double act_row = h * (double)(hw->gpu_is_host ? fg_cpu_backend.act_elem : FG_CUDA_ACT_ELEM);
+    double act_row = h * (double)(hw->gpu_is_host ? FG_CPU_ACT_ELEM : FG_CUDA_ACT_ELEM);
     double micro = w->micro > 1 ? w->micro : 1; /* each micro-batch of a stage has its own */
     /* a sequence's cache: len rows, as kv_pool_shape's pools hold sequences all of length len
      * (the diagonal's: the mean at its peak) */
@@ -252,17 +369,23 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * 2 * layer);
     if (weights != FG_W_GPU && w->compress_weight && !hw->gpu_is_host) /* a 4-bit tensor lands */
         add_bytes(gpu, -1, 2 * 2 * q4 * fmax(h * f, (double)c->vocab * c->word_dim));
-    add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len), add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
+    add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len);
+    add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 2 * act_row * gbs * s);                   /* activation staging */
-    size_t (*workspace)(const opt_config *, size_t, int, int) = hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
+    size_t (*workspace)(const opt_config *, size_t, int, int) =
+        hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
     add_bytes(gpu, -1, (double)workspace(c, fg_workspace_rows(w->gbs, w->s), w->s, (int)len));
     add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
     if (!hw->gpu_is_host) {
-        add_bytes(gpu, -1, FG_CUDA_RESERVE), add_bytes(cpu, -1, FG_CUDA_HOST_RESERVE); /* held beyond */
-        if (w->cpu_cache_compute) add_bytes(cpu, -1, (double)fg_cuda_delegated_bytes(c, (size_t)w->gbs, (int)len));
+        /* held beyond */
+        add_bytes(gpu, -1, FG_CUDA_RESERVE);
+        add_bytes(cpu, -1, FG_CUDA_HOST_RESERVE);
+        if (w->cpu_cache_compute)
+            add_bytes(cpu, -1, (double)fg_cuda_delegated_bytes(c, (size_t)w->gbs, (int)len));
     }
     if (weights == FG_W_DISK) add_bytes(cpu, -1, 2 * 2 * layer * q4); /* two layers read ahead */
-    add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len), add_bytes(cpu, X_HN, 2 * act_row * gbs * s);
+    add_bytes(cpu, X_CN, 2 * 2 * kv_row * gbs * len);
+    add_bytes(cpu, X_HN, 2 * act_row * gbs * s);
     add_bytes(cpu, -1, 4 * 4096.0);
     if (hw->gpu_is_host)
         for (int t = TIER_GPU; t <= TIER_CPU; t++) {
@@ -402,9 +525,11 @@ static int tableau_build(tableau *t, const lp_problem *p, char *err) {
     t->basis = (int *)(t->T + doubles);
 
     double bmax = 0;
-    for (int i = 0, s = nv; i < m; i++) {
+    int s = nv; /* the next slack or surplus column */
+    for (int i = 0; i < m; i++) {
         const double *a = p->A + (size_t)i * nv;
-        double *row = t->T + (size_t)i * t->w, amax = 0;
+        double *row = t->T + (size_t)i * t->w;
+        double amax = 0;
         for (int j = 0; j < nv; j++) amax = fmax(amax, fabs(a[j]));
         /* negated when b < 0, and also a >= row with b = 0: as a <= row it needs no artificial */
         lp_sense sense = p->sense[i];
@@ -414,9 +539,15 @@ static int tableau_build(tableau *t, const lp_problem *p, char *err) {
         for (int j = 0; j < nv; j++) row[j] = a[j] * scale;
         row[t->n] = p->b[i] * scale;
         bmax = fmax(bmax, row[t->n]);
-        if (sense == LP_LE) row[s] = 1, t->basis[i] = s++;
-        else if (sense == LP_GE) row[s++] = -1, t->basis[i] = ART;
-        else t->basis[i] = ART;
+        if (sense == LP_LE) { /* a slack, basic */
+            row[s] = 1;
+            t->basis[i] = s++;
+        } else if (sense == LP_GE) { /* a surplus, and the artificial basic */
+            row[s++] = -1;
+            t->basis[i] = ART;
+        } else {
+            t->basis[i] = ART;
+        }
     }
     t->eps_b = LP_ZERO_TOL * bmax;
     for (int i = 0; i < m; i++) /* see Tolerances */
@@ -469,7 +600,10 @@ static int leaving(const tableau *t, int q) {
         const double *row = t->T + (size_t)i * t->w;
         if (row[q] <= LP_PIVOT_TOL * colmax) continue;
         double r = row[t->n] / row[q];
-        if (p < 0 || r < best || (r == best && t->basis[i] < t->basis[p])) p = i, best = r;
+        if (p < 0 || r < best || (r == best && t->basis[i] < t->basis[p])) {
+            p = i;
+            best = r;
+        }
     }
     return p;
 }
@@ -582,52 +716,24 @@ int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objectiv
 }
 
 /* ============================================================================================
- * The policy search (§4.3, "Policy Search"). For a block shape (gbs, ngb), whether decode
- * attention is delegated to the CPU, and whether weights pass through staging, Eq. (1) is the LP
- *     minimize   (l T_pre + l (n - 1) T_gen + n head) / bls
- *     subject to T_pre >= each prefill term, T_gen >= each decode term  (linear in x)
- *                wg + wc + wn = 1, cg + cc + cn = 1, hg + hc + hn = 1
- *                peak bytes of each tier (and of host memory) <= its capacity
- *                l T_pre + l (n - 1) T_gen + n head <= max_latency          (when asked)
- * over x (9 fractions) and T_pre, T_gen, once for each case of where the weights may go
- * (FG_W_GPU: wg = 1, FG_W_MEMORY: wn = 0, FG_W_DISK: anywhere). Its optimum is rounded to integer percentages, the
- * runtime realizes those at tensor and row granularity, and that realized placement is what
- * is checked and evaluated. The shapes' LP optima are tried best first (equal ones: the smaller
- * block first); a rounded plan that does not fit first has its weight percentages stepped down
- * to what the LP asked for (snap_weights), then is retried with a GPU batch one smaller.
+ * The policy search's steps (fg_policy_search, above): an LP per block shape, its optimum
+ * rounded, realized and checked, the best shapes tried first
  * ============================================================================================ */
 
-enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
-
-typedef struct {
-    int gbs, ngb, cpu_cache_compute, weights; /* weights: FG_W_GPU, _MEMORY or _DISK */
-    double objective;   /* the LP's T / bls */
-    double x[N_X];
-} candidate;
-
-typedef struct {
-    const opt_config *cfg;   /* what the cost and memory models see: a pipeline stage's share of
-                                the decoder layers (§4.4: a stage is an l/m-layer model) */
-    const opt_config *model; /* the whole model, which the runtime check opens (as its stage) */
-    opt_config stage_cfg;
-    const fg_hardware *hw;
-    const fg_policy *base;
-    const fg_search_request *req;
-    double capacity[N_TIERS], host_memory;
-    int lps, checks;
-} search;
-
-/* The prompts one run streams through a block of bls: those there are, at most stream_blocks blocks. */
+/* The prompts one run streams through a block of bls: those there are, at most stream_blocks
+ * blocks. */
 static int streamed(const fg_search_request *r, int bls) {
     int prompts = r->max_block > 0 ? r->max_block : bls;
-    return r->stream_blocks > 0 && prompts / r->stream_blocks > bls ? r->stream_blocks * bls : prompts;
+    return r->stream_blocks > 0 && prompts / r->stream_blocks > bls ? r->stream_blocks * bls
+                                                                    : prompts;
 }
 
 static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_compute) {
-    return (fg_workload){.s = S->req->s, .s_mean = S->req->s_mean, .n = S->req->n, .gbs = gbs, .ngb = ngb,
-                         .cpu_cache_compute = cpu_cache_compute,
+    return (fg_workload){.s = S->req->s, .s_mean = S->req->s_mean, .n = S->req->n, .gbs = gbs,
+                         .ngb = ngb, .cpu_cache_compute = cpu_cache_compute,
                          .compress_weight = S->base->compress_weight,
-                         .compress_cache = S->base->compress_cache, .int8 = S->base->int8_activations, .micro = S->base->n_stages,
+                         .compress_cache = S->base->compress_cache,
+                         .int8 = S->base->int8_activations, .micro = S->base->n_stages,
                          .schedule = S->base->schedule, .prompts = streamed(S->req, gbs * ngb)};
 }
 
@@ -659,7 +765,10 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     fg_memory_model_build(S->cfg, &w, S->hw, cd->weights, &mm);
     double l = S->cfg->n_layers, n = w.n, bls = (double)w.gbs * w.ngb, f = warmup_factor(&w);
     lp_rows r = {.n = 0};
-    for (int i = 0; i < N_TERMS; i++) row_le(&r, &cm.pre[i], V_PRE, 0), row_le(&r, &cm.gen[i], V_GEN, 0);
+    for (int i = 0; i < N_TERMS; i++) {
+        row_le(&r, &cm.pre[i], V_PRE, 0);
+        row_le(&r, &cm.gen[i], V_GEN, 0);
+    }
     for (int k = 0; k < 3; k++) {
         double *a = row_add(&r, LP_EQ, 1);
         a[3 * k] = a[3 * k + 1] = a[3 * k + 2] = 1;
@@ -670,10 +779,12 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     if (cd->weights == FG_W_MEMORY) row_add(&r, LP_EQ, 0)[X_WN] = 1;
     if (S->req->max_latency > 0) {
         double *a = row_add(&r, LP_LE, S->req->max_latency / f - n * cm.head);
-        a[V_PRE] = l, a[V_GEN] = l * (n - 1);
+        a[V_PRE] = l;
+        a[V_GEN] = l * (n - 1);
     }
     double c[N_VARS] = {0}, x[N_VARS], z;
-    c[V_PRE] = f * l / bls, c[V_GEN] = f * l * (n - 1) / bls;
+    c[V_PRE] = f * l / bls;
+    c[V_GEN] = f * l * (n - 1) / bls;
     /* Among placements of equal T (a term that does not bound T is free), prefer the faster
      * tiers: the model leaves out what each small transfer costs. The nudge is 1e-4 of the
      * compute time per tier step, and is not part of the objective reported. */
@@ -691,7 +802,8 @@ static int solve_shape(search *S, candidate *cd, char *err) {
 
 /* Integer percentages near the fractions on the gpu and cpu tiers, the pair at most 100. */
 void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct) {
-    *gpu_pct = (int)lround(100 * gpu), *cpu_pct = (int)lround(100 * cpu);
+    *gpu_pct = (int)lround(100 * gpu);
+    *cpu_pct = (int)lround(100 * cpu);
     *gpu_pct = *gpu_pct < 0 ? 0 : *gpu_pct > 100 ? 100 : *gpu_pct;
     *cpu_pct = *cpu_pct < 0 ? 0 : *cpu_pct > 100 - *gpu_pct ? 100 - *gpu_pct : *cpu_pct;
 }
@@ -706,7 +818,8 @@ static fg_percent round_percent(const double x[N_X]) {
 
 static fg_policy policy_of(const search *S, const candidate *cd) {
     fg_policy p = *S->base;
-    p.gpu_batch_size = cd->gbs, p.num_gpu_batches = cd->ngb;
+    p.gpu_batch_size = cd->gbs;
+    p.num_gpu_batches = cd->ngb;
     p.cpu_cache_compute = cd->cpu_cache_compute;
     p.percent = round_percent(cd->x);
     return p;
@@ -717,16 +830,25 @@ static fg_policy policy_of(const search *S, const candidate *cd) {
 static int runtime_check(const search *S, const fg_policy *p, int bls, int check, double x[N_X],
                          fg_stats *st, char *err) {
     int sequences = bls * (p->n_stages > 1 ? p->n_stages : 1);
-    if (S->req->check) return S->req->check(S->model, S->req->seed, p, sequences, S->req->s, S->req->n, check, x, st, err);
+    if (S->req->check)
+        return S->req->check(S->model, S->req->seed, p, sequences, S->req->s, S->req->n, check, x,
+                             st, err);
     fg_policy there = *p; /* another machine: where this runtime would place the weights there */
     there.device = FG_DEVICE_CPU;
-    return S->req->place(S->model, S->req->seed, &there, sequences, S->req->s, S->req->n, 0, x, st, err);
+    return S->req->place(S->model, S->req->seed, &there, sequences, S->req->s, S->req->n, 0, x, st,
+                         err);
 }
 
 static void percent_fractions(const fg_percent *pc, double x[N_X]) {
-    x[X_WG] = pc->wg / 100.0, x[X_WC] = pc->wc / 100.0, x[X_WN] = 1 - x[X_WG] - x[X_WC];
-    x[X_CG] = pc->cg / 100.0, x[X_CC] = pc->cc / 100.0, x[X_CN] = 1 - x[X_CG] - x[X_CC];
-    x[X_HG] = pc->hg / 100.0, x[X_HC] = pc->hc / 100.0, x[X_HN] = 1 - x[X_HG] - x[X_HC];
+    x[X_WG] = pc->wg / 100.0;
+    x[X_WC] = pc->wc / 100.0;
+    x[X_WN] = 1 - x[X_WG] - x[X_WC];
+    x[X_CG] = pc->cg / 100.0;
+    x[X_CC] = pc->cc / 100.0;
+    x[X_CN] = 1 - x[X_CG] - x[X_CC];
+    x[X_HG] = pc->hg / 100.0;
+    x[X_HC] = pc->hc / 100.0;
+    x[X_HN] = 1 - x[X_HG] - x[X_HC];
 }
 
 /* For another machine: the first tier whose memory model exceeds its capacity at the placement
@@ -737,10 +859,12 @@ static int tier_over(const search *S, const fg_policy *p, double x[N_X], double 
     if (S->req->place) runtime_check(S, p, p->gpu_batch_size * p->num_gpu_batches, 0, x, NULL, err);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
-    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x, p->compress_weight && !S->hw->gpu_is_host), &mm);
+    fg_memory_model_build(S->cfg, &w, S->hw,
+                          fg_weights_case(x, p->compress_weight && !S->hw->gpu_is_host), &mm);
     for (int t = 0; t < N_TIERS; t++)
         if ((*need = fg_linear_eval(&mm.tier[t], x)) > S->capacity[t]) return t;
-    if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory) return N_TIERS;
+    if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory)
+        return N_TIERS;
     return -1;
 }
 
@@ -757,7 +881,9 @@ static int plan_fits(search *S, const fg_policy *p, double x[N_X]) {
 
 /* Best objective first; among equal ones (to 1e-6: a compute-bound block gains nothing from
  * growing) the smaller block, whose latency and memory are less. */
-static int same_cost(double a, double b) { return isfinite(a) && isfinite(b) && fabs(a - b) <= 1e-6 * fmax(a, b); }
+static int same_cost(double a, double b) {
+    return isfinite(a) && isfinite(b) && fabs(a - b) <= 1e-6 * fmax(a, b);
+}
 /* The runtime places whole tensors, each on the tier where its midpoint falls, so a weight
  * percentage can realize up to half a tensor more than asked on the gpu or cpu tier (a third of
  * a decoder layer, for fc1). When the rounded plan does not fit, its gpu, then cpu, percentage
@@ -796,13 +922,17 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
     candidate *all = malloc(cap * sizeof *all);
     if (!all) return fg_fail(err, "out of memory");
     const fg_search_request *r = S->req;
-    for (int gbs = r->gbs ? r->gbs : 1; gbs <= MAX_GBS && gbs <= max_block; gbs = r->gbs ? MAX_GBS + 1 : next_gbs(gbs)) {
+    for (int gbs = r->gbs ? r->gbs : 1; gbs <= MAX_GBS && gbs <= max_block;
+         gbs = r->gbs ? MAX_GBS + 1 : next_gbs(gbs)) {
         int any = 0;
-        for (int ngb = r->ngb ? r->ngb : 1; ngb <= MAX_NGB && gbs * ngb <= max_block; ngb = r->ngb ? MAX_NGB + 1 : ngb + 1) {
+        for (int ngb = r->ngb ? r->ngb : 1; ngb <= MAX_NGB && gbs * ngb <= max_block;
+             ngb = r->ngb ? MAX_NGB + 1 : ngb + 1) {
             int fits = 0;
-            if (ngb == 1 && S->base->schedule == FG_SCHEDULE_DIAGONAL) continue; /* one group: zig-zag */
+            /* one group: zig-zag */
+            if (ngb == 1 && S->base->schedule == FG_SCHEDULE_DIAGONAL) continue;
             for (int v = 0; v < 2 * FG_W_CASES; v++) {
-                candidate cd = {.gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
+                candidate cd = {
+                    .gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
                 if (cd.weights == FG_W_GPU && S->base->compress_weight && !S->hw->gpu_is_host)
                     continue; /* 4-bit, decompressed into staging */
                 int rc = solve_shape(S, &cd, err);
@@ -812,7 +942,8 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
                 if (n == cap) {
                     candidate *more = realloc(all, 2 * cap * sizeof *all);
                     if (!more) { free(all); return fg_fail(err, "out of memory"); }
-                    all = more, cap *= 2;
+                    all = more;
+                    cap *= 2;
                 }
                 all[n++] = cd;
             }
@@ -821,7 +952,8 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
         }
         if (!any) break;      /* and with gbs */
     }
-    *out = all, *n_out = n;
+    *out = all;
+    *n_out = n;
     return 0;
 }
 
@@ -833,31 +965,37 @@ static int explain_nothing_fits(search *S, char *err) {
     p.percent = (fg_percent){0};
     char why[FG_ERR_LEN] = "";
     if (S->req->check && runtime_check(S, &p, 1, 1, NULL, NULL, why))
-        return fg_fail(err, "no policy fits %s: even one sequence with everything off the gpu tier: %s",
+        return fg_fail(err,
+                       "no policy fits %s: even one sequence with everything off the gpu tier: %s",
                        S->cfg->name, why);
     if (S->req->max_latency > 0)
-        return fg_fail(err, "--max-latency %g: no policy fits the capacities within that block latency",
+        return fg_fail(err,
+                       "--max-latency %g: no policy fits the capacities within that block latency",
                        S->req->max_latency);
-    return fg_fail(err, "no policy fits %s in --gpu-mem, --cpu-mem and --disk-mem (prompt %d + %d tokens)",
-                   S->cfg->name, S->req->s, S->req->n);
+    return fg_fail(
+        err, "no policy fits %s in --gpu-mem, --cpu-mem and --disk-mem (prompt %d + %d tokens)",
+        S->cfg->name, S->req->s, S->req->n);
 }
 
 /* The capacities the plan must fit: on this machine the runtime's (defaults filled in). */
-static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
-                       const fg_search_request *req, char *err) {
+static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw,
+                       const fg_policy *base, const fg_search_request *req, char *err) {
     *S = (search){.cfg = cfg, .model = cfg, .stage_cfg = *cfg, .hw = hw, .base = base, .req = req};
     if (base->n_stages > 1) {
         int first, end;
         fg_stage_layers(cfg, base->stage, base->n_stages, &first, &end);
-        S->stage_cfg.n_layers = (end > cfg->n_layers + 1 ? cfg->n_layers + 1 : end) - (first > 0 ? first : 1);
+        S->stage_cfg.n_layers =
+            (end > cfg->n_layers + 1 ? cfg->n_layers + 1 : end) - (first > 0 ? first : 1);
         S->cfg = &S->stage_cfg;
     }
-    if (req->s < 1 || req->n < 1) return fg_fail(err, "policy search: prompt and generation lengths must be at least 1");
+    if (req->s < 1 || req->n < 1)
+        return fg_fail(err, "policy search: prompt and generation lengths must be at least 1");
     if (!req->check) {
         for (int t = 0; t < N_TIERS; t++)
             if (!(base->capacity[t] > 0))
-                return fg_fail(err, "planning for another machine (the hardware file is not this one's): "
-                                    "give --gpu-mem, --cpu-mem and --disk-mem");
+                return fg_fail(
+                    err, "planning for another machine (the hardware file is not this one's): "
+                         "give --gpu-mem, --cpu-mem and --disk-mem");
         memcpy(S->capacity, base->capacity, sizeof S->capacity);
         return 0;
     }
@@ -876,7 +1014,8 @@ static int evaluate(search *S, const fg_policy *p, fg_search_result *out) {
     memcpy(out->x, x, sizeof out->x);
     out->workload = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_cost_model_build(S->cfg, &out->workload, S->hw, &out->cost);
-    double per_seq = fg_cost_per_token(&out->cost, S->cfg, &out->workload, x, &out->t_pre, &out->t_gen);
+    double per_seq =
+        fg_cost_per_token(&out->cost, S->cfg, &out->workload, x, &out->t_pre, &out->t_gen);
     out->block_latency = per_seq * p->gpu_batch_size * p->num_gpu_batches;
     out->throughput = S->req->n / per_seq;
     return 1;
@@ -888,8 +1027,10 @@ int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_po
     memset(out, 0, sizeof *out);
     if (search_init(&S, cfg, hw, p, req, err)) return -1;
     if (evaluate(&S, p, out)) return 0;
-    if (req->check) return runtime_check(&S, p, p->gpu_batch_size * p->num_gpu_batches, 1, NULL, NULL, err);
-    static const char *const flags[N_TIERS + 1] = {"--gpu-mem", "--cpu-mem", "--disk-mem", "memory"};
+    if (req->check)
+        return runtime_check(&S, p, p->gpu_batch_size * p->num_gpu_batches, 1, NULL, NULL, err);
+    static const char *const flags[N_TIERS + 1] = {"--gpu-mem", "--cpu-mem", "--disk-mem",
+                                                   "memory"};
     double x[N_X], need;
     int t = tier_over(&S, p, x, &need);
     if (t < 0) return fg_fail(err, "the policy does not fit"); /* not reached: evaluate() fit it */
@@ -922,39 +1063,13 @@ static int best_policy(search *S, fg_search_result *out, char *err) {
             }
             if (req->max_latency > 0 && r.block_latency > req->max_latency) continue;
             double per_seq = r.block_latency / (cd.gbs * cd.ngb);
-            if (per_seq < best && !same_cost(per_seq, best)) best = per_seq, *out = r;
+            if (per_seq < best && !same_cost(per_seq, best)) {
+                best = per_seq;
+                *out = r;
+            }
             break;
         }
     }
     free(all);
     return best < INFINITY;
-}
-
-/* The best policy of each schedule the request allows (Appendix A.2: the diagonal's block may be
- * larger in the same memory, but pays its warm-up), and the better of them; zig-zag on a tie. */
-int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
-                     const fg_search_request *req, fg_search_result *out, char *err) {
-    double t0 = now_seconds();
-    int schedules = req->schedules ? req->schedules : 1 << base->schedule;
-    fg_search_result best = {0}, r;
-    fg_policy b = *base; /* S keeps a pointer to it, explain_nothing_fits too: the schedule searched */
-    search S;
-    memset(out, 0, sizeof *out);
-    if (search_init(&S, cfg, hw, &b, req, err)) return -1; /* the capacities, whatever the schedule */
-    for (int k = 0; k < FG_SCHEDULES; k++) {
-        if (!(schedules & 1 << k)) continue;
-        b.schedule = (fg_schedule)k;
-        int rc = best_policy(&S, &r, err);
-        if (rc < 0) return -1;
-        if (rc == 0) continue;
-        out->best[k].found = 1, out->best[k].policy = r.policy;
-        out->best[k].throughput = r.throughput, out->best[k].block_latency = r.block_latency;
-        if (r.throughput > best.throughput && !same_cost(r.throughput, best.throughput)) best = r;
-    }
-    if (best.throughput == 0) return explain_nothing_fits(&S, err);
-    memcpy(best.best, out->best, sizeof best.best);
-    *out = best;
-    out->lps = S.lps, out->checks = S.checks;
-    out->seconds = now_seconds() - t0;
-    return 0;
 }

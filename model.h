@@ -1,7 +1,7 @@
 /* model.h: the model and its compute, as every layer of the code sees them: OPT's config and
  * weights (§3), a GPU batch and the workspace that compute reads, the forward pass of one GPU batch
  * (opt_model.c), 4-bit group-wise compression and top-K attention (quant.c, §5), the three tiers,
- * and the operation table of a compute device (the CPU's in support/cpu_backend.c, CUDA's in flexgen.cu).
+ * and the operation table of a compute device (the CPU's in app/cpu_backend.c, CUDA's in flexgen.cu).
  * flexgen.h builds the runtime on top of it. Nothing here knows of the runtime, so the support
  * layer's kernels, checkpoints and buffers (support/support.h) use these types and the runtime
  * uses them in turn.
@@ -82,15 +82,10 @@ typedef struct {
     fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m); LLaMA's norm: no bias */
     fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
     opt_layer_weights *layers;
-    int q4;                /* 4-bit matrices and tables (§5, quant.c) */
-    int products;          /* fg_products: how the CPU's linear layers multiply (support/matmul.c) */
+    int q4, products;      /* 4-bit matrices (§5, quant.c); the CPU's fg_products (support/support.h) */
     fp16 *storage;         /* one allocation all of the above point into, or NULL */
     size_t storage_values;
 } opt_weights;
-
-/* How the CPU backend's linear layers multiply: fp32 products of the weights as stored (§5), the
- * 4-bit weights times int8 activations (support/int8.c), or prefill's products in bf16. */
-typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products;
 
 /* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
  * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in order). */
@@ -165,6 +160,12 @@ int output_rows(const gpu_batch *gb, int hidden, float *dst); /* the rows the ou
 static inline int slot_of(const gpu_batch *gb, int b, int t) {
     return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];
 }
+/* OPT's position id of row t of a sequence this step (HF: cumsum(mask) * mask - 1 + 2): its cache
+ * slot + 2. Padding rows get position 1, as in HF; no attention sees them anyway. Both backends'
+ * input embedding reads it (opt_embed, flexgen.cu's add_positions_kernel). */
+static inline FG_HOST_DEVICE int position_of(int past, int pad, int t) {
+    return t < pad ? OPT_POS_OFFSET - 1 : past + t - pad + OPT_POS_OFFSET;
+}
 
 /* The LLaMA family's forward pass (llama_model.c), the same steps for the same schedule. */
 void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
@@ -193,11 +194,13 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 
 /* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
 #define Q4_GROUP 64
-size_t q4_bytes(size_t outer, size_t len, size_t inner);
+/* Bytes of a 4-bit tensor [outer][len][inner]: per outer index, G groups of 32 bytes, min, scale. */
+static inline FG_HOST_DEVICE size_t q4_bytes(size_t outer, size_t len, size_t inner) {
+    return outer * ((len + Q4_GROUP - 1) / Q4_GROUP) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
+}
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
 int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
-void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst);
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 
 /* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
@@ -209,6 +212,18 @@ static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size
     const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
     int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
     return fmaf((float)q, FG_HALF_TO_FLOAT(scales[g * inner + i]), FG_HALF_TO_FLOAT(mins[g * inner + i]));
+}
+/* Row r of a 4-bit tensor [1][len][inner] widened, by the groups' fp16 mins (q4_mins; the scales
+ * follow them): the plain loop of support/simd.c's q4_decode_row, to the bit. */
+static inline const fp16 *q4_mins(const uint8_t *src, size_t len, size_t inner) {
+    return (const fp16 *)(src + (len + Q4_GROUP - 1) / Q4_GROUP * inner * (Q4_GROUP / 2));
+}
+static inline void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst) {
+    const fp16 *mins = q4_mins(src, len, inner) + r / Q4_GROUP * inner;
+    const fp16 *scales = mins + (len + Q4_GROUP - 1) / Q4_GROUP * inner;
+    const uint8_t *b = src + (r / Q4_GROUP * (Q4_GROUP / 2) + (r % Q4_GROUP) / 2) * inner;
+    for (size_t i = 0; i < inner; i++)
+        dst[i] = fmaf((float)((b[i] >> (r % 2 ? 0 : 4)) & 15), FG_HALF_TO_FLOAT(scales[i]), FG_HALF_TO_FLOAT(mins[i]));
 }
 
 /* ---- The tiers (§4.1) and a compute device's operation table (§4.2) ---- */
@@ -236,7 +251,7 @@ typedef struct {
 } fg_device_counts;
 
 /* The compute device's operations: the schedule calls only these, so one loop drives the CPU
- * (support/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's.
+ * (app/cpu_backend.c) and CUDA (flexgen.cu). Pointers to the gpu tier are the device's.
  * CUDA queues its copies and kernels on the calling thread's stream and returns: a copy's host
  * buffer is in use until that thread's copies_done, and the I/O threads' work and the compute
  * thread's are ordered on the device by join (the I/O threads call it after each sync). */

@@ -33,12 +33,13 @@
 /* Row k of a linear weight [in][out] as fp32: fp16, or 4-bit in q4 parts grouped along out. */
 static void weight_row(const void *W, int q4, int out, int k, float *row) {
     if (q4) q4_decompress((const uint8_t *)W + k * q4_bytes(q4, out / q4, 1), q4, out / q4, 1, row);
-    else for (int i = 0; i < out; i++) row[i] = fp16_to_fp32(((const fp16 *)W)[(size_t)k * out + i]);
+    else
+        for (int i = 0; i < out; i++) row[i] = fp16_to_fp32(((const fp16 *)W)[(size_t)k * out + i]);
 }
 
 /* y[rows][out] (= or +=) x[rows][in] W[in][out]: each y summed over k in order. */
-void matmul_reference(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                      int accumulate) {
+void matmul_reference(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                      float *y, int accumulate) {
     float *row = malloc((size_t)out * sizeof *row);
     if (!accumulate) memset(y, 0, (size_t)rows * out * sizeof *y);
     for (int k = 0; row && k < in; k++) {
@@ -51,11 +52,14 @@ void matmul_reference(const float *x, int rows, int in, const void *W, int q4_pa
 
 /* y[rows][n] = x[rows][dim] E^T for an embedding table E [n][dim]: fp16, or 4-bit [1][n][dim]
  * (the output layer: logits from the token embeddings). */
-void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y) {
+void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_parts, int n,
+                       float *y) {
     float *e = malloc((size_t)dim * sizeof *e);
     for (int t = 0; e && t < n; t++) {
         if (q4_parts) q4_decompress_row(E, (size_t)n, (size_t)dim, (size_t)t, e);
-        else for (int d = 0; d < dim; d++) e[d] = fp16_to_fp32(((const fp16 *)E)[(size_t)t * dim + d]);
+        else
+            for (int d = 0; d < dim; d++)
+                e[d] = fp16_to_fp32(((const fp16 *)E)[(size_t)t * dim + d]);
         for (int r = 0; r < rows; r++) {
             float dot = 0;
             for (int d = 0; d < dim; d++) dot += x[(size_t)r * dim + d] * e[d];
@@ -69,8 +73,8 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
  * The forward pass of one GPU batch (§3)
  * ============================================================================================ */
 
-/* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c), then
- * the bias (widened once into ws->vec), and ReLU, in one pass over y. */
+/* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c),
+ * then the bias (widened once into ws->vec), and ReLU, in one pass over y. */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
                   int mode, int q4, int products, opt_workspace *ws) {
     matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide);
@@ -88,8 +92,8 @@ void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b
 }
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */
-static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const fp16 *b16, float *y,
-                       opt_workspace *ws) {
+static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const fp16 *b16,
+                       float *y, opt_workspace *ws) {
     float *w = ws->vec, *b = ws->vec + dim; /* widened once */
     fp16_to_fp32_n(w16, w, (size_t)dim);
     fp16_to_fp32_n(b16, b, (size_t)dim);
@@ -106,10 +110,10 @@ static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const
     }
 }
 
-/* The position id of row t of sequence b this step (HF: cumsum(mask) * mask - 1 + 2): its cache
- * slot + 2. Padding rows get position 1, as in HF; no attention sees them anyway. */
-static int position_of(const gpu_batch *gb, int b, int t) {
-    return t < gb->pad[b] ? OPT_POS_OFFSET - 1 : gb->past[b] + t - gb->pad[b] + OPT_POS_OFFSET;
+/* The position id of token row r of the GPU batch (model.h's position_of). */
+static int row_position(const gpu_batch *gb, int r) {
+    int b = r / gb->n_new;
+    return position_of(gb->past[b], gb->pad[b], r % gb->n_new);
 }
 
 /* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
@@ -119,19 +123,22 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     float *x = gb->x, *words = w->project_in ? ws->h : x;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
-        matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r], words + (size_t)r * wd);
-    if (w->project_in) linear_layer(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->products, ws);
+        matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r],
+                         words + (size_t)r * wd);
+    if (w->project_in)
+        linear_layer(ws->h, rows, wd, w->project_in, NULL, h, x, OUT_SET, w->q4, w->products, ws);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *pos = ws->attn + (size_t)r * h, *xr = x + (size_t)r * h;
-        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, position_of(gb, r / gb->n_new, r % gb->n_new), pos);
+        matmul_embed_row(w->embed_positions, w->q4, c->max_pos + 2, h, row_position(gb, r), pos);
         for (int i = 0; i < h; i++) xr[i] += pos[i];
     }
 }
 
 /* Bytes of one token's K (or V) in the cache of one layer: fp16, or 4-bit (§5). */
 size_t opt_kv_row_bytes(const opt_config *c, int q4) {
-    return q4 ? q4_bytes((size_t)cfg_kv_heads(c), (size_t)cfg_head_dim(c), 1) : 2 * (size_t)kv_width(c);
+    return q4 ? q4_bytes((size_t)cfg_kv_heads(c), (size_t)cfg_head_dim(c), 1)
+              : 2 * (size_t)kv_width(c);
 }
 
 /* Rounds x to fp16 values (what an fp16 cache would hold), in place. */
@@ -186,7 +193,8 @@ static void softmax(float *s, int n) {
 static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
     int end = r->pages ? (j / r->page_tokens + 1) * r->page_tokens : nk;
     *n = (end < nk ? end : nk) - j;
-    return (const fp16 *)(r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride) + (size_t)r->head * r->head_dim;
+    return (const fp16 *)(r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride) +
+           (size_t)r->head * r->head_dim;
 }
 
 /* One query over nk cached keys (fp16): out = softmax(scale q.K^T) V. Decode attention is pure
@@ -275,9 +283,11 @@ static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt
 /* Multi-head attention of this step's queries over the cache (fp16 or 4-bit), causal: the
  * query of sequence b at cache slot s sees its keys [0, s]; padding rows get zeros. A sequence's
  * one query after its prompt is decode, with gb->attn_sparsity < 1 §5's top-K sparse attention.
- * Grouped-query attention (LLaMA): n_heads / n_kv_heads query heads in a row share a K and V head. */
+ * Grouped-query attention (LLaMA): n_heads / n_kv_heads query heads in a row share a K and V head.
+ */
 static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
-    int hd = cfg_head_dim(c), qw = q_width(c), group = c->n_heads / cfg_kv_heads(c), n_new = gb->n_new;
+    int hd = cfg_head_dim(c), qw = q_width(c), group = c->n_heads / cfg_kv_heads(c);
+    int n_new = gb->n_new;
     float scale = 1.0f / sqrtf((float)hd);
     int fast = !gb->kv_q4 && gb->attn_sparsity >= 1; /* decode straight from the fp16 cache */
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n_new);
@@ -288,11 +298,13 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         float *kf = ws->thread_scratch + ws->thread_floats * omp_get_thread_num();
         float *vf = kf + (size_t)ws->max_len * hd, *scores = vf + (size_t)ws->max_len * hd;
         float *out = ws->attn + (size_t)b * n_new * qw + head * hd;
-        for (int t = 0; t < t0 && t < n_new; t++) memset(out + (size_t)t * qw, 0, hd * sizeof(float));
+        for (int t = 0; t < t0 && t < n_new; t++)
+            memset(out + (size_t)t * qw, 0, hd * sizeof(float));
         if (nq <= 0) continue;
         out += (size_t)t0 * qw;
         const float *q = ws->qkv + at.at[0] + ((size_t)b * n_new + t0) * at.stride[0] + head * hd;
-        opt_kv_rows K = head_rows(c, gb, ws, b, head / group, 0), V = head_rows(c, gb, ws, b, head / group, 1);
+        opt_kv_rows K = head_rows(c, gb, ws, b, head / group, 0);
+        opt_kv_rows V = head_rows(c, gb, ws, b, head / group, 1);
         if (nq == 1 && past > 0 && fast) {
             attend_one(q, &K, &V, nk, scale, scores, out);
             continue;
@@ -305,12 +317,13 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
         }
         /* a prompt: many queries, so convert the slice once and use two matrix products */
         for (int j = 0; j < nk; j++) {
-            const float *k = kv_row(&K, j, kf + (size_t)j * hd), *v = kv_row(&V, j, vf + (size_t)j * hd);
+            const float *k = kv_row(&K, j, kf + (size_t)j * hd);
+            const float *v = kv_row(&V, j, vf + (size_t)j * hd);
             if (k != kf + (size_t)j * hd) memcpy(kf + (size_t)j * hd, k, hd * sizeof *k);
             if (v != vf + (size_t)j * hd) memcpy(vf + (size_t)j * hd, v, hd * sizeof *v);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q, (int)at.stride[0], kf,
-                    hd, 0.0f, scores, nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q,
+                    (int)at.stride[0], kf, hd, 0.0f, scores, nk);
         for (int t = 0; t < nq; t++) {
             int visible = past + t + 1; /* causal: keys up to this query's slot */
             float *row = scores + (size_t)t * nk;
@@ -341,7 +354,9 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
     }
-    linear_layer(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, w->products, ws); /* 3 parts */
+    /* q|k|v in one product of 3 parts */
+    linear_layer(in, rows, h, L->wqkv, L->bqkv, 3 * h, ws->qkv, OUT_SET, 3 * w->q4, w->products,
+                 ws);
     opt_cache_attention(c, gb, ws);
     linear_layer(ws->attn, rows, h, L->wo, L->bo, h, x, OUT_ADD, w->q4, w->products, ws);
     if (c->pre_ln) {
@@ -349,7 +364,8 @@ void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws
     } else {
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, x, ws);
     }
-    linear_layer(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4, w->products, ws);
+    linear_layer(c->pre_ln ? ws->h : x, rows, h, L->fc1_w, L->fc1_b, f, ws->ffn, OUT_RELU, w->q4,
+                 w->products, ws);
     linear_layer(ws->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD, w->q4, w->products, ws);
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x, ws);
 }
@@ -359,7 +375,8 @@ int output_rows(const gpu_batch *gb, int hidden, float *dst) {
     int rows = gb->all_rows ? gb->batch * gb->n_new : gb->batch;
     for (int r = 0; r < rows; r++) {
         size_t from = gb->all_rows ? (size_t)r : (size_t)r * gb->n_new + gb->n_new - 1;
-        memcpy(dst + (size_t)r * hidden, (const float *)gb->x + from * hidden, hidden * sizeof(float));
+        memcpy(dst + (size_t)r * hidden, (const float *)gb->x + from * hidden,
+               hidden * sizeof(float));
     }
     return rows;
 }
@@ -372,7 +389,8 @@ void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *l
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;
     if (w->project_out) {
-        linear_layer(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4, w->products, ws);
+        linear_layer(ws->h, rows, h, w->project_out, NULL, c->word_dim, ws->qkv, OUT_SET, w->q4,
+                     w->products, ws);
         last = ws->qkv;
     }
     /* lm_head is the embedding table itself, [vocab][word_dim]: a product with its transpose */

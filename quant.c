@@ -3,12 +3,13 @@
  *
  * §5 compresses a tensor in groups of 64 consecutive values along one dimension: each group keeps
  * its min and a scale, and every value becomes a 4-bit integer
- *     x_q = round((x - min) / (max - min) * 15),      x ~ min + x_q * scale, scale = (max - min) / 15
+ *     x_q = round((x - min) / (max - min) * 15),  x ~ min + x_q * scale,  scale = (max - min) / 15
  * two to a byte. That cuts weights and cache about 3.6x against fp16 (36 bytes per 64 values),
  * which is what lets larger blocks and models fit (Table 2's "(c)" rows).
  *
- * The layout (the same bytes as FlexGen's compressed tensors): a tensor of shape [outer][len][inner]
- * is grouped along len, padded to a multiple of 64 (G groups), and stored per outer index as
+ * The layout (the same bytes as FlexGen's compressed tensors): a tensor of shape
+ * [outer][len][inner] is grouped along len, padded to a multiple of 64 (G groups), and stored per
+ * outer index as
  *     nibbles [G][32][inner] bytes: byte (g, p, i) holds element 64 g + 2 p in its high nibble
  *                                   and element 64 g + 2 p + 1 in its low nibble, at inner index i
  *     min     [G][inner] fp16
@@ -27,10 +28,6 @@
 #include <string.h>
 
 static size_t n_groups(size_t len) { return (len + Q4_GROUP - 1) / Q4_GROUP; }
-
-size_t q4_bytes(size_t outer, size_t len, size_t inner) {
-    return outer * n_groups(len) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
-}
 
 /* The smallest fp16 at or above x >= 0 (so that min + 15 scale reaches the group's max). */
 static fp16 fp16_at_least(float x) {
@@ -81,18 +78,19 @@ static void compress_group(const float *x, size_t stride, size_t n, uint8_t *byt
 
 /* Groups g0 .. g1 - 1 along len of every outer index, parallel over them, into the whole
  * tensor's layout: src is [outer][rows][inner], its rows those of the groups, from g0 on. */
-static void compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner, size_t g0,
-                            size_t g1, uint8_t *dst) {
+static void compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner,
+                            size_t g0, size_t g1, uint8_t *dst) {
     size_t G = n_groups(len), span = g1 - g0;
 #pragma omp parallel for schedule(static) if (outer * span * inner >= 4096)
     for (size_t og = 0; og < outer * span; og++) {
-        size_t o = og / span, g = g0 + og % span, n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
+        size_t o = og / span, g = g0 + og % span,
+               n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
         const float *x = src + (o * rows + (g - g0) * Q4_GROUP) * inner;
         uint8_t *bytes = dst + o * G * inner * (Q4_GROUP / 2 + 4);
         fp16 *mins = (fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
         for (size_t i = 0; i < inner; i++)
-            compress_group(x + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i, inner, &mins[g * inner + i],
-                           &scales[g * inner + i]);
+            compress_group(x + i, inner, n, bytes + g * (Q4_GROUP / 2) * inner + i, inner,
+                           &mins[g * inner + i], &scales[g * inner + i]);
     }
 }
 
@@ -128,7 +126,8 @@ static void decode_groups_scalar(const uint8_t *bytes, const fp16 *mins, const f
         size_t n = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
         const uint8_t *b = bytes + g * (Q4_GROUP / 2);
         float *o = out + g * Q4_GROUP;
-        for (size_t e = 0; e < n; e++) o[e] = fmaf((float)((b[e / 2] >> (e % 2 ? 0 : 4)) & 15), scale, min);
+        for (size_t e = 0; e < n; e++)
+            o[e] = fmaf((float)((b[e / 2] >> (e % 2 ? 0 : 4)) & 15), scale, min);
     }
 }
 
@@ -155,21 +154,20 @@ void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, f
     const fg_simd *simd = fg_simd_kernels();
     for (size_t o = 0; o < outer; o++) {
         const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
-        const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+        const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)),
+                   *scales = mins + G * inner;
         float *out = dst + o * len * inner;
         if (inner > 1) {
-            for (size_t r = 0; r < len; r++) decode_row(bytes, mins, scales, r, inner, out + r * inner);
+            for (size_t r = 0; r < len; r++)
+                decode_row(bytes, mins, scales, r, inner, out + r * inner);
             continue;
         }
-        size_t done = simd->q4_decode_groups ? simd->q4_decode_groups(bytes, mins, scales, len, out) : 0;
+        size_t done =
+            simd->q4_decode_groups ? simd->q4_decode_groups(bytes, mins, scales, len, out) : 0;
         size_t g = done / Q4_GROUP; /* the partial last group, or every group without SIMD */
-        decode_groups_scalar(bytes + g * (Q4_GROUP / 2), mins + g, scales + g, len - done, out + done);
+        decode_groups_scalar(bytes + g * (Q4_GROUP / 2), mins + g, scales + g, len - done,
+                             out + done);
     }
-}
-
-void q4_decompress_row(const uint8_t *src, size_t len, size_t inner, size_t r, float *dst) {
-    const fp16 *mins = (const fp16 *)(src + n_groups(len) * inner * (Q4_GROUP / 2));
-    decode_row(src, mins, mins + n_groups(len) * inner, r, inner, dst);
 }
 
 /* ============================================================================================

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The file-level call graph of the sources, as the linker sees it: compiles each .c file, the
-# paper's at the top level and the support layer's in support/ (and uses build/flexgen_cu.o when
-# there is one), then for each object lists the files whose symbols it uses, and says whether
-# the graph has a cycle. It also checks that the paper's files include no support header but
-# support/support.h. docs/DESIGN.md draws the same graph.
+# paper's at the top level, the services beneath them in support/ and the program around them in
+# app/ (and uses build/flexgen_cu.o when there is one), then for each object lists the files whose
+# symbols it uses, and says whether the graph has a cycle. It checks the levels too: a support/
+# file uses nothing of the paper's files or app/, and a paper file nothing of app/ (the paper's
+# runtime reaches app/ only through tables of functions: the backends, the stage hooks). And it
+# checks the includes: the paper's files include no support header but support/support.h, and
+# no support/ file includes flexgen.h or an app/ header. docs/DESIGN.md draws the same graph.
 # Usage: bash scripts/call_graph.sh   (from the repository root, after `make`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 flags=$(make -s print-cflags)
-for f in *.c support/*.c; do
+for f in *.c support/*.c app/*.c; do
     # shellcheck disable=SC2086
     ${CC:-gcc} $flags -c -o "$dir/$(echo "${f%.c}" | tr / +).o" "$f"
 done
 bad=$(grep -l '#include "support/' *.c flexgen.cu | xargs grep -h '#include "support/' | grep -v 'support/support.h' || true)
 if [ -n "$bad" ]; then echo "a paper file includes another support header: $bad"; exit 1; fi
+bad=$(grep -lE '#include "(flexgen\.h|app/)' support/*.c support/*.h || true)
+if [ -n "$bad" ]; then echo "a support/ file includes flexgen.h or an app/ header: $bad"; exit 1; fi
 [ -f build/flexgen_cu.o ] && cp build/flexgen_cu.o "$dir/flexgen.cu.o"
 python3 - "$dir" <<'PY'
 import glob, os, subprocess, sys
@@ -30,9 +35,13 @@ for o in sorted(glob.glob(sys.argv[1] + '/*.o')):
         elif len(p) == 2 and p[0] == 'U': used[name].add(p[1])
 graph = {f: sorted({defined[s] for s in u if s in defined and defined[s] != f}) for f, u in used.items()}
 for f in sorted(graph): print(f'{f:24} -> {" ".join(graph[f])}')
+def level(f):  # the program around the paper, the paper, the services beneath it
+    return 2 if f.startswith('app/') else 0 if f.startswith('support/') else 1
+upward = [f'{f} -> {g}' for f in sorted(graph) for g in graph[f] if level(g) > level(f)]
 def reaches(a, b, seen=()):
     return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in graph[a])
 cycles = [f for f in graph if reaches(f, f)]
 print('cycle through: ' + ' '.join(cycles) if cycles else 'no cycle')
-sys.exit(1 if cycles else 0)
+if upward: print('calls up a level (support/ < the paper < app/): ' + ', '.join(upward))
+sys.exit(1 if cycles or upward else 0)
 PY

@@ -110,6 +110,8 @@ WRONG_VERSIONS = [
     ('block_schedule', 'flexgen.c', 'the next iteration loaded after compute',
      (r'(\s*)(load_cache\((\w+), \w+\);\s*load_activation\(\3, \w+\);)(\s*)(compute\(\3, \w+\);)',
       r'\1\5\4\2'), 'runtime', {}),
+    ('block_schedule', 'flexgen.c', "the step loop stopped before the last step's tokens come back (i < steps)",
+     (r'(\w+) <= (\w+)->steps;', r'\1 < \2->steps;'), 'model', {}),
     # 10. diagonal_slots
     ('diagonal_slots', 'flexgen.c', 'every batch started at step 0: a zig-zag order passed off as diagonal',
      (r'diagonal_start\([^;]*\)', '0'), 'schedule', {}),

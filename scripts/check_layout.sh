@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # check_layout.sh: the layout a reader is promised, checked: the top level holds the paper's five
 # source files (opt_model.c, quant.c, flexgen.c, lp.c, flexgen.cu) and the LLaMA family's forward
-# pass beside OPT's (llama_model.c, at most 200 lines), and everything else is in support/; the
-# four paper C files fit a reader's afternoon (3,800 lines together), the paper's two headers
-# (model.h, flexgen.h) 700 lines (both model families), README.md 200; no function
-# anywhere is over 100 lines (the --help text aside); and the map at the top of flexgen.c gives
-# each function's line.
+# pass beside OPT's (llama_model.c, at most 200 lines); the services beneath them are in support/
+# and the program around them in app/; the paper's four C files (opt_model.c, quant.c,
+# flexgen.c, lp.c) fit a reader's afternoon (3,800 lines together), the paper's two headers
+# (model.h, flexgen.h) 700 lines (both model families), README.md 200. What a reader meets
+# within them: no function in a paper file over 60 lines, nor any elsewhere over 100 (the --help
+# text aside); no line of a paper file over 100 columns; and the maps at the top of flexgen.c
+# and lp.c give each function's line.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,22 +15,44 @@ fail=0
 check() { # what, value, limit
     if [ "$2" -le "$3" ]; then echo "ok    $1: $2 (at most $3)"; else echo "MISS  $1: $2 (at most $3)"; fail=1; fi
 }
+listed() { # what, the lines found (empty: none)
+    if [ -z "$2" ]; then echo "ok    $1: none"; else echo "MISS  $1:"; echo "$2"; fail=1; fi
+}
+paper_c="opt_model.c quant.c flexgen.c lp.c"
+paper="$paper_c llama_model.c flexgen.cu"
 top=$(ls *.c *.cu | tr '\n' ' ')
 if [ "$top" = "flexgen.c flexgen.cu llama_model.c lp.c opt_model.c quant.c " ]; then echo "ok    top-level sources: $top"
 else echo "MISS  top-level sources: $top"; fail=1; fi
-check "paper C files (wc -l opt_model.c quant.c flexgen.c lp.c)" "$(cat opt_model.c quant.c flexgen.c lp.c | wc -l)" 3800
+# shellcheck disable=SC2086
+check "paper C files (wc -l $paper_c)" "$(cat $paper_c | wc -l)" 3800
 check "llama_model.c" "$(wc -l <llama_model.c)" 200
 check "model.h and flexgen.h" "$(cat model.h flexgen.h | wc -l)" 700
 check "README.md" "$(wc -l <README.md)" 200
-# A function: a line that opens at column 0 with '{' at its end, closed by a '}' at column 0.
-long=$(awk 'FNR == 1 { start = 0 }
-    /^[A-Za-z_].*\) *\{$/ || /^[A-Za-z_].*\{$/ && !/^(typedef|struct|enum|static const|const)/ { start = FNR; name = $0 }
-    /^\}/ && start { n = FNR - start + 1; if (n > 100 && name !~ /usage/) printf "%s:%d %d lines: %s\n", FILENAME, start, n, name; start = 0 }' \
-    *.c *.cu support/*.c)
-if [ -z "$long" ]; then echo "ok    no function over 100 lines"; else echo "MISS  functions over 100 lines:"; echo "$long"; fail=1; fi
-# The map: " *  LINE  NAME  what" rows in flexgen.c's top comment, each the line of NAME's definition.
-wrong=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = $2 }
-    /^[a-z]/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }
-    END { for (n in want) if (got[n] != want[n]) printf "%s at %s, not %s\n", n, got[n], want[n] }' flexgen.c)
-if [ -z "$wrong" ]; then echo "ok    flexgen.c's map: each line is its function's"; else echo "MISS  flexgen.c's map:"; echo "$wrong"; fail=1; fi
+# A function: a header at column 0 (a name and its '('), through the line that ends with '{', to
+# the '}' at column 0 that closes it. Prints those longer than `limit` lines.
+long_functions() { # limit, files...
+    local limit=$1
+    shift
+    awk -v limit="$limit" 'FNR == 1 { start = 0; head = 0 }
+        !start && !head && /^[A-Za-z_][^;=]*\(/ && !/^(typedef|struct|enum|#)/ { head = FNR; name = $0 }
+        head && !start && /;$/ { head = 0 }
+        head && !start && /\{$/ { start = head; head = 0 }
+        /^\}/ && start { n = FNR - start + 1
+                         if (n > limit && name !~ /usage/) printf "%s:%d %d lines: %s\n", FILENAME, start, n, name
+                         start = 0 }' "$@"
+}
+# shellcheck disable=SC2086
+listed "functions over 60 lines in the paper files" "$(long_functions 60 $paper)"
+listed "functions over 100 lines elsewhere" "$(long_functions 100 support/*.c app/*.c)"
+# shellcheck disable=SC2086
+listed "lines over 100 columns in the paper files" "$(awk 'length > 100 { print FILENAME ":" FNR }' $paper)"
+# The maps: " *  LINE  NAME  what" rows in a file's top comment, each the line of NAME's definition.
+for f in flexgen.c lp.c; do
+    wrong=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = $2 }
+        /^[a-z]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }
+        END { for (n in want) if (got[n] != want[n]) printf "%s at %s, not %s\n", n, got[n], want[n] }' "$f")
+    rows=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ /' "$f" | wc -l)
+    if [ "$rows" -gt 0 ] && [ -z "$wrong" ]; then echo "ok    $f's map: each of its $rows lines is its function's"
+    else echo "MISS  $f's map ($rows rows):"; echo "$wrong"; fail=1; fi
+done
 exit $fail

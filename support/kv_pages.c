@@ -1,7 +1,6 @@
-/* support/kv_pages.c: the KV cache in pages (vLLM's PagedAttention, which the zig-zag report
- * carries into FlexGen's schedule). A block's cache on each tier is a pool of pages of
- * page_tokens tokens; a sequence takes pages from its slot's tier as it grows, and gives them
- * back when it ends, so that a refill can reuse them. A page id addresses the same tokens in every
+/* support/kv_pages.c: the KV cache in pages, in the manner of vLLM's PagedAttention. A block's
+ * cache on each tier is a pool of pages of page_tokens tokens; a sequence takes pages from its
+ * slot's tier as it grows, and gives them back when it ends, so that a refill can reuse them. A page id addresses the same tokens in every
  * layer's K and V (flexgen.c's kv_pool lays them out), so one page table serves them all.
  *
  * The pools are sized by the pages the job's prompts need (kv_pool_shape), not by the longest

@@ -725,7 +725,12 @@ const char *matmul_path(void) {
 
 /* Row r of E widened (fp16_to_fp32 and q4 decoding are exact on every path). */
 static void embed_row(const void *E, int q4, int n, int dim, int r, float *dst, int simd) {
-    if (q4) {
+    const fg_simd *twin = fg_simd_kernels();
+    if (q4 && twin->q4_decode_row) {
+        const fp16 *mins = q4_mins(E, (size_t)n, (size_t)dim);
+        size_t groups = ((size_t)n + Q4_GROUP - 1) / Q4_GROUP;
+        twin->q4_decode_row(E, mins, mins + groups * dim, (size_t)r, (size_t)dim, dst);
+    } else if (q4) {
         q4_decompress_row(E, (size_t)n, (size_t)dim, (size_t)r, dst);
     } else if (simd) {
         fp16_to_fp32_n((const fp16 *)E + (size_t)r * dim, dst, (size_t)dim);

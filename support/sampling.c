@@ -1,9 +1,8 @@
 /* support/sampling.c: the tokens generate() takes and gives: the prompts and forced tokens
- * checked against the model, and the next token chosen from the logits (greedy, temperature and
- * top-p) with a small generator that sample_tokens (below) seeds per (prompt, step), for each
- * sequence of a block as its step ends.
+ * checked against the model, and the next token chosen from a row of logits (greedy,
+ * temperature and top-p) with a small generator, which flexgen.c's sample_tokens seeds per
+ * (prompt, step) for each sequence of a block as its step ends.
  */
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <math.h>
@@ -97,69 +96,4 @@ int check_forced(const opt_config *c, const int *forced, int n_prompts, int gen_
                                i + 1, id, c->vocab);
         }
     return 0;
-}
-
-/* ---- A block's tokens, as its step ends ---- */
-
-/* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
-static const float *logits_row(const block *bl, int s, int t) {
-    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows, row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
-    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
-}
-
-/* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
-static void keep_prompt_logits(const block *bl, const gen_options *opt) {
-    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
-    for (int s = 0; s < bl->count; s++) {
-        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs], len = bl->out_rows - pad;
-        memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
-               (size_t)len * vocab * sizeof(float));
-    }
-}
-
-/* The last stage chooses each sequence's next token from its logits (into bl->ids), keeping
- * the logits of sequences still running; with teacher forcing the next token is given.
- * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
- * on the block shape, the number of stages or the slot a refill gave the prompt. */
-void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
-    int vocab = bl->m->view.cfg.vocab;
-    size_t rows = bl->s.logit_rows == 1 ? (size_t)bl->count : (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
-    bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
-    bl->rt->backend->copies_done(); /* a decode step's one wait on the device, on a GPU */
-    if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
-    for (int s = 0; s < bl->count; s++) {
-        const float *row = logits_row(bl, s, bl->out_rows - 1);
-        int p = bl->prompt[s], step = bl->step[s];
-        if (p < 0) continue; /* an idle slot */
-        if (logits_out && !bl->done[s])
-            memcpy(logits_out + ((size_t)p * opt->gen_len + step) * vocab, row, vocab * sizeof(float));
-        if (opt->forced) {
-            bl->ids[s] = opt->forced[(size_t)p * opt->gen_len + step];
-            continue;
-        }
-        fg_rng rng;
-        uint64_t place = opt->index ? (uint64_t)opt->index[p] : (uint64_t)p; /* in the job */
-        rng_seed(&rng, opt->seed ^ ((place << 24) + (uint64_t)step) * 0x9e3779b97f4a7c15ULL);
-        bl->ids[s] = sample_token(row, vocab, opt->temperature, opt->top_p, &rng, scratch);
-    }
-}
-
-int gen_is_eos(const gen_options *opt, int tok) {
-    if (opt->n_eos == 0) return tok == OPT_EOS_ID;
-    for (int i = 0; i < opt->n_eos; i++)
-        if (tok == opt->eos_ids[i]) return 1;
-    return 0;
-}
-
-int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
-    int running = 0;
-    for (int s = 0; s < bl->count; s++) {
-        int tok = bl->ids[s];
-        if (bl->prompt[s] < 0) continue;
-        out_tokens[(size_t)bl->prompt[s] * opt->gen_len + bl->step[s]++] = bl->done[s] ? OPT_PAD_ID : tok;
-        if (opt->stop_at_eos && gen_is_eos(opt, tok)) bl->done[s] = 1;
-        running += slot_running(bl, s, opt->gen_len);
-        bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
-    }
-    return running;
 }

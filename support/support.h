@@ -114,6 +114,9 @@ const fg_simd *fg_simd_kernels(void);
  * opt_model.c's matmul_reference and embed_t_reference. q4_parts > 0: 4-bit, in q4_parts
  * parts side by side (q|k|v: 3), each grouped on its own ---- */
 #define MATMUL_DECODE_ROWS 64
+/* How the CPU backend's linear layers multiply (opt_weights.products): fp32 products of the
+ * weights as stored (§5), the 4-bit weights times int8 activations (int8.c), or prefill in bf16. */
+typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products;
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
@@ -142,7 +145,9 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_par
 void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float *dst);
 
 /* ---- Buffers of the forward pass (workspace.c) ---- */
+#define FG_DEFAULT_OFFLOAD_DIR "/var/tmp" /* the disk tier's files, unless --offload-dir */
 #define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
+#define FG_CPU_ACT_ELEM 4  /* fp32 activations (app/cpu_backend.c; app/cpu_fp16.c keeps 2) */
 #define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
 #define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20)) /* 3 copying threads, 2 pinned 8 MiB each */
 #define FG_CHUNK_ROWS 2048 /* prefill runs a layer on chunks of this many token rows at most */

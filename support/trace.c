@@ -72,8 +72,7 @@ void trace_free(fg_trace *tr) {
 
 /* Chrome's trace event format: one complete ("X") event per task, one thread per track, one
  * process per pipeline stage. The events of this runtime as stage `stage` of n, one a line. */
-char *fg_trace_events(const fg_runtime *rt, int stage, int n) {
-    const fg_trace *tr = &rt->trace;
+char *fg_trace_events(const fg_trace *tr, int stage, int n) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -115,8 +114,8 @@ int fg_trace_write_events(const char *path, const char *events, char *err) {
     return fg_output_commit(&o, err);
 }
 
-int fg_trace_write(const fg_runtime *rt, const char *path, char *err) {
-    char *events = fg_trace_events(rt, 0, 1);
+int fg_trace_write(const fg_trace *tr, const char *path, char *err) {
+    char *events = fg_trace_events(tr, 0, 1);
     int rc = fg_trace_write_events(path, events, err);
     free(events);
     return rc;

@@ -7,7 +7,7 @@
 
 #include "flexgen.h"
 #include "support/support.h"
-#include "support/tools.h"
+#include "app/app.h"
 
 void add_tokenizer_tests(void);  /* test_tokenizer.c */
 void add_tokenizer_json_tests(void); /* test_tokenizer_json.c */

@@ -12,7 +12,7 @@
 
 #include "flexgen.h"
 #include "support/support.h"
-#include "support/tools.h"
+#include "app/app.h"
 
 #include <fcntl.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * tokenizer, loaded once) and as a JSONL --prompt-file (jobs.c's jsonl_prompt, with and without
  * the tokenizer), for the fixture tokenizer's vocab. Accepted ids lie in the vocab; every prompt
  * has at least one, and an id. */
-#include "../../support/cli.c"
+#include "../../app/cli.c"
 #include "fuzz.h"
 
 static fg_tokenizer *tok;

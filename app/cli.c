@@ -1,4 +1,4 @@
-/* support/cli.c: the command line.
+/* app/cli.c: the command line.
  *
  *   flexgen [flags]           generate text for prompts with a policy (§4.2) or --policy auto
  *                             (§4.3); under mpirun -np M, as one of M pipeline stages (§4.4)
@@ -13,7 +13,7 @@
 #define _GNU_SOURCE
 #include "flexgen.h"
 #include "support/support.h"
-#include "support/tools.h"
+#include "app/app.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -755,9 +755,13 @@ static long prompt_tokens(const prompt_set *p) {
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
  * the times, and the OpenBLAS core the CPU's products ran on. */
 /* Whether prefill's products run an opt-in scheme on onednn.c, and on what kernel ("" if not). */
-static int prefill_scheme(const fg_policy *p) { return p->int8_activations || p->bf16_prefill; }
+static int prefill_scheme(const fg_policy *p) {
+    return p->int8_activations || p->bf16_prefill;
+}
 
-static const char *prefill_path(const fg_policy *p) { return prefill_scheme(p) ? gemm_path(p->bf16_prefill) : ""; }
+static const char *prefill_path(const fg_policy *p) {
+    return prefill_scheme(p) ? gemm_path(p->bf16_prefill) : "";
+}
 
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
@@ -1414,7 +1418,7 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, co
     fg_stage_layers(cfg, rank, stages, &mine.first_layer, &mine.end_layer);
     mine.percent = a->policy.percent;
     fg_pipe_gather(pipe, &mine, sizeof mine, all);
-    char *events = a->trace ? fg_trace_events(rt, rank, stages) : NULL;
+    char *events = a->trace ? fg_trace_events(&rt->trace, rank, stages) : NULL;
     char *trace = a->trace ? fg_pipe_gather_text(pipe, events ? events : "") : NULL;
     free(events);
     int rc = 0;

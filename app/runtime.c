@@ -1,4 +1,4 @@
-/* support/runtime.c: a run opened and closed, and a model opened on it: the policy's numbers
+/* app/runtime.c: a run opened and closed, and a model opened on it: the policy's numbers
  * checked, each tier's capacity (the flag's, or what the machine has), the I/O threads started,
  * the checkpoint or dummy weights opened and each tensor given its home (flexgen.c's
  * place_weights); and the runtime's verdict on a policy that the search asks for (§4.3). None of

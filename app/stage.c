@@ -1,5 +1,5 @@
-/* support/stage.c: the stage hooks of a run in one process. §4.4's pipeline splits the layers
- * over stages (support/pipeline.c); one process is one stage whose first layer reads token ids
+/* app/stage.c: the stage hooks of a run in one process. §4.4's pipeline splits the layers
+ * over stages (app/pipeline.c); one process is one stage whose first layer reads token ids
  * and whose last gives the logits, so nothing travels between stages and every hook does nothing.
  */
 #include "flexgen.h"

@@ -1,4 +1,4 @@
-/* support/perplexity.c: how well a model predicts a text, through the same runtime, placements and
+/* app/perplexity.c: how well a model predicts a text, through the same runtime, placements and
  * approximations as generation: the measure of the paper's §6.2 (Table 6's WikiText column),
  * with which the 4-bit weights and cache and the sparse attention of §5 are judged.
  *
@@ -21,7 +21,7 @@
 #define _GNU_SOURCE
 #include "flexgen.h"
 #include "support/support.h"
-#include "support/tools.h"
+#include "app/app.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* support/jobs.c: batch jobs that lose nothing. A prompt file in JSONL, and an output in JSONL
+/* app/jobs.c: batch jobs that lose nothing. A prompt file in JSONL, and an output in JSONL
  * that holds one record per prompt, appended as each round of blocks finishes, so that a job
  * killed at any moment keeps what it finished and --resume does the rest.
  *
@@ -20,7 +20,7 @@
  * a round at a time and hands the tokens here.
  */
 #define _GNU_SOURCE
-#include "support/tools.h"
+#include "app/app.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* support/cpu_fp16.c: the CPU backend holding activations in fp16 (--device cpu-fp16), as the
+/* app/cpu_fp16.c: the CPU backend holding activations in fp16 (--device cpu-fp16), as the
  * CUDA backend does, so that the runtime's 2-byte activations run and are tested on any machine.
  * Each operation widens the GPU batch's x into ws->x32, runs the CPU backend's fp32 operation on it,
  * and rounds its output back to fp16. Results differ from the fp32 backend's by that rounding of

@@ -1,4 +1,4 @@
-/* support/pipeline.c: pipeline parallelism (the paper's §4.4, "Extension to Multiple GPUs"): one
+/* app/pipeline.c: pipeline parallelism (the paper's §4.4, "Extension to Multiple GPUs"): one
  * process per stage, each running the block schedule of Fig. 4 over its share of the layers.
  *
  *   fg_pipe_open    under mpirun, one process per stage: MPI started, a crash names its rank
@@ -16,7 +16,7 @@
 #define _GNU_SOURCE
 #include "flexgen.h"
 #include "support/support.h"
-#include "support/tools.h"
+#include "app/app.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* support/cpu_backend.c: the CPU backend's operation table (fg_cpu_backend, model.h), the table
+/* app/cpu_backend.c: the CPU backend's operation table (fg_cpu_backend, model.h), the table
  * that the schedule calls and flexgen.cu fills again for CUDA: memory of the gpu tier is host
  * memory, and each family's row is its forward pass on the CPU (opt_model.c, llama_model.c).
  */
@@ -31,11 +31,12 @@ static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t 
     memcpy(dst, src, q4_bytes(outer, len, inner));
 }
 
+/* The fields in model.h's order, as flexgen.cu's cuda_backend lists them. */
 const fg_backend fg_cpu_backend = {
     .name = "cpu",
     .gpu_is_host = 1,
     .weight_elem = sizeof(fp16),
-    .reads_q4 = 1,
+    .act_elem = FG_CPU_ACT_ELEM, /* sizeof(float) */
     .alloc = cpu_alloc,
     .free = free,
     .host_alloc = cpu_host_alloc,
@@ -48,10 +49,15 @@ const fg_backend fg_cpu_backend = {
     .copies_done = cpu_nothing_to_wait_for,
     .finish = cpu_nothing_to_wait_for,
     .join = cpu_nothing_to_order,
-    .act_elem = sizeof(float),
+    .counts = NULL, /* nothing counted */
     .workspace_bytes = opt_workspace_bytes,
     .workspace_init = opt_workspace_init,
     .workspace_free = opt_workspace_free,
     .forward = {[FAMILY_OPT] = {opt_embed, opt_layer, opt_output},
                 [FAMILY_LLAMA] = {llama_embed, llama_layer, llama_output}},
+    .device_memory = NULL, /* host memory */
+    .reads_q4 = 1,
+    .device_reserve = 0,
+    .host_reserve = 0,
+    .delegated_bytes = NULL, /* nothing to delegate to */
 };
