@@ -1456,6 +1456,7 @@ static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p
     const opt_config *c = fg_model_config(m);
     int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches * stages, len = longest_prompt(p);
     if (n > p->n) n = p->n;
+    if (n < 1) return 0; /* no prompt, nothing to warm up */
     if (len > 32) len = 32;
     int **ids = calloc((size_t)n, sizeof *ids), *lens = calloc((size_t)n, sizeof *lens);
     int gen_len = a->gen.gen_len < 2 ? a->gen.gen_len : 2;

@@ -134,12 +134,14 @@ do_kjv() {
     for model in opt-kjv llama-kjv; do
         local prompts=(--prompt "In the beginning God" --prompt "And the LORD spake unto Moses, saying," --gen-len 16)
         [ $model = opt-kjv ] || prompts=(--prompt "Speak unto the children of" --prompt "And they shall make an" --gen-len 12)
+        local ran=1
         for device in cuda cpu; do
-            "$BIN" --quiet --model "models/$model" --device $device "${prompts[@]}" > "$OUT/$model-$device.txt" || rc=1
+            "$BIN" --quiet --model "models/$model" --device $device "${prompts[@]}" > "$OUT/$model-$device.txt" || ran=0
             echo "$model, --device $device:"
             sed '/^model size: /,$d' "$OUT/$model-$device.txt" | tee "$OUT/$model-$device.text"
         done
-        if cmp -s "$OUT/$model-cuda.text" "$OUT/$model-cpu.text"; then echo "$model: the same text"
+        if [ $ran = 0 ]; then echo "$model: a run failed"; rc=1
+        elif cmp -s "$OUT/$model-cuda.text" "$OUT/$model-cpu.text"; then echo "$model: the same text"
         else echo "$model: the texts differ"; rc=1; fi
         rm -f "$OUT/$model"-{cuda,cpu}.{txt,text}
     done
