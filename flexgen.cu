@@ -906,32 +906,58 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
-/* Value d of one K/V head's key (or value) at `slot`: from the cache below past (through its page
- * table; rows of heads x hd), else this step's (rows `stride` apart). A 4-bit row is
- * [heads][hd][1] in quant.c's layout; its value d is model.h's q4_value, the value that
- * opt_model.c's kv_row decompresses on the CPU. */
-__device__ float kv_value(const char *cache, const int *pages, int page_tokens, const __half *fresh,
-                          size_t stride, int slot, int past, int d, int head, int hd, int heads,
-                          int q4) {
-    if (slot >= past)
-        return __half2float(fresh[(size_t)(slot - past) * stride + (size_t)head * hd + d]);
+/* Key (or value) `slot` of one K/V head, found once per key: this step's fp16 row (at or past
+ * `past`; rows `stride` apart), or a cache row below it through its page table (rows of heads x
+ * hd), fp16 or 4-bit. A 4-bit row is [heads][hd][1] in quant.c's layout, read by model.h's
+ * q4_value: the value that opt_model.c's kv_row decompresses on the CPU. */
+typedef struct {
+    const __half *half; /* the head's fp16 values, or NULL */
+    const uint8_t *q4;  /* else its 4-bit bytes */
+} kv_row;
+
+__device__ kv_row kv_row_at(const char *cache, const int *pages, int page_tokens,
+                            const __half *fresh, size_t stride, int slot, int past, int head,
+                            int hd, int heads, int q4) {
+    kv_row r = {NULL, NULL};
+    if (slot >= past) {
+        r.half = fresh + (size_t)(slot - past) * stride + (size_t)head * hd;
+        return r;
+    }
     size_t row = kv_page_row(pages, page_tokens, slot);
-    if (!q4)
-        return __half2float(
-            ((const __half *)(cache + row * 2 * heads * hd))[(size_t)head * hd + d]);
-    const uint8_t *bytes =
-        (const uint8_t *)cache + (row * heads + head) * q4_bytes(1, (size_t)hd, 1);
-    return q4_value(bytes, (size_t)hd, 1, (size_t)d);
+    if (q4) r.q4 = (const uint8_t *)cache + (row * heads + head) * q4_bytes(1, (size_t)hd, 1);
+    else r.half = (const __half *)(cache + row * 2 * heads * hd) + (size_t)head * hd;
+    return r;
 }
+
+/* Value d of a row that kv_row_at found. */
+__device__ float kv_at(kv_row r, int d, int hd) {
+    if (r.half) return __half2float(r.half[d]);
+    return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
+}
+
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+/* attention_kernel's block: 8 warps. A warp takes whole keys, so that its 32 lanes read a key's
+ * row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time so that their reads
+ * are in flight together; it sums the values PV_SLICE x 32 dims at a time, in registers. The
+ * query waits in shared memory as fp32, up to checkpoint.c's largest head. */
+#define ATTENTION_THREADS 256
+#define KEYS_AT_ONCE 4
+#define PV_SLICE 4
+#define MAX_HEAD_DIM 1024
 
 /* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
  * it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's one
  * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
  * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
- * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: scores
- * and kept flags. CPU twin: opt_model.c's attention (opt_attend_decode in decode). Tests:
- * test_attention within its bound, test_attention_ties (the same keys kept) and
- * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
+ * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: the
+ * query, the scores and kept flags, and each warp's share of the output. CPU twin: opt_model.c's
+ * attention (opt_attend_decode in decode). Tests: test_attention within its bound,
+ * test_attention_ties (the same keys kept) and test_gqa_attention (grouped heads, bit for bit
+ * against repeated ones). */
 __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
                                  const int *pad, void *const *kc, void *const *vc, long long shift,
                                  const int *pages, int max_pages, int page_tokens, int n_new,
@@ -939,7 +965,10 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
                                  float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
+    __shared__ float query[MAX_HEAD_DIM];
+    __shared__ float partial[ATTENTION_THREADS / 32][PV_SLICE * 32];
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, kvh = head / (heads / kv_heads);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     if (!kc[b]) return; /* delegated */
     int slot = past[b] + t - pad[b], nk = slot + 1, decode = n_new - pad[b] == 1 && past[b] > 0;
     __half *out = attn + ((size_t)b * n_new + t) * heads * hd + (size_t)head * hd;
@@ -949,20 +978,32 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     }
     const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
     size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
-    const __half *fresh_k = qkv + at.at[1] + first * at.stride[1],
-                 *fresh_v = qkv + at.at[2] + first * at.stride[2];
-    const char *K = (const char *)kc[b] + shift, *V = (const char *)vc[b] + shift;
-    const int *k_pages = pages + (size_t)b * max_pages,
-              *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
+    const __half *fresh_k = qkv + at.at[1] + first * at.stride[1];
+    const __half *fresh_v = qkv + at.at[2] + first * at.stride[2];
+    const char *K = (const char *)kc[b] + shift;
+    const char *V = (const char *)vc[b] + shift;
+    const int *k_pages = pages + (size_t)b * max_pages;
+    const int *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        float dot = 0;
-        for (int d = 0; d < hd; d++)
-            dot += __half2float(q[d]) * kv_value(K, k_pages, page_tokens, fresh_k, at.stride[1], j,
-                                                 past[b], d, kvh, hd, kv_heads, q4);
-        scores[j] = dot * scale;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
+    __syncthreads();
+    /* scores: a warp per key, its lanes over d, KEYS_AT_ONCE keys at a time */
+    for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+        float dot[KEYS_AT_ONCE];
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            dot[i] = 0;
+            if (j0 + i >= nk) continue;
+            kv_row key = kv_row_at(K, k_pages, page_tokens, fresh_k, at.stride[1], j0 + i,
+                                   past[b], kvh, hd, kv_heads, q4);
+            for (int d = lane; d < hd; d += 32) dot[i] += query[d] * kv_at(key, d, hd);
+        }
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            float total = warp_sum(dot[i]);
+            if (lane == 0 && j0 + i < nk) scores[j0 + i] = total * scale;
+        }
     }
     __syncthreads();
+    /* softmax in fp32 */
     float m = -INFINITY, sum = 0;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
     m = block_max(m, shared);
@@ -983,13 +1024,26 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
             kept[j] = rank < keep;
         }
     __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0;
-        for (int j = 0; j < nk; j++)
-            if (kept[j])
-                acc += scores[j] * kv_value(V, v_pages, page_tokens, fresh_v, at.stride[2], j,
-                                            past[b], d, kvh, hd, kv_heads, q4);
-        out[d] = __float2half_rn(acc);
+    /* out = P V, PV_SLICE x 32 dims at a time: each warp sums its keys, then the warps' sums */
+    for (int d0 = 0; d0 < hd; d0 += PV_SLICE * 32) {
+        float acc[PV_SLICE] = {0};
+        for (int j = warp; j < nk; j += warps) {
+            if (!kept[j]) continue;
+            kv_row value = kv_row_at(V, v_pages, page_tokens, fresh_v, at.stride[2], j, past[b],
+                                     kvh, hd, kv_heads, q4);
+            for (int i = 0; i < PV_SLICE; i++) {
+                int d = d0 + lane + 32 * i;
+                if (d < hd) acc[i] += scores[j] * kv_at(value, d, hd);
+            }
+        }
+        for (int i = 0; i < PV_SLICE; i++) partial[warp][lane + 32 * i] = acc[i];
+        __syncthreads();
+        for (int e = threadIdx.x; e < PV_SLICE * 32 && d0 + e < hd; e += blockDim.x) {
+            float total = 0;
+            for (int w = 0; w < warps; w++) total += partial[w][e];
+            out[d0 + e] = __float2half_rn(total);
+        }
+        __syncthreads();
     }
 }
 
@@ -1123,7 +1177,7 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
             if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
     } else if (t->on_device > 0) {
         dim3 grid(H, gb->batch, gb->n_new);
-        attention_kernel<<<grid, 128, attention_shared_bytes(nk), s>>>(
+        attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(
             d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift, t->pages, t->max_pages,
             gb->page_tokens, gb->n_new, hd, H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd),
             gb->attn_sparsity);

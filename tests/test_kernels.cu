@@ -565,7 +565,7 @@ static void run_attention(void *p) {
     dim3 grid(c->heads, c->batch, c->n_new);
     size_t h = (size_t)s->h;
     qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
-    attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
+    attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(
         s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, 0, s->cache.dev_tables,
         s->cache.max_pages, s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads, s->q4,
         1.0f / sqrtf((float)c->head_dim), c->sparsity);
@@ -1508,7 +1508,7 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     int *past = device_copy(c->past, (size_t)c->batch), *pad = device_copy(c->pad, (size_t)c->batch);
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
     dim3 grid(c->heads, c->batch, c->n_new);
-    attention_kernel<<<grid, 128, attention_shared_bytes(longest(c)), ctx()->stream>>>(
+    attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(
         dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0, cache->dev_tables, cache->max_pages,
         cache->page_tokens, c->n_new, c->head_dim, c->heads, kv_heads, q4, 1.0f / sqrtf((float)c->head_dim), c->sparsity);
     LAUNCHED("attention_kernel");
