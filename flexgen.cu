@@ -987,16 +987,19 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
     __syncthreads();
-    /* scores: a warp per key, its lanes over d, KEYS_AT_ONCE keys at a time */
+    /* scores: a warp per key, its lanes over d, KEYS_AT_ONCE keys at a time: their rows found
+     * first, then read together (a key past the last reads the last, and is dropped) */
     for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+        kv_row key[KEYS_AT_ONCE];
         float dot[KEYS_AT_ONCE];
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i < nk ? j0 + i : nk - 1;
+            key[i] = kv_row_at(K, k_pages, page_tokens, fresh_k, at.stride[1], j, past[b], kvh, hd,
+                               kv_heads, q4);
             dot[i] = 0;
-            if (j0 + i >= nk) continue;
-            kv_row key = kv_row_at(K, k_pages, page_tokens, fresh_k, at.stride[1], j0 + i,
-                                   past[b], kvh, hd, kv_heads, q4);
-            for (int d = lane; d < hd; d += 32) dot[i] += query[d] * kv_at(key, d, hd);
         }
+        for (int d = lane; d < hd; d += 32)
+            for (int i = 0; i < KEYS_AT_ONCE; i++) dot[i] += query[d] * kv_at(key[i], d, hd);
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
             float total = warp_sum(dot[i]);
             if (lane == 0 && j0 + i < nk) scores[j0 + i] = total * scale;
@@ -1024,16 +1027,25 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
             kept[j] = rank < keep;
         }
     __syncthreads();
-    /* out = P V, PV_SLICE x 32 dims at a time: each warp sums its keys, then the warps' sums */
+    /* out = P V, PV_SLICE x 32 dims at a time: each warp sums its keys, KEYS_AT_ONCE at a time
+     * as above, then the warps' sums are added */
     for (int d0 = 0; d0 < hd; d0 += PV_SLICE * 32) {
         float acc[PV_SLICE] = {0};
-        for (int j = warp; j < nk; j += warps) {
-            if (!kept[j]) continue;
-            kv_row value = kv_row_at(V, v_pages, page_tokens, fresh_v, at.stride[2], j, past[b],
+        for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+            kv_row value[KEYS_AT_ONCE];
+            int use[KEYS_AT_ONCE];
+            for (int i = 0; i < KEYS_AT_ONCE; i++) {
+                int j = j0 + i < nk ? j0 + i : nk - 1;
+                use[i] = j0 + i < nk && kept[j];
+                value[i] = kv_row_at(V, v_pages, page_tokens, fresh_v, at.stride[2], j, past[b],
                                      kvh, hd, kv_heads, q4);
-            for (int i = 0; i < PV_SLICE; i++) {
-                int d = d0 + lane + 32 * i;
-                if (d < hd) acc[i] += scores[j] * kv_at(value, d, hd);
+            }
+            for (int k = 0; k < PV_SLICE; k++) {
+                int d = d0 + lane + 32 * k;
+                float v[KEYS_AT_ONCE];
+                for (int i = 0; i < KEYS_AT_ONCE; i++) v[i] = d < hd ? kv_at(value[i], d, hd) : 0;
+                for (int i = 0; i < KEYS_AT_ONCE; i++)
+                    if (use[i]) acc[k] += scores[j0 + i] * v[i];
             }
         }
         for (int i = 0; i < PV_SLICE; i++) partial[warp][lane + 32 * i] = acc[i];
