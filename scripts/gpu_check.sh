@@ -8,28 +8,28 @@
 #          text (docs/GPU.md, "A first run on a laptop GPU", says why they must be)        [40 s]
 #   speed  this project beside FlexGen 0.1.8 on the same card in the same run, each warmed up
 #          (--warmup; FlexGen's flex_opt warms itself up), dummy weights, prompt 512, --gpu-mem
-#          16G: opt-6.7b all on the GPU at 4 x 1 and 32 x 1; opt-13b offloaded (weights 40/60,
-#          cache and activations on the cpu, --cpu-cache-compute, 32 x 4); the llama-2-7b shape
-#          all on the GPU, fp16 and 4-bit (FlexGen has no LLaMA); opt-13b with --schedule
-#          diagonal; then, while time is left, opt-6.7b with --policy auto and opt-30b with
-#          FlexGen's published policy (weights 20/80, cache on the cpu, 48 x 3). 32 tokens are
-#          generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s).
-#          Each row of ours gives the counters of its busiest decode step (host waits,
-#          launches, cuBLAS products, copies in), and where the card is known, the decode's
-#          share of the weights' read limit and prefill's of the dense fp16 peak. Last, where
-#          nsys is found and time is left: one decode step's kernels by GPU time (opt-6.7b, 4
-#          x 1: the kernels of 3 generated tokens less those of 2).
+#          16G (32G at 32 x 1, whose cache needs it): opt-6.7b all on the GPU at 4 x 1 and
+#          32 x 1; opt-13b offloaded (weights 40/60, cache and activations on the cpu,
+#          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
+#          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time
+#          (opt-6.7b, 4 x 1; decode_kernels below says how); then, while time is left, opt-13b
+#          with --schedule diagonal, opt-6.7b with --policy auto and opt-30b with FlexGen's
+#          published policy (weights 20/80, cache on the cpu, 48 x 3). 32 tokens are generated,
+#          8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s). Each row of
+#          ours gives the counters of its busiest decode step (host waits, launches, cuBLAS
+#          products, copies in), and where the card is known, the decode's share of the
+#          weights' read limit and prefill's of the dense fp16 peak.
 # Every run has a limit of its own and none starts past its half's 5 minutes (a row then says
 # so). Results: $OUT/gpu-check.md, and at most 7 logs beside it: build.log, suites.log,
 # sanitizer.log, kjv.log, speed.log, flexgen.log, kernels.log; the runs' own output (JSON,
-# FlexGen's report, nsys's sums) in $OUT/.data, from which the markdown is written
+# FlexGen's report, ncu's table) in $OUT/.data, from which the markdown is written
 # (scripts/gpu_check_report.py). The halves may run as two commands with the same OUT, in either
 # order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
 # bad usage.
 #
 # --dry: the same plumbing on the emulated GPU (./flexgen-emu; docs/GPU.md), on models/opt-kjv and
 # models/llama-kjv at prompt 16 and 4 tokens, in under a minute, without FlexGen, compute-sanitizer
-# or nsys: what CI runs.
+# or ncu: what CI runs.
 # --bundle DIR: what the machine lacks, from scripts/gpu_bundle.sh's bundle (docs/GPU.md,
 # "Without a network"): the build's libraries (make DEPS=), FlexGen's wheel and its tokenizer.
 #
@@ -66,11 +66,11 @@ if [ -n "$BUNDLE" ]; then
 fi
 
 if [ "$DRY" = 1 ]; then
-    BIN=./flexgen-emu TESTS=./build-emu/test_flexgen GPU_MEM=1G
+    BIN=./flexgen-emu TESTS=./build-emu/test_flexgen GPU_MEM=1G GPU_MEM_32=1G
     PROMPT=16 GEN=4 GEN_OFFLOADED=4
     export GOMP_SPINCOUNT=1000 # the emulated kernels run on one thread (the Makefile's EMU_ENV)
 else
-    BIN=./flexgen TESTS=./build/test_flexgen GPU_MEM=16G
+    BIN=./flexgen TESTS=./build/test_flexgen GPU_MEM=16G GPU_MEM_32=32G # 32 x 1's cache needs 22G
     PROMPT=512 GEN=32 GEN_OFFLOADED=8
 fi
 
@@ -216,10 +216,11 @@ do_speed() {
     local gpu=(--percent 100 0 100 0 100 0 --num-gpu-batches 1)
     local offloaded=(--percent 40 60 0 100 0 100 --gpu-batch-size "$big" --num-gpu-batches 4 --cpu-cache-compute)
     row opt-6.7b-4x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
-    row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
+    row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big" --gpu-mem "$GPU_MEM_32"
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
+    decode_kernels
     row opt-13b-diagonal opt-13b "$o" 0 "${offloaded[@]}" --schedule diagonal
     local hw=()
     [ "$DRY" = 0 ] || hw=(--hw hardware/t4-flexgen.json) # the emulated GPU's profile means nothing
@@ -227,27 +228,32 @@ do_speed() {
     local b30=48
     [ "$DRY" = 0 ] || b30=4
     row opt-30b-offloaded opt-30b "$o" 1 --percent 20 80 0 100 0 100 --gpu-batch-size "$b30" --num-gpu-batches 3 --cpu-cache-compute
-    decode_kernels
     return 0
 }
 
-# One decode step's kernels by GPU time: nsys's kernel sums of 3 generated tokens less those of 2.
+# One decode step's kernels by GPU time, from Nsight Compute (ncu): a run's own counters place a
+# window of launches past every prefill kernel (a cuBLAS product launches one kernel or two) and
+# long enough to hold two whole decode steps; the report divides the window's sums by the steps in
+# it (attention_kernel runs once a layer and step).
 decode_kernels() {
-    local nsys left gen
-    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2>/dev/null)
+    local ncu left skip count
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     left=$(time_left)
-    if [ "$DRY" = 1 ] || [ -z "$nsys" ] || [ "$left" -lt 60 ]; then
-        echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$nsys" ] && echo "no nsys"; } || echo "too little time left")" \
+    if [ "$DRY" = 1 ] || [ -z "$ncu" ] || [ "$left" -lt 45 ]; then
+        echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$ncu" ] && echo "no ncu"; } || echo "too little time left")" \
             > "$OUT/.data/kernels.txt"
         return
     fi
-    for gen in 2 3; do
-        timeout -k 10 $((left / 2 - 5)) "$nsys" profile -t cuda -o "$OUT/.data/kernels-$gen" --force-overwrite true \
-            "$BIN" --quiet --device cuda --gpu-mem 16G --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT" \
-            --gen-len $gen --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1 >> "$OUT/kernels.log" 2>&1
-        "$nsys" stats -r cuda_gpu_kern_sum -f csv -o "$OUT/.data/kernels-$gen" "$OUT/.data/kernels-$gen.nsys-rep" >> "$OUT/kernels.log" 2>&1
-        rm -f "$OUT/.data/kernels-$gen.nsys-rep" "$OUT/.data/kernels-$gen.sqlite"
-    done
+    local run=(--quiet --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
+        --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1)
+    "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels-counts.json" 2>> "$OUT/kernels.log" || return
+    read -r skip count < <("$PYTHON" -c 'import json, sys
+c = json.load(open(sys.argv[1]))["device_counts"]
+p, s = c["prefill"], c["decode_step_most"]
+print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_calls"]))' "$OUT/.data/kernels-counts.json")
+    echo "== ncu: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
+    timeout -k 10 $((left - 10)) "$ncu" --metrics gpu__time_duration.sum --csv --launch-skip "$skip" \
+        --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels.csv" 2>> "$OUT/kernels.log"
 }
 
 run_half() { # HALF

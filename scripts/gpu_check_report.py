@@ -130,28 +130,37 @@ else:
 print("\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the GPU)\n")
 
 
-def kernel_sums(gen):
+def kernel_window():
+    """ncu's rows of the window (kernels.csv): {kernel: [ns, launches]}, or None."""
     sums = {}
     try:
-        with open(os.path.join(data, f"kernels-{gen}_cuda_gpu_kern_sum.csv")) as f:
-            for r in csv.DictReader(f):
-                name = r.get("Name", "?")
-                sums[name] = (float(r.get("Total Time (ns)", 0)), int(r.get("Instances", 0)))
+        with open(os.path.join(data, "kernels.csv")) as f:
+            lines = [line for line in f if line.startswith('"')]
+        for r in csv.DictReader(lines):
+            if r.get("Metric Name") != "gpu__time_duration.sum":
+                continue
+            name = r.get("Kernel Name", "?").split("(")[0]
+            ns = float(r.get("Metric Value", "0").replace(",", ""))
+            if r.get("Metric Unit") == "usecond":
+                ns *= 1e3
+            entry = sums.setdefault(name, [0.0, 0])
+            entry[0] += ns
+            entry[1] += 1
     except (OSError, ValueError):
         return None
-    return sums
+    return sums or None
 
 
-two, three = kernel_sums(2), kernel_sums(3)
-if two is None or three is None:
+window = kernel_window()
+LAYERS = 32  # opt-6.7b's: attention_kernel runs once a layer and decode step
+steps = window.get("attention_kernel", [0, 0])[1] / LAYERS if window else 0
+if not steps:
     print(cell(read("kernels.txt")) or "Not measured (kernels.log says why).")
 else:
-    step = {k: (t - two.get(k, (0, 0))[0], n - two.get(k, (0, 0))[1]) for k, (t, n) in three.items()}
-    step = {k: v for k, v in step.items() if v[1] > 0}
-    total = sum(t for t, _ in step.values())
-    print("nsys's kernel sums of a run generating 3 tokens less those of one generating 2: one decode")
-    print(f"step, {total / 1e3:.0f} us of kernels in all.\n")
-    print("| kernel | launches | us | share |")
+    total = sum(t for t, _ in window.values()) / steps
+    print(f"ncu's kernel times over a window of {steps:.2f} decode steps (attention_kernel's launches over")
+    print(f"{LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels a step.\n")
+    print("| kernel | launches a step | us a step | share |")
     print("|---|---|---|---|")
-    for name, (t, n) in sorted(step.items(), key=lambda kv: -kv[1][0])[:15]:
-        print(f"| {cell(name)[:80]} | {n} | {t / 1e3:.1f} | {100 * t / total:.0f}% |")
+    for name, (t, n) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
+        print(f"| {cell(name)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% |")
