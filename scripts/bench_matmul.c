@@ -4,8 +4,8 @@
  *
  *   bench_matmul ROWS FORMAT [IN OUT [MATRICES [REPEATS]]]
  *
- * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16
- * or 4-bit. MATRICES distinct copies of W (default 12: 400 MB of fp16, far past the caches) are
+ * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16,
+ * 4-bit, or int8 (4-bit weights times int8 activations, --int8-activations' products). MATRICES distinct copies of W (default 12: 400 MB of fp16, far past the caches) are
  * multiplied in turn, REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a
  * few hundred KiB with many repeats measures the kernel from cache: its arithmetic alone. The path
  * is the CPU's widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. One JSON line per run.
@@ -39,11 +39,13 @@ static int arg(int argc, char **argv, int i, int fallback) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "4-bit"))) {
-        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit [IN OUT [MATRICES [REPEATS]]]\n");
+    if (argc < 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "4-bit") && strcmp(argv[2], "int8"))) {
+        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8 [IN OUT [MATRICES [REPEATS]]]\n");
         return 2;
     }
-    int rows = arg(argc, argv, 1, 1), q4 = !strcmp(argv[2], "4-bit");
+    int rows = arg(argc, argv, 1, 1), int8 = !strcmp(argv[2], "int8");
+    int q4 = int8 || !strcmp(argv[2], "4-bit");
+    int products = int8 ? PRODUCTS_INT8 : PRODUCTS_FP32;
     int in = arg(argc, argv, 3, 2048), out = arg(argc, argv, 4, 8192);
     int matrices = arg(argc, argv, 5, 12), repeats = arg(argc, argv, 6, 1);
     if (q4 && out % Q4_GROUP) {
@@ -66,7 +68,7 @@ int main(int argc, char **argv) {
     for (int pass = 0; pass < 8; pass++) {
         double t0 = now();
         for (int r = 0; r < repeats; r++)
-            for (int m = 0; m < matrices; m++) matmul_weights(x, rows, in, W[m], q4, out, y, 0, 0, NULL);
+            for (int m = 0; m < matrices; m++) matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, NULL);
         double dt = now() - t0;
         best = dt < best ? dt : best;
     }

@@ -10,7 +10,7 @@ order, synchronize before compute, a clamp left out, ...).
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
 (a build and a suite run per check: about 10 minutes for all on 2 idle cores, much longer on a
 busy machine; the copies go to a temporary directory, removed after)."""
-import os, re, shutil, subprocess, sys, tempfile
+import concurrent.futures, os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments
 EXERCISES = [
@@ -162,8 +162,13 @@ def wrong_version(text, name, change):
     return text[:start] + body + text[end:] if n else None
 
 
-def prepared(tmp, key, root, path, edit, make_args, built):
-    """A copy of the tree with `edit` made to `path` and built, or None (with a line) if not."""
+# The suites that run ./flexgen itself; the others need only the test program.
+RUN_THE_PROGRAM = ('runtime', 'cli', 'checkpoint', 'jobs', 'pipeline')
+
+
+def prepared(tmp, key, root, path, edit, make_args, suite, built, say):
+    """A copy of the tree with `edit` made to `path` and built (without the CUDA backend: every
+    graded suite runs on the CPU), or None (with a line) if not."""
     if key in built:
         return built[key]
     tree = os.path.join(tmp, key)
@@ -172,19 +177,20 @@ def prepared(tmp, key, root, path, edit, make_args, built):
     text = edit(open(src).read())
     built[key] = None
     if text is None:
-        print('%s: the change no longer applies to %s' % (key, path))
+        say('%s: the change no longer applies to %s' % (key, path))
         return None
     open(src, 'w').write(text)
-    b = subprocess.run(['make', '-j2', 'WERROR='] + make_args + ['flexgen', 'build/test_flexgen'],
+    targets = ['build/test_flexgen'] + (['flexgen'] if suite in RUN_THE_PROGRAM else [])
+    b = subprocess.run(['make', '-j2', 'WERROR=', 'NVCC='] + make_args + targets,
                        cwd=tree, capture_output=True, text=True)
     if b.returncode:
-        print('%s: the build failed\n%s' % (key, b.stderr[-1500:]))
+        say('%s: the build failed\n%s' % (key, b.stderr[-1500:]))
         return None
     built[key] = tree
     return tree
 
 
-def graded(tree, label, suite, env):
+def graded(tree, label, suite, env, say):
     """Runs the suite on the changed tree; 0 when it fails as it should, 1 when not."""
     r = subprocess.run(['timeout', '1200', './build/test_flexgen', suite], cwd=tree,
                        env=dict(os.environ, FLEXGEN_BIN='./flexgen', **env),
@@ -194,9 +200,9 @@ def graded(tree, label, suite, env):
     verdict = 'CRASHED (exit %d)' % r.returncode if crashed else \
         'PASSED: the suite does not grade it' if r.returncode == 0 else \
         '%d failures' % len(failures)
-    print('%s, suite %s: %s' % (label, suite, verdict))
+    say('%s, suite %s: %s' % (label, suite, verdict))
     for line in failures[:2]:
-        print('    ' + line)
+        say('    ' + line)
     return int(crashed or r.returncode == 0)
 
 
@@ -209,12 +215,26 @@ def main():
     checks += [(name, path, 'with ' + what, lambda t, n=name, c=change: wrong_version(t, n, c), suite, env,
                 make_args[name]) for name, path, what, change, suite, env in WRONG_VERSIONS]
     checks = [c for c in checks if not only or c[0] in only]
-    bad, built = 0, {}
+    built = {}
+
+    def check(c):
+        """One check's lines and whether it went wrong; its own copy of the tree."""
+        name, path, what, edit, suite, env, args = c
+        key = '%s %s' % (name, what)
+        lines = []
+        tree = prepared(tmp, re.sub(r'[^\w.-]+', '-', key + ' ' + suite), root, path, edit, args, suite, built,
+                        lines.append)
+        bad = graded(tree, key, suite, env, lines.append) if tree else 1
+        if tree:
+            shutil.rmtree(tree, ignore_errors=True)
+        return ''.join(line + '\n' for line in lines), bad
+
+    bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path, what, edit, suite, env, args in checks:
-            key = '%s %s' % (name, what)
-            tree = prepared(tmp, re.sub(r'[^\w.-]+', '-', key), root, path, edit, args, built)
-            bad += graded(tree, key, suite, env) if tree else 1
+        with concurrent.futures.ThreadPoolExecutor(int(os.environ.get('JOBS', '2'))) as pool:
+            for lines, wrong in pool.map(check, checks):  # in the checks' order
+                print(lines, end='', flush=True)
+                bad += wrong
     print('%d checks, %d not graded as they should be' % (len(checks), bad))
     sys.exit(1 if bad else 0)
 
