@@ -708,8 +708,13 @@ static cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
  * Kernels of the layer: fp16 in and out, fp32 inside
  * ============================================================================================ */
 
-__device__ float block_sum(float v, float *shared) {
+__device__ float warp_sum(float v) {
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ float block_sum(float v, float *shared) {
+    v = warp_sum(v);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
     __syncthreads();
     if (lane == 0) shared[warp] = v;
@@ -933,11 +938,6 @@ __device__ kv_row kv_row_at(const char *cache, const int *pages, int page_tokens
 __device__ float kv_at(kv_row r, int d, int hd) {
     if (r.half) return __half2float(r.half[d]);
     return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
-}
-
-__device__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
 }
 
 /* attention_kernel's block: 8 warps. A warp takes whole keys, so that its 32 lanes read a key's
