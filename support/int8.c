@@ -194,26 +194,22 @@ static void finish_portable(const block_rows *q, int r0, int mr, int32_t isum[TR
  * rows are 64 streams, more than the hardware's prefetcher follows (as in support/matmul.c). */
 __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, const q4_group *gr, int k0, int kc,
                                                            int ahead, block_panel *p) {
-    /* the group's offsets in locals: the panel's byte stores could alias *gr */
-    const size_t row_bytes = gr->row_bytes, codes = gr->codes, min = gr->min, scale = gr->scale;
-    const int with_mins = gr->col / Q4_GROUP % 8 == 0; /* 8 groups' mins are 16 bytes of a line */
-    const uint8_t *next = W + (size_t)(k0 + KB) * row_bytes;
-    for (int k = 0; k < ahead; k++, next += row_bytes) {
-        _mm_prefetch((const char *)next + codes, _MM_HINT_T1);
-        if (with_mins)
-            _mm_prefetch((const char *)next + min, _MM_HINT_T1), _mm_prefetch((const char *)next + scale, _MM_HINT_T1);
+    for (int k = 0; k < ahead; k++) {
+        const char *next = (const char *)W + (size_t)(k0 + KB + k) * gr->row_bytes;
+        _mm_prefetch(next + gr->codes, _MM_HINT_T1);
+        if (gr->col / Q4_GROUP % 8 == 0) /* mins and scales: 8 groups' are 16 bytes of a line */
+            _mm_prefetch(next + gr->min, _MM_HINT_T1), _mm_prefetch(next + gr->scale, _MM_HINT_T1);
     }
     const __m256i low4 = _mm256_set1_epi8(15);
     _Alignas(16) fp16 scales[KB] = {0}, mins[KB] = {0};
-    const uint8_t *row = W + (size_t)k0 * row_bytes;
     for (int k4 = 0; k4 < KB; k4 += 4) {
         __m256i b[4];
         for (int i = 0; i < 4; i++) {
             int k = k4 + i;
             if (k >= kc) { b[i] = _mm256_setzero_si256(); continue; }
-            b[i] = _mm256_loadu_si256((const __m256i *)(row + codes));
-            memcpy(&scales[k], row + scale, 2), memcpy(&mins[k], row + min, 2);
-            row += row_bytes;
+            const uint8_t *row = W + (size_t)(k0 + k) * gr->row_bytes;
+            b[i] = _mm256_loadu_si256((const __m256i *)(row + gr->codes));
+            memcpy(&scales[k], row + gr->scale, 2), memcpy(&mins[k], row + gr->min, 2);
         }
         __m256i lo01 = _mm256_unpacklo_epi8(b[0], b[1]), hi01 = _mm256_unpackhi_epi8(b[0], b[1]);
         __m256i lo23 = _mm256_unpacklo_epi8(b[2], b[3]), hi23 = _mm256_unpackhi_epi8(b[2], b[3]);
