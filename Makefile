@@ -181,11 +181,13 @@ EMU_SAN_ORDER := FLEXGEN_EMU_ORDER=shuffle:7
 run_native = $(if $(SUITE),$(filter-out emu $(if $(NVCC),,kernels),$(SUITE)),all)
 run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
 
-# The whole run also checks the layout (scripts/check_layout.sh) and that no file's calls come
-# back to it (scripts/call_graph.sh, from the compiled objects).
+# The whole run also checks the layout (scripts/check_layout.sh), that no file's calls come back
+# to it (scripts/call_graph.sh, from the compiled objects), and that the planted bugs and the
+# exercises' wrong versions still find the lines they change (their scripts' --patterns).
 test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(SUITE),,bash scripts/check_layout.sh >build/layout.txt; rc=$$?; grep -v '^ok' build/layout.txt; exit $$rc)
 	$(if $(SUITE),,bash scripts/call_graph.sh >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)
+	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)
 	$(if $(run_native),FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 

@@ -6,6 +6,7 @@ access to device memory, a kernel past an allocation) or by flexgen.cu's own che
 cuBLAS call. docs/TESTS.md lists the bugs and what caught each.
 
 Usage: python3 scripts/check_cuda_bugs.py [N ...]   (from anywhere; N: the bugs to plant, 1-based)
+       python3 scripts/check_cuda_bugs.py --patterns   (only that each bug's line is still there)
 It works in a temporary copy of the tree (the build directories left out), builds with make -j2,
 takes about 90 s a bug on two cores, prints what failed for each, and ends with
 'N passed, N failed' (a bug caught passes); the exit status is 1 if any bug got through.
@@ -106,7 +107,18 @@ def plant(n, what, old, new, work):
     return caught
 
 
+def patterns_apply():
+    """--patterns: each bug's line is in flexgen.cu exactly once (make test checks this, fast)."""
+    src = open(os.path.join(ROOT, "flexgen.cu")).read()
+    stale = [f"#{n} {what}" for n, (what, old, new) in enumerate(BUGS, 1) if src.count(old) != 1]
+    for line in stale:
+        print(f"check_cuda_bugs.py: {line}: flexgen.cu no longer has the line this bug changes; update BUGS")
+    return 1 if stale else 0
+
+
 def main():
+    if sys.argv[1:] == ["--patterns"]:
+        return patterns_apply()
     which = [int(a) for a in sys.argv[1:]] or range(1, len(BUGS) + 1)
     caught = missed = 0
     with tempfile.TemporaryDirectory(prefix="flexgen-bugs-") as tmp:

@@ -8,6 +8,8 @@ a student is likely to make, which its suite must still catch (the tiers taken i
 order, synchronize before compute, a clamp left out, ...).
 
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
+                                  python3 scripts/check_exercises.py --patterns
+(--patterns: only that every change still applies to its function, in a second; make test runs it)
 (a build and a suite run per check: about 10 minutes for all on 2 idle cores, much longer on a
 busy machine; the copies go to a temporary directory, removed after)."""
 import concurrent.futures, os, re, shutil, subprocess, sys, tempfile
@@ -206,15 +208,29 @@ def graded(tree, label, suite, env, say):
     return int(crashed or r.returncode == 0)
 
 
+def patterns_apply(root, checks):
+    """--patterns: each change still applies to its file (make test checks this, fast)."""
+    stale = []
+    for name, path, what, edit, suite, env, args in checks:
+        if edit(open(os.path.join(root, path)).read()) is None:
+            stale.append('%s %s: the change no longer applies to %s' % (name, what, path))
+    for line in stale:
+        print('check_exercises.py: ' + line)
+    return 1 if stale else 0
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    only = sys.argv[1:]
+    patterns = sys.argv[1:] == ['--patterns']
+    only = [] if patterns else sys.argv[1:]
     checks = [(name, path, 'emptied', lambda t, n=name, b=body: emptied(t, n, b), suite, env, args)
               for name, path, body, suite, env, args in EXERCISES]
     make_args = {name: args for name, path, body, suite, env, args in EXERCISES}
     checks += [(name, path, 'with ' + what, lambda t, n=name, c=change: wrong_version(t, n, c), suite, env,
                 make_args[name]) for name, path, what, change, suite, env in WRONG_VERSIONS]
     checks = [c for c in checks if not only or c[0] in only]
+    if patterns:
+        sys.exit(patterns_apply(root, checks))
     built = {}
 
     def check(c):
