@@ -5,10 +5,11 @@
  *   bench_matmul ROWS FORMAT [IN OUT [MATRICES [REPEATS]]]
  *
  * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16,
- * 4-bit, or int8 (4-bit weights times int8 activations, --int8-activations' products). MATRICES distinct copies of W (default 12: 400 MB of fp16, far past the caches) are
- * multiplied in turn, REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a
- * few hundred KiB with many repeats measures the kernel from cache: its arithmetic alone. The path
- * is the CPU's widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. One JSON line per run.
+ * 4-bit, or int8 (4-bit weights times int8 activations, --int8-activations' products). MATRICES
+ * distinct copies of W (default 12: 400 MB of fp16, far past the caches) are multiplied in turn,
+ * REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a few hundred KiB with
+ * many repeats measures the kernel from cache: its arithmetic alone. The path is the CPU's widest,
+ * or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. One JSON line per run.
  * scripts/bench_matmul.sh builds it and runs the set BENCHMARKS.md quotes; by hand:
  *
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
