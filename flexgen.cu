@@ -911,26 +911,38 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
-/* Key (or value) `slot` of one K/V head, found once per key: this step's fp16 row (at or past
- * `past`; rows `stride` apart), or a cache row below it through its page table (rows of heads x
- * hd), fp16 or 4-bit. A 4-bit row is [heads][hd][1] in quant.c's layout, read by model.h's
- * q4_value: the value that opt_model.c's kv_row decompresses on the CPU. */
+/* One K/V head's keys (or values) as a query reads them: the cache's rows below `past`, through
+ * the page table (rows of heads x hd, fp16 or 4-bit), and this step's fp16 rows from `past` on,
+ * `stride` apart. A 4-bit row is [heads][hd][1] in quant.c's layout, read by model.h's q4_value:
+ * the value that opt_model.c's kv_row decompresses on the CPU. */
+typedef struct {
+    const char *cache;
+    const int *pages;
+    int page_tokens;
+    const __half *fresh;
+    size_t stride;
+    int past, head, hd, heads, q4;
+} kv_head;
+
+/* Key (or value) `slot` of a head, found once per key: its fp16 values, or its 4-bit bytes. */
 typedef struct {
     const __half *half; /* the head's fp16 values, or NULL */
     const uint8_t *q4;  /* else its 4-bit bytes */
 } kv_row;
 
-__device__ kv_row kv_row_at(const char *cache, const int *pages, int page_tokens,
-                            const __half *fresh, size_t stride, int slot, int past, int head,
-                            int hd, int heads, int q4) {
+__device__ kv_row kv_row_at(const kv_head *h, int slot) {
     kv_row r = {NULL, NULL};
-    if (slot >= past) {
-        r.half = fresh + (size_t)(slot - past) * stride + (size_t)head * hd;
+    if (slot >= h->past) {
+        r.half = h->fresh + (size_t)(slot - h->past) * h->stride + (size_t)h->head * h->hd;
         return r;
     }
-    size_t row = kv_page_row(pages, page_tokens, slot);
-    if (q4) r.q4 = (const uint8_t *)cache + (row * heads + head) * q4_bytes(1, (size_t)hd, 1);
-    else r.half = (const __half *)(cache + row * 2 * heads * hd) + (size_t)head * hd;
+    size_t row = kv_page_row(h->pages, h->page_tokens, slot);
+    if (h->q4) {
+        size_t head_bytes = q4_bytes(1, (size_t)h->hd, 1);
+        r.q4 = (const uint8_t *)h->cache + (row * h->heads + h->head) * head_bytes;
+        return r;
+    }
+    r.half = (const __half *)(h->cache + row * 2 * h->heads * h->hd) + (size_t)h->head * h->hd;
     return r;
 }
 
@@ -941,13 +953,95 @@ __device__ float kv_at(kv_row r, int d, int hd) {
 }
 
 /* attention_kernel's block: 8 warps. A warp takes whole keys, so that its 32 lanes read a key's
- * row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time so that their reads
- * are in flight together; it sums the values PV_SLICE x 32 dims at a time, in registers. The
- * query waits in shared memory as fp32, up to checkpoint.c's largest head. */
+ * row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time, their rows found
+ * first and then read together so that their loads are in flight at once; it sums the values
+ * PV_SLICE x 32 dims at a time, in registers. The query waits in shared memory as fp32, up to
+ * checkpoint.c's largest head. */
 #define ATTENTION_THREADS 256
 #define KEYS_AT_ONCE 4
 #define PV_SLICE 4
 #define MAX_HEAD_DIM 1024
+
+/* scores[j] = scale q.K[j] for the nk keys: a warp per key, its lanes over d, summed by
+ * shuffles (a key past the last reads the last, and is dropped). */
+__device__ void attention_scores(const float *query, const kv_head *keys, int nk, float scale,
+                                 float *scores) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+        kv_row key[KEYS_AT_ONCE];
+        float dot[KEYS_AT_ONCE];
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            key[i] = kv_row_at(keys, j0 + i < nk ? j0 + i : nk - 1);
+            dot[i] = 0;
+        }
+        for (int d = lane; d < keys->hd; d += 32)
+            for (int i = 0; i < KEYS_AT_ONCE; i++)
+                dot[i] += query[d] * kv_at(key[i], d, keys->hd);
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            float total = warp_sum(dot[i]);
+            if (lane == 0 && j0 + i < nk) scores[j0 + i] = total * scale;
+        }
+    }
+}
+
+/* The scores to softmax weights in fp32, and kept[j]: the last key and the `keep` earlier keys
+ * of largest weight (larger first, ties to the earlier). */
+__device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float *shared) {
+    float m = -INFINITY, sum = 0;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
+    m = block_max(m, shared);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
+    sum = block_sum(sum, shared);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        scores[j] /= sum;
+        kept[j] = 1;
+    }
+    __syncthreads();
+    if (keep < nk - 1) /* rank among the earlier keys */
+        for (int j = threadIdx.x; j < nk - 1; j += blockDim.x) {
+            int rank = 0;
+            for (int i = 0; i < nk - 1; i++)
+                rank += scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
+            kept[j] = rank < keep;
+        }
+    __syncthreads();
+}
+
+/* out = the kept keys' weights times their values, PV_SLICE x 32 dims at a time: each warp sums
+ * its keys (KEYS_AT_ONCE at a time, as above) in registers, then the warps' sums are added in a
+ * fixed order through `partial` ([warps][PV_SLICE x 32]). */
+__device__ void attention_values(const float *scores, const char *kept, const kv_head *values,
+                                 int nk, float *partial, __half *out) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    int hd = values->hd, width = PV_SLICE * 32;
+    for (int d0 = 0; d0 < hd; d0 += width) {
+        float acc[PV_SLICE] = {0};
+        for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+            kv_row value[KEYS_AT_ONCE];
+            int use[KEYS_AT_ONCE];
+            for (int i = 0; i < KEYS_AT_ONCE; i++) {
+                int j = j0 + i < nk ? j0 + i : nk - 1;
+                use[i] = j0 + i < nk && kept[j];
+                value[i] = kv_row_at(values, j);
+            }
+            for (int k = 0; k < PV_SLICE; k++) {
+                int d = d0 + lane + 32 * k;
+                float v[KEYS_AT_ONCE];
+                for (int i = 0; i < KEYS_AT_ONCE; i++) v[i] = d < hd ? kv_at(value[i], d, hd) : 0;
+                for (int i = 0; i < KEYS_AT_ONCE; i++)
+                    if (use[i]) acc[k] += scores[j0 + i] * v[i];
+            }
+        }
+        for (int k = 0; k < PV_SLICE; k++) partial[warp * width + lane + 32 * k] = acc[k];
+        __syncthreads();
+        for (int e = threadIdx.x; e < width && d0 + e < hd; e += blockDim.x) {
+            float total = 0;
+            for (int w = 0; w < warps; w++) total += partial[w * width + e];
+            out[d0 + e] = __float2half_rn(total);
+        }
+        __syncthreads();
+    }
+}
 
 /* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
  * it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's one
@@ -966,9 +1060,8 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     extern __shared__ float scores[];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
-    __shared__ float partial[ATTENTION_THREADS / 32][PV_SLICE * 32];
+    __shared__ float partial[ATTENTION_THREADS / 32 * PV_SLICE * 32];
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, kvh = head / (heads / kv_heads);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     if (!kc[b]) return; /* delegated */
     int slot = past[b] + t - pad[b], nk = slot + 1, decode = n_new - pad[b] == 1 && past[b] > 0;
     __half *out = attn + ((size_t)b * n_new + t) * heads * hd + (size_t)head * hd;
@@ -978,85 +1071,21 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     }
     const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
     size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
-    const __half *fresh_k = qkv + at.at[1] + first * at.stride[1];
-    const __half *fresh_v = qkv + at.at[2] + first * at.stride[2];
-    const char *K = (const char *)kc[b] + shift;
-    const char *V = (const char *)vc[b] + shift;
-    const int *k_pages = pages + (size_t)b * max_pages;
-    const int *v_pages = pages + ((size_t)gridDim.y + b) * max_pages;
+    kv_head keys = {(const char *)kc[b] + shift, pages + (size_t)b * max_pages, page_tokens,
+                    qkv + at.at[1] + first * at.stride[1], at.stride[1], past[b], kvh, hd,
+                    kv_heads, q4};
+    kv_head values = {(const char *)vc[b] + shift, pages + ((size_t)gridDim.y + b) * max_pages,
+                      page_tokens, qkv + at.at[2] + first * at.stride[2], at.stride[2], past[b],
+                      kvh, hd, kv_heads, q4};
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
     __syncthreads();
-    /* scores: a warp per key, its lanes over d, KEYS_AT_ONCE keys at a time: their rows found
-     * first, then read together (a key past the last reads the last, and is dropped) */
-    for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
-        kv_row key[KEYS_AT_ONCE];
-        float dot[KEYS_AT_ONCE];
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            int j = j0 + i < nk ? j0 + i : nk - 1;
-            key[i] = kv_row_at(K, k_pages, page_tokens, fresh_k, at.stride[1], j, past[b], kvh, hd,
-                               kv_heads, q4);
-            dot[i] = 0;
-        }
-        for (int d = lane; d < hd; d += 32)
-            for (int i = 0; i < KEYS_AT_ONCE; i++) dot[i] += query[d] * kv_at(key[i], d, hd);
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            float total = warp_sum(dot[i]);
-            if (lane == 0 && j0 + i < nk) scores[j0 + i] = total * scale;
-        }
-    }
+    attention_scores(query, &keys, nk, scale, scores);
     __syncthreads();
-    /* softmax in fp32 */
-    float m = -INFINITY, sum = 0;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
-    m = block_max(m, shared);
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
-    sum = block_sum(sum, shared);
     int keep = nk - 1; /* earlier keys kept */
     if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        scores[j] /= sum;
-        kept[j] = 1;
-    }
-    __syncthreads();
-    if (keep < nk - 1) /* rank among the earlier keys: larger first, ties to the earlier */
-        for (int j = threadIdx.x; j < nk - 1; j += blockDim.x) {
-            int rank = 0;
-            for (int i = 0; i < nk - 1; i++)
-                rank += scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
-            kept[j] = rank < keep;
-        }
-    __syncthreads();
-    /* out = P V, PV_SLICE x 32 dims at a time: each warp sums its keys, KEYS_AT_ONCE at a time
-     * as above, then the warps' sums are added */
-    for (int d0 = 0; d0 < hd; d0 += PV_SLICE * 32) {
-        float acc[PV_SLICE] = {0};
-        for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
-            kv_row value[KEYS_AT_ONCE];
-            int use[KEYS_AT_ONCE];
-            for (int i = 0; i < KEYS_AT_ONCE; i++) {
-                int j = j0 + i < nk ? j0 + i : nk - 1;
-                use[i] = j0 + i < nk && kept[j];
-                value[i] = kv_row_at(V, v_pages, page_tokens, fresh_v, at.stride[2], j, past[b],
-                                     kvh, hd, kv_heads, q4);
-            }
-            for (int k = 0; k < PV_SLICE; k++) {
-                int d = d0 + lane + 32 * k;
-                float v[KEYS_AT_ONCE];
-                for (int i = 0; i < KEYS_AT_ONCE; i++) v[i] = d < hd ? kv_at(value[i], d, hd) : 0;
-                for (int i = 0; i < KEYS_AT_ONCE; i++)
-                    if (use[i]) acc[k] += scores[j0 + i] * v[i];
-            }
-        }
-        for (int i = 0; i < PV_SLICE; i++) partial[warp][lane + 32 * i] = acc[i];
-        __syncthreads();
-        for (int e = threadIdx.x; e < PV_SLICE * 32 && d0 + e < hd; e += blockDim.x) {
-            float total = 0;
-            for (int w = 0; w < warps; w++) total += partial[w][e];
-            out[d0 + e] = __float2half_rn(total);
-        }
-        __syncthreads();
-    }
+    softmax_keep(scores, kept, nk, keep, shared);
+    attention_values(scores, kept, &values, nk, partial, out);
 }
 
 /* attention_kernel's shared bytes for queries that see up to nk keys: the scores padded to whole
