@@ -22,6 +22,8 @@
  *          once per tile, and no fp32 copy of W is ever written.
  *   Each tile of the first rows of x prefetches the same columns of the next band's rows, kc rows
  *   on: the rows of a band are kc separate streams, too many for the hardware's prefetcher alone.
+ *   int8   --int8-activations' integer sums with VNNI (int8.c's scheme): on a panel of quads that
+ *          int8.c packs (int8_sums), and for decode's few rows without one (int8_pairs).
  */
 #include "support/support.h"
 
@@ -378,11 +380,203 @@ VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32
     else int8_sums_rows(quads, a8, isum, 1);
 }
 
+/* ---- 4-bit x int8 for decode, fused: a row of x against whole groups, with no panel ----
+ * int8.c's block scheme (its comment has it), with the same operations in the same order, so the
+ * same bits; what changes is where the work happens. int8.c packs each block's codes into a
+ * panel of quads, for every step, which costs more than the sums when one row of x uses it. Here
+ * two neighbouring groups (128 columns, 64 bytes of a row) go straight from W into registers:
+ *   rows      a row's four unpacks (bytes, then pairs of bytes) interleave the codes of k .. k + 3
+ *             into 32-bit quads, whose high nibbles are the even columns and low ones the odd;
+ *   sums      one vpdpbusd for each 16 quads, against the row's 4 values of a8 of that group;
+ *   y         kept in the order the quads come out (slot_column) for the whole product, gaining
+ *             alpha isum + msum at each block; put back in column order once, at the end.
+ * The rounding of a (alpha, msum, a8) runs first for 16 groups side by side, one group a lane:
+ * their mins and scales are 32 contiguous bytes of a row of W. */
+enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = INT8_PAIRS_ROWS };
+
+/* One row's rounded operands for a span of blocks and a chunk of up to 16 groups: the 4 values of
+ * a8 of k .. k + 3 in one int32 (k's byte lowest), and alpha and msum, each [block][group]. */
+typedef struct {
+    int32_t a8_quads[SPAN_BLOCKS][16][CHUNK_GROUPS];
+    float alpha[SPAN_BLOCKS][CHUNK_GROUPS], msum[SPAN_BLOCKS][CHUNK_GROUPS];
+} rounded_span;
+
+/* The n (<= 16) fp16 values at p, widened; zeros after them. */
+INLINE __m512 widen_groups(const uint8_t *p, int n) {
+    if (n == CHUNK_GROUPS) return widen16((const fp16 *)p);
+    fp16 h[CHUNK_GROUPS] = {0};
+    memcpy(h, p, (size_t)n * sizeof *h);
+    return widen16(h);
+}
+
+/* v (|v| < 2^22) to the nearest integer, ties to even, as nearbyintf: adding 1.5 x 2^23 leaves
+ * it in the low bits. */
+INLINE __m512i round_to_int(__m512 v) {
+    __m512i bits = _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(12582912.0f)));
+    return _mm512_sub_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
+}
+
+/* i (|i| < 2^22) as a float, exactly. */
+INLINE __m512 int_to_float(__m512i i) {
+#ifdef SIMDE_X86_AVX512F_NATIVE
+    return _mm512_cvtepi32_ps(i);
+#else /* SIMDe 0.7 has no 512-bit vcvtdq2ps: 1.5 x 2^23 + i, less 1.5 x 2^23 */
+    __m512i bits = _mm512_add_epi32(i, _mm512_set1_epi32(0x4b400000));
+    return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(12582912.0f));
+#endif
+}
+
+/* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane.
+ * ahead: prefetch the next block's mins and scales. */
+static void round_block(const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales, int ng,
+                        int ahead, int b, rounded_span *q) {
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 big = _mm512_setzero_ps(), lane[8];
+    for (int l = 0; l < 8; l++) lane[l] = _mm512_setzero_ps();
+    for (int k = 0; k < 64; k++) {
+        const uint8_t *row = w + (size_t)k * stride;
+        if (ahead) {
+            prefetch(row + 64 * stride + mins);
+            prefetch(row + 64 * stride + scales);
+        }
+        __m512 xk = _mm512_set1_ps(x[k]);
+        __m512 a = _mm512_mul_ps(xk, widen_groups(row + scales, ng));
+        big = _mm512_max_ps(big, _mm512_and_ps(a, magnitude));
+        lane[k % 8] = _mm512_fmadd_ps(xk, widen_groups(row + mins, ng), lane[k % 8]);
+    }
+    __m512 low = _mm512_add_ps(_mm512_add_ps(lane[0], lane[4]), _mm512_add_ps(lane[2], lane[6]));
+    __m512 high = _mm512_add_ps(_mm512_add_ps(lane[1], lane[5]), _mm512_add_ps(lane[3], lane[7]));
+    _mm512_storeu_ps(q->msum[b], _mm512_add_ps(low, high));
+    simde__mmask16 scaled = _mm512_cmp_ps_mask(big, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ);
+    __m512 inv = _mm512_maskz_div_ps(scaled, _mm512_set1_ps(127), big);
+    _mm512_storeu_ps(q->alpha[b], _mm512_maskz_div_ps(scaled, big, _mm512_set1_ps(127)));
+    for (int k4 = 0; k4 < 16; k4++) {
+        __m512i quad = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *row = w + (size_t)(4 * k4 + i) * stride;
+            __m512 a = _mm512_mul_ps(_mm512_set1_ps(x[4 * k4 + i]), widen_groups(row + scales, ng));
+            __m512i a8 = _mm512_and_si512(round_to_int(_mm512_mul_ps(a, inv)), _mm512_set1_epi32(0xff));
+            quad = _mm512_or_si512(quad, _mm512_slli_epi32(a8, 8 * i));
+        }
+        _mm512_storeu_si512((void *)q->a8_quads[b][k4], quad);
+    }
+}
+
+/* Groups u and u + 1's values of one [group] row of the span, in the low and the high 8 lanes. */
+INLINE __m512i pair_of_ints(const int32_t *at) {
+    return _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(at[0]), _mm512_set1_epi32(at[1]));
+}
+
+INLINE __m512 pair_of_floats(const float *at) {
+    return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(at[0]), _mm512_set1_ps(at[1]));
+}
+
+/* Block b for the pair of groups u, u + 1 (codes: their first byte in the block's first row) and
+ * mr rows: y_slots[r] (128 floats, in slot order) += alpha isum + msum. The next block's rows of
+ * the pair are prefetched: the pairs' rows are many streams, as in int8.c's pack. */
+VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead, const rounded_span *const *q, int b,
+                            int u, float *const *y_slots, const int mr) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    __m512i sums[FUSED_ROWS][8];
+#pragma GCC unroll 2
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) sums[r][v] = _mm512_setzero_si512();
+    for (int k4 = 0; k4 < 16; k4++) {
+        const uint8_t *row = codes + (size_t)(4 * k4) * stride;
+        __m512i b0 = _mm512_loadu_si512((const void *)row);
+        __m512i b1 = _mm512_loadu_si512((const void *)(row + stride));
+        __m512i b2 = _mm512_loadu_si512((const void *)(row + 2 * stride));
+        __m512i b3 = _mm512_loadu_si512((const void *)(row + 3 * stride));
+        if (ahead)
+            for (int i = 0; i < 4; i++) prefetch(row + (64 + i) * stride);
+        __m512i lo01 = _mm512_unpacklo_epi8(b0, b1), hi01 = _mm512_unpackhi_epi8(b0, b1);
+        __m512i lo23 = _mm512_unpacklo_epi8(b2, b3), hi23 = _mm512_unpackhi_epi8(b2, b3);
+        __m512i quads[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                            _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+#pragma GCC unroll 2
+        for (int r = 0; r < mr; r++) {
+            __m512i a8 = pair_of_ints(&q[r]->a8_quads[b][k4][u]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                __m512i even = _mm512_and_si512(_mm512_srli_epi16(quads[v], 4), low4);
+                __m512i odd = _mm512_and_si512(quads[v], low4);
+                sums[r][2 * v] = _mm512_dpbusd_epi32(sums[r][2 * v], even, a8);
+                sums[r][2 * v + 1] = _mm512_dpbusd_epi32(sums[r][2 * v + 1], odd, a8);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < mr; r++) {
+        __m512 alpha = pair_of_floats(&q[r]->alpha[b][u]), msum = pair_of_floats(&q[r]->msum[b][u]);
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            float *y = y_slots[r] + 16 * v;
+            __m512 gain = _mm512_fmadd_ps(alpha, int_to_float(sums[r][v]), msum);
+            _mm512_storeu_ps(y, _mm512_add_ps(_mm512_loadu_ps(y), gain));
+        }
+    }
+}
+
+/* The column (of the pair's 128) of slot s: sums[v] lane 4L + j (128-bit lane L) holds byte p =
+ * 16L + 4(v / 2) + j of a row's 64, whose high nibble (v even) is column 2p and low one 2p + 1. */
+static int slot_column(int s) {
+    int v = s / 16, lane = s % 16;
+    return 2 * (16 * (lane / 4) + 4 * (v / 2) + lane % 4) + v % 2;
+}
+
+/* y's 128 columns of each of n pairs into slot order (zeros unless from_y), or (back) out of it. */
+static void pairs_to_slots(float *y, int n, int from_y, int back) {
+    for (int p = 0; p < n; p++) {
+        float *pair = y + 128 * p, t[128];
+        for (int s = 0; s < 128; s++) {
+            if (back) t[slot_column(s)] = pair[s];
+            else t[s] = from_y ? pair[slot_column(s)] : 0.0f;
+        }
+        memcpy(pair, t, sizeof t);
+    }
+}
+
+/* ng (even) whole groups of one part from group g0, for rows <= FUSED_ROWS rows of x (ldx apart)
+ * over in (a multiple of 64) rows of W: w is the part's first byte of row 0, stride bytes a row,
+ * G groups; y (ldy apart) at group g0's first column, = or += x W. y holds the sums in slot order
+ * while they run. Spans of a few blocks, each across all the groups: a row's codes are read
+ * from left to right, as the memory's prefetcher follows best. */
+VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
+                            int g0, int ng, float *y, size_t ldy, int from_y) {
+    size_t mins = (size_t)G * 32, scales = mins + 2 * (size_t)G;
+    int blocks = in / 64;
+    rounded_span spans[FUSED_ROWS];
+    const rounded_span *q[FUSED_ROWS] = {&spans[0], &spans[1]};
+    for (int r = 0; r < rows; r++) pairs_to_slots(y + r * ldy, ng / 2, from_y, 0);
+    for (int b0 = 0; b0 < blocks; b0 += SPAN_BLOCKS) {
+        int nb = blocks - b0 < SPAN_BLOCKS ? blocks - b0 : SPAN_BLOCKS;
+        for (int c = 0; c < ng; c += CHUNK_GROUPS) {
+            int n = ng - c < CHUNK_GROUPS ? ng - c : CHUNK_GROUPS, g = g0 + c;
+            for (int r = 0; r < rows; r++)
+                for (int b = 0; b < nb; b++)
+                    round_block(x + r * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride, stride,
+                                mins + 2 * (size_t)g, scales + 2 * (size_t)g, n, b0 + b + 1 < blocks, b, &spans[r]);
+            for (int b = 0; b < nb; b++) {
+                int ahead = b0 + b + 1 < blocks;
+                const uint8_t *block = w + (size_t)(64 * (b0 + b)) * stride + 32 * (size_t)g;
+                for (int p = 0; p < n / 2; p++) {
+                    float *pair = y + 64 * (c + 2 * p);
+                    float *y_slots[FUSED_ROWS] = {pair, rows > 1 ? pair + ldy : NULL};
+                    if (rows == 1) pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 1);
+                    else pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 2);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) pairs_to_slots(y + r * ldy, ng / 2, 0, 1);
+}
+
 #ifdef AVX512_SIMDE
-static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums};
+static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 #else
-static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums};
+static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512(void) { return &kernels; }
 #endif
 

@@ -64,6 +64,10 @@
  *             multiplies 16 slots' quads by the row's 4 values and adds them into int32 at once;
  *             with AVX-VNNI (CPUs without AVX-512: vnni256_sums below), 8 slots' in 256 bits;
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
+ * The panel pays when rows of x share it. For up to 4 rows (decode), on the path with AVX-512 VNNI
+ * (or SIMDe), support/avx512.c's int8_pairs does the same operations with no panel: it takes two
+ * groups' codes straight from W into registers, quads built by four unpacks, and keeps y in the
+ * quads' order until the end (groups_in_pairs below hands it each run of whole groups).
  */
 #include "support/support.h"
 
@@ -78,6 +82,9 @@
 #endif
 
 enum { KB = 64, PASS_ROWS = 64, TR = 4 }; /* k in a block; rows of x in a pass; rows in a tile */
+/* Up to this many rows of x, the path's kernel without a panel (INT8_PAIRS_ROWS rows a call) is
+ * faster than packing a panel for them (scripts/bench_matmul.c, BENCHMARKS.md) */
+enum { NO_PANEL_ROWS = 4 };
 
 /* One group of y's columns: n (<= 64) columns from col; in each row of W (row_bytes long), its
  * codes start at byte `codes`, its min and scale (fp16) at bytes `min` and `scale`. */
@@ -443,17 +450,45 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
     }
 }
 
+/* Groups u0 .. u1 of a product of few rows (decode) without a panel: each run of whole groups
+ * of one part, in pairs, by the path's kernel (support/avx512.c's int8_pairs); a group left over
+ * (the run's odd one, or a narrower last group of a part) block by block as below. */
+static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, int q4_parts, int out, float *y,
+                            int accumulate, int u0, int u1, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {
+    int part = out / q4_parts, G = (part + Q4_GROUP - 1) / Q4_GROUP, whole = part / Q4_GROUP;
+    for (int u = u0; u < u1;) {
+        q4_group gr = group_of(q4_parts, out, u);
+        int g = u % G, run_end = u - g + whole < u1 ? u - g + whole : u1;
+        int ng = (run_end - u) / 2 * 2;
+        if (ng > 0) {
+            const uint8_t *part_start = W + gr.codes - (size_t)g * (Q4_GROUP / 2);
+            for (int r = 0; r < rows; r += INT8_PAIRS_ROWS)
+                pairs(x + (size_t)r * in, rows - r < INT8_PAIRS_ROWS ? rows - r : INT8_PAIRS_ROWS, (size_t)in, in,
+                      part_start, gr.row_bytes, G, g, ng, y + (size_t)r * out + gr.col, (size_t)out, accumulate);
+            u += ng;
+            continue;
+        }
+        for (int k0 = 0; k0 < in; k0 += KB)
+            block_product(x, in, W, &gr, 0, rows, k0, KB, y, out, accumulate || k0 > 0, simd, vnni);
+        u++;
+    }
+}
+
 /* Each thread owns a contiguous run of groups and walks W in blocks of 64 rows, each block across
  * its groups from left to right (the order of support/matmul.c's decode). vnni: the integer sums
- * with VNNI, which support/matmul.c passes where the path has them (matmul_int8_sums). */
+ * with VNNI, which support/matmul.c passes where the path has them (matmul_int8_sums), and pairs
+ * the same path's kernel without a panel, for few rows. */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y, int accumulate,
-                    int simd, fg_int8_sums *vnni) {
+                    int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {
     int part = out / q4_parts, groups = q4_parts * ((part + Q4_GROUP - 1) / Q4_GROUP);
+    int no_panel = pairs && rows <= NO_PANEL_ROWS && in % KB == 0;
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
         int u0 = (int)((long)groups * t / threads), u1 = (int)((long)groups * (t + 1) / threads);
-        for (int r0 = 0; r0 < rows; r0 += PASS_ROWS)
+        if (no_panel)
+            groups_in_pairs(x, rows, in, (const uint8_t *)W, q4_parts, out, y, accumulate, u0, u1, simd, vnni, pairs);
+        for (int r0 = 0; r0 < rows && !no_panel; r0 += PASS_ROWS)
             for (int k0 = 0; k0 < in; k0 += KB)
                 for (int u = u0; u < u1; u++) {
                     q4_group gr = group_of(q4_parts, out, u);

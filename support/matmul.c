@@ -509,7 +509,10 @@ static void product_int8_rows(const float *x, int rows, int in, const void *W, i
 
 void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                         int accumulate) {
-    matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), matmul_int8_sums());
+    fg_int8_sums *sums = matmul_int8_sums();
+    const matmul_kernels *wide = wide_kernels();
+    fg_int8_pairs *pairs = sums && wide && sums == wide->int8_sums ? wide->int8_pairs : NULL;
+    matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), sums, pairs);
 }
 
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
@@ -676,7 +679,8 @@ static void dots_q4_avx2_rows(const float *x, int rows, int dim, const uint8_t *
     for (int j = 0; j < ne; j += 4) dots_q4_avx2(x, rows, dim, E, n, v0 + j, ne - j < 4 ? ne - j : 4, y + j, ldy);
 }
 
-static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2_rows, 2, NULL};
+static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2_rows, 2,
+                                            NULL, NULL};
 #endif
 
 /* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build

@@ -68,6 +68,10 @@ int fg_isa_check_env(char *err);
  * on SIMDe). A band is kc rows of W for every row of x (ldx apart; y ldy apart), over whole groups
  * of 64 columns: one fused chain per element of y over k in order, from y (from_y) or 0, so the
  * bits are the portable path's. ahead: prefetch the same columns kc rows on (the next band). ---- */
+typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
+typedef void fg_int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
+                           int g0, int ng, float *y, size_t ldy, int from_y);
+#define INT8_PAIRS_ROWS 2
 typedef struct {
     const char *name;
     /* fp16 rows of W, ldw apart; cols a multiple of 64 */
@@ -84,9 +88,13 @@ typedef struct {
     int q4_dot_rows; /* dots_q4 up to this many rows of x; more widen each row of E once instead */
     /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k / 4)
      * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL: none */
-    void (*int8_sums)(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
+    fg_int8_sums *int8_sums;
+    /* the same scheme for decode with no panel (avx512.c): rows <= INT8_PAIRS_ROWS rows of x (ldx
+     * apart) over in (a multiple of 64) rows of W; ng (even) whole groups of a part from g0, whose
+     * codes start at w in row 0 (stride bytes a row; G groups in the part); y at group g0's first
+     * column, = or += x W; NULL: none */
+    fg_int8_pairs *int8_pairs;
 } matmul_kernels;
-typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
 fg_int8_sums *matmul_int8_sums(void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
 const char *matmul_int8_path(void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2, portable */
 fg_int8_sums *int8_sums_vnni256(int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2 stand-in */
@@ -121,8 +129,9 @@ typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products
 #define MATMUL_EMBED_BLOCK 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int products, float *scratch); /* products: fg_products (model.h) */
+/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the kernel without a panel (vnni's path's) */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int simd, fg_int8_sums *vnni); /* int8.c; vnni: NULL, or the sums */
+                    int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs);
 /* int8.c's scheme of decode (any rows), on this CPU's path */
 void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                         int accumulate);

@@ -77,14 +77,17 @@ static int count_apart(const float *x, int rows, int in, const float *v, int out
 
 /* Shapes with tails everywhere: rows 1, 2, 3, 8, 13, 17, 64 (the decode kernel: every tile
  * shape, tiles of 6 and a rest) and 65, 70, 100 (panels and sgemm); in across bands of 64 and
- * not a multiple of 8, 16 or 64; out in whole blocks of 64 and not. */
-static const int SHAPES[][3] = {{1, 7, 5},    {3, 64, 17},   {1, 300, 200}, {17, 100, 130}, {64, 129, 64},
-                                {65, 70, 300}, {100, 257, 77}, {8, 512, 1000}, {2, 130, 192}, {13, 65, 128},
-                                {70, 100, 136}};
+ * not a multiple of 8, 16 or 64; out in whole blocks of 64 and not. The last two: int8's pairs of
+ * groups (support/avx512.c's int8_pairs) with a group left over on a thread, and past a chunk of
+ * 16 groups and a span of 16 blocks. */
+static const int SHAPES[][3] = {{1, 7, 5},     {3, 64, 17},    {1, 300, 200},  {17, 100, 130},
+                                {64, 129, 64}, {65, 70, 300},  {100, 257, 77}, {8, 512, 1000},
+                                {2, 130, 192}, {13, 65, 128},  {70, 100, 136}, {2, 256, 448},
+                                {1, 1088, 2560}};
 /* q|k|v (3 parts): parts of 96 and 100 columns, whose groups end inside a 64-column block, and of
  * 64 and 128, whose groups are the blocks. */
 static const int PARTS_SHAPES[][3] = {{1, 100, 288}, {8, 64, 300}, {70, 130, 288}, {3, 65, 192}, {65, 70, 384},
-                                      {13, 129, 300}};
+                                      {13, 129, 300}, {2, 128, 384}};
 enum { N_SHAPES = sizeof SHAPES / sizeof *SHAPES, N_PARTS_SHAPES = sizeof PARTS_SHAPES / sizeof *PARTS_SHAPES };
 static const int *shape_of(int q4, size_t s) { return q4 == 3 ? PARTS_SHAPES[s] : SHAPES[s]; }
 
@@ -342,7 +345,7 @@ static void check_int8_products(int parts) {
             for (int native = 0; native < 2 && fg_isa_of_cpu() >= FG_ISA_AVX2; native++) {
                 if (native && !(fg_cpu_features() & FG_CPU_AVXVNNI)) break;
                 memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
-                matmul_q4_int8(x, rows, in, w.w4, parts, out, yp, acc, 1, int8_sums_vnni256(native));
+                matmul_q4_int8(x, rows, in, w.w4, parts, out, yp, acc, 1, int8_sums_vnni256(native), NULL);
                 EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
                        "out %d%s: the AVX-VNNI sums (%s) differ from the CPU's own path", parts, rows, in, out,
                        acc ? ", adding" : "", native ? "native" : "on AVX2");
