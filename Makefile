@@ -51,6 +51,18 @@ SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampli
 APP := $(addprefix app/,cpu_backend.c cpu_fp16.c perplexity.c pipeline.c profile.c jobs.c stage.c \
        runtime.c cli.c)
 SRC := $(PAPER) $(SUPPORT) $(APP)
+# The objects each binary links (the rules that build them are below the emulated GPU's):
+# sources that read no build define (SHARED_SRC) compile once for all four binaries of a build.
+# $(1): build or build-san; $(2): build-emu or build-san-emu
+PER_BUILD_SRC := support/util.c app/cli.c
+SHARED_SRC := $(filter-out $(PER_BUILD_SRC),$(SRC))
+main_objs = $(SRC:%.c=$(1)/obj/%.o)
+test_objs = $(SHARED_SRC:%.c=$(1)/obj/%.o) $(1)/obj/support/util.o $(1)/obj-tests/app/cli.o \
+            $(TEST_SRC:%.c=$(1)/obj-tests/%.o)
+emu_main_objs = $(SHARED_SRC:%.c=$(1)/obj/%.o) $(2)/obj/support/util.o $(1)/obj/app/cli.o
+emu_test_objs = $(SHARED_SRC:%.c=$(1)/obj/%.o) $(2)/obj/support/util.o $(1)/obj-tests/app/cli.o \
+                $(TEST_SRC:%.c=$(2)/obj-tests/%.o)
+
 CUDA_OBJ :=
 TEST_CUDA_OBJ :=
 
@@ -87,12 +99,12 @@ TEST_SRC := $(wildcard tests/*.c)
 TOK_FIXTURES := $(patsubst tests/fixtures/%.xz,build/%,$(wildcard tests/fixtures/tokenizers/*.xz tests/fixtures/tokenizers/*/*.xz)) \
                 $(patsubst tests/fixtures/%,build/%,$(wildcard tests/fixtures/tokenizers/*/tokenizer_config.json))
 
-.PHONY: all test test-san test-gpu fuzz fuzz-toolchain bench clean print-cflags emu
+.PHONY: all test test-san test-gpu fuzz fuzz-toolchain bench clean print-cflags emu FORCE
 
 all: flexgen
 
-flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS)
+flexgen: $(call main_objs,build) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 
 build/flexgen_cu.o: flexgen.cu $(HDR)
 	@mkdir -p build
@@ -103,9 +115,8 @@ build/test_kernels.o: tests/test_kernels.cu flexgen.cu $(HDR) tests/tests.h
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -I$(BLAS_INC) $(if $(PREFIX),$(DEPS_CFLAGS)) -c -o $@ tests/test_kernels.cu
 
-build/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(TEST_CUDA_OBJ)
-	@mkdir -p build
-	$(CC) $(CFLAGS) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(TEST_CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
+build/test_flexgen: $(call test_objs,build) $(TEST_CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
 
 # The emulated GPU (tests/cuda_emu, docs/GPU.md): flexgen.cu and the kernel tests compiled by g++
 # against the harness's cuda_runtime.h, cuda_fp16.h and cublas_v2.h, on every machine, nvcc or
@@ -131,7 +142,7 @@ build-emu/%.cu: %.cu
 # that `make emu EMU_OPT=-O0` after an -O2 build (or back) builds them again.
 EMU_OPT_TAG := $(subst $(empty) $(empty),_,$(subst -,,$(EMU_OPT)))
 
-define emu_build # $(1): the build directory, $(2): extra flags (the sanitizers)
+define emu_build # $(1): the build directory, $(2): extra flags (the sanitizers), $(3): the C objects' build
 $(1)/.opt-$(EMU_OPT_TAG):
 	@mkdir -p $(1) && rm -f $(1)/.opt-* && touch $$@
 $(1)/emu.o $(1)/flexgen_cu.o $(1)/test_kernels.o $(1)/test_emu.o: $(1)/.opt-$(EMU_OPT_TAG)
@@ -147,17 +158,41 @@ $(1)/test_kernels.o: build-emu/tests/test_kernels.cu build-emu/flexgen.cu $(EMU_
 $(1)/test_emu.o: build-emu/tests/cuda_emu/test_emu.cu $(EMU_HDR) tests/tests.h
 	@mkdir -p $(1)
 	$(CXX) $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
-$(1)/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o
-	$(CC) $(EMU_CFLAGS) $(2) -DFLEXGEN_NO_MAIN -o $$@ $(SRC) $(TEST_SRC) $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o \
-	      $(EMU_LDLIBS) $(TEST_LIBS)
+$(1)/test_flexgen: $(call emu_test_objs,$(3),$(1)) $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o
+	$(CC) $(EMU_CFLAGS) $(2) -o $$@ $$^ $(EMU_LDLIBS) $(TEST_LIBS)
 endef
-$(eval $(call emu_build,build-emu,))
-$(eval $(call emu_build,build-san-emu,$(SAN)))
+$(eval $(call emu_build,build-emu,,build))
+$(eval $(call emu_build,build-san-emu,$(SAN),build-san))
 
-flexgen-emu: $(SRC) $(HDR) build-emu/flexgen_cu.o build-emu/emu.o
-	$(CC) $(EMU_CFLAGS) -g -o $@ $(SRC) build-emu/flexgen_cu.o build-emu/emu.o $(EMU_LDLIBS)
-build-san-emu/flexgen: $(SRC) $(HDR) build-san-emu/flexgen_cu.o build-san-emu/emu.o
-	$(CC) $(EMU_CFLAGS) $(SAN) -o $@ $(SRC) build-san-emu/flexgen_cu.o build-san-emu/emu.o $(EMU_LDLIBS)
+flexgen-emu: $(call emu_main_objs,build,build-emu) build-emu/flexgen_cu.o build-emu/emu.o
+	$(CC) $(EMU_CFLAGS) -o $@ $^ $(EMU_LDLIBS)
+build-san-emu/flexgen: $(call emu_main_objs,build-san,build-san-emu) build-san-emu/flexgen_cu.o build-san-emu/emu.o
+	$(CC) $(EMU_CFLAGS) $(SAN) -o $@ $^ $(EMU_LDLIBS)
+
+# The C objects. Each source compiles once into build/obj/ (build-san/obj/ under the sanitizers),
+# for ./flexgen, the emulated GPU's ./flexgen-emu and both test binaries alike. Two sources read
+# the build's defines, and compile again where those differ: app/cli.c without its main() for the
+# test binaries (FLEXGEN_NO_MAIN; obj-tests/, with the tests' sources), and support/util.c with
+# FLEXGEN_CUDA for the emulated GPU (build-emu/obj/, where nvcc is missing). `make test` checks
+# that no other source reads them. Each object directory keeps its flags in a file, .flags: when
+# they change (CFLAGS=, NVCC= or WERROR= on the command line), its objects build again.
+define objects # $(1): the directory, $(2): the flags
+$(1)/.flags: FORCE
+	@mkdir -p $(1)
+	@echo '$(CC) $(2)' | cmp -s - $$@ || echo '$(CC) $(2)' >$$@
+$(1)/%.o: %.c $(HDR) tests/tests.h $(1)/.flags
+	@mkdir -p $$(dir $$@)
+	$(CC) $(2) -c -o $$@ $$<
+endef
+$(eval $(call objects,build/obj,$(CFLAGS)))
+$(eval $(call objects,build/obj-tests,$(CFLAGS) -DFLEXGEN_NO_MAIN))
+$(eval $(call objects,build-emu/obj,$(EMU_CFLAGS)))
+$(eval $(call objects,build-emu/obj-tests,$(EMU_CFLAGS) -DFLEXGEN_NO_MAIN))
+$(eval $(call objects,build-san/obj,$(CFLAGS) $(SAN)))
+$(eval $(call objects,build-san/obj-tests,$(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN))
+$(eval $(call objects,build-san-emu/obj,$(EMU_CFLAGS) $(SAN)))
+$(eval $(call objects,build-san-emu/obj-tests,$(EMU_CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN))
+FORCE:
 
 emu: flexgen-emu
 
@@ -186,18 +221,18 @@ run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
 # exercises' wrong versions still find the lines they change (their scripts' --patterns).
 test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(SUITE),,bash scripts/check_layout.sh >build/layout.txt; rc=$$?; grep -v '^ok' build/layout.txt; exit $$rc)
-	$(if $(SUITE),,bash scripts/call_graph.sh >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)
+	$(if $(SUITE),,bash scripts/call_graph.sh build/obj >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)
+	$(if $(SUITE),,@bad=$$(grep -lE '\bFLEXGEN_(NO_MAIN|CUDA|CUDA_EMU)\b' $(SHARED_SRC) $(HDR)); [ -z "$$bad" ] \
+	  || { echo "$$bad: reads a build define, so it belongs in PER_BUILD_SRC (Makefile)"; exit 1; })
 	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)
 	$(if $(run_native),FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
 
-build-san/flexgen: $(SRC) $(HDR) $(CUDA_OBJ)
-	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -o $@ $(SRC) $(CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS)
+build-san/flexgen: $(call main_objs,build-san) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 
-build-san/test_flexgen: $(SRC) $(HDR) $(TEST_SRC) tests/tests.h $(TEST_CUDA_OBJ)
-	@mkdir -p build-san
-	$(CC) $(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN -o $@ $(SRC) $(TEST_SRC) $(TEST_CUDA_OBJ) $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
+build-san/test_flexgen: $(call test_objs,build-san) $(TEST_CUDA_OBJ)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
 
 # test-san's options, harmless without a GPU. protect_shadow_gap=0: the CUDA driver maps memory
 # inside ASan's shadow gap, and with the gap protected cuInit fails and the GPU suite skips.
