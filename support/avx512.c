@@ -392,7 +392,7 @@ VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32
  *             alpha isum + msum at each block; put back in column order once, at the end.
  * The rounding of a (alpha, msum, a8) runs first for 16 groups side by side, one group a lane:
  * their mins and scales are 32 contiguous bytes of a row of W. */
-enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = INT8_PAIRS_ROWS };
+enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = 2 }; /* FUSED_ROWS: rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 16 groups: the 4 values of
  * a8 of k .. k + 3 in one int32 (k's byte lowest), and alpha and msum, each [block][group]. */
@@ -537,35 +537,48 @@ static void pairs_to_slots(float *y, int n, int from_y, int back) {
     }
 }
 
-/* ng (even) whole groups of one part from group g0, for rows <= FUSED_ROWS rows of x (ldx apart)
- * over in (a multiple of 64) rows of W: w is the part's first byte of row 0, stride bytes a row,
- * G groups; y (ldy apart) at group g0's first column, = or += x W. y holds the sums in slot order
- * while they run. Spans of a few blocks, each across all the groups: a row's codes are read
- * from left to right, as the memory's prefetcher follows best. */
+/* Rows r0 .. r0 + nr (nr <= FUSED_ROWS) of x over the span's blocks b0 .. b0 + nb and the chunk's
+ * n groups from g: their a rounded, then each block's pairs summed into y (in slot order). */
+VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uint8_t *w, size_t stride,
+                           size_t mins, size_t scales, int blocks, int b0, int nb, int g, int n, float *y,
+                           size_t ldy, int first_rows) {
+    rounded_span spans[FUSED_ROWS];
+    const rounded_span *q[FUSED_ROWS] = {&spans[0], &spans[1]};
+    for (int r = 0; r < nr; r++)
+        for (int b = 0; b < nb; b++)
+            round_block(x + (r0 + r) * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride, stride,
+                        mins + 2 * (size_t)g, scales + 2 * (size_t)g, n, first_rows && b0 + b + 1 < blocks, b,
+                        &spans[r]);
+    for (int b = 0; b < nb; b++) {
+        int ahead = first_rows && b0 + b + 1 < blocks; /* later rows find the span in L2 */
+        const uint8_t *block = w + (size_t)(64 * (b0 + b)) * stride + 32 * (size_t)g;
+        for (int p = 0; p < n / 2; p++) {
+            float *pair = y + r0 * ldy + 64 * (2 * p);
+            float *y_slots[FUSED_ROWS] = {pair, nr > 1 ? pair + ldy : NULL};
+            if (nr == 1) pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 1);
+            else pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 2);
+        }
+    }
+}
+
+/* ng (even) whole groups of one part from group g0, for rows of x (ldx apart) over in (a multiple
+ * of 64) rows of W: w is the part's first byte of row 0, stride bytes a row, G groups; y (ldy
+ * apart) at group g0's first column, = or += x W. y holds the sums in slot order while they run.
+ * Spans of a few blocks, each across all the groups (a row's codes read from left to right, as
+ * the memory's prefetcher follows best), and in each, the rows of x two at a time: the span's
+ * codes come from memory once, and from L2 for the next rows. */
 VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
                             int g0, int ng, float *y, size_t ldy, int from_y) {
     size_t mins = (size_t)G * 32, scales = mins + 2 * (size_t)G;
     int blocks = in / 64;
-    rounded_span spans[FUSED_ROWS];
-    const rounded_span *q[FUSED_ROWS] = {&spans[0], &spans[1]};
     for (int r = 0; r < rows; r++) pairs_to_slots(y + r * ldy, ng / 2, from_y, 0);
     for (int b0 = 0; b0 < blocks; b0 += SPAN_BLOCKS) {
         int nb = blocks - b0 < SPAN_BLOCKS ? blocks - b0 : SPAN_BLOCKS;
         for (int c = 0; c < ng; c += CHUNK_GROUPS) {
-            int n = ng - c < CHUNK_GROUPS ? ng - c : CHUNK_GROUPS, g = g0 + c;
-            for (int r = 0; r < rows; r++)
-                for (int b = 0; b < nb; b++)
-                    round_block(x + r * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride, stride,
-                                mins + 2 * (size_t)g, scales + 2 * (size_t)g, n, b0 + b + 1 < blocks, b, &spans[r]);
-            for (int b = 0; b < nb; b++) {
-                int ahead = b0 + b + 1 < blocks;
-                const uint8_t *block = w + (size_t)(64 * (b0 + b)) * stride + 32 * (size_t)g;
-                for (int p = 0; p < n / 2; p++) {
-                    float *pair = y + 64 * (c + 2 * p);
-                    float *y_slots[FUSED_ROWS] = {pair, rows > 1 ? pair + ldy : NULL};
-                    if (rows == 1) pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 1);
-                    else pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 2);
-                }
+            int n = ng - c < CHUNK_GROUPS ? ng - c : CHUNK_GROUPS;
+            for (int r0 = 0; r0 < rows; r0 += FUSED_ROWS) {
+                int nr = rows - r0 < FUSED_ROWS ? rows - r0 : FUSED_ROWS;
+                span_rows(x, ldx, r0, nr, w, stride, mins, scales, blocks, b0, nb, g0 + c, n, y + 64 * c, ldy, r0 == 0);
             }
         }
     }

@@ -82,8 +82,9 @@
 #endif
 
 enum { KB = 64, PASS_ROWS = 64, TR = 4 }; /* k in a block; rows of x in a pass; rows in a tile */
-/* Up to this many rows of x, the path's kernel without a panel (INT8_PAIRS_ROWS rows a call) is
- * faster than packing a panel for them (scripts/bench_matmul.c, BENCHMARKS.md) */
+/* Up to this many rows of x, the path's kernel without a panel is faster than packing a panel
+ * for them; at 8 and 16 rows the two were within the machine's noise (scripts/bench_matmul.c,
+ * BENCHMARKS.md) */
 enum { NO_PANEL_ROWS = 4 };
 
 /* One group of y's columns: n (<= 64) columns from col; in each row of W (row_bytes long), its
@@ -462,9 +463,7 @@ static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, 
         int ng = (run_end - u) / 2 * 2;
         if (ng > 0) {
             const uint8_t *part_start = W + gr.codes - (size_t)g * (Q4_GROUP / 2);
-            for (int r = 0; r < rows; r += INT8_PAIRS_ROWS)
-                pairs(x + (size_t)r * in, rows - r < INT8_PAIRS_ROWS ? rows - r : INT8_PAIRS_ROWS, (size_t)in, in,
-                      part_start, gr.row_bytes, G, g, ng, y + (size_t)r * out + gr.col, (size_t)out, accumulate);
+            pairs(x, rows, (size_t)in, in, part_start, gr.row_bytes, G, g, ng, y + gr.col, (size_t)out, accumulate);
             u += ng;
             continue;
         }

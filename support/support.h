@@ -71,7 +71,6 @@ int fg_isa_check_env(char *err);
 typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
 typedef void fg_int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
                            int g0, int ng, float *y, size_t ldy, int from_y);
-#define INT8_PAIRS_ROWS 2
 typedef struct {
     const char *name;
     /* fp16 rows of W, ldw apart; cols a multiple of 64 */
@@ -89,8 +88,8 @@ typedef struct {
     /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k / 4)
      * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL: none */
     fg_int8_sums *int8_sums;
-    /* the same scheme for decode with no panel (avx512.c): rows <= INT8_PAIRS_ROWS rows of x (ldx
-     * apart) over in (a multiple of 64) rows of W; ng (even) whole groups of a part from g0, whose
+    /* the same scheme for decode with no panel (avx512.c): rows of x (ldx apart) over in (a
+     * multiple of 64) rows of W; ng (even) whole groups of a part from g0, whose
      * codes start at w in row 0 (stride bytes a row; G groups in the part); y at group g0's first
      * column, = or += x W; NULL: none */
     fg_int8_pairs *int8_pairs;

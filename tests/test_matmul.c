@@ -82,7 +82,7 @@ static int count_apart(const float *x, int rows, int in, const float *v, int out
  * 16 groups and a span of 16 blocks. */
 static const int SHAPES[][3] = {{1, 7, 5},     {3, 64, 17},    {1, 300, 200},  {17, 100, 130},
                                 {64, 129, 64}, {65, 70, 300},  {100, 257, 77}, {8, 512, 1000},
-                                {2, 130, 192}, {13, 65, 128},  {70, 100, 136}, {2, 256, 448},
+                                {2, 130, 192}, {13, 65, 128},  {70, 100, 136}, {3, 256, 448},
                                 {1, 1088, 2560}};
 /* q|k|v (3 parts): parts of 96 and 100 columns, whose groups end inside a 64-column block, and of
  * 64 and 128, whose groups are the blocks. */
