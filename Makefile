@@ -180,9 +180,10 @@ define objects # $(1): the directory, $(2): the flags
 $(1)/.flags: FORCE
 	@mkdir -p $(1)
 	@echo '$(CC) $(2)' | cmp -s - $$@ || echo '$(CC) $(2)' >$$@
-$(1)/%.o: %.c $(HDR) tests/tests.h $(1)/.flags
+$(1)/%.o: %.c $(HDR) $(1)/.flags
 	@mkdir -p $$(dir $$@)
 	$(CC) $(2) -c -o $$@ $$<
+$(TEST_SRC:%.c=$(1)/%.o): tests/tests.h
 endef
 $(eval $(call objects,build/obj,$(CFLAGS)))
 $(eval $(call objects,build/obj-tests,$(CFLAGS) -DFLEXGEN_NO_MAIN))

@@ -426,12 +426,13 @@ INLINE __m512 int_to_float(__m512i i) {
 #endif
 }
 
-/* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane.
- * ahead: prefetch the next block's mins and scales. */
+/* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane;
+ * a is kept between its two uses. ahead: prefetch the next block's mins and scales. */
 static void round_block(const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales, int ng,
                         int ahead, int b, rounded_span *q) {
     const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 big = _mm512_setzero_ps(), lane[8];
+    _Alignas(64) float a[64][CHUNK_GROUPS];
     for (int l = 0; l < 8; l++) lane[l] = _mm512_setzero_ps();
     for (int k = 0; k < 64; k++) {
         const uint8_t *row = w + (size_t)k * stride;
@@ -440,8 +441,9 @@ static void round_block(const float *x, const uint8_t *w, size_t stride, size_t 
             prefetch(row + 64 * stride + scales);
         }
         __m512 xk = _mm512_set1_ps(x[k]);
-        __m512 a = _mm512_mul_ps(xk, widen_groups(row + scales, ng));
-        big = _mm512_max_ps(big, _mm512_and_ps(a, magnitude));
+        __m512 ak = _mm512_mul_ps(xk, widen_groups(row + scales, ng));
+        _mm512_store_ps(a[k], ak);
+        big = _mm512_max_ps(big, _mm512_and_ps(ak, magnitude));
         lane[k % 8] = _mm512_fmadd_ps(xk, widen_groups(row + mins, ng), lane[k % 8]);
     }
     __m512 low = _mm512_add_ps(_mm512_add_ps(lane[0], lane[4]), _mm512_add_ps(lane[2], lane[6]));
@@ -453,9 +455,8 @@ static void round_block(const float *x, const uint8_t *w, size_t stride, size_t 
     for (int k4 = 0; k4 < 16; k4++) {
         __m512i quad = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
-            const uint8_t *row = w + (size_t)(4 * k4 + i) * stride;
-            __m512 a = _mm512_mul_ps(_mm512_set1_ps(x[4 * k4 + i]), widen_groups(row + scales, ng));
-            __m512i a8 = _mm512_and_si512(round_to_int(_mm512_mul_ps(a, inv)), _mm512_set1_epi32(0xff));
+            __m512 ak = _mm512_load_ps(a[4 * k4 + i]);
+            __m512i a8 = _mm512_and_si512(round_to_int(_mm512_mul_ps(ak, inv)), _mm512_set1_epi32(0xff));
             quad = _mm512_or_si512(quad, _mm512_slli_epi32(a8, 8 * i));
         }
         _mm512_storeu_si512((void *)q->a8_quads[b][k4], quad);
