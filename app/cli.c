@@ -1932,7 +1932,10 @@ int flexgen_main(int argc, char **argv) {
         if (fg_pipe_rank(pipe)) err[0] = 0;
     }
     if (rc == 0) rc = fg_isa_check_env(err); /* FLEXGEN_ISA, before any kernel runs */
-    if (rc) {
+    /* A stage of a pipeline that refuses its FLEXGEN_ISA still takes part in the stages'
+     * agreement below: leaving early would leave the others waiting in it for ever. */
+    int stages_agree = pipe && !one_process;
+    if (rc && !stages_agree) {
     } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {
         rc = tokenize_command(argc, argv, err);
     } else if (argc > 1 && !strcmp(argv[1], "profile")) {
@@ -1942,7 +1945,7 @@ int flexgen_main(int argc, char **argv) {
         int policy = argc > 1 && !strcmp(argv[1], "policy");
         int perplexity = argc > 1 && !strcmp(argv[1], "perplexity");
         cli_args a = {0};
-        rc = policy || perplexity ? check_command_flags(argv[1], argc, argv, err) : 0;
+        if (rc == 0 && (policy || perplexity)) rc = check_command_flags(argv[1], argc, argv, err);
         if (rc == 0) rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
         if (rc == 1) {
             if (fg_pipe_rank(pipe) == 0) usage(stdout);

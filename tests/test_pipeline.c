@@ -6,8 +6,9 @@
  * through mpirun's MPMD form (weights, cache and activations on disk on one stage, on cpu on the
  * other; 4-bit compression on and off), and with --stop-at-eos ending blocks early. Failures: a
  * stage that crashes mid-run, an infeasible plan on one stage, bad input on rank 0, flags the
- * stages disagree on, more stages than layers: each ends the job with one "flexgen:" line that
- * names the rank, within mpirun's timeout, and leaves the offload dir empty.
+ * stages disagree on, more stages than layers, a FLEXGEN_ISA one stage refuses: each ends the
+ * job with one "flexgen:" line that names the rank, within mpirun's timeout, and leaves the
+ * offload dir empty.
  * Skipped, saying why, where mpirun is missing or the binary was built without MPI.
  */
 #define _GNU_SOURCE
@@ -86,9 +87,10 @@ typedef struct {
 static void job_free(job *j) { free(j->out), free(j->err); }
 
 /* mpirun with one program context per rank: ranks[r] are rank r's flags after `common`, env
- * more of each context's environment; mpirun's --timeout turns a hang into a failure. */
-static job mpirun(int stages, const char *const *common, const char *const *const *ranks,
-                  const char *const *env) {
+ * more of each context's environment, rank_env[r] (where given) more of rank r's alone;
+ * mpirun's --timeout turns a hang into a failure. */
+static job mpirun_each(int stages, const char *const *common, const char *const *const *ranks,
+                       const char *const *env, const char *const *const *rank_env) {
     static const char *const head[] = {"mpirun", "--oversubscribe", "--bind-to", "none",
                                        "--timeout", "120", NULL};
     arglist a = {.n = 0};
@@ -98,6 +100,8 @@ static job mpirun(int stages, const char *const *common, const char *const *cons
         arglist_add(&a, (const char *[]){"-np", "1", "-x", "OMP_NUM_THREADS=1", "-x", stage_env[0], "-x", stage_env[1],
                                  "-x", stage_env[2], NULL});
         for (int i = 0; env && env[i]; i++) arglist_add(&a, (const char *[]){"-x", env[i], NULL});
+        for (int i = 0; rank_env && rank_env[r] && rank_env[r][i]; i++)
+            arglist_add(&a, (const char *[]){"-x", rank_env[r][i], NULL});
         arglist_add(&a, (const char *[]){flexgen_bin(), NULL});
         arglist_add(&a, common);
         arglist_add(&a, ranks ? ranks[r] : NULL);
@@ -105,6 +109,11 @@ static job mpirun(int stages, const char *const *common, const char *const *cons
     job j;
     j.rc = run_command(a.v, NULL, &j.out, &j.err);
     return j;
+}
+
+static job mpirun(int stages, const char *const *common, const char *const *const *ranks,
+                  const char *const *env) {
+    return mpirun_each(stages, common, ranks, env, NULL);
 }
 
 static job one_process(const char *const *common, const char *const *extra) {
@@ -532,13 +541,14 @@ static void test_diagonal(void) {
 
 /* ---- failures: one line naming the rank, no hang, nothing left in the offload dir ---- */
 
-static void expect_job_fails(const char *what, const char *const *const *ranks, int stages,
-                             const char *const *env, const char *want1, const char *want2) {
+static void expect_job_fails_each(const char *what, const char *const *const *ranks, int stages,
+                                  const char *const *env, const char *const *const *rank_env,
+                                  const char *want1, const char *want2) {
     char *dir = make_temp_dir();
     const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--device", "cpu", "--quiet",
                                   "--gen-len", "8", "--gpu-batch-size", "2", "--offload-dir", dir,
                                   "--path", dir, "--percent", "0", "0", "0", "0", "0", "0", NULL};
-    job j = mpirun(stages, common, ranks, env);
+    job j = mpirun_each(stages, common, ranks, env, rank_env);
     const char *line;
     int n = flexgen_lines(j.err, &line);
     CU_ASSERT(j.rc != 0);
@@ -550,6 +560,11 @@ static void expect_job_fails(const char *what, const char *const *const *ranks, 
     job_free(&j);
     rm_tree(dir);
     free(dir);
+}
+
+static void expect_job_fails(const char *what, const char *const *const *ranks, int stages,
+                             const char *const *env, const char *want1, const char *want2) {
+    expect_job_fails_each(what, ranks, stages, env, NULL, want1, want2);
 }
 
 static void test_failures(void) {
@@ -572,6 +587,11 @@ static void test_failures(void) {
     expect_job_fails("more stages than layers", NULL, 4, NULL, "flexgen: rank ", "too few for 4 pipeline stages");
     expect_job_fails("an unknown flag on one stage", (const char *const *[]){(const char *[]){"--nonsense", NULL}, NULL},
                      2, NULL, "flexgen: rank 0 (stage 1 of 2): ", "--nonsense");
+    /* a stage that refuses its own FLEXGEN_ISA says so through the stages' agreement, which the
+     * others wait in: it does not leave them waiting until mpirun's timeout */
+    expect_job_fails_each("FLEXGEN_ISA refused on one stage", NULL, 2, NULL,
+                          (const char *const *const[]){NULL, (const char *[]){"FLEXGEN_ISA=bogus", NULL}},
+                          "flexgen: rank 1 (stage 2 of 2): ", "FLEXGEN_ISA");
 }
 
 void add_pipeline_tests(void) {
