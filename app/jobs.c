@@ -24,7 +24,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -233,13 +232,18 @@ static int hash_contents(int fd, off_t size, content_hash *c, unsigned char *buf
     return 0;
 }
 
-/* A file's name, size and every byte into h. */
+/* A file's name, size and every byte into h. O_NONBLOCK: a FIFO with no writer opens at once,
+ * to be refused as the loader refuses it, where a plain open would wait for a writer for ever. */
 static int hash_file(const char *dir, const char *name, uint64_t *h, unsigned char *buf, char *err) {
     char path[FG_PATH_LEN + 256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     content_hash c = {{1, 2, 3, 4}};
+    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fg_fail(err, "--model %s: not a regular file", path);
+    }
     if (fd < 0 || fstat(fd, &st) != 0 || hash_contents(fd, st.st_size, &c, buf) != 0) {
         int e = errno;
         if (fd >= 0) close(fd);
@@ -252,21 +256,24 @@ static int hash_file(const char *dir, const char *name, uint64_t *h, unsigned ch
     return 0;
 }
 
-static int weight_file_name(const struct dirent *e) {
-    size_t n = strlen(e->d_name);
-    return !strcmp(e->d_name, "config.json") || !strcmp(e->d_name, "model.safetensors.index.json") ||
-           (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors"));
-}
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* config.json and the files the loader reads (st_dir_files), in name order: a file the model
+ * does not use (a stray `.safetensors`) is not read. */
 int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err) {
-    struct dirent **names;
-    int n = scandir(dir, &names, weight_file_name, alphasort), rc = 0;
-    if (n < 0) return fg_fail(err, "--model %s: %s", dir, strerror(errno));
+    char **names;
+    int n, rc = st_dir_files(dir, &names, &n, err);
+    if (rc) return -1;
+    char **grown = realloc(names, (size_t)(n + 1) * sizeof *grown);
+    if (grown) names = grown;
+    if (grown && (names[n] = strdup("config.json"))) n++;
+    else rc = fg_fail(err, "out of memory");
+    qsort(names, (size_t)n, sizeof *names, by_name);
     unsigned char *buf = malloc(HASH_CHUNK + HASH_BLOCK);
-    if (!buf) rc = fg_fail(err, "out of memory");
+    if (rc == 0 && !buf) rc = fg_fail(err, "out of memory");
     *hash = FG_FNV64_START;
     for (int i = 0; i < n; i++) {
-        if (rc == 0) rc = hash_file(dir, names[i]->d_name, hash, buf, err);
+        if (rc == 0) rc = hash_file(dir, names[i], hash, buf, err);
         free(names[i]);
     }
     free(names);

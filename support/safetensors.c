@@ -217,6 +217,54 @@ int st_open_dir(const char *dir, st_archive *a, char *err) {
     return rc;
 }
 
+/* One more name, unless names already holds it. */
+static int add_name(char ***names, int *n, const char *name) {
+    for (int i = 0; i < *n; i++)
+        if (!strcmp((*names)[i], name)) return 0;
+    char **grown = realloc(*names, (size_t)(*n + 1) * sizeof *grown);
+    if (!grown) return -1;
+    *names = grown;
+    if (!(grown[*n] = strdup(name))) return -1;
+    (*n)++;
+    return 0;
+}
+
+int st_dir_files(const char *dir, char ***names, int *n, char *err) {
+    char path[4096];
+    int rc = 0;
+    *names = NULL, *n = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) != 0) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (access(path, F_OK) != 0)
+            return fg_fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
+                                "pytorch_model.bin with scripts/convert_to_safetensors.py)", dir);
+        if (add_name(names, n, "model.safetensors")) rc = fg_fail(err, "out of memory");
+        return rc;
+    }
+    char *text = fg_read_file(path, NULL, err); /* a FIFO or a directory: refused, not waited on */
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *wm = fg_json_get(root, "weight_map");
+    if (!cJSON_IsObject(wm))
+        rc = fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", path);
+    if (rc == 0 && add_name(names, n, "model.safetensors.index.json")) rc = fg_fail(err, "out of memory");
+    for (const cJSON *e = wm ? wm->child : NULL; e && rc == 0; e = e->next) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/'))
+            rc = fg_fail(err, "%s: weight_map entry %s: bad file name", path, e->string);
+        else if (add_name(names, n, e->valuestring))
+            rc = fg_fail(err, "out of memory");
+    }
+    cJSON_Delete(root);
+    if (rc) {
+        for (int i = 0; i < *n; i++) free((*names)[i]);
+        free(*names);
+        *names = NULL, *n = 0;
+    }
+    return rc;
+}
+
 const st_tensor *st_find(const st_archive *a, const char *name) {
     for (int i = 0; i < a->n_tensors; i++)
         if (strcmp(a->tensors[i].name, name) == 0) return &a->tensors[i];

@@ -77,6 +77,9 @@ int opt_weight_locate(const opt_weights *w, const char *name, const fp16 **first
 
 int st_open_dir(const char *dir, st_archive *a, char *err);
 int st_open_file(const char *path, st_archive *a, char *err); /* appends one file's tensors */
+/* The names of the files in dir that st_open_dir reads (malloc'd, each once, unsorted): the shard
+ * index and the shards it names, or model.safetensors. The index is read, nothing else. */
+int st_dir_files(const char *dir, char ***names, int *n, char *err);
 
 /* ------------------------------------------------------------------------------------------
  * Tokenizers: BPE (tokenizer.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)

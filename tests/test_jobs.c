@@ -785,6 +785,47 @@ static void test_job_checkpoint_identity(void) {
     free(model), free(dir);
 }
 
+/* A job on a checkpoint with a FIFO among its files (no writer: an open that waits would wait for
+ * ever) ends within a bound: a `*.safetensors` the model does not use is not read (the job runs
+ * and names the checkpoint as without it), and a FIFO the model would read (the shard index, the
+ * weights) is refused with one line naming it, no output made. */
+static void test_job_checkpoint_fifo(void) {
+    char *dir = make_temp_dir(), *model = make_temp_dir(), prompts[4200], output[4200], plain[4200], cmd[9000];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(plain, sizeof plain, "%s", join(dir, "plain.jsonl"));
+    write_text_file(prompts, "{\"prompt_ids\": [1, 10, 11]}\n{\"prompt_ids\": [1, 12]}\n");
+    snprintf(cmd, sizeof cmd, "cp '%s'/config.json '%s'/model.safetensors '%s'/", llama_kjv_dir, llama_kjv_dir, model);
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    const char *job[] = {"timeout", "60", flexgen_bin(), "--model", model, "--prompt-file", prompts, "--gen-len", "2",
+                         "--quiet", "--output", plain, NULL};
+    run_ok(job);
+    char *expected = slurp(plain, NULL), *out, *err;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(expected);
+    job[11] = output;
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(model, "extra.safetensors"), 0600), 0);
+    int rc = run_command(job, NULL, &out, &err);
+    char *got = slurp(output, NULL);
+    EXPECT(rc == 0 && got && !strcmp(got, expected), "a FIFO extra.safetensors the model does not use: expected "
+           "exit 0 and the job as without it, got %d (124: it hung), '%s'", rc, err);
+    free(out), free(err), free(got);
+    unlink(output);
+    static const char *const fifos[] = {"model.safetensors.index.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        if (i) CU_ASSERT_EQUAL_FATAL(rename(join(model, "model.safetensors"), join(dir, "weights")), 0);
+        CU_ASSERT_EQUAL_FATAL(mkfifo(join(model, fifos[i]), 0600), 0);
+        rc = run_command(job, NULL, &out, &err);
+        EXPECT(rc == 2 && count_lines(err) == 1 && strstr(err, fifos[i]) && strstr(err, "not a regular file") &&
+               access(output, F_OK) != 0, "a FIFO %s: expected exit 2, one line naming it and no output, got %d "
+               "(124: it hung), '%s'", fifos[i], rc, err);
+        free(out), free(err);
+        unlink(join(model, fifos[i]));
+    }
+    free(expected);
+    rm_tree(model), rm_tree(dir);
+    free(model), free(dir);
+}
+
 /* A prompt file's line and an output's record line are one JSON object each, in UTF-8, whose
  * strings and ids come back unchanged; an output's records are of the job's prompts, once each. */
 static void test_job_bad_lines(void) {
@@ -872,6 +913,8 @@ void add_job_tests(void) {
     CU_add_test(s, "a job is named by its prompts, model, flags and block shape", test_job_identity);
     CU_add_test(s, "a job's checkpoint is named by every byte: another one, or one tensor changed, is refused",
                 test_job_checkpoint_identity);
+    CU_add_test(s, "a FIFO in the checkpoint directory: not read unless used, refused if used, no hang",
+                test_job_checkpoint_fifo);
     CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
     CU_add_test(s, "JSONL lines: one object, UTF-8, values that come back unchanged", test_job_bad_lines);
     CU_add_test(s, "an output that is an input is refused", test_outputs_apart_from_inputs);
