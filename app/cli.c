@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1984,6 +1985,9 @@ static int short_openmp_spin(void) {
 /* Both variables are read as the libraries load, so one new start takes both: OpenBLAS's core
  * where it picked one of an older instruction set than this CPU has (blas_core.c), and the spin. */
 int main(int argc, char **argv) {
+    /* A file size limit (ulimit -f) is a full disk to every write: EFBIG, reported with one line
+     * and the write taken back, where SIGXFSZ would kill the run mid-write. */
+    signal(SIGXFSZ, SIG_IGN);
     const char *core = fg_blas_core_force();
     int spin = short_openmp_spin();
     if (core || spin) {

@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "support/support.h"
+#include "support/tools.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,8 @@ int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char 
     int rc = posix_fallocate(fd, 0, (off_t)bytes);
     if (rc) {
         close(fd);
-        return fg_fail(err, "%s %s: cannot reserve %s: %s", flag, dir, human((double)bytes).s, strerror(rc));
+        return fg_fail(err, "%s %s: cannot reserve %s: %s", flag, dir, human((double)bytes).s,
+                       fg_write_failure(dir, rc));
     }
     a->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (a->base == MAP_FAILED) {

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "support/support.h"
+#include "support/tools.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -164,7 +165,7 @@ static char *create(const weight_file *f, size_t size, int *fd, char *err) {
     char *base = rc ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
     if (base != MAP_FAILED) return base;
     fg_fail(err, "--path %s: cannot %s %s: %s", f->dir, rc ? "reserve" : "map", human((double)size).s,
-            strerror(rc ? rc : errno));
+            rc ? fg_write_failure(f->dir, rc) : strerror(errno));
     close(*fd);
     *fd = -1;
     return NULL;

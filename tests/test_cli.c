@@ -928,6 +928,87 @@ static int run_on_disk(const char *off, const char *const *extra, char **out, ch
     return run_flexgen(args, NULL, out, err);
 }
 
+/* $FLEXGEN_BIN with args in a child under a file size limit of `bytes` set there before exec,
+ * with SIGXFSZ at its default as a shell's `ulimit -f` leaves it (exceeding the limit kills a
+ * process that does not ignore it). Returns the exit status or 128 + the signal; *err gets its
+ * stderr (malloc'd), its stdout goes nowhere. */
+static int run_under_file_limit(const char *const *args, rlim_t bytes, char **err) {
+    const char *argv[40] = {flexgen_bin()};
+    int n = 1;
+    while (*args && n < 39) argv[n++] = *args++;
+    argv[n] = NULL;
+    int e[2];
+    if (pipe(e)) abort();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) abort();
+    if (pid == 0) {
+        struct rlimit limit;
+        getrlimit(RLIMIT_FSIZE, &limit);
+        limit.rlim_cur = bytes;
+        int null = open("/dev/null", O_WRONLY);
+        if (null < 0 || dup2(null, 1) < 0 || dup2(e[1], 2) < 0 || setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
+        close(e[0]);
+        signal(SIGXFSZ, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(e[1]);
+    buffer eb = {0};
+    while (drain(e[0], &eb)) continue;
+    drain(-1, &eb);
+    close(e[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *err = eb.data;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* A file size limit (`ulimit -f`) is a full disk to every output, not SIGXFSZ's kill: the logits
+ * past it exit 2 with one line and no temporary left; a job's records past it exit 2 with one
+ * line and the output keeps whole records, those written before (or is removed). */
+static void test_file_size_limit_is_a_full_disk(void) {
+    char *dir = make_temp_dir(), *out, *err;
+    char logits[4200], prompts[4200], output[4200];
+    snprintf(logits, sizeof logits, "%s", join(dir, "l.bin"));
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    /* the logits: 5 x 8 x 512 floats, 80 KiB */
+    int rc = run_under_file_limit(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8", "--quiet",
+                                       "--dump-logits", logits), 4096, &err);
+    EXPECT(rc == 2 && strstr(err, "--dump-logits") && strstr(err, "file size limit") && count_lines(err) == 1,
+           "--dump-logits past a file size limit (SIGXFSZ at its default): expected exit 2 and one line, got %d "
+           "(153: killed by SIGXFSZ), '%s'", rc, err);
+    EXPECT(dir_entries(dir) == 0, "--dump-logits past a file size limit: %d files left (a .tmp-*)", dir_entries(dir));
+    free(err);
+    /* a job: its whole output, then a limit inside its records */
+    char text[4 * N_PROMPTS * 80] = "";
+    for (int i = 0; i < 4 * N_PROMPTS; i++)
+        sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, %d]}\n", 10 + i, 100 + 3 * i);
+    write_text_file(prompts, text);
+    const char *const job[] = {"--model", tiny_dir, "--prompt-file", prompts, "--gen-len", "8", "--quiet",
+                               "--gpu-batch-size", "1", "--output", output, NULL};
+    CU_ASSERT_EQUAL_FATAL(run_flexgen(job, NULL, &out, &err), 0);
+    free(out), free(err);
+    size_t full_len = 0;
+    char *full = slurp(output, &full_len);
+    CU_ASSERT_FATAL(full && full_len > 200);
+    unlink(output);
+    rc = run_under_file_limit(job, full_len - 100, &err);
+    char *kept = slurp(output, NULL);
+    size_t kept_len = kept ? strlen(kept) : 0;
+    int whole = !kept || (kept_len > 0 && kept[kept_len - 1] == '\n' && !strncmp(kept, full, kept_len));
+    EXPECT(rc == 2 && strstr(err, "--output") && strstr(err, "file size limit") && count_lines(err) == 1 && whole,
+           "--output past a file size limit of %zu bytes (SIGXFSZ at its default): expected exit 2, one line and "
+           "whole records, got %d (153: killed by SIGXFSZ), '%s', %zu bytes%s", full_len - 100, rc, err, kept_len,
+           whole ? "" : " ending mid-record");
+    EXPECT(dir_entries(dir) <= 2, "--output past a file size limit: %d files in the directory", dir_entries(dir));
+    free(err), free(kept), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* The offload dir is empty after a normal run and after a failed one; a full disk (here: a
  * file size limit) is one clear line, not a crash. */
 static void test_offload_dir_left_empty(void) {
@@ -2257,6 +2338,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
     CU_add_test(s, "signals ignored by the parent (nohup) stay ignored", test_ignored_signals_stay_ignored);
     CU_add_test(s, "an output on a full device: named, no temporary left", test_output_on_full_device);
+    CU_add_test(s, "a file size limit is a full disk, not SIGXFSZ's kill", test_file_size_limit_is_a_full_disk);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
