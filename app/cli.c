@@ -1774,10 +1774,12 @@ static int tokenize_command(int argc, char **argv, char *err) {
 /* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and
  * (perplexity) generation's. */
 static int check_command_flags(const char *command, int argc, char **argv, char *err) {
-    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", NULL};
+    /* a plan depends on none of a run's outputs, its warm-up run, its sampling or --policy's choice */
+    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", "--warmup",
+        "--temperature", "--top-p", "--seed", "--policy", NULL};
     static const char *const perplexity[] = {"--prompt", "--prompt-file", "--prompt-ids", "--prompt-len",
         "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits", "--policy",
-        "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", "--schedule", NULL};
+        "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", "--schedule", "--warmup", NULL};
     return refuse_flags(command, !strcmp(command, "policy") ? policy : perplexity, argc, argv, err);
 }
 

@@ -2013,6 +2013,21 @@ static void test_flags_of_other_commands(void) {
     for (int i = 0; i < 3; i++)
         EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, policy[i], "x.out"), policy[i], "not a flag of `flexgen policy`");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--resume"), "--resume", "not a flag of `flexgen policy`");
+    /* a run's flags that no plan depends on: a warm-up run, sampling, --policy's choice (a
+     * hardware file given, so that a run the refusal misses plans without measuring the machine) */
+    char *dir = make_temp_dir(), hw[4200];
+    snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
+    write_hw(hw);
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--warmup"), "--warmup", "not a flag of `flexgen policy`");
+    static const char *const policy_values[][2] = {{"--temperature", "0.7"}, {"--top-p", "0.9"}, {"--seed", "3"},
+                                                   {"--policy", "auto"}};
+    for (int i = 0; i < 4; i++)
+        EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, policy_values[i][0], policy_values[i][1]),
+                    policy_values[i][0], "not a flag of `flexgen policy`");
+    rm_tree(dir);
+    free(dir);
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, "--warmup"), "--warmup",
+                "not a flag of `flexgen perplexity`");
     static const char *const perplexity[] = {"--output", "--trace"};
     for (int i = 0; i < 2; i++)
         EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, perplexity[i], "x.out"), perplexity[i],
