@@ -127,6 +127,12 @@ static int read_pre_tokenizer(const cJSON *p, tok_rules *r, const char *path, ch
     return refuse(path, "pre_tokenizer", p, "ByteLevel, Metaspace and LLaMA 3's and Qwen2's Split are", err);
 }
 
+/* A token id: an integer in [0, MAX_ID], or -1. */
+static int id_of(const cJSON *v) {
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    return d >= 0 && d <= MAX_ID && d == (double)(int)d ? (int)d : -1;
+}
+
 /* ---- decoder and post_processor ---- */
 
 /* A Metaspace decoder turns U+2581 into spaces and, unless its prepend_scheme is "never", drops
@@ -154,37 +160,49 @@ static int read_decoder_part(const cJSON *d, tok_rules *r, const char *path, cha
     return 0;
 }
 
-/* TemplateProcessing's single template: "$A" or "<bos> $A". */
-static int read_template(const cJSON *t, tok_rules *r, const char *path, char *err) {
+/* TemplateProcessing's single template: "$A" or "<bos> $A"; n_ids: one past the largest id of the
+ * vocab and the added tokens. */
+static int read_template(const cJSON *t, int n_ids, tok_rules *r, const char *path, char *err) {
     const cJSON *single = fg_json_get(t, "single");
     int n = cJSON_GetArraySize(single);
     const cJSON *first = fg_json_get(cJSON_GetArrayItem(single, 0), "SpecialToken");
     const cJSON *last = fg_json_get(cJSON_GetArrayItem(single, n - 1), "Sequence");
     const char *bos = str_of(first, "id");
     const cJSON *ids = fg_json_get(fg_json_get(fg_json_get(t, "special_tokens"), bos ? bos : ""), "ids");
-    const cJSON *id = cJSON_GetArrayItem(ids, 0);
     if (n == 1 && is(last, "id", "A")) return 0;
-    if (n != 2 || !is(last, "id", "A") || !cJSON_IsNumber(id))
+    if (n != 2 || !is(last, "id", "A") || !bos)
         return refuse(path, "post_processor", t, "templates \"$A\" and \"<bos> $A\" are", err);
-    r->bos_id = id->valueint;
+    /* one id of a token: taken as it came, -5 would be no BOS at all and 1e30 INT_MAX */
+    int id = id_of(cJSON_GetArrayItem(ids, 0));
+    if (cJSON_GetArraySize(ids) != 1 || id < 0 || id >= n_ids)
+        return fg_fail(err, "%s: post_processor.special_tokens[\"%s\"].ids: expected one token id, an integer in "
+                       "[0, %d)", path, bos, n_ids);
+    r->bos_id = id;
     return 0;
 }
 
-static int read_post_processor(const cJSON *p, tok_rules *r, const char *path, char *err) {
+static int read_post_processor(const cJSON *p, int n_ids, tok_rules *r, const char *path, char *err) {
     if (!p || cJSON_IsNull(p) || is(p, "type", "ByteLevel")) return 0;
-    if (is(p, "type", "TemplateProcessing")) return read_template(p, r, path, err);
+    if (is(p, "type", "TemplateProcessing")) return read_template(p, n_ids, r, path, err);
     const cJSON *parts = parts_of(p, "processors"), *q;
     if (!parts) return refuse(path, "post_processor", p, "TemplateProcessing and ByteLevel are", err);
-    cJSON_ArrayForEach(q, parts) if (read_post_processor(q, r, path, err)) return -1;
+    cJSON_ArrayForEach(q, parts) if (read_post_processor(q, n_ids, r, path, err)) return -1;
     return 0;
+}
+
+/* One past the largest id of model.vocab and added_tokens (ids out of range are refused where
+ * they are read). */
+static int ids_bound(const cJSON *root) {
+    int bound = 0;
+    const cJSON *vocab = fg_json_get(fg_json_get(root, "model"), "vocab"), *e;
+    for (e = cJSON_IsObject(vocab) ? vocab->child : NULL; e; e = e->next)
+        if (id_of(e) >= bound) bound = id_of(e) + 1;
+    cJSON_ArrayForEach(e, fg_json_get(root, "added_tokens"))
+        if (id_of(fg_json_get(e, "id")) >= bound) bound = id_of(fg_json_get(e, "id")) + 1;
+    return bound;
 }
 
 /* ---- model ---- */
-
-static int id_of(const cJSON *v) {
-    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
-    return d >= 0 && d <= MAX_ID && d == (double)(int)d ? (int)d : -1;
-}
 
 static int check_model(const cJSON *m, const char *path, char *err) {
     const char *prefix = str_of(m, "continuing_subword_prefix"), *suffix = str_of(m, "end_of_word_suffix");
@@ -282,7 +300,7 @@ static fg_tokenizer *read_tokenizer(const cJSON *root, const char *path, char *e
     if (read_parts(fg_json_get(root, "normalizer"), "normalizers", read_normalizer_part, &rules, path, err) ||
         read_pre_tokenizer(fg_json_get(root, "pre_tokenizer"), &rules, path, err) ||
         read_parts(fg_json_get(root, "decoder"), "decoders", read_decoder_part, &rules, path, err) ||
-        read_post_processor(fg_json_get(root, "post_processor"), &rules, path, err))
+        read_post_processor(fg_json_get(root, "post_processor"), ids_bound(root), &rules, path, err))
         return NULL;
     if (rules.byte_level && (rules.prepend || rules.spaces_to_meta)) {
         fg_fail(err, "%s: a ByteLevel pre_tokenizer with SentencePiece's \u2581 is not implemented", path);

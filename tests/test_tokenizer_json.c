@@ -314,6 +314,16 @@ static void test_refusals(void) {
     refused("{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\"}}, "
             "{\"SpecialToken\": {\"id\": \"</s>\"}}]}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
             "post_processor \"TemplateProcessing\"");
+    /* the template's BOS: one integer id of a token; -5 would drop the BOS, 1e30 become INT_MAX */
+    static const char *const bos_ids[] = {"-5", "1e30", "1.5", "\"1\"", "4", "1, 2", ""};
+    for (int i = 0; i < 7; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
+                 "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", "
+                 "\"type_id\": 0}}], \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [%s], "
+                 "\"tokens\": [\"<s>\"]}}}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", bos_ids[i]);
+        refused(json, "post_processor.special_tokens[\"<s>\"].ids");
+    }
     refused("{\"post_processor\": {\"type\": \"RobertaProcessing\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
             "post_processor \"RobertaProcessing\"");
     refused("{\"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
