@@ -8,6 +8,7 @@
 #include "support/tools.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -159,7 +160,9 @@ static int refuse_value(const cJSON *v, const char *field, const char *path, con
     return -1;
 }
 
-/* A number field (absent or null: def) that must lie in (lo, hi]. */
+/* A number field (absent or null: def) that must lie in (lo, hi], lo >= 0, and stay a normal
+ * number in fp32, as the model computes with it: 1e-50 would be 0 there (and 1e-40 lose its
+ * digits), and a rope_theta or factor of 0 makes every logit NaN. */
 static int json_real(const cJSON *o, const char *key, double def, double lo, double hi, float *out,
                      const char *path, char *err) {
     const cJSON *v = fg_json_get(o, key);
@@ -168,13 +171,32 @@ static int json_real(const cJSON *o, const char *key, double def, double lo, dou
         *out = (float)def;
         return 0;
     }
+    char field[64], why[128];
+    snprintf(field, sizeof field, "\"%s\"", key);
     if (!cJSON_IsNumber(v) || !(v->valuedouble > lo && v->valuedouble <= hi)) {
-        char field[64], why[96];
-        snprintf(field, sizeof field, "\"%s\"", key);
         snprintf(why, sizeof why, "expected a number in (%g, %g]", lo, hi);
         return refuse_value(v, field, path, why, err);
     }
     *out = (float)v->valuedouble;
+    if (!isnormal(*out)) {
+        snprintf(why, sizeof why, "expected a number in (%g, %g] that fp32 holds (at least %.2g)", lo, hi,
+                 (double)FLT_MIN);
+        return refuse_value(v, field, path, why, err);
+    }
+    return 0;
+}
+
+/* RoPE's angles, position x frequency, finite in fp32 at every position: each field can be an
+ * fp32 number while a frequency is not (a factor of 1e-37 divides 1 into 1e37). */
+static int rope_finite(const opt_config *c, const char *path, char *err) {
+    float inv_freq[512]; /* head_dim <= 1024 */
+    rope_frequencies(c, inv_freq);
+    float last = (float)(c->max_pos - 1);
+    for (int i = 0; i < c->head_dim / 2; i++)
+        if (!isfinite(inv_freq[i]) || !isfinite(last * inv_freq[i]))
+            return fg_fail(err, "%s: \"rope_theta\" %g and \"rope_scaling\" (factor %g) give RoPE frequency %d an "
+                           "angle that is not a finite fp32 at position %d", path, c->rope.theta, c->rope.factor, i,
+                           c->max_pos - 1);
     return 0;
 }
 
@@ -280,7 +302,7 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, o
         json_flag(root, "tie_word_embeddings", 0, tie_head, path, err) || /* HF's default here: untied */
         json_ids(root, "bos_token_id", qwen2 ? -1 : 1, &c->bos_id, &(int){0}, 1, path, err) ||
         json_ids(root, "eos_token_id", qwen2 ? -1 : 2, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err) ||
-        sliding_window(root, c, type, path, err))
+        sliding_window(root, c, type, path, err) || rope_finite(c, path, err))
         return -1;
     c->qkv_bias = qwen2 || (llama && attention_bias);
     c->o_bias = llama && attention_bias;

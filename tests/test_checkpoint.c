@@ -1087,6 +1087,16 @@ static void test_llama_config_refusals(void) {
         {"head_dim", "7", {"head_dim 7", "not implemented"}},
         {"rope_theta", "-1", {"\"rope_theta\" is -1"}},
         {"rms_norm_eps", "\"small\"", {"\"rms_norm_eps\" is \"small\""}},
+        /* numbers that fp32 makes 0 (or subnormal): every logit would be NaN */
+        {"rope_theta", "1e-50", {"\"rope_theta\" is 1e-50", "fp32"}},
+        {"rms_norm_eps", "1e-50", {"\"rms_norm_eps\" is 1e-50", "fp32"}},
+        {"rms_norm_eps", "1e-40", {"\"rms_norm_eps\" is 1e-40", "fp32"}},
+        {"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 1e-50}", {"\"factor\" is 1e-50", "fp32"}},
+        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1e-50, \"high_freq_factor\": 4, "
+                         "\"original_max_position_embeddings\": 32}", {"\"low_freq_factor\" is 1e-50", "fp32"}},
+        /* fp32 numbers each, whose frequencies are not: 1 / 1e-37 at position 127 */
+        {"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 1e-37}", {"\"rope_theta\" 10000", "\"rope_scaling\"",
+                         "not a finite fp32"}},
         {"eos_token_id", "[2, \"x\"]", {"\"eos_token_id\"", "token id"}},
         {"model_type", "\"gemma\"", {"model_type is \"gemma\"", "unknown architecture"}},
     };
