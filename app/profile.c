@@ -376,6 +376,12 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
                          HW_MIN, HW_MAX);
         else if (v) *optional[i] = v->valuedouble;
     }
+    /* --int8-activations' products in prefill and in decode: the cost model takes both rates or
+     * neither (0 and absent are none) */
+    if (rc == 0 && (hw->mm_flops_int8_p > 0) != (hw->mm_flops_int8_g > 0))
+        rc = fg_fail(err, "%s: \"mm_flops_int8_p\" and \"mm_flops_int8_g\" go together (4-bit x int8 products in "
+                     "prefill and decode): give both or neither; \"%s\" is missing or 0", path,
+                     hw->mm_flops_int8_p > 0 ? "mm_flops_int8_g" : "mm_flops_int8_p");
     const cJSON *host = fg_json_get(root, "gpu_is_host");
     if (rc == 0 && host && !cJSON_IsBool(host))
         rc = fg_fail(err, "%s: \"gpu_is_host\" must be true or false", path);

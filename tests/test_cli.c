@@ -1780,6 +1780,21 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("--evaluate"), "--evaluate", "flexgen policy");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", bad), bad, "gtoc_bdw_cache");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", missing), missing);
+    /* the two rates of --int8-activations' products go together: one alone is named at load, not
+     * left to the LP (a prefill term of bytes / 0) or to a silent fall back to the fp32 rates */
+    char *whole = slurp(hw, NULL);
+    static const char *const int8_rates[] = {"\"mm_flops_int8_g\": 2e11, ", "\"mm_flops_int8_p\": 2e11, "};
+    for (int i = 0; i < 2; i++) {
+        char with[64];
+        snprintf(with, sizeof with, "%s\"gpu_is_host\"", int8_rates[i]);
+        char *half = replaced(whole, "\"gpu_is_host\"", with);
+        write_text_file(bad, half);
+        EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", bad, "--offload-dir", dir, "--compress-weight",
+                         "--int8-activations"), bad, "\"mm_flops_int8_p\"", "\"mm_flops_int8_g\"");
+        free(half);
+    }
+    free(whole);
+    write_text_file(bad, "{\"ctog_bdw\": 6e9}");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--policy", "auto", "--hw", bad), bad);
     /* budgets nothing fits: the tier that cannot hold even one sequence is named (here a layer
      * of opt-175b, staged in fp32, is more than the gpu tier) */
