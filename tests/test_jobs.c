@@ -370,7 +370,8 @@ static void test_job_output_full(void) {
     free(dir);
 }
 
-/* Bad jobs: one line, exit 2, and the output neither made nor changed. */
+/* Bad jobs: one line, exit 2, and the output neither made nor changed. Among them resumes of
+ * another job: another model, other prompts, and a flag the job began with (--refill) dropped. */
 static void test_job_bad_input(void) {
     char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200], other[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -403,6 +404,20 @@ static void test_job_bad_input(void) {
                 "another job", "prompts_fnv64");
     char *after = slurp(output, NULL);
     EXPECT(before && after && !strcmp(before, after), "refused jobs changed %s", output);
+    free(before), free(after);
+    unlink(output); /* a job begun with --refill, resumed without it: every recorded key is compared */
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                                     "--stop-at-eos", "--refill", "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    char *full = slurp(output, NULL);
+    CU_ASSERT_FATAL(full != NULL);
+    before = first_lines(full, 2); /* the job line and one of two records: the resume has work left */
+    write_text_file(output, before);
+    free(full);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                     "--stop-at-eos", "--resume"), "another job", "refill is true there, none here");
+    after = slurp(output, NULL);
+    EXPECT(before && after && !strcmp(before, after), "a resume without the job's --refill changed %s", output);
     free(before), free(after);
     rm_tree(dir);
     free(dir);
