@@ -506,6 +506,31 @@ static void test_job_resume_unsorted_ids(void) {
     free(dir);
 }
 
+/* An output that holds its job line and no record (the job stopped between the two writes)
+ * resumes to the uninterrupted output: no finished id is no list to sort or search. */
+static void test_job_resume_job_line_only(void) {
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 12]}\n{\"prompt_ids\": [2, 40, 7]}\n");
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "3", "--quiet",
+                         "--output", whole, NULL, NULL};
+    run_ok(job);
+    char *full = slurp(whole, NULL), *part = full ? first_lines(full, 1) : NULL;
+    CU_ASSERT_FATAL(full && part && count_lines(full) == 4 && count_lines(part) == 1);
+    write_text_file(cut, part);
+    job[9] = cut, job[10] = "--resume";
+    char *out, *err;
+    int rc = run_command(job, NULL, &out, &err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(rc == 0 && resumed && !strcmp(resumed, full), "an output of its job line alone, resumed: expected exit 0 "
+           "and the uninterrupted output; got %d, '%.300s', output:\n%s", rc, err, resumed ? resumed : "(none)");
+    free(out), free(err), free(resumed), free(part), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A LLaMA-family job (models/llama-kjv: its tokenizer.json, grouped-query attention, the KV cache
  * on disk): seven text prompts of different lengths in blocks of 2 x 2, cut after 3 records and
  * resumed, gives the uninterrupted output byte for byte; each record's completion is what its
@@ -881,6 +906,7 @@ void add_job_tests(void) {
     CU_add_test(s, "--warmup: the same records, run and resumed; the cold run's latency", test_job_warmup);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
+    CU_add_test(s, "--resume of an output that holds only its job line", test_job_resume_job_line_only);
     CU_add_test(s, "a LLaMA job: text through tokenizer.json, the cache on disk, cut and resumed", test_job_llama);
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
