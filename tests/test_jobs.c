@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -125,7 +126,8 @@ static void test_job_output(void) {
 
 /* --warmup runs a generate of its own before the job's: the records are the same bytes with and
  * without it, sampled, and a job cut after two records and resumed with it too; --json gives the
- * cold run's latency. */
+ * cold run's latency, which is the whole of it: its prefill and its decode step, each taking
+ * time. */
 static void test_job_warmup(void) {
     char *dir = make_temp_dir(), prompts[4200], plain[4200], warm[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -142,7 +144,11 @@ static void test_job_warmup(void) {
     CU_ASSERT_EQUAL(rc, 0);
     cJSON *o = cJSON_Parse(out);
     const cJSON *cold = cJSON_GetObjectItem(o, "warmup_latency");
-    EXPECT(cJSON_IsNumber(cold) && cold->valuedouble > 0, "--warmup --json: expected a warmup_latency, got %s", out);
+    double prefill = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "warmup_prefill_latency"));
+    double decode = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "warmup_decode_latency"));
+    EXPECT(cJSON_IsNumber(cold) && prefill > 0 && decode > 0 && fabs(cold->valuedouble - (prefill + decode)) <=
+           1e-9 * cold->valuedouble, "--warmup --json: expected warmup_latency the sum of its prefill's and its "
+           "decode step's, each > 0; got %s", out);
     cJSON_Delete(o);
     free(out), free(err);
     char *want = slurp(plain, NULL), *got = slurp(warm, NULL);
