@@ -65,8 +65,9 @@ failed=0
 # runs at once rather than after the run: `timeout` leads a process group of its own, whose every
 # process the trap ends (TERM; KILL to what is left once `timeout` has ended, at most its -k 10 s).
 running="" scratch=""
+exec 9>&2 # the script's stderr, for stop(), which runs inside a call whose output goes to a log
 limited() { # LIMIT command...: runs it under LIMIT seconds; its exit status
-    timeout -k 10 "$1" "${@:2}" &
+    timeout -k 10 "$1" "${@:2}" 9>&- &
     running=$!
     wait "$running"
     local rc=$?
@@ -81,7 +82,7 @@ stop() { # SIGNAL STATUS
         kill -KILL -- "-$running" 2>/dev/null
     fi
     [ -z "$scratch" ] || rm -rf "$scratch"
-    echo "gpu_check.sh: stopped by SIG$1; the results so far are in $OUT/.data" >&2
+    echo "gpu_check.sh: stopped by SIG$1; the results so far are in $OUT/.data" >&9
     exit "$2"
 }
 trap 'stop INT 130' INT

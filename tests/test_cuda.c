@@ -573,15 +573,16 @@ static double seconds_now(void) {
  * test binary: SIGINT to its process group (a terminal's Ctrl-C), SIGTERM to the script alone
  * (kill PID). */
 static void interrupt_gpu_check(const char *dir, int sig) {
-    char out_dir[4200], next_log[4300];
+    char out_dir[4200], next_log[4300], err_path[4300];
     snprintf(out_dir, sizeof out_dir, "OUT=%s/%s", dir, sig == SIGINT ? "int" : "term");
     snprintf(next_log, sizeof next_log, "%s/sanitizer.log", out_dir + 4);
+    snprintf(err_path, sizeof err_path, "%s/%s.err", dir, sig == SIGINT ? "int" : "term");
     pid_t pid = fork();
     CU_ASSERT_FATAL(pid >= 0);
     if (pid == 0) {
         setsid();
-        int null = open("/dev/null", O_RDWR);
-        dup2(null, 0), dup2(null, 1), dup2(null, 2);
+        int null = open("/dev/null", O_RDWR), err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(null, 0), dup2(null, 1), dup2(err, 2);
         execlp("env", "env", out_dir, "bash", "scripts/gpu_check.sh", "--dry", "check", (char *)NULL);
         _exit(127);
     }
@@ -612,6 +613,11 @@ static void interrupt_gpu_check(const char *dir, int sig) {
     EXPECT(left == (ended ? 0 : 1), "gpu_check.sh, %s mid-step: %d of its processes left running", name,
            left - !ended);
     EXPECT(access(next_log, F_OK) != 0, "gpu_check.sh, %s mid-step: it went on to its next step", name);
+    char *err = slurp(err_path, NULL), said[64];
+    snprintf(said, sizeof said, "gpu_check.sh: stopped by %s;", name);
+    EXPECT(err && strstr(err, said) && count_lines(err) == 1, "gpu_check.sh, %s mid-step: expected one line on its "
+           "stderr, \"%s ...\"; got '%s'", name, said, err ? err : "(none)");
+    free(err);
     if (!ended) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
     session_processes(pid, NULL, 1);
 }
