@@ -34,6 +34,7 @@ typedef struct {
     int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
     int warmup;          /* --warmup: a short generate first, untimed (warm_up) */
     double cold_seconds; /* its latency: the cold first run's; < 0 without --warmup */
+    double cold_prefill, cold_decode; /* the two parts of it: its prefill, its decode step */
     int job_finished;    /* --resume found every prompt's record in --output */
     int n_job_prompts;   /* the job's prompts, with those --output has records of */
     uint64_t prompts_hash; /* their ids and tokens (a job's identity) */
@@ -822,7 +823,11 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
         cJSON_AddNumberToObject(o, "total_latency", total);
         cJSON_AddNumberToObject(o, "total_throughput", total_tp);
         cJSON_AddNumberToObject(o, "mean_completion_seconds", completion);
-        if (a->cold_seconds >= 0) cJSON_AddNumberToObject(o, "warmup_latency", a->cold_seconds);
+        if (a->cold_seconds >= 0) {
+            cJSON_AddNumberToObject(o, "warmup_latency", a->cold_seconds);
+            cJSON_AddNumberToObject(o, "warmup_prefill_latency", a->cold_prefill);
+            cJSON_AddNumberToObject(o, "warmup_decode_latency", a->cold_decode);
+        }
         cJSON_AddStringToObject(o, "blas_library", blas.library);
         cJSON_AddStringToObject(o, "blas_core", blas.core);
         cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
@@ -1479,7 +1484,10 @@ static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p
     gen_timing t;
     if (rc == 0 && a->gen.verbose) fprintf(stderr, "warmup: %d prompts of %d tokens, %d generated\n", n, len, gen_len);
     if (rc == 0) rc = generate(m, &opt, n, ids, lens, tokens, NULL, &t, err);
-    if (rc == 0) a->cold_seconds = t.prefill_latency + t.decode_latency;
+    if (rc == 0) { /* the whole cold run: its decode step pays first-time costs too (a kernel first used there) */
+        a->cold_prefill = t.prefill_latency, a->cold_decode = t.decode_latency;
+        a->cold_seconds = t.prefill_latency + t.decode_latency;
+    }
     fg_runtime_trace_restart(rt);
     for (int i = 0; ids && i < n; i++) free(ids[i]);
     free(ids);

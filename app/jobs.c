@@ -416,8 +416,9 @@ static int read_done(job_output *o, char *err) {
     }
     free(line);
     fclose(f);
-    if (rc == 0) qsort(o->done, (size_t)o->n_done, sizeof *o->done, by_string);
-    const char *twice = rc == 0 ? job_repeated_id(o->done, o->n_done) : NULL;
+    int sortable = rc == 0 && o->n_done > 0; /* no record, no list: qsort and memcpy take no NULL, even of 0 items */
+    if (sortable) qsort(o->done, (size_t)o->n_done, sizeof *o->done, by_string);
+    const char *twice = sortable ? job_repeated_id(o->done, o->n_done) : NULL;
     if (twice) rc = fg_fail(err, "--resume: %s has two records of the id %.60s", o->path, twice);
     o->size = at;
     return rc;

@@ -25,7 +25,9 @@
 # FlexGen's report, ncu's table) in $OUT/.data, from which the markdown is written
 # (scripts/gpu_check_report.py). The halves may run as two commands with the same OUT, in either
 # order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
-# bad usage.
+# bad usage. Ctrl-C (SIGINT) or SIGTERM stops the run at once: the running step's processes are
+# ended (each run under a limit leads a process group of its own, which a terminal's Ctrl-C does
+# not reach), FlexGen's offload directory is removed, and the exit status is 130 or 143.
 #
 # --dry: the same plumbing on the emulated GPU (./flexgen-emu; docs/GPU.md), on models/opt-kjv and
 # models/llama-kjv at prompt 16 and 4 tokens, in under a minute, without FlexGen, compute-sanitizer
@@ -59,6 +61,33 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 JOBS=$(nproc)
 failed=0
 
+# A run under a limit goes in the background and the script waits for it, so that a signal's trap
+# runs at once rather than after the run: `timeout` leads a process group of its own, whose every
+# process the trap ends (TERM; KILL to what is left once `timeout` has ended, at most its -k 10 s).
+running="" scratch=""
+exec 9>&2 # the script's stderr, for stop(), which runs inside a call whose output goes to a log
+limited() { # LIMIT command...: runs it under LIMIT seconds; its exit status
+    timeout -k 10 "$1" "${@:2}" 9>&- &
+    running=$!
+    wait "$running"
+    local rc=$?
+    running=""
+    return $rc
+}
+stop() { # SIGNAL STATUS
+    trap '' INT TERM
+    if [ -n "$running" ]; then
+        kill -TERM -- "-$running" 2>/dev/null || kill -TERM "$running" 2>/dev/null
+        wait "$running" 2>/dev/null
+        kill -KILL -- "-$running" 2>/dev/null
+    fi
+    [ -z "$scratch" ] || rm -rf "$scratch"
+    echo "gpu_check.sh: stopped by SIG$1; the results so far are in $OUT/.data" >&9
+    exit "$2"
+}
+trap 'stop INT 130' INT
+trap 'stop TERM 143' TERM
+
 if [ -n "$BUNDLE" ]; then
     DEPS=$(bash scripts/gpu_bundle.sh prefix "$BUNDLE") || exit 2
     export DEPS PYTHONPATH=$DEPS/python${PYTHONPATH:+:$PYTHONPATH}
@@ -85,7 +114,7 @@ step() { # HALF NAME LIMIT LOG command...: run under its limit, output appended 
     shift 4
     echo "== $name (at most $limit s)" | tee -a "$OUT/$log"
     start=$(date +%s)
-    timeout -k 10 "$limit" bash -c '"$@"' step "$@" >> "$OUT/$log" 2>&1 || rc=$? # the functions are exported
+    limited "$limit" bash -c '"$@"' step "$@" >> "$OUT/$log" 2>&1 || rc=$? # the functions are exported
     local secs=$(($(date +%s) - start)) note
     note=$(grep -m 1 -E '^ +[0-9]+\. tests/|ERROR SUMMARY: [1-9]|error:|^flexgen:|differ' "$OUT/$log" | head -c 300)
     case $rc in
@@ -157,7 +186,7 @@ ours() { # NAME TIMEOUT flags...: its --json into .data/NAME.json, its stderr in
     local name=$1 limit=$2
     shift 2
     echo "== ours, $name: $*" >> "$OUT/speed.log"
-    timeout -k 10 "$limit" "$BIN" --quiet --json --warmup --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" \
+    limited "$limit" "$BIN" --quiet --json --warmup --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" \
         --offload-dir "$OFFLOAD" "$@" > "$OUT/.data/$name.json" 2>> "$OUT/speed.log" ||
         echo "failed: exit status $? (speed.log)" > "$OUT/.data/$name.json"
 }
@@ -182,11 +211,13 @@ theirs() { # NAME TIMEOUT MODEL GEN flags...: FlexGen's report into .data/NAME.f
         return
     fi
     dir=$(mktemp -d "$OFFLOAD/flexgen-offload.XXXXXX") || return
+    scratch=$dir
     echo "== FlexGen, $name: $*" >> "$OUT/flexgen.log"
-    timeout -k 10 "$limit" "$PYTHON" -m "$FLEXGEN_MODULE.flex_opt" --model "facebook/$model" --path _DUMMY_ \
+    limited "$limit" "$PYTHON" -m "$FLEXGEN_MODULE.flex_opt" --model "facebook/$model" --path _DUMMY_ \
         --offload-dir "$dir" --prompt-len "$PROMPT" --gen-len "$gen" "$@" > "$OUT/.data/$name.flexgen" 2>> "$OUT/flexgen.log" ||
         echo "failed: exit status $? (flexgen.log)" >> "$OUT/.data/$name.flexgen"
     rm -rf "$dir"
+    scratch=""
 }
 
 row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
@@ -246,13 +277,13 @@ decode_kernels() {
     fi
     local run=(--quiet --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
         --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1)
-    "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels-counts.json" 2>> "$OUT/kernels.log" || return
+    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels-counts.json" 2>> "$OUT/kernels.log" || return
     read -r skip count < <("$PYTHON" -c 'import json, sys
 c = json.load(open(sys.argv[1]))["device_counts"]
 p, s = c["prefill"], c["decode_step_most"]
 print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_calls"]))' "$OUT/.data/kernels-counts.json")
     echo "== ncu: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
-    timeout -k 10 $((left - 10)) "$ncu" --metrics gpu__time_duration.sum --csv --launch-skip "$skip" \
+    limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum --csv --launch-skip "$skip" \
         --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels.csv" 2>> "$OUT/kernels.log"
 }
 

@@ -43,10 +43,16 @@
 #include "flexgen.h"
 #include "tests.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #ifdef FLEXGEN_CUDA_EMU
 #include "tests/cuda_emu/cuda_emu.h"
 #endif
@@ -317,10 +323,11 @@ static step_budget decode_step_budget(const opt_config *c) {
     return (step_budget){per_layer * L + 2, 7 * L + 1};
 }
 
-/* Every decode step of the fixture's prompts, all on the gpu tier in blocks of 2 x ngb: at most one
- * host wait (for the logits), no copy from pageable memory, no device allocation, the rows' tables
- * uploaded once a step and GPU batch (a token table and a cache table), and the launches of the
- * budget. The CPU counts nothing. */
+/* Every decode step of the fixture's prompts, all on the gpu tier in blocks of 2 x ngb: the busiest
+ * step waits for the host exactly once (for the logits, which the host must read, so a counter
+ * that never counts fails too), no copy from pageable memory, no device allocation, the rows'
+ * tables uploaded once a step and GPU batch (a token table and a cache table), and the launches
+ * of the budget. The CPU counts nothing. */
 static void expect_steady_decode(const char *fixture_name, int ngb) {
     fixture_prompts f;
     fixture_prompts_open(fixture_name, N_SEQ, &f);
@@ -355,7 +362,7 @@ static void expect_steady_decode(const char *fixture_name, int ngb) {
                (long long)most->copies_out, (long long)most->copies_on_device, (long long)most->pageable_copies,
                (long long)most->allocations);
         CU_ASSERT(t.device_counted && t.decode_steps > 0);
-        EXPECT(most->host_waits <= 1, "%s, blocks of 2 x %d: a decode step waited %lld times for the GPU; at most "
+        EXPECT(most->host_waits == 1, "%s, blocks of 2 x %d: a decode step waited %lld times for the GPU; exactly "
                "once, for the logits", fixture_name, ngb, (long long)most->host_waits);
         EXPECT(most->pageable_copies == 0 && most->allocations == 0, "%s, blocks of 2 x %d: a decode step made %lld "
                "copies of pageable memory and %lld device allocations; expected none", fixture_name, ngb,
@@ -529,6 +536,106 @@ static void test_gpu_check_dry(void) {
 #endif
 }
 
+#if defined(FLEXGEN_CUDA_EMU) && !defined(__SANITIZE_ADDRESS__)
+/* The live processes (not zombies) of session sid, or only those whose name is `name`; each
+ * killed with SIGKILL if kill_them. */
+static int session_processes(pid_t sid, const char *name, int kill_them) {
+    DIR *d = opendir("/proc");
+    int found = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], line[1024] = "", state = 0;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(line, 1, sizeof line - 1, f) : 0;
+        if (f) fclose(f);
+        line[n] = 0;
+        char *open_paren = strchr(line, '('), *close_paren = strrchr(line, ')'); /* the name may hold spaces */
+        int ppid, pgrp, session;
+        if (!open_paren || !close_paren || sscanf(close_paren + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4)
+            continue;
+        *close_paren = 0;
+        if (session != sid || state == 'Z' || (name && strcmp(open_paren + 1, name))) continue;
+        found++;
+        if (kill_them) kill(atoi(e->d_name), SIGKILL);
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* gpu_check.sh --dry check in a session of its own, signalled while its suites step runs the
+ * test binary: SIGINT to its process group (a terminal's Ctrl-C), SIGTERM to the script alone
+ * (kill PID). */
+static void interrupt_gpu_check(const char *dir, int sig) {
+    char out_dir[4200], next_log[4300], err_path[4300];
+    snprintf(out_dir, sizeof out_dir, "OUT=%s/%s", dir, sig == SIGINT ? "int" : "term");
+    snprintf(next_log, sizeof next_log, "%s/sanitizer.log", out_dir + 4);
+    snprintf(err_path, sizeof err_path, "%s/%s.err", dir, sig == SIGINT ? "int" : "term");
+    pid_t pid = fork();
+    CU_ASSERT_FATAL(pid >= 0);
+    if (pid == 0) {
+        setsid();
+        int null = open("/dev/null", O_RDWR), err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(null, 0), dup2(null, 1), dup2(err, 2);
+        execlp("env", "env", out_dir, "bash", "scripts/gpu_check.sh", "--dry", "check", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0, running = 0;
+    pid_t ended = 0;
+    for (double start = seconds_now(); !running && !ended && seconds_now() - start < 180; usleep(20000)) {
+        running = session_processes(pid, "test_flexgen", 0) > 0;
+        ended = waitpid(pid, &status, WNOHANG);
+    }
+    EXPECT(running, "gpu_check.sh --dry check: its suites step never ran build-emu/test_flexgen");
+    usleep(300000);
+    kill(sig == SIGINT ? -pid : pid, sig);
+    double signalled = seconds_now();
+    while (!ended && seconds_now() - signalled < 20) {
+        ended = waitpid(pid, &status, WNOHANG);
+        if (!ended) usleep(20000);
+    }
+    double took = seconds_now() - signalled;
+    int left = 0;
+    for (double start = seconds_now(); (left = session_processes(pid, NULL, 0)) > (ended ? 0 : 1) &&
+                                        seconds_now() - start < 2;)
+        usleep(20000); /* the processes killed last a moment longer than the script */
+    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    EXPECT(ended && WIFEXITED(status) && WEXITSTATUS(status) == 128 + sig, "gpu_check.sh, %s mid-step: expected exit "
+           "%d within 20 s; got %s %d after %.1f s", name, 128 + sig, !ended ? "still running" :
+           WIFEXITED(status) ? "exit" : "signal", !ended ? 0 : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+           took);
+    EXPECT(left == (ended ? 0 : 1), "gpu_check.sh, %s mid-step: %d of its processes left running", name,
+           left - !ended);
+    EXPECT(access(next_log, F_OK) != 0, "gpu_check.sh, %s mid-step: it went on to its next step", name);
+    char *err = slurp(err_path, NULL), said[64];
+    snprintf(said, sizeof said, "gpu_check.sh: stopped by %s;", name);
+    EXPECT(err && strstr(err, said) && count_lines(err) == 1, "gpu_check.sh, %s mid-step: expected one line on its "
+           "stderr, \"%s ...\"; got '%s'", name, said, err ? err : "(none)");
+    free(err);
+    if (!ended) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
+    session_processes(pid, NULL, 1);
+}
+#endif
+
+/* scripts/gpu_check.sh stopped by Ctrl-C (SIGINT to its process group) or SIGTERM (to the script)
+ * while a step runs: the step's processes end (they lead a process group of their own, which
+ * neither signal reaches), the script exits 130 or 143 within seconds and starts no next step. */
+static void test_gpu_check_interrupted(void) {
+#if defined(FLEXGEN_CUDA_EMU) && !defined(__SANITIZE_ADDRESS__)
+    char *dir = make_temp_dir();
+    interrupt_gpu_check(dir, SIGINT);
+    interrupt_gpu_check(dir, SIGTERM);
+    rm_tree(dir);
+    free(dir);
+#endif
+}
+
 void add_cuda_tests(void) {
     CU_pSuite s = CU_add_suite("gpu", NULL, NULL);
     CU_add_test(s, "CUDA against CPU, pre-LN fixture, policy matrix", test_pre_ln);
@@ -549,4 +656,6 @@ void add_cuda_tests(void) {
     CU_add_test(s, "a device smaller than the plan, or than --gpu-mem: one line, exit 2", test_device_out_of_memory);
     CU_add_test(s, "scripts/gpu_laptop_run.sh's kjv step on the emulated GPU, OPT and LLaMA", test_laptop_run);
     CU_add_test(s, "scripts/gpu_check.sh --dry: the checks and the speed table on the emulated GPU", test_gpu_check_dry);
+    CU_add_test(s, "scripts/gpu_check.sh stopped by SIGINT or SIGTERM mid-step: exit 130 or 143, no process left",
+                test_gpu_check_interrupted);
 }

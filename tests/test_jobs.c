@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -125,7 +126,8 @@ static void test_job_output(void) {
 
 /* --warmup runs a generate of its own before the job's: the records are the same bytes with and
  * without it, sampled, and a job cut after two records and resumed with it too; --json gives the
- * cold run's latency. */
+ * cold run's latency, which is the whole of it: its prefill and its decode step, each taking
+ * time. */
 static void test_job_warmup(void) {
     char *dir = make_temp_dir(), prompts[4200], plain[4200], warm[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -142,7 +144,11 @@ static void test_job_warmup(void) {
     CU_ASSERT_EQUAL(rc, 0);
     cJSON *o = cJSON_Parse(out);
     const cJSON *cold = cJSON_GetObjectItem(o, "warmup_latency");
-    EXPECT(cJSON_IsNumber(cold) && cold->valuedouble > 0, "--warmup --json: expected a warmup_latency, got %s", out);
+    double prefill = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "warmup_prefill_latency"));
+    double decode = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "warmup_decode_latency"));
+    EXPECT(cJSON_IsNumber(cold) && prefill > 0 && decode > 0 && fabs(cold->valuedouble - (prefill + decode)) <=
+           1e-9 * cold->valuedouble, "--warmup --json: expected warmup_latency the sum of its prefill's and its "
+           "decode step's, each > 0; got %s", out);
     cJSON_Delete(o);
     free(out), free(err);
     char *want = slurp(plain, NULL), *got = slurp(warm, NULL);
@@ -370,7 +376,8 @@ static void test_job_output_full(void) {
     free(dir);
 }
 
-/* Bad jobs: one line, exit 2, and the output neither made nor changed. */
+/* Bad jobs: one line, exit 2, and the output neither made nor changed. Among them resumes of
+ * another job: another model, other prompts, and a flag the job began with (--refill) dropped. */
 static void test_job_bad_input(void) {
     char *dir = make_temp_dir(), prompts[4200], bad[4200], output[4200], other[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -403,6 +410,20 @@ static void test_job_bad_input(void) {
                 "another job", "prompts_fnv64");
     char *after = slurp(output, NULL);
     EXPECT(before && after && !strcmp(before, after), "refused jobs changed %s", output);
+    free(before), free(after);
+    unlink(output); /* a job begun with --refill, resumed without it: every recorded key is compared */
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                                     "--stop-at-eos", "--refill", "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    char *full = slurp(output, NULL);
+    CU_ASSERT_FATAL(full != NULL);
+    before = first_lines(full, 2); /* the job line and one of two records: the resume has work left */
+    write_text_file(output, before);
+    free(full);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                     "--stop-at-eos", "--resume"), "another job", "refill is true there, none here");
+    after = slurp(output, NULL);
+    EXPECT(before && after && !strcmp(before, after), "a resume without the job's --refill changed %s", output);
     free(before), free(after);
     rm_tree(dir);
     free(dir);
@@ -486,6 +507,31 @@ static void test_job_resume_unsorted_ids(void) {
            cJSON_GetNumberValue(cJSON_GetObjectItem(o, "records")) == 12,
            "--resume --json of a finished job: expected {\"finished\": true, \"records\": 12, ...}, got exit %d, '%s'", rc, out);
     cJSON_Delete(o);
+    free(out), free(err), free(resumed), free(part), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* An output that holds its job line and no record (the job stopped between the two writes)
+ * resumes to the uninterrupted output: no finished id is no list to sort or search. */
+static void test_job_resume_job_line_only(void) {
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10, 11]}\n{\"prompt_ids\": [2, 12]}\n{\"prompt_ids\": [2, 40, 7]}\n");
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "3", "--quiet",
+                         "--output", whole, NULL, NULL};
+    run_ok(job);
+    char *full = slurp(whole, NULL), *part = full ? first_lines(full, 1) : NULL;
+    CU_ASSERT_FATAL(full && part && count_lines(full) == 4 && count_lines(part) == 1);
+    write_text_file(cut, part);
+    job[9] = cut, job[10] = "--resume";
+    char *out, *err;
+    int rc = run_command(job, NULL, &out, &err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(rc == 0 && resumed && !strcmp(resumed, full), "an output of its job line alone, resumed: expected exit 0 "
+           "and the uninterrupted output; got %d, '%.300s', output:\n%s", rc, err, resumed ? resumed : "(none)");
     free(out), free(err), free(resumed), free(part), free(full);
     rm_tree(dir);
     free(dir);
@@ -907,6 +953,7 @@ void add_job_tests(void) {
     CU_add_test(s, "--warmup: the same records, run and resumed; the cold run's latency", test_job_warmup);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
+    CU_add_test(s, "--resume of an output that holds only its job line", test_job_resume_job_line_only);
     CU_add_test(s, "a LLaMA job: text through tokenizer.json, the cache on disk, cut and resumed", test_job_llama);
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);

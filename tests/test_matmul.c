@@ -299,21 +299,53 @@ static double int8_scheme(const float *xr, int in, const uint8_t *w4, int parts,
     return y;
 }
 
+/* Decode without a panel (rows <= 4, in a multiple of 64: support/avx512.c's int8_pairs for the
+ * runs of whole groups) where a part's last group is narrower than 64 columns: 100, 136, 228 and
+ * 200 columns a part (a narrow group after one, two, three and three whole ones), alone and as
+ * q|k|v; run on one thread, so that each part's groups are one run however many cores there are. */
+static const int NARROW_SHAPES[][3] = {{1, 128, 100}, {2, 128, 136}, {3, 192, 228}, {4, 128, 200}};
+static const int NARROW_PARTS_SHAPES[][3] = {{1, 128, 300}, {2, 128, 408}, {3, 128, 684}, {4, 256, 600}};
+enum { N_NARROW = sizeof NARROW_SHAPES / sizeof *NARROW_SHAPES };
+
+/* y of n floats with a tail of CANARY floats past them, each of the bytes 0xa5, which a kernel
+ * that writes past y changes; guarded_copy fills y from y0 and sets the tail again. */
+enum { CANARY = 64 };
+static float *guarded_floats(size_t n) { return malloc((n + CANARY) * sizeof(float)); }
+
+static void guarded_copy(float *y, const float *y0, size_t n) {
+    memcpy(y, y0, n * sizeof *y);
+    memset(y + n, 0xa5, CANARY * sizeof *y);
+}
+
+static int tail_intact(const float *y, size_t n) {
+    const unsigned char *tail = (const unsigned char *)(y + n);
+    for (size_t i = 0; i < CANARY * sizeof *y; i++)
+        if (tail[i] != 0xa5) return 0;
+    return 1;
+}
+
 /* The kernel (on the path the CPU takes) against int8_scheme, and against the exact product
  * within the int8 rounding's bound; then every other path this machine runs (the integer sums by
  * VNNI on the AVX-512 ones, native where the CPU has it, and on SIMDe everywhere), which must give
- * the same bits. */
+ * the same bits. No path writes past y. */
 static void check_int8_products(int parts) {
-    for (size_t s = 0; s < (parts == 3 ? N_PARTS_SHAPES : N_SHAPES); s++) {
-        int rows = shape_of(parts, s)[0], in = shape_of(parts, s)[1], out = shape_of(parts, s)[2];
+    size_t n_shapes = parts == 3 ? N_PARTS_SHAPES : N_SHAPES;
+    for (size_t s = 0; s < n_shapes + N_NARROW; s++) {
+        const int *shape = s < n_shapes ? shape_of(parts, s) : parts == 3 ? NARROW_PARTS_SHAPES[s - n_shapes]
+                                                                           : NARROW_SHAPES[s - n_shapes];
+        int rows = shape[0], in = shape[1], out = shape[2];
+        size_t n = (size_t)rows * out;
         weights w;
         weights_make(&w, in, out, parts, 41 + s);
-        float *x = random_floats((size_t)rows * in, 43 + s), *y0 = random_floats((size_t)rows * out, 47 + s);
-        float *y = malloc((size_t)rows * out * sizeof *y), *yp = malloc((size_t)rows * out * sizeof *yp);
+        float *x = random_floats((size_t)rows * in, 43 + s), *y0 = random_floats(n, 47 + s);
+        float *y = guarded_floats(n), *yp = guarded_floats(n);
+        int threads = omp_get_max_threads();
+        if (s >= n_shapes) omp_set_num_threads(1); /* each part's whole groups one run, whatever the cores */
         for (int acc = 0; acc < 2; acc++) {
-            memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
+            guarded_copy(y, y0, n);
             matmul_int8_blocks(x, rows, in, w.w4, parts, out, y, acc);
+            EXPECT(tail_intact(y, n), "int8 x 4-bit, %d part(s), rows %d, in %d, out %d%s: the CPU's own path wrote "
+                   "past y", parts, rows, in, out, acc ? ", adding" : "");
             int fp_bad = 0, q_bad = 0;
             double worst = 0;
             for (int r = 0; r < rows; r++)
@@ -331,7 +363,7 @@ static void check_int8_products(int parts) {
                    fp_bad, q_bad, worst);
             fg_isa paths[4];
             for (int p = 0, n_paths = paths_here(paths); p < n_paths; p++) {
-                memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
+                guarded_copy(yp, y0, n);
                 matmul_force_isa(paths[p]);
                 int vnni = matmul_int8_sums() != NULL;
                 matmul_int8_blocks(x, rows, in, w.w4, parts, out, yp, acc);
@@ -339,18 +371,23 @@ static void check_int8_products(int parts) {
                 EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
                        "out %d%s: the %s path%s differs from the CPU's own", parts, rows, in, out,
                        acc ? ", adding" : "", fg_isa_name(paths[p]), vnni ? " (VNNI)" : "");
+                EXPECT(tail_intact(yp, n), "int8 x 4-bit, %d part(s), rows %d, in %d, out %d%s: the %s path%s wrote "
+                       "past y", parts, rows, in, out, acc ? ", adding" : "", fg_isa_name(paths[p]), vnni ? " (VNNI)" : "");
             }
             /* AVX-VNNI's sums on the avx2 path: their AVX2 stand-in everywhere, the instruction where
              * the CPU has it */
             for (int native = 0; native < 2 && fg_isa_of_cpu() >= FG_ISA_AVX2; native++) {
                 if (native && !(fg_cpu_features() & FG_CPU_AVXVNNI)) break;
-                memcpy(yp, y0, (size_t)rows * out * sizeof *yp);
+                guarded_copy(yp, y0, n);
                 matmul_q4_int8(x, rows, in, w.w4, parts, out, yp, acc, 1, int8_sums_vnni256(native), NULL);
                 EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "int8 x 4-bit, %d part(s), rows %d, in %d, "
                        "out %d%s: the AVX-VNNI sums (%s) differ from the CPU's own path", parts, rows, in, out,
                        acc ? ", adding" : "", native ? "native" : "on AVX2");
+                EXPECT(tail_intact(yp, n), "int8 x 4-bit, %d part(s), rows %d, in %d, out %d%s: the AVX-VNNI sums "
+                       "(%s) wrote past y", parts, rows, in, out, acc ? ", adding" : "", native ? "native" : "on AVX2");
             }
         }
+        omp_set_num_threads(threads);
         free(x), free(y0), free(y), free(yp);
         weights_free(&w);
     }
