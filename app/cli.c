@@ -1168,7 +1168,10 @@ static const char *device_name(fg_device d) {
 /* The job's first line for its flags and (once planned) block shape; an existing output must hold
  * the same (rank 0). */
 static int begin_job(const cli_args *a, job_output *out, char *err) {
+    fg_blas_info blas; /* the CPU devices' prefill runs on OpenBLAS's sgemm, whose core sets its bits */
+    fg_blas_info_get(&blas);
     job_identity id = {.model = is_dir(a->model) ? NULL : a->model, .device = device_name(a->policy.device),
+                       .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL : blas.core,
                        .prompts_hash = a->prompts_hash, .n_prompts = a->n_job_prompts};
     if (!id.model && job_checkpoint_hash(a->model, &id.checkpoint_hash, err)) return -1;
     char *header = job_header(&id, &a->gen, &a->policy);

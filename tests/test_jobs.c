@@ -692,6 +692,71 @@ static void test_job_identity(void) {
     free(dir);
 }
 
+/* FLEXGEN_ISA (or the env var named) set to value for run_command, then put back. */
+static int run_with_env(const char *name, const char *value, const char *const *argv, char **out, char **err) {
+    const char *v = getenv(name);
+    char *saved = v ? strdup(v) : NULL;
+    setenv(name, value, 1);
+    int rc = run_command(argv, NULL, out, err);
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+    return rc;
+}
+
+/* What the kernels do to a job's identity. Every path of the CPU kernels gives the same bits
+ * (tests/test_cli.c, "FLEXGEN_ISA: every path to the same logits"), so the job line does not name
+ * the path: a job of 4-bit weights times int8 activations (where a last-bit difference upstream
+ * would become a whole step of int8), begun on this CPU's widest path and resumed on the portable
+ * one, ends as the uninterrupted output. OpenBLAS's core, whose sgemm runs prefill, does change
+ * bits: the job line names it, and a resume on another core is another job, refused with one line
+ * naming blas_core and the output untouched. */
+static void test_job_kernels_identity(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], cut[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    /* the last four are resumed; the two in the middle are prompts whose third token came out
+     * otherwise on the portable path while its decode attention summed in another order */
+    write_text_file(prompts, "{\"prompt_ids\": [2, 49, 251, 10, 42]}\n{\"prompt_ids\": [2, 58, 252, 17, 73]}\n"
+                             "{\"prompt_ids\": [2, 175, 265, 108, 476]}\n{\"prompt_ids\": [2, 544, 306, 395, 1747]}\n"
+                             "{\"prompt_ids\": [2, 67, 253, 24, 104]}\n{\"prompt_ids\": [2, 76, 254, 31, 135]}\n");
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--compress-weight", "--int8-activations",
+                         "--device", "cpu", "--quiet", "--output", output, NULL, NULL};
+    run_ok(job);
+    char *full = slurp(output, NULL), *part = full ? first_lines(full, 3) : NULL; /* 2 of 6 records */
+    CU_ASSERT_FATAL(full && part && count_lines(full) == 7);
+    char *line = first_lines(full, 1);
+    cJSON *head = cJSON_Parse(line);
+    const cJSON *core = cJSON_GetObjectItem(cJSON_GetObjectItem(head, "flexgen_job"), "blas_core");
+    EXPECT(cJSON_IsString(core) && *core->valuestring, "a CPU job's line: expected \"blas_core\", got %s", line);
+    char other[32] = "Prescott"; /* a core every x86-64 CPU runs */
+    if (cJSON_IsString(core) && !strcasecmp(core->valuestring, "Prescott")) snprintf(other, sizeof other, "Nehalem");
+    cJSON_Delete(head);
+    free(line);
+    job[17] = cut, job[18] = "--resume";
+    char *out, *err;
+    write_text_file(cut, part);
+    int rc = run_with_env("FLEXGEN_ISA", "portable", job, &out, &err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(rc == 0 && resumed && !strcmp(resumed, full), "a job resumed with FLEXGEN_ISA=portable: expected exit 0 "
+           "and the uninterrupted output, got %d: %s", rc, err);
+    free(out), free(err), free(resumed);
+#if defined(__x86_64__)
+    write_text_file(cut, part);
+    rc = run_with_env("OPENBLAS_CORETYPE", other, job, &out, &err);
+    resumed = slurp(cut, NULL);
+    EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "blas_core") && count_lines(err) == 1 && resumed &&
+           !strcmp(resumed, part), "a job resumed with OPENBLAS_CORETYPE=%s: expected exit 2, one line naming "
+           "blas_core, and the output as it was; got %d, '%s'", other, rc, err);
+    free(out), free(err), free(resumed);
+#endif
+    free(full), free(part);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Where a tensor's bytes lie in a safetensors file: [*begin, *end) from the file's start. */
 static int tensor_span(const char *path, const char *name, long *begin, long *end) {
     FILE *f = fopen(path, "rb");
@@ -870,6 +935,8 @@ void add_job_tests(void) {
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
     CU_add_test(s, "a job is named by its prompts, model, flags and block shape", test_job_identity);
+    CU_add_test(s, "a job resumed on another FLEXGEN_ISA ends as it began; another BLAS core is another job",
+                test_job_kernels_identity);
     CU_add_test(s, "a job's checkpoint is named by every byte: another one, or one tensor changed, is refused",
                 test_job_checkpoint_identity);
     CU_add_test(s, "bad jobs: one line, exit 2, the output untouched", test_job_bad_input);
