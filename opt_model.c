@@ -204,7 +204,9 @@ static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
 static float dot8_fma(const float *q, const fp16 *k, int hd) {
     float lane[8] = {0};
     for (int d = 0; d < hd; d++) lane[d % 8] = fmaf(q[d], fp16_to_fp32(k[d]), lane[d % 8]);
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    float even_lanes = (lane[0] + lane[4]) + (lane[2] + lane[6]);
+    float odd_lanes = (lane[1] + lane[5]) + (lane[3] + lane[7]);
+    return even_lanes + odd_lanes;
 }
 
 /* One query over nk cached keys (fp16): out = softmax(scale q.K^T) V. Decode attention is pure
@@ -219,7 +221,8 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
     for (int j = 0; j < nk; j += n) {
         const fp16 *k = page_run(K, j, nk, &n);
         if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j);
-        for (int i = 0; i < n && !fast; i++) scores[j + i] = dot8_fma(q, k + i * stride, hd) * scale;
+        for (int i = 0; i < n && !fast; i++)
+            scores[j + i] = dot8_fma(q, k + i * stride, hd) * scale;
     }
     softmax(scores, nk);
     memset(out, 0, hd * sizeof *out);
@@ -227,7 +230,8 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
         const fp16 *v = page_run(V, j, nk, &n);
         if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out);
         for (int i = 0; i < n && !fast; i++)
-            for (int d = 0; d < hd; d++) out[d] = fmaf(scores[j + i], fp16_to_fp32(v[i * stride + d]), out[d]);
+            for (int d = 0; d < hd; d++)
+                out[d] = fmaf(scores[j + i], fp16_to_fp32(v[i * stride + d]), out[d]);
     }
 }
 
