@@ -197,9 +197,22 @@ static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
            (size_t)r->head * r->head_dim;
 }
 
+/* q . k over hd values, k fp16, summed as support/simd.c's dot_f16_rows sums them: 8 lanes (lane l
+ * takes d = l mod 8) of fused multiply-adds in order, the lanes then added pairwise as AVX2's
+ * halving reduction adds them. So where hd is a multiple of 8 this loop and the AVX2 twin give the
+ * same bits, and a job's logits do not depend on which of the two the CPU runs. */
+static float dot8_fma(const float *q, const fp16 *k, int hd) {
+    float lane[8] = {0};
+    for (int d = 0; d < hd; d++) lane[d % 8] = fmaf(q[d], fp16_to_fp32(k[d]), lane[d % 8]);
+    float even_lanes = (lane[0] + lane[4]) + (lane[2] + lane[6]);
+    float odd_lanes = (lane[1] + lane[5]) + (lane[3] + lane[7]);
+    return even_lanes + odd_lanes;
+}
+
 /* One query over nk cached keys (fp16): out = softmax(scale q.K^T) V. Decode attention is pure
  * memory traffic over the cache, so it reads fp16 directly, a page's rows at a time; where the
- * CPU has AVX2, support/simd.c's twins run the two loops with the same arithmetic. */
+ * CPU has AVX2, support/simd.c's twins run the two loops with the same arithmetic (dot8_fma's
+ * lanes, and one fmaf per value of out), so every path gives the same bits. */
 static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
                        float scale, float *scores, float *out) {
     const fg_simd *simd = fg_simd_kernels();
@@ -208,11 +221,8 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
     for (int j = 0; j < nk; j += n) {
         const fp16 *k = page_run(K, j, nk, &n);
         if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j);
-        for (int i = 0; i < n && !fast; i++) {
-            float dot = 0;
-            for (int d = 0; d < hd; d++) dot += q[d] * fp16_to_fp32(k[i * stride + d]);
-            scores[j + i] = dot * scale;
-        }
+        for (int i = 0; i < n && !fast; i++)
+            scores[j + i] = dot8_fma(q, k + i * stride, hd) * scale;
     }
     softmax(scores, nk);
     memset(out, 0, hd * sizeof *out);
@@ -220,7 +230,8 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
         const fp16 *v = page_run(V, j, nk, &n);
         if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out);
         for (int i = 0; i < n && !fast; i++)
-            for (int d = 0; d < hd; d++) out[d] += scores[j + i] * fp16_to_fp32(v[i * stride + d]);
+            for (int d = 0; d < hd; d++)
+                out[d] = fmaf(scores[j + i], fp16_to_fp32(v[i * stride + d]), out[d]);
     }
 }
 

@@ -1174,7 +1174,13 @@ static const char *device_name(fg_device d) {
 /* The job's first line for its flags and (once planned) block shape; an existing output must hold
  * the same (rank 0). */
 static int begin_job(const cli_args *a, job_output *out, char *err) {
+    /* the CPU devices' prefill runs on OpenBLAS's sgemm, and --bf16-prefill's on oneDNN's kernel,
+     * whose fp32 sums each go in their own order; int8's integer sums are exact on any kernel */
+    fg_blas_info blas;
+    fg_blas_info_get(&blas);
     job_identity id = {.model = is_dir(a->model) ? NULL : a->model, .device = device_name(a->policy.device),
+                       .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL : blas.core,
+                       .prefill_products = a->policy.bf16_prefill ? gemm_path(1) : NULL,
                        .prompts_hash = a->prompts_hash, .n_prompts = a->n_job_prompts};
     if (!id.model && job_checkpoint_hash(a->model, &id.checkpoint_hash, err)) return -1;
     char *header = job_header(&id, &a->gen, &a->policy);

@@ -27,7 +27,13 @@
  *
  * The portable path, the AVX2 one and the VNNI one give the same bits: the integer sums are exact,
  * and the floating-point steps (a, max|a|, alpha, the rounding to nearest even, msum's lanes, the
- * fmaf) are the same operations in the same order.
+ * fmaf) are the same operations in the same order. tests/test_matmul.c holds the kernels to that.
+ * A whole run needs more: the rounding to int8 (below) turns a last-bit difference in any input
+ * row into a whole step, so everything upstream must give the same bits on every path too. It
+ * does (docs/DESIGN.md, "Same bits"), decode attention included, whose plain loop once summed
+ * in another order than its AVX2 twin and moved FLEXGEN_ISA=portable's logits by up to 0.09 on
+ * models/opt-kjv; tests/test_cli.c's "FLEXGEN_ISA: every path to the same logits" compares whole
+ * runs in this mode byte for byte.
  *
  * What is rounded: the input rows of the linear layers that take 4-bit weights (q/k/v, out_proj,
  * fc1, fc2; project_in and project_out where a model has them), each row on its own. lm_head and
@@ -49,7 +55,9 @@
  * again; and prefill's products round once per row where decode's round per block. So with int8
  * activations decode and prefill predict differently at 555 of 42,101 positions. That is the scheme's rounding, not a bug in the kernel (tests/test_matmul.c holds it
  * to its bound): compare this mode's runs within one mode; anything that changes an fp32 sum
- * upstream (another BLAS kernel, another order) can move a few predictions.
+ * upstream (another OpenBLAS core, another order) can move a few predictions, which is why a
+ * job's line names the OpenBLAS core (app/jobs.c), and why every path of our own kernels sums in
+ * one order.
  *
  * The kernel. Threads share the groups (64 columns of y, or a part's last, narrower group). For
  * each pass of up to 64 rows of x, each block of 64 k, and each group:

@@ -35,8 +35,9 @@
  * (or at y, to add) and carried from one band to the next through y itself. So its bits do not
  * depend on the number of rows, the threads or the path: the portable C path (the same chains
  * with fmaf, over a panel), the AVX2 one and the AVX-512 one, native or on SIMDe, give the same
- * results bit for bit (tests/test_matmul.c runs every one this machine has). The path is
- * fg_isa_active's: the CPU's widest, or FLEXGEN_ISA's.
+ * results bit for bit (tests/test_matmul.c runs every one this machine has; tests/test_cli.c's
+ * "FLEXGEN_ISA: every path to the same logits" runs whole jobs on each and compares their logits
+ * byte for byte). The path is fg_isa_active's: the CPU's widest, or FLEXGEN_ISA's.
  *
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,

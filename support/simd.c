@@ -1,9 +1,13 @@
 /* support/simd.c: the AVX2 twins of the paper files' plain loops: 4-bit compression and
- * decompression (quant.c) and decode attention's two products over an fp16 cache (opt_model.c).
- * Each does exactly the arithmetic of the loop it stands in for, so both paths give the same
- * bits (tests/test_quant.c and tests/test_model.c run both). The paper files reach them through
- * fg_simd_kernels(), whose entries are NULL where the CPU lacks AVX2, FMA and F16C, or where
- * FLEXGEN_NO_SIMD is set: the plain loops run then.
+ * decompression (quant.c) and decode attention's two products over an fp16 cache (opt_model.c's
+ * attend_one). Each does exactly the arithmetic of the loop it stands in for, so both give the
+ * same bits: the attention loops' 8 lanes of fused multiply-adds and their pairwise sum are
+ * opt_model.c's dot8_fma, and axpy is one fmaf per value. The paper files reach the twins through
+ * fg_simd_kernels(), whose entries are NULL where the CPU lacks AVX2, FMA and F16C, where
+ * FLEXGEN_ISA=portable, or where FLEXGEN_NO_SIMD is set (util.c's fg_cpu_has_avx2): the plain
+ * loops run then. So tests/test_cli.c holds the twins to the plain loops on whole jobs, logits
+ * compared bit for bit: "FLEXGEN_ISA: every path to the same logits" (fp16 cache, fp16 and 4-bit
+ * weights, int8 activations) and "portable (non-SIMD) paths match the reference" (4-bit cache).
  */
 #include "support/support.h"
 

@@ -47,7 +47,7 @@ uint16_t fp32_to_bf16(float f);                                /* to nearest, ti
 void fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n); /* every thread */
 void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* F16C where the CPU has it */
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
-int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and FLEXGEN_NO_SIMD unset */
+int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and the path not portable (FLEXGEN_ISA, FLEXGEN_NO_SIMD) */
 
 /* ---- The instruction set the CPU's kernels run (util.c): the widest the CPU has, or the one
  * FLEXGEN_ISA names: portable, avx2, avx512 (no wider than the CPU's), or avx512-simde, the

@@ -2248,87 +2248,98 @@ static void test_blas_core_user(void) {
 #endif
 }
 
-/* ./flexgen on opt-tiny with FLEXGEN_ISA=isa (NULL: unset) and the extra flags. */
-static int isa_run(const char *isa, const char *const *extra, char **out, char **err) {
-    const char *v = getenv("FLEXGEN_ISA");
+/* name=value (value NULL: unset) in the environment; the old value (malloc'd, or NULL) back. */
+static char *swap_env(const char *name, const char *value) {
+    const char *v = getenv(name);
     char *saved = v ? strdup(v) : NULL;
-    if (isa) setenv("FLEXGEN_ISA", isa, 1);
-    else unsetenv("FLEXGEN_ISA");
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    return saved;
+}
+
+/* ./flexgen on opt-tiny with FLEXGEN_ISA=isa (NULL: unset), OMP_NUM_THREADS=threads (NULL: as it
+ * is) and the extra flags. */
+static int isa_run(const char *isa, const char *threads, const char *const *extra, char **out, char **err) {
+    char *saved = swap_env("FLEXGEN_ISA", isa), *saved_threads = threads ? swap_env("OMP_NUM_THREADS", threads) : NULL;
     const char *argv[40] = {flexgen_bin(), "--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "4",
                             "--quiet", "--device", "cpu"};
     int n = 10;
     while (*extra && n < 39) argv[n++] = *extra++;
     argv[n] = NULL;
     int rc = run_command(argv, NULL, out, err);
-    if (saved) setenv("FLEXGEN_ISA", saved, 1);
-    else unsetenv("FLEXGEN_ISA");
-    free(saved);
+    free(swap_env("FLEXGEN_ISA", saved));
+    if (threads) free(swap_env("OMP_NUM_THREADS", saved_threads));
+    free(saved), free(saved_threads);
     return rc;
 }
 
-/* FLEXGEN_ISA: every path of the products this machine has runs a job to the same logits, bit for
- * bit, with fp16 and with 4-bit weights, and --json and the report name it; a name it does not
- * know, or a path wider than the CPU has, is one line and exit 2. (The portable path also turns
- * off simd.c's attention twins, whose sums go in another order: it is compared only where the
- * CPU has no AVX2, and so no twins on any path.) */
+/* FLEXGEN_ISA: every path this machine has (portable, avx2, avx512 where the CPU has it, and
+ * avx512-simde everywhere) runs a whole job to the same logits, bit for bit: opt-tiny's five
+ * prompts in one GPU batch (left-padded), prefill and three decode steps, with fp16 weights, 4-bit
+ * ones, and 4-bit ones times int8 activations (whose rounding turns a last-bit difference anywhere
+ * upstream, e.g. in decode attention, into a whole step of int8). The portable path also turns off
+ * simd.c's AVX2 attention twins, so this holds opt_model.c's plain loops to them too. Nor do the
+ * threads change a bit: the widest path on 1 and on 3 threads gives the same logits. --json and
+ * the report name the path and the int8 sums' instructions; a name it does not know, or a path
+ * wider than the CPU has, is one line and exit 2. */
 static void test_isa_paths(void) {
     char *dir = make_temp_dir(), *out, *err;
     fg_isa cpu = fg_isa_of_cpu();
-    for (int q4 = 0; q4 < 2; q4++) {
+    unsigned features = fg_cpu_features();
+    static const char *const modes[] = {"fp16 weights", "--compress-weight", "--compress-weight --int8-activations"};
+    for (int mode = 0; mode < 3; mode++) {
         char *first = NULL;
         size_t first_len = 0;
-        for (int isa = FG_ISA_PORTABLE; isa <= FG_ISA_AVX512_SIMDE; isa++) {
+        /* every path, then this CPU's widest on 1 and 3 threads: the threads split no sum */
+        for (int run = FG_ISA_PORTABLE; run <= FG_ISA_AVX512_SIMDE + 2; run++) {
+            int isa = run <= FG_ISA_AVX512_SIMDE ? run : (int)cpu;
+            const char *threads = run <= FG_ISA_AVX512_SIMDE ? NULL : run == FG_ISA_AVX512_SIMDE + 1 ? "1" : "3";
             if (isa != FG_ISA_AVX512_SIMDE && isa > (int)cpu) continue;
-            const char *name = fg_isa_name((fg_isa)isa), *logits = join(dir, name);
-            int rc = isa_run(name, q4 ? ARGS("--json", "--dump-logits", logits, "--compress-weight")
-                                      : ARGS("--json", "--dump-logits", logits), &out, &err);
+            const char *name = fg_isa_name((fg_isa)isa);
+            char logits[4200];
+            snprintf(logits, sizeof logits, "%s%s", join(dir, name), threads ? threads : "");
+            int rc = isa_run(name, threads,
+                             mode == 0   ? ARGS("--json", "--dump-logits", logits)
+                             : mode == 1 ? ARGS("--json", "--dump-logits", logits, "--compress-weight")
+                                         : ARGS("--json", "--dump-logits", logits, "--compress-weight",
+                                                "--int8-activations"),
+                             &out, &err);
             cJSON *o = cJSON_Parse(out);
-            EXPECT(rc == 0 && !strcmp(json_text(o, "cpu_kernels"), name), "FLEXGEN_ISA=%s%s: expected exit 0 and "
-                   "\"cpu_kernels\" %s, got %d and '%s': %s", name, q4 ? " --compress-weight" : "", name, rc,
-                   json_text(o, "cpu_kernels"), err);
+            EXPECT(rc == 0 && !strcmp(json_text(o, "cpu_kernels"), name), "FLEXGEN_ISA=%s, %s: expected exit 0 and "
+                   "\"cpu_kernels\" %s, got %d and '%s': %s", name, modes[mode], name, rc, json_text(o, "cpu_kernels"),
+                   err);
+            const char *sums = isa == FG_ISA_PORTABLE ? "portable"
+                               : isa == FG_ISA_AVX2   ? (features & FG_CPU_AVXVNNI ? "avx-vnni" : "avx2")
+                               : isa == FG_ISA_AVX512 && !(features & FG_CPU_AVX512VNNI) ? "avx2" : "avx512-vnni";
+            if (mode == 2)
+                EXPECT(rc == 0 && !strcmp(json_text(o, "int8_sums"), sums), "FLEXGEN_ISA=%s --int8-activations: "
+                       "expected \"int8_sums\" %s, got %d and '%s': %s", name, sums, rc, json_text(o, "int8_sums"), err);
             cJSON_Delete(o);
             free(out), free(err);
             size_t len = 0;
             char *bytes = slurp(logits, &len);
-            if (isa == FG_ISA_PORTABLE && cpu >= FG_ISA_AVX2) {
-                free(bytes);
-                continue;
-            }
             if (!first) {
                 first = bytes, first_len = len;
                 continue;
             }
-            EXPECT(bytes && len == first_len && len > 0 && !memcmp(bytes, first, len), "FLEXGEN_ISA=%s%s: the "
-                   "logits differ from the first path's", name, q4 ? " --compress-weight" : "");
+            EXPECT(bytes && len == first_len && len > 0 && !memcmp(bytes, first, len), "FLEXGEN_ISA=%s%s%s, %s: "
+                   "the logits differ from FLEXGEN_ISA=%s's", name, threads ? " OMP_NUM_THREADS=" : "",
+                   threads ? threads : "", modes[mode], fg_isa_name(FG_ISA_PORTABLE));
             free(bytes);
         }
         free(first);
     }
-    for (int isa = FG_ISA_PORTABLE; isa <= FG_ISA_AVX512_SIMDE; isa++) { /* --int8-activations' sums */
-        if (isa != FG_ISA_AVX512_SIMDE && isa > (int)cpu) continue;
-        const char *name = fg_isa_name((fg_isa)isa);
-        unsigned features = fg_cpu_features();
-        const char *want = isa == FG_ISA_PORTABLE ? "portable"
-                           : isa == FG_ISA_AVX2   ? (features & FG_CPU_AVXVNNI ? "avx-vnni" : "avx2")
-                           : isa == FG_ISA_AVX512 && !(features & FG_CPU_AVX512VNNI) ? "avx2" : "avx512-vnni";
-        int rc = isa_run(name, ARGS("--json", "--compress-weight", "--int8-activations"), &out, &err);
-        cJSON *o = cJSON_Parse(out);
-        EXPECT(rc == 0 && !strcmp(json_text(o, "int8_sums"), want), "FLEXGEN_ISA=%s --int8-activations: expected "
-               "\"int8_sums\" %s, got %d and '%s': %s", name, want, rc, json_text(o, "int8_sums"), err);
-        cJSON_Delete(o);
-        free(out), free(err);
-    }
-    int rc = isa_run("avx2", ARGS(NULL), &out, &err); /* the report's last line */
+    int rc = isa_run("avx2", NULL, ARGS(NULL), &out, &err); /* the report's last line */
     if (cpu >= FG_ISA_AVX2)
         EXPECT(rc == 0 && strstr(last_line(out), "\tcpu kernels: avx2\n"), "FLEXGEN_ISA=avx2: the report's last "
                "line: expected '... cpu kernels: avx2', got '%s'", last_line(out));
     free(out), free(err);
-    rc = isa_run("avx9", ARGS(NULL), &out, &err);
+    rc = isa_run("avx9", NULL, ARGS(NULL), &out, &err);
     EXPECT(rc == 2 && strstr(err, "FLEXGEN_ISA") && strstr(err, "'avx9'") && !strchr(err, '\n')[1],
            "FLEXGEN_ISA=avx9: expected exit 2 and one line naming it, got %d: %s", rc, err);
     free(out), free(err);
     if (cpu < FG_ISA_AVX512) { /* wider than the CPU */
-        rc = isa_run("avx512", ARGS(NULL), &out, &err);
+        rc = isa_run("avx512", NULL, ARGS(NULL), &out, &err);
         EXPECT(rc == 2 && strstr(err, "FLEXGEN_ISA=avx512") && !strchr(err, '\n')[1],
                "FLEXGEN_ISA=avx512 on a CPU without AVX-512: expected exit 2 and one line, got %d: %s", rc, err);
         free(out), free(err);
@@ -2388,5 +2399,6 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: the decision over a table", test_blas_core_decision);
     CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
-    CU_add_test(s, "FLEXGEN_ISA: every path to the same logits, named in the report; bad names refused", test_isa_paths);
+    CU_add_test(s, "FLEXGEN_ISA: every path to the same logits (fp16, 4-bit, int8), named in the report; bad names refused",
+                test_isa_paths);
 }

@@ -738,6 +738,112 @@ static void test_job_identity(void) {
     free(dir);
 }
 
+/* FLEXGEN_ISA (or the env var named) set to value for run_command, then put back. */
+static int run_with_env(const char *name, const char *value, const char *const *argv, char **out, char **err) {
+    const char *v = getenv(name);
+    char *saved = v ? strdup(v) : NULL;
+    setenv(name, value, 1);
+    int rc = run_command(argv, NULL, out, err);
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+    return rc;
+}
+
+/* What the kernels do to a job's identity. Every path of the CPU kernels gives the same bits
+ * (tests/test_cli.c, "FLEXGEN_ISA: every path to the same logits"), so the job line does not name
+ * the path: a job of 4-bit weights times int8 activations (where a last-bit difference upstream
+ * would become a whole step of int8), begun on this CPU's widest path and resumed on the portable
+ * one, ends as the uninterrupted output. OpenBLAS's core, whose sgemm runs prefill, does change
+ * bits: the job line names it, and a resume on another core is another job, refused with one line
+ * naming blas_core and the output untouched; so does oneDNN's kernel for --bf16-prefill
+ * (prefill_products). */
+static void test_job_kernels_identity(void) {
+    char *dir = make_temp_dir(), prompts[4200], output[4200], cut[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    /* the last four are resumed; the two in the middle are prompts whose third token came out
+     * otherwise on the portable path while its decode attention summed in another order */
+    write_text_file(prompts, "{\"prompt_ids\": [2, 49, 251, 10, 42]}\n{\"prompt_ids\": [2, 58, 252, 17, 73]}\n"
+                             "{\"prompt_ids\": [2, 175, 265, 108, 476]}\n{\"prompt_ids\": [2, 544, 306, 395, 1747]}\n"
+                             "{\"prompt_ids\": [2, 67, 253, 24, 104]}\n{\"prompt_ids\": [2, 76, 254, 31, 135]}\n");
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6",
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--compress-weight", "--int8-activations",
+                         "--device", "cpu", "--quiet", "--output", output, NULL, NULL};
+    run_ok(job);
+    char *full = slurp(output, NULL), *part = full ? first_lines(full, 3) : NULL; /* 2 of 6 records */
+    CU_ASSERT_FATAL(full && part && count_lines(full) == 7);
+    char *line = first_lines(full, 1);
+    cJSON *head = cJSON_Parse(line);
+    const cJSON *core = cJSON_GetObjectItem(cJSON_GetObjectItem(head, "flexgen_job"), "blas_core");
+    EXPECT(cJSON_IsString(core) && *core->valuestring, "a CPU job's line: expected \"blas_core\", got %s", line);
+    char other[32] = "Prescott"; /* a core every x86-64 CPU runs */
+    if (cJSON_IsString(core) && !strcasecmp(core->valuestring, "Prescott")) snprintf(other, sizeof other, "Nehalem");
+    cJSON_Delete(head);
+    free(line);
+    job[17] = cut, job[18] = "--resume";
+    char *out, *err;
+    write_text_file(cut, part);
+    int rc = run_with_env("FLEXGEN_ISA", "portable", job, &out, &err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(rc == 0 && resumed && !strcmp(resumed, full), "a job resumed with FLEXGEN_ISA=portable: expected exit 0 "
+           "and the uninterrupted output, got %d: %s", rc, err);
+    free(out), free(err), free(resumed);
+#if defined(__x86_64__)
+    write_text_file(cut, part);
+    rc = run_with_env("OPENBLAS_CORETYPE", other, job, &out, &err);
+    resumed = slurp(cut, NULL);
+    EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "blas_core") && count_lines(err) == 1 && resumed &&
+           !strcmp(resumed, part), "a job resumed with OPENBLAS_CORETYPE=%s: expected exit 2, one line naming "
+           "blas_core, and the output as it was; got %d, '%s'", other, rc, err);
+    free(out), free(err), free(resumed);
+    /* --bf16-prefill's products sum in fp32 in the order of oneDNN's kernel: the job line names it,
+     * and a resume where ONEDNN_MAX_CPU_ISA makes oneDNN take another kernel is another job (oneDNN
+     * 2.6 has bf16 products from AVX-512 on) */
+    if (fg_isa_of_cpu() >= FG_ISA_AVX512) {
+        const char *bf16_job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "3",
+                                  "--bf16-prefill", "--device", "cpu", "--quiet", "--output", output, NULL, NULL};
+        unlink(output);
+        run_ok(bf16_job);
+        char *bf16_full = slurp(output, NULL), *bf16_part = bf16_full ? first_lines(bf16_full, 3) : NULL;
+        CU_ASSERT_FATAL(bf16_full && bf16_part);
+        line = first_lines(bf16_full, 1);
+        head = cJSON_Parse(line);
+        const cJSON *kernel = cJSON_GetObjectItem(cJSON_GetObjectItem(head, "flexgen_job"), "prefill_products");
+        const char *json_run[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "1",
+                                  "--bf16-prefill", "--device", "cpu", "--json", NULL};
+        rc = run_with_env("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", json_run, &out, &err);
+        cJSON *o = cJSON_Parse(out);
+        const cJSON *other_kernel = cJSON_GetObjectItem(o, "prefill_products");
+        EXPECT(rc == 0 && cJSON_IsString(kernel) && cJSON_IsString(other_kernel), "a --bf16-prefill job's line: "
+               "expected \"prefill_products\", got %s; ONEDNN_MAX_CPU_ISA=AVX512_CORE --json: exit %d, %s", line, rc, err);
+        free(out), free(err);
+        int same = cJSON_IsString(kernel) && cJSON_IsString(other_kernel) &&
+                   !strcmp(kernel->valuestring, other_kernel->valuestring);
+        bf16_job[12] = cut, bf16_job[13] = "--resume";
+        write_text_file(cut, bf16_part);
+        rc = run_with_env("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", bf16_job, &out, &err);
+        resumed = slurp(cut, NULL);
+        if (same)
+            EXPECT(rc == 0 && resumed && !strcmp(resumed, bf16_full), "a --bf16-prefill job resumed on its own "
+                   "oneDNN kernel: expected the uninterrupted output, got %d: %s", rc, err);
+        else
+            EXPECT(rc == 2 && strstr(err, "prefill_products") && count_lines(err) == 1 && resumed &&
+                   !strcmp(resumed, bf16_part), "a --bf16-prefill job resumed on another oneDNN kernel (%s): "
+                   "expected exit 2, one line naming prefill_products, and the output as it was; got %d, '%s'",
+                   cJSON_IsString(other_kernel) ? other_kernel->valuestring : "?", rc, err);
+        free(out), free(err), free(resumed);
+        cJSON_Delete(o);
+        cJSON_Delete(head);
+        free(line), free(bf16_full), free(bf16_part);
+    }
+#endif
+    free(full), free(part);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Where a tensor's bytes lie in a safetensors file: [*begin, *end) from the file's start. */
 static int tensor_span(const char *path, const char *name, long *begin, long *end) {
     FILE *f = fopen(path, "rb");
@@ -958,6 +1064,8 @@ void add_job_tests(void) {
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
     CU_add_test(s, "a job is named by its prompts, model, flags and block shape", test_job_identity);
+    CU_add_test(s, "a job resumed on another FLEXGEN_ISA ends as it began; another BLAS core or oneDNN kernel is another job",
+                test_job_kernels_identity);
     CU_add_test(s, "a job's checkpoint is named by every byte: another one, or one tensor changed, is refused",
                 test_job_checkpoint_identity);
     CU_add_test(s, "a FIFO in the checkpoint directory: not read unless used, refused if used, no hang",
