@@ -101,7 +101,7 @@ void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t 
  * bits (tests/test_matmul.c holds it to them, operands of -128 and 127 included).
  * ============================================================================================ */
 
-enum { PAIRS_MR = 6, PAIRS_NR = 16, PAIRS_KC = 512, PAIRS_RB = 96, PAIRS_CB = 128 };
+enum { PAIRS_MR = 4, PAIRS_NR = 16, PAIRS_KC = 512, PAIRS_RB = 96, PAIRS_CB = 128 };
 
 /* b packed, and each thread's widened rows of a: kept from call to call (prefill's shapes repeat). */
 static struct {
@@ -151,13 +151,11 @@ static inline int32_t pair_at(const int16_t *row, int p) {
     return pair;
 }
 
-/* The 6 x 16 register tile over pairs pairs: tile = a16's 6 rows (PAIRS_KC apart) times strip. */
-__attribute__((target("avx2"))) static void tile_pairs(const int16_t *a16, const int16_t *strip, int pairs,
-                                                      int32_t tile[PAIRS_MR][PAIRS_NR]) {
-    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    const int16_t *a0 = a16, *a1 = a0 + PAIRS_KC, *a2 = a1 + PAIRS_KC, *a3 = a2 + PAIRS_KC, *a4 = a3 + PAIRS_KC,
-                  *a5 = a4 + PAIRS_KC;
+/* The 4 x 16 register tile over pairs pairs: tile = a16's 4 rows (PAIRS_KC apart) times strip. */
+__attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *a16, const int16_t *strip, int pairs,
+                                                                int32_t tile[PAIRS_MR][PAIRS_NR]) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+    const int16_t *a0 = a16, *a1 = a0 + PAIRS_KC, *a2 = a1 + PAIRS_KC, *a3 = a2 + PAIRS_KC;
     for (int p = 0; p < pairs; p++) {
         __m256i b0 = _mm256_load_si256((const __m256i *)(strip + (size_t)p * 32));
         __m256i b1 = _mm256_load_si256((const __m256i *)(strip + (size_t)p * 32 + 16));
@@ -173,18 +171,11 @@ __attribute__((target("avx2"))) static void tile_pairs(const int16_t *a16, const
         av = _mm256_set1_epi32(pair_at(a3, p));
         c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(av, b0));
         c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(av, b1));
-        av = _mm256_set1_epi32(pair_at(a4, p));
-        c40 = _mm256_add_epi32(c40, _mm256_madd_epi16(av, b0));
-        c41 = _mm256_add_epi32(c41, _mm256_madd_epi16(av, b1));
-        av = _mm256_set1_epi32(pair_at(a5, p));
-        c50 = _mm256_add_epi32(c50, _mm256_madd_epi16(av, b0));
-        c51 = _mm256_add_epi32(c51, _mm256_madd_epi16(av, b1));
     }
     __m256i *t = (__m256i *)tile;
     _mm256_store_si256(t + 0, c00), _mm256_store_si256(t + 1, c01), _mm256_store_si256(t + 2, c10);
     _mm256_store_si256(t + 3, c11), _mm256_store_si256(t + 4, c20), _mm256_store_si256(t + 5, c21);
-    _mm256_store_si256(t + 6, c30), _mm256_store_si256(t + 7, c31), _mm256_store_si256(t + 8, c40);
-    _mm256_store_si256(t + 9, c41), _mm256_store_si256(t + 10, c50), _mm256_store_si256(t + 11, c51);
+    _mm256_store_si256(t + 6, c30), _mm256_store_si256(t + 7, c31);
 }
 
 /* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of k. */
