@@ -754,7 +754,9 @@ static long prompt_tokens(const prompt_set *p) {
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
  * the times, and the OpenBLAS core the CPU's products ran on. */
-/* Whether prefill's products run an opt-in scheme on onednn.c, and on what kernel ("" if not). */
+/* Whether prefill's products run an opt-in scheme on onednn.c, and the path its last product took
+ * ("" without a scheme): gemm_path's, which names what ran, or "none ran" (no GPU batch's prompts
+ * came to more than MATMUL_DECODE_ROWS tokens, so decode's products took every one). */
 static int prefill_scheme(const fg_policy *p) {
     return p->int8_activations || p->bf16_prefill;
 }
