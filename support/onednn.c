@@ -26,8 +26,9 @@
  *          other shape goes to gemm_s8_pairs below, this file's exact AVX2 kernel, and where the
  *          CPU has no AVX2 (or FLEXGEN_ISA=portable) to the plain loops.
  *   bf16   oneDNN has no bf16 product without AVX-512 (it answers "unimplemented"). Then a and b
- *          are widened to fp32 (exactly) and OpenBLAS's sgemm sums the same products in fp32,
- *          with one line on stderr the first time.
+ *          are widened to fp32 (exactly) and OpenBLAS's sgemm sums the same products in fp32
+ *          (without memory for the widened copies, the plain loops), with one line on stderr
+ *          the first time.
  * A failure of oneDNN (an error status, or no memory for its copy of b) takes the same way round,
  * with one line on stderr the first time: nothing here ends the process. gemm_path names the path
  * the last product took.
@@ -88,13 +89,15 @@ void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t 
  * int32, broadcast), rows 2p and 2p + 1 of b interleaved column by column and widened, once a
  * call, into strips of 16 columns, each [k / 2][16][2] (an odd k ends on a pair with a 0).
  *
- *   register tile   6 rows x 16 columns of c: 12 accumulators of 8 int32, 2 vectors of b and a
- *                   broadcast, 15 of AVX2's 16 registers. A pair of k: 2 loads of b, 6
- *                   broadcasts, 12 vpmaddwd and 12 vpaddd (half the multiply-adds an instruction
- *                   of vpmaddubsw's, the price of exact sums).
+ *   register tile   4 rows x 16 columns of c: 8 accumulators of 8 int32, 2 vectors of b, a
+ *                   broadcast and each vpmaddwd's result, 12 of AVX2's 16 registers. A pair of
+ *                   k: 2 loads of b, 4 broadcasts, 8 vpmaddwd and 8 vpaddd (half the
+ *                   multiply-adds an instruction of vpmaddubsw's, the price of exact sums). 6
+ *                   rows would need all 16 registers, and GCC spills some of them to the stack
+ *                   where the tile is inlined; 4 rows ran faster here.
  *   blocks          each thread owns tiles of PAIRS_RB rows x PAIRS_CB columns of c. For each
  *                   block of PAIRS_KC of k it widens the tile's rows of a (96 KiB, in L2), then
- *                   runs every block of 6 rows against one strip's pairs (16 KiB, in L1) before
+ *                   runs every block of 4 rows against one strip's pairs (16 KiB, in L1) before
  *                   the next strip. The tile's c gathers the blocks' sums.
  *
  * Integers add exactly in any order, so every blocking and thread count gives the plain loops'
@@ -125,7 +128,7 @@ __attribute__((target("avx2"))) static void pack_strip(const int8_t *b, int n, i
     }
 }
 
-/* rows rows of a, columns k0 .. k0 + kc, widened to int16 [rows rounded up to 6][PAIRS_KC] (an
+/* rows rows of a, columns k0 .. k0 + kc, widened to int16 [rows rounded up to PAIRS_MR][PAIRS_KC] (an
  * odd kc padded with a 0, the rows past rows zeros). */
 __attribute__((target("avx2"))) static void widen_rows_of_a(const int8_t *a, int k, int rows, int k0, int kc,
                                                            int16_t *a16) {
@@ -279,7 +282,7 @@ static float *grown(float **at, size_t *cap, size_t n) {
 }
 
 static void widen_bf16(const uint16_t *src, float *dst, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         uint32_t bits = (uint32_t)src[i] << 16;
         memcpy(dst + i, &bits, sizeof bits);
