@@ -92,11 +92,12 @@ int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err);
 /* What a job's tokens depend on besides the flags: the model (a dummy model's name, or NULL and
  * a checkpoint's hash), the prompts (their ids and tokens, hashed), the device, and the kernels of
  * other libraries that sum in their own order: on the CPU devices OpenBLAS's core (its sgemm runs
- * prefill), and with --bf16-prefill oneDNN's kernel (NULL: not recorded). Not the path of our own
+ * prefill), and with --bf16-prefill the instruction set oneDNN's kernels use (NULL: not recorded).
+ * Not the path of our own
  * kernels (FLEXGEN_ISA) nor the threads: they leave every bit as it is (docs/DESIGN.md, "Same
  * bits"). */
 typedef struct {
-    const char *model, *device, *blas_core, *prefill_products;
+    const char *model, *device, *blas_core, *prefill_library;
     uint64_t checkpoint_hash, prompts_hash;
     int n_prompts;
 } job_identity;

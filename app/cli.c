@@ -756,7 +756,9 @@ static long prompt_tokens(const prompt_set *p) {
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
  * the times, and the OpenBLAS core the CPU's products ran on. */
-/* Whether prefill's products run an opt-in scheme on onednn.c, and on what kernel ("" if not). */
+/* Whether prefill's products run an opt-in scheme on onednn.c, and the path its last product took
+ * ("" without a scheme): gemm_path's, which names what ran, or "none ran" (no GPU batch's prompts
+ * came to more than MATMUL_DECODE_ROWS tokens, so decode's products took every one). */
 static int prefill_scheme(const fg_policy *p) {
     return p->int8_activations || p->bf16_prefill;
 }
@@ -1174,13 +1176,14 @@ static const char *device_name(fg_device d) {
 /* The job's first line for its flags and (once planned) block shape; an existing output must hold
  * the same (rank 0). */
 static int begin_job(const cli_args *a, job_output *out, char *err) {
-    /* the CPU devices' prefill runs on OpenBLAS's sgemm, and --bf16-prefill's on oneDNN's kernel,
-     * whose fp32 sums each go in their own order; int8's integer sums are exact on any kernel */
+    /* the CPU devices' prefill runs on OpenBLAS's sgemm, and --bf16-prefill's on oneDNN's kernels
+     * (those its instruction set allows) or sgemm, whose fp32 sums each go in their own order;
+     * int8's integer sums are exact on any kernel */
     fg_blas_info blas;
     fg_blas_info_get(&blas);
     job_identity id = {.model = is_dir(a->model) ? NULL : a->model, .device = device_name(a->policy.device),
                        .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL : blas.core,
-                       .prefill_products = a->policy.bf16_prefill ? gemm_path(1) : NULL,
+                       .prefill_library = a->policy.bf16_prefill ? gemm_library_isa() : NULL,
                        .prompts_hash = a->prompts_hash, .n_prompts = a->n_job_prompts};
     if (!id.model && job_checkpoint_hash(a->model, &id.checkpoint_hash, err)) return -1;
     char *header = job_header(&id, &a->gen, &a->policy);

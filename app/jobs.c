@@ -303,7 +303,7 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     cJSON_AddNumberToObject(job, "attn_sparsity", p->attn_sparsity);
     cJSON_AddStringToObject(job, "device", id->device);
     if (id->blas_core) cJSON_AddStringToObject(job, "blas_core", id->blas_core);
-    if (id->prefill_products) cJSON_AddStringToObject(job, "prefill_products", id->prefill_products);
+    if (id->prefill_library) cJSON_AddStringToObject(job, "prefill_library", id->prefill_library);
     cJSON_AddNumberToObject(job, "gpu_batch_size", p->gpu_batch_size);
     cJSON_AddNumberToObject(job, "num_gpu_batches", p->num_gpu_batches);
     if (p->schedule == FG_SCHEDULE_DIAGONAL) cJSON_AddStringToObject(job, "schedule", "diagonal"); /* absent: zig-zag */

@@ -512,7 +512,9 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
  * 127), each panel of W is widened to fp32 (exactly q4_value's values) and rounded to int8 with
  * one scale per column (int8_round_columns: scale[j] = max_k |w[k][j]| / 127), one integer
- * product gives exact int32 sums (gemm_s8, onednn.c), and int8_finish_rows applies the scales:
+ * product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's VNNI or AMX kernels, else that
+ * file's AVX2 kernel of int16 pairs or plain loops, never oneDNN's kernels without VNNI, whose
+ * vpmaddubsw saturates pairs of full-range products), and int8_finish_rows applies the scales:
  * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding). Rounding x[r][k] moves it by at
  * most alpha[r] / 2 and w[k][j] by at most scale[j] / 2, so, before fp32's last roundings,
  *   |y - x W| <= sum_k (|x[r][k]| scale[j] + alpha[r] |w[k][j]| + alpha[r] scale[j] / 2) / 2,

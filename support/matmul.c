@@ -42,9 +42,10 @@
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
  * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
- * The two opt-in prefill schemes take the same panels to a denser product (support/onednn.c, AMX
- * where the CPU has it): --int8-activations rounds x's rows and the panel's columns to int8
- * (int8.c), --bf16-prefill rounds both to bf16 (product_bf16).
+ * The two opt-in prefill schemes take the same panels to a denser product (support/onednn.c: oneDNN's
+ * AMX or VNNI kernels where the CPU has them, else that file's own paths with the same promise):
+ * --int8-activations rounds x's rows and the panel's columns to int8 (int8.c), --bf16-prefill
+ * rounds both to bf16 (product_bf16).
  *
  * lm_head reads E by rows (the table is [n][dim]), eight rows of E at a time (for 4-bit, rows of
  * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
@@ -451,9 +452,10 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
 }
 
 /* Prefill in bf16 (PRODUCTS_BF16_PREFILL): x and each widened panel of W rounded to bf16 (to
- * nearest, ties to even), the products summed in fp32 by gemm_bf16 (onednn.c). A bf16 value keeps
- * 8 bits of significand, so each operand moves by at most 2^-9 of itself; the products of two of
- * them are exact in fp32. */
+ * nearest, ties to even), the products summed in fp32 by gemm_bf16 (onednn.c: oneDNN's bf16
+ * kernel, or, where oneDNN has none, as on CPUs without AVX-512, OpenBLAS's sgemm of the bf16
+ * values widened back to fp32). A bf16 value keeps 8 bits of significand, so each operand moves
+ * by at most 2^-9 of itself; the products of two of them are exact in fp32. */
 static void product_bf16(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                          int accumulate, float *wide) {
     int cols = panel_width(in, out);
@@ -482,7 +484,8 @@ static void product_bf16(const float *x, int rows, int in, const void *W, int q4
 }
 
 /* Prefill with --int8-activations: int8.c's rows rounded once, W's columns once, one integer
- * product per panel (gemm_s8, onednn.c); int8.c's comment has the scheme and its bound. */
+ * product per panel (gemm_s8, onednn.c: exact int32 sums on whichever path runs); int8.c's
+ * comment has the scheme and its bound. */
 static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                               int accumulate, float *wide) {
     int cols = panel_width(in, out);

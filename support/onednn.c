@@ -1,5 +1,6 @@
 /* support/onednn.c: the two products of the CPU's opt-in prefill schemes (int8.c's rows rounded
- * once, matmul.c's bf16), on oneDNN's matmul where the build has it, on plain loops where not.
+ * once, matmul.c's bf16), each on the fastest path this CPU and this build have that keeps its
+ * promise:
  *
  *   gemm_s8     c[m][n] = sum_k a[m][k] b[k][n]    int8 operands, int32 sums (exact)
  *   gemm_bf16   c[m][n] = sum_k a[m][k] b[k][n]    bf16 operands, fp32 sums
@@ -14,15 +15,42 @@
  * call reorders b into it (one pass over the panel; prefill reuses it for every row of a).
  * docs/DESIGN.md ("Prefill's products on a library") says why a library, not AMX by hand.
  *
- * The plain loops beside them are the references the tests hold oneDNN to: gemm_s8's sums are
+ * Not every kernel oneDNN 2.6 picks keeps the promise, so each shape's choice is read
+ * (dnnl_query_impl_info_str) before it runs:
+ *   int8   oneDNN adds 128 to a (the instructions take unsigned x signed bytes) and subtracts
+ *          128 sum_k b at the end. VNNI's vpdpbusd and AMX's tiles sum the products in int32,
+ *          exactly; without them (AVX2, AVX-512 without VNNI: "gemm:jit") vpmaddubsw sums each
+ *          pair of products in int16 and saturates, and (a + 128) b pairs reach 2 x 255 x 127 =
+ *          64770: most sums of full-range operands come out wrong. So only a kernel whose name
+ *          says VNNI or AMX runs ("brg:avx512_core_vnni", "brg:avx512_core_amx_int8"); any
+ *          other shape goes to gemm_s8_pairs below, this file's exact AVX2 kernel, and where the
+ *          CPU has no AVX2 (or FLEXGEN_ISA=portable) to the plain loops.
+ *   bf16   oneDNN has no bf16 product without AVX-512 (it answers "unimplemented"). Then a and b
+ *          are widened to fp32 (exactly) and OpenBLAS's sgemm sums the same products in fp32
+ *          (without memory for the widened copies, the plain loops), with one line on stderr
+ *          the first time.
+ * A failure of oneDNN (an error status, or no memory for its copy of b) takes the same way round,
+ * with one line on stderr the first time: nothing here ends the process. gemm_path names the path
+ * the last product took.
+ *
+ * The plain loops beside them are the references the tests hold every path to: gemm_s8's sums are
  * integers, so every path gives the same bits; gemm_bf16's fp32 sums may be added in any order,
  * so the tests hold it to the bound of that order. A build without oneDNN (FLEXGEN_ONEDNN unset:
- * no libdnnl-dev where it was built) runs the plain loops: the same int8 bits, slowly.
+ * no libdnnl-dev where it was built) runs gemm_s8_pairs (the same int8 bits) and the sgemm.
  */
 #include "support/support.h"
 
+#include <cblas.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PAIRS 1
+#endif
 
 /* ---- The references ---- */
 
@@ -52,28 +80,259 @@ void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t 
     }
 }
 
-#ifndef FLEXGEN_ONEDNN
+/* ============================================================================================
+ * gemm_s8_pairs: int8 sums on AVX2, exact
+ *
+ * vpmaddwd multiplies 16 int16 by 16 int16 and adds each pair of neighbouring products into an
+ * int32: |a b + a' b'| <= 2 x 128 x 128 = 2^15, no saturation and no rounding. So int8 widened to
+ * int16 makes exact pairs along k: row i of a widened as it is (a[i][2p], a[i][2p + 1] is one
+ * int32, broadcast), rows 2p and 2p + 1 of b interleaved column by column and widened, once a
+ * call, into strips of 16 columns, each [k / 2][16][2] (an odd k ends on a pair with a 0).
+ *
+ *   register tile   4 rows x 16 columns of c: 8 accumulators of 8 int32, 2 vectors of b, a
+ *                   broadcast and each vpmaddwd's result, 12 of AVX2's 16 registers. A pair of
+ *                   k: 2 loads of b, 4 broadcasts, 8 vpmaddwd and 8 vpaddd (half the
+ *                   multiply-adds an instruction of vpmaddubsw's, the price of exact sums). 6
+ *                   rows would need all 16 registers, and GCC spills some of them to the stack
+ *                   where the tile is inlined; 4 rows ran faster here.
+ *   blocks          each thread owns tiles of PAIRS_RB rows x PAIRS_CB columns of c. For each
+ *                   block of PAIRS_KC of k it widens the tile's rows of a (96 KiB, in L2), then
+ *                   runs every block of 4 rows against one strip's pairs (16 KiB, in L1) before
+ *                   the next strip. The tile's c gathers the blocks' sums.
+ *
+ * Integers add exactly in any order, so every blocking and thread count gives the plain loops'
+ * bits (tests/test_matmul.c holds it to them, operands of -128 and 127 included).
+ * ============================================================================================ */
 
-void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) { gemm_s8_reference(m, n, k, a, b, c); }
+enum { PAIRS_MR = 4, PAIRS_NR = 16, PAIRS_KC = 512, PAIRS_RB = 96, PAIRS_CB = 128 };
 
-void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) {
-    gemm_bf16_reference(m, n, k, a, b, c);
+/* b packed, and each thread's widened rows of a: kept from call to call (prefill's shapes repeat). */
+static struct {
+    pthread_mutex_t lock;
+    void *buffer;
+    size_t cap;
+} pairs_scratch = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+#ifdef HAVE_AVX2_PAIRS
+
+/* Columns j0 .. j0 + 16 of b (zeros past n) as pairs: out[p][j][2] = b[2p][j], b[2p + 1][j]. */
+__attribute__((target("avx2"))) static void pack_strip(const int8_t *b, int n, int k, int j0, int16_t *out) {
+    int cols = n - j0 < PAIRS_NR ? n - j0 : PAIRS_NR;
+    for (int p = 0; 2 * p < k; p++) {
+        _Alignas(16) int8_t even[PAIRS_NR] = {0}, odd[PAIRS_NR] = {0};
+        memcpy(even, b + (size_t)(2 * p) * n + j0, (size_t)cols);
+        if (2 * p + 1 < k) memcpy(odd, b + (size_t)(2 * p + 1) * n + j0, (size_t)cols);
+        __m128i e = _mm_load_si128((const __m128i *)even), o = _mm_load_si128((const __m128i *)odd);
+        _mm256_store_si256((__m256i *)(out + (size_t)p * 32), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(e, o)));
+        _mm256_store_si256((__m256i *)(out + (size_t)p * 32 + 16), _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(e, o)));
+    }
 }
 
-const char *gemm_path(int bf16) {
-    (void)bf16;
-    return "portable";
+/* rows rows of a, columns k0 .. k0 + kc, widened to int16 [rows rounded up to PAIRS_MR][PAIRS_KC] (an
+ * odd kc padded with a 0, the rows past rows zeros). */
+__attribute__((target("avx2"))) static void widen_rows_of_a(const int8_t *a, int k, int rows, int k0, int kc,
+                                                           int16_t *a16) {
+    int kc_even = (kc + 1) / 2 * 2, padded = (rows + PAIRS_MR - 1) / PAIRS_MR * PAIRS_MR;
+    for (int r = 0; r < padded; r++) {
+        int16_t *out = a16 + (size_t)r * PAIRS_KC;
+        if (r >= rows) {
+            memset(out, 0, (size_t)kc_even * sizeof *out);
+            continue;
+        }
+        const int8_t *in = a + (size_t)r * k + k0;
+        int q = 0;
+        for (; q + 16 <= kc; q += 16)
+            _mm256_storeu_si256((__m256i *)(out + q), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(in + q))));
+        for (; q < kc; q++) out[q] = in[q];
+        if (kc < kc_even) out[kc] = 0;
+    }
+}
+
+static inline int32_t pair_at(const int16_t *row, int p) {
+    int32_t pair;
+    memcpy(&pair, row + 2 * p, sizeof pair);
+    return pair;
+}
+
+/* The 4 x 16 register tile over pairs pairs: tile = a16's 4 rows (PAIRS_KC apart) times strip. */
+__attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *a16, const int16_t *strip, int pairs,
+                                                                int32_t tile[PAIRS_MR][PAIRS_NR]) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+    const int16_t *a0 = a16, *a1 = a0 + PAIRS_KC, *a2 = a1 + PAIRS_KC, *a3 = a2 + PAIRS_KC;
+    for (int p = 0; p < pairs; p++) {
+        __m256i b0 = _mm256_load_si256((const __m256i *)(strip + (size_t)p * 32));
+        __m256i b1 = _mm256_load_si256((const __m256i *)(strip + (size_t)p * 32 + 16));
+        __m256i av = _mm256_set1_epi32(pair_at(a0, p));
+        c00 = _mm256_add_epi32(c00, _mm256_madd_epi16(av, b0));
+        c01 = _mm256_add_epi32(c01, _mm256_madd_epi16(av, b1));
+        av = _mm256_set1_epi32(pair_at(a1, p));
+        c10 = _mm256_add_epi32(c10, _mm256_madd_epi16(av, b0));
+        c11 = _mm256_add_epi32(c11, _mm256_madd_epi16(av, b1));
+        av = _mm256_set1_epi32(pair_at(a2, p));
+        c20 = _mm256_add_epi32(c20, _mm256_madd_epi16(av, b0));
+        c21 = _mm256_add_epi32(c21, _mm256_madd_epi16(av, b1));
+        av = _mm256_set1_epi32(pair_at(a3, p));
+        c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(av, b0));
+        c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(av, b1));
+    }
+    __m256i *t = (__m256i *)tile;
+    _mm256_store_si256(t + 0, c00), _mm256_store_si256(t + 1, c01), _mm256_store_si256(t + 2, c10);
+    _mm256_store_si256(t + 3, c11), _mm256_store_si256(t + 4, c20), _mm256_store_si256(t + 5, c21);
+    _mm256_store_si256(t + 6, c30), _mm256_store_si256(t + 7, c31);
+}
+
+/* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of k. */
+__attribute__((target("avx2"))) static void tile_of_c(int n, int k, const int8_t *a, const int16_t *b_pairs,
+                                                     int i0, int rows, int j0, int cols, int16_t *a16, int32_t *c) {
+    int k_pairs = (k + 1) / 2;
+    for (int k0 = 0; k0 < k; k0 += PAIRS_KC) {
+        int kc = k - k0 < PAIRS_KC ? k - k0 : PAIRS_KC;
+        widen_rows_of_a(a + (size_t)i0 * k, k, rows, k0, kc, a16);
+        for (int j = j0; j < j0 + cols; j += PAIRS_NR) {
+            const int16_t *strip = b_pairs + (size_t)(j / PAIRS_NR) * k_pairs * 32 + (size_t)(k0 / 2) * 32;
+            int nr = j0 + cols - j < PAIRS_NR ? j0 + cols - j : PAIRS_NR;
+            for (int r = 0; r < rows; r += PAIRS_MR) {
+                _Alignas(32) int32_t tile[PAIRS_MR][PAIRS_NR];
+                tile_pairs(a16 + (size_t)r * PAIRS_KC, strip, (kc + 1) / 2, tile);
+                int mr = rows - r < PAIRS_MR ? rows - r : PAIRS_MR;
+                for (int t = 0; t < mr; t++) {
+                    int32_t *row = c + (size_t)(i0 + r + t) * n + j;
+                    if (nr == PAIRS_NR && k0 > 0) {
+                        __m256i *v = (__m256i *)row, *w = (__m256i *)tile[t];
+                        _mm256_storeu_si256(v, _mm256_add_epi32(_mm256_loadu_si256(v), _mm256_load_si256(w)));
+                        _mm256_storeu_si256(v + 1, _mm256_add_epi32(_mm256_loadu_si256(v + 1), _mm256_load_si256(w + 1)));
+                    } else if (k0 > 0) {
+                        for (int q = 0; q < nr; q++) row[q] += tile[t][q];
+                    } else {
+                        memcpy(row, tile[t], (size_t)nr * sizeof *row);
+                    }
+                }
+            }
+        }
+    }
+}
+
+int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) {
+    if (!(fg_cpu_features() & FG_CPU_AVX2)) return -1;
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0) {
+        memset(c, 0, (size_t)m * n * sizeof *c);
+        return 0;
+    }
+    int strips = (n + PAIRS_NR - 1) / PAIRS_NR, k_pairs = (k + 1) / 2, threads = omp_get_max_threads();
+    size_t b_bytes = (size_t)strips * k_pairs * 32 * sizeof(int16_t);
+    size_t a_bytes = (size_t)PAIRS_RB * PAIRS_KC * sizeof(int16_t); /* a thread's widened rows */
+    size_t bytes = b_bytes + (size_t)threads * a_bytes;
+    pthread_mutex_lock(&pairs_scratch.lock);
+    if (bytes > pairs_scratch.cap) {
+        free(pairs_scratch.buffer);
+        pairs_scratch.buffer = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        pairs_scratch.cap = pairs_scratch.buffer ? bytes : 0;
+        if (!pairs_scratch.buffer) {
+            pthread_mutex_unlock(&pairs_scratch.lock);
+            return -1;
+        }
+    }
+    int16_t *b_pairs = pairs_scratch.buffer;
+    char *a_rows = (char *)pairs_scratch.buffer + b_bytes;
+#pragma omp parallel for schedule(static)
+    for (int s = 0; s < strips; s++) pack_strip(b, n, k, s * PAIRS_NR, b_pairs + (size_t)s * k_pairs * 32);
+    int row_tiles = (m + PAIRS_RB - 1) / PAIRS_RB, col_tiles = (n + PAIRS_CB - 1) / PAIRS_CB;
+#pragma omp parallel num_threads(threads)
+    {
+        int16_t *a16 = (int16_t *)(a_rows + (size_t)omp_get_thread_num() * a_bytes);
+#pragma omp for collapse(2) schedule(static)
+        for (int rt = 0; rt < row_tiles; rt++)
+            for (int ct = 0; ct < col_tiles; ct++) {
+                int i0 = rt * PAIRS_RB, j0 = ct * PAIRS_CB;
+                tile_of_c(n, k, a, b_pairs, i0, m - i0 < PAIRS_RB ? m - i0 : PAIRS_RB, j0,
+                          n - j0 < PAIRS_CB ? n - j0 : PAIRS_CB, a16, c);
+            }
+    }
+    pthread_mutex_unlock(&pairs_scratch.lock);
+    return 0;
+}
+
+#else
+
+int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) {
+    (void)m, (void)n, (void)k, (void)a, (void)b, (void)c;
+    return -1;
+}
+
+#endif
+
+/* ============================================================================================
+ * gemm_bf16 without a bf16 product: the operands widened to fp32 (bf16 is fp32's top half, so
+ * exactly), then OpenBLAS's sgemm. Each product of two 8-bit significands is exact in fp32, so
+ * this is a bf16 product's result, its fp32 sums in OpenBLAS's order.
+ * ============================================================================================ */
+
+static struct {
+    float *a, *b;
+    size_t a_cap, b_cap;
+} wide_operands;
+
+static float *grown(float **at, size_t *cap, size_t n) {
+    if (n <= *cap) return *at;
+    free(*at);
+    *at = malloc(n * sizeof **at);
+    *cap = *at ? n : 0;
+    return *at;
+}
+
+static void widen_bf16(const uint16_t *src, float *dst, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &bits, sizeof bits);
+    }
+}
+
+/* 0, or -1 without memory for the widened operands (the caller holds products.lock). */
+static int gemm_bf16_sgemm(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) {
+    float *a32 = grown(&wide_operands.a, &wide_operands.a_cap, (size_t)m * k);
+    float *b32 = grown(&wide_operands.b, &wide_operands.b_cap, (size_t)k * n);
+    if (!a32 || !b32) return -1;
+    widen_bf16(a, a32, (size_t)m * k);
+    widen_bf16(b, b32, (size_t)k * n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32, k, b32, n, 0.0f, c, n);
+    return 0;
+}
+
+/* ============================================================================================
+ * oneDNN's matmul, where the build has it: 0 when it ran the product, else why not
+ * ============================================================================================ */
+
+enum { ONEDNN_RAN, ONEDNN_NONE, ONEDNN_FAILED }; /* none: no kernel that keeps the promise */
+
+static struct {
+    pthread_mutex_t lock; /* one product at a time: the scratch, the plans and the paths */
+    char path[2][96];     /* what the last product ran on, int8 and bf16 */
+    int told[2];          /* the fallback's line printed, int8 and bf16 */
+} products = {.lock = PTHREAD_MUTEX_INITIALIZER, .path = {"none ran", "none ran"}};
+
+#ifndef FLEXGEN_ONEDNN
+
+static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c, char *why,
+                          size_t why_len) {
+    (void)bf16, (void)m, (void)n, (void)k, (void)a, (void)b, (void)c;
+    snprintf(why, why_len, "this build has no oneDNN");
+    return ONEDNN_NONE;
 }
 
 #else
 
 #include <oneapi/dnnl/dnnl.h>
-#include <pthread.h>
-#include <stdio.h>
 
-/* One shape's primitives: the product, and the reorder of b into the product's layout. */
+/* One shape's primitives: the product, and the reorder of b into the product's layout; or, where
+ * oneDNN has no kernel for it that keeps the promise (status or exact), nothing. */
 typedef struct {
     int used, bf16, m, n, k;
+    dnnl_status_t status; /* dnnl_success, or what oneDNN answered */
+    const char *failed;   /* the step that answered it */
+    int exact;            /* the kernel's int8 sums are exact (bf16: always) */
+    char impl[64];        /* oneDNN's name for the kernel */
     dnnl_primitive_t product, reorder;
     dnnl_memory_desc_t a_md, b_md, b_blocked_md, c_md;
     size_t b_blocked_bytes;
@@ -82,67 +341,74 @@ typedef struct {
 enum { N_PLANS = 16 }; /* prefill's shapes: 4 to 6 products a layer, times a full and a last batch */
 
 static struct {
-    pthread_mutex_t lock;
     dnnl_engine_t engine;
     dnnl_stream_t stream;
+    dnnl_status_t engine_status;
     gemm_plan plans[N_PLANS];
     int next_evicted;
     void *b_blocked; /* the reordered b, shared by the plans (one call at a time) */
     size_t b_blocked_cap;
-    char path[2][96]; /* what oneDNN chose, for int8 and for bf16 */
-} dnnl = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} dnnl;
 
-static void check(dnnl_status_t status, const char *what) {
-    if (status == dnnl_success) return;
-    fprintf(stderr, "flexgen: oneDNN failed (%s: status %d)\n", what, (int)status);
-    abort();
-}
-
-static void engine_once(void) {
-    if (dnnl.engine) return;
-    check(dnnl_engine_create(&dnnl.engine, dnnl_cpu, 0), "engine");
-    check(dnnl_stream_create(&dnnl.stream, dnnl.engine, dnnl_stream_default_flags), "stream");
+static dnnl_status_t engine_once(void) {
+    if (dnnl.engine || dnnl.engine_status != dnnl_success) return dnnl.engine_status;
+    dnnl_status_t status = dnnl_engine_create(&dnnl.engine, dnnl_cpu, 0);
+    if (status == dnnl_success) status = dnnl_stream_create(&dnnl.stream, dnnl.engine, dnnl_stream_default_flags);
+    if (status != dnnl_success && dnnl.engine) dnnl_engine_destroy(dnnl.engine);
+    if (status != dnnl_success) dnnl.engine = NULL;
+    dnnl.engine_status = status;
+    return status;
 }
 
 static void plan_free(gemm_plan *p) {
-    if (!p->used) return;
-    dnnl_primitive_destroy(p->product);
-    dnnl_primitive_destroy(p->reorder);
+    if (p->product) dnnl_primitive_destroy(p->product);
+    if (p->reorder) dnnl_primitive_destroy(p->reorder);
     memset(p, 0, sizeof *p);
 }
 
+/* Records a failed step in p: 1 if status is one. */
+static int failed(gemm_plan *p, dnnl_status_t status, const char *step) {
+    if (status == dnnl_success) return 0;
+    p->status = status;
+    p->failed = step;
+    return 1;
+}
+
 /* The product's primitive for this shape, b's layout left to oneDNN ("any"), and the reorder
- * from plain [k][n] into that layout. */
+ * from plain [k][n] into that layout; for int8, only where the kernel's sums are exact. */
 static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_s8, out = bf16 ? dnnl_f32 : dnnl_s32;
     dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
     dnnl_memory_desc_t b_any;
-    *p = (gemm_plan){.used = 1, .bf16 = bf16, .m = m, .n = n, .k = k};
-    check(dnnl_memory_desc_init_by_tag(&p->a_md, 2, a_dims, in, dnnl_ab), "a");
-    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, in, dnnl_ab), "b");
-    check(dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any), "b, any layout");
-    check(dnnl_memory_desc_init_by_tag(&p->c_md, 2, c_dims, out, dnnl_ab), "c");
-
     dnnl_matmul_desc_t desc;
-    dnnl_primitive_desc_t product_pd, reorder_pd;
-    check(dnnl_matmul_desc_init(&desc, &p->a_md, &b_any, NULL, &p->c_md), "matmul");
-    check(dnnl_primitive_desc_create(&product_pd, &desc, NULL, dnnl.engine, NULL), "matmul");
-    p->b_blocked_md = *dnnl_primitive_desc_query_md(product_pd, dnnl_query_weights_md, 0);
-    p->b_blocked_bytes = dnnl_memory_desc_get_size(&p->b_blocked_md);
+    dnnl_primitive_desc_t product_pd = NULL, reorder_pd = NULL;
+    *p = (gemm_plan){.used = 1, .bf16 = bf16, .m = m, .n = n, .k = k};
+    if (failed(p, dnnl_memory_desc_init_by_tag(&p->a_md, 2, a_dims, in, dnnl_ab), "a") ||
+        failed(p, dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, in, dnnl_ab), "b") ||
+        failed(p, dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any), "b, any layout") ||
+        failed(p, dnnl_memory_desc_init_by_tag(&p->c_md, 2, c_dims, out, dnnl_ab), "c") ||
+        failed(p, dnnl_matmul_desc_init(&desc, &p->a_md, &b_any, NULL, &p->c_md), "matmul") ||
+        failed(p, dnnl_primitive_desc_create(&product_pd, &desc, NULL, dnnl.engine, NULL), "matmul"))
+        return;
     const char *impl = "";
     dnnl_primitive_desc_query(product_pd, dnnl_query_impl_info_str, 0, &impl);
-    snprintf(dnnl.path[bf16], sizeof dnnl.path[bf16], "onednn %s", impl);
-    check(dnnl_primitive_create(&p->product, product_pd), "matmul");
-    check(dnnl_reorder_primitive_desc_create(&reorder_pd, &p->b_md, dnnl.engine, &p->b_blocked_md, dnnl.engine, NULL),
-          "reorder");
-    check(dnnl_primitive_create(&p->reorder, reorder_pd), "reorder");
+    snprintf(p->impl, sizeof p->impl, "%s", impl ? impl : "");
+    /* int8: VNNI's and AMX's sums are int32; the others saturate pairs in int16 (top comment) */
+    p->exact = bf16 || strstr(p->impl, "vnni") || strstr(p->impl, "amx");
+    if (p->exact) {
+        p->b_blocked_md = *dnnl_primitive_desc_query_md(product_pd, dnnl_query_weights_md, 0);
+        p->b_blocked_bytes = dnnl_memory_desc_get_size(&p->b_blocked_md);
+        if (!failed(p, dnnl_primitive_create(&p->product, product_pd), "matmul") &&
+            !failed(p, dnnl_reorder_primitive_desc_create(&reorder_pd, &p->b_md, dnnl.engine, &p->b_blocked_md,
+                                                          dnnl.engine, NULL), "reorder"))
+            failed(p, dnnl_primitive_create(&p->reorder, reorder_pd), "reorder");
+    }
     dnnl_primitive_desc_destroy(product_pd);
-    dnnl_primitive_desc_destroy(reorder_pd);
+    if (reorder_pd) dnnl_primitive_desc_destroy(reorder_pd);
 }
 
 /* The plan of this shape: kept, or made in the place of the oldest. */
 static gemm_plan *plan_for(int bf16, int m, int n, int k) {
-    engine_once();
     for (int i = 0; i < N_PLANS; i++) {
         gemm_plan *p = &dnnl.plans[i];
         if (p->used && p->bf16 == bf16 && p->m == m && p->n == n && p->k == k) return p;
@@ -154,54 +420,134 @@ static gemm_plan *plan_for(int bf16, int m, int n, int k) {
     return p;
 }
 
-static dnnl_memory_t memory_at(const dnnl_memory_desc_t *md, const void *at) {
-    dnnl_memory_t mem;
-    check(dnnl_memory_create(&mem, md, dnnl.engine, (void *)at), "memory");
-    return mem;
+static dnnl_status_t memory_at(dnnl_memory_t *mem, const dnnl_memory_desc_t *md, const void *at) {
+    return dnnl_memory_create(mem, md, dnnl.engine, (void *)at);
 }
 
-/* b reordered into the plan's layout, then c = a b. */
-static void run(int bf16, int m, int n, int k, const void *a, const void *b, void *c) {
-    pthread_mutex_lock(&dnnl.lock);
+/* b reordered into the plan's layout, then c = a b (the caller holds products.lock). */
+static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c, char *why,
+                          size_t why_len) {
+    dnnl_status_t status = engine_once();
+    if (status != dnnl_success) {
+        snprintf(why, why_len, "oneDNN failed (engine: status %d)", (int)status);
+        return ONEDNN_FAILED;
+    }
     gemm_plan *p = plan_for(bf16, m, n, k);
+    if (p->status == dnnl_unimplemented) {
+        snprintf(why, why_len, "this CPU has no %s product in oneDNN", bf16 ? "bf16" : "int8");
+        return ONEDNN_NONE;
+    }
+    if (p->status != dnnl_success) {
+        snprintf(why, why_len, "oneDNN failed (%s: status %d)", p->failed, (int)p->status);
+        return ONEDNN_FAILED;
+    }
+    if (!p->exact) {
+        snprintf(why, why_len, "oneDNN's %s saturates int8 sums", p->impl);
+        return ONEDNN_NONE;
+    }
     if (p->b_blocked_bytes > dnnl.b_blocked_cap) {
         free(dnnl.b_blocked);
         dnnl.b_blocked = malloc(p->b_blocked_bytes);
+        dnnl.b_blocked_cap = dnnl.b_blocked ? p->b_blocked_bytes : 0;
         if (!dnnl.b_blocked) {
-            fprintf(stderr, "flexgen: out of memory for a prefill product's weights (%s)\n",
-                    human((double)p->b_blocked_bytes).s);
-            abort();
+            snprintf(why, why_len, "no memory for oneDNN's copy of the weights (%s)", human((double)p->b_blocked_bytes).s);
+            return ONEDNN_FAILED;
         }
-        dnnl.b_blocked_cap = p->b_blocked_bytes;
     }
-    dnnl_memory_t a_mem = memory_at(&p->a_md, a), b_mem = memory_at(&p->b_md, b);
-    dnnl_memory_t b_blocked = memory_at(&p->b_blocked_md, dnnl.b_blocked), c_mem = memory_at(&p->c_md, c);
-    dnnl_exec_arg_t reorder_args[2] = {{DNNL_ARG_FROM, b_mem}, {DNNL_ARG_TO, b_blocked}};
-    dnnl_exec_arg_t product_args[3] = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_blocked}, {DNNL_ARG_DST, c_mem}};
-    check(dnnl_primitive_execute(p->reorder, dnnl.stream, 2, reorder_args), "reorder");
-    check(dnnl_primitive_execute(p->product, dnnl.stream, 3, product_args), "matmul");
-    check(dnnl_stream_wait(dnnl.stream), "stream");
-    dnnl_memory_destroy(a_mem);
+    dnnl_memory_t a_mem = NULL, b_mem = NULL, b_blocked = NULL, c_mem = NULL;
+    const char *step = "memory";
+    status = memory_at(&a_mem, &p->a_md, a);
+    if (status == dnnl_success) status = memory_at(&b_mem, &p->b_md, b);
+    if (status == dnnl_success) status = memory_at(&b_blocked, &p->b_blocked_md, dnnl.b_blocked);
+    if (status == dnnl_success) status = memory_at(&c_mem, &p->c_md, c);
+    if (status == dnnl_success) {
+        dnnl_exec_arg_t reorder_args[2] = {{DNNL_ARG_FROM, b_mem}, {DNNL_ARG_TO, b_blocked}};
+        dnnl_exec_arg_t product_args[3] = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_blocked}, {DNNL_ARG_DST, c_mem}};
+        step = "reorder";
+        status = dnnl_primitive_execute(p->reorder, dnnl.stream, 2, reorder_args);
+        if (status == dnnl_success) step = "matmul", status = dnnl_primitive_execute(p->product, dnnl.stream, 3, product_args);
+        if (status == dnnl_success) step = "stream", status = dnnl_stream_wait(dnnl.stream);
+    }
+    dnnl_memory_destroy(a_mem); /* NULL where not made: oneDNN takes it */
     dnnl_memory_destroy(b_mem);
     dnnl_memory_destroy(b_blocked);
     dnnl_memory_destroy(c_mem);
-    pthread_mutex_unlock(&dnnl.lock);
-}
-
-void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) { run(0, m, n, k, a, b, c); }
-
-void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) { run(1, m, n, k, a, b, c); }
-
-/* The kernel oneDNN chose for the last shape, e.g. "onednn brg:avx512_core_amx_int8" (before the
- * first product: for a shape of 256 x 256 x 256, which takes the same kernel as prefill's). */
-const char *gemm_path(int bf16) {
-    static char path[96];
-    bf16 = bf16 != 0;
-    pthread_mutex_lock(&dnnl.lock);
-    if (!dnnl.path[bf16][0]) plan_for(bf16, 256, 256, 256);
-    snprintf(path, sizeof path, "%s", dnnl.path[bf16]);
-    pthread_mutex_unlock(&dnnl.lock);
-    return path;
+    if (status != dnnl_success) {
+        snprintf(why, why_len, "oneDNN failed (%s: status %d)", step, (int)status);
+        return ONEDNN_FAILED;
+    }
+    snprintf(products.path[bf16], sizeof products.path[bf16], "onednn %s", p->impl);
+    return ONEDNN_RAN;
 }
 
 #endif
+
+/* ============================================================================================
+ * The products: oneDNN where it keeps the promise, else this file's paths
+ * ============================================================================================ */
+
+void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) {
+    char why[160];
+    pthread_mutex_lock(&products.lock);
+    int ran = onednn_product(0, m, n, k, a, b, c, why, sizeof why);
+    if (ran != ONEDNN_RAN) {
+        /* the AVX2 kernel where the CPU's kernels may use AVX2 (not FLEXGEN_ISA=portable) */
+        int pairs = fg_cpu_has_avx2() && gemm_s8_pairs(m, n, k, a, b, c) == 0;
+        if (!pairs) gemm_s8_reference(m, n, k, a, b, c);
+        snprintf(products.path[0], sizeof products.path[0], "%s", pairs ? "avx2 (exact int16 pairs)" : "portable");
+        /* a kernel that saturates, or none at all, is no news: the sums are the same integers */
+        if (ran == ONEDNN_FAILED && !products.told[0])
+            fprintf(stderr, "flexgen: --int8-activations: %s; using %s\n", why, products.path[0]);
+        products.told[0] |= ran == ONEDNN_FAILED;
+    }
+    pthread_mutex_unlock(&products.lock);
+}
+
+void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) {
+    char why[160];
+    pthread_mutex_lock(&products.lock);
+    if (onednn_product(1, m, n, k, a, b, c, why, sizeof why) != ONEDNN_RAN) {
+        int sgemm = gemm_bf16_sgemm(m, n, k, a, b, c) == 0;
+        if (!sgemm) gemm_bf16_reference(m, n, k, a, b, c);
+        snprintf(products.path[1], sizeof products.path[1], "%s",
+                 sgemm ? "fp32 sgemm of bf16 operands" : "portable");
+        if (!products.told[1])
+            fprintf(stderr, "flexgen: --bf16-prefill: %s; using fp32 sums of the bf16 operands%s\n", why,
+                    sgemm ? "" : " (plain loops: no memory for sgemm's copies)");
+        products.told[1] = 1;
+    }
+    pthread_mutex_unlock(&products.lock);
+}
+
+/* The path the last product of the kind took, e.g. "onednn brg:avx512_core_amx_int8", "avx2
+ * (exact int16 pairs)", "fp32 sgemm of bf16 operands", "portable"; "none ran" before the first. */
+const char *gemm_path(int bf16) {
+    static char path[2][96];
+    bf16 = bf16 != 0;
+    pthread_mutex_lock(&products.lock);
+    snprintf(path[bf16], sizeof path[bf16], "%s", products.path[bf16]);
+    pthread_mutex_unlock(&products.lock);
+    return path[bf16];
+}
+
+/* The instructions oneDNN's kernels may use in this process (the CPU's, or fewer under
+ * ONEDNN_MAX_CPU_ISA): with a product's shape, they decide which kernel oneDNN picks, so a job
+ * with --bf16-prefill (whose fp32 sums go in the kernel's order) names them. Asking plans no
+ * product. "none" in a build without oneDNN. */
+const char *gemm_library_isa(void) {
+#ifndef FLEXGEN_ONEDNN
+    return "none";
+#else
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "onednn sse41";
+    case dnnl_cpu_isa_avx: return "onednn avx";
+    case dnnl_cpu_isa_avx2: return "onednn avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "onednn avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "onednn avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "onednn avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "onednn avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "onednn avx512_core_amx";
+    default: return "onednn other";
+    }
+#endif
+}

@@ -142,12 +142,20 @@ void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scal
                       int ldy, int accumulate);
 size_t matmul_scratch_floats(int in, int out);
 
-/* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it ---- */
+/* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it and its
+ * kernel keeps the product's promise, else onednn.c's own paths; they always give c ---- */
 void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c); /* c [m][n] */
 void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c); /* c [m][n] */
 void gemm_s8_reference(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);
 void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c);
-const char *gemm_path(int bf16); /* "portable", or "onednn " and the kernel it chose */
+/* The exact AVX2 kernel (int16 pairs): 0, or -1 where the CPU has no AVX2 or there is no memory. */
+int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);
+/* The path the last product of the kind (bf16 or int8) took: "onednn " and oneDNN's kernel, "avx2
+ * (exact int16 pairs)", "fp32 sgemm of bf16 operands", "portable"; "none ran" before the first. */
+const char *gemm_path(int bf16);
+/* The instruction set oneDNN's kernels may use here ("onednn avx512_core_amx", ...; "none" without
+ * oneDNN), which with the shapes decides its kernels; it plans no product. */
+const char *gemm_library_isa(void);
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride);
 void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float *dst);

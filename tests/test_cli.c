@@ -2348,6 +2348,38 @@ static void test_isa_paths(void) {
     free(dir);
 }
 
+/* --bf16-prefill and --int8-activations: --json's prefill_products names the path prefill's last
+ * product took (onednn.c's gemm_path), not one planned to name it: "none ran" where no GPU
+ * batch's prompts come to more than 64 tokens (one prompt of 14 a batch: decode's products take
+ * them), a path this CPU may run where they do (five a batch). stderr: nothing, or the one line
+ * saying oneDNN has no bf16 product here. */
+static void test_prefill_products(void) {
+    for (int int8 = 0; int8 < 2; int8++)
+        for (int batch = 1; batch <= 5; batch += 4) {
+            const char *args[] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--quiet",
+                                  "--device", "cpu", "--json", "--gpu-batch-size", batch == 1 ? "1" : "5",
+                                  int8 ? "--compress-weight" : "--bf16-prefill", int8 ? "--int8-activations" : NULL, NULL};
+            char *out, *err;
+            int rc = run_flexgen(args, NULL, &out, &err);
+            cJSON *o = cJSON_Parse(out);
+            const char *path = json_text(o, "prefill_products");
+            int onednn = !strncmp(path, "onednn ", 7), named;
+            if (batch == 1)
+                named = !strcmp(path, "none ran");
+            else if (int8)
+                named = onednn ? strstr(path, "vnni") || strstr(path, "amx")
+                               : !strcmp(path, fg_cpu_has_avx2() ? "avx2 (exact int16 pairs)" : "portable");
+            else
+                named = onednn || !strcmp(path, "fp32 sgemm of bf16 operands");
+            int quiet = !err[0] || (!int8 && strstr(err, "--bf16-prefill") && count_lines(err) == 1);
+            EXPECT(rc == 0 && named && quiet, "%s, %d prompt(s) a GPU batch: expected exit 0 and \"prefill_products\" "
+                   "%s, got %d and '%s': %s", int8 ? "--int8-activations" : "--bf16-prefill", batch,
+                   batch == 1 ? "\"none ran\"" : "a path that ran", rc, path, err);
+            cJSON_Delete(o);
+            free(out), free(err);
+        }
+}
+
 void add_cli_tests(void) {
     CU_pSuite s = CU_add_suite("cli", cli_init, NULL);
     CU_add_test(s, "bad flag values exit 2 with one line", test_bad_flag_values);
@@ -2401,4 +2433,6 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
     CU_add_test(s, "FLEXGEN_ISA: every path to the same logits (fp16, 4-bit, int8), named in the report; bad names refused",
                 test_isa_paths);
+    CU_add_test(s, "--bf16-prefill, --int8-activations: the report names the path prefill's products took, or none",
+                test_prefill_products);
 }

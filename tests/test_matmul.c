@@ -428,8 +428,17 @@ static void test_int8_outliers_and_zeros(void) {
 
 static int8_t random_int8(uint64_t *seed) { return (int8_t)((int)(test_uniform(seed) * 255.0f) - 127); }
 
-/* Integer sums are exact: oneDNN (where the build has it, on whatever kernel it picks for this
- * CPU) gives the plain loops' bits. */
+/* A path of gemm_s8 that may run: oneDNN's only on a kernel whose int8 sums are int32 (VNNI or
+ * AMX; its others saturate pairs of products in int16), else the AVX2 kernel where the CPU's
+ * kernels may use AVX2, else the plain loops. */
+static int s8_path_allowed(const char *path) {
+    if (!strncmp(path, "onednn ", 7)) return strstr(path, "vnni") || strstr(path, "amx");
+    return !strcmp(path, fg_cpu_has_avx2() ? "avx2 (exact int16 pairs)" : "portable");
+}
+
+/* Integer sums are exact: gemm_s8 (on oneDNN where the build has it and its kernel for this CPU
+ * sums in int32, else on this project's kernels) gives the plain loops' bits, on full-range
+ * operands, and gemm_path names a path that may run. */
 static void test_gemm_s8(void) {
     static const int shapes[][3] = {{65, 64, 64}, {67, 130, 75}, {300, 256, 1000}, {128, 8, 3}, {1, 1, 1}};
     uint64_t seed = 61;
@@ -445,6 +454,46 @@ static void test_gemm_s8(void) {
         gemm_s8_reference(m, n, k, a, b, want);
         EXPECT(!memcmp(c, want, (size_t)m * n * sizeof *c), "gemm_s8 %d x %d x %d on %s: sums differ from the plain "
                "loops'", m, n, k, gemm_path(0));
+        EXPECT(s8_path_allowed(gemm_path(0)), "gemm_s8 %d x %d x %d: gemm_path says it ran on '%s', not a path that "
+               "keeps int8 sums exact here", m, n, k, gemm_path(0));
+        free(a);
+        free(b);
+        free(c);
+        free(want);
+    }
+}
+
+/* gemm_s8_pairs, the AVX2 kernel of int16 pairs, against the plain loops: the worst operands for
+ * sums in int16 (rows of a and columns of b all -128 or all 127, whose pairs of products reach
+ * +-2^15), full-range random ones, and shapes that end inside a register tile (4 x 16), a tile
+ * of c (96 x 128), a block of k (512) and a pair of k. */
+static void test_gemm_s8_pairs(void) {
+    static const int shapes[][3] = {{1, 1, 1}, {5, 17, 3}, {4, 16, 2}, {97, 129, 513}, {203, 301, 1101}, {66, 40, 1024}};
+    if (!(fg_cpu_features() & FG_CPU_AVX2)) {
+        int32_t c = 0;
+        int8_t one = 1;
+        EXPECT(gemm_s8_pairs(1, 1, 1, &one, &one, &c) == -1, "gemm_s8_pairs ran on a CPU without AVX2");
+        return;
+    }
+    uint64_t seed = 63;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        int8_t *a = malloc((size_t)m * k), *b = malloc((size_t)k * n);
+        int32_t *c = malloc((size_t)m * n * sizeof *c), *want = malloc((size_t)m * n * sizeof *want);
+        for (int i = 0; i < m; i++) /* rows: -128s, 127s, then random */
+            for (int p = 0; p < k; p++)
+                a[(size_t)i * k + p] = i % 3 == 0 ? -128 : i % 3 == 1 ? 127 : (int8_t)(test_uniform(&seed) * 256 - 128);
+        for (int p = 0; p < k; p++) /* columns: 127s, -128s, alternating, then random */
+            for (int j = 0; j < n; j++)
+                b[(size_t)p * n + j] = j % 4 == 0 ? 127 : j % 4 == 1 ? -128 : j % 4 == 2 ? (p % 2 ? 127 : -128)
+                                                                       : (int8_t)(test_uniform(&seed) * 256 - 128);
+        memset(c, 0x5a, (size_t)m * n * sizeof *c); /* every sum must be written */
+        int rc = gemm_s8_pairs(m, n, k, a, b, c);
+        gemm_s8_reference(m, n, k, a, b, want);
+        int differ = 0;
+        for (size_t i = 0; i < (size_t)m * n; i++) differ += c[i] != want[i];
+        EXPECT(rc == 0 && differ == 0, "gemm_s8_pairs %d x %d x %d: returned %d, %d of %d sums differ from the plain "
+               "loops'", m, n, k, rc, differ, m * n);
         free(a);
         free(b);
         free(c);
@@ -479,6 +528,8 @@ static void test_gemm_bf16(void) {
                 bad += fabs(ref[(size_t)i * n + j] - exact) > gamma_n(k) * mag;
             }
         EXPECT(bad == 0, "gemm_bf16 %d x %d x %d on %s: %d sums beyond the fp32 bound", m, n, k, gemm_path(1), bad);
+        EXPECT(!strncmp(gemm_path(1), "onednn ", 7) || !strcmp(gemm_path(1), "fp32 sgemm of bf16 operands"),
+               "gemm_bf16 %d x %d x %d: gemm_path says it ran on '%s'", m, n, k, gemm_path(1));
         free(a);
         free(b);
         free(c);
@@ -623,6 +674,90 @@ static void check_bf16_prefill(int q4) {
 static void test_bf16_prefill_fp16(void) { check_bf16_prefill(0); }
 static void test_bf16_prefill_q4(void) { check_bf16_prefill(1); }
 
+/* --bf16-prefill over W wider than one of prefill's panels (matmul.c widens W a panel of whole
+ * groups of columns at a time, matmul_scratch_floats / in of them, and multiplies each on its
+ * own): every panel's columns within fp32's bound, in their own place. Any in gives about 2^23
+ * weights for two panels; the second here is 40 columns, not a whole group. */
+static void test_bf16_prefill_panels(void) {
+    int rows = MATMUL_DECODE_ROWS + 1, in = 1024;
+    int panel = (int)(matmul_scratch_floats(in, 1 << 20) / in), out = panel + 40;
+    EXPECT((int)(matmul_scratch_floats(in, out) / in) < out, "W [%d][%d]: one panel of %d columns", in, out,
+           (int)(matmul_scratch_floats(in, out) / in));
+    uint64_t seed = 107;
+    fp16 *w = malloc((size_t)in * out * sizeof *w);
+    float *wt = malloc((size_t)out * in * sizeof *wt), *xb = malloc((size_t)rows * in * sizeof *xb); /* bf16's values */
+    for (int k = 0; k < in; k++)
+        for (int c = 0; c < out; c++) {
+            w[(size_t)k * out + c] = fp32_to_fp16((test_uniform(&seed) - 0.5f) * 0.2f);
+            wt[(size_t)c * in + k] = bf16_to_fp32(fp32_to_bf16(fp16_to_fp32(w[(size_t)k * out + c])));
+        }
+    float *x = random_floats((size_t)rows * in, 109), *y0 = random_floats((size_t)rows * out, 113);
+    for (size_t i = 0; i < (size_t)rows * in; i++) xb[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+    double *exact = malloc((size_t)rows * out * sizeof *exact), *mag = malloc((size_t)rows * out * sizeof *mag);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < out; c++) {
+            double sum = 0, size = 0;
+            for (int k = 0; k < in; k++) {
+                double t = (double)xb[(size_t)r * in + k] * wt[(size_t)c * in + k];
+                sum += t, size += fabs(t);
+            }
+            exact[(size_t)r * out + c] = sum, mag[(size_t)r * out + c] = size;
+        }
+    float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+    for (int acc = 0; acc < 2; acc++) {
+        memcpy(y, y0, (size_t)rows * out * sizeof *y);
+        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, scratch);
+        int beyond[2] = {0, 0}; /* first panel, the rest */
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < out; c++) {
+                size_t at = (size_t)r * out + c;
+                double want = exact[at] + (acc ? y0[at] : 0), bound = gamma_n(in + 1) * (mag[at] + (acc ? fabs(y0[at]) : 0));
+                beyond[c >= panel] += !(fabs(y[at] - want) <= bound);
+            }
+        EXPECT(beyond[0] == 0 && beyond[1] == 0, "bf16 prefill, rows %d, in %d, out %d in panels of %d%s on %s: %d "
+               "elements of the first panel and %d of the second beyond fp32's bound of the bf16 operands' product",
+               rows, in, out, panel, acc ? ", adding" : "", gemm_path(1), beyond[0], beyond[1]);
+    }
+    free(w), free(wt), free(xb), free(x), free(y0), free(exact), free(mag), free(y), free(scratch);
+}
+
+/* gemm_path names the path each kind of product took last. Where oneDNN is held to AVX2
+ * (ONEDNN_MAX_CPU_ISA=AVX2, a laptop's CPU), its int8 kernel saturates and it has no bf16
+ * product: the int8 product runs on this project's kernels and the bf16 one on sgemm. Where the
+ * CPU has VNNI or AVX-512 and oneDNN is not held back, oneDNN runs them. */
+static void test_gemm_paths(void) {
+    int m = MATMUL_DECODE_ROWS + 1, n = 48, k = 40;
+    int8_t *a8 = malloc((size_t)m * k), *b8 = malloc((size_t)k * n);
+    uint16_t *a16 = malloc((size_t)m * k * sizeof *a16), *b16 = malloc((size_t)k * n * sizeof *b16);
+    int32_t *c8 = malloc((size_t)m * n * sizeof *c8);
+    float *c16 = malloc((size_t)m * n * sizeof *c16);
+    uint64_t seed = 127;
+    for (size_t i = 0; i < (size_t)m * k; i++) a8[i] = random_int8(&seed), a16[i] = fp32_to_bf16(test_uniform(&seed));
+    for (size_t i = 0; i < (size_t)k * n; i++) b8[i] = random_int8(&seed), b16[i] = fp32_to_bf16(test_uniform(&seed));
+    gemm_s8(m, n, k, a8, b8, c8);
+    gemm_bf16(m, n, k, a16, b16, c16);
+    char s8[96], bf16[96];
+    snprintf(s8, sizeof s8, "%s", gemm_path(0));
+    snprintf(bf16, sizeof bf16, "%s", gemm_path(1));
+    EXPECT(s8_path_allowed(s8), "gemm_s8: gemm_path says '%s', not a path that keeps int8 sums exact here", s8);
+    EXPECT(!strncmp(bf16, "onednn ", 7) || !strcmp(bf16, "fp32 sgemm of bf16 operands"), "gemm_bf16: gemm_path says "
+           "'%s'", bf16);
+    const char *held = getenv("ONEDNN_MAX_CPU_ISA");
+    if (held && !strcmp(held, "AVX2")) {
+        EXPECT(strncmp(s8, "onednn ", 7) != 0, "ONEDNN_MAX_CPU_ISA=AVX2: gemm_s8 ran on %s, which saturates", s8);
+        EXPECT(!strcmp(bf16, "fp32 sgemm of bf16 operands"), "ONEDNN_MAX_CPU_ISA=AVX2: gemm_bf16 ran on '%s'; "
+               "oneDNN has no bf16 product there", bf16);
+    }
+#ifdef FLEXGEN_ONEDNN
+    if (!held && (fg_cpu_features() & FG_CPU_AVX512VNNI))
+        EXPECT(!strncmp(s8, "onednn ", 7), "a CPU with AVX-512 VNNI: gemm_s8 ran on '%s', not oneDNN", s8);
+    if (!held && fg_isa_of_cpu() >= FG_ISA_AVX512)
+        EXPECT(!strncmp(bf16, "onednn ", 7), "a CPU with AVX-512: gemm_bf16 ran on '%s', not oneDNN", bf16);
+#endif
+    free(a8), free(b8), free(a16), free(b16), free(c8), free(c16);
+}
+
 void add_matmul_tests(void) {
     CU_pSuite s = CU_add_suite("matmul", NULL, NULL);
     CU_add_test(s, "fp16 weights: products within the fp32 summation bound", test_fp16_products);
@@ -636,12 +771,18 @@ void add_matmul_tests(void) {
                 test_int8_products);
     CU_add_test(s, "int8 activations x 4-bit q|k|v in 3 parts: the same", test_int8_parts_products);
     CU_add_test(s, "int8 activations: an outlier in a block, and blocks of zeros", test_int8_outliers_and_zeros);
-    CU_add_test(s, "gemm_s8 (oneDNN where built): the plain loops' integer sums, bit for bit", test_gemm_s8);
+    CU_add_test(s, "gemm_s8 (oneDNN where its kernel is exact): the plain loops' integer sums, bit for bit",
+                test_gemm_s8);
+    CU_add_test(s, "gemm_s8's AVX2 kernel (int16 pairs): the plain loops' sums on -128s and 127s, odd shapes",
+                test_gemm_s8_pairs);
     CU_add_test(s, "gemm_bf16 (oneDNN where built): within fp32's bound, like its plain loops", test_gemm_bf16);
+    CU_add_test(s, "gemm_path names the path each product took: not oneDNN's saturating int8 kernel",
+                test_gemm_paths);
     CU_add_test(s, "fp32 to bf16: to nearest, ties to even, NaN kept", test_bf16_rounding);
     CU_add_test(s, "int8 prefill, each row rounded once: the scheme's bits and its rounding bound", test_int8_rows);
     CU_add_test(s, "int8 prefill on 4-bit q|k|v in 3 parts: the same", test_int8_rows_parts);
     CU_add_test(s, "bf16 prefill on fp16 weights: fp32's bound of the bf16 product; decode's rows keep fp32",
                 test_bf16_prefill_fp16);
     CU_add_test(s, "bf16 prefill on 4-bit weights: the same", test_bf16_prefill_q4);
+    CU_add_test(s, "bf16 prefill over two panels of W: each panel's columns within fp32's bound", test_bf16_prefill_panels);
 }
