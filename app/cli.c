@@ -1932,6 +1932,7 @@ int flexgen_main(int argc, char **argv) {
         if (fg_pipe_rank(pipe)) err[0] = 0;
     }
     if (rc == 0) rc = fg_isa_check_env(err); /* FLEXGEN_ISA, before any kernel runs */
+    if (rc == 0) rc = fg_blas_core_check_env(err); /* OPENBLAS_CORETYPE, before any product */
     if (rc) {
     } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {
         rc = tokenize_command(argc, argv, err);

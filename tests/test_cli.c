@@ -2137,6 +2137,54 @@ static void test_blas_core_user(void) {
 #endif
 }
 
+/* setenv, or unsetenv where value is NULL; returns the value before (malloc'd; NULL: unset), for
+ * env_put's undo. */
+static char *env_put(const char *name, const char *value) {
+    const char *was = getenv(name);
+    char *saved = was ? strdup(was) : NULL;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    return saved;
+}
+
+static void env_restore(const char *name, char *saved) {
+    env_put(name, saved);
+    free(saved);
+}
+
+/* OPENBLAS_CORETYPE naming a core of a wider instruction set than the CPU's: OpenBLAS takes it,
+ * and its first product ends the run with SIGILL, nothing said (SkylakeX on an AVX2 CPU; later
+ * versions also know Cooperlake and SapphireRapids). A name OpenBLAS does not know it passes over
+ * in silence, running its own pick. Each is one line naming the variable, exit 2, before any
+ * product. The CPU is taken to stop at AVX2, as a laptop's (FLEXGEN_TEST_CPU=avx2): Haswell runs
+ * there, and FLEXGEN_ISA=avx512 is refused there too. */
+static void test_blas_core_refused(void) {
+    char *isa = env_put("FLEXGEN_ISA", NULL), *core = env_put("OPENBLAS_CORETYPE", NULL);
+    char *cpu = env_put("FLEXGEN_TEST_CPU", "avx2");
+#define RUN_ARGS ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--device", "cpu")
+    static const char *const wider[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "skylakex"};
+    for (size_t i = 0; i < sizeof wider / sizeof *wider; i++) {
+        setenv("OPENBLAS_CORETYPE", wider[i], 1);
+        EXPECT_FAIL(RUN_ARGS, "OPENBLAS_CORETYPE=", wider[i], "AVX-512", "Haswell");
+    }
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    char *out, *err;
+    int rc = run_flexgen(RUN_ARGS, NULL, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "core Haswell (OPENBLAS_CORETYPE)"), "OPENBLAS_CORETYPE=Haswell on an AVX2 CPU: "
+           "expected exit 0 on Haswell, got %d: %s", rc, err);
+    free(out), free(err);
+    unsetenv("OPENBLAS_CORETYPE");
+    setenv("FLEXGEN_ISA", "avx512", 1);
+    EXPECT_FAIL(RUN_ARGS, "FLEXGEN_ISA=avx512", "avx2");
+    unsetenv("FLEXGEN_ISA");
+    env_restore("FLEXGEN_TEST_CPU", cpu);
+    setenv("OPENBLAS_CORETYPE", "Haswel", 1); /* on the CPU as it is */
+    EXPECT_FAIL(RUN_ARGS, "OPENBLAS_CORETYPE=Haswel", "no core of that name");
+#undef RUN_ARGS
+    env_restore("OPENBLAS_CORETYPE", core);
+    env_restore("FLEXGEN_ISA", isa);
+}
+
 /* ./flexgen on opt-tiny with FLEXGEN_ISA=isa (NULL: unset) and the extra flags. */
 static int isa_run(const char *isa, const char *const *extra, char **out, char **err) {
     const char *v = getenv("FLEXGEN_ISA");
@@ -2276,5 +2324,6 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: the decision over a table", test_blas_core_decision);
     CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
+    CU_add_test(s, "OpenBLAS's core: one this CPU cannot run, or no core at all, is refused", test_blas_core_refused);
     CU_add_test(s, "FLEXGEN_ISA: every path to the same logits, named in the report; bad names refused", test_isa_paths);
 }
