@@ -1,7 +1,10 @@
 # FlexGen in C. `make` builds ./flexgen: the CPU backend, and the CUDA backend (flexgen.cu) too
 # wherever nvcc is found (NVCC=, or /usr/local/cuda/bin); the binary picks one at run time.
-# `make test` runs the CUnit suites (the GPU suite skips without a GPU; SUITE=name runs one, e.g.
-# `make test SUITE=quant`, and TEST="its description" one test of it); `make test-san` runs them
+# `make test` runs the CUnit suites, each in a process of its own, so that a crash ends one test
+# and hides nothing else (the GPU suite skips without a GPU; SUITE=name runs one, e.g. `make test
+# SUITE=quant`, and TEST="its description" one test of it), then the instruction-set matrix: the
+# suites that reach a product again with lower levels forced, as a laptop runs them (MATRIX=0:
+# not; docs/TESTS.md); its last line is `N passed, N failed`. `make test-san` runs the suites
 # again under AddressSanitizer and UndefinedBehaviorSanitizer; `make test-gpu` runs the GPU suite
 # under compute-sanitizer. `make fuzz` builds the libFuzzer harnesses of tests/fuzz/ (clang), which
 # `bash scripts/fuzz.sh SECONDS` runs.
@@ -221,6 +224,13 @@ EMU_ENV := GOMP_SPINCOUNT=1000
 EMU_SAN_ORDER := FLEXGEN_EMU_ORDER=shuffle:7
 run_native = $(if $(SUITE),$(filter-out emu $(if $(NVCC),,kernels),$(SUITE)),all)
 run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
+# Each test binary runs every suite in a process of its own (tests/test_main.c), so that a crash
+# ends one test and hides nothing else, and adds its counts to TALLY; the last line of make test
+# (and test-san) is their total, `N passed, N failed`, and either fails if any test did. make test
+# then runs the instruction-set matrix in the native binary (docs/TESTS.md; MATRIX=0: not).
+MATRIX ?= 1
+TALLY := build/test-tally
+TOTAL = awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' $(TALLY) /dev/null
 
 # The whole run also checks the layout (scripts/check_layout.sh), that no file's calls come back
 # to it (scripts/call_graph.sh, from the compiled objects), and that the planted bugs and the
@@ -232,8 +242,10 @@ test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTUR
 	  || { echo "$$bad: reads a build define, so it belongs in PER_BUILD_SRC (Makefile)"; exit 1; })
 	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)
 	$(if $(SUITE),,bash scripts/check_deps.sh)
-	$(if $(run_native),FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
-	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	@rm -f $(TALLY); rc=0; \
+	$(if $(run_native),FLEXGEN_TEST_TALLY=$(TALLY) FLEXGEN_BIN=./flexgen ./build/test_flexgen $(if $(SUITE),$(SUITE) $(if $(TEST),"$(TEST)"),$(if $(filter 1,$(MATRIX)),--matrix)) || rc=1;) \
+	$(if $(run_emu),FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
+	$(TOTAL); exit $$rc
 
 build-san/flexgen: $(call main_objs,build-san) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
@@ -251,8 +263,10 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen $(TOK_FIXTURES)
-	$(if $(run_native),FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
-	$(if $(run_emu),$(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	@rm -f $(TALLY); rc=0; \
+	$(if $(run_native),FLEXGEN_TEST_TALLY=$(TALLY) FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
+	$(if $(run_emu),FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
+	$(TOTAL); exit $$rc
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)
