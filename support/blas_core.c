@@ -17,6 +17,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,16 +102,27 @@ const char *fg_blas_core_due(unsigned features, const char *picked, int user_set
  * own pick, in silence too. So a user's OPENBLAS_CORETYPE is refused where it names a core of a
  * wider instruction set than this CPU has, or a name that is neither a core of the table above
  * nor the one the library runs. */
+static int refused(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refused(char *err, const char *fmt, ...) { /* util.c's fg_fail, which calls into this file */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, FG_ERR_LEN, fmt, ap);
+    va_end(ap);
+    for (char *c = err; *c; c++) /* the variable may hold a newline: keep one line */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return -1;
+}
+
 int fg_blas_core_check_env(char *err) {
     const char *env = getenv("OPENBLAS_CORETYPE");
     if (!env || getenv(FORCED) || getenv(TEST_LOW)) return 0; /* ./flexgen's own pick, or the tests' */
     int level = core_level(env), have = cpu_level(fg_cpu_features());
     if (level > have)
-        return fg_fail(err, "OPENBLAS_CORETYPE=%s: its kernels need %s, which this CPU lacks (its best core is %s)",
+        return refused(err, "OPENBLAS_CORETYPE=%s: its kernels need %s, which this CPU lacks (its best core is %s)",
                        env, LEVELS[level].name, LEVELS[have].core ? LEVELS[have].core : "Prescott");
     const char *core = openblas_get_corename();
     if (level < 0 && strcasecmp(env, core))
-        return fg_fail(err, "OPENBLAS_CORETYPE=%s: OpenBLAS has no core of that name (it would run %s); x86's "
+        return refused(err, "OPENBLAS_CORETYPE=%s: OpenBLAS has no core of that name (it would run %s); x86's "
                        "include Prescott, Nehalem, Sandybridge, Haswell, Zen and SkylakeX", env, core);
     return 0;
 }
