@@ -201,7 +201,6 @@ void arglist_add(arglist *a, const char *const *args) {
     a->v[a->n] = NULL;
 }
 
-
 /* ============================================================================================
  * Running the suites
  *
@@ -249,6 +248,53 @@ static int test_index(CU_pSuite suite, CU_pTest test) {
     return i;
 }
 
+static const char *status_text(int status) { /* "signal 6 (Aborted)", "exit status 1" (static) */
+    static char text[80];
+    if (WIFSIGNALED(status))
+        snprintf(text, sizeof text, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(text, sizeof text, "exit status %d", WEXITSTATUS(status));
+    return text;
+}
+
+/* gemm_path(bf16) asked in a child process (its stderr closed): until oneDNN has run a product of
+ * the kind, the question plans one, and a level oneDNN has no kernel for ends the process. */
+static void gemm_path_asked(int bf16, char *out, size_t size) {
+    int fds[2];
+    if (pipe(fds)) abort();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) abort();
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(30);
+        if (!freopen("/dev/null", "w", stderr)) _exit(1); /* the failure's line: in the path's place */
+        const char *path = gemm_path(bf16);
+        _exit(write(fds[1], path, strlen(path)) < 0);
+    }
+    close(fds[1]);
+    ssize_t got = read(fds[0], out, size - 1);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    out[got > 0 ? got : 0] = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status))
+        snprintf(out, size, "(asking it ended the process: %s)", status_text(status));
+}
+
+/* The paths that ran (FLEXGEN_TEST_PATHS, which the matrix sets): the report's after each test, so
+ * that a test that ends its process leaves those of the tests before it, and printed at the end. */
+static void report_paths(int print) {
+    char s8[200], bf16[200];
+    gemm_path_asked(0, s8, sizeof s8);
+    gemm_path_asked(1, bf16, sizeof bf16);
+    char line[600];
+    snprintf(line, sizeof line, "kernels %s, int8 sums %s, gemm_s8 %s, gemm_bf16 %s, OpenBLAS %s", matmul_path(),
+             matmul_int8_path(), s8, bf16, openblas_get_corename());
+    if (print) printf("  ran on: %s\n", line);
+    report("paths %s\n", line);
+}
+
 /* CUnit's own verbose lines ("  Test: NAME ...passed", with the seconds it took), and the records
  * of the report. */
 static void on_test_start(const CU_pTest test, const CU_pSuite suite) {
@@ -270,6 +316,7 @@ static void on_test_complete(const CU_pTest test, const CU_pSuite suite, const C
                    f->strCondition ? f->strCondition : "");
     }
     report("end %d %d\n", test_index(suite, test), failures != NULL);
+    if (report_fd >= 0 && getenv("FLEXGEN_TEST_PATHS")) report_paths(0);
 }
 
 static void on_suite_init_failure(const CU_pSuite suite) {
@@ -290,50 +337,6 @@ static void on_suite_cleanup_failure(const CU_pSuite suite) {
 static int names_test(const char *name, const char *test) {
     size_t n = strlen(name);
     return n > 0 && name[n - 1] == '*' ? !strncmp(test, name, n - 1) : !strcmp(test, name);
-}
-
-static const char *status_text(int status) { /* "signal 6 (Aborted)", "exit status 1" (static) */
-    static char text[80];
-    if (WIFSIGNALED(status))
-        snprintf(text, sizeof text, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-    else
-        snprintf(text, sizeof text, "exit status %d", WEXITSTATUS(status));
-    return text;
-}
-
-/* gemm_path(bf16) asked in a child process: until oneDNN has run a product of the kind, the
- * question plans one, and a level oneDNN has no kernel for ends the process. */
-static void gemm_path_asked(int bf16, char *out, size_t size) {
-    int fds[2];
-    if (pipe(fds)) abort();
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) abort();
-    if (pid == 0) {
-        close(fds[0]);
-        alarm(30);
-        const char *path = gemm_path(bf16);
-        _exit(write(fds[1], path, strlen(path)) < 0);
-    }
-    close(fds[1]);
-    ssize_t got = read(fds[0], out, size - 1);
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    out[got > 0 ? got : 0] = 0;
-    if (!WIFEXITED(status) || WEXITSTATUS(status)) snprintf(out, size, "(asking it ended the process: %s)", status_text(status));
-}
-
-/* The paths that ran (FLEXGEN_TEST_PATHS, which the matrix sets): printed, and the report's. */
-static void report_paths(void) {
-    char s8[200], bf16[200];
-    gemm_path_asked(0, s8, sizeof s8);
-    gemm_path_asked(1, bf16, sizeof bf16);
-    char line[600];
-    snprintf(line, sizeof line, "kernels %s, int8 sums %s, gemm_s8 %s, gemm_bf16 %s, OpenBLAS %s", matmul_path(),
-             matmul_int8_path(), s8, bf16, openblas_get_corename());
-    printf("  ran on: %s\n", line);
-    report("paths %s\n", line);
 }
 
 /* The tests of suite that names[0..n) select (n 0: all of them), in this process. Returns 2 where a
@@ -360,7 +363,7 @@ static int run_here(CU_pSuite suite, char **names, int n) {
     CU_set_suite_cleanup_failure_handler(on_suite_cleanup_failure);
     printf("\nSuite: %s\n", suite->pName);
     CU_run_suite(suite);
-    if (getenv("FLEXGEN_TEST_PATHS")) report_paths();
+    if (getenv("FLEXGEN_TEST_PATHS")) report_paths(1);
     return 0;
 }
 
