@@ -1,7 +1,10 @@
 # FlexGen in C. `make` builds ./flexgen: the CPU backend, and the CUDA backend (flexgen.cu) too
 # wherever nvcc is found (NVCC=, or /usr/local/cuda/bin); the binary picks one at run time.
-# `make test` runs the CUnit suites (the GPU suite skips without a GPU; SUITE=name runs one, e.g.
-# `make test SUITE=quant`, and TEST="its description" one test of it); `make test-san` runs them
+# `make test` runs the CUnit suites, each in a process of its own, so that a crash ends one test
+# and hides nothing else (the GPU suite skips without a GPU; SUITE=name runs one, e.g. `make test
+# SUITE=quant`, and TEST="its description" one test of it), then the instruction-set matrix: the
+# suites that reach a product again with lower levels forced, as a laptop runs them (MATRIX=0:
+# not; docs/TESTS.md); its last line is `N passed, N failed`. `make test-san` runs the suites
 # again under AddressSanitizer and UndefinedBehaviorSanitizer; `make test-gpu` runs the GPU suite
 # under compute-sanitizer. `make fuzz` builds the libFuzzer harnesses of tests/fuzz/ (clang), which
 # `bash scripts/fuzz.sh SECONDS` runs.
@@ -38,6 +41,9 @@ LDLIBS += -ldnnl
 endif
 # The tests' references: CUnit, and GLPK for lp.c (./flexgen itself links neither).
 TEST_LIBS := -lcunit -lglpk
+# Each object's list of the files it includes, beside it (OBJ.d, which make reads back); -MP: a
+# target for each header too, so that a header removed or renamed stops no build.
+DEPFLAGS := -MMD -MP
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
 # The paper's four C files and llama_model.c beside opt_model.c (flexgen.cu, the fifth paper file,
@@ -148,16 +154,16 @@ $(1)/.opt-$(EMU_OPT_TAG):
 $(1)/emu.o $(1)/flexgen_cu.o $(1)/test_kernels.o $(1)/test_emu.o: $(1)/.opt-$(EMU_OPT_TAG)
 $(1)/emu.o: $(EMU)/emu.cpp $(EMU_HDR)
 	@mkdir -p $(1)
-	$(CXX) $(EMU_CXXFLAGS) $(2) -c -o $$@ $$<
+	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -c -o $$@ $$<
 $(1)/flexgen_cu.o: build-emu/flexgen.cu $(EMU_HDR) $(HDR)
 	@mkdir -p $(1)
-	$(CXX) $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
+	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
 $(1)/test_kernels.o: build-emu/tests/test_kernels.cu build-emu/flexgen.cu $(EMU_HDR) $(HDR) tests/tests.h
 	@mkdir -p $(1)
-	$(CXX) -Ibuild-emu $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
+	$(CXX) -Ibuild-emu $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
 $(1)/test_emu.o: build-emu/tests/cuda_emu/test_emu.cu $(EMU_HDR) tests/tests.h
 	@mkdir -p $(1)
-	$(CXX) $(EMU_CXXFLAGS) $(2) -x c++ -c -o $$@ $$<
+	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
 $(1)/test_flexgen: $(call emu_test_objs,$(3),$(1)) $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o
 	$(CC) $(EMU_CFLAGS) $(2) -o $$@ $$^ $(EMU_LDLIBS) $(TEST_LIBS)
 endef
@@ -175,15 +181,16 @@ build-san-emu/flexgen: $(call emu_main_objs,build-san,build-san-emu) build-san-e
 # test binaries (FLEXGEN_NO_MAIN; obj-tests/, with the tests' sources), and support/util.c with
 # FLEXGEN_CUDA for the emulated GPU (build-emu/obj/, where nvcc is missing). `make test` checks
 # that no other source reads them. Each object directory keeps its flags in a file, .flags: when
-# they change (CFLAGS=, NVCC= or WERROR= on the command line), its objects build again.
+# they change (CFLAGS=, NVCC= or WERROR= on the command line), its objects build again. Each
+# object depends on every file it includes, by the list the compiler writes beside it (DEPFLAGS),
+# which make reads back below (scripts/check_deps.sh, in make test, checks that it still does).
 define objects # $(1): the directory, $(2): the flags
 $(1)/.flags: FORCE
 	@mkdir -p $(1)
-	@echo '$(CC) $(2)' | cmp -s - $$@ || echo '$(CC) $(2)' >$$@
-$(1)/%.o: %.c $(HDR) $(1)/.flags
+	@echo '$(CC) $(2) $(DEPFLAGS)' | cmp -s - $$@ || echo '$(CC) $(2) $(DEPFLAGS)' >$$@
+$(1)/%.o: %.c $(1)/.flags
 	@mkdir -p $$(dir $$@)
-	$(CC) $(2) -c -o $$@ $$<
-$(TEST_SRC:%.c=$(1)/%.o): tests/tests.h
+	$(CC) $(2) $(DEPFLAGS) -c -o $$@ $$<
 endef
 $(eval $(call objects,build/obj,$(CFLAGS)))
 $(eval $(call objects,build/obj-tests,$(CFLAGS) -DFLEXGEN_NO_MAIN))
@@ -194,6 +201,7 @@ $(eval $(call objects,build-san/obj-tests,$(CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN))
 $(eval $(call objects,build-san-emu/obj,$(EMU_CFLAGS) $(SAN)))
 $(eval $(call objects,build-san-emu/obj-tests,$(EMU_CFLAGS) $(SAN) -DFLEXGEN_NO_MAIN))
 FORCE:
+-include $(shell find build build-san build-emu build-san-emu build-fuzz -name '*.d' 2>/dev/null)
 
 emu: flexgen-emu
 
@@ -216,6 +224,13 @@ EMU_ENV := GOMP_SPINCOUNT=1000
 EMU_SAN_ORDER := FLEXGEN_EMU_ORDER=shuffle:7
 run_native = $(if $(SUITE),$(filter-out emu $(if $(NVCC),,kernels),$(SUITE)),all)
 run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
+# Each test binary runs every suite in a process of its own (tests/test_main.c), so that a crash
+# ends one test and hides nothing else, and adds its counts to TALLY; the last line of make test
+# (and test-san) is their total, `N passed, N failed`, and either fails if any test did. make test
+# then runs the instruction-set matrix in the native binary (docs/TESTS.md; MATRIX=0: not).
+MATRIX ?= 1
+TALLY := build/test-tally
+TOTAL = awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' $(TALLY) /dev/null
 
 # The whole run also checks the layout (scripts/check_layout.sh), that no file's calls come back
 # to it (scripts/call_graph.sh, from the compiled objects), and that the planted bugs and the
@@ -226,8 +241,11 @@ test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTUR
 	$(if $(SUITE),,@bad=$$(grep -lE '\bFLEXGEN_(NO_MAIN|CUDA|CUDA_EMU)\b' $(SHARED_SRC) $(HDR)); [ -z "$$bad" ] \
 	  || { echo "$$bad: reads a build define, so it belongs in PER_BUILD_SRC (Makefile)"; exit 1; })
 	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)
-	$(if $(run_native),FLEXGEN_BIN=./flexgen ./build/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
-	$(if $(run_emu),$(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	$(if $(SUITE),,bash scripts/check_deps.sh)
+	@rm -f $(TALLY); rc=0; \
+	$(if $(run_native),FLEXGEN_TEST_TALLY=$(TALLY) FLEXGEN_BIN=./flexgen ./build/test_flexgen $(if $(SUITE),$(SUITE) $(if $(TEST),"$(TEST)"),$(if $(filter 1,$(MATRIX)),--matrix)) || rc=1;) \
+	$(if $(run_emu),FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
+	$(TOTAL); exit $$rc
 
 build-san/flexgen: $(call main_objs,build-san) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
@@ -245,8 +263,10 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen $(TOK_FIXTURES)
-	$(if $(run_native),FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
-	$(if $(run_emu),$(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)"))
+	@rm -f $(TALLY); rc=0; \
+	$(if $(run_native),FLEXGEN_TEST_TALLY=$(TALLY) FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
+	$(if $(run_emu),FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
+	$(TOTAL); exit $$rc
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)
@@ -280,7 +300,7 @@ fuzz-toolchain:
 
 build-fuzz/obj/%.o: %.c $(HDR) | fuzz-toolchain
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_OPT) -fsanitize=fuzzer-no-link -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_OPT) $(DEPFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
 # SIMDe's portable AVX-512 takes clang six minutes at -O1 under the sanitizers, and seconds at
 # -O0; the harnesses parse input and never reach those kernels.
@@ -290,7 +310,7 @@ build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
 build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/cli.c build-fuzz/libflexgen.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
 
 bench: flexgen
 	bash scripts/bench_cpu.sh

@@ -1952,8 +1952,9 @@ int flexgen_main(int argc, char **argv) {
         if (fg_pipe_rank(pipe)) err[0] = 0;
     }
     if (rc == 0) rc = fg_isa_check_env(err); /* FLEXGEN_ISA, before any kernel runs */
-    /* A stage of a pipeline that refuses its FLEXGEN_ISA still takes part in the stages'
-     * agreement below: leaving early would leave the others waiting in it for ever. */
+    if (rc == 0) rc = fg_blas_core_check_env(err); /* OPENBLAS_CORETYPE, before any product */
+    /* A stage of a pipeline that refuses its FLEXGEN_ISA or OPENBLAS_CORETYPE still takes part in
+     * the stages' agreement below: leaving early would leave the others waiting in it for ever. */
     int stages_agree = pipe && !one_process;
     if (rc && !stages_agree) {
     } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {

@@ -160,7 +160,7 @@ if [ "$rc" = 0 ]; then
     start=$(date +%s)
     (cd "$TREE" && make DEPS="$PREFIX" MPICC= test ${SUITE:+SUITE="$SUITE"}) > "$WORK/test.log" 2>&1
     rc=$?
-    sed -n '/Run Summary/,/^Elapsed/p' "$WORK/test.log"
+    sed -n '/^== recap/,/^[0-9]* passed, [0-9]* failed$/p' "$WORK/test.log"
     grep -E 'suite skipped' "$WORK/test.log" | head -n 5
     grep -E '^ +[0-9]+\. tests/' "$WORK/test.log" | head -n 10
     [ "$rc" = 0 ] || tail -n 5 "$WORK/test.log"

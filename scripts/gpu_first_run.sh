@@ -371,8 +371,8 @@ for step in sorted(steps, key=lambda s: order.index(s) if s in order else len(or
     result, secs, note = steps[step]
     print(f"| {step} | {result} | {secs} | {cell(note)} |")
 
-# The GPU suite's failures, verbatim: CUnit's lines between "Suite: gpu" and the next suite (or
-# the run summary) that name a failed test or a failed assertion ("    1. FILE:LINE  - ...").
+# The GPU suite's failures, verbatim: CUnit's lines between "Suite: gpu" and the suite's line of
+# counts ("-- gpu: N passed, ...") that name a failed test or a failed assertion ("    1. FILE:LINE  - ...").
 print("\n## The GPU suite's failures\n")
 print("CUnit's failure lines of the `gpu` suite, verbatim, from the log of each step that ran it.\n")
 if not any(step in steps for step in ("test", "test-gpu", "test-san")):
@@ -384,7 +384,7 @@ for step in ("test", "test-gpu", "test-san"):
         print(f"- {step}: skipped: {cell(steps[step][2])}")
         continue
     text = read(f"{step}.log")
-    block = re.search(r"^Suite: gpu$(.*?)(?=^Suite: |^Run Summary|\Z)", text, re.M | re.S)
+    block = re.search(r"^Suite: gpu$(.*?)(?=^Suite: |^-- \S*gpu: \d+ passed|^Run Summary|\Z)", text, re.M | re.S)
     if block is None:
         why = "stopped before" if "stopped after" in steps[step][2] else "did not run"
         print(f"- {step}: the gpu suite {why} (no \"Suite: gpu\" in {step}.log)")

@@ -7,7 +7,8 @@
  * instruction set: AVX2 kernels on an AVX-512 CPU, or SSE3 ones (Prescott) on an AVX2 one. It reads
  * OPENBLAS_CORETYPE only as it loads, so ./flexgen's main asks fg_blas_core_force whether a better
  * core is due and, if so, starts itself again with OPENBLAS_CORETYPE naming it
- * (docs/DESIGN.md, "Conventions"). A user's own OPENBLAS_CORETYPE is always kept.
+ * (docs/DESIGN.md, "Conventions"). A user's own OPENBLAS_CORETYPE is kept, where this CPU can
+ * run that core and OpenBLAS knows it (fg_blas_core_check_env refuses it otherwise).
  */
 #define _GNU_SOURCE
 #include "support/tools.h"
@@ -16,6 +17,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,9 @@
 #define FORCED "FLEXGEN_BLAS_CORE_FORCED"
 /* Tests only: the OPENBLAS_CORETYPE given stands for the library's own pick, not a user's. */
 #define TEST_LOW "FLEXGEN_TEST_BLAS_LOW"
+/* Tests only: FLEXGEN_TEST_CPU=avx2 takes this CPU to stop at AVX2 (no AVX-512, no VNNI), so that
+ * what is refused on such a CPU is tested on a wider one. */
+#define TEST_CPU "FLEXGEN_TEST_CPU"
 
 #define AVX2_SET (FG_CPU_AVX | FG_CPU_AVX2 | FG_CPU_FMA)
 #define AVX512_SET (AVX2_SET | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL)
@@ -72,14 +77,15 @@ unsigned fg_cpu_features(void) {
     __get_cpuid(1, &a, &b, &c, &d);
     unsigned a7 = 0, b7, c7, d7; /* AVX-VNNI: leaf 7, subleaf 1, EAX bit 4 (not every compiler's builtin knows it) */
     int avx_vnni = __get_cpuid_count(7, 1, &a7, &b7, &c7, &d7) && (a7 >> 4 & 1) && __builtin_cpu_supports("avx2");
-    return (__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
-           (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
-           (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
-           (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
-           (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
-           (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u) |
-           (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u) |
-           (avx_vnni ? FG_CPU_AVXVNNI : 0u);
+    const char *cap = getenv(TEST_CPU);
+    return ((__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
+            (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
+            (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
+            (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
+            (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
+            (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u) |
+            (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u) | (avx_vnni ? FG_CPU_AVXVNNI : 0u)) &
+           (cap && !strcmp(cap, "avx2") ? AVX2_SET | FG_CPU_F16C : ~0u);
 #else
     return 0;
 #endif
@@ -88,6 +94,37 @@ unsigned fg_cpu_features(void) {
 const char *fg_blas_core_due(unsigned features, const char *picked, int user_set) {
     int have = cpu_level(features), got = core_level(picked);
     return user_set || got < 0 || got >= have ? NULL : LEVELS[have].core;
+}
+
+/* OpenBLAS takes a core it knows whatever the CPU, and its kernels then end the process with
+ * SIGILL at the first product, with nothing said (an AVX2 CPU given SkylakeX; later versions
+ * also know Cooperlake and SapphireRapids); a name it does not know it passes over, running its
+ * own pick, in silence too. So a user's OPENBLAS_CORETYPE is refused where it names a core of a
+ * wider instruction set than this CPU has, or a name that is neither a core of the table above
+ * nor the one the library runs. */
+static int refused(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refused(char *err, const char *fmt, ...) { /* util.c's fg_fail, which calls into this file */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, FG_ERR_LEN, fmt, ap);
+    va_end(ap);
+    for (char *c = err; *c; c++) /* the variable may hold a newline: keep one line */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return -1;
+}
+
+int fg_blas_core_check_env(char *err) {
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    if (!env || getenv(FORCED) || getenv(TEST_LOW)) return 0; /* ./flexgen's own pick, or the tests' */
+    int level = core_level(env), have = cpu_level(fg_cpu_features());
+    if (level > have)
+        return refused(err, "OPENBLAS_CORETYPE=%s: its kernels need %s, which this CPU lacks (its best core is %s)",
+                       env, LEVELS[level].name, LEVELS[have].core ? LEVELS[have].core : "Prescott");
+    const char *core = openblas_get_corename();
+    if (level < 0 && strcasecmp(env, core))
+        return refused(err, "OPENBLAS_CORETYPE=%s: OpenBLAS has no core of that name (it would run %s); x86's "
+                       "include Prescott, Nehalem, Sandybridge, Haswell, Zen and SkylakeX", env, core);
+    return 0;
 }
 
 static char *given; /* OPENBLAS_CORETYPE before fg_blas_core_force set it (tests only) */

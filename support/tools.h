@@ -167,6 +167,9 @@ const char *fg_blas_core_due(unsigned features, const char *picked, int user_set
  * with one line on stderr. */
 const char *fg_blas_core_force(void);
 void fg_blas_core_unforce(const char *core, int errnum);
+/* A user's OPENBLAS_CORETYPE checked, before OpenBLAS runs a product: 0, or -1 with err naming it
+ * where it is a core of a wider instruction set than this CPU's, or not a core OpenBLAS has. */
+int fg_blas_core_check_env(char *err);
 /* What the report says: "OpenBLAS 0.3.21", the core running, and why it is that one ("chosen
  * for AVX-512; the library picked Haswell", "OPENBLAS_CORETYPE", "as the library picked"). */
 typedef struct { char library[32], core[32], why[96]; } fg_blas_info;

@@ -2248,28 +2248,66 @@ static void test_blas_core_user(void) {
 #endif
 }
 
-/* name=value (value NULL: unset) in the environment; the old value (malloc'd, or NULL) back. */
-static char *swap_env(const char *name, const char *value) {
-    const char *v = getenv(name);
-    char *saved = v ? strdup(v) : NULL;
+/* setenv, or unsetenv where value is NULL; returns the value before (malloc'd; NULL: unset), for
+ * env_put's undo. */
+static char *env_put(const char *name, const char *value) {
+    const char *was = getenv(name);
+    char *saved = was ? strdup(was) : NULL;
     if (value) setenv(name, value, 1);
     else unsetenv(name);
     return saved;
 }
 
+static void env_restore(const char *name, char *saved) {
+    env_put(name, saved);
+    free(saved);
+}
+
+/* OPENBLAS_CORETYPE naming a core of a wider instruction set than the CPU's: OpenBLAS takes it,
+ * and its first product ends the run with SIGILL, nothing said (SkylakeX on an AVX2 CPU; later
+ * versions also know Cooperlake and SapphireRapids). A name OpenBLAS does not know it passes over
+ * in silence, running its own pick. Each is one line naming the variable, exit 2, before any
+ * product. The CPU is taken to stop at AVX2, as a laptop's (FLEXGEN_TEST_CPU=avx2): Haswell runs
+ * there, and FLEXGEN_ISA=avx512 is refused there too. */
+static void test_blas_core_refused(void) {
+    char *isa = env_put("FLEXGEN_ISA", NULL), *core = env_put("OPENBLAS_CORETYPE", NULL);
+    char *cpu = env_put("FLEXGEN_TEST_CPU", "avx2");
+#define RUN_ARGS ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--device", "cpu")
+    static const char *const wider[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "skylakex"};
+    for (size_t i = 0; i < sizeof wider / sizeof *wider; i++) {
+        setenv("OPENBLAS_CORETYPE", wider[i], 1);
+        EXPECT_FAIL(RUN_ARGS, "OPENBLAS_CORETYPE=", wider[i], "AVX-512", "Haswell");
+    }
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    char *out, *err;
+    int rc = run_flexgen(RUN_ARGS, NULL, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "core Haswell (OPENBLAS_CORETYPE)"), "OPENBLAS_CORETYPE=Haswell on an AVX2 CPU: "
+           "expected exit 0 on Haswell, got %d: %s", rc, err);
+    free(out), free(err);
+    unsetenv("OPENBLAS_CORETYPE");
+    setenv("FLEXGEN_ISA", "avx512", 1);
+    EXPECT_FAIL(RUN_ARGS, "FLEXGEN_ISA=avx512", "avx2");
+    unsetenv("FLEXGEN_ISA");
+    env_restore("FLEXGEN_TEST_CPU", cpu);
+    setenv("OPENBLAS_CORETYPE", "Haswel", 1); /* on the CPU as it is */
+    EXPECT_FAIL(RUN_ARGS, "OPENBLAS_CORETYPE=Haswel", "no core of that name");
+#undef RUN_ARGS
+    env_restore("OPENBLAS_CORETYPE", core);
+    env_restore("FLEXGEN_ISA", isa);
+}
+
 /* ./flexgen on opt-tiny with FLEXGEN_ISA=isa (NULL: unset), OMP_NUM_THREADS=threads (NULL: as it
  * is) and the extra flags. */
 static int isa_run(const char *isa, const char *threads, const char *const *extra, char **out, char **err) {
-    char *saved = swap_env("FLEXGEN_ISA", isa), *saved_threads = threads ? swap_env("OMP_NUM_THREADS", threads) : NULL;
+    char *saved = env_put("FLEXGEN_ISA", isa), *saved_threads = threads ? env_put("OMP_NUM_THREADS", threads) : NULL;
     const char *argv[40] = {flexgen_bin(), "--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "4",
                             "--quiet", "--device", "cpu"};
     int n = 10;
     while (*extra && n < 39) argv[n++] = *extra++;
     argv[n] = NULL;
     int rc = run_command(argv, NULL, out, err);
-    free(swap_env("FLEXGEN_ISA", saved));
-    if (threads) free(swap_env("OMP_NUM_THREADS", saved_threads));
-    free(saved), free(saved_threads);
+    env_restore("FLEXGEN_ISA", saved);
+    if (threads) env_restore("OMP_NUM_THREADS", saved_threads);
     return rc;
 }
 
@@ -2431,6 +2469,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: the decision over a table", test_blas_core_decision);
     CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
+    CU_add_test(s, "OpenBLAS's core: one this CPU cannot run, or no core at all, is refused", test_blas_core_refused);
     CU_add_test(s, "FLEXGEN_ISA: every path to the same logits (fp16, 4-bit, int8), named in the report; bad names refused",
                 test_isa_paths);
     CU_add_test(s, "--bf16-prefill, --int8-activations: the report names the path prefill's products took, or none",

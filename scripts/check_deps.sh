@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# check_deps.sh: each object depends on every file its source includes, so that an edit to one
+# builds the object again. The compiler lists the included files beside each object (OBJ.d,
+# DEPFLAGS in the Makefile) and make reads those lists back; were they lost, an object could
+# keep code its source no longer has (avx512_simde.o, which #includes support/avx512.c, ran the
+# old SIMDe kernels after an edit to avx512.c). For each object below and a file it includes that
+# no rule of the Makefile names, make is asked what it would do were that file new (make -n -W,
+# its flags file held old): it must compile the object again.
+# Usage: bash scripts/check_deps.sh   (after a build; make test runs it; exits 1 on a miss)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+make=${MAKE:-make}
+fail=0
+check() { # object, a file its source includes
+    local flags
+    flags="$(dirname "$1")/.flags"
+    while [ ! -e "$flags" ] && [ "$flags" != ./.flags ]; do flags="$(dirname "$(dirname "$flags")")/.flags"; done
+    if ! "$make" --no-print-directory -n -o "$flags" -W "$2" "$1" 2>/dev/null | grep -q -- "-o $1 "; then
+        echo "check_deps: $1 does not depend on $2, which its source includes (the Makefile's .d files)"
+        fail=1
+    fi
+}
+check build/obj/support/avx512_simde.o support/avx512.c
+check build/obj/support/matmul.o support/support.h
+check build/obj-tests/tests/test_main.o tests/tests.h
+[ $fail = 0 ] && echo "check_deps: each object checked depends on the files its source includes"
+exit $fail
