@@ -753,9 +753,6 @@ static long prompt_tokens(const prompt_set *p) {
     return total;
 }
 
-/* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
- * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
- * the times, and the OpenBLAS core the CPU's products ran on. */
 /* Whether prefill's products run an opt-in scheme on onednn.c, and the path its last product took
  * ("" without a scheme): gemm_path's, which names what ran, or "none ran" (no GPU batch's prompts
  * came to more than MATMUL_DECODE_ROWS tokens, so decode's products took every one). */
@@ -767,6 +764,19 @@ static const char *prefill_path(const fg_policy *p) {
     return prefill_scheme(p) ? gemm_path(p->bf16_prefill) : "";
 }
 
+/* What the CPU's products ran on, into --json's object: the OpenBLAS core, the path of this
+ * program's kernels, and the opt-in schemes' own products. */
+static void add_kernels_json(cJSON *o, const fg_policy *p, const fg_blas_info *blas) {
+    cJSON_AddStringToObject(o, "blas_library", blas->library);
+    cJSON_AddStringToObject(o, "blas_core", blas->core);
+    cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
+    if (p->int8_activations) cJSON_AddStringToObject(o, "int8_sums", matmul_int8_path());
+    if (prefill_scheme(p)) cJSON_AddStringToObject(o, "prefill_products", prefill_path(p));
+}
+
+/* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
+ * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
+ * the times, and the OpenBLAS core the CPU's products ran on. */
 static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
                    const stage_report *stages, int n_stages) {
@@ -830,11 +840,7 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
             cJSON_AddNumberToObject(o, "warmup_prefill_latency", a->cold_prefill);
             cJSON_AddNumberToObject(o, "warmup_decode_latency", a->cold_decode);
         }
-        cJSON_AddStringToObject(o, "blas_library", blas.library);
-        cJSON_AddStringToObject(o, "blas_core", blas.core);
-        cJSON_AddStringToObject(o, "cpu_kernels", matmul_path());
-        if (a->policy.int8_activations) cJSON_AddStringToObject(o, "int8_sums", matmul_int8_path());
-        if (prefill_scheme(&a->policy)) cJSON_AddStringToObject(o, "prefill_products", prefill_path(&a->policy));
+        add_kernels_json(o, &a->policy, &blas);
         if (t->device_counted) cJSON_AddItemToObject(o, "device_counts", device_counts_json(t));
         if (n_stages > 1) cJSON_AddItemToObject(o, "stages", stages_json(stages, n_stages));
         char *s = cJSON_PrintUnformatted(o);

@@ -187,17 +187,17 @@ static int json_real(const cJSON *o, const char *key, double def, double lo, dou
 }
 
 /* RoPE's angles, position x frequency, finite in fp32 at every position: each field can be an
- * fp32 number while a frequency is not (a factor of 1e-37 divides 1 into 1e37). */
+ * fp32 number while a frequency is not (a factor of 1e-37 divides 1 into 1e37). No frequency
+ * exceeds max(1, 1 / factor): theta^(-2i/d) is at most 1, and rope_frequencies (llama_model.c)
+ * divides it by the factor at most once (llama3's blend lies between f and f / factor). So that
+ * bound, times the last position, must be a finite fp32. */
 static int rope_finite(const opt_config *c, const char *path, char *err) {
-    float inv_freq[512]; /* head_dim <= 1024 */
-    rope_frequencies(c, inv_freq);
+    float top = c->rope.kind != ROPE_DEFAULT && c->rope.factor < 1 ? 1.0f / c->rope.factor : 1.0f;
     float last = (float)(c->max_pos - 1);
-    for (int i = 0; i < c->head_dim / 2; i++)
-        if (!isfinite(inv_freq[i]) || !isfinite(last * inv_freq[i]))
-            return fg_fail(err, "%s: \"rope_theta\" %g and \"rope_scaling\" (factor %g) give RoPE frequency %d an "
-                           "angle that is not a finite fp32 at position %d", path, c->rope.theta, c->rope.factor, i,
-                           c->max_pos - 1);
-    return 0;
+    if (isfinite(top) && isfinite(last * top)) return 0;
+    return fg_fail(err, "%s: \"rope_theta\" %g and \"rope_scaling\" (factor %g) give RoPE a frequency up to %g, "
+                   "whose angle is not a finite fp32 at position %d", path, c->rope.theta, c->rope.factor,
+                   (double)top, c->max_pos - 1);
 }
 
 /* A token id (absent or null: def, -1 for none), or for eos_token_id a list of them. */
