@@ -257,40 +257,12 @@ static const char *status_text(int status) { /* "signal 6 (Aborted)", "exit stat
     return text;
 }
 
-/* gemm_path(bf16) asked in a child process (its stderr closed): until oneDNN has run a product of
- * the kind, the question plans one, and a level oneDNN has no kernel for ends the process. */
-static void gemm_path_asked(int bf16, char *out, size_t size) {
-    int fds[2];
-    if (pipe(fds)) abort();
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) abort();
-    if (pid == 0) {
-        close(fds[0]);
-        alarm(30);
-        if (!freopen("/dev/null", "w", stderr)) _exit(1); /* the failure's line: in the path's place */
-        const char *path = gemm_path(bf16);
-        _exit(write(fds[1], path, strlen(path)) < 0);
-    }
-    close(fds[1]);
-    ssize_t got = read(fds[0], out, size - 1);
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    out[got > 0 ? got : 0] = 0;
-    if (!WIFEXITED(status) || WEXITSTATUS(status))
-        snprintf(out, size, "(asking it ended the process: %s)", status_text(status));
-}
-
 /* The paths that ran (FLEXGEN_TEST_PATHS, which the matrix sets): the report's after each test, so
  * that a test that ends its process leaves those of the tests before it, and printed at the end. */
 static void report_paths(int print) {
-    char s8[200], bf16[200];
-    gemm_path_asked(0, s8, sizeof s8);
-    gemm_path_asked(1, bf16, sizeof bf16);
     char line[600];
     snprintf(line, sizeof line, "kernels %s, int8 sums %s, gemm_s8 %s, gemm_bf16 %s, OpenBLAS %s", matmul_path(),
-             matmul_int8_path(), s8, bf16, openblas_get_corename());
+             matmul_int8_path(), gemm_path(0), gemm_path(1), openblas_get_corename());
     if (print) printf("  ran on: %s\n", line);
     report("paths %s\n", line);
 }

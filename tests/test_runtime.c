@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { N_SEQ = 7, GEN = 8 }; /* 7 sequences: every block shape below leaves a partial one */
 
@@ -1020,11 +1021,16 @@ static void traced_weight_loads(int *beside_later, int *n_loads) {
  * are the same and the run only slower: no load is then ever beside a later batch's compute (each
  * one ends before batch 1 starts), whatever the timing. In a correct run the steps in which batch
  * 0 idles (traced_weight_loads) put loads beside the later batches, unless the I/O thread waits
- * for a core until they are done: on a busy 2-core machine 6 to 35 of the run's 84; up to 3
- * runs. */
+ * for a core until they are done: on a busy 2-core machine 6 to 35 of the run's 84. A run takes
+ * a tenth of a second, so a burst of other work on the machine can starve the I/O thread for a
+ * whole run (it did, once in a whole `make test`, for three runs in a row): up to 10 runs, a fifth
+ * of a second apart. */
 static void test_weight_loads_overlap_later_batches(void) {
     int beside = 0, n_loads = 0;
-    for (int run = 0; run < 3 && !beside; run++) traced_weight_loads(&beside, &n_loads);
+    for (int run = 0; run < 10 && !beside; run++) {
+        if (run) usleep(200000);
+        traced_weight_loads(&beside, &n_loads);
+    }
     EXPECT(n_loads > 0 && beside > 0, "weights on cpu, a diagonal block of 1 x 4: expected the next layer's weight "
            "loads running while GPU batches 1 to 3 compute; got %d of %d (the weights awaited after the first GPU "
            "batch rather than the last?)", beside, n_loads);
