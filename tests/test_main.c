@@ -595,9 +595,11 @@ static void run_matrix(const char *argv0) {
     const char *blas_core = openblas_get_corename();
     printf("\n== the instruction-set matrix: this CPU runs FLEXGEN_ISA=%s, oneDNN up to %s, OpenBLAS's %s\n",
            fg_isa_name(cpu), onednn_top >= 0 ? ONEDNN_LEVELS[onednn_top].level : "(not built)", blas_core);
-    /* A machine with AVX2 and no more: our AVX2 kernels, oneDNN's and OpenBLAS's (Haswell's). */
+    /* A machine with AVX2 and no more: our AVX2 kernels without AVX-512 or either VNNI (the CPU
+     * taken to stop at AVX2, FLEXGEN_TEST_CPU: int8 sums on vpmaddubsw, as a laptop's), oneDNN's
+     * and OpenBLAS's (Haswell's). */
     char env[160] = "";
-    if (cpu > FG_ISA_AVX2) strcat(env, " FLEXGEN_ISA=avx2");
+    if (cpu > FG_ISA_AVX2 || fg_cpu_features() & FG_CPU_AVXVNNI) strcat(env, " FLEXGEN_TEST_CPU=avx2");
     if (onednn_top > 0) strcat(env, " ONEDNN_MAX_CPU_ISA=AVX2");
     if (cpu >= FG_ISA_AVX2 && strcasecmp(blas_core, "Haswell")) strcat(env, " OPENBLAS_CORETYPE=Haswell");
     if (*env) run_cell(argv0, "an AVX2 machine", env + 1, ALL_PRODUCTS, sizeof ALL_PRODUCTS / sizeof *ALL_PRODUCTS);
