@@ -2259,7 +2259,7 @@ static char *env_put(const char *name, const char *value) {
 }
 
 static void env_restore(const char *name, char *saved) {
-    env_put(name, saved);
+    free(env_put(name, saved));
     free(saved);
 }
 
