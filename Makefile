@@ -310,7 +310,7 @@ build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
 build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/cli.c build-fuzz/libflexgen.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -MF build-fuzz/obj/$(notdir $@).d -MT $@ -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
 
 bench: flexgen
 	bash scripts/bench_cpu.sh
