@@ -2248,21 +2248,6 @@ static void test_blas_core_user(void) {
 #endif
 }
 
-/* setenv, or unsetenv where value is NULL; returns the value before (malloc'd; NULL: unset), for
- * env_put's undo. */
-static char *env_put(const char *name, const char *value) {
-    const char *was = getenv(name);
-    char *saved = was ? strdup(was) : NULL;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-    return saved;
-}
-
-static void env_restore(const char *name, char *saved) {
-    free(env_put(name, saved));
-    free(saved);
-}
-
 /* OPENBLAS_CORETYPE naming a core of a wider instruction set than the CPU's: OpenBLAS takes it,
  * and its first product ends the run with SIGILL, nothing said (SkylakeX on an AVX2 CPU; later
  * versions also know Cooperlake and SapphireRapids). A name OpenBLAS does not know it passes over

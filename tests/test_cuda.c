@@ -537,9 +537,9 @@ static void test_gpu_check_dry(void) {
 }
 
 #if defined(FLEXGEN_CUDA_EMU) && !defined(__SANITIZE_ADDRESS__)
-/* The live processes (not zombies) of session sid, or only those whose name is `name`; each
- * killed with SIGKILL if kill_them. */
-static int session_processes(pid_t sid, const char *name, int kill_them) {
+/* The live processes (not zombies) whose SID (setsid's group of process groups) is sid, or only
+ * those whose name is `name`; each killed with SIGKILL if kill_them. */
+static int processes_of_sid(pid_t sid, const char *name, int kill_them) {
     DIR *d = opendir("/proc");
     int found = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
@@ -551,11 +551,11 @@ static int session_processes(pid_t sid, const char *name, int kill_them) {
         if (f) fclose(f);
         line[n] = 0;
         char *open_paren = strchr(line, '('), *close_paren = strrchr(line, ')'); /* the name may hold spaces */
-        int ppid, pgrp, session;
-        if (!open_paren || !close_paren || sscanf(close_paren + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4)
+        int ppid, pgrp, their_sid;
+        if (!open_paren || !close_paren || sscanf(close_paren + 1, " %c %d %d %d", &state, &ppid, &pgrp, &their_sid) != 4)
             continue;
         *close_paren = 0;
-        if (session != sid || state == 'Z' || (name && strcmp(open_paren + 1, name))) continue;
+        if (their_sid != sid || state == 'Z' || (name && strcmp(open_paren + 1, name))) continue;
         found++;
         if (kill_them) kill(atoi(e->d_name), SIGKILL);
     }
@@ -569,7 +569,7 @@ static double seconds_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* gpu_check.sh --dry check in a session of its own, signalled while its suites step runs the
+/* gpu_check.sh --dry check under setsid (a SID of its own), signalled while its suites step runs the
  * test binary: SIGINT to its process group (a terminal's Ctrl-C), SIGTERM to the script alone
  * (kill PID). */
 static void interrupt_gpu_check(const char *dir, int sig) {
@@ -589,7 +589,7 @@ static void interrupt_gpu_check(const char *dir, int sig) {
     int status = 0, running = 0;
     pid_t ended = 0;
     for (double start = seconds_now(); !running && !ended && seconds_now() - start < 180; usleep(20000)) {
-        running = session_processes(pid, "test_flexgen", 0) > 0;
+        running = processes_of_sid(pid, "test_flexgen", 0) > 0;
         ended = waitpid(pid, &status, WNOHANG);
     }
     EXPECT(running, "gpu_check.sh --dry check: its suites step never ran build-emu/test_flexgen");
@@ -602,7 +602,7 @@ static void interrupt_gpu_check(const char *dir, int sig) {
     }
     double took = seconds_now() - signalled;
     int left = 0;
-    for (double start = seconds_now(); (left = session_processes(pid, NULL, 0)) > (ended ? 0 : 1) &&
+    for (double start = seconds_now(); (left = processes_of_sid(pid, NULL, 0)) > (ended ? 0 : 1) &&
                                         seconds_now() - start < 2;)
         usleep(20000); /* the processes killed last a moment longer than the script */
     const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
@@ -619,7 +619,7 @@ static void interrupt_gpu_check(const char *dir, int sig) {
            "stderr, \"%s ...\"; got '%s'", name, said, err ? err : "(none)");
     free(err);
     if (!ended) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
-    session_processes(pid, NULL, 1);
+    processes_of_sid(pid, NULL, 1);
 }
 #endif
 

@@ -740,13 +740,9 @@ static void test_job_identity(void) {
 
 /* FLEXGEN_ISA (or the env var named) set to value for run_command, then put back. */
 static int run_with_env(const char *name, const char *value, const char *const *argv, char **out, char **err) {
-    const char *v = getenv(name);
-    char *saved = v ? strdup(v) : NULL;
-    setenv(name, value, 1);
+    char *saved = env_put(name, value);
     int rc = run_command(argv, NULL, out, err);
-    if (saved) setenv(name, saved, 1);
-    else unsetenv(name);
-    free(saved);
+    env_restore(name, saved);
     return rc;
 }
 

@@ -109,6 +109,21 @@ int dir_entries(const char *dir) {
     return n;
 }
 
+/* setenv, or unsetenv where value is NULL; returns the value before (malloc'd; NULL: unset), for
+ * env_restore. */
+char *env_put(const char *name, const char *value) {
+    const char *was = getenv(name);
+    char *saved = was ? strdup(was) : NULL;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    return saved;
+}
+
+void env_restore(const char *name, char *saved) {
+    free(env_put(name, saved));
+    free(saved);
+}
+
 void rm_tree(const char *dir) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

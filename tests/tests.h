@@ -83,6 +83,10 @@ int run_bounded(int (*fn)(void *arg, char *err), void *arg, int seconds, char *e
 /* A fresh empty directory under $TMPDIR for one test; removed by rm_tree(). */
 char *make_temp_dir(void);
 void rm_tree(const char *dir);
+/* setenv (unsetenv where value is NULL), handing back the value before (malloc'd; NULL: unset);
+ * env_restore puts that back and frees it. */
+char *env_put(const char *name, const char *value);
+void env_restore(const char *name, char *saved);
 /* dir/name in one of four static buffers (so a call may take the result of another); a whole
  * file (malloc'd, NUL-terminated, *len its bytes; NULL if it cannot be read); the names in dir
  * besides . and .. (-1: no such dir). */
