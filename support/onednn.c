@@ -213,7 +213,8 @@ __attribute__((target("avx2"))) static void tile_of_c(int n, int k, const int8_t
 }
 
 int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) {
-    if (!(fg_cpu_features() & FG_CPU_AVX2)) return -1;
+    /* fg_isa_of_cpu caches its answer: cpuid is slow in a VM, and this runs once a panel */
+    if (fg_isa_of_cpu() < FG_ISA_AVX2) return -1;
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0) {
         memset(c, 0, (size_t)m * n * sizeof *c);
