@@ -8,18 +8,19 @@
  *
  * A band is kc rows of W (k0 .. k0 + kc) across whole groups of 64 columns, for every row of x.
  * Each element of y is one chain of fused multiply-adds over k in increasing order, started at 0 or
- * at y, as in matmul.c's portable tile, so every path gives the same bits.
+ * at y (for 4-bit, then the band's min term added), as in matmul.c's portable loops, so every path
+ * gives the same bits.
  *
  *   fp16   W's rows widened in the registers (vcvtph2ps); tiles of 1 row x 128 columns, or of up to
  *          6 rows x 64 (24 accumulators of the 32 registers).
- *   4-bit  a row's group of 64 columns has one min and one scale, so its 16 levels are a table of
- *          16 floats, T[q] = fmaf(q, scale, min) (one vfmadd over 0 .. 15), exactly q4_value's
- *          value; each code picks its value from the table (vpermps reads the low 4 bits of each
- *          lane: a byte as it is gives its low nibble, shifted down 4 its high one). The low
- *          nibbles are the odd columns and the high ones the even, so the accumulators keep the
- *          even and the odd columns of 32 apart and put them back in order when they are stored.
- *          Tiles: 1 row x 256 columns, 2 x 128, up to 4 x 64, up to 8 x 32. The codes are read
- *          once per tile, and no fp32 copy of W is ever written.
+ *   4-bit  matmul.c's scheme: the codes q times a = x scale, given with each band's min term
+ *          (q4_terms). A code becomes its fp32 value q by a lookup in the table 0 .. 15 (vpermps
+ *          reads the low 4 bits of each lane: a byte as it is gives its low nibble, shifted down 4
+ *          its high one), one instruction where AVX2 needs a conversion. The low nibbles are the
+ *          odd columns and the high ones the even, so the accumulators keep the even and the odd
+ *          columns of 32 apart and put them back in order, with the min term added, when they are
+ *          stored. Tiles: 1 row x 256 columns, 2 x 128, up to 4 x 64, up to 8 x 32. The codes are
+ *          read once per tile, and no fp32 copy of W is ever written.
  *   Each tile of the first rows of x prefetches the same columns of the next band's rows, kc rows
  *   on: the rows of a band are kc separate streams, too many for the hardware's prefetcher alone.
  *   int8   --int8-activations' integer sums with VNNI (int8.c's scheme): on a panel of quads that
@@ -77,14 +78,6 @@ INLINE __m512i widen_bytes(const uint8_t *b) {
 #else /* nor vpmovzxbd */
     return _mm512_setr_epi32(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
                              b[13], b[14], b[15]);
-#endif
-}
-
-INLINE __m512 broadcast_half(const fp16 *h) {
-#ifdef SIMDE_X86_AVX512F_NATIVE
-    return _mm512_cvtph_ps(_mm256_set1_epi16((short)*h));
-#else
-    return _mm512_set1_ps(fp16_to_fp32(*h));
 #endif
 }
 
@@ -158,8 +151,8 @@ INLINE void join_even_odd(__m512 even, __m512 odd, float *y) {
     _mm512_storeu_ps(y + 16, _mm512_permutex2var_ps(even, hi, odd));
 }
 
-INLINE void tile_q4(const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int h0, int kc,
-                    float *y, size_t ldy, int from_y, int ahead, const int mr, const int nh) {
+INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, size_t stride, int kc, float *y,
+                    size_t ldy, int from_y, int ahead, const int mr, const int nh) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 acc[8][16]; /* [row][2 h: even columns of half-group h, 2 h + 1: odd] */
 #pragma GCC unroll 8
@@ -170,59 +163,53 @@ INLINE void tile_q4(const float *x, size_t ldx, const uint8_t *w, size_t stride,
             else acc[r][2 * h] = acc[r][2 * h + 1] = _mm512_setzero_ps();
         }
     for (int k = 0; k < kc; k++) {
-        const uint8_t *row = w + k * stride, *codes = row + 16 * h0;
-        const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-        if (ahead) { /* the codes, the min and the scale of the same columns, kc rows on */
-            const uint8_t *next = row + (size_t)kc * stride;
+        const uint8_t *row = codes + k * stride + 16 * h0;
+        if (ahead) /* the codes of the same columns, kc rows on */
 #pragma GCC unroll 4
-            for (int b = 0; b < 16 * nh; b += 64) prefetch(next + 16 * h0 + b);
-            prefetch(next + (size_t)G * (Q4_GROUP / 2) + h0), prefetch(next + (size_t)G * (Q4_GROUP / 2 + 2) + h0);
-        }
-        __m512 table = iota;
+            for (int b = 0; b < 16 * nh; b += 64) prefetch(row + (size_t)kc * stride + b);
 #pragma GCC unroll 8
         for (int h = 0; h < nh; h++) {
-            if (h % 2 == 0) { /* a new group: its 16 values (h0 is even where nh > 1) */
-                int g = (h0 + h) / 2;
-                table = _mm512_fmadd_ps(iota, broadcast_half(scales + g), broadcast_half(mins + g));
-            }
-            __m512i bytes = widen_bytes(codes + 16 * h);
-            __m512 odd = _mm512_permutexvar_ps(bytes, table);
-            __m512 even = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+            __m512i bytes = widen_bytes(row + 16 * h);
+            __m512 odd = _mm512_permutexvar_ps(bytes, iota);
+            __m512 even = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), iota);
 #pragma GCC unroll 8
             for (int r = 0; r < mr; r++) {
-                __m512 xr = _mm512_set1_ps(x[r * ldx + k]);
-                acc[r][2 * h] = _mm512_fmadd_ps(xr, even, acc[r][2 * h]);
-                acc[r][2 * h + 1] = _mm512_fmadd_ps(xr, odd, acc[r][2 * h + 1]);
+                __m512 a = _mm512_set1_ps(t->a[r0 + r][k][(h0 + h) / 2]);
+                acc[r][2 * h] = _mm512_fmadd_ps(a, even, acc[r][2 * h]);
+                acc[r][2 * h + 1] = _mm512_fmadd_ps(a, odd, acc[r][2 * h + 1]);
             }
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
-        for (int h = 0; h < nh; h++) join_even_odd(acc[r][2 * h], acc[r][2 * h + 1], y + r * ldy + 32 * h);
+        for (int h = 0; h < nh; h++) {
+            __m512 min_term = _mm512_set1_ps(t->min_term[r0 + r][(h0 + h) / 2]);
+            join_even_odd(_mm512_add_ps(acc[r][2 * h], min_term), _mm512_add_ps(acc[r][2 * h + 1], min_term),
+                          y + r * ldy + 32 * h);
+        }
 }
 
-/* Tiles over groups g0 .. g0 + ng of the part at w: the widest tile whose columns are left. */
-static void band_q4(const float *x, int rows, size_t ldx, const uint8_t *w, size_t stride, int G, int g0,
-                    int ng, int kc, float *y, size_t ldy, int from_y, int ahead) {
+/* Tiles over the chunk's ng groups: the widest tile whose columns are left. */
+static void band_q4(const q4_terms *t, int rows, const uint8_t *codes, size_t stride, int ng, int kc, float *y,
+                    size_t ldy, int from_y, int ahead) {
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < 8 ? rows - r : 8;
-        const float *xr = x + r * ldx;
         float *yr = y + r * ldy;
         int pf = ahead && r == 0, halves = 2 * ng;
         for (int h = 0, nh; h < halves; h += nh) {
-            int left = halves - h, h0 = 2 * g0 + h;
+            int left = halves - h;
             float *yt = yr + 32 * h;
-            if (mr == 1 && left >= 8) nh = 8, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 1, 8);
-            else if (mr == 1) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 1, 2);
-            else if (mr == 2 && left >= 4) nh = 4, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 2, 4);
-            else if (mr == 2) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 2, 2);
-            else if (mr == 3) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 3, 2);
-            else if (mr == 4) nh = 2, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 4, 2);
-            else if (mr == 5) nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 5, 1);
-            else if (mr == 6) nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 6, 1);
-            else if (mr == 7) nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 7, 1);
-            else nh = 1, tile_q4(xr, ldx, w, stride, G, h0, kc, yt, ldy, from_y, pf, 8, 1);
+            if (mr == 1 && left >= 8) nh = 8, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 1, 8);
+            else if (mr == 1) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 1, 2);
+            else if (mr == 2 && left >= 4) nh = 4, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 2, 4);
+            else if (mr == 2) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 2, 2);
+            else if (mr == 3) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 3, 2);
+            else if (mr == 4) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 4, 2);
+            else if (mr == 5) nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 5, 1);
+            else if (mr == 6) nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 6, 1);
+            else if (mr == 7) nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 7, 1);
+            else nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 8, 1);
         }
     }
 }

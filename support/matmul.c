@@ -18,26 +18,42 @@
  *                   L1, another 1.1-1.2x for fp16 at one row of x). kc is decode_kc's, as
  *                   measured on one layer's product (fc1 of opt-1.3b, 2048 x 8192): fp16 reads
  *                   at 29-32 GB/s in bands of 8 rows against 23-24 in bands of 16 for one or two
- *                   rows of x, and 4-bit runs fastest in bands of 32 (its unpacking, not the
- *                   read, is what bounds it). The band does not change a bit of y.
+ *                   rows of x, and 4-bit runs fastest in bands of 32 (its conversions, not the
+ *                   read, are what bounds it). An fp16 band does not change a bit of y; a 4-bit
+ *                   one adds its min term (below), so its 32 rows are part of the arithmetic.
  *   register tile   mr rows by a few vectors of y stay in registers while k runs over the band:
  *                   per k, the weights of the tile are widened to fp32 in the registers, one
- *                   broadcast of x per row, mr x nv FMAs. AVX2 (here): 1 x 64, 2 x 32, up to 6 x 16
- *                   (8 to 12 accumulators of the 16 registers; the FMA's latency, 5 cycles at 2 a
- *                   cycle, wants 10). AVX-512 (avx512.c): wider tiles, in 32 registers.
- *   4-bit, fused    a group of 64 columns of a row is one min and one scale, so a tile's codes are
- *                   widened in the registers to fmaf(q, scale, min), exactly q4_value's value, and
- *                   multiplied there: the codes are read once per tile and no fp32 copy of W is
- *                   written. Columns that are not a whole group go through a panel [16][64] of
- *                   widened values (the portable path does it for all).
+ *                   broadcast of x (for 4-bit, of a) per row, mr x nv FMAs. AVX2 (here): 1 x 64,
+ *                   2 x 32, up to 6 x 16 (8 to 12 accumulators of the 16 registers; the FMA's
+ *                   latency, 5 cycles at 2 a cycle, wants 10). AVX-512 (avx512.c): wider tiles,
+ *                   in 32 registers.
+ *   4-bit, from the codes   row k's 64 columns of group g share a min m[k][g] and a scale
+ *                   s[k][g] (§5's groups), and a weight is m + q s for its code q (0 .. 15). So,
+ *                   for a column j of group g,
+ *
+ *                     y[r][j] = sum_k x[r][k] (m[k][g] + q[k][j] s[k][g])
+ *                             = sum_k a[r][k][g] q[k][j]  +  sum_k x[r][k] m[k][g],   a = x s,
+ *
+ *                   and the codes are multiplied as they are stored: per row of W, 8 bytes (16
+ *                   codes) widened to 32-bit lanes, their nibbles converted to fp32 in the
+ *                   registers, one FMA a code for each row of x. Widening m + q s first would
+ *                   cost a second FMA a weight, and on AVX2 the FMA ports are the bound (1.5x
+ *                   the kernel that did, measured from L2 on one thread). The terms that do not
+ *                   depend on the column, a and each band's sum of x m (the min term), come
+ *                   first, for a chunk of 8 groups and up to 8 rows of x (q4_terms: the groups
+ *                   side by side in a register), at a 64th of the products' cost. No fp32 copy
+ *                   of W is ever written.
  *
  * Every element of y is one chain of fused multiply-adds over k in increasing order, started at 0
- * (or at y, to add) and carried from one band to the next through y itself. So its bits do not
- * depend on the number of rows, the threads or the path: the portable C path (the same chains
- * with fmaf, over a panel), the AVX2 one and the AVX-512 one, native or on SIMDe, give the same
- * results bit for bit (tests/test_matmul.c runs every one this machine has; tests/test_cli.c's
- * "FLEXGEN_ISA: every path to the same logits" runs whole jobs on each and compares their logits
- * byte for byte). The path is fg_isa_active's: the CPU's widest, or FLEXGEN_ISA's.
+ * (or at y, to add) and carried from one band to the next through y itself; for 4-bit weights a
+ * chain of a q, to which each band of 32 rows then adds its min term (one fmaf chain over the
+ * band's k). So its bits do not depend on the number of rows, the threads or the path: the
+ * portable C path (the same chains with fmaf; over a panel for fp16), the AVX2 one and the
+ * AVX-512 one, native or on SIMDe, give the same results bit for bit (tests/test_matmul.c runs
+ * every one this machine has; tests/test_cli.c's "FLEXGEN_ISA: every path to the same logits"
+ * runs whole jobs on each and compares their logits byte for byte). The path is fg_isa_active's:
+ * the CPU's widest, or FLEXGEN_ISA's. Columns that are not a whole block of 64 (fp16) or a whole
+ * group (4-bit) take the portable path's loops.
  *
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
@@ -72,8 +88,13 @@
 
 enum { KC = 64, NC = 64, MR = 6, DECODE_KC_MAX = 32 };
 
+/* Rows are taken MR at a time, the rest in one tile. A tile of mr rows spans 64 columns for one
+ * row, 32 for two, 16 for more: 8 to 12 accumulators. */
+static int tile_rows(int n) { return n < MR ? n : MR; }
+static int tile_cols(int mr) { return mr == 1 ? 64 : mr == 2 ? 32 : 16; }
+
 /* Rows of W a decode band spans (the blocking comment above says why these). */
-static int decode_kc(int q4, int rows) { return q4 ? 32 : rows <= 2 ? 8 : 16; }
+static int decode_kc(int q4, int rows) { return q4 ? Q4_BAND : rows <= 2 ? 8 : 16; }
 
 /* The path: fg_isa_active's, or the tests' choice. */
 static int forced_isa = -1;
@@ -230,53 +251,68 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, s
     if (f16) TILE_CASES(1) else TILE_CASES(0)
 }
 
-/* 4-bit, fused: y[mr][8 nv] from column c0 of a part (inside one group) over kc rows of its bytes
- * (stride apart, G groups): per row, the tile's codes are widened in the registers to
- * fmaf(q, scale, min), q4_value's value, and multiplied there. */
+/* 16 columns of y, in order, as their even and odd columns (8 each); and back. */
+__attribute__((target("avx2"), always_inline)) static inline void split_even_odd_avx2(const float *y, __m256 *even,
+                                                                                      __m256 *odd) {
+    __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8);
+    __m256 front = _mm256_permute2f128_ps(y0, y1, 0x20), back = _mm256_permute2f128_ps(y0, y1, 0x31);
+    *even = _mm256_shuffle_ps(front, back, _MM_SHUFFLE(2, 0, 2, 0));
+    *odd = _mm256_shuffle_ps(front, back, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+__attribute__((target("avx2"), always_inline)) static inline void join_even_odd_avx2(__m256 even, __m256 odd,
+                                                                                     float *y) {
+    __m256 low = _mm256_unpacklo_ps(even, odd), high = _mm256_unpackhi_ps(even, odd);
+    _mm256_storeu_ps(y, _mm256_permute2f128_ps(low, high, 0x20));
+    _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+/* 4-bit, fused: y[mr][16 nb] from code byte `codes` of a group (column 2 x that byte in it) over
+ * kc rows (stride bytes apart), for rows r0 .. r0 + mr of the band's terms t, group gi of their
+ * chunk. Per row of W, 8 bytes at a time are widened to 32-bit lanes (vpmovzxbd), their high
+ * nibbles (the even columns) and low ones (the odd) converted to fp32, and each row of x's a
+ * multiplies them there: the accumulators hold the even and the odd columns apart until the end,
+ * when the min term joins them and they are put back in order. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_q4_avx2_shape(
-    const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int c0, int kc, float *y, size_t ldy,
-    int from_y, int ahead, const int mr, const int nv) {
-    __m256 acc[MR][8];
-    const __m128i low4 = _mm_set1_epi8(15);
-    int g = c0 / Q4_GROUP;
-#pragma GCC unroll 8
+    const q4_terms *t, int r0, int gi, const uint8_t *codes, size_t stride, int kc, float *y, size_t ldy,
+    int from_y, int ahead, const int mr, const int nb) {
+    const __m256i low4 = _mm256_set1_epi32(15);
+    __m256 even[MR][4], odd[MR][4];
+#pragma GCC unroll 6
     for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm256_loadu_ps(y + r * ldy + 8 * v) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int i = 0; i < nb; i++) {
+            if (from_y) split_even_odd_avx2(y + r * ldy + 16 * i, &even[r][i], &odd[r][i]);
+            else even[r][i] = odd[r][i] = _mm256_setzero_ps();
+        }
     for (int k = 0; k < kc; k++) {
-        const uint8_t *row = w + k * stride, *codes = row + c0 / 2;
-        const fp16 *mins = (const fp16 *)(row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
-        if (ahead) { /* the codes, min and scale kc rows on */
-            const uint8_t *next = row + (size_t)kc * stride;
-            _mm_prefetch((const char *)(next + c0 / 2), _MM_HINT_T1);
-            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2) + 2 * g), _MM_HINT_T1);
-            _mm_prefetch((const char *)(next + (size_t)G * (Q4_GROUP / 2 + 2) + 2 * g), _MM_HINT_T1);
+        const uint8_t *row = codes + k * stride;
+        if (ahead) _mm_prefetch((const char *)(row + (size_t)kc * stride), _MM_HINT_T1); /* the next band's */
+        __m256 high[4], low[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < nb; i++) {
+            __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * i)));
+            high[i] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+            low[i] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low4));
         }
-        __m256 min = _mm256_set1_ps(_cvtsh_ss(mins[g])), scale = _mm256_set1_ps(_cvtsh_ss(scales[g]));
-        __m128i level[4]; /* 16 levels each, in column order: a byte's high nibble, then its low one */
-#pragma GCC unroll 2
-        for (int i = 0; i < (nv + 3) / 4; i++) {
-            __m128i b = nv == 2 ? _mm_loadl_epi64((const __m128i *)codes) : _mm_loadu_si128((const __m128i *)(codes + 16 * i));
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4), lo = _mm_and_si128(b, low4);
-            level[2 * i] = _mm_unpacklo_epi8(hi, lo), level[2 * i + 1] = _mm_unpackhi_epi8(hi, lo);
-        }
-        __m256 wv[8];
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) {
-            __m128i l = v % 2 ? _mm_srli_si128(level[v / 2], 8) : level[v / 2];
-            wv[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), scale, min);
-        }
-#pragma GCC unroll 8
+#pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
-            __m256 xr = _mm256_broadcast_ss(x + r * ldx + k);
-#pragma GCC unroll 8
-            for (int v = 0; v < nv; v++) acc[r][v] = _mm256_fmadd_ps(xr, wv[v], acc[r][v]);
+            __m256 a = _mm256_broadcast_ss(&t->a[r0 + r][k][gi]);
+#pragma GCC unroll 4
+            for (int i = 0; i < nb; i++) {
+                even[r][i] = _mm256_fmadd_ps(a, high[i], even[r][i]);
+                odd[r][i] = _mm256_fmadd_ps(a, low[i], odd[r][i]);
+            }
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + r * ldy + 8 * v, acc[r][v]);
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) {
+        __m256 min_term = _mm256_broadcast_ss(&t->min_term[r0 + r][gi]);
+#pragma GCC unroll 4
+        for (int i = 0; i < nb; i++)
+            join_even_odd_avx2(_mm256_add_ps(even[r][i], min_term), _mm256_add_ps(odd[r][i], min_term),
+                               y + r * ldy + 16 * i);
+    }
 }
 
 /* The AVX2 bands: tiles of 1 x 64, 2 x 32 and up to 6 x 16, as for the panel; the first rows'
@@ -293,36 +329,30 @@ __attribute__((target("avx2,fma,f16c"))) static void band_f16_avx2(const float *
 
 #define TILE_Q4_CASES \
     switch (mr) { \
-    case 1: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 1, 8); break; \
-    case 2: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 2, 4); break; \
-    case 3: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 3, 2); break; \
-    case 4: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 4, 2); break; \
-    case 5: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 5, 2); break; \
-    default: tile_q4_avx2_shape(xr, ldx, w, stride, G, c, kc, yr + c - c0, ldy, from_y, pf, 6, 2); break; \
+    case 1: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 1, 4); break; \
+    case 2: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 2, 2); break; \
+    case 3: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 3, 1); break; \
+    case 4: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 4, 1); break; \
+    case 5: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 5, 1); break; \
+    default: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 6, 1); break; \
     }
 
-__attribute__((target("avx2,fma,f16c"))) static void band_q4_avx2(const float *x, int rows, size_t ldx,
-                                                                  const uint8_t *w, size_t stride, int G, int g0,
-                                                                  int ng, int kc, float *y, size_t ldy,
-                                                                  int from_y, int ahead) {
-    int c0 = g0 * Q4_GROUP;
+__attribute__((target("avx2,fma,f16c"))) static void band_q4_avx2(const q4_terms *t, int rows,
+                                                                  const uint8_t *codes, size_t stride, int ng,
+                                                                  int kc, float *y, size_t ldy, int from_y,
+                                                                  int ahead) {
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < MR ? rows - r : MR;
-        const float *xr = x + r * ldx;
-        float *yr = y + r * ldy;
-        for (int c = c0; c < c0 + ng * Q4_GROUP; c += mr == 1 ? 64 : mr == 2 ? 32 : 16) {
-            int pf = ahead && r == 0 && c % Q4_GROUP == 0; /* once per group */
+        for (int c = 0; c < ng * Q4_GROUP; c += tile_cols(mr)) {
+            int gi = c / Q4_GROUP, pf = ahead && r == 0 && c % Q4_GROUP == 0; /* once per group */
+            const uint8_t *at = codes + c / 2;
+            float *yt = y + r * ldy + c;
             TILE_Q4_CASES
         }
     }
 }
 
 #endif
-
-/* Rows are taken MR at a time, the rest in one tile. A tile of mr rows spans 64 columns for one
- * row, 32 for two, 16 for more: 8 to 12 accumulators. */
-static int tile_rows(int n) { return n < MR ? n : MR; }
-static int tile_cols(int mr) { return mr == 1 ? 64 : mr == 2 ? 32 : 16; }
 
 /* A tile of mr rows and tile_cols(mr) columns of the panel; only the first nc of them exist in y
  * (a narrower tile goes through a copy). */
@@ -345,14 +375,13 @@ static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, s
  * The products
  * ============================================================================================ */
 
-/* Rows k0 .. k0 + kc of W, columns j0 .. j0 + nc (nc <= NC), widened into the panel, and every
- * row of x's product with it added to y: the portable path, and the columns that are not whole
- * groups. */
-static void product_block(const float *x, int rows, int in, const void *W, int q4, int out,
-                          float *y, int from_y, int k0, int kc, int j0, int nc, int simd) {
+/* Rows k0 .. k0 + kc of fp16 W, columns j0 .. j0 + nc (nc <= NC), widened into the panel, and
+ * every row of x's product with it added to y: the portable path, and the columns that are not a
+ * whole block. */
+static void product_block(const float *x, int rows, int in, const fp16 *W, int out, float *y, int from_y, int k0,
+                          int kc, int j0, int nc, int simd) {
     _Alignas(64) float panel[DECODE_KC_MAX * NC];
-    for (int c = 0; c < nc; c += Q4_GROUP)
-        widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, nc - c < Q4_GROUP ? nc - c : Q4_GROUP, panel + c, NC, simd);
+    widen_rows(W, 0, out, k0, kc, j0 / Q4_GROUP, nc, panel, NC, simd);
     for (int r = 0, mr; r < rows; r += mr) {
         mr = tile_rows(rows - r);
         for (int c = 0; c < nc; c += tile_cols(mr))
@@ -361,32 +390,141 @@ static void product_block(const float *x, int rows, int in, const void *W, int q
     }
 }
 
-/* How many columns from j (before j1) the wide kernels take in one call: whole groups of 64, of
- * one part for 4-bit weights; 0 where j starts no whole group. */
-static int whole_groups(int q4, int out, int j, int j1) {
-    int part = q4 ? out / q4 : out, s = j / part, end = (s + 1) * part < j1 ? (s + 1) * part : j1;
-    return (j - s * part) % Q4_GROUP ? 0 : (end - j) / Q4_GROUP * Q4_GROUP;
-}
+/* How many columns from j (before j1) the fp16 wide kernels take in one call: whole blocks of 64;
+ * 0 where j starts none. */
+static int whole_blocks(int j, int j1) { return j % NC ? 0 : (j1 - j) / NC * NC; }
 
-/* One band: rows k0 .. k0 + kc of W, columns j0 .. j1, every row of x; the wide kernels take the
- * whole groups, the panel the rest. ahead: the next band is whole (its rows may be prefetched). */
-static void product_band(const float *x, int rows, int in, const void *W, int q4, int out, float *y, int from_y,
-                         int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide, int simd) {
+/* One band of fp16 W: rows k0 .. k0 + kc, columns j0 .. j1, every row of x; the wide kernels take
+ * the whole blocks, the panel the rest. ahead: the next band is whole (its rows may be prefetched). */
+static void product_band_f16(const float *x, int rows, int in, const fp16 *W, int out, float *y, int from_y,
+                             int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide, int simd) {
     for (int j = j0, n; j < j1; j += n) {
-        n = wide ? whole_groups(q4, out, j, j1) : 0;
-        if (n && !q4) {
-            wide->band_f16(x + k0, rows, (size_t)in, (const fp16 *)W + (size_t)k0 * out + j, (size_t)out, kc, n,
-                           y + j, (size_t)out, from_y, ahead);
-        } else if (n) {
-            int part = out / q4, s = j / part, G = (part + Q4_GROUP - 1) / Q4_GROUP;
-            const uint8_t *w = (const uint8_t *)W + (size_t)k0 * q4_row_bytes(q4, out) + s * q4_part_bytes(q4, out);
-            wide->band_q4(x + k0, rows, (size_t)in, w, q4_row_bytes(q4, out), G, (j - s * part) / Q4_GROUP,
-                          n / Q4_GROUP, kc, y + j, (size_t)out, from_y, ahead);
+        n = wide ? whole_blocks(j, j1) : 0;
+        if (n) {
+            wide->band_f16(x + k0, rows, (size_t)in, W + (size_t)k0 * out + j, (size_t)out, kc, n, y + j,
+                           (size_t)out, from_y, ahead);
         } else {
             n = j1 - j < NC ? j1 - j : NC;
-            product_block(x, rows, in, W, q4, out, y, from_y, k0, kc, j, n, simd);
+            product_block(x, rows, in, W, out, y, from_y, k0, kc, j, n, simd);
         }
     }
+}
+
+/* ---- 4-bit: a band's terms (q4_terms), then the chains over the codes ---- */
+
+/* The fp16 at byte `at` of a row, widened. */
+static float half_at(const uint8_t *row, size_t at) {
+    fp16 h;
+    memcpy(&h, row + at, sizeof h);
+    return fp16_to_fp32(h);
+}
+
+/* The terms for rows of x (ldx apart, from the band's first k) over kc rows of one part's bytes
+ * (w: row k0's, stride bytes a row, G groups), groups g .. g + ng (ng <= Q4_CHUNK). */
+static void q4_terms_portable(const float *x, size_t ldx, int rows, const uint8_t *w, size_t stride, int G, int g,
+                              int ng, int kc, q4_terms *t) {
+    size_t mins = (size_t)G * (Q4_GROUP / 2), scales = mins + 2 * (size_t)G;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < ng; i++) {
+            float min_term = 0;
+            for (int k = 0; k < kc; k++) {
+                const uint8_t *row = w + (size_t)k * stride;
+                float xk = x[r * ldx + k];
+                t->a[r][k][i] = xk * half_at(row, scales + 2 * (size_t)(g + i));
+                min_term = fmaf(xk, half_at(row, mins + 2 * (size_t)(g + i)), min_term);
+            }
+            t->min_term[r][i] = min_term;
+        }
+}
+
+#ifdef HAVE_AVX2_PATH
+/* n <= 8 fp16 values at p, widened; zeros after them (a chunk at a part's end reads no further). */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_avx2(const uint8_t *p, int n) {
+    if (n == Q4_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    fp16 h[Q4_CHUNK] = {0};
+    memcpy(h, p, (size_t)n * sizeof *h);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* The same, the chunk's groups side by side in the 8 lanes (their mins and scales are 16 bytes of
+ * a row each); the same operations, so the same bits. ahead: prefetch the next band's. */
+__attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *x, size_t ldx, int rows,
+                                                                   const uint8_t *w, size_t stride, int G, int g,
+                                                                   int ng, int kc, q4_terms *t, int ahead) {
+    size_t mins = (size_t)G * (Q4_GROUP / 2) + 2 * (size_t)g, scales = mins + 2 * (size_t)G;
+    for (int r = 0; r < rows; r++) {
+        __m256 min_term = _mm256_setzero_ps();
+        for (int k = 0; k < kc; k++) {
+            const uint8_t *row = w + (size_t)k * stride;
+            if (ahead && r == 0) {
+                _mm_prefetch((const char *)(row + (size_t)kc * stride + mins), _MM_HINT_T1);
+                _mm_prefetch((const char *)(row + (size_t)kc * stride + scales), _MM_HINT_T1);
+            }
+            __m256 xk = _mm256_broadcast_ss(x + r * ldx + k);
+            _mm256_storeu_ps(t->a[r][k], _mm256_mul_ps(xk, halves_avx2(row + scales, ng)));
+            min_term = _mm256_fmadd_ps(xk, halves_avx2(row + mins, ng), min_term);
+        }
+        _mm256_storeu_ps(t->min_term[r], min_term);
+    }
+}
+#endif
+
+/* The portable chains, and the columns that are not whole groups: columns c0 .. c0 + n (n <= 64)
+ * of group i of the terms' chunk, whose codes start at `codes` (row k0, stride bytes a row):
+ * y = (y or 0, then + a q over the band's k in order) + the min term. */
+static void band_q4_portable(const q4_terms *t, int rows, int i, const uint8_t *codes, size_t stride, int c0, int n,
+                             int kc, float *y, size_t ldy, int from_y) {
+    for (int r = 0; r < rows; r++) {
+        float acc[Q4_GROUP];
+        for (int c = 0; c < n; c++) acc[c] = from_y ? y[r * ldy + c] : 0;
+        for (int k = 0; k < kc; k++) {
+            const uint8_t *row = codes + (size_t)k * stride;
+            for (int c = 0; c < n; c++) {
+                int column = c0 + c, byte = row[column / 2];
+                int q = column % 2 ? byte & 15 : byte >> 4; /* a byte: the even column high */
+                acc[c] = fmaf(t->a[r][k][i], (float)q, acc[c]);
+            }
+        }
+        for (int c = 0; c < n; c++) y[r * ldy + c] = acc[c] + t->min_term[r][i];
+    }
+}
+
+/* One band of 4-bit W, as product_band_f16: columns j0 .. j1 in pieces inside one part, each a
+ * chunk of whole groups for the wide kernels, or (the portable path, and columns that are not a
+ * whole group) what is left of one group; rows of x Q4_CHUNK at a time, each with its terms. */
+static void product_band_q4(const float *x, int rows, int in, const uint8_t *W, int q4, int out, float *y,
+                            int from_y, int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide,
+                            int simd) {
+    int part = out / q4, G = (part + Q4_GROUP - 1) / Q4_GROUP;
+    size_t stride = q4_row_bytes(q4, out);
+    for (int j = j0, n; j < j1; j += n) {
+        int s = j / part, c = j - s * part, g = c / Q4_GROUP;
+        int left = ((s + 1) * part < j1 ? (s + 1) * part : j1) - j; /* columns of this part */
+        int whole = wide && c % Q4_GROUP == 0 ? left / Q4_GROUP : 0;
+        whole = whole < Q4_CHUNK ? whole : Q4_CHUNK;
+        n = whole ? whole * Q4_GROUP : (g + 1) * Q4_GROUP - c < left ? (g + 1) * Q4_GROUP - c : left;
+        const uint8_t *w = W + (size_t)k0 * stride + (size_t)s * q4_part_bytes(q4, out);
+        for (int r0 = 0; r0 < rows; r0 += Q4_CHUNK) {
+            int nr = rows - r0 < Q4_CHUNK ? rows - r0 : Q4_CHUNK, first = ahead && r0 == 0;
+            q4_terms t;
+#ifdef HAVE_AVX2_PATH
+            if (simd) q4_terms_avx2(x + (size_t)r0 * in + k0, (size_t)in, nr, w, stride, G, g, whole ? whole : 1, kc, &t, first);
+            else
+#endif
+                q4_terms_portable(x + (size_t)r0 * in + k0, (size_t)in, nr, w, stride, G, g, whole ? whole : 1, kc, &t);
+            const uint8_t *codes = w + (size_t)g * (Q4_GROUP / 2);
+            float *yr = y + (size_t)r0 * out + j;
+            if (whole) wide->band_q4(&t, nr, codes, stride, whole, kc, yr, (size_t)out, from_y, first);
+            else band_q4_portable(&t, nr, 0, codes, stride, c - g * Q4_GROUP, n, kc, yr, (size_t)out, from_y);
+        }
+    }
+}
+
+/* One band, either format. */
+static void product_band(const float *x, int rows, int in, const void *W, int q4, int out, float *y, int from_y,
+                         int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide, int simd) {
+    if (q4) product_band_q4(x, rows, in, W, q4, out, y, from_y, k0, kc, j0, j1, ahead, wide, simd);
+    else product_band_f16(x, rows, in, W, out, y, from_y, k0, kc, j0, j1, ahead, wide, simd);
 }
 
 /* Decode: each thread owns a contiguous run of 64-column blocks of y and walks W in bands of

@@ -66,8 +66,18 @@ int fg_isa_check_env(char *err);
 
 /* ---- The decode products' wide kernels (matmul.c: AVX2; avx512.c: AVX-512, built natively and
  * on SIMDe). A band is kc rows of W for every row of x (ldx apart; y ldy apart), over whole groups
- * of 64 columns: one fused chain per element of y over k in order, from y (from_y) or 0, so the
- * bits are the portable path's. ahead: prefetch the same columns kc rows on (the next band). ---- */
+ * of 64 columns: one fused chain per element of y over k in order, from y (from_y) or 0 (for
+ * 4-bit weights, a chain of a q, to which the band's min term is then added), so the bits are the
+ * portable path's. ahead: prefetch the same columns kc rows on (the next band). ---- */
+/* Decode's 4-bit products (matmul.c) in bands of up to Q4_BAND rows of W and chunks of up to
+ * Q4_CHUNK groups, for up to Q4_CHUNK rows of x at a time; the terms that do not depend on the
+ * column, for group g + i of the chunk: a[r][k][i] = x[r][k] scale[k][g + i], and min_term[r][i],
+ * the band's sum of x[r][k] min[k][g + i] (one fmaf chain, k in order). */
+enum { Q4_BAND = 32, Q4_CHUNK = 8 };
+typedef struct {
+    float a[Q4_CHUNK][Q4_BAND][Q4_CHUNK];
+    float min_term[Q4_CHUNK][Q4_CHUNK];
+} q4_terms;
 typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
 typedef void fg_int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
                            int g0, int ng, float *y, size_t ldy, int from_y);
@@ -76,9 +86,11 @@ typedef struct {
     /* fp16 rows of W, ldw apart; cols a multiple of 64 */
     void (*band_f16)(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc, int cols,
                      float *y, size_t ldy, int from_y, int ahead);
-    /* 4-bit rows of one part (G groups), stride bytes apart: groups g0 .. g0 + ng, y at group g0 */
-    void (*band_q4)(const float *x, int rows, size_t ldx, const uint8_t *w, size_t stride, int G, int g0,
-                    int ng, int kc, float *y, size_t ldy, int from_y, int ahead);
+    /* 4-bit codes of one part, stride bytes a row, from the first byte of the chunk's first
+     * group: ng <= Q4_CHUNK whole groups, rows <= Q4_CHUNK rows of x given by their terms t; y at
+     * the chunk's first column */
+    void (*band_q4)(const q4_terms *t, int rows, const uint8_t *codes, size_t stride, int ng, int kc, float *y,
+                    size_t ldy, int from_y, int ahead);
     /* lm_head: y[r][j] = x[r] . E[v0 + j] for every row of x (dim apart) and ne <= 8 rows of E
      * (v0 a multiple of 8: one 4-bit group's), each dot in 8 lanes as matmul.c's dot_portable:
      * fp16 E [n][dim], or the 4-bit table of n rows */

@@ -20,13 +20,17 @@ static double gamma_n(int n) {
 }
 
 /* Weights W[in][out] as fp16 and, compressed, as 4-bit bytes in `parts` parts side by side (each
- * [in][out / parts] grouped on its own, as q|k|v); both with their fp32 values. */
+ * [in][out / parts] grouped on its own, as q|k|v); both with their fp32 values, and for 4-bit the
+ * magnitudes of the two terms decode sums apart (support/matmul.c): |scale q| + |min|. */
 typedef struct {
     int in, out;
     fp16 *w16;
     uint8_t *w4;
     float *v16, *v4; /* [in][out]: the values the products must use */
+    float *terms4;   /* [in][out] */
 } weights;
+
+static void q4_parts_at(const uint8_t *w4, int parts, int out, int k, int c, int *q, float *scale, float *min);
 
 static void weights_make(weights *w, int in, int out, int parts, uint64_t seed) {
     size_t n = (size_t)in * out;
@@ -41,6 +45,14 @@ static void weights_make(weights *w, int in, int out, int parts, uint64_t seed) 
     }
     q4_compress(w->v16, (size_t)in * parts, (size_t)(out / parts), 1, w->w4);
     q4_decompress(w->w4, (size_t)in * parts, (size_t)(out / parts), 1, w->v4);
+    w->terms4 = malloc(n * sizeof *w->terms4);
+    for (int k = 0; k < in; k++)
+        for (int c = 0; c < out; c++) {
+            int q;
+            float scale, min;
+            q4_parts_at(w->w4, parts, out, k, c, &q, &scale, &min);
+            w->terms4[(size_t)k * out + c] = fabsf(scale * (float)q) + fabsf(min);
+        }
 }
 
 static void weights_free(weights *w) {
@@ -48,6 +60,7 @@ static void weights_free(weights *w) {
     free(w->w4);
     free(w->v16);
     free(w->v4);
+    free(w->terms4);
 }
 
 static float *random_floats(size_t n, uint64_t seed) {
@@ -58,21 +71,33 @@ static float *random_floats(size_t n, uint64_t seed) {
 
 /* y (from y0 when given) against sum_k x[r][k] v[k][c] in double, within gamma of its terms'
  * magnitudes, or, given ref, against ref within twice that (both are within gamma of the exact
- * sum); counts the elements outside. */
-static int count_apart(const float *x, int rows, int in, const float *v, int out, const float *y0,
-                       const float *y, const float *ref) {
-    int bad = 0;
+ * sum); counts the elements outside.
+ *
+ * terms: 4-bit decode's magnitudes (weights.terms4), or NULL. Decode sums a q, a = x scale
+ * rounded once, and x min apart (support/matmul.c), so a term's magnitude is |x| (|scale q| +
+ * |min|), which |x v| can be far below (v = min + q scale near 0). Each term passes through at
+ * most in + in / 32 + 2 roundings (the chain, a band's min term and its addition at each of the
+ * bands of 32 rows, a's rounding); and the exact min + q scale differs from v, its fp32 value, by
+ * at most u of it: one more. */
+static int count_apart_terms(const float *x, int rows, int in, const float *v, const float *terms, int out,
+                             const float *y0, const float *y, const float *ref) {
+    int bad = 0, n = terms ? in + in / 32 + 4 : in + 1;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < out; c++) {
             double exact = y0 ? y0[(size_t)r * out + c] : 0, mag = fabs(exact);
             for (int k = 0; k < in; k++) {
-                double t = (double)x[(size_t)r * in + k] * v[(size_t)k * out + c];
-                exact += t, mag += fabs(t);
+                double xk = x[(size_t)r * in + k], t = xk * v[(size_t)k * out + c];
+                exact += t, mag += terms ? fabs(xk) * terms[(size_t)k * out + c] : fabs(t);
             }
             double err = fabs(y[(size_t)r * out + c] - (ref ? ref[(size_t)r * out + c] : exact));
-            if (err > (ref ? 2 : 1) * gamma_n(in + 1) * mag) bad++;
+            if (err > (ref ? 2 : 1) * gamma_n(n) * mag) bad++;
         }
     return bad;
+}
+
+static int count_apart(const float *x, int rows, int in, const float *v, int out, const float *y0,
+                       const float *y, const float *ref) {
+    return count_apart_terms(x, rows, in, v, NULL, out, y0, y, ref);
 }
 
 /* Shapes with tails everywhere: rows 1, 2, 3, 8, 13, 17, 64 (the decode kernel: every tile
@@ -105,17 +130,18 @@ static void check_products(int q4) {
         float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
         const float *v = q4 ? w.v4 : w.v16;
+        const float *terms = q4 && rows <= MATMUL_DECODE_ROWS ? w.terms4 : NULL; /* prefill: v's sums */
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
             matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch);
-            int bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, y);
+            int bad = count_apart_terms(x, rows, in, v, terms, out, acc ? y0 : NULL, y, NULL);
             EXPECT(bad == 0, "%s, %d part(s), rows %d, in %d, out %d%s: %d elements outside the bound",
                    q4 ? "4-bit" : "fp16", q4, rows, in, out, acc ? ", adding" : "", bad);
             float *ref = malloc((size_t)rows * out * sizeof *ref);
             memcpy(ref, y0, (size_t)rows * out * sizeof *ref);
             matmul_reference(x, rows, in, W, q4, out, ref, acc);
             int ref_bad = count_outside(x, rows, in, v, out, acc ? y0 : NULL, ref);
-            int apart = count_apart(x, rows, in, v, out, acc ? y0 : NULL, y, ref);
+            int apart = count_apart_terms(x, rows, in, v, terms, out, acc ? y0 : NULL, y, ref);
             EXPECT(ref_bad == 0 && apart == 0, "%s, rows %d, in %d, out %d%s: matmul_reference has %d "
                    "elements outside the bound, the kernel %d apart from it", q4 ? "4-bit" : "fp16", rows,
                    in, out, acc ? ", adding" : "", ref_bad, apart);
