@@ -232,39 +232,31 @@ INLINE __m512 pair_f16(const fp16 *a, const fp16 *b) {
 }
 
 /* Rows 2p and 2p + 1 of a 4-bit table, d .. d + 7: the byte row's high nibbles, then its low,
- * each fmaf(q, scale, min) with the group's min and scale at d .. d + 7 (in both halves). */
-INLINE __m512 pair_q4(const uint8_t *bytes, __m512 min, __m512 scale) {
+ * as fp32 codes. */
+INLINE __m512 pair_q4(const uint8_t *bytes) {
     __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
     __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
     __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
-    return _mm512_fmadd_ps(_mm512_insertf32x8(_mm512_castps256_ps512(hi), lo, 1), scale, min);
-}
-
-INLINE __m512 both_halves(const fp16 *h) {
-    return _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(hi), lo, 1);
 }
 
 /* mr <= 4 rows of x against np <= 4 pairs of rows of E, v0 + 2 i and v0 + 2 i + 1: fp16 rows
- * e16[2 np], or 4-bit (E4, n rows), the pairs' byte rows in one group (v0 a multiple of 8), whose
- * min and scale at d are widened once for all of them. dot[r][j]: row j's 8 lanes added. */
-INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const uint8_t *E4, int n, int v0,
+ * e16[2 np], or the codes of 4-bit byte rows (E4; v0 a multiple of 8), whose x is matmul.c's a.
+ * dot[r][j]: row j's 8 lanes added. */
+INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const uint8_t *E4, int v0,
                        float dot[4][8], const int mr, const int np) {
     __m512 acc[4][4];
     int vec = dim / 8 * 8;
-    size_t G = (size_t)(n + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v0 / Q4_GROUP;
-    const fp16 *mins = E4 ? (const fp16 *)(E4 + G * (Q4_GROUP / 2) * dim) + g * dim : NULL;
-    const fp16 *scales = E4 ? mins + G * dim : NULL;
-    const uint8_t *bytes = E4 ? E4 + (g * (Q4_GROUP / 2) + (size_t)v0 % Q4_GROUP / 2) * dim : NULL;
+    const uint8_t *bytes = E4 ? E4 + (size_t)(v0 / 2) * dim : NULL;
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < np; i++) acc[r][i] = _mm512_setzero_ps();
     for (int d = 0; d < vec; d += 8) {
-        __m512 e[4], min = _mm512_setzero_ps(), scale = min;
-        if (E4) min = both_halves(mins + d), scale = both_halves(scales + d);
+        __m512 e[4];
 #pragma GCC unroll 4
         for (int i = 0; i < np; i++)
-            e[i] = E4 ? pair_q4(bytes + (size_t)i * dim + d, min, scale) : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
+            e[i] = E4 ? pair_q4(bytes + (size_t)i * dim + d) : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
             __m512 xr = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)r * dim + d));
@@ -280,20 +272,23 @@ INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const ui
         }
 }
 
-/* The tail d = vec .. dim of a dot with row v of E, one fmaf at a time, as dot_portable. */
-static float tail_of(float s, const float *x, int dim, const fp16 *e16, const uint8_t *E4, int n, int v) {
+/* The tail d = vec .. dim of a dot with row v of E (fp16, or 4-bit codes), one fmaf at a time, as
+ * matmul.c's dot_portable. */
+static float tail_of(float s, const float *x, int dim, const fp16 *e16, const uint8_t *E4, int v) {
     for (int d = dim / 8 * 8; d < dim; d++) {
-        float e = E4 ? q4_value(E4, (size_t)n, (size_t)dim, (size_t)v * dim + d) : fp16_to_fp32(e16[(size_t)v * dim + d]);
+        uint8_t byte = E4 ? E4[(size_t)(v / 2) * dim + d] : 0;
+        float e = E4 ? (float)(v % 2 ? byte & 15 : byte >> 4) : fp16_to_fp32(e16[(size_t)v * dim + d]);
         s = fmaf(x[d], e, s);
     }
     return s;
 }
 
-/* Rows v0 .. v0 + ne (ne <= 8, v0 a multiple of 8) of E, fp16 (E16) or 4-bit (E4, n rows), against
- * every row of x, 4 at a time. A lone last row is paired with itself (a 4-bit one with the other
- * nibble of its byte row, padding past n), and the extra dot is not stored. */
-static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8_t *E4, int n, int v0, int ne,
-                 float *y, size_t ldy) {
+/* Rows v0 .. v0 + ne (ne <= 8, v0 a multiple of 8) of E, fp16 (E16) or 4-bit codes (E4, x then
+ * being matmul.c's a, and each dot gaining min_term[r]), against every row of x, 4 at a time. A
+ * lone last row is paired with itself (a 4-bit one with the other nibble of its byte row, padding
+ * past n), and the extra dot is not stored. */
+static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8_t *E4, const float *min_term, int v0,
+                 int ne, float *y, size_t ldy) {
     int np = (ne + 1) / 2;
     const fp16 *e16[8];
     for (int j = 0; j < 8; j++) e16[j] = E16 ? E16 + (size_t)(v0 + (j < ne ? j : ne - 1)) * dim : NULL;
@@ -302,24 +297,28 @@ static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8
         float dot[4][8];
         const float *xr = x + (size_t)r * dim;
 #define DOTS(m) \
-    np == 1   ? dots_shape(xr, dim, e16, E4, n, v0, dot, m, 1) \
-    : np == 2 ? dots_shape(xr, dim, e16, E4, n, v0, dot, m, 2) \
-    : np == 3 ? dots_shape(xr, dim, e16, E4, n, v0, dot, m, 3) \
-              : dots_shape(xr, dim, e16, E4, n, v0, dot, m, 4)
+    np == 1   ? dots_shape(xr, dim, e16, E4, v0, dot, m, 1) \
+    : np == 2 ? dots_shape(xr, dim, e16, E4, v0, dot, m, 2) \
+    : np == 3 ? dots_shape(xr, dim, e16, E4, v0, dot, m, 3) \
+              : dots_shape(xr, dim, e16, E4, v0, dot, m, 4)
         if (mr == 4) DOTS(4); else if (mr == 3) DOTS(3); else if (mr == 2) DOTS(2); else DOTS(1);
 #undef DOTS
         for (int i = 0; i < mr; i++)
-            for (int j = 0; j < ne; j++)
-                y[(size_t)(r + i) * ldy + j] = tail_of(dot[i][j], xr + (size_t)i * dim, dim, E16, E4, n, v0 + j);
+            for (int j = 0; j < ne; j++) {
+                float dot_ij = tail_of(dot[i][j], xr + (size_t)i * dim, dim, E16, E4, v0 + j);
+                y[(size_t)(r + i) * ldy + j] = E4 ? dot_ij + min_term[r + i] : dot_ij;
+            }
     }
 }
 
 static void dots_f16(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
-    dots(x, rows, dim, E, NULL, 0, v0, ne, y, ldy);
+    dots(x, rows, dim, E, NULL, NULL, v0, ne, y, ldy);
 }
 
-static void dots_q4(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y, size_t ldy) {
-    dots(x, rows, dim, NULL, E, n, v0, ne, y, ldy);
+static void dots_q4(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int n, int v0, int ne,
+                    float *y, size_t ldy) {
+    (void)n;
+    dots(a, rows, dim, NULL, E, min_term, v0, ne, y, ldy);
 }
 
 /* ---- 4-bit x int8 with VNNI: one vpdpbusd multiplies 16 slots' quads (4 codes of k, unsigned) by
@@ -574,10 +573,10 @@ VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const 
 }
 
 #ifdef AVX512_SIMDE
-static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums, int8_pairs};
+static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 #else
-static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, 8, int8_sums, int8_pairs};
+static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512(void) { return &kernels; }
 #endif
 

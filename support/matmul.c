@@ -456,9 +456,10 @@ __attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *
         __m256 min_term = _mm256_setzero_ps();
         for (int k = 0; k < kc; k++) {
             const uint8_t *row = w + (size_t)k * stride;
-            if (ahead && r == 0) {
-                _mm_prefetch((const char *)(row + (size_t)kc * stride + mins), _MM_HINT_T1);
-                _mm_prefetch((const char *)(row + (size_t)kc * stride + scales), _MM_HINT_T1);
+            if (ahead && r == 0 && g % 32 == 0) { /* a line holds 32 groups' */
+                const char *next = (const char *)row + (size_t)kc * stride;
+                _mm_prefetch(next + mins, _MM_HINT_T1), _mm_prefetch(next + mins + 63, _MM_HINT_T1);
+                _mm_prefetch(next + scales, _MM_HINT_T1), _mm_prefetch(next + scales + 63, _MM_HINT_T1);
             }
             __m256 xk = _mm256_broadcast_ss(x + r * ldx + k);
             _mm256_storeu_ps(t->a[r][k], _mm256_mul_ps(xk, halves_avx2(row + scales, ng)));
@@ -690,6 +691,53 @@ static void dots_portable(const float *x, int rows, int dim, const float *e, flo
     for (int r = 0; r < rows; r++) y[r * ldy] = dot_portable(x + (size_t)r * dim, e, dim);
 }
 
+/* The same with e fp16, widened as it is read. */
+static float dot_portable_f16(const float *x, const fp16 *e, int dim) {
+    float lane[8] = {0};
+    int vec = dim / 8 * 8;
+    for (int d = 0; d < vec; d += 8)
+        for (int l = 0; l < 8; l++) lane[l] = fmaf(x[d + l], fp16_to_fp32(e[d + l]), lane[l]);
+    float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    for (int d = vec; d < dim; d++) s = fmaf(x[d], fp16_to_fp32(e[d]), s);
+    return s;
+}
+
+/* 4-bit lm_head. E [n][dim] is grouped along n: rows 64 g .. 64 g + 63 share, at each d, a min
+ * m[g][d] and a scale s[g][d]; byte row p of the codes holds rows 2p (high nibbles) and 2p + 1. As
+ * in the linear layers (the top of this file), a dot is taken from the codes:
+ *   y[r][v] = sum_d a[r][d] q[v][d] + sum_d x[r][d] m[g][d],    a[r][d] = x[r][d] s[g][d],
+ * the first sum in dot_portable's 8 lanes and tail, then the min term (the second sum, the same
+ * way) added. */
+
+/* The tail d = vec .. dim of a dot of a with the codes of a byte row (its low nibbles, or high). */
+static float q4_dot_tail(float s, const float *a, int dim, const uint8_t *byte_row, int low) {
+    for (int d = dim / 8 * 8; d < dim; d++) {
+        int q = low ? byte_row[d] & 15 : byte_row[d] >> 4;
+        s = fmaf(a[d], (float)q, s);
+    }
+    return s;
+}
+
+static void dots_q4_portable(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int v0,
+                             int ne, float *y, size_t ldy) {
+    int vec = dim / 8 * 8;
+    for (int j = 0; j < ne; j++) {
+        const uint8_t *byte_row = E + (size_t)((v0 + j) / 2) * dim;
+        int low = (v0 + j) % 2;
+        for (int r = 0; r < rows; r++) {
+            const float *ar = a + (size_t)r * dim;
+            float lane[8] = {0};
+            for (int d = 0; d < vec; d += 8)
+                for (int l = 0; l < 8; l++) {
+                    int q = low ? byte_row[d + l] & 15 : byte_row[d + l] >> 4;
+                    lane[l] = fmaf(ar[d + l], (float)q, lane[l]);
+                }
+            float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+            y[r * ldy + j] = q4_dot_tail(s, ar, dim, byte_row, low) + min_term[r];
+        }
+    }
+}
+
 #ifdef HAVE_AVX2_PATH
 __attribute__((target("avx2,fma"))) static float lanes_sum(__m256 acc) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -754,75 +802,90 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *x, i
     }
 }
 
-/* 4-bit, fused: ne <= 4 rows of the table E (n rows, grouped along them) from v0, a multiple of 4
- * (so one group: one min and one scale per d for all), against mr <= 2 rows of x: per 8 d, each
- * row's nibbles widened to fmaf(q, scale, min), q4_value's value, in the register. */
+/* 4-bit, from the codes: byte rows 0 .. nb of `bytes` (dim apart; byte row p holds rows 2p, its
+ * high nibbles, and 2p + 1, its low ones) against mr rows of a: per 8 d, 8 bytes widened to 32-bit
+ * lanes, their two nibbles converted to fp32, and each row of a multiplies both. dot[r][2 p + h]:
+ * the lanes of row 2p + h, added. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_q4_avx2_shape(
-    const float *x, int dim, const uint8_t *E, int n, int v0, float *y, size_t ldy, const int mr, const int ne) {
-    __m256 acc[2][4];
+    const float *a, int dim, const uint8_t *bytes, float dot[4][8], const int mr, const int nb) {
+    const __m256i low4 = _mm256_set1_epi32(15);
+    __m256 acc[4][8];
     int vec = dim / 8 * 8;
-    size_t G = (size_t)(n + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v0 / Q4_GROUP;
-    const fp16 *mins = (const fp16 *)(E + G * (Q4_GROUP / 2) * dim) + g * dim, *scales = mins + G * dim;
-    const uint8_t *bytes[4];
-    for (int v = 0; v < ne; v++) bytes[v] = E + (g * (Q4_GROUP / 2) + (size_t)(v0 + v) % Q4_GROUP / 2) * dim;
-#pragma GCC unroll 2
-    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < ne; v++) acc[r][v] = _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int j = 0; j < 2 * nb; j++) acc[r][j] = _mm256_setzero_ps();
     for (int d = 0; d < vec; d += 8) {
-        __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + d)));
-        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + d)));
-        __m256 ev[4];
 #pragma GCC unroll 4
-        for (int v = 0; v < ne; v++) { /* row 2p: the high nibbles; 2p + 1: the low */
-            __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes[v] + d)));
-            q = _mm256_and_si256(_mm256_srli_epi32(q, (v0 + v) % 2 ? 0 : 4), _mm256_set1_epi32(15));
-            ev[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, min);
-        }
-#pragma GCC unroll 2
-        for (int r = 0; r < mr; r++) {
-            __m256 xv = _mm256_loadu_ps(x + (size_t)r * dim + d);
+        for (int p = 0; p < nb; p++) {
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + (size_t)p * dim + d)));
+            __m256 high = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), low = _mm256_cvtepi32_ps(_mm256_and_si256(b, low4));
 #pragma GCC unroll 4
-            for (int v = 0; v < ne; v++) acc[r][v] = _mm256_fmadd_ps(xv, ev[v], acc[r][v]);
+            for (int r = 0; r < mr; r++) {
+                __m256 av = _mm256_loadu_ps(a + (size_t)r * dim + d);
+                acc[r][2 * p] = _mm256_fmadd_ps(av, high, acc[r][2 * p]);
+                acc[r][2 * p + 1] = _mm256_fmadd_ps(av, low, acc[r][2 * p + 1]);
+            }
         }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < ne; v++) {
-            float s = lanes_sum(acc[r][v]);
-            for (int d = vec; d < dim; d++)
-                s = fmaf(x[(size_t)r * dim + d], q4_value(E, (size_t)n, (size_t)dim, (size_t)(v0 + v) * dim + d), s);
-            y[r * ldy + v] = s;
-        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 2 * nb; j++) dot[r][j] = lanes_sum(acc[r][j]);
 }
 
-#define DOTS_Q4_CASE(mr) \
-    switch (ne) { \
-    case 1: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 1); break; \
-    case 2: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 2); break; \
-    case 3: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 3); break; \
-    default: dots_q4_avx2_shape(x, dim, E, n, v0, y, ldy, mr, 4); break; \
-    }
-
-__attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *x, int rows, int dim,
-                                                                  const uint8_t *E, int n, int v0, int ne,
+/* The kernel table's 4-bit dots: rows of a, up to 4 at a time, against the block's byte rows
+ * (as many at a time as 8 accumulators hold); each dot then gains its tail and the min term. */
+__attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *a, const float *min_term, int rows,
+                                                                  int dim, const uint8_t *E, int n, int v0, int ne,
                                                                   float *y, size_t ldy) {
-    for (int r = 0; r < rows; r += 2, x += (size_t)2 * dim, y += 2 * ldy)
-        if (rows - r >= 2) DOTS_Q4_CASE(2) else DOTS_Q4_CASE(1)
+    (void)n;
+    const uint8_t *bytes = E + (size_t)(v0 / 2) * dim;
+    int pairs = (ne + 1) / 2;
+    for (int r = 0, mr; r < rows; r += mr) {
+        mr = rows - r < 4 ? rows - r : 4;
+        for (int p = 0, nb; p < pairs; p += nb) {
+            float dot[4][8];
+            const float *ar = a + (size_t)r * dim;
+            const uint8_t *bp = bytes + (size_t)p * dim;
+            nb = mr == 1 && pairs - p >= 4 ? 4 : mr == 2 && pairs - p >= 2 ? 2 : 1;
+            if (mr == 1 && nb == 4) dots_q4_avx2_shape(ar, dim, bp, dot, 1, 4);
+            else if (mr == 1) dots_q4_avx2_shape(ar, dim, bp, dot, 1, 1);
+            else if (mr == 2 && nb == 2) dots_q4_avx2_shape(ar, dim, bp, dot, 2, 2);
+            else if (mr == 2) dots_q4_avx2_shape(ar, dim, bp, dot, 2, 1);
+            else if (mr == 3) dots_q4_avx2_shape(ar, dim, bp, dot, 3, 1);
+            else dots_q4_avx2_shape(ar, dim, bp, dot, 4, 1);
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < 2 * nb && 2 * p + j < ne; j++)
+                    y[(size_t)(r + i) * ldy + 2 * p + j] =
+                        q4_dot_tail(dot[i][j], ar + (size_t)i * dim, dim, bp + (size_t)(j / 2) * dim, j % 2) +
+                        min_term[r + i];
+        }
+    }
 }
 
-/* The kernel table's dots: fp16 rows of E three at a time (twelve chains), 4-bit four. */
+/* a[r][d] = x[r][d] scale[d] for every row of x, the scales fp16 (8 at a time, the tail alone). */
+__attribute__((target("avx2,f16c"))) static void scale_rows_avx2(const float *x, int rows, int dim,
+                                                                 const fp16 *scale, float *a) {
+    int vec = dim / 8 * 8;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *ar = a + (size_t)r * dim;
+        for (int d = 0; d < vec; d += 8)
+            _mm256_storeu_ps(ar + d, _mm256_mul_ps(_mm256_loadu_ps(xr + d),
+                                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + d)))));
+        for (int d = vec; d < dim; d++) ar[d] = xr[d] * fp16_to_fp32(scale[d]);
+    }
+}
+
+/* The kernel table's dots: fp16 rows of E three at a time (twelve chains). */
 static void dots_f16_avx2(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
     for (int j = 0; j < ne; j += 3)
         dots_avx2(x, rows, dim, E + (size_t)(v0 + j) * dim, (size_t)dim, ne - j < 3 ? ne - j : 3, 1, y + j, ldy);
 }
 
-static void dots_q4_avx2_rows(const float *x, int rows, int dim, const uint8_t *E, int n, int v0, int ne, float *y,
-                              size_t ldy) {
-    for (int j = 0; j < ne; j += 4) dots_q4_avx2(x, rows, dim, E, n, v0 + j, ne - j < 4 ? ne - j : 4, y + j, ldy);
-}
-
-static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2_rows, 2,
-                                            NULL, NULL};
+static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2, NULL,
+                                            NULL};
 #endif
 
 /* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build
@@ -903,6 +966,33 @@ static void embed_t_sgemm(const float *x, int rows, int dim, const void *E, int 
     }
 }
 
+/* A few rows of x against the 4-bit table, group by group: each group's a and min terms into the
+ * thread's scratch, then its rows' dots from the codes (the comment above dots_q4_portable). */
+static void embed_t_q4(const float *x, int rows, int dim, const uint8_t *E, int n, float *y, float *scratch,
+                       size_t scratch_stride, const matmul_kernels *wide, int simd) {
+    int G = (n + Q4_GROUP - 1) / Q4_GROUP;
+    const fp16 *mins = (const fp16 *)(E + (size_t)G * (Q4_GROUP / 2) * dim), *scales = mins + (size_t)G * dim;
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < G; g++) {
+        float *a = scratch + scratch_stride * omp_get_thread_num(), min_term[MATMUL_EMBED_DOT_ROWS];
+#ifdef HAVE_AVX2_PATH
+        if (simd) scale_rows_avx2(x, rows, dim, scales + (size_t)g * dim, a);
+        else
+#endif
+            for (int i = 0; i < rows * dim; i++) a[i] = x[i] * fp16_to_fp32(scales[(size_t)g * dim + i % dim]);
+        if (wide) wide->dots_f16(x, rows, dim, mins, g, 1, min_term, 1);
+        else
+            for (int r = 0; r < rows; r++) min_term[r] = dot_portable_f16(x + (size_t)r * dim, mins + (size_t)g * dim, dim);
+        int end = (g + 1) * Q4_GROUP < n ? (g + 1) * Q4_GROUP : n;
+        for (int v0 = g * Q4_GROUP; v0 < end; v0 += 8) {
+            int ne = end - v0 < 8 ? end - v0 : 8;
+            if (wide) wide->dots_q4(a, min_term, rows, dim, E, n, v0, ne, y + v0, (size_t)n);
+            else dots_q4_portable(a, min_term, rows, dim, E, v0, ne, y + v0, (size_t)n);
+        }
+    }
+    (void)simd;
+}
+
 void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_parts, int n, float *y,
                     float *scratch, size_t scratch_stride) {
     int simd = use_simd();
@@ -911,21 +1001,17 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_par
         embed_t_sgemm(x, rows, dim, E, q4_parts, n, y, scratch, scratch_stride, simd);
         return;
     }
-    /* The wide kernels read E as stored (4-bit: for a few rows of x; more rows widen each row of
-     * E once instead); the rest widen rows of E into the scratch. */
-    int fused = wide && (!q4_parts || rows <= wide->q4_dot_rows);
+    if (q4_parts) {
+        embed_t_q4(x, rows, dim, (const uint8_t *)E, n, y, scratch, scratch_stride, wide, simd);
+        return;
+    }
+    /* fp16: the wide kernels read E as stored; the portable path widens rows of E into the scratch. */
 #pragma omp parallel for schedule(static)
-    for (int v0 = 0; v0 < n; v0 += 8) { /* eight rows of E at a time: one group's, for 4-bit */
+    for (int v0 = 0; v0 < n; v0 += 8) {
         int ne = n - v0 < 8 ? n - v0 : 8;
-        if (fused && !q4_parts) { wide->dots_f16(x, rows, dim, (const fp16 *)E, v0, ne, y + v0, (size_t)n); continue; }
-        if (fused) { wide->dots_q4(x, rows, dim, (const uint8_t *)E, n, v0, ne, y + v0, (size_t)n); continue; }
+        if (wide) { wide->dots_f16(x, rows, dim, (const fp16 *)E, v0, ne, y + v0, (size_t)n); continue; }
         float *e = scratch + scratch_stride * omp_get_thread_num();
-        for (int v = 0; v < ne; v++) embed_row(E, q4_parts, n, dim, v0 + v, e + (size_t)v * dim, simd);
-#ifdef HAVE_AVX2_PATH
-        for (int j = 0; simd && j < ne; j += 3)
-            dots_avx2(x, rows, dim, e + (size_t)j * dim, (size_t)dim, ne - j < 3 ? ne - j : 3, 0, y + v0 + j, (size_t)n);
-        if (simd) continue;
-#endif
+        for (int v = 0; v < ne; v++) embed_row(E, 0, n, dim, v0 + v, e + (size_t)v * dim, simd);
         for (int v = 0; v < ne; v++) dots_portable(x, rows, dim, e + (size_t)v * dim, y + v0 + v, (size_t)n);
     }
 }
