@@ -278,7 +278,11 @@ def cmd_meta(a):
            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
            "cpu": cpu, "nproc": os.cpu_count(), "machine": platform.machine(),
            "python": platform.python_version(),
-           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+           "held_to": {k: os.environ[k] for k in ("FLEXGEN_TEST_CPU", "FLEXGEN_ISA", "ONEDNN_MAX_CPU_ISA",
+                                                  "OPENBLAS_CORETYPE", "CT2_FORCE_CPU_ISA",
+                                                  "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+                       if k in os.environ}}
     with open(a.results, "a") as f:
         f.write(json.dumps(rec) + "\n")
 

@@ -26,10 +26,15 @@
 #
 # Run from the repository root:
 #   bash scripts/bench_peers.sh [--smoke] [--rounds N] [--threads N] [--engines LIST]
-#                               [--no-check] [--results FILE] [--cache-dir DIR]
+#                               [--no-check] [--avx2] [--results FILE] [--cache-dir DIR]
 #                               [MODEL:BATCH:PROMPT_LEN:GEN_LEN ...]
 #   --smoke        a quick run of the plumbing: opt-125m:2:16:4, one round
 #   --no-check     no token check against PyTorch's generated tokens
+#   --avx2         every engine held to AVX2 without VNNI, as on a laptop's CPU, on a CPU that has
+#                  more: ./flexgen's kernels (FLEXGEN_TEST_CPU=avx2 FLEXGEN_ISA=avx2), oneDNN
+#                  (ONEDNN_MAX_CPU_ISA=AVX2), OpenBLAS (OPENBLAS_CORETYPE=Haswell), CTranslate2
+#                  (CT2_FORCE_CPU_ISA=AVX2), MKL (MKL_ENABLE_INSTRUCTIONS=AVX2) and PyTorch's own
+#                  kernels (ATEN_CPU_CAPABILITY=avx2); each engine reads its own
 #
 # Environment (the flags and arguments above win over these):
 #   CONFIGS    configurations, MODEL:BATCH:PROMPT_LEN:GEN_LEN separated by spaces
@@ -100,6 +105,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --smoke) smoke=1 ;;
         --no-check) CHECK=0 ;;
+        --avx2) export FLEXGEN_TEST_CPU=avx2 FLEXGEN_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell \
+            CT2_FORCE_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ;;
         --rounds|--threads|--engines|--results|--cache-dir)
             [ $# -ge 2 ] || usage_error "$1 needs a value"
             case "$1" in

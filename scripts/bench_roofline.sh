@@ -105,7 +105,7 @@ done
 rates
 
 python3 - "$work" "$RESULTS" "$MODEL" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 sys.path.insert(0, "scripts")
 from bench_pytorch import MODELS, VOCAB
 work, results, model = sys.argv[1:]
@@ -121,6 +121,10 @@ n = len(reads)
 bw = statistics.median(reads) * 1e9
 gemm = max(r["gflops"] for r in lines("sgemm")) * 1e9
 cores = "/".join(sorted({d.get("blas_core", "not reported") for d in lines("runs")}))
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
+held = " ".join(f"{k}={os.environ[k]}" for k in ("FLEXGEN_TEST_CPU", "FLEXGEN_ISA", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE")
+                if k in os.environ)
+print(f"CPU: {cpu}" + (f"; held to {held}" if held else ""))
 print(f"{model}: stream bandwidth {bw / 1e9:.1f} GB/s (median of {n} readings, {reads[0]:.1f} to {reads[-1]:.1f}), GEMM rate {gemm / 1e9:.1f} GFLOP/s "
       f"(sgemm 1024 x {ffn} x {h}), threads {lines('stream')[0]['threads']}, OpenBLAS core {cores}\n")
 print("| binary | cpu kernels | weights | batch | step ms | tok/s | GB read | GFLOP | bytes / bandwidth ms "
