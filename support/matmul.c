@@ -267,7 +267,7 @@ __attribute__((target("avx2"), always_inline)) static inline void join_even_odd_
     _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(low, high, 0x31));
 }
 
-/* 4-bit, fused: y[mr][16 nb] from code byte `codes` of a group (column 2 x that byte in it) over
+/* 4-bit, from the codes: y[mr][16 nb] from code byte `codes` of a group (column 2 x that byte in it) over
  * kc rows (stride bytes apart), for rows r0 .. r0 + mr of the band's terms t, group gi of their
  * chunk. Per row of W, 8 bytes at a time are widened to 32-bit lanes (vpmovzxbd), their high
  * nibbles (the even columns) and low ones (the odd) converted to fp32, and each row of x's a
