@@ -446,8 +446,8 @@ typedef struct {
 
 /* The n (<= 8) fp16 values at p, widened; zeros after them. */
 __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_groups_avx2(const uint8_t *p, int n) {
-    fp16 h[PAIR_CHUNK] = {0};
     if (n == PAIR_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    fp16 h[PAIR_CHUNK] = {0};
     memcpy(h, p, (size_t)n * sizeof *h);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
