@@ -377,7 +377,8 @@ VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32
  *   y         kept in the order the quads come out (slot_column) for the whole product, gaining
  *             alpha isum + msum at each block; put back in column order once, at the end.
  * The rounding of a (alpha, msum, a8) runs first for 16 groups side by side, one group a lane:
- * their mins and scales are 32 contiguous bytes of a row of W. */
+ * their mins and scales are 32 contiguous bytes of a row of W. The avx2 path's twin, without
+ * VNNI, is int8.c's int8_pairs_avx2 (one group a 256-bit register, vpmaddubsw). */
 enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = 2 }; /* FUSED_ROWS: rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 16 groups: the 4 values of

@@ -72,10 +72,12 @@
  *             multiplies 16 slots' quads by the row's 4 values and adds them into int32 at once;
  *             with AVX-VNNI (CPUs without AVX-512: vnni256_sums below), 8 slots' in 256 bits;
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
- * The panel pays when rows of x share it. For up to 4 rows (decode), on the path with AVX-512 VNNI
- * (or SIMDe), support/avx512.c's int8_pairs does the same operations with no panel: it takes two
- * groups' codes straight from W into registers, quads built by four unpacks, and keeps y in the
- * quads' order until the end (groups_in_pairs below hands it each run of whole groups).
+ * The panel pays when rows of x share it. For up to 4 rows (decode), the wide paths do the same
+ * operations with no panel, taking the codes straight from W into registers, quads built by four
+ * unpacks (groups_in_pairs below hands each run of whole groups to the path's int8_pairs): on
+ * the path with AVX-512 VNNI (or SIMDe), support/avx512.c's, two groups a register and vpdpbusd;
+ * on the avx2 path, int8_pairs_avx2 below, one group a register and vpmaddubsw as in tile_avx2,
+ * which needs no VNNI (a laptop's CPU).
  */
 #include "support/support.h"
 
@@ -411,6 +413,202 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
         }
     }
 }
+
+/* ---- AVX2 for decode, fused: a row of x against whole groups, with no panel ----
+ * What support/avx512.c's int8_pairs does with VNNI, here with vpmaddubsw, which every CPU with
+ * AVX2 has (a laptop's, with no VNNI): the same operations in the same order, so the same bits.
+ * block_product packs each block of codes into a panel for every step, which costs more than the
+ * sums when one row of x uses it; here each group's codes go straight from W into registers:
+ *   round     a row's a rounded for a span of blocks and 8 groups side by side, one group a
+ *             lane (their mins and scales are 16 contiguous bytes of a row of W): quantize's
+ *             steps, lane[k % 8] for msum's lanes, added as lanes_add adds them;
+ *   quads     per 4 k, the group's 4 rows of 32 bytes interleaved (bytes, then pairs) as pack_avx2
+ *             does, but kept in registers: 64 slots, in two halves of 32 (the low and the high
+ *             bytes of each 128-bit lane), whose high nibbles are the even columns and low ones
+ *             the odd;
+ *   sums      vpmaddubsw of each 8 slots' quads by the row's 4 values of a8 broadcast, summed in
+ *             int16 over 32 k (8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32
+ *             (vpmaddwd by ones), as tile_avx2 does;
+ *   y         each block's sums put back in column order in the registers (finish_avx2's
+ *             interleave), y (0 or y in the first block) + fmaf(alpha, isum, msum).
+ * Unlike the 512-bit kernel, whose register holds a pair of groups and whose y stays in slot
+ * order until the end, a 256-bit register holds one group's row, so the pair's two groups run
+ * one after the other and each block's sums go to y in column order at once: no reordering pass
+ * over y before and after. */
+enum { PAIR_SPAN = 4, PAIR_CHUNK = 8, PAIR_PASS = NO_PANEL_ROWS }; /* blocks a span; groups a chunk; rows of x a pass */
+
+/* One row's rounded operands for a span of blocks and a chunk of up to 8 groups: the 4 values of
+ * a8 of k .. k + 3 in one int32 (k's byte lowest), and alpha and msum, each [block][group]. */
+typedef struct {
+    int32_t a8_quads[PAIR_SPAN][KB / 4][PAIR_CHUNK];
+    float alpha[PAIR_SPAN][PAIR_CHUNK], msum[PAIR_SPAN][PAIR_CHUNK];
+} rounded_chunk;
+
+/* The n (<= 8) fp16 values at p, widened; zeros after them. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_groups_avx2(const uint8_t *p, int n) {
+    if (n == PAIR_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    fp16 h[PAIR_CHUNK] = {0};
+    memcpy(h, p, (size_t)n * sizeof *h);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* Block b of the span for one row (x and w at the block's first k; mins and scales: the chunk's
+ * first group's, from w): quantize_portable's steps for n groups, one a lane; a is kept between
+ * its two uses. ahead: prefetch the next block's mins and scales into L2. */
+__attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(const float *x, const uint8_t *w, size_t stride,
+                                                                      size_t mins, size_t scales, int n, int ahead,
+                                                                      int b, rounded_chunk *q) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 big = _mm256_setzero_ps(), lane[8];
+    _Alignas(32) float a[KB][PAIR_CHUNK];
+    for (int l = 0; l < 8; l++) lane[l] = _mm256_setzero_ps();
+    for (int k = 0; k < KB; k++) {
+        const uint8_t *row = w + (size_t)k * stride;
+        if (ahead) {
+            _mm_prefetch((const char *)row + KB * stride + mins, _MM_HINT_T1);
+            _mm_prefetch((const char *)row + KB * stride + scales, _MM_HINT_T1);
+        }
+        __m256 xk = _mm256_set1_ps(x[k]);
+        __m256 ak = _mm256_mul_ps(xk, widen_groups_avx2(row + scales, n));
+        _mm256_store_ps(a[k], ak);
+        big = _mm256_max_ps(big, _mm256_and_ps(ak, magnitude));
+        lane[k % 8] = _mm256_fmadd_ps(xk, widen_groups_avx2(row + mins, n), lane[k % 8]);
+    }
+    __m256 low = _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6]));
+    __m256 high = _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7]));
+    _mm256_storeu_ps(q->msum[b], _mm256_add_ps(low, high));
+    __m256 scaled = _mm256_cmp_ps(big, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's test */
+    __m256 inv = _mm256_and_ps(scaled, _mm256_div_ps(_mm256_set1_ps(127), big));
+    _mm256_storeu_ps(q->alpha[b], _mm256_and_ps(scaled, _mm256_div_ps(big, _mm256_set1_ps(127))));
+    for (int k4 = 0; k4 < KB / 4; k4++) {
+        __m256i quad = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) { /* vcvtps2dq rounds to nearest even, as nearbyintf */
+            __m256i a8 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(a[4 * k4 + i]), inv));
+            quad = _mm256_or_si256(quad, _mm256_slli_epi32(_mm256_and_si256(a8, _mm256_set1_epi32(0xff)), 8 * i));
+        }
+        _mm256_storeu_si256((__m256i *)q->a8_quads[b][k4], quad);
+    }
+}
+
+/* Block b for group u of the chunk (codes: its first byte in the block's first row) and mr rows:
+ * y[r] (the group's 64 columns) = (y[r] if from_y, else 0) + alpha isum + msum. The next block's
+ * rows of the group are prefetched into L2: a block's 64 rows are 64 streams, more than the
+ * hardware's prefetcher follows (as in pack_avx2). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void group_block_avx2(
+    const uint8_t *codes, size_t stride, int ahead, const rounded_chunk *const *q, int b, int u, float *const *y,
+    int from_y, const int mr) {
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; half++) { /* slots 0 .. 31, then 32 .. 63 */
+        __m256i acc32[2][4];
+#pragma GCC unroll 2
+        for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) acc32[r][v] = _mm256_setzero_si256();
+        for (int k32 = 0; k32 < KB; k32 += 32) {
+            __m256i acc16[2][4];
+#pragma GCC unroll 2
+            for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) acc16[r][v] = _mm256_setzero_si256();
+            for (int k4 = k32 / 4; k4 < k32 / 4 + 8; k4++) {
+                const uint8_t *row = codes + (size_t)(4 * k4) * stride;
+                __m256i b0 = _mm256_loadu_si256((const __m256i *)row);
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(row + stride));
+                __m256i b2 = _mm256_loadu_si256((const __m256i *)(row + 2 * stride));
+                __m256i b3 = _mm256_loadu_si256((const __m256i *)(row + 3 * stride));
+                if (ahead && half == 0)
+                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)row + (KB + i) * stride, _MM_HINT_T1);
+                __m256i b01 = half ? _mm256_unpackhi_epi8(b0, b1) : _mm256_unpacklo_epi8(b0, b1);
+                __m256i b23 = half ? _mm256_unpackhi_epi8(b2, b3) : _mm256_unpacklo_epi8(b2, b3);
+                __m256i quads[2] = {_mm256_unpacklo_epi16(b01, b23), _mm256_unpackhi_epi16(b01, b23)};
+                __m256i w[4] = {_mm256_and_si256(_mm256_srli_epi16(quads[0], 4), low4), _mm256_and_si256(quads[0], low4),
+                                _mm256_and_si256(_mm256_srli_epi16(quads[1], 4), low4), _mm256_and_si256(quads[1], low4)};
+#pragma GCC unroll 2
+                for (int r = 0; r < mr; r++) {
+                    __m256i a8 = _mm256_set1_epi32(q[r]->a8_quads[b][k4][u]);
+#pragma GCC unroll 4
+                    for (int v = 0; v < 4; v++) acc16[r][v] = _mm256_add_epi16(acc16[r][v], _mm256_maddubs_epi16(w[v], a8));
+                }
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) acc32[r][v] = _mm256_add_epi32(acc32[r][v], _mm256_madd_epi16(acc16[r][v], ones));
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < mr; r++) {
+            __m256 alpha = _mm256_set1_ps(q[r]->alpha[b][u]), msum = _mm256_set1_ps(q[r]->msum[b][u]);
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) { /* slots 16i' .. 16i' + 15, i' = 2 half + i: finish_avx2's columns */
+                __m256i even = acc32[r][2 * i], odd = acc32[r][2 * i + 1];
+                __m256i lo = _mm256_unpacklo_epi32(even, odd), hi = _mm256_unpackhi_epi32(even, odd);
+                __m256i cols[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    float *yc = y[r] + 8 * (2 * half + i) + 32 * h;
+                    __m256 gain = _mm256_fmadd_ps(alpha, _mm256_cvtepi32_ps(cols[h]), msum);
+                    _mm256_storeu_ps(yc, _mm256_add_ps(from_y ? _mm256_loadu_ps(yc) : _mm256_setzero_ps(), gain));
+                }
+            }
+        }
+    }
+}
+
+/* Rows r0 .. r0 + nr (nr <= PAIR_PASS) of x over the span's blocks b0 .. b0 + nb and the chunk's
+ * n groups from g: their a rounded, then each block's groups summed into y, two rows of x at a
+ * time (the group's codes in L1 for the next two). from_y: y's first block starts from y. */
+__attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(const float *x, size_t ldx, int r0, int nr,
+                                                                     const uint8_t *w, size_t stride, size_t mins,
+                                                                     size_t scales, int blocks, int b0, int nb, int g,
+                                                                     int n, float *y, size_t ldy, int from_y) {
+    rounded_chunk chunks[PAIR_PASS];
+    const rounded_chunk *q[PAIR_PASS];
+    int first_rows = r0 == 0; /* later passes find the span in L2 */
+    for (int r = 0; r < nr; r++) {
+        q[r] = &chunks[r];
+        for (int b = 0; b < nb; b++)
+            round_chunk_avx2(x + (r0 + r) * ldx + KB * (b0 + b), w + (size_t)(KB * (b0 + b)) * stride, stride,
+                             mins + 2 * (size_t)g, scales + 2 * (size_t)g, n, first_rows && r == 0 && b0 + b + 1 < blocks,
+                             b, &chunks[r]);
+    }
+    for (int b = 0; b < nb; b++) {
+        int ahead = first_rows && b0 + b + 1 < blocks, add = from_y || b0 + b > 0;
+        const uint8_t *block = w + (size_t)(KB * (b0 + b)) * stride + (Q4_GROUP / 2) * (size_t)g;
+        for (int u = 0; u < n; u++) {
+            const uint8_t *codes = block + (Q4_GROUP / 2) * (size_t)u;
+            for (int r = 0; r < nr; r += 2) {
+                float *yg = y + (r0 + r) * ldy + Q4_GROUP * u;
+                float *rows_y[2] = {yg, nr - r > 1 ? yg + ldy : NULL};
+                if (nr - r == 1) group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 1);
+                else group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 2);
+            }
+        }
+    }
+}
+
+/* fg_int8_pairs (support/support.h) on AVX2: ng (even) whole groups of one part from group g0,
+ * for rows of x over in (a multiple of 64) rows of W, in the order of support/avx512.c's
+ * int8_pairs: spans of a few blocks, each across the groups in chunks (a row's codes read from
+ * left to right, as the memory's prefetcher follows best). Each group's block serves up to 4
+ * rows of x (decode's), two at a time, the second two finding its codes in L1; more rows take
+ * further passes over the span, whose codes come from L2 then. */
+__attribute__((target("avx2,fma,f16c"))) void int8_pairs_avx2(const float *x, int rows, size_t ldx, int in,
+                                                              const uint8_t *w, size_t stride, int G, int g0, int ng,
+                                                              float *y, size_t ldy, int from_y) {
+    size_t mins = (size_t)G * (Q4_GROUP / 2), scales = mins + 2 * (size_t)G;
+    int blocks = in / KB;
+    for (int b0 = 0; b0 < blocks; b0 += PAIR_SPAN) {
+        int nb = blocks - b0 < PAIR_SPAN ? blocks - b0 : PAIR_SPAN;
+        for (int c = 0; c < ng; c += PAIR_CHUNK) {
+            int n = ng - c < PAIR_CHUNK ? ng - c : PAIR_CHUNK;
+            for (int r0 = 0; r0 < rows; r0 += PAIR_PASS) {
+                int nr = rows - r0 < PAIR_PASS ? rows - r0 : PAIR_PASS;
+                chunk_rows_avx2(x, ldx, r0, nr, w, stride, mins, scales, blocks, b0, nb, g0 + c, n,
+                                y + Q4_GROUP * c, ldy, from_y);
+            }
+        }
+    }
+}
 #endif
 
 /* ---- The product ---- */
@@ -460,7 +658,8 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
 }
 
 /* Groups u0 .. u1 of a product of few rows (decode) without a panel: each run of whole groups
- * of one part, in pairs, by the path's kernel (support/avx512.c's int8_pairs); a group left over
+ * of one part, in pairs, by the path's kernel (support/avx512.c's int8_pairs, or int8_pairs_avx2
+ * above); a group left over
  * (the run's odd one, or a narrower last group of a part) block by block as below. */
 static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, int q4_parts, int out, float *y,
                             int accumulate, int u0, int u1, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {

@@ -654,7 +654,9 @@ void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_
                         int accumulate) {
     fg_int8_sums *sums = matmul_int8_sums();
     const matmul_kernels *wide = wide_kernels();
-    fg_int8_pairs *pairs = sums && wide && sums == wide->int8_sums ? wide->int8_pairs : NULL;
+    /* the avx512 path's pairs need VNNI, so they run where its sums do; the avx2 path's need AVX2 alone */
+    int pairs_run = wide && (wide->int8_sums ? sums == wide->int8_sums : 1);
+    fg_int8_pairs *pairs = pairs_run ? wide->int8_pairs : NULL;
     matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), sums, pairs);
 }
 
@@ -885,7 +887,7 @@ static void dots_f16_avx2(const float *x, int rows, int dim, const fp16 *E, int 
 }
 
 static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2, NULL,
-                                            NULL};
+                                            int8_pairs_avx2};
 #endif
 
 /* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build

@@ -101,15 +101,17 @@ typedef struct {
     /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k / 4)
      * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL: none */
     fg_int8_sums *int8_sums;
-    /* the same scheme for decode with no panel (avx512.c): rows of x (ldx apart) over in (a
-     * multiple of 64) rows of W; ng (even) whole groups of a part from g0, whose
-     * codes start at w in row 0 (stride bytes a row; G groups in the part); y at group g0's first
-     * column, = or += x W; NULL: none */
+    /* the same scheme for decode with no panel (avx512.c with VNNI; int8.c's int8_pairs_avx2 on
+     * the avx2 path): rows of x (ldx apart) over in (a multiple of 64) rows of W; ng (even) whole
+     * groups of a part from g0, whose codes start at w in row 0 (stride bytes a row; G groups in
+     * the part); y at group g0's first column, = or += x W; NULL: none */
     fg_int8_pairs *int8_pairs;
 } matmul_kernels;
 fg_int8_sums *matmul_int8_sums(void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
 const char *matmul_int8_path(void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2, portable */
 fg_int8_sums *int8_sums_vnni256(int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2 stand-in */
+/* int8.c: int8_pairs with vpmaddubsw, no VNNI needed (matmul.c's avx2 path; x86-64 builds only) */
+fg_int8_pairs int8_pairs_avx2;
 const matmul_kernels *matmul_avx512(void);       /* NULL where the compiler cannot build it */
 const matmul_kernels *matmul_avx512_simde(void);
 const char *matmul_path(void); /* the path the products run: "portable", "avx2", "avx512", ... */
@@ -141,7 +143,7 @@ typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products
 #define MATMUL_EMBED_BLOCK 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int products, float *scratch); /* products: fg_products (model.h) */
-/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the kernel without a panel (vnni's path's) */
+/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel (int8_pairs) */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
                     int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs);
 /* int8.c's scheme of decode (any rows), on this CPU's path */

@@ -103,8 +103,8 @@ static int count_apart(const float *x, int rows, int in, const float *v, int out
 /* Shapes with tails everywhere: rows 1, 2, 3, 8, 13, 17, 64 (the decode kernel: every tile
  * shape, tiles of 6 and a rest) and 65, 70, 100 (panels and sgemm); in across bands of 64 and
  * not a multiple of 8, 16 or 64; out in whole blocks of 64 and not. The last two: int8's pairs of
- * groups (support/avx512.c's int8_pairs) with a group left over on a thread, and past a chunk of
- * 16 groups and a span of 16 blocks. */
+ * groups (the path's int8_pairs: support/avx512.c's, or int8.c's AVX2 one) with a group left over
+ * on a thread, and past a chunk of 16 groups and a span of 16 blocks. */
 static const int SHAPES[][3] = {{1, 7, 5},     {3, 64, 17},    {1, 300, 200},  {17, 100, 130},
                                 {64, 129, 64}, {65, 70, 300},  {100, 257, 77}, {8, 512, 1000},
                                 {2, 130, 192}, {13, 65, 128},  {70, 100, 136}, {3, 256, 448},
@@ -336,12 +336,18 @@ static double int8_scheme(const float *xr, int in, const uint8_t *w4, int parts,
     return y;
 }
 
-/* Decode without a panel (rows <= 4, in a multiple of 64: support/avx512.c's int8_pairs for the
- * runs of whole groups) where a part's last group is narrower than 64 columns: 100, 136, 228 and
- * 200 columns a part (a narrow group after one, two, three and three whole ones), alone and as
- * q|k|v; run on one thread, so that each part's groups are one run however many cores there are. */
-static const int NARROW_SHAPES[][3] = {{1, 128, 100}, {2, 128, 136}, {3, 192, 228}, {4, 128, 200}};
-static const int NARROW_PARTS_SHAPES[][3] = {{1, 128, 300}, {2, 128, 408}, {3, 128, 684}, {4, 256, 600}};
+/* Decode without a panel (rows 1 .. 4, in a multiple of 64: the path's int8_pairs, support/avx512.c's
+ * or int8.c's AVX2 one, for the runs of whole groups, in pairs), alone and as q|k|v, run on one
+ * thread, so that each part's groups are one run however many cores there are: first where a
+ * part's last group is narrower than 64 columns (100, 136, 228 and 200 columns a part: a narrow
+ * group after one, two, three and three whole ones); then parts of whole groups, 448 columns (7
+ * groups: three pairs and one left over) over one block of k, 128 (a single pair), 640 (5 pairs,
+ * past a chunk of 8 groups) over 5 blocks (past a span of 4), and 1088 (17 groups: 8 pairs, past
+ * two chunks, and one left over) over 9 blocks. */
+static const int NARROW_SHAPES[][3] = {{1, 128, 100}, {2, 128, 136}, {3, 192, 228}, {4, 128, 200},
+                                       {1, 64, 448},  {2, 64, 128},  {3, 320, 640}, {4, 576, 1088}};
+static const int NARROW_PARTS_SHAPES[][3] = {{1, 128, 300}, {2, 128, 408}, {3, 128, 684},  {4, 256, 600},
+                                             {4, 64, 1344}, {3, 64, 384},  {2, 320, 1920}, {1, 576, 3264}};
 enum { N_NARROW = sizeof NARROW_SHAPES / sizeof *NARROW_SHAPES };
 
 /* y of n floats with a tail of CANARY floats past them, each of the bytes 0xa5, which a kernel
@@ -435,9 +441,10 @@ static void test_int8_parts_products(void) { check_int8_products(3); }
 
 /* Activations with one large value in a block (as OPT's outlier features): the block's other
  * values keep only 127 levels of it, and the result still keeps the bound. A block of zeros
- * gives alpha 0, not a division by zero. */
+ * gives alpha 0, not a division by zero. Every path gives the same bits (4 rows over 5 groups:
+ * int8_pairs on each thread's pair, 2 or 3 groups, and the group left over block by block). */
 static void test_int8_outliers_and_zeros(void) {
-    int rows = 4, in = 192, out = 128;
+    int rows = 4, in = 192, out = 320;
     weights w;
     weights_make(&w, in, out, 1, 53);
     float *x = random_floats((size_t)rows * in, 59), *y = malloc((size_t)rows * out * sizeof *y);
@@ -455,7 +462,16 @@ static void test_int8_outliers_and_zeros(void) {
             if (r == 3) bad += got != 0;
         }
     EXPECT(bad == 0 && finite, "%d elements beyond the bound (row 3, all zeros, must give 0), finite: %d", bad, finite);
-    free(x), free(y);
+    fg_isa paths[4];
+    float *yp = malloc((size_t)rows * out * sizeof *yp);
+    for (int p = 0, n_paths = paths_here(paths); p < n_paths; p++) {
+        matmul_force_isa(paths[p]);
+        matmul_int8_blocks(x, rows, in, w.w4, 1, out, yp, 0);
+        matmul_force_isa(-1);
+        EXPECT(!memcmp(y, yp, (size_t)rows * out * sizeof *y), "outliers and zeros: the %s path differs from the CPU's own",
+               fg_isa_name(paths[p]));
+    }
+    free(x), free(y), free(yp);
     weights_free(&w);
 }
 
