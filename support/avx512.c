@@ -8,19 +8,18 @@
  *
  * A band is kc rows of W (k0 .. k0 + kc) across whole groups of 64 columns, for every row of x.
  * Each element of y is one chain of fused multiply-adds over k in increasing order, started at 0 or
- * at y (for 4-bit, then the band's min term added), as in matmul.c's portable loops, so every path
- * gives the same bits.
+ * at y (for 4-bit, matmul.c's band_q4_portable's sums), as in matmul.c's portable loops, so every
+ * path gives the same bits.
  *
  *   fp16   W's rows widened in the registers (vcvtph2ps); tiles of 1 row x 128 columns, or of up to
  *          6 rows x 64 (24 accumulators of the 32 registers).
- *   4-bit  matmul.c's scheme: the codes q times a = x scale, given with each band's min term
- *          (q4_terms). A code becomes its fp32 value q by a lookup in the table 0 .. 15 (vpermps
- *          reads the low 4 bits of each lane: a byte as it is gives its low nibble, shifted down 4
- *          its high one), one instruction where AVX2 needs a conversion. The low nibbles are the
- *          odd columns and the high ones the even, so the accumulators keep the even and the odd
- *          columns of 32 apart and put them back in order, with the min term added, when they are
- *          stored. Tiles: 1 row x 256 columns, 2 x 128, up to 4 x 64, up to 8 x 32. The codes are
- *          read once per tile, and no fp32 copy of W is ever written.
+ *   4-bit  matmul.c's scheme: the codes times a = x scale, given with each band's min term
+ *          (q4_terms); per byte b of the codes, sums of a b (b converted) and of a (b & 15) (a
+ *          lookup in the table 0 .. 15: vpermps reads the low 4 bits of each lane), from which the
+ *          odd column (the low nibble) and the even one ((sum a b - sum a (b & 15)) / 16) come,
+ *          put in order with the min term added when they are stored. Tiles: 1 row x 256
+ *          columns, 2 x 128, up to 4 x 64, up to 8 x 32. The codes are read once per tile, and no
+ *          fp32 copy of W is ever written.
  *   Each tile of the first rows of x prefetches the same columns of the next band's rows, kc rows
  *   on: the rows of a band are kc separate streams, too many for the hardware's prefetcher alone.
  *   int8   --int8-activations' integer sums with VNNI (int8.c's scheme): on a panel of quads that
@@ -81,6 +80,16 @@ INLINE __m512i widen_bytes(const uint8_t *b) {
 #endif
 }
 
+/* i (|i| < 2^22) as a float, exactly. */
+INLINE __m512 int_to_float(__m512i i) {
+#ifdef SIMDE_X86_AVX512F_NATIVE
+    return _mm512_cvtepi32_ps(i);
+#else /* SIMDe 0.7 has no 512-bit vcvtdq2ps: 1.5 x 2^23 + i, less 1.5 x 2^23 */
+    __m512i bits = _mm512_add_epi32(i, _mm512_set1_epi32(0x4b400000));
+    return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(12582912.0f));
+#endif
+}
+
 INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); } /* into L2 */
 
 /* ---- fp16: y[mr][16 nv] over kc rows of w (ldw apart) ---- */
@@ -136,32 +145,24 @@ static void band_f16(const float *x, int rows, size_t ldx, const fp16 *w, size_t
 /* ---- 4-bit: y[mr][32 nh] over kc rows of 4-bit bytes (stride apart, G groups to a row's part),
  * from half-group h0 (columns 32 h0 ..) of the part ---- */
 
-/* 32 columns of y, in order, as their even and odd columns; and back. */
-INLINE void split_even_odd(const float *y, __m512 *even, __m512 *odd) {
-    const __m512i e = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i o = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    __m512 a = _mm512_loadu_ps(y), b = _mm512_loadu_ps(y + 16);
-    *even = _mm512_permutex2var_ps(a, e, b), *odd = _mm512_permutex2var_ps(a, o, b);
-}
-
-INLINE void join_even_odd(__m512 even, __m512 odd, float *y) {
+/* 32 columns of y, in order, from their even and odd columns (16 each). */
+INLINE void join_even_odd(__m512 even, __m512 odd, __m512 *front, __m512 *back) {
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    _mm512_storeu_ps(y, _mm512_permutex2var_ps(even, lo, odd));
-    _mm512_storeu_ps(y + 16, _mm512_permutex2var_ps(even, hi, odd));
+    *front = _mm512_permutex2var_ps(even, lo, odd);
+    *back = _mm512_permutex2var_ps(even, hi, odd);
 }
 
+/* matmul.c's band_q4_portable's sums, a half-group (16 bytes) to a register: each byte b as it is,
+ * and its low nibble (vpermps of the table 0 .. 15 reads a lane's low 4 bits). */
 INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, size_t stride, int kc, float *y,
                     size_t ldy, int from_y, int ahead, const int mr, const int nh) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 acc[8][16]; /* [row][2 h: even columns of half-group h, 2 h + 1: odd] */
+    __m512 acc[8][16]; /* [row][2 h: sum_b of half-group h, 2 h + 1: sum_odd] */
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
-        for (int h = 0; h < nh; h++) {
-            if (from_y) split_even_odd(y + r * ldy + 32 * h, &acc[r][2 * h], &acc[r][2 * h + 1]);
-            else acc[r][2 * h] = acc[r][2 * h + 1] = _mm512_setzero_ps();
-        }
+        for (int h = 0; h < nh; h++) acc[r][2 * h] = acc[r][2 * h + 1] = _mm512_setzero_ps();
     for (int k = 0; k < kc; k++) {
         const uint8_t *row = codes + k * stride + 16 * h0;
         if (ahead) /* the codes of the same columns, kc rows on */
@@ -170,23 +171,27 @@ INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, siz
 #pragma GCC unroll 8
         for (int h = 0; h < nh; h++) {
             __m512i bytes = widen_bytes(row + 16 * h);
-            __m512 odd = _mm512_permutexvar_ps(bytes, iota);
-            __m512 even = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), iota);
+            __m512 byte = int_to_float(bytes), odd = _mm512_permutexvar_ps(bytes, iota);
 #pragma GCC unroll 8
             for (int r = 0; r < mr; r++) {
                 __m512 a = _mm512_set1_ps(t->a[r0 + r][k][(h0 + h) / 2]);
-                acc[r][2 * h] = _mm512_fmadd_ps(a, even, acc[r][2 * h]);
+                acc[r][2 * h] = _mm512_fmadd_ps(a, byte, acc[r][2 * h]);
                 acc[r][2 * h + 1] = _mm512_fmadd_ps(a, odd, acc[r][2 * h + 1]);
             }
         }
     }
+    const __m512 sixteenth = _mm512_set1_ps(0.0625f);
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int h = 0; h < nh; h++) {
-            __m512 min_term = _mm512_set1_ps(t->min_term[r0 + r][(h0 + h) / 2]);
-            join_even_odd(_mm512_add_ps(acc[r][2 * h], min_term), _mm512_add_ps(acc[r][2 * h + 1], min_term),
-                          y + r * ldy + 32 * h);
+            __m512 min_term = _mm512_set1_ps(t->min_term[r0 + r][(h0 + h) / 2]), front, back;
+            __m512 even = _mm512_mul_ps(_mm512_sub_ps(acc[r][2 * h], acc[r][2 * h + 1]), sixteenth);
+            join_even_odd(_mm512_add_ps(even, min_term), _mm512_add_ps(acc[r][2 * h + 1], min_term), &front, &back);
+            float *yc = y + r * ldy + 32 * h;
+            if (from_y) front = _mm512_add_ps(_mm512_loadu_ps(yc), front), back = _mm512_add_ps(_mm512_loadu_ps(yc + 16), back);
+            _mm512_storeu_ps(yc, front);
+            _mm512_storeu_ps(yc + 16, back);
         }
 }
 
@@ -401,16 +406,6 @@ INLINE __m512 widen_groups(const uint8_t *p, int n) {
 INLINE __m512i round_to_int(__m512 v) {
     __m512i bits = _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(12582912.0f)));
     return _mm512_sub_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
-}
-
-/* i (|i| < 2^22) as a float, exactly. */
-INLINE __m512 int_to_float(__m512i i) {
-#ifdef SIMDE_X86_AVX512F_NATIVE
-    return _mm512_cvtepi32_ps(i);
-#else /* SIMDe 0.7 has no 512-bit vcvtdq2ps: 1.5 x 2^23 + i, less 1.5 x 2^23 */
-    __m512i bits = _mm512_add_epi32(i, _mm512_set1_epi32(0x4b400000));
-    return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(12582912.0f));
-#endif
 }
 
 /* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane;

@@ -35,19 +35,23 @@
  *                             = sum_k a[r][k][g] q[k][j]  +  sum_k x[r][k] m[k][g],   a = x s,
  *
  *                   and the codes are multiplied as they are stored: per row of W, 8 bytes (16
- *                   codes) widened to 32-bit lanes, their nibbles converted to fp32 in the
- *                   registers, one FMA a code for each row of x. Widening m + q s first would
- *                   cost a second FMA a weight, and on AVX2 the FMA ports are the bound (1.5x
- *                   the kernel that did, measured from L2 on one thread). The terms that do not
- *                   depend on the column, a and each band's sum of x m (the min term), come
- *                   first, for a chunk of 8 groups and up to 8 rows of x (q4_terms: the groups
- *                   side by side in a register), at a 64th of the products' cost. No fp32 copy
- *                   of W is ever written.
+ *                   codes) widened to 32-bit lanes and converted to fp32 in the registers, one
+ *                   FMA a code for each row of x. A byte b holds the codes of two columns, b = 16
+ *                   q_even + q_odd, so a band sums a b and a q_odd (b & 15) for each byte, and
+ *                   the even column's sum is (sum a b - sum a q_odd) / 16: no shift to take the
+ *                   high nibble out. Widening m + q s first would cost a second FMA a weight,
+ *                   and on AVX2 the ports that convert and multiply are the bound (1.5x the
+ *                   kernel that did, measured from L2 on one thread; the shift saved, another
+ *                   1.1-1.15x on two). The terms that do not depend on the column, a and each
+ *                   band's sum of x m (the min term), come first, for a chunk of 8 groups and
+ *                   up to 8 rows of x (q4_terms: the groups side by side in a register), at a
+ *                   64th of the products' cost. No fp32 copy of W is ever written.
  *
  * Every element of y is one chain of fused multiply-adds over k in increasing order, started at 0
- * (or at y, to add) and carried from one band to the next through y itself; for 4-bit weights a
- * chain of a q, to which each band of 32 rows then adds its min term (one fmaf chain over the
- * band's k). So its bits do not depend on the number of rows, the threads or the path: the
+ * (or at y, to add) and carried from one band to the next through y itself; for 4-bit weights,
+ * each band of 32 rows sums its own chains from 0 (band_q4_portable has the steps), adds its min
+ * term (one fmaf chain over the band's k) and then y. So its bits do not depend on the number of
+ * rows, the threads or the path: the
  * portable C path (the same chains with fmaf; over a panel for fp16), the AVX2 one and the
  * AVX-512 one, native or on SIMDe, give the same results bit for bit (tests/test_matmul.c runs
  * every one this machine has; tests/test_cli.c's "FLEXGEN_ISA: every path to the same logits"
@@ -251,67 +255,64 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, s
     if (f16) TILE_CASES(1) else TILE_CASES(0)
 }
 
-/* 16 columns of y, in order, as their even and odd columns (8 each); and back. */
-__attribute__((target("avx2"), always_inline)) static inline void split_even_odd_avx2(const float *y, __m256 *even,
-                                                                                      __m256 *odd) {
-    __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8);
-    __m256 front = _mm256_permute2f128_ps(y0, y1, 0x20), back = _mm256_permute2f128_ps(y0, y1, 0x31);
-    *even = _mm256_shuffle_ps(front, back, _MM_SHUFFLE(2, 0, 2, 0));
-    *odd = _mm256_shuffle_ps(front, back, _MM_SHUFFLE(3, 1, 3, 1));
-}
-
+/* 16 columns of y, in order, from their even and odd columns (8 each). */
 __attribute__((target("avx2"), always_inline)) static inline void join_even_odd_avx2(__m256 even, __m256 odd,
-                                                                                     float *y) {
+                                                                                     __m256 *front, __m256 *back) {
     __m256 low = _mm256_unpacklo_ps(even, odd), high = _mm256_unpackhi_ps(even, odd);
-    _mm256_storeu_ps(y, _mm256_permute2f128_ps(low, high, 0x20));
-    _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(low, high, 0x31));
+    *front = _mm256_permute2f128_ps(low, high, 0x20);
+    *back = _mm256_permute2f128_ps(low, high, 0x31);
 }
 
 /* 4-bit, from the codes: y[mr][16 nb] from code byte `codes` of a group (column 2 x that byte in it) over
  * kc rows (stride bytes apart), for rows r0 .. r0 + mr of the band's terms t, group gi of their
- * chunk. Per row of W, 8 bytes at a time are widened to 32-bit lanes (vpmovzxbd), their high
- * nibbles (the even columns) and low ones (the odd) converted to fp32, and each row of x's a
- * multiplies them there: the accumulators hold the even and the odd columns apart until the end,
- * when the min term joins them and they are put back in order. */
+ * chunk: band_q4_portable's sums. Per row of W, 8 bytes at a time are widened to 32-bit lanes
+ * (vpmovzxbd), each byte b and its low nibble (b & 15) converted to fp32, and each row of x's a
+ * multiplies both there: one conversion and one FMA a code, with no shift to take the high
+ * nibble out (the even column's sum comes from the byte's). The accumulators hold a tile's
+ * bytes in order; the columns are put in order when they are stored. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_q4_avx2_shape(
     const q4_terms *t, int r0, int gi, const uint8_t *codes, size_t stride, int kc, float *y, size_t ldy,
     int from_y, int ahead, const int mr, const int nb) {
     const __m256i low4 = _mm256_set1_epi32(15);
-    __m256 even[MR][4], odd[MR][4];
+    __m256 sum_b[MR][4], sum_odd[MR][4];
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
-        for (int i = 0; i < nb; i++) {
-            if (from_y) split_even_odd_avx2(y + r * ldy + 16 * i, &even[r][i], &odd[r][i]);
-            else even[r][i] = odd[r][i] = _mm256_setzero_ps();
-        }
+        for (int i = 0; i < nb; i++) sum_b[r][i] = sum_odd[r][i] = _mm256_setzero_ps();
     for (int k = 0; k < kc; k++) {
         const uint8_t *row = codes + k * stride;
         if (ahead) _mm_prefetch((const char *)(row + (size_t)kc * stride), _MM_HINT_T1); /* the next band's */
-        __m256 high[4], low[4];
+        __m256 byte[4], odd[4];
 #pragma GCC unroll 4
         for (int i = 0; i < nb; i++) {
-            __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * i)));
-            high[i] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
-            low[i] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low4));
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * i)));
+            byte[i] = _mm256_cvtepi32_ps(b);
+            odd[i] = _mm256_cvtepi32_ps(_mm256_and_si256(b, low4));
         }
 #pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
             __m256 a = _mm256_broadcast_ss(&t->a[r0 + r][k][gi]);
 #pragma GCC unroll 4
             for (int i = 0; i < nb; i++) {
-                even[r][i] = _mm256_fmadd_ps(a, high[i], even[r][i]);
-                odd[r][i] = _mm256_fmadd_ps(a, low[i], odd[r][i]);
+                sum_b[r][i] = _mm256_fmadd_ps(a, byte[i], sum_b[r][i]);
+                sum_odd[r][i] = _mm256_fmadd_ps(a, odd[i], sum_odd[r][i]);
             }
         }
     }
+    const __m256 sixteenth = _mm256_set1_ps(0.0625f);
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++) {
         __m256 min_term = _mm256_broadcast_ss(&t->min_term[r0 + r][gi]);
 #pragma GCC unroll 4
-        for (int i = 0; i < nb; i++)
-            join_even_odd_avx2(_mm256_add_ps(even[r][i], min_term), _mm256_add_ps(odd[r][i], min_term),
-                               y + r * ldy + 16 * i);
+        for (int i = 0; i < nb; i++) {
+            __m256 even = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(sum_b[r][i], sum_odd[r][i]), sixteenth), min_term);
+            __m256 front, back;
+            join_even_odd_avx2(even, _mm256_add_ps(sum_odd[r][i], min_term), &front, &back);
+            float *yc = y + r * ldy + 16 * i;
+            if (from_y) front = _mm256_add_ps(_mm256_loadu_ps(yc), front), back = _mm256_add_ps(_mm256_loadu_ps(yc + 8), back);
+            _mm256_storeu_ps(yc, front);
+            _mm256_storeu_ps(yc + 8, back);
+        }
     }
 }
 
@@ -471,22 +472,29 @@ __attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *
 #endif
 
 /* The portable chains, and the columns that are not whole groups: columns c0 .. c0 + n (n <= 64)
- * of group i of the terms' chunk, whose codes start at `codes` (row k0, stride bytes a row):
- * y = (y or 0, then + a q over the band's k in order) + the min term. */
+ * of group i of the terms' chunk, whose codes start at `codes` (row k0, stride bytes a row). Per
+ * byte of the codes, b = 16 q_even + q_odd (the even column's code is the high nibble), two chains
+ * over the band's k in order, from 0: sum_b = sum a b and sum_odd = sum a q_odd; then
+ *   band(even) = (sum_b - sum_odd) / 16 + min term,   band(odd) = sum_odd + min term,
+ * and y = band, or y + band when adding (from_y). */
 static void band_q4_portable(const q4_terms *t, int rows, int i, const uint8_t *codes, size_t stride, int c0, int n,
                              int kc, float *y, size_t ldy, int from_y) {
+    int p0 = c0 / 2, p1 = (c0 + n - 1) / 2; /* the bytes the columns are in */
     for (int r = 0; r < rows; r++) {
-        float acc[Q4_GROUP];
-        for (int c = 0; c < n; c++) acc[c] = from_y ? y[r * ldy + c] : 0;
+        float sum_b[Q4_GROUP / 2] = {0}, sum_odd[Q4_GROUP / 2] = {0};
         for (int k = 0; k < kc; k++) {
             const uint8_t *row = codes + (size_t)k * stride;
-            for (int c = 0; c < n; c++) {
-                int column = c0 + c, byte = row[column / 2];
-                int q = column % 2 ? byte & 15 : byte >> 4; /* a byte: the even column high */
-                acc[c] = fmaf(t->a[r][k][i], (float)q, acc[c]);
+            for (int p = p0; p <= p1; p++) {
+                sum_b[p] = fmaf(t->a[r][k][i], (float)row[p], sum_b[p]);
+                sum_odd[p] = fmaf(t->a[r][k][i], (float)(row[p] & 15), sum_odd[p]);
             }
         }
-        for (int c = 0; c < n; c++) y[r * ldy + c] = acc[c] + t->min_term[r][i];
+        for (int c = 0; c < n; c++) {
+            int column = c0 + c, p = column / 2;
+            float band = column % 2 ? sum_odd[p] : (sum_b[p] - sum_odd[p]) * 0.0625f;
+            band = band + t->min_term[r][i];
+            y[r * ldy + c] = from_y ? y[r * ldy + c] + band : band;
+        }
     }
 }
 

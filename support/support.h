@@ -67,7 +67,7 @@ int fg_isa_check_env(char *err);
 /* ---- The decode products' wide kernels (matmul.c: AVX2; avx512.c: AVX-512, built natively and
  * on SIMDe). A band is kc rows of W for every row of x (ldx apart; y ldy apart), over whole groups
  * of 64 columns: one fused chain per element of y over k in order, from y (from_y) or 0 (for
- * 4-bit weights, a chain of a q, to which the band's min term is then added), so the bits are the
+ * 4-bit weights, matmul.c's band_q4_portable's sums, then added to y), so the bits are the
  * portable path's. ahead: prefetch the same columns kc rows on (the next band). ---- */
 /* Decode's 4-bit products (matmul.c) in bands of up to Q4_BAND rows of W and chunks of up to
  * Q4_CHUNK groups, for up to Q4_CHUNK rows of x at a time; the terms that do not depend on the
