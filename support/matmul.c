@@ -442,8 +442,8 @@ static void q4_terms_portable(const float *x, size_t ldx, int rows, const uint8_
 /* n <= 8 fp16 values at p, widened; zeros after them (a chunk at a part's end reads no further). */
 __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_avx2(const uint8_t *p, int n) {
     if (n == Q4_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    fp16 h[Q4_CHUNK] = {0};
-    memcpy(h, p, (size_t)n * sizeof *h);
+    uint16_t h[Q4_CHUNK] = {0};
+    for (int i = 0; i < n; i++) h[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
@@ -453,21 +453,23 @@ __attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *
                                                                    const uint8_t *w, size_t stride, int G, int g,
                                                                    int ng, int kc, q4_terms *t, int ahead) {
     size_t mins = (size_t)G * (Q4_GROUP / 2) + 2 * (size_t)g, scales = mins + 2 * (size_t)G;
-    for (int r = 0; r < rows; r++) {
-        __m256 min_term = _mm256_setzero_ps();
-        for (int k = 0; k < kc; k++) {
-            const uint8_t *row = w + (size_t)k * stride;
-            if (ahead && r == 0 && g % 32 == 0) { /* a line holds 32 groups' */
-                const char *next = (const char *)row + (size_t)kc * stride;
-                _mm_prefetch(next + mins, _MM_HINT_T1), _mm_prefetch(next + mins + 63, _MM_HINT_T1);
-                _mm_prefetch(next + scales, _MM_HINT_T1), _mm_prefetch(next + scales + 63, _MM_HINT_T1);
-            }
-            __m256 xk = _mm256_broadcast_ss(x + r * ldx + k);
-            _mm256_storeu_ps(t->a[r][k], _mm256_mul_ps(xk, halves_avx2(row + scales, ng)));
-            min_term = _mm256_fmadd_ps(xk, halves_avx2(row + mins, ng), min_term);
+    __m256 min_term[Q4_CHUNK];
+    for (int r = 0; r < rows; r++) min_term[r] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) { /* a row's mins and scales widened once for every row of x */
+        const uint8_t *row = w + (size_t)k * stride;
+        if (ahead && g % 32 == 0) { /* a line holds 32 groups' */
+            const char *next = (const char *)row + (size_t)kc * stride;
+            _mm_prefetch(next + mins, _MM_HINT_T1), _mm_prefetch(next + mins + 63, _MM_HINT_T1);
+            _mm_prefetch(next + scales, _MM_HINT_T1), _mm_prefetch(next + scales + 63, _MM_HINT_T1);
         }
-        _mm256_storeu_ps(t->min_term[r], min_term);
+        __m256 scale = halves_avx2(row + scales, ng), min = halves_avx2(row + mins, ng);
+        for (int r = 0; r < rows; r++) {
+            __m256 xk = _mm256_broadcast_ss(x + r * ldx + k);
+            _mm256_storeu_ps(t->a[r][k], _mm256_mul_ps(xk, scale));
+            min_term[r] = _mm256_fmadd_ps(xk, min, min_term[r]);
+        }
     }
+    for (int r = 0; r < rows; r++) _mm256_storeu_ps(t->min_term[r], min_term[r]);
 }
 #endif
 
