@@ -449,11 +449,12 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_
 
 /* The same, the chunk's groups side by side in the 8 lanes (their mins and scales are 16 bytes of
  * a row each); the same operations, so the same bits. ahead: prefetch the next band's. */
-__attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *x, size_t ldx, int rows,
-                                                                   const uint8_t *w, size_t stride, int G, int g,
-                                                                   int ng, int kc, q4_terms *t, int ahead) {
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q4_terms_avx2_rows(
+    const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int g, int ng, int kc, q4_terms *t, int ahead,
+    const int rows) {
     size_t mins = (size_t)G * (Q4_GROUP / 2) + 2 * (size_t)g, scales = mins + 2 * (size_t)G;
     __m256 min_term[Q4_CHUNK];
+#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) min_term[r] = _mm256_setzero_ps();
     for (int k = 0; k < kc; k++) { /* a row's mins and scales widened once for every row of x */
         const uint8_t *row = w + (size_t)k * stride;
@@ -463,13 +464,31 @@ __attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *
             _mm_prefetch(next + scales, _MM_HINT_T1), _mm_prefetch(next + scales + 63, _MM_HINT_T1);
         }
         __m256 scale = halves_avx2(row + scales, ng), min = halves_avx2(row + mins, ng);
+#pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
             __m256 xk = _mm256_broadcast_ss(x + r * ldx + k);
             _mm256_storeu_ps(t->a[r][k], _mm256_mul_ps(xk, scale));
             min_term[r] = _mm256_fmadd_ps(xk, min, min_term[r]);
         }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) _mm256_storeu_ps(t->min_term[r], min_term[r]);
+}
+
+/* rows a constant in each call, so that the min terms' chains stay in registers */
+__attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *x, size_t ldx, int rows,
+                                                                   const uint8_t *w, size_t stride, int G, int g,
+                                                                   int ng, int kc, q4_terms *t, int ahead) {
+    switch (rows) {
+    case 1: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 1); break;
+    case 2: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 2); break;
+    case 3: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 3); break;
+    case 4: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 4); break;
+    case 5: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 5); break;
+    case 6: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 6); break;
+    case 7: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 7); break;
+    default: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 8); break;
+    }
 }
 #endif
 
