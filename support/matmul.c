@@ -70,11 +70,12 @@
  * lm_head reads E by rows (the table is [n][dim]), eight rows of E at a time (for 4-bit, rows of
  * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
  * the lanes added pairwise at the end; the portable path keeps the same lanes and the same order.
- * AVX2 takes three rows of E against four rows of x (twelve chains); AVX-512 two rows of E to a
- * register, four such pairs against four rows of x. fp16 rows are widened in the registers, and
- * 4-bit ones too for a few rows of x (2 on AVX2, 8 on AVX-512, as measured; with more, each row
- * of E is widened once, into the scratch). Many rows (prefill's logits at every position) go
- * through sgemm on blocks of MATMUL_EMBED_BLOCK widened rows.
+ * fp16: AVX2 takes three rows of E against four rows of x (twelve chains); AVX-512 two rows of E
+ * to a register, four such pairs against four rows of x; the rows are widened in the registers.
+ * 4-bit: from the codes, as the linear layers (embed_t_q4 and the comment above dots_q4_portable):
+ * per group, a = x scale and the min term first, then the dots of a with the codes, a byte row
+ * (two rows of E) at a time. Many rows (prefill's logits at every position) go through sgemm on
+ * blocks of MATMUL_EMBED_BLOCK widened rows.
  */
 #include "support/support.h"
 #include "support/tools.h"
