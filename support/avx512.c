@@ -189,7 +189,10 @@ INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, siz
             __m512 even = _mm512_mul_ps(_mm512_sub_ps(acc[r][2 * h], acc[r][2 * h + 1]), sixteenth);
             join_even_odd(_mm512_add_ps(even, min_term), _mm512_add_ps(acc[r][2 * h + 1], min_term), &front, &back);
             float *yc = y + r * ldy + 32 * h;
-            if (from_y) front = _mm512_add_ps(_mm512_loadu_ps(yc), front), back = _mm512_add_ps(_mm512_loadu_ps(yc + 16), back);
+            if (from_y) {
+                front = _mm512_add_ps(_mm512_loadu_ps(yc), front);
+                back = _mm512_add_ps(_mm512_loadu_ps(yc + 16), back);
+            }
             _mm512_storeu_ps(yc, front);
             _mm512_storeu_ps(yc + 16, back);
         }
@@ -320,9 +323,8 @@ static void dots_f16(const float *x, int rows, int dim, const fp16 *E, int v0, i
     dots(x, rows, dim, E, NULL, NULL, v0, ne, y, ldy);
 }
 
-static void dots_q4(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int n, int v0, int ne,
+static void dots_q4(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int v0, int ne,
                     float *y, size_t ldy) {
-    (void)n;
     dots(a, rows, dim, NULL, E, min_term, v0, ne, y, ldy);
 }
 

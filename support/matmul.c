@@ -306,11 +306,15 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         __m256 min_term = _mm256_broadcast_ss(&t->min_term[r0 + r][gi]);
 #pragma GCC unroll 4
         for (int i = 0; i < nb; i++) {
-            __m256 even = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(sum_b[r][i], sum_odd[r][i]), sixteenth), min_term);
+            __m256 even = _mm256_mul_ps(_mm256_sub_ps(sum_b[r][i], sum_odd[r][i]), sixteenth);
+            even = _mm256_add_ps(even, min_term);
             __m256 front, back;
             join_even_odd_avx2(even, _mm256_add_ps(sum_odd[r][i], min_term), &front, &back);
             float *yc = y + r * ldy + 16 * i;
-            if (from_y) front = _mm256_add_ps(_mm256_loadu_ps(yc), front), back = _mm256_add_ps(_mm256_loadu_ps(yc + 8), back);
+            if (from_y) {
+                front = _mm256_add_ps(_mm256_loadu_ps(yc), front);
+                back = _mm256_add_ps(_mm256_loadu_ps(yc + 8), back);
+            }
             _mm256_storeu_ps(yc, front);
             _mm256_storeu_ps(yc + 8, back);
         }
@@ -537,12 +541,14 @@ static void product_band_q4(const float *x, int rows, int in, const uint8_t *W, 
         const uint8_t *w = W + (size_t)k0 * stride + (size_t)s * q4_part_bytes(q4, out);
         for (int r0 = 0; r0 < rows; r0 += Q4_CHUNK) {
             int nr = rows - r0 < Q4_CHUNK ? rows - r0 : Q4_CHUNK, first = ahead && r0 == 0;
+            const float *xr = x + (size_t)r0 * in + k0;
+            int groups = whole ? whole : 1;
             q4_terms t;
 #ifdef HAVE_AVX2_PATH
-            if (simd) q4_terms_avx2(x + (size_t)r0 * in + k0, (size_t)in, nr, w, stride, G, g, whole ? whole : 1, kc, &t, first);
+            if (simd) q4_terms_avx2(xr, (size_t)in, nr, w, stride, G, g, groups, kc, &t, first);
             else
 #endif
-                q4_terms_portable(x + (size_t)r0 * in + k0, (size_t)in, nr, w, stride, G, g, whole ? whole : 1, kc, &t);
+                q4_terms_portable(xr, (size_t)in, nr, w, stride, G, g, groups, kc, &t);
             const uint8_t *codes = w + (size_t)g * (Q4_GROUP / 2);
             float *yr = y + (size_t)r0 * out + j;
             if (whole) wide->band_q4(&t, nr, codes, stride, whole, kc, yr, (size_t)out, from_y, first);
@@ -851,7 +857,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_
 #pragma GCC unroll 4
         for (int p = 0; p < nb; p++) {
             __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + (size_t)p * dim + d)));
-            __m256 high = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), low = _mm256_cvtepi32_ps(_mm256_and_si256(b, low4));
+            __m256 high = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+            __m256 low = _mm256_cvtepi32_ps(_mm256_and_si256(b, low4));
 #pragma GCC unroll 4
             for (int r = 0; r < mr; r++) {
                 __m256 av = _mm256_loadu_ps(a + (size_t)r * dim + d);
@@ -869,9 +876,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_
 /* The kernel table's 4-bit dots: rows of a, up to 4 at a time, against the block's byte rows
  * (as many at a time as 8 accumulators hold); each dot then gains its tail and the min term. */
 __attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *a, const float *min_term, int rows,
-                                                                  int dim, const uint8_t *E, int n, int v0, int ne,
-                                                                  float *y, size_t ldy) {
-    (void)n;
+                                                                  int dim, const uint8_t *E, int v0, int ne, float *y,
+                                                                  size_t ldy) {
     const uint8_t *bytes = E + (size_t)(v0 / 2) * dim;
     int pairs = (ne + 1) / 2;
     for (int r = 0, mr; r < rows; r += mr) {
@@ -1011,14 +1017,19 @@ static void embed_t_q4(const float *x, int rows, int dim, const uint8_t *E, int 
         if (simd) scale_rows_avx2(x, rows, dim, scales + (size_t)g * dim, a);
         else
 #endif
-            for (int i = 0; i < rows * dim; i++) a[i] = x[i] * fp16_to_fp32(scales[(size_t)g * dim + i % dim]);
+            for (int r = 0; r < rows; r++)
+                for (int d = 0; d < dim; d++) {
+                    size_t at = (size_t)r * dim + d;
+                    a[at] = x[at] * fp16_to_fp32(scales[(size_t)g * dim + d]);
+                }
+        const fp16 *group_mins = mins + (size_t)g * dim;
         if (wide) wide->dots_f16(x, rows, dim, mins, g, 1, min_term, 1);
         else
-            for (int r = 0; r < rows; r++) min_term[r] = dot_portable_f16(x + (size_t)r * dim, mins + (size_t)g * dim, dim);
+            for (int r = 0; r < rows; r++) min_term[r] = dot_portable_f16(x + (size_t)r * dim, group_mins, dim);
         int end = (g + 1) * Q4_GROUP < n ? (g + 1) * Q4_GROUP : n;
         for (int v0 = g * Q4_GROUP; v0 < end; v0 += 8) {
             int ne = end - v0 < 8 ? end - v0 : 8;
-            if (wide) wide->dots_q4(a, min_term, rows, dim, E, n, v0, ne, y + v0, (size_t)n);
+            if (wide) wide->dots_q4(a, min_term, rows, dim, E, v0, ne, y + v0, (size_t)n);
             else dots_q4_portable(a, min_term, rows, dim, E, v0, ne, y + v0, (size_t)n);
         }
     }

@@ -94,10 +94,10 @@ typedef struct {
     /* lm_head: y[r][j] = x[r] . E[v0 + j] for every row of x (dim apart) and ne <= 8 rows of fp16
      * E [n][dim], each dot in 8 lanes as matmul.c's dot_portable */
     void (*dots_f16)(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy);
-    /* the same for the 4-bit table of n rows (v0 a multiple of 8, inside one group), from the
-     * codes: y[r][j] = a[r] . q[v0 + j] + min_term[r], a [rows][dim] (matmul.c's lm_head) */
-    void (*dots_q4)(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int n, int v0,
-                    int ne, float *y, size_t ldy);
+    /* the same for a 4-bit table (v0 a multiple of 8, inside one group), from the codes:
+     * y[r][j] = a[r] . q[v0 + j] + min_term[r], a [rows][dim] (matmul.c's lm_head) */
+    void (*dots_q4)(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int v0, int ne,
+                    float *y, size_t ldy);
     /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k / 4)
      * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL: none */
     fg_int8_sums *int8_sums;
