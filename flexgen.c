@@ -288,7 +288,7 @@ size_t stored_bytes(const fg_model *m, int i) {
 }
 
 /* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed and
- * the backend's products cannot read it as it is (CUDA decompresses it into staging). */
+ * the backend's products cannot read it as it is (both of ours read the 4-bit bytes). */
 static int is_staged(const fg_model *m, const weight_home *h) {
     return h->tier != TIER_GPU || (h->q4 && !m->rt->backend->reads_q4);
 }
@@ -340,8 +340,8 @@ void place_weights(fg_model *m) {
         h->q4 = is_q4(m, i);
         h->bytes = stored_bytes(m, i);
     }
-    /* an arena holds the largest staged layer's working weights and, on a device that cannot
-     * decompress host memory, the largest compressed tensor's bytes (landing and decompressed in
+    /* an arena holds the largest staged layer's working weights and, on a device whose products
+     * cannot read 4-bit bytes, the largest compressed tensor's bytes (landing and decompressed in
      * order on one stream). A tensor sits at its place among the layer's fp16 values, after what
      * 4-bit tensors before it take beyond their fp16 where the products read 4-bit bytes (a
      * group of 64 holds a row of under 29 values in more bytes than fp16) */
@@ -358,7 +358,7 @@ void place_weights(fg_model *m) {
             h->staged_at = l->tensors[i].offset * be->weight_elem + (size_t)extra;
             extra += h->q4 && be->reads_q4 && h->bytes > slot ? (int)(h->bytes - slot) : 0;
             if (end + (size_t)extra > working) working = end + (size_t)extra;
-            if (!be->gpu_is_host && h->q4 && h->tier != TIER_GPU && h->bytes > landing)
+            if (!be->reads_q4 && h->q4 && h->tier != TIER_GPU && h->bytes > landing)
                 landing = h->bytes;
         }
     }

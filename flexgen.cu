@@ -17,16 +17,18 @@
  *               serves the next layer, whose pools lie a fixed distance on (its shift)
  *   counters    host waits, launches, cuBLAS products, copies and allocations, on every thread,
  *               which the runtime reads per step (--json, the trace; docs/GPU.md)
- *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) land as they are stored and
- *               a kernel decompresses them into the staging arena
+ *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
+ *               on the gpu tier and in staging alike
  *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
  *               tier, staging and workspace; products and reductions accumulate in fp32
  *   products    cuBLAS: fp16 weights times fp16 activations, fp32 accumulation (cublasGemmEx);
  *               prefill attention as strided batched products over the heads of a sequence,
- *               scores and softmax in fp32
+ *               scores and softmax in fp32. 4-bit weights: decode's few rows multiply the codes
+ *               in registers (no fp16 copy written or read); more rows widen a slice at a time
+ *               into the workspace for cuBLAS
  *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
  *               causal and padding-masked softmax, decode attention with §5's top-K selection,
- *               4-bit decompression
+ *               4-bit products and widening
  *   delegation  sequences whose cache lives in host memory (--cpu-cache-compute, §4.2) get their
  *               attention from the CPU backend's code, on their q, k, v rows copied to the host
  *
@@ -415,38 +417,49 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 }
 
 /* ============================================================================================
- * 4-bit decompression (§5; quant.c has the layout): one thread per value, min + q * scale
- * (model.h's q4_value, which the CPU builds too) rounded to fp16, the device's working format.
+ * 4-bit weights (§5; quant.c has the layout) stay as they are stored: the gpu tier keeps the
+ * codes, and staging receives them as they are (reads_q4). A product of few rows (decode's)
+ * multiplies the codes in registers (q4_rows_kernel, q4_vocab_kernel, with the layer's kernels
+ * below); one of more rows (prefill's) widens the matrix a slice at a time into the workspace
+ * for cuBLAS.
  * Each kernel below names its CPU twin and the test of tests/test_kernels.cu that holds the two
  * together (the kernels suite, on a GPU or the emulated one).
  * ============================================================================================ */
 
-/* CPU twin: quant.c's q4_decompress. Test: test_dequant, bit for bit after the fp16 rounding. */
-
-__global__ void dequant_kernel(const uint8_t *src, size_t outer, size_t len, size_t inner,
-                               __half *dst) {
+/* dst[a][b] = value first + a stride + b of a 4-bit tensor [outer][len][inner], for b < width
+ * and a width + b < n: a thread per value, min + q scale (model.h's q4_value, which the CPU builds
+ * too) rounded to fp16, the device's working format (a whole tensor: first 0, stride = width = n).
+ * CPU twin: quant.c's q4_decompress. Test: test_dequant, bit for bit after the fp16 rounding, whole
+ * tensors and slices. */
+__global__ void dequant_kernel(const uint8_t *src, size_t len, size_t inner, size_t first,
+                               size_t stride, size_t width, size_t n, __half *dst) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= outer * len * inner) return;
-    dst[e] = __float2half_rn(q4_value(src, len, inner, e));
+    if (e >= n) return;
+    dst[e] = __float2half_rn(q4_value(src, len, inner, first + e / width * stride + e % width));
 }
 
 static unsigned blocks_for(size_t n, unsigned threads) {
     return (unsigned)((n + threads - 1) / threads);
 }
 
+static void count_widened(void) { count(&counts.widened, 1); }
+
+/* A whole 4-bit tensor to fp16 (the profile's decompression rate). */
+static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, size_t inner) {
+    size_t n = outer * len * inner;
+    count_widened();
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)src, len, inner,
+                                                                  0, n, n, n, (__half *)dst);
+    LAUNCHED("dequant_kernel");
+}
+
 static void cuda_weights_in(void *dst, const fp16 *src, size_t n) { cuda_copy_in(dst, src, 2 * n); }
 
+/* The bytes stay 4-bit: the products read them as they are, so nothing lands first. */
 static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
                                size_t inner) {
-    const void *bytes = src;
-    if (landing) {
-        cuda_copy_in(landing, src, q4_bytes(outer, len, inner));
-        bytes = landing;
-    }
-    size_t n = outer * len * inner;
-    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)bytes, outer,
-                                                                  len, inner, (__half *)dst);
-    LAUNCHED("dequant_kernel");
+    (void)landing;
+    cuda_copy_in(dst, src, q4_bytes(outer, len, inner));
 }
 
 /* ============================================================================================
@@ -477,6 +490,8 @@ typedef struct {
     __half *ffn;        /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
     float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
     __half *probs;      /* the same, softmaxed, fp16 */
+    float *q4_scratch;  /* 4-bit products: decode's partial sums, or a slice widened to fp16 */
+    size_t widen_values; /* the values of a widened slice that q4_scratch holds */
     size_t rows;        /* token rows the workspace holds */
     table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
     int max_pages;      /* entries of a sequence's page table in a cache table */
@@ -558,6 +573,8 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->ffn = d->qkv;
     d->scores = (float *)parts[2];
     d->probs = (__half *)parts[3];
+    d->q4_scratch = (float *)parts[6];
+    d->widen_values = sizes[6] / 2;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -786,14 +803,206 @@ static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, cons
     LAUNCHED("layer_norm_kernel");
 }
 
+/* 4-bit products (§5). Up to Q4_DIRECT_ROWS rows of x (decode's) multiply the codes as they are
+ * stored; a product of more rows (prefill's) widens W into fp16 slices for cuBLAS. Where the two
+ * cross on a given GPU is for scripts/gpu_check.sh to measure. A matrix W [in][out] of `parts`
+ * parts side by side (q|k|v: 3) is stored as quant.c lays it out with outer in parts, len
+ * out / parts, inner 1: row k is each part's codes in turn, 32 bytes a group of 64 columns (byte
+ * p: column 2p in its high half, 2p + 1 in its low), then the part's G mins and G scales. */
+#define Q4_DIRECT_ROWS FG_CUDA_Q4_ROWS
+#define Q4_TILE 256 /* columns of a block: its warps' 32 lanes, 8 columns (4 bytes of codes) each */
+#define Q4_WARPS 8  /* a block's warps, which take its chunk's rows of W in turn */
+static_assert(Q4_TILE == Q4_WARPS * 32, "a block's threads: one a column of its tile");
+
+/* A 4-bit code as a float, exactly: 2^23 + q holds q in its mantissa's low bits (an OR and a
+ * subtraction, where a conversion instruction would run at a fraction of the FMAs' rate). */
+__device__ float code_value(uint32_t q) { return __int_as_float(0x4B000000 | (int)q) - 8388608.0f; }
+
+/* Codes of 8 columns: 4 bytes, one load where they are aligned (`aligned`). */
+__device__ uint32_t code_word(const uint8_t *codes, int aligned) {
+    if (aligned) return *(const uint32_t *)codes;
+    return codes[0] | (uint32_t)codes[1] << 8 | (uint32_t)codes[2] << 16 | (uint32_t)codes[3] << 24;
+}
+
+/* partial[chunk][r][j] = sum over the chunk's rows k of W (k_chunk of them from chunk k_chunk) of
+ * x[r][k] W[k][j], for r < rows <= Q4_DIRECT_ROWS. A block a tile of Q4_TILE columns of a part
+ * and a chunk;
+ * its warps take the chunk's rows in turn, each lane 8 columns of a row: it reads their 4 bytes of
+ * codes (the warp's 128 bytes side by side), takes each code's value min + q scale in fp32
+ * (q4_value's fmaf, without the fp16 rounding that widening adds) and multiplies it into each row
+ * of x. The warps' sums are added in shared memory in a fixed order. CPU twin: the product by
+ * q4_decompress's values. Test: test_q4_linear (with q4_sum_kernel), within its bound of that
+ * product in double. */
+__global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
+                               int parts, int k_chunk, int aligned, float *partial) {
+    __shared__ float sums[Q4_WARPS][Q4_TILE];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int part_cols = out / parts, tiles = (part_cols + Q4_TILE - 1) / Q4_TILE;
+    int part = blockIdx.x / tiles, tile0 = blockIdx.x % tiles * Q4_TILE;
+    int j0 = tile0 + 8 * lane; /* this lane's first column in its part */
+    int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
+    size_t G = (size_t)(part_cols + Q4_GROUP - 1) / Q4_GROUP, part_bytes = G * (Q4_GROUP / 2 + 4);
+    float acc[Q4_DIRECT_ROWS][8] = {{0}};
+    for (int k = blockIdx.y * k_chunk + warp; k < k_end && j0 < part_cols; k += Q4_WARPS) {
+        const uint8_t *row = W + ((size_t)k * parts + part) * part_bytes;
+        const __half *mins = (const __half *)(row + G * (Q4_GROUP / 2));
+        uint32_t codes = code_word(row + j0 / 2, aligned);
+        float scale = __half2float(mins[G + j0 / Q4_GROUP]);
+        float min = __half2float(mins[j0 / Q4_GROUP]);
+        float w[8];
+        for (int c = 0; c < 8; c++) {
+            uint32_t q = codes >> (8 * (c / 2) + (c % 2 ? 0 : 4)) & 15;
+            w[c] = fmaf(code_value(q), scale, min);
+        }
+        for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+            float xv = __half2float(x[(size_t)r * in + k]);
+            for (int c = 0; c < 8; c++) acc[r][c] = fmaf(xv, w[c], acc[r][c]);
+        }
+    }
+    int j = tile0 + threadIdx.x;
+    for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+        for (int c = 0; c < 8; c++) sums[warp][8 * lane + c] = acc[r][c];
+        __syncthreads();
+        float total = 0;
+        for (int w = 0; w < Q4_WARPS; w++) total += sums[w][threadIdx.x];
+        size_t at = ((size_t)blockIdx.y * rows + r) * out + (size_t)part * part_cols + j;
+        if (j < part_cols) partial[at] = total;
+        __syncthreads();
+    }
+}
+
+/* y[r][j] = q4_rows_kernel's partial sums of its chunks added in order (+ y[r][j] with add),
+ * rounded to fp16 once; a thread a value. CPU twin and test: q4_rows_kernel's. */
+__global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int out, __half *y,
+                              int add) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n = (size_t)rows * out;
+    if (i >= n) return;
+    float total = 0;
+    for (int c = 0; c < chunks; c++) total += partial[(size_t)c * n + i];
+    if (add) total += __half2float(y[i]);
+    y[i] = __float2half_rn(total);
+}
+
+/* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
+ * Q4_DIRECT_ROWS: q4_rows_kernel's partial sums in the workspace's scratch, then
+ * q4_sum_kernel's. */
+static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
+                       int parts, __half *y, int add) {
+    int k_chunk = fg_cuda_q4_k_chunk(in, out);
+    int chunks = (in + k_chunk - 1) / k_chunk;
+    int aligned = (uintptr_t)W % 4 == 0;
+    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_TILE), chunks);
+    q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x, rows, in, (const uint8_t *)W, out,
+                                                         parts, k_chunk, aligned, d->q4_scratch);
+    LAUNCHED("q4_rows_kernel");
+    size_t n = (size_t)rows * out;
+    q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(d->q4_scratch, chunks, rows, out,
+                                                                 y, add);
+    LAUNCHED("q4_sum_kernel");
+}
+
+/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= Q4_DIRECT_ROWS, a 4-bit table E
+ * [vocab][dim] as quant.c stores an embedding (outer 1, len vocab, inner dim): byte
+ * (32 g + p) dim + i holds column i of rows 64 g + 2p (high half) and 64 g + 2p + 1 (low half),
+ * and the groups' mins and scales follow, [G][dim] each. A warp a pair of rows, which share their
+ * bytes: lane l reads bytes l, l + 32, ... side by side and multiplies the two values min + q
+ * scale (fp32) into each row of x. CPU twin: lm_head's product by q4_decompress's values. Test:
+ * test_q4_lm_head, within its bound of that product in double. */
+__global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
+                                float *logits) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int v = 2 * (blockIdx.x * (blockDim.x / 32) + warp);
+    if (v >= vocab) return;
+    size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v / Q4_GROUP;
+    const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
+    const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
+    const __half *scales = mins + G * dim;
+    float even[Q4_DIRECT_ROWS] = {0}, odd[Q4_DIRECT_ROWS] = {0};
+    for (int i = lane; i < dim; i += 32) {
+        uint32_t b = codes[i];
+        float scale = __half2float(scales[i]);
+        float min = __half2float(mins[i]);
+        float w_even = fmaf(code_value(b >> 4), scale, min);
+        float w_odd = fmaf(code_value(b & 15), scale, min);
+        for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+            float xv = __half2float(x[(size_t)r * dim + i]);
+            even[r] = fmaf(xv, w_even, even[r]);
+            odd[r] = fmaf(xv, w_odd, odd[r]);
+        }
+    }
+    for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+        float first = warp_sum(even[r]);
+        float second = warp_sum(odd[r]);
+        if (lane == 0) logits[(size_t)r * vocab + v] = first;
+        if (lane == 0 && v + 1 < vocab) logits[(size_t)r * vocab + v + 1] = second;
+    }
+}
+
+/* x times a 4-bit matrix for more rows than decode's: a slice at a time widened into the
+ * workspace's scratch (dequant_kernel), then a cuBLAS product of it (fp16 inputs, fp32
+ * accumulation), on the same stream. A slice is `count` stretches of `width` values, `stride`
+ * apart from value `first` on (dst [count][width]): of a matrix W [in][out], columns j0 .. j0 +
+ * width of every row; of a table E [vocab][dim], rows v0 .. v0 + count whole. */
+static void widen_slice(cuda_ws *d, const void *W, size_t len, size_t inner, size_t first,
+                        size_t stride, size_t count, size_t width) {
+    size_t n = count * width;
+    count_widened();
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
+        (const uint8_t *)W, len, inner, first, stride, width, n, (__half *)d->q4_scratch);
+    LAUNCHED("dequant_kernel");
+}
+
+/* y[rows][out] (=, += with beta 1) x[rows][in] W, slices of columns of W (of `parts` parts). */
+static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
+                           int parts, __half *y, float beta) {
+    int slice = (int)(d->widen_values / (size_t)in);
+    float one = 1;
+    if (slice < 1) cuda_fail("widened_linear", __LINE__, "a row of W past the workspace's slice");
+    for (int j0 = 0; j0 < out; j0 += slice) {
+        int cols = out - j0 < slice ? out - j0 : slice;
+        widen_slice(d, W, (size_t)(out / parts), 1, (size_t)j0, (size_t)out, (size_t)in,
+                    (size_t)cols);
+        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, in, &one,
+                                  d->q4_scratch, CUDA_R_16F, cols, x, CUDA_R_16F, in, &beta,
+                                  y + j0, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+/* logits[rows][vocab] = x[rows][dim] E^T, slices of rows of E. */
+static void widened_lm_head(cuda_ws *d, const __half *x, int rows, int dim, const void *E,
+                            int vocab, float *logits) {
+    int slice = (int)(d->widen_values / (size_t)dim);
+    float one = 1, zero = 0;
+    if (slice < 1) cuda_fail("widened_lm_head", __LINE__, "a row of lm_head past the slice");
+    for (int v0 = 0; v0 < vocab; v0 += slice) {
+        int n = vocab - v0 < slice ? vocab - v0 : slice;
+        widen_slice(d, E, (size_t)vocab, (size_t)dim, (size_t)v0 * dim, (size_t)dim, (size_t)n,
+                    (size_t)dim);
+        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, dim, &one,
+                                  d->q4_scratch, CUDA_R_16F, dim, x, CUDA_R_16F, dim, &zero,
+                                  logits + v0, CUDA_R_32F, vocab, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    }
+}
+
 /* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
- * which cuBLAS sees as the column-major W^T), x and y fp16, fp32 accumulation. */
-static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 *b, int out,
-                   __half *y, int mode) {
+ * which cuBLAS sees as the column-major W^T), or 4-bit in q4 parts (opt_model.c's linear_layer's
+ * q4: q|k|v 3; from the codes for decode's rows, widened for more), x and y fp16, fp32
+ * accumulation. */
+static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int q4,
+                   const fp16 *b, int out, __half *y, int mode) {
     float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
-    BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, CUDA_R_16F,
-                              out, x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    if (q4 && rows <= Q4_DIRECT_ROWS) {
+        q4_product(d, x, rows, in, W, out, q4, y, mode == OUT_ADD);
+    } else if (q4) {
+        widened_linear(d, x, rows, in, W, out, q4, y, beta);
+    } else {
+        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W,
+                                  CUDA_R_16F, out, x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
     if (!b) return;
     size_t m = (size_t)rows * out;
     bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b,
@@ -801,22 +1010,43 @@ static void linear(const __half *x, int rows, int in, const fp16 *W, const fp16 
     LAUNCHED("bias_kernel");
 }
 
+/* An embedding table [len][dim] as the kernels read it: fp16, or 4-bit (q4: quant.c's layout
+ * with outer 1, groups along len). */
+typedef struct {
+    const void *values;
+    int q4, len, dim;
+} table_view;
+
+static table_view table_of(const void *values, int q4, int len, int dim) {
+    table_view t = {values, q4, len, dim};
+    return t;
+}
+
+/* Value i of row `row`, fp16: a 4-bit one widened as dequant_kernel widens it. */
+__device__ __half table_value(table_view t, int row, int i) {
+    size_t e = (size_t)row * t.dim + i;
+    if (t.q4) return __float2half_rn(q4_value((const uint8_t *)t.values, t.len, t.dim, e));
+    return ((const __half *)t.values)[e];
+}
+
 /* out = table[ids[row]], a block per row. CPU twin: opt_embed's matmul_embed_row of the token
- * table (llama_embed's too). Test: test_embed, bit for bit. */
-__global__ void gather_rows_kernel(const __half *table, const int *ids, int dim, __half *out) {
-    const __half *row = table + (size_t)ids[blockIdx.x] * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
+ * table (llama_embed's too). Test: test_embed, bit for bit, fp16 and 4-bit. */
+__global__ void gather_rows_kernel(table_view table, const int *ids, __half *out) {
+    int dim = table.dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        out[(size_t)blockIdx.x * dim + i] = table_value(table, ids[blockIdx.x], i);
 }
 
 /* x += pos[position_of(row)], a block per row. CPU twin: opt_embed's positions. Test: test_embed,
- * bit for bit. */
-__global__ void add_positions_kernel(__half *x, const __half *pos, const int *past, const int *pad,
-                                     int n_new, int h) {
-    int r = blockIdx.x, b = r / n_new;
-    const __half *p = pos + (size_t)position_of(past[b], pad[b], r % n_new) * h;
+ * bit for bit, fp16 and 4-bit. */
+__global__ void add_positions_kernel(__half *x, table_view pos, const int *past, const int *pad,
+                                     int n_new) {
+    int r = blockIdx.x, b = r / n_new, h = pos.dim;
+    int position = position_of(past[b], pad[b], r % n_new);
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         size_t at = (size_t)r * h + i;
-        x[at] = __float2half_rn(__half2float(x[at]) + __half2float(p[i]));
+        float p = __half2float(table_value(pos, position, i));
+        x[at] = __float2half_rn(__half2float(x[at]) + p);
     }
 }
 
@@ -828,12 +1058,13 @@ static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
     int rows = gb->batch * gb->n_new;
     __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
     token_table t = upload_tokens(d, gb);
-    gather_rows_kernel<<<rows, 256, 0, s>>>((const __half *)w->embed_tokens, t.tokens, c->word_dim,
-                                            words);
+    table_view tokens = table_of(w->embed_tokens, w->q4, c->vocab, c->word_dim);
+    table_view positions = table_of(w->embed_positions, w->q4, c->max_pos + 2, c->hidden);
+    gather_rows_kernel<<<rows, 256, 0, s>>>(tokens, t.tokens, words);
     LAUNCHED("gather_rows_kernel");
-    if (w->project_in) linear(d->h, rows, c->word_dim, w->project_in, NULL, c->hidden, x, OUT_SET);
-    add_positions_kernel<<<rows, 256, 0, s>>>(x, (const __half *)w->embed_positions, t.past, t.pad,
-                                              gb->n_new, c->hidden);
+    if (w->project_in)
+        linear(d, d->h, rows, c->word_dim, w->project_in, w->q4, NULL, c->hidden, x, OUT_SET);
+    add_positions_kernel<<<rows, 256, 0, s>>>(x, positions, t.past, t.pad, gb->n_new);
     LAUNCHED("add_positions_kernel");
 }
 
@@ -1240,14 +1471,15 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, d->h);
         in = d->h;
     }
-    linear(in, rows, h, L->wqkv, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
+    linear(d, in, rows, h, L->wqkv, 3 * w->q4, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
     cache_table t = upload_cache(d, gb);
     cache_attention(d, c, gb, &t, ws);
-    linear(d->attn, rows, h, L->wo, NULL, h, x, OUT_ADD); /* its bias with the norm: one launch */
+    /* out_proj's bias comes with the norm: one launch */
+    linear(d, d->attn, rows, h, L->wo, w->q4, NULL, h, x, OUT_ADD);
     if (c->pre_ln) bias_layer_norm(x, rows, h, L->bo, L->ffn_ln_w, L->ffn_ln_b, d->h);
     else bias_layer_norm(x, rows, h, L->bo, L->attn_ln_w, L->attn_ln_b, x);
-    linear(c->pre_ln ? d->h : x, rows, h, L->fc1_w, L->fc1_b, f, d->ffn, OUT_RELU);
-    linear(d->ffn, rows, f, L->fc2_w, L->fc2_b, h, x, OUT_ADD);
+    linear(d, c->pre_ln ? d->h : x, rows, h, L->fc1_w, w->q4, L->fc1_b, f, d->ffn, OUT_RELU);
+    linear(d, d->ffn, rows, f, L->fc2_w, w->q4, L->fc2_b, h, x, OUT_ADD);
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x);
 }
 
@@ -1263,10 +1495,23 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
     return rows;
 }
 
-/* logits[rows][vocab] = x lm_head^T: lm_head is [vocab][word_dim]; fp16 inputs, fp32 logits. */
-static void lm_head(const opt_weights *w, const __half *x, int rows, float *logits) {
+/* logits[rows][vocab] = x lm_head^T: lm_head is [vocab][word_dim], fp16 or 4-bit (from the codes
+ * for decode's rows, widened for more); fp16 inputs, fp32 logits. */
+static void lm_head(cuda_ws *d, const opt_weights *w, const __half *x, int rows, float *logits) {
     const opt_config *c = &w->cfg;
     float one = 1, zero = 0;
+    if (w->q4 && rows <= Q4_DIRECT_ROWS) {
+        unsigned blocks = blocks_for((size_t)(c->vocab + 1) / 2, 4);
+        q4_vocab_kernel<<<blocks, 128, 0, ctx()->stream>>>(x, rows, c->word_dim,
+                                                           (const uint8_t *)w->lm_head, c->vocab,
+                                                           logits);
+        LAUNCHED("q4_vocab_kernel");
+        return;
+    }
+    if (w->q4) {
+        widened_lm_head(d, x, rows, c->word_dim, w->lm_head, c->vocab, logits);
+        return;
+    }
     BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
                               w->lm_head, CUDA_R_16F, c->word_dim, x, CUDA_R_16F, c->word_dim,
                               &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F,
@@ -1282,10 +1527,10 @@ static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, 
     if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
     const __half *last = d->h;
     if (w->project_out) {
-        linear(d->h, rows, h, w->project_out, NULL, c->word_dim, d->qkv, OUT_SET);
+        linear(d, d->h, rows, h, w->project_out, w->q4, NULL, c->word_dim, d->qkv, OUT_SET);
         last = d->qkv;
     }
-    lm_head(w, last, rows, logits);
+    lm_head(d, w, last, rows, logits);
 }
 
 /* ============================================================================================
@@ -1347,8 +1592,8 @@ static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace 
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new;
     token_table t = upload_tokens(d, gb);
-    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>((const __half *)w->embed_tokens, t.tokens,
-                                                        w->cfg.hidden, (__half *)gb->x);
+    table_view tokens = table_of(w->embed_tokens, w->q4, w->cfg.vocab, w->cfg.hidden);
+    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>(tokens, t.tokens, (__half *)gb->x);
     LAUNCHED("gather_rows_kernel");
 }
 
@@ -1362,24 +1607,29 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     rope_freqs freqs;
     rope_frequencies(c, freqs.f);
-    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);                /* input_layernorm */
-    linear(d->h, rows, h, L->wq, L->bq, qw, d->qkv + at.at[0], OUT_SET); /* q, k, v projections */
-    linear(d->h, rows, h, L->wk, L->bk, kw, d->qkv + at.at[1], OUT_SET);
-    linear(d->h, rows, h, L->wv, L->bv, kw, d->qkv + at.at[2], OUT_SET);
-    cache_table t = upload_cache(d, gb);                                 /* positions into q, k */
+    /* input_layernorm, then the q, k, v projections */
+    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);
+    linear(d, d->h, rows, h, L->wq, w->q4, L->bq, qw, d->qkv + at.at[0], OUT_SET);
+    linear(d, d->h, rows, h, L->wk, w->q4, L->bk, kw, d->qkv + at.at[1], OUT_SET);
+    linear(d, d->h, rows, h, L->wv, w->q4, L->bv, kw, d->qkv + at.at[2], OUT_SET);
+    /* positions into q, k */
+    cache_table t = upload_cache(d, gb);
     int hd = cfg_head_dim(c);
     rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, hd,
                                                  c->n_heads, cfg_kv_heads(c), freqs);
     LAUNCHED("rope_kernel");
-    cache_attention(d, c, gb, &t, ws);                                   /* K, V cached; attend */
-    linear(d->attn, rows, qw, L->wo, L->bo, h, x, OUT_ADD);              /* o_proj, residual */
-    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);                 /* post-attention norm */
-    linear(d->h, rows, h, L->gate_w, L->gate_b, f, gate, OUT_SET);       /* SwiGLU MLP */
-    linear(d->h, rows, h, L->up_w, L->up_b, f, up, OUT_SET);
+    /* K, V cached; attend; o_proj, residual */
+    cache_attention(d, c, gb, &t, ws);
+    linear(d, d->attn, rows, qw, L->wo, w->q4, L->bo, h, x, OUT_ADD);
+    /* post-attention norm, the SwiGLU MLP */
+    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);
+    linear(d, d->h, rows, h, L->gate_w, w->q4, L->gate_b, f, gate, OUT_SET);
+    linear(d, d->h, rows, h, L->up_w, w->q4, L->up_b, f, up, OUT_SET);
     size_t n = (size_t)rows * f;
     swiglu_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(gate, up, n);
     LAUNCHED("swiglu_kernel");
-    linear(gate, rows, f, L->down_w, L->down_b, h, x, OUT_ADD);          /* down_proj, residual */
+    /* down_proj, residual */
+    linear(d, gate, rows, f, L->down_w, w->q4, L->down_b, h, x, OUT_ADD);
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
@@ -1389,7 +1639,7 @@ static void cuda_llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace
     cuda_ws *d = (cuda_ws *)ws->device;
     int h = c->hidden, rows = last_rows(d, gb, h);
     rms_norm(d->h, rows, h, w->final_ln_w, c->rms_eps, d->h);
-    lm_head(w, d->h, rows, logits);
+    lm_head(d, w, d->h, rows, logits);
 }
 
 /* ============================================================================================
@@ -1420,6 +1670,7 @@ static const fg_backend cuda_backend = {
     .host_free = cuda_host_free,
     .weights_in = cuda_weights_in,
     .weights_in_q4 = cuda_weights_in_q4,
+    .widen_q4 = cuda_widen_q4,
     .copy_in = cuda_copy_in,
     .copy_out = cuda_copy_out,
     .copy = cuda_copy,
@@ -1433,7 +1684,7 @@ static const fg_backend cuda_backend = {
     .forward = {{cuda_embed, cuda_layer, cuda_output},                     /* FAMILY_OPT */
                 {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* FAMILY_LLAMA */
     .device_memory = cuda_device_memory,
-    .reads_q4 = 0, /* 4-bit weights are decompressed into staging */
+    .reads_q4 = 1, /* 4-bit weights stay 4-bit: the products read the codes */
     .device_reserve = FG_CUDA_RESERVE,
     .host_reserve = FG_CUDA_HOST_RESERVE, /* the bounce buffers */
     .delegated_bytes = fg_cuda_delegated_bytes,

@@ -146,7 +146,7 @@ typedef struct {
 
 typedef struct {
     fg_tier tier;
-    int q4;       /* compressed (§5): 4-bit in any tier, decompressed into staging before use */
+    int q4;       /* compressed (§5): 4-bit in any tier, read by the products as it is stored */
     fp16 *gpu;    /* gpu tier, uncompressed: the working copy */
     void *stored; /* otherwise: fp16 or 4-bit, in the tier's memory or the disk arena */
     size_t bytes; /* of stored */
@@ -165,7 +165,7 @@ struct fg_model {
     disk_arena disk;      /* disk homes: offloaded copies, or the dummy-weight file */
     double disk_bytes;    /* of the disk tier that the disk homes take */
     double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
-    char *staging[2];     /* working weights of a layer, then (CUDA) a 4-bit tensor's landing */
+    char *staging[2];     /* working weights of a layer, then a 4-bit tensor's landing (reads_q4 0) */
     size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
     long staged[2];       /* which layer n of the round (unit L + j) each staging arena holds, or -1 */
     weight_read reads[2]; /* disk reads of layers n, in slot n % 2 */
@@ -362,7 +362,7 @@ enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
 typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
 void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm);
-int fg_weights_case(const double x[N_X], int staged_q4);
+int fg_weights_case(const double x[N_X]);
 
 /* This runtime's verdict on policy p (flexgen.c's fg_runtime_check, handed to the search): the
  * plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */

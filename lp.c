@@ -6,12 +6,12 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1043  best_policy            the shapes' LP optima, best first, rounded and checked
+ *  1040  best_policy            the shapes' LP optima, best first, rounded and checked
  *   760  solve_shape            Eq. (1) for one block shape: the LP's rows
- *   211  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   296  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   316  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   342  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   213  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   298  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   318  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   344  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
  *   698  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
@@ -186,15 +186,16 @@ static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardw
 /* The compute device's reads beyond its products, in prefill and decode: §5's decompression of
  * every 4-bit weight it uses and of the cache it reads (the rows it compresses are counted at
  * the same rate), and (beyond A.3) each GPU batch's read of the layer's working weights: fp16, or
- * on the CPU backend the 4-bit bytes its products read as they are. fp16_bytes: a layer's
- * weights, the cache written in prefill and the cache read per decode step, as fp16. */
+ * the 4-bit bytes where the products read them as they are (the CPU always; CUDA in decode,
+ * decoding them in registers, where its prefill widens them to fp16 first). fp16_bytes: a
+ * layer's weights, the cache written in prefill and the cache read per decode step, as fp16. */
 static void compute_reads(fg_linear *pre, fg_linear *gen, const fg_workload *w,
                           const fg_hardware *hw, const double fp16_bytes[3], int int8) {
     double weights16 = fp16_bytes[0];
     if (hw->dequant_bdw > 0) {
         if (w->compress_weight && !int8) {
             add(&pre[T_COMP], -1, weights16, hw->dequant_bdw);
-            add(&gen[T_COMP], -1, weights16, hw->dequant_bdw);
+            if (hw->gpu_is_host) add(&gen[T_COMP], -1, weights16, hw->dequant_bdw);
         }
         if (w->compress_cache) {
             add(&pre[T_COMP], -1, fp16_bytes[1], hw->dequant_bdw);
@@ -202,9 +203,10 @@ static void compute_reads(fg_linear *pre, fg_linear *gen, const fg_workload *w,
         }
     }
     if (hw->mem_bdw > 0) {
-        double working = weights16 * (w->compress_weight && hw->gpu_is_host ? 36.0 / 128 : 1);
-        add(&pre[T_COMP], -1, w->ngb * working, hw->mem_bdw);
-        add(&gen[T_COMP], -1, w->ngb * working, hw->mem_bdw);
+        double q4 = w->compress_weight ? 36.0 / 128 : 1;
+        double prefill_working = weights16 * (hw->gpu_is_host ? q4 : 1);
+        add(&pre[T_COMP], -1, w->ngb * prefill_working, hw->mem_bdw);
+        add(&gen[T_COMP], -1, w->ngb * weights16 * q4, hw->mem_bdw);
     }
 }
 
@@ -334,14 +336,14 @@ double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_w
 /* Adds bytes to tier term f: its constant (k < 0) or the coefficient of x_k. */
 static void add_bytes(fg_linear *f, int k, double bytes) { add(f, k, bytes, 1); }
 
-int fg_weights_case(const double x[N_X], int staged_q4) {
+int fg_weights_case(const double x[N_X]) {
     if (x[X_WN] > 0) return FG_W_DISK;
-    return x[X_WG] < 1 || staged_q4 ? FG_W_MEMORY : FG_W_GPU;
+    return x[X_WG] < 1 ? FG_W_MEMORY : FG_W_GPU;
 }
 
 void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm) {
-    double h = c->hidden, f = c->ffn, s = w->s, len = w->s + w->n;
+    double h = c->hidden, s = w->s, len = w->s + w->n;
     double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
     double stored = 2 * P * q4;                                 /* cpu and disk homes */
@@ -367,8 +369,6 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
         add_bytes(&mm->tier[t], X_HG + t, act);
     }
     if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * 2 * layer);
-    if (weights != FG_W_GPU && w->compress_weight && !hw->gpu_is_host) /* a 4-bit tensor lands */
-        add_bytes(gpu, -1, 2 * 2 * q4 * fmax(h * f, (double)c->vocab * c->word_dim));
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 2 * act_row * gbs * s);                   /* activation staging */
@@ -859,8 +859,7 @@ static int tier_over(const search *S, const fg_policy *p, double x[N_X], double 
     if (S->req->place) runtime_check(S, p, p->gpu_batch_size * p->num_gpu_batches, 0, x, NULL, err);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
-    fg_memory_model_build(S->cfg, &w, S->hw,
-                          fg_weights_case(x, p->compress_weight && !S->hw->gpu_is_host), &mm);
+    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x), &mm);
     for (int t = 0; t < N_TIERS; t++)
         if ((*need = fg_linear_eval(&mm.tier[t], x)) > S->capacity[t]) return t;
     if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory)
@@ -933,8 +932,6 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
             for (int v = 0; v < 2 * FG_W_CASES; v++) {
                 candidate cd = {
                     .gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
-                if (cd.weights == FG_W_GPU && S->base->compress_weight && !S->hw->gpu_is_host)
-                    continue; /* 4-bit, decompressed into staging */
                 int rc = solve_shape(S, &cd, err);
                 if (rc < 0) { free(all); return -1; }
                 if (rc == 0) continue;

@@ -244,6 +244,7 @@ typedef struct {
     int64_t host_waits;      /* stream, event and device synchronizations, copies that block */
     int64_t launches;        /* kernels */
     int64_t blas_calls;      /* cuBLAS products (each launches kernels of its own) */
+    int64_t widened;         /* 4-bit slices widened to fp16 for a cuBLAS product (§5) */
     int64_t copies_in, copies_out, copies_on_device; /* host -> device, device -> host, device */
     int64_t pageable_copies; /* copies from or to pageable host memory (through the bounce buffers) */
     int64_t allocations;     /* device allocations */
@@ -267,6 +268,8 @@ typedef struct {
     void (*weights_in)(void *dst, const fp16 *src, size_t n); /* fp16 (host) -> working */
     void (*weights_in_q4)(void *dst, const void *src, void *landing, size_t outer, size_t len,
                           size_t inner); /* 4-bit -> working, landing first (gpu tier) if need be */
+    /* 4-bit on the gpu tier -> fp16, as a product of many rows reads it; NULL: none (the CPU) */
+    void (*widen_q4)(void *dst, const void *src, size_t outer, size_t len, size_t inner);
     void (*copy_in)(void *dst, const void *src, size_t bytes);  /* cpu -> gpu */
     void (*copy_out)(void *dst, const void *src, size_t bytes); /* gpu -> cpu */
     void (*copy)(void *dst, const void *src, size_t bytes);     /* gpu -> gpu */
@@ -281,7 +284,7 @@ typedef struct {
     void (*workspace_free)(opt_workspace *ws);
     fg_forward forward[N_FAMILIES]; /* a family's forward pass; NULL entries: not on this device */
     double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
-    int reads_q4;            /* the products read 4-bit weights as stored (the CPU) */
+    int reads_q4;            /* the products read 4-bit weights as stored (both backends) */
     double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
     double host_reserve;     /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
     size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2; CPU: NULL */

@@ -725,6 +725,7 @@ static cJSON *counts_json(const fg_device_counts *c) {
     cJSON_AddNumberToObject(o, "host_waits", (double)c->host_waits);
     cJSON_AddNumberToObject(o, "launches", (double)c->launches);
     cJSON_AddNumberToObject(o, "blas_calls", (double)c->blas_calls);
+    cJSON_AddNumberToObject(o, "widened", (double)c->widened);
     cJSON_AddNumberToObject(o, "copies_in", (double)c->copies_in);
     cJSON_AddNumberToObject(o, "copies_out", (double)c->copies_out);
     cJSON_AddNumberToObject(o, "copies_on_device", (double)c->copies_on_device);
@@ -1400,7 +1401,7 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tok
 static int open_runtime(const fg_policy *p, fg_runtime **rt, char *err) {
     if (fg_runtime_open(p, rt, err)) return -1;
     const char *flag = p->int8_activations ? "--int8-activations" : p->bf16_prefill ? "--bf16-prefill" : NULL;
-    if (!flag || fg_runtime_backend(*rt)->reads_q4) return 0;
+    if (!flag || fg_runtime_backend(*rt)->gpu_is_host) return 0;
     fg_runtime_close(*rt);
     *rt = NULL;
     return fg_fail(err, "%s: the CPU backend's scheme; this run's device is CUDA, which "

@@ -59,12 +59,12 @@ static void time_copy_out(void *c) {
     p->be->copy_out(p->dst, p->src, p->n);
     p->be->copies_done();
 }
-/* 4-bit decompression: the backend's, or where its products read 4-bit weights as stored (the
- * CPU's), the same decoding done apart from them. */
+/* 4-bit decompression: the device's widening (its landed bytes to fp16), or where there is none
+ * (the CPU, whose products decode the codes as they read them) the same decoding done apart. */
 static void time_dequant(void *c) {
     profile_ctx *p = c;
-    if (p->be->reads_q4) q4_decompress(p->src, 1, p->n, 1, p->dst);
-    else p->be->weights_in_q4(p->dst, p->src, p->landing, 1, p->n, 1);
+    if (p->be->widen_q4) p->be->widen_q4(p->dst, p->landing, 1, p->n, 1);
+    else q4_decompress(p->src, 1, p->n, 1, p->dst);
     p->be->finish();
 }
 static void time_layer(void *c) {
@@ -97,6 +97,7 @@ static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
         for (size_t i = 0; values && i < n; i++) values[i] = (float)(i % 251) * 0.01f;
         if (values) q4_compress(values, 1, n, 1, c.src);
         free(values);
+        if (be->widen_q4) be->copy_in(landing, c.src, q4_bytes(1, n, 1));
         if (rc == 0) hw->dequant_bdw = 2.0 * n / typical_time(time_dequant, &c);
     }
     be->host_free(c.src), be->free(c.dst), be->free(landing);

@@ -138,21 +138,57 @@ size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages) {
     return 2 * rows * sizeof(int) + 2 * rows * sizeof(void *) + 2 * rows * (size_t)max_pages * sizeof(int);
 }
 
+/* The rows of W that a block of CUDA's 4-bit decode product sums (flexgen.cu's q4_rows_kernel,
+ * 256 columns a block): 256, or fewer (down to 64) until the product has 256 blocks to spread over
+ * the GPU's multiprocessors. */
+int fg_cuda_q4_k_chunk(int in, int out) {
+    int tiles = (out + 255) / 256;
+    int k_chunk = 256;
+    while (k_chunk > 64 && tiles * ((in + k_chunk - 1) / k_chunk) < 256) k_chunk /= 2;
+    return k_chunk;
+}
+
+/* CUDA's scratch for 4-bit products, whichever is larger: the fp32 partial sums of decode's rows
+ * over the largest product ([chunks][FG_CUDA_Q4_ROWS][out]), or a slice of fp16 values widened for
+ * a product of more rows (FG_CUDA_WIDEN_VALUES, or FG_CUDA_WIDEN_COLUMNS of the longest rows of
+ * W; at most the largest matrix). */
+size_t fg_cuda_q4_scratch_bytes(const opt_config *cfg) {
+    size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, qw = q_width(cfg);
+    size_t shapes[][2] = {{h, qkv_width(cfg)}, {qw, h}, {h, f}, {f, h}, {wd, h}, {h, wd}};
+    size_t matrix = (size_t)cfg->vocab * wd;
+    size_t slice = FG_CUDA_WIDEN_VALUES;
+    size_t partials = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        size_t in = shapes[i][0];
+        size_t out = shapes[i][1];
+        size_t k_chunk = (size_t)fg_cuda_q4_k_chunk((int)in, (int)out);
+        size_t chunks = (in + k_chunk - 1) / k_chunk;
+        size_t bytes = chunks * FG_CUDA_Q4_ROWS * out * sizeof(float);
+        partials = bytes > partials ? bytes : partials;
+        matrix = in * out > matrix ? in * out : matrix;
+        slice = in * FG_CUDA_WIDEN_COLUMNS > slice ? in * FG_CUDA_WIDEN_COLUMNS : slice;
+    }
+    size_t widened = 2 * (matrix < slice ? matrix : slice);
+    return widened > partials ? widened : partials;
+}
+
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(q + 2 kv + q widths
  * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one sequence's prefill scores (fp32) and
  * probabilities (fp16), [heads][max_prompt][max_prompt] (decode attends in shared memory); the
- * token tables and the cache tables, of page tables of a cache of max_len. Here so that the cost
- * model has it without CUDA. */
+ * token tables and the cache tables, of page tables of a cache of max_len; and the scratch of the
+ * 4-bit products (§5). Here so that the cost model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
     size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
     size_t mixed = qkv_attn > f ? qkv_attn : f;
     int pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
+    size_t q4_scratch = fg_cuda_q4_scratch_bytes(cfg);
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M, 2 * H * M * M,
                                       FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows),
-                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages)};
+                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages),
+                                      q4_scratch};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;

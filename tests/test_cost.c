@@ -95,26 +95,29 @@ static void test_cost_by_hand(void) {
     expect_terms(m.gen, gen_q4, "decode, 4-bit");
 
     /* decompression (fp16 bytes / dequant_bdw: weights 384, cache 384 in prefill and 528 per
-     * step) and the working weights read once per GPU batch (ngb 3 x 384 / mem_bdw on a GPU, as
-     * fp16; on the CPU backend 36 / 128 of that, the 4-bit bytes its products read) join the
-     * compute term */
+     * step) and the working weights read once per GPU batch (ngb 3 x 384 / mem_bdw) join the
+     * compute term. On a GPU, prefill widens the 4-bit weights and reads them as fp16, decode's
+     * products read the codes (36 / 128 of the bytes) and decode them in registers (no
+     * decompression term); the CPU backend's products read the codes in both, decoding them as
+     * they go (at dequant_bdw) */
     fg_hardware hw = HW;
     hw.dequant_bdw = 8192, hw.mem_bdw = 16384;
     fg_cost_model_build(&CFG, &w, &hw, &m);
+    double codes = 36.0 / 128 * 3 * 384.0 / 16384;
     double pre_comp = pre[T_COMP] + 384.0 / 8192 + 384.0 / 8192 + 3 * 384.0 / 16384;
-    double gen_comp = gen[T_COMP] + 384.0 / 8192 + 528.0 / 8192 + 3 * 384.0 / 16384;
+    double gen_comp = gen[T_COMP] + 528.0 / 8192 + codes;
     expect_terms_at(&m.pre[T_COMP], pre_comp, "prefill with decompression and weight reads, term comp");
-    expect_terms_at(&m.gen[T_COMP], gen_comp, "decode with decompression and weight reads, term comp");
+    expect_terms_at(&m.gen[T_COMP], gen_comp, "decode with the codes read as stored, term comp");
     hw.gpu_is_host = 1;
     fg_cost_model_build(&CFG, &w, &hw, &m);
-    expect_terms_at(&m.gen[T_COMP], gen_comp - (1 - 36.0 / 128) * 3 * 384.0 / 16384,
-                    "decode, 4-bit working weights read as stored, term comp");
+    double host_gen_comp = gen[T_COMP] + 384.0 / 8192 + 528.0 / 8192 + codes;
+    expect_terms_at(&m.gen[T_COMP], host_gen_comp, "decode, 4-bit working weights read as stored, term comp");
 
     /* --int8-activations: without its measured rates, costed as 4-bit; with them, its products at
      * those rates and no decompression of the weights (the integer products read the codes) */
     w.int8 = 1;
     fg_cost_model_build(&CFG, &w, &hw, &m);
-    expect_terms_at(&m.gen[T_COMP], gen_comp - (1 - 36.0 / 128) * 3 * 384.0 / 16384, "int8, no rates, decode, term comp");
+    expect_terms_at(&m.gen[T_COMP], host_gen_comp, "int8, no rates, decode, term comp");
     hw.mm_flops_int8_p = 128, hw.mm_flops_int8_g = 1024;
     fg_cost_model_build(&CFG, &w, &hw, &m);
     double mem = 36.0 / 128 * 3 * 384.0 / 16384;

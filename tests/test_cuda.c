@@ -327,14 +327,17 @@ static step_budget decode_step_budget(const opt_config *c) {
  * step waits for the host exactly once (for the logits, which the host must read, so a counter
  * that never counts fails too), no copy from pageable memory, no device allocation, the rows'
  * tables uploaded once a step and GPU batch (a token table and a cache table), and the launches
- * of the budget. The CPU counts nothing. */
-static void expect_steady_decode(const char *fixture_name, int ngb) {
+ * of the budget. With 4-bit weights (q4) the products read the codes: no slice widened to fp16,
+ * no cuBLAS product, two kernels for each (a product's partial sums, their sum; lm_head one). The
+ * CPU counts nothing. */
+static void expect_steady_decode(const char *fixture_name, int ngb, int q4) {
     fixture_prompts f;
     fixture_prompts_open(fixture_name, N_SEQ, &f);
     int tokens[N_SEQ * GEN];
     for (int device = FG_DEVICE_CPU; device <= FG_DEVICE_CUDA; device++) {
         fg_policy p = case_policy(&CASES[0], (fg_device)device);
         p.num_gpu_batches = ngb;
+        p.compress_weight = q4;
         fg_runtime *rt = NULL;
         fg_model *m = NULL;
         gen_timing t;
@@ -355,10 +358,15 @@ static void expect_steady_decode(const char *fixture_name, int ngb) {
         step_budget budget = decode_step_budget(&f.cfg); /* a GPU batch's */
         budget.launches *= ngb;
         budget.blas_calls *= ngb;
-        printf("\n  %s, blocks of 2 x %d: a decode step at most: %lld host waits, %lld launches (budget %lld), %lld "
-               "cuBLAS products (%lld), %lld copies in, %lld out, %lld on the device, %lld pageable, %lld allocations",
-               fixture_name, ngb, (long long)most->host_waits, (long long)most->launches, (long long)budget.launches,
-               (long long)most->blas_calls, (long long)budget.blas_calls, (long long)most->copies_in,
+        if (q4) {
+            budget.launches += 2 * budget.blas_calls;
+            budget.blas_calls = 0;
+        }
+        printf("\n  %s%s, blocks of 2 x %d: a decode step at most: %lld host waits, %lld launches (budget %lld), %lld "
+               "cuBLAS products (%lld), %lld widened, %lld copies in, %lld out, %lld on the device, %lld pageable, "
+               "%lld allocations", fixture_name, q4 ? " (4-bit)" : "", ngb, (long long)most->host_waits, (long long)most->launches, (long long)budget.launches,
+               (long long)most->blas_calls, (long long)budget.blas_calls, (long long)most->widened,
+               (long long)most->copies_in,
                (long long)most->copies_out, (long long)most->copies_on_device, (long long)most->pageable_copies,
                (long long)most->allocations);
         CU_ASSERT(t.device_counted && t.decode_steps > 0);
@@ -374,16 +382,21 @@ static void expect_steady_decode(const char *fixture_name, int ngb) {
                "decode step launched %lld kernels and %lld cuBLAS products; at most %lld and %lld", fixture_name, ngb,
                (long long)most->launches, (long long)most->blas_calls, (long long)budget.launches,
                (long long)budget.blas_calls);
+        EXPECT(most->widened == 0, "%s, blocks of 2 x %d%s: a decode step widened %lld slices of 4-bit weights "
+               "to fp16; expected none", fixture_name, ngb, q4 ? ", 4-bit" : "", (long long)most->widened);
     }
     fixture_prompts_close(&f);
 }
 
 static void test_steady_decode(void) {
     if (!gpu_present()) return;
-    expect_steady_decode("opt-tiny", 1);
-    expect_steady_decode("opt-tiny", 2);
-    expect_steady_decode("opt-tiny-350m", 1);
-    expect_steady_decode("llama-tiny-mqa-bias", 1);
+    expect_steady_decode("opt-tiny", 1, 0);
+    expect_steady_decode("opt-tiny", 2, 0);
+    expect_steady_decode("opt-tiny-350m", 1, 0);
+    expect_steady_decode("llama-tiny-mqa-bias", 1, 0);
+    expect_steady_decode("opt-tiny", 1, 1);
+    expect_steady_decode("opt-tiny-350m", 1, 1);
+    expect_steady_decode("llama-tiny-mqa-bias", 1, 1);
 }
 
 /* --gpu-mem caps device memory like any tier: a plan over it is refused before a byte moves,
@@ -648,7 +661,8 @@ void add_cuda_tests(void) {
     CU_add_test(s, "CUDA against CPU, linear RoPE scaling (GQA 4), policy matrix", test_linear_rope);
 #endif
     CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
-    CU_add_test(s, "a decode step on the gpu tier: one host wait, no pageable copy or allocation, its launches",
+    CU_add_test(s, "a decode step on the gpu tier: one host wait, no pageable copy or allocation, its launches; "
+                "4-bit weights read as stored",
                 test_steady_decode);
     CU_add_test(s, "--gpu-mem caps device memory", test_gpu_mem_cap);
     CU_add_test(s, "--gpu-mem's plan with CUDA's sizes, on the CPU", test_gpu_mem_cap_plan);

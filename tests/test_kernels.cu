@@ -1,7 +1,7 @@
 /* test_kernels.cu: each kernel of flexgen.cu against its CPU reference, one test per kernel (suite
  * "kernels"), on small shapes that are not multiples of a block or of a 4-bit group of 64:
  *
- *   dequant_kernel          quant.c's q4_decompress, rounded to fp16: bit for bit
+ *   dequant_kernel          quant.c's q4_decompress, rounded to fp16: bit for bit, whole and sliced
  *   store_kv_kernel         each token at its page-table row (kv_page_row): fp16 rows byte for
  *                           byte, 4-bit rows byte for byte against q4_compress(row, heads,
  *                           head_dim, 1), the layout of opt_model.c's store_kv, with a group whose
@@ -12,10 +12,14 @@
  *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L); y == x
  *                           gives the same bits; with a bias added first (bias_layer_norm), the
  *                           bits of bias_kernel then layer_norm_kernel
- *   linear() + bias_kernel  matmul_reference on the same fp16 values plus the bias, within (B)
+ *   linear() + bias_kernel  the product in double on the same fp16 values plus the bias, within
+ *                           (B); with 4-bit W (q4_rows_kernel + q4_sum_kernel, or widened
+ *                           slices), on q4_decompress's values (fp16-rounded where widened)
  *   gather_rows_kernel +
  *   add_positions_kernel    the token's row plus its position's row, added in fp32 and rounded
- *                           once to fp16, as the CPU computes it here: bit for bit
+ *                           once to fp16, as the CPU computes it here: bit for bit, fp16 and
+ *                           4-bit tables
+ *   lm_head, 4-bit          q4_vocab_kernel or widened slices: the product in double, within (B)
  *   prefill_attention +
  *   prefill_softmax_kernel  causal softmax attention with left padding in double, within (P)
  *   cuda_copy_in, _out      2.5 bounce buffers of pageable memory in and out, pinned memory, a
@@ -220,21 +224,42 @@ static void run_in_every_order(const char *what, void (*run)(void *), void *arg,
 
 typedef struct {
     const uint8_t *src;
-    size_t outer, len, inner;
+    size_t len, inner, first, stride, width, n; /* dequant_kernel's slice */
     __half *dst;
 } dequant_args;
 
 static void run_dequant(void *p) {
     dequant_args *a = (dequant_args *)p;
-    size_t n = a->outer * a->len * a->inner;
-    poison(a->dst, n * sizeof(__half));
-    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(a->src, a->outer, a->len, a->inner, a->dst);
+    poison(a->dst, a->n * sizeof(__half));
+    dequant_kernel<<<blocks_for(a->n, 256), 256, 0, ctx()->stream>>>(a->src, a->len, a->inner, a->first,
+                                                                      a->stride, a->width, a->n, a->dst);
     LAUNCHED("dequant_kernel");
     wait_stream();
 }
 
+/* The kernel's slice of the tensor whose q4_decompress is `want` against q4_decompress, bit for bit. */
+static void dequant_case(const uint8_t *q, size_t bytes, size_t outer, size_t len, size_t inner, size_t first,
+                         size_t stride, size_t width, size_t n, const float *want) {
+    dequant_args a = {device_copy(q, bytes), len, inner, first, stride, width, n, device_array<__half>(n)};
+    fp16 *got = host_array<fp16>(n);
+    char what[128];
+    snprintf(what, sizeof what, "dequant_kernel [%zu][%zu][%zu], from %zu, %zu of %zu apart", outer, len, inner,
+             first, width, stride);
+    run_in_every_order(what, run_dequant, &a, a.dst, n * sizeof(fp16), got);
+    size_t bad = 0, first_bad = 0;
+    for (size_t e = 0; e < n; e++)
+        if (got[e] != fp32_to_fp16(want[first + e / width * stride + e % width]) && !bad++) first_bad = e;
+    float w = want[first + first_bad / width * stride + first_bad % width];
+    EXPECT(bad == 0, "%s: %zu of %zu values differ from q4_decompress's; value %zu: expected 0x%04x (%g), got "
+           "0x%04x (%g)", what, bad, n, first_bad, fp32_to_fp16(w), w, got[first_bad], half_value(got[first_bad]));
+    cuda_free((void *)a.src);
+    cuda_free(a.dst);
+    free(got);
+}
+
 /* [outer][len][inner] tensors, len not a multiple of 64 (partial groups, a lone value), groups
- * along contiguous values (inner 1) and across rows (inner 3). */
+ * along contiguous values (inner 1) and across rows (inner 3): whole, and a slice, the second
+ * half of each outer index's values (as the widened products take slices). */
 static void test_dequant(void) {
     if (!gpu_ready()) return;
     static const size_t lens[] = {1, 17, 80, 130}, inners[] = {1, 3};
@@ -249,23 +274,13 @@ static void test_dequant(void) {
                 uint8_t *q = host_array<uint8_t>(bytes);
                 q4_compress(x, outer, len, inner, q);
                 q4_decompress(q, outer, len, inner, want);
-                dequant_args a = {device_copy(q, bytes), outer, len, inner, device_array<__half>(n)};
-                fp16 *got = host_array<fp16>(n);
-                char what[96];
-                snprintf(what, sizeof what, "dequant_kernel [%zu][%zu][%zu]", outer, len, inner);
-                run_in_every_order(what, run_dequant, &a, a.dst, n * sizeof(fp16), got);
-                size_t bad = 0, first = 0;
-                for (size_t e = 0; e < n; e++)
-                    if (got[e] != fp32_to_fp16(want[e]) && !bad++) first = e;
-                EXPECT(bad == 0, "%s: %zu of %zu values differ from q4_decompress's; value %zu: expected "
-                       "0x%04x (%g), got 0x%04x (%g)", what, bad, n, first, fp32_to_fp16(want[first]),
-                       want[first], got[first], half_value(got[first]));
-                cuda_free((void *)a.src);
-                cuda_free(a.dst);
+                dequant_case(q, bytes, outer, len, inner, 0, n, n, n, want);
+                size_t row = len * inner, half = row / 2; /* the second half of each outer index's values */
+                if (row >= 2)
+                    dequant_case(q, bytes, outer, len, inner, half, row, row - half, outer * (row - half), want);
                 free(x);
                 free(want);
                 free(q);
-                free(got);
             }
 }
 
@@ -934,13 +949,16 @@ static void test_bias_layer_norm(void) {
 }
 
 /* ============================================================================================
- * linear(): cuBLAS, then bias_kernel
+ * linear(): cuBLAS, or 4-bit (q4_rows_kernel + q4_sum_kernel, or widened slices and cuBLAS), then
+ * bias_kernel
  * ============================================================================================ */
 
 typedef struct {
-    int rows, in, out, mode;
+    cuda_ws *d;        /* the 4-bit products' scratch */
+    int rows, in, out, mode, q4;
     const __half *x;
-    const fp16 *W, *b; /* device; b may be NULL */
+    const void *W;     /* device: fp16, or 4-bit (q4) */
+    const fp16 *b;     /* device; may be NULL */
     const fp16 *y0;    /* host: y before (OUT_ADD's residual) */
     __half *y;
 } linear_args;
@@ -950,37 +968,78 @@ static void run_linear(void *p) {
     size_t bytes = (size_t)a->rows * a->out * sizeof(fp16);
     if (a->mode == OUT_ADD) upload(a->y, a->y0, bytes);
     else poison(a->y, bytes); /* beta 0: cuBLAS must not read it */
-    linear(a->x, a->rows, a->in, a->W, a->b, a->out, a->y, a->mode);
+    linear(a->d, a->x, a->rows, a->in, a->W, a->q4, a->b, a->out, a->y, a->mode);
     wait_stream();
 }
 
-static void linear_case(int rows, int in, int out, int with_bias, int mode, uint64_t *seed, double *worst) {
+/* A workspace with only the 4-bit scratch, for products of `rows` x `in` x `out`: the partial
+ * sums, or a slice of widen_values values (small, so that a product takes several slices). */
+static cuda_ws q4_workspace(int rows, int in, int out, size_t widen_values) {
+    cuda_ws d;
+    memset(&d, 0, sizeof d);
+    int k_chunk = fg_cuda_q4_k_chunk(in, out);
+    size_t partials = (size_t)(in + k_chunk - 1) / k_chunk * rows * out;
+    d.widen_values = widen_values;
+    d.q4_scratch = device_array<float>(partials > widen_values ? partials : widen_values);
+    return d;
+}
+
+/* A 4-bit copy of W [in][out] of `parts` parts on the device as quant.c stores a matrix (outer
+ * in parts, len out / parts, inner 1), `offset` bytes into its allocation (2: its words not 4-byte
+ * aligned); into W32, the values the product multiplies: q4_decompress's, rounded to fp16 where
+ * the product widens them. */
+static void *q4_matrix(const float *W, int in, int out, int parts, int offset, int widened, float *W32,
+                       void **allocation) {
+    size_t n = (size_t)in * out, outer = (size_t)in * parts, len = (size_t)(out / parts);
+    size_t bytes = q4_bytes(outer, len, 1);
+    uint8_t *q = host_array<uint8_t>(bytes);
+    q4_compress(W, outer, len, 1, q);
+    q4_decompress(q, outer, len, 1, W32);
+    for (size_t i = 0; i < n && widened; i++) W32[i] = half_value(fp32_to_fp16(W32[i]));
+    uint8_t *dev = device_array<uint8_t>(bytes + (size_t)offset);
+    upload(dev + offset, q, bytes);
+    free(q);
+    *allocation = dev;
+    return dev + offset;
+}
+
+/* q4: 0 (fp16), or W's 4-bit parts. */
+static void linear_case(int rows, int in, int out, int with_bias, int mode, int q4, int offset, uint64_t *seed,
+                        double *worst) {
     static const char *const modes[] = {"OUT_SET", "OUT_ADD", "OUT_RELU"};
     size_t nx = (size_t)rows * in, nw = (size_t)in * out, ny = (size_t)rows * out;
     fp16 *x = random_halves(nx, seed, -1, 1), *W = random_halves(nw, seed, -0.2f, 0.2f);
     fp16 *b = random_halves((size_t)out, seed, -0.5f, 0.5f), *y0 = random_halves(ny, seed, -2, 2);
-    float *x32 = widened(x, nx), *W32 = widened(W, nw), *r = host_array<float>(ny);
-    matmul_reference(x32, rows, in, W, 0, out, r, 0);
-    linear_args a = {rows, in, out, mode, (const __half *)device_copy(x, nx), device_copy(W, nw),
+    float *x32 = widened(x, nx), *W32 = widened(W, nw);
+    void *W_dev = NULL, *allocation = NULL;
+    cuda_ws d = q4_workspace(rows, in, out, 3 * (size_t)in);
+    if (q4) W_dev = q4_matrix(W32, in, out, q4, offset, rows > FG_CUDA_Q4_ROWS, W32, &allocation);
+    else allocation = W_dev = device_copy(W, nw);
+    linear_args a = {&d, rows, in, out, mode, q4, (const __half *)device_copy(x, nx), W_dev,
                      with_bias ? device_copy(b, (size_t)out) : NULL, y0, device_array<__half>(ny)};
     fp16 *got = host_array<fp16>(ny);
-    char what[128];
-    snprintf(what, sizeof what, "linear, %d x %d times %d x %d, %s, %s", rows, in, in, out, modes[mode],
-             with_bias ? "bias" : "no bias");
+    char what[160];
+    snprintf(what, sizeof what, "linear, %d x %d times %d x %d%s in %d part(s), %s, %s", rows, in, in, out,
+             !q4 ? "" : rows > FG_CUDA_Q4_ROWS ? " 4-bit (widened)" : offset % 4 ? " 4-bit (unaligned)" : " 4-bit",
+             q4 ? q4 : 1, modes[mode], with_bias ? "bias" : "no bias");
     run_in_every_order(what, run_linear, &a, a.y, ny * sizeof(fp16), got);
     int bad = 0;
     char first[200] = "";
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < out; j++) {
             size_t at = (size_t)i * out + j;
-            double A = mode == OUT_ADD ? fabs(half_value(y0[at])) : 0;
-            for (int k = 0; k < in; k++) A += fabs((double)x32[(size_t)i * in + k] * W32[(size_t)k * out + j]);
-            double g = r[at] + (mode == OUT_ADD ? half_value(y0[at]) : 0), y = g + (with_bias ? half_value(b[j]) : 0);
+            double A = mode == OUT_ADD ? fabs(half_value(y0[at])) : 0, r = 0;
+            for (int k = 0; k < in; k++) {
+                double term = (double)x32[(size_t)i * in + k] * W32[(size_t)k * out + j];
+                r += term;
+                A += fabs(term);
+            }
+            double g = r + (mode == OUT_ADD ? half_value(y0[at]) : 0), y = g + (with_bias ? half_value(b[j]) : 0);
             if (mode == OUT_RELU && y < 0) y = 0;
             /* the residual added (beta 1): cuBLAS may first round the product to y's fp16 (on an
              * H200 it did for 7 rows), a rounding of the product's size, not of the sum's */
             double e_sum = (gamma_n(in) + gamma_blas(in + 1)) * A;
-            double e_product16 = mode == OUT_ADD ? h16(fabs(r[at]) + e_sum) : 0;
+            double e_product16 = mode == OUT_ADD ? h16(fabs(r) + e_sum) : 0;
             double bound = e_sum + e_product16 + h16(fabs(g) + e_sum + e_product16);
             if (with_bias) {
                 double e_add = U * (fabs(y) + bound);
@@ -995,16 +1054,16 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, uint
         }
     EXPECT(bad == 0, "%s: %d values off; the first: %s", what, bad, first);
     cuda_free((void *)a.x);
-    cuda_free((void *)a.W);
+    cuda_free(allocation);
     cuda_free((void *)a.b);
     cuda_free(a.y);
+    cuda_free(d.q4_scratch);
     free(x);
     free(W);
     free(b);
     free(y0);
     free(x32);
     free(W32);
-    free(r);
     free(got);
 }
 
@@ -1018,7 +1077,27 @@ static void test_linear(void) {
     double worst = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (int mode = OUT_SET; mode <= (shapes[i][3] ? OUT_RELU : OUT_ADD); mode++)
-            linear_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], mode, &seed, &worst);
+            linear_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], mode, 0, 0, &seed, &worst);
+    printf("(worst %.2f of the bound) ", worst);
+}
+
+/* 4-bit W, read as stored: 1, 3 and 8 rows from the codes (q4_rows_kernel over chunks of W's rows
+ * and tiles of 256 columns, q4_sum_kernel), 9 and 32 rows through widened slices of 3 columns of W
+ * at a time; `out` not a multiple of 64 or 8 (a narrow last group, a last word of codes past it),
+ * `in` not a multiple of 64, codes not 4-byte aligned, q|k|v's 3 parts (of 144 and of 20 columns,
+ * a word of codes past each). Each mode, with and without a bias. */
+static void test_q4_linear(void) {
+    if (!gpu_ready()) return;
+    static const int shapes[][6] = {/* rows, in, out, parts, bias, byte offset of W */
+                                    {1, 300, 200, 1, 1, 0}, {3, 144, 600, 1, 1, 0}, {8, 130, 70, 1, 0, 0},
+                                    {3, 96, 13, 1, 1, 2},   {2, 144, 432, 3, 1, 0}, {5, 70, 60, 3, 1, 0},
+                                    {9, 144, 200, 1, 1, 0}, {32, 70, 130, 1, 0, 0}, {12, 80, 60, 3, 1, 0}};
+    uint64_t seed = 67;
+    double worst = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (int mode = OUT_SET; mode <= (shapes[i][4] ? OUT_RELU : OUT_ADD); mode++)
+            linear_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][4], mode, shapes[i][3], shapes[i][5],
+                        &seed, &worst);
     printf("(worst %.2f of the bound) ", worst);
 }
 
@@ -1027,8 +1106,8 @@ static void test_linear(void) {
  * ============================================================================================ */
 
 typedef struct {
-    int rows, n_new, dim;
-    const __half *table, *pos;
+    int rows, n_new;
+    table_view table, pos;
     const int *ids, *past, *pad;
     __half *x;
 } embed_args;
@@ -1036,58 +1115,167 @@ typedef struct {
 static void run_embed(void *p) {
     embed_args *a = (embed_args *)p;
     cudaStream_t s = ctx()->stream;
-    poison(a->x, (size_t)a->rows * a->dim * sizeof(fp16));
-    gather_rows_kernel<<<a->rows, 256, 0, s>>>(a->table, a->ids, a->dim, a->x);
+    poison(a->x, (size_t)a->rows * a->table.dim * sizeof(fp16));
+    gather_rows_kernel<<<a->rows, 256, 0, s>>>(a->table, a->ids, a->x);
     LAUNCHED("gather_rows_kernel");
-    add_positions_kernel<<<a->rows, 256, 0, s>>>(a->x, a->pos, a->past, a->pad, a->n_new, a->dim);
+    add_positions_kernel<<<a->rows, 256, 0, s>>>(a->x, a->pos, a->past, a->pad, a->n_new);
     LAUNCHED("add_positions_kernel");
     wait_stream();
 }
 
+/* An embedding table [len][dim] on the device: its fp16 values, or 4-bit ones (q4: quant.c's
+ * layout with outer 1), whose fp16 roundings replace `values`, as the kernels read them. */
+static table_view device_table_of(fp16 *values, int q4, int len, int dim) {
+    size_t n = (size_t)len * dim;
+    if (!q4) return table_of(device_copy(values, n), 0, len, dim);
+    float *x = widened(values, n);
+    size_t bytes = q4_bytes(1, (size_t)len, (size_t)dim);
+    uint8_t *q = host_array<uint8_t>(bytes);
+    q4_compress(x, 1, (size_t)len, (size_t)dim, q);
+    q4_decompress(q, 1, (size_t)len, (size_t)dim, x);
+    for (size_t i = 0; i < n; i++) values[i] = fp32_to_fp16(x[i]);
+    table_view t = table_of(device_copy(q, bytes), 1, len, dim);
+    free(x);
+    free(q);
+    return t;
+}
+
 /* 7 sequences of 3 rows (prefill with 0 to 3 padding rows, decode past 5, 17, 30 with padding),
- * rows of 80, 144 and 300 (more than a block's threads): each value the fp16 rounding of token
- * row + position row, padding rows at position OPT_POS_OFFSET - 1. */
+ * rows of 80, 144 and 300 (more than a block's threads), fp16 and 4-bit tables (a last group of
+ * fewer than 64 rows): each value the fp16 rounding of token row + position row, padding rows at
+ * position OPT_POS_OFFSET - 1. */
 static void test_embed(void) {
     if (!gpu_ready()) return;
     enum { VOCAB = 50, MAX_POS = 40, B = 7, N_NEW = 3 };
     static const int dims[] = {80, 144, 300}, past[B] = {0, 0, 0, 0, 5, 17, 30}, pad[B] = {0, 1, 2, 3, 2, 2, 0};
     uint64_t seed = 71;
-    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
-        int dim = dims[di], rows = B * N_NEW, ids[B * N_NEW];
-        fp16 *table = random_halves((size_t)VOCAB * dim, &seed, -1, 1);
-        fp16 *pos = random_halves((size_t)(MAX_POS + 2) * dim, &seed, -0.3f, 0.3f);
-        for (int r = 0; r < rows; r++)
-            ids[r] = r % N_NEW < pad[r / N_NEW] ? OPT_PAD_ID : (int)(test_uniform(&seed) * VOCAB);
-        embed_args a = {rows, N_NEW, dim, (const __half *)device_copy(table, (size_t)VOCAB * dim),
-                        (const __half *)device_copy(pos, (size_t)(MAX_POS + 2) * dim), device_copy(ids, (size_t)rows),
-                        device_copy(past, (size_t)B), device_copy(pad, (size_t)B), device_array<__half>((size_t)rows * dim)};
-        fp16 *got = host_array<fp16>((size_t)rows * dim);
-        char what[96];
-        snprintf(what, sizeof what, "gather_rows_kernel + add_positions_kernel, rows of %d", dim);
-        run_in_every_order(what, run_embed, &a, a.x, (size_t)rows * dim * sizeof(fp16), got);
+    for (int q4 = 0; q4 <= 1; q4++)
+        for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+            int dim = dims[di], rows = B * N_NEW, ids[B * N_NEW];
+            fp16 *table = random_halves((size_t)VOCAB * dim, &seed, -1, 1);
+            fp16 *pos = random_halves((size_t)(MAX_POS + 2) * dim, &seed, -0.3f, 0.3f);
+            for (int r = 0; r < rows; r++)
+                ids[r] = r % N_NEW < pad[r / N_NEW] ? OPT_PAD_ID : (int)(test_uniform(&seed) * VOCAB);
+            embed_args a = {rows, N_NEW, device_table_of(table, q4, VOCAB, dim),
+                            device_table_of(pos, q4, MAX_POS + 2, dim), device_copy(ids, (size_t)rows),
+                            device_copy(past, (size_t)B), device_copy(pad, (size_t)B),
+                            device_array<__half>((size_t)rows * dim)};
+            fp16 *got = host_array<fp16>((size_t)rows * dim);
+            char what[128];
+            snprintf(what, sizeof what, "gather_rows_kernel + add_positions_kernel, %s rows of %d",
+                     q4 ? "4-bit" : "fp16", dim);
+            run_in_every_order(what, run_embed, &a, a.x, (size_t)rows * dim * sizeof(fp16), got);
+            int bad = 0;
+            char first[200] = "";
+            for (int r = 0; r < rows; r++) {
+                int b = r / N_NEW, t = r % N_NEW;
+                int position = t < pad[b] ? OPT_POS_OFFSET - 1 : past[b] + t - pad[b] + OPT_POS_OFFSET;
+                for (int i = 0; i < dim; i++) {
+                    float token_value = half_value(table[(size_t)ids[r] * dim + i]);
+                    fp16 want = fp32_to_fp16(token_value + half_value(pos[(size_t)position * dim + i]));
+                    if (got[(size_t)r * dim + i] != want && !bad++)
+                        snprintf(first, sizeof first, "row %d (token %d, position %d), element %d: expected "
+                                 "0x%04x, got 0x%04x", r, ids[r], position, i, want, got[(size_t)r * dim + i]);
+                }
+            }
+            EXPECT(bad == 0, "%s: %d values differ; the first: %s", what, bad, first);
+            cuda_free((void *)a.table.values);
+            cuda_free((void *)a.pos.values);
+            cuda_free((void *)a.ids);
+            cuda_free((void *)a.past);
+            cuda_free((void *)a.pad);
+            cuda_free(a.x);
+            free(table);
+            free(pos);
+            free(got);
+        }
+}
+
+/* ============================================================================================
+ * lm_head: 4-bit tables (q4_vocab_kernel, or widened slices and cuBLAS)
+ * ============================================================================================ */
+
+typedef struct {
+    cuda_ws *d;
+    opt_weights w; /* cfg's vocab and word_dim, lm_head on the device, q4 */
+    int rows;
+    const __half *x;
+    float *logits;
+} lm_head_args;
+
+static void run_lm_head(void *p) {
+    lm_head_args *a = (lm_head_args *)p;
+    poison(a->logits, (size_t)a->rows * a->w.cfg.vocab * sizeof(float));
+    lm_head(a->d, &a->w, a->x, a->rows, a->logits);
+    wait_stream();
+}
+
+/* logits = x E^T for a 4-bit E [vocab][dim] against the same in double on its values (rounded to
+ * fp16 where the product widens them), within (gamma_dim + g_(dim + 1)) sum_i |x_i E_vi|: 1, 3 and
+ * 8 rows from the codes (pairs of rows of E, an odd vocabulary's last row alone, a last group of
+ * fewer than 64), 9 and 32 rows through widened slices of 3 rows of E. */
+static void test_q4_lm_head(void) {
+    if (!gpu_ready()) return;
+    static const int shapes[][3] = {{1, 80, 130}, {3, 144, 64}, {8, 300, 71}, {9, 80, 130}, {32, 100, 70}};
+    uint64_t seed = 73;
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], dim = shapes[s][1], vocab = shapes[s][2];
+        size_t nx = (size_t)rows * dim, ne = (size_t)vocab * dim, ny = (size_t)rows * vocab;
+        fp16 *x = random_halves(nx, &seed, -1, 1), *E = random_halves(ne, &seed, -0.5f, 0.5f);
+        table_view table = device_table_of(E, 1, vocab, dim);
+        float *E32 = widened(E, ne);
+        if (rows <= FG_CUDA_Q4_ROWS) { /* the direct product multiplies the values before rounding */
+            size_t bytes = q4_bytes(1, (size_t)vocab, (size_t)dim);
+            uint8_t *q = host_array<uint8_t>(bytes);
+            download(q, table.values, bytes);
+            q4_decompress(q, 1, (size_t)vocab, (size_t)dim, E32);
+            free(q);
+        }
+        cuda_ws d = q4_workspace(rows, dim, vocab, 3 * (size_t)dim);
+        lm_head_args a;
+        memset(&a, 0, sizeof a);
+        a.d = &d;
+        a.w.cfg.vocab = vocab;
+        a.w.cfg.word_dim = dim;
+        a.w.lm_head = (fp16 *)table.values;
+        a.w.q4 = 1;
+        a.rows = rows;
+        a.x = (const __half *)device_copy(x, nx);
+        a.logits = device_array<float>(ny);
+        float *got = host_array<float>(ny);
+        char what[128];
+        snprintf(what, sizeof what, "lm_head, %d x %d times a 4-bit [%d][%d]%s", rows, dim, vocab, dim,
+                 rows > FG_CUDA_Q4_ROWS ? " (widened)" : "");
+        run_in_every_order(what, run_lm_head, &a, a.logits, ny * sizeof(float), got);
         int bad = 0;
         char first[200] = "";
-        for (int r = 0; r < rows; r++) {
-            int b = r / N_NEW, t = r % N_NEW;
-            int position = t < pad[b] ? OPT_POS_OFFSET - 1 : past[b] + t - pad[b] + OPT_POS_OFFSET;
-            for (int i = 0; i < dim; i++) {
-                fp16 want = fp32_to_fp16(half_value(table[(size_t)ids[r] * dim + i]) + half_value(pos[(size_t)position * dim + i]));
-                if (got[(size_t)r * dim + i] != want && !bad++)
-                    snprintf(first, sizeof first, "row %d (token %d, position %d), element %d: expected 0x%04x, got 0x%04x",
-                             r, ids[r], position, i, want, got[(size_t)r * dim + i]);
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < vocab; v++) {
+                double want = 0, A = 0;
+                for (int i = 0; i < dim; i++) {
+                    double term = (double)half_value(x[(size_t)r * dim + i]) * E32[(size_t)v * dim + i];
+                    want += term;
+                    A += fabs(term);
+                }
+                double bound = 1.01 * (gamma_n(dim) + gamma_blas(dim + 1)) * A + 1.01 * U * fabs(want);
+                double err = fabs(got[(size_t)r * vocab + v] - want);
+                if (!(err <= bound) && !bad++)
+                    snprintf(first, sizeof first, "row %d, token %d: expected %.7g within %.3g, got %.7g", r, v,
+                             want, bound, got[(size_t)r * vocab + v]);
+                if (err <= bound) worst = fmax(worst, err / bound);
             }
-        }
-        EXPECT(bad == 0, "%s: %d values differ; the first: %s", what, bad, first);
-        cuda_free((void *)a.table);
-        cuda_free((void *)a.pos);
-        cuda_free((void *)a.ids);
-        cuda_free((void *)a.past);
-        cuda_free((void *)a.pad);
-        cuda_free(a.x);
-        free(table);
-        free(pos);
+        EXPECT(bad == 0, "%s: %d logits off; the first: %s", what, bad, first);
+        cuda_free((void *)table.values);
+        cuda_free((void *)a.x);
+        cuda_free(a.logits);
+        cuda_free(d.q4_scratch);
+        free(x);
+        free(E);
+        free(E32);
         free(got);
     }
+    printf("(worst %.2f of the bound) ", worst);
 }
 
 /* ============================================================================================
@@ -1582,7 +1770,9 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "layer_norm_kernel: a layer norm in double within its bound; y == x", test_layer_norm);
     CU_add_test(s, "bias_layer_norm: the bits of bias_kernel, then layer_norm_kernel", test_bias_layer_norm);
     CU_add_test(s, "linear and bias_kernel: matmul_reference within its bound, every mode", test_linear);
-    CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit", test_embed);
+    CU_add_test(s, "linear, 4-bit: the product by the codes' values within its bound, every mode", test_q4_linear);
+    CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit, fp16 and 4-bit", test_embed);
+    CU_add_test(s, "lm_head, 4-bit: the product by the codes' values within its bound", test_q4_lm_head);
     CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);
     CU_add_test(s, "copies through the bounce buffers, from pinned memory, on the device: byte for byte", test_copies);
     CU_add_test(s, "upload_cache: page tables of pages under 16 tokens; a table on the device used again", test_page_tables);

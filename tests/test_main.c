@@ -169,7 +169,7 @@ void expect_(int ok, const char *file, unsigned line, const char *fmt, ...) {
 const fg_backend *cuda_sized_backend(void) {
     static fg_backend b;
     b = *fg_cpu_fp16_backend();
-    b.gpu_is_host = 0, b.reads_q4 = 0, b.act_elem = FG_CUDA_ACT_ELEM;
+    b.gpu_is_host = 0, b.reads_q4 = 1, b.act_elem = FG_CUDA_ACT_ELEM;
     b.workspace_bytes = fg_cuda_workspace_bytes, b.delegated_bytes = fg_cuda_delegated_bytes;
     b.device_reserve = FG_CUDA_RESERVE, b.host_reserve = FG_CUDA_HOST_RESERVE;
     return &b;

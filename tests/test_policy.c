@@ -182,7 +182,7 @@ static void test_search_for_gpu(void) {
     fg_search_result r;
     CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), 0);
     fg_memory_model mm;
-    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x, 0), &mm);
+    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
 }
 
@@ -217,7 +217,9 @@ static void test_schedule_choice(void) {
     };
     fg_hardware gpu = HW;
     gpu.gpu_is_host = 0, gpu.mm_flops_p = gpu.mm_flops_g = gpu.bmm_flops_p = gpu.bmm_flops_g = 1e12, gpu.mem_bdw = 1e12;
-    fg_policy base = base_policy(192 * MiB + FG_CUDA_RESERVE, 512 * MiB + FG_CUDA_HOST_RESERVE, 4096 * MiB, 0);
+    /* the runtime's 192 MiB beside what CUDA holds of its own: its reserve, its 4-bit scratch */
+    double cuda_own = FG_CUDA_RESERVE + (double)fg_cuda_q4_scratch_bytes(&LONG);
+    fg_policy base = base_policy(192 * MiB + cuda_own, 512 * MiB + FG_CUDA_HOST_RESERVE, 4096 * MiB, 0);
     char err[FG_ERR_LEN];
     for (int i = 0; i < 3; i++) {
         fg_search_request req = {.s = cases[i].s, .n = cases[i].n, .place = fg_runtime_check,
@@ -236,7 +238,7 @@ static void test_schedule_choice(void) {
                r.best[1].policy.num_gpu_batches, fg_schedule_names[r.policy.schedule]);
         CU_ASSERT_EQUAL(r.workload.schedule, r.policy.schedule);
         fg_memory_model mm;
-        fg_memory_model_build(&LONG, &r.workload, &gpu, fg_weights_case(r.x, 0), &mm);
+        fg_memory_model_build(&LONG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
         for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
     }
     /* one schedule asked for: only it is searched */

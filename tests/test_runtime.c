@@ -542,9 +542,9 @@ static void test_cuda_sizes(void) {
     fg_runtime_close(rt);
 }
 
-/* On a GPU the products read 4-bit weights decompressed into staging (reads_q4 0): those held on
- * the gpu tier are decompressed where they are, and only those on the cpu tier cross the cpu->gpu
- * link, their 4-bit bytes, once a step. Checked with CUDA's sizes on the CPU (cuda_sized_model). */
+/* On a GPU the products read 4-bit weights as stored (reads_q4): those held on the gpu tier are
+ * read where they are, and only those on the cpu tier cross the cpu->gpu link, their 4-bit
+ * bytes, once a step. Checked with CUDA's sizes on the CPU (cuda_sized_model). */
 static void test_q4_link_bytes(void) {
     static const opt_config c = OPT_SHAPE("q4link", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { N = 2, LEN = 5, STEPS = 3 };

@@ -198,6 +198,12 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
+/* A float with these bits. */
+static inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
 static inline float __saturatef(float a) { return a < 0 ? 0 : a > 1 ? 1 : a; }
