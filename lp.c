@@ -156,7 +156,8 @@ static double layer_matrices(const opt_config *c) {
 
 /* Kernels and cuBLAS products that one GPU batch's decoder layer queues on a GPU (docs/GPU.md,
  * "Where the host waits"): OPT's 7 and 4, LLaMA's 6 and 7 and a kernel a bias; and the
- * iteration's 5 more calls (its activations' two copies, its join's event and two waits). */
+ * iteration's 5 more calls (its activations' two copies, its join's event and two waits).
+ * Decode's attention is one more (its spans of keys, then their merge: host_terms). */
 static double layer_launches(const opt_config *c) {
     double kernels_and_products =
         c->family == FAMILY_OPT ? 11 : 13 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
@@ -166,15 +167,15 @@ static double layer_launches(const opt_config *c) {
 /* Beyond A.3, a GPU's host (hw->launch_seconds, hw->wait_seconds; 0 where not measured). Each GPU
  * batch's layer queues its launches while the GPU runs earlier ones: the term `host`, a bound on
  * the layer as each link and compute are (prefill's attention adds 3 a sequence: two products and
- * a softmax). A step waits once, for its logits (m->head). The cache that moves to the GPU goes
- * in a copy a run of pages (a prompt's pages are one run, each page grown in decode another: on
- * average 1 + n / 32 a sequence), each a launch on its link; delegated attention waits for its
- * rows once a GPU batch. */
+ * a softmax; decode's adds its merge). A step waits once, for its logits (m->head). The cache
+ * that moves to the GPU goes in a copy a run of pages (a prompt's pages are one run, each page
+ * grown in decode another: on average 1 + n / 32 a sequence), each a launch on its link;
+ * delegated attention waits for its rows once a GPU batch. */
 static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                        fg_cost_model *m) {
     double launch = hw->launch_seconds, batches = w->ngb, sequences = (double)w->gbs * w->ngb;
     m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
-    m->gen[T_HOST].constant += batches * layer_launches(c) * launch;
+    m->gen[T_HOST].constant += batches * (layer_launches(c) + 1) * launch;
     m->head += hw->wait_seconds;
     double copies = 2 * sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K and V, in runs */
     for (int k = X_CC; k <= X_CN; k++) {

@@ -191,7 +191,16 @@ size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, i
 int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
                        int max_len, char *err);
 void opt_workspace_free(opt_workspace *ws);
-enum { FG_CUDA_WS_PARTS = 6 };
+enum { FG_CUDA_WS_PARTS = 7 };
+/* Decode attention on CUDA splits a query's keys into spans of FG_CUDA_SPAN_KEYS, a block each
+ * (flexgen.cu, queue_attention), for steps of up to FG_CUDA_SPLIT_ROWS query rows (more fill
+ * the card with a block a query). Each (row, query head, span) leaves head_dim + 2 floats in the
+ * workspace: fg_cuda_span_slots of them, for a cache of max_len. */
+enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_SPLIT_ROWS = 256 };
+static inline int fg_cuda_attention_spans(int keys) {
+    return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
+}
+size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len);
 /* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a
  * layer's pad, past, K and V pointers and page tables of max_pages entries (flexgen.cu). A few
  * of each stay on the device, so that one already there is not uploaded again. */

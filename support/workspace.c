@@ -138,19 +138,30 @@ size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages) {
     return 2 * rows * sizeof(int) + 2 * rows * sizeof(void *) + 2 * rows * (size_t)max_pages * sizeof(int);
 }
 
+size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len) {
+    size_t split_rows = rows < FG_CUDA_SPLIT_ROWS ? rows : FG_CUDA_SPLIT_ROWS;
+    return split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
+}
+
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(q + 2 kv + q widths
  * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one sequence's prefill scores (fp32) and
- * probabilities (fp16), [heads][max_prompt][max_prompt] (decode attends in shared memory); the
- * token tables and the cache tables, of page tables of a cache of max_len. Here so that the cost
- * model has it without CUDA. */
+ * probabilities (fp16), [heads][max_prompt][max_prompt]; then what decode attention's spans
+ * (fg_cuda_span_slots x (head_dim + 2) floats) need beyond them, since they lie over the prefill
+ * scores, which attention after cached tokens does not use; the token tables and the cache
+ * tables, of page tables of a cache of max_len. Here so that the cost model has it without
+ * CUDA. */
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
     size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
     size_t mixed = qkv_attn > f ? qkv_attn : f;
     int pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
+    /* each span: its sum of weights times values, its max and its sum of weights */
+    size_t spans = 4 * fg_cuda_span_slots(cfg, rows, max_len) * ((size_t)cfg_head_dim(cfg) + 2);
+    size_t prefill = ((4 * H * M * M + 63) & ~(size_t)63) + ((2 * H * M * M + 63) & ~(size_t)63);
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M, 2 * H * M * M,
+                                      spans > prefill ? spans - prefill : 0,
                                       FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows),
                                       FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages)};
     size_t total = 0;

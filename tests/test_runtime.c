@@ -513,8 +513,10 @@ static void test_page_size(void) {
 }
 
 /* The CUDA workspace's prefill scores (fp32) and probabilities (fp16) hold one sequence's
- * [heads][prompt][prompt]: the cache's length (decode attends in shared memory) sizes only the
- * page tables. And the plan counts CUDA's pinned copy buffers on the cpu tier, by name. */
+ * [heads][prompt][prompt]: the cache's length sizes only the page tables and decode attention's
+ * spans, each (row up to FG_CUDA_SPLIT_ROWS, query head, span of FG_CUDA_SPAN_KEYS keys)
+ * head_dim + 2 floats, of which a part holds what the prefill scores do not. And the plan counts
+ * CUDA's pinned copy buffers on the cpu tier, by name. */
 static void test_cuda_sizes(void) {
     static const opt_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { ROWS = 40, PROMPT = 20, LEN = 300 };
@@ -526,10 +528,22 @@ static void test_cuda_sizes(void) {
     /* each cache table: pad and past, K and V pointers, K's and V's page tables, of each row */
     size_t one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS);
     size_t tables = (FG_CUDA_CACHE_TABLES * one + 63) & ~(size_t)63;
-    EXPECT(parts[5] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[5]);
+    EXPECT(parts[6] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[6]);
+    /* 300 keys are two spans of 256 (21 one), of 16 + 2 floats: beyond the prefill's parts */
+    size_t spans = 4 * ROWS * H * 2 * (64 / 4 + 2), short_spans = spans / 2;
+    EXPECT(parts[4] == spans - parts[2] - parts[3], "decode attention's spans: expected %zu bytes "
+           "beyond the prefill's %zu, got %zu", spans, parts[2] + parts[3], parts[4]);
+    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, ROWS, LEN), (size_t)ROWS * H * 2);
     size_t short_one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1, FG_PAGE_TOKENS);
-    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[5],
-                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - ((FG_CUDA_CACHE_TABLES * short_one + 63) & ~(size_t)63));
+    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[6] - spans,
+                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - short_spans -
+                        ((FG_CUDA_CACHE_TABLES * short_one + 63) & ~(size_t)63));
+    /* a prompt of 256: its scores hold the spans; 300 rows: the spans of 256 */
+    size_t wide[FG_CUDA_WS_PARTS];
+    fg_cuda_workspace_parts(&c, ROWS, 256, LEN, wide);
+    EXPECT(wide[4] == 0, "a prompt of 256: expected the spans over its scores, got %zu bytes more",
+           wide[4]);
+    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, 300, LEN), (size_t)FG_CUDA_SPLIT_ROWS * H * 2);
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;
