@@ -9,6 +9,10 @@
  *                           sequences (NULL cache pointers) leave the pools as they were
  *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
  *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie)
+ *   attention_span_kernel +
+ *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
+ *                           applies: opt_attend_decode within (A), at two and three spans with a
+ *                           short last one; two launches, and a step with top-K one
  *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L); y == x
  *                           gives the same bits; with a bias added first (bias_layer_norm), the
  *                           bits of bias_kernel then layer_norm_kernel
@@ -29,7 +33,8 @@
  *                           the fp32 rounding it does plus one fp16 rounding (RoPE's cosf and sinf
  *                           within 2 ulps, CUDA's bound), at head dims 24, 64 and 128
  *   attention_kernel, GQA   grouped-query attention over LLaMA's blocked q, k, v against the same
- *                           kernel over OPT's rows with each K/V head repeated: bit for bit
+ *                           kernel over OPT's rows with each K/V head repeated: bit for bit; the
+ *                           same for the split over keys
  *
  * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
  * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
@@ -61,6 +66,13 @@
  *     between two different weights closer than 2 eta of the larger could go either way, and
  *     such queries (random data) are counted and left out. Exact ties come from identical keys,
  *     which give identical weights on each side.
+ *     The split over keys (no top-K) computes each weight as e^(s_j - m_s) e^(m_s - M) over
+ *     sum_s e^(m_s - M) l_s: its two subtractions add u (|s_j - m_s| + |m_s - M|) = u |s_j - M|,
+ *     as the one of the max did; it divides once, at the end, where the block a query divides
+ *     each weight; and with one span it is that block's sum (e^0 = 1, exact). With two spans or
+ *     more (nk > 256) it adds a second expf (4 u) and a product and a level of the sums (within
+ *     gamma_(nk + 1) in place of gamma_nk): 5 u more, less than the 1% the checks add, which is
+ *     at least 0.01 (4 nk + 8) u > 10 u there, beside second-order terms far smaller.
  * (L) Layer norm, device (fp32) against the exact value y in double on the same fp16 inputs. The
  *     mean is within dm = gamma_dim sum|x| / dim + u |mean|; each x - mean within dm + u |x - mean|;
  *     the variance's relative error is gamma_dim + 2 u (the sum of squares; the mean's error
@@ -1656,7 +1668,8 @@ extern "C" void add_kernel_tests(void) {
     CU_pSuite s = CU_add_suite("kernels", NULL, NULL);
     CU_add_test(s, "dequant_kernel: q4_decompress rounded to fp16, bit for bit", test_dequant);
     CU_add_test(s, "store_kv_kernel: fp16 and 4-bit rows at their page rows, byte for byte", test_store_kv);
-    CU_add_test(s, "attention_kernel: opt_attend_decode within its bound, fp16 and 4-bit cache", test_attention);
+    CU_add_test(s, "attention_kernel and the split over keys: opt_attend_decode within its bound, "
+                "fp16 and 4-bit cache", test_attention);
     CU_add_test(s, "attention_kernel: top-K over exact ties keeps the CPU's keys", test_attention_ties);
     CU_add_test(s, "layer_norm_kernel: a layer norm in double within its bound; y == x", test_layer_norm);
     CU_add_test(s, "bias_layer_norm: the bits of bias_kernel, then layer_norm_kernel", test_bias_layer_norm);
