@@ -193,9 +193,9 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
 void opt_workspace_free(opt_workspace *ws);
 enum { FG_CUDA_WS_PARTS = 7 };
 /* Decode attention on CUDA splits a query's keys into spans of FG_CUDA_SPAN_KEYS, a block each
- * (flexgen.cu, queue_attention), for steps of up to FG_CUDA_SPLIT_ROWS query rows (more fill
- * the card with a block a query). Each (row, query head, span) leaves head_dim + 2 floats in the
- * workspace: fg_cuda_span_slots of them, for a cache of max_len. */
+ * (flexgen.cu, queue_attention). Each (row, query head, span) leaves head_dim + 2 floats in the
+ * workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys: fg_cuda_span_slots
+ * (a step that needs more fills the card with a block a query). */
 enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_SPLIT_ROWS = 256 };
 static inline int fg_cuda_attention_spans(int keys) {
     return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
