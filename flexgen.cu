@@ -27,8 +27,9 @@
  *               in registers (no fp16 copy written or read); more rows widen a slice at a time
  *               into the workspace for cuBLAS
  *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
- *               causal and padding-masked softmax, decode attention with §5's top-K selection,
- *               4-bit products and widening
+ *               causal and padding-masked softmax, decode attention (split over spans of keys
+ *               and merged, or a block a query where §5's top-K selection applies), 4-bit
+ *               products and widening
  *   delegation  sequences whose cache lives in host memory (--cpu-cache-compute, §4.2) get their
  *               attention from the CPU backend's code, on their q, k, v rows copied to the host
  *
@@ -490,7 +491,11 @@ typedef struct {
     __half *ffn;        /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
     float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
     __half *probs;      /* the same, softmaxed, fp16 */
-    float *q4_scratch;  /* 4-bit products: decode's partial sums, or a slice widened to fp16 */
+    float *partials;    /* [span_slots][head_dim + 2]: decode attention's spans (queue_attention),
+                           over scores and probs, which attention after cached tokens leaves */
+    size_t span_slots;  /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
+    float *q4_scratch;  /* 4-bit products: decode's partial sums, or a slice widened to fp16,
+                           over scores, probs and parts[4] too */
     size_t widen_values; /* the values of a widened slice that q4_scratch holds */
     size_t rows;        /* token rows the workspace holds */
     table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
@@ -562,8 +567,8 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     }
     d->table = (char *)malloc(cache_bytes > token_bytes ? cache_bytes : token_bytes);
     if (!d->block || !d->table ||
-        table_slots_init(d->token_tables, FG_CUDA_TOKEN_TABLES, parts[4], token_bytes) ||
-        table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, parts[5], cache_bytes)) {
+        table_slots_init(d->token_tables, FG_CUDA_TOKEN_TABLES, parts[5], token_bytes) ||
+        table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, parts[6], cache_bytes)) {
         cuda_ws_free(d);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
@@ -573,8 +578,10 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->ffn = d->qkv;
     d->scores = (float *)parts[2];
     d->probs = (__half *)parts[3];
-    d->q4_scratch = (float *)parts[6];
-    d->widen_values = sizes[6] / 2;
+    d->partials = (float *)parts[2]; /* over scores, probs and parts[4] */
+    d->span_slots = fg_cuda_span_slots(cfg, rows, max_len);
+    d->q4_scratch = (float *)parts[2];
+    d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -1183,26 +1190,28 @@ __device__ float kv_at(kv_row r, int d, int hd) {
     return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
 }
 
-/* attention_kernel's block: 8 warps. A warp takes whole keys, so that its 32 lanes read a key's
- * row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time, their rows found
- * first and then read together so that their loads are in flight at once; it sums the values
- * PV_SLICE x 32 dims at a time, in registers. The query waits in shared memory as fp32, up to
- * checkpoint.c's largest head. */
+/* The attention kernels' blocks: 8 warps. A warp takes whole keys, so that its 32 lanes read a
+ * key's row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time, their rows
+ * found first and then read together so that their loads are in flight at once; it sums the
+ * values PV_SLICE x 32 dims at a time, in registers. The query waits in shared memory as fp32, up
+ * to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
+ * FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for their sums). */
 #define ATTENTION_THREADS 256
 #define KEYS_AT_ONCE 4
 #define PV_SLICE 4
 #define MAX_HEAD_DIM 1024
+#define MERGE_THREADS 128
 
-/* scores[j] = scale q.K[j] for the nk keys: a warp per key, its lanes over d, summed by
+/* scores[i] = scale q.K[first + i] for n keys: a warp per key, its lanes over d, summed by
  * shuffles (a key past the last reads the last, and is dropped). */
-__device__ void attention_scores(const float *query, const kv_head *keys, int nk, float scale,
-                                 float *scores) {
+__device__ void attention_scores(const float *query, const kv_head *keys, int first, int n,
+                                 float scale, float *scores) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+    for (int j0 = warp * KEYS_AT_ONCE; j0 < n; j0 += warps * KEYS_AT_ONCE) {
         kv_row key[KEYS_AT_ONCE];
         float dot[KEYS_AT_ONCE];
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            key[i] = kv_row_at(keys, j0 + i < nk ? j0 + i : nk - 1);
+            key[i] = kv_row_at(keys, first + (j0 + i < n ? j0 + i : n - 1));
             dot[i] = 0;
         }
         for (int d = lane; d < keys->hd; d += 32)
@@ -1210,7 +1219,7 @@ __device__ void attention_scores(const float *query, const kv_head *keys, int nk
                 dot[i] += query[d] * kv_at(key[i], d, keys->hd);
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
             float total = warp_sum(dot[i]);
-            if (lane == 0 && j0 + i < nk) scores[j0 + i] = total * scale;
+            if (lane == 0 && j0 + i < n) scores[j0 + i] = total * scale;
         }
     }
 }
@@ -1238,29 +1247,30 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
     __syncthreads();
 }
 
-/* out = the kept keys' weights times their values, PV_SLICE x 32 dims at a time: each warp sums
- * its keys (KEYS_AT_ONCE at a time, as above) in registers, then the warps' sums are added in a
- * fixed order through `partial` ([warps][PV_SLICE x 32]). */
-__device__ void attention_values(const float *scores, const char *kept, const kv_head *values,
-                                 int nk, float *partial, __half *out) {
+/* The kept keys' weights times their values, for keys first + i (i < n; kept NULL: all of them),
+ * PV_SLICE x 32 dims at a time: each warp sums its keys (KEYS_AT_ONCE at a time, as above) in
+ * registers, then the warps' sums are added in a fixed order through `partial` ([warps][PV_SLICE
+ * x 32]), into out rounded to fp16, or into sums in fp32 where out is NULL. */
+__device__ void attention_values(const float *weights, const char *kept, const kv_head *values,
+                                 int first, int n, float *partial, __half *out, float *sums) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     int hd = values->hd, width = PV_SLICE * 32;
     for (int d0 = 0; d0 < hd; d0 += width) {
         float acc[PV_SLICE] = {0};
-        for (int j0 = warp * KEYS_AT_ONCE; j0 < nk; j0 += warps * KEYS_AT_ONCE) {
+        for (int j0 = warp * KEYS_AT_ONCE; j0 < n; j0 += warps * KEYS_AT_ONCE) {
             kv_row value[KEYS_AT_ONCE];
             int use[KEYS_AT_ONCE];
             for (int i = 0; i < KEYS_AT_ONCE; i++) {
-                int j = j0 + i < nk ? j0 + i : nk - 1;
-                use[i] = j0 + i < nk && kept[j];
-                value[i] = kv_row_at(values, j);
+                int j = j0 + i < n ? j0 + i : n - 1;
+                use[i] = j0 + i < n && (!kept || kept[j]);
+                value[i] = kv_row_at(values, first + j);
             }
             for (int k = 0; k < PV_SLICE; k++) {
                 int d = d0 + lane + 32 * k;
                 float v[KEYS_AT_ONCE];
                 for (int i = 0; i < KEYS_AT_ONCE; i++) v[i] = d < hd ? kv_at(value[i], d, hd) : 0;
                 for (int i = 0; i < KEYS_AT_ONCE; i++)
-                    if (use[i]) acc[k] += scores[j0 + i] * v[i];
+                    if (use[i]) acc[k] += weights[j0 + i] * v[i];
             }
         }
         for (int k = 0; k < PV_SLICE; k++) partial[warp * width + lane + 32 * k] = acc[k];
@@ -1268,7 +1278,8 @@ __device__ void attention_values(const float *scores, const char *kept, const kv
         for (int e = threadIdx.x; e < width && d0 + e < hd; e += blockDim.x) {
             float total = 0;
             for (int w = 0; w < warps; w++) total += partial[w * width + e];
-            out[d0 + e] = __float2half_rn(total);
+            if (out) out[d0 + e] = __float2half_rn(total);
+            else sums[d0 + e] = total;
         }
         __syncthreads();
     }
@@ -1278,11 +1289,12 @@ __device__ void attention_values(const float *scores, const char *kept, const kv
  * it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's one
  * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
  * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
- * Grouped-query attention: heads / kv_heads query heads in a row share a K/V head. Shared: the
- * query, the scores and kept flags, and each warp's share of the output. CPU twin: opt_model.c's
- * attention (opt_attend_decode in decode). Tests: test_attention within its bound,
- * test_attention_ties (the same keys kept) and test_gqa_attention (grouped heads, bit for bit
- * against repeated ones). */
+ * The rank needs all of a query's scores, so this kernel keeps one block a query; steps without
+ * top-K take the split over keys below (queue_attention). Grouped-query attention: heads /
+ * kv_heads query heads in a row share a K/V head. Shared: the query, the scores and kept flags,
+ * and each warp's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in
+ * decode). Tests: test_attention within its bound, test_attention_ties (the same keys kept) and
+ * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
 __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
                                  const int *pad, void *const *kc, void *const *vc, long long shift,
                                  const int *pages, int max_pages, int page_tokens, int n_new,
@@ -1311,12 +1323,12 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
     __syncthreads();
-    attention_scores(query, &keys, nk, scale, scores);
+    attention_scores(query, &keys, 0, nk, scale, scores);
     __syncthreads();
     int keep = nk - 1; /* earlier keys kept */
     if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
     softmax_keep(scores, kept, nk, keep, shared);
-    attention_values(scores, kept, &values, nk, partial, out);
+    attention_values(scores, kept, &values, 0, nk, partial, out, NULL);
 }
 
 /* attention_kernel's shared bytes for queries that see up to nk keys: the scores padded to whole
@@ -1324,6 +1336,106 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
  * scores as one LDS.128, and compute-sanitizer holds every load to the launch's bytes). */
 static size_t attention_shared_bytes(int nk) {
     return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
+}
+
+/* A step's attention as the split's kernels take it: attention_kernel's arguments (q, k and v in
+ * qkv as `at` lays them out, the output rows attn, the cache table's rows, pointers and pages),
+ * and the spans' sums: partials[((row b n_new + t) heads + head) spans + span][hd + 2], a span's
+ * sum of weights times values (hd floats), its max score and its sum of weights. */
+typedef struct {
+    const __half *qkv;
+    qkv_layout at;
+    __half *attn;
+    const int *past, *pad;
+    void *const *kc, *const *vc;
+    long long shift;
+    const int *pages;
+    int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans;
+    float scale;
+    float *partials;
+} attention_split;
+
+/* A span's sums of one query (the split over keys of flash-decoding: the keys of a query cut into
+ * spans, each a block, whose partial softmax sums a second pass merges). Block (head x spans +
+ * span, sequence b, row t) takes keys [span FG_CUDA_SPAN_KEYS, + FG_CUDA_SPAN_KEYS) of those the
+ * query sees, [0, its slot], as attention_kernel reads them: its scores s_j = scale q.K_j, their
+ * max m, l = sum_j e^(s_j - m) and sum_j e^(s_j - m) V_j in fp32, into the span's partials.
+ * Padding queries, spans past a query's keys and delegated sequences write nothing (the merge
+ * reads only the spans a query has). No top-K here: queue_attention sends steps with it to
+ * attention_kernel. CPU twin: opt_model.c's attention (opt_attend_decode in decode), with
+ * attention_merge_kernel. Tests: test_attention (cases of two and more spans, a short last span,
+ * fp16 and 4-bit cache, padding, a delegated sequence) within its bound, and test_gqa_attention
+ * (grouped heads, bit for bit against repeated ones). */
+__global__ void attention_span_kernel(attention_split a) {
+    __shared__ float weights[FG_CUDA_SPAN_KEYS];
+    __shared__ float shared[32];
+    __shared__ float query[MAX_HEAD_DIM];
+    __shared__ float partial[ATTENTION_THREADS / 32 * PV_SLICE * 32];
+    int head = blockIdx.x / a.spans, span = blockIdx.x % a.spans, b = blockIdx.y, t = blockIdx.z;
+    int kvh = head / (a.heads / a.kv_heads), hd = a.hd, first = span * FG_CUDA_SPAN_KEYS;
+    if (!a.kc[b] || t < a.pad[b]) return; /* delegated; padding (the merge writes its zeros) */
+    int nk = a.past[b] + t - a.pad[b] + 1;
+    int n = nk - first < FG_CUDA_SPAN_KEYS ? nk - first : FG_CUDA_SPAN_KEYS;
+    if (n <= 0) return; /* past the query's keys */
+    size_t row = (size_t)b * a.n_new + t, fresh = (size_t)b * a.n_new + a.pad[b];
+    const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
+    kv_head keys = {(const char *)a.kc[b] + a.shift, a.pages + (size_t)b * a.max_pages,
+                    a.page_tokens, a.qkv + a.at.at[1] + fresh * a.at.stride[1], a.at.stride[1],
+                    a.past[b], kvh, hd, a.kv_heads, a.q4};
+    kv_head values = {(const char *)a.vc[b] + a.shift,
+                      a.pages + ((size_t)gridDim.y + b) * a.max_pages, a.page_tokens,
+                      a.qkv + a.at.at[2] + fresh * a.at.stride[2], a.at.stride[2], a.past[b], kvh,
+                      hd, a.kv_heads, a.q4};
+    float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
+    __syncthreads();
+    attention_scores(query, &keys, first, n, a.scale, weights);
+    __syncthreads();
+    float m = -INFINITY;
+    float l = 0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, weights[j]);
+    m = block_max(m, shared);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) l += weights[j] = expf(weights[j] - m);
+    l = block_sum(l, shared); /* its barriers publish the weights */
+    attention_values(weights, NULL, &values, first, n, partial, NULL, sums);
+    if (threadIdx.x == 0) {
+        sums[hd] = m;
+        sums[hd + 1] = l;
+    }
+}
+
+/* The second pass of the split: a block per (head, sequence, row) merges the spans of a query,
+ * M = max_s m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (in span order, so the
+ * result does not depend on which block ran first), rounded to fp16 into attn; a padding query's
+ * row is zeros, as on the CPU, and a delegated sequence's is left as it is. CPU twin: opt_model.c's
+ * attention (opt_attend_decode in decode), with attention_span_kernel. Test: test_attention (a
+ * merge that reads only the first span fails its cases of two and more spans). */
+__global__ void attention_merge_kernel(attention_split a) {
+    int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = a.hd;
+    if (!a.kc[b]) return; /* delegated */
+    size_t row = (size_t)b * a.n_new + t;
+    __half *out = a.attn + row * a.heads * hd + (size_t)head * hd;
+    if (t < a.pad[b]) {
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
+        return;
+    }
+    int nk = a.past[b] + t - a.pad[b] + 1, used = (nk + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
+    const float *sums = a.partials + (row * a.heads + head) * a.spans * (hd + 2);
+    float M = -INFINITY;
+    float L = 0;
+    for (int s = 0; s < used; s++) M = fmaxf(M, sums[(size_t)s * (hd + 2) + hd]);
+    for (int s = 0; s < used; s++) {
+        const float *span = sums + (size_t)s * (hd + 2);
+        L += expf(span[hd] - M) * span[hd + 1];
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float total = 0;
+        for (int s = 0; s < used; s++) {
+            const float *span = sums + (size_t)s * (hd + 2);
+            total += expf(span[hd] - M) * span[d];
+        }
+        out[d] = __float2half_rn(total / L);
+    }
 }
 
 /* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
@@ -1426,8 +1538,45 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb,
     }
 }
 
+/* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
+ * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
+ * host_pad saying which) attention_kernel, a block a query, since the rank needs all of a
+ * query's scores; otherwise the split over keys, attention_span_kernel's block a span of
+ * FG_CUDA_SPAN_KEYS keys of each query (so that long contexts fill the card with blocks, and
+ * each block has its keys' loads in flight) and attention_merge_kernel, two launches. Short
+ * contexts take one span. The spans' sums go to `partials`, span_slots of them (the workspace
+ * holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs more, of more
+ * query rows, goes to attention_kernel too, whose blocks a query then fill the card. */
+static void queue_attention(attention_split a, int batch, const int *host_past,
+                            const int *host_pad, float sparsity, float *partials,
+                            size_t span_slots) {
+    cudaStream_t s = ctx()->stream;
+    int nk = 1, top_k = 0; /* the keys a query sees at most; a query takes top-K */
+    for (int b = 0; b < batch; b++) {
+        int keys = host_past[b] + a.n_new - host_pad[b];
+        nk = keys > nk ? keys : nk;
+        top_k |= sparsity < 1 && a.n_new - host_pad[b] == 1 && host_past[b] > 0;
+    }
+    a.spans = fg_cuda_attention_spans(nk);
+    a.partials = partials;
+    if (!top_k && (size_t)batch * a.n_new * a.heads * a.spans <= span_slots) {
+        dim3 spans(a.heads * a.spans, batch, a.n_new);
+        attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_span_kernel");
+        dim3 queries(a.heads, batch, a.n_new);
+        attention_merge_kernel<<<queries, MERGE_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_merge_kernel");
+        return;
+    }
+    dim3 queries(a.heads, batch, a.n_new);
+    attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(
+        a.qkv, a.at, a.attn, a.past, a.pad, a.kc, a.vc, a.shift, a.pages, a.max_pages,
+        a.page_tokens, a.n_new, a.hd, a.heads, a.kv_heads, a.q4, a.scale, sparsity);
+    LAUNCHED("attention_kernel");
+}
+
 /* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
- * prefill after cached tokens) by attention_kernel, delegated sequences on the CPU. */
+ * prefill after cached tokens) by queue_attention's kernels, delegated sequences on the CPU. */
 static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const cache_table *t,
                             const opt_workspace *ws) {
     cudaStream_t s = ctx()->stream;
@@ -1439,21 +1588,17 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
         d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV, gb->kv_q4, t->k, t->v, t->shift,
         t->pages, t->max_pages, gb->page_tokens);
     LAUNCHED("store_kv_kernel");
-    int nk = 1, prompts_only = gb->n_new > 1; /* the keys a query sees at most; prefill alone */
-    for (int b = 0; b < gb->batch; b++) {
-        nk = gb->past[b] + gb->n_new - gb->pad[b] > nk ? gb->past[b] + gb->n_new - gb->pad[b] : nk;
-        prompts_only &= gb->past[b] == 0;
-    }
+    int prompts_only = gb->n_new > 1; /* prefill alone */
+    for (int b = 0; b < gb->batch; b++) prompts_only &= gb->past[b] == 0;
     if (prompts_only) {
         for (int b = 0; b < gb->batch; b++)
             if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
     } else if (t->on_device > 0) {
-        dim3 grid(H, gb->batch, gb->n_new);
-        attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(
-            d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift, t->pages, t->max_pages,
-            gb->page_tokens, gb->n_new, hd, H, KV, gb->kv_q4, 1.0f / sqrtf((float)hd),
-            gb->attn_sparsity);
-        LAUNCHED("attention_kernel");
+        attention_split a = {d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift,
+                             t->pages, t->max_pages, gb->page_tokens, gb->n_new, hd, H, KV,
+                             gb->kv_q4, 0, 1.0f / sqrtf((float)hd), NULL};
+        queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
+                        d->span_slots);
     }
     /* its copies follow on this stream */
     if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);

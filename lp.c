@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1040  best_policy            the shapes' LP optima, best first, rounded and checked
- *   760  solve_shape            Eq. (1) for one block shape: the LP's rows
- *   213  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   298  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   318  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   344  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   698  lp_solve               a dense two-phase simplex
+ *  1041  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   761  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *   214  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   299  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   319  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   345  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   699  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -156,7 +156,8 @@ static double layer_matrices(const opt_config *c) {
 
 /* Kernels and cuBLAS products that one GPU batch's decoder layer queues on a GPU (docs/GPU.md,
  * "Where the host waits"): OPT's 7 and 4, LLaMA's 6 and 7 and a kernel a bias; and the
- * iteration's 5 more calls (its activations' two copies, its join's event and two waits). */
+ * iteration's 5 more calls (its activations' two copies, its join's event and two waits).
+ * Decode's attention is one more (its spans of keys, then their merge: host_terms). */
 static double layer_launches(const opt_config *c) {
     double kernels_and_products =
         c->family == FAMILY_OPT ? 11 : 13 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
@@ -166,15 +167,15 @@ static double layer_launches(const opt_config *c) {
 /* Beyond A.3, a GPU's host (hw->launch_seconds, hw->wait_seconds; 0 where not measured). Each GPU
  * batch's layer queues its launches while the GPU runs earlier ones: the term `host`, a bound on
  * the layer as each link and compute are (prefill's attention adds 3 a sequence: two products and
- * a softmax). A step waits once, for its logits (m->head). The cache that moves to the GPU goes
- * in a copy a run of pages (a prompt's pages are one run, each page grown in decode another: on
- * average 1 + n / 32 a sequence), each a launch on its link; delegated attention waits for its
- * rows once a GPU batch. */
+ * a softmax; decode's adds its merge). A step waits once, for its logits (m->head). The cache
+ * that moves to the GPU goes in a copy a run of pages (a prompt's pages are one run, each page
+ * grown in decode another: on average 1 + n / 32 a sequence), each a launch on its link;
+ * delegated attention waits for its rows once a GPU batch. */
 static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
                        fg_cost_model *m) {
     double launch = hw->launch_seconds, batches = w->ngb, sequences = (double)w->gbs * w->ngb;
     m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
-    m->gen[T_HOST].constant += batches * layer_launches(c) * launch;
+    m->gen[T_HOST].constant += batches * (layer_launches(c) + 1) * launch;
     m->head += hw->wait_seconds;
     double copies = 2 * sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K and V, in runs */
     for (int k = X_CC; k <= X_CN; k++) {

@@ -265,7 +265,7 @@ do_speed() {
 # One decode step's kernels by GPU time, from Nsight Compute (ncu): a run's own counters place a
 # window of launches past every prefill kernel (a cuBLAS product launches one kernel or two) and
 # long enough to hold two whole decode steps; the report divides the window's sums by the steps in
-# it (attention_kernel runs once a layer and step).
+# it (attention_kernel or attention_merge_kernel runs once a layer and step).
 decode_kernels() {
     local ncu left skip count
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)

@@ -152,14 +152,16 @@ def kernel_window():
 
 
 window = kernel_window()
-LAYERS = 32  # opt-6.7b's: attention_kernel runs once a layer and decode step
-steps = window.get("attention_kernel", [0, 0])[1] / LAYERS if window else 0
+LAYERS = 32  # opt-6.7b's: decode attention ends once a layer and step, in one of these
+ATTENTION_ENDS = ("attention_kernel", "attention_merge_kernel")
+steps = sum(window.get(k, [0, 0])[1] for k in ATTENTION_ENDS) / LAYERS if window else 0
 if not steps:
     print(cell(read("kernels.txt")) or "Not measured (kernels.log says why).")
 else:
     total = sum(t for t, _ in window.values()) / steps
-    print(f"ncu's kernel times over a window of {steps:.2f} decode steps (attention_kernel's launches over")
-    print(f"{LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels a step.\n")
+    print(f"ncu's kernel times over a window of {steps:.2f} decode steps (attention's last")
+    print(f"launches over {LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels")
+    print("a step.\n")
     print("| kernel | launches a step | us a step | share |")
     print("|---|---|---|---|")
     for name, (t, n) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:

@@ -199,6 +199,15 @@ enum { FG_CUDA_WS_PARTS = 7 };
 enum { FG_CUDA_Q4_ROWS = 8, FG_CUDA_WIDEN_VALUES = 1 << 20, FG_CUDA_WIDEN_COLUMNS = 64 };
 int fg_cuda_q4_k_chunk(int in, int out);
 size_t fg_cuda_q4_scratch_bytes(const opt_config *cfg); /* a part of the workspace */
+/* Decode attention on CUDA splits a query's keys into spans of FG_CUDA_SPAN_KEYS, a block each
+ * (flexgen.cu, queue_attention). Each (row, query head, span) leaves head_dim + 2 floats in the
+ * workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys: fg_cuda_span_slots
+ * (a step that needs more fills the card with a block a query). */
+enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_SPLIT_ROWS = 256 };
+static inline int fg_cuda_attention_spans(int keys) {
+    return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
+}
+size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len);
 /* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a
  * layer's pad, past, K and V pointers and page tables of max_pages entries (flexgen.cu). A few
  * of each stay on the device, so that one already there is not uploaded again. */

@@ -172,23 +172,34 @@ size_t fg_cuda_q4_scratch_bytes(const opt_config *cfg) {
     return widened > partials ? widened : partials;
 }
 
+size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len) {
+    size_t split_rows = rows < FG_CUDA_SPLIT_ROWS ? rows : FG_CUDA_SPLIT_ROWS;
+    return split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
+}
+
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(q + 2 kv + q widths
  * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one sequence's prefill scores (fp32) and
- * probabilities (fp16), [heads][max_prompt][max_prompt] (decode attends in shared memory); the
- * token tables and the cache tables, of page tables of a cache of max_len; and the scratch of the
- * 4-bit products (§5). Here so that the cost model has it without CUDA. */
+ * probabilities (fp16), [heads][max_prompt][max_prompt]; then what decode attention's spans
+ * (fg_cuda_span_slots x (head_dim + 2) floats) and the 4-bit products' scratch
+ * (fg_cuda_q4_scratch_bytes) need beyond them, since both lie over the prefill scores, which no
+ * product and no attention after cached tokens uses; the token tables and the cache tables, of
+ * page tables of a cache of max_len. Here so that the cost model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
     size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
     size_t mixed = qkv_attn > f ? qkv_attn : f;
     int pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
+    /* each span: its sum of weights times values, its max and its sum of weights */
+    size_t spans = 4 * fg_cuda_span_slots(cfg, rows, max_len) * ((size_t)cfg_head_dim(cfg) + 2);
     size_t q4_scratch = fg_cuda_q4_scratch_bytes(cfg);
+    size_t over = spans > q4_scratch ? spans : q4_scratch;
+    size_t prefill = ((4 * H * M * M + 63) & ~(size_t)63) + ((2 * H * M * M + 63) & ~(size_t)63);
     size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M, 2 * H * M * M,
+                                      over > prefill ? over - prefill : 0,
                                       FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows),
-                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages),
-                                      q4_scratch};
+                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages)};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;

@@ -309,17 +309,17 @@ static void test_sparse_grouping(void) {
  * ============================================================================================ */
 
 /* The most kernels and cuBLAS products a GPU batch's decode step on the gpu tier launches: per
- * decoder layer (OPT: two layer norms, the qkv bias, the cache store, attention, the fc1 and fc2
- * biases, out's bias fused into the second norm; LLaMA: two RMSNorms, RoPE, the store, attention,
- * SwiGLU and a kernel for each bias), the embedding (rows, then positions) and the output (the
- * final norm; lm_head a product). */
+ * decoder layer (OPT: two layer norms, the qkv bias, the cache store, attention's two (its spans
+ * of keys, then their merge), the fc1 and fc2 biases, out's bias fused into the second norm;
+ * LLaMA: two RMSNorms, RoPE, the store, attention's two, SwiGLU and a kernel for each bias), the
+ * embedding (rows, then positions) and the output (the final norm; lm_head a product). */
 typedef struct { int64_t launches, blas_calls; } step_budget;
 
 static step_budget decode_step_budget(const opt_config *c) {
     int64_t L = c->n_layers;
     if (c->family == FAMILY_OPT)
-        return (step_budget){7 * L + 2 + c->pre_ln, 4 * L + 1 + 2 * (c->word_dim != c->hidden)};
-    int64_t per_layer = 6 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
+        return (step_budget){8 * L + 2 + c->pre_ln, 4 * L + 1 + 2 * (c->word_dim != c->hidden)};
+    int64_t per_layer = 7 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
     return (step_budget){per_layer * L + 2, 7 * L + 1};
 }
 

@@ -9,6 +9,10 @@
  *                           sequences (NULL cache pointers) leave the pools as they were
  *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
  *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie)
+ *   attention_span_kernel +
+ *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
+ *                           applies: opt_attend_decode within (A), at two and three spans with a
+ *                           short last one; two launches, and a step with top-K one
  *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L); y == x
  *                           gives the same bits; with a bias added first (bias_layer_norm), the
  *                           bits of bias_kernel then layer_norm_kernel
@@ -33,7 +37,8 @@
  *                           the fp32 rounding it does plus one fp16 rounding (RoPE's cosf and sinf
  *                           within 2 ulps, CUDA's bound), at head dims 24, 64 and 128
  *   attention_kernel, GQA   grouped-query attention over LLaMA's blocked q, k, v against the same
- *                           kernel over OPT's rows with each K/V head repeated: bit for bit
+ *                           kernel over OPT's rows with each K/V head repeated: bit for bit; the
+ *                           same for the split over keys
  *
  * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
  * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
@@ -65,6 +70,13 @@
  *     between two different weights closer than 2 eta of the larger could go either way, and
  *     such queries (random data) are counted and left out. Exact ties come from identical keys,
  *     which give identical weights on each side.
+ *     The split over keys (no top-K) computes each weight as e^(s_j - m_s) e^(m_s - M) over
+ *     sum_s e^(m_s - M) l_s: its two subtractions add u (|s_j - m_s| + |m_s - M|) = u |s_j - M|,
+ *     as the one of the max did; it divides once, at the end, where the block a query divides
+ *     each weight; and with one span it is that block's sum (e^0 = 1, exact). With two spans or
+ *     more (nk > 256) it adds a second expf (4 u) and a product and a level of the sums (within
+ *     gamma_(nk + 1) in place of gamma_nk): 5 u more, less than the 1% the checks add, which is
+ *     at least 0.01 (4 nk + 8) u > 10 u there, beside second-order terms far smaller.
  * (L) Layer norm, device (fp32) against the exact value y in double on the same fp16 inputs. The
  *     mean is within dm = gamma_dim sum|x| / dim + u |mean|; each x - mean within dm + u |x - mean|;
  *     the variance's relative error is gamma_dim + 2 u (the sum of squares; the mean's error
@@ -531,7 +543,20 @@ typedef struct {
     paged_cache cache;
     __half *dev_qkv, *dev_attn;
     int *dev_past, *dev_pad;
+    int split;          /* run through queue_attention (the split over keys where it applies);
+                           2: with room for one span less than the step needs */
+    float *dev_partials; /* its spans' sums, span_slots of head_dim + 2 floats */
+    size_t span_slots;
+    int64_t launches;   /* what the last run launched */
 } attn_setup;
+
+/* Whether a step takes top-K: a sequence's one query after its prompt, sparsity < 1. */
+static int takes_top_k(const step_case *c) {
+    int top_k = 0;
+    for (int b = 0; b < c->batch; b++)
+        top_k |= c->sparsity < 1 && c->n_new - c->pad[b] == 1 && c->past[b] > 0;
+    return top_k;
+}
 
 /* Random q, k, v rows and cached rows for every slot below past (fp16, or 4-bit of fp16 values). */
 static void attn_setup_init(attn_setup *s, const step_case *c, int q4, uint64_t *seed) {
@@ -552,6 +577,8 @@ static void attn_setup_init(attn_setup *s, const step_case *c, int q4, uint64_t 
     s->dev_attn = device_array<__half>((size_t)s->rows * s->h);
     s->dev_past = device_copy(c->past, (size_t)c->batch);
     s->dev_pad = device_copy(c->pad, (size_t)c->batch);
+    s->span_slots = (size_t)s->rows * c->heads * fg_cuda_attention_spans(longest(c));
+    s->dev_partials = device_array<float>(s->span_slots * (c->head_dim + 2));
 }
 
 /* The host's rows to the device (after any change to them), and widened for the reference. */
@@ -569,10 +596,13 @@ static void attn_setup_free(attn_setup *s) {
     cuda_free(s->dev_attn);
     cuda_free(s->dev_past);
     cuda_free(s->dev_pad);
+    cuda_free(s->dev_partials);
     free(s->qkv);
     free(s->qkv32);
 }
 
+/* attention_kernel, or with s->split queue_attention (a span's sums poisoned first: a merge that
+ * reads one not written gives NaN), counting its launches. */
 static void run_attention(void *p) {
     attn_setup *s = (attn_setup *)p;
     const step_case *c = &s->c;
@@ -580,11 +610,25 @@ static void run_attention(void *p) {
     dim3 grid(c->heads, c->batch, c->n_new);
     size_t h = (size_t)s->h;
     qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
+    int64_t before = counts.launches;
+    if (s->split) {
+        poison(s->dev_partials, s->span_slots * (c->head_dim + 2) * sizeof(float));
+        attention_split a = {s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k,
+                             s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
+                             s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
+                             s->q4, 0, 1.0f / sqrtf((float)c->head_dim), NULL};
+        size_t room = s->split == 2 ? s->span_slots - 1 : s->span_slots;
+        queue_attention(a, c->batch, c->past, c->pad, c->sparsity, s->dev_partials, room);
+        s->launches = counts.launches - before;
+        wait_stream();
+        return;
+    }
     attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(
         s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, 0, s->cache.dev_tables,
         s->cache.max_pages, s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads, s->q4,
         1.0f / sqrtf((float)c->head_dim), c->sparsity);
     LAUNCHED("attention_kernel");
+    s->launches = counts.launches - before;
     wait_stream();
 }
 
@@ -729,7 +773,10 @@ static void check_attention(const attn_setup *s, const fp16 *got, const char *wh
 /* Decode (keys 1 to 17), top-K, a delegated sequence, prefill and decode in one step (n_new 4:
  * decoding sequences with 3 padding rows, a 1-token prompt, one all padding), a prefill of 17,
  * several rows after cached ones (causal over the cache and this step's rows, no top-K), and more
- * keys than the block's 128 threads. */
+ * keys than the block's 256 threads. Without top-K the split over keys (spans of
+ * FG_CUDA_SPAN_KEYS = 256) runs: queries of one span, of exactly one and two whole spans, of two
+ * and three with a short last span, rows of one step on both sides of a span's end, padding and a
+ * delegated sequence beside them; with room for one span too few, attention_kernel instead. */
 static const step_case ATTN_CASES[] = {
     {"decode, 3 heads of 48, pages of 5", 3, 48, 7, 1, 5, -1, 1,
      {16, 0, 4, 5, 9, 16, 1}, {0, 0, 0, 0, 0, 0, 0}},
@@ -743,30 +790,53 @@ static const step_case ATTN_CASES[] = {
      -1, 0.5f, {9, 16}, {0, 1}},
     {"decode after 200 and 130 cached (more keys than threads), top-K 0.5, 1 head of 80", 1, 80, 2, 1, 16, -1, 0.5f,
      {200, 130}, {0, 0}},
+    {"decode of 701, 301, 256, 512 and 40 keys (3, 2, 1, 2, 1 spans), 2 heads of 64, one delegated",
+     2, 64, 6, 1, 16, 5, 1, {700, 300, 255, 511, 39, 600}, {0, 0, 0, 0, 0, 0}},
+    {"3 rows after 600 and 255 cached (keys 256 to 258: a span's end), 1 padding, 1 head of 80",
+     1, 80, 2, 3, 5, -1, 1, {600, 255}, {1, 0}},
+    {"2 rows after 530 cached, top-K 0.5 (not decode: spans), 3 heads of 48, pages of 5",
+     3, 48, 1, 2, 5, -1, 0.5f, {530}, {0}},
 };
 
 static void test_attention(void) {
     if (!gpu_ready()) return;
     uint64_t seed = 31;
-    attn_stats st;
+    attn_stats st, split_st;
     memset(&st, 0, sizeof st);
+    memset(&split_st, 0, sizeof split_st);
     for (size_t i = 0; i < sizeof ATTN_CASES / sizeof *ATTN_CASES; i++)
-        for (int q4 = 0; q4 <= 1; q4++) {
-            attn_setup s;
-            attn_setup_init(&s, &ATTN_CASES[i], q4, &seed);
-            attn_setup_upload(&s);
-            fp16 *got = host_array<fp16>((size_t)s.rows * s.h);
-            char what[160];
-            snprintf(what, sizeof what, "attention_kernel, %s, %s cache", ATTN_CASES[i].what, q4 ? "4-bit" : "fp16");
-            run_in_every_order(what, run_attention, &s, s.dev_attn, (size_t)s.rows * s.h * sizeof(fp16), got);
-            check_attention(&s, got, what, 0, &st);
-            free(got);
-            attn_setup_free(&s);
-        }
+        for (int q4 = 0; q4 <= 1; q4++)
+            for (int split = 0; split <= 2; split++) {
+                const step_case *c = &ATTN_CASES[i];
+                if (split == 2 && takes_top_k(c)) continue; /* attention_kernel already */
+                attn_setup s;
+                attn_setup_init(&s, c, q4, &seed);
+                s.split = split;
+                attn_setup_upload(&s);
+                fp16 *got = host_array<fp16>((size_t)s.rows * s.h);
+                char what[200];
+                const char *path = !split ? "attention_kernel"
+                                   : takes_top_k(c) ? "queue_attention (top-K: attention_kernel)"
+                                   : split == 2 ? "queue_attention (no room: attention_kernel)"
+                                                : "attention_span_kernel and the merge";
+                const char *cache = q4 ? "4-bit" : "fp16";
+                snprintf(what, sizeof what, "%s, %s, %s cache", path, c->what, cache);
+                size_t bytes = (size_t)s.rows * s.h * sizeof(fp16);
+                run_in_every_order(what, run_attention, &s, s.dev_attn, bytes, got);
+                int64_t want = split == 1 && !takes_top_k(c) ? 2 : 1;
+                EXPECT(s.launches == want, "%s: %lld launches, expected %lld", what,
+                       (long long)s.launches, (long long)want);
+                check_attention(&s, got, what, 0, split == 1 ? &split_st : &st);
+                free(got);
+                attn_setup_free(&s);
+            }
     /* a few left out is chance; most would mean the cut rule is wrong */
+    st.sparse += split_st.sparse;
+    st.left_out += split_st.left_out;
     EXPECT(st.left_out * 10 <= st.sparse, "attention_kernel: %d of %d sparse queries left out for a cut "
            "within the bound", st.left_out, st.sparse);
-    printf("(worst %.2f of the bound; %d of %d sparse queries left out) ", st.worst, st.left_out, st.sparse);
+    printf("(worst %.2f of the bound, %.2f split; %d of %d sparse queries left out) ", st.worst,
+           split_st.worst, st.left_out, st.sparse);
 }
 
 /* Top-K over exact ties: the 16 earlier keys of each (sequence, head) are levels x one direction,
@@ -1687,40 +1757,57 @@ static void test_swiglu(void) {
     free(g), free(u), free(got);
 }
 
-/* attention_kernel's output for q, k, v rows laid out by `at`, over a cache of kv_heads heads. */
+/* attention_kernel's output for q, k, v rows laid out by `at`, over a cache of kv_heads heads; with
+ * `split`, queue_attention's (the split over keys where no top-K applies). */
 static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_layout at, int kv_heads,
-                           const paged_cache *cache, int q4) {
+                           const paged_cache *cache, int q4, int split) {
     int rows = c->batch * c->n_new;
     size_t out = (size_t)rows * c->heads * c->head_dim;
     __half *dev_qkv = (__half *)device_copy(qkv, n), *dev_attn = device_array<__half>(out);
     int *past = device_copy(c->past, (size_t)c->batch), *pad = device_copy(c->pad, (size_t)c->batch);
+    size_t slots = (size_t)rows * c->heads * fg_cuda_attention_spans(longest(c));
+    float *partials = device_array<float>(slots * (c->head_dim + 2));
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
-    dim3 grid(c->heads, c->batch, c->n_new);
-    attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(
-        dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0, cache->dev_tables, cache->max_pages,
-        cache->page_tokens, c->n_new, c->head_dim, c->heads, kv_heads, q4, 1.0f / sqrtf((float)c->head_dim), c->sparsity);
-    LAUNCHED("attention_kernel");
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    if (split) {
+        attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
+                             cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
+                             c->head_dim, c->heads, kv_heads, q4, 0, scale, NULL};
+        queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots);
+    } else {
+        dim3 grid(c->heads, c->batch, c->n_new);
+        size_t shared = attention_shared_bytes(longest(c));
+        attention_kernel<<<grid, ATTENTION_THREADS, shared, ctx()->stream>>>(
+            dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0, cache->dev_tables,
+            cache->max_pages, cache->page_tokens, c->n_new, c->head_dim, c->heads, kv_heads, q4,
+            scale, c->sparsity);
+        LAUNCHED("attention_kernel");
+    }
     wait_stream();
     fp16 *got = host_array<fp16>(out);
     download(got, dev_attn, out * sizeof(fp16));
     cuda_free(dev_qkv), cuda_free(dev_attn), cuda_free(past), cuda_free(pad);
+    cuda_free(partials);
     return got;
 }
 
 /* Grouped-query attention equals multi-head attention over repeated K/V heads: the blocked
  * layout and a cache of kv_heads heads against OPT's rows and a cache with each K/V head written
  * for each of its query heads, the same page tables; decode and prefill after cached tokens, fp16
- * and 4-bit caches, dense and top-K. */
+ * and 4-bit caches, dense and top-K; attention_kernel, and the split over keys (queue_attention),
+ * also over three spans. */
 static void test_gqa_attention(void) {
     if (!gpu_ready()) return;
     static const step_case cases[] = {
         {"decode, 4 heads on 1 K/V head of 24, pages of 5", 4, 24, 3, 1, 5, -1, 1, {7, 16, 3}, {0, 0, 0}},
         {"decode, top-K, 6 heads on 2 K/V heads of 40", 6, 40, 2, 1, 16, -1, 0.5f, {20, 33}, {0, 0}},
         {"prefill after cached tokens, 8 heads on 2 K/V heads of 64", 8, 64, 2, 3, 5, -1, 1, {9, 4}, {1, 0}},
+        {"decode of 600 and 257 keys, 4 heads on 2 K/V heads of 32", 4, 32, 2, 1, 16, -1, 1,
+         {599, 256}, {0, 0}},
     };
-    const int kv_heads[] = {1, 2, 2};
+    const int kv_heads[] = {1, 2, 2, 2};
     uint64_t seed = 91;
-    for (int ci = 0; ci < 3; ci++)
+    for (int ci = 0; ci < 4; ci++)
         for (int q4 = 0; q4 <= 1; q4++) {
             const step_case *c = &cases[ci];
             int H = c->heads, KV = kv_heads[ci], hd = c->head_dim, group = H / KV, rows = c->batch * c->n_new;
@@ -1750,12 +1837,19 @@ static void test_gqa_attention(void) {
                         write_row(row_at(&mc, kv, b, slot), expanded, H, hd, q4);
                         free(x);
                     }
-            fp16 *got = gqa_attention(c, gq, (size_t)rows * (qw + 2 * kw), blocked, KV, &gc, q4);
-            fp16 *want = gqa_attention(c, mq, (size_t)rows * 3 * qw, rows_at, H, &mc, q4);
-            EXPECT(!memcmp(got, want, (size_t)rows * qw * sizeof(fp16)), "attention_kernel, %s, %s cache: grouped-query "
-                   "attention is not multi-head attention over repeated K/V heads", c->what, q4 ? "4-bit" : "fp16");
+            for (int split = 0; split <= 1; split++) {
+                size_t g_n = (size_t)rows * (qw + 2 * kw), m_n = (size_t)rows * 3 * qw;
+                fp16 *got = gqa_attention(c, gq, g_n, blocked, KV, &gc, q4, split);
+                fp16 *want = gqa_attention(c, mq, m_n, rows_at, H, &mc, q4, split);
+                EXPECT(!memcmp(got, want, (size_t)rows * qw * sizeof(fp16)), "%s, %s, %s cache: "
+                       "grouped-query attention is not multi-head attention over repeated "
+                       "K/V heads", split ? "queue_attention" : "attention_kernel", c->what,
+                       q4 ? "4-bit" : "fp16");
+                free(got);
+                free(want);
+            }
             paged_cache_free(&gc), paged_cache_free(&mc);
-            free(gq), free(mq), free(expanded), free(got), free(want);
+            free(gq), free(mq), free(expanded);
         }
 }
 
@@ -1765,7 +1859,8 @@ extern "C" void add_kernel_tests(void) {
     CU_pSuite s = CU_add_suite("kernels", NULL, NULL);
     CU_add_test(s, "dequant_kernel: q4_decompress rounded to fp16, bit for bit", test_dequant);
     CU_add_test(s, "store_kv_kernel: fp16 and 4-bit rows at their page rows, byte for byte", test_store_kv);
-    CU_add_test(s, "attention_kernel: opt_attend_decode within its bound, fp16 and 4-bit cache", test_attention);
+    CU_add_test(s, "attention_kernel and the split over keys: opt_attend_decode within its bound, "
+                "fp16 and 4-bit cache", test_attention);
     CU_add_test(s, "attention_kernel: top-K over exact ties keeps the CPU's keys", test_attention_ties);
     CU_add_test(s, "layer_norm_kernel: a layer norm in double within its bound; y == x", test_layer_norm);
     CU_add_test(s, "bias_layer_norm: the bits of bias_kernel, then layer_norm_kernel", test_bias_layer_norm);

@@ -217,9 +217,7 @@ static void test_schedule_choice(void) {
     };
     fg_hardware gpu = HW;
     gpu.gpu_is_host = 0, gpu.mm_flops_p = gpu.mm_flops_g = gpu.bmm_flops_p = gpu.bmm_flops_g = 1e12, gpu.mem_bdw = 1e12;
-    /* the runtime's 192 MiB beside what CUDA holds of its own: its reserve, its 4-bit scratch */
-    double cuda_own = FG_CUDA_RESERVE + (double)fg_cuda_q4_scratch_bytes(&LONG);
-    fg_policy base = base_policy(192 * MiB + cuda_own, 512 * MiB + FG_CUDA_HOST_RESERVE, 4096 * MiB, 0);
+    fg_policy base = base_policy(192 * MiB + FG_CUDA_RESERVE, 512 * MiB + FG_CUDA_HOST_RESERVE, 4096 * MiB, 0);
     char err[FG_ERR_LEN];
     for (int i = 0; i < 3; i++) {
         fg_search_request req = {.s = cases[i].s, .n = cases[i].n, .place = fg_runtime_check,

@@ -513,8 +513,11 @@ static void test_page_size(void) {
 }
 
 /* The CUDA workspace's prefill scores (fp32) and probabilities (fp16) hold one sequence's
- * [heads][prompt][prompt]: the cache's length (decode attends in shared memory) sizes only the
- * page tables. And the plan counts CUDA's pinned copy buffers on the cpu tier, by name. */
+ * [heads][prompt][prompt]: the cache's length sizes only the page tables and decode attention's
+ * spans, each (row up to FG_CUDA_SPLIT_ROWS, query head, span of FG_CUDA_SPAN_KEYS keys)
+ * head_dim + 2 floats; those and the 4-bit products' scratch lie over the prefill's parts, and a
+ * part holds what the larger needs beyond them. And the plan counts CUDA's pinned copy buffers on
+ * the cpu tier, by name. */
 static void test_cuda_sizes(void) {
     static const opt_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { ROWS = 40, PROMPT = 20, LEN = 300 };
@@ -526,10 +529,28 @@ static void test_cuda_sizes(void) {
     /* each cache table: pad and past, K and V pointers, K's and V's page tables, of each row */
     size_t one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS);
     size_t tables = (FG_CUDA_CACHE_TABLES * one + 63) & ~(size_t)63;
-    EXPECT(parts[5] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[5]);
+    EXPECT(parts[6] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[6]);
+    /* 300 keys are two spans of 256 (21 one), of 16 + 2 floats; the 4-bit scratch is the larger
+     * of a widened slice, here the whole lm_head (300 x 64 fp16 values), and the partial sums of
+     * 8 rows, here of 256 -> 64 in 4 chunks of 64 rows */
+    size_t spans = 4 * ROWS * H * 2 * (64 / 4 + 2), short_spans = spans / 2;
+    size_t q4 = fg_cuda_q4_scratch_bytes(&c);
+    EXPECT(q4 == 2 * 300 * 64 && 4 * 8 * 64 * 4 < q4, "the 4-bit scratch: expected %d bytes, got %zu",
+           2 * 300 * 64, q4);
+    size_t over = spans > q4 ? spans : q4, short_over = short_spans > q4 ? short_spans : q4;
+    EXPECT(parts[4] == over - parts[2] - parts[3], "decode attention's spans and the 4-bit scratch: "
+           "expected %zu bytes beyond the prefill's %zu, got %zu", over, parts[2] + parts[3], parts[4]);
+    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, ROWS, LEN), (size_t)ROWS * H * 2);
     size_t short_one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1, FG_PAGE_TOKENS);
-    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[5],
-                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - ((FG_CUDA_CACHE_TABLES * short_one + 63) & ~(size_t)63));
+    CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[6] - over,
+                    fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - short_over -
+                        ((FG_CUDA_CACHE_TABLES * short_one + 63) & ~(size_t)63));
+    /* a prompt of 256: its scores hold the spans; 300 rows: the spans of 256 */
+    size_t wide[FG_CUDA_WS_PARTS];
+    fg_cuda_workspace_parts(&c, ROWS, 256, LEN, wide);
+    EXPECT(wide[4] == 0, "a prompt of 256: expected the spans over its scores, got %zu bytes more",
+           wide[4]);
+    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, 300, LEN), (size_t)FG_CUDA_SPLIT_ROWS * H * 2);
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;
