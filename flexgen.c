@@ -428,6 +428,8 @@ void free_weight_homes(fg_model *m) {
 int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
     if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
+    if (!src->archive && opt_tensor_fill_q4(&m->layout, i, src->seed, dst) == 0) return 0;
+    if (!src->archive) return fg_fail(err, "out of memory compressing %s", t->name);
     /* as loaded: the fp32 values are these, widened */
     fp16 *values = malloc(t->count * sizeof *values);
     /* 1: out of memory */

@@ -78,8 +78,8 @@ static void compress_group(const float *x, size_t stride, size_t n, uint8_t *byt
 
 /* Groups g0 .. g1 - 1 along len of every outer index, parallel over them, into the whole
  * tensor's layout: src is [outer][rows][inner], its rows those of the groups, from g0 on. */
-static void compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner,
-                            size_t g0, size_t g1, uint8_t *dst) {
+void q4_compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner,
+                        size_t g0, size_t g1, uint8_t *dst) {
     size_t G = n_groups(len), span = g1 - g0;
 #pragma omp parallel for schedule(static) if (outer * span * inner >= 4096)
     for (size_t og = 0; og < outer * span; og++) {
@@ -96,7 +96,7 @@ static void compress_groups(const float *src, size_t rows, size_t outer, size_t 
 
 /* The whole tensor (the KV cache's new rows at every step; weights once, at load). */
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
-    compress_groups(src, len, outer, len, inner, 0, n_groups(len), dst);
+    q4_compress_groups(src, len, outer, len, inner, 0, n_groups(len), dst);
 }
 
 /* The same bytes from fp16 values (a weight as loaded), widened a few groups at a time: a large
@@ -110,7 +110,7 @@ int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, ui
         size_t rows = (g1 * Q4_GROUP < len ? g1 * Q4_GROUP : len) - r0;
         for (size_t o = 0; o < outer; o++)
             fp16_to_fp32_n(src + (o * len + r0) * inner, wide + o * rows * inner, rows * inner);
-        compress_groups(wide, rows, outer, len, inner, g0, g1, dst);
+        q4_compress_groups(wide, rows, outer, len, inner, g0, g1, dst);
     }
     free(wide);
     return wide ? 0 : -1;

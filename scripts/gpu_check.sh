@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the CUDA backend checked on a short GPU rental (a 16-core H100 or H200, no network),
-# in at most 10 minutes: two halves, each of which runs alone in at most 5.
+# in at most 10 minutes: two halves, each of which runs alone in at most 5, and a third, big, for a
+# second call of at most 5 more.
 #   check  build for the card's own SM only (make CUDA_SM=its capability)                [150 s]
 #          the kernel suite and the GPU suite, natively on the GPU                        [100 s]
 #          compute-sanitizer's memcheck over the kernel suite                              [60 s]
@@ -8,23 +9,31 @@
 #          text (docs/GPU.md, "A first run on a laptop GPU", says why they must be)        [40 s]
 #   speed  this project beside FlexGen 0.1.8 on the same card in the same run, each warmed up
 #          (--warmup; FlexGen's flex_opt warms itself up), dummy weights, prompt 512, --gpu-mem
-#          16G (32G at 32 x 1, whose cache needs it): opt-6.7b all on the GPU at 4 x 1 and
-#          32 x 1; opt-13b offloaded (weights 40/60, cache and activations on the cpu,
+#          16G (32G at 32 x 1, whose cache needs it), in this order while the half's time lasts:
+#          opt-1.3b all on the GPU at 4 x 1 and 32 x 1 (a small model: launches set its pace);
+#          opt-6.7b all on the GPU at 4 x 1 and 32 x 1, and 4-bit at 4 x 1 (--compress-weight,
+#          FlexGen's too); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
-#          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time
-#          (opt-6.7b, 4 x 1; decode_kernels below says how); then, while time is left, opt-13b
-#          with --schedule diagonal, opt-6.7b with --policy auto and opt-30b with FlexGen's
-#          published policy (weights 20/80, cache on the cpu, 48 x 3). 32 tokens are generated,
-#          8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s). Each row of
-#          ours gives the counters of its busiest decode step (host waits, launches, cuBLAS
-#          products, copies in), and where the card is known, the decode's share of the
+#          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
+#          DRAM bytes read (opt-6.7b, 4 x 1; decode_kernels below says how). 32 tokens are
+#          generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s).
+#          Each row of ours gives the counters of its busiest decode step (host waits, launches,
+#          cuBLAS products, copies in), and where the card is known, the decode's share of the
 #          weights' read limit and prefill's of the dense fp16 peak.
+#   big    the paper's headline, OPT-175B 4-bit (weights and cache), beside the cost model's
+#          prediction for the same run (a profile of this machine, `flexgen profile`, first):
+#          all on the GPU where it fits (about 98 GB of weights: an H200; elsewhere the plan
+#          says in one line that it does not), and as the paper's T4 ran it, --gpu-mem 16G with
+#          the weights in CPU memory (8 x 2, 8 tokens); the cost model's T4 predictions of
+#          Table 2's rows (hardware/t4-flexgen.json); then, while time is left, opt-13b with
+#          --schedule diagonal, opt-6.7b with --policy auto and opt-30b with FlexGen's published
+#          policy (weights 20/80, cache on the cpu, 48 x 3).
 # Every run has a limit of its own and none starts past its half's 5 minutes (a row then says
-# so). Results: $OUT/gpu-check.md, and at most 7 logs beside it: build.log, suites.log,
-# sanitizer.log, kjv.log, speed.log, flexgen.log, kernels.log; the runs' own output (JSON,
-# FlexGen's report, ncu's table) in $OUT/.data, from which the markdown is written
-# (scripts/gpu_check_report.py). The halves may run as two commands with the same OUT, in either
-# order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
+# so). Results: $OUT/gpu-check.md, and at most 8 logs beside it: build.log, suites.log,
+# sanitizer.log, kjv.log, speed.log, flexgen.log, kernels.log, big.log; the runs' own output
+# (JSON, FlexGen's report, ncu's table, the cost model's predictions) in $OUT/.data, from which
+# the markdown is written (scripts/gpu_check_report.py). The halves may run as separate commands
+# with the same OUT, in any order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
 # bad usage. Ctrl-C (SIGINT) or SIGTERM stops the run at once: the running step's processes are
 # ended (each run under a limit leads a process group of its own, which a terminal's Ctrl-C does
 # not reach), FlexGen's offload directory is removed, and the exit status is 130 or 143.
@@ -35,24 +44,25 @@
 # --bundle DIR: what the machine lacks, from scripts/gpu_bundle.sh's bundle (docs/GPU.md,
 # "Without a network"): the build's libraries (make DEPS=), FlexGen's wheel and its tokenizer.
 #
-# Usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed]   (no half: both)
+# Usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]
+#        (no half: all three, big last)
 # Environment: OUT [gpu-check-<UTC time>], PYTHON (with a CUDA build of torch) [python3],
 # WEIGHTS (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp]
 set -uo pipefail
 
-usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed]"
+usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]"
 BUNDLE="" DRY=0 HALVES=""
 while [ $# -gt 0 ]; do
     case $1 in
         --bundle) [ $# -ge 2 ] || { echo "gpu_check.sh: --bundle needs a directory; $usage" >&2; exit 2; }
             BUNDLE=$2; shift 2 ;;
         --dry) DRY=1; shift ;;
-        check | speed) HALVES="$HALVES $1"; shift ;;
+        check | speed | big) HALVES="$HALVES $1"; shift ;;
         -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
     esac
 done
-HALVES=${HALVES:-check speed}
+HALVES=${HALVES:-check speed big}
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
@@ -182,13 +192,33 @@ do_kjv() {
 HALF_END=0
 time_left() { echo $((HALF_END - $(date +%s))); }
 
-ours() { # NAME TIMEOUT flags...: its --json into .data/NAME.json, its stderr into speed.log
-    local name=$1 limit=$2
+# The rows of the half that runs: each row's name a line of .data/$ROWS, whose files a run of the
+# half again first removes. ROW_GPU_MEM: a row's --gpu-mem (empty: the device's own memory).
+ROWS=rows LOG=speed.log ROW_GPU_MEM=""
+start_rows() { # LIST LOG: the half's rows begin again
+    ROWS=$1 LOG=$2
+    if [ -f "$OUT/.data/$ROWS" ]; then
+        while read -r name; do rm -f "$OUT/.data/$name".{json,flexgen,predicted}; done < "$OUT/.data/$ROWS"
+    fi
+    rm -f "$OUT/.data/$ROWS"
+}
+
+ours() { # NAME TIMEOUT flags...: its --json into .data/NAME.json, its stderr into the half's log
+    local name=$1 limit=$2 cap=()
     shift 2
-    echo "== ours, $name: $*" >> "$OUT/speed.log"
-    limited "$limit" "$BIN" --quiet --json --warmup --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" \
-        --offload-dir "$OFFLOAD" "$@" > "$OUT/.data/$name.json" 2>> "$OUT/speed.log" ||
-        echo "failed: exit status $? (speed.log)" > "$OUT/.data/$name.json"
+    [ -z "$ROW_GPU_MEM" ] || cap=(--gpu-mem "$ROW_GPU_MEM")
+    echo "== ours, $name: $*" >> "$OUT/$LOG"
+    limited "$limit" "$BIN" --quiet --json --warmup --device cuda "${cap[@]}" --path "$WEIGHTS" \
+        --offload-dir "$OFFLOAD" "$@" > "$OUT/.data/$name.json" 2>> "$OUT/$LOG" ||
+        echo "failed: exit status $? ($LOG)" > "$OUT/.data/$name.json"
+}
+
+predict() { # NAME MODEL GEN flags...: the cost model's prediction of a row into .data/NAME.predicted
+    local name=$1 model=$2 gen=$3
+    shift 3
+    [ "$DRY" = 0 ] || model=models/opt-kjv
+    limited 60 "$BIN" policy --evaluate --model "$model" --prompt-len "$PROMPT" --gen-len "$gen" "$@" \
+        > "$OUT/.data/$name.predicted" 2>&1 || echo "no prediction: exit status $?" >> "$OUT/.data/$name.predicted"
 }
 
 flexgen_module() { # the module of FlexGen's that imports, with torch on a GPU; else why not
@@ -228,7 +258,7 @@ row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
         echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.json"
         return
     fi
-    echo "$name" >> "$OUT/.data/rows"
+    echo "$name" >> "$OUT/.data/$ROWS"
     local m=$model
     [ "$DRY" = 0 ] || m=models/$([ "${model#llama}" = "$model" ] && echo opt-kjv || echo llama-kjv)
     ours "$name" "$((left - 5))" --model "$m" --prompt-len "$PROMPT" --gen-len "$gen" "$@"
@@ -241,28 +271,64 @@ row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
 
 do_speed() {
     HALF_END=$(($(date +%s) + 290))
-    rm -f "$OUT/.data"/*.json "$OUT/.data"/*.flexgen "$OUT/.data"/*.csv "$OUT/.data/rows" "$OUT/.data/kernels.txt"
+    start_rows rows speed.log
+    ROW_GPU_MEM=$GPU_MEM
+    rm -f "$OUT/.data"/kernels*
     local g=$GEN o=$GEN_OFFLOADED big=32
     [ "$DRY" = 0 ] || big=4
     local gpu=(--percent 100 0 100 0 100 0 --num-gpu-batches 1)
     local offloaded=(--percent 40 60 0 100 0 100 --gpu-batch-size "$big" --num-gpu-batches 4 --cpu-cache-compute)
+    row opt-1.3b-4x1 opt-1.3b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
+    row opt-1.3b-32x1 opt-1.3b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
     row opt-6.7b-4x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
     row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big" --gpu-mem "$GPU_MEM_32"
+    row opt-6.7b-4bit opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
     decode_kernels
-    row opt-13b-diagonal opt-13b "$o" 0 "${offloaded[@]}" --schedule diagonal
-    local hw=()
-    [ "$DRY" = 0 ] || hw=(--hw hardware/t4-flexgen.json) # the emulated GPU's profile means nothing
-    row opt-6.7b-auto opt-6.7b "$g" 0 --policy auto "${hw[@]}"
-    local b30=48
+    return 0
+}
+
+# The big half: OPT-175B 4-bit beside the cost model's prediction of each run, the paper's T4
+# rows as the cost model predicts them, then the rows the speed half has no time for.
+do_big() {
+    HALF_END=$(($(date +%s) + 290))
+    start_rows rows-big big.log
+    rm -f "$OUT/.data"/t4-*.predicted
+    local g=$GEN o=$GEN_OFFLOADED offloaded b30=48 hw=() mem=()
     [ "$DRY" = 0 ] || b30=4
+    offloaded=(--percent 40 60 0 100 0 100 --gpu-batch-size "$([ "$DRY" = 1 ] && echo 4 || echo 32)"
+        --num-gpu-batches 4 --cpu-cache-compute)
+    if [ "$DRY" = 1 ]; then # the emulated GPU's profile means nothing: the T4's constants
+        hw=(--hw hardware/t4-flexgen.json) mem=(--cpu-mem 8G --disk-mem 100G)
+    else # this machine's profile, once, for the predictions
+        limited 120 "$BIN" profile --device cuda >> "$OUT/big.log" 2>&1 || echo "profile: exit status $?" >> "$OUT/big.log"
+    fi
+    local q4=(--compress-weight --compress-cache)
+    local on_gpu=(--percent 100 0 100 0 100 0 --gpu-batch-size 32 --num-gpu-batches 1 "${q4[@]}")
+    local t4=(--percent 0 100 100 0 100 0 --gpu-batch-size 8 --num-gpu-batches 2 "${q4[@]}")
+    local device_mem=$GPU_MEM
+    [ "$DRY" = 1 ] || device_mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)M
+    predict opt-175b-4bit-gpu opt-175b "$g" "${hw[@]}" --gpu-mem "$device_mem" "${mem[@]}" "${on_gpu[@]}"
+    ROW_GPU_MEM="" row opt-175b-4bit-gpu opt-175b "$g" 0 "${on_gpu[@]}"
+    predict opt-175b-4bit-t4 opt-175b "$o" "${hw[@]}" --gpu-mem 16G "${mem[@]}" "${t4[@]}"
+    ROW_GPU_MEM=16G row opt-175b-4bit-t4 opt-175b "$o" 0 "${t4[@]}"
+    local paper=(--hw hardware/t4-flexgen.json --gpu-mem 16G --cpu-mem 208G --disk-mem 1500G --model opt-175b
+        --prompt-len 512 --gen-len 32)
+    "$BIN" policy --evaluate "${paper[@]}" --percent 0 50 0 0 0 100 --gpu-batch-size 32 --num-gpu-batches 8 \
+        --cpu-cache-compute > "$OUT/.data/t4-fp16.predicted" 2>&1
+    "$BIN" policy --evaluate "${paper[@]}" --percent 0 100 8 92 100 0 --gpu-batch-size 14 --num-gpu-batches 8 \
+        "${q4[@]}" > "$OUT/.data/t4-4bit.predicted" 2>&1
+    ROW_GPU_MEM=$GPU_MEM
+    row opt-13b-diagonal opt-13b "$o" 0 "${offloaded[@]}" --schedule diagonal
+    row opt-6.7b-auto opt-6.7b "$g" 0 --policy auto "${hw[@]}"
     row opt-30b-offloaded opt-30b "$o" 1 --percent 20 80 0 100 0 100 --gpu-batch-size "$b30" --num-gpu-batches 3 --cpu-cache-compute
     return 0
 }
 
-# One decode step's kernels by GPU time, from Nsight Compute (ncu): a run's own counters place a
+# One decode step's kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu): a run's own
+# counters place a
 # window of launches past every prefill kernel (a cuBLAS product launches one kernel or two) and
 # long enough to hold two whole decode steps; the report divides the window's sums by the steps in
 # it (attention_kernel or attention_merge_kernel runs once a layer and step).
@@ -283,7 +349,7 @@ c = json.load(open(sys.argv[1]))["device_counts"]
 p, s = c["prefill"], c["decode_step_most"]
 print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_calls"]))' "$OUT/.data/kernels-counts.json")
     echo "== ncu: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
-    limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum --csv --launch-skip "$skip" \
+    limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$skip" \
         --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels.csv" 2>> "$OUT/kernels.log"
 }
 
@@ -298,8 +364,9 @@ run_half() { # HALF
         [ -x "$BIN" ] || step check build 150 build.log do_build
         local start
         start=$(date +%s)
-        do_speed >> "$OUT/speed.log" 2>&1
-        record speed table pass $(($(date +%s) - start)) "the rows' own results are in the table"
+        if [ "$half" = speed ]; then do_speed >> "$OUT/speed.log" 2>&1
+        else do_big >> "$OUT/big.log" 2>&1; fi
+        record "$half" table pass $(($(date +%s) - start)) "the rows' own results are in the table"
     fi
 }
 

@@ -2,7 +2,8 @@
 """gpu_check_report.py OUT PROMPT_LEN: scripts/gpu_check.sh's markdown, from what its halves left in
 OUT/.data: the machine, each check's result, the speed table (this project beside FlexGen, with the
 counters of each run's busiest decode step and, on a card named below, the decode's share of the
-weights' read limit and prefill's of the dense fp16 peak) and one decode step's kernels by GPU time.
+weights' read limit and prefill's of the dense fp16 peak), one decode step's kernels by GPU time
+and DRAM bytes read, and the big half's rows (OPT-175B 4-bit) beside the cost model's predictions.
 """
 import csv
 import json
@@ -57,8 +58,8 @@ def theirs(row):
 
 def policy_of(m):
     p = "%d x %d, %s" % (m["gpu_batch_size"], m["num_gpu_batches"], " ".join(map(str, m["percent"])))
-    flags = [f for f, key in (("--cpu-cache-compute", "cpu_cache_compute"), ("--compress-weight", "compress_weight"))
-             if m.get(key)]
+    flags = [f for f, key in (("--cpu-cache-compute", "cpu_cache_compute"), ("--compress-weight", "compress_weight"),
+                              ("--compress-cache", "compress_cache")) if m.get(key)]
     if m.get("schedule") == "diagonal":
         flags.append("diagonal")
     return p + (" " + " ".join(flags) if flags else "")
@@ -68,7 +69,8 @@ def counters(m):
     most = m.get("device_counts", {}).get("decode_step_most")
     if not most:
         return "-"
-    return "%d / %d / %d / %d" % (most["host_waits"], most["launches"], most["blas_calls"], most["copies_in"])
+    return "%d / %d / %d / %d / %d" % (most["host_waits"], most["launches"], most["blas_calls"],
+                                       most.get("widened", 0), most["copies_in"])
 
 
 def shares(m):
@@ -102,7 +104,8 @@ if not rows:
     print("Not run.")
 else:
     print("Token/s as each program reports them (FlexGen's formulas). Counters: this project's busiest")
-    print("decode step, host waits / kernel launches / cuBLAS products / copies to the device")
+    print("decode step, host waits / kernel launches / cuBLAS products / 4-bit slices widened / copies")
+    print("to the device")
     print("(docs/GPU.md derives them). Read limit: the fp16 weights over the card's datasheet HBM")
     print("bandwidth, against a decode step's time; fp16 peak: prefill's 2 x parameters FLOPs a token")
     print("against the card's dense fp16 tensor peak.\n")
@@ -131,38 +134,84 @@ print("\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the G
 
 
 def kernel_window():
-    """ncu's rows of the window (kernels.csv): {kernel: [ns, launches]}, or None."""
+    """ncu's rows of the window (kernels.csv): {kernel: [ns, launches, bytes read]}, or None."""
     sums = {}
     try:
         with open(os.path.join(data, "kernels.csv")) as f:
             lines = [line for line in f if line.startswith('"')]
         for r in csv.DictReader(lines):
-            if r.get("Metric Name") != "gpu__time_duration.sum":
+            metric, unit = r.get("Metric Name"), r.get("Metric Unit", "")
+            if metric not in ("gpu__time_duration.sum", "dram__bytes_read.sum"):
                 continue
             name = r.get("Kernel Name", "?").split("(")[0]
-            ns = float(r.get("Metric Value", "0").replace(",", ""))
-            if r.get("Metric Unit") == "usecond":
-                ns *= 1e3
-            entry = sums.setdefault(name, [0.0, 0])
-            entry[0] += ns
-            entry[1] += 1
+            value = float(r.get("Metric Value", "0").replace(",", ""))
+            entry = sums.setdefault(name, [0.0, 0, 0.0])
+            if metric == "gpu__time_duration.sum":
+                entry[0] += value * {"usecond": 1e3, "msecond": 1e6}.get(unit, 1)
+                entry[1] += 1
+            else:
+                entry[2] += value * {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1)
     except (OSError, ValueError):
         return None
     return sums or None
 
 
 window = kernel_window()
-LAYERS = 32  # opt-6.7b's: decode attention ends once a layer and step, in one of these
-ATTENTION_ENDS = ("attention_kernel", "attention_merge_kernel")
-steps = sum(window.get(k, [0, 0])[1] for k in ATTENTION_ENDS) / LAYERS if window else 0
+LAYERS = 32  # opt-6.7b's: attention runs once a layer and decode step (its merge, where split)
+attention = "attention_merge_kernel" if window and "attention_merge_kernel" in window else "attention_kernel"
+steps = window.get(attention, [0, 0, 0])[1] / LAYERS if window else 0
 if not steps:
     print(cell(read("kernels.txt")) or "Not measured (kernels.log says why).")
 else:
-    total = sum(t for t, _ in window.values()) / steps
-    print(f"ncu's kernel times over a window of {steps:.2f} decode steps (attention's last")
-    print(f"launches over {LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels")
-    print("a step.\n")
-    print("| kernel | launches a step | us a step | share |")
+    total = sum(t for t, _, _ in window.values()) / steps
+    read_bytes = sum(b for _, _, b in window.values()) / steps
+    c = card()
+    print(f"ncu's kernel times and DRAM bytes read over a window of {steps:.2f} decode steps ({attention}'s")
+    print(f"launches over {LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels and")
+    print(f"{read_bytes / 1e6:.0f} MB read a step; the weights the step needs are 13,300 MB (fp16), its")
+    print("keys and values 4 x 544 x 32 layers x 2 x 8 KB = 1,140 MB at the step's end. Share: of the")
+    print("card's datasheet read rate, the kernel's bytes over its time.\n")
+    print("| kernel | launches a step | us a step | share of time | MB read a step | share of read rate |")
+    print("|---|---|---|---|---|---|")
+    for name, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
+        rate = "%.0f%%" % (100 * b / (t * 1e-9) / c[1]) if c and t > 0 else "-"
+        print(f"| {cell(name)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% | "
+              f"{b / steps / 1e6:.1f} | {rate} |")
+
+
+def predicted(name):
+    """The cost model's prediction of a run (flexgen policy --evaluate's line), or why there is none."""
+    text = read(name + ".predicted")
+    found = re.findall(r"predicted: ([0-9.]+(?:e[-+]?[0-9]+)?) token/s", text)
+    if found:
+        return float(found[-1])
+    return cell(text.strip().splitlines()[-1]) if text.strip() else "not predicted"
+
+
+big = read("rows-big").split()
+print("\n## Big: OPT-175B, 4-bit weights and cache, beside the cost model\n")
+if not big:
+    print("Not run.")
+else:
+    print("Measured total token/s (FlexGen's formula) beside the cost model's prediction of the same")
+    print("run (`flexgen policy --evaluate`, this machine's profile), and the rows the speed half has no")
+    print("time for.\n")
+    print("| row | policy | prefill tok/s | decode tok/s | total tok/s | predicted total tok/s | counters |")
+    print("|---|---|---|---|---|---|---|")
+    for row in big:
+        m, p = ours(row), predicted(row)
+        p = ("%.3g" % p if isinstance(p, float) else p) if row.startswith("opt-175b") else "-"
+        if isinstance(m, str):
+            print(f"| {row} | - | {m} | | | {p} | |")
+        else:
+            print(f"| {row} | {policy_of(m)}, gen {m['gen_len']} | {m['prefill_throughput']:.2f} | "
+                  f"{m['decode_throughput']:.2f} | {m['total_throughput']:.3f} | {p} | {counters(m)} |")
+    print("\nThe paper's T4 setup (`hardware/t4-flexgen.json`, --gpu-mem 16G --cpu-mem 208G --disk-mem 1500G,")
+    print("prompt 512, 32 tokens), the cost model's prediction beside Table 2's published figure:\n")
+    print("| row | policy | published tok/s | predicted tok/s |")
     print("|---|---|---|---|")
-    for name, (t, n) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
-        print(f"| {cell(name)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% |")
+    for name, policy, published in (("t4-fp16", "32 x 8, --percent 0 50 0 0 0 100 --cpu-cache-compute", 0.69),
+                                    ("t4-4bit", "14 x 8, --percent 0 100 8 92 100 0, 4-bit weights and cache",
+                                     1.12)):
+        p = predicted(name)
+        print(f"| OPT-175B {name[3:]} | {policy} | {published} | {'%.3f' % p if isinstance(p, float) else p} |")

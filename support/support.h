@@ -290,6 +290,9 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
  * fp16 (NaN, Inf, or beyond 65504). */
 int opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32, fp16 *dst16,
                     char *err);
+/* Dummy tensor t (seed) made straight in its 4-bit stored form (§5), in parallel: the bytes
+ * q4_compress_fp16 makes of opt_tensor_fill's fp16 values, without those. -1: out of memory. */
+int opt_tensor_fill_q4(const opt_layout *l, int t, uint64_t seed, uint8_t *dst);
 
 /* ---- The disk tier's files, mapped (disk_arena.c) ---- */
 /* A file of the disk tier, mapped: pieces of it are taken page-aligned, in order. */

@@ -95,6 +95,47 @@ static void compress_weights(opt_weights *w) {
     opt_layout_free(&l);
 }
 
+/* Dummy weights made straight in their 4-bit stored form (opt_tensor_fill_q4) are the bytes that
+ * compressing the fp16 dummy values gives (q4_compress_fp16 of opt_tensor_fill's), for every
+ * grouped tensor: OPT's q|k|v of 3 parts, opt-350m's projections and rows of 20 (groups of 64
+ * across fewer), a vocabulary not a multiple of 64; LLaMA's untied lm_head and grouped k, v. */
+static void test_dummy_q4(void) {
+    opt_config configs[2] = {OPT_SHAPE("dummy-q4", 2, 96, 3, 200, 130, 70, 20, 0)};
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(opt_config_by_name("tinyllama-1.1b", &configs[1], err), 0);
+    configs[1].n_layers = 1; /* its shapes, one layer of them */
+    for (int c = 0; c < 2; c++) {
+        opt_weights view;
+        opt_layout l;
+        CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &configs[c], 0, err), 0);
+        int grouped = 0;
+        for (int i = 0; i < l.n_tensors; i++) {
+            const opt_tensor *t = &l.tensors[i];
+            if (t->group_len == 0 || t->tied_to >= 0) continue;
+            size_t bytes = q4_bytes(t->group_outer, t->group_len, t->group_inner);
+            fp16 *values = malloc(t->count * sizeof *values);
+            uint8_t *want = malloc(bytes), *got = malloc(bytes);
+            weight_source src = {NULL, 5};
+            CU_ASSERT_EQUAL_FATAL(opt_tensor_fill(&l, i, &src, NULL, values, err), 0);
+            CU_ASSERT_EQUAL_FATAL(q4_compress_fp16(values, t->group_outer, t->group_len, t->group_inner, want), 0);
+            memset(got, 0xa5, bytes);
+            CU_ASSERT_EQUAL_FATAL(opt_tensor_fill_q4(&l, i, 5, got), 0);
+            size_t at = 0;
+            while (at < bytes && got[at] == want[at]) at++;
+            EXPECT(at == bytes, "%s, %s ([%zu][%zu][%zu], %d part(s)): byte %zu of %zu differs from the "
+                   "compressed fp16 values' (0x%02x, expected 0x%02x)", configs[c].name, t->name, t->group_outer,
+                   t->group_len, t->group_inner, t->n_specs, at, bytes, at < bytes ? got[at] : 0,
+                   at < bytes ? want[at] : 0);
+            grouped++;
+            free(values);
+            free(want);
+            free(got);
+        }
+        CU_ASSERT(grouped >= 6);
+        opt_layout_free(&l);
+    }
+}
+
 static int runtime_generate(const fixture_prompts *f, const fg_policy *p, int *tokens, float *logits) {
     return generate_with(f->dir, NULL, 0, p, GEN, f->n, (int *const *)f->prompts, f->lens, tokens,
                          logits, NULL, NULL);
@@ -665,6 +706,7 @@ void add_compress_tests(void) {
     CU_add_test(s, "--compress-weight computes the plain pass on round-tripped weights, post-LN",
                 test_weights_post_ln);
     CU_add_test(s, "--compress-weight groups q, k and v each on its own (hidden 96)", test_qkv_groups);
+    CU_add_test(s, "dummy 4-bit weights made in their stored form: the compressed fp16 values' bytes", test_dummy_q4);
     CU_add_test(s, "--compress-weight on LLaMA (GQA 4, untied): the plain pass's bits, close to fp16",
                 test_weights_llama);
     CU_add_test(s, "--int8-activations on LLaMA (MQA, biases): the plain pass's bits", test_int8_llama);

@@ -520,8 +520,9 @@ static void test_laptop_run(void) {
 }
 
 /* scripts/gpu_check.sh --dry, the prepared check of a GPU rental run on the emulated GPU: the
- * checks pass (compute-sanitizer skips), the speed table has a row of ours for each run with a
- * decode step's counters, and a bad argument is one line and exit 2. Not under the sanitizers:
+ * checks pass (compute-sanitizer skips), the speed and big tables have a row of ours for each run
+ * with a decode step's counters, the cost model's prediction of the T4's 4-bit OPT-175B row is
+ * the one BENCHMARKS.md gives, and a bad argument is one line and exit 2. Not under the sanitizers:
  * the script runs ./flexgen-emu and build-emu/test_flexgen. */
 static void test_gpu_check_dry(void) {
 #if defined(FLEXGEN_CUDA_EMU) && !defined(__SANITIZE_ADDRESS__)
@@ -533,9 +534,14 @@ static void test_gpu_check_dry(void) {
     char *md = slurp(join(dir, "check/gpu-check.md"), NULL);
     CU_ASSERT_FATAL(md != NULL);
     static const char *const want[] = {"| check | build | pass |", "| check | suites | pass |", "| check | kjv | pass |",
-                                       "| check | sanitizer | skip |", "| opt-6.7b-4x1 | 4 x 1, 100 0 100 0 100 0, gen 4 | this",
-                                       "| opt-13b-offloaded |", "| llama-2-7b-4bit |", "| opt-13b-diagonal |",
-                                       "| opt-6.7b-auto |", "| opt-30b-offloaded |", "| 1 / "};
+                                       "| check | sanitizer | skip |", "| speed | table | pass |", "| big | table | pass |",
+                                       "| opt-1.3b-4x1 |", "| opt-1.3b-32x1 |",
+                                       "| opt-6.7b-4x1 | 4 x 1, 100 0 100 0 100 0, gen 4 | this",
+                                       "| opt-6.7b-4bit | 4 x 1, 100 0 100 0 100 0 --compress-weight, gen 4 | this",
+                                       "| opt-13b-offloaded |", "| llama-2-7b-4bit |", "| opt-175b-4bit-gpu | 32 x 1",
+                                       "| opt-175b-4bit-t4 | 8 x 2, 0 100 100 0 100 0", "| opt-13b-diagonal |",
+                                       "| opt-6.7b-auto |", "| opt-30b-offloaded |", "| 1 / ",
+                                       "| OPT-175B 4bit | 14 x 8, --percent 0 100 8 92 100 0, 4-bit weights and cache | 1.12 | 2.666 |"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         EXPECT(strstr(md, want[i]) != NULL, "gpu_check.sh --dry: no \"%s\" in its markdown:\n%s", want[i], md);
     free(md), free(out), free(err);
