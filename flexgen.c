@@ -7,20 +7,20 @@
  *
  *   113  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
  *   144  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
- *  1456  step_begins              a block's step: tokens back, pages; step_ends
- *  1399  load_weight              Fig. 4's load_weight; synchronize below it
- *  1341  compute                  layer j of GPU batch k on the backend
- *  1171  load_cache               store_cache below it, then load_ and store_activation
- *  1945  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1800  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1567  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *  1458  step_begins              a block's step: tokens back, pages; step_ends
+ *  1401  load_weight              Fig. 4's load_weight; synchronize below it
+ *  1343  compute                  layer j of GPU batch k on the backend
+ *  1173  load_cache               store_cache below it, then load_ and store_activation
+ *  1947  generate                 prompts in rounds of blocks (run_round), refill_slots
+ *  1802  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1569  sample_tokens            a block's next tokens from its logits; take_tokens below it
  *   171  tier_take                the tiers: every byte taken here, or refused
  *   235  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   301  place_tensors            each tensor's home tier, by FlexGen's rule
- *   519  load_weights_into_homes  the weights written into their homes, once
- *   612  load_weights             a layer read ahead, converted into a staging arena
- *   686  shape_block              a block's buffers per tier; fg_check_plan below it
- *   984  alloc_block              a block's KV cache and activations on the tiers
+ *   521  load_weights_into_homes  the weights written into their homes, once
+ *   614  load_weights             a layer read ahead, converted into a staging arena
+ *   688  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   986  alloc_block              a block's KV cache and activations on the tiers
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -428,7 +428,7 @@ void free_weight_homes(fg_model *m) {
 int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
     if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
-    if (!src->archive && opt_tensor_fill_q4(&m->layout, i, src->seed, dst) == 0) return 0;
+    if (!src->archive && q4_compress_dummy(&m->layout, i, src->seed, dst) == 0) return 0;
     if (!src->archive) return fg_fail(err, "out of memory compressing %s", t->name);
     /* as loaded: the fp32 values are these, widened */
     fp16 *values = malloc(t->count * sizeof *values);

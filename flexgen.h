@@ -193,6 +193,7 @@ weight_file weight_file_of(fg_model *m);
 int load_weights_into_homes(fg_model *m, char *err);
 size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
 int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
+int q4_compress_dummy(const opt_layout *l, int t, uint64_t seed, uint8_t *dst); /* quant.c */
 
 
 /* A stage of a pipeline holds `micro` blocks (its micro-batches, §4.4), each with its own KV

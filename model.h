@@ -199,8 +199,6 @@ static inline FG_HOST_DEVICE size_t q4_bytes(size_t outer, size_t len, size_t in
     return outer * ((len + Q4_GROUP - 1) / Q4_GROUP) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
 }
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst);
-void q4_compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner,
-                        size_t g0, size_t g1, uint8_t *dst); /* groups g0..g1-1: src holds their rows */
 int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);

@@ -19,8 +19,11 @@
  * does); an embedding table [vocab][dim] is [1][vocab][dim]. The KV cache: a token's row of heads
  * is [heads][head_dim][1]. Padding nibbles are 0 and never read back; min and max come from the
  * real values only. Whole groups of contiguous values run on simd.c's AVX2 twins, to the bit.
+ * Dummy weights (a model's shape without its checkpoint) are made straight in this form, a row or
+ * a group at a time (q4_compress_dummy), with the bytes compressing their fp16 values gives.
  * ============================================================================================ */
 #include "model.h"
+#include "flexgen.h"
 #include "support/support.h"
 
 #include <math.h>
@@ -78,8 +81,8 @@ static void compress_group(const float *x, size_t stride, size_t n, uint8_t *byt
 
 /* Groups g0 .. g1 - 1 along len of every outer index, parallel over them, into the whole
  * tensor's layout: src is [outer][rows][inner], its rows those of the groups, from g0 on. */
-void q4_compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner,
-                        size_t g0, size_t g1, uint8_t *dst) {
+static void compress_groups(const float *src, size_t rows, size_t outer, size_t len, size_t inner,
+                            size_t g0, size_t g1, uint8_t *dst) {
     size_t G = n_groups(len), span = g1 - g0;
 #pragma omp parallel for schedule(static) if (outer * span * inner >= 4096)
     for (size_t og = 0; og < outer * span; og++) {
@@ -96,7 +99,7 @@ void q4_compress_groups(const float *src, size_t rows, size_t outer, size_t len,
 
 /* The whole tensor (the KV cache's new rows at every step; weights once, at load). */
 void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8_t *dst) {
-    q4_compress_groups(src, len, outer, len, inner, 0, n_groups(len), dst);
+    compress_groups(src, len, outer, len, inner, 0, n_groups(len), dst);
 }
 
 /* The same bytes from fp16 values (a weight as loaded), widened a few groups at a time: a large
@@ -110,10 +113,68 @@ int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner, ui
         size_t rows = (g1 * Q4_GROUP < len ? g1 * Q4_GROUP : len) - r0;
         for (size_t o = 0; o < outer; o++)
             fp16_to_fp32_n(src + (o * len + r0) * inner, wide + o * rows * inner, rows * inner);
-        q4_compress_groups(wide, rows, outer, len, inner, g0, g1, dst);
+        compress_groups(wide, rows, outer, len, inner, g0, g1, dst);
     }
     free(wide);
     return wide ? 0 : -1;
+}
+
+/* A dummy matrix [in][out] of `parts` parts side by side (outer in parts, len out / parts, inner
+ * 1): outer index o is row k = o / parts of part o % parts, whose value j is element j in + k of
+ * the part's checkpoint tensor [out][in]. A thread a row at a time. */
+static int compress_dummy_matrix(const opt_layout *l, int t, uint64_t seed, uint8_t *dst) {
+    const opt_tensor *ten = &l->tensors[t];
+    size_t parts = (size_t)ten->n_specs, outer = ten->group_outer, len = ten->group_len;
+    size_t in = outer / parts, row_bytes = q4_bytes(1, len, 1);
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *row = malloc(len * sizeof *row);
+        fp16 *halves = malloc(len * sizeof *halves);
+        failed = !row || !halves;
+#pragma omp for schedule(dynamic, 8)
+        for (size_t o = 0; o < outer; o++) {
+            if (failed) continue;
+            opt_tensor_dummy_values(l, t, (int)(o % parts), seed, o / parts, in, len, row, halves);
+            compress_groups(row, len, 1, len, 1, 0, n_groups(len), dst + o * row_bytes);
+        }
+        free(row);
+        free(halves);
+    }
+    return failed ? -1 : 0;
+}
+
+/* A dummy embedding [len][inner] (outer 1): group g is rows 64 g on of every column, elements
+ * (64 g + r) inner + i in checkpoint order. A thread a group at a time. */
+static int compress_dummy_table(const opt_layout *l, int t, uint64_t seed, uint8_t *dst) {
+    const opt_tensor *ten = &l->tensors[t];
+    size_t len = ten->group_len, inner = ten->group_inner, groups = n_groups(len);
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *block = malloc(Q4_GROUP * inner * sizeof *block);
+        fp16 *halves = malloc(Q4_GROUP * inner * sizeof *halves);
+        failed = !block || !halves;
+#pragma omp for schedule(dynamic, 1)
+        for (size_t g = 0; g < groups; g++) {
+            if (failed) continue;
+            size_t rows = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
+            opt_tensor_dummy_values(l, t, 0, seed, g * Q4_GROUP * inner, 1, rows * inner, block,
+                                    halves);
+            compress_groups(block, rows, 1, len, inner, g, g + 1, dst);
+        }
+        free(block);
+        free(halves);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Dummy tensor t (seed) made straight in its 4-bit stored form, in parallel: the bytes
+ * q4_compress_fp16 makes of opt_tensor_fill's fp16 values, without a copy of those (a 98 GB
+ * OPT-175B made at the cores' speed). -1: out of memory. */
+int q4_compress_dummy(const opt_layout *l, int t, uint64_t seed, uint8_t *dst) {
+    if (l->tensors[t].group_inner == 1) return compress_dummy_matrix(l, t, seed, dst);
+    return compress_dummy_table(l, t, seed, dst);
 }
 
 /* ---- decompression: the hot path (every compressed weight, every token) ---- */

@@ -718,62 +718,11 @@ static void dummy_values(const value_source *v, size_t first, size_t apart, size
     fp16_to_fp32_n(halves, out, n);
 }
 
-/* A matrix [in][out] of `parts` specs side by side (outer in parts, len out / parts, inner 1):
- * outer index o is row k = o / parts of part o % parts, whose value j is element j in + k of the
- * part's checkpoint tensor [out][in]. A thread a row at a time. */
-static int fill_q4_matrix(const opt_tensor *ten, const tensor_spec *specs, uint64_t seed,
-                          uint8_t *dst) {
-    size_t parts = (size_t)ten->n_specs, outer = ten->group_outer, len = ten->group_len;
-    size_t in = outer / parts, row_bytes = q4_bytes(1, len, 1);
-    int failed = 0;
-#pragma omp parallel reduction(| : failed)
-    {
-        float *row = malloc(len * sizeof *row);
-        fp16 *halves = malloc(len * sizeof *halves);
-        failed = !row || !halves;
-#pragma omp for schedule(dynamic, 8)
-        for (size_t o = 0; o < outer; o++) {
-            if (failed) continue;
-            value_source v = dummy_source(&specs[ten->first_spec + o % parts], seed);
-            dummy_values(&v, o / parts, in, len, row, halves);
-            q4_compress(row, 1, len, 1, dst + o * row_bytes);
-        }
-        free(row);
-        free(halves);
-    }
-    return failed ? -1 : 0;
-}
-
-/* An embedding [len][inner] (outer 1): group g is rows 64 g on of every column, elements
- * (64 g + r) inner + i in checkpoint order. A thread a group at a time. */
-static int fill_q4_table(const opt_tensor *ten, const tensor_spec *specs, uint64_t seed,
-                         uint8_t *dst) {
-    size_t len = ten->group_len, inner = ten->group_inner, groups = (len + Q4_GROUP - 1) / Q4_GROUP;
-    value_source v = dummy_source(&specs[ten->first_spec], seed);
-    int failed = 0;
-#pragma omp parallel reduction(| : failed)
-    {
-        float *block = malloc(Q4_GROUP * inner * sizeof *block);
-        fp16 *halves = malloc(Q4_GROUP * inner * sizeof *halves);
-        failed = !block || !halves;
-#pragma omp for schedule(dynamic, 1)
-        for (size_t g = 0; g < groups; g++) {
-            if (failed) continue;
-            size_t rows = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
-            dummy_values(&v, g * Q4_GROUP * inner, 1, rows * inner, block, halves);
-            q4_compress_groups(block, rows, 1, len, inner, g, g + 1, dst);
-        }
-        free(block);
-        free(halves);
-    }
-    return failed ? -1 : 0;
-}
-
-int opt_tensor_fill_q4(const opt_layout *l, int t, uint64_t seed, uint8_t *dst) {
-    const opt_tensor *ten = &l->tensors[t];
+void opt_tensor_dummy_values(const opt_layout *l, int t, int part, uint64_t seed, size_t first,
+                             size_t apart, size_t n, float *out, fp16 *halves) {
     const tensor_spec *specs = l->specs;
-    if (ten->group_inner == 1) return fill_q4_matrix(ten, specs, seed, dst);
-    return fill_q4_table(ten, specs, seed, dst);
+    value_source v = dummy_source(&specs[l->tensors[t].first_spec + part], seed);
+    dummy_values(&v, first, apart, n, out, halves);
 }
 
 /* The line naming a tensor's first value that is not a finite fp16: NaN, Inf, or beyond fp16. */

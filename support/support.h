@@ -290,9 +290,11 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
  * fp16 (NaN, Inf, or beyond 65504). */
 int opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float *dst32, fp16 *dst16,
                     char *err);
-/* Dummy tensor t (seed) made straight in its 4-bit stored form (§5), in parallel: the bytes
- * q4_compress_fp16 makes of opt_tensor_fill's fp16 values, without those. -1: out of memory. */
-int opt_tensor_fill_q4(const opt_layout *l, int t, uint64_t seed, uint8_t *dst);
+/* n dummy values (seed) of part `part` of tensor t, `apart` apart in the part's checkpoint order
+ * from element `first`, rounded to fp16 as opt_tensor_fill rounds them, as fp32 (halves: room for
+ * n), for quant.c's q4_compress_dummy. */
+void opt_tensor_dummy_values(const opt_layout *l, int t, int part, uint64_t seed, size_t first,
+                             size_t apart, size_t n, float *out, fp16 *halves);
 
 /* ---- The disk tier's files, mapped (disk_arena.c) ---- */
 /* A file of the disk tier, mapped: pieces of it are taken page-aligned, in order. */

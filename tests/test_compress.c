@@ -95,7 +95,7 @@ static void compress_weights(opt_weights *w) {
     opt_layout_free(&l);
 }
 
-/* Dummy weights made straight in their 4-bit stored form (opt_tensor_fill_q4) are the bytes that
+/* Dummy weights made straight in their 4-bit stored form (q4_compress_dummy) are the bytes that
  * compressing the fp16 dummy values gives (q4_compress_fp16 of opt_tensor_fill's), for every
  * grouped tensor: OPT's q|k|v of 3 parts, opt-350m's projections and rows of 20 (groups of 64
  * across fewer), a vocabulary not a multiple of 64; LLaMA's untied lm_head and grouped k, v. */
@@ -119,7 +119,7 @@ static void test_dummy_q4(void) {
             CU_ASSERT_EQUAL_FATAL(opt_tensor_fill(&l, i, &src, NULL, values, err), 0);
             CU_ASSERT_EQUAL_FATAL(q4_compress_fp16(values, t->group_outer, t->group_len, t->group_inner, want), 0);
             memset(got, 0xa5, bytes);
-            CU_ASSERT_EQUAL_FATAL(opt_tensor_fill_q4(&l, i, 5, got), 0);
+            CU_ASSERT_EQUAL_FATAL(q4_compress_dummy(&l, i, 5, got), 0);
             size_t at = 0;
             while (at < bytes && got[at] == want[at]) at++;
             EXPECT(at == bytes, "%s, %s ([%zu][%zu][%zu], %d part(s)): byte %zu of %zu differs from the "
