@@ -262,9 +262,9 @@ void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch
 
 /* ============================================================================================
  * Weights on the tiers (§4.2, "Search Space": weight placement). The gpu tier holds fp16
- * working copies, or the 4-bit bytes where the backend's products read them (the CPU's; CUDA
- * decompresses them into staging at each use); cpu and disk homes hold fp16 (or 4-bit), loaded
- * into one of two staging arenas while the previous layer computes.
+ * working copies, or the 4-bit bytes, which both backends' products read as they are; cpu and
+ * disk homes hold fp16 (or 4-bit), loaded into one of two staging arenas while the previous
+ * layer computes.
  * ============================================================================================ */
 
 static int in_stage(const fg_model *m, int i) {
