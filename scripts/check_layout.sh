@@ -9,9 +9,21 @@
 # text aside); no line of a paper file over 100 columns; and the maps at the top of flexgen.c
 # and lp.c give each function's line.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
+#        bash scripts/check_layout.sh --fix-maps   (first writes each map row's line number anew)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
+# The line of each function named in a file's map, where its definition begins.
+defined_at='/^[a-z]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }'
+if [ "${1:-}" = --fix-maps ]; then
+    for f in flexgen.c lp.c; do
+        awk 'FNR == NR && FNR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = 1 }
+            FNR == NR && '"$defined_at"'
+            FNR != NR && FNR < 40 && /^ \* +[0-9]+  [a-z_]+ / && ($3 in got) {
+                sub(/^ \* +[0-9]+/, sprintf(" * %5d", got[$3])) }
+            FNR != NR { print }' "$f" "$f" > "$f.maps" && mv "$f.maps" "$f"
+    done
+fi
 check() { # what, value, limit
     if [ "$2" -le "$3" ]; then echo "ok    $1: $2 (at most $3)"; else echo "MISS  $1: $2 (at most $3)"; fail=1; fi
 }
@@ -49,8 +61,8 @@ listed "lines over 100 columns in the paper files" "$(awk 'length > 100 { print 
 # The maps: " *  LINE  NAME  what" rows in a file's top comment, each the line of NAME's definition.
 for f in flexgen.c lp.c; do
     wrong=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = $2 }
-        /^[a-z]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }
-        END { for (n in want) if (got[n] != want[n]) printf "%s at %s, not %s\n", n, got[n], want[n] }' "$f")
+        '"$defined_at"'
+        END { for (n in want) if (got[n] != want[n]) printf "%s at %s, not %s (--fix-maps writes it)\n", n, got[n], want[n] }' "$f")
     rows=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ /' "$f" | wc -l)
     if [ "$rows" -gt 0 ] && [ -z "$wrong" ]; then echo "ok    $f's map: each of its $rows lines is its function's"
     else echo "MISS  $f's map ($rows rows):"; echo "$wrong"; fail=1; fi
