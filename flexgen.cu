@@ -443,15 +443,19 @@ static unsigned blocks_for(size_t n, unsigned threads) {
     return (unsigned)((n + threads - 1) / threads);
 }
 
-static void count_widened(void) { count(&counts.widened, 1); }
+/* dequant_kernel's slice of src into dst, counted (the counters' `widened`). */
+static void widen(__half *dst, const void *src, size_t len, size_t inner, size_t first,
+                  size_t stride, size_t width, size_t n) {
+    count(&counts.widened, 1);
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)src, len, inner,
+                                                                  first, stride, width, n, dst);
+    LAUNCHED("dequant_kernel");
+}
 
 /* A whole 4-bit tensor to fp16 (the profile's decompression rate). */
 static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, size_t inner) {
     size_t n = outer * len * inner;
-    count_widened();
-    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)src, len, inner,
-                                                                  0, n, n, n, (__half *)dst);
-    LAUNCHED("dequant_kernel");
+    widen((__half *)dst, src, len, inner, 0, n, n, n);
 }
 
 static void cuda_weights_in(void *dst, const fp16 *src, size_t n) { cuda_copy_in(dst, src, 2 * n); }
@@ -853,8 +857,9 @@ __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t 
     for (int k = blockIdx.y * k_chunk + warp; k < k_end && j0 < part_cols; k += Q4_WARPS) {
         const uint8_t *row = W + ((size_t)k * parts + part) * part_bytes;
         const __half *mins = (const __half *)(row + G * (Q4_GROUP / 2));
+        const __half *scales = mins + G;
         uint32_t codes = code_word(row + j0 / 2, aligned);
-        float scale = __half2float(mins[G + j0 / Q4_GROUP]);
+        float scale = __half2float(scales[j0 / Q4_GROUP]);
         float min = __half2float(mins[j0 / Q4_GROUP]);
         float w[8];
         for (int c = 0; c < 8; c++) {
@@ -953,11 +958,7 @@ __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_
  * width of every row; of a table E [vocab][dim], rows v0 .. v0 + count whole. */
 static void widen_slice(cuda_ws *d, const void *W, size_t len, size_t inner, size_t first,
                         size_t stride, size_t count, size_t width) {
-    size_t n = count * width;
-    count_widened();
-    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
-        (const uint8_t *)W, len, inner, first, stride, width, n, (__half *)d->q4_scratch);
-    LAUNCHED("dequant_kernel");
+    widen((__half *)d->q4_scratch, W, len, inner, first, stride, width, count * width);
 }
 
 /* y[rows][out] (=, += with beta 1) x[rows][in] W, slices of columns of W (of `parts` parts). */
