@@ -15,8 +15,10 @@
  *   tables      the rows' layout, cache pointers and page tables that the kernels read go up
  *               from pinned memory once a step, not once a layer: a table already on the device
  *               serves the next layer, whose pools lie a fixed distance on (its shift)
- *   counters    host waits, launches, cuBLAS products, copies and allocations, on every thread,
- *               which the runtime reads per step (--json, the trace; docs/GPU.md)
+ *   counters    host waits, launches, graph launches, cuBLAS products, copies and allocations, on
+ *               every thread, which the runtime reads per step (--json, the trace; docs/GPU.md)
+ *   graphs      a decode step's layer is captured into a CUDA Graph, updated for each layer and
+ *               step, and launched as one (layer_graph_begins)
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
  *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
@@ -97,8 +99,9 @@ static void cuda_fail(const char *call, int line, const char *msg) {
 static int sync_each_kernel;
 static void wait_stream(void);
 static uint64_t note_queued(void);
+static int capturing(void);
 static void launched(const char *kernel, int line) {
-    count(&counts.launches, 1);
+    if (!capturing()) count(&counts.launches, 1); /* a captured kernel runs in its graph's launch */
     note_queued();
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) cuda_fail(kernel, line, cudaGetErrorString(e));
@@ -141,6 +144,7 @@ typedef struct {
     uint64_t host_copied_at;  /* the work that event stands for, 0: none since the host waited */
     cudaEvent_t mark;         /* recorded by join: the work another stream must wait for */
     uint64_t queued, finished;
+    int capturing;            /* its stream's work goes into a CUDA Graph (layer_graph_begins) */
 } thread_ctx;
 
 static pthread_key_t ctx_key;
@@ -225,6 +229,9 @@ static void wait_event(cudaEvent_t e, uint64_t at) {
 
 /* Numbers a piece of work just put on this thread's stream (a kernel's, a copy's, a wait's). */
 static uint64_t note_queued(void) { return ++ctx()->queued; }
+
+/* This thread's stream is being captured into a graph (layer_graph_begins). */
+static int capturing(void) { return ctx()->capturing; }
 
 /* What kind of memory p is in: cudaMemoryTypeDevice, cudaMemoryTypeHost (pinned), or
  * cudaMemoryTypeUnregistered (plain host memory). */
@@ -498,6 +505,8 @@ typedef struct {
     float *partials;    /* [span_slots][head_dim + 2]: decode attention's spans (queue_attention),
                            over scores and probs, which attention after cached tokens leaves */
     size_t span_slots;  /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
+    cudaGraphExec_t layer_graph; /* a decode layer's kernels, updated for each layer and step */
+    int graphs;         /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
     float *q4_scratch;  /* 4-bit products: decode's partial sums, or a slice widened to fp16,
                            over scores, probs and parts[4] too */
     size_t widen_values; /* the values of a widened slice that q4_scratch holds */
@@ -542,6 +551,7 @@ static void free_host_rows(cuda_ws *d) {
 }
 
 static void cuda_ws_free(cuda_ws *d) {
+    if (d->layer_graph) cudaGraphExecDestroy(d->layer_graph);
     table_slots_free(d->token_tables, FG_CUDA_TOKEN_TABLES);
     table_slots_free(d->cache_tables, FG_CUDA_CACHE_TABLES);
     cuda_free(d->block);
@@ -586,6 +596,8 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     d->span_slots = fg_cuda_span_slots(cfg, rows, max_len);
     d->q4_scratch = (float *)parts[2];
     d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
+    const char *graphs = getenv("FLEXGEN_CUDA_GRAPHS");
+    d->graphs = !sync_each_kernel && !(graphs && !strcmp(graphs, "0"));
     ws->rows = rows;
     ws->max_len = max_len;
     ws->device = d;
@@ -1605,7 +1617,43 @@ static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, cons
     if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);
 }
 
-/* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). */
+/* ---- A decode layer as one CUDA Graph: the kernels (and cuBLAS products) of a layer are
+ * captured from the compute stream instead of launched, and the graph is launched as one. Every
+ * layer of a decode step has the same kernels in the same order with other arguments (weights,
+ * cache pointers and shift, grid sizes as the batch and the keys grow), so one instantiated graph
+ * serves them all: each layer's capture updates it (cudaGraphExecUpdate, which leaves launches
+ * already queued as they were), and a capture whose kernels differ (the attention's split over
+ * keys begins, say) instantiates it anew. The host queues one graph launch a layer for the ten
+ * or so kernels (the counters' graph_launches). Not captured: prefill, a layer with delegated
+ * sequences (their rows go to the host and back), FLEXGEN_CUDA_SYNC=1 and FLEXGEN_CUDA_GRAPHS=0. */
+static int layer_graph_begins(cuda_ws *d, const gpu_batch *gb, const cache_table *t) {
+    if (!d->graphs || gb->n_new != 1 || t->on_device < gb->batch) return 0;
+    thread_ctx *c = ctx();
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = 1;
+    return 1;
+}
+
+static void layer_graph_ends(cuda_ws *d, int captured) {
+    if (!captured) return;
+    thread_ctx *c = ctx();
+    cudaGraph_t graph;
+    cudaGraphExecUpdateResultInfo info;
+    c->capturing = 0;
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    if (!d->layer_graph || cudaGraphExecUpdate(d->layer_graph, graph, &info) != cudaSuccess) {
+        cudaGetLastError(); /* an update refused: other kernels; instantiated anew */
+        if (d->layer_graph) CUDA_CHECK(cudaGraphExecDestroy(d->layer_graph));
+        CUDA_CHECK(cudaGraphInstantiate(&d->layer_graph, graph, 0));
+    }
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaGraphLaunch(d->layer_graph, c->stream));
+    count(&counts.graph_launches, 1);
+    note_queued();
+}
+
+/* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). Its tables
+ * go up first, outside the graph (an upload may wait for its slot's last one). */
 static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
     const opt_config *c = &w->cfg;
     const opt_layer_weights *L = &w->layers[layer];
@@ -1613,12 +1661,13 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
     __half *x = (__half *)gb->x;
     const __half *in = x;
+    cache_table t = upload_cache(d, gb);
+    int graph = layer_graph_begins(d, gb, &t);
     if (c->pre_ln) {
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, d->h);
         in = d->h;
     }
     linear(d, in, rows, h, L->wqkv, 3 * w->q4, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
-    cache_table t = upload_cache(d, gb);
     cache_attention(d, c, gb, &t, ws);
     /* out_proj's bias comes with the norm: one launch */
     linear(d, d->attn, rows, h, L->wo, w->q4, NULL, h, x, OUT_ADD);
@@ -1627,6 +1676,7 @@ static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_works
     linear(d, c->pre_ln ? d->h : x, rows, h, L->fc1_w, w->q4, L->fc1_b, f, d->ffn, OUT_RELU);
     linear(d, d->ffn, rows, f, L->fc2_w, w->q4, L->fc2_b, h, x, OUT_ADD);
     if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x);
+    layer_graph_ends(d, graph);
 }
 
 /* Into d->h: the last row of each sequence of x, or every row with all_rows; their count. */
@@ -1743,7 +1793,7 @@ static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace 
     LAUNCHED("gather_rows_kernel");
 }
 
-/* One decoder layer (llama_model.c's llama_layer, step for step). */
+/* One decoder layer (llama_model.c's llama_layer, step for step); its tables first, as OPT's. */
 static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
     const opt_config *c = &w->cfg;
     const opt_layer_weights *L = &w->layers[layer];
@@ -1753,13 +1803,14 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     rope_freqs freqs;
     rope_frequencies(c, freqs.f);
+    cache_table t = upload_cache(d, gb);
+    int graph = layer_graph_begins(d, gb, &t);
     /* input_layernorm, then the q, k, v projections */
     rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);
     linear(d, d->h, rows, h, L->wq, w->q4, L->bq, qw, d->qkv + at.at[0], OUT_SET);
     linear(d, d->h, rows, h, L->wk, w->q4, L->bk, kw, d->qkv + at.at[1], OUT_SET);
     linear(d, d->h, rows, h, L->wv, w->q4, L->bv, kw, d->qkv + at.at[2], OUT_SET);
     /* positions into q, k */
-    cache_table t = upload_cache(d, gb);
     int hd = cfg_head_dim(c);
     rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, hd,
                                                  c->n_heads, cfg_kv_heads(c), freqs);
@@ -1776,6 +1827,7 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
     LAUNCHED("swiglu_kernel");
     /* down_proj, residual */
     linear(d, gate, rows, f, L->down_w, w->q4, L->down_b, h, x, OUT_ADD);
+    layer_graph_ends(d, graph);
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */

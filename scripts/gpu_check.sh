@@ -10,7 +10,8 @@
 #   speed  this project beside FlexGen 0.1.8 on the same card in the same run, each warmed up
 #          (--warmup; FlexGen's flex_opt warms itself up), dummy weights, prompt 512, --gpu-mem
 #          16G (32G at 32 x 1, whose cache needs it), in this order while the half's time lasts:
-#          opt-1.3b all on the GPU at 4 x 1 and 32 x 1 (a small model: launches set its pace);
+#          opt-1.3b all on the GPU at 4 x 1 (and with FLEXGEN_CUDA_GRAPHS=0: each kernel launched on
+#          its own) and 32 x 1 (a small model: launches set its pace);
 #          opt-6.7b all on the GPU at 4 x 1 and 32 x 1, and 4-bit at 4 x 1 (--compress-weight,
 #          FlexGen's too); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
@@ -279,6 +280,7 @@ do_speed() {
     local gpu=(--percent 100 0 100 0 100 0 --num-gpu-batches 1)
     local offloaded=(--percent 40 60 0 100 0 100 --gpu-batch-size "$big" --num-gpu-batches 4 --cpu-cache-compute)
     row opt-1.3b-4x1 opt-1.3b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
+    FLEXGEN_CUDA_GRAPHS=0 row opt-1.3b-4x1-no-graphs opt-1.3b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row opt-1.3b-32x1 opt-1.3b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
     row opt-6.7b-4x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
     row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big" --gpu-mem "$GPU_MEM_32"

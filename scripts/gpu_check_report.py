@@ -69,8 +69,8 @@ def counters(m):
     most = m.get("device_counts", {}).get("decode_step_most")
     if not most:
         return "-"
-    return "%d / %d / %d / %d / %d" % (most["host_waits"], most["launches"], most["blas_calls"],
-                                       most.get("widened", 0), most["copies_in"])
+    return "%d / %d / %d / %d / %d / %d" % (most["host_waits"], most["launches"], most.get("graph_launches", 0),
+                                            most["blas_calls"], most.get("widened", 0), most["copies_in"])
 
 
 def shares(m):
@@ -104,8 +104,8 @@ if not rows:
     print("Not run.")
 else:
     print("Token/s as each program reports them (FlexGen's formulas). Counters: this project's busiest")
-    print("decode step, host waits / kernel launches / cuBLAS products / 4-bit slices widened / copies")
-    print("to the device")
+    print("decode step, host waits / kernel launches / graph launches (a layer's kernels each) / cuBLAS")
+    print("products / 4-bit slices widened / copies to the device")
     print("(docs/GPU.md derives them). Read limit: the fp16 weights over the card's datasheet HBM")
     print("bandwidth, against a decode step's time; fp16 peak: prefill's 2 x parameters FLOPs a token")
     print("against the card's dense fp16 tensor peak.\n")

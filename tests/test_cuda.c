@@ -328,9 +328,10 @@ static step_budget decode_step_budget(const opt_config *c) {
  * that never counts fails too), no copy from pageable memory, no device allocation, the rows'
  * tables uploaded once a step and GPU batch (a token table and a cache table), and the launches
  * of the budget. With 4-bit weights (q4) the products read the codes: no slice widened to fp16,
- * no cuBLAS product, two kernels for each (a product's partial sums, their sum; lm_head one). The
- * CPU counts nothing. */
-static void expect_steady_decode(const char *fixture_name, int ngb, int q4) {
+ * no cuBLAS product, two kernels for each (a product's partial sums, their sum; lm_head one). Each
+ * decoder layer's kernels go to the GPU as one CUDA Graph, every step (graphs_on), or each on its
+ * own (FLEXGEN_CUDA_GRAPHS=0): the budget holds either way. The CPU counts nothing. */
+static void expect_steady_decode(const char *fixture_name, int ngb, int q4, int graphs_on) {
     fixture_prompts f;
     fixture_prompts_open(fixture_name, N_SEQ, &f);
     int tokens[N_SEQ * GEN];
@@ -384,19 +385,29 @@ static void expect_steady_decode(const char *fixture_name, int ngb, int q4) {
                (long long)budget.blas_calls);
         EXPECT(most->widened == 0, "%s, blocks of 2 x %d%s: a decode step widened %lld slices of 4-bit weights "
                "to fp16; expected none", fixture_name, ngb, q4 ? ", 4-bit" : "", (long long)most->widened);
+        /* a block's last GPU batches may be idle (fewer prompts than slots): whole layers, at most */
+        int64_t graphs = graphs_on ? (int64_t)f.cfg.n_layers * ngb : 0, all = t.decode_counts.graph_launches;
+        EXPECT(most->graph_launches == graphs && all % f.cfg.n_layers == 0 && (all > 0) == graphs_on,
+               "%s, blocks of 2 x %d, graphs %s: expected one graph launch a decoder layer and GPU batch, %lld in "
+               "the busiest step, got %lld (%lld in %lld steps)", fixture_name, ngb, graphs_on ? "on" : "off",
+               (long long)graphs, (long long)most->graph_launches, (long long)all, (long long)t.decode_steps);
     }
     fixture_prompts_close(&f);
 }
 
 static void test_steady_decode(void) {
     if (!gpu_present()) return;
-    expect_steady_decode("opt-tiny", 1, 0);
-    expect_steady_decode("opt-tiny", 2, 0);
-    expect_steady_decode("opt-tiny-350m", 1, 0);
-    expect_steady_decode("llama-tiny-mqa-bias", 1, 0);
-    expect_steady_decode("opt-tiny", 1, 1);
-    expect_steady_decode("opt-tiny-350m", 1, 1);
-    expect_steady_decode("llama-tiny-mqa-bias", 1, 1);
+    expect_steady_decode("opt-tiny", 1, 0, 1);
+    expect_steady_decode("opt-tiny", 2, 0, 1);
+    expect_steady_decode("opt-tiny-350m", 1, 0, 1);
+    expect_steady_decode("llama-tiny-mqa-bias", 1, 0, 1);
+    expect_steady_decode("opt-tiny", 1, 1, 1);
+    expect_steady_decode("opt-tiny-350m", 1, 1, 1);
+    expect_steady_decode("llama-tiny-mqa-bias", 1, 1, 1);
+    setenv("FLEXGEN_CUDA_GRAPHS", "0", 1); /* each kernel launched on its own: the same budget */
+    expect_steady_decode("opt-tiny", 2, 0, 0);
+    expect_steady_decode("llama-tiny-mqa-bias", 1, 1, 0);
+    unsetenv("FLEXGEN_CUDA_GRAPHS");
 }
 
 /* --gpu-mem caps device memory like any tier: a plan over it is refused before a byte moves,
@@ -535,7 +546,7 @@ static void test_gpu_check_dry(void) {
     CU_ASSERT_FATAL(md != NULL);
     static const char *const want[] = {"| check | build | pass |", "| check | suites | pass |", "| check | kjv | pass |",
                                        "| check | sanitizer | skip |", "| speed | table | pass |", "| big | table | pass |",
-                                       "| opt-1.3b-4x1 |", "| opt-1.3b-32x1 |",
+                                       "| opt-1.3b-4x1 |", "| opt-1.3b-4x1-no-graphs |", "| opt-1.3b-32x1 |",
                                        "| opt-6.7b-4x1 | 4 x 1, 100 0 100 0 100 0, gen 4 | this",
                                        "| opt-6.7b-4bit | 4 x 1, 100 0 100 0 100 0 --compress-weight, gen 4 | this",
                                        "| opt-13b-offloaded |", "| llama-2-7b-4bit |", "| opt-175b-4bit-gpu | 32 x 1",

@@ -27,7 +27,7 @@ void cuda_emu_set_capability(int major, int minor);
 
 typedef struct {
     long long kernels, blocks, threads, switches; /* launched and run */
-    long long gemms, copies, host_waits;
+    long long gemms, copies, host_waits, graph_launches;
     long long opened;                              /* allocations opened to a kernel or copy */
 } cuda_emu_stats;
 void cuda_emu_get_stats(cuda_emu_stats *s);

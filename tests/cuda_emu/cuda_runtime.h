@@ -64,6 +64,8 @@ typedef enum cudaError {
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorGraphExecUpdateFailure = 910,
 } cudaError_t;
 
 typedef enum cudaMemcpyKind {
@@ -158,6 +160,24 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* ---- Graphs: a stream's work captured instead of run, then launched as a whole, as often as
+ * wanted; an update gives a graph of the same operations (kernels by name) new arguments ---- */
+typedef struct cuda_emu_graph *cudaGraph_t;
+typedef struct cuda_emu_graph *cudaGraphExec_t;
+typedef enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+} cudaStreamCaptureMode;
+typedef struct { int result; void *errorNode, *errorFromNode; } cudaGraphExecUpdateResultInfo;
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 
 /* ---- Device code ---- */
 void __syncthreads(void);

@@ -403,11 +403,18 @@ struct dependency { stream_state *stream; uint64_t upto; };
 struct operation {
     std::function<void()> run;
     std::vector<dependency> after; /* work on other streams that must run first */
+    const char *kind = "";         /* a kernel's name, or "copy", "memset", "gemm", "wait" */
+};
+/* A captured graph, or one instantiated from it (an exec): its operations in order. */
+struct cuda_emu_graph {
+    std::vector<operation> ops;
 };
 struct stream_state {
     std::deque<operation> queue;
     uint64_t queued = 0, done = 0; /* operations ever queued, and run */
     bool blocking;                 /* orders with the legacy stream (not cudaStreamNonBlocking) */
+    cuda_emu_graph *capture = NULL; /* capturing: work goes here, not to the queue */
+    bool capture_broken = false;    /* something not capturable was asked during the capture */
 };
 struct event_state {
     stream_state *stream = NULL;   /* NULL: never recorded, or its stream is gone */
@@ -427,8 +434,15 @@ static bool stream_exists(cudaStream_t s) { /* under the device lock: other thre
     return !s || std::find(streams.begin(), streams.end(), (stream_state *)s) != streams.end();
 }
 
-/* Queues op on s with the legacy stream's implicit ordering; returns its sequence number. */
+/* Queues op on s with the legacy stream's implicit ordering; returns its sequence number. On a
+ * stream that captures, op joins the graph instead; a dependency on other work cannot (the
+ * harness captures one stream alone) and breaks the capture. */
 static uint64_t enqueue(stream_state *s, operation op) {
+    if (s->capture) {
+        if (!op.after.empty() || s->blocking) s->capture_broken = true;
+        s->capture->ops.push_back(std::move(op));
+        return s->queued;
+    }
     if (s == &legacy) {
         for (stream_state *t : streams)
             if (t->blocking) op.after.push_back({t, t->queued});
@@ -500,6 +514,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (!stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: no such stream");
     stream_state *st = stream_of(s);
+    if (st->capture) {
+        st->capture_broken = true;
+        return api_error(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize: the stream is capturing");
+    }
     host_waits([st] { run_until(st, st->queued); });
     return cudaSuccess;
 }
@@ -536,7 +554,75 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
     event_state *ev = event_of(e);
     if (!ev || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: no such %s", ev ? "stream" : "event");
+    if (stream_of(s)->capture) {
+        stream_of(s)->capture_broken = true;
+        return api_error(cudaErrorStreamCaptureUnsupported, "cudaEventRecord: the stream is capturing");
+    }
     ev->stream = stream_of(s), ev->upto = ev->stream->queued;
+    return cudaSuccess;
+}
+
+/* ---- Graphs ---- */
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    (void)mode;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    if (!s || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture: no such stream");
+    stream_state *st = stream_of(s);
+    if (st->capture) return api_error(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: already capturing");
+    st->capture = new cuda_emu_graph;
+    st->capture_broken = false;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    if (!s || !stream_exists(s) || !stream_of(s)->capture)
+        return api_error(cudaErrorInvalidValue, "cudaStreamEndCapture: the stream is not capturing");
+    stream_state *st = stream_of(s);
+    cuda_emu_graph *graph = st->capture;
+    st->capture = NULL;
+    if (st->capture_broken) {
+        delete graph;
+        *g = NULL;
+        return api_error(cudaErrorStreamCaptureUnsupported, "cudaStreamEndCapture: the capture was broken");
+    }
+    *g = graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    (void)flags;
+    if (!g) return api_error(cudaErrorInvalidValue, "cudaGraphInstantiate: no graph");
+    *e = new cuda_emu_graph(*g);
+    return cudaSuccess;
+}
+
+/* The exec takes g's arguments where g has the same operations in the same order. */
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
+    bool same = e && g && e->ops.size() == g->ops.size();
+    for (size_t i = 0; same && i < g->ops.size(); i++) same = !strcmp(e->ops[i].kind, g->ops[i].kind);
+    if (info) memset(info, 0, sizeof *info), info->result = same ? 0 : 1;
+    if (!same) return cudaErrorGraphExecUpdateFailure; /* not sticky: the caller instantiates anew */
+    e->ops = g->ops;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    if (!e || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: no such graph or stream");
+    stats.graph_launches++;
+    for (const operation &op : e->ops) enqueue(stream_of(s), op);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
     return cudaSuccess;
 }
 
@@ -649,7 +735,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
         return api_error(cudaErrorInvalidValue, "cudaMemsetAsync(%p, %zu bytes): not inside one device allocation", p, bytes);
     if (!stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: no such stream");
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
-    enqueue(stream_of(s), operation{[=] { memset(p, value, bytes); }, {}});
+    enqueue(stream_of(s), operation{[=] { memset(p, value, bytes); }, {}, "memset"});
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int value, size_t bytes) {
@@ -982,7 +1068,7 @@ void cuda_emu::enqueue_kernel(const launch_config &c, std::function<void()> body
         return;
     }
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
-    enqueue(stream_of(c.stream), operation{[c, body] { run_grid(c, body); }, {}});
+    enqueue(stream_of(c.stream), operation{[c, body] { run_grid(c, body); }, {}, c.name});
 }
 
 /* ============================================================================================
@@ -1059,6 +1145,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
     default: return "unknown error";
     }
 }
@@ -1239,7 +1327,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
     enqueue(stream_of(h->stream), operation{[=] {
         for (int i = 0; i < batches; i++) gemm_fp32(ta, tb, m, n, k, al, a, b, be, c, i);
-    }, {}});
+    }, {}, "gemm"});
     return CUBLAS_STATUS_SUCCESS;
 }
 

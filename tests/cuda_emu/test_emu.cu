@@ -231,6 +231,72 @@ static void test_stream_order(void) {
     cudaStreamDestroy(b);
 }
 
+/* ---- Graphs ---- */
+
+__global__ void set_to(float *p, float value) { p[threadIdx.x] = value; }
+
+/* Captures set_to(p, value), or add_one(p) where `other`, from s into a graph. */
+static cudaGraph_t captured(cudaStream_t s, float *p, float value, int other) {
+    cudaGraph_t g = NULL;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (other) add_one<<<1, 4, 0, s>>>(p, 4);
+    else set_to<<<1, 4, 0, s>>>(p, value);
+    cudaStreamEndCapture(s, &g);
+    return g;
+}
+
+static float value_after(cudaGraphExec_t e, cudaStream_t s, float *p) {
+    float host[4] = {0};
+    cudaGraphLaunch(e, s);
+    cudaStreamSynchronize(s);
+    cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost);
+    return host[3];
+}
+
+/* Captured work does not run until the graph is launched, and runs at each launch; an update from
+ * a capture of the same kernel gives the launch its new argument (the one queued before keeps its
+ * old one); a capture of another kernel is refused as an update; a host wait inside a capture
+ * breaks it. */
+static void test_graphs(void) {
+    cudaStream_t s;
+    float *p;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaMalloc(&p, 4 * sizeof(float));
+    cudaMemset(p, 0, 4 * sizeof(float));
+    cudaGraph_t one = captured(s, p, 1, 0), two = captured(s, p, 2, 0), other = captured(s, p, 0, 1);
+    cudaGraphExec_t e;
+    float host[4] = {-1, -1, -1, -1};
+    cudaStreamSynchronize(s);
+    cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost);
+    EXPECT(host[3] == 0, "captured work ran before its graph was launched: %g", host[3]);
+    CU_ASSERT_EQUAL_FATAL(cudaGraphInstantiate(&e, one, 0), cudaSuccess);
+    float first = value_after(e, s, p);
+    EXPECT(first == 1, "the graph of set_to(1) set %g", first);
+    cudaGraphLaunch(e, s); /* queued before the update: keeps 1 */
+    cudaGraphExecUpdateResultInfo info;
+    CU_ASSERT_EQUAL(cudaGraphExecUpdate(e, two, &info), cudaSuccess);
+    add_one<<<1, 4, 0, s>>>(p, 4);
+    cudaStreamSynchronize(s);
+    cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost);
+    EXPECT(host[3] == 2, "a launch queued before an update, then add_one: expected 2, got %g", host[3]);
+    float updated = value_after(e, s, p);
+    EXPECT(updated == 2, "after the update to set_to(2), a launch set %g", updated);
+    EXPECT(cudaGraphExecUpdate(e, other, &info) == cudaErrorGraphExecUpdateFailure && info.result != 0,
+           "an update from another kernel's capture: expected it refused");
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    EXPECT(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported, "a host wait inside a capture: expected it refused");
+    cudaGraph_t broken = NULL;
+    EXPECT(cudaStreamEndCapture(s, &broken) != cudaSuccess && broken == NULL,
+           "a capture with a host wait in it: expected no graph");
+    cudaGetLastError();
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(one);
+    cudaGraphDestroy(two);
+    cudaGraphDestroy(other);
+    cudaFree(p);
+    cudaStreamDestroy(s);
+}
+
 /* ---- Thread order ---- */
 
 /* Each thread writes its slot and reads its neighbour's: without the barrier, which value it
@@ -351,6 +417,7 @@ extern "C" void add_emu_tests(void) {
     CU_add_test(s, "a host read of device memory, a kernel past an allocation or its shared memory: reported", test_faults);
     CU_add_test(s, "a host pointer to a kernel, a copy's wrong direction or size: refused", test_argument_checks);
     CU_add_test(s, "streams run when the host waits, in event order", test_stream_order);
+    CU_add_test(s, "graphs: captured, launched, updated with new arguments; another kernel refused", test_graphs);
     CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move", test_thread_orders);
     CU_add_test(s, "the device's size and compute capability", test_device);
     CU_add_test(s, "cuBLAS: its argument checks and a product", test_cublas);
