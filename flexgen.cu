@@ -827,12 +827,14 @@ static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, cons
 }
 
 /* 4-bit products (§5). Up to Q4_DIRECT_ROWS rows of x (decode's) multiply the codes as they are
- * stored; a product of more rows (prefill's) widens W into fp16 slices for cuBLAS. Where the two
+ * stored, Q4_PASS_ROWS at a pass; a product of more rows (prefill's) widens W into fp16 slices
+ * for cuBLAS. Where the two
  * cross on a given GPU is for scripts/gpu_check.sh to measure. A matrix W [in][out] of `parts`
  * parts side by side (q|k|v: 3) is stored as quant.c lays it out with outer in parts, len
  * out / parts, inner 1: row k is each part's codes in turn, 32 bytes a group of 64 columns (byte
  * p: column 2p in its high half, 2p + 1 in its low), then the part's G mins and G scales. */
-#define Q4_DIRECT_ROWS FG_CUDA_Q4_ROWS
+#define Q4_DIRECT_ROWS FG_CUDA_Q4_DIRECT
+#define Q4_PASS_ROWS FG_CUDA_Q4_ROWS /* rows of x a kernel's lanes keep sums of, in registers */
 #define Q4_TILE 256 /* columns of a block: its warps' 32 lanes, 8 columns (4 bytes of codes) each */
 #define Q4_WARPS 8  /* a block's warps, which take its chunk's rows of W in turn */
 static_assert(Q4_TILE == Q4_WARPS * 32, "a block's threads: one a column of its tile");
@@ -848,7 +850,7 @@ __device__ uint32_t code_word(const uint8_t *codes, int aligned) {
 }
 
 /* partial[chunk][r][j] = sum over the chunk's rows k of W (k_chunk of them from chunk k_chunk) of
- * x[r][k] W[k][j], for r < rows <= Q4_DIRECT_ROWS. A block a tile of Q4_TILE columns of a part
+ * x[r][k] W[k][j], for r < rows <= Q4_PASS_ROWS. A block a tile of Q4_TILE columns of a part
  * and a chunk;
  * its warps take the chunk's rows in turn, each lane 8 columns of a row: it reads their 4 bytes of
  * codes (the warp's 128 bytes side by side), takes each code's value min + q scale in fp32
@@ -865,7 +867,7 @@ __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t 
     int j0 = tile0 + 8 * lane; /* this lane's first column in its part */
     int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
     size_t G = (size_t)(part_cols + Q4_GROUP - 1) / Q4_GROUP, part_bytes = G * (Q4_GROUP / 2 + 4);
-    float acc[Q4_DIRECT_ROWS][8] = {{0}};
+    float acc[Q4_PASS_ROWS][8] = {{0}};
     for (int k = blockIdx.y * k_chunk + warp; k < k_end && j0 < part_cols; k += Q4_WARPS) {
         const uint8_t *row = W + ((size_t)k * parts + part) * part_bytes;
         const __half *mins = (const __half *)(row + G * (Q4_GROUP / 2));
@@ -878,13 +880,13 @@ __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t 
             uint32_t q = codes >> (8 * (c / 2) + (c % 2 ? 0 : 4)) & 15;
             w[c] = fmaf(code_value(q), scale, min);
         }
-        for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+        for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
             float xv = __half2float(x[(size_t)r * in + k]);
             for (int c = 0; c < 8; c++) acc[r][c] = fmaf(xv, w[c], acc[r][c]);
         }
     }
     int j = tile0 + threadIdx.x;
-    for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+    for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
         for (int c = 0; c < 8; c++) sums[warp][8 * lane + c] = acc[r][c];
         __syncthreads();
         float total = 0;
@@ -909,24 +911,28 @@ __global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int ou
 }
 
 /* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
- * Q4_DIRECT_ROWS: q4_rows_kernel's partial sums in the workspace's scratch, then
- * q4_sum_kernel's. */
+ * Q4_DIRECT_ROWS: Q4_PASS_ROWS rows a pass, q4_rows_kernel's partial sums in the workspace's
+ * scratch, then q4_sum_kernel's (passes after the first read W again, mostly from the cache). */
 static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                        int parts, __half *y, int add) {
     int k_chunk = fg_cuda_q4_k_chunk(in, out);
     int chunks = (in + k_chunk - 1) / k_chunk;
     int aligned = (uintptr_t)W % 4 == 0;
     dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_TILE), chunks);
-    q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x, rows, in, (const uint8_t *)W, out,
-                                                         parts, k_chunk, aligned, d->q4_scratch);
-    LAUNCHED("q4_rows_kernel");
-    size_t n = (size_t)rows * out;
-    q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(d->q4_scratch, chunks, rows, out,
-                                                                 y, add);
-    LAUNCHED("q4_sum_kernel");
+    for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
+        int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
+        q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x + (size_t)r0 * in, pass, in,
+                                                             (const uint8_t *)W, out, parts,
+                                                             k_chunk, aligned, d->q4_scratch);
+        LAUNCHED("q4_rows_kernel");
+        size_t n = (size_t)pass * out;
+        q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
+            d->q4_scratch, chunks, pass, out, y + (size_t)r0 * out, add);
+        LAUNCHED("q4_sum_kernel");
+    }
 }
 
-/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= Q4_DIRECT_ROWS, a 4-bit table E
+/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= Q4_PASS_ROWS, a 4-bit table E
  * [vocab][dim] as quant.c stores an embedding (outer 1, len vocab, inner dim): byte
  * (32 g + p) dim + i holds column i of rows 64 g + 2p (high half) and 64 g + 2p + 1 (low half),
  * and the groups' mins and scales follow, [G][dim] each. A warp a pair of rows, which share their
@@ -942,20 +948,20 @@ __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_
     const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
     const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
     const __half *scales = mins + G * dim;
-    float even[Q4_DIRECT_ROWS] = {0}, odd[Q4_DIRECT_ROWS] = {0};
+    float even[Q4_PASS_ROWS] = {0}, odd[Q4_PASS_ROWS] = {0};
     for (int i = lane; i < dim; i += 32) {
         uint32_t b = codes[i];
         float scale = __half2float(scales[i]);
         float min = __half2float(mins[i]);
         float w_even = fmaf(code_value(b >> 4), scale, min);
         float w_odd = fmaf(code_value(b & 15), scale, min);
-        for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+        for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
             float xv = __half2float(x[(size_t)r * dim + i]);
             even[r] = fmaf(xv, w_even, even[r]);
             odd[r] = fmaf(xv, w_odd, odd[r]);
         }
     }
-    for (int r = 0; r < Q4_DIRECT_ROWS && r < rows; r++) {
+    for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
         float first = warp_sum(even[r]);
         float second = warp_sum(odd[r]);
         if (lane == 0) logits[(size_t)r * vocab + v] = first;
@@ -1698,10 +1704,13 @@ static void lm_head(cuda_ws *d, const opt_weights *w, const __half *x, int rows,
     float one = 1, zero = 0;
     if (w->q4 && rows <= Q4_DIRECT_ROWS) {
         unsigned blocks = blocks_for((size_t)(c->vocab + 1) / 2, 4);
-        q4_vocab_kernel<<<blocks, 128, 0, ctx()->stream>>>(x, rows, c->word_dim,
-                                                           (const uint8_t *)w->lm_head, c->vocab,
-                                                           logits);
-        LAUNCHED("q4_vocab_kernel");
+        for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
+            int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
+            q4_vocab_kernel<<<blocks, 128, 0, ctx()->stream>>>(
+                x + (size_t)r0 * c->word_dim, pass, c->word_dim, (const uint8_t *)w->lm_head,
+                c->vocab, logits + (size_t)r0 * c->vocab);
+            LAUNCHED("q4_vocab_kernel");
+        }
         return;
     }
     if (w->q4) {

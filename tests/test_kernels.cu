@@ -1083,14 +1083,14 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
     float *x32 = widened(x, nx), *W32 = widened(W, nw);
     void *W_dev = NULL, *allocation = NULL;
     cuda_ws d = q4_workspace(rows, in, out, 3 * (size_t)in);
-    if (q4) W_dev = q4_matrix(W32, in, out, q4, offset, rows > FG_CUDA_Q4_ROWS, W32, &allocation);
+    if (q4) W_dev = q4_matrix(W32, in, out, q4, offset, rows > FG_CUDA_Q4_DIRECT, W32, &allocation);
     else allocation = W_dev = device_copy(W, nw);
     linear_args a = {&d, rows, in, out, mode, q4, (const __half *)device_copy(x, nx), W_dev,
                      with_bias ? device_copy(b, (size_t)out) : NULL, y0, device_array<__half>(ny)};
     fp16 *got = host_array<fp16>(ny);
     char what[160];
     snprintf(what, sizeof what, "linear, %d x %d times %d x %d%s in %d part(s), %s, %s", rows, in, in, out,
-             !q4 ? "" : rows > FG_CUDA_Q4_ROWS ? " 4-bit (widened)" : offset % 4 ? " 4-bit (unaligned)" : " 4-bit",
+             !q4 ? "" : rows > FG_CUDA_Q4_DIRECT ? " 4-bit (widened)" : offset % 4 ? " 4-bit (unaligned)" : " 4-bit",
              q4 ? q4 : 1, modes[mode], with_bias ? "bias" : "no bias");
     run_in_every_order(what, run_linear, &a, a.y, ny * sizeof(fp16), got);
     int bad = 0;
@@ -1151,9 +1151,9 @@ static void test_linear(void) {
     printf("(worst %.2f of the bound) ", worst);
 }
 
-/* 4-bit W, read as stored: 1, 3 and 8 rows from the codes (q4_rows_kernel over chunks of W's rows
- * and tiles of 256 columns, q4_sum_kernel), 9 and 32 rows through widened slices of 3 columns of W
- * at a time; `out` not a multiple of 64 or 8 (a narrow last group, a last word of codes past it),
+/* 4-bit W, read as stored: 1 to 32 rows from the codes (q4_rows_kernel over chunks of W's rows
+ * and tiles of 256 columns, q4_sum_kernel; passes of 8 rows, the last one short), 36 and 40 rows
+ * through widened slices of 3 columns of W at a time; `out` not a multiple of 64 or 8 (a narrow last group, a last word of codes past it),
  * `in` not a multiple of 64, codes not 4-byte aligned, q|k|v's 3 parts (of 144 and of 20 columns,
  * a word of codes past each). Each mode, with and without a bias. */
 static void test_q4_linear(void) {
@@ -1161,7 +1161,8 @@ static void test_q4_linear(void) {
     static const int shapes[][6] = {/* rows, in, out, parts, bias, byte offset of W */
                                     {1, 300, 200, 1, 1, 0}, {3, 144, 600, 1, 1, 0}, {8, 130, 70, 1, 0, 0},
                                     {3, 96, 13, 1, 1, 2},   {2, 144, 432, 3, 1, 0}, {5, 70, 60, 3, 1, 0},
-                                    {9, 144, 200, 1, 1, 0}, {32, 70, 130, 1, 0, 0}, {12, 80, 60, 3, 1, 0}};
+                                    {9, 144, 200, 1, 1, 0}, {32, 70, 130, 1, 0, 0}, {12, 80, 60, 3, 1, 0},
+                                    {27, 96, 70, 1, 1, 2},  {40, 70, 130, 1, 0, 0}, {36, 80, 60, 3, 1, 0}};
     uint64_t seed = 67;
     double worst = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
@@ -1281,12 +1282,13 @@ static void run_lm_head(void *p) {
 }
 
 /* logits = x E^T for a 4-bit E [vocab][dim] against the same in double on its values (rounded to
- * fp16 where the product widens them), within (gamma_dim + g_(dim + 1)) sum_i |x_i E_vi|: 1, 3 and
- * 8 rows from the codes (pairs of rows of E, an odd vocabulary's last row alone, a last group of
- * fewer than 64), 9 and 32 rows through widened slices of 3 rows of E. */
+ * fp16 where the product widens them), within (gamma_dim + g_(dim + 1)) sum_i |x_i E_vi|: 1 to 32
+ * rows from the codes (pairs of rows of E, an odd vocabulary's last row alone, a last group of
+ * fewer than 64; passes of 8 rows), 40 rows through widened slices of 3 rows of E. */
 static void test_q4_lm_head(void) {
     if (!gpu_ready()) return;
-    static const int shapes[][3] = {{1, 80, 130}, {3, 144, 64}, {8, 300, 71}, {9, 80, 130}, {32, 100, 70}};
+    static const int shapes[][3] = {{1, 80, 130}, {3, 144, 64}, {8, 300, 71}, {9, 80, 130}, {32, 100, 70},
+                                    {40, 80, 130}};
     uint64_t seed = 73;
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -1295,7 +1297,7 @@ static void test_q4_lm_head(void) {
         fp16 *x = random_halves(nx, &seed, -1, 1), *E = random_halves(ne, &seed, -0.5f, 0.5f);
         table_view table = device_table_of(E, 1, vocab, dim);
         float *E32 = widened(E, ne);
-        if (rows <= FG_CUDA_Q4_ROWS) { /* the direct product multiplies the values before rounding */
+        if (rows <= FG_CUDA_Q4_DIRECT) { /* the direct product multiplies the values before rounding */
             size_t bytes = q4_bytes(1, (size_t)vocab, (size_t)dim);
             uint8_t *q = host_array<uint8_t>(bytes);
             download(q, table.values, bytes);
@@ -1316,7 +1318,7 @@ static void test_q4_lm_head(void) {
         float *got = host_array<float>(ny);
         char what[128];
         snprintf(what, sizeof what, "lm_head, %d x %d times a 4-bit [%d][%d]%s", rows, dim, vocab, dim,
-                 rows > FG_CUDA_Q4_ROWS ? " (widened)" : "");
+                 rows > FG_CUDA_Q4_DIRECT ? " (widened)" : "");
         run_in_every_order(what, run_lm_head, &a, a.logits, ny * sizeof(float), got);
         int bad = 0;
         char first[200] = "";
