@@ -245,7 +245,7 @@ typedef struct {
     int64_t launches;        /* kernels */
     int64_t blas_calls;      /* cuBLAS products (each launches kernels of its own) */
     int64_t widened;         /* 4-bit slices widened to fp16 for a cuBLAS product (§5) */
-    int64_t graph_launches;  /* CUDA Graphs launched, each a decode layer's kernels (not in launches) */
+    int64_t graph_launches;  /* CUDA Graphs, each a decode layer's kernels (not in launches) */
     int64_t copies_in, copies_out, copies_on_device; /* host -> device, device -> host, device */
     int64_t pageable_copies; /* copies from or to pageable host memory (through the bounce buffers) */
     int64_t allocations;     /* device allocations */

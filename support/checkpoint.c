@@ -636,7 +636,8 @@ static value_source dummy_source(const tensor_spec *s, uint64_t seed) {
 
 /* Dummy element i (in checkpoint order): uniform in center +- scale, from 24 bits of its hash. */
 static inline float dummy_value(const value_source *v, size_t i) {
-    return v->center + v->scale * ((float)(fg_mix64(v->base + i) >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    float u = (float)(fg_mix64(v->base + i) >> 40) * (2.0f / 16777216.0f);
+    return v->center + v->scale * (u - 1.0f);
 }
 
 /* Element i (in checkpoint order) as the file holds it (or the dummy value), as fp32. */

@@ -516,7 +516,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     stream_state *st = stream_of(s);
     if (st->capture) {
         st->capture_broken = true;
-        return api_error(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize: the stream is capturing");
+        return api_error(cudaErrorStreamCaptureUnsupported,
+                         "cudaStreamSynchronize: the stream is capturing");
     }
     host_waits([st] { run_until(st, st->queued); });
     return cudaSuccess;
@@ -556,7 +557,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!ev || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: no such %s", ev ? "stream" : "event");
     if (stream_of(s)->capture) {
         stream_of(s)->capture_broken = true;
-        return api_error(cudaErrorStreamCaptureUnsupported, "cudaEventRecord: the stream is capturing");
+        return api_error(cudaErrorStreamCaptureUnsupported,
+                         "cudaEventRecord: the stream is capturing");
     }
     ev->stream = stream_of(s), ev->upto = ev->stream->queued;
     return cudaSuccess;
@@ -567,9 +569,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
     (void)mode;
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
-    if (!s || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture: no such stream");
+    if (!s || !stream_exists(s))
+        return api_error(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture: no such stream");
     stream_state *st = stream_of(s);
-    if (st->capture) return api_error(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: already capturing");
+    if (st->capture)
+        return api_error(cudaErrorStreamCaptureUnsupported,
+                         "cudaStreamBeginCapture: already capturing");
     st->capture = new cuda_emu_graph;
     st->capture_broken = false;
     return cudaSuccess;
@@ -578,14 +583,16 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
     if (!s || !stream_exists(s) || !stream_of(s)->capture)
-        return api_error(cudaErrorInvalidValue, "cudaStreamEndCapture: the stream is not capturing");
+        return api_error(cudaErrorInvalidValue,
+                         "cudaStreamEndCapture: the stream is not capturing");
     stream_state *st = stream_of(s);
     cuda_emu_graph *graph = st->capture;
     st->capture = NULL;
     if (st->capture_broken) {
         delete graph;
         *g = NULL;
-        return api_error(cudaErrorStreamCaptureUnsupported, "cudaStreamEndCapture: the capture was broken");
+        return api_error(cudaErrorStreamCaptureUnsupported,
+                         "cudaStreamEndCapture: the capture was broken");
     }
     *g = graph;
     return cudaSuccess;
@@ -599,18 +606,24 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned lon
 }
 
 /* The exec takes g's arguments where g has the same operations in the same order. */
-cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g,
+                                cudaGraphExecUpdateResultInfo *info) {
     bool same = e && g && e->ops.size() == g->ops.size();
-    for (size_t i = 0; same && i < g->ops.size(); i++) same = !strcmp(e->ops[i].kind, g->ops[i].kind);
-    if (info) memset(info, 0, sizeof *info), info->result = same ? 0 : 1;
-    if (!same) return cudaErrorGraphExecUpdateFailure; /* not sticky: the caller instantiates anew */
+    for (size_t i = 0; same && i < g->ops.size(); i++)
+        same = !strcmp(e->ops[i].kind, g->ops[i].kind);
+    if (info) {
+        memset(info, 0, sizeof *info);
+        info->result = same ? 0 : 1;
+    }
+    if (!same) return cudaErrorGraphExecUpdateFailure; /* not sticky: instantiate anew */
     e->ops = g->ops;
     return cudaSuccess;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
-    if (!e || !stream_exists(s)) return api_error(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: no such graph or stream");
+    if (!e || !stream_exists(s))
+        return api_error(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: no such graph or stream");
     stats.graph_launches++;
     for (const operation &op : e->ops) enqueue(stream_of(s), op);
     return cudaSuccess;
@@ -1145,8 +1158,10 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorGraphExecUpdateFailure:
+        return "the graph update was not performed: it changed what an instantiated graph keeps";
     default: return "unknown error";
     }
 }

@@ -263,7 +263,9 @@ static void test_graphs(void) {
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     cudaMalloc(&p, 4 * sizeof(float));
     cudaMemset(p, 0, 4 * sizeof(float));
-    cudaGraph_t one = captured(s, p, 1, 0), two = captured(s, p, 2, 0), other = captured(s, p, 0, 1);
+    cudaGraph_t one = captured(s, p, 1, 0);
+    cudaGraph_t two = captured(s, p, 2, 0);
+    cudaGraph_t other = captured(s, p, 0, 1);
     cudaGraphExec_t e;
     float host[4] = {-1, -1, -1, -1};
     cudaStreamSynchronize(s);
@@ -278,7 +280,8 @@ static void test_graphs(void) {
     add_one<<<1, 4, 0, s>>>(p, 4);
     cudaStreamSynchronize(s);
     cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost);
-    EXPECT(host[3] == 2, "a launch queued before an update, then add_one: expected 2, got %g", host[3]);
+    EXPECT(host[3] == 2, "a launch queued before an update, then add_one: expected 2, got %g",
+           host[3]);
     float updated = value_after(e, s, p);
     EXPECT(updated == 2, "after the update to set_to(2), a launch set %g", updated);
     EXPECT(cudaGraphExecUpdate(e, other, &info) == cudaErrorGraphExecUpdateFailure && info.result != 0,
