@@ -323,7 +323,7 @@ static void place_layer(fg_model *m, int j) {
     int first = m->layer_first[j];
     int end = m->layer_first[j + 1];
     int mlp = first;
-    const opt_config *c = &m->view.cfg;
+    const model_config *c = &m->view.cfg;
     if (j >= 1 && j <= c->n_layers)
         while (mlp < end && m->layout.tensors[mlp].slot != &m->view.layers[j - 1].fc1_w) mlp++;
     place_tensors(m, first, mlp);
@@ -688,7 +688,7 @@ void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
 block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt,
                         int gen_len) {
     const fg_runtime *rt = m->rt;
-    const opt_config *c = &m->view.cfg;
+    const model_config *c = &m->view.cfg;
     const fg_policy *p = &rt->policy;
     int size;
     block_shape s;
@@ -1342,7 +1342,7 @@ static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row)
  * chunks of as many sequences as the workspace holds (prefill; decode is one chunk). */
 static void compute(block *bl, iteration it) {
     static const char *const names[3] = {"input embedding", "decoder layer", "output embedding"};
-    const opt_weights *w = &bl->m->view;
+    const model_weights *w = &bl->m->view;
     const fg_forward *f = &bl->rt->backend->forward[w->cfg.family];
     gpu_batch *gb = &bl->gb[it.k];
     if (gb->batch == 0) return; /* an idle GPU batch (the diagonal schedule's warm-up and end) */
@@ -1918,7 +1918,7 @@ static void run_round(gen_run *run) {
 /* The job and the options checked: the prompts, the forced tokens, and what refill and the
  * diagonal schedule allow. */
 static int check_job(const gen_run *run, const gen_options *opt, char *err) {
-    const opt_config *c = &run->m->view.cfg;
+    const model_config *c = &run->m->view.cfg;
     int rc = check_prompts(c, run->n_prompts, run->prompts, run->lens, opt->gen_len, err);
     if (rc == 0 && opt->forced)
         rc = check_forced(c, opt->forced, run->n_prompts, opt->gen_len, err);
@@ -1947,7 +1947,7 @@ static void clear_outputs(const gen_run *run, int max_prompt) {
 int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *prompts,
              const int *prompt_lens, int *out_tokens, float *logits, gen_timing *timing,
              char *err) {
-    const opt_config *c = &m->view.cfg;
+    const model_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
     gen_run run = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits,
                    .timing = timing, .prompts = prompts, .lens = prompt_lens,

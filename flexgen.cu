@@ -516,7 +516,7 @@ typedef struct {
     char *grown_tables; /* the cache tables' own allocation once a run's pages outnumber the part */
     char *table;        /* host: the table being built, as large as a cache table */
     uint64_t clock;     /* counts table lookups (which slot was used last) */
-    opt_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
+    model_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
     /* [host_rows][q + 2 kv width], pinned: q, k, v rows out, attention rows in */
     fp16 *host16;
     size_t host_rows;
@@ -544,7 +544,7 @@ static void table_slots_free(table_slot *slots, int n) {
 }
 
 static void free_host_rows(cuda_ws *d) {
-    if (d->host_rows) opt_workspace_free(&d->host);
+    if (d->host_rows) model_workspace_free(&d->host);
     cuda_host_free(d->host16);
     d->host16 = NULL;
     d->host_rows = 0;
@@ -561,7 +561,7 @@ static void cuda_ws_free(cuda_ws *d) {
     free(d);
 }
 
-static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows,
+static int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows,
                                int max_prompt, int max_len, char *err) {
     memset(ws, 0, sizeof *ws);
     size_t sizes[FG_CUDA_WS_PARTS];
@@ -604,7 +604,7 @@ static int cuda_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t 
     return 0;
 }
 
-static void cuda_workspace_free(opt_workspace *ws) {
+static void cuda_workspace_free(model_workspace *ws) {
     if (ws->device) cuda_ws_free((cuda_ws *)ws->device);
     memset(ws, 0, sizeof *ws);
 }
@@ -1077,8 +1077,8 @@ __global__ void add_positions_kernel(__half *x, table_view pos, const int *past,
 }
 
 /* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
-static void cuda_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
-    const opt_config *c = &w->cfg;
+static void cuda_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new;
@@ -1479,7 +1479,7 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
  * batched over the query heads on fp16 inputs (cuBLAS sees row-major [n][width] slices as
  * column-major): one product over every head (OPT), or one per K/V head over the query heads that
  * share it, its K and V repeated by a batch stride of 0 (grouped-query attention). */
-static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *gb, int b) {
+static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b) {
     int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c),
         qw = q_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
@@ -1508,12 +1508,12 @@ static void prefill_attention(cuda_ws *d, const opt_config *c, const gpu_batch *
 
 /* The host rows of delegated attention, for `rows` token rows: the CPU backend's workspace and a
  * pinned fp16 buffer, (re)made when more rows are needed than they hold. */
-static void host_rows_ready(cuda_ws *d, const opt_config *c, size_t rows, int max_len) {
+static void host_rows_ready(cuda_ws *d, const model_config *c, size_t rows, int max_len) {
     if (rows <= d->host_rows) return;
     free_host_rows(d);
     char err[FG_ERR_LEN];
-    if (opt_workspace_init(&d->host, c, rows, 0, max_len, err))
-        cuda_fail("opt_workspace_init", __LINE__, err);
+    if (model_workspace_init(&d->host, c, rows, 0, max_len, err))
+        cuda_fail("model_workspace_init", __LINE__, err);
     d->host_rows = rows;
     d->host16 = (fp16 *)cuda_host_alloc(rows * qkv_width(c) * sizeof(fp16), 1);
     if (!d->host16)
@@ -1523,8 +1523,8 @@ static void host_rows_ready(cuda_ws *d, const opt_config *c, size_t rows, int ma
 /* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host (fp16, widened
  * there, in the layout the CPU gives that many rows), the CPU backend's store and attention, the
  * result back rounded to fp16. Runs of such sequences at a time. */
-static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb,
-                                const opt_workspace *ws) {
+static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb,
+                                const model_workspace *ws) {
     size_t n = gb->n_new, qw = q_width(c), width = qkv_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
@@ -1539,7 +1539,7 @@ static void delegated_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb,
                 cuda_copy_out(d->host16 + o, d->qkv + at.at[i] + first * at.stride[i],
                               count * at.stride[i] * sizeof(fp16));
         cuda_copies_done(); /* the rows are on the host (and the last run's copy in has left) */
-        opt_workspace host = d->host;
+        model_workspace host = d->host;
         fp16_to_fp32_n(d->host16, host.qkv, count * width);
         gpu_batch part = *gb;
         part.batch = b1 - b0;
@@ -1596,8 +1596,8 @@ static void queue_attention(attention_split a, int batch, const int *host_past,
 
 /* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
  * prefill after cached tokens) by queue_attention's kernels, delegated sequences on the CPU. */
-static void cache_attention(cuda_ws *d, const opt_config *c, gpu_batch *gb, const cache_table *t,
-                            const opt_workspace *ws) {
+static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
+                            const model_workspace *ws) {
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
@@ -1660,9 +1660,9 @@ static void layer_graph_ends(cuda_ws *d, int captured) {
 
 /* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). Its tables
  * go up first, outside the graph (an upload may wait for its slot's last one). */
-static void cuda_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
-    const opt_config *c = &w->cfg;
-    const opt_layer_weights *L = &w->layers[layer];
+static void cuda_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    const layer_weights *L = &w->layers[layer];
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
     __half *x = (__half *)gb->x;
@@ -1699,8 +1699,8 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
 
 /* logits[rows][vocab] = x lm_head^T: lm_head is [vocab][word_dim], fp16 or 4-bit (from the codes
  * for decode's rows, widened for more); fp16 inputs, fp32 logits. */
-static void lm_head(cuda_ws *d, const opt_weights *w, const __half *x, int rows, float *logits) {
-    const opt_config *c = &w->cfg;
+static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int rows, float *logits) {
+    const model_config *c = &w->cfg;
     float one = 1, zero = 0;
     if (w->q4 && rows <= Q4_DIRECT_ROWS) {
         unsigned blocks = blocks_for((size_t)(c->vocab + 1) / 2, 4);
@@ -1725,8 +1725,8 @@ static void lm_head(cuda_ws *d, const opt_weights *w, const __half *x, int rows,
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
  * all_rows. */
-static void cuda_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
-    const opt_config *c = &w->cfg;
+static void cuda_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
+    const model_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
     int h = c->hidden, rows = last_rows(d, gb, h);
     if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
@@ -1793,7 +1793,7 @@ __global__ void swiglu_kernel(__half *gate, const __half *up, size_t n) {
 }
 
 /* x = embed_tokens[token] (no position table). */
-static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+static void cuda_llama_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new;
     token_table t = upload_tokens(d, gb);
@@ -1803,9 +1803,10 @@ static void cuda_llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace 
 }
 
 /* One decoder layer (llama_model.c's llama_layer, step for step); its tables first, as OPT's. */
-static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
-    const opt_config *c = &w->cfg;
-    const opt_layer_weights *L = &w->layers[layer];
+static void cuda_llama_layer(const model_weights *w, int layer, gpu_batch *gb,
+                             model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    const layer_weights *L = &w->layers[layer];
     cuda_ws *d = (cuda_ws *)ws->device;
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
     __half *x = (__half *)gb->x, *gate = d->ffn, *up = d->ffn + (size_t)rows * f;
@@ -1840,9 +1841,9 @@ static void cuda_llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
-static void cuda_llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws,
+static void cuda_llama_output(const model_weights *w, gpu_batch *gb, model_workspace *ws,
                               float *logits) {
-    const opt_config *c = &w->cfg;
+    const model_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
     int h = c->hidden, rows = last_rows(d, gb, h);
     rms_norm(d->h, rows, h, w->final_ln_w, c->rms_eps, d->h);

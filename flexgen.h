@@ -65,8 +65,8 @@ void fg_runtime_trace_restart(fg_runtime *rt); /* the trace from now on (after a
 /* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory; its weights
  * go to their homes on the first generate() (or fg_model_load). */
 int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
-int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **m, char *err);
-const opt_config *fg_model_config(const fg_model *m);
+int fg_model_open_dummy(fg_runtime *rt, const model_config *cfg, uint64_t seed, fg_model **m, char *err);
+const model_config *fg_model_config(const fg_model *m);
 int fg_model_load(fg_model *m, char *err);
 void fg_model_close(fg_model *m);
 /* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
@@ -155,7 +155,7 @@ typedef struct {
 
 struct fg_model {
     fg_runtime *rt;
-    opt_weights view;     /* what compute reads: homes on the gpu tier, staging for the rest */
+    model_weights view;     /* what compute reads: homes on the gpu tier, staging for the rest */
     opt_layout layout;
     st_archive archive;   /* open until the weights are in their homes */
     int has_archive, loaded;
@@ -175,7 +175,7 @@ struct fg_model {
 };
 
 /* FlexGen's layer list: the input embedding, the decoder layers, the output embedding. */
-static inline int n_flexgen_layers(const opt_config *c) { return c->n_layers + 2; }
+static inline int n_flexgen_layers(const model_config *c) { return c->n_layers + 2; }
 static inline int stage_layers(const fg_model *m) { return m->end_layer - m->first_layer; }
 static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
 static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
@@ -239,7 +239,7 @@ typedef struct {
     int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
     int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
                         place, so only those cross the link (§5); disk rows move whole */
-    opt_workspace own_ws, *ws;
+    model_workspace own_ws, *ws;
     float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
     float *host_logits; /* the same, where sampling reads them */
     char *kv_home[N_TIERS];   /* [the stage's decoder layers][K, V][pool pages][page_tokens] rows of kv_row bytes */
@@ -351,26 +351,26 @@ double fg_diagonal_rows(int s, int n, int groups);
 
 /* A layer's terms in prefill and decode, and the output layer of one token (head). */
 typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; double head; } fg_cost_model;
-void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m);
 double fg_linear_eval(const fg_linear *f, const double x[N_X]);
 /* T / bls, the seconds per sequence of the block for placement x; T_pre and T_gen if not NULL. */
-double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
+double fg_cost_per_token(const fg_cost_model *m, const model_config *c, const fg_workload *w,
                          const double x[N_X], double *t_pre, double *t_gen);
 /* Each tier's peak bytes, linear in x, in the runtime's accounting, for one case of where the
  * weights may go: all on the gpu tier, in memory, or any tier (lp.c explains). */
 enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
 typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
-void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm);
 int fg_weights_case(const double x[N_X]);
 
 /* This runtime's verdict on policy p (flexgen.c's fg_runtime_check, handed to the search): the
  * plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */
-typedef int (*fg_plan_check)(const opt_config *model, uint64_t seed, const fg_policy *p,
+typedef int (*fg_plan_check)(const model_config *model, uint64_t seed, const fg_policy *p,
                              int sequences, int s, int n, int check, double x[N_X], fg_stats *st,
                              char *err);
-int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+int fg_runtime_check(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
                      int s, int n, int check, double x[N_X], fg_stats *st, char *err);
 void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
 
@@ -398,9 +398,9 @@ typedef struct {
     struct { int found; fg_policy policy; double throughput, block_latency; } best[FG_SCHEDULES]; /* each one's */
 } fg_search_result;
 
-int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+int fg_policy_search(const model_config *cfg, const fg_hardware *hw, const fg_policy *base,
                      const fg_search_request *req, fg_search_result *out, char *err);
-int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
+int fg_policy_evaluate(const model_config *cfg, const fg_hardware *hw, const fg_policy *p,
                        const fg_search_request *req, fg_search_result *out, char *err);
 /* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
 void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct);

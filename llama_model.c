@@ -21,9 +21,9 @@
 #include <string.h>
 
 /* x = embed_tokens[token], row by row. */
-void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+void llama_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
     (void)ws;
-    const opt_config *c = &w->cfg;
+    const model_config *c = &w->cfg;
     int rows = gb->batch * gb->n_new, h = c->hidden;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
@@ -33,7 +33,7 @@ void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 
 /* RMSNorm (HF's LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w, row by row; y may alias x. */
 static void rms_norm(const float *x, int rows, int dim, const fp16 *w16, float eps, float *y,
-                     opt_workspace *ws) {
+                     model_workspace *ws) {
     float *w = ws->vec; /* widened once */
     fp16_to_fp32_n(w16, w, (size_t)dim);
 #pragma omp parallel for schedule(static)
@@ -50,7 +50,7 @@ static void rms_norm(const float *x, int rows, int dim, const fp16 *w16, float e
  * change: all divided by factor (linear), or LLaMA 3.1's bands (llama3): wavelengths longer than
  * original / low_freq_factor slowed by factor, shorter than original / high_freq_factor kept,
  * and those between blended. */
-void rope_frequencies(const opt_config *c, float *inv_freq) {
+void rope_frequencies(const model_config *c, float *inv_freq) {
     int d = cfg_head_dim(c);
     for (int i = 0; i < d / 2; i++) {
         float f = 1.0f / powf(c->rope.theta, (float)(2 * i) / (float)d);
@@ -81,7 +81,7 @@ static void rotate(float *v, int half, const float *cosines, const float *sines)
 /* RoPE in HF's layout (rotate_half: pair i is dimensions i and i + d/2 of a head, not 2i and
  * 2i + 1) on every head of q and k, each row at its position (its cache slot): the angles once
  * a row for both. */
-static void rope(const opt_config *c, const gpu_batch *gb, float *q, float *k,
+static void rope(const model_config *c, const gpu_batch *gb, float *q, float *k,
                  const qkv_layout *at) {
     int d = cfg_head_dim(c), half = d / 2;
     float inv_freq[512]; /* head_dim <= 1024 (llama_fields) */
@@ -113,9 +113,9 @@ static void swiglu(float *gate, const float *up, size_t n) {
  *   x += o_proj(attention(RoPE(q_proj(y)), RoPE(k_proj(y)), v_proj(y))),  y = RMSNorm(x)
  *   x += down_proj(silu(gate_proj(y)) * up_proj(y)),                       y = RMSNorm(x)
  * K and V are rounded to fp16 into the cache (after RoPE, as HF caches them) before attention. */
-void llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
-    const opt_config *c = &w->cfg;
-    const opt_layer_weights *L = &w->layers[layer];
+void llama_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    const layer_weights *L = &w->layers[layer];
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
     int q4 = w->q4, products = w->products;
     float *x = gb->x, *gate = ws->ffn, *up = ws->ffn + (size_t)rows * f;
@@ -139,8 +139,8 @@ void llama_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *
 }
 
 /* logits[b] = lm_head(RMSNorm(x of b's last token)); with all_rows, the same for every row of x. */
-void llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
-    const opt_config *c = &w->cfg;
+void llama_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
+    const model_config *c = &w->cfg;
     int h = c->hidden, rows = output_rows(gb, h, ws->h);
     rms_norm(ws->h, rows, h, w->final_ln_w, c->rms_eps, ws->h, ws);
     matmul_embed_t(ws->h, rows, h, w->lm_head, w->q4, c->vocab, logits, ws->thread_scratch,

@@ -48,10 +48,10 @@ typedef struct {
 } candidate;
 
 typedef struct {
-    const opt_config *cfg;   /* what the cost and memory models see: a pipeline stage's share of
+    const model_config *cfg;   /* what the cost and memory models see: a pipeline stage's share of
                                 the decoder layers (§4.4: a stage is an l/m-layer model) */
-    const opt_config *model; /* the whole model, which the runtime check opens (as its stage) */
-    opt_config stage_cfg;
+    const model_config *model; /* the whole model, which the runtime check opens (as its stage) */
+    model_config stage_cfg;
     const fg_hardware *hw;
     const fg_policy *base;
     const fg_search_request *req;
@@ -59,7 +59,7 @@ typedef struct {
     int lps, checks;
 } search;
 
-static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw,
+static int search_init(search *S, const model_config *cfg, const fg_hardware *hw,
                        const fg_policy *base, const fg_search_request *req, char *err);
 static int best_policy(search *S, fg_search_result *out, char *err);
 static int explain_nothing_fits(search *S, char *err);
@@ -67,7 +67,7 @@ static int same_cost(double a, double b);
 
 /* The best policy of each schedule the request allows (Appendix A.2: the diagonal's block may be
  * larger in the same memory, but pays its warm-up), and the better of them; zig-zag on a tie. */
-int fg_policy_search(const opt_config *cfg, const fg_hardware *hw, const fg_policy *base,
+int fg_policy_search(const model_config *cfg, const fg_hardware *hw, const fg_policy *base,
                      const fg_search_request *req, fg_search_result *out, char *err) {
     double t0 = now_seconds();
     int schedules = req->schedules ? req->schedules : 1 << base->schedule;
@@ -149,7 +149,7 @@ static void decode_attention_terms(fg_linear *gen, const fg_workload *w, const f
 
 /* A decoder layer's matrix values: OPT's 4 h1^2 + 2 h1 h2 (A.3); LLaMA's q and o h1 x q_width,
  * k and v h1 x kv_width (grouped-query attention), and three MLP matrices. */
-static double layer_matrices(const opt_config *c) {
+static double layer_matrices(const model_config *c) {
     double h1 = c->hidden, h2 = c->ffn, q = q_width(c), kv = kv_width(c);
     return h1 * (2 * q + 2 * kv) + (c->family == FAMILY_LLAMA ? 3 : 2) * h1 * h2;
 }
@@ -158,7 +158,7 @@ static double layer_matrices(const opt_config *c) {
  * "Where the host waits"): OPT's 7 and 4, LLaMA's 6 and 7 and a kernel a bias; and the
  * iteration's 5 more calls (its activations' two copies, its join's event and two waits).
  * Decode's attention is one more (its spans of keys, then their merge: host_terms). */
-static double layer_launches(const opt_config *c) {
+static double layer_launches(const model_config *c) {
     double kernels_and_products =
         c->family == FAMILY_OPT ? 11 : 13 + 3 * c->qkv_bias + c->o_bias + 3 * c->mlp_bias;
     return kernels_and_products + 5;
@@ -171,7 +171,7 @@ static double layer_launches(const opt_config *c) {
  * that moves to the GPU goes in a copy a run of pages (a prompt's pages are one run, each page
  * grown in decode another: on average 1 + n / 32 a sequence), each a launch on its link;
  * delegated attention waits for its rows once a GPU batch. */
-static void host_terms(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+static void host_terms(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                        fg_cost_model *m) {
     double launch = hw->launch_seconds, batches = w->ngb, sequences = (double)w->gbs * w->ngb;
     m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
@@ -211,7 +211,7 @@ static void compute_reads(fg_linear *pre, fg_linear *gen, const fg_workload *w,
     }
 }
 
-void fg_cost_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m) {
     double h1 = c->hidden, n = w->n, bls = (double)w->gbs * w->ngb;
     double s = w->s_mean > 0 ? w->s_mean : w->s;
@@ -316,7 +316,7 @@ static double warmup_factor(const fg_workload *w) {
     return 1 + diagonal_start(w->ngb - 1, w->ngb, w->n) / (double)w->n * bls / prompts;
 }
 
-double fg_cost_per_token(const fg_cost_model *m, const opt_config *c, const fg_workload *w,
+double fg_cost_per_token(const fg_cost_model *m, const model_config *c, const fg_workload *w,
                          const double x[N_X], double *t_pre, double *t_gen) {
     double pre = max_term(m->pre, x), gen = max_term(m->gen, x), l = c->n_layers;
     if (t_pre) *t_pre = pre;
@@ -342,7 +342,7 @@ int fg_weights_case(const double x[N_X]) {
     return x[X_WG] < 1 ? FG_W_MEMORY : FG_W_GPU;
 }
 
-void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_hardware *hw,
+void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm) {
     double h = c->hidden, s = w->s, len = w->s + w->n;
     double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
@@ -373,8 +373,8 @@ void fg_memory_model_build(const opt_config *c, const fg_workload *w, const fg_h
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 2 * act_row * gbs * s);                   /* activation staging */
-    size_t (*workspace)(const opt_config *, size_t, int, int) =
-        hw->gpu_is_host ? opt_workspace_bytes : fg_cuda_workspace_bytes;
+    size_t (*workspace)(const model_config *, size_t, int, int) =
+        hw->gpu_is_host ? model_workspace_bytes : fg_cuda_workspace_bytes;
     add_bytes(gpu, -1, (double)workspace(c, fg_workspace_rows(w->gbs, w->s), w->s, (int)len));
     add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
     if (!hw->gpu_is_host) {
@@ -976,7 +976,7 @@ static int explain_nothing_fits(search *S, char *err) {
 }
 
 /* The capacities the plan must fit: on this machine the runtime's (defaults filled in). */
-static int search_init(search *S, const opt_config *cfg, const fg_hardware *hw,
+static int search_init(search *S, const model_config *cfg, const fg_hardware *hw,
                        const fg_policy *base, const fg_search_request *req, char *err) {
     *S = (search){.cfg = cfg, .model = cfg, .stage_cfg = *cfg, .hw = hw, .base = base, .req = req};
     if (base->n_stages > 1) {
@@ -1019,7 +1019,7 @@ static int evaluate(search *S, const fg_policy *p, fg_search_result *out) {
     return 1;
 }
 
-int fg_policy_evaluate(const opt_config *cfg, const fg_hardware *hw, const fg_policy *p,
+int fg_policy_evaluate(const model_config *cfg, const fg_hardware *hw, const fg_policy *p,
                        const fg_search_request *req, fg_search_result *out, char *err) {
     search S;
     memset(out, 0, sizeof *out);

@@ -50,17 +50,17 @@ typedef struct {
     int bos_id, n_eos, eos_ids[FG_MAX_EOS]; /* LLaMA's special tokens (OPT's: the enum above) */
     int window;   /* Mistral's sliding_window: every sequence must fit in it; 0: none */
     int untied;   /* lm_head.weight is a tensor of its own, not the embedding's */
-} opt_config;
+} model_config;
 
 /* The attention's shape: heads of head_dim; q is n_heads of them wide, K and V n_kv_heads. */
-static inline int cfg_head_dim(const opt_config *c) { return c->head_dim ? c->head_dim : c->hidden / c->n_heads; }
-static inline int cfg_kv_heads(const opt_config *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_heads; }
-static inline int q_width(const opt_config *c) { return c->n_heads * cfg_head_dim(c); }
-static inline int kv_width(const opt_config *c) { return cfg_kv_heads(c) * cfg_head_dim(c); }
+static inline int cfg_head_dim(const model_config *c) { return c->head_dim ? c->head_dim : c->hidden / c->n_heads; }
+static inline int cfg_kv_heads(const model_config *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_heads; }
+static inline int q_width(const model_config *c) { return c->n_heads * cfg_head_dim(c); }
+static inline int kv_width(const model_config *c) { return cfg_kv_heads(c) * cfg_head_dim(c); }
 /* A token's q, k and v together. */
-static inline size_t qkv_width(const opt_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
+static inline size_t qkv_width(const model_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
 
-/* A decoder layer's weights as compute reads them: fp16, or 4-bit (§5) where opt_weights.q4.
+/* A decoder layer's weights as compute reads them: fp16, or 4-bit (§5) where model_weights.q4.
  * Linear weights are stored transposed, [in][out]. OPT's fields first, then LLaMA's. */
 typedef struct {
     fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm; LLaMA's input_layernorm (no bias) */
@@ -71,21 +71,21 @@ typedef struct {
     fp16 *fc2_w, *fc2_b;         /* [ffn][hidden] */
     fp16 *wq, *bq, *wk, *bk, *wv, *bv; /* LLaMA: [hidden][q_width], [hidden][kv_width] twice */
     fp16 *gate_w, *gate_b, *up_w, *up_b, *down_w, *down_b; /* LLaMA's MLP: [hidden][ffn] twice, [ffn][hidden] */
-} opt_layer_weights;
+} layer_weights;
 
 typedef struct {
-    opt_config cfg;
+    model_config cfg;
     fp16 *embed_tokens;    /* [vocab][word_dim] */
     fp16 *embed_positions; /* [max_pos + 2][hidden]; NULL for LLaMA (RoPE) */
     fp16 *project_in;      /* [word_dim][hidden], NULL when word_dim == hidden */
     fp16 *project_out;     /* [hidden][word_dim], NULL when word_dim == hidden */
     fp16 *final_ln_w, *final_ln_b; /* NULL when !pre_ln (350m); LLaMA's norm: no bias */
     fp16 *lm_head;         /* [vocab][word_dim]; == embed_tokens when tied */
-    opt_layer_weights *layers;
+    layer_weights *layers;
     int q4, products;      /* 4-bit matrices (§5, quant.c); the CPU's fg_products (support/support.h) */
     fp16 *storage;         /* one allocation all of the above point into, or NULL */
     size_t storage_values;
-} opt_weights;
+} model_weights;
 
 /* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
  * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in order). */
@@ -133,12 +133,12 @@ typedef struct {
     float *vec;            /* a bias, or a norm's weight and bias, widened to fp32 */
     float *x32;            /* fp16 hidden states widened (the cpu-fp16 device); NULL otherwise */
     void *device;          /* the CUDA backend's own buffers; NULL on the CPU */
-} opt_workspace;
+} model_workspace;
 
 /* Where a step's q, k and v rows lie in ws->qkv (rows of the GPU batch): OPT's one product
  * writes them side by side, [rows][q|k|v]; LLaMA's three write planes, q's rows then k's then v's. */
 typedef struct { size_t at[3], stride[3]; } qkv_layout;
-static inline qkv_layout qkv_layout_of(const opt_config *c, size_t rows) {
+static inline qkv_layout qkv_layout_of(const model_config *c, size_t rows) {
     size_t q = (size_t)q_width(c), kv = (size_t)kv_width(c);
     if (c->family == FAMILY_OPT) return (qkv_layout){{0, q, q + kv}, {q + 2 * kv, q + 2 * kv, q + 2 * kv}};
     return (qkv_layout){{0, rows * q, rows * (q + kv)}, {q, kv, kv}};
@@ -146,16 +146,16 @@ static inline qkv_layout qkv_layout_of(const opt_config *c, size_t rows) {
 
 /* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
  * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
-void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-void opt_layer(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws); /* decoder layer d */
-void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws); /* both families' */
-void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
-size_t opt_kv_row_bytes(const opt_config *c, int q4); /* one token's K (or V) of one layer */
+void opt_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws);
+void opt_layer(const model_weights *w, int d, gpu_batch *gb, model_workspace *ws); /* decoder layer d */
+void opt_cache_attention(const model_config *c, gpu_batch *gb, model_workspace *ws); /* both families' */
+void opt_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits);
+size_t opt_kv_row_bytes(const model_config *c, int q4); /* one token's K (or V) of one layer */
 /* What both families' layers do around attention (opt_model.c): a product with its bias and its
  * output's use (linear_layer), and the row positions a step computes (cache slots; padding: 0). */
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
-                  int mode, int q4, int products, opt_workspace *ws);
+                  int mode, int q4, int products, model_workspace *ws);
 int output_rows(const gpu_batch *gb, int hidden, float *dst); /* the rows the output layer reads, into dst */
 static inline int slot_of(const gpu_batch *gb, int b, int t) {
     return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];
@@ -168,11 +168,11 @@ static inline FG_HOST_DEVICE int position_of(int past, int pad, int t) {
 }
 
 /* The LLaMA family's forward pass (llama_model.c), the same steps for the same schedule. */
-void llama_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-void llama_layer(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws);
-void llama_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+void llama_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws);
+void llama_layer(const model_weights *w, int d, gpu_batch *gb, model_workspace *ws);
+void llama_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits);
 /* RoPE's angle per pair i < head_dim / 2 at position 1 (HF's inv_freq, with rope_scaling). */
-void rope_frequencies(const opt_config *c, float *inv_freq);
+void rope_frequencies(const model_config *c, float *inv_freq);
 
 /* One head's keys (or values) as decode attention reads them: key j is row kv_page_row(pages,
  * page_tokens, j) of the cache (fp16 or 4-bit), but keys from first_fresh on: this step's fp32 rows. */
@@ -233,9 +233,9 @@ extern const char *const fg_tier_names[N_TIERS], *const fg_link_names[N_LINKS], 
 
 /* One family's forward pass on a device: the input embedding, decoder layer d, the output layer. */
 typedef struct {
-    void (*embed)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws);
-    void (*layer)(const opt_weights *w, int d, gpu_batch *gb, opt_workspace *ws);
-    void (*output)(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits);
+    void (*embed)(const model_weights *w, gpu_batch *gb, model_workspace *ws);
+    void (*layer)(const model_weights *w, int d, gpu_batch *gb, model_workspace *ws);
+    void (*output)(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits);
 } fg_forward;
 
 /* What the host asked of the compute device, counted by CUDA on every thread (docs/GPU.md,
@@ -279,16 +279,16 @@ typedef struct {
     void (*join)(unsigned links); /* the compute thread's work and that of the I/O threads of these
                                      links (bits 1 << link), each after what the other queued */
     void (*counts)(fg_device_counts *c); /* the counters so far; NULL: not counted */
-    size_t (*workspace_bytes)(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
-    int (*workspace_init)(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+    size_t (*workspace_bytes)(const model_config *cfg, size_t rows, int max_prompt, int max_len);
+    int (*workspace_init)(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
                           int max_len, char *err);
-    void (*workspace_free)(opt_workspace *ws);
+    void (*workspace_free)(model_workspace *ws);
     fg_forward forward[N_FAMILIES]; /* a family's forward pass; NULL entries: not on this device */
     double (*device_memory)(void); /* free device memory less a reserve; NULL: host memory */
     int reads_q4;            /* the products read 4-bit weights as stored (both backends) */
     double device_reserve;   /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
     double host_reserve;     /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
-    size_t (*delegated_bytes)(const opt_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2; CPU: NULL */
+    size_t (*delegated_bytes)(const model_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2; CPU: NULL */
 } fg_backend;
 extern const fg_backend fg_cpu_backend;
 const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */

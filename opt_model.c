@@ -76,7 +76,7 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 /* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c),
  * then the bias (widened once into ws->vec), and ReLU, in one pass over y. */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
-                  int mode, int q4, int products, opt_workspace *ws) {
+                  int mode, int q4, int products, model_workspace *ws) {
     matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide);
     if (!b) return;
     float *bias = ws->vec;
@@ -93,7 +93,7 @@ void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */
 static void layer_norm(const float *x, int rows, int dim, const fp16 *w16, const fp16 *b16,
-                       float *y, opt_workspace *ws) {
+                       float *y, model_workspace *ws) {
     float *w = ws->vec, *b = ws->vec + dim; /* widened once */
     fp16_to_fp32_n(w16, w, (size_t)dim);
     fp16_to_fp32_n(b16, b, (size_t)dim);
@@ -117,8 +117,8 @@ static int row_position(const gpu_batch *gb, int r) {
 }
 
 /* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
-void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
-    const opt_config *c = &w->cfg;
+void opt_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
     int rows = gb->batch * gb->n_new, wd = c->word_dim, h = c->hidden;
     float *x = gb->x, *words = w->project_in ? ws->h : x;
 #pragma omp parallel for schedule(static)
@@ -136,7 +136,7 @@ void opt_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
 }
 
 /* Bytes of one token's K (or V) in the cache of one layer: fp16, or 4-bit (§5). */
-size_t opt_kv_row_bytes(const opt_config *c, int q4) {
+size_t opt_kv_row_bytes(const model_config *c, int q4) {
     return q4 ? q4_bytes((size_t)cfg_kv_heads(c), (size_t)cfg_head_dim(c), 1)
               : 2 * (size_t)kv_width(c);
 }
@@ -157,7 +157,7 @@ static void round_to_fp16(float *x, size_t n) {
  * With a 4-bit cache the step's own K and V stay in qkv, rounded to fp16: as in FlexGen, the
  * tokens being computed attend with their fp16 K and V, and only the past is read back from
  * the compressed cache. */
-static void store_kv(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+static void store_kv(const model_config *c, gpu_batch *gb, model_workspace *ws) {
     size_t kw = (size_t)kv_width(c), heads = (size_t)cfg_kv_heads(c), hd = (size_t)cfg_head_dim(c);
     size_t row = opt_kv_row_bytes(c, gb->kv_q4);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * gb->n_new);
@@ -276,7 +276,7 @@ int opt_attend_decode(const float *q, const opt_kv_rows *K, const opt_kv_rows *V
 
 /* One K and V head of sequence b's keys (kv 0) or values (kv 1): its rows in the cache, and with
  * a 4-bit cache this step's own rows from qkv. */
-static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt_workspace *ws,
+static opt_kv_rows head_rows(const model_config *c, const gpu_batch *gb, const model_workspace *ws,
                              int b, int kv_head, int kv) {
     int hd = cfg_head_dim(c);
     size_t row = opt_kv_row_bytes(c, gb->kv_q4), first = (size_t)b * gb->n_new + gb->pad[b];
@@ -296,7 +296,7 @@ static opt_kv_rows head_rows(const opt_config *c, const gpu_batch *gb, const opt
  * one query after its prompt is decode, with gb->attn_sparsity < 1 §5's top-K sparse attention.
  * Grouped-query attention (LLaMA): n_heads / n_kv_heads query heads in a row share a K and V head.
  */
-static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+static void attention(const model_config *c, gpu_batch *gb, model_workspace *ws) {
     int hd = cfg_head_dim(c), qw = q_width(c), group = c->n_heads / cfg_kv_heads(c);
     int n_new = gb->n_new;
     float scale = 1.0f / sqrtf((float)hd);
@@ -346,7 +346,7 @@ static void attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
     }
 }
 
-void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) {
+void opt_cache_attention(const model_config *c, gpu_batch *gb, model_workspace *ws) {
     store_kv(c, gb, ws);
     attention(c, gb, ws);
 }
@@ -355,9 +355,9 @@ void opt_cache_attention(const opt_config *c, gpu_batch *gb, opt_workspace *ws) 
  *   pre-LN:  x += out_proj(attn(LN(x)));  x += fc2(relu(fc1(LN(x))))
  *   post-LN: x = LN(x + out_proj(attn(x))); x = LN(x + fc2(relu(fc1(x))))   (opt-350m)
  * K and V are rounded to fp16 into the cache before attention reads them. */
-void opt_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
-    const opt_config *c = &w->cfg;
-    const opt_layer_weights *L = &w->layers[layer];
+void opt_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    const layer_weights *L = &w->layers[layer];
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
     float *x = gb->x;
     const float *in = x;
@@ -394,8 +394,8 @@ int output_rows(const gpu_batch *gb, int hidden, float *dst) {
 
 /* logits[b] = lm_head(project_out(final_LN(x of b's last token))); with all_rows, the same for
  * every row of x. */
-void opt_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
-    const opt_config *c = &w->cfg;
+void opt_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
+    const model_config *c = &w->cfg;
     int h = c->hidden, rows = output_rows(gb, h, ws->h);
     if (w->final_ln_w) layer_norm(ws->h, rows, h, w->final_ln_w, w->final_ln_b, ws->h, ws);
     const float *last = ws->h;

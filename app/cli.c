@@ -779,7 +779,7 @@ static void add_kernels_json(cJSON *o, const fg_policy *p, const fg_blas_info *b
 /* FlexGen's numbers (flexgen/utils.py): sizes for the padded prompt + gen_len, throughputs per
  * generated (decode) or processed (prefill) token; then the tiers' peaks and the links' bytes,
  * the times, and the OpenBLAS core the CPU's products ran on. */
-static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
+static void report(const cli_args *a, const model_config *c, const prompt_set *p,
                    const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
                    const stage_report *stages, int n_stages) {
     int seq = max_prompt + a->gen.gen_len;
@@ -879,18 +879,18 @@ static void report(const cli_args *a, const opt_config *c, const prompt_set *p,
 }
 
 /* The configuration of --model without opening its weights. */
-static int model_config(const char *model, opt_config *cfg, char *err) {
-    if (!is_dir(model)) return opt_config_by_name(model, cfg, err);
+static int resolve_model_config(const char *model, model_config *cfg, char *err) {
+    if (!is_dir(model)) return model_config_by_name(model, cfg, err);
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", model);
-    if (opt_config_from_json(path, cfg, err)) return -1;
+    if (model_config_from_json(path, cfg, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", model);
     return 0;
 }
 
 /* One line on stderr where config.json's bos_token_id or eos_token_id is not a token of the model
  * (not below vocab_size): the model never generates it, so a sequence never ends on that id. */
-static void warn_special_ids(const char *model, const opt_config *cfg) {
+static void warn_special_ids(const char *model, const model_config *cfg) {
     char ids[256] = "";
     size_t n = 0;
     int count = 0;
@@ -911,7 +911,7 @@ static void warn_special_ids(const char *model, const opt_config *cfg) {
 
 /* --gen-len and --prompt-len against the model's positions, before anything is sized by them
  * (given prompts are checked one by one once they are read). */
-static int check_lengths(const cli_args *a, const opt_config *cfg, char *err) {
+static int check_lengths(const cli_args *a, const model_config *cfg, char *err) {
     int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts, least = given ? 1 : a->prompt_len;
     if (a->gen.gen_len - 1 > cfg->max_pos - least && given) /* the last token is not fed back */
         return fg_fail(err, "--gen-len %d: even a one-token prompt needs %d positions (the last token "
@@ -946,7 +946,7 @@ static int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
 }
 
 /* The ids that end a sequence: OPT's </s>, or the LLaMA config's eos_token_id (none: -1). */
-static void set_eos(gen_options *g, const opt_config *cfg) {
+static void set_eos(gen_options *g, const model_config *cfg) {
     g->n_eos = 1;
     g->eos_ids[0] = cfg->family == FAMILY_OPT ? OPT_EOS_ID : -1;
     if (cfg->family != FAMILY_OPT && cfg->n_eos > 0) {
@@ -983,7 +983,7 @@ static int hardware_is_here(const fg_hardware *hw, fg_device device) {
  * share it): flexgen policy reports them. */
 static fg_stats searched_capacities;
 
-static int check_keeping_capacities(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+static int check_keeping_capacities(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
                                     int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
     int rc = fg_runtime_check(model, seed, p, sequences, s, n, check, x, st, err);
     if (st) searched_capacities = *st;
@@ -993,7 +993,7 @@ static int check_keeping_capacities(const opt_config *model, uint64_t seed, cons
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
  * check holds the longest; the costs take the mean. */
-static int search_policy(const cli_args *a, const fg_hardware *hw, const opt_config *cfg,
+static int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg,
                          int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
                          char *err) {
     int diagonal_runs = !a->gen.refill; /* it refills its GPU batches itself */
@@ -1058,7 +1058,7 @@ static int agree_on_least(fg_pipe *pipe, int *v, int n) {
  * for it), then the smallest GPU batch and number of GPU batches any of them chose (each fits
  * where the larger did) and place their tensors again for that block shape. shape: a block shape
  * to keep (a resumed job's), or {0, 0}. */
-static int plan_stages(cli_args *a, fg_pipe *pipe, const opt_config *cfg, int n_prompts,
+static int plan_stages(cli_args *a, fg_pipe *pipe, const model_config *cfg, int n_prompts,
                        const int lengths[2], const int shape_kept[2], char *err) {
     fg_search_result res;
     fg_hardware hw;
@@ -1376,7 +1376,7 @@ static int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const promp
 
 /* The prompts of the job on every stage: read (and tokenized) by rank 0, or synthetic ones to
  * fill the block that --policy auto chooses for each stage. */
-static int job_prompts(cli_args *a, fg_pipe *pipe, const opt_config *cfg, fg_tokenizer **tok,
+static int job_prompts(cli_args *a, fg_pipe *pipe, const model_config *cfg, fg_tokenizer **tok,
                        prompt_set *p, job_output *out, char *err) {
     int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe), rc = 0;
     if (rank == 0 && (open_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
@@ -1428,7 +1428,7 @@ static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtim
 
 /* After the run: every stage's numbers and trace to rank 0, which writes the outputs and the
  * report. */
-static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, const opt_config *cfg,
+static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, const model_config *cfg,
                       const prompt_set *p, const fg_tokenizer *tok, const int *tokens, float *logits,
                       gen_timing *t, stage_report *all, char *err) {
     int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
@@ -1476,7 +1476,7 @@ static void report_finished_job(const char *output, int records) {
  * tokens generated so that a decode step runs too; its tokens are dropped (no record, no logits),
  * its trace too, and its latency is the report's cold run. */
 static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p, int stages, char *err) {
-    const opt_config *c = fg_model_config(m);
+    const model_config *c = fg_model_config(m);
     int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches * stages, len = longest_prompt(p);
     if (n > p->n) n = p->n;
     if (n < 1) return 0; /* no prompt, nothing to warm up */
@@ -1523,7 +1523,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     float *logits = NULL;
     stage_report *all = NULL;
     gen_timing t;
-    opt_config cfg;
+    model_config cfg;
     job_output job = {.fd = -1};
     a->policy.stage = rank, a->policy.n_stages = stages;
     if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
@@ -1536,7 +1536,7 @@ static int run(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
-        rc = model_config(a->model, &cfg, err);
+        rc = resolve_model_config(a->model, &cfg, err);
         if (rc == 0 && rank == 0) warn_special_ids(a->model, &cfg);
         if (rc == 0) rc = check_lengths(a, &cfg, err);
         if (rc == 0) set_eos(&a->gen, &cfg);
@@ -1630,12 +1630,12 @@ static void print_capacity_cut(const double cap[N_TIERS], double host) {
 
 /* flexgen policy: the search's choice, its prediction and the terms that bound it. */
 static int policy_command(cli_args *a, char *err) {
-    opt_config cfg;
+    model_config cfg;
     fg_search_result r;
     fg_tokenizer *tok = NULL;
     prompt_set prompts = {0};
     int rc = a->ppl_flag ? fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag) : 0;
-    if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) rc = resolve_model_config(a->model, &cfg, err);
     if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
@@ -1912,12 +1912,12 @@ static int perplexity_command(cli_args *a, char *err) {
     fg_runtime *rt = NULL;
     fg_model *m = NULL;
     int *ids = NULL, *top1 = NULL, *ref = NULL, n = 0, agree = 0;
-    opt_config cfg;
+    model_config cfg;
     ppl_result r;
     int rc = 0;
     if (!a->text) rc = fg_fail(err, "perplexity: --text FILE is required");
     if (rc == 0 && a->predictions) rc = fg_output_check("--predictions", a->predictions, err);
-    if (rc == 0) rc = model_config(a->model, &cfg, err);
+    if (rc == 0) rc = resolve_model_config(a->model, &cfg, err);
     if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_tokenizer(a, &tok, err);
     if (rc == 0 && !tok)

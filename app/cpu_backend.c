@@ -50,9 +50,9 @@ const fg_backend fg_cpu_backend = {
     .finish = cpu_nothing_to_wait_for,
     .join = cpu_nothing_to_order,
     .counts = NULL, /* nothing counted */
-    .workspace_bytes = opt_workspace_bytes,
-    .workspace_init = opt_workspace_init,
-    .workspace_free = opt_workspace_free,
+    .workspace_bytes = model_workspace_bytes,
+    .workspace_init = model_workspace_init,
+    .workspace_free = model_workspace_free,
     .forward = {[FAMILY_OPT] = {opt_embed, opt_layer, opt_output},
                 [FAMILY_LLAMA] = {llama_embed, llama_layer, llama_output}},
     .device_memory = NULL, /* host memory */

@@ -9,43 +9,43 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-static size_t fp16_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
-    return opt_workspace_bytes(cfg, rows, max_prompt, max_len) + 4 * rows * cfg->hidden;
+static size_t fp16_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len) {
+    return model_workspace_bytes(cfg, rows, max_prompt, max_len) + 4 * rows * cfg->hidden;
 }
 
-static int fp16_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows,
+static int fp16_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows,
                                int max_prompt, int max_len, char *err) {
-    if (opt_workspace_init(ws, cfg, rows, max_prompt, max_len, err)) return -1;
+    if (model_workspace_init(ws, cfg, rows, max_prompt, max_len, err)) return -1;
     if (!(ws->x32 = aligned_alloc(64, (rows * cfg->hidden * sizeof(float) + 63) & ~(size_t)63))) {
-        opt_workspace_free(ws);
+        model_workspace_free(ws);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
     return 0;
 }
 
 /* The GPU batch with x widened into ws->x32 (n rows of it; 0: none, x is only written). */
-static gpu_batch widened(const gpu_batch *gb, const opt_config *c, opt_workspace *ws, size_t n) {
+static gpu_batch widened(const gpu_batch *gb, const model_config *c, model_workspace *ws, size_t n) {
     gpu_batch wide = *gb;
     fp16_to_fp32_n(gb->x, ws->x32, n * c->hidden);
     wide.x = ws->x32;
     return wide;
 }
 
-static void fp16_embed(const opt_weights *w, gpu_batch *gb, opt_workspace *ws) {
+static void fp16_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
     size_t n = (size_t)gb->batch * gb->n_new * w->cfg.hidden;
     gpu_batch wide = widened(gb, &w->cfg, ws, 0);
     fg_cpu_backend.forward[w->cfg.family].embed(w, &wide, ws);
     fp32_to_fp16_n(ws->x32, gb->x, n);
 }
 
-static void fp16_layer(const opt_weights *w, int layer, gpu_batch *gb, opt_workspace *ws) {
+static void fp16_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace *ws) {
     size_t rows = (size_t)gb->batch * gb->n_new;
     gpu_batch wide = widened(gb, &w->cfg, ws, rows);
     fg_cpu_backend.forward[w->cfg.family].layer(w, layer, &wide, ws);
     fp32_to_fp16_n(ws->x32, gb->x, rows * w->cfg.hidden);
 }
 
-static void fp16_output(const opt_weights *w, gpu_batch *gb, opt_workspace *ws, float *logits) {
+static void fp16_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
     gpu_batch wide = widened(gb, &w->cfg, ws, (size_t)gb->batch * gb->n_new);
     fg_cpu_backend.forward[w->cfg.family].output(w, &wide, ws, logits);
 }

@@ -114,7 +114,7 @@ static int run_windows(fg_model *m, const int *ids, const window *w, int from, i
 
 int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int *top1,
                   ppl_result *r, char *err) {
-    const opt_config *c = &m->view.cfg;
+    const model_config *c = &m->view.cfg;
     memset(r, 0, sizeof *r);
     int size = o->window ? o->window : c->max_pos, stride = o->stride ? o->stride : size / 2;
     if (n < 2) return fg_fail(err, "the text has %d token%s: perplexity needs at least 2", n, n == 1 ? "" : "s");

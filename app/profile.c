@@ -43,9 +43,9 @@ typedef struct {
     const fg_backend *be;
     void *src, *dst, *landing;
     size_t n;
-    opt_weights *w;
+    model_weights *w;
     gpu_batch *gb;
-    opt_workspace *ws;
+    model_workspace *ws;
 } profile_ctx;
 
 /* Each timed operation ends when the device has done it: the backend queues its work. */
@@ -130,8 +130,8 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
 
 /* Dummy weights of cfg in the backend's working format on its gpu tier (view's pointers); int8:
  * the matrices 4-bit, as the CPU's products read them, multiplied by int8 activations. */
-static int device_weights(const fg_backend *be, const opt_config *cfg, int int8, opt_layout *l,
-                          opt_weights *view, char *err) {
+static int device_weights(const fg_backend *be, const model_config *cfg, int int8, opt_layout *l,
+                          model_weights *view, char *err) {
     memset(view, 0, sizeof *view);
     if (opt_layout_init(l, view, cfg, 0, err)) return -1;
     view->q4 = int8;
@@ -226,15 +226,15 @@ static void profile_host(const fg_backend *be, profile_ctx *c, int batch, char *
 }
 
 static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose, char *err) {
-    opt_config c = OPT_SHAPE("profile", 1, PROFILE_HIDDEN, PROFILE_HIDDEN / 64, 4 * PROFILE_HIDDEN, 64, 2048,
+    model_config c = OPT_SHAPE("profile", 1, PROFILE_HIDDEN, PROFILE_HIDDEN / 64, 4 * PROFILE_HIDDEN, 64, 2048,
                              PROFILE_HIDDEN, 1);
     enum { LONG = 1024, MAX_GBS = MATMUL_DECODE_ROWS, LONG_GBS = 32 };
-    opt_weights w;
+    model_weights w;
     opt_layout layout = {0};
     double h = c.hidden, mm_token = 8 * h * h + 4 * h * c.ffn; /* FLOPs of the products a token */
     double working = be->weight_elem * (4 * h * h + 2 * h * c.ffn); /* bytes of the products */
     gpu_batch gb = {0};
-    opt_workspace ws = {0};
+    model_workspace ws = {0};
     size_t n_x = (size_t)LONG * c.hidden, x_bytes = n_x * be->act_elem; /* LONG >= MAX_GBS rows */
     size_t row = 2 * (size_t)c.hidden, rows = (size_t)2 * LONG_GBS * (LONG + 1);
     void *x = be->alloc(x_bytes), *x_host = malloc(x_bytes);

@@ -116,7 +116,7 @@ static void count_existing_weight_file(fg_model *m) {
 
 
 /* The table, the placement and nothing else: the weights move into their homes on first use. */
-static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const char *dir,
+static int model_init(fg_model *m, const model_config *cfg, int has_lm_head, const char *dir,
                       char *err) {
     m->disk.fd = -1;
     m->staged[0] = m->staged[1] = m->reads[0].n = m->reads[1].n = -1;
@@ -151,7 +151,7 @@ static int model_init(fg_model *m, const opt_config *cfg, int has_lm_head, const
     return 0;
 }
 
-int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg_model **out,
+int fg_model_open_dummy(fg_runtime *rt, const model_config *cfg, uint64_t seed, fg_model **out,
                         char *err) {
     fg_model *m = calloc(1, sizeof *m);
     *out = NULL;
@@ -169,15 +169,15 @@ int fg_model_open_dummy(fg_runtime *rt, const opt_config *cfg, uint64_t seed, fg
 int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **out, char *err) {
     *out = NULL;
     if (!is_dir(model)) {
-        opt_config cfg;
-        if (opt_config_by_name(model, &cfg, err)) return -1;
+        model_config cfg;
+        if (model_config_by_name(model, &cfg, err)) return -1;
         return fg_model_open_dummy(rt, &cfg, seed, out, err);
     }
     fg_model *m = calloc(1, sizeof *m);
     if (!m) return fg_fail(err, "out of memory");
     m->rt = rt;
     m->disk.fd = -1;
-    opt_config cfg;
+    model_config cfg;
     int rc = opt_checkpoint_open(model, &cfg, &m->archive, err);
     m->has_archive = rc == 0;
     if (rc == 0) rc = model_init(m, &cfg, st_find(&m->archive, "lm_head.weight") != NULL, model, err);
@@ -189,7 +189,7 @@ int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **o
     return 0;
 }
 
-const opt_config *fg_model_config(const fg_model *m) { return &m->view.cfg; }
+const model_config *fg_model_config(const fg_model *m) { return &m->view.cfg; }
 
 void fg_model_close(fg_model *m) {
     if (!m) return;
@@ -218,7 +218,7 @@ void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
     }
 }
 
-int fg_runtime_check(const opt_config *model, uint64_t seed, const fg_policy *p, int sequences,
+int fg_runtime_check(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
                      int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
     fg_policy q = *p;
     q.overlap = q.trace = q.verbose = 0;

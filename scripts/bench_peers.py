@@ -56,7 +56,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_pytorch import BOS, MAX_POSITIONS, MODELS, VOCAB, opt_config  # noqa: E402
+from bench_pytorch import BOS, MAX_POSITIONS, MODELS, VOCAB, model_config  # noqa: E402
 
 ENGINES = ("flexgen", "flexgen-4bit", "flexgen-int8", "flexgen-bf16", "ct2-fp32", "ct2-int8", "pytorch")
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")  # OPT's ids 0..3
@@ -105,7 +105,7 @@ def cmd_checkpoint(a):
     if os.path.exists(a.out):
         sys.exit(f"bench_peers.py: {a.out} exists")
     torch.manual_seed(a.seed)
-    model = OPTForCausalLM(opt_config(a.model)).half().eval()
+    model = OPTForCausalLM(model_config(a.model)).half().eval()
     tmp = a.out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)

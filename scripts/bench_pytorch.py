@@ -64,7 +64,7 @@ def parse_args(argv):
     return a
 
 
-def opt_config(name):
+def model_config(name):
     """The OPTConfig of a real OPT model of this size (random weights are drawn from init_std);
     scripts/bench_peers.py saves checkpoints with it."""
     from transformers import OPTConfig
@@ -98,7 +98,7 @@ def opt_config(name):
 def build_model(name):
     from transformers import OPTForCausalLM
 
-    model = OPTForCausalLM(opt_config(name))  # random init: dummy weights
+    model = OPTForCausalLM(model_config(name))  # random init: dummy weights
     return model.float().eval()
 
 

@@ -21,7 +21,7 @@
  * Configs
  * ============================================================================================ */
 
-static const opt_config OPT_SIZES[] = {
+static const model_config OPT_SIZES[] = {
     /* name        layers hidden heads ffn   vocab  pos   word  pre_ln */
     OPT_SHAPE("opt-125m", 12, 768, 12, 3072, 50272, 2048, 768, 1),
     OPT_SHAPE("opt-350m", 24, 1024, 16, 4096, 50272, 2048, 512, 0),
@@ -53,8 +53,8 @@ static const llama_size LLAMA_SIZES[] = {
     {"qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, 0, 1, 1e-6f, 1e6f, 0, 151643, 151643},
 };
 
-static opt_config llama_sized(const llama_size *z) {
-    opt_config c = {.n_layers = z->layers, .hidden = z->hidden, .n_heads = z->heads, .ffn = z->ffn,
+static model_config llama_sized(const llama_size *z) {
+    model_config c = {.n_layers = z->layers, .hidden = z->hidden, .n_heads = z->heads, .ffn = z->ffn,
                     .vocab = z->vocab, .max_pos = z->max_pos, .word_dim = z->hidden, .pre_ln = 1,
                     .family = FAMILY_LLAMA, .n_kv_heads = z->kv_heads, .head_dim = z->hidden / z->heads,
                     .qkv_bias = z->qkv_bias, .rms_eps = z->eps, .bos_id = z->bos, .n_eos = 1,
@@ -67,7 +67,7 @@ static opt_config llama_sized(const llama_size *z) {
     return c;
 }
 
-int opt_config_by_name(const char *name, opt_config *cfg, char *err) {
+int model_config_by_name(const char *name, model_config *cfg, char *err) {
     const char *slash = strrchr(name, '/'), *base = slash ? slash + 1 : name; /* facebook/opt-1.3b */
     for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
         if (strcasecmp(base, OPT_SIZES[i].name) == 0) { *cfg = OPT_SIZES[i]; return 0; }
@@ -114,7 +114,7 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
 }
 
 /* OPT's fields (OPTConfig). */
-static int opt_fields(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
+static int opt_fields(const cJSON *root, const char *path, model_config *c, int *tie_head, char *err) {
     const cJSON *act = fg_json_get(root, "activation_function");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
         return fg_fail(err, "%s: unsupported activation_function (only \"relu\")", path);
@@ -191,7 +191,7 @@ static int json_real(const cJSON *o, const char *key, double def, double lo, dou
  * exceeds max(1, 1 / factor): theta^(-2i/d) is at most 1, and rope_frequencies (llama_model.c)
  * divides it by the factor at most once (llama3's blend lies between f and f / factor). So that
  * bound, times the last position, must be a finite fp32. */
-static int rope_finite(const opt_config *c, const char *path, char *err) {
+static int rope_finite(const model_config *c, const char *path, char *err) {
     float top = c->rope.kind != ROPE_DEFAULT && c->rope.factor < 1 ? 1.0f / c->rope.factor : 1.0f;
     float last = (float)(c->max_pos - 1);
     if (isfinite(top) && isfinite(last * top)) return 0;
@@ -225,7 +225,7 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
 }
 
 /* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others refused. */
-static int rope_scaling(const cJSON *root, opt_config *c, const char *path, char *err) {
+static int rope_scaling(const cJSON *root, model_config *c, const char *path, char *err) {
     const cJSON *rs = fg_json_get(root, "rope_scaling");
     c->rope.kind = ROPE_DEFAULT, c->rope.factor = 1;
     if (!rs || cJSON_IsNull(rs)) return 0;
@@ -251,7 +251,7 @@ static int rope_scaling(const cJSON *root, opt_config *c, const char *path, char
 }
 
 /* Mistral's sliding_window (kept: every sequence must fit in it), Qwen2's use_sliding_window. */
-static int sliding_window(const cJSON *root, opt_config *c, const char *type, const char *path, char *err) {
+static int sliding_window(const cJSON *root, model_config *c, const char *type, const char *path, char *err) {
     int on = 1;
     if (!strcmp(type, "qwen2") && json_flag(root, "use_sliding_window", 0, &on, path, err)) return -1;
     if (!strcmp(type, "qwen2") && on)
@@ -263,7 +263,7 @@ static int sliding_window(const cJSON *root, opt_config *c, const char *type, co
 }
 
 /* The LLaMA family's fields (LlamaConfig, MistralConfig, Qwen2Config; docs/USAGE.md lists them). */
-static int llama_fields(const cJSON *root, const char *type, const char *path, opt_config *c, int *tie_head,
+static int llama_fields(const cJSON *root, const char *type, const char *path, model_config *c, int *tie_head,
                         char *err) {
     int qwen2 = !strcmp(type, "qwen2"), llama = !strcmp(type, "llama");
     const cJSON *act = fg_json_get(root, "hidden_act");
@@ -310,7 +310,7 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, o
     return 0;
 }
 
-static int config_from_cjson(const cJSON *root, const char *path, opt_config *c, int *tie_head, char *err) {
+static int config_from_cjson(const cJSON *root, const char *path, model_config *c, int *tie_head, char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
     const cJSON *mt = fg_json_get(root, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
@@ -322,7 +322,7 @@ static int config_from_cjson(const cJSON *root, const char *path, opt_config *c,
 }
 
 /* config.json, and whether it ties the output layer to the embedding (tie_word_embeddings). */
-static int read_config(const char *path, opt_config *cfg, int *tie_head, char *err) {
+static int read_config(const char *path, model_config *cfg, int *tie_head, char *err) {
     char *text = fg_read_file(path, NULL, err);
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
@@ -333,14 +333,14 @@ static int read_config(const char *path, opt_config *cfg, int *tie_head, char *e
     return rc;
 }
 
-int opt_config_from_json(const char *path, opt_config *cfg, char *err) {
+int model_config_from_json(const char *path, model_config *cfg, char *err) {
     int tie_head;
     return read_config(path, cfg, &tie_head, err);
 }
 
 /* The values of FlexGen's layer j (0 the input embedding, 1 .. n_layers a decoder layer, then the
  * output layer; a tied lm_head shares the embedding's), as the weight table lists them. */
-size_t layer_param_count(const opt_config *c, int j) {
+size_t layer_param_count(const model_config *c, int j) {
     size_t h = c->hidden, f = c->ffn, q = (size_t)q_width(c), kv = (size_t)kv_width(c), v = c->vocab;
     if (c->family == FAMILY_OPT) {
         size_t wd = c->word_dim, proj = wd != h ? h * wd : 0;
@@ -354,30 +354,30 @@ size_t layer_param_count(const opt_config *c, int j) {
            (c->mlp_bias ? 2 * f + h : 0);
 }
 
-size_t opt_param_count(const opt_config *c) {
+size_t opt_param_count(const model_config *c) {
     size_t n = 0;
     for (int j = 0; j < c->n_layers + 2; j++) n += layer_param_count(c, j);
     return n;
 }
 
-/* FlexGen's opt_config.py formulas, so reports compare with its logs. */
-double opt_model_bytes(const opt_config *c) {
+/* FlexGen's model_config.py formulas, so reports compare with its logs. */
+double opt_model_bytes(const model_config *c) {
     double h = c->hidden;
     if (c->family != FAMILY_OPT) return 2.0 * (double)opt_param_count(c); /* LLaMA: its fp16 bytes */
     return 2 * (c->n_layers * (h * (3 * h + 1) + h * (h + 1) + h * (4 * h + 1) + h * 4 * (h + 1) +
                                h * 4) +
                 c->vocab * (h + 1));
 }
-double opt_cache_bytes(const opt_config *c, int batch, int seq_len) {
+double opt_cache_bytes(const model_config *c, int batch, int seq_len) {
     return 2.0 * batch * seq_len * c->n_layers * kv_width(c) * 2;
 }
-double opt_hidden_bytes(const opt_config *c, int batch, int seq_len) {
+double opt_hidden_bytes(const model_config *c, int batch, int seq_len) {
     return (double)batch * seq_len * c->hidden * 2;
 }
 
 /* FlexGen's layer list (0 the input embedding, 1 .. n_layers the decoder layers, n_layers + 1
  * the output embedding) split over n pipeline stages (§4.4). */
-void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end) {
+void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end) {
     int L = c->n_layers;
     if (n < 1) n = 1;
     *first = s == 0 ? 0 : 1 + (int)((long)L * s / n);
@@ -461,7 +461,7 @@ static void add_spec(spec_list *l, fp16 **slot, int64_t rows, int64_t cols, int 
     add_spec(l, slot, out, in, FILL_MATRIX, reserve(l, (size_t)(out) * (in)), 1, (size_t)(out), \
              __VA_ARGS__)
 
-static void layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c, int i) {
+static void layer_specs(spec_list *l, layer_weights *L, const model_config *c, int i) {
     int64_t h = c->hidden, f = c->ffn;
     const char *p = "decoder.layers";
     /* q, k, v: the columns 0, h and 2h of one [h][3h] matrix; their biases side by side. */
@@ -495,7 +495,7 @@ static void llama_linear(spec_list *l, fp16 **W, fp16 **b, int64_t out, int64_t 
 
 /* A LLaMA decoder layer: q, k and v each a matrix of its own (4-bit groups each on its own,
  * and grouped-query attention's k and v are narrower), the SwiGLU MLP's gate, up and down. */
-static void llama_layer_specs(spec_list *l, opt_layer_weights *L, const opt_config *c, int i) {
+static void llama_layer_specs(spec_list *l, layer_weights *L, const model_config *c, int i) {
     int64_t h = c->hidden, f = c->ffn, q = q_width(c), kv = kv_width(c);
     ADD_PLAIN(l, &L->attn_ln_w, h, 0, FILL_LN_W, "layers.%d.input_layernorm.weight", i);
     llama_linear(l, &L->wq, &L->bq, q, h, c->qkv_bias, i, "self_attn.q_proj");
@@ -509,8 +509,8 @@ static void llama_layer_specs(spec_list *l, opt_layer_weights *L, const opt_conf
 }
 
 /* LLaMA's layers: the token embedding; the decoder layers; the final RMSNorm and lm_head. */
-static void llama_specs(opt_weights *w, int has_lm_head, spec_list *l) {
-    const opt_config *c = &w->cfg;
+static void llama_specs(model_weights *w, int has_lm_head, spec_list *l) {
+    const model_config *c = &w->cfg;
     int64_t h = c->hidden, n = c->n_layers;
     l->n = 0;
     start_layer(l, 0);
@@ -527,8 +527,8 @@ static void llama_specs(opt_weights *w, int has_lm_head, spec_list *l) {
 }
 
 /* Every tensor of the model, layer by layer; l->s holds 9 + 16 * n_layers entries. */
-static void model_specs(opt_weights *w, int has_lm_head, spec_list *l) {
-    const opt_config *c = &w->cfg;
+static void model_specs(model_weights *w, int has_lm_head, spec_list *l) {
+    const model_config *c = &w->cfg;
     int64_t h = c->hidden, n = c->n_layers;
     if (c->family == FAMILY_LLAMA) {
         llama_specs(w, has_lm_head, l);
@@ -557,7 +557,7 @@ static void model_specs(opt_weights *w, int has_lm_head, spec_list *l) {
 
 static int is_tied(const tensor_spec *s) { return strcmp(s->name, s->source) != 0; }
 
-int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int has_lm_head,
+int opt_layout_init(opt_layout *l, model_weights *view, const model_config *cfg, int has_lm_head,
                     char *err) {
     memset(l, 0, sizeof *l);
     memset(view, 0, sizeof *view);
@@ -805,7 +805,7 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
 
 /* The config against the tensor table before anything is sized from the config: the decoder
  * layers that the tensors name must be those num_hidden_layers says. */
-static int check_layer_count(const opt_config *cfg, const st_archive *a, const char *path, char *err) {
+static int check_layer_count(const model_config *cfg, const st_archive *a, const char *path, char *err) {
     long layers = 0;
     const char *prefix = cfg->family == FAMILY_OPT ? "decoder.layers." : "layers.";
     for (int i = 0; i < a->n_tensors; i++) {
@@ -841,7 +841,7 @@ static int same_tensor(const st_tensor *a, const st_tensor *b) {
  * ends, so a lm_head.weight in the file must hold the embedding's values (same shape, and the same
  * bytes, or values where the dtypes differ): it is then not read (it leaves the table). One that
  * differs is refused, since which of the two the output layer should use is ambiguous. */
-static int choose_head(st_archive *a, const opt_config *cfg, int tie_head, const char *path, char *err) {
+static int choose_head(st_archive *a, const model_config *cfg, int tie_head, const char *path, char *err) {
     const st_tensor *head = st_find(a, "lm_head.weight");
     if (!tie_head && !head)
         return fg_fail(err, "%s: \"tie_word_embeddings\" is false, but the checkpoint has no lm_head.weight", path);
@@ -858,7 +858,7 @@ static int choose_head(st_archive *a, const opt_config *cfg, int tie_head, const
     return 0;
 }
 
-int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err) {
+int opt_checkpoint_open(const char *dir, model_config *cfg, st_archive *a, char *err) {
     char path[4096];
     int tie_head;
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -874,7 +874,7 @@ int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *e
 }
 
 /* All weights in one fp16 arena: every tensor on the compute device (tests and tools). */
-static int weights_all_fp16(opt_weights *w, const opt_config *cfg, int has_lm_head,
+static int weights_all_fp16(model_weights *w, const model_config *cfg, int has_lm_head,
                             const weight_source *src, const char *dir, char *err) {
     opt_layout l;
     if (opt_layout_init(&l, w, cfg, has_lm_head, err)) return -1;
@@ -905,23 +905,23 @@ static int weights_all_fp16(opt_weights *w, const opt_config *cfg, int has_lm_he
     w->layers = l.view->layers; /* the view is w itself; keep its layers, free the table */
     l.view = NULL;
     opt_layout_free(&l);
-    if (rc) opt_weights_free(w);
+    if (rc) model_weights_free(w);
     return rc;
 }
 
-void opt_weights_free(opt_weights *w) {
+void model_weights_free(model_weights *w) {
     free(w->storage);
     free(w->layers);
     memset(w, 0, sizeof *w);
 }
 
-int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err) {
+int model_weights_dummy(const model_config *cfg, uint64_t seed, model_weights *w, char *err) {
     weight_source src = {NULL, seed};
     return weights_all_fp16(w, cfg, 0, &src, NULL, err);
 }
 
-int opt_weights_load(const char *dir, opt_weights *w, char *err) {
-    opt_config cfg;
+int model_weights_load(const char *dir, model_weights *w, char *err) {
+    model_config cfg;
     st_archive a;
     memset(w, 0, sizeof *w);
     if (opt_checkpoint_open(dir, &cfg, &a, err)) return -1;
@@ -931,12 +931,12 @@ int opt_weights_load(const char *dir, opt_weights *w, char *err) {
     return rc;
 }
 
-int opt_weight_locate(const opt_weights *w, const char *name, const fp16 **first,
+int opt_weight_locate(const model_weights *w, const char *name, const fp16 **first,
                       size_t *row_stride, size_t *col_stride) {
-    opt_weights shadow; /* the table records slots into a view: give it a copy of w */
+    model_weights shadow; /* the table records slots into a view: give it a copy of w */
     opt_layout l;
     if (opt_layout_init(&l, &shadow, &w->cfg, w->lm_head != w->embed_tokens, NULL)) return -1;
-    opt_layer_weights *layers = shadow.layers;
+    layer_weights *layers = shadow.layers;
     shadow = *w;
     shadow.layers = layers;
     memcpy(layers, w->layers, (size_t)w->cfg.n_layers * sizeof *layers);

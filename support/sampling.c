@@ -64,7 +64,7 @@ int sample_token(const float *logits, int n, float temperature, float top_p, fg_
     return id;
 }
 
-int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens, int gen_len,
+int check_prompts(const model_config *c, int n, int *const *prompts, const int *lens, int gen_len,
                   char *err) {
     if (n < 1) return fg_fail(err, "no prompts");
     for (int p = 0; p < n; p++) {
@@ -87,7 +87,7 @@ int check_prompts(const opt_config *c, int n, int *const *prompts, const int *le
 }
 
 /* Teacher forcing feeds only ids of the vocab. */
-int check_forced(const opt_config *c, const int *forced, int n_prompts, int gen_len, char *err) {
+int check_forced(const model_config *c, const int *forced, int n_prompts, int gen_len, char *err) {
     for (int p = 0; p < n_prompts; p++)
         for (int i = 0; i < gen_len; i++) {
             int id = forced[(size_t)p * gen_len + i];

@@ -136,7 +136,7 @@ const fg_simd *fg_simd_kernels(void);
  * opt_model.c's matmul_reference and embed_t_reference. q4_parts > 0: 4-bit, in q4_parts
  * parts side by side (q|k|v: 3), each grouped on its own ---- */
 #define MATMUL_DECODE_ROWS 64
-/* How the CPU backend's linear layers multiply (opt_weights.products): fp32 products of the
+/* How the CPU backend's linear layers multiply (model_weights.products): fp32 products of the
  * weights as stored (§5), the 4-bit weights times int8 activations (int8.c), or prefill in bf16. */
 typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products;
 #define MATMUL_EMBED_DOT_ROWS 64
@@ -187,10 +187,10 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
 void gpu_batch_free(gpu_batch *gb);
 void gpu_batch_advance(gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
 /* The CPU's workspace: max_prompt is not used (decode's max_len keys are the most). */
-size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
-int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);
+int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
                        int max_len, char *err);
-void opt_workspace_free(opt_workspace *ws);
+void model_workspace_free(model_workspace *ws);
 enum { FG_CUDA_WS_PARTS = 7 };
 /* CUDA's 4-bit products (flexgen.cu, §5): up to FG_CUDA_Q4_DIRECT rows of x (decode's) multiply
  * the codes, FG_CUDA_Q4_ROWS at a pass, a block summing k_chunk rows of W (fg_cuda_q4_k_chunk)
@@ -199,7 +199,7 @@ enum { FG_CUDA_WS_PARTS = 7 };
 enum { FG_CUDA_Q4_ROWS = 8, FG_CUDA_Q4_DIRECT = 32 };
 enum { FG_CUDA_WIDEN_VALUES = 1 << 20, FG_CUDA_WIDEN_COLUMNS = 64 };
 int fg_cuda_q4_k_chunk(int in, int out);
-size_t fg_cuda_q4_scratch_bytes(const opt_config *cfg); /* a part of the workspace */
+size_t fg_cuda_q4_scratch_bytes(const model_config *cfg); /* a part of the workspace */
 /* Decode attention on CUDA splits a query's keys into spans of FG_CUDA_SPAN_KEYS, a block each
  * (flexgen.cu, queue_attention). Each (row, query head, span) leaves head_dim + 2 floats in the
  * workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys: fg_cuda_span_slots
@@ -208,17 +208,17 @@ enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_SPLIT_ROWS = 256 };
 static inline int fg_cuda_attention_spans(int keys) {
     return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
 }
-size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len);
+size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len);
 /* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a
  * layer's pad, past, K and V pointers and page tables of max_pages entries (flexgen.cu). A few
  * of each stay on the device, so that one already there is not uploaded again. */
 enum { FG_CUDA_TOKEN_TABLES = 2, FG_CUDA_CACHE_TABLES = 2 };
 size_t fg_cuda_token_table_bytes(size_t rows);
 size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages);
-size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len,
+size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_prompt, int max_len,
                                size_t *sizes);
-size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len);
-size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len);
+size_t fg_cuda_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);
+size_t fg_cuda_delegated_bytes(const model_config *cfg, size_t rows, int max_len);
 const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
 
 /* ---- Configs and the weight table (checkpoint.c, safetensors.c) ---- */
@@ -247,14 +247,14 @@ void st_close(st_archive *a);
     {.name = nm, .n_layers = layers, .hidden = h, .n_heads = heads, .ffn = f, .vocab = v, .max_pos = pos, \
      .word_dim = wd, .pre_ln = pre}
 
-int opt_config_by_name(const char *name, opt_config *cfg, char *err); /* "opt-125m" ... */
+int model_config_by_name(const char *name, model_config *cfg, char *err); /* "opt-125m" ... */
 /* An HF checkpoint directory: its config.json (cfg->name becomes dir) and its archive, mapped. */
-int opt_checkpoint_open(const char *dir, opt_config *cfg, st_archive *a, char *err);
+int opt_checkpoint_open(const char *dir, model_config *cfg, st_archive *a, char *err);
 /* FlexGen's layer list (0 input embedding, 1 .. n_layers decoders, n_layers + 1 output
  * embedding) split over n pipeline stages: stage s has [*first, *end). */
-void fg_stage_layers(const opt_config *c, int s, int n, int *first, int *end);
-size_t opt_param_count(const opt_config *cfg);
-size_t layer_param_count(const opt_config *cfg, int j); /* FlexGen's layer j: 0 input, 1 .. n_layers, output */
+void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end);
+size_t opt_param_count(const model_config *cfg);
+size_t layer_param_count(const model_config *cfg, int j); /* FlexGen's layer j: 0 input, 1 .. n_layers, output */
 
 /* The model's stored tensors, layer by layer (§4.2 places weights tensor by tensor within a
  * layer). A layer's tensors tile one arena of layer_floats[layer] values; tensor t starts at
@@ -270,7 +270,7 @@ typedef struct {
     int first_spec, n_specs; /* the checkpoint tensors that fill it (internal) */
 } opt_tensor;
 typedef struct {
-    opt_weights *view;    /* the compute view whose fields the slots name */
+    model_weights *view;    /* the compute view whose fields the slots name */
     opt_tensor *tensors;
     int n_tensors;
     size_t *layer_floats; /* [n_layers + 2] */
@@ -282,7 +282,7 @@ typedef struct {
     const st_archive *archive;
     uint64_t seed;
 } weight_source;
-int opt_layout_init(opt_layout *l, opt_weights *view, const opt_config *cfg, int has_lm_head,
+int opt_layout_init(opt_layout *l, model_weights *view, const model_config *cfg, int has_lm_head,
                     char *err);
 void opt_layout_free(opt_layout *l);
 int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const char *dir, char *err);
@@ -319,7 +319,7 @@ void drop_pages(const disk_arena *a, const void *p, size_t bytes, int dirty);
  * checksum per layer, written once into the weight dir and reused while intact. */
 typedef struct {
     const char *dir;         /* the weight dir (--path) */
-    const opt_config *cfg;   /* with seed and q4, what names the contents */
+    const model_config *cfg;   /* with seed and q4, what names the contents */
     uint64_t seed;
     int q4;
     const opt_layout *layout;
@@ -347,9 +347,9 @@ int sample_token(const float *logits, int n, float temperature, float top_p, fg_
                  float *scratch);
 /* Every prompt is a non-empty run of token ids in the vocab that fits the model's positions with
  * gen_len more; forced tokens (teacher forcing, [n][gen_len]) are ids of the vocab. */
-int check_prompts(const opt_config *c, int n, int *const *prompts, const int *lens, int gen_len,
+int check_prompts(const model_config *c, int n, int *const *prompts, const int *lens, int gen_len,
                   char *err);
-int check_forced(const opt_config *c, const int *forced, int n, int gen_len, char *err);
+int check_forced(const model_config *c, const int *forced, int n, int gen_len, char *err);
 
 /* ---- The trace (trace.c): one track per thread, one event per task or computation ---- */
 enum { TRACK_COMPUTE, N_TRACKS = 5 };

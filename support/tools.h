@@ -58,21 +58,21 @@ void fg_unwatch_mapping(const void *base);
 void matmul_force_isa(int isa);
 
 /* HF config.json. */
-int opt_config_from_json(const char *path, opt_config *cfg, char *err);
-/* FlexGen's size formulas (flexgen/opt_config.py), in bytes of fp16. */
-double opt_model_bytes(const opt_config *cfg);
-double opt_cache_bytes(const opt_config *cfg, int batch, int seq_len);
-double opt_hidden_bytes(const opt_config *cfg, int batch, int seq_len);
+int model_config_from_json(const char *path, model_config *cfg, char *err);
+/* FlexGen's size formulas (flexgen/model_config.py), in bytes of fp16. */
+double opt_model_bytes(const model_config *cfg);
+double opt_cache_bytes(const model_config *cfg, int batch, int seq_len);
+double opt_hidden_bytes(const model_config *cfg, int batch, int seq_len);
 
 /* Dummy weights, deterministic from seed whatever the thread count, scaled so that activations
  * stay finite through every layer of every size. All tensors in one fp16 arena. */
-int opt_weights_dummy(const opt_config *cfg, uint64_t seed, opt_weights *w, char *err);
+int model_weights_dummy(const model_config *cfg, uint64_t seed, model_weights *w, char *err);
 /* An HF checkpoint directory, all tensors in one fp16 arena. */
-int opt_weights_load(const char *dir, opt_weights *w, char *err);
-void opt_weights_free(opt_weights *w);
+int model_weights_load(const char *dir, model_weights *w, char *err);
+void model_weights_free(model_weights *w);
 /* Where checkpoint tensor `name` (HF name, with or without "model.") is held: its element [r][c]
  * is at first[r * row_stride + c * col_stride]. Returns -1 for a name the model does not have. */
-int opt_weight_locate(const opt_weights *w, const char *name, const fp16 **first,
+int opt_weight_locate(const model_weights *w, const char *name, const fp16 **first,
                       size_t *row_stride, size_t *col_stride);
 
 int st_open_dir(const char *dir, st_archive *a, char *err);

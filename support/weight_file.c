@@ -23,7 +23,7 @@
 
 typedef struct {
     char magic[16];
-    opt_config cfg;
+    model_config cfg;
     uint64_t seed, bytes;
 } weight_file_header;
 

@@ -1,5 +1,5 @@
 /* support/workspace.c: the buffers the forward pass works in: a GPU batch's small arrays, the
- * CPU backend's workspace (opt_workspace), and the sizes of the CUDA backend's, which the plan
+ * CPU backend's workspace (model_workspace), and the sizes of the CUDA backend's, which the plan
  * check and the cost model's memory model count without a GPU.
  */
 #include "support/support.h"
@@ -55,7 +55,7 @@ void gpu_batch_advance(gpu_batch *gb) {
 /* Per-thread scratch of attention: K and V slices and the scores of one (sequence, head), and
  * what decode needs besides (opt_attend_decode's scratch); or a block of rows of the
  * embedding table (matmul_embed_t's scratch). */
-static size_t thread_floats(const opt_config *cfg, int max_len) {
+static size_t thread_floats(const model_config *cfg, int max_len) {
     size_t hd = (size_t)cfg_head_dim(cfg), n = (size_t)max_len;
     size_t attention = 2 * n * hd + n * n + 3 * n + hd, row = (size_t)MATMUL_EMBED_BLOCK * cfg->word_dim;
     return ((attention > row ? attention : row) + 15) & ~(size_t)15;
@@ -63,7 +63,7 @@ static size_t thread_floats(const opt_config *cfg, int max_len) {
 
 /* matmul_weights' scratch, when the workspace serves products of more rows than decode's: the
  * most any of the model's weight matrices [in][out] asks for. */
-static size_t wide_floats(const opt_config *cfg, size_t rows) {
+static size_t wide_floats(const model_config *cfg, size_t rows) {
     if (rows <= MATMUL_DECODE_ROWS) return 0;
     int h = cfg->hidden, f = cfg->ffn, wd = cfg->word_dim, q = q_width(cfg), kv = kv_width(cfg);
     const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f}, {f, h}, {wd, h}, {h, wd}, {h, q}, {h, kv}, {q, h}};
@@ -77,26 +77,26 @@ static size_t wide_floats(const opt_config *cfg, size_t rows) {
 
 /* The widest vector of a layer (a bias, or a norm's weight and bias side by side). */
 static size_t most(size_t a, size_t b) { return a > b ? a : b; }
-static size_t vec_floats(const opt_config *cfg) {
+static size_t vec_floats(const model_config *cfg) {
     size_t h = cfg->hidden, n = most(most(3 * h, (size_t)cfg->ffn), (size_t)(q_width(cfg) + 2 * kv_width(cfg)));
     return 2 * most(n, (size_t)cfg->word_dim);
 }
 
-/* A token row's floats in qkv, attn and ffn (model.h's opt_workspace). */
-static size_t qkv_floats(const opt_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
-static size_t attn_floats(const opt_config *c) { return most((size_t)q_width(c), (size_t)c->hidden); }
-static size_t ffn_floats(const opt_config *c) {
+/* A token row's floats in qkv, attn and ffn (model.h's model_workspace). */
+static size_t qkv_floats(const model_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
+static size_t attn_floats(const model_config *c) { return most((size_t)q_width(c), (size_t)c->hidden); }
+static size_t ffn_floats(const model_config *c) {
     return c->family == FAMILY_LLAMA ? 2 * (size_t)c->ffn : most((size_t)c->ffn, (size_t)c->hidden);
 }
 
-size_t opt_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
+size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len) {
     (void)max_prompt;
     size_t row = cfg->hidden + qkv_floats(cfg) + attn_floats(cfg) + ffn_floats(cfg);
     return 4 * (rows * row + thread_floats(cfg, max_len) * omp_get_max_threads() +
                 wide_floats(cfg, rows) + vec_floats(cfg));
 }
 
-int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, int max_prompt,
+int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
                        int max_len, char *err) {
     (void)max_prompt;
     memset(ws, 0, sizeof *ws);
@@ -114,13 +114,13 @@ int opt_workspace_init(opt_workspace *ws, const opt_config *cfg, size_t rows, in
     ws->vec = alloc_floats(vec_floats(cfg));
     if (!ws->h || !ws->qkv || !ws->attn || !ws->ffn || !ws->thread_scratch || !ws->vec ||
         (wide_floats(cfg, rows) && !ws->wide)) {
-        opt_workspace_free(ws);
+        model_workspace_free(ws);
         return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
     }
     return 0;
 }
 
-void opt_workspace_free(opt_workspace *ws) {
+void model_workspace_free(model_workspace *ws) {
     free(ws->h);
     free(ws->qkv);
     free(ws->attn);
@@ -152,7 +152,7 @@ int fg_cuda_q4_k_chunk(int in, int out) {
  * over the largest product ([chunks][FG_CUDA_Q4_ROWS][out]), or a slice of fp16 values widened for
  * a product of more rows (FG_CUDA_WIDEN_VALUES, or FG_CUDA_WIDEN_COLUMNS of the longest rows of
  * W; at most the largest matrix). */
-size_t fg_cuda_q4_scratch_bytes(const opt_config *cfg) {
+size_t fg_cuda_q4_scratch_bytes(const model_config *cfg) {
     size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, qw = q_width(cfg);
     size_t shapes[][2] = {{h, qkv_width(cfg)}, {qw, h}, {h, f}, {f, h}, {wd, h}, {h, wd}};
     size_t matrix = (size_t)cfg->vocab * wd;
@@ -172,7 +172,7 @@ size_t fg_cuda_q4_scratch_bytes(const opt_config *cfg) {
     return widened > partials ? widened : partials;
 }
 
-size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len) {
+size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
     size_t split_rows = rows < FG_CUDA_SPLIT_ROWS ? rows : FG_CUDA_SPLIT_ROWS;
     return split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
 }
@@ -185,7 +185,7 @@ size_t fg_cuda_span_slots(const opt_config *cfg, size_t rows, int max_len) {
  * (fg_cuda_q4_scratch_bytes) need beyond them, since both lie over the prefill scores, which no
  * product and no attention after cached tokens uses; the token tables and the cache tables, of
  * page tables of a cache of max_len. Here so that the cost model has it without CUDA. */
-size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
+size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
     size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
@@ -209,12 +209,12 @@ size_t fg_cuda_workspace_parts(const opt_config *cfg, size_t rows, int max_promp
     return total;
 }
 
-size_t fg_cuda_workspace_bytes(const opt_config *cfg, size_t rows, int max_prompt, int max_len) {
+size_t fg_cuda_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len) {
     return fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, NULL);
 }
 
-size_t fg_cuda_delegated_bytes(const opt_config *cfg, size_t rows, int max_len) {
-    return opt_workspace_bytes(cfg, rows, 0, max_len) + 2 * rows * qkv_width(cfg);
+size_t fg_cuda_delegated_bytes(const model_config *cfg, size_t rows, int max_len) {
+    return model_workspace_bytes(cfg, rows, 0, max_len) + 2 * rows * qkv_width(cfg);
 }
 
 /* A workspace's token rows: prefill computes a layer on chunks of at most FG_CHUNK_ROWS rows,

@@ -251,15 +251,15 @@ static void check_err(const char *err, ...) {
 
 #define EXPECT_ERR(err, ...) check_err(err, __VA_ARGS__, (const char *)NULL)
 
-/* opt_weights_load(dir) fails and its message holds each string given. */
+/* model_weights_load(dir) fails and its message holds each string given. */
 #define EXPECT_LOAD_FAIL(dir, ...)                                                           \
     do {                                                                                     \
-        opt_weights w_;                                                                      \
+        model_weights w_;                                                                      \
         char err_[FG_ERR_LEN] = "";                                                          \
-        int rc_ = opt_weights_load(dir, &w_, err_);                                          \
+        int rc_ = model_weights_load(dir, &w_, err_);                                          \
         CU_ASSERT_EQUAL(rc_, -1);                                                            \
         EXPECT_ERR(err_, __VA_ARGS__);                                                       \
-        if (rc_ == 0) opt_weights_free(&w_);                                                 \
+        if (rc_ == 0) model_weights_free(&w_);                                                 \
         CU_ASSERT_PTR_NULL(w_.storage);                                                      \
     } while (0)
 
@@ -274,9 +274,9 @@ static void check_err(const char *err, ...) {
         CU_ASSERT_EQUAL(a_.n_files, 0);                                                      \
     } while (0)
 
-static void load_ok(const char *dir, opt_weights *w) {
+static void load_ok(const char *dir, model_weights *w) {
     char err[FG_ERR_LEN] = "";
-    int rc = opt_weights_load(dir, w, err);
+    int rc = model_weights_load(dir, w, err);
     if (rc) fprintf(stderr, "\n    %s\n", err);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
 }
@@ -298,7 +298,7 @@ typedef struct {
     size_t row_stride, col_stride, cols;
 } located;
 
-static int locate(const opt_weights *w, const ttensor *t, located *loc) {
+static int locate(const model_weights *w, const ttensor *t, located *loc) {
     loc->cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
     int rc = opt_weight_locate(w, t->name, &loc->first, &loc->row_stride, &loc->col_stride);
     CU_ASSERT_EQUAL(rc, 0);
@@ -319,7 +319,7 @@ static uint32_t float_bits(float f) {
 
 /* Every tensor of l is in w as the fp16 rounding of its source values (bit for bit). Returns how
  * many floats that covers. */
-static size_t check_weights_match(const opt_weights *w, const tlist *l) {
+static size_t check_weights_match(const model_weights *w, const tlist *l) {
     size_t covered = 0, bad = 0;
     for (int i = 0; i < l->n; i++) {
         const ttensor *t = &l->t[i];
@@ -343,7 +343,7 @@ static size_t check_weights_match(const opt_weights *w, const tlist *l) {
  * --------------------------------------------------------------------------------------------- */
 
 static void test_fixture_opt_tiny(void) {
-    opt_weights w;
+    model_weights w;
     tlist l;
     load_ok(fixture("opt-tiny"), &w);
     tl_from_dir(fixture("opt-tiny"), &l);
@@ -360,11 +360,11 @@ static void test_fixture_opt_tiny(void) {
     CU_ASSERT_PTR_EQUAL(w.lm_head, w.embed_tokens); /* tied */
     CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg));
     tl_free(&l);
-    opt_weights_free(&w);
+    model_weights_free(&w);
 }
 
 static void test_fixture_opt_tiny_350m(void) {
-    opt_weights w;
+    model_weights w;
     tlist l;
     load_ok(fixture("opt-tiny-350m"), &w);
     tl_from_dir(fixture("opt-tiny-350m"), &l);
@@ -378,11 +378,11 @@ static void test_fixture_opt_tiny_350m(void) {
     CU_ASSERT_PTR_EQUAL(w.lm_head, w.embed_tokens);
     CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg));
     tl_free(&l);
-    opt_weights_free(&w);
+    model_weights_free(&w);
 }
 
 static void test_fixture_opt_tiny_bf16(void) {
-    opt_weights w;
+    model_weights w;
     tlist l;
     load_ok(fixture("opt-tiny-bf16"), &w);
     tl_from_dir(fixture("opt-tiny-bf16"), &l);
@@ -394,7 +394,7 @@ static void test_fixture_opt_tiny_bf16(void) {
     CU_ASSERT_PTR_EQUAL(w.lm_head, w.embed_tokens);
     CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg));
     tl_free(&l);
-    opt_weights_free(&w);
+    model_weights_free(&w);
 }
 
 static uint16_t bf16_round(float f) { /* round to nearest even; no NaN in weights */
@@ -421,7 +421,7 @@ static void convert_all(tlist *l, const char *dtype) {
 }
 
 static void test_dtype_f32_equivalence(void) {
-    opt_weights w16, w32;
+    model_weights w16, w32;
     tlist l;
     load_ok(fixture("opt-tiny"), &w16);
     char *dir = fixture_copy("opt-tiny", &l);
@@ -434,13 +434,13 @@ static void test_dtype_f32_equivalence(void) {
                                             (size_t)w32.cfg.vocab * w32.cfg.word_dim);
     CU_ASSERT_EQUAL_FATAL(w32.storage_values, w16.storage_values);
     CU_ASSERT(memcmp(w32.storage, w16.storage, w16.storage_values * sizeof(fp16)) == 0);
-    opt_weights_free(&w16);
-    opt_weights_free(&w32);
+    model_weights_free(&w16);
+    model_weights_free(&w32);
     finish(dir, &l);
 }
 
 static void test_dtype_bf16_equivalence(void) {
-    opt_weights w;
+    model_weights w;
     tlist orig, l;
     tl_from_dir(fixture("opt-tiny"), &orig);
     char *dir = fixture_copy("opt-tiny", &l);
@@ -460,7 +460,7 @@ static void test_dtype_bf16_equivalence(void) {
     }
     CU_ASSERT_EQUAL(bad, 0);
     CU_ASSERT(changed > 0); /* bf16 really rounded something: the test compares something */
-    opt_weights_free(&w);
+    model_weights_free(&w);
     tl_free(&orig);
     finish(dir, &l);
 }
@@ -509,7 +509,7 @@ static void test_nonfinite_weights(void) {
 }
 
 static void test_names_without_model_prefix(void) {
-    opt_weights w16, w;
+    model_weights w16, w;
     tlist l;
     load_ok(fixture("opt-tiny"), &w16);
     char *dir = fixture_copy("opt-tiny", &l);
@@ -521,8 +521,8 @@ static void test_names_without_model_prefix(void) {
     load_ok(dir, &w);
     CU_ASSERT_EQUAL_FATAL(w.storage_values, w16.storage_values);
     CU_ASSERT(memcmp(w.storage, w16.storage, w.storage_values * sizeof(fp16)) == 0);
-    opt_weights_free(&w16);
-    opt_weights_free(&w);
+    model_weights_free(&w16);
+    model_weights_free(&w);
     finish(dir, &l);
 }
 
@@ -553,7 +553,7 @@ static char *explicit_head_copy(cJSON *tie, tlist *l) {
 
 /* "tie_word_embeddings": false with a lm_head.weight: the output layer is that tensor. */
 static void test_explicit_lm_head(void) {
-    opt_weights w;
+    model_weights w;
     tlist l;
     char *dir = explicit_head_copy(cJSON_CreateFalse(), &l);
     load_ok(dir, &w);
@@ -561,7 +561,7 @@ static void test_explicit_lm_head(void) {
     CU_ASSERT(w.lm_head != w.embed_tokens);
     CU_ASSERT_EQUAL(fp16_to_fp32(w.lm_head[97 + 3]), 3.0f / 64.0f - 0.75f);
     CU_ASSERT_EQUAL(check_weights_match(&w, &l), opt_param_count(&w.cfg)); /* lm_head.weight counted */
-    opt_weights_free(&w);
+    model_weights_free(&w);
     finish(dir, &l);
 }
 
@@ -599,7 +599,7 @@ static void test_tied_lm_head(void) {
     for (int i = 0; i < 2; i++)
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++) {
             tlist l;
-            opt_weights w;
+            model_weights w;
             cJSON *tie = i ? cJSON_CreateTrue() : NULL;
             char *dir = heads[h].dtype ? embedding_head_copy(tie, heads[h].dtype, heads[h].changed, &l)
                                        : explicit_head_copy(tie, &l); /* unlike the embedding */
@@ -610,7 +610,7 @@ static void test_tied_lm_head(void) {
                 EXPECT(w.lm_head == w.embed_tokens, "tie_word_embeddings %s and a %s lm_head.weight equal to "
                        "the embedding: expected the output layer tied to it, got a separate one",
                        i ? "true" : "absent", heads[h].dtype);
-                opt_weights_free(&w);
+                model_weights_free(&w);
                 float got[4 * 512], want[4 * 512];
                 runtime_logits(dir, got);
                 runtime_logits(fixture("opt-tiny"), want);
@@ -884,9 +884,9 @@ static void test_error_stays_one_line(void) {
     write_raw_safetensors(join(dir, "model.safetensors"), strlen(header), header, 4);
     EXPECT_ST_FAIL(dir, "tensor a?flexgen: b", "unsupported dtype F?64");
     write_text(dir, "config.json", "{\"model_type\": \"o\\npt\\t\"}");
-    opt_config cfg;
+    model_config cfg;
     char err[FG_ERR_LEN] = "";
-    CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &cfg, err), -1);
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &cfg, err), -1);
     EXPECT_ERR(err, "config.json", "model_type is \"o\\npt\\t\""); /* as JSON writes it */
     finish(dir, NULL);
 }
@@ -903,8 +903,8 @@ static int open_archive(void *dir, char *err) {
 }
 
 static int open_config(void *dir, char *err) {
-    opt_config cfg;
-    return opt_config_from_json(join(dir, "config.json"), &cfg, err);
+    model_config cfg;
+    return model_config_from_json(join(dir, "config.json"), &cfg, err);
 }
 
 static int open_tokenizer(void *dir, char *err) {
@@ -1048,9 +1048,9 @@ static void write_config_edit(const char *dir, const char *fix, const char *key,
 
 #define EXPECT_CONFIG_FAIL(path, ...)                                                        \
     do {                                                                                     \
-        opt_config c_;                                                                       \
+        model_config c_;                                                                       \
         char err_[FG_ERR_LEN] = "";                                                          \
-        CU_ASSERT_EQUAL(opt_config_from_json(path, &c_, err_), -1);                          \
+        CU_ASSERT_EQUAL(model_config_from_json(path, &c_, err_), -1);                          \
         EXPECT_ERR(err_, __VA_ARGS__);                                                       \
     } while (0)
 
@@ -1102,9 +1102,9 @@ static void test_llama_config_refusals(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_config_edit(dir, "llama-tiny-mha", cases[i].key, cJSON_Parse(cases[i].json));
-        opt_config c;
+        model_config c;
         char err[FG_ERR_LEN] = "";
-        CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &c, err), -1);
+        CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), -1);
         for (int k = 0; k < 3 && cases[i].want[k]; k++)
             EXPECT(strstr(err, cases[i].want[k]) && strstr(err, "config.json"), "%s = %s: expected \"%s\" in: %s",
                    cases[i].key, cases[i].json, cases[i].want[k], err);
@@ -1113,9 +1113,9 @@ static void test_llama_config_refusals(void) {
     write_config_edit(dir, "qwen2-tiny", "use_sliding_window", cJSON_CreateTrue());
     EXPECT_CONFIG_FAIL(join(dir, "config.json"), "\"use_sliding_window\" is true", "not implemented");
     write_config_edit(dir, "mistral-tiny-gqa8", "sliding_window", cJSON_CreateNumber(12));
-    opt_config c;
+    model_config c;
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &c, err), 0);
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
     CU_ASSERT_EQUAL(c.window, 12);
     int ids[10] = {1, 5, 6, 7, 8, 9, 10, 11, 12, 13}, *prompts[1] = {ids}, len = 10;
     CU_ASSERT_EQUAL(check_prompts(&c, 1, prompts, &len, 3, err), 0); /* 12 positions */
@@ -1196,9 +1196,9 @@ static void test_config_repeated_keys(void) {
     snprintf(edited, cap, "{\"model_type\": \"gpt2\", \"hidden_size\": 32, \"vocab_size\": 7, "
              "\"do_layer_norm_before\": false, %s, \"word_embed_proj_dim\": 32}", strchr(text, '{') + 1);
     write_text(dir, "config.json", edited);
-    opt_config c;
+    model_config c;
     char err[FG_ERR_LEN] = "";
-    int rc = opt_config_from_json(join(dir, "config.json"), &c, err);
+    int rc = model_config_from_json(join(dir, "config.json"), &c, err);
     EXPECT(rc == 0, "config.json with repeated keys (the last value counts): %s", err);
     if (rc == 0)
         EXPECT(c.hidden == 64 && c.vocab == 512 && c.pre_ln == 1 && c.word_dim == 32,
@@ -1218,17 +1218,17 @@ static void test_config_flags(void) {
     static const double truthy[] = {1, 2, -1, 0.5};
     for (size_t i = 0; i < sizeof truthy / sizeof *truthy; i++) {
         write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateNumber(truthy[i]));
-        opt_weights w;
+        model_weights w;
         char err[FG_ERR_LEN] = "";
-        int rc = opt_weights_load(dir, &w, err);
+        int rc = model_weights_load(dir, &w, err);
         EXPECT(rc == 0 && w.cfg.pre_ln == 1, "\"do_layer_norm_before\": %g (true to Python): "
                "expected a pre-LN model, got %s", truthy[i], rc ? err : "post-LN");
-        if (rc == 0) opt_weights_free(&w);
+        if (rc == 0) model_weights_free(&w);
     }
-    opt_config c;
+    model_config c;
     char err[FG_ERR_LEN] = "";
     write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateNumber(0));
-    CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &c, err), 0);
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
     CU_ASSERT_EQUAL(c.pre_ln, 0);
     write_config_edit(dir, "opt-tiny", "do_layer_norm_before", cJSON_CreateString("false"));
     EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "\"do_layer_norm_before\"",
@@ -1242,7 +1242,7 @@ static void test_config_flags(void) {
         write_config_edit(dir, "opt-tiny", needed[i], cJSON_CreateNumber(0));
         EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", needed[i], "not supported");
         write_config_edit(dir, "opt-tiny", needed[i], cJSON_CreateNumber(1));
-        CU_ASSERT_EQUAL(opt_config_from_json(join(dir, "config.json"), &c, err), 0);
+        CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
     }
     finish(dir, NULL);
 }
@@ -1296,14 +1296,14 @@ static void shard_path(cJSON *wm) {
 }
 
 static void test_sharded_copy_loads(void) {
-    opt_weights w, ref;
+    model_weights w, ref;
     char *dir = sharded_copy(NULL);
     load_ok(dir, &w);
     load_ok(fixture("opt-tiny-350m"), &ref);
     CU_ASSERT_EQUAL_FATAL(w.storage_values, ref.storage_values);
     CU_ASSERT(memcmp(w.storage, ref.storage, w.storage_values * sizeof(fp16)) == 0);
-    opt_weights_free(&w);
-    opt_weights_free(&ref);
+    model_weights_free(&w);
+    model_weights_free(&ref);
     finish(dir, NULL);
 }
 

@@ -463,7 +463,7 @@ static void interrupted_output(const char *path) {
 }
 
 static void truncated_checkpoint(const char *dir) {
-    opt_config cfg;
+    model_config cfg;
     st_archive a;
     char err[FG_ERR_LEN], file[4200];
     if (opt_checkpoint_open(dir, &cfg, &a, err)) _exit(3);

@@ -16,18 +16,18 @@ enum { N_SEQ = 5, SCHEME_SEQ = 6, GEN = 6 };
 
 /* Greedy generation straight through the CPU's embed, layer and output of the model's family, one
  * batch of all the prompts, the KV cache in one fp16 array: the forward pass with no runtime around it. */
-static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *tokens, float *logits) {
-    const opt_config *c = &w->cfg;
+static void plain_generate(const model_weights *w, const fixture_prompts *f, int *tokens, float *logits) {
+    const model_config *c = &w->cfg;
     int padded = 0, V = c->vocab;
     for (int b = 0; b < f->n; b++) padded = f->lens[b] > padded ? f->lens[b] : padded;
     int max_len = padded + GEN;
     const fg_forward *fw = &fg_cpu_backend.forward[c->family];
     size_t h = (size_t)c->hidden, rows = (size_t)max_len * (h > (size_t)kv_width(c) ? h : (size_t)kv_width(c));
     gpu_batch gb;
-    opt_workspace ws;
+    model_workspace ws;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, f->n, max_len, padded, err), 0);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, c, (size_t)f->n * padded, padded, max_len, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_workspace_init(&ws, c, (size_t)f->n * padded, padded, max_len, err), 0);
     float *x = malloc((size_t)f->n * padded * h * sizeof *x), *step = malloc((size_t)f->n * V * sizeof *step);
     fp16 *cache = malloc((size_t)c->n_layers * 2 * f->n * rows * sizeof *cache);
     gb.x = x;
@@ -59,7 +59,7 @@ static void plain_generate(const opt_weights *w, const fixture_prompts *f, int *
     free(x);
     free(step);
     free(cache);
-    opt_workspace_free(&ws);
+    model_workspace_free(&ws);
     gpu_batch_free(&gb);
 }
 
@@ -77,8 +77,8 @@ static void compress_in_place(const fp16 *first, size_t outer, size_t len, size_
 
 /* Every matrix of w (embeddings included) replaced by its 4-bit bytes, grouped as the runtime
  * groups it (the weight table's group shapes): the view the CPU's products read with q4. */
-static void compress_weights(opt_weights *w) {
-    opt_weights view;
+static void compress_weights(model_weights *w) {
+    model_weights view;
     opt_layout l;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &w->cfg, 0, err), 0);
@@ -100,12 +100,12 @@ static void compress_weights(opt_weights *w) {
  * grouped tensor: OPT's q|k|v of 3 parts, opt-350m's projections and rows of 20 (groups of 64
  * across fewer), a vocabulary not a multiple of 64; LLaMA's untied lm_head and grouped k, v. */
 static void test_dummy_q4(void) {
-    opt_config configs[2] = {OPT_SHAPE("dummy-q4", 2, 96, 3, 200, 130, 70, 20, 0)};
+    model_config configs[2] = {OPT_SHAPE("dummy-q4", 2, 96, 3, 200, 130, 70, 20, 0)};
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_config_by_name("tinyllama-1.1b", &configs[1], err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_config_by_name("tinyllama-1.1b", &configs[1], err), 0);
     configs[1].n_layers = 1; /* its shapes, one layer of them */
     for (int c = 0; c < 2; c++) {
-        opt_weights view;
+        model_weights view;
         opt_layout l;
         CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &configs[c], 0, err), 0);
         int grouped = 0;
@@ -158,13 +158,13 @@ static fg_policy compressed(int gbs, int ngb, fg_percent percent) {
 /* The plain pass on the fixture's weights, compressed to 4-bit (q4) or not, multiplied as products
  * says (fg_products). */
 static void plain_with(const fixture_prompts *f, int q4, int products, int *tokens, float *logits) {
-    opt_weights w;
+    model_weights w;
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_weights_load(f->dir, &w, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_weights_load(f->dir, &w, err), 0);
     if (q4) compress_weights(&w);
     w.products = products;
     plain_generate(&w, f, tokens, logits);
-    opt_weights_free(&w);
+    model_weights_free(&w);
 }
 
 /* The plain pass on the fixture's weights compressed to 4-bit, §5's products or (int8) int8.c's. */
@@ -243,7 +243,7 @@ static void check_weights(const char *name) {
 }
 
 /* Dummy weights of cfg (seed 5) on a runtime of policy p, loaded into their homes. */
-static fg_model *loaded_dummy(const opt_config *cfg, const fg_policy *p, fg_runtime **rt) {
+static fg_model *loaded_dummy(const model_config *cfg, const fg_policy *p, fg_runtime **rt) {
     char err[FG_ERR_LEN];
     fg_model *m;
     CU_ASSERT_EQUAL_FATAL(fg_runtime_open(p, rt, err), 0);
@@ -271,7 +271,7 @@ static void round_trip_projections(const fp16 *w, size_t in, size_t h, float *ou
  * 4-bit q|k|v decodes to the round trip of each projection alone; and the runtime computes the
  * plain pass on those bytes, with the weights in every tier. */
 static void test_qkv_groups(void) {
-    static const opt_config cfg = OPT_SHAPE("qkv96", 2, 96, 3, 384, 512, 128, 96, 1);
+    static const model_config cfg = OPT_SHAPE("qkv96", 2, 96, 3, 384, 512, 128, 96, 1);
     static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
     size_t h = (size_t)cfg.hidden, n = 3 * h * h;
     fg_policy p = compressed(N_SEQ, 1, all_gpu), p16 = policy_of(N_SEQ, 1, all_gpu);
@@ -589,7 +589,7 @@ static void test_sparse_ties(void) { check_sparse(0, 1), check_sparse(1, 1); }
 static void test_sparse_runtime(void) {
     fixture_prompts f;
     fixture_prompts_open("opt-tiny", N_SEQ, &f);
-    const opt_config *c = &f.cfg;
+    const model_config *c = &f.cfg;
     size_t n = (size_t)N_SEQ * GEN * c->vocab;
     float *dense = malloc(n * sizeof *dense), *base = malloc(n * sizeof *base), *r = malloc(n * sizeof *r);
     int dense_tokens[N_SEQ * GEN], base_tokens[N_SEQ * GEN], tokens[N_SEQ * GEN];

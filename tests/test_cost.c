@@ -22,7 +22,7 @@
  *               decode bls (8 h1^2 + 4 h1 h2) = 2304, attention 528
  *   output layer  2 bls vocab word_dim = 1536 FLOPs per generated token (vocab 32, word_dim 4)
  * Rates are distinct powers of two, so every quotient is exact. */
-static const opt_config CFG = OPT_SHAPE("hand", 2, 4, 2, 16, 32, 16, 4, 1);
+static const model_config CFG = OPT_SHAPE("hand", 2, 4, 2, 16, 32, 16, 4, 1);
 static const fg_hardware HW = {.ctog_bdw = 2, .gtoc_bdw_cache = 4, .gtoc_bdw_hidden = 8,
     .dtoc_bdw = 16, .ctod_bdw_cache_p = 32, .ctod_bdw_hidden_p = 64, .ctod_bdw_g = 128,
     .mm_flops_p = 256, .mm_flops_g = 512, .bmm_flops_p = 1024, .bmm_flops_g = 2048,

@@ -315,7 +315,7 @@ static void test_sparse_grouping(void) {
  * embedding (rows, then positions) and the output (the final norm; lm_head a product). */
 typedef struct { int64_t launches, blas_calls; } step_budget;
 
-static step_budget decode_step_budget(const opt_config *c) {
+static step_budget decode_step_budget(const model_config *c) {
     int64_t L = c->n_layers;
     if (c->family == FAMILY_OPT)
         return (step_budget){8 * L + 2 + c->pre_ln, 4 * L + 1 + 2 * (c->word_dim != c->hidden)};

@@ -127,11 +127,11 @@ static int count_prompts(const char *path) {
 static void model_init(model *m, const char *name, const char *dir, const char *prompt_flag,
                        const char *prompts, int gen_len, int same_tokens) {
     char err[FG_ERR_LEN];
-    opt_config cfg;
+    model_config cfg;
     m->name = name, m->prompt_flag = prompt_flag;
     snprintf(m->dir, sizeof m->dir, "%s", fixture(dir));
     snprintf(m->prompts, sizeof m->prompts, "%s", fixture(prompts));
-    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(join(m->dir, "config.json"), &cfg, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_config_from_json(join(m->dir, "config.json"), &cfg, err), 0);
     m->vocab = cfg.vocab;
     m->n_prompts = count_prompts(m->prompts);
     m->gen_len = gen_len, m->same_tokens = same_tokens, m->q = m->sparse = -1;

@@ -1268,7 +1268,7 @@ static void test_embed(void) {
 
 typedef struct {
     cuda_ws *d;
-    opt_weights w; /* cfg's vocab and word_dim, lm_head on the device, q4 */
+    model_weights w; /* cfg's vocab and word_dim, lm_head on the device, q4 */
     int rows;
     const __half *x;
     float *logits;
@@ -1358,7 +1358,7 @@ typedef struct {
     cuda_ws d;         /* qkv, scores, probs, attn: the parts prefill_attention uses */
     char *out;         /* one allocation: [scores][probs][attn], the outputs compared bit for bit */
     size_t out_bytes;
-    opt_config c;
+    model_config c;
     gpu_batch gb;
     int b;             /* the sequence this run computes */
 } prefill_args;
@@ -1517,10 +1517,10 @@ static void test_copies(void) {
  * next layer's pools, but uploaded anew when a page, a row or one pointer's distance differs. */
 static void test_page_tables(void) {
     if (!gpu_ready()) return;
-    opt_config cfg = {}; /* OPT-shaped: 1 layer, hidden 64, 4 heads, ffn 256, vocab 16, 64 positions */
+    model_config cfg = {}; /* OPT-shaped: 1 layer, hidden 64, 4 heads, ffn 256, vocab 16, 64 positions */
     cfg.n_layers = 1, cfg.hidden = 64, cfg.n_heads = 4, cfg.ffn = 256, cfg.vocab = 16, cfg.max_pos = 64;
     cfg.word_dim = 64, cfg.pre_ln = 1;
-    opt_workspace ws;
+    model_workspace ws;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(cuda_workspace_init(&ws, &cfg, 3, 1, 40, err), 0);
     cuda_ws *d = (cuda_ws *)ws.device;
@@ -1689,7 +1689,7 @@ static void test_rope(void) {
     const int batch = 3, n_new = 4, past[3] = {0, 37, 5}, pad[3] = {1, 0, 3};
     uint64_t seed = 71;
     for (int si = 0; si < 3; si++) {
-        opt_config c = {};
+        model_config c = {};
         c.family = FAMILY_LLAMA, c.hidden = 96, c.n_heads = shapes[si].heads, c.n_kv_heads = shapes[si].kv_heads;
         c.head_dim = shapes[si].hd, c.rope.theta = si == 1 ? 500000.0f : 10000.0f;
         if (si == 1) c.rope.kind = ROPE_LLAMA3, c.rope.factor = 8, c.rope.low_freq = 1, c.rope.high_freq = 4, c.rope.original_max_pos = 64;

@@ -47,7 +47,7 @@ void fixture_prompts_open(const char *name, int n, fixture_prompts *f) {
     memset(f, 0, sizeof *f);
     snprintf(f->dir, sizeof f->dir, "%s", fixture(name));
     snprintf(path, sizeof path, "%s/config.json", f->dir);
-    CU_ASSERT_EQUAL_FATAL(opt_config_from_json(path, &f->cfg, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_config_from_json(path, &f->cfg, err), 0);
     f->n = n;
     f->prompts = calloc((size_t)n, sizeof *f->prompts);
     f->lens = calloc((size_t)n, sizeof *f->lens);
@@ -176,7 +176,7 @@ const fg_backend *cuda_sized_backend(void) {
 }
 
 /* generate() with `opt` on a checkpoint dir or dummy weights: generate_with and generate_forced. */
-static int generate_opt(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+static int generate_opt(const char *dir, const model_config *cfg, uint64_t seed, const fg_policy *p,
                         const gen_options *opt, int n, int *const *prompts, const int *lens, int *tokens,
                         float *logits, fg_stats *stats, char *err_out) {
     char err[FG_ERR_LEN] = "";
@@ -194,7 +194,7 @@ static int generate_opt(const char *dir, const opt_config *cfg, uint64_t seed, c
     return rc;
 }
 
-int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+int generate_with(const char *dir, const model_config *cfg, uint64_t seed, const fg_policy *p,
                   int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
                   float *logits, fg_stats *stats, char *err_out) {
     gen_options opt = {.gen_len = gen_len, .top_p = 1};

@@ -15,7 +15,7 @@
 #include <string.h>
 
 typedef struct {
-    opt_weights w;
+    model_weights w;
     int n, gen_len, vocab;
     int **prompts, *lens;
     int *tokens;   /* [n][gen_len] */
@@ -68,7 +68,7 @@ static void load_reference(const char *name, const char *weights, reference *r) 
     char err[FG_ERR_LEN];
     memset(r, 0, sizeof *r);
     snprintf(dir, sizeof dir, "%s", fixture(name));
-    int rc = opt_weights_load(weights, &r->w, err);
+    int rc = model_weights_load(weights, &r->w, err);
     if (rc) fprintf(stderr, "%s\n", err);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     snprintf(path, sizeof path, "%s/prompts.txt", dir);
@@ -104,7 +104,7 @@ static void free_reference(reference *r) {
     free(r->lens);
     free(r->tokens);
     free(r->logits);
-    opt_weights_free(&r->w);
+    model_weights_free(&r->w);
 }
 
 /* Generates the reference prompts with the given blocking; compares tokens and logits. */
@@ -328,7 +328,7 @@ typedef struct {
     size_t row;
 } test_batch;
 
-static void test_batch_init(test_batch *t, const opt_config *c, int batch, int max_len) {
+static void test_batch_init(test_batch *t, const model_config *c, int batch, int max_len) {
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&t->gb, batch, max_len, max_len, err), 0);
     t->x = malloc((size_t)batch * max_len * c->hidden * sizeof(float));
@@ -347,7 +347,7 @@ static void test_batch_free(test_batch *t) {
 /* One step (prefill or decode) through every layer; advances the cache. With `pages` (not NULL),
  * sequence b's cache is the pages pages[b][0..] of each layer's K and V pool, which t->cache holds
  * in place of its rows in order ([layer][K, V][batch * max_len tokens' pages][page]). */
-static void run_paged_step(const opt_weights *w, test_batch *t, const int *pages, opt_workspace *ws,
+static void run_paged_step(const model_weights *w, test_batch *t, const int *pages, model_workspace *ws,
                            float *logits) {
     gpu_batch *gb = &t->gb;
     int page = gb->page_tokens;
@@ -366,7 +366,7 @@ static void run_paged_step(const opt_weights *w, test_batch *t, const int *pages
     gpu_batch_advance(gb);
 }
 
-static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, float *logits) {
+static void run_step(const model_weights *w, test_batch *t, model_workspace *ws, float *logits) {
     run_paged_step(w, t, NULL, ws, logits);
 }
 
@@ -374,16 +374,16 @@ static void run_step(const opt_weights *w, test_batch *t, opt_workspace *ws, flo
 static void test_kv_cache_equals_recompute(void) {
     reference r;
     load_reference("opt-tiny", fixture("opt-tiny"), &r);
-    const opt_weights *w = &r.w;
+    const model_weights *w = &r.w;
     int n = r.n, steps = 6, max_prompt = 0, V = r.vocab;
     for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
     int max_len = max_prompt + steps;
     test_batch cached, fresh;
-    opt_workspace ws;
+    model_workspace ws;
     char err[FG_ERR_LEN];
     test_batch_init(&cached, &w->cfg, n, max_len);
     test_batch_init(&fresh, &w->cfg, n, max_len);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
     float *lc = malloc((size_t)n * V * sizeof(float)), *lf = malloc((size_t)n * V * sizeof(float));
     int **seqs = malloc(n * sizeof *seqs), *lens = malloc(n * sizeof *lens);
     for (int b = 0; b < n; b++) {
@@ -416,7 +416,7 @@ static void test_kv_cache_equals_recompute(void) {
     free(lf);
     test_batch_free(&cached);
     test_batch_free(&fresh);
-    opt_workspace_free(&ws);
+    model_workspace_free(&ws);
     free_reference(&r);
 }
 
@@ -427,7 +427,7 @@ static void test_kv_cache_equals_recompute(void) {
 static void test_paged_cache_same_bits(void) {
     reference r;
     load_reference("opt-tiny", fixture("opt-tiny"), &r);
-    const opt_weights *w = &r.w;
+    const model_weights *w = &r.w;
     enum { STEPS = 2 * FG_PAGE_TOKENS + 3 };
     int n = r.n, V = r.vocab, max_prompt = 0;
     for (int p = 0; p < n; p++) max_prompt = r.lens[p] > max_prompt ? r.lens[p] : max_prompt;
@@ -435,8 +435,8 @@ static void test_paged_cache_same_bits(void) {
     fg_rng rng;
     rng_seed(&rng, 7);
     char err[FG_ERR_LEN];
-    opt_workspace ws;
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
+    model_workspace ws;
+    CU_ASSERT_EQUAL_FATAL(model_workspace_init(&ws, &w->cfg, (size_t)n * max_len, max_len, max_len, err), 0);
     float *in_order = malloc((size_t)n * V * sizeof(float)), *paged = malloc((size_t)n * V * sizeof(float));
     for (int variant = 0; variant < 4; variant++) { /* fp16; 4-bit; sparse; pages of 5 */
         test_batch a, b;
@@ -470,19 +470,19 @@ static void test_paged_cache_same_bits(void) {
         test_batch_free(&b);
     }
     free(in_order), free(paged), free(pages);
-    opt_workspace_free(&ws);
+    model_workspace_free(&ws);
     free_reference(&r);
 }
 
 /* A thin, deep model with the dummy-weight rule of every OPT size. */
-static opt_config deep_config(int pre_ln) {
-    opt_config c = {.n_layers = 96, .hidden = 64, .n_heads = 4, .ffn = 256, .vocab = 300,
+static model_config deep_config(int pre_ln) {
+    model_config c = {.n_layers = 96, .hidden = 64, .n_heads = 4, .ffn = 256, .vocab = 300,
                     .max_pos = 64, .word_dim = pre_ln ? 64 : 32, .pre_ln = pre_ln};
     snprintf(c.name, sizeof c.name, "deep-%s", pre_ln ? "pre" : "post");
     return c;
 }
 
-static void generate_dummy(const opt_config *c, uint64_t seed, int *tokens, float *logits) {
+static void generate_dummy(const model_config *c, uint64_t seed, int *tokens, float *logits) {
     int p0[] = {2, 10, 11, 12, 13, 14, 15, 16}, p1[] = {2, 99};
     int *prompts[] = {p0, p1}, lens[] = {8, 2};
     fg_policy p = fg_default_policy();
@@ -495,7 +495,7 @@ static void generate_dummy(const opt_config *c, uint64_t seed, int *tokens, floa
  * count; different seeds give different weights. */
 static void test_dummy_weights(void) {
     for (int pre_ln = 0; pre_ln <= 1; pre_ln++) {
-        opt_config c = deep_config(pre_ln);
+        model_config c = deep_config(pre_ln);
         size_t n = (size_t)2 * 4 * c.vocab;
         float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
         int ta[8], tb[8];
@@ -521,23 +521,23 @@ static void test_dummy_weights(void) {
 static void test_configs(void) {
     const char *names[] = {"opt-125m", "opt-350m", "opt-1.3b", "opt-2.7b", "opt-6.7b",
                            "opt-13b", "opt-30b", "opt-66b", "opt-175b"};
-    opt_config c;
+    model_config c;
     char err[FG_ERR_LEN];
     for (int i = 0; i < 9; i++) {
-        CU_ASSERT_EQUAL(opt_config_by_name(names[i], &c, err), 0);
+        CU_ASSERT_EQUAL(model_config_by_name(names[i], &c, err), 0);
         CU_ASSERT_EQUAL(c.pre_ln, i != 1);
         CU_ASSERT_EQUAL(c.hidden % c.n_heads, 0);
     }
-    CU_ASSERT_EQUAL(opt_config_by_name("facebook/opt-1.3b", &c, err), 0);
+    CU_ASSERT_EQUAL(model_config_by_name("facebook/opt-1.3b", &c, err), 0);
     CU_ASSERT_EQUAL(c.hidden, 2048);
-    CU_ASSERT_EQUAL(opt_config_by_name("opt-175b", &c, err), 0);
+    CU_ASSERT_EQUAL(model_config_by_name("opt-175b", &c, err), 0);
     CU_ASSERT(c.n_layers == 96 && c.hidden == 12288 && c.ffn == 49152 && c.n_heads == 96);
     /* FlexGen's model_bytes for opt-175b is 2 x 174.6e9 parameters' worth (324 GiB-ish). */
     CU_ASSERT(opt_model_bytes(&c) > 3.4e11 && opt_model_bytes(&c) < 3.6e11);
-    CU_ASSERT_EQUAL(opt_config_by_name("opt-7b", &c, err), -1);
+    CU_ASSERT_EQUAL(model_config_by_name("opt-7b", &c, err), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "opt-7b"));
     /* opt-125m has 125.2M parameters (HF's count, lm_head tied). */
-    CU_ASSERT_EQUAL(opt_config_by_name("opt-125m", &c, err), 0);
+    CU_ASSERT_EQUAL(model_config_by_name("opt-125m", &c, err), 0);
     CU_ASSERT(opt_param_count(&c) > 125.0e6 && opt_param_count(&c) < 125.5e6);
 }
 
@@ -618,13 +618,13 @@ static void test_sampling_temperature(void) {
  * on the fp16 fast path and, with sparsity, through opt_attend_decode). One head of 8; the keys
  * are (1, 0.999, 0.998) along dim 0 and the values one-hot, so the output is the weights. */
 static void check_large_scores(float sparsity) {
-    const opt_config c = OPT_SHAPE("scores", 1, 8, 1, 16, 8, 16, 8, 1);
+    const model_config c = OPT_SHAPE("scores", 1, 8, 1, 16, 8, 16, 8, 1);
     enum { H = 8, MAX_LEN = 4 };
     char err[FG_ERR_LEN];
     gpu_batch gb;
-    opt_workspace ws;
+    model_workspace ws;
     CU_ASSERT_EQUAL_FATAL(gpu_batch_init(&gb, 1, MAX_LEN, 2, err), 0);
-    CU_ASSERT_EQUAL_FATAL(opt_workspace_init(&ws, &c, 2, 1, MAX_LEN, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_workspace_init(&ws, &c, 2, 1, MAX_LEN, err), 0);
     fp16 kc[MAX_LEN * H], vc[MAX_LEN * H];
     gb.k[0] = kc, gb.v[0] = vc;
     gb.attn_sparsity = sparsity;
@@ -654,7 +654,7 @@ static void check_large_scores(float sparsity) {
         EXPECT(out[0] > out[1], "%s, scores near 1000: the larger score must weigh more: %g, %g",
                step ? "decode" : "prefill", out[0], out[1]);
     }
-    opt_workspace_free(&ws);
+    model_workspace_free(&ws);
     gpu_batch_free(&gb);
 }
 

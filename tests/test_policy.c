@@ -14,7 +14,7 @@
 #include <string.h>
 
 /* A thin, deep model: what fits where changes with every capacity below. */
-static const opt_config CFG = OPT_SHAPE("policy-test", 8, 128, 4, 512, 1000, 256, 128, 1);
+static const model_config CFG = OPT_SHAPE("policy-test", 8, 128, 4, 512, 1000, 256, 128, 1);
 /* Rates of a machine with a slow disk and a fast compute device. */
 static const fg_hardware HW = {.ctog_bdw = 8e9, .gtoc_bdw_cache = 4e9, .gtoc_bdw_hidden = 8e9,
     .dtoc_bdw = 1e9, .ctod_bdw_cache_p = 5e8, .ctod_bdw_hidden_p = 5e8, .ctod_bdw_g = 5e8,
@@ -36,7 +36,7 @@ static fg_policy base_policy(double gpu, double cpu, double disk, int compress) 
 
 /* The runtime's plan check of p (model cfg) for its block, and the placement it realizes (x, if
  * not NULL). */
-static int plan_check(const opt_config *cfg, const fg_policy *p, int s, int n, double x[N_X], char *err) {
+static int plan_check(const model_config *cfg, const fg_policy *p, int s, int n, double x[N_X], char *err) {
     int bls = p->gpu_batch_size * p->num_gpu_batches;
     return fg_runtime_check(cfg, 0, p, bls, s, n, 1, x, NULL, err);
 }
@@ -121,9 +121,9 @@ static void test_search_beats_hand_grid(void) {
  * in flight from disk: the search still finds a policy, and it passes the plan check. (Nothing
  * is allocated: the plan is checked, about 2.5 GB of it against this machine's free memory.) */
 static void test_search_tensor_granularity(void) {
-    opt_config cfg;
+    model_config cfg;
     char err[FG_ERR_LEN];
-    CU_ASSERT_EQUAL_FATAL(opt_config_by_name("opt-1.3b", &cfg, err), 0);
+    CU_ASSERT_EQUAL_FATAL(model_config_by_name("opt-1.3b", &cfg, err), 0);
     static const double caps[][2] = {{1.5, 1}, {2, 0.5}, {1, 1}};
     for (int i = 0; i < 3; i++) {
         fg_policy base = base_policy(caps[i][0] * 1024 * MiB, caps[i][1] * 1024 * MiB, 100.0 * 1024 * MiB, 0);
@@ -211,7 +211,7 @@ static void test_equal_cost_smaller_block(void) {
  * holds little less), or with one block of prompts (its warm-up doubles the steps), zig-zag
  * wins. Each schedule's best is reported, and the choice fits the memory model. */
 static void test_schedule_choice(void) {
-    static const opt_config LONG = OPT_SHAPE("schedule-test", 12, 1024, 16, 4096, 1000, 1024, 1024, 1);
+    static const model_config LONG = OPT_SHAPE("schedule-test", 12, 1024, 16, 4096, 1000, 1024, 1024, 1);
     static const struct { int s, n, prompts; fg_schedule wins; } cases[] = {
         {16, 256, 2048, FG_SCHEDULE_DIAGONAL}, {512, 32, 2048, FG_SCHEDULE_ZIGZAG}, {16, 256, 0, FG_SCHEDULE_ZIGZAG},
     };

@@ -177,7 +177,7 @@ static void test_fp16_qwen2(void) { check_fp16_activations("qwen2-tiny", 1); }
  * activation formats, with the cache and activations off the gpu tier too. */
 static void test_prefill_chunks(void) {
     enum { N = 40, LEN = 56, STEPS = 4 };
-    static const opt_config c = OPT_SHAPE("chunks", 2, 64, 4, 256, 512, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("chunks", 2, 64, 4, 256, 512, 64, 64, 1);
     CU_ASSERT_EQUAL(fg_workspace_rows(N, LEN), (size_t)(FG_CHUNK_ROWS / LEN) * LEN);
     CU_ASSERT(fg_workspace_rows(N, LEN) < (size_t)N * LEN);
     int *prompts[N], lens[N], *tokens[2] = {malloc(N * STEPS * sizeof(int)), malloc(N * STEPS * sizeof(int))};
@@ -215,7 +215,7 @@ static void test_prefill_chunks(void) {
 /* The KV cache and activations of a GPU batch split by rounding each tier's share (§4.2): of 3
  * sequences, 50% is 2 (lround(1.5)), not 1, and the next tier takes what the sum leaves. */
 static void test_split_rows_round(void) {
-    static const opt_config c = OPT_SHAPE("rows", 1, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("rows", 1, 64, 4, 256, 300, 64, 64, 1);
     fg_policy p = policy(3, 1, (fg_percent){.wg = 100, .cg = 50, .cc = 50, .hg = 50}, 0, 0);
     fg_runtime *rt;
     fg_model *m;
@@ -240,9 +240,9 @@ static void test_split_rows_round(void) {
  * KV cache and activations of the block, two activation staging arenas, the workspace, the
  * logits), and refuses one byte less. */
 static void test_plan_fits_exactly(void) {
-    static const opt_config c = OPT_SHAPE("exact", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("exact", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { GBS = 2, NGB = 2, PROMPTS = 4, PROMPT = 5, GEN_LEN = 3, LEN = PROMPT + GEN_LEN };
-    opt_weights view = {0};
+    model_weights view = {0};
     opt_layout l;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, &c, 0, err), 0);
@@ -253,7 +253,7 @@ static void test_plan_fits_exactly(void) {
     double h = c.hidden, pages = LEN; /* a sequence's cache: one page, as long as the longest sequence */
     double kv = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers * NGB * GBS * pages;
     double act = 4 * h * NGB * GBS * PROMPT, staging = 2 * 4 * h * GBS * PROMPT;
-    double work = (double)opt_workspace_bytes(&c, GBS * PROMPT, PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
+    double work = (double)model_workspace_bytes(&c, GBS * PROMPT, PROMPT, LEN), logits = 4.0 * GBS * NGB * c.vocab;
     double need = weights + kv + act + staging + work + logits;
     for (int less = 0; less < 2; less++) {
         fg_policy p = policy(GBS, NGB, ALL_GPU, 0, 0);
@@ -285,7 +285,7 @@ static void test_plan_fits_exactly(void) {
 
 /* Dummy weights of c on a runtime for policy p whose backend has CUDA's sizes (cuda_sized_backend):
  * the plan check a GPU runs, on the CPU. */
-static fg_model *cuda_sized_model(const fg_policy *p, const opt_config *c, fg_runtime **rt) {
+static fg_model *cuda_sized_model(const fg_policy *p, const model_config *c, fg_runtime **rt) {
     char err[FG_ERR_LEN] = "";
     fg_model *m = NULL;
     CU_ASSERT_EQUAL_FATAL(fg_runtime_open(p, rt, err), 0);
@@ -301,7 +301,7 @@ static fg_model *cuda_sized_model(const fg_policy *p, const opt_config *c, fg_ru
  * the CUDA backend's sizes; each tier fits at exactly the model's bytes (weights counted by
  * tensor, as the runtime places them) and not at one byte less. */
 static void test_memory_model_cuda_sizes(void) {
-    static const opt_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { GBS = 3, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
     static const struct { fg_percent pc; int delegate; fg_tier tier; } cases[] = {
         {{100, 0, 100, 0, 100, 0}, 0, TIER_GPU},
@@ -349,7 +349,7 @@ static void test_memory_model_cuda_sizes(void) {
  * Everything else (cache, activations, their staging, the disk pages in flight on the cpu tier,
  * workspace, logits, delegated attention, reserves) must match. */
 static void compare_memory_model(const char *what, fg_percent pc, int delegate, int compress, int cuda) {
-    static const opt_config c = OPT_SHAPE("tiers", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("tiers", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { GBS = 4, NGB = 2, PROMPT = 5, GEN_LEN = 3 };
     fg_policy p = policy(GBS, NGB, pc, 0, delegate);
     p.compress_weight = p.compress_cache = compress;
@@ -411,7 +411,7 @@ static double fake_device_memory(void) { return 1e12; }
  * memory), and the flag that overrides it. Each tier is made too small, with its flag given (1)
  * and not (0; then as if the default were small), and on disk with a weight file reused (2). */
 static void test_plan_names_capacity_source(void) {
-    static const opt_config c = OPT_SHAPE("source", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("source", 2, 64, 4, 256, 300, 64, 64, 1);
     static const char *const defaults[2][N_TIERS] = {
         {"available memory", "available memory", "the free space of --offload-dir "},
         {"the device's free memory", "available memory", "the free space of --offload-dir "}};
@@ -452,7 +452,7 @@ static void test_plan_names_capacity_source(void) {
 
 /* The least --gpu-mem that the plan check accepts for n prompts of these lengths (lens NULL: all
  * of the longest), everything on the gpu tier in blocks of 2 x 2. */
-static double least_gpu_mem(const opt_config *c, int n, const int *lens, int longest, int gen_len) {
+static double least_gpu_mem(const model_config *c, int n, const int *lens, int longest, int gen_len) {
     double lo = 1, hi = 1 << 30;
     while (hi - lo > 1) {
         double mid = floor((lo + hi) / 2);
@@ -477,7 +477,7 @@ static double least_gpu_mem(const opt_config *c, int n, const int *lens, int lon
  * 192 rows, so their pages are a sequence long: 4 of 33 rows. The least --gpu-mem that fits
  * differs by the 36 rows between. */
 static void test_plan_counts_pages(void) {
-    static const opt_config c = OPT_SHAPE("pages", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("pages", 2, 64, 4, 256, 300, 64, 64, 1);
     const int lens[4] = {2, 30, 2, 2};
     double real = least_gpu_mem(&c, 4, lens, 30, 3), worst = least_gpu_mem(&c, 4, NULL, 30, 3);
     double row = 2.0 * opt_kv_row_bytes(&c, 0) * c.n_layers;
@@ -519,7 +519,7 @@ static void test_page_size(void) {
  * part holds what the larger needs beyond them. And the plan counts CUDA's pinned copy buffers on
  * the cpu tier, by name. */
 static void test_cuda_sizes(void) {
-    static const opt_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { ROWS = 40, PROMPT = 20, LEN = 300 };
     size_t parts[FG_CUDA_WS_PARTS], H = (size_t)c.n_heads;
     fg_cuda_workspace_parts(&c, ROWS, PROMPT, LEN, parts);
@@ -567,7 +567,7 @@ static void test_cuda_sizes(void) {
  * read where they are, and only those on the cpu tier cross the cpu->gpu link, their 4-bit
  * bytes, once a step. Checked with CUDA's sizes on the CPU (cuda_sized_model). */
 static void test_q4_link_bytes(void) {
-    static const opt_config c = OPT_SHAPE("q4link", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const model_config c = OPT_SHAPE("q4link", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { N = 2, LEN = 5, STEPS = 3 };
     int a[LEN] = {2, 10, 11, 12, 13}, b[LEN] = {2, 20, 21, 22, 23}, *prompts[N] = {a, b}, lens[N] = {LEN, LEN};
     static const fg_percent placements[] = {{100, 0, 100, 0, 100, 0}, {50, 50, 100, 0, 100, 0}};
@@ -650,8 +650,8 @@ static void test_capacities(void) {
 
 /* Bytes of every weight tensor as the output layer and the input layer each load them (a tied
  * lm_head is read again by the output layer, as in FlexGen). */
-static double weight_load_bytes(const opt_config *c) {
-    opt_weights view;
+static double weight_load_bytes(const model_config *c) {
+    model_weights view;
     opt_layout l;
     char err[FG_ERR_LEN];
     CU_ASSERT_EQUAL_FATAL(opt_layout_init(&l, &view, c, 0, err), 0);
@@ -672,7 +672,7 @@ static void expect_link(const result *r, fg_link l, double want, const char *run
 static void test_link_bytes(void) {
     fixture_prompts f;
     fixture_prompts_open("opt-tiny", N_SEQ, &f);
-    const opt_config *c = &f.cfg;
+    const model_config *c = &f.cfg;
     double weights = weight_load_bytes(c);
     for (int overlap = 0; overlap < 2; overlap++) {
         /* one block of 2 x 4 holding all 7 sequences; weights on disk */
@@ -834,7 +834,7 @@ static void test_refill(void) {
  * without that wait its pages would run out mid-run. Steps: 80 either way; the logits of each
  * prompt within the suite's bound of the blocks run in turn. */
 static void test_refill_waits_for_pages(void) {
-    static const opt_config c = OPT_SHAPE("pages", 2, 64, 4, 256, 300, 128, 64, 1);
+    static const model_config c = OPT_SHAPE("pages", 2, 64, 4, 256, 300, 128, 64, 1);
     enum { N = 4, GEN_LEN = 40, V = 300 };
     int lens[N] = {30, 1, 30, 1}, *prompts[N], tokens[N * GEN_LEN], forced[N * GEN_LEN], steps[2] = {0, 0};
     float *logits[2] = {malloc(sizeof(float) * N * GEN_LEN * V), malloc(sizeof(float) * N * GEN_LEN * V)};
@@ -872,7 +872,7 @@ static void test_refill_waits_for_pages(void) {
  * offload dir's free space) a model whose file exists gets its size on top, and gives it back
  * when closed; with --disk-mem the user's capacity stands. */
 static void test_existing_weight_file_space(void) {
-    opt_config c = OPT_SHAPE("reuse-test", 2, 64, 4, 256, 300, 64, 64, 1);
+    model_config c = OPT_SHAPE("reuse-test", 2, 64, 4, 256, 300, 64, 64, 1);
     static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
     char *dir = make_temp_dir(), err[FG_ERR_LEN];
     fg_policy p = policy(2, 1, disk_weights, 1, 0);
@@ -945,7 +945,7 @@ static void io_beside_compute(const fg_trace *tr, int beside[2], int n_io[2]) {
  * kind (io_beside_compute) ran while a layer computed. */
 static void traced_overlap(int beside[2], int n_io[2]) {
     enum { N = 12, LEN = 256 };
-    static const opt_config c = OPT_SHAPE("overlap", 2, 512, 8, 512, 256, 512, 512, 1);
+    static const model_config c = OPT_SHAPE("overlap", 2, 512, 8, 512, 256, 512, 512, 1);
     static const fg_percent on_disk = {100, 0, 0, 0, 0, 0};
     int *prompts[N], lens[N], tokens[N * 2];
     for (int p = 0; p < N; p++) {
@@ -1001,7 +1001,7 @@ static void test_io_overlaps_compute(void) {
  * computed (*beside_later). */
 static void traced_weight_loads(int *beside_later, int *n_loads) {
     enum { N = 4, LEN = 8, GEN_LEN = 8 };
-    static const opt_config c = OPT_SHAPE("weights-overlap", 4, 512, 8, 2048, 512, 64, 512, 1);
+    static const model_config c = OPT_SHAPE("weights-overlap", 4, 512, 8, 2048, 512, 64, 512, 1);
     static const fg_percent on_cpu = {0, 100, 100, 0, 100, 0};
     int *prompts[N], lens[N], tokens[N * GEN_LEN];
     for (int p = 0; p < N; p++) {
@@ -1074,7 +1074,7 @@ typedef struct {
  * n_layers + 1 the output embedding) as this runtime stores the tensors, in order: q, k and v are
  * one tensor [hidden][3 hidden] named q_proj's (their biases too), and a tied lm_head is the
  * embedding's own tensor, with no home of its own (left out). Returns how many lists. */
-static int flexgen_lists(const opt_config *c, int j, weight_spec lists[2][8], int len[2]) {
+static int flexgen_lists(const model_config *c, int j, weight_spec lists[2][8], int len[2]) {
     double h = c->hidden, f = c->ffn, v = c->vocab, d = c->word_dim;
     len[0] = len[1] = 0;
 #define SPEC(l, sz, ...) (snprintf(lists[l][len[l]].name, sizeof lists[l][len[l]].name, __VA_ARGS__), \
@@ -1136,7 +1136,7 @@ static int tensor_named(const fg_model *m, const char *name) {
 
 /* The runtime's model of cfg (dummy weights: the table and the homes, nothing loaded) at
  * --percent wg wc. */
-static fg_model *placed_model(const opt_config *cfg, int wg, int wc, fg_runtime **rt) {
+static fg_model *placed_model(const model_config *cfg, int wg, int wc, fg_runtime **rt) {
     fg_policy p = policy(1, 1, (fg_percent){wg, wc, 100, 0, 100, 0}, 0, 0);
     fg_model *m = NULL;
     char err[FG_ERR_LEN] = "";
@@ -1151,7 +1151,7 @@ static fg_model *placed_model(const opt_config *cfg, int wg, int wc, fg_runtime 
 /* How many of m's tensors are on another tier than FlexGen's rule puts them at --percent wg wc
  * (every tensor with a home of its own is checked, by name, its layer and size against the
  * config's), with a line in what saying which and the first (or that all agree). */
-static int rule_mismatches(const opt_config *c, const fg_model *m, int wg, int wc, char *what, size_t len_what) {
+static int rule_mismatches(const model_config *c, const fg_model *m, int wg, int wc, char *what, size_t len_what) {
     int checked = 0, wrong = 0, own = 0;
     char first[2048] = "";
     for (int j = 0; j < c->n_layers + 2; j++) {
@@ -1195,9 +1195,9 @@ static void test_placement_rule(void) {
     for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++)
         for (size_t pi = 0; pi < sizeof percents / sizeof *percents; pi++) {
             int wg = percents[pi][0], wc = percents[pi][1];
-            opt_config c;
+            model_config c;
             char err[FG_ERR_LEN];
-            CU_ASSERT_EQUAL_FATAL(opt_config_by_name(models[mi], &c, err), 0);
+            CU_ASSERT_EQUAL_FATAL(model_config_by_name(models[mi], &c, err), 0);
             fg_runtime *rt;
             fg_model *m = placed_model(&c, wg, wc, &rt);
             if (!m) continue;
@@ -1231,7 +1231,7 @@ static void test_placement_rule(void) {
 }
 
 /* The share of the weights' elements that FlexGen's rule puts on each tier at --percent wg wc. */
-static void flexgen_weight_shares(const opt_config *c, int wg, int wc, double share[N_TIERS]) {
+static void flexgen_weight_shares(const model_config *c, int wg, int wc, double share[N_TIERS]) {
     double total = 0;
     memset(share, 0, N_TIERS * sizeof *share);
     for (int j = 0; j < c->n_layers + 2; j++) {
@@ -1255,9 +1255,9 @@ static void flexgen_weight_shares(const opt_config *c, int wg, int wc, double sh
  * lab sheet shows: --percent 20 80 in blocks of 4 x 28 (tiers taken gpu first, the search
  * recommends 32 68 in blocks of 8 x 11, whose weights the rule puts 40.5% on the gpu tier). */
 static void test_placement_policy(void) {
-    opt_config c;
+    model_config c;
     char e[FG_ERR_LEN], what[400];
-    CU_ASSERT_EQUAL_FATAL(opt_config_by_name("opt-6.7b", &c, e), 0);
+    CU_ASSERT_EQUAL_FATAL(model_config_by_name("opt-6.7b", &c, e), 0);
     /* a runtime that does not place by the rule fails here, before a search that could take
      * minutes to find that nothing fits */
     fg_runtime *rt;

@@ -71,7 +71,7 @@ float test_uniform(uint64_t *s);
  * ids), cycled when it has fewer; each prompt its own allocation. */
 typedef struct {
     char dir[4096];
-    opt_config cfg;
+    model_config cfg;
     int n, **prompts, *lens;
 } fixture_prompts;
 void fixture_prompts_open(const char *name, int n, fixture_prompts *f);
@@ -102,7 +102,7 @@ const fg_backend *cuda_sized_backend(void);
 /* generate() with policy p on a checkpoint dir, or (dir NULL) dummy weights of cfg from seed.
  * stats: NULL, or the runtime's tier peaks and link bytes after the run. Returns -1 when
  * generate (or opening) fails, with the error line in err (FG_ERR_LEN), or printed if err is NULL. */
-int generate_with(const char *dir, const opt_config *cfg, uint64_t seed, const fg_policy *p,
+int generate_with(const char *dir, const model_config *cfg, uint64_t seed, const fg_policy *p,
                   int gen_len, int n, int *const *prompts, const int *lens, int *tokens,
                   float *logits, fg_stats *stats, char *err);
 

@@ -119,10 +119,10 @@ static inline void fuzz_check(int rc, const char *err, const char *call) {
 /* The checkpoint in the fuzz dir loaded whole (layout check and conversion), then freed. */
 static inline void fuzz_load_weights(void) {
     char err[FG_ERR_LEN] = "";
-    opt_weights w;
-    int rc = opt_weights_load(fuzz_dir(), &w, err);
-    fuzz_check(rc, err, "opt_weights_load");
-    if (rc == 0) opt_weights_free(&w);
+    model_weights w;
+    int rc = model_weights_load(fuzz_dir(), &w, err);
+    fuzz_check(rc, err, "model_weights_load");
+    if (rc == 0) model_weights_free(&w);
 }
 
 #endif

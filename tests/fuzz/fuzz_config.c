@@ -1,4 +1,4 @@
-/* fuzz_config.c: fuzzer bytes as an HF config.json (opt_config_from_json), then the sizes the
+/* fuzz_config.c: fuzzer bytes as an HF config.json (model_config_from_json), then the sizes the
  * program derives from an accepted config (parameters, bytes, the split over pipeline stages). */
 #define _GNU_SOURCE
 #include "fuzz.h"
@@ -11,9 +11,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_write("config.json", data, size);
     char err[FG_ERR_LEN] = "";
-    opt_config cfg;
-    int rc = opt_config_from_json(path, &cfg, err);
-    fuzz_check(rc, err, "opt_config_from_json");
+    model_config cfg;
+    int rc = model_config_from_json(path, &cfg, err);
+    fuzz_check(rc, err, "model_config_from_json");
     if (rc) return 0;
     if (cfg.n_layers < 1 || cfg.hidden < 1 || cfg.n_heads < 1 || cfg.hidden % cfg.n_heads ||
         cfg.ffn < 1 || cfg.vocab < 1 || cfg.max_pos < 1 || cfg.word_dim < 1) {

@@ -7,13 +7,13 @@
 
 #include <math.h>
 
-static opt_config cfg;
+static model_config cfg;
 static fg_policy policy;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     char err[FG_ERR_LEN];
-    if (opt_config_by_name("opt-1.3b", &cfg, err)) abort();
+    if (model_config_by_name("opt-1.3b", &cfg, err)) abort();
     policy = fg_default_policy();
     policy.gpu_batch_size = 8, policy.num_gpu_batches = 2;
     policy.percent = (fg_percent){20, 80, 0, 100, 100, 0};

@@ -1,6 +1,6 @@
 /* fuzz_index.c: fuzzer bytes as model.safetensors.index.json in a copy of the sharded fixture
  * opt-tiny-350m (its config.json and three shards), opened and loaded as ./flexgen loads a
- * checkpoint (st_open_dir through opt_weights_load). */
+ * checkpoint (st_open_dir through model_weights_load). */
 #define _GNU_SOURCE
 #include "fuzz.h"
 

@@ -1,7 +1,7 @@
 /* fuzz_safetensors.c: fuzzer bytes as a checkpoint's model.safetensors beside a fixed config.json,
  * opened as ./flexgen opens a checkpoint: the header and tensor table (st_open_file), the tensors
  * the config asks for with their shapes (opt_layout_check_archive), their values converted
- * (opt_weights_load). Every tensor the parser accepts must lie inside the file. */
+ * (model_weights_load). Every tensor the parser accepts must lie inside the file. */
 #define _GNU_SOURCE
 #include "fuzz.h"
 
