@@ -105,7 +105,7 @@ TEST_SRC := $(wildcard tests/*.c)
 TOK_FIXTURES := $(patsubst tests/fixtures/%.xz,build/%,$(wildcard tests/fixtures/tokenizers/*.xz tests/fixtures/tokenizers/*/*.xz)) \
                 $(patsubst tests/fixtures/%,build/%,$(wildcard tests/fixtures/tokenizers/*/tokenizer_config.json))
 
-.PHONY: all test test-san test-gpu fuzz fuzz-toolchain bench clean print-cflags emu FORCE
+.PHONY: all test test-san test-gpu fuzz fuzz-toolchain bench clean print-cflags emu format FORCE
 
 all: flexgen
 
@@ -233,11 +233,15 @@ TALLY := build/test-tally
 TOTAL = awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' $(TALLY) /dev/null
 
 # The whole run also checks the layout (scripts/check_layout.sh), that no file's calls come back
-# to it (scripts/call_graph.sh, from the compiled objects), and that the planted bugs and the
+# to it (scripts/call_graph.sh, from the compiled objects), that the docs' call graph and list of
+# suites agree with the code (scripts/check_docs.sh), that clang-format would change no source
+# and no statement chains commas (scripts/check_style.sh; `make format` formats), and that the planted bugs and the
 # exercises' wrong versions still find the lines they change (their scripts' --patterns).
 test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(SUITE),,bash scripts/check_layout.sh >build/layout.txt; rc=$$?; grep -v '^ok' build/layout.txt; exit $$rc)
 	$(if $(SUITE),,bash scripts/call_graph.sh build/obj >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)
+	$(if $(SUITE),,bash scripts/check_docs.sh build/obj)
+	$(if $(SUITE),,bash scripts/check_style.sh >build/style.txt; rc=$$?; grep -v '^ok' build/style.txt; exit $$rc)
 	$(if $(SUITE),,@bad=$$(grep -lE '\bFLEXGEN_(NO_MAIN|CUDA|CUDA_EMU)\b' $(SHARED_SRC) $(HDR)); [ -z "$$bad" ] \
 	  || { echo "$$bad: reads a build define, so it belongs in PER_BUILD_SRC (Makefile)"; exit 1; })
 	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)
@@ -318,6 +322,11 @@ bench: flexgen
 # The flags this build compiles with (scripts/call_graph.sh uses them).
 print-cflags:
 	@echo $(CFLAGS)
+
+# Formats every C, CUDA and header file outside tests/ and the generated tables as .clang-format
+# writes them (make test fails on a file this would change).
+format:
+	clang-format -i $$(bash scripts/check_style.sh --files)
 
 clean:
 	rm -rf flexgen flexgen-emu build build-san build-fuzz build-emu build-san-emu

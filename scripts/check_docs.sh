@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# check_docs.sh: the docs that describe the code's structure, held to the code, so that they
+# cannot drift from it:
+#   - docs/DESIGN.md's file-level call graph (the block under "The file-level call graph") is
+#     scripts/call_graph.sh's output, arrow for arrow;
+#   - docs/TESTS.md's list of suites (the sentence "`make test SUITE=name` runs one (...)") names
+#     exactly the suites that tests/ registers (CU_add_suite);
+#   - no doc points at code by line number (`file.c:123`): docs name functions, and only the
+#     maps at the top of flexgen.c, lp.c and flexgen.cu give lines, which check_layout.sh keeps.
+# Usage: bash scripts/check_docs.sh [OBJECTS]          (from anywhere, after `make`)
+#        bash scripts/check_docs.sh --write [OBJECTS]  (first writes DESIGN.md's graph anew)
+#   OBJECTS: the build's objects (make test passes build/obj), as for scripts/call_graph.sh.
+# Prints what disagrees; exits 1 on a disagreement, 2 when the graph cannot be made.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+write=0
+if [ "${1:-}" = --write ]; then
+    write=1
+    shift
+fi
+graph=$(mktemp)
+trap 'rm -f "$graph"' EXIT
+# call_graph.sh exits 1 on a cycle or a call up a level; that is its own check's failure, and
+# the graph it printed is still the one to compare.
+bash scripts/call_graph.sh "$@" >"$graph" || [ $? -eq 1 ] || exit 2
+python3 - "$graph" "$write" <<'PY'
+import glob, re, sys, textwrap
+
+graph_file, write = sys.argv[1], sys.argv[2] == '1'
+fail = False
+
+# The graph: call_graph.sh's lines `FILE -> FILE FILE ...`, wrapped at 100 columns.
+arrows = {}
+for line in open(graph_file):
+    m = re.match(r'^(\S+)\s+->(.*)$', line)
+    if m:
+        arrows[m.group(1)] = m.group(2).split()
+def drawn(arrows):
+    out = []
+    for f in sorted(arrows):
+        head = f'{f:25}-> '
+        body = ' '.join(arrows[f]) or '(nothing)'
+        out += textwrap.wrap(body, 100, initial_indent=head, subsequent_indent=' ' * len(head),
+                             break_on_hyphens=False)
+    return out
+
+design = 'docs/DESIGN.md'
+text = open(design).read()
+begin = '<!-- the arrows below are scripts/call_graph.sh\'s output'
+m = re.search(re.escape(begin) + r'[^\n]*\n```\n(.*?)```\n', text, re.S)
+if not m:
+    print(f'{design}: no call graph block (a line starting "{begin}", then a fenced block)')
+    sys.exit(1)
+def parse(lines):  # a drawn block back into {file: [files]}
+    documented, current = {}, None
+    for line in lines:
+        if not line.startswith(' '):
+            current = line.split()[0]
+            documented[current] = []
+        documented[current] += [t for t in line.split('->', 1)[-1].split() if t != '(nothing)']
+    return documented
+
+documented = parse(m.group(1).splitlines())
+if 'flexgen.cu' not in arrows:
+    # No CUDA object in this build (no nvcc): hold the C files' arrows alone.
+    documented.pop('flexgen.cu', None)
+    documented = {f: [g for g in to if g != 'flexgen.cu'] for f, to in documented.items()}
+if write:
+    text = text[:m.start(1)] + '\n'.join(drawn(arrows)) + '\n' + text[m.end(1):]
+    open(design, 'w').write(text)
+    print(f'{design}: call graph written, {len(arrows)} files')
+elif documented != arrows:
+    fail = True
+    print(f"{design}: the call graph differs from scripts/call_graph.sh's "
+          '(bash scripts/check_docs.sh --write writes it anew):')
+    for f in sorted(set(arrows) | set(documented)):
+        if f not in arrows or f not in documented:
+            where = 'the code' if f in arrows else 'the docs'
+            print(f'  {f}: a file only in {where}')
+            continue
+        extra = sorted(set(arrows[f]) - set(documented[f]))
+        gone = sorted(set(documented[f]) - set(arrows[f]))
+        if extra:
+            print(f'  {f} -> {" ".join(extra)}: in the code, not in the docs')
+        if gone:
+            print(f'  {f} -> {" ".join(gone)}: in the docs, not in the code')
+
+# The suites: registered in tests/ against those docs/TESTS.md lists.
+registered = set()
+for path in glob.glob('tests/*.c') + glob.glob('tests/*.cu') + glob.glob('tests/cuda_emu/*'):
+    registered |= set(re.findall(r'CU_add_suite\("([^"]+)"', open(path, errors='replace').read()))
+tests_md = open('docs/TESTS.md').read()
+m = re.search(r'`make test SUITE=name` runs one \((.*?)\)', tests_md, re.S)
+listed = set(re.findall(r'`([^`]+)`', m.group(1))) if m else set()
+if not m:
+    fail = True
+    print('docs/TESTS.md: no sentence "`make test SUITE=name` runs one (...)" listing the suites')
+for s in sorted(registered - listed):
+    fail = True
+    print(f'docs/TESTS.md: suite {s} is registered in tests/ but not listed')
+for s in sorted(listed - registered):
+    fail = True
+    print(f'docs/TESTS.md: suite {s} is listed but no test file registers it')
+
+# Line numbers: docs name functions.
+for path in sorted(glob.glob('docs/*.md')) + ['README.md', 'BENCHMARKS.md']:
+    for n, line in enumerate(open(path), 1):
+        for ref in re.findall(r'\b[\w/.-]+\.(?:c|cu|h):\d+', line):
+            fail = True
+            print(f'{path}:{n}: points at {ref} by line; name the function instead')
+
+if not fail:
+    print(f'docs agree with the code: call graph ({len(arrows)} files), '
+          f'{len(registered)} suites, no line numbers')
+sys.exit(1 if fail else 0)
+PY
