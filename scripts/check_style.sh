@@ -36,7 +36,12 @@ else
 fi
 
 # shellcheck disable=SC2086
-wide=$(awk 'length > 100 { print FILENAME ":" FNR }' $files)
+wide=$(python3 -c '
+import sys
+for path in sys.argv[1:]:
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        if len(line.rstrip("\n")) > 100:
+            print(f"{path}:{n}")' $files)
 if [ -n "$wide" ]; then
     echo "MISS  lines over 100 columns:" $wide
     fail=1

@@ -253,7 +253,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, size_t ldx, const void *w,
                                                                size_t ldw, int kc, float *y, size_t ldy,
                                                                int from_y, int ahead, int mr, int f16) {
-    if (f16) TILE_CASES(1) else TILE_CASES(0)
+    if (f16) {
+        TILE_CASES(1);
+    } else {
+        TILE_CASES(0);
+    }
 }
 
 /* 16 columns of y, in order, from their even and odd columns (8 each). */
@@ -353,7 +357,7 @@ __attribute__((target("avx2,fma,f16c"))) static void band_q4_avx2(const q4_terms
             int gi = c / Q4_GROUP, pf = ahead && r == 0 && c % Q4_GROUP == 0; /* once per group */
             const uint8_t *at = codes + c / 2;
             float *yt = y + r * ldy + c;
-            TILE_Q4_CASES
+            TILE_Q4_CASES;
         }
     }
 }
@@ -833,9 +837,19 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *x, i
     for (int r = 0; r < rows; r += 4, x += (size_t)4 * dim, y += 4 * ldy) {
         int mr = rows - r < 4 ? rows - r : 4;
         if (f16) {
-            if (mr == 4) DOTS_CASE(4, 1) else if (mr == 3) DOTS_CASE(3, 1) else if (mr == 2) DOTS_CASE(2, 1) else DOTS_CASE(1, 1)
+            switch (mr) {
+            case 4: DOTS_CASE(4, 1); break;
+            case 3: DOTS_CASE(3, 1); break;
+            case 2: DOTS_CASE(2, 1); break;
+            default: DOTS_CASE(1, 1); break;
+            }
         } else {
-            if (mr == 4) DOTS_CASE(4, 0) else if (mr == 3) DOTS_CASE(3, 0) else if (mr == 2) DOTS_CASE(2, 0) else DOTS_CASE(1, 0)
+            switch (mr) {
+            case 4: DOTS_CASE(4, 0); break;
+            case 3: DOTS_CASE(3, 0); break;
+            case 2: DOTS_CASE(2, 0); break;
+            default: DOTS_CASE(1, 0); break;
+            }
         }
     }
 }
