@@ -176,12 +176,17 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_par
 void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float *dst);
 
 /* ---- Buffers of the forward pass (workspace.c) ---- */
-#define FG_DEFAULT_OFFLOAD_DIR "/var/tmp" /* the disk tier's files, unless --offload-dir */
-#define FG_CUDA_ACT_ELEM 2 /* fp16 activations */
-#define FG_CPU_ACT_ELEM 4  /* fp32 activations (app/cpu_backend.c; app/cpu_fp16.c keeps 2) */
-#define FG_CUDA_RESERVE (512.0 * (1 << 20)) /* context, cuBLAS, rounding: an estimate */
-#define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20)) /* 3 copying threads, 2 pinned 8 MiB each */
-#define FG_CHUNK_ROWS 2048 /* prefill runs a layer on chunks of this many token rows at most */
+/* The disk tier's files, unless --offload-dir. */
+#define FG_DEFAULT_OFFLOAD_DIR "/var/tmp"
+/* Bytes of an activation: fp16 on CUDA, fp32 on the CPU (app/cpu_fp16.c keeps 2). */
+#define FG_CUDA_ACT_ELEM 2
+#define FG_CPU_ACT_ELEM 4
+/* The device's context, cuBLAS and rounding: an estimate. */
+#define FG_CUDA_RESERVE (512.0 * (1 << 20))
+/* Pinned copy buffers: 3 copying threads, 2 of 8 MiB each. */
+#define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20))
+/* Prefill runs a layer on chunks of this many token rows at most. */
+#define FG_CHUNK_ROWS 2048
 size_t fg_workspace_rows(int gbs, int max_prompt);
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
