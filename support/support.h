@@ -190,6 +190,7 @@ void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float 
 size_t fg_workspace_rows(int gbs, int max_prompt);
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
+gpu_batch gpu_batch_slice(const gpu_batch *gb, int first, int n, size_t act_row);
 void gpu_batch_advance(gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
 /* The CPU's workspace: max_prompt is not used (decode's max_len keys are the most). */
 size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);

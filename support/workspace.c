@@ -33,6 +33,28 @@ int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err
     return 0;
 }
 
+/* Sequences [first, first + n) of a GPU batch, as a GPU batch of their own: each per-sequence
+ * array starts at sequence `first`, and x at its first row (act_row bytes a row). What every
+ * sequence shares (max_len, page_tokens, n_new, all_rows, kv_q4, attn_sparsity) is the batch's.
+ * The runtime cuts prefill into chunks with it (flexgen.c), and the CUDA backend the sequences
+ * whose attention runs on the CPU (flexgen.cu); tests/test_runtime.c holds every field of
+ * gpu_batch to being sliced here or named as shared. */
+gpu_batch gpu_batch_slice(const gpu_batch *gb, int first, int n, size_t act_row) {
+    gpu_batch s = *gb;
+    s.batch = n;
+    s.past = gb->past + first;
+    s.pad = gb->pad + first;
+    s.tokens = gb->tokens + (size_t)first * gb->n_new;
+    s.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
+    s.k = gb->k + first;
+    s.v = gb->v + first;
+    s.k_pages = gb->k_pages + first;
+    s.v_pages = gb->v_pages + first;
+    s.v_rows_read = gb->v_rows_read + first;
+    s.kv_in_host = gb->kv_in_host + first;
+    return s;
+}
+
 void gpu_batch_free(gpu_batch *gb) {
     free(gb->past);
     free(gb->pad);

@@ -1319,8 +1319,131 @@ static void test_host_memory_for_plans(void) {
            "%.0f] (MemTotal %.0f, MemAvailable %.0f then %.0f); got %.0f", lo, hi, total, before, after, got);
 }
 
+
+/* gpu_batch_slice (support/workspace.c) cuts a GPU batch's sequences out for the runtime's
+ * prefill chunks and for CUDA's delegated attention alike. A field added to gpu_batch must be
+ * sliced there or named as shared here: this test reads the fields from model.h itself, lays
+ * them out as the C ABI does (checked against sizeof), and holds each one's bytes in a slice. */
+typedef struct {
+    char name[32];
+    size_t offset, size, pointee; /* pointee: the bytes a pointer field steps over; 0: none */
+} batch_field;
+
+static size_t c_type_size(const char *type) {
+    if (strstr(type, "int64_t") || strstr(type, "size_t") || strstr(type, "double")) return 8;
+    if (strstr(type, "char")) return 1;
+    return 4; /* int, float */
+}
+
+/* gpu_batch's fields, from model.h's text; returns how many (0: not found). */
+static int gpu_batch_fields(batch_field *f, int max) {
+    FILE *h = fopen("model.h", "r");
+    if (!h) return 0;
+    char text[16384];
+    size_t len = fread(text, 1, sizeof text - 1, h);
+    fclose(h);
+    text[len] = 0;
+    for (char *end = strstr(text, "} gpu_batch;"); end; end = NULL) {
+        *end = 0;
+        char *body = strrchr(text, '{') + 1;
+        for (char *c = strstr(body, "/*"); c; c = strstr(c, "/*")) { /* comments out */
+            char *close = strstr(c + 2, "*/");
+            memset(c, ' ', (size_t)(close + 2 - c));
+        }
+        int n = 0;
+        size_t at = 0;
+        for (char *decl = strtok(body, ";"); decl && n < max; decl = strtok(NULL, ";")) {
+            char type[64] = "";
+            char *names = decl;
+            while (*names == ' ' || *names == '\n') names++;
+            if (!*names) continue;
+            /* the type: the words before the first declarator, which is its first '*' or else
+             * the last word before its first ',' (or the end) */
+            char *cut = names + strcspn(names, "*,");
+            if (*cut != '*') {
+                while (cut > names && cut[-1] == ' ') cut--;
+                while (cut > names && cut[-1] != ' ') cut--;
+            }
+            snprintf(type, sizeof type, "%.*s", (int)(cut - names), names);
+            for (char *d = strtok_r(cut, ",", &names); d; d = strtok_r(NULL, ",", &names)) {
+                int stars = 0;
+                while (*d == ' ' || *d == '*' || *d == '\n') stars += *d++ == '*';
+                size_t size = stars ? sizeof(void *) : c_type_size(type);
+                at = (at + size - 1) / size * size;
+                batch_field *b = &f[n++];
+                snprintf(b->name, sizeof b->name, "%.*s", (int)strcspn(d, " \n"), d);
+                b->offset = at;
+                b->size = size;
+                b->pointee = stars > 1 ? sizeof(void *) : stars ? c_type_size(type) : 0;
+                if (stars == 1 && strstr(type, "void")) b->pointee = 1; /* x: bytes */
+                at += size;
+            }
+        }
+        at = (at + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+        return at == sizeof(gpu_batch) ? n : -n;
+    }
+    return 0;
+}
+
+static void test_gpu_batch_slice_fields(void) {
+    static const char *const shared[] = {"max_len", "page_tokens", "n_new", "all_rows", "kv_q4",
+                                         "attn_sparsity"};
+    batch_field f[64];
+    int n = gpu_batch_fields(f, 64);
+    CU_ASSERT_FATAL(n > 0); /* found, and laid out to sizeof(gpu_batch) */
+    static char arena[4096];
+    gpu_batch gb;
+    memset(&gb, 0, sizeof gb);
+    for (int i = 0; i < n; i++) /* every pointer somewhere of its own, every number 1 */
+        if (f[i].pointee) {
+            char *p = arena + 64 * i;
+            memcpy((char *)&gb + f[i].offset, &p, sizeof p);
+        } else if (f[i].size == 4) {
+            int one = 1;
+            memcpy((char *)&gb + f[i].offset, &one, 4);
+        }
+    gb.batch = 5;
+    gb.n_new = 3;
+    size_t act_row = 40;
+    int first = 2;
+    gpu_batch s = gpu_batch_slice(&gb, first, 2, act_row);
+    CU_ASSERT_EQUAL(s.batch, 2);
+    for (int i = 0; i < n; i++) {
+        const char *name = f[i].name;
+        int is_shared = 0;
+        for (size_t j = 0; j < sizeof shared / sizeof *shared; j++) is_shared |= !strcmp(name, shared[j]);
+        if (!strcmp(name, "batch")) continue;
+        if (is_shared) {
+            if (memcmp((char *)&gb + f[i].offset, (char *)&s + f[i].offset, f[i].size) != 0) {
+                fprintf(stderr, "gpu_batch_slice changed %s, which is named as shared\n", name);
+                CU_FAIL("a shared field changed");
+            }
+            continue;
+        }
+        if (!f[i].pointee) {
+            fprintf(stderr, "gpu_batch.%s is no pointer to the sequences and not named as shared: "
+                            "slice it in gpu_batch_slice or name it as shared here\n", name);
+            CU_FAIL("a field neither sliced nor shared");
+            continue;
+        }
+        char *from, *to;
+        memcpy(&from, (char *)&gb + f[i].offset, sizeof from);
+        memcpy(&to, (char *)&s + f[i].offset, sizeof to);
+        size_t per_sequence = f[i].pointee; /* one element a sequence; tokens and x: n_new rows */
+        if (!strcmp(name, "tokens")) per_sequence *= (size_t)gb.n_new;
+        if (!strcmp(name, "x")) per_sequence = (size_t)gb.n_new * act_row;
+        if (to - from != (ptrdiff_t)(first * per_sequence)) {
+            fprintf(stderr, "gpu_batch_slice moved %s by %td bytes, not %zu: a per-sequence field "
+                            "not sliced, or sliced wrong\n", name, to - from, first * per_sequence);
+            CU_FAIL("a per-sequence field not sliced");
+        }
+    }
+}
+
 void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime", NULL, NULL);
+    CU_add_test(s, "gpu_batch_slice: every field of model.h's gpu_batch sliced to the sequences "
+                   "or named as shared", test_gpu_batch_slice_fields);
     CU_add_test(s, "policy invariance (the plain loop and Fig. 4's: the same bits in every placement), "
                    "pre-LN fixture", test_invariance_pre_ln);
     CU_add_test(s, "policy invariance (the plain loop and Fig. 4's), post-LN (350m) fixture",
