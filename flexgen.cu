@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *     0  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *     0  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *     0  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *     0  fg_cuda_backend          the operation table, once a GPU is found
- *     0  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *     0  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *     0  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *     0  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *     0  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *     0  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *     0  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *     0  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *     0  queue_attention          decode's: the split over keys, or a block a query for top-K
- *     0  attention_kernel         a query's attention, with §5's top-K
- *     0  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *     0  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *     0  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *     0  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   185  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   242  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   166  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   327  fg_cuda_backend          the operation table, once a GPU is found
+ *   383  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   424  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   469  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   538  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   636  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   665  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   736  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   772  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   828  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *   990  attention_kernel         a query's attention, with §5's top-K
+ *  1044  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1121  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1171  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1259  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
