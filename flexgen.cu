@@ -13,18 +13,18 @@
  *   327  fg_cuda_backend          the operation table, once a GPU is found
  *   383  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
  *   424  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   469  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   538  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   636  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   665  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   736  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   772  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   828  queue_attention          decode's: the split over keys, or a block a query for top-K
- *   990  attention_kernel         a query's attention, with §5's top-K
- *  1044  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1121  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1171  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1259  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   466  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   535  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   633  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   662  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   733  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   769  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   825  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *   987  attention_kernel         a query's attention, with §5's top-K
+ *  1041  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1118  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1168  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1256  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -443,11 +443,8 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
                                 __half2float(b[i]));
 }
 
-/* ---- the products. 4-bit weights (§5; quant.c has the layout) stay as they are stored: the
- * gpu tier keeps the codes, and staging receives them as they are (reads_q4). A product of few
- * rows (decode's) multiplies the codes in registers (q4_rows_kernel, and q4_vocab_kernel for
- * lm_head); one of more rows (prefill's) widens the matrix a slice at a time into the workspace
- * for cuBLAS (dequant_kernel). ---- */
+/* ---- the products: fp16 weights by cuBLAS; 4-bit weights (§5; quant.c has the layout) stay as
+ * they are stored, on the gpu tier and in staging (reads_q4) ---- */
 
 /* 4-bit products (§5). Up to Q4_DIRECT_ROWS rows of x (decode's) multiply the codes as they are
  * stored, Q4_PASS_ROWS at a pass; a product of more rows (prefill's) widens W into fp16 slices
