@@ -86,8 +86,8 @@ CUDA_ARCHS := $(foreach a,$(CUDA_SM),-gencode arch=compute_$(a),code=sm_$(a)) \
               -gencode arch=compute_$(lastword $(CUDA_SM)),code=compute_$(lastword $(CUDA_SM))
 NVCCFLAGS ?= -O2
 NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
-CUDA_OBJ := build/flexgen_cu.o
-TEST_CUDA_OBJ := build/test_kernels.o
+CUDA_OBJ := build/flexgen_cu.o build/cuda_device_cu.o
+TEST_CUDA_OBJ := build/test_kernels.o build/cuda_device_cu.o
 CFLAGS += -DFLEXGEN_CUDA
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
@@ -99,6 +99,9 @@ CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
 HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
+# The CUDA backend's plumbing (support/cuda_device.cu), beneath flexgen.cu: its header, for the
+# CUDA sources alone.
+CUDA_HDR := support/cuda_device.h
 TEST_SRC := $(wildcard tests/*.c)
 # The tokenizer fixtures kept compressed (tests/fixtures/tokenizers/, xz), unpacked for the tests
 # into build/tokenizers/ with the tokenizer_config.json each tokenizer.json reads beside it.
@@ -112,19 +115,24 @@ all: flexgen
 flexgen: $(call main_objs,build) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 
-build/flexgen_cu.o: flexgen.cu $(HDR)
+build/flexgen_cu.o: flexgen.cu $(HDR) $(CUDA_HDR)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -c -o $@ flexgen.cu
 
+build/cuda_device_cu.o: support/cuda_device.cu $(HDR) $(CUDA_HDR)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -c -o $@ support/cuda_device.cu
+
 # The kernel tests include flexgen.cu, so the test binary links them in its place.
-build/test_kernels.o: tests/test_kernels.cu flexgen.cu $(HDR) tests/tests.h
+build/test_kernels.o: tests/test_kernels.cu flexgen.cu $(HDR) $(CUDA_HDR) tests/tests.h
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -I$(BLAS_INC) $(if $(PREFIX),$(DEPS_CFLAGS)) -c -o $@ tests/test_kernels.cu
 
 build/test_flexgen: $(call test_objs,build) $(TEST_CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
 
-# The emulated GPU (tests/cuda_emu, docs/GPU.md): flexgen.cu and the kernel tests compiled by g++
+# The emulated GPU (tests/cuda_emu, docs/GPU.md): flexgen.cu, support/cuda_device.cu and the
+# kernel tests compiled by g++
 # against the harness's cuda_runtime.h, cuda_fp16.h and cublas_v2.h, on every machine, nvcc or
 # not. One step rewrites each launch `k<<<grid, block, shared, stream>>>(` into a macro call and
 # `extern __shared__ T x[];` into the block's dynamic shared memory; #line keeps flexgen.cu's lines.
@@ -151,28 +159,31 @@ EMU_OPT_TAG := $(subst $(empty) $(empty),_,$(subst -,,$(EMU_OPT)))
 define emu_build # $(1): the build directory, $(2): extra flags (the sanitizers), $(3): the C objects' build
 $(1)/.opt-$(EMU_OPT_TAG):
 	@mkdir -p $(1) && rm -f $(1)/.opt-* && touch $$@
-$(1)/emu.o $(1)/flexgen_cu.o $(1)/test_kernels.o $(1)/test_emu.o: $(1)/.opt-$(EMU_OPT_TAG)
+$(1)/emu.o $(1)/flexgen_cu.o $(1)/cuda_device_cu.o $(1)/test_kernels.o $(1)/test_emu.o: $(1)/.opt-$(EMU_OPT_TAG)
 $(1)/emu.o: $(EMU)/emu.cpp $(EMU_HDR)
 	@mkdir -p $(1)
 	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -c -o $$@ $$<
-$(1)/flexgen_cu.o: build-emu/flexgen.cu $(EMU_HDR) $(HDR)
+$(1)/flexgen_cu.o: build-emu/flexgen.cu $(EMU_HDR) $(HDR) $(CUDA_HDR)
 	@mkdir -p $(1)
 	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
-$(1)/test_kernels.o: build-emu/tests/test_kernels.cu build-emu/flexgen.cu $(EMU_HDR) $(HDR) tests/tests.h
+$(1)/cuda_device_cu.o: build-emu/support/cuda_device.cu $(EMU_HDR) $(HDR) $(CUDA_HDR)
+	@mkdir -p $(1)
+	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
+$(1)/test_kernels.o: build-emu/tests/test_kernels.cu build-emu/flexgen.cu $(EMU_HDR) $(HDR) $(CUDA_HDR) tests/tests.h
 	@mkdir -p $(1)
 	$(CXX) -Ibuild-emu $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
 $(1)/test_emu.o: build-emu/tests/cuda_emu/test_emu.cu $(EMU_HDR) tests/tests.h
 	@mkdir -p $(1)
 	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
-$(1)/test_flexgen: $(call emu_test_objs,$(3),$(1)) $(1)/test_kernels.o $(1)/test_emu.o $(1)/emu.o
+$(1)/test_flexgen: $(call emu_test_objs,$(3),$(1)) $(1)/test_kernels.o $(1)/cuda_device_cu.o $(1)/test_emu.o $(1)/emu.o
 	$(CC) $(EMU_CFLAGS) $(2) -o $$@ $$^ $(EMU_LDLIBS) $(TEST_LIBS)
 endef
 $(eval $(call emu_build,build-emu,,build))
 $(eval $(call emu_build,build-san-emu,$(SAN),build-san))
 
-flexgen-emu: $(call emu_main_objs,build,build-emu) build-emu/flexgen_cu.o build-emu/emu.o
+flexgen-emu: $(call emu_main_objs,build,build-emu) build-emu/flexgen_cu.o build-emu/cuda_device_cu.o build-emu/emu.o
 	$(CC) $(EMU_CFLAGS) -o $@ $^ $(EMU_LDLIBS)
-build-san-emu/flexgen: $(call emu_main_objs,build-san,build-san-emu) build-san-emu/flexgen_cu.o build-san-emu/emu.o
+build-san-emu/flexgen: $(call emu_main_objs,build-san,build-san-emu) build-san-emu/flexgen_cu.o build-san-emu/cuda_device_cu.o build-san-emu/emu.o
 	$(CC) $(EMU_CFLAGS) $(SAN) -o $@ $^ $(EMU_LDLIBS)
 
 # The C objects. Each source compiles once into build/obj/ (build-san/obj/ under the sanitizers),

@@ -1,24 +1,31 @@
 /* flexgen.cu: the CUDA backend (paper §4.1, §5, §6; docs/DESIGN.md, "The backends' operation
- * table"), the second filling of the runtime's table of operations. The schedule of flexgen.c is
- * the same for both backends: it calls only these.
+ * table"), the second filling of the runtime's table of operations: opt_model.c's decoder layer
+ * (and llama_model.c's) on fp16 hidden states, with cuBLAS and kernels of its own. The schedule
+ * of flexgen.c is the same for both backends: it calls only the table. The layers and the table
+ * stand first, under this map; the kernels and their launches follow in the order the layer
+ * calls them, each kernel naming its CPU twin and its test. The plumbing beneath (streams,
+ * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
+ * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   memory      the gpu tier is device memory; the cpu tier is pinned host memory (weights with
- *               --pin-weight); copies from pageable memory (the disk tier's mapped pages) go
- *               through two pinned bounce buffers per thread, one filling while the other moves
- *   streams     each runtime thread (compute, and the I/O links of Fig. 4) queues its work on a
- *               stream of its own, so that a layer's weights, the next batch's cache and the
- *               last batch's results move while the compute stream runs. No operation waits for
- *               the GPU: after the runtime's synchronize, join orders the streams on the device
- *               (each waits for an event of the others); the host waits only where it reads what
- *               the GPU wrote (the logits, a delegated attention's rows) or writes a host buffer
- *               a queued copy still reads (copies_done). A decode step on the gpu tier waits once.
- *   tables      the rows' layout, cache pointers and page tables that the kernels read go up
- *               from pinned memory once a step, not once a layer: a table already on the device
- *               serves the next layer, whose pools lie a fixed distance on (its shift)
- *   counters    host waits, launches, graph launches, cuBLAS products, copies and allocations, on
- *               every thread, which the runtime reads per step (--json, the trace; docs/GPU.md)
- *   graphs      a decode step's layer is captured into a CUDA Graph, updated for each layer and
- *               step, and launched as one (layer_graph_begins)
+ *   185  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   242  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   166  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   327  fg_cuda_backend          the operation table, once a GPU is found
+ *   383  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   424  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   466  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   535  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   633  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   662  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   733  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   769  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   825  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *   987  attention_kernel         a query's attention, with §5's top-K
+ *  1041  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1118  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1168  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1256  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
  *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
@@ -38,715 +45,297 @@
  * The two backends differ by the fp16 rounding of the hidden states and of each operation's
  * output, and the order of sums (tests/test_cuda.c bounds it; --device cpu-fp16 runs the CPU
  * with the same activation format).
- * A failing CUDA or cuBLAS call ends the process with the call and the device's message: the
- * operations have no error path, and the disk tier's files are unnamed, so nothing is left.
  */
-#include <cublas_v2.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* model.h's kernel bodies (kv_page_row, position_of, q4_bytes, q4_value) are the device's too,
- * with the device's fp16 */
-#define FG_HOST_DEVICE __host__ __device__
-#define FG_HALF_TO_FLOAT(h) __half2float(__ushort_as_half(h))
-extern "C" {
-#include "model.h"
-#include "support/support.h"
-}
+/* the plumbing: each thread's stream, copies, the workspace (cuda_ws) and the kernels' tables,
+ * the checks of CUDA calls; and model.h and support.h as the device reads them */
+#include "support/cuda_device.h"
 
-/* ============================================================================================
- * Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Where the host waits, and
- * the counters"). The runtime reads them at each step's edges, so that a step's waits, launches and
- * copies can be held to account on any machine, the emulated GPU's included.
- * ============================================================================================ */
+/* The types the layers and kernels pass between them (the workspace's and the tables' are
+ * support/cuda_device.h's). */
 
-static fg_device_counts counts;
-
-static void count(int64_t *counter, int64_t n) { __atomic_fetch_add(counter, n, __ATOMIC_RELAXED); }
-
-static void cuda_counts(fg_device_counts *out) {
-    const int64_t *from = (const int64_t *)&counts;
-    int64_t *to = (int64_t *)out;
-    for (size_t i = 0; i < sizeof counts / sizeof(int64_t); i++)
-        to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
-}
-
-/* ============================================================================================
- * Errors, threads, streams
- * ============================================================================================ */
-
-/* A failed call ends the process (under mpirun, naming its stage; mpirun then ends the others). */
-static void cuda_fail(const char *call, int line, const char *msg) {
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *size = getenv("OMPI_COMM_WORLD_SIZE");
-    char stage[96] = "";
-    if (rank && size && atoi(size) > 1)
-        snprintf(stage, sizeof stage, "rank %s (stage %d of %s): ", rank, atoi(rank) + 1, size);
-    fprintf(stderr, "flexgen: %sCUDA: %s failed (flexgen.cu:%d): %s\n", stage, call, line, msg);
-    exit(3);
-}
-#define CUDA_CHECK(call)                                                                       \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) cuda_fail(#call, __LINE__, cudaGetErrorString(e_));             \
-    } while (0)
-/* After a launch (a kernel's, or a cuBLAS call's, which launches its own): its own error, and
- * with FLEXGEN_CUDA_SYNC=1 its end too, so that a fault names its kernel or cuBLAS call instead
- * of a later call (launches are asynchronous). Each is counted, as is each wait it adds. */
-static int sync_each_kernel;
-static void wait_stream(void);
-static uint64_t note_queued(void);
-static int capturing(void);
-static void launched(const char *kernel, int line) {
-    if (!capturing()) count(&counts.launches, 1); /* a captured kernel runs in its graph's launch */
-    note_queued();
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) cuda_fail(kernel, line, cudaGetErrorString(e));
-    if (sync_each_kernel) wait_stream();
-}
-#define LAUNCHED(kernel) launched(kernel "<<<>>>", __LINE__)
-#define BLAS_CHECK(call)                                                                       \
-    do {                                                                                       \
-        cublasStatus_t s_ = (call);                                                            \
-        if (s_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, __LINE__, cublasGetStatusString(s_)); \
-    } while (0)
-/* A cuBLAS product: counted, and with FLEXGEN_CUDA_SYNC=1 waited for. */
-#define BLAS_PRODUCT(call)                                                                     \
-    do {                                                                                       \
-        count(&counts.blas_calls, 1);                                                          \
-        BLAS_CHECK(call);                                                                      \
-        note_queued();                                                                         \
-        if (sync_each_kernel) wait_stream();                                                   \
-    } while (0)
-
-/* Bytes of each pinned bounce buffer. Three threads copy (compute, and the I/O threads of
- * weights and of the cache and activations), two buffers each: the plan counts them on the cpu
- * tier (FG_CUDA_HOST_RESERVE). */
-enum { BOUNCE = 8 << 20 };
-static_assert(FG_CUDA_HOST_RESERVE == 3 * 2 * (double)BOUNCE,
-              "the cpu tier's count of bounce buffers");
-
-/* What one runtime thread uses: its stream, its cuBLAS handle, its bounce buffers, and the events
- * by which the host and the other threads' streams wait for its work. `queued` numbers the work
- * it puts on its stream and `finished` says how much of it the host has seen end, so that a host
- * buffer whose copy is known to have run is written again without a wait. */
+/* An embedding table [len][dim] as the kernels read it: fp16, or 4-bit (q4: quant.c's layout
+ * with outer 1, groups along len). */
 typedef struct {
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    char *bounce[2];
-    cudaEvent_t moved[2];     /* recorded after the copy that last used each bounce buffer */
-    uint64_t moved_at[2];     /* the work each of those events stands for */
-    int link;                 /* the I/O link whose thread this is (io_links.c), or -1 */
-    cudaEvent_t host_copied;  /* recorded after each copy from or to host memory */
-    uint64_t host_copied_at;  /* the work that event stands for, 0: none since the host waited */
-    cudaEvent_t mark;         /* recorded by join: the work another stream must wait for */
-    uint64_t queued, finished;
-    int capturing;            /* its stream's work goes into a CUDA Graph (layer_graph_begins) */
-} thread_ctx;
+    const void *values;
+    int q4, len, dim;
+} table_view;
 
-static pthread_key_t ctx_key;
-static int device_index; /* this process's GPU: its pipeline stage's place on the machine (§4.4) */
+/* RoPE's inverse frequencies, by value (head_dim <= 1024). */
+typedef struct { float f[512]; } rope_freqs;
 
-/* Every thread's context, for join. */
-enum { MAX_THREADS = 64 };
-static thread_ctx *contexts[MAX_THREADS];
-static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void ctx_destroy(void *p) {
-    thread_ctx *c = (thread_ctx *)p;
-    pthread_mutex_lock(&contexts_lock);
-    for (int i = 0; i < MAX_THREADS; i++)
-        if (contexts[i] == c) contexts[i] = NULL;
-    pthread_mutex_unlock(&contexts_lock);
-    if (c->blas) cublasDestroy(c->blas);
-    for (int i = 0; i < 2; i++) {
-        if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
-        if (c->moved[i]) cudaEventDestroy(c->moved[i]);
-    }
-    cudaEventDestroy(c->host_copied);
-    cudaEventDestroy(c->mark);
-    cudaStreamDestroy(c->stream);
-    free(c);
-}
-
-static thread_ctx *ctx(void) {
-    thread_ctx *c = (thread_ctx *)pthread_getspecific(ctx_key);
-    if (c) return c;
-    c = (thread_ctx *)calloc(1, sizeof *c);
-    if (!c) cuda_fail("calloc", __LINE__, "out of host memory");
-    CUDA_CHECK(cudaSetDevice(device_index)); /* each thread's own setting */
-    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&c->host_copied, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&c->mark, cudaEventDisableTiming));
-    c->link = io_link_of_this_thread();
-    if (c->link >= 0) { /* an I/O thread's stream: its first copy comes after all the work queued
-                           before its task, which no join ordered before this stream was made */
-        count(&counts.host_waits, 1);
-        CUDA_CHECK(cudaDeviceSynchronize());
-    }
-    pthread_setspecific(ctx_key, c);
-    pthread_mutex_lock(&contexts_lock);
-    int slot = 0;
-    while (slot < MAX_THREADS && contexts[slot]) slot++;
-    if (slot < MAX_THREADS) contexts[slot] = c;
-    pthread_mutex_unlock(&contexts_lock);
-    if (slot == MAX_THREADS)
-        cuda_fail("ctx", __LINE__, "more threads than the backend keeps streams for");
-    return c;
-}
-
-static cublasHandle_t blas(void) {
-    thread_ctx *c = ctx();
-    if (!c->blas) {
-        BLAS_CHECK(cublasCreate(&c->blas));
-        BLAS_CHECK(cublasSetStream(c->blas, c->stream));
-    }
-    return c->blas;
-}
-
-/* The host waits for all this thread queued. */
-static void wait_stream(void) {
-    thread_ctx *c = ctx();
-    count(&counts.host_waits, 1);
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    c->finished = c->queued;
-    c->host_copied_at = 0;
-}
-
-/* The host waits for this thread's work up to `at`, which event e was recorded after; none if
- * the host has seen that work end already. */
-static void wait_event(cudaEvent_t e, uint64_t at) {
-    thread_ctx *c = ctx();
-    if (at <= c->finished) return;
-    count(&counts.host_waits, 1);
-    CUDA_CHECK(cudaEventSynchronize(e));
-    c->finished = at;
-    if (c->host_copied_at <= at) c->host_copied_at = 0;
-}
-
-/* Numbers a piece of work just put on this thread's stream (a kernel's, a copy's, a wait's). */
-static uint64_t note_queued(void) { return ++ctx()->queued; }
-
-/* This thread's stream is being captured into a graph (layer_graph_begins). */
-static int capturing(void) { return ctx()->capturing; }
-
-/* What kind of memory p is in: cudaMemoryTypeDevice, cudaMemoryTypeHost (pinned), or
- * cudaMemoryTypeUnregistered (plain host memory). */
-static cudaMemoryType memory_type(const void *p) {
-    cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        cudaGetLastError(); /* plain host memory on old drivers */
-        return cudaMemoryTypeUnregistered;
-    }
-    return a.type;
-}
-
-/* The copy engines read and write it directly (device or pinned memory). */
-static int is_pinned_or_device(const void *p) {
-    return memory_type(p) != cudaMemoryTypeUnregistered;
-}
-
-/* ============================================================================================
- * Memory and copies. A copy is queued on the calling thread's stream: one between the device
- * and host memory leaves that memory in use until the thread's copies_done (the runtime's tasks,
- * sampling's logits), one on the device needs no host at all.
- * ============================================================================================ */
-
-enum { TO_DEVICE, TO_HOST, ON_DEVICE };
-
-/* Queues a copy of `rows` rows of `width` bytes (one row: a plain copy), counted. */
-static void queue_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                            size_t rows, int direction) {
-    thread_ctx *c = ctx();
-    if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, c->stream));
-    else
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
-                                     c->stream));
-    uint64_t at = note_queued();
-    size_t bytes = width * rows;
-    if (direction == TO_DEVICE) {
-        count(&counts.copies_in, 1);
-        count(&counts.bytes_in, (int64_t)bytes);
-    }
-    if (direction == TO_HOST) {
-        count(&counts.copies_out, 1);
-        count(&counts.bytes_out, (int64_t)bytes);
-    }
-    if (direction == ON_DEVICE) count(&counts.copies_on_device, 1);
-    if (direction == ON_DEVICE) return;
-    CUDA_CHECK(cudaEventRecord(c->host_copied, c->stream));
-    c->host_copied_at = at;
-}
-
-static void queue_copy(void *dst, const void *src, size_t bytes, int direction) {
-    queue_copy_rows(dst, bytes, src, bytes, bytes, 1, direction);
-}
-
-/* This thread's copies from and to host memory have run: their host buffers may be read and
- * written again. A decode step on the gpu tier waits here once, for its logits. */
-static void cuda_copies_done(void) {
-    thread_ctx *c = ctx();
-    if (c->host_copied_at) wait_event(c->host_copied, c->host_copied_at);
-}
-
-static void cuda_finish(void) { wait_stream(); }
-
-/* Fig. 4's synchronize on the device: the compute thread's stream and the streams of the I/O
- * threads of `links` (bits 1 << link; their tasks are done, so nothing more comes on them) each
- * wait for what the other has queued so far. No host thread waits. */
-static void cuda_join(unsigned links) {
-    thread_ctx *me = ctx();
-    CUDA_CHECK(cudaEventRecord(me->mark, me->stream));
-    pthread_mutex_lock(&contexts_lock);
-    for (int i = 0; i < MAX_THREADS; i++) {
-        thread_ctx *c = contexts[i];
-        if (!c || c == me || c->link < 0 || !(links >> c->link & 1)) continue;
-        CUDA_CHECK(cudaEventRecord(c->mark, c->stream));
-        CUDA_CHECK(cudaStreamWaitEvent(me->stream, c->mark, 0));
-        CUDA_CHECK(cudaStreamWaitEvent(c->stream, me->mark, 0));
-    }
-    pthread_mutex_unlock(&contexts_lock);
-    note_queued();
-}
-
-/* Allocations go through ctx() first: it selects this process's device on the calling thread. */
-static void *cuda_alloc(size_t bytes) {
-    void *p = NULL;
-    cudaStream_t s = ctx()->stream;
-    count(&counts.allocations, 1);
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        cudaGetLastError(); /* out of memory: the runtime reports the tier */
-        return NULL;
-    }
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); /* the thread's stream: the legacy one would
-                                                   not order with the non-blocking streams */
-    note_queued();
-    wait_stream();
-    return p;
-}
-
-static void cuda_free(void *p) {
-    if (!p) return;
-    ctx(); /* this process's device on the calling thread, as for the allocation */
-    CUDA_CHECK(cudaFree(p));
-}
-
-static void *cuda_host_alloc(size_t bytes, int pinned) {
-    void *p = NULL;
-    if (pinned) ctx();
-    if (pinned && cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
-        cudaGetLastError(); /* too much to lock: pageable memory still works, more slowly */
-        p = NULL;
-    }
-    if (!p) p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (p) memset(p, 0, bytes);
-    return p;
-}
-
-static void cuda_host_free(void *p) {
-    if (!p) return;
-    ctx(); /* the device whose context pinned it, before asking about p */
-    if (is_pinned_or_device(p)) CUDA_CHECK(cudaFreeHost(p));
-    else free(p);
-}
-
-static void bounce_ready(thread_ctx *c) {
-    if (c->bounce[0]) return;
-    for (int i = 0; i < 2; i++) {
-        CUDA_CHECK(cudaHostAlloc((void **)&c->bounce[i], BOUNCE, cudaHostAllocPortable));
-        CUDA_CHECK(cudaEventCreateWithFlags(&c->moved[i], cudaEventDisableTiming));
-    }
-}
-
-/* Bounce buffer b may be filled (or read) again: the copy that last used it has run. */
-static void bounce_free(thread_ctx *c, int b) { wait_event(c->moved[b], c->moved_at[b]); }
-
-/* The copy just queued uses bounce buffer b. */
-static void bounce_used(thread_ctx *c, int b) {
-    CUDA_CHECK(cudaEventRecord(c->moved[b], c->stream));
-    c->moved_at[b] = c->queued;
-}
-
-/* Host -> device. A pinned source is read when the copy runs; a pageable one (the disk tier's
- * pages) before this returns, through the bounce buffers: piece i is copied into one while piece
- * i - 1 moves from the other. */
-static void cuda_copy_in(void *dst, const void *src, size_t bytes) {
-    thread_ctx *c = ctx();
-    if (bytes == 0) return;
-    if (is_pinned_or_device(src)) {
-        queue_copy(dst, src, bytes, TO_DEVICE);
-        return;
-    }
-    count(&counts.pageable_copies, 1);
-    bounce_ready(c);
-    for (size_t at = 0, i = 0; at < bytes; at += BOUNCE, i++) {
-        size_t n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
-        int b = (int)(i % 2);
-        bounce_free(c, b); /* its last piece has left */
-        memcpy(c->bounce[b], (const char *)src + at, n);
-        queue_copy((char *)dst + at, c->bounce[b], n, TO_DEVICE);
-        bounce_used(c, b);
-    }
-}
-
-/* Device -> host. A pinned destination holds the bytes after copies_done; a pageable one when
- * this returns, the same way round through the bounce buffers. */
-static void cuda_copy_out(void *dst, const void *src, size_t bytes) {
-    thread_ctx *c = ctx();
-    if (bytes == 0) return;
-    if (is_pinned_or_device(dst)) {
-        queue_copy(dst, src, bytes, TO_HOST);
-        return;
-    }
-    count(&counts.pageable_copies, 1);
-    bounce_ready(c);
-    size_t pieces = (bytes + BOUNCE - 1) / BOUNCE;
-    for (size_t i = 0; i <= pieces; i++) {
-        if (i < pieces) {
-            size_t at = i * BOUNCE, n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
-            queue_copy(c->bounce[i % 2], (const char *)src + at, n, TO_HOST);
-            bounce_used(c, (int)(i % 2));
-        }
-        if (i > 0) { /* piece i - 1 has arrived: out of its bounce buffer */
-            size_t at = (i - 1) * BOUNCE,
-                   n = bytes - at < (size_t)BOUNCE ? bytes - at : (size_t)BOUNCE;
-            bounce_free(c, (int)((i - 1) % 2));
-            memcpy((char *)dst + at, c->bounce[(i - 1) % 2], n);
-        }
-    }
-}
-
-static void cuda_copy(void *dst, const void *src, size_t bytes) {
-    if (bytes == 0) return;
-    queue_copy(dst, src, bytes, ON_DEVICE);
-}
-
-/* ============================================================================================
- * 4-bit weights (§5; quant.c has the layout) stay as they are stored: the gpu tier keeps the
- * codes, and staging receives them as they are (reads_q4). A product of few rows (decode's)
- * multiplies the codes in registers (q4_rows_kernel, q4_vocab_kernel, with the layer's kernels
- * below); one of more rows (prefill's) widens the matrix a slice at a time into the workspace
- * for cuBLAS.
- * Each kernel below names its CPU twin and the test of tests/test_kernels.cu that holds the two
- * together (the kernels suite, on a GPU or the emulated one).
- * ============================================================================================ */
-
-/* dst[a][b] = value first + a stride + b of a 4-bit tensor [outer][len][inner], for b < width
- * and a width + b < n: a thread per value, min + q scale (model.h's q4_value, which the CPU builds
- * too) rounded to fp16, the device's working format (a whole tensor: first 0, stride = width = n).
- * CPU twin: quant.c's q4_decompress. Test: test_dequant, bit for bit after the fp16 rounding, whole
- * tensors and slices. */
-__global__ void dequant_kernel(const uint8_t *src, size_t len, size_t inner, size_t first,
-                               size_t stride, size_t width, size_t n, __half *dst) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= n) return;
-    dst[e] = __float2half_rn(q4_value(src, len, inner, first + e / width * stride + e % width));
-}
-
-static unsigned blocks_for(size_t n, unsigned threads) {
-    return (unsigned)((n + threads - 1) / threads);
-}
-
-/* dequant_kernel's slice of src into dst, counted (the counters' `widened`). */
-static void widen(__half *dst, const void *src, size_t len, size_t inner, size_t first,
-                  size_t stride, size_t width, size_t n) {
-    count(&counts.widened, 1);
-    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)src, len, inner,
-                                                                  first, stride, width, n, dst);
-    LAUNCHED("dequant_kernel");
-}
-
-/* A whole 4-bit tensor to fp16 (the profile's decompression rate). */
-static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, size_t inner) {
-    size_t n = outer * len * inner;
-    widen((__half *)dst, src, len, inner, 0, n, n, n);
-}
-
-static void cuda_weights_in(void *dst, const fp16 *src, size_t n) { cuda_copy_in(dst, src, 2 * n); }
-
-/* The bytes stay 4-bit: the products read them as they are, so nothing lands first. */
-static void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t outer, size_t len,
-                               size_t inner) {
-    (void)landing;
-    cuda_copy_in(dst, src, q4_bytes(outer, len, inner));
-}
-
-/* ============================================================================================
- * Workspace: fp16 hidden states and products, as FlexGen keeps them, and the tables the kernels
- * read. fg_cuda_workspace_parts (support/workspace.c, so that the cost model has it without
- * CUDA) lays it out; this allocates exactly that. Delegated attention's host workspace is
- * allocated on first use, for the rows it needs: the plan counts it on the cpu tier
- * (fg_cuda_delegated_bytes).
- * ============================================================================================ */
-
-/* A small table the kernels read: a step's rows and tokens (the input embedding's), or a layer's
- * rows, cache pointers and page tables. Its content lies in pinned memory, the source of its
- * upload, and on the device. A slot that already holds a table is not uploaded again: a decode
- * step's layers share their rows and pages, so only the first layer's table moves. */
+/* A step's attention as the split's kernels take it: attention_kernel's arguments (q, k and v in
+ * qkv as `at` lays them out, the output rows attn, the cache table's rows, pointers and pages),
+ * and the spans' sums: partials[((row b n_new + t) heads + head) spans + span][hd + 2], a span's
+ * sum of weights times values (hd floats), its max score and its sum of weights. */
 typedef struct {
-    char *host, *device;
-    size_t bytes;          /* of the content; 0: empty */
-    uint64_t uploaded_at;  /* the compute thread's work up to the upload, which `uploaded` marks */
-    cudaEvent_t uploaded;
-    uint64_t last_used;
-} table_slot;
-
-typedef struct {
-    char *block;        /* the one device allocation */
-    __half *h;          /* [rows][max(hidden, word_dim)]: a layer norm's output, the embedding */
-    __half *qkv, *attn; /* [rows][q + 2 kv width] (qkv_layout_of), [rows][q width]; then ffn takes
-                           their space */
-    __half *ffn;        /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
-    float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
-    __half *probs;      /* the same, softmaxed, fp16 */
-    float *partials;    /* [span_slots][head_dim + 2]: decode attention's spans (queue_attention),
-                           over scores and probs, which attention after cached tokens leaves */
-    size_t span_slots;  /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
-    cudaGraphExec_t layer_graph; /* a decode layer's kernels, updated for each layer and step */
-    int graphs;         /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
-    float *q4_scratch;  /* 4-bit products: decode's partial sums, or a slice widened to fp16,
-                           over scores, probs and parts[4] too */
-    size_t widen_values; /* the values of a widened slice that q4_scratch holds */
-    size_t rows;        /* token rows the workspace holds */
-    table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
-    int max_pages;      /* entries of a sequence's page table in a cache table */
-    char *grown_tables; /* the cache tables' own allocation once a run's pages outnumber the part */
-    char *table;        /* host: the table being built, as large as a cache table */
-    uint64_t clock;     /* counts table lookups (which slot was used last) */
-    model_workspace host; /* delegated attention: the CPU backend's workspace, host_rows rows */
-    /* [host_rows][q + 2 kv width], pinned: q, k, v rows out, attention rows in */
-    fp16 *host16;
-    size_t host_rows;
-} cuda_ws;
-
-/* n table slots of `bytes` each, their device parts from `device` on. 0, or -1 when out of memory.
- */
-static int table_slots_init(table_slot *slots, int n, char *device, size_t bytes) {
-    for (int i = 0; i < n; i++) {
-        memset(&slots[i], 0, sizeof slots[i]);
-        slots[i].device = device + (size_t)i * bytes;
-        slots[i].host = (char *)cuda_host_alloc(bytes, 1);
-        if (!slots[i].host) return -1;
-        CUDA_CHECK(cudaEventCreateWithFlags(&slots[i].uploaded, cudaEventDisableTiming));
-    }
-    return 0;
-}
-
-static void table_slots_free(table_slot *slots, int n) {
-    for (int i = 0; i < n; i++) {
-        cuda_host_free(slots[i].host);
-        if (slots[i].uploaded) cudaEventDestroy(slots[i].uploaded);
-        memset(&slots[i], 0, sizeof slots[i]);
-    }
-}
-
-static void free_host_rows(cuda_ws *d) {
-    if (d->host_rows) model_workspace_free(&d->host);
-    cuda_host_free(d->host16);
-    d->host16 = NULL;
-    d->host_rows = 0;
-}
-
-static void cuda_ws_free(cuda_ws *d) {
-    if (d->layer_graph) cudaGraphExecDestroy(d->layer_graph);
-    table_slots_free(d->token_tables, FG_CUDA_TOKEN_TABLES);
-    table_slots_free(d->cache_tables, FG_CUDA_CACHE_TABLES);
-    cuda_free(d->block);
-    cuda_free(d->grown_tables);
-    free_host_rows(d);
-    free(d->table);
-    free(d);
-}
-
-static int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows,
-                               int max_prompt, int max_len, char *err) {
-    memset(ws, 0, sizeof *ws);
-    size_t sizes[FG_CUDA_WS_PARTS];
-    size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, sizes);
-    cuda_ws *d = (cuda_ws *)calloc(1, sizeof *d);
-    if (!d) return fg_fail(err, "out of memory");
-    d->rows = rows;
-    /* the most: a page has 16 tokens or max_len */
-    d->max_pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
-    d->block = (char *)cuda_alloc(total);
-    size_t token_bytes = fg_cuda_token_table_bytes(rows),
-           cache_bytes = fg_cuda_cache_table_bytes(rows, d->max_pages);
-    char *parts[FG_CUDA_WS_PARTS], *at = d->block;
-    for (int i = 0; i < FG_CUDA_WS_PARTS && d->block; i++) {
-        parts[i] = at;
-        at += sizes[i];
-    }
-    d->table = (char *)malloc(cache_bytes > token_bytes ? cache_bytes : token_bytes);
-    if (!d->block || !d->table ||
-        table_slots_init(d->token_tables, FG_CUDA_TOKEN_TABLES, parts[5], token_bytes) ||
-        table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, parts[6], cache_bytes)) {
-        cuda_ws_free(d);
-        return fg_fail(err, "gpu tier: cannot allocate the workspace for %zu token rows", rows);
-    }
-    d->h = (__half *)parts[0];
-    d->qkv = (__half *)parts[1];
-    d->attn = d->qkv + rows * qkv_width(cfg);
-    d->ffn = d->qkv;
-    d->scores = (float *)parts[2];
-    d->probs = (__half *)parts[3];
-    d->partials = (float *)parts[2]; /* over scores, probs and parts[4] */
-    d->span_slots = fg_cuda_span_slots(cfg, rows, max_len);
-    d->q4_scratch = (float *)parts[2];
-    d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
-    const char *graphs = getenv("FLEXGEN_CUDA_GRAPHS");
-    d->graphs = !sync_each_kernel && !(graphs && !strcmp(graphs, "0"));
-    ws->rows = rows;
-    ws->max_len = max_len;
-    ws->device = d;
-    return 0;
-}
-
-static void cuda_workspace_free(model_workspace *ws) {
-    if (ws->device) cuda_ws_free((cuda_ws *)ws->device);
-    memset(ws, 0, sizeof *ws);
-}
-
-/* Room for page tables of the run's page size. The workspace's part holds tables of 16-token
- * pages, the smallest the runtime makes (support/kv_pages.c); smaller pages, as a test may give,
- * get cache tables of their own, outside the plan's count (4 bytes a page). */
-static void cache_tables_ready(cuda_ws *d, const gpu_batch *gb) {
-    int need = kv_pages_for(gb->max_len, gb->page_tokens);
-    if (need <= d->max_pages) return;
-    size_t bytes = fg_cuda_cache_table_bytes(d->rows, need);
-    table_slots_free(d->cache_tables, FG_CUDA_CACHE_TABLES);
-    cuda_free(d->grown_tables);
-    free(d->table);
-    d->grown_tables = (char *)cuda_alloc(FG_CUDA_CACHE_TABLES * bytes);
-    d->table = (char *)malloc(bytes);
-    if (!d->grown_tables || !d->table ||
-        table_slots_init(d->cache_tables, FG_CUDA_CACHE_TABLES, d->grown_tables, bytes))
-        cuda_fail("page tables", __LINE__, "out of memory");
-    d->max_pages = need;
-}
-
-/* Whether slot s holds `want`, but that its cache pointers ([n_pointers] from byte
- * `pointers_at`; none in a token table) may all lie *shift bytes from the slot's, as the next
- * layer's pools lie from this one's; NULL (a delegated sequence) must stay NULL. */
-static int table_matches(const table_slot *s, const char *want, size_t bytes, size_t pointers_at,
-                         int n_pointers, long long *shift) {
-    size_t pointers_end = pointers_at + (size_t)n_pointers * sizeof(void *);
-    if (s->bytes != bytes || memcmp(s->host, want, pointers_at) ||
-        memcmp(s->host + pointers_end, want + pointers_end, bytes - pointers_end))
-        return 0;
-    const uint64_t *have = (const uint64_t *)(s->host + pointers_at),
-                   *now = (const uint64_t *)(want + pointers_at);
-    uint64_t distance = 0;
-    int first = 1;
-    for (int i = 0; i < n_pointers; i++) {
-        if (!have[i] != !now[i]) return 0;
-        if (!have[i]) continue;
-        if (first) distance = now[i] - have[i];
-        else if (now[i] - have[i] != distance) return 0;
-        first = 0;
-    }
-    *shift = (long long)distance;
-    return 1;
-}
-
-/* The device's copy of the table `want` (built in d->table): a slot holding it, or else the one
- * used longest ago, uploaded on the compute stream, which runs the copy after the kernels that
- * read the slot's old content (queued before it). Its pinned source is written again only once
- * its last upload has run. */
-static const char *device_table(cuda_ws *d, table_slot *slots, int n, size_t bytes,
-                                size_t pointers_at, int n_pointers, long long *shift) {
-    table_slot *s = NULL;
-    *shift = 0;
-    for (int i = 0; i < n && !s; i++)
-        if (table_matches(&slots[i], d->table, bytes, pointers_at, n_pointers, shift))
-            s = &slots[i];
-    if (!s) {
-        s = &slots[0];
-        for (int i = 1; i < n; i++)
-            if (slots[i].last_used < s->last_used) s = &slots[i];
-        wait_event(s->uploaded, s->uploaded_at);
-        memcpy(s->host, d->table, bytes);
-        s->bytes = bytes;
-        *shift = 0;
-        queue_copy(s->device, s->host, bytes, TO_DEVICE);
-        CUDA_CHECK(cudaEventRecord(s->uploaded, ctx()->stream));
-        s->uploaded_at = ctx()->queued;
-    }
-    s->last_used = ++d->clock;
-    return s->device;
-}
-
-/* A step's rows and tokens as the input embedding reads them. */
-typedef struct { const int *pad, *past, *tokens; } token_table;
-
-static token_table upload_tokens(cuda_ws *d, const gpu_batch *gb) {
-    size_t B = (size_t)gb->batch, n_tokens = B * gb->n_new;
-    int *t = (int *)d->table;
-    memcpy(t, gb->pad, B * sizeof(int));
-    memcpy(t + B, gb->past, B * sizeof(int));
-    memcpy(t + 2 * B, gb->tokens, n_tokens * sizeof(int));
+    const __half *qkv;
+    qkv_layout at;
+    __half *attn;
+    const int *past, *pad;
+    void *const *kc, *const *vc;
     long long shift;
-    const int *dev = (const int *)device_table(d, d->token_tables, FG_CUDA_TOKEN_TABLES,
-                                               (2 * B + n_tokens) * sizeof(int), 0, 0, &shift);
-    return (token_table){dev, dev + B, dev + 2 * B};
-}
-
-/* A layer's rows, cache pointers and page tables as its kernels read them: each sequence's K and
- * V rows (NULL where they are in host memory and attention is delegated) lie `shift` bytes from
- * k[b] and v[b]; its page tables are pages[K, V][batch][max_pages] (in order where staged). */
-typedef struct {
-    const int *pad, *past;
-    void *const *k, *const *v;
     const int *pages;
-    int max_pages;
-    long long shift;
-    int on_device;      /* sequences whose cache is device memory */
-} cache_table;
+    int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans;
+    float scale;
+    float *partials;
+} attention_split;
 
-/* Sequence b's page table of K (kv 0) or V (kv 1), or the rows in order, into `to`. */
-static void page_table(const gpu_batch *gb, int kv, int b, int *to) {
-    const int *pages = kv ? gb->v_pages[b] : gb->k_pages[b];
-    int n = kv_pages_for(gb->max_len, gb->page_tokens);
-    for (int i = 0; i < n; i++) to[i] = pages ? pages[i] : i;
+/* What the layers call, defined below in the order they call it, and declared here. */
+
+/* The embedding */
+static table_view table_of(const void *values, int q4, int len, int dim);
+__global__ void gather_rows_kernel(table_view table, const int *ids, __half *out);
+__global__ void add_positions_kernel(__half *x, table_view pos, const int *past, const int *pad,
+                                     int n_new);
+
+/* A decoder layer: its norms, products (fp16, 4-bit) and attention (the cache's store, prefill,
+ * decode, delegated) */
+static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y);
+static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
+                            const fp16 *b, __half *y);
+__global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const __half *w,
+                                  const __half *b, __half *y);
+static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int q4,
+                   const fp16 *b, int out, __half *y, int mode);
+__global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu);
+static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
+                       int parts, __half *y, int add);
+__global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
+                               int parts, int k_chunk, int aligned, float *partial);
+__global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int out, __half *y,
+                              int add);
+static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
+                           int parts, __half *y, float beta);
+static void widen_slice(cuda_ws *d, const void *W, size_t len, size_t inner, size_t first,
+                        size_t stride, size_t count, size_t width);
+static void widen(__half *dst, const void *src, size_t len, size_t inner, size_t first,
+                  size_t stride, size_t width, size_t n);
+__global__ void dequant_kernel(const uint8_t *src, size_t len, size_t inner, size_t first,
+                               size_t stride, size_t width, size_t n, __half *dst);
+static unsigned blocks_for(size_t n, unsigned threads);
+static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
+                            const model_workspace *ws);
+__global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new,
+                                const int *past, const int *pad, int hd, int heads, int q4,
+                                void *const *k, void *const *v, long long shift, const int *pages,
+                                int max_pages, int page_tokens);
+static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b);
+__global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad);
+static void queue_attention(attention_split a, int batch, const int *host_past,
+                            const int *host_pad, float sparsity, float *partials,
+                            size_t span_slots);
+__global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
+                                 const int *pad, void *const *kc, void *const *vc, long long shift,
+                                 const int *pages, int max_pages, int page_tokens, int n_new,
+                                 int hd, int heads, int kv_heads, int q4, float scale,
+                                 float sparsity);
+static size_t attention_shared_bytes(int nk);
+__global__ void attention_span_kernel(attention_split a);
+__global__ void attention_merge_kernel(attention_split a);
+static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb,
+                                const model_workspace *ws);
+
+/* The output */
+static int last_rows(cuda_ws *d, const gpu_batch *gb, int h);
+static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int rows, float *logits);
+__global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
+                                float *logits);
+static void widened_lm_head(cuda_ws *d, const __half *x, int rows, int dim, const void *E,
+                            int vocab, float *logits);
+
+/* The LLaMA family's steps */
+static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float eps, __half *y);
+__global__ void rms_norm_kernel(const __half *x, int dim, const __half *w, float eps, __half *y);
+__global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *past, const int *pad,
+                            int hd, int heads, int kv_heads, rope_freqs freqs);
+__global__ void swiglu_kernel(__half *gate, const __half *up, size_t n);
+
+/* The profile's widening (the table's widen_q4) */
+static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, size_t inner);
+
+/* ============================================================================================
+ * The forward pass: OPT's embedding, decoder layer and output (opt_model.c's, step for step,
+ * on fp16 hidden states), then LLaMA's
+ * ============================================================================================ */
+
+/* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
+static void cuda_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    cudaStream_t s = ctx()->stream;
+    int rows = gb->batch * gb->n_new;
+    __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
+    token_table t = upload_tokens(d, gb);
+    table_view tokens = table_of(w->embed_tokens, w->q4, c->vocab, c->word_dim);
+    table_view positions = table_of(w->embed_positions, w->q4, c->max_pos + 2, c->hidden);
+    gather_rows_kernel<<<rows, 256, 0, s>>>(tokens, t.tokens, words);
+    LAUNCHED("gather_rows_kernel");
+    if (w->project_in)
+        linear(d, d->h, rows, c->word_dim, w->project_in, w->q4, NULL, c->hidden, x, OUT_SET);
+    add_positions_kernel<<<rows, 256, 0, s>>>(x, positions, t.past, t.pad, gb->n_new);
+    LAUNCHED("add_positions_kernel");
 }
 
-/* Where the cache lives comes from the runtime's placement (gb->kv_in_host), not the driver. */
-static cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
-    cache_tables_ready(d, gb);
-    size_t B = (size_t)gb->batch, P = (size_t)d->max_pages, pointers_at = 2 * B * sizeof(int);
-    size_t pages_at = pointers_at + 2 * B * sizeof(void *),
-           bytes = pages_at + 2 * B * P * sizeof(int);
-    int *ints = (int *)d->table, *pages = (int *)(d->table + pages_at);
-    void **k = (void **)(d->table + pointers_at), **v = k + B;
-    cache_table t;
-    memset(&t, 0, sizeof t);
-    memset(d->table, 0, bytes);
-    memcpy(ints, gb->pad, B * sizeof(int));
-    memcpy(ints + B, gb->past, B * sizeof(int));
-    for (size_t b = 0; b < B; b++) {
-        int on_device = !gb->kv_in_host[b];
-        k[b] = on_device ? gb->k[b] : NULL;
-        v[b] = on_device ? gb->v[b] : NULL;
-        t.on_device += on_device;
-        for (int kv = 0; kv < 2 && on_device; kv++)
-            page_table(gb, kv, (int)b, pages + ((size_t)kv * B + b) * P);
+/* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). Its tables
+ * go up first, outside the graph (an upload may wait for its slot's last one). */
+static void cuda_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    const layer_weights *L = &w->layers[layer];
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
+    __half *x = (__half *)gb->x;
+    const __half *in = x;
+    cache_table t = upload_cache(d, gb);
+    int graph = layer_graph_begins(d, gb, &t);
+    if (c->pre_ln) {
+        layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, d->h);
+        in = d->h;
     }
-    const char *dev = device_table(d, d->cache_tables, FG_CUDA_CACHE_TABLES, bytes, pointers_at,
-                                   (int)(2 * B), &t.shift);
-    t.pad = (const int *)dev;
-    t.past = t.pad + B;
-    t.k = (void *const *)(dev + pointers_at);
-    t.v = t.k + B;
-    t.pages = (const int *)(dev + pages_at);
-    t.max_pages = (int)P;
-    return t;
+    linear(d, in, rows, h, L->wqkv, 3 * w->q4, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
+    cache_attention(d, c, gb, &t, ws);
+    /* out_proj's bias comes with the norm: one launch */
+    linear(d, d->attn, rows, h, L->wo, w->q4, NULL, h, x, OUT_ADD);
+    if (c->pre_ln) bias_layer_norm(x, rows, h, L->bo, L->ffn_ln_w, L->ffn_ln_b, d->h);
+    else bias_layer_norm(x, rows, h, L->bo, L->attn_ln_w, L->attn_ln_b, x);
+    linear(d, c->pre_ln ? d->h : x, rows, h, L->fc1_w, w->q4, L->fc1_b, f, d->ffn, OUT_RELU);
+    linear(d, d->ffn, rows, f, L->fc2_w, w->q4, L->fc2_b, h, x, OUT_ADD);
+    if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x);
+    layer_graph_ends(d, graph);
+}
+
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
+ * all_rows. */
+static void cuda_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
+    const model_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int h = c->hidden, rows = last_rows(d, gb, h);
+    if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
+    const __half *last = d->h;
+    if (w->project_out) {
+        linear(d, d->h, rows, h, w->project_out, w->q4, NULL, c->word_dim, d->qkv, OUT_SET);
+        last = d->qkv;
+    }
+    lm_head(d, w, last, rows, logits);
 }
 
 /* ============================================================================================
- * Kernels of the layer: fp16 in and out, fp32 inside
+ * The LLaMA family (llama_model.c's steps, on fp16 hidden states): RMSNorm, RoPE and SwiGLU
+ * kernels of its own (below, after OPT's); the products, the cache and attention (grouped-query)
+ * OPT's.
  * ============================================================================================ */
+
+/* x = embed_tokens[token] (no position table). */
+static void cuda_llama_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int rows = gb->batch * gb->n_new;
+    token_table t = upload_tokens(d, gb);
+    table_view tokens = table_of(w->embed_tokens, w->q4, w->cfg.vocab, w->cfg.hidden);
+    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>(tokens, t.tokens, (__half *)gb->x);
+    LAUNCHED("gather_rows_kernel");
+}
+
+/* One decoder layer (llama_model.c's llama_layer, step for step); its tables first, as OPT's. */
+static void cuda_llama_layer(const model_weights *w, int layer, gpu_batch *gb,
+                             model_workspace *ws) {
+    const model_config *c = &w->cfg;
+    const layer_weights *L = &w->layers[layer];
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
+    __half *x = (__half *)gb->x, *gate = d->ffn, *up = d->ffn + (size_t)rows * f;
+    qkv_layout at = qkv_layout_of(c, (size_t)rows);
+    rope_freqs freqs;
+    rope_frequencies(c, freqs.f);
+    cache_table t = upload_cache(d, gb);
+    int graph = layer_graph_begins(d, gb, &t);
+    /* input_layernorm, then the q, k, v projections */
+    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);
+    linear(d, d->h, rows, h, L->wq, w->q4, L->bq, qw, d->qkv + at.at[0], OUT_SET);
+    linear(d, d->h, rows, h, L->wk, w->q4, L->bk, kw, d->qkv + at.at[1], OUT_SET);
+    linear(d, d->h, rows, h, L->wv, w->q4, L->bv, kw, d->qkv + at.at[2], OUT_SET);
+    /* positions into q, k */
+    int hd = cfg_head_dim(c);
+    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, hd,
+                                                 c->n_heads, cfg_kv_heads(c), freqs);
+    LAUNCHED("rope_kernel");
+    /* K, V cached; attend; o_proj, residual */
+    cache_attention(d, c, gb, &t, ws);
+    linear(d, d->attn, rows, qw, L->wo, w->q4, L->bo, h, x, OUT_ADD);
+    /* post-attention norm, the SwiGLU MLP */
+    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);
+    linear(d, d->h, rows, h, L->gate_w, w->q4, L->gate_b, f, gate, OUT_SET);
+    linear(d, d->h, rows, h, L->up_w, w->q4, L->up_b, f, up, OUT_SET);
+    size_t n = (size_t)rows * f;
+    swiglu_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(gate, up, n);
+    LAUNCHED("swiglu_kernel");
+    /* down_proj, residual */
+    linear(d, gate, rows, f, L->down_w, w->q4, L->down_b, h, x, OUT_ADD);
+    layer_graph_ends(d, graph);
+}
+
+/* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
+static void cuda_llama_output(const model_weights *w, gpu_batch *gb, model_workspace *ws,
+                              float *logits) {
+    const model_config *c = &w->cfg;
+    cuda_ws *d = (cuda_ws *)ws->device;
+    int h = c->hidden, rows = last_rows(d, gb, h);
+    rms_norm(d->h, rows, h, w->final_ln_w, c->rms_eps, d->h);
+    lm_head(d, w, d->h, rows, logits);
+}
+
+/* ============================================================================================
+ * The table, once a GPU is found
+ * ============================================================================================ */
+
+/* The fields in model.h's order, as app/cpu_backend.c's fg_cpu_backend lists them. */
+static const fg_backend cuda_backend = {
+    .name = "cuda",
+    .gpu_is_host = 0,
+    .weight_elem = 2, /* fp16 */
+    .act_elem = FG_CUDA_ACT_ELEM, /* fp16 */
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .weights_in = cuda_weights_in,
+    .weights_in_q4 = cuda_weights_in_q4,
+    .widen_q4 = cuda_widen_q4,
+    .copy_in = cuda_copy_in,
+    .copy_out = cuda_copy_out,
+    .copy = cuda_copy,
+    .copies_done = cuda_copies_done,
+    .finish = cuda_finish,
+    .join = cuda_join,
+    .counts = cuda_counts,
+    .workspace_bytes = fg_cuda_workspace_bytes,
+    .workspace_init = cuda_workspace_init,
+    .workspace_free = cuda_workspace_free,
+    .forward = {{cuda_embed, cuda_layer, cuda_output},                     /* FAMILY_OPT */
+                {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* FAMILY_LLAMA */
+    .device_memory = cuda_device_memory,
+    .reads_q4 = 1, /* 4-bit weights stay 4-bit: the products read the codes */
+    .device_reserve = FG_CUDA_RESERVE,
+    .host_reserve = FG_CUDA_HOST_RESERVE, /* the bounce buffers */
+    .delegated_bytes = fg_cuda_delegated_bytes,
+};
+
+extern "C" int fg_cuda_compiled(void) { return 1; }
+
+extern "C" const fg_backend *fg_cuda_backend(char *err) {
+    if (cuda_device_open(err)) return NULL;
+    return &cuda_backend;
+}
+
+/* ============================================================================================
+ * Kernels of the layer and their launches, in the order the layers call them: fp16 in and out,
+ * fp32 inside. Each kernel names its CPU twin and the test of tests/test_kernels.cu that holds
+ * the two together (the kernels suite, on a GPU or the emulated one).
+ * ============================================================================================ */
+
+/* ---- block reductions ---- */
 
 __device__ float warp_sum(float v) {
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -773,6 +362,58 @@ __device__ float block_max(float v, float *shared) {
     v = -INFINITY;
     for (int w = 0; w < warps; w++) v = fmaxf(v, shared[w]);
     return v;
+}
+
+/* ---- the embedding ---- */
+
+static table_view table_of(const void *values, int q4, int len, int dim) {
+    table_view t = {values, q4, len, dim};
+    return t;
+}
+
+/* Value i of row `row`, fp16: a 4-bit one widened as dequant_kernel widens it. */
+__device__ __half table_value(table_view t, int row, int i) {
+    size_t e = (size_t)row * t.dim + i;
+    if (t.q4) return __float2half_rn(q4_value((const uint8_t *)t.values, t.len, t.dim, e));
+    return ((const __half *)t.values)[e];
+}
+
+/* out = table[ids[row]], a block per row. CPU twin: opt_embed's matmul_embed_row of the token
+ * table (llama_embed's too). Test: test_embed, bit for bit, fp16 and 4-bit. */
+__global__ void gather_rows_kernel(table_view table, const int *ids, __half *out) {
+    int dim = table.dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        out[(size_t)blockIdx.x * dim + i] = table_value(table, ids[blockIdx.x], i);
+}
+
+/* x += pos[position_of(row)], a block per row. CPU twin: opt_embed's positions. Test: test_embed,
+ * bit for bit, fp16 and 4-bit. */
+__global__ void add_positions_kernel(__half *x, table_view pos, const int *past, const int *pad,
+                                     int n_new) {
+    int r = blockIdx.x, b = r / n_new, h = pos.dim;
+    int position = position_of(past[b], pad[b], r % n_new);
+    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+        size_t at = (size_t)r * h + i;
+        float p = __half2float(table_value(pos, position, i));
+        x[at] = __float2half_rn(__half2float(x[at]) + p);
+    }
+}
+
+/* ---- layer norm ---- */
+
+static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)NULL,
+                                                       (const __half *)w, (const __half *)b, y);
+    LAUNCHED("layer_norm_kernel");
+}
+
+/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y = layer_norm(x).
+ */
+static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
+                            const fp16 *b, __half *y) {
+    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias,
+                                                       (const __half *)w, (const __half *)b, y);
+    LAUNCHED("layer_norm_kernel");
 }
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row. CPU twin: opt_model.c's
@@ -802,29 +443,8 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
                                 __half2float(b[i]));
 }
 
-/* y += b[column], then ReLU if relu. CPU twin: opt_model.c's linear_layer, after its product.
- * Test: test_linear, every mode (and test_bias_layer_norm its OUT_ADD bits). */
-__global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float v = __half2float(y[i]) + __half2float(b[i % out]);
-    y[i] = __float2half_rn(relu && v < 0 ? 0 : v);
-}
-
-static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)NULL,
-                                                       (const __half *)w, (const __half *)b, y);
-    LAUNCHED("layer_norm_kernel");
-}
-
-/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y = layer_norm(x).
- */
-static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
-                            const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias,
-                                                       (const __half *)w, (const __half *)b, y);
-    LAUNCHED("layer_norm_kernel");
-}
+/* ---- the products: fp16 weights by cuBLAS; 4-bit weights (§5; quant.c has the layout) stay as
+ * they are stored, on the gpu tier and in staging (reads_q4) ---- */
 
 /* 4-bit products (§5). Up to Q4_DIRECT_ROWS rows of x (decode's) multiply the codes as they are
  * stored, Q4_PASS_ROWS at a pass; a product of more rows (prefill's) widens W into fp16 slices
@@ -838,6 +458,60 @@ static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, cons
 #define Q4_TILE 256 /* columns of a block: its warps' 32 lanes, 8 columns (4 bytes of codes) each */
 #define Q4_WARPS 8  /* a block's warps, which take its chunk's rows of W in turn */
 static_assert(Q4_TILE == Q4_WARPS * 32, "a block's threads: one a column of its tile");
+
+/* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
+ * which cuBLAS sees as the column-major W^T), or 4-bit in q4 parts (opt_model.c's linear_layer's
+ * q4: q|k|v 3; from the codes for decode's rows, widened for more), x and y fp16, fp32
+ * accumulation. */
+static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int q4,
+                   const fp16 *b, int out, __half *y, int mode) {
+    float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
+    if (q4 && rows <= Q4_DIRECT_ROWS) {
+        q4_product(d, x, rows, in, W, out, q4, y, mode == OUT_ADD);
+    } else if (q4) {
+        widened_linear(d, x, rows, in, W, out, q4, y, beta);
+    } else {
+        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W,
+                                  CUDA_R_16F, out, x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (!b) return;
+    size_t m = (size_t)rows * out;
+    bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b,
+                                                               mode == OUT_RELU);
+    LAUNCHED("bias_kernel");
+}
+
+/* y += b[column], then ReLU if relu. CPU twin: opt_model.c's linear_layer, after its product.
+ * Test: test_linear, every mode (and test_bias_layer_norm its OUT_ADD bits). */
+__global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = __half2float(y[i]) + __half2float(b[i % out]);
+    y[i] = __float2half_rn(relu && v < 0 ? 0 : v);
+}
+
+/* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
+ * Q4_DIRECT_ROWS: Q4_PASS_ROWS rows a pass, q4_rows_kernel's partial sums in the workspace's
+ * scratch, then q4_sum_kernel's (passes after the first read W again, mostly from the cache). */
+static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
+                       int parts, __half *y, int add) {
+    int k_chunk = fg_cuda_q4_k_chunk(in, out);
+    int chunks = (in + k_chunk - 1) / k_chunk;
+    int aligned = (uintptr_t)W % 4 == 0;
+    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_TILE), chunks);
+    for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
+        int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
+        q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x + (size_t)r0 * in, pass, in,
+                                                             (const uint8_t *)W, out, parts,
+                                                             k_chunk, aligned, d->q4_scratch);
+        LAUNCHED("q4_rows_kernel");
+        size_t n = (size_t)pass * out;
+        q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
+            d->q4_scratch, chunks, pass, out, y + (size_t)r0 * out, add);
+        LAUNCHED("q4_sum_kernel");
+    }
+}
 
 /* A 4-bit code as a float, exactly: 2^23 + q holds q in its mantissa's low bits (an OR and a
  * subtraction, where a conversion instruction would run at a fraction of the FMAs' rate). */
@@ -910,62 +584,21 @@ __global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int ou
     y[i] = __float2half_rn(total);
 }
 
-/* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
- * Q4_DIRECT_ROWS: Q4_PASS_ROWS rows a pass, q4_rows_kernel's partial sums in the workspace's
- * scratch, then q4_sum_kernel's (passes after the first read W again, mostly from the cache). */
-static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
-                       int parts, __half *y, int add) {
-    int k_chunk = fg_cuda_q4_k_chunk(in, out);
-    int chunks = (in + k_chunk - 1) / k_chunk;
-    int aligned = (uintptr_t)W % 4 == 0;
-    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_TILE), chunks);
-    for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
-        int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
-        q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x + (size_t)r0 * in, pass, in,
-                                                             (const uint8_t *)W, out, parts,
-                                                             k_chunk, aligned, d->q4_scratch);
-        LAUNCHED("q4_rows_kernel");
-        size_t n = (size_t)pass * out;
-        q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
-            d->q4_scratch, chunks, pass, out, y + (size_t)r0 * out, add);
-        LAUNCHED("q4_sum_kernel");
-    }
-}
-
-/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= Q4_PASS_ROWS, a 4-bit table E
- * [vocab][dim] as quant.c stores an embedding (outer 1, len vocab, inner dim): byte
- * (32 g + p) dim + i holds column i of rows 64 g + 2p (high half) and 64 g + 2p + 1 (low half),
- * and the groups' mins and scales follow, [G][dim] each. A warp a pair of rows, which share their
- * bytes: lane l reads bytes l, l + 32, ... side by side and multiplies the two values min + q
- * scale (fp32) into each row of x. CPU twin: lm_head's product by q4_decompress's values. Test:
- * test_q4_lm_head, within its bound of that product in double. */
-__global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
-                                float *logits) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int v = 2 * (blockIdx.x * (blockDim.x / 32) + warp);
-    if (v >= vocab) return;
-    size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v / Q4_GROUP;
-    const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
-    const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
-    const __half *scales = mins + G * dim;
-    float even[Q4_PASS_ROWS] = {0}, odd[Q4_PASS_ROWS] = {0};
-    for (int i = lane; i < dim; i += 32) {
-        uint32_t b = codes[i];
-        float scale = __half2float(scales[i]);
-        float min = __half2float(mins[i]);
-        float w_even = fmaf(code_value(b >> 4), scale, min);
-        float w_odd = fmaf(code_value(b & 15), scale, min);
-        for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
-            float xv = __half2float(x[(size_t)r * dim + i]);
-            even[r] = fmaf(xv, w_even, even[r]);
-            odd[r] = fmaf(xv, w_odd, odd[r]);
-        }
-    }
-    for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
-        float first = warp_sum(even[r]);
-        float second = warp_sum(odd[r]);
-        if (lane == 0) logits[(size_t)r * vocab + v] = first;
-        if (lane == 0 && v + 1 < vocab) logits[(size_t)r * vocab + v + 1] = second;
+/* y[rows][out] (=, += with beta 1) x[rows][in] W, slices of columns of W (of `parts` parts). */
+static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
+                           int parts, __half *y, float beta) {
+    int slice = (int)(d->widen_values / (size_t)in);
+    float one = 1;
+    if (slice < 1)
+        cuda_fail("widened_linear", __FILE__, __LINE__, "a row of W past the workspace's slice");
+    for (int j0 = 0; j0 < out; j0 += slice) {
+        int cols = out - j0 < slice ? out - j0 : slice;
+        widen_slice(d, W, (size_t)(out / parts), 1, (size_t)j0, (size_t)out, (size_t)in,
+                    (size_t)cols);
+        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, in, &one,
+                                  d->q4_scratch, CUDA_R_16F, cols, x, CUDA_R_16F, in, &beta,
+                                  y + j0, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
     }
 }
 
@@ -979,122 +612,81 @@ static void widen_slice(cuda_ws *d, const void *W, size_t len, size_t inner, siz
     widen((__half *)d->q4_scratch, W, len, inner, first, stride, width, count * width);
 }
 
-/* y[rows][out] (=, += with beta 1) x[rows][in] W, slices of columns of W (of `parts` parts). */
-static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
-                           int parts, __half *y, float beta) {
-    int slice = (int)(d->widen_values / (size_t)in);
-    float one = 1;
-    if (slice < 1) cuda_fail("widened_linear", __LINE__, "a row of W past the workspace's slice");
-    for (int j0 = 0; j0 < out; j0 += slice) {
-        int cols = out - j0 < slice ? out - j0 : slice;
-        widen_slice(d, W, (size_t)(out / parts), 1, (size_t)j0, (size_t)out, (size_t)in,
-                    (size_t)cols);
-        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, in, &one,
-                                  d->q4_scratch, CUDA_R_16F, cols, x, CUDA_R_16F, in, &beta,
-                                  y + j0, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-    }
+/* dequant_kernel's slice of src into dst, counted (the counters' `widened`). */
+static void widen(__half *dst, const void *src, size_t len, size_t inner, size_t first,
+                  size_t stride, size_t width, size_t n) {
+    count(&counts.widened, 1);
+    dequant_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>((const uint8_t *)src, len, inner,
+                                                                  first, stride, width, n, dst);
+    LAUNCHED("dequant_kernel");
 }
 
-/* logits[rows][vocab] = x[rows][dim] E^T, slices of rows of E. */
-static void widened_lm_head(cuda_ws *d, const __half *x, int rows, int dim, const void *E,
-                            int vocab, float *logits) {
-    int slice = (int)(d->widen_values / (size_t)dim);
-    float one = 1, zero = 0;
-    if (slice < 1) cuda_fail("widened_lm_head", __LINE__, "a row of lm_head past the slice");
-    for (int v0 = 0; v0 < vocab; v0 += slice) {
-        int n = vocab - v0 < slice ? vocab - v0 : slice;
-        widen_slice(d, E, (size_t)vocab, (size_t)dim, (size_t)v0 * dim, (size_t)dim, (size_t)n,
-                    (size_t)dim);
-        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, dim, &one,
-                                  d->q4_scratch, CUDA_R_16F, dim, x, CUDA_R_16F, dim, &zero,
-                                  logits + v0, CUDA_R_32F, vocab, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-    }
+static unsigned blocks_for(size_t n, unsigned threads) {
+    return (unsigned)((n + threads - 1) / threads);
 }
 
-/* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
- * which cuBLAS sees as the column-major W^T), or 4-bit in q4 parts (opt_model.c's linear_layer's
- * q4: q|k|v 3; from the codes for decode's rows, widened for more), x and y fp16, fp32
- * accumulation. */
-static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int q4,
-                   const fp16 *b, int out, __half *y, int mode) {
-    float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
-    if (q4 && rows <= Q4_DIRECT_ROWS) {
-        q4_product(d, x, rows, in, W, out, q4, y, mode == OUT_ADD);
-    } else if (q4) {
-        widened_linear(d, x, rows, in, W, out, q4, y, beta);
-    } else {
-        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W,
-                                  CUDA_R_16F, out, x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    if (!b) return;
-    size_t m = (size_t)rows * out;
-    bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b,
-                                                               mode == OUT_RELU);
-    LAUNCHED("bias_kernel");
+/* dst[a][b] = value first + a stride + b of a 4-bit tensor [outer][len][inner], for b < width
+ * and a width + b < n: a thread per value, min + q scale (model.h's q4_value, which the CPU builds
+ * too) rounded to fp16, the device's working format (a whole tensor: first 0, stride = width = n).
+ * CPU twin: quant.c's q4_decompress. Test: test_dequant, bit for bit after the fp16 rounding, whole
+ * tensors and slices. */
+__global__ void dequant_kernel(const uint8_t *src, size_t len, size_t inner, size_t first,
+                               size_t stride, size_t width, size_t n, __half *dst) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    dst[e] = __float2half_rn(q4_value(src, len, inner, first + e / width * stride + e % width));
 }
 
-/* An embedding table [len][dim] as the kernels read it: fp16, or 4-bit (q4: quant.c's layout
- * with outer 1, groups along len). */
-typedef struct {
-    const void *values;
-    int q4, len, dim;
-} table_view;
-
-static table_view table_of(const void *values, int q4, int len, int dim) {
-    table_view t = {values, q4, len, dim};
-    return t;
+/* A whole 4-bit tensor to fp16 (the profile's decompression rate). */
+static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, size_t inner) {
+    size_t n = outer * len * inner;
+    widen((__half *)dst, src, len, inner, 0, n, n, n);
 }
 
-/* Value i of row `row`, fp16: a 4-bit one widened as dequant_kernel widens it. */
-__device__ __half table_value(table_view t, int row, int i) {
-    size_t e = (size_t)row * t.dim + i;
-    if (t.q4) return __float2half_rn(q4_value((const uint8_t *)t.values, t.len, t.dim, e));
-    return ((const __half *)t.values)[e];
-}
+/* ---- attention: the KV cache (§4.2; 4-bit §5), prefill, decode, delegated ---- */
 
-/* out = table[ids[row]], a block per row. CPU twin: opt_embed's matmul_embed_row of the token
- * table (llama_embed's too). Test: test_embed, bit for bit, fp16 and 4-bit. */
-__global__ void gather_rows_kernel(table_view table, const int *ids, __half *out) {
-    int dim = table.dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        out[(size_t)blockIdx.x * dim + i] = table_value(table, ids[blockIdx.x], i);
-}
+/* The attention kernels' blocks: 8 warps. A warp takes whole keys, so that its 32 lanes read a
+ * key's row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time, their rows
+ * found first and then read together so that their loads are in flight at once; it sums the
+ * values PV_SLICE x 32 dims at a time, in registers. The query waits in shared memory as fp32, up
+ * to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
+ * FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for their sums). */
+#define ATTENTION_THREADS 256
+#define KEYS_AT_ONCE 4
+#define PV_SLICE 4
+#define MAX_HEAD_DIM 1024
+#define MERGE_THREADS 128
 
-/* x += pos[position_of(row)], a block per row. CPU twin: opt_embed's positions. Test: test_embed,
- * bit for bit, fp16 and 4-bit. */
-__global__ void add_positions_kernel(__half *x, table_view pos, const int *past, const int *pad,
-                                     int n_new) {
-    int r = blockIdx.x, b = r / n_new, h = pos.dim;
-    int position = position_of(past[b], pad[b], r % n_new);
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
-        size_t at = (size_t)r * h + i;
-        float p = __half2float(table_value(pos, position, i));
-        x[at] = __float2half_rn(__half2float(x[at]) + p);
-    }
-}
-
-/* x = embed_tokens[token] (through project_in for 350m) + embed_positions[position]. */
-static void cuda_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
-    const model_config *c = &w->cfg;
-    cuda_ws *d = (cuda_ws *)ws->device;
+/* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
+ * prefill after cached tokens) by queue_attention's kernels, delegated sequences on the CPU. */
+static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
+                            const model_workspace *ws) {
     cudaStream_t s = ctx()->stream;
-    int rows = gb->batch * gb->n_new;
-    __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
-    token_table t = upload_tokens(d, gb);
-    table_view tokens = table_of(w->embed_tokens, w->q4, c->vocab, c->word_dim);
-    table_view positions = table_of(w->embed_positions, w->q4, c->max_pos + 2, c->hidden);
-    gather_rows_kernel<<<rows, 256, 0, s>>>(tokens, t.tokens, words);
-    LAUNCHED("gather_rows_kernel");
-    if (w->project_in)
-        linear(d, d->h, rows, c->word_dim, w->project_in, w->q4, NULL, c->hidden, x, OUT_SET);
-    add_positions_kernel<<<rows, 256, 0, s>>>(x, positions, t.past, t.pad, gb->n_new);
-    LAUNCHED("add_positions_kernel");
+    int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    qkv_layout at = qkv_layout_of(c, (size_t)rows);
+    size_t groups = (size_t)rows * 2 * KV * G;
+    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(
+        d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV, gb->kv_q4, t->k, t->v, t->shift,
+        t->pages, t->max_pages, gb->page_tokens);
+    LAUNCHED("store_kv_kernel");
+    int prompts_only = gb->n_new > 1; /* prefill alone */
+    for (int b = 0; b < gb->batch; b++) prompts_only &= gb->past[b] == 0;
+    if (prompts_only) {
+        for (int b = 0; b < gb->batch; b++)
+            if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
+    } else if (t->on_device > 0) {
+        attention_split a = {d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift,
+                             t->pages, t->max_pages, gb->page_tokens, gb->n_new, hd, H, KV,
+                             gb->kv_q4, 0, 1.0f / sqrtf((float)hd), NULL};
+        queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
+                        d->span_slots);
+    }
+    /* its copies follow on this stream */
+    if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);
 }
 
-/* ---- the KV cache (§4.2; 4-bit §5) ---- */
+/* ---- the KV cache store ---- */
 
 /* The smallest fp16 at or above x >= 0 (quant.c's fp16_at_least). */
 __device__ __half half_at_least(float x) {
@@ -1168,6 +760,96 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
+/* ---- prefill: a prompt's attention by cuBLAS ---- */
+
+/* Prefill (len 0) of device sequence b: scores = scale Q K^T (fp32) and out = P V, products
+ * batched over the query heads on fp16 inputs (cuBLAS sees row-major [n][width] slices as
+ * column-major): one product over every head (OPT), or one per K/V head over the query heads that
+ * share it, its K and V repeated by a batch stride of 0 (grouped-query attention). */
+static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b) {
+    int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c),
+        qw = q_width(c);
+    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
+    float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
+    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0],
+                 *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
+    const __half *v = d->qkv + at.at[2] + (size_t)b * n * at.stride[2];
+    int calls = group == 1 ? 1 : H / group, batch = group == 1 ? H : group;
+    long long kv_stride = group == 1 ? hd : 0;
+    for (int j = 0; j < calls; j++) /* scores of query heads j batch .. (j + 1) batch - 1 */
+        BLAS_PRODUCT(cublasGemmStridedBatchedEx(
+            blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale, k + (size_t)j * hd, CUDA_R_16F,
+            (int)at.stride[1], kv_stride, q + (size_t)j * batch * hd, CUDA_R_16F, (int)at.stride[0],
+            hd, &zero, d->scores + (size_t)j * batch * n * n, CUDA_R_32F, n, (long long)n * n,
+            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    dim3 grid(n, H);
+    prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, d->probs, n, gb->pad[b]);
+    LAUNCHED("prefill_softmax_kernel");
+    for (int j = 0; j < calls; j++)
+        BLAS_PRODUCT(cublasGemmStridedBatchedEx(
+            blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one, v + (size_t)j * hd, CUDA_R_16F,
+            (int)at.stride[2], kv_stride, d->probs + (size_t)j * batch * n * n, CUDA_R_16F, n,
+            (long long)n * n, &zero, d->attn + (size_t)b * n * qw + (size_t)j * batch * hd,
+            CUDA_R_16F, qw, hd, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
+ * fp32 and stored fp16; others, and the rows of padding queries, are 0. A block per (query,
+ * head). CPU twin: opt_model.c's softmax over a prompt's causal rows (attention). Test:
+ * test_prefill, prefill_attention within its bound of softmax attention in double. */
+__global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad) {
+    __shared__ float shared[32];
+    int t = blockIdx.x;
+    size_t at = ((size_t)blockIdx.y * n + t) * n;
+    float *row = scores + at;
+    float m = -INFINITY, sum = 0;
+    for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m, shared);
+    for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) sum += row[j] = expf(row[j] - m);
+    sum = block_sum(sum, shared);
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        probs[at + j] = __float2half_rn(j >= pad && j <= t ? row[j] / sum : 0);
+}
+
+/* ---- decode (and prefill after cached tokens): the attention kernels ---- */
+
+/* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
+ * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
+ * host_pad saying which) attention_kernel, a block a query, since the rank needs all of a
+ * query's scores; otherwise the split over keys, attention_span_kernel's block a span of
+ * FG_CUDA_SPAN_KEYS keys of each query (so that long contexts fill the card with blocks, and
+ * each block has its keys' loads in flight) and attention_merge_kernel, two launches. Short
+ * contexts take one span. The spans' sums go to `partials`, span_slots of them (the workspace
+ * holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs more, of more
+ * query rows, goes to attention_kernel too, whose blocks a query then fill the card. */
+static void queue_attention(attention_split a, int batch, const int *host_past,
+                            const int *host_pad, float sparsity, float *partials,
+                            size_t span_slots) {
+    cudaStream_t s = ctx()->stream;
+    int nk = 1, top_k = 0; /* the keys a query sees at most; a query takes top-K */
+    for (int b = 0; b < batch; b++) {
+        int keys = host_past[b] + a.n_new - host_pad[b];
+        nk = keys > nk ? keys : nk;
+        top_k |= sparsity < 1 && a.n_new - host_pad[b] == 1 && host_past[b] > 0;
+    }
+    a.spans = fg_cuda_attention_spans(nk);
+    a.partials = partials;
+    if (!top_k && (size_t)batch * a.n_new * a.heads * a.spans <= span_slots) {
+        dim3 spans(a.heads * a.spans, batch, a.n_new);
+        attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_span_kernel");
+        dim3 queries(a.heads, batch, a.n_new);
+        attention_merge_kernel<<<queries, MERGE_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_merge_kernel");
+        return;
+    }
+    dim3 queries(a.heads, batch, a.n_new);
+    attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(
+        a.qkv, a.at, a.attn, a.past, a.pad, a.kc, a.vc, a.shift, a.pages, a.max_pages,
+        a.page_tokens, a.n_new, a.hd, a.heads, a.kv_heads, a.q4, a.scale, sparsity);
+    LAUNCHED("attention_kernel");
+}
+
 /* One K/V head's keys (or values) as a query reads them: the cache's rows below `past`, through
  * the page table (rows of heads x hd, fp16 or 4-bit), and this step's fp16 rows from `past` on,
  * `stride` apart. A 4-bit row is [heads][hd][1] in quant.c's layout, read by model.h's q4_value:
@@ -1208,18 +890,6 @@ __device__ float kv_at(kv_row r, int d, int hd) {
     if (r.half) return __half2float(r.half[d]);
     return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
 }
-
-/* The attention kernels' blocks: 8 warps. A warp takes whole keys, so that its 32 lanes read a
- * key's row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time, their rows
- * found first and then read together so that their loads are in flight at once; it sums the
- * values PV_SLICE x 32 dims at a time, in registers. The query waits in shared memory as fp32, up
- * to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
- * FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for their sums). */
-#define ATTENTION_THREADS 256
-#define KEYS_AT_ONCE 4
-#define PV_SLICE 4
-#define MAX_HEAD_DIM 1024
-#define MERGE_THREADS 128
 
 /* scores[i] = scale q.K[first + i] for n keys: a warp per key, its lanes over d, summed by
  * shuffles (a key past the last reads the last, and is dropped). */
@@ -1357,23 +1027,6 @@ static size_t attention_shared_bytes(int nk) {
     return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
 }
 
-/* A step's attention as the split's kernels take it: attention_kernel's arguments (q, k and v in
- * qkv as `at` lays them out, the output rows attn, the cache table's rows, pointers and pages),
- * and the spans' sums: partials[((row b n_new + t) heads + head) spans + span][hd + 2], a span's
- * sum of weights times values (hd floats), its max score and its sum of weights. */
-typedef struct {
-    const __half *qkv;
-    qkv_layout at;
-    __half *attn;
-    const int *past, *pad;
-    void *const *kc, *const *vc;
-    long long shift;
-    const int *pages;
-    int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans;
-    float scale;
-    float *partials;
-} attention_split;
-
 /* A span's sums of one query (the split over keys of flash-decoding: the keys of a query cut into
  * spans, each a block, whose partial softmax sums a second pass merges). Block (head x spans +
  * span, sequence b, row t) takes keys [span FG_CUDA_SPAN_KEYS, + FG_CUDA_SPAN_KEYS) of those the
@@ -1457,68 +1110,7 @@ __global__ void attention_merge_kernel(attention_split a) {
     }
 }
 
-/* Prefill probabilities of one sequence: row t (query slot t) keeps keys [pad, t], softmaxed in
- * fp32 and stored fp16; others, and the rows of padding queries, are 0. A block per (query,
- * head). CPU twin: opt_model.c's softmax over a prompt's causal rows (attention). Test:
- * test_prefill, prefill_attention within its bound of softmax attention in double. */
-__global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad) {
-    __shared__ float shared[32];
-    int t = blockIdx.x;
-    size_t at = ((size_t)blockIdx.y * n + t) * n;
-    float *row = scores + at;
-    float m = -INFINITY, sum = 0;
-    for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, row[j]);
-    m = block_max(m, shared);
-    for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) sum += row[j] = expf(row[j] - m);
-    sum = block_sum(sum, shared);
-    for (int j = threadIdx.x; j < n; j += blockDim.x)
-        probs[at + j] = __float2half_rn(j >= pad && j <= t ? row[j] / sum : 0);
-}
-
-/* Prefill (len 0) of device sequence b: scores = scale Q K^T (fp32) and out = P V, products
- * batched over the query heads on fp16 inputs (cuBLAS sees row-major [n][width] slices as
- * column-major): one product over every head (OPT), or one per K/V head over the query heads that
- * share it, its K and V repeated by a batch stride of 0 (grouped-query attention). */
-static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b) {
-    int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c),
-        qw = q_width(c);
-    qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
-    float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
-    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0],
-                 *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
-    const __half *v = d->qkv + at.at[2] + (size_t)b * n * at.stride[2];
-    int calls = group == 1 ? 1 : H / group, batch = group == 1 ? H : group;
-    long long kv_stride = group == 1 ? hd : 0;
-    for (int j = 0; j < calls; j++) /* scores of query heads j batch .. (j + 1) batch - 1 */
-        BLAS_PRODUCT(cublasGemmStridedBatchedEx(
-            blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, &scale, k + (size_t)j * hd, CUDA_R_16F,
-            (int)at.stride[1], kv_stride, q + (size_t)j * batch * hd, CUDA_R_16F, (int)at.stride[0],
-            hd, &zero, d->scores + (size_t)j * batch * n * n, CUDA_R_32F, n, (long long)n * n,
-            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    dim3 grid(n, H);
-    prefill_softmax_kernel<<<grid, 128, 0, ctx()->stream>>>(d->scores, d->probs, n, gb->pad[b]);
-    LAUNCHED("prefill_softmax_kernel");
-    for (int j = 0; j < calls; j++)
-        BLAS_PRODUCT(cublasGemmStridedBatchedEx(
-            blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, &one, v + (size_t)j * hd, CUDA_R_16F,
-            (int)at.stride[2], kv_stride, d->probs + (size_t)j * batch * n * n, CUDA_R_16F, n,
-            (long long)n * n, &zero, d->attn + (size_t)b * n * qw + (size_t)j * batch * hd,
-            CUDA_R_16F, qw, hd, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-/* The host rows of delegated attention, for `rows` token rows: the CPU backend's workspace and a
- * pinned fp16 buffer, (re)made when more rows are needed than they hold. */
-static void host_rows_ready(cuda_ws *d, const model_config *c, size_t rows, int max_len) {
-    if (rows <= d->host_rows) return;
-    free_host_rows(d);
-    char err[FG_ERR_LEN];
-    if (model_workspace_init(&d->host, c, rows, 0, max_len, err))
-        cuda_fail("model_workspace_init", __LINE__, err);
-    d->host_rows = rows;
-    d->host16 = (fp16 *)cuda_host_alloc(rows * qkv_width(c) * sizeof(fp16), 1);
-    if (!d->host16)
-        cuda_fail("cuda_host_alloc", __LINE__, "out of host memory for delegated attention");
-}
+/* ---- delegated attention: a cache in host memory (§4.2) ---- */
 
 /* Delegated sequences (cache in host memory, §4.2): their q, k, v rows to the host (fp16, widened
  * there, in the layout the CPU gives that many rows), the CPU backend's store and attention, the
@@ -1557,133 +1149,7 @@ static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb
     }
 }
 
-/* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
- * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
- * host_pad saying which) attention_kernel, a block a query, since the rank needs all of a
- * query's scores; otherwise the split over keys, attention_span_kernel's block a span of
- * FG_CUDA_SPAN_KEYS keys of each query (so that long contexts fill the card with blocks, and
- * each block has its keys' loads in flight) and attention_merge_kernel, two launches. Short
- * contexts take one span. The spans' sums go to `partials`, span_slots of them (the workspace
- * holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs more, of more
- * query rows, goes to attention_kernel too, whose blocks a query then fill the card. */
-static void queue_attention(attention_split a, int batch, const int *host_past,
-                            const int *host_pad, float sparsity, float *partials,
-                            size_t span_slots) {
-    cudaStream_t s = ctx()->stream;
-    int nk = 1, top_k = 0; /* the keys a query sees at most; a query takes top-K */
-    for (int b = 0; b < batch; b++) {
-        int keys = host_past[b] + a.n_new - host_pad[b];
-        nk = keys > nk ? keys : nk;
-        top_k |= sparsity < 1 && a.n_new - host_pad[b] == 1 && host_past[b] > 0;
-    }
-    a.spans = fg_cuda_attention_spans(nk);
-    a.partials = partials;
-    if (!top_k && (size_t)batch * a.n_new * a.heads * a.spans <= span_slots) {
-        dim3 spans(a.heads * a.spans, batch, a.n_new);
-        attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
-        LAUNCHED("attention_span_kernel");
-        dim3 queries(a.heads, batch, a.n_new);
-        attention_merge_kernel<<<queries, MERGE_THREADS, 0, s>>>(a);
-        LAUNCHED("attention_merge_kernel");
-        return;
-    }
-    dim3 queries(a.heads, batch, a.n_new);
-    attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(
-        a.qkv, a.at, a.attn, a.past, a.pad, a.kc, a.vc, a.shift, a.pages, a.max_pages,
-        a.page_tokens, a.n_new, a.hd, a.heads, a.kv_heads, a.q4, a.scale, sparsity);
-    LAUNCHED("attention_kernel");
-}
-
-/* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
- * prefill after cached tokens) by queue_attention's kernels, delegated sequences on the CPU. */
-static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
-                            const model_workspace *ws) {
-    cudaStream_t s = ctx()->stream;
-    int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
-    qkv_layout at = qkv_layout_of(c, (size_t)rows);
-    size_t groups = (size_t)rows * 2 * KV * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(
-        d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV, gb->kv_q4, t->k, t->v, t->shift,
-        t->pages, t->max_pages, gb->page_tokens);
-    LAUNCHED("store_kv_kernel");
-    int prompts_only = gb->n_new > 1; /* prefill alone */
-    for (int b = 0; b < gb->batch; b++) prompts_only &= gb->past[b] == 0;
-    if (prompts_only) {
-        for (int b = 0; b < gb->batch; b++)
-            if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
-    } else if (t->on_device > 0) {
-        attention_split a = {d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift,
-                             t->pages, t->max_pages, gb->page_tokens, gb->n_new, hd, H, KV,
-                             gb->kv_q4, 0, 1.0f / sqrtf((float)hd), NULL};
-        queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
-                        d->span_slots);
-    }
-    /* its copies follow on this stream */
-    if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);
-}
-
-/* ---- A decode layer as one CUDA Graph: the kernels (and cuBLAS products) of a layer are
- * captured from the compute stream instead of launched, and the graph is launched as one. Every
- * layer of a decode step has the same kernels in the same order with other arguments (weights,
- * cache pointers and shift, grid sizes as the batch and the keys grow), so one instantiated graph
- * serves them all: each layer's capture updates it (cudaGraphExecUpdate, which leaves launches
- * already queued as they were), and a capture whose kernels differ (the attention's split over
- * keys begins, say) instantiates it anew. The host queues one graph launch a layer for the ten
- * or so kernels (the counters' graph_launches). Not captured: prefill, a layer with delegated
- * sequences (their rows go to the host and back), FLEXGEN_CUDA_SYNC=1 and FLEXGEN_CUDA_GRAPHS=0. */
-static int layer_graph_begins(cuda_ws *d, const gpu_batch *gb, const cache_table *t) {
-    if (!d->graphs || gb->n_new != 1 || t->on_device < gb->batch) return 0;
-    thread_ctx *c = ctx();
-    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-    c->capturing = 1;
-    return 1;
-}
-
-static void layer_graph_ends(cuda_ws *d, int captured) {
-    if (!captured) return;
-    thread_ctx *c = ctx();
-    cudaGraph_t graph;
-    cudaGraphExecUpdateResultInfo info;
-    c->capturing = 0;
-    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
-    if (!d->layer_graph || cudaGraphExecUpdate(d->layer_graph, graph, &info) != cudaSuccess) {
-        cudaGetLastError(); /* an update refused: other kernels; instantiated anew */
-        if (d->layer_graph) CUDA_CHECK(cudaGraphExecDestroy(d->layer_graph));
-        CUDA_CHECK(cudaGraphInstantiate(&d->layer_graph, graph, 0));
-    }
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    CUDA_CHECK(cudaGraphLaunch(d->layer_graph, c->stream));
-    count(&counts.graph_launches, 1);
-    note_queued();
-}
-
-/* One decoder layer (opt_model.c's opt_layer, step for step, on fp16 hidden states). Its tables
- * go up first, outside the graph (an upload may wait for its slot's last one). */
-static void cuda_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace *ws) {
-    const model_config *c = &w->cfg;
-    const layer_weights *L = &w->layers[layer];
-    cuda_ws *d = (cuda_ws *)ws->device;
-    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
-    __half *x = (__half *)gb->x;
-    const __half *in = x;
-    cache_table t = upload_cache(d, gb);
-    int graph = layer_graph_begins(d, gb, &t);
-    if (c->pre_ln) {
-        layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, d->h);
-        in = d->h;
-    }
-    linear(d, in, rows, h, L->wqkv, 3 * w->q4, L->bqkv, (int)qkv_width(c), d->qkv, OUT_SET);
-    cache_attention(d, c, gb, &t, ws);
-    /* out_proj's bias comes with the norm: one launch */
-    linear(d, d->attn, rows, h, L->wo, w->q4, NULL, h, x, OUT_ADD);
-    if (c->pre_ln) bias_layer_norm(x, rows, h, L->bo, L->ffn_ln_w, L->ffn_ln_b, d->h);
-    else bias_layer_norm(x, rows, h, L->bo, L->attn_ln_w, L->attn_ln_b, x);
-    linear(d, c->pre_ln ? d->h : x, rows, h, L->fc1_w, w->q4, L->fc1_b, f, d->ffn, OUT_RELU);
-    linear(d, d->ffn, rows, f, L->fc2_w, w->q4, L->fc2_b, h, x, OUT_ADD);
-    if (!c->pre_ln) layer_norm(x, rows, h, L->ffn_ln_w, L->ffn_ln_b, x);
-    layer_graph_ends(d, graph);
-}
+/* ---- the output: the last rows, lm_head ---- */
 
 /* Into d->h: the last row of each sequence of x, or every row with all_rows; their count. */
 static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
@@ -1723,25 +1189,67 @@ static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int row
                               CUBLAS_GEMM_DEFAULT));
 }
 
-/* logits[b] = lm_head(project_out(final_LN(x of b's last token))), or of every row with
- * all_rows. */
-static void cuda_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
-    const model_config *c = &w->cfg;
-    cuda_ws *d = (cuda_ws *)ws->device;
-    int h = c->hidden, rows = last_rows(d, gb, h);
-    if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
-    const __half *last = d->h;
-    if (w->project_out) {
-        linear(d, d->h, rows, h, w->project_out, w->q4, NULL, c->word_dim, d->qkv, OUT_SET);
-        last = d->qkv;
+/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= Q4_PASS_ROWS, a 4-bit table E
+ * [vocab][dim] as quant.c stores an embedding (outer 1, len vocab, inner dim): byte
+ * (32 g + p) dim + i holds column i of rows 64 g + 2p (high half) and 64 g + 2p + 1 (low half),
+ * and the groups' mins and scales follow, [G][dim] each. A warp a pair of rows, which share their
+ * bytes: lane l reads bytes l, l + 32, ... side by side and multiplies the two values min + q
+ * scale (fp32) into each row of x. CPU twin: lm_head's product by q4_decompress's values. Test:
+ * test_q4_lm_head, within its bound of that product in double. */
+__global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
+                                float *logits) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int v = 2 * (blockIdx.x * (blockDim.x / 32) + warp);
+    if (v >= vocab) return;
+    size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v / Q4_GROUP;
+    const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
+    const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
+    const __half *scales = mins + G * dim;
+    float even[Q4_PASS_ROWS] = {0}, odd[Q4_PASS_ROWS] = {0};
+    for (int i = lane; i < dim; i += 32) {
+        uint32_t b = codes[i];
+        float scale = __half2float(scales[i]);
+        float min = __half2float(mins[i]);
+        float w_even = fmaf(code_value(b >> 4), scale, min);
+        float w_odd = fmaf(code_value(b & 15), scale, min);
+        for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
+            float xv = __half2float(x[(size_t)r * dim + i]);
+            even[r] = fmaf(xv, w_even, even[r]);
+            odd[r] = fmaf(xv, w_odd, odd[r]);
+        }
     }
-    lm_head(d, w, last, rows, logits);
+    for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
+        float first = warp_sum(even[r]);
+        float second = warp_sum(odd[r]);
+        if (lane == 0) logits[(size_t)r * vocab + v] = first;
+        if (lane == 0 && v + 1 < vocab) logits[(size_t)r * vocab + v + 1] = second;
+    }
 }
 
-/* ============================================================================================
- * The LLaMA family (llama_model.c's steps, on fp16 hidden states): RMSNorm, RoPE and SwiGLU here;
- * the products, the cache and attention (grouped-query) as above.
- * ============================================================================================ */
+/* logits[rows][vocab] = x[rows][dim] E^T, slices of rows of E. */
+static void widened_lm_head(cuda_ws *d, const __half *x, int rows, int dim, const void *E,
+                            int vocab, float *logits) {
+    int slice = (int)(d->widen_values / (size_t)dim);
+    float one = 1, zero = 0;
+    if (slice < 1)
+        cuda_fail("widened_lm_head", __FILE__, __LINE__, "a row of lm_head past the slice");
+    for (int v0 = 0; v0 < vocab; v0 += slice) {
+        int n = vocab - v0 < slice ? vocab - v0 : slice;
+        widen_slice(d, E, (size_t)vocab, (size_t)dim, (size_t)v0 * dim, (size_t)dim, (size_t)n,
+                    (size_t)dim);
+        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, dim, &one,
+                                  d->q4_scratch, CUDA_R_16F, dim, x, CUDA_R_16F, dim, &zero,
+                                  logits + v0, CUDA_R_32F, vocab, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+/* ---- the LLaMA family's kernels: RMSNorm, RoPE, SwiGLU ---- */
+
+static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float eps, __half *y) {
+    rms_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, eps, y);
+    LAUNCHED("rms_norm_kernel");
+}
 
 /* y = x / sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm), a block per row; y may alias x. CPU
  * twin: llama_model.c's rms_norm. Test: test_rms_norm, within its bound of RMSNorm in double. */
@@ -1756,14 +1264,6 @@ __global__ void rms_norm_kernel(const __half *x, int dim, const __half *w, float
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         yr[i] = __float2half_rn(__half2float(w[i]) * (__half2float(xr[i]) * inv));
 }
-
-static void rms_norm(const __half *x, int rows, int dim, const fp16 *w, float eps, __half *y) {
-    rms_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)w, eps, y);
-    LAUNCHED("rms_norm_kernel");
-}
-
-/* RoPE's inverse frequencies, by value (head_dim <= 1024). */
-typedef struct { float f[512]; } rope_freqs;
 
 /* RoPE in HF's layout (pair i: dimensions i and i + hd/2 of a head) on the q heads and the k
  * heads of each row at its position (its cache slot; padding rows too, unread): a block per row.
@@ -1790,180 +1290,4 @@ __global__ void swiglu_kernel(__half *gate, const __half *up, size_t n) {
     if (i >= n) return;
     float g = __half2float(gate[i]);
     gate[i] = __float2half_rn(g / (1.0f + expf(-g)) * __half2float(up[i]));
-}
-
-/* x = embed_tokens[token] (no position table). */
-static void cuda_llama_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
-    cuda_ws *d = (cuda_ws *)ws->device;
-    int rows = gb->batch * gb->n_new;
-    token_table t = upload_tokens(d, gb);
-    table_view tokens = table_of(w->embed_tokens, w->q4, w->cfg.vocab, w->cfg.hidden);
-    gather_rows_kernel<<<rows, 256, 0, ctx()->stream>>>(tokens, t.tokens, (__half *)gb->x);
-    LAUNCHED("gather_rows_kernel");
-}
-
-/* One decoder layer (llama_model.c's llama_layer, step for step); its tables first, as OPT's. */
-static void cuda_llama_layer(const model_weights *w, int layer, gpu_batch *gb,
-                             model_workspace *ws) {
-    const model_config *c = &w->cfg;
-    const layer_weights *L = &w->layers[layer];
-    cuda_ws *d = (cuda_ws *)ws->device;
-    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
-    __half *x = (__half *)gb->x, *gate = d->ffn, *up = d->ffn + (size_t)rows * f;
-    qkv_layout at = qkv_layout_of(c, (size_t)rows);
-    rope_freqs freqs;
-    rope_frequencies(c, freqs.f);
-    cache_table t = upload_cache(d, gb);
-    int graph = layer_graph_begins(d, gb, &t);
-    /* input_layernorm, then the q, k, v projections */
-    rms_norm(x, rows, h, L->attn_ln_w, c->rms_eps, d->h);
-    linear(d, d->h, rows, h, L->wq, w->q4, L->bq, qw, d->qkv + at.at[0], OUT_SET);
-    linear(d, d->h, rows, h, L->wk, w->q4, L->bk, kw, d->qkv + at.at[1], OUT_SET);
-    linear(d, d->h, rows, h, L->wv, w->q4, L->bv, kw, d->qkv + at.at[2], OUT_SET);
-    /* positions into q, k */
-    int hd = cfg_head_dim(c);
-    rope_kernel<<<rows, 128, 0, ctx()->stream>>>(d->qkv, at, gb->n_new, t.past, t.pad, hd,
-                                                 c->n_heads, cfg_kv_heads(c), freqs);
-    LAUNCHED("rope_kernel");
-    /* K, V cached; attend; o_proj, residual */
-    cache_attention(d, c, gb, &t, ws);
-    linear(d, d->attn, rows, qw, L->wo, w->q4, L->bo, h, x, OUT_ADD);
-    /* post-attention norm, the SwiGLU MLP */
-    rms_norm(x, rows, h, L->ffn_ln_w, c->rms_eps, d->h);
-    linear(d, d->h, rows, h, L->gate_w, w->q4, L->gate_b, f, gate, OUT_SET);
-    linear(d, d->h, rows, h, L->up_w, w->q4, L->up_b, f, up, OUT_SET);
-    size_t n = (size_t)rows * f;
-    swiglu_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(gate, up, n);
-    LAUNCHED("swiglu_kernel");
-    /* down_proj, residual */
-    linear(d, gate, rows, f, L->down_w, w->q4, L->down_b, h, x, OUT_ADD);
-    layer_graph_ends(d, graph);
-}
-
-/* logits[b] = lm_head(RMSNorm(x of b's last token)), or of every row with all_rows. */
-static void cuda_llama_output(const model_weights *w, gpu_batch *gb, model_workspace *ws,
-                              float *logits) {
-    const model_config *c = &w->cfg;
-    cuda_ws *d = (cuda_ws *)ws->device;
-    int h = c->hidden, rows = last_rows(d, gb, h);
-    rms_norm(d->h, rows, h, w->final_ln_w, c->rms_eps, d->h);
-    lm_head(d, w, d->h, rows, logits);
-}
-
-/* ============================================================================================
- * The table, once a GPU is found
- * ============================================================================================ */
-
-/* The device's free memory (its context already made by ctx()), less 2% of the device for other
- * processes and the driver's own growth. The plan then takes FG_CUDA_RESERVE off it as it does
- * off --gpu-mem: the context, already out of this free memory, is counted twice, on the safe
- * side. */
-static double cuda_device_memory(void) {
-    size_t free_bytes = 0, total = 0;
-    ctx();
-    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    double margin = 0.02 * (double)total;
-    return (double)free_bytes > margin ? (double)free_bytes - margin : 0;
-}
-
-/* The fields in model.h's order, as app/cpu_backend.c's fg_cpu_backend lists them. */
-static const fg_backend cuda_backend = {
-    .name = "cuda",
-    .gpu_is_host = 0,
-    .weight_elem = 2, /* fp16 */
-    .act_elem = FG_CUDA_ACT_ELEM, /* fp16 */
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
-    .weights_in = cuda_weights_in,
-    .weights_in_q4 = cuda_weights_in_q4,
-    .widen_q4 = cuda_widen_q4,
-    .copy_in = cuda_copy_in,
-    .copy_out = cuda_copy_out,
-    .copy = cuda_copy,
-    .copies_done = cuda_copies_done,
-    .finish = cuda_finish,
-    .join = cuda_join,
-    .counts = cuda_counts,
-    .workspace_bytes = fg_cuda_workspace_bytes,
-    .workspace_init = cuda_workspace_init,
-    .workspace_free = cuda_workspace_free,
-    .forward = {{cuda_embed, cuda_layer, cuda_output},                     /* FAMILY_OPT */
-                {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* FAMILY_LLAMA */
-    .device_memory = cuda_device_memory,
-    .reads_q4 = 1, /* 4-bit weights stay 4-bit: the products read the codes */
-    .device_reserve = FG_CUDA_RESERVE,
-    .host_reserve = FG_CUDA_HOST_RESERVE, /* the bounce buffers */
-    .delegated_bytes = fg_cuda_delegated_bytes,
-};
-
-static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
-static char probe_error[FG_ERR_LEN];
-
-/* Whether this build has code the GPU runs (its own architecture's, or PTX of an older one that the
- * driver compiles); if not, `why` names the GPU's compute capability and the ones built. A GTX 10xx
- * (6.1) or a V100 (7.0) gets this line rather than a failed first kernel. */
-static int has_code_for_device(char *why, size_t n) {
-    cudaFuncAttributes attr;
-    cudaDeviceProp prop;
-    if (cudaFuncGetAttributes(&attr, dequant_kernel) != cudaErrorNoKernelImageForDevice) return 1;
-    cudaGetLastError();
-    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
-        prop.major = 0;
-        prop.minor = 0;
-        prop.name[0] = 0;
-    }
-    static const int built[] = {__CUDA_ARCH_LIST__};
-    char list[128] = "";
-    for (size_t i = 0; i < sizeof built / sizeof *built; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d.%d", i ? ", " : "",
-                 built[i] / 100, built[i] / 10 % 10);
-    snprintf(why, n,
-             "GPU %d (%s) has compute capability %d.%d; this build has code for %s and newer",
-             device_index, prop.name, prop.major, prop.minor, list);
-    return 0;
-}
-
-static void probe(void) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
-        snprintf(probe_error, sizeof probe_error,
-                 "no GPU (no NVIDIA device, or no driver as new as "
-                 "this CUDA %d.%d runtime)",
-                 CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
-        return;
-    }
-    if (e != cudaSuccess) {
-        snprintf(probe_error, sizeof probe_error, "no usable GPU (%s)", cudaGetErrorString(e));
-        return;
-    }
-    if (n == 0) {
-        snprintf(probe_error, sizeof probe_error, "no GPU found");
-        return;
-    }
-    /* stages of a pipeline that share a machine take its GPUs in turn, by their local rank */
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = getenv("MPI_LOCALRANKID");
-    device_index = local ? atoi(local) % n : 0;
-    if (cudaSetDevice(device_index) != cudaSuccess)
-        snprintf(probe_error, sizeof probe_error, "cannot use GPU %d", device_index);
-    else if (!has_code_for_device(probe_error, sizeof probe_error))
-        return; /* probe_error names the GPU's capability and the build's */
-    else if (pthread_key_create(&ctx_key, ctx_destroy) != 0)
-        snprintf(probe_error, sizeof probe_error, "cannot create a thread key");
-    const char *sync = getenv("FLEXGEN_CUDA_SYNC");
-    sync_each_kernel = sync && *sync && strcmp(sync, "0");
-}
-
-extern "C" int fg_cuda_compiled(void) { return 1; }
-
-extern "C" const fg_backend *fg_cuda_backend(char *err) {
-    pthread_once(&probe_once, probe);
-    if (probe_error[0]) {
-        fg_fail(err, "%s", probe_error);
-        return NULL;
-    }
-    return &cuda_backend;
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""check_cuda_bugs.py: plants bugs of the kinds a GPU punishes in a copy of flexgen.cu, one at a
-time, and runs the emulated GPU's suites (build-emu/test_flexgen: emu, kernels, gpu) on each. A bug
-is caught when the suites fail: a failed test, or the run ended by the harness's report (a host
-access to device memory, a kernel past an allocation) or by flexgen.cu's own check of a CUDA or
-cuBLAS call. docs/TESTS.md lists the bugs and what caught each.
+"""check_cuda_bugs.py: plants bugs of the kinds a GPU punishes in a copy of the CUDA backend
+(flexgen.cu, and its plumbing, support/cuda_device.cu), one at a time, and runs the emulated
+GPU's suites (build-emu/test_flexgen: emu, kernels, gpu) on each. A bug is caught when the
+suites fail: a failed test, or the run ended by the harness's report (a host access to device
+memory, a kernel past an allocation) or by the backend's own check of a CUDA or cuBLAS call.
+docs/TESTS.md lists the bugs and what caught each.
 
 Usage: python3 scripts/check_cuda_bugs.py [N ...]   (from anywhere; N: the bugs to plant, 1-based)
        python3 scripts/check_cuda_bugs.py --patterns   (only that each bug's line is still there)
@@ -19,48 +20,62 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (what, the line or lines as flexgen.cu has them, the same with the bug)
+# (what, the file, the line or lines as that file has them, the same with the bug)
 BUGS = [
     ("an off-by-one in a kernel's bound (dequant_kernel: > for >=)",
+     "flexgen.cu",
      "    if (e >= n) return;\n    dst[e] = __float2half_rn(q4_value(",
      "    if (e > n) return;\n    dst[e] = __float2half_rn(q4_value("),
     ("a missing __syncthreads (block_sum's first barrier)",
+     "flexgen.cu",
      "v = warp_sum(v);\n    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;\n    __syncthreads();\n",
      "v = warp_sum(v);\n    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;\n"),
     ("a copy on the wrong stream (queue_copy_rows's plain copy on the legacy stream)",
+     "support/cuda_device.cu",
      "if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, c->stream));",
      "if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, 0));"),
     ("a missing event wait (cuda_copy_in refills a bounce buffer whose copy has not run)",
+     "support/cuda_device.cu",
      "        bounce_free(c, b); /* its last piece has left */\n",
      ""),
     ("a wrong leading dimension (linear's lda: in for out)",
+     "flexgen.cu",
      "&one, W,\n                                  CUDA_R_16F, out, x, CUDA_R_16F, in,",
      "&one, W,\n                                  CUDA_R_16F, in, x, CUDA_R_16F, in,"),
     ("a host read of device memory (cuda_layer reads x)",
+     "flexgen.cu",
      "    __half *x = (__half *)gb->x;\n    const __half *in = x;",
      "    __half *x = (__half *)gb->x;\n    if (__half_as_ushort(x[0]) == 0x7fff) abort();\n    const __half *in = x;"),
     ("a shared-memory race (attention_kernel's barrier before the warps' sums are added)",
+     "flexgen.cu",
      "partial[warp * width + lane + 32 * k] = acc[k];\n        __syncthreads();\n",
      "partial[warp * width + lane + 32 * k] = acc[k];\n"),
     ("the attention's second pass skipped (attention_merge_kernel merges the first span alone)",
+     "flexgen.cu",
      "    int nk = a.past[b] + t - a.pad[b] + 1, used = (nk + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;",
      "    int nk = a.past[b] + t - a.pad[b] + 1, used = nk > 0;"),
     ("a wrong __half rounding (layer_norm_kernel rounds toward zero)",
+     "flexgen.cu",
      "        yr[i] = __float2half_rn((__half2float(xr[i])",
      "        yr[i] = __float2half_rz((__half2float(xr[i])"),
     ("swapped nibbles (the 4-bit cache store)",
+     "flexgen.cu",
      "bytes[p] = (uint8_t)(q[0] << 4 | q[1]);",
      "bytes[p] = (uint8_t)(q[1] << 4 | q[0]);"),
     ("a widening put back in 4-bit decode (linear's product from the codes for no rows)",
+     "flexgen.cu",
      "    if (q4 && rows <= Q4_DIRECT_ROWS) {",
      "    if (q4 && rows <= 0) {"),
     ("a chunk dropped from the 4-bit product's partial sums (q4_sum_kernel)",
+     "flexgen.cu",
      "for (int c = 0; c < chunks; c++) total += partial",
      "for (int c = 1; c < chunks; c++) total += partial"),
     ("a graph replayed after a shape change without its new arguments (layer_graph_ends never updates)",
+     "support/cuda_device.cu",
      "    if (!d->layer_graph || cudaGraphExecUpdate(d->layer_graph, graph, &info) != cudaSuccess) {",
      "    if (!d->layer_graph || (0 && cudaGraphExecUpdate(d->layer_graph, graph, &info))) {"),
     ("truncation for rounding (the 4-bit cache store)",
+     "flexgen.cu",
      "float t = __fadd_rn(__fmul_rn(__fsub_rn(x[e], min), inv), 0.5f);",
      "float t = __fmul_rn(__fsub_rn(x[e], min), inv);"),
 ]
@@ -90,12 +105,12 @@ def failures(stdout):
     return found
 
 
-def plant(n, what, old, new, work):
+def plant(n, what, where, old, new, work):
     copy_tree(work)
-    path = os.path.join(work, "flexgen.cu")
+    path = os.path.join(work, where)
     src = open(path).read()
     if src.count(old) != 1:
-        print(f"#{n} {what}: flexgen.cu no longer has the line this bug changes; update BUGS")
+        print(f"#{n} {what}: {where} no longer has the line this bug changes; update BUGS")
         return False
     open(path, "w").write(src.replace(old, new))
     build = subprocess.run("make -j2 flexgen-emu build-emu/test_flexgen", shell=True, cwd=work,
@@ -120,11 +135,12 @@ def plant(n, what, old, new, work):
 
 
 def patterns_apply():
-    """--patterns: each bug's line is in flexgen.cu exactly once (make test checks this, fast)."""
-    src = open(os.path.join(ROOT, "flexgen.cu")).read()
-    stale = [f"#{n} {what}" for n, (what, old, new) in enumerate(BUGS, 1) if src.count(old) != 1]
-    for line in stale:
-        print(f"check_cuda_bugs.py: {line}: flexgen.cu no longer has the line this bug changes; update BUGS")
+    """--patterns: each bug's line is in its file exactly once (make test checks this, fast)."""
+    stale = [(n, what, where) for n, (what, where, old, new) in enumerate(BUGS, 1)
+             if open(os.path.join(ROOT, where)).read().count(old) != 1]
+    for n, what, where in stale:
+        print(f"check_cuda_bugs.py: #{n} {what}: {where} no longer has the line this bug changes;"
+              " update BUGS")
     return 1 if stale else 0
 
 

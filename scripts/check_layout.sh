@@ -6,20 +6,26 @@
 # flexgen.c, lp.c) fit a reader's afternoon (3,800 lines together), the paper's two headers
 # (model.h, flexgen.h) 710 lines (both model families), README.md 200. What a reader meets
 # within them: no function in a paper file over 60 lines, nor any elsewhere over 100 (the --help
-# text aside); no line of a paper file over 100 columns; and the maps at the top of flexgen.c
-# and lp.c give each function's line.
+# text aside); no line of a paper file over 100 columns; the CUDA backend's two files
+# (flexgen.cu, support/cuda_device.cu) at most 1,500 lines each, and its layer (cuda_layer)
+# within flexgen.cu's first 300 lines; and the maps at the top of flexgen.c, lp.c and flexgen.cu
+# give each function's line.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
 #        bash scripts/check_layout.sh --fix-maps   (first writes each map row's line number anew)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
 # The line of each function named in a file's map, where its definition begins.
-defined_at='/^[a-z]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }'
+# (A CUDA kernel's begins with __global__; a forward declaration, ending in ';', is not one, and
+# the last match, the definition below its declarations, is the line.)
+defined_at='/^[a-z_]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?(__global__ )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }'
+map_row='/^ \* +[0-9]+  [a-z_][a-z0-9_]* /'
+mapped="flexgen.c lp.c flexgen.cu"
 if [ "${1:-}" = --fix-maps ]; then
-    for f in flexgen.c lp.c; do
-        awk 'FNR == NR && FNR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = 1 }
+    for f in $mapped; do
+        awk 'FNR == NR && FNR < 40 && '"$map_row"' { want[$3] = 1 }
             FNR == NR && '"$defined_at"'
-            FNR != NR && FNR < 40 && /^ \* +[0-9]+  [a-z_]+ / && ($3 in got) {
+            FNR != NR && FNR < 40 && '"$map_row"' && ($3 in got) {
                 sub(/^ \* +[0-9]+/, sprintf(" * %5d", got[$3])) }
             FNR != NR { print }' "$f" "$f" > "$f.maps" && mv "$f.maps" "$f"
     done
@@ -55,15 +61,20 @@ long_functions() { # limit, files...
 }
 # shellcheck disable=SC2086
 listed "functions over 60 lines in the paper files" "$(long_functions 60 $paper)"
-listed "functions over 100 lines elsewhere" "$(long_functions 100 support/*.c app/*.c)"
+listed "functions over 100 lines elsewhere" "$(long_functions 100 support/*.c support/*.cu app/*.c)"
 # shellcheck disable=SC2086
 listed "lines over 100 columns in the paper files" "$(awk 'length > 100 { print FILENAME ":" FNR }' $paper)"
+check "flexgen.cu" "$(wc -l <flexgen.cu)" 1500
+check "support/cuda_device.cu, the CUDA backend's plumbing" "$(wc -l <support/cuda_device.cu)" 1500
+# flexgen.cu's first screen: the layer that mirrors opt_model.c's opt_layer, soon after the map.
+layer_at=$(awk '/^static void cuda_layer\(/ { print FNR; exit }' flexgen.cu)
+check "flexgen.cu's cuda_layer begins at line" "${layer_at:-99999}" 300
 # The maps: " *  LINE  NAME  what" rows in a file's top comment, each the line of NAME's definition.
-for f in flexgen.c lp.c; do
-    wrong=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = $2 }
+for f in $mapped; do
+    wrong=$(awk 'NR < 40 && '"$map_row"' { want[$3] = $2 }
         '"$defined_at"'
         END { for (n in want) if (got[n] != want[n]) printf "%s at %s, not %s (--fix-maps writes it)\n", n, got[n], want[n] }' "$f")
-    rows=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ /' "$f" | wc -l)
+    rows=$(awk 'NR < 40 && '"$map_row" "$f" | wc -l)
     if [ "$rows" -gt 0 ] && [ -z "$wrong" ]; then echo "ok    $f's map: each of its $rows lines is its function's"
     else echo "MISS  $f's map ($rows rows):"; echo "$wrong"; fail=1; fi
 done

@@ -145,7 +145,8 @@ do_build() {
     fi
     local sm
     sm=$(sm_of_card) || { echo "no GPU: nvidia-smi cannot say its compute capability"; return 1; }
-    rm -f build/flexgen_cu.o build/test_kernels.o # built for this card's SM alone
+    # built for this card's SM alone
+    rm -f build/flexgen_cu.o build/cuda_device_cu.o build/test_kernels.o
     make -j"$JOBS" flexgen build/test_flexgen CUDA_SM="$sm"
 }
 

@@ -154,7 +154,7 @@ template <typename T> static T *host_array(size_t n) {
 
 template <typename T> static T *device_array(size_t n) {
     T *p = (T *)cuda_alloc((n ? n : 1) * sizeof(T));
-    if (!p) cuda_fail("cuda_alloc", __LINE__, "out of device memory for a kernel test");
+    if (!p) cuda_fail("cuda_alloc", __FILE__, __LINE__, "out of device memory for a kernel test");
     return p;
 }
 
