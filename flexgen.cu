@@ -1133,16 +1133,7 @@ static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb
         cuda_copies_done(); /* the rows are on the host (and the last run's copy in has left) */
         model_workspace host = d->host;
         fp16_to_fp32_n(d->host16, host.qkv, count * width);
-        gpu_batch part = *gb;
-        part.batch = b1 - b0;
-        part.past = gb->past + b0;
-        part.pad = gb->pad + b0;
-        part.k = gb->k + b0;
-        part.v = gb->v + b0;
-        part.k_pages = gb->k_pages + b0;
-        part.v_pages = gb->v_pages + b0;
-        part.v_rows_read = gb->v_rows_read + b0;
-        part.kv_in_host = gb->kv_in_host + b0;
+        gpu_batch part = gpu_batch_slice(gb, b0, b1 - b0, c->hidden * sizeof(__half));
         opt_cache_attention(c, &part, &host);
         fp32_to_fp16_n(host.attn, d->host16, count * qw);
         cuda_copy_in(d->attn + first * qw, d->host16, count * qw * sizeof(fp16));
