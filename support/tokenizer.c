@@ -1064,7 +1064,10 @@ static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) 
         for (int k = 0; k < N_SPECIAL; k++) { /* a special token that the decoder holds is it */
             special_token *s = &L->special[k];
             const added_token *a = s->given == 2 ? find_text(&L->decoder, s->tok.text, s->tok.len) : NULL;
-            if (a) s->tok = *a, s->object = 1;
+            if (a) {
+                s->tok = *a;
+                s->object = 1;
+            }
         }
     } else if (read_added_file(L, MAP_FILE, err) || read_special_keys(L, MAP_FILE, err) ||
                read_added_file(L, ADDED_FILE, err) || read_added_json(L, err)) {
@@ -1087,7 +1090,9 @@ static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) 
     for (int i = 0; i < L->encoder.n; i++) { /* what tokenize() looks up for an encoder text */
         added_token *e = &L->encoder.v[i];
         const added_token *d = find_id(&L->decoder, e->id);
-        e->lstrip = d->lstrip, e->rstrip = d->rstrip, e->single_word = d->single_word;
+        e->lstrip = d->lstrip;
+        e->rstrip = d->rstrip;
+        e->single_word = d->single_word;
         e->in_trie = find_text(&L->decoder, e->text, e->len) != NULL; /* HF's trie: decoder texts */
     }
     return 0;
@@ -1723,19 +1728,28 @@ static int prepends(const fg_tokenizer *t, const char *s, size_t n, int at_start
 static char *normalize(const fg_tokenizer *t, const char *s, size_t n, int at_start,
                        const char **out, size_t *out_n) {
     char *nfc = t->rules.nfc ? utf8_nfc(s, n, &n) : NULL;
-    *out = t->rules.nfc ? nfc : s, *out_n = n;
+    *out = t->rules.nfc ? nfc : s;
+    *out_n = n;
     if (!*out || t->rules.byte_level) return nfc;
     s = *out;
     size_t spaces = 0;
     for (size_t i = 0; t->rules.spaces_to_meta && i < n; i++) spaces += s[i] == ' ';
     int lead = prepends(t, s, n, at_start);
     char *meta = malloc(n + 2 * spaces + 3 * (size_t)lead + 1), *o = meta;
-    if (meta && lead) o = memcpy(o, "\xE2\x96\x81", 3), o += 3;
+    if (meta && lead) {
+        o = memcpy(o, "\xE2\x96\x81", 3);
+        o += 3;
+    }
     for (size_t i = 0; meta && i < n; i++)
-        if (s[i] == ' ' && t->rules.spaces_to_meta) o = memcpy(o, "\xE2\x96\x81", 3), o += 3;
-        else *o++ = s[i];
+        if (s[i] == ' ' && t->rules.spaces_to_meta) {
+            o = memcpy(o, "\xE2\x96\x81", 3);
+            o += 3;
+        } else {
+            *o++ = s[i];
+        }
     free(nfc);
-    *out = meta, *out_n = meta ? (size_t)(o - meta) : 0;
+    *out = meta;
+    *out_n = meta ? (size_t)(o - meta) : 0;
     return meta;
 }
 

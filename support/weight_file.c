@@ -193,7 +193,10 @@ int weight_file_write(const weight_file *f, char *err) {
                             "written again next run\n", path, strerror(errno));
     }
     if (base) munmap(base, size);
-    if (rc && fd >= 0) close(fd), fd = -1;
+    if (rc && fd >= 0) {
+        close(fd);
+        fd = -1;
+    }
     return rc ? -1 : fd;
 }
 
