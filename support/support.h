@@ -219,7 +219,6 @@ size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_pro
                                size_t *sizes);
 size_t fg_cuda_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);
 size_t fg_cuda_delegated_bytes(const model_config *cfg, size_t rows, int max_len);
-const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
 
 /* ---- Configs and the weight table (checkpoint.c, safetensors.c) ---- */
 typedef enum { ST_F16, ST_BF16, ST_F32 } st_dtype;

@@ -145,10 +145,8 @@ int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const
 
 int fg_cuda_compiled(void); /* this build has the CUDA backend */
 
-/* A run's trace (its fg_trace) as a trace file (trace.c); as stage `stage` of n (Chrome's trace
- * events, one a line; malloc'd); and a trace file made of every stage's events, written whole or
- * not at all. */
-int fg_trace_write(const fg_trace *tr, const char *path, char *err);
+/* A run's trace (its fg_trace) as stage `stage` of n (trace.c; Chrome's trace events, one a
+ * line; malloc'd), and a trace file made of every stage's events, written whole or not at all. */
 char *fg_trace_events(const fg_trace *tr, int stage, int n);
 int fg_trace_write_events(const char *path, const char *events, char *err);
 
