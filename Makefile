@@ -52,7 +52,7 @@ SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-ov
 # skip both folders.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampling.c safetensors.c \
-           checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
+           checkpoint.c weight_file.c tokenizer.c tokenizer_encode.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
            avx512_simde.c disk_arena.c io_links.c blas_core.c onednn.c)
 APP := $(addprefix app/,cpu_backend.c cpu_fp16.c perplexity.c pipeline.c profile.c jobs.c stage.c \
        runtime.c args.c prompts.c plan.c run.c job_run.c report.c commands.c cli.c)

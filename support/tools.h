@@ -82,7 +82,7 @@ int st_open_file(const char *path, st_archive *a, char *err); /* appends one fil
 int st_dir_files(const char *dir, char ***names, int *n, char *err);
 
 /* ------------------------------------------------------------------------------------------
- * Tokenizers: BPE (tokenizer.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)
+ * Tokenizers: BPE (tokenizer.c, tokenizer_encode.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)
  * or from a tokenizer.json (tokenizer_json.c: LLaMA's, Mistral's and Qwen2's).
  * ------------------------------------------------------------------------------------------ */
 typedef struct fg_tokenizer fg_tokenizer;
