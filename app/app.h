@@ -78,8 +78,6 @@ int fg_pipe_size(const fg_pipe *p);  /* 1 for NULL */
  * A message completes in posting order per (peer, tag), as MPI's are. */
 int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes);
 int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes);
-/* Waits for a message (any thread may); returns the seconds waited, *bytes what arrived. */
-double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes);
 void fg_pipe_release(fg_pipe *p, int msg); /* waits, then frees the handle */
 double fg_pipe_bytes_sent(const fg_pipe *p);
 /* Collective: 0 when rc is 0 on every rank. Otherwise -1 everywhere, and err holds the one line

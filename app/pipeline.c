@@ -62,7 +62,7 @@ int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes) {
     (void)bytes;
     return -1;
 }
-double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
+static double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
     (void)p;
     (void)msg;
     if (bytes) *bytes = 0;
@@ -272,7 +272,8 @@ int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes) {
     return post(p, 0, from, tag, buf, bytes);
 }
 
-double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
+/* Waits for a message (any thread may); returns the seconds waited, *bytes what arrived. */
+static double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_mutex_lock(&p->lock);

@@ -936,11 +936,6 @@ void model_weights_free(model_weights *w) {
     memset(w, 0, sizeof *w);
 }
 
-int model_weights_dummy(const model_config *cfg, uint64_t seed, model_weights *w, char *err) {
-    weight_source src = {NULL, seed};
-    return weights_all_fp16(w, cfg, 0, &src, NULL, err);
-}
-
 int model_weights_load(const char *dir, model_weights *w, char *err) {
     model_config cfg;
     st_archive a;

@@ -328,10 +328,6 @@ typedef struct {
     void *ctx;
     int verbose;
 } weight_file;
-void weight_file_path(const weight_file *f, char *path, size_t n);
-size_t weight_file_offsets(const weight_file *f, size_t *offsets); /* the file's size */
-int weight_file_find(const weight_file *f, int check); /* an fd of an intact file, or -1 */
-int weight_file_write(const weight_file *f, char *err); /* an fd, or -1 */
 int weight_file_exists(const weight_file *f);
 int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *err);
 
@@ -339,7 +335,6 @@ int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *
 typedef struct { uint64_t s[2]; } fg_rng;
 void rng_seed(fg_rng *r, uint64_t seed);
 uint64_t rng_next(fg_rng *r);
-float rng_uniform(fg_rng *r); /* [0, 1) */
 int fg_argmax(const float *x, int n); /* the first of equal maxima, as torch.argmax */
 /* temperature <= 0: argmax. Else softmax(logits / temperature), top-p. scratch: 2 n floats. */
 int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,

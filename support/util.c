@@ -349,7 +349,7 @@ void fg_unwatch_mapping(const void *base) {
 }
 
 /* The process's umask, read without changing it (umask() sets it, which other threads would see). */
-mode_t fg_umask(void) {
+static mode_t fg_umask(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[128];
     unsigned mask = 022;
@@ -450,7 +450,7 @@ int fg_output_commit(fg_output *o, char *err) {
     return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, why) : 0;
 }
 
-void fg_output_abort(fg_output *o) {
+static void fg_output_abort(fg_output *o) {
     if (o->f) fclose(o->f);
     output_release(o, 1);
 }
