@@ -16,8 +16,8 @@
  * file; the lock goes with the process, however it ends. A round's records go out in one write()
  * of whole lines, flushed to the disk (fdatasync) before the next round starts; a write cut
  * short by a crash can leave only a last line without its newline, which --resume removes
- * before appending. The paper's loop does not change: the command line (cli.c) calls generate()
- * a round at a time and hands the tokens here.
+ * before appending. The paper's loop does not change: the command line (job_run.c) calls
+ * generate() a round at a time and hands the tokens here.
  */
 #define _GNU_SOURCE
 #include "app/app.h"
