@@ -52,10 +52,10 @@ SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-ov
 # skip both folders.
 PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampling.c safetensors.c \
-           checkpoint.c weight_file.c tokenizer.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
+           checkpoint.c weight_file.c tokenizer.c tokenizer_encode.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
            avx512_simde.c disk_arena.c io_links.c blas_core.c onednn.c)
 APP := $(addprefix app/,cpu_backend.c cpu_fp16.c perplexity.c pipeline.c profile.c jobs.c stage.c \
-       runtime.c cli.c)
+       runtime.c args.c prompts.c plan.c run.c job_run.c report.c commands.c cli.c)
 SRC := $(PAPER) $(SUPPORT) $(APP)
 # The objects each binary links (the rules that build them are below the emulated GPU's):
 # sources that read no build define (SHARED_SRC) compile once for all four binaries of a build.
@@ -290,7 +290,8 @@ test-gpu: build/test_flexgen
 
 # Fuzzing: each harness of tests/fuzz/ calls one parser of user input on libFuzzer's bytes, under
 # AddressSanitizer and UndefinedBehaviorSanitizer (clang; no CUDA, no MPI). The sources go into
-# one archive; a harness that includes cli.c (to reach its static parsers) replaces cli.o in it.
+# one archive; a harness that includes args.c or prompts.c (to reach their static parsers) replaces
+# that object of it.
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -std=c11 -Wall -Wextra $(WERROR) -g -O1 -fno-omit-frame-pointer -fopenmp=libgomp \
                -fsanitize=address,undefined -fno-sanitize-recover=all -I. -I$(BLAS_INC) -DFLEXGEN_NO_MAIN
@@ -324,7 +325,7 @@ build-fuzz/obj/support/avx512_simde.o: FUZZ_OPT := -O0
 build-fuzz/libflexgen.a: $(SRC:%.c=build-fuzz/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/cli.c build-fuzz/libflexgen.a
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/args.c app/prompts.c build-fuzz/libflexgen.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -MF build-fuzz/obj/$(notdir $@).d -MT $@ -fsanitize=fuzzer -o $@ $< build-fuzz/libflexgen.a $(FUZZ_LIBS)
 
 bench: flexgen

@@ -47,28 +47,15 @@ typedef struct {
     int stage, n_stages;     /* pipeline stage `stage` of n_stages (§4.4); 1: the whole model */
     fg_schedule schedule;    /* the block's order: zig-zag (§4.2) or diagonal (Appendix A.2) */
 } fg_policy;
-fg_policy fg_default_policy(void); /* all on the gpu tier, overlap on, a 2 x 16 block, the CPU */
 
 typedef struct {
     double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS], link_bytes[N_LINKS]; /* bytes */
     double host_memory;      /* what gpu and cpu tiers share where the gpu tier is host memory */
 } fg_stats;
 
-/* ---- A run (flexgen.c, §4.1, §4.2) ---- */
+/* ---- A run (flexgen.c, §4.1, §4.2; app/runtime.c opens and closes it: app/app.h) ---- */
 typedef struct fg_runtime fg_runtime; /* tiers with their accounting, the I/O threads */
 typedef struct fg_model fg_model;     /* a model placed on the tiers */
-int fg_runtime_open(const fg_policy *p, fg_runtime **rt, char *err);
-const fg_backend *fg_runtime_backend(const fg_runtime *rt);
-void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
-void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
-void fg_runtime_trace_restart(fg_runtime *rt); /* the trace from now on (after a warm-up) */
-/* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory; its weights
- * go to their homes on the first generate() (or fg_model_load). */
-int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
-int fg_model_open_dummy(fg_runtime *rt, const model_config *cfg, uint64_t seed, fg_model **m, char *err);
-const model_config *fg_model_config(const fg_model *m);
-int fg_model_load(fg_model *m, char *err);
-void fg_model_close(fg_model *m);
 /* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
  * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all max_prompt). */
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err);
@@ -136,7 +123,6 @@ void link_add(fg_runtime *rt, fg_link l, double bytes);
 void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes);
 void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
                double end);
-const fg_backend *backend_for(fg_device device, char *err);
 
 typedef struct {
     long n;       /* the round's layer n (as in staged), -1 for none */
@@ -365,14 +351,11 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
                            int weights, fg_memory_model *mm);
 int fg_weights_case(const double x[N_X]);
 
-/* This runtime's verdict on policy p (flexgen.c's fg_runtime_check, handed to the search): the
- * plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */
+/* This runtime's verdict on policy p (app/runtime.c's fg_runtime_check, handed to the search):
+ * the plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */
 typedef int (*fg_plan_check)(const model_config *model, uint64_t seed, const fg_policy *p,
                              int sequences, int s, int n, int check, double x[N_X], fg_stats *st,
                              char *err);
-int fg_runtime_check(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
-                     int s, int n, int check, double x[N_X], fg_stats *st, char *err);
-void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
 
 /* ---- The policy search (lp.c, §4.3) ---- */
 typedef struct {

@@ -206,10 +206,15 @@ int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 /* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
  * decompression kernel, held on the host to q4_decompress's bits (exact fp16, one rounding). */
 static inline FG_HOST_DEVICE float q4_value(const uint8_t *src, size_t len, size_t inner, size_t e) {
-    size_t o = e / (len * inner), r = (e / inner) % len, i = e % inner;
-    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP, g = r / Q4_GROUP, p = (r % Q4_GROUP) / 2;
+    size_t o = e / (len * inner);
+    size_t r = (e / inner) % len;
+    size_t i = e % inner;
+    size_t G = (len + Q4_GROUP - 1) / Q4_GROUP;
+    size_t g = r / Q4_GROUP;
+    size_t p = (r % Q4_GROUP) / 2;
     const uint8_t *bytes = src + o * G * inner * (Q4_GROUP / 2 + 4);
-    const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2)), *scales = mins + G * inner;
+    const fp16 *mins = (const fp16 *)(bytes + G * inner * (Q4_GROUP / 2));
+    const fp16 *scales = mins + G * inner;
     int q = (bytes[(g * (Q4_GROUP / 2) + p) * inner + i] >> (r % 2 ? 0 : 4)) & 15;
     return fmaf((float)q, FG_HALF_TO_FLOAT(scales[g * inner + i]), FG_HALF_TO_FLOAT(mins[g * inner + i]));
 }

@@ -37,6 +37,31 @@ int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int 
 int flexgen_main(int argc, char **argv);
 
 /* ------------------------------------------------------------------------------------------
+ * A run's runtime and model (runtime.c): the tiers and the I/O threads of flexgen.c opened for a
+ * policy, a model opened on them, and the plan check the policy search calls (§4.3).
+ * ------------------------------------------------------------------------------------------ */
+fg_policy fg_default_policy(void); /* all on the gpu tier, overlap on, a 2 x 16 block, the CPU */
+const fg_backend *backend_for(fg_device device, char *err);
+const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
+int fg_runtime_open(const fg_policy *p, fg_runtime **rt, char *err);
+const fg_backend *fg_runtime_backend(const fg_runtime *rt);
+void fg_runtime_close(fg_runtime *rt); /* removes every file the run made in the offload dir */
+void fg_runtime_stats(const fg_runtime *rt, fg_stats *s);
+void fg_runtime_trace_restart(fg_runtime *rt); /* the trace from now on (after a warm-up) */
+/* `model`: an OPT size name (dummy weights from seed) or an HF checkpoint directory; its weights
+ * go to their homes on the first generate() (or fg_model_load). */
+int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **m, char *err);
+int fg_model_open_dummy(fg_runtime *rt, const model_config *cfg, uint64_t seed, fg_model **m,
+                        char *err);
+const model_config *fg_model_config(const fg_model *m);
+int fg_model_load(fg_model *m, char *err);
+void fg_model_close(fg_model *m);
+/* The plan check of policy p for this runtime (fg_plan_check, flexgen.h). */
+int fg_runtime_check(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
+                     int s, int n, int check, double x[N_X], fg_stats *st, char *err);
+void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
+
+/* ------------------------------------------------------------------------------------------
  * The link between pipeline stages (pipeline.c, §4.4): MPI where the build found mpicc. One
  * process per stage; the schedule sends activations forward and token ids back through it.
  * ------------------------------------------------------------------------------------------ */
@@ -53,8 +78,6 @@ int fg_pipe_size(const fg_pipe *p);  /* 1 for NULL */
  * A message completes in posting order per (peer, tag), as MPI's are. */
 int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes);
 int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes);
-/* Waits for a message (any thread may); returns the seconds waited, *bytes what arrived. */
-double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes);
 void fg_pipe_release(fg_pipe *p, int msg); /* waits, then frees the handle */
 double fg_pipe_bytes_sent(const fg_pipe *p);
 /* Collective: 0 when rc is 0 on every rank. Otherwise -1 everywhere, and err holds the one line
@@ -130,5 +153,115 @@ int job_output_append(job_output *o, const char *lines, size_t len, char *err);
 void job_output_close(job_output *o);
 char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,
                  const gen_options *g, const fg_tokenizer *tok);
+
+/* ------------------------------------------------------------------------------------------
+ * The command line (cli.c and the files it splits into): its flags (args.c), the prompts
+ * (prompts.c), the model, device and policy search a run and `flexgen policy` share (plan.c), a
+ * run (run.c) and a batch job's rounds (job_run.c), the report (report.c), the subcommands
+ * (commands.c).
+ * ------------------------------------------------------------------------------------------ */
+/* The flags of a command line, as parse_args reads them. */
+typedef struct {
+    const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *tokenizer, *trace;
+    const char *output;  /* --output: the job's records, appended as rounds finish (jobs.c) */
+    int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
+    int warmup;          /* --warmup: a short generate first, untimed (warm_up) */
+    double cold_seconds; /* its latency: the cold first run's; < 0 without --warmup */
+    double cold_prefill, cold_decode; /* the two parts of it: its prefill, its decode step */
+    int job_finished;    /* --resume found every prompt's record in --output */
+    int n_job_prompts;   /* the job's prompts, with those --output has records of */
+    uint64_t prompts_hash; /* their ids and tokens (a job's identity) */
+    const char *hw;      /* hardware file of the cost model (--hw) */
+    const char **prompts;
+    int n_prompt_texts, prompt_len, json;
+    int auto_policy;     /* --policy auto: search for the policy (§4.3) */
+    int schedule_given;  /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
+    int evaluate;        /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency;  /* --max-latency: the search's bound on a block's latency */
+    const char *text, *predictions, *compare; /* flexgen perplexity's files */
+    ppl_options ppl;
+    const char *ppl_flag; /* the first flag given that only flexgen perplexity takes */
+    gen_options gen;
+    fg_policy policy;
+} cli_args;
+
+/* The prompts, and for a job's records (rank 0) each one's id (JSON text) and text as given
+ * (NULL: given as ids); index: its place in the prompt file (a resumed job skips some). */
+typedef struct {
+    int n, cap;
+    int **ids;
+    int *lens, *index;
+    char **record_ids, **texts;
+} prompt_set;
+
+/* What each stage of a pipeline tells rank 0 for the report (§4.4). */
+typedef struct {
+    int first_layer, end_layer;
+    fg_percent percent;
+    fg_stats st;
+    double sent, compute, bubble, disk_read, peak_rss;
+} stage_report;
+
+enum { JOB_WINDOW = 8 }; /* a batch job's window: rounds of prompts (run_rounds) */
+
+/* args.c: parse_args returns 0, 1 for --help, or -1 with err; usage prints --help's text. */
+int parse_args(int argc, char **argv, cli_args *a, char *err);
+void usage(FILE *out);
+int parse_device(const char *s, fg_device *d, char *err);
+/* The flags that `flexgen policy` and `flexgen perplexity` have no use for, refused. */
+int check_command_flags(const char *command, int argc, char **argv, char *err);
+
+/* prompts.c */
+void prompts_free(prompt_set *p);
+int prompts_add(prompt_set *p, int *ids, int len, char *err);
+int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len, char *id,
+                    char *err);
+int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, char *err);
+int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err);
+int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
+                   char *err);
+long prompt_tokens(const prompt_set *p);
+int longest_prompt(const prompt_set *p);
+int mean_prompt(const cli_args *a, const prompt_set *p);
+
+/* plan.c */
+fg_device resolve_device(fg_device d, int verbose);
+int resolve_model_config(const char *model, model_config *cfg, char *err);
+void warn_special_ids(const char *model, const model_config *cfg);
+int default_hw_file(char *path, size_t n, char *err);
+int load_hardware(const cli_args *a, fg_hardware *hw, char *err);
+int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg,
+                  int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
+                  char *err);
+void print_policy_flags(FILE *out, const fg_policy *p);
+void planned_capacities(const cli_args *a, const fg_hardware *hw, double cap[N_TIERS],
+                        double *host);
+int open_runtime(const fg_policy *p, fg_runtime **rt, char *err);
+
+/* job_run.c: a batch job (--output) */
+int begin_job(const cli_args *a, job_output *out, char *err);
+int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *err);
+int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p,
+               const fg_tokenizer *tok, job_output *out, int *tokens, gen_timing *t, char *err);
+
+/* run.c: a run, one process or one stage of a pipeline (§4.4) */
+int run_generation(cli_args *a, fg_pipe *pipe, char *err);
+
+/* report.c */
+cJSON *percent_json(const fg_percent *p);
+int dump_logits(const char *path, const float *logits, size_t n, char *err);
+void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
+                 const gen_options *opt);
+double peak_rss_bytes(void);
+void report_run(const cli_args *a, const model_config *c, const prompt_set *p,
+                const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
+                const stage_report *stages, int n_stages);
+void report_finished_job(const char *output, int records);
+
+/* commands.c: flexgen policy, profile, tokenize, perplexity */
+int policy_command(cli_args *a, char *err);
+int profile_command(int argc, char **argv, char *err);
+int tokenize_command(int argc, char **argv, char *err);
+int perplexity_command(cli_args *a, char *err);
 
 #endif

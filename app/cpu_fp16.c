@@ -5,6 +5,7 @@
  * the hidden states between layers alone (tests/test_runtime.c bounds it).
  */
 #include "support/support.h"
+#include "app/app.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -16,8 +16,8 @@
  * file; the lock goes with the process, however it ends. A round's records go out in one write()
  * of whole lines, flushed to the disk (fdatasync) before the next round starts; a write cut
  * short by a crash can leave only a last line without its newline, which --resume removes
- * before appending. The paper's loop does not change: the command line (cli.c) calls generate()
- * a round at a time and hands the tokens here.
+ * before appending. The paper's loop does not change: the command line (job_run.c) calls
+ * generate() a round at a time and hands the tokens here.
  */
 #define _GNU_SOURCE
 #include "app/app.h"
@@ -56,8 +56,16 @@ char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len) {
     if (!out) return NULL;
     for (size_t i = 0; i < len;) {
         int bad, ok = s[i] < 0x80 ? 1 : utf8_sequence(s + i, len - i, &bad);
-        if (ok) memcpy(o, s + i, (size_t)ok), o += ok, i += (size_t)ok;
-        else memcpy(o, "\xef\xbf\xbd", 3), o += 3, i += (size_t)bad;
+        if (ok) {
+            memcpy(o, s + i, (size_t)ok);
+            o += ok;
+            i += (size_t)ok;
+        }
+        else {
+            memcpy(o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i += (size_t)bad;
+        }
     }
     *o = 0;
     if (out_len) *out_len = (size_t)(o - out);
@@ -90,7 +98,10 @@ static int has_nul_escape(const char *s) {
  * the reason in err. what: "F line N" for the error line. */
 static cJSON *parse_line(const char *what, const char *line, char *err) {
     const char *end = NULL;
-    if (!utf8_valid(line, strlen(line))) return fg_fail(err, "%s: not valid UTF-8, as JSON must be", what), NULL;
+    if (!utf8_valid(line, strlen(line))) {
+        fg_fail(err, "%s: not valid UTF-8, as JSON must be", what);
+        return NULL;
+    }
     cJSON *o = cJSON_ParseWithOpts(line, &end, 0);
     while (o && end && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
     if (!o) fg_fail(err, "%s: malformed JSON", what);
@@ -112,7 +123,9 @@ static int id_round_trips(const cJSON *id) {
 
 int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n, char **id,
                  char **text_out, char *err) {
-    *ids = NULL, *id = NULL, *text_out = NULL;
+    *ids = NULL;
+    *id = NULL;
+    *text_out = NULL;
     char what[FG_PATH_LEN + 32];
     snprintf(what, sizeof what, "%s line %d", path, line_no);
     cJSON *o = parse_line(what, line, err);
@@ -149,7 +162,13 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
         *text_out = text ? strdup(text->valuestring) : NULL;
         if (!*id || (text && !*text_out)) rc = fg_fail(err, "out of memory");
     }
-    if (rc) free(*ids), free(*id), free(*text_out), *ids = NULL, *id = *text_out = NULL;
+    if (rc) {
+        free(*ids);
+        free(*id);
+        free(*text_out);
+        *ids = NULL;
+        *id = *text_out = NULL;
+    }
     cJSON_Delete(o);
     return rc;
 }
@@ -320,7 +339,8 @@ static const char *header_differs(const cJSON *have, const cJSON *want, char *va
         if (h && cJSON_Compare(h, w, 1)) continue;
         char *a = h ? cJSON_PrintUnformatted(h) : NULL, *b = cJSON_PrintUnformatted(w);
         snprintf(values, n, "%.100s there, %.100s here", a ? a : "none", b ? b : "?");
-        free(a), free(b);
+        free(a);
+        free(b);
         return w->string;
     }
     for (const cJSON *h = have->child; h; h = h->next) {
@@ -371,7 +391,8 @@ static int lock_output(job_output *o, char *err) {
             return fg_fail(err, "--output %s: cannot lock it: %s", o->path, strerror(e));
         }
         if (!names_file(o->path, fd)) { close(fd); continue; }
-        o->fd = fd, o->created = created;
+        o->fd = fd;
+        o->created = created;
         if (created) fg_watch_new_output(fd, o->path);
         return 0;
     }
@@ -408,11 +429,20 @@ static int read_done(job_output *o, char *err) {
         else if (!rec) rc = -1;
         else if (line_no == 1 && !cJSON_IsObject(job))
             rc = fg_fail(err, "--resume: %s does not start with a flexgen job line", o->path);
-        else if (line_no == 1) o->recorded = job, job = NULL;
+        else if (line_no == 1) {
+            o->recorded = job;
+            job = NULL;
+        }
         else if (!id) rc = fg_fail(err, "%s: not a record of a job (no \"id\")", what);
         else if (!grown) rc = fg_fail(err, "out of memory");
-        else if (!(grown[o->n_done] = cJSON_PrintUnformatted(id))) o->done = grown, rc = fg_fail(err, "out of memory");
-        else o->done = grown, o->n_done++;
+        else if (!(grown[o->n_done] = cJSON_PrintUnformatted(id))) {
+            o->done = grown;
+            rc = fg_fail(err, "out of memory");
+        }
+        else {
+            o->done = grown;
+            o->n_done++;
+        }
         cJSON_Delete(job);
         cJSON_Delete(rec);
     }
@@ -501,7 +531,11 @@ int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
     size_t h = o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with them */
     char *all = h ? malloc(h + len) : NULL;
     if (h && !all) return fg_fail(err, "out of memory");
-    if (h) memcpy(all, o->header, h - 1), all[h - 1] = '\n', memcpy(all + h, lines, len);
+    if (h) {
+        memcpy(all, o->header, h - 1);
+        all[h - 1] = '\n';
+        memcpy(all + h, lines, len);
+    }
     int rc = write_all(o, h ? all : lines, h + len, err);
     if (rc == 0 && fdatasync(o->fd) != 0) rc = append_failed(o, errno, err);
     if (rc == 0) o->size += (off_t)(h + len);
@@ -541,7 +575,10 @@ char *job_record(const char *id, const char *text, const int *prompt, int prompt
     int n = 0, gen_len = g->gen_len;
     while (n < gen_len && !gen_is_eos(g, gen[n])) n++;
     const char *stop = n < gen_len ? "eos" : "length";
-    if (!g->stop_at_eos) n = gen_len, stop = "length";
+    if (!g->stop_at_eos) {
+        n = gen_len;
+        stop = "length";
+    }
     cJSON *r = cJSON_CreateObject();
     cJSON_AddItemToObject(r, "id", cJSON_Parse(id));
     if (text) cJSON_AddStringToObject(r, "prompt", text);
@@ -551,7 +588,8 @@ char *job_record(const char *id, const char *text, const int *prompt, int prompt
         char *raw = decode_continuation(tok, prompt, prompt_len, gen, n, &len);
         char *clean = raw ? utf8_replace_invalid(raw, len, &clean_len) : NULL;
         cJSON_AddStringToObject(r, "completion", clean ? clean : "");
-        free(raw), free(clean);
+        free(raw);
+        free(clean);
     }
     cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray(gen, n));
     cJSON_AddStringToObject(r, "stop", stop);

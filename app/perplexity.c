@@ -143,7 +143,9 @@ int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int 
         if (o->verbose) fprintf(stderr, "\rperplexity: window %d/%d", to, count);
     }
     if (o->verbose) fprintf(stderr, "\n");
-    r->windows = count, r->window = size, r->stride = stride;
+    r->windows = count;
+    r->window = size;
+    r->stride = stride;
     r->seconds = now_seconds() - start;
     r->perplexity = exp(r->nll / (double)r->scored);
     free(w);

@@ -35,7 +35,8 @@ static int under_mpirun(void) {
 int fg_pipe_compiled(void) { return 0; }
 
 int fg_pipe_open(int *argc, char ***argv, fg_pipe **out, char *err) {
-    (void)argc, (void)argv;
+    (void)argc;
+    (void)argv;
     *out = NULL;
     if (under_mpirun() && getenv("OMPI_COMM_WORLD_SIZE") && strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1"))
         return fg_fail(err, "this flexgen was built without MPI (no mpicc at build time): it cannot "
@@ -46,22 +47,42 @@ void fg_pipe_close(fg_pipe *p) { (void)p; }
 int fg_pipe_rank(const fg_pipe *p) { (void)p; return 0; }
 int fg_pipe_size(const fg_pipe *p) { (void)p; return 1; }
 int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes) {
-    (void)p, (void)to, (void)tag, (void)buf, (void)bytes;
+    (void)p;
+    (void)to;
+    (void)tag;
+    (void)buf;
+    (void)bytes;
     return -1;
 }
 int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes) {
-    (void)p, (void)from, (void)tag, (void)buf, (void)bytes;
+    (void)p;
+    (void)from;
+    (void)tag;
+    (void)buf;
+    (void)bytes;
     return -1;
 }
-double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
-    (void)p, (void)msg;
+static double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
+    (void)p;
+    (void)msg;
     if (bytes) *bytes = 0;
     return 0;
 }
-void fg_pipe_release(fg_pipe *p, int msg) { (void)p, (void)msg; }
+void fg_pipe_release(fg_pipe *p, int msg) {
+    (void)p;
+    (void)msg;
+}
 double fg_pipe_bytes_sent(const fg_pipe *p) { (void)p; return 0; }
-int fg_pipe_agree(fg_pipe *p, int rc, char *err) { (void)p, (void)err; return rc ? -1 : 0; }
-void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes) { (void)p, (void)buf, (void)bytes; }
+int fg_pipe_agree(fg_pipe *p, int rc, char *err) {
+    (void)p;
+    (void)err;
+    return rc ? -1 : 0;
+}
+void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes) {
+    (void)p;
+    (void)buf;
+    (void)bytes;
+}
 void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all) {
     (void)p;
     memcpy(all, mine, bytes);
@@ -139,13 +160,19 @@ static void *pipe_thread(void *arg) {
             m->state = MSG_DONE;
             finished++;
         }
-        if (finished) pthread_cond_broadcast(&p->changed), idle_us = 20;
+        if (finished) {
+            pthread_cond_broadcast(&p->changed);
+            idle_us = 20;
+        }
         if (!active && !finished) {
             pthread_cond_wait(&p->changed, &p->lock);
             continue;
         }
         pthread_mutex_unlock(&p->lock);
-        if (!finished) sleep_us(idle_us), idle_us = idle_us < 1000 ? idle_us * 2 : 1000;
+        if (!finished) {
+            sleep_us(idle_us);
+            idle_us = idle_us < 1000 ? idle_us * 2 : 1000;
+        }
         pthread_mutex_lock(&p->lock);
     }
     pthread_mutex_unlock(&p->lock);
@@ -176,7 +203,8 @@ int fg_pipe_open(int *argc, char ***argv, fg_pipe **out, char *err) {
         MPI_Abort(MPI_COMM_WORLD, 2);
         return fg_fail(err, "out of memory");
     }
-    p->rank = rank, p->size = size;
+    p->rank = rank;
+    p->size = size;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->changed, NULL);
     if (pthread_create(&p->thread, NULL, pipe_thread, p)) {
@@ -244,7 +272,8 @@ int fg_pipe_recv(fg_pipe *p, int from, int tag, void *buf, size_t bytes) {
     return post(p, 0, from, tag, buf, bytes);
 }
 
-double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
+/* Waits for a message (any thread may); returns the seconds waited, *bytes what arrived. */
+static double fg_pipe_wait(fg_pipe *p, int msg, size_t *bytes) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_mutex_lock(&p->lock);
@@ -461,7 +490,10 @@ static int stage_step_input(block *bl) {
             return 0;
         }
     }
-    if (bl->ids_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->ids_msg), bl->ids_msg = -1;
+    if (bl->ids_msg >= 0) {
+        fg_pipe_release(bl->rt->pipe, bl->ids_msg);
+        bl->ids_msg = -1;
+    }
     return 1;
 }
 
@@ -487,8 +519,14 @@ static void stage_tokens_out(block *bl, const gen_options *opt, int *out_tokens)
 /* The messages a block has in flight, done (at the end of a round). */
 static void stage_end_round(block *bl) {
     for (int k = 0; k < bl->s.ngb; k++)
-        if (bl->out_msg[k] >= 0) fg_pipe_release(bl->rt->pipe, bl->out_msg[k]), bl->out_msg[k] = -1;
-    if (bl->ids_msg >= 0) fg_pipe_release(bl->rt->pipe, bl->ids_msg), bl->ids_msg = -1;
+        if (bl->out_msg[k] >= 0) {
+            fg_pipe_release(bl->rt->pipe, bl->out_msg[k]);
+            bl->out_msg[k] = -1;
+        }
+    if (bl->ids_msg >= 0) {
+        fg_pipe_release(bl->rt->pipe, bl->ids_msg);
+        bl->ids_msg = -1;
+    }
 }
 
 static const stage_hooks pipeline_stage = {

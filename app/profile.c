@@ -89,9 +89,14 @@ static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
         memset(c.src, 0x3c, 4 * n);
         hw->ctog_bdw = 2.0 * n / typical_time(time_weights_in, &c);
         void *device = c.dst;
-        c.dst = c.src, c.src = device, c.n = 4 * n;
+        c.dst = c.src;
+        c.src = device;
+        c.n = 4 * n;
         hw->gtoc_bdw_cache = hw->gtoc_bdw_hidden = 4.0 * n / typical_time(time_copy_out, &c);
-        c.src = c.dst, c.dst = device, c.n = n, c.landing = landing;
+        c.src = c.dst;
+        c.dst = device;
+        c.n = n;
+        c.landing = landing;
         float *values = malloc(n * sizeof *values);
         if (!values) rc = fg_fail(err, "profile: out of memory");
         for (size_t i = 0; values && i < n; i++) values[i] = (float)(i % 251) * 0.01f;
@@ -100,7 +105,9 @@ static int profile_copies(const fg_backend *be, fg_hardware *hw, char *err) {
         if (be->widen_q4) be->copy_in(landing, c.src, q4_bytes(1, n, 1));
         if (rc == 0) hw->dequant_bdw = 2.0 * n / typical_time(time_dequant, &c);
     }
-    be->host_free(c.src), be->free(c.dst), be->free(landing);
+    be->host_free(c.src);
+    be->free(c.dst);
+    be->free(landing);
     return rc;
 }
 
@@ -242,7 +249,10 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
                                             more sequences of fewer slots */
     int rc = device_weights(be, &c, int8, &layout, &w, err), has_ws = 0;
     if (rc == 0) rc = gpu_batch_init(&gb, MAX_GBS, LONG + 1, LONG, err);
-    if (rc == 0) rc = be->workspace_init(&ws, &c, LONG, LONG, LONG + 1, err), has_ws = rc == 0;
+    if (rc == 0) {
+        rc = be->workspace_init(&ws, &c, LONG, LONG, LONG + 1, err);
+        has_ws = rc == 0;
+    }
     if (rc == 0 && (!x || !x_host || !cache)) rc = fg_fail(err, "profile: out of memory");
     if (rc == 0) {
         for (size_t i = 0; i < n_x; i++) { /* in the backend's activation format */
@@ -273,7 +283,9 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
         double tp[2];
         for (int i = 0; i < 2; i++) {
             be->copy_in(x, x_host, x_bytes);
-            gb.batch = 1, gb.past[0] = 0, gb.n_new = (int)lens[i];
+            gb.batch = 1;
+            gb.past[0] = 0;
+            gb.n_new = (int)lens[i];
             tp[i] = typical_time(time_layer, &ctx);
         }
         /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */
@@ -309,7 +321,8 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
     if (be == &fg_cpu_backend) { /* --int8-activations' products: the CPU backend's alone */
         profile_step(verbose, "4-bit weights times int8 activations, for --int8-activations");
         if (profile_compute(be, 1, &cpu, 0, err)) return -1;
-        hw->mm_flops_int8_p = cpu.mm_flops_p, hw->mm_flops_int8_g = cpu.mm_flops_g;
+        hw->mm_flops_int8_p = cpu.mm_flops_p;
+        hw->mm_flops_int8_g = cpu.mm_flops_g;
     }
     if (be->gpu_is_host) return 0;
     profile_step(verbose, "the CPU's attention, for --cpu-cache-compute"); /* delegated attention */

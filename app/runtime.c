@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "flexgen.h"
 #include "support/support.h"
+#include "app/app.h"
 
 #include <stdio.h>
 #include <stdlib.h>

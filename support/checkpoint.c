@@ -59,10 +59,15 @@ static model_config llama_sized(const llama_size *z) {
                     .family = FAMILY_LLAMA, .n_kv_heads = z->kv_heads, .head_dim = z->hidden / z->heads,
                     .qkv_bias = z->qkv_bias, .rms_eps = z->eps, .bos_id = z->bos, .n_eos = 1,
                     .eos_ids = {z->eos}, .untied = z->untied};
-    c.rope.theta = z->theta, c.rope.factor = 1;
-    if (z->llama3_rope) /* LLaMA 3.1 and 3.2's rope_scaling */
-        c.rope.kind = ROPE_LLAMA3, c.rope.factor = 32, c.rope.low_freq = 1, c.rope.high_freq = 4,
+    c.rope.theta = z->theta;
+    c.rope.factor = 1;
+    if (z->llama3_rope) { /* LLaMA 3.1 and 3.2's rope_scaling */
+        c.rope.kind = ROPE_LLAMA3;
+        c.rope.factor = 32;
+        c.rope.low_freq = 1;
+        c.rope.high_freq = 4;
         c.rope.original_max_pos = 8192;
+    }
     snprintf(c.name, sizeof c.name, "%s", z->name);
     return c;
 }
@@ -227,7 +232,8 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
 /* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others refused. */
 static int rope_scaling(const cJSON *root, model_config *c, const char *path, char *err) {
     const cJSON *rs = fg_json_get(root, "rope_scaling");
-    c->rope.kind = ROPE_DEFAULT, c->rope.factor = 1;
+    c->rope.kind = ROPE_DEFAULT;
+    c->rope.factor = 1;
     if (!rs || cJSON_IsNull(rs)) return 0;
     if (!cJSON_IsObject(rs)) return refuse_value(rs, "\"rope_scaling\"", path, "expected null or an object", err);
     const cJSON *type = fg_json_get(rs, "rope_type");
@@ -238,7 +244,10 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
         return refuse_value(type, "\"rope_scaling\" type", path,
                             "not implemented (null, \"default\", \"linear\" and \"llama3\" are)", err);
     if (json_real(rs, "factor", -1, 0, 1e6, &c->rope.factor, path, err)) return -1;
-    if (!strcmp(t, "linear")) return c->rope.kind = ROPE_LINEAR, 0;
+    if (!strcmp(t, "linear")) {
+        c->rope.kind = ROPE_LINEAR;
+        return 0;
+    }
     c->rope.kind = ROPE_LLAMA3;
     if (json_real(rs, "low_freq_factor", -1, 0, 1e6, &c->rope.low_freq, path, err) ||
         json_real(rs, "high_freq_factor", -1, 0, 1e6, &c->rope.high_freq, path, err) ||
@@ -271,7 +280,8 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
         return refuse_value(act, "\"hidden_act\"", path, "only \"silu\" is implemented", err);
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", path);
-    c->family = FAMILY_LLAMA, c->pre_ln = 1;
+    c->family = FAMILY_LLAMA;
+    c->pre_ln = 1;
     const cJSON *kv = fg_json_get(root, "num_key_value_heads"), *hd = fg_json_get(root, "head_dim");
     if (json_int(root, "num_hidden_layers", -1, &c->n_layers, path, err) ||
         json_int(root, "hidden_size", -1, &c->hidden, path, err) ||
@@ -597,16 +607,24 @@ int opt_layout_init(opt_layout *l, model_weights *view, const model_config *cfg,
                          ? l->tensors[i + 1].offset : l->layer_floats[t->layer];
         t->count = end - t->offset;
         const tensor_spec *s = &sl.s[t->first_spec]; /* §5: matrices group along dim 0 of [out, in] */
-        if (s->kind == FILL_MATRIX) /* stored [in][out]: out is contiguous; q|k|v, [in][3][h] */
-            t->group_outer = (size_t)s->cols * t->n_specs, t->group_len = (size_t)s->rows, t->group_inner = 1;
-        else if (s->kind == FILL_EMBED)
-            t->group_outer = 1, t->group_len = (size_t)s->rows, t->group_inner = (size_t)s->cols;
+        if (s->kind == FILL_MATRIX) { /* stored [in][out]: out is contiguous; q|k|v, [in][3][h] */
+            t->group_outer = (size_t)s->cols * t->n_specs;
+            t->group_len = (size_t)s->rows;
+            t->group_inner = 1;
+        } else if (s->kind == FILL_EMBED) {
+            t->group_outer = 1;
+            t->group_len = (size_t)s->rows;
+            t->group_inner = (size_t)s->cols;
+        }
     }
     return 0;
 }
 
 void opt_layout_free(opt_layout *l) {
-    if (l->view) free(l->view->layers), l->view->layers = NULL;
+    if (l->view) {
+        free(l->view->layers);
+        l->view->layers = NULL;
+    }
     free(l->specs);
     free(l->tensors);
     free(l->layer_floats);
@@ -628,7 +646,10 @@ static value_source dummy_source(const tensor_spec *s, uint64_t seed) {
     case FILL_MATRIX: v.scale = 1.0f / sqrtf((float)s->cols); break;
     case FILL_EMBED: v.scale = 0.5f; break;
     case FILL_BIAS: v.scale = 0.02f; break;
-    case FILL_LN_W: v.scale = 0.1f, v.center = 1.0f; break;
+    case FILL_LN_W:
+        v.scale = 0.1f;
+        v.center = 1.0f;
+        break;
     default: break;
     }
     return v;
@@ -913,11 +934,6 @@ void model_weights_free(model_weights *w) {
     free(w->storage);
     free(w->layers);
     memset(w, 0, sizeof *w);
-}
-
-int model_weights_dummy(const model_config *cfg, uint64_t seed, model_weights *w, char *err) {
-    weight_source src = {NULL, seed};
-    return weights_all_fp16(w, cfg, 0, &src, NULL, err);
 }
 
 int model_weights_load(const char *dir, model_weights *w, char *err) {

@@ -40,7 +40,10 @@ int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char 
 }
 
 void arena_close(disk_arena *a) {
-    if (a->base) fg_unwatch_mapping(a->base), munmap(a->base, a->size);
+    if (a->base) {
+        fg_unwatch_mapping(a->base);
+        munmap(a->base, a->size);
+    }
     if (a->fd >= 0) close(a->fd);
     memset(a, 0, sizeof *a);
     a->fd = -1;

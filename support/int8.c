@@ -150,7 +150,8 @@ static void pack_portable(const uint8_t *W, const q4_group *gr, int k0, int kc, 
     memset(p, 0, sizeof *p);
     for (int k = 0; k < kc; k++) {
         const uint8_t *row = W + (size_t)(k0 + k) * gr->row_bytes;
-        p->scale[k] = fp16_at(row + gr->scale), p->min[k] = fp16_at(row + gr->min);
+        p->scale[k] = fp16_at(row + gr->scale);
+        p->min[k] = fp16_at(row + gr->min);
         for (int s = 0; s < 64; s++) {
             int c = slot_column(s);
             uint8_t byte = row[gr->codes + c / 2];
@@ -227,7 +228,8 @@ __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, con
             if (k >= kc) { b[i] = _mm256_setzero_si256(); continue; }
             const uint8_t *row = W + (size_t)(k0 + k) * gr->row_bytes;
             b[i] = _mm256_loadu_si256((const __m256i *)(row + gr->codes));
-            memcpy(&scales[k], row + gr->scale, 2), memcpy(&mins[k], row + gr->min, 2);
+            memcpy(&scales[k], row + gr->scale, 2);
+            memcpy(&mins[k], row + gr->min, 2);
         }
         __m256i lo01 = _mm256_unpacklo_epi8(b[0], b[1]), hi01 = _mm256_unpackhi_epi8(b[0], b[1]);
         __m256i lo23 = _mm256_unpacklo_epi8(b[2], b[3]), hi23 = _mm256_unpackhi_epi8(b[2], b[3]);
@@ -360,7 +362,8 @@ __attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, cons
                     int32_t four;                                                                              \
                     memcpy(&four, a8 + KB * r + k4, 4);                                                        \
                     __m256i b = _mm256_set1_epi32(four);                                                       \
-                    acc[r][0] = dpbusd(acc[r][0], w0, b), acc[r][1] = dpbusd(acc[r][1], w1, b);                \
+                    acc[r][0] = dpbusd(acc[r][0], w0, b);                                                      \
+                    acc[r][1] = dpbusd(acc[r][1], w1, b);                                                      \
                 }                                                                                              \
             }                                                                                                  \
             for (int r = 0; r < mr; r++)                                                                       \
@@ -636,7 +639,8 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
             xr[i] = x + (size_t)(r0 + r + i) * in + k0;
             if (kc == KB) continue;
             memset(padded[i], 0, sizeof padded[i]);
-            memcpy(padded[i], xr[i], (size_t)kc * sizeof **padded), xr[i] = padded[i];
+            memcpy(padded[i], xr[i], (size_t)kc * sizeof **padded);
+            xr[i] = padded[i];
         }
 #ifdef HAVE_AVX2_PATH
         if (simd) { quantize_avx2(xr, &p, &q, r, mr); continue; }
@@ -649,7 +653,10 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
         int summed = vnni != NULL;
         if (vnni) vnni(&p.quads[0][0][0], q.a8[r], mr, isum);
 #ifdef HAVE_AVX2_PATH
-        if (!summed && simd) tile_avx2(&p, &q, r, mr, isum), summed = 1;
+        if (!summed && simd) {
+            tile_avx2(&p, &q, r, mr, isum);
+            summed = 1;
+        }
         if (whole) { finish_avx2(&q, r, mr, isum, yr, (size_t)ldy, from_y); continue; }
 #endif
         if (!summed) tile_portable(&p, &q, r, mr, isum);

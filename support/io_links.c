@@ -85,7 +85,8 @@ uint64_t io_submit(io_links *io, int link, io_task t) {
     io_link *l = &io->link[link];
     if (!l->running) { /* --overlap 0: in order, now */
         run_task(io, link, &t);
-        return ++l->done, ++l->submitted;
+        ++l->done;
+        return ++l->submitted;
     }
     pthread_mutex_lock(&l->lock);
     while (l->submitted - l->done == IO_QUEUE) pthread_cond_wait(&l->changed, &l->lock);

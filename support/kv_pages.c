@@ -51,7 +51,11 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
             int sum[N_TIERS] = {0}, *at = first[bl], *took = count[bl];
             for (int k = 0; k < groups; k++) {
                 int start = diagonal_start(k, groups, gen_len), step = (i - start) % gen_len;
-                if (i >= start && step == 0) at[k] = next, took[k] = n - next < gbs ? n - next : gbs, next += took[k];
+                if (i >= start && step == 0) {
+                    at[k] = next;
+                    took[k] = n - next < gbs ? n - next : gbs;
+                    next += took[k];
+                }
                 for (int b = 0; i >= start && b < took[k]; b++)
                     sum[tier_of(cache, b)] += kv_pages_for((lens ? lens[at[k] + b] : max_len - gen_len) + step, page);
                 busy |= next < n || (i >= start && took[k] > 0 && step < gen_len - 1);
@@ -84,7 +88,10 @@ kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_l
 int kv_pages_init(kv_pages *kp, const kv_pool_size *pool, const row_split *cache, int gbs, int slots,
                   int max_len, char *err) {
     memset(kp, 0, sizeof *kp);
-    kp->pool = *pool, kp->cache = *cache, kp->gbs = gbs, kp->slots = slots;
+    kp->pool = *pool;
+    kp->cache = *cache;
+    kp->gbs = gbs;
+    kp->slots = slots;
     kp->max_pages = kv_pages_for(max_len, pool->page_tokens);
     kp->page_table = calloc((size_t)slots * kp->max_pages, sizeof *kp->page_table);
     kp->held = calloc((size_t)slots, sizeof *kp->held);

@@ -176,9 +176,14 @@ __attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *
         c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(av, b1));
     }
     __m256i *t = (__m256i *)tile;
-    _mm256_store_si256(t + 0, c00), _mm256_store_si256(t + 1, c01), _mm256_store_si256(t + 2, c10);
-    _mm256_store_si256(t + 3, c11), _mm256_store_si256(t + 4, c20), _mm256_store_si256(t + 5, c21);
-    _mm256_store_si256(t + 6, c30), _mm256_store_si256(t + 7, c31);
+    _mm256_store_si256(t + 0, c00);
+    _mm256_store_si256(t + 1, c01);
+    _mm256_store_si256(t + 2, c10);
+    _mm256_store_si256(t + 3, c11);
+    _mm256_store_si256(t + 4, c20);
+    _mm256_store_si256(t + 5, c21);
+    _mm256_store_si256(t + 6, c30);
+    _mm256_store_si256(t + 7, c31);
 }
 
 /* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of k. */
@@ -257,7 +262,12 @@ int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t
 #else
 
 int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) {
-    (void)m, (void)n, (void)k, (void)a, (void)b, (void)c;
+    (void)m;
+    (void)n;
+    (void)k;
+    (void)a;
+    (void)b;
+    (void)c;
     return -1;
 }
 
@@ -317,7 +327,13 @@ static struct {
 
 static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c, char *why,
                           size_t why_len) {
-    (void)bf16, (void)m, (void)n, (void)k, (void)a, (void)b, (void)c;
+    (void)bf16;
+    (void)m;
+    (void)n;
+    (void)k;
+    (void)a;
+    (void)b;
+    (void)c;
     snprintf(why, why_len, "this build has no oneDNN");
     return ONEDNN_NONE;
 }
@@ -466,8 +482,14 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
         dnnl_exec_arg_t product_args[3] = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_blocked}, {DNNL_ARG_DST, c_mem}};
         step = "reorder";
         status = dnnl_primitive_execute(p->reorder, dnnl.stream, 2, reorder_args);
-        if (status == dnnl_success) step = "matmul", status = dnnl_primitive_execute(p->product, dnnl.stream, 3, product_args);
-        if (status == dnnl_success) step = "stream", status = dnnl_stream_wait(dnnl.stream);
+        if (status == dnnl_success) {
+            step = "matmul";
+            status = dnnl_primitive_execute(p->product, dnnl.stream, 3, product_args);
+        }
+        if (status == dnnl_success) {
+            step = "stream";
+            status = dnnl_stream_wait(dnnl.stream);
+        }
     }
     dnnl_memory_destroy(a_mem); /* NULL where not made: oneDNN takes it */
     dnnl_memory_destroy(b_mem);

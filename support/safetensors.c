@@ -232,7 +232,8 @@ static int add_name(char ***names, int *n, const char *name) {
 int st_dir_files(const char *dir, char ***names, int *n, char *err) {
     char path[4096];
     int rc = 0;
-    *names = NULL, *n = 0;
+    *names = NULL;
+    *n = 0;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) != 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -260,7 +261,8 @@ int st_dir_files(const char *dir, char ***names, int *n, char *err) {
     if (rc) {
         for (int i = 0; i < *n; i++) free((*names)[i]);
         free(*names);
-        *names = NULL, *n = 0;
+        *names = NULL;
+        *n = 0;
     }
     return rc;
 }

@@ -23,7 +23,8 @@ uint64_t rng_next(fg_rng *r) { /* xorshift128+ */
     return r->s[1] + s0;
 }
 
-float rng_uniform(fg_rng *r) { return (float)(rng_next(r) >> 40) / 16777216.0f; }
+/* [0, 1) */
+static float rng_uniform(fg_rng *r) { return (float)(rng_next(r) >> 40) / 16777216.0f; }
 
 int fg_argmax(const float *x, int n) {
     int best = 0;

@@ -31,7 +31,8 @@ AVX2 static void q4_range64(const float *x, float *lo_out, float *hi_out) {
     _mm256_storeu_ps(l, lo);
     _mm256_storeu_ps(h, hi);
     for (int i = 1; i < 8; i++) l[0] = l[i] < l[0] ? l[i] : l[0], h[0] = h[i] > h[0] ? h[i] : h[0];
-    *lo_out = l[0], *hi_out = h[0];
+    *lo_out = l[0];
+    *hi_out = h[0];
 }
 
 /* 32 levels (four vectors of 8, in order) to 32 bytes in order: the packs interleave lanes. */

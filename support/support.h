@@ -225,7 +225,6 @@ size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_pro
                                size_t *sizes);
 size_t fg_cuda_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);
 size_t fg_cuda_delegated_bytes(const model_config *cfg, size_t rows, int max_len);
-const fg_backend *fg_cpu_fp16_backend(void); /* the CPU with fp16 activations (cpu_fp16.c) */
 
 /* ---- Configs and the weight table (checkpoint.c, safetensors.c) ---- */
 typedef enum { ST_F16, ST_BF16, ST_F32 } st_dtype;
@@ -335,10 +334,6 @@ typedef struct {
     void *ctx;
     int verbose;
 } weight_file;
-void weight_file_path(const weight_file *f, char *path, size_t n);
-size_t weight_file_offsets(const weight_file *f, size_t *offsets); /* the file's size */
-int weight_file_find(const weight_file *f, int check); /* an fd of an intact file, or -1 */
-int weight_file_write(const weight_file *f, char *err); /* an fd, or -1 */
 int weight_file_exists(const weight_file *f);
 int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *err);
 
@@ -346,7 +341,6 @@ int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *
 typedef struct { uint64_t s[2]; } fg_rng;
 void rng_seed(fg_rng *r, uint64_t seed);
 uint64_t rng_next(fg_rng *r);
-float rng_uniform(fg_rng *r); /* [0, 1) */
 int fg_argmax(const float *x, int n); /* the first of equal maxima, as torch.argmax */
 /* temperature <= 0: argmax. Else softmax(logits / temperature), top-p. scratch: 2 n floats. */
 int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,

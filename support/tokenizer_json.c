@@ -28,7 +28,7 @@
 #define META "\xE2\x96\x81" /* U+2581, SentencePiece's space */
 #define MAX_ID ((1 << 24) - 1)
 
-/* The two Split patterns implemented (tokenizer.c's split_end). */
+/* The two Split patterns implemented (tokenizer_encode.c's split_end). */
 static const char LLAMA3_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
                                    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char QWEN2_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "

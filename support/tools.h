@@ -37,7 +37,6 @@ typedef struct {
 } fg_output;
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
 int fg_output_commit(fg_output *o, char *err);
-void fg_output_abort(fg_output *o);
 /* Why a write to path failed (errno e), in words: a full device, a quota, a file size limit. */
 const char *fg_write_failure(const char *path, int e);
 /* Whether path can be written as an output, before the work that makes it. */
@@ -49,7 +48,6 @@ void fg_install_signal_handlers(void);
  * still empty. One at a time. */
 void fg_watch_new_output(int fd, const char *path);
 void fg_unwatch_new_output(void);
-mode_t fg_umask(void); /* the process's umask, left as it is */
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);
 
@@ -64,9 +62,6 @@ double opt_model_bytes(const model_config *cfg);
 double opt_cache_bytes(const model_config *cfg, int batch, int seq_len);
 double opt_hidden_bytes(const model_config *cfg, int batch, int seq_len);
 
-/* Dummy weights, deterministic from seed whatever the thread count, scaled so that activations
- * stay finite through every layer of every size. All tensors in one fp16 arena. */
-int model_weights_dummy(const model_config *cfg, uint64_t seed, model_weights *w, char *err);
 /* An HF checkpoint directory, all tensors in one fp16 arena. */
 int model_weights_load(const char *dir, model_weights *w, char *err);
 void model_weights_free(model_weights *w);
@@ -82,7 +77,7 @@ int st_open_file(const char *path, st_archive *a, char *err); /* appends one fil
 int st_dir_files(const char *dir, char ***names, int *n, char *err);
 
 /* ------------------------------------------------------------------------------------------
- * Tokenizers: BPE (tokenizer.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)
+ * Tokenizers: BPE (tokenizer.c, tokenizer_encode.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)
  * or from a tokenizer.json (tokenizer_json.c: LLaMA's, Mistral's and Qwen2's).
  * ------------------------------------------------------------------------------------------ */
 typedef struct fg_tokenizer fg_tokenizer;
@@ -145,10 +140,8 @@ int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const
 
 int fg_cuda_compiled(void); /* this build has the CUDA backend */
 
-/* A run's trace (its fg_trace) as a trace file (trace.c); as stage `stage` of n (Chrome's trace
- * events, one a line; malloc'd); and a trace file made of every stage's events, written whole or
- * not at all. */
-int fg_trace_write(const fg_trace *tr, const char *path, char *err);
+/* A run's trace (its fg_trace) as stage `stage` of n (trace.c; Chrome's trace events, one a
+ * line; malloc'd), and a trace file made of every stage's events, written whole or not at all. */
 char *fg_trace_events(const fg_trace *tr, int stage, int n);
 int fg_trace_write_events(const char *path, const char *events, char *err);
 

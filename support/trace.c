@@ -118,10 +118,3 @@ int fg_trace_write_events(const char *path, const char *events, char *err) {
     return fg_output_commit(&o, err);
 }
 
-int fg_trace_write(const fg_trace *tr, const char *path, char *err) {
-    char *events = fg_trace_events(tr, 0, 1);
-    int rc = fg_trace_write_events(path, events, err);
-    free(events);
-    return rc;
-}
-

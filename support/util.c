@@ -213,7 +213,10 @@ static int isa_from_env(fg_isa *isa) {
     const char *s = getenv("FLEXGEN_ISA");
     *isa = fg_isa_of_cpu();
     for (int i = 0; s && i < (int)(sizeof ISA_NAMES / sizeof *ISA_NAMES); i++)
-        if (!strcmp(s, ISA_NAMES[i])) *isa = (fg_isa)i, s = NULL;
+        if (!strcmp(s, ISA_NAMES[i])) {
+            *isa = (fg_isa)i;
+            s = NULL;
+        }
     if (getenv("FLEXGEN_NO_SIMD")) *isa = FG_ISA_PORTABLE;
     return s ? -1 : 0;
 }
@@ -328,7 +331,8 @@ void fg_watch_mapping(const void *base, size_t size, const char *path) {
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < MAX_MAPPED; i++)
         if (!mapped[i].used) {
-            mapped[i].base = base, mapped[i].size = size;
+            mapped[i].base = base;
+            mapped[i].size = size;
             snprintf(mapped[i].line, sizeof mapped[i].line, "flexgen: %.400s: a mapped page cannot "
                      "be read: the file was truncated or its disk failed while it was in use\n", path);
             mapped[i].used = 1;
@@ -345,7 +349,7 @@ void fg_unwatch_mapping(const void *base) {
 }
 
 /* The process's umask, read without changing it (umask() sets it, which other threads would see). */
-mode_t fg_umask(void) {
+static mode_t fg_umask(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[128];
     unsigned mask = 022;
@@ -407,7 +411,9 @@ static int output_close(void *cookie) { return close(((fg_output *)cookie)->fd);
 
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) {
     memset(o, 0, sizeof *o);
-    o->flag = flag, o->path = path, o->fd = -1;
+    o->flag = flag;
+    o->path = path;
+    o->fd = -1;
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fg_fail(err, "%s %s: not a regular file", flag, path);
@@ -444,7 +450,7 @@ int fg_output_commit(fg_output *o, char *err) {
     return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, why) : 0;
 }
 
-void fg_output_abort(fg_output *o) {
+static void fg_output_abort(fg_output *o) {
     if (o->f) fclose(o->f);
     output_release(o, 1);
 }

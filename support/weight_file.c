@@ -29,7 +29,7 @@ typedef struct {
 
 static int n_layers(const weight_file *f) { return f->cfg->n_layers + 2; }
 
-void weight_file_path(const weight_file *f, char *path, size_t n) {
+static void weight_file_path(const weight_file *f, char *path, size_t n) {
     snprintf(path, n, "%s/%s-seed%llu%s.fgw", f->dir, f->cfg->name, (unsigned long long)f->seed,
              f->q4 ? "-q4" : "");
 }
@@ -49,7 +49,8 @@ static size_t sums_at(void) { return sizeof(weight_file_header); }
 
 static int tied(const weight_file *f, int i) { return f->layout->tensors[i].tied_to; }
 
-size_t weight_file_offsets(const weight_file *f, size_t *offsets) {
+/* Each tensor's offset in the file (offsets may be NULL); returns the file's size. */
+static size_t weight_file_offsets(const weight_file *f, size_t *offsets) {
     size_t at = page_up(sums_at() + (size_t)n_layers(f) * sizeof(uint64_t));
     for (int i = 0; i < f->layout->n_tensors; i++) {
         int tie = tied(f, i);
@@ -114,7 +115,8 @@ static int intact(const weight_file *f, int fd, size_t size, const char *path) {
     return bad < 0;
 }
 
-int weight_file_find(const weight_file *f, int check) {
+/* An fd of an intact file, or -1. */
+static int weight_file_find(const weight_file *f, int check) {
     char path[FG_PATH_LEN];
     weight_file_path(f, path, sizeof path);
     size_t size = weight_file_offsets(f, NULL);
@@ -171,7 +173,8 @@ static char *create(const weight_file *f, size_t size, int *fd, char *err) {
     return NULL;
 }
 
-int weight_file_write(const weight_file *f, char *err) {
+/* The file written; an fd of it, or -1. */
+static int weight_file_write(const weight_file *f, char *err) {
     char path[FG_PATH_LEN];
     weight_file_path(f, path, sizeof path);
     size_t size = weight_file_offsets(f, NULL);
@@ -193,7 +196,10 @@ int weight_file_write(const weight_file *f, char *err) {
                             "written again next run\n", path, strerror(errno));
     }
     if (base) munmap(base, size);
-    if (rc && fd >= 0) close(fd), fd = -1;
+    if (rc && fd >= 0) {
+        close(fd);
+        fd = -1;
+    }
     return rc ? -1 : fd;
 }
 

@@ -69,8 +69,10 @@ void gpu_batch_free(gpu_batch *gb) {
 }
 
 void gpu_batch_advance(gpu_batch *gb) {
-    for (int b = 0; b < gb->batch; b++)
-        gb->past[b] += gb->n_new - gb->pad[b], gb->pad[b] = 0; /* pad <= n_new */
+    for (int b = 0; b < gb->batch; b++) {
+        gb->past[b] += gb->n_new - gb->pad[b];
+        gb->pad[b] = 0; /* pad <= n_new */
+    }
     gb->n_new = 1;
 }
 

@@ -1,5 +1,5 @@
 /* test_jobs.c: batch jobs end to end, as subprocesses of the flexgen binary (app/jobs.c and
- * the job half of app/cli.c).
+ * app/job_run.c).
  *
  * A job's records against a plain run and against HF's tokens; a job killed, cut short or out of
  * disk resumes to an uninterrupted run's output; one job at a time on an output (the lock); what

@@ -1,6 +1,6 @@
 /* fuzz_cli_args.c: fuzzer bytes as a command line (arguments separated by NUL bytes) for the flag
- * parser of `flexgen` and `flexgen policy` (cli.c's parse_args, reached by including cli.c). */
-#include "../../app/cli.c"
+ * parser of `flexgen` and `flexgen policy` (args.c's parse_args, reached by including args.c). */
+#include "../../app/args.c"
 #include "fuzz.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

@@ -1,7 +1,7 @@
 /* fuzz_numbers.c: fuzzer bytes (up to the first NUL) as the value of a size flag (parse_size:
  * --gpu-mem 16G), an integer flag (parse_int), a number flag (parse_float) and --device, with
  * the ranges the flags use; what is accepted must lie in its range. */
-#include "../../app/cli.c"
+#include "../../app/args.c"
 #include "fuzz.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

@@ -1,9 +1,9 @@
-/* fuzz_prompt_ids.c: fuzzer bytes as a prompt file read by cli.c's read_prompt_lines: as
+/* fuzz_prompt_ids.c: fuzzer bytes as a prompt file read by prompts.c's read_prompt_lines: as
  * --prompt-ids (token ids, parse_id_line), as --prompt-file (text lines through the fixture
  * tokenizer, loaded once) and as a JSONL --prompt-file (jobs.c's jsonl_prompt, with and without
  * the tokenizer), for the fixture tokenizer's vocab. Accepted ids lie in the vocab; every prompt
  * has at least one, and an id. */
-#include "../../app/cli.c"
+#include "../../app/prompts.c"
 #include "fuzz.h"
 
 static fg_tokenizer *tok;
