@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# check_layout.sh: the layout a reader is promised, checked: the top level holds the paper's five
-# source files (opt_model.c, quant.c, flexgen.c, lp.c, flexgen.cu) and the LLaMA family's forward
-# pass beside OPT's (llama_model.c, at most 200 lines); the services beneath them are in support/
-# and the program around them in app/; the paper's four C files (opt_model.c, quant.c,
-# flexgen.c, lp.c) fit a reader's afternoon (3,800 lines together), the paper's two headers
-# (model.h, flexgen.h) 710 lines (both model families), README.md 200. What a reader meets
-# within them: no function in a paper file over 60 lines, nor any elsewhere over 100 (the --help
-# text aside); no line of a paper file over 100 columns; and the maps at the top of flexgen.c
-# and lp.c give each function's line.
+# check_layout.sh: the layout a reader is promised, checked: the top level holds the paper's six
+# source files (opt_model.c, quant.c, flexgen.c and tiers.c, lp.c, flexgen.cu) and the LLaMA
+# family's forward pass beside OPT's (llama_model.c, at most 200 lines); the services beneath them
+# are in support/ and the program around them in app/; the paper's five C files (opt_model.c,
+# quant.c, flexgen.c, tiers.c, lp.c) fit a reader's afternoon (3,900 lines together), none over
+# 1,500, the paper's two headers (model.h, flexgen.h) 730 lines (both model families), README.md
+# 200. What a reader meets within them: no function in a paper file over 60 lines, nor any
+# elsewhere over 100 (the --help text aside); no line of a paper file over 100 columns; Fig. 4's
+# loop and all it calls within flexgen.c's first 600 lines (step_ends, the last, defined there);
+# and the maps at the top of flexgen.c, tiers.c and lp.c give each function's line.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
 #        bash scripts/check_layout.sh --fix-maps   (first writes each map row's line number anew)
 set -euo pipefail
@@ -16,7 +17,7 @@ fail=0
 # The line of each function named in a file's map, where its definition begins.
 defined_at='/^[a-z]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }'
 if [ "${1:-}" = --fix-maps ]; then
-    for f in flexgen.c lp.c; do
+    for f in flexgen.c tiers.c lp.c; do
         awk 'FNR == NR && FNR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = 1 }
             FNR == NR && '"$defined_at"'
             FNR != NR && FNR < 40 && /^ \* +[0-9]+  [a-z_]+ / && ($3 in got) {
@@ -30,15 +31,16 @@ check() { # what, value, limit
 listed() { # what, the lines found (empty: none)
     if [ -z "$2" ]; then echo "ok    $1: none"; else echo "MISS  $1:"; echo "$2"; fail=1; fi
 }
-paper_c="opt_model.c quant.c flexgen.c lp.c"
+paper_c="opt_model.c quant.c flexgen.c tiers.c lp.c"
 paper="$paper_c llama_model.c flexgen.cu"
 top=$(ls *.c *.cu | tr '\n' ' ')
-if [ "$top" = "flexgen.c flexgen.cu llama_model.c lp.c opt_model.c quant.c " ]; then echo "ok    top-level sources: $top"
+if [ "$top" = "flexgen.c flexgen.cu llama_model.c lp.c opt_model.c quant.c tiers.c " ]; then echo "ok    top-level sources: $top"
 else echo "MISS  top-level sources: $top"; fail=1; fi
 # shellcheck disable=SC2086
-check "paper C files (wc -l $paper_c)" "$(cat $paper_c | wc -l)" 3800
+check "paper C files (wc -l $paper_c)" "$(cat $paper_c | wc -l)" 3900
+for f in $paper_c; do check "$f" "$(wc -l <"$f")" 1500; done
 check "llama_model.c" "$(wc -l <llama_model.c)" 200
-check "model.h and flexgen.h" "$(cat model.h flexgen.h | wc -l)" 710
+check "model.h and flexgen.h" "$(cat model.h flexgen.h | wc -l)" 730
 check "README.md" "$(wc -l <README.md)" 200
 # A function: a header at column 0 (a name and its '('), through the line that ends with '{', to
 # the '}' at column 0 that closes it. Prints those longer than `limit` lines.
@@ -58,8 +60,12 @@ listed "functions over 60 lines in the paper files" "$(long_functions 60 $paper)
 listed "functions over 100 lines elsewhere" "$(long_functions 100 support/*.c app/*.c)"
 # shellcheck disable=SC2086
 listed "lines over 100 columns in the paper files" "$(awk 'length > 100 { print FILENAME ":" FNR }' $paper)"
+# Fig. 4's loop, its verbs and a step's edges read on a reader's first screens: step_ends, the last
+# of them, is defined within flexgen.c's first 600 lines.
+check "the line of flexgen.c that defines step_ends" \
+    "$(awk '/^static void step_ends\(.*\{$/ { print FNR; exit }' flexgen.c)" 600
 # The maps: " *  LINE  NAME  what" rows in a file's top comment, each the line of NAME's definition.
-for f in flexgen.c lp.c; do
+for f in flexgen.c tiers.c lp.c; do
     wrong=$(awk 'NR < 40 && /^ \* +[0-9]+  [a-z_]+ / { want[$3] = $2 }
         '"$defined_at"'
         END { for (n in want) if (got[n] != want[n]) printf "%s at %s, not %s (--fix-maps writes it)\n", n, got[n], want[n] }' "$f")
