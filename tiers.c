@@ -9,9 +9,9 @@
  *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   175  place_tensors            each tensor's home tier, by FlexGen's rule
  *   396  load_weights_into_homes  the weights written into their homes, once
- *   489  load_weight_at           a layer read ahead, converted into a staging arena
- *   588  shape_block              a block's buffers per tier; fg_check_plan below it
- *   840  alloc_block              a block's KV cache and activations on the tiers
+ *   491  load_weight_at           a layer read ahead, converted into a staging arena
+ *   590  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   842  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -432,6 +432,8 @@ int load_weights_into_homes(fg_model *m, char *err) {
 }
 
 /* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
+ * flexgen.c's load_weight (and the plain loop's load_weight_now) call these for the round's layer
+ * n = unit L + j: read_weights, load_weight_at, bind_weights.
  * Layer n (step n / L, layer n % L) is read from disk one layer earlier than Fig. 4 asks, while
  * layer n - 2 computes, so that the disk link reads back to back instead of waiting for each
  * conversion into the gpu tier; the plan counts those two layers of pages in the cpu tier. */
