@@ -46,11 +46,12 @@ TEST_LIBS := -lcunit -lglpk
 DEPFLAGS := -MMD -MP
 SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 
-# The paper's four C files and llama_model.c beside opt_model.c (flexgen.cu, the fifth paper file,
+# The paper's C files (flexgen.c's runtime in two: the schedule, and tiers.c, what it moves
+# between) and llama_model.c beside opt_model.c (flexgen.cu, the fifth paper file,
 # builds below); the services beneath them (support/); the program around them (app/): the
 # command line, a run opened, the pipeline's stages, the CPU backends' tables. A first reading can
 # skip both folders.
-PAPER := opt_model.c llama_model.c quant.c flexgen.c lp.c
+PAPER := opt_model.c llama_model.c quant.c flexgen.c tiers.c lp.c
 SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampling.c safetensors.c \
            checkpoint.c weight_file.c tokenizer.c tokenizer_encode.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
            avx512_simde.c disk_arena.c io_links.c blas_core.c onednn.c)

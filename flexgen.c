@@ -1,32 +1,32 @@
 /* flexgen.c: FlexGen's runtime (§4.1, §4.2): the zig-zag block schedule of Fig. 4 (and, on the
- * same loop, the diagonal one of Appendix A.2), the paper's verbs it calls, and the tiers,
- * weights and plan that they move data between. The loop stands first, under this map, and the
- * plain loop without overlap beside it; what they call is defined below them, bottom-up (C
- * defines a function before its first use). Read it top-down from the loop, by this map
- * (scripts/check_layout.sh holds each line to the function's definition):
+ * same loop, the diagonal one of Appendix A.2), the paper's verbs it calls, a block's step and its
+ * tokens, and generate(). It reads top-down in the loop's order: the two loops under this map,
+ * then Fig. 4's verbs, the step's edges, the tokens, refill and the diagonal schedule, generate();
+ * last, what the verbs move (the rows of the KV cache and activations, their I/O tasks). What the
+ * loops and verbs call from further down is declared above them. The map (scripts/check_layout.sh
+ * holds each line to the function's definition):
  *
- *   113  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
- *   144  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
- *  1458  step_begins              a block's step: tokens back, pages; step_ends
- *  1401  load_weight              Fig. 4's load_weight; synchronize below it
- *  1343  compute                  layer j of GPU batch k on the backend
- *  1173  load_cache               store_cache below it, then load_ and store_activation
- *  1947  generate                 prompts in rounds of blocks (run_round), refill_slots
- *  1802  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1569  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   171  tier_take                the tiers: every byte taken here, or refused
- *   235  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   301  place_tensors            each tensor's home tier, by FlexGen's rule
- *   521  load_weights_into_homes  the weights written into their homes, once
- *   614  load_weights             a layer read ahead, converted into a staging arena
- *   688  shape_block              a block's buffers per tier; fg_check_plan below it
- *   986  alloc_block              a block's KV cache and activations on the tiers
+ *   107  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
+ *   138  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
+ *   181  at                       an iteration: layer j, GPU batch k, its arena; before, after
+ *   223  load_weight              Fig. 4's load_weight; load_weight_now, the plain loop's
+ *   242  load_cache               Fig. 4's load_cache; store_cache below it
+ *   288  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
+ *   317  compute                  layer j of GPU batch k on the backend
+ *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
+ *   411  step_begins              a block's step: tokens back, pages; step_ends
+ *   505  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   720  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *   738  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *   883  generate                 prompts in rounds of blocks (run_round)
+ *  1034  cache_in_task            the verbs' I/O tasks: the KV cache's, then the activations'
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
- * links once a block rather than once a batch. The types the loop reads (fg_runtime, fg_model,
- * weight_home, block_shape, block) are in flexgen.h. Below this file: the disk arena's mapping,
- * the I/O threads and the KV cache's pages (support/disk_arena.c, io_links.c, kv_pages.c); above
+ * links once a block rather than once a batch. The tiers that the verbs move data between, the
+ * weights' homes and staging arenas, a block's plan and its buffers are tiers.c's. The types the
+ * loop reads (fg_runtime, fg_model, weight_home, block_shape, block) are in flexgen.h. Below this
+ * file: tiers.c, the I/O threads and the KV cache's pages (support/io_links.c, kv_pages.c); above
  * it, opening a run and a model (app/runtime.c) and a pipeline's stage hooks (§4.4,
  * app/pipeline.c; in one process they do nothing, app/stage.c).
  */
@@ -34,21 +34,15 @@
 #include "flexgen.h"
 #include "support/support.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
 
 /* ============================================================================================
- * The block schedule (§4.2, Fig. 4), first. Its verbs and helpers are defined below, bottom-up,
- * and declared here: the loop reads them in Fig. 4's order.
+ * The block schedule (§4.2, Fig. 4), first. Its verbs follow it in Fig. 4's order, declared
+ * here, and what they call from further down is declared below them.
  * ============================================================================================ */
 
 /* Two numberings of layers: the schedule's j runs over FlexGen's list (0 the input embedding,
@@ -94,8 +88,8 @@ static void load_weight(gen_run *run, int next_j, int k);
 static void load_weight_now(gen_run *run, int j);
 static void load_cache(block *bl, iteration it);
 static void load_activation(block *bl, iteration next);
-static void load_input_now(block *bl, iteration now);
-static uint64_t activation_in(block *bl, iteration it);
+static void load_activation_now(block *bl, iteration now);
+static uint64_t load_activation_at(block *bl, iteration it);
 static void compute(block *bl, iteration it);
 static void store_activation(block *bl, iteration it);
 static void store_cache(block *bl, iteration it);
@@ -126,7 +120,7 @@ static void block_schedule(gen_run *run) {
                     load_weight(run, j + 1, k);
                     store_activation(bl, prev);
                     store_cache(bl, prev);
-                    load_input_now(bl, now);                /* one GPU batch: just stored */
+                    load_activation_now(bl, now);                /* one GPU batch: just stored */
                     load_cache(bl, next);
                     load_activation(bl, next);
                     compute(bl, now);
@@ -150,7 +144,7 @@ static void plain_schedule(gen_run *run) {
             for (int k = 0; k < bl->n_batches; k++) {                     /* GPU batch */
                 iteration now = at(bl, j, k);
                 load_cache(bl, now);
-                activation_in(bl, now); /* load_activation, of this iteration */
+                load_activation_at(bl, now); /* load_activation, of this iteration */
                 compute(bl, now);
                 store_activation(bl, now);
                 store_cache(bl, now);
@@ -161,988 +155,48 @@ static void plain_schedule(gen_run *run) {
 }
 
 /* ============================================================================================
- * Tiers (docs/DESIGN.md, "Glossary": tier): one accounting point each. I/O threads move pages of
- * the disk tier in and out of memory, so the counters sit behind a lock.
+ * Fig. 4's verbs (§4.2): each works on one iteration of the loop (layer j, GPU batch k, the
+ * staging arena it uses), submitting its moves to the I/O threads; the iteration's helpers first.
  * ============================================================================================ */
 
-const char *const fg_tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
+/* Defined with what the verbs move, at the end of this file. */
+static int any_past(const gpu_batch *gb);
+static size_t new_bytes(const block *bl, const gpu_batch *gb, int b);
+static void cache_fetch_task(fg_runtime *rt, const io_task *task);
+static void cache_in_task(fg_runtime *rt, const io_task *task);
+static void cache_out_task(fg_runtime *rt, const io_task *task);
+static void cache_writeback_task(fg_runtime *rt, const io_task *task);
+static void act_fetch_task(fg_runtime *rt, const io_task *task);
+static void act_in_task(fg_runtime *rt, const io_task *task);
+static void act_out_task(fg_runtime *rt, const io_task *task);
+static void act_writeback_task(fg_runtime *rt, const io_task *task);
+static void bind_batch(block *bl, iteration it);
 
-/* Takes bytes from a tier, or fails naming the tier, what needed them, and what is left. */
-int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err) {
-    pthread_mutex_lock(&rt->lock);
-    int fits = rt->current[t] + bytes <= rt->capacity[t];
-    if (fits) {
-        rt->current[t] += bytes;
-        if (rt->current[t] > rt->peak[t]) rt->peak[t] = rt->current[t];
-    }
-    double in_use = rt->current[t];
-    pthread_mutex_unlock(&rt->lock);
-    if (fits) return 0;
-    return fg_fail(err, "%s tier: %s needs %s more, %s of %s in use (%s)", fg_tier_names[t], what,
-                   human(bytes).s, human(in_use).s, human(rt->capacity[t]).s, fg_tier_flags[t]);
+/* The staging arena of iteration (j, k) of a step: iteration t = (j - first) K + k uses arena
+ * t % 2, so the previous and next iterations use the other one. */
+static int staging_arena(const block *bl, int j, int k) {
+    return ((j - bl->m->first_layer) * bl->n_batches + k) % 2;
 }
 
-/* Transient use (pages of the disk tier in memory while they move): counted, never refused,
- * since the plan check already bounded it. */
-void tier_add(fg_runtime *rt, fg_tier t, double bytes) {
-    pthread_mutex_lock(&rt->lock);
-    rt->current[t] += bytes;
-    if (rt->current[t] > rt->peak[t]) rt->peak[t] = rt->current[t];
-    pthread_mutex_unlock(&rt->lock);
+static iteration at(const block *bl, int j, int k) {
+    int in_stage = j >= bl->m->first_layer && j < bl->m->end_layer;
+    return in_stage ? (iteration){j, k, staging_arena(bl, j, k)} : (iteration){-1, 0, 0};
 }
 
-void link_add(fg_runtime *rt, fg_link l, double bytes) {
-    pthread_mutex_lock(&rt->lock);
-    rt->link_bytes[l] += bytes;
-    pthread_mutex_unlock(&rt->lock);
+static iteration before(const block *bl, iteration it) {
+    return it.k > 0 ? at(bl, it.j, it.k - 1) : at(bl, it.j - 1, bl->n_batches - 1);
 }
 
-/* Memory of the gpu or cpu tier, zeroed (cpu-tier weights pinned with --pin-weight, the rest of
- * the cpu tier always: what moves over the cpu <-> gpu link). NULL (and err) when the tier or the
- * machine is full. */
-void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what,
-                               int pinned, char *err) {
-    if (bytes == 0) bytes = 64;
-    if (tier_take(rt, t, (double)bytes, what, err)) return NULL;
-    void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : rt->backend->host_alloc(bytes, pinned);
-    if (!p) {
-        tier_add(rt, t, -(double)bytes);
-        fg_fail(err, "%s tier: out of memory allocating %s for %s", fg_tier_names[t],
-                human((double)bytes).s, what);
-        return NULL;
-    }
-    return p;
+static iteration after(const block *bl, iteration it) {
+    return it.k + 1 < bl->n_batches ? at(bl, it.j, it.k + 1) : at(bl, it.j + 1, 0);
 }
 
-void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err) {
-    return tier_alloc_pinned(rt, t, bytes, what, 1, err);
-}
-
-void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes) {
-    if (!p) return;
-    if (bytes == 0) bytes = 64;
-    if (t == TIER_GPU) rt->backend->free(p);
-    else rt->backend->host_free(p);
-    tier_add(rt, t, -(double)bytes);
-}
-
-/* ============================================================================================
- * The disk tier (support/disk_arena.c maps its files): pages come into memory over the disk -> cpu
- * link and leave over cpu -> disk, counted on the cpu tier while they are in.
- * ============================================================================================ */
-
-/* disk -> cpu: bring the pages in (and wait for them), on the disk link's thread. */
-void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes) {
-    if (!bytes) return;
-    size_t off, len;
-    page_range(a, p, bytes, &off, &len);
-    double t0 = now_seconds();
-    disk_fetch_pages(a, off, len);
-    double dt = now_seconds() - t0;
-    pthread_mutex_lock(&rt->lock);
-    rt->disk_read_seconds += dt;
-    pthread_mutex_unlock(&rt->lock);
-    link_add(rt, LINK_DISK_TO_CPU, (double)bytes);
-    tier_add(rt, TIER_CPU, (double)bytes);
-}
-
-/* Writes back what was written (cpu -> disk) and drops the pages from memory. */
-void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
-                         size_t written) {
-    if (!bytes) return;
-    drop_pages(a, p, bytes, written > 0);
-    if (written) link_add(rt, LINK_CPU_TO_DISK, (double)written);
-    tier_add(rt, TIER_CPU, -(double)bytes);
-}
-
-void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
-               double end) {
-    trace_record(&rt->trace, track, name, layer, batch, start, end);
-}
-
-/* ============================================================================================
- * Weights on the tiers (§4.2, "Search Space": weight placement). The gpu tier holds fp16
- * working copies, or the 4-bit bytes, which both backends' products read as they are; cpu and
- * disk homes hold fp16 (or 4-bit), loaded into one of two staging arenas while the previous
- * layer computes.
- * ============================================================================================ */
-
-static int in_stage(const fg_model *m, int i) {
-    int j = m->layout.tensors[i].layer;
-    return j >= m->first_layer && j < m->end_layer;
-}
-/* The tensor whose home tensor i shares: its tie (lm_head to embed_tokens) when both are in this
- * stage, else -1 (the last stage of a pipeline keeps lm_head's own copy). */
-static int tied_here(const fg_model *m, int i) {
-    int t = m->layout.tensors[i].tied_to;
-    return t >= 0 && in_stage(m, t) ? t : -1;
-}
-
-/* Tensor i is kept 4-bit (§5), and the bytes it is stored in (off the gpu tier, or 4-bit). */
-static int is_q4(const fg_model *m, int i) {
-    return m->rt->policy.compress_weight && m->layout.tensors[i].group_len > 0;
-}
-size_t stored_bytes(const fg_model *m, int i) {
-    const opt_tensor *t = &m->layout.tensors[i];
-    return is_q4(m, i) ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
-}
-
-/* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed and
- * the backend's products cannot read it as it is (both of ours read the 4-bit bytes). */
-static int is_staged(const fg_model *m, const weight_home *h) {
-    return h->tier != TIER_GPU || (h->q4 && !m->rt->backend->reads_q4);
-}
-
-/* FlexGen's placement rule (init_weight_list), for tensors [first, end) of one of FlexGen's
- * layers: in order, each goes to the tier in which the midpoint of its cumulative size (in
- * elements, as a percentage of the layer's) falls, the tiers taking the percentages in the order
- * disk, cpu, gpu: [0, wn) disk, [wn, wn + wc) cpu, the rest gpu. A tied tensor (lm_head) has no
- * home of its own here. */
-static void place_tensors(fg_model *m, int first, int end) {
-    const fg_percent *pc = &m->rt->policy.percent;
-    double disk_end = 100 - pc->wg - pc->wc;
-    double cpu_end = disk_end + pc->wc;
-    const opt_layout *l = &m->layout;
-    double total = 0;
-    double before = 0;
-    for (int i = first; i < end; i++)
-        if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
-    for (int i = first; i < end; i++) {
-        const opt_tensor *t = &l->tensors[i];
-        if (tied_here(m, i) >= 0) continue;
-        double mid = 100 * (before + t->count / 2.0) / total;
-        before += (double)t->count;
-        m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
-    }
-}
-
-/* Layer j's tensors. FlexGen's list has a decoder layer as two layers, its attention (q, k, v,
- * out_proj, their layer norm) and its MLP (fc1, fc2, their layer norm), each placed on its own:
- * at --percent 20 80 the out_proj of every layer goes to the gpu, fc2 does not. */
-static void place_layer(fg_model *m, int j) {
-    int first = m->layer_first[j];
-    int end = m->layer_first[j + 1];
-    int mlp = first;
-    const model_config *c = &m->view.cfg;
-    if (j >= 1 && j <= c->n_layers)
-        while (mlp < end && m->layout.tensors[mlp].slot != &m->view.layers[j - 1].fc1_w) mlp++;
-    place_tensors(m, first, mlp);
-    place_tensors(m, mlp, end);
-}
-
-/* Every tensor's home, its stored form, and the staging arenas' size. */
-void place_weights(fg_model *m) {
-    const opt_layout *l = &m->layout;
-    for (int j = m->first_layer; j < m->end_layer; j++) place_layer(m, j);
-    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++) {
-        weight_home *h = &m->homes[i];
-        if (tied_here(m, i) >= 0) h->tier = m->homes[tied_here(m, i)].tier;
-        h->q4 = is_q4(m, i);
-        h->bytes = stored_bytes(m, i);
-    }
-    /* an arena holds the largest staged layer's working weights and, on a device whose products
-     * cannot read 4-bit bytes, the largest compressed tensor's bytes (landing and decompressed in
-     * order on one stream). A tensor sits at its place among the layer's fp16 values, after what
-     * 4-bit tensors before it take beyond their fp16 where the products read 4-bit bytes (a
-     * group of 64 holds a row of under 29 values in more bytes than fp16) */
-    const fg_backend *be = m->rt->backend;
-    size_t working = 0;
-    size_t landing = 0;
-    for (int j = m->first_layer; j < m->end_layer; j++) {
-        int extra = 0;
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-            weight_home *h = &m->homes[i];
-            size_t slot = l->tensors[i].count * be->weight_elem;
-            size_t end = l->layer_floats[j] * be->weight_elem;
-            if (!is_staged(m, h)) continue;
-            h->staged_at = l->tensors[i].offset * be->weight_elem + (size_t)extra;
-            extra += h->q4 && be->reads_q4 && h->bytes > slot ? (int)(h->bytes - slot) : 0;
-            if (end + (size_t)extra > working) working = end + (size_t)extra;
-            if (!be->reads_q4 && h->q4 && h->tier != TIER_GPU && h->bytes > landing)
-                landing = h->bytes;
-        }
-    }
-    m->landing_at = working;
-    m->staging_bytes = working + landing;
-}
-
-/* What a home takes of its tier. */
-static double home_bytes(const fg_model *m, const weight_home *h, size_t count) {
-    if (h->tier == TIER_GPU && !h->q4) return (double)m->rt->backend->weight_elem * count;
-    return h->tier == TIER_DISK ? (double)page_up(h->bytes) : (double)h->bytes;
-}
-
-/* Bytes of the weights' homes per tier, and the largest disk share of one layer. */
-void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk) {
-    memset(bytes, 0, N_TIERS * sizeof *bytes);
-    *max_layer_disk = 0;
-    for (int j = m->first_layer; j < m->end_layer; j++) {
-        double layer_disk = 0;
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-            const weight_home *h = &m->homes[i];
-            double b = home_bytes(m, h, m->layout.tensors[i].count);
-            if (tied_here(m, i) < 0) bytes[h->tier] += b;
-            if (h->tier == TIER_DISK) layer_disk += b;
-        }
-        if (layer_disk > *max_layer_disk) *max_layer_disk = layer_disk;
-    }
-}
-
-void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]) {
-    memset(stored, 0, N_TIERS * sizeof *stored);
-    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer]; i++)
-        if (tied_here(m, i) < 0) stored[m->homes[i].tier] += (double)m->homes[i].bytes;
-}
-
-/* The model's dummy-weight file for disk homes (support/weight_file.c): written once to the
- * weight dir, reused after. */
-static size_t tensor_stored_bytes(void *m, int i) { return stored_bytes(m, i); }
-static int fill_dummy(void *ctx, int i, void *dst, char *err) {
-    const fg_model *m = ctx;
-    weight_source src = {NULL, m->seed};
-    return fill_stored(m, i, &src, dst, err);
-}
-weight_file weight_file_of(fg_model *m) {
-    return (weight_file){m->rt->weight_dir, &m->view.cfg, m->seed, m->rt->policy.compress_weight,
-                         &m->layout, m->layer_first, tensor_stored_bytes, fill_dummy, m,
-                         m->rt->policy.verbose};
-}
-
-/* Frees every home of this stage's tensors (the disk homes' file is unmapped), and the staging
- * arenas. */
-void free_weight_homes(fg_model *m) {
-    for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
-        const weight_home *h = &m->homes[i];
-        size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
-        if (!in_stage(m, i) || tied_here(m, i) >= 0) continue;
-        if (h->tier == TIER_GPU) tier_free(m->rt, TIER_GPU, h->q4 ? h->stored : h->gpu, bytes);
-        if (h->tier == TIER_CPU) tier_free(m->rt, TIER_CPU, h->stored, bytes);
-    }
-    for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], m->staging_bytes);
-    if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
-    m->rt->capacity[TIER_DISK] -= m->reused_disk_bytes;
-    arena_close(&m->disk);
-}
-
-/* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
-int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
-    const opt_tensor *t = &m->layout.tensors[i];
-    if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
-    if (!src->archive && q4_compress_dummy(&m->layout, i, src->seed, dst) == 0) return 0;
-    if (!src->archive) return fg_fail(err, "out of memory compressing %s", t->name);
-    /* as loaded: the fp32 values are these, widened */
-    fp16 *values = malloc(t->count * sizeof *values);
-    /* 1: out of memory */
-    int rc = values ? opt_tensor_fill(&m->layout, i, src, NULL, values, err) : 1;
-    if (rc == 0 && q4_compress_fp16(values, t->group_outer, t->group_len, t->group_inner, dst))
-        rc = 1;
-    if (rc == 1) rc = fg_fail(err, "out of memory compressing %s", t->name);
-    free(values);
-    return rc;
-}
-
-/* A home on the gpu tier: written in place where it is host memory, else sent through the
- * backend. */
-static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home,
-                         char *err) {
-    const fg_backend *be = m->rt->backend;
-    const weight_home *h = &m->homes[i];
-    /* no second copy of a large tensor */
-    if (be->gpu_is_host) return fill_stored(m, i, src, home, err);
-    void *stored = malloc(h->bytes);
-    if (!stored) return fg_fail(err, "out of memory loading %s", m->layout.tensors[i].name);
-    int rc = fill_stored(m, i, src, stored, err);
-    if (rc == 0 && h->q4) be->copy_in(home, stored, h->bytes); /* 4-bit as is */
-    else if (rc == 0)
-        be->weights_in(home, stored, m->layout.tensors[i].count); /* fp16 to working */
-    free(stored);
-    return rc;
-}
-
-static void progress(const fg_model *m, const char *what, int done, int total) {
-    if (m->rt->policy.verbose) fprintf(stderr, "\r%s: layer %d/%d", what, done, total);
-    if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
-}
-
-/* The disk tier's file of the weights' disk homes (`bytes` of them): the dummy-weight file,
- * whose tensors lie at `offsets` (*from_file), or an unnamed file that the checkpoint's values
- * are written into. */
-static int map_disk_homes(fg_model *m, double bytes, size_t *offsets, int *from_file, char *err) {
-    fg_runtime *rt = m->rt;
-    if (tier_take(rt, TIER_DISK, bytes, "the weights", err)) return -1;
-    m->disk_bytes = bytes;
-    int rc;
-    if (!m->has_archive) {
-        weight_file f = weight_file_of(m);
-        rc = weight_file_map(&f, &m->disk, offsets, err);
-        *from_file = 1;
-    } else {
-        int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
-        rc = -1;
-        if (fd >= 0)
-            rc = arena_map(&m->disk, fd, (size_t)bytes, "--offload-dir", rt->offload_dir, err);
-    }
-    if (rc) {
-        tier_add(rt, TIER_DISK, -m->disk_bytes);
-        m->disk_bytes = 0;
-    }
-    return rc;
-}
-
-/* Tensor i written into its home: allocated on the gpu or cpu tier, or taken from the disk
- * homes' file (offsets[i] into the dummy-weight file when from_file). */
-static int fill_home(fg_model *m, int i, const weight_source *src, const size_t *offsets,
-                     int from_file, char *err) {
-    fg_runtime *rt = m->rt;
-    weight_home *h = &m->homes[i];
-    if (h->tier == TIER_GPU) {
-        void **home = h->q4 ? &h->stored : (void **)&h->gpu;
-        size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
-        *home = tier_alloc(rt, TIER_GPU, bytes, "the weights", err);
-        return *home ? fill_gpu_home(m, i, src, *home, err) : -1;
-    }
-    if (h->tier == TIER_CPU) {
-        int pin = rt->policy.pin_weight;
-        h->stored = tier_alloc_pinned(rt, TIER_CPU, h->bytes, "the weights", pin, err);
-        return h->stored ? fill_stored(m, i, src, h->stored, err) : -1;
-    }
-    if (from_file) {
-        h->stored = m->disk.base + offsets[i];
-        return 0;
-    }
-    h->stored = arena_take(&m->disk, h->bytes);
-    int rc = fill_stored(m, i, src, h->stored, err);
-    tier_add(rt, TIER_CPU, (double)h->bytes); /* written pages, until released */
-    disk_release(rt, &m->disk, h->stored, h->bytes, 0);
-    return rc;
-}
-
-/* Writes every tensor into its home (§4.2) and points the view at those on the gpu tier. */
-int load_weights_into_homes(fg_model *m, char *err) {
-    fg_runtime *rt = m->rt;
-    const opt_layout *l = &m->layout;
-    double bytes[N_TIERS], max_layer_disk;
-    weight_bytes(m, bytes, &max_layer_disk);
-    size_t *offsets = calloc((size_t)l->n_tensors, sizeof *offsets);
-    if (!offsets) return fg_fail(err, "out of memory");
-    int from_file = 0;
-    int rc = 0;
-    if (bytes[TIER_DISK] > 0) rc = map_disk_homes(m, bytes[TIER_DISK], offsets, &from_file, err);
-    weight_source src = {m->has_archive ? &m->archive : NULL, m->seed};
-    for (int j = m->first_layer; j < m->end_layer && rc == 0; j++) {
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++)
-            if (tied_here(m, i) < 0) rc = fill_home(m, i, &src, offsets, from_file, err);
-        if (m->has_archive) progress(m, "placing weights", j + 1 - m->first_layer, stage_layers(m));
-    }
-    free(offsets);
-    for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
-        weight_home *h = &m->homes[i];
-        if (tied_here(m, i) >= 0) { /* a tied tensor: its tie's home, staged where it is */
-            size_t at = h->staged_at;
-            *h = m->homes[tied_here(m, i)];
-            h->staged_at = at;
-        }
-        if (!is_staged(m, h)) *l->tensors[i].slot = h->q4 ? h->stored : h->gpu;
-    }
-    for (int b = 0; b < 2 && rc == 0 && m->staging_bytes; b++) {
-        m->staging[b] = tier_alloc(rt, TIER_GPU, m->staging_bytes, "weight staging", err);
-        if (!m->staging[b]) rc = -1;
-    }
-    if (m->has_archive) { /* every value is in its home now */
-        st_close(&m->archive);
-        m->has_archive = 0;
-    }
-    m->loaded = rc == 0;
-    return rc;
-}
-
-/* ---- loading a layer's weights: disk -> cpu, then cpu -> gpu (Fig. 4, "load weight") ----
- * Layer n (step n / L, layer n % L) is read from disk one layer earlier than Fig. 4 asks, while
- * layer n - 2 computes, so that the disk link reads back to back instead of waiting for each
- * conversion into the gpu tier; the plan counts those two layers of pages in the cpu tier. */
-
-static void weights_fetch_task(fg_runtime *rt, const io_task *task) {
-    fg_model *m = task->ctx;
-    for (int i = m->layer_first[task->layer]; i < m->layer_first[task->layer + 1]; i++)
-        if (m->homes[i].tier == TIER_DISK)
-            disk_fetch(rt, &m->disk, m->homes[i].stored, m->homes[i].bytes);
-}
-
-/* Drops layer j's pages that came from disk (after their conversion, or unused). */
-static void weights_release(fg_runtime *rt, fg_model *m, int j) {
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-        if (m->homes[i].tier == TIER_DISK)
-            disk_release(rt, &m->disk, m->homes[i].stored, m->homes[i].bytes, 0);
-}
-
-static void weights_in_task(fg_runtime *rt, const io_task *task) {
-    fg_model *m = task->ctx;
-    const fg_backend *be = rt->backend;
-    char *staging = m->staging[task->arena], *landing = staging + m->landing_at;
-    for (int i = m->layer_first[task->layer]; i < m->layer_first[task->layer + 1]; i++) {
-        const weight_home *h = &m->homes[i];
-        const opt_tensor *t = &m->layout.tensors[i];
-        char *working = staging + h->staged_at;
-        if (!is_staged(m, h)) continue;
-        if (h->q4)
-            be->weights_in_q4(working, h->stored, h->tier == TIER_GPU ? NULL : landing,
-                              t->group_outer, t->group_len, t->group_inner);
-        else
-            be->weights_in(working, h->stored, t->count);
-        if (h->tier != TIER_GPU) link_add(rt, LINK_CPU_TO_GPU, (double)h->bytes);
-    }
-    weights_release(rt, m, task->layer);
-}
-
-static void forget_read(fg_model *m, weight_read *r);
-
-/* Starts reading the disk part of layer n into the cpu tier, unless it is read or has none. */
-static void read_weights(fg_model *m, long n) {
-    int j = m->first_layer + (int)(n % stage_layers(m));
-    int on_disk = 0;
-    weight_read *r = &m->reads[n % 2];
-    if (r->n == n) return;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-        on_disk |= m->homes[i].tier == TIER_DISK;
-    if (!on_disk) return;
-    forget_read(m, r); /* a layer read ahead for a unit that did not come */
-    io_task t = {.fn = weights_fetch_task, .name = "read weights", .ctx = m, .layer = j};
-    *r = (weight_read){n, io_submit(&m->rt->io, IO_WEIGHT_DISK, t), 0};
-}
-
-/* Starts loading layer n into staging arena n % 2 (reading it first if that has not begun). */
-static void load_weights(fg_model *m, long n) {
-    int j = m->first_layer + (int)(n % stage_layers(m));
-    int buf = (int)(n % 2);
-    int staged = 0;
-    if (m->staged[buf] == n) return;
-    m->staged[buf] = n;
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-        staged |= is_staged(m, &m->homes[i]);
-    if (!staged) return;
-    read_weights(m, n);
-    weight_read *r = &m->reads[n % 2];
-    uint64_t read = r->n == n ? r->seq : 0;
-    if (r->n == n) r->used = 1;
-    io_task t = {.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
-                 .after_seq = read, .ctx = m, .layer = j, .arena = buf};
-    io_submit(&m->rt->io, IO_WEIGHT_HOST, t);
-}
-
-/* Points compute at layer n's staged weights (arena n % 2), as it starts: with one layer on a
- * pipeline stage, the arena the next layer loads into is this layer's other one. */
-static void bind_weights(fg_model *m, long n) {
-    int j = m->first_layer + (int)(n % stage_layers(m));
-    for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++)
-        if (is_staged(m, &m->homes[i]))
-            *m->layout.tensors[i].slot = (fp16 *)(m->staging[n % 2] + m->homes[i].staged_at);
-}
-
-/* At the end of a block: layers read ahead for steps that did not come (every sequence
- * stopped) give their pages back. */
-static void forget_read(fg_model *m, weight_read *r) {
-    if (r->n >= 0 && !r->used) {
-        io_wait(&m->rt->io, IO_WEIGHT_DISK, r->seq);
-        weights_release(m->rt, m, m->first_layer + (int)(r->n % stage_layers(m)));
-    }
-    r->n = -1;
-}
-
-static void forget_reads(fg_model *m) {
-    for (int b = 0; b < 2; b++) forget_read(m, &m->reads[b]);
-}
-
-/* ============================================================================================
- * A block's plan (§4.1, §4.2): how its sequences split over the tiers, the size of every
- * buffer it holds on each tier, and the plan check that holds all of it, weights included,
- * against the capacities before anything is allocated.
- * ============================================================================================ */
-
-/* n sequences split by percentages (the rest to disk), each tier's count rounded. */
-static row_split split_rows(int n, int gpu_pct, int cpu_pct) {
-    int gpu = (int)lround(n * gpu_pct / 100.0);
-    int gc = (int)lround(n * (gpu_pct + cpu_pct) / 100.0);
-    return (row_split){{gpu, gc - gpu, n - gc}};
-}
-
-fg_tier row_tier(const row_split *s, int b, int *index) {
-    fg_tier t = TIER_GPU;
-    while (t < TIER_DISK && b >= s->rows[t]) b -= s->rows[t++];
-    *index = b;
-    return t;
-}
-
-/* A pipeline of M stages keeps M micro-batches in flight (§4.4), each a block of at most
- * gpu_batch_size x num_gpu_batches sequences: prompts go in rounds of *count blocks of *size
- * (fewer prompts make smaller blocks rather than fewer). One process: blocks, one at a time. */
-void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
-    const fg_policy *p = &m->rt->policy;
-    int stages = p->n_stages > 1 ? p->n_stages : 1;
-    int block = p->gpu_batch_size * p->num_gpu_batches;
-    int share = (n_prompts + stages - 1) / stages;
-    *size = share < block ? share : block;
-    int blocks = (n_prompts + *size - 1) / *size;
-    *count = blocks < stages ? blocks : stages;
-}
-
-block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt,
-                        int gen_len) {
-    const fg_runtime *rt = m->rt;
-    const model_config *c = &m->view.cfg;
-    const fg_policy *p = &rt->policy;
-    int size;
-    block_shape s;
-    memset(&s, 0, sizeof s);
-    micro_batches(m, n_prompts, &size, &s.micro);
-    s.gbs = size < p->gpu_batch_size ? size : p->gpu_batch_size;
-    int batches = (size + p->gpu_batch_size - 1) / p->gpu_batch_size;
-    s.ngb = batches < p->num_gpu_batches ? batches : p->num_gpu_batches;
-    s.max_prompt = max_prompt;
-    s.max_len = max_prompt + gen_len;
-    /* With delegation, decode reads the cache where it lives: only the prefill stages it. */
-    s.stage_len = p->cpu_cache_compute ? max_prompt : s.max_len;
-    s.cache = split_rows(s.gbs, p->percent.cg, p->percent.cc);
-    s.act = split_rows(s.gbs, p->percent.hg, p->percent.hc);
-    s.act_row = (size_t)c->hidden * rt->backend->act_elem;
-    s.kv_row = opt_kv_row_bytes(c, p->compress_cache);
-    double act_row = (double)s.act_row;
-    double kv_row = (double)s.kv_row;
-    double staged_rows = s.gbs - s.cache.rows[TIER_GPU];
-    int diagonal_blocks = p->schedule == FG_SCHEDULE_DIAGONAL ? s.micro : 0;
-    /* the KV cache pools, in pages */
-    s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len,
-                         diagonal_blocks);
-    for (int t = 0; t < N_TIERS; t++) {
-        s.kv_home[t] = kv_row * m->n_decoder * 2 * s.kv.pool_pages[t] * s.kv.page_tokens;
-        s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;
-    }
-    s.kv_home[TIER_DISK] = (double)page_up((size_t)s.kv_home[TIER_DISK]);
-    s.act_home[TIER_DISK] = (double)page_up((size_t)s.act_home[TIER_DISK]);
-    s.kv_stage = staged_rows > 0 ? 2 * 2 * kv_row * staged_rows * s.stage_len : 0;
-    s.x_stage = 2 * act_row * s.gbs * max_prompt;
-    s.workspace_rows = fg_workspace_rows(s.gbs, max_prompt);
-    s.workspace = (double)rt->backend->workspace_bytes(c, s.workspace_rows, max_prompt, s.max_len);
-    if (p->cpu_cache_compute && rt->backend->delegated_bytes) /* decode delegates: a GPU batch */
-        s.delegated = (double)rt->backend->delegated_bytes(c, (size_t)s.gbs, s.max_len);
-    s.logit_rows = m->prompt_logits ? max_prompt : 1;
-    s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * s.logit_rows * c->vocab : 0;
-    s.act_message = (size_t)s.gbs * max_prompt * s.act_row;
-    s.pipe_buffers = (double)s.act_message * ((is_last_stage(m) ? 0 : s.micro * s.ngb) +
-                                              (is_first_stage(m) ? 0 : 2));
-    /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
-    s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
-                           act_row * s.act.rows[TIER_DISK] * max_prompt + 2 * page_size());
-    return s;
-}
-
-enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
-       RESERVE, COPY_BUFFERS, N_ITEMS };
-static const char *const plan_items[N_ITEMS] = {"weights", "weight staging", "KV cache",
-    "KV cache staging", "activations", "activation staging", "workspace and logits",
-    "disk pages in flight", "activations between stages", "delegated attention",
-    "the device's context, cuBLAS and rounding", "pinned copy buffers"};
-
-/* Each tier's bytes of each item of the plan for a block of shape s (need, zeroed), their total,
- * and of it the weights' (homes, staging arenas, the two disk layers read ahead on the cpu
- * tier). */
-static void plan_need(const fg_model *m, const block_shape *s, double need[N_TIERS][N_ITEMS],
-                      double total[N_TIERS], double weights[N_TIERS]) {
-    const fg_runtime *rt = m->rt;
-    double w[N_TIERS], max_layer_disk;
-    weight_bytes(m, w, &max_layer_disk);
-    for (int t = 0; t < N_TIERS; t++) { /* each micro-batch of a pipeline stage has its own */
-        need[t][WEIGHTS] = w[t];
-        need[t][CACHE] = s->micro * s->kv_home[t];
-        need[t][ACTS] = s->micro * s->act_home[t];
-    }
-    need[TIER_CPU][PIPE] = s->pipe_buffers;
-    need[TIER_GPU][W_STAGING] = 2.0 * m->staging_bytes;
-    need[TIER_GPU][C_STAGING] = s->kv_stage;
-    need[TIER_GPU][A_STAGING] = s->x_stage;
-    need[TIER_GPU][WORK] = s->workspace + s->logits;
-    need[TIER_CPU][IN_FLIGHT] = 2 * max_layer_disk + s->transient_cpu;
-    need[TIER_CPU][DELEGATED] = s->delegated;
-    need[TIER_GPU][RESERVE] = rt->backend->device_reserve;
-    need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
-    for (int t = 0; t < N_TIERS; t++) {
-        weights[t] = w[t] + need[t][W_STAGING] + (t == TIER_CPU ? 2 * max_layer_disk : 0);
-        total[t] = 0;
-        for (int i = 0; i < N_ITEMS; i++) total[t] += need[t][i];
-    }
-}
-
-void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
-                   double total[N_TIERS], double weights[N_TIERS]) {
-    block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
-    double need[N_TIERS][N_ITEMS] = {{0}};
-    plan_need(m, &s, need, total, weights);
-}
-
-/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and a reused weight
- * file). */
-static void capacity_source(const fg_runtime *rt, double reused, fg_tier t, char *out, size_t len) {
-    const char *what[N_TIERS] = {rt->backend->device_memory ? "the device's free memory"
-                                                            : "available memory",
-                                 "available memory", "the free space of --offload-dir "};
-    size_text cap = human(rt->capacity[t]);
-    if (rt->policy.capacity[t] > 0) snprintf(out, len, "%s gives %s", fg_tier_flags[t], cap.s);
-    else
-        snprintf(out, len, "%s%s%s is %s (%s overrides it)", what[t],
-                 t == TIER_DISK ? rt->offload_dir : "",
-                 t == TIER_DISK && reused > 0 ? " with the weight file already in --path" : "",
-                 cap.s, fg_tier_flags[t]);
-}
-
-int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
-                  char *err) {
-    const fg_runtime *rt = m->rt;
-    block_shape s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
-    if (rt->policy.n_stages > 1 && s.act_message > INT_MAX)
-        return fg_fail(err,
-                       "--gpu-batch-size %d: a GPU batch's activations (%s at prompt length %d) "
-                       "exceed what one MPI message carries (2 GiB)",
-                       s.gbs, human((double)s.act_message).s, max_prompt);
-    double need[N_TIERS][N_ITEMS] = {{0}}, total[N_TIERS], weights[N_TIERS];
-    plan_need(m, &s, need, total, weights);
-    for (int t = 0; t < N_TIERS; t++) {
-        if (total[t] <= rt->capacity[t]) continue;
-        char detail[480] = "";
-        for (int i = 0; i < N_ITEMS; i++) {
-            size_t len = strlen(detail);
-            if (need[t][i] > 0)
-                snprintf(detail + len, sizeof detail - len, "%s%s %s", len ? ", " : "",
-                         plan_items[i], human(need[t][i]).s);
-        }
-        char source[sizeof rt->offload_dir + 128];
-        capacity_source(rt, m->reused_disk_bytes, t, source, sizeof source);
-        return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t],
-                       human(total[t]).s, detail, source);
-    }
-    /* before loading, a reserve is kept (host_memory_for_plans); after, the weights are resident */
-    double host = m->loaded
-                      ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS]
-                      : host_memory_for_plans();
-    if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
-        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, "
-                            "cpu %s), %s available%s",
-                       human(total[TIER_GPU] + total[TIER_CPU]).s, human(total[TIER_GPU]).s,
-                       human(total[TIER_CPU]).s, human(host).s,
-                       m->loaded ? "" : " (a sixteenth of the machine's memory is kept for the "
-                                        "system)");
-    return 0;
-}
-
-/* ============================================================================================
- * A block in flight (§4.1): its GPU batches, their KV cache and activations on the tiers
- * (homes, as shape_block sizes them), and the two staging arenas of the gpu tier that double-buffer
- * what moves: iteration t of the loop computes from arena t % 2 while the other is filled for
- * the next iteration and emptied from the previous one.
- * ============================================================================================ */
-
-/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
-static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
-    return bl->kv_home[t] +
-           ((size_t)layer * 2 + kv) * bl->s.kv.pool_pages[t] * bl->s.kv.page_tokens * bl->s.kv_row;
-}
-
-/* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
-static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
-    size_t row = kv_page_row(slot_pages(&bl->pages, slot), bl->s.kv.page_tokens, j);
-    return kv_pool(bl, slot_tier(&bl->pages, slot), layer, kv) + row * bl->s.kv_row;
-}
-
-/* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
-static int run_in_page(const block *bl, int j, int end) {
-    int page_end = (j / bl->s.kv.page_tokens + 1) * bl->s.kv.page_tokens;
-    return (page_end < end ? page_end : end) - j;
-}
-
-/* The tokens of slot `slot`'s cache from j on (to `end`) that lie one after another in its pool:
- * j's page and each next page that its table puts right after the one before. A run moves as one
- * copy, however many pages it spans. */
-static int run_in_pool(const block *bl, int slot, int j, int end) {
-    const int *pages = slot_pages(&bl->pages, slot);
-    int page_tokens = bl->s.kv.page_tokens;
-    int n = run_in_page(bl, j, end);
-    while (j + n < end && pages[(j + n) / page_tokens] == pages[(j + n) / page_tokens - 1] + 1)
-        n += run_in_page(bl, j + n, end);
-    return n;
-}
-
-/* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
-static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
-    int staged = bl->s.gbs - bl->s.cache.rows[TIER_GPU];
-    size_t idx = (size_t)kv * staged + (b - bl->s.cache.rows[TIER_GPU]);
-    return bl->kv_stage[arena] + idx * bl->s.stage_len * bl->s.kv_row;
-}
-
-/* Sequence b's activation rows in GPU batch k, where they live: in batch k's part of its tier's
- * home (max_prompt rows a sequence), this step's rows of the tier's sequences one after another,
- * so that they move in one copy. */
-static char *act_home_rows(const block *bl, int k, int b) {
-    int r;
-    fg_tier t = row_tier(&bl->s.act, b, &r);
-    size_t part = (size_t)k * bl->s.act.rows[t] * bl->s.max_prompt;
-    return bl->act_home[t] + (part + (size_t)r * bl->gb[k].n_new) * bl->s.act_row;
-}
-
-static void free_block(block *bl) {
-    fg_runtime *rt = bl->rt;
-    const block_shape *s = &bl->s;
-    if (!rt) return;
-    for (int k = 0; bl->gb && k < s->ngb; k++) gpu_batch_free(&bl->gb[k]);
-    free(bl->gb);
-    free(bl->done);
-    free(bl->ids);
-    free(bl->prompt);
-    free(bl->step);
-    kv_pages_free(&bl->pages);
-    rt->stage->close_block(bl);
-    if (!bl->borrowed) {
-        if (bl->has_ws) rt->backend->workspace_free(bl->ws), tier_add(rt, TIER_GPU, -s->workspace);
-        if (bl->has_delegated) tier_add(rt, TIER_CPU, -s->delegated);
-        tier_free(rt, TIER_GPU, bl->logits, (size_t)s->logits);
-        rt->backend->host_free(bl->host_logits);
-        for (int b = 0; b < 2; b++) {
-            tier_free(rt, TIER_GPU, bl->kv_stage[b], (size_t)s->kv_stage / 2);
-            tier_free(rt, TIER_GPU, bl->x_stage[b], (size_t)s->x_stage / 2);
-        }
-    }
-    for (int t = TIER_GPU; t <= TIER_CPU; t++) {
-        tier_free(rt, (fg_tier)t, bl->kv_home[t], (size_t)s->kv_home[t]);
-        tier_free(rt, (fg_tier)t, bl->act_home[t], (size_t)s->act_home[t]);
-    }
-    if (bl->disk.base) tier_add(rt, TIER_DISK, -(s->kv_home[TIER_DISK] + s->act_home[TIER_DISK]));
-    arena_close(&bl->disk);
-    memset(bl, 0, sizeof *bl);
-}
-
-/* A stage's buffers that its blocks share (they compute one at a time): staging, workspace,
- * logits. */
-static int alloc_stage_buffers(block *bl, char *err) {
-    fg_runtime *rt = bl->rt;
-    const block_shape *s = &bl->s;
-    for (int b = 0; b < 2; b++) {
-        if (s->kv_stage) {
-            bl->kv_stage[b] =
-                tier_alloc(rt, TIER_GPU, (size_t)s->kv_stage / 2, "KV cache staging", err);
-            if (!bl->kv_stage[b]) return -1;
-        }
-        bl->x_stage[b] =
-            tier_alloc(rt, TIER_GPU, (size_t)s->x_stage / 2, "activation staging", err);
-        if (!bl->x_stage[b]) return -1;
-    }
-    bl->logits = tier_alloc(rt, TIER_GPU, (size_t)s->logits, "the logits", err);
-    if (!bl->logits) return -1;
-    /* a step's logits: copied to in one piece; not every prompt position's */
-    int pinned = s->logit_rows == 1;
-    if (s->logits && !(bl->host_logits = rt->backend->host_alloc((size_t)s->logits, pinned)))
-        return fg_fail(err, "out of memory for the logits");
-    if (tier_take(rt, TIER_CPU, s->delegated, "delegated attention's host rows", err)) return -1;
-    bl->has_delegated = 1;
-    if (tier_take(rt, TIER_GPU, s->workspace, "the workspace", err)) return -1;
-    bl->ws = &bl->own_ws;
-    if (rt->backend->workspace_init(bl->ws, &bl->m->view.cfg, s->workspace_rows, s->max_prompt,
-                                    s->max_len, err)) {
-        tier_add(rt, TIER_GPU, -s->workspace);
-        return -1;
-    }
-    bl->has_ws = 1;
-    return 0;
-}
-
-/* A block's homes of its KV cache and activations on each tier; the disk tier's are a file of
- * their own in --offload-dir. */
-static int alloc_homes(block *bl, char *err) {
-    fg_runtime *rt = bl->rt;
-    const block_shape *s = &bl->s;
-    for (int t = TIER_GPU; t <= TIER_CPU; t++) {
-        if (s->kv_home[t]) {
-            bl->kv_home[t] = tier_alloc(rt, (fg_tier)t, (size_t)s->kv_home[t], "the KV cache", err);
-            if (!bl->kv_home[t]) return -1;
-        }
-        if (s->act_home[t]) {
-            bl->act_home[t] =
-                tier_alloc(rt, (fg_tier)t, (size_t)s->act_home[t], "the activations", err);
-            if (!bl->act_home[t]) return -1;
-        }
-    }
-    double on_disk = s->kv_home[TIER_DISK] + s->act_home[TIER_DISK];
-    if (on_disk <= 0) return 0;
-    if (tier_take(rt, TIER_DISK, on_disk, "the KV cache and activations", err)) return -1;
-    int fd = unnamed_file(rt->offload_dir, "--offload-dir", err);
-    if (fd < 0 ||
-        arena_map(&bl->disk, fd, (size_t)on_disk, "--offload-dir", rt->offload_dir, err)) {
-        tier_add(rt, TIER_DISK, -on_disk);
-        return -1;
-    }
-    bl->kv_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->kv_home[TIER_DISK]);
-    bl->act_home[TIER_DISK] = arena_take(&bl->disk, (size_t)s->act_home[TIER_DISK]);
-    return 0;
-}
-
-/* A block (one micro-batch of a pipeline stage) with its KV cache and activations on the tiers;
- * the stage's shared buffers are allocated, or (shared != NULL) borrowed from another block. */
-static int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt,
-                       int gen_len, const block *shared, char *err) {
-    fg_runtime *rt = m->rt;
-    memset(bl, 0, sizeof *bl);
-    bl->disk.fd = -1;
-    bl->m = m;
-    bl->rt = rt;
-    bl->s = shape_block(m, n_prompts, lens, max_prompt, gen_len);
-    const block_shape *s = &bl->s;
-    int seqs = s->gbs * s->ngb;
-    bl->gb = calloc((size_t)s->ngb, sizeof *bl->gb);
-    bl->done = calloc((size_t)seqs, 1);
-    bl->ids = calloc((size_t)seqs, sizeof *bl->ids);
-    bl->prompt = calloc((size_t)seqs, sizeof *bl->prompt);
-    bl->step = calloc((size_t)seqs, sizeof *bl->step);
-    if (!bl->gb || !bl->done || !bl->ids || !bl->prompt || !bl->step) {
-        free_block(bl);
-        return fg_fail(err, "out of memory");
-    }
-    if (kv_pages_init(&bl->pages, &s->kv, &s->cache, s->gbs, seqs, s->max_len, err)) goto fail;
-    for (int k = 0; k < s->ngb; k++) {
-        gpu_batch *gb = &bl->gb[k];
-        if (gpu_batch_init(gb, s->gbs, s->max_len, max_prompt, err)) goto fail;
-        gb->kv_q4 = rt->policy.compress_cache;
-        gb->attn_sparsity = rt->policy.attn_sparsity;
-        gb->all_rows = m->prompt_logits;
-        gb->page_tokens = s->kv.page_tokens;
-    }
-    if (alloc_homes(bl, err)) goto fail;
-    if (!shared && alloc_stage_buffers(bl, err)) goto fail;
-    if (shared) {
-        bl->borrowed = 1;
-        bl->ws = shared->ws;
-        bl->logits = shared->logits;
-        bl->host_logits = shared->host_logits;
-        for (int b = 0; b < 2; b++) {
-            bl->kv_stage[b] = shared->kv_stage[b];
-            bl->x_stage[b] = shared->x_stage[b];
-        }
-    }
-    if (rt->stage->open_block(bl, shared, err) == 0) return 0;
-fail:
-    free_block(bl);
-    return -1;
-}
-
-
-/* ============================================================================================
- * Moving the KV cache and activations (Fig. 4's load and store of cache and activation). Each
- * verb works on one iteration of the loop: layer j, GPU batch k, the staging arena it uses.
- * ============================================================================================ */
-
+/* The schedule's layer j is a decoder layer (not an embedding). */
 static int is_decoder_layer(const block *bl, int j) {
     return j >= 1 && j <= bl->m->view.cfg.n_layers;
 }
+
 static int decoder_of(int j) { return j - 1; } /* the schedule's layer j, as a decoder layer d */
-/* Layer j's KV cache among this stage's decoder layers'. */
-static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
-/* Sequence b of a task's GPU batch: its slot in the block. */
-static int task_slot(const block *bl, const io_task *task, int b) {
-    return task->batch * bl->s.gbs + b;
-}
-/* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
-static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
-    return kv_home_row(bl, task_slot(bl, task, b), cache_layer(bl, task->layer), kv, j);
-}
-
-/* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
- * not padding), in bytes of one layer's K (or V). */
-static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) {
-    return (size_t)gb->past[b] * bl->s.kv_row;
-}
-static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
-    return (size_t)(gb->n_new - gb->pad[b]) * bl->s.kv_row;
-}
-
-/* The verbs' tasks below walk a GPU batch's sequences whose rows live off the gpu tier: a split
- * (block_shape's cache and act) homes a GPU batch's first rows on the gpu tier, the next on cpu,
- * the rest on disk, so those are the sequences from split.rows[TIER_GPU] on. */
-
-static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        if (tier_of(&bl->s.cache, b) != TIER_DISK) continue;
-        for (int kv = 0; kv < 2; kv++)
-            for (int j = 0, n; j < gb->past[b]; j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
-                disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row);
-            }
-    }
-}
-
-/* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
-static int v_in_place(const block *bl, int kv, fg_tier t) {
-    return bl->sparse_v && kv == 1 && t == TIER_CPU;
-}
-
-static void cache_in_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    size_t row = bl->s.kv_row;
-    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        fg_tier t = tier_of(&bl->s.cache, b);
-        for (int kv = 0; kv < 2; kv++) {
-            if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
-            char *stage = kv_stage_rows(bl, task->arena, kv, b);
-            /* a run of pages at a time, into rows in order */
-            for (int j = 0, n; j < gb->past[b]; j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
-                char *home = task_kv_row(bl, task, kv, b, j);
-                rt->backend->copy_in(stage + j * row, home, n * row);
-                if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
-            }
-            link_add(rt, LINK_CPU_TO_GPU, (double)past_bytes(bl, gb, b));
-        }
-    }
-}
-
-static void cache_out_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    size_t row = bl->s.kv_row;
-    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        fg_tier t = tier_of(&bl->s.cache, b);
-        for (int kv = 0; kv < 2; kv++) {
-            size_t bytes = new_bytes(bl, gb, b);
-            int end = gb->past[b] + (int)(bytes / row);
-            char *stage = kv_stage_rows(bl, task->arena, kv, b);
-            /* else attention wrote them in place */
-            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
-                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), stage + j * row, n * row);
-            }
-            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
-            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
-        }
-    }
-    rt->backend->copies_done(); /* in their homes before they are read there or written to disk */
-}
-
-/* Writes back this step's new slots of the disk rows; with delegation the past rows were read
- * in place and leave memory too. */
-static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        if (tier_of(&bl->s.cache, b) != TIER_DISK) continue;
-        int past = gb->past[b];
-        int from = bl->delegate ? 0 : past;
-        int end = past + gb->n_new - gb->pad[b];
-        for (int kv = 0; kv < 2; kv++)
-            for (int j = from, n; j < end; j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
-                int written = j + n - (j > past ? j : past); /* of these rows, this step's */
-                disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->s.kv_row,
-                             written > 0 ? written * bl->s.kv_row : 0);
-            }
-    }
-}
 
 /* A task of iteration `it` on the block. */
 static io_task task_at(block *bl, iteration it, void (*fn)(fg_runtime *, const io_task *),
@@ -1161,10 +215,25 @@ static io_task task_after(io_task t, void (*fn)(fg_runtime *, const io_task *), 
     return t;
 }
 
-static int any_past(const gpu_batch *gb) {
-    for (int b = 0; b < gb->batch; b++)
-        if (gb->past[b] > 0) return 1;
-    return 0;
+/* Fig. 4's load_weight(i, j + 1, k), once a layer (k == 0): the weights of layer j + 1 (after
+ * the stage's last layer, the next unit's first) start loading into the staging arena that
+ * layer j does not use, and those of layer j + 2 start coming from disk; layer j's, loaded
+ * while the layer before it computed, become what compute reads (bind_weights). Layers count
+ * across the round's units, n = unit L + j, which is how the arena alternates. */
+static void load_weight(gen_run *run, int next_j, int k) {
+    if (k > 0) return;
+    long next = run->unit * stage_layers(run->m) + (next_j - run->m->first_layer);
+    bind_weights(run->m, next - 1);
+    if (next < run->end) load_weight_at(run->m, next);
+    if (next + 1 < run->end) read_weights(run->m, next + 1);
+}
+
+/* The plain loop's load_weight: layer j's weights (the unit's layer n = unit L + j) loaded now,
+ * with no read-ahead, and what compute reads. */
+static void load_weight_now(gen_run *run, int j) {
+    long n = run->unit * stage_layers(run->m) + (j - run->m->first_layer);
+    load_weight_at(run->m, n);
+    bind_weights(run->m, n);
 }
 
 /* Fig. 4's load_cache: the past of layer j's cache for GPU batch k, into its staging arena
@@ -1172,9 +241,9 @@ static int any_past(const gpu_batch *gb) {
  * them in place. */
 static void load_cache(block *bl, iteration it) {
     if (it.j < 0 || !is_decoder_layer(bl, it.j)) return;
-    if (!any_past(&bl->gb[it.k]) || bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
+    if (!any_past(&bl->gb[it.k]) || bl->shape.gbs == bl->shape.cache.rows[TIER_GPU]) return;
     io_task t = task_at(bl, it, cache_fetch_task, "read cache");
-    uint64_t read = bl->s.cache.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
+    uint64_t read = bl->shape.cache.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
     if (bl->delegate) return;
     io_submit(&bl->rt->io, IO_HOST, task_after(t, cache_in_task, "load cache", IO_DISK, read));
 }
@@ -1184,104 +253,47 @@ static void load_cache(block *bl, iteration it) {
 static void store_cache(block *bl, iteration it) {
     if (it.j < 0 || !is_decoder_layer(bl, it.j)) return;
     const gpu_batch *gb = &bl->gb[it.k];
-    if (bl->s.gbs == bl->s.cache.rows[TIER_GPU]) return;
+    if (bl->shape.gbs == bl->shape.cache.rows[TIER_GPU]) return;
     io_task t = task_at(bl, it, cache_out_task, "store cache");
     uint64_t copied = 0;
     if (!bl->delegate) {
         copied = io_submit(&bl->rt->io, IO_HOST, t);
     } else { /* attention wrote them in place: they came from the compute device all the same */
-        for (int b = bl->s.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
             size_t bytes = 2 * new_bytes(bl, gb, b);
             link_add(bl->rt, LINK_GPU_TO_CPU, (double)bytes);
-            if (tier_of(&bl->s.cache, b) == TIER_DISK) tier_add(bl->rt, TIER_CPU, (double)bytes);
+            if (tier_of(&bl->shape.cache, b) == TIER_DISK)
+                tier_add(bl->rt, TIER_CPU, (double)bytes);
         }
     }
-    if (!bl->s.cache.rows[TIER_DISK]) return;
+    if (!bl->shape.cache.rows[TIER_DISK]) return;
     io_submit(&bl->rt->io, IO_DISK,
               task_after(t, cache_writeback_task, "write cache", IO_HOST, copied));
 }
 
-/* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
-static size_t act_bytes(const block *bl, int k) {
-    return (size_t)bl->gb[k].n_new * bl->s.act_row;
-}
-size_t batch_act_bytes(const block *bl, int k) {
-    return (size_t)bl->gb[k].batch * act_bytes(bl, k);
-}
-static char *x_rows(const block *bl, int arena, int k, int b) {
-    return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k);
-}
-
-static void act_fetch_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    int k = task->batch;
-    for (int b = bl->s.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
-        if (tier_of(&bl->s.act, b) == TIER_DISK)
-            disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
-}
-
-/* Sequence rows of GPU batch k between a staging arena and their homes: in (home -> staging,
- * cpu -> gpu) or out (staging -> home, gpu -> cpu), a tier's sequences at a time. Rows homed on
- * the gpu tier move no link. */
-static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
-    for (int b = 0, n; b < bl->gb[k].batch; b += n) {
-        fg_tier t = tier_of(&bl->s.act, b);
-        for (n = 1; b + n < bl->gb[k].batch && tier_of(&bl->s.act, b + n) == t; n++) {}
-        size_t bytes = n * act_bytes(bl, k);
-        char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
-        if (t == TIER_GPU) {
-            rt->backend->copy(out ? home : x, out ? x : home, bytes);
-        } else if (out) {
-            rt->backend->copy_out(home, x, bytes);
-            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
-            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
-        } else {
-            rt->backend->copy_in(x, home, bytes);
-            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
-            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
-        }
-    }
-}
-
-static void act_in_task(fg_runtime *rt, const io_task *task) {
-    act_move(rt, task->ctx, task->batch, task->arena, 0);
-}
-static void act_out_task(fg_runtime *rt, const io_task *task) {
-    act_move(rt, task->ctx, task->batch, task->arena, 1);
-    rt->backend->copies_done(); /* in their homes before they are written to disk */
-}
-
-static void act_writeback_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    int k = task->batch;
-    size_t bytes = act_bytes(bl, k);
-    for (int b = bl->s.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
-        if (tier_of(&bl->s.act, b) == TIER_DISK)
-            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), bytes, bytes);
-}
-
-/* The input of iteration `it` (the output of layer j - 1 for GPU batch k) into its staging
- * arena; returns the task to wait for. The stage's first layer takes its input from the stage
- * hooks: in one process that is the input embedding, which reads token ids and needs none. */
-static uint64_t activation_in(block *bl, iteration it) {
+/* Fig. 4's load_activation of iteration `it`, which the two below call: its input (the output of
+ * layer j - 1 for GPU batch k) into its staging arena; returns the task to wait for. The stage's
+ * first layer takes its input from the stage hooks: in one process that is the input embedding,
+ * which reads token ids and needs none. */
+static uint64_t load_activation_at(block *bl, iteration it) {
     if (it.j == bl->m->first_layer) return bl->rt->stage->receive_activations(bl, it.k, it.arena);
     io_task t = task_at(bl, it, act_fetch_task, "read activations");
-    uint64_t read = bl->s.act.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
+    uint64_t read = bl->shape.act.rows[TIER_DISK] ? io_submit(&bl->rt->io, IO_DISK, t) : 0;
     return io_submit(&bl->rt->io, IO_HOST,
                      task_after(t, act_in_task, "load activations", IO_DISK, read));
 }
 
 /* Fig. 4's load_activation, for the next iteration. With one GPU batch the next iteration's
- * input is the output this one computes: it loads once stored (load_input_now). */
+ * input is the output this one computes: it loads once stored (load_activation_now). */
 static void load_activation(block *bl, iteration next) {
-    if (next.j >= 0 && bl->n_batches > 1) activation_in(bl, next);
+    if (next.j >= 0 && bl->n_batches > 1) load_activation_at(bl, next);
 }
 
-/* With one GPU batch there is nothing to overlap an input with: it is the output just stored,
- * loaded now (as FlexGen's loop for one GPU batch does). */
-static void load_input_now(block *bl, iteration now) {
+/* Fig. 4's load_activation with one GPU batch: there is nothing to overlap an input with, as it
+ * is the output just stored, so it loads now (as FlexGen's loop for one GPU batch does). */
+static void load_activation_now(block *bl, iteration now) {
     if (bl->n_batches == 1 && now.j > bl->m->first_layer)
-        io_wait(&bl->rt->io, IO_HOST, activation_in(bl, now));
+        io_wait(&bl->rt->io, IO_HOST, load_activation_at(bl, now));
 }
 
 /* Fig. 4's store_activation: the output of layer j for GPU batch k, from its staging arena to
@@ -1295,47 +307,9 @@ static void store_activation(block *bl, iteration it) {
     }
     io_task t = task_at(bl, it, act_out_task, "store activations");
     uint64_t copied = io_submit(&bl->rt->io, IO_HOST, t);
-    if (!bl->s.act.rows[TIER_DISK]) return;
+    if (!bl->shape.act.rows[TIER_DISK]) return;
     t = task_after(t, act_writeback_task, "write activations", IO_HOST, copied);
     io_submit(&bl->rt->io, IO_DISK, t);
-}
-
-/* Points GPU batch k at its iteration's activations and at layer j's cache rows: in their home
- * on the gpu tier (or, delegated, on cpu and disk), in the staging arena otherwise. */
-static void bind_batch(block *bl, iteration it) {
-    gpu_batch *gb = &bl->gb[it.k];
-    gb->x = bl->x_stage[it.arena];
-    if (!is_decoder_layer(bl, it.j)) return;
-    int layer = cache_layer(bl, it.j);
-    for (int b = 0; b < gb->batch; b++) {
-        int slot = it.k * bl->s.gbs + b;
-        fg_tier t = tier_of(&bl->s.cache, b);
-        int home = t == TIER_GPU || bl->delegate;
-        int v_home = home || v_in_place(bl, 1, t);
-        gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
-        gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
-        gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
-        gb->v_pages[b] = v_home ? slot_pages(&bl->pages, slot) : NULL;
-        gb->kv_in_host[b] = bl->delegate && t != TIER_GPU;
-        gb->v_rows_read[b] = 0;
-    }
-}
-
-/* Sequences [first, first + n) of a GPU batch, as a GPU batch of their own. */
-static gpu_batch chunk_of(const gpu_batch *gb, int first, int n, size_t act_row) {
-    gpu_batch c = *gb;
-    c.batch = n;
-    c.past = gb->past + first;
-    c.pad = gb->pad + first;
-    c.tokens = gb->tokens + (size_t)first * gb->n_new;
-    c.x = (char *)gb->x + (size_t)first * gb->n_new * act_row;
-    c.k = gb->k + first;
-    c.v = gb->v + first;
-    c.k_pages = gb->k_pages + first;
-    c.v_pages = gb->v_pages + first;
-    c.v_rows_read = gb->v_rows_read + first;
-    c.kv_in_host = gb->kv_in_host + first;
-    return c;
 }
 
 /* Fig. 4's compute: layer j of GPU batch k on the backend (opt_model.c or flexgen.cu), in
@@ -1349,69 +323,26 @@ static void compute(block *bl, iteration it) {
     bind_batch(bl, it);
     int output = it.j > 0 && !is_decoder_layer(bl, it.j);
     bl->out_rows = gb->all_rows ? gb->n_new : 1;
-    float *logits =
-        output ? bl->logits + (size_t)it.k * bl->s.gbs * bl->s.logit_rows * w->cfg.vocab : NULL;
-    int chunk = (int)(bl->s.workspace_rows / (size_t)gb->n_new);
+    size_t batch_logits = (size_t)bl->shape.gbs * bl->shape.logit_rows * w->cfg.vocab;
+    float *logits = output ? bl->logits + (size_t)it.k * batch_logits : NULL;
+    int chunk = (int)(bl->shape.workspace_rows / (size_t)gb->n_new);
     double start = now_seconds();
     for (int first = 0; first < gb->batch; first += chunk) {
-        gpu_batch part = chunk_of(gb, first, gb->batch - first < chunk ? gb->batch - first : chunk,
-                                  bl->s.act_row);
+        int n = gb->batch - first < chunk ? gb->batch - first : chunk;
+        gpu_batch part = gpu_batch_slice(gb, first, n, bl->shape.act_row);
         if (it.j == 0) f->embed(w, &part, bl->ws);
         else if (!output) f->layer(w, decoder_of(it.j), &part, bl->ws);
         else f->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
     }
     /* kept V rows */
     for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++)
-        if (tier_of(&bl->s.cache, b) == TIER_CPU)
+        if (tier_of(&bl->shape.cache, b) == TIER_CPU)
             link_add(bl->rt, LINK_CPU_TO_GPU,
-                     (double)gb->v_rows_read[b] * (double)bl->s.kv_row / cfg_kv_heads(&w->cfg));
+                     (double)gb->v_rows_read[b] * (double)bl->shape.kv_row / cfg_kv_heads(&w->cfg));
     double end = now_seconds();
     bl->compute_seconds += end - start;
     trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : output ? 2 : 1], it.j, it.k,
               start, end);
-}
-
-/* ============================================================================================
- * The block schedule's helpers (§4.2, Fig. 4): an iteration and its neighbours, the weights'
- * verb, synchronize, and a block's step begun and ended
- * ============================================================================================ */
-
-/* The staging arena of iteration (j, k) of a step: iteration t = (j - first) K + k uses arena
- * t % 2, so the previous and next iterations use the other one. */
-static int staging_arena(const block *bl, int j, int k) {
-    return ((j - bl->m->first_layer) * bl->n_batches + k) % 2;
-}
-
-static iteration at(const block *bl, int j, int k) {
-    int in_stage = j >= bl->m->first_layer && j < bl->m->end_layer;
-    return in_stage ? (iteration){j, k, staging_arena(bl, j, k)} : (iteration){-1, 0, 0};
-}
-static iteration before(const block *bl, iteration it) {
-    return it.k > 0 ? at(bl, it.j, it.k - 1) : at(bl, it.j - 1, bl->n_batches - 1);
-}
-static iteration after(const block *bl, iteration it) {
-    return it.k + 1 < bl->n_batches ? at(bl, it.j, it.k + 1) : at(bl, it.j + 1, 0);
-}
-
-/* Fig. 4's load_weight(i, j + 1, k), once a layer (k == 0): the weights of layer j + 1 (after
- * the stage's last layer, the next unit's first) start loading into the staging arena that
- * layer j does not use, and those of layer j + 2 start coming from disk; layer j's, loaded
- * while the layer before it computed, become what compute reads (bind_weights). Layers count
- * across the round's units, n = unit L + j, which is how the arena alternates. */
-static void load_weight(gen_run *run, int next_j, int k) {
-    if (k > 0) return;
-    long next = run->unit * stage_layers(run->m) + (next_j - run->m->first_layer);
-    bind_weights(run->m, next - 1);
-    if (next < run->end) load_weights(run->m, next);
-    if (next + 1 < run->end) read_weights(run->m, next + 1);
-}
-
-/* The plain loop's load_weight: layer j's weights (the unit's layer n = unit L + j) loaded now,
- * with no read-ahead, and what compute reads. */
-static void load_weight_now(gen_run *run, int j) {
-    long n = run->unit * stage_layers(run->m) + (j - run->m->first_layer);
-    load_weights(run->m, n);
-    bind_weights(run->m, n);
 }
 
 /* Fig. 4's synchronize: this iteration's loads and stores of cache and activations are done
@@ -1424,6 +355,29 @@ static void synchronize(block *bl, iteration now) {
     stage->input_taken(bl);
 }
 
+/* Fig. 4's prologue: the input and cache of the stage's first layer load for the first GPU
+ * batch; each later one loads while the one before it computes. */
+static void load_first_iteration(block *bl) {
+    iteration start = at(bl, bl->m->first_layer, 0);
+    load_cache(bl, start);
+    load_activation_at(bl, start);
+    io_sync(&bl->rt->io, 0);
+    bl->rt->stage->input_taken(bl);
+}
+
+/* Fig. 4's epilogue: the last iteration's activations and cache are stored (each earlier one's
+ * while the next computed). */
+static void store_last_iteration(block *bl) {
+    iteration last = at(bl, bl->m->end_layer - 1, bl->n_batches - 1);
+    store_activation(bl, last);
+    store_cache(bl, last);
+}
+
+/* ============================================================================================
+ * A block's step on this stage: it begins (the tokens of the step before taken, its pages grown,
+ * how it reads chosen) and ends (what moved is in place, the next tokens chosen).
+ * ============================================================================================ */
+
 static void tokens_back(gen_run *run, block *bl, int i);
 static void refill_slots(gen_run *run, block *bl, int i);
 static void diagonal_slots(gen_run *run, block *bl, int i);
@@ -1431,7 +385,6 @@ static void end_sequence(gen_run *run, block *bl, int s);
 static void tokens_of_last_step(gen_run *run, int t, int i);
 static int grow_pages(block *bl);
 static void choose_step_reads(gen_run *run, int t, int i);
-static void load_first_iteration(block *bl);
 
 /* The backend's counters of what the host asked of the device (CUDA's; zeros on the CPU). */
 static void device_counts_now(const fg_runtime *rt, fg_device_counts *c) {
@@ -1487,7 +440,7 @@ static int grow_pages(block *bl) {
     int rc = 0;
     for (int k = 0; k < bl->n_batches; k++)
         for (int b = 0; b < bl->gb[k].batch && rc == 0; b++)
-            rc = kv_pages_grow(&bl->pages, k * bl->s.gbs + b,
+            rc = kv_pages_grow(&bl->pages, k * bl->shape.gbs + b,
                                bl->gb[k].past[b] + bl->gb[k].n_new - bl->gb[k].pad[b]);
     return rc;
 }
@@ -1504,24 +457,6 @@ static void choose_step_reads(gen_run *run, int t, int i) {
         rt->policy.attn_sparsity < 1 && i > 0 && !bl->delegate && rt->backend->gpu_is_host;
     int last_unit = i + 1 == run->steps && t == run->P - 1 && run->next == run->n_prompts;
     run->end = last_unit ? (run->unit + 1) * stage_layers(run->m) : LONG_MAX;
-}
-
-/* Fig. 4's prologue: the input and cache of the stage's first layer load for the first GPU
- * batch; each later one loads while the one before it computes. */
-static void load_first_iteration(block *bl) {
-    iteration start = at(bl, bl->m->first_layer, 0);
-    load_cache(bl, start);
-    activation_in(bl, start);
-    io_sync(&bl->rt->io, 0);
-    bl->rt->stage->input_taken(bl);
-}
-
-/* Fig. 4's epilogue: the last iteration's activations and cache are stored (each earlier one's
- * while the next computed). */
-static void store_last_iteration(block *bl) {
-    iteration last = at(bl, bl->m->end_layer - 1, bl->n_batches - 1);
-    store_activation(bl, last);
-    store_cache(bl, last);
 }
 
 /* Step i of block t ends: what moved is in place, and the last stage chooses the next tokens
@@ -1546,16 +481,17 @@ static void step_ends(gen_run *run, int t, int i) {
 
 /* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
 static const float *logits_row(const block *bl, int s, int t) {
-    size_t batch_rows = (size_t)bl->s.gbs * bl->s.logit_rows;
-    size_t row = (size_t)(s % bl->s.gbs) * bl->out_rows + t;
-    return bl->host_logits + ((size_t)(s / bl->s.gbs) * batch_rows + row) * bl->m->view.cfg.vocab;
+    size_t batch_rows = (size_t)bl->shape.gbs * bl->shape.logit_rows;
+    size_t row = (size_t)(s % bl->shape.gbs) * bl->out_rows + t;
+    size_t batch = (size_t)(s / bl->shape.gbs);
+    return bl->host_logits + (batch * batch_rows + row) * bl->m->view.cfg.vocab;
 }
 
 /* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
 static void keep_prompt_logits(const block *bl, const gen_options *opt) {
-    int vocab = bl->m->view.cfg.vocab, longest = bl->s.max_prompt;
+    int vocab = bl->m->view.cfg.vocab, longest = bl->shape.max_prompt;
     for (int s = 0; s < bl->count; s++) {
-        int pad = bl->gb[s / bl->s.gbs].pad[s % bl->s.gbs];
+        int pad = bl->gb[s / bl->shape.gbs].pad[s % bl->shape.gbs];
         int len = bl->out_rows - pad;
         memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
                (size_t)len * vocab * sizeof(float));
@@ -1568,8 +504,8 @@ static void keep_prompt_logits(const block *bl, const gen_options *opt) {
  * on the block shape, the number of stages or the slot a refill gave the prompt. */
 void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
     int vocab = bl->m->view.cfg.vocab;
-    size_t rows = (size_t)bl->n_batches * bl->s.gbs * bl->s.logit_rows;
-    if (bl->s.logit_rows == 1) rows = (size_t)bl->count;
+    size_t rows = (size_t)bl->n_batches * bl->shape.gbs * bl->shape.logit_rows;
+    if (bl->shape.logit_rows == 1) rows = (size_t)bl->count;
     bl->rt->backend->copy_out(bl->host_logits, bl->logits, rows * vocab * sizeof(float));
     bl->rt->backend->copies_done(); /* a decode step's one wait on the device, on a GPU */
     if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
@@ -1611,7 +547,7 @@ int take_tokens(block *bl, const gen_options *opt, int *out_tokens) {
         out_tokens[at] = bl->done[s] ? OPT_PAD_ID : tok;
         if (opt->stop_at_eos && gen_is_eos(opt, tok)) bl->done[s] = 1;
         running += slot_running(bl, s, opt->gen_len);
-        bl->gb[s / bl->s.gbs].tokens[s % bl->s.gbs] = tok;
+        bl->gb[s / bl->shape.gbs].tokens[s % bl->shape.gbs] = tok;
     }
     return running;
 }
@@ -1627,8 +563,8 @@ static void start_batch(block *bl, int k, int *const *prompts, const int *lens, 
     gpu_batch *gb = &bl->gb[k];
     gb->batch = count;
     gb->n_new = padded;
-    for (int b = 0; b < bl->s.gbs; b++) {
-        int s = k * bl->s.gbs + b;
+    for (int b = 0; b < bl->shape.gbs; b++) {
+        int s = k * bl->shape.gbs + b;
         bl->prompt[s] = b < count ? first + b : -1;
         bl->step[s] = 0;
         bl->done[s] = 0;
@@ -1650,7 +586,7 @@ static int longest_of(const int *lens, int first, int count) {
 /* Loads a block's prompts, left-padded to the longest, as the prefill step's input. */
 static void start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
     int padded = longest_of(lens, first, count);
-    int gbs = bl->s.gbs;
+    int gbs = bl->shape.gbs;
     bl->count = count;
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
@@ -1681,8 +617,8 @@ static void tokens_back(gen_run *run, block *bl, int i) {
 /* Slot s's sequence is done with its cache: the timing counts its pages and tokens, and the pages
  * go back to the pool. */
 static void end_sequence(gen_run *run, block *bl, int s) {
-    run->timing->cache_rows += (int64_t)bl->pages.held[s] * bl->s.kv.page_tokens;
-    run->timing->cache_tokens += bl->gb[s / bl->s.gbs].past[s % bl->s.gbs];
+    run->timing->cache_rows += (int64_t)bl->pages.held[s] * bl->shape.kv.page_tokens;
+    run->timing->cache_tokens += bl->gb[s / bl->shape.gbs].past[s % bl->shape.gbs];
     kv_pages_give_back(&bl->pages, s);
 }
 
@@ -1712,7 +648,7 @@ static int prompts_to_take(const gen_run *run, const block *bl, int k, int promi
     int left[N_TIERS];
     memcpy(left, promise, sizeof left);
     *longest = 1;
-    for (int s = k * bl->s.gbs; s < k * bl->s.gbs + bl->gb[k].batch; s++) {
+    for (int s = k * bl->shape.gbs; s < k * bl->shape.gbs + bl->gb[k].batch; s++) {
         if (slot_running(bl, s, gen_len)) {
             running++;
             if (gen_len - bl->step[s] > steps_left) steps_left = gen_len - bl->step[s];
@@ -1720,7 +656,7 @@ static int prompts_to_take(const gen_run *run, const block *bl, int k, int promi
         }
         if (!fits || run->next + free_slots >= run->n_prompts) continue;
         int len = run->lens[run->next + free_slots];
-        int need = kv_pages_for(len + gen_len, bl->s.kv.page_tokens);
+        int need = kv_pages_for(len + gen_len, bl->shape.kv.page_tokens);
         fg_tier t = slot_tier(&bl->pages, s);
         fits = left[t] >= need;
         if (!fits) continue;
@@ -1741,7 +677,7 @@ static void assign_prompts(gen_run *run, block *bl, int k, int i, int taking) {
     int gen_len = run->opt->gen_len;
     int taken = 0;
     for (int b = 0; b < gb->batch; b++) {
-        int s = k * bl->s.gbs + b;
+        int s = k * bl->shape.gbs + b;
         if (slot_running(bl, s, gen_len)) continue;
         bl->prompt[s] = -1;
         if (taken < taking) {
@@ -1763,7 +699,7 @@ static void assign_prompts(gen_run *run, block *bl, int k, int i, int taking) {
 static void lay_out_rows(gen_run *run, block *bl, int k, int n_new) {
     gpu_batch *gb = &bl->gb[k];
     for (int b = gb->batch - 1; b >= 0; b--) {
-        int s = k * bl->s.gbs + b;
+        int s = k * bl->shape.gbs + b;
         int p = bl->prompt[s];
         int n = p < 0 ? 0 : bl->step[s] == 0 ? run->lens[p] : 1;
         int token = gb->tokens[b];
@@ -1801,7 +737,7 @@ static void refill_slots(gen_run *run, block *bl, int i) {
  * sequences: one prefills while the others decode, the layer's weights loaded once for all. */
 static void diagonal_slots(gen_run *run, block *bl, int i) {
     int gen_len = run->opt->gen_len;
-    int gbs = bl->s.gbs;
+    int gbs = bl->shape.gbs;
     for (int k = 0; k < bl->n_batches; k++) {
         int start = diagonal_start(k, bl->n_batches, gen_len);
         if (i < start || (i - start) % gen_len != 0) continue;
@@ -1824,8 +760,8 @@ static void diagonal_slots(gen_run *run, block *bl, int i) {
 /* A block of a diagonal run: every GPU batch idle until diagonal_slots starts it. */
 static void start_diagonal(gen_run *run, block *bl) {
     start_block(bl, run->prompts, run->lens, 0, 0);
-    bl->n_batches = bl->s.ngb;
-    bl->count = bl->s.ngb * bl->s.gbs;
+    bl->n_batches = bl->shape.ngb;
+    bl->count = bl->shape.ngb * bl->shape.gbs;
     for (int k = 0; k < bl->n_batches; k++) start_batch(bl, k, run->prompts, run->lens, 0, 0, 1);
     diagonal_slots(run, bl, 0);
 }
@@ -1889,14 +825,14 @@ static void run_round(gen_run *run) {
     m->staged[0] = -1;
     m->staged[1] = -1;
     /* the first layer; in Fig. 4's loop every later one loads while its predecessor computes */
-    load_weights(m, 0);
+    load_weight_at(m, 0);
     io_sync(&m->rt->io, 1);
     if (run->plain) plain_schedule(run);
     else block_schedule(run);
     run->steps_before += run->steps;
     for (int t = 0; t < run->P; t++)
         for (int s = 0; s < run->blocks[t].count; s++) end_sequence(run, &run->blocks[t], s);
-    run->timing->page_tokens = run->blocks[0].s.kv.page_tokens;
+    run->timing->page_tokens = run->blocks[0].shape.kv.page_tokens;
     for (int t = 0; t < N_TIERS; t++) /* the pools' most in use (the diagonal's staggered peak) */
         run->timing->cache_peak_rows[t] =
             (int64_t)run->blocks[0].pages.peak[t] * run->timing->page_tokens;
@@ -1976,7 +912,7 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     run.plain = !rt->policy.overlap && !rt->pipe && run.P == 1;
     run.t_start = now_seconds();
     double disk_read_before = rt->disk_read_seconds;
-    run.B = run.blocks[0].s.gbs * run.blocks[0].s.ngb;
+    run.B = run.blocks[0].shape.gbs * run.blocks[0].shape.ngb;
     int rounds = run.refill || run.diagonal ? 1 : (n_prompts + run.P * run.B - 1) / (run.P * run.B);
     for (int r = 0; r < rounds && !run.pools_ran_out; r++) {
         char progress[64];
@@ -1994,3 +930,256 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     return fg_fail(err, "internal error: a KV cache pool ran out: the schedule held more than its "
                         "pools were sized for");
 }
+
+/* ============================================================================================
+ * What the verbs move (§4.1): a block's KV cache and activations on the tiers (homes, as
+ * shape_block sizes them), and the two staging arenas of the gpu tier that double-buffer what
+ * moves: iteration t of the loop computes from arena t % 2 while the other is filled for the next
+ * iteration and emptied from the previous one. Where each row lives, then the verbs' I/O tasks.
+ * ============================================================================================ */
+
+/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
+static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
+    const block_shape *s = &bl->shape;
+    size_t pool_rows = (size_t)s->kv.pool_pages[t] * s->kv.page_tokens;
+    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * pool_rows * s->kv_row;
+}
+
+/* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
+static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
+    size_t row = kv_page_row(slot_pages(&bl->pages, slot), bl->shape.kv.page_tokens, j);
+    return kv_pool(bl, slot_tier(&bl->pages, slot), layer, kv) + row * bl->shape.kv_row;
+}
+
+/* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
+static int run_in_page(const block *bl, int j, int end) {
+    int page_end = (j / bl->shape.kv.page_tokens + 1) * bl->shape.kv.page_tokens;
+    return (page_end < end ? page_end : end) - j;
+}
+
+/* The tokens of slot `slot`'s cache from j on (to `end`) that lie one after another in its pool:
+ * j's page and each next page that its table puts right after the one before. A run moves as one
+ * copy, however many pages it spans. */
+static int run_in_pool(const block *bl, int slot, int j, int end) {
+    const int *pages = slot_pages(&bl->pages, slot);
+    int page_tokens = bl->shape.kv.page_tokens;
+    int n = run_in_page(bl, j, end);
+    while (j + n < end && pages[(j + n) / page_tokens] == pages[(j + n) / page_tokens - 1] + 1)
+        n += run_in_page(bl, j + n, end);
+    return n;
+}
+
+/* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
+static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
+    int staged = bl->shape.gbs - bl->shape.cache.rows[TIER_GPU];
+    size_t idx = (size_t)kv * staged + (b - bl->shape.cache.rows[TIER_GPU]);
+    return bl->kv_stage[arena] + idx * bl->shape.stage_len * bl->shape.kv_row;
+}
+
+/* Sequence b's activation rows in GPU batch k, where they live: in batch k's part of its tier's
+ * home (max_prompt rows a sequence), this step's rows of the tier's sequences one after another,
+ * so that they move in one copy. */
+static char *act_home_rows(const block *bl, int k, int b) {
+    int r;
+    fg_tier t = row_tier(&bl->shape.act, b, &r);
+    size_t part = (size_t)k * bl->shape.act.rows[t] * bl->shape.max_prompt;
+    return bl->act_home[t] + (part + (size_t)r * bl->gb[k].n_new) * bl->shape.act_row;
+}
+
+/* Layer j's KV cache among this stage's decoder layers'. */
+static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
+
+/* Sequence b of a task's GPU batch: its slot in the block. */
+static int task_slot(const block *bl, const io_task *task, int b) {
+    return task->batch * bl->shape.gbs + b;
+}
+
+/* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
+static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
+    return kv_home_row(bl, task_slot(bl, task, b), cache_layer(bl, task->layer), kv, j);
+}
+
+/* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
+ * not padding), in bytes of one layer's K (or V). */
+static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return (size_t)gb->past[b] * bl->shape.kv_row;
+}
+
+static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return (size_t)(gb->n_new - gb->pad[b]) * bl->shape.kv_row;
+}
+
+/* The verbs' tasks below walk a GPU batch's sequences whose rows live off the gpu tier: a split
+ * (block_shape's cache and act) homes a GPU batch's first rows on the gpu tier, the next on cpu,
+ * the rest on disk, so those are the sequences from split.rows[TIER_GPU] on. */
+
+static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        if (tier_of(&bl->shape.cache, b) != TIER_DISK) continue;
+        for (int kv = 0; kv < 2; kv++)
+            for (int j = 0, n; j < gb->past[b]; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
+                disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->shape.kv_row);
+            }
+    }
+}
+
+/* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
+static int v_in_place(const block *bl, int kv, fg_tier t) {
+    return bl->sparse_v && kv == 1 && t == TIER_CPU;
+}
+
+static void cache_in_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    size_t row = bl->shape.kv_row;
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        fg_tier t = tier_of(&bl->shape.cache, b);
+        for (int kv = 0; kv < 2; kv++) {
+            if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
+            char *stage = kv_stage_rows(bl, task->arena, kv, b);
+            /* a run of pages at a time, into rows in order */
+            for (int j = 0, n; j < gb->past[b]; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
+                char *home = task_kv_row(bl, task, kv, b, j);
+                rt->backend->copy_in(stage + j * row, home, n * row);
+                if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
+            }
+            link_add(rt, LINK_CPU_TO_GPU, (double)past_bytes(bl, gb, b));
+        }
+    }
+}
+
+static void cache_out_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    size_t row = bl->shape.kv_row;
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        fg_tier t = tier_of(&bl->shape.cache, b);
+        for (int kv = 0; kv < 2; kv++) {
+            size_t bytes = new_bytes(bl, gb, b);
+            int end = gb->past[b] + (int)(bytes / row);
+            char *stage = kv_stage_rows(bl, task->arena, kv, b);
+            /* else attention wrote them in place */
+            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
+                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), stage + j * row, n * row);
+            }
+            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
+        }
+    }
+    rt->backend->copies_done(); /* in their homes before they are read there or written to disk */
+}
+
+/* Writes back this step's new slots of the disk rows; with delegation the past rows were read
+ * in place and leave memory too. */
+static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        if (tier_of(&bl->shape.cache, b) != TIER_DISK) continue;
+        int past = gb->past[b];
+        int from = bl->delegate ? 0 : past;
+        int end = past + gb->n_new - gb->pad[b];
+        for (int kv = 0; kv < 2; kv++)
+            for (int j = from, n; j < end; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
+                int written = j + n - (j > past ? j : past); /* of these rows, this step's */
+                disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->shape.kv_row,
+                             written > 0 ? written * bl->shape.kv_row : 0);
+            }
+    }
+}
+
+static int any_past(const gpu_batch *gb) {
+    for (int b = 0; b < gb->batch; b++)
+        if (gb->past[b] > 0) return 1;
+    return 0;
+}
+
+/* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
+static size_t act_bytes(const block *bl, int k) {
+    return (size_t)bl->gb[k].n_new * bl->shape.act_row;
+}
+
+size_t batch_act_bytes(const block *bl, int k) {
+    return (size_t)bl->gb[k].batch * act_bytes(bl, k);
+}
+
+static char *x_rows(const block *bl, int arena, int k, int b) {
+    return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k);
+}
+
+static void act_fetch_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->batch;
+    for (int b = bl->shape.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
+        if (tier_of(&bl->shape.act, b) == TIER_DISK)
+            disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
+}
+
+/* Sequence rows of GPU batch k between a staging arena and their homes: in (home -> staging,
+ * cpu -> gpu) or out (staging -> home, gpu -> cpu), a tier's sequences at a time. Rows homed on
+ * the gpu tier move no link. */
+static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
+    for (int b = 0, n; b < bl->gb[k].batch; b += n) {
+        fg_tier t = tier_of(&bl->shape.act, b);
+        for (n = 1; b + n < bl->gb[k].batch && tier_of(&bl->shape.act, b + n) == t; n++) {}
+        size_t bytes = n * act_bytes(bl, k);
+        char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
+        if (t == TIER_GPU) {
+            rt->backend->copy(out ? home : x, out ? x : home, bytes);
+        } else if (out) {
+            rt->backend->copy_out(home, x, bytes);
+            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
+        } else {
+            rt->backend->copy_in(x, home, bytes);
+            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
+            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
+        }
+    }
+}
+
+static void act_in_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->batch, task->arena, 0);
+}
+
+static void act_out_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->batch, task->arena, 1);
+    rt->backend->copies_done(); /* in their homes before they are written to disk */
+}
+
+static void act_writeback_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->batch;
+    size_t bytes = act_bytes(bl, k);
+    for (int b = bl->shape.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
+        if (tier_of(&bl->shape.act, b) == TIER_DISK)
+            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), bytes, bytes);
+}
+
+/* Points GPU batch k at its iteration's activations and at layer j's cache rows: in their home
+ * on the gpu tier (or, delegated, on cpu and disk), in the staging arena otherwise. */
+static void bind_batch(block *bl, iteration it) {
+    gpu_batch *gb = &bl->gb[it.k];
+    gb->x = bl->x_stage[it.arena];
+    if (!is_decoder_layer(bl, it.j)) return;
+    int layer = cache_layer(bl, it.j);
+    for (int b = 0; b < gb->batch; b++) {
+        int slot = it.k * bl->shape.gbs + b;
+        fg_tier t = tier_of(&bl->shape.cache, b);
+        int home = t == TIER_GPU || bl->delegate;
+        int v_home = home || v_in_place(bl, 1, t);
+        gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
+        gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
+        gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
+        gb->v_pages[b] = v_home ? slot_pages(&bl->pages, slot) : NULL;
+        gb->kv_in_host[b] = bl->delegate && t != TIER_GPU;
+        gb->v_rows_read[b] = 0;
+    }
+}
+

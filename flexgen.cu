@@ -23,8 +23,8 @@
  *   987  attention_kernel         a query's attention, with §5's top-K
  *  1041  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
  *  1118  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1168  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1256  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *  1159  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1247  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike

@@ -5,7 +5,8 @@
  * of lp.c. docs/DESIGN.md maps each file to the paper:
  *   opt_model.c  the OPT forward pass of one GPU batch on the CPU (§3); llama_model.c LLaMA's
  *   quant.c      4-bit group-wise compression, top-K sparse attention (§5)
- *   flexgen.c    the block schedule, its verbs, the tiers, placement, the plan check (§4.1, §4.2)
+ *   flexgen.c    the block schedule, its verbs, a block's step, generate() (§4.1, §4.2)
+ *   tiers.c      the tiers, the weights' homes and staging, a block's plan and buffers (§4.2)
  *   lp.c         the cost model, the simplex, the policy search (§4.3, Appendix A.3)
  *   flexgen.cu   the CUDA backend: the same operation table with cuBLAS
  * What the runtime takes from the support layer (errors, the disk arena, the I/O threads, the
@@ -56,9 +57,6 @@ typedef struct {
 /* ---- A run (flexgen.c, §4.1, §4.2; app/runtime.c opens and closes it: app/app.h) ---- */
 typedef struct fg_runtime fg_runtime; /* tiers with their accounting, the I/O threads */
 typedef struct fg_model fg_model;     /* a model placed on the tiers */
-/* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
- * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all max_prompt). */
-int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err);
 
 typedef struct {
     int gen_len;
@@ -117,12 +115,6 @@ struct fg_runtime {
     const stage_hooks *stage;   /* what the schedule does at a stage's edges (pipeline.c) */
 };
 
-void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err);
-void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes);
-void link_add(fg_runtime *rt, fg_link l, double bytes);
-void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes);
-void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
-               double end);
 
 typedef struct {
     long n;       /* the round's layer n (as in staged), -1 for none */
@@ -166,19 +158,6 @@ static inline int stage_layers(const fg_model *m) { return m->end_layer - m->fir
 static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
 static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
 
-void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
-void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
-/* The bytes fg_check_plan holds against each tier's capacity, and of them the weights' (their
- * homes, staging arenas and the disk layers read ahead); the cache counts the pages of lens. */
-void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
-                   double total[N_TIERS], double weights[N_TIERS]);
-/* The weights' homes (flexgen.c): placed by FlexGen's rule, freed; the dummy-weight file. */
-void place_weights(fg_model *m);
-void free_weight_homes(fg_model *m);
-weight_file weight_file_of(fg_model *m);
-int load_weights_into_homes(fg_model *m, char *err);
-size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
-int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
 int q4_compress_dummy(const opt_layout *l, int t, uint64_t seed, uint8_t *dst); /* quant.c */
 
 
@@ -204,13 +183,11 @@ typedef struct {
     double pipe_buffers;        /* cpu tier: activations on their way out (each block's GPU
                                    batches) and in (two), when there is such a neighbour */
 } block_shape;
-/* A block's shape for a job: its GPU batches, their rows on each tier, every buffer's bytes. */
-block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
 
 typedef struct {
     fg_model *m;
     fg_runtime *rt;
-    block_shape s;
+    block_shape shape;
     gpu_batch *gb;   /* [ngb] */
     int n_batches;   /* in this block (the last block may have fewer) */
     int count;       /* its sequences (0: an empty micro-batch of the last round) */
@@ -262,6 +239,46 @@ int gen_is_eos(const gen_options *opt, int tok); /* tok ends a sequence */
 /* The last stage chooses each running sequence's next token from the block's logits (flexgen.c,
  * with support/sampling.c's sample_token). */
 void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
+
+/* ---- tiers.c: the tiers and what lives on them (§4.1, §4.2, §5) ---- */
+void *tier_alloc(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, char *err);
+void tier_free(fg_runtime *rt, fg_tier t, void *p, size_t bytes);
+void link_add(fg_runtime *rt, fg_link l, double bytes);
+void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes);
+void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
+               double end);
+void tier_add(fg_runtime *rt, fg_tier t, double bytes); /* counted, never refused */
+int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err);
+void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes, size_t written);
+void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
+void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
+/* The bytes fg_check_plan holds against each tier's capacity, and of them the weights' (their
+ * homes, staging arenas and the disk layers read ahead); the cache counts the pages of lens. */
+void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                   double total[N_TIERS], double weights[N_TIERS]);
+/* The weights' homes: placed by FlexGen's rule, freed; the dummy-weight file. */
+void place_weights(fg_model *m);
+void free_weight_homes(fg_model *m);
+weight_file weight_file_of(fg_model *m);
+int load_weights_into_homes(fg_model *m, char *err);
+size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
+int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
+/* The round's layer n (unit L + j) of the weights: its disk part read ahead, loaded into staging
+ * arena n % 2, bound as what compute reads; the reads ahead that no step used given back. */
+void read_weights(fg_model *m, long n);
+void load_weight_at(fg_model *m, long n);
+void bind_weights(fg_model *m, long n);
+void forget_reads(fg_model *m);
+fg_tier row_tier(const row_split *s, int b, int *index); /* row b's tier, its index there */
+void micro_batches(const fg_model *m, int n_prompts, int *size, int *count);
+/* A block's shape for a job: its GPU batches, their rows on each tier, every buffer's bytes. */
+block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
+/* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
+ * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all max_prompt). */
+int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err);
+int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                const block *shared, char *err);
+void free_block(block *bl);
 
 /* What the schedule does at the edges of a pipeline stage (§4.4): pipeline.c's hooks, or, in one
  * process, app/stage.c's, which do nothing (fg_runtime_open sets them; fg_pipeline_attach

@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1041  best_policy            the shapes' LP optima, best first, rounded and checked
- *   761  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *  1053  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   770  solve_shape            Eq. (1) for one block shape: the LP's rows
  *   214  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
  *   299  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
  *   319  fg_cost_per_token      T / bls for a placement: what the search minimizes
  *   345  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   699  lp_solve               a dense two-phase simplex
+ *   708  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -617,9 +617,15 @@ static int simplex(tableau *t, double eps_d, lp_status *status) {
     int degenerate = 0;
     for (long it = 0; it < limit; it++) {
         int q = entering(t, eps_d, degenerate);
-        if (q < 0) return *status = LP_OPTIMAL, 0;
+        if (q < 0) {
+            *status = LP_OPTIMAL;
+            return 0;
+        }
         int p = leaving(t, q);
-        if (p < 0) return *status = LP_UNBOUNDED, 0;
+        if (p < 0) {
+            *status = LP_UNBOUNDED;
+            return 0;
+        }
         degenerate = t->T[(size_t)p * t->w + t->n] == 0;
         pivot(t, p, q);
     }
@@ -687,7 +693,10 @@ static int solve_phases(tableau *t, const lp_problem *p, lp_status *status) {
          * fell under the pivot tolerance, and phase 1 then ends where it is. */
         phase1_costs(t);
         if (simplex(t, LP_ZERO_TOL, status)) return -1;
-        if (artificial_sum(t) > t->eps_b) return *status = LP_INFEASIBLE, 0;
+        if (artificial_sum(t) > t->eps_b) {
+            *status = LP_INFEASIBLE;
+            return 0;
+        }
         drive_out_artificials(t);
     }
     double cmax = 0;
@@ -790,7 +799,10 @@ static int solve_shape(search *S, candidate *cd, char *err) {
      * tiers: the model leaves out what each small transfer costs. The nudge is 1e-4 of the
      * compute time per tier step, and is not part of the objective reported. */
     double nudge = 1e-4 * (c[V_PRE] * cm.pre[T_COMP].constant + c[V_GEN] * cm.gen[T_COMP].constant);
-    for (int k = 0; k < 3; k++) c[3 * k + 1] = nudge, c[3 * k + 2] = 2 * nudge;
+    for (int k = 0; k < 3; k++) {
+        c[3 * k + 1] = nudge;
+        c[3 * k + 2] = 2 * nudge;
+    }
     lp_problem p = {N_VARS, r.n, c, &r.A[0][0], r.sense, r.b};
     lp_status status;
     S->lps++;

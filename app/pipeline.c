@@ -369,15 +369,15 @@ enum { STOP_BYTES = 1 };
 
 static int rank_of(const block *bl) { return fg_pipe_rank(bl->rt->pipe); }
 static int n_ranks(const block *bl) { return fg_pipe_size(bl->rt->pipe); }
-static char *inbox_slot(const block *bl, int arena) { return bl->inbox + arena * bl->s.act_message; }
-static char *outbox_slot(const block *bl, int k) { return bl->outbox + k * bl->s.act_message; }
+static char *inbox_slot(const block *bl, int arena) { return bl->inbox + arena * bl->shape.act_message; }
+static char *outbox_slot(const block *bl, int k) { return bl->outbox + k * bl->shape.act_message; }
 
 static int stage_agree(fg_runtime *rt, int rc, char *err) { return fg_pipe_agree(rt->pipe, rc, err); }
 
 /* A block's outbox (one slot per GPU batch) and the stage's inbox (two slots, by staging arena,
  * shared by its blocks), on the cpu tier. */
 static int stage_open_block(block *bl, const block *shared, char *err) {
-    const block_shape *s = &bl->s;
+    const block_shape *s = &bl->shape;
     bl->in_msg = bl->ids_msg = -1;
     if (!(bl->out_msg = malloc((size_t)s->ngb * sizeof *bl->out_msg))) return fg_fail(err, "out of memory");
     for (int k = 0; k < s->ngb; k++) bl->out_msg[k] = -1;
@@ -392,7 +392,7 @@ static int stage_open_block(block *bl, const block *shared, char *err) {
 }
 
 static void stage_close_block(block *bl) {
-    const block_shape *s = &bl->s;
+    const block_shape *s = &bl->shape;
     free(bl->out_msg);
     if (bl->outbox) tier_free(bl->rt, TIER_CPU, bl->outbox, s->act_message * s->ngb);
     if (!bl->borrowed && bl->inbox) tier_free(bl->rt, TIER_CPU, bl->inbox, 2 * s->act_message);
@@ -403,7 +403,7 @@ static void receive_hidden(block *bl, int k, int arena) {
     if (bl->in_msg >= 0) return;
     bl->in_k = k;
     bl->in_msg = fg_pipe_recv(bl->rt->pipe, rank_of(bl) - 1, FG_TAG_ACTIVATIONS, inbox_slot(bl, arena),
-                              bl->s.act_message);
+                              bl->shape.act_message);
 }
 
 /* The compute thread waits for the input of GPU batch k from the previous stage, if it is on its
@@ -518,7 +518,7 @@ static void stage_tokens_out(block *bl, const gen_options *opt, int *out_tokens)
 
 /* The messages a block has in flight, done (at the end of a round). */
 static void stage_end_round(block *bl) {
-    for (int k = 0; k < bl->s.ngb; k++)
+    for (int k = 0; k < bl->shape.ngb; k++)
         if (bl->out_msg[k] >= 0) {
             fg_pipe_release(bl->rt->pipe, bl->out_msg[k]);
             bl->out_msg[k] = -1;

@@ -1,6 +1,6 @@
 /* app/runtime.c: a run opened and closed, and a model opened on it: the policy's numbers
  * checked, each tier's capacity (the flag's, or what the machine has), the I/O threads started,
- * the checkpoint or dummy weights opened and each tensor given its home (flexgen.c's
+ * the checkpoint or dummy weights opened and each tensor given its home (tiers.c's
  * place_weights); and the runtime's verdict on a policy that the search asks for (§4.3). None of
  * it is the schedule's: generate() in flexgen.c runs on what this opened.
  */

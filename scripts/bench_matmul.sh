@@ -27,7 +27,7 @@ ARCH=$(gcc -print-multiarch)
 mkdir -p build
 gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
 gcc -O2 -std=c11 -Wall -Wextra -Werror -Wno-psabi -fopenmp -I. -I/usr/include/"$ARCH"/openblas-openmp -DFLEXGEN_NO_MAIN \
-    -o build/bench_matmul scripts/bench_matmul.c opt_model.c llama_model.c quant.c flexgen.c lp.c support/*.c app/*.c \
+    -o build/bench_matmul scripts/bench_matmul.c opt_model.c llama_model.c quant.c flexgen.c tiers.c lp.c support/*.c app/*.c \
     -L/usr/lib/"$ARCH"/openblas-openmp -Wl,-rpath,/usr/lib/"$ARCH"/openblas-openmp -lopenblas -lcjson -lm
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,7 +1,7 @@
 /* support/checkpoint.c: where a model's numbers come from: the nine OPT configs and HF's
  * config.json, FlexGen's size formulas and pipeline split, the weight table (every checkpoint
  * tensor's layer, shape and place in its layer's arena), dummy weights, and HF checkpoints
- * (through safetensors.c). The runtime (flexgen.c) places and loads the tensors this table lists.
+ * (through safetensors.c). The runtime (tiers.c) places and loads the tensors this table lists.
  */
 #define _GNU_SOURCE
 #include "support/support.h"
@@ -398,7 +398,7 @@ void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end) 
 /* ============================================================================================
  * Weights. One table lists every checkpoint tensor of the model: its HF name, its shape, the
  * FlexGen layer it belongs to and where each of its elements lives in that layer's arena.
- * Dummy initialisation, checkpoint loading, the runtime's placement (flexgen.c) and
+ * Dummy initialisation, checkpoint loading, the runtime's placement (tiers.c) and
  * opt_weight_locate() all walk that table.
  *
  * FlexGen's layer list (§4.1): 0 is the input embedding (embed_tokens, embed_positions,

@@ -1,7 +1,7 @@
 /* support/disk_arena.c: a file of the disk tier, mapped. The files live in the offload dir (or the
  * weight dir), created unnamed or unlinked at once, so nothing is left behind after an exit, an
  * error or Ctrl-C. Pages come in with WILLNEED and a touch and leave with msync and DONTNEED, so
- * resident memory follows the policy and not the page cache; flexgen.c's disk_fetch and
+ * resident memory follows the policy and not the page cache; tiers.c's disk_fetch and
  * disk_release count them on the tiers and links.
  */
 #define _GNU_SOURCE

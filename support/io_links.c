@@ -4,10 +4,10 @@
  * for an earlier task of another link (a load from disk is read before it is copied to the gpu
  * tier; a store reaches the cpu tier before disk); since a task only ever waits for one submitted
  * before it, the queues cannot deadlock. With --overlap 0 no thread starts, and every task runs
- * at once on the compute thread: the same steps, in sequence. The runtime (flexgen.c) submits the
- * tasks; io_sync is Fig. 4's "synchronize". After the compute thread waits for a link's tasks, the
- * backend's join orders the device work they queued before the compute thread's next (CUDA's
- * streams: no host wait for the device).
+ * at once on the compute thread: the same steps, in sequence. The runtime (flexgen.c, tiers.c)
+ * submits the tasks; io_sync is Fig. 4's "synchronize". After the compute thread waits for a
+ * link's tasks, the backend's join orders the device work they queued before the compute
+ * thread's next (CUDA's streams: no host wait for the device).
  */
 #include "support/support.h"
 
