@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 /* --help, in three parts: the commands and the model, prompts, generation and device flags;
- * the policy and the pipeline; the search, perplexity and the outputs. */
+ * the policy and the pipeline; the search, perplexity and the outputs. The text is
+ * laid out as --help prints it, so the formatter leaves it as it stands. */
+/* clang-format off */
 static void usage_run(FILE *out) {
     fprintf(out,
 "usage: flexgen [options]\n"
@@ -179,6 +181,8 @@ static void usage_search(FILE *out) {
 "that cannot be written (a full disk), with status 1.\n",
           out);
 }
+
+/* clang-format on */
 
 void usage(FILE *out) {
     usage_run(out);

@@ -13,7 +13,7 @@
 # formatted and measured but not parsed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-files=$(git ls-files '*.c' '*.h' '*.cu' | grep -v -e '^tests/' -e '^support/nfc_tables\.h$')
+files=$(git ls-files '*.c' '*.h' '*.cu' | grep -v -e '^tests/' -e '^support/nfc_tables\.h$' -e '^support/unicode_tables\.h$')
 if [ "${1:-}" = --files ]; then
     echo "$files"
     exit 0

@@ -42,7 +42,8 @@ typedef struct {
     int llama3_rope, bos, eos;
 } llama_size;
 static const llama_size LLAMA_SIZES[] = {
-    /* name           layers hidden heads kv ffn    vocab   max_pos untied bias eps   theta  llama3 bos eos */
+    /* name, layers, hidden, heads, kv heads, ffn, vocab, max_pos, untied, qkv bias, eps, theta,
+     * llama3 RoPE, bos, eos */
     {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
     {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
     {"llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 1, 0, 1e-5f, 1e4f, 0, 1, 2},
