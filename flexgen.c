@@ -13,13 +13,13 @@
  *   242  load_cache               Fig. 4's load_cache; store_cache below it
  *   288  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
  *   317  compute                  layer j of GPU batch k on the backend
- *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
- *   411  step_begins              a block's step: tokens back, pages; step_ends
- *   505  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   720  refill_slots             ended sequences' slots take the next prompts (--refill)
- *   738  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *   883  generate                 prompts in rounds of blocks (run_round)
- *  1034  cache_in_task            the verbs' I/O tasks: the KV cache's, then the activations'
+ *   350  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
+ *   410  step_begins              a block's step: tokens back, pages; step_ends
+ *   504  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   719  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *   737  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *   888  generate                 prompts in rounds of blocks (run_round)
+ *  1045  cache_in_task            the verbs' I/O tasks: the KV cache's, then the activations'
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -49,34 +49,34 @@
  * 1 .. l the decoder layers, l + 1 the output embedding); a decoder layer d (0 .. l - 1, as HF
  * numbers model.decoder.layers) is the schedule's j = d + 1. */
 typedef struct {
-    int j, k;   /* the schedule's layer and GPU batch; j < 0: no such iteration on this stage */
-    int arena;  /* the staging arena of its activations and KV cache */
+    int j, k;  /* the schedule's layer and GPU batch; j < 0: no such iteration on this stage */
+    int arena; /* the staging arena of its activations and KV cache */
 } iteration;
 
 /* A generation's state that each round's blocks share. */
 typedef struct {
     fg_model *m;
     const gen_options *opt;
-    block *blocks;   /* [P]: the stage's micro-batches (one block in one process) */
-    int P, B;        /* micro-batches of a round, sequences each at most */
+    block *blocks; /* [P]: the stage's micro-batches (one block in one process) */
+    int P, B;      /* micro-batches of a round, sequences each at most */
     int *out_tokens;
     float *logits, *scratch;
     gen_timing *timing;
-    int base;        /* the round's first prompt */
+    int base;            /* the round's first prompt */
     int *const *prompts; /* the job's prompts, their lengths and how many */
     const int *lens;
     int n_prompts;
-    int refill, next; /* refill (one block): finished sequences' slots take prompt `next` on */
-    int diagonal;     /* the diagonal schedule: GPU batches staggered, prompts streaming through */
-    int plain;        /* --overlap 0 in one process: the plain loop, plain_schedule */
+    int refill, next;  /* refill (one block): finished sequences' slots take prompt `next` on */
+    int diagonal;      /* the diagonal schedule: GPU batches staggered, prompts streaming through */
+    int plain;         /* --overlap 0 in one process: the plain loop, plain_schedule */
     int pools_ran_out; /* a KV cache pool ran dry: the schedule held more than its pools' size */
-    int steps;       /* the round's last step: gen_len, later where a refill started a prompt */
-    int steps_before; /* steps of the rounds before this one */
-    long unit;       /* units (a block's step on this stage) begun this round */
-    long end;        /* the round's layers that will run (unit L + j): weights load no further */
-    int started, prefilled; /* blocks of the round with prompts, and those past prefill */
+    int steps;         /* the round's last step: gen_len, later where a refill started a prompt */
+    int steps_before;  /* steps of the rounds before this one */
+    long unit;         /* units (a block's step on this stage) begun this round */
+    long end;          /* the round's layers that will run (unit L + j): weights load no further */
+    int started, prefilled;    /* blocks of the round with prompts, and those past prefill */
     double t_prefill, t_start; /* when the last of them finished prefill; when generate() began */
-    const char *progress;   /* a line on stderr for each step, or NULL */
+    const char *progress;      /* a line on stderr for each step, or NULL */
 } gen_run;
 
 static iteration at(const block *bl, int j, int k);
@@ -107,8 +107,8 @@ static void step_ends(gen_run *run, int t, int i);
 static void block_schedule(gen_run *run) {
     int first = run->m->first_layer;
     int end = run->m->end_layer;
-    for (int i = 0; i <= run->steps; i++)                 /* generation step (+1: tokens back) */
-        for (int t = 0; t < run->P; t++) {                /* block (micro-batch) */
+    for (int i = 0; i <= run->steps; i++)  /* generation step (+1: tokens back) */
+        for (int t = 0; t < run->P; t++) { /* block (micro-batch) */
             if (!step_begins(run, t, i)) continue;
             block *bl = &run->blocks[t];
             load_first_iteration(bl);
@@ -120,7 +120,7 @@ static void block_schedule(gen_run *run) {
                     load_weight(run, j + 1, k);
                     store_activation(bl, prev);
                     store_cache(bl, prev);
-                    load_activation_now(bl, now);                /* one GPU batch: just stored */
+                    load_activation_now(bl, now); /* one GPU batch: just stored */
                     load_cache(bl, next);
                     load_activation(bl, next);
                     compute(bl, now);
@@ -137,11 +137,11 @@ static void block_schedule(gen_run *run) {
  * Fig. 4's bits (tests/test_runtime.c, "the plain loop and Fig. 4's"). */
 static void plain_schedule(gen_run *run) {
     block *bl = &run->blocks[0];
-    for (int i = 0; i <= run->steps; i++) {                               /* generation step */
+    for (int i = 0; i <= run->steps; i++) { /* generation step */
         if (!step_begins(run, 0, i)) continue;
         for (int j = run->m->first_layer; j < run->m->end_layer; j++) { /* layer */
             load_weight_now(run, j);
-            for (int k = 0; k < bl->n_batches; k++) {                     /* GPU batch */
+            for (int k = 0; k < bl->n_batches; k++) { /* GPU batch */
                 iteration now = at(bl, j, k);
                 load_cache(bl, now);
                 load_activation_at(bl, now); /* load_activation, of this iteration */
@@ -201,8 +201,8 @@ static int decoder_of(int j) { return j - 1; } /* the schedule's layer j, as a d
 /* A task of iteration `it` on the block. */
 static io_task task_at(block *bl, iteration it, void (*fn)(fg_runtime *, const io_task *),
                        const char *name) {
-    return (io_task){.fn = fn, .name = name, .ctx = bl, .layer = it.j, .batch = it.k,
-                     .arena = it.arena};
+    return (io_task){
+        .fn = fn, .name = name, .ctx = bl, .layer = it.j, .batch = it.k, .arena = it.arena};
 }
 
 /* The same task, for another function that waits for one task of another I/O thread. */
@@ -341,8 +341,7 @@ static void compute(block *bl, iteration it) {
                      (double)gb->v_rows_read[b] * (double)bl->shape.kv_row / cfg_kv_heads(&w->cfg));
     double end = now_seconds();
     bl->compute_seconds += end - start;
-    trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : output ? 2 : 1], it.j, it.k,
-              start, end);
+    trace_add(bl->rt, TRACK_COMPUTE, names[it.j == 0 ? 0 : output ? 2 : 1], it.j, it.k, start, end);
 }
 
 /* Fig. 4's synchronize: this iteration's loads and stores of cache and activations are done
@@ -778,13 +777,19 @@ static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_p
     int size, count;
     micro_batches(m, n_prompts, &size, &count);
     block *blocks = calloc((size_t)count, sizeof *blocks);
-    if (!blocks) { fg_fail(err, "out of memory"); return NULL; }
+    if (!blocks) {
+        fg_fail(err, "out of memory");
+        return NULL;
+    }
     int rc = fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err);
     if (rc == 0 && !m->loaded) rc = load_weights_into_homes(m, err);
     for (int t = 0; t < count && rc == 0; t++)
         rc = alloc_block(&blocks[t], m, n_prompts, lens, max_prompt, gen_len, t ? &blocks[0] : NULL,
                          err);
-    if (rc) { free_blocks(blocks, count); return NULL; }
+    if (rc) {
+        free_blocks(blocks, count);
+        return NULL;
+    }
     *n_blocks = count;
     return blocks;
 }
@@ -885,9 +890,15 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
              char *err) {
     const model_config *c = &m->view.cfg;
     fg_runtime *rt = m->rt;
-    gen_run run = {.m = m, .opt = opt, .out_tokens = out_tokens, .logits = logits,
-                   .timing = timing, .prompts = prompts, .lens = prompt_lens,
-                   .n_prompts = n_prompts, .refill = opt->refill,
+    gen_run run = {.m = m,
+                   .opt = opt,
+                   .out_tokens = out_tokens,
+                   .logits = logits,
+                   .timing = timing,
+                   .prompts = prompts,
+                   .lens = prompt_lens,
+                   .n_prompts = n_prompts,
+                   .refill = opt->refill,
                    .diagonal = rt->policy.schedule == FG_SCHEDULE_DIAGONAL};
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++)
@@ -1182,4 +1193,3 @@ static void bind_batch(block *bl, iteration it) {
         gb->v_rows_read[b] = 0;
     }
 }
-

@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   185  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   242  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   166  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   327  fg_cuda_backend          the operation table, once a GPU is found
- *   383  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   424  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   466  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   535  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   633  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   662  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   733  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   769  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   825  queue_attention          decode's: the split over keys, or a block a query for top-K
- *   987  attention_kernel         a query's attention, with §5's top-K
- *  1041  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1118  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1159  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1247  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   186  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   243  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   167  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   328  fg_cuda_backend          the operation table, once a GPU is found
+ *   384  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   425  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   469  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   538  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   635  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   664  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   751  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   787  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   843  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1003  attention_kernel         a query's attention, with §5's top-K
+ *  1071  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1161  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1202  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1290  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -65,7 +65,9 @@ typedef struct {
 } table_view;
 
 /* RoPE's inverse frequencies, by value (head_dim <= 1024). */
-typedef struct { float f[512]; } rope_freqs;
+typedef struct {
+    float f[512];
+} rope_freqs;
 
 /* A step's attention as the split's kernels take it: attention_kernel's arguments (q, k and v in
  * qkv as `at` lays them out, the output rows attn, the cache table's rows, pointers and pages),
@@ -125,9 +127,8 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
                                 int max_pages, int page_tokens);
 static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b);
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad);
-static void queue_attention(attention_split a, int batch, const int *host_past,
-                            const int *host_pad, float sparsity, float *partials,
-                            size_t span_slots);
+static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
+                            float sparsity, float *partials, size_t span_slots);
 __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
                                  const int *pad, void *const *kc, void *const *vc, long long shift,
                                  const int *pages, int max_pages, int page_tokens, int n_new,
@@ -294,7 +295,7 @@ static void cuda_llama_output(const model_weights *w, gpu_batch *gb, model_works
 static const fg_backend cuda_backend = {
     .name = "cuda",
     .gpu_is_host = 0,
-    .weight_elem = 2, /* fp16 */
+    .weight_elem = 2,             /* fp16 */
     .act_elem = FG_CUDA_ACT_ELEM, /* fp16 */
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -313,7 +314,7 @@ static const fg_backend cuda_backend = {
     .workspace_bytes = fg_cuda_workspace_bytes,
     .workspace_init = cuda_workspace_init,
     .workspace_free = cuda_workspace_free,
-    .forward = {{cuda_embed, cuda_layer, cuda_output},                     /* FAMILY_OPT */
+    .forward = {{cuda_embed, cuda_layer, cuda_output},                    /* FAMILY_OPT */
                 {cuda_llama_embed, cuda_llama_layer, cuda_llama_output}}, /* FAMILY_LLAMA */
     .device_memory = cuda_device_memory,
     .reads_q4 = 1, /* 4-bit weights stay 4-bit: the products read the codes */
@@ -455,8 +456,10 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
  * p: column 2p in its high half, 2p + 1 in its low), then the part's G mins and G scales. */
 #define Q4_DIRECT_ROWS FG_CUDA_Q4_DIRECT
 #define Q4_PASS_ROWS FG_CUDA_Q4_ROWS /* rows of x a kernel's lanes keep sums of, in registers */
-#define Q4_TILE 256 /* columns of a block: its warps' 32 lanes, 8 columns (4 bytes of codes) each */
-#define Q4_WARPS 8  /* a block's warps, which take its chunk's rows of W in turn */
+/* Columns of a block: its warps' 32 lanes, 8 columns (4 bytes of codes) each. */
+#define Q4_TILE 256
+/* A block's warps, which take its chunk's rows of W in turn. */
+#define Q4_WARPS 8
 static_assert(Q4_TILE == Q4_WARPS * 32, "a block's threads: one a column of its tile");
 
 /* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
@@ -503,8 +506,8 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
     for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
         int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
         q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x + (size_t)r0 * in, pass, in,
-                                                             (const uint8_t *)W, out, parts,
-                                                             k_chunk, aligned, d->q4_scratch);
+                                                            (const uint8_t *)W, out, parts, k_chunk,
+                                                            aligned, d->q4_scratch);
         LAUNCHED("q4_rows_kernel");
         size_t n = (size_t)pass * out;
         q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
@@ -596,9 +599,8 @@ static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const 
         widen_slice(d, W, (size_t)(out / parts), 1, (size_t)j0, (size_t)out, (size_t)in,
                     (size_t)cols);
         BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, in, &one,
-                                  d->q4_scratch, CUDA_R_16F, cols, x, CUDA_R_16F, in, &beta,
-                                  y + j0, CUDA_R_16F, out, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+                                  d->q4_scratch, CUDA_R_16F, cols, x, CUDA_R_16F, in, &beta, y + j0,
+                                  CUDA_R_16F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 }
 
@@ -676,9 +678,25 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
         for (int b = 0; b < gb->batch; b++)
             if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
     } else if (t->on_device > 0) {
-        attention_split a = {d->qkv, at, d->attn, t->past, t->pad, t->k, t->v, t->shift,
-                             t->pages, t->max_pages, gb->page_tokens, gb->n_new, hd, H, KV,
-                             gb->kv_q4, 0, 1.0f / sqrtf((float)hd), NULL};
+        attention_split a = {d->qkv,
+                             at,
+                             d->attn,
+                             t->past,
+                             t->pad,
+                             t->k,
+                             t->v,
+                             t->shift,
+                             t->pages,
+                             t->max_pages,
+                             gb->page_tokens,
+                             gb->n_new,
+                             hd,
+                             H,
+                             KV,
+                             gb->kv_q4,
+                             0,
+                             1.0f / sqrtf((float)hd),
+                             NULL};
         queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
                         d->span_slots);
     }
@@ -822,9 +840,8 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
  * contexts take one span. The spans' sums go to `partials`, span_slots of them (the workspace
  * holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs more, of more
  * query rows, goes to attention_kernel too, whose blocks a query then fill the card. */
-static void queue_attention(attention_split a, int batch, const int *host_past,
-                            const int *host_pad, float sparsity, float *partials,
-                            size_t span_slots) {
+static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
+                            float sparsity, float *partials, size_t span_slots) {
     cudaStream_t s = ctx()->stream;
     int nk = 1, top_k = 0; /* the keys a query sees at most; a query takes top-K */
     for (int b = 0; b < batch; b++) {
@@ -904,8 +921,7 @@ __device__ void attention_scores(const float *query, const kv_head *keys, int fi
             dot[i] = 0;
         }
         for (int d = lane; d < keys->hd; d += 32)
-            for (int i = 0; i < KEYS_AT_ONCE; i++)
-                dot[i] += query[d] * kv_at(key[i], d, keys->hd);
+            for (int i = 0; i < KEYS_AT_ONCE; i++) dot[i] += query[d] * kv_at(key[i], d, keys->hd);
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
             float total = warp_sum(dot[i]);
             if (lane == 0 && j0 + i < n) scores[j0 + i] = total * scale;
@@ -1003,12 +1019,26 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     }
     const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
     size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
-    kv_head keys = {(const char *)kc[b] + shift, pages + (size_t)b * max_pages, page_tokens,
-                    qkv + at.at[1] + first * at.stride[1], at.stride[1], past[b], kvh, hd,
-                    kv_heads, q4};
-    kv_head values = {(const char *)vc[b] + shift, pages + ((size_t)gridDim.y + b) * max_pages,
-                      page_tokens, qkv + at.at[2] + first * at.stride[2], at.stride[2], past[b],
-                      kvh, hd, kv_heads, q4};
+    kv_head keys = {(const char *)kc[b] + shift,
+                    pages + (size_t)b * max_pages,
+                    page_tokens,
+                    qkv + at.at[1] + first * at.stride[1],
+                    at.stride[1],
+                    past[b],
+                    kvh,
+                    hd,
+                    kv_heads,
+                    q4};
+    kv_head values = {(const char *)vc[b] + shift,
+                      pages + ((size_t)gridDim.y + b) * max_pages,
+                      page_tokens,
+                      qkv + at.at[2] + first * at.stride[2],
+                      at.stride[2],
+                      past[b],
+                      kvh,
+                      hd,
+                      kv_heads,
+                      q4};
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
     __syncthreads();
@@ -1051,13 +1081,26 @@ __global__ void attention_span_kernel(attention_split a) {
     if (n <= 0) return; /* past the query's keys */
     size_t row = (size_t)b * a.n_new + t, fresh = (size_t)b * a.n_new + a.pad[b];
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
-    kv_head keys = {(const char *)a.kc[b] + a.shift, a.pages + (size_t)b * a.max_pages,
-                    a.page_tokens, a.qkv + a.at.at[1] + fresh * a.at.stride[1], a.at.stride[1],
-                    a.past[b], kvh, hd, a.kv_heads, a.q4};
+    kv_head keys = {(const char *)a.kc[b] + a.shift,
+                    a.pages + (size_t)b * a.max_pages,
+                    a.page_tokens,
+                    a.qkv + a.at.at[1] + fresh * a.at.stride[1],
+                    a.at.stride[1],
+                    a.past[b],
+                    kvh,
+                    hd,
+                    a.kv_heads,
+                    a.q4};
     kv_head values = {(const char *)a.vc[b] + a.shift,
-                      a.pages + ((size_t)gridDim.y + b) * a.max_pages, a.page_tokens,
-                      a.qkv + a.at.at[2] + fresh * a.at.stride[2], a.at.stride[2], a.past[b], kvh,
-                      hd, a.kv_heads, a.q4};
+                      a.pages + ((size_t)gridDim.y + b) * a.max_pages,
+                      a.page_tokens,
+                      a.qkv + a.at.at[2] + fresh * a.at.stride[2],
+                      a.at.stride[2],
+                      a.past[b],
+                      kvh,
+                      hd,
+                      a.kv_heads,
+                      a.q4};
     float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
     __syncthreads();

@@ -18,13 +18,14 @@
 #include "model.h"
 #include "support/support.h"
 
-
 /* auto: CUDA where a GPU is present, else the CPU; cpu-fp16: the CPU with fp16 activations. */
 typedef enum { FG_DEVICE_AUTO, FG_DEVICE_CPU, FG_DEVICE_CUDA, FG_DEVICE_CPU_FP16 } fg_device;
 
 /* The placement in the paper's symbols: percent of the weights (w), KV cache (c) and hidden
  * states (h) on the gpu (g) and cpu (c) tiers; disk holds the rest (wn = 100 - wg - wc, ...). */
-typedef struct { int wg, wc, cg, cc, hg, hc; } fg_percent;
+typedef struct {
+    int wg, wc, cg, cc, hg, hc;
+} fg_percent;
 
 /* zig-zag: a block's GPU batches all at the same step (§4.2, Fig. 4); diagonal: staggered over the
  * steps, prompts streaming through them (Appendix A.2, Fig. 6). */
@@ -35,23 +36,24 @@ typedef struct {
     fg_device device;
     int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */
     fg_percent percent;
-    int overlap;             /* I/O on its own threads, overlapping compute (Fig. 4) */
-    int cpu_cache_compute;   /* decode attention over a cpu or disk cache runs on the CPU */
-    int pin_weight;          /* pinned cpu-tier weights (CUDA) */
+    int overlap;           /* I/O on its own threads, overlapping compute (Fig. 4) */
+    int cpu_cache_compute; /* decode attention over a cpu or disk cache runs on the CPU */
+    int pin_weight;        /* pinned cpu-tier weights (CUDA) */
     int compress_weight, compress_cache; /* 4-bit group-wise (§5) */
-    int int8_activations, bf16_prefill; /* the CPU's int8 (support/int8.c) or bf16 prefill products */
-    float attn_sparsity;     /* decode attention keeps this fraction of the past (§5); 1: all */
+    int int8_activations,
+        bf16_prefill;         /* the CPU's int8 (support/int8.c) or bf16 prefill products */
+    float attn_sparsity;      /* decode attention keeps this fraction of the past (§5); 1: all */
     double capacity[N_TIERS]; /* bytes; 0: what the machine has */
-    const char *offload_dir; /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */
-    const char *weight_dir;  /* where dummy weights on disk are kept; NULL: ~/.cache/flexgen */
-    int trace, verbose;      /* record a Chrome trace; progress on stderr */
-    int stage, n_stages;     /* pipeline stage `stage` of n_stages (§4.4); 1: the whole model */
-    fg_schedule schedule;    /* the block's order: zig-zag (§4.2) or diagonal (Appendix A.2) */
+    const char *offload_dir;  /* disk tier files; NULL: FG_DEFAULT_OFFLOAD_DIR */
+    const char *weight_dir;   /* where dummy weights on disk are kept; NULL: ~/.cache/flexgen */
+    int trace, verbose;       /* record a Chrome trace; progress on stderr */
+    int stage, n_stages;      /* pipeline stage `stage` of n_stages (§4.4); 1: the whole model */
+    fg_schedule schedule;     /* the block's order: zig-zag (§4.2) or diagonal (Appendix A.2) */
 } fg_policy;
 
 typedef struct {
     double capacity[N_TIERS], peak[N_TIERS], current[N_TIERS], link_bytes[N_LINKS]; /* bytes */
-    double host_memory;      /* what gpu and cpu tiers share where the gpu tier is host memory */
+    double host_memory; /* what gpu and cpu tiers share where the gpu tier is host memory */
 } fg_stats;
 
 /* ---- A run (flexgen.c, §4.1, §4.2; app/runtime.c opens and closes it: app/app.h) ---- */
@@ -63,29 +65,32 @@ typedef struct {
     float temperature, top_p;
     uint64_t seed;
     int stop_at_eos, refill, verbose; /* refill: an ended sequence's slot takes the next prompt */
-    int n_eos, eos_ids[FG_MAX_EOS]; /* the ids that end a sequence (n_eos 0: OPT's </s>) */
-    const int *index;     /* NULL, or [n_prompts]: each prompt's place in the job (sampling's seed) */
-    const int *forced;    /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
+    int n_eos, eos_ids[FG_MAX_EOS];   /* the ids that end a sequence (n_eos 0: OPT's </s>) */
+    const int *index;  /* NULL, or [n_prompts]: each prompt's place in the job (sampling's seed) */
+    const int *forced; /* NULL, or [n_prompts][gen_len]: tokens fed back (teacher forcing) */
     float *prompt_logits; /* NULL, or [n_prompts][longest prompt][vocab]: prefill's logits */
-    int *finish_step;     /* NULL, or [n_prompts]: the step (counted over the job's blocks) after which
-                             each prompt's last token was taken */
-    void (*group_done)(void *ctx, int first, int count); /* NULL, or called (first stage) as a GPU
-                             batch's group ends: prompts first .. first + count - 1 have their tokens */
+    int *finish_step; /* NULL, or [n_prompts]: the step (counted over the job's blocks) after which
+                         each prompt's last token was taken */
+    void (*group_done)(void *ctx, int first,
+                       int count); /* NULL, or called (first stage) as a GPU
+       batch's group ends: prompts first .. first + count - 1 have their tokens */
     void *group_ctx;
 } gen_options;
 
 typedef struct {
-    double prefill_latency, decode_latency; /* seconds, summed over blocks */
+    double prefill_latency, decode_latency;      /* seconds, summed over blocks */
     int64_t prefill_tokens, decode_tokens, rows; /* FlexGen's counts; token rows computed */
-    int64_t cache_rows, cache_tokens; /* each sequence's KV cache at its end: rows of its pages, tokens */
-    int page_tokens;      /* tokens per page of the KV cache (of the last block) */
+    int64_t cache_rows,
+        cache_tokens; /* each sequence's KV cache at its end: rows of its pages, tokens */
+    int page_tokens;  /* tokens per page of the KV cache (of the last block) */
     int64_t cache_peak_rows[N_TIERS]; /* the most rows of pages each tier's cache held at once */
-    int64_t completed;    /* sequences that took their gen_len-th token, and the seconds from */
-    double completion_seconds; /* generate()'s start to each of those tokens, summed (Appendix A.2) */
+    int64_t completed; /* sequences that took their gen_len-th token, and the seconds from */
+    double
+        completion_seconds; /* generate()'s start to each of those tokens, summed (Appendix A.2) */
     double compute_seconds, bubble_seconds, disk_read_seconds;
-    int device_counted;   /* the backend counts what the host asks of it (CUDA) */
+    int device_counted; /* the backend counts what the host asks of it (CUDA) */
     fg_device_counts prefill_counts, decode_counts; /* summed over prefill steps, decode steps */
-    fg_device_counts decode_step_most; /* the most of each in one decode step */
+    fg_device_counts decode_step_most;              /* the most of each in one decode step */
     int64_t decode_steps; /* decode steps counted (a block's step on this stage) */
 } gen_timing;
 
@@ -109,12 +114,11 @@ struct fg_runtime {
     pthread_mutex_t lock; /* the tier and link counters */
     double capacity[N_TIERS], current[N_TIERS], peak[N_TIERS], link_bytes[N_LINKS];
     double disk_read_seconds;
-    io_links io;                /* the I/O threads (support/io_links.c) */
+    io_links io; /* the I/O threads (support/io_links.c) */
     fg_trace trace;
-    fg_pipe *pipe;              /* to the other pipeline stages (§4.4); NULL: one stage */
-    const stage_hooks *stage;   /* what the schedule does at a stage's edges (pipeline.c) */
+    fg_pipe *pipe;            /* to the other pipeline stages (§4.4); NULL: one stage */
+    const stage_hooks *stage; /* what the schedule does at a stage's edges (pipeline.c) */
 };
-
 
 typedef struct {
     long n;       /* the round's layer n (as in staged), -1 for none */
@@ -133,96 +137,98 @@ typedef struct {
 
 struct fg_model {
     fg_runtime *rt;
-    model_weights view;     /* what compute reads: homes on the gpu tier, staging for the rest */
+    model_weights view; /* what compute reads: homes on the gpu tier, staging for the rest */
     opt_layout layout;
-    st_archive archive;   /* open until the weights are in their homes */
+    st_archive archive; /* open until the weights are in their homes */
     int has_archive, loaded;
     uint64_t seed;
-    weight_home *homes;   /* [n_tensors] */
-    int *layer_first;     /* [n_layers + 3]: tensors of layer j are layer_first[j] .. [j+1] - 1 */
-    disk_arena disk;      /* disk homes: offloaded copies, or the dummy-weight file */
-    double disk_bytes;    /* of the disk tier that the disk homes take */
+    weight_home *homes; /* [n_tensors] */
+    int *layer_first;   /* [n_layers + 3]: tensors of layer j are layer_first[j] .. [j+1] - 1 */
+    disk_arena disk;    /* disk homes: offloaded copies, or the dummy-weight file */
+    double disk_bytes;  /* of the disk tier that the disk homes take */
     double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
-    char *staging[2];     /* a layer's working weights, then a 4-bit landing (reads_q4 0) */
+    char *staging[2];         /* a layer's working weights, then a 4-bit landing (reads_q4 0) */
     size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
-    long staged[2];       /* which layer n of the round (unit L + j) each staging arena holds, or -1 */
-    weight_read reads[2]; /* disk reads of layers n, in slot n % 2 */
-    int first_layer, end_layer; /* this pipeline stage's layers [first, end) (§4.4) */
+    long staged[2]; /* which layer n of the round (unit L + j) each staging arena holds, or -1 */
+    weight_read reads[2];         /* disk reads of layers n, in slot n % 2 */
+    int first_layer, end_layer;   /* this pipeline stage's layers [first, end) (§4.4) */
     int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
-    int prompt_logits;    /* this generate() keeps the logits of every prompt position */
+    int prompt_logits;            /* this generate() keeps the logits of every prompt position */
 };
 
 /* FlexGen's layer list: the input embedding, the decoder layers, the output embedding. */
 static inline int n_flexgen_layers(const model_config *c) { return c->n_layers + 2; }
 static inline int stage_layers(const fg_model *m) { return m->end_layer - m->first_layer; }
 static inline int is_first_stage(const fg_model *m) { return m->first_layer == 0; }
-static inline int is_last_stage(const fg_model *m) { return m->end_layer == n_flexgen_layers(&m->view.cfg); }
+static inline int is_last_stage(const fg_model *m) {
+    return m->end_layer == n_flexgen_layers(&m->view.cfg);
+}
 
 int q4_compress_dummy(const opt_layout *l, int t, uint64_t seed, uint8_t *dst); /* quant.c */
-
 
 /* A stage of a pipeline holds `micro` blocks (its micro-batches, §4.4), each with its own KV
  * cache and activations; they compute one at a time, so staging, workspace and logits are
  * shared. */
 typedef struct {
     int gbs, ngb, max_prompt, max_len, stage_len;
-    int micro;                  /* blocks in flight on this stage */
+    int micro; /* blocks in flight on this stage */
     row_split cache, act;
-    size_t act_row;             /* bytes per token of the activations: hidden x act_elem */
-    size_t kv_row;              /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
-    kv_pool_size kv;            /* the KV cache's page size and pages per tier (kv_pool_shape) */
-    double kv_home[N_TIERS];    /* bytes per tier: the pool */
+    size_t act_row;          /* bytes per token of the activations: hidden x act_elem */
+    size_t kv_row;           /* bytes per token of K (or V): fp16, or 4-bit with --compress-cache */
+    kv_pool_size kv;         /* the KV cache's page size and pages per tier (kv_pool_shape) */
+    double kv_home[N_TIERS]; /* bytes per tier: the pool */
     double act_home[N_TIERS];
     double kv_stage, x_stage, workspace, logits; /* gpu tier, all buffers together */
-    size_t workspace_rows;      /* token rows of the workspace: a chunk of prefill (FG_CHUNK_ROWS) */
-    double delegated;           /* cpu tier: delegated attention's host rows (fg_backend's
-                                   delegated_bytes), with --cpu-cache-compute on a GPU */
-    int logit_rows;             /* logits per sequence: 1, or the longest prompt's positions */
-    double transient_cpu;       /* disk pages in memory while they move, at most */
-    size_t act_message;         /* bytes of one GPU batch's activations between stages, at most */
-    double pipe_buffers;        /* cpu tier: activations on their way out (each block's GPU
-                                   batches) and in (two), when there is such a neighbour */
+    size_t workspace_rows; /* token rows of the workspace: a chunk of prefill (FG_CHUNK_ROWS) */
+    double delegated;      /* cpu tier: delegated attention's host rows (fg_backend's
+                              delegated_bytes), with --cpu-cache-compute on a GPU */
+    int logit_rows;        /* logits per sequence: 1, or the longest prompt's positions */
+    double transient_cpu;  /* disk pages in memory while they move, at most */
+    size_t act_message;    /* bytes of one GPU batch's activations between stages, at most */
+    double pipe_buffers;   /* cpu tier: activations on their way out (each block's GPU
+                              batches) and in (two), when there is such a neighbour */
 } block_shape;
 
 typedef struct {
     fg_model *m;
     fg_runtime *rt;
     block_shape shape;
-    gpu_batch *gb;   /* [ngb] */
-    int n_batches;   /* in this block (the last block may have fewer) */
-    int count;       /* its sequences (0: an empty micro-batch of the last round) */
-    int running;     /* some sequence of it is still generating */
-    char *done;      /* [gbs * ngb]: the sequence has generated </s> (--stop-at-eos) */
-    int *ids;        /* [gbs * ngb]: the tokens chosen at the last step, the next step's input */
-    int *prompt;     /* [gbs * ngb]: each slot's prompt (its index in generate()'s), -1: idle */
-    int *step;       /* [gbs * ngb]: the tokens chosen so far for it */
-    int borrowed;    /* staging, workspace, logits and inbox are another block's */
-    int out_rows;    /* logits the last output layer gave per sequence (its tokens in flight
-                        with prompt_logits, else 1) */
-    int delegate;    /* this step's attention reads cpu and disk caches in place (§4.2) */
-    int sparse_v;    /* this step's sparse attention reads the kept V rows of the cpu tier in
-                        place, so only those cross the link (§5); disk rows move whole */
+    gpu_batch *gb; /* [ngb] */
+    int n_batches; /* in this block (the last block may have fewer) */
+    int count;     /* its sequences (0: an empty micro-batch of the last round) */
+    int running;   /* some sequence of it is still generating */
+    char *done;    /* [gbs * ngb]: the sequence has generated </s> (--stop-at-eos) */
+    int *ids;      /* [gbs * ngb]: the tokens chosen at the last step, the next step's input */
+    int *prompt;   /* [gbs * ngb]: each slot's prompt (its index in generate()'s), -1: idle */
+    int *step;     /* [gbs * ngb]: the tokens chosen so far for it */
+    int borrowed;  /* staging, workspace, logits and inbox are another block's */
+    int out_rows;  /* logits the last output layer gave per sequence (its tokens in flight
+                      with prompt_logits, else 1) */
+    int delegate;  /* this step's attention reads cpu and disk caches in place (§4.2) */
+    int sparse_v;  /* this step's sparse attention reads the kept V rows of the cpu tier in
+                      place, so only those cross the link (§5); disk rows move whole */
     model_workspace own_ws, *ws;
-    float *logits;   /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
-    float *host_logits; /* the same, where sampling reads them */
-    char *kv_home[N_TIERS];   /* [the stage's decoder layers][K, V][pool pages][page_tokens] rows of kv_row bytes */
-    kv_pages pages;           /* each slot's pages in its tier's pool (support/kv_pages.c) */
-    char *act_home[N_TIERS];  /* [ngb][rows][max_prompt] rows of act_row bytes */
-    char *kv_stage[2];        /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
-    char *x_stage[2];         /* [gbs * max_prompt] rows of act_row bytes: gb->x of the iteration */
+    float *logits;           /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
+    float *host_logits;      /* the same, where sampling reads them */
+    char *kv_home[N_TIERS];  /* [the stage's decoder layers][K, V][pool pages][page_tokens] rows of
+                                kv_row bytes */
+    kv_pages pages;          /* each slot's pages in its tier's pool (support/kv_pages.c) */
+    char *act_home[N_TIERS]; /* [ngb][rows][max_prompt] rows of act_row bytes */
+    char *kv_stage[2];       /* [K, V][non-gpu rows][stage_len] rows of kv_row bytes */
+    char *x_stage[2];        /* [gbs * max_prompt] rows of act_row bytes: gb->x of the iteration */
     disk_arena disk;
     int has_ws, has_delegated;
     /* between pipeline stages (pipeline.c) */
-    int ids_msg;     /* the ids' message to the first stage, or -1 */
-    char *outbox;    /* [ngb][gbs * max_prompt] rows of act_row bytes: activations on their way
-                        to the next stage (cpu tier), each GPU batch's slot until it is sent */
-    int *out_msg;    /* [ngb]: those messages, or -1 */
-    char *inbox;     /* [2][gbs * max_prompt] rows of act_row bytes: activations from the
-                        previous stage, by staging arena (shared by the stage's blocks) */
+    int ids_msg;      /* the ids' message to the first stage, or -1 */
+    char *outbox;     /* [ngb][gbs * max_prompt] rows of act_row bytes: activations on their way
+                         to the next stage (cpu tier), each GPU batch's slot until it is sent */
+    int *out_msg;     /* [ngb]: those messages, or -1 */
+    char *inbox;      /* [2][gbs * max_prompt] rows of act_row bytes: activations from the
+                         previous stage, by staging arena (shared by the stage's blocks) */
     int in_msg, in_k; /* the receive of GPU batch in_k's activations, or -1 */
-    double bubble;   /* seconds the compute thread waited for another stage */
+    double bubble;    /* seconds the compute thread waited for another stage */
     fg_device_counts step_start; /* the backend's counters as this step began */
-    double compute_seconds; /* seconds it computed, this round */
+    double compute_seconds;      /* seconds it computed, this round */
 } block;
 
 /* Slot s holds a sequence that has not ended (by </s> with --stop-at-eos, or by --gen-len). */
@@ -272,10 +278,13 @@ void forget_reads(fg_model *m);
 fg_tier row_tier(const row_split *s, int b, int *index); /* row b's tier, its index there */
 void micro_batches(const fg_model *m, int n_prompts, int *size, int *count);
 /* A block's shape for a job: its GPU batches, their rows on each tier, every buffer's bytes. */
-block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
+block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt,
+                        int gen_len);
 /* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
- * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all max_prompt). */
-int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len, char *err);
+ * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all
+ * max_prompt). */
+int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                  char *err);
 int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
                 const block *shared, char *err);
 void free_block(block *bl);
@@ -311,13 +320,15 @@ struct stage_hooks {
 };
 extern const stage_hooks fg_single_stage; /* one process: every hook does nothing (stage.c) */
 
-/* ---- Linear programs (lp.c, §4.3): minimize c.x subject to A_i . x {<=, =, >=} b_i, x >= 0 ---- */
+/* ---- Linear programs (lp.c, §4.3): minimize c.x subject to A_i . x {<=, =, >=} b_i, x >= 0 ----
+ */
 typedef enum { LP_LE, LP_EQ, LP_GE } lp_sense;
 typedef enum { LP_OPTIMAL, LP_INFEASIBLE, LP_UNBOUNDED } lp_status;
 typedef struct {
     int n_vars, n_rows;
-    const double *c, *A;     /* [n_vars], [n_rows][n_vars] row-major */
-    const lp_sense *sense; const double *b; /* [n_rows] */
+    const double *c, *A; /* [n_vars], [n_rows][n_vars] row-major */
+    const lp_sense *sense;
+    const double *b; /* [n_rows] */
 } lp_problem;
 /* x and *objective are set on LP_OPTIMAL; -1 (err) only for invalid input or no memory. */
 int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
@@ -326,12 +337,15 @@ int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objectiv
 /* A machine's constants (Table 7), bytes/s and FLOP/s (app/profile.c reads and writes them). */
 typedef struct {
     double ctog_bdw, gtoc_bdw_cache, gtoc_bdw_hidden, dtoc_bdw;
-    double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g; /* cpu -> disk */
+    double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g;  /* cpu -> disk */
     double mm_flops_p, mm_flops_g, bmm_flops_p, bmm_flops_g; /* prefill / decode */
-    double cpu_flops;  /* CPU attention (delegation) */
-    double dequant_bdw, mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
-    double mm_flops_int8_p, mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
-    double launch_seconds, wait_seconds; /* a GPU's host: queueing a launch; waiting for the GPU (0: not modeled) */
+    double cpu_flops;                                        /* CPU attention (delegation) */
+    double dequant_bdw,
+        mem_bdw; /* 4-bit decompression (fp16 bytes out), reading a layer's working weights */
+    double mm_flops_int8_p,
+        mm_flops_int8_g; /* --int8-activations' products; these 4: 0, not modeled */
+    double launch_seconds,
+        wait_seconds;   /* a GPU's host: queueing a launch; waiting for the GPU (0: not modeled) */
     int gpu_is_host;    /* the gpu tier is host memory (the CPU backend) */
     char blas_core[32]; /* the OpenBLAS core the rates were measured on ("": not recorded) */
 } fg_hardware;
@@ -339,21 +353,28 @@ typedef struct {
 enum { X_WG, X_WC, X_WN, X_CG, X_CC, X_CN, X_HG, X_HC, X_HN, N_X }; /* the placement x */
 enum { T_CTOG, T_GTOC, T_DTOC, T_CTOD, T_COMP, T_HOST, N_TERMS };   /* a layer's latencies */
 extern const char *const fg_cost_term_names[N_TERMS];
-typedef struct { double constant, coef[N_X]; } fg_linear; /* seconds: constant + coef . x */
+typedef struct {
+    double constant, coef[N_X];
+} fg_linear; /* seconds: constant + coef . x */
 
 typedef struct {
-    int s, n, gbs, ngb, s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
+    int s, n, gbs, ngb,
+        s_mean; /* longest prompt, generated tokens, block shape; costs take s_mean (0: s) */
     int cpu_cache_compute, compress_weight, compress_cache, int8; /* int8: --int8-activations */
     int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
     fg_schedule schedule; /* the diagonal's smaller peak cache and its warm-up (Appendix A.2) */
     int prompts;          /* sequences the diagonal's block streams in one run; 0: one block */
 } fg_workload;
 /* Appendix A.2: the rows a sequence of a diagonal block of `groups` GPU batches holds on average at
- * the block's peak (prompts of s tokens, n generated): s + n - 1 - about n (groups - 1) / (2 groups). */
+ * the block's peak (prompts of s tokens, n generated): s + n - 1 - about n (groups - 1) / (2
+ * groups). */
 double fg_diagonal_rows(int s, int n, int groups);
 
 /* A layer's terms in prefill and decode, and the output layer of one token (head). */
-typedef struct { fg_linear pre[N_TERMS], gen[N_TERMS]; double head; } fg_cost_model;
+typedef struct {
+    fg_linear pre[N_TERMS], gen[N_TERMS];
+    double head;
+} fg_cost_model;
 void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                          fg_cost_model *m);
 double fg_linear_eval(const fg_linear *f, const double x[N_X]);
@@ -363,46 +384,55 @@ double fg_cost_per_token(const fg_cost_model *m, const model_config *c, const fg
 /* Each tier's peak bytes, linear in x, in the runtime's accounting, for one case of where the
  * weights may go: all on the gpu tier, in memory, or any tier (lp.c explains). */
 enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
-typedef struct { fg_linear tier[N_TIERS], host; } fg_memory_model;
+typedef struct {
+    fg_linear tier[N_TIERS], host;
+} fg_memory_model;
 void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm);
 int fg_weights_case(const double x[N_X]);
 
 /* This runtime's verdict on policy p (app/runtime.c's fg_runtime_check, handed to the search):
- * the plan check for `sequences` (with check), the placement it realizes (x), the capacities (st). */
+ * the plan check for `sequences` (with check), the placement it realizes (x), the capacities (st).
+ */
 typedef int (*fg_plan_check)(const model_config *model, uint64_t seed, const fg_policy *p,
                              int sequences, int s, int n, int check, double x[N_X], fg_stats *st,
                              char *err);
 
 /* ---- The policy search (lp.c, §4.3) ---- */
 typedef struct {
-    int s, n, s_mean;     /* longest prompt, tokens generated each; the prompts' mean length (0: s) */
-    int max_block;        /* sequences there are: a block holds no more; 0: no bound */
-    double max_latency;   /* seconds one block may take (Fig. 1's latency); 0: no bound */
-    fg_plan_check check;  /* check each choice with this runtime's plan; NULL for another machine */
-    fg_plan_check place;  /* for another machine: the placement a policy realizes there */
-    uint64_t seed;        /* of the dummy weights */
-    int gbs, ngb;         /* > 0: the block shape is given; only the placement is searched */
-    int schedules;        /* 1 << fg_schedule for each schedule to search; 0: the base policy's */
-    int stream_blocks;    /* > 0: one run streams at most this many blocks of prompts (a job's window) */
+    int s, n, s_mean;   /* longest prompt, tokens generated each; the prompts' mean length (0: s) */
+    int max_block;      /* sequences there are: a block holds no more; 0: no bound */
+    double max_latency; /* seconds one block may take (Fig. 1's latency); 0: no bound */
+    fg_plan_check check; /* check each choice with this runtime's plan; NULL for another machine */
+    fg_plan_check place; /* for another machine: the placement a policy realizes there */
+    uint64_t seed;       /* of the dummy weights */
+    int gbs, ngb;        /* > 0: the block shape is given; only the placement is searched */
+    int schedules;       /* 1 << fg_schedule for each schedule to search; 0: the base policy's */
+    int stream_blocks; /* > 0: one run streams at most this many blocks of prompts (a job's window)
+                        */
 } fg_search_request;
 
 typedef struct {
-    fg_policy policy;     /* the choice */
-    double x[N_X];        /* the placement it realizes */
+    fg_policy policy; /* the choice */
+    double x[N_X];    /* the placement it realizes */
     fg_workload workload;
     fg_cost_model cost;
     double t_pre, t_gen, block_latency, throughput; /* predicted */
-    int lps, checks;      /* LPs solved and plans checked */
-    double seconds;       /* the search's own time */
-    struct { int found; fg_policy policy; double throughput, block_latency; } best[FG_SCHEDULES]; /* each one's */
+    int lps, checks;                                /* LPs solved and plans checked */
+    double seconds;                                 /* the search's own time */
+    struct {
+        int found;
+        fg_policy policy;
+        double throughput, block_latency;
+    } best[FG_SCHEDULES]; /* each one's */
 } fg_search_result;
 
 int fg_policy_search(const model_config *cfg, const fg_hardware *hw, const fg_policy *base,
                      const fg_search_request *req, fg_search_result *out, char *err);
 int fg_policy_evaluate(const model_config *cfg, const fg_hardware *hw, const fg_policy *p,
                        const fg_search_request *req, fg_search_result *out, char *err);
-/* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <= 100. */
+/* The LP's fractions of one kind of data on the gpu and cpu tiers as percentages, summing to <=
+ * 100. */
 void fg_round_pair(double gpu, double cpu, int *gpu_pct, int *cpu_pct);
 
 #endif

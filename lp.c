@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1053  best_policy            the shapes' LP optima, best first, rounded and checked
- *   770  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *  1071  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   782  solve_shape            Eq. (1) for one block shape: the LP's rows
  *   214  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
  *   299  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
  *   319  fg_cost_per_token      T / bls for a placement: what the search minimizes
  *   345  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   708  lp_solve               a dense two-phase simplex
+ *   711  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -43,7 +43,7 @@ enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
 
 typedef struct {
     int gbs, ngb, cpu_cache_compute, weights; /* weights: FG_W_GPU, _MEMORY or _DISK */
-    double objective;   /* the LP's T / bls */
+    double objective;                         /* the LP's T / bls */
     double x[N_X];
 } candidate;
 
@@ -215,14 +215,14 @@ void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_h
                          fg_cost_model *m) {
     double h1 = c->hidden, n = w->n, bls = (double)w->gbs * w->ngb;
     double s = w->s_mean > 0 ? w->s_mean : w->s;
-    double kvw = kv_width(c), qw = q_width(c);            /* a token's K (or V), and q: h1 in OPT */
+    double kvw = kv_width(c), qw = q_width(c); /* a token's K (or V), and q: h1 in OPT */
     double weights16 = 2 * layer_matrices(c);
     double weights = weights16 * (w->compress_weight ? 36.0 / 128 : 1);
-    int int8 = w->int8 && hw->mm_flops_int8_g > 0;        /* its products' measured rates */
-    double kv = w->compress_cache ? 36.0 / 128 : 1;       /* cache bytes per fp16 byte */
-    double cache_pre = 4 * (s + 1) * kvw * bls * kv;      /* written in prefill (A.3) */
-    double cache_gen = 4 * bls * (s + n / 2) * kvw * kv;  /* read per decode step, on average */
-    double cache_new = 4 * bls * kvw * kv;                /* written per decode step */
+    int int8 = w->int8 && hw->mm_flops_int8_g > 0;       /* its products' measured rates */
+    double kv = w->compress_cache ? 36.0 / 128 : 1;      /* cache bytes per fp16 byte */
+    double cache_pre = 4 * (s + 1) * kvw * bls * kv;     /* written in prefill (A.3) */
+    double cache_gen = 4 * bls * (s + n / 2) * kvw * kv; /* read per decode step, on average */
+    double cache_new = 4 * bls * kvw * kv;               /* written per decode step */
     double hidden_pre = 2 * s * h1 * bls, hidden_gen = 2 * h1 * bls;
     memset(m, 0, sizeof *m);
 
@@ -347,7 +347,7 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
     double h = c->hidden, s = w->s, len = w->s + w->n;
     double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
-    double stored = 2 * P * q4;                                 /* cpu and disk homes */
+    double stored = 2 * P * q4; /* cpu and disk homes */
     double on_gpu = w->compress_weight ? stored : 2 * P;
     /* the largest layer: a decoder layer, or an embedding; its tensors' padding */
     double layer = 0;
@@ -372,11 +372,11 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
     if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * 2 * layer);
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
-    add_bytes(gpu, -1, 2 * act_row * gbs * s);                   /* activation staging */
+    add_bytes(gpu, -1, 2 * act_row * gbs * s); /* activation staging */
     size_t (*workspace)(const model_config *, size_t, int, int) =
         hw->gpu_is_host ? model_workspace_bytes : fg_cuda_workspace_bytes;
     add_bytes(gpu, -1, (double)workspace(c, fg_workspace_rows(w->gbs, w->s), w->s, (int)len));
-    add_bytes(gpu, -1, 4 * bls * c->vocab);                      /* logits */
+    add_bytes(gpu, -1, 4 * bls * c->vocab); /* logits */
     if (!hw->gpu_is_host) {
         /* held beyond */
         add_bytes(gpu, -1, FG_CUDA_RESERVE);
@@ -481,13 +481,13 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
 #define ART (-1) /* basis[i] of a row whose artificial is basic; lowest in Bland's order */
 
 typedef struct {
-    int m;          /* constraint rows still in the tableau (redundant ones are dropped) */
-    int n;          /* columns: n_vars of x, then the slacks and surpluses; column n is the rhs */
-    int w;          /* row length, n + 1 */
-    double *T;      /* [m][w] constraint rows */
-    double *d;      /* [w] reduced costs; d[n] = -objective */
-    int *basis;     /* [m] */
-    double eps_b;   /* right-hand sides at or under this are zero */
+    int m;        /* constraint rows still in the tableau (redundant ones are dropped) */
+    int n;        /* columns: n_vars of x, then the slacks and surpluses; column n is the rhs */
+    int w;        /* row length, n + 1 */
+    double *T;    /* [m][w] constraint rows */
+    double *d;    /* [w] reduced costs; d[n] = -objective */
+    int *basis;   /* [m] */
+    double eps_b; /* right-hand sides at or under this are zero */
 } tableau;
 
 static int check_problem(const lp_problem *p, char *err) {
@@ -656,7 +656,10 @@ static double artificial_sum(const tableau *t) {
 static void drive_out_artificials(tableau *t) {
     for (int i = 0; i < t->m;) {
         double *row = t->T + (size_t)i * t->w;
-        if (t->basis[i] != ART) { i++; continue; }
+        if (t->basis[i] != ART) {
+            i++;
+            continue;
+        }
         int q = 0;
         for (int j = 1; j < t->n; j++)
             if (fabs(row[j]) > fabs(row[q])) q = j;
@@ -710,8 +713,11 @@ int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objectiv
     tableau t = {0};
     if (tableau_build(&t, p, err)) return -1;
     int rc = solve_phases(&t, p, status);
-    if (rc) fg_fail(err, "lp_solve: the simplex did not end within its pivot bound on a %d x %d LP "
-                    "(numerical trouble)", p->n_rows, p->n_vars);
+    if (rc)
+        fg_fail(err,
+                "lp_solve: the simplex did not end within its pivot bound on a %d x %d LP "
+                "(numerical trouble)",
+                p->n_rows, p->n_vars);
     else if (*status == LP_OPTIMAL) {
         memset(x, 0, p->n_vars * sizeof(double));
         for (int i = 0; i < t.m; i++) /* x_j is its row's rhs when basic, else 0 */
@@ -739,12 +745,18 @@ static int streamed(const fg_search_request *r, int bls) {
 }
 
 static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_compute) {
-    return (fg_workload){.s = S->req->s, .s_mean = S->req->s_mean, .n = S->req->n, .gbs = gbs,
-                         .ngb = ngb, .cpu_cache_compute = cpu_cache_compute,
+    return (fg_workload){.s = S->req->s,
+                         .s_mean = S->req->s_mean,
+                         .n = S->req->n,
+                         .gbs = gbs,
+                         .ngb = ngb,
+                         .cpu_cache_compute = cpu_cache_compute,
                          .compress_weight = S->base->compress_weight,
                          .compress_cache = S->base->compress_cache,
-                         .int8 = S->base->int8_activations, .micro = S->base->n_stages,
-                         .schedule = S->base->schedule, .prompts = streamed(S->req, gbs * ngb)};
+                         .int8 = S->base->int8_activations,
+                         .micro = S->base->n_stages,
+                         .schedule = S->base->schedule,
+                         .prompts = streamed(S->req, gbs * ngb)};
 }
 
 /* The LP's rows, one at a time: coefficients over x (and T_pre, T_gen), sense, right side. */
@@ -946,12 +958,18 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
                 candidate cd = {
                     .gbs = gbs, .ngb = ngb, .cpu_cache_compute = v & 1, .weights = v >> 1};
                 int rc = solve_shape(S, &cd, err);
-                if (rc < 0) { free(all); return -1; }
+                if (rc < 0) {
+                    free(all);
+                    return -1;
+                }
                 if (rc == 0) continue;
                 fits = 1;
                 if (n == cap) {
                     candidate *more = realloc(all, 2 * cap * sizeof *all);
-                    if (!more) { free(all); return fg_fail(err, "out of memory"); }
+                    if (!more) {
+                        free(all);
+                        return fg_fail(err, "out of memory");
+                    }
                     all = more;
                     cap *= 2;
                 }
@@ -960,7 +978,7 @@ static int enumerate(search *S, candidate **out, int *n_out, char *err) {
             if (!fits) break; /* memory only grows with ngb */
             any = 1;
         }
-        if (!any) break;      /* and with gbs */
+        if (!any) break; /* and with gbs */
     }
     *out = all;
     *n_out = n;
@@ -1062,7 +1080,10 @@ static int best_policy(search *S, fg_search_result *out, char *err) {
         int shrinks = req->gbs ? 1 : MAX_SHRINK; /* a given block shape stays */
         for (int shrink = 0; shrink < shrinks && cd.gbs >= 1; shrink++, cd.gbs--) {
             int rc = shrink ? solve_shape(S, &cd, err) : 1;
-            if (rc < 0) { free(all); return -1; }
+            if (rc < 0) {
+                free(all);
+                return -1;
+            }
             fg_search_result r;
             fg_policy p = policy_of(S, &cd);
             if (rc == 0) continue;

@@ -281,8 +281,16 @@ static opt_kv_rows head_rows(const model_config *c, const gpu_batch *gb, const m
     int hd = cfg_head_dim(c);
     size_t row = opt_kv_row_bytes(c, gb->kv_q4), first = (size_t)b * gb->n_new + gb->pad[b];
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * gb->n_new);
-    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b], kv ? gb->v_pages[b] : gb->k_pages[b],
-                     gb->page_tokens, row, gb->kv_q4, kv_head, hd, INT_MAX, NULL, 0};
+    opt_kv_rows r = {kv ? gb->v[b] : gb->k[b],
+                     kv ? gb->v_pages[b] : gb->k_pages[b],
+                     gb->page_tokens,
+                     row,
+                     gb->kv_q4,
+                     kv_head,
+                     hd,
+                     INT_MAX,
+                     NULL,
+                     0};
     if (gb->kv_q4) {
         r.first_fresh = gb->past[b];
         r.fresh = ws->qkv + at.at[kv + 1] + first * at.stride[kv + 1] + (size_t)kv_head * hd;
@@ -341,8 +349,8 @@ static void attention(const model_config *c, gpu_batch *gb, model_workspace *ws)
             softmax(row, visible);
             for (int j = visible; j < nk; j++) row[j] = 0;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, scores, nk, vf,
-                    hd, 0.0f, out, qw);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, scores, nk, vf, hd,
+                    0.0f, out, qw);
     }
 }
 

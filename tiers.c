@@ -8,10 +8,10 @@
  *    43  tier_take                the tiers: every byte taken here, or refused
  *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   175  place_tensors            each tensor's home tier, by FlexGen's rule
- *   396  load_weights_into_homes  the weights written into their homes, once
- *   491  load_weight_at           a layer read ahead, converted into a staging arena
- *   590  shape_block              a block's buffers per tier; fg_check_plan below it
- *   842  alloc_block              a block's KV cache and activations on the tiers
+ *   403  load_weights_into_homes  the weights written into their homes, once
+ *   497  load_weight_at           a layer read ahead, converted into a staging arena
+ *   601  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   876  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -72,8 +72,8 @@ void link_add(fg_runtime *rt, fg_link l, double bytes) {
 /* Memory of the gpu or cpu tier, zeroed (cpu-tier weights pinned with --pin-weight, the rest of
  * the cpu tier always: what moves over the cpu <-> gpu link). NULL (and err) when the tier or the
  * machine is full. */
-void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what,
-                               int pinned, char *err) {
+void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, int pinned,
+                        char *err) {
     if (bytes == 0) bytes = 64;
     if (tier_take(rt, t, (double)bytes, what, err)) return NULL;
     void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : rt->backend->host_alloc(bytes, pinned);
@@ -120,7 +120,7 @@ void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes
 
 /* Writes back what was written (cpu -> disk) and drops the pages from memory. */
 void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes,
-                         size_t written) {
+                  size_t written) {
     if (!bytes) return;
     drop_pages(a, p, bytes, written > 0);
     if (written) link_add(rt, LINK_CPU_TO_DISK, (double)written);
@@ -278,8 +278,15 @@ static int fill_dummy(void *ctx, int i, void *dst, char *err) {
 }
 
 weight_file weight_file_of(fg_model *m) {
-    return (weight_file){m->rt->weight_dir, &m->view.cfg, m->seed, m->rt->policy.compress_weight,
-                         &m->layout, m->layer_first, tensor_stored_bytes, fill_dummy, m,
+    return (weight_file){m->rt->weight_dir,
+                         &m->view.cfg,
+                         m->seed,
+                         m->rt->policy.compress_weight,
+                         &m->layout,
+                         m->layer_first,
+                         tensor_stored_bytes,
+                         fill_dummy,
+                         m,
                          m->rt->policy.verbose};
 }
 
@@ -464,8 +471,7 @@ static void weights_in_task(fg_runtime *rt, const io_task *task) {
         if (h->q4)
             be->weights_in_q4(working, h->stored, h->tier == TIER_GPU ? NULL : landing,
                               t->group_outer, t->group_len, t->group_inner);
-        else
-            be->weights_in(working, h->stored, t->count);
+        else be->weights_in(working, h->stored, t->count);
         if (h->tier != TIER_GPU) link_add(rt, LINK_CPU_TO_GPU, (double)h->bytes);
     }
     weights_release(rt, m, task->layer);
@@ -501,8 +507,13 @@ void load_weight_at(fg_model *m, long n) {
     weight_read *r = &m->reads[n % 2];
     uint64_t read = r->n == n ? r->seq : 0;
     if (r->n == n) r->used = 1;
-    io_task t = {.fn = weights_in_task, .name = "load weights", .after_link = IO_WEIGHT_DISK,
-                 .after_seq = read, .ctx = m, .layer = j, .arena = buf};
+    io_task t = {.fn = weights_in_task,
+                 .name = "load weights",
+                 .after_link = IO_WEIGHT_DISK,
+                 .after_seq = read,
+                 .ctx = m,
+                 .layer = j,
+                 .arena = buf};
     io_submit(&m->rt->io, IO_WEIGHT_HOST, t);
 }
 
@@ -629,20 +640,41 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     s.logit_rows = m->prompt_logits ? max_prompt : 1;
     s.logits = is_last_stage(m) ? 4.0 * s.gbs * s.ngb * s.logit_rows * c->vocab : 0;
     s.act_message = (size_t)s.gbs * max_prompt * s.act_row;
-    s.pipe_buffers = (double)s.act_message * ((is_last_stage(m) ? 0 : s.micro * s.ngb) +
-                                              (is_first_stage(m) ? 0 : 2));
+    s.pipe_buffers = (double)s.act_message *
+                     ((is_last_stage(m) ? 0 : s.micro * s.ngb) + (is_first_stage(m) ? 0 : 2));
     /* a layer's disk cache rows (K and V) and a batch's disk activations, twice (load + store) */
     s.transient_cpu = 2 * (2 * kv_row * s.cache.rows[TIER_DISK] * s.max_len +
                            act_row * s.act.rows[TIER_DISK] * max_prompt + 2 * page_size());
     return s;
 }
 
-enum { WEIGHTS, W_STAGING, CACHE, C_STAGING, ACTS, A_STAGING, WORK, IN_FLIGHT, PIPE, DELEGATED,
-       RESERVE, COPY_BUFFERS, N_ITEMS };
-static const char *const plan_items[N_ITEMS] = {"weights", "weight staging", "KV cache",
-    "KV cache staging", "activations", "activation staging", "workspace and logits",
-    "disk pages in flight", "activations between stages", "delegated attention",
-    "the device's context, cuBLAS and rounding", "pinned copy buffers"};
+enum {
+    WEIGHTS,
+    W_STAGING,
+    CACHE,
+    C_STAGING,
+    ACTS,
+    A_STAGING,
+    WORK,
+    IN_FLIGHT,
+    PIPE,
+    DELEGATED,
+    RESERVE,
+    COPY_BUFFERS,
+    N_ITEMS
+};
+static const char *const plan_items[N_ITEMS] = {"weights",
+                                                "weight staging",
+                                                "KV cache",
+                                                "KV cache staging",
+                                                "activations",
+                                                "activation staging",
+                                                "workspace and logits",
+                                                "disk pages in flight",
+                                                "activations between stages",
+                                                "delegated attention",
+                                                "the device's context, cuBLAS and rounding",
+                                                "pinned copy buffers"};
 
 /* Each tier's bytes of each item of the plan for a block of shape s (need, zeroed), their total,
  * and of it the weights' (homes, staging arenas, the two disk layers read ahead on the cpu
@@ -725,12 +757,14 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
                       ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS]
                       : host_memory_for_plans();
     if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
-        return fg_fail(err, "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, "
-                            "cpu %s), %s available%s",
+        return fg_fail(err,
+                       "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, "
+                       "cpu %s), %s available%s",
                        human(total[TIER_GPU] + total[TIER_CPU]).s, human(total[TIER_GPU]).s,
                        human(total[TIER_CPU]).s, human(host).s,
-                       m->loaded ? "" : " (a sixteenth of the machine's memory is kept for the "
-                                        "system)");
+                       m->loaded ? ""
+                                 : " (a sixteenth of the machine's memory is kept for the "
+                                   "system)");
     return 0;
 }
 
@@ -839,8 +873,8 @@ static int alloc_homes(block *bl, char *err) {
 
 /* A block (one micro-batch of a pipeline stage) with its KV cache and activations on the tiers;
  * the stage's shared buffers are allocated, or (shared != NULL) borrowed from another block. */
-int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt,
-                int gen_len, const block *shared, char *err) {
+int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
+                const block *shared, char *err) {
     fg_runtime *rt = m->rt;
     memset(bl, 0, sizeof *bl);
     bl->disk.fd = -1;

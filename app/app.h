@@ -18,13 +18,13 @@
 typedef struct {
     int window, stride; /* 0: the model's positions, and half the window */
     int decode;
-    int verbose;        /* progress on stderr */
+    int verbose; /* progress on stderr */
 } ppl_options;
 
 typedef struct {
-    double nll;         /* nats, summed over the scored tokens */
-    long scored;        /* tokens scored: every one but the first */
-    double perplexity;  /* exp(nll / scored) */
+    double nll;                  /* nats, summed over the scored tokens */
+    long scored;                 /* tokens scored: every one but the first */
+    double perplexity;           /* exp(nll / scored) */
     int windows, window, stride; /* how many, their size and advance */
     double seconds;
 } ppl_result;
@@ -72,8 +72,8 @@ int fg_pipe_compiled(void); /* this build has MPI */
  * that names the rank. *p is NULL without mpirun or with one process (nothing started). */
 int fg_pipe_open(int *argc, char ***argv, fg_pipe **p, char *err);
 void fg_pipe_close(fg_pipe *p);
-int fg_pipe_rank(const fg_pipe *p);  /* 0 for NULL */
-int fg_pipe_size(const fg_pipe *p);  /* 1 for NULL */
+int fg_pipe_rank(const fg_pipe *p); /* 0 for NULL */
+int fg_pipe_size(const fg_pipe *p); /* 1 for NULL */
 /* Non-blocking: returns a message handle at once; buf must stay until the message is released.
  * A message completes in posting order per (peer, tag), as MPI's are. */
 int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes);
@@ -83,7 +83,7 @@ double fg_pipe_bytes_sent(const fg_pipe *p);
 /* Collective: 0 when rc is 0 on every rank. Otherwise -1 everywhere, and err holds the one line
  * of the job: the lowest failing rank's, prefixed with its rank, on that rank; "" elsewhere. */
 int fg_pipe_agree(fg_pipe *p, int rc, char *err);
-void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes);                  /* from rank 0 */
+void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes);                    /* from rank 0 */
 void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all); /* to rank 0 */
 char *fg_pipe_gather_text(fg_pipe *p, const char *mine); /* rank 0: all texts in rank order */
 
@@ -100,13 +100,14 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
 /* ------------------------------------------------------------------------------------------
  * Batch jobs (jobs.c): prompts in JSONL, records appended to --output as rounds finish, --resume.
  * ------------------------------------------------------------------------------------------ */
-/* text's bytes with invalid UTF-8 replaced by U+FFFD (malloc'd, NUL-terminated; *out_len its bytes). */
+/* text's bytes with invalid UTF-8 replaced by U+FFFD (malloc'd, NUL-terminated; *out_len its
+ * bytes). */
 char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len);
 /* One line of a JSONL prompt file: its "prompt" as *text, or its "prompt_ids" as *ids (*n of them,
  * checked against vocab), and *id, the record's id as JSON text; each malloc'd, the other of
  * *text and *ids NULL. */
-int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n, char **id,
-                 char **text, char *err);
+int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n,
+                 char **id, char **text, char *err);
 /* An id that two of the n prompts share (one of ids' strings), or NULL. */
 const char *job_repeated_id(char *const *ids, int n);
 /* A checkpoint directory named by its content, not its path: its config, its shard index, and
@@ -129,19 +130,20 @@ typedef struct {
 char *job_header(const job_identity *id, const gen_options *g, const fg_policy *p);
 typedef struct {
     const char *path;
-    char *header;      /* this job's first line (owned), written before its first record */
-    cJSON *recorded;   /* an existing output's job ("flexgen_job"'s value), or NULL */
-    int fd;            /* open and locked (flock) from job_output_open to job_output_close */
-    int created;       /* made by this job: removed at close (or by a signal) while still empty */
-    off_t size;        /* the output's bytes */
+    char *header;    /* this job's first line (owned), written before its first record */
+    cJSON *recorded; /* an existing output's job ("flexgen_job"'s value), or NULL */
+    int fd;          /* open and locked (flock) from job_output_open to job_output_close */
+    int created;     /* made by this job: removed at close (or by a signal) while still empty */
+    off_t size;      /* the output's bytes */
     int n_done;
-    char **done;       /* the ids already in the output, sorted */
+    char **done; /* the ids already in the output, sorted */
 } job_output;
 /* Opens path as a job's output, creating it if need be, and locks it for the whole job (a second
  * job on the file is refused); with resume, an existing output's job line and ids are read. */
 int job_output_open(job_output *o, const char *path, int resume, char *err);
 /* The block shape an existing output was made with (0 where none is recorded), and its schedule. */
-void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches, fg_schedule *schedule);
+void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches,
+                      fg_schedule *schedule);
 /* This job's first line (taken over): an existing output must hold the same job. */
 int job_output_begin(job_output *o, char *header, char *err);
 /* An id of the output's records that none of the n prompts has, or NULL. */
@@ -151,8 +153,8 @@ int job_output_done(const job_output *o, const char *id);
  * path must still name the file the job holds. */
 int job_output_append(job_output *o, const char *lines, size_t len, char *err);
 void job_output_close(job_output *o);
-char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,
-                 const gen_options *g, const fg_tokenizer *tok);
+char *job_record(const char *id, const char *text, const int *prompt, int prompt_len,
+                 const int *gen, const gen_options *g, const fg_tokenizer *tok);
 
 /* ------------------------------------------------------------------------------------------
  * The command line (cli.c and the files it splits into): its flags (args.c), the prompts
@@ -168,16 +170,16 @@ typedef struct {
     int warmup;          /* --warmup: a short generate first, untimed (warm_up) */
     double cold_seconds; /* its latency: the cold first run's; < 0 without --warmup */
     double cold_prefill, cold_decode; /* the two parts of it: its prefill, its decode step */
-    int job_finished;    /* --resume found every prompt's record in --output */
-    int n_job_prompts;   /* the job's prompts, with those --output has records of */
-    uint64_t prompts_hash; /* their ids and tokens (a job's identity) */
-    const char *hw;      /* hardware file of the cost model (--hw) */
+    int job_finished;                 /* --resume found every prompt's record in --output */
+    int n_job_prompts;                /* the job's prompts, with those --output has records of */
+    uint64_t prompts_hash;            /* their ids and tokens (a job's identity) */
+    const char *hw;                   /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
-    int auto_policy;     /* --policy auto: search for the policy (§4.3) */
-    int schedule_given;  /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
-    int evaluate;        /* flexgen policy --evaluate: predict the given policy, no search */
-    double max_latency;  /* --max-latency: the search's bound on a block's latency */
+    int auto_policy;    /* --policy auto: search for the policy (§4.3) */
+    int schedule_given; /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
+    int evaluate;       /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency; /* --max-latency: the search's bound on a block's latency */
     const char *text, *predictions, *compare; /* flexgen perplexity's files */
     ppl_options ppl;
     const char *ppl_flag; /* the first flag given that only flexgen perplexity takes */
@@ -218,8 +220,7 @@ int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, si
                     char *err);
 int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, char *err);
 int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err);
-int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
-                   char *err);
+int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p, char *err);
 long prompt_tokens(const prompt_set *p);
 int longest_prompt(const prompt_set *p);
 int mean_prompt(const cli_args *a, const prompt_set *p);
@@ -230,9 +231,8 @@ int resolve_model_config(const char *model, model_config *cfg, char *err);
 void warn_special_ids(const char *model, const model_config *cfg);
 int default_hw_file(char *path, size_t n, char *err);
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err);
-int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg,
-                  int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
-                  char *err);
+int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg, int n_prompts,
+                  const int lengths[2], int gbs, int ngb, fg_search_result *res, char *err);
 void print_policy_flags(FILE *out, const fg_policy *p);
 void planned_capacities(const cli_args *a, const fg_hardware *hw, double cap[N_TIERS],
                         double *host);
@@ -253,9 +253,9 @@ int dump_logits(const char *path, const float *logits, size_t n, char *err);
 void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
                  const gen_options *opt);
 double peak_rss_bytes(void);
-void report_run(const cli_args *a, const model_config *c, const prompt_set *p,
-                const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
-                const stage_report *stages, int n_stages);
+void report_run(const cli_args *a, const model_config *c, const prompt_set *p, const gen_timing *t,
+                const fg_stats *st, int max_prompt, const char *device, const stage_report *stages,
+                int n_stages);
 void report_finished_job(const char *output, int records);
 
 /* commands.c: flexgen policy, profile, tokenize, perplexity */

@@ -195,7 +195,8 @@ static int parse_int(const char *flag, const char *s, int min, int max, int *out
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
     if (!s || errno || *s == 0 || *end || v < min || v > max)
-        return fg_fail(err, "%s: expected an integer in %d..%d, got '%s'", flag, min, max, s ? s : "");
+        return fg_fail(err, "%s: expected an integer in %d..%d, got '%s'", flag, min, max,
+                       s ? s : "");
     *out = (int)v;
     return 0;
 }
@@ -206,7 +207,8 @@ static int parse_float(const char *flag, const char *s, double lo, double hi, fl
     errno = 0;
     double v = s ? strtod(s, &end) : 0;
     if (!s || errno || *s == 0 || *end || !(v >= lo && v <= hi))
-        return fg_fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, s ? s : "");
+        return fg_fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi,
+                       s ? s : "");
     *out = (float)v;
     return 0;
 }
@@ -245,13 +247,16 @@ static int parse_schedule(const char *s, fg_schedule *schedule, char *err) {
     return 0;
 }
 
-
 static int is_value_flag(const char *f) {
-    static const char *const flags[] = {"--model", "--prompt", "--prompt-file", "--prompt-ids",
-        "--dump-logits", "--vocab", "--merges", "--tokenizer", "--prompt-len", "--gen-len", "--gpu-batch-size",
-        "--num-gpu-batches", "--temperature", "--top-p", "--seed", "--overlap", "--pin-weight",
-        "--gpu-mem", "--cpu-mem", "--disk-mem", "--offload-dir", "--path", "--trace", "--attn-sparsity",
-        "--policy", "--hw", "--max-latency", "--device", "--schedule", "--text", "--window", "--stride",
+    static const char *const flags[] = {
+        "--model",       "--prompt",  "--prompt-file",    "--prompt-ids",
+        "--dump-logits", "--vocab",   "--merges",         "--tokenizer",
+        "--prompt-len",  "--gen-len", "--gpu-batch-size", "--num-gpu-batches",
+        "--temperature", "--top-p",   "--seed",           "--overlap",
+        "--pin-weight",  "--gpu-mem", "--cpu-mem",        "--disk-mem",
+        "--offload-dir", "--path",    "--trace",          "--attn-sparsity",
+        "--policy",      "--hw",      "--max-latency",    "--device",
+        "--schedule",    "--text",    "--window",         "--stride",
         "--predictions", "--compare", "--output"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(f, flags[i])) return 1;
@@ -267,8 +272,7 @@ static int parse_switch(const char *f, cli_args *a) {
     else if (!strcmp(f, "--quiet")) {
         a->gen.verbose = 0;
         a->quiet = 1;
-    }
-    else if (!strcmp(f, "--resume")) a->resume = 1;
+    } else if (!strcmp(f, "--resume")) a->resume = 1;
     else if (!strcmp(f, "--warmup")) a->warmup = 1;
     else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1;
     else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1;
@@ -287,7 +291,8 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
     a->model = "opt-125m";
     a->prompt_len = 512;
     a->cold_seconds = -1;
-    a->gen = (gen_options){.gen_len = 32, .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
+    a->gen =
+        (gen_options){.gen_len = 32, .temperature = 0, .top_p = 1, .seed = 0, .verbose = isatty(2)};
     a->policy = fg_default_policy();
     a->policy.device = FG_DEVICE_AUTO;
     a->prompts = calloc((size_t)argc, sizeof *a->prompts);
@@ -299,14 +304,16 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
         else if (parse_switch(f, a)) takes_value = 0;
         else if (!strcmp(f, "--percent")) {
-            int *fields[6] = {&p->percent.wg, &p->percent.wc, &p->percent.cg, &p->percent.cc,
-                              &p->percent.hg, &p->percent.hc};
+            int *fields[6] = {&p->percent.wg, &p->percent.wc, &p->percent.cg,
+                              &p->percent.cc, &p->percent.hg, &p->percent.hc};
             for (int j = 0; j < 6 && rc == 0; j++)
-                rc = parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, fields[j], err);
-            if (rc) return fg_fail(err, "--percent: expected six integers in 0..100 (wg wc cg cc hg hc)");
+                rc =
+                    parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, fields[j], err);
+            if (rc)
+                return fg_fail(err,
+                               "--percent: expected six integers in 0..100 (wg wc cg cc hg hc)");
             takes_value = 6;
-        }
-        else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
+        } else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
         else if (!v) return fg_fail(err, "%s: missing value", f);
         else if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--prompt")) a->prompts[a->n_prompt_texts++] = v;
@@ -317,8 +324,7 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--trace")) {
             a->trace = v;
             p->trace = 1;
-        }
-        else if (!strcmp(f, "--vocab")) a->vocab = v;
+        } else if (!strcmp(f, "--vocab")) a->vocab = v;
         else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
         else if (!strcmp(f, "--merges")) a->merges = v;
         else if (!strcmp(f, "--offload-dir")) p->offload_dir = v;
@@ -326,25 +332,28 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--schedule")) {
             rc = parse_schedule(v, &p->schedule, err);
             a->schedule_given = 1;
-        }
-        else if (!strcmp(f, "--path")) p->weight_dir = v;
+        } else if (!strcmp(f, "--path")) p->weight_dir = v;
         else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
         else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
-        else if (!strcmp(f, "--gpu-batch-size")) rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
-        else if (!strcmp(f, "--num-gpu-batches")) rc = parse_int(f, v, 1, INT_MAX, &p->num_gpu_batches, err);
+        else if (!strcmp(f, "--gpu-batch-size"))
+            rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
+        else if (!strcmp(f, "--num-gpu-batches"))
+            rc = parse_int(f, v, 1, INT_MAX, &p->num_gpu_batches, err);
         else if (!strcmp(f, "--overlap")) rc = parse_int(f, v, 0, 1, &p->overlap, err);
         else if (!strcmp(f, "--pin-weight")) rc = parse_int(f, v, 0, 1, &p->pin_weight, err);
         else if (!strcmp(f, "--gpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_GPU], err);
         else if (!strcmp(f, "--cpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_CPU], err);
         else if (!strcmp(f, "--disk-mem")) rc = parse_size(f, v, &p->capacity[TIER_DISK], err);
-        else if (!strcmp(f, "--temperature")) rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
+        else if (!strcmp(f, "--temperature"))
+            rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
         else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 1, &a->gen.top_p, err);
         else if (!strcmp(f, "--attn-sparsity")) {
             if (parse_float(f, v, 0, 1, &p->attn_sparsity, err) || !(p->attn_sparsity > 0))
                 rc = fg_fail(err, "--attn-sparsity: expected a fraction in (0, 1], got '%s'", v);
-        }
-        else if (!strcmp(f, "--seed")) { rc = parse_int(f, v, 0, INT_MAX, &seed, err); a->gen.seed = (uint64_t)seed; }
-        else if (!strcmp(f, "--hw")) a->hw = v;
+        } else if (!strcmp(f, "--seed")) {
+            rc = parse_int(f, v, 0, INT_MAX, &seed, err);
+            a->gen.seed = (uint64_t)seed;
+        } else if (!strcmp(f, "--hw")) a->hw = v;
         else if (!strcmp(f, "--text")) a->text = v;
         else if (!strcmp(f, "--predictions")) a->predictions = v;
         else if (!strcmp(f, "--compare")) a->compare = v;
@@ -354,16 +363,16 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
             if (strcmp(v, "auto") && strcmp(v, "manual"))
                 rc = fg_fail(err, "--policy: expected auto or manual, got '%s'", v);
             a->auto_policy = !strcmp(v, "auto");
-        }
-        else if (!strcmp(f, "--max-latency")) {
+        } else if (!strcmp(f, "--max-latency")) {
             float lat;
             rc = parse_float(f, v, 0, 1e9, &lat, err);
-            if (rc == 0 && !(lat > 0)) rc = fg_fail(err, "--max-latency: expected seconds > 0, got '%s'", v);
+            if (rc == 0 && !(lat > 0))
+                rc = fg_fail(err, "--max-latency: expected seconds > 0, got '%s'", v);
             a->max_latency = lat;
         }
         if (rc) return -1;
-        static const char *const ppl_flags[] = {"--text", "--window", "--stride", "--decode",
-                                                "--predictions", "--compare"};
+        static const char *const ppl_flags[] = {"--text",   "--window",      "--stride",
+                                                "--decode", "--predictions", "--compare"};
         for (size_t j = 0; j < sizeof ppl_flags / sizeof *ppl_flags && !a->ppl_flag; j++)
             if (!strcmp(f, ppl_flags[j])) a->ppl_flag = ppl_flags[j];
         i += takes_value;
@@ -389,25 +398,29 @@ static int same_file(const char *x, const char *y) {
     if (has_x || has_y) return has_x && has_y && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
     char dx[4096], dy[4096];
     const char *nx = split_path(x, dx, sizeof dx), *ny = split_path(y, dy, sizeof dy);
-    return !strcmp(nx, ny) && stat(dx, &a) == 0 && stat(dy, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    return !strcmp(nx, ny) && stat(dx, &a) == 0 && stat(dy, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
 }
 
 /* An output that is an input would destroy it, and two outputs on one file lose one of them. */
 static int check_outputs_apart(const cli_args *a, char *err) {
     const char *const out_flags[] = {"--output", "--dump-logits", "--trace", "--predictions"};
-    const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text", "--compare", "--vocab", "--merges",
-                                    "--tokenizer", "--hw"};
+    const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text",      "--compare",
+                                    "--vocab",       "--merges",     "--tokenizer", "--hw"};
     const char *outs[] = {a->output, a->dump_logits, a->trace, a->predictions};
-    const char *ins[] = {a->prompt_file, a->prompt_ids, a->text, a->compare, a->vocab, a->merges, a->tokenizer, a->hw};
+    const char *ins[] = {a->prompt_file, a->prompt_ids, a->text,      a->compare,
+                         a->vocab,       a->merges,     a->tokenizer, a->hw};
     for (int i = 0; i < 4; i++) {
         for (int j = 0; outs[i] && j < 8; j++)
             if (ins[j] && same_file(outs[i], ins[j]))
-                return fg_fail(err, "%s %s: the same file as %s %s, which it would overwrite; give another file",
-                               out_flags[i], outs[i], in_flags[j], ins[j]);
+                return fg_fail(
+                    err,
+                    "%s %s: the same file as %s %s, which it would overwrite; give another file",
+                    out_flags[i], outs[i], in_flags[j], ins[j]);
         for (int j = 0; outs[i] && j < i; j++)
             if (outs[j] && same_file(outs[i], outs[j]))
-                return fg_fail(err, "%s %s: the same file as %s %s; give each its own", out_flags[i], outs[i],
-                               out_flags[j], outs[j]);
+                return fg_fail(err, "%s %s: the same file as %s %s; give each its own",
+                               out_flags[i], outs[i], out_flags[j], outs[j]);
     }
     return 0;
 }
@@ -416,42 +429,56 @@ static int check_outputs_apart(const cli_args *a, char *err) {
 static int check_flags(const cli_args *a, char *err) {
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
-    if (a->resume && !a->output) return fg_fail(err, "--resume: finishes the job of --output F; give it");
+    if (a->resume && !a->output)
+        return fg_fail(err, "--resume: finishes the job of --output F; give it");
     if (a->output && !a->prompt_file && !a->prompt_ids && !a->n_prompt_texts)
-        return fg_fail(err, "--output: a job writes a record for each prompt given; give --prompt-file, "
-                            "--prompt-ids or --prompt");
+        return fg_fail(err,
+                       "--output: a job writes a record for each prompt given; give --prompt-file, "
+                       "--prompt-ids or --prompt");
     if (a->gen.refill && !a->gen.stop_at_eos)
-        return fg_fail(err, "--refill: gives a slot whose sequence generated </s> the next prompt; give --stop-at-eos too");
+        return fg_fail(err, "--refill: gives a slot whose sequence generated </s> the next prompt; "
+                            "give --stop-at-eos too");
     if (a->policy.schedule == FG_SCHEDULE_DIAGONAL && a->gen.refill)
-        return fg_fail(err, "--refill and --schedule diagonal: the diagonal schedule refills its GPU batches itself; "
+        return fg_fail(err, "--refill and --schedule diagonal: the diagonal schedule refills its "
+                            "GPU batches itself; "
                             "give one of them");
     if (a->policy.int8_activations && !a->policy.compress_weight)
-        return fg_fail(err, "--int8-activations: multiplies 4-bit weights by int8 activations; give --compress-weight too");
+        return fg_fail(err, "--int8-activations: multiplies 4-bit weights by int8 activations; "
+                            "give --compress-weight too");
     if (a->policy.int8_activations && a->policy.bf16_prefill)
-        return fg_fail(err, "--int8-activations and --bf16-prefill: two schemes for prefill's products; give one of them");
-    if (a->output && a->dump_logits) return fg_fail(err, "--output and --dump-logits: give one of them");
+        return fg_fail(err, "--int8-activations and --bf16-prefill: two schemes for prefill's "
+                            "products; give one of them");
+    if (a->output && a->dump_logits)
+        return fg_fail(err, "--output and --dump-logits: give one of them");
     if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
-        return fg_fail(err, "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
-                    (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
+        return fg_fail(err,
+                       "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
+                       (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
     return check_outputs_apart(a, err);
 }
 
 /* Flags a subcommand has no use for: refused, not ignored. */
-static int refuse_flags(const char *command, const char *const *flags, int argc, char **argv, char *err) {
+static int refuse_flags(const char *command, const char *const *flags, int argc, char **argv,
+                        char *err) {
     for (int i = 2; i < argc; i++)
         for (int j = 0; flags[j]; j++)
-            if (!strcmp(argv[i], flags[j])) return fg_fail(err, "%s: not a flag of `flexgen %s`", argv[i], command);
+            if (!strcmp(argv[i], flags[j]))
+                return fg_fail(err, "%s: not a flag of `flexgen %s`", argv[i], command);
     return 0;
 }
 
 /* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and
  * (perplexity) generation's. */
 int check_command_flags(const char *command, int argc, char **argv, char *err) {
-    /* a plan depends on none of a run's outputs, its warm-up run, its sampling or --policy's choice */
-    static const char *const policy[] = {"--output", "--resume", "--trace", "--dump-logits", "--warmup",
-        "--temperature", "--top-p", "--seed", "--policy", NULL};
-    static const char *const perplexity[] = {"--prompt", "--prompt-file", "--prompt-ids", "--prompt-len",
-        "--gen-len", "--temperature", "--top-p", "--stop-at-eos", "--refill", "--dump-logits", "--policy",
-        "--max-latency", "--hw", "--evaluate", "--output", "--resume", "--trace", "--schedule", "--warmup", NULL};
+    /* a plan depends on none of a run's outputs, its warm-up run, its sampling or --policy's choice
+     */
+    static const char *const policy[] = {
+        "--output",      "--resume", "--trace", "--dump-logits", "--warmup",
+        "--temperature", "--top-p",  "--seed",  "--policy",      NULL};
+    static const char *const perplexity[] = {
+        "--prompt",      "--prompt-file", "--prompt-ids",  "--prompt-len", "--gen-len",
+        "--temperature", "--top-p",       "--stop-at-eos", "--refill",     "--dump-logits",
+        "--policy",      "--max-latency", "--hw",          "--evaluate",   "--output",
+        "--resume",      "--trace",       "--schedule",    "--warmup",     NULL};
     return refuse_flags(command, !strcmp(command, "policy") ? policy : perplexity, argc, argv, err);
 }

@@ -37,7 +37,7 @@ int flexgen_main(int argc, char **argv) {
         rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
         if (fg_pipe_rank(pipe)) err[0] = 0;
     }
-    if (rc == 0) rc = fg_isa_check_env(err); /* FLEXGEN_ISA, before any kernel runs */
+    if (rc == 0) rc = fg_isa_check_env(err);       /* FLEXGEN_ISA, before any kernel runs */
     if (rc == 0) rc = fg_blas_core_check_env(err); /* OPENBLAS_CORETYPE, before any product */
     /* A stage of a pipeline that refuses its FLEXGEN_ISA or OPENBLAS_CORETYPE still takes part in
      * the stages' agreement below: leaving early would leave the others waiting in it for ever. */
@@ -53,15 +53,17 @@ int flexgen_main(int argc, char **argv) {
         int perplexity = argc > 1 && !strcmp(argv[1], "perplexity");
         cli_args a = {0};
         if (rc == 0 && (policy || perplexity)) rc = check_command_flags(argv[1], argc, argv, err);
-        if (rc == 0) rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
+        if (rc == 0)
+            rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
         if (rc == 1) {
             if (fg_pipe_rank(pipe) == 0) usage(stdout);
             rc = 0;
         } else if (fg_pipe_agree(pipe, rc, err)) { /* a bad flag on any stage stops them all */
             rc = -1;
         } else {
-            rc = policy ? policy_command(&a, err) : perplexity ? perplexity_command(&a, err)
-                                                               : run_generation(&a, pipe, err);
+            rc = policy       ? policy_command(&a, err)
+                 : perplexity ? perplexity_command(&a, err)
+                              : run_generation(&a, pipe, err);
         }
         free(a.prompts);
     }
@@ -71,7 +73,9 @@ int flexgen_main(int argc, char **argv) {
         return 2;
     }
     int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;
-    if (e) fprintf(stderr, "flexgen: standard output: write failed: %s\n", e == EIO ? "an I/O error" : strerror(e));
+    if (e)
+        fprintf(stderr, "flexgen: standard output: write failed: %s\n",
+                e == EIO ? "an I/O error" : strerror(e));
     return e ? 1 : 0;
 }
 
@@ -103,4 +107,3 @@ int main(int argc, char **argv) {
     return flexgen_main(argc, argv);
 }
 #endif
-

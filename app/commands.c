@@ -14,11 +14,15 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Each schedule's best policy (block shape) and prediction; null where it was not searched or none fits. */
+/* Each schedule's best policy (block shape) and prediction; null where it was not searched or none
+ * fits. */
 static cJSON *schedules_json(const fg_search_result *r) {
     cJSON *all = cJSON_CreateObject();
     for (int k = 0; k < FG_SCHEDULES; k++) {
-        if (!r->best[k].found) { cJSON_AddNullToObject(all, fg_schedule_names[k]); continue; }
+        if (!r->best[k].found) {
+            cJSON_AddNullToObject(all, fg_schedule_names[k]);
+            continue;
+        }
         cJSON *o = cJSON_AddObjectToObject(all, fg_schedule_names[k]);
         cJSON_AddNumberToObject(o, "gpu_batch_size", r->best[k].policy.gpu_batch_size);
         cJSON_AddNumberToObject(o, "num_gpu_batches", r->best[k].policy.num_gpu_batches);
@@ -36,15 +40,17 @@ static void add_capacities_json(cJSON *o, const double cap[N_TIERS], double host
     cJSON_AddItemToObject(o, "capacity", c);
     if (host > 0) cJSON_AddNumberToObject(o, "host_memory", host);
     else cJSON_AddNullToObject(o, "host_memory");
-    cJSON_AddBoolToObject(o, "cut_to_host_memory", host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host);
+    cJSON_AddBoolToObject(o, "cut_to_host_memory",
+                          host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host);
 }
 
 /* In the text report, a line where the host's memory cut what the gpu and cpu tiers were given. */
 static void print_capacity_cut(const double cap[N_TIERS], double host) {
     if (!(host > 0 && cap[TIER_GPU] + cap[TIER_CPU] > host)) return;
-    printf("capacity: gpu %s, cpu %s, disk %s; the gpu and cpu tiers together within %s of host memory (a "
-           "sixteenth of the machine's memory is kept for the system)\n", human(cap[TIER_GPU]).s,
-           human(cap[TIER_CPU]).s, human(cap[TIER_DISK]).s, human(host).s);
+    printf("capacity: gpu %s, cpu %s, disk %s; the gpu and cpu tiers together within %s of host "
+           "memory (a "
+           "sixteenth of the machine's memory is kept for the system)\n",
+           human(cap[TIER_GPU]).s, human(cap[TIER_CPU]).s, human(cap[TIER_DISK]).s, human(host).s);
 }
 
 /* flexgen policy: the search's choice, its prediction and the terms that bound it. */
@@ -57,10 +63,12 @@ int policy_command(cli_args *a, char *err) {
     if (rc == 0) rc = resolve_model_config(a->model, &cfg, err);
     if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_run_tokenizer(a, &tok, err);
-    if (rc == 0) rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
+    if (rc == 0)
+        rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
     fg_hardware hw;
     if (rc == 0) rc = load_hardware(a, &hw, err);
-    if (rc == 0 && a->policy.device == FG_DEVICE_AUTO && hw.gpu_is_host) a->policy.device = FG_DEVICE_CPU;
+    if (rc == 0 && a->policy.device == FG_DEVICE_AUTO && hw.gpu_is_host)
+        a->policy.device = FG_DEVICE_CPU;
     int lengths[2] = {longest_prompt(&prompts), mean_prompt(a, &prompts)};
     if (rc == 0) rc = search_policy(a, &hw, &cfg, prompts.n, lengths, 0, 0, &r, err);
     prompts_free(&prompts);
@@ -96,8 +104,9 @@ int policy_command(cli_args *a, char *err) {
     printf("\npredicted: %.4g token/s, a block of %d sequences in %.4g s\n", r.throughput,
            p->gpu_batch_size * p->num_gpu_batches, r.block_latency);
     printf("placement (gpu/cpu/disk %%): weights %.0f/%.0f/%.0f  cache %.0f/%.0f/%.0f  "
-           "activations %.0f/%.0f/%.0f\n", 100 * r.x[0], 100 * r.x[1], 100 * r.x[2], 100 * r.x[3],
-           100 * r.x[4], 100 * r.x[5], 100 * r.x[6], 100 * r.x[7], 100 * r.x[8]);
+           "activations %.0f/%.0f/%.0f\n",
+           100 * r.x[0], 100 * r.x[1], 100 * r.x[2], 100 * r.x[3], 100 * r.x[4], 100 * r.x[5],
+           100 * r.x[6], 100 * r.x[7], 100 * r.x[8]);
     int host_measured = hw.launch_seconds > 0 || hw.wait_seconds > 0; /* a GPU's, profiled */
     int terms_shown = host_measured ? N_TERMS : T_HOST;
     printf("per layer (s)");
@@ -114,12 +123,15 @@ int policy_command(cli_args *a, char *err) {
         }
         printf("   %s\n", fg_cost_term_names[arg]);
     }
-    for (int k = 0, shown = 0; k < FG_SCHEDULES && !a->evaluate; k++) /* each one searched that fits */
+    for (int k = 0, shown = 0; k < FG_SCHEDULES && !a->evaluate;
+         k++) /* each one searched that fits */
         if (r.best[k].found)
-            printf("%s%s: %.4g token/s, a block of %d x %d", shown++ ? ", " : "schedules: ", fg_schedule_names[k],
-                   r.best[k].throughput, r.best[k].policy.gpu_batch_size, r.best[k].policy.num_gpu_batches);
+            printf("%s%s: %.4g token/s, a block of %d x %d",
+                   shown++ ? ", " : "schedules: ", fg_schedule_names[k], r.best[k].throughput,
+                   r.best[k].policy.gpu_batch_size, r.best[k].policy.num_gpu_batches);
     if (!a->evaluate) printf("\n");
-    if (!a->evaluate) printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
+    if (!a->evaluate)
+        printf("search: %d LPs, %d plans checked, %.3f s\n", r.lps, r.checks, r.seconds);
     print_capacity_cut(cap, host);
     return 0;
 }
@@ -130,8 +142,12 @@ int profile_command(int argc, char **argv, char *err) {
     char path[4200];
     fg_device device = FG_DEVICE_AUTO;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 1; }
-        if (strcmp(argv[i], "--offload-dir") && strcmp(argv[i], "--out") && strcmp(argv[i], "--device"))
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 1;
+        }
+        if (strcmp(argv[i], "--offload-dir") && strcmp(argv[i], "--out") &&
+            strcmp(argv[i], "--device"))
             return fg_fail(err, "%s: unknown option for profile", argv[i]);
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
         if (!strcmp(argv[i], "--offload-dir")) dir = argv[++i];
@@ -161,26 +177,29 @@ int profile_command(int argc, char **argv, char *err) {
            hw.mm_flops_p / 1e9, hw.mm_flops_g / 1e9, hw.bmm_flops_p / 1e9, hw.bmm_flops_g / 1e9,
            hw.mem_bdw / GB, hw.dequant_bdw / GB);
     if (hw.mm_flops_int8_g > 0)
-        printf("4-bit x int8 products %.1f (prefill) %.1f (decode) GFLOP/s\n", hw.mm_flops_int8_p / 1e9,
-               hw.mm_flops_int8_g / 1e9);
+        printf("4-bit x int8 products %.1f (prefill) %.1f (decode) GFLOP/s\n",
+               hw.mm_flops_int8_p / 1e9, hw.mm_flops_int8_g / 1e9);
     if (!hw.gpu_is_host)
-        printf("the host: %.2f us to queue a launch, %.1f us to wait for the GPU\n", hw.launch_seconds * 1e6,
-               hw.wait_seconds * 1e6);
+        printf("the host: %.2f us to queue a launch, %.1f us to wait for the GPU\n",
+               hw.launch_seconds * 1e6, hw.wait_seconds * 1e6);
     printf("saved %s (the products on OpenBLAS's %s core)\n", out, hw.blas_core);
     return 0;
 }
 
-/* flexgen tokenize: a tokenizer from --vocab and --merges, --tokenizer FILE.json, or --model DIR. */
+/* flexgen tokenize: a tokenizer from --vocab and --merges, --tokenizer FILE.json, or --model DIR.
+ */
 static fg_tokenizer *tokenize_tokenizer(const char *vocab, const char *merges, const char *json,
                                         const char *model, char *err) {
     if ((vocab || merges) + !!json + !!model != 1 || !vocab != !merges) {
-        fg_fail(err, "tokenize: give --vocab and --merges, or --tokenizer FILE.json, or --model DIR");
+        fg_fail(err,
+                "tokenize: give --vocab and --merges, or --tokenizer FILE.json, or --model DIR");
         return NULL;
     }
     if (vocab) return tokenizer_load(vocab, merges, err);
     if (json) return tokenizer_load_json(json, err);
     fg_tokenizer *t = tokenizer_load_dir(model, err);
-    if (!t && !err[0]) fg_fail(err, "--model %s: no tokenizer.json, and no vocab.json and merges.txt", model);
+    if (!t && !err[0])
+        fg_fail(err, "--model %s: no tokenizer.json, and no vocab.json and merges.txt", model);
     return t;
 }
 
@@ -188,7 +207,10 @@ int tokenize_command(int argc, char **argv, char *err) {
     static const char *const flags[] = {"--vocab", "--merges", "--tokenizer", "--model"};
     const char *value[4] = {0};
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if (!strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
         int k = 0;
         while (k < 4 && strcmp(argv[i], flags[k])) k++;
         if (k == 4) return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
@@ -206,7 +228,10 @@ int tokenize_command(int argc, char **argv, char *err) {
         int *ids, n;
         rc = tokenizer_encode(tok, line, (size_t)len, &ids, &n, err);
         for (int i = 0; rc == 0 && i < n; i++) printf(i ? " %d" : "%d", ids[i]);
-        if (rc == 0) { printf("\n"); free(ids); }
+        if (rc == 0) {
+            printf("\n");
+            free(ids);
+        }
     }
     free(line);
     tokenizer_free(tok);
@@ -250,8 +275,10 @@ static int check_text_ids(const cli_args *a, const int *ids, int n, int vocab, c
         if (ids[i] < 0 || ids[i] >= vocab) {
             char origin[FG_PATH_LEN + 64];
             tokenizer_origin(a, origin, sizeof origin);
-            return fg_fail(err, "%s: token id %d of --text %s is out of range [0, %d) (the model's vocab_size)",
-                           origin, ids[i], a->text, vocab);
+            return fg_fail(
+                err,
+                "%s: token id %d of --text %s is out of range [0, %d) (the model's vocab_size)",
+                origin, ids[i], a->text, vocab);
         }
     return 0;
 }
@@ -274,13 +301,15 @@ static int read_predictions(const char *path, int scored, int vocab, int *ref, c
         after += strspn(after, " \t\r");
         line_no++;
         if (after == line || after != end || errno || v < 0 || v >= vocab)
-            rc = fg_fail(err, "--compare %s line %d: expected one token id in [0, %d)", path, line_no, vocab);
+            rc = fg_fail(err, "--compare %s line %d: expected one token id in [0, %d)", path,
+                         line_no, vocab);
         else if (n < scored) ref[n++] = (int)v;
         else n++;
     }
     free(text);
     if (rc == 0 && n != scored)
-        rc = fg_fail(err, "--compare %s: %d predictions, but the text has %d scored tokens", path, n, scored);
+        rc = fg_fail(err, "--compare %s: %d predictions, but the text has %d scored tokens", path,
+                     n, scored);
     return rc;
 }
 
@@ -291,7 +320,8 @@ static int write_predictions(const char *path, const int *top1, int n, char *err
     return fg_output_commit(&o, err);
 }
 
-static void report_perplexity(const cli_args *a, const ppl_result *r, int agree, const char *device) {
+static void report_perplexity(const cli_args *a, const ppl_result *r, int agree,
+                              const char *device) {
     const char *mode = a->ppl.decode ? "decode" : "prefill";
     if (a->json) {
         cJSON *o = cJSON_CreateObject();
@@ -304,7 +334,8 @@ static void report_perplexity(const cli_args *a, const ppl_result *r, int agree,
         cJSON_AddStringToObject(o, "mode", mode);
         cJSON_AddStringToObject(o, "device", device);
         cJSON_AddNumberToObject(o, "seconds", r->seconds);
-        if (a->compare) cJSON_AddNumberToObject(o, "top1_agreement", (double)agree / (double)r->scored);
+        if (a->compare)
+            cJSON_AddNumberToObject(o, "top1_agreement", (double)agree / (double)r->scored);
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text);
         free(text);
@@ -316,8 +347,8 @@ static void report_perplexity(const cli_args *a, const ppl_result *r, int agree,
     printf("windows: %d of %d tokens advancing %d, scored in %s on %s, %.2f s\n", r->windows,
            r->window, r->stride, mode, device, r->seconds);
     if (a->compare)
-        printf("top-1 agreement with %s: %.4f (%d of %ld)\n", a->compare, (double)agree / (double)r->scored,
-               agree, r->scored);
+        printf("top-1 agreement with %s: %.4f (%d of %ld)\n", a->compare,
+               (double)agree / (double)r->scored, agree, r->scored);
 }
 
 /* flexgen perplexity: a text's perplexity under the model with the run's policy. */
@@ -339,7 +370,8 @@ int perplexity_command(cli_args *a, char *err) {
                           "directory holding vocab.json and merges.txt");
     if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
     if (rc == 0) rc = check_text_ids(a, ids, n, cfg.vocab, err);
-    if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref))) rc = fg_fail(err, "out of memory");
+    if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref)))
+        rc = fg_fail(err, "out of memory");
     if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, ref, err);
     if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");
     if (rc == 0) {
@@ -360,4 +392,3 @@ int perplexity_command(cli_args *a, char *err) {
     free(ref);
     return rc;
 }
-

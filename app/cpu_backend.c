@@ -19,7 +19,10 @@ static void *cpu_alloc(size_t bytes) {
     if (p) memset(p, 0, bytes);
     return p;
 }
-static void *cpu_host_alloc(size_t bytes, int pinned) { (void)pinned; return cpu_alloc(bytes); }
+static void *cpu_host_alloc(size_t bytes, int pinned) {
+    (void)pinned;
+    return cpu_alloc(bytes);
+}
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 /* Its copies are done when they return, and one thread computes: nothing to wait for or order. */
 static void cpu_nothing_to_wait_for(void) {}

@@ -1,8 +1,8 @@
 /* app/cpu_fp16.c: the CPU backend holding activations in fp16 (--device cpu-fp16), as the
  * CUDA backend does, so that the runtime's 2-byte activations run and are tested on any machine.
- * Each operation widens the GPU batch's x into ws->x32, runs the CPU backend's fp32 operation on it,
- * and rounds its output back to fp16. Results differ from the fp32 backend's by that rounding of
- * the hidden states between layers alone (tests/test_runtime.c bounds it).
+ * Each operation widens the GPU batch's x into ws->x32, runs the CPU backend's fp32 operation on
+ * it, and rounds its output back to fp16. Results differ from the fp32 backend's by that rounding
+ * of the hidden states between layers alone (tests/test_runtime.c bounds it).
  */
 #include "support/support.h"
 #include "app/app.h"
@@ -10,7 +10,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-static size_t fp16_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len) {
+static size_t fp16_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt,
+                                   int max_len) {
     return model_workspace_bytes(cfg, rows, max_prompt, max_len) + 4 * rows * cfg->hidden;
 }
 
@@ -25,7 +26,8 @@ static int fp16_workspace_init(model_workspace *ws, const model_config *cfg, siz
 }
 
 /* The GPU batch with x widened into ws->x32 (n rows of it; 0: none, x is only written). */
-static gpu_batch widened(const gpu_batch *gb, const model_config *c, model_workspace *ws, size_t n) {
+static gpu_batch widened(const gpu_batch *gb, const model_config *c, model_workspace *ws,
+                         size_t n) {
     gpu_batch wide = *gb;
     fp16_to_fp32_n(gb->x, ws->x32, n * c->hidden);
     wide.x = ws->x32;
@@ -60,7 +62,8 @@ static void fp16_backend_init(void) {
     fp16_backend.act_elem = sizeof(fp16);
     fp16_backend.workspace_bytes = fp16_workspace_bytes;
     fp16_backend.workspace_init = fp16_workspace_init;
-    for (int f = 0; f < N_FAMILIES; f++) fp16_backend.forward[f] = (fg_forward){fp16_embed, fp16_layer, fp16_output};
+    for (int f = 0; f < N_FAMILIES; f++)
+        fp16_backend.forward[f] = (fg_forward){fp16_embed, fp16_layer, fp16_output};
 }
 
 const fg_backend *fg_cpu_fp16_backend(void) {

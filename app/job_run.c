@@ -36,10 +36,12 @@ int begin_job(const cli_args *a, job_output *out, char *err) {
      * int8's integer sums are exact on any kernel */
     fg_blas_info blas;
     fg_blas_info_get(&blas);
-    job_identity id = {.model = is_dir(a->model) ? NULL : a->model, .device = device_name(a->policy.device),
+    job_identity id = {.model = is_dir(a->model) ? NULL : a->model,
+                       .device = device_name(a->policy.device),
                        .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL : blas.core,
                        .prefill_library = a->policy.bf16_prefill ? gemm_library_isa() : NULL,
-                       .prompts_hash = a->prompts_hash, .n_prompts = a->n_job_prompts};
+                       .prompts_hash = a->prompts_hash,
+                       .n_prompts = a->n_job_prompts};
     if (!id.model && job_checkpoint_hash(a->model, &id.checkpoint_hash, err)) return -1;
     char *header = job_header(&id, &a->gen, &a->policy);
     if (!header) return fg_fail(err, "out of memory");
@@ -52,11 +54,13 @@ int begin_job(const cli_args *a, job_output *out, char *err) {
  * shape and the schedule an existing output was made with (a --schedule given must be its). */
 int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *err) {
     for (int i = 0; i < p->n; i++) /* --prompt texts: numbered in order */
-        if (!p->record_ids[i] && (p->record_ids[i] = malloc(16))) snprintf(p->record_ids[i], 16, "%d", i + 1);
+        if (!p->record_ids[i] && (p->record_ids[i] = malloc(16)))
+            snprintf(p->record_ids[i], 16, "%d", i + 1);
         else if (!p->record_ids[i]) return fg_fail(err, "out of memory");
     const char *repeated = job_repeated_id(p->record_ids, p->n);
     if (repeated)
-        return fg_fail(err, "%s: the id %.60s is given to two prompts; a record names its prompt by id",
+        return fg_fail(err,
+                       "%s: the id %.60s is given to two prompts; a record names its prompt by id",
                        a->prompt_file ? a->prompt_file : "the prompts", repeated);
     a->prompts_hash = prompts_hash(p);
     a->n_job_prompts = p->n;
@@ -75,8 +79,9 @@ int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *err) {
     if (begin_job(a, out, err)) return -1;
     const char *stranger = job_output_stranger(out, p->record_ids, p->n);
     if (stranger)
-        return fg_fail(err, "--resume: %s has a record of the id %.60s, which no prompt of this job has", a->output,
-                       stranger);
+        return fg_fail(err,
+                       "--resume: %s has a record of the id %.60s, which no prompt of this job has",
+                       a->output, stranger);
     int kept = 0;
     for (int i = 0; i < p->n; i++) {
         if (job_output_done(out, p->record_ids[i])) {
@@ -93,15 +98,17 @@ int open_job_output(cli_args *a, prompt_set *p, job_output *out, char *err) {
         kept++;
     }
     if (out->n_done && kept && !a->quiet) /* none left: run_generation() says the job is finished */
-        fprintf(stderr, "job: %d of %d prompts already in %s; resuming\n", p->n - kept, p->n, a->output);
+        fprintf(stderr, "job: %d of %d prompts already in %s; resuming\n", p->n - kept, p->n,
+                a->output);
     p->n = kept;
     return 0;
 }
 
 /* The records of prompts which[first .. first + count - 1] (which NULL: first .. first + count - 1
  * themselves), in one write (rank 0). */
-static int append_records(const cli_args *a, const prompt_set *p, const fg_tokenizer *tok, const int *tokens,
-                          const int *which, int first, int count, job_output *out, char *err) {
+static int append_records(const cli_args *a, const prompt_set *p, const fg_tokenizer *tok,
+                          const int *tokens, const int *which, int first, int count,
+                          job_output *out, char *err) {
     size_t len = 0, cap = 0;
     char *lines = NULL;
     int rc = 0;
@@ -155,9 +162,9 @@ static void add_timing(gen_timing *sum, const gen_timing *t) {
 static void job_progress(int done, int total, double tokens, double seconds, int done_here) {
     double left = seconds / done_here * (total - done);
     int tty = isatty(2);
-    fprintf(stderr, "%sjob: %d of %d prompts, %.1f token/s, about %d:%02d:%02d left%s", tty ? "\r" : "", done,
-            total, seconds > 0 ? tokens / seconds : 0, (int)(left / 3600), (int)(left / 60) % 60, (int)left % 60,
-            tty && done < total ? "" : "\n");
+    fprintf(stderr, "%sjob: %d of %d prompts, %.1f token/s, about %d:%02d:%02d left%s",
+            tty ? "\r" : "", done, total, seconds > 0 ? tokens / seconds : 0, (int)(left / 3600),
+            (int)(left / 60) % 60, (int)left % 60, tty && done < total ? "" : "\n");
 }
 
 /* A window's prompts, longest first (ties in file order): rounds of similar lengths pad less. */
@@ -186,7 +193,8 @@ static void record_group(void *ctx, int first, int count) {
     int G = g->a->gen.gen_len;
     if (g->rc || first != g->written) return;
     for (int i = first; i < first + count; i++)
-        memcpy(g->tokens + (size_t)g->order[i] * G, g->got + (size_t)i * G, (size_t)G * sizeof *g->got);
+        memcpy(g->tokens + (size_t)g->order[i] * G, g->got + (size_t)i * G,
+               (size_t)G * sizeof *g->got);
     g->rc = append_records(g->a, g->p, g->tok, g->tokens, g->order, first, count, g->out, g->err);
     g->written = first + count;
 }
@@ -200,20 +208,24 @@ static void record_group(void *ctx, int first, int count) {
  * each GPU batch's group ends (record_group). A crash loses at most what is in flight, and
  * --resume forms the same windows of the prompts left, and the same groups, so it computes what
  * an unbroken run would: sampling draws by each prompt's place in the file. */
-int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p, const fg_tokenizer *tok,
-                      job_output *out, int *tokens, gen_timing *t, char *err) {
-    int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe), G = a->gen.gen_len;
+int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *p,
+               const fg_tokenizer *tok, job_output *out, int *tokens, gen_timing *t, char *err) {
+    int round = a->policy.gpu_batch_size * a->policy.num_gpu_batches * fg_pipe_size(pipe),
+        G = a->gen.gen_len;
     int window = round * JOB_WINDOW, rc = 0, diagonal = a->policy.schedule == FG_SCHEDULE_DIAGONAL;
     if (a->gen.refill || diagonal) round = window; /* its blocks stream them */
-    int *order = malloc((size_t)window * sizeof *order), *index = malloc((size_t)round * sizeof *index);
+    int *order = malloc((size_t)window * sizeof *order),
+        *index = malloc((size_t)round * sizeof *index);
     int **ids = malloc((size_t)round * sizeof *ids), *lens = malloc((size_t)round * sizeof *lens);
     int *got = malloc((size_t)round * G * sizeof *got);
-    group_records groups = {.a = a, .p = p, .tok = tok, .out = out, .tokens = tokens, .got = got, .err = err};
+    group_records groups = {
+        .a = a, .p = p, .tok = tok, .out = out, .tokens = tokens, .got = got, .err = err};
     double start = now_seconds();
     memset(t, 0, sizeof *t);
     if (!order || !index || !ids || !lens || !got) rc = fg_fail(err, "out of memory");
     for (int w0 = 0, in_window = 0; rc == 0 && w0 < p->n; w0 += in_window) {
-        for (in_window = 1; w0 + in_window < p->n && p->index[w0 + in_window] / window == p->index[w0] / window;
+        for (in_window = 1;
+             w0 + in_window < p->n && p->index[w0 + in_window] / window == p->index[w0] / window;
              in_window++) {}
         for (int i = 0; i < in_window; i++) order[i] = w0 + i;
         qsort_r(order, (size_t)in_window, sizeof *order, by_length, (void *)p);
@@ -233,20 +245,25 @@ int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *
                 opt.group_ctx = &groups;
             }
             gen_timing this_round;
-            double began = now_seconds() - start; /* a completion's time counts from the job's start */
-            if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err) || groups.rc) rc = -1;
+            double began =
+                now_seconds() - start; /* a completion's time counts from the job's start */
+            if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err) || groups.rc)
+                rc = -1;
             this_round.completion_seconds += began * (double)this_round.completed;
             for (int i = 0; rc == 0 && i < count; i++)
-                memcpy(tokens + (size_t)order[r0 + i] * G, got + (size_t)i * G, (size_t)G * sizeof *got);
+                memcpy(tokens + (size_t)order[r0 + i] * G, got + (size_t)i * G,
+                       (size_t)G * sizeof *got);
             if (rc == 0) add_timing(t, &this_round);
         }
         if (rc == 0 && fg_pipe_rank(pipe) == 0) /* the diagonal's groups that ended with the run */
-            rc = diagonal ? append_records(a, p, tok, tokens, order, groups.written, in_window - groups.written, out, err)
+            rc = diagonal ? append_records(a, p, tok, tokens, order, groups.written,
+                                           in_window - groups.written, out, err)
                           : append_records(a, p, tok, tokens, NULL, w0, in_window, out, err);
         if (fg_pipe_agree(pipe, rc, err)) rc = -1;
         if (rc == 0 && fg_pipe_rank(pipe) == 0 && !a->quiet)
             job_progress(out->n_done + w0 + in_window, out->n_done + p->n,
-                         (double)(t->prefill_tokens + t->decode_tokens), now_seconds() - start, w0 + in_window);
+                         (double)(t->prefill_tokens + t->decode_tokens), now_seconds() - start,
+                         w0 + in_window);
     }
     free(order);
     free(index);
@@ -255,4 +272,3 @@ int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *
     free(got);
     return rc;
 }
-

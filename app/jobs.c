@@ -39,13 +39,18 @@
  * replaces). */
 static int utf8_sequence(const unsigned char *s, size_t n, int *bad) {
     unsigned char c = s[0], lo = 0x80, hi = 0xbf;
-    int need = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+    int need = c >= 0xc2 && c <= 0xdf   ? 1
+               : c >= 0xe0 && c <= 0xef ? 2
+               : c >= 0xf0 && c <= 0xf4 ? 3
+                                        : 0;
     if (c == 0xe0) lo = 0xa0;
     if (c == 0xed) hi = 0x9f;
     if (c == 0xf0) lo = 0x90;
     if (c == 0xf4) hi = 0x8f;
     int k = 0;
-    while (k < need && (size_t)k + 1 < n && s[k + 1] >= (k ? 0x80 : lo) && s[k + 1] <= (k ? 0xbf : hi)) k++;
+    while (k < need && (size_t)k + 1 < n && s[k + 1] >= (k ? 0x80 : lo) &&
+           s[k + 1] <= (k ? 0xbf : hi))
+        k++;
     *bad = k + 1;
     return need && k == need ? need + 1 : 0;
 }
@@ -60,8 +65,7 @@ char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len) {
             memcpy(o, s + i, (size_t)ok);
             o += ok;
             i += (size_t)ok;
-        }
-        else {
+        } else {
             memcpy(o, "\xef\xbf\xbd", 3);
             o += 3;
             i += (size_t)bad;
@@ -107,7 +111,8 @@ static cJSON *parse_line(const char *what, const char *line, char *err) {
     if (!o) fg_fail(err, "%s: malformed JSON", what);
     else if (!cJSON_IsObject(o)) fg_fail(err, "%s: not a JSON object", what);
     else if (end && *end) fg_fail(err, "%s: text after the JSON object: '%.20s'", what, end);
-    else if (has_nul_escape(line)) fg_fail(err, "%s: a string holds \\u0000 (NUL), which no prompt or id may", what);
+    else if (has_nul_escape(line))
+        fg_fail(err, "%s: a string holds \\u0000 (NUL), which no prompt or id may", what);
     else return o;
     cJSON_Delete(o);
     return NULL;
@@ -121,8 +126,8 @@ static int id_round_trips(const cJSON *id) {
     return v == floor(v) && fabs(v) < 1e15;
 }
 
-int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n, char **id,
-                 char **text_out, char *err) {
+int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int **ids, int *n,
+                 char **id, char **text_out, char *err) {
     *ids = NULL;
     *id = NULL;
     *text_out = NULL;
@@ -134,15 +139,20 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
     const cJSON *name = fg_json_get(o, "id");
     int rc = 0;
     if (!o) rc = -1;
-    else if (!text == !given) rc = fg_fail(err, "%s: give one of \"prompt\" (text) and \"prompt_ids\"", what);
-    else if (text && !cJSON_IsString(text)) rc = fg_fail(err, "%s: \"prompt\" is not a string", what);
+    else if (!text == !given)
+        rc = fg_fail(err, "%s: give one of \"prompt\" (text) and \"prompt_ids\"", what);
+    else if (text && !cJSON_IsString(text))
+        rc = fg_fail(err, "%s: \"prompt\" is not a string", what);
     else if (given && (!cJSON_IsArray(given) || cJSON_GetArraySize(given) == 0))
         rc = fg_fail(err, "%s: \"prompt_ids\" is not a list of token ids", what);
     else if (name && !cJSON_IsString(name) && !cJSON_IsNumber(name))
         rc = fg_fail(err, "%s: \"id\" is neither a string nor a number", what);
     else if (name && !id_round_trips(name))
-        rc = fg_fail(err, "%s: \"id\" is a number a record could not give back as it is (an integer of up to "
-                          "15 digits can be); give it as a string", what);
+        rc = fg_fail(
+            err,
+            "%s: \"id\" is a number a record could not give back as it is (an integer of up to "
+            "15 digits can be); give it as a string",
+            what);
     if (rc == 0 && given) {
         *n = cJSON_GetArraySize(given);
         *ids = malloc((size_t)*n * sizeof **ids);
@@ -150,7 +160,8 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
         for (const cJSON *v = given->child; *ids && v && rc == 0; v = v->next, k++) {
             if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < vocab) ||
                 v->valuedouble != (int)v->valuedouble) /* range first: the cast needs it */
-                rc = fg_fail(err, "%s: \"prompt_ids\"[%d] is not a token id in [0, %d)", what, k, vocab);
+                rc = fg_fail(err, "%s: \"prompt_ids\"[%d] is not a token id in [0, %d)", what, k,
+                             vocab);
             else (*ids)[k] = (int)v->valuedouble;
         }
     }
@@ -175,7 +186,9 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
 
 /* ---- a job's identity ---- */
 
-static int by_string(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int by_string(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 const char *job_repeated_id(char *const *ids, int n) {
     char **sorted = malloc((size_t)n * sizeof *sorted);
@@ -253,7 +266,8 @@ static int hash_contents(int fd, off_t size, content_hash *c, unsigned char *buf
 
 /* A file's name, size and every byte into h. O_NONBLOCK: a FIFO with no writer opens at once,
  * to be refused as the loader refuses it, where a plain open would wait for a writer for ever. */
-static int hash_file(const char *dir, const char *name, uint64_t *h, unsigned char *buf, char *err) {
+static int hash_file(const char *dir, const char *name, uint64_t *h, unsigned char *buf,
+                     char *err) {
     char path[FG_PATH_LEN + 256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -275,7 +289,9 @@ static int hash_file(const char *dir, const char *name, uint64_t *h, unsigned ch
     return 0;
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* config.json and the files the loader reads (st_dir_files), in name order: a file the model
  * does not use (a stray `.safetensors`) is not read. */
@@ -325,7 +341,8 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     if (id->prefill_library) cJSON_AddStringToObject(job, "prefill_library", id->prefill_library);
     cJSON_AddNumberToObject(job, "gpu_batch_size", p->gpu_batch_size);
     cJSON_AddNumberToObject(job, "num_gpu_batches", p->num_gpu_batches);
-    if (p->schedule == FG_SCHEDULE_DIAGONAL) cJSON_AddStringToObject(job, "schedule", "diagonal"); /* absent: zig-zag */
+    if (p->schedule == FG_SCHEDULE_DIAGONAL)
+        cJSON_AddStringToObject(job, "schedule", "diagonal"); /* absent: zig-zag */
     cJSON_AddItemToObject(root, "flexgen_job", job);
     char *line = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -358,7 +375,8 @@ static const char *header_differs(const cJSON *have, const cJSON *want, char *va
 /* Whether path names the open file fd (not removed, not replaced by another). */
 static int names_file(const char *path, int fd) {
     struct stat a, b;
-    return stat(path, &a) == 0 && fstat(fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    return stat(path, &a) == 0 && fstat(fd, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
 }
 
 /* Why path could not be opened: its directory, or the file itself. */
@@ -376,7 +394,8 @@ static int open_failed(const char *path, int e, char *err) {
  * between the open and the lock is opened again. */
 static int lock_output(job_output *o, char *err) {
     for (int tries = 0; tries < 8; tries++) {
-        int fd = open(o->path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644), created = fd >= 0;
+        int fd = open(o->path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644),
+            created = fd >= 0;
         if (fd < 0 && errno == EEXIST) {
             fd = open(o->path, O_RDWR | O_APPEND | O_CLOEXEC);
             if (fd < 0 && errno == ENOENT) continue; /* removed in between: made the next time */
@@ -386,11 +405,17 @@ static int lock_output(job_output *o, char *err) {
             int e = errno;
             close(fd);
             if (e == EWOULDBLOCK)
-                return fg_fail(err, "--output %s: another job holds it (a flexgen run is writing there); wait "
-                                    "for it to end, or give another file", o->path);
+                return fg_fail(
+                    err,
+                    "--output %s: another job holds it (a flexgen run is writing there); wait "
+                    "for it to end, or give another file",
+                    o->path);
             return fg_fail(err, "--output %s: cannot lock it: %s", o->path, strerror(e));
         }
-        if (!names_file(o->path, fd)) { close(fd); continue; }
+        if (!names_file(o->path, fd)) {
+            close(fd);
+            continue;
+        }
         o->fd = fd;
         o->created = created;
         if (created) fg_watch_new_output(fd, o->path);
@@ -416,7 +441,8 @@ static int read_done(job_output *o, char *err) {
     while (rc == 0 && (len = getline(&line, &cap, f)) > 0) {
         line_no++;
         if (line[len - 1] != '\n') { /* the crash's partial line: every byte before it stays */
-            if (ftruncate(o->fd, at) != 0) rc = fg_fail(err, "--output %s: %s", o->path, strerror(errno));
+            if (ftruncate(o->fd, at) != 0)
+                rc = fg_fail(err, "--output %s: %s", o->path, strerror(errno));
             break;
         }
         at += len;
@@ -432,14 +458,12 @@ static int read_done(job_output *o, char *err) {
         else if (line_no == 1) {
             o->recorded = job;
             job = NULL;
-        }
-        else if (!id) rc = fg_fail(err, "%s: not a record of a job (no \"id\")", what);
+        } else if (!id) rc = fg_fail(err, "%s: not a record of a job (no \"id\")", what);
         else if (!grown) rc = fg_fail(err, "out of memory");
         else if (!(grown[o->n_done] = cJSON_PrintUnformatted(id))) {
             o->done = grown;
             rc = fg_fail(err, "out of memory");
-        }
-        else {
+        } else {
             o->done = grown;
             o->n_done++;
         }
@@ -448,7 +472,9 @@ static int read_done(job_output *o, char *err) {
     }
     free(line);
     fclose(f);
-    int sortable = rc == 0 && o->n_done > 0; /* no record, no list: qsort and memcpy take no NULL, even of 0 items */
+    int sortable =
+        rc == 0 &&
+        o->n_done > 0; /* no record, no list: qsort and memcpy take no NULL, even of 0 items */
     if (sortable) qsort(o->done, (size_t)o->n_done, sizeof *o->done, by_string);
     const char *twice = sortable ? job_repeated_id(o->done, o->n_done) : NULL;
     if (twice) rc = fg_fail(err, "--resume: %s has two records of the id %.60s", o->path, twice);
@@ -459,20 +485,26 @@ static int read_done(job_output *o, char *err) {
 int job_output_open(job_output *o, const char *path, int resume, char *err) {
     *o = (job_output){.path = path, .fd = -1};
     struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return fg_fail(err, "--output %s: not a regular file", path);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return fg_fail(err, "--output %s: not a regular file", path);
     if (lock_output(o, err)) return -1;
     if (fstat(o->fd, &st) != 0) return fg_fail(err, "--output %s: %s", path, strerror(errno));
     if (st.st_size == 0) return 0;
-    if (!resume) return fg_fail(err, "--output %s: exists; --resume finishes its job, or give another file", path);
+    if (!resume)
+        return fg_fail(err, "--output %s: exists; --resume finishes its job, or give another file",
+                       path);
     return read_done(o, err);
 }
 
-void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches, fg_schedule *schedule) {
-    const cJSON *g = fg_json_get(o->recorded, "gpu_batch_size"), *n = fg_json_get(o->recorded, "num_gpu_batches");
+void job_output_shape(const job_output *o, int *gpu_batch_size, int *num_gpu_batches,
+                      fg_schedule *schedule) {
+    const cJSON *g = fg_json_get(o->recorded, "gpu_batch_size"),
+                *n = fg_json_get(o->recorded, "num_gpu_batches");
     const cJSON *s = fg_json_get(o->recorded, "schedule");
     *gpu_batch_size = cJSON_IsNumber(g) ? g->valueint : 0;
     *num_gpu_batches = cJSON_IsNumber(n) ? n->valueint : 0;
-    *schedule = cJSON_IsString(s) && !strcmp(s->valuestring, "diagonal") ? FG_SCHEDULE_DIAGONAL : FG_SCHEDULE_ZIGZAG;
+    *schedule = cJSON_IsString(s) && !strcmp(s->valuestring, "diagonal") ? FG_SCHEDULE_DIAGONAL
+                                                                         : FG_SCHEDULE_ZIGZAG;
 }
 
 int job_output_begin(job_output *o, char *header, char *err) {
@@ -480,14 +512,21 @@ int job_output_begin(job_output *o, char *header, char *err) {
     o->header = header;
     if (!o->recorded) return 0;
     if (fg_json_get(o->recorded, "checkpoint_fnv64"))
-        return fg_fail(err, "--resume: %s was begun by an earlier flexgen, which named the checkpoint by samples of "
-                            "its bytes (checkpoint_fnv64), not by every byte; it cannot tell that this is the same "
-                            "checkpoint: finish the job with the flexgen that began it, or run it again into a new "
-                            "output", o->path);
+        return fg_fail(
+            err,
+            "--resume: %s was begun by an earlier flexgen, which named the checkpoint by samples "
+            "of "
+            "its bytes (checkpoint_fnv64), not by every byte; it cannot tell that this is the same "
+            "checkpoint: finish the job with the flexgen that began it, or run it again into a new "
+            "output",
+            o->path);
     char values[256];
     cJSON *want = cJSON_Parse(header);
-    const char *key = header_differs(o->recorded, fg_json_get(want, "flexgen_job"), values, sizeof values);
-    int rc = key ? fg_fail(err, "--resume: %s is the output of another job: %s is %s", o->path, key, values) : 0;
+    const char *key =
+        header_differs(o->recorded, fg_json_get(want, "flexgen_job"), values, sizeof values);
+    int rc = key ? fg_fail(err, "--resume: %s is the output of another job: %s is %s", o->path, key,
+                           values)
+                 : 0;
     cJSON_Delete(want);
     return rc;
 }
@@ -499,18 +538,21 @@ const char *job_output_stranger(const job_output *o, char *const *ids, int n) {
     memcpy(sorted, ids, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, by_string);
     for (int i = 0; i < o->n_done && !stranger; i++)
-        if (!bsearch(&o->done[i], sorted, (size_t)n, sizeof *sorted, by_string)) stranger = o->done[i];
+        if (!bsearch(&o->done[i], sorted, (size_t)n, sizeof *sorted, by_string))
+            stranger = o->done[i];
     free(sorted);
     return stranger;
 }
 
 int job_output_done(const job_output *o, const char *id) {
-    return o->n_done && bsearch(&id, o->done, (size_t)o->n_done, sizeof *o->done, by_string) != NULL;
+    return o->n_done &&
+           bsearch(&id, o->done, (size_t)o->n_done, sizeof *o->done, by_string) != NULL;
 }
 
 /* A write that failed part way is undone: the output keeps whole lines. */
 static int append_failed(job_output *o, int e, char *err) {
-    if (ftruncate(o->fd, o->size) != 0) { /* the reader drops a cut last line anyway */ }
+    if (ftruncate(o->fd, o->size) != 0) { /* the reader drops a cut last line anyway */
+    }
     return fg_fail(err, "--output %s: write failed: %s", o->path, fg_write_failure(o->path, e));
 }
 
@@ -526,9 +568,13 @@ static int write_all(job_output *o, const char *bytes, size_t len, char *err) {
 
 int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
     if (!names_file(o->path, o->fd))
-        return fg_fail(err, "--output %s: removed or replaced while the job ran; the records written there "
-                            "went with it, so the job stops", o->path);
-    size_t h = o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with them */
+        return fg_fail(
+            err,
+            "--output %s: removed or replaced while the job ran; the records written there "
+            "went with it, so the job stops",
+            o->path);
+    size_t h =
+        o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with them */
     char *all = h ? malloc(h + len) : NULL;
     if (h && !all) return fg_fail(err, "out of memory");
     if (h) {
@@ -557,8 +603,8 @@ void job_output_close(job_output *o) {
 }
 
 /* The text that gen[0..n) adds to the prompt's. */
-static char *decode_continuation(const fg_tokenizer *tok, const int *prompt, int prompt_len, const int *gen,
-                                 int n, size_t *len) {
+static char *decode_continuation(const fg_tokenizer *tok, const int *prompt, int prompt_len,
+                                 const int *gen, int n, size_t *len) {
     int *all = malloc((size_t)(prompt_len + n + 1) * sizeof *all);
     if (!all) return NULL;
     memcpy(all, prompt, (size_t)prompt_len * sizeof *all);
@@ -570,8 +616,8 @@ static char *decode_continuation(const fg_tokenizer *tok, const int *prompt, int
 
 /* One record, with its newline. text: the prompt as given (NULL: it came as ids); tok: NULL
  * where there is no tokenizer (no completion text then). */
-char *job_record(const char *id, const char *text, const int *prompt, int prompt_len, const int *gen,
-                 const gen_options *g, const fg_tokenizer *tok) {
+char *job_record(const char *id, const char *text, const int *prompt, int prompt_len,
+                 const int *gen, const gen_options *g, const fg_tokenizer *tok) {
     int n = 0, gen_len = g->gen_len;
     while (n < gen_len && !gen_is_eos(g, gen[n])) n++;
     const char *stop = n < gen_len ? "eos" : "length";
@@ -593,7 +639,8 @@ char *job_record(const char *id, const char *text, const int *prompt, int prompt
     }
     cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray(gen, n));
     cJSON_AddStringToObject(r, "stop", stop);
-    char *line = cJSON_PrintUnformatted(r), *with_newline = line ? realloc(line, strlen(line) + 2) : NULL;
+    char *line = cJSON_PrintUnformatted(r),
+         *with_newline = line ? realloc(line, strlen(line) + 2) : NULL;
     if (with_newline) strcat(with_newline, "\n");
     else free(line);
     cJSON_Delete(r);

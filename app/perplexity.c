@@ -91,16 +91,21 @@ static int run_windows(fg_model *m, const int *ids, const window *w, int from, i
     } else {
         for (int i = 0; i < n; i++) {
             prompts[i] = ids + w[from + i].begin;
-            if (decode) memcpy(forced + (size_t)i * gen_len, ids + w[from + i].first, (size_t)gen_len * sizeof *forced);
+            if (decode)
+                memcpy(forced + (size_t)i * gen_len, ids + w[from + i].first,
+                       (size_t)gen_len * sizeof *forced);
         }
-        gen_options opt = {.gen_len = gen_len, .forced = forced, .prompt_logits = decode ? NULL : logits};
+        gen_options opt = {
+            .gen_len = gen_len, .forced = forced, .prompt_logits = decode ? NULL : logits};
         gen_timing timing;
-        rc = generate(m, &opt, n, (int *const *)prompts, lens, out, decode ? logits : NULL, &timing, err);
+        rc = generate(m, &opt, n, (int *const *)prompts, lens, out, decode ? logits : NULL, &timing,
+                      err);
         for (int i = 0; rc == 0 && i < n; i++) {
             const window *v = &w[from + i];
             /* decode: step j's logits predict first + j; prefill: position t's predict t + 1 */
-            const float *head = decode ? logits + (size_t)i * gen_len * vocab
-                                       : logits + ((size_t)i * longest + (v->first - 1 - v->begin)) * vocab;
+            const float *head =
+                decode ? logits + (size_t)i * gen_len * vocab
+                       : logits + ((size_t)i * longest + (v->first - 1 - v->begin)) * vocab;
             score(head, vocab, ids, v->first, v->end, r, top1);
         }
     }
@@ -117,9 +122,12 @@ int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int 
     const model_config *c = &m->view.cfg;
     memset(r, 0, sizeof *r);
     int size = o->window ? o->window : c->max_pos, stride = o->stride ? o->stride : size / 2;
-    if (n < 2) return fg_fail(err, "the text has %d token%s: perplexity needs at least 2", n, n == 1 ? "" : "s");
+    if (n < 2)
+        return fg_fail(err, "the text has %d token%s: perplexity needs at least 2", n,
+                       n == 1 ? "" : "s");
     if (size < 2 || size > c->max_pos)
-        return fg_fail(err, "--window %d: expected 2 .. the model's %d positions", size, c->max_pos);
+        return fg_fail(err, "--window %d: expected 2 .. the model's %d positions", size,
+                       c->max_pos);
     if (stride < 1 || stride > size - 1)
         return fg_fail(err, "--stride %d: expected 1 .. --window - 1 (%d)", stride, size - 1);
     int count;

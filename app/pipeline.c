@@ -38,14 +38,22 @@ int fg_pipe_open(int *argc, char ***argv, fg_pipe **out, char *err) {
     (void)argc;
     (void)argv;
     *out = NULL;
-    if (under_mpirun() && getenv("OMPI_COMM_WORLD_SIZE") && strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1"))
-        return fg_fail(err, "this flexgen was built without MPI (no mpicc at build time): it cannot "
-                            "run as pipeline stages");
+    if (under_mpirun() && getenv("OMPI_COMM_WORLD_SIZE") &&
+        strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1"))
+        return fg_fail(err,
+                       "this flexgen was built without MPI (no mpicc at build time): it cannot "
+                       "run as pipeline stages");
     return 0;
 }
 void fg_pipe_close(fg_pipe *p) { (void)p; }
-int fg_pipe_rank(const fg_pipe *p) { (void)p; return 0; }
-int fg_pipe_size(const fg_pipe *p) { (void)p; return 1; }
+int fg_pipe_rank(const fg_pipe *p) {
+    (void)p;
+    return 0;
+}
+int fg_pipe_size(const fg_pipe *p) {
+    (void)p;
+    return 1;
+}
 int fg_pipe_send(fg_pipe *p, int to, int tag, const void *buf, size_t bytes) {
     (void)p;
     (void)to;
@@ -72,7 +80,10 @@ void fg_pipe_release(fg_pipe *p, int msg) {
     (void)p;
     (void)msg;
 }
-double fg_pipe_bytes_sent(const fg_pipe *p) { (void)p; return 0; }
+double fg_pipe_bytes_sent(const fg_pipe *p) {
+    (void)p;
+    return 0;
+}
 int fg_pipe_agree(fg_pipe *p, int rc, char *err) {
     (void)p;
     (void)err;
@@ -87,7 +98,10 @@ void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all) {
     (void)p;
     memcpy(all, mine, bytes);
 }
-char *fg_pipe_gather_text(fg_pipe *p, const char *mine) { (void)p; return strdup(mine); }
+char *fg_pipe_gather_text(fg_pipe *p, const char *mine) {
+    (void)p;
+    return strdup(mine);
+}
 
 #else /* FLEXGEN_MPI */
 
@@ -110,10 +124,10 @@ typedef struct {
 
 struct fg_pipe {
     int rank, size;
-    long crash_after;       /* tests: crash after posting this many messages (0: never) */
+    long crash_after; /* tests: crash after posting this many messages (0: never) */
     long posted;
     pthread_t thread;
-    pthread_mutex_t lock;   /* the messages, and every MPI call (MPI_THREAD_SERIALIZED) */
+    pthread_mutex_t lock; /* the messages, and every MPI call (MPI_THREAD_SERIALIZED) */
     pthread_cond_t changed;
     pipe_msg msgs[PIPE_MSGS];
     int stop;
@@ -127,8 +141,10 @@ static char crash_line[128];
 static void on_crash(int sig) {
     char line[256];
     const char *name = sigdescr_np(sig);
-    size_t n = (size_t)snprintf(line, sizeof line, "%s%s (signal %d)\n", crash_line, name ? name : "", sig);
-    if (write(2, line, n < sizeof line ? n : sizeof line - 1) < 0) { /* nothing else to do */ }
+    size_t n = (size_t)snprintf(line, sizeof line, "%s%s (signal %d)\n", crash_line,
+                                name ? name : "", sig);
+    if (write(2, line, n < sizeof line ? n : sizeof line - 1) < 0) { /* nothing else to do */
+    }
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -152,7 +168,10 @@ static void *pipe_thread(void *arg) {
             int done = 0;
             MPI_Status st;
             MPI_Test(&m->req, &done, &st);
-            if (!done) { active++; continue; }
+            if (!done) {
+                active++;
+                continue;
+            }
             int count = 0;
             if (!m->send) MPI_Get_count(&st, MPI_BYTE, &count);
             m->got = m->send ? m->bytes : (size_t)count;
@@ -216,7 +235,8 @@ int fg_pipe_open(int *argc, char ***argv, fg_pipe **out, char *err) {
     const char *crash = getenv("FLEXGEN_TEST_CRASH");
     int crash_rank;
     long crash_n;
-    if (crash && sscanf(crash, "%d:%ld", &crash_rank, &crash_n) == 2 && crash_rank == rank) p->crash_after = crash_n;
+    if (crash && sscanf(crash, "%d:%ld", &crash_rank, &crash_n) == 2 && crash_rank == rank)
+        p->crash_after = crash_n;
     snprintf(crash_line, sizeof crash_line, "flexgen: rank %d (stage %d of %d): crashed: ", rank,
              rank + 1, size);
     int signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
@@ -330,7 +350,10 @@ void fg_pipe_bcast(fg_pipe *p, void *buf, size_t bytes) {
 }
 
 void fg_pipe_gather(fg_pipe *p, const void *mine, size_t bytes, void *all) {
-    if (!p) { memcpy(all, mine, bytes); return; }
+    if (!p) {
+        memcpy(all, mine, bytes);
+        return;
+    }
     pthread_mutex_lock(&p->lock);
     MPI_Gather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
     pthread_mutex_unlock(&p->lock);
@@ -369,24 +392,31 @@ enum { STOP_BYTES = 1 };
 
 static int rank_of(const block *bl) { return fg_pipe_rank(bl->rt->pipe); }
 static int n_ranks(const block *bl) { return fg_pipe_size(bl->rt->pipe); }
-static char *inbox_slot(const block *bl, int arena) { return bl->inbox + arena * bl->shape.act_message; }
+static char *inbox_slot(const block *bl, int arena) {
+    return bl->inbox + arena * bl->shape.act_message;
+}
 static char *outbox_slot(const block *bl, int k) { return bl->outbox + k * bl->shape.act_message; }
 
-static int stage_agree(fg_runtime *rt, int rc, char *err) { return fg_pipe_agree(rt->pipe, rc, err); }
+static int stage_agree(fg_runtime *rt, int rc, char *err) {
+    return fg_pipe_agree(rt->pipe, rc, err);
+}
 
 /* A block's outbox (one slot per GPU batch) and the stage's inbox (two slots, by staging arena,
  * shared by its blocks), on the cpu tier. */
 static int stage_open_block(block *bl, const block *shared, char *err) {
     const block_shape *s = &bl->shape;
     bl->in_msg = bl->ids_msg = -1;
-    if (!(bl->out_msg = malloc((size_t)s->ngb * sizeof *bl->out_msg))) return fg_fail(err, "out of memory");
+    if (!(bl->out_msg = malloc((size_t)s->ngb * sizeof *bl->out_msg)))
+        return fg_fail(err, "out of memory");
     for (int k = 0; k < s->ngb; k++) bl->out_msg[k] = -1;
     if (!is_last_stage(bl->m) &&
-        !(bl->outbox = tier_alloc(bl->rt, TIER_CPU, s->act_message * s->ngb, "activations to the next stage", err)))
+        !(bl->outbox = tier_alloc(bl->rt, TIER_CPU, s->act_message * s->ngb,
+                                  "activations to the next stage", err)))
         return -1;
     if (shared) bl->inbox = shared->inbox;
     else if (!is_first_stage(bl->m) &&
-             !(bl->inbox = tier_alloc(bl->rt, TIER_CPU, 2 * s->act_message, "activations from the previous stage", err)))
+             !(bl->inbox = tier_alloc(bl->rt, TIER_CPU, 2 * s->act_message,
+                                      "activations from the previous stage", err)))
         return -1;
     return 0;
 }
@@ -402,8 +432,8 @@ static void stage_close_block(block *bl) {
 static void receive_hidden(block *bl, int k, int arena) {
     if (bl->in_msg >= 0) return;
     bl->in_k = k;
-    bl->in_msg = fg_pipe_recv(bl->rt->pipe, rank_of(bl) - 1, FG_TAG_ACTIVATIONS, inbox_slot(bl, arena),
-                              bl->shape.act_message);
+    bl->in_msg = fg_pipe_recv(bl->rt->pipe, rank_of(bl) - 1, FG_TAG_ACTIVATIONS,
+                              inbox_slot(bl, arena), bl->shape.act_message);
 }
 
 /* The compute thread waits for the input of GPU batch k from the previous stage, if it is on its
@@ -431,8 +461,10 @@ static void act_receive_task(fg_runtime *rt, const io_task *task) {
     size_t want = batch_act_bytes(bl, task->batch), got;
     fg_pipe_wait(rt->pipe, task->msg, &got);
     if (got != want) { /* the stages disagree on the schedule: a bug, not bad input */
-        fprintf(stderr, "flexgen: rank %d: %zu bytes of activations came from the previous stage, "
-                        "%zu expected\n", rank_of(bl), got, want);
+        fprintf(stderr,
+                "flexgen: rank %d: %zu bytes of activations came from the previous stage, "
+                "%zu expected\n",
+                rank_of(bl), got, want);
         abort();
     }
     rt->backend->copy_in(bl->x_stage[task->arena], inbox_slot(bl, task->arena), want);
@@ -448,7 +480,8 @@ static void act_send_task(fg_runtime *rt, const io_task *task) {
     rt->backend->copy_out(outbox_slot(bl, k), bl->x_stage[task->arena], bytes);
     rt->backend->copies_done(); /* in the outbox before it is sent */
     link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
-    bl->out_msg[k] = fg_pipe_send(rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, outbox_slot(bl, k), bytes);
+    bl->out_msg[k] =
+        fg_pipe_send(rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, outbox_slot(bl, k), bytes);
 }
 
 /* The stage's first layer: the previous stage's output of GPU batch k, copied into staging arena
@@ -456,8 +489,13 @@ static void act_send_task(fg_runtime *rt, const io_task *task) {
 static uint64_t stage_receive_activations(block *bl, int k, int arena) {
     if (is_first_stage(bl->m)) return 0;
     receive_hidden(bl, k, arena);
-    io_task t = {.fn = act_receive_task, .name = "receive activations", .ctx = bl,
-                 .layer = bl->m->first_layer, .batch = k, .arena = arena, .msg = bl->in_msg};
+    io_task t = {.fn = act_receive_task,
+                 .name = "receive activations",
+                 .ctx = bl,
+                 .layer = bl->m->first_layer,
+                 .batch = k,
+                 .arena = arena,
+                 .msg = bl->in_msg};
     return io_submit(&bl->rt->io, IO_HOST, t);
 }
 
@@ -465,15 +503,20 @@ static uint64_t stage_receive_activations(block *bl, int k, int arena) {
  * is the logits, which stay). */
 static void stage_send_activations(block *bl, int k, int arena) {
     if (is_last_stage(bl->m)) return;
-    io_task t = {.fn = act_send_task, .name = "send activations", .ctx = bl,
-                 .layer = bl->m->end_layer - 1, .batch = k, .arena = arena};
+    io_task t = {.fn = act_send_task,
+                 .name = "send activations",
+                 .ctx = bl,
+                 .layer = bl->m->end_layer - 1,
+                 .batch = k,
+                 .arena = arena};
     io_submit(&bl->rt->io, IO_HOST, t);
 }
 
 /* Tells the next stage that this block has stopped. */
 static void stage_pass_stop(block *bl) {
     if (!is_last_stage(bl->m))
-        fg_pipe_release(bl->rt->pipe, fg_pipe_send(bl->rt->pipe, rank_of(bl) + 1, FG_TAG_ACTIVATIONS, bl->ids, STOP_BYTES));
+        fg_pipe_release(bl->rt->pipe, fg_pipe_send(bl->rt->pipe, rank_of(bl) + 1,
+                                                   FG_TAG_ACTIVATIONS, bl->ids, STOP_BYTES));
 }
 
 /* A later stage computes a step of a block when the previous stage's output arrives (into the
@@ -502,7 +545,8 @@ static int stage_step_input(block *bl) {
 static void stage_receive_tokens(block *bl, int step) {
     if (is_last_stage(bl->m)) return;
     double start = now_seconds();
-    int msg = fg_pipe_recv(bl->rt->pipe, n_ranks(bl) - 1, FG_TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
+    int msg = fg_pipe_recv(bl->rt->pipe, n_ranks(bl) - 1, FG_TAG_TOKENS, bl->ids,
+                           (size_t)bl->count * sizeof(int));
     bl->bubble += fg_pipe_wait(bl->rt->pipe, msg, NULL);
     fg_pipe_release(bl->rt->pipe, msg);
     trace_add(bl->rt, TRACK_COMPUTE, "wait for the last stage", step, 0, start, now_seconds());
@@ -513,7 +557,8 @@ static void stage_receive_tokens(block *bl, int step) {
 static void stage_tokens_out(block *bl, const gen_options *opt, int *out_tokens) {
     if (is_first_stage(bl->m)) return;
     take_tokens(bl, opt, out_tokens);
-    bl->ids_msg = fg_pipe_send(bl->rt->pipe, 0, FG_TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
+    bl->ids_msg =
+        fg_pipe_send(bl->rt->pipe, 0, FG_TAG_TOKENS, bl->ids, (size_t)bl->count * sizeof(int));
 }
 
 /* The messages a block has in flight, done (at the end of a round). */
@@ -530,11 +575,18 @@ static void stage_end_round(block *bl) {
 }
 
 static const stage_hooks pipeline_stage = {
-    .agree = stage_agree, .open_block = stage_open_block, .close_block = stage_close_block,
-    .receive_activations = stage_receive_activations, .send_activations = stage_send_activations,
-    .await_input = stage_await_input, .input_taken = stage_input_taken,
-    .step_input = stage_step_input, .receive_tokens = stage_receive_tokens,
-    .tokens_out = stage_tokens_out, .pass_stop = stage_pass_stop, .end_round = stage_end_round,
+    .agree = stage_agree,
+    .open_block = stage_open_block,
+    .close_block = stage_close_block,
+    .receive_activations = stage_receive_activations,
+    .send_activations = stage_send_activations,
+    .await_input = stage_await_input,
+    .input_taken = stage_input_taken,
+    .step_input = stage_step_input,
+    .receive_tokens = stage_receive_tokens,
+    .tokens_out = stage_tokens_out,
+    .pass_stop = stage_pass_stop,
+    .end_round = stage_end_round,
 };
 
 void fg_pipeline_attach(fg_runtime *rt, fg_pipe *p) {

@@ -19,7 +19,8 @@ fg_device resolve_device(fg_device d, int verbose) {
     char why[FG_ERR_LEN];
     if (d != FG_DEVICE_AUTO) return d;
     if (fg_cuda_backend(why)) return FG_DEVICE_CUDA;
-    if (verbose && fg_cuda_compiled()) fprintf(stderr, "flexgen: %s; running on the CPU backend\n", why);
+    if (verbose && fg_cuda_compiled())
+        fprintf(stderr, "flexgen: %s; running on the CPU backend\n", why);
     return FG_DEVICE_CPU;
 }
 
@@ -46,11 +47,14 @@ void warn_special_ids(const char *model, const model_config *cfg) {
     }
     for (int i = 0; i < cfg->n_eos && n < sizeof ids; i++)
         if (cfg->eos_ids[i] >= cfg->vocab) {
-            n += (size_t)snprintf(ids + n, sizeof ids - n, "%seos_token_id %d", n ? ", " : "", cfg->eos_ids[i]);
+            n += (size_t)snprintf(ids + n, sizeof ids - n, "%seos_token_id %d", n ? ", " : "",
+                                  cfg->eos_ids[i]);
             count++;
         }
     if (count == 0) return;
-    fprintf(stderr, "flexgen: warning: %s/config.json: %s %s not below vocab_size %d: the model has no such token\n",
+    fprintf(stderr,
+            "flexgen: warning: %s/config.json: %s %s not below vocab_size %d: the model has no "
+            "such token\n",
             model, ids, count > 1 ? "are" : "is", cfg->vocab);
 }
 
@@ -72,8 +76,10 @@ int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     if (default_hw_file(path, sizeof path, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
-    fprintf(stderr, "flexgen: no hardware file yet: profiling this machine once (about 30 s), "
-                    "saved to %s\n", path);
+    fprintf(stderr,
+            "flexgen: no hardware file yet: profiling this machine once (about 30 s), "
+            "saved to %s\n",
+            path);
     if (fg_profile(offload, a->policy.device, hw, 1, err)) return -1;
     return fg_hardware_write(path, hw, err);
 }
@@ -92,8 +98,9 @@ static int hardware_is_here(const fg_hardware *hw, fg_device device) {
  * share it): flexgen policy reports them. */
 static fg_stats searched_capacities;
 
-static int check_keeping_capacities(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
-                                    int s, int n, int check, double x[N_X], fg_stats *st, char *err) {
+static int check_keeping_capacities(const model_config *model, uint64_t seed, const fg_policy *p,
+                                    int sequences, int s, int n, int check, double x[N_X],
+                                    fg_stats *st, char *err) {
     int rc = fg_runtime_check(model, seed, p, sequences, s, n, check, x, st, err);
     if (st) searched_capacities = *st;
     return rc;
@@ -102,45 +109,58 @@ static int check_keeping_capacities(const model_config *model, uint64_t seed, co
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any
  * block), the longest of them (0: --prompt-len), their mean length (0: not known). The plan
  * check holds the longest; the costs take the mean. */
-int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg,
-                         int n_prompts, const int lengths[2], int gbs, int ngb, fg_search_result *res,
-                         char *err) {
+int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg, int n_prompts,
+                  const int lengths[2], int gbs, int ngb, fg_search_result *res, char *err) {
     int diagonal_runs = !a->gen.refill; /* it refills its GPU batches itself */
-    fg_search_request req = {.s = lengths[0] ? lengths[0] : a->prompt_len, .s_mean = lengths[1], .n = a->gen.gen_len,
-                             .max_block = n_prompts, .max_latency = a->max_latency,
-                             .check = hardware_is_here(hw, a->policy.device) ? check_keeping_capacities : NULL,
-                             .place = fg_runtime_check, .seed = a->gen.seed, .gbs = gbs, .ngb = ngb,
-                             .schedules = a->schedule_given ? 1 << a->policy.schedule
-                                          : 1 << FG_SCHEDULE_ZIGZAG | diagonal_runs << FG_SCHEDULE_DIAGONAL,
-                             .stream_blocks = a->output ? JOB_WINDOW : 0};
+    fg_search_request req = {
+        .s = lengths[0] ? lengths[0] : a->prompt_len,
+        .s_mean = lengths[1],
+        .n = a->gen.gen_len,
+        .max_block = n_prompts,
+        .max_latency = a->max_latency,
+        .check = hardware_is_here(hw, a->policy.device) ? check_keeping_capacities : NULL,
+        .place = fg_runtime_check,
+        .seed = a->gen.seed,
+        .gbs = gbs,
+        .ngb = ngb,
+        .schedules = a->schedule_given
+                         ? 1 << a->policy.schedule
+                         : 1 << FG_SCHEDULE_ZIGZAG | diagonal_runs << FG_SCHEDULE_DIAGONAL,
+        .stream_blocks = a->output ? JOB_WINDOW : 0};
     if (a->evaluate) return fg_policy_evaluate(cfg, hw, &a->policy, &req, res, err);
     return fg_policy_search(cfg, hw, &a->policy, &req, res, err);
 }
 
 void print_policy_flags(FILE *out, const fg_policy *p) {
-    fprintf(out, "--gpu-batch-size %d --num-gpu-batches %d --percent %d %d %d %d %d %d%s --schedule %s",
+    fprintf(out,
+            "--gpu-batch-size %d --num-gpu-batches %d --percent %d %d %d %d %d %d%s --schedule %s",
             p->gpu_batch_size, p->num_gpu_batches, p->percent.wg, p->percent.wc, p->percent.cg,
-            p->percent.cc, p->percent.hg, p->percent.hc, p->cpu_cache_compute ? " --cpu-cache-compute" : "",
-            fg_schedule_names[p->schedule]);
+            p->percent.cc, p->percent.hg, p->percent.hc,
+            p->cpu_cache_compute ? " --cpu-cache-compute" : "", fg_schedule_names[p->schedule]);
 }
 
 /* The runtime, refused where --int8-activations or --bf16-prefill meets a backend that keeps
  * section 5's products. */
 int open_runtime(const fg_policy *p, fg_runtime **rt, char *err) {
     if (fg_runtime_open(p, rt, err)) return -1;
-    const char *flag = p->int8_activations ? "--int8-activations" : p->bf16_prefill ? "--bf16-prefill" : NULL;
+    const char *flag = p->int8_activations ? "--int8-activations"
+                       : p->bf16_prefill   ? "--bf16-prefill"
+                                           : NULL;
     if (!flag || fg_runtime_backend(*rt)->gpu_is_host) return 0;
     fg_runtime_close(*rt);
     *rt = NULL;
-    return fg_fail(err, "%s: the CPU backend's scheme; this run's device is CUDA, which "
-                        "multiplies as section 5 does (give --device cpu)", flag);
+    return fg_fail(err,
+                   "%s: the CPU backend's scheme; this run's device is CUDA, which "
+                   "multiplies as section 5 does (give --device cpu)",
+                   flag);
 }
 
 /* The capacities the plan used: each tier's, and *host, the host memory that the gpu and cpu tiers
  * share on the CPU backend of this machine (0: no such bound). */
-void planned_capacities(const cli_args *a, const fg_hardware *hw, double cap[N_TIERS], double *host) {
+void planned_capacities(const cli_args *a, const fg_hardware *hw, double cap[N_TIERS],
+                        double *host) {
     int here = hardware_is_here(hw, a->policy.device);
-    for (int t = 0; t < N_TIERS; t++) cap[t] = here ? searched_capacities.capacity[t] : a->policy.capacity[t];
+    for (int t = 0; t < N_TIERS; t++)
+        cap[t] = here ? searched_capacities.capacity[t] : a->policy.capacity[t];
     *host = here && hw->gpu_is_host ? searched_capacities.host_memory : 0;
 }
-

@@ -118,7 +118,8 @@ static int profile_disk(const char *dir, fg_hardware *hw, char *err) {
     size_t bytes = (size_t)1 << 30;
     if (free_bytes / 4 < bytes) bytes = page_up((size_t)(free_bytes / 4));
     if (bytes < ((size_t)16 << 20))
-        return fg_fail(err, "--offload-dir %s: %s free, too little to measure the disk", dir, human(free_bytes).s);
+        return fg_fail(err, "--offload-dir %s: %s free, too little to measure the disk", dir,
+                       human(free_bytes).s);
     disk_arena a;
     int fd = unnamed_file(dir, "--offload-dir", err);
     if (fd < 0 || arena_map(&a, fd, bytes, "--offload-dir", dir, err)) return -1;
@@ -149,7 +150,8 @@ static int device_weights(const fg_backend *be, const model_config *cfg, int int
         if (t->tied_to >= 0) continue;
         int q4 = int8 && t->group_len > 0;
         void *values = malloc(t->count * (q4 ? sizeof(float) : sizeof(fp16)));
-        void *working = be->alloc(q4 ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : t->count * be->weight_elem);
+        void *working = be->alloc(q4 ? q4_bytes(t->group_outer, t->group_len, t->group_inner)
+                                     : t->count * be->weight_elem);
         if (values && working) { /* dummy values: always finite */
             opt_tensor_fill(l, i, &src, q4 ? values : NULL, q4 ? NULL : values, err);
             if (q4) q4_compress(values, t->group_outer, t->group_len, t->group_inner, working);
@@ -161,7 +163,8 @@ static int device_weights(const fg_backend *be, const model_config *cfg, int int
         if (!values) return fg_fail(err, "profile: out of memory");
     }
     for (int i = 0; i < l->n_tensors; i++)
-        if (l->tensors[i].tied_to >= 0) *l->tensors[i].slot = *l->tensors[l->tensors[i].tied_to].slot;
+        if (l->tensors[i].tied_to >= 0)
+            *l->tensors[i].slot = *l->tensors[l->tensors[i].tied_to].slot;
     return 0;
 }
 
@@ -211,18 +214,21 @@ static void decode_batch(gpu_batch *gb, int batch, int past, char *cache, size_t
  * no wait, over what the counters saw queued) and those of one wait for the GPU (a small copy
  * queued and waited for, less a launch). */
 enum { HOST_LAYERS = 20, HOST_WAITS = 200 };
-static void profile_host(const fg_backend *be, profile_ctx *c, int batch, char *cache, size_t seq, fg_hardware *hw) {
+static void profile_host(const fg_backend *be, profile_ctx *c, int batch, char *cache, size_t seq,
+                         fg_hardware *hw) {
     fg_device_counts before, after;
     decode_batch(c->gb, batch, 32, cache, seq);
     be->finish();
     be->counts(&before);
     double t0 = now_seconds();
-    for (int i = 0; i < HOST_LAYERS; i++) be->forward[c->w->cfg.family].layer(c->w, 0, c->gb, c->ws);
+    for (int i = 0; i < HOST_LAYERS; i++)
+        be->forward[c->w->cfg.family].layer(c->w, 0, c->gb, c->ws);
     double queueing = now_seconds() - t0;
     be->counts(&after);
     be->finish();
-    double launches = (double)(after.launches - before.launches + after.blas_calls - before.blas_calls +
-                               after.copies_in - before.copies_in + after.copies_on_device - before.copies_on_device);
+    double launches = (double)(after.launches - before.launches + after.blas_calls -
+                               before.blas_calls + after.copies_in - before.copies_in +
+                               after.copies_on_device - before.copies_on_device);
     hw->launch_seconds = queueing / fmax(launches, 1);
     t0 = now_seconds();
     for (int i = 0; i < HOST_WAITS; i++) {
@@ -232,9 +238,10 @@ static void profile_host(const fg_backend *be, profile_ctx *c, int batch, char *
     hw->wait_seconds = fmax((now_seconds() - t0) / HOST_WAITS - hw->launch_seconds, 0);
 }
 
-static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose, char *err) {
-    model_config c = OPT_SHAPE("profile", 1, PROFILE_HIDDEN, PROFILE_HIDDEN / 64, 4 * PROFILE_HIDDEN, 64, 2048,
-                             PROFILE_HIDDEN, 1);
+static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose,
+                           char *err) {
+    model_config c = OPT_SHAPE("profile", 1, PROFILE_HIDDEN, PROFILE_HIDDEN / 64,
+                               4 * PROFILE_HIDDEN, 64, 2048, PROFILE_HIDDEN, 1);
     enum { LONG = 1024, MAX_GBS = MATMUL_DECODE_ROWS, LONG_GBS = 32 };
     model_weights w;
     opt_layout layout = {0};
@@ -271,7 +278,8 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
             decode_batch(&gb, runs[i][0], runs[i][1], cache, seq_rows(row, runs[i][1]));
             t[i] = typical_time(time_layer, &ctx);
         }
-        if (be->counts) profile_host(be, &ctx, runs[0][0], (char *)cache, seq_rows(row, runs[0][1]), hw);
+        if (be->counts)
+            profile_host(be, &ctx, runs[0][0], (char *)cache, seq_rows(row, runs[0][1]), hw);
         double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
         double fixed = fmax(t[0] - runs[0][0] * per_seq, 0.01 * t[0]);
         hw->mm_flops_g = mm_token / per_seq;
@@ -289,7 +297,8 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
             tp[i] = typical_time(time_layer, &ctx);
         }
         /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */
-        double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]), 0.01 * tp[1] / (lens[1] * lens[1]));
+        double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]),
+                            0.01 * tp[1] / (lens[1] * lens[1]));
         hw->bmm_flops_p = 4 * h / slope;
         hw->mm_flops_p = mm_token / fmax(tp[1] / lens[1] - slope * lens[1], 0.01 * tp[1] / lens[1]);
     }
@@ -335,16 +344,18 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
  * The hardware file: the constants above as JSON, keys named as fg_hardware's fields
  * ============================================================================================ */
 
-static const char *const HW_KEYS[] = {"ctog_bdw", "gtoc_bdw_cache", "gtoc_bdw_hidden", "dtoc_bdw",
-    "ctod_bdw_cache_p", "ctod_bdw_hidden_p", "ctod_bdw_g", "mm_flops_p", "mm_flops_g",
-    "bmm_flops_p", "bmm_flops_g", "cpu_flops"};
+static const char *const HW_KEYS[] = {"ctog_bdw",    "gtoc_bdw_cache",   "gtoc_bdw_hidden",
+                                      "dtoc_bdw",    "ctod_bdw_cache_p", "ctod_bdw_hidden_p",
+                                      "ctod_bdw_g",  "mm_flops_p",       "mm_flops_g",
+                                      "bmm_flops_p", "bmm_flops_g",      "cpu_flops"};
 enum { N_HW = sizeof HW_KEYS / sizeof HW_KEYS[0] };
 
 /* The fields of fg_hardware, in HW_KEYS' order. */
 static double *hw_field(fg_hardware *hw, int i) {
-    double *const fields[N_HW] = {&hw->ctog_bdw, &hw->gtoc_bdw_cache, &hw->gtoc_bdw_hidden,
-        &hw->dtoc_bdw, &hw->ctod_bdw_cache_p, &hw->ctod_bdw_hidden_p, &hw->ctod_bdw_g,
-        &hw->mm_flops_p, &hw->mm_flops_g, &hw->bmm_flops_p, &hw->bmm_flops_g, &hw->cpu_flops};
+    double *const fields[N_HW] = {&hw->ctog_bdw,    &hw->gtoc_bdw_cache,   &hw->gtoc_bdw_hidden,
+                                  &hw->dtoc_bdw,    &hw->ctod_bdw_cache_p, &hw->ctod_bdw_hidden_p,
+                                  &hw->ctod_bdw_g,  &hw->mm_flops_p,       &hw->mm_flops_g,
+                                  &hw->bmm_flops_p, &hw->bmm_flops_g,      &hw->cpu_flops};
     return fields[i];
 }
 
@@ -366,15 +377,19 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     int rc = 0;
     for (int i = 0; i < N_HW && rc == 0; i++) {
         const cJSON *v = fg_json_get(root, HW_KEYS[i]);
-        if (!cJSON_IsNumber(v)) rc = fg_fail(err, "%s: \"%s\" is missing or not a number", path, HW_KEYS[i]);
+        if (!cJSON_IsNumber(v))
+            rc = fg_fail(err, "%s: \"%s\" is missing or not a number", path, HW_KEYS[i]);
         else if (!(v->valuedouble >= HW_MIN && v->valuedouble <= HW_MAX))
             rc = fg_fail(err, "%s: \"%s\" must be a rate in [%g, %g], got %g", path, HW_KEYS[i],
                          HW_MIN, HW_MAX, v->valuedouble);
         else *hw_field(hw, i) = v->valuedouble;
     }
-    static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw", "mm_flops_int8_p", "mm_flops_int8_g"};
-    double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw, &hw->mm_flops_int8_p, &hw->mm_flops_int8_g};
-    static const char *const SECONDS[] = {"launch_seconds", "wait_seconds"}; /* optional: older files have none */
+    static const char *const OPTIONAL[] = {"dequant_bdw", "mem_bdw", "mm_flops_int8_p",
+                                           "mm_flops_int8_g"};
+    double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw, &hw->mm_flops_int8_p,
+                                &hw->mm_flops_int8_g};
+    static const char *const SECONDS[] = {"launch_seconds",
+                                          "wait_seconds"}; /* optional: older files have none */
     double *const seconds[] = {&hw->launch_seconds, &hw->wait_seconds};
     for (int i = 0; i < 2 && rc == 0; i++) {
         const cJSON *v = fg_json_get(root, SECONDS[i]);
@@ -393,17 +408,21 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     /* --int8-activations' products in prefill and in decode: the cost model takes both rates or
      * neither (0 and absent are none) */
     if (rc == 0 && (hw->mm_flops_int8_p > 0) != (hw->mm_flops_int8_g > 0))
-        rc = fg_fail(err, "%s: \"mm_flops_int8_p\" and \"mm_flops_int8_g\" go together (4-bit x int8 products in "
-                     "prefill and decode): give both or neither; \"%s\" is missing or 0", path,
-                     hw->mm_flops_int8_p > 0 ? "mm_flops_int8_g" : "mm_flops_int8_p");
+        rc = fg_fail(
+            err,
+            "%s: \"mm_flops_int8_p\" and \"mm_flops_int8_g\" go together (4-bit x int8 products in "
+            "prefill and decode): give both or neither; \"%s\" is missing or 0",
+            path, hw->mm_flops_int8_p > 0 ? "mm_flops_int8_g" : "mm_flops_int8_p");
     const cJSON *host = fg_json_get(root, "gpu_is_host");
     if (rc == 0 && host && !cJSON_IsBool(host))
         rc = fg_fail(err, "%s: \"gpu_is_host\" must be true or false", path);
     hw->gpu_is_host = cJSON_IsTrue(host);
     const cJSON *core = fg_json_get(root, "blas_core"); /* optional: older files have none */
-    if (rc == 0 && core && !(cJSON_IsString(core) && strlen(core->valuestring) < sizeof hw->blas_core))
+    if (rc == 0 && core &&
+        !(cJSON_IsString(core) && strlen(core->valuestring) < sizeof hw->blas_core))
         rc = fg_fail(err, "%s: \"blas_core\" must be an OpenBLAS core's name", path);
-    else if (rc == 0 && core) snprintf(hw->blas_core, sizeof hw->blas_core, "%s", core->valuestring);
+    else if (rc == 0 && core)
+        snprintf(hw->blas_core, sizeof hw->blas_core, "%s", core->valuestring);
     cJSON_Delete(root);
     return rc;
 }
@@ -412,7 +431,8 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
  * write leaves the previous file as it was. */
 int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     cJSON *o = cJSON_CreateObject();
-    for (int i = 0; i < N_HW; i++) cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
+    for (int i = 0; i < N_HW; i++)
+        cJSON_AddNumberToObject(o, HW_KEYS[i], *hw_field((fg_hardware *)hw, i));
     cJSON_AddNumberToObject(o, "dequant_bdw", hw->dequant_bdw);
     cJSON_AddNumberToObject(o, "mem_bdw", hw->mem_bdw);
     cJSON_AddNumberToObject(o, "mm_flops_int8_p", hw->mm_flops_int8_p);
@@ -433,4 +453,3 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err) {
     free(text);
     return rc;
 }
-

@@ -27,9 +27,10 @@ void prompts_free(prompt_set *p) {
 static int prompts_add_record(prompt_set *p, int *ids, int len, char *id, char *text, char *err) {
     if (p->n == p->cap) {
         int cap = p->cap * 2 + 8, ok = 1;
-        void **arrays[5] = {(void **)&p->ids, (void **)&p->lens, (void **)&p->index, (void **)&p->record_ids,
-                            (void **)&p->texts};
-        size_t sizes[5] = {sizeof *p->ids, sizeof *p->lens, sizeof *p->index, sizeof *p->record_ids, sizeof *p->texts};
+        void **arrays[5] = {(void **)&p->ids, (void **)&p->lens, (void **)&p->index,
+                            (void **)&p->record_ids, (void **)&p->texts};
+        size_t sizes[5] = {sizeof *p->ids, sizeof *p->lens, sizeof *p->index, sizeof *p->record_ids,
+                           sizeof *p->texts};
         for (int k = 0; k < 5 && ok; k++) {
             void *grown = realloc(*arrays[k], (size_t)cap * sizes[k]);
             if (grown) *arrays[k] = grown;
@@ -59,11 +60,14 @@ int prompts_add(prompt_set *p, int *ids, int len, char *err) {
 /* The tokenizer's BOS (if it has one) + the text's tokens; the record keeps the text (valid
  * UTF-8) and its id (taken; NULL: its number). */
 int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len, char *id,
-                           char *err) {
+                    char *err) {
     int *ids, n;
     if (!id && (id = malloc(16))) snprintf(id, 16, "%d", p->n + 1);
     if (!id) return fg_fail(err, "out of memory");
-    if (tokenizer_encode(tok, text, len, &ids, &n, err)) { free(id); return -1; }
+    if (tokenizer_encode(tok, text, len, &ids, &n, err)) {
+        free(id);
+        return -1;
+    }
     int *with_bos = malloc((size_t)(n + 1) * sizeof *with_bos), bos = tokenizer_bos_id(tok) >= 0;
     char *clean = utf8_replace_invalid(text, len, NULL);
     if (!with_bos || !clean) {
@@ -92,10 +96,12 @@ static int add_jsonl_prompt(prompt_set *p, const char *path, int line_no, const 
     if (jsonl_prompt(path, line_no, line, vocab, &ids, &n, &id, &text, err)) return -1;
     if (ids) return prompts_add_record(p, ids, n, id, NULL, err);
     if (!tok) {
-        rc = fg_fail(err, "%s line %d: a text prompt needs a tokenizer (the model directory's tokenizer.json, or --vocab and --merges)", path, line_no);
+        rc = fg_fail(err,
+                     "%s line %d: a text prompt needs a tokenizer (the model directory's "
+                     "tokenizer.json, or --vocab and --merges)",
+                     path, line_no);
         free(id);
-    }
-    else rc = add_text_prompt(p, tok, text, strlen(text), id, err);
+    } else rc = add_text_prompt(p, tok, text, strlen(text), id, err);
     free(text);
     return rc;
 }
@@ -115,11 +121,15 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
         }
         if (v < 0 || v >= vocab) {
             free(ids);
-            return fg_fail(err, "%s line %d: token id %ld out of range [0, %d)", path, line_no, v, vocab);
+            return fg_fail(err, "%s line %d: token id %ld out of range [0, %d)", path, line_no, v,
+                           vocab);
         }
         if (count == cap) {
             int *grown = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-            if (!grown) { free(ids); return fg_fail(err, "out of memory"); }
+            if (!grown) {
+                free(ids);
+                return fg_fail(err, "out of memory");
+            }
             ids = grown;
         }
         ids[count++] = (int)v;
@@ -151,14 +161,17 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
         if (memchr(line, 0, len)) {
             rc = fg_fail(err, "%s line %d: a NUL byte inside the line", path, line_no);
         } else if (jsonl) {
-            rc = strspn(line, " \t\r") == len ? 0 : add_jsonl_prompt(p, path, line_no, line, tok, vocab, err);
+            rc = strspn(line, " \t\r") == len
+                     ? 0
+                     : add_jsonl_prompt(p, path, line_no, line, tok, vocab, err);
         } else if (tok) {
             rc = add_text_prompt(p, tok, line, len, NULL, err);
         } else {
             int *ids = NULL, n = 0;
             char *id = malloc(16);
             if (id) snprintf(id, 16, "%d", line_no);
-            rc = id ? parse_id_line(path, line_no, line, vocab, &ids, &n, err) : fg_fail(err, "out of memory");
+            rc = id ? parse_id_line(path, line_no, line, vocab, &ids, &n, err)
+                    : fg_fail(err, "out of memory");
             if (rc == 0) rc = prompts_add_record(p, ids, n, id, NULL, err);
             else free(id);
         }
@@ -178,7 +191,8 @@ int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, c
         int *ids = malloc((size_t)a->prompt_len * sizeof *ids);
         if (!ids) return fg_fail(err, "out of memory");
         ids[0] = OPT_BOS_ID;
-        for (int t = 1; t < a->prompt_len; t++) ids[t] = 3 + (int)(rng_next(&rng) % (uint64_t)(vocab - 3));
+        for (int t = 1; t < a->prompt_len; t++)
+            ids[t] = 3 + (int)(rng_next(&rng) % (uint64_t)(vocab - 3));
         if (prompts_add(p, ids, a->prompt_len, err)) return -1;
     }
     return 0;
@@ -190,7 +204,8 @@ int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
     char vocab[4096], merges[4096];
     *tok = NULL;
     if (!a->vocab != !a->merges) return fg_fail(err, "--vocab and --merges go together");
-    if (a->vocab && a->tokenizer) return fg_fail(err, "--tokenizer: give it or --vocab and --merges, not both");
+    if (a->vocab && a->tokenizer)
+        return fg_fail(err, "--tokenizer: give it or --vocab and --merges, not both");
     if (a->tokenizer) return (*tok = tokenizer_load_json(a->tokenizer, err)) ? 0 : -1;
     if (a->vocab) {
         snprintf(vocab, sizeof vocab, "%s", a->vocab);
@@ -205,10 +220,11 @@ int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
 }
 
 int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
-                          char *err) {
+                   char *err) {
     if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
-        return fg_fail(err, "%s needs a tokenizer: give --vocab and --merges, or a model directory "
-                         "holding tokenizer.json, or vocab.json and merges.txt",
+        return fg_fail(err,
+                       "%s needs a tokenizer: give --vocab and --merges, or a model directory "
+                       "holding tokenizer.json, or vocab.json and merges.txt",
                        a->prompt_file ? "--prompt-file" : "--prompt");
     if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
     if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);

@@ -39,7 +39,7 @@ static void print_utf8(const char *text, size_t len) {
 /* "[i] prompt + generated text" for each prompt (without its BOS); with --stop-at-eos the text
  * ends before the EOS. */
 void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
-                        const gen_options *opt) {
+                 const gen_options *opt) {
     int longest = 0;
     for (int i = 0; i < p->n; i++) longest = p->lens[i] > longest ? p->lens[i] : longest;
     int *ids = malloc((size_t)(longest + opt->gen_len + 1) * sizeof *ids);
@@ -121,9 +121,7 @@ static cJSON *device_counts_json(const gen_timing *t) {
 /* Whether prefill's products run an opt-in scheme on onednn.c, and the path its last product took
  * ("" without a scheme): gemm_path's, which names what ran, or "none ran" (no GPU batch's prompts
  * came to more than MATMUL_DECODE_ROWS tokens, so decode's products took every one). */
-static int prefill_scheme(const fg_policy *p) {
-    return p->int8_activations || p->bf16_prefill;
-}
+static int prefill_scheme(const fg_policy *p) { return p->int8_activations || p->bf16_prefill; }
 
 static const char *prefill_path(const fg_policy *p) {
     return prefill_scheme(p) ? gemm_path(p->bf16_prefill) : "";
@@ -144,10 +142,10 @@ static void add_kernels_json(cJSON *o, const fg_policy *p, const fg_blas_info *b
  * the times, and the OpenBLAS core the CPU's products ran on. */
 /* The run's sizes and rates, as FlexGen's report gives them. */
 typedef struct {
-    double model, cache, hidden;   /* bytes: weights, KV cache, hidden states */
-    double total;                  /* seconds: prefill + decode */
+    double model, cache, hidden;            /* bytes: weights, KV cache, hidden states */
+    double total;                           /* seconds: prefill + decode */
     double prefill_tp, decode_tp, total_tp; /* token/s */
-    double completion;             /* mean seconds to a completed sequence */
+    double completion;                      /* mean seconds to a completed sequence */
 } run_figures;
 
 static run_figures figures_of(const cli_args *a, const model_config *c, const prompt_set *p,
@@ -167,9 +165,9 @@ static run_figures figures_of(const cli_args *a, const model_config *c, const pr
 
 /* --json: the report as one object on stdout. */
 static void report_json(const cli_args *a, const model_config *c, const prompt_set *p,
-                        const gen_timing *t, const fg_stats *st, int max_prompt,
-                        const char *device, const stage_report *stages, int n_stages,
-                        const run_figures *f, const fg_blas_info *blas) {
+                        const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
+                        const stage_report *stages, int n_stages, const run_figures *f,
+                        const fg_blas_info *blas) {
     static const char *const link_keys[N_LINKS] = {"disk_to_cpu_bytes", "cpu_to_gpu_bytes",
                                                    "gpu_to_cpu_bytes", "cpu_to_disk_bytes"};
     cJSON *o = cJSON_CreateObject();
@@ -208,7 +206,8 @@ static void report_json(const cli_args *a, const model_config *c, const prompt_s
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens(p));
     cJSON_AddNumberToObject(o, "prefill_tokens", (double)t->prefill_tokens);
     cJSON_AddNumberToObject(o, "rows_computed", (double)t->rows); /* padding and ended ones too */
-    cJSON_AddNumberToObject(o, "kv_cache_rows", (double)t->cache_rows); /* each sequence's pages at its end */
+    cJSON_AddNumberToObject(o, "kv_cache_rows",
+                            (double)t->cache_rows); /* each sequence's pages at its end */
     cJSON_AddNumberToObject(o, "kv_cache_tokens", (double)t->cache_tokens); /* the tokens in them */
     cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
     cJSON_AddNumberToObject(o, "decode_throughput", f->decode_tp);
@@ -236,11 +235,14 @@ static void report_text(const cli_args *a, const gen_timing *t, const fg_stats *
     printf("model size: %.3f GB\tcache size: %.3f GB\thidden size (p): %.3f GB\n", f->model / GB,
            f->cache / GB, f->hidden / GB);
     printf("peak gpu mem: %.3f GB\tprojected: False\n", st->peak[TIER_GPU] / GB);
-    printf("prefill latency: %.3f s\tprefill throughput: %.3f token/s\n", t->prefill_latency, f->prefill_tp);
-    printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency, f->decode_tp);
+    printf("prefill latency: %.3f s\tprefill throughput: %.3f token/s\n", t->prefill_latency,
+           f->prefill_tp);
+    printf("decode latency: %.3f s\tdecode throughput: %.3f token/s\n", t->decode_latency,
+           f->decode_tp);
     printf("total latency: %.3f s\ttotal throughput: %.3f token/s\n", f->total, f->total_tp);
     printf("mean time to a completed sequence: %.3f s\n", f->completion);
-    if (a->cold_seconds >= 0) printf("cold first run (--warmup, not in the figures above): %.3f s\n", a->cold_seconds);
+    if (a->cold_seconds >= 0)
+        printf("cold first run (--warmup, not in the figures above): %.3f s\n", a->cold_seconds);
     printf("peak tiers: gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\n", st->peak[TIER_GPU] / GB,
            st->peak[TIER_CPU] / GB, st->peak[TIER_DISK] / GB);
     printf("moved: disk->cpu %.3f GB\tcpu->gpu %.3f GB\tgpu->cpu %.3f GB\tcpu->disk %.3f GB\n",
@@ -248,21 +250,23 @@ static void report_text(const cli_args *a, const gen_timing *t, const fg_stats *
            st->link_bytes[LINK_GPU_TO_CPU] / GB, st->link_bytes[LINK_CPU_TO_DISK] / GB);
     printf("compute: %.3f s\tdisk reads: %.3f s\tdevice: %s\n", t->compute_seconds,
            t->disk_read_seconds, device);
-    printf("blas: %s, core %s (%s)\tcpu kernels: %s%s%s%s%s\n", blas->library, blas->core, blas->why, matmul_path(),
-           a->policy.int8_activations ? ", int8 sums " : "", a->policy.int8_activations ? matmul_int8_path() : "",
+    printf("blas: %s, core %s (%s)\tcpu kernels: %s%s%s%s%s\n", blas->library, blas->core,
+           blas->why, matmul_path(), a->policy.int8_activations ? ", int8 sums " : "",
+           a->policy.int8_activations ? matmul_int8_path() : "",
            prefill_scheme(&a->policy) ? ", prefill products " : "", prefill_path(&a->policy));
     for (int r = 0; n_stages > 1 && r < n_stages; r++) {
         const stage_report *s = &stages[r];
         printf("stage %d/%d (layers %d-%d): peak gpu %.3f GB\tcpu %.3f GB\tdisk %.3f GB\t"
-               "sent %.3f GB\tcompute %.3f s\tbubble %.3f s\n", r + 1, n_stages, s->first_layer,
-               s->end_layer - 1, s->st.peak[TIER_GPU] / GB, s->st.peak[TIER_CPU] / GB,
-               s->st.peak[TIER_DISK] / GB, s->sent / GB, s->compute, s->bubble);
+               "sent %.3f GB\tcompute %.3f s\tbubble %.3f s\n",
+               r + 1, n_stages, s->first_layer, s->end_layer - 1, s->st.peak[TIER_GPU] / GB,
+               s->st.peak[TIER_CPU] / GB, s->st.peak[TIER_DISK] / GB, s->sent / GB, s->compute,
+               s->bubble);
     }
 }
 
-void report_run(const cli_args *a, const model_config *c, const prompt_set *p,
-                const gen_timing *t, const fg_stats *st, int max_prompt, const char *device,
-                const stage_report *stages, int n_stages) {
+void report_run(const cli_args *a, const model_config *c, const prompt_set *p, const gen_timing *t,
+                const fg_stats *st, int max_prompt, const char *device, const stage_report *stages,
+                int n_stages) {
     run_figures f = figures_of(a, c, p, t, max_prompt);
     fg_blas_info blas; /* the CPU's products and attention, on either device */
     fg_blas_info_get(&blas);

@@ -16,14 +16,19 @@
 /* --gen-len and --prompt-len against the model's positions, before anything is sized by them
  * (given prompts are checked one by one once they are read). */
 static int check_lengths(const cli_args *a, const model_config *cfg, char *err) {
-    int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts, least = given ? 1 : a->prompt_len;
+    int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts,
+        least = given ? 1 : a->prompt_len;
     if (a->gen.gen_len - 1 > cfg->max_pos - least && given) /* the last token is not fed back */
-        return fg_fail(err, "--gen-len %d: even a one-token prompt needs %d positions (the last token "
-                       "generated is not fed back); the model has %d", a->gen.gen_len, a->gen.gen_len, cfg->max_pos);
+        return fg_fail(err,
+                       "--gen-len %d: even a one-token prompt needs %d positions (the last token "
+                       "generated is not fed back); the model has %d",
+                       a->gen.gen_len, a->gen.gen_len, cfg->max_pos);
     if (a->gen.gen_len - 1 > cfg->max_pos - least)
-        return fg_fail(err, "--prompt-len %d + --gen-len %d need %lld positions (the last token generated is "
-                       "not fed back); the model has %d", least, a->gen.gen_len,
-                       (long long)least + a->gen.gen_len - 1, cfg->max_pos);
+        return fg_fail(
+            err,
+            "--prompt-len %d + --gen-len %d need %lld positions (the last token generated is "
+            "not fed back); the model has %d",
+            least, a->gen.gen_len, (long long)least + a->gen.gen_len - 1, cfg->max_pos);
     return 0;
 }
 
@@ -47,7 +52,8 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
     for (int i = 0; i < n; i++) total += lens[i];
     int *flat = malloc((size_t)total * sizeof *flat);
     if (!flat) return fg_fail(err, "out of memory"); /* every rank runs out alike, or aborts */
-    for (int i = 0, at = 0; i < p->n; at += lens[i++]) memcpy(flat + at, p->ids[i], (size_t)lens[i] * sizeof *flat);
+    for (int i = 0, at = 0; i < p->n; at += lens[i++])
+        memcpy(flat + at, p->ids[i], (size_t)lens[i] * sizeof *flat);
     fg_pipe_bcast(pipe, flat, (size_t)total * sizeof *flat);
     for (int i = 0, at = 0; fg_pipe_rank(pipe) && i < n && rc == 0; at += lens[i++]) {
         int *ids = malloc((size_t)lens[i] * sizeof *ids);
@@ -57,7 +63,8 @@ static int share_prompts(fg_pipe *pipe, prompt_set *p, char *err) {
             rc = prompts_add(p, ids, lens[i], err);
         }
     }
-    if (rc == 0 && n) fg_pipe_bcast(pipe, p->index, (size_t)n * sizeof *p->index); /* sampling's seeds */
+    if (rc == 0 && n)
+        fg_pipe_bcast(pipe, p->index, (size_t)n * sizeof *p->index); /* sampling's seeds */
     if (fg_pipe_rank(pipe)) free(lens);
     free(flat);
     return rc;
@@ -91,25 +98,29 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const model_config *cfg, int 
         if (r == fg_pipe_rank(pipe)) rc = load_hardware(a, &hw, err);
         if (fg_pipe_agree(pipe, rc, err)) return -1;
     }
-    rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0], shape_kept[1], &res, err);
+    rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0],
+                       shape_kept[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     int schedule = res.policy.schedule; /* zig-zag unless every stage chose the diagonal */
     if (agree_on_least(pipe, &schedule, 1)) {
         a->policy.schedule = schedule;
         a->schedule_given = 1;
-        rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0], shape_kept[1], &res, err);
+        rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0],
+                           shape_kept[1], &res, err);
     }
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     a->policy.schedule = res.policy.schedule; /* kept while the shape is agreed */
     a->schedule_given = 1;
     int shape[2] = {res.policy.gpu_batch_size, res.policy.num_gpu_batches};
-    if (agree_on_least(pipe, shape, 2)) rc = search_policy(a, &hw, cfg, n_prompts, lengths, shape[0], shape[1], &res, err);
+    if (agree_on_least(pipe, shape, 2))
+        rc = search_policy(a, &hw, cfg, n_prompts, lengths, shape[0], shape[1], &res, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     a->policy = res.policy;
     if (a->gen.verbose) {
         fprintf(stderr, "policy auto: ");
         print_policy_flags(stderr, &a->policy);
-        fprintf(stderr, " (predicted %.3f token/s, searched in %.2f s)\n", res.throughput, res.seconds);
+        fprintf(stderr, " (predicted %.3f token/s, searched in %.2f s)\n", res.throughput,
+                res.seconds);
     }
     return 0;
 }
@@ -121,8 +132,9 @@ static void gather_logits(fg_pipe *pipe, float *logits, size_t count) {
     size_t piece = (size_t)1 << 28; /* floats: 1 GiB */
     for (size_t at = 0; at < count; at += piece) {
         size_t n = count - at < piece ? count - at : piece;
-        int msg = rank == 0 ? fg_pipe_recv(pipe, last, FG_TAG_LOGITS, logits + at, n * sizeof *logits)
-                            : fg_pipe_send(pipe, 0, FG_TAG_LOGITS, logits + at, n * sizeof *logits);
+        int msg = rank == 0
+                      ? fg_pipe_recv(pipe, last, FG_TAG_LOGITS, logits + at, n * sizeof *logits)
+                      : fg_pipe_send(pipe, 0, FG_TAG_LOGITS, logits + at, n * sizeof *logits);
         fg_pipe_release(pipe, msg);
     }
 }
@@ -148,7 +160,8 @@ static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_tim
  * writes (--dump-logits, --trace, --json, --output) is taken from it. */
 typedef struct {
     char model[256];
-    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, schedule, schedule_given;
+    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, schedule,
+        schedule_given;
     int compress_weight, compress_cache, int8, bf16; /* the numbers the job's records hold */
     int warmup;
     float temperature, top_p, sparsity;
@@ -156,16 +169,26 @@ typedef struct {
 } job_flags;
 
 static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
-    job_flags mine = {.gen_len = a->gen.gen_len, .stop_at_eos = a->gen.stop_at_eos,
-                      .prompt_len = a->prompt_len, .gbs = a->policy.gpu_batch_size,
-                      .ngb = a->policy.num_gpu_batches, .auto_policy = a->auto_policy,
-                      .schedule = a->policy.schedule, .schedule_given = a->schedule_given,
-                      .dump = a->dump_logits != NULL, .trace = a->trace != NULL, .output = a->output != NULL,
-                      .compress_weight = a->policy.compress_weight, .compress_cache = a->policy.compress_cache,
-                      .int8 = a->policy.int8_activations, .bf16 = a->policy.bf16_prefill,
+    job_flags mine = {.gen_len = a->gen.gen_len,
+                      .stop_at_eos = a->gen.stop_at_eos,
+                      .prompt_len = a->prompt_len,
+                      .gbs = a->policy.gpu_batch_size,
+                      .ngb = a->policy.num_gpu_batches,
+                      .auto_policy = a->auto_policy,
+                      .schedule = a->policy.schedule,
+                      .schedule_given = a->schedule_given,
+                      .dump = a->dump_logits != NULL,
+                      .trace = a->trace != NULL,
+                      .output = a->output != NULL,
+                      .compress_weight = a->policy.compress_weight,
+                      .compress_cache = a->policy.compress_cache,
+                      .int8 = a->policy.int8_activations,
+                      .bf16 = a->policy.bf16_prefill,
                       .sparsity = a->policy.attn_sparsity,
                       .warmup = a->warmup,
-                      .temperature = a->gen.temperature, .top_p = a->gen.top_p, .seed = a->gen.seed};
+                      .temperature = a->gen.temperature,
+                      .top_p = a->gen.top_p,
+                      .seed = a->gen.seed};
     snprintf(mine.model, sizeof mine.model, "%s", a->model);
     job_flags job = mine;
     fg_pipe_bcast(pipe, &job, sizeof job);
@@ -176,19 +199,27 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
         a->policy.trace = job.trace;
         a->warmup = job.warmup; /* every stage runs it, or none */
     }
-    const char *differs = strcmp(job.model, mine.model) ? "--model"
-        : job.gen_len != mine.gen_len ? "--gen-len" : job.stop_at_eos != mine.stop_at_eos ? "--stop-at-eos"
-        : job.prompt_len != mine.prompt_len ? "--prompt-len" : job.seed != mine.seed ? "--seed"
-        : job.temperature != mine.temperature ? "--temperature" : job.top_p != mine.top_p ? "--top-p"
-        : job.compress_weight != mine.compress_weight ? "--compress-weight"
-        : job.compress_cache != mine.compress_cache ? "--compress-cache"
-        : job.int8 != mine.int8 ? "--int8-activations" : job.bf16 != mine.bf16 ? "--bf16-prefill"
-        : job.sparsity != mine.sparsity ? "--attn-sparsity"
-        : job.auto_policy != mine.auto_policy ? "--policy"
-        : job.schedule != mine.schedule || (job.auto_policy && job.schedule_given != mine.schedule_given) ? "--schedule"
-        : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
-        : !job.auto_policy && job.ngb != mine.ngb ? "--num-gpu-batches" : NULL;
-    if (differs) return fg_fail(err, "%s differs from rank 0's: the stages of a pipeline share it", differs);
+    const char *differs = strcmp(job.model, mine.model)                 ? "--model"
+                          : job.gen_len != mine.gen_len                 ? "--gen-len"
+                          : job.stop_at_eos != mine.stop_at_eos         ? "--stop-at-eos"
+                          : job.prompt_len != mine.prompt_len           ? "--prompt-len"
+                          : job.seed != mine.seed                       ? "--seed"
+                          : job.temperature != mine.temperature         ? "--temperature"
+                          : job.top_p != mine.top_p                     ? "--top-p"
+                          : job.compress_weight != mine.compress_weight ? "--compress-weight"
+                          : job.compress_cache != mine.compress_cache   ? "--compress-cache"
+                          : job.int8 != mine.int8                       ? "--int8-activations"
+                          : job.bf16 != mine.bf16                       ? "--bf16-prefill"
+                          : job.sparsity != mine.sparsity               ? "--attn-sparsity"
+                          : job.auto_policy != mine.auto_policy         ? "--policy"
+                          : job.schedule != mine.schedule ||
+                                  (job.auto_policy && job.schedule_given != mine.schedule_given)
+                              ? "--schedule"
+                          : !job.auto_policy && job.gbs != mine.gbs ? "--gpu-batch-size"
+                          : !job.auto_policy && job.ngb != mine.ngb ? "--num-gpu-batches"
+                                                                    : NULL;
+    if (differs)
+        return fg_fail(err, "%s differs from rank 0's: the stages of a pipeline share it", differs);
     return 0;
 }
 
@@ -197,22 +228,30 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
 static int job_prompts(cli_args *a, fg_pipe *pipe, const model_config *cfg, fg_tokenizer **tok,
                        prompt_set *p, job_output *out, char *err) {
     int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe), rc = 0;
-    if (rank == 0 && (open_run_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err))) rc = -1;
+    if (rank == 0 &&
+        (open_run_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err)))
+        rc = -1;
     if (rc == 0 && rank == 0 && a->output) rc = open_job_output(a, p, out, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
-    int given[7] = {p->n, a->output && p->n == 0, longest_prompt(p), mean_prompt(a, p), /* n 0: synthetic */
-                    out->recorded ? a->policy.gpu_batch_size : 0, out->recorded ? a->policy.num_gpu_batches : 0,
+    int given[7] = {p->n,
+                    a->output && p->n == 0,
+                    longest_prompt(p),
+                    mean_prompt(a, p), /* n 0: synthetic */
+                    out->recorded ? a->policy.gpu_batch_size : 0,
+                    out->recorded ? a->policy.num_gpu_batches : 0,
                     out->recorded ? (int)a->policy.schedule : -1};
-    fg_pipe_bcast(pipe, given, sizeof given); /* prompts, once the block is known, or a finished job */
+    fg_pipe_bcast(pipe, given,
+                  sizeof given); /* prompts, once the block is known, or a finished job */
     if ((a->job_finished = given[1])) return 0;
     if (given[6] >= 0) { /* a resumed job's */
         a->policy.schedule = (fg_schedule)given[6];
         a->schedule_given = 1;
     }
-    if (a->auto_policy &&
-        plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0, given + 2, given + 4, err))
+    if (a->auto_policy && plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0,
+                                      given + 2, given + 4, err))
         return -1;
-    if (rank == 0 && a->output && a->auto_policy) rc = begin_job(a, out, err); /* the shape it chose */
+    if (rank == 0 && a->output && a->auto_policy)
+        rc = begin_job(a, out, err); /* the shape it chose */
     if (rc == 0 && rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     return share_prompts(pipe, p, err);
@@ -226,12 +265,16 @@ static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtim
         fg_pipeline_attach(*rt, pipe);
         rc = fg_model_open(*rt, a->model, a->gen.seed, m, err);
     }
-    if (rc == 0) rc = check_prompts(fg_model_config(*m), p->n, p->ids, p->lens, a->gen.gen_len, err);
-    if (rc == 0) rc = fg_check_plan(*m, p->n, a->output ? NULL : p->lens, longest_prompt(p), a->gen.gen_len, err);
+    if (rc == 0)
+        rc = check_prompts(fg_model_config(*m), p->n, p->ids, p->lens, a->gen.gen_len, err);
+    if (rc == 0)
+        rc = fg_check_plan(*m, p->n, a->output ? NULL : p->lens, longest_prompt(p), a->gen.gen_len,
+                           err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", fg_model_config(*m)->name);
-    for (int r = 0; r < fg_pipe_size(pipe); r++) { /* a stage at a time: stages that share a machine
-                                                      share its dummy-weight file, the first writes it */
+    for (int r = 0; r < fg_pipe_size(pipe);
+         r++) { /* a stage at a time: stages that share a machine
+                   share its dummy-weight file, the first writes it */
         if (r == fg_pipe_rank(pipe)) rc = fg_model_load(*m, err);
         if (fg_pipe_agree(pipe, rc, err)) return -1;
     }
@@ -240,14 +283,17 @@ static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtim
 
 /* After the run: every stage's numbers and trace to rank 0, which writes the outputs and the
  * report. */
-static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, const model_config *cfg,
-                      const prompt_set *p, const fg_tokenizer *tok, const int *tokens, float *logits,
-                      gen_timing *t, stage_report *all, char *err) {
+static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt,
+                      const model_config *cfg, const prompt_set *p, const fg_tokenizer *tok,
+                      const int *tokens, float *logits, gen_timing *t, stage_report *all,
+                      char *err) {
     int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe);
     size_t n_logits = (size_t)p->n * a->gen.gen_len * cfg->vocab;
     gather_logits(pipe, logits, logits ? n_logits : 0);
-    stage_report mine = {.sent = fg_pipe_bytes_sent(pipe), .compute = t->compute_seconds,
-                         .bubble = t->bubble_seconds, .disk_read = t->disk_read_seconds,
+    stage_report mine = {.sent = fg_pipe_bytes_sent(pipe),
+                         .compute = t->compute_seconds,
+                         .bubble = t->bubble_seconds,
+                         .disk_read = t->disk_read_seconds,
                          .peak_rss = peak_rss_bytes()};
     fg_runtime_stats(rt, &mine.st);
     fg_stage_layers(cfg, rank, stages, &mine.first_layer, &mine.end_layer);
@@ -264,7 +310,9 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, co
         fg_stats st;
         t->compute_seconds = t->disk_read_seconds = 0;
         combine_stages(all, stages, &st, t);
-        if (rc == 0) report_run(a, cfg, p, t, &st, longest_prompt(p), fg_runtime_backend(rt)->name, all, stages);
+        if (rc == 0)
+            report_run(a, cfg, p, t, &st, longest_prompt(p), fg_runtime_backend(rt)->name, all,
+                       stages);
     }
     free(trace);
     return rc;
@@ -275,7 +323,8 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt, co
  * first use). A block of pseudo-random prompts of up to 32 tokens (no longer than the job's), 2
  * tokens generated so that a decode step runs too; its tokens are dropped (no record, no logits),
  * its trace too, and its latency is the report's cold run. */
-static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p, int stages, char *err) {
+static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p, int stages,
+                   char *err) {
     const model_config *c = fg_model_config(m);
     int n = a->policy.gpu_batch_size * a->policy.num_gpu_batches * stages, len = longest_prompt(p);
     if (n > p->n) n = p->n;
@@ -291,17 +340,24 @@ static int warm_up(cli_args *a, fg_runtime *rt, fg_model *m, const prompt_set *p
         ids[i] = malloc((size_t)len * sizeof *ids[i]);
         if (!ids[i]) break;
         ids[i][0] = OPT_BOS_ID; /* as synthetic_prompts' */
-        for (int t = 1; t < len; t++) ids[i][t] = 3 + (int)(rng_next(&rng) % (uint64_t)(c->vocab - 3));
+        for (int t = 1; t < len; t++)
+            ids[i][t] = 3 + (int)(rng_next(&rng) % (uint64_t)(c->vocab - 3));
     }
-    for (int i = 0; i < n && rc == 0; i++) rc = !ids || !lens || !ids[i] ? fg_fail(err, "out of memory") : 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = !ids || !lens || !ids[i] ? fg_fail(err, "out of memory") : 0;
     if (rc == 0 && !tokens) rc = fg_fail(err, "out of memory");
-    gen_options opt = {.gen_len = gen_len, .temperature = a->gen.temperature, .top_p = a->gen.top_p,
-                       .seed = a->gen.seed, .n_eos = a->gen.n_eos};
+    gen_options opt = {.gen_len = gen_len,
+                       .temperature = a->gen.temperature,
+                       .top_p = a->gen.top_p,
+                       .seed = a->gen.seed,
+                       .n_eos = a->gen.n_eos};
     memcpy(opt.eos_ids, a->gen.eos_ids, sizeof opt.eos_ids);
     gen_timing t;
-    if (rc == 0 && a->gen.verbose) fprintf(stderr, "warmup: %d prompts of %d tokens, %d generated\n", n, len, gen_len);
+    if (rc == 0 && a->gen.verbose)
+        fprintf(stderr, "warmup: %d prompts of %d tokens, %d generated\n", n, len, gen_len);
     if (rc == 0) rc = generate(m, &opt, n, ids, lens, tokens, NULL, &t, err);
-    if (rc == 0) { /* the whole cold run: its decode step pays first-time costs too (a kernel first used there) */
+    if (rc == 0) { /* the whole cold run: its decode step pays first-time costs too (a kernel first
+                      used there) */
         a->cold_prefill = t.prefill_latency;
         a->cold_decode = t.decode_latency;
         a->cold_seconds = t.prefill_latency + t.decode_latency;
@@ -333,8 +389,11 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
     if (a->ppl_flag) rc = fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag);
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && a->gen.refill && stages > 1)
-        rc = fg_fail(err, "--refill: refills one process's block; the stages of a pipeline keep theirs in step");
-    if (rc == 0 && rank == 0 && a->dump_logits) rc = fg_output_check("--dump-logits", a->dump_logits, err);
+        rc = fg_fail(
+            err,
+            "--refill: refills one process's block; the stages of a pipeline keep theirs in step");
+    if (rc == 0 && rank == 0 && a->dump_logits)
+        rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
     if (rc == 0) {
         a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
@@ -349,7 +408,8 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
     }
     if (a->job_finished) { /* --resume of a job whose every prompt has its record */
         if (rank == 0 && a->json) report_finished_job(a->output, job.n_done);
-        else if (rank == 0 && !a->quiet) fprintf(stderr, "job: every prompt has its record in %s\n", a->output);
+        else if (rank == 0 && !a->quiet)
+            fprintf(stderr, "job: every prompt has its record in %s\n", a->output);
         goto out;
     }
     if (open_stage(a, pipe, &p, &rt, &m, err)) {

@@ -16,9 +16,14 @@
 #include <unistd.h>
 
 fg_policy fg_default_policy(void) {
-    return (fg_policy){.device = FG_DEVICE_CPU, .gpu_batch_size = 16, .num_gpu_batches = 2,
-                       .percent = {.wg = 100, .cg = 100, .hg = 100}, .overlap = 1, .pin_weight = 1,
-                       .attn_sparsity = 1, .n_stages = 1};
+    return (fg_policy){.device = FG_DEVICE_CPU,
+                       .gpu_batch_size = 16,
+                       .num_gpu_batches = 2,
+                       .percent = {.wg = 100, .cg = 100, .hg = 100},
+                       .overlap = 1,
+                       .pin_weight = 1,
+                       .attn_sparsity = 1,
+                       .n_stages = 1};
 }
 
 /* The backend of a device: auto is CUDA when a GPU is there, else the CPU. NULL (and err) when
@@ -46,7 +51,8 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
                 return fg_fail(err, "--percent: %d is outside 0..100", pc[i]);
         if (pc[0] + pc[1] > 100)
             return fg_fail(err, "--percent: %s on gpu and cpu sum to %d%%, above 100",
-                           (const char *[]){"weights", "KV cache", "activations"}[kind], pc[0] + pc[1]);
+                           (const char *[]){"weights", "KV cache", "activations"}[kind],
+                           pc[0] + pc[1]);
     }
     if (p->gpu_batch_size < 1 || p->num_gpu_batches < 1)
         return fg_fail(err, "--gpu-batch-size and --num-gpu-batches must be at least 1");
@@ -68,7 +74,8 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     double disk_free = statvfs(offload, &vfs) == 0 ? (double)vfs.f_bavail * vfs.f_frsize : 0;
     double gpu_free = backend->device_memory ? backend->device_memory() : mem_available_bytes();
     double defaults[N_TIERS] = {gpu_free, mem_available_bytes(), disk_free};
-    for (int t = 0; t < N_TIERS; t++) rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
+    for (int t = 0; t < N_TIERS; t++)
+        rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
     rt->stage = &fg_single_stage;
     rt->trace.on = p->trace;
     rt->trace.t0 = now_seconds();
@@ -101,7 +108,6 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     s->host_memory = rt->backend->gpu_is_host ? host_memory_for_plans() : 0;
 }
 
-
 /* Dummy weights that an earlier run wrote to --path take no new space. The default capacity of
  * the disk tier is the offload dir's free space, so there they count on top of it (given back
  * by fg_model_close). With --disk-mem the user's number stands. */
@@ -115,7 +121,6 @@ static void count_existing_weight_file(fg_model *m) {
     m->rt->capacity[TIER_DISK] += m->reused_disk_bytes;
 }
 
-
 /* The table, the placement and nothing else: the weights move into their homes on first use. */
 static int model_init(fg_model *m, const model_config *cfg, int has_lm_head, const char *dir,
                       char *err) {
@@ -123,8 +128,9 @@ static int model_init(fg_model *m, const model_config *cfg, int has_lm_head, con
     m->staged[0] = m->staged[1] = m->reads[0].n = m->reads[1].n = -1;
     const fg_backend *be = m->rt->backend;
     if (!be->forward[cfg->family].layer)
-        return fg_fail(err, "--device: %s models do not run on the %s backend yet (--device cpu runs them)",
-                       model_family_names[cfg->family], be->name);
+        return fg_fail(
+            err, "--device: %s models do not run on the %s backend yet (--device cpu runs them)",
+            model_family_names[cfg->family], be->name);
     if (opt_layout_init(&m->layout, &m->view, cfg, has_lm_head, err)) return -1;
     m->view.q4 = m->rt->policy.compress_weight && m->rt->backend->reads_q4;
     m->view.products = PRODUCTS_FP32;
@@ -181,7 +187,8 @@ int fg_model_open(fg_runtime *rt, const char *model, uint64_t seed, fg_model **o
     model_config cfg;
     int rc = opt_checkpoint_open(model, &cfg, &m->archive, err);
     m->has_archive = rc == 0;
-    if (rc == 0) rc = model_init(m, &cfg, st_find(&m->archive, "lm_head.weight") != NULL, model, err);
+    if (rc == 0)
+        rc = model_init(m, &cfg, st_find(&m->archive, "lm_head.weight") != NULL, model, err);
     if (rc) {
         fg_model_close(m);
         return -1;
@@ -202,9 +209,9 @@ void fg_model_close(fg_model *m) {
     free(m);
 }
 
-
-int fg_model_load(fg_model *m, char *err) { return m->loaded ? 0 : load_weights_into_homes(m, err); }
-
+int fg_model_load(fg_model *m, char *err) {
+    return m->loaded ? 0 : load_weights_into_homes(m, err);
+}
 
 void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]) {
     double stored[N_TIERS];
@@ -234,4 +241,3 @@ int fg_runtime_check(const model_config *model, uint64_t seed, const fg_policy *
     fg_runtime_close(rt);
     return rc;
 }
-

@@ -32,7 +32,10 @@ static void single_await(block *bl, int k) {
     (void)bl;
     (void)k;
 }
-static int single_step_input(block *bl) { (void)bl; return 1; }
+static int single_step_input(block *bl) {
+    (void)bl;
+    return 1;
+}
 static void single_receive_tokens(block *bl, int step) {
     (void)bl;
     (void)step;
@@ -44,9 +47,16 @@ static void single_tokens_out(block *bl, const gen_options *opt, int *out) {
 }
 
 const stage_hooks fg_single_stage = {
-    .agree = single_agree, .open_block = single_open_block, .close_block = single_block,
-    .receive_activations = single_receive, .send_activations = single_send,
-    .await_input = single_await, .input_taken = single_block, .step_input = single_step_input,
-    .receive_tokens = single_receive_tokens, .tokens_out = single_tokens_out,
-    .pass_stop = single_block, .end_round = single_block,
+    .agree = single_agree,
+    .open_block = single_open_block,
+    .close_block = single_block,
+    .receive_activations = single_receive,
+    .send_activations = single_send,
+    .await_input = single_await,
+    .input_taken = single_block,
+    .step_input = single_step_input,
+    .receive_tokens = single_receive_tokens,
+    .tokens_out = single_tokens_out,
+    .pass_stop = single_block,
+    .end_round = single_block,
 };

@@ -57,26 +57,40 @@ static int by_value(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int count = argc > 1 ? atoi(argv[1]) : 2000;
-    if (count < 1) return fprintf(stderr, "bench_lp: the number of LPs must be at least 1\n"), 1;
+    if (count < 1) {
+        fprintf(stderr, "bench_lp: the number of LPs must be at least 1\n");
+        return 1;
+    }
     lp_data *lps = malloc(count * sizeof *lps);
     double *us = malloc(count * sizeof *us);
-    if (!lps || !us) return fprintf(stderr, "bench_lp: out of memory\n"), 1;
+    if (!lps || !us) {
+        fprintf(stderr, "bench_lp: out of memory\n");
+        return 1;
+    }
     uint64_t s = 1;
     for (int k = 0; k < count; k++) random_lp(&lps[k], &s);
     int optimal = 0;
     for (int k = 0; k < count; k++) {
-        lp_problem p = {.n_vars = N, .n_rows = M, .c = lps[k].c, .A = lps[k].A,
-                        .sense = lps[k].sense, .b = lps[k].b};
+        lp_problem p = {.n_vars = N,
+                        .n_rows = M,
+                        .c = lps[k].c,
+                        .A = lps[k].A,
+                        .sense = lps[k].sense,
+                        .b = lps[k].b};
         lp_status st;
         double x[N], obj;
         char err[FG_ERR_LEN];
         double t0 = now();
-        if (lp_solve(&p, &st, x, &obj, err)) return fprintf(stderr, "bench_lp: %s\n", err), 1;
+        if (lp_solve(&p, &st, x, &obj, err)) {
+            fprintf(stderr, "bench_lp: %s\n", err);
+            return 1;
+        }
         us[k] = (now() - t0) * 1e6;
         optimal += st == LP_OPTIMAL;
     }
     qsort(us, count, sizeof *us, by_value);
-    printf("%d random LPs of %d variables x %d rows (%d optimal): lp_solve median %.1f us, max %.1f us\n",
+    printf("%d random LPs of %d variables x %d rows (%d optimal): lp_solve median %.1f us, max "
+           "%.1f us\n",
            count, N, M, optimal, us[count / 2], us[count - 1]);
     free(lps);
     free(us);

@@ -33,14 +33,16 @@ static double now(void) {
 static int arg(int argc, char **argv, int i, int fallback) {
     int v = argc > i ? atoi(argv[i]) : fallback;
     if (v < 1) {
-        fprintf(stderr, "bench_matmul: argument %d: expected a positive integer, got '%s'\n", i, argv[i]);
+        fprintf(stderr, "bench_matmul: argument %d: expected a positive integer, got '%s'\n", i,
+                argv[i]);
         exit(2);
     }
     return v;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "4-bit") && strcmp(argv[2], "int8"))) {
+    if (argc < 3 ||
+        (strcmp(argv[2], "fp16") && strcmp(argv[2], "4-bit") && strcmp(argv[2], "int8"))) {
         fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8 [IN OUT [MATRICES [REPEATS]]]\n");
         return 2;
     }
@@ -53,15 +55,23 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_matmul: OUT must be a multiple of %d for 4-bit weights\n", Q4_GROUP);
         return 2;
     }
-    size_t n = (size_t)in * out, bytes = q4 ? q4_bytes((size_t)in, (size_t)out, 1) : n * sizeof(fp16);
+    size_t n = (size_t)in * out;
+    size_t bytes = q4 ? q4_bytes((size_t)in, (size_t)out, 1) : n * sizeof(fp16);
     float *w32 = malloc(n * sizeof *w32), *x = malloc((size_t)rows * in * sizeof *x);
     float *y = malloc((size_t)rows * out * sizeof *y);
     uint8_t **W = calloc((size_t)matrices, sizeof *W);
-    if (!w32 || !x || !y || !W) return fprintf(stderr, "bench_matmul: out of memory\n"), 1;
+    if (!w32 || !x || !y || !W) {
+        fprintf(stderr, "bench_matmul: out of memory\n");
+        return 1;
+    }
     for (size_t i = 0; i < n; i++) w32[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     for (int i = 0; i < rows * in; i++) x[i] = 0.01f * (float)(i % 7);
     for (int m = 0; m < matrices; m++) {
-        if (!(W[m] = aligned_alloc(64, (bytes + 63) / 64 * 64))) return fprintf(stderr, "bench_matmul: out of memory\n"), 1;
+        W[m] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!W[m]) {
+            fprintf(stderr, "bench_matmul: out of memory\n");
+            return 1;
+        }
         if (q4) q4_compress(w32, (size_t)in, (size_t)out, 1, W[m]);
         else fp32_to_fp16_n(w32, (fp16 *)W[m], n);
     }
@@ -69,14 +79,19 @@ int main(int argc, char **argv) {
     for (int pass = 0; pass < 8; pass++) {
         double t0 = now();
         for (int r = 0; r < repeats; r++)
-            for (int m = 0; m < matrices; m++) matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, NULL);
+            for (int m = 0; m < matrices; m++)
+                matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, NULL);
         double dt = now() - t0;
         best = dt < best ? dt : best;
     }
     double each = best / matrices / repeats;
-    printf("{\"rows\":%d,\"format\":\"%s\",\"in\":%d,\"out\":%d,\"bytes\":%zu,\"ms\":%.4f,\"gbs\":%.2f,\"path\":\"%s\"}\n",
+    printf("{\"rows\":%d,\"format\":\"%s\",\"in\":%d,\"out\":%d,\"bytes\":%zu,\"ms\":%.4f,\"gbs\":%"
+           ".2f,\"path\":\"%s\"}\n",
            rows, argv[2], in, out, bytes, each * 1e3, (double)bytes / each / 1e9, matmul_path());
     for (int m = 0; m < matrices; m++) free(W[m]);
-    free(W), free(w32), free(x), free(y);
+    free(W);
+    free(w32);
+    free(x);
+    free(y);
     return 0;
 }

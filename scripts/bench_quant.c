@@ -25,7 +25,8 @@ static double now(void) {
 
 typedef enum { COMPRESS, DECOMPRESS, MEMCPY } op;
 
-static double best_seconds(op o, float *x, uint8_t *q, float *y, size_t outer, size_t len, size_t inner) {
+static double best_seconds(op o, float *x, uint8_t *q, float *y, size_t outer, size_t len,
+                           size_t inner) {
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
         double t0 = now();
@@ -42,24 +43,34 @@ int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 256, n = mib << 18; /* floats */
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
     uint8_t *q = malloc(q4_bytes(1, n, 1) + q4_bytes(1, n / 4096, 4096));
-    if (!x || !y || !q) return fprintf(stderr, "bench_quant: out of memory\n"), 1;
+    if (!x || !y || !q) {
+        fprintf(stderr, "bench_quant: out of memory\n");
+        return 1;
+    }
     uint64_t s = 1;
     for (size_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
         x[i] = (float)(s >> 40) / (1 << 24) - 0.5f;
     }
     memset(y, 0, n * sizeof *y);
-    static const struct { const char *what; size_t inner; } shapes[] = {
-        {"linear [in][out], groups along out", 1}, {"embedding [vocab][4096], groups across rows", 4096}};
-    printf("%zu MiB of fp32 values, %d cores, best of 5; GB/s of fp32 bytes\n", mib, omp_get_max_threads());
-    printf("%-46s %10s %10s %10s %12s\n", "grouping", "compress", "decompress", "memcpy", "decomp/memcpy");
+    static const struct {
+        const char *what;
+        size_t inner;
+    } shapes[] = {{"linear [in][out], groups along out", 1},
+                  {"embedding [vocab][4096], groups across rows", 4096}};
+    printf("%zu MiB of fp32 values, %d cores, best of 5; GB/s of fp32 bytes\n", mib,
+           omp_get_max_threads());
+    printf("%-46s %10s %10s %10s %12s\n", "grouping", "compress", "decompress", "memcpy",
+           "decomp/memcpy");
     for (int k = 0; k < 2; k++) {
-        size_t inner = shapes[k].inner, outer = inner == 1 ? n / 4096 : 1, len = inner == 1 ? 4096 : n / inner;
+        size_t inner = shapes[k].inner, outer = inner == 1 ? n / 4096 : 1,
+               len = inner == 1 ? 4096 : n / inner;
         double gb = n * sizeof(float) / 1e9;
         double c = best_seconds(COMPRESS, x, q, y, outer, len, inner);
         double d = best_seconds(DECOMPRESS, x, q, y, outer, len, inner);
         double m = best_seconds(MEMCPY, x, q, y, outer, len, inner);
-        printf("%-46s %10.2f %10.2f %10.2f %12.2f\n", shapes[k].what, gb / c, gb / d, gb / m, m / d);
+        printf("%-46s %10.2f %10.2f %10.2f %12.2f\n", shapes[k].what, gb / c, gb / d, gb / m,
+               m / d);
     }
     free(x);
     free(y);

@@ -3,7 +3,7 @@
 # source files (opt_model.c, quant.c, flexgen.c and tiers.c, lp.c, flexgen.cu) and the LLaMA
 # family's forward pass beside OPT's (llama_model.c, at most 200 lines); the services beneath
 # them are in support/ and the program around them in app/; the paper's five C files (opt_model.c,
-# quant.c, flexgen.c, tiers.c, lp.c) fit a reader's afternoon (3,900 lines together), README.md
+# quant.c, flexgen.c, tiers.c, lp.c) fit a reader's afternoon (4,000 lines together), README.md
 # 200. What a reader meets within them: no function in a paper file over 60 lines, nor any
 # elsewhere over 100 (the --help text aside); Fig. 4's loop and all it calls within flexgen.c's
 # first 600 lines (step_ends, the last, defined there); the CUDA backend's layer (cuda_layer)
@@ -42,7 +42,7 @@ top=$(ls *.c *.cu | tr '\n' ' ')
 if [ "$top" = "flexgen.c flexgen.cu llama_model.c lp.c opt_model.c quant.c tiers.c " ]; then echo "ok    top-level sources: $top"
 else echo "MISS  top-level sources: $top"; fail=1; fi
 # shellcheck disable=SC2086
-check "paper C files (wc -l $paper_c)" "$(cat $paper_c | wc -l)" 3900
+check "paper C files (wc -l $paper_c)" "$(cat $paper_c | wc -l)" 4000
 check "llama_model.c" "$(wc -l <llama_model.c)" 200
 check "README.md" "$(wc -l <README.md)" 200
 # A function: a header at column 0 (a name and its '('), through the line that ends with '{', to

@@ -15,9 +15,11 @@
  * older instruction set than the CPU has, by the same rule (support/blas_core.c); "core" names it.
  *
  * Build (as the Makefile links ./flexgen):
- *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+ *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I.
+ * -I/usr/include/x86_64-linux-gnu/openblas-openmp \
  *       -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c \
- *       -L/usr/lib/x86_64-linux-gnu/openblas-openmp -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas
+ *       -L/usr/lib/x86_64-linux-gnu/openblas-openmp
+ * -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas
  */
 #define _GNU_SOURCE
 #include "support/tools.h"
@@ -70,9 +72,10 @@ int main(int argc, char **argv) {
     }
     int m, n, k, reps = 5;
     if (argc < 4 || argc > 5) {
-        fprintf(stderr, "usage: sgemm_rate M N K [reps]\n"
-                        "  times cblas_sgemm(RowMajor, NoTrans, NoTrans, M, N, K) and prints\n"
-                        "  {\"m\":..,\"n\":..,\"k\":..,\"reps\":..,\"gflops\":..} (best of reps)\n");
+        fprintf(stderr,
+                "usage: sgemm_rate M N K [reps]\n"
+                "  times cblas_sgemm(RowMajor, NoTrans, NoTrans, M, N, K) and prints\n"
+                "  {\"m\":..,\"n\":..,\"k\":..,\"reps\":..,\"gflops\":..} (best of reps)\n");
         return 2;
     }
     if (parse_pos(argv[1], "M", &m) || parse_pos(argv[2], "N", &n) || parse_pos(argv[3], "K", &k) ||
@@ -83,7 +86,9 @@ int main(int argc, char **argv) {
     float *c = random_matrix((size_t)m * n, 3);
     if (!a || !b || !c) {
         fprintf(stderr, "sgemm_rate: out of memory for M=%d N=%d K=%d\n", m, n, k);
-        free(a), free(b), free(c);
+        free(a);
+        free(b);
+        free(c);
         return 1;
     }
     double flops = 2.0 * m * n * k;
@@ -108,8 +113,10 @@ int main(int argc, char **argv) {
     /* Reading C keeps the GEMMs observable. */
     volatile float sink = c[(size_t)m * n - 1];
     (void)sink;
-    printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"reps\":%d,\"gflops\":%.3f,\"core\":\"%s\"}\n", m, n, k, reps, best,
-           openblas_get_corename());
-    free(a), free(b), free(c);
+    printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"reps\":%d,\"gflops\":%.3f,\"core\":\"%s\"}\n", m, n, k,
+           reps, best, openblas_get_corename());
+    free(a);
+    free(b);
+    free(c);
     return 0;
 }

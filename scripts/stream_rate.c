@@ -12,6 +12,7 @@
  * Threads: OMP_NUM_THREADS, as for ./flexgen. Build (as scripts/bench_roofline.sh does):
  *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <errno.h>
 #include <omp.h>
 #include <stdint.h>
@@ -46,7 +47,8 @@ static uint64_t read_all(const uint64_t *p, size_t words) {
         int t = omp_get_thread_num(), n = omp_get_num_threads();
         size_t from = words / 4 * t / n * 4, to = words / 4 * (t + 1) / n * 4;
         uint64_t a = 0, b = 0, c = 0, d = 0;
-        for (size_t i = from; i < to; i += 4) a ^= p[i], b ^= p[i + 1], c ^= p[i + 2], d ^= p[i + 3];
+        for (size_t i = from; i < to; i += 4)
+            a ^= p[i], b ^= p[i + 1], c ^= p[i + 2], d ^= p[i + 3];
         all ^= a ^ b ^ c ^ d;
     }
     return all;
@@ -54,7 +56,8 @@ static uint64_t read_all(const uint64_t *p, size_t words) {
 
 int main(int argc, char **argv) {
     long mib = 1024, reps = 5;
-    if (argc > 3 || (argc > 1 && parse_pos(argv[1], "MIB", &mib)) || (argc > 2 && parse_pos(argv[2], "reps", &reps))) {
+    if (argc > 3 || (argc > 1 && parse_pos(argv[1], "MIB", &mib)) ||
+        (argc > 2 && parse_pos(argv[2], "reps", &reps))) {
         if (argc > 3) fprintf(stderr, "usage: stream_rate [MIB] [reps]\n");
         return 2;
     }
@@ -74,7 +77,8 @@ int main(int argc, char **argv) {
         t = now() - t;
         if (bytes / t > best) best = bytes / t;
     }
-    printf("{\"mib\":%ld,\"reps\":%ld,\"threads\":%d,\"gbs\":%.3f}\n", mib, reps, omp_get_max_threads(), best / 1e9);
+    printf("{\"mib\":%ld,\"reps\":%ld,\"threads\":%d,\"gbs\":%.3f}\n", mib, reps,
+           omp_get_max_threads(), best / 1e9);
     free(p);
     return sink == 42; /* keeps the reads */
 }

@@ -13,6 +13,7 @@
  * On a CPU without AVX-512 VNNI it says so and exits 1. Build (x86-64, gcc):
  *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/vnni_rate scripts/vnni_rate.c
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -73,6 +74,7 @@ int main(int argc, char **argv) {
         double macs = (double)threads * rounds * STEPS * CHAINS * 64 / (now() - t0);
         best = macs > best ? macs : best;
     }
-    printf("{\"threads\":%d,\"gmacs\":%.1f,\"gops\":%.1f,\"check\":%d}\n", threads, best / 1e9, 2 * best / 1e9, sink & 1);
+    printf("{\"threads\":%d,\"gmacs\":%.1f,\"gops\":%.1f,\"check\":%d}\n", threads, best / 1e9,
+           2 * best / 1e9, sink & 1);
     return 0;
 }

@@ -75,8 +75,8 @@ INLINE __m512i widen_bytes(const uint8_t *b) {
 #ifdef SIMDE_X86_AVX512F_NATIVE
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
 #else /* nor vpmovzxbd */
-    return _mm512_setr_epi32(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-                             b[13], b[14], b[15]);
+    return _mm512_setr_epi32(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
+                             b[11], b[12], b[13], b[14], b[15]);
 #endif
 }
 
@@ -93,18 +93,20 @@ INLINE __m512 int_to_float(__m512i i) {
 INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); } /* into L2 */
 
 /* ---- fp16: y[mr][16 nv] over kc rows of w (ldw apart) ---- */
-INLINE void tile_f16(const float *x, size_t ldx, const fp16 *w, size_t ldw, int kc, float *y, size_t ldy,
-                     int from_y, int ahead, const int mr, const int nv) {
+INLINE void tile_f16(const float *x, size_t ldx, const fp16 *w, size_t ldw, int kc, float *y,
+                     size_t ldy, int from_y, int ahead, const int mr, const int nv) {
     __m512 acc[6][8];
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm512_loadu_ps(y + r * ldy + 16 * v) : _mm512_setzero_ps();
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = from_y ? _mm512_loadu_ps(y + r * ldy + 16 * v) : _mm512_setzero_ps();
     for (int k = 0; k < kc; k++) {
         const fp16 *row = w + k * ldw;
         if (ahead)
 #pragma GCC unroll 4
-            for (int v = 0; v < nv; v += 2) prefetch(row + (size_t)kc * ldw + 16 * v); /* a line: 32 values */
+            for (int v = 0; v < nv; v += 2)
+                prefetch(row + (size_t)kc * ldw + 16 * v); /* a line: 32 values */
         __m512 wv[8];
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) wv[v] = widen16(row + 16 * v);
@@ -121,15 +123,18 @@ INLINE void tile_f16(const float *x, size_t ldx, const fp16 *w, size_t ldw, int 
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
 }
 
-static void band_f16(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc, int cols,
-                     float *y, size_t ldy, int from_y, int ahead) {
+static void band_f16(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc,
+                     int cols, float *y, size_t ldy, int from_y, int ahead) {
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < 6 ? rows - r : 6;
         const float *xr = x + r * ldx;
         float *yr = y + r * ldy;
         int pf = ahead && r == 0;
         for (int c = 0; c < cols; c += mr == 1 && cols - c >= 128 ? 128 : 64) {
-            if (mr == 1 && cols - c >= 128) { tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 1, 8); continue; }
+            if (mr == 1 && cols - c >= 128) {
+                tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 1, 8);
+                continue;
+            }
             switch (mr) {
             case 1: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 1, 4); break;
             case 2: tile_f16(xr, ldx, w + c, ldw, kc, yr + c, ldy, from_y, pf, 2, 4); break;
@@ -148,15 +153,16 @@ static void band_f16(const float *x, int rows, size_t ldx, const fp16 *w, size_t
 /* 32 columns of y, in order, from their even and odd columns (16 each). */
 INLINE void join_even_odd(__m512 even, __m512 odd, __m512 *front, __m512 *back) {
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i hi =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     *front = _mm512_permutex2var_ps(even, lo, odd);
     *back = _mm512_permutex2var_ps(even, hi, odd);
 }
 
 /* matmul.c's band_q4_portable's sums, a half-group (16 bytes) to a register: each byte b as it is,
  * and its low nibble (vpermps of the table 0 .. 15 reads a lane's low 4 bits). */
-INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, size_t stride, int kc, float *y,
-                    size_t ldy, int from_y, int ahead, const int mr, const int nh) {
+INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, size_t stride, int kc,
+                    float *y, size_t ldy, int from_y, int ahead, const int mr, const int nh) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 acc[8][16]; /* [row][2 h: sum_b of half-group h, 2 h + 1: sum_odd] */
 #pragma GCC unroll 8
@@ -187,7 +193,8 @@ INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, siz
         for (int h = 0; h < nh; h++) {
             __m512 min_term = _mm512_set1_ps(t->min_term[r0 + r][(h0 + h) / 2]), front, back;
             __m512 even = _mm512_mul_ps(_mm512_sub_ps(acc[r][2 * h], acc[r][2 * h + 1]), sixteenth);
-            join_even_odd(_mm512_add_ps(even, min_term), _mm512_add_ps(acc[r][2 * h + 1], min_term), &front, &back);
+            join_even_odd(_mm512_add_ps(even, min_term), _mm512_add_ps(acc[r][2 * h + 1], min_term),
+                          &front, &back);
             float *yc = y + r * ldy + 32 * h;
             if (from_y) {
                 front = _mm512_add_ps(_mm512_loadu_ps(yc), front);
@@ -199,8 +206,8 @@ INLINE void tile_q4(const q4_terms *t, int r0, int h0, const uint8_t *codes, siz
 }
 
 /* Tiles over the chunk's ng groups: the widest tile whose columns are left. */
-static void band_q4(const q4_terms *t, int rows, const uint8_t *codes, size_t stride, int ng, int kc, float *y,
-                    size_t ldy, int from_y, int ahead) {
+static void band_q4(const q4_terms *t, int rows, const uint8_t *codes, size_t stride, int ng,
+                    int kc, float *y, size_t ldy, int from_y, int ahead) {
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < 8 ? rows - r : 8;
         float *yr = y + r * ldy;
@@ -208,16 +215,37 @@ static void band_q4(const q4_terms *t, int rows, const uint8_t *codes, size_t st
         for (int h = 0, nh; h < halves; h += nh) {
             int left = halves - h;
             float *yt = yr + 32 * h;
-            if (mr == 1 && left >= 8) nh = 8, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 1, 8);
-            else if (mr == 1) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 1, 2);
-            else if (mr == 2 && left >= 4) nh = 4, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 2, 4);
-            else if (mr == 2) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 2, 2);
-            else if (mr == 3) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 3, 2);
-            else if (mr == 4) nh = 2, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 4, 2);
-            else if (mr == 5) nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 5, 1);
-            else if (mr == 6) nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 6, 1);
-            else if (mr == 7) nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 7, 1);
-            else nh = 1, tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 8, 1);
+            if (mr == 1 && left >= 8) {
+                nh = 8;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 1, 8);
+            } else if (mr == 1) {
+                nh = 2;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 1, 2);
+            } else if (mr == 2 && left >= 4) {
+                nh = 4;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 2, 4);
+            } else if (mr == 2) {
+                nh = 2;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 2, 2);
+            } else if (mr == 3) {
+                nh = 2;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 3, 2);
+            } else if (mr == 4) {
+                nh = 2;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 4, 2);
+            } else if (mr == 5) {
+                nh = 1;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 5, 1);
+            } else if (mr == 6) {
+                nh = 1;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 6, 1);
+            } else if (mr == 7) {
+                nh = 1;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 7, 1);
+            } else {
+                nh = 1;
+                tile_q4(t, r, h, codes, stride, kc, yt, ldy, from_y, pf, 8, 1);
+            }
         }
     }
 }
@@ -264,7 +292,8 @@ INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const ui
         __m512 e[4];
 #pragma GCC unroll 4
         for (int i = 0; i < np; i++)
-            e[i] = E4 ? pair_q4(bytes + (size_t)i * dim + d) : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
+            e[i] = E4 ? pair_q4(bytes + (size_t)i * dim + d)
+                      : pair_f16(e16[2 * i] + d, e16[2 * i + 1] + d);
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
             __m512 xr = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)r * dim + d));
@@ -276,7 +305,8 @@ INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const ui
         for (int i = 0; i < np; i++) {
             float l[16];
             _mm512_storeu_ps(l, acc[r][i]);
-            dot[r][2 * i] = lanes_added(l), dot[r][2 * i + 1] = lanes_added(l + 8);
+            dot[r][2 * i] = lanes_added(l);
+            dot[r][2 * i + 1] = lanes_added(l + 8);
         }
 }
 
@@ -285,7 +315,8 @@ INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const ui
 static float tail_of(float s, const float *x, int dim, const fp16 *e16, const uint8_t *E4, int v) {
     for (int d = dim / 8 * 8; d < dim; d++) {
         uint8_t byte = E4 ? E4[(size_t)(v / 2) * dim + d] : 0;
-        float e = E4 ? (float)(v % 2 ? byte & 15 : byte >> 4) : fp16_to_fp32(e16[(size_t)v * dim + d]);
+        float e =
+            E4 ? (float)(v % 2 ? byte & 15 : byte >> 4) : fp16_to_fp32(e16[(size_t)v * dim + d]);
         s = fmaf(x[d], e, s);
     }
     return s;
@@ -295,21 +326,25 @@ static float tail_of(float s, const float *x, int dim, const fp16 *e16, const ui
  * being matmul.c's a, and each dot gaining min_term[r]), against every row of x, 4 at a time. A
  * lone last row is paired with itself (a 4-bit one with the other nibble of its byte row, padding
  * past n), and the extra dot is not stored. */
-static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8_t *E4, const float *min_term, int v0,
-                 int ne, float *y, size_t ldy) {
+static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8_t *E4,
+                 const float *min_term, int v0, int ne, float *y, size_t ldy) {
     int np = (ne + 1) / 2;
     const fp16 *e16[8];
-    for (int j = 0; j < 8; j++) e16[j] = E16 ? E16 + (size_t)(v0 + (j < ne ? j : ne - 1)) * dim : NULL;
+    for (int j = 0; j < 8; j++)
+        e16[j] = E16 ? E16 + (size_t)(v0 + (j < ne ? j : ne - 1)) * dim : NULL;
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < 4 ? rows - r : 4;
         float dot[4][8];
         const float *xr = x + (size_t)r * dim;
-#define DOTS(m) \
+#define DOTS(m)                                             \
     np == 1   ? dots_shape(xr, dim, e16, E4, v0, dot, m, 1) \
     : np == 2 ? dots_shape(xr, dim, e16, E4, v0, dot, m, 2) \
     : np == 3 ? dots_shape(xr, dim, e16, E4, v0, dot, m, 3) \
               : dots_shape(xr, dim, e16, E4, v0, dot, m, 4)
-        if (mr == 4) DOTS(4); else if (mr == 3) DOTS(3); else if (mr == 2) DOTS(2); else DOTS(1);
+        if (mr == 4) DOTS(4);
+        else if (mr == 3) DOTS(3);
+        else if (mr == 2) DOTS(2);
+        else DOTS(1);
 #undef DOTS
         for (int i = 0; i < mr; i++)
             for (int j = 0; j < ne; j++) {
@@ -319,17 +354,19 @@ static void dots(const float *x, int rows, int dim, const fp16 *E16, const uint8
     }
 }
 
-static void dots_f16(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
+static void dots_f16(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y,
+                     size_t ldy) {
     dots(x, rows, dim, E, NULL, NULL, v0, ne, y, ldy);
 }
 
-static void dots_q4(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int v0, int ne,
-                    float *y, size_t ldy) {
+static void dots_q4(const float *a, const float *min_term, int rows, int dim, const uint8_t *E,
+                    int v0, int ne, float *y, size_t ldy) {
     dots(a, rows, dim, NULL, E, min_term, v0, ne, y, ldy);
 }
 
 /* ---- 4-bit x int8 with VNNI: one vpdpbusd multiplies 16 slots' quads (4 codes of k, unsigned) by
- * a row's 4 values of a8 (signed) and adds the 4 products into each slot's int32 sum, exactly ---- */
+ * a row's 4 values of a8 (signed) and adds the 4 products into each slot's int32 sum, exactly ----
+ */
 
 #ifndef AVX512_SIMDE
 /* The file's target leaves VNNI out (AVX-512 CPUs without it run the rest), so SIMDe's alias is its
@@ -341,7 +378,8 @@ static void dots_q4(const float *a, const float *min_term, int rows, int dim, co
 #define VNNI
 #endif
 
-VNNI INLINE void int8_sums_rows(const uint8_t *quads, const int8_t *a8, int32_t (*isum)[64], const int mr) {
+VNNI INLINE void int8_sums_rows(const uint8_t *quads, const int8_t *a8, int32_t (*isum)[64],
+                                const int mr) {
     __m512i acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++)
@@ -350,7 +388,8 @@ VNNI INLINE void int8_sums_rows(const uint8_t *quads, const int8_t *a8, int32_t 
     for (int k4 = 0; k4 < 64; k4 += 4) {
         __m512i w[4];
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) w[v] = _mm512_loadu_si512((const void *)(quads + 4 * (16 * k4 + 16 * v)));
+        for (int v = 0; v < 4; v++)
+            w[v] = _mm512_loadu_si512((const void *)(quads + 4 * (16 * k4 + 16 * v)));
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
             int32_t four;
@@ -407,13 +446,14 @@ INLINE __m512 widen_groups(const uint8_t *p, int n) {
  * it in the low bits. */
 INLINE __m512i round_to_int(__m512 v) {
     __m512i bits = _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(12582912.0f)));
-    return _mm512_sub_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
+    return _mm512_sub_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)),
+                            _mm512_set1_epi32(0x400000));
 }
 
 /* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane;
  * a is kept between its two uses. ahead: prefetch the next block's mins and scales. */
-static void round_block(const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales, int ng,
-                        int ahead, int b, rounded_span *q) {
+static void round_block(const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales,
+                        int ng, int ahead, int b, rounded_span *q) {
     const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 big = _mm512_setzero_ps(), lane[8];
     _Alignas(64) float a[64][CHUNK_GROUPS];
@@ -440,7 +480,8 @@ static void round_block(const float *x, const uint8_t *w, size_t stride, size_t 
         __m512i quad = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
             __m512 ak = _mm512_load_ps(a[4 * k4 + i]);
-            __m512i a8 = _mm512_and_si512(round_to_int(_mm512_mul_ps(ak, inv)), _mm512_set1_epi32(0xff));
+            __m512i a8 =
+                _mm512_and_si512(round_to_int(_mm512_mul_ps(ak, inv)), _mm512_set1_epi32(0xff));
             quad = _mm512_or_si512(quad, _mm512_slli_epi32(a8, 8 * i));
         }
         _mm512_storeu_si512((void *)q->a8_quads[b][k4], quad);
@@ -459,8 +500,9 @@ INLINE __m512 pair_of_floats(const float *at) {
 /* Block b for the pair of groups u, u + 1 (codes: their first byte in the block's first row) and
  * mr rows: y_slots[r] (128 floats, in slot order) += alpha isum + msum. The next block's rows of
  * the pair are prefetched: the pairs' rows are many streams, as in int8.c's pack. */
-VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead, const rounded_span *const *q, int b,
-                            int u, float *const *y_slots, const int mr) {
+VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead,
+                            const rounded_span *const *q, int b, int u, float *const *y_slots,
+                            const int mr) {
     const __m512i low4 = _mm512_set1_epi8(15);
     __m512i sums[FUSED_ROWS][8];
 #pragma GCC unroll 2
@@ -524,16 +566,16 @@ static void pairs_to_slots(float *y, int n, int from_y, int back) {
 
 /* Rows r0 .. r0 + nr (nr <= FUSED_ROWS) of x over the span's blocks b0 .. b0 + nb and the chunk's
  * n groups from g: their a rounded, then each block's pairs summed into y (in slot order). */
-VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uint8_t *w, size_t stride,
-                           size_t mins, size_t scales, int blocks, int b0, int nb, int g, int n, float *y,
-                           size_t ldy, int first_rows) {
+VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uint8_t *w,
+                           size_t stride, size_t mins, size_t scales, int blocks, int b0, int nb,
+                           int g, int n, float *y, size_t ldy, int first_rows) {
     rounded_span spans[FUSED_ROWS];
     const rounded_span *q[FUSED_ROWS] = {&spans[0], &spans[1]};
     for (int r = 0; r < nr; r++)
         for (int b = 0; b < nb; b++)
-            round_block(x + (r0 + r) * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride, stride,
-                        mins + 2 * (size_t)g, scales + 2 * (size_t)g, n, first_rows && b0 + b + 1 < blocks, b,
-                        &spans[r]);
+            round_block(x + (r0 + r) * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride,
+                        stride, mins + 2 * (size_t)g, scales + 2 * (size_t)g, n,
+                        first_rows && b0 + b + 1 < blocks, b, &spans[r]);
     for (int b = 0; b < nb; b++) {
         int ahead = first_rows && b0 + b + 1 < blocks; /* later rows find the span in L2 */
         const uint8_t *block = w + (size_t)(64 * (b0 + b)) * stride + 32 * (size_t)g;
@@ -552,8 +594,9 @@ VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uin
  * Spans of a few blocks, each across all the groups (a row's codes read from left to right, as
  * the memory's prefetcher follows best), and in each, the rows of x two at a time: the span's
  * codes come from memory once, and from L2 for the next rows. */
-VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
-                            int g0, int ng, float *y, size_t ldy, int from_y) {
+VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w,
+                            size_t stride, int G, int g0, int ng, float *y, size_t ldy,
+                            int from_y) {
     size_t mins = (size_t)G * 32, scales = mins + 2 * (size_t)G;
     int blocks = in / 64;
     for (int r = 0; r < rows; r++) pairs_to_slots(y + r * ldy, ng / 2, from_y, 0);
@@ -563,7 +606,8 @@ VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const 
             int n = ng - c < CHUNK_GROUPS ? ng - c : CHUNK_GROUPS;
             for (int r0 = 0; r0 < rows; r0 += FUSED_ROWS) {
                 int nr = rows - r0 < FUSED_ROWS ? rows - r0 : FUSED_ROWS;
-                span_rows(x, ldx, r0, nr, w, stride, mins, scales, blocks, b0, nb, g0 + c, n, y + 64 * c, ldy, r0 == 0);
+                span_rows(x, ldx, r0, nr, w, stride, mins, scales, blocks, b0, nb, g0 + c, n,
+                          y + 64 * c, ldy, r0 == 0);
             }
         }
     }
@@ -571,10 +615,12 @@ VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const 
 }
 
 #ifdef AVX512_SIMDE
-static const matmul_kernels kernels = {"avx512-simde", band_f16, band_q4, dots_f16, dots_q4, int8_sums, int8_pairs};
+static const matmul_kernels kernels = {"avx512-simde", band_f16,  band_q4,   dots_f16,
+                                       dots_q4,        int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 #else
-static const matmul_kernels kernels = {"avx512", band_f16, band_q4, dots_f16, dots_q4, int8_sums, int8_pairs};
+static const matmul_kernels kernels = {"avx512", band_f16,  band_q4,   dots_f16,
+                                       dots_q4,  int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512(void) { return &kernels; }
 #endif
 

@@ -37,7 +37,10 @@
 
 /* The instruction sets, lowest first, each with the core forced for a CPU whose best set it is
  * (names OpenBLAS has known since 0.3.5; 0.3.21 does not take Cooperlake). */
-static const struct { const char *name, *core; unsigned needs; } LEVELS[] = {
+static const struct {
+    const char *name, *core;
+    unsigned needs;
+} LEVELS[] = {
     {"SSE", NULL, 0},
     {"AVX", "Sandybridge", FG_CPU_AVX},
     {"AVX2", "Haswell", AVX2_SET},
@@ -48,13 +51,19 @@ enum { N_LEVELS = sizeof LEVELS / sizeof LEVELS[0] };
 /* OpenBLAS's x86 cores, as openblas_get_corename names them, each at the set of the CPUs it is
  * named after (Steamroller and Excavator both run Piledriver's kernels, but only Excavator CPUs,
  * which have AVX2, get Excavator). */
-static const struct { const char *core; int level; } CORES[] = {
-    {"Katmai", 0}, {"Coppermine", 0}, {"Northwood", 0}, {"Prescott", 0}, {"Banias", 0},
-    {"Atom", 0}, {"Core2", 0}, {"Penryn", 0}, {"Dunnington", 0}, {"Nehalem", 0}, {"Athlon", 0},
-    {"Opteron", 0}, {"Opteron_SSE3", 0}, {"Barcelona", 0}, {"Nano", 0}, {"Bobcat", 0},
-    {"Sandybridge", 1}, {"Bulldozer", 1}, {"Piledriver", 1}, {"Steamroller", 1},
-    {"Haswell", 2}, {"Zen", 2}, {"Excavator", 2},
-    {"SkylakeX", 3}, {"Cooperlake", 3}, {"SapphireRapids", 3},
+static const struct {
+    const char *core;
+    int level;
+} CORES[] = {
+    {"Katmai", 0},       {"Coppermine", 0},     {"Northwood", 0},
+    {"Prescott", 0},     {"Banias", 0},         {"Atom", 0},
+    {"Core2", 0},        {"Penryn", 0},         {"Dunnington", 0},
+    {"Nehalem", 0},      {"Athlon", 0},         {"Opteron", 0},
+    {"Opteron_SSE3", 0}, {"Barcelona", 0},      {"Nano", 0},
+    {"Bobcat", 0},       {"Sandybridge", 1},    {"Bulldozer", 1},
+    {"Piledriver", 1},   {"Steamroller", 1},    {"Haswell", 2},
+    {"Zen", 2},          {"Excavator", 2},      {"SkylakeX", 3},
+    {"Cooperlake", 3},   {"SapphireRapids", 3},
 };
 
 static int core_level(const char *core) { /* -1: a core not in the table */
@@ -75,16 +84,22 @@ unsigned fg_cpu_features(void) {
     __builtin_cpu_init();
     unsigned a, b, c = 0, d;
     __get_cpuid(1, &a, &b, &c, &d);
-    unsigned a7 = 0, b7, c7, d7; /* AVX-VNNI: leaf 7, subleaf 1, EAX bit 4 (not every compiler's builtin knows it) */
-    int avx_vnni = __get_cpuid_count(7, 1, &a7, &b7, &c7, &d7) && (a7 >> 4 & 1) && __builtin_cpu_supports("avx2");
+    unsigned
+        a7 = 0,
+        b7, c7,
+        d7; /* AVX-VNNI: leaf 7, subleaf 1, EAX bit 4 (not every compiler's builtin knows it) */
+    int avx_vnni = __get_cpuid_count(7, 1, &a7, &b7, &c7, &d7) && (a7 >> 4 & 1) &&
+                   __builtin_cpu_supports("avx2");
     const char *cap = getenv(TEST_CPU);
-    return ((__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) | (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
+    return ((__builtin_cpu_supports("avx") ? FG_CPU_AVX : 0u) |
+            (__builtin_cpu_supports("avx2") ? FG_CPU_AVX2 : 0u) |
             (__builtin_cpu_supports("fma") ? FG_CPU_FMA : 0u) | (c & bit_F16C ? FG_CPU_F16C : 0u) |
             (__builtin_cpu_supports("avx512f") ? FG_CPU_AVX512F : 0u) |
             (__builtin_cpu_supports("avx512bw") ? FG_CPU_AVX512BW : 0u) |
             (__builtin_cpu_supports("avx512dq") ? FG_CPU_AVX512DQ : 0u) |
             (__builtin_cpu_supports("avx512vl") ? FG_CPU_AVX512VL : 0u) |
-            (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u) | (avx_vnni ? FG_CPU_AVXVNNI : 0u)) &
+            (__builtin_cpu_supports("avx512vnni") ? FG_CPU_AVX512VNNI : 0u) |
+            (avx_vnni ? FG_CPU_AVXVNNI : 0u)) &
            (cap && !strcmp(cap, "avx2") ? AVX2_SET | FG_CPU_F16C : ~0u);
 #else
     return 0;
@@ -103,7 +118,8 @@ const char *fg_blas_core_due(unsigned features, const char *picked, int user_set
  * wider instruction set than this CPU has, or a name that is neither a core of the table above
  * nor the one the library runs. */
 static int refused(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int refused(char *err, const char *fmt, ...) { /* util.c's fg_fail, which calls into this file */
+static int refused(char *err, const char *fmt,
+                   ...) { /* util.c's fg_fail, which calls into this file */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, FG_ERR_LEN, fmt, ap);
@@ -115,15 +131,21 @@ static int refused(char *err, const char *fmt, ...) { /* util.c's fg_fail, which
 
 int fg_blas_core_check_env(char *err) {
     const char *env = getenv("OPENBLAS_CORETYPE");
-    if (!env || getenv(FORCED) || getenv(TEST_LOW)) return 0; /* ./flexgen's own pick, or the tests' */
+    if (!env || getenv(FORCED) || getenv(TEST_LOW))
+        return 0; /* ./flexgen's own pick, or the tests' */
     int level = core_level(env), have = cpu_level(fg_cpu_features());
     if (level > have)
-        return refused(err, "OPENBLAS_CORETYPE=%s: its kernels need %s, which this CPU lacks (its best core is %s)",
-                       env, LEVELS[level].name, LEVELS[have].core ? LEVELS[have].core : "Prescott");
+        return refused(
+            err,
+            "OPENBLAS_CORETYPE=%s: its kernels need %s, which this CPU lacks (its best core is %s)",
+            env, LEVELS[level].name, LEVELS[have].core ? LEVELS[have].core : "Prescott");
     const char *core = openblas_get_corename();
     if (level < 0 && strcasecmp(env, core))
-        return refused(err, "OPENBLAS_CORETYPE=%s: OpenBLAS has no core of that name (it would run %s); x86's "
-                       "include Prescott, Nehalem, Sandybridge, Haswell, Zen and SkylakeX", env, core);
+        return refused(
+            err,
+            "OPENBLAS_CORETYPE=%s: OpenBLAS has no core of that name (it would run %s); x86's "
+            "include Prescott, Nehalem, Sandybridge, Haswell, Zen and SkylakeX",
+            env, core);
     return 0;
 }
 
@@ -142,7 +164,8 @@ const char *fg_blas_core_force(void) {
 }
 
 void fg_blas_core_unforce(const char *core, int errnum) {
-    fprintf(stderr, "flexgen: OpenBLAS stays on %s: starting again with OPENBLAS_CORETYPE=%s failed: %s\n",
+    fprintf(stderr,
+            "flexgen: OpenBLAS stays on %s: starting again with OPENBLAS_CORETYPE=%s failed: %s\n",
             openblas_get_corename(), core, strerror(errnum));
     if (given) setenv("OPENBLAS_CORETYPE", given, 1);
     else unsetenv("OPENBLAS_CORETYPE");
@@ -170,6 +193,5 @@ void fg_blas_info_get(fg_blas_info *b) {
         snprintf(b->why, sizeof b->why, "OPENBLAS_CORETYPE");
     else if (env && !getenv(TEST_LOW))
         snprintf(b->why, sizeof b->why, "OPENBLAS_CORETYPE=%.40s", env);
-    else
-        snprintf(b->why, sizeof b->why, "as the library picked");
+    else snprintf(b->why, sizeof b->why, "as the library picked");
 }

@@ -55,11 +55,23 @@ static const llama_size LLAMA_SIZES[] = {
 };
 
 static model_config llama_sized(const llama_size *z) {
-    model_config c = {.n_layers = z->layers, .hidden = z->hidden, .n_heads = z->heads, .ffn = z->ffn,
-                    .vocab = z->vocab, .max_pos = z->max_pos, .word_dim = z->hidden, .pre_ln = 1,
-                    .family = FAMILY_LLAMA, .n_kv_heads = z->kv_heads, .head_dim = z->hidden / z->heads,
-                    .qkv_bias = z->qkv_bias, .rms_eps = z->eps, .bos_id = z->bos, .n_eos = 1,
-                    .eos_ids = {z->eos}, .untied = z->untied};
+    model_config c = {.n_layers = z->layers,
+                      .hidden = z->hidden,
+                      .n_heads = z->heads,
+                      .ffn = z->ffn,
+                      .vocab = z->vocab,
+                      .max_pos = z->max_pos,
+                      .word_dim = z->hidden,
+                      .pre_ln = 1,
+                      .family = FAMILY_LLAMA,
+                      .n_kv_heads = z->kv_heads,
+                      .head_dim = z->hidden / z->heads,
+                      .qkv_bias = z->qkv_bias,
+                      .rms_eps = z->eps,
+                      .bos_id = z->bos,
+                      .n_eos = 1,
+                      .eos_ids = {z->eos},
+                      .untied = z->untied};
     c.rope.theta = z->theta;
     c.rope.factor = 1;
     if (z->llama3_rope) { /* LLaMA 3.1 and 3.2's rope_scaling */
@@ -74,19 +86,28 @@ static model_config llama_sized(const llama_size *z) {
 }
 
 int model_config_by_name(const char *name, model_config *cfg, char *err) {
-    const char *slash = strrchr(name, '/'), *base = slash ? slash + 1 : name; /* facebook/opt-1.3b */
+    const char *slash = strrchr(name, '/'),
+               *base = slash ? slash + 1 : name; /* facebook/opt-1.3b */
     for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
-        if (strcasecmp(base, OPT_SIZES[i].name) == 0) { *cfg = OPT_SIZES[i]; return 0; }
+        if (strcasecmp(base, OPT_SIZES[i].name) == 0) {
+            *cfg = OPT_SIZES[i];
+            return 0;
+        }
     for (size_t i = 0; i < sizeof LLAMA_SIZES / sizeof LLAMA_SIZES[0]; i++)
-        if (strcasecmp(base, LLAMA_SIZES[i].name) == 0) { *cfg = llama_sized(&LLAMA_SIZES[i]); return 0; }
-    return fg_fail(err, "--model: unknown model '%s' (not a directory; known names: opt-125m, "
-                     "opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b, opt-175b, "
-                     "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.2-1b, tinyllama-1.1b, "
-                     "mistral-7b, qwen2.5-0.5b)", name);
+        if (strcasecmp(base, LLAMA_SIZES[i].name) == 0) {
+            *cfg = llama_sized(&LLAMA_SIZES[i]);
+            return 0;
+        }
+    return fg_fail(
+        err,
+        "--model: unknown model '%s' (not a directory; known names: opt-125m, "
+        "opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b, opt-175b, "
+        "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.2-1b, tinyllama-1.1b, "
+        "mistral-7b, qwen2.5-0.5b)",
+        name);
 }
 
 const char *const model_family_names[N_FAMILIES] = {"opt", "llama"};
-
 
 /* Reads an integer field; absent fields take `def` (def < 0 means required). */
 static int json_int(const cJSON *o, const char *key, int def, int *out, const char *path,
@@ -113,14 +134,15 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
     if (!v || cJSON_IsBool(v) || cJSON_IsNumber(v)) return 0;
     char *text = cJSON_PrintUnformatted(v);
     int long_text = text && strlen(text) > 40;
-    fg_fail(err, "%s: \"%s\" is %.40s%s, not true or false", path, key, text ? text : "not printable",
-            long_text ? "..." : "");
+    fg_fail(err, "%s: \"%s\" is %.40s%s, not true or false", path, key,
+            text ? text : "not printable", long_text ? "..." : "");
     free(text);
     return -1;
 }
 
 /* OPT's fields (OPTConfig). */
-static int opt_fields(const cJSON *root, const char *path, model_config *c, int *tie_head, char *err) {
+static int opt_fields(const cJSON *root, const char *path, model_config *c, int *tie_head,
+                      char *err) {
     const cJSON *act = fg_json_get(root, "activation_function");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0))
         return fg_fail(err, "%s: unsupported activation_function (only \"relu\")", path);
@@ -136,7 +158,7 @@ static int opt_fields(const cJSON *root, const char *path, model_config *c, int 
         return -1;
     if (c->hidden % c->n_heads)
         return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
-                    c->hidden, c->n_heads);
+                       c->hidden, c->n_heads);
     int remove_final_ln, bias, ln_affine;
     if (json_flag(root, "do_layer_norm_before", 1, &c->pre_ln, path, err) ||
         json_flag(root, "_remove_final_layer_norm", 0, &remove_final_ln, path, err) ||
@@ -146,22 +168,28 @@ static int opt_fields(const cJSON *root, const char *path, model_config *c, int 
         return -1;
     /* HF keeps the final layer norm exactly when do_layer_norm_before holds, unless this is set. */
     if (remove_final_ln && c->pre_ln)
-        return fg_fail(err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported",
-                    path);
+        return fg_fail(
+            err, "%s: _remove_final_layer_norm with do_layer_norm_before is not supported", path);
     if (!bias)
-        return fg_fail(err, "%s: enable_bias false is not supported (the layers' biases are "
-                       "expected)", path);
+        return fg_fail(err,
+                       "%s: enable_bias false is not supported (the layers' biases are "
+                       "expected)",
+                       path);
     if (!ln_affine)
-        return fg_fail(err, "%s: layer_norm_elementwise_affine false is not supported (the layer "
-                       "norms' weights and biases are expected)", path);
+        return fg_fail(err,
+                       "%s: layer_norm_elementwise_affine false is not supported (the layer "
+                       "norms' weights and biases are expected)",
+                       path);
     return 0;
 }
 
 /* The value of a field this project does not implement, in one line naming the field. */
-static int refuse_value(const cJSON *v, const char *field, const char *path, const char *why, char *err) {
+static int refuse_value(const cJSON *v, const char *field, const char *path, const char *why,
+                        char *err) {
     char *text = v ? cJSON_PrintUnformatted(v) : NULL;
     int long_text = text && strlen(text) > 60;
-    fg_fail(err, "%s: %s is %.60s%s; %s", path, field, text ? text : "missing", long_text ? "..." : "", why);
+    fg_fail(err, "%s: %s is %.60s%s; %s", path, field, text ? text : "missing",
+            long_text ? "..." : "", why);
     free(text);
     return -1;
 }
@@ -185,8 +213,8 @@ static int json_real(const cJSON *o, const char *key, double def, double lo, dou
     }
     *out = (float)v->valuedouble;
     if (!isnormal(*out)) {
-        snprintf(why, sizeof why, "expected a number in (%g, %g] that fp32 holds (at least %.2g)", lo, hi,
-                 (double)FLT_MIN);
+        snprintf(why, sizeof why, "expected a number in (%g, %g] that fp32 holds (at least %.2g)",
+                 lo, hi, (double)FLT_MIN);
         return refuse_value(v, field, path, why, err);
     }
     return 0;
@@ -201,14 +229,16 @@ static int rope_finite(const model_config *c, const char *path, char *err) {
     float top = c->rope.kind != ROPE_DEFAULT && c->rope.factor < 1 ? 1.0f / c->rope.factor : 1.0f;
     float last = (float)(c->max_pos - 1);
     if (isfinite(top) && isfinite(last * top)) return 0;
-    return fg_fail(err, "%s: \"rope_theta\" %g and \"rope_scaling\" (factor %g) give RoPE a frequency up to %g, "
-                   "whose angle is not a finite fp32 at position %d", path, c->rope.theta, c->rope.factor,
-                   (double)top, c->max_pos - 1);
+    return fg_fail(
+        err,
+        "%s: \"rope_theta\" %g and \"rope_scaling\" (factor %g) give RoPE a frequency up to %g, "
+        "whose angle is not a finite fp32 at position %d",
+        path, c->rope.theta, c->rope.factor, (double)top, c->max_pos - 1);
 }
 
 /* A token id (absent or null: def, -1 for none), or for eos_token_id a list of them. */
-static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, int max, const char *path,
-                    char *err) {
+static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, int max,
+                    const char *path, char *err) {
     const cJSON *v = fg_json_get(o, key);
     *n = 0;
     if (!v || cJSON_IsNull(v)) {
@@ -216,7 +246,8 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
         return 0;
     }
     int list = cJSON_IsArray(v), count = list ? cJSON_GetArraySize(v) : 1;
-    if (count > max) return fg_fail(err, "%s: \"%s\" lists %d ids, more than %d", path, key, count, max);
+    if (count > max)
+        return fg_fail(err, "%s: \"%s\" lists %d ids, more than %d", path, key, count, max);
     for (int i = 0; i < count; i++) {
         const cJSON *e = list ? cJSON_GetArrayItem(v, i) : v;
         if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < (1 << 24)) ||
@@ -230,20 +261,23 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
     return 0;
 }
 
-/* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others refused. */
+/* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others refused.
+ */
 static int rope_scaling(const cJSON *root, model_config *c, const char *path, char *err) {
     const cJSON *rs = fg_json_get(root, "rope_scaling");
     c->rope.kind = ROPE_DEFAULT;
     c->rope.factor = 1;
     if (!rs || cJSON_IsNull(rs)) return 0;
-    if (!cJSON_IsObject(rs)) return refuse_value(rs, "\"rope_scaling\"", path, "expected null or an object", err);
+    if (!cJSON_IsObject(rs))
+        return refuse_value(rs, "\"rope_scaling\"", path, "expected null or an object", err);
     const cJSON *type = fg_json_get(rs, "rope_type");
     if (!type) type = fg_json_get(rs, "type");
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
     if (!strcmp(t, "default")) return 0;
     if (strcmp(t, "linear") && strcmp(t, "llama3"))
         return refuse_value(type, "\"rope_scaling\" type", path,
-                            "not implemented (null, \"default\", \"linear\" and \"llama3\" are)", err);
+                            "not implemented (null, \"default\", \"linear\" and \"llama3\" are)",
+                            err);
     if (json_real(rs, "factor", -1, 0, 1e6, &c->rope.factor, path, err)) return -1;
     if (!strcmp(t, "linear")) {
         c->rope.kind = ROPE_LINEAR;
@@ -255,15 +289,18 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
         json_int(rs, "original_max_position_embeddings", -1, &c->rope.original_max_pos, path, err))
         return -1;
     if (c->rope.high_freq <= c->rope.low_freq)
-        return fg_fail(err, "%s: \"rope_scaling\": high_freq_factor %g is not above low_freq_factor %g", path,
-                       c->rope.high_freq, c->rope.low_freq);
+        return fg_fail(err,
+                       "%s: \"rope_scaling\": high_freq_factor %g is not above low_freq_factor %g",
+                       path, c->rope.high_freq, c->rope.low_freq);
     return 0;
 }
 
 /* Mistral's sliding_window (kept: every sequence must fit in it), Qwen2's use_sliding_window. */
-static int sliding_window(const cJSON *root, model_config *c, const char *type, const char *path, char *err) {
+static int sliding_window(const cJSON *root, model_config *c, const char *type, const char *path,
+                          char *err) {
     int on = 1;
-    if (!strcmp(type, "qwen2") && json_flag(root, "use_sliding_window", 0, &on, path, err)) return -1;
+    if (!strcmp(type, "qwen2") && json_flag(root, "use_sliding_window", 0, &on, path, err))
+        return -1;
     if (!strcmp(type, "qwen2") && on)
         return refuse_value(fg_json_get(root, "use_sliding_window"), "\"use_sliding_window\"", path,
                             "sliding-window attention is not implemented", err);
@@ -273,8 +310,8 @@ static int sliding_window(const cJSON *root, model_config *c, const char *type, 
 }
 
 /* The LLaMA family's fields (LlamaConfig, MistralConfig, Qwen2Config; docs/USAGE.md lists them). */
-static int llama_fields(const cJSON *root, const char *type, const char *path, model_config *c, int *tie_head,
-                        char *err) {
+static int llama_fields(const cJSON *root, const char *type, const char *path, model_config *c,
+                        int *tie_head, char *err) {
     int qwen2 = !strcmp(type, "qwen2"), llama = !strcmp(type, "llama");
     const cJSON *act = fg_json_get(root, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
@@ -290,29 +327,36 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
         json_int(root, "intermediate_size", -1, &c->ffn, path, err) ||
         json_int(root, "vocab_size", -1, &c->vocab, path, err) ||
         json_int(root, "max_position_embeddings", 2048, &c->max_pos, path, err) ||
-        (kv && !cJSON_IsNull(kv) && json_int(root, "num_key_value_heads", -1, &c->n_kv_heads, path, err)) ||
+        (kv && !cJSON_IsNull(kv) &&
+         json_int(root, "num_key_value_heads", -1, &c->n_kv_heads, path, err)) ||
         (hd && !cJSON_IsNull(hd) && json_int(root, "head_dim", -1, &c->head_dim, path, err)))
         return -1;
     c->word_dim = c->hidden;
     if (!c->n_kv_heads) c->n_kv_heads = c->n_heads;
     if (!c->head_dim && c->hidden % c->n_heads)
-        return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d (and no head_dim)",
-                       path, c->hidden, c->n_heads);
+        return fg_fail(
+            err, "%s: hidden_size %d is not a multiple of num_attention_heads %d (and no head_dim)",
+            path, c->hidden, c->n_heads);
     if (!c->head_dim) c->head_dim = c->hidden / c->n_heads;
     if (c->n_heads % c->n_kv_heads)
-        return fg_fail(err, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
-                       c->n_heads, c->n_kv_heads);
+        return fg_fail(err,
+                       "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                       path, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2 || c->head_dim > 1024)
-        return fg_fail(err, "%s: head_dim %d is not implemented (an even number up to 1024)", path, c->head_dim);
+        return fg_fail(err, "%s: head_dim %d is not implemented (an even number up to 1024)", path,
+                       c->head_dim);
     int attention_bias = 0;
     c->bos_id = -1; /* none, unless the field or the family's default names one */
     if (json_real(root, "rms_norm_eps", 1e-6, 0, 1, &c->rms_eps, path, err) ||
-        json_real(root, "rope_theta", 10000, 0, 1e12, &c->rope.theta, path, err) || rope_scaling(root, c, path, err) ||
+        json_real(root, "rope_theta", 10000, 0, 1e12, &c->rope.theta, path, err) ||
+        rope_scaling(root, c, path, err) ||
         json_flag(root, "attention_bias", 0, &attention_bias, path, err) ||
         json_flag(root, "mlp_bias", 0, &c->mlp_bias, path, err) ||
-        json_flag(root, "tie_word_embeddings", 0, tie_head, path, err) || /* HF's default here: untied */
+        json_flag(root, "tie_word_embeddings", 0, tie_head, path,
+                  err) || /* HF's default here: untied */
         json_ids(root, "bos_token_id", qwen2 ? -1 : 1, &c->bos_id, &(int){0}, 1, path, err) ||
-        json_ids(root, "eos_token_id", qwen2 ? -1 : 2, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err) ||
+        json_ids(root, "eos_token_id", qwen2 ? -1 : 2, c->eos_ids, &c->n_eos, FG_MAX_EOS, path,
+                 err) ||
         sliding_window(root, c, type, path, err) || rope_finite(c, path, err))
         return -1;
     c->qkv_bias = qwen2 || (llama && attention_bias);
@@ -321,14 +365,16 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
     return 0;
 }
 
-static int config_from_cjson(const cJSON *root, const char *path, model_config *c, int *tie_head, char *err) {
+static int config_from_cjson(const cJSON *root, const char *path, model_config *c, int *tie_head,
+                             char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
     const cJSON *mt = fg_json_get(root, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     if (!strcmp(type, "opt")) return opt_fields(root, path, c, tie_head, err);
     if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2"))
         return llama_fields(root, type, path, c, tie_head, err);
-    return refuse_value(mt, "model_type", path, "unknown architecture (known: \"opt\", \"llama\", \"mistral\", \"qwen2\")",
+    return refuse_value(mt, "model_type", path,
+                        "unknown architecture (known: \"opt\", \"llama\", \"mistral\", \"qwen2\")",
                         err);
 }
 
@@ -352,7 +398,8 @@ int model_config_from_json(const char *path, model_config *cfg, char *err) {
 /* The values of FlexGen's layer j (0 the input embedding, 1 .. n_layers a decoder layer, then the
  * output layer; a tied lm_head shares the embedding's), as the weight table lists them. */
 size_t layer_param_count(const model_config *c, int j) {
-    size_t h = c->hidden, f = c->ffn, q = (size_t)q_width(c), kv = (size_t)kv_width(c), v = c->vocab;
+    size_t h = c->hidden, f = c->ffn, q = (size_t)q_width(c), kv = (size_t)kv_width(c),
+           v = c->vocab;
     if (c->family == FAMILY_OPT) {
         size_t wd = c->word_dim, proj = wd != h ? h * wd : 0;
         if (j == 0) return v * wd + (c->max_pos + 2) * h + proj;
@@ -361,8 +408,8 @@ size_t layer_param_count(const model_config *c, int j) {
     }
     if (j == 0) return v * h;
     if (j > c->n_layers) return h + (c->untied ? v * h : 0);
-    return h * (2 * q + 2 * kv) + 3 * h * f + 2 * h + (c->qkv_bias ? q + 2 * kv : 0) + (c->o_bias ? h : 0) +
-           (c->mlp_bias ? 2 * f + h : 0);
+    return h * (2 * q + 2 * kv) + 3 * h * f + 2 * h + (c->qkv_bias ? q + 2 * kv : 0) +
+           (c->o_bias ? h : 0) + (c->mlp_bias ? 2 * f + h : 0);
 }
 
 size_t opt_param_count(const model_config *c) {
@@ -374,9 +421,10 @@ size_t opt_param_count(const model_config *c) {
 /* FlexGen's model_config.py formulas, so reports compare with its logs. */
 double opt_model_bytes(const model_config *c) {
     double h = c->hidden;
-    if (c->family != FAMILY_OPT) return 2.0 * (double)opt_param_count(c); /* LLaMA: its fp16 bytes */
-    return 2 * (c->n_layers * (h * (3 * h + 1) + h * (h + 1) + h * (4 * h + 1) + h * 4 * (h + 1) +
-                               h * 4) +
+    if (c->family != FAMILY_OPT)
+        return 2.0 * (double)opt_param_count(c); /* LLaMA: its fp16 bytes */
+    return 2 * (c->n_layers *
+                    (h * (3 * h + 1) + h * (h + 1) + h * (4 * h + 1) + h * 4 * (h + 1) + h * 4) +
                 c->vocab * (h + 1));
 }
 double opt_cache_bytes(const model_config *c, int batch, int seq_len) {
@@ -394,7 +442,6 @@ void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end) 
     *first = s == 0 ? 0 : 1 + (int)((long)L * s / n);
     *end = s == n - 1 ? L + 2 : 1 + (int)((long)L * (s + 1) / n);
 }
-
 
 /* ============================================================================================
  * Weights. One table lists every checkpoint tensor of the model: its HF name, its shape, the
@@ -414,10 +461,10 @@ void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end) 
  * ============================================================================================ */
 
 typedef struct {
-    char name[96];      /* HF name without the "model." prefix */
-    char source[96];    /* the checkpoint tensor its values come from (differs for a tied lm_head) */
-    fp16 **slot;        /* the view pointer that records where its stored tensor starts, or NULL */
-    int layer;          /* FlexGen layer */
+    char name[96];   /* HF name without the "model." prefix */
+    char source[96]; /* the checkpoint tensor its values come from (differs for a tied lm_head) */
+    fp16 **slot;     /* the view pointer that records where its stored tensor starts, or NULL */
+    int layer;       /* FlexGen layer */
     int64_t rows, cols; /* the checkpoint's shape; cols == 0 for a vector */
     int kind;           /* how dummy weights fill it */
     size_t offset;      /* element [r][c] is at offset + r * row_stride + c * col_stride */
@@ -445,8 +492,8 @@ static void start_layer(spec_list *l, int layer) {
     l->next = 0;
 }
 
-static void add_spec(spec_list *l, fp16 **slot, int64_t rows, int64_t cols, int kind,
-                     size_t offset, size_t row_stride, size_t col_stride, const char *fmt, ...) {
+static void add_spec(spec_list *l, fp16 **slot, int64_t rows, int64_t cols, int kind, size_t offset,
+                     size_t row_stride, size_t col_stride, const char *fmt, ...) {
     tensor_spec *s = &l->s[l->n++];
     va_list ap;
     va_start(ap, fmt);
@@ -464,11 +511,11 @@ static void add_spec(spec_list *l, fp16 **slot, int64_t rows, int64_t cols, int 
 }
 
 /* An embedding table or a vector, stored as in the checkpoint. */
-#define ADD_PLAIN(l, slot, rows, cols, kind, ...) \
+#define ADD_PLAIN(l, slot, rows, cols, kind, ...)                                           \
     add_spec(l, slot, rows, cols, kind, reserve(l, (size_t)(rows) * ((cols) ? (cols) : 1)), \
              (cols) ? (size_t)(cols) : 1, 1, __VA_ARGS__)
 /* A linear layer's [out][in] weight, stored as [in][out]. */
-#define ADD_LINEAR(l, slot, out, in, ...) \
+#define ADD_LINEAR(l, slot, out, in, ...)                                                       \
     add_spec(l, slot, out, in, FILL_MATRIX, reserve(l, (size_t)(out) * (in)), 1, (size_t)(out), \
              __VA_ARGS__)
 
@@ -533,7 +580,8 @@ static void llama_specs(model_weights *w, int has_lm_head, spec_list *l) {
     start_layer(l, (int)n + 1);
     ADD_PLAIN(l, &w->final_ln_w, h, 0, FILL_LN_W, "norm.weight");
     ADD_PLAIN(l, &w->lm_head, c->vocab, h, FILL_EMBED, "lm_head.weight");
-    if (!has_lm_head) snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source, "embed_tokens.weight");
+    if (!has_lm_head)
+        snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source, "embed_tokens.weight");
     start_layer(l, (int)n + 2);
 }
 
@@ -547,22 +595,27 @@ static void model_specs(model_weights *w, int has_lm_head, spec_list *l) {
     }
     l->n = 0;
     start_layer(l, 0);
-    ADD_PLAIN(l, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED, "decoder.embed_tokens.weight");
-    ADD_PLAIN(l, &w->embed_positions, c->max_pos + 2, h, FILL_EMBED, "decoder.embed_positions.weight");
-    if (c->word_dim != c->hidden) ADD_LINEAR(l, &w->project_in, h, c->word_dim, "decoder.project_in.weight");
+    ADD_PLAIN(l, &w->embed_tokens, c->vocab, c->word_dim, FILL_EMBED,
+              "decoder.embed_tokens.weight");
+    ADD_PLAIN(l, &w->embed_positions, c->max_pos + 2, h, FILL_EMBED,
+              "decoder.embed_positions.weight");
+    if (c->word_dim != c->hidden)
+        ADD_LINEAR(l, &w->project_in, h, c->word_dim, "decoder.project_in.weight");
     for (int i = 0; i < n; i++) {
         start_layer(l, i + 1);
         layer_specs(l, &w->layers[i], c, i);
     }
     start_layer(l, (int)n + 1);
-    if (c->word_dim != c->hidden) ADD_LINEAR(l, &w->project_out, c->word_dim, h, "decoder.project_out.weight");
+    if (c->word_dim != c->hidden)
+        ADD_LINEAR(l, &w->project_out, c->word_dim, h, "decoder.project_out.weight");
     if (c->pre_ln) {
         ADD_PLAIN(l, &w->final_ln_w, h, 0, FILL_LN_W, "decoder.final_layer_norm.weight");
         ADD_PLAIN(l, &w->final_ln_b, h, 0, FILL_LN_B, "decoder.final_layer_norm.bias");
     }
     ADD_PLAIN(l, &w->lm_head, c->vocab, c->word_dim, FILL_EMBED, "lm_head.weight");
     if (!has_lm_head) /* tied (docs/DESIGN.md, "Conventions": OPT facts) */
-        snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source, "decoder.embed_tokens.weight");
+        snprintf(l->s[l->n - 1].source, sizeof l->s[l->n - 1].source,
+                 "decoder.embed_tokens.weight");
     start_layer(l, (int)n + 2);
 }
 
@@ -590,7 +643,10 @@ int opt_layout_init(opt_layout *l, model_weights *view, const model_config *cfg,
     /* A stored tensor starts at each spec with a slot; k and v pieces belong to q's. */
     for (int i = 0; i < sl.n; i++) {
         const tensor_spec *s = &sl.s[i];
-        if (!s->slot) { l->tensors[l->n_tensors - 1].n_specs++; continue; }
+        if (!s->slot) {
+            l->tensors[l->n_tensors - 1].n_specs++;
+            continue;
+        }
         opt_tensor *t = &l->tensors[l->n_tensors++];
         snprintf(t->name, sizeof t->name, "%s", s->name);
         t->layer = s->layer;
@@ -602,12 +658,15 @@ int opt_layout_init(opt_layout *l, model_weights *view, const model_config *cfg,
         for (int j = 0; j < l->n_tensors - 1 && is_tied(s); j++)
             if (!strcmp(sl.s[l->tensors[j].first_spec].name, s->source)) t->tied_to = j;
     }
-    for (int i = 0; i < l->n_tensors; i++) { /* a tensor runs up to the next one or its layer's end */
+    for (int i = 0; i < l->n_tensors;
+         i++) { /* a tensor runs up to the next one or its layer's end */
         opt_tensor *t = &l->tensors[i];
         size_t end = i + 1 < l->n_tensors && l->tensors[i + 1].layer == t->layer
-                         ? l->tensors[i + 1].offset : l->layer_floats[t->layer];
+                         ? l->tensors[i + 1].offset
+                         : l->layer_floats[t->layer];
         t->count = end - t->offset;
-        const tensor_spec *s = &sl.s[t->first_spec]; /* §5: matrices group along dim 0 of [out, in] */
+        const tensor_spec *s =
+            &sl.s[t->first_spec];     /* §5: matrices group along dim 0 of [out, in] */
         if (s->kind == FILL_MATRIX) { /* stored [in][out]: out is contiguous; q|k|v, [in][3][h] */
             t->group_outer = (size_t)s->cols * t->n_specs;
             t->group_len = (size_t)s->rows;
@@ -642,7 +701,8 @@ typedef struct {
 /* Dummy values are uniform in [-1, 1) around `center`. Matrices get std about 1/sqrt(3 * in):
  * each product keeps its input's scale, and layer norms keep the residual stream bounded. */
 static value_source dummy_source(const tensor_spec *s, uint64_t seed) {
-    value_source v = {NULL, fg_mix64(seed ^ fg_mix64(fg_fnv64(s->source, strlen(s->source)))), 0.05f, 0};
+    value_source v = {NULL, fg_mix64(seed ^ fg_mix64(fg_fnv64(s->source, strlen(s->source)))),
+                      0.05f, 0};
     switch (s->kind) {
     case FILL_MATRIX: v.scale = 1.0f / sqrtf((float)s->cols); break;
     case FILL_EMBED: v.scale = 0.5f; break;
@@ -686,8 +746,8 @@ static fp16 source_value(const value_source *v, size_t i) {
 /* Dummy values (file_value's, bit for bit) of a 32 x 32 tile: hashed and widened in a row of
  * fp32, then rounded to fp16 together (F16C where the CPU has it), so that a large model's dummy
  * weights are made at close to the speed of the memory written. */
-static void store_dummy_tile(const tensor_spec *s, int64_t r0, int64_t c0, float *dst32, fp16 *dst16,
-                             const value_source *v) {
+static void store_dummy_tile(const tensor_spec *s, int64_t r0, int64_t c0, float *dst32,
+                             fp16 *dst16, const value_source *v) {
     int64_t rows = s->rows, cols = s->cols ? s->cols : 1;
     int64_t r_end = r0 + 32 < rows ? r0 + 32 : rows, c_end = c0 + 32 < cols ? c0 + 32 : cols;
     int64_t height = r_end - r0, n = (c_end - c0) * height;
@@ -710,7 +770,8 @@ static void store_dummy_tile(const tensor_spec *s, int64_t r0, int64_t c0, float
  * checkpoint's rows and the transposed layout's rows are touched a cache line at a time.
  * Returns the first element (in checkpoint order) that is NaN or Inf in fp16, or -1. Checking
  * here costs no read of its own: every value of a checkpoint passes through once, at load. */
-static int64_t store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16, const value_source *v) {
+static int64_t store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16,
+                            const value_source *v) {
     int64_t rows = s->rows, cols = s->cols ? s->cols : 1, first_bad = INT64_MAX;
     if (!v->tensor) { /* dummy values: all finite */
 #pragma omp parallel for schedule(dynamic)
@@ -725,7 +786,8 @@ static int64_t store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16, con
                 for (int64_t r = r0; r < r0 + 32 && r < rows; r++) {
                     size_t at = r * s->row_stride + c * s->col_stride;
                     fp16 x = source_value(v, (size_t)(r * cols + c));
-                    if ((x & 0x7c00) == 0x7c00 && r * cols + c < first_bad) first_bad = r * cols + c;
+                    if ((x & 0x7c00) == 0x7c00 && r * cols + c < first_bad)
+                        first_bad = r * cols + c;
                     if (dst16) dst16[at] = x;
                     else dst32[at] = fp16_to_fp32(x);
                 }
@@ -749,12 +811,16 @@ void opt_tensor_dummy_values(const opt_layout *l, int t, int part, uint64_t seed
 }
 
 /* The line naming a tensor's first value that is not a finite fp16: NaN, Inf, or beyond fp16. */
-static int bad_value(const st_archive *a, const tensor_spec *s, const value_source *v, int64_t i, char *err) {
+static int bad_value(const st_archive *a, const tensor_spec *s, const value_source *v, int64_t i,
+                     char *err) {
     float x = file_value(v, (size_t)i);
     char where[48], what[64];
-    if (s->cols) snprintf(where, sizeof where, "[%lld, %lld]", (long long)(i / s->cols), (long long)(i % s->cols));
+    if (s->cols)
+        snprintf(where, sizeof where, "[%lld, %lld]", (long long)(i / s->cols),
+                 (long long)(i % s->cols));
     else snprintf(where, sizeof where, "[%lld]", (long long)i);
-    if (isnan(x) || isinf(x)) snprintf(what, sizeof what, "%s", isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf");
+    if (isnan(x) || isinf(x))
+        snprintf(what, sizeof what, "%s", isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf");
     else snprintf(what, sizeof what, "%g, beyond fp16's largest value (65504)", x);
     return fg_fail(err, "%s: tensor %s: element %s is %s; the weights must be finite in fp16",
                    a->paths[v->tensor->file], v->tensor->name, where, what);
@@ -779,8 +845,9 @@ int opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float 
     else memset(dst32, 0, ten->count * sizeof *dst32);
     for (int i = ten->first_spec; i < ten->first_spec + ten->n_specs; i++) {
         const tensor_spec *s = &specs[i];
-        value_source v = src->archive ? (value_source){find_spec_tensor(src->archive, s->source), 0, 0, 0}
-                                      : dummy_source(s, src->seed);
+        value_source v = src->archive
+                             ? (value_source){find_spec_tensor(src->archive, s->source), 0, 0, 0}
+                             : dummy_source(s, src->seed);
         size_t at = s->offset - ten->offset;
         int64_t bad = store_tensor(s, dst32 ? dst32 + at : NULL, dst16 ? dst16 + at : NULL, &v);
         if (!src->archive) continue;
@@ -797,7 +864,8 @@ int opt_tensor_fill(const opt_layout *l, int t, const weight_source *src, float 
 static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir, char *err) {
     int want_ndim = s->cols ? 2 : 1;
     char want[64], got[96] = "";
-    if (s->cols) snprintf(want, sizeof want, "[%lld, %lld]", (long long)s->rows, (long long)s->cols);
+    if (s->cols)
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)s->rows, (long long)s->cols);
     else snprintf(want, sizeof want, "[%lld]", (long long)s->rows);
     int ok = t->ndim == want_ndim && t->shape[0] == s->rows && (!s->cols || t->shape[1] == s->cols);
     if (ok) return 0;
@@ -819,7 +887,8 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
     for (int i = 0; i < a->n_tensors; i++) { /* anything the model does not use is an error */
         const char *name = strip_prefix(a->tensors[i].name);
         int known = 0;
-        for (int j = 0; j < l->n_specs && !known; j++) known = !is_tied(&s[j]) && !strcmp(s[j].name, name);
+        for (int j = 0; j < l->n_specs && !known; j++)
+            known = !is_tied(&s[j]) && !strcmp(s[j].name, name);
         if (!known) return fg_fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);
     }
     return 0;
@@ -827,16 +896,19 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
 
 /* The config against the tensor table before anything is sized from the config: the decoder
  * layers that the tensors name must be those num_hidden_layers says. */
-static int check_layer_count(const model_config *cfg, const st_archive *a, const char *path, char *err) {
+static int check_layer_count(const model_config *cfg, const st_archive *a, const char *path,
+                             char *err) {
     long layers = 0;
     const char *prefix = cfg->family == FAMILY_OPT ? "decoder.layers." : "layers.";
     for (int i = 0; i < a->n_tensors; i++) {
         const char *name = strip_prefix(a->tensors[i].name);
-        long j = !strncmp(name, prefix, strlen(prefix)) ? strtol(name + strlen(prefix), NULL, 10) : -1;
+        long j =
+            !strncmp(name, prefix, strlen(prefix)) ? strtol(name + strlen(prefix), NULL, 10) : -1;
         if (j >= layers) layers = j + 1;
     }
     if (layers != cfg->n_layers)
-        return fg_fail(err, "%s: num_hidden_layers is %d, but the checkpoint holds %ld decoder layers",
+        return fg_fail(err,
+                       "%s: num_hidden_layers is %d, but the checkpoint holds %ld decoder layers",
                        path, cfg->n_layers, layers);
     return 0;
 }
@@ -863,17 +935,23 @@ static int same_tensor(const st_tensor *a, const st_tensor *b) {
  * ends, so a lm_head.weight in the file must hold the embedding's values (same shape, and the same
  * bytes, or values where the dtypes differ): it is then not read (it leaves the table). One that
  * differs is refused, since which of the two the output layer should use is ambiguous. */
-static int choose_head(st_archive *a, const model_config *cfg, int tie_head, const char *path, char *err) {
+static int choose_head(st_archive *a, const model_config *cfg, int tie_head, const char *path,
+                       char *err) {
     const st_tensor *head = st_find(a, "lm_head.weight");
     if (!tie_head && !head)
-        return fg_fail(err, "%s: \"tie_word_embeddings\" is false, but the checkpoint has no lm_head.weight", path);
+        return fg_fail(
+            err, "%s: \"tie_word_embeddings\" is false, but the checkpoint has no lm_head.weight",
+            path);
     if (!tie_head || !head) return 0;
-    const st_tensor *embed = find_spec_tensor(a, cfg->family == FAMILY_OPT ? "decoder.embed_tokens.weight"
-                                                                           : "embed_tokens.weight");
+    const st_tensor *embed = find_spec_tensor(
+        a, cfg->family == FAMILY_OPT ? "decoder.embed_tokens.weight" : "embed_tokens.weight");
     if (embed && !same_tensor(head, embed))
-        return fg_fail(err, "%s: \"tie_word_embeddings\" is true or absent, but lm_head.weight differs from %s; "
-                            "which one the output layer uses is ambiguous (set \"tie_word_embeddings\" to "
-                            "false to use lm_head.weight)", path, embed->name);
+        return fg_fail(
+            err,
+            "%s: \"tie_word_embeddings\" is true or absent, but lm_head.weight differs from %s; "
+            "which one the output layer uses is ambiguous (set \"tie_word_embeddings\" to "
+            "false to use lm_head.weight)",
+            path, embed->name);
     size_t at = (size_t)(head - a->tensors);
     memmove(&a->tensors[at], &a->tensors[at + 1], (a->n_tensors - at - 1) * sizeof *a->tensors);
     a->n_tensors--;
@@ -921,7 +999,8 @@ static int weights_all_fp16(model_weights *w, const model_config *cfg, int has_l
             rc = opt_tensor_fill(&l, i, src, NULL, *t->slot, err);
         }
         for (int i = 0; i < l.n_tensors; i++)
-            if (l.tensors[i].tied_to >= 0) *l.tensors[i].slot = *l.tensors[l.tensors[i].tied_to].slot;
+            if (l.tensors[i].tied_to >= 0)
+                *l.tensors[i].slot = *l.tensors[l.tensors[i].tied_to].slot;
     }
     free(base);
     w->layers = l.view->layers; /* the view is w itself; keep its layers, free the table */

@@ -191,8 +191,8 @@ void queue_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, s
     thread_ctx *c = ctx();
     if (rows == 1) CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, c->stream));
     else
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
-                                     c->stream));
+        CUDA_CHECK(
+            cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, c->stream));
     uint64_t at = note_queued();
     size_t bytes = width * rows;
     if (direction == TO_DEVICE) {
@@ -408,8 +408,8 @@ static void cuda_ws_free(cuda_ws *d) {
     free(d);
 }
 
-int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows,
-                        int max_prompt, int max_len, char *err) {
+int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
+                        int max_len, char *err) {
     memset(ws, 0, sizeof *ws);
     size_t sizes[FG_CUDA_WS_PARTS];
     size_t total = fg_cuda_workspace_parts(cfg, rows, max_prompt, max_len, sizes);

@@ -29,10 +29,10 @@ void cuda_counts(fg_device_counts *out);
 
 /* ---- Errors. A failed call ends the process, naming the call, its file and line. ---- */
 void cuda_fail(const char *call, const char *file, int line, const char *msg);
-#define CUDA_CHECK(call)                                                                       \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) cuda_fail(#call, __FILE__, __LINE__, cudaGetErrorString(e_));   \
+#define CUDA_CHECK(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) cuda_fail(#call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
     } while (0)
 /* After a launch (a kernel's, or a cuBLAS call's, which launches its own): its own error, and
  * with FLEXGEN_CUDA_SYNC=1 (sync_each_kernel) its end too, so that a fault names its kernel or
@@ -41,19 +41,19 @@ void cuda_fail(const char *call, const char *file, int line, const char *msg);
 extern int sync_each_kernel;
 void launched(const char *kernel, const char *file, int line);
 #define LAUNCHED(kernel) launched(kernel "<<<>>>", __FILE__, __LINE__)
-#define BLAS_CHECK(call)                                                                       \
-    do {                                                                                       \
-        cublasStatus_t s_ = (call);                                                            \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
-            cuda_fail(#call, __FILE__, __LINE__, cublasGetStatusString(s_));                   \
+#define BLAS_CHECK(call)                                                     \
+    do {                                                                     \
+        cublasStatus_t s_ = (call);                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                     \
+            cuda_fail(#call, __FILE__, __LINE__, cublasGetStatusString(s_)); \
     } while (0)
 /* A cuBLAS product: counted, and with FLEXGEN_CUDA_SYNC=1 waited for. */
-#define BLAS_PRODUCT(call)                                                                     \
-    do {                                                                                       \
-        count(&counts.blas_calls, 1);                                                          \
-        BLAS_CHECK(call);                                                                      \
-        note_queued();                                                                         \
-        if (sync_each_kernel) wait_stream();                                                   \
+#define BLAS_PRODUCT(call)                   \
+    do {                                     \
+        count(&counts.blas_calls, 1);        \
+        BLAS_CHECK(call);                    \
+        note_queued();                       \
+        if (sync_each_kernel) wait_stream(); \
     } while (0)
 
 /* ---- Threads and streams ---- */
@@ -66,20 +66,20 @@ typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     char *bounce[2];
-    cudaEvent_t moved[2];     /* recorded after the copy that last used each bounce buffer */
-    uint64_t moved_at[2];     /* the work each of those events stands for */
-    int link;                 /* the I/O link whose thread this is (io_links.c), or -1 */
-    cudaEvent_t host_copied;  /* recorded after each copy from or to host memory */
-    uint64_t host_copied_at;  /* the work that event stands for, 0: none since the host waited */
-    cudaEvent_t mark;         /* recorded by join: the work another stream must wait for */
+    cudaEvent_t moved[2];    /* recorded after the copy that last used each bounce buffer */
+    uint64_t moved_at[2];    /* the work each of those events stands for */
+    int link;                /* the I/O link whose thread this is (io_links.c), or -1 */
+    cudaEvent_t host_copied; /* recorded after each copy from or to host memory */
+    uint64_t host_copied_at; /* the work that event stands for, 0: none since the host waited */
+    cudaEvent_t mark;        /* recorded by join: the work another stream must wait for */
     uint64_t queued, finished;
-    int capturing;            /* its stream's work goes into a CUDA Graph (layer_graph_begins) */
+    int capturing; /* its stream's work goes into a CUDA Graph (layer_graph_begins) */
 } thread_ctx;
 
-thread_ctx *ctx(void);       /* the calling thread's, made on its first call */
-cublasHandle_t blas(void);   /* its cuBLAS handle, on its stream */
-void wait_stream(void);      /* the host waits for all this thread queued */
-uint64_t note_queued(void);  /* numbers a piece of work just put on this thread's stream */
+thread_ctx *ctx(void);      /* the calling thread's, made on its first call */
+cublasHandle_t blas(void);  /* its cuBLAS handle, on its stream */
+void wait_stream(void);     /* the host waits for all this thread queued */
+uint64_t note_queued(void); /* numbers a piece of work just put on this thread's stream */
 
 /* ---- Memory and copies, queued on the calling thread's stream (the table's alloc .. join) ---- */
 enum { TO_DEVICE, TO_HOST, ON_DEVICE };
@@ -116,8 +116,8 @@ void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t outer,
  * step's layers share their rows and pages, so only the first layer's table moves. */
 typedef struct {
     char *host, *device;
-    size_t bytes;          /* of the content; 0: empty */
-    uint64_t uploaded_at;  /* the compute thread's work up to the upload, which `uploaded` marks */
+    size_t bytes;         /* of the content; 0: empty */
+    uint64_t uploaded_at; /* the compute thread's work up to the upload, which `uploaded` marks */
     cudaEvent_t uploaded;
     uint64_t last_used;
 } table_slot;
@@ -136,11 +136,11 @@ typedef struct {
                            over scores and probs, which attention after cached tokens leaves */
     size_t span_slots;  /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
     cudaGraphExec_t layer_graph; /* a decode layer's kernels, updated for each layer and step */
-    int graphs;         /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
-    float *q4_scratch;  /* 4-bit products: decode's partial sums, or a slice widened to fp16,
-                           over scores, probs and parts[4] too */
+    int graphs;          /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
+    float *q4_scratch;   /* 4-bit products: decode's partial sums, or a slice widened to fp16,
+                            over scores, probs and parts[4] too */
     size_t widen_values; /* the values of a widened slice that q4_scratch holds */
-    size_t rows;        /* token rows the workspace holds */
+    size_t rows;         /* token rows the workspace holds */
     table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
     int max_pages;      /* entries of a sequence's page table in a cache table */
     char *grown_tables; /* the cache tables' own allocation once a run's pages outnumber the part */
@@ -152,14 +152,16 @@ typedef struct {
     size_t host_rows;
 } cuda_ws;
 
-int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows,
-                        int max_prompt, int max_len, char *err);
+int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
+                        int max_len, char *err);
 void cuda_workspace_free(model_workspace *ws);
 /* The host rows of delegated attention, for `rows` token rows (host, host16). */
 void host_rows_ready(cuda_ws *d, const model_config *c, size_t rows, int max_len);
 
 /* A step's rows and tokens as the input embedding reads them. */
-typedef struct { const int *pad, *past, *tokens; } token_table;
+typedef struct {
+    const int *pad, *past, *tokens;
+} token_table;
 
 /* A layer's rows, cache pointers and page tables as its kernels read them: each sequence's K and
  * V rows (NULL where they are in host memory and attention is delegated) lie `shift` bytes from
@@ -170,7 +172,7 @@ typedef struct {
     const int *pages;
     int max_pages;
     long long shift;
-    int on_device;      /* sequences whose cache is device memory */
+    int on_device; /* sequences whose cache is device memory */
 } cache_table;
 
 token_table upload_tokens(cuda_ws *d, const gpu_batch *gb);

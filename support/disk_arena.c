@@ -17,8 +17,7 @@
 
 /* Maps a file of `bytes`, reserving its blocks first so that a full disk is an error here and
  * not a SIGBUS later. Takes ownership of fd. */
-int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir,
-                     char *err) {
+int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir, char *err) {
     memset(a, 0, sizeof *a);
     a->fd = -1;
     bytes = page_up(bytes ? bytes : 1);
@@ -32,7 +31,8 @@ int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char 
     if (a->base == MAP_FAILED) {
         a->base = NULL;
         close(fd);
-        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s, strerror(errno));
+        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s,
+                       strerror(errno));
     }
     a->fd = fd;
     a->size = bytes;

@@ -53,11 +53,11 @@
  * is the block's largest, alpha and every a8 of the block move with it. The layer's outputs, the
  * next layer's K, V and inputs, then differ by that much, and every later linear layer rounds them
  * again; and prefill's products round once per row where decode's round per block. So with int8
- * activations decode and prefill predict differently at 555 of 42,101 positions. That is the scheme's rounding, not a bug in the kernel (tests/test_matmul.c holds it
- * to its bound): compare this mode's runs within one mode; anything that changes an fp32 sum
- * upstream (another OpenBLAS core, another order) can move a few predictions, which is why a
- * job's line names the OpenBLAS core (app/jobs.c), and why every path of our own kernels sums in
- * one order.
+ * activations decode and prefill predict differently at 555 of 42,101 positions. That is the
+ * scheme's rounding, not a bug in the kernel (tests/test_matmul.c holds it to its bound): compare
+ * this mode's runs within one mode; anything that changes an fp32 sum upstream (another OpenBLAS
+ * core, another order) can move a few predictions, which is why a job's line names the OpenBLAS
+ * core (app/jobs.c), and why every path of our own kernels sums in one order.
  *
  * The kernel. Threads share the groups (64 columns of y, or a part's last, narrower group). For
  * each pass of up to 64 rows of x, each block of 64 k, and each group:
@@ -132,7 +132,8 @@ typedef struct {
 } block_panel;
 
 /* Slot s: in each 16 slots, 8 even columns then 8 odd ones; byte p of a row holds columns 2p (its
- * high nibble) and 2p + 1, and slots 16i .. 16i + 15 take bytes 4i .. 4i + 3 and 16 + 4i .. 19 + 4i. */
+ * high nibble) and 2p + 1, and slots 16i .. 16i + 15 take bytes 4i .. 4i + 3 and 16 + 4i .. 19 +
+ * 4i. */
 static int slot_column(int s) {
     int i = s / 16, odd = s / 8 % 2, j = s % 8;
     return 2 * (j < 4 ? 4 * i + j : 16 + 4 * i + j - 4) + odd;
@@ -161,7 +162,8 @@ static void pack_portable(const uint8_t *W, const q4_group *gr, int k0, int kc, 
 }
 
 static float lanes_add(const float lane[8]) {
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+           ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
 /* alpha and 127 / max|a| from max|a|; a block of zeros (or of values too small to scale) is 0. */
@@ -171,7 +173,8 @@ static float scales_of(float big, float *inv) {
 }
 
 /* Row x of the block (its 64 values, zeros past the block's rows). */
-static void quantize_portable(const float *x, const block_panel *p, int8_t *a8, float *alpha, float *msum) {
+static void quantize_portable(const float *x, const block_panel *p, int8_t *a8, float *alpha,
+                              float *msum) {
     float a[KB], big = 0, lane[8] = {0}, inv;
     for (int k = 0; k < KB; k++) {
         a[k] = x[k] * p->scale[k];
@@ -184,7 +187,8 @@ static void quantize_portable(const float *x, const block_panel *p, int8_t *a8, 
 }
 
 /* isum[r][s]: row r0 + r's sum over the block for slot s. */
-static void tile_portable(const block_panel *p, const block_rows *q, int r0, int mr, int32_t isum[TR][64]) {
+static void tile_portable(const block_panel *p, const block_rows *q, int r0, int mr,
+                          int32_t isum[TR][64]) {
     for (int r = 0; r < mr; r++)
         for (int s = 0; s < 64; s++) {
             int32_t sum = 0;
@@ -193,8 +197,8 @@ static void tile_portable(const block_panel *p, const block_rows *q, int r0, int
         }
 }
 
-static void finish_portable(const block_rows *q, int r0, int mr, int32_t isum[TR][64], int n, float *y,
-                            size_t ldy, int from_y) {
+static void finish_portable(const block_rows *q, int r0, int mr, int32_t isum[TR][64], int n,
+                            float *y, size_t ldy, int from_y) {
     for (int r = 0; r < mr; r++)
         for (int s = 0; s < 64; s++) {
             int c = slot_column(s);
@@ -211,8 +215,9 @@ static void finish_portable(const block_rows *q, int r0, int mr, int32_t isum[TR
  * of rows k .. k + 3), whose high nibbles are the quads of column 2p and low nibbles of 2p + 1.
  * The same group's rows of the next block (`ahead` of them) are prefetched into L2: a block's 64
  * rows are 64 streams, more than the hardware's prefetcher follows (as in support/matmul.c). */
-__attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, const q4_group *gr, int k0, int kc,
-                                                           int ahead, block_panel *p) {
+__attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, const q4_group *gr,
+                                                           int k0, int kc, int ahead,
+                                                           block_panel *p) {
     for (int k = 0; k < ahead; k++) {
         const char *next = (const char *)W + (size_t)(k0 + KB + k) * gr->row_bytes;
         _mm_prefetch(next + gr->codes, _MM_HINT_T1);
@@ -225,7 +230,10 @@ __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, con
         __m256i b[4];
         for (int i = 0; i < 4; i++) {
             int k = k4 + i;
-            if (k >= kc) { b[i] = _mm256_setzero_si256(); continue; }
+            if (k >= kc) {
+                b[i] = _mm256_setzero_si256();
+                continue;
+            }
             const uint8_t *row = W + (size_t)(k0 + k) * gr->row_bytes;
             b[i] = _mm256_loadu_si256((const __m256i *)(row + gr->codes));
             memcpy(&scales[k], row + gr->scale, 2);
@@ -236,12 +244,15 @@ __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, con
         __m256i v[4] = {_mm256_unpacklo_epi16(lo01, lo23), _mm256_unpackhi_epi16(lo01, lo23),
                         _mm256_unpacklo_epi16(hi01, hi23), _mm256_unpackhi_epi16(hi01, hi23)};
         for (int i = 0; i < 4; i++) {
-            _mm256_store_si256((__m256i *)p->quads[k4 / 4][16 * i], _mm256_and_si256(_mm256_srli_epi16(v[i], 4), low4));
-            _mm256_store_si256((__m256i *)p->quads[k4 / 4][16 * i + 8], _mm256_and_si256(v[i], low4));
+            _mm256_store_si256((__m256i *)p->quads[k4 / 4][16 * i],
+                               _mm256_and_si256(_mm256_srli_epi16(v[i], 4), low4));
+            _mm256_store_si256((__m256i *)p->quads[k4 / 4][16 * i + 8],
+                               _mm256_and_si256(v[i], low4));
         }
     }
     for (int k = 0; k < KB; k += 8) {
-        _mm256_store_ps(p->scale + k, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(scales + k))));
+        _mm256_store_ps(p->scale + k,
+                        _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(scales + k))));
         _mm256_store_ps(p->min + k, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(mins + k))));
     }
 }
@@ -249,10 +260,8 @@ __attribute__((target("avx2,f16c"))) static void pack_avx2(const uint8_t *W, con
 /* Rows x[0 .. mr) of the block, mr <= TR, quantized together: each row's chains (its msum's 8
  * lanes, its max) are 8 dependent steps, so four rows' side by side keep the FMA units busy. a is
  * computed twice, once for max|a| and once to round it, the same product both times. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void quantize_rows_avx2(const float *const x[TR],
-                                                                                         const block_panel *p,
-                                                                                         block_rows *q, int r0,
-                                                                                         const int mr) {
+__attribute__((target("avx2,fma"), always_inline)) static inline void quantize_rows_avx2(
+    const float *const x[TR], const block_panel *p, block_rows *q, int r0, const int mr) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 big[TR], lanes[TR];
 #pragma GCC unroll 4
@@ -268,27 +277,35 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void quantize_r
     }
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++) {
-        __m128 l4 = _mm_add_ps(_mm256_castps256_ps128(lanes[r]), _mm256_extractf128_ps(lanes[r], 1));
-        l4 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4)); /* (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 + l7) */
+        __m128 l4 =
+            _mm_add_ps(_mm256_castps256_ps128(lanes[r]), _mm256_extractf128_ps(lanes[r], 1));
+        l4 = _mm_add_ps(l4,
+                        _mm_movehl_ps(l4, l4)); /* (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 + l7) */
         q->msum[r0 + r] = _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(big[r]), _mm256_extractf128_ps(big[r], 1)); /* exact */
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(big[r]),
+                               _mm256_extractf128_ps(big[r], 1)); /* exact */
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         float inv;
         q->alpha[r0 + r] = scales_of(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), &inv);
         __m256 invv = _mm256_set1_ps(inv);
         for (int k = 0; k < KB; k += 16) { /* 16 values: int32 -> int16 -> int8, in order */
             __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(x[r] + k), _mm256_load_ps(p->scale + k));
-            __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(x[r] + k + 8), _mm256_load_ps(p->scale + k + 8));
-            __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(a0, invv)), v1 = _mm256_cvtps_epi32(_mm256_mul_ps(a1, invv));
-            __m128i w0 = _mm_packs_epi32(_mm256_castsi256_si128(v0), _mm256_extracti128_si256(v0, 1));
-            __m128i w1 = _mm_packs_epi32(_mm256_castsi256_si128(v1), _mm256_extracti128_si256(v1, 1));
+            __m256 a1 =
+                _mm256_mul_ps(_mm256_loadu_ps(x[r] + k + 8), _mm256_load_ps(p->scale + k + 8));
+            __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(a0, invv)),
+                    v1 = _mm256_cvtps_epi32(_mm256_mul_ps(a1, invv));
+            __m128i w0 =
+                _mm_packs_epi32(_mm256_castsi256_si128(v0), _mm256_extracti128_si256(v0, 1));
+            __m128i w1 =
+                _mm_packs_epi32(_mm256_castsi256_si128(v1), _mm256_extracti128_si256(v1, 1));
             _mm_storeu_si128((__m128i *)(q->a8[r0 + r] + k), _mm_packs_epi16(w0, w1));
         }
     }
 }
 
-__attribute__((target("avx2,fma"))) static void quantize_avx2(const float *const x[TR], const block_panel *p,
-                                                              block_rows *q, int r0, int mr) {
+__attribute__((target("avx2,fma"))) static void quantize_avx2(const float *const x[TR],
+                                                              const block_panel *p, block_rows *q,
+                                                              int r0, int mr) {
     switch (mr) {
     case 1: quantize_rows_avx2(x, p, q, r0, 1); break;
     case 2: quantize_rows_avx2(x, p, q, r0, 2); break;
@@ -298,10 +315,8 @@ __attribute__((target("avx2,fma"))) static void quantize_avx2(const float *const
 }
 
 /* isum for mr rows (a constant at each call, so the loops unroll) and the 16 slots from s. */
-__attribute__((target("avx2"), always_inline)) static inline void tile_avx2_rows(const block_panel *p,
-                                                                                 const block_rows *q, int r0,
-                                                                                 const int mr, int s,
-                                                                                 int32_t isum[TR][64]) {
+__attribute__((target("avx2"), always_inline)) static inline void tile_avx2_rows(
+    const block_panel *p, const block_rows *q, int r0, const int mr, int s, int32_t isum[TR][64]) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc32[TR][2];
 #pragma GCC unroll 4
@@ -325,16 +340,18 @@ __attribute__((target("avx2"), always_inline)) static inline void tile_avx2_rows
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++)
 #pragma GCC unroll 2
-            for (int v = 0; v < 2; v++) acc32[r][v] = _mm256_add_epi32(acc32[r][v], _mm256_madd_epi16(acc16[r][v], ones));
+            for (int v = 0; v < 2; v++)
+                acc32[r][v] = _mm256_add_epi32(acc32[r][v], _mm256_madd_epi16(acc16[r][v], ones));
     }
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 2
-        for (int v = 0; v < 2; v++) _mm256_storeu_si256((__m256i *)(isum[r] + s + 8 * v), acc32[r][v]);
+        for (int v = 0; v < 2; v++)
+            _mm256_storeu_si256((__m256i *)(isum[r] + s + 8 * v), acc32[r][v]);
 }
 
-__attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, const block_rows *q, int r0, int mr,
-                                                      int32_t isum[TR][64]) {
+__attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, const block_rows *q,
+                                                      int r0, int mr, int32_t isum[TR][64]) {
     for (int s = 0; s < 64; s += 16) switch (mr) {
         case 1: tile_avx2_rows(p, q, r0, 1, s, isum); break;
         case 2: tile_avx2_rows(p, q, r0, 2, s, isum); break;
@@ -349,35 +366,40 @@ __attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, cons
  * tile is written once and built twice: with the instruction, and with an exact AVX2 stand-in
  * for it (dpbusd_avx2), which every machine with AVX2 runs, so the tests hold the tile to the
  * other paths' bits everywhere and the instruction itself where the CPU has it. */
-#define VNNI256_SUMS(name, isa, dpbusd)                                                                          \
-    __attribute__((target(isa))) static void name(const uint8_t *quads, const int8_t *a8, int mr,              \
-                                                  int32_t (*isum)[64]) {                                       \
-        for (int s = 0; s < 64; s += 16) {                                                                     \
-            __m256i acc[TR][2];                                                                                \
-            for (int r = 0; r < TR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();                       \
-            for (int k4 = 0; k4 < KB; k4 += 4) {                                                               \
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s)));                 \
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s + 8)));             \
-                for (int r = 0; r < TR; r++) { /* rows past mr: a8's rows are there, their sums unused */      \
-                    int32_t four;                                                                              \
-                    memcpy(&four, a8 + KB * r + k4, 4);                                                        \
-                    __m256i b = _mm256_set1_epi32(four);                                                       \
-                    acc[r][0] = dpbusd(acc[r][0], w0, b);                                                      \
-                    acc[r][1] = dpbusd(acc[r][1], w1, b);                                                      \
-                }                                                                                              \
-            }                                                                                                  \
-            for (int r = 0; r < mr; r++)                                                                       \
-                for (int v = 0; v < 2; v++) _mm256_storeu_si256((__m256i *)(isum[r] + s + 8 * v), acc[r][v]); \
-        }                                                                                                      \
+#define VNNI256_SUMS(name, isa, dpbusd)                                                            \
+    __attribute__((target(isa))) static void name(const uint8_t *quads, const int8_t *a8, int mr,  \
+                                                  int32_t(*isum)[64]) {                            \
+        for (int s = 0; s < 64; s += 16) {                                                         \
+            __m256i acc[TR][2];                                                                    \
+            for (int r = 0; r < TR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();           \
+            for (int k4 = 0; k4 < KB; k4 += 4) {                                                   \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s)));     \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s + 8))); \
+                for (int r = 0; r < TR;                                                            \
+                     r++) { /* rows past mr: a8's rows are there, their sums unused */             \
+                    int32_t four;                                                                  \
+                    memcpy(&four, a8 + KB * r + k4, 4);                                            \
+                    __m256i b = _mm256_set1_epi32(four);                                           \
+                    acc[r][0] = dpbusd(acc[r][0], w0, b);                                          \
+                    acc[r][1] = dpbusd(acc[r][1], w1, b);                                          \
+                }                                                                                  \
+            }                                                                                      \
+            for (int r = 0; r < mr; r++)                                                           \
+                for (int v = 0; v < 2; v++)                                                        \
+                    _mm256_storeu_si256((__m256i *)(isum[r] + s + 8 * v), acc[r][v]);              \
+        }                                                                                          \
     }
 
 /* vpdpbusd exactly: each 32-bit lane gains the 4 products of its unsigned bytes of u by the signed
  * bytes of s. Bytes 0 and 2 (and 1 and 3) widen to 16 bits, where a product of a byte by a byte
  * fits; vpmaddwd adds each pair into 32 bits. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i dpbusd_avx2(__m256i acc, __m256i u, __m256i s) {
+__attribute__((target("avx2"), always_inline)) static inline __m256i dpbusd_avx2(__m256i acc,
+                                                                                 __m256i u,
+                                                                                 __m256i s) {
     __m256i u_even = _mm256_and_si256(u, _mm256_set1_epi16(0xff)), u_odd = _mm256_srli_epi16(u, 8);
     __m256i s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), s_odd = _mm256_srai_epi16(s, 8);
-    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even), _mm256_madd_epi16(u_odd, s_odd)));
+    return _mm256_add_epi32(
+        acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even), _mm256_madd_epi16(u_odd, s_odd)));
 }
 
 VNNI256_SUMS(vnni256_sums, "avx2,avxvnni", _mm256_dpbusd_avx_epi32)
@@ -399,7 +421,8 @@ fg_int8_sums *int8_sums_vnni256(int native) {
 /* A whole group: slots 16i .. 16i + 15 (8 even columns, then 8 odd) interleave back into columns
  * 8i .. 8i + 7 and 32 + 8i .. 39 + 8i. */
 __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q, int r0, int mr,
-                                                            int32_t isum[TR][64], float *y, size_t ldy, int from_y) {
+                                                            int32_t isum[TR][64], float *y,
+                                                            size_t ldy, int from_y) {
     for (int r = 0; r < mr; r++) {
         __m256 alpha = _mm256_set1_ps(q->alpha[r0 + r]), msum = _mm256_set1_ps(q->msum[r0 + r]);
         float *yr = y + r * ldy;
@@ -407,11 +430,13 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
             __m256i even = _mm256_loadu_si256((const __m256i *)(isum[r] + 16 * i));
             __m256i odd = _mm256_loadu_si256((const __m256i *)(isum[r] + 16 * i + 8));
             __m256i lo = _mm256_unpacklo_epi32(even, odd), hi = _mm256_unpackhi_epi32(even, odd);
-            __m256i cols[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+            __m256i cols[2] = {_mm256_permute2x128_si256(lo, hi, 0x20),
+                               _mm256_permute2x128_si256(lo, hi, 0x31)};
             for (int h = 0; h < 2; h++) {
                 float *yc = yr + 8 * i + 32 * h;
                 __m256 t = _mm256_fmadd_ps(alpha, _mm256_cvtepi32_ps(cols[h]), msum);
-                _mm256_storeu_ps(yc, _mm256_add_ps(from_y ? _mm256_loadu_ps(yc) : _mm256_setzero_ps(), t));
+                _mm256_storeu_ps(
+                    yc, _mm256_add_ps(from_y ? _mm256_loadu_ps(yc) : _mm256_setzero_ps(), t));
             }
         }
     }
@@ -438,7 +463,11 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
  * order until the end, a 256-bit register holds one group's row, so the pair's two groups run
  * one after the other and each block's sums go to y in column order at once: no reordering pass
  * over y before and after. */
-enum { PAIR_SPAN = 4, PAIR_CHUNK = 8, PAIR_PASS = NO_PANEL_ROWS }; /* blocks a span; groups a chunk; rows of x a pass */
+enum {
+    PAIR_SPAN = 4,
+    PAIR_CHUNK = 8,
+    PAIR_PASS = NO_PANEL_ROWS
+}; /* blocks a span; groups a chunk; rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 8 groups: the 4 values of
  * a8 of k .. k + 3 in one int32 (k's byte lowest), and alpha and msum, each [block][group]. */
@@ -448,7 +477,8 @@ typedef struct {
 } rounded_chunk;
 
 /* The n (<= 8) fp16 values at p, widened; zeros after them. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_groups_avx2(const uint8_t *p, int n) {
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_groups_avx2(
+    const uint8_t *p, int n) {
     if (n == PAIR_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     fp16 h[PAIR_CHUNK] = {0};
     memcpy(h, p, (size_t)n * sizeof *h);
@@ -458,9 +488,9 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_g
 /* Block b of the span for one row (x and w at the block's first k; mins and scales: the chunk's
  * first group's, from w): quantize_portable's steps for n groups, one a lane; a is kept between
  * its two uses. ahead: prefetch the next block's mins and scales into L2. */
-__attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(const float *x, const uint8_t *w, size_t stride,
-                                                                      size_t mins, size_t scales, int n, int ahead,
-                                                                      int b, rounded_chunk *q) {
+__attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
+    const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales, int n, int ahead,
+    int b, rounded_chunk *q) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 big = _mm256_setzero_ps(), lane[8];
     _Alignas(32) float a[KB][PAIR_CHUNK];
@@ -480,14 +510,16 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(const floa
     __m256 low = _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6]));
     __m256 high = _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7]));
     _mm256_storeu_ps(q->msum[b], _mm256_add_ps(low, high));
-    __m256 scaled = _mm256_cmp_ps(big, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's test */
+    __m256 scaled =
+        _mm256_cmp_ps(big, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's test */
     __m256 inv = _mm256_and_ps(scaled, _mm256_div_ps(_mm256_set1_ps(127), big));
     _mm256_storeu_ps(q->alpha[b], _mm256_and_ps(scaled, _mm256_div_ps(big, _mm256_set1_ps(127))));
     for (int k4 = 0; k4 < KB / 4; k4++) {
         __m256i quad = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) { /* vcvtps2dq rounds to nearest even, as nearbyintf */
             __m256i a8 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(a[4 * k4 + i]), inv));
-            quad = _mm256_or_si256(quad, _mm256_slli_epi32(_mm256_and_si256(a8, _mm256_set1_epi32(0xff)), 8 * i));
+            quad = _mm256_or_si256(
+                quad, _mm256_slli_epi32(_mm256_and_si256(a8, _mm256_set1_epi32(0xff)), 8 * i));
         }
         _mm256_storeu_si256((__m256i *)q->a8_quads[b][k4], quad);
     }
@@ -498,8 +530,8 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(const floa
  * rows of the group are prefetched into L2: a block's 64 rows are 64 streams, more than the
  * hardware's prefetcher follows (as in pack_avx2). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void group_block_avx2(
-    const uint8_t *codes, size_t stride, int ahead, const rounded_chunk *const *q, int b, int u, float *const *y,
-    int from_y, const int mr) {
+    const uint8_t *codes, size_t stride, int ahead, const rounded_chunk *const *q, int b, int u,
+    float *const *y, int from_y, const int mr) {
     const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) { /* slots 0 .. 31, then 32 .. 63 */
         __m256i acc32[2][4];
@@ -520,37 +552,50 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void group_bloc
                 __m256i b2 = _mm256_loadu_si256((const __m256i *)(row + 2 * stride));
                 __m256i b3 = _mm256_loadu_si256((const __m256i *)(row + 3 * stride));
                 if (ahead && half == 0)
-                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)row + (KB + i) * stride, _MM_HINT_T1);
+                    for (int i = 0; i < 4; i++)
+                        _mm_prefetch((const char *)row + (KB + i) * stride, _MM_HINT_T1);
                 __m256i b01 = half ? _mm256_unpackhi_epi8(b0, b1) : _mm256_unpacklo_epi8(b0, b1);
                 __m256i b23 = half ? _mm256_unpackhi_epi8(b2, b3) : _mm256_unpacklo_epi8(b2, b3);
-                __m256i quads[2] = {_mm256_unpacklo_epi16(b01, b23), _mm256_unpackhi_epi16(b01, b23)};
-                __m256i w[4] = {_mm256_and_si256(_mm256_srli_epi16(quads[0], 4), low4), _mm256_and_si256(quads[0], low4),
-                                _mm256_and_si256(_mm256_srli_epi16(quads[1], 4), low4), _mm256_and_si256(quads[1], low4)};
+                __m256i quads[2] = {_mm256_unpacklo_epi16(b01, b23),
+                                    _mm256_unpackhi_epi16(b01, b23)};
+                __m256i w[4] = {_mm256_and_si256(_mm256_srli_epi16(quads[0], 4), low4),
+                                _mm256_and_si256(quads[0], low4),
+                                _mm256_and_si256(_mm256_srli_epi16(quads[1], 4), low4),
+                                _mm256_and_si256(quads[1], low4)};
 #pragma GCC unroll 2
                 for (int r = 0; r < mr; r++) {
                     __m256i a8 = _mm256_set1_epi32(q[r]->a8_quads[b][k4][u]);
 #pragma GCC unroll 4
-                    for (int v = 0; v < 4; v++) acc16[r][v] = _mm256_add_epi16(acc16[r][v], _mm256_maddubs_epi16(w[v], a8));
+                    for (int v = 0; v < 4; v++)
+                        acc16[r][v] = _mm256_add_epi16(acc16[r][v], _mm256_maddubs_epi16(w[v], a8));
                 }
             }
 #pragma GCC unroll 2
             for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
-                for (int v = 0; v < 4; v++) acc32[r][v] = _mm256_add_epi32(acc32[r][v], _mm256_madd_epi16(acc16[r][v], ones));
+                for (int v = 0; v < 4; v++)
+                    acc32[r][v] =
+                        _mm256_add_epi32(acc32[r][v], _mm256_madd_epi16(acc16[r][v], ones));
         }
 #pragma GCC unroll 2
         for (int r = 0; r < mr; r++) {
-            __m256 alpha = _mm256_set1_ps(q[r]->alpha[b][u]), msum = _mm256_set1_ps(q[r]->msum[b][u]);
+            __m256 alpha = _mm256_set1_ps(q[r]->alpha[b][u]),
+                   msum = _mm256_set1_ps(q[r]->msum[b][u]);
 #pragma GCC unroll 2
-            for (int i = 0; i < 2; i++) { /* slots 16i' .. 16i' + 15, i' = 2 half + i: finish_avx2's columns */
+            for (int i = 0; i < 2;
+                 i++) { /* slots 16i' .. 16i' + 15, i' = 2 half + i: finish_avx2's columns */
                 __m256i even = acc32[r][2 * i], odd = acc32[r][2 * i + 1];
-                __m256i lo = _mm256_unpacklo_epi32(even, odd), hi = _mm256_unpackhi_epi32(even, odd);
-                __m256i cols[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+                __m256i lo = _mm256_unpacklo_epi32(even, odd),
+                        hi = _mm256_unpackhi_epi32(even, odd);
+                __m256i cols[2] = {_mm256_permute2x128_si256(lo, hi, 0x20),
+                                   _mm256_permute2x128_si256(lo, hi, 0x31)};
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     float *yc = y[r] + 8 * (2 * half + i) + 32 * h;
                     __m256 gain = _mm256_fmadd_ps(alpha, _mm256_cvtepi32_ps(cols[h]), msum);
-                    _mm256_storeu_ps(yc, _mm256_add_ps(from_y ? _mm256_loadu_ps(yc) : _mm256_setzero_ps(), gain));
+                    _mm256_storeu_ps(
+                        yc,
+                        _mm256_add_ps(from_y ? _mm256_loadu_ps(yc) : _mm256_setzero_ps(), gain));
                 }
             }
         }
@@ -560,18 +605,18 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void group_bloc
 /* Rows r0 .. r0 + nr (nr <= PAIR_PASS) of x over the span's blocks b0 .. b0 + nb and the chunk's
  * n groups from g: their a rounded, then each block's groups summed into y, two rows of x at a
  * time (the group's codes in L1 for the next two). from_y: y's first block starts from y. */
-__attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(const float *x, size_t ldx, int r0, int nr,
-                                                                     const uint8_t *w, size_t stride, size_t mins,
-                                                                     size_t scales, int blocks, int b0, int nb, int g,
-                                                                     int n, float *y, size_t ldy, int from_y) {
+__attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(
+    const float *x, size_t ldx, int r0, int nr, const uint8_t *w, size_t stride, size_t mins,
+    size_t scales, int blocks, int b0, int nb, int g, int n, float *y, size_t ldy, int from_y) {
     rounded_chunk chunks[PAIR_PASS];
     const rounded_chunk *q[PAIR_PASS];
     int first_rows = r0 == 0; /* later passes find the span in L2 */
     for (int r = 0; r < nr; r++) {
         q[r] = &chunks[r];
         for (int b = 0; b < nb; b++)
-            round_chunk_avx2(x + (r0 + r) * ldx + KB * (b0 + b), w + (size_t)(KB * (b0 + b)) * stride, stride,
-                             mins + 2 * (size_t)g, scales + 2 * (size_t)g, n, first_rows && r == 0 && b0 + b + 1 < blocks,
+            round_chunk_avx2(x + (r0 + r) * ldx + KB * (b0 + b),
+                             w + (size_t)(KB * (b0 + b)) * stride, stride, mins + 2 * (size_t)g,
+                             scales + 2 * (size_t)g, n, first_rows && r == 0 && b0 + b + 1 < blocks,
                              b, &chunks[r]);
     }
     for (int b = 0; b < nb; b++) {
@@ -582,7 +627,8 @@ __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(const float
             for (int r = 0; r < nr; r += 2) {
                 float *yg = y + (r0 + r) * ldy + Q4_GROUP * u;
                 float *rows_y[2] = {yg, nr - r > 1 ? yg + ldy : NULL};
-                if (nr - r == 1) group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 1);
+                if (nr - r == 1)
+                    group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 1);
                 else group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 2);
             }
         }
@@ -595,8 +641,9 @@ __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(const float
  * left to right, as the memory's prefetcher follows best). Each group's block serves up to 4
  * rows of x (decode's), two at a time, the second two finding its codes in L1; more rows take
  * further passes over the span, whose codes come from L2 then. */
-__attribute__((target("avx2,fma,f16c"))) void int8_pairs_avx2(const float *x, int rows, size_t ldx, int in,
-                                                              const uint8_t *w, size_t stride, int G, int g0, int ng,
+__attribute__((target("avx2,fma,f16c"))) void int8_pairs_avx2(const float *x, int rows, size_t ldx,
+                                                              int in, const uint8_t *w,
+                                                              size_t stride, int G, int g0, int ng,
                                                               float *y, size_t ldy, int from_y) {
     size_t mins = (size_t)G * (Q4_GROUP / 2), scales = mins + 2 * (size_t)G;
     int blocks = in / KB;
@@ -618,8 +665,9 @@ __attribute__((target("avx2,fma,f16c"))) void int8_pairs_avx2(const float *x, in
 
 /* One block (k0 .. k0 + kc) of one group for rows r0 .. r0 + nr of x, added into y; the integer
  * sums by VNNI where vnni is given (support/avx512.c), which gives them exactly, as every path. */
-static void block_product(const float *x, int in, const uint8_t *W, const q4_group *gr, int r0, int nr,
-                          int k0, int kc, float *y, int ldy, int from_y, int simd, fg_int8_sums *vnni) {
+static void block_product(const float *x, int in, const uint8_t *W, const q4_group *gr, int r0,
+                          int nr, int k0, int kc, float *y, int ldy, int from_y, int simd,
+                          fg_int8_sums *vnni) {
     block_panel p;
     block_rows q;
     int32_t isum[TR][64];
@@ -643,9 +691,13 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
             xr[i] = padded[i];
         }
 #ifdef HAVE_AVX2_PATH
-        if (simd) { quantize_avx2(xr, &p, &q, r, mr); continue; }
+        if (simd) {
+            quantize_avx2(xr, &p, &q, r, mr);
+            continue;
+        }
 #endif
-        for (int i = 0; i < mr; i++) quantize_portable(xr[i], &p, q.a8[r + i], &q.alpha[r + i], &q.msum[r + i]);
+        for (int i = 0; i < mr; i++)
+            quantize_portable(xr[i], &p, q.a8[r + i], &q.alpha[r + i], &q.msum[r + i]);
     }
     for (int r = 0, mr; r < nr; r += mr) {
         mr = nr - r < TR ? nr - r : TR;
@@ -657,7 +709,10 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
             tile_avx2(&p, &q, r, mr, isum);
             summed = 1;
         }
-        if (whole) { finish_avx2(&q, r, mr, isum, yr, (size_t)ldy, from_y); continue; }
+        if (whole) {
+            finish_avx2(&q, r, mr, isum, yr, (size_t)ldy, from_y);
+            continue;
+        }
 #endif
         if (!summed) tile_portable(&p, &q, r, mr, isum);
         finish_portable(&q, r, mr, isum, gr->n, yr, (size_t)ldy, from_y);
@@ -668,8 +723,9 @@ static void block_product(const float *x, int in, const uint8_t *W, const q4_gro
  * of one part, in pairs, by the path's kernel (support/avx512.c's int8_pairs, or int8_pairs_avx2
  * above); a group left over
  * (the run's odd one, or a narrower last group of a part) block by block as below. */
-static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, int q4_parts, int out, float *y,
-                            int accumulate, int u0, int u1, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {
+static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, int q4_parts,
+                            int out, float *y, int accumulate, int u0, int u1, int simd,
+                            fg_int8_sums *vnni, fg_int8_pairs *pairs) {
     int part = out / q4_parts, G = (part + Q4_GROUP - 1) / Q4_GROUP, whole = part / Q4_GROUP;
     for (int u = u0; u < u1;) {
         q4_group gr = group_of(q4_parts, out, u);
@@ -677,7 +733,8 @@ static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, 
         int ng = (run_end - u) / 2 * 2;
         if (ng > 0) {
             const uint8_t *part_start = W + gr.codes - (size_t)g * (Q4_GROUP / 2);
-            pairs(x, rows, (size_t)in, in, part_start, gr.row_bytes, G, g, ng, y + gr.col, (size_t)out, accumulate);
+            pairs(x, rows, (size_t)in, in, part_start, gr.row_bytes, G, g, ng, y + gr.col,
+                  (size_t)out, accumulate);
             u += ng;
             continue;
         }
@@ -691,8 +748,8 @@ static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, 
  * its groups from left to right (the order of support/matmul.c's decode). vnni: the integer sums
  * with VNNI, which support/matmul.c passes where the path has them (matmul_int8_sums), and pairs
  * the same path's kernel without a panel, for few rows. */
-void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y, int accumulate,
-                    int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {
+void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                    float *y, int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {
     int part = out / q4_parts, groups = q4_parts * ((part + Q4_GROUP - 1) / Q4_GROUP);
     int no_panel = pairs && rows <= NO_PANEL_ROWS && in % KB == 0;
 #pragma omp parallel
@@ -700,13 +757,16 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
         int u0 = (int)((long)groups * t / threads), u1 = (int)((long)groups * (t + 1) / threads);
         if (no_panel)
-            groups_in_pairs(x, rows, in, (const uint8_t *)W, q4_parts, out, y, accumulate, u0, u1, simd, vnni, pairs);
+            groups_in_pairs(x, rows, in, (const uint8_t *)W, q4_parts, out, y, accumulate, u0, u1,
+                            simd, vnni, pairs);
         for (int r0 = 0; r0 < rows && !no_panel; r0 += PASS_ROWS)
             for (int k0 = 0; k0 < in; k0 += KB)
                 for (int u = u0; u < u1; u++) {
                     q4_group gr = group_of(q4_parts, out, u);
-                    block_product(x, in, (const uint8_t *)W, &gr, r0, rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS,
-                                  k0, in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd, vnni);
+                    block_product(x, in, (const uint8_t *)W, &gr, r0,
+                                  rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS, k0,
+                                  in - k0 < KB ? in - k0 : KB, y, out, accumulate || k0 > 0, simd,
+                                  vnni);
                 }
     }
 }
@@ -762,11 +822,13 @@ static inline float float_of_bits(uint32_t bits) {
     return v;
 }
 
-/* One row: row8[k] = round_int8(row[k] (127 / max|row|)); returns alpha = max|row| / 127 (0 for 0s). */
+/* One row: row8[k] = round_int8(row[k] (127 / max|row|)); returns alpha = max|row| / 127 (0 for
+ * 0s). */
 FOR_EACH_VECTOR_WIDTH static float round_row(const float *row, int in, int8_t *row8) {
     uint32_t top_bits = 0;
 #pragma omp simd reduction(max : top_bits)
-    for (int k = 0; k < in; k++) top_bits = magnitude_bits(row[k]) > top_bits ? magnitude_bits(row[k]) : top_bits;
+    for (int k = 0; k < in; k++)
+        top_bits = magnitude_bits(row[k]) > top_bits ? magnitude_bits(row[k]) : top_bits;
     float top = float_of_bits(top_bits);
     float inv = top > 0 ? 127.0f / top : 0.0f;
 #pragma omp simd
@@ -776,20 +838,22 @@ FOR_EACH_VECTOR_WIDTH static float round_row(const float *row, int in, int8_t *r
 
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha) {
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) alpha[r] = round_row(x + (size_t)r * in, in, x8 + (size_t)r * in);
+    for (int r = 0; r < rows; r++)
+        alpha[r] = round_row(x + (size_t)r * in, in, x8 + (size_t)r * in);
 }
 
 /* The same for n (<= 64) columns of a panel w[in][ldw], from column c: scale[j] = max_k |w[k][j]|
  * / 127 and w8[k][j] = round_int8(w[k][j] (127 / max)). */
-FOR_EACH_VECTOR_WIDTH static void round_column_block(const float *w, int in, size_t ldw, int n, int8_t *w8,
-                                                     float *scale) {
+FOR_EACH_VECTOR_WIDTH static void round_column_block(const float *w, int in, size_t ldw, int n,
+                                                     int8_t *w8, float *scale) {
     uint32_t top_bits[64] = {0};
     float inv[64];
     for (int k = 0; k < in; k++) {
         const float *row = w + (size_t)k * ldw;
 #pragma omp simd
         for (int j = 0; j < n; j++)
-            top_bits[j] = magnitude_bits(row[j]) > top_bits[j] ? magnitude_bits(row[j]) : top_bits[j];
+            top_bits[j] =
+                magnitude_bits(row[j]) > top_bits[j] ? magnitude_bits(row[j]) : top_bits[j];
     }
     for (int j = 0; j < n; j++) {
         float top = float_of_bits(top_bits[j]);
@@ -813,8 +877,8 @@ void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale
 }
 
 /* One row of y: y[j] = (alpha scale[j]) isum[j], or y[j] plus that when accumulating. */
-FOR_EACH_VECTOR_WIDTH static void finish_row(const int32_t *isum, float alpha, const float *scale, int nc, float *y,
-                                             int accumulate) {
+FOR_EACH_VECTOR_WIDTH static void finish_row(const int32_t *isum, float alpha, const float *scale,
+                                             int nc, float *y, int accumulate) {
     if (accumulate) {
 #pragma omp simd
         for (int j = 0; j < nc; j++) y[j] += alpha * scale[j] * (float)isum[j];
@@ -824,8 +888,8 @@ FOR_EACH_VECTOR_WIDTH static void finish_row(const int32_t *isum, float alpha, c
     for (int j = 0; j < nc; j++) y[j] = alpha * scale[j] * (float)isum[j];
 }
 
-void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc, float *y,
-                        int ldy, int accumulate) {
+void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
+                      float *y, int ldy, int accumulate) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         finish_row(isum + (size_t)r * nc, alpha[r], scale, nc, y + (size_t)r * ldy, accumulate);

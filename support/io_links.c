@@ -16,7 +16,8 @@
 static void run_task(io_links *io, int link, const io_task *t) {
     double start = now_seconds();
     t->fn(io->owner, t);
-    trace_record(io->trace, io->link[link].track, t->name, t->layer, t->batch, start, now_seconds());
+    trace_record(io->trace, io->link[link].track, t->name, t->layer, t->batch, start,
+                 now_seconds());
 }
 
 static _Thread_local int this_thread_link = -1;
@@ -37,7 +38,10 @@ void io_wait(io_links *io, int link, uint64_t seq) {
     if (io->join) io->join(1u << link);
 }
 
-typedef struct { io_links *io; int link; } link_thread;
+typedef struct {
+    io_links *io;
+    int link;
+} link_thread;
 
 static void *io_thread(void *arg) {
     io_links *io = ((link_thread *)arg)->io;
@@ -63,7 +67,8 @@ static void *io_thread(void *arg) {
 
 /* The links' locks, and with overlap their threads (a link whose thread cannot start runs its
  * tasks at once, rather than not at all). Tasks get `owner` and are traced on track 1 + link. */
-void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap, void (*join)(unsigned links)) {
+void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap,
+              void (*join)(unsigned links)) {
     io->owner = owner;
     io->trace = trace;
     io->join = join;

@@ -1,7 +1,8 @@
 /* support/kv_pages.c: the KV cache in pages, in the manner of vLLM's PagedAttention. A block's
  * cache on each tier is a pool of pages of page_tokens tokens; a sequence takes pages from its
- * slot's tier as it grows, and gives them back when it ends, so that a refill can reuse them. A page id addresses the same tokens in every
- * layer's K and V (flexgen.c's kv_pool lays them out), so one page table serves them all.
+ * slot's tier as it grows, and gives them back when it ends, so that a refill can reuse them. A
+ * page id addresses the same tokens in every layer's K and V (flexgen.c's kv_pool lays them out),
+ * so one page table serves them all.
  *
  * The pools are sized by the pages the job's prompts need (kv_pool_shape), not by the longest
  * prompt for every slot: that is what the plan check counts.
@@ -13,7 +14,9 @@
 
 /* Sequence b of a GPU batch: gpu first, then cpu, then disk. */
 fg_tier tier_of(const row_split *s, int b) {
-    return b < s->rows[TIER_GPU] ? TIER_GPU : b < s->rows[TIER_GPU] + s->rows[TIER_CPU] ? TIER_CPU : TIER_DISK;
+    return b < s->rows[TIER_GPU]                       ? TIER_GPU
+           : b < s->rows[TIER_GPU] + s->rows[TIER_CPU] ? TIER_CPU
+                                                       : TIER_DISK;
 }
 
 /* The pages of `page` tokens each tier's pool needs for a job of n prompts run in blocks of
@@ -28,7 +31,8 @@ static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, 
     for (int first = 0; first < n; first += slots) {
         int sum[N_TIERS] = {0};
         for (int i = first; i < n && i < first + slots; i++)
-            sum[tier_of(cache, i % gbs)] += kv_pages_for((lens ? lens[i] + gen_len : max_len), page);
+            sum[tier_of(cache, i % gbs)] +=
+                kv_pages_for((lens ? lens[i] + gen_len : max_len), page);
         for (int t = 0; t < N_TIERS; t++) pages[t] = sum[t] > pages[t] ? sum[t] : pages[t];
     }
 }
@@ -40,10 +44,11 @@ static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, 
  * hold sequences at different steps: a pool holds the most that any step's sequences of one
  * block hold at once. At step i of its sequence (0: prefill) a sequence holds its prompt and i
  * tokens. */
-static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int blocks, int max_len, int page, int n,
-                                const int *lens, int gen_len, int pages[N_TIERS]) {
+static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int blocks, int max_len,
+                                int page, int n, const int *lens, int gen_len, int pages[N_TIERS]) {
     int groups = slots / gbs, next = 0, busy = 1, first[blocks][groups], count[blocks][groups];
-    for (int t = 0; t < N_TIERS; t++) pages[t] = cache->rows[t] > 0 ? kv_pages_for(max_len, page) : 0;
+    for (int t = 0; t < N_TIERS; t++)
+        pages[t] = cache->rows[t] > 0 ? kv_pages_for(max_len, page) : 0;
     memset(count, 0, sizeof count);
     for (int i = 0; busy; i++) {
         busy = 0;
@@ -57,7 +62,8 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
                     next += took[k];
                 }
                 for (int b = 0; i >= start && b < took[k]; b++)
-                    sum[tier_of(cache, b)] += kv_pages_for((lens ? lens[at[k] + b] : max_len - gen_len) + step, page);
+                    sum[tier_of(cache, b)] +=
+                        kv_pages_for((lens ? lens[at[k] + b] : max_len - gen_len) + step, page);
                 busy |= next < n || (i >= start && took[k] > 0 && step < gen_len - 1);
             }
             for (int t = 0; t < N_TIERS; t++) pages[t] = sum[t] > pages[t] ? sum[t] : pages[t];
@@ -70,23 +76,26 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
  * or all of one length). A pool never holds more than max_len rows a slot, the cache before
  * pages, so a plan that fits the longest prompts fits these. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                      const int *lens, int gen_len, int diagonal_blocks) {
+                           const int *lens, int gen_len, int diagonal_blocks) {
     int paged[N_TIERS], whole[N_TIERS], no_larger = 1;
     if (diagonal_blocks) {
-        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
-        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, max_len, n, lens, gen_len, whole);
+        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, FG_PAGE_TOKENS, n, lens,
+                            gen_len, paged);
+        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, max_len, n, lens, gen_len,
+                            whole);
     } else {
         pool_pages(cache, gbs, slots, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
         pool_pages(cache, gbs, slots, max_len, max_len, n, lens, gen_len, whole);
     }
-    for (int t = 0; t < N_TIERS; t++) no_larger &= (long)paged[t] * FG_PAGE_TOKENS <= (long)whole[t] * max_len;
+    for (int t = 0; t < N_TIERS; t++)
+        no_larger &= (long)paged[t] * FG_PAGE_TOKENS <= (long)whole[t] * max_len;
     kv_pool_size p = {.page_tokens = no_larger ? FG_PAGE_TOKENS : max_len};
     memcpy(p.pool_pages, no_larger ? paged : whole, sizeof paged);
     return p;
 }
 
-int kv_pages_init(kv_pages *kp, const kv_pool_size *pool, const row_split *cache, int gbs, int slots,
-                  int max_len, char *err) {
+int kv_pages_init(kv_pages *kp, const kv_pool_size *pool, const row_split *cache, int gbs,
+                  int slots, int max_len, char *err) {
     memset(kp, 0, sizeof *kp);
     kp->pool = *pool;
     kp->cache = *cache;
@@ -119,7 +128,9 @@ void kv_pages_reset(kv_pages *kp) {
 }
 
 fg_tier slot_tier(const kv_pages *kp, int slot) { return tier_of(&kp->cache, slot % kp->gbs); }
-const int *slot_pages(const kv_pages *kp, int slot) { return kp->page_table + (size_t)slot * kp->max_pages; }
+const int *slot_pages(const kv_pages *kp, int slot) {
+    return kp->page_table + (size_t)slot * kp->max_pages;
+}
 
 /* Slot `slot` holds pages for `tokens` tokens, taking what it lacks from its tier's pool: 0, or
  * -1 when the pool ran dry. The pools hold the schedule's peak (kv_pool_shape) and the refill's

@@ -1,5 +1,5 @@
-/* support/matmul.c: products of fp32 activations with weights as they are stored, fp16 or 4-bit (§5),
- * accumulated in fp32: the CPU backend's linear layers and its lm_head.
+/* support/matmul.c: products of fp32 activations with weights as they are stored, fp16 or 4-bit
+ * (§5), accumulated in fp32: the CPU backend's linear layers and its lm_head.
  *
  *   matmul_weights   y[rows][out] (= or +=) x[rows][in] W[in][out]   linear weights, [in][out]
  *   matmul_embed_t   y[rows][n] = x[rows][dim] E^T, E [n][dim]        the embedding as lm_head
@@ -62,8 +62,9 @@
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
  * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
- * The two opt-in prefill schemes take the same panels to a denser product (support/onednn.c: oneDNN's
- * AMX or VNNI kernels where the CPU has them, else that file's own paths with the same promise):
+ * The two opt-in prefill schemes take the same panels to a denser product (support/onednn.c:
+ * oneDNN's AMX or VNNI kernels where the CPU has them, else that file's own paths with the same
+ * promise):
  * --int8-activations rounds x's rows and the panel's columns to int8 (int8.c), --bf16-prefill
  * rounds both to bf16 (product_bf16).
  *
@@ -139,7 +140,9 @@ static void widen_group_scalar(const void *W, int q4, int out, int k, int g, int
     const uint8_t *row4 = (const uint8_t *)W + (q4 ? (size_t)k * q4_row_bytes(q4, out) : 0);
     const fp16 *row16 = (const fp16 *)W + (size_t)k * out + (size_t)g * Q4_GROUP;
     for (int c = 0; c < Q4_GROUP; c++)
-        dst[c] = c >= n ? 0 : q4 ? q4_column(row4, q4, out, g * Q4_GROUP + c) : fp16_to_fp32(row16[c]);
+        dst[c] = c >= n ? 0
+                 : q4   ? q4_column(row4, q4, out, g * Q4_GROUP + c)
+                        : fp16_to_fp32(row16[c]);
 }
 
 #ifdef HAVE_AVX2_PATH
@@ -154,7 +157,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void widen
     }
     /* 32 bytes -> 64 values in order, as quant.c's decode_groups_avx2 */
     const uint8_t *b = (const uint8_t *)row + (size_t)g * (Q4_GROUP / 2);
-    const fp16 *mins = (const fp16 *)((const uint8_t *)row + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+    const fp16 *mins = (const fp16 *)((const uint8_t *)row + (size_t)G * (Q4_GROUP / 2)),
+               *scales = mins + G;
     __m256 min = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(mins[g])));
     __m256 scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(scales[g])));
     const __m128i low4 = _mm_set1_epi8(15);
@@ -171,8 +175,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void widen
 }
 
 /* Group g of rows k0 .. k0 + kc into dst, ldd floats apart (one group of one part, for 4-bit). */
-__attribute__((target("avx2,fma,f16c"))) static void widen_rows_avx2(const void *W, int q4, int out, int k0,
-                                                                     int kc, int g, float *dst, size_t ldd) {
+__attribute__((target("avx2,fma,f16c"))) static void widen_rows_avx2(const void *W, int q4, int out,
+                                                                     int k0, int kc, int g,
+                                                                     float *dst, size_t ldd) {
     size_t stride = q4 ? q4_row_bytes(q4, out) : (size_t)out * sizeof(fp16);
     int part = q4 ? out / q4 : out, s = g * Q4_GROUP / part, G = (part + Q4_GROUP - 1) / Q4_GROUP;
     const char *row = (const char *)W + (size_t)k0 * stride + (q4 ? s * q4_part_bytes(q4, out) : 0);
@@ -182,13 +187,17 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_rows_avx2(const void 
 #endif
 
 /* Group g of rows k0 .. k0 + kc, n values of it (zeros after them), into dst, ldd floats apart. */
-static void widen_rows(const void *W, int q4, int out, int k0, int kc, int g, int n, float *dst, size_t ldd,
-                       int simd) {
+static void widen_rows(const void *W, int q4, int out, int k0, int kc, int g, int n, float *dst,
+                       size_t ldd, int simd) {
 #ifdef HAVE_AVX2_PATH
-    if (simd && n == Q4_GROUP && one_group(q4, out, g)) { widen_rows_avx2(W, q4, out, k0, kc, g, dst, ldd); return; }
+    if (simd && n == Q4_GROUP && one_group(q4, out, g)) {
+        widen_rows_avx2(W, q4, out, k0, kc, g, dst, ldd);
+        return;
+    }
 #endif
     (void)simd;
-    for (int k = 0; k < kc; k++) widen_group_scalar(W, q4, out, k0 + k, g, n, dst + (size_t)k * ldd);
+    for (int k = 0; k < kc; k++)
+        widen_group_scalar(W, q4, out, k0 + k, g, n, dst + (size_t)k * ldd);
 }
 
 /* ============================================================================================
@@ -217,15 +226,18 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) acc[r][v] = from_y ? _mm256_loadu_ps(y + r * ldy + 8 * v) : _mm256_setzero_ps();
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = from_y ? _mm256_loadu_ps(y + r * ldy + 8 * v) : _mm256_setzero_ps();
     for (int k = 0; k < kc; k++) {
         __m256 wv[8];
         if (f16 && ahead) /* the same columns of the next band: a line holds 4 vectors */
 #pragma GCC unroll 2
-            for (int v = 0; v < nv; v += 4) _mm_prefetch((const char *)((const fp16 *)w + (k + kc) * ldw + 8 * v), _MM_HINT_T1);
+            for (int v = 0; v < nv; v += 4)
+                _mm_prefetch((const char *)((const fp16 *)w + (k + kc) * ldw + 8 * v), _MM_HINT_T1);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++)
-            wv[v] = f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16 *)w + k * ldw + 8 * v)))
+            wv[v] = f16 ? _mm256_cvtph_ps(
+                              _mm_loadu_si128((const __m128i *)((const fp16 *)w + k * ldw + 8 * v)))
                         : _mm256_load_ps((const float *)w + k * ldw + 8 * v);
 #pragma GCC unroll 8
         for (int r = 0; r < mr; r++) {
@@ -240,19 +252,20 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + r * ldy + 8 * v, acc[r][v]);
 }
 
-#define TILE_CASES(f16) \
-    switch (mr) { \
-    case 1: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 1, 8, f16); break; \
-    case 2: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 2, 4, f16); break; \
-    case 3: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 3, 2, f16); break; \
-    case 4: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 4, 2, f16); break; \
-    case 5: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 5, 2, f16); break; \
+#define TILE_CASES(f16)                                                                    \
+    switch (mr) {                                                                          \
+    case 1: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 1, 8, f16); break;  \
+    case 2: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 2, 4, f16); break;  \
+    case 3: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 3, 2, f16); break;  \
+    case 4: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 4, 2, f16); break;  \
+    case 5: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 5, 2, f16); break;  \
     default: tile_avx2_shape(x, ldx, w, ldw, kc, y, ldy, from_y, ahead, 6, 2, f16); break; \
     }
 
-__attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, size_t ldx, const void *w,
-                                                               size_t ldw, int kc, float *y, size_t ldy,
-                                                               int from_y, int ahead, int mr, int f16) {
+__attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, size_t ldx,
+                                                               const void *w, size_t ldw, int kc,
+                                                               float *y, size_t ldy, int from_y,
+                                                               int ahead, int mr, int f16) {
     if (f16) {
         TILE_CASES(1);
     } else {
@@ -261,23 +274,25 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(const float *x, s
 }
 
 /* 16 columns of y, in order, from their even and odd columns (8 each). */
-__attribute__((target("avx2"), always_inline)) static inline void join_even_odd_avx2(__m256 even, __m256 odd,
-                                                                                     __m256 *front, __m256 *back) {
+__attribute__((target("avx2"), always_inline)) static inline void join_even_odd_avx2(__m256 even,
+                                                                                     __m256 odd,
+                                                                                     __m256 *front,
+                                                                                     __m256 *back) {
     __m256 low = _mm256_unpacklo_ps(even, odd), high = _mm256_unpackhi_ps(even, odd);
     *front = _mm256_permute2f128_ps(low, high, 0x20);
     *back = _mm256_permute2f128_ps(low, high, 0x31);
 }
 
-/* 4-bit, from the codes: y[mr][16 nb] from code byte `codes` of a group (column 2 x that byte in it) over
- * kc rows (stride bytes apart), for rows r0 .. r0 + mr of the band's terms t, group gi of their
- * chunk: band_q4_portable's sums. Per row of W, 8 bytes at a time are widened to 32-bit lanes
+/* 4-bit, from the codes: y[mr][16 nb] from code byte `codes` of a group (column 2 x that byte in
+ * it) over kc rows (stride bytes apart), for rows r0 .. r0 + mr of the band's terms t, group gi of
+ * their chunk: band_q4_portable's sums. Per row of W, 8 bytes at a time are widened to 32-bit lanes
  * (vpmovzxbd), each byte b and its low nibble (b & 15) converted to fp32, and each row of x's a
  * multiplies both there: one conversion and one FMA a code, with no shift to take the high
  * nibble out (the even column's sum comes from the byte's). The accumulators hold a tile's
  * bytes in order; the columns are put in order when they are stored. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_q4_avx2_shape(
-    const q4_terms *t, int r0, int gi, const uint8_t *codes, size_t stride, int kc, float *y, size_t ldy,
-    int from_y, int ahead, const int mr, const int nb) {
+    const q4_terms *t, int r0, int gi, const uint8_t *codes, size_t stride, int kc, float *y,
+    size_t ldy, int from_y, int ahead, const int mr, const int nb) {
     const __m256i low4 = _mm256_set1_epi32(15);
     __m256 sum_b[MR][4], sum_odd[MR][4];
 #pragma GCC unroll 6
@@ -286,7 +301,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         for (int i = 0; i < nb; i++) sum_b[r][i] = sum_odd[r][i] = _mm256_setzero_ps();
     for (int k = 0; k < kc; k++) {
         const uint8_t *row = codes + k * stride;
-        if (ahead) _mm_prefetch((const char *)(row + (size_t)kc * stride), _MM_HINT_T1); /* the next band's */
+        if (ahead)
+            _mm_prefetch((const char *)(row + (size_t)kc * stride),
+                         _MM_HINT_T1); /* the next band's */
         __m256 byte[4], odd[4];
 #pragma GCC unroll 4
         for (int i = 0; i < nb; i++) {
@@ -327,29 +344,33 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 
 /* The AVX2 bands: tiles of 1 x 64, 2 x 32 and up to 6 x 16, as for the panel; the first rows'
  * tiles prefetch the next band. */
-__attribute__((target("avx2,fma,f16c"))) static void band_f16_avx2(const float *x, int rows, size_t ldx,
-                                                                   const fp16 *w, size_t ldw, int kc, int cols,
-                                                                   float *y, size_t ldy, int from_y, int ahead) {
+__attribute__((target("avx2,fma,f16c"))) static void band_f16_avx2(const float *x, int rows,
+                                                                   size_t ldx, const fp16 *w,
+                                                                   size_t ldw, int kc, int cols,
+                                                                   float *y, size_t ldy, int from_y,
+                                                                   int ahead) {
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < MR ? rows - r : MR;
         for (int c = 0; c < cols; c += mr == 1 ? 64 : mr == 2 ? 32 : 16)
-            tile_avx2(x + r * ldx, ldx, w + c, ldw, kc, y + r * ldy + c, ldy, from_y, ahead && r == 0, mr, 1);
+            tile_avx2(x + r * ldx, ldx, w + c, ldw, kc, y + r * ldy + c, ldy, from_y,
+                      ahead && r == 0, mr, 1);
     }
 }
 
-#define TILE_Q4_CASES \
-    switch (mr) { \
-    case 1: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 1, 4); break; \
-    case 2: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 2, 2); break; \
-    case 3: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 3, 1); break; \
-    case 4: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 4, 1); break; \
-    case 5: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 5, 1); break; \
+#define TILE_Q4_CASES                                                                        \
+    switch (mr) {                                                                            \
+    case 1: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 1, 4); break;  \
+    case 2: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 2, 2); break;  \
+    case 3: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 3, 1); break;  \
+    case 4: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 4, 1); break;  \
+    case 5: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 5, 1); break;  \
     default: tile_q4_avx2_shape(t, r, gi, at, stride, kc, yt, ldy, from_y, pf, 6, 1); break; \
     }
 
 __attribute__((target("avx2,fma,f16c"))) static void band_q4_avx2(const q4_terms *t, int rows,
-                                                                  const uint8_t *codes, size_t stride, int ng,
-                                                                  int kc, float *y, size_t ldy, int from_y,
+                                                                  const uint8_t *codes,
+                                                                  size_t stride, int ng, int kc,
+                                                                  float *y, size_t ldy, int from_y,
                                                                   int ahead) {
     for (int r = 0, mr; r < rows; r += mr) {
         mr = rows - r < MR ? rows - r : MR;
@@ -371,7 +392,8 @@ static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, s
     int cols = tile_cols(mr);
     if (nc < cols || !simd) {
         float narrow[MR * 64];
-        for (int r = 0; r < mr && from_y; r++) memcpy(narrow + r * cols, y + r * ldy, nc * sizeof *y);
+        for (int r = 0; r < mr && from_y; r++)
+            memcpy(narrow + r * cols, y + r * ldy, nc * sizeof *y);
         tile_portable(x, ldx, p, kc, narrow, (size_t)cols, from_y, mr, cols);
         for (int r = 0; r < mr; r++) memcpy(y + r * ldy, narrow + r * cols, nc * sizeof *y);
         return;
@@ -388,8 +410,8 @@ static void tile(const float *x, size_t ldx, const float *p, int kc, float *y, s
 /* Rows k0 .. k0 + kc of fp16 W, columns j0 .. j0 + nc (nc <= NC), widened into the panel, and
  * every row of x's product with it added to y: the portable path, and the columns that are not a
  * whole block. */
-static void product_block(const float *x, int rows, int in, const fp16 *W, int out, float *y, int from_y, int k0,
-                          int kc, int j0, int nc, int simd) {
+static void product_block(const float *x, int rows, int in, const fp16 *W, int out, float *y,
+                          int from_y, int k0, int kc, int j0, int nc, int simd) {
     _Alignas(64) float panel[DECODE_KC_MAX * NC];
     widen_rows(W, 0, out, k0, kc, j0 / Q4_GROUP, nc, panel, NC, simd);
     for (int r = 0, mr; r < rows; r += mr) {
@@ -405,14 +427,16 @@ static void product_block(const float *x, int rows, int in, const fp16 *W, int o
 static int whole_blocks(int j, int j1) { return j % NC ? 0 : (j1 - j) / NC * NC; }
 
 /* One band of fp16 W: rows k0 .. k0 + kc, columns j0 .. j1, every row of x; the wide kernels take
- * the whole blocks, the panel the rest. ahead: the next band is whole (its rows may be prefetched). */
-static void product_band_f16(const float *x, int rows, int in, const fp16 *W, int out, float *y, int from_y,
-                             int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide, int simd) {
+ * the whole blocks, the panel the rest. ahead: the next band is whole (its rows may be prefetched).
+ */
+static void product_band_f16(const float *x, int rows, int in, const fp16 *W, int out, float *y,
+                             int from_y, int k0, int kc, int j0, int j1, int ahead,
+                             const matmul_kernels *wide, int simd) {
     for (int j = j0, n; j < j1; j += n) {
         n = wide ? whole_blocks(j, j1) : 0;
         if (n) {
-            wide->band_f16(x + k0, rows, (size_t)in, W + (size_t)k0 * out + j, (size_t)out, kc, n, y + j,
-                           (size_t)out, from_y, ahead);
+            wide->band_f16(x + k0, rows, (size_t)in, W + (size_t)k0 * out + j, (size_t)out, kc, n,
+                           y + j, (size_t)out, from_y, ahead);
         } else {
             n = j1 - j < NC ? j1 - j : NC;
             product_block(x, rows, in, W, out, y, from_y, k0, kc, j, n, simd);
@@ -431,8 +455,8 @@ static float half_at(const uint8_t *row, size_t at) {
 
 /* The terms for rows of x (ldx apart, from the band's first k) over kc rows of one part's bytes
  * (w: row k0's, stride bytes a row, G groups), groups g .. g + ng (ng <= Q4_CHUNK). */
-static void q4_terms_portable(const float *x, size_t ldx, int rows, const uint8_t *w, size_t stride, int G, int g,
-                              int ng, int kc, q4_terms *t) {
+static void q4_terms_portable(const float *x, size_t ldx, int rows, const uint8_t *w, size_t stride,
+                              int G, int g, int ng, int kc, q4_terms *t) {
     size_t mins = (size_t)G * (Q4_GROUP / 2), scales = mins + 2 * (size_t)G;
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < ng; i++) {
@@ -449,7 +473,8 @@ static void q4_terms_portable(const float *x, size_t ldx, int rows, const uint8_
 
 #ifdef HAVE_AVX2_PATH
 /* n <= 8 fp16 values at p, widened; zeros after them (a chunk at a part's end reads no further). */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_avx2(const uint8_t *p, int n) {
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_avx2(
+    const uint8_t *p, int n) {
     if (n == Q4_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     uint16_t h[Q4_CHUNK] = {0};
     for (int i = 0; i < n; i++) h[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
@@ -459,8 +484,8 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_
 /* The same, the chunk's groups side by side in the 8 lanes (their mins and scales are 16 bytes of
  * a row each); the same operations, so the same bits. ahead: prefetch the next band's. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q4_terms_avx2_rows(
-    const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int g, int ng, int kc, q4_terms *t, int ahead,
-    const int rows) {
+    const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int g, int ng, int kc,
+    q4_terms *t, int ahead, const int rows) {
     size_t mins = (size_t)G * (Q4_GROUP / 2) + 2 * (size_t)g, scales = mins + 2 * (size_t)G;
     __m256 min_term[Q4_CHUNK];
 #pragma GCC unroll 8
@@ -485,9 +510,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q4_te
 }
 
 /* rows a constant in each call, so that the min terms' chains stay in registers */
-__attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *x, size_t ldx, int rows,
-                                                                   const uint8_t *w, size_t stride, int G, int g,
-                                                                   int ng, int kc, q4_terms *t, int ahead) {
+__attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *x, size_t ldx,
+                                                                   int rows, const uint8_t *w,
+                                                                   size_t stride, int G, int g,
+                                                                   int ng, int kc, q4_terms *t,
+                                                                   int ahead) {
     switch (rows) {
     case 1: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 1); break;
     case 2: q4_terms_avx2_rows(x, ldx, w, stride, G, g, ng, kc, t, ahead, 2); break;
@@ -507,8 +534,9 @@ __attribute__((target("avx2,fma,f16c"))) static void q4_terms_avx2(const float *
  * over the band's k in order, from 0: sum_b = sum a b and sum_odd = sum a q_odd; then
  *   band(even) = (sum_b - sum_odd) / 16 + min term,   band(odd) = sum_odd + min term,
  * and y = band, or y + band when adding (from_y). */
-static void band_q4_portable(const q4_terms *t, int rows, int i, const uint8_t *codes, size_t stride, int c0, int n,
-                             int kc, float *y, size_t ldy, int from_y) {
+static void band_q4_portable(const q4_terms *t, int rows, int i, const uint8_t *codes,
+                             size_t stride, int c0, int n, int kc, float *y, size_t ldy,
+                             int from_y) {
     int p0 = c0 / 2, p1 = (c0 + n - 1) / 2; /* the bytes the columns are in */
     for (int r = 0; r < rows; r++) {
         float sum_b[Q4_GROUP / 2] = {0}, sum_odd[Q4_GROUP / 2] = {0};
@@ -531,9 +559,9 @@ static void band_q4_portable(const q4_terms *t, int rows, int i, const uint8_t *
 /* One band of 4-bit W, as product_band_f16: columns j0 .. j1 in pieces inside one part, each a
  * chunk of whole groups for the wide kernels, or (the portable path, and columns that are not a
  * whole group) what is left of one group; rows of x Q4_CHUNK at a time, each with its terms. */
-static void product_band_q4(const float *x, int rows, int in, const uint8_t *W, int q4, int out, float *y,
-                            int from_y, int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide,
-                            int simd) {
+static void product_band_q4(const float *x, int rows, int in, const uint8_t *W, int q4, int out,
+                            float *y, int from_y, int k0, int kc, int j0, int j1, int ahead,
+                            const matmul_kernels *wide, int simd) {
     int part = out / q4, G = (part + Q4_GROUP - 1) / Q4_GROUP;
     size_t stride = q4_row_bytes(q4, out);
     for (int j = j0, n; j < j1; j += n) {
@@ -541,7 +569,9 @@ static void product_band_q4(const float *x, int rows, int in, const uint8_t *W, 
         int left = ((s + 1) * part < j1 ? (s + 1) * part : j1) - j; /* columns of this part */
         int whole = wide && c % Q4_GROUP == 0 ? left / Q4_GROUP : 0;
         whole = whole < Q4_CHUNK ? whole : Q4_CHUNK;
-        n = whole ? whole * Q4_GROUP : (g + 1) * Q4_GROUP - c < left ? (g + 1) * Q4_GROUP - c : left;
+        n = whole                           ? whole * Q4_GROUP
+            : (g + 1) * Q4_GROUP - c < left ? (g + 1) * Q4_GROUP - c
+                                            : left;
         const uint8_t *w = W + (size_t)k0 * stride + (size_t)s * q4_part_bytes(q4, out);
         for (int r0 = 0; r0 < rows; r0 += Q4_CHUNK) {
             int nr = rows - r0 < Q4_CHUNK ? rows - r0 : Q4_CHUNK, first = ahead && r0 == 0;
@@ -555,15 +585,19 @@ static void product_band_q4(const float *x, int rows, int in, const uint8_t *W, 
                 q4_terms_portable(xr, (size_t)in, nr, w, stride, G, g, groups, kc, &t);
             const uint8_t *codes = w + (size_t)g * (Q4_GROUP / 2);
             float *yr = y + (size_t)r0 * out + j;
-            if (whole) wide->band_q4(&t, nr, codes, stride, whole, kc, yr, (size_t)out, from_y, first);
-            else band_q4_portable(&t, nr, 0, codes, stride, c - g * Q4_GROUP, n, kc, yr, (size_t)out, from_y);
+            if (whole)
+                wide->band_q4(&t, nr, codes, stride, whole, kc, yr, (size_t)out, from_y, first);
+            else
+                band_q4_portable(&t, nr, 0, codes, stride, c - g * Q4_GROUP, n, kc, yr, (size_t)out,
+                                 from_y);
         }
     }
 }
 
 /* One band, either format. */
-static void product_band(const float *x, int rows, int in, const void *W, int q4, int out, float *y, int from_y,
-                         int k0, int kc, int j0, int j1, int ahead, const matmul_kernels *wide, int simd) {
+static void product_band(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
+                         int from_y, int k0, int kc, int j0, int j1, int ahead,
+                         const matmul_kernels *wide, int simd) {
     if (q4) product_band_q4(x, rows, in, W, q4, out, y, from_y, k0, kc, j0, j1, ahead, wide, simd);
     else product_band_f16(x, rows, in, W, out, y, from_y, k0, kc, j0, j1, ahead, wide, simd);
 }
@@ -603,24 +637,27 @@ static int panel_width(int in, int out) { return out < panel_cols(in) ? out : pa
 size_t matmul_scratch_floats(int in, int out) { return (size_t)in * panel_width(in, out); }
 
 /* Prefill's panel: columns j0 .. j0 + nc of W widened to fp32, wide[in][nc], by every thread. */
-static void widen_panel(const void *W, int q4, int in, int out, int j0, int nc, float *wide, int simd) {
+static void widen_panel(const void *W, int q4, int in, int out, int j0, int nc, float *wide,
+                        int simd) {
 #pragma omp parallel for schedule(static)
     for (int k0 = 0; k0 < in; k0 += KC)
         for (int c = 0; c < nc; c += Q4_GROUP) {
             int kc = in - k0 < KC ? in - k0 : KC, n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP;
             if (n == Q4_GROUP) { /* straight into the panel */
-                widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, wide + (size_t)k0 * nc + c, nc, simd);
+                widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, wide + (size_t)k0 * nc + c,
+                           nc, simd);
                 continue;
             }
             _Alignas(32) float group[KC * Q4_GROUP]; /* a group is widened whole, past out too */
             widen_rows(W, q4, out, k0, kc, (j0 + c) / Q4_GROUP, n, group, Q4_GROUP, simd);
-            for (int k = 0; k < kc; k++) memcpy(wide + (size_t)(k0 + k) * nc + c, group + k * Q4_GROUP, n * sizeof *group);
+            for (int k = 0; k < kc; k++)
+                memcpy(wide + (size_t)(k0 + k) * nc + c, group + k * Q4_GROUP, n * sizeof *group);
         }
 }
 
 /* Prefill: a panel of W widened by every thread, then one sgemm on it (OpenBLAS threads it). */
-static void product_sgemm(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
-                          int accumulate, float *wide, int simd) {
+static void product_sgemm(const float *x, int rows, int in, const void *W, int q4, int out,
+                          float *y, int accumulate, float *wide, int simd) {
     int cols = panel_width(in, out);
     for (int j0 = 0; j0 < out; j0 += cols) {
         int nc = out - j0 < cols ? out - j0 : cols;
@@ -638,10 +675,12 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
 static void product_bf16(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                          int accumulate, float *wide) {
     int cols = panel_width(in, out);
-    uint16_t *x16 = malloc((size_t)rows * in * sizeof *x16), *w16 = malloc((size_t)in * cols * sizeof *w16);
+    uint16_t *x16 = malloc((size_t)rows * in * sizeof *x16),
+             *w16 = malloc((size_t)in * cols * sizeof *w16);
     float *panel = malloc((size_t)rows * cols * sizeof *panel);
     if (!x16 || !w16 || !panel) {
-        fprintf(stderr, "flexgen: out of memory for a bf16 product of %d x %d x %d\n", rows, in, out);
+        fprintf(stderr, "flexgen: out of memory for a bf16 product of %d x %d x %d\n", rows, in,
+                out);
         abort();
     }
     fp32_to_bf16_n(x, x16, (size_t)rows * in);
@@ -665,14 +704,16 @@ static void product_bf16(const float *x, int rows, int in, const void *W, int q4
 /* Prefill with --int8-activations: int8.c's rows rounded once, W's columns once, one integer
  * product per panel (gemm_s8, onednn.c: exact int32 sums on whichever path runs); int8.c's
  * comment has the scheme and its bound. */
-static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
-                              int accumulate, float *wide) {
+static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out,
+                              float *y, int accumulate, float *wide) {
     int cols = panel_width(in, out);
     int8_t *x8 = malloc((size_t)rows * in), *w8 = malloc((size_t)in * cols);
-    float *alpha = malloc((size_t)rows * sizeof *alpha), *scale = malloc((size_t)cols * sizeof *scale);
+    float *alpha = malloc((size_t)rows * sizeof *alpha),
+          *scale = malloc((size_t)cols * sizeof *scale);
     int32_t *isum = malloc((size_t)rows * cols * sizeof *isum);
     if (!x8 || !w8 || !alpha || !scale || !isum) {
-        fprintf(stderr, "flexgen: out of memory for an int8 product of %d x %d x %d\n", rows, in, out);
+        fprintf(stderr, "flexgen: out of memory for an int8 product of %d x %d x %d\n", rows, in,
+                out);
         abort();
     }
     int8_round_rows(x, rows, in, x8, alpha);
@@ -690,18 +731,19 @@ static void product_int8_rows(const float *x, int rows, int in, const void *W, i
     free(isum);
 }
 
-void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                        int accumulate) {
+void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                        float *y, int accumulate) {
     fg_int8_sums *sums = matmul_int8_sums();
     const matmul_kernels *wide = wide_kernels();
-    /* the avx512 path's pairs need VNNI, so they run where its sums do; the avx2 path's need AVX2 alone */
+    /* the avx512 path's pairs need VNNI, so they run where its sums do; the avx2 path's need AVX2
+     * alone */
     int pairs_run = wide && (wide->int8_sums ? sums == wide->int8_sums : 1);
     fg_int8_pairs *pairs = pairs_run ? wide->int8_pairs : NULL;
     matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), sums, pairs);
 }
 
-void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int products, float *scratch) {
+void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                    float *y, int accumulate, int products, float *scratch) {
     int simd = use_simd();
     int prefill = rows > MATMUL_DECODE_ROWS;
     if (products == PRODUCTS_INT8 && q4_parts && prefill)
@@ -710,10 +752,8 @@ void matmul_weights(const float *x, int rows, int in, const void *W, int q4_part
         matmul_int8_blocks(x, rows, in, W, q4_parts, out, y, accumulate);
     else if (products == PRODUCTS_BF16_PREFILL && prefill)
         product_bf16(x, rows, in, W, q4_parts, out, y, accumulate, scratch);
-    else if (prefill)
-        product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
-    else
-        product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
+    else if (prefill) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
+    else product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
 }
 
 /* ---- lm_head: E read by rows ---- */
@@ -724,7 +764,8 @@ static float dot_portable(const float *x, const float *e, int dim) {
     int vec = dim / 8 * 8;
     for (int d = 0; d < vec; d += 8)
         for (int l = 0; l < 8; l++) lane[l] = fmaf(x[d + l], e[d + l], lane[l]);
-    float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    float s =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
     for (int d = vec; d < dim; d++) s = fmaf(x[d], e[d], s);
     return s;
 }
@@ -739,7 +780,8 @@ static float dot_portable_f16(const float *x, const fp16 *e, int dim) {
     int vec = dim / 8 * 8;
     for (int d = 0; d < vec; d += 8)
         for (int l = 0; l < 8; l++) lane[l] = fmaf(x[d + l], fp16_to_fp32(e[d + l]), lane[l]);
-    float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    float s =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
     for (int d = vec; d < dim; d++) s = fmaf(x[d], fp16_to_fp32(e[d]), s);
     return s;
 }
@@ -760,8 +802,8 @@ static float q4_dot_tail(float s, const float *a, int dim, const uint8_t *byte_r
     return s;
 }
 
-static void dots_q4_portable(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int v0,
-                             int ne, float *y, size_t ldy) {
+static void dots_q4_portable(const float *a, const float *min_term, int rows, int dim,
+                             const uint8_t *E, int v0, int ne, float *y, size_t ldy) {
     int vec = dim / 8 * 8;
     for (int j = 0; j < ne; j++) {
         const uint8_t *byte_row = E + (size_t)((v0 + j) / 2) * dim;
@@ -774,7 +816,8 @@ static void dots_q4_portable(const float *a, const float *min_term, int rows, in
                     int q = low ? byte_row[d + l] & 15 : byte_row[d + l] >> 4;
                     lane[l] = fmaf(ar[d + l], (float)q, lane[l]);
                 }
-            float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+            float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+                      ((lane[1] + lane[5]) + (lane[3] + lane[7]));
             y[r * ldy + j] = q4_dot_tail(s, ar, dim, byte_row, low) + min_term[r];
         }
     }
@@ -803,7 +846,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_
         __m256 ev[3];
 #pragma GCC unroll 3
         for (int v = 0; v < ne; v++)
-            ev[v] = f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16 *)e + v * lde + d)))
+            ev[v] = f16 ? _mm256_cvtph_ps(
+                              _mm_loadu_si128((const __m128i *)((const fp16 *)e + v * lde + d)))
                         : _mm256_loadu_ps((const float *)e + v * lde + d);
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
@@ -816,17 +860,18 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_
         for (int v = 0; v < ne; v++) {
             float s = lanes_sum(acc[r][v]);
             for (int d = vec; d < dim; d++) {
-                float ed = f16 ? fp16_to_fp32(((const fp16 *)e)[v * lde + d]) : ((const float *)e)[v * lde + d];
+                float ed = f16 ? fp16_to_fp32(((const fp16 *)e)[v * lde + d])
+                               : ((const float *)e)[v * lde + d];
                 s = fmaf(x[(size_t)r * dim + d], ed, s);
             }
             y[r * ldy + v] = s;
         }
 }
 
-#define DOTS_CASE(mr, f16) \
-    switch (ne) { \
-    case 1: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 1, f16); break; \
-    case 2: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 2, f16); break; \
+#define DOTS_CASE(mr, f16)                                               \
+    switch (ne) {                                                        \
+    case 1: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 1, f16); break;  \
+    case 2: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 2, f16); break;  \
     default: dots_avx2_shape(x, dim, e, lde, y, ldy, mr, 3, f16); break; \
     }
 
@@ -870,7 +915,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_
     for (int d = 0; d < vec; d += 8) {
 #pragma GCC unroll 4
         for (int p = 0; p < nb; p++) {
-            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + (size_t)p * dim + d)));
+            __m256i b = _mm256_cvtepu8_epi32(
+                _mm_loadl_epi64((const __m128i *)(bytes + (size_t)p * dim + d)));
             __m256 high = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
             __m256 low = _mm256_cvtepi32_ps(_mm256_and_si256(b, low4));
 #pragma GCC unroll 4
@@ -889,9 +935,10 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void dots_
 
 /* The kernel table's 4-bit dots: rows of a, up to 4 at a time, against the block's byte rows
  * (as many at a time as 8 accumulators hold); each dot then gains its tail and the min term. */
-__attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *a, const float *min_term, int rows,
-                                                                  int dim, const uint8_t *E, int v0, int ne, float *y,
-                                                                  size_t ldy) {
+__attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *a,
+                                                                  const float *min_term, int rows,
+                                                                  int dim, const uint8_t *E, int v0,
+                                                                  int ne, float *y, size_t ldy) {
     const uint8_t *bytes = E + (size_t)(v0 / 2) * dim;
     int pairs = (ne + 1) / 2;
     for (int r = 0, mr; r < rows; r += mr) {
@@ -910,7 +957,8 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_q4_avx2(const float *a
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < 2 * nb && 2 * p + j < ne; j++)
                     y[(size_t)(r + i) * ldy + 2 * p + j] =
-                        q4_dot_tail(dot[i][j], ar + (size_t)i * dim, dim, bp + (size_t)(j / 2) * dim, j % 2) +
+                        q4_dot_tail(dot[i][j], ar + (size_t)i * dim, dim,
+                                    bp + (size_t)(j / 2) * dim, j % 2) +
                         min_term[r + i];
         }
     }
@@ -924,20 +972,24 @@ __attribute__((target("avx2,f16c"))) static void scale_rows_avx2(const float *x,
         const float *xr = x + (size_t)r * dim;
         float *ar = a + (size_t)r * dim;
         for (int d = 0; d < vec; d += 8)
-            _mm256_storeu_ps(ar + d, _mm256_mul_ps(_mm256_loadu_ps(xr + d),
-                                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + d)))));
+            _mm256_storeu_ps(
+                ar + d,
+                _mm256_mul_ps(_mm256_loadu_ps(xr + d),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + d)))));
         for (int d = vec; d < dim; d++) ar[d] = xr[d] * fp16_to_fp32(scale[d]);
     }
 }
 
 /* The kernel table's dots: fp16 rows of E three at a time (twelve chains). */
-static void dots_f16_avx2(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy) {
+static void dots_f16_avx2(const float *x, int rows, int dim, const fp16 *E, int v0, int ne,
+                          float *y, size_t ldy) {
     for (int j = 0; j < ne; j += 3)
-        dots_avx2(x, rows, dim, E + (size_t)(v0 + j) * dim, (size_t)dim, ne - j < 3 ? ne - j : 3, 1, y + j, ldy);
+        dots_avx2(x, rows, dim, E + (size_t)(v0 + j) * dim, (size_t)dim, ne - j < 3 ? ne - j : 3, 1,
+                  y + j, ldy);
 }
 
-static const matmul_kernels avx2_kernels = {"avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2, NULL,
-                                            int8_pairs_avx2};
+static const matmul_kernels avx2_kernels = {
+    "avx2", band_f16_avx2, band_q4_avx2, dots_f16_avx2, dots_q4_avx2, NULL, int8_pairs_avx2};
 #endif
 
 /* The wide kernels of the path: NULL for the portable one (and for a path this CPU or this build
@@ -948,8 +1000,7 @@ static const matmul_kernels *wide_kernels(void) {
     case FG_ISA_AVX512:
         if (fg_isa_of_cpu() == FG_ISA_AVX512 && matmul_avx512()) return matmul_avx512();
         /* fall through */
-    case FG_ISA_AVX2:
-        return fg_isa_of_cpu() >= FG_ISA_AVX2 ? &avx2_kernels : NULL;
+    case FG_ISA_AVX2: return fg_isa_of_cpu() >= FG_ISA_AVX2 ? &avx2_kernels : NULL;
 #endif
     case FG_ISA_AVX512_SIMDE: return matmul_avx512_simde();
     default: return NULL;
@@ -965,7 +1016,8 @@ fg_int8_sums *matmul_int8_sums(void) {
 #ifdef HAVE_AVX2_PATH
     if (wide == &avx2_kernels) return features & FG_CPU_AVXVNNI ? int8_sums_vnni256(1) : NULL;
 #endif
-    return wide && (features & FG_CPU_AVX512VNNI || wide != matmul_avx512()) ? wide->int8_sums : NULL;
+    return wide && (features & FG_CPU_AVX512VNNI || wide != matmul_avx512()) ? wide->int8_sums
+                                                                             : NULL;
 }
 
 /* The instructions of the path's integer sums (--int8-activations): avx512-vnni, avx-vnni, avx2
@@ -982,7 +1034,6 @@ const char *matmul_path(void) {
     const matmul_kernels *wide = wide_kernels();
     return wide ? wide->name : "portable";
 }
-
 
 /* Row r of E widened (fp16_to_fp32 and q4 decoding are exact on every path). */
 static void embed_row(const void *E, int q4, int n, int dim, int r, float *dst, int simd) {
@@ -1020,10 +1071,12 @@ static void embed_t_sgemm(const float *x, int rows, int dim, const void *E, int 
 
 /* A few rows of x against the 4-bit table, group by group: each group's a and min terms into the
  * thread's scratch, then its rows' dots from the codes (the comment above dots_q4_portable). */
-static void embed_t_q4(const float *x, int rows, int dim, const uint8_t *E, int n, float *y, float *scratch,
-                       size_t scratch_stride, const matmul_kernels *wide, int simd) {
+static void embed_t_q4(const float *x, int rows, int dim, const uint8_t *E, int n, float *y,
+                       float *scratch, size_t scratch_stride, const matmul_kernels *wide,
+                       int simd) {
     int G = (n + Q4_GROUP - 1) / Q4_GROUP;
-    const fp16 *mins = (const fp16 *)(E + (size_t)G * (Q4_GROUP / 2) * dim), *scales = mins + (size_t)G * dim;
+    const fp16 *mins = (const fp16 *)(E + (size_t)G * (Q4_GROUP / 2) * dim),
+               *scales = mins + (size_t)G * dim;
 #pragma omp parallel for schedule(static)
     for (int g = 0; g < G; g++) {
         float *a = scratch + scratch_stride * omp_get_thread_num(), min_term[MATMUL_EMBED_DOT_ROWS];
@@ -1039,7 +1092,8 @@ static void embed_t_q4(const float *x, int rows, int dim, const uint8_t *E, int 
         const fp16 *group_mins = mins + (size_t)g * dim;
         if (wide) wide->dots_f16(x, rows, dim, mins, g, 1, min_term, 1);
         else
-            for (int r = 0; r < rows; r++) min_term[r] = dot_portable_f16(x + (size_t)r * dim, group_mins, dim);
+            for (int r = 0; r < rows; r++)
+                min_term[r] = dot_portable_f16(x + (size_t)r * dim, group_mins, dim);
         int end = (g + 1) * Q4_GROUP < n ? (g + 1) * Q4_GROUP : n;
         for (int v0 = g * Q4_GROUP; v0 < end; v0 += 8) {
             int ne = end - v0 < 8 ? end - v0 : 8;
@@ -1062,13 +1116,18 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_par
         embed_t_q4(x, rows, dim, (const uint8_t *)E, n, y, scratch, scratch_stride, wide, simd);
         return;
     }
-    /* fp16: the wide kernels read E as stored; the portable path widens rows of E into the scratch. */
+    /* fp16: the wide kernels read E as stored; the portable path widens rows of E into the scratch.
+     */
 #pragma omp parallel for schedule(static)
     for (int v0 = 0; v0 < n; v0 += 8) {
         int ne = n - v0 < 8 ? n - v0 : 8;
-        if (wide) { wide->dots_f16(x, rows, dim, (const fp16 *)E, v0, ne, y + v0, (size_t)n); continue; }
+        if (wide) {
+            wide->dots_f16(x, rows, dim, (const fp16 *)E, v0, ne, y + v0, (size_t)n);
+            continue;
+        }
         float *e = scratch + scratch_stride * omp_get_thread_num();
         for (int v = 0; v < ne; v++) embed_row(E, 0, n, dim, v0 + v, e + (size_t)v * dim, simd);
-        for (int v = 0; v < ne; v++) dots_portable(x, rows, dim, e + (size_t)v * dim, y + v0 + v, (size_t)n);
+        for (int v = 0; v < ne; v++)
+            dots_portable(x, rows, dim, e + (size_t)v * dim, y + v0 + v, (size_t)n);
     }
 }

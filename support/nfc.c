@@ -18,8 +18,15 @@
 #include <string.h>
 
 enum { /* Hangul syllables' arithmetic (Unicode chapter 3.12) */
-    S_BASE = 0xAC00, L_BASE = 0x1100, V_BASE = 0x1161, T_BASE = 0x11A7,
-    L_COUNT = 19, V_COUNT = 21, T_COUNT = 28, N_COUNT = V_COUNT * T_COUNT, S_COUNT = L_COUNT * N_COUNT
+       S_BASE = 0xAC00,
+       L_BASE = 0x1100,
+       V_BASE = 0x1161,
+       T_BASE = 0x11A7,
+       L_COUNT = 19,
+       V_COUNT = 21,
+       T_COUNT = 28,
+       N_COUNT = V_COUNT * T_COUNT,
+       S_COUNT = L_COUNT * N_COUNT
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -33,11 +40,23 @@ static size_t utf8_next(const unsigned char *s, size_t n, int32_t *u) {
     size_t len;
     uint32_t v, min;
     *u = RAW_BYTE(c);
-    if (c < 0x80) { *u = (int32_t)c; return 1; }
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; v = c & 0x1F; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; v = c & 0x0F; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; v = c & 0x07; min = 0x10000; }
-    else return 1;
+    if (c < 0x80) {
+        *u = (int32_t)c;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+        v = c & 0x1F;
+        min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        v = c & 0x0F;
+        min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        v = c & 0x07;
+        min = 0x10000;
+    } else return 1;
     if (n < len) return 1;
     for (size_t k = 1; k < len; k++) {
         if ((s[k] & 0xC0) != 0x80) return 1;
@@ -51,7 +70,10 @@ static size_t utf8_next(const unsigned char *s, size_t n, int32_t *u) {
 /* Writes unit u as UTF-8 (an invalid byte as itself) at dst; returns the bytes written. */
 static size_t utf8_put(unsigned char *dst, int32_t u) {
     static const unsigned char lead[5] = {0, 0, 0xC0, 0xE0, 0xF0};
-    if (u < 0x80) { dst[0] = (unsigned char)(u < 0 ? -1 - u : u); return 1; }
+    if (u < 0x80) {
+        dst[0] = (unsigned char)(u < 0 ? -1 - u : u);
+        return 1;
+    }
     size_t len = u < 0x800 ? 2 : u < 0x10000 ? 3 : 4;
     for (size_t k = len - 1; k > 0; k--, u >>= 6) dst[k] = (unsigned char)(0x80 | (u & 0x3F));
     dst[0] = (unsigned char)(lead[len] | u);
@@ -96,7 +118,8 @@ static int32_t compose_pair(int32_t a, int32_t b) {
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         const nfc_comp_entry *e = &nfc_comp[mid];
-        if ((uint32_t)a < e->first || ((uint32_t)a == e->first && (uint32_t)b < e->second)) hi = mid;
+        if ((uint32_t)a < e->first || ((uint32_t)a == e->first && (uint32_t)b < e->second))
+            hi = mid;
         else if ((uint32_t)a > e->first || (uint32_t)b > e->second) lo = mid + 1;
         else return (int32_t)e->composite;
     }
@@ -113,7 +136,10 @@ static size_t decompose(int32_t u, int32_t *out) {
         return t ? 3 : 2;
     }
     const nfc_decomp_entry *d = decomp_of(u);
-    if (!d) { out[0] = u; return 1; }
+    if (!d) {
+        out[0] = u;
+        return 1;
+    }
     size_t k = decompose((int32_t)d->first, out);
     if (d->second) k += decompose((int32_t)d->second, out + k);
     return k;
@@ -142,7 +168,10 @@ static size_t compose(int32_t *u, size_t n) {
         int cc = ccc_of(c);
         if (starter != SIZE_MAX && (w == starter + 1 || last_ccc < cc)) {
             int32_t merged = compose_pair(u[starter], c);
-            if (merged >= 0) { u[starter] = merged; continue; }
+            if (merged >= 0) {
+                u[starter] = merged;
+                continue;
+            }
         }
         if (cc == 0) starter = w;
         last_ccc = cc;

@@ -106,7 +106,8 @@ void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t 
 
 enum { PAIRS_MR = 4, PAIRS_NR = 16, PAIRS_KC = 512, PAIRS_RB = 96, PAIRS_CB = 128 };
 
-/* b packed, and each thread's widened rows of a: kept from call to call (prefill's shapes repeat). */
+/* b packed, and each thread's widened rows of a: kept from call to call (prefill's shapes repeat).
+ */
 static struct {
     pthread_mutex_t lock;
     void *buffer;
@@ -116,22 +117,25 @@ static struct {
 #ifdef HAVE_AVX2_PAIRS
 
 /* Columns j0 .. j0 + 16 of b (zeros past n) as pairs: out[p][j][2] = b[2p][j], b[2p + 1][j]. */
-__attribute__((target("avx2"))) static void pack_strip(const int8_t *b, int n, int k, int j0, int16_t *out) {
+__attribute__((target("avx2"))) static void pack_strip(const int8_t *b, int n, int k, int j0,
+                                                       int16_t *out) {
     int cols = n - j0 < PAIRS_NR ? n - j0 : PAIRS_NR;
     for (int p = 0; 2 * p < k; p++) {
         _Alignas(16) int8_t even[PAIRS_NR] = {0}, odd[PAIRS_NR] = {0};
         memcpy(even, b + (size_t)(2 * p) * n + j0, (size_t)cols);
         if (2 * p + 1 < k) memcpy(odd, b + (size_t)(2 * p + 1) * n + j0, (size_t)cols);
         __m128i e = _mm_load_si128((const __m128i *)even), o = _mm_load_si128((const __m128i *)odd);
-        _mm256_store_si256((__m256i *)(out + (size_t)p * 32), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(e, o)));
-        _mm256_store_si256((__m256i *)(out + (size_t)p * 32 + 16), _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(e, o)));
+        _mm256_store_si256((__m256i *)(out + (size_t)p * 32),
+                           _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(e, o)));
+        _mm256_store_si256((__m256i *)(out + (size_t)p * 32 + 16),
+                           _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(e, o)));
     }
 }
 
-/* rows rows of a, columns k0 .. k0 + kc, widened to int16 [rows rounded up to PAIRS_MR][PAIRS_KC] (an
- * odd kc padded with a 0, the rows past rows zeros). */
-__attribute__((target("avx2"))) static void widen_rows_of_a(const int8_t *a, int k, int rows, int k0, int kc,
-                                                           int16_t *a16) {
+/* rows rows of a, columns k0 .. k0 + kc, widened to int16 [rows rounded up to PAIRS_MR][PAIRS_KC]
+ * (an odd kc padded with a 0, the rows past rows zeros). */
+__attribute__((target("avx2"))) static void widen_rows_of_a(const int8_t *a, int k, int rows,
+                                                            int k0, int kc, int16_t *a16) {
     int kc_even = (kc + 1) / 2 * 2, padded = (rows + PAIRS_MR - 1) / PAIRS_MR * PAIRS_MR;
     for (int r = 0; r < padded; r++) {
         int16_t *out = a16 + (size_t)r * PAIRS_KC;
@@ -142,7 +146,8 @@ __attribute__((target("avx2"))) static void widen_rows_of_a(const int8_t *a, int
         const int8_t *in = a + (size_t)r * k + k0;
         int q = 0;
         for (; q + 16 <= kc; q += 16)
-            _mm256_storeu_si256((__m256i *)(out + q), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(in + q))));
+            _mm256_storeu_si256((__m256i *)(out + q),
+                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(in + q))));
         for (; q < kc; q++) out[q] = in[q];
         if (kc < kc_even) out[kc] = 0;
     }
@@ -155,9 +160,11 @@ static inline int32_t pair_at(const int16_t *row, int p) {
 }
 
 /* The 4 x 16 register tile over pairs pairs: tile = a16's 4 rows (PAIRS_KC apart) times strip. */
-__attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *a16, const int16_t *strip, int pairs,
-                                                                int32_t tile[PAIRS_MR][PAIRS_NR]) {
-    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+__attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *a16,
+                                                                 const int16_t *strip, int pairs,
+                                                                 int32_t tile[PAIRS_MR][PAIRS_NR]) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+            c30 = c00, c31 = c00;
     const int16_t *a0 = a16, *a1 = a0 + PAIRS_KC, *a2 = a1 + PAIRS_KC, *a3 = a2 + PAIRS_KC;
     for (int p = 0; p < pairs; p++) {
         __m256i b0 = _mm256_load_si256((const __m256i *)(strip + (size_t)p * 32));
@@ -186,15 +193,18 @@ __attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *
     _mm256_store_si256(t + 7, c31);
 }
 
-/* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of k. */
-__attribute__((target("avx2"))) static void tile_of_c(int n, int k, const int8_t *a, const int16_t *b_pairs,
-                                                     int i0, int rows, int j0, int cols, int16_t *a16, int32_t *c) {
+/* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of k.
+ */
+__attribute__((target("avx2"))) static void tile_of_c(int n, int k, const int8_t *a,
+                                                      const int16_t *b_pairs, int i0, int rows,
+                                                      int j0, int cols, int16_t *a16, int32_t *c) {
     int k_pairs = (k + 1) / 2;
     for (int k0 = 0; k0 < k; k0 += PAIRS_KC) {
         int kc = k - k0 < PAIRS_KC ? k - k0 : PAIRS_KC;
         widen_rows_of_a(a + (size_t)i0 * k, k, rows, k0, kc, a16);
         for (int j = j0; j < j0 + cols; j += PAIRS_NR) {
-            const int16_t *strip = b_pairs + (size_t)(j / PAIRS_NR) * k_pairs * 32 + (size_t)(k0 / 2) * 32;
+            const int16_t *strip =
+                b_pairs + (size_t)(j / PAIRS_NR) * k_pairs * 32 + (size_t)(k0 / 2) * 32;
             int nr = j0 + cols - j < PAIRS_NR ? j0 + cols - j : PAIRS_NR;
             for (int r = 0; r < rows; r += PAIRS_MR) {
                 _Alignas(32) int32_t tile[PAIRS_MR][PAIRS_NR];
@@ -204,8 +214,10 @@ __attribute__((target("avx2"))) static void tile_of_c(int n, int k, const int8_t
                     int32_t *row = c + (size_t)(i0 + r + t) * n + j;
                     if (nr == PAIRS_NR && k0 > 0) {
                         __m256i *v = (__m256i *)row, *w = (__m256i *)tile[t];
-                        _mm256_storeu_si256(v, _mm256_add_epi32(_mm256_loadu_si256(v), _mm256_load_si256(w)));
-                        _mm256_storeu_si256(v + 1, _mm256_add_epi32(_mm256_loadu_si256(v + 1), _mm256_load_si256(w + 1)));
+                        _mm256_storeu_si256(
+                            v, _mm256_add_epi32(_mm256_loadu_si256(v), _mm256_load_si256(w)));
+                        _mm256_storeu_si256(v + 1, _mm256_add_epi32(_mm256_loadu_si256(v + 1),
+                                                                    _mm256_load_si256(w + 1)));
                     } else if (k0 > 0) {
                         for (int q = 0; q < nr; q++) row[q] += tile[t][q];
                     } else {
@@ -225,7 +237,8 @@ int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t
         memset(c, 0, (size_t)m * n * sizeof *c);
         return 0;
     }
-    int strips = (n + PAIRS_NR - 1) / PAIRS_NR, k_pairs = (k + 1) / 2, threads = omp_get_max_threads();
+    int strips = (n + PAIRS_NR - 1) / PAIRS_NR, k_pairs = (k + 1) / 2,
+        threads = omp_get_max_threads();
     size_t b_bytes = (size_t)strips * k_pairs * 32 * sizeof(int16_t);
     size_t a_bytes = (size_t)PAIRS_RB * PAIRS_KC * sizeof(int16_t); /* a thread's widened rows */
     size_t bytes = b_bytes + (size_t)threads * a_bytes;
@@ -242,7 +255,8 @@ int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t
     int16_t *b_pairs = pairs_scratch.buffer;
     char *a_rows = (char *)pairs_scratch.buffer + b_bytes;
 #pragma omp parallel for schedule(static)
-    for (int s = 0; s < strips; s++) pack_strip(b, n, k, s * PAIRS_NR, b_pairs + (size_t)s * k_pairs * 32);
+    for (int s = 0; s < strips; s++)
+        pack_strip(b, n, k, s * PAIRS_NR, b_pairs + (size_t)s * k_pairs * 32);
     int row_tiles = (m + PAIRS_RB - 1) / PAIRS_RB, col_tiles = (n + PAIRS_CB - 1) / PAIRS_CB;
 #pragma omp parallel num_threads(threads)
     {
@@ -307,7 +321,8 @@ static int gemm_bf16_sgemm(int m, int n, int k, const uint16_t *a, const uint16_
     if (!a32 || !b32) return -1;
     widen_bf16(a, a32, (size_t)m * k);
     widen_bf16(b, b32, (size_t)k * n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32, k, b32, n, 0.0f, c, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32, k, b32, n, 0.0f, c,
+                n);
     return 0;
 }
 
@@ -325,8 +340,8 @@ static struct {
 
 #ifndef FLEXGEN_ONEDNN
 
-static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c, char *why,
-                          size_t why_len) {
+static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c,
+                          char *why, size_t why_len) {
     (void)bf16;
     (void)m;
     (void)n;
@@ -355,7 +370,9 @@ typedef struct {
     size_t b_blocked_bytes;
 } gemm_plan;
 
-enum { N_PLANS = 16 }; /* prefill's shapes: 4 to 6 products a layer, times a full and a last batch */
+enum {
+    N_PLANS = 16
+}; /* prefill's shapes: 4 to 6 products a layer, times a full and a last batch */
 
 static struct {
     dnnl_engine_t engine;
@@ -370,7 +387,8 @@ static struct {
 static dnnl_status_t engine_once(void) {
     if (dnnl.engine || dnnl.engine_status != dnnl_success) return dnnl.engine_status;
     dnnl_status_t status = dnnl_engine_create(&dnnl.engine, dnnl_cpu, 0);
-    if (status == dnnl_success) status = dnnl_stream_create(&dnnl.stream, dnnl.engine, dnnl_stream_default_flags);
+    if (status == dnnl_success)
+        status = dnnl_stream_create(&dnnl.stream, dnnl.engine, dnnl_stream_default_flags);
     if (status != dnnl_success && dnnl.engine) dnnl_engine_destroy(dnnl.engine);
     if (status != dnnl_success) dnnl.engine = NULL;
     dnnl.engine_status = status;
@@ -402,10 +420,12 @@ static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
     *p = (gemm_plan){.used = 1, .bf16 = bf16, .m = m, .n = n, .k = k};
     if (failed(p, dnnl_memory_desc_init_by_tag(&p->a_md, 2, a_dims, in, dnnl_ab), "a") ||
         failed(p, dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, in, dnnl_ab), "b") ||
-        failed(p, dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any), "b, any layout") ||
+        failed(p, dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any),
+               "b, any layout") ||
         failed(p, dnnl_memory_desc_init_by_tag(&p->c_md, 2, c_dims, out, dnnl_ab), "c") ||
         failed(p, dnnl_matmul_desc_init(&desc, &p->a_md, &b_any, NULL, &p->c_md), "matmul") ||
-        failed(p, dnnl_primitive_desc_create(&product_pd, &desc, NULL, dnnl.engine, NULL), "matmul"))
+        failed(p, dnnl_primitive_desc_create(&product_pd, &desc, NULL, dnnl.engine, NULL),
+               "matmul"))
         return;
     const char *impl = "";
     dnnl_primitive_desc_query(product_pd, dnnl_query_impl_info_str, 0, &impl);
@@ -416,8 +436,10 @@ static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
         p->b_blocked_md = *dnnl_primitive_desc_query_md(product_pd, dnnl_query_weights_md, 0);
         p->b_blocked_bytes = dnnl_memory_desc_get_size(&p->b_blocked_md);
         if (!failed(p, dnnl_primitive_create(&p->product, product_pd), "matmul") &&
-            !failed(p, dnnl_reorder_primitive_desc_create(&reorder_pd, &p->b_md, dnnl.engine, &p->b_blocked_md,
-                                                          dnnl.engine, NULL), "reorder"))
+            !failed(p,
+                    dnnl_reorder_primitive_desc_create(&reorder_pd, &p->b_md, dnnl.engine,
+                                                       &p->b_blocked_md, dnnl.engine, NULL),
+                    "reorder"))
             failed(p, dnnl_primitive_create(&p->reorder, reorder_pd), "reorder");
     }
     dnnl_primitive_desc_destroy(product_pd);
@@ -442,8 +464,8 @@ static dnnl_status_t memory_at(dnnl_memory_t *mem, const dnnl_memory_desc_t *md,
 }
 
 /* b reordered into the plan's layout, then c = a b (the caller holds products.lock). */
-static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c, char *why,
-                          size_t why_len) {
+static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c,
+                          char *why, size_t why_len) {
     dnnl_status_t status = engine_once();
     if (status != dnnl_success) {
         snprintf(why, why_len, "oneDNN failed (engine: status %d)", (int)status);
@@ -467,7 +489,8 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
         dnnl.b_blocked = malloc(p->b_blocked_bytes);
         dnnl.b_blocked_cap = dnnl.b_blocked ? p->b_blocked_bytes : 0;
         if (!dnnl.b_blocked) {
-            snprintf(why, why_len, "no memory for oneDNN's copy of the weights (%s)", human((double)p->b_blocked_bytes).s);
+            snprintf(why, why_len, "no memory for oneDNN's copy of the weights (%s)",
+                     human((double)p->b_blocked_bytes).s);
             return ONEDNN_FAILED;
         }
     }
@@ -479,7 +502,8 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
     if (status == dnnl_success) status = memory_at(&c_mem, &p->c_md, c);
     if (status == dnnl_success) {
         dnnl_exec_arg_t reorder_args[2] = {{DNNL_ARG_FROM, b_mem}, {DNNL_ARG_TO, b_blocked}};
-        dnnl_exec_arg_t product_args[3] = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_blocked}, {DNNL_ARG_DST, c_mem}};
+        dnnl_exec_arg_t product_args[3] = {
+            {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_blocked}, {DNNL_ARG_DST, c_mem}};
         step = "reorder";
         status = dnnl_primitive_execute(p->reorder, dnnl.stream, 2, reorder_args);
         if (status == dnnl_success) {
@@ -517,7 +541,8 @@ void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) 
         /* the AVX2 kernel where the CPU's kernels may use AVX2 (not FLEXGEN_ISA=portable) */
         int pairs = fg_cpu_has_avx2() && gemm_s8_pairs(m, n, k, a, b, c) == 0;
         if (!pairs) gemm_s8_reference(m, n, k, a, b, c);
-        snprintf(products.path[0], sizeof products.path[0], "%s", pairs ? "avx2 (exact int16 pairs)" : "portable");
+        snprintf(products.path[0], sizeof products.path[0], "%s",
+                 pairs ? "avx2 (exact int16 pairs)" : "portable");
         /* a kernel that saturates, or none at all, is no news: the sums are the same integers */
         if (ran == ONEDNN_FAILED && !products.told[0])
             fprintf(stderr, "flexgen: --int8-activations: %s; using %s\n", why, products.path[0]);
@@ -535,8 +560,8 @@ void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float 
         snprintf(products.path[1], sizeof products.path[1], "%s",
                  sgemm ? "fp32 sgemm of bf16 operands" : "portable");
         if (!products.told[1])
-            fprintf(stderr, "flexgen: --bf16-prefill: %s; using fp32 sums of the bf16 operands%s\n", why,
-                    sgemm ? "" : " (plain loops: no memory for sgemm's copies)");
+            fprintf(stderr, "flexgen: --bf16-prefill: %s; using fp32 sums of the bf16 operands%s\n",
+                    why, sgemm ? "" : " (plain loops: no memory for sgemm's copies)");
         products.told[1] = 1;
     }
     pthread_mutex_unlock(&products.lock);

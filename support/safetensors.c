@@ -1,5 +1,5 @@
-/* support/safetensors.c: HF checkpoints as the loader reads them: safetensors archives, mapped with mmap
- * and validated (header, dtypes, shapes, offsets), single files or shards listed by an index.
+/* support/safetensors.c: HF checkpoints as the loader reads them: safetensors archives, mapped with
+ * mmap and validated (header, dtypes, shapes, offsets), single files or shards listed by an index.
  *
  * The format: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
  * shape and byte range, then the raw bytes. Nothing is copied here: a tensor's data pointer is
@@ -20,15 +20,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 /* ============================================================================================
  * safetensors: 8-byte little-endian header length, a JSON header, then the raw tensor bytes.
  * ============================================================================================ */
 
 static int dtype_from_string(const char *s, st_dtype *d, size_t *size) {
-    if (strcmp(s, "F16") == 0) { *d = ST_F16; *size = 2; return 0; }
-    if (strcmp(s, "BF16") == 0) { *d = ST_BF16; *size = 2; return 0; }
-    if (strcmp(s, "F32") == 0) { *d = ST_F32; *size = 4; return 0; }
+    if (strcmp(s, "F16") == 0) {
+        *d = ST_F16;
+        *size = 2;
+        return 0;
+    }
+    if (strcmp(s, "BF16") == 0) {
+        *d = ST_BF16;
+        *size = 2;
+        return 0;
+    }
+    if (strcmp(s, "F32") == 0) {
+        *d = ST_F32;
+        *size = 4;
+        return 0;
+    }
     return -1;
 }
 
@@ -51,8 +62,8 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
     size_t elsize;
     if (!cJSON_IsString(dt)) return fg_fail(err, "%s: tensor %s: missing dtype", path, name);
     if (dtype_from_string(dt->valuestring, &t->dtype, &elsize))
-        return fg_fail(err, "%s: tensor %s: unsupported dtype %s (F16, BF16 and F32 are)", path, name,
-                    dt->valuestring);
+        return fg_fail(err, "%s: tensor %s: unsupported dtype %s (F16, BF16 and F32 are)", path,
+                       name, dt->valuestring);
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 4)
         return fg_fail(err, "%s: tensor %s: bad shape", path, name);
     t->ndim = cJSON_GetArraySize(shape);
@@ -63,24 +74,28 @@ static int parse_tensor_entry(const cJSON *e, const char *path, const char *data
             d->valuedouble != (double)(int64_t)d->valuedouble)
             return fg_fail(err, "%s: tensor %s: bad shape", path, name);
         t->shape[i] = (int64_t)d->valuedouble;
-        if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) || numel > ((uint64_t)1 << 40))
+        if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) ||
+            numel > ((uint64_t)1 << 40))
             return fg_fail(err, "%s: tensor %s: shape of more than 2^40 elements", path, name);
     }
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
         return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
-    double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) ||
-        !(b >= 0 && en >= b))
+    double b = cJSON_GetArrayItem(offs, 0)->valuedouble,
+           en = cJSON_GetArrayItem(offs, 1)->valuedouble;
+    if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
+        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || !(b >= 0 && en >= b))
         return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
     if (en > (double)data_len) /* checked before the casts below, which need the range */
-        return fg_fail(err, "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
-                         "bytes; truncated file?)", path, name, b, en, data_len);
+        return fg_fail(err,
+                       "%s: tensor %s: data_offsets [%.0f, %.0f] out of bounds (data is %zu "
+                       "bytes; truncated file?)",
+                       path, name, b, en, data_len);
     if (b != (double)(uint64_t)b || en != (double)(uint64_t)en)
         return fg_fail(err, "%s: tensor %s: bad data_offsets", path, name);
     t->nbytes = (size_t)(en - b);
     if (t->nbytes != numel * elsize) /* no overflow: numel <= 2^40, elsize <= 4 */
         return fg_fail(err, "%s: tensor %s: data_offsets hold %zu bytes, shape and dtype need %llu",
-                    path, name, t->nbytes, (unsigned long long)(numel * elsize));
+                       path, name, t->nbytes, (unsigned long long)(numel * elsize));
     t->data = data + (size_t)b;
     return 0;
 }
@@ -93,10 +108,11 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | map[i];
     if (hlen > size - 8)
         return fg_fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
-                    (unsigned long long)hlen, size);
+                       (unsigned long long)hlen, size);
     const char *header = (const char *)map + 8, *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)hlen, &end, 0);
-    while (root && end < header + hlen && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r'))
+    while (root && end < header + hlen &&
+           (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r'))
         end++; /* the header may be padded with spaces, nothing else */
     if (!cJSON_IsObject(root) || end != header + hlen) {
         cJSON_Delete(root);
@@ -105,12 +121,18 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     int first = a->n_tensors, n = 0, rc = 0;
     for (const cJSON *e = root->child; e; e = e->next) n++;
     st_tensor *grown = realloc(a->tensors, (size_t)(a->n_tensors + n + 1) * sizeof *grown);
-    if (!grown) { cJSON_Delete(root); return fg_fail(err, "%s: out of memory", path); }
+    if (!grown) {
+        cJSON_Delete(root);
+        return fg_fail(err, "%s: out of memory", path);
+    }
     a->tensors = grown;
     const char *data = (const char *)map + 8 + hlen;
     for (const cJSON *e = root->child; e && rc == 0; e = e->next) {
         if (strcmp(e->string, "__metadata__") == 0) continue;
-        if (!cJSON_IsObject(e)) { rc = fg_fail(err, "%s: tensor %s: not an object", path, e->string); break; }
+        if (!cJSON_IsObject(e)) {
+            rc = fg_fail(err, "%s: tensor %s: not an object", path, e->string);
+            break;
+        }
         st_tensor *t = &a->tensors[a->n_tensors];
         rc = parse_tensor_entry(e, path, data, size - 8 - hlen, t, err);
         t->file = file;
@@ -129,13 +151,14 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     for (int i = 1; i < count && rc == 0; i++)
         if ((const char *)sorted[i - 1].data + sorted[i - 1].nbytes > (const char *)sorted[i].data)
             rc = fg_fail(err, "%s: tensors %s and %s overlap", path, sorted[i - 1].name,
-                      sorted[i].name);
+                         sorted[i].name);
     free(sorted);
     return rc;
 }
 
 int st_open_file(const char *path, st_archive *a, char *err) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO: refused below, not waited on */
+    int fd =
+        open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO: refused below, not waited on */
     if (fd < 0) return fg_fail(err, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -174,7 +197,8 @@ static int open_index(const char *dir, const char *index_path, st_archive *a, ch
     const cJSON *wm = fg_json_get(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);
-        return fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", index_path);
+        return fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")",
+                       index_path);
     }
     int rc = 0;
     for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
@@ -191,7 +215,7 @@ static int open_index(const char *dir, const char *index_path, st_archive *a, ch
             const st_tensor *t = st_find(a, e->string);
             if (!t || strcmp(a->paths[t->file], path) != 0)
                 rc = fg_fail(err, "%s: tensor %s is not in %s as the index says", index_path,
-                          e->string, e->valuestring);
+                             e->string, e->valuestring);
         }
     }
     cJSON_Delete(root);
@@ -208,10 +232,11 @@ int st_open_dir(const char *dir, st_archive *a, char *err) {
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (access(path, F_OK) != 0)
-            rc = fg_fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
-                           "pytorch_model.bin with scripts/convert_to_safetensors.py)", dir);
-        else
-            rc = st_open_file(path, a, err);
+            rc = fg_fail(err,
+                         "%s: no model.safetensors or model.safetensors.index.json (convert a "
+                         "pytorch_model.bin with scripts/convert_to_safetensors.py)",
+                         dir);
+        else rc = st_open_file(path, a, err);
     }
     if (rc) st_close(a);
     return rc;
@@ -238,8 +263,10 @@ int st_dir_files(const char *dir, char ***names, int *n, char *err) {
     if (access(path, F_OK) != 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (access(path, F_OK) != 0)
-            return fg_fail(err, "%s: no model.safetensors or model.safetensors.index.json (convert a "
-                                "pytorch_model.bin with scripts/convert_to_safetensors.py)", dir);
+            return fg_fail(err,
+                           "%s: no model.safetensors or model.safetensors.index.json (convert a "
+                           "pytorch_model.bin with scripts/convert_to_safetensors.py)",
+                           dir);
         if (add_name(names, n, "model.safetensors")) rc = fg_fail(err, "out of memory");
         return rc;
     }
@@ -250,12 +277,12 @@ int st_dir_files(const char *dir, char ***names, int *n, char *err) {
     const cJSON *wm = fg_json_get(root, "weight_map");
     if (!cJSON_IsObject(wm))
         rc = fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", path);
-    if (rc == 0 && add_name(names, n, "model.safetensors.index.json")) rc = fg_fail(err, "out of memory");
+    if (rc == 0 && add_name(names, n, "model.safetensors.index.json"))
+        rc = fg_fail(err, "out of memory");
     for (const cJSON *e = wm ? wm->child : NULL; e && rc == 0; e = e->next) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/'))
             rc = fg_fail(err, "%s: weight_map entry %s: bad file name", path, e->string);
-        else if (add_name(names, n, e->valuestring))
-            rc = fg_fail(err, "out of memory");
+        else if (add_name(names, n, e->valuestring)) rc = fg_fail(err, "out of memory");
     }
     cJSON_Delete(root);
     if (rc) {

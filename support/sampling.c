@@ -72,17 +72,22 @@ int check_prompts(const model_config *c, int n, int *const *prompts, const int *
         if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
         if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
                                                    lens[p] and gen_len may not fit an int */
-            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
-                           "is not fed back); the model has %d (max_position_embeddings)", p + 1, lens[p], gen_len,
-                           (long long)lens[p] + gen_len - 1, c->max_pos);
+            return fg_fail(
+                err,
+                "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
+                "is not fed back); the model has %d (max_position_embeddings)",
+                p + 1, lens[p], gen_len, (long long)lens[p] + gen_len - 1, c->max_pos);
         if (c->window && gen_len - 1 > c->window - lens[p])
-            return fg_fail(err, "prompt %d: %d tokens + --gen-len %d need %lld positions, beyond the model's "
-                           "sliding_window %d (sliding-window attention is not implemented)", p + 1, lens[p],
-                           gen_len, (long long)lens[p] + gen_len - 1, c->window);
+            return fg_fail(
+                err,
+                "prompt %d: %d tokens + --gen-len %d need %lld positions, beyond the model's "
+                "sliding_window %d (sliding-window attention is not implemented)",
+                p + 1, lens[p], gen_len, (long long)lens[p] + gen_len - 1, c->window);
         for (int t = 0; t < lens[p]; t++)
             if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
-                return fg_fail(err, "prompt %d: token id %d out of range [0, %d) (the model's vocab_size)",
-                               p + 1, prompts[p][t], c->vocab);
+                return fg_fail(
+                    err, "prompt %d: token id %d out of range [0, %d) (the model's vocab_size)",
+                    p + 1, prompts[p][t], c->vocab);
     }
     return 0;
 }
@@ -93,8 +98,8 @@ int check_forced(const model_config *c, const int *forced, int n_prompts, int ge
         for (int i = 0; i < gen_len; i++) {
             int id = forced[(size_t)p * gen_len + i];
             if (id < 0 || id >= c->vocab)
-                return fg_fail(err, "prompt %d: forced token %d is id %d, out of range [0, %d)", p + 1,
-                               i + 1, id, c->vocab);
+                return fg_fail(err, "prompt %d: forced token %d is id %d, out of range [0, %d)",
+                               p + 1, i + 1, id, c->vocab);
         }
     return 0;
 }

@@ -47,7 +47,8 @@ AVX2 static void q4_pack64(const float *x, float min, float inv, uint8_t *bytes)
     __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(15);
     __m256i q[8];
     for (int k = 0; k < 8; k++) {
-        __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmin), vinv), half);
+        __m256 t = _mm256_add_ps(
+            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmin), vinv), half);
         q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, zero), top));
     }
     /* pairs (2p, 2p + 1) -> 16 (2p) + (2p + 1), then to bytes, in order */
@@ -70,7 +71,8 @@ AVX2 static size_t q4_decode_groups(const uint8_t *bytes, const fp16 *mins, cons
     size_t full = len / Q4_GROUP;
     const __m128i low4 = _mm_set1_epi8(15);
     for (size_t g = 0; g < full; g++) {
-        __m256 min = _mm256_set1_ps(fp16_to_fp32(mins[g])), scale = _mm256_set1_ps(fp16_to_fp32(scales[g]));
+        __m256 min = _mm256_set1_ps(fp16_to_fp32(mins[g])),
+               scale = _mm256_set1_ps(fp16_to_fp32(scales[g]));
         const uint8_t *b = bytes + g * (Q4_GROUP / 2);
         float *o = out + g * Q4_GROUP;
         for (int half = 0; half < 2; half++) { /* 16 bytes = 32 values */
@@ -79,7 +81,8 @@ AVX2 static size_t q4_decode_groups(const uint8_t *bytes, const fp16 *mins, cons
             __m128i e0 = _mm_unpacklo_epi8(hi, lo), e1 = _mm_unpackhi_epi8(hi, lo); /* in order */
             __m128i parts[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
             for (int k = 0; k < 4; k++)
-                _mm256_storeu_ps(o + 32 * half + 8 * k, nibbles_to_ps(_mm256_cvtepu8_epi32(parts[k]), min, scale));
+                _mm256_storeu_ps(o + 32 * half + 8 * k,
+                                 nibbles_to_ps(_mm256_cvtepu8_epi32(parts[k]), min, scale));
         }
     }
     return full * Q4_GROUP;
@@ -131,8 +134,8 @@ AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int
     }
 }
 
-static const fg_simd avx2 = {q4_range64, q4_pack64, q4_decode_groups, q4_decode_row, dot_f16_rows,
-                             axpy_f16_rows};
+static const fg_simd avx2 = {q4_range64,    q4_pack64,    q4_decode_groups,
+                             q4_decode_row, dot_f16_rows, axpy_f16_rows};
 #endif
 
 const fg_simd *fg_simd_kernels(void) {

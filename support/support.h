@@ -17,14 +17,16 @@
 int fg_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double now_seconds(void); /* a monotonic clock */
 #define GB ((double)(1 << 30))
-typedef struct { char s[32]; } size_text;
+typedef struct {
+    char s[32];
+} size_text;
 size_text human(double bytes); /* "1.50 GiB", "12.3 MiB", "4.0 KiB" */
 double mem_available_bytes(void);
 double host_memory_for_plans(void);
 int is_dir(const char *path);
-int check_dir(const char *flag, const char *dir, char *err); /* exists and is writable */
-int mkdir_p(const char *dir);                                 /* -1 (errno) on failure */
-void default_weight_dir(char *out, size_t n);                 /* ~/.cache/flexgen */
+int check_dir(const char *flag, const char *dir, char *err);    /* exists and is writable */
+int mkdir_p(const char *dir);                                   /* -1 (errno) on failure */
+void default_weight_dir(char *out, size_t n);                   /* ~/.cache/flexgen */
 int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, removed at exit */
 /* A SIGBUS in a watched mapping ends the process with one line naming its file. */
 void fg_watch_mapping(const void *base, size_t size, const char *path);
@@ -38,24 +40,35 @@ static inline uint64_t fg_mix64(uint64_t x) { /* a stateless 64-bit hash (splitm
 }
 uint64_t fg_fnv64(const void *bytes, size_t n); /* FNV-1a: names, files */
 #define FG_FNV64_START 0xcbf29ce484222325ULL
-uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n); /* h: FG_FNV64_START, or an earlier result */
+uint64_t fg_fnv64_more(uint64_t h, const void *bytes,
+                       size_t n); /* h: FG_FNV64_START, or an earlier result */
 
 /* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
 fp16 fp32_to_fp16(float f); /* fp16_to_fp32 is in flexgen.h */
 float bf16_to_fp32(uint16_t b);
-uint16_t fp32_to_bf16(float f);                                /* to nearest, ties to even */
+uint16_t fp32_to_bf16(float f);                                 /* to nearest, ties to even */
 void fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n); /* every thread */
-void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n); /* F16C where the CPU has it */
+void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n);     /* F16C where the CPU has it */
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
-int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and the path not portable (FLEXGEN_ISA, FLEXGEN_NO_SIMD) */
+int fg_cpu_has_avx2(
+    void); /* AVX2, FMA and F16C, and the path not portable (FLEXGEN_ISA, FLEXGEN_NO_SIMD) */
 
 /* ---- The instruction set the CPU's kernels run (util.c): the widest the CPU has, or the one
  * FLEXGEN_ISA names: portable, avx2, avx512 (no wider than the CPU's), or avx512-simde, the
  * AVX-512 kernels built on SIMDe's portable C, which runs anywhere. FLEXGEN_NO_SIMD=1: portable.
  * AVX-512 here means F, BW, DQ and VL. ---- */
-enum { FG_CPU_AVX = 1, FG_CPU_AVX2 = 2, FG_CPU_FMA = 4, FG_CPU_AVX512F = 8, FG_CPU_AVX512BW = 16,
-       FG_CPU_AVX512DQ = 32, FG_CPU_AVX512VL = 64, FG_CPU_F16C = 128, FG_CPU_AVX512VNNI = 256,
-       FG_CPU_AVXVNNI = 512 };
+enum {
+    FG_CPU_AVX = 1,
+    FG_CPU_AVX2 = 2,
+    FG_CPU_FMA = 4,
+    FG_CPU_AVX512F = 8,
+    FG_CPU_AVX512BW = 16,
+    FG_CPU_AVX512DQ = 32,
+    FG_CPU_AVX512VL = 64,
+    FG_CPU_F16C = 128,
+    FG_CPU_AVX512VNNI = 256,
+    FG_CPU_AVXVNNI = 512
+};
 unsigned fg_cpu_features(void); /* this CPU's FG_CPU_ bits (with the OS's support for them) */
 typedef enum { FG_ISA_PORTABLE, FG_ISA_AVX2, FG_ISA_AVX512, FG_ISA_AVX512_SIMDE } fg_isa;
 fg_isa fg_isa_of_cpu(void);
@@ -79,27 +92,30 @@ typedef struct {
     float min_term[Q4_CHUNK][Q4_CHUNK];
 } q4_terms;
 typedef void fg_int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32_t (*isum)[64]);
-typedef void fg_int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w, size_t stride, int G,
-                           int g0, int ng, float *y, size_t ldy, int from_y);
+typedef void fg_int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w,
+                           size_t stride, int G, int g0, int ng, float *y, size_t ldy, int from_y);
 typedef struct {
     const char *name;
     /* fp16 rows of W, ldw apart; cols a multiple of 64 */
-    void (*band_f16)(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc, int cols,
-                     float *y, size_t ldy, int from_y, int ahead);
+    void (*band_f16)(const float *x, int rows, size_t ldx, const fp16 *w, size_t ldw, int kc,
+                     int cols, float *y, size_t ldy, int from_y, int ahead);
     /* 4-bit codes of one part, stride bytes a row, from the first byte of the chunk's first
      * group: ng <= Q4_CHUNK whole groups, rows <= Q4_CHUNK rows of x given by their terms t; y at
      * the chunk's first column */
-    void (*band_q4)(const q4_terms *t, int rows, const uint8_t *codes, size_t stride, int ng, int kc, float *y,
-                    size_t ldy, int from_y, int ahead);
+    void (*band_q4)(const q4_terms *t, int rows, const uint8_t *codes, size_t stride, int ng,
+                    int kc, float *y, size_t ldy, int from_y, int ahead);
     /* lm_head: y[r][j] = x[r] . E[v0 + j] for every row of x (dim apart) and ne <= 8 rows of fp16
      * E [n][dim], each dot in 8 lanes as matmul.c's dot_portable */
-    void (*dots_f16)(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y, size_t ldy);
+    void (*dots_f16)(const float *x, int rows, int dim, const fp16 *E, int v0, int ne, float *y,
+                     size_t ldy);
     /* the same for a 4-bit table (v0 a multiple of 8, inside one group), from the codes:
      * y[r][j] = a[r] . q[v0 + j] + min_term[r], a [rows][dim] (matmul.c's lm_head) */
-    void (*dots_q4)(const float *a, const float *min_term, int rows, int dim, const uint8_t *E, int v0, int ne,
-                    float *y, size_t ldy);
-    /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k / 4)
-     * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL: none */
+    void (*dots_q4)(const float *a, const float *min_term, int rows, int dim, const uint8_t *E,
+                    int v0, int ne, float *y, size_t ldy);
+    /* 4-bit x int8 (int8.c) with VNNI: isum[r][s] = sum over k < 64 of a8[64 r + k] quads[4 (64 (k
+     * / 4)
+     * + s) + k % 4], exact in int32, for mr <= 4 rows and the 64 slots of a block's panel; NULL:
+     * none */
     fg_int8_sums *int8_sums;
     /* the same scheme for decode with no panel (avx512.c with VNNI; int8.c's int8_pairs_avx2 on
      * the avx2 path): rows of x (ldx apart) over in (a multiple of 64) rows of W; ng (even) whole
@@ -107,28 +123,30 @@ typedef struct {
      * the part); y at group g0's first column, = or += x W; NULL: none */
     fg_int8_pairs *int8_pairs;
 } matmul_kernels;
-fg_int8_sums *matmul_int8_sums(void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
-const char *matmul_int8_path(void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2, portable */
-fg_int8_sums *int8_sums_vnni256(int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2 stand-in */
+fg_int8_sums *matmul_int8_sums(
+    void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
+const char *matmul_int8_path(
+    void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2, portable */
+fg_int8_sums *int8_sums_vnni256(
+    int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2 stand-in */
 /* int8.c: int8_pairs with vpmaddubsw, no VNNI needed (matmul.c's avx2 path; x86-64 builds only) */
 fg_int8_pairs int8_pairs_avx2;
-const matmul_kernels *matmul_avx512(void);       /* NULL where the compiler cannot build it */
+const matmul_kernels *matmul_avx512(void); /* NULL where the compiler cannot build it */
 const matmul_kernels *matmul_avx512_simde(void);
 const char *matmul_path(void); /* the path the products run: "portable", "avx2", "avx512", ... */
 
 /* ---- The SIMD twins of the paper's loops (simd.c): the same arithmetic, so the same bits.
  * An entry is NULL where the CPU lacks AVX2 (the plain loop runs then). ---- */
 typedef struct {
-    void (*q4_range)(const float *x, float *lo, float *hi);              /* 64 values */
+    void (*q4_range)(const float *x, float *lo, float *hi);                /* 64 values */
     void (*q4_pack)(const float *x, float min, float inv, uint8_t *bytes); /* 64 values */
     size_t (*q4_decode_groups)(const uint8_t *bytes, const fp16 *mins, const fp16 *scales,
                                size_t len, float *out); /* whole groups; returns values done */
     void (*q4_decode_row)(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
                           size_t inner, float *out);
-    void (*dot_f16_rows)(const float *q, const fp16 *K, size_t stride, int nk, int hd,
-                         float scale, float *scores);
-    void (*axpy_f16_rows)(const float *p, const fp16 *V, size_t stride, int nk, int hd,
-                          float *out);
+    void (*dot_f16_rows)(const float *q, const fp16 *K, size_t stride, int nk, int hd, float scale,
+                         float *scores);
+    void (*axpy_f16_rows)(const float *p, const fp16 *V, size_t stride, int nk, int hd, float *out);
 } fg_simd;
 const fg_simd *fg_simd_kernels(void);
 
@@ -141,25 +159,27 @@ const fg_simd *fg_simd_kernels(void);
 typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products;
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
-void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int products, float *scratch); /* products: fg_products (model.h) */
-/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel (int8_pairs) */
-void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                    int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs);
+void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                    float *y, int accumulate, int products,
+                    float *scratch); /* products: fg_products (model.h) */
+/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel (int8_pairs)
+ */
+void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                    float *y, int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs);
 /* int8.c's scheme of decode (any rows), on this CPU's path */
-void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out, float *y,
-                        int accumulate);
+void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out,
+                        float *y, int accumulate);
 /* int8.c, prefill's steps (every thread): each row of x rounded to int8 once; each column of a
  * widened panel of W; then y (= or +=) alpha[r] scale[j] isum[r][j] */
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha);
 void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale);
-void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc, float *y,
-                      int ldy, int accumulate);
+void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
+                      float *y, int ldy, int accumulate);
 size_t matmul_scratch_floats(int in, int out);
 
 /* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it and its
  * kernel keeps the product's promise, else onednn.c's own paths; they always give c ---- */
-void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c); /* c [m][n] */
+void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);     /* c [m][n] */
 void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c); /* c [m][n] */
 void gemm_s8_reference(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);
 void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c);
@@ -191,11 +211,12 @@ size_t fg_workspace_rows(int gbs, int max_prompt);
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
 gpu_batch gpu_batch_slice(const gpu_batch *gb, int first, int n, size_t act_row);
-void gpu_batch_advance(gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
+void gpu_batch_advance(
+    gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
 /* The CPU's workspace: max_prompt is not used (decode's max_len keys are the most). */
 size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);
 int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
-                       int max_len, char *err);
+                         int max_len, char *err);
 void model_workspace_free(model_workspace *ws);
 enum { FG_CUDA_WS_PARTS = 7 };
 /* CUDA's 4-bit products (flexgen.cu, §5): up to FG_CUDA_Q4_DIRECT rows of x (decode's) multiply
@@ -248,9 +269,11 @@ const st_tensor *st_find(const st_archive *a, const char *name);
 void st_close(st_archive *a);
 
 /* An OPT-shaped config written out (tests, the profiler): the fields of OPT_SIZES' rows. */
-#define OPT_SHAPE(nm, layers, h, heads, f, v, pos, wd, pre) \
-    {.name = nm, .n_layers = layers, .hidden = h, .n_heads = heads, .ffn = f, .vocab = v, .max_pos = pos, \
-     .word_dim = wd, .pre_ln = pre}
+#define OPT_SHAPE(nm, layers, h, heads, f, v, pos, wd, pre)                                  \
+    {                                                                                        \
+        .name = nm, .n_layers = layers, .hidden = h, .n_heads = heads, .ffn = f, .vocab = v, \
+        .max_pos = pos, .word_dim = wd, .pre_ln = pre                                        \
+    }
 
 int model_config_by_name(const char *name, model_config *cfg, char *err); /* "opt-125m" ... */
 /* An HF checkpoint directory: its config.json (cfg->name becomes dir) and its archive, mapped. */
@@ -259,7 +282,8 @@ int opt_checkpoint_open(const char *dir, model_config *cfg, st_archive *a, char 
  * embedding) split over n pipeline stages: stage s has [*first, *end). */
 void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end);
 size_t opt_param_count(const model_config *cfg);
-size_t layer_param_count(const model_config *cfg, int j); /* FlexGen's layer j: 0 input, 1 .. n_layers, output */
+size_t layer_param_count(const model_config *cfg,
+                         int j); /* FlexGen's layer j: 0 input, 1 .. n_layers, output */
 
 /* The model's stored tensors, layer by layer (§4.2 places weights tensor by tensor within a
  * layer). A layer's tensors tile one arena of layer_floats[layer] values; tensor t starts at
@@ -271,11 +295,11 @@ typedef struct {
     fp16 **slot;          /* the field of the view that points at the tensor's working copy */
     size_t group_outer, group_len, group_inner; /* §5's grouping: [outer][len][inner] along
                                                    len; group_len 0: a vector, never 4-bit */
-    int tied_to;          /* -1, or the tensor whose values and home it shares (tied lm_head) */
+    int tied_to;             /* -1, or the tensor whose values and home it shares (tied lm_head) */
     int first_spec, n_specs; /* the checkpoint tensors that fill it (internal) */
 } opt_tensor;
 typedef struct {
-    model_weights *view;    /* the compute view whose fields the slots name */
+    model_weights *view; /* the compute view whose fields the slots name */
     opt_tensor *tensors;
     int n_tensors;
     size_t *layer_floats; /* [n_layers + 2] */
@@ -324,11 +348,11 @@ void drop_pages(const disk_arena *a, const void *p, size_t bytes, int dirty);
  * checksum per layer, written once into the weight dir and reused while intact. */
 typedef struct {
     const char *dir;         /* the weight dir (--path) */
-    const model_config *cfg;   /* with seed and q4, what names the contents */
+    const model_config *cfg; /* with seed and q4, what names the contents */
     uint64_t seed;
     int q4;
     const opt_layout *layout;
-    const int *layer_first;  /* [n_layers + 3]: layer j's tensors are [j] .. [j + 1] - 1 */
+    const int *layer_first; /* [n_layers + 3]: layer j's tensors are [j] .. [j + 1] - 1 */
     size_t (*bytes)(void *ctx, int i);                   /* tensor i's stored bytes */
     int (*fill)(void *ctx, int i, void *dst, char *err); /* ... and the bytes themselves */
     void *ctx;
@@ -338,7 +362,9 @@ int weight_file_exists(const weight_file *f);
 int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *err);
 
 /* ---- Sampling (sampling.c) ---- */
-typedef struct { uint64_t s[2]; } fg_rng;
+typedef struct {
+    uint64_t s[2];
+} fg_rng;
 void rng_seed(fg_rng *r, uint64_t seed);
 uint64_t rng_next(fg_rng *r);
 int fg_argmax(const float *x, int n); /* the first of equal maxima, as torch.argmax */
@@ -363,14 +389,14 @@ typedef struct {
     size_t n, cap;
 } trace_track;
 typedef struct {
-    double time;            /* seconds since the run began: the step's end */
-    fg_device_counts step;  /* what the host asked of the device in the step */
+    double time;           /* seconds since the run began: the step's end */
+    fg_device_counts step; /* what the host asked of the device in the step */
 } trace_counts;
 typedef struct {
     int on;
     double t0;
     trace_track tracks[N_TRACKS];
-    trace_counts *counts;   /* each step's counters, where the backend counts (CUDA) */
+    trace_counts *counts; /* each step's counters, where the backend counts (CUDA) */
     size_t n_counts, cap_counts;
 } fg_trace;
 void trace_record(fg_trace *tr, int track, const char *name, int layer, int batch, double start,
@@ -379,7 +405,8 @@ void trace_record_counts(fg_trace *tr, double end, const fg_device_counts *step)
 void trace_restart(fg_trace *tr, double t0); /* no events yet; times from t0 */
 /* Each counter of sum: plus c's, or (most) the larger of the two; d = end - start. */
 void device_counts_add(fg_device_counts *sum, const fg_device_counts *c, int most);
-void device_counts_diff(const fg_device_counts *end, const fg_device_counts *start, fg_device_counts *d);
+void device_counts_diff(const fg_device_counts *end, const fg_device_counts *start,
+                        fg_device_counts *d);
 void trace_free(fg_trace *tr);
 
 /* ---- The KV cache in pages (kv_pages.c; vLLM's PagedAttention) ---- */
@@ -387,31 +414,35 @@ typedef struct {
     int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */
 } row_split;
 fg_tier tier_of(const row_split *s, int b); /* the tier of a GPU batch's sequence b */
-static inline int kv_pages_for(int tokens, int page_tokens) { return (tokens + page_tokens - 1) / page_tokens; }
+static inline int kv_pages_for(int tokens, int page_tokens) {
+    return (tokens + page_tokens - 1) / page_tokens;
+}
 typedef struct {
-    int page_tokens;          /* tokens a page */
-    int pool_pages[N_TIERS];  /* each tier's pool */
+    int page_tokens;         /* tokens a page */
+    int pool_pages[N_TIERS]; /* each tier's pool */
 } kv_pool_size;
 /* The diagonal schedule (Appendix A.2): GPU batch k of `groups` starts its first prompts at step
  * diagonal_start and new ones every gen_len steps after, so the groups are staggered in steps. */
-static inline int diagonal_start(int k, int groups, int gen_len) { return (int)((long)k * gen_len / groups); }
+static inline int diagonal_start(int k, int groups, int gen_len) {
+    return (int)((long)k * gen_len / groups);
+}
 /* The pools of a job of n prompts (lens NULL: each max_len - gen_len long), in blocks of `slots`;
  * diagonal_blocks > 0: the prompts stream through that many blocks, their GPU batches staggered
  * as the diagonal schedule runs them. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                      const int *lens, int gen_len, int diagonal_blocks);
+                           const int *lens, int gen_len, int diagonal_blocks);
 typedef struct {
     kv_pool_size pool;
-    row_split cache;          /* slot s is on tier tier_of(&cache, s % gbs) */
+    row_split cache; /* slot s is on tier tier_of(&cache, s % gbs) */
     int gbs, slots;
-    int max_pages;            /* a slot's page table: the pages of max_len tokens */
-    int *page_table;          /* [slots][max_pages]: each slot's pages in its tier's pool */
-    int *held;                /* [slots]: how many pages each slot holds */
+    int max_pages;   /* a slot's page table: the pages of max_len tokens */
+    int *page_table; /* [slots][max_pages]: each slot's pages in its tier's pool */
+    int *held;       /* [slots]: how many pages each slot holds */
     int *free_pages[N_TIERS], n_free[N_TIERS]; /* each tier's pages held by no slot (a stack) */
-    int peak[N_TIERS];        /* the most pages of each tier's pool held at once since kv_pages_init */
+    int peak[N_TIERS]; /* the most pages of each tier's pool held at once since kv_pages_init */
 } kv_pages;
-int kv_pages_init(kv_pages *kp, const kv_pool_size *pool, const row_split *cache, int gbs, int slots,
-                  int max_len, char *err);
+int kv_pages_init(kv_pages *kp, const kv_pool_size *pool, const row_split *cache, int gbs,
+                  int slots, int max_len, char *err);
 void kv_pages_free(kv_pages *kp);
 void kv_pages_reset(kv_pages *kp);
 fg_tier slot_tier(const kv_pages *kp, int slot);
@@ -425,13 +456,13 @@ typedef struct io_task io_task;
 struct io_task {
     void (*fn)(struct fg_runtime *rt, const io_task *t); /* run on the link's thread */
     const char *name;
-    int after_link;       /* the task waits for task after_seq of link after_link (0: none) */
+    int after_link; /* the task waits for task after_seq of link after_link (0: none) */
     uint64_t after_seq;
-    void *ctx;            /* what it works on: a model (weights) or a block */
-    int layer;            /* FlexGen's layer j */
-    int batch;            /* GPU batch k */
-    int arena;            /* the staging arena it fills or empties */
-    int msg;              /* a message between pipeline stages (pipeline.c) */
+    void *ctx; /* what it works on: a model (weights) or a block */
+    int layer; /* FlexGen's layer j */
+    int batch; /* GPU batch k */
+    int arena; /* the staging arena it fills or empties */
+    int msg;   /* a message between pipeline stages (pipeline.c) */
 };
 
 #define IO_QUEUE 64
@@ -456,7 +487,8 @@ typedef struct {
     void (*join)(unsigned links); /* after the compute thread waits for links (bits 1 << link): the
                                      backend orders their streams and its own (fg_backend.join) */
 } io_links;
-void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap, void (*join)(unsigned links));
+void io_start(io_links *io, struct fg_runtime *owner, fg_trace *trace, int overlap,
+              void (*join)(unsigned links));
 void io_stop(io_links *io);
 uint64_t io_submit(io_links *io, int link, io_task t);
 void io_wait(io_links *io, int link, uint64_t seq);

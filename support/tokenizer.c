@@ -28,7 +28,6 @@
 
 #define MAX_TOKEN_ID ((1 << 24) - 1) /* far above any real vocab; bounds the id -> text table */
 
-
 static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
@@ -118,7 +117,6 @@ static int symtab_intern(symtab *st, const char *s, size_t n) {
     return k;
 }
 
-
 static uint64_t pair_key(int a, int b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
 
 static size_t merge_slot_of(const merge_map *m, uint64_t key) {
@@ -137,7 +135,10 @@ static int merge_rehash(merge_map *m, size_t nslots) {
     merge_slot *old = m->slots;
     size_t old_n = old ? m->mask + 1 : 0;
     m->slots = malloc(nslots * sizeof *m->slots);
-    if (!m->slots) { m->slots = old; return -1; }
+    if (!m->slots) {
+        m->slots = old;
+        return -1;
+    }
     m->mask = nslots - 1;
     for (size_t i = 0; i < nslots; i++) m->slots[i].rank = -1;
     for (size_t i = 0; i < old_n; i++)
@@ -159,7 +160,6 @@ static int merge_put(merge_map *m, int a, int b, int rank, int result) {
     s->result = result;
     return 0;
 }
-
 
 /* A token as it can be quoted in a one-line message: control bytes become '?', long ones are
  * cut at a character boundary. */
@@ -185,7 +185,10 @@ static void bytes_to_unicode(int32_t cp[256]) {
 }
 
 static size_t utf8_put(char *dst, int32_t cp) {
-    if (cp < 0x80) { dst[0] = (char)cp; return 1; }
+    if (cp < 0x80) {
+        dst[0] = (char)cp;
+        return 1;
+    }
     dst[0] = (char)(0xC0 | (cp >> 6)); /* bytes_to_unicode stays below U+0800 */
     dst[1] = (char)(0x80 | (cp & 0x3F));
     return 2;
@@ -367,8 +370,7 @@ static int add_merge(fg_tokenizer *t, const char *f[2], const size_t flen[2], in
     return 0;
 }
 
-static int parse_merges(fg_tokenizer *t, const char *path, const char *buf, size_t len,
-                        char *err) {
+static int parse_merges(fg_tokenizer *t, const char *path, const char *buf, size_t len, char *err) {
     int line = 0, rank = 0;
     for (size_t pos = 0; pos < len;) {
         const char *s = buf + pos, *nl = memchr(s, '\n', len - pos);
@@ -456,9 +458,8 @@ static int token_list_put(token_list *l, const added_token *tok, int by_id) {
 }
 
 enum { N_SPECIAL = 7, SPECIAL_UNK = 2, SPECIAL_PAD = 4 };
-static const char *const special_keys[N_SPECIAL] = {"bos_token", "eos_token", "unk_token",
-                                                    "sep_token", "pad_token", "cls_token",
-                                                    "mask_token"};
+static const char *const special_keys[N_SPECIAL] = {
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
 enum { CONFIG_FILE, MAP_FILE, ADDED_FILE };
 static const char *const added_file_names[3] = {"tokenizer_config.json", "special_tokens_map.json",
                                                 "added_tokens.json"};
@@ -559,13 +560,15 @@ static int read_decoder(added_loader *L, const cJSON *dec, char *err) {
         errno = 0;
         long id = strtol(it->string, &end, 10);
         if (end == it->string || *end || errno || id < 0 || id > MAX_TOKEN_ID)
-            return fg_fail(err, "%s/tokenizer_config.json: %s: not a token id in [0, %d]",
-                           L->dir, what, MAX_TOKEN_ID);
+            return fg_fail(err, "%s/tokenizer_config.json: %s: not a token id in [0, %d]", L->dir,
+                           what, MAX_TOKEN_ID);
         special_token s;
         if (parse_token(it, 0, L, CONFIG_FILE, what, &s, err)) return -1;
         if (s.tok.len == 0) /* no text to cut out; cJSON ends a string at \u0000 */
-            return fg_fail(err, "%s/tokenizer_config.json: %s: the content is empty (or starts "
-                           "with \\u0000)", L->dir, what);
+            return fg_fail(err,
+                           "%s/tokenizer_config.json: %s: the content is empty (or starts "
+                           "with \\u0000)",
+                           L->dir, what);
         s.tok.id = (int)id;
         if (token_list_put(&L->decoder, &s.tok, 1)) return fg_fail(err, "tokenizer: out of memory");
     }
@@ -581,12 +584,14 @@ static int read_added_json(added_loader *L, char *err) {
         if (!cJSON_IsNumber(it) || !(d >= 0 && d <= MAX_TOKEN_ID) || d != (double)(int)d) {
             char tok[64];
             quote_token(tok, sizeof tok, it->string, strlen(it->string));
-            return fg_fail(err, "%s/added_tokens.json: token \"%s\" has no id in [0, %d]",
-                           L->dir, tok, MAX_TOKEN_ID);
+            return fg_fail(err, "%s/added_tokens.json: token \"%s\" has no id in [0, %d]", L->dir,
+                           tok, MAX_TOKEN_ID);
         }
         if (!it->string[0])
-            return fg_fail(err, "%s/added_tokens.json: the token with id %d is empty (or starts "
-                           "with \\u0000)", L->dir, (int)d);
+            return fg_fail(err,
+                           "%s/added_tokens.json: the token with id %d is empty (or starts "
+                           "with \\u0000)",
+                           L->dir, (int)d);
         int repeated = 0;
         for (const cJSON *next = it->next; next && !repeated; next = next->next)
             repeated = !strcmp(next->string, it->string);
@@ -639,8 +644,7 @@ static int add_special_tokens(const fg_tokenizer *t, added_loader *L, int n_voca
         added_token tok = s->tok;
         tok.id = have ? have->id : vocab_id(t, tok.text, tok.len);
         if (tok.id < 0) tok.id = next_id++;
-        if (token_list_put(&L->decoder, &tok, 1) || token_list_put(&L->encoder, &tok, 0))
-            return -1;
+        if (token_list_put(&L->decoder, &tok, 1) || token_list_put(&L->encoder, &tok, 0)) return -1;
     }
     return 0;
 }
@@ -661,13 +665,13 @@ static void mark_raw(added_loader *L, int n_vocab_keys) {
 /* Fills L from the files in L->dir, as GPT2Tokenizer.from_pretrained does. */
 static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) {
     if (read_added_file(L, CONFIG_FILE, err) || read_special_keys(L, CONFIG_FILE, err)) return -1;
-    const cJSON *dec = fg_json_get(L->files[CONFIG_FILE],
-                                                        "added_tokens_decoder");
+    const cJSON *dec = fg_json_get(L->files[CONFIG_FILE], "added_tokens_decoder");
     if (dec) {
         if (read_decoder(L, dec, err)) return -1;
         for (int k = 0; k < N_SPECIAL; k++) { /* a special token that the decoder holds is it */
             special_token *s = &L->special[k];
-            const added_token *a = s->given == 2 ? find_text(&L->decoder, s->tok.text, s->tok.len) : NULL;
+            const added_token *a =
+                s->given == 2 ? find_text(&L->decoder, s->tok.text, s->tok.len) : NULL;
             if (a) {
                 s->tok = *a;
                 s->object = 1;
@@ -711,17 +715,41 @@ size_t utf8_next(const unsigned char *s, size_t n, int32_t *cp) {
     unsigned c = s[0];
     size_t len;
     uint32_t v, min;
-    if (c < 0x80) { *cp = (int32_t)c; return 1; }
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; v = c & 0x1F; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; v = c & 0x0F; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; v = c & 0x07; min = 0x10000; }
-    else { *cp = -1; return 1; }
-    if (n < len) { *cp = -1; return 1; }
+    if (c < 0x80) {
+        *cp = (int32_t)c;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+        v = c & 0x1F;
+        min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        v = c & 0x0F;
+        min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        v = c & 0x07;
+        min = 0x10000;
+    } else {
+        *cp = -1;
+        return 1;
+    }
+    if (n < len) {
+        *cp = -1;
+        return 1;
+    }
     for (size_t k = 1; k < len; k++) {
-        if ((s[k] & 0xC0) != 0x80) { *cp = -1; return 1; }
+        if ((s[k] & 0xC0) != 0x80) {
+            *cp = -1;
+            return 1;
+        }
         v = (v << 6) | (s[k] & 0x3F);
     }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) { *cp = -1; return 1; }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
+        *cp = -1;
+        return 1;
+    }
     *cp = (int32_t)v;
     return len;
 }
@@ -746,7 +774,8 @@ static size_t token_bytes(const char *s, size_t n, const int16_t *inv, char *out
 
 /* A SentencePiece-style token's bytes: <0xNN> is that byte (byte fallback), U+2581 a space, or
  * nothing where drop_meta is set. */
-static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, int drop_meta, char *out) {
+static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, int drop_meta,
+                               char *out) {
     unsigned v;
     if (t->rules.byte_fallback && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' &&
         isxdigit((unsigned char)s[3]) && isxdigit((unsigned char)s[4]) &&
@@ -763,16 +792,17 @@ static size_t meta_token_bytes(const fg_tokenizer *t, const char *s, size_t n, i
     return o;
 }
 
-static size_t text_bytes(const fg_tokenizer *t, const char *s, size_t n, const int16_t *inv, int drop_meta,
-                         char *out) {
-    return t->rules.byte_level ? token_bytes(s, n, inv, out) : meta_token_bytes(t, s, n, drop_meta, out);
+static size_t text_bytes(const fg_tokenizer *t, const char *s, size_t n, const int16_t *inv,
+                         int drop_meta, char *out) {
+    return t->rules.byte_level ? token_bytes(s, n, inv, out)
+                               : meta_token_bytes(t, s, n, drop_meta, out);
 }
 
 /* One table of each id's bytes (total of them at most) into *off and *bytes, malloc'd; drop_meta:
  * U+2581 decodes to nothing (the first token under a Metaspace decoder), else to a space. */
-static int fill_decode_table(const fg_tokenizer *t, const added_token *const *added, const int32_t *tok_sym,
-                             int n_vocab, const int16_t *inv, int drop_meta, size_t total, size_t **off,
-                             char **bytes) {
+static int fill_decode_table(const fg_tokenizer *t, const added_token *const *added,
+                             const int32_t *tok_sym, int n_vocab, const int16_t *inv, int drop_meta,
+                             size_t total, size_t **off, char **bytes) {
     *off = malloc(((size_t)t->vocab_size + 1) * sizeof **off);
     *bytes = malloc(total ? total : 1); /* decoding never lengthens a token */
     if (!*off || !*bytes) return -1;
@@ -787,7 +817,8 @@ static int fill_decode_table(const fg_tokenizer *t, const added_token *const *ad
             o += text_bytes(t, a->text, a->len, inv, drop_meta, *bytes + o);
         } else if (id < n_vocab && tok_sym[id] >= 0) {
             int k = tok_sym[id];
-            o += text_bytes(t, t->syms.pool + t->syms.off[k], t->syms.len[k], inv, drop_meta, *bytes + o);
+            o += text_bytes(t, t->syms.pool + t->syms.off[k], t->syms.len[k], inv, drop_meta,
+                            *bytes + o);
         }
     }
     (*off)[t->vocab_size] = o;
@@ -928,13 +959,15 @@ fg_tokenizer *tokenizer_new(const tok_rules *rules, int n_vocab, char *err) {
     return t;
 }
 
-int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const char *path, char *err) {
+int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const char *path,
+                        char *err) {
     int k = symtab_intern(&t->syms, s, n);
     if (k < 0) return fg_fail(err, "%s: out of memory", path);
     if (t->syms.id[k] >= 0 || t->tok_sym[id] >= 0) {
         char tok[64];
         quote_token(tok, sizeof tok, s, n);
-        return fg_fail(err, "%s: token \"%s\" with id %d: the token or the id is in the vocab twice",
+        return fg_fail(err,
+                       "%s: token \"%s\" with id %d: the token or the id is in the vocab twice",
                        path, tok, id);
     }
     t->syms.id[k] = id;
@@ -942,8 +975,8 @@ int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const 
     return 0;
 }
 
-int tokenizer_add_merge(fg_tokenizer *t, const char *a, size_t an, const char *b, size_t bn, int rank,
-                        const char *where, char *err) {
+int tokenizer_add_merge(fg_tokenizer *t, const char *a, size_t an, const char *b, size_t bn,
+                        int rank, const char *where, char *err) {
     const char *f[2] = {a, b};
     size_t flen[2] = {an, bn};
     for (int i = 0; i < 2; i++)

@@ -62,18 +62,18 @@ struct fg_tokenizer {
     merge_map merges;
     int byte_sym[256]; /* symbol of each byte's bytes_to_unicode character */
     int vocab_size;    /* one past the largest id, of the vocab or an added token */
-    size_t *dec_off;   /* [vocab_size + 1]: id's decoded bytes are dec[dec_off[id], dec_off[id+1]) */
+    size_t *dec_off; /* [vocab_size + 1]: id's decoded bytes are dec[dec_off[id], dec_off[id+1]) */
     char *dec;
-    size_t *first_off; /* the same for the first token where the decoder treats it apart (a */
-    char *first;       /* Metaspace decoder drops its U+2581s); NULL where it does not */
-    added_token *added;   /* by first byte, then longest first; texts in added_text */
+    size_t *first_off;  /* the same for the first token where the decoder treats it apart (a */
+    char *first;        /* Metaspace decoder drops its U+2581s); NULL where it does not */
+    added_token *added; /* by first byte, then longest first; texts in added_text */
     int n_added;
     int added_first[257]; /* added[added_first[b] .. added_first[b + 1]) start with byte b */
     char *added_text;
     int unk_id; /* for a byte the vocab lacks (unk_token's vocab id); -1: none, encoding fails */
-    tok_rules rules;  /* how text becomes BPE's words (tokenizer.json's; GPT-2's for vocab.json) */
-    int merge_rounds; /* the slow tokenizer's order: every occurrence of the best pair at once */
-    int unk_sym;      /* symbol of the unk token, or -1 */
+    tok_rules rules;   /* how text becomes BPE's words (tokenizer.json's; GPT-2's for vocab.json) */
+    int merge_rounds;  /* the slow tokenizer's order: every occurrence of the best pair at once */
+    int unk_sym;       /* symbol of the unk token, or -1 */
     int byte_tok[256]; /* symbol of each byte's <0xNN> token (byte fallback), or -1 */
     int32_t *tok_sym;  /* while a tokenizer.json is read: each id's symbol, or -1 */
 };

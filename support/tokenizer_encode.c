@@ -165,9 +165,9 @@ typedef struct {
 typedef struct {
     int *sym, *prev, *next; /* per node; sym -1 once merged into its left neighbour */
     pair_entry *heap, *batch;
-    size_t n_heap, cap;      /* nodes; the heap and batch hold 3 * cap (m - 1 pairs + 2 a merge) */
-    char *text;              /* [4 * cap]: a word through the byte map */
-    int *ids;                /* the output */
+    size_t n_heap, cap; /* nodes; the heap and batch hold 3 * cap (m - 1 pairs + 2 a merge) */
+    char *text;         /* [4 * cap]: a word through the byte map */
+    int *ids;           /* the output */
     size_t n_ids, cap_ids;
 } bpe_work;
 
@@ -353,8 +353,10 @@ static int char_word(const fg_tokenizer *t, bpe_work *w, const unsigned char *s,
             in_unk = 1;
             continue;
         } else {
-            return fg_fail(err, "tokenizer: the character at byte %zu has no token, and the vocab no "
-                           "byte tokens or unk token", i);
+            return fg_fail(err,
+                           "tokenizer: the character at byte %zu has no token, and the vocab no "
+                           "byte tokens or unk token",
+                           i);
         }
         in_unk = 0;
     }
@@ -494,7 +496,8 @@ static size_t pretoken_at(const fg_tokenizer *t, const unsigned char *s, size_t 
 
 /* Whether SentencePiece's U+2581 goes before this piece (at_start: it begins the text). */
 static int prepends(const fg_tokenizer *t, const char *s, size_t n, int at_start) {
-    int there = n > 0 && (s[0] == ' ' ? t->rules.spaces_to_meta : n >= 3 && !memcmp(s, "\xE2\x96\x81", 3));
+    int there =
+        n > 0 && (s[0] == ' ' ? t->rules.spaces_to_meta : n >= 3 && !memcmp(s, "\xE2\x96\x81", 3));
     switch (t->rules.prepend) {
     case PREPEND_EACH: return n > 0;
     case PREPEND_EACH_UNLESS_THERE: return n > 0 && !there;
@@ -534,7 +537,8 @@ static char *normalize(const fg_tokenizer *t, const char *s, size_t n, int at_st
 }
 
 /* BPE over a piece of text, normalized, one pre-token at a time. */
-static int encode_text(const fg_tokenizer *t, bpe_work *w, const piece *p, int at_start, char *err) {
+static int encode_text(const fg_tokenizer *t, bpe_work *w, const piece *p, int at_start,
+                       char *err) {
     const char *text;
     size_t n;
     char *own = normalize(t, p->s, p->n, at_start, &text, &n);

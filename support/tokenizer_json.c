@@ -29,10 +29,12 @@
 #define MAX_ID ((1 << 24) - 1)
 
 /* The two Split patterns implemented (tokenizer_encode.c's split_end). */
-static const char LLAMA3_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-                                   "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char QWEN2_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-                                  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char LLAMA3_SPLIT[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN2_SPLIT[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 static const char *str_of(const cJSON *o, const char *key) {
     const cJSON *v = fg_json_get(o, key);
@@ -47,7 +49,8 @@ static int is(const cJSON *o, const char *key, const char *value) {
 static int flag(const cJSON *o, const char *key) { return cJSON_IsTrue(fg_json_get(o, key)); }
 
 /* "PATH: FIELD type "X" is not implemented (WHAT)". */
-static int refuse(const char *path, const char *field, const cJSON *o, const char *what, char *err) {
+static int refuse(const char *path, const char *field, const cJSON *o, const char *what,
+                  char *err) {
     const char *type = str_of(o, "type");
     return fg_fail(err, "%s: %s %s%s%s is not implemented (%s)", path, field, type ? "\"" : "",
                    type ? type : "of this form", type ? "\"" : "", what);
@@ -61,7 +64,8 @@ static const cJSON *parts_of(const cJSON *o, const char *key) {
 typedef int (*part_reader)(const cJSON *part, tok_rules *r, const char *path, char *err);
 
 /* read(part) for each part of o (a Sequence under `key`, or o alone); nothing for null. */
-static int read_parts(const cJSON *o, const char *key, part_reader read, tok_rules *r, const char *path, char *err) {
+static int read_parts(const cJSON *o, const char *key, part_reader read, tok_rules *r,
+                      const char *path, char *err) {
     if (!o || cJSON_IsNull(o)) return 0;
     const cJSON *parts = parts_of(o, key), *p;
     if (!parts) return read(o, r, path, err);
@@ -77,7 +81,9 @@ static int read_normalizer_part(const cJSON *n, tok_rules *r, const char *path, 
     else if (is(n, "type", "Prepend") && is(n, "prepend", META)) r->prepend = PREPEND_EACH;
     else if (is(n, "type", "Replace") && is(pattern, "String", " ") && is(n, "content", META))
         r->spaces_to_meta = 1;
-    else return refuse(path, "normalizer", n, "NFC, Prepend(\"\u2581\") and Replace(\" \", \"\u2581\") are", err);
+    else
+        return refuse(path, "normalizer", n,
+                      "NFC, Prepend(\"\u2581\") and Replace(\" \", \"\u2581\") are", err);
     return 0;
 }
 
@@ -89,15 +95,18 @@ static int read_metaspace(const cJSON *m, tok_rules *r, const char *path, char *
     const char *scheme = str_of(m, "prepend_scheme");
     if (!scheme) scheme = flag(m, "add_prefix_space") ? "always" : "never";
     if (!is(m, "replacement", META) || !cJSON_IsFalse(fg_json_get(m, "split")))
-        return refuse(path, "pre_tokenizer", m, "Metaspace splits no words here: \"split\": false", err);
+        return refuse(path, "pre_tokenizer", m, "Metaspace splits no words here: \"split\": false",
+                      err);
     r->spaces_to_meta = 1;
     if (!strcmp(scheme, "always")) r->prepend = PREPEND_EACH_UNLESS_THERE;
     else if (!strcmp(scheme, "first")) r->prepend = PREPEND_FIRST_UNLESS_THERE;
-    else if (strcmp(scheme, "never")) return refuse(path, "pre_tokenizer", m, "prepend_scheme", err);
+    else if (strcmp(scheme, "never"))
+        return refuse(path, "pre_tokenizer", m, "prepend_scheme", err);
     return 0;
 }
 
-static int read_byte_level(const cJSON *b, tok_rules *r, int regex_allowed, const char *path, char *err) {
+static int read_byte_level(const cJSON *b, tok_rules *r, int regex_allowed, const char *path,
+                           char *err) {
     if (flag(b, "add_prefix_space") || (flag(b, "use_regex") && !regex_allowed))
         return refuse(path, "pre_tokenizer", b, "ByteLevel adds no prefix space here", err);
     r->byte_level = 1;
@@ -110,11 +119,15 @@ static int read_split_sequence(const cJSON *parts, tok_rules *r, const char *pat
     const cJSON *split = cJSON_GetArrayItem(parts, 0), *bytes = cJSON_GetArrayItem(parts, 1);
     const char *regex = str_of(fg_json_get(split, "pattern"), "Regex");
     int ok = cJSON_GetArraySize(parts) == 2 && is(split, "type", "Split") && regex &&
-             is(split, "behavior", "Isolated") && !flag(split, "invert") && is(bytes, "type", "ByteLevel");
+             is(split, "behavior", "Isolated") && !flag(split, "invert") &&
+             is(bytes, "type", "ByteLevel");
     if (ok && !strcmp(regex, LLAMA3_SPLIT)) r->pretok = PRETOK_LLAMA3;
     else if (ok && !strcmp(regex, QWEN2_SPLIT)) r->pretok = PRETOK_QWEN2;
-    else return fg_fail(err, "%s: pre_tokenizer: a Sequence other than LLaMA 3's or Qwen2's Split "
-                        "regex and ByteLevel is not implemented", path);
+    else
+        return fg_fail(err,
+                       "%s: pre_tokenizer: a Sequence other than LLaMA 3's or Qwen2's Split "
+                       "regex and ByteLevel is not implemented",
+                       path);
     return read_byte_level(bytes, r, 0, path, err);
 }
 
@@ -124,7 +137,8 @@ static int read_pre_tokenizer(const cJSON *p, tok_rules *r, const char *path, ch
     if (is(p, "type", "Metaspace")) return read_metaspace(p, r, path, err);
     const cJSON *parts = parts_of(p, "pretokenizers");
     if (parts) return read_split_sequence(parts, r, path, err);
-    return refuse(path, "pre_tokenizer", p, "ByteLevel, Metaspace and LLaMA 3's and Qwen2's Split are", err);
+    return refuse(path, "pre_tokenizer", p,
+                  "ByteLevel, Metaspace and LLaMA 3's and Qwen2's Split are", err);
 }
 
 /* A token id: an integer in [0, MAX_ID], or -1. */
@@ -141,22 +155,29 @@ static int id_of(const cJSON *v) {
 static int read_metaspace_decoder(const cJSON *d, tok_rules *r, const char *path, char *err) {
     const char *scheme = str_of(d, "prepend_scheme");
     if (!scheme) scheme = flag(d, "add_prefix_space") ? "always" : "never";
-    if (!is(d, "replacement", META) || (strcmp(scheme, "first") && strcmp(scheme, "always") && strcmp(scheme, "never")))
-        return refuse(path, "decoder", d, "Metaspace with the replacement \u2581 and a prepend_scheme of first, "
-                      "always or never is", err);
+    if (!is(d, "replacement", META) ||
+        (strcmp(scheme, "first") && strcmp(scheme, "always") && strcmp(scheme, "never")))
+        return refuse(path, "decoder", d,
+                      "Metaspace with the replacement \u2581 and a prepend_scheme of first, "
+                      "always or never is",
+                      err);
     r->drop_first_meta = strcmp(scheme, "never") != 0;
     return 0;
 }
 
 static int read_decoder_part(const cJSON *d, tok_rules *r, const char *path, char *err) {
     const cJSON *pattern = fg_json_get(d, "pattern"), *start = fg_json_get(d, "start");
-    if (is(d, "type", "Strip") && is(d, "content", " ") && cJSON_IsNumber(start) && start->valueint <= 1)
+    if (is(d, "type", "Strip") && is(d, "content", " ") && cJSON_IsNumber(start) &&
+        start->valueint <= 1)
         r->strip_space = start->valueint == 1;
     else if (is(d, "type", "Metaspace")) return read_metaspace_decoder(d, r, path, err);
-    else if (!is(d, "type", "ByteLevel") && !is(d, "type", "ByteFallback") && !is(d, "type", "Fuse") &&
+    else if (!is(d, "type", "ByteLevel") && !is(d, "type", "ByteFallback") &&
+             !is(d, "type", "Fuse") &&
              !(is(d, "type", "Replace") && is(pattern, "String", META) && is(d, "content", " ")))
-        return refuse(path, "decoder", d, "ByteLevel, ByteFallback, Fuse, Replace(\"\u2581\", \" \"), "
-                      "Strip(\" \", 1, 0) and Metaspace are", err);
+        return refuse(path, "decoder", d,
+                      "ByteLevel, ByteFallback, Fuse, Replace(\"\u2581\", \" \"), "
+                      "Strip(\" \", 1, 0) and Metaspace are",
+                      err);
     return 0;
 }
 
@@ -168,24 +189,30 @@ static int read_template(const cJSON *t, int n_ids, tok_rules *r, const char *pa
     const cJSON *first = fg_json_get(cJSON_GetArrayItem(single, 0), "SpecialToken");
     const cJSON *last = fg_json_get(cJSON_GetArrayItem(single, n - 1), "Sequence");
     const char *bos = str_of(first, "id");
-    const cJSON *ids = fg_json_get(fg_json_get(fg_json_get(t, "special_tokens"), bos ? bos : ""), "ids");
+    const cJSON *ids =
+        fg_json_get(fg_json_get(fg_json_get(t, "special_tokens"), bos ? bos : ""), "ids");
     if (n == 1 && is(last, "id", "A")) return 0;
     if (n != 2 || !is(last, "id", "A") || !bos)
         return refuse(path, "post_processor", t, "templates \"$A\" and \"<bos> $A\" are", err);
     /* one id of a token: taken as it came, -5 would be no BOS at all and 1e30 INT_MAX */
     int id = id_of(cJSON_GetArrayItem(ids, 0));
     if (cJSON_GetArraySize(ids) != 1 || id < 0 || id >= n_ids)
-        return fg_fail(err, "%s: post_processor.special_tokens[\"%s\"].ids: expected one token id, an integer in "
-                       "[0, %d)", path, bos, n_ids);
+        return fg_fail(
+            err,
+            "%s: post_processor.special_tokens[\"%s\"].ids: expected one token id, an integer in "
+            "[0, %d)",
+            path, bos, n_ids);
     r->bos_id = id;
     return 0;
 }
 
-static int read_post_processor(const cJSON *p, int n_ids, tok_rules *r, const char *path, char *err) {
+static int read_post_processor(const cJSON *p, int n_ids, tok_rules *r, const char *path,
+                               char *err) {
     if (!p || cJSON_IsNull(p) || is(p, "type", "ByteLevel")) return 0;
     if (is(p, "type", "TemplateProcessing")) return read_template(p, n_ids, r, path, err);
     const cJSON *parts = parts_of(p, "processors"), *q;
-    if (!parts) return refuse(path, "post_processor", p, "TemplateProcessing and ByteLevel are", err);
+    if (!parts)
+        return refuse(path, "post_processor", p, "TemplateProcessing and ByteLevel are", err);
     cJSON_ArrayForEach(q, parts) if (read_post_processor(q, n_ids, r, path, err)) return -1;
     return 0;
 }
@@ -197,20 +224,25 @@ static int ids_bound(const cJSON *root) {
     const cJSON *vocab = fg_json_get(fg_json_get(root, "model"), "vocab"), *e;
     for (e = cJSON_IsObject(vocab) ? vocab->child : NULL; e; e = e->next)
         if (id_of(e) >= bound) bound = id_of(e) + 1;
-    cJSON_ArrayForEach(e, fg_json_get(root, "added_tokens"))
-        if (id_of(fg_json_get(e, "id")) >= bound) bound = id_of(fg_json_get(e, "id")) + 1;
+    cJSON_ArrayForEach(e,
+                       fg_json_get(root, "added_tokens")) if (id_of(fg_json_get(e, "id")) >= bound)
+        bound = id_of(fg_json_get(e, "id")) + 1;
     return bound;
 }
 
 /* ---- model ---- */
 
 static int check_model(const cJSON *m, const char *path, char *err) {
-    const char *prefix = str_of(m, "continuing_subword_prefix"), *suffix = str_of(m, "end_of_word_suffix");
+    const char *prefix = str_of(m, "continuing_subword_prefix"),
+               *suffix = str_of(m, "end_of_word_suffix");
     const cJSON *dropout = fg_json_get(m, "dropout");
     if (!is(m, "type", "BPE")) return refuse(path, "model", m, "BPE is", err);
-    if (dropout && !cJSON_IsNull(dropout)) return fg_fail(err, "%s: model.dropout: BPE dropout is not implemented", path);
+    if (dropout && !cJSON_IsNull(dropout))
+        return fg_fail(err, "%s: model.dropout: BPE dropout is not implemented", path);
     if ((prefix && *prefix) || (suffix && *suffix))
-        return fg_fail(err, "%s: model: a continuing_subword_prefix or end_of_word_suffix is not implemented", path);
+        return fg_fail(
+            err, "%s: model: a continuing_subword_prefix or end_of_word_suffix is not implemented",
+            path);
     if (!cJSON_IsObject(fg_json_get(m, "vocab")) || !cJSON_IsArray(fg_json_get(m, "merges")))
         return fg_fail(err, "%s: model: no \"vocab\" object or no \"merges\" list", path);
     if (!fg_json_get(m, "vocab")->child) return fg_fail(err, "%s: model.vocab is empty", path);
@@ -228,15 +260,17 @@ static int read_merge(fg_tokenizer *t, const cJSON *e, int rank, const char *pat
     char where[FG_ERR_LEN];
     snprintf(where, sizeof where, "%s: model.merges[%d]", path, rank);
     const char *a = cJSON_IsString(e) ? e->valuestring : NULL, *b = a ? strchr(a, ' ') : NULL;
-    if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) && cJSON_IsString(e->child->next))
+    if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) &&
+        cJSON_IsString(e->child->next))
         return tokenizer_add_merge(t, e->child->valuestring, strlen(e->child->valuestring),
-                                   e->child->next->valuestring, strlen(e->child->next->valuestring), rank, where, err);
-    if (!b || strchr(b + 1, ' '))
-        return fg_fail(err, "%s: not \"a b\" or [\"a\", \"b\"]", where);
+                                   e->child->next->valuestring, strlen(e->child->next->valuestring),
+                                   rank, where, err);
+    if (!b || strchr(b + 1, ' ')) return fg_fail(err, "%s: not \"a b\" or [\"a\", \"b\"]", where);
     return tokenizer_add_merge(t, a, (size_t)(b - a), b + 1, strlen(b + 1), rank, where, err);
 }
 
-static fg_tokenizer *read_model(const cJSON *m, const tok_rules *rules, const char *path, char *err) {
+static fg_tokenizer *read_model(const cJSON *m, const tok_rules *rules, const char *path,
+                                char *err) {
     if (check_model(m, path, err)) return NULL;
     const cJSON *vocab = fg_json_get(m, "vocab"), *merges = fg_json_get(m, "merges"), *e;
     int n_vocab = 0;
@@ -265,20 +299,27 @@ static int read_added(const cJSON *list, tok_added **out, int *n, const char *pa
     cJSON_ArrayForEach(a, list) {
         const char *text = str_of(a, "content");
         if (!text || !*text || id_of(fg_json_get(a, "id")) < 0)
-            return fg_fail(err, "%s: added_tokens[%d]: no \"content\" text or no \"id\" in [0, %d]", path, i, MAX_ID);
-        (*out)[i++] = (tok_added){text, strlen(text), id_of(fg_json_get(a, "id")), flag(a, "lstrip"),
-                                  flag(a, "rstrip"), flag(a, "single_word")};
+            return fg_fail(err, "%s: added_tokens[%d]: no \"content\" text or no \"id\" in [0, %d]",
+                           path, i, MAX_ID);
+        (*out)[i++] = (tok_added){text,
+                                  strlen(text),
+                                  id_of(fg_json_get(a, "id")),
+                                  flag(a, "lstrip"),
+                                  flag(a, "rstrip"),
+                                  flag(a, "single_word")};
     }
     return 0;
 }
 
 /* add_bos_token in the tokenizer_config.json beside path: false drops the BOS; true, where the
  * post_processor has none, takes bos_token's id. */
-static int read_add_bos(const char *path, const tok_added *added, int n_added, tok_rules *r, char *err) {
+static int read_add_bos(const char *path, const tok_added *added, int n_added, tok_rules *r,
+                        char *err) {
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s", path);
     char *slash = strrchr(cfg, '/');
-    snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0), "tokenizer_config.json");
+    snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0),
+             "tokenizer_config.json");
     if (access(cfg, F_OK) != 0) return 0;
     size_t len;
     char *buf = fg_read_file(cfg, &len, err);
@@ -297,13 +338,17 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
 static fg_tokenizer *read_tokenizer(const cJSON *root, const char *path, char *err) {
     tok_rules rules = {.bos_id = -1};
     const cJSON *m = fg_json_get(root, "model");
-    if (read_parts(fg_json_get(root, "normalizer"), "normalizers", read_normalizer_part, &rules, path, err) ||
+    if (read_parts(fg_json_get(root, "normalizer"), "normalizers", read_normalizer_part, &rules,
+                   path, err) ||
         read_pre_tokenizer(fg_json_get(root, "pre_tokenizer"), &rules, path, err) ||
-        read_parts(fg_json_get(root, "decoder"), "decoders", read_decoder_part, &rules, path, err) ||
-        read_post_processor(fg_json_get(root, "post_processor"), ids_bound(root), &rules, path, err))
+        read_parts(fg_json_get(root, "decoder"), "decoders", read_decoder_part, &rules, path,
+                   err) ||
+        read_post_processor(fg_json_get(root, "post_processor"), ids_bound(root), &rules, path,
+                            err))
         return NULL;
     if (rules.byte_level && (rules.prepend || rules.spaces_to_meta)) {
-        fg_fail(err, "%s: a ByteLevel pre_tokenizer with SentencePiece's \u2581 is not implemented", path);
+        fg_fail(err, "%s: a ByteLevel pre_tokenizer with SentencePiece's \u2581 is not implemented",
+                path);
         return NULL;
     }
     rules.byte_fallback = flag(m, "byte_fallback");
@@ -348,6 +393,7 @@ fg_tokenizer *tokenizer_load_dir(const char *dir, char *err) {
     snprintf(merges, sizeof merges, "%s/merges.txt", dir);
     err[0] = '\0';
     if (access(json, F_OK) == 0) return tokenizer_load_json(json, err);
-    if (access(vocab, F_OK) == 0 && access(merges, F_OK) == 0) return tokenizer_load(vocab, merges, err);
+    if (access(vocab, F_OK) == 0 && access(merges, F_OK) == 0)
+        return tokenizer_load(vocab, merges, err);
     return NULL;
 }

@@ -77,8 +77,8 @@ int st_open_file(const char *path, st_archive *a, char *err); /* appends one fil
 int st_dir_files(const char *dir, char ***names, int *n, char *err);
 
 /* ------------------------------------------------------------------------------------------
- * Tokenizers: BPE (tokenizer.c, tokenizer_encode.c), from OPT's vocab.json and merges.txt (GPT-2's byte-level BPE)
- * or from a tokenizer.json (tokenizer_json.c: LLaMA's, Mistral's and Qwen2's).
+ * Tokenizers: BPE (tokenizer.c, tokenizer_encode.c), from OPT's vocab.json and merges.txt (GPT-2's
+ * byte-level BPE) or from a tokenizer.json (tokenizer_json.c: LLaMA's, Mistral's and Qwen2's).
  * ------------------------------------------------------------------------------------------ */
 typedef struct fg_tokenizer fg_tokenizer;
 
@@ -109,7 +109,12 @@ char *tokenizer_decode_from(const fg_tokenizer *t, const int *ids, int n_ids, in
 
 /* What tokenizer_json.c tells tokenizer.c: how text becomes BPE's words, and the vocab. */
 typedef enum { PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3, PRETOK_QWEN2 } tok_pretok;
-typedef enum { PREPEND_NONE, PREPEND_EACH, PREPEND_EACH_UNLESS_THERE, PREPEND_FIRST_UNLESS_THERE } tok_prepend;
+typedef enum {
+    PREPEND_NONE,
+    PREPEND_EACH,
+    PREPEND_EACH_UNLESS_THERE,
+    PREPEND_FIRST_UNLESS_THERE
+} tok_prepend;
 typedef struct {
     int byte_level;      /* bytes through GPT-2's byte map; else characters (SentencePiece-style) */
     tok_pretok pretok;   /* the Split regex (or none: the text between added tokens is one word) */
@@ -130,10 +135,11 @@ typedef struct {
 } tok_added;
 fg_tokenizer *tokenizer_new(const tok_rules *rules, int n_vocab, char *err);
 /* Token `id`'s text (each id once; ids below n_vocab). */
-int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const char *path, char *err);
+int tokenizer_add_token(fg_tokenizer *t, const char *s, size_t n, int id, const char *path,
+                        char *err);
 /* Merge number `rank`: a + b; both and their concatenation are tokens. */
-int tokenizer_add_merge(fg_tokenizer *t, const char *a, size_t an, const char *b, size_t bn, int rank,
-                        const char *where, char *err);
+int tokenizer_add_merge(fg_tokenizer *t, const char *a, size_t an, const char *b, size_t bn,
+                        int rank, const char *where, char *err);
 /* The added tokens, the unk token (NULL: none), and the decode table. */
 int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const char *unk,
                      const char *path, char *err);
@@ -165,7 +171,9 @@ void fg_blas_core_unforce(const char *core, int errnum);
 int fg_blas_core_check_env(char *err);
 /* What the report says: "OpenBLAS 0.3.21", the core running, and why it is that one ("chosen
  * for AVX-512; the library picked Haswell", "OPENBLAS_CORETYPE", "as the library picked"). */
-typedef struct { char library[32], core[32], why[96]; } fg_blas_info;
+typedef struct {
+    char library[32], core[32], why[96];
+} fg_blas_info;
 void fg_blas_info_get(fg_blas_info *b);
 
 #endif

@@ -16,8 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const track_names[N_TRACKS] = {"compute", "disk<->cpu weights",
-    "cpu<->gpu weights", "disk<->cpu cache+activations", "cpu<->gpu cache+activations"};
+static const char *const track_names[N_TRACKS] = {
+    "compute", "disk<->cpu weights", "cpu<->gpu weights", "disk<->cpu cache+activations",
+    "cpu<->gpu cache+activations"};
 
 void trace_record(fg_trace *tr, int track, const char *name, int layer, int batch, double start,
                   double end) {
@@ -50,10 +51,12 @@ enum { N_COUNTERS = sizeof(fg_device_counts) / sizeof(int64_t) };
 void device_counts_add(fg_device_counts *sum, const fg_device_counts *c, int most) {
     int64_t *to = (int64_t *)sum;
     const int64_t *from = (const int64_t *)c;
-    for (int i = 0; i < N_COUNTERS; i++) to[i] = most ? (from[i] > to[i] ? from[i] : to[i]) : to[i] + from[i];
+    for (int i = 0; i < N_COUNTERS; i++)
+        to[i] = most ? (from[i] > to[i] ? from[i] : to[i]) : to[i] + from[i];
 }
 
-void device_counts_diff(const fg_device_counts *end, const fg_device_counts *start, fg_device_counts *d) {
+void device_counts_diff(const fg_device_counts *end, const fg_device_counts *start,
+                        fg_device_counts *d) {
     const int64_t *to = (const int64_t *)end, *from = (const int64_t *)start;
     int64_t *delta = (int64_t *)d;
     for (int i = 0; i < N_COUNTERS; i++) delta[i] = to[i] - from[i];
@@ -79,32 +82,41 @@ char *fg_trace_events(const fg_trace *tr, int stage, int n) {
     if (!f) return NULL;
     int pid = stage + 1;
     if (n > 1)
-        fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"stage %d of %d\"}},\n",
+        fprintf(f,
+                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"stage %d "
+                "of %d\"}},\n",
                 pid, stage + 1, n);
     for (int t = 0; t < N_TRACKS; t++)
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
+        fprintf(f,
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":"
+                "\"%s\"}},\n",
                 pid, t, track_names[t]);
     for (int t = 0; t < N_TRACKS; t++)
         for (size_t i = 0; i < tr->tracks[t].n; i++) {
             const trace_event *e = &tr->tracks[t].events[i];
-            fprintf(f, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,"
-                       "\"args\":{\"a\":%d,\"b\":%d}},\n",
+            fprintf(f,
+                    "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,"
+                    "\"args\":{\"a\":%d,\"b\":%d}},\n",
                     e->name, pid, t, e->start * 1e6, (e->end - e->start) * 1e6, e->layer, e->batch);
         }
     for (size_t i = 0; i < tr->n_counts; i++) {
         const fg_device_counts *c = &tr->counts[i].step;
-        fprintf(f, "{\"name\":\"device, this step\",\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"ts\":%.1f,\"args\":{"
-                   "\"host_waits\":%lld,\"launches\":%lld,\"graph_launches\":%lld,"
-                   "\"blas_calls\":%lld,\"widened\":%lld,"
-                   "\"copies_in\":%lld,\"copies_out\":%lld,"
-                   "\"pageable_copies\":%lld,\"allocations\":%lld}},\n",
+        fprintf(f,
+                "{\"name\":\"device, this "
+                "step\",\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"ts\":%.1f,\"args\":{"
+                "\"host_waits\":%lld,\"launches\":%lld,\"graph_launches\":%lld,"
+                "\"blas_calls\":%lld,\"widened\":%lld,"
+                "\"copies_in\":%lld,\"copies_out\":%lld,"
+                "\"pageable_copies\":%lld,\"allocations\":%lld}},\n",
                 pid, tr->counts[i].time * 1e6, (long long)c->host_waits, (long long)c->launches,
                 (long long)c->graph_launches, (long long)c->blas_calls, (long long)c->widened,
-                (long long)c->copies_in,
-                (long long)c->copies_out,
-                (long long)c->pageable_copies, (long long)c->allocations);
+                (long long)c->copies_in, (long long)c->copies_out, (long long)c->pageable_copies,
+                (long long)c->allocations);
     }
-    if (fclose(f) != 0) { free(text); return NULL; }
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
     return text;
 }
 
@@ -117,4 +129,3 @@ int fg_trace_write_events(const char *path, const char *events, char *err) {
     fprintf(o.f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
     return fg_output_commit(&o, err);
 }
-

@@ -1,5 +1,5 @@
-/* support/util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and bf16
- * conversions (F16C where the CPU has it), the CPU features the SIMD paths check, the names of
+/* support/util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and
+ * bf16 conversions (F16C where the CPU has it), the CPU features the SIMD paths check, the names of
  * the tiers and links, and JSON lookups as Python's json makes them.
  *
  * Weights and the KV cache are stored in IEEE fp16 (paper §3); compute is fp32. fp32_to_fp16
@@ -29,7 +29,6 @@ const char *const fg_link_names[N_LINKS] = {"disk->cpu", "cpu->gpu", "gpu->cpu",
  * Error lines and files
  * ============================================================================================ */
 
-
 int fg_fail(char *err, const char *fmt, ...) {
     if (!err) return -1;
     va_list ap;
@@ -44,7 +43,10 @@ int fg_fail(char *err, const char *fmt, ...) {
 char *fg_read_file(const char *path, size_t *len, char *err) {
     /* O_NONBLOCK: opening a FIFO with no writer returns at once, to be refused below */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) { fg_fail(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    if (fd < 0) {
+        fg_fail(err, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
     struct stat st;
     char *buf = NULL;
     size_t size = 0, n = 0;
@@ -86,7 +88,10 @@ float fp16_to_fp32(fp16 h) {
         bits = sign;
     } else { /* subnormal: renormalize */
         int e = -1;
-        do { man <<= 1; e++; } while (!(man & 0x400));
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
         bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
     }
     float f;
@@ -137,14 +142,14 @@ void fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n) {
 #include <immintrin.h>
 #define HAVE_F16C_PATH 1
 __attribute__((target("f16c,avx"))) static void fp16_to_fp32_f16c(const fp16 *s, float *d,
-                                                                    size_t n) {
+                                                                  size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
     for (; i < n; i++) d[i] = fp16_to_fp32(s[i]);
 }
 __attribute__((target("f16c,avx"))) static void fp32_to_fp16_f16c(const float *s, fp16 *d,
-                                                                    size_t n) {
+                                                                  size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + i),
@@ -157,7 +162,8 @@ static int cpu_has_f16c(void) {
         unsigned a, b, c = 0, d;
         __get_cpuid(1, &a, &b, &c, &d);
         cached = __builtin_cpu_supports("avx") && (c & bit_F16C) /* avx: the OS saves ymm too */
-                 && fg_isa_active() != FG_ISA_PORTABLE; /* lets the tests check the portable paths */
+                 &&
+                 fg_isa_active() != FG_ISA_PORTABLE; /* lets the tests check the portable paths */
     }
     return cached;
 }
@@ -165,14 +171,20 @@ static int cpu_has_f16c(void) {
 
 void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n) {
 #ifdef HAVE_F16C_PATH
-    if (cpu_has_f16c()) { fp16_to_fp32_f16c(src, dst, n); return; }
+    if (cpu_has_f16c()) {
+        fp16_to_fp32_f16c(src, dst, n);
+        return;
+    }
 #endif
     for (size_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(src[i]);
 }
 
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n) {
 #ifdef HAVE_F16C_PATH
-    if (cpu_has_f16c()) { fp32_to_fp16_f16c(src, dst, n); return; }
+    if (cpu_has_f16c()) {
+        fp32_to_fp16_f16c(src, dst, n);
+        return;
+    }
 #endif
     for (size_t i = 0; i < n; i++) dst[i] = fp32_to_fp16(src[i]);
 }
@@ -180,7 +192,8 @@ void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n) {
 int fg_cpu_has_avx2(void) {
 #ifdef HAVE_F16C_PATH
     static int cached = -1; /* written once, same value from any thread */
-    if (cached < 0) cached = cpu_has_f16c() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (cached < 0)
+        cached = cpu_has_f16c() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return cached;
 #else
     return 0;
@@ -198,11 +211,14 @@ const char *fg_isa_name(fg_isa isa) { return ISA_NAMES[isa]; }
 
 fg_isa fg_isa_of_cpu(void) {
     const unsigned avx2 = FG_CPU_AVX | FG_CPU_AVX2 | FG_CPU_FMA | FG_CPU_F16C;
-    const unsigned avx512 = avx2 | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL;
+    const unsigned avx512 =
+        avx2 | FG_CPU_AVX512F | FG_CPU_AVX512BW | FG_CPU_AVX512DQ | FG_CPU_AVX512VL;
     static int cached = -1; /* written once, same value from any thread (cpuid is slow in a VM) */
     if (cached < 0) {
         unsigned f = fg_cpu_features();
-        cached = (f & avx512) == avx512 ? FG_ISA_AVX512 : (f & avx2) == avx2 ? FG_ISA_AVX2 : FG_ISA_PORTABLE;
+        cached = (f & avx512) == avx512 ? FG_ISA_AVX512
+                 : (f & avx2) == avx2   ? FG_ISA_AVX2
+                                        : FG_ISA_PORTABLE;
     }
     return (fg_isa)cached;
 }
@@ -224,9 +240,12 @@ static int isa_from_env(fg_isa *isa) {
 int fg_isa_check_env(char *err) {
     fg_isa isa, cpu = fg_isa_of_cpu();
     if (isa_from_env(&isa))
-        return fg_fail(err, "FLEXGEN_ISA: expected portable, avx2, avx512 or avx512-simde, got '%s'", getenv("FLEXGEN_ISA"));
+        return fg_fail(err,
+                       "FLEXGEN_ISA: expected portable, avx2, avx512 or avx512-simde, got '%s'",
+                       getenv("FLEXGEN_ISA"));
     if (isa != FG_ISA_AVX512_SIMDE && isa > cpu)
-        return fg_fail(err, "FLEXGEN_ISA=%s: this CPU has no wider path than %s", getenv("FLEXGEN_ISA"), fg_isa_name(cpu));
+        return fg_fail(err, "FLEXGEN_ISA=%s: this CPU has no wider path than %s",
+                       getenv("FLEXGEN_ISA"), fg_isa_name(cpu));
     return 0;
 }
 
@@ -234,7 +253,8 @@ fg_isa fg_isa_active(void) {
     static int cached = -1; /* written once, same value from any thread */
     if (cached < 0) {
         fg_isa isa, cpu = fg_isa_of_cpu();
-        if (isa_from_env(&isa) || (isa != FG_ISA_AVX512_SIMDE && isa > cpu)) isa = cpu; /* main refused it */
+        if (isa_from_env(&isa) || (isa != FG_ISA_AVX512_SIMDE && isa > cpu))
+            isa = cpu; /* main refused it */
         cached = (int)isa;
     }
     return (fg_isa)cached;
@@ -275,7 +295,8 @@ static void remove_temps(void) {
     for (int i = 0; i < MAX_TEMPS; i++)
         if (temp_used[i]) unlink(temp_names[i]);
     struct stat st; /* the job's output goes only while nothing is in it */
-    if (new_output_fd >= 0 && fstat(new_output_fd, &st) == 0 && st.st_size == 0) unlink(new_output_name);
+    if (new_output_fd >= 0 && fstat(new_output_fd, &st) == 0 && st.st_size == 0)
+        unlink(new_output_name);
 }
 
 void fg_watch_new_output(int fd, const char *path) {
@@ -299,7 +320,8 @@ static void on_bus(int sig, siginfo_t *si, void *ctx) {
     const char *at = si->si_addr;
     for (int i = 0; i < MAX_MAPPED; i++)
         if (mapped[i].used && at >= mapped[i].base && at < mapped[i].base + mapped[i].size) {
-            if (write(2, mapped[i].line, strlen(mapped[i].line)) < 0) { /* nothing else to do */ }
+            if (write(2, mapped[i].line, strlen(mapped[i].line)) < 0) { /* nothing else to do */
+            }
             remove_temps();
             _exit(2);
         }
@@ -333,8 +355,10 @@ void fg_watch_mapping(const void *base, size_t size, const char *path) {
         if (!mapped[i].used) {
             mapped[i].base = base;
             mapped[i].size = size;
-            snprintf(mapped[i].line, sizeof mapped[i].line, "flexgen: %.400s: a mapped page cannot "
-                     "be read: the file was truncated or its disk failed while it was in use\n", path);
+            snprintf(mapped[i].line, sizeof mapped[i].line,
+                     "flexgen: %.400s: a mapped page cannot "
+                     "be read: the file was truncated or its disk failed while it was in use\n",
+                     path);
             mapped[i].used = 1;
             break;
         }
@@ -348,7 +372,8 @@ void fg_unwatch_mapping(const void *base) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* The process's umask, read without changing it (umask() sets it, which other threads would see). */
+/* The process's umask, read without changing it (umask() sets it, which other threads would see).
+ */
 static mode_t fg_umask(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[128];
@@ -377,7 +402,9 @@ static int output_temp(fg_output *o, char *err) {
     int e = o->slot < 0 ? EMFILE : errno;
     pthread_mutex_unlock(&registry_lock);
     if (fd >= 0) fchmod(fd, 0666 & ~fg_umask()); /* mkstemp's 0600 would outlive the rename */
-    if (fd < 0) return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path, strerror(e));
+    if (fd < 0)
+        return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path,
+                       strerror(e));
     return fd;
 }
 
@@ -527,9 +554,11 @@ int is_dir(const char *path) {
 int check_dir(const char *flag, const char *dir, char *err) {
     struct stat st;
     if (stat(dir, &st) != 0)
-        return fg_fail(err, "%s %s: %s", flag, dir, errno == ENOENT ? "no such directory" : strerror(errno));
+        return fg_fail(err, "%s %s: %s", flag, dir,
+                       errno == ENOENT ? "no such directory" : strerror(errno));
     if (!S_ISDIR(st.st_mode)) return fg_fail(err, "%s %s: not a directory", flag, dir);
-    if (access(dir, W_OK | X_OK) != 0) return fg_fail(err, "%s %s: not writable: %s", flag, dir, strerror(errno));
+    if (access(dir, W_OK | X_OK) != 0)
+        return fg_fail(err, "%s %s: not writable: %s", flag, dir, strerror(errno));
     return 0;
 }
 
@@ -559,7 +588,6 @@ const fg_backend *fg_cuda_backend(char *err) {
     return NULL;
 }
 #endif
-
 
 /* A stateless 64-bit hash (splitmix64's finalizer). */
 uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n) {

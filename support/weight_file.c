@@ -76,7 +76,8 @@ static uint64_t checksum(const void *bytes, size_t n, uint64_t h) {
 }
 
 /* The checksum of layer j's tensors as the file stores them (from its base). */
-static uint64_t layer_checksum(const weight_file *f, const char *base, const size_t *offsets, int j) {
+static uint64_t layer_checksum(const weight_file *f, const char *base, const size_t *offsets,
+                               int j) {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (int i = f->layer_first[j]; i < f->layer_first[j + 1]; i++)
         if (tied(f, i) < 0) h = checksum(base + offsets[i], f->bytes(f->ctx, i), h);
@@ -110,8 +111,10 @@ static int intact(const weight_file *f, int fd, size_t size, const char *path) {
     munmap((void *)base, size);
     free(offsets);
     if (bad >= 0)
-        fprintf(stderr, "flexgen: note: %s: layer %d does not match its checksum (the file was "
-                        "changed); writing the dummy weights again\n", path, bad);
+        fprintf(stderr,
+                "flexgen: note: %s: layer %d does not match its checksum (the file was "
+                "changed); writing the dummy weights again\n",
+                path, bad);
     return bad < 0;
 }
 
@@ -124,8 +127,8 @@ static int weight_file_find(const weight_file *f, int check) {
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == size &&
-        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have && !memcmp(&have, &want, sizeof have) &&
-        (!check || intact(f, fd, size, path)))
+        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have &&
+        !memcmp(&have, &want, sizeof have) && (!check || intact(f, fd, size, path)))
         return fd;
     if (fd >= 0) close(fd);
     return -1;
@@ -133,7 +136,8 @@ static int weight_file_find(const weight_file *f, int check) {
 
 /* Writes back and drops the pages under [p, p + n) of a mapping at base. */
 static void drop(char *base, int fd, const char *p, size_t n) {
-    size_t off = (size_t)(p - base) & ~(page_size() - 1), len = page_up((size_t)(p - base) + n) - off;
+    size_t off = (size_t)(p - base) & ~(page_size() - 1),
+           len = page_up((size_t)(p - base) + n) - off;
     msync(base + off, len, MS_SYNC);
     madvise(base + off, len, MADV_DONTNEED);
     posix_fadvise(fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
@@ -141,7 +145,8 @@ static void drop(char *base, int fd, const char *p, size_t n) {
 
 /* Every layer's tensors into the mapped file, and each layer's checksum; the pages are written
  * back and dropped as they are done, so that memory follows the policy, not the page cache. */
-static int write_layers(const weight_file *f, char *base, int fd, const size_t *offsets, char *err) {
+static int write_layers(const weight_file *f, char *base, int fd, const size_t *offsets,
+                        char *err) {
     uint64_t *sums = (uint64_t *)(base + sums_at());
     int L = n_layers(f);
     for (int j = 0; j < L; j++) {
@@ -166,8 +171,8 @@ static char *create(const weight_file *f, size_t size, int *fd, char *err) {
     int rc = posix_fallocate(*fd, 0, (off_t)size);
     char *base = rc ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
     if (base != MAP_FAILED) return base;
-    fg_fail(err, "--path %s: cannot %s %s: %s", f->dir, rc ? "reserve" : "map", human((double)size).s,
-            rc ? fg_write_failure(f->dir, rc) : strerror(errno));
+    fg_fail(err, "--path %s: cannot %s %s: %s", f->dir, rc ? "reserve" : "map",
+            human((double)size).s, rc ? fg_write_failure(f->dir, rc) : strerror(errno));
     close(*fd);
     *fd = -1;
     return NULL;
@@ -192,8 +197,10 @@ static int weight_file_write(const weight_file *f, char *err) {
         snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
         unlink(path); /* a stale file of the same name */
         if (msync(base, size, MS_SYNC) || linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW))
-            fprintf(stderr, "flexgen: note: could not keep the dummy weights as %s (%s); they are "
-                            "written again next run\n", path, strerror(errno));
+            fprintf(stderr,
+                    "flexgen: note: could not keep the dummy weights as %s (%s); they are "
+                    "written again next run\n",
+                    path, strerror(errno));
     }
     if (base) munmap(base, size);
     if (rc && fd >= 0) {

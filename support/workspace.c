@@ -81,7 +81,8 @@ void gpu_batch_advance(gpu_batch *gb) {
  * embedding table (matmul_embed_t's scratch). */
 static size_t thread_floats(const model_config *cfg, int max_len) {
     size_t hd = (size_t)cfg_head_dim(cfg), n = (size_t)max_len;
-    size_t attention = 2 * n * hd + n * n + 3 * n + hd, row = (size_t)MATMUL_EMBED_BLOCK * cfg->word_dim;
+    size_t attention = 2 * n * hd + n * n + 3 * n + hd,
+           row = (size_t)MATMUL_EMBED_BLOCK * cfg->word_dim;
     return ((attention > row ? attention : row) + 15) & ~(size_t)15;
 }
 
@@ -90,7 +91,8 @@ static size_t thread_floats(const model_config *cfg, int max_len) {
 static size_t wide_floats(const model_config *cfg, size_t rows) {
     if (rows <= MATMUL_DECODE_ROWS) return 0;
     int h = cfg->hidden, f = cfg->ffn, wd = cfg->word_dim, q = q_width(cfg), kv = kv_width(cfg);
-    const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f}, {f, h}, {wd, h}, {h, wd}, {h, q}, {h, kv}, {q, h}};
+    const int shapes[][2] = {{h, 3 * h}, {h, h}, {h, f},  {f, h}, {wd, h},
+                             {h, wd},    {h, q}, {h, kv}, {q, h}};
     size_t most = 0;
     for (int i = 0; i < 9; i++) {
         size_t n = matmul_scratch_floats(shapes[i][0], shapes[i][1]);
@@ -102,13 +104,18 @@ static size_t wide_floats(const model_config *cfg, size_t rows) {
 /* The widest vector of a layer (a bias, or a norm's weight and bias side by side). */
 static size_t most(size_t a, size_t b) { return a > b ? a : b; }
 static size_t vec_floats(const model_config *cfg) {
-    size_t h = cfg->hidden, n = most(most(3 * h, (size_t)cfg->ffn), (size_t)(q_width(cfg) + 2 * kv_width(cfg)));
+    size_t h = cfg->hidden,
+           n = most(most(3 * h, (size_t)cfg->ffn), (size_t)(q_width(cfg) + 2 * kv_width(cfg)));
     return 2 * most(n, (size_t)cfg->word_dim);
 }
 
 /* A token row's floats in qkv, attn and ffn (model.h's model_workspace). */
-static size_t qkv_floats(const model_config *c) { return (size_t)q_width(c) + 2 * (size_t)kv_width(c); }
-static size_t attn_floats(const model_config *c) { return most((size_t)q_width(c), (size_t)c->hidden); }
+static size_t qkv_floats(const model_config *c) {
+    return (size_t)q_width(c) + 2 * (size_t)kv_width(c);
+}
+static size_t attn_floats(const model_config *c) {
+    return most((size_t)q_width(c), (size_t)c->hidden);
+}
 static size_t ffn_floats(const model_config *c) {
     return c->family == FAMILY_LLAMA ? 2 * (size_t)c->ffn : most((size_t)c->ffn, (size_t)c->hidden);
 }
@@ -121,7 +128,7 @@ size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_promp
 }
 
 int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
-                       int max_len, char *err) {
+                         int max_len, char *err) {
     (void)max_prompt;
     memset(ws, 0, sizeof *ws);
     size_t h = cfg->hidden;
@@ -159,7 +166,8 @@ void model_workspace_free(model_workspace *ws) {
 size_t fg_cuda_token_table_bytes(size_t rows) { return (2 * rows + rows) * sizeof(int); }
 
 size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages) {
-    return 2 * rows * sizeof(int) + 2 * rows * sizeof(void *) + 2 * rows * (size_t)max_pages * sizeof(int);
+    return 2 * rows * sizeof(int) + 2 * rows * sizeof(void *) +
+           2 * rows * (size_t)max_pages * sizeof(int);
 }
 
 /* The rows of W that a block of CUDA's 4-bit decode product sums (flexgen.cu's q4_rows_kernel,
@@ -209,10 +217,11 @@ size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
  * (fg_cuda_q4_scratch_bytes) need beyond them, since both lie over the prefill scores, which no
  * product and no attention after cached tokens uses; the token tables and the cache tables, of
  * page tables of a cache of max_len. Here so that the cost model has it without CUDA. */
-size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_prompt, int max_len, size_t *sizes) {
+size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_prompt, int max_len,
+                               size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
-    size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg); /* OPT: 4 h */
+    size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg);           /* OPT: 4 h */
     size_t mixed = qkv_attn > f ? qkv_attn : f;
     int pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
     /* each span: its sum of weights times values, its max and its sum of weights */
@@ -220,10 +229,14 @@ size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_pro
     size_t q4_scratch = fg_cuda_q4_scratch_bytes(cfg);
     size_t over = spans > q4_scratch ? spans : q4_scratch;
     size_t prefill = ((4 * H * M * M + 63) & ~(size_t)63) + ((2 * H * M * M + 63) & ~(size_t)63);
-    size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd), 2 * rows * mixed, 4 * H * M * M, 2 * H * M * M,
+    size_t parts[FG_CUDA_WS_PARTS] = {2 * rows * (h > wd ? h : wd),
+                                      2 * rows * mixed,
+                                      4 * H * M * M,
+                                      2 * H * M * M,
                                       over > prefill ? over - prefill : 0,
                                       FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows),
-                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages)};
+                                      FG_CUDA_CACHE_TABLES *
+                                          fg_cuda_cache_table_bytes(rows, pages)};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;
