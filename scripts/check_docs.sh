@@ -38,7 +38,7 @@ for line in open(graph_file):
 def drawn(arrows):
     out = []
     for f in sorted(arrows):
-        head = f'{f:25}-> '
+        head = f'{f:24} -> '
         body = ' '.join(arrows[f]) or '(nothing)'
         out += textwrap.wrap(body, 100, initial_indent=head, subsequent_indent=' ' * len(head),
                              break_on_hyphens=False)
@@ -55,7 +55,7 @@ def parse(lines):  # a drawn block back into {file: [files]}
     documented, current = {}, None
     for line in lines:
         if not line.startswith(' '):
-            current = line.split()[0]
+            current = line.split('->', 1)[0].strip()
             documented[current] = []
         documented[current] += [t for t in line.split('->', 1)[-1].split() if t != '(nothing)']
     return documented
