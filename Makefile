@@ -99,7 +99,7 @@ ifneq ($(MPICC),)
 CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
-HDR := model.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
+HDR := model.h tiers.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
 # The CUDA backend's plumbing (support/cuda_device.cu), beneath flexgen.cu: its header, for the
 # CUDA sources alone.
 CUDA_HDR := support/cuda_device.h

@@ -25,7 +25,7 @@
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
  * links once a block rather than once a batch. The tiers that the verbs move data between, the
  * weights' homes and staging arenas, a block's plan and its buffers are tiers.c's. The types the
- * loop reads (fg_runtime, fg_model, weight_home, block_shape, block) are in flexgen.h. Below this
+ * loop reads (fg_runtime, fg_model, weight_home, block_shape, block) are in tiers.h. Below this
  * file: tiers.c, the I/O threads and the KV cache's pages (support/io_links.c, kv_pages.c); above
  * it, opening a run and a model (app/runtime.c) and a pipeline's stage hooks (§4.4,
  * app/pipeline.c; in one process they do nothing, app/stage.c).

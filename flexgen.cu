@@ -408,8 +408,8 @@ static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *
     LAUNCHED("layer_norm_kernel");
 }
 
-/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y = layer_norm(x).
- */
+/* x += bias (the product just added into x, as linear's OUT_ADD adds it), then y =
+ * layer_norm(x). */
 static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
                             const fp16 *b, __half *y) {
     layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias,

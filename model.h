@@ -75,13 +75,13 @@ typedef struct {
     fp16 *attn_ln_w, *attn_ln_b; /* self_attn_layer_norm; LLaMA's input_layernorm (no bias) */
     fp16 *wqkv, *bqkv;           /* [hidden][3 * hidden]: q_proj, k_proj, v_proj side by side */
     fp16 *wo, *bo;               /* out_proj, [hidden][hidden]; LLaMA's o_proj [q_width][hidden] */
-    fp16 *ffn_ln_w,
-        *ffn_ln_b;       /* final_layer_norm (of the layer); LLaMA's post_attention_layernorm */
-    fp16 *fc1_w, *fc1_b; /* [hidden][ffn] */
-    fp16 *fc2_w, *fc2_b; /* [ffn][hidden] */
+    fp16 *ffn_ln_w, *ffn_ln_b;   /* final_layer_norm (of the layer); LLaMA's
+                                    post_attention_layernorm */
+    fp16 *fc1_w, *fc1_b;         /* [hidden][ffn] */
+    fp16 *fc2_w, *fc2_b;         /* [ffn][hidden] */
     fp16 *wq, *bq, *wk, *bk, *wv, *bv; /* LLaMA: [hidden][q_width], [hidden][kv_width] twice */
-    fp16 *gate_w, *gate_b, *up_w, *up_b, *down_w,
-        *down_b; /* LLaMA's MLP: [hidden][ffn] twice, [ffn][hidden] */
+    fp16 *gate_w, *gate_b, *up_w, *up_b, *down_w, *down_b; /* LLaMA's MLP: [hidden][ffn] twice,
+                                                              [ffn][hidden] */
 } layer_weights;
 
 typedef struct {
@@ -101,10 +101,10 @@ typedef struct {
 /* A sequence's KV cache is pages of page_tokens tokens (vLLM's PagedAttention): token `slot` is row
  * kv_page_row(pages, page_tokens, slot), through its page table, or row `slot` (pages NULL: in
  * order). */
-#define FG_PAGE_TOKENS \
-    16 /* a page's tokens, unless a tier's pool needs fewer rows with whole sequences */
-#ifndef FG_HOST_DEVICE /* flexgen.cu defines both for the device, which runs these functions too \
-                        */
+/* A page's tokens, unless a tier's pool needs fewer rows with whole sequences. */
+#define FG_PAGE_TOKENS 16
+/* flexgen.cu defines both for the device, which runs these functions too. */
+#ifndef FG_HOST_DEVICE
 #define FG_HOST_DEVICE
 #define FG_HALF_TO_FLOAT(h) fp16_to_fp32(h)
 #endif
@@ -118,11 +118,11 @@ static inline FG_HOST_DEVICE size_t kv_page_row(const int *pages, int page_token
  * rows are left-padded: sequence b's first pad[b] rows are padding, the rest its tokens, which go
  * to cache slots past[b] on. The cache holds no padding. */
 typedef struct {
-    int batch; /* sequences */
-    int max_len,
-        page_tokens; /* KV capacity of a sequence in tokens (prompt + generated); of a page */
-    int n_new; /* rows in flight per sequence this step: the longest prompt at prefill, 1 in decode
-                */
+    int batch;                /* sequences */
+    int max_len, page_tokens; /* KV capacity of a sequence in tokens (prompt + generated); of a
+                                 page */
+    int n_new;       /* rows in flight per sequence this step: the longest prompt at prefill, 1 in
+                        decode */
     int all_rows;    /* the output layer gives the logits of every token in flight */
     int *past, *pad; /* [batch]: tokens already in the sequence's cache; its padding rows */
     int *tokens;     /* [batch][n_new] input ids of this step */
@@ -131,8 +131,8 @@ typedef struct {
     float attn_sparsity;  /* decode attention keeps this fraction of the past (§5); 1: all */
     int64_t *v_rows_read; /* [batch]: V rows decode attention read (sparse or 4-bit cache) */
     void **k, **v;        /* [batch]: this layer's cache rows, opt_kv_row_bytes() each */
-    const int **k_pages,
-        **v_pages;    /* [batch]: the page table of k[b] (v[b]); NULL: rows in order */
+    const int **k_pages, **v_pages; /* [batch]: the page table of k[b] (v[b]); NULL: rows in
+                                       order */
     char *kv_in_host; /* [batch]: k[b], v[b] are host memory (cpu or disk tier, --cpu-cache-compute)
                          that a GPU's attention delegates to the CPU (§4.2); the CPU ignores it */
 } gpu_batch;
@@ -169,10 +169,10 @@ static inline qkv_layout qkv_layout_of(const model_config *c, size_t rows) {
 /* The forward pass (opt_model.c), one step of Fig. 4's innermost loop at a time. opt_layer writes
  * this step's K and V into the cache; the caller then advances past[b] by its n_new - pad[b]. */
 void opt_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws);
-void opt_layer(const model_weights *w, int d, gpu_batch *gb,
-               model_workspace *ws); /* decoder layer d */
-void opt_cache_attention(const model_config *c, gpu_batch *gb,
-                         model_workspace *ws); /* both families' */
+void opt_layer(const model_weights *w, int d, gpu_batch *gb, model_workspace *ws); /* decoder layer
+                                                                                      d */
+void opt_cache_attention(const model_config *c, gpu_batch *gb, model_workspace *ws); /* both
+                                                                                        families' */
 void opt_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits);
 size_t opt_kv_row_bytes(const model_config *c, int q4); /* one token's K (or V) of one layer */
 /* What both families' layers do around attention (opt_model.c): a product with its bias and its
@@ -180,8 +180,8 @@ size_t opt_kv_row_bytes(const model_config *c, int q4); /* one token's K (or V) 
 enum { OUT_SET, OUT_ADD, OUT_RELU }; /* y = xW + b;  y += xW + b (residual);  y = relu(xW + b) */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
                   int mode, int q4, int products, model_workspace *ws);
-int output_rows(const gpu_batch *gb, int hidden,
-                float *dst); /* the rows the output layer reads, into dst */
+int output_rows(const gpu_batch *gb, int hidden, float *dst); /* the rows the output layer reads,
+                                                                 into dst */
 static inline int slot_of(const gpu_batch *gb, int b, int t) {
     return t < gb->pad[b] ? 0 : gb->past[b] + t - gb->pad[b];
 }
@@ -224,8 +224,8 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 
 /* ---- 4-bit group-wise compression and top-K attention (quant.c, §5) ---- */
 #define Q4_GROUP 64
-/* Bytes of a 4-bit tensor [outer][len][inner]: per outer index, G groups of 32 bytes, min, scale.
- */
+/* Bytes of a 4-bit tensor [outer][len][inner]: per outer index, G groups of 32 bytes, min,
+ * scale. */
 static inline FG_HOST_DEVICE size_t q4_bytes(size_t outer, size_t len, size_t inner) {
     return outer * ((len + Q4_GROUP - 1) / Q4_GROUP) * inner * (Q4_GROUP / 2 + 2 * sizeof(fp16));
 }
@@ -234,6 +234,10 @@ int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner,
                      uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
+/* Tensor t of a checkpoint's layout (support/support.h's opt_layout) as 4-bit dummy weights,
+ * made a group at a time from the seed without an fp16 copy of the whole. */
+struct opt_layout;
+int q4_compress_dummy(const struct opt_layout *l, int t, uint64_t seed, uint8_t *dst);
 
 /* Value e of a 4-bit tensor [outer][len][inner] (quant.c's layout): one thread of flexgen.cu's
  * decompression kernel, held on the host to q4_decompress's bits (exact fp16, one rounding). */
@@ -295,9 +299,9 @@ typedef struct {
     int64_t widened;        /* 4-bit slices widened to fp16 for a cuBLAS product (§5) */
     int64_t graph_launches; /* CUDA Graphs, each a decode layer's kernels (not in launches) */
     int64_t copies_in, copies_out, copies_on_device; /* host -> device, device -> host, device */
-    int64_t
-        pageable_copies; /* copies from or to pageable host memory (through the bounce buffers) */
-    int64_t allocations; /* device allocations */
+    int64_t pageable_copies; /* copies from or to pageable host memory (through the bounce
+                                buffers) */
+    int64_t allocations;     /* device allocations */
     int64_t bytes_in, bytes_out;
 } fg_device_counts;
 
@@ -337,8 +341,8 @@ typedef struct {
     int reads_q4;                   /* the products read 4-bit weights as stored (both backends) */
     double device_reserve;          /* gpu-tier bytes held beyond the runtime's (CUDA's context) */
     double host_reserve; /* cpu-tier bytes held beyond the runtime's (CUDA's copy buffers) */
-    size_t (*delegated_bytes)(const model_config *cfg, size_t rows,
-                              int max_len); /* cpu tier, §4.2; CPU: NULL */
+    size_t (*delegated_bytes)(const model_config *cfg, size_t rows, int max_len); /* cpu tier, §4.2;
+                                                                                     CPU: NULL */
 } fg_backend;
 extern const fg_backend fg_cpu_backend;
 const fg_backend *fg_cuda_backend(char *err); /* NULL, with the reason, where there is no GPU */

@@ -23,7 +23,6 @@
  * a group at a time (q4_compress_dummy), with the bytes compressing their fp16 values gives.
  * ============================================================================================ */
 #include "model.h"
-#include "flexgen.h"
 #include "support/support.h"
 
 #include <math.h>
@@ -152,18 +151,18 @@ static int compress_dummy_table(const opt_layout *l, int t, uint64_t seed, uint8
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *block = malloc(Q4_GROUP * inner * sizeof *block);
+        float *group_values = malloc(Q4_GROUP * inner * sizeof *group_values);
         fp16 *halves = malloc(Q4_GROUP * inner * sizeof *halves);
-        failed = !block || !halves;
+        failed = !group_values || !halves;
 #pragma omp for schedule(dynamic, 1)
         for (size_t g = 0; g < groups; g++) {
             if (failed) continue;
             size_t rows = len - g * Q4_GROUP < Q4_GROUP ? len - g * Q4_GROUP : Q4_GROUP;
-            opt_tensor_dummy_values(l, t, 0, seed, g * Q4_GROUP * inner, 1, rows * inner, block,
-                                    halves);
-            compress_groups(block, rows, 1, len, inner, g, g + 1, dst);
+            opt_tensor_dummy_values(l, t, 0, seed, g * Q4_GROUP * inner, 1, rows * inner,
+                                    group_values, halves);
+            compress_groups(group_values, rows, 1, len, inner, g, g + 1, dst);
         }
-        free(block);
+        free(group_values);
         free(halves);
     }
     return failed ? -1 : 0;

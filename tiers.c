@@ -17,7 +17,7 @@
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
  */
 #define _GNU_SOURCE
-#include "flexgen.h"
+#include "tiers.h"
 #include "support/support.h"
 
 #include <errno.h>
@@ -178,14 +178,14 @@ static void place_tensors(fg_model *m, int first, int end) {
     double cpu_end = disk_end + pc->wc;
     const opt_layout *l = &m->layout;
     double total = 0;
-    double before = 0;
+    double counted = 0;
     for (int i = first; i < end; i++)
         if (tied_here(m, i) < 0) total += (double)l->tensors[i].count;
     for (int i = first; i < end; i++) {
         const opt_tensor *t = &l->tensors[i];
         if (tied_here(m, i) >= 0) continue;
-        double mid = 100 * (before + t->count / 2.0) / total;
-        before += (double)t->count;
+        double mid = 100 * (counted + t->count / 2.0) / total;
+        counted += (double)t->count;
         m->homes[i].tier = mid < disk_end ? TIER_DISK : mid < cpu_end ? TIER_CPU : TIER_GPU;
     }
 }

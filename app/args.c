@@ -470,8 +470,8 @@ static int refuse_flags(const char *command, const char *const *flags, int argc,
 /* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and
  * (perplexity) generation's. */
 int check_command_flags(const char *command, int argc, char **argv, char *err) {
-    /* a plan depends on none of a run's outputs, its warm-up run, its sampling or --policy's choice
-     */
+    /* a plan depends on none of a run's outputs, its warm-up run, its sampling or --policy's
+     * choice */
     static const char *const policy[] = {
         "--output",      "--resume", "--trace", "--dump-logits", "--warmup",
         "--temperature", "--top-p",  "--seed",  "--policy",      NULL};

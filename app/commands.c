@@ -123,8 +123,8 @@ int policy_command(cli_args *a, char *err) {
         }
         printf("   %s\n", fg_cost_term_names[arg]);
     }
-    for (int k = 0, shown = 0; k < FG_SCHEDULES && !a->evaluate;
-         k++) /* each one searched that fits */
+    for (int k = 0, shown = 0; k < FG_SCHEDULES && !a->evaluate; k++) /* each one searched that
+                                                                         fits */
         if (r.best[k].found)
             printf("%s%s: %.4g token/s, a block of %d x %d",
                    shown++ ? ", " : "schedules: ", fg_schedule_names[k], r.best[k].throughput,
@@ -186,8 +186,8 @@ int profile_command(int argc, char **argv, char *err) {
     return 0;
 }
 
-/* flexgen tokenize: a tokenizer from --vocab and --merges, --tokenizer FILE.json, or --model DIR.
- */
+/* flexgen tokenize: a tokenizer from --vocab and --merges, --tokenizer FILE.json, or --model
+ * DIR. */
 static fg_tokenizer *tokenize_tokenizer(const char *vocab, const char *merges, const char *json,
                                         const char *model, char *err) {
     if ((vocab || merges) + !!json + !!model != 1 || !vocab != !merges) {

@@ -245,8 +245,8 @@ int run_rounds(const cli_args *a, fg_pipe *pipe, fg_model *m, const prompt_set *
                 opt.group_ctx = &groups;
             }
             gen_timing this_round;
-            double began =
-                now_seconds() - start; /* a completion's time counts from the job's start */
+            double began = now_seconds() - start; /* a completion's time counts from the job's
+                                                     start */
             if (generate(m, &opt, count, ids, lens, got, NULL, &this_round, err) || groups.rc)
                 rc = -1;
             this_round.completion_seconds += began * (double)this_round.completed;

@@ -472,9 +472,8 @@ static int read_done(job_output *o, char *err) {
     }
     free(line);
     fclose(f);
-    int sortable =
-        rc == 0 &&
-        o->n_done > 0; /* no record, no list: qsort and memcpy take no NULL, even of 0 items */
+    int sortable = rc == 0 && o->n_done > 0; /* no record, no list: qsort and memcpy take no NULL,
+                                                even of 0 items */
     if (sortable) qsort(o->done, (size_t)o->n_done, sizeof *o->done, by_string);
     const char *twice = sortable ? job_repeated_id(o->done, o->n_done) : NULL;
     if (twice) rc = fg_fail(err, "--resume: %s has two records of the id %.60s", o->path, twice);
@@ -573,8 +572,8 @@ int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
             "--output %s: removed or replaced while the job ran; the records written there "
             "went with it, so the job stops",
             o->path);
-    size_t h =
-        o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with them */
+    size_t h = o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with
+                                                            them */
     char *all = h ? malloc(h + len) : NULL;
     if (h && !all) return fg_fail(err, "out of memory");
     if (h) {

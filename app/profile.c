@@ -388,8 +388,8 @@ int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
                                            "mm_flops_int8_g"};
     double *const optional[] = {&hw->dequant_bdw, &hw->mem_bdw, &hw->mm_flops_int8_p,
                                 &hw->mm_flops_int8_g};
-    static const char *const SECONDS[] = {"launch_seconds",
-                                          "wait_seconds"}; /* optional: older files have none */
+    static const char *const SECONDS[] = {"launch_seconds", "wait_seconds"}; /* optional: older
+                                                                                files have none */
     double *const seconds[] = {&hw->launch_seconds, &hw->wait_seconds};
     for (int i = 0; i < 2 && rc == 0; i++) {
         const cJSON *v = fg_json_get(root, SECONDS[i]);

@@ -206,8 +206,8 @@ static void report_json(const cli_args *a, const model_config *c, const prompt_s
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tokens(p));
     cJSON_AddNumberToObject(o, "prefill_tokens", (double)t->prefill_tokens);
     cJSON_AddNumberToObject(o, "rows_computed", (double)t->rows); /* padding and ended ones too */
-    cJSON_AddNumberToObject(o, "kv_cache_rows",
-                            (double)t->cache_rows); /* each sequence's pages at its end */
+    cJSON_AddNumberToObject(o, "kv_cache_rows", (double)t->cache_rows); /* each sequence's pages at
+                                                                           its end */
     cJSON_AddNumberToObject(o, "kv_cache_tokens", (double)t->cache_tokens); /* the tokens in them */
     cJSON_AddNumberToObject(o, "decode_latency", t->decode_latency);
     cJSON_AddNumberToObject(o, "decode_throughput", f->decode_tp);

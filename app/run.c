@@ -240,8 +240,8 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const model_config *cfg, fg_t
                     out->recorded ? a->policy.gpu_batch_size : 0,
                     out->recorded ? a->policy.num_gpu_batches : 0,
                     out->recorded ? (int)a->policy.schedule : -1};
-    fg_pipe_bcast(pipe, given,
-                  sizeof given); /* prompts, once the block is known, or a finished job */
+    fg_pipe_bcast(pipe, given, sizeof given); /* prompts, once the block is known, or a finished
+                                                 job */
     if ((a->job_finished = given[1])) return 0;
     if (given[6] >= 0) { /* a resumed job's */
         a->policy.schedule = (fg_schedule)given[6];
@@ -272,9 +272,9 @@ static int open_stage(cli_args *a, fg_pipe *pipe, const prompt_set *p, fg_runtim
                            err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     if (a->gen.verbose) fprintf(stderr, "%s: placing weights\n", fg_model_config(*m)->name);
-    for (int r = 0; r < fg_pipe_size(pipe);
-         r++) { /* a stage at a time: stages that share a machine
-                   share its dummy-weight file, the first writes it */
+    for (int r = 0; r < fg_pipe_size(pipe); r++) { /* a stage at a time: stages that share a machine
+                                                      share its dummy-weight file, the first writes
+                                                      it */
         if (r == fg_pipe_rank(pipe)) rc = fg_model_load(*m, err);
         if (fg_pipe_agree(pipe, rc, err)) return -1;
     }

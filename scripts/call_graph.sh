@@ -29,7 +29,7 @@ done
 bad=$( (grep -h '#include "support/' *.c; grep -h '#include "support/' flexgen.cu | grep -v 'support/cuda_device.h') \
     | grep -v 'support/support.h' || true)
 if [ -n "$bad" ]; then echo "a paper file includes another support header: $bad"; exit 1; fi
-bad=$(grep -lE '#include "(flexgen\.h|app/)' support/*.c support/*.h || true)
+bad=$(grep -lE '#include "(flexgen\.h|tiers\.h|app/)' support/*.c support/*.h || true)
 if [ -n "$bad" ]; then echo "a support/ file includes flexgen.h or an app/ header: $bad"; exit 1; fi
 [ -f build/flexgen_cu.o ] && cp build/flexgen_cu.o "$dir/flexgen.cu.o"
 [ -f build/cuda_device_cu.o ] && cp build/cuda_device_cu.o "$dir/support+cuda_device.cu.o"

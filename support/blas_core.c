@@ -84,10 +84,8 @@ unsigned fg_cpu_features(void) {
     __builtin_cpu_init();
     unsigned a, b, c = 0, d;
     __get_cpuid(1, &a, &b, &c, &d);
-    unsigned
-        a7 = 0,
-        b7, c7,
-        d7; /* AVX-VNNI: leaf 7, subleaf 1, EAX bit 4 (not every compiler's builtin knows it) */
+    unsigned a7 = 0, b7, c7, d7; /* AVX-VNNI: leaf 7, subleaf 1, EAX bit 4 (not every compiler's
+                                    builtin knows it) */
     int avx_vnni = __get_cpuid_count(7, 1, &a7, &b7, &c7, &d7) && (a7 >> 4 & 1) &&
                    __builtin_cpu_supports("avx2");
     const char *cap = getenv(TEST_CPU);
@@ -118,8 +116,8 @@ const char *fg_blas_core_due(unsigned features, const char *picked, int user_set
  * wider instruction set than this CPU has, or a name that is neither a core of the table above
  * nor the one the library runs. */
 static int refused(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int refused(char *err, const char *fmt,
-                   ...) { /* util.c's fg_fail, which calls into this file */
+static int refused(char *err, const char *fmt, ...) { /* util.c's fg_fail, which calls into this
+                                                         file */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, FG_ERR_LEN, fmt, ap);

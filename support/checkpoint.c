@@ -86,8 +86,8 @@ static model_config llama_sized(const llama_size *z) {
 }
 
 int model_config_by_name(const char *name, model_config *cfg, char *err) {
-    const char *slash = strrchr(name, '/'),
-               *base = slash ? slash + 1 : name; /* facebook/opt-1.3b */
+    const char *slash = strrchr(name, '/');
+    const char *base = slash ? slash + 1 : name; /* facebook/opt-1.3b */
     for (size_t i = 0; i < sizeof OPT_SIZES / sizeof OPT_SIZES[0]; i++)
         if (strcasecmp(base, OPT_SIZES[i].name) == 0) {
             *cfg = OPT_SIZES[i];
@@ -261,8 +261,8 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
     return 0;
 }
 
-/* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others refused.
- */
+/* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others
+ * refused. */
 static int rope_scaling(const cJSON *root, model_config *c, const char *path, char *err) {
     const cJSON *rs = fg_json_get(root, "rope_scaling");
     c->rope.kind = ROPE_DEFAULT;
@@ -352,8 +352,8 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
         rope_scaling(root, c, path, err) ||
         json_flag(root, "attention_bias", 0, &attention_bias, path, err) ||
         json_flag(root, "mlp_bias", 0, &c->mlp_bias, path, err) ||
-        json_flag(root, "tie_word_embeddings", 0, tie_head, path,
-                  err) || /* HF's default here: untied */
+        json_flag(root, "tie_word_embeddings", 0, tie_head, path, err) || /* HF's default here:
+                                                                             untied */
         json_ids(root, "bos_token_id", qwen2 ? -1 : 1, &c->bos_id, &(int){0}, 1, path, err) ||
         json_ids(root, "eos_token_id", qwen2 ? -1 : 2, c->eos_ids, &c->n_eos, FG_MAX_EOS, path,
                  err) ||
@@ -658,15 +658,15 @@ int opt_layout_init(opt_layout *l, model_weights *view, const model_config *cfg,
         for (int j = 0; j < l->n_tensors - 1 && is_tied(s); j++)
             if (!strcmp(sl.s[l->tensors[j].first_spec].name, s->source)) t->tied_to = j;
     }
-    for (int i = 0; i < l->n_tensors;
-         i++) { /* a tensor runs up to the next one or its layer's end */
+    for (int i = 0; i < l->n_tensors; i++) { /* a tensor runs up to the next one or its layer's
+                                                end */
         opt_tensor *t = &l->tensors[i];
         size_t end = i + 1 < l->n_tensors && l->tensors[i + 1].layer == t->layer
                          ? l->tensors[i + 1].offset
                          : l->layer_floats[t->layer];
         t->count = end - t->offset;
-        const tensor_spec *s =
-            &sl.s[t->first_spec];     /* §5: matrices group along dim 0 of [out, in] */
+        const tensor_spec *s = &sl.s[t->first_spec]; /* §5: matrices group along dim 0 of [out,
+                                                        in] */
         if (s->kind == FILL_MATRIX) { /* stored [in][out]: out is contiguous; q|k|v, [in][3][h] */
             t->group_outer = (size_t)s->cols * t->n_specs;
             t->group_len = (size_t)s->rows;

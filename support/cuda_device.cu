@@ -369,8 +369,8 @@ void cuda_weights_in_q4(void *dst, const void *src, void *landing, size_t outer,
  * (fg_cuda_delegated_bytes).
  * ============================================================================================ */
 
-/* n table slots of `bytes` each, their device parts from `device` on. 0, or -1 when out of memory.
- */
+/* n table slots of `bytes` each, their device parts from `device` on. 0, or -1 when out of
+ * memory. */
 static int table_slots_init(table_slot *slots, int n, char *device, size_t bytes) {
     for (int i = 0; i < n; i++) {
         memset(&slots[i], 0, sizeof slots[i]);

@@ -279,8 +279,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void quantize_r
     for (int r = 0; r < mr; r++) {
         __m128 l4 =
             _mm_add_ps(_mm256_castps256_ps128(lanes[r]), _mm256_extractf128_ps(lanes[r], 1));
-        l4 = _mm_add_ps(l4,
-                        _mm_movehl_ps(l4, l4)); /* (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 + l7) */
+        l4 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4)); /* (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 +
+                                                       l7) */
         q->msum[r0 + r] = _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(big[r]),
                                _mm256_extractf128_ps(big[r], 1)); /* exact */
@@ -375,8 +375,8 @@ __attribute__((target("avx2"))) static void tile_avx2(const block_panel *p, cons
             for (int k4 = 0; k4 < KB; k4 += 4) {                                                   \
                 __m256i w0 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s)));     \
                 __m256i w1 = _mm256_loadu_si256((const __m256i *)(quads + 4 * (16 * k4 + s + 8))); \
-                for (int r = 0; r < TR;                                                            \
-                     r++) { /* rows past mr: a8's rows are there, their sums unused */             \
+                for (int r = 0; r < TR; r++) { /* rows past mr: a8's rows are there, their sums    \
+                                                  unused */                                        \
                     int32_t four;                                                                  \
                     memcpy(&four, a8 + KB * r + k4, 4);                                            \
                     __m256i b = _mm256_set1_epi32(four);                                           \
@@ -510,8 +510,8 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
     __m256 low = _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6]));
     __m256 high = _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7]));
     _mm256_storeu_ps(q->msum[b], _mm256_add_ps(low, high));
-    __m256 scaled =
-        _mm256_cmp_ps(big, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's test */
+    __m256 scaled = _mm256_cmp_ps(big, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's
+                                                                                  test */
     __m256 inv = _mm256_and_ps(scaled, _mm256_div_ps(_mm256_set1_ps(127), big));
     _mm256_storeu_ps(q->alpha[b], _mm256_and_ps(scaled, _mm256_div_ps(big, _mm256_set1_ps(127))));
     for (int k4 = 0; k4 < KB / 4; k4++) {
@@ -582,8 +582,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void group_bloc
             __m256 alpha = _mm256_set1_ps(q[r]->alpha[b][u]),
                    msum = _mm256_set1_ps(q[r]->msum[b][u]);
 #pragma GCC unroll 2
-            for (int i = 0; i < 2;
-                 i++) { /* slots 16i' .. 16i' + 15, i' = 2 half + i: finish_avx2's columns */
+            for (int i = 0; i < 2; i++) { /* slots 16i' .. 16i' + 15, i' = 2 half + i: finish_avx2's
+                                             columns */
                 __m256i even = acc32[r][2 * i], odd = acc32[r][2 * i + 1];
                 __m256i lo = _mm256_unpacklo_epi32(even, odd),
                         hi = _mm256_unpackhi_epi32(even, odd);

@@ -302,8 +302,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
     for (int k = 0; k < kc; k++) {
         const uint8_t *row = codes + k * stride;
         if (ahead)
-            _mm_prefetch((const char *)(row + (size_t)kc * stride),
-                         _MM_HINT_T1); /* the next band's */
+            _mm_prefetch((const char *)(row + (size_t)kc * stride), _MM_HINT_T1); /* the next
+                                                                                     band's */
         __m256 byte[4], odd[4];
 #pragma GCC unroll 4
         for (int i = 0; i < nb; i++) {
@@ -1116,8 +1116,8 @@ void matmul_embed_t(const float *x, int rows, int dim, const void *E, int q4_par
         embed_t_q4(x, rows, dim, (const uint8_t *)E, n, y, scratch, scratch_stride, wide, simd);
         return;
     }
-    /* fp16: the wide kernels read E as stored; the portable path widens rows of E into the scratch.
-     */
+    /* fp16: the wide kernels read E as stored; the portable path widens rows of E into the
+     * scratch. */
 #pragma omp parallel for schedule(static)
     for (int v0 = 0; v0 < n; v0 += 8) {
         int ne = n - v0 < 8 ? n - v0 : 8;

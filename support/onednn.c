@@ -106,8 +106,8 @@ void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t 
 
 enum { PAIRS_MR = 4, PAIRS_NR = 16, PAIRS_KC = 512, PAIRS_RB = 96, PAIRS_CB = 128 };
 
-/* b packed, and each thread's widened rows of a: kept from call to call (prefill's shapes repeat).
- */
+/* b packed, and each thread's widened rows of a: kept from call to call (prefill's shapes
+ * repeat). */
 static struct {
     pthread_mutex_t lock;
     void *buffer;
@@ -193,8 +193,8 @@ __attribute__((target("avx2"), noinline)) static void tile_pairs(const int16_t *
     _mm256_store_si256(t + 7, c31);
 }
 
-/* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of k.
- */
+/* c's tile of rows i0 .. i0 + rows, columns j0 .. j0 + cols (j0 a multiple of 16), over all of
+ * k. */
 __attribute__((target("avx2"))) static void tile_of_c(int n, int k, const int8_t *a,
                                                       const int16_t *b_pairs, int i0, int rows,
                                                       int j0, int cols, int16_t *a16, int32_t *c) {

@@ -157,8 +157,8 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
 }
 
 int st_open_file(const char *path, st_archive *a, char *err) {
-    int fd =
-        open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO: refused below, not waited on */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO: refused below, not waited
+                                                               on */
     if (fd < 0) return fg_fail(err, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -40,8 +40,8 @@ static inline uint64_t fg_mix64(uint64_t x) { /* a stateless 64-bit hash (splitm
 }
 uint64_t fg_fnv64(const void *bytes, size_t n); /* FNV-1a: names, files */
 #define FG_FNV64_START 0xcbf29ce484222325ULL
-uint64_t fg_fnv64_more(uint64_t h, const void *bytes,
-                       size_t n); /* h: FG_FNV64_START, or an earlier result */
+uint64_t fg_fnv64_more(uint64_t h, const void *bytes, size_t n); /* h: FG_FNV64_START, or an earlier
+                                                                    result */
 
 /* ---- fp16 (util.c): round to nearest even, as the hardware and PyTorch's .half() ---- */
 fp16 fp32_to_fp16(float f); /* fp16_to_fp32 is in flexgen.h */
@@ -50,8 +50,8 @@ uint16_t fp32_to_bf16(float f);                                 /* to nearest, t
 void fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n); /* every thread */
 void fp16_to_fp32_n(const fp16 *src, float *dst, size_t n);     /* F16C where the CPU has it */
 void fp32_to_fp16_n(const float *src, fp16 *dst, size_t n);
-int fg_cpu_has_avx2(
-    void); /* AVX2, FMA and F16C, and the path not portable (FLEXGEN_ISA, FLEXGEN_NO_SIMD) */
+int fg_cpu_has_avx2(void); /* AVX2, FMA and F16C, and the path not portable (FLEXGEN_ISA,
+                              FLEXGEN_NO_SIMD) */
 
 /* ---- The instruction set the CPU's kernels run (util.c): the widest the CPU has, or the one
  * FLEXGEN_ISA names: portable, avx2, avx512 (no wider than the CPU's), or avx512-simde, the
@@ -123,12 +123,12 @@ typedef struct {
      * the part); y at group g0's first column, = or += x W; NULL: none */
     fg_int8_pairs *int8_pairs;
 } matmul_kernels;
-fg_int8_sums *matmul_int8_sums(
-    void); /* the path's VNNI sums where this CPU (or SIMDe) has them; NULL: none */
-const char *matmul_int8_path(
-    void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2, portable */
-fg_int8_sums *int8_sums_vnni256(
-    int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2 stand-in */
+fg_int8_sums *matmul_int8_sums(void); /* the path's VNNI sums where this CPU (or SIMDe) has them;
+                                         NULL: none */
+const char *matmul_int8_path(void); /* the integer sums' instructions: avx512-vnni, avx-vnni, avx2,
+                                       portable */
+fg_int8_sums *int8_sums_vnni256(int native); /* int8.c: AVX-VNNI's sums, or (0) their AVX2
+                                                stand-in */
 /* int8.c: int8_pairs with vpmaddubsw, no VNNI needed (matmul.c's avx2 path; x86-64 builds only) */
 fg_int8_pairs int8_pairs_avx2;
 const matmul_kernels *matmul_avx512(void); /* NULL where the compiler cannot build it */
@@ -160,10 +160,11 @@ typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
-                    float *y, int accumulate, int products,
-                    float *scratch); /* products: fg_products (model.h) */
-/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel (int8_pairs)
- */
+                    float *y, int accumulate, int products, float *scratch); /* products:
+                                                                                fg_products
+                                                                                (model.h) */
+/* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel
+ * (int8_pairs) */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                     float *y, int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs);
 /* int8.c's scheme of decode (any rows), on this CPU's path */
@@ -211,8 +212,8 @@ size_t fg_workspace_rows(int gbs, int max_prompt);
 int gpu_batch_init(gpu_batch *gb, int batch, int max_len, int max_new, char *err);
 void gpu_batch_free(gpu_batch *gb);
 gpu_batch gpu_batch_slice(const gpu_batch *gb, int first, int n, size_t act_row);
-void gpu_batch_advance(
-    gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's rows */
+void gpu_batch_advance(gpu_batch *gb); /* after a step: past[b] += its tokens; next, decode's
+                                          rows */
 /* The CPU's workspace: max_prompt is not used (decode's max_len keys are the most). */
 size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len);
 int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
@@ -282,8 +283,8 @@ int opt_checkpoint_open(const char *dir, model_config *cfg, st_archive *a, char 
  * embedding) split over n pipeline stages: stage s has [*first, *end). */
 void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end);
 size_t opt_param_count(const model_config *cfg);
-size_t layer_param_count(const model_config *cfg,
-                         int j); /* FlexGen's layer j: 0 input, 1 .. n_layers, output */
+size_t layer_param_count(const model_config *cfg, int j); /* FlexGen's layer j: 0 input, 1 ..
+                                                             n_layers, output */
 
 /* The model's stored tensors, layer by layer (§4.2 places weights tensor by tensor within a
  * layer). A layer's tensors tile one arena of layer_floats[layer] values; tensor t starts at
@@ -298,7 +299,7 @@ typedef struct {
     int tied_to;             /* -1, or the tensor whose values and home it shares (tied lm_head) */
     int first_spec, n_specs; /* the checkpoint tensors that fill it (internal) */
 } opt_tensor;
-typedef struct {
+typedef struct opt_layout {
     model_weights *view; /* the compute view whose fields the slots name */
     opt_tensor *tensors;
     int n_tensors;

@@ -162,8 +162,8 @@ static int cpu_has_f16c(void) {
         unsigned a, b, c = 0, d;
         __get_cpuid(1, &a, &b, &c, &d);
         cached = __builtin_cpu_supports("avx") && (c & bit_F16C) /* avx: the OS saves ymm too */
-                 &&
-                 fg_isa_active() != FG_ISA_PORTABLE; /* lets the tests check the portable paths */
+                 && fg_isa_active() != FG_ISA_PORTABLE; /* lets the tests check the portable
+                                                           paths */
     }
     return cached;
 }
@@ -372,8 +372,8 @@ void fg_unwatch_mapping(const void *base) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* The process's umask, read without changing it (umask() sets it, which other threads would see).
- */
+/* The process's umask, read without changing it (umask() sets it, which other threads would
+ * see). */
 static mode_t fg_umask(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[128];
