@@ -337,9 +337,11 @@ print-cflags:
 	@echo $(CFLAGS)
 
 # Formats every C, CUDA and header file outside tests/ and the generated tables as .clang-format
-# writes them (make test fails on a file this would change).
+# writes them (make test fails on a file this would change), then writes the maps' line numbers
+# anew (scripts/check_layout.sh --fix-maps).
 format:
 	clang-format -i $$(bash scripts/check_style.sh --files)
+	bash scripts/check_layout.sh --fix-maps >/dev/null || true
 
 clean:
 	rm -rf flexgen flexgen-emu build build-san build-fuzz build-emu build-san-emu

@@ -14,12 +14,12 @@
  *   288  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
  *   317  compute                  layer j of GPU batch k on the backend
  *   350  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
- *   410  step_begins              a block's step: tokens back, pages; step_ends
- *   504  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   719  refill_slots             ended sequences' slots take the next prompts (--refill)
- *   737  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *   888  generate                 prompts in rounds of blocks (run_round)
- *  1045  cache_in_task            the verbs' I/O tasks: the KV cache's, then the activations'
+ *   411  step_begins              a block's step: tokens back, pages; step_ends
+ *   505  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   720  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *   738  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *   889  generate                 prompts in rounds of blocks (run_round)
+ *  1046  cache_in_task            the verbs' I/O tasks: the KV cache's, then the activations'
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -381,6 +381,7 @@ static void tokens_back(gen_run *run, block *bl, int i);
 static void refill_slots(gen_run *run, block *bl, int i);
 static void diagonal_slots(gen_run *run, block *bl, int i);
 static void end_sequence(gen_run *run, block *bl, int s);
+static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 static void tokens_of_last_step(gen_run *run, int t, int i);
 static int grow_pages(block *bl);
 static void choose_step_reads(gen_run *run, int t, int i);
@@ -501,7 +502,7 @@ static void keep_prompt_logits(const block *bl, const gen_options *opt) {
  * the logits of sequences still running; with teacher forcing the next token is given.
  * Sampling draws from a generator seeded by (seed, prompt, step), so the tokens do not depend
  * on the block shape, the number of stages or the slot a refill gave the prompt. */
-void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
+static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch) {
     int vocab = bl->m->view.cfg.vocab;
     size_t rows = (size_t)bl->n_batches * bl->shape.gbs * bl->shape.logit_rows;
     if (bl->shape.logit_rows == 1) rows = (size_t)bl->count;

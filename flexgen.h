@@ -62,9 +62,6 @@ size_t batch_act_bytes(const block *bl, int k);
  * returns how many sequences are still running. */
 int take_tokens(block *bl, const gen_options *opt, int *out_tokens);
 int gen_is_eos(const gen_options *opt, int tok); /* tok ends a sequence */
-/* The last stage chooses each running sequence's next token from the block's logits (flexgen.c,
- * with support/sampling.c's sample_token). */
-void sample_tokens(block *bl, const gen_options *opt, float *logits_out, float *scratch);
 
 /* ---- Linear programs (lp.c, §4.3): minimize c.x subject to A_i . x {<=, =, >=} b_i, x >= 0
  * ---- */

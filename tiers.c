@@ -8,10 +8,10 @@
  *    43  tier_take                the tiers: every byte taken here, or refused
  *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   175  place_tensors            each tensor's home tier, by FlexGen's rule
- *   403  load_weights_into_homes  the weights written into their homes, once
- *   497  load_weight_at           a layer read ahead, converted into a staging arena
- *   601  shape_block              a block's buffers per tier; fg_check_plan below it
- *   876  alloc_block              a block's KV cache and activations on the tiers
+ *   405  load_weights_into_homes  the weights written into their homes, once
+ *   499  load_weight_at           a layer read ahead, converted into a staging arena
+ *   603  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   878  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -40,7 +40,7 @@
 const char *const fg_tier_flags[N_TIERS] = {"--gpu-mem", "--cpu-mem", "--disk-mem"};
 
 /* Takes bytes from a tier, or fails naming the tier, what needed them, and what is left. */
-int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err) {
+static int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err) {
     pthread_mutex_lock(&rt->lock);
     int fits = rt->current[t] + bytes <= rt->capacity[t];
     if (fits) {
@@ -72,8 +72,8 @@ void link_add(fg_runtime *rt, fg_link l, double bytes) {
 /* Memory of the gpu or cpu tier, zeroed (cpu-tier weights pinned with --pin-weight, the rest of
  * the cpu tier always: what moves over the cpu <-> gpu link). NULL (and err) when the tier or the
  * machine is full. */
-void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what, int pinned,
-                        char *err) {
+static void *tier_alloc_pinned(fg_runtime *rt, fg_tier t, size_t bytes, const char *what,
+                               int pinned, char *err) {
     if (bytes == 0) bytes = 64;
     if (tier_take(rt, t, (double)bytes, what, err)) return NULL;
     void *p = t == TIER_GPU ? rt->backend->alloc(bytes) : rt->backend->host_alloc(bytes, pinned);
@@ -156,7 +156,7 @@ static int is_q4(const fg_model *m, int i) {
     return m->rt->policy.compress_weight && m->layout.tensors[i].group_len > 0;
 }
 
-size_t stored_bytes(const fg_model *m, int i) {
+static size_t stored_bytes(const fg_model *m, int i) {
     const opt_tensor *t = &m->layout.tensors[i];
     return is_q4(m, i) ? q4_bytes(t->group_outer, t->group_len, t->group_inner) : 2 * t->count;
 }
@@ -268,6 +268,8 @@ void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]) {
         if (tied_here(m, i) < 0) stored[m->homes[i].tier] += (double)m->homes[i].bytes;
 }
 
+static int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
+
 /* The model's dummy-weight file for disk homes (support/weight_file.c): written once to the
  * weight dir, reused after. */
 static size_t tensor_stored_bytes(void *m, int i) { return stored_bytes(m, i); }
@@ -307,7 +309,7 @@ void free_weight_homes(fg_model *m) {
 }
 
 /* Writes tensor i's values as its home stores them (fp16, or compressed once here, §5). */
-int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
+static int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err) {
     const opt_tensor *t = &m->layout.tensors[i];
     if (!m->homes[i].q4) return opt_tensor_fill(&m->layout, i, src, NULL, dst, err);
     if (!src->archive && q4_compress_dummy(&m->layout, i, src->seed, dst) == 0) return 0;

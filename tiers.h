@@ -49,8 +49,8 @@ typedef struct {
 } fg_stats;
 
 /* ---- A run (flexgen.c, §4.1, §4.2; app/runtime.c opens and closes it: app/app.h) ---- */
-typedef struct fg_runtime fg_runtime; /* tiers with their accounting, the I/O threads */
-typedef struct fg_model fg_model;     /* a model placed on the tiers */
+typedef struct fg_runtime fg_runtime;   /* tiers with their accounting, the I/O threads */
+typedef struct fg_model fg_model;       /* a model placed on the tiers */
 typedef struct gen_options gen_options; /* generate()'s options (flexgen.h) */
 
 /* ============================================================================================
@@ -196,7 +196,6 @@ void disk_fetch(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes
 void trace_add(fg_runtime *rt, int track, const char *name, int layer, int batch, double start,
                double end);
 void tier_add(fg_runtime *rt, fg_tier t, double bytes); /* counted, never refused */
-int tier_take(fg_runtime *rt, fg_tier t, double bytes, const char *what, char *err);
 void disk_release(fg_runtime *rt, const disk_arena *a, const void *p, size_t bytes, size_t written);
 void weight_bytes(const fg_model *m, double bytes[N_TIERS], double *max_layer_disk);
 void weight_stored_bytes(const fg_model *m, double stored[N_TIERS]); /* each tier's stored bytes */
@@ -209,8 +208,6 @@ void place_weights(fg_model *m);
 void free_weight_homes(fg_model *m);
 weight_file weight_file_of(fg_model *m);
 int load_weights_into_homes(fg_model *m, char *err);
-size_t stored_bytes(const fg_model *m, int i); /* tensor i as its home stores it (fp16, or 4-bit) */
-int fill_stored(const fg_model *m, int i, const weight_source *src, void *dst, char *err);
 /* The round's layer n (unit L + j) of the weights: its disk part read ahead, loaded into staging
  * arena n % 2, bound as what compute reads; the reads ahead that no step used given back. */
 void read_weights(fg_model *m, long n);
