@@ -3,8 +3,9 @@
  *   - OPT's files, as the slow GPT2Tokenizer: GPT-2's pre-tokenizer regex
  *       's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *     hand-coded over UTF-8, with \p{L}, \p{N} and \s taken from Python's `regex` module (the
- *     generated tables below); an invalid UTF-8 byte counts as one "other" character; then
- *     BPE by rank, every occurrence of the best pair a round, as the slow tokenizer does;
+ *     tables generated into support/unicode_tables.h); an invalid UTF-8 byte counts as one "other"
+ * character; then BPE by rank, every occurrence of the best pair a round, as the slow tokenizer
+ * does;
  *   - LLaMA 3's and Qwen2's Split regex (digits 3 and 1 at a time), then byte-level BPE, with
  *     ignore_merges (a word that is a token stays whole);
  *   - SentencePiece-style BPE (LLaMA 1-2, Mistral): the text between added tokens is one word of
