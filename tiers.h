@@ -1,8 +1,9 @@
 /* tiers.h: the runtime's state on the tiers (§4.1, §4.2): the policy that places weights, KV
  * cache and activations; a run (fg_runtime: the tiers' accounting and the I/O threads); a model
  * placed on them (fg_model: each tensor's weight_home); a block of GPU batches with its buffers
- * (block_shape, block), which the loop of Fig. 4 reads; and tiers.c's functions on them.
- * flexgen.h builds generate(), the stage hooks and the search on it.
+ * (block_shape, block), which the loop of Fig. 4 reads; tiers.c's functions on them; and the
+ * stage hooks, what the schedule (and tiers.c, as it opens a block) does at a pipeline stage's
+ * edges. flexgen.h builds generate() and the policy search on it.
  */
 #ifndef FLEXGEN_TIERS_H
 #define FLEXGEN_TIERS_H
