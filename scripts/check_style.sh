@@ -13,7 +13,8 @@
 # formatted and measured but not parsed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-files=$(git ls-files '*.c' '*.h' '*.cu' | grep -v -e '^tests/' -e '^support/nfc_tables\.h$' -e '^support/unicode_tables\.h$')
+generated='^support/(nfc|unicode)_tables\.h$'
+files=$(git ls-files '*.c' '*.h' '*.cu' | grep -v -e '^tests/' | grep -v -E "$generated")
 if [ "${1:-}" = --files ]; then
     echo "$files"
     exit 0
@@ -27,7 +28,9 @@ for tool in clang-format clang; do
 done
 
 # shellcheck disable=SC2086
-unformatted=$(for f in $files; do clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
+unformatted=$(for f in $files; do
+    clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || echo "$f"
+done)
 if [ -n "$unformatted" ]; then
     echo "MISS  clang-format would change (make format writes them):" $unformatted
     fail=1
