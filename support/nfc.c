@@ -35,7 +35,7 @@ enum { /* Hangul syllables' arithmetic (Unicode chapter 3.12) */
 
 /* Length of the UTF-8 sequence at s (n > 0 bytes left) and its unit in *u: the code point, or
  * RAW_BYTE of the first byte alone (length 1) when the sequence is not valid UTF-8. */
-static size_t utf8_next(const unsigned char *s, size_t n, int32_t *u) {
+size_t utf8_next(const unsigned char *s, size_t n, int32_t *u) {
     unsigned c = s[0];
     size_t len;
     uint32_t v, min;

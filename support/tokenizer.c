@@ -708,52 +708,6 @@ static int read_added_tokens(const fg_tokenizer *t, added_loader *L, char *err) 
 
 /* ---- decode table ---- */
 
-/* Length of the UTF-8 sequence at s (n > 0 bytes left) and its code point in *cp. Overlong
- * forms, surrogates, values past U+10FFFF and truncated sequences are invalid: the first byte
- * alone is then returned as one character with *cp = -1, so every byte stays encodable. */
-size_t utf8_next(const unsigned char *s, size_t n, int32_t *cp) {
-    unsigned c = s[0];
-    size_t len;
-    uint32_t v, min;
-    if (c < 0x80) {
-        *cp = (int32_t)c;
-        return 1;
-    }
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-        v = c & 0x1F;
-        min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        v = c & 0x0F;
-        min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        v = c & 0x07;
-        min = 0x10000;
-    } else {
-        *cp = -1;
-        return 1;
-    }
-    if (n < len) {
-        *cp = -1;
-        return 1;
-    }
-    for (size_t k = 1; k < len; k++) {
-        if ((s[k] & 0xC0) != 0x80) {
-            *cp = -1;
-            return 1;
-        }
-        v = (v << 6) | (s[k] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
-        *cp = -1;
-        return 1;
-    }
-    *cp = (int32_t)v;
-    return len;
-}
-
 /* Bytes a token's text stands for: each bytes_to_unicode character becomes its byte; any other
  * character (a token outside the byte-level alphabet) is kept as its own UTF-8. */
 static size_t token_bytes(const char *s, size_t n, const int16_t *inv, char *out) {

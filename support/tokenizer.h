@@ -78,9 +78,4 @@ struct fg_tokenizer {
     int32_t *tok_sym;  /* while a tokenizer.json is read: each id's symbol, or -1 */
 };
 
-/* Length of the UTF-8 sequence at s (n > 0 bytes left) and its code point in *cp. Overlong
- * forms, surrogates, values past U+10FFFF and truncated sequences are invalid: the first byte
- * alone is then returned as one character with *cp = -1, so every byte stays encodable. */
-size_t utf8_next(const unsigned char *s, size_t n, int32_t *cp);
-
 #endif
