@@ -48,7 +48,9 @@
 # Usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]
 #        (no half: all three, big last)
 # Environment: OUT [gpu-check-<UTC time>], PYTHON (with a CUDA build of torch) [python3],
-# WEIGHTS (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp]
+# WEIGHTS (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp],
+# ONLY (row names, e.g. "opt-6.7b-32x1 opt-175b-4bit-t4": the speed and big halves skip every
+# other row) [every row]
 set -uo pipefail
 
 usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]"
@@ -68,6 +70,7 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 PYTHON=${PYTHON:-python3} WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen} OFFLOAD=${OFFLOAD:-/var/tmp}
+ONLY=${ONLY:-}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 JOBS=$(nproc)
 failed=0
@@ -255,6 +258,7 @@ theirs() { # NAME TIMEOUT MODEL GEN flags...: FlexGen's report into .data/NAME.f
 row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
     local name=$1 model=$2 gen=$3 with_flexgen=$4 left
     shift 4
+    [[ -z "$ONLY" || " $ONLY " == *" $name "* ]] || return 0
     left=$(time_left)
     if [ "$left" -lt 30 ]; then
         echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.json"
@@ -284,7 +288,7 @@ do_speed() {
     FLEXGEN_CUDA_GRAPHS=0 row opt-1.3b-4x1-no-graphs opt-1.3b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row opt-1.3b-32x1 opt-1.3b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
     row opt-6.7b-4x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
-    row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big" --gpu-mem "$GPU_MEM_32"
+    ROW_GPU_MEM=$GPU_MEM_32 row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
     row opt-6.7b-4bit opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4

@@ -603,6 +603,7 @@ void host_rows_ready(cuda_ws *d, const model_config *c, size_t rows, int max_len
 int layer_graph_begins(cuda_ws *d, const gpu_batch *gb, const cache_table *t) {
     if (!d->graphs || gb->n_new != 1 || t->on_device < gb->batch) return 0;
     thread_ctx *c = ctx();
+    blas(); /* made before the capture: cublasCreate allocates, which a capture forbids */
     CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->capturing = 1;
     return 1;

@@ -22,6 +22,9 @@
  *               runs before the host must wait for it: cudaStreamSynchronize,
  *               cudaEventSynchronize, a copy to pageable host memory, cudaFree, cudaFreeHost,
  *               cudaDeviceSynchronize; a copy from pageable memory reads it when it is issued
+ *   graphs      a capturing stream's work joins its graph instead of its queue; the capturing
+ *               thread may not make or free device memory or a cuBLAS handle (CUDA's
+ *               "potentially unsafe" calls): the call fails and breaks the capture, as on a GPU
  *   cuBLAS      cublasGemmEx and cublasGemmStridedBatchedEx check their arguments and run in
  *               fp32 through OpenBLAS on the handle's stream
  *
@@ -244,9 +247,12 @@ static void check_slack(const allocation *al, const char *after) {
                   p - (al->begin + al->bytes) + 1, al->id, al->bytes);
 }
 
+static bool refused_while_capturing(const char *call);
+
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     settings_ready();
     *p = NULL;
+    if (refused_while_capturing("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
     if (bytes == 0) return cudaSuccess;
     size_t rounded = (bytes + ALIGN - 1) / ALIGN * ALIGN, pg = page_size();
     size_t data = (rounded + pg - 1) / pg * pg;
@@ -275,6 +281,7 @@ static void drain_all();
 static std::recursive_mutex device_mutex; /* the device lock: see "Streams and events" */
 
 cudaError_t cudaFree(void *p) {
+    if (refused_while_capturing("cudaFree")) return cudaErrorStreamCaptureUnsupported;
     if (!p) return cudaSuccess;
     std::lock_guard<std::recursive_mutex> device(device_mutex);
     drain_all(); /* cudaFree waits for the device */
@@ -414,6 +421,7 @@ struct stream_state {
     uint64_t queued = 0, done = 0; /* operations ever queued, and run */
     bool blocking;                 /* orders with the legacy stream (not cudaStreamNonBlocking) */
     cuda_emu_graph *capture = NULL; /* capturing: work goes here, not to the queue */
+    pthread_t capture_thread{};     /* the thread that began the capture */
     bool capture_broken = false;    /* something not capturable was asked during the capture */
 };
 struct event_state {
@@ -566,6 +574,23 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 /* ---- Graphs ---- */
 
+/* A thread whose capture is under way may not call what could allocate or wait for the device
+ * (under cudaStreamCaptureModeThreadLocal and Global, the CUDA runtime's "potentially unsafe API
+ * calls": cudaMalloc, cudaFree, and cublasCreate, which calls them): the call fails, and the
+ * capture is broken. */
+static bool refused_while_capturing(const char *call) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    bool refused = false;
+    for (stream_state *s : streams) {
+        if (s->capture && pthread_equal(s->capture_thread, pthread_self())) {
+            s->capture_broken = true;
+            refused = true;
+        }
+    }
+    if (refused) api_error(cudaErrorStreamCaptureUnsupported, "%s: this thread's stream is capturing", call);
+    return refused;
+}
+
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
     (void)mode;
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
@@ -576,6 +601,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
         return api_error(cudaErrorStreamCaptureUnsupported,
                          "cudaStreamBeginCapture: already capturing");
     st->capture = new cuda_emu_graph;
+    st->capture_thread = pthread_self();
     st->capture_broken = false;
     return cudaSuccess;
 }
@@ -1179,6 +1205,7 @@ static bool handle_exists(cublasHandle_t h) {
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    if (refused_while_capturing("cublasCreate")) return CUBLAS_STATUS_NOT_INITIALIZED;
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
     *h = new cublasContext{0};
     handles.push_back(*h);

@@ -256,7 +256,7 @@ static float value_after(cudaGraphExec_t e, cudaStream_t s, float *p) {
 /* Captured work does not run until the graph is launched, and runs at each launch; an update from
  * a capture of the same kernel gives the launch its new argument (the one queued before keeps its
  * old one); a capture of another kernel is refused as an update; a host wait inside a capture
- * breaks it. */
+ * breaks it, and so does making or freeing device memory or a cuBLAS handle. */
 static void test_graphs(void) {
     cudaStream_t s;
     float *p;
@@ -291,6 +291,17 @@ static void test_graphs(void) {
     cudaGraph_t broken = NULL;
     EXPECT(cudaStreamEndCapture(s, &broken) != cudaSuccess && broken == NULL,
            "a capture with a host wait in it: expected no graph");
+    cudaGetLastError();
+    void *made = NULL;
+    cublasHandle_t handle = NULL;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    EXPECT(cudaMalloc(&made, 64) == cudaErrorStreamCaptureUnsupported && made == NULL,
+           "cudaMalloc inside a capture: expected it refused");
+    EXPECT(cudaFree(p) == cudaErrorStreamCaptureUnsupported, "cudaFree inside a capture: expected it refused");
+    EXPECT(cublasCreate(&handle) == CUBLAS_STATUS_NOT_INITIALIZED,
+           "cublasCreate inside a capture: expected it refused, as cuBLAS's own cudaFree is");
+    EXPECT(cudaStreamEndCapture(s, &broken) != cudaSuccess && broken == NULL,
+           "a capture with cudaMalloc in it: expected no graph");
     cudaGetLastError();
     cudaGraphExecDestroy(e);
     cudaGraphDestroy(one);
@@ -420,7 +431,7 @@ extern "C" void add_emu_tests(void) {
     CU_add_test(s, "a host read of device memory, a kernel past an allocation or its shared memory: reported", test_faults);
     CU_add_test(s, "a host pointer to a kernel, a copy's wrong direction or size: refused", test_argument_checks);
     CU_add_test(s, "streams run when the host waits, in event order", test_stream_order);
-    CU_add_test(s, "graphs: captured, launched, updated with new arguments; another kernel refused", test_graphs);
+    CU_add_test(s, "graphs: captured, launched, updated; another kernel, a host wait, an allocation refused", test_graphs);
     CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move", test_thread_orders);
     CU_add_test(s, "the device's size and compute capability", test_device);
     CU_add_test(s, "cuBLAS: its argument checks and a product", test_cublas);
