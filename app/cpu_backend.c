@@ -2,11 +2,13 @@
  * that the schedule calls and flexgen.cu fills again for CUDA: memory of the gpu tier is host
  * memory, and each family's row is its forward pass on the CPU (opt_model.c, llama_model.c).
  */
+#define _GNU_SOURCE /* madvise's MADV_HUGEPAGE */
 #include "model.h"
 #include "support/support.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* ============================================================================================
  * The CPU backend (docs/DESIGN.md, "The backends' operation table"): the gpu tier is the CPU's
@@ -14,9 +16,19 @@
  * (support/matmul.c), so a weight load is a copy too: of fp16 values, or of 4-bit bytes (§5).
  * ============================================================================================ */
 
+/* Memory of 2 MiB and more (the weights, the cache) is asked for in the kernel's huge pages
+ * (transparent huge pages, where the kernel gives them to a region that asks), 2 MiB aligned: a
+ * decode product reads 32 rows of W at once, each in another 4 KiB page, and with huge pages it
+ * read 4-bit weights from memory 1.15x as fast (opt-1.3b's shapes, 2 threads, AVX2). */
+enum { HUGE_PAGE = 2 << 20 };
+
 static void *cpu_alloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (p) memset(p, 0, bytes);
+    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
+    size_t rounded = (bytes + align - 1) / align * align;
+    void *p = aligned_alloc(align, rounded);
+    if (!p) return NULL;
+    if (align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE); /* a hint: no huge pages is fine */
+    memset(p, 0, bytes);
     return p;
 }
 static void *cpu_host_alloc(size_t bytes, int pinned) {
