@@ -6,10 +6,13 @@
  *
  * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16,
  * 4-bit, or int8 (4-bit weights times int8 activations, --int8-activations' products). MATRICES
- * distinct copies of W (default 12: 400 MB of fp16, far past the caches) are multiplied in turn,
- * REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a few hundred KiB with
- * many repeats measures the kernel from cache: its arithmetic alone. The path is the CPU's widest,
- * or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. One JSON line per run.
+ * distinct copies of W (default: as many as make 1 GiB, as stream_rate reads, past every cache:
+ * a server's last level can hold 480 MiB, where 12 copies of fc1 in fp16 would stay) are
+ * multiplied in turn, REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a
+ * few hundred KiB with many repeats measures the kernel from cache: its arithmetic alone. W is
+ * allocated as the CPU backend allocates a tier's memory (fg_cpu_backend.alloc: huge pages where
+ * the kernel gives them). The path is the CPU's widest, or FLEXGEN_ISA's; threads:
+ * OMP_NUM_THREADS. One JSON line per run.
  * scripts/bench_matmul.sh builds it and runs the set BENCHMARKS.md quotes; by hand:
  *
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
@@ -50,13 +53,14 @@ int main(int argc, char **argv) {
     int q4 = int8 || !strcmp(argv[2], "4-bit");
     int products = int8 ? PRODUCTS_INT8 : PRODUCTS_FP32;
     int in = arg(argc, argv, 3, 2048), out = arg(argc, argv, 4, 8192);
-    int matrices = arg(argc, argv, 5, 12), repeats = arg(argc, argv, 6, 1);
     if (q4 && out % Q4_GROUP) {
         fprintf(stderr, "bench_matmul: OUT must be a multiple of %d for 4-bit weights\n", Q4_GROUP);
         return 2;
     }
     size_t n = (size_t)in * out;
     size_t bytes = q4 ? q4_bytes((size_t)in, (size_t)out, 1) : n * sizeof(fp16);
+    int gib_of_copies = (int)(((size_t)1 << 30) / bytes) + 1;
+    int matrices = arg(argc, argv, 5, gib_of_copies), repeats = arg(argc, argv, 6, 1);
     float *w32 = malloc(n * sizeof *w32), *x = malloc((size_t)rows * in * sizeof *x);
     float *y = malloc((size_t)rows * out * sizeof *y);
     uint8_t **W = calloc((size_t)matrices, sizeof *W);
@@ -67,12 +71,13 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) w32[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     for (int i = 0; i < rows * in; i++) x[i] = 0.01f * (float)(i % 7);
     for (int m = 0; m < matrices; m++) {
-        W[m] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        W[m] = fg_cpu_backend.alloc(bytes);
         if (!W[m]) {
             fprintf(stderr, "bench_matmul: out of memory\n");
             return 1;
         }
-        if (q4) q4_compress(w32, (size_t)in, (size_t)out, 1, W[m]);
+        if (m > 0) memcpy(W[m], W[0], bytes); /* the same values, other memory */
+        else if (q4) q4_compress(w32, (size_t)in, (size_t)out, 1, W[m]);
         else fp32_to_fp16_n(w32, (fp16 *)W[m], n);
     }
     double best = 1e30;
@@ -88,7 +93,7 @@ int main(int argc, char **argv) {
     printf("{\"rows\":%d,\"format\":\"%s\",\"in\":%d,\"out\":%d,\"bytes\":%zu,\"ms\":%.4f,\"gbs\":%"
            ".2f,\"path\":\"%s\"}\n",
            rows, argv[2], in, out, bytes, each * 1e3, (double)bytes / each / 1e9, matmul_path());
-    for (int m = 0; m < matrices; m++) free(W[m]);
+    for (int m = 0; m < matrices; m++) fg_cpu_backend.free(W[m]);
     free(W);
     free(w32);
     free(x);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One decode product alone against the machine's read rate (BENCHMARKS.md, "Decode at the read
 # limit"): scripts/bench_matmul.c on opt-1.3b's fc1 (2048 x 8192) and fc2 (8192 x 2048) from
-# memory, and on a 256 x 4096 matrix from L2 (the kernel's arithmetic alone), for 1 and 8 rows of
+# memory (copies of W making 1 GiB, past every cache), and on a 256 x 4096 matrix from L2 (the
+# kernel's arithmetic alone), for 1 and 8 rows of
 # x, fp16 and 4-bit, on every path of the CPU's own kernels this CPU has; scripts/stream_rate.c
 # before and after. Each line is bench_matmul's JSON, with the share of the read rate (the
 # median of the stream readings).
