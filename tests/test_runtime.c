@@ -7,6 +7,7 @@
 #include "tests.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1385,6 +1386,52 @@ static int gpu_batch_fields(batch_field *f, int max) {
     return 0;
 }
 
+/* The VmFlags line of /proc/self/smaps for the mapping that holds p ("" if none is found). */
+static void vm_flags_of(const void *p, char *flags, size_t cap) {
+    flags[0] = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return;
+    char line[512];
+    int inside = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) { /* a mapping's first line */
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (inside && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(flags, cap, "%s", line + 8);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* The CPU backend's memory (the gpu tier's, and the cpu tier's): zeroed; from 2 MiB on, on a 2 MiB
+ * boundary with its whole 2 MiB pages advised as huge pages (smaps' "hg"), where the kernel has
+ * transparent huge pages; a small block on 64 bytes. */
+static void test_cpu_memory_huge_pages(void) {
+    size_t big = (3 << 20) + 100, small = 1000;
+    unsigned char *p = fg_cpu_backend.alloc(big), *q = fg_cpu_backend.alloc(small);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(q);
+    EXPECT((uintptr_t)p % (2 << 20) == 0, "a block of %zu bytes at %p: expected a 2 MiB boundary", big,
+           (void *)p);
+    EXPECT((uintptr_t)q % 64 == 0, "a block of %zu bytes at %p: expected a 64-byte boundary", small,
+           (void *)q);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < big; i++) nonzero += p[i] != 0;
+    for (size_t i = 0; i < small; i++) nonzero += q[i] != 0;
+    EXPECT(nonzero == 0, "fresh memory of the CPU backend: %zu bytes not zero", nonzero);
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0) {
+        char flags[512];
+        vm_flags_of(p, flags, sizeof flags);
+        EXPECT(strstr(flags, " hg") != NULL,
+               "a block of %zu bytes: expected its mapping advised for huge pages (hg), VmFlags:%s",
+               big, flags);
+    }
+    fg_cpu_backend.free(p);
+    fg_cpu_backend.free(q);
+}
+
 static void test_gpu_batch_slice_fields(void) {
     static const char *const shared[] = {"max_len", "page_tokens", "n_new", "all_rows", "kv_q4",
                                          "attn_sparsity"};
@@ -1490,4 +1537,6 @@ void add_runtime_tests(void) {
                 test_placement_rule);
     CU_add_test(s, "the placement rule's policy: flexgen policy for opt-6.7b on the T4's rates",
                 test_placement_policy);
+    CU_add_test(s, "the CPU backend's memory: zeroed, 2 MiB blocks on 2 MiB advised as huge pages",
+                test_cpu_memory_huge_pages);
 }
