@@ -18,9 +18,12 @@
  *                   L1, another 1.1-1.2x for fp16 at one row of x). kc is decode_kc's, as
  *                   measured on one layer's product (fc1 of opt-1.3b, 2048 x 8192): fp16 reads
  *                   at 29-32 GB/s in bands of 8 rows against 23-24 in bands of 16 for one or two
- *                   rows of x, and 4-bit runs fastest in bands of 32 (its conversions, not the
- *                   read, are what bounds it). An fp16 band does not change a bit of y; a 4-bit
- *                   one adds its min term (below), so its 32 rows are part of the arithmetic.
+ *                   rows of x, and 4-bit ran fastest in bands of 32 from the cache (its
+ *                   conversions bound it there); from memory, bands of 16 and 32 read alike, 8
+ *                   slower. An fp16 band does not change a bit of y; a 4-bit one adds its min
+ *                   term (below), so its 32 rows are part of the arithmetic. The CPU backend's
+ *                   weights lie in huge pages (app/cpu_backend.c): a band's rows are in as many
+ *                   4 KiB pages, and in huge pages 4-bit read 1.13-1.15x as fast from memory.
  *   register tile   mr rows by a few vectors of y stay in registers while k runs over the band:
  *                   per k, the weights of the tile are widened to fp32 in the registers, one
  *                   broadcast of x (for 4-bit, of a) per row, mr x nv FMAs. AVX2 (here): 1 x 64,
