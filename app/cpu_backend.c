@@ -33,11 +33,11 @@ static pthread_once_t threshold_once = PTHREAD_ONCE_INIT;
 static void hold_mmap_threshold(void) { mallopt(M_MMAP_THRESHOLD, HUGE_PAGE); }
 
 static void *cpu_alloc(size_t bytes) {
-    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
+    int huge = bytes >= HUGE_PAGE;
     pthread_once(&threshold_once, hold_mmap_threshold);
     void *p = NULL;
-    if (posix_memalign(&p, align, (bytes + 63) & ~(size_t)63)) return NULL;
-    if (bytes >= HUGE_PAGE) madvise(p, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* a hint */
+    if (posix_memalign(&p, huge ? HUGE_PAGE : 64, (bytes + 63) & ~(size_t)63)) return NULL;
+    if (huge) madvise(p, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* a hint: none is fine */
     memset(p, 0, bytes);
     return p;
 }

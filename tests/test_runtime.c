@@ -1413,8 +1413,8 @@ static void test_cpu_memory_huge_pages(void) {
     unsigned char *p = fg_cpu_backend.alloc(big), *q = fg_cpu_backend.alloc(small);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_PTR_NOT_NULL_FATAL(q);
-    EXPECT((uintptr_t)p % (2 << 20) == 0, "a block of %zu bytes at %p: expected a 2 MiB boundary", big,
-           (void *)p);
+    EXPECT((uintptr_t)p % (2 << 20) == 0, "a block of %zu bytes at %p: expected a 2 MiB boundary",
+           big, (void *)p);
     EXPECT((uintptr_t)q % 64 == 0, "a block of %zu bytes at %p: expected a 64-byte boundary", small,
            (void *)q);
     size_t nonzero = 0;

@@ -587,7 +587,8 @@ static bool refused_while_capturing(const char *call) {
             refused = true;
         }
     }
-    if (refused) api_error(cudaErrorStreamCaptureUnsupported, "%s: this thread's stream is capturing", call);
+    if (refused)
+        api_error(cudaErrorStreamCaptureUnsupported, "%s: this thread's stream is capturing", call);
     return refused;
 }
 

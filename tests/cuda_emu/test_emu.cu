@@ -297,7 +297,8 @@ static void test_graphs(void) {
     cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     EXPECT(cudaMalloc(&made, 64) == cudaErrorStreamCaptureUnsupported && made == NULL,
            "cudaMalloc inside a capture: expected it refused");
-    EXPECT(cudaFree(p) == cudaErrorStreamCaptureUnsupported, "cudaFree inside a capture: expected it refused");
+    EXPECT(cudaFree(p) == cudaErrorStreamCaptureUnsupported,
+           "cudaFree inside a capture: expected it refused");
     EXPECT(cublasCreate(&handle) == CUBLAS_STATUS_NOT_INITIALIZED,
            "cublasCreate inside a capture: expected it refused, as cuBLAS's own cudaFree is");
     EXPECT(cudaStreamEndCapture(s, &broken) != cudaSuccess && broken == NULL,
@@ -431,7 +432,8 @@ extern "C" void add_emu_tests(void) {
     CU_add_test(s, "a host read of device memory, a kernel past an allocation or its shared memory: reported", test_faults);
     CU_add_test(s, "a host pointer to a kernel, a copy's wrong direction or size: refused", test_argument_checks);
     CU_add_test(s, "streams run when the host waits, in event order", test_stream_order);
-    CU_add_test(s, "graphs: captured, launched, updated; another kernel, a host wait, an allocation refused", test_graphs);
+    CU_add_test(s, "graphs: captured, launched, updated; another kernel, a wait, an allocation refused",
+                test_graphs);
     CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move", test_thread_orders);
     CU_add_test(s, "the device's size and compute capability", test_device);
     CU_add_test(s, "cuBLAS: its argument checks and a product", test_cublas);
