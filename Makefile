@@ -136,13 +136,15 @@ build/test_flexgen: $(call test_objs,build) $(TEST_CUDA_OBJ)
 # kernel tests compiled by g++
 # against the harness's cuda_runtime.h, cuda_fp16.h and cublas_v2.h, on every machine, nvcc or
 # not. One step rewrites each launch `k<<<grid, block, shared, stream>>>(` into a macro call and
-# `extern __shared__ T x[];` into the block's dynamic shared memory; #line keeps flexgen.cu's lines.
+# `extern __shared__ T x[];` into the block's dynamic shared memory, and blanks nvcc's
+# `#pragma unroll` lines; #line keeps flexgen.cu's lines.
 # build-emu/test_flexgen runs the suites gpu, kernels and emu; ./flexgen-emu is ./flexgen on the
 # emulated GPU (`make emu`; EMU_OPT=-O0 for stepping through kernels in gdb).
 EMU := tests/cuda_emu
 EMU_HDR := $(EMU)/cuda_runtime.h $(EMU)/cuda_fp16.h $(EMU)/cublas_v2.h $(EMU)/cuda_emu.h
 EMU_SED := sed -e 's/\b\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/CUDA_EMU_LAUNCH(\1, \2)(/' \
                -e 's/extern __shared__ \([A-Za-z_0-9]*\) \([A-Za-z_0-9]*\)\[\];/\1 *\2 = (\1 *)cuda_emu::dynamic_shared();/'
+EMU_SED += -e 's/^ *\#pragma unroll$$//'
 EMU_OPT ?= -O2
 EMU_CXXFLAGS = -std=c++17 $(EMU_OPT) -g -Wall -Wextra $(WERROR) -ffp-contract=off -I$(EMU) -I. -I$(BLAS_INC) \
                $(if $(PREFIX),$(DEPS_CFLAGS)) -D__CUDA_ARCH_LIST__=$(CUDA_ARCH_LIST) -DFLEXGEN_CUDA_EMU

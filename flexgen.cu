@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   186  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   243  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   167  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   328  fg_cuda_backend          the operation table, once a GPU is found
- *   384  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   425  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   469  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   538  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   635  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   664  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   751  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   787  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   843  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1003  attention_kernel         a query's attention, with §5's top-K
- *  1071  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1161  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1202  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1290  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   187  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   244  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   168  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   329  fg_cuda_backend          the operation table, once a GPU is found
+ *   385  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   433  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   502  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   571  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   668  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   699  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   793  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   829  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   885  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1109  attention_kernel         a query's attention, with §5's top-K
+ *  1177  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1267  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1308  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1396  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -121,6 +121,7 @@ __global__ void dequant_kernel(const uint8_t *src, size_t len, size_t inner, siz
 static unsigned blocks_for(size_t n, unsigned threads);
 static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
                             const model_workspace *ws);
+__host__ __device__ size_t store_kv_threads(int rows, int kv_heads, int hd, int q4);
 __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new,
                                 const int *past, const int *pad, int hd, int heads, int q4,
                                 void *const *k, void *const *v, long long shift, const int *pages,
@@ -402,9 +403,14 @@ __global__ void add_positions_kernel(__half *x, table_view pos, const int *past,
 
 /* ---- layer norm ---- */
 
+/* A row's block: LN_THREADS threads, each loading LN_AT_ONCE of its elements (LN_THREADS apart)
+ * before it uses any, so that a row of a few thousand takes one round of loads a pass. */
+#define LN_THREADS 1024
+#define LN_AT_ONCE 4
+
 static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)NULL,
-                                                       (const __half *)w, (const __half *)b, y);
+    layer_norm_kernel<<<rows, LN_THREADS, 0, ctx()->stream>>>(
+        x, dim, (const __half *)NULL, (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
@@ -412,36 +418,63 @@ static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *
  * layer_norm(x). */
 static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
                             const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, 256, 0, ctx()->stream>>>(x, dim, (const __half *)bias,
-                                                       (const __half *)w, (const __half *)b, y);
+    layer_norm_kernel<<<rows, LN_THREADS, 0, ctx()->stream>>>(
+        x, dim, (const __half *)bias, (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
 
-/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row. CPU twin: opt_model.c's
- * layer_norm. Test: test_layer_norm, within its bound of a layer norm in double. With `add` (a
- * product's bias, [dim]), x += add first, rounded to fp16 and kept in x, the bits of
- * bias_kernel's OUT_ADD before a separate norm (tested bit for bit by test_bias_layer_norm): one
- * launch for the two. y may alias x (each thread writes only the elements it read). */
+/* y = (x - mean) / sqrt(var + 1e-5) * w + b, a block per row, in three passes over the row
+ * (the sum, the sum of squared differences, the output), each loading a thread's LN_AT_ONCE
+ * elements before it uses them. CPU twin: opt_model.c's layer_norm. Test: test_layer_norm, within
+ * its bound of a layer norm in double. With `add` (a product's bias, [dim]), x += add first,
+ * rounded to fp16 and kept in x, the bits of bias_kernel's OUT_ADD before a separate norm (tested
+ * bit for bit by test_bias_layer_norm): one launch for the two. y may alias x (each thread writes
+ * only the elements it read). */
 __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const __half *w,
                                   const __half *b, __half *y) {
     __shared__ float shared[32];
     __half *xr = x + (size_t)blockIdx.x * dim;
     __half *yr = y + (size_t)blockIdx.x * dim;
+    int threads = (int)blockDim.x, step = threads * LN_AT_ONCE;
     float s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        if (add) xr[i] = __float2half_rn(__half2float(xr[i]) + __half2float(add[i]));
-        s += __half2float(xr[i]);
+    for (int i0 = threadIdx.x; i0 < dim; i0 += step) {
+        float v[LN_AT_ONCE], a[LN_AT_ONCE];
+        for (int k = 0; k < LN_AT_ONCE; k++) {
+            int i = i0 + k * threads;
+            v[k] = i < dim ? __half2float(xr[i]) : 0;
+            a[k] = add && i < dim ? __half2float(add[i]) : 0;
+        }
+        for (int k = 0; k < LN_AT_ONCE && i0 + k * threads < dim; k++) {
+            if (add) {
+                __half sum = __float2half_rn(v[k] + a[k]);
+                xr[i0 + k * threads] = sum;
+                v[k] = __half2float(sum);
+            }
+            s += v[k];
+        }
     }
     float mean = block_sum(s, shared) / dim;
     s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float d = __half2float(xr[i]) - mean;
-        s += d * d;
+    for (int i0 = threadIdx.x; i0 < dim; i0 += step) {
+        float v[LN_AT_ONCE];
+        for (int k = 0; k < LN_AT_ONCE; k++) {
+            int i = i0 + k * threads;
+            v[k] = i < dim ? __half2float(xr[i]) - mean : 0;
+        }
+        for (int k = 0; k < LN_AT_ONCE; k++) s += v[k] * v[k];
     }
     float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + 1e-5f);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = __float2half_rn((__half2float(xr[i]) - mean) * inv * __half2float(w[i]) +
-                                __half2float(b[i]));
+    for (int i0 = threadIdx.x; i0 < dim; i0 += step) {
+        float v[LN_AT_ONCE], scale[LN_AT_ONCE], shift[LN_AT_ONCE];
+        for (int k = 0; k < LN_AT_ONCE; k++) {
+            int i = i0 + k * threads < dim ? i0 + k * threads : i0;
+            v[k] = __half2float(xr[i]);
+            scale[k] = __half2float(w[i]);
+            shift[k] = __half2float(b[i]);
+        }
+        for (int k = 0; k < LN_AT_ONCE && i0 + k * threads < dim; k++)
+            yr[i0 + k * threads] = __float2half_rn((v[k] - mean) * inv * scale[k] + shift[k]);
+    }
 }
 
 /* ---- the products: fp16 weights by cuBLAS; 4-bit weights (§5; quant.c has the layout) stay as
@@ -647,15 +680,17 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
 
 /* ---- attention: the KV cache (§4.2; 4-bit §5), prefill, decode, delegated ---- */
 
-/* The attention kernels' blocks: 8 warps. A warp takes whole keys, so that its 32 lanes read a
- * key's row side by side (d = lane, lane + 32, ...), KEYS_AT_ONCE keys at a time, their rows
- * found first and then read together so that their loads are in flight at once; it sums the
- * values PV_SLICE x 32 dims at a time, in registers. The query waits in shared memory as fp32, up
- * to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
- * FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for their sums). */
+/* The attention kernels' blocks: 256 threads, reading a head's rows 8 values at a time (16 bytes
+ * of fp16, or 4 bytes of 4-bit codes with their group's min and scale), several loads in flight
+ * before any is used. Scores: a thread a key, CHUNKS_AT_ONCE of its 8-value chunks at a time.
+ * Values: a thread a chunk of the output, the block's threads in groups of a row's chunks, each
+ * group summing its keys (KEYS_AT_ONCE at a time) in registers; the groups' sums are added in a
+ * fixed order through shared memory. The query waits in shared memory as fp32, up to
+ * checkpoint.c's largest head. A span of the split (attention_span_kernel) is FG_CUDA_SPAN_KEYS
+ * keys (support.h, which sizes the workspace's part for their sums). */
 #define ATTENTION_THREADS 256
+#define CHUNKS_AT_ONCE 8
 #define KEYS_AT_ONCE 4
-#define PV_SLICE 4
 #define MAX_HEAD_DIM 1024
 #define MERGE_THREADS 128
 
@@ -665,10 +700,9 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                             const model_workspace *ws) {
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
-    size_t groups = (size_t)rows * 2 * KV * G;
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, s>>>(
+    size_t threads = store_kv_threads(rows, KV, hd, gb->kv_q4);
+    store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(
         d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV, gb->kv_q4, t->k, t->v, t->shift,
         t->pages, t->max_pages, gb->page_tokens);
     LAUNCHED("store_kv_kernel");
@@ -743,8 +777,16 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
     *scale_out = scale16;
 }
 
+/* The threads of store_kv_kernel: a thread per (row, K or V, head, unit), a unit an element of
+ * an fp16 cache (a warp's stores side by side), or a group of a 4-bit one. */
+__host__ __device__ size_t store_kv_threads(int rows, int kv_heads, int hd, int q4) {
+    int units = q4 ? (hd + Q4_GROUP - 1) / Q4_GROUP : hd;
+    return (size_t)rows * 2 * kv_heads * units;
+}
+
 /* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
- * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, group).
+ * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, unit),
+ * store_kv_threads' units: an element of an fp16 row, a group of a 4-bit one.
  * q, k and v sit in qkv as `at` lays them out (qkv_layout_of); a cache row is heads (the K/V
  * heads) x hd. CPU twin: opt_model.c's store_kv (q4_compress for a 4-bit cache). Test:
  * test_store_kv, byte for byte at each row's page, fp16 and 4-bit. */
@@ -752,11 +794,11 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
                                 const int *past, const int *pad, int hd, int heads, int q4,
                                 void *const *k, void *const *v, long long shift, const int *pages,
                                 int max_pages, int page_tokens) {
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd;
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd, units = q4 ? G : hd;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * 2 * heads * G) return;
-    int g = (int)(i % G), head = (int)(i / G % heads), kv = (int)(i / G / heads % 2),
-        r = (int)(i / G / heads / 2);
+    if (i >= store_kv_threads(rows, heads, hd, q4)) return;
+    int unit = (int)(i % units), head = (int)(i / units % heads), kv = (int)(i / units / heads % 2),
+        r = (int)(i / units / heads / 2);
     int b = r / n_new, slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
@@ -764,12 +806,12 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
     size_t row_at =
         kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
     const __half *x = qkv + at.at[kv + 1] + (size_t)r * at.stride[kv + 1] + (size_t)head * hd;
-    int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
-    if (!q4) {
+    if (!q4) { /* element `unit` */
         __half *row = (__half *)(cache + row_at * 2 * kvw) + (size_t)head * hd;
-        for (int e = g * Q4_GROUP; e < g * Q4_GROUP + n; e++) row[e] = x[e];
+        row[unit] = x[unit];
         return;
     }
+    int g = unit, n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     float group[Q4_GROUP];
     for (int e = 0; e < n; e++) group[e] = __half2float(x[g * Q4_GROUP + e]);
     size_t head_bytes = (size_t)G * (Q4_GROUP / 2 + 4);
@@ -908,24 +950,88 @@ __device__ float kv_at(kv_row r, int d, int hd) {
     return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
 }
 
-/* scores[i] = scale q.K[first + i] for n keys: a warp per key, its lanes over d, summed by
- * shuffles (a key past the last reads the last, and is dropped). */
+/* Whether a head's rows can be read a chunk at a time: head_dim a multiple of 8 (a chunk then
+ * lies within one 4-bit group), fp16 rows 16-byte aligned and 4-bit ones 4-byte aligned (a head
+ * of them is a multiple of 4 bytes). Else value by value. */
+__device__ int kv_whole(const kv_head *h) {
+    uintptr_t fp16_rows = (uintptr_t)h->fresh | (uintptr_t)(h->stride * 2);
+    if (!h->q4) fp16_rows |= (uintptr_t)h->cache;
+    return h->hd % 8 == 0 && fp16_rows % 16 == 0 && (uintptr_t)h->cache % 4 == 0;
+}
+
+/* Chunk c of a row as loaded: values [8c, 8c + 8), 16 bytes of fp16, or 4 bytes of 4-bit codes
+ * (bits.x) and their group's min and scale. Loading and widening are apart so that a thread has
+ * several loads in flight before it waits on the first. */
+typedef struct {
+    uint4 bits;
+    __half min, scale;
+} kv_bytes;
+
+__device__ kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
+    kv_bytes b = {};
+    if (!whole) return b; /* kv_widen reads value by value */
+    if (r.half) {
+        b.bits = *(const uint4 *)(r.half + 8 * c);
+        return b;
+    }
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = 8 * c / Q4_GROUP;
+    const __half *mins = (const __half *)(r.q4 + G * (Q4_GROUP / 2));
+    b.bits.x = *(const uint32_t *)(r.q4 + g * (Q4_GROUP / 2) + 8 * c % Q4_GROUP / 2);
+    b.min = mins[g];
+    b.scale = mins[G + g];
+    return b;
+}
+
+/* The chunk's 8 values in fp32 (values past hd are 0): those of kv_at, to the bit (a 4-bit byte
+ * holds an even value in its high half). */
+__device__ void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, float v[8]) {
+    if (!whole) {
+        for (int i = 0; i < 8; i++) v[i] = 8 * c + i < hd ? kv_at(r, 8 * c + i, hd) : 0;
+        return;
+    }
+    if (r.half) {
+        const __half2 *h = (const __half2 *)&b.bits;
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = __low2float(h[i]);
+            v[2 * i + 1] = __high2float(h[i]);
+        }
+        return;
+    }
+    float min = __half2float(b.min), scale = __half2float(b.scale);
+    for (int i = 0; i < 8; i++) {
+        int byte = (b.bits.x >> (8 * (i / 2))) & 255;
+        v[i] = fmaf((float)((byte >> (i % 2 ? 0 : 4)) & 15), scale, min);
+    }
+}
+
+/* The query's fp32 copy in shared memory, zeros after hd up to a whole chunk. */
+__device__ void query_to_shared(const __half *q, int hd, float *query) {
+    for (int d = threadIdx.x; d < (hd + 7) / 8 * 8; d += blockDim.x)
+        query[d] = d < hd ? __half2float(q[d]) : 0;
+}
+
+/* scores[i] = scale q.K[first + i] for n keys: a thread a key, summing over d in order,
+ * CHUNKS_AT_ONCE chunks loaded before they are used. */
 __device__ void attention_scores(const float *query, const kv_head *keys, int first, int n,
                                  float scale, float *scores) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int j0 = warp * KEYS_AT_ONCE; j0 < n; j0 += warps * KEYS_AT_ONCE) {
-        kv_row key[KEYS_AT_ONCE];
-        float dot[KEYS_AT_ONCE];
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            key[i] = kv_row_at(keys, first + (j0 + i < n ? j0 + i : n - 1));
-            dot[i] = 0;
+    int hd = keys->hd, chunks = (hd + 7) / 8, whole = kv_whole(keys);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        kv_row key = kv_row_at(keys, first + j);
+        float dot = 0;
+        for (int c0 = 0; c0 < chunks; c0 += CHUNKS_AT_ONCE) {
+            kv_bytes raw[CHUNKS_AT_ONCE];
+#pragma unroll
+            for (int k = 0; k < CHUNKS_AT_ONCE; k++)
+                if (c0 + k < chunks) raw[k] = kv_load(key, c0 + k, hd, whole);
+#pragma unroll
+            for (int k = 0; k < CHUNKS_AT_ONCE; k++) {
+                if (c0 + k >= chunks) break;
+                float v[8];
+                kv_widen(raw[k], key, c0 + k, hd, whole, v);
+                for (int i = 0; i < 8; i++) dot = fmaf(query[8 * (c0 + k) + i], v[i], dot);
+            }
         }
-        for (int d = lane; d < keys->hd; d += 32)
-            for (int i = 0; i < KEYS_AT_ONCE; i++) dot[i] += query[d] * kv_at(key[i], d, keys->hd);
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            float total = warp_sum(dot[i]);
-            if (lane == 0 && j0 + i < n) scores[j0 + i] = total * scale;
-        }
+        scores[j] = dot * scale;
     }
 }
 
@@ -952,41 +1058,41 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
     __syncthreads();
 }
 
-/* The kept keys' weights times their values, for keys first + i (i < n; kept NULL: all of them),
- * PV_SLICE x 32 dims at a time: each warp sums its keys (KEYS_AT_ONCE at a time, as above) in
- * registers, then the warps' sums are added in a fixed order through `partial` ([warps][PV_SLICE
- * x 32]), into out rounded to fp16, or into sums in fp32 where out is NULL. */
+/* The kept keys' weights times their values, for keys first + i (i < n; kept NULL: all of them):
+ * thread t sums chunk t % chunks of the keys of its group t / chunks (a group's threads read a
+ * row side by side), KEYS_AT_ONCE keys loaded at a time, in registers; then the groups' sums are
+ * added in a fixed order through `partial` ([groups][chunks][8], ATTENTION_THREADS x 8 floats),
+ * into out rounded to fp16, or into sums in fp32 where out is NULL. */
 __device__ void attention_values(const float *weights, const char *kept, const kv_head *values,
                                  int first, int n, float *partial, __half *out, float *sums) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    int hd = values->hd, width = PV_SLICE * 32;
-    for (int d0 = 0; d0 < hd; d0 += width) {
-        float acc[PV_SLICE] = {0};
-        for (int j0 = warp * KEYS_AT_ONCE; j0 < n; j0 += warps * KEYS_AT_ONCE) {
-            kv_row value[KEYS_AT_ONCE];
-            int use[KEYS_AT_ONCE];
-            for (int i = 0; i < KEYS_AT_ONCE; i++) {
-                int j = j0 + i < n ? j0 + i : n - 1;
-                use[i] = j0 + i < n && (!kept || kept[j]);
-                value[i] = kv_row_at(values, first + j);
-            }
-            for (int k = 0; k < PV_SLICE; k++) {
-                int d = d0 + lane + 32 * k;
-                float v[KEYS_AT_ONCE];
-                for (int i = 0; i < KEYS_AT_ONCE; i++) v[i] = d < hd ? kv_at(value[i], d, hd) : 0;
-                for (int i = 0; i < KEYS_AT_ONCE; i++)
-                    if (use[i]) acc[k] += weights[j0 + i] * v[i];
-            }
+    int hd = values->hd, chunks = (hd + 7) / 8, whole = kv_whole(values);
+    int groups = blockDim.x / chunks, group = threadIdx.x / chunks, c = threadIdx.x % chunks;
+    float acc[8] = {0};
+    for (int j0 = group * KEYS_AT_ONCE; group < groups && j0 < n; j0 += groups * KEYS_AT_ONCE) {
+        kv_row value[KEYS_AT_ONCE];
+        kv_bytes raw[KEYS_AT_ONCE];
+#pragma unroll
+        for (int i = 0; i < KEYS_AT_ONCE; i++)
+            value[i] = kv_row_at(values, first + (j0 + i < n ? j0 + i : n - 1));
+#pragma unroll
+        for (int i = 0; i < KEYS_AT_ONCE; i++) raw[i] = kv_load(value[i], c, hd, whole);
+#pragma unroll
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i;
+            if (j >= n || (kept && !kept[j])) continue;
+            float v[8];
+            kv_widen(raw[i], value[i], c, hd, whole, v);
+            for (int e = 0; e < 8; e++) acc[e] = fmaf(weights[j], v[e], acc[e]);
         }
-        for (int k = 0; k < PV_SLICE; k++) partial[warp * width + lane + 32 * k] = acc[k];
-        __syncthreads();
-        for (int e = threadIdx.x; e < width && d0 + e < hd; e += blockDim.x) {
-            float total = 0;
-            for (int w = 0; w < warps; w++) total += partial[w * width + e];
-            if (out) out[d0 + e] = __float2half_rn(total);
-            else sums[d0 + e] = total;
-        }
-        __syncthreads();
+    }
+    if (group < groups)
+        for (int e = 0; e < 8; e++) partial[threadIdx.x * 8 + e] = acc[e];
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float total = 0;
+        for (int g = 0; g < groups; g++) total += partial[g * chunks * 8 + d];
+        if (out) out[d] = __float2half_rn(total);
+        else sums[d] = total;
     }
 }
 
@@ -1008,7 +1114,7 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     extern __shared__ float scores[];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
-    __shared__ float partial[ATTENTION_THREADS / 32 * PV_SLICE * 32];
+    __shared__ float partial[ATTENTION_THREADS * 8];
     int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, kvh = head / (heads / kv_heads);
     if (!kc[b]) return; /* delegated */
     int slot = past[b] + t - pad[b], nk = slot + 1, decode = n_new - pad[b] == 1 && past[b] > 0;
@@ -1040,7 +1146,7 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
                       kv_heads,
                       q4};
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
+    query_to_shared(q, hd, query);
     __syncthreads();
     attention_scores(query, &keys, 0, nk, scale, scores);
     __syncthreads();
@@ -1072,7 +1178,7 @@ __global__ void attention_span_kernel(attention_split a) {
     __shared__ float weights[FG_CUDA_SPAN_KEYS];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
-    __shared__ float partial[ATTENTION_THREADS / 32 * PV_SLICE * 32];
+    __shared__ float partial[ATTENTION_THREADS * 8];
     int head = blockIdx.x / a.spans, span = blockIdx.x % a.spans, b = blockIdx.y, t = blockIdx.z;
     int kvh = head / (a.heads / a.kv_heads), hd = a.hd, first = span * FG_CUDA_SPAN_KEYS;
     if (!a.kc[b] || t < a.pad[b]) return; /* delegated; padding (the merge writes its zeros) */
@@ -1102,7 +1208,7 @@ __global__ void attention_span_kernel(attention_split a) {
                       a.kv_heads,
                       a.q4};
     float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) query[d] = __half2float(q[d]);
+    query_to_shared(q, hd, query);
     __syncthreads();
     attention_scores(query, &keys, first, n, a.scale, weights);
     __syncthreads();

@@ -50,7 +50,9 @@
 # Environment: OUT [gpu-check-<UTC time>], PYTHON (with a CUDA build of torch) [python3],
 # WEIGHTS (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp],
 # ONLY (row names, e.g. "opt-6.7b-32x1 opt-175b-4bit-t4": the speed and big halves skip every
-# other row) [every row]
+# other row) [every row], BASE (a second checkout, e.g. of the commit before a change: the check
+# half builds its flexgen too, and each row of ours runs it first, the same way, for the table's
+# this / base) [none]
 set -uo pipefail
 
 usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]"
@@ -70,7 +72,7 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 PYTHON=${PYTHON:-python3} WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen} OFFLOAD=${OFFLOAD:-/var/tmp}
-ONLY=${ONLY:-}
+ONLY=${ONLY:-} BASE=${BASE:-}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 JOBS=$(nproc)
 failed=0
@@ -143,14 +145,16 @@ sm_of_card() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -
 
 do_build() {
     if [ "$DRY" = 1 ]; then
-        make -j"$JOBS" flexgen-emu build-emu/test_flexgen
+        make -j"$JOBS" flexgen-emu build-emu/test_flexgen || return
+        [ -z "$BASE" ] || make -C "$BASE" -j"$JOBS" flexgen-emu
         return
     fi
     local sm
     sm=$(sm_of_card) || { echo "no GPU: nvidia-smi cannot say its compute capability"; return 1; }
     # built for this card's SM alone
     rm -f build/flexgen_cu.o build/cuda_device_cu.o build/test_kernels.o
-    make -j"$JOBS" flexgen build/test_flexgen CUDA_SM="$sm"
+    make -j"$JOBS" flexgen build/test_flexgen CUDA_SM="$sm" || return
+    [ -z "$BASE" ] || make -C "$BASE" -j"$JOBS" flexgen CUDA_SM="$sm"
 }
 
 do_suites() {
@@ -203,19 +207,26 @@ ROWS=rows LOG=speed.log ROW_GPU_MEM=""
 start_rows() { # LIST LOG: the half's rows begin again
     ROWS=$1 LOG=$2
     if [ -f "$OUT/.data/$ROWS" ]; then
-        while read -r name; do rm -f "$OUT/.data/$name".{json,flexgen,predicted}; done < "$OUT/.data/$ROWS"
+        while read -r name; do
+            rm -f "$OUT/.data/$name".{json,base.json,flexgen,predicted}
+        done < "$OUT/.data/$ROWS"
     fi
     rm -f "$OUT/.data/$ROWS"
 }
 
-ours() { # NAME TIMEOUT flags...: its --json into .data/NAME.json, its stderr into the half's log
-    local name=$1 limit=$2 cap=()
+ours() { # NAME TIMEOUT flags...: its --json into .data/NAME.json (BASE's: NAME.base.json), its
+    # stderr into the half's log
+    local name=$1 limit=$2 cap=() bin out
     shift 2
     [ -z "$ROW_GPU_MEM" ] || cap=(--gpu-mem "$ROW_GPU_MEM")
-    echo "== ours, $name: $*" >> "$OUT/$LOG"
-    limited "$limit" "$BIN" --quiet --json --warmup --device cuda "${cap[@]}" --path "$WEIGHTS" \
-        --offload-dir "$OFFLOAD" "$@" > "$OUT/.data/$name.json" 2>> "$OUT/$LOG" ||
-        echo "failed: exit status $? ($LOG)" > "$OUT/.data/$name.json"
+    for bin in ${BASE:+"$BASE/${BIN#./}"} "$BIN"; do
+        out=$name.json
+        [ "$bin" = "$BIN" ] || out=$name.base.json
+        echo "== ours ($bin), $name: $*" >> "$OUT/$LOG"
+        limited "$limit" "$bin" --quiet --json --warmup --device cuda "${cap[@]}" \
+            --path "$WEIGHTS" --offload-dir "$OFFLOAD" "$@" > "$OUT/.data/$out" 2>> "$OUT/$LOG" ||
+            echo "failed: exit status $? ($LOG)" > "$OUT/.data/$out"
+    done
 }
 
 predict() { # NAME MODEL GEN flags...: the cost model's prediction of a row into .data/NAME.predicted
@@ -392,9 +403,12 @@ machine() {
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) of memory"
     echo "- commit: $commit; halves: $HALVES; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     [ -z "$BUNDLE" ] || echo "- libraries and FlexGen: the bundle $BUNDLE (make DEPS=$DEPS), offline"
+    local base_commit
+    base_commit=$(git -C "$BASE" rev-parse --short HEAD 2>/dev/null) || base_commit=unknown
+    [ -z "$BASE" ] || echo "- base: $BASE, commit $base_commit"
 }
 
-export OUT DRY BIN TESTS JOBS PYTHON WEIGHTS OFFLOAD
+export OUT DRY BIN TESTS JOBS PYTHON WEIGHTS OFFLOAD BASE
 export -f sm_of_card do_build do_suites do_sanitizer do_kjv
 mkdir -p "$OUT/.data" || exit 2
 for half in $HALVES; do # a half run again replaces its rows

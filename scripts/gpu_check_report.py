@@ -36,13 +36,22 @@ def card():
     return next(((n, bw, peak) for n, bw, peak in CARDS if n in name), None)
 
 
-def ours(row):
-    """This project's run of a row: its --json object, or the line saying why there is none."""
-    text = read(row + ".json")
+def run_of(name):
+    """A run of this project's: its --json object, or the line saying why there is none."""
+    text = read(name)
     try:
         return json.loads(text)
     except ValueError:
         return cell(text) or "not run"
+
+
+def ours(row):
+    return run_of(row + ".json")
+
+
+def base(row):
+    """The BASE checkout's run of a row (gpu_check.sh's BASE), or None where none ran."""
+    return run_of(row + ".base.json") if read(row + ".base.json") else None
 
 
 def theirs(row):
@@ -129,6 +138,18 @@ else:
             print(f"| {row} | the same | FlexGen | {f[0]:.1f} | {f[1]:.1f} | {f[2]:.1f} | | | | |")
         elif f:
             print(f"| {row} | the same | FlexGen | {f} | | | | | | |")
+        b = base(row)
+        if isinstance(b, dict):
+            ratio = "-"
+            total, decode = b["total_throughput"], b["decode_throughput"]
+            if isinstance(m, dict) and total > 0 and decode > 0:
+                ratio = "this / base: %.2fx, %.2fx" % (m["total_throughput"] / total,
+                                                      m["decode_throughput"] / decode)
+            read_share, peak_share = shares(b)
+            print(f"| {row} | the same | base | {b['prefill_throughput']:.1f} | {decode:.1f} | "
+                  f"{total:.1f} | {ratio} | {counters(b)} | {read_share} | {peak_share} |")
+        elif b:
+            print(f"| {row} | the same | base | {b} | | | | | | |")
 
 print("\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the GPU)\n")
 

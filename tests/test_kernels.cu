@@ -12,8 +12,10 @@
  *   attention_span_kernel +
  *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
  *                           applies: opt_attend_decode within (A), at two and three spans with a
- *                           short last one; two launches, and a step with top-K one
- *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L); y == x
+ *                           short last one; two launches, and a step with top-K one; a head of
+ *                           36 (not whole chunks of 8) read value by value
+ *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L), rows
+ *                           of up to 4,500 (more than a block's first round of loads); y == x
  *                           gives the same bits; with a bias added first (bias_layer_norm), the
  *                           bits of bias_kernel then layer_norm_kernel
  *   linear() + bias_kernel  the product in double on the same fp16 values plus the bias, within
@@ -422,11 +424,11 @@ typedef struct {
 static void run_store(void *p) {
     store_args *a = (store_args *)p;
     const step_case *c = a->c;
-    int h = c->heads * c->head_dim, rows = c->batch * c->n_new, G = (c->head_dim + Q4_GROUP - 1) / Q4_GROUP;
+    int h = c->heads * c->head_dim, rows = c->batch * c->n_new;
     upload(a->cache->dev, a->cache->host, 2 * a->cache->pool_bytes); /* the pools as they were */
-    size_t groups = (size_t)rows * 2 * c->heads * G;
+    size_t threads = store_kv_threads(rows, c->heads, c->head_dim, a->q4);
     qkv_layout at = {{0, (size_t)h, 2 * (size_t)h}, {3 * (size_t)h, 3 * (size_t)h, 3 * (size_t)h}}; /* OPT's rows */
-    store_kv_kernel<<<blocks_for(groups, 128), 128, 0, ctx()->stream>>>(
+    store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(
         a->qkv, at, rows, c->n_new, a->past, a->pad, c->head_dim, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v, 0,
         a->cache->dev_tables, a->cache->max_pages, a->cache->page_tokens);
     LAUNCHED("store_kv_kernel");
@@ -796,6 +798,8 @@ static const step_case ATTN_CASES[] = {
      1, 80, 2, 3, 5, -1, 1, {600, 255}, {1, 0}},
     {"2 rows after 530 cached, top-K 0.5 (not decode: spans), 3 heads of 48, pages of 5",
      3, 48, 1, 2, 5, -1, 0.5f, {530}, {0}},
+    {"decode of 300 and 41 keys, 3 heads of 36 (rows read value by value)", 3, 36, 2, 1, 16, -1, 1,
+     {299, 40}, {0, 0}},
 };
 
 static void test_attention(void) {
@@ -935,11 +939,12 @@ static double check_norm_row(const fp16 *x, const fp16 *w, const fp16 *b, const 
     return worst;
 }
 
-/* dims below, at and above the block of 256 threads, not multiples of 64; rows 1 and 7; each
- * row's own mean and spread; y == x must give the same bits as a separate y. */
+/* dims below and above the block's 1024 threads and their first round of 4 loads each (4096),
+ * not multiples of 64; rows 1 and 7; each row's own mean and spread; y == x must give the same
+ * bits as a separate y. */
 static void test_layer_norm(void) {
     if (!gpu_ready()) return;
-    static const int dims[] = {80, 144, 256, 600}, row_counts[] = {1, 7};
+    static const int dims[] = {80, 144, 600, 1100, 4500}, row_counts[] = {1, 7};
     uint64_t seed = 51;
     double worst = 0;
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
