@@ -12,19 +12,19 @@
  *   168  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
  *   329  fg_cuda_backend          the operation table, once a GPU is found
  *   385  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   433  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   502  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   571  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   668  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   699  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   793  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   829  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   885  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1109  attention_kernel         a query's attention, with §5's top-K
- *  1177  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1267  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1308  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1396  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   439  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   508  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   577  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   674  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   705  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   799  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   835  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   891  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1115  attention_kernel         a query's attention, with §5's top-K
+ *  1183  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1273  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1314  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1402  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -403,13 +403,19 @@ __global__ void add_positions_kernel(__half *x, table_view pos, const int *past,
 
 /* ---- layer norm ---- */
 
-/* A row's block: LN_THREADS threads, each loading LN_AT_ONCE of its elements (LN_THREADS apart)
- * before it uses any, so that a row of a few thousand takes one round of loads a pass. */
+/* A row's block: up to LN_THREADS threads, whole warps, each loading LN_AT_ONCE of its elements
+ * (a block's width apart) before it uses any, so that a row of a few thousand takes one round of
+ * loads a pass; a short row gets the warps it fills. */
 #define LN_THREADS 1024
 #define LN_AT_ONCE 4
 
+static int ln_threads(int dim) {
+    int warps = (dim + 32 * LN_AT_ONCE - 1) / (32 * LN_AT_ONCE);
+    return warps * 32 < LN_THREADS ? warps * 32 : LN_THREADS;
+}
+
 static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, LN_THREADS, 0, ctx()->stream>>>(
+    layer_norm_kernel<<<rows, ln_threads(dim), 0, ctx()->stream>>>(
         x, dim, (const __half *)NULL, (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
@@ -418,7 +424,7 @@ static void layer_norm(__half *x, int rows, int dim, const fp16 *w, const fp16 *
  * layer_norm(x). */
 static void bias_layer_norm(__half *x, int rows, int dim, const fp16 *bias, const fp16 *w,
                             const fp16 *b, __half *y) {
-    layer_norm_kernel<<<rows, LN_THREADS, 0, ctx()->stream>>>(
+    layer_norm_kernel<<<rows, ln_threads(dim), 0, ctx()->stream>>>(
         x, dim, (const __half *)bias, (const __half *)w, (const __half *)b, y);
     LAUNCHED("layer_norm_kernel");
 }
