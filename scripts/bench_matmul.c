@@ -1,22 +1,28 @@
-/* bench_matmul.c: one decode product alone, support/matmul.c's matmul_weights on weights as stored
- * (fp16 or 4-bit), in GB/s of weight bytes read: the kernel's share of a decode step, beside
- * scripts/stream_rate.c's read rate (BENCHMARKS.md, "Decode at the read limit").
+/* bench_matmul.c: one product alone, support/matmul.c's matmul_weights on weights as stored (fp16
+ * or 4-bit), in GB/s of weight bytes read: a decode product's share of a decode step, beside
+ * scripts/stream_rate.c's read rate (BENCHMARKS.md, "Decode at the read limit"); with more than
+ * 64 rows (prefill's), its multiply-adds a second (GMAC/s) tell the arithmetic's pace.
  *
  *   bench_matmul ROWS FORMAT [IN OUT [MATRICES [REPEATS]]]
  *
  * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16,
- * 4-bit, or int8 (4-bit weights times int8 activations, --int8-activations' products). MATRICES
+ * 4-bit, int8 (4-bit weights times int8 activations, --int8-activations' products: decode's blocks
+ * up to 64 rows, prefill's rows rounded once past that), or int8-blocks (decode's blocks of 64,
+ * support/int8.c, at any number of rows: the scheme beside prefill's). MATRICES
  * distinct copies of W (default: as many as make 1 GiB, as stream_rate reads, past every cache:
  * a server's last level can hold 480 MiB, where 12 copies of fc1 in fp16 would stay) are
  * multiplied in turn, REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a
  * few hundred KiB with many repeats measures the kernel from cache: its arithmetic alone. W is
  * allocated as the CPU backend allocates a tier's memory (fg_cpu_backend.alloc: huge pages where
  * the kernel gives them). The path is the CPU's widest, or FLEXGEN_ISA's; threads:
- * OMP_NUM_THREADS. One JSON line per run.
+ * OMP_NUM_THREADS. Built without oneDNN (as scripts/bench_matmul.sh builds it), int8's prefill
+ * rows take support/onednn.c's exact AVX2 kernel, what a CPU without VNNI runs. One JSON line per
+ * run.
  * scripts/bench_matmul.sh builds it and runs the set BENCHMARKS.md quotes; by hand:
  *
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit 256 4096 1 500      (from L2)
+ *   OMP_NUM_THREADS=2 build/bench_matmul 1024 int8-blocks 2048 8192 1 1   (prefill's rows)
  */
 #define _POSIX_C_SOURCE 200809L
 #include "flexgen.h"
@@ -44,13 +50,17 @@ static int arg(int argc, char **argv, int i, int fallback) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3 ||
-        (strcmp(argv[2], "fp16") && strcmp(argv[2], "4-bit") && strcmp(argv[2], "int8"))) {
-        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8 [IN OUT [MATRICES [REPEATS]]]\n");
+    const char *formats[] = {"fp16", "4-bit", "int8", "int8-blocks"};
+    int format = -1;
+    for (int f = 0; f < 4 && argc >= 3; f++)
+        if (!strcmp(argv[2], formats[f])) format = f;
+    if (format < 0) {
+        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8|int8-blocks [IN OUT [MATRICES "
+                        "[REPEATS]]]\n");
         return 2;
     }
-    int rows = arg(argc, argv, 1, 1), int8 = !strcmp(argv[2], "int8");
-    int q4 = int8 || !strcmp(argv[2], "4-bit");
+    int rows = arg(argc, argv, 1, 1), int8 = format == 2, blocks = format == 3;
+    int q4 = format > 0;
     int products = int8 ? PRODUCTS_INT8 : PRODUCTS_FP32;
     int in = arg(argc, argv, 3, 2048), out = arg(argc, argv, 4, 8192);
     if (q4 && out % Q4_GROUP) {
@@ -63,8 +73,9 @@ int main(int argc, char **argv) {
     int matrices = arg(argc, argv, 5, gib_of_copies), repeats = arg(argc, argv, 6, 1);
     float *w32 = malloc(n * sizeof *w32), *x = malloc((size_t)rows * in * sizeof *x);
     float *y = malloc((size_t)rows * out * sizeof *y);
+    float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch); /* prefill's panel */
     uint8_t **W = calloc((size_t)matrices, sizeof *W);
-    if (!w32 || !x || !y || !W) {
+    if (!w32 || !x || !y || !scratch || !W) {
         fprintf(stderr, "bench_matmul: out of memory\n");
         return 1;
     }
@@ -85,16 +96,19 @@ int main(int argc, char **argv) {
         double t0 = now();
         for (int r = 0; r < repeats; r++)
             for (int m = 0; m < matrices; m++)
-                matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, NULL);
+                if (blocks) matmul_int8_blocks(x, rows, in, W[m], 1, out, y, 0);
+                else matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch);
         double dt = now() - t0;
         best = dt < best ? dt : best;
     }
     double each = best / matrices / repeats;
     printf("{\"rows\":%d,\"format\":\"%s\",\"in\":%d,\"out\":%d,\"bytes\":%zu,\"ms\":%.4f,\"gbs\":%"
-           ".2f,\"path\":\"%s\"}\n",
-           rows, argv[2], in, out, bytes, each * 1e3, (double)bytes / each / 1e9, matmul_path());
+           ".2f,\"gmacs\":%.1f,\"path\":\"%s\"}\n",
+           rows, argv[2], in, out, bytes, each * 1e3, (double)bytes / each / 1e9,
+           (double)rows * (double)n / each / 1e9, matmul_path());
     for (int m = 0; m < matrices; m++) fg_cpu_backend.free(W[m]);
     free(W);
+    free(scratch);
     free(w32);
     free(x);
     free(y);
