@@ -1109,7 +1109,7 @@ __device__ void attention_values(const float *weights, const char *kept, const k
  * The rank needs all of a query's scores, so this kernel keeps one block a query; steps without
  * top-K take the split over keys below (queue_attention). Grouped-query attention: heads /
  * kv_heads query heads in a row share a K/V head. Shared: the query, the scores and kept flags,
- * and each warp's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in
+ * and each group's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in
  * decode). Tests: test_attention within its bound, test_attention_ties (the same keys kept) and
  * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
 __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
