@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   187  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   244  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   168  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   329  fg_cuda_backend          the operation table, once a GPU is found
- *   385  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   439  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   508  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   577  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   674  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   705  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   799  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   835  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   891  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1115  attention_kernel         a query's attention, with §5's top-K
- *  1183  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1273  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1314  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1402  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   188  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   245  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   169  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   330  fg_cuda_backend          the operation table, once a GPU is found
+ *   386  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   440  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   509  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   578  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   675  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   706  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   803  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   839  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   895  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1119  attention_kernel         a query's attention, with §5's top-K
+ *  1187  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1277  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1318  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1406  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -121,6 +121,7 @@ __global__ void dequant_kernel(const uint8_t *src, size_t len, size_t inner, siz
 static unsigned blocks_for(size_t n, unsigned threads);
 static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
                             const model_workspace *ws);
+__host__ __device__ int store_kv_units(int hd, int q4);
 __host__ __device__ size_t store_kv_threads(int rows, int kv_heads, int hd, int q4);
 __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new,
                                 const int *past, const int *pad, int hd, int heads, int q4,
@@ -785,9 +786,12 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
 
 /* The threads of store_kv_kernel: a thread per (row, K or V, head, unit), a unit an element of
  * an fp16 cache (a warp's stores side by side), or a group of a 4-bit one. */
+__host__ __device__ int store_kv_units(int hd, int q4) {
+    return q4 ? (hd + Q4_GROUP - 1) / Q4_GROUP : hd;
+}
+
 __host__ __device__ size_t store_kv_threads(int rows, int kv_heads, int hd, int q4) {
-    int units = q4 ? (hd + Q4_GROUP - 1) / Q4_GROUP : hd;
-    return (size_t)rows * 2 * kv_heads * units;
+    return (size_t)rows * 2 * kv_heads * store_kv_units(hd, q4);
 }
 
 /* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
@@ -800,7 +804,7 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
                                 const int *past, const int *pad, int hd, int heads, int q4,
                                 void *const *k, void *const *v, long long shift, const int *pages,
                                 int max_pages, int page_tokens) {
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd, units = q4 ? G : hd;
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd, units = store_kv_units(hd, q4);
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= store_kv_threads(rows, heads, hd, q4)) return;
     int unit = (int)(i % units), head = (int)(i / units % heads), kv = (int)(i / units / heads % 2),

@@ -403,9 +403,11 @@ machine() {
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) of memory"
     echo "- commit: $commit; halves: $HALVES; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     [ -z "$BUNDLE" ] || echo "- libraries and FlexGen: the bundle $BUNDLE (make DEPS=$DEPS), offline"
-    local base_commit
-    base_commit=$(git -C "$BASE" rev-parse --short HEAD 2>/dev/null) || base_commit=unknown
-    [ -z "$BASE" ] || echo "- base: $BASE, commit $base_commit"
+    if [ -n "$BASE" ]; then
+        local base_commit
+        base_commit=$(git -C "$BASE" rev-parse --short HEAD 2>/dev/null) || base_commit=unknown
+        echo "- base: $BASE, commit $base_commit"
+    fi
 }
 
 export OUT DRY BIN TESTS JOBS PYTHON WEIGHTS OFFLOAD BASE

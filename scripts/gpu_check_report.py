@@ -36,9 +36,8 @@ def card():
     return next(((n, bw, peak) for n, bw, peak in CARDS if n in name), None)
 
 
-def run_of(name):
+def run_of(text):
     """A run of this project's: its --json object, or the line saying why there is none."""
-    text = read(name)
     try:
         return json.loads(text)
     except ValueError:
@@ -46,12 +45,13 @@ def run_of(name):
 
 
 def ours(row):
-    return run_of(row + ".json")
+    return run_of(read(row + ".json"))
 
 
 def base(row):
     """The BASE checkout's run of a row (gpu_check.sh's BASE), or None where none ran."""
-    return run_of(row + ".base.json") if read(row + ".base.json") else None
+    text = read(row + ".base.json")
+    return run_of(text) if text else None
 
 
 def theirs(row):

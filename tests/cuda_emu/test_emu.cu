@@ -429,12 +429,19 @@ extern "C" void add_emu_tests(void) {
     CU_pSuite s = CU_add_suite("emu", NULL, NULL);
     CU_add_test(s, "__half conversions: F16C's bits, NaN canonical", test_half_conversions);
     CU_add_test(s, "__half +, -, *: correctly rounded", test_half_arithmetic);
-    CU_add_test(s, "a host read of device memory, a kernel past an allocation or its shared memory: reported", test_faults);
-    CU_add_test(s, "a host pointer to a kernel, a copy's wrong direction or size: refused", test_argument_checks);
+    CU_add_test(s,
+                "a host read of device memory, a kernel past an allocation or its shared memory: "
+                "reported",
+                test_faults);
+    CU_add_test(s, "a host pointer to a kernel, a copy's wrong direction or size: refused",
+                test_argument_checks);
     CU_add_test(s, "streams run when the host waits, in event order", test_stream_order);
-    CU_add_test(s, "graphs: captured, launched, updated; another kernel, a wait, an allocation refused",
+    CU_add_test(s,
+                "graphs: captured, launched, updated; another kernel, a wait, an allocation "
+                "refused",
                 test_graphs);
-    CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move", test_thread_orders);
+    CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move",
+                test_thread_orders);
     CU_add_test(s, "the device's size and compute capability", test_device);
     CU_add_test(s, "cuBLAS: its argument checks and a product", test_cublas);
 }
