@@ -8,6 +8,7 @@
 #include "app/app.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -402,7 +403,26 @@ static int same_file(const char *x, const char *y) {
            a.st_ino == b.st_ino;
 }
 
-/* An output that is an input would destroy it, and two outputs on one file lose one of them. */
+/* Whether `path` is (or resolves to) a regular file of directory `dir`, one of the files a run
+ * reads through --model DIR or from the dummy weights' --path DIR; `found` gets its name. */
+static int file_of_dir(const char *path, const char *dir, char *found, size_t n) {
+    struct stat st;
+    if (!dir || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    DIR *d = opendir(dir);
+    int hit = 0;
+    for (struct dirent *e = d ? readdir(d) : NULL; e && !hit; e = readdir(d)) {
+        char file[4096];
+        snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+        hit = stat(file, &st) == 0 && S_ISREG(st.st_mode) && same_file(path, file);
+        if (hit) snprintf(found, n, "%s", e->d_name);
+    }
+    if (d) closedir(d);
+    return hit;
+}
+
+/* An output that is an input would destroy it, and two outputs on one file lose one of them. The
+ * inputs: the files named by flags, and those read through --model DIR (its checkpoint, config
+ * and tokenizer) and from --path DIR (dummy weights placed on disk). */
 static int check_outputs_apart(const cli_args *a, char *err) {
     const char *const out_flags[] = {"--output", "--dump-logits", "--trace", "--predictions"};
     const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text",      "--compare",
@@ -421,6 +441,21 @@ static int check_outputs_apart(const cli_args *a, char *err) {
             if (outs[j] && same_file(outs[i], outs[j]))
                 return fg_fail(err, "%s %s: the same file as %s %s; give each its own",
                                out_flags[i], outs[i], out_flags[j], outs[j]);
+        char weight_dir[4096];
+        char name[256];
+        if (a->policy.weight_dir)
+            snprintf(weight_dir, sizeof weight_dir, "%s", a->policy.weight_dir);
+        else default_weight_dir(weight_dir, sizeof weight_dir);
+        if (outs[i] && file_of_dir(outs[i], a->model, name, sizeof name))
+            return fg_fail(err,
+                           "%s %s: the file %s of --model %s, which it would overwrite; give "
+                           "another file",
+                           out_flags[i], outs[i], name, a->model);
+        if (outs[i] && file_of_dir(outs[i], weight_dir, name, sizeof name))
+            return fg_fail(err,
+                           "%s %s: the file %s of the dummy weights' directory %s (--path), which "
+                           "it would overwrite; give another file",
+                           out_flags[i], outs[i], name, weight_dir);
     }
     return 0;
 }

@@ -321,8 +321,7 @@ static int gemm_bf16_sgemm(int m, int n, int k, const uint16_t *a, const uint16_
     if (!a32 || !b32) return -1;
     widen_bf16(a, a32, (size_t)m * k);
     widen_bf16(b, b32, (size_t)k * n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32, k, b32, n, 0.0f, c,
-                n);
+    sgemm_fixed_tiles(m, n, k, a32, k, b32, n, 0, c, n);
     return 0;
 }
 

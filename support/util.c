@@ -419,7 +419,9 @@ static void output_release(fg_output *o, int remove) {
 
 /* The output's stream writes straight to its descriptor and keeps the errno of the first write
  * that fails: stdio keeps only an error flag, and the cause (a full device, a file size limit)
- * would be lost. Closing the stream closes the descriptor. */
+ * would be lost. A failed write returns 0, never -1: fopencookie(3) forbids a negative count, and
+ * glibc takes -1 as a count of bytes written, past the caller's buffer. Closing the stream closes
+ * the descriptor. */
 static ssize_t output_write(void *cookie, const char *buf, size_t n) {
     fg_output *o = cookie;
     for (size_t done = 0; done < n;) {
@@ -427,7 +429,7 @@ static ssize_t output_write(void *cookie, const char *buf, size_t n) {
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             if (!o->error) o->error = w < 0 ? errno : EIO;
-            return -1;
+            return 0;
         }
         done += (size_t)w;
     }

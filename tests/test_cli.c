@@ -982,6 +982,17 @@ static void test_file_size_limit_is_a_full_disk(void) {
            "(153: killed by SIGXFSZ), '%s'", rc, err);
     EXPECT(dir_entries(dir) == 0, "--dump-logits past a file size limit: %d files left (a .tmp-*)", dir_entries(dir));
     free(err);
+    /* a step's logits larger than stdio's buffer, so that one write of them fails: 60 sequences
+     * of LLaMA-kjv's vocabulary, 100 KiB allowed */
+    rc = run_under_file_limit(ARGS("--model", llama_kjv_dir, "--prompt-len", "8", "--gpu-batch-size", "4",
+                                   "--num-gpu-batches", "15", "--gen-len", "8", "--quiet", "--dump-logits", logits),
+                              100 << 10, &err);
+    EXPECT(rc == 2 && strstr(err, "--dump-logits") && strstr(err, "file size limit") && count_lines(err) == 1,
+           "--dump-logits of 60 sequences past a file size limit of 100 KiB: expected exit 2 and one line, got %d "
+           "(139: SIGSEGV), '%s'", rc, err);
+    EXPECT(dir_entries(dir) == 0, "--dump-logits of 60 sequences past a file size limit: %d files left (a .tmp-*)",
+           dir_entries(dir));
+    free(err);
     /* a job: its whole output, then a limit inside its records */
     char text[4 * N_PROMPTS * 80] = "";
     for (int i = 0; i < 4 * N_PROMPTS; i++)

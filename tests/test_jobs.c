@@ -1012,7 +1012,8 @@ static void test_job_bad_lines(void) {
 }
 
 /* An output that is an input is refused, by device and inode (a hard link, a path through ..),
- * and the input stays as it was; a job needs prompts given (a record names its prompt). */
+ * and the input stays as it was, the files read through --model DIR included; a job needs
+ * prompts given (a record names its prompt). */
 static void test_outputs_apart_from_inputs(void) {
     char *dir = make_temp_dir(), prompts[4200], linked[4200], dotdot[4300], text[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "p.txt"));
@@ -1035,6 +1036,30 @@ static void test_outputs_apart_from_inputs(void) {
     EXPECT(p && t && !strcmp(p, "2 10 11\n2 12\n") && strstr(t, "God created") && dir_entries(dir) == 3,
            "refused outputs changed an input or left a file (%d in the directory)", dir_entries(dir));
     free(p), free(t);
+    /* the files read through --model DIR: its config, checkpoint and tokenizer, by any path */
+    char model[4200], config[4300], weights[4300], vocab[4300], *out, *err;
+    snprintf(model, sizeof model, "%s", join(dir, "m"));
+    CU_ASSERT_FATAL(run_command(ARGS("cp", "-r", kjv_dir, model), NULL, &out, &err) == 0);
+    free(out), free(err);
+    snprintf(config, sizeof config, "%s/config.json", model);
+    snprintf(weights, sizeof weights, "%s/../m/model.safetensors", model);
+    snprintf(vocab, sizeof vocab, "%s", join(dir, "vocab-link.json"));
+    CU_ASSERT_FATAL(symlink("m/vocab.json", vocab) == 0);
+    int before = dir_entries(model);
+    char *config_text = slurp(config, NULL);
+    EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--dump-logits", config), "--dump-logits", "config.json",
+                "--model");
+    EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--trace", weights), "--trace", "model.safetensors",
+                "--model");
+    EXPECT_FAIL(ARGS("perplexity", "--model", model, "--text", text, "--predictions", vocab), "--predictions",
+                "vocab.json", "--model");
+    EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--output", config), "--output", "config.json",
+                "--model");
+    char *config_after = slurp(config, NULL);
+    EXPECT(config_text && config_after && !strcmp(config_text, config_after) && dir_entries(model) == before,
+           "refused outputs into --model's files changed config.json or left a file (%d in the directory, %d before)",
+           dir_entries(model), before);
+    free(config_text), free(config_after);
     rm_tree(dir);
     free(dir);
 }

@@ -536,7 +536,12 @@ static const selection ALL_PRODUCTS[] = {
     {"matmul", {NULL}},
     {"compress", {"--compress-weight computes*", "--int8-activations*", "--bf16-prefill*", NULL}},
     {"model", {NULL}},
-    {"cli", {"perplexity: the trained*", "perplexity: section 5*", NULL}},
+    {"cli", {"perplexity: the trained*", "perplexity: section 5*", "FLEXGEN_ISA*", NULL}},
+};
+/* What OpenBLAS's core changes: whether the threads change a bit, of a product and of a job. */
+static const selection THREAD_BITS[] = {
+    {"matmul", {"prefill and lm_head*", NULL}},
+    {"cli", {"FLEXGEN_ISA*", NULL}},
 };
 /* Our kernels alone, whose portable and SIMDe paths are slow: the products, the prefill schemes
  * end to end, and the forward pass against HF on OPT (pre-LN, and the trained checkpoint) and
@@ -618,6 +623,16 @@ static void run_matrix(const char *argv0) {
     if (onednn_top > 0) strcat(env, " ONEDNN_MAX_CPU_ISA=AVX2");
     if (cpu >= FG_ISA_AVX2 && strcasecmp(blas_core, "Haswell")) strcat(env, " OPENBLAS_CORETYPE=Haswell");
     if (*env) run_cell(argv0, "an AVX2 machine", env + 1, ALL_PRODUCTS, sizeof ALL_PRODUCTS / sizeof *ALL_PRODUCTS);
+    /* OpenBLAS's other cores this CPU can run (a laptop's Haswell is the AVX2 machine's, above;
+     * AMD's Zen 1-3 run Zen's), each summing in its own order: none may let the threads change a
+     * bit. */
+    static const char *const blas_cores[] = {"Zen", "SkylakeX"};
+    for (int i = 0; i < 2; i++) {
+        int runs = i == 0 ? cpu >= FG_ISA_AVX2 : cpu >= FG_ISA_AVX512;
+        if (!runs || !strcasecmp(blas_core, blas_cores[i])) continue;
+        snprintf(env, sizeof env, "OPENBLAS_CORETYPE=%s", blas_cores[i]);
+        run_cell(argv0, "OpenBLAS's core", env, THREAD_BITS, sizeof THREAD_BITS / sizeof *THREAD_BITS);
+    }
     /* oneDNN's levels between AVX2 and this CPU's. */
     for (int i = 1; i < onednn_top; i++) {
         snprintf(env, sizeof env, "ONEDNN_MAX_CPU_ISA=%s", ONEDNN_LEVELS[i].level);

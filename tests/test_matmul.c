@@ -10,6 +10,7 @@
 #include "tests.h"
 
 #include <math.h>
+#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,6 +290,51 @@ static void test_rows_independent(void) {
     EXPECT(differ == 0, "%d of %d rows differ computed alone", differ, rows);
     free(x), free(all), free(one);
     weights_free(&w);
+}
+
+/* Prefill's products give the same bits on 1, 2 and 3 threads: fp16 and 4-bit weights, fp32 and
+ * bf16 prefill, and lm_head past its dot rows, on shapes whose k is not a multiple of 32 and whose
+ * rows and columns are more than one of sgemm_fixed_tiles' tiles. A threaded sgemm splits the
+ * sums by the thread count (OpenBLAS's Haswell and Zen cores always; every core from k = 336);
+ * make test's matrix runs this on each OpenBLAS core the CPU can run. */
+static void test_threads_change_no_bit(void) {
+    static const int shapes[][3] = {{600, 336, 1100}, {MATMUL_DECODE_ROWS + 1, 100, 200}, {300, 2050, 130}};
+    static const char *const names[] = {"fp16", "4-bit", "bf16 prefill on fp16"};
+    int saved = omp_get_max_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        weights w;
+        weights_make(&w, in, out, 1, 61 + s);
+        float *x = random_floats((size_t)rows * in, 67 + s);
+        float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+        size_t n = (size_t)rows * out, embed_stride = (size_t)MATMUL_EMBED_BLOCK * in;
+        float *y[3], *embed[3], *embed_scratch = malloc(embed_stride * 3 * sizeof *embed_scratch);
+        for (int mode = 0; mode < 3; mode++) {
+            for (int t = 0; t < 3; t++) {
+                omp_set_num_threads(t + 1);
+                y[t] = malloc(n * sizeof *y[t]);
+                matmul_weights(x, rows, in, mode == 1 ? (const void *)w.w4 : w.w16, mode == 1, out, y[t], 0,
+                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, scratch);
+            }
+            for (int t = 1; t < 3; t++)
+                EXPECT(!memcmp(y[0], y[t], n * sizeof *y[0]), "%s, rows %d, in %d, out %d: %d threads give other bits "
+                       "than 1 (OpenBLAS's %s core)", names[mode], rows, in, out, t + 1, openblas_get_corename());
+            for (int t = 0; t < 3; t++) free(y[t]);
+        }
+        /* lm_head: x [rows][in] times the table [out][in] (its rows as in) */
+        for (int t = 0; t < 3; t++) {
+            omp_set_num_threads(t + 1);
+            embed[t] = malloc(n * sizeof *embed[t]);
+            matmul_embed_t(x, rows, in, w.w16, 0, out, embed[t], embed_scratch, embed_stride);
+        }
+        for (int t = 1; t < 3; t++)
+            EXPECT(!memcmp(embed[0], embed[t], n * sizeof *embed[0]), "lm_head, rows %d, dim %d, vocabulary %d: %d "
+                   "threads give other bits than 1", rows, in, out, t + 1);
+        for (int t = 0; t < 3; t++) free(embed[t]);
+        free(x), free(scratch), free(embed_scratch);
+        weights_free(&w);
+    }
+    omp_set_num_threads(saved);
 }
 
 /* ---- 4-bit weights times int8 activations (support/int8.c) ---- */
@@ -822,6 +868,8 @@ void add_matmul_tests(void) {
     CU_add_test(s, "4-bit embedding table as lm_head, and its rows", test_q4_embed_t);
     CU_add_test(s, "every path (portable, AVX2, AVX-512 native and on SIMDe) gives the same bits", test_paths_agree);
     CU_add_test(s, "decode: a row's result does not depend on the rows beside it", test_rows_independent);
+    CU_add_test(s, "prefill and lm_head: the threads change no bit (1, 2, 3; k not a multiple of 32)",
+                test_threads_change_no_bit);
     CU_add_test(s, "int8 activations x 4-bit: the scheme in double, the int8 bound, the paths' bits",
                 test_int8_products);
     CU_add_test(s, "int8 activations x 4-bit q|k|v in 3 parts: the same", test_int8_parts_products);
