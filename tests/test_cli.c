@@ -2045,6 +2045,13 @@ static void test_flags_of_other_commands(void) {
     snprintf(hw, sizeof hw, "%s", join(dir, "hw.json"));
     write_hw(hw);
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--warmup"), "--warmup", "not a flag of `flexgen policy`");
+    /* in every position: right after the subcommand, between flags, last */
+    EXPECT_FAIL(ARGS("policy", "--warmup", "--model", tiny_dir, "--hw", hw), "--warmup", "not a flag of `flexgen policy`");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--warmup", "--hw", hw), "--warmup", "not a flag of `flexgen policy`");
+    EXPECT_FAIL(ARGS("perplexity", "--warmup", "--model", kjv_dir, "--text", kjv_text), "--warmup",
+                "not a flag of `flexgen perplexity`");
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--warmup", "--text", kjv_text), "--warmup",
+                "not a flag of `flexgen perplexity`");
     static const char *const policy_values[][2] = {{"--temperature", "0.7"}, {"--top-p", "0.9"}, {"--seed", "3"},
                                                    {"--policy", "auto"}};
     for (int i = 0; i < 4; i++)

@@ -395,6 +395,14 @@ static void test_job_bad_input(void) {
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 1 is given to two prompts");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dir), "--output", "not a regular file");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--resume"), "--resume", "--output");
+    char dangling[4200]; /* a symbolic link to a file that does not exist: said as such */
+    snprintf(dangling, sizeof dangling, "%s", join(dir, "dangling.jsonl"));
+    CU_ASSERT_FATAL(symlink("no-such-dir/out.jsonl", dangling) == 0);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dangling), "--output",
+                "a symbolic link to no-such-dir/out.jsonl, which does not exist");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dangling, "--resume"), "--output",
+                "a symbolic link to no-such-dir/out.jsonl, which does not exist");
+    unlink(dangling);
     EXPECT(dir_entries(dir) == 2, "refused jobs left %d files beside the two prompt files", dir_entries(dir) - 2);
     char *out, *err; /* a finished job's output, then others' --resume against it */
     CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
