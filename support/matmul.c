@@ -1059,13 +1059,14 @@ fg_int8_sums *matmul_int8_sums(void) {
                                                                              : NULL;
 }
 
-/* The instructions of the path's integer sums (--int8-activations): avx512-vnni, avx-vnni, avx2
- * (vpmaddubsw) or portable. */
+/* The instructions of the path's integer sums (--int8-activations): avx512-vnni, the same on
+ * SIMDe (avx512-vnni-simde), avx-vnni, avx2 (vpmaddubsw) or portable. */
 const char *matmul_int8_path(void) {
     fg_int8_sums *sums = matmul_int8_sums();
 #ifdef HAVE_AVX2_PATH
     if (sums && sums == int8_sums_vnni256(1)) return "avx-vnni";
 #endif
+    if (sums && wide_kernels() != matmul_avx512()) return "avx512-vnni-simde";
     return sums ? "avx512-vnni" : use_simd() ? "avx2" : "portable";
 }
 

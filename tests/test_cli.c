@@ -2351,7 +2351,8 @@ static void test_isa_paths(void) {
                    err);
             const char *sums = isa == FG_ISA_PORTABLE ? "portable"
                                : isa == FG_ISA_AVX2   ? (features & FG_CPU_AVXVNNI ? "avx-vnni" : "avx2")
-                               : isa == FG_ISA_AVX512 && !(features & FG_CPU_AVX512VNNI) ? "avx2" : "avx512-vnni";
+                               : isa == FG_ISA_AVX512 && !(features & FG_CPU_AVX512VNNI) ? "avx2"
+                               : isa == FG_ISA_AVX512_SIMDE ? "avx512-vnni-simde" : "avx512-vnni";
             if (mode == 2)
                 EXPECT(rc == 0 && !strcmp(json_text(o, "int8_sums"), sums), "FLEXGEN_ISA=%s --int8-activations: "
                        "expected \"int8_sums\" %s, got %d and '%s': %s", name, sums, rc, json_text(o, "int8_sums"), err);
@@ -2419,6 +2420,17 @@ static void test_prefill_products(void) {
             cJSON_Delete(o);
             free(out), free(err);
         }
+#ifdef FLEXGEN_ONEDNN
+    /* oneDNN held to AVX2 has no bf16 product, whatever the CPU: the line names the cap */
+    char *saved = env_put("ONEDNN_MAX_CPU_ISA", "AVX2"), *out, *err;
+    int rc = run_flexgen(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--quiet", "--device",
+                              "cpu", "--gpu-batch-size", "5", "--bf16-prefill"), NULL, &out, &err);
+    env_restore("ONEDNN_MAX_CPU_ISA", saved);
+    EXPECT(rc == 0 && count_lines(err) == 1 && strstr(err, "--bf16-prefill: oneDNN held to ONEDNN_MAX_CPU_ISA=AVX2"),
+           "--bf16-prefill under ONEDNN_MAX_CPU_ISA=AVX2: expected exit 0 and one line naming the cap, got %d: %s", rc,
+           err);
+    free(out), free(err);
+#endif
 }
 
 void add_cli_tests(void) {
