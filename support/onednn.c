@@ -474,10 +474,9 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
     if (p->status == dnnl_unimplemented) {
         const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
         if (cap && *cap)
-            snprintf(why, why_len, "oneDNN held to ONEDNN_MAX_CPU_ISA=%.40s has no %s product",
-                     cap, bf16 ? "bf16" : "int8");
-        else
-            snprintf(why, why_len, "this CPU has no %s product in oneDNN", bf16 ? "bf16" : "int8");
+            snprintf(why, why_len, "oneDNN held to ONEDNN_MAX_CPU_ISA=%.40s has no %s product", cap,
+                     bf16 ? "bf16" : "int8");
+        else snprintf(why, why_len, "this CPU has no %s product in oneDNN", bf16 ? "bf16" : "int8");
         return ONEDNN_NONE;
     }
     if (p->status != dnnl_success) {
