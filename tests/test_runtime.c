@@ -172,6 +172,51 @@ static void test_fp16_pre_ln(void) { check_fp16_activations("opt-tiny", ALL_SHAP
 static void test_fp16_post_ln(void) { check_fp16_activations("opt-tiny-350m", 1); }
 static void test_fp16_qwen2(void) { check_fp16_activations("qwen2-tiny", 1); }
 
+/* A deep model: 20 layers (dummy weights, widths no multiple of 32), 12 prompts of 30 to 52
+ * tokens, in GPU batches of 12, 4 x 3 and 2 x 6, and on the diagonal schedule. A GPU batch of 2
+ * prompts prefills up to 104 rows, of 4 up to 208, of 12 up to 624, and the diagonal pads a GPU
+ * batch to its own longest prompt: OpenBLAS's kernels take a row at another place of a tile, its
+ * fp32 sums group otherwise and a layer's last bits move; each layer adds its own moves and
+ * carries the earlier ones on in the residual stream. So the bound grows with depth
+ * (docs/PIPELINE.md): tokens equal, logits within schedule_bound x max|logit|. */
+static float schedule_bound(int n_layers) { return fmaxf(1e-4f, (n_layers + 1) * 2e-5f); }
+
+static void test_deep_model_shapes(void) {
+    enum { N = 12, STEPS = 4 };
+    static const model_config c = OPT_SHAPE("deep", 20, 136, 4, 520, 300, 64, 136, 1);
+    int *prompts[N], lens[N], *tokens[4];
+    float *logits[4];
+    for (int p = 0; p < N; p++) {
+        lens[p] = 30 + (p * 7) % 23;
+        prompts[p] = malloc(lens[p] * sizeof(int));
+        for (int t = 0; t < lens[p]; t++) prompts[p][t] = 3 + (p * 131 + t * 17) % (c.vocab - 3);
+    }
+    static const int shapes[4][2] = {{12, 1}, {4, 3}, {2, 6}, {2, 6}}; /* the last: diagonal */
+    for (int s = 0; s < 4; s++) {
+        fg_policy p = policy(shapes[s][0], shapes[s][1], ALL_GPU, 1, 0);
+        if (s == 3) p.schedule = FG_SCHEDULE_DIAGONAL;
+        tokens[s] = malloc(N * STEPS * sizeof(int));
+        logits[s] = malloc((size_t)N * STEPS * c.vocab * sizeof(float));
+        char err[FG_ERR_LEN];
+        CU_ASSERT_EQUAL_FATAL(generate_with(NULL, &c, 11, &p, STEPS, N, prompts, lens, tokens[s], logits[s], NULL, err), 0);
+    }
+    float max_abs = 0;
+    for (size_t i = 0; i < (size_t)N * STEPS * c.vocab; i++) max_abs = fmaxf(max_abs, fabsf(logits[0][i]));
+    for (int s = 1; s < 4; s++) {
+        float worst = 0;
+        for (size_t i = 0; i < (size_t)N * STEPS * c.vocab; i++) worst = fmaxf(worst, fabsf(logits[0][i] - logits[s][i]));
+        printf("\n    %d x %d%s against 12 x 1: logits differ by %.3g x max|logit|", shapes[s][0], shapes[s][1],
+               s == 3 ? ", diagonal" : "", worst / max_abs);
+        EXPECT(max_abs > 0 && worst <= schedule_bound(c.n_layers) * max_abs, "20 layers, %d x %d%s against 12 x 1: "
+               "logits differ by %g x max|logit|, beyond %g", shapes[s][0], shapes[s][1], s == 3 ? " (diagonal)" : "",
+               worst / max_abs, schedule_bound(c.n_layers));
+        EXPECT(!memcmp(tokens[0], tokens[s], N * STEPS * sizeof(int)), "20 layers, %d x %d%s: other tokens than 12 x 1",
+               shapes[s][0], shapes[s][1], s == 3 ? " (diagonal)" : "");
+    }
+    for (int p = 0; p < N; p++) free(prompts[p]);
+    for (int s = 0; s < 4; s++) free(tokens[s]), free(logits[s]);
+}
+
 /* Prefill in chunks (FG_CHUNK_ROWS): a GPU batch of 40 prompts of 56 tokens (2240 rows) runs each
  * layer on 36 sequences, then 4, in a workspace of 36 x 56 rows; its tokens are those of GPU
  * batches of 8 (one chunk each), its logits within fp32 sums grouped otherwise (1e-4), on both
@@ -1489,6 +1534,8 @@ static void test_gpu_batch_slice_fields(void) {
 
 void add_runtime_tests(void) {
     CU_pSuite s = CU_add_suite("runtime", NULL, NULL);
+    CU_add_test(s, "a 20-layer model: other GPU batch sizes and the diagonal schedule within the deep bound",
+                test_deep_model_shapes);
     CU_add_test(s, "gpu_batch_slice: every field of model.h's gpu_batch sliced to the sequences "
                    "or named as shared", test_gpu_batch_slice_fields);
     CU_add_test(s, "policy invariance (the plain loop and Fig. 4's: the same bits in every placement), "
