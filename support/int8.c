@@ -787,14 +787,33 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  * which tests/test_matmul.c holds the product to, with its bits against a plain reference.
  * ============================================================================================ */
 
-/* The loops below are built for AVX-512, AVX2 and plain x86-64, and the CPU picks one when the
- * program loads (GCC's target_clones). Every step is one IEEE operation, so each version gives
- * the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FOR_EACH_VECTOR_WIDTH __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FOR_EACH_VECTOR_WIDTH
+/* The loops below are built three times, for AVX-512, AVX2 and plain x86-64 (each a body,
+ * inlined into one function a width: ROUNDING_WIDTHS), and the path picks one as the rest of the
+ * kernels are picked: fg_isa_active's path (FLEXGEN_ISA, or the CPU's widest, held to AVX2 by
+ * FLEXGEN_TEST_CPU), so that make test's matrix runs each. Every step is one IEEE operation, so
+ * each build gives the same bits. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ROUNDING_WIDTHS 1
 #endif
+#define ROUNDING_BODY __attribute__((always_inline)) static inline
+
+typedef enum { ROUNDING_DEFAULT, ROUNDING_AVX2, ROUNDING_AVX512 } rounding_width;
+
+static rounding_width rounding_width_now(void) {
+#ifdef ROUNDING_WIDTHS
+    fg_isa isa = fg_isa_active();
+    if (isa == FG_ISA_AVX512) return ROUNDING_AVX512;
+    if (isa != FG_ISA_PORTABLE && fg_cpu_has_avx2()) return ROUNDING_AVX2; /* avx2, SIMDe's */
+#endif
+    return ROUNDING_DEFAULT;
+}
+
+static const char *const ROUNDING_NAMES[] = {"default", "avx2", "avx512"};
+static int rounding_ran = -1; /* the width of the last rounding, for int8_rounding_path */
+
+const char *int8_rounding_path(void) {
+    return rounding_ran < 0 ? "none ran" : ROUNDING_NAMES[rounding_ran];
+}
 
 /* v (|v| <= 127 expected) to the nearest integer, ties to even, clamped to +-127. Adding
  * 1.5 x 2^23 to a float of magnitude below 2^22 leaves round(v) + 2^22 in its low 23 bits (the
@@ -824,7 +843,7 @@ static inline float float_of_bits(uint32_t bits) {
 
 /* One row: row8[k] = round_int8(row[k] (127 / max|row|)); returns alpha = max|row| / 127 (0 for
  * 0s). */
-FOR_EACH_VECTOR_WIDTH static float round_row(const float *row, int in, int8_t *row8) {
+ROUNDING_BODY float round_row_body(const float *row, int in, int8_t *row8) {
     uint32_t top_bits = 0;
 #pragma omp simd reduction(max : top_bits)
     for (int k = 0; k < in; k++)
@@ -836,16 +855,40 @@ FOR_EACH_VECTOR_WIDTH static float round_row(const float *row, int in, int8_t *r
     return top / 127.0f;
 }
 
+static float round_row_default(const float *row, int in, int8_t *row8) {
+    return round_row_body(row, in, row8);
+}
+#ifdef ROUNDING_WIDTHS
+__attribute__((target("avx2"))) static float round_row_avx2(const float *row, int in,
+                                                            int8_t *row8) {
+    return round_row_body(row, in, row8);
+}
+__attribute__((target("avx512f"))) static float round_row_avx512(const float *row, int in,
+                                                                int8_t *row8) {
+    return round_row_body(row, in, row8);
+}
+#endif
+
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha) {
+    rounding_width width = rounding_width_now();
+    rounding_ran = (int)width;
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++)
-        alpha[r] = round_row(x + (size_t)r * in, in, x8 + (size_t)r * in);
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * in;
+        int8_t *row8 = x8 + (size_t)r * in;
+#ifdef ROUNDING_WIDTHS
+        if (width == ROUNDING_AVX512) alpha[r] = round_row_avx512(row, in, row8);
+        else if (width == ROUNDING_AVX2) alpha[r] = round_row_avx2(row, in, row8);
+        else
+#endif
+            alpha[r] = round_row_default(row, in, row8);
+    }
 }
 
 /* The same for n (<= 64) columns of a panel w[in][ldw], from column c: scale[j] = max_k |w[k][j]|
  * / 127 and w8[k][j] = round_int8(w[k][j] (127 / max)). */
-FOR_EACH_VECTOR_WIDTH static void round_column_block(const float *w, int in, size_t ldw, int n,
-                                                     int8_t *w8, float *scale) {
+ROUNDING_BODY void round_column_block_body(const float *w, int in, size_t ldw, int n, int8_t *w8,
+                                           float *scale) {
     uint32_t top_bits[64] = {0};
     float inv[64];
     for (int k = 0; k < in; k++) {
@@ -868,17 +911,43 @@ FOR_EACH_VECTOR_WIDTH static void round_column_block(const float *w, int in, siz
     }
 }
 
+static void round_column_block_default(const float *w, int in, size_t ldw, int n, int8_t *w8,
+                                       float *scale) {
+    round_column_block_body(w, in, ldw, n, w8, scale);
+}
+#ifdef ROUNDING_WIDTHS
+__attribute__((target("avx2"))) static void round_column_block_avx2(const float *w, int in,
+                                                                    size_t ldw, int n, int8_t *w8,
+                                                                    float *scale) {
+    round_column_block_body(w, in, ldw, n, w8, scale);
+}
+__attribute__((target("avx512f"))) static void round_column_block_avx512(const float *w, int in,
+                                                                        size_t ldw, int n,
+                                                                        int8_t *w8, float *scale) {
+    round_column_block_body(w, in, ldw, n, w8, scale);
+}
+#endif
+
 void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale) {
+    rounding_width width = rounding_width_now();
+    rounding_ran = (int)width;
 #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < nc; c0 += 64) {
         int n = nc - c0 < 64 ? nc - c0 : 64;
-        round_column_block(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
+#ifdef ROUNDING_WIDTHS
+        if (width == ROUNDING_AVX512)
+            round_column_block_avx512(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
+        else if (width == ROUNDING_AVX2)
+            round_column_block_avx2(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
+        else
+#endif
+            round_column_block_default(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
     }
 }
 
 /* One row of y: y[j] = (alpha scale[j]) isum[j], or y[j] plus that when accumulating. */
-FOR_EACH_VECTOR_WIDTH static void finish_row(const int32_t *isum, float alpha, const float *scale,
-                                             int nc, float *y, int accumulate) {
+ROUNDING_BODY void finish_row_body(const int32_t *isum, float alpha, const float *scale, int nc,
+                                   float *y, int accumulate) {
     if (accumulate) {
 #pragma omp simd
         for (int j = 0; j < nc; j++) y[j] += alpha * scale[j] * (float)isum[j];
@@ -888,9 +957,35 @@ FOR_EACH_VECTOR_WIDTH static void finish_row(const int32_t *isum, float alpha, c
     for (int j = 0; j < nc; j++) y[j] = alpha * scale[j] * (float)isum[j];
 }
 
+static void finish_row_default(const int32_t *isum, float alpha, const float *scale, int nc,
+                               float *y, int accumulate) {
+    finish_row_body(isum, alpha, scale, nc, y, accumulate);
+}
+#ifdef ROUNDING_WIDTHS
+__attribute__((target("avx2"))) static void finish_row_avx2(const int32_t *isum, float alpha,
+                                                            const float *scale, int nc, float *y,
+                                                            int accumulate) {
+    finish_row_body(isum, alpha, scale, nc, y, accumulate);
+}
+__attribute__((target("avx512f"))) static void finish_row_avx512(const int32_t *isum, float alpha,
+                                                                const float *scale, int nc,
+                                                                float *y, int accumulate) {
+    finish_row_body(isum, alpha, scale, nc, y, accumulate);
+}
+#endif
+
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
                       float *y, int ldy, int accumulate) {
+    rounding_width width = rounding_width_now();
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++)
-        finish_row(isum + (size_t)r * nc, alpha[r], scale, nc, y + (size_t)r * ldy, accumulate);
+    for (int r = 0; r < rows; r++) {
+        const int32_t *row = isum + (size_t)r * nc;
+        float *yr = y + (size_t)r * ldy;
+#ifdef ROUNDING_WIDTHS
+        if (width == ROUNDING_AVX512) finish_row_avx512(row, alpha[r], scale, nc, yr, accumulate);
+        else if (width == ROUNDING_AVX2) finish_row_avx2(row, alpha[r], scale, nc, yr, accumulate);
+        else
+#endif
+            finish_row_default(row, alpha[r], scale, nc, yr, accumulate);
+    }
 }

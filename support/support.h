@@ -174,6 +174,8 @@ void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_
  * widened panel of W; then y (= or +=) alpha[r] scale[j] isum[r][j] */
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha);
 void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale);
+/* The build of the rounding loops the last rounding ran: avx512, avx2, default, or "none ran" */
+const char *int8_rounding_path(void);
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
                       float *y, int ldy, int accumulate);
 size_t matmul_scratch_floats(int in, int out);

@@ -276,8 +276,9 @@ static const char *status_text(int status) { /* "signal 6 (Aborted)", "exit stat
  * that a test that ends its process leaves those of the tests before it, and printed at the end. */
 static void report_paths(int print) {
     char line[600];
-    snprintf(line, sizeof line, "kernels %s, int8 sums %s, gemm_s8 %s, gemm_bf16 %s, OpenBLAS %s", matmul_path(),
-             matmul_int8_path(), gemm_path(0), gemm_path(1), openblas_get_corename());
+    snprintf(line, sizeof line, "kernels %s, int8 sums %s, int8 rounding %s, gemm_s8 %s, gemm_bf16 %s, OpenBLAS %s",
+             matmul_path(), matmul_int8_path(), int8_rounding_path(), gemm_path(0), gemm_path(1),
+             openblas_get_corename());
     if (print) printf("  ran on: %s\n", line);
     report("paths %s\n", line);
 }

@@ -337,6 +337,21 @@ static void test_threads_change_no_bit(void) {
     omp_set_num_threads(saved);
 }
 
+/* The int8 rounding loops (int8.c: prefill's rows and columns, and the finish) run the build of
+ * the path, as the rest of the kernels: FLEXGEN_ISA's, or the CPU's widest held to AVX2 by
+ * FLEXGEN_TEST_CPU (make test's matrix), not the CPU's by cpuid alone; every build the same bits. */
+static void test_int8_rounding_path(void) {
+    enum { ROWS = 3, IN = 200 };
+    float *x = random_floats(ROWS * IN, 71), alpha[ROWS];
+    int8_t x8[ROWS * IN];
+    int8_round_rows(x, ROWS, IN, x8, alpha);
+    fg_isa isa = fg_isa_active();
+    const char *want = isa == FG_ISA_AVX512 ? "avx512" : isa != FG_ISA_PORTABLE && fg_cpu_has_avx2() ? "avx2" : "default";
+    EXPECT(!strcmp(int8_rounding_path(), want), "FLEXGEN_ISA's path %s: the int8 rounding ran its %s build, expected %s",
+           fg_isa_name(isa), int8_rounding_path(), want);
+    free(x);
+}
+
 /* ---- 4-bit weights times int8 activations (support/int8.c) ---- */
 
 /* Code, scale and min of W[k][c] in 4-bit bytes of `parts` parts side by side (quant.c's layout). */
@@ -868,6 +883,8 @@ void add_matmul_tests(void) {
     CU_add_test(s, "4-bit embedding table as lm_head, and its rows", test_q4_embed_t);
     CU_add_test(s, "every path (portable, AVX2, AVX-512 native and on SIMDe) gives the same bits", test_paths_agree);
     CU_add_test(s, "decode: a row's result does not depend on the rows beside it", test_rows_independent);
+    CU_add_test(s, "the int8 rounding loops run the path's build (FLEXGEN_ISA, FLEXGEN_TEST_CPU)",
+                test_int8_rounding_path);
     CU_add_test(s, "prefill and lm_head: the threads change no bit (1, 2, 3; k not a multiple of 32)",
                 test_threads_change_no_bit);
     CU_add_test(s, "int8 activations x 4-bit: the scheme in double, the int8 bound, the paths' bits",
