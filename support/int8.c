@@ -864,7 +864,7 @@ __attribute__((target("avx2"))) static float round_row_avx2(const float *row, in
     return round_row_body(row, in, row8);
 }
 __attribute__((target("avx512f"))) static float round_row_avx512(const float *row, int in,
-                                                                int8_t *row8) {
+                                                                 int8_t *row8) {
     return round_row_body(row, in, row8);
 }
 #endif
@@ -922,8 +922,8 @@ __attribute__((target("avx2"))) static void round_column_block_avx2(const float 
     round_column_block_body(w, in, ldw, n, w8, scale);
 }
 __attribute__((target("avx512f"))) static void round_column_block_avx512(const float *w, int in,
-                                                                        size_t ldw, int n,
-                                                                        int8_t *w8, float *scale) {
+                                                                         size_t ldw, int n,
+                                                                         int8_t *w8, float *scale) {
     round_column_block_body(w, in, ldw, n, w8, scale);
 }
 #endif
@@ -968,8 +968,8 @@ __attribute__((target("avx2"))) static void finish_row_avx2(const int32_t *isum,
     finish_row_body(isum, alpha, scale, nc, y, accumulate);
 }
 __attribute__((target("avx512f"))) static void finish_row_avx512(const int32_t *isum, float alpha,
-                                                                const float *scale, int nc,
-                                                                float *y, int accumulate) {
+                                                                 const float *scale, int nc,
+                                                                 float *y, int accumulate) {
     finish_row_body(isum, alpha, scale, nc, y, accumulate);
 }
 #endif

@@ -600,17 +600,21 @@ static double seconds_now(void) {
 }
 
 /* gpu_check.sh --dry check under setsid (a SID of its own), signalled while its suites step runs the
- * test binary: SIGINT to its process group (a terminal's Ctrl-C), SIGTERM to the script alone
- * (kill PID). */
+ * test binary (its log begun, a second into the step): SIGINT to its process group (a terminal's
+ * Ctrl-C), SIGTERM to the script alone (kill PID), SIGHUP to the script (a closed terminal). */
 static void interrupt_gpu_check(const char *dir, int sig) {
-    char out_dir[4200], next_log[4300], err_path[4300];
-    snprintf(out_dir, sizeof out_dir, "OUT=%s/%s", dir, sig == SIGINT ? "int" : "term");
+    const char *tag = sig == SIGINT ? "int" : sig == SIGTERM ? "term" : "hup";
+    char out_dir[4200], next_log[4300], err_path[4300], suites_log[4300];
+    snprintf(out_dir, sizeof out_dir, "OUT=%s/%s", dir, tag);
     snprintf(next_log, sizeof next_log, "%s/sanitizer.log", out_dir + 4);
-    snprintf(err_path, sizeof err_path, "%s/%s.err", dir, sig == SIGINT ? "int" : "term");
+    snprintf(suites_log, sizeof suites_log, "%s/suites.log", out_dir + 4);
+    snprintf(err_path, sizeof err_path, "%s/%s.err", dir, tag);
     pid_t pid = fork();
     CU_ASSERT_FATAL(pid >= 0);
     if (pid == 0) {
         setsid();
+        signal(SIGINT, SIG_DFL); /* a signal ignored on entry cannot be trapped by the script */
+        signal(SIGHUP, SIG_DFL);
         int null = open("/dev/null", O_RDWR), err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(null, 0), dup2(null, 1), dup2(err, 2);
         execlp("env", "env", out_dir, "bash", "scripts/gpu_check.sh", "--dry", "check", (char *)NULL);
@@ -619,11 +623,11 @@ static void interrupt_gpu_check(const char *dir, int sig) {
     int status = 0, running = 0;
     pid_t ended = 0;
     for (double start = seconds_now(); !running && !ended && seconds_now() - start < 180; usleep(20000)) {
-        running = processes_of_sid(pid, "test_flexgen", 0) > 0;
+        running = access(suites_log, F_OK) == 0 && processes_of_sid(pid, "test_flexgen", 0) > 0;
         ended = waitpid(pid, &status, WNOHANG);
     }
     EXPECT(running, "gpu_check.sh --dry check: its suites step never ran build-emu/test_flexgen");
-    usleep(300000);
+    usleep(1000000);
     kill(sig == SIGINT ? -pid : pid, sig);
     double signalled = seconds_now();
     while (!ended && seconds_now() - signalled < 20) {
@@ -635,7 +639,7 @@ static void interrupt_gpu_check(const char *dir, int sig) {
     for (double start = seconds_now(); (left = processes_of_sid(pid, NULL, 0)) > (ended ? 0 : 1) &&
                                         seconds_now() - start < 2;)
         usleep(20000); /* the processes killed last a moment longer than the script */
-    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
     EXPECT(ended && WIFEXITED(status) && WEXITSTATUS(status) == 128 + sig, "gpu_check.sh, %s mid-step: expected exit "
            "%d within 20 s; got %s %d after %.1f s", name, 128 + sig, !ended ? "still running" :
            WIFEXITED(status) ? "exit" : "signal", !ended ? 0 : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
@@ -653,14 +657,16 @@ static void interrupt_gpu_check(const char *dir, int sig) {
 }
 #endif
 
-/* scripts/gpu_check.sh stopped by Ctrl-C (SIGINT to its process group) or SIGTERM (to the script)
- * while a step runs: the step's processes end (they lead a process group of their own, which
- * neither signal reaches), the script exits 130 or 143 within seconds and starts no next step. */
+/* scripts/gpu_check.sh stopped by Ctrl-C (SIGINT to its process group), SIGTERM or SIGHUP (to the
+ * script) while a step runs: the step's processes end (they lead a process group of their own,
+ * which no such signal reaches), the script exits 130, 143 or 129 within seconds and starts no
+ * next step. */
 static void test_gpu_check_interrupted(void) {
 #if defined(FLEXGEN_CUDA_EMU) && !defined(__SANITIZE_ADDRESS__)
     char *dir = make_temp_dir();
     interrupt_gpu_check(dir, SIGINT);
     interrupt_gpu_check(dir, SIGTERM);
+    interrupt_gpu_check(dir, SIGHUP);
     rm_tree(dir);
     free(dir);
 #endif
@@ -687,6 +693,6 @@ void add_cuda_tests(void) {
     CU_add_test(s, "a device smaller than the plan, or than --gpu-mem: one line, exit 2", test_device_out_of_memory);
     CU_add_test(s, "scripts/gpu_laptop_run.sh's kjv step on the emulated GPU, OPT and LLaMA", test_laptop_run);
     CU_add_test(s, "scripts/gpu_check.sh --dry: the checks and the speed table on the emulated GPU", test_gpu_check_dry);
-    CU_add_test(s, "scripts/gpu_check.sh stopped by SIGINT or SIGTERM mid-step: exit 130 or 143, no process left",
+    CU_add_test(s, "scripts/gpu_check.sh stopped by SIGINT, SIGTERM or SIGHUP mid-step: exit 130, 143 or 129, no process left",
                 test_gpu_check_interrupted);
 }
