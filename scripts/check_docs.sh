@@ -6,7 +6,10 @@
 #   - docs/TESTS.md's list of suites (the sentence "`make test SUITE=name` runs one (...)") names
 #     exactly the suites that tests/ registers (CU_add_suite);
 #   - no doc points at code by line number (`file.c:123`): docs name functions, and only the
-#     maps at the top of flexgen.c, lp.c and flexgen.cu give lines, which check_layout.sh keeps.
+#     maps at the top of flexgen.c, lp.c and flexgen.cu give lines, which check_layout.sh keeps;
+#   - a file's size stated as "`name` (N lines)" is the file's;
+#   - DESIGN.md's block of calls through tables names every function pointer of each struct it
+#     names (`lp.c ==> fg_search_request.check`: .place too).
 # Usage: bash scripts/check_docs.sh [OBJECTS]          (from anywhere, after `make`)
 #        bash scripts/check_docs.sh --write [OBJECTS]  (first writes DESIGN.md's graph anew)
 #   OBJECTS: the build's objects (make test passes build/obj), as for scripts/call_graph.sh.
@@ -24,7 +27,7 @@ trap 'rm -f "$graph"' EXIT
 # the graph it printed is still the one to compare.
 bash scripts/call_graph.sh "$@" >"$graph" || [ $? -eq 1 ] || exit 2
 python3 - "$graph" "$write" <<'PY'
-import glob, re, sys, textwrap
+import glob, os, re, sys, textwrap
 
 graph_file, write = sys.argv[1], sys.argv[2] == '1'
 fail = False
@@ -109,8 +112,36 @@ for path in sorted(glob.glob('docs/*.md')) + ['README.md', 'BENCHMARKS.md']:
             fail = True
             print(f'{path}:{n}: points at {ref} by line; name the function instead')
 
+# A file's size in lines, where a doc states it ("`emu.cpp` (1,409 lines)"): the file's own.
+tracked = [line.strip() for line in os.popen('git ls-files')]
+sizes = 0
+for path in sorted(glob.glob('docs/*.md')) + ['README.md']:
+    for n, line in enumerate(open(path), 1):
+        for name, count in re.findall(r'`([\w/.-]+\.\w+)` \(([\d,]+) lines\)', line):
+            files = [t for t in tracked if t == name or t.endswith('/' + name)]
+            lines = sum(1 for _ in open(files[0], errors='replace')) if len(files) == 1 else None
+            sizes += 1
+            if lines != int(count.replace(',', '')):
+                fail = True
+                print(f'{path}:{n}: says `{name}` has {count} lines; it has '
+                      f'{lines if lines is not None else "no one file of that name"}')
+
+# The table calls' block in DESIGN.md: each `X ==> struct.field (...)` names a field the code
+# assigns somewhere (`.field = ` or `->field = `), so that a pointer the code adds shows there.
+calls = re.search(r'The calls that go through tables of functions[^`]*```\n(.*?)```', text, re.S)
+named = set(re.findall(r'==> (\w+)\.(\w+)', calls.group(1))) if calls else set()
+sources = ' '.join(open(p, errors='replace').read() for p in tracked if p.endswith(('.c', '.cu', '.h'))
+                   and not p.startswith('tests/'))
+for struct in sorted({s for s, _ in named}):
+    decl = re.search(r'typedef struct \{((?:(?!typedef struct).)*?)\} ' + struct + ';', sources, re.S)
+    pointers = set(re.findall(r'\(\*(\w+)\)', decl.group(1))) if decl else set()
+    for field in sorted(pointers - {f for s, f in named if s == struct}):
+        fail = True
+        print(f'{design}: the block of table calls has no `{struct}.{field}` (a function pointer of '
+              f'{struct})')
+
 if not fail:
     print(f'docs agree with the code: call graph ({len(arrows)} files), '
-          f'{len(registered)} suites, no line numbers')
+          f'{len(registered)} suites, no line numbers, {sizes} file sizes')
 sys.exit(1 if fail else 0)
 PY

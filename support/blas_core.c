@@ -1,6 +1,7 @@
 /* support/blas_core.c: the OpenBLAS core that runs the products, and a better one where the
- * library picked a core of an older instruction set than this CPU has; and the CPU's instruction
- * sets, which the path of the CPU's own kernels (util.c's fg_isa_of_cpu) is read from too.
+ * library picked a core of an older instruction set than this CPU has; the CPU's instruction
+ * sets, which the path of the CPU's own kernels (util.c's fg_isa_of_cpu) is read from too; and
+ * the sgemm every product runs, in tiles that make its bits the same on any number of threads.
  *
  * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels as it loads, from a table of CPU
  * model numbers; a CPU newer than its table gets a fallback, which can be a core of an older
@@ -192,4 +193,37 @@ void fg_blas_info_get(fg_blas_info *b) {
     else if (env && !getenv(TEST_LOW))
         snprintf(b->why, sizeof b->why, "OPENBLAS_CORETYPE=%.40s", env);
     else snprintf(b->why, sizeof b->why, "as the library picked");
+}
+
+/* ============================================================================================
+ * Every sgemm of the products
+ * ============================================================================================ */
+
+/* c[m][n] (= or +=) a[m][k] b[k][n] on OpenBLAS, in tiles of c that the shape alone decides,
+ * each summed by one thread (OpenBLAS runs on one thread inside a parallel region). A threaded
+ * sgemm splits c where its thread count says, and its kernels sum a tile's edge rows and columns
+ * in another order than its middle (OpenBLAS's Haswell and Zen cores on any k, every core on a k
+ * that is not a multiple of 32): so one threaded sgemm's bits change with OMP_NUM_THREADS. Tiles
+ * of SGEMM_TILE_ROWS x SGEMM_TILE_COLS repack each operand a few times (a few percent of the
+ * product); narrower columns where the shape has fewer than SGEMM_MIN_TILES of them, so that a
+ * small prefill still gives every core of a laptop a tile. */
+enum { SGEMM_TILE_ROWS = 512, SGEMM_TILE_COLS = 1024, SGEMM_MIN_TILES = 8 };
+
+void sgemm_fixed_tiles(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                       int accumulate, float *c, int ldc) {
+    int row_tiles = (m + SGEMM_TILE_ROWS - 1) / SGEMM_TILE_ROWS;
+    int tile_cols = SGEMM_TILE_COLS;
+    while (tile_cols > 128 && row_tiles * ((n + tile_cols - 1) / tile_cols) < SGEMM_MIN_TILES)
+        tile_cols /= 2;
+    int col_tiles = (n + tile_cols - 1) / tile_cols;
+#pragma omp parallel for schedule(dynamic)
+    for (int tile = 0; tile < row_tiles * col_tiles; tile++) {
+        int i0 = tile / col_tiles * SGEMM_TILE_ROWS;
+        int j0 = tile % col_tiles * tile_cols;
+        int mt = m - i0 < SGEMM_TILE_ROWS ? m - i0 : SGEMM_TILE_ROWS;
+        int nt = n - j0 < tile_cols ? n - j0 : tile_cols;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mt, nt, k, 1.0f,
+                    a + (size_t)i0 * lda, lda, b + j0, ldb, accumulate ? 1.0f : 0.0f,
+                    c + (size_t)i0 * ldc + j0, ldc);
+    }
 }

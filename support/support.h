@@ -179,10 +179,6 @@ const char *int8_rounding_path(void);
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
                       float *y, int ldy, int accumulate);
 size_t matmul_scratch_floats(int in, int out);
-/* c[m][n] (= or +=) a[m][k] b[k][n] on OpenBLAS in tiles fixed by the shape, each on one thread:
- * the same bits on any number of threads */
-void sgemm_fixed_tiles(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
-                       int accumulate, float *c, int ldc);
 
 /* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it and its
  * kernel keeps the product's promise, else onednn.c's own paths; they always give c ---- */

@@ -169,6 +169,10 @@ void fg_blas_core_unforce(const char *core, int errnum);
 /* A user's OPENBLAS_CORETYPE checked, before OpenBLAS runs a product: 0, or -1 with err naming it
  * where it is a core of a wider instruction set than this CPU's, or not a core OpenBLAS has. */
 int fg_blas_core_check_env(char *err);
+/* c[m][n] (= or +=) a[m][k] b[k][n] on OpenBLAS in tiles fixed by the shape, each on one thread:
+ * the same bits on any number of threads (blas_core.c) */
+void sgemm_fixed_tiles(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                       int accumulate, float *c, int ldc);
 /* What the report says: "OpenBLAS 0.3.21", the core running, and why it is that one ("chosen
  * for AVX-512; the library picked Haswell", "OPENBLAS_CORETYPE", "as the library picked"). */
 typedef struct {
