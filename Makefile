@@ -249,13 +249,15 @@ TOTAL = awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' $
 # The whole run also checks the layout (scripts/check_layout.sh), that no file's calls come back
 # to it (scripts/call_graph.sh, from the compiled objects), that the docs' call graph and list of
 # suites agree with the code (scripts/check_docs.sh), that clang-format would change no source
-# and no statement chains commas (scripts/check_style.sh; `make format` formats), and that the planted bugs and the
+# and no statement chains commas (scripts/check_style.sh; `make format` formats), that each of
+# those checks fails on a violation planted in a copy of the tree (scripts/check_checks.sh), and that the planted bugs and the
 # exercises' wrong versions still find the lines they change (their scripts' --patterns).
 test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(SUITE),,bash scripts/check_layout.sh >build/layout.txt; rc=$$?; grep -v '^ok' build/layout.txt; exit $$rc)
 	$(if $(SUITE),,bash scripts/call_graph.sh build/obj >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)
 	$(if $(SUITE),,bash scripts/check_docs.sh build/obj)
 	$(if $(SUITE),,bash scripts/check_style.sh >build/style.txt; rc=$$?; grep -v '^ok' build/style.txt; exit $$rc)
+	$(if $(SUITE),,bash scripts/check_checks.sh build/obj >build/checks.txt; rc=$$?; grep -v '^ok' build/checks.txt; exit $$rc)
 	$(if $(SUITE),,@bad=$$(grep -lE '\bFLEXGEN_(NO_MAIN|CUDA|CUDA_EMU)\b' $(SHARED_SRC) $(HDR)); [ -z "$$bad" ] \
 	  || { echo "$$bad: reads a build define, so it belongs in PER_BUILD_SRC (Makefile)"; exit 1; })
 	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)

@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   188  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   245  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   169  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   330  fg_cuda_backend          the operation table, once a GPU is found
- *   386  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   440  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   509  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   578  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   675  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   706  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   803  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   839  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   895  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1119  attention_kernel         a query's attention, with §5's top-K
- *  1187  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1277  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1318  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1406  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   191  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   250  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   171  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   341  fg_cuda_backend          the operation table, once a GPU is found
+ *   397  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   453  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   523  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   592  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   692  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   723  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   824  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   867  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   928  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1160  attention_kernel         a query's attention, with §5's top-K
+ *  1228  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1323  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1366  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1455  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -77,8 +77,10 @@ typedef struct {
     const __half *qkv;
     qkv_layout at;
     __half *attn;
-    const int *past, *pad;
-    void *const *kc, *const *vc;
+    const int *past;
+    const int *pad;
+    void *const *kc;
+    void *const *vc;
     long long shift;
     const int *pages;
     int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans;
@@ -171,7 +173,8 @@ static void cuda_embed(const model_weights *w, gpu_batch *gb, model_workspace *w
     cuda_ws *d = (cuda_ws *)ws->device;
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new;
-    __half *x = (__half *)gb->x, *words = w->project_in ? d->h : x;
+    __half *x = (__half *)gb->x;
+    __half *words = w->project_in ? d->h : x;
     token_table t = upload_tokens(d, gb);
     table_view tokens = table_of(w->embed_tokens, w->q4, c->vocab, c->word_dim);
     table_view positions = table_of(w->embed_positions, w->q4, c->max_pos + 2, c->hidden);
@@ -189,7 +192,9 @@ static void cuda_layer(const model_weights *w, int layer, gpu_batch *gb, model_w
     const model_config *c = &w->cfg;
     const layer_weights *L = &w->layers[layer];
     cuda_ws *d = (cuda_ws *)ws->device;
-    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
+    int rows = gb->batch * gb->n_new;
+    int h = c->hidden;
+    int f = c->ffn;
     __half *x = (__half *)gb->x;
     const __half *in = x;
     cache_table t = upload_cache(d, gb);
@@ -247,8 +252,14 @@ static void cuda_llama_layer(const model_weights *w, int layer, gpu_batch *gb,
     const model_config *c = &w->cfg;
     const layer_weights *L = &w->layers[layer];
     cuda_ws *d = (cuda_ws *)ws->device;
-    int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
-    __half *x = (__half *)gb->x, *gate = d->ffn, *up = d->ffn + (size_t)rows * f;
+    int rows = gb->batch * gb->n_new;
+    int h = c->hidden;
+    int f = c->ffn;
+    int qw = q_width(c);
+    int kw = kv_width(c);
+    __half *x = (__half *)gb->x;
+    __half *gate = d->ffn;
+    __half *up = d->ffn + (size_t)rows * f;
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     rope_freqs freqs;
     rope_frequencies(c, freqs.f);
@@ -370,7 +381,7 @@ __device__ float block_max(float v, float *shared) {
 /* ---- the embedding ---- */
 
 static table_view table_of(const void *values, int q4, int len, int dim) {
-    table_view t = {values, q4, len, dim};
+    table_view t = {.values = values, .q4 = q4, .len = len, .dim = dim};
     return t;
 }
 
@@ -393,7 +404,9 @@ __global__ void gather_rows_kernel(table_view table, const int *ids, __half *out
  * bit for bit, fp16 and 4-bit. */
 __global__ void add_positions_kernel(__half *x, table_view pos, const int *past, const int *pad,
                                      int n_new) {
-    int r = blockIdx.x, b = r / n_new, h = pos.dim;
+    int r = blockIdx.x;
+    int b = r / n_new;
+    int h = pos.dim;
     int position = position_of(past[b], pad[b], r % n_new);
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         size_t at = (size_t)r * h + i;
@@ -442,7 +455,8 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
     __shared__ float shared[32];
     __half *xr = x + (size_t)blockIdx.x * dim;
     __half *yr = y + (size_t)blockIdx.x * dim;
-    int threads = (int)blockDim.x, step = threads * LN_AT_ONCE;
+    int threads = (int)blockDim.x;
+    int step = threads * LN_AT_ONCE;
     float s = 0;
     for (int i0 = threadIdx.x; i0 < dim; i0 += step) {
         float v[LN_AT_ONCE], a[LN_AT_ONCE];
@@ -579,11 +593,14 @@ __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t 
                                int parts, int k_chunk, int aligned, float *partial) {
     __shared__ float sums[Q4_WARPS][Q4_TILE];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int part_cols = out / parts, tiles = (part_cols + Q4_TILE - 1) / Q4_TILE;
-    int part = blockIdx.x / tiles, tile0 = blockIdx.x % tiles * Q4_TILE;
+    int part_cols = out / parts;
+    int tiles = (part_cols + Q4_TILE - 1) / Q4_TILE;
+    int part = blockIdx.x / tiles;
+    int tile0 = blockIdx.x % tiles * Q4_TILE;
     int j0 = tile0 + 8 * lane; /* this lane's first column in its part */
     int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
-    size_t G = (size_t)(part_cols + Q4_GROUP - 1) / Q4_GROUP, part_bytes = G * (Q4_GROUP / 2 + 4);
+    size_t G = (size_t)(part_cols + Q4_GROUP - 1) / Q4_GROUP;
+    size_t part_bytes = G * (Q4_GROUP / 2 + 4);
     float acc[Q4_PASS_ROWS][8] = {{0}};
     for (int k = blockIdx.y * k_chunk + warp; k < k_end && j0 < part_cols; k += Q4_WARPS) {
         const uint8_t *row = W + ((size_t)k * parts + part) * part_bytes;
@@ -706,7 +723,10 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
 static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, const cache_table *t,
                             const model_workspace *ws) {
     cudaStream_t s = ctx()->stream;
-    int rows = gb->batch * gb->n_new, H = c->n_heads, KV = cfg_kv_heads(c), hd = cfg_head_dim(c);
+    int rows = gb->batch * gb->n_new;
+    int H = c->n_heads;
+    int KV = cfg_kv_heads(c);
+    int hd = cfg_head_dim(c);
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     size_t threads = store_kv_threads(rows, KV, hd, gb->kv_q4);
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(
@@ -719,25 +739,25 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
         for (int b = 0; b < gb->batch; b++)
             if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
     } else if (t->on_device > 0) {
-        attention_split a = {d->qkv,
-                             at,
-                             d->attn,
-                             t->past,
-                             t->pad,
-                             t->k,
-                             t->v,
-                             t->shift,
-                             t->pages,
-                             t->max_pages,
-                             gb->page_tokens,
-                             gb->n_new,
-                             hd,
-                             H,
-                             KV,
-                             gb->kv_q4,
-                             0,
-                             1.0f / sqrtf((float)hd),
-                             NULL};
+        attention_split a = {.qkv = d->qkv,
+                             .at = at,
+                             .attn = d->attn,
+                             .past = t->past,
+                             .pad = t->pad,
+                             .kc = t->k,
+                             .vc = t->v,
+                             .shift = t->shift,
+                             .pages = t->pages,
+                             .max_pages = t->max_pages,
+                             .page_tokens = gb->page_tokens,
+                             .n_new = gb->n_new,
+                             .hd = hd,
+                             .heads = H,
+                             .kv_heads = KV,
+                             .q4 = gb->kv_q4,
+                             .spans = 0,
+                             .scale = 1.0f / sqrtf((float)hd),
+                             .partials = NULL};
         queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
                         d->span_slots);
     }
@@ -769,7 +789,8 @@ __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *mi
     float min = __half2float(min16);
     __half scale16 =
         hi > min ? half_at_least(__fdiv_rn(__fsub_rn(hi, min), 15.0f)) : __ushort_as_half(0);
-    float scale = __half2float(scale16), inv = scale > 0 ? __fdiv_rn(1.0f, scale) : 0;
+    float scale = __half2float(scale16);
+    float inv = scale > 0 ? __fdiv_rn(1.0f, scale) : 0;
     for (int p = 0; p < Q4_GROUP / 2; p++) {
         int q[2] = {0, 0};
         for (int half = 0; half < 2; half++) {
@@ -804,12 +825,17 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
                                 const int *past, const int *pad, int hd, int heads, int q4,
                                 void *const *k, void *const *v, long long shift, const int *pages,
                                 int max_pages, int page_tokens) {
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, kvw = heads * hd, units = store_kv_units(hd, q4);
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    int kvw = heads * hd;
+    int units = store_kv_units(hd, q4);
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= store_kv_threads(rows, heads, hd, q4)) return;
-    int unit = (int)(i % units), head = (int)(i / units % heads), kv = (int)(i / units / heads % 2),
-        r = (int)(i / units / heads / 2);
-    int b = r / n_new, slot = past[b] + r % n_new - pad[b];
+    int unit = (int)(i % units);
+    int head = (int)(i / units % heads);
+    int kv = (int)(i / units / heads % 2);
+    int r = (int)(i / units / heads / 2);
+    int b = r / n_new;
+    int slot = past[b] + r % n_new - pad[b];
     char *cache = (char *)(kv ? v[b] : k[b]);
     if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
     cache += shift;
@@ -821,12 +847,14 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
         row[unit] = x[unit];
         return;
     }
-    int g = unit, n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
+    int g = unit;
+    int n = hd - g * Q4_GROUP < Q4_GROUP ? hd - g * Q4_GROUP : Q4_GROUP;
     float group[Q4_GROUP];
     for (int e = 0; e < n; e++) group[e] = __half2float(x[g * Q4_GROUP + e]);
     size_t head_bytes = (size_t)G * (Q4_GROUP / 2 + 4);
     uint8_t *bytes = (uint8_t *)cache + row_at * heads * head_bytes + (size_t)head * head_bytes;
-    __half *mins = (__half *)(bytes + (size_t)G * (Q4_GROUP / 2)), *scales = mins + G;
+    __half *mins = (__half *)(bytes + (size_t)G * (Q4_GROUP / 2));
+    __half *scales = mins + G;
     compress_group(group, n, bytes + g * (Q4_GROUP / 2), &mins[g], &scales[g]);
 }
 
@@ -837,14 +865,19 @@ __global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int 
  * column-major): one product over every head (OPT), or one per K/V head over the query heads that
  * share it, its K and V repeated by a batch stride of 0 (grouped-query attention). */
 static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b) {
-    int n = gb->n_new, H = c->n_heads, hd = cfg_head_dim(c), group = H / cfg_kv_heads(c),
-        qw = q_width(c);
+    int n = gb->n_new;
+    int H = c->n_heads;
+    int hd = cfg_head_dim(c);
+    int group = H / cfg_kv_heads(c);
+    int qw = q_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
-    float scale = 1.0f / sqrtf((float)hd), one = 1, zero = 0;
-    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0],
-                 *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
+    float scale = 1.0f / sqrtf((float)hd);
+    float one = 1, zero = 0;
+    const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0];
+    const __half *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
     const __half *v = d->qkv + at.at[2] + (size_t)b * n * at.stride[2];
-    int calls = group == 1 ? 1 : H / group, batch = group == 1 ? H : group;
+    int calls = group == 1 ? 1 : H / group;
+    int batch = group == 1 ? H : group;
     long long kv_stride = group == 1 ? hd : 0;
     for (int j = 0; j < calls; j++) /* scores of query heads j batch .. (j + 1) batch - 1 */
         BLAS_PRODUCT(cublasGemmStridedBatchedEx(
@@ -984,7 +1017,8 @@ __device__ kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
         b.bits = *(const uint4 *)(r.half + 8 * c);
         return b;
     }
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP, g = 8 * c / Q4_GROUP;
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    int g = 8 * c / Q4_GROUP;
     const __half *mins = (const __half *)(r.q4 + G * (Q4_GROUP / 2));
     b.bits.x = *(const uint32_t *)(r.q4 + g * (Q4_GROUP / 2) + 8 * c % Q4_GROUP / 2);
     b.min = mins[g];
@@ -1007,7 +1041,8 @@ __device__ void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, float v
         }
         return;
     }
-    float min = __half2float(b.min), scale = __half2float(b.scale);
+    float min = __half2float(b.min);
+    float scale = __half2float(b.scale);
     for (int i = 0; i < 8; i++) {
         int byte = (b.bits.x >> (8 * (i / 2))) & 255;
         v[i] = fmaf((float)((byte >> (i % 2 ? 0 : 4)) & 15), scale, min);
@@ -1024,7 +1059,9 @@ __device__ void query_to_shared(const __half *q, int hd, float *query) {
  * CHUNKS_AT_ONCE chunks loaded before they are used. */
 __device__ void attention_scores(const float *query, const kv_head *keys, int first, int n,
                                  float scale, float *scores) {
-    int hd = keys->hd, chunks = (hd + 7) / 8, whole = kv_whole(keys);
+    int hd = keys->hd;
+    int chunks = (hd + 7) / 8;
+    int whole = kv_whole(keys);
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         kv_row key = kv_row_at(keys, first + j);
         float dot = 0;
@@ -1075,8 +1112,12 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
  * into out rounded to fp16, or into sums in fp32 where out is NULL. */
 __device__ void attention_values(const float *weights, const char *kept, const kv_head *values,
                                  int first, int n, float *partial, __half *out, float *sums) {
-    int hd = values->hd, chunks = (hd + 7) / 8, whole = kv_whole(values);
-    int groups = blockDim.x / chunks, group = threadIdx.x / chunks, c = threadIdx.x % chunks;
+    int hd = values->hd;
+    int chunks = (hd + 7) / 8;
+    int whole = kv_whole(values);
+    int groups = blockDim.x / chunks;
+    int group = threadIdx.x / chunks;
+    int c = threadIdx.x % chunks;
     float acc[8] = {0};
     for (int j0 = group * KEYS_AT_ONCE; group < groups && j0 < n; j0 += groups * KEYS_AT_ONCE) {
         kv_row value[KEYS_AT_ONCE];
@@ -1125,9 +1166,14 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
-    int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, kvh = head / (heads / kv_heads);
+    int head = blockIdx.x;
+    int b = blockIdx.y;
+    int t = blockIdx.z;
+    int kvh = head / (heads / kv_heads);
     if (!kc[b]) return; /* delegated */
-    int slot = past[b] + t - pad[b], nk = slot + 1, decode = n_new - pad[b] == 1 && past[b] > 0;
+    int slot = past[b] + t - pad[b];
+    int nk = slot + 1;
+    int decode = n_new - pad[b] == 1 && past[b] > 0;
     __half *out = attn + ((size_t)b * n_new + t) * heads * hd + (size_t)head * hd;
     if (t < pad[b]) { /* a padding query: zeros, as on the CPU */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
@@ -1135,26 +1181,21 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     }
     const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
     size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
-    kv_head keys = {(const char *)kc[b] + shift,
-                    pages + (size_t)b * max_pages,
-                    page_tokens,
-                    qkv + at.at[1] + first * at.stride[1],
-                    at.stride[1],
-                    past[b],
-                    kvh,
-                    hd,
-                    kv_heads,
-                    q4};
-    kv_head values = {(const char *)vc[b] + shift,
-                      pages + ((size_t)gridDim.y + b) * max_pages,
-                      page_tokens,
-                      qkv + at.at[2] + first * at.stride[2],
-                      at.stride[2],
-                      past[b],
-                      kvh,
-                      hd,
-                      kv_heads,
-                      q4};
+    kv_head keys = {.cache = (const char *)kc[b] + shift,
+                    .pages = pages + (size_t)b * max_pages,
+                    .page_tokens = page_tokens,
+                    .fresh = qkv + at.at[1] + first * at.stride[1],
+                    .stride = at.stride[1],
+                    .past = past[b],
+                    .head = kvh,
+                    .hd = hd,
+                    .heads = kv_heads,
+                    .q4 = q4};
+    kv_head values = keys; /* the same head's values: their cache, page table and rows */
+    values.cache = (const char *)vc[b] + shift;
+    values.pages = pages + ((size_t)gridDim.y + b) * max_pages;
+    values.fresh = qkv + at.at[2] + first * at.stride[2];
+    values.stride = at.stride[2];
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     query_to_shared(q, hd, query);
     __syncthreads();
@@ -1189,34 +1230,35 @@ __global__ void attention_span_kernel(attention_split a) {
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
-    int head = blockIdx.x / a.spans, span = blockIdx.x % a.spans, b = blockIdx.y, t = blockIdx.z;
-    int kvh = head / (a.heads / a.kv_heads), hd = a.hd, first = span * FG_CUDA_SPAN_KEYS;
+    int head = blockIdx.x / a.spans;
+    int span = blockIdx.x % a.spans;
+    int b = blockIdx.y;
+    int t = blockIdx.z;
+    int kvh = head / (a.heads / a.kv_heads);
+    int hd = a.hd;
+    int first = span * FG_CUDA_SPAN_KEYS;
     if (!a.kc[b] || t < a.pad[b]) return; /* delegated; padding (the merge writes its zeros) */
     int nk = a.past[b] + t - a.pad[b] + 1;
     int n = nk - first < FG_CUDA_SPAN_KEYS ? nk - first : FG_CUDA_SPAN_KEYS;
     if (n <= 0) return; /* past the query's keys */
-    size_t row = (size_t)b * a.n_new + t, fresh = (size_t)b * a.n_new + a.pad[b];
+    size_t row = (size_t)b * a.n_new + t;
+    size_t fresh = (size_t)b * a.n_new + a.pad[b];
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
-    kv_head keys = {(const char *)a.kc[b] + a.shift,
-                    a.pages + (size_t)b * a.max_pages,
-                    a.page_tokens,
-                    a.qkv + a.at.at[1] + fresh * a.at.stride[1],
-                    a.at.stride[1],
-                    a.past[b],
-                    kvh,
-                    hd,
-                    a.kv_heads,
-                    a.q4};
-    kv_head values = {(const char *)a.vc[b] + a.shift,
-                      a.pages + ((size_t)gridDim.y + b) * a.max_pages,
-                      a.page_tokens,
-                      a.qkv + a.at.at[2] + fresh * a.at.stride[2],
-                      a.at.stride[2],
-                      a.past[b],
-                      kvh,
-                      hd,
-                      a.kv_heads,
-                      a.q4};
+    kv_head keys = {.cache = (const char *)a.kc[b] + a.shift,
+                    .pages = a.pages + (size_t)b * a.max_pages,
+                    .page_tokens = a.page_tokens,
+                    .fresh = a.qkv + a.at.at[1] + fresh * a.at.stride[1],
+                    .stride = a.at.stride[1],
+                    .past = a.past[b],
+                    .head = kvh,
+                    .hd = hd,
+                    .heads = a.kv_heads,
+                    .q4 = a.q4};
+    kv_head values = keys; /* the same head's values: their cache, page table and rows */
+    values.cache = (const char *)a.vc[b] + a.shift;
+    values.pages = a.pages + ((size_t)gridDim.y + b) * a.max_pages;
+    values.fresh = a.qkv + a.at.at[2] + fresh * a.at.stride[2];
+    values.stride = a.at.stride[2];
     float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
     query_to_shared(q, hd, query);
     __syncthreads();
@@ -1242,7 +1284,10 @@ __global__ void attention_span_kernel(attention_split a) {
  * attention (opt_attend_decode in decode), with attention_span_kernel. Test: test_attention (a
  * merge that reads only the first span fails its cases of two and more spans). */
 __global__ void attention_merge_kernel(attention_split a) {
-    int head = blockIdx.x, b = blockIdx.y, t = blockIdx.z, hd = a.hd;
+    int head = blockIdx.x;
+    int b = blockIdx.y;
+    int t = blockIdx.z;
+    int hd = a.hd;
     if (!a.kc[b]) return; /* delegated */
     size_t row = (size_t)b * a.n_new + t;
     __half *out = a.attn + row * a.heads * hd + (size_t)head * hd;
@@ -1250,7 +1295,8 @@ __global__ void attention_merge_kernel(attention_split a) {
         for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
         return;
     }
-    int nk = a.past[b] + t - a.pad[b] + 1, used = (nk + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
+    int nk = a.past[b] + t - a.pad[b] + 1;
+    int used = (nk + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
     const float *sums = a.partials + (row * a.heads + head) * a.spans * (hd + 2);
     float M = -INFINITY;
     float L = 0;
@@ -1279,10 +1325,12 @@ static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb
     size_t n = gb->n_new, qw = q_width(c), width = qkv_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
-    for (int b0 = 0, b1; b0 < gb->batch; b0 = b1) {
+    int b1 = 0; /* the end of the run that begins at b0 */
+    for (int b0 = 0; b0 < gb->batch; b0 = b1) {
         for (b1 = b0; b1 < gb->batch && gb->kv_in_host[b1] == gb->kv_in_host[b0]; b1++) {}
         if (!gb->kv_in_host[b0]) continue;
-        size_t first = (size_t)b0 * n, count = (size_t)(b1 - b0) * n;
+        size_t first = (size_t)b0 * n;
+        size_t count = (size_t)(b1 - b0) * n;
         if (at.stride[0] == width) /* rows of q, k and v together (OPT) */
             cuda_copy_out(d->host16, d->qkv + first * width, count * width * sizeof(fp16));
         else /* q, then k, then v, each its own block */
@@ -1351,7 +1399,8 @@ __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int v = 2 * (blockIdx.x * (blockDim.x / 32) + warp);
     if (v >= vocab) return;
-    size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP, g = (size_t)v / Q4_GROUP;
+    size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP;
+    size_t g = (size_t)v / Q4_GROUP;
     const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
     const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
     const __half *scales = mins + G * dim;
@@ -1420,14 +1469,21 @@ __global__ void rms_norm_kernel(const __half *x, int dim, const __half *w, float
  * CPU twin: llama_model.c's rope. Test: test_rope, within its bound of HF's rotation in double. */
 __global__ void rope_kernel(__half *qkv, qkv_layout at, int n_new, const int *past, const int *pad,
                             int hd, int heads, int kv_heads, rope_freqs freqs) {
-    int r = blockIdx.x, b = r / n_new, half = hd / 2;
+    int r = blockIdx.x;
+    int b = r / n_new;
+    int half = hd / 2;
     float pos = (float)(past[b] + r % n_new - pad[b]);
     for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
-        int head = i / half, p = i % half, is_k = head >= heads;
+        int head = i / half;
+        int p = i % half;
+        int is_k = head >= heads;
         __half *v =
             qkv + at.at[is_k] + (size_t)r * at.stride[is_k] + (size_t)(head - is_k * heads) * hd;
-        float angle = pos * freqs.f[p], cosine = cosf(angle), sine = sinf(angle);
-        float a = __half2float(v[p]), c = __half2float(v[p + half]);
+        float angle = pos * freqs.f[p];
+        float cosine = cosf(angle);
+        float sine = sinf(angle);
+        float a = __half2float(v[p]);
+        float c = __half2float(v[p + half]);
         v[p] = __float2half_rn(a * cosine - c * sine);
         v[p + half] = __float2half_rn(c * cosine + a * sine);
     }

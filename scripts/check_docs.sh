@@ -135,6 +135,9 @@ sources = ' '.join(open(p, errors='replace').read() for p in tracked if p.endswi
 for struct in sorted({s for s, _ in named}):
     decl = re.search(r'typedef struct \{((?:(?!typedef struct).)*?)\} ' + struct + ';', sources, re.S)
     pointers = set(re.findall(r'\(\*(\w+)\)', decl.group(1))) if decl else set()
+    pointer_types = set(re.findall(r'typedef [^;{]*\(\*(\w+)\)\(', sources))
+    for kind in pointer_types:  # fields of a function pointer type by name: `fg_plan_check check;`
+        pointers |= set(re.findall(r'\b' + kind + r'\s+(\w+);', decl.group(1) if decl else ''))
     for field in sorted(pointers - {f for s, f in named if s == struct}):
         fail = True
         print(f'{design}: the block of table calls has no `{struct}.{field}` (a function pointer of '

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# check_checks.sh: the check scripts, checked. Each case copies the tracked tree (less the models,
+# fixtures and pictures) into a temporary directory, plants one violation there, runs one check
+# script on the copy and expects it to fail, naming the violation; and, for the limits, a copy
+# that stays just within the limit passes. So a check that counts a function one line short,
+# leaves *.cu out of its files or reads no doc still fails here:
+#   check_layout.sh   a 61-line function in a paper file (a 60-line one passes); a map row one
+#                     line off
+#   check_style.sh    a 101-column line in flexgen.cu (100 columns pass); a comma chain in a .c
+#                     file
+#   check_docs.sh     a doc pointing at code by line; a wrong file size; a function pointer the
+#                     block of table calls leaves out
+# Usage: bash scripts/check_checks.sh [OBJECTS]   (OBJECTS: the build's objects, as for
+#        scripts/check_docs.sh; make test passes build/obj). Prints a line a case; the last,
+#        "N passed, N failed"; exits 1 if a case failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+objects=$(cd "${1:-build/obj}" && pwd) || { echo "check_checks.sh: no objects in ${1:-build/obj}" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+
+# A fresh copy of the tracked tree in $work/tree, a git repository of its own (check_style.sh
+# lists its files with git ls-files).
+fresh_copy() {
+    rm -rf "$work/tree"
+    mkdir "$work/tree"
+    git ls-files | grep -v -E '^(models|tests/fixtures)/|\.png$' | tar -cf - -T - | tar -xf - -C "$work/tree"
+    (cd "$work/tree" && git init -q && git add -A) || exit 2
+    mkdir -p "$work/tree/build" # the CUDA objects, which call_graph.sh reads from build/
+    for cu in "$root"/build/flexgen_cu.o "$root"/build/cuda_device_cu.o; do
+        [ ! -f "$cu" ] || cp "$cu" "$work/tree/build/"
+    done
+}
+
+# CASE SCRIPT EXPECT WANT: run SCRIPT on the copy; EXPECT fail: a non-zero exit and a line
+# holding WANT; pass: exit 0; clear: no line holding WANT (whatever else the script finds).
+expect() {
+    local case=$1 script=$2 want_exit=$3 want=$4 out rc
+    out=$(cd "$work/tree" && bash "$script" "$objects" 2>&1)
+    rc=$?
+    if [ "$want_exit" = fail ] && [ $rc -ne 0 ] && grep -qF -- "$want" <<<"$out"; then
+        echo "ok    $case: $(grep -F -m 1 -- "$want" <<<"$out" | cut -c1-120)"
+        passed=$((passed + 1))
+    elif [ "$want_exit" = pass ] && [ $rc -eq 0 ]; then
+        echo "ok    $case: passes"
+        passed=$((passed + 1))
+    elif [ "$want_exit" = clear ] && ! grep -qF -- "$want" <<<"$out"; then
+        echo "ok    $case: no '$want'"
+        passed=$((passed + 1))
+    else
+        echo "MISS  $case: expected it to $want_exit${want:+ naming '$want'}; exit $rc:"
+        echo "$out" | grep -v '^ok' | head -5
+        failed=$((failed + 1))
+    fi
+}
+
+# A function of `lines` lines (its header through its closing brace) at the end of file.
+function_of() { # file, name, lines
+    {
+        echo ""
+        echo "int $2(int x) {"
+        for ((i = 0; i < $3 - 3; i++)); do echo "    x += $i;"; done
+        echo "    return x;"
+        echo "}"
+    } >>"$1"
+}
+
+# ---- check_layout.sh ----
+fresh_copy
+function_of "$work/tree/quant.c" planted_long 61
+expect "check_layout.sh, a 61-line function in quant.c" scripts/check_layout.sh fail "quant.c:"
+fresh_copy
+function_of "$work/tree/quant.c" planted_long 60
+sed -i 's/^check "paper C files/check_off "paper C files/; s/^check() {/check_off() { :; }\ncheck() {/' \
+    "$work/tree/scripts/check_layout.sh" # the planted lines may pass the files' total
+expect "check_layout.sh, a 60-line function in quant.c" scripts/check_layout.sh pass ""
+fresh_copy
+line=$(grep -n -m 1 '^static' "$work/tree/flexgen.c" | cut -d: -f1)
+sed -i "${line}i\\
+/* a line that moves every function below it */" "$work/tree/flexgen.c"
+expect "check_layout.sh, flexgen.c's map one line off" scripts/check_layout.sh fail "flexgen.c's map"
+
+# ---- check_style.sh (its clang parse of flexgen.cu needs build-emu/; the columns do not) ----
+fresh_copy
+printf '/* %095d */\n' 0 >>"$work/tree/flexgen.cu"
+expect "check_style.sh, a 101-column line in flexgen.cu" scripts/check_style.sh fail "flexgen.cu:"
+fresh_copy
+printf '/* %094d */\n' 0 >>"$work/tree/flexgen.cu"
+expect "check_style.sh, a 100-column line in flexgen.cu" scripts/check_style.sh clear "MISS  lines over 100"
+fresh_copy
+cat >>"$work/tree/quant.c" <<'EOF'
+
+int planted_commas(int x) {
+    int y = 0;
+    x = 1, y = 2;
+    return x + y;
+}
+EOF
+expect "check_style.sh, a comma chain in quant.c" scripts/check_style.sh fail "comma-chained statements: quant.c:"
+
+# ---- check_docs.sh ----
+fresh_copy
+echo "See flexgen.c:120 for the loop." >>"$work/tree/docs/DESIGN.md"
+expect "check_docs.sh, a doc pointing at flexgen.c by line" scripts/check_docs.sh fail "points at flexgen.c:120"
+fresh_copy
+echo "The emulator is \`emu.cpp\` (12 lines)." >>"$work/tree/docs/GPU.md"
+expect "check_docs.sh, a wrong file size" scripts/check_docs.sh fail "says \`emu.cpp\` has 12 lines"
+fresh_copy
+sed -i '/==> fg_search_request.place/d' "$work/tree/docs/DESIGN.md"
+expect "check_docs.sh, the table calls without fg_search_request.place" scripts/check_docs.sh fail \
+    "fg_search_request.place"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
