@@ -1,25 +1,26 @@
 /* flexgen.c: FlexGen's runtime (§4.1, §4.2): the zig-zag block schedule of Fig. 4 (and, on the
  * same loop, the diagonal one of Appendix A.2), the paper's verbs it calls, a block's step and its
  * tokens, and generate(). It reads top-down in the loop's order: the two loops under this map,
- * then Fig. 4's verbs, the step's edges, the tokens, refill and the diagonal schedule, generate();
- * last, what the verbs move (the rows of the KV cache and activations, their I/O tasks). What the
- * loops and verbs call from further down is declared above them. The map (scripts/check_layout.sh
- * holds each line to the function's definition):
+ * then Fig. 4's verbs and, right below them, what they move (the rows of the KV cache and
+ * activations) and the I/O tasks they hand the links' threads; then the step's edges, the tokens,
+ * refill and the diagonal schedule, generate(). What the loops and verbs call from further down
+ * is declared above them. The map (scripts/check_layout.sh holds each line to the function's
+ * definition):
  *
- *   107  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
- *   138  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
- *   181  at                       an iteration: layer j, GPU batch k, its arena; before, after
- *   223  load_weight              Fig. 4's load_weight; load_weight_now, the plain loop's
- *   242  load_cache               Fig. 4's load_cache; store_cache below it
- *   288  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
- *   317  compute                  layer j of GPU batch k on the backend
- *   350  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
- *   411  step_begins              a block's step: tokens back, pages; step_ends
- *   505  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   720  refill_slots             ended sequences' slots take the next prompts (--refill)
- *   738  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *   889  generate                 prompts in rounds of blocks (run_round)
- *  1046  cache_in_task            the verbs' I/O tasks: the KV cache's, then the activations'
+ *   108  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
+ *   139  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
+ *   182  at                       an iteration: layer j, GPU batch k, its arena; before, after
+ *   224  load_weight              Fig. 4's load_weight; load_weight_now, the plain loop's
+ *   243  load_cache               Fig. 4's load_cache; store_cache below it
+ *   289  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
+ *   318  compute                  layer j of GPU batch k on the backend
+ *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
+ *   476  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
+ *   664  step_begins              a block's step: tokens back, pages; step_ends
+ *   758  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   973  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *   991  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1142  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -370,6 +371,258 @@ static void store_last_iteration(block *bl) {
     iteration last = at(bl, bl->m->end_layer - 1, bl->n_batches - 1);
     store_activation(bl, last);
     store_cache(bl, last);
+}
+
+/* ============================================================================================
+ * What the verbs move (§4.1): a block's KV cache and activations on the tiers (homes, as
+ * shape_block sizes them), and the two staging arenas of the gpu tier that double-buffer what
+ * moves: iteration t of the loop computes from arena t % 2 while the other is filled for the next
+ * iteration and emptied from the previous one. Where each row lives, then the verbs' I/O tasks.
+ * ============================================================================================ */
+
+/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
+static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
+    const block_shape *s = &bl->shape;
+    size_t pool_rows = (size_t)s->kv.pool_pages[t] * s->kv.page_tokens;
+    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * pool_rows * s->kv_row;
+}
+
+/* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
+static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
+    size_t row = kv_page_row(slot_pages(&bl->pages, slot), bl->shape.kv.page_tokens, j);
+    return kv_pool(bl, slot_tier(&bl->pages, slot), layer, kv) + row * bl->shape.kv_row;
+}
+
+/* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
+static int run_in_page(const block *bl, int j, int end) {
+    int page_end = (j / bl->shape.kv.page_tokens + 1) * bl->shape.kv.page_tokens;
+    return (page_end < end ? page_end : end) - j;
+}
+
+/* The tokens of slot `slot`'s cache from j on (to `end`) that lie one after another in its pool:
+ * j's page and each next page that its table puts right after the one before. A run moves as one
+ * copy, however many pages it spans. */
+static int run_in_pool(const block *bl, int slot, int j, int end) {
+    const int *pages = slot_pages(&bl->pages, slot);
+    int page_tokens = bl->shape.kv.page_tokens;
+    int n = run_in_page(bl, j, end);
+    while (j + n < end && pages[(j + n) / page_tokens] == pages[(j + n) / page_tokens - 1] + 1)
+        n += run_in_page(bl, j + n, end);
+    return n;
+}
+
+/* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
+static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
+    int staged = bl->shape.gbs - bl->shape.cache.rows[TIER_GPU];
+    size_t idx = (size_t)kv * staged + (b - bl->shape.cache.rows[TIER_GPU]);
+    return bl->kv_stage[arena] + idx * bl->shape.stage_len * bl->shape.kv_row;
+}
+
+/* Sequence b's activation rows in GPU batch k, where they live: in batch k's part of its tier's
+ * home (max_prompt rows a sequence), this step's rows of the tier's sequences one after another,
+ * so that they move in one copy. */
+static char *act_home_rows(const block *bl, int k, int b) {
+    int r;
+    fg_tier t = row_tier(&bl->shape.act, b, &r);
+    size_t part = (size_t)k * bl->shape.act.rows[t] * bl->shape.max_prompt;
+    return bl->act_home[t] + (part + (size_t)r * bl->gb[k].n_new) * bl->shape.act_row;
+}
+
+/* Layer j's KV cache among this stage's decoder layers'. */
+static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
+
+/* Sequence b of a task's GPU batch: its slot in the block. */
+static int task_slot(const block *bl, const io_task *task, int b) {
+    return task->batch * bl->shape.gbs + b;
+}
+
+/* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
+static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
+    return kv_home_row(bl, task_slot(bl, task, b), cache_layer(bl, task->layer), kv, j);
+}
+
+/* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
+ * not padding), in bytes of one layer's K (or V). */
+static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return (size_t)gb->past[b] * bl->shape.kv_row;
+}
+
+static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
+    return (size_t)(gb->n_new - gb->pad[b]) * bl->shape.kv_row;
+}
+
+/* The verbs' tasks below walk a GPU batch's sequences whose rows live off the gpu tier: a split
+ * (block_shape's cache and act) homes a GPU batch's first rows on the gpu tier, the next on cpu,
+ * the rest on disk, so those are the sequences from split.rows[TIER_GPU] on. */
+
+static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        if (tier_of(&bl->shape.cache, b) != TIER_DISK) continue;
+        for (int kv = 0; kv < 2; kv++)
+            for (int j = 0, n; j < gb->past[b]; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
+                disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->shape.kv_row);
+            }
+    }
+}
+
+/* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
+static int v_in_place(const block *bl, int kv, fg_tier t) {
+    return bl->sparse_v && kv == 1 && t == TIER_CPU;
+}
+
+static void cache_in_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    size_t row = bl->shape.kv_row;
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        fg_tier t = tier_of(&bl->shape.cache, b);
+        for (int kv = 0; kv < 2; kv++) {
+            if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
+            char *stage = kv_stage_rows(bl, task->arena, kv, b);
+            /* a run of pages at a time, into rows in order */
+            for (int j = 0, n; j < gb->past[b]; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
+                char *home = task_kv_row(bl, task, kv, b, j);
+                rt->backend->copy_in(stage + j * row, home, n * row);
+                if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
+            }
+            link_add(rt, LINK_CPU_TO_GPU, (double)past_bytes(bl, gb, b));
+        }
+    }
+}
+
+static void cache_out_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    size_t row = bl->shape.kv_row;
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        fg_tier t = tier_of(&bl->shape.cache, b);
+        for (int kv = 0; kv < 2; kv++) {
+            size_t bytes = new_bytes(bl, gb, b);
+            int end = gb->past[b] + (int)(bytes / row);
+            char *stage = kv_stage_rows(bl, task->arena, kv, b);
+            /* else attention wrote them in place */
+            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
+                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), stage + j * row, n * row);
+            }
+            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
+        }
+    }
+    rt->backend->copies_done(); /* in their homes before they are read there or written to disk */
+}
+
+/* Writes back this step's new slots of the disk rows; with delegation the past rows were read
+ * in place and leave memory too. */
+static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    const gpu_batch *gb = &bl->gb[task->batch];
+    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
+        if (tier_of(&bl->shape.cache, b) != TIER_DISK) continue;
+        int past = gb->past[b];
+        int from = bl->delegate ? 0 : past;
+        int end = past + gb->n_new - gb->pad[b];
+        for (int kv = 0; kv < 2; kv++)
+            for (int j = from, n; j < end; j += n) {
+                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
+                int written = j + n - (j > past ? j : past); /* of these rows, this step's */
+                disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->shape.kv_row,
+                             written > 0 ? written * bl->shape.kv_row : 0);
+            }
+    }
+}
+
+static int any_past(const gpu_batch *gb) {
+    for (int b = 0; b < gb->batch; b++)
+        if (gb->past[b] > 0) return 1;
+    return 0;
+}
+
+/* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
+static size_t act_bytes(const block *bl, int k) {
+    return (size_t)bl->gb[k].n_new * bl->shape.act_row;
+}
+
+size_t batch_act_bytes(const block *bl, int k) {
+    return (size_t)bl->gb[k].batch * act_bytes(bl, k);
+}
+
+static char *x_rows(const block *bl, int arena, int k, int b) {
+    return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k);
+}
+
+static void act_fetch_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->batch;
+    for (int b = bl->shape.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
+        if (tier_of(&bl->shape.act, b) == TIER_DISK)
+            disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
+}
+
+/* Sequence rows of GPU batch k between a staging arena and their homes: in (home -> staging,
+ * cpu -> gpu) or out (staging -> home, gpu -> cpu), a tier's sequences at a time. Rows homed on
+ * the gpu tier move no link. */
+static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
+    for (int b = 0, n; b < bl->gb[k].batch; b += n) {
+        fg_tier t = tier_of(&bl->shape.act, b);
+        for (n = 1; b + n < bl->gb[k].batch && tier_of(&bl->shape.act, b + n) == t; n++) {}
+        size_t bytes = n * act_bytes(bl, k);
+        char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
+        if (t == TIER_GPU) {
+            rt->backend->copy(out ? home : x, out ? x : home, bytes);
+        } else if (out) {
+            rt->backend->copy_out(home, x, bytes);
+            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
+            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
+        } else {
+            rt->backend->copy_in(x, home, bytes);
+            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
+            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
+        }
+    }
+}
+
+static void act_in_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->batch, task->arena, 0);
+}
+
+static void act_out_task(fg_runtime *rt, const io_task *task) {
+    act_move(rt, task->ctx, task->batch, task->arena, 1);
+    rt->backend->copies_done(); /* in their homes before they are written to disk */
+}
+
+static void act_writeback_task(fg_runtime *rt, const io_task *task) {
+    block *bl = task->ctx;
+    int k = task->batch;
+    size_t bytes = act_bytes(bl, k);
+    for (int b = bl->shape.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
+        if (tier_of(&bl->shape.act, b) == TIER_DISK)
+            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), bytes, bytes);
+}
+
+/* Points GPU batch k at its iteration's activations and at layer j's cache rows: in their home
+ * on the gpu tier (or, delegated, on cpu and disk), in the staging arena otherwise. */
+static void bind_batch(block *bl, iteration it) {
+    gpu_batch *gb = &bl->gb[it.k];
+    gb->x = bl->x_stage[it.arena];
+    if (!is_decoder_layer(bl, it.j)) return;
+    int layer = cache_layer(bl, it.j);
+    for (int b = 0; b < gb->batch; b++) {
+        int slot = it.k * bl->shape.gbs + b;
+        fg_tier t = tier_of(&bl->shape.cache, b);
+        int home = t == TIER_GPU || bl->delegate;
+        int v_home = home || v_in_place(bl, 1, t);
+        gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
+        gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
+        gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
+        gb->v_pages[b] = v_home ? slot_pages(&bl->pages, slot) : NULL;
+        gb->kv_in_host[b] = bl->delegate && t != TIER_GPU;
+        gb->v_rows_read[b] = 0;
+    }
 }
 
 /* ============================================================================================
@@ -941,256 +1194,4 @@ int generate(fg_model *m, const gen_options *opt, int n_prompts, int *const *pro
     if (!run.pools_ran_out) return 0;
     return fg_fail(err, "internal error: a KV cache pool ran out: the schedule held more than its "
                         "pools were sized for");
-}
-
-/* ============================================================================================
- * What the verbs move (§4.1): a block's KV cache and activations on the tiers (homes, as
- * shape_block sizes them), and the two staging arenas of the gpu tier that double-buffer what
- * moves: iteration t of the loop computes from arena t % 2 while the other is filled for the next
- * iteration and emptied from the previous one. Where each row lives, then the verbs' I/O tasks.
- * ============================================================================================ */
-
-/* The pool of `layer`'s K (kv 0) or V (kv 1) on tier t: page p holds rows p * page_tokens on. */
-static char *kv_pool(const block *bl, fg_tier t, int layer, int kv) {
-    const block_shape *s = &bl->shape;
-    size_t pool_rows = (size_t)s->kv.pool_pages[t] * s->kv.page_tokens;
-    return bl->kv_home[t] + ((size_t)layer * 2 + kv) * pool_rows * s->kv_row;
-}
-
-/* Token j of slot `slot`'s cache of `layer`, K or V, where it lives: through its page table. */
-static char *kv_home_row(const block *bl, int slot, int layer, int kv, int j) {
-    size_t row = kv_page_row(slot_pages(&bl->pages, slot), bl->shape.kv.page_tokens, j);
-    return kv_pool(bl, slot_tier(&bl->pages, slot), layer, kv) + row * bl->shape.kv_row;
-}
-
-/* The tokens from j on that lie in order in the cache (to `end`, or the end of j's page). */
-static int run_in_page(const block *bl, int j, int end) {
-    int page_end = (j / bl->shape.kv.page_tokens + 1) * bl->shape.kv.page_tokens;
-    return (page_end < end ? page_end : end) - j;
-}
-
-/* The tokens of slot `slot`'s cache from j on (to `end`) that lie one after another in its pool:
- * j's page and each next page that its table puts right after the one before. A run moves as one
- * copy, however many pages it spans. */
-static int run_in_pool(const block *bl, int slot, int j, int end) {
-    const int *pages = slot_pages(&bl->pages, slot);
-    int page_tokens = bl->shape.kv.page_tokens;
-    int n = run_in_page(bl, j, end);
-    while (j + n < end && pages[(j + n) / page_tokens] == pages[(j + n) / page_tokens - 1] + 1)
-        n += run_in_page(bl, j + n, end);
-    return n;
-}
-
-/* The same rows in a KV cache staging arena, where sequences off the gpu tier are staged. */
-static char *kv_stage_rows(const block *bl, int arena, int kv, int b) {
-    int staged = bl->shape.gbs - bl->shape.cache.rows[TIER_GPU];
-    size_t idx = (size_t)kv * staged + (b - bl->shape.cache.rows[TIER_GPU]);
-    return bl->kv_stage[arena] + idx * bl->shape.stage_len * bl->shape.kv_row;
-}
-
-/* Sequence b's activation rows in GPU batch k, where they live: in batch k's part of its tier's
- * home (max_prompt rows a sequence), this step's rows of the tier's sequences one after another,
- * so that they move in one copy. */
-static char *act_home_rows(const block *bl, int k, int b) {
-    int r;
-    fg_tier t = row_tier(&bl->shape.act, b, &r);
-    size_t part = (size_t)k * bl->shape.act.rows[t] * bl->shape.max_prompt;
-    return bl->act_home[t] + (part + (size_t)r * bl->gb[k].n_new) * bl->shape.act_row;
-}
-
-/* Layer j's KV cache among this stage's decoder layers'. */
-static int cache_layer(const block *bl, int j) { return decoder_of(j) - bl->m->first_decoder; }
-
-/* Sequence b of a task's GPU batch: its slot in the block. */
-static int task_slot(const block *bl, const io_task *task, int b) {
-    return task->batch * bl->shape.gbs + b;
-}
-
-/* Token j of sequence b's K (kv 0) or V (kv 1) of a task's layer and GPU batch, in its home. */
-static char *task_kv_row(const block *bl, const io_task *task, int kv, int b, int j) {
-    return kv_home_row(bl, task_slot(bl, task, b), cache_layer(bl, task->layer), kv, j);
-}
-
-/* Sequence b's tokens in its cache before this step, and those this step adds (its rows that are
- * not padding), in bytes of one layer's K (or V). */
-static size_t past_bytes(const block *bl, const gpu_batch *gb, int b) {
-    return (size_t)gb->past[b] * bl->shape.kv_row;
-}
-
-static size_t new_bytes(const block *bl, const gpu_batch *gb, int b) {
-    return (size_t)(gb->n_new - gb->pad[b]) * bl->shape.kv_row;
-}
-
-/* The verbs' tasks below walk a GPU batch's sequences whose rows live off the gpu tier: a split
- * (block_shape's cache and act) homes a GPU batch's first rows on the gpu tier, the next on cpu,
- * the rest on disk, so those are the sequences from split.rows[TIER_GPU] on. */
-
-static void cache_fetch_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        if (tier_of(&bl->shape.cache, b) != TIER_DISK) continue;
-        for (int kv = 0; kv < 2; kv++)
-            for (int j = 0, n; j < gb->past[b]; j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
-                disk_fetch(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->shape.kv_row);
-            }
-    }
-}
-
-/* V rows that sparse attention reads where they live (kv 1 on the cpu tier, §5). */
-static int v_in_place(const block *bl, int kv, fg_tier t) {
-    return bl->sparse_v && kv == 1 && t == TIER_CPU;
-}
-
-static void cache_in_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    size_t row = bl->shape.kv_row;
-    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        fg_tier t = tier_of(&bl->shape.cache, b);
-        for (int kv = 0; kv < 2; kv++) {
-            if (v_in_place(bl, kv, t)) continue; /* counted as attention reads the kept rows */
-            char *stage = kv_stage_rows(bl, task->arena, kv, b);
-            /* a run of pages at a time, into rows in order */
-            for (int j = 0, n; j < gb->past[b]; j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, gb->past[b]);
-                char *home = task_kv_row(bl, task, kv, b, j);
-                rt->backend->copy_in(stage + j * row, home, n * row);
-                if (t == TIER_DISK) disk_release(rt, &bl->disk, home, n * row, 0);
-            }
-            link_add(rt, LINK_CPU_TO_GPU, (double)past_bytes(bl, gb, b));
-        }
-    }
-}
-
-static void cache_out_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    size_t row = bl->shape.kv_row;
-    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        fg_tier t = tier_of(&bl->shape.cache, b);
-        for (int kv = 0; kv < 2; kv++) {
-            size_t bytes = new_bytes(bl, gb, b);
-            int end = gb->past[b] + (int)(bytes / row);
-            char *stage = kv_stage_rows(bl, task->arena, kv, b);
-            /* else attention wrote them in place */
-            for (int j = gb->past[b], n; j < end && !v_in_place(bl, kv, t); j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
-                rt->backend->copy_out(task_kv_row(bl, task, kv, b, j), stage + j * row, n * row);
-            }
-            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
-            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
-        }
-    }
-    rt->backend->copies_done(); /* in their homes before they are read there or written to disk */
-}
-
-/* Writes back this step's new slots of the disk rows; with delegation the past rows were read
- * in place and leave memory too. */
-static void cache_writeback_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    const gpu_batch *gb = &bl->gb[task->batch];
-    for (int b = bl->shape.cache.rows[TIER_GPU]; b < gb->batch; b++) {
-        if (tier_of(&bl->shape.cache, b) != TIER_DISK) continue;
-        int past = gb->past[b];
-        int from = bl->delegate ? 0 : past;
-        int end = past + gb->n_new - gb->pad[b];
-        for (int kv = 0; kv < 2; kv++)
-            for (int j = from, n; j < end; j += n) {
-                n = run_in_pool(bl, task_slot(bl, task, b), j, end);
-                int written = j + n - (j > past ? j : past); /* of these rows, this step's */
-                disk_release(rt, &bl->disk, task_kv_row(bl, task, kv, b, j), n * bl->shape.kv_row,
-                             written > 0 ? written * bl->shape.kv_row : 0);
-            }
-    }
-}
-
-static int any_past(const gpu_batch *gb) {
-    for (int b = 0; b < gb->batch; b++)
-        if (gb->past[b] > 0) return 1;
-    return 0;
-}
-
-/* Activations: the rows of each sequence (n_new tokens) between its home and a staging arena. */
-static size_t act_bytes(const block *bl, int k) {
-    return (size_t)bl->gb[k].n_new * bl->shape.act_row;
-}
-
-size_t batch_act_bytes(const block *bl, int k) {
-    return (size_t)bl->gb[k].batch * act_bytes(bl, k);
-}
-
-static char *x_rows(const block *bl, int arena, int k, int b) {
-    return bl->x_stage[arena] + (size_t)b * act_bytes(bl, k);
-}
-
-static void act_fetch_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    int k = task->batch;
-    for (int b = bl->shape.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
-        if (tier_of(&bl->shape.act, b) == TIER_DISK)
-            disk_fetch(rt, &bl->disk, act_home_rows(bl, k, b), act_bytes(bl, k));
-}
-
-/* Sequence rows of GPU batch k between a staging arena and their homes: in (home -> staging,
- * cpu -> gpu) or out (staging -> home, gpu -> cpu), a tier's sequences at a time. Rows homed on
- * the gpu tier move no link. */
-static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
-    for (int b = 0, n; b < bl->gb[k].batch; b += n) {
-        fg_tier t = tier_of(&bl->shape.act, b);
-        for (n = 1; b + n < bl->gb[k].batch && tier_of(&bl->shape.act, b + n) == t; n++) {}
-        size_t bytes = n * act_bytes(bl, k);
-        char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
-        if (t == TIER_GPU) {
-            rt->backend->copy(out ? home : x, out ? x : home, bytes);
-        } else if (out) {
-            rt->backend->copy_out(home, x, bytes);
-            link_add(rt, LINK_GPU_TO_CPU, (double)bytes);
-            if (t == TIER_DISK) tier_add(rt, TIER_CPU, (double)bytes); /* until written back */
-        } else {
-            rt->backend->copy_in(x, home, bytes);
-            link_add(rt, LINK_CPU_TO_GPU, (double)bytes);
-            if (t == TIER_DISK) disk_release(rt, &bl->disk, home, bytes, 0);
-        }
-    }
-}
-
-static void act_in_task(fg_runtime *rt, const io_task *task) {
-    act_move(rt, task->ctx, task->batch, task->arena, 0);
-}
-
-static void act_out_task(fg_runtime *rt, const io_task *task) {
-    act_move(rt, task->ctx, task->batch, task->arena, 1);
-    rt->backend->copies_done(); /* in their homes before they are written to disk */
-}
-
-static void act_writeback_task(fg_runtime *rt, const io_task *task) {
-    block *bl = task->ctx;
-    int k = task->batch;
-    size_t bytes = act_bytes(bl, k);
-    for (int b = bl->shape.act.rows[TIER_GPU]; b < bl->gb[k].batch; b++)
-        if (tier_of(&bl->shape.act, b) == TIER_DISK)
-            disk_release(rt, &bl->disk, act_home_rows(bl, k, b), bytes, bytes);
-}
-
-/* Points GPU batch k at its iteration's activations and at layer j's cache rows: in their home
- * on the gpu tier (or, delegated, on cpu and disk), in the staging arena otherwise. */
-static void bind_batch(block *bl, iteration it) {
-    gpu_batch *gb = &bl->gb[it.k];
-    gb->x = bl->x_stage[it.arena];
-    if (!is_decoder_layer(bl, it.j)) return;
-    int layer = cache_layer(bl, it.j);
-    for (int b = 0; b < gb->batch; b++) {
-        int slot = it.k * bl->shape.gbs + b;
-        fg_tier t = tier_of(&bl->shape.cache, b);
-        int home = t == TIER_GPU || bl->delegate;
-        int v_home = home || v_in_place(bl, 1, t);
-        gb->k[b] = home ? kv_pool(bl, t, layer, 0) : kv_stage_rows(bl, it.arena, 0, b);
-        gb->v[b] = v_home ? kv_pool(bl, t, layer, 1) : kv_stage_rows(bl, it.arena, 1, b);
-        gb->k_pages[b] = home ? slot_pages(&bl->pages, slot) : NULL; /* staged rows are in order */
-        gb->v_pages[b] = v_home ? slot_pages(&bl->pages, slot) : NULL;
-        gb->kv_in_host[b] = bl->delegate && t != TIER_GPU;
-        gb->v_rows_read[b] = 0;
-    }
 }

@@ -5,8 +5,8 @@
 # them are in support/ and the program around them in app/; the paper's five C files (opt_model.c,
 # quant.c, flexgen.c, tiers.c, lp.c) fit a reader's afternoon (4,000 lines together), README.md
 # 200. What a reader meets within them: no function in a paper file over 60 lines, nor any
-# elsewhere over 100 (the --help text aside); Fig. 4's loop and all it calls within flexgen.c's
-# first 600 lines (step_ends, the last, defined there); the CUDA backend's layer (cuda_layer)
+# elsewhere over 100 (the --help text aside); Fig. 4's loop and all it calls, its verbs' I/O
+# tasks too, within flexgen.c's first 750 lines (step_ends, the last, defined there); the CUDA backend's layer (cuda_layer)
 # within flexgen.cu's first 300 lines; and the maps at the top of flexgen.c, tiers.c, lp.c and
 # flexgen.cu give each function's line. Columns, file lengths and the formatter's style are
 # scripts/check_style.sh's.
@@ -61,10 +61,11 @@ long_functions() { # limit, files...
 # shellcheck disable=SC2086
 listed "functions over 60 lines in the paper files" "$(long_functions 60 $paper)"
 listed "functions over 100 lines elsewhere" "$(long_functions 100 support/*.c support/*.cu app/*.c)"
-# Fig. 4's loop, its verbs and a step's edges read on a reader's first screens: step_ends, the last
-# of them, is defined within flexgen.c's first 600 lines.
+# Fig. 4's loop, its verbs with the I/O tasks they hand the links' threads, and a step's edges
+# read on a reader's first screens: step_ends, the last of them, is defined within flexgen.c's
+# first 750 lines.
 check "the line of flexgen.c that defines step_ends" \
-    "$(awk '/^static void step_ends\(.*\{$/ { print FNR; exit }' flexgen.c)" 600
+    "$(awk '/^static void step_ends\(.*\{$/ { print FNR; exit }' flexgen.c)" 750
 # flexgen.cu's first screen: the layer that mirrors opt_model.c's opt_layer, soon after the map.
 layer_at=$(awk '/^static void cuda_layer\(/ { print FNR; exit }' flexgen.cu)
 check "flexgen.cu's cuda_layer begins at line" "${layer_at:-99999}" 300

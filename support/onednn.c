@@ -39,6 +39,7 @@
  * no libdnnl-dev where it was built) runs gemm_s8_pairs (the same int8 bits) and the sgemm.
  */
 #include "support/support.h"
+#include "support/tools.h"
 
 #include <cblas.h>
 #include <omp.h>
