@@ -12,7 +12,14 @@
  * or 4-bit §5), and attention over the paged KV cache with §5's 4-bit cache and top-K sparsity
  * (opt_cache_attention). Grouped-query attention lives there too: n_heads / n_kv_heads query
  * heads share one K and V head, so the cache is n_kv_heads wide. Compute is fp32, weights fp16.
- * docs/DESIGN.md has the two families side by side, step by step.
+ * docs/DESIGN.md has the two families side by side, step by step. The map
+ * (scripts/check_layout.sh holds each line to the function's definition):
+ *
+ *   123  llama_layer              one decoder layer of a GPU batch, as above
+ *    42  rms_norm                 its RMSNorm
+ *    91  rope                     q and k rotated at each token's position
+ *    31  llama_embed              the token embeddings
+ *   149  llama_output             the logits of each sequence's last token
  */
 #include "model.h"
 #include "support/support.h"

@@ -11,7 +11,16 @@
  * The forward pass is the generative inference of §3: a prefill over the (left-padded) prompts
  * that fills the KV cache, then decode steps of one token per sequence that read it. Every
  * function below works on one GPU batch, so the schedule can walk the loop of Fig. 4 (token i,
- * layer j, GPU batch k) and call them in any order it needs. Read opt_layer first.
+ * layer j, GPU batch k) and call them in any order it needs. Read opt_layer first; the map
+ * (scripts/check_layout.sh holds each line to the function's definition):
+ *
+ *   375  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
+ *   104  layer_norm               its layer norms
+ *   169  store_kv                 this step's K and V into the cache (fp16, or 4-bit §5)
+ *   316  attention                over the cache: prefill's two products, decode's dots, top-K
+ *   129  opt_embed                token and position embeddings of a GPU batch
+ *   414  opt_output               the logits of each sequence's last token
+ *    50  matmul_reference         the products as plain loops, which the fast kernels are held to
  *
  * Weights are stored as FlexGen stores them: fp16 (or 4-bit, §5), linear layers transposed to
  * [in][out] so that every product is x[rows][in] times W[in][out]. Compute is fp32.

@@ -7,8 +7,8 @@
 # 200. What a reader meets within them: no function in a paper file over 60 lines, nor any
 # elsewhere over 100 (the --help text aside); Fig. 4's loop and all it calls, its verbs' I/O
 # tasks too, within flexgen.c's first 750 lines (step_ends, the last, defined there); the CUDA backend's layer (cuda_layer)
-# within flexgen.cu's first 300 lines; and the maps at the top of flexgen.c, tiers.c, lp.c and
-# flexgen.cu give each function's line. Columns, file lengths and the formatter's style are
+# within flexgen.cu's first 300 lines; and the maps at the top of flexgen.c, tiers.c, lp.c,
+# flexgen.cu, opt_model.c and llama_model.c give each function's line. Columns, file lengths and the formatter's style are
 # scripts/check_style.sh's.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
 #        bash scripts/check_layout.sh --fix-maps   (first writes each map row's line number anew)
@@ -20,7 +20,7 @@ fail=0
 # the last match, the definition below its declarations, is the line.)
 defined_at='/^[a-z_]/ && !/;$/ { for (n in want) if (index($0, n "(") && $0 ~ "^(static )?(__global__ )?[a-z][^;(]*[ *]" n "\\(") got[n] = FNR }'
 map_row='/^ \* +[0-9]+  [a-z_][a-z0-9_]* /'
-mapped="flexgen.c tiers.c lp.c flexgen.cu"
+mapped="flexgen.c tiers.c lp.c flexgen.cu opt_model.c llama_model.c"
 if [ "${1:-}" = --fix-maps ]; then
     for f in $mapped; do
         awk 'FNR == NR && FNR < 40 && '"$map_row"' { want[$3] = 1 }

@@ -424,8 +424,11 @@ typedef struct {
     int page_tokens;         /* tokens a page */
     int pool_pages[N_TIERS]; /* each tier's pool */
 } kv_pool_size;
-/* The diagonal schedule (Appendix A.2): GPU batch k of `groups` starts its first prompts at step
- * diagonal_start and new ones every gen_len steps after, so the groups are staggered in steps. */
+/* The diagonal schedule's staircase (Appendix A.2): GPU batch k of `groups` starts its first
+ * prompts at step diagonal_start and new ones every gen_len steps after, so the groups are
+ * staggered in steps. The schedule's (flexgen.c's diagonal_slots), written here because below it
+ * kv_pages.c's kv_pool_shape walks the same staircase to size the cache's pools, and lp.c prices
+ * its warm-up. */
 static inline int diagonal_start(int k, int groups, int gen_len) {
     return (int)((long)k * gen_len / groups);
 }
