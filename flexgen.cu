@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   191  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   250  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   171  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   341  fg_cuda_backend          the operation table, once a GPU is found
- *   397  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   453  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   523  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   592  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   692  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   723  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   824  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   867  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   928  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1160  attention_kernel         a query's attention, with §5's top-K
- *  1228  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1323  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1366  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1455  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   187  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   247  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   167  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   339  fg_cuda_backend          the operation table, once a GPU is found
+ *   399  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   455  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   528  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   598  q4_rows_kernel           decode's 4-bit product, from the codes in registers
+ *   699  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   730  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   827  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   869  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   932  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1183  attention_kernel         a query's attention, with §5's top-K
+ *  1235  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1316  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1361  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1454  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -61,7 +61,9 @@
  * with outer 1, groups along len). */
 typedef struct {
     const void *values;
-    int q4, len, dim;
+    int q4;
+    int len;
+    int dim;
 } table_view;
 
 /* RoPE's inverse frequencies, by value (head_dim <= 1024). */
@@ -69,10 +71,11 @@ typedef struct {
     float f[512];
 } rope_freqs;
 
-/* A step's attention as the split's kernels take it: attention_kernel's arguments (q, k and v in
- * qkv as `at` lays them out, the output rows attn, the cache table's rows, pointers and pages),
- * and the spans' sums: partials[((row b n_new + t) heads + head) spans + span][hd + 2], a span's
- * sum of weights times values (hd floats), its max score and its sum of weights. */
+/* A step's attention as its kernels take it, by value: store_kv_kernel's and attention_kernel's
+ * arguments (q, k and v in qkv as `at` lays them out, the output rows attn, the cache table's rows,
+ * pointers and pages), and the split's spans' sums: partials[((row b n_new + t) heads + head)
+ * spans + span][hd + 2], a span's sum of weights times values (hd floats), its max score and its
+ * sum of weights. */
 typedef struct {
     const __half *qkv;
     qkv_layout at;
@@ -125,19 +128,12 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                             const model_workspace *ws);
 __host__ __device__ int store_kv_units(int hd, int q4);
 __host__ __device__ size_t store_kv_threads(int rows, int kv_heads, int hd, int q4);
-__global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new,
-                                const int *past, const int *pad, int hd, int heads, int q4,
-                                void *const *k, void *const *v, long long shift, const int *pages,
-                                int max_pages, int page_tokens);
+__global__ void store_kv_kernel(attention_split a, int rows);
 static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b);
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad);
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots);
-__global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
-                                 const int *pad, void *const *kc, void *const *vc, long long shift,
-                                 const int *pages, int max_pages, int page_tokens, int n_new,
-                                 int hd, int heads, int kv_heads, int q4, float scale,
-                                 float sparsity);
+__global__ void attention_kernel(attention_split a, float sparsity);
 static size_t attention_shared_bytes(int nk);
 __global__ void attention_span_kernel(attention_split a);
 __global__ void attention_merge_kernel(attention_split a);
@@ -220,7 +216,8 @@ static void cuda_layer(const model_weights *w, int layer, gpu_batch *gb, model_w
 static void cuda_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
     const model_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
-    int h = c->hidden, rows = last_rows(d, gb, h);
+    int h = c->hidden;
+    int rows = last_rows(d, gb, h);
     if (w->final_ln_w) layer_norm(d->h, rows, h, w->final_ln_w, w->final_ln_b, d->h);
     const __half *last = d->h;
     if (w->project_out) {
@@ -295,7 +292,8 @@ static void cuda_llama_output(const model_weights *w, gpu_batch *gb, model_works
                               float *logits) {
     const model_config *c = &w->cfg;
     cuda_ws *d = (cuda_ws *)ws->device;
-    int h = c->hidden, rows = last_rows(d, gb, h);
+    int h = c->hidden;
+    int rows = last_rows(d, gb, h);
     rms_norm(d->h, rows, h, w->final_ln_w, c->rms_eps, d->h);
     lm_head(d, w, d->h, rows, logits);
 }
@@ -358,7 +356,9 @@ __device__ float warp_sum(float v) {
 
 __device__ float block_sum(float v, float *shared) {
     v = warp_sum(v);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    int warps = (blockDim.x + 31) / 32;
     __syncthreads();
     if (lane == 0) shared[warp] = v;
     __syncthreads();
@@ -369,7 +369,9 @@ __device__ float block_sum(float v, float *shared) {
 
 __device__ float block_max(float v, float *shared) {
     for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    int warps = (blockDim.x + 31) / 32;
     __syncthreads();
     if (lane == 0) shared[warp] = v;
     __syncthreads();
@@ -459,7 +461,8 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
     int step = threads * LN_AT_ONCE;
     float s = 0;
     for (int i0 = threadIdx.x; i0 < dim; i0 += step) {
-        float v[LN_AT_ONCE], a[LN_AT_ONCE];
+        float v[LN_AT_ONCE];
+        float a[LN_AT_ONCE];
         for (int k = 0; k < LN_AT_ONCE; k++) {
             int i = i0 + k * threads;
             v[k] = i < dim ? __half2float(xr[i]) : 0;
@@ -486,7 +489,9 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
     }
     float inv = 1.0f / sqrtf(block_sum(s, shared) / dim + 1e-5f);
     for (int i0 = threadIdx.x; i0 < dim; i0 += step) {
-        float v[LN_AT_ONCE], scale[LN_AT_ONCE], shift[LN_AT_ONCE];
+        float v[LN_AT_ONCE];
+        float scale[LN_AT_ONCE];
+        float shift[LN_AT_ONCE];
         for (int k = 0; k < LN_AT_ONCE; k++) {
             int i = i0 + k * threads < dim ? i0 + k * threads : i0;
             v[k] = __half2float(xr[i]);
@@ -522,7 +527,8 @@ static_assert(Q4_TILE == Q4_WARPS * 32, "a block's threads: one a column of its 
  * accumulation. */
 static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int q4,
                    const fp16 *b, int out, __half *y, int mode) {
-    float one = 1, beta = mode == OUT_ADD ? 1.0f : 0.0f;
+    float one = 1;
+    float beta = mode == OUT_ADD ? 1.0f : 0.0f;
     if (q4 && rows <= Q4_DIRECT_ROWS) {
         q4_product(d, x, rows, in, W, out, q4, y, mode == OUT_ADD);
     } else if (q4) {
@@ -592,7 +598,8 @@ __device__ uint32_t code_word(const uint8_t *codes, int aligned) {
 __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
                                int parts, int k_chunk, int aligned, float *partial) {
     __shared__ float sums[Q4_WARPS][Q4_TILE];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
     int part_cols = out / parts;
     int tiles = (part_cols + Q4_TILE - 1) / Q4_TILE;
     int part = blockIdx.x / tiles;
@@ -724,14 +731,28 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                             const model_workspace *ws) {
     cudaStream_t s = ctx()->stream;
     int rows = gb->batch * gb->n_new;
-    int H = c->n_heads;
-    int KV = cfg_kv_heads(c);
     int hd = cfg_head_dim(c);
-    qkv_layout at = qkv_layout_of(c, (size_t)rows);
-    size_t threads = store_kv_threads(rows, KV, hd, gb->kv_q4);
-    store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(
-        d->qkv, at, rows, gb->n_new, t->past, t->pad, hd, KV, gb->kv_q4, t->k, t->v, t->shift,
-        t->pages, t->max_pages, gb->page_tokens);
+    attention_split a = {.qkv = d->qkv,
+                         .at = qkv_layout_of(c, (size_t)rows),
+                         .attn = d->attn,
+                         .past = t->past,
+                         .pad = t->pad,
+                         .kc = t->k,
+                         .vc = t->v,
+                         .shift = t->shift,
+                         .pages = t->pages,
+                         .max_pages = t->max_pages,
+                         .page_tokens = gb->page_tokens,
+                         .n_new = gb->n_new,
+                         .hd = hd,
+                         .heads = c->n_heads,
+                         .kv_heads = cfg_kv_heads(c),
+                         .q4 = gb->kv_q4,
+                         .spans = 0,
+                         .scale = 1.0f / sqrtf((float)hd),
+                         .partials = NULL};
+    size_t threads = store_kv_threads(rows, a.kv_heads, hd, a.q4);
+    store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(a, rows);
     LAUNCHED("store_kv_kernel");
     int prompts_only = gb->n_new > 1; /* prefill alone */
     for (int b = 0; b < gb->batch; b++) prompts_only &= gb->past[b] == 0;
@@ -739,25 +760,6 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
         for (int b = 0; b < gb->batch; b++)
             if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
     } else if (t->on_device > 0) {
-        attention_split a = {.qkv = d->qkv,
-                             .at = at,
-                             .attn = d->attn,
-                             .past = t->past,
-                             .pad = t->pad,
-                             .kc = t->k,
-                             .vc = t->v,
-                             .shift = t->shift,
-                             .pages = t->pages,
-                             .max_pages = t->max_pages,
-                             .page_tokens = gb->page_tokens,
-                             .n_new = gb->n_new,
-                             .hd = hd,
-                             .heads = H,
-                             .kv_heads = KV,
-                             .q4 = gb->kv_q4,
-                             .spans = 0,
-                             .scale = 1.0f / sqrtf((float)hd),
-                             .partials = NULL};
         queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
                         d->span_slots);
     }
@@ -780,7 +782,8 @@ __device__ __half half_at_least(float x) {
  * without FMA contraction so that the levels are the CPU's (store_kv_kernel's test holds them). */
 __device__ void compress_group(const float *x, int n, uint8_t *bytes, __half *min_out,
                                __half *scale_out) {
-    float lo = x[0], hi = x[0];
+    float lo = x[0];
+    float hi = x[0];
     for (int e = 1; e < n; e++) {
         lo = fminf(lo, x[e]);
         hi = fmaxf(hi, x[e]);
@@ -818,31 +821,30 @@ __host__ __device__ size_t store_kv_threads(int rows, int kv_heads, int hd, int 
 /* This step's K and V rows (those not padding) into the device caches at slots past[b] on,
  * through the page tables ([K, V][batch][max_pages]): a thread per (row, K or V, head, unit),
  * store_kv_threads' units: an element of an fp16 row, a group of a 4-bit one.
- * q, k and v sit in qkv as `at` lays them out (qkv_layout_of); a cache row is heads (the K/V
- * heads) x hd. CPU twin: opt_model.c's store_kv (q4_compress for a 4-bit cache). Test:
- * test_store_kv, byte for byte at each row's page, fp16 and 4-bit. */
-__global__ void store_kv_kernel(const __half *qkv, qkv_layout at, int rows, int n_new,
-                                const int *past, const int *pad, int hd, int heads, int q4,
-                                void *const *k, void *const *v, long long shift, const int *pages,
-                                int max_pages, int page_tokens) {
+ * q, k and v sit in qkv as `at` lays them out (qkv_layout_of); a cache row is kv_heads x hd. CPU
+ * twin: opt_model.c's store_kv (q4_compress for a 4-bit cache). Test: test_store_kv, byte for byte
+ * at each row's page, fp16 and 4-bit. */
+__global__ void store_kv_kernel(attention_split a, int rows) {
+    int hd = a.hd;
+    int heads = a.kv_heads;
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     int kvw = heads * hd;
-    int units = store_kv_units(hd, q4);
+    int units = store_kv_units(hd, a.q4);
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= store_kv_threads(rows, heads, hd, q4)) return;
+    if (i >= store_kv_threads(rows, heads, hd, a.q4)) return;
     int unit = (int)(i % units);
     int head = (int)(i / units % heads);
     int kv = (int)(i / units / heads % 2);
     int r = (int)(i / units / heads / 2);
-    int b = r / n_new;
-    int slot = past[b] + r % n_new - pad[b];
-    char *cache = (char *)(kv ? v[b] : k[b]);
-    if (!cache || slot < past[b]) return; /* delegated (the CPU stores it), or padding */
-    cache += shift;
-    size_t row_at =
-        kv_page_row(pages + ((size_t)kv * (rows / n_new) + b) * max_pages, page_tokens, slot);
-    const __half *x = qkv + at.at[kv + 1] + (size_t)r * at.stride[kv + 1] + (size_t)head * hd;
-    if (!q4) { /* element `unit` */
+    int b = r / a.n_new;
+    int slot = a.past[b] + r % a.n_new - a.pad[b];
+    char *cache = (char *)(kv ? a.vc[b] : a.kc[b]);
+    if (!cache || slot < a.past[b]) return; /* delegated (the CPU stores it), or padding */
+    cache += a.shift;
+    const int *pages = a.pages + ((size_t)kv * (rows / a.n_new) + b) * a.max_pages;
+    size_t row_at = kv_page_row(pages, a.page_tokens, slot);
+    const __half *x = a.qkv + a.at.at[kv + 1] + (size_t)r * a.at.stride[kv + 1] + (size_t)head * hd;
+    if (!a.q4) { /* element `unit` */
         __half *row = (__half *)(cache + row_at * 2 * kvw) + (size_t)head * hd;
         row[unit] = x[unit];
         return;
@@ -872,7 +874,8 @@ static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch
     int qw = q_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     float scale = 1.0f / sqrtf((float)hd);
-    float one = 1, zero = 0;
+    float one = 1;
+    float zero = 0;
     const __half *q = d->qkv + at.at[0] + (size_t)b * n * at.stride[0];
     const __half *k = d->qkv + at.at[1] + (size_t)b * n * at.stride[1];
     const __half *v = d->qkv + at.at[2] + (size_t)b * n * at.stride[2];
@@ -905,7 +908,8 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
     int t = blockIdx.x;
     size_t at = ((size_t)blockIdx.y * n + t) * n;
     float *row = scores + at;
-    float m = -INFINITY, sum = 0;
+    float m = -INFINITY;
+    float sum = 0;
     for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, row[j]);
     m = block_max(m, shared);
     for (int j = pad + threadIdx.x; j <= t; j += blockDim.x) sum += row[j] = expf(row[j] - m);
@@ -928,7 +932,8 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots) {
     cudaStream_t s = ctx()->stream;
-    int nk = 1, top_k = 0; /* the keys a query sees at most; a query takes top-K */
+    int nk = 1;    /* the keys a query sees at most */
+    int top_k = 0; /* a query takes top-K */
     for (int b = 0; b < batch; b++) {
         int keys = host_past[b] + a.n_new - host_pad[b];
         nk = keys > nk ? keys : nk;
@@ -946,9 +951,7 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
         return;
     }
     dim3 queries(a.heads, batch, a.n_new);
-    attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(
-        a.qkv, a.at, a.attn, a.past, a.pad, a.kc, a.vc, a.shift, a.pages, a.max_pages,
-        a.page_tokens, a.n_new, a.hd, a.heads, a.kv_heads, a.q4, a.scale, sparsity);
+    attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(a, sparsity);
     LAUNCHED("attention_kernel");
 }
 
@@ -987,6 +990,24 @@ __device__ kv_row kv_row_at(const kv_head *h, int slot) {
     return r;
 }
 
+/* Sequence b's keys (kv 0) or values (kv 1) of K/V head `head`, as a query of step `a` reads them:
+ * the cache's rows through the page tables ([K, V][batch][max_pages], a block row of the grid a
+ * sequence), and this step's rows of qkv from the sequence's first, b n_new + pad[b], on. */
+__device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head) {
+    size_t first = (size_t)b * a->n_new + a->pad[b];
+    kv_head h = {.cache = (const char *)(kv ? a->vc[b] : a->kc[b]) + a->shift,
+                 .pages = a->pages + ((size_t)kv * gridDim.y + b) * a->max_pages,
+                 .page_tokens = a->page_tokens,
+                 .fresh = a->qkv + a->at.at[1 + kv] + first * a->at.stride[1 + kv],
+                 .stride = a->at.stride[1 + kv],
+                 .past = a->past[b],
+                 .head = head,
+                 .hd = a->hd,
+                 .heads = a->kv_heads,
+                 .q4 = a->q4};
+    return h;
+}
+
 /* Value d of a row that kv_row_at found. */
 __device__ float kv_at(kv_row r, int d, int hd) {
     if (r.half) return __half2float(r.half[d]);
@@ -1007,7 +1028,8 @@ __device__ int kv_whole(const kv_head *h) {
  * several loads in flight before it waits on the first. */
 typedef struct {
     uint4 bits;
-    __half min, scale;
+    __half min;
+    __half scale;
 } kv_bytes;
 
 __device__ kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
@@ -1085,7 +1107,8 @@ __device__ void attention_scores(const float *query, const kv_head *keys, int fi
 /* The scores to softmax weights in fp32, and kept[j]: the last key and the `keep` earlier keys
  * of largest weight (larger first, ties to the earlier). */
 __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float *shared) {
-    float m = -INFINITY, sum = 0;
+    float m = -INFINITY;
+    float sum = 0;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
     m = block_max(m, shared);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
@@ -1157,11 +1180,7 @@ __device__ void attention_values(const float *weights, const char *kept, const k
  * and each group's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in
  * decode). Tests: test_attention within its bound, test_attention_ties (the same keys kept) and
  * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
-__global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn, const int *past,
-                                 const int *pad, void *const *kc, void *const *vc, long long shift,
-                                 const int *pages, int max_pages, int page_tokens, int n_new,
-                                 int hd, int heads, int kv_heads, int q4, float scale,
-                                 float sparsity) {
+__global__ void attention_kernel(attention_split a, float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
@@ -1169,37 +1188,25 @@ __global__ void attention_kernel(const __half *qkv, qkv_layout at, __half *attn,
     int head = blockIdx.x;
     int b = blockIdx.y;
     int t = blockIdx.z;
-    int kvh = head / (heads / kv_heads);
-    if (!kc[b]) return; /* delegated */
-    int slot = past[b] + t - pad[b];
+    int hd = a.hd;
+    int kvh = head / (a.heads / a.kv_heads);
+    if (!a.kc[b]) return; /* delegated */
+    int slot = a.past[b] + t - a.pad[b];
     int nk = slot + 1;
-    int decode = n_new - pad[b] == 1 && past[b] > 0;
-    __half *out = attn + ((size_t)b * n_new + t) * heads * hd + (size_t)head * hd;
-    if (t < pad[b]) { /* a padding query: zeros, as on the CPU */
+    int decode = a.n_new - a.pad[b] == 1 && a.past[b] > 0;
+    size_t row = (size_t)b * a.n_new + t;
+    __half *out = a.attn + row * a.heads * hd + (size_t)head * hd;
+    if (t < a.pad[b]) { /* a padding query: zeros, as on the CPU */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
         return;
     }
-    const __half *q = qkv + at.at[0] + ((size_t)b * n_new + t) * at.stride[0] + (size_t)head * hd;
-    size_t first = (size_t)b * n_new + pad[b]; /* this step's first K and V rows */
-    kv_head keys = {.cache = (const char *)kc[b] + shift,
-                    .pages = pages + (size_t)b * max_pages,
-                    .page_tokens = page_tokens,
-                    .fresh = qkv + at.at[1] + first * at.stride[1],
-                    .stride = at.stride[1],
-                    .past = past[b],
-                    .head = kvh,
-                    .hd = hd,
-                    .heads = kv_heads,
-                    .q4 = q4};
-    kv_head values = keys; /* the same head's values: their cache, page table and rows */
-    values.cache = (const char *)vc[b] + shift;
-    values.pages = pages + ((size_t)gridDim.y + b) * max_pages;
-    values.fresh = qkv + at.at[2] + first * at.stride[2];
-    values.stride = at.stride[2];
+    const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
+    kv_head keys = kv_head_of(&a, 0, b, kvh);
+    kv_head values = kv_head_of(&a, 1, b, kvh);
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     query_to_shared(q, hd, query);
     __syncthreads();
-    attention_scores(query, &keys, 0, nk, scale, scores);
+    attention_scores(query, &keys, 0, nk, a.scale, scores);
     __syncthreads();
     int keep = nk - 1; /* earlier keys kept */
     if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
@@ -1242,23 +1249,9 @@ __global__ void attention_span_kernel(attention_split a) {
     int n = nk - first < FG_CUDA_SPAN_KEYS ? nk - first : FG_CUDA_SPAN_KEYS;
     if (n <= 0) return; /* past the query's keys */
     size_t row = (size_t)b * a.n_new + t;
-    size_t fresh = (size_t)b * a.n_new + a.pad[b];
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
-    kv_head keys = {.cache = (const char *)a.kc[b] + a.shift,
-                    .pages = a.pages + (size_t)b * a.max_pages,
-                    .page_tokens = a.page_tokens,
-                    .fresh = a.qkv + a.at.at[1] + fresh * a.at.stride[1],
-                    .stride = a.at.stride[1],
-                    .past = a.past[b],
-                    .head = kvh,
-                    .hd = hd,
-                    .heads = a.kv_heads,
-                    .q4 = a.q4};
-    kv_head values = keys; /* the same head's values: their cache, page table and rows */
-    values.cache = (const char *)a.vc[b] + a.shift;
-    values.pages = a.pages + ((size_t)gridDim.y + b) * a.max_pages;
-    values.fresh = a.qkv + a.at.at[2] + fresh * a.at.stride[2];
-    values.stride = a.at.stride[2];
+    kv_head keys = kv_head_of(&a, 0, b, kvh);
+    kv_head values = kv_head_of(&a, 1, b, kvh);
     float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
     query_to_shared(q, hd, query);
     __syncthreads();
@@ -1322,7 +1315,9 @@ __global__ void attention_merge_kernel(attention_split a) {
  * result back rounded to fp16. Runs of such sequences at a time. */
 static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb,
                                 const model_workspace *ws) {
-    size_t n = gb->n_new, qw = q_width(c), width = qkv_width(c);
+    size_t n = gb->n_new;
+    size_t qw = q_width(c);
+    size_t width = qkv_width(c);
     qkv_layout at = qkv_layout_of(c, (size_t)gb->batch * n);
     host_rows_ready(d, c, (size_t)gb->batch * n, ws->max_len);
     int b1 = 0; /* the end of the run that begins at b0 */
@@ -1365,7 +1360,8 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
  * for decode's rows, widened for more); fp16 inputs, fp32 logits. */
 static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int rows, float *logits) {
     const model_config *c = &w->cfg;
-    float one = 1, zero = 0;
+    float one = 1;
+    float zero = 0;
     if (w->q4 && rows <= Q4_DIRECT_ROWS) {
         unsigned blocks = blocks_for((size_t)(c->vocab + 1) / 2, 4);
         for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
@@ -1396,7 +1392,8 @@ static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int row
  * test_q4_lm_head, within its bound of that product in double. */
 __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
                                 float *logits) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
     int v = 2 * (blockIdx.x * (blockDim.x / 32) + warp);
     if (v >= vocab) return;
     size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP;
@@ -1404,7 +1401,8 @@ __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_
     const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
     const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
     const __half *scales = mins + G * dim;
-    float even[Q4_PASS_ROWS] = {0}, odd[Q4_PASS_ROWS] = {0};
+    float even[Q4_PASS_ROWS] = {0};
+    float odd[Q4_PASS_ROWS] = {0};
     for (int i = lane; i < dim; i += 32) {
         uint32_t b = codes[i];
         float scale = __half2float(scales[i]);
@@ -1429,7 +1427,8 @@ __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_
 static void widened_lm_head(cuda_ws *d, const __half *x, int rows, int dim, const void *E,
                             int vocab, float *logits) {
     int slice = (int)(d->widen_values / (size_t)dim);
-    float one = 1, zero = 0;
+    float one = 1;
+    float zero = 0;
     if (slice < 1)
         cuda_fail("widened_lm_head", __FILE__, __LINE__, "a row of lm_head past the slice");
     for (int v0 = 0; v0 < vocab; v0 += slice) {

@@ -428,9 +428,12 @@ static void run_store(void *p) {
     upload(a->cache->dev, a->cache->host, 2 * a->cache->pool_bytes); /* the pools as they were */
     size_t threads = store_kv_threads(rows, c->heads, c->head_dim, a->q4);
     qkv_layout at = {{0, (size_t)h, 2 * (size_t)h}, {3 * (size_t)h, 3 * (size_t)h, 3 * (size_t)h}}; /* OPT's rows */
-    store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(
-        a->qkv, at, rows, c->n_new, a->past, a->pad, c->head_dim, c->heads, a->q4, a->cache->dev_k, a->cache->dev_v, 0,
-        a->cache->dev_tables, a->cache->max_pages, a->cache->page_tokens);
+    attention_split step = {.qkv = a->qkv, .at = at, .attn = NULL, .past = a->past, .pad = a->pad,
+                            .kc = a->cache->dev_k, .vc = a->cache->dev_v, .shift = 0, .pages = a->cache->dev_tables,
+                            .max_pages = a->cache->max_pages, .page_tokens = a->cache->page_tokens,
+                            .n_new = c->n_new, .hd = c->head_dim, .heads = c->heads, .kv_heads = c->heads,
+                            .q4 = a->q4, .spans = 0, .scale = 0, .partials = NULL};
+    store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(step, rows);
     LAUNCHED("store_kv_kernel");
     wait_stream();
 }
@@ -613,22 +616,19 @@ static void run_attention(void *p) {
     size_t h = (size_t)s->h;
     qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
     int64_t before = counts.launches;
+    attention_split a = {s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k,
+                         s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
+                         s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
+                         s->q4, 0, 1.0f / sqrtf((float)c->head_dim), NULL};
     if (s->split) {
         poison(s->dev_partials, s->span_slots * (c->head_dim + 2) * sizeof(float));
-        attention_split a = {s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k,
-                             s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
-                             s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
-                             s->q4, 0, 1.0f / sqrtf((float)c->head_dim), NULL};
         size_t room = s->split == 2 ? s->span_slots - 1 : s->span_slots;
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, s->dev_partials, room);
         s->launches = counts.launches - before;
         wait_stream();
         return;
     }
-    attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(
-        s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k, s->cache.dev_v, 0, s->cache.dev_tables,
-        s->cache.max_pages, s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads, s->q4,
-        1.0f / sqrtf((float)c->head_dim), c->sparsity);
+    attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(a, c->sparsity);
     LAUNCHED("attention_kernel");
     s->launches = counts.launches - before;
     wait_stream();
@@ -1776,18 +1776,15 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     float *partials = device_array<float>(slots * (c->head_dim + 2));
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
     float scale = 1.0f / sqrtf((float)c->head_dim);
+    attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
+                         cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
+                         c->head_dim, c->heads, kv_heads, q4, 0, scale, NULL};
     if (split) {
-        attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
-                             cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
-                             c->head_dim, c->heads, kv_heads, q4, 0, scale, NULL};
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots);
     } else {
         dim3 grid(c->heads, c->batch, c->n_new);
         size_t shared = attention_shared_bytes(longest(c));
-        attention_kernel<<<grid, ATTENTION_THREADS, shared, ctx()->stream>>>(
-            dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0, cache->dev_tables,
-            cache->max_pages, cache->page_tokens, c->n_new, c->head_dim, c->heads, kv_heads, q4,
-            scale, c->sparsity);
+        attention_kernel<<<grid, ATTENTION_THREADS, shared, ctx()->stream>>>(a, c->sparsity);
         LAUNCHED("attention_kernel");
     }
     wait_stream();
