@@ -16,11 +16,11 @@
  *   318  compute                  layer j of GPU batch k on the backend
  *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
  *   476  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
- *   664  step_begins              a block's step: tokens back, pages; step_ends
- *   758  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   973  refill_slots             ended sequences' slots take the next prompts (--refill)
- *   991  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1142  generate                 prompts in rounds of blocks (run_round)
+ *   666  step_begins              a block's step: tokens back, pages; step_ends
+ *   761  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   978  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *   996  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1148  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -571,7 +571,8 @@ static void act_move(fg_runtime *rt, block *bl, int k, int arena, int out) {
         fg_tier t = tier_of(&bl->shape.act, b);
         for (n = 1; b + n < bl->gb[k].batch && tier_of(&bl->shape.act, b + n) == t; n++) {}
         size_t bytes = n * act_bytes(bl, k);
-        char *home = act_home_rows(bl, k, b), *x = x_rows(bl, arena, k, b);
+        char *home = act_home_rows(bl, k, b);
+        char *x = x_rows(bl, arena, k, b);
         if (t == TIER_GPU) {
             rt->backend->copy(out ? home : x, out ? x : home, bytes);
         } else if (out) {
@@ -648,7 +649,8 @@ static void device_counts_now(const fg_runtime *rt, fg_device_counts *c) {
 /* A step's counts, from `start`, into the timing (prefill or decode steps) and the trace. */
 static void count_step(fg_runtime *rt, gen_timing *t, const fg_device_counts *start, int decode) {
     if (!rt->backend->counts) return;
-    fg_device_counts end, step;
+    fg_device_counts end;
+    fg_device_counts step;
     device_counts_now(rt, &end);
     device_counts_diff(&end, start, &step);
     t->device_counted = 1;
@@ -742,7 +744,8 @@ static const float *logits_row(const block *bl, int s, int t) {
 
 /* Prefill's logits of every position of each prompt (its padding left out), in prompt order. */
 static void keep_prompt_logits(const block *bl, const gen_options *opt) {
-    int vocab = bl->m->view.cfg.vocab, longest = bl->shape.max_prompt;
+    int vocab = bl->m->view.cfg.vocab;
+    int longest = bl->shape.max_prompt;
     for (int s = 0; s < bl->count; s++) {
         int pad = bl->gb[s / bl->shape.gbs].pad[s % bl->shape.gbs];
         int len = bl->out_rows - pad;
@@ -764,7 +767,8 @@ static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, 
     if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
     for (int s = 0; s < bl->count; s++) {
         const float *row = logits_row(bl, s, bl->out_rows - 1);
-        int p = bl->prompt[s], step = bl->step[s];
+        int p = bl->prompt[s];
+        int step = bl->step[s];
         if (p < 0) continue; /* an idle slot */
         if (logits_out && !bl->done[s]) {
             float *out = logits_out + ((size_t)p * opt->gen_len + step) * vocab;
@@ -823,7 +827,8 @@ static void start_batch(block *bl, int k, int *const *prompts, const int *lens, 
         bl->done[s] = 0;
         gb->past[b] = 0;
         if (b >= count) continue;
-        int n = lens[first + b], *row = gb->tokens + (size_t)b * padded;
+        int n = lens[first + b];
+        int *row = gb->tokens + (size_t)b * padded;
         gb->pad[b] = padded - n;
         for (int t = 0; t < padded - n; t++) row[t] = OPT_PAD_ID;
         memcpy(row + padded - n, prompts[first + b], (size_t)n * sizeof(int));
@@ -1028,7 +1033,8 @@ static void free_blocks(block *blocks, int n) {
  * and allocated: the plan, the weights in their homes. */
 static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
                           int *n_blocks, char *err) {
-    int size, count;
+    int size;
+    int count;
     micro_batches(m, n_prompts, &size, &count);
     block *blocks = calloc((size_t)count, sizeof *blocks);
     if (!blocks) {

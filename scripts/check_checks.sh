@@ -5,9 +5,9 @@
 # that stays just within the limit passes. So a check that counts a function one line short,
 # leaves *.cu out of its files or reads no doc still fails here:
 #   check_layout.sh   a 61-line function in a paper file (a 60-line one passes); a map row one
-#                     line off
+#                     line off; flexgen.c's I/O tasks after the step's edges
 #   check_style.sh    a 101-column line in flexgen.cu (100 columns pass); a comma chain in a .c
-#                     file
+#                     file; a declaration of two variables in flexgen.c
 #   check_docs.sh     a doc pointing at code by line; a wrong file size; a function pointer the
 #                     block of table calls leaves out
 # Usage: bash scripts/check_checks.sh [OBJECTS]   (OBJECTS: the build's objects, as for
@@ -82,6 +82,17 @@ line=$(grep -n -m 1 '^static' "$work/tree/flexgen.c" | cut -d: -f1)
 sed -i "${line}i\\
 /* a line that moves every function below it */" "$work/tree/flexgen.c"
 expect "check_layout.sh, flexgen.c's map one line off" scripts/check_layout.sh fail "flexgen.c's map"
+fresh_copy
+python3 - "$work/tree/flexgen.c" <<'PY' # the verbs' I/O tasks' section moved to the file's end
+import sys
+path = sys.argv[1]
+text = open(path).read()
+start = text.index('/* ====', text.index('static void store_last_iteration(block *bl) {'))
+end = text.index('/* ====', text.index('static void bind_batch(block *bl, iteration it) {'))
+open(path, 'w').write(text[:start] + text[end:] + '\n' + text[start:end])
+PY
+expect "check_layout.sh, flexgen.c's I/O tasks after the step's edges" scripts/check_layout.sh fail \
+    "flexgen.c's I/O tasks"
 
 # ---- check_style.sh (its clang parse of flexgen.cu needs build-emu/; the columns do not) ----
 fresh_copy
@@ -100,6 +111,12 @@ int planted_commas(int x) {
 }
 EOF
 expect "check_style.sh, a comma chain in quant.c" scripts/check_style.sh fail "comma-chained statements: quant.c:"
+fresh_copy
+line=$(grep -n -m 1 '^static void load_weight_now(.*{$' "$work/tree/flexgen.c" | cut -d: -f1)
+sed -i "$((line + 1))i\\
+    int planted_a = 1, planted_b = 2;" "$work/tree/flexgen.c"
+expect "check_style.sh, two variables in one declaration in flexgen.c" scripts/check_style.sh fail \
+    "(several variables)"
 
 # ---- check_docs.sh ----
 fresh_copy

@@ -66,6 +66,12 @@ listed "functions over 100 lines elsewhere" "$(long_functions 100 support/*.c su
 # first 750 lines.
 check "the line of flexgen.c that defines step_ends" \
     "$(awk '/^static void step_ends\(.*\{$/ { print FNR; exit }' flexgen.c)" 750
+# What the verbs hand the I/O threads on the screens after the verbs: the KV cache's first task
+# (cache_in_task) is defined before a step's edges begin (step_begins).
+tasks_at=$(awk '/^static void cache_in_task\(.*\{$/ { print FNR; exit }' flexgen.c)
+edges_at=$(awk '/^static int step_begins\(.*\{$/ { print FNR; exit }' flexgen.c)
+check "flexgen.c's I/O tasks (cache_in_task) before the step's edges (step_begins, line ${edges_at:-0})" \
+    "${tasks_at:-99999}" "${edges_at:-0}"
 # flexgen.cu's first screen: the layer that mirrors opt_model.c's opt_layer, soon after the map.
 layer_at=$(awk '/^static void cuda_layer\(/ { print FNR; exit }' flexgen.cu)
 check "flexgen.cu's cuda_layer begins at line" "${layer_at:-99999}" 300
