@@ -35,10 +35,10 @@
 # (JSON, FlexGen's report, ncu's table, the cost model's predictions) in $OUT/.data, from which
 # the markdown is written (scripts/gpu_check_report.py). The halves may run as separate commands
 # with the same OUT, in any order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
-# bad usage. Ctrl-C (SIGINT), SIGTERM or SIGHUP (a closed terminal, a dropped ssh session) stops
-# the run at once: the running step's processes are ended (each run under a limit leads a process
-# group of its own, which a terminal's Ctrl-C or hang-up does not reach), FlexGen's offload
-# directory is removed, and the exit status is 130, 143 or 129.
+# bad usage. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal hung up) stops the run at once:
+# the running step's processes are ended (each run under a limit leads a process group of its
+# own, which a terminal's Ctrl-C or hang-up does not reach), FlexGen's offload directory is
+# removed, and the exit status is 130, 143 or 129.
 #
 # --dry: the same plumbing on the emulated GPU (./flexgen-emu; docs/GPU.md), on models/opt-kjv and
 # models/llama-kjv at prompt 16 and 4 tokens, in under a minute, without FlexGen, compute-sanitizer
@@ -104,7 +104,7 @@ stop() { # SIGNAL STATUS
 }
 trap 'stop INT 130' INT
 trap 'stop TERM 143' TERM
-trap 'stop HUP 129' HUP # a closed terminal, a dropped ssh session
+trap 'stop HUP 129' HUP # the terminal hung up
 
 if [ -n "$BUNDLE" ]; then
     DEPS=$(bash scripts/gpu_bundle.sh prefix "$BUNDLE") || exit 2

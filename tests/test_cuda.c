@@ -601,7 +601,7 @@ static double seconds_now(void) {
 
 /* gpu_check.sh --dry check under setsid (a SID of its own), signalled while its suites step runs the
  * test binary (its log begun, a second into the step): SIGINT to its process group (a terminal's
- * Ctrl-C), SIGTERM to the script alone (kill PID), SIGHUP to the script (a closed terminal). */
+ * Ctrl-C), SIGTERM to the script alone (kill PID), SIGHUP to the script (its terminal hung up). */
 static void interrupt_gpu_check(const char *dir, int sig) {
     const char *tag = sig == SIGINT ? "int" : sig == SIGTERM ? "term" : "hup";
     char out_dir[4200], next_log[4300], err_path[4300], suites_log[4300];
