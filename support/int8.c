@@ -788,32 +788,14 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  * ============================================================================================ */
 
 /* The loops below are built three times, for AVX-512, AVX2 and plain x86-64 (each a body,
- * inlined into one function a width: ROUNDING_WIDTHS), and the path picks one as the rest of the
- * kernels are picked: fg_isa_active's path (FLEXGEN_ISA, or the CPU's widest, held to AVX2 by
- * FLEXGEN_TEST_CPU), so that make test's matrix runs each. Every step is one IEEE operation, so
- * each build gives the same bits. */
+ * inlined into one function a width: ROUNDING_WIDTHS; rounding_loops, at the end, holds each
+ * build), and the path picks one as the rest of the kernels are picked: fg_isa_active's path
+ * (FLEXGEN_ISA, or the CPU's widest, held to AVX2 by FLEXGEN_TEST_CPU), so that make test's matrix
+ * runs each. Every step is one IEEE operation, so each build gives the same bits. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ROUNDING_WIDTHS 1
 #endif
 #define ROUNDING_BODY __attribute__((always_inline)) static inline
-
-typedef enum { ROUNDING_DEFAULT, ROUNDING_AVX2, ROUNDING_AVX512 } rounding_width;
-
-static rounding_width rounding_width_now(void) {
-#ifdef ROUNDING_WIDTHS
-    fg_isa isa = fg_isa_active();
-    if (isa == FG_ISA_AVX512) return ROUNDING_AVX512;
-    if (isa != FG_ISA_PORTABLE && fg_cpu_has_avx2()) return ROUNDING_AVX2; /* avx2, SIMDe's */
-#endif
-    return ROUNDING_DEFAULT;
-}
-
-static const char *const ROUNDING_NAMES[] = {"default", "avx2", "avx512"};
-static int rounding_ran = -1; /* the width of the last rounding, for int8_rounding_path */
-
-const char *int8_rounding_path(void) {
-    return rounding_ran < 0 ? "none ran" : ROUNDING_NAMES[rounding_ran];
-}
 
 /* v (|v| <= 127 expected) to the nearest integer, ties to even, clamped to +-127. Adding
  * 1.5 x 2^23 to a float of magnitude below 2^22 leaves round(v) + 2^22 in its low 23 bits (the
@@ -869,22 +851,6 @@ __attribute__((target("avx512f"))) static float round_row_avx512(const float *ro
 }
 #endif
 
-void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha) {
-    rounding_width width = rounding_width_now();
-    rounding_ran = (int)width;
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        const float *row = x + (size_t)r * in;
-        int8_t *row8 = x8 + (size_t)r * in;
-#ifdef ROUNDING_WIDTHS
-        if (width == ROUNDING_AVX512) alpha[r] = round_row_avx512(row, in, row8);
-        else if (width == ROUNDING_AVX2) alpha[r] = round_row_avx2(row, in, row8);
-        else
-#endif
-            alpha[r] = round_row_default(row, in, row8);
-    }
-}
-
 /* The same for n (<= 64) columns of a panel w[in][ldw], from column c: scale[j] = max_k |w[k][j]|
  * / 127 and w8[k][j] = round_int8(w[k][j] (127 / max)). */
 ROUNDING_BODY void round_column_block_body(const float *w, int in, size_t ldw, int n, int8_t *w8,
@@ -928,23 +894,6 @@ __attribute__((target("avx512f"))) static void round_column_block_avx512(const f
 }
 #endif
 
-void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale) {
-    rounding_width width = rounding_width_now();
-    rounding_ran = (int)width;
-#pragma omp parallel for schedule(static)
-    for (int c0 = 0; c0 < nc; c0 += 64) {
-        int n = nc - c0 < 64 ? nc - c0 : 64;
-#ifdef ROUNDING_WIDTHS
-        if (width == ROUNDING_AVX512)
-            round_column_block_avx512(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
-        else if (width == ROUNDING_AVX2)
-            round_column_block_avx2(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
-        else
-#endif
-            round_column_block_default(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
-    }
-}
-
 /* One row of y: y[j] = (alpha scale[j]) isum[j], or y[j] plus that when accumulating. */
 ROUNDING_BODY void finish_row_body(const int32_t *isum, float alpha, const float *scale, int nc,
                                    float *y, int accumulate) {
@@ -974,18 +923,61 @@ __attribute__((target("avx512f"))) static void finish_row_avx512(const int32_t *
 }
 #endif
 
+/* The three builds, and the one the path runs (FLEXGEN_ISA's; avx2 also for SIMDe's AVX-512,
+ * which runs on AVX2 hardware). */
+typedef struct {
+    const char *name;
+    float (*round_row)(const float *row, int in, int8_t *row8);
+    void (*round_column_block)(const float *w, int in, size_t ldw, int n, int8_t *w8, float *scale);
+    void (*finish_row)(const int32_t *isum, float alpha, const float *scale, int nc, float *y,
+                       int accumulate);
+} rounding_loops;
+
+static const rounding_loops ROUNDING_DEFAULT = {"default", round_row_default,
+                                                round_column_block_default, finish_row_default};
+#ifdef ROUNDING_WIDTHS
+static const rounding_loops ROUNDING_AVX2 = {"avx2", round_row_avx2, round_column_block_avx2,
+                                             finish_row_avx2};
+static const rounding_loops ROUNDING_AVX512 = {"avx512", round_row_avx512,
+                                               round_column_block_avx512, finish_row_avx512};
+#endif
+
+static const rounding_loops *rounding_ran; /* the build of the last rounding */
+
+static const rounding_loops *rounding_loops_now(void) {
+#ifdef ROUNDING_WIDTHS
+    fg_isa isa = fg_isa_active();
+    if (isa == FG_ISA_AVX512) return &ROUNDING_AVX512;
+    if (isa != FG_ISA_PORTABLE && fg_cpu_has_avx2()) return &ROUNDING_AVX2;
+#endif
+    return &ROUNDING_DEFAULT;
+}
+
+const char *int8_rounding_path(void) { return rounding_ran ? rounding_ran->name : "none ran"; }
+
+void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha) {
+    const rounding_loops *loops = rounding_loops_now();
+    rounding_ran = loops;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        alpha[r] = loops->round_row(x + (size_t)r * in, in, x8 + (size_t)r * in);
+}
+
+void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale) {
+    const rounding_loops *loops = rounding_loops_now();
+    rounding_ran = loops;
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < nc; c0 += 64) {
+        int n = nc - c0 < 64 ? nc - c0 : 64;
+        loops->round_column_block(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
+    }
+}
+
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
                       float *y, int ldy, int accumulate) {
-    rounding_width width = rounding_width_now();
+    const rounding_loops *loops = rounding_loops_now();
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        const int32_t *row = isum + (size_t)r * nc;
-        float *yr = y + (size_t)r * ldy;
-#ifdef ROUNDING_WIDTHS
-        if (width == ROUNDING_AVX512) finish_row_avx512(row, alpha[r], scale, nc, yr, accumulate);
-        else if (width == ROUNDING_AVX2) finish_row_avx2(row, alpha[r], scale, nc, yr, accumulate);
-        else
-#endif
-            finish_row_default(row, alpha[r], scale, nc, yr, accumulate);
-    }
+    for (int r = 0; r < rows; r++)
+        loops->finish_row(isum + (size_t)r * nc, alpha[r], scale, nc, y + (size_t)r * ldy,
+                          accumulate);
 }
