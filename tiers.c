@@ -11,7 +11,7 @@
  *   405  load_weights_into_homes  the weights written into their homes, once
  *   499  load_weight_at           a layer read ahead, converted into a staging arena
  *   603  shape_block              a block's buffers per tier; fg_check_plan below it
- *   878  alloc_block              a block's KV cache and activations on the tiers
+ *   880  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -624,9 +624,11 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
     double kv_row = (double)s.kv_row;
     double staged_rows = s.gbs - s.cache.rows[TIER_GPU];
     int diagonal_blocks = p->schedule == FG_SCHEDULE_DIAGONAL ? s.micro : 0;
+    int starts[s.ngb];
+    for (int k = 0; k < s.ngb; k++) starts[k] = diagonal_start(k, s.ngb, gen_len);
     /* the KV cache pools, in pages */
     s.kv = kv_pool_shape(&s.cache, s.gbs, s.gbs * s.ngb, s.max_len, n_prompts, lens, gen_len,
-                         diagonal_blocks);
+                         diagonal_blocks, starts);
     for (int t = 0; t < N_TIERS; t++) {
         s.kv_home[t] = kv_row * m->n_decoder * 2 * s.kv.pool_pages[t] * s.kv.page_tokens;
         s.act_home[t] = act_row * s.ngb * s.act.rows[t] * max_prompt;

@@ -25,6 +25,14 @@ typedef struct {
 typedef enum { FG_SCHEDULE_ZIGZAG, FG_SCHEDULE_DIAGONAL, FG_SCHEDULES } fg_schedule;
 extern const char *const fg_schedule_names[FG_SCHEDULES];
 
+/* The diagonal schedule's staircase (Appendix A.2, Fig. 6): GPU batch k of `groups` takes its
+ * first prompts at step diagonal_start and new ones every gen_len steps after, so the groups are
+ * staggered by gen_len / groups steps. flexgen.c's diagonal_slots runs it; tiers.c sizes the KV
+ * cache's pools on it (kv_pool_shape) and lp.c prices its warm-up. */
+static inline int diagonal_start(int k, int groups, int gen_len) {
+    return (int)((long)k * gen_len / groups);
+}
+
 typedef struct {
     fg_device device;
     int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */

@@ -72,6 +72,10 @@ tasks_at=$(awk '/^static void cache_in_task\(.*\{$/ { print FNR; exit }' flexgen
 edges_at=$(awk '/^static int step_begins\(.*\{$/ { print FNR; exit }' flexgen.c)
 check "flexgen.c's I/O tasks (cache_in_task) before the step's edges (step_begins, line ${edges_at:-0})" \
     "${tasks_at:-99999}" "${edges_at:-0}"
+# The schedule's own rules live with the schedule (tiers.h, flexgen.c), not in the services below
+# it: the support layer walks the diagonal's staircase it is handed (kv_pool_shape's starts).
+listed "the diagonal schedule's staircase (diagonal_start) in support/" \
+    "$(grep -n 'diagonal_start *(' support/*.c support/*.h support/*.cu)"
 # flexgen.cu's first screen: the layer that mirrors opt_model.c's opt_layer, soon after the map.
 layer_at=$(awk '/^static void cuda_layer\(/ { print FNR; exit }' flexgen.cu)
 check "flexgen.cu's cuda_layer begins at line" "${layer_at:-99999}" 300

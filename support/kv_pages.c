@@ -39,13 +39,14 @@ static void pool_pages(const row_split *cache, int gbs, int slots, int max_len, 
 
 /* The same for the diagonal schedule: the prompts stream through the `blocks` blocks' (a
  * pipeline stage's micro-batches; one in one process) `slots / gbs` GPU batches each, which
- * start at their diagonal_start and take the next prompts as their sequences end (gen_len steps
- * later), block by block at each step as the schedule walks them; so at each step the groups
- * hold sequences at different steps: a pool holds the most that any step's sequences of one
- * block hold at once. At step i of its sequence (0: prefill) a sequence holds its prompt and i
+ * start at their steps of the staircase (starts) and take the next prompts as their sequences end
+ * (gen_len steps later), block by block at each step as the schedule walks them; so at each step
+ * the groups hold sequences at different steps: a pool holds the most that any step's sequences of
+ * one block hold at once. At step i of its sequence (0: prefill) a sequence holds its prompt and i
  * tokens. */
-static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int blocks, int max_len,
-                                int page, int n, const int *lens, int gen_len, int pages[N_TIERS]) {
+static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int blocks,
+                                const int *starts, int max_len, int page, int n, const int *lens,
+                                int gen_len, int pages[N_TIERS]) {
     int groups = slots / gbs, next = 0, busy = 1, first[blocks][groups], count[blocks][groups];
     for (int t = 0; t < N_TIERS; t++)
         pages[t] = cache->rows[t] > 0 ? kv_pages_for(max_len, page) : 0;
@@ -55,7 +56,7 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
         for (int bl = 0; bl < blocks; bl++) {
             int sum[N_TIERS] = {0}, *at = first[bl], *took = count[bl];
             for (int k = 0; k < groups; k++) {
-                int start = diagonal_start(k, groups, gen_len), step = (i - start) % gen_len;
+                int start = starts[k], step = (i - start) % gen_len;
                 if (i >= start && step == 0) {
                     at[k] = next;
                     took[k] = n - next < gbs ? n - next : gbs;
@@ -76,13 +77,14 @@ static void diagonal_pool_pages(const row_split *cache, int gbs, int slots, int 
  * or all of one length). A pool never holds more than max_len rows a slot, the cache before
  * pages, so a plan that fits the longest prompts fits these. */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                           const int *lens, int gen_len, int diagonal_blocks) {
+                           const int *lens, int gen_len, int diagonal_blocks,
+                           const int *diagonal_starts) {
     int paged[N_TIERS], whole[N_TIERS], no_larger = 1;
     if (diagonal_blocks) {
-        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, FG_PAGE_TOKENS, n, lens,
-                            gen_len, paged);
-        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, max_len, max_len, n, lens, gen_len,
-                            whole);
+        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, diagonal_starts, max_len,
+                            FG_PAGE_TOKENS, n, lens, gen_len, paged);
+        diagonal_pool_pages(cache, gbs, slots, diagonal_blocks, diagonal_starts, max_len, max_len,
+                            n, lens, gen_len, whole);
     } else {
         pool_pages(cache, gbs, slots, max_len, FG_PAGE_TOKENS, n, lens, gen_len, paged);
         pool_pages(cache, gbs, slots, max_len, max_len, n, lens, gen_len, whole);

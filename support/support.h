@@ -424,19 +424,12 @@ typedef struct {
     int page_tokens;         /* tokens a page */
     int pool_pages[N_TIERS]; /* each tier's pool */
 } kv_pool_size;
-/* The diagonal schedule's staircase (Appendix A.2): GPU batch k of `groups` starts its first
- * prompts at step diagonal_start and new ones every gen_len steps after, so the groups are
- * staggered in steps. The schedule's (flexgen.c's diagonal_slots), written here because below it
- * kv_pages.c's kv_pool_shape walks the same staircase to size the cache's pools, and lp.c prices
- * its warm-up. */
-static inline int diagonal_start(int k, int groups, int gen_len) {
-    return (int)((long)k * gen_len / groups);
-}
 /* The pools of a job of n prompts (lens NULL: each max_len - gen_len long), in blocks of `slots`;
- * diagonal_blocks > 0: the prompts stream through that many blocks, their GPU batches staggered
- * as the diagonal schedule runs them. */
+ * diagonal_blocks > 0: the prompts stream through that many blocks, GPU batch k of each starting
+ * at step diagonal_starts[k] (the diagonal schedule's staircase, tiers.h's diagonal_start). */
 kv_pool_size kv_pool_shape(const row_split *cache, int gbs, int slots, int max_len, int n,
-                           const int *lens, int gen_len, int diagonal_blocks);
+                           const int *lens, int gen_len, int diagonal_blocks,
+                           const int *diagonal_starts);
 typedef struct {
     kv_pool_size pool;
     row_split cache; /* slot s is on tier tier_of(&cache, s % gbs) */

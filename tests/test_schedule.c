@@ -186,8 +186,10 @@ static void test_diagonal_completions(void) {
 static void test_diagonal_pools(void) {
     row_split all_gpu = {{1, 0, 0}};
     int lens[8] = {30, 30, 30, 30, 30, 30, 30, 30};
-    kv_pool_size diagonal = kv_pool_shape(&all_gpu, 1, 4, 70, 8, lens, 40, 1);
-    kv_pool_size zigzag = kv_pool_shape(&all_gpu, 1, 4, 70, 8, lens, 40, 0);
+    int starts[4];
+    for (int k = 0; k < 4; k++) starts[k] = diagonal_start(k, 4, 40);
+    kv_pool_size diagonal = kv_pool_shape(&all_gpu, 1, 4, 70, 8, lens, 40, 1, starts);
+    kv_pool_size zigzag = kv_pool_shape(&all_gpu, 1, 4, 70, 8, lens, 40, 0, NULL);
     EXPECT(diagonal.page_tokens == 16 && diagonal.pool_pages[TIER_GPU] == 16 && diagonal.pool_pages[TIER_CPU] == 0,
            "diagonal: expected 16 pages of 16 tokens on the gpu tier, got %d of %d (cpu %d)",
            diagonal.pool_pages[TIER_GPU], diagonal.page_tokens, diagonal.pool_pages[TIER_CPU]);
