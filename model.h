@@ -141,9 +141,9 @@ typedef struct {
 typedef struct {
     size_t rows; /* capacity in token rows */
     int max_len, n_threads;
-    float *h;              /* [rows][hidden] */
+    float *h;              /* [rows][max(hidden, word_dim)]: the words before project_in */
     float *attn;           /* [rows][max(q_width, hidden)] */
-    float *qkv;            /* [rows][q_width + 2 kv_width]: q, k, v (qkv_layout_of) */
+    float *qkv;            /* [rows][max(q_width + 2 kv_width, word_dim)]: q, k, v; project_out */
     float *ffn;            /* [rows][max(ffn, hidden)]; LLaMA: [2][rows][ffn], gate and up */
     float *thread_scratch; /* per thread: one (sequence, head)'s K, V and scores, or lm_head rows */
     size_t thread_floats;

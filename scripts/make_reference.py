@@ -16,6 +16,7 @@ The models:
     opt-tiny-350m  post-LN (do_layer_norm_before=False) with project_in / project_out and no
                    final layer norm, like facebook/opt-350m; saved as fp32, sharded
     opt-tiny-bf16  pre-LN, other dims, saved as bf16
+    opt-deep       pre-LN, 20 layers, word_embed_proj_dim 72 > hidden 40 (project_in / out)
 
 Numerics, matching the C implementation (weights stored as fp16, compute in fp32, the KV cache
 stored as fp16):
@@ -111,6 +112,26 @@ MODELS = [
             do_layer_norm_before=True,
         ),
         prompt_lengths=[7, 2, 11, 4, 13],
+    ),
+    # A deep model: 20 layers, widths no multiple of 32, words wider than the hidden states.
+    # docs/PIPELINE.md's bound between schedules grows with depth; runtime's "a 20-layer
+    # checkpoint" test holds it here.
+    dict(
+        name="opt-deep",
+        seed=26,
+        save_dtype=torch.float16,
+        max_shard_size=None,
+        config=dict(
+            vocab_size=300,
+            hidden_size=40,
+            num_attention_heads=4,
+            ffn_dim=136,
+            num_hidden_layers=20,
+            max_position_embeddings=128,
+            word_embed_proj_dim=72,
+            do_layer_norm_before=True,
+        ),
+        prompt_lengths=[30, 41, 52, 36, 33, 47, 39, 50],
     ),
     # An HF-layout directory with a tokenizer: text prompts in, text out (the CLI's real-checkpoint
     # path). Its vocab is the tokenizer fixture's (tests/fixtures/tokenizer).

@@ -109,9 +109,14 @@ static size_t vec_floats(const model_config *cfg) {
     return 2 * most(n, (size_t)cfg->word_dim);
 }
 
-/* A token row's floats in qkv, attn and ffn (model.h's model_workspace). */
+/* A token row's floats in h, qkv, attn and ffn (model.h's model_workspace). h holds the words'
+ * embeddings before project_in, qkv project_out's rows: word_dim may exceed hidden (and q + 2 kv)
+ * in a checkpoint. */
+static size_t h_floats(const model_config *c) {
+    return most((size_t)c->hidden, (size_t)c->word_dim);
+}
 static size_t qkv_floats(const model_config *c) {
-    return (size_t)q_width(c) + 2 * (size_t)kv_width(c);
+    return most((size_t)q_width(c) + 2 * (size_t)kv_width(c), (size_t)c->word_dim);
 }
 static size_t attn_floats(const model_config *c) {
     return most((size_t)q_width(c), (size_t)c->hidden);
@@ -122,7 +127,7 @@ static size_t ffn_floats(const model_config *c) {
 
 size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_prompt, int max_len) {
     (void)max_prompt;
-    size_t row = cfg->hidden + qkv_floats(cfg) + attn_floats(cfg) + ffn_floats(cfg);
+    size_t row = h_floats(cfg) + qkv_floats(cfg) + attn_floats(cfg) + ffn_floats(cfg);
     return 4 * (rows * row + thread_floats(cfg, max_len) * omp_get_max_threads() +
                 wide_floats(cfg, rows) + vec_floats(cfg));
 }
@@ -131,12 +136,11 @@ int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t ro
                          int max_len, char *err) {
     (void)max_prompt;
     memset(ws, 0, sizeof *ws);
-    size_t h = cfg->hidden;
     ws->rows = rows;
     ws->max_len = max_len;
     ws->n_threads = omp_get_max_threads();
     ws->thread_floats = thread_floats(cfg, max_len);
-    ws->h = alloc_floats(rows * h);
+    ws->h = alloc_floats(rows * h_floats(cfg));
     ws->qkv = alloc_floats(rows * qkv_floats(cfg));
     ws->attn = alloc_floats(rows * attn_floats(cfg));
     ws->ffn = alloc_floats(rows * ffn_floats(cfg));
@@ -211,9 +215,9 @@ size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
 
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,
  * word_dim)]; qkv and attn, whose space ffn takes after them, [rows][max(q + 2 kv + q widths
- * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up))]; one sequence's prefill scores (fp32) and
- * probabilities (fp16), [heads][max_prompt][max_prompt]; then what decode attention's spans
- * (fg_cuda_span_slots x (head_dim + 2) floats) and the 4-bit products' scratch
+ * (OPT: 4 hidden), ffn (LLaMA: 2 ffn, gate and up), word_dim (project_out's rows))]; one sequence's
+ * prefill scores (fp32) and probabilities (fp16), [heads][max_prompt][max_prompt]; then what decode
+ * attention's spans (fg_cuda_span_slots x (head_dim + 2) floats) and the 4-bit products' scratch
  * (fg_cuda_q4_scratch_bytes) need beyond them, since both lie over the prefill scores, which no
  * product and no attention after cached tokens uses; the token tables and the cache tables, of
  * page tables of a cache of max_len. Here so that the cost model has it without CUDA. */
@@ -222,7 +226,7 @@ size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_pro
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
     size_t f = (size_t)cfg->ffn * (cfg->family == FAMILY_OPT ? 1 : 2); /* SwiGLU: gate and up */
     size_t qkv_attn = qkv_width(cfg) + (size_t)q_width(cfg);           /* OPT: 4 h */
-    size_t mixed = qkv_attn > f ? qkv_attn : f;
+    size_t mixed = most(most(qkv_attn, f), wd);
     int pages = kv_pages_for(max_len, FG_PAGE_TOKENS);
     /* each span: its sum of weights times values, its max and its sum of weights */
     size_t spans = 4 * fg_cuda_span_slots(cfg, rows, max_len) * ((size_t)cfg_head_dim(cfg) + 2);

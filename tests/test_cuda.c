@@ -199,10 +199,10 @@ static fixture_bounds measure_bounds(backend_pair *r, const char *name) {
     return b;
 }
 
-/* Every case of the matrix on a fixture; under the sanitizers (SANITIZERS_ONE_DIAGONAL, tests.h)
- * every other one, from `first`: the OPT fixtures pre-LN and post-LN take turns, so each case
- * still runs on OPT, and the LLaMA fixture runs half. */
-static void compare_backends(const char *fixture_name, int first) {
+/* Every `every`-th case of the matrix on a fixture, from `first`; under the sanitizers
+ * (SANITIZERS_ONE_DIAGONAL, tests.h) every other one of those: the OPT fixtures pre-LN and post-LN
+ * take turns, so each case still runs on OPT, and the LLaMA fixture runs half. */
+static void compare_backends_every(const char *fixture_name, int first, int every) {
     if (!gpu_present()) return;
     fixture_prompts f;
     fixture_prompts_open(fixture_name, N_SEQ, &f);
@@ -212,7 +212,7 @@ static void compare_backends(const char *fixture_name, int first) {
     fixture_bounds b = measure_bounds(&r, fixture_name);
     float worst_share[3] = {0, 0, 0}; /* fp16 cache, 4-bit cache, sparse attention */
     for (int i = 0; i < N_RUNS; i++) {
-        if (SANITIZERS_ONE_DIAGONAL && i % 2 != first) continue;
+        if (i % (SANITIZERS_ONE_DIAGONAL ? 2 * every : every) != first) continue;
         fg_stats st;
         char err[FG_ERR_LEN], what[160];
         const gpu_case *k = &CASES[i < N_CASES ? i : DIAGONAL_CASES[i - N_CASES]];
@@ -253,8 +253,15 @@ static void compare_backends(const char *fixture_name, int first) {
     fixture_prompts_close(&f);
 }
 
+static void compare_backends(const char *fixture_name, int first) {
+    compare_backends_every(fixture_name, SANITIZERS_ONE_DIAGONAL ? first : 0, 1);
+}
+
 static void test_pre_ln(void) { compare_backends("opt-tiny", 0); }
 static void test_post_ln(void) { compare_backends("opt-tiny-350m", 1); }
+/* 20 layers, words (72) wider than the hidden states (40): project_in and project_out on the GPU;
+ * every sixth case (all on the gpu tier, all on disk, 4-bit weights and cache split). */
+static void test_deep(void) { compare_backends_every("opt-deep", 0, 6); }
 /* The LLaMA family: LLaMA with one K/V head for 8 query heads of 24 and every bias, Mistral's
  * 16 heads on 2 K/V heads, Qwen2's q, k, v biases (bf16 checkpoint). */
 static void test_llama(void) { compare_backends("llama-tiny-mqa-bias", 0); }
@@ -676,6 +683,7 @@ void add_cuda_tests(void) {
     CU_pSuite s = CU_add_suite("gpu", NULL, NULL);
     CU_add_test(s, "CUDA against CPU, pre-LN fixture, policy matrix", test_pre_ln);
     CU_add_test(s, "CUDA against CPU, post-LN fixture, policy matrix", test_post_ln);
+    CU_add_test(s, "CUDA against CPU, 20 layers with words wider than the hidden states, every sixth case of the matrix", test_deep);
     CU_add_test(s, "CUDA against CPU, LLaMA fixture (MQA, head_dim 24, biases), policy matrix", test_llama);
 #ifndef __SANITIZE_ADDRESS__
     CU_add_test(s, "CUDA against CPU, Mistral fixture (GQA 8), policy matrix", test_mistral);
