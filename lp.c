@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1071  best_policy            the shapes' LP optima, best first, rounded and checked
- *   782  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *  1085  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   796  solve_shape            Eq. (1) for one block shape: the LP's rows
  *   214  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
  *   299  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
  *   319  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   345  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   711  lp_solve               a dense two-phase simplex
+ *   359  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   725  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -342,6 +342,20 @@ int fg_weights_case(const double x[N_X]) {
     return x[X_WG] < 1 ? FG_W_MEMORY : FG_W_GPU;
 }
 
+/* A weight staging arena (tiers.c's place_weights): the largest layer in the form the products
+ * read, 4-bit codes for its matrices and tables where the weights are compressed (its biases and
+ * norms stay fp16), each of up to 16 tensors 64-byte aligned. */
+static double staging_arena(const model_config *c, int compress_weight) {
+    double arena = 0;
+    for (int j = 0; j < c->n_layers + 2; j += j == 1 ? c->n_layers : 1) {
+        double params = (double)layer_param_count(c, j);
+        double vectors = (double)layer_vector_count(c, j);
+        double codes = 2 * (params - vectors) * 36.0 / 128 + 2 * vectors;
+        arena = fmax(arena, (compress_weight ? codes : 2 * params) + 16 * 64.0);
+    }
+    return arena;
+}
+
 void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm) {
     double h = c->hidden, s = w->s, len = w->s + w->n;
@@ -369,7 +383,7 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
         add_bytes(&mm->tier[t], X_CG + t, cache);
         add_bytes(&mm->tier[t], X_HG + t, act);
     }
-    if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * 2 * layer);
+    if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * staging_arena(c, w->compress_weight));
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 2 * act_row * gbs * s); /* activation staging */

@@ -328,7 +328,7 @@ do_big() {
     local q4=(--compress-weight --compress-cache)
     local on_gpu=(--percent 100 0 100 0 100 0 --gpu-batch-size 32 --num-gpu-batches 1 "${q4[@]}")
     # the weights in CPU memory, half the cache on the GPU: the plan's 16 GiB hold two layers'
-    # staging (fp16-sized, 7.3 GB) and 5.5 GB of cache
+    # staging (4-bit codes, 2.0 GB) and 5.5 GB of cache
     local t4=(--percent 0 100 50 50 100 0 --gpu-batch-size 8 --num-gpu-batches 2 "${q4[@]}")
     local device_mem=$GPU_MEM
     [ "$DRY" = 1 ] || device_mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)M

@@ -412,6 +412,18 @@ size_t layer_param_count(const model_config *c, int j) {
            (c->o_bias ? h : 0) + (c->mlp_bias ? 2 * f + h : 0);
 }
 
+size_t layer_vector_count(const model_config *c, int j) {
+    size_t h = c->hidden, f = c->ffn, q = (size_t)q_width(c), kv = (size_t)kv_width(c);
+    if (j == 0) return 0;
+    if (c->family == FAMILY_OPT) {
+        if (j > c->n_layers) return c->pre_ln ? 2 * h : 0;
+        return 4 * h + f + h + 4 * h; /* q, k, v, out_proj, fc1, fc2 biases; two layer norms */
+    }
+    if (j > c->n_layers) return h;
+    return 2 * h + (c->qkv_bias ? q + 2 * kv : 0) + (c->o_bias ? h : 0) +
+           (c->mlp_bias ? 2 * f + h : 0);
+}
+
 size_t opt_param_count(const model_config *c) {
     size_t n = 0;
     for (int j = 0; j < c->n_layers + 2; j++) n += layer_param_count(c, j);

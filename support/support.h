@@ -285,8 +285,9 @@ int opt_checkpoint_open(const char *dir, model_config *cfg, st_archive *a, char 
  * embedding) split over n pipeline stages: stage s has [*first, *end). */
 void fg_stage_layers(const model_config *c, int s, int n, int *first, int *end);
 size_t opt_param_count(const model_config *cfg);
-size_t layer_param_count(const model_config *cfg, int j); /* FlexGen's layer j: 0 input, 1 ..
-                                                             n_layers, output */
+size_t layer_param_count(const model_config *cfg, int j);  /* FlexGen's layer j: 0 input, 1 ..
+                                                              n_layers, output */
+size_t layer_vector_count(const model_config *cfg, int j); /* of those, in biases and norms */
 
 /* The model's stored tensors, layer by layer (§4.2 places weights tensor by tensor within a
  * layer). A layer's tensors tile one arena of layer_floats[layer] values; tensor t starts at

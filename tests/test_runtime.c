@@ -464,6 +464,40 @@ static void test_memory_model_against_plan(void) {
             compare_memory_model(cases[i].what, cases[i].pc, cases[i].delegate, cases[i].compress, cuda);
 }
 
+/* The weight staging arenas (§4.2: a layer loaded while the one before computes) hold a layer in
+ * the form the products read: 4-bit codes where the weights are compressed, a little over a
+ * quarter of fp16's bytes (OPT-175B's two arenas: 2.0 GB, not 7.3). The plan check's arenas (the
+ * weights on cpu, with CUDA's sizes) against the memory model's staging term (its FG_W_MEMORY
+ * case less its FG_W_GPU case): within 2 KiB (the model pads each arena by 64 bytes for each of
+ * 16 tensors), and never below the plan's, so that a placement the search finds fits. */
+static void test_staging_as_stored(void) {
+    static const model_config c = OPT_SHAPE("staging", 2, 256, 4, 1024, 300, 64, 256, 1);
+    double staging[2];
+    for (int compress = 0; compress < 2; compress++) {
+        fg_policy p = policy(4, 1, (fg_percent){0, 100, 100, 0, 100, 0}, 1, 0);
+        p.compress_weight = compress;
+        fg_runtime *rt;
+        fg_model *m = cuda_sized_model(&p, &c, &rt);
+        double total[N_TIERS], weights[N_TIERS];
+        fg_plan_bytes(m, 4, NULL, 8, 4, total, weights);
+        staging[compress] = weights[TIER_GPU];
+        fg_workload w = {.s = 8, .n = 4, .gbs = 4, .ngb = 1, .compress_weight = compress};
+        fg_hardware hw = {.gpu_is_host = 0};
+        fg_memory_model in_memory, on_gpu;
+        fg_memory_model_build(&c, &w, &hw, FG_W_MEMORY, &in_memory);
+        fg_memory_model_build(&c, &w, &hw, FG_W_GPU, &on_gpu);
+        double modeled = in_memory.tier[TIER_GPU].constant - on_gpu.tier[TIER_GPU].constant;
+        EXPECT(modeled >= staging[compress] && modeled <= staging[compress] + 2048,
+               "%s weights: the plan's staging arenas take %.0f bytes, the memory model %.0f",
+               compress ? "4-bit" : "fp16", staging[compress], modeled);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    double layer_fp16 = 2.0 * layer_param_count(&c, 1); /* a decoder layer, the largest */
+    EXPECT(staging[0] >= 2 * layer_fp16, "fp16: arenas of %.0f bytes for layers of %.0f", staging[0], layer_fp16);
+    EXPECT(staging[1] <= 0.3 * staging[0], "4-bit: arenas of %.0f bytes, fp16's %.0f", staging[1], staging[0]);
+}
+
 static double fake_device_memory(void) { return 1e12; }
 
 /* The plan check's line for a tier over its capacity says where that capacity came from: "--X-mem
@@ -1588,6 +1622,8 @@ void add_runtime_tests(void) {
                 test_memory_model_cuda_sizes);
     CU_add_test(s, "the memory model counts each tier's bytes as the plan check does",
                 test_memory_model_against_plan);
+    CU_add_test(s, "a 4-bit layer's staging arenas hold its 4-bit bytes, as the memory model counts",
+                test_staging_as_stored);
     CU_add_test(s, "the plan check's line names where each tier's capacity came from",
                 test_plan_names_capacity_source);
     CU_add_test(s, "host memory for plans: MemAvailable less a sixteenth of MemTotal", test_host_memory_for_plans);
