@@ -332,7 +332,10 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     cJSON_AddBoolToObject(job, "stop_at_eos", g->stop_at_eos);
     if (g->refill) cJSON_AddBoolToObject(job, "refill", 1); /* absent: off */
     cJSON_AddBoolToObject(job, "compress_weight", p->compress_weight);
-    if (p->int8_activations) cJSON_AddBoolToObject(job, "int8_activations", 1);
+    if (p->int8_activations) { /* with the range of W's integer columns in prefill (int8.c) */
+        cJSON_AddBoolToObject(job, "int8_activations", 1);
+        cJSON_AddNumberToObject(job, "int8_weight_max", INT8_W_MAX);
+    }
     if (p->bf16_prefill) cJSON_AddBoolToObject(job, "bf16_prefill", 1);
     cJSON_AddBoolToObject(job, "compress_cache", p->compress_cache);
     cJSON_AddNumberToObject(job, "attn_sparsity", p->attn_sparsity);

@@ -776,15 +776,19 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  *
  * Where hundreds of rows share each weight (prefill; support/matmul.c's product_int8_rows runs
  * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
- * 127), each panel of W is widened to fp32 (exactly q4_value's values) and rounded to int8 with
- * one scale per column (int8_round_columns: scale[j] = max_k |w[k][j]| / 127), one integer
- * product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's VNNI or AMX kernels, else that
- * file's AVX2 kernel of int16 pairs or plain loops, never oneDNN's kernels without VNNI, whose
- * vpmaddubsw saturates pairs of full-range products), and int8_finish_rows applies the scales:
+ * 127), each panel of W is widened to fp32 (exactly q4_value's values) and rounded to 7 bits with
+ * one scale per column (int8_round_columns: scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64),
+ * one integer product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that
+ * file's AVX2 kernel of int16 pairs or plain loops), and int8_finish_rows applies the scales:
  * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding). Rounding x[r][k] moves it by at
  * most alpha[r] / 2 and w[k][j] by at most scale[j] / 2, so, before fp32's last roundings,
  *   |y - x W| <= sum_k (|x[r][k]| scale[j] + alpha[r] |w[k][j]| + alpha[r] scale[j] / 2) / 2,
  * which tests/test_matmul.c holds the product to, with its bits against a plain reference.
+ * Why W in 7 bits: AVX2's vpmaddubsw (unsigned x signed bytes, the instruction int8 GEMMs without
+ * VNNI are built on) sums each pair of products in int16. oneDNN makes x unsigned (x + 128 <= 255),
+ * and 2 x 255 x 64 = 32640 stays within int16 where 2 x 255 x 127 does not: so every kernel,
+ * VNNI, AMX and AVX2's alike, gives the same exact sums. W's values are 4-bit codes already: its
+ * 129 levels a column add an error far below the 4-bit step.
  * ============================================================================================ */
 
 /* The loops below are built three times, for AVX-512, AVX2 and plain x86-64 (each a body,
@@ -851,8 +855,8 @@ __attribute__((target("avx512f"))) static float round_row_avx512(const float *ro
 }
 #endif
 
-/* The same for n (<= 64) columns of a panel w[in][ldw], from column c: scale[j] = max_k |w[k][j]|
- * / 127 and w8[k][j] = round_int8(w[k][j] (127 / max)). */
+/* The same for n (<= 64) columns of a panel w[in][ldw], from column c, in 7 bits: scale[j] =
+ * max_k |w[k][j]| / INT8_W_MAX and w8[k][j] = round_int8(w[k][j] (INT8_W_MAX / max)). */
 ROUNDING_BODY void round_column_block_body(const float *w, int in, size_t ldw, int n, int8_t *w8,
                                            float *scale) {
     uint32_t top_bits[64] = {0};
@@ -866,8 +870,8 @@ ROUNDING_BODY void round_column_block_body(const float *w, int in, size_t ldw, i
     }
     for (int j = 0; j < n; j++) {
         float top = float_of_bits(top_bits[j]);
-        inv[j] = top > 0 ? 127.0f / top : 0.0f;
-        scale[j] = top / 127.0f;
+        inv[j] = top > 0 ? (float)INT8_W_MAX / top : 0.0f;
+        scale[j] = top / (float)INT8_W_MAX;
     }
     for (int k = 0; k < in; k++) {
         const float *row = w + (size_t)k * ldw;

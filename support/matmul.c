@@ -731,7 +731,7 @@ static void product_int8_rows(const float *x, int rows, int in, const void *W, i
         int nc = out - j0 < cols ? out - j0 : cols;
         widen_panel(W, q4, in, out, j0, nc, wide, use_simd());
         int8_round_columns(wide, in, nc, w8, scale);
-        gemm_s8(rows, nc, in, x8, w8, isum);
+        gemm_s8(rows, nc, in, x8, w8, INT8_W_MAX, isum);
         int8_finish_rows(isum, alpha, scale, rows, nc, y + j0, out, accumulate);
     }
     free(x8);

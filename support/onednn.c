@@ -2,7 +2,8 @@
  * once, matmul.c's bf16), each on the fastest path this CPU and this build have that keeps its
  * promise:
  *
- *   gemm_s8     c[m][n] = sum_k a[m][k] b[k][n]    int8 operands, int32 sums (exact)
+ *   gemm_s8     c[m][n] = sum_k a[m][k] b[k][n]    int8 operands (|b| <= b_max), int32 sums
+ *                                                  (exact)
  *   gemm_bf16   c[m][n] = sum_k a[m][k] b[k][n]    bf16 operands, fp32 sums
  *
  * All three matrices are dense, row after row: oneDNN's fastest kernels (brgemm) take no gaps
@@ -21,10 +22,12 @@
  *          128 sum_k b at the end. VNNI's vpdpbusd and AMX's tiles sum the products in int32,
  *          exactly; without them (AVX2, AVX-512 without VNNI: "gemm:jit") vpmaddubsw sums each
  *          pair of products in int16 and saturates, and (a + 128) b pairs reach 2 x 255 x 127 =
- *          64770: most sums of full-range operands come out wrong. So only a kernel whose name
- *          says VNNI or AMX runs ("brg:avx512_core_vnni", "brg:avx512_core_amx_int8"); any
- *          other shape goes to gemm_s8_pairs below, this file's exact AVX2 kernel, and where the
- *          CPU has no AVX2 (or FLEXGEN_ISA=portable) to the plain loops.
+ *          64770: most sums of full-range operands come out wrong. With |b| <= 64 (b_max: the
+ *          prefill scheme's W in 7 bits) a pair stays within 2 x 255 x 64 = 32640, int16's range,
+ *          and those kernels are exact too. So a kernel whose name says VNNI or AMX
+ *          ("brg:avx512_core_vnni", "brg:avx512_core_amx_int8") runs for any b, any other for
+ *          b_max <= 64 alone; otherwise gemm_s8_pairs below, this file's exact AVX2 kernel, and
+ *          where the CPU has no AVX2 (or FLEXGEN_ISA=portable) the plain loops.
  *   bf16   oneDNN has no bf16 product without AVX-512 (it answers "unimplemented"). Then a and b
  *          are widened to fp32 (exactly) and OpenBLAS's sgemm sums the same products in fp32
  *          (without memory for the widened copies, the plain loops), with one line on stderr
@@ -340,9 +343,10 @@ static struct {
 
 #ifndef FLEXGEN_ONEDNN
 
-static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c,
-                          char *why, size_t why_len) {
+static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, int b_max,
+                          void *c, char *why, size_t why_len) {
     (void)bf16;
+    (void)b_max;
     (void)m;
     (void)n;
     (void)k;
@@ -358,12 +362,12 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
 #include <oneapi/dnnl/dnnl.h>
 
 /* One shape's primitives: the product, and the reorder of b into the product's layout; or, where
- * oneDNN has no kernel for it that keeps the promise (status or exact), nothing. */
+ * oneDNN has no kernel for it, nothing (status). */
 typedef struct {
     int used, bf16, m, n, k;
     dnnl_status_t status; /* dnnl_success, or what oneDNN answered */
     const char *failed;   /* the step that answered it */
-    int exact;            /* the kernel's int8 sums are exact (bf16: always) */
+    int int16_pairs;      /* the int8 kernel sums pairs of products in int16 (no VNNI, no AMX) */
     char impl[64];        /* oneDNN's name for the kernel */
     dnnl_primitive_t product, reorder;
     dnnl_memory_desc_t a_md, b_md, b_blocked_md, c_md;
@@ -410,7 +414,7 @@ static int failed(gemm_plan *p, dnnl_status_t status, const char *step) {
 }
 
 /* The product's primitive for this shape, b's layout left to oneDNN ("any"), and the reorder
- * from plain [k][n] into that layout; for int8, only where the kernel's sums are exact. */
+ * from plain [k][n] into that layout. */
 static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_s8, out = bf16 ? dnnl_f32 : dnnl_s32;
     dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
@@ -430,18 +434,16 @@ static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
     const char *impl = "";
     dnnl_primitive_desc_query(product_pd, dnnl_query_impl_info_str, 0, &impl);
     snprintf(p->impl, sizeof p->impl, "%s", impl ? impl : "");
-    /* int8: VNNI's and AMX's sums are int32; the others saturate pairs in int16 (top comment) */
-    p->exact = bf16 || strstr(p->impl, "vnni") || strstr(p->impl, "amx");
-    if (p->exact) {
-        p->b_blocked_md = *dnnl_primitive_desc_query_md(product_pd, dnnl_query_weights_md, 0);
-        p->b_blocked_bytes = dnnl_memory_desc_get_size(&p->b_blocked_md);
-        if (!failed(p, dnnl_primitive_create(&p->product, product_pd), "matmul") &&
-            !failed(p,
-                    dnnl_reorder_primitive_desc_create(&reorder_pd, &p->b_md, dnnl.engine,
-                                                       &p->b_blocked_md, dnnl.engine, NULL),
-                    "reorder"))
-            failed(p, dnnl_primitive_create(&p->reorder, reorder_pd), "reorder");
-    }
+    /* int8: VNNI's and AMX's sums are int32; the others sum pairs in int16 (top comment) */
+    p->int16_pairs = !bf16 && !strstr(p->impl, "vnni") && !strstr(p->impl, "amx");
+    p->b_blocked_md = *dnnl_primitive_desc_query_md(product_pd, dnnl_query_weights_md, 0);
+    p->b_blocked_bytes = dnnl_memory_desc_get_size(&p->b_blocked_md);
+    if (!failed(p, dnnl_primitive_create(&p->product, product_pd), "matmul") &&
+        !failed(p,
+                dnnl_reorder_primitive_desc_create(&reorder_pd, &p->b_md, dnnl.engine,
+                                                   &p->b_blocked_md, dnnl.engine, NULL),
+                "reorder"))
+        failed(p, dnnl_primitive_create(&p->reorder, reorder_pd), "reorder");
     dnnl_primitive_desc_destroy(product_pd);
     if (reorder_pd) dnnl_primitive_desc_destroy(reorder_pd);
 }
@@ -464,8 +466,8 @@ static dnnl_status_t memory_at(dnnl_memory_t *mem, const dnnl_memory_desc_t *md,
 }
 
 /* b reordered into the plan's layout, then c = a b (the caller holds products.lock). */
-static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, void *c,
-                          char *why, size_t why_len) {
+static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, int b_max,
+                          void *c, char *why, size_t why_len) {
     dnnl_status_t status = engine_once();
     if (status != dnnl_success) {
         snprintf(why, why_len, "oneDNN failed (engine: status %d)", (int)status);
@@ -484,8 +486,8 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
         snprintf(why, why_len, "oneDNN failed (%s: status %d)", p->failed, (int)p->status);
         return ONEDNN_FAILED;
     }
-    if (!p->exact) {
-        snprintf(why, why_len, "oneDNN's %s saturates int8 sums", p->impl);
+    if (p->int16_pairs && 2 * 255 * b_max > INT16_MAX) {
+        snprintf(why, why_len, "oneDNN's %s saturates int8 sums of |b| up to %d", p->impl, b_max);
         return ONEDNN_NONE;
     }
     if (p->b_blocked_bytes > dnnl.b_blocked_cap) {
@@ -537,10 +539,10 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
  * The products: oneDNN where it keeps the promise, else this file's paths
  * ============================================================================================ */
 
-void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) {
+void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max, int32_t *c) {
     char why[160];
     pthread_mutex_lock(&products.lock);
-    int ran = onednn_product(0, m, n, k, a, b, c, why, sizeof why);
+    int ran = onednn_product(0, m, n, k, a, b, b_max, c, why, sizeof why);
     if (ran != ONEDNN_RAN) {
         /* the AVX2 kernel where the CPU's kernels may use AVX2 (not FLEXGEN_ISA=portable) */
         int pairs = fg_cpu_has_avx2() && gemm_s8_pairs(m, n, k, a, b, c) == 0;
@@ -558,7 +560,7 @@ void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c) 
 void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) {
     char why[160];
     pthread_mutex_lock(&products.lock);
-    if (onednn_product(1, m, n, k, a, b, c, why, sizeof why) != ONEDNN_RAN) {
+    if (onednn_product(1, m, n, k, a, b, 0, c, why, sizeof why) != ONEDNN_RAN) {
         int sgemm = gemm_bf16_sgemm(m, n, k, a, b, c) == 0;
         if (!sgemm) gemm_bf16_reference(m, n, k, a, b, c);
         snprintf(products.path[1], sizeof products.path[1], "%s",

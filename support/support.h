@@ -171,7 +171,9 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
 void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                         float *y, int accumulate);
 /* int8.c, prefill's steps (every thread): each row of x rounded to int8 once; each column of a
- * widened panel of W; then y (= or +=) alpha[r] scale[j] isum[r][j] */
+ * widened panel of W, in 7 bits (|w8| <= INT8_W_MAX); then y (= or +=) alpha[r] scale[j]
+ * isum[r][j] */
+enum { INT8_W_MAX = 64 };
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha);
 void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale);
 /* The build of the rounding loops the last rounding ran: avx512, avx2, default, or "none ran" */
@@ -182,7 +184,8 @@ size_t matmul_scratch_floats(int in, int out);
 
 /* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it and its
  * kernel keeps the product's promise, else onednn.c's own paths; they always give c ---- */
-void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);     /* c [m][n] */
+/* gemm_s8's b_max: the largest |b| the caller's b holds (INT8_W_MAX for the prefill scheme's W) */
+void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max, int32_t *c);
 void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c); /* c [m][n] */
 void gemm_s8_reference(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);
 void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c);

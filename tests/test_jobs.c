@@ -433,6 +433,23 @@ static void test_job_bad_input(void) {
     after = slurp(output, NULL);
     EXPECT(before && after && !strcmp(before, after), "a resume without the job's --refill changed %s", output);
     free(before), free(after);
+    /* a job of --int8-activations whose line has no int8_weight_max: begun when W's integer columns
+     * took 8 bits, resumed where they take 7, is another job, and says which key differs */
+    unlink(output);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                                     "--compress-weight", "--int8-activations", "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    full = slurp(output, NULL);
+    CU_ASSERT_FATAL(full != NULL);
+    before = first_lines(full, 2);
+    free(full);
+    char *key = strstr(before, ",\"int8_weight_max\":64");
+    CU_ASSERT_FATAL(key != NULL);
+    memmove(key, key + strlen(",\"int8_weight_max\":64"), strlen(key + strlen(",\"int8_weight_max\":64")) + 1);
+    write_text_file(output, before);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                     "--compress-weight", "--int8-activations", "--resume"), "another job", "int8_weight_max");
+    free(before);
     rm_tree(dir);
     free(dir);
 }

@@ -544,39 +544,47 @@ static void test_int8_outliers_and_zeros(void) {
 
 static int8_t random_int8(uint64_t *seed) { return (int8_t)((int)(test_uniform(seed) * 255.0f) - 127); }
 
-/* A path of gemm_s8 that may run: oneDNN's only on a kernel whose int8 sums are int32 (VNNI or
- * AMX; its others saturate pairs of products in int16), else the AVX2 kernel where the CPU's
- * kernels may use AVX2, else the plain loops. */
-static int s8_path_allowed(const char *path) {
-    if (!strncmp(path, "onednn ", 7)) return strstr(path, "vnni") || strstr(path, "amx");
+/* A path of gemm_s8 that may run for b within +-b_max: oneDNN's on a kernel whose int8 sums
+ * are int32 (VNNI or AMX), or on any of its kernels where b_max <= INT8_W_MAX (their int16 pairs
+ * cannot saturate); else the AVX2 kernel where the CPU's kernels may use AVX2, else the plain
+ * loops. */
+static int s8_path_allowed(const char *path, int b_max) {
+    if (!strncmp(path, "onednn ", 7)) return b_max <= INT8_W_MAX || strstr(path, "vnni") || strstr(path, "amx");
     return !strcmp(path, fg_cpu_has_avx2() ? "avx2 (exact int16 pairs)" : "portable");
 }
 
 /* Integer sums are exact: gemm_s8 (on oneDNN where the build has it and its kernel for this CPU
- * sums in int32, else on this project's kernels) gives the plain loops' bits, on full-range
- * operands, and gemm_path names a path that may run. */
+ * keeps int8 sums exact for b's range, else on this project's kernels) gives the plain loops'
+ * bits, on full-range operands and on the prefill scheme's 7-bit b, whose worst case (a's rows all
+ * -127 or all 127 against b's columns all -64 or all 64: pairs of (a + 128) b reach 2 x 255 x 64)
+ * comes first; and gemm_path names a path that may run. */
 static void test_gemm_s8(void) {
     static const int shapes[][3] = {{65, 64, 64}, {67, 130, 75}, {300, 256, 1000}, {128, 8, 3}, {1, 1, 1}};
     uint64_t seed = 61;
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-        int8_t *a = malloc((size_t)m * k), *b = malloc((size_t)k * n);
-        int32_t *c = malloc((size_t)m * n * sizeof *c), *want = malloc((size_t)m * n * sizeof *want);
-        for (size_t i = 0; i < (size_t)m * k; i++) a[i] = random_int8(&seed);
-        for (size_t i = 0; i < (size_t)k * n; i++) b[i] = random_int8(&seed);
-        a[0] = -127;
-        b[0] = -127; /* the largest product, k times, is within int32 */
-        gemm_s8(m, n, k, a, b, c);
-        gemm_s8_reference(m, n, k, a, b, want);
-        EXPECT(!memcmp(c, want, (size_t)m * n * sizeof *c), "gemm_s8 %d x %d x %d on %s: sums differ from the plain "
-               "loops'", m, n, k, gemm_path(0));
-        EXPECT(s8_path_allowed(gemm_path(0)), "gemm_s8 %d x %d x %d: gemm_path says it ran on '%s', not a path that "
-               "keeps int8 sums exact here", m, n, k, gemm_path(0));
-        free(a);
-        free(b);
-        free(c);
-        free(want);
-    }
+    for (int narrow = 0; narrow < 2; narrow++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], b_max = narrow ? INT8_W_MAX : 127;
+            int8_t *a = malloc((size_t)m * k), *b = malloc((size_t)k * n);
+            int32_t *c = malloc((size_t)m * n * sizeof *c), *want = malloc((size_t)m * n * sizeof *want);
+            for (size_t i = 0; i < (size_t)m * k; i++) a[i] = random_int8(&seed);
+            for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (int8_t)(random_int8(&seed) * b_max / 127);
+            for (int p = 0; p < k; p++) { /* row 0 of a all 127, column 0 of b all b_max, and the negatives */
+                a[p] = 127;
+                b[(size_t)p * n] = (int8_t)b_max;
+                if (m > 1) a[(size_t)k + p] = -127;
+                if (n > 1) b[(size_t)p * n + 1] = (int8_t)-b_max;
+            }
+            gemm_s8(m, n, k, a, b, b_max, c);
+            gemm_s8_reference(m, n, k, a, b, want);
+            EXPECT(!memcmp(c, want, (size_t)m * n * sizeof *c), "gemm_s8 %d x %d x %d, |b| <= %d, on %s: sums differ "
+                   "from the plain loops'", m, n, k, b_max, gemm_path(0));
+            EXPECT(s8_path_allowed(gemm_path(0), b_max), "gemm_s8 %d x %d x %d, |b| <= %d: gemm_path says it ran on "
+                   "'%s', not a path that keeps int8 sums exact here", m, n, k, b_max, gemm_path(0));
+            free(a);
+            free(b);
+            free(c);
+            free(want);
+        }
 }
 
 /* gemm_s8_pairs, the AVX2 kernel of int16 pairs, against the plain loops: the worst operands for
@@ -682,8 +690,8 @@ static float int8_rows_scheme(const float *xr, int in, const float *v, int out, 
     float top = 0, col = 0;
     for (int k = 0; k < in; k++) top = fabsf(xr[k]) > top ? fabsf(xr[k]) : top;
     for (int k = 0; k < in; k++) col = fabsf(v[(size_t)k * out + c]) > col ? fabsf(v[(size_t)k * out + c]) : col;
-    float alpha = top / 127.0f, scale = col / 127.0f;
-    float inv = top > 0 ? 127.0f / top : 0.0f, inv_col = col > 0 ? 127.0f / col : 0.0f;
+    float alpha = top / 127.0f, scale = col / (float)INT8_W_MAX; /* W's columns in 7 bits */
+    float inv = top > 0 ? 127.0f / top : 0.0f, inv_col = col > 0 ? (float)INT8_W_MAX / col : 0.0f;
     int64_t isum = 0;
     double q_bound = 0;
     *exact = acc ? y0 : 0;
@@ -839,8 +847,8 @@ static void test_bf16_prefill_panels(void) {
 }
 
 /* gemm_path names the path each kind of product took last. Where oneDNN is held to AVX2
- * (ONEDNN_MAX_CPU_ISA=AVX2, a laptop's CPU), its int8 kernel saturates and it has no bf16
- * product: the int8 product runs on this project's kernels and the bf16 one on sgemm. Where the
+ * (ONEDNN_MAX_CPU_ISA=AVX2, a laptop's CPU), its int8 kernel saturates full-range b and it has no
+ * bf16 product: those run on this project's kernels and on sgemm; 7-bit b runs on oneDNN. Where the
  * CPU has VNNI or AVX-512 and oneDNN is not held back, oneDNN runs them. */
 static void test_gemm_paths(void) {
     int m = MATMUL_DECODE_ROWS + 1, n = 48, k = 40;
@@ -851,12 +859,12 @@ static void test_gemm_paths(void) {
     uint64_t seed = 127;
     for (size_t i = 0; i < (size_t)m * k; i++) a8[i] = random_int8(&seed), a16[i] = fp32_to_bf16(test_uniform(&seed));
     for (size_t i = 0; i < (size_t)k * n; i++) b8[i] = random_int8(&seed), b16[i] = fp32_to_bf16(test_uniform(&seed));
-    gemm_s8(m, n, k, a8, b8, c8);
+    gemm_s8(m, n, k, a8, b8, 127, c8);
     gemm_bf16(m, n, k, a16, b16, c16);
     char s8[96], bf16[96];
     snprintf(s8, sizeof s8, "%s", gemm_path(0));
     snprintf(bf16, sizeof bf16, "%s", gemm_path(1));
-    EXPECT(s8_path_allowed(s8), "gemm_s8: gemm_path says '%s', not a path that keeps int8 sums exact here", s8);
+    EXPECT(s8_path_allowed(s8, 127), "gemm_s8: gemm_path says '%s', not a path that keeps int8 sums exact here", s8);
     EXPECT(!strncmp(bf16, "onednn ", 7) || !strcmp(bf16, "fp32 sgemm of bf16 operands"), "gemm_bf16: gemm_path says "
            "'%s'", bf16);
     const char *held = getenv("ONEDNN_MAX_CPU_ISA");
@@ -864,6 +872,13 @@ static void test_gemm_paths(void) {
         EXPECT(strncmp(s8, "onednn ", 7) != 0, "ONEDNN_MAX_CPU_ISA=AVX2: gemm_s8 ran on %s, which saturates", s8);
         EXPECT(!strcmp(bf16, "fp32 sgemm of bf16 operands"), "ONEDNN_MAX_CPU_ISA=AVX2: gemm_bf16 ran on '%s'; "
                "oneDNN has no bf16 product there", bf16);
+#ifdef FLEXGEN_ONEDNN
+        /* W in 7 bits: oneDNN's AVX2 kernel cannot saturate, so it runs (test_gemm_s8 holds its bits) */
+        for (size_t i = 0; i < (size_t)k * n; i++) b8[i] = (int8_t)(b8[i] / 2);
+        gemm_s8(m, n, k, a8, b8, INT8_W_MAX, c8);
+        EXPECT(!strncmp(gemm_path(0), "onednn ", 7), "ONEDNN_MAX_CPU_ISA=AVX2, |b| <= %d: gemm_s8 ran on '%s', not "
+               "oneDNN", INT8_W_MAX, gemm_path(0));
+#endif
     }
 #ifdef FLEXGEN_ONEDNN
     if (!held && (fg_cpu_features() & FG_CPU_AVX512VNNI))
