@@ -482,13 +482,14 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
         else snprintf(why, why_len, "this CPU has no %s product in oneDNN", bf16 ? "bf16" : "int8");
         return ONEDNN_NONE;
     }
-    if (p->status != dnnl_success) {
-        snprintf(why, why_len, "oneDNN failed (%s: status %d)", p->failed, (int)p->status);
-        return ONEDNN_FAILED;
-    }
+    /* a kernel that would saturate is no failure of oneDNN's: it is not for this b */
     if (p->int16_pairs && 2 * 255 * b_max > INT16_MAX) {
         snprintf(why, why_len, "oneDNN's %s saturates int8 sums of |b| up to %d", p->impl, b_max);
         return ONEDNN_NONE;
+    }
+    if (p->status != dnnl_success) {
+        snprintf(why, why_len, "oneDNN failed (%s: status %d)", p->failed, (int)p->status);
+        return ONEDNN_FAILED;
     }
     if (p->b_blocked_bytes > dnnl.b_blocked_cap) {
         free(dnnl.b_blocked);

@@ -443,9 +443,10 @@ static void test_job_bad_input(void) {
     CU_ASSERT_FATAL(full != NULL);
     before = first_lines(full, 2);
     free(full);
-    char *key = strstr(before, ",\"int8_weight_max\":64");
+    const char *w8_key = ",\"int8_weight_max\":64";
+    char *key = strstr(before, w8_key);
     CU_ASSERT_FATAL(key != NULL);
-    memmove(key, key + strlen(",\"int8_weight_max\":64"), strlen(key + strlen(",\"int8_weight_max\":64")) + 1);
+    memmove(key, key + strlen(w8_key), strlen(key + strlen(w8_key)) + 1);
     write_text_file(output, before);
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
                      "--compress-weight", "--int8-activations", "--resume"), "another job", "int8_weight_max");
