@@ -14,12 +14,12 @@
  * layer j, GPU batch k) and call them in any order it needs. Read opt_layer first; the map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   375  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
- *   104  layer_norm               its layer norms
- *   169  store_kv                 this step's K and V into the cache (fp16, or 4-bit §5)
- *   316  attention                over the cache: prefill's two products, decode's dots, top-K
- *   129  opt_embed                token and position embeddings of a GPU batch
- *   414  opt_output               the logits of each sequence's last token
+ *   368  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
+ *    97  layer_norm               its layer norms
+ *   162  store_kv                 this step's K and V into the cache (fp16, or 4-bit §5)
+ *   309  attention                over the cache: prefill's two products, decode's dots, top-K
+ *   122  opt_embed                token and position embeddings of a GPU batch
+ *   407  opt_output               the logits of each sequence's last token
  *    50  matmul_reference         the products as plain loops, which the fast kernels are held to
  *
  * Weights are stored as FlexGen stores them: fp16 (or 4-bit, §5), linear layers transposed to
@@ -83,21 +83,14 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
  * ============================================================================================ */
 
 /* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c),
- * then the bias (widened once into ws->vec), and ReLU, in one pass over y. */
+ * then the bias (widened once into ws->vec), and ReLU: matmul_weights' epilogue, in one pass over
+ * y (in the int8 prefill product's finish, where that runs). */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
                   int mode, int q4, int products, model_workspace *ws) {
-    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide);
-    if (!b) return;
-    float *bias = ws->vec;
-    fp16_to_fp32_n(b, bias, (size_t)out);
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        float *yr = y + (size_t)r * out;
-        if (mode == OUT_RELU)
-            for (int i = 0; i < out; i++) yr[i] = yr[i] + bias[i] > 0 ? yr[i] + bias[i] : 0;
-        else
-            for (int i = 0; i < out; i++) yr[i] += bias[i];
-    }
+    matmul_epilogue after = {ws->vec, mode == OUT_RELU};
+    if (b) fp16_to_fp32_n(b, ws->vec, (size_t)out);
+    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide,
+                   b ? &after : NULL);
 }
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */

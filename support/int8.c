@@ -776,11 +776,13 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  *
  * Where hundreds of rows share each weight (prefill; support/matmul.c's product_int8_rows runs
  * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
- * 127), each panel of W is widened to fp32 (exactly q4_value's values) and rounded to 7 bits with
- * one scale per column (int8_round_columns: scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64),
- * one integer product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that
- * file's AVX2 kernel of int16 pairs or plain loops), and int8_finish_rows applies the scales:
- * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding). Rounding x[r][k] moves it by at
+ * 127), each column of W (exactly q4_value's values) is rounded to 7 bits with one scale per
+ * column (scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64: int8_round_columns, or its steps,
+ * int8_column_block_*, which matmul.c feeds 64 rows of widened codes at a time from L1), one
+ * integer product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that file's
+ * AVX2 kernel of int16 pairs or plain loops), and int8_finish_rows applies the scales:
+ * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding), then a linear layer's bias and
+ * ReLU, in the same pass. Rounding x[r][k] moves it by at
  * most alpha[r] / 2 and w[k][j] by at most scale[j] / 2, so, before fp32's last roundings,
  *   |y - x W| <= sum_k (|x[r][k]| scale[j] + alpha[r] |w[k][j]| + alpha[r] scale[j] / 2) / 2,
  * which tests/test_matmul.c holds the product to, with its bits against a plain reference.
@@ -855,95 +857,116 @@ __attribute__((target("avx512f"))) static float round_row_avx512(const float *ro
 }
 #endif
 
-/* The same for n (<= 64) columns of a panel w[in][ldw], from column c, in 7 bits: scale[j] =
- * max_k |w[k][j]| / INT8_W_MAX and w8[k][j] = round_int8(w[k][j] (INT8_W_MAX / max)). */
-ROUNDING_BODY void round_column_block_body(const float *w, int in, size_t ldw, int n, int8_t *w8,
-                                           float *scale) {
-    uint32_t top_bits[64] = {0};
-    float inv[64];
-    for (int k = 0; k < in; k++) {
+/* The same for n (<= 64) columns of W, in 7 bits, in two steps over blocks of its rows, so that
+ * the rows may come a block at a time (matmul.c widens a block of 64 rows of 4-bit codes into L1
+ * and hands it here, twice, and never writes an fp32 panel):
+ *   column_tops   top_bits[j] = the largest |w[k][j]|'s bits so far, over kc rows of w[kc][ldw];
+ *   round_columns w8[k][j] = round_int8(w[k][j] inv[j]), inv[j] = INT8_W_MAX / max_k |w[k][j]|
+ *                 (column_scales, below, gives inv and scale[j] = max_k |w[k][j]| / INT8_W_MAX). */
+ROUNDING_BODY void column_tops_body(const float *w, int kc, size_t ldw, int n, uint32_t *top_bits) {
+    for (int k = 0; k < kc; k++) {
         const float *row = w + (size_t)k * ldw;
 #pragma omp simd
         for (int j = 0; j < n; j++)
             top_bits[j] =
                 magnitude_bits(row[j]) > top_bits[j] ? magnitude_bits(row[j]) : top_bits[j];
     }
-    for (int j = 0; j < n; j++) {
-        float top = float_of_bits(top_bits[j]);
-        inv[j] = top > 0 ? (float)INT8_W_MAX / top : 0.0f;
-        scale[j] = top / (float)INT8_W_MAX;
-    }
-    for (int k = 0; k < in; k++) {
+}
+
+ROUNDING_BODY void round_columns_body(const float *w, int kc, size_t ldw, int n, const float *inv,
+                                      int8_t *w8, size_t ldw8) {
+    for (int k = 0; k < kc; k++) {
         const float *row = w + (size_t)k * ldw;
-        int8_t *row8 = w8 + (size_t)k * ldw;
+        int8_t *row8 = w8 + (size_t)k * ldw8;
 #pragma omp simd
         for (int j = 0; j < n; j++) row8[j] = round_int8(row[j] * inv[j]);
     }
 }
 
-static void round_column_block_default(const float *w, int in, size_t ldw, int n, int8_t *w8,
-                                       float *scale) {
-    round_column_block_body(w, in, ldw, n, w8, scale);
+static void column_tops_default(const float *w, int kc, size_t ldw, int n, uint32_t *top_bits) {
+    column_tops_body(w, kc, ldw, n, top_bits);
+}
+static void round_columns_default(const float *w, int kc, size_t ldw, int n, const float *inv,
+                                  int8_t *w8, size_t ldw8) {
+    round_columns_body(w, kc, ldw, n, inv, w8, ldw8);
 }
 #ifdef ROUNDING_WIDTHS
-__attribute__((target("avx2"))) static void round_column_block_avx2(const float *w, int in,
-                                                                    size_t ldw, int n, int8_t *w8,
-                                                                    float *scale) {
-    round_column_block_body(w, in, ldw, n, w8, scale);
+__attribute__((target("avx2"))) static void column_tops_avx2(const float *w, int kc, size_t ldw,
+                                                             int n, uint32_t *top_bits) {
+    column_tops_body(w, kc, ldw, n, top_bits);
 }
-__attribute__((target("avx512f"))) static void round_column_block_avx512(const float *w, int in,
-                                                                         size_t ldw, int n,
-                                                                         int8_t *w8, float *scale) {
-    round_column_block_body(w, in, ldw, n, w8, scale);
+__attribute__((target("avx2"))) static void round_columns_avx2(const float *w, int kc, size_t ldw,
+                                                               int n, const float *inv, int8_t *w8,
+                                                               size_t ldw8) {
+    round_columns_body(w, kc, ldw, n, inv, w8, ldw8);
+}
+__attribute__((target("avx512f"))) static void column_tops_avx512(const float *w, int kc,
+                                                                  size_t ldw, int n,
+                                                                  uint32_t *top_bits) {
+    column_tops_body(w, kc, ldw, n, top_bits);
+}
+__attribute__((target("avx512f"))) static void round_columns_avx512(const float *w, int kc,
+                                                                    size_t ldw, int n,
+                                                                    const float *inv, int8_t *w8,
+                                                                    size_t ldw8) {
+    round_columns_body(w, kc, ldw, n, inv, w8, ldw8);
 }
 #endif
 
-/* One row of y: y[j] = (alpha scale[j]) isum[j], or y[j] plus that when accumulating. */
+/* One row of y: y[j] = (alpha scale[j]) isum[j], or y[j] plus that when accumulating; then the
+ * bias (bias[j] added, when there is one) and ReLU (max(0, y[j]), when relu): linear_layer's
+ * steps after the product (opt_model.c), the same operations in the same order, in this pass. */
 ROUNDING_BODY void finish_row_body(const int32_t *isum, float alpha, const float *scale, int nc,
-                                   float *y, int accumulate) {
-    if (accumulate) {
+                                   float *y, int accumulate, const float *bias, int relu) {
 #pragma omp simd
-        for (int j = 0; j < nc; j++) y[j] += alpha * scale[j] * (float)isum[j];
-        return;
+    for (int j = 0; j < nc; j++) {
+        float v = alpha * scale[j] * (float)isum[j];
+        if (accumulate) v = y[j] + v;
+        if (bias) v = v + bias[j];
+        if (relu) v = v > 0 ? v : 0;
+        y[j] = v;
     }
-#pragma omp simd
-    for (int j = 0; j < nc; j++) y[j] = alpha * scale[j] * (float)isum[j];
 }
 
 static void finish_row_default(const int32_t *isum, float alpha, const float *scale, int nc,
-                               float *y, int accumulate) {
-    finish_row_body(isum, alpha, scale, nc, y, accumulate);
+                               float *y, int accumulate, const float *bias, int relu) {
+    finish_row_body(isum, alpha, scale, nc, y, accumulate, bias, relu);
 }
 #ifdef ROUNDING_WIDTHS
 __attribute__((target("avx2"))) static void finish_row_avx2(const int32_t *isum, float alpha,
                                                             const float *scale, int nc, float *y,
-                                                            int accumulate) {
-    finish_row_body(isum, alpha, scale, nc, y, accumulate);
+                                                            int accumulate, const float *bias,
+                                                            int relu) {
+    finish_row_body(isum, alpha, scale, nc, y, accumulate, bias, relu);
 }
 __attribute__((target("avx512f"))) static void finish_row_avx512(const int32_t *isum, float alpha,
                                                                  const float *scale, int nc,
-                                                                 float *y, int accumulate) {
-    finish_row_body(isum, alpha, scale, nc, y, accumulate);
+                                                                 float *y, int accumulate,
+                                                                 const float *bias, int relu) {
+    finish_row_body(isum, alpha, scale, nc, y, accumulate, bias, relu);
 }
 #endif
 
 /* The three builds, and the one the path runs (FLEXGEN_ISA's; avx2 also for SIMDe's AVX-512,
  * which runs on AVX2 hardware). */
-typedef struct {
+struct rounding_loops {
     const char *name;
     float (*round_row)(const float *row, int in, int8_t *row8);
-    void (*round_column_block)(const float *w, int in, size_t ldw, int n, int8_t *w8, float *scale);
+    void (*column_tops)(const float *w, int kc, size_t ldw, int n, uint32_t *top_bits);
+    void (*round_columns)(const float *w, int kc, size_t ldw, int n, const float *inv, int8_t *w8,
+                          size_t ldw8);
     void (*finish_row)(const int32_t *isum, float alpha, const float *scale, int nc, float *y,
-                       int accumulate);
-} rounding_loops;
+                       int accumulate, const float *bias, int relu);
+};
+typedef struct rounding_loops rounding_loops;
 
-static const rounding_loops ROUNDING_DEFAULT = {"default", round_row_default,
-                                                round_column_block_default, finish_row_default};
+static const rounding_loops ROUNDING_DEFAULT = {"default", round_row_default, column_tops_default,
+                                                round_columns_default, finish_row_default};
 #ifdef ROUNDING_WIDTHS
-static const rounding_loops ROUNDING_AVX2 = {"avx2", round_row_avx2, round_column_block_avx2,
-                                             finish_row_avx2};
-static const rounding_loops ROUNDING_AVX512 = {"avx512", round_row_avx512,
-                                               round_column_block_avx512, finish_row_avx512};
+static const rounding_loops ROUNDING_AVX2 = {"avx2", round_row_avx2, column_tops_avx2,
+                                             round_columns_avx2, finish_row_avx2};
+static const rounding_loops ROUNDING_AVX512 = {"avx512", round_row_avx512, column_tops_avx512,
+                                               round_columns_avx512, finish_row_avx512};
 #endif
 
 static const rounding_loops *rounding_ran; /* the build of the last rounding */
@@ -967,21 +990,48 @@ void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha)
         alpha[r] = loops->round_row(x + (size_t)r * in, in, x8 + (size_t)r * in);
 }
 
+void int8_column_block_begin(int8_column_block *b, int n) {
+    memset(b, 0, sizeof *b);
+    b->n = n;
+    b->loops = rounding_loops_now();
+}
+
+void int8_column_block_tops(int8_column_block *b, const float *w, int kc, size_t ldw) {
+    const rounding_loops *loops = b->loops;
+    loops->column_tops(w, kc, ldw, b->n, b->top_bits);
+}
+
+void int8_column_block_scales(int8_column_block *b, float *scale) {
+    for (int j = 0; j < b->n; j++) {
+        float top = float_of_bits(b->top_bits[j]);
+        b->inv[j] = top > 0 ? (float)INT8_W_MAX / top : 0.0f;
+        scale[j] = top / (float)INT8_W_MAX;
+    }
+}
+
+void int8_column_block_round(const int8_column_block *b, const float *w, int kc, size_t ldw,
+                             int8_t *w8, size_t ldw8) {
+    const rounding_loops *loops = b->loops;
+    loops->round_columns(w, kc, ldw, b->n, b->inv, w8, ldw8);
+}
+
 void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale) {
-    const rounding_loops *loops = rounding_loops_now();
-    rounding_ran = loops;
+    rounding_ran = rounding_loops_now();
 #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < nc; c0 += 64) {
-        int n = nc - c0 < 64 ? nc - c0 : 64;
-        loops->round_column_block(w + c0, in, (size_t)nc, n, w8 + c0, scale + c0);
+        int8_column_block b;
+        int8_column_block_begin(&b, nc - c0 < 64 ? nc - c0 : 64);
+        int8_column_block_tops(&b, w + c0, in, (size_t)nc);
+        int8_column_block_scales(&b, scale + c0);
+        int8_column_block_round(&b, w + c0, in, (size_t)nc, w8 + c0, (size_t)nc);
     }
 }
 
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
-                      float *y, int ldy, int accumulate) {
+                      float *y, int ldy, int accumulate, const float *bias, int relu) {
     const rounding_loops *loops = rounding_loops_now();
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         loops->finish_row(isum + (size_t)r * nc, alpha[r], scale, nc, y + (size_t)r * ldy,
-                          accumulate);
+                          accumulate, bias, relu);
 }

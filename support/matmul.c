@@ -87,6 +87,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -711,34 +712,86 @@ static void product_bf16(const float *x, int rows, int in, const void *W, int q4
     free(panel);
 }
 
-/* Prefill with --int8-activations: int8.c's rows rounded once, W's columns once, one integer
- * product per panel (gemm_s8, onednn.c: exact int32 sums on whichever path runs); int8.c's
- * comment has the scheme and its bound. */
-static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out,
-                              float *y, int accumulate, float *wide) {
-    int cols = panel_width(in, out);
-    int8_t *x8 = malloc((size_t)rows * in), *w8 = malloc((size_t)in * cols);
-    float *alpha = malloc((size_t)rows * sizeof *alpha),
-          *scale = malloc((size_t)cols * sizeof *scale);
-    int32_t *isum = malloc((size_t)rows * cols * sizeof *isum);
-    if (!x8 || !w8 || !alpha || !scale || !isum) {
-        fprintf(stderr, "flexgen: out of memory for an int8 product of %d x %d x %d\n", rows, in,
-                out);
+/* W's 7-bit columns j0 .. j0 + nc (int8.c's int8_round_columns of the widened panel, the same
+ * bits) straight from the codes, a group of 64 columns to a thread: each block of 64 rows is
+ * widened into L1 twice, once for the columns' largest values and once to round them, so no fp32
+ * panel is written (it was a pass over 32 MiB a panel, and another two to round it). */
+static void int8_columns_of_codes(const void *W, int q4, int in, int out, int j0, int nc,
+                                  int8_t *w8, float *scale, int simd) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < nc; c += Q4_GROUP) {
+        int n = nc - c < Q4_GROUP ? nc - c : Q4_GROUP, g = (j0 + c) / Q4_GROUP;
+        _Alignas(64) float block[KC * Q4_GROUP];
+        int8_column_block columns;
+        int8_column_block_begin(&columns, n);
+        for (int k0 = 0; k0 < in; k0 += KC) {
+            int kc = in - k0 < KC ? in - k0 : KC;
+            widen_rows(W, q4, out, k0, kc, g, n, block, Q4_GROUP, simd);
+            int8_column_block_tops(&columns, block, kc, Q4_GROUP);
+        }
+        int8_column_block_scales(&columns, scale + c);
+        for (int k0 = 0; k0 < in; k0 += KC) {
+            int kc = in - k0 < KC ? in - k0 : KC;
+            widen_rows(W, q4, out, k0, kc, g, n, block, Q4_GROUP, simd);
+            int8_column_block_round(&columns, block, kc, Q4_GROUP, w8 + (size_t)k0 * nc + c,
+                                    (size_t)nc);
+        }
+    }
+}
+
+/* Prefill's int8 buffers, kept from one product to the next and grown when a product needs more
+ * (a fresh 32 MiB buffer a call cost its page faults every call); one product at a time. */
+static struct {
+    pthread_mutex_t lock;
+    int8_t *x8, *w8;
+    float *alpha, *scale;
+    int32_t *isum;
+    size_t x8_bytes, w8_bytes, alpha_bytes, scale_bytes, isum_bytes;
+} int8_buffers = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *grown(void *buffer, size_t *bytes, size_t need) {
+    if (need <= *bytes) return buffer;
+    free(buffer);
+    buffer = malloc(need);
+    *bytes = buffer ? need : 0;
+    if (!buffer) {
+        fprintf(stderr, "flexgen: out of memory for an int8 product's buffer of %zu bytes\n", need);
         abort();
     }
+    return buffer;
+}
+
+/* The buffers for a product of rows x in x (panels of) cols. */
+static void int8_buffers_hold(int rows, int in, int cols) {
+    size_t r = (size_t)rows, c = (size_t)cols;
+    int8_buffers.x8 = grown(int8_buffers.x8, &int8_buffers.x8_bytes, r * in);
+    int8_buffers.w8 = grown(int8_buffers.w8, &int8_buffers.w8_bytes, (size_t)in * c);
+    int8_buffers.alpha = grown(int8_buffers.alpha, &int8_buffers.alpha_bytes, r * sizeof(float));
+    int8_buffers.scale = grown(int8_buffers.scale, &int8_buffers.scale_bytes, c * sizeof(float));
+    int8_buffers.isum = grown(int8_buffers.isum, &int8_buffers.isum_bytes, r * c * sizeof(int32_t));
+}
+
+/* Prefill with --int8-activations: int8.c's rows rounded once, W's columns once (straight from the
+ * codes), one integer product per panel (gemm_s8, onednn.c: exact int32 sums on whichever path
+ * runs), and the finish (the scales, then linear_layer's bias and ReLU) in one pass over y;
+ * int8.c's comment has the scheme and its bound. */
+static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out,
+                              float *y, int accumulate, const matmul_epilogue *after, int simd) {
+    int cols = panel_width(in, out);
+    pthread_mutex_lock(&int8_buffers.lock);
+    int8_buffers_hold(rows, in, cols);
+    int8_t *x8 = int8_buffers.x8, *w8 = int8_buffers.w8;
+    float *alpha = int8_buffers.alpha, *scale = int8_buffers.scale;
+    int32_t *isum = int8_buffers.isum;
     int8_round_rows(x, rows, in, x8, alpha);
     for (int j0 = 0; j0 < out; j0 += cols) {
         int nc = out - j0 < cols ? out - j0 : cols;
-        widen_panel(W, q4, in, out, j0, nc, wide, use_simd());
-        int8_round_columns(wide, in, nc, w8, scale);
+        int8_columns_of_codes(W, q4, in, out, j0, nc, w8, scale, simd);
         gemm_s8(rows, nc, in, x8, w8, INT8_W_MAX, isum);
-        int8_finish_rows(isum, alpha, scale, rows, nc, y + j0, out, accumulate);
+        int8_finish_rows(isum, alpha, scale, rows, nc, y + j0, out, accumulate,
+                         after && after->bias ? after->bias + j0 : NULL, after && after->relu);
     }
-    free(x8);
-    free(w8);
-    free(alpha);
-    free(scale);
-    free(isum);
+    pthread_mutex_unlock(&int8_buffers.lock);
 }
 
 void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out,
@@ -752,18 +805,35 @@ void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_
     matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), sums, pairs);
 }
 
+/* linear_layer's steps after a product that has not taken them (matmul_epilogue). */
+static void apply_epilogue(float *y, int rows, int out, const matmul_epilogue *after) {
+    const float *bias = after->bias;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * out;
+        if (after->relu)
+            for (int i = 0; i < out; i++) yr[i] = yr[i] + bias[i] > 0 ? yr[i] + bias[i] : 0;
+        else
+            for (int i = 0; i < out; i++) yr[i] += bias[i];
+    }
+}
+
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
-                    float *y, int accumulate, int products, float *scratch) {
+                    float *y, int accumulate, int products, float *scratch,
+                    const matmul_epilogue *after) {
     int simd = use_simd();
     int prefill = rows > MATMUL_DECODE_ROWS;
-    if (products == PRODUCTS_INT8 && q4_parts && prefill)
-        product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, scratch);
-    else if (products == PRODUCTS_INT8 && q4_parts)
+    if (products == PRODUCTS_INT8 && q4_parts && prefill) {
+        product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, after, simd);
+        return; /* the epilogue ran in the finish */
+    }
+    if (products == PRODUCTS_INT8 && q4_parts)
         matmul_int8_blocks(x, rows, in, W, q4_parts, out, y, accumulate);
     else if (products == PRODUCTS_BF16_PREFILL && prefill)
         product_bf16(x, rows, in, W, q4_parts, out, y, accumulate, scratch);
     else if (prefill) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
     else product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
+    if (after && after->bias) apply_epilogue(y, rows, out, after);
 }
 
 /* ---- lm_head: E read by rows ---- */

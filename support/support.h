@@ -159,8 +159,16 @@ const fg_simd *fg_simd_kernels(void);
 typedef enum { PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL } fg_products;
 #define MATMUL_EMBED_DOT_ROWS 64
 #define MATMUL_EMBED_BLOCK 64
+/* What a linear layer does to y after its product (opt_model.c's linear_layer): bias[j] added
+ * to every row, then ReLU where relu; the int8 prefill product does it in its finish, the others
+ * in a pass after. matmul_weights' after: NULL (nothing), or one with a bias. */
+typedef struct {
+    const float *bias;
+    int relu;
+} matmul_epilogue;
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
-                    float *y, int accumulate, int products, float *scratch); /* products:
+                    float *y, int accumulate, int products, float *scratch,
+                    const matmul_epilogue *after); /* products:
                                                                                 fg_products
                                                                                 (model.h) */
 /* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel
@@ -176,10 +184,25 @@ void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_
 enum { INT8_W_MAX = 64 };
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha);
 void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale);
+/* int8_round_columns' steps for n (<= 64) columns whose rows come a block at a time (matmul.c
+ * widens the 4-bit codes of 64 rows at a time into L1): begin; tops over every block of rows;
+ * scales; round over every block of rows again. One thread a block; the same bits. */
+typedef struct {
+    int n;
+    const struct rounding_loops *loops; /* the path's build of the loops */
+    uint32_t top_bits[64];              /* max |w[k][j]| so far, as bits */
+    float inv[64];                      /* INT8_W_MAX / max |w[k][j]| */
+} int8_column_block;
+void int8_column_block_begin(int8_column_block *b, int n);
+void int8_column_block_tops(int8_column_block *b, const float *w, int kc, size_t ldw);
+void int8_column_block_scales(int8_column_block *b, float *scale);
+void int8_column_block_round(const int8_column_block *b, const float *w, int kc, size_t ldw,
+                             int8_t *w8, size_t ldw8);
 /* The build of the rounding loops the last rounding ran: avx512, avx2, default, or "none ran" */
 const char *int8_rounding_path(void);
+/* ... then bias[j] added (NULL: none) and ReLU (relu != 0), as linear_layer does after a product */
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,
-                      float *y, int ldy, int accumulate);
+                      float *y, int ldy, int accumulate, const float *bias, int relu);
 size_t matmul_scratch_floats(int in, int out);
 
 /* ---- The opt-in prefill schemes' products (onednn.c): oneDNN where the build has it and its

@@ -136,7 +136,7 @@ static void check_products(int q4) {
         const float *terms = q4 && rows <= MATMUL_DECODE_ROWS ? w.terms4 : NULL; /* prefill: v's sums */
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch, NULL);
             int bad = count_apart_terms(x, rows, in, v, terms, out, acc ? y0 : NULL, y, NULL);
             EXPECT(bad == 0, "%s, %d part(s), rows %d, in %d, out %d%s: %d elements outside the bound",
                    q4 ? "4-bit" : "fp16", q4, rows, in, out, acc ? ", adding" : "", bad);
@@ -249,7 +249,7 @@ static void paths_agree_on(int q4, const int *shape, uint64_t seed, const fg_isa
     for (int p = 0; p < n_paths; p++) {
         y[p] = random_floats((size_t)rows * out, seed + 6);
         matmul_force_isa(paths[p]);
-        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, scratch);
+        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, scratch, NULL);
         matmul_force_isa(-1);
         EXPECT(!memcmp(y[0], y[p], (size_t)rows * out * sizeof(float)),
                "%s, %d part(s), rows %d, in %d, out %d: the %s path differs from the portable one",
@@ -281,10 +281,10 @@ static void test_rows_independent(void) {
     weights_make(&w, in, out, 1, 31);
     float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
     float *one = malloc((size_t)out * sizeof *one);
-    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, NULL);
+    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, NULL, NULL);
     int differ = 0;
     for (int r = 0; r < rows; r++) {
-        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, NULL);
+        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, NULL, NULL);
         differ += memcmp(one, all + (size_t)r * out, (size_t)out * sizeof *one) != 0;
     }
     EXPECT(differ == 0, "%d of %d rows differ computed alone", differ, rows);
@@ -314,7 +314,7 @@ static void test_threads_change_no_bit(void) {
                 omp_set_num_threads(t + 1);
                 y[t] = malloc(n * sizeof *y[t]);
                 matmul_weights(x, rows, in, mode == 1 ? (const void *)w.w4 : w.w16, mode == 1, out, y[t], 0,
-                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, scratch);
+                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, scratch, NULL);
             }
             for (int t = 1; t < 3; t++)
                 EXPECT(!memcmp(y[0], y[t], n * sizeof *y[0]), "%s, rows %d, in %d, out %d: %d threads give other bits "
@@ -719,22 +719,34 @@ static void check_int8_rows(int parts) {
         float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         x[3] = 40.0f;                                   /* an outlier in row 0 */
         memset(x + in, 0, (size_t)in * sizeof *x);      /* row 1: zeros */
-        for (int acc = 0; acc < 2; acc++) {
+        float *bias = random_floats((size_t)out, 89 + s);
+        /* variant 0: the product alone; 1: adding to y; 2: a bias in the finish; 3: a bias, then ReLU */
+        for (int variant = 0; variant < 4; variant++) {
+            int acc = variant == 1;
+            matmul_epilogue after = {bias, variant == 3};
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant >= 2 ? &after : NULL);
             int differ = 0, beyond = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < out; c++) {
                     size_t at = (size_t)r * out + c;
                     double bound, exact;
                     float want = int8_rows_scheme(x + (size_t)r * in, in, w.v4, out, c, y0[at], acc, &bound, &exact);
+                    if (variant >= 2) {
+                        want = want + bias[c];
+                        exact += bias[c];
+                        bound += 0x1p-24 * fabs(want);
+                    }
+                    if (variant == 3) want = want > 0 ? want : 0, exact = exact > 0 ? exact : 0;
                     differ += memcmp(&want, &y[at], sizeof want) != 0;
                     beyond += fabs(y[at] - exact) > bound;
                 }
+            static const char *const variants[] = {"", ", adding", ", with a bias", ", with a bias and ReLU"};
             EXPECT(differ == 0 && beyond == 0, "int8 prefill, %d part(s), rows %d, in %d, out %d%s on %s: %d elements "
                    "differ from the scheme's bits, %d beyond its rounding bound", parts, rows, in, out,
-                   acc ? ", adding" : "", gemm_path(0), differ, beyond);
+                   variants[variant], gemm_path(0), differ, beyond);
         }
+        free(bias);
         free(x);
         free(y0);
         free(y);
@@ -761,7 +773,7 @@ static void check_bf16_prefill(int q4) {
         float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL);
             int beyond = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < out; c++) {
@@ -781,8 +793,8 @@ static void check_bf16_prefill(int q4) {
             int decode_rows = MATMUL_DECODE_ROWS;
             memcpy(y, y0, (size_t)decode_rows * out * sizeof *y);
             memcpy(y32, y0, (size_t)decode_rows * out * sizeof *y32);
-            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch);
-            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, scratch);
+            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL);
+            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, scratch, NULL);
             EXPECT(!memcmp(y, y32, (size_t)decode_rows * out * sizeof *y), "bf16 prefill, %s weights, %d rows (decode): "
                    "not the fp32 products' bits", q4 ? "4-bit" : "fp16", decode_rows);
         }
@@ -793,6 +805,49 @@ static void check_bf16_prefill(int q4) {
         free(scratch);
         weights_free(&w);
     }
+}
+
+/* A linear layer's bias and ReLU (matmul_epilogue) on every product: in the int8 prefill
+ * product's finish, after the others, and over W wider than one of prefill's panels (the second
+ * panel's columns take their own bias): the bits of the product without them, then y + bias[j],
+ * then max(0, y), as opt_model.c's linear_layer did in a pass of its own. */
+static void test_epilogue(void) {
+    int in = 1024, panel = (int)(matmul_scratch_floats(in, 1 << 20) / in), out = panel + 64;
+    weights w;
+    weights_make(&w, in, out, 1, 131);
+    float *bias = random_floats((size_t)out, 137);
+    float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+    static const int row_counts[] = {3, MATMUL_DECODE_ROWS + 2};
+    static const int products[] = {PRODUCTS_FP32, PRODUCTS_INT8, PRODUCTS_BF16_PREFILL};
+    for (int ri = 0; ri < 2; ri++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int q4 = 0; q4 < 2; q4++)
+                for (int relu = 0; relu < 2; relu++) {
+                    int rows = row_counts[ri];
+                    size_t n = (size_t)rows * out;
+                    float *x = random_floats((size_t)rows * in, 139 + ri);
+                    float *want = random_floats(n, 149), *y = malloc(n * sizeof *y);
+                    memcpy(y, want, n * sizeof *y);
+                    const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
+                    matmul_weights(x, rows, in, W, q4, out, want, relu, products[pi], scratch, NULL);
+                    for (size_t i = 0; i < n; i++) {
+                        float v = want[i] + bias[i % out];
+                        want[i] = relu ? (v > 0 ? v : 0) : v;
+                    }
+                    matmul_epilogue after = {bias, relu};
+                    matmul_weights(x, rows, in, W, q4, out, y, relu, products[pi], scratch, &after);
+                    size_t differ = 0;
+                    for (size_t i = 0; i < n; i++) differ += memcmp(&want[i], &y[i], sizeof *y) != 0;
+                    EXPECT(differ == 0, "%d rows, products %d, %s weights, %s: %zu of %zu elements differ from the "
+                           "product, then the bias%s", rows, products[pi], q4 ? "4-bit" : "fp16",
+                           relu ? "adding, ReLU" : "setting", differ, n, relu ? " and ReLU" : "");
+                    free(x);
+                    free(want);
+                    free(y);
+                }
+    free(bias);
+    free(scratch);
+    weights_free(&w);
 }
 
 static void test_bf16_prefill_fp16(void) { check_bf16_prefill(0); }
@@ -831,7 +886,7 @@ static void test_bf16_prefill_panels(void) {
     float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
     for (int acc = 0; acc < 2; acc++) {
         memcpy(y, y0, (size_t)rows * out * sizeof *y);
-        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, scratch);
+        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL);
         int beyond[2] = {0, 0}; /* first panel, the rest */
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < out; c++) {
@@ -920,4 +975,6 @@ void add_matmul_tests(void) {
                 test_bf16_prefill_fp16);
     CU_add_test(s, "bf16 prefill on 4-bit weights: the same", test_bf16_prefill_q4);
     CU_add_test(s, "bf16 prefill over two panels of W: each panel's columns within fp32's bound", test_bf16_prefill_panels);
+    CU_add_test(s, "a linear layer's bias and ReLU on every product, over two panels: the product's bits, then "
+                "the bias, then ReLU", test_epilogue);
 }
