@@ -152,6 +152,30 @@ MODELS = [
         ),
         texts=["Hello world", "The café is open, isn't it?", "日本語", "  spaces\tand tabs"],
     ),
+    # Outlier features (LLM.int8, Dettmers et al. 2022): OPT from 6.7B up has a few hidden dims
+    # whose activations are 20-60x the rest, in the rows entering the linear layers. Built as a
+    # pre-LN opt-tiny, then edited by add_outliers() below; for --int8-activations' accuracy.
+    dict(
+        name="opt-outlier",
+        seed=52,
+        save_dtype=torch.float16,
+        max_shard_size=None,
+        config=dict(
+            vocab_size=300,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_dim=256,
+            num_hidden_layers=3,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            do_layer_norm_before=True,
+        ),
+        prompt_lengths=[12, 33, 7, 25, 40, 18, 3, 29],
+        # ratios: the target mean|x| of each outlier dim over that of the other dims, at every
+        # linear layer's input (one value per outlier dim); resid: the residual stream's scale-up
+        # of those dims; pos_offset / bias: their systematic (same-signed) part, see add_outliers.
+        outliers=dict(ratios=[24.0, 40.0, 56.0], resid=100.0, pos_offset=2.0),
+    ),
 ]
 
 TOKENIZER_DIR = os.path.join(REPO, "tests", "fixtures", "tokenizer")
@@ -233,6 +257,221 @@ def init_weights(model, spec):
             assert torch.equal(p.half().float(), p), f"{name} is not fp16-exact"
             assert torch.equal(p.to(spec["save_dtype"]).float(), p), f"{name} not exact in save dtype"
     assert model.lm_head.weight is model.model.decoder.embed_tokens.weight, "lm_head must be tied"
+
+
+# ---------------------------------------------------------------------------------------------
+# opt-outlier: outlier features
+#
+# LLM.int8 (Dettmers et al. 2022, section 4) finds that OPT from 6.7B up carries a few hidden
+# dimensions whose values in the rows entering the linear layers (q/k/v, out_proj, fc1, fc2) are
+# 20-60x those of the other dimensions, systematically: in most tokens, with one sign per
+# dimension, in every layer. They live in the residual stream, which is much larger still there,
+# and the LayerNorms' weights on those dimensions are small. add_outliers() builds that into a
+# random pre-LN OPT with HF's own modules, editing only parameters, in forward order, each step
+# measured on the fixture's prompts (each run alone, prefill):
+#
+#  1. the residual stream: outlier dims D (3 of 64, drawn from the seed) of embed_tokens and
+#     embed_positions scaled by resid (100), embed_positions' D also given a same-signed offset
+#     (resid * pos_offset), and every layer's out_proj and fc2 bias on D a same-signed
+#     resid * bias, so D grows a little with depth (as in the real models). out_proj's and fc2's
+#     weight rows on D are not scaled: §5's 4-bit groups run along the output dim, so one scaled
+#     row would coarsen every group it is in, an artifact of the fixture rather than of outliers.
+#     Embeddings group along the vocab / positions (a column's scale is its own), and biases are
+#     not compressed, so this leaves 4-bit weights as exact as opt-tiny's.
+#  2. each layer's two LayerNorms: the weight on D set so that the LN output (the input rows of
+#     q/k/v and of fc1) has mean|x_j| = ratio_j * mean|x_other|; on the other dims scaled by one
+#     factor that restores their base (pre-outlier) size. With 64 dims, three at 100x carry
+#     nearly all of a row's variance, so LN would shrink the others ~20x (in OPT-6.7B's 4096
+#     dims a handful of outliers carry a fraction); this factor stands in for the real width.
+#     The weight on D comes out 0.1-0.4 of the others' (the real models' small LN weight on D).
+#  3. out_proj's input (the heads' attention output, i.e. softmax-weighted V): v_proj's bias on
+#     3 dims moved by delta_j so that the rows entering out_proj have ratio_j there (softmax rows
+#     sum to 1: every token gets exactly + delta_j), out_proj's bias minus W_o[:, j] delta_j, so
+#     the function is unchanged (up to the fp16 K/V cache).
+#  4. fc2's input (ReLU(fc1)): fc1's bias on 3 ffn dims raised by delta_j > 0 so they are active
+#     in every token with ratio_j, fc2's bias minus W_2[:, j] delta_j (unchanged where those units
+#     were active before).
+#  5. the final LayerNorm: the tied lm_head's columns D are resid times larger, so its weight on
+#     D makes the output on D 1/resid of the others' size (D adds to the logits as any dim does);
+#     other dims restored as in 2. lm_head keeps fp32 in --int8-activations in any case.
+# Then every parameter is rounded to fp16. Measured on the saved model (printed by
+# print_outliers, stored in reference.json "outliers"), with ratios 24, 40, 56 and resid 100:
+#   residual stream (mean|h_j| / mean|h_other| at each LN's input): 150-310x;
+#   q/k/v and fc1 inputs: 24.0 / 40.0 / 56.0 in every layer (the calibration's targets);
+#   out_proj input: 24 / 40 / 56, fc2 input: 24 / 40 / 56 (all three layers);
+#   LN weights on D: 0.1-0.4 of the median of the others; final LN ~3e-3.
+# (The exact figures are printed by the run; see the build's log.)
+# ---------------------------------------------------------------------------------------------
+
+OUTLIER_N = 3
+
+
+def _capture(model, prompts):
+    """Each prompt alone (no padding), prefill, no cache: the rows entering each LayerNorm and
+    linear layer, {(layer, name): [rows][dim]}; (n_layers, 'final_ln') and 'lm_head' for the
+    last LayerNorm."""
+    dec = model.model.decoder
+    rows, hooks = {}, []
+
+    def grab(key):
+        def pre(_m, inp):
+            x = inp[0]
+            rows.setdefault(key, []).append(x.reshape(-1, x.shape[-1]).detach().clone())
+        return pre
+
+    for i, layer in enumerate(dec.layers):
+        for name, mod in (("attn_ln", layer.self_attn_layer_norm), ("qkv", layer.self_attn.q_proj),
+                          ("out_proj", layer.self_attn.out_proj), ("ffn_ln", layer.final_layer_norm),
+                          ("fc1", layer.fc1), ("fc2", layer.fc2)):
+            hooks.append(mod.register_forward_pre_hook(grab((i, name))))
+    n = len(dec.layers)
+    hooks.append(dec.final_layer_norm.register_forward_pre_hook(grab((n, "final_ln"))))
+    hooks.append(model.lm_head.register_forward_pre_hook(grab((n, "lm_head"))))
+    with torch.no_grad():
+        for p in prompts:
+            model(input_ids=torch.tensor([p]), use_cache=False)
+    for h in hooks:
+        h.remove()
+    return {k: torch.cat(v) for k, v in rows.items()}
+
+
+def _ratios(x, dims):
+    """mean|x_j| / mean|x_other| over all rows, for each j in dims."""
+    other = torch.ones(x.shape[1], dtype=torch.bool)
+    other[dims] = False
+    typical = x[:, other].abs().mean()
+    return [(x[:, j].abs().mean() / typical).item() for j in dims]
+
+
+def _normed(ln, h):
+    mu = h.mean(-1, keepdim=True)
+    var = h.var(-1, unbiased=False, keepdim=True)
+    return (h - mu) / torch.sqrt(var + ln.eps)
+
+
+def outlier_dims(spec):
+    """The outlier dims: D of the residual stream with their signs, of V (out_proj's input), and
+    of each layer's ffn (fc2's input)."""
+    c = spec["config"]
+    g = torch.Generator().manual_seed(spec["seed"] + 2)
+    d = torch.randperm(c["hidden_size"], generator=g)[:OUTLIER_N].tolist()
+    sign = [1.0 if s else -1.0 for s in torch.randint(0, 2, (OUTLIER_N,), generator=g).tolist()]
+    v = torch.randperm(c["hidden_size"], generator=g)[:OUTLIER_N].tolist()
+    vsign = [1.0 if s else -1.0 for s in torch.randint(0, 2, (OUTLIER_N,), generator=g).tolist()]
+    f = [torch.randperm(c["ffn_dim"], generator=g)[:OUTLIER_N].tolist()
+         for _ in range(c["num_hidden_layers"])]
+    return dict(resid=d, sign=sign, v=v, vsign=vsign, ffn=f)
+
+
+@torch.no_grad()
+def add_outliers(model, spec, prompts):
+    """Steps 1-5 of the comment above, on the fp32 model, then rounds every parameter."""
+    o = spec["outliers"]
+    od = outlier_dims(spec)
+    dims, sign = od["resid"], torch.tensor(od["sign"])
+    ratios, c = o["ratios"], o["resid"]
+    dec = model.model.decoder
+    base = _capture(model, prompts)
+
+    def set_bias(src, dst, key, idx, signs, target):
+        """src's bias on idx moved so that the rows at key have target ratios there; dst's bias
+        (if any) makes up for it."""
+        for _ in range(4):
+            x = _capture(model, prompts)[key]
+            other = torch.ones(x.shape[1], dtype=torch.bool)
+            other[idx] = False
+            typical = x[:, other].abs().mean()
+            for j, s, t in zip(idx, signs, target):
+                delta = s * (t * typical - x[:, j].abs().mean())
+                src.bias[j] += delta
+                if dst is not None:
+                    dst.bias -= dst.weight[:, j] * delta
+
+    def set_ln(ln, key_in, key_out, targets):
+        """LN weight: the others back to their base size, D to targets x the others."""
+        other = torch.ones(ln.weight.shape[0], dtype=torch.bool)
+        other[dims] = False
+        for _ in range(3):  # the LN bias makes one pass approximate
+            n = _normed(ln, _capture(model, prompts)[key_in])
+            cur = (n[:, other] * ln.weight[other] + ln.bias[other]).abs().mean()
+            ln.weight[other] *= base[key_out][:, other].abs().mean() / cur
+            typical = (n[:, other] * ln.weight[other] + ln.bias[other]).abs().mean()
+            for j, t in zip(dims, targets):
+                ln.weight[j] = (t * typical - ln.bias[j].abs()) / n[:, j].abs().mean()
+
+    # 1. the residual stream: the embeddings' D, then each out_proj's and fc2's bias on D
+    pos = dec.embed_positions.weight
+    pos[:, dims] += sign * o["pos_offset"]
+    emb = torch.tensor(_ratios(_capture(model, prompts)[(0, "attn_ln")], dims))
+    emb = c / emb  # the ratio is linear in the columns' scale
+    dec.embed_tokens.weight[:, dims] *= emb
+    pos[:, dims] *= emb
+    resid = [c] * OUTLIER_N
+
+    def absorb_mean(key, consumers):
+        """The consumers' bias takes the mean of their input on D (what a trained model learns
+        for a systematic feature: step 2b)."""
+        mu = _capture(model, prompts)[key][:, dims].mean(0)
+        for lin in consumers:
+            lin.bias -= lin.weight[:, dims] @ mu
+
+    n_layers = len(dec.layers)
+    for i, layer in enumerate(dec.layers):
+        nxt = (i + 1, "attn_ln") if i + 1 < n_layers else (n_layers, "final_ln")
+        at = layer.self_attn
+        set_ln(layer.self_attn_layer_norm, (i, "attn_ln"), (i, "qkv"), ratios)        # 2.
+        absorb_mean((i, "qkv"), (at.q_proj, at.k_proj, at.v_proj))                   # 2b.
+        set_bias(layer.self_attn.v_proj, layer.self_attn.out_proj, (i, "out_proj"),  # 3.
+                 od["v"], od["vsign"], ratios)
+        set_bias(layer.self_attn.out_proj, None, (i, "ffn_ln"), dims, sign, resid)    # 1.
+        set_ln(layer.final_layer_norm, (i, "ffn_ln"), (i, "fc1"), ratios)             # 2.
+        absorb_mean((i, "fc1"), (layer.fc1,))                                         # 2b.
+        set_bias(layer.fc1, layer.fc2, (i, "fc2"), od["ffn"][i], [1.0] * OUTLIER_N,  # 4.
+                 ratios)
+        set_bias(layer.fc2, None, nxt, dims, sign, resid)                             # 1.
+    set_ln(dec.final_layer_norm, (n_layers, "final_ln"), (n_layers, "lm_head"),     # 5.
+           (1.0 / emb).tolist())
+
+    for name, p in model.named_parameters():
+        p.copy_(round_param(p, spec["save_dtype"]))
+
+
+@torch.no_grad()
+def print_outliers(model, spec, prompts):
+    """Measures the outliers on model (the saved one): prints them, returns reference.json's."""
+    od = outlier_dims(spec)
+    dims = od["resid"]
+    rows = _capture(model, prompts)
+    dec = model.model.decoder
+    fmt = lambda r: "/".join(f"{v:.1f}" for v in r)
+    log(f"  outliers: residual dims {dims} (signs {od['sign']}), V dims {od['v']}, "
+        f"ffn dims {od['ffn']}; mean|x_j| / mean|x_other| over {rows[(0, 'qkv')].shape[0]} rows:")
+    out = dict(resid_dims=dims, v_dims=od["v"], ffn_dims=od["ffn"], layers=[])
+    for i, layer in enumerate(dec.layers):
+        fc2_in = rows[(i, "fc2")]
+        r = dict(residual=_ratios(rows[(i, "attn_ln")], dims), qkv=_ratios(rows[(i, "qkv")], dims),
+                 out_proj=_ratios(rows[(i, "out_proj")], od["v"]),
+                 fc1=_ratios(rows[(i, "fc1")], dims), fc2=_ratios(fc2_in, od["ffn"][i]),
+                 fc2_active=(fc2_in[:, od["ffn"][i]] > 0).float().mean().item())
+        lw = []
+        for ln in (layer.self_attn_layer_norm, layer.final_layer_norm):
+            other = torch.ones(ln.weight.shape[0], dtype=torch.bool)
+            other[dims] = False
+            lw.append((ln.weight[dims].abs() / ln.weight[other].abs().median()).tolist())
+        r["ln_weight_rel"] = lw
+        out["layers"].append(r)
+        log(f"    layer {i}: residual {fmt(r['residual'])}  q/k/v in {fmt(r['qkv'])}  out_proj in "
+            f"{fmt(r['out_proj'])}  fc1 in {fmt(r['fc1'])}  fc2 in {fmt(r['fc2'])} (active "
+            f"{r['fc2_active']:.2f}); LN weight on D / others' median: attn "
+            f"{fmt(lw[0])}, ffn {fmt(lw[1])}")
+    f = dec.final_layer_norm
+    other = torch.ones(f.weight.shape[0], dtype=torch.bool)
+    other[dims] = False
+    out["final_ln_weight_rel"] = (f.weight[dims].abs() / f.weight[other].abs().median()).tolist()
+    log(f"    final LN weight on D / others' median: {fmt(out['final_ln_weight_rel'])}"
+        .replace("0.0/", "").replace("/0.0", "") + "  (" + ", ".join(
+            f"{v:.2g}" for v in out["final_ln_weight_rel"]) + ")")
+    return out
 
 
 def add_kv_rounding_hooks(model):
@@ -322,6 +561,8 @@ def build(spec, out_root):
     torch.manual_seed(spec["seed"])
     model = OPTForCausalLM(cfg).float().eval()
     init_weights(model, spec)
+    if "outliers" in spec:
+        add_outliers(model, spec, make_prompts(spec, cfg.vocab_size))
     dec = model.model.decoder
     if cfg.word_embed_proj_dim != cfg.hidden_size:
         assert dec.project_in is not None and dec.project_out is not None
@@ -362,6 +603,8 @@ def build(spec, out_root):
     for k in sd_a:
         assert torch.equal(sd_a[k], sd_b[k]), f"reloaded {k} differs"
     del model
+    outliers = print_outliers(ref, spec, make_prompts(spec, cfg.vocab_size)) \
+        if "outliers" in spec else None
     hooks = add_kv_rounding_hooks(ref)
 
     vocab = cfg.vocab_size
@@ -431,6 +674,10 @@ def build(spec, out_root):
             % (spec["seed"], want_dtype, GEN_LEN - 1, rel, rel32, ref_vs_32)
         ),
     }
+    if outliers:
+        meta["outliers"] = dict(spec["outliers"], **outliers, note=(
+            "add_outliers() in scripts/make_reference.py: mean|x_j| / mean|x_other| of the "
+            "rows entering each layer's linear layers, on the prompts run alone (prefill)"))
     if "texts" in spec:  # the tokenizer files, and what HF's tokenizer decodes the output to
         for f in ("vocab.json", "merges.txt"):
             shutil.copyfile(os.path.join(TOKENIZER_DIR, f), os.path.join(d, f))

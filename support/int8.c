@@ -777,8 +777,8 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  * Where hundreds of rows share each weight (prefill; support/matmul.c's product_int8_rows runs
  * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
  * 127), each column of W (exactly q4_value's values) is rounded to 7 bits with one scale per
- * column (scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64: int8_round_columns, or its steps,
- * int8_column_block_*, which matmul.c feeds 64 rows of widened codes at a time from L1), one
+ * column (scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64: the int8_column_block steps,
+ * which matmul.c feeds 64 rows of widened codes at a time from L1), one
  * integer product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that file's
  * AVX2 kernel of int16 pairs or plain loops), and int8_finish_rows applies the scales:
  * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding), then a linear layer's bias and
@@ -1013,18 +1013,6 @@ void int8_column_block_round(const int8_column_block *b, const float *w, int kc,
                              int8_t *w8, size_t ldw8) {
     const rounding_loops *loops = b->loops;
     loops->round_columns(w, kc, ldw, b->n, b->inv, w8, ldw8);
-}
-
-void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale) {
-    rounding_ran = rounding_loops_now();
-#pragma omp parallel for schedule(static)
-    for (int c0 = 0; c0 < nc; c0 += 64) {
-        int8_column_block b;
-        int8_column_block_begin(&b, nc - c0 < 64 ? nc - c0 : 64);
-        int8_column_block_tops(&b, w + c0, in, (size_t)nc);
-        int8_column_block_scales(&b, scale + c0);
-        int8_column_block_round(&b, w + c0, in, (size_t)nc, w8 + c0, (size_t)nc);
-    }
 }
 
 void int8_finish_rows(const int32_t *isum, const float *alpha, const float *scale, int rows, int nc,

@@ -65,11 +65,11 @@
  * Prefill (more rows) is bound by arithmetic, and there OpenBLAS's sgemm is faster than this
  * kernel: a panel of W (32 MiB of fp32, whole groups of columns) is widened by every thread,
  * then one threaded sgemm runs on it. It differs from an fp32 sgemm only in the order of the sums.
- * The two opt-in prefill schemes take the same panels to a denser product (support/onednn.c:
- * oneDNN's AMX or VNNI kernels where the CPU has them, else that file's own paths with the same
- * promise):
- * --int8-activations rounds x's rows and the panel's columns to int8 (int8.c), --bf16-prefill
- * rounds both to bf16 (product_bf16).
+ * The two opt-in prefill schemes take W to a denser product (support/onednn.c: oneDNN's AMX or
+ * VNNI kernels where the CPU has them, else that file's own paths with the same promise):
+ * --int8-activations rounds x's rows and W's columns to int8 (int8.c), the columns straight from
+ * the codes, 64 rows at a time in L1, with no fp32 panel (product_int8_rows); --bf16-prefill
+ * rounds x and the same fp32 panels to bf16 (product_bf16).
  *
  * lm_head reads E by rows (the table is [n][dim]), eight rows of E at a time (for 4-bit, rows of
  * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
@@ -712,10 +712,10 @@ static void product_bf16(const float *x, int rows, int in, const void *W, int q4
     free(panel);
 }
 
-/* W's 7-bit columns j0 .. j0 + nc (int8.c's int8_round_columns of the widened panel, the same
- * bits) straight from the codes, a group of 64 columns to a thread: each block of 64 rows is
- * widened into L1 twice, once for the columns' largest values and once to round them, so no fp32
- * panel is written (it was a pass over 32 MiB a panel, and another two to round it). */
+/* W's 7-bit columns j0 .. j0 + nc (int8.c's int8_column_block steps) straight from the codes, a
+ * group of 64 columns to a thread: each block of 64 rows is widened into L1 twice, once for the
+ * columns' largest values and once to round them, so no fp32 panel is written (that was a pass
+ * over 32 MiB a panel, and two more to round it). */
 static void int8_columns_of_codes(const void *W, int q4, int in, int out, int j0, int nc,
                                   int8_t *w8, float *scale, int simd) {
 #pragma omp parallel for schedule(static)

@@ -178,15 +178,14 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
 /* int8.c's scheme of decode (any rows), on this CPU's path */
 void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                         float *y, int accumulate);
-/* int8.c, prefill's steps (every thread): each row of x rounded to int8 once; each column of a
- * widened panel of W, in 7 bits (|w8| <= INT8_W_MAX); then y (= or +=) alpha[r] scale[j]
- * isum[r][j] */
+/* int8.c, prefill's steps: each row of x rounded to int8 once (every thread); each column of W,
+ * in 7 bits (|w8| <= INT8_W_MAX), scale[j] = max_k |w[k][j]| / INT8_W_MAX; then y (= or +=)
+ * alpha[r] scale[j] isum[r][j] */
 enum { INT8_W_MAX = 64 };
 void int8_round_rows(const float *x, int rows, int in, int8_t *x8, float *alpha);
-void int8_round_columns(const float *w, int in, int nc, int8_t *w8, float *scale);
-/* int8_round_columns' steps for n (<= 64) columns whose rows come a block at a time (matmul.c
- * widens the 4-bit codes of 64 rows at a time into L1): begin; tops over every block of rows;
- * scales; round over every block of rows again. One thread a block; the same bits. */
+/* W's columns, n (<= 64) of them, whose rows come a block at a time (matmul.c widens the 4-bit
+ * codes of 64 rows at a time into L1): begin; tops over every block of rows; scales; round over
+ * every block of rows again. One thread a block of columns. */
 typedef struct {
     int n;
     const struct rounding_loops *loops; /* the path's build of the loops */
