@@ -161,6 +161,9 @@ static void test_reference_text(void) { check_fixture("opt-tiny-text"); }
 /* 20 layers, and words wider than the hidden states (word_embed_proj_dim 72 > hidden 40): the
  * workspace holds the embeddings before project_in and project_out's rows at their width. */
 static void test_reference_deep(void) { check_fixture("opt-deep"); }
+/* Four hidden dimensions whose activations are 24 to 56 times the rest at every linear layer's
+ * input (as OPT-6.7B's and larger models' are): fp32 compute still matches HF. */
+static void test_reference_outlier(void) { check_fixture("opt-outlier"); }
 static void test_reference_trained(void) { check_fixture_of("opt-kjv", fixture("../../models/opt-kjv")); }
 static void test_reference_trained_llama(void) { check_fixture_of("llama-kjv", fixture("../../models/llama-kjv")); }
 
@@ -674,6 +677,7 @@ void add_model_tests(void) {
     CU_add_test(s, "bf16 checkpoint matches HF", test_reference_bf16);
     CU_add_test(s, "checkpoint with a tokenizer matches HF", test_reference_text);
     CU_add_test(s, "20 layers, words wider than the hidden states: matches HF", test_reference_deep);
+    CU_add_test(s, "activations with outlier dimensions (24 to 56x the rest): matches HF", test_reference_outlier);
     CU_add_test(s, "the trained checkpoint (models/opt-kjv) matches HF", test_reference_trained);
     CU_add_test(s, "the trained LLaMA (models/llama-kjv, GQA 2) matches HF", test_reference_trained_llama);
     CU_add_test(s, "LLaMA, 2 heads of 64, rope_theta 1e4, fp16, untied, matches HF", test_llama_mha);
