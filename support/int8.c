@@ -778,12 +778,12 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
  * 127), each column of W (exactly q4_value's values) is rounded to 7 bits with one scale per
  * column (scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64: the int8_column_block steps,
- * which matmul.c feeds 64 rows of widened codes at a time from L1), one
- * integer product gives exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that file's
- * AVX2 kernel of int16 pairs or plain loops), and int8_finish_rows applies the scales:
- * y = alpha[r] scale[j] isum[r][j] (y plus that, when adding), then a linear layer's bias and
- * ReLU, in the same pass. Rounding x[r][k] moves it by at
- * most alpha[r] / 2 and w[k][j] by at most scale[j] / 2, so, before fp32's last roundings,
+ * which matmul.c feeds 64 rows of widened codes at a time from L1), one integer product gives
+ * exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that file's AVX2 kernel of int16
+ * pairs or plain loops), and int8_finish_rows applies the scales: y = alpha[r] scale[j]
+ * isum[r][j] (y plus that, when adding), then a linear layer's bias and ReLU, in the same pass.
+ * Rounding x[r][k] moves it by at most alpha[r] / 2 and w[k][j] by at most scale[j] / 2, so,
+ * before fp32's last roundings,
  *   |y - x W| <= sum_k (|x[r][k]| scale[j] + alpha[r] |w[k][j]| + alpha[r] scale[j] / 2) / 2,
  * which tests/test_matmul.c holds the product to, with its bits against a plain reference.
  * Why W in 7 bits: AVX2's vpmaddubsw (unsigned x signed bytes, the instruction int8 GEMMs without
@@ -862,7 +862,8 @@ __attribute__((target("avx512f"))) static float round_row_avx512(const float *ro
  * and hands it here, twice, and never writes an fp32 panel):
  *   column_tops   top_bits[j] = the largest |w[k][j]|'s bits so far, over kc rows of w[kc][ldw];
  *   round_columns w8[k][j] = round_int8(w[k][j] inv[j]), inv[j] = INT8_W_MAX / max_k |w[k][j]|
- *                 (column_scales, below, gives inv and scale[j] = max_k |w[k][j]| / INT8_W_MAX). */
+ *                 (int8_column_block_scales, below, gives inv, and scale[j] = max_k |w[k][j]| /
+ *                 INT8_W_MAX). */
 ROUNDING_BODY void column_tops_body(const float *w, int kc, size_t ldw, int n, uint32_t *top_bits) {
     for (int k = 0; k < kc; k++) {
         const float *row = w + (size_t)k * ldw;

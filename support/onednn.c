@@ -18,10 +18,10 @@
  *
  * Not every kernel oneDNN 2.6 picks keeps the promise, so each shape's choice is read
  * (dnnl_query_impl_info_str) before it runs:
- *   int8   oneDNN adds 128 to a (the instructions take unsigned x signed bytes) and subtracts
- *          128 sum_k b at the end. VNNI's vpdpbusd and AMX's tiles sum the products in int32,
- *          exactly; without them (AVX2, AVX-512 without VNNI: "gemm:jit") vpmaddubsw sums each
- *          pair of products in int16 and saturates, and (a + 128) b pairs reach 2 x 255 x 127 =
+ *   int8   a is made unsigned, a + 128 (the instructions take unsigned x signed bytes), and
+ *          128 sum_k b taken off at the end (unsigned_product). VNNI's vpdpbusd and AMX's tiles sum
+ * the products in int32, exactly; without them (AVX2, AVX-512 without VNNI: "gemm:jit") vpmaddubsw
+ * sums each pair of products in int16 and saturates, and (a + 128) b pairs reach 2 x 255 x 127 =
  *          64770: most sums of full-range operands come out wrong. With |b| <= 64 (b_max: the
  *          prefill scheme's W in 7 bits) a pair stays within 2 x 255 x 64 = 32640, int16's range,
  *          and those kernels are exact too. So a kernel whose name says VNNI or AMX
@@ -357,6 +357,11 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
     return ONEDNN_NONE;
 }
 
+static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max,
+                            int32_t *c, char *why, size_t why_len) {
+    return onednn_product(0, m, n, k, a, b, b_max, c, why, why_len);
+}
+
 #else
 
 #include <oneapi/dnnl/dnnl.h>
@@ -416,13 +421,15 @@ static int failed(gemm_plan *p, dnnl_status_t status, const char *step) {
 /* The product's primitive for this shape, b's layout left to oneDNN ("any"), and the reorder
  * from plain [k][n] into that layout. */
 static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
-    dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_s8, out = bf16 ? dnnl_f32 : dnnl_s32;
+    /* int8: a unsigned (a + 128, unsigned_product below), b signed */
+    dnnl_data_type_t a_in = bf16 ? dnnl_bf16 : dnnl_u8, in = bf16 ? dnnl_bf16 : dnnl_s8;
+    dnnl_data_type_t out = bf16 ? dnnl_f32 : dnnl_s32;
     dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
     dnnl_memory_desc_t b_any;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_desc_t product_pd = NULL, reorder_pd = NULL;
     *p = (gemm_plan){.used = 1, .bf16 = bf16, .m = m, .n = n, .k = k};
-    if (failed(p, dnnl_memory_desc_init_by_tag(&p->a_md, 2, a_dims, in, dnnl_ab), "a") ||
+    if (failed(p, dnnl_memory_desc_init_by_tag(&p->a_md, 2, a_dims, a_in, dnnl_ab), "a") ||
         failed(p, dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, in, dnnl_ab), "b") ||
         failed(p, dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any),
                "b, any layout") ||
@@ -534,6 +541,61 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
     return ONEDNN_RAN;
 }
 
+/* The int8 product on oneDNN with a made unsigned here: c = (a + 128) b - 128 sum_k b[k][j].
+ * Given signed a, oneDNN 2.6's AVX2 kernel ("gemm:jit") makes the same copy of a one byte at a time
+ * and takes the column sums off c one element at a time through a call each, plain loops that
+ * were a tenth of a prefill's time on AVX2; here both are loops the compiler vectorizes. The sums
+ * are the same integers (every step is exact in int32: |c| <= k 255 64). */
+static struct {
+    uint8_t *a;
+    int32_t *b_sums;
+    size_t a_cap, b_sums_cap;
+} unsigned_a;
+
+static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max,
+                            int32_t *c, char *why, size_t why_len) {
+    size_t a_bytes = (size_t)m * k, sums_bytes = (size_t)n * sizeof(int32_t);
+    if (a_bytes > unsigned_a.a_cap) {
+        free(unsigned_a.a);
+        unsigned_a.a = malloc(a_bytes);
+        unsigned_a.a_cap = unsigned_a.a ? a_bytes : 0;
+    }
+    if (sums_bytes > unsigned_a.b_sums_cap) {
+        free(unsigned_a.b_sums);
+        unsigned_a.b_sums = malloc(sums_bytes);
+        unsigned_a.b_sums_cap = unsigned_a.b_sums ? sums_bytes : 0;
+    }
+    if (!unsigned_a.a || !unsigned_a.b_sums) {
+        snprintf(why, why_len, "no memory for the unsigned copy of a (%s)",
+                 human((double)a_bytes).s);
+        return ONEDNN_FAILED;
+    }
+    uint8_t *a_unsigned = unsigned_a.a;
+    int32_t *b_sums = unsigned_a.b_sums;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < a_bytes; i++) a_unsigned[i] = (uint8_t)(a[i] + 128);
+    int ran = onednn_product(0, m, n, k, a_unsigned, b, b_max, c, why, why_len);
+    if (ran != ONEDNN_RAN) return ran;
+#pragma omp parallel for schedule(static)
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int nj = n - j0 < 64 ? n - j0 : 64;
+        int32_t sums[64] = {0};
+        for (int kk = 0; kk < k; kk++) {
+            const int8_t *row = b + (size_t)kk * n + j0;
+#pragma omp simd
+            for (int j = 0; j < nj; j++) sums[j] += row[j];
+        }
+        for (int j = 0; j < nj; j++) b_sums[j0 + j] = 128 * sums[j];
+    }
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < m; i++) {
+        int32_t *row = c + (size_t)i * n;
+#pragma omp simd
+        for (int j = 0; j < n; j++) row[j] -= b_sums[j];
+    }
+    return ONEDNN_RAN;
+}
+
 #endif
 
 /* ============================================================================================
@@ -543,7 +605,7 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
 void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max, int32_t *c) {
     char why[160];
     pthread_mutex_lock(&products.lock);
-    int ran = onednn_product(0, m, n, k, a, b, b_max, c, why, sizeof why);
+    int ran = unsigned_product(m, n, k, a, b, b_max, c, why, sizeof why);
     if (ran != ONEDNN_RAN) {
         /* the AVX2 kernel where the CPU's kernels may use AVX2 (not FLEXGEN_ISA=portable) */
         int pairs = fg_cpu_has_avx2() && gemm_s8_pairs(m, n, k, a, b, c) == 0;
