@@ -93,10 +93,9 @@
 
 enum { KB = 64, PASS_ROWS = 64, TR = 4 }; /* k in a block; rows of x in a pass; rows in a tile */
 /* Up to this many rows of x, the path's kernel without a panel is faster than packing a panel
- * for them. The avx2 path's (vpmaddubsw, int8_pairs_avx2): 4 rows; at 8 to 32 the two were within
- * the machine's noise. The AVX-512 VNNI path's (avx512.c): 32 rows; opt-1.3b's decode at 8 and 32
- * sequences ran 1.04 to 1.46x faster without the panel (BENCHMARKS.md). */
-enum { NO_PANEL_ROWS = 4, NO_PANEL_ROWS_512 = 32 };
+ * for them; at 8 and 16 rows the two were within the machine's noise (scripts/bench_matmul.c,
+ * BENCHMARKS.md) */
+enum { NO_PANEL_ROWS = 4 };
 
 /* One group of y's columns: n (<= 64) columns from col; in each row of W (row_bytes long), its
  * codes start at byte `codes`, its min and scale (fp16) at bytes `min` and `scale`. */
@@ -467,7 +466,7 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
 enum {
     PAIR_SPAN = 4,
     PAIR_CHUNK = 8,
-    PAIR_PASS = 4
+    PAIR_PASS = NO_PANEL_ROWS
 }; /* blocks a span; groups a chunk; rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 8 groups: the 4 values of
@@ -752,11 +751,7 @@ static void groups_in_pairs(const float *x, int rows, int in, const uint8_t *W, 
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                     float *y, int accumulate, int simd, fg_int8_sums *vnni, fg_int8_pairs *pairs) {
     int part = out / q4_parts, groups = q4_parts * ((part + Q4_GROUP - 1) / Q4_GROUP);
-    int no_panel_rows = NO_PANEL_ROWS_512;
-#ifdef HAVE_AVX2_PATH
-    if (pairs == int8_pairs_avx2) no_panel_rows = NO_PANEL_ROWS;
-#endif
-    int no_panel = pairs && rows <= no_panel_rows && in % KB == 0;
+    int no_panel = pairs && rows <= NO_PANEL_ROWS && in % KB == 0;
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), t = omp_get_thread_num();
