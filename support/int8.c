@@ -93,8 +93,9 @@
 
 enum { KB = 64, PASS_ROWS = 64, TR = 4 }; /* k in a block; rows of x in a pass; rows in a tile */
 /* Up to this many rows of x, the path's kernel without a panel is faster than packing a panel
- * for them; at 8 and 16 rows the two were within the machine's noise (scripts/bench_matmul.c,
- * BENCHMARKS.md) */
+ * for them. Past 4 it depends on the model: on AVX-512 with VNNI, at 8 to 32 rows, the kernel
+ * without a panel ran opt-1.3b's decode 1.04 to 1.46x faster and opt-125m's at 0.6x; on the avx2
+ * path the two were within the machine's noise (BENCHMARKS.md) */
 enum { NO_PANEL_ROWS = 4 };
 
 /* One group of y's columns: n (<= 64) columns from col; in each row of W (row_bytes long), its
