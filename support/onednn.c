@@ -19,15 +19,16 @@
  * Not every kernel oneDNN 2.6 picks keeps the promise, so each shape's choice is read
  * (dnnl_query_impl_info_str) before it runs:
  *   int8   a is made unsigned, a + 128 (the instructions take unsigned x signed bytes), and
- *          128 sum_k b taken off at the end (unsigned_product). VNNI's vpdpbusd and AMX's tiles sum
- * the products in int32, exactly; without them (AVX2, AVX-512 without VNNI: "gemm:jit") vpmaddubsw
- * sums each pair of products in int16 and saturates, and (a + 128) b pairs reach 2 x 255 x 127 =
- *          64770: most sums of full-range operands come out wrong. With |b| <= 64 (b_max: the
- *          prefill scheme's W in 7 bits) a pair stays within 2 x 255 x 64 = 32640, int16's range,
- *          and those kernels are exact too. So a kernel whose name says VNNI or AMX
- *          ("brg:avx512_core_vnni", "brg:avx512_core_amx_int8") runs for any b, any other for
- *          b_max <= 64 alone; otherwise gemm_s8_pairs below, this file's exact AVX2 kernel, and
- *          where the CPU has no AVX2 (or FLEXGEN_ISA=portable) the plain loops.
+ *          128 sum_k b taken off at the end (unsigned_product). VNNI's vpdpbusd and AMX's tiles
+ *          sum the products in int32, exactly; without them (AVX2, AVX-512 without VNNI:
+ *          "gemm:jit") vpmaddubsw sums each pair of products in int16 and saturates, and
+ *          (a + 128) b pairs reach 2 x 255 x 127 = 64770: most sums of full-range operands come
+ *          out wrong. With |b| <= 64 (b_max: the prefill scheme's W in 7 bits) a pair stays
+ *          within 2 x 255 x 64 = 32640, int16's range, and those kernels are exact too. So a
+ *          kernel whose name says VNNI or AMX ("brg:avx512_core_vnni",
+ *          "brg:avx512_core_amx_int8") runs for any b, any other for b_max <= 64 alone;
+ *          otherwise gemm_s8_pairs below, this file's exact AVX2 kernel, and where the CPU has
+ *          no AVX2 (or FLEXGEN_ISA=portable) the plain loops.
  *   bf16   oneDNN has no bf16 product without AVX-512 (it answers "unimplemented"). Then a and b
  *          are widened to fp32 (exactly) and OpenBLAS's sgemm sums the same products in fp32
  *          (without memory for the widened copies, the plain loops), with one line on stderr
