@@ -299,15 +299,16 @@ int gemm_s8_pairs(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t
  * ============================================================================================ */
 
 static struct {
-    float *a, *b;
+    void *a, *b; /* float */
     size_t a_cap, b_cap;
 } wide_operands;
 
-static float *grown(float **at, size_t *cap, size_t n) {
-    if (n <= *cap) return *at;
+/* *at holding at least bytes (cap: what it holds), or NULL without memory. */
+static void *grown(void **at, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return *at;
     free(*at);
-    *at = malloc(n * sizeof **at);
-    *cap = *at ? n : 0;
+    *at = malloc(bytes);
+    *cap = *at ? bytes : 0;
     return *at;
 }
 
@@ -321,8 +322,8 @@ static void widen_bf16(const uint16_t *src, float *dst, size_t n) {
 
 /* 0, or -1 without memory for the widened operands (the caller holds products.lock). */
 static int gemm_bf16_sgemm(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) {
-    float *a32 = grown(&wide_operands.a, &wide_operands.a_cap, (size_t)m * k);
-    float *b32 = grown(&wide_operands.b, &wide_operands.b_cap, (size_t)k * n);
+    float *a32 = grown(&wide_operands.a, &wide_operands.a_cap, (size_t)m * k * sizeof(float));
+    float *b32 = grown(&wide_operands.b, &wide_operands.b_cap, (size_t)k * n * sizeof(float));
     if (!a32 || !b32) return -1;
     widen_bf16(a, a32, (size_t)m * k);
     widen_bf16(b, b32, (size_t)k * n);
@@ -548,31 +549,20 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
  * were a tenth of a prefill's time on AVX2; here both are loops the compiler vectorizes. The sums
  * are the same integers (every step is exact in int32: |c| <= k 255 64). */
 static struct {
-    uint8_t *a;
-    int32_t *b_sums;
+    void *a, *b_sums; /* uint8_t, int32_t */
     size_t a_cap, b_sums_cap;
 } unsigned_a;
 
 static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max,
                             int32_t *c, char *why, size_t why_len) {
     size_t a_bytes = (size_t)m * k, sums_bytes = (size_t)n * sizeof(int32_t);
-    if (a_bytes > unsigned_a.a_cap) {
-        free(unsigned_a.a);
-        unsigned_a.a = malloc(a_bytes);
-        unsigned_a.a_cap = unsigned_a.a ? a_bytes : 0;
-    }
-    if (sums_bytes > unsigned_a.b_sums_cap) {
-        free(unsigned_a.b_sums);
-        unsigned_a.b_sums = malloc(sums_bytes);
-        unsigned_a.b_sums_cap = unsigned_a.b_sums ? sums_bytes : 0;
-    }
-    if (!unsigned_a.a || !unsigned_a.b_sums) {
+    uint8_t *a_unsigned = grown(&unsigned_a.a, &unsigned_a.a_cap, a_bytes);
+    int32_t *b_sums = grown(&unsigned_a.b_sums, &unsigned_a.b_sums_cap, sums_bytes);
+    if (!a_unsigned || !b_sums) {
         snprintf(why, why_len, "no memory for the unsigned copy of a (%s)",
                  human((double)a_bytes).s);
         return ONEDNN_FAILED;
     }
-    uint8_t *a_unsigned = unsigned_a.a;
-    int32_t *b_sums = unsigned_a.b_sums;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < a_bytes; i++) a_unsigned[i] = (uint8_t)(a[i] + 128);
     int ran = onednn_product(0, m, n, k, a_unsigned, b, b_max, c, why, why_len);
