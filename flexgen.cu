@@ -13,18 +13,18 @@
  *   339  fg_cuda_backend          the operation table, once a GPU is found
  *   399  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
  *   455  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   528  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   598  q4_rows_kernel           decode's 4-bit product, from the codes in registers
- *   699  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   730  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   827  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   869  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   932  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1183  attention_kernel         a query's attention, with §5's top-K
- *  1235  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1316  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1361  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1454  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   525  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   589  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   692  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   723  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   820  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   862  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   925  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1176  attention_kernel         a query's attention, with §5's top-K
+ *  1228  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1309  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1354  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1447  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -32,9 +32,9 @@
  *               tier, staging and workspace; products and reductions accumulate in fp32
  *   products    cuBLAS: fp16 weights times fp16 activations, fp32 accumulation (cublasGemmEx);
  *               prefill attention as strided batched products over the heads of a sequence,
- *               scores and softmax in fp32. 4-bit weights: decode's few rows multiply the codes
- *               in registers (no fp16 copy written or read); more rows widen a slice at a time
- *               into the workspace for cuBLAS
+ *               scores and softmax in fp32. 4-bit weights: decode's few rows multiply the codes,
+ *               widened in registers, on the tensor cores (no fp16 copy written or read); more
+ *               rows widen a slice at a time into the workspace for cuBLAS
  *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
  *               causal and padding-masked softmax, decode attention (split over spans of keys
  *               and merged, or a block a query where §5's top-K selection applies), 4-bit
@@ -507,19 +507,16 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
  * they are stored, on the gpu tier and in staging (reads_q4) ---- */
 
 /* 4-bit products (§5). Up to Q4_DIRECT_ROWS rows of x (decode's) multiply the codes as they are
- * stored, Q4_PASS_ROWS at a pass; a product of more rows (prefill's) widens W into fp16 slices
- * for cuBLAS. Where the two
- * cross on a given GPU is for scripts/gpu_check.sh to measure. A matrix W [in][out] of `parts`
- * parts side by side (q|k|v: 3) is stored as quant.c lays it out with outer in parts, len
- * out / parts, inner 1: row k is each part's codes in turn, 32 bytes a group of 64 columns (byte
- * p: column 2p in its high half, 2p + 1 in its low), then the part's G mins and G scales. */
+ * stored, on the tensor cores; a product of more rows (prefill's) widens W into fp16 slices for
+ * cuBLAS. Where the two cross on a given GPU is for scripts/gpu_check.sh to measure. A matrix W
+ * [in][out] of `parts` parts side by side (q|k|v: 3) is stored as quant.c lays it out with outer
+ * in parts, len out / parts, inner 1: row k is each part's codes in turn, 32 bytes a group of 64
+ * columns (byte p: column 2p in its high half, 2p + 1 in its low), then the part's G mins and G
+ * scales. */
 #define Q4_DIRECT_ROWS FG_CUDA_Q4_DIRECT
-#define Q4_PASS_ROWS FG_CUDA_Q4_ROWS /* rows of x a kernel's lanes keep sums of, in registers */
-/* Columns of a block: its warps' 32 lanes, 8 columns (4 bytes of codes) each. */
-#define Q4_TILE 256
-/* A block's warps, which take its chunk's rows of W in turn. */
-#define Q4_WARPS 8
-static_assert(Q4_TILE == Q4_WARPS * 32, "a block's threads: one a column of its tile");
+#define Q4_PASS_ROWS FG_CUDA_Q4_ROWS /* the logits' rows a pass of q4_vocab_kernel */
+/* The warps of a block of q4_rows_kernel, which take its chunk's steps of 16 rows of W in turn. */
+#define Q4_WARPS 4
 
 /* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
  * which cuBLAS sees as the column-major W^T), or 4-bit in q4 parts (opt_model.c's linear_layer's
@@ -555,87 +552,83 @@ __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int r
 }
 
 /* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
- * Q4_DIRECT_ROWS: Q4_PASS_ROWS rows a pass, q4_rows_kernel's partial sums in the workspace's
- * scratch, then q4_sum_kernel's (passes after the first read W again, mostly from the cache). */
+ * Q4_DIRECT_ROWS, in one pass over the codes: q4_rows_kernel's partial sums of each chunk of rows
+ * of W in the workspace's scratch, then q4_sum_kernel's. */
 static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                        int parts, __half *y, int add) {
-    int k_chunk = fg_cuda_q4_k_chunk(in, out);
+    int k_chunk = fg_cuda_q4_k_chunk(in, out, rows);
     int chunks = (in + k_chunk - 1) / k_chunk;
     int aligned = (uintptr_t)W % 4 == 0;
-    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_TILE), chunks);
-    for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
-        int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
-        q4_rows_kernel<<<grid, Q4_TILE, 0, ctx()->stream>>>(x + (size_t)r0 * in, pass, in,
-                                                            (const uint8_t *)W, out, parts, k_chunk,
-                                                            aligned, d->q4_scratch);
-        LAUNCHED("q4_rows_kernel");
-        size_t n = (size_t)pass * out;
-        q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(
-            d->q4_scratch, chunks, pass, out, y + (size_t)r0 * out, add);
-        LAUNCHED("q4_sum_kernel");
-    }
+    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_GROUP), chunks);
+    q4_rows_kernel<<<grid, 32 * Q4_WARPS, 0, ctx()->stream>>>(
+        x, rows, in, (const uint8_t *)W, out, parts, k_chunk, aligned, d->q4_scratch);
+    LAUNCHED("q4_rows_kernel");
+    size_t n = (size_t)rows * out;
+    q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(d->q4_scratch, chunks, rows, out,
+                                                                 y, add);
+    LAUNCHED("q4_sum_kernel");
 }
 
 /* A 4-bit code as a float, exactly: 2^23 + q holds q in its mantissa's low bits (an OR and a
  * subtraction, where a conversion instruction would run at a fraction of the FMAs' rate). */
 __device__ float code_value(uint32_t q) { return __int_as_float(0x4B000000 | (int)q) - 8388608.0f; }
 
-/* Codes of 8 columns: 4 bytes, one load where they are aligned (`aligned`). */
-__device__ uint32_t code_word(const uint8_t *codes, int aligned) {
-    if (aligned) return *(const uint32_t *)codes;
-    return codes[0] | (uint32_t)codes[1] << 8 | (uint32_t)codes[2] << 16 | (uint32_t)codes[3] << 24;
-}
-
 /* partial[chunk][r][j] = sum over the chunk's rows k of W (k_chunk of them from chunk k_chunk) of
- * x[r][k] W[k][j], for r < rows <= Q4_PASS_ROWS. A block a tile of Q4_TILE columns of a part
- * and a chunk;
- * its warps take the chunk's rows in turn, each lane 8 columns of a row: it reads their 4 bytes of
- * codes (the warp's 128 bytes side by side), takes each code's value min + q scale in fp32
- * (q4_value's fmaf, without the fp16 rounding that widening adds) and multiplies it into each row
- * of x. The warps' sums are added in shared memory in a fixed order. CPU twin: the product by
- * q4_decompress's values. Test: test_q4_linear (with q4_sum_kernel), within its bound of that
- * product in double. */
+ * x[r][k] W[k][j], for r < rows <= Q4_DIRECT_ROWS, on the tensor cores (mma_16x8x16: fp16
+ * values, fp32 sums). A block a group of 64 columns of a part and a chunk; its warps take the
+ * chunk's steps of 16 rows in turn, each loading its next step's codes while it multiplies this
+ * one's. A lane (gid = lane / 4, tig = lane % 4) reads 4 bytes of codes, columns 8 gid to 8 gid +
+ * 7, of each of its 4 rows of the step (q4_step_load): a quad of lanes reads a row's 32 bytes. The
+ * group's 64 columns are 8 products of 8 columns, product t taking column 8 gid + t as its
+ * column gid, so that a lane widens only its own bytes (q4_pair) and its sums come out as the 16
+ * columns from 16 tig on. The values are q4_value's rounded to fp16 (dequant_kernel's, to a
+ * rounding of the fma). The warps' sums are added in shared memory in a fixed order
+ * (q4_sums_out). The helpers are support/cuda_device.h's. CPU twin: the product by
+ * q4_decompress's values rounded to fp16. Test: test_q4_linear (with q4_sum_kernel), within its
+ * bound of that product in double. */
 __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
                                int parts, int k_chunk, int aligned, float *partial) {
-    __shared__ float sums[Q4_WARPS][Q4_TILE];
+    __shared__ float sums[Q4_WARPS - 1][Q4_DIRECT_ROWS][Q4_GROUP + 1];
     int warp = threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int gid = threadIdx.x % 32 / 4;
     int part_cols = out / parts;
-    int tiles = (part_cols + Q4_TILE - 1) / Q4_TILE;
-    int part = blockIdx.x / tiles;
-    int tile0 = blockIdx.x % tiles * Q4_TILE;
-    int j0 = tile0 + 8 * lane; /* this lane's first column in its part */
+    int groups = (part_cols + Q4_GROUP - 1) / Q4_GROUP;
+    int part = blockIdx.x / groups;
+    int group = blockIdx.x % groups;
+    size_t part_bytes = (size_t)groups * (Q4_GROUP / 2 + 4);
+    const uint8_t *first_row = W + part * part_bytes;
+    size_t codes_at = (size_t)group * (Q4_GROUP / 2) + 4 * gid;
+    size_t min_at = (size_t)groups * (Q4_GROUP / 2) + 2 * group;
+    size_t scale_at = min_at + 2 * groups;
     int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
-    size_t G = (size_t)(part_cols + Q4_GROUP - 1) / Q4_GROUP;
-    size_t part_bytes = G * (Q4_GROUP / 2 + 4);
-    float acc[Q4_PASS_ROWS][8] = {{0}};
-    for (int k = blockIdx.y * k_chunk + warp; k < k_end && j0 < part_cols; k += Q4_WARPS) {
-        const uint8_t *row = W + ((size_t)k * parts + part) * part_bytes;
-        const __half *mins = (const __half *)(row + G * (Q4_GROUP / 2));
-        const __half *scales = mins + G;
-        uint32_t codes = code_word(row + j0 / 2, aligned);
-        float scale = __half2float(scales[j0 / Q4_GROUP]);
-        float min = __half2float(mins[j0 / Q4_GROUP]);
-        float w[8];
-        for (int c = 0; c < 8; c++) {
-            uint32_t q = codes >> (8 * (c / 2) + (c % 2 ? 0 : 4)) & 15;
-            w[c] = fmaf(code_value(q), scale, min);
-        }
-        for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
-            float xv = __half2float(x[(size_t)r * in + k]);
-            for (int c = 0; c < 8; c++) acc[r][c] = fmaf(xv, w[c], acc[r][c]);
+    int m_tiles = (rows + 15) / 16;
+    float acc[2][8][4] = {};
+    int k0 = blockIdx.y * k_chunk + 16 * warp;
+    q4_step next =
+        q4_step_load(first_row, parts * part_bytes, k0, k_end, codes_at, min_at, scale_at, aligned);
+    for (; k0 < k_end; k0 += 16 * Q4_WARPS) {
+        q4_step now = next;
+        if (k0 + 16 * Q4_WARPS < k_end)
+            next = q4_step_load(first_row, parts * part_bytes, k0 + 16 * Q4_WARPS, k_end, codes_at,
+                                min_at, scale_at, aligned);
+        uint32_t a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+            if (m < m_tiles) x_fragment(x, rows, in, k_end, 16 * m, k0, a[m]);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            uint32_t b[2];
+            for (int h = 0; h < 2; h++)
+                b[h] = q4_pair(now.codes[2 * h], now.codes[2 * h + 1], t / 2, t % 2 == 0,
+                               now.mins[h], now.scales[h]);
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                if (m < m_tiles) mma_16x8x16(acc[m][t], a[m], b);
         }
     }
-    int j = tile0 + threadIdx.x;
-    for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
-        for (int c = 0; c < 8; c++) sums[warp][8 * lane + c] = acc[r][c];
-        __syncthreads();
-        float total = 0;
-        for (int w = 0; w < Q4_WARPS; w++) total += sums[w][threadIdx.x];
-        size_t at = ((size_t)blockIdx.y * rows + r) * out + (size_t)part * part_cols + j;
-        if (j < part_cols) partial[at] = total;
-        __syncthreads();
-    }
+    float *part_sums = partial + (size_t)blockIdx.y * rows * out + (size_t)part * part_cols;
+    q4_sums_out(acc, sums, m_tiles, rows, part_cols - group * Q4_GROUP, out,
+                part_sums + group * Q4_GROUP);
 }
 
 /* y[r][j] = q4_rows_kernel's partial sums of its chunks added in order (+ y[r][j] with add),

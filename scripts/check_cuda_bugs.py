@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """check_cuda_bugs.py: plants bugs of the kinds a GPU punishes in a copy of the CUDA backend
-(flexgen.cu, and its plumbing, support/cuda_device.cu), one at a time, and runs the emulated
+(flexgen.cu, and its plumbing, support/cuda_device.cu and .h), one at a time, and runs the emulated
 GPU's suites (build-emu/test_flexgen: emu, kernels, gpu) on each. A bug is caught when the
 suites fail: a failed test, or the run ended by the harness's report (a host access to device
 memory, a kernel past an allocation) or by the backend's own check of a CUDA or cuBLAS call.
@@ -66,6 +66,14 @@ BUGS = [
      "flexgen.cu",
      "    if (q4 && rows <= Q4_DIRECT_ROWS) {",
      "    if (q4 && rows <= 0) {"),
+    ("the tensor cores' columns crossed (q4_rows_kernel widens each byte's halves the other way)",
+     "flexgen.cu",
+     "b[h] = q4_pair(now.codes[2 * h], now.codes[2 * h + 1], t / 2, t % 2 == 0,",
+     "b[h] = q4_pair(now.codes[2 * h], now.codes[2 * h + 1], t / 2, t % 2 == 1,"),
+    ("a missing __syncthreads (q4_rows_kernel's q4_sums_out adds the warps' sums before they are written)",
+     "support/cuda_device.h",
+     "    __syncthreads();\n    if (warp > 0) return;",
+     "    if (warp > 0) return;"),
     ("a chunk dropped from the 4-bit product's partial sums (q4_sum_kernel)",
      "flexgen.cu",
      "for (int c = 0; c < chunks; c++) total += partial",

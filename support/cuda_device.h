@@ -1,7 +1,8 @@
 /* support/cuda_device.h: what flexgen.cu's layers and kernels use of the CUDA backend's plumbing
  * (support/cuda_device.cu): each thread's stream and cuBLAS handle, the checks of CUDA and cuBLAS
  * calls, the copies, the workspace and the small tables the kernels read, the CUDA Graph of a
- * decode layer, the counters (§4.1, §4.2; docs/GPU.md). CUDA C++, for flexgen.cu, the kernel
+ * decode layer, the counters (§4.1, §4.2; docs/GPU.md); and the device helpers of the 4-bit decode
+ * product (§5): the tensor cores' product and its fragments. CUDA C++, for flexgen.cu, the kernel
  * tests and the emulated GPU alone; the C side sees only fg_cuda_backend (model.h).
  */
 #ifndef FG_CUDA_DEVICE_H
@@ -11,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 /* model.h's kernel bodies (kv_page_row, position_of, q4_bytes, q4_value) are the device's too,
  * with the device's fp16 */
@@ -19,6 +21,148 @@
 extern "C" {
 #include "model.h"
 #include "support/support.h"
+}
+
+/* nvcc's `#pragma unroll` in this header's loops over register arrays (kept in registers only
+ * where every index is known); the emulated GPU's compiler has no such pragma. */
+#if defined(__CUDACC__)
+#define FG_UNROLL _Pragma("unroll")
+#else
+#define FG_UNROLL
+#endif
+
+/* ---- The tensor cores, and fp16 pairs as bits (flexgen.cu's 4-bit decode product) ---- */
+
+__device__ inline __half2 half2_of_bits(uint32_t bits) {
+    __half2 h;
+    memcpy(&h, &bits, sizeof h);
+    return h;
+}
+__device__ inline uint32_t bits_of_half2(__half2 h) {
+    uint32_t bits;
+    memcpy(&bits, &h, sizeof bits);
+    return bits;
+}
+
+/* d += a b for a warp's tile of 16 x 8 x 16 (PTX's mma.sync m16n8k16: fp16 in, fp32 sums), each
+ * lane (gid = lane / 4, tig = lane % 4) holding its fragments: a, of A [16][16], rows gid and gid
+ * + 8 at columns (2 tig, 2 tig + 1) and those + 8, as fp16 pairs (a[0]: row gid, a[1]: gid + 8,
+ * a[2], a[3]: the same at columns + 8); b, of B [16][8], rows (2 tig, 2 tig + 1) and those + 8 of
+ * column gid; d, of D [16][8], rows gid (d[0], d[1]) and gid + 8 (d[2], d[3]) at columns 2 tig
+ * and 2 tig + 1. Before sm_80, two m16n8k8; on the emulated GPU, tests/cuda_emu's. */
+__device__ inline void mma_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(FLEXGEN_CUDA_EMU)
+    cuda_emu::mma_16x8x16(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    for (int half = 0; half < 2; half++)
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[2 * half]), "r"(a[2 * half + 1]), "r"(b[half]));
+#endif
+}
+
+/* Codes of 8 columns: 4 bytes, one load where they are aligned (`aligned`). */
+__device__ inline uint32_t code_word(const uint8_t *codes, int aligned) {
+    if (aligned) return *(const uint32_t *)codes;
+    return codes[0] | (uint32_t)codes[1] << 8 | (uint32_t)codes[2] << 16 | (uint32_t)codes[3] << 24;
+}
+
+/* A lane's share of one step of 16 rows of W in flexgen.cu's q4_rows_kernel: rows k0 + 2 tig + (0,
+ * 1, 8, 9) (tig = lane % 4), each its 4 bytes of codes at codes_at and its group's min and scale,
+ * these as fp16 pairs of rows (k, k + 1); zeros for rows past k_end (whose x is zero too). `part`
+ * is the part's first row, rows `stride` bytes apart. */
+struct q4_step {
+    uint32_t codes[4];
+    __half2 mins[2];
+    __half2 scales[2];
+};
+
+__device__ inline q4_step q4_step_load(const uint8_t *part, size_t stride, int k0, int k_end,
+                                       size_t codes_at, size_t min_at, size_t scale_at,
+                                       int aligned) {
+    q4_step s;
+    __half min[4];
+    __half scale[4];
+    int tig = threadIdx.x % 4;
+    FG_UNROLL
+    for (int i = 0; i < 4; i++) {
+        int k = k0 + 2 * tig + 8 * (i / 2) + i % 2;
+        const uint8_t *row = part + (size_t)k * stride;
+        int inside = k < k_end;
+        s.codes[i] = inside ? code_word(row + codes_at, aligned) : 0;
+        min[i] = inside ? *(const __half *)(row + min_at) : __float2half(0.0f);
+        scale[i] = inside ? *(const __half *)(row + scale_at) : __float2half(0.0f);
+    }
+    s.mins[0] = __halves2half2(min[0], min[1]);
+    s.mins[1] = __halves2half2(min[2], min[3]);
+    s.scales[0] = __halves2half2(scale[0], scale[1]);
+    s.scales[1] = __halves2half2(scale[2], scale[3]);
+    return s;
+}
+
+/* The fp16 pair (W[k][j], W[k + 1][j]) of two rows' code words (row0, row1), j the column of byte
+ * `byte`'s high half (high) or its low: the two codes q put in the mantissas of 1024 + q (0x6400
+ * is 1024 in fp16), 1024 taken off (exact), then min + q scale, one rounding (__hfma2). */
+__device__ inline uint32_t q4_pair(uint32_t row0, uint32_t row1, int byte, int high, __half2 min,
+                                   __half2 scale) {
+    uint32_t both = __byte_perm(row0, row1, (uint32_t)(byte | (4 + byte) << 8));
+    uint32_t q = (high ? both >> 4 : both) & 0x000F000Fu;
+    __half2 value = __hsub2(half2_of_bits(q | 0x64006400u), half2_of_bits(0x64006400u));
+    return bits_of_half2(__hfma2(value, scale, min));
+}
+
+/* Rows r0 + gid and r0 + gid + 8 of x, columns k0 + 2 tig, k0 + 2 tig + 1 and those + 8, as fp16
+ * pairs: a lane's A of mma_16x8x16 (gid = lane / 4, tig = lane % 4). Zeros past `rows` and past
+ * k_end. */
+__device__ inline void x_fragment(const __half *x, int rows, int in, int k_end, int r0, int k0,
+                                  uint32_t a[4]) {
+    int gid = threadIdx.x % 32 / 4;
+    int tig = threadIdx.x % 4;
+    FG_UNROLL
+    for (int i = 0; i < 4; i++) {
+        int r = r0 + gid + 8 * (i % 2);
+        int k = k0 + 2 * tig + 8 * (i / 2);
+        const __half *at = x + (size_t)r * in + k;
+        __half first = r < rows && k < k_end ? at[0] : __float2half(0.0f);
+        __half second = r < rows && k + 1 < k_end ? at[1] : __float2half(0.0f);
+        a[i] = bits_of_half2(__halves2half2(first, second));
+    }
+}
+
+/* The end of flexgen.cu's q4_rows_kernel, whose warps' sums acc[m][t][i] are rows 16 m + gid + 8
+ * (i / 2) and columns 16 tig + 8 (i % 2) + t of its group: warps 1 on leave theirs in `sums`, and
+ * warp 0 adds them to its own in warp order and writes rows r < rows of the group's first
+ * `columns` columns to out_sums[r][j] (rows `out` apart). A loop over the 64 sums e = (m, t, i). */
+__device__ inline void q4_sums_out(float acc[2][8][4],
+                                   float (*sums)[FG_CUDA_Q4_DIRECT][Q4_GROUP + 1], int m_tiles,
+                                   int rows, int columns, int out, float *out_sums) {
+    int warp = threadIdx.x / 32;
+    int gid = threadIdx.x % 32 / 4;
+    int tig = threadIdx.x % 4;
+    int warps = blockDim.x / 32;
+    FG_UNROLL
+    for (int e = 0; e < 64; e++) {
+        int r = 16 * (e / 32) + gid + 8 * (e % 4 / 2);
+        int j = 16 * tig + 8 * (e % 2) + e / 4 % 8;
+        if (warp > 0 && e / 32 < m_tiles) sums[warp - 1][r][j] = acc[e / 32][e / 4 % 8][e % 4];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    FG_UNROLL
+    for (int e = 0; e < 64; e++) {
+        int r = 16 * (e / 32) + gid + 8 * (e % 4 / 2);
+        int j = 16 * tig + 8 * (e % 2) + e / 4 % 8;
+        if (e / 32 >= m_tiles || r >= rows || j >= columns) continue;
+        float total = acc[e / 32][e / 4 % 8][e % 4];
+        for (int w = 0; w < warps - 1; w++) total += sums[w][r][j];
+        out_sums[(size_t)r * out + j] = total;
+    }
 }
 
 /* ---- Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Where the host

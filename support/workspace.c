@@ -174,20 +174,24 @@ size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages) {
            2 * rows * (size_t)max_pages * sizeof(int);
 }
 
-/* The rows of W that a block of CUDA's 4-bit decode product sums (flexgen.cu's q4_rows_kernel,
- * 256 columns a block): 256, or fewer (down to 64) until the product has 256 blocks to spread over
- * the GPU's multiprocessors. */
-int fg_cuda_q4_k_chunk(int in, int out) {
-    int tiles = (out + 255) / 256;
-    int k_chunk = 256;
-    while (k_chunk > 64 && tiles * ((in + k_chunk - 1) / k_chunk) < 256) k_chunk /= 2;
+/* The rows of W a block of flexgen.cu's q4_rows_kernel sums (a multiple of 64: its 4 warps take
+ * 16 at a time) for `rows` rows of x. The block's 64 columns' partial sums (rows of 64 floats) are
+ * written once and read once: halving the chunk doubles them, so it halves only while the
+ * product has fewer than 1,024 blocks (the card fills) and the sums stay at most about a fifth of
+ * the chunk's codes (a chunk of at least 64 rows of W for each row of x). */
+int fg_cuda_q4_k_chunk(int in, int out, int rows) {
+    int groups = (out + 63) / 64;
+    int k_chunk = (in + 63) / 64 * 64;
+    while (k_chunk / 2 >= 256 && k_chunk / 2 >= 64 * rows &&
+           groups * ((in + k_chunk - 1) / k_chunk) < 1024)
+        k_chunk = (k_chunk / 2 + 63) / 64 * 64;
     return k_chunk;
 }
 
 /* CUDA's scratch for 4-bit products, whichever is larger: the fp32 partial sums of decode's rows
- * over the largest product ([chunks][FG_CUDA_Q4_ROWS][out]), or a slice of fp16 values widened for
- * a product of more rows (FG_CUDA_WIDEN_VALUES, or FG_CUDA_WIDEN_COLUMNS of the longest rows of
- * W; at most the largest matrix). */
+ * over the largest product ([chunks][rows][out], at the rows of the most), or a slice of fp16
+ * values widened for a product of more rows (FG_CUDA_WIDEN_VALUES, or FG_CUDA_WIDEN_COLUMNS of the
+ * longest rows of W; at most the largest matrix). */
 size_t fg_cuda_q4_scratch_bytes(const model_config *cfg) {
     size_t h = cfg->hidden, wd = cfg->word_dim, f = cfg->ffn, qw = q_width(cfg);
     size_t shapes[][2] = {{h, qkv_width(cfg)}, {qw, h}, {h, f}, {f, h}, {wd, h}, {h, wd}};
@@ -197,10 +201,12 @@ size_t fg_cuda_q4_scratch_bytes(const model_config *cfg) {
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         size_t in = shapes[i][0];
         size_t out = shapes[i][1];
-        size_t k_chunk = (size_t)fg_cuda_q4_k_chunk((int)in, (int)out);
-        size_t chunks = (in + k_chunk - 1) / k_chunk;
-        size_t bytes = chunks * FG_CUDA_Q4_ROWS * out * sizeof(float);
-        partials = bytes > partials ? bytes : partials;
+        for (int rows = 1; rows <= FG_CUDA_Q4_DIRECT; rows++) {
+            size_t k_chunk = (size_t)fg_cuda_q4_k_chunk((int)in, (int)out, rows);
+            size_t chunks = (in + k_chunk - 1) / k_chunk;
+            size_t bytes = chunks * rows * out * sizeof(float);
+            partials = bytes > partials ? bytes : partials;
+        }
         matrix = in * out > matrix ? in * out : matrix;
         slice = in * FG_CUDA_WIDEN_COLUMNS > slice ? in * FG_CUDA_WIDEN_COLUMNS : slice;
     }

@@ -1052,7 +1052,7 @@ static void run_linear(void *p) {
 static cuda_ws q4_workspace(int rows, int in, int out, size_t widen_values) {
     cuda_ws d;
     memset(&d, 0, sizeof d);
-    int k_chunk = fg_cuda_q4_k_chunk(in, out);
+    int k_chunk = fg_cuda_q4_k_chunk(in, out, rows);
     size_t partials = (size_t)(in + k_chunk - 1) / k_chunk * rows * out;
     d.widen_values = widen_values;
     d.q4_scratch = device_array<float>(partials > widen_values ? partials : widen_values);
@@ -1061,16 +1061,15 @@ static cuda_ws q4_workspace(int rows, int in, int out, size_t widen_values) {
 
 /* A 4-bit copy of W [in][out] of `parts` parts on the device as quant.c stores a matrix (outer
  * in parts, len out / parts, inner 1), `offset` bytes into its allocation (2: its words not 4-byte
- * aligned); into W32, the values the product multiplies: q4_decompress's, rounded to fp16 where
- * the product widens them. */
-static void *q4_matrix(const float *W, int in, int out, int parts, int offset, int widened, float *W32,
-                       void **allocation) {
+ * aligned); into W32, the values the product multiplies: q4_decompress's, rounded to fp16 (both
+ * products, from the codes and widened, multiply fp16 values). */
+static void *q4_matrix(const float *W, int in, int out, int parts, int offset, float *W32, void **allocation) {
     size_t n = (size_t)in * out, outer = (size_t)in * parts, len = (size_t)(out / parts);
     size_t bytes = q4_bytes(outer, len, 1);
     uint8_t *q = host_array<uint8_t>(bytes);
     q4_compress(W, outer, len, 1, q);
     q4_decompress(q, outer, len, 1, W32);
-    for (size_t i = 0; i < n && widened; i++) W32[i] = half_value(fp32_to_fp16(W32[i]));
+    for (size_t i = 0; i < n; i++) W32[i] = half_value(fp32_to_fp16(W32[i]));
     uint8_t *dev = device_array<uint8_t>(bytes + (size_t)offset);
     upload(dev + offset, q, bytes);
     free(q);
@@ -1088,7 +1087,7 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
     float *x32 = widened(x, nx), *W32 = widened(W, nw);
     void *W_dev = NULL, *allocation = NULL;
     cuda_ws d = q4_workspace(rows, in, out, 3 * (size_t)in);
-    if (q4) W_dev = q4_matrix(W32, in, out, q4, offset, rows > FG_CUDA_Q4_DIRECT, W32, &allocation);
+    if (q4) W_dev = q4_matrix(W32, in, out, q4, offset, W32, &allocation);
     else allocation = W_dev = device_copy(W, nw);
     linear_args a = {&d, rows, in, out, mode, q4, (const __half *)device_copy(x, nx), W_dev,
                      with_bias ? device_copy(b, (size_t)out) : NULL, y0, device_array<__half>(ny)};
@@ -1156,18 +1155,20 @@ static void test_linear(void) {
     printf("(worst %.2f of the bound) ", worst);
 }
 
-/* 4-bit W, read as stored: 1 to 32 rows from the codes (q4_rows_kernel over chunks of W's rows
- * and tiles of 256 columns, q4_sum_kernel; passes of 8 rows, the last one short), 36 and 40 rows
- * through widened slices of 3 columns of W at a time; `out` not a multiple of 64 or 8 (a narrow last group, a last word of codes past it),
- * `in` not a multiple of 64, codes not 4-byte aligned, q|k|v's 3 parts (of 144 and of 20 columns,
- * a word of codes past each). Each mode, with and without a bias. */
+/* 4-bit W, read as stored: 1 to 32 rows from the codes (q4_rows_kernel over groups of 64 columns
+ * and chunks of W's rows, one chunk or several, the last one short; one and two tiles of 16 rows
+ * of x; q4_sum_kernel), 36 and 40 rows through widened slices of 3 columns of W at a time; `out`
+ * not a multiple of 64 or 8 (a narrow last group, a last word of codes past it), `in` not a
+ * multiple of 16 and odd (rows of x not 4-byte aligned), codes not 4-byte aligned, q|k|v's 3 parts
+ * (of 144 and of 20 columns, a word of codes past each). Each mode, with and without a bias. */
 static void test_q4_linear(void) {
     if (!gpu_ready()) return;
     static const int shapes[][6] = {/* rows, in, out, parts, bias, byte offset of W */
                                     {1, 300, 200, 1, 1, 0}, {3, 144, 600, 1, 1, 0}, {8, 130, 70, 1, 0, 0},
                                     {3, 96, 13, 1, 1, 2},   {2, 144, 432, 3, 1, 0}, {5, 70, 60, 3, 1, 0},
                                     {9, 144, 200, 1, 1, 0}, {32, 70, 130, 1, 0, 0}, {12, 80, 60, 3, 1, 0},
-                                    {27, 96, 70, 1, 1, 2},  {40, 70, 130, 1, 0, 0}, {36, 80, 60, 3, 1, 0}};
+                                    {27, 96, 70, 1, 1, 2},  {40, 70, 130, 1, 0, 0}, {36, 80, 60, 3, 1, 0},
+                                    {4, 1100, 130, 1, 1, 0}, {20, 3000, 70, 1, 1, 0}, {3, 97, 64, 1, 0, 2}};
     uint64_t seed = 67;
     double worst = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)

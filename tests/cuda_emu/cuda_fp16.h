@@ -99,6 +99,15 @@ static inline bool __hisinf(__half a) { return (a.__x & 0x7fff) == 0x7c00; }
 static inline bool __heq(__half a, __half b) { return __half2float(a) == __half2float(b); }
 static inline bool __hlt(__half a, __half b) { return __half2float(a) < __half2float(b); }
 static inline bool __hgt(__half a, __half b) { return __half2float(a) > __half2float(b); }
+/* Pairs: each half as its own operation above (a fused multiply-add rounded once from fp32). */
+static inline __half2 __halves2half2(__half a, __half b) { return __half2{a, b}; }
+static inline __half2 __hsub2(__half2 a, __half2 b) { return __half2{__hsub(a.x, b.x), __hsub(a.y, b.y)}; }
+static inline __half __hfma(__half a, __half b, __half c) {
+    return __float2half(fmaf(__half2float(a), __half2float(b), __half2float(c)));
+}
+static inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+    return __half2{__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)};
+}
 static inline __half operator+(__half a, __half b) { return __hadd(a, b); }
 static inline __half operator-(__half a, __half b) { return __hsub(a, b); }
 static inline __half operator*(__half a, __half b) { return __hmul(a, b); }

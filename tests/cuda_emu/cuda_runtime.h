@@ -208,6 +208,18 @@ template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int
 template <typename T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     return cuda_emu::shuffle_as(mask, v, cuda_emu::SHFL_XOR, lane_mask, width);
 }
+/* Byte b of the result is byte (s >> 4 b) & 7 of y:x (x bytes 0-3, y bytes 4-7). */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t both = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int b = 0; b < 4; b++) r |= (unsigned)(both >> 8 * (s >> 4 * b & 7) & 0xff) << 8 * b;
+    return r;
+}
+namespace cuda_emu {
+/* The warp's tensor-core product of support/cuda_device.h's mma_16x8x16: its 32 lanes meet (a
+ * __syncwarp), each reads the fragments it needs from the others, and all meet again. */
+void mma_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2]);
+}
 /* Threads run one at a time and switch only at barriers, so a read-modify-write is atomic. */
 template <typename T> T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
 template <typename T> T atomicMax(T *p, T v) { T old = *p; *p = old > v ? old : v; return old; }

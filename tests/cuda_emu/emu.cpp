@@ -841,6 +841,7 @@ struct fiber {
     unsigned lane_mask;           /* the lanes the shuffle or warp barrier names */
     uint64_t shuffle_in, shuffle_out;
     int shuffle_from;             /* the lane this one reads */
+    uint32_t mma_a[4], mma_b[2];  /* its fragments at a tensor-core product */
     void *asan_fake_stack;
 };
 enum { STACK_BYTES = 128 << 10, MAX_THREADS = 1024 };
@@ -936,6 +937,36 @@ void __syncwarp(unsigned mask) {
     f->lane_mask = mask;
     f->state = AT_WARP_BARRIER;
     to_scheduler(f, false);
+}
+
+static float half_bits_value(uint32_t pair, int high) {
+    return cuda_emu_half_to_float((unsigned short)(high ? pair >> 16 : pair & 0xffff));
+}
+
+/* Each lane's d: its rows m and columns n of sum_k A[m][k] B[k][n] (fp32 sums in k order, on top
+ * of d), A's and B's elements read from the lanes that hold them in mma_16x8x16's layout. */
+void cuda_emu::mma_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    fiber *f = this_thread("mma_16x8x16");
+    memcpy(f->mma_a, a, sizeof f->mma_a);
+    memcpy(f->mma_b, b, sizeof f->mma_b);
+    __syncwarp(0xffffffffu);
+    const fiber *lanes = f - lane_of(f);
+    int gid = lane_of(f) / 4, tig = lane_of(f) % 4;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int m = gid + 8 * (i / 2), n = 2 * tig + i % 2;
+        float sum = d[i];
+        for (int k = 0; k < 16; k++) {
+            const fiber *holds_a = &lanes[(m % 8) * 4 + (k % 8) / 2];
+            const fiber *holds_b = &lanes[n * 4 + (k % 8) / 2];
+            float av = half_bits_value(holds_a->mma_a[2 * (k / 8) + m / 8], k % 2);
+            float bv = half_bits_value(holds_b->mma_b[k / 8], k % 2);
+            sum = fmaf(av, bv, sum);
+        }
+        out[i] = sum;
+    }
+    __syncwarp(0xffffffffu);
+    memcpy(d, out, sizeof out);
 }
 
 void *cuda_emu::dynamic_shared(void) {
