@@ -12,11 +12,11 @@
 #          16G (32G at 32 x 1, whose cache needs it), in this order while the half's time lasts:
 #          opt-1.3b all on the GPU at 4 x 1 (and with FLEXGEN_CUDA_GRAPHS=0: each kernel launched on
 #          its own) and 32 x 1 (a small model: launches set its pace);
-#          opt-6.7b all on the GPU at 4 x 1 and 32 x 1, and 4-bit at 4 x 1 (--compress-weight,
-#          FlexGen's too); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
+#          opt-6.7b all on the GPU at 4 x 1 and 32 x 1, and 4-bit at 4 x 1 and 32 x 1
+#          (--compress-weight, FlexGen's too); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
-#          DRAM bytes read (opt-6.7b, 4 x 1; decode_kernels below says how). 32 tokens are
+#          DRAM bytes read (opt-6.7b, 4 x 1, fp16 and 4-bit; decode_kernels below says how). 32 tokens are
 #          generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s).
 #          Each row of ours gives the counters of its busiest decode step (host waits, launches,
 #          cuBLAS products, copies in), and where the card is known, the decode's share of the
@@ -53,7 +53,7 @@
 # ONLY (row names, e.g. "opt-6.7b-32x1 opt-175b-4bit-t4": the speed and big halves skip every
 # other row) [every row], BASE (a second checkout, e.g. of the commit before a change: the check
 # half builds its flexgen too, and each row of ours runs it first, the same way, for the table's
-# this / base) [none]
+# this / base) [none], FLEXGEN (0: FlexGen's runs are left out) [1]
 set -uo pipefail
 
 usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]"
@@ -73,7 +73,7 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 PYTHON=${PYTHON:-python3} WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen} OFFLOAD=${OFFLOAD:-/var/tmp}
-ONLY=${ONLY:-} BASE=${BASE:-}
+ONLY=${ONLY:-} BASE=${BASE:-} FLEXGEN=${FLEXGEN:-1}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 JOBS=$(nproc)
 failed=0
@@ -281,7 +281,7 @@ row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
     local m=$model
     [ "$DRY" = 0 ] || m=models/$([ "${model#llama}" = "$model" ] && echo opt-kjv || echo llama-kjv)
     ours "$name" "$((left - 5))" --model "$m" --prompt-len "$PROMPT" --gen-len "$gen" "$@"
-    if [ "$with_flexgen" = 1 ] && [ "$DRY" = 0 ]; then
+    if [ "$with_flexgen" = 1 ] && [ "$DRY" = 0 ] && [ "$FLEXGEN" != 0 ]; then
         left=$(time_left)
         if [ "$left" -ge 30 ]; then theirs "$name" "$((left - 5))" "$model" "$gen" "$@"
         else echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.flexgen"; fi
@@ -303,10 +303,13 @@ do_speed() {
     row opt-6.7b-4x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4
     ROW_GPU_MEM=$GPU_MEM_32 row opt-6.7b-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big"
     row opt-6.7b-4bit opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
+    ROW_GPU_MEM=$GPU_MEM_32 row opt-6.7b-4bit-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big" \
+        --compress-weight
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
-    decode_kernels
+    decode_kernels ""
+    decode_kernels -4bit --compress-weight
     return 0
 }
 
@@ -349,30 +352,35 @@ do_big() {
     return 0
 }
 
-# One decode step's kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu): a run's own
-# counters place a
-# window of launches past every prefill kernel (a cuBLAS product launches one kernel or two) and
-# long enough to hold two whole decode steps; the report divides the window's sums by the steps in
-# it (attention_kernel or attention_merge_kernel runs once a layer and step).
+# One decode step's kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu), into
+# .data/kernels$SUFFIX.csv: a run's own counters place a window of launches past every prefill
+# kernel (a cuBLAS product launches one kernel or two) and long enough to hold two whole decode
+# steps; the report divides the window's sums by the steps in it (attention_kernel or
+# attention_merge_kernel runs once a layer and step). SUFFIX flags...: "" for fp16 weights, -4bit
+# --compress-weight for 4-bit ones. Both runs launch each kernel on its own (FLEXGEN_CUDA_GRAPHS=0),
+# so that the counters' launches are every kernel of the step (a graph's are not among them).
 decode_kernels() {
-    local ncu left skip count
+    local suffix=$1 ncu left skip count
+    shift
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     left=$(time_left)
     if [ "$DRY" = 1 ] || [ -z "$ncu" ] || [ "$left" -lt 45 ]; then
         echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$ncu" ] && echo "no ncu"; } || echo "too little time left")" \
-            > "$OUT/.data/kernels.txt"
+            > "$OUT/.data/kernels$suffix.txt"
         return
     fi
     local run=(--quiet --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
-        --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1)
-    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels-counts.json" 2>> "$OUT/kernels.log" || return
+        --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1 "$@")
+    local -x FLEXGEN_CUDA_GRAPHS=0
+    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels$suffix-counts.json" \
+        2>> "$OUT/kernels.log" || return
     read -r skip count < <("$PYTHON" -c 'import json, sys
 c = json.load(open(sys.argv[1]))["device_counts"]
 p, s = c["prefill"], c["decode_step_most"]
-print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_calls"]))' "$OUT/.data/kernels-counts.json")
-    echo "== ncu: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
+print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_calls"]))' "$OUT/.data/kernels$suffix-counts.json")
+    echo "== ncu${suffix:+ ($suffix)}: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
     limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$skip" \
-        --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels.csv" 2>> "$OUT/kernels.log"
+        --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels$suffix.csv" 2>> "$OUT/kernels.log"
 }
 
 run_half() { # HALF

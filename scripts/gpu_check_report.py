@@ -151,22 +151,19 @@ else:
         elif b:
             print(f"| {row} | the same | base | {b} | | | | | | |")
 
-print("\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the GPU)\n")
-
-
-def kernel_window():
-    """ncu's rows of the window (kernels.csv): {kernel: [ns, launches, bytes read]}, or None."""
+def kernel_window(name):
+    """ncu's rows of the window (name.csv): {kernel: [ns, launches, bytes read]}, or None."""
     sums = {}
     try:
-        with open(os.path.join(data, "kernels.csv")) as f:
+        with open(os.path.join(data, name + ".csv")) as f:
             lines = [line for line in f if line.startswith('"')]
         for r in csv.DictReader(lines):
             metric, unit = r.get("Metric Name"), r.get("Metric Unit", "")
             if metric not in ("gpu__time_duration.sum", "dram__bytes_read.sum"):
                 continue
-            name = r.get("Kernel Name", "?").split("(")[0]
+            kernel = r.get("Kernel Name", "?").split("(")[0]
             value = float(r.get("Metric Value", "0").replace(",", ""))
-            entry = sums.setdefault(name, [0.0, 0, 0.0])
+            entry = sums.setdefault(kernel, [0.0, 0, 0.0])
             if metric == "gpu__time_duration.sum":
                 entry[0] += value * {"usecond": 1e3, "msecond": 1e6}.get(unit, 1)
                 entry[1] += 1
@@ -177,26 +174,30 @@ def kernel_window():
     return sums or None
 
 
-window = kernel_window()
 LAYERS = 32  # opt-6.7b's: attention runs once a layer and decode step (its merge, where split)
-attention = "attention_merge_kernel" if window and "attention_merge_kernel" in window else "attention_kernel"
-steps = window.get(attention, [0, 0, 0])[1] / LAYERS if window else 0
-if not steps:
-    print(cell(read("kernels.txt")) or "Not measured (kernels.log says why).")
-else:
+# opt-6.7b's weights: 6.44e9 in its layers and 0.21e9 in lm_head, 2 bytes each in fp16 and 9/16 of
+# one in 4-bit (a byte a pair of codes, and a group of 64's fp16 min and scale)
+for name, weights, weight_mb in (("kernels", "fp16", "13,300"), ("kernels-4bit", "4-bit", "3,740")):
+    print(f"\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the GPU, {weights} weights)\n")
+    window = kernel_window(name)
+    attention = "attention_merge_kernel" if window and "attention_merge_kernel" in window else "attention_kernel"
+    steps = window.get(attention, [0, 0, 0])[1] / LAYERS if window else 0
+    if not steps:
+        print(cell(read(name + ".txt")) or "Not measured (kernels.log says why).")
+        continue
     total = sum(t for t, _, _ in window.values()) / steps
     read_bytes = sum(b for _, _, b in window.values()) / steps
     c = card()
     print(f"ncu's kernel times and DRAM bytes read over a window of {steps:.2f} decode steps ({attention}'s")
     print(f"launches over {LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels and")
-    print(f"{read_bytes / 1e6:.0f} MB read a step; the weights the step needs are 13,300 MB (fp16), its")
+    print(f"{read_bytes / 1e6:.0f} MB read a step; the weights the step needs are {weight_mb} MB ({weights}), its")
     print("keys and values 4 x 544 x 32 layers x 2 x 8 KB = 1,140 MB at the step's end. Share: of the")
     print("card's datasheet read rate, the kernel's bytes over its time.\n")
     print("| kernel | launches a step | us a step | share of time | MB read a step | share of read rate |")
     print("|---|---|---|---|---|---|")
-    for name, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
+    for kernel, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
         rate = "%.0f%%" % (100 * b / (t * 1e-9) / c[1]) if c and t > 0 else "-"
-        print(f"| {cell(name)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% | "
+        print(f"| {cell(kernel)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% | "
               f"{b / steps / 1e6:.1f} | {rate} |")
 
 
