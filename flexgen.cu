@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   187  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   247  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   167  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   339  fg_cuda_backend          the operation table, once a GPU is found
- *   399  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   455  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   525  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   589  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   692  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   723  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   820  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   862  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   925  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1176  attention_kernel         a query's attention, with §5's top-K
- *  1228  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1309  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1354  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1447  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   189  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   249  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   169  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   341  fg_cuda_backend          the operation table, once a GPU is found
+ *   401  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   457  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   527  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   632  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   700  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   731  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   828  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   870  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   933  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1184  attention_kernel         a query's attention, with §5's top-K
+ *  1236  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1317  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1362  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1455  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -113,6 +113,8 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
                        int parts, __half *y, int add);
 __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
                                int parts, int k_chunk, int aligned, float *partial);
+__global__ void q4_rows32_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
+                                 int parts, int k_chunk, int aligned, float *partial);
 __global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int out, __half *y,
                               int add);
 static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
@@ -560,35 +562,37 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
     int chunks = (in + k_chunk - 1) / k_chunk;
     int aligned = (uintptr_t)W % 4 == 0;
     dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_GROUP), chunks);
-    q4_rows_kernel<<<grid, 32 * Q4_WARPS, 0, ctx()->stream>>>(
-        x, rows, in, (const uint8_t *)W, out, parts, k_chunk, aligned, d->q4_scratch);
-    LAUNCHED("q4_rows_kernel");
-    size_t n = (size_t)rows * out;
-    q4_sum_kernel<<<blocks_for(n, 256), 256, 0, ctx()->stream>>>(d->q4_scratch, chunks, rows, out,
-                                                                 y, add);
+    if (rows <= 16) {
+        q4_rows_kernel<<<grid, 32 * Q4_WARPS, 0, ctx()->stream>>>(
+            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, aligned, d->q4_scratch);
+        LAUNCHED("q4_rows_kernel");
+    } else {
+        q4_rows32_kernel<<<grid, 32 * Q4_WARPS, 0, ctx()->stream>>>(
+            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, aligned, d->q4_scratch);
+        LAUNCHED("q4_rows32_kernel");
+    }
+    q4_sum_kernel<<<blocks_for((size_t)rows * out, 256), 256, 0, ctx()->stream>>>(
+        d->q4_scratch, chunks, rows, out, y, add);
     LAUNCHED("q4_sum_kernel");
 }
 
-/* A 4-bit code as a float, exactly: 2^23 + q holds q in its mantissa's low bits (an OR and a
- * subtraction, where a conversion instruction would run at a fraction of the FMAs' rate). */
-__device__ float code_value(uint32_t q) { return __int_as_float(0x4B000000 | (int)q) - 8388608.0f; }
-
 /* partial[chunk][r][j] = sum over the chunk's rows k of W (k_chunk of them from chunk k_chunk) of
- * x[r][k] W[k][j], for r < rows <= Q4_DIRECT_ROWS, on the tensor cores (mma_16x8x16: fp16
- * values, fp32 sums). A block a group of 64 columns of a part and a chunk; its warps take the
- * chunk's steps of 16 rows in turn, each loading its next step's codes while it multiplies this
- * one's. A lane (gid = lane / 4, tig = lane % 4) reads 4 bytes of codes, columns 8 gid to 8 gid +
- * 7, of each of its 4 rows of the step (q4_step_load): a quad of lanes reads a row's 32 bytes. The
- * group's 64 columns are 8 products of 8 columns, product t taking column 8 gid + t as its
- * column gid, so that a lane widens only its own bytes (q4_pair) and its sums come out as the 16
- * columns from 16 tig on. The values are q4_value's rounded to fp16 (dequant_kernel's, to a
- * rounding of the fma). The warps' sums are added in shared memory in a fixed order
- * (q4_sums_out). The helpers are support/cuda_device.h's. CPU twin: the product by
- * q4_decompress's values rounded to fp16. Test: test_q4_linear (with q4_sum_kernel), within its
- * bound of that product in double. */
-__global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                               int parts, int k_chunk, int aligned, float *partial) {
-    __shared__ float sums[Q4_WARPS - 1][Q4_DIRECT_ROWS][Q4_GROUP + 1];
+ * x[r][k] W[k][j], for r < rows <= 16 M_TILES, on the tensor cores (mma_16x8x16: fp16 values,
+ * fp32 sums). A block a group of 64 columns of a part and a chunk; its warps take the chunk's
+ * steps of 16 rows in turn, each loading its next two steps' codes while it multiplies this one's.
+ * A lane (gid = lane / 4, tig = lane % 4) reads 4 bytes of codes, columns 8 gid to 8 gid + 7, of
+ * each of its 4 rows of the step (q4_step_load): a quad of lanes reads a row's 32 bytes. The
+ * group's 64 columns are 8 products of 8 columns, product t taking column 8 gid + t as its column
+ * gid, so that a lane widens only its own bytes (q4_pair, q4_step_multiply). The values are
+ * q4_value's rounded to fp16 (dequant_kernel's, to a rounding of the fma); the warps' sums meet in
+ * shared memory in a fixed order (q4_sums_out); the helpers are support/cuda_device.h's. Up to 16
+ * rows (q4_rows_kernel) keep one tile's sums in registers, up to 32 (q4_rows32_kernel) two. CPU
+ * twin: the product by q4_decompress's values rounded to fp16. Test: test_q4_linear (with
+ * q4_sum_kernel), within its bound of that product in double. */
+template <int M_TILES> __device__ void q4_rows(const __half *x, int rows, int in, const uint8_t *W,
+                                               int out, int parts, int k_chunk, int aligned,
+                                               float *partial) {
+    __shared__ float sums[Q4_WARPS - 1][16 * M_TILES][Q4_GROUP + 1];
     int warp = threadIdx.x / 32;
     int gid = threadIdx.x % 32 / 4;
     int part_cols = out / parts;
@@ -597,38 +601,42 @@ __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t 
     int group = blockIdx.x % groups;
     size_t part_bytes = (size_t)groups * (Q4_GROUP / 2 + 4);
     const uint8_t *first_row = W + part * part_bytes;
+    size_t stride = parts * part_bytes;
     size_t codes_at = (size_t)group * (Q4_GROUP / 2) + 4 * gid;
     size_t min_at = (size_t)groups * (Q4_GROUP / 2) + 2 * group;
     size_t scale_at = min_at + 2 * groups;
     int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
-    int m_tiles = (rows + 15) / 16;
-    float acc[2][8][4] = {};
+    int step = 16 * Q4_WARPS;
+    float acc[M_TILES][8][4] = {};
     int k0 = blockIdx.y * k_chunk + 16 * warp;
-    q4_step next =
-        q4_step_load(first_row, parts * part_bytes, k0, k_end, codes_at, min_at, scale_at, aligned);
-    for (; k0 < k_end; k0 += 16 * Q4_WARPS) {
+    auto load = [&](int k) {
+        return q4_step_load(first_row, stride, k, k_end, codes_at, min_at, scale_at, aligned);
+    };
+    /* two steps ahead; a step past k_end loads nothing (q4_step_load's zeros) */
+    q4_step next = load(k0);
+    q4_step after = load(k0 + step);
+    for (; k0 < k_end; k0 += 2 * step) {
         q4_step now = next;
-        if (k0 + 16 * Q4_WARPS < k_end)
-            next = q4_step_load(first_row, parts * part_bytes, k0 + 16 * Q4_WARPS, k_end, codes_at,
-                                min_at, scale_at, aligned);
-        uint32_t a[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; m++)
-            if (m < m_tiles) x_fragment(x, rows, in, k_end, 16 * m, k0, a[m]);
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            uint32_t b[2];
-            for (int h = 0; h < 2; h++)
-                b[h] = q4_pair(now.codes[2 * h], now.codes[2 * h + 1], t / 2, t % 2 == 0,
-                               now.mins[h], now.scales[h]);
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-                if (m < m_tiles) mma_16x8x16(acc[m][t], a[m], b);
-        }
+        next = load(k0 + 2 * step);
+        q4_step_multiply<M_TILES>(now, x, rows, in, k_end, k0, acc);
+        if (k0 + step >= k_end) break;
+        now = after;
+        after = load(k0 + 3 * step);
+        q4_step_multiply<M_TILES>(now, x, rows, in, k_end, k0 + step, acc);
     }
     float *part_sums = partial + (size_t)blockIdx.y * rows * out + (size_t)part * part_cols;
-    q4_sums_out(acc, sums, m_tiles, rows, part_cols - group * Q4_GROUP, out,
-                part_sums + group * Q4_GROUP);
+    q4_sums_out<M_TILES>(acc, sums, rows, part_cols - group * Q4_GROUP, out,
+                         part_sums + group * Q4_GROUP);
+}
+
+__global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
+                               int parts, int k_chunk, int aligned, float *partial) {
+    q4_rows<1>(x, rows, in, W, out, parts, k_chunk, aligned, partial);
+}
+
+__global__ void q4_rows32_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
+                                 int parts, int k_chunk, int aligned, float *partial) {
+    q4_rows<2>(x, rows, in, W, out, parts, k_chunk, aligned, partial);
 }
 
 /* y[r][j] = q4_rows_kernel's partial sums of its chunks added in order (+ y[r][j] with add),

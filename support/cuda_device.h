@@ -67,6 +67,12 @@ __device__ inline void mma_16x8x16(float d[4], const uint32_t a[4], const uint32
 #endif
 }
 
+/* A 4-bit code as a float, exactly: 2^23 + q holds q in its mantissa's low bits (an OR and a
+ * subtraction, where a conversion instruction would run at a fraction of the FMAs' rate). */
+__device__ inline float code_value(uint32_t q) {
+    return __int_as_float(0x4B000000 | (int)q) - 8388608.0f;
+}
+
 /* Codes of 8 columns: 4 bytes, one load where they are aligned (`aligned`). */
 __device__ inline uint32_t code_word(const uint8_t *codes, int aligned) {
     if (aligned) return *(const uint32_t *)codes;
@@ -135,30 +141,50 @@ __device__ inline void x_fragment(const __half *x, int rows, int in, int k_end, 
     }
 }
 
+/* One step of 16 rows of W for a lane of flexgen.cu's q4_rows_kernel: x's fragments of the step
+ * (M_TILES tiles of 16 rows), the B of each of the group's 8 products from the lane's codes
+ * (q4_pair), and the products added into acc. */
+template <int M_TILES> __device__ inline void q4_step_multiply(const q4_step &now, const __half *x,
+                                                               int rows, int in, int k_end, int k0,
+                                                               float acc[M_TILES][8][4]) {
+    uint32_t a[M_TILES][4];
+    FG_UNROLL
+    for (int m = 0; m < M_TILES; m++) x_fragment(x, rows, in, k_end, 16 * m, k0, a[m]);
+    FG_UNROLL
+    for (int t = 0; t < 8; t++) {
+        uint32_t b[2];
+        b[0] = q4_pair(now.codes[0], now.codes[1], t / 2, t % 2 == 0, now.mins[0], now.scales[0]);
+        b[1] = q4_pair(now.codes[2], now.codes[3], t / 2, t % 2 == 0, now.mins[1], now.scales[1]);
+        FG_UNROLL
+        for (int m = 0; m < M_TILES; m++) mma_16x8x16(acc[m][t], a[m], b);
+    }
+}
+
 /* The end of flexgen.cu's q4_rows_kernel, whose warps' sums acc[m][t][i] are rows 16 m + gid + 8
  * (i / 2) and columns 16 tig + 8 (i % 2) + t of its group: warps 1 on leave theirs in `sums`, and
  * warp 0 adds them to its own in warp order and writes rows r < rows of the group's first
- * `columns` columns to out_sums[r][j] (rows `out` apart). A loop over the 64 sums e = (m, t, i). */
-__device__ inline void q4_sums_out(float acc[2][8][4],
-                                   float (*sums)[FG_CUDA_Q4_DIRECT][Q4_GROUP + 1], int m_tiles,
-                                   int rows, int columns, int out, float *out_sums) {
+ * `columns` columns to out_sums[r][j] (rows `out` apart). A loop over the sums e = (m, t, i). */
+template <int M_TILES> __device__ inline void q4_sums_out(float acc[M_TILES][8][4],
+                                                          float (*sums)[16 * M_TILES][Q4_GROUP + 1],
+                                                          int rows, int columns, int out,
+                                                          float *out_sums) {
     int warp = threadIdx.x / 32;
     int gid = threadIdx.x % 32 / 4;
     int tig = threadIdx.x % 4;
     int warps = blockDim.x / 32;
     FG_UNROLL
-    for (int e = 0; e < 64; e++) {
+    for (int e = 0; e < 32 * M_TILES; e++) {
         int r = 16 * (e / 32) + gid + 8 * (e % 4 / 2);
         int j = 16 * tig + 8 * (e % 2) + e / 4 % 8;
-        if (warp > 0 && e / 32 < m_tiles) sums[warp - 1][r][j] = acc[e / 32][e / 4 % 8][e % 4];
+        if (warp > 0) sums[warp - 1][r][j] = acc[e / 32][e / 4 % 8][e % 4];
     }
     __syncthreads();
     if (warp > 0) return;
     FG_UNROLL
-    for (int e = 0; e < 64; e++) {
+    for (int e = 0; e < 32 * M_TILES; e++) {
         int r = 16 * (e / 32) + gid + 8 * (e % 4 / 2);
         int j = 16 * tig + 8 * (e % 2) + e / 4 % 8;
-        if (e / 32 >= m_tiles || r >= rows || j >= columns) continue;
+        if (r >= rows || j >= columns) continue;
         float total = acc[e / 32][e / 4 % 8][e % 4];
         for (int w = 0; w < warps - 1; w++) total += sums[w][r][j];
         out_sums[(size_t)r * out + j] = total;
