@@ -374,8 +374,16 @@ static void dots_q4(const float *a, const float *min_term, int rows, int dim, co
  * where cpuid says the CPU has it (matmul.c's matmul_int8_sums). */
 #undef _mm512_dpbusd_epi32
 #define VNNI __attribute__((target("avx512vnni")))
+/* sum + the products of u8's and s8's quads, in place. GCC 12's intrinsic copies the sum to
+ * another register and back around each instruction (two moves a product in pair_half's loop);
+ * the instruction as assembly keeps it where it is. */
+VNNI INLINE __m512i dpbusd(__m512i sum, __m512i u8, __m512i s8) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(u8), "v"(s8));
+    return sum;
+}
 #else
 #define VNNI
+#define dpbusd _mm512_dpbusd_epi32
 #endif
 
 VNNI INLINE void int8_sums_rows(const uint8_t *quads, const int8_t *a8, int32_t (*isum)[64],
@@ -396,7 +404,7 @@ VNNI INLINE void int8_sums_rows(const uint8_t *quads, const int8_t *a8, int32_t 
             memcpy(&four, a8 + 64 * r + k4, 4);
             __m512i b = _mm512_set1_epi32(four);
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], w[v], b);
+            for (int v = 0; v < 4; v++) acc[r][v] = dpbusd(acc[r][v], w[v], b);
         }
     }
 #pragma GCC unroll 4
@@ -420,12 +428,12 @@ VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32
  *   rows      a row's four unpacks (bytes, then pairs of bytes) interleave the codes of k .. k + 3
  *             into 32-bit quads, whose high nibbles are the even columns and low ones the odd;
  *   sums      one vpdpbusd for each 16 quads, against the row's 4 values of a8 of that group;
- *   y         kept in the order the quads come out (slot_column) for the whole product, gaining
+ *   y         kept in the order the quads come out (the slots) for the whole product, gaining
  *             alpha isum + msum at each block; put back in column order once, at the end.
  * The rounding of a (alpha, msum, a8) runs first for 16 groups side by side, one group a lane:
  * their mins and scales are 32 contiguous bytes of a row of W. The avx2 path's twin, without
  * VNNI, is int8.c's int8_pairs_avx2 (one group a 256-bit register, vpmaddubsw). */
-enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = 2 }; /* FUSED_ROWS: rows of x a pass */
+enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = 4 }; /* FUSED_ROWS: rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 16 groups: the 4 values of
  * a8 of k .. k + 3 in one int32 (k's byte lowest), and alpha and msum, each [block][group]. */
@@ -437,6 +445,9 @@ typedef struct {
 /* The n (<= 16) fp16 values at p, widened; zeros after them. */
 INLINE __m512 widen_groups(const uint8_t *p, int n) {
     if (n == CHUNK_GROUPS) return widen16((const fp16 *)p);
+#ifdef SIMDE_X86_AVX512BW_NATIVE /* a masked load: a copy to the stack would stall its load */
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), p));
+#endif
     fp16 h[CHUNK_GROUPS] = {0};
     memcpy(h, p, (size_t)n * sizeof *h);
     return widen16(h);
@@ -497,18 +508,20 @@ INLINE __m512 pair_of_floats(const float *at) {
     return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(at[0]), _mm512_set1_ps(at[1]));
 }
 
-/* Block b for the pair of groups u, u + 1 (codes: their first byte in the block's first row) and
- * mr rows: y_slots[r] (128 floats, in slot order) += alpha isum + msum. The next block's rows of
- * the pair are prefetched: the pairs' rows are many streams, as in int8.c's pack. */
-VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead,
-                            const rounded_span *const *q, int b, int u, float *const *y_slots,
-                            const int mr) {
+/* Half h (0 or 1) of block b for the pair of groups u, u + 1 (codes: their first byte in the
+ * block's first row) and mr (<= 4) rows: y_slots[r]'s slots 64h .. 64h + 63 += alpha isum + msum.
+ * The half's slots come from the low (h = 0) or the high bytes of each 128-bit lane of the rows'
+ * unpacks; its quads serve every row from registers (4 rows of 4 sums: 16 registers). ahead:
+ * prefetch the next block's rows of the pair, which are many streams, as in int8.c's pack. */
+VNNI INLINE void pair_half(const uint8_t *codes, size_t stride, int ahead,
+                           const rounded_span *const *q, int b, int u, float *const *y_slots,
+                           const int mr, const int h) {
     const __m512i low4 = _mm512_set1_epi8(15);
-    __m512i sums[FUSED_ROWS][8];
-#pragma GCC unroll 2
+    __m512i sums[FUSED_ROWS][4];
+#pragma GCC unroll 4
     for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < 8; v++) sums[r][v] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) sums[r][v] = _mm512_setzero_si512();
     for (int k4 = 0; k4 < 16; k4++) {
         const uint8_t *row = codes + (size_t)(4 * k4) * stride;
         __m512i b0 = _mm512_loadu_si512((const void *)row);
@@ -517,50 +530,97 @@ VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead,
         __m512i b3 = _mm512_loadu_si512((const void *)(row + 3 * stride));
         if (ahead)
             for (int i = 0; i < 4; i++) prefetch(row + (64 + i) * stride);
-        __m512i lo01 = _mm512_unpacklo_epi8(b0, b1), hi01 = _mm512_unpackhi_epi8(b0, b1);
-        __m512i lo23 = _mm512_unpacklo_epi8(b2, b3), hi23 = _mm512_unpackhi_epi8(b2, b3);
-        __m512i quads[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
-                            _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
-#pragma GCC unroll 2
+        __m512i b01 = h ? _mm512_unpackhi_epi8(b0, b1) : _mm512_unpacklo_epi8(b0, b1);
+        __m512i b23 = h ? _mm512_unpackhi_epi8(b2, b3) : _mm512_unpacklo_epi8(b2, b3);
+        __m512i quads[2] = {_mm512_unpacklo_epi16(b01, b23), _mm512_unpackhi_epi16(b01, b23)};
+        __m512i w[4] = {_mm512_and_si512(_mm512_srli_epi16(quads[0], 4), low4),
+                        _mm512_and_si512(quads[0], low4),
+                        _mm512_and_si512(_mm512_srli_epi16(quads[1], 4), low4),
+                        _mm512_and_si512(quads[1], low4)};
+#pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
             __m512i a8 = pair_of_ints(&q[r]->a8_quads[b][k4][u]);
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                __m512i even = _mm512_and_si512(_mm512_srli_epi16(quads[v], 4), low4);
-                __m512i odd = _mm512_and_si512(quads[v], low4);
-                sums[r][2 * v] = _mm512_dpbusd_epi32(sums[r][2 * v], even, a8);
-                sums[r][2 * v + 1] = _mm512_dpbusd_epi32(sums[r][2 * v + 1], odd, a8);
-            }
+            for (int v = 0; v < 4; v++) sums[r][v] = dpbusd(sums[r][v], w[v], a8);
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int r = 0; r < mr; r++) {
-        __m512 alpha = pair_of_floats(&q[r]->alpha[b][u]), msum = pair_of_floats(&q[r]->msum[b][u]);
-#pragma GCC unroll 8
-        for (int v = 0; v < 8; v++) {
-            float *y = y_slots[r] + 16 * v;
+        __m512 alpha = pair_of_floats(&q[r]->alpha[b][u]);
+        __m512 msum = pair_of_floats(&q[r]->msum[b][u]);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            float *y = y_slots[r] + 16 * (4 * h + v);
             __m512 gain = _mm512_fmadd_ps(alpha, int_to_float(sums[r][v]), msum);
             _mm512_storeu_ps(y, _mm512_add_ps(_mm512_loadu_ps(y), gain));
         }
     }
 }
 
-/* The column (of the pair's 128) of slot s: sums[v] lane 4L + j (128-bit lane L) holds byte p =
- * 16L + 4(v / 2) + j of a row's 64, whose high nibble (v even) is column 2p and low one 2p + 1. */
-static int slot_column(int s) {
-    int v = s / 16, lane = s % 16;
-    return 2 * (16 * (lane / 4) + 4 * (v / 2) + lane % 4) + v % 2;
+/* Block b for the pair of groups u, u + 1 and mr rows: y_slots[r] (128 floats, in slot order) +=
+ * alpha isum + msum, a half at a time; the second half finds the block's codes in L1. */
+VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead,
+                            const rounded_span *const *q, int b, int u, float *const *y_slots,
+                            const int mr) {
+    pair_half(codes, stride, ahead, q, b, u, y_slots, mr, 0);
+    pair_half(codes, stride, 0, q, b, u, y_slots, mr, 1);
 }
 
-/* y's 128 columns of each of n pairs into slot order (zeros unless from_y), or (back) out of it. */
+/* A 4 x 4 transpose of 128-bit lanes: r[i] lane a to r[a] lane i. */
+INLINE void transpose_lanes(__m512i r[4]) {
+    __m512i t0 = _mm512_shuffle_i32x4(r[0], r[1], 0x44),
+            t1 = _mm512_shuffle_i32x4(r[0], r[1], 0xee);
+    __m512i t2 = _mm512_shuffle_i32x4(r[2], r[3], 0x44),
+            t3 = _mm512_shuffle_i32x4(r[2], r[3], 0xee);
+    r[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+    r[1] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
+    r[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+    r[3] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
+}
+
+/* Elements 0 and 2 (imm 0x88) or 1 and 3 (0xdd) of each 128-bit lane of a, then of b's. */
+#define PICK(a, b, imm) \
+    _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), imm))
+
+/* y's 128 columns of each of n pairs into slot order (zeros unless from_y), or (back) out of it.
+ * The slots: sums[v] lane 4a + j (128-bit lane a) holds byte p = 16a + 4(v / 2) + j of a row's
+ * 64, whose high nibble (v even) is column 2p and low one 2p + 1. So half h's slots (v = 4h + i,
+ * i = 0 .. 3) hold in lane 4a + j the columns 32a + 16h + 8(i / 2) + 2j + i % 2: an unpack of the
+ * slots of i = 0 and 1, and of 2 and 3, puts each 128-bit lane a's columns in order, and a
+ * transpose of the lanes moves lane a to the 16 columns from 32a + 16h; into slot order, the same
+ * steps backwards. The values are moved, never changed. */
 static void pairs_to_slots(float *y, int n, int from_y, int back) {
     for (int p = 0; p < n; p++) {
-        float *pair = y + 128 * p, t[128];
-        for (int s = 0; s < 128; s++) {
-            if (back) t[slot_column(s)] = pair[s];
-            else t[s] = from_y ? pair[slot_column(s)] : 0.0f;
+        float *pair = y + 128 * p;
+        __m512i r[2][4];
+        if (!back && !from_y) {
+            for (int v = 0; v < 8; v++) _mm512_storeu_ps(pair + 16 * v, _mm512_setzero_ps());
+            continue;
         }
-        memcpy(pair, t, sizeof t);
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                r[h][i] = _mm512_loadu_si512(pair + (back ? 64 * h + 16 * i : 32 * i + 16 * h));
+        for (int h = 0; h < 2; h++) {
+            __m512i *q = r[h];
+            if (back) {
+                __m512i s0 = q[0], s1 = q[1], s2 = q[2], s3 = q[3];
+                q[0] = _mm512_unpacklo_epi32(s0, s1);
+                q[1] = _mm512_unpackhi_epi32(s0, s1);
+                q[2] = _mm512_unpacklo_epi32(s2, s3);
+                q[3] = _mm512_unpackhi_epi32(s2, s3);
+                transpose_lanes(q);
+                continue;
+            }
+            transpose_lanes(q);
+            __m512i lo01 = q[0], hi01 = q[1], lo23 = q[2], hi23 = q[3];
+            q[0] = PICK(lo01, hi01, 0x88);
+            q[1] = PICK(lo01, hi01, 0xdd);
+            q[2] = PICK(lo23, hi23, 0x88);
+            q[3] = PICK(lo23, hi23, 0xdd);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_si512(pair + (back ? 32 * i + 16 * h : 64 * h + 16 * i), r[h][i]);
     }
 }
 
@@ -570,20 +630,27 @@ VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uin
                            size_t stride, size_t mins, size_t scales, int blocks, int b0, int nb,
                            int g, int n, float *y, size_t ldy, int first_rows) {
     rounded_span spans[FUSED_ROWS];
-    const rounded_span *q[FUSED_ROWS] = {&spans[0], &spans[1]};
-    for (int r = 0; r < nr; r++)
+    const rounded_span *q[FUSED_ROWS];
+    for (int r = 0; r < nr; r++) {
+        q[r] = &spans[r];
         for (int b = 0; b < nb; b++)
             round_block(x + (r0 + r) * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride,
                         stride, mins + 2 * (size_t)g, scales + 2 * (size_t)g, n,
-                        first_rows && b0 + b + 1 < blocks, b, &spans[r]);
+                        first_rows && r == 0 && b0 + b + 1 < blocks, b, &spans[r]);
+    }
     for (int b = 0; b < nb; b++) {
         int ahead = first_rows && b0 + b + 1 < blocks; /* later rows find the span in L2 */
         const uint8_t *block = w + (size_t)(64 * (b0 + b)) * stride + 32 * (size_t)g;
         for (int p = 0; p < n / 2; p++) {
-            float *pair = y + r0 * ldy + 64 * (2 * p);
-            float *y_slots[FUSED_ROWS] = {pair, nr > 1 ? pair + ldy : NULL};
-            if (nr == 1) pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 1);
-            else pair_block(block + 64 * p, stride, ahead, q, b, 2 * p, y_slots, 2);
+            float *y_slots[FUSED_ROWS];
+            for (int r = 0; r < nr; r++) y_slots[r] = y + (r0 + r) * ldy + 64 * (2 * p);
+            const uint8_t *codes = block + 64 * p;
+            switch (nr) { /* the row count a constant, so that the sums stay in registers */
+            case 1: pair_block(codes, stride, ahead, q, b, 2 * p, y_slots, 1); break;
+            case 2: pair_block(codes, stride, ahead, q, b, 2 * p, y_slots, 2); break;
+            case 3: pair_block(codes, stride, ahead, q, b, 2 * p, y_slots, 3); break;
+            default: pair_block(codes, stride, ahead, q, b, 2 * p, y_slots, 4); break;
+            }
         }
     }
 }
@@ -592,7 +659,7 @@ VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uin
  * of 64) rows of W: w is the part's first byte of row 0, stride bytes a row, G groups; y (ldy
  * apart) at group g0's first column, = or += x W. y holds the sums in slot order while they run.
  * Spans of a few blocks, each across all the groups (a row's codes read from left to right, as
- * the memory's prefetcher follows best), and in each, the rows of x two at a time: the span's
+ * the memory's prefetcher follows best), and in each, the rows of x four at a time: the span's
  * codes come from memory once, and from L2 for the next rows. */
 VNNI static void int8_pairs(const float *x, int rows, size_t ldx, int in, const uint8_t *w,
                             size_t stride, int G, int g0, int ng, float *y, size_t ldy,

@@ -72,12 +72,12 @@
  *             multiplies 16 slots' quads by the row's 4 values and adds them into int32 at once;
  *             with AVX-VNNI (CPUs without AVX-512: vnni256_sums below), 8 slots' in 256 bits;
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
- * The panel pays when rows of x share it. For up to 4 rows (decode), the wide paths do the same
- * operations with no panel, taking the codes straight from W into registers, quads built by four
- * unpacks (groups_in_pairs below hands each run of whole groups to the path's int8_pairs): on
- * the path with AVX-512 VNNI (or SIMDe), support/avx512.c's, two groups a register and vpdpbusd;
- * on the avx2 path, int8_pairs_avx2 below, one group a register and vpmaddubsw as in tile_avx2,
- * which needs no VNNI (a laptop's CPU).
+ * The panel pays when many rows of x share it. For up to 8 rows (decode's batches), the wide
+ * paths do the same operations with no panel, taking the codes straight from W into registers,
+ * quads built by four unpacks (groups_in_pairs below hands each run of whole groups to the path's
+ * int8_pairs): on the path with AVX-512 VNNI (or SIMDe), support/avx512.c's, two groups a register
+ * and vpdpbusd; on the avx2 path, int8_pairs_avx2 below, one group a register and vpmaddubsw as
+ * in tile_avx2, which needs no VNNI (a laptop's CPU).
  */
 #include "support/support.h"
 
@@ -92,11 +92,12 @@
 #endif
 
 enum { KB = 64, PASS_ROWS = 64, TR = 4 }; /* k in a block; rows of x in a pass; rows in a tile */
-/* Up to this many rows of x, the path's kernel without a panel is faster than packing a panel
- * for them. Past 4 it depends on the model: on AVX-512 with VNNI, at 8 to 32 rows, the kernel
- * without a panel ran opt-1.3b's decode 1.04 to 1.46x faster and opt-125m's at 0.6x; on the avx2
- * path the two were within the machine's noise (BENCHMARKS.md) */
-enum { NO_PANEL_ROWS = 4 };
+/* Up to this many rows of x (decode's batches), the path's kernel without a panel is faster than
+ * packing a panel for them: at 8 rows, 1.14 to 1.67x on opt-125m's and opt-1.3b's shapes on the
+ * AVX-512 VNNI path and the avx2 one, but for 0.95x on opt-125m's fc2 on the avx2 one. At 16 and
+ * 32 it was faster on wide W (8192 columns) and slower on narrow (768) on the VNNI path, and whole
+ * runs moved within the noise (BENCHMARKS.md, "The integer mode's decode without a panel") */
+enum { NO_PANEL_ROWS = 8 };
 
 /* One group of y's columns: n (<= 64) columns from col; in each row of W (row_bytes long), its
  * codes start at byte `codes`, its min and scale (fp16) at bytes `min` and `scale`. */
@@ -467,7 +468,7 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
 enum {
     PAIR_SPAN = 4,
     PAIR_CHUNK = 8,
-    PAIR_PASS = NO_PANEL_ROWS
+    PAIR_PASS = 4
 }; /* blocks a span; groups a chunk; rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 8 groups: the 4 values of
@@ -477,13 +478,14 @@ typedef struct {
     float alpha[PAIR_SPAN][PAIR_CHUNK], msum[PAIR_SPAN][PAIR_CHUNK];
 } rounded_chunk;
 
-/* The n (<= 8) fp16 values at p, widened; zeros after them. */
+/* The n (<= 8, even: whole pairs of groups) fp16 values at p, widened; zeros after them. A masked
+ * load of n / 2 32-bit words: a copy to the stack would stall the load that reads it back. */
 __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_groups_avx2(
     const uint8_t *p, int n) {
     if (n == PAIR_CHUNK) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    fp16 h[PAIR_CHUNK] = {0};
-    memcpy(h, p, (size_t)n * sizeof *h);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    __m128i words = _mm_setr_epi32(0, 1, 2, 3);
+    __m128i mask = _mm_cmplt_epi32(words, _mm_set1_epi32(n / 2));
+    return _mm256_cvtph_ps(_mm_maskload_epi32((const int *)p, mask));
 }
 
 /* Block b of the span for one row (x and w at the block's first k; mins and scales: the chunk's
@@ -639,9 +641,9 @@ __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(
 /* fg_int8_pairs (support/support.h) on AVX2: ng (even) whole groups of one part from group g0,
  * for rows of x over in (a multiple of 64) rows of W, in the order of support/avx512.c's
  * int8_pairs: spans of a few blocks, each across the groups in chunks (a row's codes read from
- * left to right, as the memory's prefetcher follows best). Each group's block serves up to 4
- * rows of x (decode's), two at a time, the second two finding its codes in L1; more rows take
- * further passes over the span, whose codes come from L2 then. */
+ * left to right, as the memory's prefetcher follows best). Each group's block serves 4 rows of x,
+ * two at a time, the second two finding its codes in L1; more rows take further passes over the
+ * span, whose codes come from L2 then. */
 __attribute__((target("avx2,fma,f16c"))) void int8_pairs_avx2(const float *x, int rows, size_t ldx,
                                                               int in, const uint8_t *w,
                                                               size_t stride, int G, int g0, int ng,

@@ -399,18 +399,20 @@ static double int8_scheme(const float *xr, int in, const uint8_t *w4, int parts,
     return y;
 }
 
-/* Decode without a panel (rows 1 .. 4, in a multiple of 64: the path's int8_pairs, support/avx512.c's
+/* Decode without a panel (rows 1 .. 8, in a multiple of 64: the path's int8_pairs, support/avx512.c's
  * or int8.c's AVX2 one, for the runs of whole groups, in pairs), alone and as q|k|v, run on one
  * thread, so that each part's groups are one run however many cores there are: first where a
  * part's last group is narrower than 64 columns (100, 136, 228 and 200 columns a part: a narrow
  * group after one, two, three and three whole ones); then parts of whole groups, 448 columns (7
  * groups: three pairs and one left over) over one block of k, 128 (a single pair), 640 (5 pairs,
  * past a chunk of 8 groups) over 5 blocks (past a span of 4), and 1088 (17 groups: 8 pairs, past
- * two chunks, and one left over) over 9 blocks. */
-static const int NARROW_SHAPES[][3] = {{1, 128, 100}, {2, 128, 136}, {3, 192, 228}, {4, 128, 200},
-                                       {1, 64, 448},  {2, 64, 128},  {3, 320, 640}, {4, 576, 1088}};
-static const int NARROW_PARTS_SHAPES[][3] = {{1, 128, 300}, {2, 128, 408}, {3, 128, 684},  {4, 256, 600},
-                                             {4, 64, 1344}, {3, 64, 384},  {2, 320, 1920}, {1, 576, 3264}};
+ * two chunks, and one left over) over 9 blocks; last, more rows than the kernels take in a pass
+ * (4): 7 (a pass of 4, then 3) and 8, then 32, past them, on the panel. */
+static const int NARROW_SHAPES[][3] = {{1, 128, 100}, {2, 128, 136}, {3, 192, 228},  {4, 128, 200}, {1, 64, 448},
+                                       {2, 64, 128},  {3, 320, 640}, {4, 576, 1088}, {7, 320, 640}, {32, 128, 1088}};
+static const int NARROW_PARTS_SHAPES[][3] = {{1, 128, 300},  {2, 128, 408}, {3, 128, 684},  {4, 256, 600},
+                                             {4, 64, 1344},  {3, 64, 384},  {2, 320, 1920}, {1, 576, 3264},
+                                             {8, 128, 684}, {32, 64, 384}};
 enum { N_NARROW = sizeof NARROW_SHAPES / sizeof *NARROW_SHAPES };
 
 /* y of n floats with a tail of CANARY floats past them, each of the bytes 0xa5, which a kernel
