@@ -568,59 +568,75 @@ VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead,
 
 /* A 4 x 4 transpose of 128-bit lanes: r[i] lane a to r[a] lane i. */
 INLINE void transpose_lanes(__m512i r[4]) {
-    __m512i t0 = _mm512_shuffle_i32x4(r[0], r[1], 0x44),
-            t1 = _mm512_shuffle_i32x4(r[0], r[1], 0xee);
-    __m512i t2 = _mm512_shuffle_i32x4(r[2], r[3], 0x44),
-            t3 = _mm512_shuffle_i32x4(r[2], r[3], 0xee);
+    __m512i t0 = _mm512_shuffle_i32x4(r[0], r[1], 0x44); /* lanes 0, 1 of r[0], then of r[1] */
+    __m512i t1 = _mm512_shuffle_i32x4(r[0], r[1], 0xee); /* lanes 2, 3 */
+    __m512i t2 = _mm512_shuffle_i32x4(r[2], r[3], 0x44);
+    __m512i t3 = _mm512_shuffle_i32x4(r[2], r[3], 0xee);
     r[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
     r[1] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
     r[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
     r[3] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
 }
 
-/* Elements 0 and 2 (imm 0x88) or 1 and 3 (0xdd) of each 128-bit lane of a, then of b's. */
-#define PICK(a, b, imm) \
-    _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), imm))
+/* Elements 0 and 2 of each 128-bit lane of a, then of b's; and elements 1 and 3. */
+INLINE __m512i even_elements(__m512i a, __m512i b) {
+    return _mm512_castps_si512(
+        _mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), 0x88));
+}
 
-/* y's 128 columns of each of n pairs into slot order (zeros unless from_y), or (back) out of it.
- * The slots: sums[v] lane 4a + j (128-bit lane a) holds byte p = 16a + 4(v / 2) + j of a row's
+INLINE __m512i odd_elements(__m512i a, __m512i b) {
+    return _mm512_castps_si512(
+        _mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), 0xdd));
+}
+
+/* The slots: sums[v] lane 4a + j (128-bit lane a) holds byte p = 16a + 4(v / 2) + j of a row's
  * 64, whose high nibble (v even) is column 2p and low one 2p + 1. So half h's slots (v = 4h + i,
- * i = 0 .. 3) hold in lane 4a + j the columns 32a + 16h + 8(i / 2) + 2j + i % 2: an unpack of the
- * slots of i = 0 and 1, and of 2 and 3, puts each 128-bit lane a's columns in order, and a
- * transpose of the lanes moves lane a to the 16 columns from 32a + 16h; into slot order, the same
- * steps backwards. The values are moved, never changed. */
+ * i = 0 .. 3, at 64h + 16i) hold in lane 4a + j the columns 32a + 16h + 8(i / 2) + 2j + i % 2: an
+ * unpack of the slots of i = 0 and 1, and of 2 and 3, puts each 128-bit lane a's columns in
+ * order, and a transpose of the lanes moves lane a to vector a, the 16 columns from 32a + 16h.
+ * Into slot order, the same steps backwards. The values are moved, never changed. */
+INLINE void slots_to_columns(__m512i v[4]) {
+    __m512i s0 = v[0], s1 = v[1], s2 = v[2], s3 = v[3];
+    v[0] = _mm512_unpacklo_epi32(s0, s1);
+    v[1] = _mm512_unpackhi_epi32(s0, s1);
+    v[2] = _mm512_unpacklo_epi32(s2, s3);
+    v[3] = _mm512_unpackhi_epi32(s2, s3);
+    transpose_lanes(v);
+}
+
+INLINE void columns_to_slots(__m512i v[4]) {
+    transpose_lanes(v);
+    __m512i lo01 = v[0], hi01 = v[1], lo23 = v[2], hi23 = v[3];
+    v[0] = even_elements(lo01, hi01);
+    v[1] = odd_elements(lo01, hi01);
+    v[2] = even_elements(lo23, hi23);
+    v[3] = odd_elements(lo23, hi23);
+}
+
+/* y's 128 columns of each of n pairs into slot order (zeros unless from_y), or (back) out of it,
+ * a half's 4 vectors at a time, both halves loaded before either is stored. */
 static void pairs_to_slots(float *y, int n, int from_y, int back) {
     for (int p = 0; p < n; p++) {
         float *pair = y + 128 * p;
-        __m512i r[2][4];
         if (!back && !from_y) {
             for (int v = 0; v < 8; v++) _mm512_storeu_ps(pair + 16 * v, _mm512_setzero_ps());
             continue;
         }
+        __m512i half[2][4];
         for (int h = 0; h < 2; h++)
-            for (int i = 0; i < 4; i++)
-                r[h][i] = _mm512_loadu_si512(pair + (back ? 64 * h + 16 * i : 32 * i + 16 * h));
-        for (int h = 0; h < 2; h++) {
-            __m512i *q = r[h];
-            if (back) {
-                __m512i s0 = q[0], s1 = q[1], s2 = q[2], s3 = q[3];
-                q[0] = _mm512_unpacklo_epi32(s0, s1);
-                q[1] = _mm512_unpackhi_epi32(s0, s1);
-                q[2] = _mm512_unpacklo_epi32(s2, s3);
-                q[3] = _mm512_unpackhi_epi32(s2, s3);
-                transpose_lanes(q);
-                continue;
+            for (int i = 0; i < 4; i++) {
+                int slots = 64 * h + 16 * i, columns = 32 * i + 16 * h;
+                half[h][i] = _mm512_loadu_si512(pair + (back ? slots : columns));
             }
-            transpose_lanes(q);
-            __m512i lo01 = q[0], hi01 = q[1], lo23 = q[2], hi23 = q[3];
-            q[0] = PICK(lo01, hi01, 0x88);
-            q[1] = PICK(lo01, hi01, 0xdd);
-            q[2] = PICK(lo23, hi23, 0x88);
-            q[3] = PICK(lo23, hi23, 0xdd);
+        for (int h = 0; h < 2; h++) {
+            if (back) slots_to_columns(half[h]);
+            else columns_to_slots(half[h]);
         }
         for (int h = 0; h < 2; h++)
-            for (int i = 0; i < 4; i++)
-                _mm512_storeu_si512(pair + (back ? 32 * i + 16 * h : 64 * h + 16 * i), r[h][i]);
+            for (int i = 0; i < 4; i++) {
+                int slots = 64 * h + 16 * i, columns = 32 * i + 16 * h;
+                _mm512_storeu_si512(pair + (back ? columns : slots), half[h][i]);
+            }
     }
 }
 
