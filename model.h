@@ -147,9 +147,12 @@ typedef struct {
     float *ffn;            /* [rows][max(ffn, hidden)]; LLaMA: [2][rows][ffn], gate and up */
     float *thread_scratch; /* per thread: one (sequence, head)'s K, V and scores, or lm_head rows */
     size_t thread_floats;
-    float *wide;  /* the fast products' scratch for prefill; NULL in decode */
-    float *vec;   /* a bias, or a norm's weight and bias, widened to fp32 */
-    float *x32;   /* fp16 hidden states widened (the cpu-fp16 device); NULL otherwise */
+    float *wide; /* the fast products' scratch for prefill; NULL in decode */
+    float *vec;  /* a bias, or a norm's weight and bias, widened to fp32 */
+    float *x32;  /* fp16 hidden states widened (the cpu-fp16 device); NULL otherwise */
+    /* W's int8 columns made once with the resident 4-bit weights (--int8-activations' prefill,
+     * support/matmul.c), or NULL: the products make them per call */
+    const struct int8_column_set *int8_columns;
     void *device; /* the CUDA backend's own buffers; NULL on the CPU */
 } model_workspace;
 

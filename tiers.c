@@ -5,13 +5,14 @@
  * those buffers allocated. flexgen.c's schedule moves data between what this file places. The map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *    43  tier_take                the tiers: every byte taken here, or refused
- *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   175  place_tensors            each tensor's home tier, by FlexGen's rule
- *   405  load_weights_into_homes  the weights written into their homes, once
- *   499  load_weight_at           a layer read ahead, converted into a staging arena
- *   603  shape_block              a block's buffers per tier; fg_check_plan below it
- *   880  alloc_block              a block's KV cache and activations on the tiers
+ *    44  tier_take                the tiers: every byte taken here, or refused
+ *   108  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
+ *   176  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   407  load_weights_into_homes  the weights written into their homes, once
+ *   501  load_weight_at           a layer read ahead, converted into a staging arena
+ *   605  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   795  keep_int8_columns        W's int8 columns made once where the plan has room
+ *   937  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -295,6 +296,7 @@ weight_file weight_file_of(fg_model *m) {
 /* Frees every home of this stage's tensors (the disk homes' file is unmapped), and the staging
  * arenas. */
 void free_weight_homes(fg_model *m) {
+    drop_int8_columns(m);
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
         size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);
@@ -665,6 +667,7 @@ enum {
     DELEGATED,
     RESERVE,
     COPY_BUFFERS,
+    INT8_COLUMNS,
     N_ITEMS
 };
 static const char *const plan_items[N_ITEMS] = {"weights",
@@ -678,7 +681,8 @@ static const char *const plan_items[N_ITEMS] = {"weights",
                                                 "activations between stages",
                                                 "delegated attention",
                                                 "the device's context, cuBLAS and rounding",
-                                                "pinned copy buffers"};
+                                                "pinned copy buffers",
+                                                "int8 columns of the weights"};
 
 /* Each tier's bytes of each item of the plan for a block of shape s (need, zeroed), their total,
  * and of it the weights' (homes, staging arenas, the two disk layers read ahead on the cpu
@@ -702,6 +706,7 @@ static void plan_need(const fg_model *m, const block_shape *s, double need[N_TIE
     need[TIER_CPU][DELEGATED] = s->delegated;
     need[TIER_GPU][RESERVE] = rt->backend->device_reserve;
     need[TIER_CPU][COPY_BUFFERS] = rt->backend->host_reserve;
+    need[TIER_GPU][INT8_COLUMNS] = m->int8_columns_bytes;
     for (int t = 0; t < N_TIERS; t++) {
         weights[t] = w[t] + need[t][W_STAGING] + (t == TIER_CPU ? 2 * max_layer_disk : 0);
         total[t] = 0;
@@ -757,9 +762,10 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
                        human(total[t]).s, detail, source);
     }
     /* before loading, a reserve is kept (host_memory_for_plans); after, the weights are resident */
-    double host = m->loaded
-                      ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS]
-                      : host_memory_for_plans();
+    double made = m->int8_columns.n ? m->int8_columns_bytes : 0; /* resident, as the weights */
+    double host =
+        m->loaded ? mem_available_bytes() + need[TIER_GPU][WEIGHTS] + need[TIER_CPU][WEIGHTS] + made
+                  : host_memory_for_plans();
     if (rt->backend->gpu_is_host && total[TIER_GPU] + total[TIER_CPU] > host)
         return fg_fail(err,
                        "gpu and cpu tiers: the plan needs %s of host memory (gpu %s, "
@@ -770,6 +776,56 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
                                  : " (a sixteenth of the machine's memory is kept for the "
                                    "system)");
     return 0;
+}
+
+/* The 4-bit matrices that stay in their homes on the gpu tier, whose int8 columns may be kept:
+ * tensor i's W, its parts and shape, or NULL. */
+static const void *resident_matrix(const fg_model *m, int i, int *parts, int *in, int *out) {
+    const weight_home *h = &m->homes[i];
+    const opt_tensor *t = &m->layout.tensors[i];
+    if (!h->q4 || is_staged(m, h) || tied_here(m, i) >= 0 || t->group_len == 0 ||
+        t->group_inner != 1)
+        return NULL;
+    *parts = t->n_specs; /* q|k|v: [in][3][h] */
+    *in = (int)(t->group_outer / (size_t)t->n_specs);
+    *out = (int)t->group_len * t->n_specs;
+    return *t->slot;
+}
+
+void keep_int8_columns(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len) {
+    if (m->view.products != PRODUCTS_INT8 || !m->rt->backend->gpu_is_host || m->int8_columns.n)
+        return;
+    int first = m->layer_first[m->first_layer], end = m->layer_first[m->end_layer];
+    int parts, in, out;
+    double estimate = 0;
+    for (int i = first; i < end; i++)
+        if (resident_matrix(m, i, &parts, &in, &out)) estimate += int8_columns_estimate(in, out);
+    char err[FG_ERR_LEN];
+    m->int8_columns_bytes = estimate;
+    if (estimate == 0 || fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err)) {
+        m->int8_columns_bytes = 0; /* no room: the products make them per call */
+        return;
+    }
+    for (int j = m->first_layer; j < m->end_layer; j++) {
+        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
+            const void *W = resident_matrix(m, i, &parts, &in, &out);
+            if (W && int8_column_set_add(&m->int8_columns, W, parts, in, out)) {
+                int8_column_set_free(&m->int8_columns); /* no memory: per call, as without room */
+                m->int8_columns_bytes = 0;
+                return;
+            }
+        }
+        progress(m, "int8 columns", j + 1 - m->first_layer, stage_layers(m));
+    }
+    m->int8_columns_bytes = (double)m->int8_columns.bytes;
+    tier_add(m->rt, TIER_GPU, m->int8_columns_bytes);
+}
+
+void drop_int8_columns(fg_model *m) {
+    if (!m->int8_columns.n) return;
+    tier_add(m->rt, TIER_GPU, -m->int8_columns_bytes);
+    int8_column_set_free(&m->int8_columns);
+    m->int8_columns_bytes = 0;
 }
 
 /* ============================================================================================
@@ -841,6 +897,7 @@ static int alloc_stage_buffers(block *bl, char *err) {
         tier_add(rt, TIER_GPU, -s->workspace);
         return -1;
     }
+    bl->ws->int8_columns = &bl->m->int8_columns;
     bl->has_ws = 1;
     return 0;
 }

@@ -117,6 +117,10 @@ struct fg_model {
     int first_layer, end_layer;   /* this pipeline stage's layers [first, end) (§4.4) */
     int first_decoder, n_decoder; /* its decoder layers: index of the first, how many */
     int prompt_logits;            /* this generate() keeps the logits of every prompt position */
+    /* --int8-activations: W's int8 columns of the resident 4-bit matrices, made once where the
+     * plan has room for them (keep_int8_columns); int8_columns_bytes: theirs in the plan */
+    int8_column_set int8_columns;
+    double int8_columns_bytes;
 };
 
 /* FlexGen's layer list: the input embedding, the decoder layers, the output embedding. */
@@ -231,6 +235,11 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
 /* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
  * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all
  * max_prompt). */
+/* --int8-activations' prefill: W's int8 columns (support/matmul.c) made once for the 4-bit
+ * matrices resident on the gpu tier, where the plan of this generate has room for them beside
+ * everything else; dropped (drop_int8_columns) where a later plan needs their room. */
+void keep_int8_columns(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
+void drop_int8_columns(fg_model *m);
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
                   char *err);
 int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,

@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < repeats; r++)
             for (int m = 0; m < matrices; m++)
                 if (blocks) matmul_int8_blocks(x, rows, in, W[m], 1, out, y, 0);
-                else matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL);
+                else
+                    matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL, NULL);
         double dt = now() - t0;
         best = dt < best ? dt : best;
     }

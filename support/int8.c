@@ -781,7 +781,8 @@ void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_part
  * the steps): the rows of x are rounded to int8 once (int8_round_rows: alpha[r] = max|x[r]| /
  * 127), each column of W (exactly q4_value's values) is rounded to 7 bits with one scale per
  * column (scale[j] = max_k |w[k][j]| / INT8_W_MAX, |w8| <= 64: the int8_column_block steps,
- * which matmul.c feeds 64 rows of widened codes at a time from L1), one integer product gives
+ * which matmul.c feeds 64 rows of widened codes at a time from L1, per product or once for weights
+ * that stay put: matmul.c's int8_columns), one integer product gives
  * exact int32 sums (gemm_s8, onednn.c: oneDNN's kernels, else that file's AVX2 kernel of int16
  * pairs or plain loops), and int8_finish_rows applies the scales: y = alpha[r] scale[j]
  * isum[r][j] (y plus that, when adding), then a linear layer's bias and ReLU, in the same pass.

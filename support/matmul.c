@@ -771,23 +771,111 @@ static void int8_buffers_hold(int rows, int in, int cols) {
     int8_buffers.isum = grown(int8_buffers.isum, &int8_buffers.isum_bytes, r * c * sizeof(int32_t));
 }
 
+/* W's 7-bit columns made once, for weights that stay put (the runtime keeps them with the 4-bit
+ * matrices resident in its working tier): for each panel of product_int8_rows, the columns'
+ * scales and gemm_s8's kept copy (in the layout its kernel reads, so no product reorders it).
+ * Made by the steps the product takes per call, so the product gives the same bits either way. */
+struct int8_columns {
+    const void *W;
+    int q4_parts, in, out, cols, panels;
+    float *scale;         /* [out] */
+    gemm_s8_kept **panel; /* [panels] */
+    size_t bytes;
+};
+
+static void int8_columns_free(int8_columns *kept) {
+    if (!kept) return;
+    for (int p = 0; p < kept->panels && kept->panel; p++) gemm_s8_kept_free(kept->panel[p]);
+    free(kept->panel);
+    free(kept->scale);
+    free(kept);
+}
+
+static int8_columns *int8_columns_make(const void *W, int q4, int in, int out) {
+    int cols = panel_width(in, out), panels = (out + cols - 1) / cols;
+    int8_columns *kept = calloc(1, sizeof *kept);
+    int8_t *w8 = malloc((size_t)in * cols);
+    if (kept) {
+        *kept = (int8_columns){
+            .W = W, .q4_parts = q4, .in = in, .out = out, .cols = cols, .panels = panels};
+        kept->scale = malloc((size_t)out * sizeof *kept->scale);
+        kept->panel = calloc((size_t)panels, sizeof *kept->panel);
+    }
+    int ok = kept && w8 && kept->scale && kept->panel;
+    for (int p = 0; p < panels && ok; p++) {
+        int j0 = p * cols, nc = out - j0 < cols ? out - j0 : cols;
+        int8_columns_of_codes(W, q4, in, out, j0, nc, w8, kept->scale + j0, use_simd());
+        kept->panel[p] = gemm_s8_keep(nc, in, w8, INT8_W_MAX);
+        ok = kept->panel[p] != NULL;
+        if (ok) kept->bytes += gemm_s8_kept_bytes(kept->panel[p]);
+    }
+    free(w8);
+    if (!ok) {
+        int8_columns_free(kept);
+        return NULL;
+    }
+    kept->bytes += (size_t)out * sizeof *kept->scale;
+    return kept;
+}
+
+size_t int8_columns_estimate(int in, int out) {
+    int cols = panel_width(in, out), panels = (out + cols - 1) / cols;
+    /* oneDNN's layouts pad k and n to its blocks (64 at most) */
+    size_t k = ((size_t)in + 63) / 64 * 64, n = ((size_t)cols + 63) / 64 * 64;
+    return (size_t)panels * (k * n + n * sizeof(int32_t)) + (size_t)out * sizeof(float);
+}
+
+int int8_column_set_add(int8_column_set *set, const void *W, int q4_parts, int in, int out) {
+    if (set->n == set->cap) {
+        int cap = set->cap ? 2 * set->cap : 64;
+        int8_columns **items = realloc(set->items, (size_t)cap * sizeof *items);
+        if (!items) return -1;
+        set->items = items;
+        set->cap = cap;
+    }
+    int8_columns *kept = int8_columns_make(W, q4_parts, in, out);
+    if (!kept) return -1;
+    set->items[set->n++] = kept;
+    set->bytes += kept->bytes;
+    return 0;
+}
+
+const int8_columns *int8_column_set_find(const int8_column_set *set, const void *W) {
+    for (int i = 0; set && i < set->n; i++)
+        if (set->items[i]->W == W) return set->items[i];
+    return NULL;
+}
+
+void int8_column_set_free(int8_column_set *set) {
+    for (int i = 0; i < set->n; i++) int8_columns_free(set->items[i]);
+    free(set->items);
+    memset(set, 0, sizeof *set);
+}
+
 /* Prefill with --int8-activations: int8.c's rows rounded once, W's columns once (straight from the
- * codes), one integer product per panel (gemm_s8, onednn.c: exact int32 sums on whichever path
- * runs), and the finish (the scales, then linear_layer's bias and ReLU) in one pass over y;
- * int8.c's comment has the scheme and its bound. */
+ * codes, or kept: made once with the weights), one integer product per panel (gemm_s8, onednn.c:
+ * exact int32 sums on whichever path runs), and the finish (the scales, then linear_layer's bias
+ * and ReLU) in one pass over y; int8.c's comment has the scheme and its bound. */
 static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out,
-                              float *y, int accumulate, const matmul_epilogue *after, int simd) {
+                              float *y, int accumulate, const matmul_epilogue *after, int simd,
+                              const int8_columns *kept) {
     int cols = panel_width(in, out);
+    if (kept && (kept->W != W || kept->q4_parts != q4 || kept->in != in || kept->out != out))
+        kept = NULL; /* not this W's */
     pthread_mutex_lock(&int8_buffers.lock);
     int8_buffers_hold(rows, in, cols);
     int8_t *x8 = int8_buffers.x8, *w8 = int8_buffers.w8;
-    float *alpha = int8_buffers.alpha, *scale = int8_buffers.scale;
+    float *alpha = int8_buffers.alpha;
     int32_t *isum = int8_buffers.isum;
     int8_round_rows(x, rows, in, x8, alpha);
-    for (int j0 = 0; j0 < out; j0 += cols) {
+    for (int j0 = 0, p = 0; j0 < out; j0 += cols, p++) {
         int nc = out - j0 < cols ? out - j0 : cols;
-        int8_columns_of_codes(W, q4, in, out, j0, nc, w8, scale, simd);
-        gemm_s8(rows, nc, in, x8, w8, INT8_W_MAX, isum);
+        const float *scale = kept ? kept->scale + j0 : int8_buffers.scale;
+        if (!kept || gemm_s8_with_kept(rows, x8, kept->panel[p], isum) != 0) {
+            int8_columns_of_codes(W, q4, in, out, j0, nc, w8, int8_buffers.scale, simd);
+            scale = int8_buffers.scale;
+            gemm_s8(rows, nc, in, x8, w8, INT8_W_MAX, isum);
+        }
         int8_finish_rows(isum, alpha, scale, rows, nc, y + j0, out, accumulate,
                          after && after->bias ? after->bias + j0 : NULL, after && after->relu);
     }
@@ -820,11 +908,11 @@ static void apply_epilogue(float *y, int rows, int out, const matmul_epilogue *a
 
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                     float *y, int accumulate, int products, float *scratch,
-                    const matmul_epilogue *after) {
+                    const matmul_epilogue *after, const int8_columns *kept) {
     int simd = use_simd();
     int prefill = rows > MATMUL_DECODE_ROWS;
     if (products == PRODUCTS_INT8 && q4_parts && prefill) {
-        product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, after, simd);
+        product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, after, simd, kept);
         return; /* the epilogue ran in the finish */
     }
     if (products == PRODUCTS_INT8 && q4_parts)

@@ -13,7 +13,9 @@
  * oneDNN (Intel's deep-learning kernels, Debian's libdnnl-dev) picks the fastest instructions this
  * CPU has at run time: AMX tiles (Sapphire Rapids and later: int8 and bf16 products in 1 KiB
  * tiles), AVX-512 VNNI or BF16, AVX2. Its kernels want W in a blocked layout of their own, so each
- * call reorders b into it (one pass over the panel; prefill reuses it for every row of a).
+ * call reorders b into it (one pass over the panel; prefill reuses it for every row of a), unless
+ * b was kept in that layout once (gemm_s8_keep: W's int8 columns made with the weights, which
+ * gemm_s8_with_kept then reads as they are).
  * docs/DESIGN.md ("Prefill's products on a library") says why a library, not AMX by hand.
  *
  * Not every kernel oneDNN 2.6 picks keeps the promise, so each shape's choice is read
@@ -46,6 +48,9 @@
 #include "support/tools.h"
 
 #include <cblas.h>
+#ifdef FLEXGEN_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -343,6 +348,19 @@ static struct {
     int told[2];          /* the fallback's line printed, int8 and bf16 */
 } products = {.lock = PTHREAD_MUTEX_INITIALIZER, .path = {"none ran", "none ran"}};
 
+/* b kept for many products (gemm_s8_keep): in oneDNN's layout for its kernel, with 128 sum_k b,
+ * or, where oneDNN has no kernel for it, as it is. */
+struct gemm_s8_kept {
+    int n, k, b_max;
+    void *blocked;    /* oneDNN's layout, or NULL */
+    int32_t *sums128; /* [n]: 128 sum_k b[k][j], beside blocked */
+    int8_t *plain;    /* [k][n], where not blocked */
+    size_t bytes;     /* of the copies */
+#ifdef FLEXGEN_ONEDNN
+    dnnl_memory_desc_t layout; /* blocked's */
+#endif
+};
+
 #ifndef FLEXGEN_ONEDNN
 
 static int onednn_product(int bf16, int m, int n, int k, const void *a, const void *b, int b_max,
@@ -364,14 +382,33 @@ static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *
     return onednn_product(0, m, n, k, a, b, b_max, c, why, why_len);
 }
 
-#else
+static void onednn_keep(gemm_s8_kept *kept, const int8_t *b) {
+    (void)kept;
+    (void)b;
+}
 
-#include <oneapi/dnnl/dnnl.h>
+static void column_sums128(int n, int k, const int8_t *b, int32_t *sums128) {
+    (void)n;
+    (void)k;
+    (void)b;
+    (void)sums128;
+}
+
+static int onednn_kept_product(int m, const int8_t *a, const gemm_s8_kept *b, int32_t *c) {
+    (void)m;
+    (void)a;
+    (void)b;
+    (void)c;
+    return ONEDNN_NONE;
+}
+
+#else
 
 /* One shape's primitives: the product, and the reorder of b into the product's layout; or, where
  * oneDNN has no kernel for it, nothing (status). */
 typedef struct {
     int used, bf16, m, n, k;
+    int kept;             /* b comes in a kept layout (gemm_s8_keep's), not reordered per call */
     dnnl_status_t status; /* dnnl_success, or what oneDNN answered */
     const char *failed;   /* the step that answered it */
     int int16_pairs;      /* the int8 kernel sums pairs of products in int16 (no VNNI, no AMX) */
@@ -382,8 +419,9 @@ typedef struct {
 } gemm_plan;
 
 enum {
-    N_PLANS = 16
-}; /* prefill's shapes: 4 to 6 products a layer, times a full and a last batch */
+    N_PLANS = 32
+}; /* prefill's shapes: 4 to 6 products a layer, times a full and a last batch, with b
+        reordered per call or kept */
 
 static struct {
     dnnl_engine_t engine;
@@ -420,9 +458,10 @@ static int failed(gemm_plan *p, dnnl_status_t status, const char *step) {
     return 1;
 }
 
-/* The product's primitive for this shape, b's layout left to oneDNN ("any"), and the reorder
- * from plain [k][n] into that layout. */
-static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
+/* The product's primitive for this shape, b's layout left to oneDNN ("any") or, for b kept in a
+ * layout (b_kept), that one; and the reorder from plain [k][n] into it. */
+static void plan_make(gemm_plan *p, int bf16, int m, int n, int k,
+                      const dnnl_memory_desc_t *b_kept) {
     /* int8: a unsigned (a + 128, unsigned_product below), b signed */
     dnnl_data_type_t a_in = bf16 ? dnnl_bf16 : dnnl_u8, in = bf16 ? dnnl_bf16 : dnnl_s8;
     dnnl_data_type_t out = bf16 ? dnnl_f32 : dnnl_s32;
@@ -430,13 +469,14 @@ static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
     dnnl_memory_desc_t b_any;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_desc_t product_pd = NULL, reorder_pd = NULL;
-    *p = (gemm_plan){.used = 1, .bf16 = bf16, .m = m, .n = n, .k = k};
+    *p = (gemm_plan){.used = 1, .bf16 = bf16, .m = m, .n = n, .k = k, .kept = b_kept != NULL};
     if (failed(p, dnnl_memory_desc_init_by_tag(&p->a_md, 2, a_dims, a_in, dnnl_ab), "a") ||
         failed(p, dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, in, dnnl_ab), "b") ||
         failed(p, dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any),
                "b, any layout") ||
         failed(p, dnnl_memory_desc_init_by_tag(&p->c_md, 2, c_dims, out, dnnl_ab), "c") ||
-        failed(p, dnnl_matmul_desc_init(&desc, &p->a_md, &b_any, NULL, &p->c_md), "matmul") ||
+        failed(p, dnnl_matmul_desc_init(&desc, &p->a_md, b_kept ? b_kept : &b_any, NULL, &p->c_md),
+               "matmul") ||
         failed(p, dnnl_primitive_desc_create(&product_pd, &desc, NULL, dnnl.engine, NULL),
                "matmul"))
         return;
@@ -457,21 +497,85 @@ static void plan_make(gemm_plan *p, int bf16, int m, int n, int k) {
     if (reorder_pd) dnnl_primitive_desc_destroy(reorder_pd);
 }
 
-/* The plan of this shape: kept, or made in the place of the oldest. */
-static gemm_plan *plan_for(int bf16, int m, int n, int k) {
+/* The plan of this shape (and b's kept layout, or none): kept, or made in the place of the
+ * oldest. */
+static gemm_plan *plan_for(int bf16, int m, int n, int k, const dnnl_memory_desc_t *b_kept) {
     for (int i = 0; i < N_PLANS; i++) {
         gemm_plan *p = &dnnl.plans[i];
-        if (p->used && p->bf16 == bf16 && p->m == m && p->n == n && p->k == k) return p;
+        if (p->used && p->bf16 == bf16 && p->m == m && p->n == n && p->k == k &&
+            p->kept == (b_kept != NULL) &&
+            (!b_kept || dnnl_memory_desc_equal(&p->b_blocked_md, b_kept)))
+            return p;
     }
     gemm_plan *p = &dnnl.plans[dnnl.next_evicted];
     dnnl.next_evicted = (dnnl.next_evicted + 1) % N_PLANS;
     plan_free(p);
-    plan_make(p, bf16, m, n, k);
+    plan_make(p, bf16, m, n, k, b_kept);
     return p;
 }
 
 static dnnl_status_t memory_at(dnnl_memory_t *mem, const dnnl_memory_desc_t *md, const void *at) {
     return dnnl_memory_create(mem, md, dnnl.engine, (void *)at);
+}
+
+/* Whether plan p runs a product of b up to b_max: 1, or 0 with why (ONEDNN_NONE or _FAILED in
+ * *verdict). */
+static int plan_runs(const gemm_plan *p, int b_max, int *verdict, char *why, size_t why_len) {
+    *verdict = ONEDNN_NONE;
+    if (p->status == dnnl_unimplemented) {
+        const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+        if (cap && *cap)
+            snprintf(why, why_len, "oneDNN held to ONEDNN_MAX_CPU_ISA=%.40s has no %s product", cap,
+                     p->bf16 ? "bf16" : "int8");
+        else
+            snprintf(why, why_len, "this CPU has no %s product in oneDNN",
+                     p->bf16 ? "bf16" : "int8");
+        return 0;
+    }
+    /* a kernel that would saturate is no failure of oneDNN's: it is not for this b */
+    if (p->int16_pairs && 2 * 255 * b_max > INT16_MAX) {
+        snprintf(why, why_len, "oneDNN's %s saturates int8 sums of |b| up to %d", p->impl, b_max);
+        return 0;
+    }
+    if (p->status != dnnl_success) {
+        snprintf(why, why_len, "oneDNN failed (%s: status %d)", p->failed, (int)p->status);
+        *verdict = ONEDNN_FAILED;
+        return 0;
+    }
+    return 1;
+}
+
+/* b (plain [k][n]) into b_blocked, in the plan's layout. */
+static dnnl_status_t reorder_b(const gemm_plan *p, const void *b, void *b_blocked) {
+    dnnl_memory_t b_mem = NULL, blocked_mem = NULL;
+    dnnl_status_t status = memory_at(&b_mem, &p->b_md, b);
+    if (status == dnnl_success) status = memory_at(&blocked_mem, &p->b_blocked_md, b_blocked);
+    if (status == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, b_mem}, {DNNL_ARG_TO, blocked_mem}};
+        status = dnnl_primitive_execute(p->reorder, dnnl.stream, 2, args);
+    }
+    if (status == dnnl_success) status = dnnl_stream_wait(dnnl.stream);
+    dnnl_memory_destroy(b_mem); /* NULL where not made: oneDNN takes it */
+    dnnl_memory_destroy(blocked_mem);
+    return status;
+}
+
+/* c = a b, b in the plan's layout. */
+static dnnl_status_t run_plan(const gemm_plan *p, const void *a, const void *b_blocked, void *c) {
+    dnnl_memory_t a_mem = NULL, blocked_mem = NULL, c_mem = NULL;
+    dnnl_status_t status = memory_at(&a_mem, &p->a_md, a);
+    if (status == dnnl_success) status = memory_at(&blocked_mem, &p->b_blocked_md, b_blocked);
+    if (status == dnnl_success) status = memory_at(&c_mem, &p->c_md, c);
+    if (status == dnnl_success) {
+        dnnl_exec_arg_t args[3] = {
+            {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, blocked_mem}, {DNNL_ARG_DST, c_mem}};
+        status = dnnl_primitive_execute(p->product, dnnl.stream, 3, args);
+    }
+    if (status == dnnl_success) status = dnnl_stream_wait(dnnl.stream);
+    dnnl_memory_destroy(a_mem);
+    dnnl_memory_destroy(blocked_mem);
+    dnnl_memory_destroy(c_mem);
+    return status;
 }
 
 /* b reordered into the plan's layout, then c = a b (the caller holds products.lock). */
@@ -482,24 +586,9 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
         snprintf(why, why_len, "oneDNN failed (engine: status %d)", (int)status);
         return ONEDNN_FAILED;
     }
-    gemm_plan *p = plan_for(bf16, m, n, k);
-    if (p->status == dnnl_unimplemented) {
-        const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
-        if (cap && *cap)
-            snprintf(why, why_len, "oneDNN held to ONEDNN_MAX_CPU_ISA=%.40s has no %s product", cap,
-                     bf16 ? "bf16" : "int8");
-        else snprintf(why, why_len, "this CPU has no %s product in oneDNN", bf16 ? "bf16" : "int8");
-        return ONEDNN_NONE;
-    }
-    /* a kernel that would saturate is no failure of oneDNN's: it is not for this b */
-    if (p->int16_pairs && 2 * 255 * b_max > INT16_MAX) {
-        snprintf(why, why_len, "oneDNN's %s saturates int8 sums of |b| up to %d", p->impl, b_max);
-        return ONEDNN_NONE;
-    }
-    if (p->status != dnnl_success) {
-        snprintf(why, why_len, "oneDNN failed (%s: status %d)", p->failed, (int)p->status);
-        return ONEDNN_FAILED;
-    }
+    gemm_plan *p = plan_for(bf16, m, n, k, NULL);
+    int verdict;
+    if (!plan_runs(p, b_max, &verdict, why, why_len)) return verdict;
     if (p->b_blocked_bytes > dnnl.b_blocked_cap) {
         free(dnnl.b_blocked);
         dnnl.b_blocked = malloc(p->b_blocked_bytes);
@@ -510,31 +599,12 @@ static int onednn_product(int bf16, int m, int n, int k, const void *a, const vo
             return ONEDNN_FAILED;
         }
     }
-    dnnl_memory_t a_mem = NULL, b_mem = NULL, b_blocked = NULL, c_mem = NULL;
-    const char *step = "memory";
-    status = memory_at(&a_mem, &p->a_md, a);
-    if (status == dnnl_success) status = memory_at(&b_mem, &p->b_md, b);
-    if (status == dnnl_success) status = memory_at(&b_blocked, &p->b_blocked_md, dnnl.b_blocked);
-    if (status == dnnl_success) status = memory_at(&c_mem, &p->c_md, c);
+    const char *step = "reorder";
+    status = reorder_b(p, b, dnnl.b_blocked);
     if (status == dnnl_success) {
-        dnnl_exec_arg_t reorder_args[2] = {{DNNL_ARG_FROM, b_mem}, {DNNL_ARG_TO, b_blocked}};
-        dnnl_exec_arg_t product_args[3] = {
-            {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_blocked}, {DNNL_ARG_DST, c_mem}};
-        step = "reorder";
-        status = dnnl_primitive_execute(p->reorder, dnnl.stream, 2, reorder_args);
-        if (status == dnnl_success) {
-            step = "matmul";
-            status = dnnl_primitive_execute(p->product, dnnl.stream, 3, product_args);
-        }
-        if (status == dnnl_success) {
-            step = "stream";
-            status = dnnl_stream_wait(dnnl.stream);
-        }
+        step = "matmul";
+        status = run_plan(p, a, dnnl.b_blocked, c);
     }
-    dnnl_memory_destroy(a_mem); /* NULL where not made: oneDNN takes it */
-    dnnl_memory_destroy(b_mem);
-    dnnl_memory_destroy(b_blocked);
-    dnnl_memory_destroy(c_mem);
     if (status != dnnl_success) {
         snprintf(why, why_len, "oneDNN failed (%s: status %d)", step, (int)status);
         return ONEDNN_FAILED;
@@ -553,20 +623,18 @@ static struct {
     size_t a_cap, b_sums_cap;
 } unsigned_a;
 
-static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max,
-                            int32_t *c, char *why, size_t why_len) {
-    size_t a_bytes = (size_t)m * k, sums_bytes = (size_t)n * sizeof(int32_t);
+/* a + 128, in unsigned_a.a: NULL without memory. */
+static const uint8_t *a_made_unsigned(int m, int k, const int8_t *a) {
+    size_t a_bytes = (size_t)m * k;
     uint8_t *a_unsigned = grown(&unsigned_a.a, &unsigned_a.a_cap, a_bytes);
-    int32_t *b_sums = grown(&unsigned_a.b_sums, &unsigned_a.b_sums_cap, sums_bytes);
-    if (!a_unsigned || !b_sums) {
-        snprintf(why, why_len, "no memory for the unsigned copy of a (%s)",
-                 human((double)a_bytes).s);
-        return ONEDNN_FAILED;
-    }
+    if (!a_unsigned) return NULL;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < a_bytes; i++) a_unsigned[i] = (uint8_t)(a[i] + 128);
-    int ran = onednn_product(0, m, n, k, a_unsigned, b, b_max, c, why, why_len);
-    if (ran != ONEDNN_RAN) return ran;
+    return a_unsigned;
+}
+
+/* sums128[j] = 128 sum_k b[k][j]. */
+static void column_sums128(int n, int k, const int8_t *b, int32_t *sums128) {
 #pragma omp parallel for schedule(static)
     for (int j0 = 0; j0 < n; j0 += 64) {
         int nj = n - j0 < 64 ? n - j0 : 64;
@@ -576,17 +644,68 @@ static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *
 #pragma omp simd
             for (int j = 0; j < nj; j++) sums[j] += row[j];
         }
-        for (int j = 0; j < nj; j++) b_sums[j0 + j] = 128 * sums[j];
+        for (int j = 0; j < nj; j++) sums128[j0 + j] = 128 * sums[j];
     }
+}
+
+/* c[i][j] -= sums128[j]. */
+static void take_off_sums(int m, int n, const int32_t *sums128, int32_t *c) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < m; i++) {
         int32_t *row = c + (size_t)i * n;
 #pragma omp simd
-        for (int j = 0; j < n; j++) row[j] -= b_sums[j];
+        for (int j = 0; j < n; j++) row[j] -= sums128[j];
     }
+}
+
+static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max,
+                            int32_t *c, char *why, size_t why_len) {
+    const uint8_t *a_unsigned = a_made_unsigned(m, k, a);
+    int32_t *sums128 =
+        grown(&unsigned_a.b_sums, &unsigned_a.b_sums_cap, (size_t)n * sizeof(int32_t));
+    if (!a_unsigned || !sums128) {
+        snprintf(why, why_len, "no memory for the unsigned copy of a (%s)", human((double)m * k).s);
+        return ONEDNN_FAILED;
+    }
+    int ran = onednn_product(0, m, n, k, a_unsigned, b, b_max, c, why, why_len);
+    if (ran != ONEDNN_RAN) return ran;
+    column_sums128(n, k, b, sums128);
+    take_off_sums(m, n, sums128, c);
     return ONEDNN_RAN;
 }
 
+/* kept->blocked: b in the layout of oneDNN's int8 kernel for about KEEP_ROWS rows of a (prefill's
+ * products: hundreds); NULL where oneDNN has no kernel for it. */
+enum { KEEP_ROWS = 256 };
+
+static void onednn_keep(gemm_s8_kept *kept, const int8_t *b) {
+    if (engine_once() != dnnl_success) return;
+    gemm_plan *p = plan_for(0, KEEP_ROWS, kept->n, kept->k, NULL);
+    int verdict;
+    char why[160];
+    if (!plan_runs(p, kept->b_max, &verdict, why, sizeof why)) return;
+    kept->blocked = malloc(p->b_blocked_bytes);
+    if (kept->blocked && reorder_b(p, b, kept->blocked) != dnnl_success) {
+        free(kept->blocked);
+        kept->blocked = NULL;
+    }
+    kept->layout = p->b_blocked_md;
+    kept->bytes = kept->blocked ? p->b_blocked_bytes : 0;
+}
+
+/* c = a b with b kept in its layout: ONEDNN_RAN, or why not (no kernel for this m in that
+ * layout). */
+static int onednn_kept_product(int m, const int8_t *a, const gemm_s8_kept *b, int32_t *c) {
+    gemm_plan *p = plan_for(0, m, b->n, b->k, &b->layout);
+    int verdict;
+    char why[160];
+    if (!plan_runs(p, b->b_max, &verdict, why, sizeof why)) return verdict;
+    const uint8_t *a_unsigned = a_made_unsigned(m, b->k, a);
+    if (!a_unsigned || run_plan(p, a_unsigned, b->blocked, c) != dnnl_success) return ONEDNN_FAILED;
+    take_off_sums(m, b->n, b->sums128, c);
+    snprintf(products.path[0], sizeof products.path[0], "onednn %s, W kept", p->impl);
+    return ONEDNN_RAN;
+}
 #endif
 
 /* ============================================================================================
@@ -609,6 +728,53 @@ void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max, i
         products.told[0] |= ran == ONEDNN_FAILED;
     }
     pthread_mutex_unlock(&products.lock);
+}
+
+gemm_s8_kept *gemm_s8_keep(int n, int k, const int8_t *b, int b_max) {
+    gemm_s8_kept *kept = calloc(1, sizeof *kept);
+    if (!kept) return NULL;
+    kept->n = n;
+    kept->k = k;
+    kept->b_max = b_max;
+    pthread_mutex_lock(&products.lock);
+    onednn_keep(kept, b);
+    pthread_mutex_unlock(&products.lock);
+    size_t plain_bytes = (size_t)k * n, sums_bytes = (size_t)n * sizeof(int32_t);
+    if (kept->blocked) {
+        kept->sums128 = malloc(sums_bytes);
+        if (kept->sums128) column_sums128(n, k, b, kept->sums128);
+        kept->bytes += sums_bytes;
+    } else {
+        kept->plain = malloc(plain_bytes);
+        if (kept->plain) memcpy(kept->plain, b, plain_bytes);
+        kept->bytes = plain_bytes;
+    }
+    if (kept->blocked ? !kept->sums128 : !kept->plain) {
+        gemm_s8_kept_free(kept);
+        return NULL;
+    }
+    return kept;
+}
+
+size_t gemm_s8_kept_bytes(const gemm_s8_kept *kept) { return kept ? kept->bytes : 0; }
+
+void gemm_s8_kept_free(gemm_s8_kept *kept) {
+    if (!kept) return;
+    free(kept->blocked);
+    free(kept->sums128);
+    free(kept->plain);
+    free(kept);
+}
+
+int gemm_s8_with_kept(int m, const int8_t *a, const gemm_s8_kept *b, int32_t *c) {
+    if (b->plain) {
+        gemm_s8(m, b->n, b->k, a, b->plain, b->b_max, c);
+        return 0;
+    }
+    pthread_mutex_lock(&products.lock);
+    int ran = onednn_kept_product(m, a, b, c);
+    pthread_mutex_unlock(&products.lock);
+    return ran == ONEDNN_RAN ? 0 : -1;
 }
 
 void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c) {

@@ -166,11 +166,24 @@ typedef struct {
     const float *bias;
     int relu;
 } matmul_epilogue;
+/* --int8-activations' prefill: W's 7-bit columns made once, for weights that stay put
+ * (matmul.c), and a set of them that the runtime keeps with its resident 4-bit matrices, found
+ * by W. int8_columns_estimate: about the bytes a W[in][out] takes. add: 0, or -1 without memory. */
+typedef struct int8_columns int8_columns;
+typedef struct int8_column_set {
+    int n, cap;
+    int8_columns **items;
+    size_t bytes;
+} int8_column_set;
+size_t int8_columns_estimate(int in, int out);
+int int8_column_set_add(int8_column_set *set, const void *W, int q4_parts, int in, int out);
+const int8_columns *int8_column_set_find(const int8_column_set *set, const void *W); /* or NULL */
+void int8_column_set_free(int8_column_set *set);
+/* products: fg_products (model.h); kept: NULL, or W's columns made once (PRODUCTS_INT8's
+ * prefill reads them instead of making them from the codes) */
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                     float *y, int accumulate, int products, float *scratch,
-                    const matmul_epilogue *after); /* products:
-                                                                                fg_products
-                                                                                (model.h) */
+                    const matmul_epilogue *after, const int8_columns *kept);
 /* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel
  * (int8_pairs) */
 void matmul_q4_int8(const float *x, int rows, int in, const void *W, int q4_parts, int out,
@@ -208,6 +221,15 @@ size_t matmul_scratch_floats(int in, int out);
  * kernel keeps the product's promise, else onednn.c's own paths; they always give c ---- */
 /* gemm_s8's b_max: the largest |b| the caller's b holds (INT8_W_MAX for the prefill scheme's W) */
 void gemm_s8(int m, int n, int k, const int8_t *a, const int8_t *b, int b_max, int32_t *c);
+/* b kept for many products (prefill's W, made once with the weights): gemm_s8_keep copies b into
+ * the layout the product's kernel reads (oneDNN's, with b's column sums; or b as it is), NULL
+ * without memory; gemm_s8_with_kept gives gemm_s8's c, the same sums, with no reorder of b: 0,
+ * or -1 where no kernel takes the kept layout for m rows (gemm_s8 on b then gives c). */
+typedef struct gemm_s8_kept gemm_s8_kept;
+gemm_s8_kept *gemm_s8_keep(int n, int k, const int8_t *b, int b_max);
+int gemm_s8_with_kept(int m, const int8_t *a, const gemm_s8_kept *b, int32_t *c);
+size_t gemm_s8_kept_bytes(const gemm_s8_kept *b);
+void gemm_s8_kept_free(gemm_s8_kept *b);
 void gemm_bf16(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c); /* c [m][n] */
 void gemm_s8_reference(int m, int n, int k, const int8_t *a, const int8_t *b, int32_t *c);
 void gemm_bf16_reference(int m, int n, int k, const uint16_t *a, const uint16_t *b, float *c);

@@ -423,6 +423,63 @@ static void test_int8_outliers(void) {
 
 static void test_int8_pre_ln(void) { check_scheme("opt-tiny", PRODUCTS_INT8, 0.05); }
 static void test_int8_post_ln(void) { check_scheme("opt-tiny-350m", PRODUCTS_INT8, 0.05); }
+
+/* --int8-activations with the 4-bit weights resident on the gpu tier: W's int8 columns are made
+ * once where the plan has room for them beside everything else, counted on the tier, and not
+ * where it has no room for them (the products then make them per call); the runtime's logits are
+ * the plain pass's bits either way. */
+static void test_int8_columns_room(void) {
+    static const fg_percent all_gpu = {100, 0, 100, 0, 100, 0};
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", SCHEME_SEQ, &f);
+    size_t n = (size_t)SCHEME_SEQ * GEN * f.cfg.vocab;
+    float *plain = malloc(n * sizeof *plain), *r = malloc(n * sizeof *r);
+    int plain_tokens[SCHEME_SEQ * GEN], tokens[SCHEME_SEQ * GEN], longest = 0;
+    for (int b = 0; b < f.n; b++) longest = f.lens[b] > longest ? f.lens[b] : longest;
+    plain_compressed(&f, 1, plain_tokens, plain);
+    double without = 0, kept_bytes = 0; /* the plan's gpu tier without the columns; theirs */
+    double peak[3];
+    /* room: as much as the machine has; less than the columns need; just what they need */
+    for (int room = 0; room < 3; room++) {
+        fg_policy p = compressed(SCHEME_SEQ, 1, all_gpu);
+        p.int8_activations = 1;
+        if (room) p.capacity[TIER_GPU] = without + (room == 1 ? kept_bytes / 2 : 2 * kept_bytes);
+        char err[FG_ERR_LEN];
+        fg_runtime *rt;
+        fg_model *m;
+        gen_timing t;
+        gen_options opt = {.gen_len = GEN, .top_p = 1};
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f.dir, 0, &m, err), 0);
+        double total[N_TIERS], weights[N_TIERS];
+        fg_plan_bytes(m, f.n, f.lens, longest, GEN, total, weights);
+        if (room == 0) without = total[TIER_GPU];
+        int rc = generate(m, &opt, f.n, (int *const *)f.prompts, f.lens, tokens, r, &t, err);
+        fg_stats st;
+        fg_runtime_stats(rt, &st);
+        if (room == 0) kept_bytes = m->int8_columns_bytes;
+        int want_kept = room != 1;
+        EXPECT(rc == 0 && (m->int8_columns.n > 0) == want_kept && (m->int8_columns_bytes > 0) == want_kept,
+               "--int8-activations, gpu tier %s: expected W's int8 columns %s, got exit %d and %d of them (%.0f "
+               "bytes): %s", room == 0 ? "as the machine's" : room == 1 ? "without room for the int8 columns"
+               : "with room for them", want_kept ? "kept" : "made per call", rc, m->int8_columns.n,
+               m->int8_columns_bytes, err);
+        peak[room] = st.peak[TIER_GPU];
+        EXPECT(st.peak[TIER_GPU] <= st.capacity[TIER_GPU], "--int8-activations, room %d: the gpu tier's peak %.0f "
+               "over its capacity %.0f", room, st.peak[TIER_GPU], st.capacity[TIER_GPU]);
+        EXPECT(!memcmp(r, plain, n * sizeof *r), "--int8-activations, room %d: the runtime's logits differ from the "
+               "plain pass's", room);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    EXPECT(peak[0] == peak[1] + kept_bytes && peak[2] == peak[0], "--int8-activations: the gpu tier's peaks %.0f "
+           "(int8 columns kept), %.0f (made per call), %.0f (kept): the columns' %.0f bytes not counted once", peak[0],
+           peak[1], peak[2], kept_bytes);
+    free(plain);
+    free(r);
+    fixture_prompts_close(&f);
+}
+
 static void test_bf16_pre_ln(void) { check_scheme("opt-tiny", PRODUCTS_BF16_PREFILL, 0.01); }
 static void test_bf16_post_ln(void) { check_scheme("opt-tiny-350m", PRODUCTS_BF16_PREFILL, 0.01); }
 
@@ -777,6 +834,8 @@ void add_compress_tests(void) {
     CU_add_test(s, "--int8-activations: the plain pass's bits on every tier, close to section 5's, pre-LN",
                 test_int8_pre_ln);
     CU_add_test(s, "--int8-activations: the same, post-LN (opt-350m's shape)", test_int8_post_ln);
+    CU_add_test(s, "--int8-activations: W's int8 columns kept where the gpu tier has room, the same bits",
+                test_int8_columns_room);
     CU_add_test(s, "--int8-activations on outlier dimensions (24 to 56x the rest): the logits' move, prefill and "
                 "decode", test_int8_outliers);
     CU_add_test(s, "--bf16-prefill: the plain pass's bits on every tier, and its change from fp32 products",

@@ -136,7 +136,7 @@ static void check_products(int q4) {
         const float *terms = q4 && rows <= MATMUL_DECODE_ROWS ? w.terms4 : NULL; /* prefill: v's sums */
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch, NULL);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch, NULL, NULL);
             int bad = count_apart_terms(x, rows, in, v, terms, out, acc ? y0 : NULL, y, NULL);
             EXPECT(bad == 0, "%s, %d part(s), rows %d, in %d, out %d%s: %d elements outside the bound",
                    q4 ? "4-bit" : "fp16", q4, rows, in, out, acc ? ", adding" : "", bad);
@@ -249,7 +249,7 @@ static void paths_agree_on(int q4, const int *shape, uint64_t seed, const fg_isa
     for (int p = 0; p < n_paths; p++) {
         y[p] = random_floats((size_t)rows * out, seed + 6);
         matmul_force_isa(paths[p]);
-        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, scratch, NULL);
+        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, scratch, NULL, NULL);
         matmul_force_isa(-1);
         EXPECT(!memcmp(y[0], y[p], (size_t)rows * out * sizeof(float)),
                "%s, %d part(s), rows %d, in %d, out %d: the %s path differs from the portable one",
@@ -281,10 +281,10 @@ static void test_rows_independent(void) {
     weights_make(&w, in, out, 1, 31);
     float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
     float *one = malloc((size_t)out * sizeof *one);
-    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, NULL, NULL);
+    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, NULL, NULL, NULL);
     int differ = 0;
     for (int r = 0; r < rows; r++) {
-        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, NULL, NULL);
+        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, NULL, NULL, NULL);
         differ += memcmp(one, all + (size_t)r * out, (size_t)out * sizeof *one) != 0;
     }
     EXPECT(differ == 0, "%d of %d rows differ computed alone", differ, rows);
@@ -314,7 +314,7 @@ static void test_threads_change_no_bit(void) {
                 omp_set_num_threads(t + 1);
                 y[t] = malloc(n * sizeof *y[t]);
                 matmul_weights(x, rows, in, mode == 1 ? (const void *)w.w4 : w.w16, mode == 1, out, y[t], 0,
-                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, scratch, NULL);
+                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, scratch, NULL, NULL);
             }
             for (int t = 1; t < 3; t++)
                 EXPECT(!memcmp(y[0], y[t], n * sizeof *y[0]), "%s, rows %d, in %d, out %d: %d threads give other bits "
@@ -727,7 +727,7 @@ static void check_int8_rows(int parts) {
             int acc = variant == 1;
             matmul_epilogue after = {bias, variant == 3};
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant >= 2 ? &after : NULL);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant >= 2 ? &after : NULL, NULL);
             int differ = 0, beyond = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < out; c++) {
@@ -758,6 +758,56 @@ static void check_int8_rows(int parts) {
 }
 
 static void test_int8_rows(void) { check_int8_rows(1); }
+
+/* W's int8 columns kept (made once, as the runtime keeps them with resident weights): every
+ * product gives the bits of the columns made per call, over two panels of W, in 3 parts, with
+ * rows that are not the kept layout's, adding or with a bias and ReLU; and a set finds each W. */
+static void test_int8_rows_kept(void) {
+    int wide = (int)(matmul_scratch_floats(1024, 1 << 20) / 1024); /* a panel's columns at in 1024 */
+    const int shapes[][4] = {{65, 70, 384, 1}, {300, 1024, wide + 64, 1}, {129, 200, 288, 3}, {1000, 130, 192, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2], parts = shapes[s][3];
+        weights w, other;
+        weights_make(&w, in, out, parts, 131 + s);
+        weights_make(&other, in, out, parts, 137 + s);
+        int8_column_set set = {0};
+        EXPECT(int8_column_set_add(&set, other.w4, parts, in, out) == 0 &&
+               int8_column_set_add(&set, w.w4, parts, in, out) == 0, "int8 columns of W [%d][%d]: not made", in, out);
+        const int8_columns *kept = int8_column_set_find(&set, w.w4);
+        EXPECT(kept && kept != int8_column_set_find(&set, other.w4) && !int8_column_set_find(&set, w.w16),
+               "int8 columns of W [%d][%d]: the set finds another W's", in, out);
+        float *x = random_floats((size_t)rows * in, 139 + s), *y0 = random_floats((size_t)rows * out, 149 + s);
+        float *bias = random_floats((size_t)out, 151 + s);
+        float *want = malloc((size_t)rows * out * sizeof *want), *y = malloc((size_t)rows * out * sizeof *y);
+        float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+        for (int variant = 0; variant < 3 && kept; variant++) {
+            int acc = variant == 1;
+            matmul_epilogue after = {bias, 1};
+            memcpy(want, y0, (size_t)rows * out * sizeof *want);
+            memcpy(y, y0, (size_t)rows * out * sizeof *y);
+            matmul_weights(x, rows, in, w.w4, parts, out, want, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, NULL);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, kept);
+            size_t differ = 0;
+            for (size_t i = 0; i < (size_t)rows * out; i++) differ += memcmp(&want[i], &y[i], sizeof *y) != 0;
+            EXPECT(strncmp(gemm_path(0), "onednn ", 7) || strstr(gemm_path(0), "W kept"), "int8 prefill, rows %d, "
+                   "W [%d][%d], columns kept: the product ran on '%s', not on the kept copy", rows, in, out,
+                   gemm_path(0));
+            EXPECT(differ == 0, "int8 prefill, rows %d, W [%d][%d] in %d part(s), variant %d, columns kept, on %s: "
+                   "%zu elements differ from the columns made per call", rows, in, out, parts, variant, gemm_path(0),
+                   differ);
+        }
+        int8_column_set_free(&set);
+        EXPECT(set.n == 0 && !int8_column_set_find(&set, w.w4), "int8 columns: the set still finds W after its free");
+        free(x);
+        free(y0);
+        free(bias);
+        free(want);
+        free(y);
+        free(scratch);
+        weights_free(&w);
+        weights_free(&other);
+    }
+}
 static void test_int8_rows_parts(void) { check_int8_rows(3); }
 
 /* --bf16-prefill: above MATMUL_DECODE_ROWS rows, within fp32's bound of the product of the
@@ -775,7 +825,7 @@ static void check_bf16_prefill(int q4) {
         float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL, NULL);
             int beyond = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < out; c++) {
@@ -795,8 +845,8 @@ static void check_bf16_prefill(int q4) {
             int decode_rows = MATMUL_DECODE_ROWS;
             memcpy(y, y0, (size_t)decode_rows * out * sizeof *y);
             memcpy(y32, y0, (size_t)decode_rows * out * sizeof *y32);
-            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL);
-            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, scratch, NULL);
+            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL, NULL);
+            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, scratch, NULL, NULL);
             EXPECT(!memcmp(y, y32, (size_t)decode_rows * out * sizeof *y), "bf16 prefill, %s weights, %d rows (decode): "
                    "not the fp32 products' bits", q4 ? "4-bit" : "fp16", decode_rows);
         }
@@ -831,13 +881,13 @@ static void test_epilogue(void) {
                     float *want = random_floats(n, 149), *y = malloc(n * sizeof *y);
                     memcpy(y, want, n * sizeof *y);
                     const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
-                    matmul_weights(x, rows, in, W, q4, out, want, relu, products[pi], scratch, NULL);
+                    matmul_weights(x, rows, in, W, q4, out, want, relu, products[pi], scratch, NULL, NULL);
                     for (size_t i = 0; i < n; i++) {
                         float v = want[i] + bias[i % out];
                         want[i] = relu ? (v > 0 ? v : 0) : v;
                     }
                     matmul_epilogue after = {bias, relu};
-                    matmul_weights(x, rows, in, W, q4, out, y, relu, products[pi], scratch, &after);
+                    matmul_weights(x, rows, in, W, q4, out, y, relu, products[pi], scratch, &after, NULL);
                     size_t differ = 0;
                     for (size_t i = 0; i < n; i++) differ += memcmp(&want[i], &y[i], sizeof *y) != 0;
                     EXPECT(differ == 0, "%d rows, products %d, %s weights, %s: %zu of %zu elements differ from the "
@@ -888,7 +938,7 @@ static void test_bf16_prefill_panels(void) {
     float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
     for (int acc = 0; acc < 2; acc++) {
         memcpy(y, y0, (size_t)rows * out * sizeof *y);
-        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL);
+        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL, NULL);
         int beyond[2] = {0, 0}; /* first panel, the rest */
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < out; c++) {
@@ -973,6 +1023,7 @@ void add_matmul_tests(void) {
     CU_add_test(s, "fp32 to bf16: to nearest, ties to even, NaN kept", test_bf16_rounding);
     CU_add_test(s, "int8 prefill, each row rounded once: the scheme's bits and its rounding bound", test_int8_rows);
     CU_add_test(s, "int8 prefill on 4-bit q|k|v in 3 parts: the same", test_int8_rows_parts);
+    CU_add_test(s, "int8 prefill with W's columns kept: the bits of the columns made per call", test_int8_rows_kept);
     CU_add_test(s, "bf16 prefill on fp16 weights: fp32's bound of the bf16 product; decode's rows keep fp32",
                 test_bf16_prefill_fp16);
     CU_add_test(s, "bf16 prefill on 4-bit weights: the same", test_bf16_prefill_q4);
