@@ -769,6 +769,10 @@ void gemm_s8_kept_free(gemm_s8_kept *kept) {
 int gemm_s8_with_kept(int m, const int8_t *a, const gemm_s8_kept *b, int32_t *c) {
     if (b->plain) {
         gemm_s8(m, b->n, b->k, a, b->plain, b->b_max, c);
+        pthread_mutex_lock(&products.lock);
+        size_t len = strlen(products.path[0]);
+        snprintf(products.path[0] + len, sizeof products.path[0] - len, ", W kept");
+        pthread_mutex_unlock(&products.lock);
         return 0;
     }
     pthread_mutex_lock(&products.lock);
