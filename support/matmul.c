@@ -752,7 +752,7 @@ static struct {
 static void *grown(void *buffer, size_t *bytes, size_t need) {
     if (need <= *bytes) return buffer;
     free(buffer);
-    buffer = malloc(need);
+    buffer = aligned_alloc(64, (need + 63) / 64 * 64); /* whole cache lines, for oneDNN's tiles */
     *bytes = buffer ? need : 0;
     if (!buffer) {
         fprintf(stderr, "flexgen: out of memory for an int8 product's buffer of %zu bytes\n", need);
