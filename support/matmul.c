@@ -686,9 +686,9 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
 static void product_bf16(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                          int accumulate, float *wide) {
     int cols = panel_width(in, out);
-    uint16_t *x16 = malloc((size_t)rows * in * sizeof *x16),
-             *w16 = malloc((size_t)in * cols * sizeof *w16);
-    float *panel = malloc((size_t)rows * cols * sizeof *panel);
+    uint16_t *x16 = line_alloc((size_t)rows * in * sizeof *x16), /* oneDNN's operands */
+        *w16 = line_alloc((size_t)in * cols * sizeof *w16);
+    float *panel = line_alloc((size_t)rows * cols * sizeof *panel);
     if (!x16 || !w16 || !panel) {
         fprintf(stderr, "flexgen: out of memory for a bf16 product of %d x %d x %d\n", rows, in,
                 out);
@@ -752,7 +752,7 @@ static struct {
 static void *grown(void *buffer, size_t *bytes, size_t need) {
     if (need <= *bytes) return buffer;
     free(buffer);
-    buffer = aligned_alloc(64, (need + 63) / 64 * 64); /* whole cache lines, for oneDNN's tiles */
+    buffer = line_alloc(need); /* oneDNN's operands */
     *bytes = buffer ? need : 0;
     if (!buffer) {
         fprintf(stderr, "flexgen: out of memory for an int8 product's buffer of %zu bytes\n", need);

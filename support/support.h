@@ -21,6 +21,9 @@ typedef struct {
     char s[32];
 } size_text;
 size_text human(double bytes); /* "1.50 GiB", "12.3 MiB", "4.0 KiB" */
+/* bytes on whole 64-byte cache lines (free() frees them), or NULL: what matrix units load a row
+ * of a tile at a time (AMX), and a row that straddles two lines slows them */
+void *line_alloc(size_t bytes);
 double mem_available_bytes(void);
 double host_memory_for_plans(void);
 int is_dir(const char *path);

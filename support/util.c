@@ -509,6 +509,8 @@ size_text human(double bytes) {
     return t;
 }
 
+void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
 
