@@ -7,7 +7,8 @@
  * FLEXGEN_ISA=portable, or where FLEXGEN_NO_SIMD is set (util.c's fg_cpu_has_avx2): the plain
  * loops run then. So tests/test_cli.c holds the twins to the plain loops on whole jobs, logits
  * compared bit for bit: "FLEXGEN_ISA: every path to the same logits" (fp16 cache, fp16 and 4-bit
- * weights, int8 activations) and "portable (non-SIMD) paths match the reference" (4-bit cache).
+ * weights, int8 activations) and "portable (non-SIMD) paths match the reference" (4-bit cache);
+ * tests/test_model.c holds the attention twins alone at head sizes the fixtures lack.
  */
 #include "support/support.h"
 
@@ -106,31 +107,75 @@ AVX2 static void q4_decode_row(const uint8_t *bytes, const fp16 *mins, const fp1
         o[i] = fmaf((float)((b[i] >> shift) & 15), fp16_to_fp32(sc[i]), fp16_to_fp32(mn[i]));
 }
 
-/* scores[j] = scale q.K_j over nk fp16 rows `stride` apart, hd a multiple of 8. */
+/* One key's 8 lanes added as dot8_fma adds them: pairwise, halving. */
+AVX2 static float lanes_sum(__m256 acc) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+AVX2 static inline __m256 fp16x8(const fp16 *at) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at));
+}
+
+/* scores[j] = scale q.K_j over nk fp16 rows `stride` apart, hd a multiple of 8. Four keys a pass:
+ * one key's chain of fused multiply-adds waits on each step (hd / 8 of them in a row), so four
+ * independent chains keep the unit busy; each key's sum is the same chain in the same order. */
 AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int nk, int hd,
                               float scale, float *scores) {
-    for (int j = 0; j < nk; j++) {
-        __m256 acc = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        const fp16 *k0 = K + (size_t)j * stride, *k1 = k0 + stride, *k2 = k1 + stride,
+                   *k3 = k2 + stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int d = 0; d < hd; d += 8) {
-            __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(K + j * stride + d)));
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), k, acc);
+            __m256 qd = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qd, fp16x8(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qd, fp16x8(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(qd, fp16x8(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(qd, fp16x8(k3 + d), a3);
         }
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-        scores[j] = _mm_cvtss_f32(s4) * scale;
+        scores[j] = lanes_sum(a0) * scale;
+        scores[j + 1] = lanes_sum(a1) * scale;
+        scores[j + 2] = lanes_sum(a2) * scale;
+        scores[j + 3] = lanes_sum(a3) * scale;
+    }
+    for (; j < nk; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), fp16x8(K + (size_t)j * stride + d), acc);
+        scores[j] = lanes_sum(acc) * scale;
     }
 }
 
-/* out += sum_j p[j] V_j over nk fp16 rows `stride` apart, hd a multiple of 8. */
+/* out += sum_j p[j] V_j over nk fp16 rows `stride` apart, hd a multiple of 8: 32 values of out at
+ * a time held in registers over every row (out stored back and loaded again for each row waited
+ * on the store), one fused multiply-add per value and row, the rows in order. */
 AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int nk, int hd,
                                float *out) {
-    for (int j = 0; j < nk; j++) {
-        __m256 w = _mm256_set1_ps(p[j]);
-        for (int d = 0; d < hd; d += 8) {
-            __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(V + j * stride + d)));
-            _mm256_storeu_ps(out + d, _mm256_fmadd_ps(w, v, _mm256_loadu_ps(out + d)));
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) {
+        __m256 o0 = _mm256_loadu_ps(out + d), o1 = _mm256_loadu_ps(out + d + 8),
+               o2 = _mm256_loadu_ps(out + d + 16), o3 = _mm256_loadu_ps(out + d + 24);
+        for (int j = 0; j < nk; j++) {
+            __m256 w = _mm256_set1_ps(p[j]);
+            const fp16 *v = V + (size_t)j * stride + d;
+            o0 = _mm256_fmadd_ps(w, fp16x8(v), o0);
+            o1 = _mm256_fmadd_ps(w, fp16x8(v + 8), o1);
+            o2 = _mm256_fmadd_ps(w, fp16x8(v + 16), o2);
+            o3 = _mm256_fmadd_ps(w, fp16x8(v + 24), o3);
         }
+        _mm256_storeu_ps(out + d, o0);
+        _mm256_storeu_ps(out + d + 8, o1);
+        _mm256_storeu_ps(out + d + 16, o2);
+        _mm256_storeu_ps(out + d + 24, o3);
+    }
+    for (; d < hd; d += 8) {
+        __m256 o = _mm256_loadu_ps(out + d);
+        for (int j = 0; j < nk; j++)
+            o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), fp16x8(V + (size_t)j * stride + d), o);
+        _mm256_storeu_ps(out + d, o);
     }
 }
 

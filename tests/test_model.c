@@ -669,8 +669,51 @@ static void test_large_scores(void) {
     check_large_scores(0.99f);
 }
 
+/* support/simd.c's twins of decode attention's two loops over an fp16 cache, where this CPU runs
+ * them: bit for bit the arithmetic they stand in for (opt_model.c's dot8_fma: 8 lanes of fmaf in
+ * order, added pairwise as a halving reduction; one fmaf per value of out and row, rows in order),
+ * at head sizes 8 to 128 (out in blocks of 32 and the rest) and key counts around four a pass,
+ * rows a gap apart. Under FLEXGEN_ISA=portable there are no twins to hold. */
+static void test_attention_twins(void) {
+    const fg_simd *simd = fg_simd_kernels();
+    if (!simd->dot_f16_rows || !simd->axpy_f16_rows) return;
+    static const int hds[] = {8, 16, 40, 64, 128}, nks[] = {1, 3, 4, 5, 9, 37};
+    uint64_t seed = 167;
+    for (size_t h = 0; h < sizeof hds / sizeof *hds; h++)
+        for (size_t c = 0; c < sizeof nks / sizeof *nks; c++) {
+            int hd = hds[h], nk = nks[c];
+            size_t stride = (size_t)hd + 8;
+            fp16 *rows = malloc((size_t)nk * stride * sizeof *rows);
+            float *q = malloc((size_t)hd * sizeof *q), *p = malloc((size_t)nk * sizeof *p);
+            float *scores = malloc((size_t)nk * sizeof *scores), *want = malloc((size_t)hd * sizeof *want);
+            float *out = malloc((size_t)hd * sizeof *out);
+            for (size_t e = 0; e < (size_t)nk * stride; e++) rows[e] = fp32_to_fp16(4 * test_uniform(&seed) - 2);
+            for (int d = 0; d < hd; d++) q[d] = 2 * test_uniform(&seed) - 1;
+            for (int j = 0; j < nk; j++) p[j] = test_uniform(&seed);
+            simd->dot_f16_rows(q, rows, stride, nk, hd, 0.125f, scores);
+            int differ = 0;
+            for (int j = 0; j < nk; j++) {
+                float lane[8] = {0};
+                for (int d = 0; d < hd; d++)
+                    lane[d % 8] = fmaf(q[d], fp16_to_fp32(rows[(size_t)j * stride + d]), lane[d % 8]);
+                float dot = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+                float expect = dot * 0.125f;
+                differ += memcmp(&expect, &scores[j], sizeof expect) != 0;
+            }
+            for (int d = 0; d < hd; d++) out[d] = want[d] = test_uniform(&seed) - 0.5f;
+            simd->axpy_f16_rows(p, rows, stride, nk, hd, out);
+            for (int j = 0; j < nk; j++)
+                for (int d = 0; d < hd; d++) want[d] = fmaf(p[j], fp16_to_fp32(rows[(size_t)j * stride + d]), want[d]);
+            EXPECT(differ == 0 && !memcmp(out, want, (size_t)hd * sizeof *out), "decode attention's AVX2 twins, head "
+                   "size %d, %d keys: %d scores differ from dot8_fma's arithmetic, out %s", hd, nk, differ,
+                   memcmp(out, want, (size_t)hd * sizeof *out) ? "differs from one fmaf per value and row" : "equal");
+            free(rows), free(q), free(p), free(scores), free(want), free(out);
+        }
+}
+
 void add_model_tests(void) {
     CU_pSuite s = CU_add_suite("model", NULL, NULL);
+    CU_add_test(s, "decode attention's AVX2 twins: the plain loops' bits, head sizes 8 to 128", test_attention_twins);
     CU_add_test(s, "pre-LN fp16 checkpoint matches HF transformers", test_reference_pre_ln_fp16);
     CU_add_test(s, "350m-style post-LN fp32 sharded checkpoint matches HF",
                 test_reference_350m_fp32_sharded);
