@@ -90,7 +90,7 @@ void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b
     matmul_epilogue after = {ws->vec, mode == OUT_RELU};
     if (b) fp16_to_fp32_n(b, ws->vec, (size_t)out);
     matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide,
-                   b ? &after : NULL, int8_column_set_find(ws->int8_columns, W));
+                   b ? &after : NULL, ws->int8_columns);
 }
 
 /* y = (x - mean) / sqrt(var + 1e-5) * w + b, row by row; y may alias x. */

@@ -858,10 +858,11 @@ void int8_column_set_free(int8_column_set *set) {
  * and ReLU) in one pass over y; int8.c's comment has the scheme and its bound. */
 static void product_int8_rows(const float *x, int rows, int in, const void *W, int q4, int out,
                               float *y, int accumulate, const matmul_epilogue *after, int simd,
-                              const int8_columns *kept) {
+                              const int8_column_set *kept_set) {
     int cols = panel_width(in, out);
-    if (kept && (kept->W != W || kept->q4_parts != q4 || kept->in != in || kept->out != out))
-        kept = NULL; /* not this W's */
+    const int8_columns *kept = int8_column_set_find(kept_set, W);
+    if (kept && (kept->q4_parts != q4 || kept->in != in || kept->out != out))
+        kept = NULL; /* W's as another shape */
     pthread_mutex_lock(&int8_buffers.lock);
     int8_buffers_hold(rows, in, cols);
     int8_t *x8 = int8_buffers.x8, *w8 = int8_buffers.w8;
@@ -908,7 +909,7 @@ static void apply_epilogue(float *y, int rows, int out, const matmul_epilogue *a
 
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
                     float *y, int accumulate, int products, float *scratch,
-                    const matmul_epilogue *after, const int8_columns *kept) {
+                    const matmul_epilogue *after, const int8_column_set *kept) {
     int simd = use_simd();
     int prefill = rows > MATMUL_DECODE_ROWS;
     if (products == PRODUCTS_INT8 && q4_parts && prefill) {

@@ -342,6 +342,21 @@ static int gemm_bf16_sgemm(int m, int n, int k, const uint16_t *a, const uint16_
  * oneDNN's matmul, where the build has it: 0 when it ran the product, else why not
  * ============================================================================================ */
 
+/* sums128[j] = 128 sum_k b[k][j]: what an int8 product of unsigned a (a + 128) takes off c. */
+static void column_sums128(int n, int k, const int8_t *b, int32_t *sums128) {
+#pragma omp parallel for schedule(static)
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int nj = n - j0 < 64 ? n - j0 : 64;
+        int32_t sums[64] = {0};
+        for (int kk = 0; kk < k; kk++) {
+            const int8_t *row = b + (size_t)kk * n + j0;
+#pragma omp simd
+            for (int j = 0; j < nj; j++) sums[j] += row[j];
+        }
+        for (int j = 0; j < nj; j++) sums128[j0 + j] = 128 * sums[j];
+    }
+}
+
 enum { ONEDNN_RAN, ONEDNN_NONE, ONEDNN_FAILED }; /* none: no kernel that keeps the promise */
 
 static struct {
@@ -387,13 +402,6 @@ static int unsigned_product(int m, int n, int k, const int8_t *a, const int8_t *
 static void onednn_keep(gemm_s8_kept *kept, const int8_t *b) {
     (void)kept;
     (void)b;
-}
-
-static void column_sums128(int n, int k, const int8_t *b, int32_t *sums128) {
-    (void)n;
-    (void)k;
-    (void)b;
-    (void)sums128;
 }
 
 static int onednn_kept_product(int m, const int8_t *a, const gemm_s8_kept *b, int32_t *c) {
@@ -633,21 +641,6 @@ static const uint8_t *a_made_unsigned(int m, int k, const int8_t *a) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < a_bytes; i++) a_unsigned[i] = (uint8_t)(a[i] + 128);
     return a_unsigned;
-}
-
-/* sums128[j] = 128 sum_k b[k][j]. */
-static void column_sums128(int n, int k, const int8_t *b, int32_t *sums128) {
-#pragma omp parallel for schedule(static)
-    for (int j0 = 0; j0 < n; j0 += 64) {
-        int nj = n - j0 < 64 ? n - j0 : 64;
-        int32_t sums[64] = {0};
-        for (int kk = 0; kk < k; kk++) {
-            const int8_t *row = b + (size_t)kk * n + j0;
-#pragma omp simd
-            for (int j = 0; j < nj; j++) sums[j] += row[j];
-        }
-        for (int j = 0; j < nj; j++) sums128[j0 + j] = 128 * sums[j];
-    }
 }
 
 /* c[i][j] -= sums128[j]. */

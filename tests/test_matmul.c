@@ -786,7 +786,7 @@ static void test_int8_rows_kept(void) {
             memcpy(want, y0, (size_t)rows * out * sizeof *want);
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
             matmul_weights(x, rows, in, w.w4, parts, out, want, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, NULL);
-            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, kept);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, &set);
             size_t differ = 0;
             for (size_t i = 0; i < (size_t)rows * out; i++) differ += memcmp(&want[i], &y[i], sizeof *y) != 0;
             EXPECT(strstr(gemm_path(0), ", W kept") != NULL, "int8 prefill, rows %d, "
