@@ -453,16 +453,24 @@ INLINE __m512 widen_groups(const uint8_t *p, int n) {
     return widen16(h);
 }
 
-/* v (|v| < 2^22) to the nearest integer, ties to even, as nearbyintf: adding 1.5 x 2^23 leaves
- * it in the low bits. */
+/* v (|v| < 2^22) to the nearest integer, ties to even, as nearbyintf: vcvtps2dq under the default
+ * rounding mode, or on SIMDe (whose 0.7 lacks its intrinsic) by adding 1.5 x 2^23, which leaves
+ * the integer in the low bits. */
 INLINE __m512i round_to_int(__m512 v) {
+#ifdef SIMDE_X86_AVX512F_NATIVE
+    return _mm512_cvtps_epi32(v);
+#else
     __m512i bits = _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(12582912.0f)));
     return _mm512_sub_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)),
                             _mm512_set1_epi32(0x400000));
+#endif
 }
 
 /* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane;
- * a is kept between its two uses. ahead: prefetch the next block's mins and scales. */
+ * a is kept between its two uses. Each 4 k's values of a8 become their groups' quads by two
+ * saturating packs (|a8| <= 127: none saturates), which leave each 128-bit lane's bytes
+ * [k][4 groups], and one byte shuffle to [group][4 k]. ahead: prefetch the next block's mins and
+ * scales. */
 static void round_block(const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales,
                         int ng, int ahead, int b, rounded_span *q) {
     const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -487,15 +495,14 @@ static void round_block(const float *x, const uint8_t *w, size_t stride, size_t 
     simde__mmask16 scaled = _mm512_cmp_ps_mask(big, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ);
     __m512 inv = _mm512_maskz_div_ps(scaled, _mm512_set1_ps(127), big);
     _mm512_storeu_ps(q->alpha[b], _mm512_maskz_div_ps(scaled, big, _mm512_set1_ps(127)));
+    const __m512i to_quads = _mm512_set4_epi32(0x0f0b0703, 0x0e0a0602, 0x0d090501, 0x0c080400);
     for (int k4 = 0; k4 < 16; k4++) {
-        __m512i quad = _mm512_setzero_si512();
-        for (int i = 0; i < 4; i++) {
-            __m512 ak = _mm512_load_ps(a[4 * k4 + i]);
-            __m512i a8 =
-                _mm512_and_si512(round_to_int(_mm512_mul_ps(ak, inv)), _mm512_set1_epi32(0xff));
-            quad = _mm512_or_si512(quad, _mm512_slli_epi32(a8, 8 * i));
-        }
-        _mm512_storeu_si512((void *)q->a8_quads[b][k4], quad);
+        __m512i a8[4];
+        for (int i = 0; i < 4; i++)
+            a8[i] = round_to_int(_mm512_mul_ps(_mm512_load_ps(a[4 * k4 + i]), inv));
+        __m512i bytes =
+            _mm512_packs_epi16(_mm512_packs_epi32(a8[0], a8[1]), _mm512_packs_epi32(a8[2], a8[3]));
+        _mm512_storeu_si512((void *)q->a8_quads[b][k4], _mm512_shuffle_epi8(bytes, to_quads));
     }
 }
 
