@@ -517,14 +517,17 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
                                                                                   test */
     __m256 inv = _mm256_and_ps(scaled, _mm256_div_ps(_mm256_set1_ps(127), big));
     _mm256_storeu_ps(q->alpha[b], _mm256_and_ps(scaled, _mm256_div_ps(big, _mm256_set1_ps(127))));
+    /* each 4 k's a8 into their groups' quads: two saturating packs (|a8| <= 127: none saturates)
+     * leave each 128-bit lane's bytes [k][4 groups], one byte shuffle makes them [group][4 k] */
+    const __m256i to_quads = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                              0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (int k4 = 0; k4 < KB / 4; k4++) {
-        __m256i quad = _mm256_setzero_si256();
-        for (int i = 0; i < 4; i++) { /* vcvtps2dq rounds to nearest even, as nearbyintf */
-            __m256i a8 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(a[4 * k4 + i]), inv));
-            quad = _mm256_or_si256(
-                quad, _mm256_slli_epi32(_mm256_and_si256(a8, _mm256_set1_epi32(0xff)), 8 * i));
-        }
-        _mm256_storeu_si256((__m256i *)q->a8_quads[b][k4], quad);
+        __m256i a8[4];
+        for (int i = 0; i < 4; i++) /* vcvtps2dq rounds to nearest even, as nearbyintf */
+            a8[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(a[4 * k4 + i]), inv));
+        __m256i bytes =
+            _mm256_packs_epi16(_mm256_packs_epi32(a8[0], a8[1]), _mm256_packs_epi32(a8[2], a8[3]));
+        _mm256_storeu_si256((__m256i *)q->a8_quads[b][k4], _mm256_shuffle_epi8(bytes, to_quads));
     }
 }
 
