@@ -894,25 +894,24 @@ void matmul_int8_blocks(const float *x, int rows, int in, const void *W, int q4_
     matmul_q4_int8(x, rows, in, W, q4_parts, out, y, accumulate, use_simd(), sums, pairs);
 }
 
-/* y[0 .. n) + bias, then ReLU where relu: max(0, v) as v > 0 ? v : 0 (so NaN and -0 give 0). y
- * and bias never overlap (restrict), and 8 values make one fixed-length loop: the compiler turns
- * it into vector instructions, ReLU's test without a branch (y + bias falls either side of 0 at
- * random, a branch mispredicted half the time). */
+/* v + bias, then ReLU where relu: v > 0 ? v : 0 (NaN and -0 give 0). */
+static inline float bias_relu_one(float v, float bias, int relu) {
+    v += bias;
+    return relu && !(v > 0) ? 0 : v;
+}
+
+/* y[0 .. n) through bias_relu_one. y and bias never overlap (restrict), and 8 values make one
+ * fixed-length loop: the compiler turns it into vector instructions, ReLU's test without a branch
+ * (y + bias falls either side of 0 at random, a branch mispredicted half the time). */
 static void bias_relu(float *restrict y, const float *restrict bias, int n, int relu) {
     for (; n >= 8; n -= 8, y += 8, bias += 8)
-        for (int l = 0; l < 8; l++) {
-            float v = y[l] + bias[l];
-            y[l] = relu && !(v > 0) ? 0 : v;
-        }
-    for (int l = 0; l < n; l++) {
-        float v = y[l] + bias[l];
-        y[l] = relu && !(v > 0) ? 0 : v;
-    }
+        for (int l = 0; l < 8; l++) y[l] = bias_relu_one(y[l], bias[l], relu);
+    for (int l = 0; l < n; l++) y[l] = bias_relu_one(y[l], bias[l], relu);
 }
 
 /* linear_layer's steps after a product that has not taken them (matmul_epilogue). Each thread
- * takes a run of whole groups of 64 columns in every row, as the products split y among their
- * threads, so that it finds its columns in its own core's cache. */
+ * takes a run of whole groups of 64 columns in every row, as decode's products split y among
+ * their threads, so that it finds its columns in its own core's cache. */
 static void apply_epilogue(float *y, int rows, int out, const matmul_epilogue *after) {
     int groups = (out + 63) / 64;
 #pragma omp parallel
