@@ -645,7 +645,9 @@ static int exit_status(pid_t pid) {
 
 /* Two jobs on one output: the second, plain or --resume, is refused while the first runs, which
  * then finishes with one record a prompt. An output removed while its job runs stops the job with
- * one line. */
+ * one line. The running job is stopped (SIGSTOP) once its first window is out and continued
+ * after: it holds its lock and has windows left however slowly the other runs go (a loaded
+ * machine, the sanitizers). */
 static void test_job_lock(void) {
     char *dir = make_temp_dir(), prompts[4200], output[4200], log[4200], text[N_LONG * 40] = "";
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -656,13 +658,16 @@ static void test_job_lock(void) {
     pid_t first = start_long_job(prompts, output, log);
     CU_ASSERT_FATAL(first > 0);
     CU_ASSERT(wait_for_lines(output, 2) >= 2); /* its first window is out: it holds the lock */
+    kill(first, SIGSTOP);
     for (int resume = 0; resume < 2; resume++) {
         const char *args[] = {"--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "32", "--quiet",
                               "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", output,
                               resume ? "--resume" : NULL, NULL};
         expect_fail(args, NULL, "--output", "another job holds it", (const char *)NULL);
     }
-    int still_running = waitpid(first, NULL, WNOHANG) == 0, rc = exit_status(first);
+    int still_running = waitpid(first, NULL, WNOHANG) == 0;
+    kill(first, SIGCONT);
+    int rc = exit_status(first);
     char *records = slurp(output, NULL);
     int lines = count_lines(records), once = whole_lines(records);
     char **ids = calloc(N_LONG + 1, sizeof *ids);
@@ -680,7 +685,9 @@ static void test_job_lock(void) {
     unlink(output); /* now removed while a job writes it */
     pid_t job = start_long_job(prompts, output, log);
     CU_ASSERT(wait_for_lines(output, 2) >= 2);
+    kill(job, SIGSTOP);
     unlink(output);
+    kill(job, SIGCONT);
     rc = exit_status(job);
     char *said = slurp(log, NULL);
     EXPECT(rc == 2 && said && strstr(said, "--output") && strstr(said, "removed or replaced") && count_lines(said) == 1,

@@ -680,6 +680,12 @@ static void closing_line(const char *argv0) {
 }
 
 int main(int argc, char **argv) {
+    /* A shell starts a job put in the background (`&`) with SIGINT and SIGQUIT ignored, and a
+     * program keeps a stop signal ignored that it began with (support/util.c), as nohup's users
+     * want. The tests stop the runs they start with SIGINT and expect them to stop, so the runs
+     * begin as from a terminal, whatever started the tests. */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
 #ifdef FLEXGEN_CUDA_EMU /* the emulated GPU's binary: its suites alone (the others run natively) */
     add_emu_tests();
