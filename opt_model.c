@@ -191,10 +191,23 @@ static void softmax(float *s, int n) {
     for (int i = 0; i < n; i++) s[i] /= sum;
 }
 
-/* Keys [j, j + n) of one head, n as many as lie in order from j: to the end of j's page. */
+/* Rows of the cache lie a token's whole row apart (every head's values, kilobytes), so each key
+ * of a head is in a 4 KiB page of its own, and the hardware's prefetchers, which follow runs
+ * inside a page, fetch none of them ahead: each row waited a trip to memory. So decode attention
+ * reads a head's rows a run at a time (at most KV_RUN rows, in one page of the paged cache), and
+ * the loops over a run ask for the next run's rows ("ahead", n_ahead of them) as they go. */
+enum { KV_RUN = 16 };
+
+/* Keys [j, j + n) of one head: as many as lie in order from j (to the end of j's page), at most
+ * KV_RUN; none (n = 0) from nk on. */
 static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
+    if (j >= nk) {
+        *n = 0;
+        return NULL;
+    }
     int end = r->pages ? (j / r->page_tokens + 1) * r->page_tokens : nk;
-    *n = (end < nk ? end : nk) - j;
+    end = end < nk ? end : nk;
+    *n = (end < j + KV_RUN ? end : j + KV_RUN) - j;
     return (const fp16 *)(r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride) +
            (size_t)r->head * r->head_dim;
 }
@@ -219,21 +232,27 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
                        float scale, float *scores, float *out) {
     const fg_simd *simd = fg_simd_kernels();
     int hd = K->head_dim, n, fast = hd % 8 == 0 && simd->dot_f16_rows;
-    size_t stride = K->stride / sizeof(fp16);
+    size_t stride = K->stride / sizeof(fp16), bytes = (size_t)hd * sizeof(fp16);
     for (int j = 0; j < nk; j += n) {
-        const fp16 *k = page_run(K, j, nk, &n);
-        if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j);
-        for (int i = 0; i < n && !fast; i++)
+        int n_ahead;
+        const fp16 *k = page_run(K, j, nk, &n), *ahead = page_run(K, j + n, nk, &n_ahead);
+        if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j, ahead, n_ahead);
+        for (int i = 0; i < n && !fast; i++) {
+            if (i < n_ahead) fg_prefetch_rows(ahead + i * stride, K->stride, 1, bytes);
             scores[j + i] = dot8_fma(q, k + i * stride, hd) * scale;
+        }
     }
     softmax(scores, nk);
     memset(out, 0, hd * sizeof *out);
     for (int j = 0; j < nk; j += n) {
-        const fp16 *v = page_run(V, j, nk, &n);
-        if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out);
-        for (int i = 0; i < n && !fast; i++)
+        int n_ahead;
+        const fp16 *v = page_run(V, j, nk, &n), *ahead = page_run(V, j + n, nk, &n_ahead);
+        if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out, ahead, n_ahead);
+        for (int i = 0; i < n && !fast; i++) {
+            if (i < n_ahead) fg_prefetch_rows(ahead + i * stride, V->stride, 1, bytes);
             for (int d = 0; d < hd; d++)
                 out[d] = fmaf(scores[j + i], fp16_to_fp32(v[i * stride + d]), out[d]);
+        }
     }
 }
 

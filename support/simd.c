@@ -15,6 +15,27 @@
 #include <math.h>
 #include <string.h>
 
+/* Asks for the cache line at `at` ahead of its use. An asm statement on x86-64: gcc takes a
+ * function that only prefetches (as __builtin_prefetch) for one without effects and drops the
+ * calls to it. */
+static inline void prefetch_line(const void *at) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)at));
+#else
+    __builtin_prefetch(at);
+#endif
+}
+
+/* The first and last cache line of each of n rows (a head's 64 or 128 fp16 values: 2 or 4
+ * lines, and the CPU fetches lines in pairs). */
+void fg_prefetch_rows(const void *rows, size_t stride, int n, size_t bytes) {
+    const char *row = rows;
+    for (int i = 0; i < n; i++, row += stride) {
+        prefetch_line(row);
+        prefetch_line(row + bytes - 1);
+    }
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
@@ -123,9 +144,12 @@ AVX2 static inline __m256 fp16x8(const fp16 *at) {
  * one key's chain of fused multiply-adds waits on each step (hd / 8 of them in a row), so four
  * independent chains keep the unit busy; each key's sum is the same chain in the same order. */
 AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int nk, int hd,
-                              float scale, float *scores) {
+                              float scale, float *scores, const fp16 *ahead, int n_ahead) {
+    size_t bytes = (size_t)hd * sizeof(fp16), stride_bytes = stride * sizeof(fp16);
     int j = 0;
     for (; j + 4 <= nk; j += 4) {
+        int m = n_ahead - j < 4 ? n_ahead - j : 4;
+        if (m > 0) fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, m, bytes);
         const fp16 *k0 = K + (size_t)j * stride, *k1 = k0 + stride, *k2 = k1 + stride,
                    *k3 = k2 + stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -142,6 +166,7 @@ AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int 
         scores[j + 3] = lanes_sum(a3) * scale;
     }
     for (; j < nk; j++) {
+        if (j < n_ahead) fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, 1, bytes);
         __m256 acc = _mm256_setzero_ps();
         for (int d = 0; d < hd; d += 8)
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), fp16x8(K + (size_t)j * stride + d), acc);
@@ -153,12 +178,15 @@ AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int 
  * a time held in registers over every row (out stored back and loaded again for each row waited
  * on the store), one fused multiply-add per value and row, the rows in order. */
 AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int nk, int hd,
-                               float *out) {
-    int d = 0;
+                               float *out, const fp16 *ahead, int n_ahead) {
+    size_t bytes = (size_t)hd * sizeof(fp16), stride_bytes = stride * sizeof(fp16);
+    int d = 0; /* the first pass over the rows (d = 0) asks for the rows ahead */
     for (; d + 32 <= hd; d += 32) {
         __m256 o0 = _mm256_loadu_ps(out + d), o1 = _mm256_loadu_ps(out + d + 8),
                o2 = _mm256_loadu_ps(out + d + 16), o3 = _mm256_loadu_ps(out + d + 24);
         for (int j = 0; j < nk; j++) {
+            if (d == 0 && j < n_ahead)
+                fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, 1, bytes);
             __m256 w = _mm256_set1_ps(p[j]);
             const fp16 *v = V + (size_t)j * stride + d;
             o0 = _mm256_fmadd_ps(w, fp16x8(v), o0);
@@ -173,8 +201,11 @@ AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int
     }
     for (; d < hd; d += 8) {
         __m256 o = _mm256_loadu_ps(out + d);
-        for (int j = 0; j < nk; j++)
+        for (int j = 0; j < nk; j++) {
+            if (d == 0 && j < n_ahead)
+                fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, 1, bytes);
             o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), fp16x8(V + (size_t)j * stride + d), o);
+        }
         _mm256_storeu_ps(out + d, o);
     }
 }

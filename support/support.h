@@ -147,11 +147,16 @@ typedef struct {
                                size_t len, float *out); /* whole groups; returns values done */
     void (*q4_decode_row)(const uint8_t *bytes, const fp16 *mins, const fp16 *scales, size_t r,
                           size_t inner, float *out);
+    /* the attention loops over nk rows `stride` apart; the first n_ahead rows of `ahead` (the
+     * next run's, the same stride) are asked for as they go, row i with row i */
     void (*dot_f16_rows)(const float *q, const fp16 *K, size_t stride, int nk, int hd, float scale,
-                         float *scores);
-    void (*axpy_f16_rows)(const float *p, const fp16 *V, size_t stride, int nk, int hd, float *out);
+                         float *scores, const fp16 *ahead, int n_ahead);
+    void (*axpy_f16_rows)(const float *p, const fp16 *V, size_t stride, int nk, int hd, float *out,
+                          const fp16 *ahead, int n_ahead);
 } fg_simd;
 const fg_simd *fg_simd_kernels(void);
+/* n rows of `bytes` each, `stride` bytes apart, asked for ahead of their use (a prefetch) */
+void fg_prefetch_rows(const void *rows, size_t stride, int n, size_t bytes);
 
 /* ---- The CPU's products with weights as stored, fp16 or 4-bit (matmul.c): the fast twins of
  * opt_model.c's matmul_reference and embed_t_reference. q4_parts > 0: 4-bit, in q4_parts

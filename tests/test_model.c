@@ -690,7 +690,7 @@ static void test_attention_twins(void) {
             for (size_t e = 0; e < (size_t)nk * stride; e++) rows[e] = fp32_to_fp16(4 * test_uniform(&seed) - 2);
             for (int d = 0; d < hd; d++) q[d] = 2 * test_uniform(&seed) - 1;
             for (int j = 0; j < nk; j++) p[j] = test_uniform(&seed);
-            simd->dot_f16_rows(q, rows, stride, nk, hd, 0.125f, scores);
+            simd->dot_f16_rows(q, rows, stride, nk, hd, 0.125f, scores, rows, nk);
             int differ = 0;
             for (int j = 0; j < nk; j++) {
                 float lane[8] = {0};
@@ -701,7 +701,7 @@ static void test_attention_twins(void) {
                 differ += memcmp(&expect, &scores[j], sizeof expect) != 0;
             }
             for (int d = 0; d < hd; d++) out[d] = want[d] = test_uniform(&seed) - 0.5f;
-            simd->axpy_f16_rows(p, rows, stride, nk, hd, out);
+            simd->axpy_f16_rows(p, rows, stride, nk, hd, out, rows, nk);
             for (int j = 0; j < nk; j++)
                 for (int d = 0; d < hd; d++) want[d] = fmaf(p[j], fp16_to_fp32(rows[(size_t)j * stride + d]), want[d]);
             EXPECT(differ == 0 && !memcmp(out, want, (size_t)hd * sizeof *out), "decode attention's AVX2 twins, head "
