@@ -232,13 +232,13 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
                        float scale, float *scores, float *out) {
     const fg_simd *simd = fg_simd_kernels();
     int hd = K->head_dim, n, fast = hd % 8 == 0 && simd->dot_f16_rows;
-    size_t stride = K->stride / sizeof(fp16), bytes = (size_t)hd * sizeof(fp16);
+    size_t stride = K->stride / sizeof(fp16);
     for (int j = 0; j < nk; j += n) {
         int n_ahead;
         const fp16 *k = page_run(K, j, nk, &n), *ahead = page_run(K, j + n, nk, &n_ahead);
         if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j, ahead, n_ahead);
         for (int i = 0; i < n && !fast; i++) {
-            if (i < n_ahead) fg_prefetch_rows(ahead + i * stride, K->stride, 1, bytes);
+            fg_prefetch_ahead(ahead, n_ahead, i, stride, hd);
             scores[j + i] = dot8_fma(q, k + i * stride, hd) * scale;
         }
     }
@@ -249,7 +249,7 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
         const fp16 *v = page_run(V, j, nk, &n), *ahead = page_run(V, j + n, nk, &n_ahead);
         if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out, ahead, n_ahead);
         for (int i = 0; i < n && !fast; i++) {
-            if (i < n_ahead) fg_prefetch_rows(ahead + i * stride, V->stride, 1, bytes);
+            fg_prefetch_ahead(ahead, n_ahead, i, stride, hd);
             for (int d = 0; d < hd; d++)
                 out[d] = fmaf(scores[j + i], fp16_to_fp32(v[i * stride + d]), out[d]);
         }

@@ -8,7 +8,9 @@
  * loops run then. So tests/test_cli.c holds the twins to the plain loops on whole jobs, logits
  * compared bit for bit: "FLEXGEN_ISA: every path to the same logits" (fp16 cache, fp16 and 4-bit
  * weights, int8 activations) and "portable (non-SIMD) paths match the reference" (4-bit cache);
- * tests/test_model.c holds the attention twins alone at head sizes the fixtures lack.
+ * tests/test_model.c holds the attention twins alone at head sizes the fixtures lack. Beside the
+ * arithmetic, the attention loops ask for the next run of the cache's rows as they read this
+ * one's (fg_prefetch_ahead; opt_model.c's page_run says why), which changes no value.
  */
 #include "support/support.h"
 
@@ -26,14 +28,14 @@ static inline void prefetch_line(const void *at) {
 #endif
 }
 
-/* The first and last cache line of each of n rows (a head's 64 or 128 fp16 values: 2 or 4
- * lines, and the CPU fetches lines in pairs). */
-void fg_prefetch_rows(const void *rows, size_t stride, int n, size_t bytes) {
-    const char *row = rows;
-    for (int i = 0; i < n; i++, row += stride) {
-        prefetch_line(row);
-        prefetch_line(row + bytes - 1);
-    }
+/* Row j of `ahead` (n_ahead rows of hd fp16 values, `stride` values apart), if it has one, asked
+ * for: its first and last cache line (a head's 64 or 128 values: 2 or 4 lines, and the CPU
+ * fetches lines in pairs). */
+void fg_prefetch_ahead(const fp16 *ahead, int n_ahead, int j, size_t stride, int hd) {
+    if (j >= n_ahead) return;
+    const fp16 *row = ahead + (size_t)j * stride;
+    prefetch_line(row);
+    prefetch_line(row + hd - 1);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -145,11 +147,9 @@ AVX2 static inline __m256 fp16x8(const fp16 *at) {
  * independent chains keep the unit busy; each key's sum is the same chain in the same order. */
 AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int nk, int hd,
                               float scale, float *scores, const fp16 *ahead, int n_ahead) {
-    size_t bytes = (size_t)hd * sizeof(fp16), stride_bytes = stride * sizeof(fp16);
     int j = 0;
     for (; j + 4 <= nk; j += 4) {
-        int m = n_ahead - j < 4 ? n_ahead - j : 4;
-        if (m > 0) fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, m, bytes);
+        for (int i = 0; i < 4; i++) fg_prefetch_ahead(ahead, n_ahead, j + i, stride, hd);
         const fp16 *k0 = K + (size_t)j * stride, *k1 = k0 + stride, *k2 = k1 + stride,
                    *k3 = k2 + stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -166,7 +166,7 @@ AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int 
         scores[j + 3] = lanes_sum(a3) * scale;
     }
     for (; j < nk; j++) {
-        if (j < n_ahead) fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, 1, bytes);
+        fg_prefetch_ahead(ahead, n_ahead, j, stride, hd);
         __m256 acc = _mm256_setzero_ps();
         for (int d = 0; d < hd; d += 8)
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), fp16x8(K + (size_t)j * stride + d), acc);
@@ -179,14 +179,12 @@ AVX2 static void dot_f16_rows(const float *q, const fp16 *K, size_t stride, int 
  * on the store), one fused multiply-add per value and row, the rows in order. */
 AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int nk, int hd,
                                float *out, const fp16 *ahead, int n_ahead) {
-    size_t bytes = (size_t)hd * sizeof(fp16), stride_bytes = stride * sizeof(fp16);
     int d = 0; /* the first pass over the rows (d = 0) asks for the rows ahead */
     for (; d + 32 <= hd; d += 32) {
         __m256 o0 = _mm256_loadu_ps(out + d), o1 = _mm256_loadu_ps(out + d + 8),
                o2 = _mm256_loadu_ps(out + d + 16), o3 = _mm256_loadu_ps(out + d + 24);
         for (int j = 0; j < nk; j++) {
-            if (d == 0 && j < n_ahead)
-                fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, 1, bytes);
+            if (d == 0) fg_prefetch_ahead(ahead, n_ahead, j, stride, hd);
             __m256 w = _mm256_set1_ps(p[j]);
             const fp16 *v = V + (size_t)j * stride + d;
             o0 = _mm256_fmadd_ps(w, fp16x8(v), o0);
@@ -202,8 +200,7 @@ AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int
     for (; d < hd; d += 8) {
         __m256 o = _mm256_loadu_ps(out + d);
         for (int j = 0; j < nk; j++) {
-            if (d == 0 && j < n_ahead)
-                fg_prefetch_rows(ahead + (size_t)j * stride, stride_bytes, 1, bytes);
+            if (d == 0) fg_prefetch_ahead(ahead, n_ahead, j, stride, hd);
             o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), fp16x8(V + (size_t)j * stride + d), o);
         }
         _mm256_storeu_ps(out + d, o);

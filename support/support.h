@@ -155,8 +155,8 @@ typedef struct {
                           const fp16 *ahead, int n_ahead);
 } fg_simd;
 const fg_simd *fg_simd_kernels(void);
-/* n rows of `bytes` each, `stride` bytes apart, asked for ahead of their use (a prefetch) */
-void fg_prefetch_rows(const void *rows, size_t stride, int n, size_t bytes);
+/* row j of the n_ahead rows at `ahead` (hd values, `stride` apart) asked for ahead of its use */
+void fg_prefetch_ahead(const fp16 *ahead, int n_ahead, int j, size_t stride, int hd);
 
 /* ---- The CPU's products with weights as stored, fp16 or 4-bit (matmul.c): the fast twins of
  * opt_model.c's matmul_reference and embed_t_reference. q4_parts > 0: 4-bit, in q4_parts
