@@ -14,12 +14,12 @@
  * layer j, GPU batch k) and call them in any order it needs. Read opt_layer first; the map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   368  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
+ *   367  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
  *    97  layer_norm               its layer norms
  *   162  store_kv                 this step's K and V into the cache (fp16, or 4-bit §5)
- *   309  attention                over the cache: prefill's two products, decode's dots, top-K
+ *   308  attention                over the cache: prefill's two products, decode's dots, top-K
  *   122  opt_embed                token and position embeddings of a GPU batch
- *   407  opt_output               the logits of each sequence's last token
+ *   406  opt_output               the logits of each sequence's last token
  *    50  matmul_reference         the products as plain loops, which the fast kernels are held to
  *
  * Weights are stored as FlexGen stores them: fp16 (or 4-bit, §5), linear layers transposed to
@@ -191,27 +191,6 @@ static void softmax(float *s, int n) {
     for (int i = 0; i < n; i++) s[i] /= sum;
 }
 
-/* Rows of the cache lie a token's whole row apart (every head's values, kilobytes), so each key
- * of a head is in a 4 KiB page of its own, and the hardware's prefetchers, which follow runs
- * inside a page, fetch none of them ahead: each row waited a trip to memory. So decode attention
- * reads a head's rows a run at a time (at most KV_RUN rows, in one page of the paged cache), and
- * the loops over a run ask for the next run's rows ("ahead", n_ahead of them) as they go. */
-enum { KV_RUN = 16 };
-
-/* Keys [j, j + n) of one head: as many as lie in order from j (to the end of j's page), at most
- * KV_RUN; none (n = 0) from nk on. */
-static const fp16 *page_run(const opt_kv_rows *r, int j, int nk, int *n) {
-    if (j >= nk) {
-        *n = 0;
-        return NULL;
-    }
-    int end = r->pages ? (j / r->page_tokens + 1) * r->page_tokens : nk;
-    end = end < nk ? end : nk;
-    *n = (end < j + KV_RUN ? end : j + KV_RUN) - j;
-    return (const fp16 *)(r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride) +
-           (size_t)r->head * r->head_dim;
-}
-
 /* q . k over hd values, k fp16, summed as support/simd.c's dot_f16_rows sums them: 8 lanes (lane l
  * takes d = l mod 8) of fused multiply-adds in order, the lanes then added pairwise as AVX2's
  * halving reduction adds them. So where hd is a multiple of 8 this loop and the AVX2 twin give the
@@ -225,9 +204,10 @@ static float dot8_fma(const float *q, const fp16 *k, int hd) {
 }
 
 /* One query over nk cached keys (fp16): out = softmax(scale q.K^T) V. Decode attention is pure
- * memory traffic over the cache, so it reads fp16 directly, a page's rows at a time; where the
- * CPU has AVX2, support/simd.c's twins run the two loops with the same arithmetic (dot8_fma's
- * lanes, and one fmaf per value of out), so every path gives the same bits. */
+ * memory traffic over the cache, so it reads fp16 directly, a run of rows at a time, asking for
+ * the next run's as it goes (kv_head_run says why); where the CPU has AVX2, support/simd.c's
+ * twins run the two loops with the same arithmetic (dot8_fma's lanes, and one fmaf per value of
+ * out), so every path gives the same bits. */
 static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *V, int nk,
                        float scale, float *scores, float *out) {
     const fg_simd *simd = fg_simd_kernels();
@@ -235,7 +215,7 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
     size_t stride = K->stride / sizeof(fp16);
     for (int j = 0; j < nk; j += n) {
         int n_ahead;
-        const fp16 *k = page_run(K, j, nk, &n), *ahead = page_run(K, j + n, nk, &n_ahead);
+        const fp16 *k = kv_head_run(K, j, nk, &n), *ahead = kv_head_run(K, j + n, nk, &n_ahead);
         if (fast) simd->dot_f16_rows(q, k, stride, n, hd, scale, scores + j, ahead, n_ahead);
         for (int i = 0; i < n && !fast; i++) {
             fg_prefetch_ahead(ahead, n_ahead, i, stride, hd);
@@ -246,7 +226,7 @@ static void attend_one(const float *q, const opt_kv_rows *K, const opt_kv_rows *
     memset(out, 0, hd * sizeof *out);
     for (int j = 0; j < nk; j += n) {
         int n_ahead;
-        const fp16 *v = page_run(V, j, nk, &n), *ahead = page_run(V, j + n, nk, &n_ahead);
+        const fp16 *v = kv_head_run(V, j, nk, &n), *ahead = kv_head_run(V, j + n, nk, &n_ahead);
         if (fast) simd->axpy_f16_rows(scores + j, v, stride, n, hd, out, ahead, n_ahead);
         for (int i = 0; i < n && !fast; i++) {
             fg_prefetch_ahead(ahead, n_ahead, i, stride, hd);

@@ -12,6 +12,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A row of the cache holds a token's keys (or values) for every head, so one head's keys lie a
+ * row apart (kilobytes), each in a 4 KiB page of its own, and the hardware's prefetchers, which
+ * follow runs inside a page, fetch none of them ahead: each waited a trip to memory. So decode
+ * attention (opt_model.c's attend_one) reads a head's keys a run at a time, and its loops ask for
+ * the next run's rows (support/simd.c's fg_prefetch_ahead) as they read this one's. */
+enum { KV_RUN = 16 };
+
+/* Keys [j, j + n) of one head: as many as lie in order from j (to the end of j's page), at most
+ * KV_RUN; none (n = 0) from nk on. */
+const fp16 *kv_head_run(const opt_kv_rows *r, int j, int nk, int *n) {
+    if (j >= nk) {
+        *n = 0;
+        return NULL;
+    }
+    int end = r->pages ? (j / r->page_tokens + 1) * r->page_tokens : nk;
+    end = end < nk ? end : nk;
+    *n = (end < j + KV_RUN ? end : j + KV_RUN) - j;
+    return (const fp16 *)(r->rows + kv_page_row(r->pages, r->page_tokens, j) * r->stride) +
+           (size_t)r->head * r->head_dim;
+}
+
 /* Sequence b of a GPU batch: gpu first, then cpu, then disk. */
 fg_tier tier_of(const row_split *s, int b) {
     return b < s->rows[TIER_GPU]                       ? TIER_GPU

@@ -474,6 +474,8 @@ typedef struct {
     int rows[N_TIERS]; /* of a GPU batch's sequences: gpu first, then cpu, then disk */
 } row_split;
 fg_tier tier_of(const row_split *s, int b); /* the tier of a GPU batch's sequence b */
+/* keys [j, j + n) of one head as decode attention reads them: a run in one page, at most 16 */
+const fp16 *kv_head_run(const opt_kv_rows *r, int j, int nk, int *n);
 static inline int kv_pages_for(int tokens, int page_tokens) {
     return (tokens + page_tokens - 1) / page_tokens;
 }
