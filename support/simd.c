@@ -10,7 +10,7 @@
  * weights, int8 activations) and "portable (non-SIMD) paths match the reference" (4-bit cache);
  * tests/test_model.c holds the attention twins alone at head sizes the fixtures lack. Beside the
  * arithmetic, the attention loops ask for the next run of the cache's rows as they read this
- * one's (fg_prefetch_ahead; opt_model.c's page_run says why), which changes no value.
+ * one's (fg_prefetch_ahead; support/kv_pages.c's kv_head_run says why), which changes no value.
  */
 #include "support/support.h"
 
