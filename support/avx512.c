@@ -431,7 +431,8 @@ VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32
  *   y         kept in the order the quads come out (the slots) for the whole product, gaining
  *             alpha isum + msum at each block; put back in column order once, at the end.
  * The rounding of a (alpha, msum, a8) runs first for 16 groups side by side, one group a lane:
- * their mins and scales are 32 contiguous bytes of a row of W. The avx2 path's twin, without
+ * their mins and scales are 32 contiguous bytes of a row of W, widened once a block for all the
+ * pass's rows (widen_block). The avx2 path's twin, without
  * VNNI, is int8.c's int8_pairs_avx2 (one group a 256-bit register, vpmaddubsw). */
 enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = 4 }; /* FUSED_ROWS: rows of x a pass */
 
@@ -466,35 +467,53 @@ INLINE __m512i round_to_int(__m512 v) {
 #endif
 }
 
-/* Block b of the span for one row (x and w at its first k): int8.c's quantize, a group a lane;
- * a is kept between its two uses. Each 4 k's values of a8 become their groups' quads by two
- * saturating packs (|a8| <= 127: none saturates), which leave each 128-bit lane's bytes
- * [k][4 groups], and one byte shuffle to [group][4 k]. ahead: prefetch the next block's mins and
- * scales. */
-static void round_block(const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales,
-                        int ng, int ahead, int b, rounded_span *q) {
-    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    __m512 big = _mm512_setzero_ps(), lane[8];
-    _Alignas(64) float a[64][CHUNK_GROUPS];
-    for (int l = 0; l < 8; l++) lane[l] = _mm512_setzero_ps();
+/* A block's mins and scales (w at its first k) for n (<= 16) groups, widened, [k][group]: the
+ * same for every row of x. ahead: prefetch the next block's. */
+typedef struct {
+    float min[64][CHUNK_GROUPS], scale[64][CHUNK_GROUPS];
+} widened_block;
+
+static void widen_block(const uint8_t *w, size_t stride, size_t mins, size_t scales, int ng,
+                        int ahead, widened_block *wb) {
     for (int k = 0; k < 64; k++) {
         const uint8_t *row = w + (size_t)k * stride;
         if (ahead) {
             prefetch(row + 64 * stride + mins);
             prefetch(row + 64 * stride + scales);
         }
-        __m512 xk = _mm512_set1_ps(x[k]);
-        __m512 ak = _mm512_mul_ps(xk, widen_groups(row + scales, ng));
-        _mm512_store_ps(a[k], ak);
-        big = _mm512_max_ps(big, _mm512_and_ps(ak, magnitude));
-        lane[k % 8] = _mm512_fmadd_ps(xk, widen_groups(row + mins, ng), lane[k % 8]);
+        _mm512_store_ps(wb->min[k], widen_groups(row + mins, ng));
+        _mm512_store_ps(wb->scale[k], widen_groups(row + scales, ng));
     }
+}
+
+/* Block b of the span for one row (x at its first k): int8.c's quantize, a group a lane; a is
+ * kept between its two uses. max |a| in four chains (a max of numbers is exact: any order gives
+ * it), msum in eight (int8.c's order). Each 4 k's values of a8 become their groups' quads by two
+ * saturating packs (|a8| <= 127: none saturates), which leave each 128-bit lane's bytes
+ * [k][4 groups], and one byte shuffle to [group][4 k]. */
+static void round_block(const float *x, const widened_block *wb, int b, rounded_span *q) {
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 big[4], lane[8];
+    _Alignas(64) float a[64][CHUNK_GROUPS];
+    for (int l = 0; l < 4; l++) big[l] = _mm512_setzero_ps();
+    for (int l = 0; l < 8; l++) lane[l] = _mm512_setzero_ps();
+    for (int k0 = 0; k0 < 64; k0 += 8)
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) { /* unrolled: big and lane stay in registers */
+            int k = k0 + l;
+            __m512 xk = _mm512_set1_ps(x[k]);
+            __m512 ak = _mm512_mul_ps(xk, _mm512_load_ps(wb->scale[k]));
+            _mm512_store_ps(a[k], ak);
+            big[l % 4] = _mm512_max_ps(big[l % 4], _mm512_and_ps(ak, magnitude));
+            lane[l] = _mm512_fmadd_ps(xk, _mm512_load_ps(wb->min[k]), lane[l]);
+        }
     __m512 low = _mm512_add_ps(_mm512_add_ps(lane[0], lane[4]), _mm512_add_ps(lane[2], lane[6]));
     __m512 high = _mm512_add_ps(_mm512_add_ps(lane[1], lane[5]), _mm512_add_ps(lane[3], lane[7]));
     _mm512_storeu_ps(q->msum[b], _mm512_add_ps(low, high));
-    simde__mmask16 scaled = _mm512_cmp_ps_mask(big, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ);
-    __m512 inv = _mm512_maskz_div_ps(scaled, _mm512_set1_ps(127), big);
-    _mm512_storeu_ps(q->alpha[b], _mm512_maskz_div_ps(scaled, big, _mm512_set1_ps(127)));
+    __m512 largest = _mm512_max_ps(_mm512_max_ps(big[0], big[1]), _mm512_max_ps(big[2], big[3]));
+    simde__mmask16 scaled = _mm512_cmp_ps_mask(largest, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ);
+    __m512 inv = _mm512_maskz_div_ps(scaled, _mm512_set1_ps(127), largest);
+    _mm512_storeu_ps(q->alpha[b], _mm512_maskz_div_ps(scaled, largest, _mm512_set1_ps(127)));
     const __m512i to_quads = _mm512_set4_epi32(0x0f0b0703, 0x0e0a0602, 0x0d090501, 0x0c080400);
     for (int k4 = 0; k4 < 16; k4++) {
         __m512i a8[4];
@@ -654,12 +673,13 @@ VNNI static void span_rows(const float *x, size_t ldx, int r0, int nr, const uin
                            int g, int n, float *y, size_t ldy, int first_rows) {
     rounded_span spans[FUSED_ROWS];
     const rounded_span *q[FUSED_ROWS];
-    for (int r = 0; r < nr; r++) {
-        q[r] = &spans[r];
-        for (int b = 0; b < nb; b++)
-            round_block(x + (r0 + r) * ldx + 64 * (b0 + b), w + (size_t)(64 * (b0 + b)) * stride,
-                        stride, mins + 2 * (size_t)g, scales + 2 * (size_t)g, n,
-                        first_rows && r == 0 && b0 + b + 1 < blocks, b, &spans[r]);
+    _Alignas(64) widened_block wb;
+    for (int r = 0; r < nr; r++) q[r] = &spans[r];
+    for (int b = 0; b < nb; b++) {
+        widen_block(w + (size_t)(64 * (b0 + b)) * stride, stride, mins + 2 * (size_t)g,
+                    scales + 2 * (size_t)g, n, first_rows && b0 + b + 1 < blocks, &wb);
+        for (int r = 0; r < nr; r++)
+            round_block(x + (r0 + r) * ldx + 64 * (b0 + b), &wb, b, &spans[r]);
     }
     for (int b = 0; b < nb; b++) {
         int ahead = first_rows && b0 + b + 1 < blocks; /* later rows find the span in L2 */

@@ -495,28 +495,35 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
     const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales, int n, int ahead,
     int b, rounded_chunk *q) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 big = _mm256_setzero_ps(), lane[8];
+    __m256 big[4], lane[8];
     _Alignas(32) float a[KB][PAIR_CHUNK];
+    for (int l = 0; l < 4; l++) big[l] = _mm256_setzero_ps();
     for (int l = 0; l < 8; l++) lane[l] = _mm256_setzero_ps();
-    for (int k = 0; k < KB; k++) {
-        const uint8_t *row = w + (size_t)k * stride;
-        if (ahead) {
-            _mm_prefetch((const char *)row + KB * stride + mins, _MM_HINT_T1);
-            _mm_prefetch((const char *)row + KB * stride + scales, _MM_HINT_T1);
+    for (int k0 = 0; k0 < KB; k0 += 8)
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) { /* unrolled: big and lane stay in registers */
+            int k = k0 + l;
+            const uint8_t *row = w + (size_t)k * stride;
+            if (ahead) {
+                _mm_prefetch((const char *)row + KB * stride + mins, _MM_HINT_T1);
+                _mm_prefetch((const char *)row + KB * stride + scales, _MM_HINT_T1);
+            }
+            __m256 xk = _mm256_set1_ps(x[k]);
+            __m256 ak = _mm256_mul_ps(xk, widen_groups_avx2(row + scales, n));
+            _mm256_store_ps(a[k], ak);
+            big[l % 4] = _mm256_max_ps(big[l % 4], _mm256_and_ps(ak, magnitude));
+            lane[l] = _mm256_fmadd_ps(xk, widen_groups_avx2(row + mins, n), lane[l]);
         }
-        __m256 xk = _mm256_set1_ps(x[k]);
-        __m256 ak = _mm256_mul_ps(xk, widen_groups_avx2(row + scales, n));
-        _mm256_store_ps(a[k], ak);
-        big = _mm256_max_ps(big, _mm256_and_ps(ak, magnitude));
-        lane[k % 8] = _mm256_fmadd_ps(xk, widen_groups_avx2(row + mins, n), lane[k % 8]);
-    }
     __m256 low = _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6]));
     __m256 high = _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7]));
     _mm256_storeu_ps(q->msum[b], _mm256_add_ps(low, high));
-    __m256 scaled = _mm256_cmp_ps(big, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's
-                                                                                  test */
-    __m256 inv = _mm256_and_ps(scaled, _mm256_div_ps(_mm256_set1_ps(127), big));
-    _mm256_storeu_ps(q->alpha[b], _mm256_and_ps(scaled, _mm256_div_ps(big, _mm256_set1_ps(127))));
+    /* max |a| in four chains: a max of numbers is exact, any order gives it */
+    __m256 largest = _mm256_max_ps(_mm256_max_ps(big[0], big[1]), _mm256_max_ps(big[2], big[3]));
+    __m256 scaled = _mm256_cmp_ps(largest, _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ); /* scales_of's
+                                                                                      test */
+    __m256 inv = _mm256_and_ps(scaled, _mm256_div_ps(_mm256_set1_ps(127), largest));
+    _mm256_storeu_ps(q->alpha[b],
+                     _mm256_and_ps(scaled, _mm256_div_ps(largest, _mm256_set1_ps(127))));
     /* each 4 k's a8 into their groups' quads: two saturating packs (|a8| <= 127: none saturates)
      * leave each 128-bit lane's bytes [k][4 groups], one byte shuffle makes them [group][4 k] */
     const __m256i to_quads = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
