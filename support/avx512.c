@@ -432,8 +432,8 @@ VNNI static void int8_sums(const uint8_t *quads, const int8_t *a8, int mr, int32
  *             alpha isum + msum at each block; put back in column order once, at the end.
  * The rounding of a (alpha, msum, a8) runs first for 16 groups side by side, one group a lane:
  * their mins and scales are 32 contiguous bytes of a row of W, widened once a block for all the
- * pass's rows (widen_block). The avx2 path's twin, without
- * VNNI, is int8.c's int8_pairs_avx2 (one group a 256-bit register, vpmaddubsw). */
+ * pass's rows (widen_block). The avx2 path's twin, without VNNI, is int8.c's int8_pairs_avx2 (one
+ * group a 256-bit register, vpmaddubsw). */
 enum { SPAN_BLOCKS = 4, CHUNK_GROUPS = 16, FUSED_ROWS = 4 }; /* FUSED_ROWS: rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 16 groups: the 4 values of
@@ -467,12 +467,13 @@ INLINE __m512i round_to_int(__m512 v) {
 #endif
 }
 
-/* A block's mins and scales (w at its first k) for n (<= 16) groups, widened, [k][group]: the
- * same for every row of x. ahead: prefetch the next block's. */
+/* A block's mins and scales, widened, [k][group]: the same for every row of x. */
 typedef struct {
     float min[64][CHUNK_GROUPS], scale[64][CHUNK_GROUPS];
 } widened_block;
 
+/* The block's (w at its first k) for ng (<= 16) groups; zeros past them. ahead: prefetch the
+ * next block's. */
 static void widen_block(const uint8_t *w, size_t stride, size_t mins, size_t scales, int ng,
                         int ahead, widened_block *wb) {
     for (int k = 0; k < 64; k++) {
