@@ -90,7 +90,8 @@ INLINE __m512 int_to_float(__m512i i) {
 #endif
 }
 
-INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); } /* into L2 */
+INLINE void prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }    /* into L2 */
+INLINE void prefetch_l1(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); } /* into L1 */
 
 /* ---- fp16: y[mr][16 nv] over kc rows of w (ldw apart) ---- */
 INLINE void tile_f16(const float *x, size_t ldx, const fp16 *w, size_t ldw, int kc, float *y,
@@ -278,7 +279,8 @@ INLINE __m512 pair_q4(const uint8_t *bytes) {
 
 /* mr <= 4 rows of x against np <= 4 pairs of rows of E, v0 + 2 i and v0 + 2 i + 1: fp16 rows
  * e16[2 np], or the codes of 4-bit byte rows (E4; v0 a multiple of 8), whose x is matmul.c's a.
- * dot[r][j]: row j's 8 lanes added. */
+ * dot[r][j]: row j's 8 lanes added. 4-bit byte rows ask for the next call's byte rows a line
+ * ahead, as matmul.c's dots_q4_avx2_shape does (fp16 rows run at the read rate without it). */
 INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const uint8_t *E4, int v0,
                        float dot[4][8], const int mr, const int np) {
     __m512 acc[4][4];
@@ -289,6 +291,9 @@ INLINE void dots_shape(const float *x, int dim, const fp16 *const *e16, const ui
 #pragma GCC unroll 4
         for (int i = 0; i < np; i++) acc[r][i] = _mm512_setzero_ps();
     for (int d = 0; d < vec; d += 8) {
+        if (E4 && d % 64 == 0)
+#pragma GCC unroll 4
+            for (int i = 0; i < np; i++) prefetch_l1(bytes + (size_t)(np + i) * dim + d);
         __m512 e[4];
 #pragma GCC unroll 4
         for (int i = 0; i < np; i++)
