@@ -8,26 +8,29 @@
  * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16,
  * 4-bit, int8 (4-bit weights times int8 activations, --int8-activations' products: decode's blocks
  * up to 64 rows, prefill's rows rounded once past that), or int8-blocks (decode's blocks of 64,
- * support/int8.c, at any number of rows: the scheme beside prefill's). MATRICES
- * distinct copies of W (default: as many as make 1 GiB, as stream_rate reads, past every cache:
- * a server's last level can hold 480 MiB, where 12 copies of fc1 in fp16 would stay) are
- * multiplied in turn, REPEATS times (default 1) per timed pass; best of 8 passes. One matrix of a
- * few hundred KiB with many repeats measures the kernel from cache: its arithmetic alone. W is
- * allocated as the CPU backend allocates a tier's memory (fg_cpu_backend.alloc: huge pages where
- * the kernel gives them). The path is the CPU's widest, or FLEXGEN_ISA's; threads:
- * OMP_NUM_THREADS. Built without oneDNN (as scripts/bench_matmul.sh builds it), int8's prefill
- * rows take support/onednn.c's exact AVX2 kernel, what a CPU without VNNI runs. One JSON line per
- * run.
- * scripts/bench_matmul.sh builds it and runs the set BENCHMARKS.md quotes; by hand:
+ * support/int8.c, at any number of rows: the scheme beside prefill's), or lm_head (decode's
+ * logits, matmul_embed_t: x times the 4-bit table E[OUT][IN] as --compress-weight stores the
+ * embedding, grouped along OUT; opt-1.3b's is 2048 50272). MATRICES distinct copies of W (default:
+ * as many as make 1 GiB, as stream_rate reads, past every cache: a server's last level can hold 480
+ * MiB, where 12 copies of fc1 in fp16 would stay) are multiplied in turn, REPEATS times (default 1)
+ * per timed pass; best of 8 passes. One matrix of a few hundred KiB with many repeats measures the
+ * kernel from cache: its arithmetic alone. W is allocated as the CPU backend allocates a tier's
+ * memory (fg_cpu_backend.alloc: huge pages where the kernel gives them). The path is the CPU's
+ * widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. Built without oneDNN (as
+ * scripts/bench_matmul.sh builds it), int8's prefill rows take support/onednn.c's exact AVX2
+ * kernel, what a CPU without VNNI runs. One JSON line per run. scripts/bench_matmul.sh builds it
+ * and runs the set BENCHMARKS.md quotes; by hand:
  *
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit 256 4096 1 500      (from L2)
  *   OMP_NUM_THREADS=2 build/bench_matmul 1024 int8-blocks 2048 8192 1 1   (prefill's rows)
+ *   OMP_NUM_THREADS=2 build/bench_matmul 1 lm_head 2048 50272
  */
 #define _POSIX_C_SOURCE 200809L
 #include "flexgen.h"
 #include "support/support.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,30 +53,35 @@ static int arg(int argc, char **argv, int i, int fallback) {
 }
 
 int main(int argc, char **argv) {
-    const char *formats[] = {"fp16", "4-bit", "int8", "int8-blocks"};
+    const char *formats[] = {"fp16", "4-bit", "int8", "int8-blocks", "lm_head"};
     int format = -1;
-    for (int f = 0; f < 4 && argc >= 3; f++)
+    for (int f = 0; f < 5 && argc >= 3; f++)
         if (!strcmp(argv[2], formats[f])) format = f;
     if (format < 0) {
-        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8|int8-blocks [IN OUT [MATRICES "
-                        "[REPEATS]]]\n");
+        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8|int8-blocks|lm_head [IN OUT "
+                        "[MATRICES [REPEATS]]]\n");
         return 2;
     }
     int rows = arg(argc, argv, 1, 1), int8 = format == 2, blocks = format == 3;
-    int q4 = format > 0;
+    int q4 = format > 0, lm_head = format == 4;
     int products = int8 ? PRODUCTS_INT8 : PRODUCTS_FP32;
     int in = arg(argc, argv, 3, 2048), out = arg(argc, argv, 4, 8192);
-    if (q4 && out % Q4_GROUP) {
+    if (q4 && !lm_head && out % Q4_GROUP) {
         fprintf(stderr, "bench_matmul: OUT must be a multiple of %d for 4-bit weights\n", Q4_GROUP);
         return 2;
     }
     size_t n = (size_t)in * out;
-    size_t bytes = q4 ? q4_bytes((size_t)in, (size_t)out, 1) : n * sizeof(fp16);
+    size_t bytes = lm_head ? q4_bytes(1, (size_t)out, (size_t)in)
+                   : q4    ? q4_bytes((size_t)in, (size_t)out, 1)
+                           : n * sizeof(fp16);
     int gib_of_copies = (int)(((size_t)1 << 30) / bytes) + 1;
     int matrices = arg(argc, argv, 5, gib_of_copies), repeats = arg(argc, argv, 6, 1);
     float *w32 = malloc(n * sizeof *w32), *x = malloc((size_t)rows * in * sizeof *x);
     float *y = malloc((size_t)rows * out * sizeof *y);
-    float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch); /* prefill's panel */
+    size_t lm_head_stride = (size_t)MATMUL_EMBED_BLOCK * in; /* a thread's rows of E, widened */
+    size_t scratch_floats = matmul_scratch_floats(in, out);  /* prefill's panel */
+    if (lm_head) scratch_floats = lm_head_stride * (size_t)omp_get_max_threads();
+    float *scratch = malloc(scratch_floats * sizeof *scratch);
     uint8_t **W = calloc((size_t)matrices, sizeof *W);
     if (!w32 || !x || !y || !scratch || !W) {
         fprintf(stderr, "bench_matmul: out of memory\n");
@@ -88,6 +96,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (m > 0) memcpy(W[m], W[0], bytes); /* the same values, other memory */
+        else if (lm_head) q4_compress(w32, 1, (size_t)out, (size_t)in, W[m]);
         else if (q4) q4_compress(w32, (size_t)in, (size_t)out, 1, W[m]);
         else fp32_to_fp16_n(w32, (fp16 *)W[m], n);
     }
@@ -97,6 +106,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < repeats; r++)
             for (int m = 0; m < matrices; m++)
                 if (blocks) matmul_int8_blocks(x, rows, in, W[m], 1, out, y, 0);
+                else if (lm_head)
+                    matmul_embed_t(x, rows, in, W[m], 1, out, y, scratch, lm_head_stride);
                 else
                     matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL, NULL);
         double dt = now() - t0;
