@@ -501,7 +501,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 halves_
  * a row each); the same operations, so the same bits. ahead: the same groups' mins and scales kc
  * rows on (the next band's) are asked for into L2, as the band kernels ask for its codes: they lie
  * apart from the codes' stream, and without it their loads waited on memory (on a Zen 4, 11% of
- * a batch-1 decode step; the products 1.08x to 1.22x faster with it). */
+ * a batch-1 decode step; the products 1.09x to 1.31x faster with it). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q4_terms_avx2_rows(
     const float *x, size_t ldx, const uint8_t *w, size_t stride, int G, int g, int ng, int kc,
     int ahead, q4_terms *t, const int rows) {
