@@ -78,7 +78,8 @@
  * to a register, four such pairs against four rows of x; the rows are widened in the registers.
  * 4-bit: from the codes, as the linear layers (embed_t_q4 and the comment above dots_q4_portable):
  * per group, a = x scale and the min term first, then the dots of a with the codes, a byte row
- * (two rows of E) at a time. Many rows (prefill's logits at every position) go through sgemm on
+ * (two rows of E) at a time; one row of x takes AVX2's kernel on the AVX-512 paths too
+ * (matmul_embed_t says why). Many rows (prefill's logits at every position) go through sgemm on
  * blocks of MATMUL_EMBED_BLOCK widened rows.
  */
 #include "support/support.h"
