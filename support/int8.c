@@ -73,8 +73,8 @@
  *             with AVX-VNNI (CPUs without AVX-512: vnni256_sums below), 8 slots' in 256 bits;
  *   finish    y (0, or y when adding, in the first block) + fmaf(alpha, isum, msum).
  * The panel pays when many rows of x share it. For up to 8 rows (decode's batches), the wide
- * paths do the same operations with no panel, taking the codes straight from W into registers,
- * quads built by four unpacks (groups_in_pairs below hands each run of whole groups to the path's
+ * paths do the same operations with no panel, taking the codes straight from W, quads built by
+ * four unpacks (groups_in_pairs below hands each run of whole groups to the path's
  * int8_pairs): on the path with AVX-512 VNNI (or SIMDe), support/avx512.c's, two groups a register
  * and vpdpbusd; on the avx2 path, int8_pairs_avx2 below, one group a register and vpmaddubsw as
  * in tile_avx2, which needs no VNNI (a laptop's CPU).
@@ -447,15 +447,18 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
 /* ---- AVX2 for decode, fused: a row of x against whole groups, with no panel ----
  * What support/avx512.c's int8_pairs does with VNNI, here with vpmaddubsw, which every CPU with
  * AVX2 has (a laptop's, with no VNNI): the same operations in the same order, so the same bits.
- * block_product packs each block of codes into a panel for every step, which costs more than the
- * sums when one row of x uses it; here each group's codes go straight from W into registers:
+ * block_product packs each block of codes into a panel, with its mins and scales, for every pass
+ * of rows, which costs more than the sums when few rows of x use it; here the rounding reads the
+ * mins and scales from W, and each group's block of codes is unpacked once for all the rows:
  *   round     a row's a rounded for a span of blocks and 8 groups side by side, one group a
  *             lane (their mins and scales are 16 contiguous bytes of a row of W): quantize's
  *             steps, lane[k % 8] for msum's lanes, added as lanes_add adds them;
  *   quads     per 4 k, the group's 4 rows of 32 bytes interleaved (bytes, then pairs) as pack_avx2
- *             does, but kept in registers: 64 slots, in two halves of 32 (the low and the high
- *             bytes of each 128-bit lane), whose high nibbles are the even columns and low ones
- *             the odd;
+ *             does: 64 slots, in two halves of 32 (the low and the high bytes of each 128-bit
+ *             lane), whose high nibbles are the even columns and low ones the odd; the block's
+ *             4 KiB of them stored once and read from L1 by every row of x (up to 8 rows, two at
+ *             a time: on opt-1.3b's products at 8 rows 1.13-1.20x faster than unpacking them in
+ *             the registers for each two rows and passes of 4 rows, and as fast at one row);
  *   sums      vpmaddubsw of each 8 slots' quads by the row's 4 values of a8 broadcast, summed in
  *             int16 over 32 k (8 x 2 x 15 x 127 = 30480: no overflow), then widened to int32
  *             (vpmaddwd by ones), as tile_avx2 does;
@@ -468,7 +471,7 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
 enum {
     PAIR_SPAN = 4,
     PAIR_CHUNK = 8,
-    PAIR_PASS = 4
+    PAIR_PASS = 8
 }; /* blocks a span; groups a chunk; rows of x a pass */
 
 /* One row's rounded operands for a span of blocks and a chunk of up to 8 groups: the 4 values of
@@ -538,14 +541,47 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
     }
 }
 
-/* Block b for group u of the chunk (codes: its first byte in the block's first row) and mr rows:
- * y[r] (the group's 64 columns) = (y[r] if from_y, else 0) + alpha isum + msum. The next block's
- * rows of the group are prefetched into L2: a block's 64 rows are 64 streams, more than the
- * hardware's prefetcher follows (as in pack_avx2). */
+/* A group's block of codes unpacked into quads, [half][k4][v]: per 4 k, the group's 4 rows of 32
+ * bytes interleaved (bytes, then pairs) as pack_avx2 does, 64 slots in two halves of 32 (the low
+ * and the high bytes of each 128-bit lane); v 0 and 1 the high and low nibbles of the first 8
+ * slots' quads, 2 and 3 of the next 8. 4 KiB, in L1 for every row of x that uses it. */
+typedef struct {
+    __m256i w[2][KB / 4][4];
+} group_quads;
+
+/* The block of group u (codes: its first byte in the block's first row), unpacked. ahead: the
+ * next block's rows of the group are asked for into L2: a block's 64 rows are 64 streams, more
+ * than the hardware's prefetcher follows (as in pack_avx2). */
+__attribute__((target("avx2"))) static void unpack_group_avx2(const uint8_t *codes, size_t stride,
+                                                              int ahead, group_quads *p) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    for (int k4 = 0; k4 < KB / 4; k4++) {
+        const uint8_t *row = codes + (size_t)(4 * k4) * stride;
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)row);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(row + stride));
+        __m256i b2 = _mm256_loadu_si256((const __m256i *)(row + 2 * stride));
+        __m256i b3 = _mm256_loadu_si256((const __m256i *)(row + 3 * stride));
+        if (ahead)
+            for (int i = 0; i < 4; i++)
+                _mm_prefetch((const char *)row + (KB + i) * stride, _MM_HINT_T1);
+        for (int half = 0; half < 2; half++) {
+            __m256i b01 = half ? _mm256_unpackhi_epi8(b0, b1) : _mm256_unpacklo_epi8(b0, b1);
+            __m256i b23 = half ? _mm256_unpackhi_epi8(b2, b3) : _mm256_unpacklo_epi8(b2, b3);
+            __m256i quads[2] = {_mm256_unpacklo_epi16(b01, b23), _mm256_unpackhi_epi16(b01, b23)};
+            p->w[half][k4][0] = _mm256_and_si256(_mm256_srli_epi16(quads[0], 4), low4);
+            p->w[half][k4][1] = _mm256_and_si256(quads[0], low4);
+            p->w[half][k4][2] = _mm256_and_si256(_mm256_srli_epi16(quads[1], 4), low4);
+            p->w[half][k4][3] = _mm256_and_si256(quads[1], low4);
+        }
+    }
+}
+
+/* Block b for group u of the chunk (its quads unpacked) and mr (<= 2) rows: y[r] (the group's 64
+ * columns) = (y[r] if from_y, else 0) + alpha isum + msum. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void group_block_avx2(
-    const uint8_t *codes, size_t stride, int ahead, const rounded_chunk *const *q, int b, int u,
-    float *const *y, int from_y, const int mr) {
-    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const group_quads *p, const rounded_chunk *const *q, int b, int u, float *const *y, int from_y,
+    const int mr) {
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) { /* slots 0 .. 31, then 32 .. 63 */
         __m256i acc32[2][4];
 #pragma GCC unroll 2
@@ -558,31 +594,15 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void group_bloc
             for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) acc16[r][v] = _mm256_setzero_si256();
-            for (int k4 = k32 / 4; k4 < k32 / 4 + 8; k4++) {
-                const uint8_t *row = codes + (size_t)(4 * k4) * stride;
-                __m256i b0 = _mm256_loadu_si256((const __m256i *)row);
-                __m256i b1 = _mm256_loadu_si256((const __m256i *)(row + stride));
-                __m256i b2 = _mm256_loadu_si256((const __m256i *)(row + 2 * stride));
-                __m256i b3 = _mm256_loadu_si256((const __m256i *)(row + 3 * stride));
-                if (ahead && half == 0)
-                    for (int i = 0; i < 4; i++)
-                        _mm_prefetch((const char *)row + (KB + i) * stride, _MM_HINT_T1);
-                __m256i b01 = half ? _mm256_unpackhi_epi8(b0, b1) : _mm256_unpacklo_epi8(b0, b1);
-                __m256i b23 = half ? _mm256_unpackhi_epi8(b2, b3) : _mm256_unpacklo_epi8(b2, b3);
-                __m256i quads[2] = {_mm256_unpacklo_epi16(b01, b23),
-                                    _mm256_unpackhi_epi16(b01, b23)};
-                __m256i w[4] = {_mm256_and_si256(_mm256_srli_epi16(quads[0], 4), low4),
-                                _mm256_and_si256(quads[0], low4),
-                                _mm256_and_si256(_mm256_srli_epi16(quads[1], 4), low4),
-                                _mm256_and_si256(quads[1], low4)};
+            for (int k4 = k32 / 4; k4 < k32 / 4 + 8; k4++)
 #pragma GCC unroll 2
                 for (int r = 0; r < mr; r++) {
                     __m256i a8 = _mm256_set1_epi32(q[r]->a8_quads[b][k4][u]);
 #pragma GCC unroll 4
                     for (int v = 0; v < 4; v++)
-                        acc16[r][v] = _mm256_add_epi16(acc16[r][v], _mm256_maddubs_epi16(w[v], a8));
+                        acc16[r][v] = _mm256_add_epi16(acc16[r][v],
+                                                       _mm256_maddubs_epi16(p->w[half][k4][v], a8));
                 }
-            }
 #pragma GCC unroll 2
             for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
@@ -616,8 +636,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void group_bloc
 }
 
 /* Rows r0 .. r0 + nr (nr <= PAIR_PASS) of x over the span's blocks b0 .. b0 + nb and the chunk's
- * n groups from g: their a rounded, then each block's groups summed into y, two rows of x at a
- * time (the group's codes in L1 for the next two). from_y: y's first block starts from y. */
+ * n groups from g: their a rounded, then each block's groups unpacked once and summed into y, two
+ * rows of x at a time. from_y: y's first block starts from y. */
 __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(
     const float *x, size_t ldx, int r0, int nr, const uint8_t *w, size_t stride, size_t mins,
     size_t scales, int blocks, int b0, int nb, int g, int n, float *y, size_t ldy, int from_y) {
@@ -636,13 +656,13 @@ __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(
         int ahead = first_rows && b0 + b + 1 < blocks, add = from_y || b0 + b > 0;
         const uint8_t *block = w + (size_t)(KB * (b0 + b)) * stride + (Q4_GROUP / 2) * (size_t)g;
         for (int u = 0; u < n; u++) {
-            const uint8_t *codes = block + (Q4_GROUP / 2) * (size_t)u;
+            group_quads quads;
+            unpack_group_avx2(block + (Q4_GROUP / 2) * (size_t)u, stride, ahead, &quads);
             for (int r = 0; r < nr; r += 2) {
                 float *yg = y + (r0 + r) * ldy + Q4_GROUP * u;
                 float *rows_y[2] = {yg, nr - r > 1 ? yg + ldy : NULL};
-                if (nr - r == 1)
-                    group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 1);
-                else group_block_avx2(codes, stride, ahead && r == 0, q + r, b, u, rows_y, add, 2);
+                if (nr - r == 1) group_block_avx2(&quads, q + r, b, u, rows_y, add, 1);
+                else group_block_avx2(&quads, q + r, b, u, rows_y, add, 2);
             }
         }
     }
@@ -651,9 +671,8 @@ __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(
 /* fg_int8_pairs (support/support.h) on AVX2: ng (even) whole groups of one part from group g0,
  * for rows of x over in (a multiple of 64) rows of W, in the order of support/avx512.c's
  * int8_pairs: spans of a few blocks, each across the groups in chunks (a row's codes read from
- * left to right, as the memory's prefetcher follows best). Each group's block serves 4 rows of x,
- * two at a time, the second two finding its codes in L1; more rows take further passes over the
- * span, whose codes come from L2 then. */
+ * left to right, as the memory's prefetcher follows best). Each group's block serves 8 rows of x;
+ * more rows take further passes over the span, whose codes come from L2 then. */
 __attribute__((target("avx2,fma,f16c"))) void int8_pairs_avx2(const float *x, int rows, size_t ldx,
                                                               int in, const uint8_t *w,
                                                               size_t stride, int G, int g0, int ng,
