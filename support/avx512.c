@@ -594,7 +594,7 @@ VNNI INLINE void pair_half(const uint8_t *codes, size_t stride, int ahead,
  * ask for the next block's rows: a Zen 4 drops some prefetches into L2 (those that meet a full
  * miss queue, it seems), and asking again a half later catches them. There, one row of x against
  * opt-1.3b's products from memory (bench_matmul 1 int8): fc2 0.41 -> 0.32 ms, fc1 0.41 -> 0.35,
- * 2048 x 2048 0.104 -> 0.084, on one thread fc2 0.70 -> 0.40; asking once in each half for half
+ * 2048 x 2048 0.104 -> 0.084, on one thread fc2 0.70 -> 0.37; asking once in each half for half
  * the rows was no faster than once. int8.c's avx2 twin asks twice as it is: two groups share a
  * line and each asks for it. */
 VNNI INLINE void pair_block(const uint8_t *codes, size_t stride, int ahead,
