@@ -16,15 +16,15 @@
  *   527  linear                   the products: cuBLAS, or 4-bit weights (§5)
  *   632  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
  *   700  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   731  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   828  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   870  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   933  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1184  attention_kernel         a query's attention, with §5's top-K
- *  1236  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1317  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1362  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1455  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   733  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   831  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   873  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   952  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1133  attention_kernel         a query's attention, with §5's top-K
+ *  1185  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
+ *  1266  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1311  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1404  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -73,9 +73,9 @@ typedef struct {
 
 /* A step's attention as its kernels take it, by value: store_kv_kernel's and attention_kernel's
  * arguments (q, k and v in qkv as `at` lays them out, the output rows attn, the cache table's rows,
- * pointers and pages), and the split's spans' sums: partials[((row b n_new + t) heads + head)
- * spans + span][hd + 2], a span's sum of weights times values (hd floats), its max score and its
- * sum of weights. */
+ * pointers and pages), and the split's spans of span_keys keys and their sums: partials[((row
+ * b n_new + t) heads + head) spans + span][hd + 2], a span's sum of weights times values (hd
+ * floats), its max score and its sum of weights. */
 typedef struct {
     const __half *qkv;
     qkv_layout at;
@@ -86,7 +86,7 @@ typedef struct {
     void *const *vc;
     long long shift;
     const int *pages;
-    int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans;
+    int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans, span_keys;
     float scale;
     float *partials;
 } attention_split;
@@ -134,7 +134,7 @@ __global__ void store_kv_kernel(attention_split a, int rows);
 static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch *gb, int b);
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad);
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
-                            float sparsity, float *partials, size_t span_slots);
+                            float sparsity, float *partials, size_t span_slots, int fill_blocks);
 __global__ void attention_kernel(attention_split a, float sparsity);
 static size_t attention_shared_bytes(int nk);
 __global__ void attention_span_kernel(attention_split a);
@@ -713,18 +713,20 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
 /* ---- attention: the KV cache (§4.2; 4-bit §5), prefill, decode, delegated ---- */
 
 /* The attention kernels' blocks: 256 threads, reading a head's rows 8 values at a time (16 bytes
- * of fp16, or 4 bytes of 4-bit codes with their group's min and scale), several loads in flight
- * before any is used. Scores: a thread a key, CHUNKS_AT_ONCE of its 8-value chunks at a time.
- * Values: a thread a chunk of the output, the block's threads in groups of a row's chunks, each
- * group summing its keys (KEYS_AT_ONCE at a time) in registers; the groups' sums are added in a
- * fixed order through shared memory. The query waits in shared memory as fp32, up to
- * checkpoint.c's largest head. A span of the split (attention_span_kernel) is FG_CUDA_SPAN_KEYS
- * keys (support.h, which sizes the workspace's part for their sums). */
+ * of fp16, or 4 bytes of 4-bit codes with their group's min and scale), the lanes of a row side
+ * by side, KEYS_AT_ONCE keys' loads in flight before any is used. Scores: a group of lanes a key
+ * (lanes_per_key), their dot products added by shuffles. Values: a thread a chunk of the output,
+ * the block's threads in groups of a row's chunks, each group summing its keys in registers; the
+ * groups' sums are added in a fixed order through shared memory. The query waits in shared memory
+ * as fp32, up to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
+ * FG_CUDA_MIN_SPAN_KEYS to FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for
+ * their sums); queue_attention cuts a query's keys into more spans while the step's blocks are
+ * fewer than FILL_BLOCKS_PER_SM a multiprocessor. */
 #define ATTENTION_THREADS 256
-#define CHUNKS_AT_ONCE 8
 #define KEYS_AT_ONCE 4
 #define MAX_HEAD_DIM 1024
 #define MERGE_THREADS 128
+#define FILL_BLOCKS_PER_SM 8
 
 /* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
  * prefill after cached tokens) by queue_attention's kernels, delegated sequences on the CPU. */
@@ -750,6 +752,7 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                          .kv_heads = cfg_kv_heads(c),
                          .q4 = gb->kv_q4,
                          .spans = 0,
+                         .span_keys = 0,
                          .scale = 1.0f / sqrtf((float)hd),
                          .partials = NULL};
     size_t threads = store_kv_threads(rows, a.kv_heads, hd, a.q4);
@@ -762,7 +765,7 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
             if (!gb->kv_in_host[b]) prefill_attention(d, c, gb, b);
     } else if (t->on_device > 0) {
         queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
-                        d->span_slots);
+                        d->span_slots, FILL_BLOCKS_PER_SM * d->multiprocessors);
     }
     /* its copies follow on this stream */
     if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);
@@ -921,17 +924,33 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 
 /* ---- decode (and prefill after cached tokens): the attention kernels ---- */
 
+/* The keys of a span of the split for queries that see up to nk keys: the fewest spans of at most
+ * FG_CUDA_SPAN_KEYS keys, or more of them, down to FG_CUDA_MIN_SPAN_KEYS keys, while the step's
+ * blocks (queries x spans) are fewer than fill_blocks and span_slots holds their sums; keys cut
+ * evenly, rounded up to whole warps. 0 where span_slots cannot hold even the fewest. */
+static int attention_span_keys(int nk, size_t queries, size_t span_slots, int fill_blocks) {
+    size_t spans = (size_t)fg_cuda_attention_spans(nk);
+    size_t most = ((size_t)nk + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
+    if (queries * spans > span_slots) return 0;
+    while (spans < most && queries * spans < (size_t)fill_blocks &&
+           queries * (spans + 1) <= span_slots)
+        spans++;
+    size_t keys = ((size_t)nk + spans - 1) / spans;
+    return (int)((keys + 31) / 32 * 32);
+}
+
 /* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
  * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
  * host_pad saying which) attention_kernel, a block a query, since the rank needs all of a
- * query's scores; otherwise the split over keys, attention_span_kernel's block a span of
- * FG_CUDA_SPAN_KEYS keys of each query (so that long contexts fill the card with blocks, and
- * each block has its keys' loads in flight) and attention_merge_kernel, two launches. Short
- * contexts take one span. The spans' sums go to `partials`, span_slots of them (the workspace
- * holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs more, of more
- * query rows, goes to attention_kernel too, whose blocks a query then fill the card. */
+ * query's scores; otherwise the split over keys, attention_span_kernel's block a span of each
+ * query (attention_span_keys: long contexts, and few queries, fill the card with blocks) and
+ * attention_merge_kernel, two launches. fill_blocks: the blocks that fill the card. Short
+ * contexts of many queries take one span. The spans' sums go to `partials`, span_slots of them
+ * (the workspace holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs
+ * more, of more query rows, goes to attention_kernel too, whose blocks a query then fill the
+ * card. */
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
-                            float sparsity, float *partials, size_t span_slots) {
+                            float sparsity, float *partials, size_t span_slots, int fill_blocks) {
     cudaStream_t s = ctx()->stream;
     int nk = 1;    /* the keys a query sees at most */
     int top_k = 0; /* a query takes top-K */
@@ -940,9 +959,11 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
         nk = keys > nk ? keys : nk;
         top_k |= sparsity < 1 && a.n_new - host_pad[b] == 1 && host_past[b] > 0;
     }
-    a.spans = fg_cuda_attention_spans(nk);
+    size_t query_heads = (size_t)batch * a.n_new * a.heads;
+    a.span_keys = attention_span_keys(nk, query_heads, span_slots, fill_blocks);
     a.partials = partials;
-    if (!top_k && (size_t)batch * a.n_new * a.heads * a.spans <= span_slots) {
+    if (!top_k && a.span_keys > 0) {
+        a.spans = (nk + a.span_keys - 1) / a.span_keys;
         dim3 spans(a.heads * a.spans, batch, a.n_new);
         attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
         LAUNCHED("attention_span_kernel");
@@ -954,41 +975,6 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
     dim3 queries(a.heads, batch, a.n_new);
     attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(a, sparsity);
     LAUNCHED("attention_kernel");
-}
-
-/* One K/V head's keys (or values) as a query reads them: the cache's rows below `past`, through
- * the page table (rows of heads x hd, fp16 or 4-bit), and this step's fp16 rows from `past` on,
- * `stride` apart. A 4-bit row is [heads][hd][1] in quant.c's layout, read by model.h's q4_value:
- * the value that opt_model.c's kv_row decompresses on the CPU. */
-typedef struct {
-    const char *cache;
-    const int *pages;
-    int page_tokens;
-    const __half *fresh;
-    size_t stride;
-    int past, head, hd, heads, q4;
-} kv_head;
-
-/* Key (or value) `slot` of a head, found once per key: its fp16 values, or its 4-bit bytes. */
-typedef struct {
-    const __half *half; /* the head's fp16 values, or NULL */
-    const uint8_t *q4;  /* else its 4-bit bytes */
-} kv_row;
-
-__device__ kv_row kv_row_at(const kv_head *h, int slot) {
-    kv_row r = {NULL, NULL};
-    if (slot >= h->past) {
-        r.half = h->fresh + (size_t)(slot - h->past) * h->stride + (size_t)h->head * h->hd;
-        return r;
-    }
-    size_t row = kv_page_row(h->pages, h->page_tokens, slot);
-    if (h->q4) {
-        size_t head_bytes = q4_bytes(1, (size_t)h->hd, 1);
-        r.q4 = (const uint8_t *)h->cache + (row * h->heads + h->head) * head_bytes;
-        return r;
-    }
-    r.half = (const __half *)(h->cache + row * 2 * h->heads * h->hd) + (size_t)h->head * h->hd;
-    return r;
 }
 
 /* Sequence b's keys (kv 0) or values (kv 1) of K/V head `head`, as a query of step `a` reads them:
@@ -1009,99 +995,62 @@ __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head)
     return h;
 }
 
-/* Value d of a row that kv_row_at found. */
-__device__ float kv_at(kv_row r, int d, int hd) {
-    if (r.half) return __half2float(r.half[d]);
-    return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
-}
-
-/* Whether a head's rows can be read a chunk at a time: head_dim a multiple of 8 (a chunk then
- * lies within one 4-bit group), fp16 rows 16-byte aligned and 4-bit ones 4-byte aligned (a head
- * of them is a multiple of 4 bytes). Else value by value. */
-__device__ int kv_whole(const kv_head *h) {
-    uintptr_t fp16_rows = (uintptr_t)h->fresh | (uintptr_t)(h->stride * 2);
-    if (!h->q4) fp16_rows |= (uintptr_t)h->cache;
-    return h->hd % 8 == 0 && fp16_rows % 16 == 0 && (uintptr_t)h->cache % 4 == 0;
-}
-
-/* Chunk c of a row as loaded: values [8c, 8c + 8), 16 bytes of fp16, or 4 bytes of 4-bit codes
- * (bits.x) and their group's min and scale. Loading and widening are apart so that a thread has
- * several loads in flight before it waits on the first. */
-typedef struct {
-    uint4 bits;
-    __half min;
-    __half scale;
-} kv_bytes;
-
-__device__ kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
-    kv_bytes b = {};
-    if (!whole) return b; /* kv_widen reads value by value */
-    if (r.half) {
-        b.bits = *(const uint4 *)(r.half + 8 * c);
-        return b;
-    }
-    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
-    int g = 8 * c / Q4_GROUP;
-    const __half *mins = (const __half *)(r.q4 + G * (Q4_GROUP / 2));
-    b.bits.x = *(const uint32_t *)(r.q4 + g * (Q4_GROUP / 2) + 8 * c % Q4_GROUP / 2);
-    b.min = mins[g];
-    b.scale = mins[G + g];
-    return b;
-}
-
-/* The chunk's 8 values in fp32 (values past hd are 0): those of kv_at, to the bit (a 4-bit byte
- * holds an even value in its high half). */
-__device__ void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, float v[8]) {
-    if (!whole) {
-        for (int i = 0; i < 8; i++) v[i] = 8 * c + i < hd ? kv_at(r, 8 * c + i, hd) : 0;
-        return;
-    }
-    if (r.half) {
-        const __half2 *h = (const __half2 *)&b.bits;
-        for (int i = 0; i < 4; i++) {
-            v[2 * i] = __low2float(h[i]);
-            v[2 * i + 1] = __high2float(h[i]);
-        }
-        return;
-    }
-    float min = __half2float(b.min);
-    float scale = __half2float(b.scale);
-    for (int i = 0; i < 8; i++) {
-        int byte = (b.bits.x >> (8 * (i / 2))) & 255;
-        v[i] = fmaf((float)((byte >> (i % 2 ? 0 : 4)) & 15), scale, min);
-    }
-}
-
 /* The query's fp32 copy in shared memory, zeros after hd up to a whole chunk. */
 __device__ void query_to_shared(const __half *q, int hd, float *query) {
     for (int d = threadIdx.x; d < (hd + 7) / 8 * 8; d += blockDim.x)
         query[d] = d < hd ? __half2float(q[d]) : 0;
 }
 
-/* scores[i] = scale q.K[first + i] for n keys: a thread a key, summing over d in order,
- * CHUNKS_AT_ONCE chunks loaded before they are used. */
+/* The lanes that read a key's row for its score: a power of two at least its chunks, at most a
+ * warp (16 at head_dim 128: a warp's load is two whole rows of 256 bytes). */
+__device__ int lanes_per_key(int chunks) {
+    int lanes = 1;
+    while (lanes < chunks && lanes < 32) lanes *= 2;
+    return lanes;
+}
+
+/* scores[i] = scale q.K[first + i] for n keys: a group of lanes_per_key lanes a key, lane l
+ * reading chunks l, l + lanes, ... of its row side by side with the others, each thread's
+ * KEYS_AT_ONCE keys found in the page table and loaded before any is used. A lane sums its chunks
+ * over d in order; the group's sums are added by shuffles, halves onto halves (the same order on
+ * every run). Every thread of a block runs the same rounds, so whole warps meet at each shuffle. */
 __device__ void attention_scores(const float *query, const kv_head *keys, int first, int n,
                                  float scale, float *scores) {
     int hd = keys->hd;
     int chunks = (hd + 7) / 8;
     int whole = kv_whole(keys);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        kv_row key = kv_row_at(keys, first + j);
-        float dot = 0;
-        for (int c0 = 0; c0 < chunks; c0 += CHUNKS_AT_ONCE) {
-            kv_bytes raw[CHUNKS_AT_ONCE];
+    int lanes = lanes_per_key(chunks);
+    int lane = threadIdx.x % lanes;
+    int groups = blockDim.x / lanes;
+    int group = threadIdx.x / lanes;
+    for (int j0 = 0; j0 < n; j0 += groups * KEYS_AT_ONCE) {
+        kv_row key[KEYS_AT_ONCE];
+        float dot[KEYS_AT_ONCE];
 #pragma unroll
-            for (int k = 0; k < CHUNKS_AT_ONCE; k++)
-                if (c0 + k < chunks) raw[k] = kv_load(key, c0 + k, hd, whole);
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i * groups + group;
+            key[i] = kv_row_at(keys, first + (j < n ? j : n - 1));
+            dot[i] = 0;
+        }
+        for (int c = lane; c < chunks; c += lanes) {
+            kv_bytes raw[KEYS_AT_ONCE];
 #pragma unroll
-            for (int k = 0; k < CHUNKS_AT_ONCE; k++) {
-                if (c0 + k >= chunks) break;
+            for (int i = 0; i < KEYS_AT_ONCE; i++)
+                if (j0 + i * groups + group < n) raw[i] = kv_load(key[i], c, hd, whole);
+#pragma unroll
+            for (int i = 0; i < KEYS_AT_ONCE; i++) {
+                if (j0 + i * groups + group >= n) break;
                 float v[8];
-                kv_widen(raw[k], key, c0 + k, hd, whole, v);
-                for (int i = 0; i < 8; i++) dot = fmaf(query[8 * (c0 + k) + i], v[i], dot);
+                kv_widen(raw[i], key[i], c, hd, whole, v);
+                for (int e = 0; e < 8; e++) dot[i] = fmaf(query[8 * c + e], v[e], dot[i]);
             }
         }
-        scores[j] = dot * scale;
+#pragma unroll
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i * groups + group;
+            for (int o = lanes / 2; o > 0; o /= 2) dot[i] += __shfl_xor_sync(0xffffffff, dot[i], o);
+            if (lane == 0 && j < n) scores[j] = dot[i] * scale;
+        }
     }
 }
 
@@ -1224,15 +1173,15 @@ static size_t attention_shared_bytes(int nk) {
 
 /* A span's sums of one query (the split over keys of flash-decoding: the keys of a query cut into
  * spans, each a block, whose partial softmax sums a second pass merges). Block (head x spans +
- * span, sequence b, row t) takes keys [span FG_CUDA_SPAN_KEYS, + FG_CUDA_SPAN_KEYS) of those the
- * query sees, [0, its slot], as attention_kernel reads them: its scores s_j = scale q.K_j, their
- * max m, l = sum_j e^(s_j - m) and sum_j e^(s_j - m) V_j in fp32, into the span's partials.
- * Padding queries, spans past a query's keys and delegated sequences write nothing (the merge
- * reads only the spans a query has). No top-K here: queue_attention sends steps with it to
- * attention_kernel. CPU twin: opt_model.c's attention (opt_attend_decode in decode), with
- * attention_merge_kernel. Tests: test_attention (cases of two and more spans, a short last span,
- * fp16 and 4-bit cache, padding, a delegated sequence) within its bound, and test_gqa_attention
- * (grouped heads, bit for bit against repeated ones). */
+ * span, sequence b, row t) takes keys [span span_keys, + span_keys) of those the query sees, [0,
+ * its slot], as attention_kernel reads them: its scores s_j = scale q.K_j, their max m, l = sum_j
+ * e^(s_j - m) and sum_j e^(s_j - m) V_j in fp32, into the span's partials. Padding queries, spans
+ * past a query's keys and delegated sequences write nothing (the merge reads only the spans a query
+ * has). No top-K here: queue_attention sends steps with it to attention_kernel. CPU twin:
+ * opt_model.c's attention (opt_attend_decode in decode), with attention_merge_kernel. Tests:
+ * test_attention (cases of two and more spans, a short last span, fp16 and 4-bit cache, padding, a
+ * delegated sequence) within its bound, and test_gqa_attention (grouped heads, bit for bit against
+ * repeated ones). */
 __global__ void attention_span_kernel(attention_split a) {
     __shared__ float weights[FG_CUDA_SPAN_KEYS];
     __shared__ float shared[32];
@@ -1244,10 +1193,10 @@ __global__ void attention_span_kernel(attention_split a) {
     int t = blockIdx.z;
     int kvh = head / (a.heads / a.kv_heads);
     int hd = a.hd;
-    int first = span * FG_CUDA_SPAN_KEYS;
+    int first = span * a.span_keys;
     if (!a.kc[b] || t < a.pad[b]) return; /* delegated; padding (the merge writes its zeros) */
     int nk = a.past[b] + t - a.pad[b] + 1;
-    int n = nk - first < FG_CUDA_SPAN_KEYS ? nk - first : FG_CUDA_SPAN_KEYS;
+    int n = nk - first < a.span_keys ? nk - first : a.span_keys;
     if (n <= 0) return; /* past the query's keys */
     size_t row = (size_t)b * a.n_new + t;
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
@@ -1290,7 +1239,7 @@ __global__ void attention_merge_kernel(attention_split a) {
         return;
     }
     int nk = a.past[b] + t - a.pad[b] + 1;
-    int used = (nk + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
+    int used = (nk + a.span_keys - 1) / a.span_keys;
     const float *sums = a.partials + (row * a.heads + head) * a.spans * (hd + 2);
     float M = -INFINITY;
     float L = 0;

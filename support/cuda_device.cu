@@ -441,6 +441,9 @@ int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t row
     d->probs = (__half *)parts[3];
     d->partials = (float *)parts[2]; /* over scores, probs and parts[4] */
     d->span_slots = fg_cuda_span_slots(cfg, rows, max_len);
+    if (cudaDeviceGetAttribute(&d->multiprocessors, cudaDevAttrMultiProcessorCount, device_index) !=
+        cudaSuccess)
+        d->multiprocessors = 1;
     d->q4_scratch = (float *)parts[2];
     d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
     const char *graphs = getenv("FLEXGEN_CUDA_GRAPHS");

@@ -2,8 +2,10 @@
  * (support/cuda_device.cu): each thread's stream and cuBLAS handle, the checks of CUDA and cuBLAS
  * calls, the copies, the workspace and the small tables the kernels read, the CUDA Graph of a
  * decode layer, the counters (§4.1, §4.2; docs/GPU.md); and the device helpers of the 4-bit decode
- * product (§5): the tensor cores' product and its fragments. CUDA C++, for flexgen.cu, the kernel
- * tests and the emulated GPU alone; the C side sees only fg_cuda_backend (model.h).
+ * product (§5): the tensor cores' product and its fragments, and of decode attention: a head's
+ * cached rows, fp16 or 4-bit (§5), found through the page table and read a chunk at a time. CUDA
+ * C++, for flexgen.cu, the kernel tests and the emulated GPU alone; the C side sees only
+ * fg_cuda_backend (model.h).
  */
 #ifndef FG_CUDA_DEVICE_H
 #define FG_CUDA_DEVICE_H
@@ -191,6 +193,107 @@ template <int M_TILES> __device__ inline void q4_sums_out(float acc[M_TILES][8][
     }
 }
 
+/* ---- A head's cached keys and values as decode attention reads them (flexgen.cu's attention
+ * kernels), 8 values a chunk ---- */
+
+/* One K/V head's keys (or values) as a query reads them: the cache's rows below `past`, through
+ * the page table (rows of heads x hd, fp16 or 4-bit), and this step's fp16 rows from `past` on,
+ * `stride` apart. A 4-bit row is [heads][hd][1] in quant.c's layout, read by model.h's q4_value:
+ * the value that opt_model.c's kv_row decompresses on the CPU. */
+typedef struct {
+    const char *cache;
+    const int *pages;
+    int page_tokens;
+    const __half *fresh;
+    size_t stride;
+    int past, head, hd, heads, q4;
+} kv_head;
+
+/* Key (or value) `slot` of a head, found once per key: its fp16 values, or its 4-bit bytes. */
+typedef struct {
+    const __half *half; /* the head's fp16 values, or NULL */
+    const uint8_t *q4;  /* else its 4-bit bytes */
+} kv_row;
+
+__device__ inline kv_row kv_row_at(const kv_head *h, int slot) {
+    kv_row r = {NULL, NULL};
+    if (slot >= h->past) {
+        r.half = h->fresh + (size_t)(slot - h->past) * h->stride + (size_t)h->head * h->hd;
+        return r;
+    }
+    size_t row = kv_page_row(h->pages, h->page_tokens, slot);
+    if (h->q4) {
+        size_t head_bytes = q4_bytes(1, (size_t)h->hd, 1);
+        r.q4 = (const uint8_t *)h->cache + (row * h->heads + h->head) * head_bytes;
+        return r;
+    }
+    r.half = (const __half *)(h->cache + row * 2 * h->heads * h->hd) + (size_t)h->head * h->hd;
+    return r;
+}
+
+/* Value d of a row that kv_row_at found. */
+__device__ inline float kv_at(kv_row r, int d, int hd) {
+    if (r.half) return __half2float(r.half[d]);
+    return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
+}
+
+/* Whether a head's rows can be read a chunk at a time: head_dim a multiple of 8 (a chunk then
+ * lies within one 4-bit group), fp16 rows 16-byte aligned and 4-bit ones 4-byte aligned (a head
+ * of them is a multiple of 4 bytes). Else value by value. */
+__device__ inline int kv_whole(const kv_head *h) {
+    uintptr_t fp16_rows = (uintptr_t)h->fresh | (uintptr_t)(h->stride * 2);
+    if (!h->q4) fp16_rows |= (uintptr_t)h->cache;
+    return h->hd % 8 == 0 && fp16_rows % 16 == 0 && (uintptr_t)h->cache % 4 == 0;
+}
+
+/* Chunk c of a row as loaded: values [8c, 8c + 8), 16 bytes of fp16, or 4 bytes of 4-bit codes
+ * (bits.x) and their group's min and scale. Loading and widening are apart so that a thread has
+ * several loads in flight before it waits on the first. */
+typedef struct {
+    uint4 bits;
+    __half min;
+    __half scale;
+} kv_bytes;
+
+__device__ inline kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
+    kv_bytes b = {};
+    if (!whole) return b; /* kv_widen reads value by value */
+    if (r.half) {
+        b.bits = *(const uint4 *)(r.half + 8 * c);
+        return b;
+    }
+    int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
+    int g = 8 * c / Q4_GROUP;
+    const __half *mins = (const __half *)(r.q4 + G * (Q4_GROUP / 2));
+    b.bits.x = *(const uint32_t *)(r.q4 + g * (Q4_GROUP / 2) + 8 * c % Q4_GROUP / 2);
+    b.min = mins[g];
+    b.scale = mins[G + g];
+    return b;
+}
+
+/* The chunk's 8 values in fp32 (values past hd are 0): those of kv_at, to the bit (a 4-bit byte
+ * holds an even value in its high half). */
+__device__ inline void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, float v[8]) {
+    if (!whole) {
+        for (int i = 0; i < 8; i++) v[i] = 8 * c + i < hd ? kv_at(r, 8 * c + i, hd) : 0;
+        return;
+    }
+    if (r.half) {
+        const __half2 *h = (const __half2 *)&b.bits;
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = __low2float(h[i]);
+            v[2 * i + 1] = __high2float(h[i]);
+        }
+        return;
+    }
+    float min = __half2float(b.min);
+    float scale = __half2float(b.scale);
+    for (int i = 0; i < 8; i++) {
+        int byte = (b.bits.x >> (8 * (i / 2))) & 255;
+        v[i] = fmaf((float)((byte >> (i % 2 ? 0 : 4)) & 15), scale, min);
+    }
+}
+
 /* ---- Counters: what the host asks of the GPU, on every thread (docs/GPU.md, "Where the host
  * waits, and the counters"); cuda_counts reads them (the table's counts). ---- */
 extern fg_device_counts counts;
@@ -295,16 +398,17 @@ typedef struct {
 /* The workspace: fp16 hidden states and products, as FlexGen keeps them, and the tables the
  * kernels read (fg_cuda_workspace_parts, support/workspace.c, lays it out). */
 typedef struct {
-    char *block;        /* the one device allocation */
-    __half *h;          /* [rows][max(hidden, word_dim)]: a layer norm's output, the embedding */
-    __half *qkv, *attn; /* [rows][q + 2 kv width] (qkv_layout_of), [rows][q width]; then ffn takes
-                           their space */
-    __half *ffn;        /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
-    float *scores;      /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
-    __half *probs;      /* the same, softmaxed, fp16 */
-    float *partials;    /* [span_slots][head_dim + 2]: decode attention's spans (queue_attention),
-                           over scores and probs, which attention after cached tokens leaves */
-    size_t span_slots;  /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
+    char *block;         /* the one device allocation */
+    __half *h;           /* [rows][max(hidden, word_dim)]: a layer norm's output, the embedding */
+    __half *qkv, *attn;  /* [rows][q + 2 kv width] (qkv_layout_of), [rows][q width]; then ffn takes
+                            their space */
+    __half *ffn;         /* [rows][ffn] (LLaMA: [2][rows][ffn], gate then up) */
+    float *scores;       /* [heads][max_prompt][max_prompt]: one sequence's prefill, fp32 */
+    __half *probs;       /* the same, softmaxed, fp16 */
+    float *partials;     /* [span_slots][head_dim + 2]: decode attention's spans (queue_attention),
+                            over scores and probs, which attention after cached tokens leaves */
+    size_t span_slots;   /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
+    int multiprocessors; /* the GPU's, which decode attention's spans are sized to fill */
     cudaGraphExec_t layer_graph; /* a decode layer's kernels, updated for each layer and step */
     int graphs;          /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
     float *q4_scratch;   /* 4-bit products: decode's partial sums, or a slice widened to fp16,

@@ -286,11 +286,14 @@ enum { FG_CUDA_Q4_ROWS = 8, FG_CUDA_Q4_DIRECT = 32 };
 enum { FG_CUDA_WIDEN_VALUES = 1 << 20, FG_CUDA_WIDEN_COLUMNS = 64 };
 int fg_cuda_q4_k_chunk(int in, int out, int rows);
 size_t fg_cuda_q4_scratch_bytes(const model_config *cfg); /* a part of the workspace */
-/* Decode attention on CUDA splits a query's keys into spans of FG_CUDA_SPAN_KEYS, a block each
- * (flexgen.cu, queue_attention). Each (row, query head, span) leaves head_dim + 2 floats in the
- * workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys: fg_cuda_span_slots
- * (a step that needs more fills the card with a block a query). */
-enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_SPLIT_ROWS = 256 };
+/* Decode attention on CUDA splits a query's keys into spans of at most FG_CUDA_SPAN_KEYS, a block
+ * each (flexgen.cu, queue_attention), and into shorter ones, down to FG_CUDA_MIN_SPAN_KEYS, where
+ * a step's queries are too few to fill the card. Each (row, query head, span) leaves head_dim + 2
+ * floats in the workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys, and
+ * for FG_CUDA_MIN_SPAN_SLOTS spans at least: fg_cuda_span_slots (a step that needs more fills the
+ * card with a block a query). */
+enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_MIN_SPAN_KEYS = 64, FG_CUDA_SPLIT_ROWS = 256 };
+enum { FG_CUDA_MIN_SPAN_SLOTS = 4096 };
 static inline int fg_cuda_attention_spans(int keys) {
     return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
 }

@@ -216,7 +216,8 @@ size_t fg_cuda_q4_scratch_bytes(const model_config *cfg) {
 
 size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
     size_t split_rows = rows < FG_CUDA_SPLIT_ROWS ? rows : FG_CUDA_SPLIT_ROWS;
-    return split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
+    size_t slots = split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
+    return slots > FG_CUDA_MIN_SPAN_SLOTS ? slots : FG_CUDA_MIN_SPAN_SLOTS;
 }
 
 /* The CUDA backend's workspace (flexgen.cu), fp16 but for prefill's scores: h [rows][max(hidden,

@@ -12,7 +12,8 @@
  *   attention_span_kernel +
  *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
  *                           applies: opt_attend_decode within (A), at two and three spans with a
- *                           short last one; two launches, and a step with top-K one; a head of
+ *                           short last one, and at its shortest spans (as on a card the step
+ *                           does not fill); two launches, and a step with top-K one; a head of
  *                           36 (not whole chunks of 8) read value by value
  *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L), rows
  *                           of up to 4,500 (more than a block's first round of loads); y == x
@@ -76,9 +77,9 @@
  *     sum_s e^(m_s - M) l_s: its two subtractions add u (|s_j - m_s| + |m_s - M|) = u |s_j - M|,
  *     as the one of the max did; it divides once, at the end, where the block a query divides
  *     each weight; and with one span it is that block's sum (e^0 = 1, exact). With two spans or
- *     more (nk > 256) it adds a second expf (4 u) and a product and a level of the sums (within
- *     gamma_(nk + 1) in place of gamma_nk): 5 u more, less than the 1% the checks add, which is
- *     at least 0.01 (4 nk + 8) u > 10 u there, beside second-order terms far smaller.
+ *     more (spans are 64 to 256 keys) it adds a second expf (4 u) and a product and a level of
+ *     the sums (within gamma_(nk + 1) in place of gamma_nk): 5 u more, which the checks add to
+ *     eta for both kernels.
  * (L) Layer norm, device (fp32) against the exact value y in double on the same fp16 inputs. The
  *     mean is within dm = gamma_dim sum|x| / dim + u |mean|; each x - mean within dm + u |x - mean|;
  *     the variance's relative error is gamma_dim + 2 u (the sum of squares; the mean's error
@@ -114,6 +115,7 @@ extern "C" {
 #include "tests/cuda_emu/cuda_emu.h"
 #endif
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -432,7 +434,8 @@ static void run_store(void *p) {
                             .kc = a->cache->dev_k, .vc = a->cache->dev_v, .shift = 0, .pages = a->cache->dev_tables,
                             .max_pages = a->cache->max_pages, .page_tokens = a->cache->page_tokens,
                             .n_new = c->n_new, .hd = c->head_dim, .heads = c->heads, .kv_heads = c->heads,
-                            .q4 = a->q4, .spans = 0, .scale = 0, .partials = NULL};
+                            .q4 = a->q4, .spans = 0, .span_keys = 0, .scale = 0,
+                            .partials = NULL};
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(step, rows);
     LAUNCHED("store_kv_kernel");
     wait_stream();
@@ -548,8 +551,9 @@ typedef struct {
     paged_cache cache;
     __half *dev_qkv, *dev_attn;
     int *dev_past, *dev_pad;
-    int split;          /* run through queue_attention (the split over keys where it applies);
-                           2: with room for one span less than the step needs */
+    int split;          /* run through queue_attention (the split over keys where it applies):
+                           1 its fewest spans, 2 with room for one span less than they need,
+                           3 its shortest spans (as if the card had room for every block) */
     float *dev_partials; /* its spans' sums, span_slots of head_dim + 2 floats */
     size_t span_slots;
     int64_t launches;   /* what the last run launched */
@@ -582,7 +586,8 @@ static void attn_setup_init(attn_setup *s, const step_case *c, int q4, uint64_t 
     s->dev_attn = device_array<__half>((size_t)s->rows * s->h);
     s->dev_past = device_copy(c->past, (size_t)c->batch);
     s->dev_pad = device_copy(c->pad, (size_t)c->batch);
-    s->span_slots = (size_t)s->rows * c->heads * fg_cuda_attention_spans(longest(c));
+    s->span_slots = (size_t)s->rows * c->heads *
+                    ((longest(c) + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS);
     s->dev_partials = device_array<float>(s->span_slots * (c->head_dim + 2));
 }
 
@@ -619,11 +624,15 @@ static void run_attention(void *p) {
     attention_split a = {s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k,
                          s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
                          s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
-                         s->q4, 0, 1.0f / sqrtf((float)c->head_dim), NULL};
+                         s->q4, 0, 0, 1.0f / sqrtf((float)c->head_dim), NULL};
     if (s->split) {
         poison(s->dev_partials, s->span_slots * (c->head_dim + 2) * sizeof(float));
-        size_t room = s->split == 2 ? s->span_slots - 1 : s->span_slots;
-        queue_attention(a, c->batch, c->past, c->pad, c->sparsity, s->dev_partials, room);
+        /* the fewest spans, or room for one span less than they need, or as many as fit */
+        size_t fewest = (size_t)s->rows * c->heads * fg_cuda_attention_spans(longest(c));
+        size_t room = s->split == 2 ? fewest - 1 : s->span_slots;
+        int fill_blocks = s->split == 3 ? INT_MAX : 1;
+        queue_attention(a, c->batch, c->past, c->pad, c->sparsity, s->dev_partials, room,
+                        fill_blocks);
         s->launches = counts.launches - before;
         wait_stream();
         return;
@@ -708,7 +717,7 @@ static void check_query(const attn_setup *s, const fp16 *got, int b, int head, i
         smax = fmax(smax, fabs(scale * dot));
     }
     D += 6 * U * smax;
-    double eta = 2 * D + (2 * nk + 8) * U;
+    double eta = 2 * D + (2 * nk + 8 + 5) * U; /* + 5 u: the split's spans (A) */
     int earlier_kept = (int)floorf(sparsity * (float)(nk - 1));
     if (sparsity < 1) st->sparse++;
     if (sparsity < 1 && !ties && cut_within(p, nk - 1, earlier_kept, eta)) {
@@ -775,10 +784,11 @@ static void check_attention(const attn_setup *s, const fp16 *got, const char *wh
 /* Decode (keys 1 to 17), top-K, a delegated sequence, prefill and decode in one step (n_new 4:
  * decoding sequences with 3 padding rows, a 1-token prompt, one all padding), a prefill of 17,
  * several rows after cached ones (causal over the cache and this step's rows, no top-K), and more
- * keys than the block's 256 threads. Without top-K the split over keys (spans of
- * FG_CUDA_SPAN_KEYS = 256) runs: queries of one span, of exactly one and two whole spans, of two
+ * keys than the block's 256 threads. Without top-K the split over keys runs, at its fewest spans
+ * (at most FG_CUDA_SPAN_KEYS = 256 keys, cut evenly): queries of one span, of exactly one and two whole spans, of two
  * and three with a short last span, rows of one step on both sides of a span's end, padding and a
- * delegated sequence beside them; with room for one span too few, attention_kernel instead. */
+ * delegated sequence beside them; and at its shortest (as on a card the step does not fill: 701
+ * keys in 11 spans of 64); with room for one span too few, attention_kernel instead. */
 static const step_case ATTN_CASES[] = {
     {"decode, 3 heads of 48, pages of 5", 3, 48, 7, 1, 5, -1, 1,
      {16, 0, 4, 5, 9, 16, 1}, {0, 0, 0, 0, 0, 0, 0}},
@@ -810,9 +820,9 @@ static void test_attention(void) {
     memset(&split_st, 0, sizeof split_st);
     for (size_t i = 0; i < sizeof ATTN_CASES / sizeof *ATTN_CASES; i++)
         for (int q4 = 0; q4 <= 1; q4++)
-            for (int split = 0; split <= 2; split++) {
+            for (int split = 0; split <= 3; split++) {
                 const step_case *c = &ATTN_CASES[i];
-                if (split == 2 && takes_top_k(c)) continue; /* attention_kernel already */
+                if (split >= 2 && takes_top_k(c)) continue; /* attention_kernel already */
                 attn_setup s;
                 attn_setup_init(&s, c, q4, &seed);
                 s.split = split;
@@ -822,15 +832,16 @@ static void test_attention(void) {
                 const char *path = !split ? "attention_kernel"
                                    : takes_top_k(c) ? "queue_attention (top-K: attention_kernel)"
                                    : split == 2 ? "queue_attention (no room: attention_kernel)"
+                                   : split == 3 ? "attention_span_kernel and the merge, shortest spans"
                                                 : "attention_span_kernel and the merge";
                 const char *cache = q4 ? "4-bit" : "fp16";
                 snprintf(what, sizeof what, "%s, %s, %s cache", path, c->what, cache);
                 size_t bytes = (size_t)s.rows * s.h * sizeof(fp16);
                 run_in_every_order(what, run_attention, &s, s.dev_attn, bytes, got);
-                int64_t want = split == 1 && !takes_top_k(c) ? 2 : 1;
+                int64_t want = (split == 1 || split == 3) && !takes_top_k(c) ? 2 : 1;
                 EXPECT(s.launches == want, "%s: %lld launches, expected %lld", what,
                        (long long)s.launches, (long long)want);
-                check_attention(&s, got, what, 0, split == 1 ? &split_st : &st);
+                check_attention(&s, got, what, 0, split == 1 || split == 3 ? &split_st : &st);
                 free(got);
                 attn_setup_free(&s);
             }
@@ -1773,15 +1784,16 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     size_t out = (size_t)rows * c->heads * c->head_dim;
     __half *dev_qkv = (__half *)device_copy(qkv, n), *dev_attn = device_array<__half>(out);
     int *past = device_copy(c->past, (size_t)c->batch), *pad = device_copy(c->pad, (size_t)c->batch);
-    size_t slots = (size_t)rows * c->heads * fg_cuda_attention_spans(longest(c));
+    size_t slots = (size_t)rows * c->heads *
+                   ((longest(c) + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS);
     float *partials = device_array<float>(slots * (c->head_dim + 2));
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
     float scale = 1.0f / sqrtf((float)c->head_dim);
     attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
-                         c->head_dim, c->heads, kv_heads, q4, 0, scale, NULL};
+                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, NULL};
     if (split) {
-        queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots);
+        queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
     } else {
         dim3 grid(c->heads, c->batch, c->n_new);
         size_t shared = attention_shared_bytes(longest(c));

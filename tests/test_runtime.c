@@ -609,10 +609,15 @@ static void test_page_size(void) {
 
 /* The CUDA workspace's prefill scores (fp32) and probabilities (fp16) hold one sequence's
  * [heads][prompt][prompt]: the cache's length sizes only the page tables and decode attention's
- * spans, each (row up to FG_CUDA_SPLIT_ROWS, query head, span of FG_CUDA_SPAN_KEYS keys)
- * head_dim + 2 floats; those and the 4-bit products' scratch lie over the prefill's parts, and a
+ * spans, each (row up to FG_CUDA_SPLIT_ROWS, query head, span of FG_CUDA_SPAN_KEYS keys; at
+ * least FG_CUDA_MIN_SPAN_SLOTS of them) head_dim + 2 floats; those and the 4-bit products' scratch lie over the prefill's parts, and a
  * part holds what the larger needs beyond them. And the plan counts CUDA's pinned copy buffers on
  * the cpu tier, by name. */
+/* The workspace's spans: the slots a step needs, or FG_CUDA_MIN_SPAN_SLOTS where those are more. */
+static size_t span_slots_at_least(size_t slots) {
+    return slots > FG_CUDA_MIN_SPAN_SLOTS ? slots : FG_CUDA_MIN_SPAN_SLOTS;
+}
+
 static void test_cuda_sizes(void) {
     static const model_config c = OPT_SHAPE("gpu", 2, 64, 4, 256, 300, 64, 64, 1);
     enum { ROWS = 40, PROMPT = 20, LEN = 300 };
@@ -625,17 +630,19 @@ static void test_cuda_sizes(void) {
     size_t one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS);
     size_t tables = (FG_CUDA_CACHE_TABLES * one + 63) & ~(size_t)63;
     EXPECT(parts[6] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[6]);
-    /* 300 keys are two spans of 256 (21 one), of 16 + 2 floats; the 4-bit scratch is the larger
+    /* 300 keys are two spans of 256 (21 one), of 16 + 2 floats, and the workspace holds 4,096
+     * spans at least (so that few rows can cut their keys finer); the 4-bit scratch is the larger
      * of a widened slice, here the whole lm_head (300 x 64 fp16 values), and the partial sums of
      * 8 rows, here of 256 -> 64 in 4 chunks of 64 rows */
-    size_t spans = 4 * ROWS * H * 2 * (64 / 4 + 2), short_spans = spans / 2;
+    size_t spans = 4 * span_slots_at_least(ROWS * H * 2) * (64 / 4 + 2);
+    size_t short_spans = 4 * span_slots_at_least(ROWS * H) * (64 / 4 + 2);
     size_t q4 = fg_cuda_q4_scratch_bytes(&c);
     EXPECT(q4 == 2 * 300 * 64 && 4 * 8 * 64 * 4 < q4, "the 4-bit scratch: expected %d bytes, got %zu",
            2 * 300 * 64, q4);
     size_t over = spans > q4 ? spans : q4, short_over = short_spans > q4 ? short_spans : q4;
     EXPECT(parts[4] == over - parts[2] - parts[3], "decode attention's spans and the 4-bit scratch: "
            "expected %zu bytes beyond the prefill's %zu, got %zu", over, parts[2] + parts[3], parts[4]);
-    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, ROWS, LEN), (size_t)ROWS * H * 2);
+    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, ROWS, LEN), span_slots_at_least(ROWS * H * 2));
     size_t short_one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(PROMPT + 1, FG_PAGE_TOKENS);
     CU_ASSERT_EQUAL(fg_cuda_workspace_bytes(&c, ROWS, PROMPT, LEN) - parts[6] - over,
                     fg_cuda_workspace_bytes(&c, ROWS, PROMPT, PROMPT + 1) - short_over -
@@ -645,7 +652,7 @@ static void test_cuda_sizes(void) {
     fg_cuda_workspace_parts(&c, ROWS, 256, LEN, wide);
     EXPECT(wide[4] == 0, "a prompt of 256: expected the spans over its scores, got %zu bytes more",
            wide[4]);
-    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, 300, LEN), (size_t)FG_CUDA_SPLIT_ROWS * H * 2);
+    CU_ASSERT_EQUAL(fg_cuda_span_slots(&c, 300, LEN), span_slots_at_least(FG_CUDA_SPLIT_ROWS * H * 2));
     fg_policy p = policy(2, 2, ALL_GPU, 0, 0);
     p.capacity[TIER_GPU] = 1e12, p.capacity[TIER_CPU] = FG_CUDA_HOST_RESERVE - 1;
     fg_runtime *rt;
