@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   189  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   249  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   169  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   341  fg_cuda_backend          the operation table, once a GPU is found
- *   401  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   457  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   527  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   632  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   700  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   733  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   831  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   873  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   952  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1133  attention_kernel         a query's attention, with §5's top-K
- *  1185  attention_span_kernel    a span's sums of the split; attention_merge_kernel below it
- *  1266  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1311  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1404  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   192  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   252  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   172  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   344  fg_cuda_backend          the operation table, once a GPU is found
+ *   404  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   460  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   530  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   635  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   703  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   736  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   834  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   876  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   955  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1155  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1216  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
+ *  1301  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1346  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1439  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -135,9 +135,12 @@ static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad);
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots, int fill_blocks);
+static void queue_attention_kernel(attention_split a, int batch, int nk, float sparsity);
 __global__ void attention_kernel(attention_split a, float sparsity);
+__global__ void attention_q4_kernel(attention_split a, float sparsity);
 static size_t attention_shared_bytes(int nk);
 __global__ void attention_span_kernel(attention_split a);
+__global__ void attention_span_q4_kernel(attention_split a);
 __global__ void attention_merge_kernel(attention_split a);
 static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb,
                                 const model_workspace *ws);
@@ -965,16 +968,34 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
     if (!top_k && a.span_keys > 0) {
         a.spans = (nk + a.span_keys - 1) / a.span_keys;
         dim3 spans(a.heads * a.spans, batch, a.n_new);
-        attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
-        LAUNCHED("attention_span_kernel");
+        if (a.q4) {
+            attention_span_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+            LAUNCHED("attention_span_q4_kernel");
+        } else {
+            attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+            LAUNCHED("attention_span_kernel");
+        }
         dim3 queries(a.heads, batch, a.n_new);
         attention_merge_kernel<<<queries, MERGE_THREADS, 0, s>>>(a);
         LAUNCHED("attention_merge_kernel");
         return;
     }
+    queue_attention_kernel(a, batch, nk, sparsity);
+}
+
+/* attention_kernel (attention_q4_kernel for a 4-bit cache): a block a query of the step's
+ * batch x n_new rows, for queries that see up to nk keys. */
+static void queue_attention_kernel(attention_split a, int batch, int nk, float sparsity) {
+    cudaStream_t s = ctx()->stream;
     dim3 queries(a.heads, batch, a.n_new);
-    attention_kernel<<<queries, ATTENTION_THREADS, attention_shared_bytes(nk), s>>>(a, sparsity);
-    LAUNCHED("attention_kernel");
+    size_t shared = attention_shared_bytes(nk);
+    if (a.q4) {
+        attention_q4_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
+        LAUNCHED("attention_q4_kernel");
+    } else {
+        attention_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
+        LAUNCHED("attention_kernel");
+    }
 }
 
 /* Sequence b's keys (kv 0) or values (kv 1) of K/V head `head`, as a query of step `a` reads them:
@@ -990,8 +1011,7 @@ __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head)
                  .past = a->past[b],
                  .head = head,
                  .hd = a->hd,
-                 .heads = a->kv_heads,
-                 .q4 = a->q4};
+                 .heads = a->kv_heads};
     return h;
 }
 
@@ -1014,11 +1034,11 @@ __device__ int lanes_per_key(int chunks) {
  * KEYS_AT_ONCE keys found in the page table and loaded before any is used. A lane sums its chunks
  * over d in order; the group's sums are added by shuffles, halves onto halves (the same order on
  * every run). Every thread of a block runs the same rounds, so whole warps meet at each shuffle. */
-__device__ void attention_scores(const float *query, const kv_head *keys, int first, int n,
-                                 float scale, float *scores) {
+template <int Q4> __device__ void attention_scores(const float *query, const kv_head *keys,
+                                                   int first, int n, float scale, float *scores) {
     int hd = keys->hd;
     int chunks = (hd + 7) / 8;
-    int whole = kv_whole(keys);
+    int whole = kv_whole<Q4>(keys);
     int lanes = lanes_per_key(chunks);
     int lane = threadIdx.x % lanes;
     int groups = blockDim.x / lanes;
@@ -1029,19 +1049,19 @@ __device__ void attention_scores(const float *query, const kv_head *keys, int fi
 #pragma unroll
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
             int j = j0 + i * groups + group;
-            key[i] = kv_row_at(keys, first + (j < n ? j : n - 1));
+            key[i] = kv_row_at<Q4>(keys, first + (j < n ? j : n - 1));
             dot[i] = 0;
         }
         for (int c = lane; c < chunks; c += lanes) {
             kv_bytes raw[KEYS_AT_ONCE];
 #pragma unroll
             for (int i = 0; i < KEYS_AT_ONCE; i++)
-                if (j0 + i * groups + group < n) raw[i] = kv_load(key[i], c, hd, whole);
+                if (j0 + i * groups + group < n) raw[i] = kv_load<Q4>(key[i], c, hd, whole);
 #pragma unroll
             for (int i = 0; i < KEYS_AT_ONCE; i++) {
                 if (j0 + i * groups + group >= n) break;
                 float v[8];
-                kv_widen(raw[i], key[i], c, hd, whole, v);
+                kv_widen<Q4>(raw[i], key[i], c, hd, whole, v);
                 for (int e = 0; e < 8; e++) dot[i] = fmaf(query[8 * c + e], v[e], dot[i]);
             }
         }
@@ -1083,11 +1103,12 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
  * row side by side), KEYS_AT_ONCE keys loaded at a time, in registers; then the groups' sums are
  * added in a fixed order through `partial` ([groups][chunks][8], ATTENTION_THREADS x 8 floats),
  * into out rounded to fp16, or into sums in fp32 where out is NULL. */
-__device__ void attention_values(const float *weights, const char *kept, const kv_head *values,
-                                 int first, int n, float *partial, __half *out, float *sums) {
+template <int Q4> __device__ void attention_values(const float *weights, const char *kept,
+                                                   const kv_head *values, int first, int n,
+                                                   float *partial, __half *out, float *sums) {
     int hd = values->hd;
     int chunks = (hd + 7) / 8;
-    int whole = kv_whole(values);
+    int whole = kv_whole<Q4>(values);
     int groups = blockDim.x / chunks;
     int group = threadIdx.x / chunks;
     int c = threadIdx.x % chunks;
@@ -1097,15 +1118,15 @@ __device__ void attention_values(const float *weights, const char *kept, const k
         kv_bytes raw[KEYS_AT_ONCE];
 #pragma unroll
         for (int i = 0; i < KEYS_AT_ONCE; i++)
-            value[i] = kv_row_at(values, first + (j0 + i < n ? j0 + i : n - 1));
+            value[i] = kv_row_at<Q4>(values, first + (j0 + i < n ? j0 + i : n - 1));
 #pragma unroll
-        for (int i = 0; i < KEYS_AT_ONCE; i++) raw[i] = kv_load(value[i], c, hd, whole);
+        for (int i = 0; i < KEYS_AT_ONCE; i++) raw[i] = kv_load<Q4>(value[i], c, hd, whole);
 #pragma unroll
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
             int j = j0 + i;
             if (j >= n || (kept && !kept[j])) continue;
             float v[8];
-            kv_widen(raw[i], value[i], c, hd, whole, v);
+            kv_widen<Q4>(raw[i], value[i], c, hd, whole, v);
             for (int e = 0; e < 8; e++) acc[e] = fmaf(weights[j], v[e], acc[e]);
         }
     }
@@ -1129,8 +1150,9 @@ __device__ void attention_values(const float *weights, const char *kept, const k
  * kv_heads query heads in a row share a K/V head. Shared: the query, the scores and kept flags,
  * and each group's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in
  * decode). Tests: test_attention within its bound, test_attention_ties (the same keys kept) and
- * test_gqa_attention (grouped heads, bit for bit against repeated ones). */
-__global__ void attention_kernel(attention_split a, float sparsity) {
+ * test_gqa_attention (grouped heads, bit for bit against repeated ones). attention_kernel takes an
+ * fp16 cache, attention_q4_kernel a 4-bit one. */
+template <int Q4> __device__ void attend_query(attention_split a, float sparsity) {
     extern __shared__ float scores[];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
@@ -1156,12 +1178,20 @@ __global__ void attention_kernel(attention_split a, float sparsity) {
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     query_to_shared(q, hd, query);
     __syncthreads();
-    attention_scores(query, &keys, 0, nk, a.scale, scores);
+    attention_scores<Q4>(query, &keys, 0, nk, a.scale, scores);
     __syncthreads();
     int keep = nk - 1; /* earlier keys kept */
     if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
     softmax_keep(scores, kept, nk, keep, shared);
-    attention_values(scores, kept, &values, 0, nk, partial, out, NULL);
+    attention_values<Q4>(scores, kept, &values, 0, nk, partial, out, NULL);
+}
+
+__global__ void attention_kernel(attention_split a, float sparsity) {
+    attend_query<0>(a, sparsity);
+}
+
+__global__ void attention_q4_kernel(attention_split a, float sparsity) {
+    attend_query<1>(a, sparsity);
 }
 
 /* attention_kernel's shared bytes for queries that see up to nk keys: the scores padded to whole
@@ -1181,8 +1211,9 @@ static size_t attention_shared_bytes(int nk) {
  * opt_model.c's attention (opt_attend_decode in decode), with attention_merge_kernel. Tests:
  * test_attention (cases of two and more spans, a short last span, fp16 and 4-bit cache, padding, a
  * delegated sequence) within its bound, and test_gqa_attention (grouped heads, bit for bit against
- * repeated ones). */
-__global__ void attention_span_kernel(attention_split a) {
+ * repeated ones). attention_span_kernel takes an fp16 cache, attention_span_q4_kernel a 4-bit one.
+ */
+template <int Q4> __device__ void span_sums(attention_split a) {
     __shared__ float weights[FG_CUDA_SPAN_KEYS];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
@@ -1205,7 +1236,7 @@ __global__ void attention_span_kernel(attention_split a) {
     float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
     query_to_shared(q, hd, query);
     __syncthreads();
-    attention_scores(query, &keys, first, n, a.scale, weights);
+    attention_scores<Q4>(query, &keys, first, n, a.scale, weights);
     __syncthreads();
     float m = -INFINITY;
     float l = 0;
@@ -1213,12 +1244,16 @@ __global__ void attention_span_kernel(attention_split a) {
     m = block_max(m, shared);
     for (int j = threadIdx.x; j < n; j += blockDim.x) l += weights[j] = expf(weights[j] - m);
     l = block_sum(l, shared); /* its barriers publish the weights */
-    attention_values(weights, NULL, &values, first, n, partial, NULL, sums);
+    attention_values<Q4>(weights, NULL, &values, first, n, partial, NULL, sums);
     if (threadIdx.x == 0) {
         sums[hd] = m;
         sums[hd + 1] = l;
     }
 }
+
+__global__ void attention_span_kernel(attention_split a) { span_sums<0>(a); }
+
+__global__ void attention_span_q4_kernel(attention_split a) { span_sums<1>(a); }
 
 /* The second pass of the split: a block per (head, sequence, row) merges the spans of a query,
  * M = max_s m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (in span order, so the

@@ -355,8 +355,8 @@ do_big() {
 # One decode step's kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu), into
 # .data/kernels$SUFFIX.csv: a run's own counters place a window of launches past every prefill
 # kernel (a cuBLAS product launches one kernel or two) and long enough to hold two whole decode
-# steps; the report divides the window's sums by the steps in it (attention_kernel or
-# attention_merge_kernel runs once a layer and step). SUFFIX flags...: "" for fp16 weights, -4bit
+# steps; the report divides the window's sums by the steps in it (attention_merge_kernel, or
+# attention_kernel or attention_q4_kernel, runs once a layer and step). SUFFIX flags...: "" for fp16 weights, -4bit
 # --compress-weight for 4-bit ones. Both runs launch each kernel on its own (FLEXGEN_CUDA_GRAPHS=0),
 # so that the counters' launches are every kernel of the step (a graph's are not among them).
 decode_kernels() {

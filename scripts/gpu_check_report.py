@@ -180,7 +180,8 @@ LAYERS = 32  # opt-6.7b's: attention runs once a layer and decode step (its merg
 for name, weights, weight_mb in (("kernels", "fp16", "13,300"), ("kernels-4bit", "4-bit", "3,740")):
     print(f"\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the GPU, {weights} weights)\n")
     window = kernel_window(name)
-    attention = "attention_merge_kernel" if window and "attention_merge_kernel" in window else "attention_kernel"
+    once = ("attention_merge_kernel", "attention_kernel", "attention_q4_kernel")  # one a layer
+    attention = next((k for k in once if window and k in window), "attention_kernel")
     steps = window.get(attention, [0, 0, 0])[1] / LAYERS if window else 0
     if not steps:
         print(cell(read(name + ".txt")) or "Not measured (kernels.log says why).")

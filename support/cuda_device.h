@@ -194,7 +194,9 @@ template <int M_TILES> __device__ inline void q4_sums_out(float acc[M_TILES][8][
 }
 
 /* ---- A head's cached keys and values as decode attention reads them (flexgen.cu's attention
- * kernels), 8 values a chunk ---- */
+ * kernels), 8 values a chunk. Q4: the cache's rows are 4-bit (this step's rows are fp16 either
+ * way); a template argument, so that a kernel over an fp16 cache holds no register for the 4-bit
+ * rows (71 registers on sm_90 against 128 for both). ---- */
 
 /* One K/V head's keys (or values) as a query reads them: the cache's rows below `past`, through
  * the page table (rows of heads x hd, fp16 or 4-bit), and this step's fp16 rows from `past` on,
@@ -206,7 +208,7 @@ typedef struct {
     int page_tokens;
     const __half *fresh;
     size_t stride;
-    int past, head, hd, heads, q4;
+    int past, head, hd, heads;
 } kv_head;
 
 /* Key (or value) `slot` of a head, found once per key: its fp16 values, or its 4-bit bytes. */
@@ -215,14 +217,14 @@ typedef struct {
     const uint8_t *q4;  /* else its 4-bit bytes */
 } kv_row;
 
-__device__ inline kv_row kv_row_at(const kv_head *h, int slot) {
+template <int Q4> __device__ inline kv_row kv_row_at(const kv_head *h, int slot) {
     kv_row r = {NULL, NULL};
     if (slot >= h->past) {
         r.half = h->fresh + (size_t)(slot - h->past) * h->stride + (size_t)h->head * h->hd;
         return r;
     }
     size_t row = kv_page_row(h->pages, h->page_tokens, slot);
-    if (h->q4) {
+    if (Q4) {
         size_t head_bytes = q4_bytes(1, (size_t)h->hd, 1);
         r.q4 = (const uint8_t *)h->cache + (row * h->heads + h->head) * head_bytes;
         return r;
@@ -232,17 +234,17 @@ __device__ inline kv_row kv_row_at(const kv_head *h, int slot) {
 }
 
 /* Value d of a row that kv_row_at found. */
-__device__ inline float kv_at(kv_row r, int d, int hd) {
-    if (r.half) return __half2float(r.half[d]);
+template <int Q4> __device__ inline float kv_at(kv_row r, int d, int hd) {
+    if (!Q4 || r.half) return __half2float(r.half[d]);
     return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
 }
 
 /* Whether a head's rows can be read a chunk at a time: head_dim a multiple of 8 (a chunk then
  * lies within one 4-bit group), fp16 rows 16-byte aligned and 4-bit ones 4-byte aligned (a head
  * of them is a multiple of 4 bytes). Else value by value. */
-__device__ inline int kv_whole(const kv_head *h) {
+template <int Q4> __device__ inline int kv_whole(const kv_head *h) {
     uintptr_t fp16_rows = (uintptr_t)h->fresh | (uintptr_t)(h->stride * 2);
-    if (!h->q4) fp16_rows |= (uintptr_t)h->cache;
+    if (!Q4) fp16_rows |= (uintptr_t)h->cache;
     return h->hd % 8 == 0 && fp16_rows % 16 == 0 && (uintptr_t)h->cache % 4 == 0;
 }
 
@@ -255,10 +257,10 @@ typedef struct {
     __half scale;
 } kv_bytes;
 
-__device__ inline kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
+template <int Q4> __device__ inline kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
     kv_bytes b = {};
     if (!whole) return b; /* kv_widen reads value by value */
-    if (r.half) {
+    if (!Q4 || r.half) {
         b.bits = *(const uint4 *)(r.half + 8 * c);
         return b;
     }
@@ -273,12 +275,13 @@ __device__ inline kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
 
 /* The chunk's 8 values in fp32 (values past hd are 0): those of kv_at, to the bit (a 4-bit byte
  * holds an even value in its high half). */
+template <int Q4>
 __device__ inline void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, float v[8]) {
     if (!whole) {
-        for (int i = 0; i < 8; i++) v[i] = 8 * c + i < hd ? kv_at(r, 8 * c + i, hd) : 0;
+        for (int i = 0; i < 8; i++) v[i] = 8 * c + i < hd ? kv_at<Q4>(r, 8 * c + i, hd) : 0;
         return;
     }
-    if (r.half) {
+    if (!Q4 || r.half) {
         const __half2 *h = (const __half2 *)&b.bits;
         for (int i = 0; i < 4; i++) {
             v[2 * i] = __low2float(h[i]);

@@ -617,7 +617,6 @@ static void run_attention(void *p) {
     attn_setup *s = (attn_setup *)p;
     const step_case *c = &s->c;
     poison(s->dev_attn, (size_t)s->rows * s->h * sizeof(__half));
-    dim3 grid(c->heads, c->batch, c->n_new);
     size_t h = (size_t)s->h;
     qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
     int64_t before = counts.launches;
@@ -637,8 +636,7 @@ static void run_attention(void *p) {
         wait_stream();
         return;
     }
-    attention_kernel<<<grid, ATTENTION_THREADS, attention_shared_bytes(longest(c)), ctx()->stream>>>(a, c->sparsity);
-    LAUNCHED("attention_kernel");
+    queue_attention_kernel(a, c->batch, longest(c), c->sparsity);
     s->launches = counts.launches - before;
     wait_stream();
 }
@@ -1795,10 +1793,7 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     if (split) {
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
     } else {
-        dim3 grid(c->heads, c->batch, c->n_new);
-        size_t shared = attention_shared_bytes(longest(c));
-        attention_kernel<<<grid, ATTENTION_THREADS, shared, ctx()->stream>>>(a, c->sparsity);
-        LAUNCHED("attention_kernel");
+        queue_attention_kernel(a, c->batch, longest(c), c->sparsity);
     }
     wait_stream();
     fp16 *got = host_array<fp16>(out);
