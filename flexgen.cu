@@ -930,7 +930,7 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 /* The keys of a span of the split for queries that see up to nk keys: the fewest spans of at most
  * FG_CUDA_SPAN_KEYS keys, or more of them, down to FG_CUDA_MIN_SPAN_KEYS keys, while the step's
  * blocks (queries x spans) are fewer than fill_blocks and span_slots holds their sums; keys cut
- * evenly, rounded up to whole warps. 0 where span_slots cannot hold even the fewest. */
+ * evenly, rounded up to a multiple of 32. 0 where span_slots cannot hold even the fewest. */
 static int attention_span_keys(int nk, size_t queries, size_t span_slots, int fill_blocks) {
     size_t spans = (size_t)fg_cuda_attention_spans(nk);
     size_t most = ((size_t)nk + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
