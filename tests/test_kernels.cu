@@ -411,6 +411,13 @@ static int longest(const step_case *c) {
     return n;
 }
 
+/* The spans' slots a step of c needs at its shortest spans (FG_CUDA_MIN_SPAN_KEYS keys): room for
+ * queue_attention to cut every query as finely as it may. */
+static size_t shortest_span_slots(const step_case *c) {
+    size_t spans = ((size_t)longest(c) + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
+    return (size_t)c->batch * c->n_new * c->heads * spans;
+}
+
 /* ============================================================================================
  * store_kv_kernel
  * ============================================================================================ */
@@ -586,8 +593,7 @@ static void attn_setup_init(attn_setup *s, const step_case *c, int q4, uint64_t 
     s->dev_attn = device_array<__half>((size_t)s->rows * s->h);
     s->dev_past = device_copy(c->past, (size_t)c->batch);
     s->dev_pad = device_copy(c->pad, (size_t)c->batch);
-    s->span_slots = (size_t)s->rows * c->heads *
-                    ((longest(c) + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS);
+    s->span_slots = shortest_span_slots(c);
     s->dev_partials = device_array<float>(s->span_slots * (c->head_dim + 2));
 }
 
@@ -1782,8 +1788,7 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     size_t out = (size_t)rows * c->heads * c->head_dim;
     __half *dev_qkv = (__half *)device_copy(qkv, n), *dev_attn = device_array<__half>(out);
     int *past = device_copy(c->past, (size_t)c->batch), *pad = device_copy(c->pad, (size_t)c->batch);
-    size_t slots = (size_t)rows * c->heads *
-                   ((longest(c) + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS);
+    size_t slots = shortest_span_slots(c);
     float *partials = device_array<float>(slots * (c->head_dim + 2));
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
     float scale = 1.0f / sqrtf((float)c->head_dim);
