@@ -7,13 +7,13 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   192  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   252  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   172  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   344  fg_cuda_backend          the operation table, once a GPU is found
- *   404  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   460  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   530  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   195  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   255  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   175  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   347  fg_cuda_backend          the operation table, once a GPU is found
+ *   407  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   463  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   529  linear                   the products: cuBLAS, or 4-bit weights (§5)
  *   635  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
  *   703  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
  *   736  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
@@ -24,7 +24,7 @@
  *  1216  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
  *  1301  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
  *  1346  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1439  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *  1449  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -32,9 +32,10 @@
  *               tier, staging and workspace; products and reductions accumulate in fp32
  *   products    cuBLAS: fp16 weights times fp16 activations, fp32 accumulation (cublasGemmEx);
  *               prefill attention as strided batched products over the heads of a sequence,
- *               scores and softmax in fp32. 4-bit weights: decode's few rows multiply the codes,
- *               widened in registers, on the tensor cores (no fp16 copy written or read); more
- *               rows widen a slice at a time into the workspace for cuBLAS
+ *               scores and softmax in fp32. 4-bit weights: decode's few rows multiply the codes
+ *               (lm_head's too), copied into shared memory steps ahead and widened in registers,
+ *               on the tensor cores (no fp16 copy written or read); more rows widen a slice at
+ *               a time into the workspace for cuBLAS
  *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
  *               causal and padding-masked softmax, decode attention (split over spans of keys
  *               and merged, or a block a query where §5's top-K selection applies), 4-bit
@@ -112,9 +113,9 @@ __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int r
 static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                        int parts, __half *y, int add);
 __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                               int parts, int k_chunk, int aligned, float *partial);
+                               int parts, int k_chunk, int copy_bytes, float *partial);
 __global__ void q4_rows32_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                                 int parts, int k_chunk, int aligned, float *partial);
+                                 int parts, int k_chunk, int copy_bytes, float *partial);
 __global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int out, __half *y,
                               int add);
 static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
@@ -149,7 +150,9 @@ static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb
 static int last_rows(cuda_ws *d, const gpu_batch *gb, int h);
 static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int rows, float *logits);
 __global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
-                                float *logits);
+                                int copy_bytes, float *logits);
+__global__ void q4_vocab32_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
+                                  int copy_bytes, float *logits);
 static void widened_lm_head(cuda_ws *d, const __half *x, int rows, int dim, const void *E,
                             int vocab, float *logits);
 
@@ -519,10 +522,6 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
  * columns (byte p: column 2p in its high half, 2p + 1 in its low), then the part's G mins and G
  * scales. */
 #define Q4_DIRECT_ROWS FG_CUDA_Q4_DIRECT
-#define Q4_PASS_ROWS FG_CUDA_Q4_ROWS /* the logits' rows a pass of q4_vocab_kernel */
-/* The warps of a block of q4_rows_kernel, which take its chunk's steps of 16 rows of W in turn. */
-#define Q4_WARPS 4
-
 /* y[rows][out] (=, +=) x[rows][in] W[in][out] + b (ReLU): W fp16 as stored ([in][out], row-major,
  * which cuBLAS sees as the column-major W^T), or 4-bit in q4 parts (opt_model.c's linear_layer's
  * q4: q|k|v 3; from the codes for decode's rows, widened for more), x and y fp16, fp32
@@ -558,20 +557,22 @@ __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int r
 
 /* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
  * Q4_DIRECT_ROWS, in one pass over the codes: q4_rows_kernel's partial sums of each chunk of rows
- * of W in the workspace's scratch, then q4_sum_kernel's. */
+ * of W in the workspace's scratch, then q4_sum_kernel's. The codes are copied 16 bytes at a time
+ * where every row's groups lie on 16 bytes, else 4, else a byte (q4_stage_copy). */
 static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                        int parts, __half *y, int add) {
     int k_chunk = fg_cuda_q4_k_chunk(in, out, rows);
     int chunks = (in + k_chunk - 1) / k_chunk;
-    int aligned = (uintptr_t)W % 4 == 0;
+    size_t part_bytes = q4_bytes(1, (size_t)(out / parts), 1);
+    int copy_bytes = ((uintptr_t)W | part_bytes) % 16 == 0 ? 16 : (uintptr_t)W % 4 == 0 ? 4 : 1;
     dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_GROUP), chunks);
     if (rows <= 16) {
-        q4_rows_kernel<<<grid, 32 * Q4_WARPS, 0, ctx()->stream>>>(
-            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, aligned, d->q4_scratch);
+        q4_rows_kernel<<<grid, 32 * Q4_WARPS, Q4_SHARED_BYTES(1), ctx()->stream>>>(
+            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, copy_bytes, d->q4_scratch);
         LAUNCHED("q4_rows_kernel");
     } else {
-        q4_rows32_kernel<<<grid, 32 * Q4_WARPS, 0, ctx()->stream>>>(
-            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, aligned, d->q4_scratch);
+        q4_rows32_kernel<<<grid, 32 * Q4_WARPS, Q4_SHARED_BYTES(2), ctx()->stream>>>(
+            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, copy_bytes, d->q4_scratch);
         LAUNCHED("q4_rows32_kernel");
     }
     q4_sum_kernel<<<blocks_for((size_t)rows * out, 256), 256, 0, ctx()->stream>>>(
@@ -582,22 +583,24 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
 /* partial[chunk][r][j] = sum over the chunk's rows k of W (k_chunk of them from chunk k_chunk) of
  * x[r][k] W[k][j], for r < rows <= 16 M_TILES, on the tensor cores (mma_16x8x16: fp16 values,
  * fp32 sums). A block a group of 64 columns of a part and a chunk; its warps take the chunk's
- * steps of 16 rows in turn, each loading its next two steps' codes while it multiplies this one's.
- * A lane (gid = lane / 4, tig = lane % 4) reads 4 bytes of codes, columns 8 gid to 8 gid + 7, of
- * each of its 4 rows of the step (q4_step_load): a quad of lanes reads a row's 32 bytes. The
- * group's 64 columns are 8 products of 8 columns, product t taking column 8 gid + t as its column
- * gid, so that a lane widens only its own bytes (q4_pair, q4_step_multiply). The values are
- * q4_value's rounded to fp16 (dequant_kernel's, to a rounding of the fma); the warps' sums meet in
- * shared memory in a fixed order (q4_sums_out); the helpers are support/cuda_device.h's. Up to 16
- * rows (q4_rows_kernel) keep one tile's sums in registers, up to 32 (q4_rows32_kernel) two. CPU
- * twin: the product by q4_decompress's values rounded to fp16. Test: test_q4_linear (with
- * q4_sum_kernel), within its bound of that product in double. */
+ * steps of 16 rows in turn. Each warp keeps a ring of Q4_STAGES steps in shared memory (q4_ring),
+ * the codes, mins and scales of its next Q4_STAGES - 1 steps on their way by asynchronous copies
+ * (q4_stage_copy) while it multiplies this one's: a lane copies 16 bytes, half a row's codes. A
+ * lane (gid = lane / 4, tig = lane % 4) then reads 4 bytes of codes, columns 8 gid to 8 gid + 7,
+ * of each of its 4 rows of the step (q4_stage_read). The group's 64 columns are 8 products of 8
+ * columns, product t taking column 8 gid + t as its column gid, so that a lane widens only the
+ * bytes it read (q4_pair, q4_step_multiply). The values are q4_value's rounded to fp16
+ * (dequant_kernel's, to a rounding of the fma); the warps' sums meet in shared memory in a fixed
+ * order (q4_sums_out); the helpers are support/cuda_device.h's. Up to 16 rows (q4_rows_kernel)
+ * keep one tile's sums in registers, up to 32 (q4_rows32_kernel) two. CPU twin: the product by
+ * q4_decompress's values rounded to fp16. Test: test_q4_linear (with q4_sum_kernel), within its
+ * bound of that product in double, every copy_bytes. */
 template <int M_TILES> __device__ void q4_rows(const __half *x, int rows, int in, const uint8_t *W,
-                                               int out, int parts, int k_chunk, int aligned,
+                                               int out, int parts, int k_chunk, int copy_bytes,
                                                float *partial) {
-    __shared__ float sums[Q4_WARPS - 1][16 * M_TILES][Q4_GROUP + 1];
+    extern __shared__ q4_stage stages[]; /* [Q4_WARPS][Q4_STAGES], then the warps' sums */
+    auto sums = (float(*)[16 * M_TILES][Q4_GROUP + 1]) stages;
     int warp = threadIdx.x / 32;
-    int gid = threadIdx.x % 32 / 4;
     int part_cols = out / parts;
     int groups = (part_cols + Q4_GROUP - 1) / Q4_GROUP;
     int part = blockIdx.x / groups;
@@ -605,41 +608,38 @@ template <int M_TILES> __device__ void q4_rows(const __half *x, int rows, int in
     size_t part_bytes = (size_t)groups * (Q4_GROUP / 2 + 4);
     const uint8_t *first_row = W + part * part_bytes;
     size_t stride = parts * part_bytes;
-    size_t codes_at = (size_t)group * (Q4_GROUP / 2) + 4 * gid;
+    size_t codes_at = (size_t)group * (Q4_GROUP / 2);
     size_t min_at = (size_t)groups * (Q4_GROUP / 2) + 2 * group;
     size_t scale_at = min_at + 2 * groups;
+    int min_shift = min_at & 2 ? 16 : 0;
+    int scale_shift = scale_at & 2 ? 16 : 0;
     int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
     int step = 16 * Q4_WARPS;
+    int k_first = blockIdx.y * k_chunk + 16 * warp;
+    int steps = k_first < k_end ? (k_end - k_first + step - 1) / step : 0;
     float acc[M_TILES][8][4] = {};
-    int k0 = blockIdx.y * k_chunk + 16 * warp;
-    auto load = [&](int k) {
-        return q4_step_load(first_row, stride, k, k_end, codes_at, min_at, scale_at, aligned);
+    auto copy = [&](q4_stage *stage, int i) {
+        q4_stage_copy(stage, first_row, stride, k_first + i * step, k_end, codes_at, min_at,
+                      scale_at, copy_bytes);
     };
-    /* two steps ahead; a step past k_end loads nothing (q4_step_load's zeros) */
-    q4_step next = load(k0);
-    q4_step after = load(k0 + step);
-    for (; k0 < k_end; k0 += 2 * step) {
-        q4_step now = next;
-        next = load(k0 + 2 * step);
-        q4_step_multiply<M_TILES>(now, x, rows, in, k_end, k0, acc);
-        if (k0 + step >= k_end) break;
-        now = after;
-        after = load(k0 + 3 * step);
-        q4_step_multiply<M_TILES>(now, x, rows, in, k_end, k0 + step, acc);
-    }
+    auto multiply = [&](const q4_stage *stage, int i) {
+        q4_step now = q4_stage_read(stage, min_shift, scale_shift);
+        q4_step_multiply<M_TILES>(now, x, rows, in, k_end, k_first + i * step, acc);
+    };
+    q4_ring<Q4_STAGES>(stages + warp * Q4_STAGES, steps, copy, multiply);
     float *part_sums = partial + (size_t)blockIdx.y * rows * out + (size_t)part * part_cols;
-    q4_sums_out<M_TILES>(acc, sums, rows, part_cols - group * Q4_GROUP, out,
-                         part_sums + group * Q4_GROUP);
+    q4_sums_out<M_TILES, 0>(acc, sums, rows, part_cols - group * Q4_GROUP, out,
+                            part_sums + group * Q4_GROUP);
 }
 
 __global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                               int parts, int k_chunk, int aligned, float *partial) {
-    q4_rows<1>(x, rows, in, W, out, parts, k_chunk, aligned, partial);
+                               int parts, int k_chunk, int copy_bytes, float *partial) {
+    q4_rows<1>(x, rows, in, W, out, parts, k_chunk, copy_bytes, partial);
 }
 
 __global__ void q4_rows32_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                                 int parts, int k_chunk, int aligned, float *partial) {
-    q4_rows<2>(x, rows, in, W, out, parts, k_chunk, aligned, partial);
+                                 int parts, int k_chunk, int copy_bytes, float *partial) {
+    q4_rows<2>(x, rows, in, W, out, parts, k_chunk, copy_bytes, partial);
 }
 
 /* y[r][j] = q4_rows_kernel's partial sums of its chunks added in order (+ y[r][j] with add),
@@ -1348,13 +1348,17 @@ static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int row
     float one = 1;
     float zero = 0;
     if (w->q4 && rows <= Q4_DIRECT_ROWS) {
-        unsigned blocks = blocks_for((size_t)(c->vocab + 1) / 2, 4);
-        for (int r0 = 0; r0 < rows; r0 += Q4_PASS_ROWS) {
-            int pass = rows - r0 < Q4_PASS_ROWS ? rows - r0 : Q4_PASS_ROWS;
-            q4_vocab_kernel<<<blocks, 128, 0, ctx()->stream>>>(
-                x + (size_t)r0 * c->word_dim, pass, c->word_dim, (const uint8_t *)w->lm_head,
-                c->vocab, logits + (size_t)r0 * c->vocab);
+        const uint8_t *E = (const uint8_t *)w->lm_head;
+        int copy_bytes = ((uintptr_t)E | (size_t)c->word_dim) % 16 == 0 ? 16 : 1;
+        unsigned groups = blocks_for((size_t)c->vocab, Q4_GROUP);
+        if (rows <= 16) {
+            q4_vocab_kernel<<<groups, 32 * Q4_WARPS, Q4_SHARED_BYTES(1), ctx()->stream>>>(
+                x, rows, c->word_dim, E, c->vocab, copy_bytes, logits);
             LAUNCHED("q4_vocab_kernel");
+        } else {
+            q4_vocab32_kernel<<<groups, 32 * Q4_WARPS, Q4_SHARED_BYTES(2), ctx()->stream>>>(
+                x, rows, c->word_dim, E, c->vocab, copy_bytes, logits);
+            LAUNCHED("q4_vocab32_kernel");
         }
         return;
     }
@@ -1368,44 +1372,50 @@ static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int row
                               CUBLAS_GEMM_DEFAULT));
 }
 
-/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= Q4_PASS_ROWS, a 4-bit table E
- * [vocab][dim] as quant.c stores an embedding (outer 1, len vocab, inner dim): byte
- * (32 g + p) dim + i holds column i of rows 64 g + 2p (high half) and 64 g + 2p + 1 (low half),
- * and the groups' mins and scales follow, [G][dim] each. A warp a pair of rows, which share their
- * bytes: lane l reads bytes l, l + 32, ... side by side and multiplies the two values min + q
- * scale (fp32) into each row of x. CPU twin: lm_head's product by q4_decompress's values. Test:
- * test_q4_lm_head, within its bound of that product in double. */
-__global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
-                                float *logits) {
+/* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= 16 M_TILES, a 4-bit table E [vocab][dim]
+ * as quant.c stores an embedding (outer 1, len vocab, inner dim): byte (32 g + p) dim + i holds
+ * column i of rows 64 g + 2p (high half) and 64 g + 2p + 1 (low half), and the groups' mins and
+ * scales follow, [G][dim] each. On the tensor cores, as q4_rows: a block a group of 64 rows of E,
+ * its warps the group's steps of 16 columns in turn through their rings (q4_ring, q4_vocab_copy);
+ * byte row 8 j + gid's high halves are product 2 j's column gid, its low halves product 2 j + 1's
+ * (q4_vocab_multiply); the warps' sums meet in shared memory in a fixed order (q4_sums_out). Up
+ * to 16 rows of x (q4_vocab_kernel) or 32 (q4_vocab32_kernel). CPU twin: lm_head's product by
+ * q4_decompress's values rounded to fp16. Test: test_q4_lm_head, within its bound of that product
+ * in double, both copy_bytes. */
+template <int M_TILES> __device__ void q4_vocab(const __half *x, int rows, int dim,
+                                                const uint8_t *E, int vocab, int copy_bytes,
+                                                float *logits) {
+    extern __shared__ q4_stage stages[]; /* [Q4_WARPS][Q4_STAGES], then the warps' sums */
+    auto sums = (float(*)[16 * M_TILES][Q4_GROUP + 1]) stages;
     int warp = threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    int v = 2 * (blockIdx.x * (blockDim.x / 32) + warp);
-    if (v >= vocab) return;
     size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP;
-    size_t g = (size_t)v / Q4_GROUP;
-    const uint8_t *codes = E + (g * (Q4_GROUP / 2) + (size_t)v % Q4_GROUP / 2) * dim;
+    size_t g = blockIdx.x;
+    const uint8_t *codes = E + g * (Q4_GROUP / 2) * dim;
     const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
     const __half *scales = mins + G * dim;
-    float even[Q4_PASS_ROWS] = {0};
-    float odd[Q4_PASS_ROWS] = {0};
-    for (int i = lane; i < dim; i += 32) {
-        uint32_t b = codes[i];
-        float scale = __half2float(scales[i]);
-        float min = __half2float(mins[i]);
-        float w_even = fmaf(code_value(b >> 4), scale, min);
-        float w_odd = fmaf(code_value(b & 15), scale, min);
-        for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
-            float xv = __half2float(x[(size_t)r * dim + i]);
-            even[r] = fmaf(xv, w_even, even[r]);
-            odd[r] = fmaf(xv, w_odd, odd[r]);
-        }
-    }
-    for (int r = 0; r < Q4_PASS_ROWS && r < rows; r++) {
-        float first = warp_sum(even[r]);
-        float second = warp_sum(odd[r]);
-        if (lane == 0) logits[(size_t)r * vocab + v] = first;
-        if (lane == 0 && v + 1 < vocab) logits[(size_t)r * vocab + v + 1] = second;
-    }
+    int step = 16 * Q4_WARPS;
+    int k_first = 16 * warp;
+    int steps = k_first < dim ? (dim - k_first + step - 1) / step : 0;
+    float acc[M_TILES][8][4] = {};
+    auto copy = [&](q4_stage *stage, int i) {
+        q4_vocab_copy(stage, codes, mins, scales, dim, k_first + i * step, copy_bytes);
+    };
+    auto multiply = [&](const q4_stage *stage, int i) {
+        q4_vocab_multiply<M_TILES>(stage, x, rows, dim, k_first + i * step, acc);
+    };
+    q4_ring<Q4_STAGES>(stages + warp * Q4_STAGES, steps, copy, multiply);
+    q4_sums_out<M_TILES, 1>(acc, sums, rows, vocab - (int)g * Q4_GROUP, vocab,
+                            logits + g * Q4_GROUP);
+}
+
+__global__ void q4_vocab_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
+                                int copy_bytes, float *logits) {
+    q4_vocab<1>(x, rows, dim, E, vocab, copy_bytes, logits);
+}
+
+__global__ void q4_vocab32_kernel(const __half *x, int rows, int dim, const uint8_t *E, int vocab,
+                                  int copy_bytes, float *logits) {
+    q4_vocab<2>(x, rows, dim, E, vocab, copy_bytes, logits);
 }
 
 /* logits[rows][vocab] = x[rows][dim] E^T, slices of rows of E. */

@@ -16,8 +16,9 @@
 #          (--compress-weight, FlexGen's too); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
-#          DRAM bytes read (opt-6.7b, 4 x 1, fp16 and 4-bit; decode_kernels below says how). 32 tokens are
-#          generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at about 30 token/s).
+#          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; decode_kernels below says
+#          how). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
+#          about 30 token/s).
 #          Each row of ours gives the counters of its busiest decode step (host waits, launches,
 #          cuBLAS products, copies in), and where the card is known, the decode's share of the
 #          weights' read limit and prefill's of the dense fp16 peak.
@@ -308,8 +309,10 @@ do_speed() {
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
-    decode_kernels ""
-    decode_kernels -4bit --compress-weight
+    decode_kernels "" 4
+    decode_kernels -4bit 4 --compress-weight
+    decode_kernels -32x1 "$big"
+    decode_kernels -4bit-32x1 "$big" --compress-weight
     return 0
 }
 
@@ -356,12 +359,15 @@ do_big() {
 # .data/kernels$SUFFIX.csv: a run's own counters place a window of launches past every prefill
 # kernel (a cuBLAS product launches one kernel or two) and long enough to hold two whole decode
 # steps; the report divides the window's sums by the steps in it (attention_merge_kernel, or
-# attention_kernel or attention_q4_kernel, runs once a layer and step). SUFFIX flags...: "" for fp16 weights, -4bit
-# --compress-weight for 4-bit ones. Both runs launch each kernel on its own (FLEXGEN_CUDA_GRAPHS=0),
-# so that the counters' launches are every kernel of the step (a graph's are not among them).
+# attention_kernel or attention_q4_kernel, runs once a layer and step). SUFFIX BATCH flags...: ""
+# 4 for fp16 weights at 4 x 1, -4bit 4 --compress-weight for 4-bit ones, -32x1 and -4bit-32x1 at
+# 32 x 1 (these last, each where the half has time left). Every run launches each kernel on its own
+# (FLEXGEN_CUDA_GRAPHS=0), so that the counters' launches are every kernel of the step (a graph's
+# are not among them).
 decode_kernels() {
-    local suffix=$1 ncu left skip count
-    shift
+    local suffix=$1 batch=$2 ncu left skip count mem=$GPU_MEM
+    shift 2
+    [ "$batch" -le 4 ] || mem=$GPU_MEM_32
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     left=$(time_left)
     if [ "$DRY" = 1 ] || [ -z "$ncu" ] || [ "$left" -lt 45 ]; then
@@ -369,8 +375,8 @@ decode_kernels() {
             > "$OUT/.data/kernels$suffix.txt"
         return
     fi
-    local run=(--quiet --device cuda --gpu-mem "$GPU_MEM" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
-        --percent 100 0 100 0 100 0 --gpu-batch-size 4 --num-gpu-batches 1 "$@")
+    local run=(--quiet --device cuda --gpu-mem "$mem" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
+        --percent 100 0 100 0 100 0 --gpu-batch-size "$batch" --num-gpu-batches 1 "$@")
     local -x FLEXGEN_CUDA_GRAPHS=0
     limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels$suffix-counts.json" \
         2>> "$OUT/kernels.log" || return

@@ -177,8 +177,10 @@ def kernel_window(name):
 LAYERS = 32  # opt-6.7b's: attention runs once a layer and decode step (its merge, where split)
 # opt-6.7b's weights: 6.44e9 in its layers and 0.21e9 in lm_head, 2 bytes each in fp16 and 9/16 of
 # one in 4-bit (a byte a pair of codes, and a group of 64's fp16 min and scale)
-for name, weights, weight_mb in (("kernels", "fp16", "13,300"), ("kernels-4bit", "4-bit", "3,740")):
-    print(f"\n## One decode step's kernels by GPU time (opt-6.7b, 4 x 1, all on the GPU, {weights} weights)\n")
+for name, weights, weight_mb, batch in (("kernels", "fp16", "13,300", 4), ("kernels-4bit", "4-bit", "3,740", 4),
+                                        ("kernels-32x1", "fp16", "13,300", 32),
+                                        ("kernels-4bit-32x1", "4-bit", "3,740", 32)):
+    print(f"\n## One decode step's kernels by GPU time (opt-6.7b, {batch} x 1, all on the GPU, {weights} weights)\n")
     window = kernel_window(name)
     once = ("attention_merge_kernel", "attention_kernel", "attention_q4_kernel")  # one a layer
     attention = next((k for k in once if window and k in window), "attention_kernel")
@@ -192,7 +194,8 @@ for name, weights, weight_mb in (("kernels", "fp16", "13,300"), ("kernels-4bit",
     print(f"ncu's kernel times and DRAM bytes read over a window of {steps:.2f} decode steps ({attention}'s")
     print(f"launches over {LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels and")
     print(f"{read_bytes / 1e6:.0f} MB read a step; the weights the step needs are {weight_mb} MB ({weights}), its")
-    print("keys and values 4 x 544 x 32 layers x 2 x 8 KB = 1,140 MB at the step's end. Share: of the")
+    print(f"keys and values {batch} x 544 x 32 layers x 2 x 8 KB = {batch * 544 * 32 * 2 * 8192 / 1e6:,.0f} MB at the step's end. "
+          "Share: of the")
     print("card's datasheet read rate, the kernel's bytes over its time.\n")
     print("| kernel | launches a step | us a step | share of time | MB read a step | share of read rate |")
     print("|---|---|---|---|---|---|")

@@ -279,10 +279,10 @@ void model_workspace_free(model_workspace *ws);
 enum { FG_CUDA_WS_PARTS = 7 };
 /* CUDA's 4-bit products (flexgen.cu, §5): up to FG_CUDA_Q4_DIRECT rows of x (decode's) multiply
  * the codes in one pass, a block summing k_chunk rows of W (fg_cuda_q4_k_chunk) into fp32 partial
- * sums; the logits' 4-bit product FG_CUDA_Q4_ROWS rows at a pass; more rows widen W to fp16 for
+ * sums (the logits' product a group of rows of E a block, whole); more rows widen W to fp16 for
  * cuBLAS a slice at a time: FG_CUDA_WIDEN_VALUES values (2 MiB), or 64 columns of the longest
  * matrix where those are more. */
-enum { FG_CUDA_Q4_ROWS = 8, FG_CUDA_Q4_DIRECT = 32 };
+enum { FG_CUDA_Q4_DIRECT = 32 };
 enum { FG_CUDA_WIDEN_VALUES = 1 << 20, FG_CUDA_WIDEN_COLUMNS = 64 };
 int fg_cuda_q4_k_chunk(int in, int out, int rows);
 size_t fg_cuda_q4_scratch_bytes(const model_config *cfg); /* a part of the workspace */

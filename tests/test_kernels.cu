@@ -203,6 +203,19 @@ static float *widened(const fp16 *x, size_t n) {
  * memory at `out` are its result, copied into host. Under the harness it runs again with the
  * block's threads reversed and shuffled (two seeds), and each time the result must be the same
  * bits. */
+/* The bytes asynchronous copies have read on the emulated GPU so far, or -1 natively (where nothing
+ * counts them); run_in_every_order runs its kernels EVERY_ORDER times there. */
+enum { EVERY_ORDER = 4 };
+static long long async_bytes(void) {
+#ifdef FLEXGEN_CUDA_EMU
+    cuda_emu_stats s;
+    cuda_emu_get_stats(&s);
+    return s.async_bytes;
+#else
+    return -1;
+#endif
+}
+
 static void run_in_every_order(const char *what, void (*run)(void *), void *arg, const void *out,
                                size_t bytes, void *host) {
 #ifdef FLEXGEN_CUDA_EMU
@@ -216,6 +229,7 @@ static void run_in_every_order(const char *what, void (*run)(void *), void *arg,
 #ifdef FLEXGEN_CUDA_EMU
     static const struct { int order; unsigned seed; } orders[] = {
         {CUDA_EMU_REVERSE, 0}, {CUDA_EMU_SHUFFLE, 1}, {CUDA_EMU_SHUFFLE, 2718281}};
+    static_assert(1 + sizeof orders / sizeof *orders == EVERY_ORDER, "forward, then the others");
     unsigned char *again = host_array<unsigned char>(bytes);
     for (size_t i = 0; i < sizeof orders / sizeof *orders; i++) {
         cuda_emu_set_order(orders[i].order, orders[i].seed);
@@ -1111,7 +1125,16 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
     snprintf(what, sizeof what, "linear, %d x %d times %d x %d%s in %d part(s), %s, %s", rows, in, in, out,
              !q4 ? "" : rows > FG_CUDA_Q4_DIRECT ? " 4-bit (widened)" : offset % 4 ? " 4-bit (unaligned)" : " 4-bit",
              q4 ? q4 : 1, modes[mode], with_bias ? "bias" : "no bias");
+    long long copied = async_bytes();
     run_in_every_order(what, run_linear, &a, a.y, ny * sizeof(fp16), got);
+    if (q4 && rows <= FG_CUDA_Q4_DIRECT && copied >= 0) {
+        /* one pass over the codes: a row's 32 bytes a group, the 4-byte words of its min and scale
+         * (none where W does not lie on 4 bytes, whose bytes are read by plain loads) */
+        long long groups = q4 * ((out / q4 + 63) / 64);
+        long long expected = offset % 4 ? 0 : (long long)in * groups * (32 + 2 * 4);
+        long long run = (async_bytes() - copied) / EVERY_ORDER;
+        EXPECT(run == expected, "%s: its copies read %lld bytes, one pass over the codes %lld", what, run, expected);
+    }
     int bad = 0;
     char first[200] = "";
     for (int i = 0; i < rows; i++)
@@ -1175,7 +1198,10 @@ static void test_linear(void) {
  * of x; q4_sum_kernel), 36 and 40 rows through widened slices of 3 columns of W at a time; `out`
  * not a multiple of 64 or 8 (a narrow last group, a last word of codes past it), `in` not a
  * multiple of 16 and odd (rows of x not 4-byte aligned), codes not 4-byte aligned, q|k|v's 3 parts
- * (of 144 and of 20 columns, a word of codes past each). Each mode, with and without a bias. */
+ * (of 144 and of 20 columns, a word of codes past each). The codes copied 16 bytes at a time (out
+ * 256 and 3 parts of 256: groups whose rows lie on 16 bytes), 4 and 1, with more steps a warp than
+ * its ring holds (in 1999), and on the emulated GPU, the copies reading the codes once. Each mode,
+ * with and without a bias. */
 static void test_q4_linear(void) {
     if (!gpu_ready()) return;
     static const int shapes[][6] = {/* rows, in, out, parts, bias, byte offset of W */
@@ -1183,7 +1209,8 @@ static void test_q4_linear(void) {
                                     {3, 96, 13, 1, 1, 2},   {2, 144, 432, 3, 1, 0}, {5, 70, 60, 3, 1, 0},
                                     {9, 144, 200, 1, 1, 0}, {32, 70, 130, 1, 0, 0}, {12, 80, 60, 3, 1, 0},
                                     {27, 96, 70, 1, 1, 2},  {40, 70, 130, 1, 0, 0}, {36, 80, 60, 3, 1, 0},
-                                    {4, 1100, 130, 1, 1, 0}, {20, 3000, 70, 1, 1, 0}, {3, 97, 64, 1, 0, 2}};
+                                    {4, 1100, 130, 1, 1, 0}, {20, 3000, 70, 1, 1, 0}, {3, 97, 64, 1, 0, 2},
+                                    {20, 1999, 256, 1, 1, 0}, {6, 1999, 768, 3, 1, 0}, {24, 520, 768, 3, 0, 0}};
     uint64_t seed = 67;
     double worst = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
@@ -1302,14 +1329,16 @@ static void run_lm_head(void *p) {
     wait_stream();
 }
 
-/* logits = x E^T for a 4-bit E [vocab][dim] against the same in double on its values (rounded to
- * fp16 where the product widens them), within (gamma_dim + g_(dim + 1)) sum_i |x_i E_vi|: 1 to 32
- * rows from the codes (pairs of rows of E, an odd vocabulary's last row alone, a last group of
- * fewer than 64; passes of 8 rows), 40 rows through widened slices of 3 rows of E. */
+/* logits = x E^T for a 4-bit E [vocab][dim] against the same in double on its values rounded to
+ * fp16, within (gamma_dim + g_(dim + 1)) sum_i |x_i E_vi|: 1 to 32 rows from the codes (one and
+ * two tiles of 16 rows of x; an odd vocabulary's last row alone, a last group of fewer than 64;
+ * dim a multiple of 16, copied 16 bytes at a time, or not, a byte at a time with a short last step;
+ * more steps a warp than its ring holds; on the emulated GPU, the copies reading the table once),
+ * 40 rows through widened slices of 3 rows of E. */
 static void test_q4_lm_head(void) {
     if (!gpu_ready()) return;
     static const int shapes[][3] = {{1, 80, 130}, {3, 144, 64}, {8, 300, 71}, {9, 80, 130}, {32, 100, 70},
-                                    {40, 80, 130}};
+                                    {17, 1104, 130}, {5, 1000, 200}, {40, 80, 130}};
     uint64_t seed = 73;
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -1318,13 +1347,6 @@ static void test_q4_lm_head(void) {
         fp16 *x = random_halves(nx, &seed, -1, 1), *E = random_halves(ne, &seed, -0.5f, 0.5f);
         table_view table = device_table_of(E, 1, vocab, dim);
         float *E32 = widened(E, ne);
-        if (rows <= FG_CUDA_Q4_DIRECT) { /* the direct product multiplies the values before rounding */
-            size_t bytes = q4_bytes(1, (size_t)vocab, (size_t)dim);
-            uint8_t *q = host_array<uint8_t>(bytes);
-            download(q, table.values, bytes);
-            q4_decompress(q, 1, (size_t)vocab, (size_t)dim, E32);
-            free(q);
-        }
         cuda_ws d = q4_workspace(rows, dim, vocab, 3 * (size_t)dim);
         lm_head_args a;
         memset(&a, 0, sizeof a);
@@ -1340,7 +1362,13 @@ static void test_q4_lm_head(void) {
         char what[128];
         snprintf(what, sizeof what, "lm_head, %d x %d times a 4-bit [%d][%d]%s", rows, dim, vocab, dim,
                  rows > FG_CUDA_Q4_DIRECT ? " (widened)" : "");
+        long long copied = async_bytes();
         run_in_every_order(what, run_lm_head, &a, a.logits, ny * sizeof(float), got);
+        if (rows <= FG_CUDA_Q4_DIRECT && copied >= 0) { /* the table once, where dim lies on 16 bytes */
+            long long expected = dim % 16 ? 0 : (long long)q4_bytes(1, (size_t)vocab, (size_t)dim);
+            long long run = (async_bytes() - copied) / EVERY_ORDER;
+            EXPECT(run == expected, "%s: its copies read %lld bytes, the table %lld", what, run, expected);
+        }
         int bad = 0;
         char first[200] = "";
         for (int r = 0; r < rows; r++)

@@ -29,6 +29,7 @@ typedef struct {
     long long kernels, blocks, threads, switches; /* launched and run */
     long long gemms, copies, host_waits, graph_launches;
     long long opened;                              /* allocations opened to a kernel or copy */
+    long long async_bytes;                         /* read by asynchronous copies (cp.async) */
 } cuda_emu_stats;
 void cuda_emu_get_stats(cuda_emu_stats *s);
 

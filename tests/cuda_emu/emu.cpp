@@ -9,7 +9,9 @@
  *               the grid's blocks run in a chosen order: forward, reversed or shuffled
  *               (cuda_emu_set_order), so a race on shared memory changes the result; dynamic
  *               shared memory starts as NaN bytes and ends at a guard page, and a launch's
- *               bytes of it must be whole 16-byte groups (nvcc loads such a group at once)
+ *               bytes of it must be whole 16-byte groups (nvcc loads such a group at once); an
+ *               asynchronous copy (cp.async) must lie on its size, poisons its destination and
+ *               lands only when its thread waits for its group
  *   memory      each cudaMalloc is its own mapping, 256-byte aligned, ending at a guard page;
  *               its pages are closed to the host: a host access faults and is reported with the
  *               allocation; a kernel or copy opens them (on its first touch) and they close
@@ -833,6 +835,7 @@ static void make_context(context *c, char *stack, size_t bytes, void (*entry)())
 #endif
 
 enum thread_state { RUNNABLE, AT_BARRIER, AT_SHUFFLE, AT_WARP_BARRIER, EXITED };
+enum { MAX_ASYNC_COPIES = 64 };
 struct fiber {
     context saved;
     char *stack;
@@ -843,6 +846,12 @@ struct fiber {
     int shuffle_from;             /* the lane this one reads */
     uint32_t mma_a[4], mma_b[2];  /* its fragments at a tensor-core product */
     void *asan_fake_stack;
+    int copies, committed;        /* its asynchronous copies not landed, its groups committed */
+    struct {
+        void *dst;
+        const void *src;
+        int bytes, group;
+    } copy[MAX_ASYNC_COPIES];
 };
 enum { STACK_BYTES = 128 << 10, MAX_THREADS = 1024 };
 
@@ -969,6 +978,38 @@ void cuda_emu::mma_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2])
     memcpy(d, out, sizeof out);
 }
 
+/* An asynchronous copy of 4, 8 or 16 bytes, both ends on that many bytes (as the GPU requires):
+ * its destination is poisoned (0xff bytes: NaN halves) until a wait covers its group. */
+void cuda_emu::copy_async(void *shared, const void *global, int bytes) {
+    fiber *f = this_thread("copy_async");
+    if (bytes != 4 && bytes != 8 && bytes != 16) fatal("an asynchronous copy of %d bytes (4, 8 or 16)", bytes);
+    if ((uintptr_t)shared % (unsigned)bytes || (uintptr_t)global % (unsigned)bytes)
+        fatal("kernel %s: an asynchronous copy of %d bytes from %p to %p, not on %d bytes", running_kernel->name, bytes, global, shared, bytes);
+    if (f->copies == MAX_ASYNC_COPIES) fatal("kernel %s: more than %d asynchronous copies of a thread in flight", running_kernel->name, (int)MAX_ASYNC_COPIES);
+    memset(shared, 0xff, (size_t)bytes);
+    stats.async_bytes += bytes;
+    f->copy[f->copies].dst = shared;
+    f->copy[f->copies].src = global;
+    f->copy[f->copies].bytes = bytes;
+    f->copy[f->copies].group = f->committed;
+    f->copies++;
+}
+
+void cuda_emu::copy_async_commit(void) {
+    this_thread("copy_async_commit")->committed++;
+}
+
+/* The thread's copies of every committed group but the newest `pending` land, in order. */
+void cuda_emu::copy_async_wait(int pending) {
+    fiber *f = this_thread("copy_async_wait");
+    int kept = 0;
+    for (int i = 0; i < f->copies; i++) {
+        if (f->copy[i].group < f->committed - pending) memcpy(f->copy[i].dst, f->copy[i].src, (size_t)f->copy[i].bytes);
+        else f->copy[kept++] = f->copy[i];
+    }
+    f->copies = kept;
+}
+
 void *cuda_emu::dynamic_shared(void) {
     this_thread("extern __shared__");
     return block.shared;
@@ -1044,6 +1085,7 @@ static void run_block(const cuda_emu::launch_config &c, const std::function<void
         fiber &f = block.fibers[(size_t)i];
         make_context(&f.saved, f.stack, STACK_BYTES, fiber_main);
         f.state = RUNNABLE;
+        f.copies = f.committed = 0;
         f.index = uint3{(unsigned)i % c.block.x, (unsigned)i / c.block.x % c.block.y, (unsigned)i / (c.block.x * c.block.y)};
     }
     std::vector<int> warps, lanes;

@@ -4,8 +4,9 @@
  * a correctly rounded reference; a host access to device memory, a kernel past an allocation's
  * end, a host pointer given to a kernel, a copy in the wrong direction; work that runs only when
  * the host waits, in stream and event order; a race on shared memory that the thread orders show,
- * and a reduction they do not change; the device's size and capability; cuBLAS's checks. A check
- * that must end the process runs in a child and reads its last words.
+ * and a reduction they do not change; asynchronous copies that land only at their wait; the
+ * device's size and capability; cuBLAS's checks. A check that must end the process runs in a
+ * child and reads its last words.
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -377,6 +378,61 @@ static void test_thread_orders(void) {
     cudaFree(dsum);
 }
 
+/* ---- Asynchronous copies ---- */
+
+/* Thread 0 copies src[0..3] (16 bytes, group 0) and src[4] (4 bytes, group 1) into shared memory
+ * and reads both slots before any wait, after waiting down to one group in flight, and after
+ * waiting for all: out[3 i], out[3 i + 1] are the two slots at read i (their first floats), and
+ * thread 1 reads thread 0's first slot after its wait and a __syncwarp (out[9]). */
+__global__ void copies_in_groups(const float *src, float *out) {
+    __shared__ float slots[8] __attribute__((aligned(16)));
+    if (threadIdx.x == 0) {
+        cuda_emu::copy_async(slots, src, 16);
+        cuda_emu::copy_async_commit();
+        cuda_emu::copy_async(slots + 4, src + 4, 4);
+        cuda_emu::copy_async_commit();
+        out[0] = slots[0], out[1] = slots[4];
+        cuda_emu::copy_async_wait(1);
+        out[3] = slots[0], out[4] = slots[4];
+        cuda_emu::copy_async_wait(0);
+        out[6] = slots[0], out[7] = slots[4];
+    }
+    __syncwarp();
+    if (threadIdx.x == 1) out[9] = slots[0];
+}
+
+__global__ void misaligned_copy(const float *src) {
+    __shared__ float slots[8] __attribute__((aligned(16)));
+    cuda_emu::copy_async(slots, src + 1, 16);
+}
+
+static void copy_misaligned(void) {
+    float *p;
+    cudaMalloc(&p, 64);
+    misaligned_copy<<<1, 1, 0, 0>>>(p);
+    cudaDeviceSynchronize();
+}
+
+/* A copy's destination reads as NaN until a wait covers its group, then as its source; a copy
+ * whose ends do not lie on its size ends the run. */
+static void test_async_copies(void) {
+    const float src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float out[10] = {0}, *dsrc, *dout;
+    cudaMalloc(&dsrc, sizeof src);
+    cudaMalloc(&dout, sizeof out);
+    cudaMemcpy(dsrc, src, sizeof src, cudaMemcpyHostToDevice);
+    cudaMemset(dout, 0, sizeof out);
+    copies_in_groups<<<1, 32, 0, 0>>>(dsrc, dout);
+    cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost);
+    EXPECT(isnan(out[0]) && isnan(out[1]), "before a wait: %g, %g, expected NaN", out[0], out[1]);
+    EXPECT(out[3] == 1 && isnan(out[4]), "one group in flight: %g, %g, expected 1, NaN", out[3], out[4]);
+    EXPECT(out[6] == 1 && out[7] == 5, "after the last wait: %g, %g, expected 1, 5", out[6], out[7]);
+    EXPECT(out[9] == 1, "another lane after __syncwarp: %g, expected 1", out[9]);
+    cudaFree(dsrc);
+    cudaFree(dout);
+    expect_death(copy_misaligned, "an asynchronous copy of 16 bytes", "a copy not on 16 bytes");
+}
+
 /* ---- The device ---- */
 
 static void test_device(void) {
@@ -442,6 +498,8 @@ extern "C" void add_emu_tests(void) {
                 test_graphs);
     CU_add_test(s, "thread orders: a shared-memory race shows, a reduction does not move",
                 test_thread_orders);
+    CU_add_test(s, "asynchronous copies: poison until a wait covers their group; misaligned, refused",
+                test_async_copies);
     CU_add_test(s, "the device's size and compute capability", test_device);
     CU_add_test(s, "cuBLAS: its argument checks and a product", test_cublas);
 }
