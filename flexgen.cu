@@ -7,24 +7,24 @@
  * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   195  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   255  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   175  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   347  fg_cuda_backend          the operation table, once a GPU is found
- *   407  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   463  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   529  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   635  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   703  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   736  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   834  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   876  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   955  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1155  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1216  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
- *  1301  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1346  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1449  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   209  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   269  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   189  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   361  fg_cuda_backend          the operation table, once a GPU is found
+ *   421  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   477  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   543  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   650  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   699  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   732  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   830  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   872  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   951  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1151  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1212  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
+ *  1297  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1342  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1445  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -92,6 +92,24 @@ typedef struct {
     float *partials;
 } attention_split;
 
+/* A 4-bit decode product as q4_rows_kernel takes it, by value: y[rows][out] (+ y with add) = x W,
+ * W [in][out] of `parts` parts, in chunks of k_chunk rows of W, the codes copied copy_bytes at a
+ * time; the chunks' partial sums in `partial`, each group's count of chunks done in `done`. */
+typedef struct {
+    const __half *x;
+    int rows;
+    int in;
+    const uint8_t *W;
+    int out;
+    int parts;
+    int k_chunk;
+    int copy_bytes;
+    float *partial;
+    unsigned *done;
+    __half *y;
+    int add;
+} q4_product_args;
+
 /* What the layers call, defined below in the order they call it, and declared here. */
 
 /* The embedding */
@@ -112,12 +130,8 @@ static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W,
 __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int relu);
 static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                        int parts, __half *y, int add);
-__global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                               int parts, int k_chunk, int copy_bytes, float *partial);
-__global__ void q4_rows32_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                                 int parts, int k_chunk, int copy_bytes, float *partial);
-__global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int out, __half *y,
-                              int add);
+__global__ void q4_rows_kernel(q4_product_args p);
+__global__ void q4_rows32_kernel(q4_product_args p);
 static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                            int parts, __half *y, float beta);
 static void widen_slice(cuda_ws *d, const void *W, size_t len, size_t inner, size_t first,
@@ -556,28 +570,25 @@ __global__ void bias_kernel(__half *y, size_t n, int out, const __half *b, int r
 }
 
 /* y[rows][out] (=, + y with add) = x W for a 4-bit W [in][out] of `parts` parts and rows <=
- * Q4_DIRECT_ROWS, in one pass over the codes: q4_rows_kernel's partial sums of each chunk of rows
- * of W in the workspace's scratch, then q4_sum_kernel's. The codes are copied 16 bytes at a time
- * where every row's groups lie on 16 bytes, else 4, else a byte (q4_stage_copy). */
+ * Q4_DIRECT_ROWS, in one pass over the codes (q4_rows_kernel): each chunk's partial sums in the
+ * workspace's scratch, which the last block of each group of columns adds. The codes are copied 16
+ * bytes at a time where every row's groups lie on 16 bytes, else 4, else a byte (q4_stage_copy). */
 static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,
                        int parts, __half *y, int add) {
     int k_chunk = fg_cuda_q4_k_chunk(in, out, rows);
-    int chunks = (in + k_chunk - 1) / k_chunk;
     size_t part_bytes = q4_bytes(1, (size_t)(out / parts), 1);
     int copy_bytes = ((uintptr_t)W | part_bytes) % 16 == 0 ? 16 : (uintptr_t)W % 4 == 0 ? 4 : 1;
-    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_GROUP), chunks);
+    q4_product_args p = {x,     rows,    in,         (const uint8_t *)W, out,
+                         parts, k_chunk, copy_bytes, d->q4_scratch,      d->q4_done,
+                         y,     add};
+    dim3 grid(parts * blocks_for((size_t)(out / parts), Q4_GROUP), (in + k_chunk - 1) / k_chunk);
     if (rows <= 16) {
-        q4_rows_kernel<<<grid, 32 * Q4_WARPS, Q4_SHARED_BYTES(1), ctx()->stream>>>(
-            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, copy_bytes, d->q4_scratch);
+        q4_rows_kernel<<<grid, 32 * Q4_WARPS, Q4_SHARED_BYTES(1), ctx()->stream>>>(p);
         LAUNCHED("q4_rows_kernel");
     } else {
-        q4_rows32_kernel<<<grid, 32 * Q4_WARPS, Q4_SHARED_BYTES(2), ctx()->stream>>>(
-            x, rows, in, (const uint8_t *)W, out, parts, k_chunk, copy_bytes, d->q4_scratch);
+        q4_rows32_kernel<<<grid, 32 * Q4_WARPS, Q4_SHARED_BYTES(2), ctx()->stream>>>(p);
         LAUNCHED("q4_rows32_kernel");
     }
-    q4_sum_kernel<<<blocks_for((size_t)rows * out, 256), 256, 0, ctx()->stream>>>(
-        d->q4_scratch, chunks, rows, out, y, add);
-    LAUNCHED("q4_sum_kernel");
 }
 
 /* partial[chunk][r][j] = sum over the chunk's rows k of W (k_chunk of them from chunk k_chunk) of
@@ -591,69 +602,54 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
  * columns, product t taking column 8 gid + t as its column gid, so that a lane widens only the
  * bytes it read (q4_pair, q4_step_multiply). The values are q4_value's rounded to fp16
  * (dequant_kernel's, to a rounding of the fma); the warps' sums meet in shared memory in a fixed
- * order (q4_sums_out); the helpers are support/cuda_device.h's. Up to 16 rows (q4_rows_kernel)
- * keep one tile's sums in registers, up to 32 (q4_rows32_kernel) two. CPU twin: the product by
- * q4_decompress's values rounded to fp16. Test: test_q4_linear (with q4_sum_kernel), within its
- * bound of that product in double, every copy_bytes. */
-template <int M_TILES> __device__ void q4_rows(const __half *x, int rows, int in, const uint8_t *W,
-                                               int out, int parts, int k_chunk, int copy_bytes,
-                                               float *partial) {
+ * order (q4_sums_out); then y = the sum of the chunks' partial sums in chunk order, rounded to fp16
+ * once, by the group's last block to count itself done (q4_chunk_sums), whichever that is. The
+ * helpers are support/cuda_device.h's. Up to 16 rows (q4_rows_kernel) keep one tile's sums in
+ * registers, up to 32 (q4_rows32_kernel) two. CPU twin: the product by q4_decompress's values
+ * rounded to fp16. Test: test_q4_linear, within its bound of that product in double, every
+ * copy_bytes, the same bits in every order of the blocks. */
+template <int M_TILES> __device__ void q4_rows(const q4_product_args &p) {
     extern __shared__ q4_stage stages[]; /* [Q4_WARPS][Q4_STAGES], then the warps' sums */
     auto sums = (float(*)[16 * M_TILES][Q4_GROUP + 1]) stages;
     int warp = threadIdx.x / 32;
-    int part_cols = out / parts;
+    int part_cols = p.out / p.parts;
     int groups = (part_cols + Q4_GROUP - 1) / Q4_GROUP;
     int part = blockIdx.x / groups;
     int group = blockIdx.x % groups;
     size_t part_bytes = (size_t)groups * (Q4_GROUP / 2 + 4);
-    const uint8_t *first_row = W + part * part_bytes;
-    size_t stride = parts * part_bytes;
+    const uint8_t *first_row = p.W + part * part_bytes;
+    size_t stride = p.parts * part_bytes;
     size_t codes_at = (size_t)group * (Q4_GROUP / 2);
     size_t min_at = (size_t)groups * (Q4_GROUP / 2) + 2 * group;
     size_t scale_at = min_at + 2 * groups;
     int min_shift = min_at & 2 ? 16 : 0;
     int scale_shift = scale_at & 2 ? 16 : 0;
-    int k_end = in < (int)(blockIdx.y + 1) * k_chunk ? in : (int)(blockIdx.y + 1) * k_chunk;
+    int k_end = p.in < (int)(blockIdx.y + 1) * p.k_chunk ? p.in : (int)(blockIdx.y + 1) * p.k_chunk;
     int step = 16 * Q4_WARPS;
-    int k_first = blockIdx.y * k_chunk + 16 * warp;
+    int k_first = blockIdx.y * p.k_chunk + 16 * warp;
     int steps = k_first < k_end ? (k_end - k_first + step - 1) / step : 0;
     float acc[M_TILES][8][4] = {};
     auto copy = [&](q4_stage *stage, int i) {
         q4_stage_copy(stage, first_row, stride, k_first + i * step, k_end, codes_at, min_at,
-                      scale_at, copy_bytes);
+                      scale_at, p.copy_bytes);
     };
     auto multiply = [&](const q4_stage *stage, int i) {
         q4_step now = q4_stage_read(stage, min_shift, scale_shift);
-        q4_step_multiply<M_TILES>(now, x, rows, in, k_end, k_first + i * step, acc);
+        q4_step_multiply<M_TILES>(now, p.x, p.rows, p.in, k_end, k_first + i * step, acc);
     };
     q4_ring<Q4_STAGES>(stages + warp * Q4_STAGES, steps, copy, multiply);
-    float *part_sums = partial + (size_t)blockIdx.y * rows * out + (size_t)part * part_cols;
-    q4_sums_out<M_TILES, 0>(acc, sums, rows, part_cols - group * Q4_GROUP, out,
-                            part_sums + group * Q4_GROUP);
+    size_t first_column = (size_t)part * part_cols + (size_t)group * Q4_GROUP;
+    int columns = part_cols - group * Q4_GROUP < Q4_GROUP ? part_cols - group * Q4_GROUP : Q4_GROUP;
+    q4_sums_out<M_TILES, 0>(acc, sums, p.rows, columns, p.out,
+                            p.partial + (size_t)blockIdx.y * p.rows * p.out + first_column);
+    if (q4_last_chunk(p.done + blockIdx.x))
+        q4_chunk_sums(p.partial + first_column, gridDim.y, p.rows, columns, p.out,
+                      p.y + first_column, p.add);
 }
 
-__global__ void q4_rows_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                               int parts, int k_chunk, int copy_bytes, float *partial) {
-    q4_rows<1>(x, rows, in, W, out, parts, k_chunk, copy_bytes, partial);
-}
+__global__ void q4_rows_kernel(q4_product_args p) { q4_rows<1>(p); }
 
-__global__ void q4_rows32_kernel(const __half *x, int rows, int in, const uint8_t *W, int out,
-                                 int parts, int k_chunk, int copy_bytes, float *partial) {
-    q4_rows<2>(x, rows, in, W, out, parts, k_chunk, copy_bytes, partial);
-}
-
-/* y[r][j] = q4_rows_kernel's partial sums of its chunks added in order (+ y[r][j] with add),
- * rounded to fp16 once; a thread a value. CPU twin and test: q4_rows_kernel's. */
-__global__ void q4_sum_kernel(const float *partial, int chunks, int rows, int out, __half *y,
-                              int add) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t n = (size_t)rows * out;
-    if (i >= n) return;
-    float total = 0;
-    for (int c = 0; c < chunks; c++) total += partial[(size_t)c * n + i];
-    if (add) total += __half2float(y[i]);
-    y[i] = __float2half_rn(total);
-}
+__global__ void q4_rows32_kernel(q4_product_args p) { q4_rows<2>(p); }
 
 /* y[rows][out] (=, += with beta 1) x[rows][in] W, slices of columns of W (of `parts` parts). */
 static void widened_linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int out,

@@ -74,10 +74,10 @@ BUGS = [
      "support/cuda_device.h",
      "    __syncthreads();\n    if (warp > 0) return;",
      "    if (warp > 0) return;"),
-    ("a chunk dropped from the 4-bit product's partial sums (q4_sum_kernel)",
-     "flexgen.cu",
-     "for (int c = 0; c < chunks; c++) total += partial",
-     "for (int c = 1; c < chunks; c++) total += partial"),
+    ("a chunk dropped from the 4-bit product's partial sums (q4_chunk_sums)",
+     "support/cuda_device.h",
+     "for (int c = 0; c < chunks; c++) total += __ldcg(",
+     "for (int c = 1; c < chunks; c++) total += __ldcg("),
     ("a graph replayed after a shape change without its new arguments (layer_graph_ends never updates)",
      "support/cuda_device.cu",
      "    if (!d->layer_graph || cudaGraphExecUpdate(d->layer_graph, graph, &info) != cudaSuccess) {",
@@ -114,6 +114,15 @@ BUGS = [
      "support/cuda_device.h",
      "    int warps = blockDim.x / 32;\n    __syncthreads();\n    FG_UNROLL",
      "    int warps = blockDim.x / 32;\n    FG_UNROLL"),
+    ("the chunks' sums in the order of the last block (q4_chunk_sums starts at its own chunk)",
+     "support/cuda_device.h",
+     "        for (int c = 0; c < chunks; c++) total += __ldcg(partial + c * n + at);",
+     "        for (int k = 0; k < chunks; k++)\n"
+     "            total += __ldcg(partial + (size_t)((blockIdx.y + k) % chunks) * n + at);"),
+    ("a group's count of chunks done not set back to zero (q4_last_chunk)",
+     "support/cuda_device.h",
+     "        if (last) *done = 0;\n",
+     ""),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).

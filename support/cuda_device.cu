@@ -446,6 +446,8 @@ int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t row
         d->multiprocessors = 1;
     d->q4_scratch = (float *)parts[2];
     d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
+    d->q4_done = (unsigned *)(parts[5] + FG_CUDA_TOKEN_TABLES * token_bytes);
+    CUDA_CHECK(cudaMemset(d->q4_done, 0, fg_cuda_q4_groups(cfg) * sizeof(unsigned)));
     const char *graphs = getenv("FLEXGEN_CUDA_GRAPHS");
     d->graphs = !sync_each_kernel && !(graphs && !strcmp(graphs, "0"));
     ws->rows = rows;

@@ -359,6 +359,37 @@ template <int M_TILES> __device__ inline void q4_vocab_multiply(const q4_stage *
     }
 }
 
+/* Whether this block is the last of its group's gridDim.y chunks to count itself done (`done`, the
+ * group's count, which that block sets back to zero for the next product): each block's partial
+ * sums are written and made visible to the device (__threadfence) before it counts. */
+__device__ inline int q4_last_chunk(unsigned *done) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == gridDim.y - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* y[r][j] (+ y[r][j] with add) = the chunks' partial sums partial[c][r][j] (rows `out` apart)
+ * added in chunk order, rounded to fp16 once, for r < rows and j < columns; a thread a value. Read
+ * past L1 (__ldcg): other blocks wrote them. */
+__device__ inline void q4_chunk_sums(const float *partial, int chunks, int rows, int columns,
+                                     int out, __half *y, int add) {
+    size_t n = (size_t)rows * out;
+    for (int e = threadIdx.x; e < rows * columns; e += blockDim.x) {
+        size_t at = (size_t)(e / columns) * out + e % columns;
+        float total = 0;
+        for (int c = 0; c < chunks; c++) total += __ldcg(partial + c * n + at);
+        if (add) total += __half2float(y[at]);
+        y[at] = __float2half_rn(total);
+    }
+}
+
 /* The column of a group of 64 that product t's sum i of a lane holds (tig = lane % 4):
  * q4_rows_kernel's product t is column 8 gid + t of the group as column gid, so that sum i is
  * column 16 tig + 8 (i % 2) + t; q4_vocab_kernel's products 2 j and 2 j + 1 are rows 2 (8 j + n)
@@ -625,6 +656,8 @@ typedef struct {
     float *q4_scratch;   /* 4-bit products: decode's partial sums, or a slice widened to fp16,
                             over scores, probs and parts[4] too */
     size_t widen_values; /* the values of a widened slice that q4_scratch holds */
+    unsigned *q4_done;   /* 4-bit products: a group's chunks done (fg_cuda_q4_groups), zeros
+                            between products */
     size_t rows;         /* token rows the workspace holds */
     table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
     int max_pages;      /* entries of a sequence's page table in a cache table */

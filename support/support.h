@@ -279,13 +279,15 @@ void model_workspace_free(model_workspace *ws);
 enum { FG_CUDA_WS_PARTS = 7 };
 /* CUDA's 4-bit products (flexgen.cu, §5): up to FG_CUDA_Q4_DIRECT rows of x (decode's) multiply
  * the codes in one pass, a block summing k_chunk rows of W (fg_cuda_q4_k_chunk) into fp32 partial
- * sums (the logits' product a group of rows of E a block, whole); more rows widen W to fp16 for
- * cuBLAS a slice at a time: FG_CUDA_WIDEN_VALUES values (2 MiB), or 64 columns of the longest
- * matrix where those are more. */
+ * sums, which the last block of a group of columns to finish adds (its count of chunks done is
+ * one of fg_cuda_q4_groups; the logits' product a group of rows of E a block, whole); more rows
+ * widen W to fp16 for cuBLAS a slice at a time: FG_CUDA_WIDEN_VALUES values (2 MiB), or 64 columns
+ * of the longest matrix where those are more. */
 enum { FG_CUDA_Q4_DIRECT = 32 };
 enum { FG_CUDA_WIDEN_VALUES = 1 << 20, FG_CUDA_WIDEN_COLUMNS = 64 };
 int fg_cuda_q4_k_chunk(int in, int out, int rows);
 size_t fg_cuda_q4_scratch_bytes(const model_config *cfg); /* a part of the workspace */
+size_t fg_cuda_q4_groups(const model_config *cfg);        /* the most groups of a product */
 /* Decode attention on CUDA splits a query's keys into spans of at most FG_CUDA_SPAN_KEYS, a block
  * each (flexgen.cu, queue_attention), and into shorter ones, down to FG_CUDA_MIN_SPAN_KEYS, where
  * a step's queries are too few to fill the card. Each (row, query head, span) leaves head_dim + 2
@@ -300,7 +302,8 @@ static inline int fg_cuda_attention_spans(int keys) {
 size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len);
 /* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a
  * layer's pad, past, K and V pointers and page tables of max_pages entries (flexgen.cu). A few
- * of each stay on the device, so that one already there is not uploaded again. */
+ * of each stay on the device, so that one already there is not uploaded again. The token tables'
+ * part ends with the 4-bit products' counts of chunks done (fg_cuda_q4_groups of them). */
 enum { FG_CUDA_TOKEN_TABLES = 2, FG_CUDA_CACHE_TABLES = 2 };
 size_t fg_cuda_token_table_bytes(size_t rows);
 size_t fg_cuda_cache_table_bytes(size_t rows, int max_pages);

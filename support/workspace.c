@@ -214,6 +214,18 @@ size_t fg_cuda_q4_scratch_bytes(const model_config *cfg) {
     return widened > partials ? widened : partials;
 }
 
+/* The most groups of 64 columns a 4-bit product has, parts' last groups included (q|k|v: 3 parts):
+ * its counts of chunks done, one a group. */
+size_t fg_cuda_q4_groups(const model_config *cfg) {
+    size_t outs[] = {qkv_width(cfg), q_width(cfg), cfg->hidden, cfg->ffn, cfg->word_dim};
+    size_t most_groups = 0;
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) {
+        size_t groups = (outs[i] + 63) / 64 + 2;
+        most_groups = groups > most_groups ? groups : most_groups;
+    }
+    return most_groups;
+}
+
 size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
     size_t split_rows = rows < FG_CUDA_SPLIT_ROWS ? rows : FG_CUDA_SPLIT_ROWS;
     size_t slots = split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
@@ -226,7 +238,8 @@ size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
  * prefill scores (fp32) and probabilities (fp16), [heads][max_prompt][max_prompt]; then what decode
  * attention's spans (fg_cuda_span_slots x (head_dim + 2) floats) and the 4-bit products' scratch
  * (fg_cuda_q4_scratch_bytes) need beyond them, since both lie over the prefill scores, which no
- * product and no attention after cached tokens uses; the token tables and the cache tables, of
+ * product and no attention after cached tokens uses; the token tables (then the 4-bit products'
+ * counts of chunks done) and the cache tables, of
  * page tables of a cache of max_len. Here so that the cost model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_prompt, int max_len,
                                size_t *sizes) {
@@ -245,7 +258,8 @@ size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_pro
                                       4 * H * M * M,
                                       2 * H * M * M,
                                       over > prefill ? over - prefill : 0,
-                                      FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows),
+                                      FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows) +
+                                          fg_cuda_q4_groups(cfg) * sizeof(unsigned),
                                       FG_CUDA_CACHE_TABLES *
                                           fg_cuda_cache_table_bytes(rows, pages)};
     size_t total = 0;

@@ -20,8 +20,8 @@
  *                           gives the same bits; with a bias added first (bias_layer_norm), the
  *                           bits of bias_kernel then layer_norm_kernel
  *   linear() + bias_kernel  the product in double on the same fp16 values plus the bias, within
- *                           (B); with 4-bit W (q4_rows_kernel + q4_sum_kernel, or widened
- *                           slices), on q4_decompress's values (fp16-rounded where widened)
+ *                           (B); with 4-bit W (q4_rows_kernel, or widened slices), on
+ *                           q4_decompress's values rounded to fp16
  *   gather_rows_kernel +
  *   add_positions_kernel    the token's row plus its position's row, added in fp32 and rounded
  *                           once to fp16, as the CPU computes it here: bit for bit, fp16 and
@@ -1053,7 +1053,7 @@ static void test_bias_layer_norm(void) {
 }
 
 /* ============================================================================================
- * linear(): cuBLAS, or 4-bit (q4_rows_kernel + q4_sum_kernel, or widened slices and cuBLAS), then
+ * linear(): cuBLAS, or 4-bit (q4_rows_kernel, or widened slices and cuBLAS), then
  * bias_kernel
  * ============================================================================================ */
 
@@ -1077,7 +1077,10 @@ static void run_linear(void *p) {
 }
 
 /* A workspace with only the 4-bit scratch, for products of `rows` x `in` x `out`: the partial
- * sums, or a slice of widen_values values (small, so that a product takes several slices). */
+ * sums, or a slice of widen_values values (small, so that a product takes several slices); and
+ * the groups' counts of chunks done, zeros (q4_test_groups: up to 3 parts). */
+static int q4_test_groups(int out) { return out / 64 + 3; }
+
 static cuda_ws q4_workspace(int rows, int in, int out, size_t widen_values) {
     cuda_ws d;
     memset(&d, 0, sizeof d);
@@ -1085,7 +1088,21 @@ static cuda_ws q4_workspace(int rows, int in, int out, size_t widen_values) {
     size_t partials = (size_t)(in + k_chunk - 1) / k_chunk * rows * out;
     d.widen_values = widen_values;
     d.q4_scratch = device_array<float>(partials > widen_values ? partials : widen_values);
+    unsigned *zeros = (unsigned *)calloc((size_t)q4_test_groups(out), sizeof(unsigned));
+    d.q4_done = device_array<unsigned>((size_t)q4_test_groups(out));
+    upload(d.q4_done, zeros, (size_t)q4_test_groups(out) * sizeof(unsigned));
+    free(zeros);
     return d;
+}
+
+/* Whether the groups' counts of chunks done are zeros again, as the next product needs. */
+static int q4_counts_back_to_zero(const cuda_ws *d, int out) {
+    unsigned *counts = host_array<unsigned>((size_t)q4_test_groups(out));
+    download(counts, d->q4_done, (size_t)q4_test_groups(out) * sizeof(unsigned));
+    int zero = 1;
+    for (int g = 0; g < q4_test_groups(out); g++) zero &= counts[g] == 0;
+    free(counts);
+    return zero;
 }
 
 /* A 4-bit copy of W [in][out] of `parts` parts on the device as quant.c stores a matrix (outer
@@ -1134,6 +1151,7 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
         long long expected = offset % 4 ? 0 : (long long)in * groups * (32 + 2 * 4);
         long long run = (async_bytes() - copied) / EVERY_ORDER;
         EXPECT(run == expected, "%s: its copies read %lld bytes, one pass over the codes %lld", what, run, expected);
+        EXPECT(q4_counts_back_to_zero(&d, out), "%s: the groups' counts of chunks done are not zeros after it", what);
     }
     int bad = 0;
     char first[200] = "";
@@ -1170,6 +1188,7 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
     cuda_free((void *)a.b);
     cuda_free(a.y);
     cuda_free(d.q4_scratch);
+    cuda_free(d.q4_done);
     free(x);
     free(W);
     free(b);
@@ -1195,13 +1214,14 @@ static void test_linear(void) {
 
 /* 4-bit W, read as stored: 1 to 32 rows from the codes (q4_rows_kernel over groups of 64 columns
  * and chunks of W's rows, one chunk or several, the last one short; one and two tiles of 16 rows
- * of x; q4_sum_kernel), 36 and 40 rows through widened slices of 3 columns of W at a time; `out`
- * not a multiple of 64 or 8 (a narrow last group, a last word of codes past it), `in` not a
- * multiple of 16 and odd (rows of x not 4-byte aligned), codes not 4-byte aligned, q|k|v's 3 parts
- * (of 144 and of 20 columns, a word of codes past each). The codes copied 16 bytes at a time (out
- * 256 and 3 parts of 256: groups whose rows lie on 16 bytes), 4 and 1, with more steps a warp than
- * its ring holds (in 1999), and on the emulated GPU, the copies reading the codes once. Each mode,
- * with and without a bias. */
+ * of x; the chunks' sums by each group's last block, its count of chunks zero after), 36 and 40
+ * rows through widened slices of 3 columns of W at a time; `out` not a multiple of 64 or 8 (a
+ * narrow last group, a last word of codes past it), `in` not a multiple of 16 and odd (rows of x
+ * not 4-byte aligned), codes not 4-byte aligned, q|k|v's 3 parts (of 144 and of 20 columns, a
+ * word of codes past each). The codes copied 16 bytes at a time (out 256 and 3 parts of 256:
+ * groups whose rows lie on 16 bytes), 4 and 1, with more steps a warp than its ring holds (in
+ * 1999), and on the emulated GPU, the copies reading the codes once. Each mode, with and without
+ * a bias. */
 static void test_q4_linear(void) {
     if (!gpu_ready()) return;
     static const int shapes[][6] = {/* rows, in, out, parts, bias, byte offset of W */
@@ -1391,6 +1411,7 @@ static void test_q4_lm_head(void) {
         cuda_free((void *)a.x);
         cuda_free(a.logits);
         cuda_free(d.q4_scratch);
+    cuda_free(d.q4_done);
         free(x);
         free(E);
         free(E32);

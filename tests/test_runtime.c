@@ -630,6 +630,11 @@ static void test_cuda_sizes(void) {
     size_t one = 2 * 4 * ROWS + 2 * 8 * ROWS + (size_t)2 * 4 * ROWS * kv_pages_for(LEN, FG_PAGE_TOKENS);
     size_t tables = (FG_CUDA_CACHE_TABLES * one + 63) & ~(size_t)63;
     EXPECT(parts[6] == tables, "cache tables: expected %zu bytes, got %zu", tables, parts[6]);
+    /* the token tables (pad, past, token of each row), then the 4-bit products' counts of chunks
+     * done: ffn 256's 4 groups of 64 columns, and 2 for q|k|v's parts' last groups */
+    size_t token = (FG_CUDA_TOKEN_TABLES * 3 * 4 * ROWS + 6 * 4 + 63) & ~(size_t)63;
+    CU_ASSERT_EQUAL(fg_cuda_q4_groups(&c), 6);
+    EXPECT(parts[5] == token, "token tables and counts: expected %zu bytes, got %zu", token, parts[5]);
     /* 300 keys are two spans of 256 (21 one), of 16 + 2 floats, and the workspace holds 4,096
      * spans at least (so that few rows can cut their keys finer); the 4-bit scratch is the larger
      * of a widened slice, here the whole lm_head (300 x 64 fp16 values), and the partial sums of

@@ -226,6 +226,10 @@ void copy_async(void *shared, const void *global, int bytes);
 void copy_async_commit(void);
 void copy_async_wait(int pending);
 }
+/* Blocks run one at a time, each to its end: a fence orders nothing more, and a load past L1 is a
+ * load. */
+static inline void __threadfence(void) {}
+template <typename T> T __ldcg(const T *p) { return *p; }
 /* Threads run one at a time and switch only at barriers, so a read-modify-write is atomic. */
 template <typename T> T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
 template <typename T> T atomicMax(T *p, T v) { T old = *p; *p = old > v ? old : v; return old; }
