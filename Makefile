@@ -102,7 +102,7 @@ endif
 HDR := model.h tiers.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
 # The CUDA backend's plumbing (support/cuda_device.cu), beneath flexgen.cu: its header, for the
 # CUDA sources alone.
-CUDA_HDR := support/cuda_device.h
+CUDA_HDR := support/cuda_device.h support/cuda_kernels.h
 TEST_SRC := $(wildcard tests/*.c)
 # The tokenizer fixtures kept compressed (tests/fixtures/tokenizers/, xz), unpacked for the tests
 # into build/tokenizers/ with the tokenizer_config.json each tokenizer.json reads beside it.

@@ -3,28 +3,29 @@
  * (and llama_model.c's) on fp16 hidden states, with cuBLAS and kernels of its own. The schedule
  * of flexgen.c is the same for both backends: it calls only the table. The layers and the table
  * stand first, under this map; the kernels and their launches follow in the order the layer
- * calls them, each kernel naming its CPU twin and its test. The plumbing beneath (streams,
- * copies, memory, the kernels' tables, CUDA Graphs, counters) is support/cuda_device.cu. Read it
+ * calls them, each kernel naming its CPU twin and its test; their device helpers are
+ * support/cuda_kernels.h's. The plumbing beneath (streams, copies, memory, the kernels' tables,
+ * CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   209  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   269  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   189  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   361  fg_cuda_backend          the operation table, once a GPU is found
- *   421  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   477  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   543  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   650  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   699  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   732  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   830  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   872  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   951  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1151  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1212  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
- *  1297  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1342  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1445  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   213  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   273  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   193  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   365  fg_cuda_backend          the operation table, once a GPU is found
+ *   425  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   481  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   547  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   654  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   703  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   736  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   834  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   876  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   955  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1155  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1216  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
+ *  1301  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1346  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1449  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -54,6 +55,9 @@
 /* the plumbing: each thread's stream, copies, the workspace (cuda_ws) and the kernels' tables,
  * the checks of CUDA calls; and model.h and support.h as the device reads them */
 #include "support/cuda_device.h"
+/* the kernels' device helpers: the tensor cores, asynchronous copies and the 4-bit products'
+ * rings, the KV cache's rows as attention reads them */
+#include "support/cuda_kernels.h"
 
 /* The types the layers and kernels pass between them (the workspace's and the tables' are
  * support/cuda_device.h's). */
@@ -604,7 +608,7 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
  * (dequant_kernel's, to a rounding of the fma); the warps' sums meet in shared memory in a fixed
  * order (q4_sums_out); then y = the sum of the chunks' partial sums in chunk order, rounded to fp16
  * once, by the group's last block to count itself done (q4_chunk_sums), whichever that is. The
- * helpers are support/cuda_device.h's. Up to 16 rows (q4_rows_kernel) keep one tile's sums in
+ * helpers are support/cuda_kernels.h's. Up to 16 rows (q4_rows_kernel) keep one tile's sums in
  * registers, up to 32 (q4_rows32_kernel) two. CPU twin: the product by q4_decompress's values
  * rounded to fp16. Test: test_q4_linear, within its bound of that product in double, every
  * copy_bytes, the same bits in every order of the blocks. */

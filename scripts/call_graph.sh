@@ -6,7 +6,8 @@
 # checks the levels too: a support/ file uses nothing of the paper's files or app/, and a paper
 # file nothing of app/ (the paper's runtime reaches app/ only through tables of functions: the
 # backends, the stage hooks). And it checks the includes: the paper's files include no support
-# header but support/support.h (and flexgen.cu its plumbing's, support/cuda_device.h), and no
+# header but support/support.h (and flexgen.cu its plumbing's, support/cuda_device.h, and its
+# kernels' helpers, support/cuda_kernels.h), and no
 # support/ file includes flexgen.h or an app/ header. docs/DESIGN.md draws the same graph.
 # Usage: bash scripts/call_graph.sh [OBJECTS]   (from the repository root, after `make`)
 #   OBJECTS: a directory of the build's objects (make test passes build/obj), instead of compiling
@@ -26,7 +27,7 @@ for f in *.c support/*.c app/*.c; do
     # shellcheck disable=SC2086
     ${CC:-gcc} $flags -c -o "$o" "$f"
 done
-bad=$( (grep -h '#include "support/' *.c; grep -h '#include "support/' flexgen.cu | grep -v 'support/cuda_device.h') \
+bad=$( (grep -h '#include "support/' *.c; grep -h '#include "support/' flexgen.cu | grep -vE 'support/cuda_(device|kernels)\.h') \
     | grep -v 'support/support.h' || true)
 if [ -n "$bad" ]; then echo "a paper file includes another support header: $bad"; exit 1; fi
 bad=$(grep -lE '#include "(flexgen\.h|tiers\.h|app/)' support/*.c support/*.h || true)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """check_cuda_bugs.py: plants bugs of the kinds a GPU punishes in a copy of the CUDA backend
-(flexgen.cu, and its plumbing, support/cuda_device.cu and .h), one at a time, and runs the emulated
+(flexgen.cu, its kernels' helpers, support/cuda_kernels.h, and its plumbing, support/cuda_device.cu
+and .h), one at a time, and runs the emulated
 GPU's suites (build-emu/test_flexgen: emu, kernels, gpu) on each. A bug is caught when the
 suites fail: a failed test, or the run ended by the harness's report (a host access to device
 memory, a kernel past an allocation) or by the backend's own check of a CUDA or cuBLAS call.
@@ -67,15 +68,15 @@ BUGS = [
      "    if (q4 && rows <= Q4_DIRECT_ROWS) {",
      "    if (q4 && rows <= 0) {"),
     ("the tensor cores' columns crossed (q4_step_multiply widens each byte's halves the other way)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "b[0] = q4_pair(now.codes[0], now.codes[1], t / 2, t % 2 == 0,",
      "b[0] = q4_pair(now.codes[0], now.codes[1], t / 2, t % 2 == 1,"),
     ("a missing __syncthreads (q4_sums_out adds the warps' sums before they are written)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "    __syncthreads();\n    if (warp > 0) return;",
      "    if (warp > 0) return;"),
     ("a chunk dropped from the 4-bit product's partial sums (q4_chunk_sums)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "for (int c = 0; c < chunks; c++) total += __ldcg(",
      "for (int c = 1; c < chunks; c++) total += __ldcg("),
     ("a graph replayed after a shape change without its new arguments (layer_graph_ends never updates)",
@@ -95,32 +96,32 @@ BUGS = [
      "float t = __fadd_rn(__fmul_rn(__fsub_rn(x[e], min), inv), 0.5f);",
      "float t = __fmul_rn(__fsub_rn(x[e], min), inv);"),
     ("a shared copy read before it lands (q4_ring waits for one group of copies too few)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "        copy_async_wait<STAGES - 2>(); /* step i's copies have landed */",
      "        copy_async_wait<STAGES - 1>(); /* step i's copies have landed */"),
     ("a missing __syncwarp (q4_ring reads the other lanes' copies before they land)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "        __syncwarp(); /* every lane's, and every lane is done with step i - 1's stage */\n",
      ""),
     ("a row past the matrix's end left with its stage's old min and scale (q4_stage_copy)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "    if (k0 + row >= k_end) {\n        *word = 0;",
      "    if (k0 + row >= k_end) {\n        (void)word;"),
     ("the vocabulary's halves crossed (q4_vocab_multiply gives the high halves to the odd rows of E)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "b[h] = q4_values(half == 0 ? spread[h] >> 4 : spread[h], min[h], scale[h]);",
      "b[h] = q4_values(half == 1 ? spread[h] >> 4 : spread[h], min[h], scale[h]);"),
     ("the warps' sums written over a ring another warp still reads (q4_sums_out's first barrier)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "    int warps = blockDim.x / 32;\n    __syncthreads();\n    FG_UNROLL",
      "    int warps = blockDim.x / 32;\n    FG_UNROLL"),
     ("the chunks' sums in the order of the last block (q4_chunk_sums starts at its own chunk)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "        for (int c = 0; c < chunks; c++) total += __ldcg(partial + c * n + at);",
      "        for (int k = 0; k < chunks; k++)\n"
      "            total += __ldcg(partial + (size_t)((blockIdx.y + k) % chunks) * n + at);"),
     ("a group's count of chunks done not set back to zero (q4_last_chunk)",
-     "support/cuda_device.h",
+     "support/cuda_kernels.h",
      "        if (last) *done = 0;\n",
      ""),
 ]

@@ -216,10 +216,10 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return r;
 }
 namespace cuda_emu {
-/* The warp's tensor-core product of support/cuda_device.h's mma_16x8x16: its 32 lanes meet (a
+/* The warp's tensor-core product of support/cuda_kernels.h's mma_16x8x16: its 32 lanes meet (a
  * __syncwarp), each reads the fragments it needs from the others, and all meet again. */
 void mma_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2]);
-/* support/cuda_device.h's asynchronous copies to shared memory (PTX's cp.async): a copy poisons
+/* support/cuda_kernels.h's asynchronous copies to shared memory (PTX's cp.async): a copy poisons
  * its destination when it is issued and lands when a wait covers its group, so that shared
  * memory read before the wait (or before the other lanes' __syncwarp) reads the poison. */
 void copy_async(void *shared, const void *global, int bytes);
