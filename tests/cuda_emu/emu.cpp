@@ -102,8 +102,8 @@ static const char *stats_file;
 static void write_stats() {
     FILE *f = fopen(stats_file, "a");
     if (!f) return;
-    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld\n", stats.kernels, stats.blocks,
-            stats.gemms, stats.copies, stats.host_waits);
+    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld async_bytes %lld\n", stats.kernels,
+            stats.blocks, stats.gemms, stats.copies, stats.host_waits, stats.async_bytes);
     fclose(f);
 }
 
