@@ -155,9 +155,9 @@ __device__ inline void q4_ring(q4_stage *ring, int steps, Copy copy, Multiply mu
 /* A warp's copies of the step of rows k0 to k0 + 15 (those below k_end) into stage s: lane l half
  * l % 2 of row l / 2's codes at codes_at, lanes 0-15 row l's word of its min at min_at, lanes 16-31
  * row l - 16's of its scale; for rows past k_end (whose x is zero too) a min and scale of zero, so
- * that their values are zeros whatever their codes' bytes. `part` is the part's
- * first row, rows `stride` bytes apart. copy_bytes: 16 where every row's group lies on 16 bytes, 4
- * where rows lie on 4, else 1: plain loads and stores, the min and scale put at their halves. */
+ * that their values are zeros whatever their codes' bytes. `part` is the part's first row, rows
+ * `stride` bytes apart. copy_bytes: 16 where every row's group lies on 16 bytes, 4 where rows lie
+ * on 4, else 1: plain loads and stores, the min and scale put at their halves. */
 __device__ inline void q4_stage_copy(q4_stage *s, const uint8_t *part, size_t stride, int k0,
                                      int k_end, size_t codes_at, size_t min_at, size_t scale_at,
                                      int copy_bytes) {
