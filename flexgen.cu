@@ -15,17 +15,17 @@
  *   425  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
  *   481  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
  *   547  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   654  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   703  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   736  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   834  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   876  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   955  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1155  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1216  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
- *  1301  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1346  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1449  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   649  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   698  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   731  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   829  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   871  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   950  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1150  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1211  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
+ *  1296  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1341  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1439  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -614,8 +614,6 @@ static void q4_product(cuda_ws *d, const __half *x, int rows, int in, const void
  * copy_bytes, the same bits in every order of the blocks. */
 template <int M_TILES> __device__ void q4_rows(const q4_product_args &p) {
     extern __shared__ q4_stage stages[]; /* [Q4_WARPS][Q4_STAGES], then the warps' sums */
-    auto sums = (float(*)[16 * M_TILES][Q4_GROUP + 1]) stages;
-    int warp = threadIdx.x / 32;
     int part_cols = p.out / p.parts;
     int groups = (part_cols + Q4_GROUP - 1) / Q4_GROUP;
     int part = blockIdx.x / groups;
@@ -629,22 +627,19 @@ template <int M_TILES> __device__ void q4_rows(const q4_product_args &p) {
     int min_shift = min_at & 2 ? 16 : 0;
     int scale_shift = scale_at & 2 ? 16 : 0;
     int k_end = p.in < (int)(blockIdx.y + 1) * p.k_chunk ? p.in : (int)(blockIdx.y + 1) * p.k_chunk;
-    int step = 16 * Q4_WARPS;
-    int k_first = blockIdx.y * p.k_chunk + 16 * warp;
-    int steps = k_first < k_end ? (k_end - k_first + step - 1) / step : 0;
     float acc[M_TILES][8][4] = {};
-    auto copy = [&](q4_stage *stage, int i) {
-        q4_stage_copy(stage, first_row, stride, k_first + i * step, k_end, codes_at, min_at,
-                      scale_at, p.copy_bytes);
+    auto copy = [&](q4_stage *stage, int k0) {
+        q4_stage_copy(stage, first_row, stride, k0, k_end, codes_at, min_at, scale_at,
+                      p.copy_bytes);
     };
-    auto multiply = [&](const q4_stage *stage, int i) {
+    auto multiply = [&](const q4_stage *stage, int k0) {
         q4_step now = q4_stage_read(stage, min_shift, scale_shift);
-        q4_step_multiply<M_TILES>(now, p.x, p.rows, p.in, k_end, k_first + i * step, acc);
+        q4_step_multiply<M_TILES>(now, p.x, p.rows, p.in, k_end, k0, acc);
     };
-    q4_ring<Q4_STAGES>(stages + warp * Q4_STAGES, steps, copy, multiply);
+    q4_ring(stages, blockIdx.y * p.k_chunk, k_end, copy, multiply);
     size_t first_column = (size_t)part * part_cols + (size_t)group * Q4_GROUP;
     int columns = part_cols - group * Q4_GROUP < Q4_GROUP ? part_cols - group * Q4_GROUP : Q4_GROUP;
-    q4_sums_out<M_TILES, 0>(acc, sums, p.rows, columns, p.out,
+    q4_sums_out<M_TILES, 0>(acc, stages, p.rows, columns, p.out,
                             p.partial + (size_t)blockIdx.y * p.rows * p.out + first_column);
     if (q4_last_chunk(p.done + blockIdx.x))
         q4_chunk_sums(p.partial + first_column, gridDim.y, p.rows, columns, p.out,
@@ -1386,25 +1381,20 @@ template <int M_TILES> __device__ void q4_vocab(const __half *x, int rows, int d
                                                 const uint8_t *E, int vocab, int copy_bytes,
                                                 float *logits) {
     extern __shared__ q4_stage stages[]; /* [Q4_WARPS][Q4_STAGES], then the warps' sums */
-    auto sums = (float(*)[16 * M_TILES][Q4_GROUP + 1]) stages;
-    int warp = threadIdx.x / 32;
     size_t G = (size_t)(vocab + Q4_GROUP - 1) / Q4_GROUP;
     size_t g = blockIdx.x;
     const uint8_t *codes = E + g * (Q4_GROUP / 2) * dim;
     const __half *mins = (const __half *)(E + G * (Q4_GROUP / 2) * dim) + g * dim;
     const __half *scales = mins + G * dim;
-    int step = 16 * Q4_WARPS;
-    int k_first = 16 * warp;
-    int steps = k_first < dim ? (dim - k_first + step - 1) / step : 0;
     float acc[M_TILES][8][4] = {};
-    auto copy = [&](q4_stage *stage, int i) {
-        q4_vocab_copy(stage, codes, mins, scales, dim, k_first + i * step, copy_bytes);
+    auto copy = [&](q4_stage *stage, int k0) {
+        q4_vocab_copy(stage, codes, mins, scales, dim, k0, copy_bytes);
     };
-    auto multiply = [&](const q4_stage *stage, int i) {
-        q4_vocab_multiply<M_TILES>(stage, x, rows, dim, k_first + i * step, acc);
+    auto multiply = [&](const q4_stage *stage, int k0) {
+        q4_vocab_multiply<M_TILES>(stage, x, rows, dim, k0, acc);
     };
-    q4_ring<Q4_STAGES>(stages + warp * Q4_STAGES, steps, copy, multiply);
-    q4_sums_out<M_TILES, 1>(acc, sums, rows, vocab - (int)g * Q4_GROUP, vocab,
+    q4_ring(stages, 0, dim, copy, multiply);
+    q4_sums_out<M_TILES, 1>(acc, stages, rows, vocab - (int)g * Q4_GROUP, vocab,
                             logits + g * Q4_GROUP);
 }
 

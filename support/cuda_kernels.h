@@ -121,26 +121,6 @@ struct q4_stage {
 /* The shared slot of row r of a step of q4_rows_kernel. */
 __device__ inline int q4_slot(int r) { return r ^ (r >> 2 & 1); }
 
-/* A warp's ring of STAGES stages through `steps` steps: copy(stage, i) issues step i's copies
- * into its stage (q4_stage_copy, q4_vocab_copy), STAGES - 1 steps ahead, a group of copies a step
- * (empty past the last step, so that the count stays); multiply(stage, i) uses step i's once its
- * copies have landed and every lane's are in sight (the __syncwarp, after which the stage of step
- * i - 1, which every lane is done with, takes step i + STAGES - 1's copies). */
-template <int STAGES, typename Copy, typename Multiply>
-__device__ inline void q4_ring(q4_stage *ring, int steps, Copy copy, Multiply multiply) {
-    auto issue = [&](int i) {
-        if (i < steps) copy(&ring[i % STAGES], i);
-        copy_async_commit();
-    };
-    for (int i = 0; i < STAGES - 1; i++) issue(i);
-    for (int i = 0; i < steps; i++) {
-        copy_async_wait<STAGES - 2>(); /* step i's copies have landed */
-        __syncwarp(); /* every lane's, and every lane is done with step i - 1's stage */
-        issue(i + STAGES - 1);
-        multiply(&ring[i % STAGES], i);
-    }
-}
-
 /* The warps of a block of q4_rows_kernel (and q4_vocab_kernel), which take its steps in turn,
  * and the steps in each warp's ring in (dynamic) shared memory: Q4_STAGES - 1 of them on their way
  * while it multiplies one (about 2.9 KB of codes, mins and scales in flight a warp). Once the
@@ -151,6 +131,34 @@ __device__ inline void q4_ring(q4_stage *ring, int steps, Copy copy, Multiply mu
 #define Q4_SUMS_BYTES(m_tiles) ((Q4_WARPS - 1) * 16 * (m_tiles) * (Q4_GROUP + 1) * sizeof(float))
 #define Q4_SHARED_BYTES(m_tiles) \
     (Q4_RING_BYTES > Q4_SUMS_BYTES(m_tiles) ? Q4_RING_BYTES : Q4_SUMS_BYTES(m_tiles))
+
+/* A warp's share of a block's steps of 16 (rows of W, or columns of E) from k_begin to k_end:
+ * the steps at k0 = k_begin + 16 warp, + 16 Q4_WARPS, ..., through the warp's ring of Q4_STAGES
+ * stages (its part of `stages`). copy(stage, k0) issues the step's copies into its stage
+ * (q4_stage_copy, q4_vocab_copy), Q4_STAGES - 1 steps ahead, a group of copies a step (empty past
+ * the last step, so that the count stays); multiply(stage, k0) uses the step once its copies have
+ * landed and every lane's are in sight (the __syncwarp, after which the stage of the step before,
+ * which every lane is done with, takes the copies of the step Q4_STAGES - 1 on). */
+template <typename Copy, typename Multiply>
+__device__ inline void q4_ring(q4_stage *stages, int k_begin, int k_end, Copy copy,
+                               Multiply multiply) {
+    int warp = threadIdx.x / 32;
+    int step = 16 * Q4_WARPS;
+    int k_first = k_begin + 16 * warp;
+    int steps = k_first < k_end ? (k_end - k_first + step - 1) / step : 0;
+    q4_stage *ring = stages + warp * Q4_STAGES;
+    auto issue = [&](int i) {
+        if (i < steps) copy(&ring[i % Q4_STAGES], k_first + i * step);
+        copy_async_commit();
+    };
+    for (int i = 0; i < Q4_STAGES - 1; i++) issue(i);
+    for (int i = 0; i < steps; i++) {
+        copy_async_wait<Q4_STAGES - 2>(); /* step i's copies have landed */
+        __syncwarp(); /* every lane's, and every lane is done with step i - 1's stage */
+        issue(i + Q4_STAGES - 1);
+        multiply(&ring[i % Q4_STAGES], k_first + i * step);
+    }
+}
 
 /* A warp's copies of the step of rows k0 to k0 + 15 (those below k_end) into stage s: lane l half
  * l % 2 of row l / 2's codes at codes_at, lanes 0-15 row l's word of its min at min_at, lanes 16-31
@@ -389,13 +397,14 @@ template <int VOCAB> __device__ inline int q4_sum_column(int t, int i) {
 
 /* The end of flexgen.cu's q4_rows_kernel and q4_vocab_kernel, whose warps' sums acc[m][t][i] are
  * rows 16 m + gid + 8 (i / 2) and columns q4_sum_column(t, i) of its group: warps 1 on leave
- * theirs in `sums` (which lie over the warps' rings: every warp is done with its ring first), and
- * warp 0 adds them to its own in warp order and writes rows r < rows of the group's first
- * `columns` columns to out_sums[r][j] (rows `out` apart). A loop over the sums e = (m, t, i). */
+ * theirs in shared memory over the warps' rings (`stages`; every warp is done with its ring
+ * first), and warp 0 adds them to its own in warp order and writes rows r < rows of the group's
+ * first `columns` columns to out_sums[r][j] (rows `out` apart). A loop over the sums e = (m, t,
+ * i). */
 template <int M_TILES, int VOCAB>
-__device__ inline void q4_sums_out(float acc[M_TILES][8][4],
-                                   float (*sums)[16 * M_TILES][Q4_GROUP + 1], int rows, int columns,
-                                   int out, float *out_sums) {
+__device__ inline void q4_sums_out(float acc[M_TILES][8][4], q4_stage *stages, int rows,
+                                   int columns, int out, float *out_sums) {
+    auto sums = (float(*)[16 * M_TILES][Q4_GROUP + 1]) stages;
     int warp = threadIdx.x / 32;
     int gid = threadIdx.x % 32 / 4;
     int warps = blockDim.x / 32;

@@ -216,6 +216,12 @@ static long long async_bytes(void) {
 #endif
 }
 
+/* The bytes asynchronous copies read in each of run_in_every_order's runs since async_bytes() gave
+ * `before`. */
+static long long async_bytes_a_run(long long before) {
+    return (async_bytes() - before) / EVERY_ORDER;
+}
+
 static void run_in_every_order(const char *what, void (*run)(void *), void *arg, const void *out,
                                size_t bytes, void *host) {
 #ifdef FLEXGEN_CUDA_EMU
@@ -1149,7 +1155,7 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
          * (none where W does not lie on 4 bytes, whose bytes are read by plain loads) */
         long long groups = q4 * ((out / q4 + 63) / 64);
         long long expected = offset % 4 ? 0 : (long long)in * groups * (32 + 2 * 4);
-        long long run = (async_bytes() - copied) / EVERY_ORDER;
+        long long run = async_bytes_a_run(copied);
         EXPECT(run == expected, "%s: its copies read %lld bytes, one pass over the codes %lld", what, run, expected);
         EXPECT(q4_counts_back_to_zero(&d, out), "%s: the groups' counts of chunks done are not zeros after it", what);
     }
@@ -1386,7 +1392,7 @@ static void test_q4_lm_head(void) {
         run_in_every_order(what, run_lm_head, &a, a.logits, ny * sizeof(float), got);
         if (rows <= FG_CUDA_Q4_DIRECT && copied >= 0) { /* the table once, where dim lies on 16 bytes */
             long long expected = dim % 16 ? 0 : (long long)q4_bytes(1, (size_t)vocab, (size_t)dim);
-            long long run = (async_bytes() - copied) / EVERY_ORDER;
+            long long run = async_bytes_a_run(copied);
             EXPECT(run == expected, "%s: its copies read %lld bytes, the table %lld", what, run, expected);
         }
         int bad = 0;
