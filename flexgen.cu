@@ -8,24 +8,24 @@
  * CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   213  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   273  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   193  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   365  fg_cuda_backend          the operation table, once a GPU is found
- *   425  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   481  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   547  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   649  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   698  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   731  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   829  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   871  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   950  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1150  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1211  span_sums                a span's sums of the split (attention_span_kernel, _q4_), merged
- *  1296  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1341  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1439  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   215  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   275  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   195  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   367  fg_cuda_backend          the operation table, once a GPU is found
+ *   427  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   483  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   549  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   651  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   700  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   735  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   833  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   875  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   960  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1067  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1132  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1246  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1291  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1389  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -56,7 +56,7 @@
  * the checks of CUDA calls; and model.h and support.h as the device reads them */
 #include "support/cuda_device.h"
 /* the kernels' device helpers: the tensor cores, asynchronous copies and the 4-bit products'
- * rings, the KV cache's rows as attention reads them */
+ * rings, the KV cache's rows as attention reads them, a span's scores and values */
 #include "support/cuda_kernels.h"
 
 /* The types the layers and kernels pass between them (the workspace's and the tables' are
@@ -160,6 +160,8 @@ __global__ void attention_q4_kernel(attention_split a, float sparsity);
 static size_t attention_shared_bytes(int nk);
 __global__ void attention_span_kernel(attention_split a);
 __global__ void attention_span_q4_kernel(attention_split a);
+__global__ void attention_span_gqa_kernel(attention_split a);
+__global__ void attention_span_gqa_q4_kernel(attention_split a);
 __global__ void attention_merge_kernel(attention_split a);
 static void delegated_attention(cuda_ws *d, const model_config *c, gpu_batch *gb,
                                 const model_workspace *ws);
@@ -719,10 +721,12 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
  * as fp32, up to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
  * FG_CUDA_MIN_SPAN_KEYS to FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for
  * their sums); queue_attention cuts a query's keys into more spans while the step's blocks are
- * fewer than FILL_BLOCKS_PER_SM a multiprocessor. */
+ * fewer than FILL_BLOCKS_PER_SM a multiprocessor. Grouped-query attention: a block of the split
+ * takes up to GQA_HEADS query heads of one K/V head, and loads each row once for them all. The
+ * helpers that read the rows (attention_scores, attention_values) are support/cuda_kernels.h's. */
 #define ATTENTION_THREADS 256
-#define KEYS_AT_ONCE 4
 #define MAX_HEAD_DIM 1024
+#define GQA_HEADS 4
 #define MERGE_THREADS 128
 #define FILL_BLOCKS_PER_SM 8
 
@@ -922,15 +926,21 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 
 /* ---- decode (and prefill after cached tokens): the attention kernels ---- */
 
-/* The keys of a span of the split for queries that see up to nk keys: the fewest spans of at most
- * FG_CUDA_SPAN_KEYS keys, or more of them, down to FG_CUDA_MIN_SPAN_KEYS keys, while the step's
- * blocks (queries x spans) are fewer than fill_blocks and span_slots holds their sums; keys cut
- * evenly, rounded up to a multiple of 32. 0 where span_slots cannot hold even the fewest. */
-static int attention_span_keys(int nk, size_t queries, size_t span_slots, int fill_blocks) {
+/* The blocks of the split a K/V head's group of query heads is cut into, `heads` query heads a
+ * block at most (the last may take fewer). */
+__host__ __device__ int head_blocks(int group, int heads) { return (group + heads - 1) / heads; }
+
+/* The keys of a span of the split for queries that see up to nk keys, `blocks` blocks a span:
+ * the fewest spans of at most FG_CUDA_SPAN_KEYS keys, or more of them, down to
+ * FG_CUDA_MIN_SPAN_KEYS keys, while the step's blocks (blocks x spans) are fewer than fill_blocks
+ * and span_slots holds the sums of its queries x spans; keys cut evenly, rounded up to a multiple
+ * of 32. 0 where span_slots cannot hold even the fewest. */
+static int attention_span_keys(int nk, size_t queries, size_t blocks, size_t span_slots,
+                               int fill_blocks) {
     size_t spans = (size_t)fg_cuda_attention_spans(nk);
     size_t most = ((size_t)nk + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
     if (queries * spans > span_slots) return 0;
-    while (spans < most && queries * spans < (size_t)fill_blocks &&
+    while (spans < most && blocks * spans < (size_t)fill_blocks &&
            queries * (spans + 1) <= span_slots)
         spans++;
     size_t keys = ((size_t)nk + spans - 1) / spans;
@@ -957,13 +967,22 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
         nk = keys > nk ? keys : nk;
         top_k |= sparsity < 1 && a.n_new - host_pad[b] == 1 && host_past[b] > 0;
     }
-    size_t query_heads = (size_t)batch * a.n_new * a.heads;
-    a.span_keys = attention_span_keys(nk, query_heads, span_slots, fill_blocks);
+    int group = a.heads / a.kv_heads; /* query heads on a K/V head */
+    int per_kv_head = head_blocks(group, group > 1 ? GQA_HEADS : 1);
+    size_t rows = (size_t)batch * a.n_new;
+    size_t blocks = rows * a.kv_heads * per_kv_head; /* a span's */
+    a.span_keys = attention_span_keys(nk, rows * a.heads, blocks, span_slots, fill_blocks);
     a.partials = partials;
     if (!top_k && a.span_keys > 0) {
         a.spans = (nk + a.span_keys - 1) / a.span_keys;
-        dim3 spans(a.heads * a.spans, batch, a.n_new);
-        if (a.q4) {
+        dim3 spans(a.kv_heads * per_kv_head * a.spans, batch, a.n_new);
+        if (group > 1 && a.q4) {
+            attention_span_gqa_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+            LAUNCHED("attention_span_gqa_q4_kernel");
+        } else if (group > 1) {
+            attention_span_gqa_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+            LAUNCHED("attention_span_gqa_kernel");
+        } else if (a.q4) {
             attention_span_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
             LAUNCHED("attention_span_q4_kernel");
         } else {
@@ -1010,65 +1029,6 @@ __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head)
     return h;
 }
 
-/* The query's fp32 copy in shared memory, zeros after hd up to a whole chunk. */
-__device__ void query_to_shared(const __half *q, int hd, float *query) {
-    for (int d = threadIdx.x; d < (hd + 7) / 8 * 8; d += blockDim.x)
-        query[d] = d < hd ? __half2float(q[d]) : 0;
-}
-
-/* The lanes that read a key's row for its score: a power of two at least its chunks, at most a
- * warp (16 at head_dim 128: a warp's load is two whole rows of 256 bytes). */
-__device__ int lanes_per_key(int chunks) {
-    int lanes = 1;
-    while (lanes < chunks && lanes < 32) lanes *= 2;
-    return lanes;
-}
-
-/* scores[i] = scale q.K[first + i] for n keys: a group of lanes_per_key lanes a key, lane l
- * reading chunks l, l + lanes, ... of its row side by side with the others, each thread's
- * KEYS_AT_ONCE keys found in the page table and loaded before any is used. A lane sums its chunks
- * over d in order; the group's sums are added by shuffles, halves onto halves (the same order on
- * every run). Every thread of a block runs the same rounds, so whole warps meet at each shuffle. */
-template <int Q4> __device__ void attention_scores(const float *query, const kv_head *keys,
-                                                   int first, int n, float scale, float *scores) {
-    int hd = keys->hd;
-    int chunks = (hd + 7) / 8;
-    int whole = kv_whole<Q4>(keys);
-    int lanes = lanes_per_key(chunks);
-    int lane = threadIdx.x % lanes;
-    int groups = blockDim.x / lanes;
-    int group = threadIdx.x / lanes;
-    for (int j0 = 0; j0 < n; j0 += groups * KEYS_AT_ONCE) {
-        kv_row key[KEYS_AT_ONCE];
-        float dot[KEYS_AT_ONCE];
-#pragma unroll
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            int j = j0 + i * groups + group;
-            key[i] = kv_row_at<Q4>(keys, first + (j < n ? j : n - 1));
-            dot[i] = 0;
-        }
-        for (int c = lane; c < chunks; c += lanes) {
-            kv_bytes raw[KEYS_AT_ONCE];
-#pragma unroll
-            for (int i = 0; i < KEYS_AT_ONCE; i++)
-                if (j0 + i * groups + group < n) raw[i] = kv_load<Q4>(key[i], c, hd, whole);
-#pragma unroll
-            for (int i = 0; i < KEYS_AT_ONCE; i++) {
-                if (j0 + i * groups + group >= n) break;
-                float v[8];
-                kv_widen<Q4>(raw[i], key[i], c, hd, whole, v);
-                for (int e = 0; e < 8; e++) dot[i] = fmaf(query[8 * c + e], v[e], dot[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            int j = j0 + i * groups + group;
-            for (int o = lanes / 2; o > 0; o /= 2) dot[i] += __shfl_xor_sync(0xffffffff, dot[i], o);
-            if (lane == 0 && j < n) scores[j] = dot[i] * scale;
-        }
-    }
-}
-
 /* The scores to softmax weights in fp32, and kept[j]: the last key and the `keep` earlier keys
  * of largest weight (larger first, ties to the earlier). */
 __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float *shared) {
@@ -1091,49 +1051,6 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
             kept[j] = rank < keep;
         }
     __syncthreads();
-}
-
-/* The kept keys' weights times their values, for keys first + i (i < n; kept NULL: all of them):
- * thread t sums chunk t % chunks of the keys of its group t / chunks (a group's threads read a
- * row side by side), KEYS_AT_ONCE keys loaded at a time, in registers; then the groups' sums are
- * added in a fixed order through `partial` ([groups][chunks][8], ATTENTION_THREADS x 8 floats),
- * into out rounded to fp16, or into sums in fp32 where out is NULL. */
-template <int Q4> __device__ void attention_values(const float *weights, const char *kept,
-                                                   const kv_head *values, int first, int n,
-                                                   float *partial, __half *out, float *sums) {
-    int hd = values->hd;
-    int chunks = (hd + 7) / 8;
-    int whole = kv_whole<Q4>(values);
-    int groups = blockDim.x / chunks;
-    int group = threadIdx.x / chunks;
-    int c = threadIdx.x % chunks;
-    float acc[8] = {0};
-    for (int j0 = group * KEYS_AT_ONCE; group < groups && j0 < n; j0 += groups * KEYS_AT_ONCE) {
-        kv_row value[KEYS_AT_ONCE];
-        kv_bytes raw[KEYS_AT_ONCE];
-#pragma unroll
-        for (int i = 0; i < KEYS_AT_ONCE; i++)
-            value[i] = kv_row_at<Q4>(values, first + (j0 + i < n ? j0 + i : n - 1));
-#pragma unroll
-        for (int i = 0; i < KEYS_AT_ONCE; i++) raw[i] = kv_load<Q4>(value[i], c, hd, whole);
-#pragma unroll
-        for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            int j = j0 + i;
-            if (j >= n || (kept && !kept[j])) continue;
-            float v[8];
-            kv_widen<Q4>(raw[i], value[i], c, hd, whole, v);
-            for (int e = 0; e < 8; e++) acc[e] = fmaf(weights[j], v[e], acc[e]);
-        }
-    }
-    if (group < groups)
-        for (int e = 0; e < 8; e++) partial[threadIdx.x * 8 + e] = acc[e];
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float total = 0;
-        for (int g = 0; g < groups; g++) total += partial[g * chunks * 8 + d];
-        if (out) out[d] = __float2half_rn(total);
-        else sums[d] = total;
-    }
 }
 
 /* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
@@ -1171,14 +1088,14 @@ template <int Q4> __device__ void attend_query(attention_split a, float sparsity
     kv_head keys = kv_head_of(&a, 0, b, kvh);
     kv_head values = kv_head_of(&a, 1, b, kvh);
     char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
-    query_to_shared(q, hd, query);
+    query_to_shared(q, 1, hd, query);
     __syncthreads();
-    attention_scores<Q4>(query, &keys, 0, nk, a.scale, scores);
+    attention_scores<Q4, 1>(query, 1, &keys, 0, nk, a.scale, scores, 0);
     __syncthreads();
     int keep = nk - 1; /* earlier keys kept */
     if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
     softmax_keep(scores, kept, nk, keep, shared);
-    attention_values<Q4>(scores, kept, &values, 0, nk, partial, out, NULL);
+    attention_values<Q4, 1>(scores, 0, kept, 1, &values, 0, nk, partial, out, NULL, 0);
 }
 
 __global__ void attention_kernel(attention_split a, float sparsity) {
@@ -1196,28 +1113,36 @@ static size_t attention_shared_bytes(int nk) {
     return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
 }
 
-/* A span's sums of one query (the split over keys of flash-decoding: the keys of a query cut into
- * spans, each a block, whose partial softmax sums a second pass merges). Block (head x spans +
- * span, sequence b, row t) takes keys [span span_keys, + span_keys) of those the query sees, [0,
- * its slot], as attention_kernel reads them: its scores s_j = scale q.K_j, their max m, l = sum_j
- * e^(s_j - m) and sum_j e^(s_j - m) V_j in fp32, into the span's partials. Padding queries, spans
- * past a query's keys and delegated sequences write nothing (the merge reads only the spans a query
- * has). No top-K here: queue_attention sends steps with it to attention_kernel. CPU twin:
- * opt_model.c's attention (opt_attend_decode in decode), with attention_merge_kernel. Tests:
- * test_attention (cases of two and more spans, a short last span, fp16 and 4-bit cache, padding, a
- * delegated sequence) within its bound, and test_gqa_attention (grouped heads, bit for bit against
- * repeated ones). attention_span_kernel takes an fp16 cache, attention_span_q4_kernel a 4-bit one.
- */
-template <int Q4> __device__ void span_sums(attention_split a) {
-    __shared__ float weights[FG_CUDA_SPAN_KEYS];
+/* A span's sums of a block's queries (the split over keys of flash-decoding: the keys of a query
+ * cut into spans, each a block, whose partial softmax sums a second pass merges). Block (head
+ * block x spans + span, sequence b, row t) takes up to HEADS query heads of one K/V head (the
+ * head_blocks of each K/V head in turn; HEADS 1: a block a query head), each a query of row t,
+ * and keys [span span_keys, + span_keys) of those the query sees, [0, its slot], as
+ * attention_kernel reads them, each key's and value's row loaded once for all its heads: a
+ * query's scores s_j = scale q.K_j, their max m, l = sum_j e^(s_j - m) and sum_j e^(s_j - m) V_j
+ * in fp32, into the span's partials. Padding queries, spans past a query's keys and delegated
+ * sequences write nothing (the merge reads only the spans a query has). No top-K here:
+ * queue_attention sends steps with it to attention_kernel. CPU twin: opt_model.c's attention
+ * (opt_attend_decode in decode), with attention_merge_kernel. Tests: test_attention (cases of two
+ * and more spans, a short last span, fp16 and 4-bit cache, padding, a delegated sequence) within
+ * its bound, and test_gqa_attention (grouped heads, GQA_HEADS at a time and fewer, bit for bit
+ * against repeated ones). attention_span_kernel takes an fp16 cache, attention_span_q4_kernel a
+ * 4-bit one; attention_span_gqa_kernel and attention_span_gqa_q4_kernel take GQA_HEADS query
+ * heads at a time. */
+template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
+    __shared__ float weights[HEADS * FG_CUDA_SPAN_KEYS];
     __shared__ float shared[32];
-    __shared__ float query[MAX_HEAD_DIM];
+    __shared__ float query[HEADS * MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
-    int head = blockIdx.x / a.spans;
+    int group = a.heads / a.kv_heads;
+    int blocks = head_blocks(group, HEADS);
     int span = blockIdx.x % a.spans;
+    int kvh = blockIdx.x / a.spans / blocks;
+    int head = kvh * group + blockIdx.x / a.spans % blocks * HEADS; /* its first */
+    int nh = HEADS; /* the block's query heads: fewer in a group's last block */
+    if (HEADS > 1 && (kvh + 1) * group - head < HEADS) nh = (kvh + 1) * group - head;
     int b = blockIdx.y;
     int t = blockIdx.z;
-    int kvh = head / (a.heads / a.kv_heads);
     int hd = a.hd;
     int first = span * a.span_keys;
     if (!a.kc[b] || t < a.pad[b]) return; /* delegated; padding (the merge writes its zeros) */
@@ -1229,26 +1154,51 @@ template <int Q4> __device__ void span_sums(attention_split a) {
     kv_head keys = kv_head_of(&a, 0, b, kvh);
     kv_head values = kv_head_of(&a, 1, b, kvh);
     float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
-    query_to_shared(q, hd, query);
+    size_t sums_apart = (size_t)a.spans * (hd + 2); /* the next head's */
+    query_to_shared(q, nh, hd, query);
     __syncthreads();
-    attention_scores<Q4>(query, &keys, first, n, a.scale, weights);
+    attention_scores<Q4, HEADS>(query, nh, &keys, first, n, a.scale, weights, FG_CUDA_SPAN_KEYS);
     __syncthreads();
-    float m = -INFINITY;
-    float l = 0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, weights[j]);
-    m = block_max(m, shared);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) l += weights[j] = expf(weights[j] - m);
-    l = block_sum(l, shared); /* its barriers publish the weights */
-    attention_values<Q4>(weights, NULL, &values, first, n, partial, NULL, sums);
+    float m[HEADS];
+    float l[HEADS];
+    FG_UNROLL
+    for (int h = 0; h < HEADS; h++) {
+        if (h >= nh) break;
+        float *w = weights + h * FG_CUDA_SPAN_KEYS;
+        m[h] = -INFINITY;
+        l[h] = 0;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) m[h] = fmaxf(m[h], w[j]);
+        m[h] = block_max(m[h], shared);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) l[h] += w[j] = expf(w[j] - m[h]);
+        l[h] = block_sum(l[h], shared); /* its barriers publish the weights */
+    }
+    attention_values<Q4, HEADS>(weights, FG_CUDA_SPAN_KEYS, NULL, nh, &values, first, n, partial,
+                                NULL, sums, sums_apart);
     if (threadIdx.x == 0) {
-        sums[hd] = m;
-        sums[hd + 1] = l;
+        FG_UNROLL
+        for (int h = 0; h < HEADS; h++) {
+            if (h >= nh) break;
+            sums[h * sums_apart + hd] = m[h];
+            sums[h * sums_apart + hd + 1] = l[h];
+        }
     }
 }
 
-__global__ void attention_span_kernel(attention_split a) { span_sums<0>(a); }
+__global__ void attention_span_kernel(attention_split a) { span_sums<0, 1>(a); }
 
-__global__ void attention_span_q4_kernel(attention_split a) { span_sums<1>(a); }
+__global__ void attention_span_q4_kernel(attention_split a) { span_sums<1, 1>(a); }
+
+/* Two blocks a multiprocessor at least (no more than 128 registers: 156 without the bound, and
+ * one block, for the 4-bit form; no spills). */
+__global__ void __launch_bounds__(ATTENTION_THREADS, 2)
+    attention_span_gqa_kernel(attention_split a) {
+    span_sums<0, GQA_HEADS>(a);
+}
+
+__global__ void __launch_bounds__(ATTENTION_THREADS, 2)
+    attention_span_gqa_q4_kernel(attention_split a) {
+    span_sums<1, GQA_HEADS>(a);
+}
 
 /* The second pass of the split: a block per (head, sequence, row) merges the spans of a query,
  * M = max_s m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (in span order, so the

@@ -3,9 +3,10 @@
  * the rings of steps through which the 4-bit decode products read their codes (§5: q4_rows_kernel,
  * q4_vocab_kernel), with their stages, fragments and sums; and a head's cached keys and values as
  * decode attention reads them, fp16 or 4-bit (§5), found through the page table and read a chunk
- * at a time. Each helper's test is its kernel's (tests/test_kernels.cu); on the emulated GPU the
- * PTX is tests/cuda_emu's. CUDA C++, for flexgen.cu and the kernel tests; the plumbing is
- * support/cuda_device.h's.
+ * at a time, with the scores and weighted values of a block's queries over them (one query head,
+ * or several of one K/V head, each row loaded once for them all). Each helper's test is its
+ * kernel's (tests/test_kernels.cu); on the emulated GPU the PTX is tests/cuda_emu's. CUDA C++,
+ * for flexgen.cu and the kernel tests; the plumbing is support/cuda_device.h's.
  */
 #ifndef FG_CUDA_KERNELS_H
 #define FG_CUDA_KERNELS_H
@@ -446,32 +447,48 @@ typedef struct {
     int past, head, hd, heads;
 } kv_head;
 
-/* Key (or value) `slot` of a head, found once per key: its fp16 values, or its 4-bit bytes. */
+/* Key (or value) `slot` of a head, found once per key: its fp16 values, or its 4-bit bytes (one
+ * pointer and a flag, for the registers of KEYS_AT_ONCE of them). */
 typedef struct {
-    const __half *half; /* the head's fp16 values, or NULL */
-    const uint8_t *q4;  /* else its 4-bit bytes */
+    const void *at; /* the head's first value or byte */
+    int q4;         /* 4-bit bytes: a cached row of a 4-bit cache; else fp16 values */
 } kv_row;
 
 template <int Q4> __device__ inline kv_row kv_row_at(const kv_head *h, int slot) {
-    kv_row r = {NULL, NULL};
+    kv_row r = {NULL, 0};
     if (slot >= h->past) {
-        r.half = h->fresh + (size_t)(slot - h->past) * h->stride + (size_t)h->head * h->hd;
+        r.at = h->fresh + (size_t)(slot - h->past) * h->stride + (size_t)h->head * h->hd;
         return r;
     }
     size_t row = kv_page_row(h->pages, h->page_tokens, slot);
     if (Q4) {
         size_t head_bytes = q4_bytes(1, (size_t)h->hd, 1);
-        r.q4 = (const uint8_t *)h->cache + (row * h->heads + h->head) * head_bytes;
+        r.at = h->cache + (row * h->heads + h->head) * head_bytes;
+        r.q4 = 1;
         return r;
     }
-    r.half = (const __half *)(h->cache + row * 2 * h->heads * h->hd) + (size_t)h->head * h->hd;
+    r.at = (const __half *)(h->cache + row * 2 * h->heads * h->hd) + (size_t)h->head * h->hd;
     return r;
 }
 
-/* Value d of a row that kv_row_at found. */
+/* On the emulated GPU, the bytes of K and V rows that attention loads, counted in its statistics
+ * (kv_load_bytes), so that the tests can hold each row to one load a block; nothing on a card. */
+__device__ inline void count_kv_load(int bytes) {
+#if defined(FLEXGEN_CUDA_EMU)
+    cuda_emu::count_kv_load(bytes);
+#else
+    (void)bytes;
+#endif
+}
+
+/* Value d of a row that kv_row_at found (a 4-bit value reads its byte, min and scale). */
 template <int Q4> __device__ inline float kv_at(kv_row r, int d, int hd) {
-    if (!Q4 || r.half) return __half2float(r.half[d]);
-    return q4_value(r.q4, (size_t)hd, 1, (size_t)d);
+    if (!Q4 || !r.q4) {
+        count_kv_load(2);
+        return __half2float(((const __half *)r.at)[d]);
+    }
+    count_kv_load(5);
+    return q4_value((const uint8_t *)r.at, (size_t)hd, 1, (size_t)d);
 }
 
 /* Whether a head's rows can be read a chunk at a time: head_dim a multiple of 8 (a chunk then
@@ -484,27 +501,28 @@ template <int Q4> __device__ inline int kv_whole(const kv_head *h) {
 }
 
 /* Chunk c of a row as loaded: values [8c, 8c + 8), 16 bytes of fp16, or 4 bytes of 4-bit codes
- * (bits.x) and their group's min and scale. Loading and widening are apart so that a thread has
- * several loads in flight before it waits on the first. */
+ * (bits.x) and their group's min and scale (bits.y: the min's fp16 bits low, the scale's high).
+ * Loading and widening are apart so that a thread has several loads in flight before it waits
+ * on the first. */
 typedef struct {
     uint4 bits;
-    __half min;
-    __half scale;
 } kv_bytes;
 
 template <int Q4> __device__ inline kv_bytes kv_load(kv_row r, int c, int hd, int whole) {
     kv_bytes b = {};
     if (!whole) return b; /* kv_widen reads value by value */
-    if (!Q4 || r.half) {
-        b.bits = *(const uint4 *)(r.half + 8 * c);
+    if (!Q4 || !r.q4) {
+        count_kv_load(16);
+        b.bits = *((const uint4 *)r.at + c);
         return b;
     }
+    count_kv_load(8);
     int G = (hd + Q4_GROUP - 1) / Q4_GROUP;
     int g = 8 * c / Q4_GROUP;
-    const __half *mins = (const __half *)(r.q4 + G * (Q4_GROUP / 2));
-    b.bits.x = *(const uint32_t *)(r.q4 + g * (Q4_GROUP / 2) + 8 * c % Q4_GROUP / 2);
-    b.min = mins[g];
-    b.scale = mins[G + g];
+    const uint8_t *codes = (const uint8_t *)r.at;
+    const unsigned short *mins = (const unsigned short *)(codes + G * (Q4_GROUP / 2));
+    b.bits.x = *(const uint32_t *)(codes + g * (Q4_GROUP / 2) + 8 * c % Q4_GROUP / 2);
+    b.bits.y = mins[g] | (uint32_t)mins[G + g] << 16;
     return b;
 }
 
@@ -516,7 +534,7 @@ __device__ inline void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, 
         for (int i = 0; i < 8; i++) v[i] = 8 * c + i < hd ? kv_at<Q4>(r, 8 * c + i, hd) : 0;
         return;
     }
-    if (!Q4 || r.half) {
+    if (!Q4 || !r.q4) {
         const __half2 *h = (const __half2 *)&b.bits;
         for (int i = 0; i < 4; i++) {
             v[2 * i] = __low2float(h[i]);
@@ -524,11 +542,154 @@ __device__ inline void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, 
         }
         return;
     }
-    float min = __half2float(b.min);
-    float scale = __half2float(b.scale);
+    float min = __low2float(half2_of_bits(b.bits.y));
+    float scale = __high2float(half2_of_bits(b.bits.y));
     for (int i = 0; i < 8; i++) {
         int byte = (b.bits.x >> (8 * (i / 2))) & 255;
         v[i] = fmaf(code_value((byte >> (i % 2 ? 0 : 4)) & 15), scale, min);
+    }
+}
+
+/* ---- A block's queries over a span of keys: scores and values (flexgen.cu's attention kernels).
+ * HEADS: the query heads a block takes at most, all on one K/V head (grouped-query attention), nh
+ * of them at run time; each key's and each value's row is loaded and widened once for all of them.
+ * Each head's sums are formed in the order a block of one head forms them, so that a block of
+ * several heads gives each the bits it would give alone. ---- */
+
+/* The keys (and values) each thread has loaded before it uses the first. */
+#define KEYS_AT_ONCE 4
+
+/* The lanes that read a key's row for its score: a power of two at least its chunks, at most a
+ * warp (16 at head_dim 128: a warp's load is two whole rows of 256 bytes). */
+__device__ inline int lanes_per_key(int chunks) {
+    int lanes = 1;
+    while (lanes < chunks && lanes < 32) lanes *= 2;
+    return lanes;
+}
+
+/* The fp32 copy in shared memory of nh query heads side by side from q (hd apart), each padded
+ * with zeros to whole chunks: query[h (hd rounded up to 8) + d]. */
+__device__ inline void query_to_shared(const __half *q, int nh, int hd, float *query) {
+    int padded = (hd + 7) / 8 * 8;
+    for (int i = threadIdx.x; i < nh * padded; i += blockDim.x) {
+        int h = i / padded;
+        int d = i % padded;
+        query[i] = d < hd ? __half2float(q[(size_t)h * hd + d]) : 0;
+    }
+}
+
+/* scores[h apart + i] = scale q_h.K[first + i] for n keys and the block's nh heads: a group of
+ * lanes_per_key lanes a key, lane l reading chunks l, l + lanes, ... of its row side by side with
+ * the others, each thread's KEYS_AT_ONCE keys found in the page table and loaded before any is
+ * used, each chunk widened once for every head. A lane sums its chunks over d in order; the
+ * group's sums are added by shuffles, halves onto halves (the same order on every run). Every
+ * thread of a block runs the same rounds, so whole warps meet at each shuffle. */
+template <int Q4, int HEADS>
+__device__ void attention_scores(const float *query, int nh, const kv_head *keys, int first, int n,
+                                 float scale, float *scores, int apart) {
+    int hd = keys->hd;
+    int chunks = (hd + 7) / 8;
+    int whole = kv_whole<Q4>(keys);
+    int lanes = lanes_per_key(chunks);
+    int lane = threadIdx.x % lanes;
+    int groups = blockDim.x / lanes;
+    int group = threadIdx.x / lanes;
+    for (int j0 = 0; j0 < n; j0 += groups * KEYS_AT_ONCE) {
+        kv_row key[KEYS_AT_ONCE];
+        float dot[KEYS_AT_ONCE][HEADS];
+        FG_UNROLL
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i * groups + group;
+            key[i] = kv_row_at<Q4>(keys, first + (j < n ? j : n - 1));
+            FG_UNROLL
+            for (int h = 0; h < HEADS; h++) dot[i][h] = 0;
+        }
+        for (int c = lane; c < chunks; c += lanes) {
+            kv_bytes raw[KEYS_AT_ONCE];
+            FG_UNROLL
+            for (int i = 0; i < KEYS_AT_ONCE; i++)
+                if (j0 + i * groups + group < n) raw[i] = kv_load<Q4>(key[i], c, hd, whole);
+            FG_UNROLL
+            for (int i = 0; i < KEYS_AT_ONCE; i++) {
+                if (j0 + i * groups + group >= n) break;
+                float v[8];
+                kv_widen<Q4>(raw[i], key[i], c, hd, whole, v);
+                FG_UNROLL
+                for (int h = 0; h < HEADS; h++) {
+                    if (h >= nh) break;
+                    const float *q = query + h * chunks * 8 + 8 * c;
+                    for (int e = 0; e < 8; e++) dot[i][h] = fmaf(q[e], v[e], dot[i][h]);
+                }
+            }
+        }
+        FG_UNROLL
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i * groups + group;
+            FG_UNROLL
+            for (int h = 0; h < HEADS; h++) {
+                if (h >= nh) break;
+                for (int o = lanes / 2; o > 0; o /= 2)
+                    dot[i][h] += __shfl_xor_sync(0xffffffff, dot[i][h], o);
+                if (lane == 0 && j < n) scores[h * apart + j] = dot[i][h] * scale;
+            }
+        }
+    }
+}
+
+/* The kept keys' weights times their values, for keys first + i (i < n; kept NULL: all of them)
+ * and the block's nh heads (weights[h apart + i]): thread t sums chunk t % chunks of the keys of
+ * its group t / chunks (a group's threads read a row side by side), KEYS_AT_ONCE keys loaded at a
+ * time, each chunk widened once for every head, in registers; then, a head at a time, the groups'
+ * sums are added in a fixed order through `partial` ([groups][chunks][8], blockDim.x x 8 floats),
+ * into out rounded to fp16, or into sums in fp32 where out is NULL (head h's hd values at h
+ * out_apart on). kept: a block of one head's only. */
+template <int Q4, int HEADS>
+__device__ void attention_values(const float *weights, int apart, const char *kept, int nh,
+                                 const kv_head *values, int first, int n, float *partial,
+                                 __half *out, float *sums, size_t out_apart) {
+    int hd = values->hd;
+    int chunks = (hd + 7) / 8;
+    int whole = kv_whole<Q4>(values);
+    int groups = blockDim.x / chunks;
+    int group = threadIdx.x / chunks;
+    int c = threadIdx.x % chunks;
+    float acc[HEADS][8] = {};
+    for (int j0 = group * KEYS_AT_ONCE; group < groups && j0 < n; j0 += groups * KEYS_AT_ONCE) {
+        kv_row value[KEYS_AT_ONCE];
+        kv_bytes raw[KEYS_AT_ONCE];
+        FG_UNROLL
+        for (int i = 0; i < KEYS_AT_ONCE; i++)
+            value[i] = kv_row_at<Q4>(values, first + (j0 + i < n ? j0 + i : n - 1));
+        FG_UNROLL
+        for (int i = 0; i < KEYS_AT_ONCE; i++)
+            if (j0 + i < n) raw[i] = kv_load<Q4>(value[i], c, hd, whole);
+        FG_UNROLL
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int j = j0 + i;
+            if (j >= n || (kept && !kept[j])) continue;
+            float v[8];
+            kv_widen<Q4>(raw[i], value[i], c, hd, whole, v);
+            FG_UNROLL
+            for (int h = 0; h < HEADS; h++) {
+                if (h >= nh) break;
+                float w = weights[h * apart + j];
+                for (int e = 0; e < 8; e++) acc[h][e] = fmaf(w, v[e], acc[h][e]);
+            }
+        }
+    }
+    FG_UNROLL
+    for (int h = 0; h < HEADS; h++) {
+        if (h >= nh) break;
+        if (h > 0) __syncthreads(); /* every thread done with the last head's partial sums */
+        if (group < groups)
+            for (int e = 0; e < 8; e++) partial[threadIdx.x * 8 + e] = acc[h][e];
+        __syncthreads();
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float total = 0;
+            for (int g = 0; g < groups; g++) total += partial[g * chunks * 8 + d];
+            if (out) out[h * out_apart + d] = __float2half_rn(total);
+            else sums[h * out_apart + d] = total;
+        }
     }
 }
 

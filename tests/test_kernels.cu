@@ -216,6 +216,18 @@ static long long async_bytes(void) {
 #endif
 }
 
+/* The bytes of K and V rows attention has loaded on the emulated GPU so far (kv_load and kv_at
+ * count them), or -1 natively. */
+static long long kv_load_bytes(void) {
+#ifdef FLEXGEN_CUDA_EMU
+    cuda_emu_stats s;
+    cuda_emu_get_stats(&s);
+    return s.kv_load_bytes;
+#else
+    return -1;
+#endif
+}
+
 /* The bytes asynchronous copies read in each of run_in_every_order's runs since async_bytes() gave
  * `before`. */
 static long long async_bytes_a_run(long long before) {
@@ -1836,9 +1848,10 @@ static void test_swiglu(void) {
 }
 
 /* attention_kernel's output for q, k, v rows laid out by `at`, over a cache of kv_heads heads; with
- * `split`, queue_attention's (the split over keys where no top-K applies). */
+ * `split`, queue_attention's (the split over keys where no top-K applies). *read: the bytes of K
+ * and V rows it loaded (-1 natively). */
 static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_layout at, int kv_heads,
-                           const paged_cache *cache, int q4, int split) {
+                           const paged_cache *cache, int q4, int split, long long *read) {
     int rows = c->batch * c->n_new;
     size_t out = (size_t)rows * c->heads * c->head_dim;
     __half *dev_qkv = (__half *)device_copy(qkv, n), *dev_attn = device_array<__half>(out);
@@ -1850,12 +1863,14 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
                          c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, NULL};
+    long long before = kv_load_bytes();
     if (split) {
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
     } else {
         queue_attention_kernel(a, c->batch, longest(c), c->sparsity);
     }
     wait_stream();
+    *read = before < 0 ? -1 : kv_load_bytes() - before;
     fp16 *got = host_array<fp16>(out);
     download(got, dev_attn, out * sizeof(fp16));
     cuda_free(dev_qkv), cuda_free(dev_attn), cuda_free(past), cuda_free(pad);
@@ -1863,11 +1878,28 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     return got;
 }
 
+/* The bytes of K and V rows that the split over keys loads for step c, each K/V head's rows read
+ * by `blocks` blocks (of its query heads): every key of each query once a block, a cached row
+ * at its stored bytes (a 4-bit chunk of 8 values 4 bytes of codes, a min and a scale; value by
+ * value where hd is not a multiple of 8, 5 bytes a value), this step's rows as fp16. */
+static long long split_kv_bytes(const step_case *c, int kv_heads, int blocks, int q4) {
+    long long hd = c->head_dim, cached = q4 ? (hd % 8 ? 5 * hd : hd) : 2 * hd, total = 0;
+    for (int b = 0; b < c->batch; b++)
+        for (int t = c->pad[b]; t < c->n_new; t++) {
+            long long fresh = t - c->pad[b] + 1;
+            total += 2LL * kv_heads * blocks * (c->past[b] * cached + fresh * 2 * hd);
+        }
+    return total;
+}
+
 /* Grouped-query attention equals multi-head attention over repeated K/V heads: the blocked
  * layout and a cache of kv_heads heads against OPT's rows and a cache with each K/V head written
  * for each of its query heads, the same page tables; decode and prefill after cached tokens, fp16
  * and 4-bit caches, dense and top-K; attention_kernel, and the split over keys (queue_attention),
- * also over three spans. */
+ * also over three spans and more, whose blocks take GQA_HEADS query heads of a K/V head at a time
+ * (groups of 2, 3, 4, 7 and 8) where the blocks of repeated heads take one. On the emulated GPU
+ * the split loads each K/V row once for a block of GQA_HEADS query heads, where repeated heads
+ * load it once for each (split_kv_bytes). */
 static void test_gqa_attention(void) {
     if (!gpu_ready()) return;
     static const step_case cases[] = {
@@ -1876,10 +1908,16 @@ static void test_gqa_attention(void) {
         {"prefill after cached tokens, 8 heads on 2 K/V heads of 64", 8, 64, 2, 3, 5, -1, 1, {9, 4}, {1, 0}},
         {"decode of 600 and 257 keys, 4 heads on 2 K/V heads of 32", 4, 32, 2, 1, 16, -1, 1,
          {599, 256}, {0, 0}},
+        {"decode of 300 and 131 keys, 7 heads on 1 K/V head of 64 (blocks of 4 and 3 heads)", 7,
+         64, 2, 1, 16, -1, 1, {299, 130}, {0, 0}},
+        {"prefill after cached tokens, 16 heads on 2 K/V heads of 128 (two blocks a K/V head)", 16,
+         128, 2, 2, 5, -1, 1, {70, 9}, {0, 1}},
+        {"decode, 6 heads on 2 K/V heads of 36 (read value by value)", 6, 36, 2, 1, 16, -1, 1,
+         {40, 77}, {0, 0}},
     };
-    const int kv_heads[] = {1, 2, 2, 2};
+    const int kv_heads[] = {1, 2, 2, 2, 1, 2, 2};
     uint64_t seed = 91;
-    for (int ci = 0; ci < 4; ci++)
+    for (int ci = 0; ci < 7; ci++)
         for (int q4 = 0; q4 <= 1; q4++) {
             const step_case *c = &cases[ci];
             int H = c->heads, KV = kv_heads[ci], hd = c->head_dim, group = H / KV, rows = c->batch * c->n_new;
@@ -1911,12 +1949,21 @@ static void test_gqa_attention(void) {
                     }
             for (int split = 0; split <= 1; split++) {
                 size_t g_n = (size_t)rows * (qw + 2 * kw), m_n = (size_t)rows * 3 * qw;
-                fp16 *got = gqa_attention(c, gq, g_n, blocked, KV, &gc, q4, split);
-                fp16 *want = gqa_attention(c, mq, m_n, rows_at, H, &mc, q4, split);
+                long long got_read, want_read;
+                fp16 *got = gqa_attention(c, gq, g_n, blocked, KV, &gc, q4, split, &got_read);
+                fp16 *want = gqa_attention(c, mq, m_n, rows_at, H, &mc, q4, split, &want_read);
                 EXPECT(!memcmp(got, want, (size_t)rows * qw * sizeof(fp16)), "%s, %s, %s cache: "
                        "grouped-query attention is not multi-head attention over repeated "
                        "K/V heads", split ? "queue_attention" : "attention_kernel", c->what,
                        q4 ? "4-bit" : "fp16");
+                if (split && c->sparsity == 1 && got_read >= 0) {
+                    long long once = split_kv_bytes(c, KV, (group + GQA_HEADS - 1) / GQA_HEADS, q4);
+                    long long each = split_kv_bytes(c, H, 1, q4);
+                    EXPECT(got_read == once && want_read == each, "queue_attention, %s, %s cache: "
+                           "K and V rows read %lld bytes (%lld expected), over repeated heads %lld "
+                           "(%lld expected)", c->what, q4 ? "4-bit" : "fp16", got_read, once,
+                           want_read, each);
+                }
                 free(got);
                 free(want);
             }

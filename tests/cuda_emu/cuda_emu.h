@@ -30,6 +30,7 @@ typedef struct {
     long long gemms, copies, host_waits, graph_launches;
     long long opened;                              /* allocations opened to a kernel or copy */
     long long async_bytes;                         /* read by asynchronous copies (cp.async) */
+    long long kv_load_bytes;                       /* of K and V rows loaded by attention */
 } cuda_emu_stats;
 void cuda_emu_get_stats(cuda_emu_stats *s);
 

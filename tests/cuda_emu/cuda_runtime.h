@@ -225,6 +225,9 @@ void mma_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void copy_async(void *shared, const void *global, int bytes);
 void copy_async_commit(void);
 void copy_async_wait(int pending);
+/* Bytes of the KV cache that a kernel says it loads (support/cuda_kernels.h's kv_load and kv_at),
+ * added to the statistics' kv_load_bytes. */
+void count_kv_load(int bytes);
 }
 /* Blocks run one at a time, each to its end: a fence orders nothing more, and a load past L1 is a
  * load. */

@@ -102,8 +102,9 @@ static const char *stats_file;
 static void write_stats() {
     FILE *f = fopen(stats_file, "a");
     if (!f) return;
-    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld async_bytes %lld\n", stats.kernels,
-            stats.blocks, stats.gemms, stats.copies, stats.host_waits, stats.async_bytes);
+    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld async_bytes %lld kv_load_bytes %lld\n",
+            stats.kernels, stats.blocks, stats.gemms, stats.copies, stats.host_waits, stats.async_bytes,
+            stats.kv_load_bytes);
     fclose(f);
 }
 
@@ -993,6 +994,11 @@ void cuda_emu::copy_async(void *shared, const void *global, int bytes) {
     f->copy[f->copies].bytes = bytes;
     f->copy[f->copies].group = f->committed;
     f->copies++;
+}
+
+void cuda_emu::count_kv_load(int bytes) {
+    this_thread("count_kv_load");
+    stats.kv_load_bytes += bytes;
 }
 
 void cuda_emu::copy_async_commit(void) {
