@@ -8,24 +8,24 @@
  * CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   215  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   275  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   195  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   367  fg_cuda_backend          the operation table, once a GPU is found
- *   427  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   483  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   549  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   651  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   700  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   735  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   833  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   875  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   960  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1067  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1132  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1246  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1291  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1389  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   222  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   282  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   202  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   374  fg_cuda_backend          the operation table, once a GPU is found
+ *   434  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   490  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   556  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   658  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   707  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   747  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   849  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   891  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   975  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1120  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1182  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1299  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1344  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1442  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -78,9 +78,12 @@ typedef struct {
 
 /* A step's attention as its kernels take it, by value: store_kv_kernel's and attention_kernel's
  * arguments (q, k and v in qkv as `at` lays them out, the output rows attn, the cache table's rows,
- * pointers and pages), and the split's spans of span_keys keys and their sums: partials[((row
- * b n_new + t) heads + head) spans + span][hd + 2], a span's sum of weights times values (hd
- * floats), its max score and its sum of weights. */
+ * pointers and pages of `batch` sequences), and the split's spans of span_keys keys and their
+ * sums, for a run of the step's query rows (sequences first_b on, rows first_t on: the grid's y
+ * and z): partials[((run row) heads + head) spans + span][hd + 2], a span's sum of weights times
+ * values (hd floats), its max score and its sum of weights, the run's rows in grid order. Top-K's
+ * scores lie there too where shared memory cannot hold them, scores_apart floats a query (0: in
+ * shared memory). */
 typedef struct {
     const __half *qkv;
     qkv_layout at;
@@ -94,6 +97,8 @@ typedef struct {
     int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans, span_keys;
     float scale;
     float *partials;
+    int batch, first_b, first_t;
+    size_t scores_apart;
 } attention_split;
 
 /* A 4-bit decode product as q4_rows_kernel takes it, by value: y[rows][out] (+ y with add) = x W,
@@ -154,10 +159,12 @@ static void prefill_attention(cuda_ws *d, const model_config *c, const gpu_batch
 __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int pad);
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots, int fill_blocks);
-static void queue_attention_kernel(attention_split a, int batch, int nk, float sparsity);
+static void row_runs(int batch, int n_new, size_t fit, int *run_seqs, int *run_rows);
+static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity);
+static void queue_split(attention_split a, int seqs, int rows, int nk, size_t span_slots,
+                        int fill_blocks);
 __global__ void attention_kernel(attention_split a, float sparsity);
 __global__ void attention_q4_kernel(attention_split a, float sparsity);
-static size_t attention_shared_bytes(int nk);
 __global__ void attention_span_kernel(attention_split a);
 __global__ void attention_span_q4_kernel(attention_split a);
 __global__ void attention_span_gqa_kernel(attention_split a);
@@ -721,14 +728,19 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
  * as fp32, up to checkpoint.c's largest head. A span of the split (attention_span_kernel) is
  * FG_CUDA_MIN_SPAN_KEYS to FG_CUDA_SPAN_KEYS keys (support.h, which sizes the workspace's part for
  * their sums); queue_attention cuts a query's keys into more spans while the step's blocks are
- * fewer than FILL_BLOCKS_PER_SM a multiprocessor. Grouped-query attention: a block of the split
- * takes up to GQA_HEADS query heads of one K/V head, and loads each row once for them all. The
- * helpers that read the rows (attention_scores, attention_values) are support/cuda_kernels.h's. */
+ * fewer than FILL_BLOCKS_PER_SM a multiprocessor. attention_kernel holds a query's scores for
+ * §5's top-K in shared memory up to TOP_K_SHARED_BYTES (a block has 48 KB without asking for
+ * more, and its own arrays take 12 KB: about 6,500 keys), in the workspace beyond that. A step
+ * whose sums (or scores) the workspace cannot hold at once goes through in runs of its query
+ * rows (row_runs). Grouped-query attention: a block of the split takes up to GQA_HEADS query heads
+ * of one K/V head, and loads each row once for them all. The helpers that read the rows
+ * (attention_scores, attention_values) are support/cuda_kernels.h's. */
 #define ATTENTION_THREADS 256
 #define MAX_HEAD_DIM 1024
 #define GQA_HEADS 4
 #define MERGE_THREADS 128
 #define FILL_BLOCKS_PER_SM 8
+#define TOP_K_SHARED_BYTES (32 * 1024)
 
 /* This step's K and V into the cache, then attention: prefill by cuBLAS, the rest (decode, or
  * prefill after cached tokens) by queue_attention's kernels, delegated sequences on the CPU. */
@@ -756,7 +768,11 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                          .spans = 0,
                          .span_keys = 0,
                          .scale = 1.0f / sqrtf((float)hd),
-                         .partials = NULL};
+                         .partials = NULL,
+                         .batch = gb->batch,
+                         .first_b = 0,
+                         .first_t = 0,
+                         .scores_apart = 0};
     size_t threads = store_kv_threads(rows, a.kv_heads, hd, a.q4);
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(a, rows);
     LAUNCHED("store_kv_kernel");
@@ -950,16 +966,14 @@ static int attention_span_keys(int nk, size_t queries, size_t blocks, size_t spa
 /* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
  * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
  * host_pad saying which) attention_kernel, a block a query, since the rank needs all of a
- * query's scores; otherwise the split over keys, attention_span_kernel's block a span of each
- * query (attention_span_keys: long contexts, and few queries, fill the card with blocks) and
- * attention_merge_kernel, two launches. fill_blocks: the blocks that fill the card. Short
- * contexts of many queries take one span. The spans' sums go to `partials`, span_slots of them
- * (the workspace holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys): a step that needs
- * more, of more query rows, goes to attention_kernel too, whose blocks a query then fill the
- * card. */
+ * query's scores (queue_attention_kernel); otherwise the split over keys (queue_split). Each in
+ * runs of the step's query rows whose spans' sums, or scores, `partials` holds: span_slots of
+ * head_dim + 2 floats (the workspace holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys
+ * and a row's top-K scores), so one run but for steps of more query rows (a prompt refilled
+ * beside decoding sequences) or top-K scores of long contexts. fill_blocks: the blocks that fill
+ * the card. */
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots, int fill_blocks) {
-    cudaStream_t s = ctx()->stream;
     int nk = 1;    /* the keys a query sees at most */
     int top_k = 0; /* a query takes top-K */
     for (int b = 0; b < batch; b++) {
@@ -967,42 +981,79 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
         nk = keys > nk ? keys : nk;
         top_k |= sparsity < 1 && a.n_new - host_pad[b] == 1 && host_past[b] > 0;
     }
-    int group = a.heads / a.kv_heads; /* query heads on a K/V head */
-    int per_kv_head = head_blocks(group, group > 1 ? GQA_HEADS : 1);
-    size_t rows = (size_t)batch * a.n_new;
-    size_t blocks = rows * a.kv_heads * per_kv_head; /* a span's */
-    a.span_keys = attention_span_keys(nk, rows * a.heads, blocks, span_slots, fill_blocks);
+    a.batch = batch;
     a.partials = partials;
-    if (!top_k && a.span_keys > 0) {
-        a.spans = (nk + a.span_keys - 1) / a.span_keys;
-        dim3 spans(a.kv_heads * per_kv_head * a.spans, batch, a.n_new);
-        if (group > 1 && a.q4) {
-            attention_span_gqa_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
-            LAUNCHED("attention_span_gqa_q4_kernel");
-        } else if (group > 1) {
-            attention_span_gqa_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
-            LAUNCHED("attention_span_gqa_kernel");
-        } else if (a.q4) {
-            attention_span_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
-            LAUNCHED("attention_span_q4_kernel");
-        } else {
-            attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
-            LAUNCHED("attention_span_kernel");
+    size_t fit = (size_t)batch * a.n_new; /* query rows a run: all of them, top-K's in shared */
+    if (!top_k) fit = span_slots / ((size_t)a.heads * fg_cuda_attention_spans(nk));
+    else if (fg_cuda_top_k_bytes(nk) > TOP_K_SHARED_BYTES)
+        fit = span_slots * (a.hd + 2) * sizeof(float) / (a.heads * fg_cuda_top_k_bytes(nk));
+    if (fit == 0) cuda_fail("queue_attention", __FILE__, __LINE__, "no room for a row's attention");
+    int run_seqs;
+    int run_rows;
+    row_runs(batch, a.n_new, fit, &run_seqs, &run_rows);
+    for (a.first_b = 0; a.first_b < batch; a.first_b += run_seqs)
+        for (a.first_t = 0; a.first_t < a.n_new; a.first_t += run_rows) {
+            int seqs = batch - a.first_b < run_seqs ? batch - a.first_b : run_seqs;
+            int rows = a.n_new - a.first_t < run_rows ? a.n_new - a.first_t : run_rows;
+            if (top_k) queue_attention_kernel(a, seqs, rows, nk, sparsity);
+            else queue_split(a, seqs, rows, nk, span_slots, fill_blocks);
         }
-        dim3 queries(a.heads, batch, a.n_new);
-        attention_merge_kernel<<<queries, MERGE_THREADS, 0, s>>>(a);
-        LAUNCHED("attention_merge_kernel");
-        return;
-    }
-    queue_attention_kernel(a, batch, nk, sparsity);
 }
 
-/* attention_kernel (attention_q4_kernel for a 4-bit cache): a block a query of the step's
- * batch x n_new rows, for queries that see up to nk keys. */
-static void queue_attention_kernel(attention_split a, int batch, int nk, float sparsity) {
+/* The runs of a step's query rows (batch sequences of n_new rows), `fit` rows a run at most: whole
+ * sequences, run_seqs at a time, where a sequence's rows fit; else run_rows of a sequence's rows
+ * at a time. */
+static void row_runs(int batch, int n_new, size_t fit, int *run_seqs, int *run_rows) {
+    *run_rows = fit < (size_t)n_new ? (int)fit : n_new;
+    *run_seqs = 1;
+    if (*run_rows == n_new) *run_seqs = fit / n_new < (size_t)batch ? (int)(fit / n_new) : batch;
+}
+
+/* The split over keys for a run of query rows (rows of seqs sequences, from a.first_b and
+ * a.first_t), queries that see up to nk keys: attention_span_kernel's block a span of each query
+ * (of up to GQA_HEADS query heads of a K/V head; attention_span_keys: long contexts, and few
+ * queries, fill the card with blocks), then attention_merge_kernel: two launches. */
+static void queue_split(attention_split a, int seqs, int rows, int nk, size_t span_slots,
+                        int fill_blocks) {
     cudaStream_t s = ctx()->stream;
-    dim3 queries(a.heads, batch, a.n_new);
-    size_t shared = attention_shared_bytes(nk);
+    int group = a.heads / a.kv_heads; /* query heads on a K/V head */
+    int per_kv_head = head_blocks(group, group > 1 ? GQA_HEADS : 1);
+    size_t queries = (size_t)seqs * rows;
+    size_t blocks = queries * a.kv_heads * per_kv_head; /* a span's */
+    a.span_keys = attention_span_keys(nk, queries * a.heads, blocks, span_slots, fill_blocks);
+    a.spans = (nk + a.span_keys - 1) / a.span_keys;
+    dim3 spans(a.kv_heads * per_kv_head * a.spans, seqs, rows);
+    if (group > 1 && a.q4) {
+        attention_span_gqa_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_span_gqa_q4_kernel");
+    } else if (group > 1) {
+        attention_span_gqa_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_span_gqa_kernel");
+    } else if (a.q4) {
+        attention_span_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_span_q4_kernel");
+    } else {
+        attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
+        LAUNCHED("attention_span_kernel");
+    }
+    dim3 run(a.heads, seqs, rows);
+    attention_merge_kernel<<<run, MERGE_THREADS, 0, s>>>(a);
+    LAUNCHED("attention_merge_kernel");
+}
+
+/* attention_kernel (attention_q4_kernel for a 4-bit cache): a block a query of a run of query rows
+ * (rows of seqs sequences, from a.first_b and a.first_t) that see up to nk keys, their scores in
+ * shared memory up to TOP_K_SHARED_BYTES a query, else in a.partials (queue_attention sizes the
+ * run for them). */
+static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity) {
+    cudaStream_t s = ctx()->stream;
+    dim3 queries(a.heads, seqs, rows);
+    size_t shared = fg_cuda_top_k_bytes(nk);
+    a.scores_apart = 0;
+    if (shared > TOP_K_SHARED_BYTES) {
+        a.scores_apart = shared / sizeof(float);
+        shared = 0;
+    }
     if (a.q4) {
         attention_q4_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
         LAUNCHED("attention_q4_kernel");
@@ -1013,12 +1064,12 @@ static void queue_attention_kernel(attention_split a, int batch, int nk, float s
 }
 
 /* Sequence b's keys (kv 0) or values (kv 1) of K/V head `head`, as a query of step `a` reads them:
- * the cache's rows through the page tables ([K, V][batch][max_pages], a block row of the grid a
- * sequence), and this step's rows of qkv from the sequence's first, b n_new + pad[b], on. */
+ * the cache's rows through the page tables ([K, V][batch][max_pages]), and this step's rows of
+ * qkv from the sequence's first, b n_new + pad[b], on. */
 __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head) {
     size_t first = (size_t)b * a->n_new + a->pad[b];
     kv_head h = {.cache = (const char *)(kv ? a->vc[b] : a->kc[b]) + a->shift,
-                 .pages = a->pages + ((size_t)kv * gridDim.y + b) * a->max_pages,
+                 .pages = a->pages + ((size_t)kv * a->batch + b) * a->max_pages,
                  .page_tokens = a->page_tokens,
                  .fresh = a->qkv + a->at.at[1 + kv] + first * a->at.stride[1 + kv],
                  .stride = a->at.stride[1 + kv],
@@ -1053,25 +1104,30 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
     __syncthreads();
 }
 
-/* Attention of one query (sequence blockIdx.y, head blockIdx.x, row blockIdx.z) over the keys
- * it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's one
- * query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1)) earlier
- * keys of largest weight (ties to the earlier), weights not renormalized, as opt_attend_decode.
- * The rank needs all of a query's scores, so this kernel keeps one block a query; steps without
- * top-K take the split over keys below (queue_attention). Grouped-query attention: heads /
- * kv_heads query heads in a row share a K/V head. Shared: the query, the scores and kept flags,
- * and each group's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in
- * decode). Tests: test_attention within its bound, test_attention_ties (the same keys kept) and
- * test_gqa_attention (grouped heads, bit for bit against repeated ones). attention_kernel takes an
- * fp16 cache, attention_q4_kernel a 4-bit one. */
+/* Attention of one query (head blockIdx.x, sequence first_b + y, row first_t + z of the run) over
+ * the keys it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's
+ * one query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1))
+ * earlier keys of largest weight (ties to the earlier), weights not renormalized, as
+ * opt_attend_decode. The rank needs all of a query's scores, so this kernel keeps one block a
+ * query; steps without top-K take the split over keys below (queue_attention). Grouped-query
+ * attention: heads / kv_heads query heads in a row share a K/V head. Shared: the query, the scores
+ * and kept flags (in the workspace, scores_apart floats a query, where they are more than
+ * TOP_K_SHARED_BYTES), and each group's share of the output. CPU twin: opt_model.c's attention
+ * (opt_attend_decode in decode). Tests: test_attention within its bound (scores in the workspace
+ * for 7,000 keys), test_attention_ties (the same keys kept) and test_gqa_attention (grouped heads,
+ * bit for bit against repeated ones). attention_kernel takes an fp16 cache, attention_q4_kernel a
+ * 4-bit one. */
 template <int Q4> __device__ void attend_query(attention_split a, float sparsity) {
-    extern __shared__ float scores[];
+    extern __shared__ float shared_scores[];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
     int head = blockIdx.x;
-    int b = blockIdx.y;
-    int t = blockIdx.z;
+    int b = a.first_b + blockIdx.y;
+    int t = a.first_t + blockIdx.z;
+    size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;
+    float *scores = shared_scores;
+    if (a.scores_apart) scores = a.partials + (run_row * a.heads + head) * a.scores_apart;
     int hd = a.hd;
     int kvh = head / (a.heads / a.kv_heads);
     if (!a.kc[b]) return; /* delegated */
@@ -1106,16 +1162,10 @@ __global__ void attention_q4_kernel(attention_split a, float sparsity) {
     attend_query<1>(a, sparsity);
 }
 
-/* attention_kernel's shared bytes for queries that see up to nk keys: the scores padded to whole
- * 16-byte groups, then the kept flags, in whole groups too (nvcc loads the rank loop's last
- * scores as one LDS.128, and compute-sanitizer holds every load to the launch's bytes). */
-static size_t attention_shared_bytes(int nk) {
-    return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
-}
-
 /* A span's sums of a block's queries (the split over keys of flash-decoding: the keys of a query
  * cut into spans, each a block, whose partial softmax sums a second pass merges). Block (head
- * block x spans + span, sequence b, row t) takes up to HEADS query heads of one K/V head (the
+ * block x spans + span, sequence first_b + y, row first_t + z of the run) takes up to HEADS query
+ * heads of one K/V head (the
  * head_blocks of each K/V head in turn; HEADS 1: a block a query head), each a query of row t,
  * and keys [span span_keys, + span_keys) of those the query sees, [0, its slot], as
  * attention_kernel reads them, each key's and value's row loaded once for all its heads: a
@@ -1124,11 +1174,11 @@ static size_t attention_shared_bytes(int nk) {
  * sequences write nothing (the merge reads only the spans a query has). No top-K here:
  * queue_attention sends steps with it to attention_kernel. CPU twin: opt_model.c's attention
  * (opt_attend_decode in decode), with attention_merge_kernel. Tests: test_attention (cases of two
- * and more spans, a short last span, fp16 and 4-bit cache, padding, a delegated sequence) within
- * its bound, and test_gqa_attention (grouped heads, GQA_HEADS at a time and fewer, bit for bit
- * against repeated ones). attention_span_kernel takes an fp16 cache, attention_span_q4_kernel a
- * 4-bit one; attention_span_gqa_kernel and attention_span_gqa_q4_kernel take GQA_HEADS query
- * heads at a time. */
+ * and more spans, a short last span, fp16 and 4-bit cache, padding, a delegated sequence, runs of
+ * a row) within its bound, and test_gqa_attention (grouped heads, GQA_HEADS at a time and fewer,
+ * bit for bit against repeated ones). attention_span_kernel takes an fp16 cache,
+ * attention_span_q4_kernel a 4-bit one; attention_span_gqa_kernel and attention_span_gqa_q4_kernel
+ * take GQA_HEADS query heads at a time. */
 template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     __shared__ float weights[HEADS * FG_CUDA_SPAN_KEYS];
     __shared__ float shared[32];
@@ -1141,8 +1191,9 @@ template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     int head = kvh * group + blockIdx.x / a.spans % blocks * HEADS; /* its first */
     int nh = HEADS; /* the block's query heads: fewer in a group's last block */
     if (HEADS > 1 && (kvh + 1) * group - head < HEADS) nh = (kvh + 1) * group - head;
-    int b = blockIdx.y;
-    int t = blockIdx.z;
+    int b = a.first_b + blockIdx.y;
+    int t = a.first_t + blockIdx.z;
+    size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;
     int hd = a.hd;
     int first = span * a.span_keys;
     if (!a.kc[b] || t < a.pad[b]) return; /* delegated; padding (the merge writes its zeros) */
@@ -1153,7 +1204,7 @@ template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
     kv_head keys = kv_head_of(&a, 0, b, kvh);
     kv_head values = kv_head_of(&a, 1, b, kvh);
-    float *sums = a.partials + ((row * a.heads + head) * a.spans + span) * (hd + 2);
+    float *sums = a.partials + ((run_row * a.heads + head) * a.spans + span) * (hd + 2);
     size_t sums_apart = (size_t)a.spans * (hd + 2); /* the next head's */
     query_to_shared(q, nh, hd, query);
     __syncthreads();
@@ -1200,16 +1251,18 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, 2)
     span_sums<1, GQA_HEADS>(a);
 }
 
-/* The second pass of the split: a block per (head, sequence, row) merges the spans of a query,
- * M = max_s m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (in span order, so the
- * result does not depend on which block ran first), rounded to fp16 into attn; a padding query's
- * row is zeros, as on the CPU, and a delegated sequence's is left as it is. CPU twin: opt_model.c's
- * attention (opt_attend_decode in decode), with attention_span_kernel. Test: test_attention (a
- * merge that reads only the first span fails its cases of two and more spans). */
+/* The second pass of the split: a block per (head, sequence, row) of the run merges the spans of
+ * a query, M = max_s m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (in span order,
+ * so the result does not depend on which block ran first), rounded to fp16 into attn; a padding
+ * query's row is zeros, as on the CPU, and a delegated sequence's is left as it is. CPU twin:
+ * opt_model.c's attention (opt_attend_decode in decode), with attention_span_kernel. Test:
+ * test_attention (a merge that reads only the first span fails its cases of two and more spans;
+ * runs of a row). */
 __global__ void attention_merge_kernel(attention_split a) {
     int head = blockIdx.x;
-    int b = blockIdx.y;
-    int t = blockIdx.z;
+    int b = a.first_b + blockIdx.y;
+    int t = a.first_t + blockIdx.z;
+    size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;
     int hd = a.hd;
     if (!a.kc[b]) return; /* delegated */
     size_t row = (size_t)b * a.n_new + t;
@@ -1220,7 +1273,7 @@ __global__ void attention_merge_kernel(attention_split a) {
     }
     int nk = a.past[b] + t - a.pad[b] + 1;
     int used = (nk + a.span_keys - 1) / a.span_keys;
-    const float *sums = a.partials + (row * a.heads + head) * a.spans * (hd + 2);
+    const float *sums = a.partials + (run_row * a.heads + head) * a.spans * (hd + 2);
     float M = -INFINITY;
     float L = 0;
     for (int s = 0; s < used; s++) M = fmaxf(M, sums[(size_t)s * (hd + 2) + hd]);

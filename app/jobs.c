@@ -414,6 +414,7 @@ static int lock_output(job_output *o, char *err) {
     for (int tries = 0; tries < 8; tries++) {
         int fd = open(o->path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644),
             created = fd >= 0;
+        if (created) fg_watch_new_output(fd, o->path); /* at once: a stop from here on removes it */
         if (fd < 0 && errno == EEXIST) {
             fd = open(o->path, O_RDWR | O_APPEND | O_CLOEXEC);
             if (fd < 0 && errno == ENOENT && dangling_link(o->path, err)) return -1;
@@ -422,6 +423,7 @@ static int lock_output(job_output *o, char *err) {
         if (fd < 0) return open_failed(o->path, errno, err);
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) { /* never removed here: it is the other job's */
             int e = errno;
+            if (created) fg_unwatch_new_output();
             close(fd);
             if (e == EWOULDBLOCK)
                 return fg_fail(
@@ -432,12 +434,12 @@ static int lock_output(job_output *o, char *err) {
             return fg_fail(err, "--output %s: cannot lock it: %s", o->path, strerror(e));
         }
         if (!names_file(o->path, fd)) {
+            if (created) fg_unwatch_new_output();
             close(fd);
             continue;
         }
         o->fd = fd;
         o->created = created;
-        if (created) fg_watch_new_output(fd, o->path);
         return 0;
     }
     return fg_fail(err, "--output %s: replaced again and again while it was opened", o->path);

@@ -138,6 +138,18 @@ BUGS = [
      "support/cuda_kernels.h",
      "            else sums[h * out_apart + d] = total;",
      "            else sums[h * hd + d] = total;"),
+    ("a run's span sums written at the step's rows, not the run's (span_sums)",
+     "flexgen.cu",
+     "    size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;\n    int hd = a.hd;\n"
+     "    int first = span * a.span_keys;",
+     "    size_t run_row = (size_t)b * a.n_new + t;\n    int hd = a.hd;\n"
+     "    int first = span * a.span_keys;"),
+    ("a run's sums merged from the step's rows, not the run's (attention_merge_kernel)",
+     "flexgen.cu",
+     "    size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;\n    int hd = a.hd;\n"
+     "    if (!a.kc[b]) return; /* delegated */\n    size_t row",
+     "    size_t run_row = (size_t)b * a.n_new + t;\n    int hd = a.hd;\n"
+     "    if (!a.kc[b]) return; /* delegated */\n    size_t row"),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).

@@ -291,13 +291,19 @@ size_t fg_cuda_q4_groups(const model_config *cfg);        /* the most groups of 
 /* Decode attention on CUDA splits a query's keys into spans of at most FG_CUDA_SPAN_KEYS, a block
  * each (flexgen.cu, queue_attention), and into shorter ones, down to FG_CUDA_MIN_SPAN_KEYS, where
  * a step's queries are too few to fill the card. Each (row, query head, span) leaves head_dim + 2
- * floats in the workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys, and
- * for FG_CUDA_MIN_SPAN_SLOTS spans at least: fg_cuda_span_slots (a step that needs more fills the
- * card with a block a query). */
+ * floats in the workspace, which has room for FG_CUDA_SPLIT_ROWS rows' spans of max_len keys, for
+ * FG_CUDA_MIN_SPAN_SLOTS spans at least, and for one row's top-K scores of max_len keys:
+ * fg_cuda_span_slots (a step that needs more goes through in runs of its rows). */
 enum { FG_CUDA_SPAN_KEYS = 256, FG_CUDA_MIN_SPAN_KEYS = 64, FG_CUDA_SPLIT_ROWS = 256 };
 enum { FG_CUDA_MIN_SPAN_SLOTS = 4096 };
 static inline int fg_cuda_attention_spans(int keys) {
     return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
+}
+/* A query's scores and kept flags for §5's top-K over nk keys (flexgen.cu's attention_kernel), in
+ * shared memory or the workspace: the scores in whole 16-byte groups, then the flags, in whole
+ * groups too. */
+static inline size_t fg_cuda_top_k_bytes(int nk) {
+    return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
 }
 size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len);
 /* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a

@@ -44,8 +44,8 @@ int fg_output_check(const char *flag, const char *path, char *err);
 /* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
  * the process with one line naming its file and exit status 2. */
 void fg_install_signal_handlers(void);
-/* A job's output that this process made: a signal that ends the process removes it while it is
- * still empty. One at a time. */
+/* A job's output that this process made, watched from the moment it is made: a signal that ends
+ * the process removes it while it is still empty and its path still names it. One at a time. */
 void fg_watch_new_output(int fd, const char *path);
 void fg_unwatch_new_output(void);
 void fg_watch_mapping(const void *base, size_t size, const char *path);

@@ -294,8 +294,10 @@ static volatile sig_atomic_t new_output_fd = -1;
 static void remove_temps(void) {
     for (int i = 0; i < MAX_TEMPS; i++)
         if (temp_used[i]) unlink(temp_names[i]);
-    struct stat st; /* the job's output goes only while nothing is in it */
-    if (new_output_fd >= 0 && fstat(new_output_fd, &st) == 0 && st.st_size == 0)
+    struct stat st; /* the job's output goes only while nothing is in it, and its path names it */
+    struct stat at;
+    if (new_output_fd >= 0 && fstat(new_output_fd, &st) == 0 && st.st_size == 0 &&
+        stat(new_output_name, &at) == 0 && at.st_dev == st.st_dev && at.st_ino == st.st_ino)
         unlink(new_output_name);
 }
 

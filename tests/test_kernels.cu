@@ -8,13 +8,15 @@
  *                           levels a fused multiply-add would change; padding rows and delegated
  *                           sequences (NULL cache pointers) leave the pools as they were
  *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
- *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie)
+ *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie);
+ *                           top-K over 6,600 keys, the scores in the workspace, also a row a run
  *   attention_span_kernel +
  *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
  *                           applies: opt_attend_decode within (A), at two and three spans with a
  *                           short last one, and at its shortest spans (as on a card the step
- *                           does not fill); two launches, and a step with top-K one; a head of
- *                           36 (not whole chunks of 8) read value by value
+ *                           does not fill); two launches, and a step with top-K one; with room
+ *                           for one query row's spans, runs of a row (two launches each); a
+ *                           head of 36 (not whole chunks of 8) read value by value
  *   layer_norm_kernel       a layer norm in double on the same fp16 values, within (L), rows
  *                           of up to 4,500 (more than a block's first round of loads); y == x
  *                           gives the same bits; with a bias added first (bias_layer_norm), the
@@ -443,11 +445,22 @@ static int longest(const step_case *c) {
     return n;
 }
 
+/* The slots (of head_dim + 2 floats) that a query row's top-K scores take in the workspace, where
+ * shared memory cannot hold them (more than TOP_K_SHARED_BYTES a query); 0 where it can. */
+static size_t top_k_row_slots(const step_case *c) {
+    size_t bytes = fg_cuda_top_k_bytes(longest(c));
+    if (bytes <= TOP_K_SHARED_BYTES) return 0;
+    size_t slot_bytes = 4 * ((size_t)c->head_dim + 2);
+    return (c->heads * bytes + slot_bytes - 1) / slot_bytes;
+}
+
 /* The spans' slots a step of c needs at its shortest spans (FG_CUDA_MIN_SPAN_KEYS keys): room for
- * queue_attention to cut every query as finely as it may. */
+ * queue_attention to cut every query as finely as it may, and for every row's top-K scores. */
 static size_t shortest_span_slots(const step_case *c) {
     size_t spans = ((size_t)longest(c) + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
-    return (size_t)c->batch * c->n_new * c->heads * spans;
+    size_t rows = (size_t)c->batch * c->n_new;
+    size_t slots = rows * c->heads * spans;
+    return slots > rows * top_k_row_slots(c) ? slots : rows * top_k_row_slots(c);
 }
 
 /* ============================================================================================
@@ -474,7 +487,8 @@ static void run_store(void *p) {
                             .max_pages = a->cache->max_pages, .page_tokens = a->cache->page_tokens,
                             .n_new = c->n_new, .hd = c->head_dim, .heads = c->heads, .kv_heads = c->heads,
                             .q4 = a->q4, .spans = 0, .span_keys = 0, .scale = 0,
-                            .partials = NULL};
+                            .partials = NULL, .batch = c->batch, .first_b = 0, .first_t = 0,
+                            .scores_apart = 0};
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(step, rows);
     LAUNCHED("store_kv_kernel");
     wait_stream();
@@ -661,12 +675,15 @@ static void run_attention(void *p) {
     attention_split a = {s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k,
                          s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
                          s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
-                         s->q4, 0, 0, 1.0f / sqrtf((float)c->head_dim), NULL};
+                         s->q4, 0, 0, 1.0f / sqrtf((float)c->head_dim), s->dev_partials,
+                         c->batch, 0, 0, 0};
     if (s->split) {
         poison(s->dev_partials, s->span_slots * (c->head_dim + 2) * sizeof(float));
-        /* the fewest spans, or room for one span less than they need, or as many as fit */
-        size_t fewest = (size_t)s->rows * c->heads * fg_cuda_attention_spans(longest(c));
-        size_t room = s->split == 2 ? fewest - 1 : s->span_slots;
+        /* the spans as many as fit, or room for one query row's fewest spans, or top-K scores in
+         * the workspace (a run a row) */
+        size_t one_row = (size_t)c->heads * fg_cuda_attention_spans(longest(c));
+        if (top_k_row_slots(c) > one_row) one_row = top_k_row_slots(c);
+        size_t room = s->split == 2 ? one_row : s->span_slots;
         int fill_blocks = s->split == 3 ? INT_MAX : 1;
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, s->dev_partials, room,
                         fill_blocks);
@@ -674,7 +691,7 @@ static void run_attention(void *p) {
         wait_stream();
         return;
     }
-    queue_attention_kernel(a, c->batch, longest(c), c->sparsity);
+    queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity);
     s->launches = counts.launches - before;
     wait_stream();
 }
@@ -846,6 +863,8 @@ static const step_case ATTN_CASES[] = {
      3, 48, 1, 2, 5, -1, 0.5f, {530}, {0}},
     {"decode of 300 and 41 keys, 3 heads of 36 (rows read value by value)", 3, 36, 2, 1, 16, -1, 1,
      {299, 40}, {0, 0}},
+    {"decode of 6,600 and 6,561 keys, top-K 0.002 (scores in the workspace), 1 head of 64", 1, 64,
+     2, 1, 16, -1, 0.002f, {6599, 6560}, {0, 0}},
 };
 
 static void test_attention(void) {
@@ -858,7 +877,7 @@ static void test_attention(void) {
         for (int q4 = 0; q4 <= 1; q4++)
             for (int split = 0; split <= 3; split++) {
                 const step_case *c = &ATTN_CASES[i];
-                if (split >= 2 && takes_top_k(c)) continue; /* attention_kernel already */
+                if (split == 3 && takes_top_k(c)) continue; /* attention_kernel already */
                 attn_setup s;
                 attn_setup_init(&s, c, q4, &seed);
                 s.split = split;
@@ -866,18 +885,20 @@ static void test_attention(void) {
                 fp16 *got = host_array<fp16>((size_t)s.rows * s.h);
                 char what[200];
                 const char *path = !split ? "attention_kernel"
+                                   : takes_top_k(c) && split == 2 ? "queue_attention (top-K, room for a row)"
                                    : takes_top_k(c) ? "queue_attention (top-K: attention_kernel)"
-                                   : split == 2 ? "queue_attention (no room: attention_kernel)"
+                                   : split == 2 ? "queue_attention (room for a row: runs of a row)"
                                    : split == 3 ? "attention_span_kernel and the merge, shortest spans"
                                                 : "attention_span_kernel and the merge";
                 const char *cache = q4 ? "4-bit" : "fp16";
                 snprintf(what, sizeof what, "%s, %s, %s cache", path, c->what, cache);
                 size_t bytes = (size_t)s.rows * s.h * sizeof(fp16);
                 run_in_every_order(what, run_attention, &s, s.dev_attn, bytes, got);
-                int64_t want = (split == 1 || split == 3) && !takes_top_k(c) ? 2 : 1;
+                int64_t want = !split ? 1 : split == 2 ? 2 * s.rows : 2;
+                if (split && takes_top_k(c)) want = split == 2 && top_k_row_slots(c) ? s.rows : 1;
                 EXPECT(s.launches == want, "%s: %lld launches, expected %lld", what,
                        (long long)s.launches, (long long)want);
-                check_attention(&s, got, what, 0, split == 1 || split == 3 ? &split_st : &st);
+                check_attention(&s, got, what, 0, split && !takes_top_k(c) ? &split_st : &st);
                 free(got);
                 attn_setup_free(&s);
             }
@@ -1862,12 +1883,12 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     float scale = 1.0f / sqrtf((float)c->head_dim);
     attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
-                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, NULL};
+                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0};
     long long before = kv_load_bytes();
     if (split) {
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
     } else {
-        queue_attention_kernel(a, c->batch, longest(c), c->sparsity);
+        queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity);
     }
     wait_stream();
     *read = before < 0 ? -1 : kv_load_bytes() - before;
