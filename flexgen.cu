@@ -20,12 +20,12 @@
  *   747  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
  *   849  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
  *   891  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   975  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1120  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1182  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1299  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1344  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1442  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   974  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1119  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1181  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1298  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1343  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1441  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -947,15 +947,14 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 __host__ __device__ int head_blocks(int group, int heads) { return (group + heads - 1) / heads; }
 
 /* The keys of a span of the split for queries that see up to nk keys, `blocks` blocks a span:
- * the fewest spans of at most FG_CUDA_SPAN_KEYS keys, or more of them, down to
- * FG_CUDA_MIN_SPAN_KEYS keys, while the step's blocks (blocks x spans) are fewer than fill_blocks
- * and span_slots holds the sums of its queries x spans; keys cut evenly, rounded up to a multiple
- * of 32. 0 where span_slots cannot hold even the fewest. */
+ * the fewest spans of at most FG_CUDA_SPAN_KEYS keys (span_slots holds their sums: queue_attention
+ * sizes its runs so), or more of them, down to FG_CUDA_MIN_SPAN_KEYS keys, while the step's blocks
+ * (blocks x spans) are fewer than fill_blocks and span_slots holds the sums of its queries x
+ * spans; keys cut evenly, rounded up to a multiple of 32. */
 static int attention_span_keys(int nk, size_t queries, size_t blocks, size_t span_slots,
                                int fill_blocks) {
     size_t spans = (size_t)fg_cuda_attention_spans(nk);
     size_t most = ((size_t)nk + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
-    if (queries * spans > span_slots) return 0;
     while (spans < most && blocks * spans < (size_t)fill_blocks &&
            queries * (spans + 1) <= span_slots)
         spans++;
@@ -986,7 +985,7 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
     size_t fit = (size_t)batch * a.n_new; /* query rows a run: all of them, top-K's in shared */
     if (!top_k) fit = span_slots / ((size_t)a.heads * fg_cuda_attention_spans(nk));
     else if (fg_cuda_top_k_bytes(nk) > TOP_K_SHARED_BYTES)
-        fit = span_slots * (a.hd + 2) * sizeof(float) / (a.heads * fg_cuda_top_k_bytes(nk));
+        fit = span_slots / fg_cuda_top_k_slots(a.heads, a.hd, nk);
     if (fit == 0) cuda_fail("queue_attention", __FILE__, __LINE__, "no room for a row's attention");
     int run_seqs;
     int run_rows;

@@ -305,6 +305,11 @@ static inline int fg_cuda_attention_spans(int keys) {
 static inline size_t fg_cuda_top_k_bytes(int nk) {
     return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
 }
+/* The slots (of head_dim + 2 floats) that a query row's top-K scores of its heads take. */
+static inline size_t fg_cuda_top_k_slots(int heads, int head_dim, int nk) {
+    size_t slot_bytes = 4 * ((size_t)head_dim + 2);
+    return ((size_t)heads * fg_cuda_top_k_bytes(nk) + slot_bytes - 1) / slot_bytes;
+}
 size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len);
 /* The CUDA backend's tables, for `rows` sequences at most: a step's pad, past and tokens; a
  * layer's pad, past, K and V pointers and page tables of max_pages entries (flexgen.cu). A few

@@ -229,10 +229,7 @@ size_t fg_cuda_q4_groups(const model_config *cfg) {
 size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
     size_t split_rows = rows < FG_CUDA_SPLIT_ROWS ? rows : FG_CUDA_SPLIT_ROWS;
     size_t slots = split_rows * (size_t)cfg->n_heads * (size_t)fg_cuda_attention_spans(max_len);
-    /* a row's top-K scores: its heads' fg_cuda_top_k_bytes, in slots of head_dim + 2 floats */
-    size_t slot_bytes = 4 * ((size_t)cfg_head_dim(cfg) + 2);
-    size_t top_k =
-        ((size_t)cfg->n_heads * fg_cuda_top_k_bytes(max_len) + slot_bytes - 1) / slot_bytes;
+    size_t top_k = fg_cuda_top_k_slots(cfg->n_heads, cfg_head_dim(cfg), max_len); /* a row's */
     slots = top_k > slots ? top_k : slots;
     return slots > FG_CUDA_MIN_SPAN_SLOTS ? slots : FG_CUDA_MIN_SPAN_SLOTS;
 }

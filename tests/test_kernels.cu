@@ -448,10 +448,8 @@ static int longest(const step_case *c) {
 /* The slots (of head_dim + 2 floats) that a query row's top-K scores take in the workspace, where
  * shared memory cannot hold them (more than TOP_K_SHARED_BYTES a query); 0 where it can. */
 static size_t top_k_row_slots(const step_case *c) {
-    size_t bytes = fg_cuda_top_k_bytes(longest(c));
-    if (bytes <= TOP_K_SHARED_BYTES) return 0;
-    size_t slot_bytes = 4 * ((size_t)c->head_dim + 2);
-    return (c->heads * bytes + slot_bytes - 1) / slot_bytes;
+    if (fg_cuda_top_k_bytes(longest(c)) <= TOP_K_SHARED_BYTES) return 0;
+    return fg_cuda_top_k_slots(c->heads, c->head_dim, longest(c));
 }
 
 /* The spans' slots a step of c needs at its shortest spans (FG_CUDA_MIN_SPAN_KEYS keys): room for
