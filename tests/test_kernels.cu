@@ -205,35 +205,27 @@ static float *widened(const fp16 *x, size_t n) {
  * memory at `out` are its result, copied into host. Under the harness it runs again with the
  * block's threads reversed and shuffled (two seeds), and each time the result must be the same
  * bits. */
-/* The bytes asynchronous copies have read on the emulated GPU so far, or -1 natively (where nothing
- * counts them); run_in_every_order runs its kernels EVERY_ORDER times there. */
+/* A count of the emulated GPU's statistics so far: the bytes its asynchronous copies have read
+ * (EMU_ASYNC_BYTES), or those of K and V rows attention has loaded (EMU_KV_LOAD_BYTES: kv_load and
+ * kv_at count them); -1 natively, where nothing counts them. run_in_every_order runs its kernels
+ * EVERY_ORDER times there. */
 enum { EVERY_ORDER = 4 };
-static long long async_bytes(void) {
+enum emu_count { EMU_ASYNC_BYTES, EMU_KV_LOAD_BYTES };
+static long long emu_count(emu_count which) {
 #ifdef FLEXGEN_CUDA_EMU
     cuda_emu_stats s;
     cuda_emu_get_stats(&s);
-    return s.async_bytes;
+    return which == EMU_ASYNC_BYTES ? s.async_bytes : s.kv_load_bytes;
 #else
+    (void)which;
     return -1;
 #endif
 }
 
-/* The bytes of K and V rows attention has loaded on the emulated GPU so far (kv_load and kv_at
- * count them), or -1 natively. */
-static long long kv_load_bytes(void) {
-#ifdef FLEXGEN_CUDA_EMU
-    cuda_emu_stats s;
-    cuda_emu_get_stats(&s);
-    return s.kv_load_bytes;
-#else
-    return -1;
-#endif
-}
-
-/* The bytes asynchronous copies read in each of run_in_every_order's runs since async_bytes() gave
- * `before`. */
+/* The bytes asynchronous copies read in each of run_in_every_order's runs since
+ * emu_count(EMU_ASYNC_BYTES) gave `before`. */
 static long long async_bytes_a_run(long long before) {
-    return (async_bytes() - before) / EVERY_ORDER;
+    return (emu_count(EMU_ASYNC_BYTES) - before) / EVERY_ORDER;
 }
 
 static void run_in_every_order(const char *what, void (*run)(void *), void *arg, const void *out,
@@ -1179,7 +1171,7 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
     snprintf(what, sizeof what, "linear, %d x %d times %d x %d%s in %d part(s), %s, %s", rows, in, in, out,
              !q4 ? "" : rows > FG_CUDA_Q4_DIRECT ? " 4-bit (widened)" : offset % 4 ? " 4-bit (unaligned)" : " 4-bit",
              q4 ? q4 : 1, modes[mode], with_bias ? "bias" : "no bias");
-    long long copied = async_bytes();
+    long long copied = emu_count(EMU_ASYNC_BYTES);
     run_in_every_order(what, run_linear, &a, a.y, ny * sizeof(fp16), got);
     if (q4 && rows <= FG_CUDA_Q4_DIRECT && copied >= 0) {
         /* one pass over the codes: a row's 32 bytes a group, the 4-byte words of its min and scale
@@ -1419,7 +1411,7 @@ static void test_q4_lm_head(void) {
         char what[128];
         snprintf(what, sizeof what, "lm_head, %d x %d times a 4-bit [%d][%d]%s", rows, dim, vocab, dim,
                  rows > FG_CUDA_Q4_DIRECT ? " (widened)" : "");
-        long long copied = async_bytes();
+        long long copied = emu_count(EMU_ASYNC_BYTES);
         run_in_every_order(what, run_lm_head, &a, a.logits, ny * sizeof(float), got);
         if (rows <= FG_CUDA_Q4_DIRECT && copied >= 0) { /* the table once, where dim lies on 16 bytes */
             long long expected = dim % 16 ? 0 : (long long)q4_bytes(1, (size_t)vocab, (size_t)dim);
@@ -1882,14 +1874,14 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
                          c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0};
-    long long before = kv_load_bytes();
+    long long before = emu_count(EMU_KV_LOAD_BYTES);
     if (split) {
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
     } else {
         queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity);
     }
     wait_stream();
-    *read = before < 0 ? -1 : kv_load_bytes() - before;
+    *read = before < 0 ? -1 : emu_count(EMU_KV_LOAD_BYTES) - before;
     fp16 *got = host_array<fp16>(out);
     download(got, dev_attn, out * sizeof(fp16));
     cuda_free(dev_qkv), cuda_free(dev_attn), cuda_free(past), cuda_free(pad);
