@@ -90,7 +90,7 @@ NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werr
 CUDA_OBJ := build/flexgen_cu.o build/cuda_device_cu.o
 TEST_CUDA_OBJ := build/test_kernels.o build/cuda_device_cu.o
 CFLAGS += -DFLEXGEN_CUDA
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
 # MPI (pipeline parallelism, §4.4): pipeline.c talks MPI where mpicc is found (MPICC=); the
 # whole program then links Open MPI's libraries. Without it every run is one process.
@@ -141,7 +141,7 @@ build/test_flexgen: $(call test_objs,build) $(TEST_CUDA_OBJ)
 # build-emu/test_flexgen runs the suites gpu, kernels and emu; ./flexgen-emu is ./flexgen on the
 # emulated GPU (`make emu`; EMU_OPT=-O0 for stepping through kernels in gdb).
 EMU := tests/cuda_emu
-EMU_HDR := $(EMU)/cuda_runtime.h $(EMU)/cuda_fp16.h $(EMU)/cublas_v2.h $(EMU)/cuda_emu.h
+EMU_HDR := $(EMU)/cuda_runtime.h $(EMU)/cuda_fp16.h $(EMU)/cublas_v2.h $(EMU)/cublasLt.h $(EMU)/cuda_emu.h
 EMU_SED := sed -e 's/\b\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/CUDA_EMU_LAUNCH(\1, \2)(/' \
                -e 's/extern __shared__ \([A-Za-z_0-9]*\) \([A-Za-z_0-9]*\)\[\];/\1 *\2 = (\1 *)cuda_emu::dynamic_shared();/'
 EMU_SED += -e 's/^ *\#pragma unroll$$//'

@@ -8,35 +8,37 @@
  * CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   222  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   282  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   202  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   374  fg_cuda_backend          the operation table, once a GPU is found
- *   434  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   490  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   556  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   658  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   707  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   747  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   849  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   891  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   974  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1119  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1181  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1298  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1343  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1441  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   224  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   284  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   204  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   376  fg_cuda_backend          the operation table, once a GPU is found
+ *   436  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   492  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   558  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   653  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   702  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   742  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   844  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   886  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   969  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1114  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1176  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1293  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1338  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1431  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
  *   activations fp16, as FlexGen keeps them (act_elem 2): hidden states, their homes on every
  *               tier, staging and workspace; products and reductions accumulate in fp32
- *   products    cuBLAS: fp16 weights times fp16 activations, fp32 accumulation (cublasGemmEx);
- *               prefill attention as strided batched products over the heads of a sequence,
- *               scores and softmax in fp32. 4-bit weights: decode's few rows multiply the codes
- *               (lm_head's too), copied into shared memory steps ahead and widened in registers,
- *               on the tensor cores (no fp16 copy written or read); more rows widen a slice at
- *               a time into the workspace for cuBLAS
+ *   products    cuBLAS: fp16 weights times fp16 activations, fp32 accumulation; decode's
+ *               through fp16_product, cuBLAS's default or the cublasLt algorithm timed fastest
+ *               for the shape (support/cuda_device.cu); prefill attention as strided batched
+ *               products over the heads of a sequence, scores and softmax in fp32. 4-bit
+ *               weights: decode's few rows multiply the codes (lm_head's too), copied into
+ *               shared memory steps ahead and widened in registers, on the tensor cores (no
+ *               fp16 copy written or read); more rows widen a slice at a time into the
+ *               workspace for cuBLAS
  *   kernels     embeddings, layer norm, bias (+ ReLU), the KV cache store (fp16 or 4-bit),
  *               causal and padding-masked softmax, decode attention (split over spans of keys
  *               and merged, or a block a query where §5's top-K selection applies), 4-bit
@@ -555,17 +557,10 @@ __global__ void layer_norm_kernel(__half *x, int dim, const __half *add, const _
  * accumulation. */
 static void linear(cuda_ws *d, const __half *x, int rows, int in, const void *W, int q4,
                    const fp16 *b, int out, __half *y, int mode) {
-    float one = 1;
     float beta = mode == OUT_ADD ? 1.0f : 0.0f;
-    if (q4 && rows <= Q4_DIRECT_ROWS) {
-        q4_product(d, x, rows, in, W, out, q4, y, mode == OUT_ADD);
-    } else if (q4) {
-        widened_linear(d, x, rows, in, W, out, q4, y, beta);
-    } else {
-        BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W,
-                                  CUDA_R_16F, out, x, CUDA_R_16F, in, &beta, y, CUDA_R_16F, out,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
+    if (q4 && rows <= Q4_DIRECT_ROWS) q4_product(d, x, rows, in, W, out, q4, y, mode == OUT_ADD);
+    else if (q4) widened_linear(d, x, rows, in, W, out, q4, y, beta);
+    else fp16_product(d, CUBLAS_OP_N, out, rows, in, W, x, beta, y, CUDA_R_16F);
     if (!b) return;
     size_t m = (size_t)rows * out;
     bias_kernel<<<blocks_for(m, 256), 256, 0, ctx()->stream>>>(y, m, out, (const __half *)b,
@@ -1342,8 +1337,6 @@ static int last_rows(cuda_ws *d, const gpu_batch *gb, int h) {
  * for decode's rows, widened for more); fp16 inputs, fp32 logits. */
 static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int rows, float *logits) {
     const model_config *c = &w->cfg;
-    float one = 1;
-    float zero = 0;
     if (w->q4 && rows <= Q4_DIRECT_ROWS) {
         const uint8_t *E = (const uint8_t *)w->lm_head;
         int copy_bytes = ((uintptr_t)E | (size_t)c->word_dim) % 16 == 0 ? 16 : 1;
@@ -1363,10 +1356,7 @@ static void lm_head(cuda_ws *d, const model_weights *w, const __half *x, int row
         widened_lm_head(d, x, rows, c->word_dim, w->lm_head, c->vocab, logits);
         return;
     }
-    BLAS_PRODUCT(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, c->vocab, rows, c->word_dim, &one,
-                              w->lm_head, CUDA_R_16F, c->word_dim, x, CUDA_R_16F, c->word_dim,
-                              &zero, logits, CUDA_R_32F, c->vocab, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    fp16_product(d, CUBLAS_OP_T, c->vocab, rows, c->word_dim, w->lm_head, x, 0, logits, CUDA_R_32F);
 }
 
 /* logits[r][v] = sum_i x[r][i] E[v][i], for r < rows <= 16 M_TILES, a 4-bit table E [vocab][dim]

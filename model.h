@@ -299,6 +299,7 @@ typedef struct {
     int64_t host_waits;     /* stream, event and device synchronizations, copies that block */
     int64_t launches;       /* kernels */
     int64_t blas_calls;     /* cuBLAS products (each launches kernels of its own) */
+    int64_t products_timed; /* cuBLAS products run to time an algorithm (not in blas_calls) */
     int64_t widened;        /* 4-bit slices widened to fp16 for a cuBLAS product (§5) */
     int64_t graph_launches; /* CUDA Graphs, each a decode layer's kernels (not in launches) */
     int64_t copies_in, copies_out, copies_on_device; /* host -> device, device -> host, device */

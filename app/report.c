@@ -95,6 +95,7 @@ static cJSON *counts_json(const fg_device_counts *c) {
     cJSON_AddNumberToObject(o, "host_waits", (double)c->host_waits);
     cJSON_AddNumberToObject(o, "launches", (double)c->launches);
     cJSON_AddNumberToObject(o, "blas_calls", (double)c->blas_calls);
+    cJSON_AddNumberToObject(o, "products_timed", (double)c->products_timed);
     cJSON_AddNumberToObject(o, "widened", (double)c->widened);
     cJSON_AddNumberToObject(o, "graph_launches", (double)c->graph_launches);
     cJSON_AddNumberToObject(o, "copies_in", (double)c->copies_in);

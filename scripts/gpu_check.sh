@@ -13,7 +13,9 @@
 #          opt-1.3b all on the GPU at 4 x 1 (and with FLEXGEN_CUDA_GRAPHS=0: each kernel launched on
 #          its own) and 32 x 1 (a small model: launches set its pace);
 #          opt-6.7b all on the GPU at 4 x 1 and 32 x 1, and 4-bit at 4 x 1 and 32 x 1
-#          (--compress-weight, FlexGen's too); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
+#          (--compress-weight, FlexGen's too); opt-6.7b at 4 x 1 again with
+#          FLEXGEN_CUDA_PRODUCTS=cublas (cuBLAS's default algorithm for every product, none
+#          timed); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
 #          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; decode_kernels below says
@@ -306,6 +308,7 @@ do_speed() {
     row opt-6.7b-4bit opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
     ROW_GPU_MEM=$GPU_MEM_32 row opt-6.7b-4bit-32x1 opt-6.7b "$g" 1 "${gpu[@]}" --gpu-batch-size "$big" \
         --compress-weight
+    FLEXGEN_CUDA_PRODUCTS=cublas row opt-6.7b-4x1-cublas opt-6.7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight

@@ -21,6 +21,8 @@
  *               every thread, which the runtime reads per step (--json, the trace; docs/GPU.md)
  *   graphs      a decode step's layer is captured into a CUDA Graph, updated for each layer and
  *               step, and launched as one (layer_graph_begins)
+ *   products    decode's fp16 products take, a shape at a time, cuBLAS's default or the
+ *               cublasLt algorithm that a clock found faster (fp16_product)
  *
  * A failing CUDA or cuBLAS call ends the process with the call and the device's message: the
  * operations have no error path, and the disk tier's files are unnamed, so nothing is left.
@@ -83,6 +85,10 @@ static int device_index; /* this process's GPU: its pipeline stage's place on th
 /* Every thread's context, for join. */
 enum { MAX_THREADS = 64 };
 static thread_ctx *contexts[MAX_THREADS];
+/* fp16_product's choices (below, "The fp16 products of decode's rows") */
+static product_choices *products_make(void);
+static void products_free(product_choices *pc);
+static void products_time_deferred(cuda_ws *d);
 static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void ctx_destroy(void *p) {
@@ -91,6 +97,7 @@ static void ctx_destroy(void *p) {
     for (int i = 0; i < MAX_THREADS; i++)
         if (contexts[i] == c) contexts[i] = NULL;
     pthread_mutex_unlock(&contexts_lock);
+    products_free(c->products);
     if (c->blas) cublasDestroy(c->blas);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
@@ -133,6 +140,7 @@ cublasHandle_t blas(void) {
     if (!c->blas) {
         BLAS_CHECK(cublasCreate(&c->blas));
         BLAS_CHECK(cublasSetStream(c->blas, c->stream));
+        c->products = products_make();
     }
     return c->blas;
 }
@@ -447,6 +455,7 @@ int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t row
     d->q4_scratch = (float *)parts[2];
     d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
     d->q4_done = (unsigned *)(parts[5] + FG_CUDA_TOKEN_TABLES * token_bytes);
+    d->product_workspace = parts[7];
     CUDA_CHECK(cudaMemset(d->q4_done, 0, fg_cuda_q4_groups(cfg) * sizeof(unsigned)));
     const char *graphs = getenv("FLEXGEN_CUDA_GRAPHS");
     d->graphs = !sync_each_kernel && !(graphs && !strcmp(graphs, "0"));
@@ -606,6 +615,7 @@ void host_rows_ready(cuda_ws *d, const model_config *c, size_t rows, int max_len
  * or so kernels (the counters' graph_launches). Not captured: prefill, a layer with delegated
  * sequences (their rows go to the host and back), FLEXGEN_CUDA_SYNC=1 and FLEXGEN_CUDA_GRAPHS=0. */
 int layer_graph_begins(cuda_ws *d, const gpu_batch *gb, const cache_table *t) {
+    products_settle(); /* outside any capture: the timed products' choices */
     if (!d->graphs || gb->n_new != 1 || t->on_device < gb->batch) return 0;
     thread_ctx *c = ctx();
     blas(); /* made before the capture: cublasCreate allocates, which a capture forbids */
@@ -630,6 +640,278 @@ void layer_graph_ends(cuda_ws *d, int captured) {
     CUDA_CHECK(cudaGraphLaunch(d->layer_graph, c->stream));
     count(&counts.graph_launches, 1);
     note_queued();
+    products_time_deferred(d);
+}
+
+/* ============================================================================================
+ * The fp16 products of decode's rows: cuBLAS's default, or a cublasLt algorithm timed once a shape
+ * ============================================================================================ */
+
+/* cuBLAS picks one algorithm a shape by its heuristic; at decode's few rows, where a product reads
+ * W once and multiplies little, that pick left opt-6.7b's products at 53 to 81% of an H200's read
+ * rate (BENCHMARKS.md). cublasLt lists several for a shape (other tiles, splits of k), and which is
+ * fastest on the GPU at hand only a clock says. So a shape of up to FG_CUDA_Q4_DIRECT rows
+ * (FLEXGEN_CUDA_PRODUCTS=timed, the default) is timed once, the first time it comes: each
+ * candidate, cuBLAS's default and up to CHOICE_ALGOS of cublasLt's heuristic, runs once and then
+ * CHOICE_RUNS times between two events, on the stream before the product itself (into y where the
+ * product sets it, else into the workspace's scratch). The host does not wait for them: at a later
+ * layer's start, outside any capture, products_settle reads the events of the runs that are done
+ * and keeps the fastest, cuBLAS's default unless another is CHOICE_MARGIN faster. In a layer being
+ * captured into a CUDA Graph the runs come after the graph's launch (products_time_deferred).
+ * Until a shape is settled its products take cuBLAS's default. Algorithms add in their own orders:
+ * a product's last bits may differ between two runs whose choices differ (cublas: cuBLAS's
+ * default always; cublaslt: cublasLt's first, untimed). The counters' products_timed counts the
+ * timing runs, which are not blas_calls. */
+enum { CHOICE_ALGOS = 8, CHOICE_CANDIDATES = 1 + CHOICE_ALGOS, CHOICE_RUNS = 5 };
+enum { CHOICE_SHAPES = 64, CHOICE_DEFERRED = 16 };
+#define CHOICE_MARGIN 0.97f
+typedef enum { UNTIMED, DEFERRED, TIMING, SETTLED } choice_state;
+
+/* A product's shape (fp16_product's arguments but the pointers, and whether it adds to y) and
+ * what is known of its algorithms: candidate 0 is cuBLAS's default, 1 .. candidates - 1 cublasLt's
+ * algo[i], each timed between start[i] and end[i] unless it failed. */
+typedef struct {
+    cublasOperation_t op_w;
+    int m, n, k;
+    cudaDataType y_type;
+    int adds;
+    choice_state state;
+    int candidates;
+    int chosen;
+    cublasLtMatmulAlgo_t algo[CHOICE_CANDIDATES];
+    cudaEvent_t start[CHOICE_CANDIDATES], end[CHOICE_CANDIDATES];
+    int failed[CHOICE_CANDIDATES];
+    cublasLtMatmulDesc_t desc; /* cublasLt's view of the shape (lt_candidates) */
+    cublasLtMatrixLayout_t w_layout, x_layout, y_layout;
+} product_shape;
+
+/* A thread's shapes, and the timing runs a capture put off (their operands then). */
+struct product_choices {
+    int mode;
+    cublasLtHandle_t lt;
+    int n_shapes;
+    product_shape shape[CHOICE_SHAPES];
+    int n_deferred;
+    struct {
+        product_shape *shape;
+        const void *W, *x;
+        float beta;
+    } deferred[CHOICE_DEFERRED];
+};
+
+int products_mode(char *err) {
+    const char *v = getenv("FLEXGEN_CUDA_PRODUCTS");
+    if (!v || !*v || !strcmp(v, "timed")) return PRODUCTS_TIMED;
+    if (!strcmp(v, "cublas")) return PRODUCTS_CUBLAS;
+    if (!strcmp(v, "cublaslt")) return PRODUCTS_CUBLASLT;
+    if (err) fg_fail(err, "FLEXGEN_CUDA_PRODUCTS=%s: expected timed, cublas or cublaslt", v);
+    return -1;
+}
+
+static product_choices *products_make(void) {
+    product_choices *pc = (product_choices *)calloc(1, sizeof *pc);
+    if (!pc) cuda_fail("calloc", __FILE__, __LINE__, "out of host memory");
+    pc->mode = products_mode(NULL);
+    if (pc->mode < 0) pc->mode = PRODUCTS_TIMED; /* refused when the device was opened */
+    BLAS_CHECK(cublasLtCreate(&pc->lt));
+    return pc;
+}
+
+static void shape_free(product_shape *s) {
+    for (int i = 0; i < CHOICE_CANDIDATES; i++) {
+        if (s->start[i]) cudaEventDestroy(s->start[i]);
+        if (s->end[i]) cudaEventDestroy(s->end[i]);
+        s->start[i] = s->end[i] = NULL;
+    }
+    if (s->desc) cublasLtMatmulDescDestroy(s->desc);
+    if (s->w_layout) cublasLtMatrixLayoutDestroy(s->w_layout);
+    if (s->x_layout) cublasLtMatrixLayoutDestroy(s->x_layout);
+    if (s->y_layout) cublasLtMatrixLayoutDestroy(s->y_layout);
+}
+
+static void products_free(product_choices *pc) {
+    if (!pc) return;
+    for (int i = 0; i < pc->n_shapes; i++) shape_free(&pc->shape[i]);
+    cublasLtDestroy(pc->lt);
+    free(pc);
+}
+
+void products_reset(int mode) {
+    thread_ctx *c = ctx();
+    blas();
+    wait_stream(); /* timing runs still queued record the events */
+    products_free(c->products);
+    c->products = products_make();
+    c->products->mode = mode;
+}
+
+/* The stored shape of this product, added the first time (NULL where the table is full). */
+static product_shape *shape_of(product_choices *pc, const product_shape *want) {
+    for (int i = 0; i < pc->n_shapes; i++) {
+        product_shape *s = &pc->shape[i];
+        if (s->op_w == want->op_w && s->m == want->m && s->n == want->n && s->k == want->k &&
+            s->y_type == want->y_type && s->adds == want->adds)
+            return s;
+    }
+    if (pc->n_shapes == CHOICE_SHAPES) return NULL;
+    pc->shape[pc->n_shapes] = *want;
+    return &pc->shape[pc->n_shapes++];
+}
+
+/* W's rows as cuBLAS sees it (column-major), which are its leading dimension: m x k, or k x m
+ * transposed. */
+static int w_rows(const product_shape *s) { return s->op_w == CUBLAS_OP_N ? s->m : s->k; }
+
+/* Candidate i of shape s into y: cuBLAS's default (0) or cublasLt's algo[i]. */
+static cublasStatus_t run_candidate(cuda_ws *d, const product_shape *s, int i, const void *W,
+                                    const void *x, float beta, void *y) {
+    float one = 1;
+    int ldw = w_rows(s);
+    if (i == 0)
+        return cublasGemmEx(blas(), s->op_w, CUBLAS_OP_N, s->m, s->n, s->k, &one, W, CUDA_R_16F,
+                            ldw, x, CUDA_R_16F, s->k, &beta, y, s->y_type, s->m, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT);
+    return cublasLtMatmul(ctx()->products->lt, s->desc, &one, W, s->w_layout, x, s->x_layout, &beta,
+                          y, s->y_layout, y, s->y_layout, &s->algo[i], d->product_workspace,
+                          d->product_workspace ? FG_CUDA_PRODUCT_WORKSPACE : 0, ctx()->stream);
+}
+
+/* cublasLt's candidates for shape s, best first as its heuristic ranks them (none where it has
+ * none, or the workspace has no room for cublasLt). */
+static void lt_candidates(cuda_ws *d, product_shape *s) {
+    product_choices *pc = ctx()->products;
+    int32_t op = s->op_w;
+    uint64_t room = d->product_workspace ? FG_CUDA_PRODUCT_WORKSPACE : 0;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t found[CHOICE_ALGOS];
+    int n = 0;
+    s->candidates = 1;
+    BLAS_CHECK(cublasLtMatmulDescCreate(&s->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    BLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof op));
+    BLAS_CHECK(cublasLtMatrixLayoutCreate(&s->w_layout, CUDA_R_16F, w_rows(s),
+                                          s->op_w == CUBLAS_OP_N ? s->k : s->m, w_rows(s)));
+    BLAS_CHECK(cublasLtMatrixLayoutCreate(&s->x_layout, CUDA_R_16F, s->k, s->n, s->k));
+    BLAS_CHECK(cublasLtMatrixLayoutCreate(&s->y_layout, s->y_type, s->m, s->n, s->m));
+    BLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    BLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &room, sizeof room));
+    if (cublasLtMatmulAlgoGetHeuristic(pc->lt, s->desc, s->w_layout, s->x_layout, s->y_layout,
+                                       s->y_layout, pref, CHOICE_ALGOS, found,
+                                       &n) != CUBLAS_STATUS_SUCCESS)
+        n = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (int i = 0; i < n; i++)
+        if (found[i].state == CUBLAS_STATUS_SUCCESS) s->algo[s->candidates++] = found[i].algo;
+}
+
+/* The timing runs of shape s, queued on the stream into `out` (y, or the scratch): each candidate
+ * once, then CHOICE_RUNS times between its events. Without `out`, nowhere to time it: settled on
+ * cuBLAS's default. */
+static void time_candidates(cuda_ws *d, product_shape *s, const void *W, const void *x, float beta,
+                            void *out) {
+    if (!out) {
+        s->state = SETTLED;
+        return;
+    }
+    lt_candidates(d, s);
+    for (int i = 0; i < s->candidates; i++) {
+        CUDA_CHECK(cudaEventCreate(&s->start[i]));
+        CUDA_CHECK(cudaEventCreate(&s->end[i]));
+        s->failed[i] = run_candidate(d, s, i, W, x, beta, out) != CUBLAS_STATUS_SUCCESS;
+        CUDA_CHECK(cudaEventRecord(s->start[i], ctx()->stream));
+        for (int r = 0; r < CHOICE_RUNS && !s->failed[i]; r++)
+            s->failed[i] = run_candidate(d, s, i, W, x, beta, out) != CUBLAS_STATUS_SUCCESS;
+        CUDA_CHECK(cudaEventRecord(s->end[i], ctx()->stream));
+        count(&counts.products_timed, 1 + CHOICE_RUNS);
+    }
+    note_queued();
+    s->state = TIMING;
+}
+
+/* Where shape s's timing runs may write: the workspace's scratch, if it holds a y. */
+static void *timing_scratch(cuda_ws *d, const product_shape *s) {
+    size_t bytes = (size_t)s->m * s->n * (s->y_type == CUDA_R_32F ? 4 : 2);
+    return d->q4_scratch && bytes <= d->widen_values * sizeof(__half) ? d->q4_scratch : NULL;
+}
+
+void fp16_product(cuda_ws *d, cublasOperation_t op_w, int m, int n, int k, const void *W,
+                  const void *x, float beta, void *y, cudaDataType y_type) {
+    thread_ctx *c = ctx();
+    blas();
+    product_choices *pc = c->products;
+    product_shape here;
+    memset(&here, 0, sizeof here); /* UNTIMED */
+    here.op_w = op_w;
+    here.m = m;
+    here.n = n;
+    here.k = k;
+    here.y_type = y_type;
+    here.adds = beta != 0;
+    product_shape *s = NULL;
+    if (pc->mode != PRODUCTS_CUBLAS && n <= FG_CUDA_Q4_DIRECT) s = shape_of(pc, &here);
+    if (s && s->state == UNTIMED && pc->mode == PRODUCTS_CUBLASLT) {
+        lt_candidates(d, s);
+        s->chosen = s->candidates > 1 ? 1 : 0;
+        s->state = SETTLED;
+    }
+    if (s && s->state == UNTIMED && !c->capturing) { /* timed first, into y or the scratch */
+        void *out = beta == 0 ? y : timing_scratch(d, s);
+        time_candidates(d, s, W, x, beta, out);
+    }
+    if (s && s->state == UNTIMED && pc->n_deferred < CHOICE_DEFERRED) { /* after the graph */
+        pc->deferred[pc->n_deferred].shape = s;
+        pc->deferred[pc->n_deferred].W = W;
+        pc->deferred[pc->n_deferred].x = x;
+        pc->deferred[pc->n_deferred].beta = beta;
+        pc->n_deferred++;
+        s->state = DEFERRED;
+    }
+    int chosen = s && s->state == SETTLED ? s->chosen : 0;
+    BLAS_PRODUCT(run_candidate(d, s ? s : &here, chosen, W, x, beta, y));
+}
+
+/* The timing runs put off by a capture, queued after its graph's launch, into the scratch: the
+ * weights and x they read are still allocated, and what they hold is no matter to a clock. */
+static void products_time_deferred(cuda_ws *d) {
+    product_choices *pc = ctx()->products;
+    for (int i = 0; pc && i < pc->n_deferred; i++) {
+        product_shape *s = pc->deferred[i].shape;
+        time_candidates(d, s, pc->deferred[i].W, pc->deferred[i].x, pc->deferred[i].beta,
+                        timing_scratch(d, s));
+    }
+    if (pc) pc->n_deferred = 0;
+}
+
+void products_settle(void) {
+    product_choices *pc = ctx()->products;
+    for (int i = 0; pc && i < pc->n_shapes; i++) {
+        product_shape *s = &pc->shape[i];
+        if (s->state != TIMING) continue;
+        cudaError_t e = cudaEventQuery(s->end[s->candidates - 1]);
+        if (e == cudaErrorNotReady) {
+            cudaGetLastError(); /* not an error: the runs are still going */
+            continue;
+        }
+        CUDA_CHECK(e);
+        float best = 0;
+        s->chosen = 0;
+        for (int j = 0; j < s->candidates; j++) {
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, s->start[j], s->end[j]));
+            if (j == 0) best = ms * CHOICE_MARGIN;
+            else if (!s->failed[j] && ms < best) {
+                best = ms;
+                s->chosen = j;
+            }
+        }
+        for (int j = 0; j < s->candidates; j++) {
+            CUDA_CHECK(cudaEventDestroy(s->start[j]));
+            CUDA_CHECK(cudaEventDestroy(s->end[j]));
+            s->start[j] = s->end[j] = NULL;
+        }
+        s->state = SETTLED;
+    }
 }
 
 /* ============================================================================================
@@ -715,5 +997,5 @@ static void probe(void) {
 int cuda_device_open(char *err) {
     pthread_once(&probe_once, probe);
     if (probe_error[0]) return fg_fail(err, "%s", probe_error);
-    return 0;
+    return products_mode(err) < 0 ? -1 : 0;
 }

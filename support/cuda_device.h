@@ -8,6 +8,7 @@
 #ifndef FG_CUDA_DEVICE_H
 #define FG_CUDA_DEVICE_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -76,6 +77,7 @@ typedef struct {
     cudaEvent_t mark;        /* recorded by join: the work another stream must wait for */
     uint64_t queued, finished;
     int capturing; /* its stream's work goes into a CUDA Graph (layer_graph_begins) */
+    struct product_choices *products; /* fp16_product's algorithm a shape, made with blas */
 } thread_ctx;
 
 thread_ctx *ctx(void);      /* the calling thread's, made on its first call */
@@ -139,13 +141,14 @@ typedef struct {
     size_t span_slots;   /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
     int multiprocessors; /* the GPU's, which decode attention's spans are sized to fill */
     cudaGraphExec_t layer_graph; /* a decode layer's kernels, updated for each layer and step */
-    int graphs;          /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
-    float *q4_scratch;   /* 4-bit products: decode's partial sums, or a slice widened to fp16,
-                            over scores, probs and parts[4] too */
-    size_t widen_values; /* the values of a widened slice that q4_scratch holds */
-    unsigned *q4_done;   /* 4-bit products: a group's chunks done (fg_cuda_q4_groups), zeros
-                            between products */
-    size_t rows;         /* token rows the workspace holds */
+    int graphs;              /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
+    float *q4_scratch;       /* 4-bit products: decode's partial sums, or a slice widened to fp16,
+                                over scores, probs and parts[4] too */
+    size_t widen_values;     /* the values of a widened slice that q4_scratch holds */
+    unsigned *q4_done;       /* 4-bit products: a group's chunks done (fg_cuda_q4_groups), zeros
+                                between products */
+    size_t rows;             /* token rows the workspace holds */
+    void *product_workspace; /* cublasLt's, FG_CUDA_PRODUCT_WORKSPACE bytes (fp16_product) */
     table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
     int max_pages;      /* entries of a sequence's page table in a cache table */
     char *grown_tables; /* the cache tables' own allocation once a run's pages outnumber the part */
@@ -182,6 +185,17 @@ typedef struct {
 
 token_table upload_tokens(cuda_ws *d, const gpu_batch *gb);
 cache_table upload_cache(cuda_ws *d, const gpu_batch *gb);
+
+/* ---- The fp16 products of decode's rows: cuBLAS's default, or a cublasLt algorithm timed once
+ * a shape (FLEXGEN_CUDA_PRODUCTS: timed, the default; cublas; cublaslt, its first untimed) ---- */
+enum { PRODUCTS_TIMED, PRODUCTS_CUBLAS, PRODUCTS_CUBLASLT };
+/* y [n][m] = x [n][k] op(W) + beta y, column-major as cuBLAS sees them: W m x k (op N, ld m) or
+ * k x m (op T, ld k), x k x n (ld k), y m x n (ld m) of fp16 or fp32 (y_type); fp32 sums. */
+void fp16_product(cuda_ws *d, cublasOperation_t op_w, int m, int n, int k, const void *W,
+                  const void *x, float beta, void *y, cudaDataType y_type);
+void products_settle(void);    /* keeps each shape's fastest whose timing runs are done */
+void products_reset(int mode); /* forgets this thread's choices; the mode for the next ones */
+int products_mode(char *err);  /* FLEXGEN_CUDA_PRODUCTS's mode, or -1 and err */
 
 /* ---- A decode layer as one CUDA Graph: begins says whether this layer is captured ---- */
 int layer_graph_begins(cuda_ws *d, const gpu_batch *gb, const cache_table *t);

@@ -276,7 +276,10 @@ size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_promp
 int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
                          int max_len, char *err);
 void model_workspace_free(model_workspace *ws);
-enum { FG_CUDA_WS_PARTS = 7 };
+enum { FG_CUDA_WS_PARTS = 8 };
+/* cublasLt's workspace for the fp16 products of decode's rows (support/cuda_device.cu,
+ * fp16_product): cuBLAS's own size on Hopper, a part of the CUDA workspace. */
+#define FG_CUDA_PRODUCT_WORKSPACE ((size_t)32 << 20)
 /* CUDA's 4-bit products (flexgen.cu, §5): up to FG_CUDA_Q4_DIRECT rows of x (decode's) multiply
  * the codes in one pass, a block summing k_chunk rows of W (fg_cuda_q4_k_chunk) into fp32 partial
  * sums, which the last block of a group of columns to finish adds (its count of chunks done is

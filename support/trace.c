@@ -105,13 +105,13 @@ char *fg_trace_events(const fg_trace *tr, int stage, int n) {
                 "{\"name\":\"device, this "
                 "step\",\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"ts\":%.1f,\"args\":{"
                 "\"host_waits\":%lld,\"launches\":%lld,\"graph_launches\":%lld,"
-                "\"blas_calls\":%lld,\"widened\":%lld,"
+                "\"blas_calls\":%lld,\"products_timed\":%lld,\"widened\":%lld,"
                 "\"copies_in\":%lld,\"copies_out\":%lld,"
                 "\"pageable_copies\":%lld,\"allocations\":%lld}},\n",
                 pid, tr->counts[i].time * 1e6, (long long)c->host_waits, (long long)c->launches,
-                (long long)c->graph_launches, (long long)c->blas_calls, (long long)c->widened,
-                (long long)c->copies_in, (long long)c->copies_out, (long long)c->pageable_copies,
-                (long long)c->allocations);
+                (long long)c->graph_launches, (long long)c->blas_calls,
+                (long long)c->products_timed, (long long)c->widened, (long long)c->copies_in,
+                (long long)c->copies_out, (long long)c->pageable_copies, (long long)c->allocations);
     }
     if (fclose(f) != 0) {
         free(text);

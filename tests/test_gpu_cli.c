@@ -726,6 +726,47 @@ static void test_compute_capability(void) {
 }
 #endif
 
+/* ---------------------------------------------------------------------------------------------
+ * FLEXGEN_CUDA_PRODUCTS: decode's fp16 products timed (the default), cuBLAS's default, cublasLt's
+ * first
+ * --------------------------------------------------------------------------------------------- */
+
+static run run_with_products(const char *mode) {
+    arglist a = {.n = 0};
+    arglist_add(&a, ARGS(flexgen_bin(), "--model", MODELS[KJV].dir, "--prompt", "In the beginning", "--gen-len", "6",
+                 "--device", "cuda"));
+    setenv("FLEXGEN_CUDA_PRODUCTS", mode, 1);
+    run r = run_args(&a);
+    unsetenv("FLEXGEN_CUDA_PRODUCTS");
+    return r;
+}
+
+/* A mode it does not know: exit 2 and one line naming the variable and its value, nothing run.
+ * Each mode it knows runs; opt-kjv's greedy text is the same in each (its logits keep the top two
+ * tokens far apart, as the kjv step of gpu_laptop_run.sh relies on). */
+static void test_products_mode(void) {
+    if (!gpu_here()) return;
+    models_init();
+    run r = run_with_products("fastest");
+    EXPECT(r.rc == 2 && count_lines(r.err) == 1 && strstr(r.err, "FLEXGEN_CUDA_PRODUCTS=fastest") && !r.out[0],
+           "FLEXGEN_CUDA_PRODUCTS=fastest: expected exit 2 and one line naming it, got %d: %s", r.rc, r.err);
+    run_free(&r);
+    run timed = run_with_products("timed");
+    CU_ASSERT_FATAL(timed.rc == 0);
+    char *want = texts(timed.out);
+    for (int i = 0; i < 2; i++) {
+        const char *mode = i ? "cublaslt" : "cublas";
+        r = run_with_products(mode);
+        char *got = texts(r.out);
+        EXPECT(r.rc == 0 && want[0] && !strcmp(got, want), "FLEXGEN_CUDA_PRODUCTS=%s: exit %d, text '%s' against "
+               "timed's '%s': %s", mode, r.rc, got, want, r.err);
+        free(got);
+        run_free(&r);
+    }
+    free(want);
+    run_free(&timed);
+}
+
 void add_gpu_cli_tests(void) {
     CU_pSuite s = CU_get_suite("gpu");
     CU_add_test(s, "the CLI on CUDA against the CPU: opt-kjv over placements and section 5", test_trained_model);
@@ -735,6 +776,8 @@ void add_gpu_cli_tests(void) {
     CU_add_test(s, "the CLI on CUDA against the CPU: a batch job's records", test_job);
     CU_add_test(s, "the CLI on CUDA against the CPU: two pipeline stages", test_pipeline);
     CU_add_test(s, "the CLI on CUDA against the CPU: flexgen perplexity", test_perplexity);
+    CU_add_test(s, "FLEXGEN_CUDA_PRODUCTS: a mode it does not know refused; each it knows, the same text",
+                test_products_mode);
 #ifdef FLEXGEN_CUDA_EMU
     CU_add_test(s, "the compute capability check: 6.1 refused, auto on the CPU, 12.0 runs", test_compute_capability);
 #endif

@@ -206,15 +206,17 @@ static float *widened(const fp16 *x, size_t n) {
  * block's threads reversed and shuffled (two seeds), and each time the result must be the same
  * bits. */
 /* A count of the emulated GPU's statistics so far: the bytes its asynchronous copies have read
- * (EMU_ASYNC_BYTES), or those of K and V rows attention has loaded (EMU_KV_LOAD_BYTES: kv_load and
- * kv_at count them); -1 natively, where nothing counts them. run_in_every_order runs its kernels
+ * (EMU_ASYNC_BYTES), those of K and V rows attention has loaded (EMU_KV_LOAD_BYTES: kv_load and
+ * kv_at count them), or its cublasLtMatmul calls of its first or second algorithm (EMU_LT_FIRST,
+ * EMU_LT_SECOND); -1 natively, where nothing counts them. run_in_every_order runs its kernels
  * EVERY_ORDER times there. */
 enum { EVERY_ORDER = 4 };
-enum emu_count { EMU_ASYNC_BYTES, EMU_KV_LOAD_BYTES };
+enum emu_count { EMU_ASYNC_BYTES, EMU_KV_LOAD_BYTES, EMU_LT_FIRST, EMU_LT_SECOND };
 static long long emu_count(emu_count which) {
 #ifdef FLEXGEN_CUDA_EMU
     cuda_emu_stats s;
     cuda_emu_get_stats(&s);
+    if (which == EMU_LT_FIRST || which == EMU_LT_SECOND) return s.lt_matmuls[which - EMU_LT_FIRST];
     return which == EMU_ASYNC_BYTES ? s.async_bytes : s.kv_load_bytes;
 #else
     (void)which;
@@ -1270,6 +1272,240 @@ static void test_q4_linear(void) {
 }
 
 /* ============================================================================================
+ * fp16_product: cuBLAS's default, or a cublasLt algorithm timed once a shape
+ * ============================================================================================ */
+
+/* One product of fp16_product, y [n][m] = x [n][k] op(W) + beta y0 (column-major, as cuBLAS sees
+ * it), on the device: W m x k (op N) or k x m (op T), x k x n, y m x n of fp16 or fp32. */
+typedef struct {
+    const char *what;
+    cublasOperation_t op_w;
+    int m, n, k;
+    float beta;
+    cudaDataType y_type;
+    float *W, *x, *y0; /* host: the values, as the device holds them */
+    void *W_dev, *x_dev, *y_dev;
+} product_case;
+
+static product_case product_case_make(const char *what, cublasOperation_t op_w, int m, int n, int k,
+                                      float beta, cudaDataType y_type, uint64_t *seed) {
+    product_case p = {what, op_w, m, n, k, beta, y_type, NULL, NULL, NULL, NULL, NULL, NULL};
+    fp16 *W = random_halves((size_t)m * k, seed, -0.2f, 0.2f);
+    fp16 *x = random_halves((size_t)k * n, seed, -1, 1);
+    fp16 *y0 = random_halves((size_t)m * n, seed, -2, 2);
+    p.W = widened(W, (size_t)m * k);
+    p.x = widened(x, (size_t)k * n);
+    p.y0 = widened(y0, (size_t)m * n);
+    p.W_dev = device_copy(W, (size_t)m * k);
+    p.x_dev = device_copy(x, (size_t)k * n);
+    p.y_dev = device_array<float>((size_t)m * n);
+    free(W);
+    free(x);
+    free(y0);
+    return p;
+}
+
+static void product_case_free(product_case *p) {
+    cuda_free(p->W_dev);
+    cuda_free(p->x_dev);
+    cuda_free(p->y_dev);
+    free(p->W);
+    free(p->x);
+    free(p->y0);
+}
+
+/* y as it starts: y0, in y's type. */
+static void product_start(const product_case *p) {
+    size_t n = (size_t)p->m * p->n;
+    if (p->y_type == CUDA_R_32F) upload(p->y_dev, p->y0, n * sizeof(float));
+    else {
+        fp16 *y0 = host_array<fp16>(n);
+        for (size_t i = 0; i < n; i++) y0[i] = fp32_to_fp16(p->y0[i]);
+        upload(p->y_dev, y0, n * sizeof(fp16));
+        free(y0);
+    }
+}
+
+static void product_queue(cuda_ws *d, const product_case *p) {
+    fp16_product(d, p->op_w, p->m, p->n, p->k, p->W_dev, p->x_dev, p->beta, p->y_dev, p->y_type);
+}
+
+/* y from y0, the product, waited for. */
+static void product_run(cuda_ws *d, const product_case *p) {
+    product_start(p);
+    product_queue(d, p);
+    wait_stream();
+}
+
+/* The product's y against the product in double, within the bound of fp32 sums on tensor cores
+ * (as test_linear's) and of y's rounding; `when` says which call it was. */
+static void product_check(const product_case *p, const char *when) {
+    size_t n = (size_t)p->m * p->n;
+    float *got = host_array<float>(n);
+    if (p->y_type == CUDA_R_32F) download(got, p->y_dev, n * sizeof(float));
+    else {
+        fp16 *y = host_array<fp16>(n);
+        download(y, p->y_dev, n * sizeof(fp16));
+        for (size_t i = 0; i < n; i++) got[i] = half_value(y[i]);
+        free(y);
+    }
+    int bad = 0;
+    char first[200] = "";
+    for (int col = 0; col < p->n; col++)
+        for (int row = 0; row < p->m; row++) {
+            double r = 0;
+            double A = p->beta * fabs(p->y0[(size_t)col * p->m + row]);
+            for (int i = 0; i < p->k; i++) {
+                size_t w_at = p->op_w == CUBLAS_OP_N ? (size_t)i * p->m + row : (size_t)row * p->k + i;
+                double term = (double)p->W[w_at] * p->x[(size_t)col * p->k + i];
+                r += term;
+                A += fabs(term);
+            }
+            double g = r + p->beta * p->y0[(size_t)col * p->m + row];
+            double e_sum = (gamma_n(p->k) + gamma_blas(p->k + 1)) * A;
+            double e_product = p->beta != 0 && p->y_type != CUDA_R_32F ? h16(fabs(r) + e_sum) : 0;
+            double e_out = p->y_type == CUDA_R_32F ? U * (fabs(g) + e_sum) : h16(fabs(g) + e_sum + e_product);
+            double bound = 1.01 * (e_sum + e_product + e_out);
+            double err = fabs(got[(size_t)col * p->m + row] - g);
+            if (!(err <= bound) && !bad++)
+                snprintf(first, sizeof first, "y[%d][%d]: expected %.7g within %.3g, got %.7g", col, row, g, bound,
+                         got[(size_t)col * p->m + row]);
+        }
+    EXPECT(bad == 0, "fp16_product, %s, %s: %d values off; the first: %s", p->what, when, bad, first);
+    free(got);
+}
+
+/* The emulated GPU's cublasLtMatmul calls by algorithm so far (emu_count), 0 natively. */
+static void lt_calls(long long calls[2]) {
+    calls[0] = emu_count(EMU_LT_FIRST) > 0 ? emu_count(EMU_LT_FIRST) : 0;
+    calls[1] = emu_count(EMU_LT_SECOND) > 0 ? emu_count(EMU_LT_SECOND) : 0;
+}
+
+/* Timed (the default): a shape's first product queues the timing runs of every candidate (6 runs
+ * each: on the emulated GPU cuBLAS's default and cublasLt's two algorithms whose workspace fits,
+ * 18) and is cuBLAS's; once settled, a shape takes the fastest (on the emulated GPU, whose clock
+ * makes cublasLt's second algorithm 10% faster than cuBLAS's default, that one) and is timed no
+ * more. Every product, before and after, within its bound: q|k|v's shape and out's (which adds to
+ * y: the timing runs go to the workspace's scratch, so y gets the product once), lm_head's (op T,
+ * fp32 logits). A shape in a layer being captured is timed after the graph's launch, and its
+ * product inside the graph is cuBLAS's; more rows than decode's (33) are never timed; an adding
+ * product with no scratch is not timed. FLEXGEN_CUDA_PRODUCTS's other modes: cublas, cuBLAS's
+ * default alone; cublaslt, cublasLt's first algorithm, untimed. */
+static void test_product_choice(void) {
+    if (!gpu_ready()) return;
+    uint64_t seed = 71;
+    int emulated = emu_count(EMU_LT_FIRST) >= 0;
+    cuda_ws d;
+    memset(&d, 0, sizeof d);
+    d.widen_values = (size_t)1 << 16;
+    d.q4_scratch = device_array<float>(d.widen_values / 2);
+    d.product_workspace = device_array<char>(FG_CUDA_PRODUCT_WORKSPACE);
+    d.graphs = 1;
+    product_case cases[] = {
+        product_case_make("q|k|v, 4 rows", CUBLAS_OP_N, 432, 4, 144, 0, CUDA_R_16F, &seed),
+        product_case_make("out, 4 rows, added", CUBLAS_OP_N, 144, 4, 144, 1, CUDA_R_16F, &seed),
+        product_case_make("lm_head, 3 rows", CUBLAS_OP_T, 500, 3, 144, 0, CUDA_R_32F, &seed),
+        product_case_make("fc1, 33 rows", CUBLAS_OP_N, 576, 33, 144, 0, CUDA_R_16F, &seed),
+        product_case_make("fc2, 32 rows, added, in a graph", CUBLAS_OP_N, 144, 32, 576, 1, CUDA_R_16F, &seed)};
+    enum { QKV, OUT, LM_HEAD, ROWS_33, CAPTURED, N_CASES };
+    fg_device_counts before, after;
+    long long lt_before[2], lt_after[2];
+    products_reset(PRODUCTS_TIMED);
+    for (int c = QKV; c <= ROWS_33; c++) {
+        product_case *p = &cases[c];
+        cuda_counts(&before);
+        lt_calls(lt_before);
+        product_run(&d, p);
+        cuda_counts(&after);
+        lt_calls(lt_after);
+        product_check(p, "first product");
+        long long timed = after.products_timed - before.products_timed;
+        if (c == ROWS_33)
+            EXPECT(timed == 0, "%s: %lld timing runs; more rows than decode's are not timed", p->what, timed);
+        else if (emulated)
+            EXPECT(timed == 18 && lt_after[0] - lt_before[0] == 6 && lt_after[1] - lt_before[1] == 6,
+                   "%s: %lld timing runs, %lld and %lld of cublasLt's two algorithms; 18, 6 and 6 expected",
+                   p->what, timed, lt_after[0] - lt_before[0], lt_after[1] - lt_before[1]);
+        else EXPECT(timed >= 6 && timed % 6 == 0, "%s: %lld timing runs; 6 a candidate", p->what, timed);
+        EXPECT(after.blas_calls - before.blas_calls == 1, "%s: %lld cuBLAS products counted; the product alone",
+               p->what, (long long)(after.blas_calls - before.blas_calls));
+    }
+    products_settle();
+    for (int c = QKV; c <= ROWS_33; c++) {
+        product_case *p = &cases[c];
+        cuda_counts(&before);
+        lt_calls(lt_before);
+        product_run(&d, p);
+        cuda_counts(&after);
+        lt_calls(lt_after);
+        product_check(p, "settled");
+        EXPECT(after.products_timed == before.products_timed, "%s: timed again once settled", p->what);
+        if (emulated && c != ROWS_33)
+            EXPECT(lt_after[1] - lt_before[1] == 1, "%s: settled on another algorithm than the fastest "
+                   "(cublasLt's second on the emulated GPU)", p->what);
+    }
+
+    /* In a layer being captured: cuBLAS's product in the graph; the timing after its launch */
+    gpu_batch gb;
+    memset(&gb, 0, sizeof gb);
+    gb.batch = 1;
+    gb.n_new = 1;
+    cache_table t;
+    memset(&t, 0, sizeof t);
+    t.on_device = 1;
+    product_start(&cases[CAPTURED]);
+    cuda_counts(&before);
+    int captured = layer_graph_begins(&d, &gb, &t);
+    CU_ASSERT(captured);
+    product_queue(&d, &cases[CAPTURED]);
+    cuda_counts(&after);
+    EXPECT(after.products_timed == before.products_timed, "%s: timed inside the capture", cases[CAPTURED].what);
+    layer_graph_ends(&d, captured);
+    wait_stream();
+    cuda_counts(&after);
+    product_check(&cases[CAPTURED], "captured");
+    long long timed = after.products_timed - before.products_timed;
+    EXPECT(timed == (emulated ? 18 : timed) && timed >= 6, "%s: %lld timing runs after the graph's launch",
+           cases[CAPTURED].what, timed);
+    products_settle();
+    product_run(&d, &cases[CAPTURED]);
+    product_check(&cases[CAPTURED], "settled after the graph");
+
+    /* An adding product with no scratch to time it in: cuBLAS's, untimed */
+    products_reset(PRODUCTS_TIMED);
+    cuda_ws bare = d;
+    bare.q4_scratch = NULL;
+    cuda_counts(&before);
+    fp16_product(&bare, CUBLAS_OP_N, cases[OUT].m, cases[OUT].n, cases[OUT].k, cases[OUT].W_dev,
+                 cases[OUT].x_dev, 1, cases[OUT].y_dev, CUDA_R_16F);
+    wait_stream();
+    cuda_counts(&after);
+    EXPECT(after.products_timed == before.products_timed, "%s, no scratch: timed", cases[OUT].what);
+
+    /* cublas: never cublasLt; cublaslt: its first algorithm, untimed */
+    for (int mode = PRODUCTS_CUBLAS; mode <= PRODUCTS_CUBLASLT; mode++) {
+        products_reset(mode);
+        cuda_counts(&before);
+        lt_calls(lt_before);
+        product_run(&d, &cases[QKV]);
+        cuda_counts(&after);
+        lt_calls(lt_after);
+        product_check(&cases[QKV], mode == PRODUCTS_CUBLAS ? "cublas" : "cublaslt");
+        EXPECT(after.products_timed == before.products_timed, "%s, mode %d: timed", cases[QKV].what, mode);
+        if (emulated)
+            EXPECT(lt_after[0] - lt_before[0] == (mode == PRODUCTS_CUBLASLT) && lt_after[1] == lt_before[1],
+                   "%s, %s: cublasLt's algorithms ran %lld and %lld times", cases[QKV].what,
+                   mode == PRODUCTS_CUBLAS ? "cublas" : "cublaslt", lt_after[0] - lt_before[0],
+                   lt_after[1] - lt_before[1]);
+    }
+    products_reset(products_mode(NULL) < 0 ? PRODUCTS_TIMED : products_mode(NULL));
+    for (int c = 0; c < N_CASES; c++) product_case_free(&cases[c]);
+    if (d.layer_graph) CUDA_CHECK(cudaGraphExecDestroy(d.layer_graph));
+    cuda_free(d.q4_scratch);
+    cuda_free(d.product_workspace);
+}
+
+/* ============================================================================================
  * gather_rows_kernel + add_positions_kernel
  * ============================================================================================ */
 
@@ -1996,6 +2232,8 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "bias_layer_norm: the bits of bias_kernel, then layer_norm_kernel", test_bias_layer_norm);
     CU_add_test(s, "linear and bias_kernel: matmul_reference within its bound, every mode", test_linear);
     CU_add_test(s, "linear, 4-bit: the product by the codes' values within its bound, every mode", test_q4_linear);
+    CU_add_test(s, "fp16_product: every candidate timed once a shape, the fastest kept, within its bound",
+                test_product_choice);
     CU_add_test(s, "gather_rows_kernel and add_positions_kernel: bit for bit, fp16 and 4-bit", test_embed);
     CU_add_test(s, "lm_head, 4-bit: the product by the codes' values within its bound", test_q4_lm_head);
     CU_add_test(s, "prefill_attention and prefill_softmax_kernel: softmax attention in double within its bound", test_prefill);

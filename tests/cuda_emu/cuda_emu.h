@@ -31,6 +31,7 @@ typedef struct {
     long long opened;                              /* allocations opened to a kernel or copy */
     long long async_bytes;                         /* read by asynchronous copies (cp.async) */
     long long kv_load_bytes;                       /* of K and V rows loaded by attention */
+    long long lt_matmuls[3];                       /* cublasLtMatmul calls, by algorithm */
 } cuda_emu_stats;
 void cuda_emu_get_stats(cuda_emu_stats *s);
 

@@ -27,13 +27,15 @@
  *   graphs      a capturing stream's work joins its graph instead of its queue; the capturing
  *               thread may not make or free device memory or a cuBLAS handle (CUDA's
  *               "potentially unsafe" calls): the call fails and breaks the capture, as on a GPU
- *   cuBLAS      cublasGemmEx and cublasGemmStridedBatchedEx check their arguments and run in
- *               fp32 through OpenBLAS on the handle's stream
+ *   cuBLAS      cublasGemmEx, cublasGemmStridedBatchedEx and cublasLtMatmul check their
+ *               arguments and run in fp32 through OpenBLAS on their stream; each product moves its
+ *               stream's clock, which events read, by its multiply-adds at its algorithm's rate
  *
  * One host thread runs device work at a time (a device lock), so the device is a GPU with one
  * multiprocessor; what this cannot show is in docs/GPU.md.
  */
 #define _GNU_SOURCE 1
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "cuda_fp16.h"
 #include "cuda_runtime.h"
@@ -102,9 +104,9 @@ static const char *stats_file;
 static void write_stats() {
     FILE *f = fopen(stats_file, "a");
     if (!f) return;
-    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld async_bytes %lld kv_load_bytes %lld\n",
-            stats.kernels, stats.blocks, stats.gemms, stats.copies, stats.host_waits, stats.async_bytes,
-            stats.kv_load_bytes);
+    fprintf(f, "kernels %lld blocks %lld gemms %lld copies %lld host_waits %lld async_bytes %lld kv_load_bytes %lld "
+            "lt_matmuls %lld %lld %lld\n", stats.kernels, stats.blocks, stats.gemms, stats.copies, stats.host_waits,
+            stats.async_bytes, stats.kv_load_bytes, stats.lt_matmuls[0], stats.lt_matmuls[1], stats.lt_matmuls[2]);
     fclose(f);
 }
 
@@ -426,10 +428,12 @@ struct stream_state {
     cuda_emu_graph *capture = NULL; /* capturing: work goes here, not to the queue */
     pthread_t capture_thread{};     /* the thread that began the capture */
     bool capture_broken = false;    /* something not capturable was asked during the capture */
+    double clock = 0;               /* ms: the products queued on it (product_time), which events read */
 };
 struct event_state {
     stream_state *stream = NULL;   /* NULL: never recorded, or its stream is gone */
     uint64_t upto = 0;
+    double at = 0; /* its stream's clock when recorded */
 };
 
 /* device_mutex, the device lock: queues are changed and work runs under it. Recursive: a
@@ -571,7 +575,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
         return api_error(cudaErrorStreamCaptureUnsupported,
                          "cudaEventRecord: the stream is capturing");
     }
-    ev->stream = stream_of(s), ev->upto = ev->stream->queued;
+    ev->stream = stream_of(s), ev->upto = ev->stream->queued, ev->at = ev->stream->clock;
     return cudaSuccess;
 }
 
@@ -680,9 +684,17 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+/* The harness's clock between the two events: the time of the products queued between them on
+ * their stream (product_time); kernels and copies take none. Both must be recorded, on one stream,
+ * and done. */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    (void)start, (void)end;
-    *ms = 0; /* the harness keeps no device time */
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    event_state *a = event_of(start), *b = event_of(end);
+    if (!a || !b) return api_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: no such event");
+    if (!a->stream || !b->stream || a->stream != b->stream)
+        return api_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: events not recorded on one stream");
+    if (a->stream->done < a->upto || b->stream->done < b->upto) return cudaErrorNotReady;
+    *ms = (float)(b->at - a->at);
     return cudaSuccess;
 }
 
@@ -1382,11 +1394,9 @@ static cublasStatus_t invalid(const char *call, const char *fmt, ...) {
 
 /* The documented checks of cublasGemmEx (and its batched form), then the harness's own: each
  * operand is device memory and lies inside its allocation. */
-static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
-                                 int m, int n, int k, const matrix &A, const matrix &B, const matrix &C,
-                                 cublasComputeType_t compute, int batches) {
-    if (!handle_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (!stream_exists(h->stream)) return invalid(call, "the handle's stream was destroyed");
+static cublasStatus_t check_operands(const char *call, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                     int k, const matrix &A, const matrix &B, const matrix &C,
+                                     cublasComputeType_t compute, int batches) {
     if (m < 0 || n < 0 || k < 0 || batches < 0) return invalid(call, "m %d, n %d, k %d, batches %d", m, n, k, batches);
     if (ta > CUBLAS_OP_C || tb > CUBLAS_OP_C) return invalid(call, "an operation that is not N, T or C");
     if (A.ld < std::max(1, A.rows)) return invalid(call, "lda %d < %d (%s of op(A))", A.ld, std::max(1, A.rows), ta == CUBLAS_OP_N ? "m, rows" : "k, rows");
@@ -1414,6 +1424,14 @@ static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, cublasOpera
     return CUBLAS_STATUS_SUCCESS;
 }
 
+static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                 int m, int n, int k, const matrix &A, const matrix &B, const matrix &C,
+                                 cublasComputeType_t compute, int batches) {
+    if (!handle_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!stream_exists(h->stream)) return invalid(call, "the handle's stream was destroyed");
+    return check_operands(call, ta, tb, m, n, k, A, B, C, compute, batches);
+}
+
 /* op(A) op(B) of one batch in fp32 through OpenBLAS, C rounded once to its type. */
 static void gemm_fp32(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, matrix A,
                       matrix B, float beta, matrix C, int batch) {
@@ -1435,6 +1453,22 @@ static void gemm_fp32(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
     stats.gemms++;
 }
 
+/* The harness's clock: a product of m n k multiply-adds takes m n k picoseconds times its
+ * algorithm's factor (cuBLAS's default 1; cublasLt's, lt_algos). Only products queued outside a
+ * capture move it; events read it (cudaEventElapsedTime). */
+static double product_time(int m, int n, int k, int batches, double factor) {
+    return factor * (double)m * n * k * batches * 1e-9;
+}
+
+/* A product on stream s, computed when the stream's work runs (under the device lock). */
+static void queue_product(stream_state *s, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float al,
+                          matrix a, matrix b, float be, matrix c, int batches, double factor) {
+    if (!s->capture) s->clock += product_time(m, n, k, batches, factor);
+    enqueue(s, operation{[=] {
+        for (int i = 0; i < batches; i++) gemm_fp32(ta, tb, m, n, k, al, a, b, be, c, i);
+    }, {}, "gemm"});
+}
+
 static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const void *alpha, const void *A, cudaDataType at, int lda, long long sa,
                            const void *B, cudaDataType bt, int ldb, long long sb, const void *beta, void *C,
@@ -1447,9 +1481,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
     if (!alpha || !beta) return invalid(call, "alpha or beta is NULL");
     float al = *(const float *)alpha, be = *(const float *)beta; /* the host's values now */
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
-    enqueue(stream_of(h->stream), operation{[=] {
-        for (int i = 0; i < batches; i++) gemm_fp32(ta, tb, m, n, k, al, a, b, be, c, i);
-    }, {}, "gemm"});
+    queue_product(stream_of(h->stream), ta, tb, m, n, k, al, a, b, be, c, batches, 1.0);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1477,6 +1509,175 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                            float *C, int ldc) {
     return gemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, beta, C,
                 CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F);
+}
+
+/* ---- cublasLt ---- */
+
+/* The harness's algorithms, in the order its heuristic gives them: the workspace each needs and its
+ * factor on the clock (product_time; cuBLAS's default is 1): the second is the fastest that fits
+ * a workspace of a few MiB. */
+static const struct {
+    size_t workspace;
+    double factor;
+} lt_algos[] = {{0, 1.1}, {(size_t)1 << 20, 0.9}, {(size_t)64 << 20, 0.8}};
+
+struct cublasLtContext {
+    int unused;
+};
+struct cuda_emu_lt_desc {
+    cublasComputeType_t compute;
+    cudaDataType scale;
+    cublasOperation_t ta, tb;
+};
+struct cuda_emu_lt_layout {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct cuda_emu_lt_preference {
+    size_t max_workspace;
+};
+static std::vector<const void *> &lt_live = *new std::vector<const void *>; /* made, not destroyed */
+
+static bool lt_exists(const void *p) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    return p && std::find(lt_live.begin(), lt_live.end(), p) != lt_live.end();
+}
+template <typename T> static cublasStatus_t lt_make(T **p, T value) {
+    if (!p) return CUBLAS_STATUS_INVALID_VALUE;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    *p = new T(value);
+    lt_live.push_back(*p);
+    return CUBLAS_STATUS_SUCCESS;
+}
+template <typename T> static cublasStatus_t lt_destroy(T *p) {
+    if (!lt_exists(p)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    lt_live.erase(std::find(lt_live.begin(), lt_live.end(), (const void *)p));
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { return lt_make(h, cublasLtContext{0}); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return lt_destroy(h); }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+    return lt_make(d, cuda_emu_lt_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N});
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return lt_destroy(d); }
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t bytes) {
+    if (!lt_exists(d)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    int32_t op;
+    if (bytes != sizeof op || !buf) return invalid("cublasLtMatmulDescSetAttribute", "%zu bytes", bytes);
+    memcpy(&op, buf, sizeof op);
+    if (op < CUBLAS_OP_N || op > CUBLAS_OP_C) return invalid("cublasLtMatmulDescSetAttribute", "operation %d", op);
+    if (attr == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = (cublasOperation_t)op;
+    else if (attr == CUBLASLT_MATMUL_DESC_TRANSB) d->tb = (cublasOperation_t)op;
+    else return invalid("cublasLtMatmulDescSetAttribute", "attribute %d is not emulated", attr);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    if (ld < (int64_t)std::max<uint64_t>(1, rows))
+        return invalid("cublasLtMatrixLayoutCreate", "ld %lld < rows %llu", (long long)ld, (unsigned long long)rows);
+    return lt_make(l, cuda_emu_lt_layout{type, rows, cols, ld});
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return lt_destroy(l); }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    return lt_make(p, cuda_emu_lt_preference{0});
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { return lt_destroy(p); }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t bytes) {
+    if (!lt_exists(p)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || bytes != sizeof(uint64_t) || !buf)
+        return invalid("cublasLtMatmulPreferenceSetAttribute", "attribute %d of %zu bytes", attr, bytes);
+    uint64_t v;
+    memcpy(&v, buf, sizeof v);
+    p->max_workspace = (size_t)v;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The product a descriptor and its layouts describe: D = op(A) op(B) is m x n with k between
+ * them; refused unless the layouts agree with one another and the types are ones cublasLt takes
+ * (checked again with the pointers by check_operands). */
+static cublasStatus_t lt_shape(const char *call, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, int *m,
+                               int *n, int *k) {
+    for (const void *x : {(const void *)desc, (const void *)a, (const void *)b, (const void *)c, (const void *)d})
+        if (!lt_exists(x)) return invalid(call, "a descriptor or layout that was not made or was destroyed");
+    if (desc->scale != CUDA_R_32F || desc->compute != CUBLAS_COMPUTE_32F)
+        return invalid(call, "compute type %d with scale type %d: not emulated", desc->compute, desc->scale);
+    *m = (int)d->rows, *n = (int)d->cols;
+    *k = (int)(desc->ta == CUBLAS_OP_N ? a->cols : a->rows);
+    uint64_t a_m = desc->ta == CUBLAS_OP_N ? a->rows : a->cols;
+    uint64_t b_k = desc->tb == CUBLAS_OP_N ? b->rows : b->cols, b_n = desc->tb == CUBLAS_OP_N ? b->cols : b->rows;
+    if (a_m != d->rows || b_k != (uint64_t)*k || b_n != d->cols || c->rows != d->rows || c->cols != d->cols ||
+        c->type != d->type || c->ld != d->ld)
+        return invalid(call, "layouts that do not agree: op(A) %llu x %d, op(B) %llu x %llu, C %llu x %llu, D %llu x "
+                       "%llu", (unsigned long long)a_m, *k, (unsigned long long)b_k, (unsigned long long)b_n,
+                       (unsigned long long)c->rows, (unsigned long long)c->cols, (unsigned long long)d->rows,
+                       (unsigned long long)d->cols);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref,
+                                              int requested, cublasLtMatmulHeuristicResult_t results[],
+                                              int *returned) {
+    const char *call = "cublasLtMatmulAlgoGetHeuristic";
+    int m, n, k;
+    if (!lt_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!lt_exists(pref)) return invalid(call, "a preference that was not made or was destroyed");
+    if (requested < 1 || !results || !returned) return invalid(call, "%d results asked", requested);
+    cublasStatus_t s = lt_shape(call, desc, a, b, c, d, &m, &n, &k);
+    if (s) return s;
+    *returned = 0;
+    for (int i = 0; i < (int)(sizeof lt_algos / sizeof *lt_algos) && *returned < requested; i++) {
+        if (lt_algos[i].workspace > pref->max_workspace) continue;
+        cublasLtMatmulHeuristicResult_t r = {};
+        r.algo.data[0] = (uint64_t)i + 1;
+        r.workspaceSize = lt_algos[i].workspace;
+        r.state = CUBLAS_STATUS_SUCCESS;
+        r.wavesCount = 1;
+        results[(*returned)++] = r;
+    }
+    return *returned ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+    const char *call = "cublasLtMatmul";
+    int m, n, k;
+    if (!lt_exists(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!stream_exists(stream)) return invalid(call, "no such stream");
+    cublasStatus_t s = lt_shape(call, desc, a, b, c, d, &m, &n, &k);
+    if (s) return s;
+    int which = algo ? (int)algo->data[0] - 1 : -1;
+    if (which < 0 || which >= (int)(sizeof lt_algos / sizeof *lt_algos))
+        return invalid(call, "an algorithm that cublasLtMatmulAlgoGetHeuristic did not give");
+    size_t need = lt_algos[which].workspace;
+    if (workspace_bytes < need) return invalid(call, "a workspace of %zu bytes; the algorithm needs %zu", workspace_bytes, need);
+    if (need && memory_of(workspace, workspace_bytes) != DEVICE)
+        return invalid(call, "the workspace (%zu bytes from %p) is not inside a device allocation", workspace_bytes,
+                       workspace);
+    if (C != D) return invalid(call, "C and D apart: not emulated");
+    matrix ma{"A", (void *)A, a->type, (int)a->rows, (int)a->cols, (int)a->ld, 0};
+    matrix mb{"B", (void *)B, b->type, (int)b->rows, (int)b->cols, (int)b->ld, 0};
+    matrix mc{"C", D, d->type, (int)d->rows, (int)d->cols, (int)d->ld, 0};
+    s = check_operands(call, desc->ta, desc->tb, m, n, k, ma, mb, mc, desc->compute, 1);
+    if (s) return s;
+    if (!alpha || !beta) return invalid(call, "alpha or beta is NULL");
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    stats.lt_matmuls[which]++;
+    queue_product(stream_of(stream), desc->ta, desc->tb, m, n, k, al, ma, mb, be, mc, 1, lt_algos[which].factor);
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 /* At exit: what the harness itself holds, so that LeakSanitizer sees only the program's. */
