@@ -86,7 +86,7 @@ static int device_index; /* this process's GPU: its pipeline stage's place on th
 enum { MAX_THREADS = 64 };
 static thread_ctx *contexts[MAX_THREADS];
 /* fp16_product's choices (below, "The fp16 products of decode's rows") */
-static product_choices *products_make(void);
+static product_choices *products_make(int mode);
 static void products_free(product_choices *pc);
 static void products_time_deferred(cuda_ws *d);
 static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -140,7 +140,7 @@ cublasHandle_t blas(void) {
     if (!c->blas) {
         BLAS_CHECK(cublasCreate(&c->blas));
         BLAS_CHECK(cublasSetStream(c->blas, c->stream));
-        c->products = products_make();
+        c->products = products_make(products_mode(NULL));
     }
     return c->blas;
 }
@@ -455,7 +455,6 @@ int cuda_workspace_init(model_workspace *ws, const model_config *cfg, size_t row
     d->q4_scratch = (float *)parts[2];
     d->widen_values = (sizes[2] + sizes[3] + sizes[4]) / 2;
     d->q4_done = (unsigned *)(parts[5] + FG_CUDA_TOKEN_TABLES * token_bytes);
-    d->product_workspace = parts[7];
     CUDA_CHECK(cudaMemset(d->q4_done, 0, fg_cuda_q4_groups(cfg) * sizeof(unsigned)));
     const char *graphs = getenv("FLEXGEN_CUDA_GRAPHS");
     d->graphs = !sync_each_kernel && !(graphs && !strcmp(graphs, "0"));
@@ -689,6 +688,7 @@ typedef struct {
 struct product_choices {
     int mode;
     cublasLtHandle_t lt;
+    void *workspace; /* cublasLt's, FG_CUDA_PRODUCT_WORKSPACE bytes (NULL: none) */
     int n_shapes;
     product_shape shape[CHOICE_SHAPES];
     int n_deferred;
@@ -708,12 +708,16 @@ int products_mode(char *err) {
     return -1;
 }
 
-static product_choices *products_make(void) {
+/* A thread's choices in `mode` (-1, one FLEXGEN_CUDA_PRODUCTS does not name, was refused when the
+ * device was opened: timed), made with its cuBLAS handle, outside any capture: with cublasLt's
+ * workspace, which the device's reserve counts, unless nothing uses it (cublas), or the device
+ * has no room for it (then cublasLt's algorithms that need none). */
+static product_choices *products_make(int mode) {
     product_choices *pc = (product_choices *)calloc(1, sizeof *pc);
     if (!pc) cuda_fail("calloc", __FILE__, __LINE__, "out of host memory");
-    pc->mode = products_mode(NULL);
-    if (pc->mode < 0) pc->mode = PRODUCTS_TIMED; /* refused when the device was opened */
+    pc->mode = mode < 0 ? PRODUCTS_TIMED : mode;
     BLAS_CHECK(cublasLtCreate(&pc->lt));
+    if (pc->mode != PRODUCTS_CUBLAS) pc->workspace = cuda_alloc(FG_CUDA_PRODUCT_WORKSPACE);
     return pc;
 }
 
@@ -733,6 +737,7 @@ static void products_free(product_choices *pc) {
     if (!pc) return;
     for (int i = 0; i < pc->n_shapes; i++) shape_free(&pc->shape[i]);
     cublasLtDestroy(pc->lt);
+    cuda_free(pc->workspace);
     free(pc);
 }
 
@@ -741,8 +746,7 @@ void products_reset(int mode) {
     blas();
     wait_stream(); /* timing runs still queued record the events */
     products_free(c->products);
-    c->products = products_make();
-    c->products->mode = mode;
+    c->products = products_make(mode);
 }
 
 /* The stored shape of this product, added the first time (NULL where the table is full). */
@@ -763,25 +767,26 @@ static product_shape *shape_of(product_choices *pc, const product_shape *want) {
 static int w_rows(const product_shape *s) { return s->op_w == CUBLAS_OP_N ? s->m : s->k; }
 
 /* Candidate i of shape s into y: cuBLAS's default (0) or cublasLt's algo[i]. */
-static cublasStatus_t run_candidate(cuda_ws *d, const product_shape *s, int i, const void *W,
-                                    const void *x, float beta, void *y) {
+static cublasStatus_t run_candidate(const product_shape *s, int i, const void *W, const void *x,
+                                    float beta, void *y) {
+    product_choices *pc = ctx()->products;
     float one = 1;
     int ldw = w_rows(s);
     if (i == 0)
         return cublasGemmEx(blas(), s->op_w, CUBLAS_OP_N, s->m, s->n, s->k, &one, W, CUDA_R_16F,
                             ldw, x, CUDA_R_16F, s->k, &beta, y, s->y_type, s->m, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT);
-    return cublasLtMatmul(ctx()->products->lt, s->desc, &one, W, s->w_layout, x, s->x_layout, &beta,
-                          y, s->y_layout, y, s->y_layout, &s->algo[i], d->product_workspace,
-                          d->product_workspace ? FG_CUDA_PRODUCT_WORKSPACE : 0, ctx()->stream);
+    return cublasLtMatmul(pc->lt, s->desc, &one, W, s->w_layout, x, s->x_layout, &beta, y,
+                          s->y_layout, y, s->y_layout, &s->algo[i], pc->workspace,
+                          pc->workspace ? FG_CUDA_PRODUCT_WORKSPACE : 0, ctx()->stream);
 }
 
-/* cublasLt's candidates for shape s, best first as its heuristic ranks them (none where it has
- * none, or the workspace has no room for cublasLt). */
-static void lt_candidates(cuda_ws *d, product_shape *s) {
+/* cublasLt's candidates for shape s, best first as its heuristic ranks them: those that fit the
+ * thread's workspace (that need none, where it has none). */
+static void lt_candidates(product_shape *s) {
     product_choices *pc = ctx()->products;
     int32_t op = s->op_w;
-    uint64_t room = d->product_workspace ? FG_CUDA_PRODUCT_WORKSPACE : 0;
+    uint64_t room = pc->workspace ? FG_CUDA_PRODUCT_WORKSPACE : 0;
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t found[CHOICE_ALGOS];
     int n = 0;
@@ -808,20 +813,19 @@ static void lt_candidates(cuda_ws *d, product_shape *s) {
 /* The timing runs of shape s, queued on the stream into `out` (y, or the scratch): each candidate
  * once, then CHOICE_RUNS times between its events. Without `out`, nowhere to time it: settled on
  * cuBLAS's default. */
-static void time_candidates(cuda_ws *d, product_shape *s, const void *W, const void *x, float beta,
-                            void *out) {
+static void time_candidates(product_shape *s, const void *W, const void *x, float beta, void *out) {
     if (!out) {
         s->state = SETTLED;
         return;
     }
-    lt_candidates(d, s);
+    lt_candidates(s);
     for (int i = 0; i < s->candidates; i++) {
         CUDA_CHECK(cudaEventCreate(&s->start[i]));
         CUDA_CHECK(cudaEventCreate(&s->end[i]));
-        s->failed[i] = run_candidate(d, s, i, W, x, beta, out) != CUBLAS_STATUS_SUCCESS;
+        s->failed[i] = run_candidate(s, i, W, x, beta, out) != CUBLAS_STATUS_SUCCESS;
         CUDA_CHECK(cudaEventRecord(s->start[i], ctx()->stream));
         for (int r = 0; r < CHOICE_RUNS && !s->failed[i]; r++)
-            s->failed[i] = run_candidate(d, s, i, W, x, beta, out) != CUBLAS_STATUS_SUCCESS;
+            s->failed[i] = run_candidate(s, i, W, x, beta, out) != CUBLAS_STATUS_SUCCESS;
         CUDA_CHECK(cudaEventRecord(s->end[i], ctx()->stream));
         count(&counts.products_timed, 1 + CHOICE_RUNS);
     }
@@ -851,13 +855,13 @@ void fp16_product(cuda_ws *d, cublasOperation_t op_w, int m, int n, int k, const
     product_shape *s = NULL;
     if (pc->mode != PRODUCTS_CUBLAS && n <= FG_CUDA_Q4_DIRECT) s = shape_of(pc, &here);
     if (s && s->state == UNTIMED && pc->mode == PRODUCTS_CUBLASLT) {
-        lt_candidates(d, s);
+        lt_candidates(s);
         s->chosen = s->candidates > 1 ? 1 : 0;
         s->state = SETTLED;
     }
     if (s && s->state == UNTIMED && !c->capturing) { /* timed first, into y or the scratch */
         void *out = beta == 0 ? y : timing_scratch(d, s);
-        time_candidates(d, s, W, x, beta, out);
+        time_candidates(s, W, x, beta, out);
     }
     if (s && s->state == UNTIMED && pc->n_deferred < CHOICE_DEFERRED) { /* after the graph */
         pc->deferred[pc->n_deferred].shape = s;
@@ -868,7 +872,7 @@ void fp16_product(cuda_ws *d, cublasOperation_t op_w, int m, int n, int k, const
         s->state = DEFERRED;
     }
     int chosen = s && s->state == SETTLED ? s->chosen : 0;
-    BLAS_PRODUCT(run_candidate(d, s ? s : &here, chosen, W, x, beta, y));
+    BLAS_PRODUCT(run_candidate(s ? s : &here, chosen, W, x, beta, y));
 }
 
 /* The timing runs put off by a capture, queued after its graph's launch, into the scratch: the
@@ -877,7 +881,7 @@ static void products_time_deferred(cuda_ws *d) {
     product_choices *pc = ctx()->products;
     for (int i = 0; pc && i < pc->n_deferred; i++) {
         product_shape *s = pc->deferred[i].shape;
-        time_candidates(d, s, pc->deferred[i].W, pc->deferred[i].x, pc->deferred[i].beta,
+        time_candidates(s, pc->deferred[i].W, pc->deferred[i].x, pc->deferred[i].beta,
                         timing_scratch(d, s));
     }
     if (pc) pc->n_deferred = 0;

@@ -141,14 +141,13 @@ typedef struct {
     size_t span_slots;   /* fg_cuda_span_slots: up to 256 rows x heads x spans of max_len keys */
     int multiprocessors; /* the GPU's, which decode attention's spans are sized to fill */
     cudaGraphExec_t layer_graph; /* a decode layer's kernels, updated for each layer and step */
-    int graphs;              /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
-    float *q4_scratch;       /* 4-bit products: decode's partial sums, or a slice widened to fp16,
-                                over scores, probs and parts[4] too */
-    size_t widen_values;     /* the values of a widened slice that q4_scratch holds */
-    unsigned *q4_done;       /* 4-bit products: a group's chunks done (fg_cuda_q4_groups), zeros
-                                between products */
-    size_t rows;             /* token rows the workspace holds */
-    void *product_workspace; /* cublasLt's, FG_CUDA_PRODUCT_WORKSPACE bytes (fp16_product) */
+    int graphs;          /* decode layers go through layer_graph (FLEXGEN_CUDA_GRAPHS=0: not) */
+    float *q4_scratch;   /* 4-bit products: decode's partial sums, or a slice widened to fp16,
+                            over scores, probs and parts[4] too */
+    size_t widen_values; /* the values of a widened slice that q4_scratch holds */
+    unsigned *q4_done;   /* 4-bit products: a group's chunks done (fg_cuda_q4_groups), zeros
+                            between products */
+    size_t rows;         /* token rows the workspace holds */
     table_slot token_tables[FG_CUDA_TOKEN_TABLES], cache_tables[FG_CUDA_CACHE_TABLES];
     int max_pages;      /* entries of a sequence's page table in a cache table */
     char *grown_tables; /* the cache tables' own allocation once a run's pages outnumber the part */

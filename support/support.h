@@ -259,8 +259,11 @@ void matmul_embed_row(const void *E, int q4_parts, int n, int dim, int r, float 
 /* Bytes of an activation: fp16 on CUDA, fp32 on the CPU (app/cpu_fp16.c keeps 2). */
 #define FG_CUDA_ACT_ELEM 2
 #define FG_CPU_ACT_ELEM 4
-/* The device's context, cuBLAS and rounding: an estimate. */
+/* The device's context, cuBLAS and rounding: an estimate. Of it, cuBLAS's: its handle's own
+ * workspace, and cublasLt's for the fp16 products of decode's rows (support/cuda_device.cu,
+ * fp16_product), FG_CUDA_PRODUCT_WORKSPACE a thread, cuBLAS's own size on Hopper. */
 #define FG_CUDA_RESERVE (512.0 * (1 << 20))
+#define FG_CUDA_PRODUCT_WORKSPACE ((size_t)32 << 20)
 /* Pinned copy buffers: 3 copying threads, 2 of 8 MiB each. */
 #define FG_CUDA_HOST_RESERVE (3 * 2 * 8.0 * (1 << 20))
 /* Prefill runs a layer on chunks of this many token rows at most. */
@@ -276,10 +279,7 @@ size_t model_workspace_bytes(const model_config *cfg, size_t rows, int max_promp
 int model_workspace_init(model_workspace *ws, const model_config *cfg, size_t rows, int max_prompt,
                          int max_len, char *err);
 void model_workspace_free(model_workspace *ws);
-enum { FG_CUDA_WS_PARTS = 8 };
-/* cublasLt's workspace for the fp16 products of decode's rows (support/cuda_device.cu,
- * fp16_product): cuBLAS's own size on Hopper, a part of the CUDA workspace. */
-#define FG_CUDA_PRODUCT_WORKSPACE ((size_t)32 << 20)
+enum { FG_CUDA_WS_PARTS = 7 };
 /* CUDA's 4-bit products (flexgen.cu, §5): up to FG_CUDA_Q4_DIRECT rows of x (decode's) multiply
  * the codes in one pass, a block summing k_chunk rows of W (fg_cuda_q4_k_chunk) into fp32 partial
  * sums, which the last block of a group of columns to finish adds (its count of chunks done is

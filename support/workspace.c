@@ -242,8 +242,7 @@ size_t fg_cuda_span_slots(const model_config *cfg, size_t rows, int max_len) {
  * (fg_cuda_q4_scratch_bytes) need beyond them, since both lie over the prefill scores, which no
  * product and no attention after cached tokens uses; the token tables (then the 4-bit products'
  * counts of chunks done) and the cache tables, of
- * page tables of a cache of max_len; cublasLt's workspace. Here so that the cost model has it
- * without CUDA. */
+ * page tables of a cache of max_len. Here so that the cost model has it without CUDA. */
 size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_prompt, int max_len,
                                size_t *sizes) {
     size_t h = cfg->hidden, wd = cfg->word_dim, M = (size_t)max_prompt, H = cfg->n_heads;
@@ -263,8 +262,8 @@ size_t fg_cuda_workspace_parts(const model_config *cfg, size_t rows, int max_pro
                                       over > prefill ? over - prefill : 0,
                                       FG_CUDA_TOKEN_TABLES * fg_cuda_token_table_bytes(rows) +
                                           fg_cuda_q4_groups(cfg) * sizeof(unsigned),
-                                      FG_CUDA_CACHE_TABLES * fg_cuda_cache_table_bytes(rows, pages),
-                                      FG_CUDA_PRODUCT_WORKSPACE};
+                                      FG_CUDA_CACHE_TABLES *
+                                          fg_cuda_cache_table_bytes(rows, pages)};
     size_t total = 0;
     for (int i = 0; i < FG_CUDA_WS_PARTS; i++) {
         parts[i] = (parts[i] + 63) & ~(size_t)63;

@@ -1399,7 +1399,6 @@ static void test_product_choice(void) {
     memset(&d, 0, sizeof d);
     d.widen_values = (size_t)1 << 16;
     d.q4_scratch = device_array<float>(d.widen_values / 2);
-    d.product_workspace = device_array<char>(FG_CUDA_PRODUCT_WORKSPACE);
     d.graphs = 1;
     product_case cases[] = {
         product_case_make("q|k|v, 4 rows", CUBLAS_OP_N, 432, 4, 144, 0, CUDA_R_16F, &seed),
@@ -1502,7 +1501,6 @@ static void test_product_choice(void) {
     for (int c = 0; c < N_CASES; c++) product_case_free(&cases[c]);
     if (d.layer_graph) CUDA_CHECK(cudaGraphExecDestroy(d.layer_graph));
     cuda_free(d.q4_scratch);
-    cuda_free(d.product_workspace);
 }
 
 /* ============================================================================================
