@@ -153,7 +153,7 @@ BUGS = [
     ("an adding product's timing runs written into y, not the scratch (fp16_product)",
      "support/cuda_device.cu",
      "        void *out = beta == 0 ? y : timing_scratch(d, s);",
-     "        void *out = y;"),
+     "        void *out = beta == 0 || timing_scratch(d, s) ? y : NULL;"),
     ("the slowest candidate kept (products_settle)",
      "support/cuda_device.cu",
      "            else if (!s->failed[j] && ms < best) {",

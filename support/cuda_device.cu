@@ -1,8 +1,8 @@
 /* support/cuda_device.cu: the CUDA backend's plumbing, beneath flexgen.cu's layers and kernels:
  * each runtime thread's stream, its copies between the tiers, the device's memory, the small
- * tables the kernels read, a decode layer's CUDA Graph, the counters, and the GPU found once
- * (paper §4.1's tiers and §4.2's overlap of I/O with compute; docs/GPU.md). It calls nothing of
- * flexgen.cu; flexgen.cu's operation table lists its functions.
+ * tables the kernels read, a decode layer's CUDA Graph, decode's fp16 products, the counters, and
+ * the GPU found once (paper §4.1's tiers and §4.2's overlap of I/O with compute; docs/GPU.md). It
+ * calls nothing of flexgen.cu; flexgen.cu's operation table lists its functions.
  *
  *   memory      the gpu tier is device memory; the cpu tier is pinned host memory (weights with
  *               --pin-weight); copies from pageable memory (the disk tier's mapped pages) go

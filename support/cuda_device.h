@@ -1,9 +1,9 @@
 /* support/cuda_device.h: what flexgen.cu's layers use of the CUDA backend's plumbing
  * (support/cuda_device.cu): each thread's stream and cuBLAS handle, the checks of CUDA and cuBLAS
  * calls, the copies, the workspace and the small tables the kernels read, the CUDA Graph of a
- * decode layer, the counters (§4.1, §4.2; docs/GPU.md). The kernels' device helpers are
- * support/cuda_kernels.h's. CUDA C++, for flexgen.cu, the kernel tests and the emulated GPU alone;
- * the C side sees only fg_cuda_backend (model.h).
+ * decode layer, decode's fp16 products (fp16_product), the counters (§4.1, §4.2; docs/GPU.md).
+ * The kernels' device helpers are support/cuda_kernels.h's. CUDA C++, for flexgen.cu, the kernel
+ * tests and the emulated GPU alone; the C side sees only fg_cuda_backend (model.h).
  */
 #ifndef FG_CUDA_DEVICE_H
 #define FG_CUDA_DEVICE_H

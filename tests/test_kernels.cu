@@ -1375,10 +1375,24 @@ static void product_check(const product_case *p, const char *when) {
     free(got);
 }
 
-/* The emulated GPU's cublasLtMatmul calls by algorithm so far (emu_count), 0 natively. */
-static void lt_calls(long long calls[2]) {
-    calls[0] = emu_count(EMU_LT_FIRST) > 0 ? emu_count(EMU_LT_FIRST) : 0;
-    calls[1] = emu_count(EMU_LT_SECOND) > 0 ? emu_count(EMU_LT_SECOND) : 0;
+/* What one product_run asked: its timing runs, cuBLAS products, and (on the emulated GPU; 0
+ * natively) cublasLtMatmul calls of cublasLt's first and second algorithms. */
+typedef struct {
+    long long timed, products, lt_first, lt_second;
+} product_counts;
+
+static product_counts counted_run(cuda_ws *d, const product_case *p) {
+    fg_device_counts before, after;
+    long long first = emu_count(EMU_LT_FIRST), second = emu_count(EMU_LT_SECOND);
+    cuda_counts(&before);
+    product_run(d, p);
+    cuda_counts(&after);
+    product_counts n = {after.products_timed - before.products_timed, after.blas_calls - before.blas_calls, 0, 0};
+    if (first >= 0) {
+        n.lt_first = emu_count(EMU_LT_FIRST) - first;
+        n.lt_second = emu_count(EMU_LT_SECOND) - second;
+    }
+    return n;
 }
 
 /* Timed (the default): a shape's first product queues the timing runs of every candidate (6 runs
@@ -1407,41 +1421,28 @@ static void test_product_choice(void) {
         product_case_make("fc1, 33 rows", CUBLAS_OP_N, 576, 33, 144, 0, CUDA_R_16F, &seed),
         product_case_make("fc2, 32 rows, added, in a graph", CUBLAS_OP_N, 144, 32, 576, 1, CUDA_R_16F, &seed)};
     enum { QKV, OUT, LM_HEAD, ROWS_33, CAPTURED, N_CASES };
-    fg_device_counts before, after;
-    long long lt_before[2], lt_after[2];
     products_reset(PRODUCTS_TIMED);
     for (int c = QKV; c <= ROWS_33; c++) {
         product_case *p = &cases[c];
-        cuda_counts(&before);
-        lt_calls(lt_before);
-        product_run(&d, p);
-        cuda_counts(&after);
-        lt_calls(lt_after);
+        product_counts n = counted_run(&d, p);
         product_check(p, "first product");
-        long long timed = after.products_timed - before.products_timed;
         if (c == ROWS_33)
-            EXPECT(timed == 0, "%s: %lld timing runs; more rows than decode's are not timed", p->what, timed);
+            EXPECT(n.timed == 0, "%s: %lld timing runs; more rows than decode's are not timed", p->what, n.timed);
         else if (emulated)
-            EXPECT(timed == 18 && lt_after[0] - lt_before[0] == 6 && lt_after[1] - lt_before[1] == 6,
-                   "%s: %lld timing runs, %lld and %lld of cublasLt's two algorithms; 18, 6 and 6 expected",
-                   p->what, timed, lt_after[0] - lt_before[0], lt_after[1] - lt_before[1]);
-        else EXPECT(timed >= 6 && timed % 6 == 0, "%s: %lld timing runs; 6 a candidate", p->what, timed);
-        EXPECT(after.blas_calls - before.blas_calls == 1, "%s: %lld cuBLAS products counted; the product alone",
-               p->what, (long long)(after.blas_calls - before.blas_calls));
+            EXPECT(n.timed == 18 && n.lt_first == 6 && n.lt_second == 6, "%s: %lld timing runs, %lld and %lld of "
+                   "cublasLt's two algorithms; 18, 6 and 6 expected", p->what, n.timed, n.lt_first, n.lt_second);
+        else EXPECT(n.timed >= 6 && n.timed % 6 == 0, "%s: %lld timing runs; 6 a candidate", p->what, n.timed);
+        EXPECT(n.products == 1, "%s: %lld cuBLAS products counted; the product alone", p->what, n.products);
     }
     products_settle();
     for (int c = QKV; c <= ROWS_33; c++) {
         product_case *p = &cases[c];
-        cuda_counts(&before);
-        lt_calls(lt_before);
-        product_run(&d, p);
-        cuda_counts(&after);
-        lt_calls(lt_after);
+        product_counts n = counted_run(&d, p);
         product_check(p, "settled");
-        EXPECT(after.products_timed == before.products_timed, "%s: timed again once settled", p->what);
+        EXPECT(n.timed == 0, "%s: timed again once settled", p->what);
         if (emulated && c != ROWS_33)
-            EXPECT(lt_after[1] - lt_before[1] == 1, "%s: settled on another algorithm than the fastest "
-                   "(cublasLt's second on the emulated GPU)", p->what);
+            EXPECT(n.lt_second == 1, "%s: settled on another algorithm than the fastest (cublasLt's second on the "
+                   "emulated GPU)", p->what);
     }
 
     /* In a layer being captured: cuBLAS's product in the graph; the timing after its launch */
@@ -1452,6 +1453,7 @@ static void test_product_choice(void) {
     cache_table t;
     memset(&t, 0, sizeof t);
     t.on_device = 1;
+    fg_device_counts before, after;
     product_start(&cases[CAPTURED]);
     cuda_counts(&before);
     int captured = layer_graph_begins(&d, &gb, &t);
@@ -1474,28 +1476,19 @@ static void test_product_choice(void) {
     products_reset(PRODUCTS_TIMED);
     cuda_ws bare = d;
     bare.q4_scratch = NULL;
-    cuda_counts(&before);
-    fp16_product(&bare, CUBLAS_OP_N, cases[OUT].m, cases[OUT].n, cases[OUT].k, cases[OUT].W_dev,
-                 cases[OUT].x_dev, 1, cases[OUT].y_dev, CUDA_R_16F);
-    wait_stream();
-    cuda_counts(&after);
-    EXPECT(after.products_timed == before.products_timed, "%s, no scratch: timed", cases[OUT].what);
+    product_counts n = counted_run(&bare, &cases[OUT]);
+    EXPECT(n.timed == 0, "%s, no scratch: timed", cases[OUT].what);
 
     /* cublas: never cublasLt; cublaslt: its first algorithm, untimed */
     for (int mode = PRODUCTS_CUBLAS; mode <= PRODUCTS_CUBLASLT; mode++) {
+        const char *name = mode == PRODUCTS_CUBLAS ? "cublas" : "cublaslt";
         products_reset(mode);
-        cuda_counts(&before);
-        lt_calls(lt_before);
-        product_run(&d, &cases[QKV]);
-        cuda_counts(&after);
-        lt_calls(lt_after);
-        product_check(&cases[QKV], mode == PRODUCTS_CUBLAS ? "cublas" : "cublaslt");
-        EXPECT(after.products_timed == before.products_timed, "%s, mode %d: timed", cases[QKV].what, mode);
+        n = counted_run(&d, &cases[QKV]);
+        product_check(&cases[QKV], name);
+        EXPECT(n.timed == 0, "%s, %s: timed", cases[QKV].what, name);
         if (emulated)
-            EXPECT(lt_after[0] - lt_before[0] == (mode == PRODUCTS_CUBLASLT) && lt_after[1] == lt_before[1],
-                   "%s, %s: cublasLt's algorithms ran %lld and %lld times", cases[QKV].what,
-                   mode == PRODUCTS_CUBLAS ? "cublas" : "cublaslt", lt_after[0] - lt_before[0],
-                   lt_after[1] - lt_before[1]);
+            EXPECT(n.lt_first == (mode == PRODUCTS_CUBLASLT) && n.lt_second == 0, "%s, %s: cublasLt's algorithms ran "
+                   "%lld and %lld times", cases[QKV].what, name, n.lt_first, n.lt_second);
     }
     products_reset(products_mode(NULL) < 0 ? PRODUCTS_TIMED : products_mode(NULL));
     for (int c = 0; c < N_CASES; c++) product_case_free(&cases[c]);
