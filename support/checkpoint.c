@@ -810,9 +810,13 @@ static int64_t store_tensor(const tensor_spec *s, float *dst32, fp16 *dst16,
  * opt_tensor_fill rounds them, as fp32 (`halves`: room for n). */
 static void dummy_values(const value_source *v, size_t first, size_t apart, size_t n, float *out,
                          fp16 *halves) {
-    for (size_t j = 0; j < n; j++) out[j] = dummy_value(v, first + j * apart);
-    fp32_to_fp16_n(out, halves, n);
-    fp16_to_fp32_n(halves, out, n);
+    const fg_simd *simd = fg_simd_kernels();
+    size_t done = 0; /* support/simd.c's twin, 8 at a time */
+    if (simd->dummy_values)
+        done = simd->dummy_values(v->base, first, apart, n, v->center, v->scale, out);
+    for (size_t j = done; j < n; j++) out[j] = dummy_value(v, first + j * apart);
+    fp32_to_fp16_n(out + done, halves, n - done);
+    fp16_to_fp32_n(halves, out + done, n - done);
 }
 
 void opt_tensor_dummy_values(const opt_layout *l, int t, int part, uint64_t seed, size_t first,

@@ -1,16 +1,18 @@
 /* support/simd.c: the AVX2 twins of the paper files' plain loops: 4-bit compression and
  * decompression (quant.c) and decode attention's two products over an fp16 cache (opt_model.c's
- * attend_one). Each does exactly the arithmetic of the loop it stands in for, so both give the
- * same bits: the attention loops' 8 lanes of fused multiply-adds and their pairwise sum are
- * opt_model.c's dot8_fma, and axpy is one fmaf per value. The paper files reach the twins through
- * fg_simd_kernels(), whose entries are NULL where the CPU lacks AVX2, FMA and F16C, where
- * FLEXGEN_ISA=portable, or where FLEXGEN_NO_SIMD is set (util.c's fg_cpu_has_avx2): the plain
- * loops run then. So tests/test_cli.c holds the twins to the plain loops on whole jobs, logits
- * compared bit for bit: "FLEXGEN_ISA: every path to the same logits" (fp16 cache, fp16 and 4-bit
- * weights, int8 activations) and "portable (non-SIMD) paths match the reference" (4-bit cache);
- * tests/test_model.c holds the attention twins alone at head sizes the fixtures lack. Beside the
- * arithmetic, the attention loops ask for the next run of the cache's rows as they read this
- * one's (fg_prefetch_ahead; support/kv_pages.c's kv_head_run says why), which changes no value.
+ * attend_one); and of the dummy weights' hash (checkpoint.c's dummy_value), which makes OPT-175B's
+ * 98 GB of 4-bit weights on the machine that runs them. Each does exactly the arithmetic of the
+ * loop it stands in for, so both give the same bits: the attention loops' 8 lanes of fused
+ * multiply-adds and their pairwise sum are opt_model.c's dot8_fma, and axpy is one fmaf per value.
+ * The paper files reach the twins through fg_simd_kernels(), whose entries are NULL where the CPU
+ * lacks AVX2, FMA and F16C, where FLEXGEN_ISA=portable, or where FLEXGEN_NO_SIMD is set (util.c's
+ * fg_cpu_has_avx2): the plain loops run then. So tests/test_cli.c holds the twins to the plain
+ * loops on whole jobs, logits compared bit for bit: "FLEXGEN_ISA: every path to the same logits"
+ * (fp16 cache, fp16 and 4-bit weights, int8 activations) and "portable (non-SIMD) paths match the
+ * reference" (4-bit cache); tests/test_model.c holds the attention twins alone at head sizes the
+ * fixtures lack. Beside the arithmetic, the attention loops ask for the next run of the cache's
+ * rows as they read this one's (fg_prefetch_ahead; support/kv_pages.c's kv_head_run says why),
+ * which changes no value.
  */
 #include "support/support.h"
 
@@ -207,8 +209,52 @@ AVX2 static void axpy_f16_rows(const float *p, const fp16 *V, size_t stride, int
     }
 }
 
-static const fg_simd avx2 = {q4_range64,    q4_pack64,    q4_decode_groups,
-                             q4_decode_row, dot_f16_rows, axpy_f16_rows};
+/* The low 64 bits of a b, lane by lane: AVX2 multiplies 32 bits by 32, so three of those. */
+AVX2 static __m256i mul64(__m256i a, __m256i b) {
+    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b),
+                                     _mm256_mul_epu32(a, _mm256_srli_epi64(b, 32)));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, b), _mm256_slli_epi64(cross, 32));
+}
+
+/* fg_mix64 (support.h) of four lanes, its top 24 bits. */
+AVX2 static __m256i mix64_top24(__m256i x) {
+    x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 30));
+    x = mul64(x, _mm256_set1_epi64x((long long)0xbf58476d1ce4e5b9ULL));
+    x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 27));
+    x = mul64(x, _mm256_set1_epi64x((long long)0x94d049bb133111ebULL));
+    x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
+    return _mm256_srli_epi64(x, 40);
+}
+
+/* checkpoint.c's dummy_value, 8 at a time: u = (mix64(base + i) >> 40) 2^-23, exact in fp32, then
+ * center + scale (u - 1) as its separate multiply and add, rounded to fp16 (F16C, to nearest even,
+ * as fp32_to_fp16) and back. */
+AVX2 static size_t dummy_values8(uint64_t base, size_t first, size_t apart, size_t n, float center,
+                                 float scale, float *out) {
+    uint64_t at = base + first;
+    __m256i idx = _mm256_set_epi64x((long long)(at + 3 * apart), (long long)(at + 2 * apart),
+                                    (long long)(at + apart), (long long)at);
+    __m256i four = _mm256_set1_epi64x((long long)(4 * apart));
+    __m256 unit = _mm256_set1_ps(2.0f / 16777216.0f), one = _mm256_set1_ps(1.0f);
+    __m256 c = _mm256_set1_ps(center), s = _mm256_set1_ps(scale);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256i lo = mix64_top24(idx);
+        idx = _mm256_add_epi64(idx, four);
+        __m256i hi = mix64_top24(idx);
+        idx = _mm256_add_epi64(idx, four);
+        /* each lane's low 32 bits, in order: lo 0..3, then hi 0..3 */
+        __m256 pairs = _mm256_shuffle_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi), 0x88);
+        __m256i bits = _mm256_permute4x64_epi64(_mm256_castps_si256(pairs), 0xd8);
+        __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(bits), unit);
+        __m256 v = _mm256_add_ps(c, _mm256_mul_ps(s, _mm256_sub_ps(u, one)));
+        _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    }
+    return j;
+}
+
+static const fg_simd avx2 = {q4_range64,   q4_pack64,     q4_decode_groups, q4_decode_row,
+                             dot_f16_rows, axpy_f16_rows, dummy_values8};
 #endif
 
 const fg_simd *fg_simd_kernels(void) {

@@ -153,6 +153,11 @@ typedef struct {
                          float *scores, const fp16 *ahead, int n_ahead);
     void (*axpy_f16_rows)(const float *p, const fp16 *V, size_t stride, int nk, int hd, float *out,
                           const fp16 *ahead, int n_ahead);
+    /* checkpoint.c's dummy values: element first + j apart (j < n) of a tensor whose hash starts
+     * at base, center + scale (u - 1) rounded to fp16 and back; returns the values done (whole
+     * groups of 8) */
+    size_t (*dummy_values)(uint64_t base, size_t first, size_t apart, size_t n, float center,
+                           float scale, float *out);
 } fg_simd;
 const fg_simd *fg_simd_kernels(void);
 /* row j of the n_ahead rows at `ahead` (hd values, `stride` apart) asked for ahead of its use */
