@@ -1154,6 +1154,17 @@ static void *q4_matrix(const float *W, int in, int out, int parts, int offset, f
     return dev + offset;
 }
 
+/* The bound of a cuBLAS product's value g = r (+ y0 where it adds): r's k terms of absolute sum A
+ * summed in fp32 (on tensor cores, whose additions may truncate), then y's rounding, to fp16 or
+ * fp32. Where it adds to an fp16 y, cuBLAS may first round the product to y's fp16 (on an H200 it
+ * did for 7 rows), a rounding of the product's size, not of the sum's. */
+static double product_bound(double A, double r, double g, int k, int adds, int fp32_out) {
+    double e_sum = (gamma_n(k) + gamma_blas(k + 1)) * A;
+    double e_product = adds && !fp32_out ? h16(fabs(r) + e_sum) : 0;
+    double e_out = fp32_out ? U * (fabs(g) + e_sum) : h16(fabs(g) + e_sum + e_product);
+    return e_sum + e_product + e_out;
+}
+
 /* q4: 0 (fp16), or W's 4-bit parts. */
 static void linear_case(int rows, int in, int out, int with_bias, int mode, int q4, int offset, uint64_t *seed,
                         double *worst) {
@@ -1197,11 +1208,7 @@ static void linear_case(int rows, int in, int out, int with_bias, int mode, int 
             }
             double g = r + (mode == OUT_ADD ? half_value(y0[at]) : 0), y = g + (with_bias ? half_value(b[j]) : 0);
             if (mode == OUT_RELU && y < 0) y = 0;
-            /* the residual added (beta 1): cuBLAS may first round the product to y's fp16 (on an
-             * H200 it did for 7 rows), a rounding of the product's size, not of the sum's */
-            double e_sum = (gamma_n(in) + gamma_blas(in + 1)) * A;
-            double e_product16 = mode == OUT_ADD ? h16(fabs(r) + e_sum) : 0;
-            double bound = e_sum + e_product16 + h16(fabs(g) + e_sum + e_product16);
+            double bound = product_bound(A, r, g, in, mode == OUT_ADD, 0);
             if (with_bias) {
                 double e_add = U * (fabs(y) + bound);
                 bound += e_add + h16(fabs(y) + bound + e_add);
@@ -1337,8 +1344,8 @@ static void product_run(cuda_ws *d, const product_case *p) {
     wait_stream();
 }
 
-/* The product's y against the product in double, within the bound of fp32 sums on tensor cores
- * (as test_linear's) and of y's rounding; `when` says which call it was. */
+/* The product's y against the product in double, within product_bound (as test_linear's); `when`
+ * says which call it was. */
 static void product_check(const product_case *p, const char *when) {
     size_t n = (size_t)p->m * p->n;
     float *got = host_array<float>(n);
@@ -1362,10 +1369,7 @@ static void product_check(const product_case *p, const char *when) {
                 A += fabs(term);
             }
             double g = r + p->beta * p->y0[(size_t)col * p->m + row];
-            double e_sum = (gamma_n(p->k) + gamma_blas(p->k + 1)) * A;
-            double e_product = p->beta != 0 && p->y_type != CUDA_R_32F ? h16(fabs(r) + e_sum) : 0;
-            double e_out = p->y_type == CUDA_R_32F ? U * (fabs(g) + e_sum) : h16(fabs(g) + e_sum + e_product);
-            double bound = 1.01 * (e_sum + e_product + e_out);
+            double bound = 1.01 * product_bound(A, r, g, p->k, p->beta != 0, p->y_type == CUDA_R_32F);
             double err = fabs(got[(size_t)col * p->m + row] - g);
             if (!(err <= bound) && !bad++)
                 snprintf(first, sizeof first, "y[%d][%d]: expected %.7g within %.3g, got %.7g", col, row, g, bound,
