@@ -21,11 +21,11 @@
  *   844  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
  *   886  prefill_attention        a prompt's attention by cuBLAS, over the heads
  *   969  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1114  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1176  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1293  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1338  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1431  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *  1109  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1172  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1289  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1334  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1427  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -725,7 +725,7 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
  * their sums); queue_attention cuts a query's keys into more spans while the step's blocks are
  * fewer than FILL_BLOCKS_PER_SM a multiprocessor. attention_kernel holds a query's scores for
  * §5's top-K in shared memory up to TOP_K_SHARED_BYTES (a block has 48 KB without asking for
- * more, and its own arrays take 12 KB: about 6,500 keys), in the workspace beyond that. A step
+ * more, and its own arrays take 13 KB: about 6,500 keys), in the workspace beyond that. A step
  * whose sums (or scores) the workspace cannot hold at once goes through in runs of its query
  * rows (row_runs). Grouped-query attention: a block of the split takes up to GQA_HEADS query heads
  * of one K/V head, and loads each row once for them all. The helpers that read the rows
@@ -959,8 +959,8 @@ static int attention_span_keys(int nk, size_t queries, size_t blocks, size_t spa
 
 /* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
  * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
- * host_pad saying which) attention_kernel, a block a query, since the rank needs all of a
- * query's scores (queue_attention_kernel); otherwise the split over keys (queue_split). Each in
+ * host_pad saying which) attention_kernel, a block a query, since the choice needs all of a
+ * query's weights (queue_attention_kernel); otherwise the split over keys (queue_split). Each in
  * runs of the step's query rows whose spans' sums, or scores, `partials` holds: span_slots of
  * head_dim + 2 floats (the workspace holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys
  * and a row's top-K scores), so one run but for steps of more query rows (a prompt refilled
@@ -1076,7 +1076,8 @@ __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head)
 
 /* The scores to softmax weights in fp32, and kept[j]: the last key and the `keep` earlier keys
  * of largest weight (larger first, ties to the earlier). */
-__device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float *shared) {
+__device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float *shared,
+                             top_k_select *selection) {
     float m = -INFINITY;
     float sum = 0;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
@@ -1088,34 +1089,29 @@ __device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float 
         kept[j] = 1;
     }
     __syncthreads();
-    if (keep < nk - 1) /* rank among the earlier keys */
-        for (int j = threadIdx.x; j < nk - 1; j += blockDim.x) {
-            int rank = 0;
-            for (int i = 0; i < nk - 1; i++)
-                rank += scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
-            kept[j] = rank < keep;
-        }
-    __syncthreads();
+    if (keep < nk - 1) keep_largest(scores, kept, nk - 1, keep, selection);
 }
 
 /* Attention of one query (head blockIdx.x, sequence first_b + y, row first_t + z of the run) over
  * the keys it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's
  * one query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1))
  * earlier keys of largest weight (ties to the earlier), weights not renormalized, as
- * opt_attend_decode. The rank needs all of a query's scores, so this kernel keeps one block a
- * query; steps without top-K take the split over keys below (queue_attention). Grouped-query
- * attention: heads / kv_heads query heads in a row share a K/V head. Shared: the query, the scores
- * and kept flags (in the workspace, scores_apart floats a query, where they are more than
- * TOP_K_SHARED_BYTES), and each group's share of the output. CPU twin: opt_model.c's attention
- * (opt_attend_decode in decode). Tests: test_attention within its bound (scores in the workspace
- * for 7,000 keys), test_attention_ties (the same keys kept) and test_gqa_attention (grouped heads,
- * bit for bit against repeated ones). attention_kernel takes an fp16 cache, attention_q4_kernel a
- * 4-bit one. */
+ * opt_attend_decode (cuda_kernels.h's keep_largest chooses them). The choice needs all of a
+ * query's weights, so this kernel keeps one block a query; steps without top-K take the split
+ * over keys below (queue_attention). Grouped-query attention: heads / kv_heads query heads in a
+ * row share a K/V head. Shared: the query, the scores and kept flags (in the workspace,
+ * scores_apart floats a query, where they are more than TOP_K_SHARED_BYTES), and each group's
+ * share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in decode). Tests:
+ * test_attention within its bound (scores in the workspace for 7,000 keys), test_attention_ties
+ * (the same keys kept over exact ties), test_top_k_select (keep_largest alone) and
+ * test_gqa_attention (grouped heads, bit for bit against repeated ones). attention_kernel takes
+ * an fp16 cache, attention_q4_kernel a 4-bit one. */
 template <int Q4> __device__ void attend_query(attention_split a, float sparsity) {
     extern __shared__ float shared_scores[];
     __shared__ float shared[32];
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
+    __shared__ top_k_select selection;
     int head = blockIdx.x;
     int b = a.first_b + blockIdx.y;
     int t = a.first_t + blockIdx.z;
@@ -1144,7 +1140,7 @@ template <int Q4> __device__ void attend_query(attention_split a, float sparsity
     __syncthreads();
     int keep = nk - 1; /* earlier keys kept */
     if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
-    softmax_keep(scores, kept, nk, keep, shared);
+    softmax_keep(scores, kept, nk, keep, shared, &selection);
     attention_values<Q4, 1>(scores, 0, kept, 1, &values, 0, nk, partial, out, NULL, 0);
 }
 

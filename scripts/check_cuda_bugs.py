@@ -170,6 +170,18 @@ BUGS = [
      "support/cuda_device.cu",
      "    note_queued();\n    products_time_deferred(d);\n",
      "    note_queued();\n    (void)products_time_deferred;\n"),
+    ("top-K's ties to the later (keep_largest keeps one tie too few)",
+     "support/cuda_kernels.h",
+     "            if (tie && taken + rank <= (int)wanted) kept[j] = 1;",
+     "            if (tie && taken + rank < (int)wanted) kept[j] = 1;"),
+    ("a radix pass that counts weights outside the threshold's bytes so far (keep_largest)",
+     "support/cuda_kernels.h",
+     "        found |= 255u << shift;",
+     "        found |= 254u << shift;"),
+    ("a lane's counts short of one byte (keep_largest walks 7 of its 8)",
+     "support/cuda_kernels.h",
+     "            for (int i = 0; i < 8; i++) count += selection->bins[top - i];",
+     "            for (int i = 0; i < 7; i++) count += selection->bins[top - i];"),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).

@@ -4,7 +4,8 @@
  * q4_vocab_kernel), with their stages, fragments and sums; and a head's cached keys and values as
  * decode attention reads them, fp16 or 4-bit (§5), found through the page table and read a chunk
  * at a time, with the scores and weighted values of a block's queries over them (one query head,
- * or several of one K/V head, each row loaded once for them all). Each helper's test is its
+ * or several of one K/V head, each row loaded once for them all); and §5's top-K, the keys a
+ * decode query keeps, by a radix select over its weights. Each helper's test is its
  * kernel's (tests/test_kernels.cu); on the emulated GPU the PTX is tests/cuda_emu's. CUDA C++,
  * for flexgen.cu and the kernel tests; the plumbing is support/cuda_device.h's.
  */
@@ -691,6 +692,84 @@ __device__ void attention_values(const float *weights, int apart, const char *ke
             else sums[h * out_apart + d] = total;
         }
     }
+}
+
+/* ---- §5's top-K: the keys a decode query keeps (flexgen.cu's attention_kernel) ---- */
+
+/* The 32 lanes' sums of v over lanes 0 to their own. */
+__device__ unsigned warp_prefix_sum(unsigned v) {
+    int lane = threadIdx.x % 32;
+    for (int o = 1; o < 32; o *= 2) {
+        unsigned below = __shfl_up_sync(0xffffffff, v, o);
+        if (lane >= o) v += below;
+    }
+    return v;
+}
+
+/* What keep_largest's passes share: a byte's 256 counts, and the threshold found so far. */
+typedef struct {
+    unsigned bins[256];
+    unsigned threshold; /* the bits of the keep-th largest weight, its bytes found so far */
+    unsigned wanted;    /* how many of the weights that agree with them are still to be kept */
+} top_k_select;
+
+/* kept[j] for j < n: whether w[j] is among the `keep` largest of w[0 .. n), ties to the earlier,
+ * as quant.c's topk_keep chooses (keep < n). The weights are not negative, so their bits order as
+ * unsigned integers do, and a radix select finds the bits of the keep-th largest, a byte a pass
+ * from the top: each pass counts the weights whose higher bytes are the threshold's so far by
+ * their next byte, and the first warp walks those 256 counts down from the top (8 a lane, then the
+ * lanes' prefix sums) to the byte where the count reaches the weights still wanted. Then a weight
+ * above the threshold is kept, and of the ones equal to it the earliest `wanted`, which the first
+ * warp finds in index order, 32 weights a round. Four passes over n weights, where ranking each
+ * weight against every other would take n^2 compares. CPU twin: quant.c's topk_keep (a
+ * quickselect). Test: test_top_k_select, the same keys kept exactly. */
+__device__ void keep_largest(const float *w, char *kept, int n, int keep, top_k_select *selection) {
+    unsigned threshold = ~0u; /* keep 0: nothing is above it, and no tie is wanted */
+    unsigned wanted = 0;
+    if (keep > 0) {
+        threshold = 0;
+        wanted = keep;
+    }
+    unsigned found = 0; /* the threshold's bits found */
+    for (int shift = 24; keep > 0 && shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) selection->bins[i] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            unsigned bits = __float_as_uint(w[j]);
+            if ((bits & found) == threshold) atomicAdd(&selection->bins[bits >> shift & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            int top = 255 - 8 * (int)threadIdx.x; /* this lane's bytes: top down to top - 7 */
+            unsigned count = 0;
+            for (int i = 0; i < 8; i++) count += selection->bins[top - i];
+            unsigned above = warp_prefix_sum(count) - count; /* weights of the higher bytes */
+            if (above < wanted && above + count >= wanted)
+                for (int byte = top; byte > top - 8; byte--) {
+                    if (above + selection->bins[byte] >= wanted) {
+                        selection->threshold = threshold | (unsigned)byte << shift;
+                        selection->wanted = wanted - above;
+                        break;
+                    }
+                    above += selection->bins[byte];
+                }
+        }
+        __syncthreads();
+        threshold = selection->threshold;
+        wanted = selection->wanted;
+        found |= 255u << shift;
+    }
+    for (int j = threadIdx.x; j < n; j += blockDim.x) kept[j] = __float_as_uint(w[j]) > threshold;
+    __syncthreads();
+    if (threadIdx.x < 32) /* the ties, earliest first */
+        for (int first = 0, taken = 0; first < n && taken < (int)wanted; first += 32) {
+            int j = first + (int)threadIdx.x;
+            int tie = j < n && __float_as_uint(w[j]) == threshold;
+            int rank = (int)warp_prefix_sum(tie); /* ties of this round up to this lane's */
+            if (tie && taken + rank <= (int)wanted) kept[j] = 1;
+            taken += __shfl_sync(0xffffffff, rank, 31);
+        }
+    __syncthreads();
 }
 
 #endif

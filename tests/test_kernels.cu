@@ -10,6 +10,7 @@
  *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
  *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie);
  *                           top-K over 6,600 keys, the scores in the workspace, also a row a run
+ *   keep_largest            top-K's radix select alone: quant.c's topk_keep's keys, exactly
  *   attention_span_kernel +
  *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
  *                           applies: opt_attend_decode within (A), at two and three spans with a
@@ -956,6 +957,89 @@ static void test_attention_ties(void) {
             attn_setup_free(&s);
         }
     printf("(worst %.2f of the bound) ", st.worst);
+}
+
+/* keep_largest alone: kept[] of n weights, one block of `threads`. */
+__global__ void keep_largest_kernel(const float *w, int n, int keep, char *kept) {
+    __shared__ top_k_select selection;
+    keep_largest(w, kept, n, keep, &selection);
+}
+
+typedef struct {
+    const float *w;
+    int n, keep, threads;
+    char *kept;
+} select_args;
+
+static void run_select(void *p) {
+    select_args *a = (select_args *)p;
+    poison(a->kept, (size_t)a->n);
+    keep_largest_kernel<<<1, a->threads, 0, ctx()->stream>>>(a->w, a->n, a->keep, a->kept);
+    LAUNCHED("keep_largest_kernel");
+    wait_stream();
+}
+
+/* The weights of the selection cases: a kind, n of them. */
+static void select_weights(int kind, int n, uint64_t *seed, float *w) {
+    float sum = 0;
+    for (int j = 0; j < n; j++) {
+        float u = test_uniform(seed);
+        switch (kind) {
+        case 0: w[j] = u; break;                                                 /* distinct */
+        case 1: w[j] = (float)(int)(4 * u) * 0.125f; break;                      /* 4 levels, one 0 */
+        case 2: w[j] = 1.0f + (float)(int)(256 * u) * 0x1p-23f; break;          /* one last byte apart */
+        case 3: w[j] = 0.375f; break;                                            /* all one tie */
+        case 4: w[j] = u < 0.7f ? 0 : u < 0.9f ? 0x1p-140f * (float)(int)(8 * u) : u; break; /* 0s, subnormals */
+        default: w[j] = expf(8 * u), sum += w[j];                               /* a softmax */
+        }
+    }
+    if (kind == 5)
+        for (int j = 0; j < n; j++) w[j] /= sum;
+}
+
+/* keep_largest against quant.c's topk_keep (the CPU's top-K): the same kept keys, exactly, for
+ * distinct weights, ties of whole values and of a last byte (the passes' last), one value
+ * throughout, zeros with subnormals, and a softmax's weights; keep 0, 1, a tie's edge, n - 1; n of
+ * 1 to 9,000 (ties spread over many rounds of the first warp's walk), 256 threads (the kernel's)
+ * and 96. */
+static void test_top_k_select(void) {
+    if (!gpu_ready()) return;
+    static const int ns[] = {1, 2, 33, 700, 9000};
+    uint64_t seed = 53;
+    for (int kind = 0; kind <= 5; kind++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni];
+            float *w = host_array<float>((size_t)n), *scratch = host_array<float>((size_t)n);
+            int *want = host_array<int>((size_t)n);
+            char *got = host_array<char>((size_t)n);
+            select_weights(kind, n, &seed, w);
+            select_args a = {device_copy(w, (size_t)n), n, 0, ATTENTION_THREADS, device_array<char>((size_t)n)};
+            int keeps[] = {0, 1, n / 3, n / 2 + 1, n - 1};
+            for (size_t ki = 0; ki < sizeof keeps / sizeof *keeps; ki++)
+                for (int threads = 96; threads <= ATTENTION_THREADS; threads += ATTENTION_THREADS - 96) {
+                    a.keep = keeps[ki] < n ? keeps[ki] : n - 1;
+                    a.threads = threads;
+                    char what[160];
+                    snprintf(what, sizeof what, "keep_largest, weights of kind %d, %d of %d, %d threads", kind,
+                             a.keep, n, threads);
+                    run_in_every_order(what, run_select, &a, a.kept, (size_t)n, got);
+                    int kept = topk_keep(w, n, a.keep, want, scratch), bad = 0, first_bad = -1, at = 0;
+                    for (int j = 0; j < n; j++) {
+                        int wanted = at < kept && want[at] == j;
+                        at += wanted;
+                        if (got[j] != wanted && !bad++) first_bad = j;
+                    }
+                    EXPECT(bad == 0, "%s: %d keys differ from topk_keep's; key %d (weight %a): %s", what, bad,
+                           first_bad, first_bad >= 0 ? (double)w[first_bad] : 0.0,
+                           first_bad >= 0 && got[first_bad] ? "kept, not by the CPU" : "left out, kept by the CPU");
+                }
+            cuda_free((void *)a.w);
+            cuda_free(a.kept);
+            free(w);
+            free(scratch);
+            free(want);
+            free(got);
+        }
 }
 
 /* ============================================================================================
@@ -2223,6 +2307,7 @@ extern "C" void add_kernel_tests(void) {
     CU_add_test(s, "attention_kernel and the split over keys: opt_attend_decode within its bound, "
                 "fp16 and 4-bit cache", test_attention);
     CU_add_test(s, "attention_kernel: top-K over exact ties keeps the CPU's keys", test_attention_ties);
+    CU_add_test(s, "keep_largest: top-K's radix select keeps topk_keep's keys", test_top_k_select);
     CU_add_test(s, "layer_norm_kernel: a layer norm in double within its bound; y == x", test_layer_norm);
     CU_add_test(s, "bias_layer_norm: the bits of bias_kernel, then layer_norm_kernel", test_bias_layer_norm);
     CU_add_test(s, "linear and bias_kernel: matmul_reference within its bound, every mode", test_linear);

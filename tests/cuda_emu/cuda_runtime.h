@@ -251,6 +251,12 @@ static inline float __int_as_float(int i) {
     memcpy(&f, &i, sizeof f);
     return f;
 }
+/* The bits of a float. */
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
 static inline float __saturatef(float a) { return a < 0 ? 0 : a > 1 ? 1 : a; }
