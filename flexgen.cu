@@ -21,7 +21,7 @@
  *   844  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
  *   886  prefill_attention        a prompt's attention by cuBLAS, over the heads
  *   969  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1109  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1104  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
  *  1172  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
  *  1289  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
  *  1334  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
@@ -725,7 +725,7 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
  * their sums); queue_attention cuts a query's keys into more spans while the step's blocks are
  * fewer than FILL_BLOCKS_PER_SM a multiprocessor. attention_kernel holds a query's scores for
  * §5's top-K in shared memory up to TOP_K_SHARED_BYTES (a block has 48 KB without asking for
- * more, and its own arrays take 13 KB: about 6,500 keys), in the workspace beyond that. A step
+ * more, and its own arrays take 13.4 KB: 4,096 keys), in the workspace beyond that. A step
  * whose sums (or scores) the workspace cannot hold at once goes through in runs of its query
  * rows (row_runs). Grouped-query attention: a block of the split takes up to GQA_HEADS query heads
  * of one K/V head, and loads each row once for them all. The helpers that read the rows
@@ -1074,38 +1074,33 @@ __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head)
     return h;
 }
 
-/* The scores to softmax weights in fp32, and kept[j]: the last key and the `keep` earlier keys
- * of largest weight (larger first, ties to the earlier). */
-__device__ void softmax_keep(float *scores, char *kept, int nk, int keep, float *shared,
-                             top_k_select *selection) {
+/* The scores to softmax weights in fp32. */
+__device__ void softmax(float *scores, int nk, float *shared) {
     float m = -INFINITY;
     float sum = 0;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
     m = block_max(m, shared);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
     sum = block_sum(sum, shared);
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        scores[j] /= sum;
-        kept[j] = 1;
-    }
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) scores[j] /= sum;
     __syncthreads();
-    if (keep < nk - 1) keep_largest(scores, kept, nk - 1, keep, selection);
 }
 
 /* Attention of one query (head blockIdx.x, sequence first_b + y, row first_t + z of the run) over
  * the keys it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's
  * one query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1))
  * earlier keys of largest weight (ties to the earlier), weights not renormalized, as
- * opt_attend_decode (cuda_kernels.h's keep_largest chooses them). The choice needs all of a
- * query's weights, so this kernel keeps one block a query; steps without top-K take the split
- * over keys below (queue_attention). Grouped-query attention: heads / kv_heads query heads in a
- * row share a K/V head. Shared: the query, the scores and kept flags (in the workspace,
- * scores_apart floats a query, where they are more than TOP_K_SHARED_BYTES), and each group's
- * share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in decode). Tests:
- * test_attention within its bound (scores in the workspace for 7,000 keys), test_attention_ties
- * (the same keys kept over exact ties), test_top_k_select (keep_largest alone) and
- * test_gqa_attention (grouped heads, bit for bit against repeated ones). attention_kernel takes
- * an fp16 cache, attention_q4_kernel a 4-bit one. */
+ * opt_attend_decode (cuda_kernels.h's keep_largest lists them), and only their rows of V read,
+ * as §5 loads them. The choice needs all of a query's weights, so this kernel keeps one block a
+ * query; steps without top-K take the split over keys below (queue_attention). Grouped-query
+ * attention: heads / kv_heads query heads in a row share a K/V head. Shared: the query, the
+ * scores and the list of kept keys (in the workspace, scores_apart floats a query, where they are
+ * more than TOP_K_SHARED_BYTES), and each group's share of the output. CPU twin: opt_model.c's
+ * attention (opt_attend_decode in decode). Tests: test_attention within its bound (scores in the
+ * workspace for 7,000 keys), test_attention_ties (the same keys kept over exact ties, and only
+ * their V rows loaded), test_top_k_select (keep_largest alone) and test_gqa_attention (grouped
+ * heads, bit for bit against repeated ones). attention_kernel takes an fp16 cache,
+ * attention_q4_kernel a 4-bit one. */
 template <int Q4> __device__ void attend_query(attention_split a, float sparsity) {
     extern __shared__ float shared_scores[];
     __shared__ float shared[32];
@@ -1133,15 +1128,20 @@ template <int Q4> __device__ void attend_query(attention_split a, float sparsity
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
     kv_head keys = kv_head_of(&a, 0, b, kvh);
     kv_head values = kv_head_of(&a, 1, b, kvh);
-    char *kept = (char *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
+    int *kept = (int *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
     query_to_shared(q, 1, hd, query);
     __syncthreads();
     attention_scores<Q4, 1>(query, 1, &keys, 0, nk, a.scale, scores, 0);
     __syncthreads();
-    int keep = nk - 1; /* earlier keys kept */
-    if (decode && sparsity < 1) keep = (int)floorf(sparsity * (float)(nk - 1));
-    softmax_keep(scores, kept, nk, keep, shared, &selection);
-    attention_values<Q4, 1>(scores, 0, kept, 1, &values, 0, nk, partial, out, NULL, 0);
+    softmax(scores, nk, shared);
+    if (decode && sparsity < 1) { /* the keys kept: the top-K earlier ones, then the new token */
+        int keep = (int)floorf(sparsity * (float)(nk - 1));
+        if (threadIdx.x == 0) kept[keep] = nk - 1;
+        keep_largest(scores, nk - 1, keep, kept, &selection); /* its last barrier publishes both */
+        attention_values<Q4, 1>(scores, 0, kept, 1, &values, 0, keep + 1, partial, out, NULL, 0);
+    } else {
+        attention_values<Q4, 1>(scores, 0, NULL, 1, &values, 0, nk, partial, out, NULL, 0);
+    }
 }
 
 __global__ void attention_kernel(attention_split a, float sparsity) {

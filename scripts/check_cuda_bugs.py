@@ -170,10 +170,10 @@ BUGS = [
      "support/cuda_device.cu",
      "    note_queued();\n    products_time_deferred(d);\n",
      "    note_queued();\n    (void)products_time_deferred;\n"),
-    ("top-K's ties to the later (keep_largest keeps one tie too few)",
+    ("one tie too few kept (keep_largest)",
      "support/cuda_kernels.h",
-     "            if (tie && taken + rank <= (int)wanted) kept[j] = 1;",
-     "            if (tie && taken + rank < (int)wanted) kept[j] = 1;"),
+     "        if (bits > threshold || (bits == threshold && ties_before++ < wanted)) kept[at++] = j;",
+     "        if (bits > threshold || (bits == threshold && ++ties_before < wanted)) kept[at++] = j;"),
     ("a radix pass that counts weights outside the threshold's bytes so far (keep_largest)",
      "support/cuda_kernels.h",
      "        found |= 255u << shift;",
@@ -182,6 +182,14 @@ BUGS = [
      "support/cuda_kernels.h",
      "            for (int i = 0; i < 8; i++) count += selection->bins[top - i];",
      "            for (int i = 0; i < 7; i++) count += selection->bins[top - i];"),
+    ("a thread's own count in its place in the list (block_prefix_sum's sum through it, not before)",
+     "support/cuda_kernels.h",
+     "    return before + through - v;",
+     "    return before + through;"),
+    ("the new token's value left out of top-K (attend_query lists the key before it)",
+     "flexgen.cu",
+     "        if (threadIdx.x == 0) kept[keep] = nk - 1;",
+     "        if (threadIdx.x == 0) kept[keep] = nk - 2;"),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).

@@ -71,6 +71,8 @@ def policy_of(m):
                               ("--compress-cache", "compress_cache")) if m.get(key)]
     if m.get("schedule") == "diagonal":
         flags.append("diagonal")
+    if m.get("attn_sparsity", 1) < 1:
+        flags.append("--attn-sparsity %g" % m["attn_sparsity"])
     return p + (" " + " ".join(flags) if flags else "")
 
 

@@ -637,15 +637,17 @@ __device__ void attention_scores(const float *query, int nh, const kv_head *keys
     }
 }
 
-/* The kept keys' weights times their values, for keys first + i (i < n; kept NULL: all of them)
- * and the block's nh heads (weights[h apart + i]): thread t sums chunk t % chunks of the keys of
- * its group t / chunks (a group's threads read a row side by side), KEYS_AT_ONCE keys loaded at a
- * time, each chunk widened once for every head, in registers; then, a head at a time, the groups'
- * sums are added in a fixed order through `partial` ([groups][chunks][8], blockDim.x x 8 floats),
- * into out rounded to fp16, or into sums in fp32 where out is NULL (head h's hd values at h
- * out_apart on). kept: a block of one head's only. */
+/* The weights times the values of n keys, first + keys[i] for i < n (keys NULL: first + i, the
+ * split's span), and the block's nh heads (key k's weight for head h: weights[h apart + k]), so
+ * that only the rows of the keys listed are read (§5's top-K loads the V cache of its kept keys
+ * alone): thread t sums chunk t % chunks of the keys of its group t / chunks (a group's threads
+ * read a row side by side), KEYS_AT_ONCE keys loaded at a time, each chunk widened once for every
+ * head, in registers; then, a head at a time, the groups' sums are added in a fixed order through
+ * `partial` ([groups][chunks][8], blockDim.x x 8 floats), into out rounded to fp16, or into sums in
+ * fp32 where out is NULL (head h's hd values at h out_apart on). keys: a block of one head's
+ * only. */
 template <int Q4, int HEADS>
-__device__ void attention_values(const float *weights, int apart, const char *kept, int nh,
+__device__ void attention_values(const float *weights, int apart, const int *keys, int nh,
                                  const kv_head *values, int first, int n, float *partial,
                                  __half *out, float *sums, size_t out_apart) {
     int hd = values->hd;
@@ -659,21 +661,22 @@ __device__ void attention_values(const float *weights, int apart, const char *ke
         kv_row value[KEYS_AT_ONCE];
         kv_bytes raw[KEYS_AT_ONCE];
         FG_UNROLL
-        for (int i = 0; i < KEYS_AT_ONCE; i++)
-            value[i] = kv_row_at<Q4>(values, first + (j0 + i < n ? j0 + i : n - 1));
+        for (int i = 0; i < KEYS_AT_ONCE; i++) {
+            int at = j0 + i < n ? j0 + i : n - 1;
+            value[i] = kv_row_at<Q4>(values, first + (keys ? keys[at] : at));
+        }
         FG_UNROLL
         for (int i = 0; i < KEYS_AT_ONCE; i++)
             if (j0 + i < n) raw[i] = kv_load<Q4>(value[i], c, hd, whole);
         FG_UNROLL
         for (int i = 0; i < KEYS_AT_ONCE; i++) {
-            int j = j0 + i;
-            if (j >= n || (kept && !kept[j])) continue;
+            if (j0 + i >= n) continue;
             float v[8];
             kv_widen<Q4>(raw[i], value[i], c, hd, whole, v);
             FG_UNROLL
             for (int h = 0; h < HEADS; h++) {
                 if (h >= nh) break;
-                float w = weights[h * apart + j];
+                float w = weights[h * apart + (keys ? keys[j0 + i] : j0 + i)];
                 for (int e = 0; e < 8; e++) acc[h][e] = fmaf(w, v[e], acc[h][e]);
             }
         }
@@ -697,13 +700,27 @@ __device__ void attention_values(const float *weights, int apart, const char *ke
 /* ---- §5's top-K: the keys a decode query keeps (flexgen.cu's attention_kernel) ---- */
 
 /* The 32 lanes' sums of v over lanes 0 to their own. */
-__device__ unsigned warp_prefix_sum(unsigned v) {
+__device__ unsigned long long warp_prefix_sum(unsigned long long v) {
     int lane = threadIdx.x % 32;
     for (int o = 1; o < 32; o *= 2) {
-        unsigned below = __shfl_up_sync(0xffffffff, v, o);
+        unsigned long long below = __shfl_up_sync(0xffffffff, v, o);
         if (lane >= o) v += below;
     }
     return v;
+}
+
+/* The sum of v over the block's threads before this one (blockDim.x a multiple of 32).
+ * warp_sums: 32 in shared memory. */
+__device__ unsigned long long block_prefix_sum(unsigned long long v,
+                                               unsigned long long *warp_sums) {
+    int warp = threadIdx.x / 32;
+    unsigned long long through = warp_prefix_sum(v);
+    if (threadIdx.x % 32 == 31) warp_sums[warp] = through;
+    __syncthreads();
+    unsigned long long before = 0;
+    for (int w = 0; w < warp; w++) before += warp_sums[w];
+    __syncthreads(); /* every thread has read warp_sums */
+    return before + through - v;
 }
 
 /* What keep_largest's passes share: a byte's 256 counts, and the threshold found so far. */
@@ -711,19 +728,22 @@ typedef struct {
     unsigned bins[256];
     unsigned threshold; /* the bits of the keep-th largest weight, its bytes found so far */
     unsigned wanted;    /* how many of the weights that agree with them are still to be kept */
+    unsigned long long warp_sums[32];
 } top_k_select;
 
-/* kept[j] for j < n: whether w[j] is among the `keep` largest of w[0 .. n), ties to the earlier,
- * as quant.c's topk_keep chooses (keep < n). The weights are not negative, so their bits order as
+/* kept[0 .. keep): the `keep` largest of w[0 .. n) (0 <= keep < n), ties to the earlier, in
+ * index order: quant.c's topk_keep's list. The weights are not negative, so their bits order as
  * unsigned integers do, and a radix select finds the bits of the keep-th largest, a byte a pass
  * from the top: each pass counts the weights whose higher bytes are the threshold's so far by
  * their next byte, and the first warp walks those 256 counts down from the top (8 a lane, then the
  * lanes' prefix sums) to the byte where the count reaches the weights still wanted. Then a weight
- * above the threshold is kept, and of the ones equal to it the earliest `wanted`, which the first
- * warp finds in index order, 32 weights a round. Four passes over n weights, where ranking each
- * weight against every other would take n^2 compares. CPU twin: quant.c's topk_keep (a
- * quickselect). Test: test_top_k_select, the same keys kept exactly. */
-__device__ void keep_largest(const float *w, char *kept, int n, int keep, top_k_select *selection) {
+ * above the threshold is kept, and of the ones equal to it the earliest `wanted`: each thread
+ * counts both in its own run of w, and one prefix sum over the threads says where its kept keys
+ * go in the list and how many ties come before its run. Four passes and a fifth over n weights,
+ * where ranking each weight against every other would take n^2 compares. blockDim.x: a multiple
+ * of 32. CPU twin: quant.c's topk_keep (a quickselect). Test: test_top_k_select, its list
+ * exactly. */
+__device__ void keep_largest(const float *w, int n, int keep, int *kept, top_k_select *selection) {
     unsigned threshold = ~0u; /* keep 0: nothing is above it, and no tie is wanted */
     unsigned wanted = 0;
     if (keep > 0) {
@@ -743,7 +763,7 @@ __device__ void keep_largest(const float *w, char *kept, int n, int keep, top_k_
             int top = 255 - 8 * (int)threadIdx.x; /* this lane's bytes: top down to top - 7 */
             unsigned count = 0;
             for (int i = 0; i < 8; i++) count += selection->bins[top - i];
-            unsigned above = warp_prefix_sum(count) - count; /* weights of the higher bytes */
+            unsigned above = (unsigned)warp_prefix_sum(count) - count; /* the higher bytes' */
             if (above < wanted && above + count >= wanted)
                 for (int byte = top; byte > top - 8; byte--) {
                     if (above + selection->bins[byte] >= wanted) {
@@ -759,16 +779,23 @@ __device__ void keep_largest(const float *w, char *kept, int n, int keep, top_k_
         wanted = selection->wanted;
         found |= 255u << shift;
     }
-    for (int j = threadIdx.x; j < n; j += blockDim.x) kept[j] = __float_as_uint(w[j]) > threshold;
-    __syncthreads();
-    if (threadIdx.x < 32) /* the ties, earliest first */
-        for (int first = 0, taken = 0; first < n && taken < (int)wanted; first += 32) {
-            int j = first + (int)threadIdx.x;
-            int tie = j < n && __float_as_uint(w[j]) == threshold;
-            int rank = (int)warp_prefix_sum(tie); /* ties of this round up to this lane's */
-            if (tie && taken + rank <= (int)wanted) kept[j] = 1;
-            taken += __shfl_sync(0xffffffff, rank, 31);
-        }
+    int run = (n + (int)blockDim.x - 1) / (int)blockDim.x;
+    int from = (int)threadIdx.x * run < n ? (int)threadIdx.x * run : n;
+    int to = from + run < n ? from + run : n;
+    unsigned long long above = 0; /* in this thread's run */
+    unsigned long long ties = 0;
+    for (int j = from; j < to; j++) {
+        unsigned bits = __float_as_uint(w[j]);
+        above += bits > threshold;
+        ties += bits == threshold;
+    }
+    unsigned long long before = block_prefix_sum(ties << 32 | above, selection->warp_sums);
+    unsigned long long ties_before = before >> 32;
+    unsigned long long at = (before & 0xffffffffu) + (ties_before < wanted ? ties_before : wanted);
+    for (int j = from; j < to; j++) {
+        unsigned bits = __float_as_uint(w[j]);
+        if (bits > threshold || (bits == threshold && ties_before++ < wanted)) kept[at++] = j;
+    }
     __syncthreads();
 }
 

@@ -307,12 +307,10 @@ enum { FG_CUDA_MIN_SPAN_SLOTS = 4096 };
 static inline int fg_cuda_attention_spans(int keys) {
     return (keys + FG_CUDA_SPAN_KEYS - 1) / FG_CUDA_SPAN_KEYS;
 }
-/* A query's scores and kept flags for §5's top-K over nk keys (flexgen.cu's attention_kernel), in
- * shared memory or the workspace: the scores in whole 16-byte groups, then the flags, in whole
- * groups too. */
-static inline size_t fg_cuda_top_k_bytes(int nk) {
-    return ((size_t)(nk + 3) / 4 * 16 + (size_t)nk + 15) / 16 * 16;
-}
+/* A query's scores and list of kept keys for §5's top-K over nk keys (flexgen.cu's
+ * attention_kernel), in shared memory or the workspace: the scores in whole 16-byte groups, then
+ * up to nk keys' indices (4 bytes each), in whole groups too. */
+static inline size_t fg_cuda_top_k_bytes(int nk) { return (size_t)(nk + 3) / 4 * 16 * 2; }
 /* The slots (of head_dim + 2 floats) that a query row's top-K scores of its heads take. */
 static inline size_t fg_cuda_top_k_slots(int heads, int head_dim, int nk) {
     size_t slot_bytes = 4 * ((size_t)head_dim + 2);

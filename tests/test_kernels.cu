@@ -9,7 +9,8 @@
  *                           sequences (NULL cache pointers) leave the pools as they were
  *   attention_kernel        opt_attend_decode on the same fp16 (or 4-bit) values, within (A); its
  *                           top-K over exact ties keeps the CPU's keys (the earlier of a tie);
- *                           top-K over 6,600 keys, the scores in the workspace, also a row a run
+ *                           top-K over 6,600 keys, the scores in the workspace, also a row a run;
+ *                           top-K loads the V rows of its kept keys alone
  *   keep_largest            top-K's radix select alone: quant.c's topk_keep's keys, exactly
  *   attention_span_kernel +
  *   attention_merge_kernel  the split over keys that queue_attention runs where no top-K
@@ -908,7 +909,8 @@ static void test_attention(void) {
  * with levels [1 2 2 0 2 1 3 2 0 1 2 3 1 2 0 1] rotated: two 3s, six 2s, five 1s, three 0s, whose
  * weights are e apart; identical keys tie exactly on each side. Keeping 5 cuts the 2s, 9 cuts the
  * 1s, 8 falls between levels, 0 keeps the new token alone. Values are one-hot (value j is unit
- * vector j), so output element j is nonzero exactly when key j was kept. */
+ * vector j), so output element j is nonzero exactly when key j was kept. On the emulated GPU the
+ * kernel loads every key's K row and the V rows of the kept keys alone (§5). */
 static void test_attention_ties(void) {
     if (!gpu_ready()) return;
     static const int levels[16] = {1, 2, 2, 0, 2, 1, 3, 2, 0, 1, 2, 3, 1, 2, 0, 1};
@@ -949,8 +951,16 @@ static void test_attention_ties(void) {
             char what[160];
             snprintf(what, sizeof what, "attention_kernel, %s, top-K %g, %s cache", c.what, (double)c.sparsity,
                      q4 ? "4-bit" : "fp16");
+            long long before = emu_count(EMU_KV_LOAD_BYTES);
             run_in_every_order(what, run_attention, &s, s.dev_attn, (size_t)s.rows * h * sizeof(fp16), got);
             check_attention(&s, got, what, 1, &st);
+            if (before >= 0) { /* 16 cached rows and this step's of K; of V, the kept ones alone */
+                long long cached = q4 ? hd : 2 * hd, fresh = 2 * hd, keep = (long long)floorf(c.sparsity * 16);
+                long long want = (long long)c.batch * c.heads * (16 * cached + fresh + keep * cached + fresh);
+                long long read = (emu_count(EMU_KV_LOAD_BYTES) - before) / EVERY_ORDER;
+                EXPECT(read == want, "%s: %lld bytes of K and V rows loaded, expected %lld (every key's K, the "
+                       "kept keys' V)", what, read, want);
+            }
             free(k);
             free(v);
             free(got);
@@ -959,21 +969,21 @@ static void test_attention_ties(void) {
     printf("(worst %.2f of the bound) ", st.worst);
 }
 
-/* keep_largest alone: kept[] of n weights, one block of `threads`. */
-__global__ void keep_largest_kernel(const float *w, int n, int keep, char *kept) {
+/* keep_largest alone: the list kept[0 .. keep) of n weights, one block of `threads`. */
+__global__ void keep_largest_kernel(const float *w, int n, int keep, int *kept) {
     __shared__ top_k_select selection;
-    keep_largest(w, kept, n, keep, &selection);
+    keep_largest(w, n, keep, kept, &selection);
 }
 
 typedef struct {
     const float *w;
     int n, keep, threads;
-    char *kept;
+    int *kept;
 } select_args;
 
 static void run_select(void *p) {
     select_args *a = (select_args *)p;
-    poison(a->kept, (size_t)a->n);
+    poison(a->kept, (size_t)a->n * sizeof(int));
     keep_largest_kernel<<<1, a->threads, 0, ctx()->stream>>>(a->w, a->n, a->keep, a->kept);
     LAUNCHED("keep_largest_kernel");
     wait_stream();
@@ -997,7 +1007,7 @@ static void select_weights(int kind, int n, uint64_t *seed, float *w) {
         for (int j = 0; j < n; j++) w[j] /= sum;
 }
 
-/* keep_largest against quant.c's topk_keep (the CPU's top-K): the same kept keys, exactly, for
+/* keep_largest against quant.c's topk_keep (the CPU's top-K): the same list of keys, exactly, for
  * distinct weights, ties of whole values and of a last byte (the passes' last), one value
  * throughout, zeros with subnormals, and a softmax's weights; keep 0, 1, a tie's edge, n - 1; n of
  * 1 to 9,000 (ties spread over many rounds of the first warp's walk), 256 threads (the kernel's)
@@ -1010,10 +1020,9 @@ static void test_top_k_select(void) {
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             int n = ns[ni];
             float *w = host_array<float>((size_t)n), *scratch = host_array<float>((size_t)n);
-            int *want = host_array<int>((size_t)n);
-            char *got = host_array<char>((size_t)n);
+            int *want = host_array<int>((size_t)n), *got = host_array<int>((size_t)n);
             select_weights(kind, n, &seed, w);
-            select_args a = {device_copy(w, (size_t)n), n, 0, ATTENTION_THREADS, device_array<char>((size_t)n)};
+            select_args a = {device_copy(w, (size_t)n), n, 0, ATTENTION_THREADS, device_array<int>((size_t)n)};
             int keeps[] = {0, 1, n / 3, n / 2 + 1, n - 1};
             for (size_t ki = 0; ki < sizeof keeps / sizeof *keeps; ki++)
                 for (int threads = 96; threads <= ATTENTION_THREADS; threads += ATTENTION_THREADS - 96) {
@@ -1022,16 +1031,14 @@ static void test_top_k_select(void) {
                     char what[160];
                     snprintf(what, sizeof what, "keep_largest, weights of kind %d, %d of %d, %d threads", kind,
                              a.keep, n, threads);
-                    run_in_every_order(what, run_select, &a, a.kept, (size_t)n, got);
-                    int kept = topk_keep(w, n, a.keep, want, scratch), bad = 0, first_bad = -1, at = 0;
-                    for (int j = 0; j < n; j++) {
-                        int wanted = at < kept && want[at] == j;
-                        at += wanted;
-                        if (got[j] != wanted && !bad++) first_bad = j;
-                    }
-                    EXPECT(bad == 0, "%s: %d keys differ from topk_keep's; key %d (weight %a): %s", what, bad,
-                           first_bad, first_bad >= 0 ? (double)w[first_bad] : 0.0,
-                           first_bad >= 0 && got[first_bad] ? "kept, not by the CPU" : "left out, kept by the CPU");
+                    run_in_every_order(what, run_select, &a, a.kept, (size_t)n * sizeof(int), got);
+                    int kept = topk_keep(w, n, a.keep, want, scratch), bad = 0, first_bad = -1;
+                    for (int i = 0; i < kept; i++)
+                        if (got[i] != want[i] && !bad++) first_bad = i;
+                    EXPECT(kept == a.keep, "topk_keep kept %d of %d, not %d", kept, n, a.keep);
+                    EXPECT(bad == 0, "%s: %d of the list's keys differ from topk_keep's; entry %d: expected key %d "
+                           "(weight %a), got %d", what, bad, first_bad, first_bad >= 0 ? want[first_bad] : 0,
+                           first_bad >= 0 ? (double)w[want[first_bad]] : 0.0, first_bad >= 0 ? got[first_bad] : 0);
                 }
             cuda_free((void *)a.w);
             cuda_free(a.kept);
