@@ -1009,9 +1009,9 @@ static void select_weights(int kind, int n, uint64_t *seed, float *w) {
 
 /* keep_largest against quant.c's topk_keep (the CPU's top-K): the same list of keys, exactly, for
  * distinct weights, ties of whole values and of a last byte (the passes' last), one value
- * throughout, zeros with subnormals, and a softmax's weights; keep 0, 1, a tie's edge, n - 1; n of
- * 1 to 9,000 (ties spread over many rounds of the first warp's walk), 256 threads (the kernel's)
- * and 96. */
+ * throughout, zeros with subnormals, and a softmax's weights; keep 0, 1, a third, a half and one,
+ * n - 1; n of 1 to 9,000 (ties in many threads' runs, and runs of none), 256 threads (the
+ * kernel's) and 96. */
 static void test_top_k_select(void) {
     if (!gpu_ready()) return;
     static const int ns[] = {1, 2, 33, 700, 9000};
