@@ -8,24 +8,24 @@
  * CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   224  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   284  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   204  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   376  fg_cuda_backend          the operation table, once a GPU is found
- *   436  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   492  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   558  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   653  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   702  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   742  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   844  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   886  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   969  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1104  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1172  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1289  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1334  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1427  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   228  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   288  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   208  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   380  fg_cuda_backend          the operation table, once a GPU is found
+ *   407  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   463  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   529  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   624  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   673  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   714  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   817  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   859  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   956  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1105  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1188  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1302  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1347  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1440  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -84,8 +84,8 @@ typedef struct {
  * sums, for a run of the step's query rows (sequences first_b on, rows first_t on: the grid's y
  * and z): partials[((run row) heads + head) spans + span][hd + 2], a span's sum of weights times
  * values (hd floats), its max score and its sum of weights, the run's rows in grid order. Top-K's
- * scores lie there too where shared memory cannot hold them, scores_apart floats a query (0: in
- * shared memory). */
+ * scores and lists of kept keys, scores_apart floats a query head, lie there too where shared
+ * memory cannot hold them (scores_in_workspace). */
 typedef struct {
     const __half *qkv;
     qkv_layout at;
@@ -101,6 +101,7 @@ typedef struct {
     float *partials;
     int batch, first_b, first_t;
     size_t scores_apart;
+    int scores_in_workspace;
 } attention_split;
 
 /* A 4-bit decode product as q4_rows_kernel takes it, by value: y[rows][out] (+ y with add) = x W,
@@ -162,11 +163,14 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots, int fill_blocks);
 static void row_runs(int batch, int n_new, size_t fit, int *run_seqs, int *run_rows);
+static int top_k_in_shared(int heads, int kv_heads, int hd, int nk);
 static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity);
 static void queue_split(attention_split a, int seqs, int rows, int nk, size_t span_slots,
                         int fill_blocks);
 __global__ void attention_kernel(attention_split a, float sparsity);
 __global__ void attention_q4_kernel(attention_split a, float sparsity);
+__global__ void attention_gqa_kernel(attention_split a, float sparsity);
+__global__ void attention_gqa_q4_kernel(attention_split a, float sparsity);
 __global__ void attention_span_kernel(attention_split a);
 __global__ void attention_span_q4_kernel(attention_split a);
 __global__ void attention_span_gqa_kernel(attention_split a);
@@ -383,39 +387,6 @@ extern "C" const fg_backend *fg_cuda_backend(char *err) {
  * fp32 inside. Each kernel names its CPU twin and the test of tests/test_kernels.cu that holds
  * the two together (the kernels suite, on a GPU or the emulated one).
  * ============================================================================================ */
-
-/* ---- block reductions ---- */
-
-__device__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-
-__device__ float block_sum(float v, float *shared) {
-    v = warp_sum(v);
-    int warp = threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    int warps = (blockDim.x + 31) / 32;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = 0;
-    for (int w = 0; w < warps; w++) v += shared[w];
-    return v;
-}
-
-__device__ float block_max(float v, float *shared) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    int warp = threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    int warps = (blockDim.x + 31) / 32;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = -INFINITY;
-    for (int w = 0; w < warps; w++) v = fmaxf(v, shared[w]);
-    return v;
-}
 
 /* ---- the embedding ---- */
 
@@ -725,10 +696,11 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
  * their sums); queue_attention cuts a query's keys into more spans while the step's blocks are
  * fewer than FILL_BLOCKS_PER_SM a multiprocessor. attention_kernel holds a query's scores for
  * §5's top-K in shared memory up to TOP_K_SHARED_BYTES (a block has 48 KB without asking for
- * more, and its own arrays take 13.4 KB: 4,096 keys), in the workspace beyond that. A step
- * whose sums (or scores) the workspace cannot hold at once goes through in runs of its query
- * rows (row_runs). Grouped-query attention: a block of the split takes up to GQA_HEADS query heads
- * of one K/V head, and loads each row once for them all. The helpers that read the rows
+ * more, and its own arrays take 9.6 KB: 4,032 keys at one head of 128, with its query), in the
+ * workspace beyond that (top_k_in_shared). A step whose sums (or scores) the workspace cannot
+ * hold at once goes through in runs of its query rows (row_runs). Grouped-query attention: a
+ * block of the split, or of top-K, takes up to GQA_HEADS query heads of one K/V head, and loads
+ * each K row (and the split each V row) once for them all. The helpers that read the rows
  * (attention_scores, attention_values) are support/cuda_kernels.h's. */
 #define ATTENTION_THREADS 256
 #define MAX_HEAD_DIM 1024
@@ -767,7 +739,8 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                          .batch = gb->batch,
                          .first_b = 0,
                          .first_t = 0,
-                         .scores_apart = 0};
+                         .scores_apart = 0,
+                         .scores_in_workspace = 0};
     size_t threads = store_kv_threads(rows, a.kv_heads, hd, a.q4);
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(a, rows);
     LAUNCHED("store_kv_kernel");
@@ -941,6 +914,20 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
  * block at most (the last may take fewer). */
 __host__ __device__ int head_blocks(int group, int heads) { return (group + heads - 1) / heads; }
 
+/* The first query head of block `block` of the K/V heads' head_blocks (HEADS query heads a block,
+ * each K/V head's blocks in turn): *kvh its K/V head, *nh its query heads (fewer in a group's
+ * last block). */
+template <int HEADS>
+__device__ int block_heads(const attention_split *a, int block, int *kvh, int *nh) {
+    int group = a->heads / a->kv_heads;
+    int blocks = head_blocks(group, HEADS);
+    *kvh = block / blocks;
+    int head = *kvh * group + block % blocks * HEADS;
+    *nh = HEADS;
+    if (HEADS > 1 && (*kvh + 1) * group - head < HEADS) *nh = (*kvh + 1) * group - head;
+    return head;
+}
+
 /* The keys of a span of the split for queries that see up to nk keys, `blocks` blocks a span:
  * the fewest spans of at most FG_CUDA_SPAN_KEYS keys (span_slots holds their sums: queue_attention
  * sizes its runs so), or more of them, down to FG_CUDA_MIN_SPAN_KEYS keys, while the step's blocks
@@ -979,7 +966,7 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
     a.partials = partials;
     size_t fit = (size_t)batch * a.n_new; /* query rows a run: all of them, top-K's in shared */
     if (!top_k) fit = span_slots / ((size_t)a.heads * fg_cuda_attention_spans(nk));
-    else if (fg_cuda_top_k_bytes(nk) > TOP_K_SHARED_BYTES)
+    else if (!top_k_in_shared(a.heads, a.kv_heads, a.hd, nk))
         fit = span_slots / fg_cuda_top_k_slots(a.heads, a.hd, nk);
     if (fit == 0) cuda_fail("queue_attention", __FILE__, __LINE__, "no room for a row's attention");
     int run_seqs;
@@ -1035,20 +1022,42 @@ static void queue_split(attention_split a, int seqs, int rows, int nk, size_t sp
     LAUNCHED("attention_merge_kernel");
 }
 
-/* attention_kernel (attention_q4_kernel for a 4-bit cache): a block a query of a run of query rows
- * (rows of seqs sequences, from a.first_b and a.first_t) that see up to nk keys, their scores in
- * shared memory up to TOP_K_SHARED_BYTES a query, else in a.partials (queue_attention sizes the
- * run for them). */
+/* The query heads a block of attention_kernel takes: up to GQA_HEADS of one K/V head where query
+ * heads share it (grouped-query attention), else one. */
+__host__ __device__ int top_k_heads(int heads, int kv_heads) {
+    int group = heads / kv_heads;
+    return group < GQA_HEADS ? group : GQA_HEADS;
+}
+
+/* Whether a block of attention_kernel holds its queries (fp32, head_dim rounded up to 8) and its
+ * heads' scores and lists of kept keys (fg_cuda_top_k_bytes a head) for queries of up to nk keys
+ * in TOP_K_SHARED_BYTES of shared memory; where not, the scores and lists are in the workspace. */
+static int top_k_in_shared(int heads, int kv_heads, int hd, int nk) {
+    size_t nh = (size_t)top_k_heads(heads, kv_heads);
+    size_t queries = nh * (size_t)((hd + 7) / 8 * 8) * sizeof(float);
+    return queries + nh * fg_cuda_top_k_bytes(nk) <= TOP_K_SHARED_BYTES;
+}
+
+/* attention_kernel (attention_q4_kernel for a 4-bit cache; attention_gqa_kernel and
+ * attention_gqa_q4_kernel where query heads share a K/V head): a block the query heads
+ * top_k_heads gives of a query row of a run of query rows (rows of seqs sequences, from a.first_b
+ * and a.first_t) that see up to nk keys, their scores in shared memory where top_k_in_shared, else
+ * in a.partials (queue_attention sizes the run for them). */
 static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity) {
     cudaStream_t s = ctx()->stream;
-    dim3 queries(a.heads, seqs, rows);
-    size_t shared = fg_cuda_top_k_bytes(nk);
-    a.scores_apart = 0;
-    if (shared > TOP_K_SHARED_BYTES) {
-        a.scores_apart = shared / sizeof(float);
-        shared = 0;
-    }
-    if (a.q4) {
+    int nh = top_k_heads(a.heads, a.kv_heads);
+    dim3 queries(a.kv_heads * head_blocks(a.heads / a.kv_heads, nh), seqs, rows);
+    size_t shared = (size_t)nh * ((a.hd + 7) / 8 * 8) * sizeof(float); /* the queries */
+    a.scores_apart = fg_cuda_top_k_bytes(nk) / sizeof(float);
+    a.scores_in_workspace = !top_k_in_shared(a.heads, a.kv_heads, a.hd, nk);
+    if (!a.scores_in_workspace) shared += nh * fg_cuda_top_k_bytes(nk);
+    if (nh > 1 && a.q4) {
+        attention_gqa_q4_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
+        LAUNCHED("attention_gqa_q4_kernel");
+    } else if (nh > 1) {
+        attention_gqa_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
+        LAUNCHED("attention_gqa_kernel");
+    } else if (a.q4) {
         attention_q4_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
         LAUNCHED("attention_q4_kernel");
     } else {
@@ -1074,47 +1083,37 @@ __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head)
     return h;
 }
 
-/* The scores to softmax weights in fp32. */
-__device__ void softmax(float *scores, int nk, float *shared) {
-    float m = -INFINITY;
-    float sum = 0;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
-    m = block_max(m, shared);
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
-    sum = block_sum(sum, shared);
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) scores[j] /= sum;
-    __syncthreads();
-}
-
-/* Attention of one query (head blockIdx.x, sequence first_b + y, row first_t + z of the run) over
- * the keys it sees: [0, its slot]. softmax(scale q.K) V, with §5's top-K in decode (a sequence's
- * one query after its prompt; sparsity < 1): the new token plus the floor(sparsity (nk - 1))
- * earlier keys of largest weight (ties to the earlier), weights not renormalized, as
- * opt_attend_decode (cuda_kernels.h's keep_largest lists them), and only their rows of V read,
- * as §5 loads them. The choice needs all of a query's weights, so this kernel keeps one block a
- * query; steps without top-K take the split over keys below (queue_attention). Grouped-query
- * attention: heads / kv_heads query heads in a row share a K/V head. Shared: the query, the
- * scores and the list of kept keys (in the workspace, scores_apart floats a query, where they are
- * more than TOP_K_SHARED_BYTES), and each group's share of the output. CPU twin: opt_model.c's
- * attention (opt_attend_decode in decode). Tests: test_attention within its bound (scores in the
- * workspace for 7,000 keys), test_attention_ties (the same keys kept over exact ties, and only
- * their V rows loaded), test_top_k_select (keep_largest alone) and test_gqa_attention (grouped
- * heads, bit for bit against repeated ones). attention_kernel takes an fp16 cache,
- * attention_q4_kernel a 4-bit one. */
-template <int Q4> __device__ void attend_query(attention_split a, float sparsity) {
-    extern __shared__ float shared_scores[];
+/* Attention of a query row (sequence first_b + y, row first_t + z of the run) for the block's
+ * query heads (blockIdx.x: head_blocks of each K/V head in turn, HEADS query heads of it a block;
+ * HEADS 1: a block a query head) over the keys it sees: [0, its slot]. softmax(scale q.K) V, with
+ * §5's top-K in decode (a sequence's one query after its prompt; sparsity < 1): the new token plus
+ * the floor(sparsity (nk - 1)) earlier keys of largest weight (ties to the earlier), weights not
+ * renormalized, as opt_attend_decode (cuda_kernels.h's keep_largest lists them, a head at a time),
+ * and only their rows of V read, as §5 loads them. The choice needs all of a query's weights, so
+ * this kernel keeps one block a query row; steps without top-K take the split over keys below
+ * (queue_attention). Grouped-query attention: heads / kv_heads query heads in a row share a K/V
+ * head, and a block of several loads each K row once for them all (their kept V rows differ).
+ * Shared (dynamic): the queries, then each head's scores and list of kept keys (in the
+ * workspace where top_k_in_shared says they do not fit), scores_apart floats a head; and each
+ * group's share of the output. CPU twin: opt_model.c's attention (opt_attend_decode in decode).
+ * Tests: test_attention within its bound (scores in the workspace for 7,000 keys),
+ * test_attention_ties (the same keys kept over exact ties, and only their V rows loaded),
+ * test_top_k_select (keep_largest alone) and test_gqa_attention (grouped heads, bit for bit
+ * against repeated ones, and the K rows each loaded once a block). attention_kernel takes an fp16
+ * cache, attention_q4_kernel a 4-bit one; attention_gqa_kernel and attention_gqa_q4_kernel up to
+ * GQA_HEADS query heads of a K/V head. */
+template <int Q4, int HEADS> __device__ void attend_query(attention_split a, float sparsity) {
+    extern __shared__ float dynamic[]; /* the queries, then the heads' scores and lists */
     __shared__ float shared[32];
-    __shared__ float query[MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
     __shared__ top_k_select selection;
-    int head = blockIdx.x;
+    int kvh;
+    int nh;
+    int head = block_heads<HEADS>(&a, blockIdx.x, &kvh, &nh);
     int b = a.first_b + blockIdx.y;
     int t = a.first_t + blockIdx.z;
     size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;
-    float *scores = shared_scores;
-    if (a.scores_apart) scores = a.partials + (run_row * a.heads + head) * a.scores_apart;
     int hd = a.hd;
-    int kvh = head / (a.heads / a.kv_heads);
     if (!a.kc[b]) return; /* delegated */
     int slot = a.past[b] + t - a.pad[b];
     int nk = slot + 1;
@@ -1122,34 +1121,51 @@ template <int Q4> __device__ void attend_query(attention_split a, float sparsity
     size_t row = (size_t)b * a.n_new + t;
     __half *out = a.attn + row * a.heads * hd + (size_t)head * hd;
     if (t < a.pad[b]) { /* a padding query: zeros, as on the CPU */
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) out[d] = __float2half_rn(0);
+        for (int d = threadIdx.x; d < nh * hd; d += blockDim.x) out[d] = __float2half_rn(0);
         return;
     }
+    float *query = dynamic;
+    float *scores = query + top_k_heads(a.heads, a.kv_heads) * ((hd + 7) / 8 * 8);
+    size_t apart = a.scores_apart; /* a head's scores and list */
+    if (a.scores_in_workspace) scores = a.partials + (run_row * a.heads + head) * apart;
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
     kv_head keys = kv_head_of(&a, 0, b, kvh);
     kv_head values = kv_head_of(&a, 1, b, kvh);
-    int *kept = (int *)(scores + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
-    query_to_shared(q, 1, hd, query);
+    query_to_shared(q, nh, hd, query);
     __syncthreads();
-    attention_scores<Q4, 1>(query, 1, &keys, 0, nk, a.scale, scores, 0);
+    attention_scores<Q4, HEADS>(query, nh, &keys, 0, nk, a.scale, scores, (int)apart);
     __syncthreads();
-    softmax(scores, nk, shared);
-    if (decode && sparsity < 1) { /* the keys kept: the top-K earlier ones, then the new token */
-        int keep = (int)floorf(sparsity * (float)(nk - 1));
-        if (threadIdx.x == 0) kept[keep] = nk - 1;
-        keep_largest(scores, nk - 1, keep, kept, &selection); /* its last barrier publishes both */
-        attention_values<Q4, 1>(scores, 0, kept, 1, &values, 0, keep + 1, partial, out, NULL, 0);
-    } else {
-        attention_values<Q4, 1>(scores, 0, NULL, 1, &values, 0, nk, partial, out, NULL, 0);
+    int top_k = decode && sparsity < 1;
+    int keep = top_k ? (int)floorf(sparsity * (float)(nk - 1)) : nk - 1; /* earlier keys kept */
+    for (int h = 0; h < nh; h++) { /* a head's weights, kept keys, and their rows of V alone */
+        float *weights = scores + h * apart;
+        int *kept = (int *)(weights + (nk + 3) / 4 * 4); /* after whole 16-byte groups of scores */
+        softmax(weights, nk, shared);
+        if (top_k) { /* the new token after the earlier keys; keep_largest's barriers publish it */
+            if (threadIdx.x == 0) kept[keep] = nk - 1;
+            keep_largest(weights, nk - 1, keep, kept, &selection);
+        }
+        attention_values<Q4, 1>(weights, 0, top_k ? kept : NULL, 1, &values, 0, keep + 1, partial,
+                                out + h * hd, NULL, 0);
     }
 }
 
 __global__ void attention_kernel(attention_split a, float sparsity) {
-    attend_query<0>(a, sparsity);
+    attend_query<0, 1>(a, sparsity);
 }
 
 __global__ void attention_q4_kernel(attention_split a, float sparsity) {
-    attend_query<1>(a, sparsity);
+    attend_query<1, 1>(a, sparsity);
+}
+
+__global__ void __launch_bounds__(ATTENTION_THREADS, 2)
+    attention_gqa_kernel(attention_split a, float sparsity) {
+    attend_query<0, GQA_HEADS>(a, sparsity);
+}
+
+__global__ void __launch_bounds__(ATTENTION_THREADS, 2)
+    attention_gqa_q4_kernel(attention_split a, float sparsity) {
+    attend_query<1, GQA_HEADS>(a, sparsity);
 }
 
 /* A span's sums of a block's queries (the split over keys of flash-decoding: the keys of a query
@@ -1174,13 +1190,10 @@ template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     __shared__ float shared[32];
     __shared__ float query[HEADS * MAX_HEAD_DIM];
     __shared__ float partial[ATTENTION_THREADS * 8];
-    int group = a.heads / a.kv_heads;
-    int blocks = head_blocks(group, HEADS);
     int span = blockIdx.x % a.spans;
-    int kvh = blockIdx.x / a.spans / blocks;
-    int head = kvh * group + blockIdx.x / a.spans % blocks * HEADS; /* its first */
-    int nh = HEADS; /* the block's query heads: fewer in a group's last block */
-    if (HEADS > 1 && (kvh + 1) * group - head < HEADS) nh = (kvh + 1) * group - head;
+    int kvh;
+    int nh;
+    int head = block_heads<HEADS>(&a, blockIdx.x / a.spans, &kvh, &nh);
     int b = a.first_b + blockIdx.y;
     int t = a.first_t + blockIdx.z;
     size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;

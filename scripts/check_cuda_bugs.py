@@ -129,10 +129,10 @@ BUGS = [
      "support/cuda_kernels.h",
      "        if (h > 0) __syncthreads(); /* every thread done with the last head's partial sums */\n",
      ""),
-    ("a K/V head's last block of query heads given a whole block's (span_sums takes a head of the "
-     "next group)",
+    ("a K/V head's last block of query heads given a whole block's (block_heads: span_sums and "
+     "attend_query take a head of the next group)",
      "flexgen.cu",
-     "    if (HEADS > 1 && (kvh + 1) * group - head < HEADS) nh = (kvh + 1) * group - head;\n",
+     "    if (HEADS > 1 && (*kvh + 1) * group - head < HEADS) *nh = (*kvh + 1) * group - head;\n",
      ""),
     ("a block's next head's sums written hd floats on, over its own span's (attention_values)",
      "support/cuda_kernels.h",
@@ -190,6 +190,10 @@ BUGS = [
      "flexgen.cu",
      "        if (threadIdx.x == 0) kept[keep] = nk - 1;",
      "        if (threadIdx.x == 0) kept[keep] = nk - 2;"),
+    ("a grouped-query block's later heads weighted by its first's (attend_query)",
+     "flexgen.cu",
+     "        attention_values<Q4, 1>(weights, 0, top_k ? kept : NULL, 1, &values, 0, keep + 1, partial,",
+     "        attention_values<Q4, 1>(scores, 0, top_k ? kept : NULL, 1, &values, 0, keep + 1, partial,"),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).

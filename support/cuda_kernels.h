@@ -1,13 +1,14 @@
-/* support/cuda_kernels.h: the device helpers of flexgen.cu's kernels. The tensor cores' product
- * (PTX's mma.sync) and fp16 pairs as bits; asynchronous copies into shared memory (cp.async) and
- * the rings of steps through which the 4-bit decode products read their codes (§5: q4_rows_kernel,
- * q4_vocab_kernel), with their stages, fragments and sums; and a head's cached keys and values as
- * decode attention reads them, fp16 or 4-bit (§5), found through the page table and read a chunk
- * at a time, with the scores and weighted values of a block's queries over them (one query head,
- * or several of one K/V head, each row loaded once for them all); and §5's top-K, the keys a
- * decode query keeps, by a radix select over its weights. Each helper's test is its
- * kernel's (tests/test_kernels.cu); on the emulated GPU the PTX is tests/cuda_emu's. CUDA C++,
- * for flexgen.cu and the kernel tests; the plumbing is support/cuda_device.h's.
+/* support/cuda_kernels.h: the device helpers of flexgen.cu's kernels. A block's sums, maxima and
+ * softmax; the tensor cores' product (PTX's mma.sync) and fp16 pairs as bits; asynchronous copies
+ * into shared memory (cp.async) and the rings of steps through which the 4-bit decode products
+ * read their codes (§5: q4_rows_kernel, q4_vocab_kernel), with their stages, fragments and sums; a
+ * head's cached keys and values as decode attention reads them, fp16 or 4-bit (§5), found through
+ * the page table and read a chunk at a time, with the scores and weighted values of a block's
+ * queries over them (one query head, or several of one K/V head, each row loaded once for them
+ * all); and §5's top-K, the keys a decode query keeps, by a radix select over its weights. Each
+ * helper's test is its kernel's (tests/test_kernels.cu); on the emulated GPU the PTX is
+ * tests/cuda_emu's. CUDA C++, for flexgen.cu and the kernel tests; the plumbing is
+ * support/cuda_device.h's.
  */
 #ifndef FG_CUDA_KERNELS_H
 #define FG_CUDA_KERNELS_H
@@ -21,6 +22,51 @@
 #else
 #define FG_UNROLL
 #endif
+
+/* ---- Block reductions, and a block's softmax (flexgen.cu's layer norms and attention) ---- */
+
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ float block_sum(float v, float *shared) {
+    v = warp_sum(v);
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    int warps = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = 0;
+    for (int w = 0; w < warps; w++) v += shared[w];
+    return v;
+}
+
+__device__ float block_max(float v, float *shared) {
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    int warps = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = -INFINITY;
+    for (int w = 0; w < warps; w++) v = fmaxf(v, shared[w]);
+    return v;
+}
+
+/* The scores to softmax weights in fp32. */
+__device__ void softmax(float *scores, int nk, float *shared) {
+    float m = -INFINITY;
+    float sum = 0;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, scores[j]);
+    m = block_max(m, shared);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += scores[j] = expf(scores[j] - m);
+    sum = block_sum(sum, shared);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) scores[j] /= sum;
+    __syncthreads();
+}
 
 /* ---- The tensor cores, and fp16 pairs as bits (flexgen.cu's 4-bit decode product) ---- */
 

@@ -45,7 +45,7 @@
  *                           within 2 ulps, CUDA's bound), at head dims 24, 64 and 128
  *   attention_kernel, GQA   grouped-query attention over LLaMA's blocked q, k, v against the same
  *                           kernel over OPT's rows with each K/V head repeated: bit for bit; the
- *                           same for the split over keys
+ *                           same for the split over keys; each K row loaded once a block of heads
  *
  * Thread order: under the CPU execution harness (FLEXGEN_CUDA_EMU) each kernel runs with its
  * block's threads in forward order, reversed, and shuffled with two seeds between barriers; the
@@ -442,9 +442,9 @@ static int longest(const step_case *c) {
 }
 
 /* The slots (of head_dim + 2 floats) that a query row's top-K scores take in the workspace, where
- * shared memory cannot hold them (more than TOP_K_SHARED_BYTES a query); 0 where it can. */
+ * shared memory cannot hold them (top_k_in_shared); 0 where it can. */
 static size_t top_k_row_slots(const step_case *c) {
-    if (fg_cuda_top_k_bytes(longest(c)) <= TOP_K_SHARED_BYTES) return 0;
+    if (top_k_in_shared(c->heads, c->heads, c->head_dim, longest(c))) return 0;
     return fg_cuda_top_k_slots(c->heads, c->head_dim, longest(c));
 }
 
@@ -482,7 +482,7 @@ static void run_store(void *p) {
                             .n_new = c->n_new, .hd = c->head_dim, .heads = c->heads, .kv_heads = c->heads,
                             .q4 = a->q4, .spans = 0, .span_keys = 0, .scale = 0,
                             .partials = NULL, .batch = c->batch, .first_b = 0, .first_t = 0,
-                            .scores_apart = 0};
+                            .scores_apart = 0, .scores_in_workspace = 0};
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(step, rows);
     LAUNCHED("store_kv_kernel");
     wait_stream();
@@ -670,7 +670,7 @@ static void run_attention(void *p) {
                          s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
                          s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
                          s->q4, 0, 0, 1.0f / sqrtf((float)c->head_dim), s->dev_partials,
-                         c->batch, 0, 0, 0};
+                         c->batch, 0, 0, 0, 0};
     if (s->split) {
         poison(s->dev_partials, s->span_slots * (c->head_dim + 2) * sizeof(float));
         /* the spans as many as fit, or room for one query row's fewest spans, or top-K scores in
@@ -2195,7 +2195,7 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     float scale = 1.0f / sqrtf((float)c->head_dim);
     attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
-                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0};
+                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0, 0};
     long long before = emu_count(EMU_KV_LOAD_BYTES);
     if (split) {
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
@@ -2211,16 +2211,20 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     return got;
 }
 
-/* The bytes of K and V rows that the split over keys loads for step c, each K/V head's rows read
- * by `blocks` blocks (of its query heads): every key of each query once a block, a cached row
- * at its stored bytes (a 4-bit chunk of 8 values 4 bytes of codes, a min and a scale; value by
- * value where hd is not a multiple of 8, 5 bytes a value), this step's rows as fp16. */
-static long long split_kv_bytes(const step_case *c, int kv_heads, int blocks, int q4) {
+/* The bytes of K and V rows that attention loads for step c, each K/V head's rows read by `blocks`
+ * blocks (of its query heads): every key of each query once a block, a cached row at its stored
+ * bytes (a 4-bit chunk of 8 values 4 bytes of codes, a min and a scale; value by value where hd
+ * is not a multiple of 8, 5 bytes a value), this step's rows as fp16. V's the same for the split;
+ * attention_kernel (v_a_head) reads V a query head at a time, for a top-K decode query each head's
+ * kept cached rows and the new token's. */
+static long long attention_kv_bytes(const step_case *c, int kv_heads, int blocks, int q4, int v_a_head) {
     long long hd = c->head_dim, cached = q4 ? (hd % 8 ? 5 * hd : hd) : 2 * hd, total = 0;
     for (int b = 0; b < c->batch; b++)
         for (int t = c->pad[b]; t < c->n_new; t++) {
-            long long fresh = t - c->pad[b] + 1;
-            total += 2LL * kv_heads * blocks * (c->past[b] * cached + fresh * 2 * hd);
+            long long fresh = t - c->pad[b] + 1, row = c->past[b] * cached + fresh * 2 * hd;
+            int top_k = c->sparsity < 1 && c->n_new - c->pad[b] == 1 && c->past[b] > 0;
+            long long kept = (long long)floorf(c->sparsity * (float)c->past[b]) * cached + 2 * hd;
+            total += kv_heads * blocks * row + (!v_a_head ? kv_heads * blocks * row : c->heads * (top_k ? kept : row));
         }
     return total;
 }
@@ -2228,11 +2232,12 @@ static long long split_kv_bytes(const step_case *c, int kv_heads, int blocks, in
 /* Grouped-query attention equals multi-head attention over repeated K/V heads: the blocked
  * layout and a cache of kv_heads heads against OPT's rows and a cache with each K/V head written
  * for each of its query heads, the same page tables; decode and prefill after cached tokens, fp16
- * and 4-bit caches, dense and top-K; attention_kernel, and the split over keys (queue_attention),
- * also over three spans and more, whose blocks take GQA_HEADS query heads of a K/V head at a time
- * (groups of 2, 3, 4, 7 and 8) where the blocks of repeated heads take one. On the emulated GPU
- * the split loads each K/V row once for a block of GQA_HEADS query heads, where repeated heads
- * load it once for each (split_kv_bytes). */
+ * and 4-bit caches, dense and top-K; attention_kernel (attention_gqa_kernel) and the split over
+ * keys (queue_attention), also over three spans and more, whose blocks take GQA_HEADS query heads
+ * of a K/V head at a time (groups of 2, 3, 4, 7 and 8) where the blocks of repeated heads take
+ * one. On the emulated GPU each K row is loaded once for a block of GQA_HEADS query heads (each V
+ * row too in the split; attention_kernel reads a head's V rows, or its kept ones, for each head),
+ * where repeated heads load it once for each (attention_kv_bytes). */
 static void test_gqa_attention(void) {
     if (!gpu_ready()) return;
     static const step_case cases[] = {
@@ -2289,13 +2294,13 @@ static void test_gqa_attention(void) {
                        "grouped-query attention is not multi-head attention over repeated "
                        "K/V heads", split ? "queue_attention" : "attention_kernel", c->what,
                        q4 ? "4-bit" : "fp16");
-                if (split && c->sparsity == 1 && got_read >= 0) {
-                    long long once = split_kv_bytes(c, KV, (group + GQA_HEADS - 1) / GQA_HEADS, q4);
-                    long long each = split_kv_bytes(c, H, 1, q4);
-                    EXPECT(got_read == once && want_read == each, "queue_attention, %s, %s cache: "
-                           "K and V rows read %lld bytes (%lld expected), over repeated heads %lld "
-                           "(%lld expected)", c->what, q4 ? "4-bit" : "fp16", got_read, once,
-                           want_read, each);
+                if ((!split || c->sparsity == 1) && got_read >= 0) {
+                    long long once = attention_kv_bytes(c, KV, (group + GQA_HEADS - 1) / GQA_HEADS, q4, !split);
+                    long long each = attention_kv_bytes(c, H, 1, q4, !split);
+                    EXPECT(got_read == once && want_read == each, "%s, %s, %s cache: K and V rows read "
+                           "%lld bytes (%lld expected), over repeated heads %lld (%lld expected)",
+                           split ? "queue_attention" : "attention_kernel", c->what, q4 ? "4-bit" : "fp16",
+                           got_read, once, want_read, each);
                 }
                 free(got);
                 free(want);
