@@ -28,7 +28,7 @@ BUGS = [
      "    if (e >= n) return;\n    dst[e] = __float2half_rn(q4_value(",
      "    if (e > n) return;\n    dst[e] = __float2half_rn(q4_value("),
     ("a missing __syncthreads (block_sum's first barrier)",
-     "flexgen.cu",
+     "support/cuda_kernels.h",
      "v = warp_sum(v);\n    int warp = threadIdx.x / 32;\n    int lane = threadIdx.x % 32;\n    int warps = (blockDim.x + 31) / 32;\n    __syncthreads();\n",
      "v = warp_sum(v);\n    int warp = threadIdx.x / 32;\n    int lane = threadIdx.x % 32;\n    int warps = (blockDim.x + 31) / 32;\n"),
     ("a copy on the wrong stream (queue_copy_rows's plain copy on the legacy stream)",
