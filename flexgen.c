@@ -701,15 +701,14 @@ static int grow_pages(block *bl) {
 }
 
 /* How step i reads: decode attention over cpu and disk caches in place (--cpu-cache-compute), the
- * kept V rows of sparse attention in place (a device that reads only its own memory gets them
- * whole, as they are staged), and how far ahead the weights load (no further than the round's
- * last unit, unless a refill may start another). */
+ * kept V rows of sparse attention in place (where the device reads the cpu tier's pool: the CPU,
+ * or a GPU from pinned memory; otherwise they are staged whole), and how far ahead the weights
+ * load (no further than the round's last unit, unless a refill may start another). */
 static void choose_step_reads(gen_run *run, int t, int i) {
     block *bl = &run->blocks[t];
     const fg_runtime *rt = run->m->rt;
     bl->delegate = rt->policy.cpu_cache_compute && i > 0;
-    bl->sparse_v =
-        rt->policy.attn_sparsity < 1 && i > 0 && !bl->delegate && rt->backend->gpu_is_host;
+    bl->sparse_v = rt->policy.attn_sparsity < 1 && i > 0 && !bl->delegate && bl->cpu_cache_in_place;
     int last_unit = i + 1 == run->steps && t == run->P - 1 && run->next == run->n_prompts;
     run->end = last_unit ? (run->unit + 1) * stage_layers(run->m) : LONG_MAX;
 }

@@ -94,7 +94,7 @@ typedef struct {
     const int *pad;
     void *const *kc;
     void *const *vc;
-    long long shift;
+    long long shift[2]; /* the cache table's: K's, V's */
     const int *pages;
     int max_pages, page_tokens, n_new, hd, heads, kv_heads, q4, spans, span_keys;
     float scale;
@@ -353,6 +353,7 @@ static const fg_backend cuda_backend = {
     .free = cuda_free,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .reads_in_place = cuda_reads_in_place,
     .weights_in = cuda_weights_in,
     .weights_in_q4 = cuda_weights_in_q4,
     .widen_q4 = cuda_widen_q4,
@@ -723,7 +724,7 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                          .pad = t->pad,
                          .kc = t->k,
                          .vc = t->v,
-                         .shift = t->shift,
+                         .shift = {t->shift[0], t->shift[1]},
                          .pages = t->pages,
                          .max_pages = t->max_pages,
                          .page_tokens = gb->page_tokens,
@@ -752,6 +753,7 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
     } else if (t->on_device > 0) {
         queue_attention(a, gb->batch, gb->past, gb->pad, gb->attn_sparsity, d->partials,
                         d->span_slots, FILL_BLOCKS_PER_SM * d->multiprocessors);
+        count_v_rows(gb, c->n_heads);
     }
     /* its copies follow on this stream */
     if (t->on_device < gb->batch) delegated_attention(d, c, gb, ws);
@@ -830,7 +832,7 @@ __global__ void store_kv_kernel(attention_split a, int rows) {
     int slot = a.past[b] + r % a.n_new - a.pad[b];
     char *cache = (char *)(kv ? a.vc[b] : a.kc[b]);
     if (!cache || slot < a.past[b]) return; /* delegated (the CPU stores it), or padding */
-    cache += a.shift;
+    cache += a.shift[kv];
     const int *pages = a.pages + ((size_t)kv * (rows / a.n_new) + b) * a.max_pages;
     size_t row_at = kv_page_row(pages, a.page_tokens, slot);
     const __half *x = a.qkv + a.at.at[kv + 1] + (size_t)r * a.at.stride[kv + 1] + (size_t)head * hd;
@@ -1071,7 +1073,7 @@ static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk
  * qkv from the sequence's first, b n_new + pad[b], on. */
 __device__ kv_head kv_head_of(const attention_split *a, int kv, int b, int head) {
     size_t first = (size_t)b * a->n_new + a->pad[b];
-    kv_head h = {.cache = (const char *)(kv ? a->vc[b] : a->kc[b]) + a->shift,
+    kv_head h = {.cache = (const char *)(kv ? a->vc[b] : a->kc[b]) + a->shift[kv],
                  .pages = a->pages + ((size_t)kv * a->batch + b) * a->max_pages,
                  .page_tokens = a->page_tokens,
                  .fresh = a->qkv + a->at.at[1 + kv] + first * a->at.stride[1 + kv],

@@ -323,6 +323,9 @@ typedef struct {
     void (*free)(void *p);
     void *(*host_alloc)(size_t bytes, int pinned); /* cpu-tier memory, zeroed */
     void (*host_free)(void *p);
+    /* its kernels read this cpu-tier memory where it lies (the CPU: all of it; CUDA: pinned
+       memory mapped into the device's addresses), as §5's kept V rows are read */
+    int (*reads_in_place)(const void *p);
     void (*weights_in)(void *dst, const fp16 *src, size_t n); /* fp16 (host) -> working */
     void (*weights_in_q4)(void *dst, const void *src, void *landing, size_t outer, size_t len,
                           size_t inner); /* 4-bit -> working, landing first (gpu tier) if need be */

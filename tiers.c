@@ -918,6 +918,8 @@ static int alloc_homes(block *bl, char *err) {
             if (!bl->act_home[t]) return -1;
         }
     }
+    bl->cpu_cache_in_place =
+        bl->kv_home[TIER_CPU] && rt->backend->reads_in_place(bl->kv_home[TIER_CPU]);
     double on_disk = s->kv_home[TIER_DISK] + s->act_home[TIER_DISK];
     if (on_disk <= 0) return 0;
     if (tier_take(rt, TIER_DISK, on_disk, "the KV cache and activations", err)) return -1;

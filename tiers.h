@@ -172,6 +172,7 @@ typedef struct {
     int delegate;  /* this step's attention reads cpu and disk caches in place (§4.2) */
     int sparse_v;  /* this step's sparse attention reads the kept V rows of the cpu tier in
                       place, so only those cross the link (§5); disk rows move whole */
+    int cpu_cache_in_place; /* the device reads the cache's cpu-tier pool where it lies */
     model_workspace own_ws, *ws;
     float *logits;           /* [gbs * ngb][logit_rows][vocab], on the gpu tier */
     float *host_logits;      /* the same, where sampling reads them */

@@ -56,6 +56,12 @@ static void cpu_weights_in_q4(void *dst, const void *src, void *landing, size_t 
     memcpy(dst, src, q4_bytes(outer, len, inner));
 }
 
+/* Host memory is the CPU's own. */
+static int cpu_reads_in_place(const void *p) {
+    (void)p;
+    return 1;
+}
+
 /* The fields in model.h's order, as flexgen.cu's cuda_backend lists them. */
 const fg_backend fg_cpu_backend = {
     .name = "cpu",
@@ -66,6 +72,7 @@ const fg_backend fg_cpu_backend = {
     .free = free,
     .host_alloc = cpu_host_alloc,
     .host_free = free,
+    .reads_in_place = cpu_reads_in_place,
     .weights_in = cpu_weights_in,
     .weights_in_q4 = cpu_weights_in_q4,
     .copy_in = cpu_copy,

@@ -194,6 +194,18 @@ BUGS = [
      "flexgen.cu",
      "        attention_values<Q4, 1>(weights, 0, top_k ? kept : NULL, 1, &values, 0, keep + 1, partial,",
      "        attention_values<Q4, 1>(scores, 0, top_k ? kept : NULL, 1, &values, 0, keep + 1, partial,"),
+    ("V rows read at K's distance from the table's pointers (kv_head_of adds shift[0] to V's)",
+     "flexgen.cu",
+     "    kv_head h = {.cache = (const char *)(kv ? a->vc[b] : a->kc[b]) + a->shift[kv],",
+     "    kv_head h = {.cache = (const char *)(kv ? a->vc[b] : a->kc[b]) + a->shift[0],"),
+    ("V rows stored at K's distance from the table's pointers (store_kv_kernel adds shift[0])",
+     "flexgen.cu",
+     "    cache += a.shift[kv];",
+     "    cache += a.shift[0];"),
+    ("the new token's V row left out of the rows top-K reads (count_v_rows)",
+     "support/cuda_device.cu",
+     "rows = (int)floorf(gb->attn_sparsity * (float)(nk - 1)) + 1;",
+     "rows = (int)floorf(gb->attn_sparsity * (float)(nk - 1));"),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).

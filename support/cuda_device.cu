@@ -16,7 +16,8 @@
  *               a queued copy still reads (copies_done). A decode step on the gpu tier waits once.
  *   tables      the rows' layout, cache pointers and page tables that the kernels read go up
  *               from pinned memory once a step, not once a layer: a table already on the device
- *               serves the next layer, whose pools lie a fixed distance on (its shift)
+ *               serves the next layer, whose K rows lie a fixed distance on, and its V rows
+ *               another (its shifts: staged K beside V read in place, say)
  *   counters    host waits, launches, graph launches, cuBLAS products, copies and allocations, on
  *               every thread, which the runtime reads per step (--json, the trace; docs/GPU.md)
  *   graphs      a decode step's layer is captured into a CUDA Graph, updated for each layer and
@@ -185,6 +186,18 @@ static cudaMemoryType memory_type(const void *p) {
 /* The copy engines read and write it directly (device or pinned memory). */
 static int is_pinned_or_device(const void *p) {
     return memory_type(p) != cudaMemoryTypeUnregistered;
+}
+
+/* The kernels read p where it lies: pinned host memory at the same address on the device (unified
+ * addressing), each load crossing the link. Plain host memory (pinning refused) is not. */
+int cuda_reads_in_place(const void *p) {
+    cudaPointerAttributes a;
+    ctx();
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost && a.devicePointer == p;
 }
 
 /* ============================================================================================
@@ -488,26 +501,28 @@ static void cache_tables_ready(cuda_ws *d, const gpu_batch *gb) {
 }
 
 /* Whether slot s holds `want`, but that its cache pointers ([n_pointers] from byte
- * `pointers_at`; none in a token table) may all lie *shift bytes from the slot's, as the next
- * layer's pools lie from this one's; NULL (a delegated sequence) must stay NULL. */
+ * `pointers_at`, K's then V's; none in a token table) may lie shift[0] bytes (K's) and shift[1]
+ * (V's) from the slot's, as the next layer's rows lie from this one's; NULL (a delegated
+ * sequence) must stay NULL. */
 static int table_matches(const table_slot *s, const char *want, size_t bytes, size_t pointers_at,
-                         int n_pointers, long long *shift) {
+                         int n_pointers, long long shift[2]) {
     size_t pointers_end = pointers_at + (size_t)n_pointers * sizeof(void *);
     if (s->bytes != bytes || memcmp(s->host, want, pointers_at) ||
         memcmp(s->host + pointers_end, want + pointers_end, bytes - pointers_end))
         return 0;
     const uint64_t *have = (const uint64_t *)(s->host + pointers_at),
                    *now = (const uint64_t *)(want + pointers_at);
-    uint64_t distance = 0;
-    int first = 1;
+    uint64_t distance[2] = {0, 0};
+    int seen[2] = {0, 0};
     for (int i = 0; i < n_pointers; i++) {
+        int kv = i >= n_pointers / 2;
         if (!have[i] != !now[i]) return 0;
         if (!have[i]) continue;
-        if (first) distance = now[i] - have[i];
-        else if (now[i] - have[i] != distance) return 0;
-        first = 0;
+        if (!seen[kv]++) distance[kv] = now[i] - have[i];
+        else if (now[i] - have[i] != distance[kv]) return 0;
     }
-    *shift = (long long)distance;
+    shift[0] = (long long)distance[0];
+    shift[1] = (long long)distance[1];
     return 1;
 }
 
@@ -516,9 +531,9 @@ static int table_matches(const table_slot *s, const char *want, size_t bytes, si
  * read the slot's old content (queued before it). Its pinned source is written again only once
  * its last upload has run. */
 static const char *device_table(cuda_ws *d, table_slot *slots, int n, size_t bytes,
-                                size_t pointers_at, int n_pointers, long long *shift) {
+                                size_t pointers_at, int n_pointers, long long shift[2]) {
     table_slot *s = NULL;
-    *shift = 0;
+    shift[0] = shift[1] = 0;
     for (int i = 0; i < n && !s; i++)
         if (table_matches(&slots[i], d->table, bytes, pointers_at, n_pointers, shift))
             s = &slots[i];
@@ -529,7 +544,7 @@ static const char *device_table(cuda_ws *d, table_slot *slots, int n, size_t byt
         wait_event(s->uploaded, s->uploaded_at);
         memcpy(s->host, d->table, bytes);
         s->bytes = bytes;
-        *shift = 0;
+        shift[0] = shift[1] = 0;
         queue_copy(s->device, s->host, bytes, TO_DEVICE);
         CUDA_CHECK(cudaEventRecord(s->uploaded, ctx()->stream));
         s->uploaded_at = ctx()->queued;
@@ -544,9 +559,9 @@ token_table upload_tokens(cuda_ws *d, const gpu_batch *gb) {
     memcpy(t, gb->pad, B * sizeof(int));
     memcpy(t + B, gb->past, B * sizeof(int));
     memcpy(t + 2 * B, gb->tokens, n_tokens * sizeof(int));
-    long long shift;
+    long long shift[2];
     const int *dev = (const int *)device_table(d, d->token_tables, FG_CUDA_TOKEN_TABLES,
-                                               (2 * B + n_tokens) * sizeof(int), 0, 0, &shift);
+                                               (2 * B + n_tokens) * sizeof(int), 0, 0, shift);
     return (token_table){dev, dev + B, dev + 2 * B};
 }
 
@@ -579,7 +594,7 @@ cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
             page_table(gb, kv, (int)b, pages + ((size_t)kv * B + b) * P);
     }
     const char *dev = device_table(d, d->cache_tables, FG_CUDA_CACHE_TABLES, bytes, pointers_at,
-                                   (int)(2 * B), &t.shift);
+                                   (int)(2 * B), t.shift);
     t.pad = (const int *)dev;
     t.past = t.pad + B;
     t.k = (void *const *)(dev + pointers_at);
@@ -587,6 +602,20 @@ cache_table upload_cache(cuda_ws *d, const gpu_batch *gb) {
     t.pages = (const int *)(dev + pages_at);
     t.max_pages = (int)P;
     return t;
+}
+
+/* The V rows decode attention on the device reads of each sequence (a query head's row each), as
+ * the CPU counts them (opt_model.c's attention): with top-K its kept keys and the new token, with a
+ * 4-bit cache every key. flexgen.c counts the kept rows of the cpu tier as bytes over the link. */
+void count_v_rows(gpu_batch *gb, int heads) {
+    for (int b = 0; b < gb->batch; b++) {
+        int nk = gb->past[b] + 1;
+        int decode = gb->n_new - gb->pad[b] == 1 && gb->past[b] > 0;
+        if (!decode || gb->kv_in_host[b] || (gb->attn_sparsity >= 1 && !gb->kv_q4)) continue;
+        int rows = nk;
+        if (gb->attn_sparsity < 1) rows = (int)floorf(gb->attn_sparsity * (float)(nk - 1)) + 1;
+        gb->v_rows_read[b] += (int64_t)heads * rows;
+    }
 }
 
 /* The host rows of delegated attention, for `rows` token rows: the CPU backend's workspace and a

@@ -105,6 +105,7 @@ void *cuda_alloc(size_t bytes);
 void cuda_free(void *p);
 void *cuda_host_alloc(size_t bytes, int pinned);
 void cuda_host_free(void *p);
+int cuda_reads_in_place(const void *p);
 void cuda_copy_in(void *dst, const void *src, size_t bytes);
 void cuda_copy_out(void *dst, const void *src, size_t bytes);
 void cuda_copy(void *dst, const void *src, size_t bytes);
@@ -171,19 +172,21 @@ typedef struct {
 } token_table;
 
 /* A layer's rows, cache pointers and page tables as its kernels read them: each sequence's K and
- * V rows (NULL where they are in host memory and attention is delegated) lie `shift` bytes from
- * k[b] and v[b]; its page tables are pages[K, V][batch][max_pages] (in order where staged). */
+ * V rows (NULL where they are in host memory and attention is delegated) lie shift[0] bytes from
+ * k[b] and shift[1] from v[b]; its page tables are pages[K, V][batch][max_pages] (in order where
+ * staged). */
 typedef struct {
     const int *pad, *past;
     void *const *k, *const *v;
     const int *pages;
     int max_pages;
-    long long shift;
-    int on_device; /* sequences whose cache is device memory */
+    long long shift[2]; /* K's, V's */
+    int on_device;      /* sequences whose cache is device memory */
 } cache_table;
 
 token_table upload_tokens(cuda_ws *d, const gpu_batch *gb);
 cache_table upload_cache(cuda_ws *d, const gpu_batch *gb);
+void count_v_rows(gpu_batch *gb, int heads);
 
 /* ---- The fp16 products of decode's rows: cuBLAS's default, or a cublasLt algorithm timed once
  * a shape (FLEXGEN_CUDA_PRODUCTS: timed, the default; cublas; cublaslt, its first untimed) ---- */

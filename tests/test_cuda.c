@@ -310,6 +310,70 @@ static void test_sparse_grouping(void) {
     fixture_prompts_close(&f);
 }
 
+/* One greedy run of the fixture's prompts under p, with the device's counts and the runtime's link
+ * bytes. */
+static int run_counted(const fixture_prompts *f, const fg_policy *p, int *tokens, float *logits, gen_timing *t,
+                       fg_stats *st, char *err) {
+    fg_runtime *rt = NULL;
+    fg_model *m = NULL;
+    gen_options opt = {.gen_len = GEN, .top_p = 1};
+    int rc = fg_runtime_open(p, &rt, err);
+    if (rc == 0) rc = fg_model_open(rt, f->dir, 0, &m, err);
+    if (rc == 0) rc = generate(m, &opt, f->n, f->prompts, f->lens, tokens, logits, t, err);
+    if (rc == 0) fg_runtime_stats(rt, st);
+    fg_model_close(m);
+    fg_runtime_close(rt);
+    return rc;
+}
+
+/* §5's kept V rows read where they lie: with the cache on the cpu tier, sparse attention on the GPU
+ * reads V from the tier's pinned pool, so its logits are the bits of the cache on the gpu tier,
+ * and of V only the kept rows cross the link. The runtime counts the past's K rows and the kept V
+ * rows (each query head's floor(s past) + 1, a sequence, layer and decode step); dense, all of K
+ * and V. The device's copies in are the gpu tier run's and K's rows, where dense they are V's
+ * rows more. */
+static void test_sparse_v_in_place(void) {
+    if (!gpu_present()) return;
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    size_t n = (size_t)N_SEQ * GEN * f.cfg.vocab;
+    float *logits[3] = {malloc(n * sizeof(float)), malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    CU_ASSERT_FATAL(logits[0] && logits[1] && logits[2]);
+    int tokens[3][N_SEQ * GEN];
+    gen_timing t[3];
+    fg_stats st[3];
+    static const char *const what[] = {"sparse, cache on gpu", "sparse, cache on cpu", "dense, cache on cpu"};
+    char err[FG_ERR_LEN];
+    for (int r = 0; r < 3; r++) {
+        fg_policy p = case_policy(&CASES[N_CASES - 2 + (r > 0)], FG_DEVICE_CUDA);
+        if (r == 2) p.attn_sparsity = 1;
+        int rc = run_counted(&f, &p, tokens[r], logits[r], &t[r], &st[r], err);
+        CU_ASSERT_EQUAL_FATAL(rc, 0);
+        printf("\n  %s: cpu->gpu link %.0f bytes; decode copies in %lld, %lld bytes", what[r],
+               st[r].link_bytes[LINK_CPU_TO_GPU], (long long)t[r].decode_counts.copies_in,
+               (long long)t[r].decode_counts.bytes_in);
+    }
+    EXPECT(memcmp(logits[0], logits[1], n * sizeof(float)) == 0, "sparse attention with the cache on the cpu tier "
+           "gave other logits than with the cache on the gpu tier");
+    double past_rows = 0, kept_rows = 0; /* over decode steps 1 .. GEN - 1, sequences, layers */
+    for (int i = 1; i < GEN; i++)
+        for (int s = 0; s < f.n; s++) {
+            int past = f.lens[s] + i - 1;
+            past_rows += (double)past * f.cfg.n_layers;
+            kept_rows += (double)f.cfg.n_heads * ((int)floorf(0.5f * (float)past) + 1) * f.cfg.n_layers;
+        }
+    double k_bytes = past_rows * f.cfg.hidden * sizeof(fp16), kept_bytes = kept_rows * cfg_head_dim(&f.cfg) * sizeof(fp16);
+    EXPECT(st[2].link_bytes[LINK_CPU_TO_GPU] == 2 * k_bytes && st[1].link_bytes[LINK_CPU_TO_GPU] == k_bytes + kept_bytes,
+           "cpu->gpu link bytes: dense %.0f, sparse %.0f; expected K and V %.0f, then K and the kept V rows %.0f",
+           st[2].link_bytes[LINK_CPU_TO_GPU], st[1].link_bytes[LINK_CPU_TO_GPU], 2 * k_bytes, k_bytes + kept_bytes);
+    int64_t in[3] = {t[0].decode_counts.bytes_in, t[1].decode_counts.bytes_in, t[2].decode_counts.bytes_in};
+    EXPECT(in[1] - in[0] == (int64_t)k_bytes && in[2] - in[1] == (int64_t)k_bytes, "bytes copied to the device in "
+           "decode: %lld with the cache on the gpu tier, %lld sparse and %lld dense with it on cpu; expected K's %.0f "
+           "bytes more, then V's as many more", (long long)in[0], (long long)in[1], (long long)in[2], k_bytes);
+    free(logits[0]), free(logits[1]), free(logits[2]);
+    fixture_prompts_close(&f);
+}
+
 /* ============================================================================================
  * The host's work on the GPU, counted (docs/GPU.md, "Where the host waits"): a decode step on the gpu tier
  * asks of the device no more than docs/GPU.md derives.
@@ -693,6 +757,7 @@ void add_cuda_tests(void) {
     CU_add_test(s, "CUDA against CPU, linear RoPE scaling (GQA 4), policy matrix", test_linear_rope);
 #endif
     CU_add_test(s, "sparse attention: the same result however prompts are grouped", test_sparse_grouping);
+    CU_add_test(s, "sparse attention over the cpu tier reads the kept V rows where they lie", test_sparse_v_in_place);
     CU_add_test(s, "a decode step on the gpu tier: one host wait, no pageable copy or allocation, its launches; "
                 "4-bit weights read as stored",
                 test_steady_decode);

@@ -477,7 +477,7 @@ static void run_store(void *p) {
     size_t threads = store_kv_threads(rows, c->heads, c->head_dim, a->q4);
     qkv_layout at = {{0, (size_t)h, 2 * (size_t)h}, {3 * (size_t)h, 3 * (size_t)h, 3 * (size_t)h}}; /* OPT's rows */
     attention_split step = {.qkv = a->qkv, .at = at, .attn = NULL, .past = a->past, .pad = a->pad,
-                            .kc = a->cache->dev_k, .vc = a->cache->dev_v, .shift = 0, .pages = a->cache->dev_tables,
+                            .kc = a->cache->dev_k, .vc = a->cache->dev_v, .shift = {0, 0}, .pages = a->cache->dev_tables,
                             .max_pages = a->cache->max_pages, .page_tokens = a->cache->page_tokens,
                             .n_new = c->n_new, .hd = c->head_dim, .heads = c->heads, .kv_heads = c->heads,
                             .q4 = a->q4, .spans = 0, .span_keys = 0, .scale = 0,
@@ -667,7 +667,7 @@ static void run_attention(void *p) {
     qkv_layout at = {{0, h, 2 * h}, {3 * h, 3 * h, 3 * h}}; /* OPT's rows */
     int64_t before = counts.launches;
     attention_split a = {s->dev_qkv, at, s->dev_attn, s->dev_past, s->dev_pad, s->cache.dev_k,
-                         s->cache.dev_v, 0, s->cache.dev_tables, s->cache.max_pages,
+                         s->cache.dev_v, {0, 0}, s->cache.dev_tables, s->cache.max_pages,
                          s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
                          s->q4, 0, 0, 1.0f / sqrtf((float)c->head_dim), s->dev_partials,
                          c->batch, 0, 0, 0, 0};
@@ -1934,8 +1934,9 @@ static void test_copies(void) {
  * or of a whole sequence, and the workspace holds tables of 16-token pages; smaller ones, max_len
  * 40 taking 8 pages of 5, not 3 of 16, must reach the device whole, for each sequence and for K
  * and V), the rows' pad and past, the cache pointers (NULL for a delegated sequence); and a table
- * already on the device is used again, with the pointers' shift, for the same sequences in the
- * next layer's pools, but uploaded anew when a page, a row or one pointer's distance differs. */
+ * already on the device is used again, with the pointers' shifts, for the same sequences in the
+ * next layer's pools (K's rows a distance on and V's another, as staged K rows beside V rows read
+ * in place lie), but uploaded anew when a page, a row or one pointer's distance differs. */
 static void test_page_tables(void) {
     if (!gpu_ready()) return;
     model_config cfg = {}; /* OPT-shaped: 1 layer, hidden 64, 4 heads, ffn 256, vocab 16, 64 positions */
@@ -1949,7 +1950,7 @@ static void test_page_tables(void) {
     int past[B] = {10, 33, 7}, pad[B] = {0, 0, 1}, tables[2][B][PAGES];
     const int *k_pages[B], *v_pages[B];
     char in_host[B] = {0, 0, 1};
-    uint8_t *pools = device_array<uint8_t>(4 * LAYER); /* two layers' K and V pools */
+    uint8_t *pools = device_array<uint8_t>(7 * LAYER); /* two layers' K and V pools, and a third's V */
     void *k[B], *v[B];
     for (int kv = 0; kv < 2; kv++)
         for (int b = 0; b < B; b++)
@@ -1993,9 +1994,17 @@ static void test_page_tables(void) {
     }
     cache_table next = upload_cache(d, &gb);
     cuda_counts(&after);
-    EXPECT(after.copies_in == before.copies_in && next.k == t.k && next.shift == 2 * LAYER, "the next layer's table: %lld "
-           "uploads, shift %lld; expected the same table, no upload, shift %d",
-           (long long)(after.copies_in - before.copies_in), next.shift, 2 * LAYER);
+    EXPECT(after.copies_in == before.copies_in && next.k == t.k && next.shift[0] == 2 * LAYER &&
+           next.shift[1] == 2 * LAYER, "the next layer's table: %lld uploads, shifts %lld and %lld; expected the same "
+           "table, no upload, shifts %d", (long long)(after.copies_in - before.copies_in), next.shift[0], next.shift[1],
+           2 * LAYER);
+    for (int b = 0; b < B; b++) /* V's rows 3 LAYER further than the first layer's, K's back where they were */
+        v[b] = (char *)v[b] + LAYER, k[b] = (char *)k[b] - 2 * LAYER;
+    next = upload_cache(d, &gb);
+    cuda_counts(&after);
+    EXPECT(after.copies_in == before.copies_in && next.shift[0] == 0 && next.shift[1] == 3 * LAYER, "K's rows where the "
+           "table's are, V's 3 LAYER on: %lld uploads, shifts %lld and %lld; expected no upload, shifts 0 and %d",
+           (long long)(after.copies_in - before.copies_in), next.shift[0], next.shift[1], 3 * LAYER);
     tables[1][0][PAGES - 1]++; /* a page of its own: the table differs */
     upload_cache(d, &gb);
     v[1] = (char *)v[1] + 64; /* one pointer's distance differs */
@@ -2193,7 +2202,7 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     float *partials = device_array<float>(slots * (c->head_dim + 2));
     upload(cache->dev, cache->host, 2 * cache->pool_bytes);
     float scale = 1.0f / sqrtf((float)c->head_dim);
-    attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, 0,
+    attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, {0, 0},
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
                          c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0, 0};
     long long before = emu_count(EMU_KV_LOAD_BYTES);
