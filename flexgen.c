@@ -17,10 +17,10 @@
  *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
  *   476  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
  *   666  step_begins              a block's step: tokens back, pages; step_ends
- *   761  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   978  refill_slots             ended sequences' slots take the next prompts (--refill)
- *   996  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1153  generate                 prompts in rounds of blocks (run_round)
+ *   760  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   977  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *   995  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1152  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the

@@ -8,24 +8,24 @@
  * CUDA Graphs, counters) is support/cuda_device.cu. Read it
  * top-down, by this map (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   228  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
- *   288  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
- *   208  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   380  fg_cuda_backend          the operation table, once a GPU is found
- *   407  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   463  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   529  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   624  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   673  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   714  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   817  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   859  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   956  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1105  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1188  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1302  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1347  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1440  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   232  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
+ *   292  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
+ *   212  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
+ *   385  fg_cuda_backend          the operation table, once a GPU is found
+ *   412  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   468  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   534  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   629  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   678  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   719  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   815  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   857  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   945  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1113  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1197  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1318  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1363  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1456  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -85,7 +85,8 @@ typedef struct {
  * and z): partials[((run row) heads + head) spans + span][hd + 2], a span's sum of weights times
  * values (hd floats), its max score and its sum of weights, the run's rows in grid order. Top-K's
  * scores and lists of kept keys, scores_apart floats a query head, lie there too where shared
- * memory cannot hold them (scores_in_workspace). */
+ * memory cannot hold them or the split's spans score the keys (scores_in_workspace; scores_ready:
+ * the spans have). */
 typedef struct {
     const __half *qkv;
     qkv_layout at;
@@ -102,6 +103,7 @@ typedef struct {
     int batch, first_b, first_t;
     size_t scores_apart;
     int scores_in_workspace;
+    int scores_ready;
 } attention_split;
 
 /* A 4-bit decode product as q4_rows_kernel takes it, by value: y[rows][out] (+ y with add) = x W,
@@ -164,9 +166,11 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
                             float sparsity, float *partials, size_t span_slots, int fill_blocks);
 static void row_runs(int batch, int n_new, size_t fit, int *run_seqs, int *run_rows);
 static int top_k_in_shared(int heads, int kv_heads, int hd, int nk);
-static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity);
+static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity,
+                                   int spans);
 static void queue_split(attention_split a, int seqs, int rows, int nk, size_t span_slots,
                         int fill_blocks);
+static void queue_spans(attention_split a, int seqs, int rows);
 __global__ void attention_kernel(attention_split a, float sparsity);
 __global__ void attention_q4_kernel(attention_split a, float sparsity);
 __global__ void attention_gqa_kernel(attention_split a, float sparsity);
@@ -741,7 +745,8 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
                          .first_b = 0,
                          .first_t = 0,
                          .scores_apart = 0,
-                         .scores_in_workspace = 0};
+                         .scores_in_workspace = 0,
+                         .scores_ready = 0};
     size_t threads = store_kv_threads(rows, a.kv_heads, hd, a.q4);
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, s>>>(a, rows);
     LAUNCHED("store_kv_kernel");
@@ -760,15 +765,6 @@ static void cache_attention(cuda_ws *d, const model_config *c, gpu_batch *gb, co
 }
 
 /* ---- the KV cache store ---- */
-
-/* The smallest fp16 at or above x >= 0 (quant.c's fp16_at_least). */
-__device__ __half half_at_least(float x) {
-    __half h = __float2half_rn(x);
-    unsigned short bits = __half_as_ushort(h);
-    if (__half2float(h) < x) bits++;
-    if ((bits & 0x7c00) == 0x7c00) bits = 0x7bff;
-    return __ushort_as_half(bits);
-}
 
 /* One 4-bit group of a cache row: n values of one head, as quant.c's compress_group (inner 1),
  * without FMA contraction so that the levels are the CPU's (store_kv_kernel's test holds them). */
@@ -912,24 +908,6 @@ __global__ void prefill_softmax_kernel(float *scores, __half *probs, int n, int 
 
 /* ---- decode (and prefill after cached tokens): the attention kernels ---- */
 
-/* The blocks of the split a K/V head's group of query heads is cut into, `heads` query heads a
- * block at most (the last may take fewer). */
-__host__ __device__ int head_blocks(int group, int heads) { return (group + heads - 1) / heads; }
-
-/* The first query head of block `block` of the K/V heads' head_blocks (HEADS query heads a block,
- * each K/V head's blocks in turn): *kvh its K/V head, *nh its query heads (fewer in a group's
- * last block). */
-template <int HEADS>
-__device__ int block_heads(const attention_split *a, int block, int *kvh, int *nh) {
-    int group = a->heads / a->kv_heads;
-    int blocks = head_blocks(group, HEADS);
-    *kvh = block / blocks;
-    int head = *kvh * group + block % blocks * HEADS;
-    *nh = HEADS;
-    if (HEADS > 1 && (*kvh + 1) * group - head < HEADS) *nh = (*kvh + 1) * group - head;
-    return head;
-}
-
 /* The keys of a span of the split for queries that see up to nk keys, `blocks` blocks a span:
  * the fewest spans of at most FG_CUDA_SPAN_KEYS keys (span_slots holds their sums: queue_attention
  * sizes its runs so), or more of them, down to FG_CUDA_MIN_SPAN_KEYS keys, while the step's blocks
@@ -946,15 +924,24 @@ static int attention_span_keys(int nk, size_t queries, size_t blocks, size_t spa
     return (int)((keys + 31) / 32 * 32);
 }
 
+/* The spans top-K's scores are cut into where its `blocks` (a query row's heads each: 128 at 4
+ * sequences of opt-6.7b) would fill half the card or less: as many as fill_blocks holds, of
+ * FG_CUDA_MIN_SPAN_KEYS keys at least; 1, none. */
+static int top_k_spans(size_t blocks, int nk, int fill_blocks) {
+    size_t want = (size_t)fill_blocks / blocks;
+    size_t most = ((size_t)nk + FG_CUDA_MIN_SPAN_KEYS - 1) / FG_CUDA_MIN_SPAN_KEYS;
+    return (int)(want < 1 ? 1 : want < most ? want : most);
+}
+
 /* Attention of a step's queries on the device (decode, or prefill after cached tokens): where §5's
  * top-K applies (sparsity < 1 and a sequence's one query after its prompt, host_past and
  * host_pad saying which) attention_kernel, a block a query, since the choice needs all of a
- * query's weights (queue_attention_kernel); otherwise the split over keys (queue_split). Each in
- * runs of the step's query rows whose spans' sums, or scores, `partials` holds: span_slots of
- * head_dim + 2 floats (the workspace holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys
- * and a row's top-K scores), so one run but for steps of more query rows (a prompt refilled
- * beside decoding sequences) or top-K scores of long contexts. fill_blocks: the blocks that fill
- * the card. */
+ * query's weights (queue_attention_kernel; the split's spans score the keys first where
+ * top_k_spans says); otherwise the split over keys (queue_split). Each in runs of the step's query
+ * rows whose spans' sums, or scores, `partials` holds: span_slots of head_dim + 2 floats (the
+ * workspace holds FG_CUDA_SPLIT_ROWS rows' heads' spans of max_len keys and a row's top-K scores),
+ * so one run but for steps of more query rows (a prompt refilled beside decoding sequences) or
+ * top-K scores of long contexts. fill_blocks: the blocks that fill the card. */
 static void queue_attention(attention_split a, int batch, const int *host_past, const int *host_pad,
                             float sparsity, float *partials, size_t span_slots, int fill_blocks) {
     int nk = 1;    /* the keys a query sees at most */
@@ -966,9 +953,12 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
     }
     a.batch = batch;
     a.partials = partials;
+    size_t top_k_blocks =
+        (size_t)batch * a.n_new * a.kv_heads * head_blocks(a.heads / a.kv_heads, GQA_HEADS);
+    int spans = top_k ? top_k_spans(top_k_blocks, nk, fill_blocks) : 1;
     size_t fit = (size_t)batch * a.n_new; /* query rows a run: all of them, top-K's in shared */
     if (!top_k) fit = span_slots / ((size_t)a.heads * fg_cuda_attention_spans(nk));
-    else if (!top_k_in_shared(a.heads, a.kv_heads, a.hd, nk))
+    else if (spans > 1 || !top_k_in_shared(a.heads, a.kv_heads, a.hd, nk))
         fit = span_slots / fg_cuda_top_k_slots(a.heads, a.hd, nk);
     if (fit == 0) cuda_fail("queue_attention", __FILE__, __LINE__, "no room for a row's attention");
     int run_seqs;
@@ -978,7 +968,7 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
         for (a.first_t = 0; a.first_t < a.n_new; a.first_t += run_rows) {
             int seqs = batch - a.first_b < run_seqs ? batch - a.first_b : run_seqs;
             int rows = a.n_new - a.first_t < run_rows ? a.n_new - a.first_t : run_rows;
-            if (top_k) queue_attention_kernel(a, seqs, rows, nk, sparsity);
+            if (top_k) queue_attention_kernel(a, seqs, rows, nk, sparsity, spans);
             else queue_split(a, seqs, rows, nk, span_slots, fill_blocks);
         }
 }
@@ -998,13 +988,24 @@ static void row_runs(int batch, int n_new, size_t fit, int *run_seqs, int *run_r
  * queries, fill the card with blocks), then attention_merge_kernel: two launches. */
 static void queue_split(attention_split a, int seqs, int rows, int nk, size_t span_slots,
                         int fill_blocks) {
+    int group = a.heads / a.kv_heads; /* query heads on a K/V head */
+    size_t queries = (size_t)seqs * rows;
+    size_t blocks =
+        queries * a.kv_heads * head_blocks(group, group > 1 ? GQA_HEADS : 1); /* a span's */
+    a.span_keys = attention_span_keys(nk, queries * a.heads, blocks, span_slots, fill_blocks);
+    a.spans = (nk + a.span_keys - 1) / a.span_keys;
+    queue_spans(a, seqs, rows);
+    dim3 run(a.heads, seqs, rows);
+    attention_merge_kernel<<<run, MERGE_THREADS, 0, ctx()->stream>>>(a);
+    LAUNCHED("attention_merge_kernel");
+}
+
+/* The split's spans (a.spans of a.span_keys keys) of a run's query rows, a block a span of up to
+ * GQA_HEADS query heads of a K/V head: their sums, or top-K's scores (scores_in_workspace). */
+static void queue_spans(attention_split a, int seqs, int rows) {
     cudaStream_t s = ctx()->stream;
     int group = a.heads / a.kv_heads; /* query heads on a K/V head */
     int per_kv_head = head_blocks(group, group > 1 ? GQA_HEADS : 1);
-    size_t queries = (size_t)seqs * rows;
-    size_t blocks = queries * a.kv_heads * per_kv_head; /* a span's */
-    a.span_keys = attention_span_keys(nk, queries * a.heads, blocks, span_slots, fill_blocks);
-    a.spans = (nk + a.span_keys - 1) / a.span_keys;
     dim3 spans(a.kv_heads * per_kv_head * a.spans, seqs, rows);
     if (group > 1 && a.q4) {
         attention_span_gqa_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
@@ -1019,9 +1020,6 @@ static void queue_split(attention_split a, int seqs, int rows, int nk, size_t sp
         attention_span_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
         LAUNCHED("attention_span_kernel");
     }
-    dim3 run(a.heads, seqs, rows);
-    attention_merge_kernel<<<run, MERGE_THREADS, 0, s>>>(a);
-    LAUNCHED("attention_merge_kernel");
 }
 
 /* The query heads a block of attention_kernel takes: up to GQA_HEADS of one K/V head where query
@@ -1035,24 +1033,32 @@ __host__ __device__ int top_k_heads(int heads, int kv_heads) {
  * heads' scores and lists of kept keys (fg_cuda_top_k_bytes a head) for queries of up to nk keys
  * in TOP_K_SHARED_BYTES of shared memory; where not, the scores and lists are in the workspace. */
 static int top_k_in_shared(int heads, int kv_heads, int hd, int nk) {
-    size_t nh = (size_t)top_k_heads(heads, kv_heads);
-    size_t queries = nh * (size_t)((hd + 7) / 8 * 8) * sizeof(float);
-    return queries + nh * fg_cuda_top_k_bytes(nk) <= TOP_K_SHARED_BYTES;
+    int nh = top_k_heads(heads, kv_heads);
+    size_t queries = query_floats(nh, hd) * sizeof(float);
+    return queries + (size_t)nh * fg_cuda_top_k_bytes(nk) <= TOP_K_SHARED_BYTES;
 }
 
 /* attention_kernel (attention_q4_kernel for a 4-bit cache; attention_gqa_kernel and
  * attention_gqa_q4_kernel where query heads share a K/V head): a block the query heads
  * top_k_heads gives of a query row of a run of query rows (rows of seqs sequences, from a.first_b
  * and a.first_t) that see up to nk keys, their scores in shared memory where top_k_in_shared, else
- * in a.partials (queue_attention sizes the run for them). */
-static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity) {
+ * in a.partials (queue_attention sizes the run for them). With spans > 1 the split's span kernels
+ * put the scores there first (scores_ready), each block a span of keys: two launches. */
+static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk, float sparsity,
+                                   int spans) {
     cudaStream_t s = ctx()->stream;
     int nh = top_k_heads(a.heads, a.kv_heads);
     dim3 queries(a.kv_heads * head_blocks(a.heads / a.kv_heads, nh), seqs, rows);
-    size_t shared = (size_t)nh * ((a.hd + 7) / 8 * 8) * sizeof(float); /* the queries */
+    size_t shared = query_floats(nh, a.hd) * sizeof(float); /* the queries */
     a.scores_apart = fg_cuda_top_k_bytes(nk) / sizeof(float);
-    a.scores_in_workspace = !top_k_in_shared(a.heads, a.kv_heads, a.hd, nk);
+    a.scores_in_workspace = spans > 1 || !top_k_in_shared(a.heads, a.kv_heads, a.hd, nk);
     if (!a.scores_in_workspace) shared += nh * fg_cuda_top_k_bytes(nk);
+    if (spans > 1) {
+        a.span_keys = ((nk + spans - 1) / spans + 31) / 32 * 32;
+        a.spans = (nk + a.span_keys - 1) / a.span_keys;
+        queue_spans(a, seqs, rows);
+        a.scores_ready = 1;
+    }
     if (nh > 1 && a.q4) {
         attention_gqa_q4_kernel<<<queries, ATTENTION_THREADS, shared, s>>>(a, sparsity);
         LAUNCHED("attention_gqa_q4_kernel");
@@ -1111,7 +1117,7 @@ template <int Q4, int HEADS> __device__ void attend_query(attention_split a, flo
     __shared__ top_k_select selection;
     int kvh;
     int nh;
-    int head = block_heads<HEADS>(&a, blockIdx.x, &kvh, &nh);
+    int head = block_heads<HEADS>(a.heads, a.kv_heads, blockIdx.x, &kvh, &nh);
     int b = a.first_b + blockIdx.y;
     int t = a.first_t + blockIdx.z;
     size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;
@@ -1127,15 +1133,17 @@ template <int Q4, int HEADS> __device__ void attend_query(attention_split a, flo
         return;
     }
     float *query = dynamic;
-    float *scores = query + top_k_heads(a.heads, a.kv_heads) * ((hd + 7) / 8 * 8);
+    float *scores = query + query_floats(top_k_heads(a.heads, a.kv_heads), hd);
     size_t apart = a.scores_apart; /* a head's scores and list */
     if (a.scores_in_workspace) scores = a.partials + (run_row * a.heads + head) * apart;
     const __half *q = a.qkv + a.at.at[0] + row * a.at.stride[0] + (size_t)head * hd;
     kv_head keys = kv_head_of(&a, 0, b, kvh);
     kv_head values = kv_head_of(&a, 1, b, kvh);
-    query_to_shared(q, nh, hd, query);
-    __syncthreads();
-    attention_scores<Q4, HEADS>(query, nh, &keys, 0, nk, a.scale, scores, (int)apart);
+    if (!a.scores_ready) { /* else the split's spans scored the keys (span_sums) */
+        query_to_shared(q, nh, hd, query);
+        __syncthreads();
+        attention_scores<Q4, HEADS>(query, nh, &keys, 0, nk, a.scale, scores, (int)apart);
+    }
     __syncthreads();
     int top_k = decode && sparsity < 1;
     int keep = top_k ? (int)floorf(sparsity * (float)(nk - 1)) : nk - 1; /* earlier keys kept */
@@ -1173,20 +1181,19 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, 2)
 /* A span's sums of a block's queries (the split over keys of flash-decoding: the keys of a query
  * cut into spans, each a block, whose partial softmax sums a second pass merges). Block (head
  * block x spans + span, sequence first_b + y, row first_t + z of the run) takes up to HEADS query
- * heads of one K/V head (the
- * head_blocks of each K/V head in turn; HEADS 1: a block a query head), each a query of row t,
- * and keys [span span_keys, + span_keys) of those the query sees, [0, its slot], as
- * attention_kernel reads them, each key's and value's row loaded once for all its heads: a
- * query's scores s_j = scale q.K_j, their max m, l = sum_j e^(s_j - m) and sum_j e^(s_j - m) V_j
+ * heads of one K/V head (the head_blocks of each K/V head in turn; HEADS 1: a block a query head),
+ * each a query of row t, and keys [span span_keys, + span_keys) of those the query sees, [0, its
+ * slot], as attention_kernel reads them, each key's and value's row loaded once for all its heads:
+ * a query's scores s_j = scale q.K_j, their max m, l = sum_j e^(s_j - m) and sum_j e^(s_j - m) V_j
  * in fp32, into the span's partials. Padding queries, spans past a query's keys and delegated
- * sequences write nothing (the merge reads only the spans a query has). No top-K here:
- * queue_attention sends steps with it to attention_kernel. CPU twin: opt_model.c's attention
- * (opt_attend_decode in decode), with attention_merge_kernel. Tests: test_attention (cases of two
- * and more spans, a short last span, fp16 and 4-bit cache, padding, a delegated sequence, runs of
- * a row) within its bound, and test_gqa_attention (grouped heads, GQA_HEADS at a time and fewer,
- * bit for bit against repeated ones). attention_span_kernel takes an fp16 cache,
- * attention_span_q4_kernel a 4-bit one; attention_span_gqa_kernel and attention_span_gqa_q4_kernel
- * take GQA_HEADS query heads at a time. */
+ * sequences write nothing (the merge reads only the spans a query has). With top-K
+ * (scores_in_workspace) a span's scores alone, into the workspace for attention_kernel. CPU twin:
+ * opt_model.c's attention (opt_attend_decode in decode), with attention_merge_kernel. Tests:
+ * test_attention (cases of two and more spans, a short last span, fp16 and 4-bit cache, padding, a
+ * delegated sequence, runs of a row) within its bound, and test_gqa_attention (grouped heads,
+ * GQA_HEADS at a time and fewer, bit for bit against repeated ones). attention_span_kernel takes an
+ * fp16 cache, attention_span_q4_kernel a 4-bit one; attention_span_gqa_kernel and
+ * attention_span_gqa_q4_kernel take GQA_HEADS query heads at a time. */
 template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     __shared__ float weights[HEADS * FG_CUDA_SPAN_KEYS];
     __shared__ float shared[32];
@@ -1195,7 +1202,7 @@ template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     int span = blockIdx.x % a.spans;
     int kvh;
     int nh;
-    int head = block_heads<HEADS>(&a, blockIdx.x / a.spans, &kvh, &nh);
+    int head = block_heads<HEADS>(a.heads, a.kv_heads, blockIdx.x / a.spans, &kvh, &nh);
     int b = a.first_b + blockIdx.y;
     int t = a.first_t + blockIdx.z;
     size_t run_row = (size_t)blockIdx.y * gridDim.z + blockIdx.z;
@@ -1213,7 +1220,14 @@ template <int Q4, int HEADS> __device__ void span_sums(attention_split a) {
     size_t sums_apart = (size_t)a.spans * (hd + 2); /* the next head's */
     query_to_shared(q, nh, hd, query);
     __syncthreads();
-    attention_scores<Q4, HEADS>(query, nh, &keys, first, n, a.scale, weights, FG_CUDA_SPAN_KEYS);
+    float *scores = weights;
+    int apart = FG_CUDA_SPAN_KEYS;
+    if (a.scores_in_workspace) { /* top-K's: the span's scores, where attention_kernel reads them */
+        scores = a.partials + (run_row * a.heads + head) * a.scores_apart + first;
+        apart = (int)a.scores_apart;
+    }
+    attention_scores<Q4, HEADS>(query, nh, &keys, first, n, a.scale, scores, apart);
+    if (a.scores_in_workspace) return;
     __syncthreads();
     float m[HEADS];
     float l[HEADS];

@@ -12,7 +12,7 @@
  *   501  load_weight_at           a layer read ahead, converted into a staging arena
  *   605  shape_block              a block's buffers per tier; fg_check_plan below it
  *   795  keep_int8_columns        W's int8 columns made once where the plan has room
- *   937  alloc_block              a block's KV cache and activations on the tiers
+ *   939  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).

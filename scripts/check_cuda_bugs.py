@@ -14,6 +14,7 @@ takes about 90 s a bug on two cores, prints what failed for each, and ends with
 'N passed, N failed' (a bug caught passes); the exit status is 1 if any bug got through.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,7 +132,7 @@ BUGS = [
      ""),
     ("a K/V head's last block of query heads given a whole block's (block_heads: span_sums and "
      "attend_query take a head of the next group)",
-     "flexgen.cu",
+     "support/cuda_kernels.h",
      "    if (HEADS > 1 && (*kvh + 1) * group - head < HEADS) *nh = (*kvh + 1) * group - head;\n",
      ""),
     ("a block's next head's sums written hd floats on, over its own span's (attention_values)",
@@ -206,6 +207,14 @@ BUGS = [
      "support/cuda_device.cu",
      "rows = (int)floorf(gb->attn_sparsity * (float)(nk - 1)) + 1;",
      "rows = (int)floorf(gb->attn_sparsity * (float)(nk - 1));"),
+    ("top-K's span scores written at the query's first key, not the span's (span_sums)",
+     "flexgen.cu",
+     "        scores = a.partials + (run_row * a.heads + head) * a.scores_apart + first;",
+     "        scores = a.partials + (run_row * a.heads + head) * a.scores_apart;"),
+    ("top-K scoring the keys again after the split's spans have (queue_attention_kernel)",
+     "flexgen.cu",
+     "        a.scores_ready = 1;\n",
+     ""),
 ]
 
 # The harness's own suite prints these on purpose (it tries each misuse).
@@ -227,7 +236,7 @@ def failures(stdout):
             suite = line[7:].strip()
         if "Test: " in line:
             test = line.split("Test: ", 1)[1].split(" ...")[0]
-        if line.rstrip().endswith("FAILED") and test:
+        if re.search(r"FAILED( \([0-9.]+ s\))?$", line.rstrip()) and test:
             first = next((m.strip() for m in lines[i + 1:i + 4] if m.strip()[:1].isdigit()), "")
             found.append((f"{suite}: {test}", first))
     return found

@@ -477,9 +477,19 @@ __device__ inline void q4_sums_out(float acc[M_TILES][8][4], q4_stage *stages, i
 }
 
 /* ---- A head's cached keys and values as decode attention reads them (flexgen.cu's attention
- * kernels), 8 values a chunk. Q4: the cache's rows are 4-bit (this step's rows are fp16 either
- * way); a template argument, so that a kernel over an fp16 cache holds no register for the 4-bit
- * rows (71 registers on sm_90 against 128 for both). ---- */
+ * kernels), 8 values a chunk, and a 4-bit group's scale as the cache store makes it. Q4: the
+ * cache's rows are 4-bit (this step's rows are fp16 either way); a template argument, so that a
+ * kernel over an fp16 cache holds no register for the 4-bit rows (71 registers on sm_90 against
+ * 128 for both). ---- */
+
+/* The smallest fp16 at or above x >= 0 (quant.c's fp16_at_least). */
+__device__ __half half_at_least(float x) {
+    __half h = __float2half_rn(x);
+    unsigned short bits = __half_as_ushort(h);
+    if (__half2float(h) < x) bits++;
+    if ((bits & 0x7c00) == 0x7c00) bits = 0x7bff;
+    return __ushort_as_half(bits);
+}
 
 /* One K/V head's keys (or values) as a query reads them: the cache's rows below `past`, through
  * the page table (rows of heads x hd, fp16 or 4-bit), and this step's fp16 rows from `past` on,
@@ -602,6 +612,31 @@ __device__ inline void kv_widen(kv_bytes b, kv_row r, int c, int hd, int whole, 
  * of them at run time; each key's and each value's row is loaded and widened once for all of them.
  * Each head's sums are formed in the order a block of one head forms them, so that a block of
  * several heads gives each the bits it would give alone. ---- */
+
+/* The blocks a K/V head's group of query heads is cut into, `heads` query heads a block at most
+ * (the last may take fewer). */
+__host__ __device__ inline int head_blocks(int group, int heads) {
+    return (group + heads - 1) / heads;
+}
+
+/* The first query head of block `block` of the K/V heads' head_blocks (HEADS query heads a block,
+ * each K/V head's blocks in turn; heads on kv_heads): *kvh its K/V head, *nh its query heads
+ * (fewer in a group's last block). */
+template <int HEADS>
+__device__ int block_heads(int heads, int kv_heads, int block, int *kvh, int *nh) {
+    int group = heads / kv_heads;
+    int blocks = head_blocks(group, HEADS);
+    *kvh = block / blocks;
+    int head = *kvh * group + block % blocks * HEADS;
+    *nh = HEADS;
+    if (HEADS > 1 && (*kvh + 1) * group - head < HEADS) *nh = (*kvh + 1) * group - head;
+    return head;
+}
+
+/* The floats of nh query heads in shared memory, each head_dim rounded up to whole chunks of 8. */
+__host__ __device__ inline size_t query_floats(int nh, int hd) {
+    return (size_t)nh * ((hd + 7) / 8 * 8);
+}
 
 /* The keys (and values) each thread has loaded before it uses the first. */
 #define KEYS_AT_ONCE 4

@@ -331,7 +331,8 @@ static int run_counted(const fixture_prompts *f, const fg_policy *p, int *tokens
  * and of V only the kept rows cross the link. The runtime counts the past's K rows and the kept V
  * rows (each query head's floor(s past) + 1, a sequence, layer and decode step); dense, all of K
  * and V. The device's copies in are the gpu tier run's and K's rows, where dense they are V's
- * rows more. */
+ * rows more. One GPU batch, so that a layer's cache table serves the next: staged K rows and V
+ * rows in place lie different distances on. */
 static void test_sparse_v_in_place(void) {
     if (!gpu_present()) return;
     fixture_prompts f;
@@ -346,6 +347,7 @@ static void test_sparse_v_in_place(void) {
     char err[FG_ERR_LEN];
     for (int r = 0; r < 3; r++) {
         fg_policy p = case_policy(&CASES[N_CASES - 2 + (r > 0)], FG_DEVICE_CUDA);
+        p.gpu_batch_size = N_SEQ, p.num_gpu_batches = 1; /* a layer's cache table serves the next, shifted */
         if (r == 2) p.attn_sparsity = 1;
         int rc = run_counted(&f, &p, tokens[r], logits[r], &t[r], &st[r], err);
         CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -623,7 +625,8 @@ static void test_gpu_check_dry(void) {
                                        "| opt-13b-offloaded |", "| llama-2-7b-4bit |", "| opt-175b-4bit-gpu | 32 x 1",
                                        "| opt-175b-4bit-t4 | 8 x 2, 0 100 50 50 100 0", "| opt-13b-diagonal |",
                                        "| opt-6.7b-auto |", "| opt-30b-offloaded |",
-                                       "| opt-6.7b-32x1-topk | 4 x 1, 100 0 100 0 100 0 --attn-sparsity 0.1, gen 4 |", "| 1 / ",
+                                       "| opt-6.7b-32x1-topk | 4 x 1, 100 0 100 0 100 0 --attn-sparsity 0.1, gen 4 |",
+                                       "| opt-6.7b-4x1-topk | 4 x 1, 100 0 100 0 100 0 --attn-sparsity 0.1, gen 4 |", "| 1 / ",
                                        "| OPT-175B 4bit | 14 x 8, --percent 0 100 8 92 100 0, 4-bit weights and cache | 1.12 | 2.666 |"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         EXPECT(strstr(md, want[i]) != NULL, "gpu_check.sh --dry: no \"%s\" in its markdown:\n%s", want[i], md);

@@ -724,6 +724,62 @@ static void test_compute_capability(void) {
            compute_line(r.out), r.err);
     run_free(&r);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Top-K on a card its blocks would not fill (the emulated GPU reporting an H200's multiprocessors)
+ * --------------------------------------------------------------------------------------------- */
+
+/* opt-kjv at 2 x 1, prompts of 200 tokens, --attn-sparsity 0.3, on an emulated GPU of `sms`
+ * multiprocessors: its dumped logits (NULL, and a failure, unless it exits 0) and the blocks the
+ * harness ran and the K and V bytes attention loaded (FLEXGEN_EMU_STATS). */
+static float *run_top_k_on(const char *sms, const char *dir, long long *blocks, long long *kv_bytes) {
+    char dump[4200], stats[4200];
+    snprintf(dump, sizeof dump, "%s/sms%s.bin", dir, sms);
+    snprintf(stats, sizeof stats, "%s/sms%s.txt", dir, sms);
+    arglist a = {.n = 0};
+    arglist_add(&a, ARGS(flexgen_bin(), "--model", MODELS[KJV].dir, "--device", "cuda",
+                         "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--prompt-len", "200", "--gen-len", "8",
+                         "--attn-sparsity", "0.3", "--quiet", "--dump-logits", dump));
+    setenv("FLEXGEN_EMU_SMS", sms, 1);
+    setenv("FLEXGEN_EMU_STATS", stats, 1);
+    run r = run_args(&a);
+    unsetenv("FLEXGEN_EMU_SMS");
+    unsetenv("FLEXGEN_EMU_STATS");
+    EXPECT(r.rc == 0, "top-K on %s multiprocessors: exit %d: %s", sms, r.rc, r.err);
+    size_t n = (size_t)2 * 8 * MODELS[KJV].vocab;
+    float *logits = r.rc == 0 ? read_floats(dump, n) : NULL;
+    char *line = slurp(stats, NULL);
+    *blocks = *kv_bytes = -1;
+    const char *at = line ? strstr(line, "blocks ") : NULL, *kv = line ? strstr(line, "kv_load_bytes ") : NULL;
+    if (at) *blocks = atoll(at + 7);
+    if (kv) *kv_bytes = atoll(kv + 14);
+    free(line);
+    run_free(&r);
+    unlink(dump), unlink(stats);
+    return logits;
+}
+
+/* With one multiprocessor reported a layer's top-K attention is a block a query head; with an
+ * H200's 132 the split's spans score the keys first, in more blocks, and attention_kernel chooses:
+ * the same logits, bit for bit, and the same K and V bytes loaded. */
+static void test_top_k_split(void) {
+    if (!gpu_here()) return;
+    models_init();
+    char *dir = make_temp_dir();
+    long long blocks[2], kv_bytes[2];
+    float *one = run_top_k_on("1", dir, &blocks[0], &kv_bytes[0]);
+    float *card = run_top_k_on("132", dir, &blocks[1], &kv_bytes[1]);
+    size_t n = (size_t)2 * 8 * MODELS[KJV].vocab;
+    if (one && card)
+        EXPECT(memcmp(one, card, n * sizeof(float)) == 0, "top-K split over spans on 132 multiprocessors: other "
+               "logits than a block a query on 1");
+    EXPECT(blocks[1] > blocks[0] && blocks[0] > 0 && kv_bytes[0] == kv_bytes[1] && kv_bytes[0] > 0, "top-K on 1 "
+           "and 132 multiprocessors: %lld and %lld blocks, %lld and %lld bytes of K and V rows loaded; expected "
+           "more blocks on 132 and the same bytes", blocks[0], blocks[1], kv_bytes[0], kv_bytes[1]);
+    free(one), free(card);
+    rmdir(dir);
+    free(dir);
+}
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -780,5 +836,6 @@ void add_gpu_cli_tests(void) {
                 test_products_mode);
 #ifdef FLEXGEN_CUDA_EMU
     CU_add_test(s, "the compute capability check: 6.1 refused, auto on the CPU, 12.0 runs", test_compute_capability);
+    CU_add_test(s, "top-K on 132 multiprocessors, split over spans: the logits of a block a query", test_top_k_split);
 #endif
 }

@@ -482,7 +482,7 @@ static void run_store(void *p) {
                             .n_new = c->n_new, .hd = c->head_dim, .heads = c->heads, .kv_heads = c->heads,
                             .q4 = a->q4, .spans = 0, .span_keys = 0, .scale = 0,
                             .partials = NULL, .batch = c->batch, .first_b = 0, .first_t = 0,
-                            .scores_apart = 0, .scores_in_workspace = 0};
+                            .scores_apart = 0, .scores_in_workspace = 0, .scores_ready = 0};
     store_kv_kernel<<<blocks_for(threads, 128), 128, 0, ctx()->stream>>>(step, rows);
     LAUNCHED("store_kv_kernel");
     wait_stream();
@@ -670,7 +670,7 @@ static void run_attention(void *p) {
                          s->cache.dev_v, {0, 0}, s->cache.dev_tables, s->cache.max_pages,
                          s->cache.page_tokens, c->n_new, c->head_dim, c->heads, c->heads,
                          s->q4, 0, 0, 1.0f / sqrtf((float)c->head_dim), s->dev_partials,
-                         c->batch, 0, 0, 0, 0};
+                         c->batch, 0, 0, 0, 0, 0};
     if (s->split) {
         poison(s->dev_partials, s->span_slots * (c->head_dim + 2) * sizeof(float));
         /* the spans as many as fit, or room for one query row's fewest spans, or top-K scores in
@@ -685,7 +685,7 @@ static void run_attention(void *p) {
         wait_stream();
         return;
     }
-    queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity);
+    queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity, 1);
     s->launches = counts.launches - before;
     wait_stream();
 }
@@ -868,18 +868,21 @@ static void test_attention(void) {
     memset(&st, 0, sizeof st);
     memset(&split_st, 0, sizeof split_st);
     for (size_t i = 0; i < sizeof ATTN_CASES / sizeof *ATTN_CASES; i++)
-        for (int q4 = 0; q4 <= 1; q4++)
+        for (int q4 = 0; q4 <= 1; q4++) {
+            fp16 *alone = NULL; /* attention_kernel's bits, which top-K's split must give */
+            uint64_t alone_seed = seed; /* its rows */
             for (int split = 0; split <= 3; split++) {
                 const step_case *c = &ATTN_CASES[i];
-                if (split == 3 && takes_top_k(c)) continue; /* attention_kernel already */
+                int top_k_split = split == 3 && takes_top_k(c) && longest(c) > FG_CUDA_MIN_SPAN_KEYS;
                 attn_setup s;
-                attn_setup_init(&s, c, q4, &seed);
+                attn_setup_init(&s, c, q4, top_k_split ? &alone_seed : &seed);
                 s.split = split;
                 attn_setup_upload(&s);
                 fp16 *got = host_array<fp16>((size_t)s.rows * s.h);
                 char what[200];
                 const char *path = !split ? "attention_kernel"
                                    : takes_top_k(c) && split == 2 ? "queue_attention (top-K, room for a row)"
+                                   : top_k_split ? "queue_attention (top-K: the split's spans score, then attention_kernel)"
                                    : takes_top_k(c) ? "queue_attention (top-K: attention_kernel)"
                                    : split == 2 ? "queue_attention (room for a row: runs of a row)"
                                    : split == 3 ? "attention_span_kernel and the merge, shortest spans"
@@ -890,12 +893,21 @@ static void test_attention(void) {
                 run_in_every_order(what, run_attention, &s, s.dev_attn, bytes, got);
                 int64_t want = !split ? 1 : split == 2 ? 2 * s.rows : 2;
                 if (split && takes_top_k(c)) want = split == 2 && top_k_row_slots(c) ? s.rows : 1;
+                if (top_k_split) { /* runs of the decode rows whose scores the workspace holds, two launches each */
+                    size_t fit = s.span_slots / fg_cuda_top_k_slots(c->heads, c->head_dim, longest(c));
+                    want = 2 * (int64_t)(((size_t)s.rows + fit - 1) / fit);
+                }
                 EXPECT(s.launches == want, "%s: %lld launches, expected %lld", what,
                        (long long)s.launches, (long long)want);
                 check_attention(&s, got, what, 0, split && !takes_top_k(c) ? &split_st : &st);
-                free(got);
+                if (!split) alone = got;
+                else if (top_k_split)
+                    EXPECT(memcmp(got, alone, bytes) == 0, "%s: not the bits of attention_kernel alone", what);
+                if (split) free(got);
                 attn_setup_free(&s);
             }
+            free(alone);
+        }
     /* a few left out is chance; most would mean the cut rule is wrong */
     st.sparse += split_st.sparse;
     st.left_out += split_st.left_out;
@@ -2204,12 +2216,12 @@ static fp16 *gqa_attention(const step_case *c, const fp16 *qkv, size_t n, qkv_la
     float scale = 1.0f / sqrtf((float)c->head_dim);
     attention_split a = {dev_qkv, at, dev_attn, past, pad, cache->dev_k, cache->dev_v, {0, 0},
                          cache->dev_tables, cache->max_pages, cache->page_tokens, c->n_new,
-                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0, 0};
+                         c->head_dim, c->heads, kv_heads, q4, 0, 0, scale, partials, c->batch, 0, 0, 0, 0, 0};
     long long before = emu_count(EMU_KV_LOAD_BYTES);
     if (split) {
         queue_attention(a, c->batch, c->past, c->pad, c->sparsity, partials, slots, INT_MAX);
     } else {
-        queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity);
+        queue_attention_kernel(a, c->batch, c->n_new, longest(c), c->sparsity, 1);
     }
     wait_stream();
     *read = before < 0 ? -1 : emu_count(EMU_KV_LOAD_BYTES) - before;
@@ -2242,7 +2254,8 @@ static long long attention_kv_bytes(const step_case *c, int kv_heads, int blocks
  * layout and a cache of kv_heads heads against OPT's rows and a cache with each K/V head written
  * for each of its query heads, the same page tables; decode and prefill after cached tokens, fp16
  * and 4-bit caches, dense and top-K; attention_kernel (attention_gqa_kernel) and the split over
- * keys (queue_attention), also over three spans and more, whose blocks take GQA_HEADS query heads
+ * keys (queue_attention; with top-K its spans scoring the keys for attention_kernel), also over
+ * three spans and more, whose blocks take GQA_HEADS query heads
  * of a K/V head at a time (groups of 2, 3, 4, 7 and 8) where the blocks of repeated heads take
  * one. On the emulated GPU each K row is loaded once for a block of GQA_HEADS query heads (each V
  * row too in the split; attention_kernel reads a head's V rows, or its kept ones, for each head),
@@ -2261,10 +2274,12 @@ static void test_gqa_attention(void) {
          128, 2, 2, 5, -1, 1, {70, 9}, {0, 1}},
         {"decode, 6 heads on 2 K/V heads of 36 (read value by value)", 6, 36, 2, 1, 16, -1, 1,
          {40, 77}, {0, 0}},
+        {"decode of 300 and 131 keys, top-K 0.2, 7 heads on 1 K/V head of 64 (the split's spans score)", 7,
+         64, 2, 1, 16, -1, 0.2f, {299, 130}, {0, 0}},
     };
-    const int kv_heads[] = {1, 2, 2, 2, 1, 2, 2};
+    const int kv_heads[] = {1, 2, 2, 2, 1, 2, 2, 1};
     uint64_t seed = 91;
-    for (int ci = 0; ci < 7; ci++)
+    for (int ci = 0; ci < 8; ci++)
         for (int q4 = 0; q4 <= 1; q4++) {
             const step_case *c = &cases[ci];
             int H = c->heads, KV = kv_heads[ci], hd = c->head_dim, group = H / KV, rows = c->batch * c->n_new;
@@ -2303,9 +2318,10 @@ static void test_gqa_attention(void) {
                        "grouped-query attention is not multi-head attention over repeated "
                        "K/V heads", split ? "queue_attention" : "attention_kernel", c->what,
                        q4 ? "4-bit" : "fp16");
-                if ((!split || c->sparsity == 1) && got_read >= 0) {
-                    long long once = attention_kv_bytes(c, KV, (group + GQA_HEADS - 1) / GQA_HEADS, q4, !split);
-                    long long each = attention_kv_bytes(c, H, 1, q4, !split);
+                if (got_read >= 0) { /* top-K, its keys scored by the split's spans or not, reads a head's V rows */
+                    int v_a_head = !split || c->sparsity < 1;
+                    long long once = attention_kv_bytes(c, KV, (group + GQA_HEADS - 1) / GQA_HEADS, q4, v_a_head);
+                    long long each = attention_kv_bytes(c, H, 1, q4, v_a_head);
                     EXPECT(got_read == once && want_read == each, "%s, %s, %s cache: K and V rows read "
                            "%lld bytes (%lld expected), over repeated heads %lld (%lld expected)",
                            split ? "queue_attention" : "attention_kernel", c->what, q4 ? "4-bit" : "fp16",

@@ -78,6 +78,7 @@ static struct {
     unsigned seed = 1;
     size_t device_bytes = (size_t)8 << 30;
     int major = 8, minor = 6, devices = 1;
+    int multiprocessors = 1; /* as reported: the sizes of the kernels' grids follow it */
 } settings;
 static cuda_emu_stats stats;
 static std::once_flag settings_once;
@@ -120,6 +121,7 @@ static void read_environment() {
     if ((v = getenv("FLEXGEN_EMU_MEMORY"))) settings.device_bytes = parse_size(v);
     if ((v = getenv("FLEXGEN_EMU_CC"))) sscanf(v, "%d.%d", &settings.major, &settings.minor);
     if ((v = getenv("FLEXGEN_EMU_DEVICES"))) settings.devices = atoi(v);
+    if ((v = getenv("FLEXGEN_EMU_SMS")) && atoi(v) > 0) settings.multiprocessors = atoi(v);
 }
 static void install_fault_handler();
 static void settings_ready() {
@@ -1225,7 +1227,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
     snprintf(p->name, sizeof p->name, "emulated GPU (tests/cuda_emu)");
     p->totalGlobalMem = settings.device_bytes;
     p->major = settings.major, p->minor = settings.minor;
-    p->multiProcessorCount = 1, p->warpSize = 32, p->maxThreadsPerBlock = MAX_THREADS;
+    p->multiProcessorCount = settings.multiprocessors, p->warpSize = 32, p->maxThreadsPerBlock = MAX_THREADS;
     p->sharedMemPerBlock = SHARED_BYTES;
     return cudaSuccess;
 }
