@@ -412,17 +412,11 @@ static void expect_steady_decode(const char *fixture_name, int ngb, int q4, int 
         fg_policy p = case_policy(&CASES[0], (fg_device)device);
         p.num_gpu_batches = ngb;
         p.compress_weight = q4;
-        fg_runtime *rt = NULL;
-        fg_model *m = NULL;
         gen_timing t;
+        fg_stats st;
         char err[FG_ERR_LEN] = "";
-        gen_options opt = {.gen_len = GEN, .top_p = 1};
-        int rc = fg_runtime_open(&p, &rt, err);
-        if (rc == 0) rc = fg_model_open(rt, f.dir, 0, &m, err);
-        if (rc == 0) rc = generate(m, &opt, f.n, f.prompts, f.lens, tokens, NULL, &t, err);
+        int rc = run_counted(&f, &p, tokens, NULL, &t, &st, err);
         EXPECT(rc == 0, "%s: %s", fixture_name, err);
-        fg_model_close(m);
-        fg_runtime_close(rt);
         if (rc) continue;
         if (device == FG_DEVICE_CPU) {
             EXPECT(!t.device_counted, "%s: the CPU backend counted device work", fixture_name);
