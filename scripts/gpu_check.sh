@@ -33,7 +33,8 @@
 #          is left, opt-13b with --schedule diagonal, opt-6.7b with --policy auto, opt-30b with
 #          FlexGen's published policy (weights 20/80, cache on the cpu, 48 x 3), and opt-6.7b at
 #          32 x 1 and at 4 x 1 with §5's top-K (--attn-sparsity 0.1, FlexGen's too; at 4 x 1 the
-#          split's spans score the keys).
+#          split's spans score the keys), and at 4 x 1 with top-K over a cache on the cpu tier (of
+#          V, the kept rows alone cross the link).
 # Every run has a limit of its own and none starts past its half's 5 minutes (a row then says
 # so). Results: $OUT/gpu-check.md, and at most 8 logs beside it: build.log, suites.log,
 # sanitizer.log, kjv.log, speed.log, flexgen.log, kernels.log, big.log; the runs' own output
@@ -360,6 +361,8 @@ do_big() {
     ROW_GPU_MEM=$GPU_MEM_32 row opt-6.7b-32x1-topk opt-6.7b "$g" 1 --percent 100 0 100 0 100 0 --num-gpu-batches 1 \
         --gpu-batch-size "$([ "$DRY" = 1 ] && echo 4 || echo 32)" --attn-sparsity 0.1
     row opt-6.7b-4x1-topk opt-6.7b "$g" 1 --percent 100 0 100 0 100 0 --num-gpu-batches 1 --gpu-batch-size 4 \
+        --attn-sparsity 0.1
+    row opt-6.7b-cpu-cache-topk opt-6.7b "$o" 1 --percent 100 0 0 100 100 0 --num-gpu-batches 1 --gpu-batch-size 4 \
         --attn-sparsity 0.1
     return 0
 }

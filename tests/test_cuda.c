@@ -620,7 +620,8 @@ static void test_gpu_check_dry(void) {
                                        "| opt-175b-4bit-t4 | 8 x 2, 0 100 50 50 100 0", "| opt-13b-diagonal |",
                                        "| opt-6.7b-auto |", "| opt-30b-offloaded |",
                                        "| opt-6.7b-32x1-topk | 4 x 1, 100 0 100 0 100 0 --attn-sparsity 0.1, gen 4 |",
-                                       "| opt-6.7b-4x1-topk | 4 x 1, 100 0 100 0 100 0 --attn-sparsity 0.1, gen 4 |", "| 1 / ",
+                                       "| opt-6.7b-4x1-topk | 4 x 1, 100 0 100 0 100 0 --attn-sparsity 0.1, gen 4 |",
+                                       "| opt-6.7b-cpu-cache-topk | 4 x 1, 100 0 0 100 100 0 --attn-sparsity 0.1, gen 4 |", "| 1 / ",
                                        "| OPT-175B 4bit | 14 x 8, --percent 0 100 8 92 100 0, 4-bit weights and cache | 1.12 | 2.666 |"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         EXPECT(strstr(md, want[i]) != NULL, "gpu_check.sh --dry: no \"%s\" in its markdown:\n%s", want[i], md);
