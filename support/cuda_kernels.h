@@ -25,36 +25,27 @@
 
 /* ---- Block reductions, and a block's softmax (flexgen.cu's layer norms and attention) ---- */
 
-__device__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-
-__device__ float block_sum(float v, float *shared) {
-    v = warp_sum(v);
+/* The block's sum (MAX 0) or maximum (MAX 1) of each thread's v, for every thread: a warp's by
+ * shuffles, then the warps' in order through `shared` (32 floats). */
+template <int MAX> __device__ float block_reduce(float v, float *shared) {
+    for (int o = 16; o > 0; o /= 2) {
+        float other = __shfl_xor_sync(0xffffffff, v, o);
+        v = MAX ? fmaxf(v, other) : v + other;
+    }
     int warp = threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     int warps = (blockDim.x + 31) / 32;
-    __syncthreads();
+    __syncthreads(); /* every thread has read `shared` of the reduction before */
     if (lane == 0) shared[warp] = v;
     __syncthreads();
-    v = 0;
-    for (int w = 0; w < warps; w++) v += shared[w];
+    v = MAX ? -INFINITY : 0;
+    for (int w = 0; w < warps; w++) v = MAX ? fmaxf(v, shared[w]) : v + shared[w];
     return v;
 }
 
-__device__ float block_max(float v, float *shared) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    int warp = threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    int warps = (blockDim.x + 31) / 32;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = -INFINITY;
-    for (int w = 0; w < warps; w++) v = fmaxf(v, shared[w]);
-    return v;
-}
+__device__ float block_sum(float v, float *shared) { return block_reduce<0>(v, shared); }
+
+__device__ float block_max(float v, float *shared) { return block_reduce<1>(v, shared); }
 
 /* The scores to softmax weights in fp32. */
 __device__ void softmax(float *scores, int nk, float *shared) {
