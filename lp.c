@@ -115,8 +115,10 @@ int fg_policy_search(const model_config *cfg, const fg_hardware *hw, const fg_po
  * compression (§5) scales the weight and cache bytes by 36/128 (a group of 64 values keeps 32
  * bytes and an fp16 min and scale) and adds the compute device's decompression of them, at
  * hw->dequant_bdw bytes of fp16 a second (--int8-activations' products read the codes, at their own
- * measured rates). Beyond A.3, too: the output layer's product per generated token (m->head),
- * and on a GPU the host's queueing of launches and its waits (host_terms).
+ * measured rates). §5's top-K attention scales decode attention's FLOPs and the cache it reads
+ * by (1 + F) / 2: every key is scored, the kept share F of V is read (cache_read_share). Beyond
+ * A.3, too: the output layer's product per generated token (m->head), and on a GPU the host's
+ * queueing of launches and its waits (host_terms).
  * ============================================================================================ */
 
 const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp", "host"};
@@ -128,21 +130,31 @@ static void add(fg_linear *f, int k, double bytes, double rate) {
     else f->coef[k] += bytes / rate;
 }
 
+/* §5's top-K attention (--attn-sparsity F < 1) scores every key but reads only the kept share of
+ * V: (1 + F) / 2 of the cache a decode step reads, and of attention's FLOPs; 1 when dense. */
+static double cache_read_share(const fg_workload *w) {
+    double f = w->attn_sparsity;
+    return f > 0 && f < 1 ? (1 + f) / 2 : 1;
+}
+
 /* Decode attention over one layer's KV cache (att FLOPs over all of it), by where the cache
  * lives (§4.2, "Computation delegation"): the gpu share (cg) is attended on the compute device;
  * the cpu and disk shares (cc, cn) either on the CPU where they live (delegation: no cache
  * crosses a link) or on the compute device, after cache_gen bytes of them cross cpu -> gpu and
- * before their cache_new new bytes cross back. */
+ * before their cache_new new bytes cross back. Top-K reads its share of the FLOPs wherever it
+ * runs; of the cpu tier's cache, K crosses whole and V's kept rows are read where they lie (the
+ * runtime's sparse_v), while a disk share is staged whole. */
 static void decode_attention_terms(fg_linear *gen, const fg_workload *w, const fg_hardware *hw,
                                    double att, double cache_gen, double cache_new) {
-    add(&gen[T_COMP], X_CG, att, hw->bmm_flops_g);
+    double kept = cache_read_share(w);
+    add(&gen[T_COMP], X_CG, att * kept, hw->bmm_flops_g);
     for (int k = X_CC; k <= X_CN; k++) {
         if (w->cpu_cache_compute) {
-            add(&gen[T_COMP], k, att, hw->cpu_flops);
+            add(&gen[T_COMP], k, att * kept, hw->cpu_flops);
         } else { /* the cache comes to the compute device and its new rows go back */
-            add(&gen[T_CTOG], k, cache_gen, hw->ctog_bdw);
+            add(&gen[T_CTOG], k, cache_gen * (k == X_CC ? kept : 1), hw->ctog_bdw);
             add(&gen[T_GTOC], k, cache_new, hw->gtoc_bdw_cache);
-            add(&gen[T_COMP], k, att, hw->bmm_flops_g);
+            add(&gen[T_COMP], k, att * kept, hw->bmm_flops_g);
         }
     }
 }
@@ -177,10 +189,11 @@ static void host_terms(const model_config *c, const fg_workload *w, const fg_har
     m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
     m->gen[T_HOST].constant += batches * (layer_launches(c) + 1) * launch;
     m->head += hw->wait_seconds;
-    double copies = 2 * sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K and V, in runs */
+    double runs = sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K's, and V's, in runs */
     for (int k = X_CC; k <= X_CN; k++) {
+        int tensors = k == X_CC && cache_read_share(w) < 1 ? 1 : 2; /* top-K: V read in place */
         if (w->cpu_cache_compute) m->gen[T_COMP].coef[k] += batches * hw->wait_seconds;
-        else m->gen[T_CTOG].coef[k] += copies * launch;
+        else m->gen[T_CTOG].coef[k] += tensors * runs * launch;
     }
 }
 
@@ -260,7 +273,7 @@ void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_h
      * q's width */
     double att = 4 * bls * (s + n / 2) * qw;
     decode_attention_terms(gen, w, hw, att, cache_gen, cache_new);
-    double fp16_bytes[3] = {weights16, cache_pre / kv, cache_gen / kv};
+    double fp16_bytes[3] = {weights16, cache_pre / kv, cache_gen * cache_read_share(w) / kv};
     compute_reads(pre, gen, w, hw, fp16_bytes, int8);
     /* the output layer, once per generated token: logits of the block's last tokens */
     m->head = 2 * bls * c->vocab * (double)c->word_dim / hw->mm_flops_g;
@@ -770,7 +783,8 @@ static fg_workload workload_of(const search *S, int gbs, int ngb, int cpu_cache_
                          .int8 = S->base->int8_activations,
                          .micro = S->base->n_stages,
                          .schedule = S->base->schedule,
-                         .prompts = streamed(S->req, gbs * ngb)};
+                         .prompts = streamed(S->req, gbs * ngb),
+                         .attn_sparsity = S->base->attn_sparsity};
 }
 
 /* The LP's rows, one at a time: coefficients over x (and T_pre, T_gen), sense, right side. */

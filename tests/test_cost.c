@@ -126,13 +126,57 @@ static void test_cost_by_hand(void) {
                     "int8, decode, term comp");
 }
 
+/* §5's top-K attention at --attn-sparsity 0.5 on the configuration above: every key is scored
+ * and half of V is read, so decode attention's FLOPs and the cache it reads are 3/4 of the dense
+ * ones. Not delegated, the cpu tier's share (cc) sends all of K and the kept V rows cpu -> gpu
+ * (3/4 of its 528 bytes a step), the disk share (cn) is staged whole:
+ *   ctog       108 + (0.25 x 3/4 + 0.25) x 528 / 2 = 223.5
+ *   comp       2304 / 512 + 3/4 x 528 / 2048
+ * delegated, the CPU's attention over cc + cn takes 3/4 of its FLOPs too, and a 4-bit cache is
+ * decompressed only where it is read (3/4 x 528 / 8192 more); prefill is dense. F = 1 is dense. */
+static void test_cost_sparse_attention(void) {
+    fg_workload w = {.s = 3, .n = 5, .gbs = 2, .ngb = 3, .attn_sparsity = 0.5f};
+    fg_workload dense_w = w;
+    dense_w.attn_sparsity = 1;
+    fg_cost_model m, dense;
+    fg_cost_model_build(&CFG, &w, &HW, &m);
+    fg_cost_model_build(&CFG, &dense_w, &HW, &dense);
+    const double gen[N_TERMS] = {223.5, 3 + 0.5 * 96 / 4, fg_linear_eval(&dense.gen[T_DTOC], X),
+                                 fg_linear_eval(&dense.gen[T_CTOD], X), 2304.0 / 512 + 0.75 * 528 / 2048};
+    expect_terms(m.gen, gen, "decode, sparsity 0.5, not delegated");
+    const fg_linear *ctog = &m.gen[T_CTOG];
+    EXPECT(ctog->coef[X_CC] == 0.75 * 528 / 2 && ctog->coef[X_CN] == 528.0 / 2, "decode, sparsity 0.5, "
+           "term ctog: expected 198 a unit of cc (K and the kept V) and 264 of cn (staged whole), got %g "
+           "and %g", ctog->coef[X_CC], ctog->coef[X_CN]);
+    for (int i = 0; i < N_TERMS; i++)
+        EXPECT(fg_linear_eval(&m.pre[i], X) == fg_linear_eval(&dense.pre[i], X),
+               "prefill, sparsity 0.5: term %s changed", fg_cost_term_names[i]);
+    dense_w.attn_sparsity = 0;
+    fg_cost_model zero;
+    fg_cost_model_build(&CFG, &dense_w, &HW, &zero);
+    expect_terms_at(&zero.gen[T_CTOG], 108 + 0.5 * 528 / 2, "decode, sparsity 0 (unset: dense), term ctog");
+
+    w.cpu_cache_compute = 1;
+    fg_cost_model_build(&CFG, &w, &HW, &m);
+    double delegated = 2304.0 / 512 + 0.75 * (0.5 * 528 / 2048 + 0.5 * 528 / 4096);
+    expect_terms_at(&m.gen[T_COMP], delegated, "decode, sparsity 0.5, delegated, term comp");
+    expect_terms_at(&m.gen[T_CTOG], 108, "decode, sparsity 0.5, delegated, term ctog");
+    w.compress_cache = 1;
+    fg_hardware hw = HW;
+    hw.dequant_bdw = 8192;
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    expect_terms_at(&m.gen[T_COMP], delegated + 0.75 * 528 / 8192,
+                    "decode, sparsity 0.5, 4-bit cache decompressed where read, term comp");
+}
+
 /* A GPU's host, launch 2^-10 s and wait 2^-8 s, on the configuration above (an OPT layer: 16
  * launches a GPU batch, 11 kernels and products and 5 calls of the iteration's copies and join;
  * decode's attention one more, its spans and their merge):
  *   host       prefill (3 batches x 16 + 6 sequences x 3) x 2^-10 = 66 / 1024; decode 51 / 1024
  *   head       + one wait a step, for the logits: 3 + 1 / 256
  *   delegated  decode comp + 3 batches x 2^-8 on the cpu and disk cache (cc + cn = 0.5 at X)
- *   moved      decode ctog + 2 x 6 x (1 + 5 / 32) = 13.875 copies of runs of pages x 2^-10, cc + cn
+ *   moved      decode ctog + 2 x 6 x (1 + 5 / 32) = 13.875 copies of runs of pages x 2^-10, cc + cn;
+ *              with top-K the cpu tier's V is read in place: 6.9375 copies (K's) for cc
  * and none of it where the gpu tier is host memory (the CPU backend queues nothing). */
 static void test_cost_host(void) {
     fg_workload w = {.s = 3, .n = 5, .gbs = 2, .ngb = 3, .cpu_cache_compute = 1};
@@ -155,6 +199,17 @@ static void test_cost_host(void) {
     for (int i = 0; i < N_TERMS; i++)
         EXPECT(fg_linear_eval(&m.gen[i], X) == fg_linear_eval(&none.gen[i], X) && m.head == none.head,
                "the CPU backend: the host's seconds charged to term %s", fg_cost_term_names[i]);
+    hw.gpu_is_host = 0;
+    w.attn_sparsity = 0.5f; /* top-K: the cpu tier's V is read in place, only its K is copied */
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    fg_cost_model_build(&CFG, &w, &HW, &none);
+    expect_terms_at(&m.gen[T_CTOG], fg_linear_eval(&none.gen[T_CTOG], X) + (0.25 * 6.9375 + 0.25 * 13.875) / 1024,
+                    "decode, sparsity 0.5, K alone moved from the cpu tier, term ctog");
+    double copies_cc = m.gen[T_CTOG].coef[X_CC] - none.gen[T_CTOG].coef[X_CC];
+    double copies_cn = m.gen[T_CTOG].coef[X_CN] - none.gen[T_CTOG].coef[X_CN];
+    EXPECT(copies_cc == 6.9375 / 1024 && copies_cn == 13.875 / 1024, "decode, sparsity 0.5, the "
+           "copies' seconds a unit of cc and cn: expected %g and %g, got %g and %g", 6.9375 / 1024,
+           13.875 / 1024, copies_cc, copies_cn);
 }
 
 /* A job of mixed lengths (--output runs its prompts by length): the costs take the prompts' mean
@@ -326,6 +381,7 @@ static void test_hardware_write_atomic(void) {
 void add_cost_tests(void) {
     CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
+    CU_add_test(s, "top-K attention: its share of the cache read and of the FLOPs, by hand", test_cost_sparse_attention);
     CU_add_test(s, "a job's mean prompt length for the costs, the longest for the memory", test_cost_mean_prompt);
     CU_add_test(s, "a GPU's host: its launches and waits, worked out by hand; none on the CPU", test_cost_host);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
