@@ -21,11 +21,11 @@
  *   815  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
  *   857  prefill_attention        a prompt's attention by cuBLAS, over the heads
  *   945  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1113  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1197  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1318  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1363  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1456  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *  1109  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1193  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1314  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1359  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1452  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -705,11 +705,11 @@ static void cuda_widen_q4(void *dst, const void *src, size_t outer, size_t len, 
  * workspace beyond that (top_k_in_shared). A step whose sums (or scores) the workspace cannot
  * hold at once goes through in runs of its query rows (row_runs). Grouped-query attention: a
  * block of the split, or of top-K, takes up to GQA_HEADS query heads of one K/V head, and loads
- * each K row (and the split each V row) once for them all. The helpers that read the rows
- * (attention_scores, attention_values) are support/cuda_kernels.h's. */
+ * each K row (and the split each V row) once for them all. GQA_HEADS, a query row's blocks
+ * (row_head_blocks) and the helpers that read the rows (attention_scores, attention_values) are
+ * support/cuda_kernels.h's. */
 #define ATTENTION_THREADS 256
 #define MAX_HEAD_DIM 1024
-#define GQA_HEADS 4
 #define MERGE_THREADS 128
 #define FILL_BLOCKS_PER_SM 8
 #define TOP_K_SHARED_BYTES (32 * 1024)
@@ -953,8 +953,7 @@ static void queue_attention(attention_split a, int batch, const int *host_past, 
     }
     a.batch = batch;
     a.partials = partials;
-    size_t top_k_blocks =
-        (size_t)batch * a.n_new * a.kv_heads * head_blocks(a.heads / a.kv_heads, GQA_HEADS);
+    size_t top_k_blocks = (size_t)batch * a.n_new * row_head_blocks(a.heads, a.kv_heads);
     int spans = top_k ? top_k_spans(top_k_blocks, nk, fill_blocks) : 1;
     size_t fit = (size_t)batch * a.n_new; /* query rows a run: all of them, top-K's in shared */
     if (!top_k) fit = span_slots / ((size_t)a.heads * fg_cuda_attention_spans(nk));
@@ -988,10 +987,8 @@ static void row_runs(int batch, int n_new, size_t fit, int *run_seqs, int *run_r
  * queries, fill the card with blocks), then attention_merge_kernel: two launches. */
 static void queue_split(attention_split a, int seqs, int rows, int nk, size_t span_slots,
                         int fill_blocks) {
-    int group = a.heads / a.kv_heads; /* query heads on a K/V head */
     size_t queries = (size_t)seqs * rows;
-    size_t blocks =
-        queries * a.kv_heads * head_blocks(group, group > 1 ? GQA_HEADS : 1); /* a span's */
+    size_t blocks = queries * row_head_blocks(a.heads, a.kv_heads); /* a span's */
     a.span_keys = attention_span_keys(nk, queries * a.heads, blocks, span_slots, fill_blocks);
     a.spans = (nk + a.span_keys - 1) / a.span_keys;
     queue_spans(a, seqs, rows);
@@ -1005,8 +1002,7 @@ static void queue_split(attention_split a, int seqs, int rows, int nk, size_t sp
 static void queue_spans(attention_split a, int seqs, int rows) {
     cudaStream_t s = ctx()->stream;
     int group = a.heads / a.kv_heads; /* query heads on a K/V head */
-    int per_kv_head = head_blocks(group, group > 1 ? GQA_HEADS : 1);
-    dim3 spans(a.kv_heads * per_kv_head * a.spans, seqs, rows);
+    dim3 spans(row_head_blocks(a.heads, a.kv_heads) * a.spans, seqs, rows);
     if (group > 1 && a.q4) {
         attention_span_gqa_q4_kernel<<<spans, ATTENTION_THREADS, 0, s>>>(a);
         LAUNCHED("attention_span_gqa_q4_kernel");
@@ -1048,7 +1044,7 @@ static void queue_attention_kernel(attention_split a, int seqs, int rows, int nk
                                    int spans) {
     cudaStream_t s = ctx()->stream;
     int nh = top_k_heads(a.heads, a.kv_heads);
-    dim3 queries(a.kv_heads * head_blocks(a.heads / a.kv_heads, nh), seqs, rows);
+    dim3 queries(row_head_blocks(a.heads, a.kv_heads), seqs, rows);
     size_t shared = query_floats(nh, a.hd) * sizeof(float); /* the queries */
     a.scores_apart = fg_cuda_top_k_bytes(nk) / sizeof(float);
     a.scores_in_workspace = spans > 1 || !top_k_in_shared(a.heads, a.kv_heads, a.hd, nk);

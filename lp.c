@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1085  best_policy            the shapes' LP optima, best first, rounded and checked
- *   796  solve_shape            Eq. (1) for one block shape: the LP's rows
- *   214  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   299  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   319  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   359  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   725  lp_solve               a dense two-phase simplex
+ *  1099  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   810  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *   227  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   312  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   332  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   372  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   738  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"

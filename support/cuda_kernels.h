@@ -610,6 +610,15 @@ __host__ __device__ inline int head_blocks(int group, int heads) {
     return (group + heads - 1) / heads;
 }
 
+/* The query heads a block of attention takes at most where they share a K/V head (its kernels'
+ * HEADS: this, or 1 where a K/V head has one query head). */
+#define GQA_HEADS 4
+
+/* A query row's blocks in attention's kernels: each K/V head's query heads, GQA_HEADS a block. */
+__host__ __device__ inline int row_head_blocks(int heads, int kv_heads) {
+    return kv_heads * head_blocks(heads / kv_heads, GQA_HEADS);
+}
+
 /* The first query head of block `block` of the K/V heads' head_blocks (HEADS query heads a block,
  * each K/V head's blocks in turn; heads on kv_heads): *kvh its K/V head, *nh its query heads
  * (fewer in a group's last block). */
