@@ -134,7 +134,8 @@ typedef struct {
     cJSON *recorded; /* an existing output's job ("flexgen_job"'s value), or NULL */
     int fd;          /* open and locked (flock) from job_output_open to job_output_close */
     int created;     /* made by this job: removed at close (or by a signal) while still empty */
-    off_t size;      /* the output's bytes */
+    off_t size;      /* the output's bytes, in whole lines */
+    int partial;     /* a last line cut short follows them, cut off before the first append */
     int n_done;
     char **done; /* the ids already in the output, sorted */
 } job_output;

@@ -446,7 +446,8 @@ static int lock_output(job_output *o, char *err) {
 }
 
 /* An existing output: its job line, the ids of its records; a last line without its newline (a
- * write cut short) is cut off. */
+ * write cut short) is noted, to be cut off before the first record is added (a file that is
+ * refused stays as it was). A first line without its newline is no job line. */
 static int read_done(job_output *o, char *err) {
     int fd = dup(o->fd);
     FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
@@ -461,9 +462,10 @@ static int read_done(job_output *o, char *err) {
     int rc = 0;
     while (rc == 0 && (len = getline(&line, &cap, f)) > 0) {
         line_no++;
+        if (line[len - 1] != '\n' && line_no == 1)
+            rc = fg_fail(err, "--resume: %s does not start with a flexgen job line", o->path);
         if (line[len - 1] != '\n') { /* the crash's partial line: every byte before it stays */
-            if (ftruncate(o->fd, at) != 0)
-                rc = fg_fail(err, "--output %s: %s", o->path, strerror(errno));
+            o->partial = 1;
             break;
         }
         at += len;
@@ -593,6 +595,9 @@ int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
             "--output %s: removed or replaced while the job ran; the records written there "
             "went with it, so the job stops",
             o->path);
+    if (o->partial && ftruncate(o->fd, o->size) != 0)
+        return fg_fail(err, "--output %s: %s", o->path, strerror(errno));
+    o->partial = 0;
     size_t h = o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with
                                                             them */
     char *all = h ? malloc(h + len) : NULL;

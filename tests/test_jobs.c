@@ -418,6 +418,25 @@ static void test_job_bad_input(void) {
                 "another job", "prompts_fnv64");
     char *after = slurp(output, NULL);
     EXPECT(before && after && !strcmp(before, after), "refused jobs changed %s", output);
+    free(after);
+    /* a job's output whose last line was cut short, resumed as another job, and a file of one line
+     * without its newline, resumed: refused, and neither loses a byte (a cut line goes only when
+     * records follow it) */
+    char cut_text[8192], notes[4200];
+    snprintf(cut_text, sizeof cut_text, "%s{\"id\": \"3", before ? before : "");
+    write_text_file(output, cut_text);
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-file", prompts, "--output", output, "--gen-len", "3", "--resume"),
+                "another job", "model");
+    after = slurp(output, NULL);
+    EXPECT(after && !strcmp(after, cut_text), "a refused --resume cut the last line of %s", output);
+    free(after);
+    snprintf(notes, sizeof notes, "%s", join(dir, "notes.txt"));
+    write_text_file(notes, "notes, not a job");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", notes, "--gen-len", "3", "--resume"),
+                "--resume", "does not start with a flexgen job line");
+    after = slurp(notes, NULL);
+    EXPECT(after && !strcmp(after, "notes, not a job"), "--resume of a line without a job changed it to '%s'",
+           after ? after : "(removed)");
     free(before), free(after);
     unlink(output); /* a job begun with --refill, resumed without it: every recorded key is compared */
     CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
