@@ -365,17 +365,38 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
     return 0;
 }
 
+/* What each field's bound leaves open: a row of q (num_attention_heads x head_dim values; K's and
+ * V's are no wider) held in an int as each field is, at most 2^24; a depth whose weight table and
+ * plan checks stay small (the largest models have about 130 layers); and a vocabulary with a token
+ * beyond the special ids 0 to 2 (pad, BOS, EOS: synthetic prompts draw theirs from 3 on). */
+enum { MAX_LAYERS = 1024, MAX_WIDTH = 1 << 24 };
+static int config_in_range(const model_config *c, const char *path, char *err) {
+    long long q = (long long)c->n_heads * cfg_head_dim(c);
+    if (c->vocab < 4)
+        return fg_fail(err, "%s: vocab_size %d: at least 4 (the ids 0 to 2 are special)", path,
+                       c->vocab);
+    if (c->n_layers > MAX_LAYERS)
+        return fg_fail(err, "%s: num_hidden_layers %d: at most %d", path, c->n_layers, MAX_LAYERS);
+    if (q > MAX_WIDTH)
+        return fg_fail(err, "%s: num_attention_heads %d x head_dim %d = %lld: at most 2^24", path,
+                       c->n_heads, cfg_head_dim(c), q);
+    return 0;
+}
+
 static int config_from_cjson(const cJSON *root, const char *path, model_config *c, int *tie_head,
                              char *err) {
     if (!cJSON_IsObject(root)) return fg_fail(err, "%s: not a JSON object", path);
     const cJSON *mt = fg_json_get(root, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
-    if (!strcmp(type, "opt")) return opt_fields(root, path, c, tie_head, err);
-    if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2"))
-        return llama_fields(root, type, path, c, tie_head, err);
-    return refuse_value(mt, "model_type", path,
-                        "unknown architecture (known: \"opt\", \"llama\", \"mistral\", \"qwen2\")",
-                        err);
+    int rc;
+    if (!strcmp(type, "opt")) rc = opt_fields(root, path, c, tie_head, err);
+    else if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2"))
+        rc = llama_fields(root, type, path, c, tie_head, err);
+    else
+        return refuse_value(
+            mt, "model_type", path,
+            "unknown architecture (known: \"opt\", \"llama\", \"mistral\", \"qwen2\")", err);
+    return rc ? rc : config_in_range(c, path, err);
 }
 
 /* config.json, and whether it ties the output layer to the embedding (tie_word_embeddings). */

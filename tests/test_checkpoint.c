@@ -1099,6 +1099,11 @@ static void test_llama_config_refusals(void) {
                          "not a finite fp32"}},
         {"eos_token_id", "[2, \"x\"]", {"\"eos_token_id\"", "token id"}},
         {"model_type", "\"gemma\"", {"model_type is \"gemma\"", "unknown architecture"}},
+        /* fields within their bounds whose sizes together are not: q's width past an int's 2^24
+         * (2^22 x 1024 heads would wrap to 0), a depth no model has, no token beyond the special ids */
+        {"num_attention_heads", "4194304", {"num_attention_heads 4194304 x head_dim 64", "at most 2^24"}},
+        {"num_hidden_layers", "262144", {"num_hidden_layers 262144", "at most 1024"}},
+        {"vocab_size", "3", {"vocab_size 3", "at least 4"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_config_edit(dir, "llama-tiny-mha", cases[i].key, cJSON_Parse(cases[i].json));
@@ -1146,10 +1151,10 @@ static void test_llama_bad_tensors(void) {
 }
 
 /* A config that disagrees with the tensors on the number of layers is refused before anything
- * is sized from it: 2^20 layers would take gigabytes and most of a minute to lay out. */
+ * is sized from it, up to the 1024 layers a config may give (more: test_llama_config_refusals). */
 static void test_config_layers_against_tensors(void) {
     char *dir = fixture_rewrite("opt-tiny");
-    static const int wrong[] = {1, 3, 1 << 20};
+    static const int wrong[] = {1, 3, 1024};
     for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
         write_config_edit(dir, "opt-tiny", "num_hidden_layers", cJSON_CreateNumber(wrong[i]));
         char says[64];
