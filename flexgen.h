@@ -107,7 +107,7 @@ typedef struct {
     int micro;            /* blocks a pipeline stage keeps in flight (§4.4); 0 or 1: one */
     fg_schedule schedule; /* the diagonal's smaller peak cache and its warm-up (Appendix A.2) */
     int prompts;          /* sequences the diagonal's block streams in one run; 0: one block */
-    float attn_sparsity;  /* §5's top-K: the share of the past decode attention keeps; 0 or 1: all */
+    float attn_sparsity;  /* §5's top-K: the share of the past attention keeps; 0 or 1: all */
 } fg_workload;
 /* Appendix A.2: the rows a sequence of a diagonal block of `groups` GPU batches holds on average at
  * the block's peak (prompts of s tokens, n generated): s + n - 1 - about n (groups - 1) / (2
