@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1099  best_policy            the shapes' LP optima, best first, rounded and checked
- *   810  solve_shape            Eq. (1) for one block shape: the LP's rows
- *   227  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   312  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   332  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   372  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   738  lp_solve               a dense two-phase simplex
+ *  1086  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   799  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *   215  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   301  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   321  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   361  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   727  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -115,10 +115,8 @@ int fg_policy_search(const model_config *cfg, const fg_hardware *hw, const fg_po
  * compression (§5) scales the weight and cache bytes by 36/128 (a group of 64 values keeps 32
  * bytes and an fp16 min and scale) and adds the compute device's decompression of them, at
  * hw->dequant_bdw bytes of fp16 a second (--int8-activations' products read the codes, at their own
- * measured rates). §5's top-K attention scales decode attention's FLOPs and the cache it reads
- * by (1 + F) / 2: every key is scored, the kept share F of V is read (cache_read_share). Beyond
- * A.3, too: the output layer's product per generated token (m->head), and on a GPU the host's
- * queueing of launches and its waits (host_terms).
+ * measured rates). Beyond A.3, too: the output layer's product per generated token (m->head),
+ * and on a GPU the host's queueing of launches and its waits (host_terms).
  * ============================================================================================ */
 
 const char *const fg_cost_term_names[N_TERMS] = {"ctog", "gtoc", "dtoc", "ctod", "comp", "host"};
@@ -130,23 +128,14 @@ static void add(fg_linear *f, int k, double bytes, double rate) {
     else f->coef[k] += bytes / rate;
 }
 
-/* §5's top-K attention (--attn-sparsity F < 1) scores every key but reads only the kept share of
- * V: (1 + F) / 2 of the cache a decode step reads, and of attention's FLOPs; 1 when dense. */
-static double cache_read_share(const fg_workload *w) {
-    double f = w->attn_sparsity;
-    return f > 0 && f < 1 ? (1 + f) / 2 : 1;
-}
-
 /* Decode attention over one layer's KV cache (att FLOPs over all of it), by where the cache
  * lives (§4.2, "Computation delegation"): the gpu share (cg) is attended on the compute device;
  * the cpu and disk shares (cc, cn) either on the CPU where they live (delegation: no cache
  * crosses a link) or on the compute device, after cache_gen bytes of them cross cpu -> gpu and
- * before their cache_new new bytes cross back. Top-K reads its share of the FLOPs wherever it
- * runs; of the cpu tier's cache, K crosses whole and V's kept rows are read where they lie (the
- * runtime's sparse_v), while a disk share is staged whole. */
+ * before their cache_new new bytes cross back. §5's top-K scores every key and reads the kept V
+ * rows: `kept`, (1 + F) / 2, of the FLOPs, and of the cpu tier's cache (its V read in place). */
 static void decode_attention_terms(fg_linear *gen, const fg_workload *w, const fg_hardware *hw,
-                                   double att, double cache_gen, double cache_new) {
-    double kept = cache_read_share(w);
+                                   double att, double cache_gen, double cache_new, double kept) {
     add(&gen[T_COMP], X_CG, att * kept, hw->bmm_flops_g);
     for (int k = X_CC; k <= X_CN; k++) {
         if (w->cpu_cache_compute) {
@@ -184,16 +173,15 @@ static double layer_launches(const model_config *c) {
  * grown in decode another: on average 1 + n / 32 a sequence), each a launch on its link;
  * delegated attention waits for its rows once a GPU batch. */
 static void host_terms(const model_config *c, const fg_workload *w, const fg_hardware *hw,
-                       fg_cost_model *m) {
+                       double kept, fg_cost_model *m) {
     double launch = hw->launch_seconds, batches = w->ngb, sequences = (double)w->gbs * w->ngb;
     m->pre[T_HOST].constant += (batches * layer_launches(c) + 3 * sequences) * launch;
     m->gen[T_HOST].constant += batches * (layer_launches(c) + 1) * launch;
     m->head += hw->wait_seconds;
-    double runs = sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K's, and V's, in runs */
+    double runs = sequences * (1 + w->n / (2.0 * FG_PAGE_TOKENS)); /* K's, and V's but top-K's */
     for (int k = X_CC; k <= X_CN; k++) {
-        int tensors = k == X_CC && cache_read_share(w) < 1 ? 1 : 2; /* top-K: V read in place */
         if (w->cpu_cache_compute) m->gen[T_COMP].coef[k] += batches * hw->wait_seconds;
-        else m->gen[T_CTOG].coef[k] += tensors * runs * launch;
+        else m->gen[T_CTOG].coef[k] += (k == X_CC && kept < 1 ? 1 : 2) * runs * launch;
     }
 }
 
@@ -236,6 +224,7 @@ void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_h
     double cache_pre = 4 * (s + 1) * kvw * bls * kv;     /* written in prefill (A.3) */
     double cache_gen = 4 * bls * (s + n / 2) * kvw * kv; /* read per decode step, on average */
     double cache_new = 4 * bls * kvw * kv;               /* written per decode step */
+    double kept = w->attn_sparsity > 0 && w->attn_sparsity < 1 ? (1 + w->attn_sparsity) / 2 : 1;
     double hidden_pre = 2 * s * h1 * bls, hidden_gen = 2 * h1 * bls;
     memset(m, 0, sizeof *m);
 
@@ -272,12 +261,12 @@ void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_h
     /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes); qw:
      * q's width */
     double att = 4 * bls * (s + n / 2) * qw;
-    decode_attention_terms(gen, w, hw, att, cache_gen, cache_new);
-    double fp16_bytes[3] = {weights16, cache_pre / kv, cache_gen * cache_read_share(w) / kv};
+    decode_attention_terms(gen, w, hw, att, cache_gen, cache_new, kept);
+    double fp16_bytes[3] = {weights16, cache_pre / kv, cache_gen * kept / kv};
     compute_reads(pre, gen, w, hw, fp16_bytes, int8);
     /* the output layer, once per generated token: logits of the block's last tokens */
     m->head = 2 * bls * c->vocab * (double)c->word_dim / hw->mm_flops_g;
-    if (!hw->gpu_is_host) host_terms(c, w, hw, m);
+    if (!hw->gpu_is_host) host_terms(c, w, hw, kept, m);
 }
 
 double fg_linear_eval(const fg_linear *f, const double x[N_X]) {
@@ -371,7 +360,7 @@ static double staging_arena(const model_config *c, int compress_weight) {
 
 void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm) {
-    double h = c->hidden, s = w->s, len = w->s + w->n;
+    double h = c->hidden, s = w->s, len = s + w->n;
     double gbs = w->gbs, bls = (double)w->gbs * w->ngb, P = (double)opt_param_count(c);
     double q4 = w->compress_weight ? 36.0 / 128 : 1;
     double stored = 2 * P * q4; /* cpu and disk homes */
@@ -892,16 +881,14 @@ static int runtime_check(const search *S, const fg_policy *p, int bls, int check
                          err);
 }
 
+/* x of the percentages: each triple's gpu and cpu shares (wg wc, cg cc, hg hc), disk the rest. */
 static void percent_fractions(const fg_percent *pc, double x[N_X]) {
-    x[X_WG] = pc->wg / 100.0;
-    x[X_WC] = pc->wc / 100.0;
-    x[X_WN] = 1 - x[X_WG] - x[X_WC];
-    x[X_CG] = pc->cg / 100.0;
-    x[X_CC] = pc->cc / 100.0;
-    x[X_CN] = 1 - x[X_CG] - x[X_CC];
-    x[X_HG] = pc->hg / 100.0;
-    x[X_HC] = pc->hc / 100.0;
-    x[X_HN] = 1 - x[X_HG] - x[X_HC];
+    const int gpu_cpu[3][2] = {{pc->wg, pc->wc}, {pc->cg, pc->cc}, {pc->hg, pc->hc}};
+    for (int i = 0; i < 3; i++) {
+        x[3 * i] = gpu_cpu[i][0] / 100.0;
+        x[3 * i + 1] = gpu_cpu[i][1] / 100.0;
+        x[3 * i + 2] = 1 - x[3 * i] - x[3 * i + 1];
+    }
 }
 
 /* For another machine: the first tier whose memory model exceeds its capacity at the placement

@@ -184,6 +184,18 @@ static void test_search_for_gpu(void) {
     fg_memory_model mm;
     fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
+    /* without the runtime's placement to ask, the placement is the percentages themselves */
+    req.place = NULL;
+    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), 0);
+    const fg_percent *pc = &r.policy.percent;
+    const double want[N_X] = {pc->wg / 100.0, pc->wc / 100.0, 1 - pc->wg / 100.0 - pc->wc / 100.0,
+                              pc->cg / 100.0, pc->cc / 100.0, 1 - pc->cg / 100.0 - pc->cc / 100.0,
+                              pc->hg / 100.0, pc->hc / 100.0, 1 - pc->hg / 100.0 - pc->hc / 100.0};
+    for (int k = 0; k < N_X; k++)
+        EXPECT(fabs(r.x[k] - want[k]) < 1e-12, "another machine, no placement asked: x[%d] is %g, its "
+               "percentages give %g", k, r.x[k], want[k]);
+    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
+    for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
 }
 
 /* Everything on the gpu tier, a GPU batch of 16 given: every number of GPU batches costs the same
