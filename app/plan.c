@@ -1,6 +1,7 @@
 /* app/plan.c: what a run, `flexgen policy` and `flexgen perplexity` share before they run: the
- * model's configuration, the device, the hardware file of the cost model, the policy search's
- * request for the command line (§4.3), and the runtime opened for the policy.
+ * model's configuration and the lengths it allows, the device, the hardware file of the cost
+ * model, the policy search's request for the command line (§4.3), and the runtime opened for the
+ * policy.
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -104,6 +105,31 @@ static int check_keeping_capacities(const model_config *model, uint64_t seed, co
     int rc = fg_runtime_check(model, seed, p, sequences, s, n, check, x, st, err);
     if (st) searched_capacities = *st;
     return rc;
+}
+
+/* --gen-len and --prompt-len against the model's positions and its sliding window (attention
+ * beyond it is not implemented), before anything is sized by them (given prompts are checked one
+ * by one once they are read: check_prompts). */
+int check_lengths(const cli_args *a, const model_config *cfg, char *err) {
+    int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts,
+        least = given ? 1 : a->prompt_len;
+    if (a->gen.gen_len - 1 > cfg->max_pos - least && given) /* the last token is not fed back */
+        return fg_fail(err,
+                       "--gen-len %d: even a one-token prompt needs %d positions (the last token "
+                       "generated is not fed back); the model has %d",
+                       a->gen.gen_len, a->gen.gen_len, cfg->max_pos);
+    if (a->gen.gen_len - 1 > cfg->max_pos - least)
+        return fg_fail(
+            err,
+            "--prompt-len %d + --gen-len %d need %lld positions (the last token generated is "
+            "not fed back); the model has %d",
+            least, a->gen.gen_len, (long long)least + a->gen.gen_len - 1, cfg->max_pos);
+    if (cfg->window && !given && a->gen.gen_len - 1 > cfg->window - least)
+        return fg_fail(err,
+                       "--prompt-len %d + --gen-len %d need %lld positions, beyond the model's "
+                       "sliding_window %d (sliding-window attention is not implemented)",
+                       least, a->gen.gen_len, (long long)least + a->gen.gen_len - 1, cfg->window);
+    return 0;
 }
 
 /* The policy search's request for this command line: n_prompts given (0: synthetic, any

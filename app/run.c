@@ -13,25 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --gen-len and --prompt-len against the model's positions, before anything is sized by them
- * (given prompts are checked one by one once they are read). */
-static int check_lengths(const cli_args *a, const model_config *cfg, char *err) {
-    int given = a->prompt_ids || a->prompt_file || a->n_prompt_texts,
-        least = given ? 1 : a->prompt_len;
-    if (a->gen.gen_len - 1 > cfg->max_pos - least && given) /* the last token is not fed back */
-        return fg_fail(err,
-                       "--gen-len %d: even a one-token prompt needs %d positions (the last token "
-                       "generated is not fed back); the model has %d",
-                       a->gen.gen_len, a->gen.gen_len, cfg->max_pos);
-    if (a->gen.gen_len - 1 > cfg->max_pos - least)
-        return fg_fail(
-            err,
-            "--prompt-len %d + --gen-len %d need %lld positions (the last token generated is "
-            "not fed back); the model has %d",
-            least, a->gen.gen_len, (long long)least + a->gen.gen_len - 1, cfg->max_pos);
-    return 0;
-}
-
 /* The ids that end a sequence: OPT's </s>, or the LLaMA config's eos_token_id (none: -1). */
 static void set_eos(gen_options *g, const model_config *cfg) {
     g->n_eos = 1;

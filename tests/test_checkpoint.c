@@ -1126,6 +1126,13 @@ static void test_llama_config_refusals(void) {
     CU_ASSERT_EQUAL(check_prompts(&c, 1, prompts, &len, 3, err), 0); /* 12 positions */
     CU_ASSERT_EQUAL(check_prompts(&c, 1, prompts, &len, 4, err), -1);
     EXPECT_ERR(err, "need 13 positions", "sliding_window 12", "not implemented");
+    /* synthetic prompts too, in a run and in `flexgen policy`, before anything is planned */
+    const char *hw = join(dir, "hw.json");
+    write_hw(hw);
+    EXPECT_FAIL(ARGS("--model", dir, "--prompt-len", "10", "--gen-len", "4"), "--prompt-len 10",
+                "need 13 positions", "sliding_window 12");
+    EXPECT_FAIL(ARGS("policy", "--model", dir, "--hw", hw, "--prompt-len", "10", "--gen-len", "4"),
+                "--prompt-len 10", "need 13 positions", "sliding_window 12");
     finish(dir, NULL);
 }
 

@@ -399,6 +399,16 @@ static void test_prompt_too_long(void) {
                 "need 2147484158 positions", "the model has 2048");
     EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt-len", "20000000"), "--prompt-len 20000000",
                 "need 20000031 positions", "the model has 2048");
+    /* `flexgen policy` holds the lengths to the model as a run does: no plan for a run that would be
+     * refused, and no search sized by lengths whose sum overflows an int (it ran on for minutes) */
+    const char *hw = join(dir, "hw.json");
+    write_hw(hw);
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--prompt-len", "60", "--gen-len", "8"),
+                "--prompt-len 60", "need 67 positions", "the model has 64");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
+                "need 67 positions", "the model has 64");
+    EXPECT_FAIL(ARGS("policy", "--model", "opt-125m", "--hw", hw, "--prompt-len", "2147483647", "--gen-len",
+                     "2147483647"), "need 4294967293 positions", "the model has 2048");
     rm_tree(dir);
     free(dir);
 }
@@ -1789,8 +1799,8 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("--max-latency", "0"), "--max-latency", "'0'");
     EXPECT_FAIL(ARGS("--max-latency", "soon"), "--max-latency", "'soon'");
     EXPECT_FAIL(ARGS("--evaluate"), "--evaluate", "flexgen policy");
-    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", bad), bad, "gtoc_bdw_cache");
-    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", missing), missing);
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", bad), bad, "gtoc_bdw_cache");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", missing), missing);
     /* the two rates of --int8-activations' products go together: one alone is named at load, not
      * left to the LP (a prefill term of bytes / 0) or to a silent fall back to the fp32 rates */
     char *whole = slurp(hw, NULL);
@@ -1800,7 +1810,7 @@ static void test_policy_bad_input(void) {
         snprintf(with, sizeof with, "%s\"gpu_is_host\"", int8_rates[i]);
         char *half = replaced(whole, "\"gpu_is_host\"", with);
         write_text_file(bad, half);
-        EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", bad, "--offload-dir", dir, "--compress-weight",
+        EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", bad, "--offload-dir", dir, "--compress-weight",
                          "--int8-activations"), bad, "\"mm_flops_int8_p\"", "\"mm_flops_int8_g\"");
         free(half);
     }
@@ -1812,16 +1822,16 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("policy", "--model", "opt-175b", "--hw", hw, "--offload-dir", dir, "--path", dir,
                      "--gpu-mem", "1G", "--cpu-mem", "1G", "--disk-mem", "100G"),
                 "no policy fits opt-175b", "gpu tier", "weight staging", "--gpu-mem gives 1.00 GiB");
-    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--gpu-mem", "64K",
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", hw, "--offload-dir", dir, "--gpu-mem", "64K",
                      "--cpu-mem", "64K", "--disk-mem", "16K"), "no policy fits", "tier: the plan needs");
-    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--max-latency", "1e-9"),
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", hw, "--offload-dir", dir, "--max-latency", "1e-9"),
                 "--max-latency");
     /* with --max-latency too, capacities nothing fits in are named as such, not the latency */
-    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir, "--gpu-mem", "64K",
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", hw, "--offload-dir", dir, "--gpu-mem", "64K",
                      "--cpu-mem", "64K", "--disk-mem", "16K", "--max-latency", "60"), "no policy fits",
                 "tier: the plan needs");
     /* a policy --evaluate cannot fit: the plan check's line */
-    EXPECT_FAIL(ARGS("policy", "--evaluate", "--model", tiny_dir, "--hw", hw, "--offload-dir", dir,
+    EXPECT_FAIL(ARGS("policy", "--evaluate", "--model", tiny_dir, "--prompt-len", "8", "--hw", hw, "--offload-dir", dir,
                      "--gpu-mem", "64K"), "gpu tier: the plan needs");
     EXPECT_FAIL(ARGS("profile", "--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
     EXPECT_FAIL(ARGS("profile", "--offload-dir", tiny_prompts), "--offload-dir", "not a directory");
@@ -2075,7 +2085,7 @@ static void test_stdout_full(void) {
     write_hw(hw);
     const char *runs[] = {"--model %s --prompt-ids %s --gen-len 2 --quiet --device cpu",
                           "tokenize --vocab %s/vocab.json --merges %s/merges.txt",
-                          "policy --model %s --hw %s --gen-len 2", "perplexity --model %s --text %s --quiet"};
+                          "policy --model %s --hw %s --prompt-len 8 --gen-len 2", "perplexity --model %s --text %s --quiet"};
     const char *first[] = {tiny_dir, kjv_dir, tiny_dir, kjv_dir}, *second[] = {tiny_prompts, kjv_dir, hw, kjv_text};
     for (int i = 0; i < 4; i++) {
         char args[12000], *out, *err;
