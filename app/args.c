@@ -421,16 +421,41 @@ static int file_of_dir(const char *path, const char *dir, char *found, size_t n)
     return hit;
 }
 
+/* Whether `path` is one of the files a tokenizer reads beside `in` (--vocab: its
+ * tokenizer_config.json, special_tokens_map.json and added_tokens.json; --tokenizer: the first),
+ * `found` its name. */
+static int file_beside(const char *path, const char *in, int files, char *found, size_t n) {
+    static const char *const beside[3] = {"tokenizer_config.json", "special_tokens_map.json",
+                                          "added_tokens.json"};
+    char dir[4096], file[4200];
+    split_path(in, dir, sizeof dir);
+    for (int k = 0; k < files; k++) {
+        snprintf(file, sizeof file, "%s/%s", dir, beside[k]);
+        if (access(file, F_OK) == 0 && same_file(path, file)) {
+            snprintf(found, n, "%s", file);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* An output that is an input would destroy it, and two outputs on one file lose one of them. The
- * inputs: the files named by flags, and those read through --model DIR (its checkpoint, config
- * and tokenizer) and from --path DIR (dummy weights placed on disk). */
+ * inputs: the files named by flags (the hardware file also where --hw is not given), those read
+ * beside --vocab and --tokenizer, and those read through --model DIR (its checkpoint, config and
+ * tokenizer) and from --path DIR (dummy weights placed on disk). */
 static int check_outputs_apart(const cli_args *a, char *err) {
     const char *const out_flags[] = {"--output", "--dump-logits", "--trace", "--predictions"};
-    const char *const in_flags[] = {"--prompt-file", "--prompt-ids", "--text",      "--compare",
-                                    "--vocab",       "--merges",     "--tokenizer", "--hw"};
+    const char *const in_flags[] = {
+        "--prompt-file", "--prompt-ids", "--text",      "--compare",
+        "--vocab",       "--merges",     "--tokenizer", a->hw ? "--hw" : "the default --hw"};
     const char *outs[] = {a->output, a->dump_logits, a->trace, a->predictions};
+    char hw[4200], side[4200];
+    if (!a->hw) {
+        default_weight_dir(hw, sizeof hw - 16);
+        strcat(hw, "/hardware.json");
+    }
     const char *ins[] = {a->prompt_file, a->prompt_ids, a->text,      a->compare,
-                         a->vocab,       a->merges,     a->tokenizer, a->hw};
+                         a->vocab,       a->merges,     a->tokenizer, a->hw ? a->hw : hw};
     for (int i = 0; i < 4; i++) {
         for (int j = 0; outs[i] && j < 8; j++)
             if (ins[j] && same_file(outs[i], ins[j]))
@@ -438,6 +463,12 @@ static int check_outputs_apart(const cli_args *a, char *err) {
                     err,
                     "%s %s: the same file as %s %s, which it would overwrite; give another file",
                     out_flags[i], outs[i], in_flags[j], ins[j]);
+        for (int j = 4; outs[i] && j <= 6; j += 2) /* --vocab's and --tokenizer's */
+            if (ins[j] && file_beside(outs[i], ins[j], j == 4 ? 3 : 1, side, sizeof side))
+                return fg_fail(err,
+                               "%s %s: the same file as %s, which %s %s reads beside it; give "
+                               "another file",
+                               out_flags[i], outs[i], side, in_flags[j], ins[j]);
         for (int j = 0; outs[i] && j < i; j++)
             if (outs[j] && same_file(outs[i], outs[j]))
                 return fg_fail(err, "%s %s: the same file as %s %s; give each its own",

@@ -1112,6 +1112,46 @@ static void test_outputs_apart_from_inputs(void) {
            "refused outputs into --model's files changed config.json or left a file (%d in the directory, %d before)",
            dir_entries(model), before);
     free(config_text), free(config_after);
+    /* the files a tokenizer reads beside --vocab (special_tokens_map.json, tokenizer_config.json)
+     * and beside --tokenizer (tokenizer_config.json), and the default hardware file */
+    char tok[4200], side[4300], special[4300], llama_side[4300], hw[4300];
+    snprintf(tok, sizeof tok, "%s", join(dir, "tok"));
+    CU_ASSERT_FATAL(mkdir(tok, 0755) == 0);
+    static const char *const copied[] = {"opt-kjv/vocab.json", "opt-kjv/merges.txt", "opt-kjv/special_tokens_map.json",
+                                         "opt-kjv/tokenizer_config.json", "llama-kjv/tokenizer.json"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(side, sizeof side, "%s/../%s", kjv_dir, copied[i]);
+        CU_ASSERT_FATAL(run_command(ARGS("cp", side, tok), NULL, &out, &err) == 0);
+        free(out), free(err);
+    }
+    snprintf(side, sizeof side, "%s/vocab.json", tok);
+    snprintf(special, sizeof special, "%s/special_tokens_map.json", tok);
+    snprintf(llama_side, sizeof llama_side, "%s/tokenizer_config.json", tok);
+    char *special_text = slurp(special, NULL), *config_before = slurp(llama_side, NULL);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--vocab", side, "--merges", join(tok, "merges.txt"), "--prompt", "In",
+                     "--dump-logits", special), "--dump-logits", "special_tokens_map.json", "--vocab");
+    EXPECT_FAIL(ARGS("--model", llama_kjv_dir, "--tokenizer", join(tok, "tokenizer.json"), "--prompt", "In",
+                     "--trace", llama_side), "--trace", "tokenizer_config.json", "--tokenizer");
+    char *special_after = slurp(special, NULL), *config_after_tok = slurp(llama_side, NULL);
+    EXPECT(special_text && special_after && !strcmp(special_text, special_after) && config_before && config_after_tok &&
+           !strcmp(config_before, config_after_tok), "refused outputs changed a file read beside --vocab or --tokenizer");
+    free(special_text), free(special_after), free(config_before), free(config_after_tok);
+    const char *cache = getenv("XDG_CACHE_HOME");
+    char *saved = cache ? strdup(cache) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1); /* the default hardware file: dir/flexgen/hardware.json */
+    snprintf(hw, sizeof hw, "%s/flexgen", dir);
+    CU_ASSERT_FATAL(mkdir(hw, 0755) == 0);
+    strcat(hw, "/hardware.json");
+    write_hw(hw);
+    char *hw_text = slurp(hw, NULL);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--path", tok, "--trace", hw), "--trace",
+                "the default --hw");
+    char *hw_after = slurp(hw, NULL);
+    EXPECT(hw_text && hw_after && !strcmp(hw_text, hw_after), "a refused --trace changed the default hardware file");
+    free(hw_text), free(hw_after);
+    if (saved) setenv("XDG_CACHE_HOME", saved, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    free(saved);
     rm_tree(dir);
     free(dir);
 }
