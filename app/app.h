@@ -251,7 +251,7 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err);
 
 /* report.c */
 cJSON *percent_json(const fg_percent *p);
-int dump_logits(const char *path, const float *logits, size_t n, char *err);
+int write_run_files(const cli_args *a, const float *logits, size_t n, const char *trace, char *err);
 void print_texts(const fg_tokenizer *tok, const prompt_set *p, const int *tokens,
                  const gen_options *opt);
 double peak_rss_bytes(void);

@@ -1,5 +1,6 @@
 /* app/report.c: what a run prints: FlexGen's benchmark report (or one JSON object with --json),
- * the prompts' texts with what was generated, --dump-logits, and the line of a finished job.
+ * the prompts' texts with what was generated, its files (--dump-logits, --trace), and the line
+ * of a finished job.
  */
 #define _GNU_SOURCE
 #include "flexgen.h"
@@ -19,12 +20,29 @@ cJSON *percent_json(const fg_percent *p) {
     return cJSON_CreateIntArray(v, 6);
 }
 
-/* Written whole or not at all (fg_output). */
-int dump_logits(const char *path, const float *logits, size_t n, char *err) {
-    fg_output o;
-    if (fg_output_open(&o, "--dump-logits", path, err)) return -1;
-    fwrite(logits, sizeof(float), n, o.f);
-    return fg_output_commit(&o, err);
+/* A run's files, --dump-logits (n logits) and --trace (every stage's events), each written whole
+ * and the two together: a run leaves both or neither (fg_outputs_commit). */
+int write_run_files(const cli_args *a, const float *logits, size_t n, const char *trace,
+                    char *err) {
+    if (a->trace && !trace) return fg_fail(err, "--trace %s: out of memory", a->trace);
+    fg_output files[2], *open[2];
+    int opened = 0;
+    if (a->dump_logits) {
+        if (fg_output_open(&files[opened], "--dump-logits", a->dump_logits, err)) return -1;
+        fwrite(logits, sizeof(float), n, files[opened].f);
+        open[opened] = &files[opened];
+        opened++;
+    }
+    if (a->trace) {
+        if (fg_output_open(&files[opened], "--trace", a->trace, err)) {
+            for (int i = 0; i < opened; i++) fg_output_abort(open[i]);
+            return -1;
+        }
+        fg_trace_write_events(files[opened].f, trace);
+        open[opened] = &files[opened];
+        opened++;
+    }
+    return fg_outputs_commit(open, opened, err);
 }
 
 /* Writes decoded bytes as text: invalid UTF-8 (a token can end mid-character) becomes U+FFFD,

@@ -285,8 +285,7 @@ static int finish_job(const cli_args *a, fg_pipe *pipe, const fg_runtime *rt,
     free(events);
     int rc = 0;
     if (rank == 0) {
-        if (a->dump_logits) rc = dump_logits(a->dump_logits, logits, n_logits, err);
-        if (rc == 0 && a->trace) rc = fg_trace_write_events(a->trace, trace, err);
+        rc = write_run_files(a, logits, n_logits, trace, err);
         if (rc == 0 && tok && !a->json && !a->output) print_texts(tok, p, tokens, &a->gen);
         fg_stats st;
         t->compute_seconds = t->disk_read_seconds = 0;

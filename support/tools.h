@@ -37,6 +37,10 @@ typedef struct {
 } fg_output;
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
 int fg_output_commit(fg_output *o, char *err);
+void fg_output_abort(fg_output *o); /* its temporary removed, the path untouched */
+/* Outputs that stand or fall together (a run's --dump-logits and --trace): each written through
+ * to the device first, then each renamed into place; where one cannot be written, none is. */
+int fg_outputs_commit(fg_output *const *o, int n, char *err);
 /* Why a write to path failed (errno e), in words: a full device, a quota, a file size limit. */
 const char *fg_write_failure(const char *path, int e);
 /* Whether path can be written as an output, before the work that makes it. */
@@ -147,9 +151,9 @@ int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const
 int fg_cuda_compiled(void); /* this build has the CUDA backend */
 
 /* A run's trace (its fg_trace) as stage `stage` of n (trace.c; Chrome's trace events, one a
- * line; malloc'd), and a trace file made of every stage's events, written whole or not at all. */
+ * line; malloc'd), and a trace file of every stage's events written into an open output. */
 char *fg_trace_events(const fg_trace *tr, int stage, int n);
-int fg_trace_write_events(const char *path, const char *events, char *err);
+void fg_trace_write_events(FILE *f, const char *events);
 
 /* ------------------------------------------------------------------------------------------
  * OpenBLAS's core (blas_core.c): the one the library picked as it loaded, and a better one for

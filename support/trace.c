@@ -120,12 +120,8 @@ char *fg_trace_events(const fg_trace *tr, int stage, int n) {
     return text;
 }
 
-/* The trace file from every stage's events, written whole or not at all. */
-int fg_trace_write_events(const char *path, const char *events, char *err) {
-    if (!events) return fg_fail(err, "--trace %s: out of memory", path);
-    fg_output o;
-    if (fg_output_open(&o, "--trace", path, err)) return -1;
-    fprintf(o.f, "{\"traceEvents\":[\n%s", events);
-    fprintf(o.f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
-    return fg_output_commit(&o, err);
+/* The trace file of every stage's events, into an output the run commits with its others. */
+void fg_trace_write_events(FILE *f, const char *events) {
+    fprintf(f, "{\"traceEvents\":[\n%s", events);
+    fprintf(f, "{\"name\":\"end\",\"ph\":\"i\",\"pid\":1,\"tid\":0,\"ts\":0,\"s\":\"g\"}\n]}\n");
 }

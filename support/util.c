@@ -470,21 +470,45 @@ const char *fg_write_failure(const char *tmp, int e) {
     return strerror(e);
 }
 
-int fg_output_commit(fg_output *o, char *err) {
+void fg_output_abort(fg_output *o) {
+    if (o->f) fclose(o->f);
+    output_release(o, 1);
+}
+
+/* o's temporary written through to the device and closed (0), or removed: the first error
+ * named (-1). */
+static int output_finish(fg_output *o, char *err) {
     int e = fflush(o->f) != 0 || ferror(o->f) ? (o->error ? o->error : EIO) : 0;
     if (!e && fsync(o->fd) != 0) e = errno; /* a file system that allocates late reports here */
     if (fclose(o->f) != 0 && !e) e = errno;
     o->f = NULL;
-    if (!e && rename(o->tmp, o->path) != 0) e = errno;
-    const char *why = e ? fg_write_failure(o->tmp, e) : NULL;
-    output_release(o, e != 0);
-    return e ? fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, why) : 0;
+    if (!e) return 0;
+    const char *why = fg_write_failure(o->tmp, e);
+    output_release(o, 1);
+    return fg_fail(err, "%s %s: write failed: %s", o->flag, o->path, why);
 }
 
-static void fg_output_abort(fg_output *o) {
-    if (o->f) fclose(o->f);
-    output_release(o, 1);
+int fg_outputs_commit(fg_output *const *o, int n, char *err) {
+    int failed = -1; /* the first that could not be written */
+    for (int i = 0; i < n && failed < 0; i++)
+        if (output_finish(o[i], err)) failed = i;
+    for (int i = 0; i < n; i++) {
+        if (failed >= 0) {
+            if (i < failed) output_release(o[i], 1); /* written, and removed with the rest */
+            if (i > failed) fg_output_abort(o[i]);
+            continue;
+        }
+        int e = rename(o[i]->tmp, o[i]->path) != 0 ? errno : 0;
+        output_release(o[i], e != 0);
+        if (e) {
+            failed = i;
+            fg_fail(err, "%s %s: write failed: %s", o[i]->flag, o[i]->path, strerror(e));
+        }
+    }
+    return failed >= 0 ? -1 : 0;
 }
+
+int fg_output_commit(fg_output *o, char *err) { return fg_outputs_commit(&o, 1, err); }
 
 int fg_output_check(const char *flag, const char *path, char *err) {
     fg_output o;

@@ -640,6 +640,50 @@ static void output_on_full_device(const char *path, int nr) {
 static void write_on_full_device(const char *path) { output_on_full_device(path, __NR_write); }
 static void fsync_on_full_device(const char *path) { output_on_full_device(path, __NR_fsync); }
 
+/* A run's two files committed together (fg_outputs_commit), in dir: --dump-logits (a.bin) and
+ * --trace (b.json), the one named by `failing` ("a", "b" or "none") finding its device full at
+ * fsync. Exit 2 with the error line, 0 if both were committed. */
+static void two_outputs(const char *dir, const char *failing) {
+    fg_output a, b, *both[2] = {&a, &b};
+    char err[FG_ERR_LEN], path_a[4200], path_b[4200];
+    snprintf(path_a, sizeof path_a, "%s/a.bin", dir);
+    snprintf(path_b, sizeof path_b, "%s/b.json", dir);
+    if (fg_output_open(&a, "--dump-logits", path_a, err) || fg_output_open(&b, "--trace", path_b, err)) _exit(3);
+    fputs("logits", a.f);
+    fputs("{\"traceEvents\": []}", b.f);
+    int fd = strcmp(failing, "none") ? fd_of(failing[0] == 'a' ? a.tmp : b.tmp) : -2;
+    if (fd == -1 || (fd >= 0 && fail_syscall_on_fd(__NR_fsync, fd, ENOSPC))) _exit(5);
+    if (fg_outputs_commit(both, 2, err) == 0) _exit(0);
+    fprintf(stderr, "%s\n", err);
+    _exit(2);
+}
+static void first_output_fails(const char *dir) { two_outputs(dir, "a"); }
+static void second_output_fails(const char *dir) { two_outputs(dir, "b"); }
+static void no_output_fails(const char *dir) { two_outputs(dir, "none"); }
+
+/* A run leaves both of its files or neither: where the second cannot be written the first,
+ * written already, is not put in place either (nor where the first fails), and no temporary is
+ * left; with room for both, both are there. */
+static void test_run_files_both_or_neither(void) {
+    char *dir = make_temp_dir(), line[1024];
+    void (*const bodies[2])(const char *) = {first_output_fails, second_output_fails};
+    const char *const flags[2] = {"--dump-logits", "--trace"};
+    for (int i = 0; i < 2; i++) {
+        int status = in_child(bodies[i], dir, line, sizeof line);
+        EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 2 && strstr(line, flags[i]) &&
+               strstr(line, "no space left on the device") && dir_entries(dir) == 0,
+               "%s finds the device full: expected exit 2, one line naming it and no file left, got %s %d, "
+               "'%s', %d files", flags[i], WIFEXITED(status) ? "exit" : "signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), line, dir_entries(dir));
+    }
+    int status = in_child(no_output_fails, dir, line, sizeof line);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0 && dir_entries(dir) == 2, "room for both: expected exit 0 "
+           "and both files, got %d and %d files, '%s'", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+           dir_entries(dir), line);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A full device is named as such, with the output's flag and path, whether write or fsync
  * reports it, and no temporary is left; a file size limit (EFBIG) is told apart from I/O errors. */
 static void test_output_on_full_device(void) {
@@ -2476,6 +2520,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
     CU_add_test(s, "signals ignored by the parent (nohup) stay ignored", test_ignored_signals_stay_ignored);
     CU_add_test(s, "an output on a full device: named, no temporary left", test_output_on_full_device);
+    CU_add_test(s, "a run's --dump-logits and --trace: both or neither", test_run_files_both_or_neither);
     CU_add_test(s, "a file size limit is a full disk, not SIGXFSZ's kill", test_file_size_limit_is_a_full_disk);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
