@@ -163,12 +163,7 @@ int profile_command(int argc, char **argv, char *err) {
         if (default_hw_file(path, sizeof path, err)) return -1;
         out = path;
     }
-    char parent[4200];
-    snprintf(parent, sizeof parent, "%s", out);
-    char *slash = strrchr(parent, '/');
-    if (slash) *(slash == parent ? slash + 1 : slash) = 0;
-    if (access(slash ? parent : ".", W_OK | X_OK) != 0) /* before a minute of measuring */
-        return fg_fail(err, "--out %s: cannot write there: %s", out, strerror(errno));
+    if (fg_output_check("--out", out, err)) return -1; /* before a minute of measuring */
     fg_hardware hw;
     if (check_dir("--offload-dir", dir, err)) return -1;
     device = resolve_device(device, 1);

@@ -506,6 +506,7 @@ static int read_done(job_output *o, char *err) {
 
 int job_output_open(job_output *o, const char *path, int resume, char *err) {
     *o = (job_output){.path = path, .fd = -1};
+    if (!path[0]) return fg_fail(err, "--output: an empty path; give a file");
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fg_fail(err, "--output %s: not a regular file", path);

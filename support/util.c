@@ -445,6 +445,7 @@ int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) 
     o->flag = flag;
     o->path = path;
     o->fd = -1;
+    if (!path[0]) return fg_fail(err, "%s: an empty path; give a file", flag);
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fg_fail(err, "%s %s: not a regular file", flag, path);

@@ -1882,6 +1882,9 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("profile", "--bogus", "x"), "--bogus", "profile");
     EXPECT_FAIL(ARGS("profile", "--out", "/nonexistent/hw.json", "--offload-dir", dir), "--out",
                 "/nonexistent/hw.json");
+    /* refused before a minute of measuring, as the output of a run is */
+    EXPECT_FAIL(ARGS("profile", "--out", dir, "--offload-dir", dir), "--out", "not a regular file");
+    EXPECT_FAIL(ARGS("profile", "--out", "", "--offload-dir", dir), "--out", "an empty path");
     CU_ASSERT_EQUAL(dir_entries(dir), 2); /* hw.json and bad.json */
     rm_tree(dir);
     free(dir);

@@ -1084,6 +1084,12 @@ static void test_outputs_apart_from_inputs(void) {
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--dump-logits", join(dir, "x"), "--trace",
                      join(dir, "x")), "--trace", "--dump-logits");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--output", join(dir, "out.jsonl")), "--output", "--prompt-file");
+    /* an empty path is no file (it made a temporary in the working directory and failed at the end) */
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--dump-logits", ""), "--dump-logits", "an empty path");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--trace", ""), "--trace", "an empty path");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--output", ""), "--output", "an empty path");
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", text, "--predictions", ""), "--predictions",
+                "an empty path");
     char *p = slurp(prompts, NULL), *t = slurp(text, NULL);
     EXPECT(p && t && !strcmp(p, "2 10 11\n2 12\n") && strstr(t, "God created") && dir_entries(dir) == 3,
            "refused outputs changed an input or left a file (%d in the directory)", dir_entries(dir));
