@@ -955,17 +955,18 @@ static int next_gbs(int gbs) {
 
 enum { MAX_NGB = 32, MAX_GBS = 4096, MAX_SHRINK = 16 };
 
-/* Every shape's LP optimum, into *out (malloc'd). */
+/* Every shape's LP optimum, into *out (malloc'd); a shape given (a resumed job's) at any size. */
 static int enumerate(search *S, candidate **out, int *n_out, char *err) {
-    int cap = 256, n = 0, max_block = S->req->max_block > 0 ? S->req->max_block : MAX_GBS * MAX_NGB;
+    const fg_search_request *r = S->req;
+    double max_block = r->max_block > 0 ? r->max_block : INFINITY;
+    int cap = 256, n = 0;
     candidate *all = malloc(cap * sizeof *all);
     if (!all) return fg_fail(err, "out of memory");
-    const fg_search_request *r = S->req;
-    for (int gbs = r->gbs ? r->gbs : 1; gbs <= MAX_GBS && gbs <= max_block;
-         gbs = r->gbs ? MAX_GBS + 1 : next_gbs(gbs)) {
+    for (int gbs = r->gbs ? r->gbs : 1; gbs <= (r->gbs ? r->gbs : MAX_GBS) && gbs <= max_block;
+         gbs = next_gbs(gbs)) {
         int any = 0;
-        for (int ngb = r->ngb ? r->ngb : 1; ngb <= MAX_NGB && gbs * ngb <= max_block;
-             ngb = r->ngb ? MAX_NGB + 1 : ngb + 1) {
+        for (int ngb = r->ngb ? r->ngb : 1;
+             ngb <= (r->ngb ? r->ngb : MAX_NGB) && (double)gbs * ngb <= max_block; ngb++) {
             int fits = 0;
             /* one group: zig-zag */
             if (ngb == 1 && S->base->schedule == FG_SCHEDULE_DIAGONAL) continue;
@@ -1072,8 +1073,7 @@ int fg_policy_evaluate(const model_config *cfg, const fg_hardware *hw, const fg_
     if (evaluate(&S, p, out)) return 0;
     if (req->check)
         return runtime_check(&S, p, p->gpu_batch_size * p->num_gpu_batches, 1, NULL, NULL, err);
-    static const char *const flags[N_TIERS + 1] = {"--gpu-mem", "--cpu-mem", "--disk-mem",
-                                                   "memory"};
+    static const char *const flags[] = {"--gpu-mem", "--cpu-mem", "--disk-mem", "memory"};
     double x[N_X], need;
     int t = tier_over(&S, p, x, &need);
     if (t < 0) return fg_fail(err, "the policy does not fit"); /* not reached: evaluate() fit it */

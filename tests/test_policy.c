@@ -198,6 +198,22 @@ static void test_search_for_gpu(void) {
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
 }
 
+/* A block shape given (a resumed job keeps its own) is searched whatever its size, also beyond
+ * the grid's 4096 sequences a GPU batch and 32 GPU batches. */
+static void test_given_shape_beyond_grid(void) {
+    static const int shapes[][2] = {{4100, 1}, {1, 40}};
+    for (int i = 0; i < 2; i++) {
+        char err[FG_ERR_LEN] = "";
+        fg_policy base = base_policy(BUDGETS[0].gpu, BUDGETS[0].cpu, BUDGETS[0].disk, 0);
+        fg_search_request req = {.s = 8, .n = 2, .check = fg_runtime_check, .gbs = shapes[i][0], .ngb = shapes[i][1]};
+        fg_search_result r;
+        int rc = fg_policy_search(&CFG, &HW, &base, &req, &r, err);
+        EXPECT(rc == 0 && r.policy.gpu_batch_size == shapes[i][0] && r.policy.num_gpu_batches == shapes[i][1],
+               "the block %d x %d given: expected it searched and kept, got %d (%d x %d) %s", shapes[i][0],
+               shapes[i][1], rc, r.policy.gpu_batch_size, r.policy.num_gpu_batches, err);
+    }
+}
+
 /* Everything on the gpu tier, a GPU batch of 16 given: every number of GPU batches costs the same
  * per token (the block's work grows with it), and the search takes the smallest block of equal
  * cost, whose latency and memory are least. */
@@ -289,6 +305,7 @@ static void test_round_pair(void) {
 
 void add_policy_tests(void) {
     CU_pSuite s = CU_add_suite("policy", policy_init, policy_clean);
+    CU_add_test(s, "a block shape given is searched beyond the grid", test_given_shape_beyond_grid);
     CU_add_test(s, "every policy found passes the runtime's plan check", test_search_passes_plan_check);
     CU_add_test(s, "the search is no worse than a hand grid", test_search_beats_hand_grid);
     CU_add_test(s, "tensors larger than the LP's fractions still give a policy", test_search_tensor_granularity);
