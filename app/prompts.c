@@ -144,7 +144,8 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
 }
 
 /* Reads one prompt a line from path: token ids (tok == NULL), text, or (a name ending in .jsonl)
- * JSON objects, whose blank lines are skipped. A NUL byte ends no line: it is refused, as it
+ * JSON objects, whose blank lines are skipped. A line may end in \r\n (a file written on
+ * Windows): the \r is no part of a text prompt. A NUL byte ends no line: it is refused, as it
  * could only be a damaged or binary file. */
 static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
                              char *err) {
@@ -157,6 +158,7 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
         if (!end) end = text + size;
         *end = 0;
         size_t len = (size_t)(end - line);
+        if (len > 0 && line[len - 1] == '\r') line[--len] = 0;
         line_no++;
         if (memchr(line, 0, len)) {
             rc = fg_fail(err, "%s line %d: a NUL byte inside the line", path, line_no);

@@ -373,6 +373,31 @@ static void test_bad_prompt_ids(void) {
     free(dir);
 }
 
+/* A text prompt file whose lines end in \r\n (written on Windows) holds the prompts of the same
+ * file with \n: the same logits, not a \r token at each prompt's end. */
+static void test_prompt_file_crlf(void) {
+    char *dir = make_temp_dir(), lf[4200], crlf[4200], logits[2][4200];
+    snprintf(lf, sizeof lf, "%s", join(dir, "lf.txt"));
+    snprintf(crlf, sizeof crlf, "%s", join(dir, "crlf.txt"));
+    write_text_file(lf, "In the beginning\nAnd God said\n");
+    write_text_file(crlf, "In the beginning\r\nAnd God said\r\n");
+    const char *files[2] = {lf, crlf};
+    for (int i = 0; i < 2; i++) {
+        char *out, *err;
+        snprintf(logits[i], sizeof logits[i], "%s/%d.bin", dir, i);
+        CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", files[i], "--gen-len", "2", "--quiet",
+                                         "--json", "--dump-logits", logits[i]), NULL, &out, &err), 0);
+        free(out), free(err);
+    }
+    size_t n[2];
+    char *a = slurp(logits[0], &n[0]), *b = slurp(logits[1], &n[1]);
+    EXPECT(a && b && n[0] == n[1] && !memcmp(a, b, n[0]), "prompts of \\r\\n lines: their logits differ from "
+           "those of \\n lines");
+    free(a), free(b);
+    rm_tree(dir);
+    free(dir);
+}
+
 static void test_prompt_too_long(void) {
     char *dir = make_temp_dir(), ids[400] = "2";
     for (int i = 1; i < 60; i++)
@@ -2501,6 +2526,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "standard output that cannot be written: exit 1, one line", test_stdout_full);
     CU_add_test(s, "output files take the umask's mode", test_output_modes);
     CU_add_test(s, "bad --prompt-ids files", test_bad_prompt_ids);
+    CU_add_test(s, "a text prompt file of \\r\\n lines: the prompts of \\n lines", test_prompt_file_crlf);
     CU_add_test(s, "prompt too long for the positions", test_prompt_too_long);
     CU_add_test(s, "unwritable --dump-logits leaves no file", test_dump_logits_unwritable);
     CU_add_test(s, "--json run matches the reference", test_json_run_matches_reference);
