@@ -30,7 +30,8 @@ const cJSON *fg_json_get(const cJSON *o, const char *key);
  * ------------------------------------------------------------------------------------------ */
 typedef struct {
     FILE *f;
-    const char *flag, *path; /* for error lines: "--trace out.json: ..." */
+    const char *flag, *path;  /* for error lines: "--trace out.json: ..." */
+    char target[FG_PATH_LEN]; /* the file replaced: path, or the file its symbolic link names */
     char tmp[FG_PATH_LEN];
     int slot, fd;
     int error; /* errno of the first write that failed, 0 if none */

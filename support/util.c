@@ -386,9 +386,9 @@ static mode_t fg_umask(void) {
     return (mode_t)mask;
 }
 
-/* The temporary of o->path, created and registered (-1: none free, or it cannot be created). */
+/* The temporary of o->target, created and registered (-1: none free, or it cannot be created). */
 static int output_temp(fg_output *o, char *err) {
-    snprintf(o->tmp, sizeof o->tmp, "%s.tmp-XXXXXX", o->path);
+    snprintf(o->tmp, sizeof o->tmp, "%.4180s.tmp-XXXXXX", o->target);
     pthread_mutex_lock(&registry_lock);
     o->slot = -1;
     for (int i = 0; i < MAX_TEMPS && o->slot < 0; i++)
@@ -449,6 +449,17 @@ int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) 
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fg_fail(err, "%s %s: not a regular file", flag, path);
+    /* a symbolic link is written through: the file it names is replaced, the link stays */
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && !realpath(path, o->target)) {
+        char to[FG_PATH_LEN];
+        ssize_t n = readlink(path, to, sizeof to - 1);
+        to[n > 0 ? n : 0] = 0;
+        return fg_fail(err,
+                       "%s %s: a symbolic link to %s, which does not exist; give that file's "
+                       "path, or another",
+                       flag, path, to);
+    }
+    if (!o->target[0]) snprintf(o->target, sizeof o->target, "%s", path);
     if ((o->fd = output_temp(o, err)) < 0) return -1;
     cookie_io_functions_t io = {.write = output_write, .close = output_close};
     if (!(o->f = fopencookie(o, "w", io))) {
@@ -499,7 +510,7 @@ int fg_outputs_commit(fg_output *const *o, int n, char *err) {
             if (i > failed) fg_output_abort(o[i]);
             continue;
         }
-        int e = rename(o[i]->tmp, o[i]->path) != 0 ? errno : 0;
+        int e = rename(o[i]->tmp, o[i]->target) != 0 ? errno : 0;
         output_release(o[i], e != 0);
         if (e) {
             failed = i;

@@ -373,6 +373,32 @@ static void test_bad_prompt_ids(void) {
     free(dir);
 }
 
+/* An output given as a symbolic link is written through it: the file it names holds the output
+ * and the link stays a link; a link to nothing is refused before the run, as --output's is. */
+static void test_output_through_link(void) {
+    char *dir = make_temp_dir(), target[4200], link_path[4200], dangling[4200], *out, *err;
+    snprintf(target, sizeof target, "%s", join(dir, "trace.json"));
+    snprintf(link_path, sizeof link_path, "%s", join(dir, "link.json"));
+    snprintf(dangling, sizeof dangling, "%s", join(dir, "dangling.bin"));
+    write_text_file(target, "old");
+    CU_ASSERT_FATAL(symlink("trace.json", link_path) == 0 && symlink("none/l.bin", dangling) == 0);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--quiet",
+                                     "--trace", link_path), NULL, &out, &err), 0);
+    free(out), free(err);
+    struct stat st;
+    char *text = slurp(target, NULL);
+    EXPECT(lstat(link_path, &st) == 0 && S_ISLNK(st.st_mode) && text && strstr(text, "traceEvents") &&
+           dir_entries(dir) == 3, "--trace through a symbolic link: expected the link kept and the file it names "
+           "holding the trace, got %s, '%.40s', %d files", S_ISLNK(st.st_mode) ? "a link" : "no link",
+           text ? text : "(none)", dir_entries(dir));
+    free(text);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--dump-logits", dangling), "--dump-logits",
+                "a symbolic link to none/l.bin", "does not exist");
+    EXPECT(dir_entries(dir) == 3, "a refused link to nothing: %d files (3 before)", dir_entries(dir));
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A text prompt file whose lines end in \r\n (written on Windows) holds the prompts of the same
  * file with \n: the same logits, not a \r token at each prompt's end. */
 static void test_prompt_file_crlf(void) {
@@ -2526,6 +2552,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "standard output that cannot be written: exit 1, one line", test_stdout_full);
     CU_add_test(s, "output files take the umask's mode", test_output_modes);
     CU_add_test(s, "bad --prompt-ids files", test_bad_prompt_ids);
+    CU_add_test(s, "an output through a symbolic link: the file it names, the link kept", test_output_through_link);
     CU_add_test(s, "a text prompt file of \\r\\n lines: the prompts of \\n lines", test_prompt_file_crlf);
     CU_add_test(s, "prompt too long for the positions", test_prompt_too_long);
     CU_add_test(s, "unwritable --dump-logits leaves no file", test_dump_logits_unwritable);
