@@ -26,7 +26,7 @@ static void usage_run(FILE *out) {
     fprintf(out,
 "usage: flexgen [options]\n"
 "       flexgen policy [options] [--evaluate]         (the policy search; no generation)\n"
-"       flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|auto]\n"
+"       flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|cpu-fp16|auto]\n"
 "       flexgen tokenize --vocab FILE --merges FILE | --tokenizer FILE.json | --model DIR\n"
 "                                                     (stdin lines -> token ids, no BOS)\n"
 "       flexgen perplexity --model DIR --text FILE [options]   (section 6.2's measure)\n"
@@ -61,7 +61,7 @@ static void usage_run(FILE *out) {
 "generation\n"
 "  --gen-len N             tokens to generate per prompt [32]\n"
 "  --temperature T         0 is greedy; > 0 samples from softmax(logits / T) [0]\n"
-"  --top-p P               nucleus sampling mass, in (0, 1] [1]\n"
+"  --top-p P               nucleus sampling mass, in [1e-9, 1] [1]\n"
 "  --seed N                seed of dummy weights, synthetic prompts and sampling [0]\n"
 "  --stop-at-eos           stop a sequence after it generates </s>\n"
 "  --refill                with --stop-at-eos, in one process: the slot of a sequence that\n"
@@ -227,8 +227,9 @@ static int parse_size(const char *flag, const char *s, double *out, char *err) {
         end++;
     }
     if (*end == 'B' || *end == 'b') end++;
-    if (errno || end == s || *end || !(v > 0) || v > 1e18)
-        return fg_fail(err, "%s: expected a size such as 16G or 512M, got '%s'", flag, s);
+    if (errno || end == s || *end || !(v >= 1) || v > 1e18 || strpbrk(s, "xX"))
+        return fg_fail(err, "%s: expected a size such as 16G or 512M (a byte at least), got '%s'",
+                       flag, s);
     *out = v;
     return 0;
 }

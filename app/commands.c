@@ -205,7 +205,7 @@ int tokenize_command(int argc, char **argv, char *err) {
     static const char *const flags[] = {"--vocab", "--merges", "--tokenizer", "--model"};
     const char *value[4] = {0};
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
         }

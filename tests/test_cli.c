@@ -309,6 +309,8 @@ static void test_bad_flag_values(void) {
     EXPECT_FAIL(ARGS("--temperature", "-1"), "--temperature", "'-1'");
     EXPECT_FAIL(ARGS("--seed", "x"), "--seed", "'x'");
     EXPECT_FAIL(ARGS("--prompt-len", "0"), "--prompt-len", "'0'");
+    EXPECT_FAIL(ARGS("--gpu-mem", "0.5"), "--gpu-mem", "'0.5'", "a byte at least");
+    EXPECT_FAIL(ARGS("--cpu-mem", "0x10G"), "--cpu-mem", "'0x10G'"); /* strtod reads hexadecimal */
     EXPECT_FAIL(ARGS("--gpu-batch-size", "65536", "--num-gpu-batches", "65536"),
                 "--gpu-batch-size", "--num-gpu-batches");
     /* a value or flag holding a newline or another control character still gives one line */
@@ -932,6 +934,16 @@ static void test_help(void) {
             fprintf(stderr, "\n    --help mentions %.*s, not in FLAGS\n", (int)len, s);
         s += len - 2;
     }
+    /* each subcommand takes -h and --help as the run does: the usage on stdout, exit 0 */
+    static const char *const subcommands[] = {"policy", "profile", "tokenize", "perplexity"};
+    for (int i = 0; i < 4; i++)
+        for (int h = 0; h < 2; h++) {
+            char *sub_out, *sub_err;
+            int rc = run_flexgen(ARGS(subcommands[i], h ? "--help" : "-h"), NULL, &sub_out, &sub_err);
+            EXPECT(rc == 0 && !strcmp(sub_out, out), "flexgen %s %s: expected the usage and exit 0, got %d, '%.80s'",
+                   subcommands[i], h ? "--help" : "-h", rc, sub_err);
+            free(sub_out), free(sub_err);
+        }
     free(out);
     free(err);
 }
