@@ -123,7 +123,7 @@ int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int 
     memset(r, 0, sizeof *r);
     int size = o->window ? o->window : c->max_pos, stride = o->stride ? o->stride : size / 2;
     if (n < 2)
-        return fg_fail(err, "the text has %d token%s: perplexity needs at least 2", n,
+        return fg_fail(err, "--text: the text has %d token%s: perplexity needs at least 2", n,
                        n == 1 ? "" : "s");
     if (size < 2 || size > c->max_pos)
         return fg_fail(err, "--window %d: expected 2 .. the model's %d positions", size,

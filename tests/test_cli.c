@@ -2109,7 +2109,7 @@ static void test_perplexity_bad_input(void) {
 #define PPL_ARGS(...) ARGS("perplexity", "--model", kjv_dir, __VA_ARGS__)
     EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir), "--text FILE is required");
     EXPECT_FAIL(PPL_ARGS("--text", join(dir, "missing.txt")), "missing.txt");
-    EXPECT_FAIL(PPL_ARGS("--text", empty), "the text has 1 token");
+    EXPECT_FAIL(PPL_ARGS("--text", empty), "--text", "the text has 1 token");
     EXPECT_FAIL(PPL_ARGS("--text", nul_path), "--text", "NUL");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "1"), "--window", "2..");
     EXPECT_FAIL(PPL_ARGS("--text", kjv_text, "--window", "257"), "--window 257", "256 positions");
