@@ -451,10 +451,7 @@ static int check_outputs_apart(const cli_args *a, char *err) {
         "--vocab",       "--merges",     "--tokenizer", a->hw ? "--hw" : "the default --hw"};
     const char *outs[] = {a->output, a->dump_logits, a->trace, a->predictions};
     char hw[4200], side[4200];
-    if (!a->hw) {
-        default_weight_dir(hw, sizeof hw - 16);
-        strcat(hw, "/hardware.json");
-    }
+    default_hw_path(hw, sizeof hw);
     const char *ins[] = {a->prompt_file, a->prompt_ids, a->text,      a->compare,
                          a->vocab,       a->merges,     a->tokenizer, a->hw ? a->hw : hw};
     for (int i = 0; i < 4; i++) {

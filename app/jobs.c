@@ -392,21 +392,6 @@ static int open_failed(const char *path, int e, char *err) {
     return fg_fail(err, "--output %s: %s", path, strerror(e));
 }
 
-/* Whether path is a symbolic link to nothing (O_EXCL refuses to create through it, and without
- * O_CREAT it is not there): err says so. */
-static int dangling_link(const char *path, char *err) {
-    struct stat st;
-    char target[FG_PATH_LEN];
-    ssize_t n = readlink(path, target, sizeof target - 1);
-    if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode) || n < 0) return 0;
-    target[n] = 0;
-    fg_fail(err,
-            "--output %s: a symbolic link to %s, which does not exist; give that file's path, or "
-            "another",
-            path, target);
-    return 1;
-}
-
 /* The file at o->path, made if there is none, under an exclusive lock: flock's lock belongs to
  * the open file, so it goes with the process however it ends (kill -9 too). A file replaced
  * between the open and the lock is opened again. */
@@ -417,7 +402,7 @@ static int lock_output(job_output *o, char *err) {
         if (created) fg_watch_new_output(fd, o->path); /* at once: a stop from here on removes it */
         if (fd < 0 && errno == EEXIST) {
             fd = open(o->path, O_RDWR | O_APPEND | O_CLOEXEC);
-            if (fd < 0 && errno == ENOENT && dangling_link(o->path, err)) return -1;
+            if (fd < 0 && errno == ENOENT && fg_dangling_link("--output", o->path, err)) return -1;
             if (fd < 0 && errno == ENOENT) continue; /* removed in between: made the next time */
         }
         if (fd < 0) return open_failed(o->path, errno, err);

@@ -61,12 +61,19 @@ void warn_special_ids(const char *model, const model_config *cfg) {
 
 static int file_exists(const char *path) { return access(path, F_OK) == 0; }
 
-/* The default hardware file, ~/.cache/flexgen/hardware.json, its directory made if need be. */
+/* The default hardware file, ~/.cache/flexgen/hardware.json. */
+void default_hw_path(char *path, size_t n) {
+    char dir[4096];
+    default_weight_dir(dir, sizeof dir);
+    snprintf(path, n, "%s/hardware.json", dir);
+}
+
+/* The default hardware file, its directory made if need be. */
 int default_hw_file(char *path, size_t n, char *err) {
     char dir[4096];
     default_weight_dir(dir, sizeof dir);
     if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
-    snprintf(path, n, "%s/hardware.json", dir);
+    default_hw_path(path, n);
     return 0;
 }
 

@@ -39,6 +39,8 @@ typedef struct {
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err);
 int fg_output_commit(fg_output *o, char *err);
 void fg_output_abort(fg_output *o); /* its temporary removed, the path untouched */
+/* Whether path is a symbolic link to nothing: err says so, naming flag. */
+int fg_dangling_link(const char *flag, const char *path, char *err);
 /* Outputs that stand or fall together (a run's --dump-logits and --trace): each written through
  * to the device first, then each renamed into place; where one cannot be written, none is. */
 int fg_outputs_commit(fg_output *const *o, int n, char *err);

@@ -440,6 +440,19 @@ static ssize_t output_write(void *cookie, const char *buf, size_t n) {
 
 static int output_close(void *cookie) { return close(((fg_output *)cookie)->fd); }
 
+int fg_dangling_link(const char *flag, const char *path, char *err) {
+    struct stat st;
+    char target[FG_PATH_LEN];
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode) || n < 0 || stat(path, &st) == 0) return 0;
+    target[n] = 0;
+    fg_fail(err,
+            "%s %s: a symbolic link to %s, which does not exist; give that file's path, or "
+            "another",
+            flag, path, target);
+    return 1;
+}
+
 int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) {
     memset(o, 0, sizeof *o);
     o->flag = flag;
@@ -450,16 +463,8 @@ int fg_output_open(fg_output *o, const char *flag, const char *path, char *err) 
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fg_fail(err, "%s %s: not a regular file", flag, path);
     /* a symbolic link is written through: the file it names is replaced, the link stays */
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && !realpath(path, o->target)) {
-        char to[FG_PATH_LEN];
-        ssize_t n = readlink(path, to, sizeof to - 1);
-        to[n > 0 ? n : 0] = 0;
-        return fg_fail(err,
-                       "%s %s: a symbolic link to %s, which does not exist; give that file's "
-                       "path, or another",
-                       flag, path, to);
-    }
-    if (!o->target[0]) snprintf(o->target, sizeof o->target, "%s", path);
+    if (fg_dangling_link(flag, path, err)) return -1;
+    if (!realpath(path, o->target)) snprintf(o->target, sizeof o->target, "%s", path);
     if ((o->fd = output_temp(o, err)) < 0) return -1;
     cookie_io_functions_t io = {.write = output_write, .close = output_close};
     if (!(o->f = fopencookie(o, "w", io))) {
