@@ -367,6 +367,9 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
     if (rank) a->gen.verbose = a->policy.verbose = 0; /* rank 0 speaks for the job */
     if (a->evaluate) rc = fg_fail(err, "--evaluate: a flag of `flexgen policy`");
     if (a->ppl_flag) rc = fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag);
+    if (rc == 0 && a->max_latency > 0 && !a->auto_policy)
+        rc = fg_fail(err,
+                     "--max-latency: bounds the block --policy auto chooses; give --policy auto");
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && a->gen.refill && stages > 1)
         rc = fg_fail(

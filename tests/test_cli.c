@@ -1905,6 +1905,8 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("--policy", "fast"), "--policy", "'fast'");
     EXPECT_FAIL(ARGS("--max-latency", "0"), "--max-latency", "'0'");
     EXPECT_FAIL(ARGS("--max-latency", "soon"), "--max-latency", "'soon'");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "8", "--max-latency", "60"), "--max-latency",
+                "--policy auto"); /* bounds nothing in a run of the policy given */
     EXPECT_FAIL(ARGS("--evaluate"), "--evaluate", "flexgen policy");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", bad), bad, "gtoc_bdw_cache");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", missing), missing);
