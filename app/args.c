@@ -426,12 +426,10 @@ static int file_of_dir(const char *path, const char *dir, char *found, size_t n)
  * tokenizer_config.json, special_tokens_map.json and added_tokens.json; --tokenizer: the first),
  * `found` its name. */
 static int file_beside(const char *path, const char *in, int files, char *found, size_t n) {
-    static const char *const beside[3] = {"tokenizer_config.json", "special_tokens_map.json",
-                                          "added_tokens.json"};
     char dir[4096], file[4200];
     split_path(in, dir, sizeof dir);
     for (int k = 0; k < files; k++) {
-        snprintf(file, sizeof file, "%s/%s", dir, beside[k]);
+        snprintf(file, sizeof file, "%s/%s", dir, fg_tokenizer_side_files[k]);
         if (access(file, F_OK) == 0 && same_file(path, file)) {
             snprintf(found, n, "%s", file);
             return 1;

@@ -461,7 +461,7 @@ enum { N_SPECIAL = 7, SPECIAL_UNK = 2, SPECIAL_PAD = 4 };
 static const char *const special_keys[N_SPECIAL] = {
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
 enum { CONFIG_FILE, MAP_FILE, ADDED_FILE };
-static const char *const added_file_names[3] = {"tokenizer_config.json", "special_tokens_map.json",
+const char *const fg_tokenizer_side_files[3] = {"tokenizer_config.json", "special_tokens_map.json",
                                                 "added_tokens.json"};
 
 /* A special token as the files give it. */
@@ -483,7 +483,7 @@ typedef struct {
 /* files[which], parsed when the file exists; a missing file is no error. */
 static int read_added_file(added_loader *L, int which, char *err) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/%s", L->dir, added_file_names[which]);
+    snprintf(path, sizeof path, "%s/%s", L->dir, fg_tokenizer_side_files[which]);
     if (access(path, F_OK) != 0) return 0;
     if (!(L->files[which] = parse_json_file(path, err))) return -1;
     if (!cJSON_IsObject(L->files[which])) return fg_fail(err, "%s: not a JSON object", path);
@@ -500,7 +500,7 @@ static int parse_token(const cJSON *v, int strings, const added_loader *L, int w
     const cJSON *content = cJSON_IsObject(v) ? fg_json_get(v, "content") : v;
     if (!cJSON_IsString(content) || (!strings && content == v))
         return fg_fail(err, "%s/%s: %s is not %san object with a \"content\" string", L->dir,
-                       added_file_names[which], what, strings ? "a string or " : "");
+                       fg_tokenizer_side_files[which], what, strings ? "a string or " : "");
     out->object = content != v;
     out->tok.text = content->valuestring;
     out->tok.len = strlen(content->valuestring);
@@ -509,7 +509,7 @@ static int parse_token(const cJSON *v, int strings, const added_loader *L, int w
         const cJSON *f = fg_json_get(v, flags[i]);
         if (f && !cJSON_IsBool(f))
             return fg_fail(err, "%s/%s: %s: \"%s\" is not true or false", L->dir,
-                           added_file_names[which], what, flags[i]);
+                           fg_tokenizer_side_files[which], what, flags[i]);
         *dst[i] = cJSON_IsTrue(f);
     }
     return 0;
@@ -529,7 +529,7 @@ static int read_special_keys(added_loader *L, int which, char *err) {
         } else if (!strcmp(it->string, "additional_special_tokens") && !cJSON_IsNull(it)) {
             if (!cJSON_IsArray(it))
                 return fg_fail(err, "%s/%s: additional_special_tokens is not a list", L->dir,
-                               added_file_names[which]);
+                               fg_tokenizer_side_files[which]);
             const cJSON *e;
             cJSON_ArrayForEach(e, it) {
                 if (L->n_extra == L->cap_extra) {

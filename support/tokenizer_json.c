@@ -319,7 +319,7 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
     snprintf(cfg, sizeof cfg, "%s", path);
     char *slash = strrchr(cfg, '/');
     snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0),
-             "tokenizer_config.json");
+             fg_tokenizer_side_files[0]);
     if (access(cfg, F_OK) != 0) return 0;
     size_t len;
     char *buf = fg_read_file(cfg, &len, err);

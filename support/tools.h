@@ -92,6 +92,9 @@ typedef struct fg_tokenizer fg_tokenizer;
 /* Also reads the special and added tokens of the special_tokens_map.json, tokenizer_config.json
  * and added_tokens.json beside vocab_path, where present (as HF's from_pretrained does). */
 fg_tokenizer *tokenizer_load(const char *vocab_path, const char *merges_path, char *err);
+/* Those files: tokenizer_config.json (which tokenizer_load_json reads too), special_tokens_map.json
+ * and added_tokens.json. */
+extern const char *const fg_tokenizer_side_files[3];
 /* HF tokenizers' tokenizer.json, and add_bos_token of the tokenizer_config.json beside it. */
 fg_tokenizer *tokenizer_load_json(const char *path, char *err);
 /* A model directory's tokenizer: tokenizer.json, else vocab.json and merges.txt. NULL with an
