@@ -318,7 +318,7 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s", path);
     char *slash = strrchr(cfg, '/');
-    snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0),
+    snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0), "%s",
              fg_tokenizer_side_files[0]);
     if (access(cfg, F_OK) != 0) return 0;
     size_t len;
