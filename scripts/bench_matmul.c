@@ -7,23 +7,26 @@
  *
  * ROWS rows of x (the batch) times W[IN][OUT] (default 2048 x 8192, fc1 of opt-1.3b), FORMAT fp16,
  * 4-bit, int8 (4-bit weights times int8 activations, --int8-activations' products: decode's blocks
- * up to 64 rows, prefill's rows rounded once past that), or int8-blocks (decode's blocks of 64,
- * support/int8.c, at any number of rows: the scheme beside prefill's), or lm_head (decode's
- * logits, matmul_embed_t: x times the 4-bit table E[OUT][IN] as --compress-weight stores the
- * embedding, grouped along OUT; opt-1.3b's is 2048 50272). MATRICES distinct copies of W (default:
- * as many as make 1 GiB, as stream_rate reads, past every cache: a server's last level can hold 480
- * MiB, where 12 copies of fc1 in fp16 would stay) are multiplied in turn, REPEATS times (default 1)
- * per timed pass; best of 8 passes. One matrix of a few hundred KiB with many repeats measures the
- * kernel from cache: its arithmetic alone. W is allocated as the CPU backend allocates a tier's
- * memory (fg_cpu_backend.alloc: huge pages where the kernel gives them). The path is the CPU's
- * widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. Built without oneDNN (as
+ * up to 64 rows, prefill's rows rounded once past that, W's int8 columns made from the codes in
+ * each call), int8-kept (the same, W's int8 columns made once before the timing, as the runtime
+ * keeps them for weights that stay put: the product a prefill runs), or int8-blocks (decode's
+ * blocks of 64, support/int8.c, at any number of rows: the scheme beside prefill's), or lm_head
+ * (decode's logits, matmul_embed_t: x times the 4-bit table E[OUT][IN] as --compress-weight stores
+ * the embedding, grouped along OUT; opt-1.3b's is 2048 50272). MATRICES distinct copies of W
+ * (default: as many as make 1 GiB, as stream_rate reads, past every cache: a server's last level
+ * can hold 480 MiB, where 12 copies of fc1 in fp16 would stay) are multiplied in turn, REPEATS
+ * times (default 1) per timed pass; best of 8 passes. One matrix of a few hundred KiB with many
+ * repeats measures the kernel from cache: its arithmetic alone. W is allocated as the CPU backend
+ * allocates a tier's memory (fg_cpu_backend.alloc: huge pages where the kernel gives them). The
+ * path is the CPU's widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. Built without oneDNN (as
  * scripts/bench_matmul.sh builds it), int8's prefill rows take support/onednn.c's exact AVX2
  * kernel, what a CPU without VNNI runs. One JSON line per run. scripts/bench_matmul.sh builds it
  * and runs the set BENCHMARKS.md quotes; by hand:
  *
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit 256 4096 1 500      (from L2)
- *   OMP_NUM_THREADS=2 build/bench_matmul 1024 int8-blocks 2048 8192 1 1   (prefill's rows)
+ *   OMP_NUM_THREADS=2 build/bench_matmul 1024 int8-kept 2048 8192 1 1     (prefill's rows)
+ *   OMP_NUM_THREADS=2 build/bench_matmul 1024 int8-blocks 2048 8192 1 1   (decode's scheme)
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 lm_head 2048 50272
  */
 #define _POSIX_C_SOURCE 200809L
@@ -53,17 +56,17 @@ static int arg(int argc, char **argv, int i, int fallback) {
 }
 
 int main(int argc, char **argv) {
-    const char *formats[] = {"fp16", "4-bit", "int8", "int8-blocks", "lm_head"};
+    const char *formats[] = {"fp16", "4-bit", "int8", "int8-blocks", "lm_head", "int8-kept"};
     int format = -1;
-    for (int f = 0; f < 5 && argc >= 3; f++)
+    for (int f = 0; f < 6 && argc >= 3; f++)
         if (!strcmp(argv[2], formats[f])) format = f;
     if (format < 0) {
-        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8|int8-blocks|lm_head [IN OUT "
-                        "[MATRICES [REPEATS]]]\n");
+        fprintf(stderr, "usage: bench_matmul ROWS fp16|4-bit|int8|int8-kept|int8-blocks|lm_head "
+                        "[IN OUT [MATRICES [REPEATS]]]\n");
         return 2;
     }
-    int rows = arg(argc, argv, 1, 1), int8 = format == 2, blocks = format == 3;
-    int q4 = format > 0, lm_head = format == 4;
+    int rows = arg(argc, argv, 1, 1), kept = format == 5, int8 = format == 2 || kept;
+    int q4 = format > 0, lm_head = format == 4, blocks = format == 3;
     int products = int8 ? PRODUCTS_INT8 : PRODUCTS_FP32;
     int in = arg(argc, argv, 3, 2048), out = arg(argc, argv, 4, 8192);
     if (q4 && !lm_head && out % Q4_GROUP) {
@@ -100,6 +103,12 @@ int main(int argc, char **argv) {
         else if (q4) q4_compress(w32, (size_t)in, (size_t)out, 1, W[m]);
         else fp32_to_fp16_n(w32, (fp16 *)W[m], n);
     }
+    int8_column_set columns = {0};
+    for (int m = 0; kept && m < matrices; m++)
+        if (int8_column_set_add(&columns, W[m], 1, in, out)) {
+            fprintf(stderr, "bench_matmul: out of memory for W's int8 columns\n");
+            return 1;
+        }
     double best = 1e30;
     for (int pass = 0; pass < 8; pass++) {
         double t0 = now();
@@ -109,7 +118,8 @@ int main(int argc, char **argv) {
                 else if (lm_head)
                     matmul_embed_t(x, rows, in, W[m], 1, out, y, scratch, lm_head_stride);
                 else
-                    matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL, NULL);
+                    matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL,
+                                   kept ? &columns : NULL);
         double dt = now() - t0;
         best = dt < best ? dt : best;
     }
@@ -118,6 +128,7 @@ int main(int argc, char **argv) {
            ".2f,\"gmacs\":%.1f,\"path\":\"%s\"}\n",
            rows, argv[2], in, out, bytes, each * 1e3, (double)bytes / each / 1e9,
            (double)rows * (double)n / each / 1e9, matmul_path());
+    int8_column_set_free(&columns);
     for (int m = 0; m < matrices; m++) fg_cpu_backend.free(W[m]);
     free(W);
     free(scratch);

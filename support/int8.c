@@ -451,8 +451,9 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const block_rows *q,
  * of rows, which costs more than the sums when few rows of x use it; here the rounding reads the
  * mins and scales from W, and each group's block of codes is unpacked once for all the rows:
  *   round     a row's a rounded for a span of blocks and 8 groups side by side, one group a
- *             lane (their mins and scales are 16 contiguous bytes of a row of W): quantize's
- *             steps, lane[k % 8] for msum's lanes, added as lanes_add adds them;
+ *             lane (their mins and scales are 16 contiguous bytes of a row of W, widened once a
+ *             block for all the pass's rows): quantize's steps, lane[k % 8] for msum's lanes,
+ *             added as lanes_add adds them;
  *   quads     per 4 k, the group's 4 rows of 32 bytes interleaved (bytes, then pairs) as pack_avx2
  *             does: 64 slots, in two halves of 32 (the low and the high bytes of each 128-bit
  *             lane), whose high nibbles are the even columns and low ones the odd; the block's
@@ -491,12 +492,33 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 widen_g
     return _mm256_cvtph_ps(_mm_maskload_epi32((const int *)p, mask));
 }
 
-/* Block b of the span for one row (x and w at the block's first k; mins and scales: the chunk's
- * first group's, from w): quantize_portable's steps for n groups, one a lane; a is kept between
- * its two uses. ahead: prefetch the next block's mins and scales into L2. */
-__attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
-    const float *x, const uint8_t *w, size_t stride, size_t mins, size_t scales, int n, int ahead,
-    int b, rounded_chunk *q) {
+/* A block's mins and scales for a chunk's n groups, [k][group], widened once for all the pass's
+ * rows (widening them for each row was a fifth of the rounding's work at 8 rows). */
+typedef struct {
+    float min[KB][PAIR_CHUNK], scale[KB][PAIR_CHUNK];
+} widened_chunk;
+
+/* The block's (w at its first k; mins and scales: the chunk's first group's, from w). ahead:
+ * prefetch the next block's into L2. */
+__attribute__((target("avx2,f16c"))) static void widen_chunk_avx2(const uint8_t *w, size_t stride,
+                                                                  size_t mins, size_t scales, int n,
+                                                                  int ahead, widened_chunk *wc) {
+    for (int k = 0; k < KB; k++) {
+        const uint8_t *row = w + (size_t)k * stride;
+        if (ahead) {
+            _mm_prefetch((const char *)row + KB * stride + mins, _MM_HINT_T1);
+            _mm_prefetch((const char *)row + KB * stride + scales, _MM_HINT_T1);
+        }
+        _mm256_store_ps(wc->min[k], widen_groups_avx2(row + mins, n));
+        _mm256_store_ps(wc->scale[k], widen_groups_avx2(row + scales, n));
+    }
+}
+
+/* Block b of the span for one row (x at the block's first k; wc: the block's mins and scales):
+ * quantize_portable's steps for the chunk's groups, one a lane; a is kept between its two uses. */
+__attribute__((target("avx2,fma"))) static void round_chunk_avx2(const float *x,
+                                                                 const widened_chunk *wc, int b,
+                                                                 rounded_chunk *q) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 big[4], lane[8];
     _Alignas(32) float a[KB][PAIR_CHUNK];
@@ -506,16 +528,11 @@ __attribute__((target("avx2,fma,f16c"))) static void round_chunk_avx2(
 #pragma GCC unroll 8
         for (int l = 0; l < 8; l++) { /* unrolled: big and lane stay in registers */
             int k = k0 + l;
-            const uint8_t *row = w + (size_t)k * stride;
-            if (ahead) {
-                _mm_prefetch((const char *)row + KB * stride + mins, _MM_HINT_T1);
-                _mm_prefetch((const char *)row + KB * stride + scales, _MM_HINT_T1);
-            }
             __m256 xk = _mm256_set1_ps(x[k]);
-            __m256 ak = _mm256_mul_ps(xk, widen_groups_avx2(row + scales, n));
+            __m256 ak = _mm256_mul_ps(xk, _mm256_load_ps(wc->scale[k]));
             _mm256_store_ps(a[k], ak);
             big[l % 4] = _mm256_max_ps(big[l % 4], _mm256_and_ps(ak, magnitude));
-            lane[l] = _mm256_fmadd_ps(xk, widen_groups_avx2(row + mins, n), lane[l]);
+            lane[l] = _mm256_fmadd_ps(xk, _mm256_load_ps(wc->min[k]), lane[l]);
         }
     __m256 low = _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6]));
     __m256 high = _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7]));
@@ -643,14 +660,15 @@ __attribute__((target("avx2,fma,f16c"))) static void chunk_rows_avx2(
     size_t scales, int blocks, int b0, int nb, int g, int n, float *y, size_t ldy, int from_y) {
     rounded_chunk chunks[PAIR_PASS];
     const rounded_chunk *q[PAIR_PASS];
+    _Alignas(32) widened_chunk wc;
     int first_rows = r0 == 0; /* later passes find the span in L2 */
-    for (int r = 0; r < nr; r++) {
-        q[r] = &chunks[r];
-        for (int b = 0; b < nb; b++)
-            round_chunk_avx2(x + (r0 + r) * ldx + KB * (b0 + b),
-                             w + (size_t)(KB * (b0 + b)) * stride, stride, mins + 2 * (size_t)g,
-                             scales + 2 * (size_t)g, n, first_rows && r == 0 && b0 + b + 1 < blocks,
-                             b, &chunks[r]);
+    for (int r = 0; r < nr; r++) q[r] = &chunks[r];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *block = w + (size_t)(KB * (b0 + b)) * stride;
+        widen_chunk_avx2(block, stride, mins + 2 * (size_t)g, scales + 2 * (size_t)g, n,
+                         first_rows && b0 + b + 1 < blocks, &wc);
+        for (int r = 0; r < nr; r++)
+            round_chunk_avx2(x + (r0 + r) * ldx + KB * (b0 + b), &wc, b, &chunks[r]);
     }
     for (int b = 0; b < nb; b++) {
         int ahead = first_rows && b0 + b + 1 < blocks, add = from_y || b0 + b > 0;
