@@ -1045,11 +1045,25 @@ static int run_on_disk(const char *off, const char *const *extra, char **out, ch
     return run_flexgen(args, NULL, out, err);
 }
 
+/* From now on, system call nr fails with errno e in this process and those it execs (seccomp). */
+static int fail_syscall(int nr, int e) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)e & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof *f), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
 /* $FLEXGEN_BIN with args in a child under a file size limit of `bytes` set there before exec,
  * with SIGXFSZ at its default as a shell's `ulimit -f` leaves it (exceeding the limit kills a
- * process that does not ignore it). Returns the exit status or 128 + the signal; *err gets its
- * stderr (malloc'd), its stdout goes nowhere. */
-static int run_under_file_limit(const char *const *args, rlim_t bytes, char **err) {
+ * process that does not ignore it); where fsync_full, every fsync there fails with ENOSPC (a
+ * device that allocates late, found full when a finished output is flushed). Returns the exit
+ * status or 128 + the signal; *err gets its stderr (malloc'd), its stdout goes nowhere. */
+static int run_limited(const char *const *args, rlim_t bytes, int fsync_full, char **err) {
     const char *argv[40] = {flexgen_bin()};
     int n = 1;
     while (*args && n < 39) argv[n++] = *args++;
@@ -1065,6 +1079,7 @@ static int run_under_file_limit(const char *const *args, rlim_t bytes, char **er
         limit.rlim_cur = bytes;
         int null = open("/dev/null", O_WRONLY);
         if (null < 0 || dup2(null, 1) < 0 || dup2(e[1], 2) < 0 || setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
+        if (fsync_full && fail_syscall(__NR_fsync, ENOSPC) != 0) _exit(126);
         close(e[0]);
         signal(SIGXFSZ, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
@@ -1080,6 +1095,9 @@ static int run_under_file_limit(const char *const *args, rlim_t bytes, char **er
     waitpid(pid, &status, 0);
     *err = eb.data;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+static int run_under_file_limit(const char *const *args, rlim_t bytes, char **err) {
+    return run_limited(args, bytes, 0, err);
 }
 
 /* A file size limit (`ulimit -f`) is a full disk to every output, not SIGXFSZ's kill: the logits
@@ -1137,8 +1155,9 @@ static void test_file_size_limit_is_a_full_disk(void) {
     free(dir);
 }
 
-/* The offload dir is empty after a normal run and after a failed one; a full disk (here: a
- * file size limit) is one clear line, not a crash. */
+/* The offload dir is empty after a normal run and after a failed one; a full disk (a device
+ * found full when the logits are flushed after generating, and a file size limit during the run)
+ * is one clear line, not a crash, and leaves no temporary beside the output. */
 static void test_offload_dir_left_empty(void) {
     char *off = make_temp_dir(), *out, *err;
     CU_ASSERT_EQUAL(run_on_disk(off, ARGS("--json"), &out, &err), 0);
@@ -1146,16 +1165,28 @@ static void test_offload_dir_left_empty(void) {
     CU_ASSERT_PTR_NULL(strstr(out, "\"peak_disk_bytes\":0,"));
     CU_ASSERT_EQUAL(dir_entries(off), 0);
     free(out), free(err);
-    /* fails after generating: the logits cannot be written */
-    CU_ASSERT_EQUAL(run_on_disk(off, ARGS("--dump-logits", "/nonexistent/l.bin"), &out, &err), 2);
-    CU_ASSERT_EQUAL(dir_entries(off), 0);
-    free(out), free(err);
+    /* fails after generating: the logits, written, find the device full when flushed */
+    char *logits_dir = make_temp_dir();
+    const char *logits = join(logits_dir, "l.bin");
+    int rc = run_limited(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8", "--percent",
+                              "0", "0", "0", "0", "0", "0", "--offload-dir", off, "--dump-logits", logits),
+                         RLIM_INFINITY, 1, &err);
+    EXPECT(rc == 2 && strstr(err, "--dump-logits") && strstr(err, logits) && strstr(err, "no space left") &&
+               count_lines(err) == 1,
+           "the logits on a full device after generating: expected exit 2 and one line naming --dump-logits %s, "
+           "got %d, '%s'", logits, rc, err);
+    EXPECT(dir_entries(off) == 0 && dir_entries(logits_dir) == 0,
+           "the logits on a full device after generating: %d files left in the offload dir, %d beside the logits",
+           dir_entries(off), dir_entries(logits_dir));
+    free(err);
+    rm_tree(logits_dir);
+    free(logits_dir);
     struct rlimit old, small = {16384, 16384};
     getrlimit(RLIMIT_FSIZE, &old);
     small.rlim_max = old.rlim_max;
     void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited: EFBIG instead of a kill */
     setrlimit(RLIMIT_FSIZE, &small);
-    int rc = run_on_disk(off, ARGS("--json"), &out, &err);
+    rc = run_on_disk(off, ARGS("--json"), &out, &err);
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_xfsz);
     CU_ASSERT_EQUAL(rc, 2);
