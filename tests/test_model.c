@@ -8,6 +8,7 @@
 #include "flexgen.h"
 #include "tests.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -547,6 +548,66 @@ static void test_configs(void) {
     CU_ASSERT(opt_param_count(&c) > 125.0e6 && opt_param_count(&c) < 125.5e6);
 }
 
+/* Every size --model names is its model's own config.json (tests/fixtures/model-sizes: each
+ * Hugging Face repository's values; OPT-175B's from the OPT paper), read by the project's
+ * config.json reader and compared field by field: a wrong number in the names' table would skew
+ * every plan, estimate and dummy run of that size. */
+static void test_sizes_are_their_configs(void) {
+    static const char *const names[] = {"opt-125m",    "opt-350m",     "opt-1.3b",     "opt-2.7b",
+                                        "opt-6.7b",    "opt-13b",      "opt-30b",      "opt-66b",
+                                        "opt-175b",    "llama-2-7b",   "llama-2-13b",  "llama-2-70b",
+                                        "llama-3-8b",  "llama-3.2-1b", "tinyllama-1.1b",
+                                        "mistral-7b",  "qwen2.5-0.5b"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char path[4200], err[FG_ERR_LEN] = "";
+        snprintf(path, sizeof path, "%s/%s.json", fixture("model-sizes"), names[i]);
+        model_config named, read;
+        int ok = model_config_by_name(names[i], &named, err) == 0 &&
+                 model_config_from_json(path, &read, err) == 0;
+        EXPECT(ok, "%s: %s", names[i], err);
+        char *text = ok ? slurp(path, NULL) : NULL;
+        cJSON *root = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        if (!root) continue;
+        int untied = !cJSON_IsTrue(cJSON_GetObjectItem(root, "tie_word_embeddings"));
+        cJSON_Delete(root);
+        EXPECT(named.n_layers == read.n_layers && named.hidden == read.hidden &&
+                   named.n_heads == read.n_heads && named.ffn == read.ffn &&
+                   named.vocab == read.vocab && named.max_pos == read.max_pos &&
+                   named.word_dim == read.word_dim && named.pre_ln == read.pre_ln &&
+                   named.family == read.family,
+               "%s: layers %d/%d hidden %d/%d heads %d/%d ffn %d/%d vocab %d/%d max_pos %d/%d "
+               "word_dim %d/%d pre_ln %d/%d family %d/%d (named/config.json)",
+               names[i], named.n_layers, read.n_layers, named.hidden, read.hidden, named.n_heads,
+               read.n_heads, named.ffn, read.ffn, named.vocab, read.vocab, named.max_pos,
+               read.max_pos, named.word_dim, read.word_dim, named.pre_ln, read.pre_ln,
+               named.family, read.family);
+        EXPECT(cfg_kv_heads(&named) == cfg_kv_heads(&read) &&
+                   cfg_head_dim(&named) == cfg_head_dim(&read) && named.qkv_bias == read.qkv_bias &&
+                   named.o_bias == read.o_bias && named.mlp_bias == read.mlp_bias &&
+                   named.window == read.window && named.untied == untied,
+               "%s: kv heads %d/%d head_dim %d/%d biases %d%d%d/%d%d%d window %d/%d untied %d/%d",
+               names[i], cfg_kv_heads(&named), cfg_kv_heads(&read), cfg_head_dim(&named),
+               cfg_head_dim(&read), named.qkv_bias, named.o_bias, named.mlp_bias, read.qkv_bias,
+               read.o_bias, read.mlp_bias, named.window, read.window, named.untied, untied);
+        if (named.family != FAMILY_LLAMA) continue; /* OPT's special ids and norms are fixed */
+        EXPECT(named.rms_eps == read.rms_eps && named.rope.kind == read.rope.kind &&
+                   named.rope.theta == read.rope.theta && named.rope.factor == read.rope.factor &&
+                   named.rope.low_freq == read.rope.low_freq &&
+                   named.rope.high_freq == read.rope.high_freq &&
+                   named.rope.original_max_pos == read.rope.original_max_pos &&
+                   named.bos_id == read.bos_id && named.n_eos == read.n_eos &&
+                   named.eos_ids[0] == read.eos_ids[0],
+               "%s: eps %g/%g rope %d/%d theta %g/%g factor %g/%g (%g %g %d)/(%g %g %d) bos %d/%d "
+               "eos %d:%d/%d:%d",
+               names[i], named.rms_eps, read.rms_eps, named.rope.kind, read.rope.kind,
+               named.rope.theta, read.rope.theta, named.rope.factor, read.rope.factor,
+               named.rope.low_freq, named.rope.high_freq, named.rope.original_max_pos,
+               read.rope.low_freq, read.rope.high_freq, read.rope.original_max_pos, named.bos_id,
+               read.bos_id, named.n_eos, named.eos_ids[0], read.n_eos, read.eos_ids[0]);
+    }
+}
+
 static void test_sampling(void) {
     enum { N = 5 };
     float logits[N] = {0.5f, 2.0f, 1.0f, -1.0f, 1.9f}, scratch[2 * N];
@@ -737,6 +798,8 @@ void add_model_tests(void) {
     CU_add_test(s, "a cache in shuffled pages gives the bits of rows in order", test_paged_cache_same_bits);
     CU_add_test(s, "dummy weights: finite, seeded, thread-independent", test_dummy_weights);
     CU_add_test(s, "every OPT size by name", test_configs);
+    CU_add_test(s, "every named size is its model's config.json, field by field",
+                test_sizes_are_their_configs);
     CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);
     CU_add_test(s, "greedy takes the first of tied logits", test_greedy_ties);
     CU_add_test(s, "temperature divides the logits (T = 0.3, 2.5)", test_sampling_temperature);
