@@ -10,7 +10,11 @@
 #   rss       the process's peak resident set (/usr/bin/time), which also holds the program,
 #             OpenBLAS's buffers, the threads' stacks and the prompts
 # The model should equal the counted peak or exceed it by little (it plans for the largest layer
-# and a full block), and rss should exceed model by the fixed overhead alone.
+# and a full block), and rss should exceed model by the fixed overhead alone. Each row is checked
+# so: model >= counted - 0.01 GiB (the printed precision) and model <= 1.05 counted + 0.01 GiB on
+# each tier, and rss - (gpu + cpu counted) <= OVERHEAD GiB [0.5]; a value that cannot be read (a
+# refusal worded otherwise, a report without its peaks) is an error too. The table is printed
+# whole, then every row that failed, and the exit status is 1 if any did.
 #
 #   bash scripts/check_memory_model.sh [SIZE ...]   [qwen2.5-0.5b llama-3.2-1b tinyllama-1.1b]
 #   BATCH=8 PROMPT=128 GEN=8 bash scripts/check_memory_model.sh llama-2-7b
@@ -20,24 +24,36 @@ FLEXGEN=${FLEXGEN:-./flexgen}
 BATCH=${BATCH:-8}
 PROMPT=${PROMPT:-128}
 GEN=${GEN:-8}
+OVERHEAD=${OVERHEAD:-0.5}
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(qwen2.5-0.5b llama-3.2-1b tinyllama-1.1b)
 [ -x /usr/bin/time ] || { echo "check_memory_model: /usr/bin/time is missing (apt-get install time)" >&2; exit 2; }
 [ -x "$FLEXGEN" ] || { echo "check_memory_model: $FLEXGEN is missing (make)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+failed=0
 
-# The GiB a plan needs on tier $1 ("gpu" or "cpu"), from the refusal at 1 KiB; 0 when it fits.
+# The GiB a plan needs on tier $1 ("gpu" or "cpu"), from the refusal at 1 KiB; 0 when the run
+# fits there (the plan puts nothing on that tier); an error for any other failure.
 model_need() {
     local tier=$1; shift
-    local line
-    line=$("$FLEXGEN" "$@" --"$tier"-mem 1K 2>&1 >/dev/null || true)
+    local line rc=0
+    line=$("$FLEXGEN" "$@" --"$tier"-mem 1K 2>&1 >/dev/null) || rc=$?
+    if [ "$rc" -eq 0 ]; then echo 0; return 0; fi
     case $line in
         *"$tier tier: the plan needs "*)
             echo "$line" | sed -E "s/.*$tier tier: the plan needs ([0-9.]+) (KiB|MiB|GiB).*/\1 \2/" |
                 awk '{ v = $1; if ($2 == "KiB") v /= 1048576; if ($2 == "MiB") v /= 1024; printf "%.3f", v }' ;;
-        *) echo 0 ;;
+        *) echo "check_memory_model: --$tier-mem 1K: expected the plan's refusal with what it needs, got: $line" >&2
+           return 1 ;;
     esac
+}
+
+# Whether the model ($2) and the counted peak ($3) of tier $1 agree; a line on stderr if not.
+agree() {
+    awk -v m="$2" -v c="$3" 'BEGIN { exit !(m + 0.01 >= c && m <= 1.05 * c + 0.01) }' && return 0
+    echo "check_memory_model: $size, $name: the $1 tier's model $2 GiB against $3 counted" >&2
+    return 1
 }
 
 printf '%s, %s threads; batch %s, prompt %s, gen %s; GiB\n' "$(lscpu | sed -n 's/^Model name: *//p')" \
@@ -58,9 +74,22 @@ for size in "${sizes[@]}"; do
         cpu=$(model_need cpu "${args[@]}")
         out=$(/usr/bin/time -f 'rss_kib %M' "$FLEXGEN" "${args[@]}" 2>&1) ||
             { echo "check_memory_model: $size, $name: $(echo "$out" | grep flexgen: | head -1)" >&2; exit 1; }
-        read -r counted_gpu counted_cpu < <(echo "$out" | sed -n 's/^peak tiers: gpu \([0-9.]*\) GB.*cpu \([0-9.]*\) GB.*/\1 \2/p')
+        read -r counted_gpu counted_cpu < <(echo "$out" | sed -n 's/^peak tiers: gpu \([0-9.]*\) GB.*cpu \([0-9.]*\) GB.*/\1 \2/p') || true
         rss=$(echo "$out" | awk '/^rss_kib/ { printf "%.3f", $2 / 1048576 }')
         printf '| %-15s | %-26s | %7s / %-7s | %7s / %-7s | %-9s |\n' "$size" "$name" "$gpu" "$counted_gpu" \
             "$cpu" "$counted_cpu" "$rss"
+        if [ -z "${counted_gpu:-}" ] || [ -z "${counted_cpu:-}" ] || [ -z "$rss" ]; then
+            echo "check_memory_model: $size, $name: no 'peak tiers:' line or no peak RSS in the run's output" \
+                >>"$work/failures"
+            failed=1
+            continue
+        fi
+        agree gpu "$gpu" "$counted_gpu" 2>>"$work/failures" || failed=1
+        agree cpu "$cpu" "$counted_cpu" 2>>"$work/failures" || failed=1
+        awk -v r="$rss" -v g="$counted_gpu" -v c="$counted_cpu" -v o="$OVERHEAD" 'BEGIN { exit !(r - g - c <= o) }' ||
+            { echo "check_memory_model: $size, $name: peak RSS $rss GiB is more than $OVERHEAD GiB past the tiers" \
+                  "($counted_gpu + $counted_cpu)" >>"$work/failures"; failed=1; }
     done
 done
+[ -s "$work/failures" ] && cat "$work/failures" >&2
+exit "$failed"
