@@ -46,8 +46,12 @@ int fg_dangling_link(const char *flag, const char *path, char *err);
 int fg_outputs_commit(fg_output *const *o, int n, char *err);
 /* Why a write to path failed (errno e), in words: a full device, a quota, a file size limit. */
 const char *fg_write_failure(const char *path, int e);
-/* Whether path can be written as an output, before the work that makes it. */
+/* Whether path can be written as an output, before the work that makes it: also not the file
+ * standard output or standard error writes to (fg_std_stream_of). */
 int fg_output_check(const char *flag, const char *path, char *err);
+/* "standard output" or "standard error" where path is the regular file that stream writes to
+ * (`> f`, `2> f`, /dev/stdout), where an output would be overwritten by the report; else NULL. */
+const char *fg_std_stream_of(const char *path);
 /* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
  * the process with one line naming its file and exit status 2. */
 void fg_install_signal_handlers(void);

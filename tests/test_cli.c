@@ -2221,6 +2221,35 @@ static void test_flags_of_other_commands(void) {
     EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, "--resume"), "--resume", "flexgen perplexity");
 }
 
+/* An output that is the file standard output or standard error writes to (`> f`, `2> f`,
+ * /dev/stdout) is refused before the run, naming both: the report would write over it. The
+ * shell's empty file is all that is there after. */
+static void test_output_is_a_std_stream(void) {
+    char *dir = make_temp_dir(), file[4200], cmd[16384];
+    snprintf(file, sizeof file, "%s", join(dir, "o.out"));
+    const char *const flags[] = {"--output", "--dump-logits", "--trace", "--dump-logits"};
+    const char *const targets[] = {file, file, file, "/dev/stdout"};
+    const char *const streams[] = {">", ">", "2>", ">"};
+    for (int i = 0; i < 4; i++) {
+        char *out, *err;
+        unlink(file);
+        snprintf(cmd, sizeof cmd, "%s --model %s --prompt-ids %s --gen-len 2 --quiet --device cpu %s '%s' %s '%s'",
+                 flexgen_bin(), tiny_dir, tiny_prompts, flags[i], targets[i], streams[i], file);
+        int rc = run_command(ARGS("sh", "-c", cmd), NULL, &out, &err);
+        size_t len = 0;
+        char *left = slurp(file, &len);
+        const char *said = i == 2 ? left : err; /* 2> f: the line went to the file */
+        const char *stream = i == 2 ? "standard error" : "standard output";
+        EXPECT(rc == 2 && said && strstr(said, flags[i]) && strstr(said, stream) && count_lines(said) == 1 &&
+                   (i == 2 || len == 0),
+               "%s %s %s %s: expected exit 2, one line naming the flag and %s, and the file left empty; got %d, "
+               "'%s', %zu bytes", flags[i], targets[i], streams[i], file, stream, rc, said ? said : "", len);
+        free(out), free(err), free(left);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Standard output that cannot be written (/dev/full): exit 1 with a line that says so. */
 static void test_stdout_full(void) {
     char *dir = make_temp_dir(), hw[4200], cmd[16384];
@@ -2595,6 +2624,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "bad --model directory or tokenizer files", test_bad_model_dir);
     CU_add_test(s, "flags a subcommand has no use for are refused", test_flags_of_other_commands);
     CU_add_test(s, "standard output that cannot be written: exit 1, one line", test_stdout_full);
+    CU_add_test(s, "an output that is standard output's or standard error's file is refused",
+                test_output_is_a_std_stream);
     CU_add_test(s, "output files take the umask's mode", test_output_modes);
     CU_add_test(s, "bad --prompt-ids files", test_bad_prompt_ids);
     CU_add_test(s, "an output through a symbolic link: the file it names, the link kept", test_output_through_link);
