@@ -56,9 +56,17 @@ static int refuse(const char *path, const char *field, const cJSON *o, const cha
                    type ? type : "of this form", type ? "\"" : "", what);
 }
 
-/* Each element of a Sequence (under `key`), or o itself. */
-static const cJSON *parts_of(const cJSON *o, const char *key) {
-    return is(o, "type", "Sequence") ? fg_json_get(o, key) : NULL;
+/* *parts: a Sequence's list of parts (under `key`), or NULL where o is not a Sequence; -1 (err
+ * set) where a Sequence has no list there: read as no parts, it would drop the rules silently. */
+static int parts_of(const cJSON *o, const char *key, const cJSON **parts, const char *path,
+                    char *err) {
+    *parts = NULL;
+    if (!is(o, "type", "Sequence")) return 0;
+    const cJSON *list = fg_json_get(o, key);
+    if (!cJSON_IsArray(list))
+        return fg_fail(err, "%s: a Sequence's \"%s\" is not a list", path, key);
+    *parts = list;
+    return 0;
 }
 
 typedef int (*part_reader)(const cJSON *part, tok_rules *r, const char *path, char *err);
@@ -67,7 +75,8 @@ typedef int (*part_reader)(const cJSON *part, tok_rules *r, const char *path, ch
 static int read_parts(const cJSON *o, const char *key, part_reader read, tok_rules *r,
                       const char *path, char *err) {
     if (!o || cJSON_IsNull(o)) return 0;
-    const cJSON *parts = parts_of(o, key), *p;
+    const cJSON *parts, *p;
+    if (parts_of(o, key, &parts, path, err)) return -1;
     if (!parts) return read(o, r, path, err);
     cJSON_ArrayForEach(p, parts) if (read(p, r, path, err)) return -1;
     return 0;
@@ -135,7 +144,8 @@ static int read_pre_tokenizer(const cJSON *p, tok_rules *r, const char *path, ch
     if (!p || cJSON_IsNull(p)) return 0;
     if (is(p, "type", "ByteLevel")) return read_byte_level(p, r, 1, path, err);
     if (is(p, "type", "Metaspace")) return read_metaspace(p, r, path, err);
-    const cJSON *parts = parts_of(p, "pretokenizers");
+    const cJSON *parts;
+    if (parts_of(p, "pretokenizers", &parts, path, err)) return -1;
     if (parts) return read_split_sequence(parts, r, path, err);
     return refuse(path, "pre_tokenizer", p,
                   "ByteLevel, Metaspace and LLaMA 3's and Qwen2's Split are", err);
@@ -210,7 +220,8 @@ static int read_post_processor(const cJSON *p, int n_ids, tok_rules *r, const ch
                                char *err) {
     if (!p || cJSON_IsNull(p) || is(p, "type", "ByteLevel")) return 0;
     if (is(p, "type", "TemplateProcessing")) return read_template(p, n_ids, r, path, err);
-    const cJSON *parts = parts_of(p, "processors"), *q;
+    const cJSON *parts, *q;
+    if (parts_of(p, "processors", &parts, path, err)) return -1;
     if (!parts)
         return refuse(path, "post_processor", p, "TemplateProcessing and ByteLevel are", err);
     cJSON_ArrayForEach(q, parts) if (read_post_processor(q, n_ids, r, path, err)) return -1;

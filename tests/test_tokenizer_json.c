@@ -302,6 +302,15 @@ static void test_refusals(void) {
             "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "normalizer \"Lowercase\"");
     refused("{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}",
             "pre_tokenizer \"Whitespace\"");
+    /* a Sequence whose parts are not a list: no rules read, once, where they must be refused */
+    refused("{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": 5}, \"model\": {\"type\": \"BPE\", "
+            SPM_VOCAB "}}", "a Sequence's \"normalizers\" is not a list");
+    refused("{\"decoder\": {\"type\": \"Sequence\", \"decoders\": \"x\"}, \"model\": {\"type\": \"BPE\", "
+            SPM_VOCAB "}}", "a Sequence's \"decoders\" is not a list");
+    refused("{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": {}}, \"model\": {\"type\": "
+            "\"BPE\", " SPM_VOCAB "}}", "a Sequence's \"pretokenizers\" is not a list");
+    refused("{\"post_processor\": {\"type\": \"Sequence\", \"processors\": 1}, \"model\": {\"type\": \"BPE\", "
+            SPM_VOCAB "}}", "a Sequence's \"processors\" is not a list");
     refused("{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
             "{\"Regex\": \"\\\\d+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\"}]}, "
             "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "LLaMA 3's or Qwen2's Split");
