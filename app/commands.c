@@ -231,6 +231,8 @@ int tokenize_command(int argc, char **argv, char *err) {
             free(ids);
         }
     }
+    if (rc == 0 && ferror(stdin)) /* a directory, a closed descriptor, an I/O error */
+        rc = fg_fail(err, "standard input: read failed: %s", strerror(errno));
     free(line);
     tokenizer_free(tok);
     return rc;

@@ -2221,6 +2221,20 @@ static void test_flags_of_other_commands(void) {
     EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", kjv_text, "--resume"), "--resume", "flexgen perplexity");
 }
 
+/* Standard input that cannot be read (a directory, a closed descriptor) is an error in `flexgen
+ * tokenize`, not an empty input: exit 2 with one line that says so. */
+static void test_stdin_unreadable(void) {
+    const char *const redirects[] = {"< /", "<&-"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[8192], *out, *err;
+        snprintf(cmd, sizeof cmd, "%s tokenize --model %s %s", flexgen_bin(), kjv_dir, redirects[i]);
+        int rc = run_command(ARGS("sh", "-c", cmd), NULL, &out, &err);
+        EXPECT(rc == 2 && strstr(err, "standard input: read failed") && count_lines(err) == 1 && !*out,
+               "flexgen tokenize %s: expected exit 2 and one line; got %d, '%s', '%s'", redirects[i], rc, err, out);
+        free(out), free(err);
+    }
+}
+
 /* An output that is the file standard output or standard error writes to (`> f`, `2> f`,
  * /dev/stdout) is refused before the run, naming both: the report would write over it. The
  * shell's empty file is all that is there after. */
@@ -2624,6 +2638,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "bad --model directory or tokenizer files", test_bad_model_dir);
     CU_add_test(s, "flags a subcommand has no use for are refused", test_flags_of_other_commands);
     CU_add_test(s, "standard output that cannot be written: exit 1, one line", test_stdout_full);
+    CU_add_test(s, "standard input that cannot be read: exit 2, one line", test_stdin_unreadable);
     CU_add_test(s, "an output that is standard output's or standard error's file is refused",
                 test_output_is_a_std_stream);
     CU_add_test(s, "output files take the umask's mode", test_output_modes);
