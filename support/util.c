@@ -636,9 +636,11 @@ int mkdir_p(const char *dir) {
     return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
 }
 
+/* $XDG_CACHE_HOME/flexgen where that is an absolute path (the XDG spec has a relative one
+ * ignored), else ~/.cache/flexgen, else a directory under FG_DEFAULT_OFFLOAD_DIR. */
 void default_weight_dir(char *out, size_t n) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg) snprintf(out, n, "%s/flexgen", xdg);
+    if (xdg && *xdg == '/') snprintf(out, n, "%s/flexgen", xdg);
     else if (home && *home) snprintf(out, n, "%s/.cache/flexgen", home);
     else snprintf(out, n, "%s/flexgen-weights", FG_DEFAULT_OFFLOAD_DIR);
 }

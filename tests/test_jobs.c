@@ -1155,6 +1155,12 @@ static void test_outputs_apart_from_inputs(void) {
     char *hw_after = slurp(hw, NULL);
     EXPECT(hw_text && hw_after && !strcmp(hw_text, hw_after), "a refused --trace changed the default hardware file");
     free(hw_text), free(hw_after);
+    /* a relative XDG_CACHE_HOME is ignored (the XDG spec): not a directory under wherever the run starts */
+    char cache_dir[4200];
+    setenv("XDG_CACHE_HOME", "relative-cache", 1);
+    default_weight_dir(cache_dir, sizeof cache_dir);
+    EXPECT(cache_dir[0] == '/' && !strstr(cache_dir, "relative-cache"),
+           "XDG_CACHE_HOME=relative-cache: the default directory is %s, expected an absolute one past it", cache_dir);
     if (saved) setenv("XDG_CACHE_HOME", saved, 1);
     else unsetenv("XDG_CACHE_HOME");
     free(saved);
