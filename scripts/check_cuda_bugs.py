@@ -7,11 +7,15 @@ suites fail: a failed test, or the run ended by the harness's report (a host acc
 memory, a kernel past an allocation) or by the backend's own check of a CUDA or cuBLAS call.
 docs/TESTS.md lists the bugs and what caught each.
 
-Usage: python3 scripts/check_cuda_bugs.py [N ...]   (from anywhere; N: the bugs to plant, 1-based)
+Usage: python3 scripts/check_cuda_bugs.py [--no-baseline] [N ...]   (from anywhere; N: the bugs
+           to plant, 1-based)
        python3 scripts/check_cuda_bugs.py --patterns   (only that each bug's line is still there)
 It works in a temporary copy of the tree (the build directories left out), builds with make -j2,
-takes about 90 s a bug on two cores, prints what failed for each, and ends with
-'N passed, N failed' (a bug caught passes); the exit status is 1 if any bug got through.
+and first runs the suites with no bug planted: they must pass there, or a failure would pass for
+a caught bug (--no-baseline skips that run). Then each bug, about 90 s to 4 minutes a bug on two
+cores; it prints what failed for each, and ends with 'N passed, N failed' (a bug caught passes: a
+failed test, or the run ended by a report; a run cut off by the 900 s limit is not caught); the
+exit status is 1 if any bug got through.
 """
 import os
 import re
@@ -21,6 +25,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMIT_S = 900  # a run of the emulated suites, at most
 
 # (what, the file, the line or lines as that file has them, the same with the bug)
 BUGS = [
@@ -247,6 +252,34 @@ def failures(stdout):
     return found
 
 
+def build_and_run(work):
+    """The emulated suites built and run in work: (the build's failure or None, the run)."""
+    build = subprocess.run("make -j2 flexgen-emu build-emu/test_flexgen", shell=True, cwd=work,
+                           capture_output=True, text=True)
+    if build.returncode:
+        return build.stderr[-1500:], None
+    env = dict(os.environ, GOMP_SPINCOUNT="1000", FLEXGEN_BIN="./flexgen-emu")
+    return None, subprocess.run(f"timeout {LIMIT_S} ./build-emu/test_flexgen", shell=True,
+                                cwd=work, capture_output=True, text=True, env=env)
+
+
+def baseline(work):
+    """The suites with no bug planted: True where they pass."""
+    copy_tree(work)
+    broken, run = build_and_run(work)
+    if broken:
+        print(f"no bug planted: the build failed\n{broken}")
+        return False
+    if run.returncode:
+        print(f"no bug planted: the suites fail (exit {run.returncode}); a planted bug would pass "
+              "for caught. Fix these first:")
+        for test, first in failures(run.stdout):
+            print(f"    failed {test}\n        {first[:240]}")
+        return False
+    print("no bug planted: the suites pass")
+    return True
+
+
 def plant(n, what, where, old, new, work):
     copy_tree(work)
     path = os.path.join(work, where)
@@ -255,19 +288,17 @@ def plant(n, what, where, old, new, work):
         print(f"#{n} {what}: {where} no longer has the line this bug changes; update BUGS")
         return False
     open(path, "w").write(src.replace(old, new))
-    build = subprocess.run("make -j2 flexgen-emu build-emu/test_flexgen", shell=True, cwd=work,
-                           capture_output=True, text=True)
-    if build.returncode:
-        print(f"#{n} {what}: the build failed\n{build.stderr[-1500:]}")
+    broken, run = build_and_run(work)
+    if broken:
+        print(f"#{n} {what}: the build failed\n{broken}")
         return False
-    env = dict(os.environ, GOMP_SPINCOUNT="1000", FLEXGEN_BIN="./flexgen-emu")
-    run = subprocess.run("timeout 900 ./build-emu/test_flexgen", shell=True, cwd=work, capture_output=True,
-                         text=True, env=env)
     reports = [l for l in run.stderr.splitlines() if l.startswith(("cuda-emu: ", "flexgen: CUDA"))
                and not any(e in l for e in EXPECTED_LINES)]
     failed = failures(run.stdout)
-    caught = run.returncode != 0
-    print(f"#{n} {what}: {'caught' if caught else 'NOT CAUGHT'} (exit {run.returncode})")
+    timed_out = run.returncode == 124  # timeout(1)'s status: cut off, not a test's verdict
+    caught = run.returncode != 0 and not timed_out
+    verdict = "caught" if caught else f"NOT CAUGHT{' (cut off at %d s)' % LIMIT_S if timed_out else ''}"
+    print(f"#{n} {what}: {verdict} (exit {run.returncode})")
     for test, first in failed:
         print(f"    failed {test}\n        {first[:240]}")
     if run.returncode not in (0, 1):
@@ -289,9 +320,13 @@ def patterns_apply():
 def main():
     if sys.argv[1:] == ["--patterns"]:
         return patterns_apply()
-    which = [int(a) for a in sys.argv[1:]] or range(1, len(BUGS) + 1)
+    args = sys.argv[1:]
+    check_baseline = "--no-baseline" not in args
+    which = [int(a) for a in args if a != "--no-baseline"] or range(1, len(BUGS) + 1)
     caught = missed = 0
     with tempfile.TemporaryDirectory(prefix="flexgen-bugs-") as tmp:
+        if check_baseline and not baseline(os.path.join(tmp, "baseline")):
+            return 1
         for n in which:
             work = os.path.join(tmp, f"bug{n}")
             if plant(n, *BUGS[n - 1], work):
