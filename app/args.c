@@ -465,12 +465,7 @@ static int check_outputs_apart(const cli_args *a, char *err) {
                                "%s %s: the same file as %s, which %s %s reads beside it; give "
                                "another file",
                                out_flags[i], outs[i], side, in_flags[j], ins[j]);
-        const char *stream = outs[i] ? fg_std_stream_of(outs[i]) : NULL;
-        if (stream)
-            return fg_fail(err,
-                           "%s %s: the same file as %s, which the run writes too; give another "
-                           "file",
-                           out_flags[i], outs[i], stream);
+        if (outs[i] && fg_output_apart_from_std(out_flags[i], outs[i], err)) return -1;
         for (int j = 0; outs[i] && j < i; j++)
             if (outs[j] && same_file(outs[i], outs[j]))
                 return fg_fail(err, "%s %s: the same file as %s %s; give each its own",

@@ -46,12 +46,13 @@ int fg_dangling_link(const char *flag, const char *path, char *err);
 int fg_outputs_commit(fg_output *const *o, int n, char *err);
 /* Why a write to path failed (errno e), in words: a full device, a quota, a file size limit. */
 const char *fg_write_failure(const char *path, int e);
-/* Whether path can be written as an output, before the work that makes it: also not the file
- * standard output or standard error writes to (fg_std_stream_of). */
+/* Whether path can be written as an output, before the work that makes it: also
+ * fg_output_apart_from_std. */
 int fg_output_check(const char *flag, const char *path, char *err);
-/* "standard output" or "standard error" where path is the regular file that stream writes to
- * (`> f`, `2> f`, /dev/stdout), where an output would be overwritten by the report; else NULL. */
-const char *fg_std_stream_of(const char *path);
+/* Whether path is not the regular file standard output or standard error writes to (`> f`,
+ * `2> f`, /dev/stdout), where the report would write over the output: -1 (err names flag, path
+ * and the stream) where it is. */
+int fg_output_apart_from_std(const char *flag, const char *path, char *err);
 /* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
  * the process with one line naming its file and exit status 2. */
 void fg_install_signal_handlers(void);

@@ -527,22 +527,21 @@ int fg_outputs_commit(fg_output *const *o, int n, char *err) {
 
 int fg_output_commit(fg_output *o, char *err) { return fg_outputs_commit(&o, 1, err); }
 
-const char *fg_std_stream_of(const char *path) {
+int fg_output_apart_from_std(const char *flag, const char *path, char *err) {
     struct stat at, std;
-    if (stat(path, &at) != 0) return NULL;
+    if (stat(path, &at) != 0) return 0;
     for (int fd = 1; fd <= 2; fd++)
         if (fstat(fd, &std) == 0 && S_ISREG(std.st_mode) && std.st_dev == at.st_dev &&
             std.st_ino == at.st_ino)
-            return fd == 1 ? "standard output" : "standard error";
-    return NULL;
+            return fg_fail(err,
+                           "%s %s: the same file as %s, which the run writes too; give another "
+                           "file",
+                           flag, path, fd == 1 ? "standard output" : "standard error");
+    return 0;
 }
 
 int fg_output_check(const char *flag, const char *path, char *err) {
-    const char *stream = fg_std_stream_of(path);
-    if (stream)
-        return fg_fail(err,
-                       "%s %s: the same file as %s, which the run writes too; give another file",
-                       flag, path, stream);
+    if (fg_output_apart_from_std(flag, path, err)) return -1;
     fg_output o;
     if (fg_output_open(&o, flag, path, err)) return -1;
     fg_output_abort(&o);

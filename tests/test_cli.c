@@ -661,7 +661,8 @@ static int fd_of(const char *path) {
     return -1;
 }
 
-/* From now on, system call nr on descriptor fd fails with errno e in this process (seccomp). */
+/* From now on, system call nr fails with errno e in this process and those it execs (seccomp):
+ * on descriptor fd (its first argument), or on any where fd < 0. */
 static int fail_syscall_on_fd(int nr, int fd, int e) {
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
@@ -671,6 +672,8 @@ static int fail_syscall_on_fd(int nr, int fd, int e) {
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)e & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
+    if (fd < 0) /* no test of the descriptor: the call's number alone */
+        f[1] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 2, 3);
     struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof *f), f};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
@@ -1045,19 +1048,6 @@ static int run_on_disk(const char *off, const char *const *extra, char **out, ch
     return run_flexgen(args, NULL, out, err);
 }
 
-/* From now on, system call nr fails with errno e in this process and those it execs (seccomp). */
-static int fail_syscall(int nr, int e) {
-    struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)e & SECCOMP_RET_DATA)),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof *f), f};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
-    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
-}
-
 /* $FLEXGEN_BIN with args in a child under a file size limit of `bytes` set there before exec,
  * with SIGXFSZ at its default as a shell's `ulimit -f` leaves it (exceeding the limit kills a
  * process that does not ignore it); where fsync_full, every fsync there fails with ENOSPC (a
@@ -1079,7 +1069,7 @@ static int run_limited(const char *const *args, rlim_t bytes, int fsync_full, ch
         limit.rlim_cur = bytes;
         int null = open("/dev/null", O_WRONLY);
         if (null < 0 || dup2(null, 1) < 0 || dup2(e[1], 2) < 0 || setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
-        if (fsync_full && fail_syscall(__NR_fsync, ENOSPC) != 0) _exit(126);
+        if (fsync_full && fail_syscall_on_fd(__NR_fsync, -1, ENOSPC) != 0) _exit(126);
         close(e[0]);
         signal(SIGXFSZ, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
