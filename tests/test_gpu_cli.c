@@ -330,6 +330,9 @@ static void expect_cases(model *m) {
     char *dir = make_temp_dir();
     for (int i = 0; i < N_CASES; i++) {
         if (!(CASES[i].models & 1 << (m - MODELS))) continue;
+        /* make test-san: the trained model's every other case (each of its cases runs on the pre-LN
+           fixture too; make test checks the numbers of all) */
+        if (SANITIZERS_ONE_DIAGONAL && m == &MODELS[KJV] && i % 2) continue;
         float bound = case_bound(m, CASES[i].bound, dir);
         if (bound < 0) continue; /* the CPU's run failed, said */
         arglist a = {.n = 0};
