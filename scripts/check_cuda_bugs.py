@@ -237,11 +237,15 @@ def copy_tree(dst):
 
 
 def failures(stdout):
-    """The failed tests, as 'suite: test', and each one's first failure line."""
+    """The failed tests, as 'suite: test', and each one's first failure line (or how it ended its
+    process)."""
     suite = test = None
     found = []
     lines = stdout.splitlines()
     for i, line in enumerate(lines):
+        ended = re.match(r"-- ([^:]+): '(.+)' ended its process \((.*)\)", line)
+        if ended:  # a test ended by a signal or a report (tests/test_main.c's line)
+            found.append((f"{ended.group(1)}: {ended.group(2)}", f"ended its process ({ended.group(3)})"))
         if line.startswith("Suite: "):
             suite = line[7:].strip()
         if "Test: " in line:
