@@ -59,7 +59,9 @@
 # ONLY (row names, e.g. "opt-6.7b-32x1 opt-175b-4bit-t4": the speed and big halves skip every
 # other row) [every row], BASE (a second checkout, e.g. of the commit before a change: the check
 # half builds its flexgen too, and each row of ours runs it first, the same way, for the table's
-# this / base) [none], FLEXGEN (0: FlexGen's runs are left out) [1]
+# this / base) [none], FLEXGEN (0: FlexGen's runs are left out; row names: FlexGen runs beside
+# those rows alone) [1], HALF_SECONDS (the speed and big halves' time each, for a rental shorter
+# than the halves' 5 minutes each or a longer one) [290]
 set -uo pipefail
 
 usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]"
@@ -75,6 +77,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 HALVES=${HALVES:-check speed big}
+HALF_SECONDS=${HALF_SECONDS:-290}
+case $HALF_SECONDS in
+    '' | *[!0-9]*) echo "gpu_check.sh: HALF_SECONDS must be whole seconds, got '$HALF_SECONDS'" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
@@ -274,28 +280,36 @@ theirs() { # NAME TIMEOUT MODEL GEN flags...: FlexGen's report into .data/NAME.f
     scratch=""
 }
 
+flexgen_beside() { # NAME: whether FLEXGEN asks for FlexGen's run beside the row
+    case $FLEXGEN in
+        0) return 1 ;;
+        1) return 0 ;;
+        *) [[ " $FLEXGEN " == *" $1 "* ]] ;;
+    esac
+}
+
 row() { # NAME MODEL GEN FLEXGEN(0|1) flags...: a row, if time is left
     local name=$1 model=$2 gen=$3 with_flexgen=$4 left
     shift 4
     [[ -z "$ONLY" || " $ONLY " == *" $name "* ]] || return 0
     left=$(time_left)
     if [ "$left" -lt 30 ]; then
-        echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.json"
+        echo "not run: the half's time is spent" > "$OUT/.data/$name.json"
         return
     fi
     echo "$name" >> "$OUT/.data/$ROWS"
     local m=$model
     [ "$DRY" = 0 ] || m=models/$([ "${model#llama}" = "$model" ] && echo opt-kjv || echo llama-kjv)
     ours "$name" "$((left - 5))" --model "$m" --prompt-len "$PROMPT" --gen-len "$gen" "$@"
-    if [ "$with_flexgen" = 1 ] && [ "$DRY" = 0 ] && [ "$FLEXGEN" != 0 ]; then
+    if [ "$with_flexgen" = 1 ] && [ "$DRY" = 0 ] && flexgen_beside "$name"; then
         left=$(time_left)
         if [ "$left" -ge 30 ]; then theirs "$name" "$((left - 5))" "$model" "$gen" "$@"
-        else echo "not run: the half's 5 minutes are spent" > "$OUT/.data/$name.flexgen"; fi
+        else echo "not run: the half's time is spent" > "$OUT/.data/$name.flexgen"; fi
     fi
 }
 
 do_speed() {
-    HALF_END=$(($(date +%s) + 290))
+    HALF_END=$(($(date +%s) + HALF_SECONDS))
     start_rows rows speed.log
     ROW_GPU_MEM=$GPU_MEM
     rm -f "$OUT/.data"/kernels*
@@ -315,9 +329,9 @@ do_speed() {
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
-    decode_kernels "" 4
-    decode_kernels -4bit 4 --compress-weight
     decode_kernels -32x1 "$big"
+    decode_kernels -4bit 4 --compress-weight
+    decode_kernels "" 4
     decode_kernels -4bit-32x1 "$big" --compress-weight
     return 0
 }
@@ -325,7 +339,7 @@ do_speed() {
 # The big half: OPT-175B 4-bit beside the cost model's prediction of each run, the paper's T4
 # rows as the cost model predicts them, then the rows the speed half has no time for.
 do_big() {
-    HALF_END=$(($(date +%s) + 290))
+    HALF_END=$(($(date +%s) + HALF_SECONDS))
     start_rows rows-big big.log
     rm -f "$OUT/.data"/t4-*.predicted
     local g=$GEN o=$GEN_OFFLOADED offloaded b30=48 hw=() mem=()
@@ -371,9 +385,10 @@ do_big() {
 # .data/kernels$SUFFIX.csv: a run's own counters place a window of launches past every prefill
 # kernel (a cuBLAS product launches one kernel or two) and long enough to hold two whole decode
 # steps; the report divides the window's sums by the steps in it (attention_merge_kernel, or
-# attention_kernel or attention_q4_kernel, runs once a layer and step). SUFFIX BATCH flags...: ""
-# 4 for fp16 weights at 4 x 1, -4bit 4 --compress-weight for 4-bit ones, -32x1 and -4bit-32x1 at
-# 32 x 1 (these last, each where the half has time left). Every run launches each kernel on its own
+# attention_kernel or attention_q4_kernel, runs once a layer and step). SUFFIX BATCH flags...: -32x1
+# 32 for fp16 weights at 32 x 1 (attention's share of the read rate is measured there), -4bit 4
+# --compress-weight for 4-bit ones at 4 x 1, "" 4 and -4bit-32x1 32 (these last), each while the
+# half has time left. Every run launches each kernel on its own
 # (FLEXGEN_CUDA_GRAPHS=0), so that the counters' launches are every kernel of the step (a graph's
 # are not among them).
 decode_kernels() {
