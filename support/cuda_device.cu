@@ -689,7 +689,10 @@ void layer_graph_ends(cuda_ws *d, int captured) {
  * Until a shape is settled its products take cuBLAS's default. Algorithms add in their own orders:
  * a product's last bits may differ between two runs whose choices differ (cublas: cuBLAS's
  * default always; cublaslt: cublasLt's first, untimed). The counters' products_timed counts the
- * timing runs, which are not blas_calls. */
+ * timing runs, which are not blas_calls. A shape includes its operands' alignments (alignment_of):
+ * cublasLt's heuristic lists algorithms for 256-byte aligned matrices unless told less, and such
+ * an algorithm, given a small model's W or a part of the workspace at a smaller alignment, gave
+ * wrong sums on an H200 with no error. */
 enum { CHOICE_ALGOS = 8, CHOICE_CANDIDATES = 1 + CHOICE_ALGOS, CHOICE_RUNS = 5 };
 enum { CHOICE_SHAPES = 64, CHOICE_DEFERRED = 16 };
 #define CHOICE_MARGIN 0.97f
@@ -703,6 +706,7 @@ typedef struct {
     int m, n, k;
     cudaDataType y_type;
     int adds;
+    unsigned align_w, align_x, align_y; /* the operands' alignments, up to 256 bytes */
     choice_state state;
     int candidates;
     int chosen;
@@ -778,12 +782,21 @@ void products_reset(int mode) {
     c->products = products_make(mode);
 }
 
+/* The largest power of two up to 256 that divides a device address: the alignment cublasLt's
+ * heuristic is told of an operand. */
+static unsigned alignment_of(const void *p) {
+    unsigned align = 256;
+    while (align > 1 && (uintptr_t)p % align) align /= 2;
+    return align;
+}
+
 /* The stored shape of this product, added the first time (NULL where the table is full). */
 static product_shape *shape_of(product_choices *pc, const product_shape *want) {
     for (int i = 0; i < pc->n_shapes; i++) {
         product_shape *s = &pc->shape[i];
         if (s->op_w == want->op_w && s->m == want->m && s->n == want->n && s->k == want->k &&
-            s->y_type == want->y_type && s->adds == want->adds)
+            s->y_type == want->y_type && s->adds == want->adds && s->align_w == want->align_w &&
+            s->align_x == want->align_x && s->align_y == want->align_y)
             return s;
     }
     if (pc->n_shapes == CHOICE_SHAPES) return NULL;
@@ -811,7 +824,7 @@ static cublasStatus_t run_candidate(const product_shape *s, int i, const void *W
 }
 
 /* cublasLt's candidates for shape s, best first as its heuristic ranks them: those that fit the
- * thread's workspace (that need none, where it has none). */
+ * thread's workspace (that need none, where it has none) and the operands' alignments. */
 static void lt_candidates(product_shape *s) {
     product_choices *pc = ctx()->products;
     int32_t op = s->op_w;
@@ -830,6 +843,13 @@ static void lt_candidates(product_shape *s) {
     BLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     BLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &room, sizeof room));
+    const cublasLtMatmulPreferenceAttributes_t align_of[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t align[4] = {s->align_w, s->align_x, s->align_y, s->align_y};
+    for (int i = 0; i < 4; i++)
+        BLAS_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, align_of[i], &align[i], sizeof align[i]));
     if (cublasLtMatmulAlgoGetHeuristic(pc->lt, s->desc, s->w_layout, s->x_layout, s->y_layout,
                                        s->y_layout, pref, CHOICE_ALGOS, found,
                                        &n) != CUBLAS_STATUS_SUCCESS)
@@ -840,10 +860,10 @@ static void lt_candidates(product_shape *s) {
 }
 
 /* The timing runs of shape s, queued on the stream into `out` (y, or the scratch): each candidate
- * once, then CHOICE_RUNS times between its events. Without `out`, nowhere to time it: settled on
- * cuBLAS's default. */
+ * once, then CHOICE_RUNS times between its events. Without `out`, or with one less aligned than y,
+ * nowhere to time it: settled on cuBLAS's default. */
 static void time_candidates(product_shape *s, const void *W, const void *x, float beta, void *out) {
-    if (!out) {
+    if (!out || alignment_of(out) < s->align_y) {
         s->state = SETTLED;
         return;
     }
@@ -881,6 +901,9 @@ void fp16_product(cuda_ws *d, cublasOperation_t op_w, int m, int n, int k, const
     here.k = k;
     here.y_type = y_type;
     here.adds = beta != 0;
+    here.align_w = alignment_of(W);
+    here.align_x = alignment_of(x);
+    here.align_y = alignment_of(y);
     product_shape *s = NULL;
     if (pc->mode != PRODUCTS_CUBLAS && n <= FG_CUDA_Q4_DIRECT) s = shape_of(pc, &here);
     if (s && s->state == UNTIMED && pc->mode == PRODUCTS_CUBLASLT) {

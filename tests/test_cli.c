@@ -164,6 +164,11 @@ int run_command(const char *const *argv, const char *stdin_text, char **out, cha
     return rc;
 }
 
+float logit_gap(float a, float b) {
+    float gap = fabsf(a - b);
+    return gap == gap ? gap : INFINITY;
+}
+
 int count_lines(const char *s) { /* NULL (no file yet): 0 */
     int n = 0;
     for (; s && *s; s++) n += *s == '\n';

@@ -134,7 +134,7 @@ static comparison compare_logits(const float *ref, const float *logits, int voca
     size_t n = (size_t)N_SEQ * GEN * vocab;
     for (size_t j = 0; j < n; j++) {
         c.max_abs = fmaxf(c.max_abs, fabsf(ref[j]));
-        c.worst = fmaxf(c.worst, fabsf(ref[j] - logits[j]));
+        c.worst = fmaxf(c.worst, logit_gap(ref[j], logits[j]));
     }
     for (int s = 0; s < c.steps; s++) {
         const float *r = ref + (size_t)s * vocab, *l = logits + (size_t)s * vocab;

@@ -205,7 +205,7 @@ static comparison compare_logits(const float *cpu, const float *gpu, int n_promp
             const float *r = cpu + ((size_t)p * gen_len + s) * vocab, *g = gpu + ((size_t)p * gen_len + s) * vocab;
             for (int v = 0; v < vocab; v++) {
                 c.max_abs = fmaxf(c.max_abs, fabsf(r[v]));
-                worst = fmaxf(worst, fabsf(r[v] - g[v]));
+                worst = fmaxf(worst, logit_gap(r[v], g[v]));
             }
             c.compared++;
             int rt, rs, gt, gs;

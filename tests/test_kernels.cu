@@ -1401,11 +1401,12 @@ typedef struct {
     cudaDataType y_type;
     float *W, *x, *y0; /* host: the values, as the device holds them */
     void *W_dev, *x_dev, *y_dev;
+    size_t shift[3]; /* bytes from each device operand's allocation to it (product_case_shift) */
 } product_case;
 
 static product_case product_case_make(const char *what, cublasOperation_t op_w, int m, int n, int k,
                                       float beta, cudaDataType y_type, uint64_t *seed) {
-    product_case p = {what, op_w, m, n, k, beta, y_type, NULL, NULL, NULL, NULL, NULL, NULL};
+    product_case p = {what, op_w, m, n, k, beta, y_type, NULL, NULL, NULL, NULL, NULL, NULL, {0, 0, 0}};
     fp16 *W = random_halves((size_t)m * k, seed, -0.2f, 0.2f);
     fp16 *x = random_halves((size_t)k * n, seed, -1, 1);
     fp16 *y0 = random_halves((size_t)m * n, seed, -2, 2);
@@ -1421,10 +1422,32 @@ static product_case product_case_make(const char *what, cublasOperation_t op_w, 
     return p;
 }
 
+/* Its device operands moved by the given bytes (fp16 elements apart) into allocations of their own,
+ * as a small model's W or a part of the workspace lies: aligned to less than cudaMalloc's 256. */
+static void product_case_shift(product_case *p, size_t w_bytes, size_t x_bytes, size_t y_bytes) {
+    const float *values[2] = {p->W, p->x};
+    size_t counts[2] = {(size_t)p->m * p->k, (size_t)p->k * p->n};
+    void **devs[3] = {&p->W_dev, &p->x_dev, &p->y_dev};
+    size_t shifts[3] = {w_bytes, x_bytes, y_bytes};
+    for (int i = 0; i < 3; i++) {
+        size_t bytes = i < 2 ? counts[i] * sizeof(fp16) : (size_t)p->m * p->n * sizeof(float);
+        char *moved = device_array<char>(shifts[i] + bytes);
+        if (i < 2) {
+            fp16 *halves = host_array<fp16>(counts[i]);
+            for (size_t j = 0; j < counts[i]; j++) halves[j] = fp32_to_fp16(values[i][j]);
+            upload(moved + shifts[i], halves, bytes);
+            free(halves);
+        }
+        cuda_free((char *)*devs[i] - p->shift[i]);
+        *devs[i] = moved + shifts[i];
+        p->shift[i] = shifts[i];
+    }
+}
+
 static void product_case_free(product_case *p) {
-    cuda_free(p->W_dev);
-    cuda_free(p->x_dev);
-    cuda_free(p->y_dev);
+    cuda_free((char *)p->W_dev - p->shift[0]);
+    cuda_free((char *)p->x_dev - p->shift[1]);
+    cuda_free((char *)p->y_dev - p->shift[2]);
     free(p->W);
     free(p->x);
     free(p->y0);
@@ -1591,6 +1614,43 @@ static void test_product_choice(void) {
     bare.q4_scratch = NULL;
     product_counts n = counted_run(&bare, &cases[OUT]);
     EXPECT(n.timed == 0, "%s, no scratch: timed", cases[OUT].what);
+
+    /* Operands aligned to less than 256 bytes, as a small model's W and the workspace's parts lie.
+     * A shape is also its operands' alignments, and the heuristic is told them: W, x or y moved
+     * off 256 bytes alone makes a shape of its own, timed anew (on the emulated GPU an algorithm
+     * given a matrix less aligned than it was chosen for writes NaN, as one gave wrong sums on an
+     * H200); all three moved, for out (adding, timed into the scratch) and lm_head (op T, fp32).
+     * No timing into a scratch less aligned than y. */
+    products_reset(PRODUCTS_TIMED);
+    product_run(&d, &cases[QKV]);
+    products_settle();
+    struct {
+        int like;
+        size_t w, x, y;
+        const char *what;
+    } moves[] = {{QKV, 64, 0, 0, "q|k|v, 4 rows, W 64 bytes on"},
+                 {QKV, 0, 16, 0, "q|k|v, 4 rows, x 16 bytes on"},
+                 {QKV, 0, 0, 32, "q|k|v, 4 rows, y 32 bytes on"},
+                 {OUT, 64, 32, 16, "out, 4 rows, added, all moved"},
+                 {LM_HEAD, 128, 64, 32, "lm_head, 3 rows, all moved"}};
+    for (size_t c = 0; c < sizeof moves / sizeof moves[0]; c++) {
+        const product_case *like = &cases[moves[c].like];
+        product_case moved = product_case_make(moves[c].what, like->op_w, like->m, like->n, like->k,
+                                               like->beta, like->y_type, &seed);
+        product_case_shift(&moved, moves[c].w, moves[c].x, moves[c].y);
+        n = counted_run(&d, &moved);
+        EXPECT(n.timed > 0, "%s: not timed; took another alignment's choice", moved.what);
+        product_check(&moved, "first product");
+        products_settle();
+        product_run(&d, &moved);
+        product_check(&moved, "settled");
+        product_case_free(&moved);
+    }
+    products_reset(PRODUCTS_TIMED);
+    cuda_ws moved_scratch = d;
+    moved_scratch.q4_scratch = (float *)((char *)d.q4_scratch + 64);
+    n = counted_run(&moved_scratch, &cases[OUT]);
+    EXPECT(n.timed == 0, "%s: timed into a scratch less aligned than y", cases[OUT].what);
 
     /* cublas: never cublasLt; cublaslt: its first algorithm, untimed */
     for (int mode = PRODUCTS_CUBLAS; mode <= PRODUCTS_CUBLASLT; mode++) {

@@ -57,6 +57,9 @@ int run_flexgen(const char *const *args, const char *stdin_text, char **out, cha
 void expect_fail(const char *const *args, const char *stdin_text, ...);
 #define EXPECT_FAIL(args, ...) expect_fail(args, NULL, __VA_ARGS__, (const char *)NULL)
 int count_lines(const char *s); /* newlines in s; 0 for NULL */
+/* |a - b|, infinite where either is not a number: a NaN logit counts as the worst difference
+ * (fmaxf passes over a NaN). */
+float logit_gap(float a, float b);
 /* text with its first `from` replaced by `to` (malloc'd); the test stops where text has no `from`. */
 char *replaced(const char *text, const char *from, const char *to);
 void write_text_file(const char *path, const char *text); /* the file is made, or the test stops */

@@ -4,7 +4,10 @@
  * needs) and, beyond cublasLt, that each matrix and the workspace lie inside their device
  * allocations. The harness has three algorithms, which compute alike (in fp32 through OpenBLAS,
  * as cublasGemmEx does) but take different times on its clock (tests/cuda_emu/emu.cpp, "cuBLAS"):
- * so a choice by timing has one answer here.
+ * so a choice by timing has one answer here. An algorithm holds the alignments its heuristic was
+ * asked for (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, 256 unless set, as cublasLt documents);
+ * given a matrix less aligned, cublasLtMatmul writes NaN into D, where a GPU's kernel gives wrong
+ * sums without an error.
  */
 #ifndef CUDA_EMU_CUBLASLT_H
 #define CUDA_EMU_CUBLASLT_H
@@ -32,7 +35,13 @@ typedef struct {
 } cublasLtMatmulHeuristicResult_t;
 
 typedef enum { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4 } cublasLtMatmulDescAttributes_t;
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);

@@ -29,7 +29,9 @@
  *               "potentially unsafe" calls): the call fails and breaks the capture, as on a GPU
  *   cuBLAS      cublasGemmEx, cublasGemmStridedBatchedEx and cublasLtMatmul check their
  *               arguments and run in fp32 through OpenBLAS on their stream; each product moves its
- *               stream's clock, which events read, by its multiply-adds at its algorithm's rate
+ *               stream's clock, which events read, by its multiply-adds at its algorithm's rate; a
+ *               cublasLt algorithm given a matrix less aligned than its heuristic was told (256
+ *               bytes by default) writes NaN, where a GPU's gives wrong sums
  *
  * One host thread runs device work at a time (a device lock), so the device is a GPU with one
  * multiprocessor; what this cannot show is in docs/GPU.md.
@@ -41,6 +43,7 @@
 #include "cuda_runtime.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1538,6 +1541,7 @@ struct cuda_emu_lt_layout {
 };
 struct cuda_emu_lt_preference {
     size_t max_workspace;
+    uint32_t min_alignment[4]; /* of A, B, C and D, in bytes */
 };
 static std::vector<const void *> &lt_live = *new std::vector<const void *>; /* made, not destroyed */
 
@@ -1586,15 +1590,24 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return lt_destroy(l); }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
-    return lt_make(p, cuda_emu_lt_preference{0});
+    return lt_make(p, cuda_emu_lt_preference{0, {256, 256, 256, 256}}); /* cublasLt's defaults */
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { return lt_destroy(p); }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
                                                     size_t bytes) {
     if (!lt_exists(p)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    const char *call = "cublasLtMatmulPreferenceSetAttribute";
+    if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+        uint32_t align;
+        if (bytes != sizeof align || !buf) return invalid(call, "attribute %d of %zu bytes", attr, bytes);
+        memcpy(&align, buf, sizeof align);
+        if (align == 0 || (align & (align - 1))) return invalid(call, "an alignment of %u bytes", align);
+        p->min_alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = align;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || bytes != sizeof(uint64_t) || !buf)
-        return invalid("cublasLtMatmulPreferenceSetAttribute", "attribute %d of %zu bytes", attr, bytes);
+        return invalid(call, "attribute %d of %zu bytes", attr, bytes);
     uint64_t v;
     memcpy(&v, buf, sizeof v);
     p->max_workspace = (size_t)v;
@@ -1641,6 +1654,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
         if (lt_algos[i].workspace > pref->max_workspace) continue;
         cublasLtMatmulHeuristicResult_t r = {};
         r.algo.data[0] = (uint64_t)i + 1;
+        for (int j = 0; j < 4; j++) r.algo.data[1 + j] = pref->min_alignment[j]; /* what it assumes */
         r.workspaceSize = lt_algos[i].workspace;
         r.state = CUBLAS_STATUS_SUCCESS;
         r.wavesCount = 1;
@@ -1679,6 +1693,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
     stats.lt_matmuls[which]++;
     queue_product(stream_of(stream), desc->ta, desc->tb, m, n, k, al, ma, mb, be, mc, 1, lt_algos[which].factor);
+    const void *operands[4] = {A, B, C, D};
+    for (int j = 0; j < 4; j++) {
+        uint64_t assumed = algo->data[1 + j];
+        if ((uintptr_t)operands[j] % assumed == 0) continue;
+        fprintf(stderr, "cuda-emu: %s: %c at %p is not %llu-byte aligned, as its algorithm was chosen for: D's "
+                "values are wrong\n", call, "ABCD"[j], operands[j], (unsigned long long)assumed);
+        enqueue(stream_of(stream), operation{[=] {
+            for (int col = 0; col < mc.cols; col++)
+                for (int row = 0; row < mc.rows; row++) set_element(mc, (size_t)col * mc.ld + row, NAN);
+        }, {}, "gemm"});
+        break;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 

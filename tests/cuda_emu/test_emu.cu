@@ -8,6 +8,7 @@
  * device's size and capability; cuBLAS's checks. A check that must end the process runs in a
  * child and reads its last words.
  */
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -481,6 +482,66 @@ static void test_cublas(void) {
     cublasDestroy(h);
 }
 
+/* The product of cublasLt's first algorithm for A 2 x 3 at byte `shift` of its allocation, B 3 x 2
+ * and D 2 x 2 (fp32, column-major), chosen with A's alignment preference `told` (0: none, 256 by
+ * cublasLt's default), into c. */
+static void lt_product(size_t shift, uint32_t told, float c[4]) {
+    const float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 2, 1, 0, 3};
+    float one = 1, zero = 0;
+    char *base;
+    float *db, *dc;
+    cudaMalloc(&base, sizeof a + shift), cudaMalloc(&db, sizeof b), cudaMalloc(&dc, 4 * sizeof(float));
+    float *da = (float *)(base + shift);
+    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t found;
+    int n = 0;
+    CU_ASSERT_EQUAL(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, 2, 3, 2);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, 3, 2, 3);
+    cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, 2, 2, 2);
+    cublasLtMatmulPreferenceCreate(&pref);
+    if (told)
+        CU_ASSERT_EQUAL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &told,
+                                                             sizeof told), CUBLAS_STATUS_SUCCESS);
+    CU_ASSERT_EQUAL(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &found, &n),
+                    CUBLAS_STATUS_SUCCESS);
+    CU_ASSERT_EQUAL_FATAL(n, 1);
+    CU_ASSERT_EQUAL(cublasLtMatmul(lt, desc, &one, da, la, db, lb, &zero, dc, lc, dc, lc, &found.algo, NULL, 0, 0),
+                    CUBLAS_STATUS_SUCCESS);
+    cudaMemcpy(c, dc, 4 * sizeof(float), cudaMemcpyDeviceToHost);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    cudaFree(base), cudaFree(db), cudaFree(dc);
+}
+
+/* cublasLt: an algorithm holds the alignments its heuristic was told (256 unless set); given A less
+ * aligned than that, D is NaN, as a GPU's kernel gives wrong sums; told A's alignment, the product
+ * is right; an alignment that is not a power of two is refused. */
+static void test_cublaslt_alignment(void) {
+    const float expected[4] = {1 + 10, 2 + 12, 1 + 15, 2 + 18};
+    float c[4];
+    lt_product(0, 0, c);
+    CU_ASSERT(memcmp(c, expected, sizeof c) == 0);
+    lt_product(64, 0, c);
+    CU_ASSERT(isnan(c[0]) && isnan(c[3]));
+    lt_product(64, 64, c);
+    CU_ASSERT(memcmp(c, expected, sizeof c) == 0);
+    cublasLtMatmulPreference_t pref;
+    uint32_t bad = 48;
+    cublasLtMatmulPreferenceCreate(&pref);
+    CU_ASSERT_EQUAL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &bad,
+                                                         sizeof bad), CUBLAS_STATUS_INVALID_VALUE);
+    cublasLtMatmulPreferenceDestroy(pref);
+}
+
 extern "C" void add_emu_tests(void) {
     CU_pSuite s = CU_add_suite("emu", NULL, NULL);
     CU_add_test(s, "__half conversions: F16C's bits, NaN canonical", test_half_conversions);
@@ -502,4 +563,6 @@ extern "C" void add_emu_tests(void) {
                 test_async_copies);
     CU_add_test(s, "the device's size and compute capability", test_device);
     CU_add_test(s, "cuBLAS: its argument checks and a product", test_cublas);
+    CU_add_test(s, "cublasLt: an algorithm given a matrix less aligned than it was chosen for writes NaN",
+                test_cublaslt_alignment);
 }
