@@ -19,7 +19,8 @@
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
 #          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; decode_kernels below says
-#          how). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
+#          how), and ncu's warp-state and memory sections on one decode launch of the 4-bit product
+#          (4 x 1) and of attention (32 x 1) (decode_stalls). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
 #          about 30 token/s).
 #          Each row of ours gives the counters of its busiest decode step (host waits, launches,
 #          cuBLAS products, copies in), and where the card is known, the decode's share of the
@@ -331,6 +332,8 @@ do_speed() {
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
     decode_kernels -32x1 "$big"
     decode_kernels -4bit 4 --compress-weight
+    decode_stalls q4 q4_rows_kernel 4 64 --compress-weight
+    decode_stalls attention attention_span_kernel "$big" 40
     decode_kernels "" 4
     decode_kernels -4bit-32x1 "$big" --compress-weight
     return 0
@@ -414,6 +417,33 @@ print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_call
     echo "== ncu${suffix:+ ($suffix)}: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
     limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$skip" \
         --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels$suffix.csv" 2>> "$OUT/kernels.log"
+}
+
+# Why a kernel reads below the card's rate: Nsight Compute's sections on one decode launch of it
+# (speed of light, memory workload, occupancy, warp states with their stall reasons, scheduler and
+# launch statistics) into .data/stalls-NAME.txt, where the half has time left. NAME KERNEL BATCH SKIP
+# flags...: opt-6.7b at BATCH x 1, the launch after the kernel's first SKIP (past its first decode
+# layers; prefill launches neither q4_rows_kernel nor attention_span_kernel).
+decode_stalls() {
+    local name=$1 kernel=$2 batch=$3 skip=$4 ncu left mem=$GPU_MEM
+    shift 4
+    [ "$batch" -le 4 ] || mem=$GPU_MEM_32
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    left=$(time_left)
+    if [ "$DRY" = 1 ] || [ -z "$ncu" ] || [ "$left" -lt 45 ]; then
+        echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$ncu" ] && echo "no ncu"; } || echo "too little time left")" \
+            > "$OUT/.data/stalls-$name.txt"
+        return
+    fi
+    local sections=() section
+    for section in SpeedOfLight MemoryWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats; do
+        sections+=(--section "$section")
+    done
+    echo "== ncu sections of $kernel, $batch x 1, launch $skip" >> "$OUT/kernels.log"
+    FLEXGEN_CUDA_GRAPHS=0 limited $((left - 10)) "$ncu" --kernel-name "$kernel" --launch-skip "$skip" --launch-count 1 \
+        "${sections[@]}" "$BIN" --quiet --device cuda --gpu-mem "$mem" --path "$WEIGHTS" --model opt-6.7b \
+        --prompt-len "$PROMPT" --percent 100 0 100 0 100 0 --gpu-batch-size "$batch" --num-gpu-batches 1 \
+        --gen-len 4 "$@" > "$OUT/.data/stalls-$name.txt" 2>> "$OUT/kernels.log"
 }
 
 run_half() { # HALF

@@ -3,7 +3,8 @@
 OUT/.data: the machine, each check's result, the speed table (this project beside FlexGen, with the
 counters of each run's busiest decode step and, on a card named below, the decode's share of the
 weights' read limit and prefill's of the dense fp16 peak), one decode step's kernels by GPU time
-and DRAM bytes read, and the big half's rows (OPT-175B 4-bit) beside the cost model's predictions.
+and DRAM bytes read, ncu's sections on one decode launch of two kernels, and the big half's rows
+(OPT-175B 4-bit) beside the cost model's predictions.
 """
 import csv
 import json
@@ -205,6 +206,17 @@ for name, weights, weight_mb, batch in (("kernels", "fp16", "13,300", 4), ("kern
         rate = "%.0f%%" % (100 * b / (t * 1e-9) / c[1]) if c and t > 0 else "-"
         print(f"| {cell(kernel)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% | "
               f"{b / steps / 1e6:.1f} | {rate} |")
+
+print("\n## Why two kernels read below the card's rate (Nsight Compute's sections, one decode launch)\n")
+for name, what in (("q4", "`q4_rows_kernel`, opt-6.7b's 4-bit products at 4 x 1"),
+                   ("attention", "`attention_span_kernel`, opt-6.7b at 32 x 1")):
+    text = read("stalls-" + name + ".txt").strip()
+    print(f"{what}:\n")
+    if not text.startswith("not measured") and "Section:" in text:
+        print("```\n" + text + "\n```\n")
+    else:
+        print((cell(text.splitlines()[-1]) if text else "Not measured") + " (kernels.log says why).\n")
+
 
 
 def predicted(name):
