@@ -384,6 +384,30 @@ do_big() {
     return 0
 }
 
+# Nsight Compute's path into the caller's $ncu and the half's seconds left into its $left; or, where
+# there is no GPU, no ncu or under 45 s left, why not into FILE (and fails).
+ncu_ready() { # FILE
+    local why=""
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    left=$(time_left)
+    if [ "$DRY" = 1 ]; then why="no GPU"
+    elif [ -z "$ncu" ]; then why="no ncu"
+    elif [ "$left" -lt 45 ]; then why="too little time left"
+    fi
+    [ -n "$why" ] || return 0
+    echo "not measured: $why" > "$1"
+    return 1
+}
+
+# The caller's $run: this project's flags for opt-6.7b all on the GPU at BATCH x 1, then flags...
+decode_run() { # BATCH flags...
+    local batch=$1 gpu_mem=$GPU_MEM
+    shift
+    [ "$batch" -le 4 ] || gpu_mem=$GPU_MEM_32
+    run=(--quiet --device cuda --gpu-mem "$gpu_mem" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
+        --percent 100 0 100 0 100 0 --gpu-batch-size "$batch" --num-gpu-batches 1 "$@")
+}
+
 # One decode step's kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu), into
 # .data/kernels$SUFFIX.csv: a run's own counters place a window of launches past every prefill
 # kernel (a cuBLAS product launches one kernel or two) and long enough to hold two whole decode
@@ -395,18 +419,10 @@ do_big() {
 # (FLEXGEN_CUDA_GRAPHS=0), so that the counters' launches are every kernel of the step (a graph's
 # are not among them).
 decode_kernels() {
-    local suffix=$1 batch=$2 ncu left skip count mem=$GPU_MEM
+    local suffix=$1 batch=$2 ncu left skip count run
     shift 2
-    [ "$batch" -le 4 ] || mem=$GPU_MEM_32
-    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
-    left=$(time_left)
-    if [ "$DRY" = 1 ] || [ -z "$ncu" ] || [ "$left" -lt 45 ]; then
-        echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$ncu" ] && echo "no ncu"; } || echo "too little time left")" \
-            > "$OUT/.data/kernels$suffix.txt"
-        return
-    fi
-    local run=(--quiet --device cuda --gpu-mem "$mem" --path "$WEIGHTS" --model opt-6.7b --prompt-len "$PROMPT"
-        --percent 100 0 100 0 100 0 --gpu-batch-size "$batch" --num-gpu-batches 1 "$@")
+    ncu_ready "$OUT/.data/kernels$suffix.txt" || return 0
+    decode_run "$batch" "$@"
     local -x FLEXGEN_CUDA_GRAPHS=0
     limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels$suffix-counts.json" \
         2>> "$OUT/kernels.log" || return
@@ -425,25 +441,17 @@ print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_call
 # flags...: opt-6.7b at BATCH x 1, the launch after the kernel's first SKIP (past its first decode
 # layers; prefill launches neither q4_rows_kernel nor attention_span_kernel).
 decode_stalls() {
-    local name=$1 kernel=$2 batch=$3 skip=$4 ncu left mem=$GPU_MEM
+    local name=$1 kernel=$2 batch=$3 skip=$4 ncu left run
     shift 4
-    [ "$batch" -le 4 ] || mem=$GPU_MEM_32
-    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
-    left=$(time_left)
-    if [ "$DRY" = 1 ] || [ -z "$ncu" ] || [ "$left" -lt 45 ]; then
-        echo "not measured: $([ "$DRY" = 1 ] && echo "no GPU" || { [ -z "$ncu" ] && echo "no ncu"; } || echo "too little time left")" \
-            > "$OUT/.data/stalls-$name.txt"
-        return
-    fi
+    ncu_ready "$OUT/.data/stalls-$name.txt" || return 0
+    decode_run "$batch" "$@"
     local sections=() section
     for section in SpeedOfLight MemoryWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats; do
         sections+=(--section "$section")
     done
     echo "== ncu sections of $kernel, $batch x 1, launch $skip" >> "$OUT/kernels.log"
     FLEXGEN_CUDA_GRAPHS=0 limited $((left - 10)) "$ncu" --kernel-name "$kernel" --launch-skip "$skip" --launch-count 1 \
-        "${sections[@]}" "$BIN" --quiet --device cuda --gpu-mem "$mem" --path "$WEIGHTS" --model opt-6.7b \
-        --prompt-len "$PROMPT" --percent 100 0 100 0 100 0 --gpu-batch-size "$batch" --num-gpu-batches 1 \
-        --gen-len 4 "$@" > "$OUT/.data/stalls-$name.txt" 2>> "$OUT/kernels.log"
+        "${sections[@]}" "$BIN" "${run[@]}" --gen-len 4 > "$OUT/.data/stalls-$name.txt" 2>> "$OUT/kernels.log"
 }
 
 run_half() { # HALF
