@@ -446,11 +446,12 @@ decode_stalls() {
     ncu_ready "$OUT/.data/stalls-$name.txt" || return 0
     decode_run "$batch" "$@"
     local sections=() section
+    local -x FLEXGEN_CUDA_GRAPHS=0
     for section in SpeedOfLight MemoryWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats; do
         sections+=(--section "$section")
     done
     echo "== ncu sections of $kernel, $batch x 1, launch $skip" >> "$OUT/kernels.log"
-    FLEXGEN_CUDA_GRAPHS=0 limited $((left - 10)) "$ncu" --kernel-name "$kernel" --launch-skip "$skip" --launch-count 1 \
+    limited $((left - 10)) "$ncu" --kernel-name "$kernel" --launch-skip "$skip" --launch-count 1 \
         "${sections[@]}" "$BIN" "${run[@]}" --gen-len 4 > "$OUT/.data/stalls-$name.txt" 2>> "$OUT/kernels.log"
 }
 

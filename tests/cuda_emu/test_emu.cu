@@ -458,14 +458,18 @@ static void test_device(void) {
     cuda_emu_set_capability(8, 6);
 }
 
+/* The products' operands: A 2 x 3, B 3 x 2 and A B, column-major. */
+static const float PRODUCT_A[6] = {1, 2, 3, 4, 5, 6}, PRODUCT_B[6] = {1, 0, 2, 1, 0, 3};
+static const float PRODUCT_AB[4] = {1 + 10, 2 + 12, 1 + 15, 2 + 18}; /* column by column */
+
 /* cuBLAS: a leading dimension under its rows is refused; a product is right. */
 static void test_cublas(void) {
     cublasHandle_t h;
     cublasCreate(&h);
-    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 2, 1, 0, 3}, c[4], *da, *db, *dc, one = 1, zero = 0;
-    cudaMalloc(&da, sizeof a), cudaMalloc(&db, sizeof b), cudaMalloc(&dc, sizeof c);
-    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
-    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    float c[4], *da, *db, *dc, one = 1, zero = 0;
+    cudaMalloc(&da, sizeof PRODUCT_A), cudaMalloc(&db, sizeof PRODUCT_B), cudaMalloc(&dc, sizeof c);
+    cudaMemcpy(da, PRODUCT_A, sizeof PRODUCT_A, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, PRODUCT_B, sizeof PRODUCT_B, cudaMemcpyHostToDevice);
     /* A is 2 x 3, B 3 x 2, column-major */
     CU_ASSERT_EQUAL(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, da, CUDA_R_32F, 1, db, CUDA_R_32F, 3,
                                  &zero, dc, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), CUBLAS_STATUS_INVALID_VALUE);
@@ -476,8 +480,7 @@ static void test_cublas(void) {
     CU_ASSERT_EQUAL(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, da, CUDA_R_16F, 2, db, CUDA_R_32F, 3,
                                  &zero, dc, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), CUBLAS_STATUS_NOT_SUPPORTED);
     cudaMemcpy(c, dc, sizeof c, cudaMemcpyDeviceToHost);
-    const float expected[4] = {1 + 10, 2 + 12, 1 + 15, 2 + 18}; /* A B, column by column */
-    CU_ASSERT(memcmp(c, expected, sizeof c) == 0);
+    CU_ASSERT(memcmp(c, PRODUCT_AB, sizeof c) == 0);
     cudaFree(da), cudaFree(db), cudaFree(dc);
     cublasDestroy(h);
 }
@@ -486,14 +489,13 @@ static void test_cublas(void) {
  * and D 2 x 2 (fp32, column-major), chosen with A's alignment preference `told` (0: none, 256 by
  * cublasLt's default), into c. */
 static void lt_product(size_t shift, uint32_t told, float c[4]) {
-    const float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 2, 1, 0, 3};
     float one = 1, zero = 0;
     char *base;
     float *db, *dc;
-    cudaMalloc(&base, sizeof a + shift), cudaMalloc(&db, sizeof b), cudaMalloc(&dc, 4 * sizeof(float));
+    cudaMalloc(&base, sizeof PRODUCT_A + shift), cudaMalloc(&db, sizeof PRODUCT_B), cudaMalloc(&dc, sizeof PRODUCT_AB);
     float *da = (float *)(base + shift);
-    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
-    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    cudaMemcpy(da, PRODUCT_A, sizeof PRODUCT_A, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, PRODUCT_B, sizeof PRODUCT_B, cudaMemcpyHostToDevice);
     cublasLtHandle_t lt;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -514,7 +516,7 @@ static void lt_product(size_t shift, uint32_t told, float c[4]) {
     CU_ASSERT_EQUAL_FATAL(n, 1);
     CU_ASSERT_EQUAL(cublasLtMatmul(lt, desc, &one, da, la, db, lb, &zero, dc, lc, dc, lc, &found.algo, NULL, 0, 0),
                     CUBLAS_STATUS_SUCCESS);
-    cudaMemcpy(c, dc, 4 * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(c, dc, sizeof PRODUCT_AB, cudaMemcpyDeviceToHost);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(desc);
@@ -526,14 +528,13 @@ static void lt_product(size_t shift, uint32_t told, float c[4]) {
  * aligned than that, D is NaN, as a GPU's kernel gives wrong sums; told A's alignment, the product
  * is right; an alignment that is not a power of two is refused. */
 static void test_cublaslt_alignment(void) {
-    const float expected[4] = {1 + 10, 2 + 12, 1 + 15, 2 + 18};
     float c[4];
     lt_product(0, 0, c);
-    CU_ASSERT(memcmp(c, expected, sizeof c) == 0);
+    CU_ASSERT(memcmp(c, PRODUCT_AB, sizeof c) == 0);
     lt_product(64, 0, c);
     CU_ASSERT(isnan(c[0]) && isnan(c[3]));
     lt_product(64, 64, c);
-    CU_ASSERT(memcmp(c, expected, sizeof c) == 0);
+    CU_ASSERT(memcmp(c, PRODUCT_AB, sizeof c) == 0);
     cublasLtMatmulPreference_t pref;
     uint32_t bad = 48;
     cublasLtMatmulPreferenceCreate(&pref);
