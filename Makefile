@@ -246,6 +246,27 @@ MATRIX ?= 1
 TALLY := build/test-tally
 TOTAL = awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' $(TALLY) /dev/null
 
+# Both binaries' run, for make test and test-san: $(1) the native test binary, $(2) the flexgen
+# it runs; $(3) the emulated one, $(4) its flexgen; $(5) both's environment (the sanitizers');
+# $(6) the emulated one's own (its threads' order); $(7) the native one's arguments where no
+# SUITE is named (the matrix). Where both run, the emulated binary runs beside the native one,
+# its output kept in suites.txt beside it and printed after the native one's: the emulated
+# suites run on one thread (most of the native ones' time is one thread too), and on a machine
+# of two cores the two together take the time of the longer. Beside them, OpenMP's threads in
+# the native binary spin as briefly as the emulated ones' (EMU_ENV). Where one runs (SUITE
+# names it), it runs in the foreground.
+suite_args = $(SUITE) $(if $(TEST),"$(TEST)")
+native_command = FLEXGEN_TEST_TALLY=$(TALLY) $(if $(run_emu),$(EMU_ENV)) FLEXGEN_BIN=$(2) $(5) $(1) $(if $(SUITE),$(suite_args),$(7))
+emu_command = FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) $(6) FLEXGEN_BIN=$(4) $(5) $(3) $(suite_args)
+emu_output = $(dir $(3))suites.txt
+define run_suites
+@rm -f $(TALLY); rc=0; \
+$(if $(run_emu),$(if $(run_native),($(emu_command) >$(emu_output) 2>&1) & emu=$$!;,$(emu_command) || rc=1;)) \
+$(if $(run_native),$(native_command) || rc=1;) \
+$(if $(run_emu),$(if $(run_native),wait $$emu || rc=1; cat $(emu_output);)) \
+$(TOTAL); exit $$rc
+endef
+
 # The whole run also checks the layout (scripts/check_layout.sh), that no file's calls come back
 # to it (scripts/call_graph.sh, from the compiled objects), that the docs' call graph and list of
 # suites agree with the code (scripts/check_docs.sh), that clang-format would change no source
@@ -262,10 +283,7 @@ test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTUR
 	  || { echo "$$bad: reads a build define, so it belongs in PER_BUILD_SRC (Makefile)"; exit 1; })
 	$(if $(SUITE),,python3 scripts/check_cuda_bugs.py --patterns && python3 scripts/check_exercises.py --patterns)
 	$(if $(SUITE),,bash scripts/check_deps.sh)
-	@rm -f $(TALLY); rc=0; \
-	$(if $(run_native),FLEXGEN_TEST_TALLY=$(TALLY) FLEXGEN_BIN=./flexgen ./build/test_flexgen $(if $(SUITE),$(SUITE) $(if $(TEST),"$(TEST)"),$(if $(filter 1,$(MATRIX)),--matrix)) || rc=1;) \
-	$(if $(run_emu),FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) FLEXGEN_BIN=./flexgen-emu ./build-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
-	$(TOTAL); exit $$rc
+	$(call run_suites,./build/test_flexgen,./flexgen,./build-emu/test_flexgen,./flexgen-emu,,,$(if $(filter 1,$(MATRIX)),--matrix))
 
 build-san/flexgen: $(call main_objs,build-san) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
@@ -282,17 +300,8 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
            LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-cuda.supp \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-# test-san runs the emulated GPU's binary beside the native one, its output kept in
-# build-san-emu/suites.txt and printed after the native one's: the emulated suites run on one
-# thread (most of the native ones' time is one thread too), and on a machine of two cores the
-# two together take the time of the longer. Beside them, OpenMP's threads in the native binary
-# spin as briefly as the emulated ones' (EMU_ENV).
 test-san: build-san/flexgen build-san/test_flexgen build-san-emu/flexgen build-san-emu/test_flexgen $(TOK_FIXTURES)
-	@rm -f $(TALLY); rc=0; \
-	$(if $(run_emu),(FLEXGEN_TEST_TALLY=$(TALLY) $(EMU_ENV) $(EMU_SAN_ORDER) FLEXGEN_BIN=./build-san-emu/flexgen $(SAN_ENV) ./build-san-emu/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") >build-san-emu/suites.txt 2>&1) & emu=$$!;) \
-	$(if $(run_native),FLEXGEN_TEST_TALLY=$(TALLY) $(if $(run_emu),$(EMU_ENV)) FLEXGEN_BIN=./build-san/flexgen $(SAN_ENV) ./build-san/test_flexgen $(SUITE) $(if $(TEST),"$(TEST)") || rc=1;) \
-	$(if $(run_emu),wait $$emu || rc=1; cat build-san-emu/suites.txt;) \
-	$(TOTAL); exit $$rc
+	$(call run_suites,./build-san/test_flexgen,./build-san/flexgen,./build-san-emu/test_flexgen,./build-san-emu/flexgen,$(SAN_ENV),$(EMU_SAN_ORDER),)
 
 # The GPU suite under compute-sanitizer's memcheck (a GPU machine; the suite skips without one).
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || echo $(CUDA_HOME)/bin/compute-sanitizer)
