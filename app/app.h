@@ -177,10 +177,11 @@ typedef struct {
     const char *hw;                   /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
-    int auto_policy;    /* --policy auto: search for the policy (§4.3) */
-    int schedule_given; /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
-    int evaluate;       /* flexgen policy --evaluate: predict the given policy, no search */
-    double max_latency; /* --max-latency: the search's bound on a block's latency */
+    int auto_policy;      /* --policy auto: search for the policy (§4.3) */
+    int schedule_given;   /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
+    int prompt_len_given; /* --prompt-len: refused beside given prompts, which it cannot size */
+    int evaluate;         /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency;   /* --max-latency: the search's bound on a block's latency */
     const char *text, *predictions, *compare; /* flexgen perplexity's files */
     ppl_options ppl;
     const char *ppl_flag; /* the first flag given that only flexgen perplexity takes */
@@ -232,7 +233,7 @@ int resolve_model_config(const char *model, model_config *cfg, char *err);
 int check_lengths(const cli_args *a, const model_config *cfg, char *err);
 void warn_special_ids(const char *model, const model_config *cfg);
 void default_hw_path(char *path, size_t n);
-int default_hw_file(char *path, size_t n, char *err);
+int default_hw_file(char *path, size_t n, char made[4096], char *err);
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err);
 int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg, int n_prompts,
                   const int lengths[2], int gbs, int ngb, fg_search_result *res, char *err);

@@ -336,8 +336,10 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
             rc = parse_schedule(v, &p->schedule, err);
             a->schedule_given = 1;
         } else if (!strcmp(f, "--path")) p->weight_dir = v;
-        else if (!strcmp(f, "--prompt-len")) rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
-        else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
+        else if (!strcmp(f, "--prompt-len")) {
+            rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
+            a->prompt_len_given = 1;
+        } else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
         else if (!strcmp(f, "--gpu-batch-size"))
             rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
         else if (!strcmp(f, "--num-gpu-batches"))
@@ -493,6 +495,9 @@ static int check_outputs_apart(const cli_args *a, char *err) {
 static int check_flags(const cli_args *a, char *err) {
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
+    if (a->prompt_len_given && (a->prompt_file || a->prompt_ids || a->n_prompt_texts))
+        return fg_fail(err, "--prompt-len: the length of synthetic prompts, and prompts are given "
+                            "(--prompt, --prompt-file or --prompt-ids); drop one of them");
     if (a->resume && !a->output)
         return fg_fail(err, "--resume: finishes the job of --output F; give it");
     if (a->output && !a->prompt_file && !a->prompt_ids && !a->n_prompt_texts)

@@ -139,7 +139,8 @@ int policy_command(cli_args *a, char *err) {
     return 0;
 }
 
-/* flexgen profile: measures this machine and saves the hardware file. */
+/* flexgen profile: measures this machine and saves the hardware file. The default file's
+ * directory, where the command makes it, goes again if the command fails (nothing left behind). */
 int profile_command(int argc, char **argv, char *err) {
     const char *dir = FG_DEFAULT_OFFLOAD_DIR, *out = NULL;
     char path[4200];
@@ -159,15 +160,22 @@ int profile_command(int argc, char **argv, char *err) {
             if (parse_device(argv[++i], &device, err)) return -1;
         }
     }
+    if (check_dir("--offload-dir", dir, err)) return -1;
+    char made[4096] = ""; /* the default file's directory, where this command makes it */
     if (!out) {
-        if (default_hw_file(path, sizeof path, err)) return -1;
+        if (default_hw_file(path, sizeof path, made, err)) return -1;
         out = path;
     }
-    if (fg_output_check("--out", out, err)) return -1; /* before a minute of measuring */
     fg_hardware hw;
-    if (check_dir("--offload-dir", dir, err)) return -1;
-    device = resolve_device(device, 1);
-    if (fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err)) return -1;
+    int rc = fg_output_check("--out", out, err); /* before a minute of measuring */
+    if (rc == 0) {
+        device = resolve_device(device, 1);
+        rc = fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err);
+    }
+    if (rc) {
+        if (made[0]) rmdir(made);
+        return -1;
+    }
     printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
            hw.ctog_bdw / GB, hw.gtoc_bdw_hidden / GB, hw.dtoc_bdw / GB, hw.ctod_bdw_g / GB);
     printf("matrix products %.1f (prefill) %.1f (decode) GFLOP/s, attention %.1f (prefill) %.1f "

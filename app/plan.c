@@ -68,28 +68,34 @@ void default_hw_path(char *path, size_t n) {
     snprintf(path, n, "%s/hardware.json", dir);
 }
 
-/* The default hardware file, its directory made if need be. */
-int default_hw_file(char *path, size_t n, char *err) {
-    char dir[4096];
-    default_weight_dir(dir, sizeof dir);
-    if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
+/* The default hardware file, its directory made if need be: `made` names the directory where
+ * this call made it (else it is empty), for a caller that fails to take away again. */
+int default_hw_file(char *path, size_t n, char made[4096], char *err) {
+    default_weight_dir(made, 4096);
+    int existed = access(made, F_OK) == 0;
+    if (mkdir_p(made)) return fg_fail(err, "%s: cannot create: %s", made, strerror(errno));
+    if (existed) made[0] = 0;
     default_hw_path(path, n);
     return 0;
 }
 
-/* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
+/* --hw FILE, or the default hardware file, measuring this machine once when there is none (a
+ * failure leaves no directory it made). */
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     if (a->hw) return fg_hardware_read(a->hw, hw, err);
-    char path[4200];
-    if (default_hw_file(path, sizeof path, err)) return -1;
+    char path[4200], made[4096];
+    if (default_hw_file(path, sizeof path, made, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     fprintf(stderr,
             "flexgen: no hardware file yet: profiling this machine once (about 30 s), "
             "saved to %s\n",
             path);
-    if (fg_profile(offload, a->policy.device, hw, 1, err)) return -1;
-    return fg_hardware_write(path, hw, err);
+    if (fg_profile(offload, a->policy.device, hw, 1, err) || fg_hardware_write(path, hw, err)) {
+        if (made[0]) rmdir(made);
+        return -1;
+    }
+    return 0;
 }
 
 /* Whether the hardware file is of the backend the device gets on this machine (a CPU file on the

@@ -146,7 +146,8 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
 /* Reads one prompt a line from path: token ids (tok == NULL), text, or (a name ending in .jsonl)
  * JSON objects, whose blank lines are skipped. A line may end in \r\n (a file written on
  * Windows): the \r is no part of a text prompt. A NUL byte ends no line: it is refused, as it
- * could only be a damaged or binary file. */
+ * could only be a damaged or binary file. An empty line of ids or text is refused too: it would
+ * be a prompt of BOS alone, more likely a slip than a wish (--prompt "" asks for one). */
 static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
                              char *err) {
     size_t size;
@@ -167,7 +168,8 @@ static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer
                      ? 0
                      : add_jsonl_prompt(p, path, line_no, line, tok, vocab, err);
         } else if (tok) {
-            rc = add_text_prompt(p, tok, line, len, NULL, err);
+            rc = len == 0 ? fg_fail(err, "%s line %d: empty prompt", path, line_no)
+                          : add_text_prompt(p, tok, line, len, NULL, err);
         } else {
             int *ids = NULL, n = 0;
             char *id = malloc(16);

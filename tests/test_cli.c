@@ -407,7 +407,7 @@ static void test_output_through_link(void) {
 }
 
 /* A text prompt file whose lines end in \r\n (written on Windows) holds the prompts of the same
- * file with \n: the same logits, not a \r token at each prompt's end. */
+ * file with \n: the same logits, not a \r token at each prompt's end; an empty line is refused. */
 static void test_prompt_file_crlf(void) {
     char *dir = make_temp_dir(), lf[4200], crlf[4200], logits[2][4200];
     snprintf(lf, sizeof lf, "%s", join(dir, "lf.txt"));
@@ -427,6 +427,12 @@ static void test_prompt_file_crlf(void) {
     EXPECT(a && b && n[0] == n[1] && !memcmp(a, b, n[0]), "prompts of \\r\\n lines: their logits differ from "
            "those of \\n lines");
     free(a), free(b);
+    /* an empty line (also one of \r\n alone) is refused, not run as a prompt of BOS alone */
+    const char *blank[] = {"In the beginning\n\nAnd God said\n", "In the beginning\r\n\r\n"};
+    for (int i = 0; i < 2; i++) {
+        write_text_file(lf, blank[i]);
+        EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", lf, "--gen-len", "2"), lf, "line 2", "empty prompt");
+    }
     rm_tree(dir);
     free(dir);
 }
@@ -440,6 +446,9 @@ static void test_prompt_too_long(void) {
     write_text_file(path, ids);
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
                 "60 tokens", "--gen-len 8", "need 67 positions", "the model has 64");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--prompt-len", "4"), "--prompt-len",
+                "prompts are given");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt", "Hi", "--prompt-len", "4"), "--prompt-len", "prompts are given");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "60", "--gen-len", "8"), "--prompt-len 60",
                 "--gen-len 8", "need 67 positions", "the model has 64");
     /* the last token generated is not fed back: 60 + 5 tokens need positions 0 .. 63 */
@@ -1977,6 +1986,22 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("profile", "--out", dir, "--offload-dir", dir), "--out", "not a regular file");
     EXPECT_FAIL(ARGS("profile", "--out", "", "--offload-dir", dir), "--out", "an empty path");
     CU_ASSERT_EQUAL(dir_entries(dir), 2); /* hw.json and bad.json */
+    /* a failed profile into the default hardware file leaves no directory of it behind: refused
+     * before it is made, or taken away again (a GPU asked for where there is none) */
+    char *cache = make_temp_dir(), *saved = getenv("XDG_CACHE_HOME"), why[FG_ERR_LEN];
+    saved = saved ? strdup(saved) : NULL;
+    setenv("XDG_CACHE_HOME", cache, 1);
+    EXPECT_FAIL(ARGS("profile", "--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
+    EXPECT(dir_entries(cache) == 0, "profile refused: %d entries left in XDG_CACHE_HOME", dir_entries(cache));
+    if (!fg_cuda_backend(why)) {
+        EXPECT_FAIL(ARGS("profile", "--device", "cuda", "--offload-dir", dir), "--device cuda", why);
+        EXPECT(dir_entries(cache) == 0, "profile on no GPU: %d entries left in XDG_CACHE_HOME", dir_entries(cache));
+    }
+    if (saved) setenv("XDG_CACHE_HOME", saved, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    free(saved);
+    rm_tree(cache);
+    free(cache);
     rm_tree(dir);
     free(dir);
 }
