@@ -6,13 +6,13 @@
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
  *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1086  best_policy            the shapes' LP optima, best first, rounded and checked
- *   799  solve_shape            Eq. (1) for one block shape: the LP's rows
- *   215  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   301  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   321  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   361  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   727  lp_solve               a dense two-phase simplex
+ *  1088  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   801  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *   219  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   304  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   324  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   364  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   730  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -189,8 +189,10 @@ static void host_terms(const model_config *c, const fg_workload *w, const fg_har
  * every 4-bit weight it uses and of the cache it reads (the rows it compresses are counted at
  * the same rate), and (beyond A.3) each GPU batch's read of the layer's working weights: fp16, or
  * the 4-bit bytes where the products read them as they are (the CPU always; CUDA in decode,
- * decoding them in registers, where its prefill widens them to fp16 first). fp16_bytes: a
- * layer's weights, the cache written in prefill and the cache read per decode step, as fp16. */
+ * decoding them in registers, where its prefill widens them to fp16 first). A GPU's decode
+ * attention decodes a 4-bit cache in registers too (its kernels take the codes), so there only
+ * the shares the CPU attends (delegated) are decompressed. fp16_bytes: a layer's weights, the
+ * cache written in prefill and the cache read per decode step, as fp16. */
 static void compute_reads(fg_linear *pre, fg_linear *gen, const fg_workload *w,
                           const fg_hardware *hw, const double fp16_bytes[3], int int8) {
     double weights16 = fp16_bytes[0];
@@ -201,7 +203,9 @@ static void compute_reads(fg_linear *pre, fg_linear *gen, const fg_workload *w,
         }
         if (w->compress_cache) {
             add(&pre[T_COMP], -1, fp16_bytes[1], hw->dequant_bdw);
-            add(&gen[T_COMP], -1, fp16_bytes[2], hw->dequant_bdw);
+            if (hw->gpu_is_host) add(&gen[T_COMP], -1, fp16_bytes[2], hw->dequant_bdw);
+            for (int k = X_CC; k <= X_CN && !hw->gpu_is_host && w->cpu_cache_compute; k++)
+                add(&gen[T_COMP], k, fp16_bytes[2], hw->dequant_bdw);
         }
     }
     if (hw->mem_bdw > 0) {
@@ -258,8 +262,7 @@ void fg_cost_model_build(const model_config *c, const fg_workload *w, const fg_h
     add(&gen[T_CTOD], X_CN, cache_new, hw->ctod_bdw_g);
     add(&gen[T_CTOD], X_HN, hidden_gen, hw->ctod_bdw_g);
     add(&gen[T_COMP], -1, bls * weights16, int8 ? hw->mm_flops_int8_g : hw->mm_flops_g);
-    /* attention: 4 bls (s + n/2) h1 FLOPs over the whole cache (A.3 writes it as its bytes); qw:
-     * q's width */
+    /* attention: 4 bls (s + n/2) qw FLOPs over the whole cache (A.3 writes them as its bytes) */
     double att = 4 * bls * (s + n / 2) * qw;
     decode_attention_terms(gen, w, hw, att, cache_gen, cache_new, kept);
     double fp16_bytes[3] = {weights16, cache_pre / kv, cache_gen * kept / kv};
@@ -752,8 +755,7 @@ int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objectiv
  * rounded, realized and checked, the best shapes tried first
  * ============================================================================================ */
 
-/* The prompts one run streams through a block of bls: those there are, at most stream_blocks
- * blocks. */
+/* The prompts a run streams through a block of bls: those there are, up to stream_blocks blocks. */
 static int streamed(const fg_search_request *r, int bls) {
     int prompts = r->max_block > 0 ? r->max_block : bls;
     return r->stream_blocks > 0 && prompts / r->stream_blocks > bls ? r->stream_blocks * bls

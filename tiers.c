@@ -8,11 +8,11 @@
  *    44  tier_take                the tiers: every byte taken here, or refused
  *   108  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   176  place_tensors            each tensor's home tier, by FlexGen's rule
- *   407  load_weights_into_homes  the weights written into their homes, once
- *   501  load_weight_at           a layer read ahead, converted into a staging arena
- *   605  shape_block              a block's buffers per tier; fg_check_plan below it
- *   795  keep_int8_columns        W's int8 columns made once where the plan has room
- *   939  alloc_block              a block's KV cache and activations on the tiers
+ *   405  load_weights_into_homes  the weights written into their homes, once
+ *   499  load_weight_at           a layer read ahead, converted into a staging arena
+ *   603  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   793  keep_int8_columns        W's int8 columns made once where the plan has room
+ *   937  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -293,8 +293,7 @@ weight_file weight_file_of(fg_model *m) {
                          m->rt->policy.verbose};
 }
 
-/* Frees every home of this stage's tensors (the disk homes' file is unmapped), and the staging
- * arenas. */
+/* Frees every home of this stage's tensors (the disk homes' file unmapped) and staging arenas. */
 void free_weight_homes(fg_model *m) {
     drop_int8_columns(m);
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
@@ -327,8 +326,7 @@ static int fill_stored(const fg_model *m, int i, const weight_source *src, void 
     return rc;
 }
 
-/* A home on the gpu tier: written in place where it is host memory, else sent through the
- * backend. */
+/* A home on the gpu tier: written in place where it is host memory, else through the backend. */
 static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, void *home,
                          char *err) {
     const fg_backend *be = m->rt->backend;

@@ -98,16 +98,21 @@ static void test_cost_by_hand(void) {
      * step) and the working weights read once per GPU batch (ngb 3 x 384 / mem_bdw) join the
      * compute term. On a GPU, prefill widens the 4-bit weights and reads them as fp16, decode's
      * products read the codes (36 / 128 of the bytes) and decode them in registers (no
-     * decompression term); the CPU backend's products read the codes in both, decoding them as
-     * they go (at dequant_bdw) */
+     * decompression term), and so does its attention the cache's: only the half of the cache the
+     * CPU attends (delegated, cc + cn) is decompressed; the CPU backend's products read the codes
+     * in both, decoding them as they go (at dequant_bdw), and it attends over all of the cache */
     fg_hardware hw = HW;
     hw.dequant_bdw = 8192, hw.mem_bdw = 16384;
     fg_cost_model_build(&CFG, &w, &hw, &m);
     double codes = 36.0 / 128 * 3 * 384.0 / 16384;
     double pre_comp = pre[T_COMP] + 384.0 / 8192 + 384.0 / 8192 + 3 * 384.0 / 16384;
-    double gen_comp = gen[T_COMP] + 528.0 / 8192 + codes;
+    double gen_comp = gen[T_COMP] + 0.5 * 528.0 / 8192 + codes;
     expect_terms_at(&m.pre[T_COMP], pre_comp, "prefill with decompression and weight reads, term comp");
     expect_terms_at(&m.gen[T_COMP], gen_comp, "decode with the codes read as stored, term comp");
+    w.cpu_cache_compute = 0; /* the GPU attends over all of the cache: nothing decompressed */
+    fg_cost_model_build(&CFG, &w, &hw, &m);
+    expect_terms_at(&m.gen[T_COMP], gen_moved[T_COMP] + codes, "decode, not delegated, 4-bit cache, term comp");
+    w.cpu_cache_compute = 1;
     hw.gpu_is_host = 1;
     fg_cost_model_build(&CFG, &w, &hw, &m);
     double host_gen_comp = gen[T_COMP] + 384.0 / 8192 + 528.0 / 8192 + codes;
@@ -133,7 +138,8 @@ static void test_cost_by_hand(void) {
  *   ctog       108 + (0.25 x 3/4 + 0.25) x 528 / 2 = 223.5
  *   comp       2304 / 512 + 3/4 x 528 / 2048
  * delegated, the CPU's attention over cc + cn takes 3/4 of its FLOPs too, and a 4-bit cache is
- * decompressed only where it is read (3/4 x 528 / 8192 more); prefill is dense. F = 1 is dense. */
+ * decompressed only where the CPU reads it (half of 3/4 x 528 / 8192 more: the GPU's attention
+ * decodes its half in registers); prefill is dense. F = 1 is dense. */
 static void test_cost_sparse_attention(void) {
     fg_workload w = {.s = 3, .n = 5, .gbs = 2, .ngb = 3, .attn_sparsity = 0.5f};
     fg_workload dense_w = w;
@@ -165,8 +171,8 @@ static void test_cost_sparse_attention(void) {
     fg_hardware hw = HW;
     hw.dequant_bdw = 8192;
     fg_cost_model_build(&CFG, &w, &hw, &m);
-    expect_terms_at(&m.gen[T_COMP], delegated + 0.75 * 528 / 8192,
-                    "decode, sparsity 0.5, 4-bit cache decompressed where read, term comp");
+    expect_terms_at(&m.gen[T_COMP], delegated + 0.5 * 0.75 * 528 / 8192,
+                    "decode, sparsity 0.5, 4-bit cache decompressed where the CPU reads it, term comp");
 }
 
 /* A GPU's host, launch 2^-10 s and wait 2^-8 s, on the configuration above (an OPT layer: 16
