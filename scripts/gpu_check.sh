@@ -20,7 +20,8 @@
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
 #          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; decode_kernels below says
 #          how), and ncu's warp-state and memory sections on one decode launch of the 4-bit product
-#          (4 x 1) and of attention (32 x 1) (decode_stalls). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
+#          (4 x 1) and of attention (32 x 1) (decode_stalls), and one prefill layer's kernels at
+#          32 x 1 (prefill_kernels). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
 #          about 30 token/s).
 #          Each row of ours gives the counters of its busiest decode step (host waits, launches,
 #          cuBLAS products, copies in), and where the card is known, the decode's share of the
@@ -334,6 +335,7 @@ do_speed() {
     decode_kernels -4bit 4 --compress-weight
     decode_stalls q4 q4_rows_kernel 4 64 --compress-weight
     decode_stalls attention attention_span_kernel "$big" 40
+    prefill_kernels -32x1 "$big"
     decode_kernels "" 4
     decode_kernels -4bit-32x1 "$big" --compress-weight
     return 0
@@ -433,6 +435,28 @@ print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_call
     echo "== ncu${suffix:+ ($suffix)}: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
     limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$skip" \
         --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels$suffix.csv" 2>> "$OUT/kernels.log"
+}
+
+# One prefill layer's kernels by GPU time and DRAM bytes read, from Nsight Compute, into
+# .data/prefill$SUFFIX.csv: a run's own counters give prefill's launches (a cuBLAS product launches
+# one kernel or two: an upper bound), and the window is their second thirty-second, about one of
+# opt-6.7b's 32 layers past the first (the report divides by prefill_softmax_kernel's launches, one
+# a sequence and layer). SUFFIX BATCH flags...: -32x1 32 for fp16 weights at 32 x 1, where
+# FlexGen's prefill is the faster.
+prefill_kernels() {
+    local suffix=$1 batch=$2 ncu left count run
+    shift 2
+    ncu_ready "$OUT/.data/prefill$suffix.txt" || return 0
+    decode_run "$batch" "$@"
+    local -x FLEXGEN_CUDA_GRAPHS=0
+    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 1 > "$OUT/.data/prefill$suffix-counts.json" \
+        2>> "$OUT/kernels.log" || return
+    count=$("$PYTHON" -c 'import json, sys
+p = json.load(open(sys.argv[1]))["device_counts"]["prefill"]
+print((p["launches"] + 2 * p["blas_calls"]) // 32)' "$OUT/.data/prefill$suffix-counts.json")
+    echo "== ncu prefill${suffix:+ ($suffix)}: launches $count to $((2 * count))" >> "$OUT/kernels.log"
+    limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$count" \
+        --launch-count "$count" "$BIN" "${run[@]}" --gen-len 1 > "$OUT/.data/prefill$suffix.csv" 2>> "$OUT/kernels.log"
 }
 
 # Why a kernel reads below the card's rate: Nsight Compute's sections on one decode launch of it

@@ -3,7 +3,8 @@
 OUT/.data: the machine, each check's result, the speed table (this project beside FlexGen, with the
 counters of each run's busiest decode step and, on a card named below, the decode's share of the
 weights' read limit and prefill's of the dense fp16 peak), one decode step's kernels by GPU time
-and DRAM bytes read, ncu's sections on one decode launch of two kernels, and the big half's rows
+and DRAM bytes read, one prefill layer's, ncu's sections on one decode launch of two kernels, and
+the big half's rows
 (OPT-175B 4-bit) beside the cost model's predictions.
 """
 import csv
@@ -206,6 +207,32 @@ for name, weights, weight_mb, batch in (("kernels", "fp16", "13,300", 4), ("kern
         rate = "%.0f%%" % (100 * b / (t * 1e-9) / c[1]) if c and t > 0 else "-"
         print(f"| {cell(kernel)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% | "
               f"{b / steps / 1e6:.1f} | {rate} |")
+
+# opt-6.7b's products a prefill layer: 2 FLOPs a weight (12 h^2 of them, h = 4096) a token of 32 x 512
+PREFILL_LAYER_FLOPS = 2 * 12 * 4096 ** 2 * 32 * 512
+print("\n## One prefill layer's kernels by GPU time (opt-6.7b, 32 x 1, all on the GPU, fp16 weights)\n")
+window = kernel_window("prefill-32x1")
+layers = window.get("prefill_softmax_kernel", [0, 0, 0])[1] / 32 if window else 0
+if not layers:
+    print(cell(read("prefill-32x1.txt")) or "Not measured (kernels.log says why).")
+else:
+    total = sum(t for t, _, _ in window.values()) / layers
+    products = sum(t for k, (t, _, _) in window.items() if "gemm" in k.lower() or "nvjet" in k or "xmma" in k) / layers
+    c = card()
+    m = ours("opt-6.7b-32x1")
+    measured = f"; the row's whole prefill took {m['prefill_latency'] * 1e3:.0f} ms" if isinstance(m, dict) else ""
+    rate = f", {PREFILL_LAYER_FLOPS / (products * 1e-9) / c[2]:.0%} of the card's dense fp16 peak" if c and products else ""
+    print(f"ncu's kernel times and DRAM bytes read over a window of {layers:.2f} layers (prefill_softmax_kernel's")
+    print(f"launches, one a sequence and layer), divided by the layers: {total / 1e3:.0f} us of kernels a layer, "
+          f"{32 * total / 1e6:.0f} ms over the 32 layers{measured}.")
+    print(f"The products (cuBLAS's kernels) take {products / 1e3:.0f} us a layer for its "
+          f"{PREFILL_LAYER_FLOPS / 1e12:.1f} TFLOP of weight products{rate} (attention's own products, about")
+    print("2% more FLOPs, run among them).\n")
+    print("| kernel | launches a layer | us a layer | share of time | MB read a layer |")
+    print("|---|---|---|---|---|")
+    for kernel, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
+        print(f"| {cell(kernel)[:80]} | {n / layers:.1f} | {t / layers / 1e3:.1f} | {100 * t / layers / total:.0f}% | "
+              f"{b / layers / 1e6:.1f} |")
 
 print("\n## Why two kernels read below the card's rate (Nsight Compute's sections, one decode launch)\n")
 for name, what in (("q4", "`q4_rows_kernel`, opt-6.7b's 4-bit products at 4 x 1"),
