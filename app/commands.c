@@ -172,10 +172,7 @@ int profile_command(int argc, char **argv, char *err) {
         device = resolve_device(device, 1);
         rc = fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err);
     }
-    if (rc) {
-        if (made[0]) rmdir(made);
-        return -1;
-    }
+    if (rc) return drop_made_dir(made);
     printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
            hw.ctog_bdw / GB, hw.gtoc_bdw_hidden / GB, hw.dtoc_bdw / GB, hw.ctod_bdw_g / GB);
     printf("matrix products %.1f (prefill) %.1f (decode) GFLOP/s, attention %.1f (prefill) %.1f "

@@ -79,6 +79,12 @@ int default_hw_file(char *path, size_t n, char made[4096], char *err) {
     return 0;
 }
 
+/* After default_hw_file, a failure's way out: the directory it made (if any) goes again; -1. */
+int drop_made_dir(const char *made) {
+    if (made[0]) rmdir(made);
+    return -1;
+}
+
 /* --hw FILE, or the default hardware file, measuring this machine once when there is none (a
  * failure leaves no directory it made). */
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
@@ -91,10 +97,8 @@ int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
             "flexgen: no hardware file yet: profiling this machine once (about 30 s), "
             "saved to %s\n",
             path);
-    if (fg_profile(offload, a->policy.device, hw, 1, err) || fg_hardware_write(path, hw, err)) {
-        if (made[0]) rmdir(made);
-        return -1;
-    }
+    if (fg_profile(offload, a->policy.device, hw, 1, err) || fg_hardware_write(path, hw, err))
+        return drop_made_dir(made);
     return 0;
 }
 

@@ -1988,18 +1988,14 @@ static void test_policy_bad_input(void) {
     CU_ASSERT_EQUAL(dir_entries(dir), 2); /* hw.json and bad.json */
     /* a failed profile into the default hardware file leaves no directory of it behind: refused
      * before it is made, or taken away again (a GPU asked for where there is none) */
-    char *cache = make_temp_dir(), *saved = getenv("XDG_CACHE_HOME"), why[FG_ERR_LEN];
-    saved = saved ? strdup(saved) : NULL;
-    setenv("XDG_CACHE_HOME", cache, 1);
+    char *cache = make_temp_dir(), *saved = env_put("XDG_CACHE_HOME", cache), why[FG_ERR_LEN];
     EXPECT_FAIL(ARGS("profile", "--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
     EXPECT(dir_entries(cache) == 0, "profile refused: %d entries left in XDG_CACHE_HOME", dir_entries(cache));
     if (!fg_cuda_backend(why)) {
         EXPECT_FAIL(ARGS("profile", "--device", "cuda", "--offload-dir", dir), "--device cuda", why);
         EXPECT(dir_entries(cache) == 0, "profile on no GPU: %d entries left in XDG_CACHE_HOME", dir_entries(cache));
     }
-    if (saved) setenv("XDG_CACHE_HOME", saved, 1);
-    else unsetenv("XDG_CACHE_HOME");
-    free(saved);
+    env_restore("XDG_CACHE_HOME", saved);
     rm_tree(cache);
     free(cache);
     rm_tree(dir);
@@ -2385,12 +2381,7 @@ static char *blas_run(const char *coretype, int low, const char *forced, const c
     static const char *const names[] = {"OPENBLAS_CORETYPE", "FLEXGEN_TEST_BLAS_LOW", "FLEXGEN_BLAS_CORE_FORCED"};
     const char *values[] = {coretype, low ? "1" : NULL, forced};
     char *saved[3];
-    for (int i = 0; i < 3; i++) {
-        const char *v = getenv(names[i]);
-        saved[i] = v ? strdup(v) : NULL;
-        if (values[i]) setenv(names[i], values[i], 1);
-        else unsetenv(names[i]);
-    }
+    for (int i = 0; i < 3; i++) saved[i] = env_put(names[i], values[i]);
     const char *argv[40] = {"timeout", "120", flexgen_bin(), "--model", tiny_dir, "--prompt-ids",
                             tiny_prompts, "--gen-len", "2", "--quiet", "--device", "cpu"};
     int n = 12;
@@ -2398,11 +2389,7 @@ static char *blas_run(const char *coretype, int low, const char *forced, const c
     argv[n] = NULL;
     char *out, *err;
     int rc = run_command(argv, NULL, &out, &err);
-    for (int i = 0; i < 3; i++) {
-        if (saved[i]) setenv(names[i], saved[i], 1);
-        else unsetenv(names[i]);
-        free(saved[i]);
-    }
+    for (int i = 0; i < 3; i++) env_restore(names[i], saved[i]);
     EXPECT(rc == 0 && !err[0], "OPENBLAS_CORETYPE=%s%s%s: expected exit 0 and nothing on stderr, got %d "
            "(124: still running after 120 s): %s", coretype ? coretype : "(unset)",
            low ? " FLEXGEN_TEST_BLAS_LOW=1" : "", forced ? " FLEXGEN_BLAS_CORE_FORCED" : "", rc, err);

@@ -1142,9 +1142,7 @@ static void test_outputs_apart_from_inputs(void) {
     EXPECT(special_text && special_after && !strcmp(special_text, special_after) && config_before && config_after_tok &&
            !strcmp(config_before, config_after_tok), "refused outputs changed a file read beside --vocab or --tokenizer");
     free(special_text), free(special_after), free(config_before), free(config_after_tok);
-    const char *cache = getenv("XDG_CACHE_HOME");
-    char *saved = cache ? strdup(cache) : NULL;
-    setenv("XDG_CACHE_HOME", dir, 1); /* the default hardware file: dir/flexgen/hardware.json */
+    char *saved = env_put("XDG_CACHE_HOME", dir); /* the default hardware file: dir/flexgen/hardware.json */
     snprintf(hw, sizeof hw, "%s/flexgen", dir);
     CU_ASSERT_FATAL(mkdir(hw, 0755) == 0);
     strcat(hw, "/hardware.json");
@@ -1161,9 +1159,7 @@ static void test_outputs_apart_from_inputs(void) {
     default_weight_dir(cache_dir, sizeof cache_dir);
     EXPECT(cache_dir[0] == '/' && !strstr(cache_dir, "relative-cache"),
            "XDG_CACHE_HOME=relative-cache: the default directory is %s, expected an absolute one past it", cache_dir);
-    if (saved) setenv("XDG_CACHE_HOME", saved, 1);
-    else unsetenv("XDG_CACHE_HOME");
-    free(saved);
+    env_restore("XDG_CACHE_HOME", saved);
     rm_tree(dir);
     free(dir);
 }
