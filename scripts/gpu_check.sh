@@ -18,10 +18,10 @@
 #          timed); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
-#          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; decode_kernels below says
+#          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; ncu_window below says
 #          how), and ncu's warp-state and memory sections on one decode launch of the 4-bit product
 #          (4 x 1) and of attention (32 x 1) (decode_stalls), and one prefill layer's kernels at
-#          32 x 1 (prefill_kernels). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
+#          32 x 1 (ncu_window). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
 #          about 30 token/s).
 #          Each row of ours gives the counters of its busiest decode step (host waits, launches,
 #          cuBLAS products, copies in), and where the card is known, the decode's share of the
@@ -331,13 +331,13 @@ do_speed() {
     row opt-13b-offloaded opt-13b "$o" 1 "${offloaded[@]}"
     row llama-2-7b-fp16 llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4
     row llama-2-7b-4bit llama-2-7b "$g" 0 "${gpu[@]}" --gpu-batch-size 4 --compress-weight
-    decode_kernels -32x1 "$big"
-    decode_kernels -4bit 4 --compress-weight
+    ncu_window kernels-32x1 "$big" decode
+    ncu_window kernels-4bit 4 decode --compress-weight
     decode_stalls q4 q4_rows_kernel 4 64 --compress-weight
     decode_stalls attention attention_span_kernel "$big" 40
-    prefill_kernels -32x1 "$big"
-    decode_kernels "" 4
-    decode_kernels -4bit-32x1 "$big" --compress-weight
+    ncu_window prefill-32x1 "$big" prefill
+    ncu_window kernels 4 decode
+    ncu_window kernels-4bit-32x1 "$big" decode --compress-weight
     return 0
 }
 
@@ -410,53 +410,33 @@ decode_run() { # BATCH flags...
         --percent 100 0 100 0 100 0 --gpu-batch-size "$batch" --num-gpu-batches 1 "$@")
 }
 
-# One decode step's kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu), into
-# .data/kernels$SUFFIX.csv: a run's own counters place a window of launches past every prefill
-# kernel (a cuBLAS product launches one kernel or two) and long enough to hold two whole decode
-# steps; the report divides the window's sums by the steps in it (attention_merge_kernel, or
-# attention_kernel or attention_q4_kernel, runs once a layer and step). SUFFIX BATCH flags...: -32x1
-# 32 for fp16 weights at 32 x 1 (attention's share of the read rate is measured there), -4bit 4
-# --compress-weight for 4-bit ones at 4 x 1, "" 4 and -4bit-32x1 32 (these last), each while the
-# half has time left. Every run launches each kernel on its own
-# (FLEXGEN_CUDA_GRAPHS=0), so that the counters' launches are every kernel of the step (a graph's
-# are not among them).
-decode_kernels() {
-    local suffix=$1 batch=$2 ncu left skip count run
-    shift 2
-    ncu_ready "$OUT/.data/kernels$suffix.txt" || return 0
+# Kernels by GPU time and DRAM bytes read, from Nsight Compute (ncu), over a window of launches
+# that a first run's own counters place (--json's device_counts; a cuBLAS product launches one
+# kernel or two, so twice its calls bound its launches), into .data/NAME.csv. NAME BATCH PART
+# flags...: opt-6.7b at BATCH x 1, PART decode (a window past every prefill kernel and long enough
+# to hold two whole decode steps of 24 tokens; the report divides the window's sums by the steps in
+# it: attention_merge_kernel, or attention_kernel or attention_q4_kernel, runs once a layer and
+# step) or prefill (the second thirty-second of prefill's launches, about one of its 32 layers
+# past the first; the report divides by prefill_softmax_kernel's launches, one a sequence and
+# layer). Every run launches each kernel on its own (FLEXGEN_CUDA_GRAPHS=0), so that the counters'
+# launches are every kernel (a graph's are not among them).
+ncu_window() {
+    local name=$1 batch=$2 part=$3 ncu left skip count run gen=24
+    shift 3
+    [ "$part" = decode ] || gen=1
+    ncu_ready "$OUT/.data/$name.txt" || return 0
     decode_run "$batch" "$@"
     local -x FLEXGEN_CUDA_GRAPHS=0
-    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/kernels$suffix-counts.json" \
+    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 2 > "$OUT/.data/$name-counts.json" \
         2>> "$OUT/kernels.log" || return
     read -r skip count < <("$PYTHON" -c 'import json, sys
 c = json.load(open(sys.argv[1]))["device_counts"]
 p, s = c["prefill"], c["decode_step_most"]
-print(p["launches"] + 2 * p["blas_calls"], 2 * (s["launches"] + 2 * s["blas_calls"]))' "$OUT/.data/kernels$suffix-counts.json")
-    echo "== ncu${suffix:+ ($suffix)}: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
+p, s = p["launches"] + 2 * p["blas_calls"], s["launches"] + 2 * s["blas_calls"]
+print(*{"decode": (p, 2 * s), "prefill": (p // 32, p // 32)}[sys.argv[2]])' "$OUT/.data/$name-counts.json" "$part")
+    echo "== ncu, $name: launches $skip to $((skip + count))" >> "$OUT/kernels.log"
     limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$skip" \
-        --launch-count "$count" "$BIN" "${run[@]}" --gen-len 24 > "$OUT/.data/kernels$suffix.csv" 2>> "$OUT/kernels.log"
-}
-
-# One prefill layer's kernels by GPU time and DRAM bytes read, from Nsight Compute, into
-# .data/prefill$SUFFIX.csv: a run's own counters give prefill's launches (a cuBLAS product launches
-# one kernel or two: an upper bound), and the window is their second thirty-second, about one of
-# opt-6.7b's 32 layers past the first (the report divides by prefill_softmax_kernel's launches, one
-# a sequence and layer). SUFFIX BATCH flags...: -32x1 32 for fp16 weights at 32 x 1, where
-# FlexGen's prefill is the faster.
-prefill_kernels() {
-    local suffix=$1 batch=$2 ncu left count run
-    shift 2
-    ncu_ready "$OUT/.data/prefill$suffix.txt" || return 0
-    decode_run "$batch" "$@"
-    local -x FLEXGEN_CUDA_GRAPHS=0
-    limited $((left - 10)) "$BIN" "${run[@]}" --json --gen-len 1 > "$OUT/.data/prefill$suffix-counts.json" \
-        2>> "$OUT/kernels.log" || return
-    count=$("$PYTHON" -c 'import json, sys
-p = json.load(open(sys.argv[1]))["device_counts"]["prefill"]
-print((p["launches"] + 2 * p["blas_calls"]) // 32)' "$OUT/.data/prefill$suffix-counts.json")
-    echo "== ncu prefill${suffix:+ ($suffix)}: launches $count to $((2 * count))" >> "$OUT/kernels.log"
-    limited $((left - 10)) "$ncu" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --launch-skip "$count" \
-        --launch-count "$count" "$BIN" "${run[@]}" --gen-len 1 > "$OUT/.data/prefill$suffix.csv" 2>> "$OUT/kernels.log"
+        --launch-count "$count" "$BIN" "${run[@]}" --gen-len "$gen" > "$OUT/.data/$name.csv" 2>> "$OUT/kernels.log"
 }
 
 # Why a kernel reads below the card's rate: Nsight Compute's sections on one decode launch of it
