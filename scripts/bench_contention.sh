@@ -19,9 +19,9 @@ decode() { # env..., prints the run's decode token/s
 }
 echo "flags: ${flags[*]}, OMP_NUM_THREADS=${OMP_NUM_THREADS:-all cores}"
 printf '%-22s %10s %10s %10s %8s\n' spin alone "beside 1" "beside 2" ratio
-for r in $(seq "$rounds"); do
+for _ in $(seq "$rounds"); do
     for spin in 1000 300000; do
-        env=(GOMP_SPINCOUNT=$spin)
+        env=("GOMP_SPINCOUNT=$spin")
         [ $spin = 1000 ] && env=(FLEXGEN_BENCH=1) # ./flexgen's own setting
         alone=$(decode "${env[@]}")
         decode "${env[@]}" > "$work/a" & decode "${env[@]}" > "$work/b" & wait

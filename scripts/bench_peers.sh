@@ -221,9 +221,11 @@ run_engine() { # engine cfg round
     local -a cmd
     case "$engine" in
         flexgen|flexgen-4bit|flexgen-int8|flexgen-bf16)
+            local -a extra
+            read -r -a extra <<< "$(flexgen_flags "$engine")"
             cmd=(./flexgen --model "$ckpt" --prompt-ids "$pf" --gen-len "$glen"
                 --gpu-batch-size "$batch" --num-gpu-batches 1 --device cpu --json --quiet
-                $(flexgen_flags "$engine")) ;;
+                ${extra[@]+"${extra[@]}"}) ;;
         ct2-fp32|ct2-int8)
             local q=float32
             [ "$engine" = ct2-int8 ] && q=int8

@@ -31,7 +31,7 @@ COMMON=(--model "$MODEL" --prompt-ids "$OUT/prompts.txt" --gen-len "$GEN_LEN" --
         --num-gpu-batches "$NGB" --cpu-mem "$CPU_MEM" --path "$WEIGHTS" --offload-dir "$OFFLOAD"
         --device cpu --quiet --json)
 # One stage: as much of the weights on the cpu tier as --cpu-mem holds, the rest on disk.
-ONE=(--percent 0 ${ONE_CPU_PERCENT:-45} 100 0 100 0)
+ONE=(--percent 0 "${ONE_CPU_PERCENT:-45}" 100 0 100 0)
 # Two stages: each one's half of the layers on its cpu tier.
 TWO=(--percent 0 100 100 0 100 0)
 

@@ -73,7 +73,7 @@ export OMP_NUM_THREADS="$THREADS"
 mkdir -p build "$(dirname "$RESULTS")"
 BLAS=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
 gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
-gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I/usr/include/$(gcc -print-multiarch)/openblas-openmp \
+gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I"/usr/include/$(gcc -print-multiarch)/openblas-openmp" \
     -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c -L"$BLAS" -Wl,-rpath,"$BLAS" -lopenblas
 
 read -r H FFN < <(python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_pytorch import MODELS

@@ -15,7 +15,7 @@
 #        scripts/check_docs.sh; make test passes build/obj). Prints a line a case; the last,
 #        "N passed, N failed"; exits 1 if a case failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 root=$(pwd)
 objects=$(cd "${1:-build/obj}" && pwd) || { echo "check_checks.sh: no objects in ${1:-build/obj}" >&2; exit 2; }
 work=$(mktemp -d)

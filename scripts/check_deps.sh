@@ -8,7 +8,7 @@
 # its flags file held old): it must compile the object again.
 # Usage: bash scripts/check_deps.sh   (after a build; make test runs it; exits 1 on a miss)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 make=${MAKE:-make}
 fail=0
 check() { # object, a file its source includes

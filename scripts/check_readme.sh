@@ -10,7 +10,7 @@
 # Prints `same` or `DIFF` per sample (with the first differing line), then `N passed, M failed`;
 # exits 1 if any sample differs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 - "$work" <<'PY'

@@ -62,7 +62,7 @@ else
     echo "ok    files over 1,500 lines: none"
 fi
 
-c_flags=$(MAKEFLAGS= make -s print-cflags | sed 's/-Werror//; s/-O2//')
+c_flags=$(MAKEFLAGS='' make -s print-cflags | sed 's/-Werror//; s/-O2//')
 cu_flags="-x c++ -std=c++17 -I. -Itests/cuda_emu -DFLEXGEN_CUDA_EMU"
 commas=$(python3 - "$c_flags" "$cu_flags" $files <<'PY'
 import os, re, subprocess, sys

@@ -9,7 +9,7 @@
 #
 # FUZZ_RUNS=N stops each target after N executions instead, SECONDS then being a bound.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 
 seconds=${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}
 shift
