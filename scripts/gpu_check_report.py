@@ -178,6 +178,22 @@ def kernel_window(name):
     return sums or None
 
 
+def kernel_table(window, per, unit, read_rate=None):
+    """The window's 15 longest kernels, each's launches, time and bytes divided by `per` (decode
+    steps, or layers) a `unit`; where read_rate is given (0: the card is not known), a column of the
+    kernel's bytes over its time as a share of it."""
+    total = sum(t for t, _, _ in window.values())
+    rate_head, rate_rule = (" share of read rate |", "---|") if read_rate is not None else ("", "")
+    print(f"| kernel | launches a {unit} | us a {unit} | share of time | MB read a {unit} |{rate_head}")
+    print(f"|---|---|---|---|---|{rate_rule}")
+    for kernel, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
+        rate = ""
+        if read_rate is not None:
+            rate = " %.0f%% |" % (100 * b / (t * 1e-9) / read_rate) if read_rate and t > 0 else " - |"
+        print(f"| {cell(kernel)[:80]} | {n / per:.1f} | {t / per / 1e3:.1f} | {100 * t / total:.0f}% | "
+              f"{b / per / 1e6:.1f} |{rate}")
+
+
 LAYERS = 32  # opt-6.7b's: attention runs once a layer and decode step (its merge, where split)
 # opt-6.7b's weights: 6.44e9 in its layers and 0.21e9 in lm_head, 2 bytes each in fp16 and 9/16 of
 # one in 4-bit (a byte a pair of codes, and a group of 64's fp16 min and scale)
@@ -201,18 +217,13 @@ for name, weights, weight_mb, batch in (("kernels", "fp16", "13,300", 4), ("kern
     print(f"keys and values {batch} x 544 x 32 layers x 2 x 8 KB = {batch * 544 * 32 * 2 * 8192 / 1e6:,.0f} MB at the step's end. "
           "Share: of the")
     print("card's datasheet read rate, the kernel's bytes over its time.\n")
-    print("| kernel | launches a step | us a step | share of time | MB read a step | share of read rate |")
-    print("|---|---|---|---|---|---|")
-    for kernel, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
-        rate = "%.0f%%" % (100 * b / (t * 1e-9) / c[1]) if c and t > 0 else "-"
-        print(f"| {cell(kernel)[:80]} | {n / steps:.1f} | {t / steps / 1e3:.1f} | {100 * t / steps / total:.0f}% | "
-              f"{b / steps / 1e6:.1f} | {rate} |")
+    kernel_table(window, steps, "step", c[1] if c else 0)
 
 # opt-6.7b's products a prefill layer: 2 FLOPs a weight (12 h^2 of them, h = 4096) a token of 32 x 512
 PREFILL_LAYER_FLOPS = 2 * 12 * 4096 ** 2 * 32 * 512
 print("\n## One prefill layer's kernels by GPU time (opt-6.7b, 32 x 1, all on the GPU, fp16 weights)\n")
 window = kernel_window("prefill-32x1")
-layers = window.get("prefill_softmax_kernel", [0, 0, 0])[1] / 32 if window else 0
+layers = window.get("prefill_softmax_kernel", [0, 0, 0])[1] / 32 if window else 0  # 32 sequences
 if not layers:
     print(cell(read("prefill-32x1.txt")) or "Not measured (kernels.log says why).")
 else:
@@ -224,15 +235,11 @@ else:
     rate = f", {PREFILL_LAYER_FLOPS / (products * 1e-9) / c[2]:.0%} of the card's dense fp16 peak" if c and products else ""
     print(f"ncu's kernel times and DRAM bytes read over a window of {layers:.2f} layers (prefill_softmax_kernel's")
     print(f"launches, one a sequence and layer), divided by the layers: {total / 1e3:.0f} us of kernels a layer, "
-          f"{32 * total / 1e6:.0f} ms over the 32 layers{measured}.")
+          f"{LAYERS * total / 1e6:.0f} ms over the {LAYERS} layers{measured}.")
     print(f"The products (cuBLAS's kernels) take {products / 1e3:.0f} us a layer for its "
           f"{PREFILL_LAYER_FLOPS / 1e12:.1f} TFLOP of weight products{rate} (attention's own products, about")
     print("2% more FLOPs, run among them).\n")
-    print("| kernel | launches a layer | us a layer | share of time | MB read a layer |")
-    print("|---|---|---|---|---|")
-    for kernel, (t, n, b) in sorted(window.items(), key=lambda kv: -kv[1][0])[:15]:
-        print(f"| {cell(kernel)[:80]} | {n / layers:.1f} | {t / layers / 1e3:.1f} | {100 * t / layers / total:.0f}% | "
-              f"{b / layers / 1e6:.1f} |")
+    kernel_table(window, layers, "layer")
 
 print("\n## Why two kernels read below the card's rate (Nsight Compute's sections, one decode launch)\n")
 for name, what in (("q4", "`q4_rows_kernel`, opt-6.7b's 4-bit products at 4 x 1"),
