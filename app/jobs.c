@@ -397,9 +397,7 @@ static int open_failed(const char *path, int e, char *err) {
  * between the open and the lock is opened again. */
 static int lock_output(job_output *o, char *err) {
     for (int tries = 0; tries < 8; tries++) {
-        int fd = open(o->path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644),
-            created = fd >= 0;
-        if (created) fg_watch_new_output(fd, o->path); /* at once: a stop from here on removes it */
+        int fd = fg_create_new_output(o->path), created = fd >= 0;
         if (fd < 0 && errno == EEXIST) {
             fd = open(o->path, O_RDWR | O_APPEND | O_CLOEXEC);
             if (fd < 0 && errno == ENOENT && fg_dangling_link("--output", o->path, err)) return -1;

@@ -56,9 +56,10 @@ int fg_output_apart_from_std(const char *flag, const char *path, char *err);
 /* SIGINT, SIGTERM, SIGHUP remove the outputs' temporaries; a SIGBUS in a watched mapping ends
  * the process with one line naming its file and exit status 2. */
 void fg_install_signal_handlers(void);
-/* A job's output that this process made, watched from the moment it is made: a signal that ends
- * the process removes it while it is still empty and its path still names it. One at a time. */
-void fg_watch_new_output(int fd, const char *path);
+/* A job's output made by this process (open's O_CREAT | O_EXCL, for reading and appending; -1 and
+ * errno where it cannot be), watched from the moment it exists: a signal that ends the process
+ * removes it while it is still empty and its path still names it. One at a time. */
+int fg_create_new_output(const char *path);
 void fg_unwatch_new_output(void);
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);

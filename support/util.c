@@ -266,13 +266,16 @@ fg_isa fg_isa_active(void) {
  * An output file (--dump-logits, --trace, the hardware file) is written under a temporary name
  * in its directory and renamed over its path when complete, so a failed run never leaves a
  * partial file. If SIGINT, SIGTERM or SIGHUP ends the process first, the handler removes the
- * temporary. A SIGBUS inside a mapped input file (one truncated by someone else while it is
- * read) ends the process with one line naming the file, where it would die without a word.
+ * temporary, and a job's output it made while that is still empty (a signal that comes while
+ * the output is being made is put off until it is watched). A SIGBUS inside a mapped input file
+ * (one truncated by someone else while it is read) ends the process with one line naming the
+ * file, where it would die without a word.
  * ============================================================================================ */
 
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -290,6 +293,10 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static char new_output_name[FG_PATH_LEN]; /* a job's output, made by this process */
 static volatile sig_atomic_t new_output_fd = -1;
+/* While fg_create_new_output makes the file (-1), a stop signal, on any thread, is put off (the
+ * signal's number) until the file is watched: a process ended between the open and the watch
+ * would leave the empty file behind. 0: no file being made. */
+static atomic_int output_stop = 0;
 
 static void remove_temps(void) {
     for (int i = 0; i < MAX_TEMPS; i++)
@@ -301,18 +308,27 @@ static void remove_temps(void) {
         unlink(new_output_name);
 }
 
-void fg_watch_new_output(int fd, const char *path) {
-    new_output_fd = -1;
-    snprintf(new_output_name, sizeof new_output_name, "%s", path);
-    new_output_fd = fd;
-}
-
 void fg_unwatch_new_output(void) { new_output_fd = -1; }
 
 static void on_stop(int sig) {
+    int making = -1; /* a new output between its open and its watch: put off (output_stop) */
+    if (atomic_compare_exchange_strong(&output_stop, &making, sig) || making > 0) return;
     remove_temps();
     signal(sig, SIG_DFL);
     raise(sig);
+}
+
+int fg_create_new_output(const char *path) {
+    new_output_fd = -1;
+    snprintf(new_output_name, sizeof new_output_name, "%s", path);
+    atomic_store(&output_stop, -1);
+    int fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int e = errno;
+    new_output_fd = fd;
+    int stop = atomic_exchange(&output_stop, 0);
+    if (stop > 0) on_stop(stop); /* the file is watched now: removed, and the process ends */
+    errno = e;
+    return fd;
 }
 
 static struct sigaction bus_before; /* the handler in place before ours (e.g. a stage's) */
