@@ -273,6 +273,8 @@ static void resume_after_kill(const char *gbs, const char *ngb, const char *sche
     char *out, *err;
     CU_ASSERT_EQUAL(run_command(job, NULL, &out, &err), 0);
     free(out), free(err);
+    char *full = slurp(whole, NULL);
+    CU_ASSERT_FATAL(full && count_lines(full) == PROMPTS + 1); /* the job line, a record a prompt */
     job[16] = killed;
     pid_t pid;
     posix_spawn_file_actions_t fa;
@@ -290,7 +292,7 @@ static void resume_after_kill(const char *gbs, const char *ngb, const char *sche
     kill(pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
-    char *part = slurp(killed, NULL), *full = slurp(whole, NULL);
+    char *part = slurp(killed, NULL);
     int kept = count_lines(part), group = atoi(gbs);
     EXPECT(WIFSIGNALED(status) && kept >= 3 && kept < PROMPTS + 1 && whole_lines(part) && (kept - 1) % group == 0,
            "%s, killed mid-job: expected whole lines in groups of %d, fewer than all %d records; got %d lines, %s",

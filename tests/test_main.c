@@ -226,12 +226,12 @@ void arglist_add(arglist *a, const char *const *args) {
  *                                  ends in * stands for every test whose name starts so
  *
  * A suite's process is this binary again, given the suite's name (and its tests' where not all
- * run) and FLEXGEN_TEST_REPORT=FILE, to which it adds a line as each test starts and as it ends.
- * So the parent learns which test a crash (or a sanitizer's report) ended, counts that test
+ * run) and FLEXGEN_TEST_REPORT=FILE, to which it adds a line as each test starts and as it ends,
+ * and one a failed check. So the parent learns which test a crash (or a sanitizer's report) ended, counts that test
  * failed, names the signal or the exit status, and starts the suite again after it: a crash hides
  * neither the other suites nor the rest of its own. Each suite ends with a line of its counts and
- * seconds; the run ends with a recap of them and a last line `N passed, N failed` (counting
- * tests). FLEXGEN_TEST_TALLY=FILE adds the two numbers to FILE instead of that line, for make
+ * seconds; the run ends with a recap of them, each failed check named again under its suite (a
+ * long run's log may keep only its end), and a last line `N passed, N failed` (counting tests). FLEXGEN_TEST_TALLY=FILE adds the two numbers to FILE instead of that line, for make
  * test's total over both test binaries.
  * ============================================================================================ */
 
@@ -283,6 +283,16 @@ static void report_paths(int print) {
     report("paths %s\n", line);
 }
 
+/* A failure's record in the report: "fail K FILE:LINE CONDITION", the condition on one line and
+ * cut short, so that the recap at the end of a long run names what failed. */
+static void report_failure(int test, const char *file, unsigned line, const char *condition) {
+    char text[300];
+    snprintf(text, sizeof text, "%s", condition);
+    for (char *c = text; *c; c++)
+        if (*c == '\n' || *c == '\r') *c = ' ';
+    report("fail %d %s:%u %s\n", test, file, line, text);
+}
+
 /* CUnit's own verbose lines ("  Test: NAME ...passed", with the seconds it took), and the records
  * of the report. */
 static void on_test_start(const CU_pTest test, const CU_pSuite suite) {
@@ -299,9 +309,12 @@ static void on_test_complete(const CU_pTest test, const CU_pSuite suite, const C
         tests_failed++;
         printf("FAILED (%.1f s)\n", now_s() - test_started);
         int k = 1;
-        for (CU_pFailureRecord f = failures; f; f = f->pNext)
-            printf("    %d. %s:%u  - %s\n", k++, f->strFileName ? f->strFileName : "", f->uiLineNumber,
-                   f->strCondition ? f->strCondition : "");
+        for (CU_pFailureRecord f = failures; f; f = f->pNext) {
+            const char *file = f->strFileName ? f->strFileName : "";
+            const char *condition = f->strCondition ? f->strCondition : "";
+            printf("    %d. %s:%u  - %s\n", k++, file, f->uiLineNumber, condition);
+            report_failure(test_index(suite, test), file, f->uiLineNumber, condition);
+        }
     }
     report("end %d %d\n", test_index(suite, test), failures != NULL);
     if (report_fd >= 0 && getenv("FLEXGEN_TEST_PATHS")) report_paths(0);
@@ -358,6 +371,8 @@ static int run_here(CU_pSuite suite, char **names, int n) {
 /* One suite's run (a suite, or a cell's suite): its counts, time and what went wrong. */
 typedef struct {
     char name[40], env[160], paths[600], trouble[400];
+    char failures[6][240]; /* the first failed checks: the test, where, what (cut short) */
+    unsigned n_failures;     /* all of them */
     unsigned passed, failed;
     double seconds, cpu_seconds; /* wall clock; user and system time of its processes, all told */
 } outcome;
@@ -464,7 +479,7 @@ static void run_in_children(const char *argv0, CU_pSuite suite, const char *env,
         char *records = slurp(report_path, NULL), *save = NULL;
         int open_test = -1, init_failed = 0, failed_here = 0;
         for (char *line = records ? strtok_r(records, "\n", &save) : NULL; line; line = strtok_r(NULL, "\n", &save)) {
-            int k, f;
+            int k, f, at = 0;
             if (sscanf(line, "start %d", &k) == 1 && k >= 0 && k < n) {
                 open_test = k;
             } else if (sscanf(line, "end %d %d", &k, &f) == 2 && k >= 0 && k < n) {
@@ -472,6 +487,10 @@ static void run_in_children(const char *argv0, CU_pSuite suite, const char *env,
                 done[k] = 1;
                 if (f) o->failed++, failed_here++;
                 else o->passed++;
+            } else if (sscanf(line, "fail %d %n", &k, &at) == 1 && at > 0 && k >= 0 && k < n) {
+                if (o->n_failures < sizeof o->failures / sizeof *o->failures)
+                    snprintf(o->failures[o->n_failures], sizeof o->failures[0], "'%s' %s", tests[k]->pName, line + at);
+                o->n_failures++;
             } else if (!strncmp(line, "paths ", 6)) {
                 snprintf(o->paths, sizeof o->paths, "%s", line + 6);
             } else if (!strcmp(line, "init-failed")) {
@@ -660,6 +679,9 @@ static int recap(void) {
                o->passed, o->failed, o->seconds, o->cpu_seconds, o->env);
         if (*o->paths) printf("         ran on: %s\n", o->paths);
         if (*o->trouble) printf("         %s\n", o->trouble);
+        unsigned shown = sizeof o->failures / sizeof *o->failures;
+        for (unsigned k = 0; k < o->n_failures && k < shown; k++) printf("         %s\n", o->failures[k]);
+        if (o->n_failures > shown) printf("         and %u more failed checks (above)\n", o->n_failures - shown);
     }
     tests_passed += passed, tests_failed += failed;
     return failed == 0;
