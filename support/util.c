@@ -402,36 +402,53 @@ static mode_t fg_umask(void) {
     return (mode_t)mask;
 }
 
+/* mkstemp of name (FG_PATH_LEN bytes; its XXXXXX replaced), the name registered as a temporary
+ * the handlers remove from before the file exists (a signal in between finds nothing to remove).
+ * *slot: its place in the registry; -1 where there is no file (errno EMFILE: no place free). */
+static int registered_mkstemp(char *name, int *slot) {
+    pthread_mutex_lock(&registry_lock);
+    *slot = -1;
+    for (int i = 0; i < MAX_TEMPS && *slot < 0; i++)
+        if (!temp_used[i]) *slot = i;
+    int fd = -1, e = EMFILE;
+    if (*slot >= 0) {
+        snprintf(temp_names[*slot], FG_PATH_LEN, "%s", name);
+        temp_used[*slot] = 1;
+        fd = mkstemp(temp_names[*slot]);
+        e = errno;
+        if (fd >= 0) {
+            memcpy(name, temp_names[*slot], FG_PATH_LEN);
+        } else {
+            temp_used[*slot] = 0;
+            *slot = -1;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    errno = e;
+    return fd;
+}
+
+static void release_temp(int slot) {
+    pthread_mutex_lock(&registry_lock);
+    if (slot >= 0) temp_used[slot] = 0;
+    pthread_mutex_unlock(&registry_lock);
+}
+
 /* The temporary of o->target, created and registered (-1: none free, or it cannot be created). */
 static int output_temp(fg_output *o, char *err) {
     snprintf(o->tmp, sizeof o->tmp, "%.4180s.tmp-XXXXXX", o->target);
-    pthread_mutex_lock(&registry_lock);
-    o->slot = -1;
-    for (int i = 0; i < MAX_TEMPS && o->slot < 0; i++)
-        if (!temp_used[i]) o->slot = i;
-    int fd = -1;
-    if (o->slot >= 0) {
-        snprintf(temp_names[o->slot], FG_PATH_LEN, "%s", o->tmp);
-        temp_used[o->slot] = 1; /* before it exists: a signal in between finds nothing to remove */
-        fd = mkstemp(temp_names[o->slot]);
-        if (fd >= 0) memcpy(o->tmp, temp_names[o->slot], sizeof o->tmp);
-        else temp_used[o->slot] = 0;
-    }
-    int e = o->slot < 0 ? EMFILE : errno;
-    pthread_mutex_unlock(&registry_lock);
-    if (fd >= 0) fchmod(fd, 0666 & ~fg_umask()); /* mkstemp's 0600 would outlive the rename */
+    int fd = registered_mkstemp(o->tmp, &o->slot);
     if (fd < 0)
         return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path,
-                       strerror(e));
+                       strerror(errno));
+    fchmod(fd, 0666 & ~fg_umask()); /* mkstemp's 0600 would outlive the rename */
     return fd;
 }
 
 /* The temporary is no longer the handlers' to remove (renamed, or removed here with remove). */
 static void output_release(fg_output *o, int remove) {
     if (remove) unlink(o->tmp);
-    pthread_mutex_lock(&registry_lock);
-    if (o->slot >= 0) temp_used[o->slot] = 0;
-    pthread_mutex_unlock(&registry_lock);
+    release_temp(o->slot);
     o->slot = -1;
 }
 
@@ -587,14 +604,17 @@ void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64
 size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
 
-/* An unnamed file in dir: O_TMPFILE where the file system has it, else mkstemp + unlink. */
+/* An unnamed file in dir: O_TMPFILE where the file system has it, else mkstemp + unlink (its
+ * name the handlers' to remove in between). */
 int unnamed_file(const char *dir, const char *flag, char *err) {
     int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/flexgen-XXXXXX", dir);
-        fd = mkstemp(path);
+        char path[FG_PATH_LEN];
+        int slot;
+        snprintf(path, sizeof path, "%.4180s/flexgen-XXXXXX", dir);
+        fd = registered_mkstemp(path, &slot);
         if (fd >= 0) unlink(path);
+        release_temp(slot);
     }
     if (fd < 0) return fg_fail(err, "%s %s: cannot create a file: %s", flag, dir, strerror(errno));
     return fd;
