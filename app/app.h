@@ -233,8 +233,7 @@ int resolve_model_config(const char *model, model_config *cfg, char *err);
 int check_lengths(const cli_args *a, const model_config *cfg, char *err);
 void warn_special_ids(const char *model, const model_config *cfg);
 void default_hw_path(char *path, size_t n);
-int default_hw_file(char *path, size_t n, char made[4096], char *err);
-int drop_made_dir(const char *made);
+int default_hw_file(char *path, size_t n, char *err);
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err);
 int search_policy(const cli_args *a, const fg_hardware *hw, const model_config *cfg, int n_prompts,
                   const int lengths[2], int gbs, int ngb, fg_search_result *res, char *err);

@@ -424,6 +424,37 @@ static int file_of_dir(const char *path, const char *dir, char *found, size_t n)
     return hit;
 }
 
+/* Whether `path` would be a file that a run reads by its name in --model DIR, made where there is
+ * none yet: a new model.safetensors.index.json is read before model.safetensors, tokenizer.json
+ * before vocab.json. `found` gets the name. */
+static int name_read_in_dir(const char *path, const char *dir, char *found, size_t n) {
+    const char *const names[] = {
+        "config.json",    "model.safetensors", "model.safetensors.index.json",
+        "tokenizer.json", "vocab.json",        "merges.txt"};
+    const size_t n_names = sizeof names / sizeof *names;
+    char file[4200];
+    for (size_t k = 0; dir && k < n_names + 3; k++) {
+        const char *name = k < n_names ? names[k] : fg_tokenizer_side_files[k - n_names];
+        snprintf(file, sizeof file, "%s/%s", dir, name);
+        if (same_file(path, file)) {
+            snprintf(found, n, "%s", name);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether `path` is a dummy weights file's name (*.fgw) in dir, the dummy weights' --path DIR,
+ * where a run writes its own and reads those of others. */
+static int weights_name_in_dir(const char *path, const char *dir) {
+    char out_dir[4096];
+    const char *name = split_path(path, out_dir, sizeof out_dir);
+    size_t len = strlen(name);
+    struct stat a, b;
+    return len > 4 && !strcmp(name + len - 4, ".fgw") && stat(out_dir, &a) == 0 &&
+           stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 /* Whether `path` is one of the files a tokenizer reads beside `in` (--vocab: its
  * tokenizer_config.json, special_tokens_map.json and added_tokens.json; --tokenizer: the first),
  * `found` its name. */
@@ -432,7 +463,7 @@ static int file_beside(const char *path, const char *in, int files, char *found,
     split_path(in, dir, sizeof dir);
     for (int k = 0; k < files; k++) {
         snprintf(file, sizeof file, "%s/%s", dir, fg_tokenizer_side_files[k]);
-        if (access(file, F_OK) == 0 && same_file(path, file)) {
+        if (same_file(path, file)) { /* one there now, or one made there */
             snprintf(found, n, "%s", file);
             return 1;
         }
@@ -482,11 +513,21 @@ static int check_outputs_apart(const cli_args *a, char *err) {
                            "%s %s: the file %s of --model %s, which it would overwrite; give "
                            "another file",
                            out_flags[i], outs[i], name, a->model);
+        if (outs[i] && name_read_in_dir(outs[i], a->model, name, sizeof name))
+            return fg_fail(err,
+                           "%s %s: a file %s in --model %s, which a run would read as the "
+                           "model's; give another file",
+                           out_flags[i], outs[i], name, a->model);
         if (outs[i] && file_of_dir(outs[i], weight_dir, name, sizeof name))
             return fg_fail(err,
                            "%s %s: the file %s of the dummy weights' directory %s (--path), which "
                            "it would overwrite; give another file",
                            out_flags[i], outs[i], name, weight_dir);
+        if (outs[i] && weights_name_in_dir(outs[i], weight_dir))
+            return fg_fail(err,
+                           "%s %s: a dummy weights file's name (.fgw) in their directory %s "
+                           "(--path), where a run writes and reads them; give another file",
+                           out_flags[i], outs[i], weight_dir);
     }
     return 0;
 }

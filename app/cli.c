@@ -70,6 +70,7 @@ int flexgen_main(int argc, char **argv) {
     fg_pipe_close(pipe);
     if (rc) {
         if (err[0]) fprintf(stderr, "flexgen: %s\n", err);
+        fg_remove_made_dirs(); /* --path's, the hardware file's: made for nothing */
         return 2;
     }
     int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;

@@ -161,9 +161,8 @@ int profile_command(int argc, char **argv, char *err) {
         }
     }
     if (check_dir("--offload-dir", dir, err)) return -1;
-    char made[4096] = ""; /* the default file's directory, where this command makes it */
     if (!out) {
-        if (default_hw_file(path, sizeof path, made, err)) return -1;
+        if (default_hw_file(path, sizeof path, err)) return -1;
         out = path;
     }
     fg_hardware hw;
@@ -172,7 +171,7 @@ int profile_command(int argc, char **argv, char *err) {
         device = resolve_device(device, 1);
         rc = fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err);
     }
-    if (rc) return drop_made_dir(made);
+    if (rc) return -1;
     printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
            hw.ctog_bdw / GB, hw.gtoc_bdw_hidden / GB, hw.dtoc_bdw / GB, hw.ctod_bdw_g / GB);
     printf("matrix products %.1f (prefill) %.1f (decode) GFLOP/s, attention %.1f (prefill) %.1f "

@@ -68,29 +68,21 @@ void default_hw_path(char *path, size_t n) {
     snprintf(path, n, "%s/hardware.json", dir);
 }
 
-/* The default hardware file, its directory made if need be: `made` names the directory where
- * this call made it (else it is empty), for a caller that fails to take away again. */
-int default_hw_file(char *path, size_t n, char made[4096], char *err) {
-    default_weight_dir(made, 4096);
-    int existed = access(made, F_OK) == 0;
-    if (mkdir_p(made)) return fg_fail(err, "%s: cannot create: %s", made, strerror(errno));
-    if (existed) made[0] = 0;
+/* The default hardware file, its directory made if need be (a run that fails takes it away
+ * again: fg_remove_made_dirs). */
+int default_hw_file(char *path, size_t n, char *err) {
+    char dir[4096];
+    default_weight_dir(dir, sizeof dir);
+    if (mkdir_p(dir)) return fg_fail(err, "%s: cannot create: %s", dir, strerror(errno));
     default_hw_path(path, n);
     return 0;
 }
 
-/* After default_hw_file, a failure's way out: the directory it made (if any) goes again; -1. */
-int drop_made_dir(const char *made) {
-    if (made[0]) rmdir(made);
-    return -1;
-}
-
-/* --hw FILE, or the default hardware file, measuring this machine once when there is none (a
- * failure leaves no directory it made). */
+/* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     if (a->hw) return fg_hardware_read(a->hw, hw, err);
-    char path[4200], made[4096];
-    if (default_hw_file(path, sizeof path, made, err)) return -1;
+    char path[4200];
+    if (default_hw_file(path, sizeof path, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     fprintf(stderr,
@@ -98,7 +90,7 @@ int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
             "saved to %s\n",
             path);
     if (fg_profile(offload, a->policy.device, hw, 1, err) || fg_hardware_write(path, hw, err))
-        return drop_made_dir(made);
+        return -1;
     return 0;
 }
 

@@ -31,6 +31,8 @@ int check_dir(const char *flag, const char *dir, char *err);    /* exists and is
 int mkdir_p(const char *dir);                                   /* -1 (errno) on failure */
 void default_weight_dir(char *out, size_t n);                   /* ~/.cache/flexgen */
 int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, removed at exit */
+/* The directories mkdir_p made, where they are empty: a failed (or stopped) run's way out. */
+void fg_remove_made_dirs(void);
 /* A SIGBUS in a watched mapping ends the process with one line naming its file. */
 void fg_watch_mapping(const void *base, size_t size, const char *path);
 void fg_unwatch_mapping(const void *base);

@@ -273,6 +273,7 @@ fg_isa fg_isa_active(void) {
  * ============================================================================================ */
 
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -298,9 +299,21 @@ static volatile sig_atomic_t new_output_fd = -1;
  * would leave the empty file behind. 0: no file being made. */
 static atomic_int output_stop = 0;
 
+/* The directories mkdir_p made, in the order made: a run that fails or is stopped takes away
+ * those still empty (rmdir removes nothing else), a run that ends well keeps them. */
+enum { MAX_MADE_DIRS = 16 };
+static char made_dirs[MAX_MADE_DIRS][FG_PATH_LEN];
+static volatile sig_atomic_t n_made_dirs;
+
+void fg_remove_made_dirs(void) {
+    for (int i = n_made_dirs - 1; i >= 0; i--) rmdir(made_dirs[i]); /* the deepest first */
+    n_made_dirs = 0;
+}
+
 static void remove_temps(void) {
     for (int i = 0; i < MAX_TEMPS; i++)
         if (temp_used[i]) unlink(temp_names[i]);
+    fg_remove_made_dirs();
     struct stat st; /* the job's output goes only while nothing is in it, and its path names it */
     struct stat at;
     if (new_output_fd >= 0 && fstat(new_output_fd, &st) == 0 && st.st_size == 0 &&
@@ -436,7 +449,14 @@ static void release_temp(int slot) {
 
 /* The temporary of o->target, created and registered (-1: none free, or it cannot be created). */
 static int output_temp(fg_output *o, char *err) {
-    snprintf(o->tmp, sizeof o->tmp, "%.4180s.tmp-XXXXXX", o->target);
+    const char *slash = strrchr(o->target, '/');
+    int dir_len = slash ? (int)(slash - o->target + 1) : 0;
+    int name_len = (int)strlen(o->target + dir_len);
+    if (name_len > NAME_MAX) /* said now, not at the rename after the run */
+        return fg_fail(err, "%s %s: %s", o->flag, o->path, strerror(ENAMETOOLONG));
+    if (name_len > NAME_MAX - 11) name_len = NAME_MAX - 11; /* a name of up to NAME_MAX has one */
+    snprintf(o->tmp, sizeof o->tmp, "%.*s%.*s.tmp-XXXXXX", dir_len, o->target, name_len,
+             o->target + dir_len);
     int fd = registered_mkstemp(o->tmp, &o->slot);
     if (fd < 0)
         return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path,
@@ -659,16 +679,28 @@ int check_dir(const char *flag, const char *dir, char *err) {
     return 0;
 }
 
+/* One directory of mkdir_p's chain, kept in made_dirs where this call makes it. */
+static int make_dir(const char *path) {
+    if (mkdir(path, 0755) != 0) return errno == EEXIST ? 0 : -1;
+    pthread_mutex_lock(&registry_lock);
+    if (n_made_dirs < MAX_MADE_DIRS) {
+        snprintf(made_dirs[n_made_dirs], FG_PATH_LEN, "%s", path);
+        n_made_dirs = n_made_dirs + 1;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return 0;
+}
+
 int mkdir_p(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s", dir);
     for (char *s = path + 1; *s; s++)
         if (*s == '/') {
             *s = 0;
-            if (mkdir(path, 0755) && errno != EEXIST) return -1;
+            if (make_dir(path)) return -1;
             *s = '/';
         }
-    return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
+    return make_dir(path);
 }
 
 /* $XDG_CACHE_HOME/flexgen where that is an absolute path (the XDG spec has a relative one

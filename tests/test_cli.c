@@ -1206,21 +1206,22 @@ static void test_offload_dir_left_empty(void) {
 /* Ctrl-C while dummy weights are written leaves no partial file in --path; Ctrl-C mid-decode
  * leaves nothing in the offload dir; a finished file is reused by the next run. */
 static void test_sigint_leaves_no_files(void) {
-    char *off = make_temp_dir(), *path = make_temp_dir(), *out, *err;
+    char *off = make_temp_dir(), *path = make_temp_dir(), *out, *err, chain[4200];
+    snprintf(chain, sizeof chain, "%s", join(path, "new/weights")); /* made by the run */
     const char *base[] = {"--model", "opt-125m", "--percent", "0", "0", "0", "0", "0", "0",
-                          "--offload-dir", off, "--path", path, "--quiet", "--prompt-len", "16",
+                          "--offload-dir", off, "--path", chain, "--quiet", "--prompt-len", "16",
                           "--gpu-batch-size", "2", "--num-gpu-batches", "2", "--gen-len", NULL, NULL};
     base[21] = "400";
     sigint_after_ms = 150;
     int rc = run_flexgen(base, NULL, &out, &err);
     CU_ASSERT_EQUAL(rc, 128 + SIGINT);
-    CU_ASSERT_EQUAL(dir_entries(path), 0);
+    CU_ASSERT_EQUAL(dir_entries(path), 0); /* neither the weights nor the directories made for them */
     CU_ASSERT_EQUAL(dir_entries(off), 0);
     free(out), free(err);
     sigint_after_ms = 0;
     base[21] = "2";
     CU_ASSERT_EQUAL(run_flexgen(base, NULL, &out, &err), 0); /* writes the weights once */
-    CU_ASSERT_EQUAL(dir_entries(path), 1);
+    CU_ASSERT_EQUAL(dir_entries(chain), 1);
     free(out), free(err);
     base[21] = "400";
     sigint_after_ms = 2500; /* the weights are there: this is well into decode */
@@ -1228,7 +1229,7 @@ static void test_sigint_leaves_no_files(void) {
     sigint_after_ms = 0;
     CU_ASSERT_EQUAL(rc, 128 + SIGINT);
     CU_ASSERT_EQUAL(dir_entries(off), 0);
-    CU_ASSERT_EQUAL(dir_entries(path), 1);
+    CU_ASSERT_EQUAL(dir_entries(chain), 1);
     free(out), free(err);
     rm_tree(off);
     rm_tree(path);
@@ -1995,6 +1996,13 @@ static void test_policy_bad_input(void) {
         EXPECT_FAIL(ARGS("profile", "--device", "cuda", "--offload-dir", dir), "--device cuda", why);
         EXPECT(dir_entries(cache) == 0, "profile on no GPU: %d entries left in XDG_CACHE_HOME", dir_entries(cache));
     }
+    sigint_after_ms = 1000; /* stopped while it measures */
+    char *out, *err;
+    int rc = run_flexgen(ARGS("profile", "--offload-dir", dir), NULL, &out, &err);
+    sigint_after_ms = 0;
+    EXPECT(rc == 128 + SIGINT && dir_entries(cache) == 0, "profile stopped by SIGINT: expected exit %d and nothing "
+           "in XDG_CACHE_HOME; got %d and %d entries", 128 + SIGINT, rc, dir_entries(cache));
+    free(out), free(err);
     env_restore("XDG_CACHE_HOME", saved);
     rm_tree(cache);
     free(cache);
@@ -2331,6 +2339,27 @@ static void test_output_modes(void) {
     free(dir);
 }
 
+/* An output's name of NAME_MAX bytes is written (its temporary's name is cut to fit); a longer
+ * one is refused before the run, and nothing is left. */
+static void test_output_long_name(void) {
+    char *dir = make_temp_dir(), name[NAME_MAX + 2], path[4200 + NAME_MAX];
+    memset(name, 'a', NAME_MAX + 1);
+    name[NAME_MAX + 1] = 0;
+    memcpy(name + NAME_MAX - 5, ".json", 5); /* NAME_MAX bytes with the suffix */
+    snprintf(path, sizeof path, "%s/%.*s", dir, NAME_MAX, name);
+    free(run_tiny(ARGS("--trace", path)));
+    EXPECT(access(path, F_OK) == 0 && dir_entries(dir) == 1, "--trace of a name of %d bytes: expected the file "
+           "alone, got %d files", NAME_MAX, dir_entries(dir));
+    unlink(path);
+    name[NAME_MAX] = 'x'; /* one byte more */
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--trace", path), "--trace",
+                "File name too long");
+    EXPECT(dir_entries(dir) == 0, "a refused --trace of a name too long left %d files", dir_entries(dir));
+    rm_tree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * OpenBLAS's core (support/blas_core.c)
  * --------------------------------------------------------------------------------------------- */
@@ -2649,6 +2678,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "an output that is standard output's or standard error's file is refused",
                 test_output_is_a_std_stream);
     CU_add_test(s, "output files take the umask's mode", test_output_modes);
+    CU_add_test(s, "an output's name of NAME_MAX bytes is written, a longer one refused", test_output_long_name);
     CU_add_test(s, "bad --prompt-ids files", test_bad_prompt_ids);
     CU_add_test(s, "an output through a symbolic link: the file it names, the link kept", test_output_through_link);
     CU_add_test(s, "a text prompt file of \\r\\n lines: the prompts of \\n lines", test_prompt_file_crlf);

@@ -1115,6 +1115,17 @@ static void test_outputs_apart_from_inputs(void) {
                 "vocab.json", "--model");
     EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--output", config), "--output", "config.json",
                 "--model");
+    /* names a run reads there, made new: the shard index is read before model.safetensors, and
+     * tokenizer.json before vocab.json; a file of another name may go there */
+    EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--trace", join(model, "model.safetensors.index.json")),
+                "--trace", "model.safetensors.index.json", "--model", "would read");
+    EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--output", join(model, "tokenizer.json")), "--output",
+                "tokenizer.json", "--model", "would read");
+    run_ok(ARGS(flexgen_bin(), "--model", model, "--prompt-ids", prompts, "--gen-len", "2", "--quiet", "--trace",
+                join(model, "trace.json")));
+    EXPECT(dir_entries(model) == before + 1, "--trace m/trace.json: expected one new file in --model, got %d",
+           dir_entries(model) - before);
+    unlink(join(model, "trace.json"));
     char *config_after = slurp(config, NULL);
     EXPECT(config_text && config_after && !strcmp(config_text, config_after) && dir_entries(model) == before,
            "refused outputs into --model's files changed config.json or left a file (%d in the directory, %d before)",
@@ -1140,6 +1151,17 @@ static void test_outputs_apart_from_inputs(void) {
                      "--dump-logits", special), "--dump-logits", "special_tokens_map.json", "--vocab");
     EXPECT_FAIL(ARGS("--model", llama_kjv_dir, "--tokenizer", join(tok, "tokenizer.json"), "--prompt", "In",
                      "--trace", llama_side), "--trace", "tokenizer_config.json", "--tokenizer");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--vocab", side, "--merges", join(tok, "merges.txt"), "--prompt", "In",
+                     "--trace", join(tok, "added_tokens.json")), "--trace", "added_tokens.json", "--vocab");
+    /* the dummy weights' directory: a .fgw name there is a weights file a run writes and reads */
+    char weights_dir[4300];
+    snprintf(weights_dir, sizeof weights_dir, "%s", join(dir, "weights"));
+    CU_ASSERT_FATAL(mkdir(weights_dir, 0755) == 0);
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--path", weights_dir, "--percent", "0", "0", "100", "0", "100", "0",
+                     "--prompt-len", "8", "--gen-len", "2", "--trace", join(weights_dir, "opt-125m-seed0.fgw")),
+                "--trace", ".fgw", "--path");
+    EXPECT(dir_entries(weights_dir) == 0 && dir_entries(tok) == 5, "refused outputs left %d files in --path and %d "
+           "beside --vocab (5 before)", dir_entries(weights_dir), dir_entries(tok));
     char *special_after = slurp(special, NULL), *config_after_tok = slurp(llama_side, NULL);
     EXPECT(special_text && special_after && !strcmp(special_text, special_after) && config_before && config_after_tok &&
            !strcmp(config_before, config_after_tok), "refused outputs changed a file read beside --vocab or --tokenizer");
