@@ -919,6 +919,10 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
         if (is_tied(&s[i])) continue;
         const st_tensor *t = find_spec_tensor(a, s[i].name);
         if (!t) return fg_fail(err, "%s: missing tensor model.%s", dir, s[i].name);
+        for (const st_tensor *u = t + 1; u < a->tensors + a->n_tensors; u++)
+            if (!strcmp(strip_prefix(u->name), s[i].name)) /* with and without "model.", or twice */
+                return fg_fail(err, "%s: tensors %s and %s are one weight; keep one of them", dir,
+                               t->name, u->name);
         if (check_shape(t, &s[i], dir, err)) return -1;
     }
     for (int i = 0; i < a->n_tensors; i++) { /* anything the model does not use is an error */
@@ -941,6 +945,9 @@ static int check_layer_count(const model_config *cfg, const st_archive *a, const
         const char *name = strip_prefix(a->tensors[i].name);
         long j =
             !strncmp(name, prefix, strlen(prefix)) ? strtol(name + strlen(prefix), NULL, 10) : -1;
+        if (j >= MAX_LAYERS) /* past any config's count (and strtol's clamp) */
+            return fg_fail(err, "%s: unexpected tensor %s (num_hidden_layers is %d)", path,
+                           a->tensors[i].name, cfg->n_layers);
         if (j >= layers) layers = j + 1;
     }
     if (layers != cfg->n_layers)

@@ -339,6 +339,10 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
     if (!root) return buf ? fg_fail(err, "%s: malformed JSON", cfg) : -1;
     const cJSON *add = fg_json_get(root, "add_bos_token"), *bos = fg_json_get(root, "bos_token");
     const char *text = cJSON_IsString(bos) ? bos->valuestring : str_of(bos, "content");
+    if (add && !cJSON_IsBool(add) && !cJSON_IsNull(add)) {
+        cJSON_Delete(root);
+        return fg_fail(err, "%s: add_bos_token is not true or false", cfg);
+    }
     if (cJSON_IsFalse(add)) r->bos_id = -1;
     for (int i = 0; cJSON_IsTrue(add) && r->bos_id < 0 && text && i < n_added; i++)
         if (!strcmp(added[i].text, text)) r->bos_id = added[i].id;

@@ -709,6 +709,32 @@ static void test_extra_tensor(void) {
     finish(dir, &l);
 }
 
+/* A layer number past any config's count (strtol clamps one too long to LONG_MAX) is an
+ * unexpected tensor, and two tensors for one weight (with and without "model.", or one name
+ * twice in the header) are refused, naming both, where the first was taken. */
+static void test_tensor_names_refused(void) {
+    static const char *const huge[] = {"model.decoder.layers.9223372036854775807.fc1.bias",
+                                       "model.decoder.layers.99999999999999999999999.fc1.bias"};
+    for (int i = 0; i < 2; i++) {
+        tlist l;
+        char *dir = fixture_copy("opt-tiny", &l);
+        tl_add(&l, huge[i], "F16", 1, (const int64_t[]){4}, NULL);
+        save_model(dir, &l);
+        EXPECT_LOAD_FAIL(dir, "unexpected tensor", huge[i]);
+        finish(dir, &l);
+    }
+    static const char *const twin[] = {"decoder.final_layer_norm.weight", "model.decoder.final_layer_norm.weight"};
+    for (int i = 0; i < 2; i++) {
+        tlist l;
+        char *dir = fixture_copy("opt-tiny", &l);
+        ttensor norm = *tl_get(&l, "model.decoder.final_layer_norm.weight"); /* tl_add moves it */
+        tl_add(&l, twin[i], norm.dtype, norm.ndim, norm.shape, NULL);            /* zeros */
+        save_model(dir, &l);
+        EXPECT_LOAD_FAIL(dir, "one weight", "model.decoder.final_layer_norm.weight", twin[i]);
+        finish(dir, &l);
+    }
+}
+
 static void test_wrong_shape(void) {
     tlist l;
     char *dir = fixture_copy("opt-tiny", &l);
@@ -1516,6 +1542,7 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "a rewritten shard index loads", test_sharded_copy_loads);
     CU_add_test(s, "missing tensor", test_missing_tensor);
     CU_add_test(s, "extra tensor", test_extra_tensor);
+    CU_add_test(s, "a layer past any count, two tensors for one weight", test_tensor_names_refused);
     CU_add_test(s, "wrong shape", test_wrong_shape);
     CU_add_test(s, "wrong ndim", test_wrong_ndim);
     CU_add_test(s, "unsupported dtype", test_unsupported_dtype);

@@ -293,6 +293,33 @@ static void refused(const char *json, const char *want) {
     free(dir);
 }
 
+/* tokenizer_config.json's add_bos_token beside a tokenizer.json: true, false or null (as absent)
+ * taken; any other value (0, "false") refused naming the file, where it was ignored and the BOS
+ * kept. */
+static void test_add_bos_token_values(void) {
+    static const char *const values[] = {"true", "false", "null", "0", "\"false\"", "[]"};
+    for (int i = 0; i < 6; i++) {
+        char *dir = make_temp_dir(), path[4200], config[4200], err[FG_ERR_LEN] = "";
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        snprintf(config, sizeof config, "%s/tokenizer_config.json", dir);
+        write_text_file(path, "{\"added_tokens\": [{\"id\": 4, \"content\": \"<s>\", \"special\": true}], "
+                              "\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}");
+        char text[200];
+        snprintf(text, sizeof text, "{\"bos_token\": \"<s>\", \"add_bos_token\": %s}", values[i]);
+        write_text_file(config, text);
+        fg_tokenizer *t = tokenizer_load_json(path, err);
+        if (i < 3)
+            EXPECT(t && tokenizer_bos_id(t) == (i == 0 ? 4 : -1), "add_bos_token %s: expected BOS %d, got %s %d",
+                   values[i], i == 0 ? 4 : -1, t ? "" : err, t ? tokenizer_bos_id(t) : 0);
+        else
+            EXPECT(!t && strstr(err, "tokenizer_config.json") && strstr(err, "add_bos_token"),
+                   "add_bos_token %s: expected it refused naming the file and key, got '%s'", values[i], err);
+        tokenizer_free(t);
+        rm_tree(dir);
+        free(dir);
+    }
+}
+
 static void test_refusals(void) {
     refused("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "model \"Unigram\" is not implemented");
     refused("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "model \"WordPiece\"");
@@ -428,6 +455,8 @@ void add_tokenizer_json_tests(void) {
                 test_forms);
     CU_add_test(s, "NFC against Python's unicodedata", test_nfc);
     CU_add_test(s, "unimplemented fields refused with one line", test_refusals);
+    CU_add_test(s, "add_bos_token beside tokenizer.json: true, false or null; other values refused",
+                test_add_bos_token_values);
     CU_add_test(s, "Metaspace: prepend_scheme first, always, never; the older add_prefix_space", test_metaspace);
     CU_add_test(s, "a tokenizer of no tokens: lookups find nothing", test_no_tokens);
     CU_add_test(s, "a missing tokenizer.json", test_missing_file);
