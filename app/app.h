@@ -180,8 +180,10 @@ typedef struct {
     int auto_policy;      /* --policy auto: search for the policy (§4.3) */
     int schedule_given;   /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
     int prompt_len_given; /* --prompt-len: refused beside given prompts, which it cannot size */
-    int evaluate;         /* flexgen policy --evaluate: predict the given policy, no search */
-    double max_latency;   /* --max-latency: the search's bound on a block's latency */
+    const char *searched_flag; /* the last of --percent, --gpu-batch-size, --num-gpu-batches
+                                  given: --policy auto chooses them, and says so */
+    int evaluate;              /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency;        /* --max-latency: the search's bound on a block's latency */
     const char *text, *predictions, *compare; /* flexgen perplexity's files */
     ppl_options ppl;
     const char *ppl_flag; /* the first flag given that only flexgen perplexity takes */

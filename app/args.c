@@ -316,6 +316,7 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
                 return fg_fail(err,
                                "--percent: expected six integers in 0..100 (wg wc cg cc hg hc)");
             takes_value = 6;
+            a->searched_flag = f;
         } else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
         else if (!v) return fg_fail(err, "%s: missing value", f);
         else if (!strcmp(f, "--model")) a->model = v;
@@ -340,11 +341,13 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
             rc = parse_int(f, v, 1, INT_MAX, &a->prompt_len, err);
             a->prompt_len_given = 1;
         } else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
-        else if (!strcmp(f, "--gpu-batch-size"))
+        else if (!strcmp(f, "--gpu-batch-size")) {
             rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
-        else if (!strcmp(f, "--num-gpu-batches"))
+            a->searched_flag = f;
+        } else if (!strcmp(f, "--num-gpu-batches")) {
             rc = parse_int(f, v, 1, INT_MAX, &p->num_gpu_batches, err);
-        else if (!strcmp(f, "--overlap")) rc = parse_int(f, v, 0, 1, &p->overlap, err);
+            a->searched_flag = f;
+        } else if (!strcmp(f, "--overlap")) rc = parse_int(f, v, 0, 1, &p->overlap, err);
         else if (!strcmp(f, "--pin-weight")) rc = parse_int(f, v, 0, 1, &p->pin_weight, err);
         else if (!strcmp(f, "--gpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_GPU], err);
         else if (!strcmp(f, "--cpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_CPU], err);

@@ -1675,6 +1675,14 @@ static void test_policy_auto_run(void) {
     cJSON_Delete(o);
     free(out);
     expect_reference_logits(dump);
+    /* a block or placement given beside it is the search's to choose: said in a line, not silently
+     * dropped (run_tiny above: no line where none is given) */
+    char *err;
+    int rc = run_flexgen(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--device", "cpu",
+                              "--policy", "auto", "--hw", hw, "--gpu-batch-size", "3", "--quiet"), NULL, &out, &err);
+    EXPECT(rc == 0 && strstr(err, "warning: --gpu-batch-size is not used") && count_lines(err) == 1,
+           "--policy auto --gpu-batch-size 3: expected exit 0 and one warning line; got %d, '%s'", rc, err);
+    free(out), free(err);
     rm_tree(dir);
     free(dir);
 }
