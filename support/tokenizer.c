@@ -286,7 +286,7 @@ static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym, cons
  * error. */
 static cJSON *parse_json_file(const char *path, char *err) {
     size_t len;
-    char *buf = fg_read_file(path, &len, err);
+    char *buf = fg_read_json_file(path, &len, err);
     if (!buf) return NULL;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);

@@ -333,7 +333,7 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
              fg_tokenizer_side_files[0]);
     if (access(cfg, F_OK) != 0) return 0;
     size_t len;
-    char *buf = fg_read_file(cfg, &len, err);
+    char *buf = fg_read_json_file(cfg, &len, err);
     cJSON *root = buf ? cJSON_ParseWithLength(buf, len) : NULL;
     free(buf);
     if (!root) return buf ? fg_fail(err, "%s: malformed JSON", cfg) : -1;
@@ -387,7 +387,7 @@ static fg_tokenizer *read_tokenizer(const cJSON *root, const char *path, char *e
 
 fg_tokenizer *tokenizer_load_json(const char *path, char *err) {
     size_t len;
-    char *buf = fg_read_file(path, &len, err);
+    char *buf = fg_read_json_file(path, &len, err);
     if (!buf) return NULL;
     cJSON *root = cJSON_ParseWithLength(buf, len);
     free(buf);

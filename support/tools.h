@@ -16,6 +16,9 @@
  * refused without blocking, and so is a file too big to be one of the text files read whole
  * (config.json, vocab.json, merges.txt, the shard index, hardware files). */
 char *fg_read_file(const char *path, size_t *len, char *err);
+/* fg_read_file of a JSON file: a NUL byte in it is refused (JSON text has none; cJSON would end a
+ * string there, where Python's json and HF's tokenizers refuse the file). */
+char *fg_read_json_file(const char *path, size_t *len, char *err);
 /* OPT's vocab.json is about 1 MB and its merges.txt 0.5 MB: 64 MiB leaves ample headroom and
  * stops a wrong path (a checkpoint, say) from being read into memory. */
 #define FG_MAX_TEXT_FILE ((size_t)64 << 20)

@@ -74,6 +74,19 @@ char *fg_read_file(const char *path, size_t *len, char *err) {
     return buf;
 }
 
+char *fg_read_json_file(const char *path, size_t *len, char *err) {
+    size_t n;
+    char *buf = fg_read_file(path, &n, err);
+    const char *nul = buf ? memchr(buf, 0, n) : NULL;
+    if (nul) {
+        fg_fail(err, "%s: a NUL byte at byte %zu: not JSON text", path, (size_t)(nul - buf));
+        free(buf);
+        return NULL;
+    }
+    if (buf && len) *len = n;
+    return buf;
+}
+
 /* ============================================================================================
  * fp16
  * ============================================================================================ */

@@ -320,6 +320,34 @@ static void test_add_bos_token_values(void) {
     }
 }
 
+/* A NUL byte inside a string of tokenizer.json or of the tokenizer_config.json beside it: refused
+ * naming the file, where cJSON ended the string there and the rest of it was lost. */
+static void test_nul_byte_refused(void) {
+    static const char tokenizer[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"<unk>\": 0, \"a\": 1, "
+                                    "\"b\": 2, \"ab\": 3, \"a\0b\": 4}, \"merges\": [\"a b\"]}}";
+    static const char config[] = "{\"bos_token\": \"<s\0>\", \"add_bos_token\": true}";
+    for (int i = 0; i < 2; i++) {
+        char *dir = make_temp_dir(), path[4200], side[4200], err[FG_ERR_LEN] = "";
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        snprintf(side, sizeof side, "%s/tokenizer_config.json", dir);
+        FILE *f = fopen(path, "wb");
+        if (i == 0) fwrite(tokenizer, 1, sizeof tokenizer - 1, f);
+        else fputs("{\"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", f);
+        fclose(f);
+        if (i == 1) {
+            f = fopen(side, "wb");
+            fwrite(config, 1, sizeof config - 1, f);
+            fclose(f);
+        }
+        fg_tokenizer *t = tokenizer_load_json(path, err);
+        EXPECT(!t && strstr(err, i ? "tokenizer_config.json" : "tokenizer.json") && strstr(err, "NUL byte"),
+               "a NUL byte in %s: expected it refused naming the file, got '%s'", i ? side : path, err);
+        tokenizer_free(t);
+        rm_tree(dir);
+        free(dir);
+    }
+}
+
 static void test_refusals(void) {
     refused("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "model \"Unigram\" is not implemented");
     refused("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "model \"WordPiece\"");
@@ -457,6 +485,7 @@ void add_tokenizer_json_tests(void) {
     CU_add_test(s, "unimplemented fields refused with one line", test_refusals);
     CU_add_test(s, "add_bos_token beside tokenizer.json: true, false or null; other values refused",
                 test_add_bos_token_values);
+    CU_add_test(s, "a NUL byte in tokenizer.json or tokenizer_config.json refused", test_nul_byte_refused);
     CU_add_test(s, "Metaspace: prepend_scheme first, always, never; the older add_prefix_space", test_metaspace);
     CU_add_test(s, "a tokenizer of no tokens: lookups find nothing", test_no_tokens);
     CU_add_test(s, "a missing tokenizer.json", test_missing_file);
