@@ -375,7 +375,6 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0 && a->max_latency > 0 && !a->auto_policy)
         rc = fg_fail(err,
                      "--max-latency: bounds the block --policy auto chooses; give --policy auto");
-
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && a->gen.refill && stages > 1)
         rc = fg_fail(
