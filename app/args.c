@@ -427,24 +427,30 @@ static int file_of_dir(const char *path, const char *dir, char *found, size_t n)
     return hit;
 }
 
-/* Whether `path` would be a file that a run reads by its name in --model DIR, made where there is
- * none yet: a new model.safetensors.index.json is read before model.safetensors, tokenizer.json
- * before vocab.json. `found` gets the name. */
-static int name_read_in_dir(const char *path, const char *dir, char *found, size_t n) {
-    const char *const names[] = {
-        "config.json",    "model.safetensors", "model.safetensors.index.json",
-        "tokenizer.json", "vocab.json",        "merges.txt"};
-    const size_t n_names = sizeof names / sizeof *names;
+/* Whether `path` is (or would be, where neither is there yet) dir/NAME for one of names[0..n);
+ * `found` gets that NAME. */
+static int name_in_dir(const char *path, const char *dir, const char *const *names, int n,
+                       char *found, size_t len) {
     char file[4200];
-    for (size_t k = 0; dir && k < n_names + 3; k++) {
-        const char *name = k < n_names ? names[k] : fg_tokenizer_side_files[k - n_names];
-        snprintf(file, sizeof file, "%s/%s", dir, name);
+    for (int k = 0; dir && k < n; k++) {
+        snprintf(file, sizeof file, "%s/%s", dir, names[k]);
         if (same_file(path, file)) {
-            snprintf(found, n, "%s", name);
+            snprintf(found, len, "%s", names[k]);
             return 1;
         }
     }
     return 0;
+}
+
+/* Whether `path` would be a file that a run reads by its name in --model DIR, made where there is
+ * none yet: a new model.safetensors.index.json is read before model.safetensors, tokenizer.json
+ * before vocab.json. `found` gets the name. */
+static int name_read_in_dir(const char *path, const char *dir, char *found, size_t n) {
+    static const char *const names[] = {
+        "config.json",    "model.safetensors", "model.safetensors.index.json",
+        "tokenizer.json", "vocab.json",        "merges.txt"};
+    return name_in_dir(path, dir, names, 6, found, n) ||
+           name_in_dir(path, dir, fg_tokenizer_side_files, 3, found, n);
 }
 
 /* Whether `path` is a dummy weights file's name (*.fgw) in dir, the dummy weights' --path DIR,
@@ -462,16 +468,11 @@ static int weights_name_in_dir(const char *path, const char *dir) {
  * tokenizer_config.json, special_tokens_map.json and added_tokens.json; --tokenizer: the first),
  * `found` its name. */
 static int file_beside(const char *path, const char *in, int files, char *found, size_t n) {
-    char dir[4096], file[4200];
+    char dir[4096], name[256];
     split_path(in, dir, sizeof dir);
-    for (int k = 0; k < files; k++) {
-        snprintf(file, sizeof file, "%s/%s", dir, fg_tokenizer_side_files[k]);
-        if (same_file(path, file)) { /* one there now, or one made there */
-            snprintf(found, n, "%s", file);
-            return 1;
-        }
-    }
-    return 0;
+    if (!name_in_dir(path, dir, fg_tokenizer_side_files, files, name, sizeof name))
+        return 0; /* neither one there now nor one made there */
+    return snprintf(found, n, "%s/%s", dir, name) > 0;
 }
 
 /* An output that is an input would destroy it, and two outputs on one file lose one of them. The

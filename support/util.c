@@ -460,7 +460,8 @@ static void release_temp(int slot) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* The temporary of o->target, created and registered (-1: none free, or it cannot be created). */
+/* The temporary of o->target, created and registered (-1: a name over NAME_MAX, none free, or it
+ * cannot be created). */
 static int output_temp(fg_output *o, char *err) {
     const char *slash = strrchr(o->target, '/');
     int dir_len = slash ? (int)(slash - o->target + 1) : 0;
