@@ -271,8 +271,10 @@ endef
 # to it (scripts/call_graph.sh, from the compiled objects), that the docs' call graph and list of
 # suites agree with the code (scripts/check_docs.sh), that clang-format would change no source
 # and no statement chains commas (scripts/check_style.sh; `make format` formats), that each of
-# those checks fails on a violation planted in a copy of the tree (scripts/check_checks.sh), and that the planted bugs and the
-# exercises' wrong versions still find the lines they change (their scripts' --patterns).
+# those checks and scripts/check_deps.sh fails on a violation planted in a copy of the tree
+# (scripts/check_checks.sh), that the planted bugs and the exercises' wrong versions still find
+# the lines they change (their scripts' --patterns), and that each object is rebuilt when a file
+# it includes changes (scripts/check_deps.sh).
 test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTURES)
 	$(if $(SUITE),,bash scripts/check_layout.sh >build/layout.txt; rc=$$?; grep -v '^ok' build/layout.txt; exit $$rc)
 	$(if $(SUITE),,bash scripts/call_graph.sh build/obj >build/call_graph.txt; rc=$$?; tail -1 build/call_graph.txt; exit $$rc)

@@ -11,6 +11,11 @@
 #                     file; a declaration of two variables in flexgen.c
 #   check_docs.sh     a doc pointing at code by line; a wrong file size; a function pointer the
 #                     block of table calls leaves out
+#   call_graph.sh     a support/ file that includes an app/ header; a paper file that includes a
+#                     support header other than support.h; two support/ files that call each
+#                     other (a cycle); a support/ file that calls app/ (up a level)
+#   check_deps.sh     a Makefile that no longer reads the compiler's lists of included files (a
+#                     copy that still reads them passes)
 # Usage: bash scripts/check_checks.sh [OBJECTS]   (OBJECTS: the build's objects, as for
 #        scripts/check_docs.sh; make test passes build/obj). Prints a line a case; the last,
 #        "N passed, N failed"; exits 1 if a case failed.
@@ -36,11 +41,12 @@ fresh_copy() {
     done
 }
 
-# CASE SCRIPT EXPECT WANT: run SCRIPT on the copy; EXPECT fail: a non-zero exit and a line
-# holding WANT; pass: exit 0; clear: no line holding WANT (whatever else the script finds).
+# CASE SCRIPT EXPECT WANT [OBJECTS]: run SCRIPT on the copy (given OBJECTS, or the build's);
+# EXPECT fail: a non-zero exit and a line holding WANT; pass: exit 0; clear: no line holding WANT
+# (whatever else the script finds).
 expect() {
-    local case=$1 script=$2 want_exit=$3 want=$4 out rc
-    out=$(cd "$work/tree" && bash "$script" "$objects" 2>&1)
+    local case=$1 script=$2 want_exit=$3 want=$4 objs=${5:-$objects} out rc
+    out=$(cd "$work/tree" && bash "$script" "$objs" 2>&1)
     rc=$?
     if [ "$want_exit" = fail ] && [ $rc -ne 0 ] && grep -qF -- "$want" <<<"$out"; then
         echo "ok    $case: $(grep -F -m 1 -- "$want" <<<"$out" | cut -c1-120)"
@@ -134,6 +140,46 @@ fresh_copy
 sed -i '/==> fg_search_request.place/d' "$work/tree/docs/DESIGN.md"
 expect "check_docs.sh, the table calls without fg_search_request.place" scripts/check_docs.sh fail \
     "fg_search_request.place"
+
+# ---- call_graph.sh (its includes from the sources, its calls from objects) ----
+# The build's objects with planted files' objects beside them, in $work/obj: FILE (under the
+# tree) compiled from the copy.
+planted_object() {
+    mkdir -p "$work/obj/$(dirname "$1")"
+    gcc -c -o "$work/obj/${1%.c}.o" "$work/tree/$1" || exit 2
+}
+fresh_copy
+echo '#include "app/app.h"' >>"$work/tree/support/util.c"
+expect "call_graph.sh, a support/ file that includes an app/ header" scripts/call_graph.sh fail \
+    "a support/ file includes flexgen.h or an app/ header: support/util.c"
+fresh_copy
+echo '#include "support/tools.h"' >>"$work/tree/quant.c"
+expect "call_graph.sh, a paper file that includes support/tools.h" scripts/call_graph.sh fail \
+    "a paper file includes another support header"
+fresh_copy
+rm -rf "$work/obj"
+cp -a "$objects" "$work/obj"
+printf 'void planted_b(int n);\nvoid planted_a(int n) { if (n) planted_b(n - 1); }\n' >"$work/tree/support/planted_a.c"
+printf 'void planted_a(int n);\nvoid planted_b(int n) { if (n) planted_a(n - 1); }\n' >"$work/tree/support/planted_b.c"
+planted_object support/planted_a.c
+planted_object support/planted_b.c
+expect "call_graph.sh, two support/ files that call each other" scripts/call_graph.sh fail \
+    "cycle through: support/planted_a.c support/planted_b.c" "$work/obj"
+fresh_copy
+rm -rf "$work/obj"
+cp -a "$objects" "$work/obj"
+printf 'void usage(void);\nvoid planted_up(void) { usage(); }\n' >"$work/tree/support/planted_up.c"
+planted_object support/planted_up.c
+expect "call_graph.sh, a support/ file that calls app/" scripts/call_graph.sh fail \
+    "support/planted_up.c -> app/args.c" "$work/obj"
+
+# ---- check_deps.sh (make in the copy, beside the build's objects and their lists, times kept) ----
+fresh_copy
+cp -a "$root/build/obj" "$root/build/obj-tests" "$work/tree/build/"
+expect "check_deps.sh, the Makefile as it is" scripts/check_deps.sh pass ""
+sed -i '/^-include .*\.d/d' "$work/tree/Makefile"
+expect "check_deps.sh, a Makefile that reads no list of included files" scripts/check_deps.sh fail \
+    "does not depend on support/avx512.c"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
