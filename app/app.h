@@ -177,13 +177,14 @@ typedef struct {
     const char *hw;                   /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
-    int auto_policy;      /* --policy auto: search for the policy (§4.3) */
-    int schedule_given;   /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
-    int prompt_len_given; /* --prompt-len: refused beside given prompts, which it cannot size */
-    const char *searched_flag; /* the last of --percent, --gpu-batch-size, --num-gpu-batches
-                                  given: --policy auto chooses them, and says so */
-    int evaluate;              /* flexgen policy --evaluate: predict the given policy, no search */
-    double max_latency;        /* --max-latency: the search's bound on a block's latency */
+    int auto_policy;         /* --policy auto: search for the policy (§4.3) */
+    int schedule_given;      /* --schedule: the search keeps it (else it chooses, Appendix A.2) */
+    int prompt_len_given;    /* --prompt-len: refused beside given prompts, which it cannot size */
+    const char *searched[3]; /* those of --percent, --gpu-batch-size, --num-gpu-batches given,
+                                in order: a search chooses them, and says so (warn_searched) */
+    int n_searched;
+    int evaluate;       /* flexgen policy --evaluate: predict the given policy, no search */
+    double max_latency; /* --max-latency: the search's bound on a block's latency */
     const char *text, *predictions, *compare; /* flexgen perplexity's files */
     ppl_options ppl;
     const char *ppl_flag; /* the first flag given that only flexgen perplexity takes */
@@ -213,11 +214,19 @@ enum { JOB_WINDOW = 8 }; /* a batch job's window: rounds of prompts (run_rounds)
 /* args.c: parse_args returns 0, 1 for --help, or -1 with err; usage prints --help's text. */
 int parse_args(int argc, char **argv, cli_args *a, char *err);
 void usage(FILE *out);
+void usage_command(FILE *out, const char *command); /* profile's and tokenize's own; else usage */
 int parse_device(const char *s, fg_device *d, char *err);
 /* The flags that `flexgen policy` and `flexgen perplexity` have no use for, refused. */
 int check_command_flags(const char *command, int argc, char **argv, char *err);
+/* One warning line naming the block and placement flags given beside a search that chose them
+ * (why: who chose them). */
+void warn_searched(const cli_args *a, const char *why);
 
 /* prompts.c */
+/* What to give where a command needs a tokenizer and the model directory holds none. */
+#define TOKENIZER_WAYS                                                             \
+    "give --tokenizer F.json, --vocab and --merges, or a model directory holding " \
+    "tokenizer.json, or vocab.json and merges.txt"
 void prompts_free(prompt_set *p);
 int prompts_add(prompt_set *p, int *ids, int len, char *err);
 int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, size_t len, char *id,

@@ -54,8 +54,9 @@ static void usage_run(FILE *out) {
 "prompts (synthetic ones of --prompt-len tokens when none are given)\n"
 "  --prompt TEXT           a prompt (repeatable); needs a tokenizer; its BOS is prepended\n"
 "  --prompt-file F         one prompt a line; needs a tokenizer; its BOS is prepended. F.jsonl:\n"
-"                          a JSON object a line, {\"prompt\": TEXT} or {\"prompt_ids\": [...]},\n"
-"                          each with an optional \"id\" (the line number when absent)\n"
+"                          a JSON object a line, {\"prompt\": TEXT} (tokenized) or\n"
+"                          {\"prompt_ids\": [...]} (used as given: no tokenizer needed), each\n"
+"                          with an optional \"id\" (the line number when absent)\n"
 "  --prompt-ids F          one prompt a line, space-separated token ids, used as given\n"
 "  --prompt-len N          length of synthetic prompts [512]\n"
 "generation\n"
@@ -137,16 +138,19 @@ static void usage_search(FILE *out) {
 "                          diagonal schedule pays a warm-up: it gains on many prompts, not one\n"
 "                          block); synthetic prompts fill the block it picks,\n"
 "                          which can be thousands (bound it with --max-latency) [manual]\n"
-"  --hw FILE               the cost model's hardware constants (JSON) [~/.cache/flexgen/\n"
-"                          hardware.json, measured by `flexgen profile` the first time]\n"
+"  --hw FILE               the cost model's hardware constants (JSON) [hardware.json in\n"
+"                          $XDG_CACHE_HOME/flexgen or ~/.cache/flexgen, measured by\n"
+"                          `flexgen profile` the first time]\n"
 "  --max-latency S         auto: a block may take at most S seconds (Fig. 1's trade-off)\n"
+"  --hw and --max-latency are the search's: a run takes them with --policy auto only.\n"
 "  flexgen policy takes the flags of a run and prints the policy the search chooses, as flags,\n"
 "  with its predicted throughput and each layer's latency terms, and each schedule's best\n"
 "  (--json: one object; --device auto: the backend the hardware file describes);\n"
 "  --evaluate predicts the policy given by the flags instead of searching.\n"
 "  flexgen profile measures this machine (copies, the disk in --offload-dir, matrix products\n"
 "  and attention) and writes the hardware file (--out FILE) [the default --hw]\n"
-"perplexity (flexgen perplexity; with the policy, device and section 5 flags above)\n"
+"perplexity (flexgen perplexity; with the device, section 5 and policy flags above but\n"
+"  --schedule)\n"
 "  --text F                the text to score, tokenized with the model's tokenizer after a BOS\n"
 "  --window N              tokens the model sees at once [the model's positions]\n"
 "  --stride N              how far each window advances; it scores the tokens no earlier one\n"
@@ -171,7 +175,7 @@ static void usage_search(FILE *out) {
 "  --dump-logits F         float32 [num_prompts][gen_len][vocab]: the logits each generated\n"
 "                          token was chosen from, in prompt order\n"
 "  --trace F               a Chrome trace (load it in Perfetto): one track per thread\n"
-"  --json                  one JSON object on stdout instead of the report lines\n"
+"  --json                  one JSON object on stdout instead of the report lines and texts\n"
 "  --warmup                first a short untimed generate (a block of prompts of up to 32\n"
 "                          tokens, 2 generated), as FlexGen's benchmark does, so that the\n"
 "                          figures leave out first-time costs (on a GPU: its context, cuBLAS,\n"
@@ -184,12 +188,46 @@ static void usage_search(FILE *out) {
           out);
 }
 
+static void usage_profile(FILE *out) {
+    fprintf(out,
+"usage: flexgen profile [--offload-dir DIR] [--out FILE] [--device cuda|cpu|cpu-fp16|auto]\n"
+"\n"
+"Measures this machine for the policy search's cost model (paper section 4.3): copies between\n"
+"the tiers, the disk, matrix products and attention; then writes the hardware file that\n"
+"--policy auto and `flexgen policy` read (--hw).\n"
+"  --offload-dir DIR       the disk tier's directory, whose disk is measured [%s]\n"
+"  --out FILE              the hardware file [hardware.json in $XDG_CACHE_HOME/flexgen or\n"
+"                          ~/.cache/flexgen: the default --hw]\n"
+"  --device D              the backend measured: cuda, cpu, cpu-fp16, or auto (cuda where a\n"
+"                          GPU is present) [auto]\n",
+            FG_DEFAULT_OFFLOAD_DIR);
+}
+
+static void usage_tokenize(FILE *out) {
+    fputs(
+"usage: flexgen tokenize --vocab FILE --merges FILE | --tokenizer FILE.json | --model DIR\n"
+"\n"
+"Reads text on standard input and prints each line's token ids, space-separated, a line for\n"
+"a line (no BOS).\n"
+"  --vocab F, --merges F   a byte-level BPE tokenizer's files (the special-token files beside\n"
+"                          vocab.json are read too)\n"
+"  --tokenizer F.json      an HF tokenizer.json\n"
+"  --model DIR             DIR's tokenizer.json, else its vocab.json and merges.txt\n",
+          out);
+}
+
 /* clang-format on */
 
 void usage(FILE *out) {
     usage_run(out);
     usage_policy(out);
     usage_search(out);
+}
+
+void usage_command(FILE *out, const char *command) {
+    if (!strcmp(command, "profile")) usage_profile(out);
+    else if (!strcmp(command, "tokenize")) usage_tokenize(out);
+    else usage(out);
 }
 
 static int parse_int(const char *flag, const char *s, int min, int max, int *out, char *err) {
@@ -288,6 +326,45 @@ static int parse_switch(const char *f, cli_args *a) {
     return 1;
 }
 
+/* --percent's six values, the first n of argv. */
+static int parse_percent(int n, char **argv, fg_percent *percent, char *err) {
+    int *fields[6] = {&percent->wg, &percent->wc, &percent->cg,
+                      &percent->cc, &percent->hg, &percent->hc};
+    for (int j = 0; j < 6; j++) {
+        if (j < n && parse_int("--percent", argv[j], 0, 100, fields[j], err) == 0) continue;
+        if (j < n) /* a value refused */
+            return fg_fail(err,
+                           "--percent: expected six integers in 0..100 (wg wc cg cc hg hc), got "
+                           "'%s'",
+                           argv[j]);
+        return fg_fail(err,
+                       "--percent: expected six integers in 0..100 (wg wc cg cc hg hc), got only "
+                       "%d",
+                       j);
+    }
+    return 0;
+}
+
+/* A flag that a search would choose, once, in the order given. */
+static void add_searched(cli_args *a, const char *f) {
+    for (int i = 0; i < a->n_searched; i++)
+        if (!strcmp(a->searched[i], f)) return;
+    if (a->n_searched < 3) a->searched[a->n_searched++] = f;
+}
+
+void warn_searched(const cli_args *a, const char *why) {
+    char names[96] = "";
+    size_t used = 0;
+    for (int i = 0; i < a->n_searched; i++) {
+        const char *sep = i == 0 ? "" : i == a->n_searched - 1 ? " and " : ", ";
+        int n = snprintf(names + used, sizeof names - used, "%s%s", sep, a->searched[i]);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    if (a->n_searched)
+        fprintf(stderr, "flexgen: warning: %s %s not used: %s\n", names,
+                a->n_searched > 1 ? "are" : "is", why);
+}
+
 static int check_flags(const cli_args *a, char *err);
 int parse_args(int argc, char **argv, cli_args *a, char *err) {
     memset(a, 0, sizeof *a);
@@ -307,16 +384,9 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
         else if (parse_switch(f, a)) takes_value = 0;
         else if (!strcmp(f, "--percent")) {
-            int *fields[6] = {&p->percent.wg, &p->percent.wc, &p->percent.cg,
-                              &p->percent.cc, &p->percent.hg, &p->percent.hc};
-            for (int j = 0; j < 6 && rc == 0; j++)
-                rc =
-                    parse_int(f, i + 1 + j < argc ? argv[i + 1 + j] : NULL, 0, 100, fields[j], err);
-            if (rc)
-                return fg_fail(err,
-                               "--percent: expected six integers in 0..100 (wg wc cg cc hg hc)");
+            if (parse_percent(argc - i - 1, argv + i + 1, &p->percent, err)) return -1;
             takes_value = 6;
-            a->searched_flag = f;
+            add_searched(a, f);
         } else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
         else if (!v) return fg_fail(err, "%s: missing value", f);
         else if (!strcmp(f, "--model")) a->model = v;
@@ -343,10 +413,10 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         } else if (!strcmp(f, "--gen-len")) rc = parse_int(f, v, 1, INT_MAX, &a->gen.gen_len, err);
         else if (!strcmp(f, "--gpu-batch-size")) {
             rc = parse_int(f, v, 1, INT_MAX, &p->gpu_batch_size, err);
-            a->searched_flag = f;
+            add_searched(a, f);
         } else if (!strcmp(f, "--num-gpu-batches")) {
             rc = parse_int(f, v, 1, INT_MAX, &p->num_gpu_batches, err);
-            a->searched_flag = f;
+            add_searched(a, f);
         } else if (!strcmp(f, "--overlap")) rc = parse_int(f, v, 0, 1, &p->overlap, err);
         else if (!strcmp(f, "--pin-weight")) rc = parse_int(f, v, 0, 1, &p->pin_weight, err);
         else if (!strcmp(f, "--gpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_GPU], err);
@@ -373,9 +443,8 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
             a->auto_policy = !strcmp(v, "auto");
         } else if (!strcmp(f, "--max-latency")) {
             float lat;
-            rc = parse_float(f, v, 0, 1e9, &lat, err);
-            if (rc == 0 && !(lat > 0))
-                rc = fg_fail(err, "--max-latency: expected seconds > 0, got '%s'", v);
+            if (parse_float(f, v, 0, 1e9, &lat, err) || !(lat > 0))
+                rc = fg_fail(err, "--max-latency: expected seconds in (0, 1e9], got '%s'", v);
             a->max_latency = lat;
         }
         if (rc) return -1;
@@ -571,14 +640,19 @@ static int check_flags(const cli_args *a, char *err) {
     return check_outputs_apart(a, err);
 }
 
-/* Flags a subcommand has no use for: refused, not ignored. */
+/* Flags a subcommand has no use for: refused, not ignored. The command line is read as
+ * parse_args reads it (a value is not a flag), to --help, which asks for the text alone. */
 static int refuse_flags(const char *command, const char *const *flags, int argc, char **argv,
                         char *err) {
-    for (int i = 2; i < argc; i++)
-        for (int j = 0; flags[j]; j++)
-            if (!strcmp(argv[i], flags[j]))
-                return fg_fail(err, "%s: not a flag of `flexgen %s`", argv[i], command);
-    return 0;
+    const char *refused = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 0;
+        for (int j = 0; flags[j] && !refused; j++)
+            if (!strcmp(argv[i], flags[j])) refused = argv[i];
+        if (!strcmp(argv[i], "--percent")) i += 6;
+        else if (is_value_flag(argv[i])) i++;
+    }
+    return refused ? fg_fail(err, "%s: not a flag of `flexgen %s`", refused, command) : 0;
 }
 
 /* The flags that flexgen policy and flexgen perplexity have no use for: the outputs of a run, and

@@ -60,6 +60,12 @@ int policy_command(cli_args *a, char *err) {
     fg_tokenizer *tok = NULL;
     prompt_set prompts = {0};
     int rc = a->ppl_flag ? fg_fail(err, "%s: a flag of `flexgen perplexity`", a->ppl_flag) : 0;
+    if (rc == 0 && a->evaluate && a->max_latency > 0)
+        rc = fg_fail(err, "--max-latency: bounds the search's block, and --evaluate searches "
+                          "nothing; drop one of them");
+    if (rc == 0 && !a->evaluate)
+        warn_searched(a, "the search chooses the block and the placement (--evaluate predicts the "
+                         "given ones)");
     if (rc == 0) rc = resolve_model_config(a->model, &cfg, err);
     if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = check_lengths(a, &cfg, err); /* as a run checks them */
@@ -147,7 +153,7 @@ int profile_command(int argc, char **argv, char *err) {
     fg_device device = FG_DEVICE_AUTO;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
+            usage_command(stdout, "profile");
             return 1;
         }
         if (strcmp(argv[i], "--offload-dir") && strcmp(argv[i], "--out") &&
@@ -210,7 +216,7 @@ int tokenize_command(int argc, char **argv, char *err) {
     const char *value[4] = {0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
+            usage_command(stdout, "tokenize");
             return 0;
         }
         int k = 0;
@@ -369,9 +375,7 @@ int perplexity_command(cli_args *a, char *err) {
     if (rc == 0) rc = resolve_model_config(a->model, &cfg, err);
     if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = open_run_tokenizer(a, &tok, err);
-    if (rc == 0 && !tok)
-        rc = fg_fail(err, "perplexity needs a tokenizer: give --vocab and --merges, or a model "
-                          "directory holding vocab.json and merges.txt");
+    if (rc == 0 && !tok) rc = fg_fail(err, "perplexity needs a tokenizer: " TOKENIZER_WAYS);
     if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
     if (rc == 0) rc = check_text_ids(a, ids, n, cfg.vocab, err);
     if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref)))

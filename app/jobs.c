@@ -352,13 +352,22 @@ char *job_header(const job_identity *id, const gen_options *g, const fg_policy *
     return line;
 }
 
+/* What a key that job_header leaves out means: its default. */
+static const char *absent_value(const char *key) {
+    if (!strcmp(key, "schedule")) return "\"zigzag\"";
+    if (!strcmp(key, "refill") || !strcmp(key, "int8_activations") || !strcmp(key, "bf16_prefill"))
+        return "false";
+    return "none";
+}
+
 /* The first key whose value differs between two job lines (a key in one only differs), or NULL. */
 static const char *header_differs(const cJSON *have, const cJSON *want, char *values, size_t n) {
     for (const cJSON *w = want->child; w; w = w->next) {
         const cJSON *h = fg_json_get(have, w->string);
         if (h && cJSON_Compare(h, w, 1)) continue;
         char *a = h ? cJSON_PrintUnformatted(h) : NULL, *b = cJSON_PrintUnformatted(w);
-        snprintf(values, n, "%.100s there, %.100s here", a ? a : "none", b ? b : "?");
+        snprintf(values, n, "%.100s there, %.100s here", a ? a : absent_value(w->string),
+                 b ? b : "?");
         free(a);
         free(b);
         return w->string;
@@ -366,7 +375,7 @@ static const char *header_differs(const cJSON *have, const cJSON *want, char *va
     for (const cJSON *h = have->child; h; h = h->next) {
         if (fg_json_get(want, h->string)) continue;
         char *a = cJSON_PrintUnformatted(h);
-        snprintf(values, n, "%.100s there, none here", a ? a : "?");
+        snprintf(values, n, "%.100s there, %s here", a ? a : "?", absent_value(h->string));
         free(a);
         return h->string;
     }

@@ -226,9 +226,7 @@ int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
 int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
                    char *err) {
     if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
-        return fg_fail(err,
-                       "%s needs a tokenizer: give --vocab and --merges, or a model directory "
-                       "holding tokenizer.json, or vocab.json and merges.txt",
+        return fg_fail(err, "%s needs a tokenizer: " TOKENIZER_WAYS,
                        a->prompt_file ? "--prompt-file" : "--prompt");
     if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
     if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);

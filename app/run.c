@@ -231,11 +231,9 @@ static int job_prompts(cli_args *a, fg_pipe *pipe, const model_config *cfg, fg_t
     if (a->auto_policy && plan_stages(a, pipe, cfg, given[0] ? (given[0] + stages - 1) / stages : 0,
                                       given + 2, given + 4, err))
         return -1;
-    if (rank == 0 && a->auto_policy && a->searched_flag)
-        fprintf(stderr,
-                "flexgen: warning: %s is not used: --policy auto chose the block and the "
-                "placement (--policy manual takes them as given)\n",
-                a->searched_flag);
+    if (rank == 0 && a->auto_policy)
+        warn_searched(a, "--policy auto chose the block and the placement (--policy manual takes "
+                         "them as given)");
     if (rank == 0 && a->output && a->auto_policy)
         rc = begin_job(a, out, err); /* the shape it chose */
     if (rc == 0 && rank == 0 && p->n == 0) rc = synthetic_prompts(p, a, stages, cfg->vocab, err);
@@ -375,6 +373,9 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0 && a->max_latency > 0 && !a->auto_policy)
         rc = fg_fail(err,
                      "--max-latency: bounds the block --policy auto chooses; give --policy auto");
+    if (rc == 0 && a->hw && !a->auto_policy)
+        rc = fg_fail(err,
+                     "--hw: the hardware file --policy auto's search reads; give --policy auto");
     if (rc == 0 && pipe) rc = share_job(a, pipe, err);
     if (rc == 0 && a->gen.refill && stages > 1)
         rc = fg_fail(

@@ -247,6 +247,11 @@ static int check_model(const cJSON *m, const char *path, char *err) {
     const char *prefix = str_of(m, "continuing_subword_prefix"),
                *suffix = str_of(m, "end_of_word_suffix");
     const cJSON *dropout = fg_json_get(m, "dropout");
+    if (!m) /* a vocab.json, say */
+        return fg_fail(err,
+                       "%s: not a tokenizer.json (it has no \"model\"); a vocab.json goes with "
+                       "--vocab and --merges",
+                       path);
     if (!is(m, "type", "BPE")) return refuse(path, "model", m, "BPE is", err);
     if (dropout && !cJSON_IsNull(dropout))
         return fg_fail(err, "%s: model.dropout: BPE dropout is not implemented", path);

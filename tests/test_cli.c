@@ -326,7 +326,8 @@ static void test_bad_flag_values(void) {
 
 static void test_bad_flag_combinations(void) {
     EXPECT_FAIL(ARGS("--model", "opt-7b"), "--model", "opt-7b", "opt-6.7b");
-    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt", "Hello"), "--prompt", "tokenizer");
+    EXPECT_FAIL(ARGS("--model", "opt-125m", "--prompt", "Hello"), "--prompt", "tokenizer", "--tokenizer F.json",
+                "--vocab and --merges", "tokenizer.json");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-file", tiny_prompts), "--prompt-file",
                 "tokenizer");
     EXPECT_FAIL(ARGS("--prompt", "Hello", "--prompt-ids", tiny_prompts), "--prompt",
@@ -951,16 +952,40 @@ static void test_help(void) {
             fprintf(stderr, "\n    --help mentions %.*s, not in FLAGS\n", (int)len, s);
         s += len - 2;
     }
-    /* each subcommand takes -h and --help as the run does: the usage on stdout, exit 0 */
+    /* each subcommand takes -h and --help as the run does, on stdout, exit 0: policy and
+     * perplexity (which take a run's flags) the usage, profile and tokenize their own text, which
+     * names their flags and no others */
     static const char *const subcommands[] = {"policy", "profile", "tokenize", "perplexity"};
+    static const char *const own_flags[4][5] = {
+        {NULL}, {"--offload-dir", "--out", "--device", NULL}, {"--vocab", "--merges", "--tokenizer", "--model", NULL},
+        {NULL}};
     for (int i = 0; i < 4; i++)
         for (int h = 0; h < 2; h++) {
-            char *sub_out, *sub_err;
+            char *sub_out, *sub_err, usage_line[64];
             int rc = run_flexgen(ARGS(subcommands[i], h ? "--help" : "-h"), NULL, &sub_out, &sub_err);
-            EXPECT(rc == 0 && !strcmp(sub_out, out), "flexgen %s %s: expected the usage and exit 0, got %d, '%.80s'",
-                   subcommands[i], h ? "--help" : "-h", rc, sub_err);
+            snprintf(usage_line, sizeof usage_line, "usage: flexgen %s ", subcommands[i]);
+            int own = own_flags[i][0] != NULL;
+            EXPECT(rc == 0 && (own ? !strncmp(sub_out, usage_line, strlen(usage_line)) : !strcmp(sub_out, out)),
+                   "flexgen %s %s: expected %s and exit 0, got %d, '%.80s'", subcommands[i], h ? "--help" : "-h",
+                   own ? "its own usage" : "the usage", rc, sub_out);
+            for (const char *s = strstr(sub_out, "--"); own && s; s = strstr(s + 2, "--")) {
+                size_t len = 2 + strspn(s + 2, "abcdefghijklmnopqrstuvwxyz-");
+                int known = 0;
+                for (int k = 0; own_flags[i][k]; k++)
+                    known |= strlen(own_flags[i][k]) == len && !strncmp(own_flags[i][k], s, len);
+                known |= !strncmp(s, "--policy auto", 13) || !strncmp(s, "--hw", 4); /* profile's purpose */
+                EXPECT(known, "flexgen %s --help mentions %.*s, not one of its flags", subcommands[i], (int)len, s);
+            }
             free(sub_out), free(sub_err);
         }
+    /* --help asks for the text alone, whatever else is given: not a refusal of a flag beside it,
+     * unless the "--help" is another flag's value */
+    char *h_out, *h_err;
+    int rc = run_flexgen(ARGS("policy", "--output", "x.jsonl", "--help"), NULL, &h_out, &h_err);
+    EXPECT(rc == 0 && !strcmp(h_out, out), "flexgen policy --output x.jsonl --help: expected the usage, got %d '%s'",
+           rc, h_err);
+    free(h_out), free(h_err);
+    EXPECT_FAIL(ARGS("policy", "--prompt", "--help", "--output", "x.jsonl"), "--output", "not a flag of `flexgen policy`");
     free(out);
     free(err);
 }
@@ -1015,7 +1040,10 @@ static void test_device(void) {
 static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--percent", "101", "0", "100", "0", "100", "0"), "--percent", "0..100");
     EXPECT_FAIL(ARGS("--percent", "100", "0", "-1", "0", "100", "0"), "--percent");
-    EXPECT_FAIL(ARGS("--percent", "1", "2", "3", "4", "5"), "--percent", "six");
+    EXPECT_FAIL(ARGS("--percent", "1", "2", "3", "4", "5"), "--percent", "six", "got only 5");
+    EXPECT_FAIL(ARGS("--percent", "0", "50", "0", "100", "100", "101"), "--percent", "0..100", "got '101'");
+    EXPECT_FAIL(ARGS("--max-latency", "-1"), "--max-latency", "(0, 1e9]", "'-1'");
+    EXPECT_FAIL(ARGS("--max-latency", "0"), "--max-latency", "(0, 1e9]", "'0'");
     EXPECT_FAIL(ARGS("--percent", "60", "50", "100", "0", "100", "0"), "--percent", "weights",
                 "110%");
     EXPECT_FAIL(ARGS("--percent", "100", "0", "70", "40", "100", "0"), "--percent", "KV cache");
@@ -1683,6 +1711,22 @@ static void test_policy_auto_run(void) {
     EXPECT(rc == 0 && strstr(err, "warning: --gpu-batch-size is not used") && count_lines(err) == 1,
            "--policy auto --gpu-batch-size 3: expected exit 0 and one warning line; got %d, '%s'", rc, err);
     free(out), free(err);
+    /* all of them, each once, in the order given; and so `flexgen policy` without --evaluate */
+    for (int evaluate = 0; evaluate < 2; evaluate++) {
+        const char *command = evaluate ? "policy" : "--quiet";
+        rc = run_flexgen(ARGS(command, "--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--device",
+                              "cpu", "--hw", hw, "--percent", "100", "0", "100", "0", "100", "0", "--num-gpu-batches",
+                              "2", "--gpu-batch-size", "3", "--percent", "100", "0", "100", "0", "100", "0",
+                              evaluate ? "--offload-dir" : "--policy", evaluate ? dir : "auto"),
+                         NULL, &out, &err);
+        const char *want = evaluate ? "warning: --percent, --num-gpu-batches and --gpu-batch-size are not used: the "
+                                      "search chooses"
+                                    : "warning: --percent, --num-gpu-batches and --gpu-batch-size are not used: "
+                                      "--policy auto chose";
+        EXPECT(rc == 0 && strstr(err, want) && count_lines(err) == 1, "%s: expected exit 0 and '%s'; got %d, '%s'",
+               command, want, rc, err);
+        free(out), free(err);
+    }
     rm_tree(dir);
     free(dir);
 }
@@ -1952,6 +1996,10 @@ static void test_policy_bad_input(void) {
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-len", "8", "--max-latency", "60"), "--max-latency",
                 "--policy auto"); /* bounds nothing in a run of the policy given */
     EXPECT_FAIL(ARGS("--evaluate"), "--evaluate", "flexgen policy");
+    /* the search's flags where nothing searches: refused, not ignored */
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--hw", missing), "--hw", "--policy auto");
+    EXPECT_FAIL(ARGS("policy", "--evaluate", "--model", tiny_dir, "--prompt-len", "8", "--hw", hw, "--max-latency", "1"),
+                "--max-latency", "--evaluate");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", bad), bad, "gtoc_bdw_cache");
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--prompt-len", "8", "--hw", missing), missing);
     /* the two rates of --int8-activations' products go together: one alone is named at load, not

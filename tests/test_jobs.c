@@ -450,10 +450,23 @@ static void test_job_bad_input(void) {
     write_text_file(output, before);
     free(full);
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
-                     "--stop-at-eos", "--resume"), "another job", "refill is true there, none here");
+                     "--stop-at-eos", "--resume"), "another job", "refill is true there, false here");
     after = slurp(output, NULL);
     EXPECT(before && after && !strcmp(before, after), "a resume without the job's --refill changed %s", output);
     free(before), free(after);
+    /* a key the job line leaves out at its default is named by that default */
+    unlink(output);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                                     "--quiet"), NULL, &out, &err), 0);
+    free(out), free(err);
+    full = slurp(output, NULL);
+    CU_ASSERT_FATAL(full != NULL);
+    before = first_lines(full, 2);
+    write_text_file(output, before);
+    free(full);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", output, "--gen-len", "3",
+                     "--schedule", "diagonal", "--resume"), "another job", "schedule is \"zigzag\" there, \"diagonal\" here");
+    free(before);
     /* a job of --int8-activations whose line has no int8_weight_max: begun when W's integer columns
      * took 8 bits, resumed where they take 7, is another job, and says which key differs */
     unlink(output);
@@ -763,10 +776,11 @@ static void test_job_identity(void) {
     write_text_file(prompts, text);
     char other_path[4300];
     snprintf(other_path, sizeof other_path, "%s/../%s/prompts.jsonl", dir, strrchr(dir, '/') + 1);
-    for (int auto_policy = 0; auto_policy < 2; auto_policy++) {
+    for (int auto_policy = 0; auto_policy < 2; auto_policy++) { /* --hw is the search's: a manual run refuses it */
         const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "6", "--quiet",
                              "--temperature", "0.9", "--seed", "5", "--output", output, "--policy",
-                             auto_policy ? "auto" : "manual", "--hw", hw, "--gpu-batch-size", "2", NULL, NULL};
+                             auto_policy ? "auto" : "manual", auto_policy ? "--hw" : "--offload-dir",
+                             auto_policy ? hw : dir, "--gpu-batch-size", "2", NULL, NULL};
         unlink(output);
         run_ok(job);
         char *full = slurp(output, NULL), *part = full ? first_lines(full, 18) : NULL; /* 17 of 20 records */
