@@ -254,7 +254,7 @@ int tokenize_command(int argc, char **argv, char *err) {
 static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, int *n, char *err) {
     size_t size;
     char *text = fg_read_file(path, &size, err);
-    if (!text) return -1;
+    if (!text) return fg_fail_flag(err, "--text");
     prompt_set p = {0};
     int rc = memchr(text, 0, size) ? fg_fail(err, "--text %s: a NUL byte: not a text file", path)
                                    : add_text_prompt(&p, tok, text, size, NULL, err);
@@ -296,11 +296,8 @@ static int check_text_ids(const cli_args *a, const int *ids, int n, int vocab, c
 /* Another run's --predictions: one token id a line, as many as the text has scored tokens. */
 static int read_predictions(const char *path, int scored, int vocab, int *ref, char *err) {
     size_t size;
-    char *text = fg_read_file(path, &size, err), why[FG_ERR_LEN];
-    if (!text) {
-        snprintf(why, sizeof why, "%s", err);
-        return fg_fail(err, "--compare %s", why);
-    }
+    char *text = fg_read_file(path, &size, err);
+    if (!text) return fg_fail_flag(err, "--compare");
     int n = 0, line_no = 0, rc = 0;
     for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
         end = memchr(line, '\n', (size_t)(text + size - line));

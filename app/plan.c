@@ -80,7 +80,7 @@ int default_hw_file(char *path, size_t n, char *err) {
 
 /* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
-    if (a->hw) return fg_hardware_read(a->hw, hw, err);
+    if (a->hw) return fg_hardware_read(a->hw, hw, err) ? fg_fail_flag(err, "--hw") : 0;
     char path[4200];
     if (default_hw_file(path, sizeof path, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);

@@ -148,11 +148,11 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
  * Windows): the \r is no part of a text prompt. A NUL byte ends no line: it is refused, as it
  * could only be a damaged or binary file. An empty line of ids or text is refused too: it would
  * be a prompt of BOS alone, more likely a slip than a wish (--prompt "" asks for one). */
-static int read_prompt_lines(prompt_set *p, const char *path, const fg_tokenizer *tok, int vocab,
-                             char *err) {
+static int read_prompt_lines(prompt_set *p, const char *flag, const char *path,
+                             const fg_tokenizer *tok, int vocab, char *err) {
     size_t size;
     char *text = fg_read_file(path, &size, err);
-    if (!text) return -1;
+    if (!text) return fg_fail_flag(err, flag);
     int line_no = 0, rc = 0, jsonl = is_jsonl(path);
     for (char *line = text, *end; rc == 0 && line < text + size; line = end + 1) {
         end = memchr(line, '\n', (size_t)(text + size - line));
@@ -210,7 +210,9 @@ int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
     if (!a->vocab != !a->merges) return fg_fail(err, "--vocab and --merges go together");
     if (a->vocab && a->tokenizer)
         return fg_fail(err, "--tokenizer: give it or --vocab and --merges, not both");
-    if (a->tokenizer) return (*tok = tokenizer_load_json(a->tokenizer, err)) ? 0 : -1;
+    if (a->tokenizer)
+        return (*tok = tokenizer_load_json(a->tokenizer, err)) ? 0
+                                                               : fg_fail_flag(err, "--tokenizer");
     if (a->vocab) {
         snprintf(vocab, sizeof vocab, "%s", a->vocab);
         snprintf(merges, sizeof merges, "%s", a->merges);
@@ -228,8 +230,9 @@ int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt
     if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
         return fg_fail(err, "%s needs a tokenizer: " TOKENIZER_WAYS,
                        a->prompt_file ? "--prompt-file" : "--prompt");
-    if (a->prompt_ids) return read_prompt_lines(p, a->prompt_ids, NULL, vocab, err);
-    if (a->prompt_file) return read_prompt_lines(p, a->prompt_file, tok, vocab, err);
+    if (a->prompt_ids) return read_prompt_lines(p, "--prompt-ids", a->prompt_ids, NULL, vocab, err);
+    if (a->prompt_file)
+        return read_prompt_lines(p, "--prompt-file", a->prompt_file, tok, vocab, err);
     for (int i = 0; i < a->n_prompt_texts; i++)
         if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), NULL, err)) return -1;
     return 0;

@@ -15,6 +15,8 @@
 /* ---- Error lines and small services (util.c) ---- */
 /* Writes one line into err (may be NULL) and returns -1; control characters become '?'. */
 int fg_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The line in err, about a file that `flag` named, with the flag put before it; returns -1. */
+int fg_fail_flag(char *err, const char *flag);
 double now_seconds(void); /* a monotonic clock */
 #define GB ((double)(1 << 30))
 typedef struct {

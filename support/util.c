@@ -40,6 +40,12 @@ int fg_fail(char *err, const char *fmt, ...) {
     return -1;
 }
 
+int fg_fail_flag(char *err, const char *flag) {
+    char why[FG_ERR_LEN];
+    snprintf(why, sizeof why, "%s", err ? err : "");
+    return fg_fail(err, "%s %s", flag, why);
+}
+
 char *fg_read_file(const char *path, size_t *len, char *err) {
     /* O_NONBLOCK: opening a FIFO with no writer returns at once, to be refused below */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);

@@ -363,6 +363,23 @@ static void test_bad_prompt_ids(void) {
     char *dir = make_temp_dir();
     const char *missing = join(dir, "nonexistent.txt");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", missing), missing, "No such file");
+    /* a file that cannot be read is named with its flag */
+    char named[4300];
+    snprintf(named, sizeof named, "--prompt-ids %s: cannot open", missing);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", missing), named);
+    snprintf(named, sizeof named, "--prompt-file %s: cannot open", missing);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", missing), named);
+    snprintf(named, sizeof named, "--tokenizer %s: cannot open", missing);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt", "x", "--tokenizer", missing), named);
+    snprintf(named, sizeof named, "--hw %s: cannot open", missing);
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--policy", "auto", "--hw", missing), named);
+    snprintf(named, sizeof named, "--text %s: cannot open", missing);
+    EXPECT_FAIL(ARGS("perplexity", "--model", kjv_dir, "--text", missing), named);
+    /* and a vocab.json given as a tokenizer.json is said to be one */
+    char vocab_json[4300];
+    snprintf(vocab_json, sizeof vocab_json, "%s/vocab.json", kjv_dir);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt", "x", "--tokenizer", vocab_json), "--tokenizer", vocab_json,
+                "not a tokenizer.json", "--vocab and --merges");
     expect_bad_ids(dir, "2 5\n2 512\n", "line 2", "512 out of range");
     expect_bad_ids(dir, "2 -1\n", "line 1", "-1 out of range");
     expect_bad_ids(dir, "2 5 abc 7\n", "line 1", "not a token id: 'abc");

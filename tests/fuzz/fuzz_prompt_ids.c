@@ -17,7 +17,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static void read_prompts(const char *path, const fg_tokenizer *t, int vocab) {
     prompt_set p = {0};
     char err[FG_ERR_LEN] = "";
-    int rc = read_prompt_lines(&p, path, t, vocab, err);
+    int rc = read_prompt_lines(&p, "--prompt-file", path, t, vocab, err);
     fuzz_check(rc, err, "read_prompt_lines");
     for (int i = 0; rc == 0 && i < p.n; i++) {
         if (p.lens[i] < 1) abort();
