@@ -16,6 +16,9 @@
 #                     other (a cycle); a support/ file that calls app/ (up a level)
 #   check_deps.sh     a Makefile that no longer reads the compiler's lists of included files (a
 #                     copy that still reads them passes)
+#   check_readme.sh   a README of the policy search's sample alone (it needs no model; ./flexgen
+#                     copied in): as it is it passes, with a number of its policy changed it
+#                     fails, with the search's timings changed it passes (they are masked)
 # Usage: bash scripts/check_checks.sh [OBJECTS]   (OBJECTS: the build's objects, as for
 #        scripts/check_docs.sh; make test passes build/obj). Prints a line a case; the last,
 #        "N passed, N failed"; exits 1 if a case failed.
@@ -180,6 +183,30 @@ expect "check_deps.sh, the Makefile as it is" scripts/check_deps.sh pass ""
 sed -i '/^-include .*\.d/d' "$work/tree/Makefile"
 expect "check_deps.sh, a Makefile that reads no list of included files" scripts/check_deps.sh fail \
     "does not depend on support/avx512.c"
+
+# ---- check_readme.sh (a README of one sample: the policy search's, which needs no model) ----
+# README.md of the copy: the root README's `./flexgen policy` sample alone, FROM replaced by TO in
+# its output.
+policy_sample_readme() {
+    python3 - "$root/README.md" "$work/tree/README.md" "$1" "$2" <<'PY' || exit 2
+import re, sys
+source, target, old, new = sys.argv[1:]
+sample = next(s for s in re.findall(r'```console\n.*?```', open(source).read(), re.S)
+              if s.startswith('```console\n$ ./flexgen policy'))
+_, command, output = sample.split('\n', 2)
+assert old in output, f'{old!r} is not in the sample'
+open(target, 'w').write('```console\n' + command + '\n' + output.replace(old, new, 1) + '\n')
+PY
+}
+[ -x "$root/flexgen" ] || { echo "check_checks.sh: ./flexgen is not built (run make)" >&2; exit 2; }
+fresh_copy
+cp "$root/flexgen" "$work/tree/flexgen"
+policy_sample_readme "policy: " "policy: "
+expect "check_readme.sh, the policy sample as it is" scripts/check_readme.sh pass ""
+policy_sample_readme "--num-gpu-batches " "--num-gpu-batches 1"
+expect "check_readme.sh, the policy sample with another block" scripts/check_readme.sh fail "DIFF  ./flexgen policy"
+policy_sample_readme " plans checked, " " plans checked, 9"
+expect "check_readme.sh, the policy sample with other timings" scripts/check_readme.sh pass ""
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
