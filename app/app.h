@@ -215,6 +215,7 @@ enum { JOB_WINDOW = 8 }; /* a batch job's window: rounds of prompts (run_rounds)
 int parse_args(int argc, char **argv, cli_args *a, char *err);
 void usage(FILE *out);
 void usage_command(FILE *out, const char *command); /* profile's and tokenize's own; else usage */
+int is_help(const char *arg);                       /* --help or -h */
 int parse_device(const char *s, fg_device *d, char *err);
 /* The flags that `flexgen policy` and `flexgen perplexity` have no use for, refused. */
 int check_command_flags(const char *command, int argc, char **argv, char *err);

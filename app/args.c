@@ -224,6 +224,8 @@ void usage(FILE *out) {
     usage_search(out);
 }
 
+int is_help(const char *arg) { return !strcmp(arg, "--help") || !strcmp(arg, "-h"); }
+
 void usage_command(FILE *out, const char *command) {
     if (!strcmp(command, "profile")) usage_profile(out);
     else if (!strcmp(command, "tokenize")) usage_tokenize(out);
@@ -353,6 +355,7 @@ static void add_searched(cli_args *a, const char *f) {
 }
 
 void warn_searched(const cli_args *a, const char *why) {
+    if (!a->n_searched) return;
     char names[96] = "";
     size_t used = 0;
     for (int i = 0; i < a->n_searched; i++) {
@@ -360,9 +363,8 @@ void warn_searched(const cli_args *a, const char *why) {
         int n = snprintf(names + used, sizeof names - used, "%s%s", sep, a->searched[i]);
         used += n > 0 ? (size_t)n : 0;
     }
-    if (a->n_searched)
-        fprintf(stderr, "flexgen: warning: %s %s not used: %s\n", names,
-                a->n_searched > 1 ? "are" : "is", why);
+    fprintf(stderr, "flexgen: warning: %s %s not used: %s\n", names,
+            a->n_searched > 1 ? "are" : "is", why);
 }
 
 static int check_flags(const cli_args *a, char *err);
@@ -381,7 +383,7 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes_value = 1, rc = 0, seed;
         fg_policy *p = &a->policy;
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
+        if (is_help(f)) return 1;
         else if (parse_switch(f, a)) takes_value = 0;
         else if (!strcmp(f, "--percent")) {
             if (parse_percent(argc - i - 1, argv + i + 1, &p->percent, err)) return -1;
@@ -646,7 +648,7 @@ static int refuse_flags(const char *command, const char *const *flags, int argc,
                         char *err) {
     const char *refused = NULL;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 0;
+        if (is_help(argv[i])) return 0;
         for (int j = 0; flags[j] && !refused; j++)
             if (!strcmp(argv[i], flags[j])) refused = argv[i];
         if (!strcmp(argv[i], "--percent")) i += 6;

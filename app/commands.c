@@ -152,7 +152,7 @@ int profile_command(int argc, char **argv, char *err) {
     char path[4200];
     fg_device device = FG_DEVICE_AUTO;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (is_help(argv[i])) {
             usage_command(stdout, "profile");
             return 1;
         }
@@ -215,7 +215,7 @@ int tokenize_command(int argc, char **argv, char *err) {
     static const char *const flags[] = {"--vocab", "--merges", "--tokenizer", "--model"};
     const char *value[4] = {0};
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (is_help(argv[i])) {
             usage_command(stdout, "tokenize");
             return 0;
         }
