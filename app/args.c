@@ -306,6 +306,17 @@ static int is_value_flag(const char *f) {
     return 0;
 }
 
+/* What an input path flag names ("file" or "directory"); NULL for other flags. The outputs
+ * say the same of an empty path where they are opened (fg_output_check). */
+static const char *path_kind(const char *f) {
+    static const char *const files[] = {"--prompt-file", "--prompt-ids", "--vocab", "--merges",
+                                        "--tokenizer",   "--hw",         "--text",  "--compare"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        if (!strcmp(f, files[i])) return "file";
+    if (!strcmp(f, "--offload-dir") || !strcmp(f, "--path")) return "directory";
+    return NULL;
+}
+
 /* A flag without a value (--json, --compress-weight, ...) set in a; 0 where f is none of them. */
 static int parse_switch(const char *f, cli_args *a) {
     fg_policy *p = &a->policy;
@@ -391,6 +402,8 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
             add_searched(a, f);
         } else if (!is_value_flag(f)) return fg_fail(err, "%s: unknown option (see --help)", f);
         else if (!v) return fg_fail(err, "%s: missing value", f);
+        else if (!*v && path_kind(f))
+            return fg_fail(err, "%s: an empty path; give a %s", f, path_kind(f));
         else if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--prompt")) a->prompts[a->n_prompt_texts++] = v;
         else if (!strcmp(f, "--prompt-file")) a->prompt_file = v;

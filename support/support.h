@@ -22,7 +22,7 @@ double now_seconds(void); /* a monotonic clock */
 typedef struct {
     char s[32];
 } size_text;
-size_text human(double bytes); /* "1.50 GiB", "12.3 MiB", "4.0 KiB" */
+size_text human(double bytes); /* "1.50 GiB", "12.3 MiB", "4.0 KiB", "512 B" */
 /* bytes on whole 64-byte cache lines (free() frees them), or NULL: what matrix units load a row
  * of a tile at a time (AMX), and a row that straddles two lines slows them */
 void *line_alloc(size_t bytes);

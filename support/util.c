@@ -635,7 +635,8 @@ size_text human(double bytes) {
     size_text t;
     if (bytes >= GB) snprintf(t.s, sizeof t.s, "%.2f GiB", bytes / GB);
     else if (bytes >= 1 << 20) snprintf(t.s, sizeof t.s, "%.1f MiB", bytes / (1 << 20));
-    else snprintf(t.s, sizeof t.s, "%.1f KiB", bytes / 1024);
+    else if (bytes >= 1024) snprintf(t.s, sizeof t.s, "%.1f KiB", bytes / 1024);
+    else snprintf(t.s, sizeof t.s, "%.0f B", bytes);
     return t;
 }
 

@@ -322,6 +322,13 @@ static void test_bad_flag_values(void) {
     EXPECT_FAIL(ARGS("--gpu-mem", "16\nflexgen: G"), "--gpu-mem", "'16?flexgen: G'");
     EXPECT_FAIL(ARGS("--bo\ngus"), "--bo?gus", "unknown option");
     EXPECT_FAIL(ARGS("--device", "cp\ru"), "--device", "'cp?u'");
+    /* an empty input path names the flag and what it wants, as an empty output's does */
+    static const char *const file_flags[] = {"--prompt-file", "--prompt-ids", "--tokenizer", "--vocab",
+                                             "--merges",      "--hw",         "--text",      "--compare"};
+    for (size_t i = 0; i < sizeof file_flags / sizeof *file_flags; i++)
+        EXPECT_FAIL(ARGS(file_flags[i], ""), file_flags[i], "an empty path; give a file");
+    EXPECT_FAIL(ARGS("--offload-dir", ""), "--offload-dir", "an empty path; give a directory");
+    EXPECT_FAIL(ARGS("--path", ""), "--path", "an empty path; give a directory");
 }
 
 static void test_bad_flag_combinations(void) {
@@ -1090,6 +1097,7 @@ static void test_bad_policy(void) {
                      "100", "0", "100", "0", "--cpu-mem", "100K"), "cpu tier: the plan needs");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--percent", "0", "0",
                      "0", "0", "0", "0", "--disk-mem", "4K"), "disk tier: the plan needs");
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--cpu-mem", "1"), "--cpu-mem gives 1 B");
     /* on the CPU backend the gpu and cpu tiers share host memory, less the system's reserve */
     EXPECT_FAIL(ARGS("--model", "opt-175b", "--device", "cpu", "--gpu-mem", "1T", "--cpu-mem", "1T"),
                 "gpu and cpu tiers: the plan needs", "of host memory",
