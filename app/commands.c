@@ -198,9 +198,20 @@ int profile_command(int argc, char **argv, char *err) {
  * DIR. */
 static fg_tokenizer *tokenize_tokenizer(const char *vocab, const char *merges, const char *json,
                                         const char *model, char *err) {
-    if ((vocab || merges) + !!json + !!model != 1 || !vocab != !merges) {
+    int ways = (vocab || merges) + !!json + !!model;
+    if (ways > 1) {
+        fg_fail(err, "tokenize: %s%s%s: give only one of them",
+                vocab || merges ? "--vocab/--merges and " : "", json ? "--tokenizer" : "",
+                model ? (json ? " and --model" : "--model") : "");
+        return NULL;
+    }
+    if (!ways) {
         fg_fail(err,
                 "tokenize: give --vocab and --merges, or --tokenizer FILE.json, or --model DIR");
+        return NULL;
+    }
+    if (!vocab != !merges) {
+        fg_fail(err, "tokenize: --vocab and --merges go together");
         return NULL;
     }
     if (vocab) return tokenizer_load(vocab, merges, err);

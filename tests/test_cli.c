@@ -1359,6 +1359,11 @@ static void test_tokenize(void) {
     snprintf(merges, sizeof merges, "%s", fixture("tokenizer/merges.txt"));
     EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab), "tokenize", "--merges");
     EXPECT_FAIL(ARGS("tokenize", "--merges", merges), "tokenize", "--vocab");
+    EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab, "--merges", merges, "--model", kjv_dir), "tokenize",
+                "--vocab/--merges and --model", "only one");
+    EXPECT_FAIL(ARGS("tokenize", "--tokenizer", vocab, "--model", kjv_dir), "tokenize", "--tokenizer and --model",
+                "only one");
+    EXPECT_FAIL(ARGS("tokenize"), "tokenize", "give --vocab and --merges, or --tokenizer");
     EXPECT_FAIL(ARGS("tokenize", "--vocab"), "--vocab", "missing value");
     EXPECT_FAIL(ARGS("tokenize", "--bogus", "x"), "--bogus");
     EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab, "junk"), "junk", "unknown option");
