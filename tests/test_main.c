@@ -550,13 +550,15 @@ typedef struct {
 } selection;
 
 /* What every product reaches: the products themselves, the prefill schemes and 4-bit weights end
- * to end, the forward pass against HF transformers, perplexity against PyTorch (prefill's fp32
- * products and decode's), and every test that compares bits across paths or threads. */
+ * to end (and the path each scheme names in the report), the forward pass against HF transformers,
+ * perplexity against PyTorch (prefill's fp32 products and decode's), and every test that compares
+ * bits across paths or threads. */
 static const selection ALL_PRODUCTS[] = {
     {"matmul", {NULL}},
     {"compress", {"--compress-weight computes*", "--int8-activations*", "--bf16-prefill*", NULL}},
     {"model", {NULL}},
-    {"cli", {"perplexity: the trained*", "perplexity: section 5*", "FLEXGEN_ISA*", "portable (non-SIMD)*", NULL}},
+    {"cli", {"perplexity: the trained*", "perplexity: section 5*", "FLEXGEN_ISA*", "portable (non-SIMD)*",
+             "--bf16-prefill, --int8-activations: the report*", NULL}},
     {"jobs", {"a job resumed on another FLEXGEN_ISA*", NULL}},
 };
 /* What OpenBLAS's core changes: whether the threads change a bit, of a product and of a job. */
