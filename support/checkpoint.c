@@ -261,23 +261,43 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
     return 0;
 }
 
-/* rope_scaling (HF's _compute_*_parameters): null, "default", "linear" or "llama3"; others
- * refused. */
+/* RoPE's parameters (HF's _compute_*_parameters), as transformers 4 writes them ("rope_scaling",
+ * beside a top-level rope_theta) or as transformers 5 does ("rope_parameters", rope_theta inside
+ * it), read as transformers 5 reads either: a rope_scaling that is not null or empty first, and a
+ * rope_theta inside the object over the top-level one. Types null, "default", "linear" and
+ * "llama3"; others, and parameters by layer type, refused. */
 static int rope_scaling(const cJSON *root, model_config *c, const char *path, char *err) {
+    const char *name = "\"rope_scaling\"";
     const cJSON *rs = fg_json_get(root, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs) || (cJSON_IsObject(rs) && !rs->child)) {
+        name = "\"rope_parameters\"";
+        rs = fg_json_get(root, "rope_parameters");
+    }
     c->rope.kind = ROPE_DEFAULT;
     c->rope.factor = 1;
     if (!rs || cJSON_IsNull(rs)) return 0;
-    if (!cJSON_IsObject(rs))
-        return refuse_value(rs, "\"rope_scaling\"", path, "expected null or an object", err);
+    if (!cJSON_IsObject(rs)) return refuse_value(rs, name, path, "expected null or an object", err);
+    for (const cJSON *e = rs->child; e; e = e->next)
+        if (cJSON_IsObject(e))
+            return refuse_value(e, name, path, "parameters by layer type are not implemented", err);
+    if (fg_json_get(rs, "rope_theta") &&
+        json_real(rs, "rope_theta", -1, 0, 1e12, &c->rope.theta, path, err))
+        return -1;
     const cJSON *type = fg_json_get(rs, "rope_type");
     if (!type) type = fg_json_get(rs, "type");
-    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    /* no type: "default" (as HF), where nothing but rope_theta says otherwise */
+    int theta_alone = !rs->child->next && fg_json_get(rs, "rope_theta");
+    const char *t = cJSON_IsString(type)   ? type->valuestring
+                    : !type && theta_alone ? "default"
+                                           : "";
     if (!strcmp(t, "default")) return 0;
-    if (strcmp(t, "linear") && strcmp(t, "llama3"))
-        return refuse_value(type, "\"rope_scaling\" type", path,
+    if (strcmp(t, "linear") && strcmp(t, "llama3")) {
+        char field[40];
+        snprintf(field, sizeof field, "%s type", name);
+        return refuse_value(type, field, path,
                             "not implemented (null, \"default\", \"linear\" and \"llama3\" are)",
                             err);
+    }
     if (json_real(rs, "factor", -1, 0, 1e6, &c->rope.factor, path, err)) return -1;
     if (!strcmp(t, "linear")) {
         c->rope.kind = ROPE_LINEAR;
@@ -289,9 +309,8 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
         json_int(rs, "original_max_position_embeddings", -1, &c->rope.original_max_pos, path, err))
         return -1;
     if (c->rope.high_freq <= c->rope.low_freq)
-        return fg_fail(err,
-                       "%s: \"rope_scaling\": high_freq_factor %g is not above low_freq_factor %g",
-                       path, c->rope.high_freq, c->rope.low_freq);
+        return fg_fail(err, "%s: %s: high_freq_factor %g is not above low_freq_factor %g", path,
+                       name, c->rope.high_freq, c->rope.low_freq);
     return 0;
 }
 

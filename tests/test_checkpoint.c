@@ -1098,6 +1098,53 @@ static void test_unknown_architecture(void) {
     finish(dir, NULL);
 }
 
+/* Each LLaMA-family fixture's config.json as transformers 5 saves it (tests/fixtures/config-v5,
+ * scripts/make_config_v5.py: RoPE's theta and scaling in one "rope_parameters" object) is the same
+ * model as the fixture's own, field for field; so is a config holding both forms, read as HF reads
+ * it (a rope_scaling that is not null first, a rope_theta inside the object over the top level). */
+static void test_config_v5(void) {
+    static const char *const names[] = {"llama-tiny-mha",    "llama-tiny-gqa2-llama3", "llama-tiny-gqa4-linear",
+                                        "llama-tiny-mqa-bias", "mistral-tiny-gqa8",      "qwen2-tiny"};
+    int scaled = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        model_config v4, v5;
+        char err[FG_ERR_LEN] = "", path[4200];
+        memset(&v4, 0, sizeof v4), memset(&v5, 0, sizeof v5);
+        snprintf(path, sizeof path, "%s/config.json", fixture(names[i]));
+        CU_ASSERT_EQUAL_FATAL(model_config_from_json(path, &v4, err), 0);
+        snprintf(path, sizeof path, "%s/%s.json", fixture("config-v5"), names[i]);
+        int rc = model_config_from_json(path, &v5, err);
+        memcpy(v5.name, v4.name, sizeof v4.name);
+        EXPECT(rc == 0 && !memcmp(&v4, &v5, sizeof v4), "%s: transformers 5's config.json: exit %d (%s), RoPE %d "
+               "theta %g factor %g against %d %g %g", names[i], rc, err, v5.rope.kind, v5.rope.theta, v5.rope.factor,
+               v4.rope.kind, v4.rope.theta, v4.rope.factor);
+        scaled += v4.rope.kind != ROPE_DEFAULT || v4.rope.theta != 10000;
+    }
+    CU_ASSERT_EQUAL(scaled, 4); /* llama3, linear, and two thetas of 1e6: the files say something */
+    char *dir = fixture_rewrite("llama-tiny-mha");
+    write_config_edit(dir, "llama-tiny-gqa4-linear", "rope_parameters",
+                      cJSON_Parse("{\"rope_type\": \"default\", \"rope_theta\": 500}"));
+    model_config c;
+    char err[FG_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+    EXPECT(c.rope.kind == ROPE_LINEAR && c.rope.factor == 2 && c.rope.theta == 10000,
+           "rope_scaling (linear, 2) beside rope_parameters: expected rope_scaling's, got %d, factor %g, theta %g",
+           c.rope.kind, c.rope.factor, c.rope.theta);
+    char *text = slurp(join(dir, "config.json"), NULL);
+    cJSON *root = cJSON_Parse(text);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(root);
+    cJSON_ReplaceItemInObject(root, "rope_scaling", cJSON_CreateNull());
+    char *edited = cJSON_Print(root);
+    write_text(dir, "config.json", edited);
+    free(edited), free(text);
+    cJSON_Delete(root);
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+    EXPECT(c.rope.kind == ROPE_DEFAULT && c.rope.theta == 500,
+           "rope_scaling null beside rope_parameters: expected theta 500 from rope_parameters, got %d, theta %g",
+           c.rope.kind, c.rope.theta);
+    finish(dir, NULL);
+}
+
 /* The LLaMA family's config: each value this project does not implement is refused with one line
  * naming the field and the value, never run as something else. */
 static void test_llama_config_refusals(void) {
@@ -1130,6 +1177,14 @@ static void test_llama_config_refusals(void) {
         {"num_attention_heads", "4194304", {"num_attention_heads 4194304 x head_dim 64", "at most 2^24"}},
         {"num_hidden_layers", "262144", {"num_hidden_layers 262144", "at most 1024"}},
         {"vocab_size", "3", {"vocab_size 3", "at least 4"}},
+        /* transformers 5's rope_parameters, as its rope_scaling */
+        {"rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4, \"rope_theta\": 10000}",
+         {"\"rope_parameters\" type", "yarn", "not implemented"}},
+        {"rope_parameters", "{\"factor\": 4, \"rope_theta\": 10000}", {"\"rope_parameters\" type is missing"}},
+        {"rope_parameters", "{\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000}}",
+         {"\"rope_parameters\" is", "by layer type", "not implemented"}},
+        {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 1e-50}", {"\"rope_theta\" is 1e-50", "fp32"}},
+        {"rope_parameters", "5", {"\"rope_parameters\" is 5", "null or an object"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_config_edit(dir, "llama-tiny-mha", cases[i].key, cJSON_Parse(cases[i].json));
@@ -1562,6 +1617,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "malformed config.json", test_malformed_config);
     CU_add_test(s, "unknown architecture", test_unknown_architecture);
     CU_add_test(s, "LLaMA family: each unimplemented config value refused, naming it", test_llama_config_refusals);
+    CU_add_test(s, "LLaMA family: transformers 5's rope_parameters, the same model as rope_scaling",
+                test_config_v5);
     CU_add_test(s, "LLaMA family: a missing tensor, a wrong shape, no lm_head when untied", test_llama_bad_tensors);
     CU_add_test(s, "missing or bad config field", test_missing_config_field);
     CU_add_test(s, "config's layers against the tensor table, before allocating",
