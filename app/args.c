@@ -528,12 +528,12 @@ static int name_in_dir(const char *path, const char *dir, const char *const *nam
 
 /* Whether `path` would be a file that a run reads by its name in --model DIR, made where there is
  * none yet: a new model.safetensors.index.json is read before model.safetensors, tokenizer.json
- * before vocab.json. `found` gets the name. */
+ * before vocab.json, generation_config.json's eos ids over config.json's. `found` gets the name. */
 static int name_read_in_dir(const char *path, const char *dir, char *found, size_t n) {
     static const char *const names[] = {
-        "config.json",    "model.safetensors", "model.safetensors.index.json",
-        "tokenizer.json", "vocab.json",        "merges.txt"};
-    return name_in_dir(path, dir, names, 6, found, n) ||
+        "config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
+        "vocab.json",  "merges.txt",        "generation_config.json"};
+    return name_in_dir(path, dir, names, 7, found, n) ||
            name_in_dir(path, dir, fg_tokenizer_side_files, 3, found, n);
 }
 

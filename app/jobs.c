@@ -293,16 +293,20 @@ static int by_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* config.json and the files the loader reads (st_dir_files), in name order: a file the model
- * does not use (a stray `.safetensors`) is not read. */
+/* config.json, generation_config.json where there is one (its eos_token_id ends sequences), and
+ * the files the loader reads (st_dir_files), in name order: a file the model does not use (a
+ * stray `.safetensors`) is not read. */
 int job_checkpoint_hash(const char *dir, uint64_t *hash, char *err) {
-    char **names;
+    char **names, generation[FG_PATH_LEN + 32];
     int n, rc = st_dir_files(dir, &names, &n, err);
     if (rc) return -1;
-    char **grown = realloc(names, (size_t)(n + 1) * sizeof *grown);
+    snprintf(generation, sizeof generation, "%s/generation_config.json", dir);
+    char **grown = realloc(names, (size_t)(n + 2) * sizeof *grown);
     if (grown) names = grown;
     if (grown && (names[n] = strdup("config.json"))) n++;
     else rc = fg_fail(err, "out of memory");
+    if (rc == 0 && access(generation, F_OK) == 0 && (names[n] = strdup("generation_config.json")))
+        n++;
     qsort(names, (size_t)n, sizeof *names, by_name);
     unsigned char *buf = malloc(HASH_CHUNK + HASH_BLOCK);
     if (rc == 0 && !buf) rc = fg_fail(err, "out of memory");

@@ -13,11 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The ids that end a sequence: OPT's </s>, or the LLaMA config's eos_token_id (none: -1). */
+/* The ids that end a sequence: the config's (generation_config.json's eos_token_id, else a LLaMA
+ * config.json's), else OPT's </s> (a LLaMA config without one: none, -1). */
 static void set_eos(gen_options *g, const model_config *cfg) {
     g->n_eos = 1;
     g->eos_ids[0] = cfg->family == FAMILY_OPT ? OPT_EOS_ID : -1;
-    if (cfg->family != FAMILY_OPT && cfg->n_eos > 0) {
+    if (cfg->n_eos > 0) {
         g->n_eos = cfg->n_eos;
         memcpy(g->eos_ids, cfg->eos_ids, sizeof g->eos_ids);
     }

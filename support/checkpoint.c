@@ -418,7 +418,33 @@ static int config_from_cjson(const cJSON *root, const char *path, model_config *
     return rc ? rc : config_in_range(c, path, err);
 }
 
-/* config.json, and whether it ties the output layer to the embedding (tie_word_embeddings). */
+/* The ids that end a sequence as HF's generate() takes them: generation_config.json's
+ * eos_token_id, where the file beside config.json names one (instruct models list more ids there
+ * than config.json does), else config.json's (OPT's: </s>, n_eos 0). */
+static int generation_eos(const char *config_path, model_config *c, char *err) {
+    char path[FG_PATH_LEN + 32];
+    const char *slash = strrchr(config_path, '/');
+    int dir_len = slash ? (int)(slash - config_path) : 1;
+    snprintf(path, sizeof path, "%.*s/generation_config.json", dir_len, slash ? config_path : ".");
+    if (access(path, F_OK) != 0) return 0;
+    char *text = fg_read_json_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fg_fail(err, "%s: malformed JSON (not an object)", path);
+    }
+    const cJSON *eos = fg_json_get(root, "eos_token_id");
+    int rc = 0;
+    if (eos && !cJSON_IsNull(eos))
+        rc = json_ids(root, "eos_token_id", -1, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* config.json (and generation_config.json's eos ids), and whether it ties the output layer to the
+ * embedding (tie_word_embeddings). */
 static int read_config(const char *path, model_config *cfg, int *tie_head, char *err) {
     char *text = fg_read_file(path, NULL, err);
     if (!text) return -1;
@@ -427,7 +453,7 @@ static int read_config(const char *path, model_config *cfg, int *tie_head, char 
     if (!root) return fg_fail(err, "%s: malformed JSON", path);
     int rc = config_from_cjson(root, path, cfg, tie_head, err);
     cJSON_Delete(root);
-    return rc;
+    return rc ? rc : generation_eos(path, cfg, err);
 }
 
 int model_config_from_json(const char *path, model_config *cfg, char *err) {

@@ -1145,6 +1145,32 @@ static void test_config_v5(void) {
     finish(dir, NULL);
 }
 
+/* generation_config.json's eos_token_id is taken over config.json's (HF's generate() reads it),
+ * for OPT too; a file without one leaves config.json's, and one that is not JSON, or whose ids are
+ * not ids, is refused naming it. */
+static void test_generation_config_eos(void) {
+    static const char *const fixtures[] = {"llama-tiny-mha", "opt-tiny"};
+    for (int i = 0; i < 2; i++) {
+        char *dir = fixture_rewrite(fixtures[i]), err[FG_ERR_LEN] = "";
+        model_config c;
+        CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+        int n_config = c.n_eos, first = c.eos_ids[0];
+        write_text(dir, "generation_config.json", "{\"eos_token_id\": [2, 193], \"pad_token_id\": 0}");
+        CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+        EXPECT(c.n_eos == 2 && c.eos_ids[0] == 2 && c.eos_ids[1] == 193, "%s: generation_config.json's [2, 193]: "
+               "got %d ids, %d %d", fixtures[i], c.n_eos, c.eos_ids[0], c.eos_ids[1]);
+        write_text(dir, "generation_config.json", "{\"pad_token_id\": 0}");
+        CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+        EXPECT(c.n_eos == n_config && (!n_config || c.eos_ids[0] == first), "%s: generation_config.json without "
+               "eos_token_id: expected config.json's %d ids, got %d", fixtures[i], n_config, c.n_eos);
+        write_text(dir, "generation_config.json", "{\"eos_token_id\": ");
+        EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json", "malformed JSON");
+        write_text(dir, "generation_config.json", "{\"eos_token_id\": \"</s>\"}");
+        EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json", "\"eos_token_id\"", "token id");
+        finish(dir, NULL);
+    }
+}
+
 /* The LLaMA family's config: each value this project does not implement is refused with one line
  * naming the field and the value, never run as something else. */
 static void test_llama_config_refusals(void) {
@@ -1619,6 +1645,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "LLaMA family: each unimplemented config value refused, naming it", test_llama_config_refusals);
     CU_add_test(s, "LLaMA family: transformers 5's rope_parameters, the same model as rope_scaling",
                 test_config_v5);
+    CU_add_test(s, "generation_config.json's eos_token_id over config.json's; a bad one refused",
+                test_generation_config_eos);
     CU_add_test(s, "LLaMA family: a missing tensor, a wrong shape, no lm_head when untied", test_llama_bad_tensors);
     CU_add_test(s, "missing or bad config field", test_missing_config_field);
     CU_add_test(s, "config's layers against the tensor table, before allocating",

@@ -1959,7 +1959,7 @@ static void test_llama_runtime_features(void) {
     char *edited = malloc(strlen(config) + sizeof list);
     sprintf(edited, "%.*s%s%s", (int)head, config, list, at + old);
     write_text_file(join(model, "config.json"), edited);
-    free(config), free(edited);
+    free(edited);
 #define LLAMA_RUN(...) run_flexgen(ARGS("--model", model, "--prompt-ids", prompts, "--gen-len", "8", "--device", "cpu", \
                                         "--quiet", "--offload-dir", dir, "--dump-logits", dump, "--stop-at-eos", \
                                         __VA_ARGS__), NULL, &out, &err)
@@ -1970,6 +1970,13 @@ static void test_llama_runtime_features(void) {
         /* the search's capacities are sized for 2 threads (each thread has its own scratch in the
            workspace; a laptop's 16 would not fit in 660K) */
         char *threads = r == 3 ? env_put("OMP_NUM_THREADS", "2") : NULL;
+        if (r == 2) { /* the list in generation_config.json, config.json's eos_token_id 2 again, as HF's
+                         generate() reads them (instruct models list more ids there) */
+            char generation[128];
+            snprintf(generation, sizeof generation, "{\"eos_token_id\": [%d, %d, %d]}", eos[0], eos[1], eos[2]);
+            write_text_file(join(model, "generation_config.json"), generation);
+            write_text_file(join(model, "config.json"), config);
+        }
         int rc = r == 0   ? LLAMA_RUN("--gpu-batch-size", "2", "--num-gpu-batches", "1")
                  : r == 1 ? LLAMA_RUN("--refill", "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--percent", "100",
                                       "0", "0", "100", "100", "0")
@@ -2015,6 +2022,7 @@ static void test_llama_runtime_features(void) {
                      1e-4f * max_abs);
     CU_ASSERT_EQUAL(dir_entries(dir), 2); /* hw.json and the dump */
     free(sparse[0]), free(sparse[1]), free(hf);
+    free(config);
     rm_tree(model), rm_tree(dir);
     free(model), free(dir);
 }

@@ -946,8 +946,10 @@ static int resume_cut_job(const char *model, const char *prompts, const char *ou
 /* A checkpoint is named by every byte of it. A job cut short and resumed with another checkpoint
  * directory, or with its own whose layer 1 down_proj had two bytes changed in its middle (where a
  * hash of the first 64 KiB and 16 samples of 4 KiB reads nothing), is another job: refused with
- * one line naming checkpoint_hash64, the output untouched. A job line of an earlier version, which
- * named the checkpoint by samples (checkpoint_fnv64), is refused with a line saying so. */
+ * one line naming checkpoint_hash64, the output untouched; so is one with a generation_config.json
+ * added (its eos ids end sequences), and without it the job resumes to the uninterrupted output.
+ * A job line of an earlier version, which named the checkpoint by samples (checkpoint_fnv64), is
+ * refused with a line saying so. */
 static void test_job_checkpoint_identity(void) {
     char *dir = make_temp_dir(), *model = make_temp_dir(), prompts[4200], output[4200], cmd[9000], weights[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
@@ -983,6 +985,21 @@ static void test_job_checkpoint_identity(void) {
     EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "checkpoint_hash64") && after && count_lines(after) == 3,
            "resumed after two bytes at %ld of down_proj [%ld, %ld) changed: expected exit 2 naming checkpoint_hash64, "
            "got %d, '%s'", at, begin, end, rc, err);
+    free(after), free(err);
+    two[0] ^= 0xff; /* the weights as they were, and a generation_config.json beside them: its eos ids end sequences */
+    two[1] = (unsigned char)(two[1] ^ 0x01);
+    f = fopen(weights, "r+b");
+    CU_ASSERT_FATAL(f && fseek(f, at, SEEK_SET) == 0 && fwrite(two, 1, 2, f) == 2 && fclose(f) == 0);
+    write_text_file(join(model, "generation_config.json"), "{\"eos_token_id\": [2, 10]}\n");
+    rc = resume_cut_job(model, prompts, output, full, &after, &err);
+    EXPECT(rc == 2 && strstr(err, "another job") && strstr(err, "checkpoint_hash64") && after && count_lines(after) == 3,
+           "resumed with a generation_config.json added: expected exit 2 naming checkpoint_hash64, got %d, '%s'", rc,
+           err);
+    free(after), free(err);
+    unlink(join(model, "generation_config.json"));
+    rc = resume_cut_job(model, prompts, output, full, &after, &err);
+    EXPECT(rc == 0 && after && !strcmp(after, full), "resumed on the checkpoint as it was: expected exit 0 and the "
+           "uninterrupted output, got %d, '%s'", rc, err);
     free(after), free(err);
     char *old = replaced(full, "\"checkpoint_hash64\":", "\"checkpoint_fnv64\":"); /* an earlier version's */
     rc = resume_cut_job(model, prompts, output, old, &after, &err);
@@ -1119,6 +1136,7 @@ static void test_outputs_apart_from_inputs(void) {
     snprintf(weights, sizeof weights, "%s/../m/model.safetensors", model);
     snprintf(vocab, sizeof vocab, "%s", join(dir, "vocab-link.json"));
     CU_ASSERT_FATAL(symlink("m/vocab.json", vocab) == 0);
+    unlink(join(model, "generation_config.json")); /* made new below: its eos ids are read over config.json's */
     int before = dir_entries(model);
     char *config_text = slurp(config, NULL);
     EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--dump-logits", config), "--dump-logits", "config.json",
@@ -1135,6 +1153,8 @@ static void test_outputs_apart_from_inputs(void) {
                 "--trace", "model.safetensors.index.json", "--model", "would read");
     EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--output", join(model, "tokenizer.json")), "--output",
                 "tokenizer.json", "--model", "would read");
+    EXPECT_FAIL(ARGS("--model", model, "--prompt-ids", prompts, "--trace", join(model, "generation_config.json")),
+                "--trace", "generation_config.json", "--model", "would read");
     run_ok(ARGS(flexgen_bin(), "--model", model, "--prompt-ids", prompts, "--gen-len", "2", "--quiet", "--trace",
                 join(model, "trace.json")));
     EXPECT(dir_entries(model) == before + 1, "--trace m/trace.json: expected one new file in --model, got %d",
