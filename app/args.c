@@ -248,6 +248,9 @@ static int parse_float(const char *flag, const char *s, double lo, double hi, fl
     char *end;
     errno = 0;
     double v = s ? strtod(s, &end) : 0;
+    if (s && errno == ERANGE && *s && !*end)
+        return fg_fail(err, "%s: '%s' is too %s to read (expected a number in [%g, %g])", flag, s,
+                       fabs(v) < 1 ? "close to 0" : "large", lo, hi);
     if (!s || errno || *s == 0 || *end || !(v >= lo && v <= hi))
         return fg_fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi,
                        s ? s : "");

@@ -312,6 +312,8 @@ static void test_bad_flag_values(void) {
     EXPECT_FAIL(ARGS("--top-p", "1.5"), "--top-p", "'1.5'");
     EXPECT_FAIL(ARGS("--top-p", "nan"), "--top-p", "'nan'");
     EXPECT_FAIL(ARGS("--temperature", "-1"), "--temperature", "'-1'");
+    EXPECT_FAIL(ARGS("--temperature", "1e-320"), "--temperature", "'1e-320' is too close to 0 to read");
+    EXPECT_FAIL(ARGS("--top-p", "1e999"), "--top-p", "'1e999' is too large to read");
     EXPECT_FAIL(ARGS("--seed", "x"), "--seed", "'x'");
     EXPECT_FAIL(ARGS("--prompt-len", "0"), "--prompt-len", "'0'");
     EXPECT_FAIL(ARGS("--gpu-mem", "0.5"), "--gpu-mem", "'0.5'", "a byte at least");
