@@ -1878,7 +1878,8 @@ static void test_llama_tokenizer_json(void) {
     EXPECT(rc == 0 && strstr(out, "[1] the cat"), "--prompt with a LLaMA directory: exit %d, %s %s", rc, out, err);
     free(out), free(err);
     EXPECT_FAIL(ARGS("tokenize", "--model", dir), "--model", "no tokenizer.json");
-    EXPECT_FAIL(ARGS("tokenize", "--tokenizer", join(model, "tokenizer.json"), "--model", model), "give --vocab");
+    EXPECT_FAIL(ARGS("tokenize", "--tokenizer", join(model, "tokenizer.json"), "--model", model),
+                "--tokenizer and --model", "only one");
     write_small_tokenizer(model, "{\"type\": \"NFKC\"}", 32);
     EXPECT_FAIL(ARGS("--model", model, "--prompt", "the cat", "--gen-len", "3", "--offload-dir", dir),
                 "tokenizer.json", "normalizer \"NFKC\" is not implemented");

@@ -9,6 +9,7 @@
 #include "tests.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +248,11 @@ static void test_schedule_choice(void) {
     gpu.gpu_is_host = 0, gpu.mm_flops_p = gpu.mm_flops_g = gpu.bmm_flops_p = gpu.bmm_flops_g = 1e12, gpu.mem_bdw = 1e12;
     fg_policy base = base_policy(192 * MiB + FG_CUDA_RESERVE, 512 * MiB + FG_CUDA_HOST_RESERVE, 4096 * MiB, 0);
     char err[FG_ERR_LEN];
+    /* the plans are checked on this process's backend, whose workspace holds a scratch a thread:
+       the cases are sized for 2 threads, whatever this machine has (32 would take a fifth of the
+       192 MiB at s = 512) */
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(2);
     for (int i = 0; i < 3; i++) {
         fg_search_request req = {.s = cases[i].s, .n = cases[i].n, .place = fg_runtime_check,
                                  .max_block = cases[i].prompts, .schedules = 3};
@@ -271,7 +277,9 @@ static void test_schedule_choice(void) {
     fg_search_request one = {.s = 16, .n = 256, .place = fg_runtime_check, .max_block = 2048,
                              .schedules = 1 << FG_SCHEDULE_ZIGZAG};
     fg_search_result r;
-    CU_ASSERT_EQUAL_FATAL(fg_policy_search(&LONG, &gpu, &base, &one, &r, err), 0);
+    int rc = fg_policy_search(&LONG, &gpu, &base, &one, &r, err);
+    omp_set_num_threads(threads);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
     CU_ASSERT(r.policy.schedule == FG_SCHEDULE_ZIGZAG && r.best[0].found && !r.best[1].found);
 }
 
