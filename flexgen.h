@@ -1,12 +1,14 @@
 /* flexgen.h: the runtime (§4.1, §4.2) and the policy search (§4.3), on tiers.h's state (the
  * policy, a run, a model placed on the tiers, a block of GPU batches in flight): generate() and
  * the tokens it takes, and the cost model, the simplex and the search of lp.c. docs/DESIGN.md maps
- * each file to the paper: opt_model.c  the OPT forward pass of one GPU batch on the CPU (§3);
- * llama_model.c LLaMA's quant.c      4-bit group-wise compression, top-K sparse attention (§5)
- *   flexgen.c    the block schedule, its verbs, a block's step, generate() (§4.1, §4.2)
- *   tiers.c      the tiers, the weights' homes and staging, a block's plan and buffers (§4.2)
- *   lp.c         the cost model, the simplex, the policy search (§4.3, Appendix A.3)
- *   flexgen.cu   the CUDA backend: the same operation table with cuBLAS
+ * each file to the paper:
+ *   opt_model.c    the OPT forward pass of one GPU batch on the CPU (§3)
+ *   llama_model.c  the same step for LLaMA, Mistral and Qwen2 (§3)
+ *   quant.c        4-bit group-wise compression, top-K sparse attention (§5)
+ *   flexgen.c      the block schedule, its verbs, a block's step, generate() (§4.1, §4.2)
+ *   tiers.c        the tiers, the weights' homes and staging, a block's plan and buffers (§4.2)
+ *   lp.c           the cost model, the simplex, the policy search (§4.3, Appendix A.3)
+ *   flexgen.cu     the CUDA backend: the same operation table with cuBLAS
  * What the runtime takes from the support layer (errors, the disk arena, the I/O threads, the
  * KV cache's pages, checkpoints, sampling, the trace): support/support.h.
  */

@@ -1,5 +1,5 @@
 /* app/jobs.c: batch jobs that lose nothing. A prompt file in JSONL, and an output in JSONL
- * that holds one record per prompt, appended as each round of blocks finishes, so that a job
+ * that holds one record per prompt, appended as each window of rounds finishes, so that a job
  * killed at any moment keeps what it finished and --resume does the rest.
  *
  *   prompts (--prompt-file F.jsonl)   {"prompt": "text"} or {"prompt_ids": [2, 100, ...]}, each
@@ -13,11 +13,12 @@
  *                                     "completion", "tokens", "stop": "eos" or "length"}
  *
  * The output is locked (flock) from the start of the job to its end, so two jobs never write one
- * file; the lock goes with the process, however it ends. A round's records go out in one write()
- * of whole lines, flushed to the disk (fdatasync) before the next round starts; a write cut
+ * file; the lock goes with the process, however it ends. A window's records (JOB_WINDOW rounds of
+ * blocks) go out in one write() of whole lines, flushed to the disk (fdatasync) before the next
+ * window starts; a write cut
  * short by a crash can leave only a last line without its newline, which --resume removes
  * before appending. The paper's loop does not change: the command line (job_run.c) calls
- * generate() a round at a time and hands the tokens here.
+ * generate() a round at a time and hands a window's tokens here.
  */
 #define _GNU_SOURCE
 #include "app/app.h"

@@ -3,7 +3,7 @@
  *
  * The format: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
  * shape and byte range, then the raw bytes. Nothing is copied here: a tensor's data pointer is
- * inside the mapping, and opt_model.c converts values as it places them.
+ * inside the mapping, and checkpoint.c converts values as it places them (file_value).
  */
 #define _GNU_SOURCE
 #include "support/support.h"
