@@ -15,10 +15,9 @@
  * The output is locked (flock) from the start of the job to its end, so two jobs never write one
  * file; the lock goes with the process, however it ends. A window's records (JOB_WINDOW rounds of
  * blocks) go out in one write() of whole lines, flushed to the disk (fdatasync) before the next
- * window starts; a write cut
- * short by a crash can leave only a last line without its newline, which --resume removes
- * before appending. The paper's loop does not change: the command line (job_run.c) calls
- * generate() a round at a time and hands a window's tokens here.
+ * window starts; a write cut short by a crash can leave only a last line without its newline,
+ * which --resume removes before appending. The paper's loop does not change: the command line
+ * (job_run.c) calls generate() a round at a time and hands a window's tokens here.
  */
 #define _GNU_SOURCE
 #include "app/app.h"
