@@ -277,19 +277,19 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
     c->rope.factor = 1;
     if (!rs || cJSON_IsNull(rs)) return 0;
     if (!cJSON_IsObject(rs)) return refuse_value(rs, name, path, "expected null or an object", err);
-    for (const cJSON *e = rs->child; e; e = e->next)
+    int others = 0; /* keys besides rope_theta */
+    for (const cJSON *e = rs->child; e; e = e->next) {
         if (cJSON_IsObject(e))
             return refuse_value(e, name, path, "parameters by layer type are not implemented", err);
+        others += strcmp(e->string, "rope_theta") != 0;
+    }
     if (fg_json_get(rs, "rope_theta") &&
         json_real(rs, "rope_theta", -1, 0, 1e12, &c->rope.theta, path, err))
         return -1;
     const cJSON *type = fg_json_get(rs, "rope_type");
     if (!type) type = fg_json_get(rs, "type");
-    /* no type: "default" (as HF), where nothing but rope_theta says otherwise */
-    int theta_alone = !rs->child->next && fg_json_get(rs, "rope_theta");
-    const char *t = cJSON_IsString(type)   ? type->valuestring
-                    : !type && theta_alone ? "default"
-                                           : "";
+    /* no type: "default" (as HF), where no key but rope_theta says otherwise ({} included) */
+    const char *t = cJSON_IsString(type) ? type->valuestring : !type && !others ? "default" : "";
     if (!strcmp(t, "default")) return 0;
     if (strcmp(t, "linear") && strcmp(t, "llama3")) {
         char field[40];

@@ -1142,6 +1142,11 @@ static void test_config_v5(void) {
     EXPECT(c.rope.kind == ROPE_DEFAULT && c.rope.theta == 500,
            "rope_scaling null beside rope_parameters: expected theta 500 from rope_parameters, got %d, theta %g",
            c.rope.kind, c.rope.theta);
+    /* an empty rope_parameters is the default RoPE, as HF reads it */
+    write_config_edit(dir, "llama-tiny-mha", "rope_parameters", cJSON_CreateObject());
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+    EXPECT(c.rope.kind == ROPE_DEFAULT && c.rope.theta == 10000, "rope_parameters {}: expected the default RoPE, "
+           "got %d, theta %g: %s", c.rope.kind, c.rope.theta, err);
     finish(dir, NULL);
 }
 
