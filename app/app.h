@@ -216,6 +216,9 @@ int parse_args(int argc, char **argv, cli_args *a, char *err);
 void usage(FILE *out);
 void usage_command(FILE *out, const char *command); /* profile's and tokenize's own; else usage */
 int is_help(const char *arg);                       /* --help or -h */
+int is_flag(const char *s);                         /* one of the program's flags */
+/* A path flag's value that is one of the flags (`--out --device`): refused, naming both. */
+int flag_for_path(const char *flag, const char *value, const char *kind, char *err);
 int parse_device(const char *s, fg_device *d, char *err);
 /* The flags that `flexgen policy` and `flexgen perplexity` have no use for, refused. */
 int check_command_flags(const char *command, int argc, char **argv, char *err);
@@ -241,6 +244,7 @@ int mean_prompt(const cli_args *a, const prompt_set *p);
 
 /* plan.c */
 fg_device resolve_device(fg_device d, int verbose);
+const char *fg_device_name(fg_device d); /* as --device names it */
 int resolve_model_config(const char *model, model_config *cfg, char *err);
 int check_lengths(const cli_args *a, const model_config *cfg, char *err);
 void warn_special_ids(const char *model, const model_config *cfg);

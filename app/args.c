@@ -271,7 +271,9 @@ static int parse_size(const char *flag, const char *s, double *out, char *err) {
     }
     if (*end == 'B' || *end == 'b') end++;
     if (errno || end == s || *end || !(v >= 1) || v > 1e18 || strpbrk(s, "xX"))
-        return fg_fail(err, "%s: expected a size such as 16G or 512M (a byte at least), got '%s'",
+        return fg_fail(err,
+                       "%s: expected a size such as 16G or 512M (a byte at least, 1e18 bytes at "
+                       "most), got '%s'",
                        flag, s);
     *out = v;
     return 0;
@@ -309,11 +311,13 @@ static int is_value_flag(const char *f) {
     return 0;
 }
 
-/* What an input path flag names ("file" or "directory"); NULL for other flags. The outputs
- * say the same of an empty path where they are opened (fg_output_check). */
+/* What a path flag names ("file" or "directory"), an input's or an output's; NULL for other
+ * flags. */
 static const char *path_kind(const char *f) {
-    static const char *const files[] = {"--prompt-file", "--prompt-ids", "--vocab", "--merges",
-                                        "--tokenizer",   "--hw",         "--text",  "--compare"};
+    static const char *const files[] = {"--prompt-file", "--prompt-ids", "--vocab",
+                                        "--merges",      "--tokenizer",  "--hw",
+                                        "--text",        "--compare",    "--output",
+                                        "--dump-logits", "--trace",      "--predictions"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         if (!strcmp(f, files[i])) return "file";
     if (!strcmp(f, "--offload-dir") || !strcmp(f, "--path")) return "directory";
@@ -340,6 +344,19 @@ static int parse_switch(const char *f, cli_args *a) {
     else if (!strcmp(f, "--decode")) a->ppl.decode = 1;
     else return 0;
     return 1;
+}
+
+/* Whether s is one of this program's flags: as the value of a path it is a flag given where the
+ * path belongs (`--dump-logits --quiet`), not a file to write. */
+int is_flag(const char *s) {
+    cli_args scratch;
+    return is_help(s) || is_value_flag(s) || !strcmp(s, "--percent") || parse_switch(s, &scratch);
+}
+
+int flag_for_path(const char *flag, const char *value, const char *kind, char *err) {
+    if (!is_flag(value)) return 0;
+    return fg_fail(err, "%s: expected a %s, got the flag %s (for a %s of that name, give ./%s)",
+                   flag, kind, value, kind, value);
 }
 
 /* --percent's six values, the first n of argv. */
@@ -407,6 +424,7 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!v) return fg_fail(err, "%s: missing value", f);
         else if (!*v && path_kind(f))
             return fg_fail(err, "%s: an empty path; give a %s", f, path_kind(f));
+        else if (path_kind(f) && flag_for_path(f, v, path_kind(f), err)) return -1;
         else if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--prompt")) a->prompts[a->n_prompt_texts++] = v;
         else if (!strcmp(f, "--prompt-file")) a->prompt_file = v;
@@ -653,8 +671,10 @@ static int check_flags(const cli_args *a, char *err) {
         return fg_fail(err, "--output and --dump-logits: give one of them");
     if ((long)a->policy.gpu_batch_size * a->policy.num_gpu_batches > 1 << 20)
         return fg_fail(err,
-                       "--gpu-batch-size x --num-gpu-batches: block of %ld sequences is too large",
-                       (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches);
+                       "--gpu-batch-size x --num-gpu-batches: a block of %d x %d = %ld sequences; "
+                       "at most %d",
+                       a->policy.gpu_batch_size, a->policy.num_gpu_batches,
+                       (long)a->policy.gpu_batch_size * a->policy.num_gpu_batches, 1 << 20);
     return check_outputs_apart(a, err);
 }
 

@@ -33,16 +33,15 @@ int flexgen_main(int argc, char **argv) {
     const char *command = argc > 1 ? argv[1] : "";
     int one_process = !strcmp(command, "tokenize") || !strcmp(command, "profile") ||
                       !strcmp(command, "policy") || !strcmp(command, "perplexity");
-    if (rc == 0 && pipe && one_process) { /* every rank sees it; rank 0 says it */
+    if (rc == 0 && pipe && one_process)
         rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
-        if (fg_pipe_rank(pipe)) err[0] = 0;
-    }
     if (rc == 0) rc = fg_isa_check_env(err);       /* FLEXGEN_ISA, before any kernel runs */
     if (rc == 0) rc = fg_blas_core_check_env(err); /* OPENBLAS_CORETYPE, before any product */
-    /* A stage of a pipeline that refuses its FLEXGEN_ISA or OPENBLAS_CORETYPE still takes part in
-     * the stages' agreement below: leaving early would leave the others waiting in it for ever. */
-    int stages_agree = pipe && !one_process;
-    if (rc && !stages_agree) {
+    /* Under mpirun every stage takes part in the stages' agreements, whatever its own command line
+     * (each context of mpirun has its own): one that left early, refusing its command or its
+     * FLEXGEN_ISA, or for --help, would leave the others waiting in them for ever. */
+    if (pipe && fg_pipe_agree(pipe, rc, err)) rc = -1;
+    if (rc) {
     } else if (argc > 1 && !strcmp(argv[1], "tokenize")) {
         rc = tokenize_command(argc, argv, err);
     } else if (argc > 1 && !strcmp(argv[1], "profile")) {
@@ -55,7 +54,10 @@ int flexgen_main(int argc, char **argv) {
         if (rc == 0 && (policy || perplexity)) rc = check_command_flags(argv[1], argc, argv, err);
         if (rc == 0)
             rc = parse_args(argc - policy - perplexity, argv + policy + perplexity, &a, err);
-        if (rc == 1) {
+        int help = rc == 1;
+        char unused[FG_ERR_LEN] = "";
+        if (pipe && fg_pipe_agree(pipe, help, unused)) help = 1; /* --help on any stage */
+        if (help) {
             if (fg_pipe_rank(pipe) == 0) usage(stdout);
             rc = 0;
         } else if (fg_pipe_agree(pipe, rc, err)) { /* a bad flag on any stage stops them all */

@@ -160,6 +160,9 @@ int profile_command(int argc, char **argv, char *err) {
             strcmp(argv[i], "--device"))
             return fg_fail(err, "%s: unknown option for profile", argv[i]);
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
+        const char *kind = !strcmp(argv[i], "--out") ? "file" : "directory";
+        if (strcmp(argv[i], "--device") && flag_for_path(argv[i], argv[i + 1], kind, err))
+            return -1;
         if (!strcmp(argv[i], "--offload-dir")) dir = argv[++i];
         else if (!strcmp(argv[i], "--out")) out = argv[++i];
         else if (!strcmp(argv[i], "--device")) {

@@ -24,10 +24,6 @@ static uint64_t prompts_hash(const prompt_set *p) {
     return h;
 }
 
-static const char *device_name(fg_device d) {
-    return d == FG_DEVICE_CUDA ? "cuda" : d == FG_DEVICE_CPU_FP16 ? "cpu-fp16" : "cpu";
-}
-
 /* The job's first line for its flags and (once planned) block shape; an existing output must hold
  * the same (rank 0). */
 int begin_job(const cli_args *a, job_output *out, char *err) {
@@ -37,7 +33,7 @@ int begin_job(const cli_args *a, job_output *out, char *err) {
     fg_blas_info blas;
     fg_blas_info_get(&blas);
     job_identity id = {.model = is_dir(a->model) ? NULL : a->model,
-                       .device = device_name(a->policy.device),
+                       .device = fg_device_name(a->policy.device),
                        .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL : blas.core,
                        .prefill_library = a->policy.bf16_prefill ? gemm_library_isa() : NULL,
                        .prompts_hash = a->prompts_hash,

@@ -111,7 +111,12 @@ char *fg_pipe_gather_text(fg_pipe *p, const char *mine) {
 #include <time.h>
 
 /* A message in flight: started by the thread that posts it (so MPI sees them in posting order,
- * which keeps messages of one kind in order), completed by the pipe's thread. */
+ * which keeps messages of one kind in order), completed by the pipe's thread, and free again once
+ * its poster releases it (fg_pipe_release). A stage holds each GPU batch's send of the step until
+ * the next step's (its outbox slot is not written before the message has left): a block's whole
+ * shape of them, on every stage's block at once, so the table grows to what the schedule holds
+ * (doubling from PIPE_MSGS) rather than making a post wait for a release that only the poster
+ * itself would make. */
 enum { MSG_FREE, MSG_ACTIVE, MSG_DONE };
 typedef struct {
     int state, send, peer, tag;
@@ -120,7 +125,7 @@ typedef struct {
     MPI_Request req;
 } pipe_msg;
 
-#define PIPE_MSGS 256
+#define PIPE_MSGS 256 /* the table's first size */
 
 struct fg_pipe {
     int rank, size;
@@ -129,7 +134,8 @@ struct fg_pipe {
     pthread_t thread;
     pthread_mutex_t lock; /* the messages, and every MPI call (MPI_THREAD_SERIALIZED) */
     pthread_cond_t changed;
-    pipe_msg msgs[PIPE_MSGS];
+    pipe_msg *msgs; /* `capacity` of them */
+    int capacity;
     int stop;
     double bytes_sent;
 };
@@ -162,7 +168,7 @@ static void *pipe_thread(void *arg) {
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
         int active = 0, finished = 0;
-        for (int i = 0; i < PIPE_MSGS; i++) {
+        for (int i = 0; i < p->capacity; i++) {
             pipe_msg *m = &p->msgs[i];
             if (m->state != MSG_ACTIVE) continue;
             int done = 0;
@@ -218,10 +224,13 @@ int fg_pipe_open(int *argc, char ***argv, fg_pipe **out, char *err) {
         return fg_fail(err, "this MPI does not allow calls from more than one thread");
     }
     fg_pipe *p = calloc(1, sizeof *p);
-    if (!p) {
+    pipe_msg *msgs = calloc(PIPE_MSGS, sizeof *msgs);
+    if (!p || !msgs) {
         MPI_Abort(MPI_COMM_WORLD, 2);
         return fg_fail(err, "out of memory");
     }
+    p->msgs = msgs;
+    p->capacity = PIPE_MSGS;
     p->rank = rank;
     p->size = size;
     pthread_mutex_init(&p->lock, NULL);
@@ -260,21 +269,33 @@ void fg_pipe_close(fg_pipe *p) {
     MPI_Finalize();
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->changed);
+    free(p->msgs);
     free(p);
 }
 
 int fg_pipe_rank(const fg_pipe *p) { return p ? p->rank : 0; }
 int fg_pipe_size(const fg_pipe *p) { return p ? p->size : 1; }
 
+/* A free entry of the table, which doubles when every entry is held (under the lock: the pipe's
+ * thread holds no entry's address across it). */
+static int free_msg(fg_pipe *p) {
+    for (int i = 0; i < p->capacity; i++)
+        if (p->msgs[i].state == MSG_FREE) return i;
+    pipe_msg *more = realloc(p->msgs, 2 * (size_t)p->capacity * sizeof *more);
+    if (!more) {
+        fprintf(stderr, "flexgen: rank %d: out of memory for pipeline messages\n", p->rank);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    memset(more + p->capacity, 0, (size_t)p->capacity * sizeof *more); /* MSG_FREE */
+    p->msgs = more;
+    p->capacity *= 2;
+    return p->capacity / 2;
+}
+
 static int post(fg_pipe *p, int send, int peer, int tag, void *buf, size_t bytes) {
     if (p->crash_after && ++p->posted == p->crash_after) raise(SIGSEGV);
     pthread_mutex_lock(&p->lock);
-    int i;
-    for (;;) {
-        for (i = 0; i < PIPE_MSGS && p->msgs[i].state != MSG_FREE; i++) {}
-        if (i < PIPE_MSGS) break;
-        pthread_cond_wait(&p->changed, &p->lock); /* released by fg_pipe_release */
-    }
+    int i = free_msg(p);
     pipe_msg *m = &p->msgs[i];
     *m = (pipe_msg){MSG_ACTIVE, send, peer, tag, buf, bytes, 0, MPI_REQUEST_NULL};
     if (send) MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &m->req);

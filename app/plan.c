@@ -25,6 +25,14 @@ fg_device resolve_device(fg_device d, int verbose) {
     return FG_DEVICE_CPU;
 }
 
+/* A device as --device names it. */
+const char *fg_device_name(fg_device d) {
+    return d == FG_DEVICE_CUDA       ? "cuda"
+           : d == FG_DEVICE_CPU_FP16 ? "cpu-fp16"
+           : d == FG_DEVICE_AUTO     ? "auto"
+                                     : "cpu";
+}
+
 /* The configuration of --model without opening its weights. */
 int resolve_model_config(const char *model, model_config *cfg, char *err) {
     if (!is_dir(model)) return model_config_by_name(model, cfg, err);

@@ -322,7 +322,8 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
     if (check_dir("--offload-dir", offload_dir, err)) return -1;
     profile_step(verbose, "cpu -> gpu and gpu -> cpu copies, 4-bit decompression");
     if (profile_copies(be, hw, err)) return -1;
-    profile_step(verbose, "disk write and read in the offload dir (1 GiB)");
+    profile_step(verbose, "disk write and read in the offload dir (1 GiB, or a quarter of its free "
+                          "space)");
     if (profile_disk(offload_dir, hw, err)) return -1;
     if (profile_compute(be, 0, hw, verbose, err)) return -1;
     hw->cpu_flops = hw->bmm_flops_g;
@@ -367,7 +368,7 @@ static double *hw_field(fg_hardware *hw, int i) {
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
     char *text = fg_read_file(path, NULL, err);
     if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1); /* the object and nothing after it */
     free(text);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

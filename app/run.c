@@ -205,6 +205,38 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     return 0;
 }
 
+/* What each stage computes with, once it has resolved its --device and read its --model's
+ * configuration (every stage reads its own), against rank 0's: the device, whose activations
+ * cross between stages (fp32 on the CPU, fp16 on cpu-fp16 and CUDA; `auto` may resolve to either
+ * on two machines), and the model's shape (one --model path on two machines may hold two
+ * checkpoints). A stage that differs is refused naming what differs; the weights themselves are
+ * not compared. */
+static int share_model(const cli_args *a, fg_pipe *pipe, const model_config *cfg, char *err) {
+    if (!pipe) return 0;
+    static const char *const what[] = {"device",     "model type", "layers",    "hidden size",
+                                       "heads",      "K/V heads",  "head size", "FFN size",
+                                       "vocabulary", "word size",  "positions", "pre-LN"};
+    int mine[] = {a->policy.device, cfg->family,     cfg->n_layers,     cfg->hidden,
+                  cfg->n_heads,     cfg->n_kv_heads, cfg_head_dim(cfg), cfg->ffn,
+                  cfg->vocab,       cfg->word_dim,   cfg->max_pos,      cfg->pre_ln};
+    int first[sizeof mine / sizeof *mine];
+    memcpy(first, mine, sizeof mine);
+    fg_pipe_bcast(pipe, first, sizeof first);
+    int rc = 0;
+    if (first[0] != mine[0])
+        rc = fg_fail(err,
+                     "--device: this stage runs on %s, rank 0 on %s: the stages of a pipeline pass "
+                     "activations in one device's format",
+                     fg_device_name((fg_device)mine[0]), fg_device_name((fg_device)first[0]));
+    for (size_t i = 1; rc == 0 && i < sizeof mine / sizeof *mine; i++)
+        if (first[i] != mine[i])
+            rc = fg_fail(err,
+                         "--model %s: its %s is %d, rank 0's %d: the stages of a pipeline must "
+                         "read the same model",
+                         a->model, what[i], mine[i], first[i]);
+    return fg_pipe_agree(pipe, rc, err);
+}
+
 /* The prompts of the job on every stage: read (and tokenized) by rank 0, or synthetic ones to
  * fill the block that --policy auto chooses for each stage. */
 static int job_prompts(cli_args *a, fg_pipe *pipe, const model_config *cfg, fg_tokenizer **tok,
@@ -392,7 +424,8 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
         if (rc == 0) rc = check_lengths(a, &cfg, err);
         if (rc == 0) set_eos(&a->gen, &cfg);
     }
-    if (fg_pipe_agree(pipe, rc, err) || job_prompts(a, pipe, &cfg, &tok, &p, &job, err)) {
+    if (fg_pipe_agree(pipe, rc, err) || share_model(a, pipe, &cfg, err) ||
+        job_prompts(a, pipe, &cfg, &tok, &p, &job, err)) {
         rc = -1;
         goto out;
     }

@@ -15,6 +15,21 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* Maps `bytes` of fd (prot: PROT_READ, or with PROT_WRITE). Takes ownership of fd. */
+static int map_file(disk_arena *a, int fd, size_t bytes, int prot, const char *flag,
+                    const char *dir, char *err) {
+    a->base = mmap(NULL, bytes, prot, MAP_SHARED, fd, 0);
+    if (a->base == MAP_FAILED) {
+        a->base = NULL;
+        close(fd);
+        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s,
+                       strerror(errno));
+    }
+    a->fd = fd;
+    a->size = bytes;
+    return 0;
+}
+
 /* Maps a file of `bytes`, reserving its blocks first so that a full disk is an error here and
  * not a SIGBUS later. Takes ownership of fd. */
 int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir, char *err) {
@@ -27,16 +42,16 @@ int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char 
         return fg_fail(err, "%s %s: cannot reserve %s: %s", flag, dir, human((double)bytes).s,
                        fg_write_failure(dir, rc));
     }
-    a->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (a->base == MAP_FAILED) {
-        a->base = NULL;
-        close(fd);
-        return fg_fail(err, "%s %s: cannot map %s: %s", flag, dir, human((double)bytes).s,
-                       strerror(errno));
-    }
-    a->fd = fd;
-    a->size = bytes;
-    return 0;
+    return map_file(a, fd, bytes, PROT_READ | PROT_WRITE, flag, dir, err);
+}
+
+/* Maps a whole file of `bytes` that is only read (the weights' file that a run reuses, which may
+ * lie on a file system it cannot write: a shared, read-only cache). Takes ownership of fd. */
+int arena_map_read_only(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir,
+                        char *err) {
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+    return map_file(a, fd, page_up(bytes ? bytes : 1), PROT_READ, flag, dir, err);
 }
 
 void arena_close(disk_arena *a) {

@@ -33,6 +33,14 @@ int check_dir(const char *flag, const char *dir, char *err);    /* exists and is
 int mkdir_p(const char *dir);                                   /* -1 (errno) on failure */
 void default_weight_dir(char *out, size_t n);                   /* ~/.cache/flexgen */
 int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, removed at exit */
+/* A file made in dir and named once complete (the weights' file of --path): util.c. */
+typedef struct {
+    char path[FG_PATH_LEN]; /* its temporary name, or "" (unnamed) */
+    int slot;               /* the temporary's place among the handlers' */
+} fg_new;
+int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err);
+int fg_new_file_name(fg_new *t, int fd, const char *path);
+void fg_new_file_remove(fg_new *t);
 /* The directories mkdir_p made, where they are empty: a failed (or stopped) run's way out. */
 void fg_remove_made_dirs(void);
 /* A SIGBUS in a watched mapping ends the process with one line naming its file. */
@@ -424,6 +432,8 @@ typedef struct {
 size_t page_size(void);
 size_t page_up(size_t n);
 int arena_map(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir, char *err);
+int arena_map_read_only(disk_arena *a, int fd, size_t bytes, const char *flag, const char *dir,
+                        char *err);
 void arena_close(disk_arena *a);
 void disk_fetch_pages(const disk_arena *a, size_t off, size_t len);
 /* The whole pages under [p, p + bytes) of the arena: from *off, *len bytes. */

@@ -645,19 +645,58 @@ void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64
 size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
 
-/* An unnamed file in dir: O_TMPFILE where the file system has it, else mkstemp + unlink (its
- * name the handlers' to remove in between). */
-int unnamed_file(const char *dir, const char *flag, char *err) {
-    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+/* A new file in dir: unnamed (O_TMPFILE) where the file system has it, else a temporary named
+ * flexgen-XXXXXX in t->path (the handlers' to remove until fg_new_file_name or _remove), which
+ * file systems without O_TMPFILE (NFS, FUSE) need for a file to be named later: an unnamed file
+ * made by unlinking one cannot be linked back. FLEXGEN_TEST_NO_TMPFILE=1 takes the second way
+ * (the tests). */
+int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err) {
+    t->path[0] = 0;
+    t->slot = -1;
+    int fd = -1;
+    errno = EOPNOTSUPP;
+    if (!getenv("FLEXGEN_TEST_NO_TMPFILE")) fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-        char path[FG_PATH_LEN];
-        int slot;
-        snprintf(path, sizeof path, "%.4180s/flexgen-XXXXXX", dir);
-        fd = registered_mkstemp(path, &slot);
-        if (fd >= 0) unlink(path);
-        release_temp(slot);
+        snprintf(t->path, sizeof t->path, "%.4180s/flexgen-XXXXXX", dir);
+        fd = registered_mkstemp(t->path, &t->slot);
+        if (fd < 0) t->path[0] = 0;
     }
     if (fd < 0) return fg_fail(err, "%s %s: cannot create a file: %s", flag, dir, strerror(errno));
+    return fd;
+}
+
+/* The new file fd (fg_new_file's) given the name `path` once it is complete, in place of any file
+ * of that name: the temporary renamed, or the unnamed file linked (-1 with errno where it cannot
+ * be). */
+int fg_new_file_name(fg_new *t, int fd, const char *path) {
+    int rc;
+    if (t->path[0]) {
+        rc = rename(t->path, path);
+    } else {
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        unlink(path); /* a stale file of the same name */
+        rc = linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW);
+    }
+    int e = errno;
+    fg_new_file_remove(t); /* what is left of a temporary that could not be renamed */
+    errno = e;
+    return rc;
+}
+
+/* A new file's temporary name removed (none: an unnamed file); its fd stays open. */
+void fg_new_file_remove(fg_new *t) {
+    if (t->path[0]) unlink(t->path);
+    release_temp(t->slot);
+    t->path[0] = 0;
+    t->slot = -1;
+}
+
+/* An unnamed file in dir, removed when it is closed (or the process ends). */
+int unnamed_file(const char *dir, const char *flag, char *err) {
+    fg_new t;
+    int fd = fg_new_file(dir, flag, &t, err);
+    if (fd >= 0) fg_new_file_remove(&t);
     return fd;
 }
 

@@ -89,8 +89,26 @@ static void progress(const weight_file *f, const char *what, int done, int total
     if (f->verbose && done == total) fprintf(stderr, "\n");
 }
 
+/* Drops the pages under [p, p + n) of a mapping at base from memory and the page cache, written
+ * back first where they were written. */
+static void drop(const char *base, int fd, const char *p, size_t n, int written) {
+    size_t off = (size_t)(p - base) & ~(page_size() - 1),
+           len = page_up((size_t)(p - base) + n) - off;
+    if (written) msync((char *)base + off, len, MS_SYNC);
+    madvise((char *)base + off, len, MADV_DONTNEED);
+    posix_fadvise(fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
+/* Layer j's tensors' pages dropped (drop). */
+static void drop_layer(const weight_file *f, const char *base, int fd, const size_t *offsets, int j,
+                       int written) {
+    for (int i = f->layer_first[j]; i < f->layer_first[j + 1]; i++)
+        if (tied(f, i) < 0) drop(base, fd, base + offsets[i], f->bytes(f->ctx, i), written);
+}
+
 /* Whether every layer of the file open as fd matches its checksum; a note names the first that
- * does not. */
+ * does not. Each layer's pages are dropped once it is summed, so that the check holds a layer at a
+ * time in memory, not the whole file (which the disk tier is there to keep out of it). */
 static int intact(const weight_file *f, int fd, size_t size, const char *path) {
     int L = n_layers(f), bad = -1;
     size_t *offsets = malloc((size_t)f->layout->n_tensors * sizeof *offsets);
@@ -105,6 +123,7 @@ static int intact(const weight_file *f, int fd, size_t size, const char *path) {
     const uint64_t *sums = (const uint64_t *)(base + sums_at());
     for (int j = 0; j < L && bad < 0; j++) {
         if (layer_checksum(f, base, offsets, j) != sums[j]) bad = j;
+        drop_layer(f, base, fd, offsets, j, 0);
         progress(f, "checking dummy weights", j + 1, L);
     }
     fg_unwatch_mapping(base);
@@ -124,7 +143,7 @@ static int weight_file_find(const weight_file *f, int check) {
     weight_file_path(f, path, sizeof path);
     size_t size = weight_file_offsets(f, NULL);
     weight_file_header want = header_of(f, size), have;
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* read only: a run never writes it */
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == size &&
         pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have &&
@@ -132,15 +151,6 @@ static int weight_file_find(const weight_file *f, int check) {
         return fd;
     if (fd >= 0) close(fd);
     return -1;
-}
-
-/* Writes back and drops the pages under [p, p + n) of a mapping at base. */
-static void drop(char *base, int fd, const char *p, size_t n) {
-    size_t off = (size_t)(p - base) & ~(page_size() - 1),
-           len = page_up((size_t)(p - base) + n) - off;
-    msync(base + off, len, MS_SYNC);
-    madvise(base + off, len, MADV_DONTNEED);
-    posix_fadvise(fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
 }
 
 /* Every layer's tensors into the mapped file, and each layer's checksum; the pages are written
@@ -153,29 +163,42 @@ static int write_layers(const weight_file *f, char *base, int fd, const size_t *
         for (int i = f->layer_first[j]; i < f->layer_first[j + 1]; i++)
             if (tied(f, i) < 0 && f->fill(f->ctx, i, base + offsets[i], err)) return -1;
         sums[j] = layer_checksum(f, base, offsets, j);
-        for (int i = f->layer_first[j]; i < f->layer_first[j + 1]; i++)
-            if (tied(f, i) < 0) drop(base, fd, base + offsets[i], f->bytes(f->ctx, i));
+        drop_layer(f, base, fd, offsets, j, 1);
         progress(f, "writing dummy weights", j + 1, L);
     }
     return 0;
 }
 
-/* The file of `size` bytes, unnamed in the weight dir, its blocks reserved (a full disk is an
- * error here, not a SIGBUS later) and mapped. */
-static char *create(const weight_file *f, size_t size, int *fd, char *err) {
+/* The file of `size` bytes, new in the weight dir (fg_new_file: unnamed, or a temporary), its
+ * blocks reserved (a full disk is an error here, not a SIGBUS later) and mapped. */
+static char *create(const weight_file *f, size_t size, fg_new *made, int *fd, char *err) {
     if (mkdir_p(f->dir)) {
         fg_fail(err, "--path %s: cannot create it: %s", f->dir, strerror(errno));
         return NULL;
     }
-    if ((*fd = unnamed_file(f->dir, "--path", err)) < 0) return NULL;
+    if ((*fd = fg_new_file(f->dir, "--path", made, err)) < 0) return NULL;
     int rc = posix_fallocate(*fd, 0, (off_t)size);
     char *base = rc ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
     if (base != MAP_FAILED) return base;
     fg_fail(err, "--path %s: cannot %s %s: %s", f->dir, rc ? "reserve" : "map",
             human((double)size).s, rc ? fg_write_failure(f->dir, rc) : strerror(errno));
+    fg_new_file_remove(made);
     close(*fd);
     *fd = -1;
     return NULL;
+}
+
+/* The complete file given its name, so that later runs find it; a note where it cannot be (but
+ * not where another run, writing the same weights at once, named its own first). */
+static void keep(fg_new *made, int fd, const char *path) {
+    if (fg_new_file_name(made, fd, path) == 0) return;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && stat(path, &st) == 0 && S_ISREG(st.st_mode)) return;
+    fprintf(stderr,
+            "flexgen: note: could not keep the dummy weights as %s (%s); they are written again "
+            "next run\n",
+            path, strerror(e));
 }
 
 /* The file written; an fd of it, or -1. */
@@ -187,22 +210,24 @@ static int weight_file_write(const weight_file *f, char *err) {
     if (!offsets) return fg_fail(err, "out of memory");
     weight_file_offsets(f, offsets);
     int fd = -1;
-    char *base = create(f, size, &fd, err);
+    fg_new made;
+    char *base = create(f, size, &made, &fd, err);
     int rc = base ? write_layers(f, base, fd, offsets, err) : -1;
     free(offsets);
     if (base && rc == 0) {
         weight_file_header h = header_of(f, size);
         memcpy(base, &h, sizeof h);
-        char self[64];
-        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
-        unlink(path); /* a stale file of the same name */
-        if (msync(base, size, MS_SYNC) || linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW))
+        if (msync(base, size, MS_SYNC) == 0) keep(&made, fd, path);
+        else
             fprintf(stderr,
                     "flexgen: note: could not keep the dummy weights as %s (%s); they are "
                     "written again next run\n",
                     path, strerror(errno));
     }
-    if (base) munmap(base, size);
+    if (base) {
+        munmap(base, size);
+        fg_new_file_remove(&made); /* a temporary not named (nothing once it is) */
+    }
     if (rc && fd >= 0) {
         close(fd);
         fd = -1;
@@ -222,7 +247,7 @@ int weight_file_map(const weight_file *f, disk_arena *a, size_t *offsets, char *
     size_t size = weight_file_offsets(f, offsets);
     int fd = weight_file_find(f, 1), found = fd >= 0;
     if (fd < 0 && (fd = weight_file_write(f, err)) < 0) return -1;
-    if (arena_map(a, fd, size, "--path", f->dir, err)) return -1;
+    if (arena_map_read_only(a, fd, size, "--path", f->dir, err)) return -1;
     char path[FG_PATH_LEN];
     weight_file_path(f, path, sizeof path);
     if (found) fg_watch_mapping(a->base, a->size, path);

@@ -270,6 +270,7 @@ static void test_hardware_file(void) {
     static const struct { const char *text, *says; } bad[] = {
         {"{\"ctog_bdw\": 2", "not a JSON object"},
         {"[1, 2]", "not a JSON object"},
+        {FULL "} {}", "not a JSON object"}, /* text after the object */
         {"{\"ctog_bdw\": 2}", "\"gtoc_bdw_cache\" is missing"},
         {"{\"ctog_bdw\": \"fast\"}", "\"ctog_bdw\" is missing or not a number"},
         {"{\"ctog_bdw\": -1}", "\"ctog_bdw\" must be a rate in [1, 1e+18]"},

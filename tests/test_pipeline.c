@@ -6,9 +6,11 @@
  * through mpirun's MPMD form (weights, cache and activations on disk on one stage, on cpu on the
  * other; 4-bit compression on and off), and with --stop-at-eos ending blocks early. Failures: a
  * stage that crashes mid-run, an infeasible plan on one stage, bad input on rank 0, flags the
- * stages disagree on, more stages than layers, a FLEXGEN_ISA one stage refuses: each ends the
- * job with one "flexgen:" line that names the rank, within mpirun's timeout, and leaves the
- * offload dir empty.
+ * stages disagree on, more stages than layers, a FLEXGEN_ISA one stage refuses, another device or
+ * another checkpoint at the same path on one stage, a one-process command in one of mpirun's
+ * contexts: each ends the job with one "flexgen:" line that names the rank, within mpirun's
+ * timeout, and leaves the offload dir empty; --help in one context stops them all with the help.
+ * 128 GPU batches on 2 stages hold more messages than the stages' table first has room for.
  * Skipped, saying why, where mpirun is missing or the binary was built without MPI.
  */
 #define _GNU_SOURCE
@@ -16,10 +18,12 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char skip_reason[256];
@@ -42,13 +46,19 @@ static void set_stage_env(void) {
 
 static char text_vocab[4200], text_merges[4200]; /* opt-tiny-text's; its vocabulary holds the others' */
 
+/* The fixture at rel as an absolute path (a stage may run in another directory: mpirun's -wdir). */
+static void absolute_fixture(char *out, size_t n, const char *rel) {
+    char path[PATH_MAX];
+    snprintf(out, n, "%s", realpath(fixture(rel), path) ? path : fixture(rel));
+}
+
 static int pipeline_init(void) {
-    snprintf(tiny, sizeof tiny, "%s", fixture("opt-tiny"));
-    snprintf(tiny_ids, sizeof tiny_ids, "%s", fixture("opt-tiny/prompts.txt"));
-    snprintf(text, sizeof text, "%s", fixture("opt-tiny-text"));
-    snprintf(text_ids, sizeof text_ids, "%s", fixture("opt-tiny-text/prompts.txt"));
-    snprintf(post_ln, sizeof post_ln, "%s", fixture("opt-tiny-350m"));
-    snprintf(post_ln_ids, sizeof post_ln_ids, "%s", fixture("opt-tiny-350m/prompts.txt"));
+    absolute_fixture(tiny, sizeof tiny, "opt-tiny");
+    absolute_fixture(tiny_ids, sizeof tiny_ids, "opt-tiny/prompts.txt");
+    absolute_fixture(text, sizeof text, "opt-tiny-text");
+    absolute_fixture(text_ids, sizeof text_ids, "opt-tiny-text/prompts.txt");
+    absolute_fixture(post_ln, sizeof post_ln, "opt-tiny-350m");
+    absolute_fixture(post_ln_ids, sizeof post_ln_ids, "opt-tiny-350m/prompts.txt");
     snprintf(text_vocab, sizeof text_vocab, "%s/vocab.json", text);
     snprintf(text_merges, sizeof text_merges, "%s/merges.txt", text);
     /* CI runs as root, which Open MPI refuses unless told */
@@ -86,13 +96,24 @@ typedef struct {
 
 static void job_free(job *j) { free(j->out), free(j->err); }
 
+/* What mpirun_contexts gives each rank beyond its flags: a command before them (lead, such as
+ * "perplexity") and a working directory (dir), where given. */
+typedef struct {
+    const char *const *lead;
+    const char *dir;
+} rank_context;
+
 /* mpirun with one program context per rank: ranks[r] are rank r's flags after `common`, env
- * more of each context's environment, rank_env[r] (where given) more of rank r's alone;
- * mpirun's --timeout turns a hang into a failure. */
-static job mpirun_each(int stages, const char *const *common, const char *const *const *ranks,
-                       const char *const *env, const char *const *const *rank_env) {
+ * more of each context's environment, rank_env[r] (where given) more of rank r's alone, and
+ * contexts[r] (where given) its command and directory; mpirun's --timeout turns a hang into a
+ * failure. */
+static job mpirun_contexts(int stages, const char *const *common, const char *const *const *ranks,
+                           const char *const *env, const char *const *const *rank_env,
+                           const rank_context *contexts) {
     static const char *const head[] = {"mpirun", "--oversubscribe", "--bind-to", "none",
                                        "--timeout", "120", NULL};
+    char bin[PATH_MAX]; /* absolute: a context may run in another directory */
+    if (!realpath(flexgen_bin(), bin)) snprintf(bin, sizeof bin, "%s", flexgen_bin());
     arglist a = {.n = 0};
     arglist_add(&a, head);
     for (int r = 0; r < stages; r++) {
@@ -102,13 +123,20 @@ static job mpirun_each(int stages, const char *const *common, const char *const 
         for (int i = 0; env && env[i]; i++) arglist_add(&a, (const char *[]){"-x", env[i], NULL});
         for (int i = 0; rank_env && rank_env[r] && rank_env[r][i]; i++)
             arglist_add(&a, (const char *[]){"-x", rank_env[r][i], NULL});
-        arglist_add(&a, (const char *[]){flexgen_bin(), NULL});
+        if (contexts && contexts[r].dir) arglist_add(&a, (const char *[]){"-wdir", contexts[r].dir, NULL});
+        arglist_add(&a, (const char *[]){bin, NULL});
+        arglist_add(&a, contexts ? contexts[r].lead : NULL);
         arglist_add(&a, common);
         arglist_add(&a, ranks ? ranks[r] : NULL);
     }
     job j;
     j.rc = run_command(a.v, NULL, &j.out, &j.err);
     return j;
+}
+
+static job mpirun_each(int stages, const char *const *common, const char *const *const *ranks,
+                       const char *const *env, const char *const *const *rank_env) {
+    return mpirun_contexts(stages, common, ranks, env, rank_env, NULL);
 }
 
 static job mpirun(int stages, const char *const *common, const char *const *const *ranks,
@@ -541,14 +569,14 @@ static void test_diagonal(void) {
 
 /* ---- failures: one line naming the rank, no hang, nothing left in the offload dir ---- */
 
-static void expect_job_fails_each(const char *what, const char *const *const *ranks, int stages,
-                                  const char *const *env, const char *const *const *rank_env,
-                                  const char *want1, const char *want2) {
+static void expect_job_fails_in(const char *what, const char *model, const char *const *const *ranks, int stages,
+                                const char *const *env, const char *const *const *rank_env,
+                                const rank_context *contexts, const char *want1, const char *want2) {
     char *dir = make_temp_dir();
-    const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--device", "cpu", "--quiet",
+    const char *const common[] = {"--model", model, "--prompt-ids", tiny_ids, "--device", "cpu", "--quiet",
                                   "--gen-len", "8", "--gpu-batch-size", "2", "--offload-dir", dir,
                                   "--path", dir, "--percent", "0", "0", "0", "0", "0", "0", NULL};
-    job j = mpirun_each(stages, common, ranks, env, rank_env);
+    job j = mpirun_contexts(stages, common, ranks, env, rank_env, contexts);
     const char *line;
     int n = flexgen_lines(j.err, &line);
     CU_ASSERT(j.rc != 0);
@@ -560,6 +588,12 @@ static void expect_job_fails_each(const char *what, const char *const *const *ra
     job_free(&j);
     rm_tree(dir);
     free(dir);
+}
+
+static void expect_job_fails_each(const char *what, const char *const *const *ranks, int stages,
+                                  const char *const *env, const char *const *const *rank_env,
+                                  const char *want1, const char *want2) {
+    expect_job_fails_in(what, tiny, ranks, stages, env, rank_env, NULL, want1, want2);
 }
 
 static void expect_job_fails(const char *what, const char *const *const *ranks, int stages,
@@ -592,6 +626,62 @@ static void test_failures(void) {
     expect_job_fails_each("FLEXGEN_ISA refused on one stage", NULL, 2, NULL,
                           (const char *const *const[]){NULL, (const char *[]){"FLEXGEN_ISA=bogus", NULL}},
                           "flexgen: rank 1 (stage 2 of 2): ", "FLEXGEN_ISA");
+    /* another device: its activations are another size (fp16 against the CPU's fp32) */
+    expect_job_fails("another --device on one stage",
+                     (const char *const *[]){NULL, (const char *[]){"--device", "cpu-fp16", NULL}}, 2, NULL,
+                     "flexgen: rank 1 (stage 2 of 2): --device", "cpu-fp16");
+    /* one --model path that holds another checkpoint where a stage runs (mpirun's -wdir: two
+     * machines): opt-tiny-text's 1000 tokens against opt-tiny's 512 */
+    char *dirs = make_temp_dir();
+    const char *at[2] = {join(dirs, "a"), join(dirs, "b")};
+    const char *model[2] = {tiny, text};
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT(mkdir(at[r], 0700) == 0 && symlink(model[r], join(at[r], "m")) == 0);
+    }
+    const rank_context in_dirs[2] = {{NULL, at[0]}, {NULL, at[1]}};
+    expect_job_fails_in("another checkpoint at the same path", "m", NULL, 2, NULL, NULL, in_dirs,
+                        "flexgen: rank 1 (stage 2 of 2): --model m", "vocabulary is 1000, rank 0's 512");
+    /* a command that runs in one process, in one of mpirun's contexts */
+    const rank_context command[2] = {{NULL, NULL}, {(const char *[]){"policy", NULL}, NULL}};
+    expect_job_fails_in("flexgen policy in one context", tiny, NULL, 2, NULL, NULL, command,
+                        "flexgen: rank 1 (stage 2 of 2): ", "runs in one process");
+    rm_tree(dirs);
+    free(dirs);
+}
+
+/* --help in one of mpirun's contexts: every stage stops, rank 0 prints the help once, exit 0 (it
+ * left the other stages waiting in their agreement before). */
+static void test_help_on_one_stage(void) {
+    if (skipped()) return;
+    const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--device", "cpu", "--quiet", NULL};
+    job j = mpirun(2, common, (const char *const *[]){NULL, (const char *[]){"--help", NULL}}, NULL);
+    const char *usage = strstr(j.out, "usage: flexgen");
+    EXPECT(j.rc == 0 && usage && !strstr(usage + 1, "usage: flexgen"),
+           "--help on rank 1: expected exit 0 and the help once, got %d:\n%.300s\n%.600s", j.rc, j.out, j.err);
+    job_free(&j);
+}
+
+/* More GPU batches than the stages' table of messages first holds (256 entries): each stage keeps
+ * every GPU batch's send of a step until the next step's, on each stage's block at once, 2 x 128
+ * here, which once left a post waiting for a release that only its own thread would make. The
+ * logits are those of one process running the job's synthetic prompts (a block of 128 a stage) in
+ * one block of 256. */
+static void test_many_gpu_batches(void) {
+    if (skipped()) return;
+    char *dir = make_temp_dir();
+    const char *const common[] = {"--model", tiny, "--device", "cpu", "--prompt-len", "4", "--gen-len", "2",
+                                  "--gpu-batch-size", "1", "--num-gpu-batches", "128", "--dump-logits",
+                                  join(dir, "two.f32"), "--quiet", "--offload-dir", dir, NULL};
+    job two = mpirun(2, common, NULL, NULL);
+    const char *const single[] = {"--num-gpu-batches", "256", "--dump-logits", join(dir, "one.f32"), NULL};
+    job one = one_process(common, single);
+    EXPECT(two.rc == 0 && one.rc == 0, "128 GPU batches of 1 on 2 stages: exit %d (one process %d):\n%.600s", two.rc,
+           one.rc, two.err);
+    float diff = relative_difference(join(dir, "one.f32"), join(dir, "two.f32"));
+    EXPECT(diff <= 1e-4f, "128 GPU batches of 1 on 2 stages: logits %.3g of max|logit| from one process's", diff);
+    job_free(&two), job_free(&one);
+    rm_tree(dir);
+    free(dir);
 }
 
 void add_pipeline_tests(void) {
@@ -606,4 +696,6 @@ void add_pipeline_tests(void) {
     CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
     CU_add_test(s, "the diagonal schedule on 2 and 3 stages: one process's zig-zag tokens", test_diagonal);
     CU_add_test(s, "a failing stage ends the job with one line, no files", test_failures);
+    CU_add_test(s, "--help in one of mpirun's contexts stops every stage", test_help_on_one_stage);
+    CU_add_test(s, "128 GPU batches on 2 stages: more messages than the table first holds", test_many_gpu_batches);
 }
