@@ -672,6 +672,7 @@ int fg_new_file_name(fg_new *t, int fd, const char *path) {
     int rc;
     if (t->path[0]) {
         rc = rename(t->path, path);
+        if (rc == 0) t->path[0] = 0; /* the temporary's name is the file's now */
     } else {
         char self[64];
         snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
