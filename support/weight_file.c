@@ -188,10 +188,11 @@ static char *create(const weight_file *f, size_t size, fg_new *made, int *fd, ch
     return NULL;
 }
 
-/* The complete file given its name, so that later runs find it; a note where it cannot be (but
- * not where another run, writing the same weights at once, named its own first). */
-static void keep(fg_new *made, int fd, const char *path) {
-    if (fg_new_file_name(made, fd, path) == 0) return;
+/* The complete file (mapped at base) written back and given its name, so that later runs find
+ * it; a note where it cannot be (but not where another run, writing the same weights at once,
+ * named its own first). */
+static void keep(fg_new *made, char *base, size_t size, int fd, const char *path) {
+    if (msync(base, size, MS_SYNC) == 0 && fg_new_file_name(made, fd, path) == 0) return;
     int e = errno;
     struct stat st;
     if (e == EEXIST && stat(path, &st) == 0 && S_ISREG(st.st_mode)) return;
@@ -217,12 +218,7 @@ static int weight_file_write(const weight_file *f, char *err) {
     if (base && rc == 0) {
         weight_file_header h = header_of(f, size);
         memcpy(base, &h, sizeof h);
-        if (msync(base, size, MS_SYNC) == 0) keep(&made, fd, path);
-        else
-            fprintf(stderr,
-                    "flexgen: note: could not keep the dummy weights as %s (%s); they are "
-                    "written again next run\n",
-                    path, strerror(errno));
+        keep(&made, base, size, fd, path);
     }
     if (base) {
         munmap(base, size);
