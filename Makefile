@@ -56,7 +56,7 @@ SUPPORT := $(addprefix support/,util.c simd.c matmul.c int8.c workspace.c sampli
            checkpoint.c weight_file.c tokenizer.c tokenizer_encode.c tokenizer_json.c nfc.c trace.c kv_pages.c avx512.c \
            avx512_simde.c disk_arena.c io_links.c blas_core.c onednn.c)
 APP := $(addprefix app/,cpu_backend.c cpu_fp16.c perplexity.c pipeline.c profile.c jobs.c stage.c \
-       runtime.c args.c prompts.c plan.c run.c job_run.c report.c commands.c cli.c)
+       runtime.c args.c prompts.c plan.c run.c job_run.c report.c commands.c int8_columns.c cli.c)
 SRC := $(PAPER) $(SUPPORT) $(APP)
 # The objects each binary links (the rules that build them are below the emulated GPU's):
 # sources that read no build define (SHARED_SRC) compile once for all four binaries of a build.

@@ -5,14 +5,13 @@
  * those buffers allocated. flexgen.c's schedule moves data between what this file places. The map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *    44  tier_take                the tiers: every byte taken here, or refused
- *   108  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   176  place_tensors            each tensor's home tier, by FlexGen's rule
- *   405  load_weights_into_homes  the weights written into their homes, once
+ *    43  tier_take                the tiers: every byte taken here, or refused
+ *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
+ *   175  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   404  load_weights_into_homes  the weights written into their homes, once
  *   499  load_weight_at           a layer read ahead, converted into a staging arena
  *   603  shape_block              a block's buffers per tier; fg_check_plan below it
- *   793  keep_int8_columns        W's int8 columns made once where the plan has room
- *   937  alloc_block              a block's KV cache and activations on the tiers
+ *   887  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -147,7 +146,7 @@ static int in_stage(const fg_model *m, int i) {
 
 /* The tensor whose home tensor i shares: its tie (lm_head to embed_tokens) when both are in this
  * stage, else -1 (the last stage of a pipeline keeps lm_head's own copy). */
-static int tied_here(const fg_model *m, int i) {
+int tied_here(const fg_model *m, int i) {
     int t = m->layout.tensors[i].tied_to;
     return t >= 0 && in_stage(m, t) ? t : -1;
 }
@@ -164,7 +163,7 @@ static size_t stored_bytes(const fg_model *m, int i) {
 
 /* Compute reads a staging arena for this tensor: it lives off the gpu tier, or is compressed and
  * the backend's products cannot read it as it is (both of ours read the 4-bit bytes). */
-static int is_staged(const fg_model *m, const weight_home *h) {
+int is_staged(const fg_model *m, const weight_home *h) {
     return h->tier != TIER_GPU || (h->q4 && !m->rt->backend->reads_q4);
 }
 
@@ -343,7 +342,7 @@ static int fill_gpu_home(const fg_model *m, int i, const weight_source *src, voi
     return rc;
 }
 
-static void progress(const fg_model *m, const char *what, int done, int total) {
+void load_progress(const fg_model *m, const char *what, int done, int total) {
     if (m->rt->policy.verbose) fprintf(stderr, "\r%s: layer %d/%d", what, done, total);
     if (m->rt->policy.verbose && done == total) fprintf(stderr, "\n");
 }
@@ -416,7 +415,8 @@ int load_weights_into_homes(fg_model *m, char *err) {
     for (int j = m->first_layer; j < m->end_layer && rc == 0; j++) {
         for (int i = m->layer_first[j]; i < m->layer_first[j + 1] && rc == 0; i++)
             if (tied_here(m, i) < 0) rc = fill_home(m, i, &src, offsets, from_file, err);
-        if (m->has_archive) progress(m, "placing weights", j + 1 - m->first_layer, stage_layers(m));
+        if (m->has_archive)
+            load_progress(m, "placing weights", j + 1 - m->first_layer, stage_layers(m));
     }
     free(offsets);
     for (int i = m->layer_first[m->first_layer]; i < m->layer_first[m->end_layer] && rc == 0; i++) {
@@ -774,56 +774,6 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
                                  : " (a sixteenth of the machine's memory is kept for the "
                                    "system)");
     return 0;
-}
-
-/* The 4-bit matrices that stay in their homes on the gpu tier, whose int8 columns may be kept:
- * tensor i's W, its parts and shape, or NULL. */
-static const void *resident_matrix(const fg_model *m, int i, int *parts, int *in, int *out) {
-    const weight_home *h = &m->homes[i];
-    const opt_tensor *t = &m->layout.tensors[i];
-    if (!h->q4 || is_staged(m, h) || tied_here(m, i) >= 0 || t->group_len == 0 ||
-        t->group_inner != 1)
-        return NULL;
-    *parts = t->n_specs; /* q|k|v: [in][3][h] */
-    *in = (int)(t->group_outer / (size_t)t->n_specs);
-    *out = (int)t->group_len * t->n_specs;
-    return *t->slot;
-}
-
-void keep_int8_columns(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len) {
-    if (m->view.products != PRODUCTS_INT8 || !m->rt->backend->gpu_is_host || m->int8_columns.n)
-        return;
-    int first = m->layer_first[m->first_layer], end = m->layer_first[m->end_layer];
-    int parts, in, out;
-    double estimate = 0;
-    for (int i = first; i < end; i++)
-        if (resident_matrix(m, i, &parts, &in, &out)) estimate += int8_columns_estimate(in, out);
-    char err[FG_ERR_LEN];
-    m->int8_columns_bytes = estimate;
-    if (estimate == 0 || fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err)) {
-        m->int8_columns_bytes = 0; /* no room: the products make them per call */
-        return;
-    }
-    for (int j = m->first_layer; j < m->end_layer; j++) {
-        for (int i = m->layer_first[j]; i < m->layer_first[j + 1]; i++) {
-            const void *W = resident_matrix(m, i, &parts, &in, &out);
-            if (W && int8_column_set_add(&m->int8_columns, W, parts, in, out)) {
-                int8_column_set_free(&m->int8_columns); /* no memory: per call, as without room */
-                m->int8_columns_bytes = 0;
-                return;
-            }
-        }
-        progress(m, "int8 columns", j + 1 - m->first_layer, stage_layers(m));
-    }
-    m->int8_columns_bytes = (double)m->int8_columns.bytes;
-    tier_add(m->rt, TIER_GPU, m->int8_columns_bytes);
-}
-
-void drop_int8_columns(fg_model *m) {
-    if (!m->int8_columns.n) return;
-    tier_add(m->rt, TIER_GPU, -m->int8_columns_bytes);
-    int8_column_set_free(&m->int8_columns);
-    m->int8_columns_bytes = 0;
 }
 
 /* ============================================================================================

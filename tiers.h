@@ -241,6 +241,11 @@ block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int m
  * everything else; dropped (drop_int8_columns) where a later plan needs their room. */
 void keep_int8_columns(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
 void drop_int8_columns(fg_model *m);
+/* Tensor i's tie whose home it shares, or -1; a home that compute reads through a staging arena;
+ * progress on stderr (--quiet: none) of a pass over the layers, such as loading. */
+int tied_here(const fg_model *m, int i);
+int is_staged(const fg_model *m, const weight_home *h);
+void load_progress(const fg_model *m, const char *what, int done, int total);
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
                   char *err);
 int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
