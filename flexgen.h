@@ -128,14 +128,15 @@ double fg_linear_eval(const fg_linear *f, const double x[N_X]);
 double fg_cost_per_token(const fg_cost_model *m, const model_config *c, const fg_workload *w,
                          const double x[N_X], double *t_pre, double *t_gen);
 /* Each tier's peak bytes, linear in x, in the runtime's accounting, for one case of where the
- * weights may go: all on the gpu tier, in memory, or any tier (lp.c explains). */
-enum { FG_W_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
+ * weights may go: all on the gpu tier, all but a little of them (fg_weights_case) with the rest in
+ * memory, in memory, or any tier (lp.c explains). */
+enum { FG_W_GPU, FG_W_MOSTLY_GPU, FG_W_MEMORY, FG_W_DISK, FG_W_CASES };
 typedef struct {
     fg_linear tier[N_TIERS], host;
 } fg_memory_model;
 void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg_hardware *hw,
                            int weights, fg_memory_model *mm);
-int fg_weights_case(const double x[N_X]);
+int fg_weights_case(const model_config *c, const double x[N_X]);
 
 /* This runtime's verdict on policy p (app/runtime.c's fg_runtime_check, handed to the search):
  * the plan check for `sequences` (with check), the placement it realizes (x), the capacities (st).

@@ -5,14 +5,14 @@
  * defined below it, bottom-up (C defines a function before its first use). Read it by this map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *    70  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
- *  1088  best_policy            the shapes' LP optima, best first, rounded and checked
- *   801  solve_shape            Eq. (1) for one block shape: the LP's rows
- *   219  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
- *   304  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
- *   324  fg_cost_per_token      T / bls for a placement: what the search minimizes
- *   364  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
- *   730  lp_solve               a dense two-phase simplex
+ *    71  fg_policy_search       Eq. (1) for each block shape and schedule; read it first
+ *  1114  best_policy            the shapes' LP optima, best first, rounded and checked
+ *   825  solve_shape            Eq. (1) for one block shape: the LP's rows
+ *   220  fg_cost_model_build    each latency term of a layer, linear in the placement x (A.3)
+ *   305  fg_diagonal_rows       the diagonal's peak cache a sequence (A.2.1), and its warm-up
+ *   325  fg_cost_per_token      T / bls for a placement: what the search minimizes
+ *   387  fg_memory_model_build  each tier's peak bytes, linear in x, in the runtime's accounting
+ *   754  lp_solve               a dense two-phase simplex
  */
 #include "flexgen.h"
 #include "support/support.h"
@@ -31,18 +31,19 @@
  *                peak bytes of each tier (and of host memory) <= its capacity
  *                l T_pre + l (n - 1) T_gen + n head <= max_latency          (when asked)
  * over x (9 fractions) and T_pre, T_gen, once for each case of where the weights may go
- * (FG_W_GPU: wg = 1, FG_W_MEMORY: wn = 0, FG_W_DISK: anywhere). Its optimum is rounded to integer
- * percentages, the runtime realizes those at tensor and row granularity, and that realized
- * placement is what is checked and evaluated. The shapes' LP optima are tried best first (equal
- * ones: the smaller block first); a rounded plan that does not fit first has its weight percentages
- * stepped down to what the LP asked for (snap_weights), then is retried with a GPU batch one
- * smaller.
+ * (FG_W_GPU: wg = 1, FG_W_MOSTLY_GPU: wn = 0 and wc at most mostly_gpu_share, FG_W_MEMORY:
+ * wn = 0, FG_W_DISK: anywhere), each with its own staging bytes (staging_arena). Its optimum is
+ * rounded to integer percentages, the runtime realizes those at tensor and row granularity, and
+ * that realized placement is what is checked and evaluated. The shapes' LP optima are tried best
+ * first (equal ones: the smaller block first); a rounded plan that does not fit first has its
+ * weight percentages stepped down to what the LP asked for (snap_weights), then is retried with a
+ * GPU batch one smaller.
  * ============================================================================================ */
 
-enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 3 };
+enum { V_PRE = N_X, V_GEN, N_VARS, MAX_ROWS = 2 * N_TERMS + 3 + N_TIERS + 4 };
 
 typedef struct {
-    int gbs, ngb, cpu_cache_compute, weights; /* weights: FG_W_GPU, _MEMORY or _DISK */
+    int gbs, ngb, cpu_cache_compute, weights; /* weights: an FG_W_ case */
     double objective;                         /* the LP's T / bls */
     double x[N_X];
 } candidate;
@@ -342,21 +343,43 @@ double fg_cost_per_token(const fg_cost_model *m, const model_config *c, const fg
 /* Adds bytes to tier term f: its constant (k < 0) or the coefficient of x_k. */
 static void add_bytes(fg_linear *f, int k, double bytes) { add(f, k, bytes, 1); }
 
-int fg_weights_case(const double x[N_X]) {
+/* Layer j's vocabulary matrix: embed_tokens in the first, an untied lm_head in the last. */
+static double vocab_params(const model_config *c, int j) {
+    return j == 0 || (j > c->n_layers && c->untied) ? (double)c->vocab * c->word_dim : 0;
+}
+
+/* FG_W_MOSTLY_GPU: no weights on disk, and on cpu a share wc too small for any vocabulary matrix to
+ * go there (place_tensors takes a layer's tensors off the gpu tier while each one's midpoint falls
+ * within the share asked; a matrix's is at least half of its part of its layer). A staging arena
+ * then holds a decoder layer's staged part, at most wc x (all stored bytes) / l, or an embedding
+ * layer's other tensors: not the largest layer, often the embedding. This is that share. */
+static double mostly_gpu_share(const model_config *c) {
+    double share = 0.5;
+    for (int j = 0; j < c->n_layers + 2; j += j == 0 ? c->n_layers + 1 : 1)
+        if (vocab_params(c, j) > 0)
+            share = fmin(share, vocab_params(c, j) / layer_param_count(c, j) / 2);
+    return share;
+}
+
+int fg_weights_case(const model_config *c, const double x[N_X]) {
     if (x[X_WN] > 0) return FG_W_DISK;
-    return x[X_WG] < 1 ? FG_W_MEMORY : FG_W_GPU;
+    if (x[X_WG] == 1) return FG_W_GPU;
+    return x[X_WC] <= mostly_gpu_share(c) ? FG_W_MOSTLY_GPU : FG_W_MEMORY;
 }
 
 /* A weight staging arena (tiers.c's place_weights): the largest layer in the form the products
  * read, 4-bit codes for its matrices and tables where the weights are compressed (its biases and
- * norms stay fp16), each of up to 16 tensors 64-byte aligned. */
-static double staging_arena(const model_config *c, int compress_weight) {
+ * norms stay fp16), each of up to 16 tensors 64-byte aligned. With mostly_gpu, FG_W_MOSTLY_GPU's
+ * constant part: an embedding layer's tensors but its vocabulary matrix, in fp16 at most. */
+static double staging_arena(const model_config *c, int compress_weight, int mostly_gpu) {
     double arena = 0;
     for (int j = 0; j < c->n_layers + 2; j += j == 1 ? c->n_layers : 1) {
         double params = (double)layer_param_count(c, j);
         double vectors = (double)layer_vector_count(c, j);
         double codes = 2 * (params - vectors) * 36.0 / 128 + 2 * vectors;
-        arena = fmax(arena, (compress_weight ? codes : 2 * params) + 16 * 64.0);
+        double bytes = compress_weight ? codes : 2 * params;
+        if (mostly_gpu) bytes = j >= 1 && j <= c->n_layers ? 0 : 2 * (params - vocab_params(c, j));
+        arena = fmax(arena, bytes + 16 * 64.0);
     }
     return arena;
 }
@@ -388,7 +411,9 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
         add_bytes(&mm->tier[t], X_CG + t, cache);
         add_bytes(&mm->tier[t], X_HG + t, act);
     }
-    if (weights != FG_W_GPU) add_bytes(gpu, -1, 2 * staging_arena(c, w->compress_weight));
+    if (weights != FG_W_GPU) /* two staging arenas */
+        add_bytes(gpu, -1, 2 * staging_arena(c, w->compress_weight, weights == FG_W_MOSTLY_GPU));
+    if (weights == FG_W_MOSTLY_GPU) add_bytes(gpu, X_WC, 2 * stored / c->n_layers);
     add_bytes(gpu, X_CC, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, X_CN, 4 * kv_row * gbs * stage_len);
     add_bytes(gpu, -1, 2 * act_row * gbs * s); /* activation staging */
@@ -470,7 +495,7 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
  * Dantzig's rule alone takes (Bland's rule alone takes 2.7 times as many on the 40 x 40 LPs of
  * scripts/bench_lp.sh: 249 against 91).
  *
- * Tolerances (relative: 1e-9 for pivots, 1e-11 for values). Rounding in double precision is 1.1e-16
+ * Tolerances (relative: 1e-9 for pivots and for values). Rounding in double precision is 1.1e-16
  * per operation and grows with the entries a pivot multiplies, so after the O(m) pivots of a solve
  * an entry that should be 0 is noise of around 1e-14 to 1e-12 of the largest numbers it was
  * computed from. Every comparison with 0 is therefore made relative to the scale of the numbers
@@ -480,33 +505,35 @@ void fg_memory_model_build(const model_config *c, const fg_workload *w, const fg
  *                          makes x jump by 1e9 and more). The policy LP's widest spread in a row,
  *                          one token's activations against a layer's weights, 2 h1 / (8 h1^2 +
  *                          4 h1 h2), is 7e-6 for OPT-175B: far above 1e-9.
- *     right-hand sides     at or under 1e-11 x max|b_i| (of the scaled rows) are 0, and are set to
- *                          0: below 0 it can only be rounding (or an entry under the pivot
- *                          tolerance that the ratio test skipped), and a vertex must stay in
- *                          x >= 0; above 0, setting it makes the near-ties of a degenerate vertex
- *                          exact ties, with a step of exactly 0. (Only reading it as 0 in the
- *                          ratio test, then pivoting on its real value, would step rhs / T_pq, far
- *                          when T_pq is small, and push the other rows that far below 0.) The same
- *                          bound is the largest phase 1 minimum that still counts as feasible.
- *     reduced costs d_j    < -1e-11 x max|c_j| to enter (phase 1 costs are 1: 1e-11).
+ *     right-hand sides     at or under 1e-9 x the largest |b_k| (of the scaled rows) that a
+ *                          row's has been built from, its rhs_scale, are 0, and are set to 0:
+ *                          below 0 it can only be rounding (or an entry under the pivot tolerance
+ *                          that the ratio test skipped), and a vertex must stay in x >= 0; above
+ *                          0, setting it makes the near-ties of a degenerate vertex exact ties,
+ *                          with a step of exactly 0. (Reading it as 0 only in the ratio test would
+ *                          step rhs / T_pq, far when T_pq is small, and push the other rows that
+ *                          far below 0.) Per row, so that a bound no point nears (--max-latency
+ *                          1e9) zeroes no row it never entered. Phase 1 is feasible when every
+ *                          artificial ends at 0.
+ *     reduced costs d_j    < -1e-9 x max|c_j| to enter (phase 1 costs are 1: 1e-9).
  * The values are those that sit mid-way in what the tests accept: on 30000 of tests/test_lp.c's
  * random LPs against GLPK, every answer agrees with a pivot tolerance anywhere from 1e-11 to 1e-7
- * (1e-12 pivots on noise) and a value tolerance from 1e-12 to 1e-9 (1e-13 misses noise, 1e-8 zeroes
- * real right-hand sides).
+ * (at 1e-12, 4 LPs pivot on noise) and a value tolerance from 1e-11 to 1e-7 (1 LP wrong at 1e-12,
+ * 12 at 1e-6).
  ============================================================================================ */
 
 #define LP_PIVOT_TOL 1e-9 /* see Tolerances above */
-#define LP_ZERO_TOL 1e-11
+#define LP_ZERO_TOL 1e-9
 #define ART (-1) /* basis[i] of a row whose artificial is basic; lowest in Bland's order */
 
 typedef struct {
-    int m;        /* constraint rows still in the tableau (redundant ones are dropped) */
-    int n;        /* columns: n_vars of x, then the slacks and surpluses; column n is the rhs */
-    int w;        /* row length, n + 1 */
-    double *T;    /* [m][w] constraint rows */
-    double *d;    /* [w] reduced costs; d[n] = -objective */
-    int *basis;   /* [m] */
-    double eps_b; /* right-hand sides at or under this are zero */
+    int m;     /* constraint rows still in the tableau (redundant ones are dropped) */
+    int n;     /* columns: n_vars of x, then the slacks and surpluses; column n is the rhs */
+    int w;     /* row length, n + 1 */
+    double *T; /* [m][w] constraint rows */
+    double *d; /* [w] reduced costs; d[n] = -objective */
+    double *rhs_scale; /* [m] the largest b_k in row i's rhs (see Tolerances) */
+    int *basis;        /* [m] */
 } tableau;
 
 static int check_problem(const lp_problem *p, char *err) {
@@ -538,13 +565,12 @@ static int tableau_build(tableau *t, const lp_problem *p, char *err) {
     t->m = m;
     t->n = nv + n_slack;
     t->w = t->n + 1;
-    size_t doubles = (size_t)(m + 1) * t->w;
+    size_t doubles = (size_t)(m + 1) * t->w + m;
     t->T = calloc(1, doubles * sizeof(double) + (size_t)m * sizeof(int));
     if (!t->T) return fg_fail(err, "lp_solve: out of memory for a %d x %d tableau", m + 1, t->w);
     t->d = t->T + (size_t)m * t->w;
+    t->rhs_scale = t->d + t->w;
     t->basis = (int *)(t->T + doubles);
-
-    double bmax = 0;
     int s = nv; /* the next slack or surplus column */
     for (int i = 0; i < m; i++) {
         const double *a = p->A + (size_t)i * nv;
@@ -558,7 +584,7 @@ static int tableau_build(tableau *t, const lp_problem *p, char *err) {
         if (negate && sense != LP_EQ) sense = sense == LP_LE ? LP_GE : LP_LE;
         for (int j = 0; j < nv; j++) row[j] = a[j] * scale;
         row[t->n] = p->b[i] * scale;
-        bmax = fmax(bmax, row[t->n]);
+        t->rhs_scale[i] = row[t->n];
         if (sense == LP_LE) { /* a slack, basic */
             row[s] = 1;
             t->basis[i] = s++;
@@ -569,9 +595,6 @@ static int tableau_build(tableau *t, const lp_problem *p, char *err) {
             t->basis[i] = ART;
         }
     }
-    t->eps_b = LP_ZERO_TOL * bmax;
-    for (int i = 0; i < m; i++) /* see Tolerances */
-        if (t->T[(size_t)i * t->w + t->n] <= t->eps_b) t->T[(size_t)i * t->w + t->n] = 0;
     return 0;
 }
 
@@ -588,12 +611,12 @@ static void pivot(tableau *t, int p, int q) {
     double *rp = t->T + (size_t)p * w, inv = 1 / rp[q];
     for (int j = 0; j < w; j++) rp[j] *= inv;
     rp[q] = 1;
-    if (rp[t->n] <= t->eps_b) rp[t->n] = 0;
     for (int i = 0; i < t->m; i++) {
-        if (i == p) continue;
         double *row = t->T + (size_t)i * w;
+        if (i == p || row[q] == 0) continue;
+        t->rhs_scale[i] = fmax(t->rhs_scale[i], t->rhs_scale[p]);
         eliminate(row, rp, q, w);
-        if (row[t->n] <= t->eps_b) row[t->n] = 0; /* see Tolerances */
+        if (row[t->n] <= LP_ZERO_TOL * t->rhs_scale[i]) row[t->n] = 0; /* see Tolerances */
     }
     eliminate(t->d, rp, q, w);
     t->basis[p] = q;
@@ -689,6 +712,7 @@ static void drive_out_artificials(tableau *t) {
         } else {
             t->m--;
             memmove(row, t->T + (size_t)t->m * t->w, t->w * sizeof(double));
+            t->rhs_scale[i] = t->rhs_scale[t->m];
             t->basis[i] = t->basis[t->m];
         }
     }
@@ -715,7 +739,7 @@ static int solve_phases(tableau *t, const lp_problem *p, lp_status *status) {
          * fell under the pivot tolerance, and phase 1 then ends where it is. */
         phase1_costs(t);
         if (simplex(t, LP_ZERO_TOL, status)) return -1;
-        if (artificial_sum(t) > t->eps_b) {
+        if (artificial_sum(t) > 0) {
             *status = LP_INFEASIBLE;
             return 0;
         }
@@ -817,7 +841,9 @@ static int solve_shape(search *S, candidate *cd, char *err) {
     for (int t = 0; t < N_TIERS; t++) row_le(&r, &mm.tier[t], -1, S->capacity[t]);
     if (S->host_memory > 0) row_le(&r, &mm.host, -1, S->host_memory);
     if (cd->weights == FG_W_GPU) row_add(&r, LP_EQ, 1)[X_WG] = 1;
-    if (cd->weights == FG_W_MEMORY) row_add(&r, LP_EQ, 0)[X_WN] = 1;
+    if (cd->weights == FG_W_MOSTLY_GPU) row_add(&r, LP_LE, mostly_gpu_share(S->cfg))[X_WC] = 1;
+    if (cd->weights == FG_W_MOSTLY_GPU || cd->weights == FG_W_MEMORY)
+        row_add(&r, LP_EQ, 0)[X_WN] = 1;
     if (S->req->max_latency > 0) {
         double *a = row_add(&r, LP_LE, S->req->max_latency / f - n * cm.head);
         a[V_PRE] = l;
@@ -901,7 +927,7 @@ static int tier_over(const search *S, const fg_policy *p, double x[N_X], double 
     if (S->req->place) runtime_check(S, p, p->gpu_batch_size * p->num_gpu_batches, 0, x, NULL, err);
     fg_workload w = workload_of(S, p->gpu_batch_size, p->num_gpu_batches, p->cpu_cache_compute);
     fg_memory_model mm;
-    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(x), &mm);
+    fg_memory_model_build(S->cfg, &w, S->hw, fg_weights_case(S->cfg, x), &mm);
     for (int t = 0; t < N_TIERS; t++)
         if ((*need = fg_linear_eval(&mm.tier[t], x)) > S->capacity[t]) return t;
     if (S->host_memory > 0 && (*need = fg_linear_eval(&mm.host, x)) > S->host_memory)

@@ -83,7 +83,9 @@ WRONG_VERSIONS = [
      (r'gtoc_bdw_cache', 'gtoc_bdw_hidden'), 'cost', {}),
     # 6. pivot
     ('pivot', 'lp.c', 'the right-hand side clamp removed',
-     (r'\n[^\n]*if \((?:rp|row)\[t->n\] <= t->eps_b\)[^\n]*', ''), 'lp', {}),
+     (r'\n[^\n]*if \(row\[t->n\] <= LP_ZERO_TOL[^\n]*', ''), 'lp', {}),
+    ('pivot', 'lp.c', "each row's rhs_scale left at its own b (the pivot row's not carried in)",
+     (r'\n[^\n]*rhs_scale\[\w+\] = fmax[^\n]*', ''), 'lp', {}),
     ('pivot', 'lp.c', 'the pivot row not divided',
      (r'\n[^\n]*\*= *\w+;', ''), 'lp', {}),
     ('pivot', 'lp.c', 'the pivot row divided in place by its own entry (rp[j] /= rp[q])',

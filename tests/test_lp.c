@@ -17,8 +17,10 @@
 #include <string.h>
 
 #define MAX_N 40
-#define MAX_M 42 /* 40 random rows, and the two of a built contradiction or bounding row */
+#define MAX_M 43 /* 40 random rows, the two of a built contradiction or bounding row, a far one */
+#ifndef N_RANDOM
 #define N_RANDOM 1500
+#endif
 
 static const char *status_name[] = {"optimal", "infeasible", "unbounded"};
 
@@ -37,6 +39,7 @@ static int below(uint64_t *s, int n) { return (int)(next(s) % (uint64_t)n); }
 typedef struct {
     int n, m;
     int integer; /* all data small integers */
+    int bounded; /* a row sum(x) <= bound */
     double c[MAX_N], A[MAX_M * MAX_N], b[MAX_M];
     lp_sense sense[MAX_M];
 } lp_case;
@@ -125,6 +128,7 @@ static void add_bounding_row(lp_case *k, double bound) {
     for (int j = 0; j < k->n; j++) k->A[k->m * k->n + j] = 1;
     k->sense[k->m] = LP_LE;
     k->b[k->m++] = bound;
+    k->bounded = 1;
 }
 
 /* Kinds. Each starts from random rows (k's senses and A), c, and a point x0 >= 0. */
@@ -208,9 +212,17 @@ static void rescale(lp_case *k, uint64_t *s) {
     }
 }
 
+/* A bound no point comes near, as the policy LP's --max-latency often is: sum(x) <= 2^20 to 2^50
+ * beside a row sum(x) <= 160 at most (or in an LP with no point at all). It changes no answer, and
+ * no other row's right-hand side may be read against its scale. */
+static void add_far_row(lp_case *k, uint64_t *s) {
+    add_bounding_row(k, ldexp(1, 20 + below(s, 31)));
+}
+
 static void random_case(lp_case *k, int kind, uint64_t seed) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 7;
     k->integer = kind == DEGENERATE || below(&s, 4) == 0;
+    k->bounded = 0;
     k->n = 1 + below(&s, MAX_N);
     k->m = below(&s, 41);
     if (below(&s, 8) == 0) k->n = MAX_N, k->m = 40; /* the full size often */
@@ -228,6 +240,7 @@ static void random_case(lp_case *k, int kind, uint64_t seed) {
     else if (kind == INFEASIBLE) make_infeasible(k, x0, &s);
     else make_unbounded(k, x0, &s);
     if (!k->integer && below(&s, 3) == 0) rescale(k, &s);
+    if ((k->bounded || kind == INFEASIBLE) && below(&s, 3) == 0) add_far_row(k, &s);
 }
 
 /* lp_solve's point: x >= -1e-9, every row within 1e-7 of the scale of its terms, c.x = objective. */
@@ -428,6 +441,17 @@ static void test_skipped_entry_keeps_x_nonnegative(void) {
            "their scale", x[0], x[1], x[2], x[3]);
 }
 
+/* Right-hand sides 1e13 apart: x1 + x2 = 1 and x1 + x2 <= 1/2 contradict each other whatever a
+ * row x3 <= 1e13 says; with x1 + x2 <= 3/2 instead, min x1 + 2 x2 - x3 is -1e13 + 1 at
+ * (1, 0, 1e13). Each row's right-hand side is read against its own scale, not the largest's. */
+static void test_far_right_hand_sides(void) {
+    double c[] = {1, 2, -1}, A[] = {1, 1, 0, 1, 1, 0, 0, 0, 1}, x[] = {1, 0, 1e13};
+    lp_sense s[] = {LP_EQ, LP_LE, LP_LE};
+    double contradicting[] = {1, 0.5, 1e13}, consistent[] = {1, 1.5, 1e13};
+    expect(3, 3, c, A, s, contradicting, LP_INFEASIBLE, NULL, 0);
+    expect(3, 3, c, A, s, consistent, LP_OPTIMAL, x, -1e13 + 1);
+}
+
 static void test_bad_sizes(void) {
     double c[] = {1}, A[] = {1}, b[] = {1}, x[1], obj;
     lp_sense s[] = {LP_LE};
@@ -454,5 +478,6 @@ void add_lp_tests(void) {
     CU_add_test(s, "redundant and zero rows are dropped", test_redundant_rows);
     CU_add_test(s, "an entry under the pivot tolerance leaves no x below 0",
                 test_skipped_entry_keeps_x_nonnegative);
+    CU_add_test(s, "right-hand sides 1e13 apart", test_far_right_hand_sides);
     CU_add_test(s, "bad sizes give -1 and an error line", test_bad_sizes);
 }

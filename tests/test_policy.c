@@ -137,6 +137,25 @@ static void test_search_tensor_granularity(void) {
     }
 }
 
+/* opt-125m, whose embedding (77 MB) is five decoder layers, with the gpu tier a little short of
+ * all the weights and the cpu tier short of them all too: only a placement with most weights on
+ * the gpu tier fits, where staging holds part of a decoder layer. The search finds one (it said
+ * "no policy fits" while it charged two arenas of the embedding), and it passes the plan check. */
+static void test_search_mostly_on_gpu(void) {
+    model_config cfg;
+    char err[FG_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(model_config_by_name("opt-125m", &cfg, err), 0);
+    fg_policy base = base_policy(200 * MiB, 150 * MiB, 0, 0);
+    fg_search_request req = {.s = 32, .n = 8, .check = fg_runtime_check};
+    fg_search_result r;
+    int rc = fg_policy_search(&cfg, &HW, &base, &req, &r, err);
+    EXPECT(rc == 0, "gpu 200 MiB, cpu 150 MiB: expected a policy, got: %s", err);
+    if (rc) return;
+    CU_ASSERT_EQUAL(plan_check(&cfg, &r.policy, 32, 8, NULL, err), 0);
+    EXPECT(r.policy.percent.wg >= 50, "expected most weights on the gpu tier, got --percent %d %d", r.policy.percent.wg,
+           r.policy.percent.wc);
+}
+
 static void test_latency_bound(void) {
     char err[FG_ERR_LEN];
     fg_policy base = base_policy(16 * MiB, 8 * MiB, 1024 * MiB, 0);
@@ -150,6 +169,34 @@ static void test_latency_bound(void) {
     req.max_latency = 1e-9;
     CU_ASSERT_EQUAL(fg_policy_search(&CFG, &HW, &base, &req, &bounded, err), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "--max-latency"));
+}
+
+/* What a policy search chooses: the block shape, placement, schedule and attention's device. */
+static void policy_text(const fg_policy *p, char out[256]) {
+    const fg_percent *c = &p->percent;
+    snprintf(out, 256, "%d x %d, %d %d %d %d %d %d, schedule %d, cpu-cache-compute %d", p->gpu_batch_size,
+             p->num_gpu_batches, c->wg, c->wc, c->cg, c->cc, c->hg, c->hc, (int)p->schedule, p->cpu_cache_compute);
+}
+
+/* A bound no block comes near (1e9 s, the most --max-latency takes) chooses what no bound does:
+ * its row in the LP, with a right-hand side 1e9 times the others', changes no other row's. */
+static void test_far_latency_bound(void) {
+    char err[FG_ERR_LEN];
+    for (int b = 0; b < N_BUDGETS; b++)
+        for (int shape = 0; shape < 3; shape++) {
+            fg_policy base = base_policy(BUDGETS[b].gpu, BUDGETS[b].cpu, BUDGETS[b].disk, 0);
+            static const int s[] = {16, 64, 32}, n[] = {32, 8, 1};
+            fg_search_request req = {.s = s[shape], .n = n[shape], .check = fg_runtime_check};
+            fg_search_result free_run, far;
+            CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &free_run, err), 0);
+            req.max_latency = 1e9;
+            CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &HW, &base, &req, &far, err), 0);
+            char with[256], without[256];
+            policy_text(&far.policy, with);
+            policy_text(&free_run.policy, without);
+            EXPECT(strcmp(with, without) == 0, "budget %d, prompt %d, gen %d: --max-latency 1e9 chose %s, no bound "
+                   "%s", b, s[shape], n[shape], with, without);
+        }
 }
 
 static void test_nothing_fits(void) {
@@ -183,7 +230,7 @@ static void test_search_for_gpu(void) {
     fg_search_result r;
     CU_ASSERT_EQUAL_FATAL(fg_policy_search(&CFG, &gpu, &base, &req, &r, err), 0);
     fg_memory_model mm;
-    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
+    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(&CFG, r.x), &mm);
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
     /* without the runtime's placement to ask, the placement is the percentages themselves */
     req.place = NULL;
@@ -195,7 +242,7 @@ static void test_search_for_gpu(void) {
     for (int k = 0; k < N_X; k++)
         EXPECT(fabs(r.x[k] - want[k]) < 1e-12, "another machine, no placement asked: x[%d] is %g, its "
                "percentages give %g", k, r.x[k], want[k]);
-    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
+    fg_memory_model_build(&CFG, &r.workload, &gpu, fg_weights_case(&CFG, r.x), &mm);
     for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
 }
 
@@ -270,7 +317,7 @@ static void test_schedule_choice(void) {
                r.best[1].policy.num_gpu_batches, fg_schedule_names[r.policy.schedule]);
         CU_ASSERT_EQUAL(r.workload.schedule, r.policy.schedule);
         fg_memory_model mm;
-        fg_memory_model_build(&LONG, &r.workload, &gpu, fg_weights_case(r.x), &mm);
+        fg_memory_model_build(&LONG, &r.workload, &gpu, fg_weights_case(&LONG, r.x), &mm);
         for (int t = 0; t < N_TIERS; t++) CU_ASSERT(fg_linear_eval(&mm.tier[t], r.x) <= base.capacity[t]);
     }
     /* one schedule asked for: only it is searched */
@@ -317,7 +364,9 @@ void add_policy_tests(void) {
     CU_add_test(s, "every policy found passes the runtime's plan check", test_search_passes_plan_check);
     CU_add_test(s, "the search is no worse than a hand grid", test_search_beats_hand_grid);
     CU_add_test(s, "tensors larger than the LP's fractions still give a policy", test_search_tensor_granularity);
+    CU_add_test(s, "most weights on the gpu tier: staging of a part of a layer", test_search_mostly_on_gpu);
     CU_add_test(s, "--max-latency bounds the block latency", test_latency_bound);
+    CU_add_test(s, "a latency bound no block nears changes no choice", test_far_latency_bound);
     CU_add_test(s, "nothing fits: one line naming the tier", test_nothing_fits);
     CU_add_test(s, "fractions round to percentages whose gpu + cpu is at most 100", test_round_pair);
     CU_add_test(s, "of policies of equal cost, the smaller block", test_equal_cost_smaller_block);

@@ -498,6 +498,59 @@ static void test_staging_as_stored(void) {
     EXPECT(staging[1] <= 0.3 * staging[0], "4-bit: arenas of %.0f bytes, fp16's %.0f", staging[1], staging[0]);
 }
 
+/* With few weights off the gpu tier (FG_W_MOSTLY_GPU: none on disk, a share of them on cpu too
+ * small to take a vocabulary matrix off), the staging arenas hold a part of a decoder layer, not
+ * the largest layer: for an OPT and a LLaMA (grouped-query attention, untied lm_head) whose
+ * embedding is several times a decoder layer, fp16 and 4-bit, at weight placements from 80/20 to
+ * 52/48, the memory model's staging term at the realized placement (its FG_W_MOSTLY_GPU case less
+ * its FG_W_GPU case) is no less than the plan's two arenas (a plan the search finds fits), and over
+ * them by less than one fp16 arena of the embedding, which it charged twice over before. */
+static void test_staging_of_few_weights(void) {
+    model_config llama = OPT_SHAPE("vocab-llama", 2, 64, 4, 172, 3000, 64, 64, 1);
+    llama.family = FAMILY_LLAMA, llama.n_kv_heads = 1, llama.head_dim = 16, llama.untied = 1;
+    llama.rms_eps = 1e-5f, llama.rope.theta = 1e4f, llama.rope.factor = 1;
+    const model_config shapes[2] = {OPT_SHAPE("vocab-opt", 2, 64, 4, 256, 5000, 64, 64, 1), llama};
+    int few = 0;
+    for (int k = 0; k < 4; k++)
+        for (int cuda = 0; cuda < 2; cuda++)
+            for (int wg = 80; wg >= 52; wg -= 4) {
+                const model_config *c = &shapes[k % 2];
+                int compress = k >= 2;
+                fg_policy p = policy(4, 1, (fg_percent){wg, 100 - wg, 100, 0, 100, 0}, 0, 0);
+                p.compress_weight = compress;
+                fg_runtime *rt;
+                fg_model *m = NULL;
+                char err[FG_ERR_LEN] = "";
+                if (cuda) {
+                    m = cuda_sized_model(&p, c, &rt);
+                } else {
+                    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+                    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, c, 1, &m, err), 0);
+                }
+                double x[N_X];
+                fg_plan_placement(m, 4, x);
+                fg_workload w = {.s = 8, .n = 4, .gbs = 4, .ngb = 1, .compress_weight = compress};
+                fg_hardware hw = {.gpu_is_host = !cuda};
+                fg_memory_model mm, on_gpu;
+                int weights_case = fg_weights_case(c, x);
+                fg_memory_model_build(c, &w, &hw, weights_case, &mm);
+                fg_memory_model_build(c, &w, &hw, FG_W_GPU, &on_gpu);
+                double modeled = fg_linear_eval(&mm.tier[TIER_GPU], x) - fg_linear_eval(&on_gpu.tier[TIER_GPU], x);
+                double arenas = 2.0 * m->staging_bytes, embedding = 2.0 * layer_param_count(c, 0);
+                EXPECT(weights_case != FG_W_MOSTLY_GPU || (modeled >= arenas && modeled < arenas + embedding),
+                       "%s%s, %s, weights %d/%d (realized %.3f/%.3f): the memory model's staging %.0f bytes, the "
+                       "plan's %.0f (an embedding arena: %.0f)", c->name, compress ? ", 4-bit" : "",
+                       cuda ? "CUDA sizes" : "CPU backend", wg, 100 - wg, x[X_WG], x[X_WC], modeled, arenas, embedding);
+                EXPECT(wg < 70 || x[X_WG] == 1 || weights_case == FG_W_MOSTLY_GPU, "%s, weights %d/%d (realized "
+                       "%.3f/%.3f): case %d, expected FG_W_MOSTLY_GPU", c->name, wg, 100 - wg, x[X_WG], x[X_WC],
+                       weights_case);
+                few += weights_case == FG_W_MOSTLY_GPU;
+                fg_model_close(m);
+                fg_runtime_close(rt);
+            }
+    EXPECT(few >= 32, "FG_W_MOSTLY_GPU: %d placements of 64, expected 32 at least", few);
+}
+
 static double fake_device_memory(void) { return 1e12; }
 
 /* The plan check's line for a tier over its capacity says where that capacity came from: "--X-mem
@@ -1636,6 +1689,8 @@ void add_runtime_tests(void) {
                 test_memory_model_against_plan);
     CU_add_test(s, "a 4-bit layer's staging arenas hold its 4-bit bytes, as the memory model counts",
                 test_staging_as_stored);
+    CU_add_test(s, "few weights off the gpu tier: staging arenas of a share of a decoder layer",
+                test_staging_of_few_weights);
     CU_add_test(s, "the plan check's line names where each tier's capacity came from",
                 test_plan_names_capacity_source);
     CU_add_test(s, "host memory for plans: MemAvailable less a sixteenth of MemTotal", test_host_memory_for_plans);
