@@ -18,9 +18,9 @@
  *   476  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
  *   666  step_begins              a block's step: tokens back, pages; step_ends
  *   760  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   977  refill_slots             ended sequences' slots take the next prompts (--refill)
- *   995  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1152  generate                 prompts in rounds of blocks (run_round)
+ *   983  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *  1001  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1159  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -840,17 +840,23 @@ static int longest_of(const int *lens, int first, int count) {
     return longest;
 }
 
-/* Loads a block's prompts, left-padded to the longest, as the prefill step's input. */
-static void start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
-    int padded = longest_of(lens, first, count);
+/* Loads a block's prompts as the prefill step's input, each GPU batch's left-padded to its own
+ * longest (as the diagonal schedule and refill lay theirs out, so that a prompt meets the same
+ * rows whichever schedule runs it). Returns the tokens laid out, padding included. */
+static long start_block(block *bl, int *const *prompts, const int *lens, int first, int count) {
     int gbs = bl->shape.gbs;
+    long tokens = 0;
     bl->count = count;
     bl->running = count > 0;
     bl->n_batches = (count + gbs - 1) / gbs;
     kv_pages_reset(&bl->pages);
-    for (int k = 0; k < bl->n_batches; k++)
-        start_batch(bl, k, prompts, lens, first + k * gbs,
-                    count - k * gbs < gbs ? count - k * gbs : gbs, padded);
+    for (int k = 0; k < bl->n_batches; k++) {
+        int batch = count - k * gbs < gbs ? count - k * gbs : gbs;
+        int padded = longest_of(lens, first + k * gbs, batch);
+        start_batch(bl, k, prompts, lens, first + k * gbs, batch, padded);
+        tokens += (long)batch * padded;
+    }
+    return tokens;
 }
 
 /* The first stage takes step i - 1's tokens of a block (chosen here with one stage, or come back
@@ -1069,9 +1075,10 @@ static void start_round(gen_run *run) {
     for (int t = 0; t < run->P && !run->diagonal; t++) {
         int first = run->base + t * run->B;
         int count = run->n_prompts - first < run->B ? run->n_prompts - first : run->B;
-        start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
+        long tokens =
+            start_block(&run->blocks[t], run->prompts, run->lens, first, count > 0 ? count : 0);
         if (count <= 0) continue;
-        run->timing->prefill_tokens += (int64_t)count * run->blocks[t].gb[0].n_new;
+        run->timing->prefill_tokens += tokens;
         run->started++;
     }
     if (run->diagonal) run->next = 0;

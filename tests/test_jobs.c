@@ -215,6 +215,48 @@ static void test_job_diagonal(void) {
     free(dir);
 }
 
+/* Each GPU batch pads its prompts to its own longest in either schedule, so a prompt meets the
+ * same rows in both: ten prompts of 10 to 13 tokens in GPU batches of 5, 2 of them, with 4-bit
+ * weights and --int8-activations (whose prefill takes another path from 64 rows up: 5 x 13 = 65
+ * against 5 x 12 = 60), get zig-zag's records from the diagonal schedule. (Zig-zag padded the
+ * whole block to its longest, and prompts 6 and 8 took other tokens.) */
+static void test_job_schedules_pad_alike(void) {
+    char *dir = make_temp_dir(), prompts[4200], out_path[2][4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    write_text_file(prompts,
+                    "{\"prompt_ids\": [2, 404, 403, 308, 43, 265, 104, 203, 388, 84, 129, 211, 36]}\n"
+                    "{\"prompt_ids\": [2, 332, 103, 203, 375, 210, 107, 485, 6, 225, 464, 83, 219]}\n"
+                    "{\"prompt_ids\": [2, 238, 398, 86, 69, 10, 29, 285, 75, 331, 415, 468, 206]}\n"
+                    "{\"prompt_ids\": [2, 380, 261, 90, 77, 181, 148, 85, 269, 90, 476, 37, 58]}\n"
+                    "{\"prompt_ids\": [2, 315, 390, 132, 84, 168, 462, 317, 143, 466, 420, 236, 76]}\n"
+                    "{\"prompt_ids\": [2, 229, 89, 58, 4, 43, 146, 44, 182, 218, 492, 456]}\n"
+                    "{\"prompt_ids\": [2, 318, 323, 224, 216, 265, 189, 461, 27, 70, 253]}\n"
+                    "{\"prompt_ids\": [2, 57, 270, 185, 276, 117, 214, 301, 157, 304, 71]}\n"
+                    "{\"prompt_ids\": [2, 193, 36, 204, 202, 448, 304, 42, 187, 476]}\n"
+                    "{\"prompt_ids\": [2, 226, 264, 164, 100, 398, 194, 404, 492, 222]}\n");
+    char *files[2];
+    for (int diagonal = 0; diagonal < 2; diagonal++) {
+        char *out, *err;
+        snprintf(out_path[diagonal], sizeof out_path[0], "%s", join(dir, diagonal ? "diagonal.jsonl" : "zigzag.jsonl"));
+        int rc = run_flexgen(ARGS("--model", tiny_dir, "--prompt-file", prompts, "--output", out_path[diagonal],
+                                  "--gen-len", "16", "--gpu-batch-size", "5", "--num-gpu-batches", "2",
+                                  "--compress-weight", "--int8-activations", "--schedule",
+                                  diagonal ? "diagonal" : "zigzag", "--quiet"),
+                             NULL, &out, &err);
+        EXPECT(rc == 0, "--schedule %s job: exit %d, %s", diagonal ? "diagonal" : "zigzag", rc, err);
+        free(out), free(err);
+        files[diagonal] = slurp(out_path[diagonal], NULL);
+    }
+    CU_ASSERT_PTR_NOT_NULL_FATAL(files[0]);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(files[1]);
+    const char *records[2] = {strchr(files[0], '\n') + 1, strchr(files[1], '\n') + 1};
+    EXPECT(count_lines(files[0]) == 11 && count_lines(files[1]) == 11 && same_lines(records[1], records[0]),
+           "the diagonal job's records: expected zig-zag's lines:\n%s\n---\n%s", records[0], records[1]);
+    free(files[0]), free(files[1]);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A job runs a window's prompts longest first, so that a GPU batch holds prompts of similar
  * lengths: prompts of 40 and 4 tokens in turn, in GPU batches of 2, prefill 8 x 40 = 320 rows in
  * file order (each batch padded to 40) and 4 x 40 + 4 x 4 = 176 as a job (--json's
@@ -1228,6 +1270,8 @@ void add_job_tests(void) {
     CU_add_test(s, "a job's records hold HF's tokens, </s> included unless --stop-at-eos", test_job_tokens_match_hf);
     CU_add_test(s, "a job groups prompts of similar length: less padding", test_job_less_padding);
     CU_add_test(s, "a job with the diagonal schedule: zig-zag's records, a group at a time", test_job_diagonal);
+    CU_add_test(s, "zig-zag and the diagonal pad each GPU batch alike: the same records, 4-bit and int8",
+                test_job_schedules_pad_alike);
     CU_add_test(s, "--warmup: the same records, run and resumed; the cold run's latency", test_job_warmup);
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
