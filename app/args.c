@@ -243,17 +243,36 @@ static int parse_int(const char *flag, const char *s, int min, int max, int *out
     return 0;
 }
 
-static int parse_float(const char *flag, const char *s, double lo, double hi, float *out,
-                       char *err) {
+/* Exponents as --help writes them: 1e+09 as 1e9, 1e-09 as 1e-9. */
+static void plain_exponents(char *s) {
+    for (char *e = strchr(s, 'e'); e; e = strchr(e + 1, 'e')) {
+        char *digits = e + 1;
+        if (*digits == '+') {
+            digits++;
+        } else if (*digits == '-') {
+            e++;
+            digits++;
+        }
+        while (*digits == '0' && digits[1] >= '0' && digits[1] <= '9') digits++;
+        memmove(e + 1, digits, strlen(digits) + 1);
+    }
+}
+
+/* A number in [lo, hi], or (lo, hi] where above_lo, as a float. */
+static int parse_float(const char *flag, const char *s, double lo, int above_lo, double hi,
+                       float *out, char *err) {
     char *end;
     errno = 0;
     double v = s ? strtod(s, &end) : 0;
-    if (s && errno == ERANGE && *s && !*end)
-        return fg_fail(err, "%s: '%s' is too %s to read (expected a number in [%g, %g])", flag, s,
-                       fabs(v) < 1 ? "close to 0" : "large", lo, hi);
-    if (!s || errno || *s == 0 || *end || !(v >= lo && v <= hi))
-        return fg_fail(err, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi,
-                       s ? s : "");
+    char range[64];
+    snprintf(range, sizeof range, "%c%g, %g]", above_lo ? '(' : '[', lo, hi);
+    plain_exponents(range);
+    /* out of a double's range, or under a float's least (1e-300 would be read as 0) */
+    if (s && *s && !*end && (errno == ERANGE || (v != 0 && (float)v == 0)))
+        return fg_fail(err, "%s: '%s' is too %s to read (expected a number in %s)", flag, s,
+                       fabs(v) < 1 ? "close to 0" : "large", range);
+    if (!s || errno || *s == 0 || *end || !(above_lo ? v > lo : v >= lo) || !(v <= hi))
+        return fg_fail(err, "%s: expected a number in %s, got '%s'", flag, range, s ? s : "");
     *out = (float)v;
     return 0;
 }
@@ -459,12 +478,11 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
         else if (!strcmp(f, "--cpu-mem")) rc = parse_size(f, v, &p->capacity[TIER_CPU], err);
         else if (!strcmp(f, "--disk-mem")) rc = parse_size(f, v, &p->capacity[TIER_DISK], err);
         else if (!strcmp(f, "--temperature"))
-            rc = parse_float(f, v, 0, 1e6, &a->gen.temperature, err);
-        else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 1, &a->gen.top_p, err);
-        else if (!strcmp(f, "--attn-sparsity")) {
-            if (parse_float(f, v, 0, 1, &p->attn_sparsity, err) || !(p->attn_sparsity > 0))
-                rc = fg_fail(err, "--attn-sparsity: expected a fraction in (0, 1], got '%s'", v);
-        } else if (!strcmp(f, "--seed")) {
+            rc = parse_float(f, v, 0, 0, 1e6, &a->gen.temperature, err);
+        else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 1e-9, 0, 1, &a->gen.top_p, err);
+        else if (!strcmp(f, "--attn-sparsity"))
+            rc = parse_float(f, v, 0, 1, 1, &p->attn_sparsity, err);
+        else if (!strcmp(f, "--seed")) {
             rc = parse_int(f, v, 0, INT_MAX, &seed, err);
             a->gen.seed = (uint64_t)seed;
         } else if (!strcmp(f, "--hw")) a->hw = v;
@@ -478,10 +496,9 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
                 rc = fg_fail(err, "--policy: expected auto or manual, got '%s'", v);
             a->auto_policy = !strcmp(v, "auto");
         } else if (!strcmp(f, "--max-latency")) {
-            float lat;
-            if (parse_float(f, v, 0, 1e9, &lat, err) || !(lat > 0))
-                rc = fg_fail(err, "--max-latency: expected seconds in (0, 1e9], got '%s'", v);
-            a->max_latency = lat;
+            float seconds;
+            rc = parse_float(f, v, 0, 1, 1e9, &seconds, err);
+            a->max_latency = seconds;
         }
         if (rc) return -1;
         static const char *const ppl_flags[] = {"--text",   "--window",      "--stride",

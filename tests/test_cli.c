@@ -1133,6 +1133,9 @@ static void test_bad_policy(void) {
     EXPECT_FAIL(ARGS("--attn-sparsity", "1.5"), "--attn-sparsity", "(0, 1]", "'1.5'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "-0.1"), "--attn-sparsity", "(0, 1]", "'-0.1'");
     EXPECT_FAIL(ARGS("--attn-sparsity", "nan"), "--attn-sparsity", "(0, 1]", "'nan'");
+    /* under a float's least: read as 0 before, and refused as out of (0, 1] */
+    EXPECT_FAIL(ARGS("--attn-sparsity", "1e-300"), "--attn-sparsity", "'1e-300' is too close to 0", "(0, 1]");
+    EXPECT_FAIL(ARGS("--max-latency", "1e-300"), "--max-latency", "'1e-300' is too close to 0", "(0, 1e9]");
     EXPECT_FAIL(ARGS("--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
     EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", tiny_prompts, "not a directory");
     /* a plan that does not fit is refused before any compute, naming the tier and the bytes */
