@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 void prompts_free(prompt_set *p) {
@@ -83,9 +84,9 @@ int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, si
     return prompts_add_record(p, with_bos, n + bos, id, clean, err);
 }
 
-static int is_jsonl(const char *path) {
+static int is_jsonl(const char *path) { /* F.jsonl, or F.JSONL */
     size_t n = strlen(path);
-    return n > 6 && !strcmp(path + n - 6, ".jsonl");
+    return n > 6 && !strcasecmp(path + n - 6, ".jsonl");
 }
 
 /* A JSONL line's prompt and its id (jobs.c parses the line): a text is tokenized as --prompt's. */

@@ -68,12 +68,13 @@ static int whole_lines(const char *text) {
     return ok;
 }
 
-/* --prompt-file F.jsonl with text, ids and ids of their own; --output: a header line, then a record
- * a prompt in order, whose completion and tokens are those a run without --output prints, greedy
- * and sampled (each prompt draws from its own place in the file, whatever round it is in). */
+/* --prompt-file F.jsonl with text, ids and ids of their own (named F.JSONL here: the suffix in
+ * capitals is JSONL too, not text); --output: a header line, then a record a prompt in order, whose
+ * completion and tokens are those a run without --output prints, greedy and sampled (each prompt
+ * draws from its own place in the file, whatever round it is in). */
 static void test_job_output(void) {
     char *dir = make_temp_dir(), prompts[4200], output[4200];
-    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.JSONL"));
     snprintf(output, sizeof output, "%s", join(dir, "out.jsonl"));
     write_text_file(prompts, "{\"prompt\": \"In the beginning God created\", \"id\": \"gen-1\"}\n"
                         "{\"prompt_ids\": [2, 133, 1040, 9]}\n\n"
