@@ -20,7 +20,7 @@
  *   760  sample_tokens            a block's next tokens from its logits; take_tokens below it
  *   983  refill_slots             ended sequences' slots take the next prompts (--refill)
  *  1001  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1159  generate                 prompts in rounds of blocks (run_round)
+ *  1160  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -1048,11 +1048,12 @@ static block *open_blocks(fg_model *m, int n_prompts, const int *lens, int max_p
     }
     int rc = fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err);
     if (rc && m->int8_columns.n) { /* their room, for this plan */
-        drop_int8_columns(m);
+        m->rt->drop_int8_columns(m);
         rc = fg_check_plan(m, n_prompts, lens, max_prompt, gen_len, err);
     }
     if (rc == 0 && !m->loaded) rc = load_weights_into_homes(m, err);
-    if (rc == 0) keep_int8_columns(m, n_prompts, lens, max_prompt, gen_len);
+    if (rc == 0 && m->rt->keep_int8_columns)
+        m->rt->keep_int8_columns(m, n_prompts, lens, max_prompt, gen_len);
     for (int t = 0; t < count && rc == 0; t++)
         rc = alloc_block(&blocks[t], m, n_prompts, lens, max_prompt, gen_len, t ? &blocks[0] : NULL,
                          err);

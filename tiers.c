@@ -8,10 +8,10 @@
  *    43  tier_take                the tiers: every byte taken here, or refused
  *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
  *   175  place_tensors            each tensor's home tier, by FlexGen's rule
- *   404  load_weights_into_homes  the weights written into their homes, once
- *   499  load_weight_at           a layer read ahead, converted into a staging arena
- *   603  shape_block              a block's buffers per tier; fg_check_plan below it
- *   887  alloc_block              a block's KV cache and activations on the tiers
+ *   403  load_weights_into_homes  the weights written into their homes, once
+ *   498  load_weight_at           a layer read ahead, converted into a staging arena
+ *   602  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   886  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -294,7 +294,6 @@ weight_file weight_file_of(fg_model *m) {
 
 /* Frees every home of this stage's tensors (the disk homes' file unmapped) and staging arenas. */
 void free_weight_homes(fg_model *m) {
-    drop_int8_columns(m);
     for (int i = 0; m->homes && i < m->layout.n_tensors; i++) {
         const weight_home *h = &m->homes[i];
         size_t bytes = (size_t)home_bytes(m, h, m->layout.tensors[i].count);

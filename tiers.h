@@ -81,6 +81,12 @@ struct fg_runtime {
     fg_trace trace;
     fg_pipe *pipe;            /* to the other pipeline stages (§4.4); NULL: one stage */
     const stage_hooks *stage; /* what the schedule does at a stage's edges (pipeline.c) */
+    /* --int8-activations' W columns, kept where the plan of a generate has room and dropped where
+     * it needs theirs (app/int8_columns.c; called through these, as the stage hooks are, the loop
+     * names no app/ code); NULL: never kept */
+    void (*keep_int8_columns)(fg_model *m, int n_prompts, const int *lens, int max_prompt,
+                              int gen_len);
+    void (*drop_int8_columns)(fg_model *m);
 };
 
 typedef struct {
@@ -233,19 +239,14 @@ void micro_batches(const fg_model *m, int n_prompts, int *size, int *count);
 /* A block's shape for a job: its GPU batches, their rows on each tier, every buffer's bytes. */
 block_shape shape_block(const fg_model *m, int n_prompts, const int *lens, int max_prompt,
                         int gen_len);
-/* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
- * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all
- * max_prompt). */
-/* --int8-activations' prefill: W's int8 columns (support/matmul.c) made once for the 4-bit
- * matrices resident on the gpu tier, where the plan of this generate has room for them beside
- * everything else; dropped (drop_int8_columns) where a later plan needs their room. */
-void keep_int8_columns(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
-void drop_int8_columns(fg_model *m);
 /* Tensor i's tie whose home it shares, or -1; a home that compute reads through a staging arena;
  * progress on stderr (--quiet: none) of a pass over the layers, such as loading. */
 int tied_here(const fg_model *m, int i);
 int is_staged(const fg_model *m, const weight_home *h);
 void load_progress(const fg_model *m, const char *what, int done, int total);
+/* The whole plan (weights, KV cache, activations, staging, workspace, per tier) against the
+ * capacities, before anything is allocated; the cache counts the pages of lens (NULL: all
+ * max_prompt). */
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
                   char *err);
 int alloc_block(block *bl, fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,

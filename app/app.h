@@ -60,6 +60,11 @@ void fg_model_close(fg_model *m);
 int fg_runtime_check(const model_config *model, uint64_t seed, const fg_policy *p, int sequences,
                      int s, int n, int check, double x[N_X], fg_stats *st, char *err);
 void fg_plan_placement(const fg_model *m, int n_prompts, double x[N_X]);
+/* --int8-activations' prefill (int8_columns.c): W's int8 columns (support/matmul.c) made once for
+ * the 4-bit matrices resident on the gpu tier, where the plan of a generate has room for them
+ * beside everything else; dropped where a later plan needs their room (the runtime's hooks). */
+void keep_int8_columns(fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len);
+void drop_int8_columns(fg_model *m);
 
 /* ------------------------------------------------------------------------------------------
  * The link between pipeline stages (pipeline.c, §4.4): MPI where the build found mpicc. One

@@ -6,6 +6,7 @@
  */
 #include "flexgen.h"
 #include "support/support.h"
+#include "app/app.h"
 
 /* The 4-bit matrices that stay in their homes on the gpu tier, whose int8 columns may be kept:
  * tensor i's W, its parts and shape, or NULL. */

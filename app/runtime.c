@@ -77,6 +77,8 @@ int fg_runtime_open(const fg_policy *p, fg_runtime **out, char *err) {
     for (int t = 0; t < N_TIERS; t++)
         rt->capacity[t] = p->capacity[t] > 0 ? p->capacity[t] : defaults[t];
     rt->stage = &fg_single_stage;
+    rt->keep_int8_columns = keep_int8_columns;
+    rt->drop_int8_columns = drop_int8_columns;
     rt->trace.on = p->trace;
     rt->trace.t0 = now_seconds();
     io_start(&rt->io, rt, &rt->trace, p->overlap, backend->join);
@@ -201,6 +203,7 @@ const model_config *fg_model_config(const fg_model *m) { return &m->view.cfg; }
 
 void fg_model_close(fg_model *m) {
     if (!m) return;
+    drop_int8_columns(m);
     free_weight_homes(m);
     if (m->has_archive) st_close(&m->archive);
     opt_layout_free(&m->layout);
