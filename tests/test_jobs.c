@@ -179,29 +179,38 @@ static int same_lines(const char *some, const char *all) {
     return !missing;
 }
 
+/* A job (the flags of args, up to 24) run with each schedule into dir: the output files, zig-zag's
+ * then the diagonal's (NULL where none was written). */
+static void job_by_schedule(const char *dir, const char *const *args, char *files[2]) {
+    for (int diagonal = 0; diagonal < 2; diagonal++) {
+        const char *argv[32];
+        char path[4200], *out, *err;
+        snprintf(path, sizeof path, "%s", join(dir, diagonal ? "diagonal.jsonl" : "zigzag.jsonl"));
+        int n = 0;
+        for (; args[n] && n < 24; n++) argv[n] = args[n];
+        const char *more[] = {"--output", path, "--schedule", diagonal ? "diagonal" : "zigzag", "--quiet", NULL};
+        memcpy(argv + n, more, sizeof more);
+        int rc = run_flexgen(argv, NULL, &out, &err);
+        EXPECT(rc == 0, "--schedule %s job: exit %d, %s", diagonal ? "diagonal" : "zigzag", rc, err);
+        free(out), free(err);
+        files[diagonal] = slurp(path, NULL);
+    }
+}
+
 /* With the diagonal schedule a job's window streams through one block, and each GPU batch's group
  * is recorded as it ends: zig-zag's records (7 prompts, GPU batches of 1, 3 of them, sampled),
  * each line the same, in the order the window runs them (longest first, so prompt 3 leads), under
  * a job line that names the schedule. */
 static void test_job_diagonal(void) {
-    char *dir = make_temp_dir(), prompts[4200], out_path[2][4200];
+    char *dir = make_temp_dir(), prompts[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
     write_text_file(prompts, "{\"prompt\": \"In the beginning\"}\n{\"prompt\": \"And God said\"}\n"
                              "{\"prompt\": \"Blessed are the meek, for they\"}\n{\"prompt\": \"Let there be\"}\n"
                              "{\"prompt\": \"The LORD is my shepherd\"}\n{\"prompt\": \"Jesus wept\"}\n"
                              "{\"prompt\": \"And it came to pass\"}\n");
     char *files[2];
-    for (int diagonal = 0; diagonal < 2; diagonal++) {
-        char *out, *err;
-        snprintf(out_path[diagonal], sizeof out_path[0], "%s", join(dir, diagonal ? "diagonal.jsonl" : "zigzag.jsonl"));
-        int rc = run_flexgen(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", out_path[diagonal],
-                                  "--gen-len", "5", "--gpu-batch-size", "1", "--num-gpu-batches", "3", "--temperature",
-                                  "0.7", "--seed", "2", "--schedule", diagonal ? "diagonal" : "zigzag", "--quiet"),
-                             NULL, &out, &err);
-        EXPECT(rc == 0, "--schedule %s job: exit %d, %s", diagonal ? "diagonal" : "zigzag", rc, err);
-        free(out), free(err);
-        files[diagonal] = slurp(out_path[diagonal], NULL);
-    }
+    job_by_schedule(dir, ARGS("--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "5", "--gpu-batch-size", "1",
+                              "--num-gpu-batches", "3", "--temperature", "0.7", "--seed", "2"), files);
     CU_ASSERT_PTR_NOT_NULL_FATAL(files[0]);
     CU_ASSERT_PTR_NOT_NULL_FATAL(files[1]);
     const char *records[2] = {strchr(files[0], '\n') + 1, strchr(files[1], '\n') + 1};
@@ -222,7 +231,7 @@ static void test_job_diagonal(void) {
  * against 5 x 12 = 60), get zig-zag's records from the diagonal schedule. (Zig-zag padded the
  * whole block to its longest, and prompts 6 and 8 took other tokens.) */
 static void test_job_schedules_pad_alike(void) {
-    char *dir = make_temp_dir(), prompts[4200], out_path[2][4200];
+    char *dir = make_temp_dir(), prompts[4200];
     snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
     write_text_file(prompts,
                     "{\"prompt_ids\": [2, 404, 403, 308, 43, 265, 104, 203, 388, 84, 129, 211, 36]}\n"
@@ -236,18 +245,8 @@ static void test_job_schedules_pad_alike(void) {
                     "{\"prompt_ids\": [2, 193, 36, 204, 202, 448, 304, 42, 187, 476]}\n"
                     "{\"prompt_ids\": [2, 226, 264, 164, 100, 398, 194, 404, 492, 222]}\n");
     char *files[2];
-    for (int diagonal = 0; diagonal < 2; diagonal++) {
-        char *out, *err;
-        snprintf(out_path[diagonal], sizeof out_path[0], "%s", join(dir, diagonal ? "diagonal.jsonl" : "zigzag.jsonl"));
-        int rc = run_flexgen(ARGS("--model", tiny_dir, "--prompt-file", prompts, "--output", out_path[diagonal],
-                                  "--gen-len", "16", "--gpu-batch-size", "5", "--num-gpu-batches", "2",
-                                  "--compress-weight", "--int8-activations", "--schedule",
-                                  diagonal ? "diagonal" : "zigzag", "--quiet"),
-                             NULL, &out, &err);
-        EXPECT(rc == 0, "--schedule %s job: exit %d, %s", diagonal ? "diagonal" : "zigzag", rc, err);
-        free(out), free(err);
-        files[diagonal] = slurp(out_path[diagonal], NULL);
-    }
+    job_by_schedule(dir, ARGS("--model", tiny_dir, "--prompt-file", prompts, "--gen-len", "16", "--gpu-batch-size", "5",
+                              "--num-gpu-batches", "2", "--compress-weight", "--int8-activations"), files);
     CU_ASSERT_PTR_NOT_NULL_FATAL(files[0]);
     CU_ASSERT_PTR_NOT_NULL_FATAL(files[1]);
     const char *records[2] = {strchr(files[0], '\n') + 1, strchr(files[1], '\n') + 1};
