@@ -31,13 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fuzz_check(rc, err, "parse_int");
         if (rc == 0 && (v < ranges[i][0] || v > ranges[i][1])) fail("parse_int", s);
     }
-    static const double franges[][2] = {{0, 1e6}, {1e-9, 1}, {0, 1}, {0, 1e9}};
+    /* --temperature, --top-p, --attn-sparsity and --max-latency: lo, above lo only (1) or from it, hi */
+    static const double franges[][3] = {{0, 0, 1e6}, {1e-9, 0, 1}, {0, 1, 1}, {0, 1, 1e9}};
     for (int i = 0; i < 4; i++) {
-        float v = 0;
+        float v = 0, lo = (float)franges[i][0];
         err[0] = 0;
-        rc = parse_float("--top-p", s, franges[i][0], franges[i][1], &v, err);
+        rc = parse_float("--top-p", s, franges[i][0], (int)franges[i][1], franges[i][2], &v, err);
         fuzz_check(rc, err, "parse_float");
-        if (rc == 0 && !(v >= (float)franges[i][0] && v <= (float)franges[i][1])) fail("parse_float", s);
+        if (rc == 0 && !((franges[i][1] ? v > lo : v >= lo) && v <= (float)franges[i][2])) fail("parse_float", s);
     }
     fg_device d;
     err[0] = 0;
