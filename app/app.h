@@ -242,7 +242,8 @@ int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, si
                     char *err);
 int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, char *err);
 int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err);
-int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p, char *err);
+int gather_prompts(const cli_args *a, const fg_tokenizer *tok, const model_config *c, prompt_set *p,
+                   char *err);
 long prompt_tokens(const prompt_set *p);
 int longest_prompt(const prompt_set *p);
 int mean_prompt(const cli_args *a, const prompt_set *p);

@@ -70,8 +70,7 @@ int policy_command(cli_args *a, char *err) {
     if (rc == 0) warn_special_ids(a->model, &cfg);
     if (rc == 0) rc = check_lengths(a, &cfg, err); /* as a run checks them */
     if (rc == 0) rc = open_run_tokenizer(a, &tok, err);
-    if (rc == 0)
-        rc = gather_prompts(a, tok, cfg.vocab, &prompts, err); /* given ones bound the block */
+    if (rc == 0) rc = gather_prompts(a, tok, &cfg, &prompts, err); /* given ones bound the block */
     if (rc == 0 && prompts.n)
         rc = check_prompts(&cfg, prompts.n, prompts.ids, prompts.lens, a->gen.gen_len, err);
     fg_hardware hw;

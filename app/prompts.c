@@ -145,12 +145,15 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
 }
 
 /* Reads one prompt a line from path: token ids (tok == NULL), text, or (a name ending in .jsonl)
- * JSON objects, whose blank lines are skipped. A line may end in \r\n (a file written on
+ * JSON objects, whose blank lines are skipped; each checked as it is read (check_prompt), so that
+ * a prompt too long for the model is named by its line. A line may end in \r\n (a file written on
  * Windows): the \r is no part of a text prompt. A NUL byte ends no line: it is refused, as it
  * could only be a damaged or binary file. An empty line of ids or text is refused too: it would
  * be a prompt of BOS alone, more likely a slip than a wish (--prompt "" asks for one). */
 static int read_prompt_lines(prompt_set *p, const char *flag, const char *path,
-                             const fg_tokenizer *tok, int vocab, char *err) {
+                             const fg_tokenizer *tok, const model_config *c, int gen_len,
+                             char *err) {
+    int vocab = c->vocab;
     size_t size;
     char *text = fg_read_file(path, &size, err);
     if (!text) return fg_fail_flag(err, flag);
@@ -162,6 +165,7 @@ static int read_prompt_lines(prompt_set *p, const char *flag, const char *path,
         size_t len = (size_t)(end - line);
         if (len > 0 && line[len - 1] == '\r') line[--len] = 0;
         line_no++;
+        int before = p->n;
         if (memchr(line, 0, len)) {
             rc = fg_fail(err, "%s line %d: a NUL byte inside the line", path, line_no);
         } else if (jsonl) {
@@ -179,6 +183,11 @@ static int read_prompt_lines(prompt_set *p, const char *flag, const char *path,
                     : fg_fail(err, "out of memory");
             if (rc == 0) rc = prompts_add_record(p, ids, n, id, NULL, err);
             else free(id);
+        }
+        if (rc == 0 && p->n > before) {
+            char name[4200];
+            snprintf(name, sizeof name, "%s line %d", path, line_no);
+            rc = check_prompt(c, p->ids[before], p->lens[before], gen_len, name, err);
         }
     }
     free(text);
@@ -226,14 +235,16 @@ int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err) {
     return *tok ? 0 : -1;
 }
 
-int gather_prompts(const cli_args *a, const fg_tokenizer *tok, int vocab, prompt_set *p,
+int gather_prompts(const cli_args *a, const fg_tokenizer *tok, const model_config *c, prompt_set *p,
                    char *err) {
+    int gen_len = a->gen.gen_len;
     if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
         return fg_fail(err, "%s needs a tokenizer: " TOKENIZER_WAYS,
                        a->prompt_file ? "--prompt-file" : "--prompt");
-    if (a->prompt_ids) return read_prompt_lines(p, "--prompt-ids", a->prompt_ids, NULL, vocab, err);
+    if (a->prompt_ids)
+        return read_prompt_lines(p, "--prompt-ids", a->prompt_ids, NULL, c, gen_len, err);
     if (a->prompt_file)
-        return read_prompt_lines(p, "--prompt-file", a->prompt_file, tok, vocab, err);
+        return read_prompt_lines(p, "--prompt-file", a->prompt_file, tok, c, gen_len, err);
     for (int i = 0; i < a->n_prompt_texts; i++)
         if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), NULL, err)) return -1;
     return 0;

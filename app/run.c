@@ -242,8 +242,7 @@ static int share_model(const cli_args *a, fg_pipe *pipe, const model_config *cfg
 static int job_prompts(cli_args *a, fg_pipe *pipe, const model_config *cfg, fg_tokenizer **tok,
                        prompt_set *p, job_output *out, char *err) {
     int rank = fg_pipe_rank(pipe), stages = fg_pipe_size(pipe), rc = 0;
-    if (rank == 0 &&
-        (open_run_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg->vocab, p, err)))
+    if (rank == 0 && (open_run_tokenizer(a, tok, err) || gather_prompts(a, *tok, cfg, p, err)))
         rc = -1;
     if (rc == 0 && rank == 0 && a->output) rc = open_job_output(a, p, out, err);
     if (fg_pipe_agree(pipe, rc, err)) return -1;

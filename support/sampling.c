@@ -6,6 +6,7 @@
 #include "support/support.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,29 +66,34 @@ int sample_token(const float *logits, int n, float temperature, float top_p, fg_
     return id;
 }
 
+int check_prompt(const model_config *c, const int *ids, int len, int gen_len, const char *name,
+                 char *err) {
+    if (len < 1) return fg_fail(err, "%s is empty", name);
+    if (gen_len - 1 > c->max_pos - len) /* the last token is not fed back; the sum of len and
+                                           gen_len may not fit an int */
+        return fg_fail(err,
+                       "%s: %d tokens + --gen-len %d need %lld positions (the last one generated "
+                       "is not fed back); the model has %d (max_position_embeddings)",
+                       name, len, gen_len, (long long)len + gen_len - 1, c->max_pos);
+    if (c->window && gen_len - 1 > c->window - len)
+        return fg_fail(err,
+                       "%s: %d tokens + --gen-len %d need %lld positions, beyond the model's "
+                       "sliding_window %d (sliding-window attention is not implemented)",
+                       name, len, gen_len, (long long)len + gen_len - 1, c->window);
+    for (int t = 0; t < len; t++)
+        if (ids[t] < 0 || ids[t] >= c->vocab)
+            return fg_fail(err, "%s: token id %d out of range [0, %d) (the model's vocab_size)",
+                           name, ids[t], c->vocab);
+    return 0;
+}
+
 int check_prompts(const model_config *c, int n, int *const *prompts, const int *lens, int gen_len,
                   char *err) {
     if (n < 1) return fg_fail(err, "no prompts");
     for (int p = 0; p < n; p++) {
-        if (lens[p] < 1) return fg_fail(err, "prompt %d is empty", p + 1);
-        if (gen_len - 1 > c->max_pos - lens[p]) /* the last token is not fed back; the sum of
-                                                   lens[p] and gen_len may not fit an int */
-            return fg_fail(
-                err,
-                "prompt %d: %d tokens + --gen-len %d need %lld positions (the last one generated "
-                "is not fed back); the model has %d (max_position_embeddings)",
-                p + 1, lens[p], gen_len, (long long)lens[p] + gen_len - 1, c->max_pos);
-        if (c->window && gen_len - 1 > c->window - lens[p])
-            return fg_fail(
-                err,
-                "prompt %d: %d tokens + --gen-len %d need %lld positions, beyond the model's "
-                "sliding_window %d (sliding-window attention is not implemented)",
-                p + 1, lens[p], gen_len, (long long)lens[p] + gen_len - 1, c->window);
-        for (int t = 0; t < lens[p]; t++)
-            if (prompts[p][t] < 0 || prompts[p][t] >= c->vocab)
-                return fg_fail(
-                    err, "prompt %d: token id %d out of range [0, %d) (the model's vocab_size)",
-                    p + 1, prompts[p][t], c->vocab);
+        char name[32];
+        snprintf(name, sizeof name, "prompt %d", p + 1);
+        if (check_prompt(c, prompts[p], lens[p], gen_len, name, err)) return -1;
     }
     return 0;
 }

@@ -469,7 +469,10 @@ int fg_argmax(const float *x, int n); /* the first of equal maxima, as torch.arg
 int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
                  float *scratch);
 /* Every prompt is a non-empty run of token ids in the vocab that fits the model's positions with
- * gen_len more; forced tokens (teacher forcing, [n][gen_len]) are ids of the vocab. */
+ * gen_len more (check_prompt: one, its line naming it as `name`); forced tokens (teacher forcing,
+ * [n][gen_len]) are ids of the vocab. */
+int check_prompt(const model_config *c, const int *ids, int len, int gen_len, const char *name,
+                 char *err);
 int check_prompts(const model_config *c, int n, int *const *prompts, const int *lens, int gen_len,
                   char *err);
 int check_forced(const model_config *c, const int *forced, int n, int gen_len, char *err);

@@ -480,7 +480,8 @@ static void test_prompt_too_long(void) {
     strcat(ids, "\n");
     const char *path = join(dir, "long.txt");
     write_text_file(path, ids);
-    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
+    /* a prompt of a file is named by its line */
+    EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--gen-len", "8"), "long.txt line 1:",
                 "60 tokens", "--gen-len 8", "need 67 positions", "the model has 64");
     EXPECT_FAIL(ARGS("--model", tiny_dir, "--prompt-ids", path, "--prompt-len", "4"), "--prompt-len",
                 "prompts are given");
@@ -508,8 +509,8 @@ static void test_prompt_too_long(void) {
     write_hw(hw);
     EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--prompt-len", "60", "--gen-len", "8"),
                 "--prompt-len 60", "need 67 positions", "the model has 64");
-    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--prompt-ids", path, "--gen-len", "8"), "prompt 1",
-                "need 67 positions", "the model has 64");
+    EXPECT_FAIL(ARGS("policy", "--model", tiny_dir, "--hw", hw, "--prompt-ids", path, "--gen-len", "8"),
+                "long.txt line 1:", "need 67 positions", "the model has 64");
     EXPECT_FAIL(ARGS("policy", "--model", "opt-125m", "--hw", hw, "--prompt-len", "2147483647", "--gen-len",
                      "2147483647"), "need 4294967293 positions", "the model has 2048");
     rm_tree(dir);
@@ -1462,7 +1463,7 @@ static void test_tokenizer_special_files(void) {
                 "prompt 1", "token id 1000", "out of range");
     const char *file = join(dir, "prompts.txt");
     write_text_file(file, "Hi\nthere<|endoftext|>\n");
-    EXPECT_FAIL(ARGS("--model", text_dir, "--prompt-file", file, "--gen-len", "2"), "prompt 2",
+    EXPECT_FAIL(ARGS("--model", text_dir, "--prompt-file", file, "--gen-len", "2"), "prompts.txt line 2:",
                 "token id 1000", "out of range");
     rm_tree(dir);
     free(dir);

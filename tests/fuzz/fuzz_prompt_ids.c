@@ -1,8 +1,9 @@
 /* fuzz_prompt_ids.c: fuzzer bytes as a prompt file read by prompts.c's read_prompt_lines: as
  * --prompt-ids (token ids, parse_id_line), as --prompt-file (text lines through the fixture
  * tokenizer, loaded once) and as a JSONL --prompt-file (jobs.c's jsonl_prompt, with and without
- * the tokenizer), for the fixture tokenizer's vocab. Accepted ids lie in the vocab; every prompt
- * has at least one, and an id. */
+ * the tokenizer), for the fixture tokenizer's vocab and a model of 64 positions, 4 tokens
+ * generated. Accepted ids lie in the vocab; every prompt has at least one, and an id, and leaves
+ * room for the tokens generated. */
 #include "../../app/prompts.c"
 #include "fuzz.h"
 
@@ -17,10 +18,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static void read_prompts(const char *path, const fg_tokenizer *t, int vocab) {
     prompt_set p = {0};
     char err[FG_ERR_LEN] = "";
-    int rc = read_prompt_lines(&p, "--prompt-file", path, t, vocab, err);
+    model_config c = {.vocab = vocab, .max_pos = 64};
+    int rc = read_prompt_lines(&p, "--prompt-file", path, t, &c, 4, err);
     fuzz_check(rc, err, "read_prompt_lines");
     for (int i = 0; rc == 0 && i < p.n; i++) {
-        if (p.lens[i] < 1) abort();
+        if (p.lens[i] < 1 || p.lens[i] + 3 > c.max_pos) abort();
         for (int j = 0; j < p.lens[i]; j++)
             if (p.ids[i][j] < 0 || p.ids[i][j] >= vocab) abort();
         if (strstr(path, ".jsonl") && !p.record_ids[i]) abort();
