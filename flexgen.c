@@ -17,10 +17,10 @@
  *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
  *   476  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
  *   666  step_begins              a block's step: tokens back, pages; step_ends
- *   760  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   983  refill_slots             ended sequences' slots take the next prompts (--refill)
- *  1001  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1160  generate                 prompts in rounds of blocks (run_round)
+ *   767  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   990  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *  1008  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1167  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -323,7 +323,7 @@ static void compute(block *bl, iteration it) {
     if (gb->batch == 0) return; /* an idle GPU batch (the diagonal schedule's warm-up and end) */
     bind_batch(bl, it);
     int output = it.j > 0 && !is_decoder_layer(bl, it.j);
-    bl->out_rows = gb->all_rows ? gb->n_new : 1;
+    int sequence_rows = gb->all_rows ? gb->n_new : 1;
     size_t batch_logits = (size_t)bl->shape.gbs * bl->shape.logit_rows * w->cfg.vocab;
     float *logits = output ? bl->logits + (size_t)it.k * batch_logits : NULL;
     int chunk = (int)(bl->shape.workspace_rows / (size_t)gb->n_new);
@@ -333,7 +333,7 @@ static void compute(block *bl, iteration it) {
         gpu_batch part = gpu_batch_slice(gb, first, n, bl->shape.act_row);
         if (it.j == 0) f->embed(w, &part, bl->ws);
         else if (!output) f->layer(w, decoder_of(it.j), &part, bl->ws);
-        else f->output(w, &part, bl->ws, logits + (size_t)first * bl->out_rows * w->cfg.vocab);
+        else f->output(w, &part, bl->ws, logits + (size_t)first * sequence_rows * w->cfg.vocab);
     }
     /* kept V rows */
     for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++)
@@ -733,10 +733,17 @@ static void step_ends(gen_run *run, int t, int i) {
 
 /* ---- A block's tokens, as its step ends (support/sampling.c chooses each from its logits) ---- */
 
+/* The logits the output layer gave each sequence of GPU batch k at this step: its rows in flight
+ * with prompt_logits (a GPU batch's own, padded to its longest prompt), else 1. */
+static int out_rows(const block *bl, int k) {
+    const gpu_batch *gb = &bl->gb[k];
+    return gb->all_rows ? gb->n_new : 1;
+}
+
 /* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
 static const float *logits_row(const block *bl, int s, int t) {
     size_t batch_rows = (size_t)bl->shape.gbs * bl->shape.logit_rows;
-    size_t row = (size_t)(s % bl->shape.gbs) * bl->out_rows + t;
+    size_t row = (size_t)(s % bl->shape.gbs) * out_rows(bl, s / bl->shape.gbs) + t;
     size_t batch = (size_t)(s / bl->shape.gbs);
     return bl->host_logits + (batch * batch_rows + row) * bl->m->view.cfg.vocab;
 }
@@ -747,7 +754,7 @@ static void keep_prompt_logits(const block *bl, const gen_options *opt) {
     int longest = bl->shape.max_prompt;
     for (int s = 0; s < bl->count; s++) {
         int pad = bl->gb[s / bl->shape.gbs].pad[s % bl->shape.gbs];
-        int len = bl->out_rows - pad;
+        int len = out_rows(bl, s / bl->shape.gbs) - pad;
         memcpy(opt->prompt_logits + (size_t)bl->prompt[s] * longest * vocab, logits_row(bl, s, pad),
                (size_t)len * vocab * sizeof(float));
     }
@@ -765,7 +772,7 @@ static void sample_tokens(block *bl, const gen_options *opt, float *logits_out, 
     bl->rt->backend->copies_done(); /* a decode step's one wait on the device, on a GPU */
     if (opt->prompt_logits && bl->step[0] == 0) keep_prompt_logits(bl, opt);
     for (int s = 0; s < bl->count; s++) {
-        const float *row = logits_row(bl, s, bl->out_rows - 1);
+        const float *row = logits_row(bl, s, out_rows(bl, s / bl->shape.gbs) - 1);
         int p = bl->prompt[s];
         int step = bl->step[s];
         if (p < 0) continue; /* an idle slot */

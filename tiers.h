@@ -173,8 +173,6 @@ typedef struct {
     int *prompt;   /* [gbs * ngb]: each slot's prompt (its index in generate()'s), -1: idle */
     int *step;     /* [gbs * ngb]: the tokens chosen so far for it */
     int borrowed;  /* staging, workspace, logits and inbox are another block's */
-    int out_rows;  /* logits the last output layer gave per sequence (its tokens in flight
-                      with prompt_logits, else 1) */
     int delegate;  /* this step's attention reads cpu and disk caches in place (§4.2) */
     int sparse_v;  /* this step's sparse attention reads the kept V rows of the cpu tier in
                       place, so only those cross the link (§5); disk rows move whole */
