@@ -13,10 +13,10 @@
  *   224  load_weight              Fig. 4's load_weight; load_weight_now, the plain loop's
  *   243  load_cache               Fig. 4's load_cache; store_cache below it
  *   289  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
- *   318  compute                  layer j of GPU batch k on the backend
- *   351  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
- *   476  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
- *   666  step_begins              a block's step: tokens back, pages; step_ends
+ *   325  compute                  layer j of GPU batch k on the backend
+ *   358  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
+ *   483  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
+ *   673  step_begins              a block's step: tokens back, pages; step_ends
  *   767  sample_tokens            a block's next tokens from its logits; take_tokens below it
  *   990  refill_slots             ended sequences' slots take the next prompts (--refill)
  *  1008  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
@@ -313,6 +313,13 @@ static void store_activation(block *bl, iteration it) {
     io_submit(&bl->rt->io, IO_DISK, t);
 }
 
+/* The logits the output layer gave each sequence of GPU batch k at this step: its rows in flight
+ * with prompt_logits (a GPU batch's own, padded to its longest prompt), else 1. */
+static int out_rows(const block *bl, int k) {
+    const gpu_batch *gb = &bl->gb[k];
+    return gb->all_rows ? gb->n_new : 1;
+}
+
 /* Fig. 4's compute: layer j of GPU batch k on the backend (opt_model.c or flexgen.cu), in
  * chunks of as many sequences as the workspace holds (prefill; decode is one chunk). */
 static void compute(block *bl, iteration it) {
@@ -323,7 +330,6 @@ static void compute(block *bl, iteration it) {
     if (gb->batch == 0) return; /* an idle GPU batch (the diagonal schedule's warm-up and end) */
     bind_batch(bl, it);
     int output = it.j > 0 && !is_decoder_layer(bl, it.j);
-    int sequence_rows = gb->all_rows ? gb->n_new : 1;
     size_t batch_logits = (size_t)bl->shape.gbs * bl->shape.logit_rows * w->cfg.vocab;
     float *logits = output ? bl->logits + (size_t)it.k * batch_logits : NULL;
     int chunk = (int)(bl->shape.workspace_rows / (size_t)gb->n_new);
@@ -333,7 +339,8 @@ static void compute(block *bl, iteration it) {
         gpu_batch part = gpu_batch_slice(gb, first, n, bl->shape.act_row);
         if (it.j == 0) f->embed(w, &part, bl->ws);
         else if (!output) f->layer(w, decoder_of(it.j), &part, bl->ws);
-        else f->output(w, &part, bl->ws, logits + (size_t)first * sequence_rows * w->cfg.vocab);
+        else
+            f->output(w, &part, bl->ws, logits + (size_t)first * out_rows(bl, it.k) * w->cfg.vocab);
     }
     /* kept V rows */
     for (int b = 0; b < gb->batch && bl->sparse_v && is_decoder_layer(bl, it.j); b++)
@@ -732,13 +739,6 @@ static void step_ends(gen_run *run, int t, int i) {
 }
 
 /* ---- A block's tokens, as its step ends (support/sampling.c chooses each from its logits) ---- */
-
-/* The logits the output layer gave each sequence of GPU batch k at this step: its rows in flight
- * with prompt_logits (a GPU batch's own, padded to its longest prompt), else 1. */
-static int out_rows(const block *bl, int k) {
-    const gpu_batch *gb = &bl->gb[k];
-    return gb->all_rows ? gb->n_new : 1;
-}
 
 /* The logits of sequence s's last token, and of its token t (with prompt_logits, at prefill). */
 static const float *logits_row(const block *bl, int s, int t) {

@@ -397,6 +397,16 @@ static void test_memory_model_cuda_sizes(void) {
     }
 }
 
+/* A dummy model of c under policy p on the CPU backend, or (cuda) with CUDA's sizes. */
+static fg_model *sized_model(const fg_policy *p, const model_config *c, int cuda, fg_runtime **rt) {
+    if (cuda) return cuda_sized_model(p, c, rt);
+    fg_model *m = NULL;
+    char err[FG_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(p, rt, err), 0);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(*rt, c, 1, &m, err), 0);
+    return m;
+}
+
 /* The memory model's bytes of each tier (lp.c, §4.3) against the plan check's own (fg_plan_bytes)
  * for one placement of a block of 4 x 2 sequences, on the CPU backend or with CUDA's sizes
  * (cuda_sized_model). They agree to the byte but where they differ by design:
@@ -415,14 +425,7 @@ static void compare_memory_model(const char *what, fg_percent pc, int delegate, 
     fg_policy p = policy(GBS, NGB, pc, 0, delegate);
     p.compress_weight = p.compress_cache = compress;
     fg_runtime *rt;
-    fg_model *m = NULL;
-    char err[FG_ERR_LEN] = "";
-    if (cuda) {
-        m = cuda_sized_model(&p, &c, &rt);
-    } else {
-        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
-    }
+    fg_model *m = sized_model(&p, &c, cuda, &rt);
     double x[N_X], total[N_TIERS], weights[N_TIERS];
     fg_plan_placement(m, GBS * NGB, x);
     fg_plan_bytes(m, GBS * NGB, NULL, PROMPT, GEN_LEN, total, weights);
@@ -519,14 +522,7 @@ static void test_staging_of_few_weights(void) {
                 fg_policy p = policy(4, 1, (fg_percent){wg, 100 - wg, 100, 0, 100, 0}, 0, 0);
                 p.compress_weight = compress;
                 fg_runtime *rt;
-                fg_model *m = NULL;
-                char err[FG_ERR_LEN] = "";
-                if (cuda) {
-                    m = cuda_sized_model(&p, c, &rt);
-                } else {
-                    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-                    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, c, 1, &m, err), 0);
-                }
+                fg_model *m = sized_model(&p, c, cuda, &rt);
                 double x[N_X];
                 fg_plan_placement(m, 4, x);
                 fg_workload w = {.s = 8, .n = 4, .gbs = 4, .ngb = 1, .compress_weight = compress};
