@@ -303,7 +303,7 @@ void free_weight_homes(fg_model *m) {
     }
     for (int b = 0; b < 2; b++) tier_free(m->rt, TIER_GPU, m->staging[b], m->staging_bytes);
     if (m->disk.base) tier_add(m->rt, TIER_DISK, -m->disk_bytes);
-    m->rt->capacity[TIER_DISK] -= m->reused_disk_bytes;
+    m->rt->capacity[TIER_DISK] -= m->disk_weights_elsewhere;
     arena_close(&m->disk);
 }
 
@@ -718,19 +718,22 @@ void fg_plan_bytes(const fg_model *m, int n_prompts, const int *lens, int max_pr
     plan_need(m, &s, need, total, weights);
 }
 
-/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and a reused weight
- * file). */
-static void capacity_source(const fg_runtime *rt, double reused, fg_tier t, char *out, size_t len) {
+/* Where tier t's capacity came from: its flag, or fg_runtime_open's default (and on disk, the
+ * weight file that count_weight_file set apart). */
+static void capacity_source(const fg_model *m, fg_tier t, char *out, size_t len) {
+    const fg_runtime *rt = m->rt;
     const char *what[N_TIERS] = {rt->backend->device_memory ? "the device's free memory"
                                                             : "available memory",
                                  "available memory", "the free space of --offload-dir "};
+    const char *weight_file = "";
+    if (t == TIER_DISK && m->disk_weights_elsewhere > 0)
+        weight_file = m->weight_file_found ? " with the weight file already in --path"
+                                           : " with the weight file going to --path's file system";
     size_text cap = human(rt->capacity[t]);
     if (rt->policy.capacity[t] > 0) snprintf(out, len, "%s gives %s", fg_tier_flags[t], cap.s);
     else
         snprintf(out, len, "%s%s%s is %s (%s overrides it)", what[t],
-                 t == TIER_DISK ? rt->offload_dir : "",
-                 t == TIER_DISK && reused > 0 ? " with the weight file already in --path" : "",
-                 cap.s, fg_tier_flags[t]);
+                 t == TIER_DISK ? rt->offload_dir : "", weight_file, cap.s, fg_tier_flags[t]);
 }
 
 int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_prompt, int gen_len,
@@ -754,7 +757,7 @@ int fg_check_plan(const fg_model *m, int n_prompts, const int *lens, int max_pro
                          plan_items[i], human(need[t][i]).s);
         }
         char source[sizeof rt->offload_dir + 128];
-        capacity_source(rt, m->reused_disk_bytes, t, source, sizeof source);
+        capacity_source(m, t, source, sizeof source);
         return fg_fail(err, "%s tier: the plan needs %s (%s), %s", fg_tier_names[t],
                        human(total[t]).s, detail, source);
     }

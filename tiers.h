@@ -115,8 +115,10 @@ struct fg_model {
     int *layer_first;   /* [n_layers + 3]: tensors of layer j are layer_first[j] .. [j+1] - 1 */
     disk_arena disk;    /* disk homes: offloaded copies, or the dummy-weight file */
     double disk_bytes;  /* of the disk tier that the disk homes take */
-    double reused_disk_bytes; /* of those, already on disk in --path (count_existing_weight_file) */
-    char *staging[2];         /* a layer's working weights, then a 4-bit landing (reads_q4 0) */
+    double disk_weights_elsewhere; /* of those, not in --offload-dir's free space: the weight
+                                      file in --path, found or on another file system */
+    int weight_file_found;         /* an earlier run wrote that file (count_weight_file) */
+    char *staging[2]; /* a layer's working weights, then a 4-bit landing (reads_q4 0) */
     size_t staging_bytes, landing_at; /* of each arena; where the 4-bit bytes land in it */
     long staged[2]; /* which layer n of the round (unit L + j) each staging arena holds, or -1 */
     weight_read reads[2];         /* disk reads of layers n, in slot n % 2 */

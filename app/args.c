@@ -114,7 +114,7 @@ static void usage_policy(FILE *out) {
 "  --gpu-mem SIZE, --cpu-mem SIZE, --disk-mem SIZE\n"
 "                          tier capacities, e.g. 16G, 512M (K, M, G, T are powers of 1024)\n"
 "                          [available memory; free space in the offload dir, plus dummy\n"
-"                          weights already written to --path]\n"
+"                          weights already in --path or going to another file system]\n"
 "  --offload-dir DIR       the disk tier's files, removed as soon as they are mapped [%s]\n"
 "pipeline parallelism (paper section 4.4; this build: %s)\n"
 "  mpirun -np M flexgen [options]\n"

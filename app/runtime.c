@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -110,17 +111,39 @@ void fg_runtime_stats(const fg_runtime *rt, fg_stats *s) {
     s->host_memory = rt->backend->gpu_is_host ? host_memory_for_plans() : 0;
 }
 
-/* Dummy weights that an earlier run wrote to --path take no new space. The default capacity of
- * the disk tier is the offload dir's free space, so there they count on top of it (given back
- * by fg_model_close). With --disk-mem the user's number stands. */
-static void count_existing_weight_file(fg_model *m) {
+/* The device of the file system that holds dir, or its nearest existing parent where dir is not
+ * made yet (--path is made as the weights are written); 0 where none is found. */
+static dev_t file_system_of(const char *dir) {
+    char path[FG_PATH_LEN];
+    snprintf(path, sizeof path, "%s", dir);
+    struct stat st;
+    while (stat(path, &st) != 0) {
+        if (!strcmp(path, "/") || !strcmp(path, ".")) return 0;
+        char *slash = strrchr(path, '/');
+        if (!slash) snprintf(path, sizeof path, ".");
+        else if (slash == path) path[1] = 0; /* "/x" to "/" */
+        else *slash = 0;
+    }
+    return st.st_dev;
+}
+
+/* Dummy weights placed on disk live in a file in --path (support/weight_file.c), while the disk
+ * tier's default capacity is --offload-dir's free space. A file that an earlier run wrote takes
+ * no new space, and a new one on another file system than the offload dir's takes none of its
+ * space (a --path without room for it is refused as it is written: weight_file.c's create). Either
+ * way its bytes count on top of the offload dir's free space (given back by fg_model_close). With
+ * --disk-mem the user's number stands. */
+static void count_weight_file(fg_model *m) {
     double bytes[N_TIERS], max_layer_disk;
     weight_bytes(m, bytes, &max_layer_disk);
-    if (m->has_archive || m->rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
+    fg_runtime *rt = m->rt;
+    if (m->has_archive || rt->policy.capacity[TIER_DISK] > 0 || bytes[TIER_DISK] == 0) return;
     weight_file f = weight_file_of(m);
-    if (!weight_file_exists(&f)) return;
-    m->reused_disk_bytes = bytes[TIER_DISK];
-    m->rt->capacity[TIER_DISK] += m->reused_disk_bytes;
+    m->weight_file_found = weight_file_exists(&f);
+    dev_t weights = file_system_of(rt->weight_dir), offload = file_system_of(rt->offload_dir);
+    if (!m->weight_file_found && (!weights || weights == offload)) return;
+    m->disk_weights_elsewhere = bytes[TIER_DISK];
+    rt->capacity[TIER_DISK] += m->disk_weights_elsewhere;
 }
 
 /* The table, the placement and nothing else: the weights move into their homes on first use. */
@@ -156,7 +179,7 @@ static int model_init(fg_model *m, const model_config *cfg, int has_lm_head, con
     int last_decoder = m->end_layer <= cfg->n_layers + 1 ? m->end_layer - 1 : cfg->n_layers;
     m->n_decoder = last_decoder - m->first_decoder;
     place_weights(m);
-    count_existing_weight_file(m);
+    count_weight_file(m);
     return 0;
 }
 

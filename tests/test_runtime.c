@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { N_SEQ = 7, GEN = 8 }; /* 7 sequences: every block shape below leaves a partial one */
@@ -575,7 +576,8 @@ static void test_plan_names_capacity_source(void) {
                 if (gpu) rt->backend = &device;
                 CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 1, &m, err), 0);
                 rt->capacity[t] = 1000; /* without the flag: as if the default were 1000 bytes */
-                m->reused_disk_bytes = given == 2; /* as count_existing_weight_file finds a file */
+                m->disk_weights_elsewhere = given == 2; /* as count_weight_file finds a file */
+                m->weight_file_found = given == 2;
                 CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 4, NULL, 5, 3, err), 0);
                 if (given == 1) snprintf(want, sizeof want, "%s gives %s", fg_tier_flags[t], human(1000).s);
                 else snprintf(want, sizeof want, "%s%s%s is %s (%s overrides it)", defaults[gpu][t],
@@ -586,7 +588,7 @@ static void test_plan_names_capacity_source(void) {
                        (given == 1 || !strstr(err, flag_gives)), "%s, %s tier of 1000 bytes, case %d: "
                        "expected one line with \"%s\", got: %s", gpu ? "a GPU" : "the CPU backend",
                        fg_tier_names[t], given, want, err);
-                m->reused_disk_bytes = 0;
+                m->disk_weights_elsewhere = 0;
                 fg_model_close(m);
                 fg_runtime_close(rt);
             }
@@ -1070,6 +1072,70 @@ static void test_existing_weight_file_space(void) {
     fg_runtime_close(rt);
     rm_tree(dir);
     free(dir);
+}
+
+/* A new directory on a file system other than dir's (/dev/shm's tmpfs, say), or NULL. */
+static char *temp_dir_elsewhere(const char *dir) {
+    static const char *const candidates[] = {"/dev/shm", "/run/user", "/var/tmp", "/tmp"};
+    struct stat here, there;
+    if (stat(dir, &here) != 0) return NULL;
+    for (size_t i = 0; i < sizeof candidates / sizeof *candidates; i++) {
+        char *made = malloc(4096);
+        snprintf(made, 4096, "%s/flexgen-test-XXXXXX", candidates[i]);
+        if (stat(candidates[i], &there) == 0 && there.st_dev != here.st_dev && mkdtemp(made)) return made;
+        free(made);
+    }
+    return NULL;
+}
+
+/* New dummy weights in a --path on another file system than --offload-dir's take none of the
+ * offload dir's space: the disk tier's default capacity gets their size on top, given back when
+ * the model closes, and the plan's refusal says so. */
+static void test_weight_file_on_another_file_system(void) {
+    model_config c = OPT_SHAPE("elsewhere-test", 2, 64, 4, 256, 300, 64, 64, 1);
+    static const fg_percent disk_weights = {0, 0, 100, 0, 100, 0};
+    char *offload = make_temp_dir(), *elsewhere = temp_dir_elsewhere(offload), err[FG_ERR_LEN] = "";
+    if (!elsewhere) {
+        fprintf(stderr, "\n  (no writable directory on another file system than %s: case not run)\n", offload);
+        rm_tree(offload);
+        free(offload);
+        return;
+    }
+    char weight_dir[4200];
+    snprintf(weight_dir, sizeof weight_dir, "%s/not/made/yet", elsewhere); /* made as it is written */
+    fg_policy p = policy(2, 1, disk_weights, 1, 0);
+    p.weight_dir = weight_dir;
+    p.offload_dir = offload;
+    fg_runtime *rt;
+    fg_model *m;
+    fg_stats before, opened, closed;
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+    fg_runtime_stats(rt, &before);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 5, &m, err), 0);
+    fg_runtime_stats(rt, &opened);
+    double on_disk = opened.capacity[TIER_DISK] - before.capacity[TIER_DISK];
+    EXPECT(on_disk > 0 && on_disk == m->disk_weights_elsewhere, "weights on disk in %s, offload dir %s: "
+           "the disk tier's capacity grew by %.0f bytes, expected the weights' %.0f", weight_dir, offload, on_disk,
+           m->disk_weights_elsewhere);
+    rt->capacity[TIER_DISK] = 1000; /* as if the offload dir had little room */
+    CU_ASSERT_NOT_EQUAL(fg_check_plan(m, 1, NULL, 3, 2, err), 0);
+    EXPECT(strstr(err, " with the weight file going to --path's file system is ") != NULL,
+           "the disk tier's refusal does not name --path's file system: %s", err);
+    rt->capacity[TIER_DISK] = opened.capacity[TIER_DISK];
+    int prompt[] = {2, 10, 11}, *prompts[] = {prompt}, len = 3, tokens[2];
+    gen_options opt = {.gen_len = 2, .top_p = 1};
+    gen_timing t;
+    CU_ASSERT_EQUAL(generate(m, &opt, 1, prompts, &len, tokens, NULL, &t, err), 0);
+    struct stat st;
+    EXPECT(stat(weight_dir, &st) == 0, "the weights were not written to --path %s", weight_dir);
+    fg_model_close(m);
+    fg_runtime_stats(rt, &closed);
+    CU_ASSERT_EQUAL(closed.capacity[TIER_DISK], before.capacity[TIER_DISK]);
+    fg_runtime_close(rt);
+    rm_tree(elsewhere);
+    rm_tree(offload);
+    free(elsewhere);
+    free(offload);
 }
 
 /* Whether two trace events overlap in time: each starts before the other ends. */
@@ -1671,6 +1737,8 @@ void add_runtime_tests(void) {
                 test_weight_loads_overlap_later_batches);
     CU_add_test(s, "dummy weights already in --path need no new disk space",
                 test_existing_weight_file_space);
+    CU_add_test(s, "new dummy weights on another file system take none of --offload-dir's space",
+                test_weight_file_on_another_file_system);
     CU_add_test(s, "a block that stops early gives back the layers read ahead (the plain loop reads none)",
                 test_early_stop_gives_back_read_ahead);
     CU_add_test(s, "refill: a finished sequence's slot takes the next prompt, tokens unchanged", test_refill);
