@@ -271,7 +271,8 @@ static int parse_float(const char *flag, const char *s, double lo, int above_lo,
     if (s && *s && !*end && (errno == ERANGE || (v != 0 && (float)v == 0)))
         return fg_fail(err, "%s: '%s' is too %s to read (expected a number in %s)", flag, s,
                        fabs(v) < 1 ? "close to 0" : "large", range);
-    if (!s || errno || *s == 0 || *end || !(above_lo ? v > lo : v >= lo) || !(v <= hi))
+    if (!s || errno || *s == 0 || *end || !(above_lo ? v > lo : v >= lo) || !(v <= hi) ||
+        strpbrk(s, "xX")) /* strtod reads hexadecimal, which no user means */
         return fg_fail(err, "%s: expected a number in %s, got '%s'", flag, range, s ? s : "");
     *out = (float)v;
     return 0;

@@ -5,7 +5,8 @@
  *   prompts (--prompt-file F.jsonl)   {"prompt": "text"} or {"prompt_ids": [2, 100, ...]}, each
  *                                     with an optional "id" (a string, or an integer of up to 15
  *                                     digits; the line number when absent): one JSON object a
- *                                     line, in UTF-8, whose values a record gives back unchanged
+ *                                     line, in UTF-8, whose values a record gives back (a numeric
+ *                                     id as cJSON prints its value: 1.0 and 1e2 as 1 and 100)
  *   output (--output F.jsonl)         first line {"flexgen_job": {...}}: what the tokens depend
  *                                     on (the model and the prompts by content, the flags that
  *                                     change the tokens, the device, the block shape); then a
@@ -118,8 +119,9 @@ static cJSON *parse_line(const char *what, const char *line, char *err) {
     return NULL;
 }
 
-/* An id its record gives back unchanged: a string, or an integer of at most 15 digits (cJSON
- * prints numbers with 15 significant digits; longer ones, fractions and 1e400 would change). */
+/* An id its record gives back: a string unchanged, or an integer of at most 15 digits as its
+ * value (cJSON prints numbers with 15 significant digits; longer ones, fractions and 1e400 would
+ * change value, where 1.0 comes back as the same value, 1). */
 static int id_round_trips(const cJSON *id) {
     if (cJSON_IsString(id)) return 1;
     double v = cJSON_IsNumber(id) ? id->valuedouble : NAN;

@@ -1137,6 +1137,9 @@ static void test_bad_policy(void) {
     /* under a float's least: read as 0 before, and refused as out of (0, 1] */
     EXPECT_FAIL(ARGS("--attn-sparsity", "1e-300"), "--attn-sparsity", "'1e-300' is too close to 0", "(0, 1]");
     EXPECT_FAIL(ARGS("--max-latency", "1e-300"), "--max-latency", "'1e-300' is too close to 0", "(0, 1e9]");
+    /* strtod reads hexadecimal (0x10 as 16 seconds); sizes refuse it, and so do these */
+    EXPECT_FAIL(ARGS("--max-latency", "0x10"), "--max-latency", "(0, 1e9]", "'0x10'");
+    EXPECT_FAIL(ARGS("--temperature", "0X1p-1"), "--temperature", "'0X1p-1'");
     EXPECT_FAIL(ARGS("--offload-dir", "/nonexistent/flexgen"), "--offload-dir", "no such directory");
     EXPECT_FAIL(ARGS("--offload-dir", tiny_prompts), "--offload-dir", tiny_prompts, "not a directory");
     /* a plan that does not fit is refused before any compute, naming the tier and the bytes */
