@@ -101,6 +101,18 @@ int fg_hardware_write(const char *path, const fg_hardware *hw, char *err);
 /* Measures this machine's constants on the runtime's own paths (profile.c) with the backend of
  * `device`, with a 1 GiB file in offload_dir for the disk; progress on stderr when verbose. */
 int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int verbose, char *err);
+/* Two decode runs of a layer (t[i] seconds at gbs[i] sequences; working: its weights' bytes,
+ * mm_token: its products' FLOPs a token) read as the line t = working / mem_bdw + gbs mm_token /
+ * mm_flops_g. A layer bound by its arithmetic runs in times nearly proportional to gbs, which
+ * leaves the weights' read (the intercept) in the noise: it is taken as at least 1% of t[0] and,
+ * where the weights are in host memory (read_rate > 0, the memory's read rate), as at least the
+ * time the memory takes to deliver them, so that no read is faster than the memory. */
+typedef struct {
+    double t[2];
+    int gbs[2];
+    double working, mm_token, read_rate;
+} decode_runs;
+void profile_decode_line(const decode_runs *r, double *mem_bdw, double *mm_flops_g);
 
 /* ------------------------------------------------------------------------------------------
  * Batch jobs (jobs.c): prompts in JSONL, records appended to --output as rounds finish, --resume.

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,8 +184,9 @@ static void device_weights_free(const fg_backend *be, opt_layout *l) {
  *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
  *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
  *     bmm_flops_p
- * A difference is taken as at least 1% of the longer run, against noise. Delegated attention
- * (cpu_flops) is the CPU backend's decode attention. */
+ * A difference is taken as at least 1% of the longer run, against noise (profile_decode_line,
+ * app.h, for the weights' read). Delegated attention (cpu_flops) is the CPU backend's decode
+ * attention. */
 /* The layer timed: hidden 2048. A sanitizer's build (test-san) times nothing a plan can use, and
  * runs the same code on a layer of 512, in a sixteenth of the time. */
 #if defined(__SANITIZE_ADDRESS__)
@@ -238,6 +240,40 @@ static void profile_host(const fg_backend *be, profile_ctx *c, int batch, char *
     hw->wait_seconds = fmax((now_seconds() - t0) / HOST_WAITS - hw->launch_seconds, 0);
 }
 
+/* Bytes a second that this machine's threads read from memory: a sum over 256 MiB (past any
+ * cache; 32 MiB in a sanitizer's build), the best of 5 passes. */
+static double host_read_rate(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    size_t n = (32u << 20) / sizeof(uint64_t);
+#else
+    size_t n = (256u << 20) / sizeof(uint64_t);
+#endif
+    uint64_t *words = malloc(n * sizeof *words);
+    if (!words) return 0;
+    for (size_t i = 0; i < n; i++) words[i] = i;
+    double best = 0;
+    volatile uint64_t kept = 0; /* the sums are used: the reads are not optimized away */
+    for (int pass = 0; pass < 5; pass++) {
+        uint64_t sum = 0;
+        double t0 = now_seconds();
+#pragma omp parallel for reduction(+ : sum)
+        for (size_t i = 0; i < n; i++) sum += words[i];
+        double seconds = now_seconds() - t0;
+        kept = kept + sum;
+        if (seconds > 0) best = fmax(best, (double)(n * sizeof *words) / seconds);
+    }
+    free(words);
+    return best;
+}
+
+void profile_decode_line(const decode_runs *r, double *mem_bdw, double *mm_flops_g) {
+    double per_seq = fmax((r->t[1] - r->t[0]) / (r->gbs[1] - r->gbs[0]), 1e-12);
+    double fixed = fmax(r->t[0] - r->gbs[0] * per_seq, 0.01 * r->t[0]);
+    if (r->read_rate > 0) fixed = fmax(fixed, r->working / r->read_rate);
+    *mm_flops_g = r->mm_token / per_seq;
+    *mem_bdw = r->working / fixed;
+}
+
 static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int verbose,
                            char *err) {
     model_config c = OPT_SHAPE("profile", 1, PROFILE_HIDDEN, PROFILE_HIDDEN / 64,
@@ -280,10 +316,12 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
         }
         if (be->counts)
             profile_host(be, &ctx, runs[0][0], (char *)cache, seq_rows(row, runs[0][1]), hw);
-        double per_seq = fmax((t[1] - t[0]) / (runs[1][0] - runs[0][0]), 1e-12);
-        double fixed = fmax(t[0] - runs[0][0] * per_seq, 0.01 * t[0]);
-        hw->mm_flops_g = mm_token / per_seq;
-        hw->mem_bdw = working / fixed;
+        decode_runs line = {.t = {t[0], t[1]},
+                            .gbs = {runs[0][0], runs[1][0]},
+                            .working = working,
+                            .mm_token = mm_token,
+                            .read_rate = be->gpu_is_host ? host_read_rate() : 0};
+        profile_decode_line(&line, &hw->mem_bdw, &hw->mm_flops_g);
         double att = fmax(t[3] - t[2], 0.01 * t[3]);
         hw->bmm_flops_g = 4.0 * LONG_GBS * (runs[3][1] - runs[2][1]) * h / att;
         profile_step(verbose, "matrix products and attention, prefill");

@@ -385,12 +385,39 @@ static void test_hardware_write_atomic(void) {
     free(dir);
 }
 
+/* The profile's line through two decode runs (profile_decode_line). A layer bound by its
+ * arithmetic at both batches (times proportional to the sequences: no intercept) reads its
+ * weights no faster than the memory's read rate where they are in host memory; a clear intercept
+ * gives the read rate it implies; a GPU's (no read rate given) keeps the 1% floor. */
+static void test_profile_decode_line(void) {
+    const double working = 1e8, mm_token = 4e9, per_seq = 1e-3, memory = 2e10;
+    double mem_bdw, flops;
+    decode_runs proportional = {{8 * per_seq, 64 * per_seq}, {8, 64}, working, mm_token, memory};
+    profile_decode_line(&proportional, &mem_bdw, &flops);
+    EXPECT(mem_bdw == memory, "times proportional to the batch: weights read at %g B/s, above the "
+           "memory's %g", mem_bdw, memory);
+    EXPECT(fabs(flops - mm_token / per_seq) <= 1e-9 * flops, "products at %g FLOP/s, expected %g", flops,
+           mm_token / per_seq);
+    const double slow_read = 1e10; /* an intercept of working / slow_read seconds */
+    decode_runs intercept = {{working / slow_read + 8 * per_seq, working / slow_read + 64 * per_seq}, {8, 64},
+                             working, mm_token, memory};
+    profile_decode_line(&intercept, &mem_bdw, &flops);
+    EXPECT(fabs(mem_bdw - slow_read) <= 1e-9 * slow_read, "an intercept of %g s: weights read at %g B/s, "
+           "expected %g", working / slow_read, mem_bdw, slow_read);
+    decode_runs gpu = proportional;
+    gpu.read_rate = 0;
+    profile_decode_line(&gpu, &mem_bdw, &flops);
+    EXPECT(fabs(mem_bdw - working / (0.01 * 8 * per_seq)) <= 1e-9 * mem_bdw, "no read rate: weights read at "
+           "%g B/s, expected the 1%% floor's %g", mem_bdw, working / (0.01 * 8 * per_seq));
+}
+
 void add_cost_tests(void) {
     CU_pSuite s = CU_add_suite("cost", NULL, NULL);
     CU_add_test(s, "terms, T_pre, T_gen and T / bls against values worked out by hand", test_cost_by_hand);
     CU_add_test(s, "top-K attention: its share of the cache read and of the FLOPs, by hand", test_cost_sparse_attention);
     CU_add_test(s, "a job's mean prompt length for the costs, the longest for the memory", test_cost_mean_prompt);
     CU_add_test(s, "a GPU's host: its launches and waits, worked out by hand; none on the CPU", test_cost_host);
+    CU_add_test(s, "the profile's decode line reads no faster than the memory", test_profile_decode_line);
     CU_add_test(s, "hardware file: read, and its bad input", test_hardware_file);
     CU_add_test(s, "hardware file: rates outside [1, 1e18] name the key", test_hardware_extremes);
     CU_add_test(s, "hardware file: FIFO or device refused at once", test_hardware_not_regular);
