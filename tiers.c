@@ -11,7 +11,7 @@
  *   403  load_weights_into_homes  the weights written into their homes, once
  *   498  load_weight_at           a layer read ahead, converted into a staging arena
  *   602  shape_block              a block's buffers per tier; fg_check_plan below it
- *   886  alloc_block              a block's KV cache and activations on the tiers
+ *   889  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).

@@ -566,7 +566,7 @@ static int name_in_dir(const char *path, const char *dir, const char *const *nam
 }
 
 /* Whether `path` would be a file that a run reads by its name in --model DIR, made where there is
- * none yet: a new model.safetensors.index.json is read before model.safetensors, tokenizer.json
+ * none yet: a new model.safetensors is read before model.safetensors.index.json, tokenizer.json
  * before vocab.json, generation_config.json's eos ids over config.json's. `found` gets the name. */
 static int name_read_in_dir(const char *path, const char *dir, char *found, size_t n) {
     static const char *const names[] = {

@@ -264,8 +264,10 @@ static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, 
 /* RoPE's parameters (HF's _compute_*_parameters), as transformers 4 writes them ("rope_scaling",
  * beside a top-level rope_theta) or as transformers 5 does ("rope_parameters", rope_theta inside
  * it), read as transformers 5 reads either: a rope_scaling that is not null or empty first, and a
- * rope_theta inside the object over the top-level one. Types null, "default", "linear" and
- * "llama3"; others, and parameters by layer type, refused. */
+ * rope_theta inside the object over the top-level one. Types null, "default" (or none given),
+ * "linear" and "llama3", whose pretraining length is a top-level original_max_position_embeddings
+ * over the object's, else max_position_embeddings (HF's standardize_rope_params); other types,
+ * and parameters by layer type, refused. */
 static int rope_scaling(const cJSON *root, model_config *c, const char *path, char *err) {
     const char *name = "\"rope_scaling\"";
     const cJSON *rs = fg_json_get(root, "rope_scaling");
@@ -277,19 +279,15 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
     c->rope.factor = 1;
     if (!rs || cJSON_IsNull(rs)) return 0;
     if (!cJSON_IsObject(rs)) return refuse_value(rs, name, path, "expected null or an object", err);
-    int others = 0; /* keys besides rope_theta */
-    for (const cJSON *e = rs->child; e; e = e->next) {
+    for (const cJSON *e = rs->child; e; e = e->next)
         if (cJSON_IsObject(e))
             return refuse_value(e, name, path, "parameters by layer type are not implemented", err);
-        others += strcmp(e->string, "rope_theta") != 0;
-    }
     if (fg_json_get(rs, "rope_theta") &&
         json_real(rs, "rope_theta", -1, 0, 1e12, &c->rope.theta, path, err))
         return -1;
     const cJSON *type = fg_json_get(rs, "rope_type");
     if (!type) type = fg_json_get(rs, "type");
-    /* no type: "default" (as HF), where no key but rope_theta says otherwise ({} included) */
-    const char *t = cJSON_IsString(type) ? type->valuestring : !type && !others ? "default" : "";
+    const char *t = cJSON_IsString(type) ? type->valuestring : !type ? "default" : ""; /* as HF */
     if (!strcmp(t, "default")) return 0;
     if (strcmp(t, "linear") && strcmp(t, "llama3")) {
         char field[40];
@@ -304,9 +302,12 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
         return 0;
     }
     c->rope.kind = ROPE_LLAMA3;
+    /* the pretraining length: a top-level one over the object's, else max_position_embeddings */
+    const cJSON *at = fg_json_get(root, "original_max_position_embeddings") ? root : rs;
     if (json_real(rs, "low_freq_factor", -1, 0, 1e6, &c->rope.low_freq, path, err) ||
         json_real(rs, "high_freq_factor", -1, 0, 1e6, &c->rope.high_freq, path, err) ||
-        json_int(rs, "original_max_position_embeddings", -1, &c->rope.original_max_pos, path, err))
+        json_int(at, "original_max_position_embeddings", c->max_pos, &c->rope.original_max_pos,
+                 path, err))
         return -1;
     if (c->rope.high_freq <= c->rope.low_freq)
         return fg_fail(err, "%s: %s: high_freq_factor %g is not above low_freq_factor %g", path,
@@ -314,7 +315,8 @@ static int rope_scaling(const cJSON *root, model_config *c, const char *path, ch
     return 0;
 }
 
-/* Mistral's sliding_window (kept: every sequence must fit in it), Qwen2's use_sliding_window. */
+/* Mistral's sliding_window (kept: every sequence must fit in it; absent, MistralConfig's 4096;
+ * null, none), Qwen2's use_sliding_window. */
 static int sliding_window(const cJSON *root, model_config *c, const char *type, const char *path,
                           char *err) {
     int on = 1;
@@ -324,8 +326,15 @@ static int sliding_window(const cJSON *root, model_config *c, const char *type, 
         return refuse_value(fg_json_get(root, "use_sliding_window"), "\"use_sliding_window\"", path,
                             "sliding-window attention is not implemented", err);
     const cJSON *w = fg_json_get(root, "sliding_window");
-    if (strcmp(type, "mistral") || !w || cJSON_IsNull(w)) return 0;
-    return json_int(root, "sliding_window", -1, &c->window, path, err);
+    if (strcmp(type, "mistral") || cJSON_IsNull(w)) return 0;
+    return json_int(root, "sliding_window", 4096, &c->window, path, err);
+}
+
+/* max_position_embeddings where config.json has none: each family's HF default. */
+static int default_positions(const char *type) {
+    if (!strcmp(type, "mistral")) return 4096 * 32;
+    if (!strcmp(type, "qwen2")) return 32768;
+    return 2048;
 }
 
 /* The LLaMA family's fields (LlamaConfig, MistralConfig, Qwen2Config; docs/USAGE.md lists them). */
@@ -333,8 +342,10 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
                         int *tie_head, char *err) {
     int qwen2 = !strcmp(type, "qwen2"), llama = !strcmp(type, "llama");
     const cJSON *act = fg_json_get(root, "hidden_act");
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
-        return refuse_value(act, "\"hidden_act\"", path, "only \"silu\" is implemented", err);
+    if (act && (!cJSON_IsString(act) ||
+                (strcmp(act->valuestring, "silu") && strcmp(act->valuestring, "swish"))))
+        return refuse_value(act, "\"hidden_act\"", path,
+                            "only \"silu\" (or its other name, \"swish\") is implemented", err);
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", path);
     c->family = FAMILY_LLAMA;
@@ -345,7 +356,8 @@ static int llama_fields(const cJSON *root, const char *type, const char *path, m
         json_int(root, "num_attention_heads", -1, &c->n_heads, path, err) ||
         json_int(root, "intermediate_size", -1, &c->ffn, path, err) ||
         json_int(root, "vocab_size", -1, &c->vocab, path, err) ||
-        json_int(root, "max_position_embeddings", 2048, &c->max_pos, path, err) ||
+        json_int(root, "max_position_embeddings", default_positions(type), &c->max_pos, path,
+                 err) ||
         (kv && !cJSON_IsNull(kv) &&
          json_int(root, "num_key_value_heads", -1, &c->n_kv_heads, path, err)) ||
         (hd && !cJSON_IsNull(hd) && json_int(root, "head_dim", -1, &c->head_dim, path, err)))
@@ -418,9 +430,10 @@ static int config_from_cjson(const cJSON *root, const char *path, model_config *
     return rc ? rc : config_in_range(c, path, err);
 }
 
-/* The ids that end a sequence as HF's generate() takes them: generation_config.json's
- * eos_token_id, where the file beside config.json names one (instruct models list more ids there
- * than config.json does), else config.json's (OPT's: </s>, n_eos 0). */
+/* The ids that end a sequence as HF's generate() takes them: where generation_config.json is
+ * beside config.json, its eos_token_id (instruct models list more ids there than config.json
+ * does; a file without one, or null: none, the id -1), else config.json's (OPT's: </s>, n_eos 0).
+ */
 static int generation_eos(const char *config_path, model_config *c, char *err) {
     char path[FG_PATH_LEN + 32];
     const char *slash = strrchr(config_path, '/');
@@ -435,10 +448,11 @@ static int generation_eos(const char *config_path, model_config *c, char *err) {
         cJSON_Delete(root);
         return fg_fail(err, "%s: malformed JSON (not an object)", path);
     }
-    const cJSON *eos = fg_json_get(root, "eos_token_id");
-    int rc = 0;
-    if (eos && !cJSON_IsNull(eos))
-        rc = json_ids(root, "eos_token_id", -1, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err);
+    int rc = json_ids(root, "eos_token_id", -1, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err);
+    if (rc == 0 && c->n_eos == 0) {
+        c->n_eos = 1;
+        c->eos_ids[0] = -1;
+    }
     cJSON_Delete(root);
     return rc;
 }
@@ -958,6 +972,14 @@ static int check_shape(const st_tensor *t, const tensor_spec *s, const char *dir
     return fg_fail(err, "%s: tensor %s has shape [%s], expected %s", dir, t->name, got, want);
 }
 
+/* A layer's RoPE frequencies, which older LLaMA checkpoints saved and HF skips as it loads: this
+ * program computes them from the config, as HF does. */
+static int is_rope_buffer(const char *name) {
+    const char *suffix = ".self_attn.rotary_emb.inv_freq";
+    size_t len = strlen(name), n = strlen(suffix);
+    return len > n && !strcmp(name + len - n, suffix);
+}
+
 int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const char *dir, char *err) {
     const tensor_spec *s = l->specs;
     for (int i = 0; i < l->n_specs; i++) {
@@ -972,7 +994,7 @@ int opt_layout_check_archive(const opt_layout *l, const st_archive *a, const cha
     }
     for (int i = 0; i < a->n_tensors; i++) { /* anything the model does not use is an error */
         const char *name = strip_prefix(a->tensors[i].name);
-        int known = 0;
+        int known = is_rope_buffer(name);
         for (int j = 0; j < l->n_specs && !known; j++)
             known = !is_tied(&s[j]) && !strcmp(s[j].name, name);
         if (!known) return fg_fail(err, "%s: unexpected tensor %s", dir, a->tensors[i].name);

@@ -240,22 +240,26 @@ static int open_index(const char *dir, const char *index_path, st_archive *a, ch
     return rc;
 }
 
+/* The directory's checkpoint file into path: model.safetensors where there is one (HF loads it
+ * over an index beside it, which a sharded save leaves behind), else the shards' index; 1 for the
+ * index, 0 for the one file, -1 (and err) for neither. */
+static int checkpoint_file(const char *dir, char *path, size_t len, char *err) {
+    snprintf(path, len, "%s/model.safetensors", dir);
+    if (access(path, F_OK) == 0) return 0;
+    snprintf(path, len, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) == 0) return 1;
+    return fg_fail(err,
+                   "%s: no model.safetensors or model.safetensors.index.json (convert a "
+                   "pytorch_model.bin with scripts/convert_to_safetensors.py)",
+                   dir);
+}
+
 int st_open_dir(const char *dir, st_archive *a, char *err) {
     memset(a, 0, sizeof *a);
     char path[4096];
-    int rc;
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, F_OK) == 0) {
-        rc = open_index(dir, path, a, err);
-    } else {
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (access(path, F_OK) != 0)
-            rc = fg_fail(err,
-                         "%s: no model.safetensors or model.safetensors.index.json (convert a "
-                         "pytorch_model.bin with scripts/convert_to_safetensors.py)",
-                         dir);
-        else rc = st_open_file(path, a, err);
-    }
+    int rc = checkpoint_file(dir, path, sizeof path, err);
+    if (rc == 1) rc = open_index(dir, path, a, err);
+    else if (rc == 0) rc = st_open_file(path, a, err);
     if (rc) st_close(a);
     return rc;
 }
@@ -277,17 +281,9 @@ int st_dir_files(const char *dir, char ***names, int *n, char *err) {
     int rc = 0;
     *names = NULL;
     *n = 0;
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, F_OK) != 0) {
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (access(path, F_OK) != 0)
-            return fg_fail(err,
-                           "%s: no model.safetensors or model.safetensors.index.json (convert a "
-                           "pytorch_model.bin with scripts/convert_to_safetensors.py)",
-                           dir);
-        if (add_name(names, n, "model.safetensors")) rc = fg_fail(err, "out of memory");
-        return rc;
-    }
+    int index = checkpoint_file(dir, path, sizeof path, err);
+    if (index < 0) return -1;
+    if (!index) return add_name(names, n, "model.safetensors") ? fg_fail(err, "out of memory") : 0;
     char *text = fg_read_file(path, NULL, err); /* a FIFO or a directory: refused, not waited on */
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);

@@ -1151,8 +1151,8 @@ static void test_config_v5(void) {
 }
 
 /* generation_config.json's eos_token_id is taken over config.json's (HF's generate() reads it),
- * for OPT too; a file without one leaves config.json's, and one that is not JSON, or whose ids are
- * not ids, is refused naming it. */
+ * for OPT too; a file without one, or with null, names none (the id -1: HF's generate() then stops
+ * on no id), and one that is not JSON, or whose ids are not ids, is refused naming it. */
 static void test_generation_config_eos(void) {
     static const char *const fixtures[] = {"llama-tiny-mha", "opt-tiny"};
     for (int i = 0; i < 2; i++) {
@@ -1164,10 +1164,15 @@ static void test_generation_config_eos(void) {
         CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
         EXPECT(c.n_eos == 2 && c.eos_ids[0] == 2 && c.eos_ids[1] == 193, "%s: generation_config.json's [2, 193]: "
                "got %d ids, %d %d", fixtures[i], c.n_eos, c.eos_ids[0], c.eos_ids[1]);
-        write_text(dir, "generation_config.json", "{\"pad_token_id\": 0}");
-        CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
-        EXPECT(c.n_eos == n_config && (!n_config || c.eos_ids[0] == first), "%s: generation_config.json without "
-               "eos_token_id: expected config.json's %d ids, got %d", fixtures[i], n_config, c.n_eos);
+        EXPECT(n_config == 0 || first >= 0, "%s: config.json's eos_token_id: %d ids, the first %d", fixtures[i],
+               n_config, first);
+        static const char *const without[] = {"{\"pad_token_id\": 0}", "{\"eos_token_id\": null}"};
+        for (int k = 0; k < 2; k++) {
+            write_text(dir, "generation_config.json", without[k]);
+            CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+            EXPECT(c.n_eos == 1 && c.eos_ids[0] == -1, "%s: generation_config.json %s: expected no eos id (-1), "
+                   "got %d ids, the first %d", fixtures[i], without[k], c.n_eos, c.eos_ids[0]);
+        }
         write_text(dir, "generation_config.json", "{\"eos_token_id\": ");
         EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json", "malformed JSON");
         write_text(dir, "generation_config.json", "{\"eos_token_id\": \"</s>\"}");
@@ -1211,7 +1216,6 @@ static void test_llama_config_refusals(void) {
         /* transformers 5's rope_parameters, as its rope_scaling */
         {"rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4, \"rope_theta\": 10000}",
          {"\"rope_parameters\" type", "yarn", "not implemented"}},
-        {"rope_parameters", "{\"factor\": 4, \"rope_theta\": 10000}", {"\"rope_parameters\" type is missing"}},
         {"rope_parameters", "{\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000}}",
          {"\"rope_parameters\" is", "by layer type", "not implemented"}},
         {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 1e-50}", {"\"rope_theta\" is 1e-50", "fp32"}},
@@ -1245,6 +1249,117 @@ static void test_llama_config_refusals(void) {
                 "need 13 positions", "sliding_window 12");
     EXPECT_FAIL(ARGS("policy", "--model", dir, "--hw", hw, "--prompt-len", "10", "--gen-len", "4"),
                 "--prompt-len 10", "need 13 positions", "sliding_window 12");
+    finish(dir, NULL);
+}
+
+/* The LLaMA family's fields where config.json leaves them out, or says less than HF reads, as
+ * transformers 5 reads them: Mistral's sliding_window (MistralConfig's 4096; null: none), each
+ * family's max_position_embeddings, hidden_act "swish" (HF's other name for silu), a RoPE object
+ * without a type (the default RoPE), and llama3's pretraining length (a top-level
+ * original_max_position_embeddings over the object's, else max_position_embeddings). */
+static void test_llama_config_hf_defaults(void) {
+    char *dir = fixture_rewrite("llama-tiny-mha");
+    const char *path = join(dir, "config.json");
+    model_config c, silu;
+    char err[FG_ERR_LEN] = "";
+    static const struct { const char *fixture, *key; int window, positions; } absent[] = {
+        {"mistral-tiny-gqa8", "sliding_window", 4096, -1},
+        {"mistral-tiny-gqa8", "max_position_embeddings", -1, 4096 * 32},
+        {"qwen2-tiny", "max_position_embeddings", -1, 32768},
+        {"llama-tiny-mha", "max_position_embeddings", -1, 2048},
+    };
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++) {
+        write_config_edit(dir, absent[i].fixture, absent[i].key, NULL);
+        int rc = model_config_from_json(path, &c, err);
+        EXPECT(rc == 0 && (absent[i].window < 0 || c.window == absent[i].window) &&
+               (absent[i].positions < 0 || c.max_pos == absent[i].positions), "%s without %s: exit %d (%s), window "
+               "%d, positions %d; expected HF's default", absent[i].fixture, absent[i].key, rc, err, c.window,
+               c.max_pos);
+    }
+    write_config_edit(dir, "mistral-tiny-gqa8", "sliding_window", cJSON_CreateNull());
+    CU_ASSERT_EQUAL(model_config_from_json(path, &c, err), 0);
+    EXPECT(c.window == 0, "Mistral's sliding_window null: expected no window, got %d", c.window);
+
+    write_config_edit(dir, "llama-tiny-mha", "hidden_act", cJSON_CreateString("silu"));
+    CU_ASSERT_EQUAL_FATAL(model_config_from_json(path, &silu, err), 0);
+    write_config_edit(dir, "llama-tiny-mha", "hidden_act", cJSON_CreateString("swish"));
+    CU_ASSERT_EQUAL(model_config_from_json(path, &c, err), 0);
+    EXPECT(!memcmp(&c, &silu, sizeof c), "hidden_act \"swish\": not the model of \"silu\" (%s)", err);
+
+    write_config_edit(dir, "llama-tiny-mha", "rope_scaling", cJSON_Parse("{\"factor\": 4}"));
+    CU_ASSERT_EQUAL(model_config_from_json(path, &c, err), 0);
+    EXPECT(c.rope.kind == ROPE_DEFAULT, "rope_scaling {\"factor\": 4}: expected the default RoPE, got %d (%s)",
+           c.rope.kind, err);
+
+    static const char *const llama3 = "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+                                      "\"high_freq_factor\": 4%s}";
+    char scaling[256];
+    snprintf(scaling, sizeof scaling, llama3, ", \"original_max_position_embeddings\": 32");
+    write_config_edit(dir, "llama-tiny-mha", "rope_scaling", cJSON_Parse(scaling));
+    char *text = slurp(path, NULL);
+    cJSON *root = cJSON_Parse(text);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(root);
+    cJSON_AddNumberToObject(root, "original_max_position_embeddings", 64);
+    char *edited = cJSON_Print(root);
+    write_text(dir, "config.json", edited);
+    free(edited), free(text);
+    cJSON_Delete(root);
+    CU_ASSERT_EQUAL(model_config_from_json(path, &c, err), 0);
+    EXPECT(c.rope.kind == ROPE_LLAMA3 && c.rope.original_max_pos == 64, "llama3 with a top-level "
+           "original_max_position_embeddings 64 beside the object's 32: got %d (%s)", c.rope.original_max_pos, err);
+    snprintf(scaling, sizeof scaling, llama3, "");
+    write_config_edit(dir, "llama-tiny-mha", "rope_scaling", cJSON_Parse(scaling));
+    CU_ASSERT_EQUAL(model_config_from_json(path, &c, err), 0);
+    EXPECT(c.rope.kind == ROPE_LLAMA3 && c.rope.original_max_pos == c.max_pos, "llama3 without "
+           "original_max_position_embeddings: expected max_position_embeddings %d, got %d (%s)", c.max_pos,
+           c.rope.original_max_pos, err);
+    finish(dir, NULL);
+}
+
+/* Older LLaMA checkpoints hold each layer's RoPE frequencies (self_attn.rotary_emb.inv_freq),
+ * which HF skips as it loads: the model loads as without them. */
+static void test_rope_buffers_skipped(void) {
+    model_weights plain, w;
+    tlist l;
+    load_ok(fixture("llama-tiny-mha"), &plain);
+    char *dir = fixture_copy("llama-tiny-mha", &l);
+    int64_t half = cfg_head_dim(&plain.cfg) / 2;
+    for (int j = 0; j < plain.cfg.n_layers; j++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.rotary_emb.inv_freq", j);
+        tl_add(&l, name, "F32", 1, &half, NULL);
+    }
+    save_model(dir, &l);
+    load_ok(dir, &w);
+    CU_ASSERT_EQUAL_FATAL(w.storage_values, plain.storage_values);
+    CU_ASSERT(memcmp(w.storage, plain.storage, w.storage_values * sizeof(fp16)) == 0);
+    model_weights_free(&plain);
+    model_weights_free(&w);
+    finish(dir, &l);
+}
+
+/* A directory with model.safetensors and a model.safetensors.index.json beside it (a sharded save
+ * over an unsharded one leaves both; this index names shards that are gone) is read as HF reads
+ * it: model.safetensors, the one file its checkpoint hash reads. */
+static void test_single_file_over_index(void) {
+    model_weights plain, w;
+    load_ok(fixture("llama-tiny-mha"), &plain);
+    char *dir = fixture_rewrite("llama-tiny-mha"), err[FG_ERR_LEN] = "";
+    write_text(dir, "model.safetensors.index.json",
+               "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": "
+               "\"model-00001-of-00002.safetensors\"}}");
+    load_ok(dir, &w);
+    CU_ASSERT_EQUAL_FATAL(w.storage_values, plain.storage_values);
+    CU_ASSERT(memcmp(w.storage, plain.storage, w.storage_values * sizeof(fp16)) == 0);
+    char **names;
+    int n;
+    CU_ASSERT_EQUAL_FATAL(st_dir_files(dir, &names, &n, err), 0);
+    EXPECT(n == 1 && !strcmp(names[0], "model.safetensors"), "the checkpoint's files: %d, the first %s", n,
+           n ? names[0] : "none");
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    model_weights_free(&plain);
+    model_weights_free(&w);
     finish(dir, NULL);
 }
 
@@ -1648,6 +1763,9 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "malformed config.json", test_malformed_config);
     CU_add_test(s, "unknown architecture", test_unknown_architecture);
     CU_add_test(s, "LLaMA family: each unimplemented config value refused, naming it", test_llama_config_refusals);
+    CU_add_test(s, "LLaMA family: fields left out read with HF's defaults", test_llama_config_hf_defaults);
+    CU_add_test(s, "LLaMA family: layers' saved RoPE frequencies skipped, as HF skips them", test_rope_buffers_skipped);
+    CU_add_test(s, "model.safetensors read over an index beside it, as HF reads it", test_single_file_over_index);
     CU_add_test(s, "LLaMA family: transformers 5's rope_parameters, the same model as rope_scaling",
                 test_config_v5);
     CU_add_test(s, "generation_config.json's eos_token_id over config.json's; a bad one refused",
