@@ -119,9 +119,9 @@ static cJSON *parse_line(const char *what, const char *line, char *err) {
     return NULL;
 }
 
-/* An id its record gives back: a string unchanged, or an integer of at most 15 digits as its
- * value (cJSON prints numbers with 15 significant digits; longer ones, fractions and 1e400 would
- * change value, where 1.0 comes back as the same value, 1). */
+/* An id its record gives back: a string unchanged, or an integer of at most 15 digits by its
+ * value, as cJSON prints it (1.0 as 1; it prints 15 significant digits, so longer integers,
+ * fractions and 1e400 would come back as other values). */
 static int id_round_trips(const cJSON *id) {
     if (cJSON_IsString(id)) return 1;
     double v = cJSON_IsNumber(id) ? id->valuedouble : NAN;
