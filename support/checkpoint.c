@@ -140,7 +140,43 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
     return -1;
 }
 
-/* OPT's fields (OPTConfig). */
+/* The value of a field this project does not implement, in one line naming the field. */
+static int refuse_value(const cJSON *v, const char *field, const char *path, const char *why,
+                        char *err) {
+    char *text = v ? cJSON_PrintUnformatted(v) : NULL;
+    int long_text = text && strlen(text) > 60;
+    fg_fail(err, "%s: %s is %.60s%s; %s", path, field, text ? text : "missing",
+            long_text ? "..." : "", why);
+    free(text);
+    return -1;
+}
+
+/* A token id (absent or null: def, -1 for none), or for eos_token_id a list of them. */
+static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, int max,
+                    const char *path, char *err) {
+    const cJSON *v = fg_json_get(o, key);
+    *n = 0;
+    if (!v || cJSON_IsNull(v)) {
+        if (def >= 0) ids[(*n)++] = def;
+        return 0;
+    }
+    int list = cJSON_IsArray(v), count = list ? cJSON_GetArraySize(v) : 1;
+    if (count > max)
+        return fg_fail(err, "%s: \"%s\" lists %d ids, more than %d", path, key, count, max);
+    for (int i = 0; i < count; i++) {
+        const cJSON *e = list ? cJSON_GetArrayItem(v, i) : v;
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < (1 << 24)) ||
+            e->valuedouble != (double)(int)e->valuedouble) {
+            char field[64];
+            snprintf(field, sizeof field, "\"%s\"", key);
+            return refuse_value(v, field, path, "expected a token id or a list of them", err);
+        }
+        ids[(*n)++] = (int)e->valuedouble;
+    }
+    return 0;
+}
+
+/* OPT's fields (OPTConfig; eos_token_id 2 where it is absent). */
 static int opt_fields(const cJSON *root, const char *path, model_config *c, int *tie_head,
                       char *err) {
     const cJSON *act = fg_json_get(root, "activation_function");
@@ -154,7 +190,8 @@ static int opt_fields(const cJSON *root, const char *path, model_config *c, int 
         json_int(root, "ffn_dim", -1, &c->ffn, path, err) ||
         json_int(root, "vocab_size", -1, &c->vocab, path, err) ||
         json_int(root, "max_position_embeddings", 2048, &c->max_pos, path, err) ||
-        json_int(root, "word_embed_proj_dim", c->hidden, &c->word_dim, path, err))
+        json_int(root, "word_embed_proj_dim", c->hidden, &c->word_dim, path, err) ||
+        json_ids(root, "eos_token_id", OPT_EOS_ID, c->eos_ids, &c->n_eos, FG_MAX_EOS, path, err))
         return -1;
     if (c->hidden % c->n_heads)
         return fg_fail(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path,
@@ -181,17 +218,6 @@ static int opt_fields(const cJSON *root, const char *path, model_config *c, int 
                        "norms' weights and biases are expected)",
                        path);
     return 0;
-}
-
-/* The value of a field this project does not implement, in one line naming the field. */
-static int refuse_value(const cJSON *v, const char *field, const char *path, const char *why,
-                        char *err) {
-    char *text = v ? cJSON_PrintUnformatted(v) : NULL;
-    int long_text = text && strlen(text) > 60;
-    fg_fail(err, "%s: %s is %.60s%s; %s", path, field, text ? text : "missing",
-            long_text ? "..." : "", why);
-    free(text);
-    return -1;
 }
 
 /* A number field (absent or null: def) that must lie in (lo, hi], lo >= 0, and stay a normal
@@ -234,31 +260,6 @@ static int rope_finite(const model_config *c, const char *path, char *err) {
         "%s: \"rope_theta\" %g and \"rope_scaling\" (factor %g) give RoPE a frequency up to %g, "
         "whose angle is not a finite fp32 at position %d",
         path, c->rope.theta, c->rope.factor, (double)top, c->max_pos - 1);
-}
-
-/* A token id (absent or null: def, -1 for none), or for eos_token_id a list of them. */
-static int json_ids(const cJSON *o, const char *key, int def, int *ids, int *n, int max,
-                    const char *path, char *err) {
-    const cJSON *v = fg_json_get(o, key);
-    *n = 0;
-    if (!v || cJSON_IsNull(v)) {
-        if (def >= 0) ids[(*n)++] = def;
-        return 0;
-    }
-    int list = cJSON_IsArray(v), count = list ? cJSON_GetArraySize(v) : 1;
-    if (count > max)
-        return fg_fail(err, "%s: \"%s\" lists %d ids, more than %d", path, key, count, max);
-    for (int i = 0; i < count; i++) {
-        const cJSON *e = list ? cJSON_GetArrayItem(v, i) : v;
-        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < (1 << 24)) ||
-            e->valuedouble != (double)(int)e->valuedouble) {
-            char field[64];
-            snprintf(field, sizeof field, "\"%s\"", key);
-            return refuse_value(v, field, path, "expected a token id or a list of them", err);
-        }
-        ids[(*n)++] = (int)e->valuedouble;
-    }
-    return 0;
 }
 
 /* RoPE's parameters (HF's _compute_*_parameters), as transformers 4 writes them ("rope_scaling",
@@ -432,7 +433,7 @@ static int config_from_cjson(const cJSON *root, const char *path, model_config *
 
 /* The ids that end a sequence as HF's generate() takes them: where generation_config.json is
  * beside config.json, its eos_token_id (instruct models list more ids there than config.json
- * does; a file without one, or null: none, the id -1), else config.json's (OPT's: </s>, n_eos 0).
+ * does; a file without one, or null: none, the id -1), else config.json's.
  */
 static int generation_eos(const char *config_path, model_config *c, char *err) {
     char path[FG_PATH_LEN + 32];

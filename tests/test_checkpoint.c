@@ -1181,6 +1181,22 @@ static void test_generation_config_eos(void) {
     }
 }
 
+/* OPT's config.json names the ids that end a sequence too (OPTConfig's eos_token_id, 2 where it
+ * is absent), as HF's generate() reads them without a generation_config.json. */
+static void test_opt_config_eos(void) {
+    char *dir = fixture_rewrite("opt-tiny"), err[FG_ERR_LEN] = "";
+    model_config c;
+    write_config_edit(dir, "opt-tiny", "eos_token_id", cJSON_CreateNumber(79));
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+    EXPECT(c.n_eos == 1 && c.eos_ids[0] == 79, "OPT's eos_token_id 79: got %d ids, the first %d (%s)", c.n_eos,
+           c.eos_ids[0], err);
+    write_config_edit(dir, "opt-tiny", "eos_token_id", NULL);
+    CU_ASSERT_EQUAL(model_config_from_json(join(dir, "config.json"), &c, err), 0);
+    EXPECT(c.n_eos == 1 && c.eos_ids[0] == 2, "OPT without eos_token_id: expected </s> (2), got %d ids, the "
+           "first %d", c.n_eos, c.eos_ids[0]);
+    finish(dir, NULL);
+}
+
 /* The LLaMA family's config: each value this project does not implement is refused with one line
  * naming the field and the value, never run as something else. */
 static void test_llama_config_refusals(void) {
@@ -1764,6 +1780,7 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "unknown architecture", test_unknown_architecture);
     CU_add_test(s, "LLaMA family: each unimplemented config value refused, naming it", test_llama_config_refusals);
     CU_add_test(s, "LLaMA family: fields left out read with HF's defaults", test_llama_config_hf_defaults);
+    CU_add_test(s, "OPT's config.json names its eos ids", test_opt_config_eos);
     CU_add_test(s, "LLaMA family: layers' saved RoPE frequencies skipped, as HF skips them", test_rope_buffers_skipped);
     CU_add_test(s, "model.safetensors read over an index beside it, as HF reads it", test_single_file_over_index);
     CU_add_test(s, "LLaMA family: transformers 5's rope_parameters, the same model as rope_scaling",
