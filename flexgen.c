@@ -18,9 +18,9 @@
  *   483  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
  *   673  step_begins              a block's step: tokens back, pages; step_ends
  *   767  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   990  refill_slots             ended sequences' slots take the next prompts (--refill)
- *  1008  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1167  generate                 prompts in rounds of blocks (run_round)
+ *   993  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *  1011  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1170  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -870,17 +870,20 @@ static long start_block(block *bl, int *const *prompts, const int *lens, int fir
  * from the last stage) and sees whether any sequence runs on; a block that stopped is passed on. */
 static void tokens_back(gen_run *run, block *bl, int i) {
     const stage_hooks *stage = run->m->rt->stage;
+    const gen_options *opt = run->opt;
     stage->receive_tokens(bl, i - 1);
-    for (int s = 0; s < bl->count; s++)
-        run->timing->decode_tokens += bl->prompt[s] >= 0 && bl->step[s] > 0;
-    int more_prompts = run->diagonal && run->next < run->n_prompts;
-    bl->running = take_tokens(bl, run->opt, run->out_tokens) > 0 || more_prompts;
     for (int s = 0; s < bl->count; s++) {
-        if (bl->prompt[s] < 0 || bl->step[s] != run->opt->gen_len) continue;
-        run->timing->completed++; /* its last token: the time to it */
+        if (bl->prompt[s] < 0 || bl->done[s]) continue; /* an idle slot, or one past its </s> */
+        run->timing->decode_tokens += bl->step[s] > 0;
+        int last =
+            bl->step[s] == opt->gen_len - 1 || (opt->stop_at_eos && gen_is_eos(opt, bl->ids[s]));
+        if (!last) continue;
+        run->timing->completed++; /* its last token, taken now: the time to it */
         run->timing->completion_seconds += now_seconds() - run->t_start;
-        if (run->opt->finish_step) run->opt->finish_step[bl->prompt[s]] = run->steps_before + i;
+        if (opt->finish_step) opt->finish_step[bl->prompt[s]] = run->steps_before + i;
     }
+    int more_prompts = run->diagonal && run->next < run->n_prompts;
+    bl->running = take_tokens(bl, opt, run->out_tokens) > 0 || more_prompts;
     if (!bl->running && i < run->steps && !run->refill) stage->pass_stop(bl);
 }
 

@@ -43,7 +43,8 @@ typedef struct {
                                          tokens */
     int page_tokens;                  /* tokens per page of the KV cache (of the last block) */
     int64_t cache_peak_rows[N_TIERS]; /* the most rows of pages each tier's cache held at once */
-    int64_t completed; /* sequences that took their gen_len-th token, and the seconds from */
+    int64_t completed;         /* sequences that took their last token (the gen_len-th, or with
+                                  --stop-at-eos their </s>), and the seconds from */
     double completion_seconds; /* generate()'s start to each of those tokens, summed (Appendix
                                   A.2) */
     double compute_seconds, bubble_seconds, disk_read_seconds;

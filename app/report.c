@@ -177,7 +177,7 @@ static run_figures figures_of(const cli_args *a, const model_config *c, const pr
     f.total = t->prefill_latency + t->decode_latency;
     f.prefill_tp = t->prefill_tokens / fmax(t->prefill_latency, 1e-10);
     f.decode_tp = t->decode_tokens / fmax(t->decode_latency, 1e-10);
-    f.total_tp = (double)p->n * a->gen.gen_len / fmax(f.total, 1e-10);
+    f.total_tp = (double)(p->n + t->decode_tokens) / fmax(f.total, 1e-10); /* a first token each */
     f.completion = t->completion_seconds / (double)(t->completed > 0 ? t->completed : 1);
     return f;
 }

@@ -872,6 +872,45 @@ static void test_link_bytes(void) {
     fixture_prompts_close(&f);
 }
 
+/* With --stop-at-eos a sequence's tokens end at its </s>: decode's count of tokens is each
+ * sequence's up to its </s> (none after it, while the others run on), and each sequence completes
+ * once, at its </s> or its last token, so the timing counts every prompt as completed. The </s>
+ * places come from the same prompts run without stopping. */
+static void test_stop_at_eos_counts(void) {
+    fixture_prompts f;
+    fixture_prompts_open("opt-tiny", N_SEQ, &f);
+    int full[N_SEQ * GEN], tokens[N_SEQ * GEN];
+    gen_timing t[2];
+    for (int stop = 0; stop < 2; stop++) {
+        fg_policy p = policy(N_SEQ, 1, ALL_GPU, 1, 0);
+        fg_runtime *rt = NULL;
+        fg_model *m = NULL;
+        char err[FG_ERR_LEN];
+        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
+        CU_ASSERT_EQUAL_FATAL(fg_model_open(rt, f.dir, 0, &m, err), 0);
+        gen_options opt = {.gen_len = GEN, .top_p = 1, .stop_at_eos = stop};
+        CU_ASSERT_EQUAL(generate(m, &opt, N_SEQ, f.prompts, f.lens, stop ? tokens : full, NULL, &t[stop], err), 0);
+        fg_model_close(m);
+        fg_runtime_close(rt);
+    }
+    int64_t decoded = 0, ended = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        int k = 0;
+        while (k < GEN - 1 && full[s * GEN + k] != OPT_EOS_ID) k++;
+        decoded += k; /* the tokens after the first, up to </s> */
+        ended += k < GEN - 1;
+    }
+    EXPECT(ended > 0 && ended < N_SEQ, "the fixture's prompts: %lld of %d end on </s> within %d tokens; the test "
+           "needs some that do and some that do not", (long long)ended, N_SEQ, GEN);
+    EXPECT(t[1].decode_tokens == decoded && t[0].decode_tokens == (int64_t)N_SEQ * (GEN - 1), "decode's tokens: %lld "
+           "with --stop-at-eos (expected %lld, up to each </s>), %lld without (expected %d)",
+           (long long)t[1].decode_tokens, (long long)decoded, (long long)t[0].decode_tokens, N_SEQ * (GEN - 1));
+    EXPECT(t[1].completed == N_SEQ && t[0].completed == N_SEQ && t[1].completion_seconds > 0, "completed sequences: "
+           "%lld with --stop-at-eos, %lld without (expected %d each), %g s in all", (long long)t[1].completed, (long long)t[0].completed, N_SEQ,
+           t[1].completion_seconds);
+    fixture_prompts_close(&f);
+}
+
 /* Line 4 of the fixture's prompts generates </s> first. Alone in a block with --stop-at-eos and
  * the weights on disk, the block ends after the prefill, when in Fig. 4's loop the next step's
  * first layers are already read ahead: their pages are given back and the tiers end empty. The
@@ -1739,6 +1778,8 @@ void add_runtime_tests(void) {
                 test_existing_weight_file_space);
     CU_add_test(s, "new dummy weights on another file system take none of --offload-dir's space",
                 test_weight_file_on_another_file_system);
+    CU_add_test(s, "--stop-at-eos: decode counts tokens up to each </s>, every sequence completes once",
+                test_stop_at_eos_counts);
     CU_add_test(s, "a block that stops early gives back the layers read ahead (the plain loop reads none)",
                 test_early_stop_gives_back_read_ahead);
     CU_add_test(s, "refill: a finished sequence's slot takes the next prompt, tokens unchanged", test_refill);
