@@ -11,21 +11,21 @@
  *   232  cuda_layer               an OPT decoder layer: opt_model.c's opt_layer, step for step
  *   292  cuda_llama_layer         a LLaMA decoder layer: llama_model.c's llama_layer
  *   212  cuda_embed               the input embedding; cuda_output, the logits, below cuda_layer
- *   385  fg_cuda_backend          the operation table, once a GPU is found
- *   412  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
- *   468  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
- *   534  linear                   the products: cuBLAS, or 4-bit weights (§5)
- *   629  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
- *   678  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
- *   719  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
- *   815  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
- *   857  prefill_attention        a prompt's attention by cuBLAS, over the heads
- *   945  queue_attention          decode's: the split over keys, or a block a query for top-K
- *  1109  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
- *  1193  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
- *  1314  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
- *  1359  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
- *  1452  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
+ *   387  fg_cuda_backend          the operation table, once a GPU is found
+ *   414  gather_rows_kernel       a token's row of the embedding; add_positions_kernel below it
+ *   470  layer_norm_kernel        layer norm, a product's bias added first where it comes with one
+ *   536  linear                   the products: cuBLAS, or 4-bit weights (§5)
+ *   631  q4_rows_kernel           decode's 4-bit product: the codes on the tensor cores
+ *   680  dequant_kernel           4-bit codes widened to fp16, a slice at a time, for cuBLAS
+ *   721  cache_attention          K, V into the cache, then attention: prefill, decode, delegated
+ *   817  store_kv_kernel          the KV cache store, fp16 or 4-bit (§5)
+ *   859  prefill_attention        a prompt's attention by cuBLAS, over the heads
+ *   947  queue_attention          decode's: the split over keys, or a block a query for top-K
+ *  1111  attend_query             a query's attention, with §5's top-K (attention_kernel, _q4_)
+ *  1195  span_sums                a span's sums of the split, a block up to GQA_HEADS heads, merged
+ *  1316  delegated_attention      a cache in host memory: attention by the CPU's code (§4.2)
+ *  1361  lm_head                  the logits: cuBLAS, or from the 4-bit codes (q4_vocab_kernel)
+ *  1454  rms_norm_kernel          LLaMA's RMSNorm; rope_kernel and swiglu_kernel below it
  *
  *   weights     fp16 on the device (weight_elem 2); 4-bit ones (§5) stay as they are stored,
  *               on the gpu tier and in staging alike
@@ -381,6 +381,8 @@ static const fg_backend cuda_backend = {
 };
 
 extern "C" int fg_cuda_compiled(void) { return 1; }
+
+extern "C" int fg_cuda_settings(char *err) { return cuda_settings(err); }
 
 extern "C" const fg_backend *fg_cuda_backend(char *err) {
     if (cuda_device_open(err)) return NULL;

@@ -261,7 +261,7 @@ int longest_prompt(const prompt_set *p);
 int mean_prompt(const cli_args *a, const prompt_set *p);
 
 /* plan.c */
-fg_device resolve_device(fg_device d, int verbose);
+int resolve_device(fg_device *d, int verbose, char *err);
 const char *fg_device_name(fg_device d); /* as --device names it */
 int resolve_model_config(const char *model, model_config *cfg, char *err);
 int check_lengths(const cli_args *a, const model_config *cfg, char *err);

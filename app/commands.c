@@ -176,8 +176,8 @@ int profile_command(int argc, char **argv, char *err) {
     fg_hardware hw;
     int rc = fg_output_check("--out", out, err); /* before a minute of measuring */
     if (rc == 0) {
-        device = resolve_device(device, 1);
-        rc = fg_profile(dir, device, &hw, 1, err) || fg_hardware_write(out, &hw, err);
+        rc = resolve_device(&device, 1, err) || fg_profile(dir, device, &hw, 1, err) ||
+             fg_hardware_write(out, &hw, err);
     }
     if (rc) return -1;
     printf("cpu->gpu %.2f GiB/s, gpu->cpu %.2f GiB/s, disk->cpu %.3f GiB/s, cpu->disk %.3f GiB/s\n",
@@ -392,10 +392,8 @@ int perplexity_command(cli_args *a, char *err) {
         rc = fg_fail(err, "out of memory");
     if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, ref, err);
     if (rc == 0 && !(top1 = malloc((size_t)n * sizeof *top1))) rc = fg_fail(err, "out of memory");
-    if (rc == 0) {
-        a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
-        rc = open_runtime(&a->policy, &rt, err);
-    }
+    if (rc == 0) rc = resolve_device(&a->policy.device, a->gen.verbose, err);
+    if (rc == 0) rc = open_runtime(&a->policy, &rt, err);
     if (rc == 0) rc = fg_model_open(rt, a->model, a->gen.seed, &m, err);
     a->ppl.verbose = a->gen.verbose;
     if (rc == 0) rc = fg_perplexity(m, ids, n, &a->ppl, top1, &r, err);

@@ -14,15 +14,18 @@
 #include <string.h>
 #include <unistd.h>
 
-/* auto: CUDA when a GPU is there, else the CPU, saying why (with progress on, and when this
- * build has CUDA; the report names the device either way). */
-fg_device resolve_device(fg_device d, int verbose) {
+/* *d as run: auto is CUDA when a GPU is there, else the CPU, saying why (with progress on, and
+ * when this build has CUDA; the report names the device either way). Where CUDA may run, its
+ * FLEXGEN_CUDA_* settings are read first: one this build cannot read is refused (-1, err). */
+int resolve_device(fg_device *d, int verbose, char *err) {
     char why[FG_ERR_LEN];
-    if (d != FG_DEVICE_AUTO) return d;
-    if (fg_cuda_backend(why)) return FG_DEVICE_CUDA;
-    if (verbose && fg_cuda_compiled())
+    if (*d == FG_DEVICE_CPU || *d == FG_DEVICE_CPU_FP16) return 0;
+    if (fg_cuda_settings(err)) return -1; /* a misspelt setting is refused, not run on the CPU */
+    if (*d != FG_DEVICE_AUTO) return 0;
+    *d = fg_cuda_backend(why) ? FG_DEVICE_CUDA : FG_DEVICE_CPU;
+    if (*d == FG_DEVICE_CPU && verbose && fg_cuda_compiled())
         fprintf(stderr, "flexgen: %s; running on the CPU backend\n", why);
-    return FG_DEVICE_CPU;
+    return 0;
 }
 
 /* A device as --device names it. */

@@ -416,8 +416,8 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
     if (rc == 0 && rank == 0 && a->dump_logits)
         rc = fg_output_check("--dump-logits", a->dump_logits, err);
     if (rc == 0 && rank == 0 && a->trace) rc = fg_output_check("--trace", a->trace, err);
+    if (rc == 0) rc = resolve_device(&a->policy.device, a->gen.verbose, err);
     if (rc == 0) {
-        a->policy.device = resolve_device(a->policy.device, a->gen.verbose);
         rc = resolve_model_config(a->model, &cfg, err);
         if (rc == 0 && rank == 0) warn_special_ids(a->model, &cfg);
         if (rc == 0) rc = check_lengths(a, &cfg, err);

@@ -1050,8 +1050,21 @@ static void probe(void) {
     sync_each_kernel = sync && *sync && strcmp(sync, "0");
 }
 
+/* A switch of the environment: unset, empty, 0 or 1; -1 (and err) for any other value. */
+static int switch_setting(const char *name, char *err) {
+    const char *v = getenv(name);
+    if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "1")) return 0;
+    return fg_fail(err, "%s=%s: expected 0 or 1", name, v);
+}
+
+int cuda_settings(char *err) {
+    if (switch_setting("FLEXGEN_CUDA_SYNC", err) || switch_setting("FLEXGEN_CUDA_GRAPHS", err))
+        return -1;
+    return products_mode(err) < 0 ? -1 : 0;
+}
+
 int cuda_device_open(char *err) {
     pthread_once(&probe_once, probe);
     if (probe_error[0]) return fg_fail(err, "%s", probe_error);
-    return products_mode(err) < 0 ? -1 : 0;
+    return cuda_settings(err);
 }

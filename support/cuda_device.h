@@ -208,5 +208,8 @@ double cuda_device_memory(void);
 /* Finds this process's GPU once (under mpirun, its stage's), and whether this build has code for
  * it: 0, or -1 with err saying why not. */
 int cuda_device_open(char *err);
+/* FLEXGEN_CUDA_SYNC, FLEXGEN_CUDA_GRAPHS (0 or 1) and FLEXGEN_CUDA_PRODUCTS readable: 0, or -1
+ * with err naming the one that is not. */
+int cuda_settings(char *err);
 
 #endif

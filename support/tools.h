@@ -164,6 +164,9 @@ int tokenizer_finish(fg_tokenizer *t, const tok_added *added, int n_added, const
                      const char *path, char *err);
 
 int fg_cuda_compiled(void); /* this build has the CUDA backend */
+/* The CUDA backend's FLEXGEN_CUDA_* settings readable: 0, or -1 with err naming the one that is
+ * not (a build without CUDA reads none). */
+int fg_cuda_settings(char *err);
 
 /* A run's trace (its fg_trace) as stage `stage` of n (trace.c; Chrome's trace events, one a
  * line; malloc'd), and a trace file of every stage's events written into an open output. */

@@ -775,6 +775,10 @@ void default_weight_dir(char *out, size_t n) {
 
 #ifndef FLEXGEN_CUDA
 int fg_cuda_compiled(void) { return 0; }
+int fg_cuda_settings(char *err) {
+    (void)err;
+    return 0;
+}
 const fg_backend *fg_cuda_backend(char *err) {
     fg_fail(err, "this flexgen was built without CUDA (no nvcc at build time)");
     return NULL;

@@ -826,6 +826,42 @@ static void test_products_mode(void) {
     run_free(&timed);
 }
 
+/* The CUDA backend's settings of the environment, misspelt: refused with exit 2 and one line
+ * naming the variable and its value wherever CUDA may run (--device cuda, and auto, the default,
+ * which would otherwise run on the CPU backend without a word), flexgen profile's hardware file
+ * left unwritten; --device cpu reads none of them. Runs with a GPU (the emulated one) and
+ * without. */
+static void test_cuda_settings_misspelt(void) {
+    static const char *const settings[][2] = {
+        {"FLEXGEN_CUDA_PRODUCTS", "fastest"}, {"FLEXGEN_CUDA_SYNC", "false"}, {"FLEXGEN_CUDA_GRAPHS", "off"}};
+    static const char *const devices[] = {"auto", "cuda", "cpu"};
+    char *dir = make_temp_dir(), hw[4200], want[64];
+    snprintf(hw, sizeof hw, "%s/hw.json", dir);
+    for (size_t i = 0; i < sizeof settings / sizeof *settings; i++) {
+        setenv(settings[i][0], settings[i][1], 1);
+        snprintf(want, sizeof want, "%s=%s", settings[i][0], settings[i][1]);
+        for (int d = 0; d < 3; d++) {
+            arglist a = {.n = 0};
+            arglist_add(&a, ARGS(flexgen_bin(), "--model", fixture("opt-tiny"), "--prompt-len", "4", "--gen-len", "2",
+                                 "--gpu-batch-size", "2", "--num-gpu-batches", "1", "--device", devices[d], "--json"));
+            run r = run_args(&a);
+            int refused = r.rc == 2 && count_lines(r.err) == 1 && strstr(r.err, want) && !r.out[0];
+            EXPECT(d == 2 ? r.rc == 0 : refused, "%s, --device %s: expected %s, got exit %d: %s", want, devices[d],
+                   d == 2 ? "a run on the CPU" : "exit 2 and one line naming it", r.rc, r.err);
+            run_free(&r);
+        }
+        arglist a = {.n = 0};
+        arglist_add(&a, ARGS(flexgen_bin(), "profile", "--device", "auto", "--offload-dir", dir, "--out", hw));
+        run r = run_args(&a);
+        EXPECT(r.rc == 2 && strstr(r.err, want) && access(hw, F_OK) != 0, "%s, flexgen profile --device auto: expected "
+               "exit 2 naming it and no %s, got exit %d: %s", want, hw, r.rc, r.err);
+        run_free(&r);
+        unsetenv(settings[i][0]);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
 void add_gpu_cli_tests(void) {
     CU_pSuite s = CU_get_suite("gpu");
     CU_add_test(s, "the CLI on CUDA against the CPU: opt-kjv over placements and section 5", test_trained_model);
@@ -837,6 +873,8 @@ void add_gpu_cli_tests(void) {
     CU_add_test(s, "the CLI on CUDA against the CPU: flexgen perplexity", test_perplexity);
     CU_add_test(s, "FLEXGEN_CUDA_PRODUCTS: a mode it does not know refused; each it knows, the same text",
                 test_products_mode);
+    CU_add_test(s, "FLEXGEN_CUDA_* misspelt: refused wherever CUDA may run, --device auto too",
+                test_cuda_settings_misspelt);
 #ifdef FLEXGEN_CUDA_EMU
     CU_add_test(s, "the compute capability check: 6.1 refused, auto on the CPU, 12.0 runs", test_compute_capability);
     CU_add_test(s, "top-K on 132 multiprocessors, split over spans: the logits of a block a query", test_top_k_split);
