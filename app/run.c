@@ -432,6 +432,9 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
         if (rank == 0 && a->json) report_finished_job(a->output, job.n_done);
         else if (rank == 0 && !a->quiet)
             fprintf(stderr, "job: every prompt has its record in %s\n", a->output);
+        if (rank == 0 && a->trace)
+            fprintf(stderr, "flexgen: --trace %s: not written: the job had nothing left to run\n",
+                    a->trace);
         goto out;
     }
     if (open_stage(a, pipe, &p, &rt, &m, err)) {

@@ -592,7 +592,8 @@ static void test_job_resume_unsorted_ids(void) {
     for (int i = 0; i < 12; i++) sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, %d]}\n", 20 + i, 400 - 3 * i);
     write_text_file(prompts, text);
     const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "4", "--quiet",
-                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", whole, NULL, NULL, NULL};
+                         "--gpu-batch-size", "1", "--num-gpu-batches", "1", "--output", whole, NULL, NULL, NULL,
+                         NULL, NULL};
     run_ok(job);
     char *full = slurp(whole, NULL), *part = full ? first_lines(full, 12) : NULL;
     CU_ASSERT_FATAL(full && count_lines(full) == 13);
@@ -609,6 +610,15 @@ static void test_job_resume_unsorted_ids(void) {
            cJSON_GetNumberValue(cJSON_GetObjectItem(o, "records")) == 12,
            "--resume --json of a finished job: expected {\"finished\": true, \"records\": 12, ...}, got exit %d, '%s'", rc, out);
     cJSON_Delete(o);
+    free(out), free(err);
+    /* nothing left to run: a --trace asked for is not written, and one line says so (--quiet too) */
+    char trace[4200];
+    snprintf(trace, sizeof trace, "%s", join(dir, "trace.json"));
+    job[15] = "--trace", job[16] = trace;
+    rc = run_command(job, NULL, &out, &err);
+    EXPECT(rc == 0 && access(trace, F_OK) != 0 && count_lines(err) == 1 && strstr(err, "--trace") &&
+           strstr(err, trace), "--resume --trace of a finished job: expected exit 0, no trace and one line naming "
+           "it, got exit %d, '%s'", rc, err);
     free(out), free(err), free(resumed), free(part), free(full);
     rm_tree(dir);
     free(dir);
