@@ -182,8 +182,10 @@ static void device_weights_free(const fg_backend *be, opt_layout *l) {
  *     MATMUL_DECODE_ROWS rows), whose rate this is
  *   decode, 32 sequences over 32 and over 1024 cached tokens: the difference is attention over
  *     992 more tokens, 4 gbs 992 h1 FLOPs at bmm_flops_g
- *   prefill of one sequence of 256 and of 1024 tokens: t = s mm / mm_flops_p + 4 s^2 h1 /
- *     bmm_flops_p
+ *   prefill of one sequence of 1024 tokens and of 4 of 256: the same 1024 rows through the
+ *     products (t = 1024 mm / mm_flops_p + attention), attention over 4 s^2 h1 FLOPs a sequence
+ *     of s, at bmm_flops_p; their difference is attention's alone (two lengths of one sequence
+ *     would also move the products' rate, whose shape changes with the rows)
  * A difference is taken as at least 1% of the longer run, against noise (profile_decode_line,
  * app.h, for the weights' read). Delegated attention (cpu_flops) is the CPU backend's decode
  * attention. */
@@ -194,6 +196,7 @@ enum { PROFILE_HIDDEN = 512 };
 #else
 enum { PROFILE_HIDDEN = 2048 };
 #endif
+enum { PREFILL_SPLIT = 4 }; /* prefill's second run: the long one's rows as this many sequences */
 
 /* Bytes of a sequence's K (or V) of `past` cached tokens and the new one, rows of `row` bytes. */
 static size_t seq_rows(size_t row, int past) { return row * (size_t)(past + 1); }
@@ -325,20 +328,20 @@ static int profile_compute(const fg_backend *be, int int8, fg_hardware *hw, int 
         double att = fmax(t[3] - t[2], 0.01 * t[3]);
         hw->bmm_flops_g = 4.0 * LONG_GBS * (runs[3][1] - runs[2][1]) * h / att;
         profile_step(verbose, "matrix products and attention, prefill");
-        const double lens[2] = {256, LONG};
-        double tp[2];
+        static const int prefills[2][2] = {{1, LONG}, {PREFILL_SPLIT, LONG / PREFILL_SPLIT}};
+        double tp[2], att_flops[2]; /* prefills: sequences, tokens each */
         for (int i = 0; i < 2; i++) {
             be->copy_in(x, x_host, x_bytes);
-            gb.batch = 1;
-            gb.past[0] = 0;
-            gb.n_new = (int)lens[i];
+            decode_batch(&gb, prefills[i][0], 0, cache, seq_rows(row, LONG));
+            gb.n_new = prefills[i][1];
+            att_flops[i] = 4.0 * h * prefills[i][0] * prefills[i][1] * prefills[i][1];
             tp[i] = typical_time(time_layer, &ctx);
         }
-        /* t / s = mm / R_mm + 4 s h1 / R_bmm: a line in s through the two runs */
-        double slope = fmax((tp[1] / lens[1] - tp[0] / lens[0]) / (lens[1] - lens[0]),
-                            0.01 * tp[1] / (lens[1] * lens[1]));
-        hw->bmm_flops_p = 4 * h / slope;
-        hw->mm_flops_p = mm_token / fmax(tp[1] / lens[1] - slope * lens[1], 0.01 * tp[1] / lens[1]);
+        /* the same LONG rows through the products; attention's FLOPs differ */
+        double att_more = fmax(tp[0] - tp[1], 0.01 * tp[0]);
+        hw->bmm_flops_p = (att_flops[0] - att_flops[1]) / att_more;
+        double products = fmax(tp[0] - att_flops[0] / hw->bmm_flops_p, 0.01 * tp[0]);
+        hw->mm_flops_p = LONG * mm_token / products;
     }
     gpu_batch_free(&gb);
     if (has_ws) be->workspace_free(&ws);
