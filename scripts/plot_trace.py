@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draws a window of a --trace file (Chrome trace events) as one lane per thread: compute and
-the two I/O links, so the overlap of Fig. 4 can be seen. Needs matplotlib.
+the two I/O links, so the overlap of Fig. 4 can be seen; a pipeline's trace has these lanes for
+each stage (one process each), stage by stage. Needs matplotlib.
 
 usage: plot_trace.py TRACE.json OUT.png [--from SECONDS] [--span SECONDS] [--title TEXT]
 """
@@ -28,11 +29,15 @@ def main():
     ap.add_argument("--title", default="")
     a = ap.parse_args()
     events = json.load(open(a.trace))["traceEvents"]
-    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
-    spans = [e for e in events if e.get("ph") == "X"]
+    stages = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("name") == "thread_name"}
+    lanes = sorted(threads)  # (stage, thread): a lane each, in stage order
+    row = {lane: i for i, lane in enumerate(lanes)}
+    spans = [e for e in events if e.get("ph") == "X" and (e["pid"], e["tid"]) in row]
     t0 = a.start if a.start is not None else min(e["ts"] for e in spans) / 1e6
     t1 = t0 + a.span if a.span else max(e["ts"] + e["dur"] for e in spans) / 1e6
-    fig, ax = plt.subplots(figsize=(12, 2.8))
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.4 * len(lanes)))
     seen = set()
     for e in spans:
         s, d = e["ts"] / 1e6, e["dur"] / 1e6
@@ -40,10 +45,11 @@ def main():
             continue
         label = e["name"] if e["name"] not in seen else None
         seen.add(e["name"])
-        ax.broken_barh([(s - t0, d)], (e["tid"] - 0.4, 0.8), color=COLORS.get(e["name"], "#999"),
-                       label=label)
-    ax.set_yticks(sorted(names))
-    ax.set_yticklabels([names[t] for t in sorted(names)])
+        ax.broken_barh([(s - t0, d)], (row[(e["pid"], e["tid"])] - 0.4, 0.8),
+                       color=COLORS.get(e["name"], "#999"), label=label)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([threads[lane] if len(stages) < 2 else
+                        "%s: %s" % (stages.get(lane[0], lane[0]), threads[lane]) for lane in lanes])
     ax.invert_yaxis()
     ax.set_xlim(0, t1 - t0)
     ax.set_xlabel("seconds")
