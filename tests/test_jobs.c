@@ -1064,8 +1064,9 @@ static void test_job_checkpoint_identity(void) {
 }
 
 /* A job on a checkpoint with a FIFO among its files (no writer: an open that waits would wait for
- * ever) ends within a bound: a `*.safetensors` the model does not use is not read (the job runs
- * and names the checkpoint as without it), and a FIFO the model would read (the shard index, the
+ * ever) ends within a bound: a `*.safetensors` the model does not use, and a shard index beside
+ * model.safetensors (read over it, as HF reads it), are not read (the job runs and names the
+ * checkpoint as without them), and a FIFO the model would read (the shard index alone, the
  * weights) is refused with one line naming it, no output made. */
 static void test_job_checkpoint_fifo(void) {
     char *dir = make_temp_dir(), *model = make_temp_dir(), prompts[4200], output[4200], plain[4200], cmd[9000];
@@ -1082,15 +1083,18 @@ static void test_job_checkpoint_fifo(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(expected);
     job[11] = output;
     CU_ASSERT_EQUAL_FATAL(mkfifo(join(model, "extra.safetensors"), 0600), 0);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(join(model, "model.safetensors.index.json"), 0600), 0);
     int rc = run_command(job, NULL, &out, &err);
     char *got = slurp(output, NULL);
-    EXPECT(rc == 0 && got && !strcmp(got, expected), "a FIFO extra.safetensors the model does not use: expected "
-           "exit 0 and the job as without it, got %d (124: it hung), '%s'", rc, err);
+    EXPECT(rc == 0 && got && !strcmp(got, expected), "a FIFO extra.safetensors the model does not use, and a FIFO "
+           "index beside model.safetensors: expected exit 0 and the job as without them, got %d (124: it hung), "
+           "'%s'", rc, err);
     free(out), free(err), free(got);
     unlink(output);
+    unlink(join(model, "model.safetensors.index.json"));
+    CU_ASSERT_EQUAL_FATAL(rename(join(model, "model.safetensors"), join(dir, "weights")), 0);
     static const char *const fifos[] = {"model.safetensors.index.json", "model.safetensors"};
     for (int i = 0; i < 2; i++) {
-        if (i) CU_ASSERT_EQUAL_FATAL(rename(join(model, "model.safetensors"), join(dir, "weights")), 0);
         CU_ASSERT_EQUAL_FATAL(mkfifo(join(model, fifos[i]), 0600), 0);
         rc = run_command(job, NULL, &out, &err);
         EXPECT(rc == 2 && count_lines(err) == 1 && strstr(err, fifos[i]) && strstr(err, "not a regular file") &&
