@@ -1332,6 +1332,15 @@ static void test_llama_config_hf_defaults(void) {
     finish(dir, NULL);
 }
 
+/* Two loads of one model hold the same fp16 values; both are freed. */
+static void expect_same_weights(model_weights *got, model_weights *want) {
+    CU_ASSERT_EQUAL(got->storage_values, want->storage_values);
+    CU_ASSERT(got->storage_values == want->storage_values &&
+              memcmp(got->storage, want->storage, got->storage_values * sizeof(fp16)) == 0);
+    model_weights_free(got);
+    model_weights_free(want);
+}
+
 /* Older LLaMA checkpoints hold each layer's RoPE frequencies (self_attn.rotary_emb.inv_freq),
  * which HF skips as it loads: the model loads as without them. */
 static void test_rope_buffers_skipped(void) {
@@ -1347,10 +1356,7 @@ static void test_rope_buffers_skipped(void) {
     }
     save_model(dir, &l);
     load_ok(dir, &w);
-    CU_ASSERT_EQUAL_FATAL(w.storage_values, plain.storage_values);
-    CU_ASSERT(memcmp(w.storage, plain.storage, w.storage_values * sizeof(fp16)) == 0);
-    model_weights_free(&plain);
-    model_weights_free(&w);
+    expect_same_weights(&w, &plain);
     finish(dir, &l);
 }
 
@@ -1365,8 +1371,7 @@ static void test_single_file_over_index(void) {
                "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": "
                "\"model-00001-of-00002.safetensors\"}}");
     load_ok(dir, &w);
-    CU_ASSERT_EQUAL_FATAL(w.storage_values, plain.storage_values);
-    CU_ASSERT(memcmp(w.storage, plain.storage, w.storage_values * sizeof(fp16)) == 0);
+    expect_same_weights(&w, &plain);
     char **names;
     int n;
     CU_ASSERT_EQUAL_FATAL(st_dir_files(dir, &names, &n, err), 0);
@@ -1374,8 +1379,6 @@ static void test_single_file_over_index(void) {
            n ? names[0] : "none");
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
-    model_weights_free(&plain);
-    model_weights_free(&w);
     finish(dir, NULL);
 }
 
