@@ -982,7 +982,7 @@ double cuda_device_memory(void) {
     size_t free_bytes = 0, total = 0;
     ctx();
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    double margin = 0.02 * (double)total;
+    double margin = floor(0.02 * (double)total); /* whole bytes */
     return (double)free_bytes > margin ? (double)free_bytes - margin : 0;
 }
 
