@@ -433,8 +433,7 @@ static int config_from_cjson(const cJSON *root, const char *path, model_config *
 
 /* The ids that end a sequence as HF's generate() takes them: where generation_config.json is
  * beside config.json, its eos_token_id (instruct models list more ids there than config.json
- * does; a file without one, or null: none, the id -1), else config.json's.
- */
+ * does), and a file without one, or null, names none (the id -1); else config.json's. */
 static int generation_eos(const char *config_path, model_config *c, char *err) {
     char path[FG_PATH_LEN + 32];
     const char *slash = strrchr(config_path, '/');
