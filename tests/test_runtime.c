@@ -1065,6 +1065,27 @@ static void test_refill_waits_for_pages(void) {
     free(logits[0]), free(logits[1]);
 }
 
+/* A runtime of p and the dummy model c (seed 5) opened on it, with the tiers' stats before and
+ * after the model opened. */
+static fg_model *open_dummy_between(const fg_policy *p, const model_config *c, fg_runtime **rt, fg_stats *before,
+                                    fg_stats *opened) {
+    fg_model *m;
+    char err[FG_ERR_LEN];
+    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(p, rt, err), 0);
+    fg_runtime_stats(*rt, before);
+    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(*rt, c, 5, &m, err), 0);
+    fg_runtime_stats(*rt, opened);
+    return m;
+}
+
+/* Two tokens of a three-token prompt: the weights go to their homes (written, where on disk). */
+static int generate_two(fg_model *m, char *err) {
+    int prompt[] = {2, 10, 11}, *prompts[] = {prompt}, len = 3, tokens[2];
+    gen_options opt = {.gen_len = 2, .top_p = 1};
+    gen_timing t;
+    return generate(m, &opt, 1, prompts, &len, tokens, NULL, &t, err);
+}
+
 /* Dummy weights already in --path need no new disk space: with the default disk capacity (the
  * offload dir's free space) a model whose file exists gets its size on top, and gives it back
  * when closed; with --disk-mem the user's capacity stands. */
@@ -1077,16 +1098,9 @@ static void test_existing_weight_file_space(void) {
     p.offload_dir = dir;
     for (int pass = 0; pass < 2; pass++) { /* the first writes the file, the second reuses it */
         fg_runtime *rt;
-        fg_model *m;
         fg_stats before, opened, closed;
-        CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-        fg_runtime_stats(rt, &before);
-        CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 5, &m, err), 0);
-        fg_runtime_stats(rt, &opened);
-        int prompt[] = {2, 10, 11}, *prompts[] = {prompt}, len = 3, tokens[2];
-        gen_options opt = {.gen_len = 2, .top_p = 1};
-        gen_timing t;
-        CU_ASSERT_EQUAL(generate(m, &opt, 1, prompts, &len, tokens, NULL, &t, err), 0);
+        fg_model *m = open_dummy_between(&p, &c, &rt, &before, &opened);
+        CU_ASSERT_EQUAL(generate_two(m, err), 0);
         fg_stats ran;
         fg_runtime_stats(rt, &ran);
         fg_model_close(m);
@@ -1101,11 +1115,8 @@ static void test_existing_weight_file_space(void) {
     }
     p.capacity[TIER_DISK] = 1 << 30; /* --disk-mem 1G */
     fg_runtime *rt;
-    fg_model *m;
-    fg_stats opened;
-    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 5, &m, err), 0);
-    fg_runtime_stats(rt, &opened);
+    fg_stats before, opened;
+    fg_model *m = open_dummy_between(&p, &c, &rt, &before, &opened);
     CU_ASSERT_EQUAL(opened.capacity[TIER_DISK], 1 << 30);
     fg_model_close(m);
     fg_runtime_close(rt);
@@ -1146,12 +1157,8 @@ static void test_weight_file_on_another_file_system(void) {
     p.weight_dir = weight_dir;
     p.offload_dir = offload;
     fg_runtime *rt;
-    fg_model *m;
     fg_stats before, opened, closed;
-    CU_ASSERT_EQUAL_FATAL(fg_runtime_open(&p, &rt, err), 0);
-    fg_runtime_stats(rt, &before);
-    CU_ASSERT_EQUAL_FATAL(fg_model_open_dummy(rt, &c, 5, &m, err), 0);
-    fg_runtime_stats(rt, &opened);
+    fg_model *m = open_dummy_between(&p, &c, &rt, &before, &opened);
     double on_disk = opened.capacity[TIER_DISK] - before.capacity[TIER_DISK];
     EXPECT(on_disk > 0 && on_disk == m->disk_weights_elsewhere, "weights on disk in %s, offload dir %s: "
            "the disk tier's capacity grew by %.0f bytes, expected the weights' %.0f", weight_dir, offload, on_disk,
@@ -1161,10 +1168,7 @@ static void test_weight_file_on_another_file_system(void) {
     EXPECT(strstr(err, " with the weight file going to --path's file system is ") != NULL,
            "the disk tier's refusal does not name --path's file system: %s", err);
     rt->capacity[TIER_DISK] = opened.capacity[TIER_DISK];
-    int prompt[] = {2, 10, 11}, *prompts[] = {prompt}, len = 3, tokens[2];
-    gen_options opt = {.gen_len = 2, .top_p = 1};
-    gen_timing t;
-    CU_ASSERT_EQUAL(generate(m, &opt, 1, prompts, &len, tokens, NULL, &t, err), 0);
+    CU_ASSERT_EQUAL(generate_two(m, err), 0);
     struct stat st;
     EXPECT(stat(weight_dir, &st) == 0, "the weights were not written to --path %s", weight_dir);
     fg_model_close(m);
