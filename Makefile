@@ -22,21 +22,23 @@ BLAS_LIB := $(PREFIX)/usr/lib/$(ARCH)/openblas-openmp
 # libraries' own dependencies (OpenBLAS's libgfortran, GLPK's libamd).
 DEPS_CFLAGS := -I$(PREFIX)/usr/include
 DEPS_LIBS := -L$(PREFIX)/usr/lib/$(ARCH) -Wl,-rpath,$(PREFIX)/usr/lib/$(ARCH) -Wl,--disable-new-dtags
+# CFLAGS= (the environment's or the command line's) replaces the optimisation alone: the flags the
+# build needs are added to it (override: a command-line CFLAGS would drop them).
 CFLAGS ?= -O2
 # Warnings are errors; WERROR= keeps them warnings (docs/EXERCISES.md: a function emptied for an
 # exercise leaves its helpers and parameters unused).
 WERROR ?= -Werror
-CFLAGS += -std=c11 -Wall -Wextra $(WERROR) -fopenmp -I. -I$(BLAS_INC)
+override CFLAGS += -std=c11 -Wall -Wextra $(WERROR) -fopenmp -I. -I$(BLAS_INC)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
 ifneq ($(PREFIX),)
-CFLAGS += $(DEPS_CFLAGS)
+override CFLAGS += $(DEPS_CFLAGS)
 LDLIBS += $(DEPS_LIBS)
 endif
 # oneDNN (Debian's libdnnl-dev), for the opt-in prefill schemes' products (support/onednn.c),
 # where its header is found; without it those products run on plain loops.
 ONEDNN_H := $(wildcard $(PREFIX)/usr/include/oneapi/dnnl/dnnl.h)
 ifneq ($(ONEDNN_H),)
-CFLAGS += -DFLEXGEN_ONEDNN
+override CFLAGS += -DFLEXGEN_ONEDNN
 LDLIBS += -ldnnl
 endif
 # The tests' references: CUnit, and GLPK for lp.c (./flexgen itself links neither).
@@ -82,21 +84,29 @@ CUDA_ARCH_LIST := $(subst $(empty) $(empty),$(comma),$(CUDA_SM:%=%0))
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_LDLIBS :=
 ifneq ($(NVCC),)
-CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+# The toolkit nvcc belongs to, as nvcc itself names it (its TOP: a wrapper script on the PATH still
+# leads to the toolkit's libraries), else where nvcc's links end; CUDA_HOME= in the environment or
+# on the command line wins.
+ifeq ($(origin CUDA_HOME),undefined)
+CUDA_HOME := $(abspath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p'))
+endif
+ifeq ($(CUDA_HOME),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+endif
 CUDA_ARCHS := $(foreach a,$(CUDA_SM),-gencode arch=compute_$(a),code=sm_$(a)) \
               -gencode arch=compute_$(lastword $(CUDA_SM)),code=compute_$(lastword $(CUDA_SM))
 NVCCFLAGS ?= -O2
-NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+override NVCCFLAGS += -std=c++17 -I. $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 CUDA_OBJ := build/flexgen_cu.o build/cuda_device_cu.o
 TEST_CUDA_OBJ := build/test_kernels.o build/cuda_device_cu.o
-CFLAGS += -DFLEXGEN_CUDA
+override CFLAGS += -DFLEXGEN_CUDA
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
 # MPI (pipeline parallelism, §4.4): pipeline.c talks MPI where mpicc is found (MPICC=); the
 # whole program then links Open MPI's libraries. Without it every run is one process.
 MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
-CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
+override CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
 LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
 HDR := model.h tiers.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h

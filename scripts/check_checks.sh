@@ -15,7 +15,8 @@
 #                     support header other than support.h; two support/ files that call each
 #                     other (a cycle); a support/ file that calls app/ (up a level)
 #   check_deps.sh     a Makefile that no longer reads the compiler's lists of included files (a
-#                     copy that still reads them passes)
+#                     copy that still reads them passes); one whose flags a CFLAGS on the command
+#                     line drops; one that takes a linked nvcc's folder for the CUDA toolkit
 #   check_readme.sh   a README of the policy search's sample alone (it needs no model; ./flexgen
 #                     copied in): as it is it passes, with a number of its policy changed it
 #                     fails, with the search's timings changed it passes (they are masked)
@@ -183,6 +184,16 @@ expect "check_deps.sh, the Makefile as it is" scripts/check_deps.sh pass ""
 sed -i '/^-include .*\.d/d' "$work/tree/Makefile"
 expect "check_deps.sh, a Makefile that reads no list of included files" scripts/check_deps.sh fail \
     "does not depend on support/avx512.c"
+cp "$root/Makefile" "$work/tree/Makefile"
+sed -i 's/^override CFLAGS += -std=c11/CFLAGS += -std=c11/' "$work/tree/Makefile"
+expect "check_deps.sh, a Makefile whose flags a command-line CFLAGS drops" scripts/check_deps.sh fail \
+    "make CFLAGS=-O1 compiles without the Makefile's own flags"
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    cp "$root/Makefile" "$work/tree/Makefile"
+    sed -i 's/,$(realpath $(NVCC)))$/,$(NVCC))/' "$work/tree/Makefile"
+    expect "check_deps.sh, a Makefile that takes a linked nvcc's folder for the toolkit" \
+        scripts/check_deps.sh fail "make links the CUDA libraries from"
+fi
 
 # ---- check_readme.sh (a README of one sample: the policy search's, which needs no model) ----
 # README.md of the copy: the root README's `./flexgen policy` sample alone, FROM replaced by TO in

@@ -6,6 +6,9 @@
 # old SIMDe kernels after an edit to avx512.c). For each object below and a file it includes that
 # no rule of the Makefile names, make is asked what it would do were that file new (make -n -W,
 # its flags file held old): it must compile the object again.
+# Then two promises of the Makefile's own variables, read from make -n: a CFLAGS given on the
+# command line replaces the optimisation alone (the include paths and defines stay), and where
+# nvcc is a link to a toolkit elsewhere, the CUDA libraries are linked from that toolkit.
 # Usage: bash scripts/check_deps.sh   (after a build; make test runs it; exits 1 on a miss)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -24,4 +27,25 @@ check build/obj/support/avx512_simde.o support/avx512.c
 check build/obj/support/matmul.o support/support.h
 check build/obj-tests/tests/test_main.o tests/tests.h
 [ $fail = 0 ] && echo "check_deps: each object checked depends on the files its source includes"
+
+compile=$("$make" --no-print-directory -n -W support/matmul.c CFLAGS=-O1 build/obj/support/matmul.o 2>/dev/null |
+    grep -- "-o build/obj/support/matmul.o")
+if ! grep -q -- "-O1 .*-I\. " <<<"$compile"; then
+    echo "check_deps: make CFLAGS=-O1 compiles without the Makefile's own flags: ${compile:-no compile line}"
+    fail=1
+fi
+nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+if [ -n "$nvcc" ]; then
+    toolkit=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+    links=$(mktemp -d)
+    ln -s "$(readlink -f "$nvcc")" "$links/nvcc"
+    link=$(env -u CUDA_HOME "$make" --no-print-directory -n -W flexgen.c NVCC="$links/nvcc" flexgen 2>/dev/null |
+        grep -o -- "-L[^ ]*/lib64" | head -1)
+    rm -rf "$links"
+    if [ "$link" != "-L$toolkit/lib64" ]; then
+        echo "check_deps: with nvcc a link to $toolkit, make links the CUDA libraries from '${link#-L}'"
+        fail=1
+    fi
+fi
+[ $fail = 0 ] && echo "check_deps: CFLAGS= and a linked nvcc keep the Makefile's flags and toolkit"
 exit $fail

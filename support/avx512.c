@@ -30,8 +30,15 @@
 #include <string.h>
 
 #ifndef AVX512_SIMDE
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+/* The file's target, for every function in it: clang's attribute pushed (and popped at the file's
+ * end), or GCC's pragma (which takes no macro: the same list, written out). */
+#define AVX512_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"
+#if defined(__x86_64__) && defined(__clang__)
+#pragma clang attribute push(__attribute__((target(AVX512_TARGET))), apply_to = function)
+#define AVX512_BUILT 1
+#define AVX512_CLANG_TARGET 1
+#elif defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c") /* AVX512_TARGET */
 #define AVX512_BUILT 1
 #endif
 #else
@@ -378,7 +385,7 @@ static void dots_q4(const float *a, const float *min_term, int rows, int dim, co
  * portable form: these functions take the target and call the instruction itself. They run only
  * where cpuid says the CPU has it (matmul.c's matmul_int8_sums). */
 #undef _mm512_dpbusd_epi32
-#define VNNI __attribute__((target("avx512vnni")))
+#define VNNI __attribute__((target(AVX512_TARGET ",avx512vnni"))) /* the file's and VNNI */
 /* sum + the products of u8's and s8's quads, in place. GCC 12's intrinsic copies the sum to
  * another register and back around each instruction (two moves a product in pair_half's loop);
  * the instruction as assembly keeps it where it is. */
@@ -744,6 +751,9 @@ const matmul_kernels *matmul_avx512_simde(void) { return &kernels; }
 static const matmul_kernels kernels = {"avx512", band_f16,  band_q4,   dots_f16,
                                        dots_q4,  int8_sums, int8_pairs};
 const matmul_kernels *matmul_avx512(void) { return &kernels; }
+#endif
+#ifdef AVX512_CLANG_TARGET
+#pragma clang attribute pop
 #endif
 
 #elif !defined(AVX512_SIMDE)

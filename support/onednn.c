@@ -638,7 +638,7 @@ static const uint8_t *a_made_unsigned(int m, int k, const int8_t *a) {
     size_t a_bytes = (size_t)m * k;
     uint8_t *a_unsigned = grown(&unsigned_a.a, &unsigned_a.a_cap, a_bytes);
     if (!a_unsigned) return NULL;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < a_bytes; i++) a_unsigned[i] = (uint8_t)(a[i] + 128);
     return a_unsigned;
 }
