@@ -120,6 +120,8 @@ void profile_decode_line(const decode_runs *r, double *mem_bdw, double *mm_flops
 /* text's bytes with invalid UTF-8 replaced by U+FFFD (malloc'd, NUL-terminated; *out_len its
  * bytes). */
 char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len);
+/* The offset of text's first byte that is not part of valid UTF-8; len if there is none. */
+size_t utf8_first_invalid(const char *text, size_t len);
 /* One line of a JSONL prompt file: its "prompt" as *text, or its "prompt_ids" as *ids (*n of them,
  * checked against vocab), and *id, the record's id as JSON text; each malloc'd, the other of
  * *text and *ids NULL. */

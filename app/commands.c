@@ -263,11 +263,19 @@ int tokenize_command(int argc, char **argv, char *err) {
 
 /* ---- flexgen perplexity (perplexity.c) ---- */
 
-/* BOS + the tokens of the text file at path. */
+/* BOS + the tokens of the text file at path. Its bytes are tokenized as they are; where they are
+ * not UTF-8, a note says so: HF's tokenizers take decoded text, and Python's decoding replaces
+ * such bytes (errors="replace") or refuses them, so ids and perplexity differ from theirs there. */
 static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, int *n, char *err) {
     size_t size;
     char *text = fg_read_file(path, &size, err);
     if (!text) return fg_fail_flag(err, "--text");
+    size_t invalid = utf8_first_invalid(text, size);
+    if (invalid < size)
+        fprintf(stderr,
+                "flexgen: note: --text %s: not UTF-8 at byte %zu; its bytes are scored as they "
+                "are (the tokenizer's byte tokens), where HF's tokenizers take decoded text\n",
+                path, invalid);
     prompt_set p = {0};
     int rc = memchr(text, 0, size) ? fg_fail(err, "--text %s: a NUL byte: not a text file", path)
                                    : add_text_prompt(&p, tok, text, size, NULL, err);

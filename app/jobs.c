@@ -79,16 +79,18 @@ char *utf8_replace_invalid(const char *text, size_t len, size_t *out_len) {
 
 /* ---- prompts ---- */
 
-/* Whether text[0..len) is UTF-8 (JSON text must be). */
-static int utf8_valid(const char *text, size_t len) {
+size_t utf8_first_invalid(const char *text, size_t len) {
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
         int bad, ok = s[i] < 0x80 ? 1 : utf8_sequence(s + i, len - i, &bad);
-        if (!ok) return 0;
+        if (!ok) return i;
         i += (size_t)ok;
     }
-    return 1;
+    return len;
 }
+
+/* Whether text[0..len) is UTF-8 (JSON text must be). */
+static int utf8_valid(const char *text, size_t len) { return utf8_first_invalid(text, len) == len; }
 
 /* Whether the JSON text has the escape \u0000, which a C string cannot carry (it would end the
  * string there). */

@@ -121,13 +121,18 @@ int fg_perplexity(fg_model *m, const int *ids, int n, const ppl_options *o, int 
                   ppl_result *r, char *err) {
     const model_config *c = &m->view.cfg;
     memset(r, 0, sizeof *r);
-    int size = o->window ? o->window : c->max_pos, stride = o->stride ? o->stride : size / 2;
+    /* A sliding window (Mistral) bounds what a sequence may span here (check_prompt says why) */
+    int positions = c->window && c->window < c->max_pos ? c->window : c->max_pos;
+    int size = o->window ? o->window : positions, stride = o->stride ? o->stride : size / 2;
     if (n < 2)
         return fg_fail(err, "--text: the text has %d token%s: perplexity needs at least 2", n,
                        n == 1 ? "" : "s");
-    if (size < 2 || size > c->max_pos)
-        return fg_fail(err, "--window %d: expected 2 .. the model's %d positions", size,
-                       c->max_pos);
+    if (size < 2 || size > positions)
+        return fg_fail(err, "--window %d: expected 2 .. the model's %d positions%s", size,
+                       positions,
+                       positions < c->max_pos ? " (its sliding_window; sliding-window attention "
+                                                "is not implemented)"
+                                              : "");
     if (stride < 1 || stride > size - 1)
         return fg_fail(err, "--stride %d: expected 1 .. --window - 1 (%d)", stride, size - 1);
     int count;

@@ -34,15 +34,20 @@ int fg_argmax(const float *x, int n) {
     return best;
 }
 
+/* By probability, the largest first; among equal ones the larger id first, which is the order
+ * HF's TopPLogitsWarper keeps them in at the nucleus's edge (it sorts ascending, equal scores in id
+ * order, and drops from the front). */
 static int cmp_prob_desc(const void *a, const void *b) {
     float x = ((const float *)a)[0], y = ((const float *)b)[0];
-    return (x < y) - (x > y);
+    if (x != y) return (x < y) - (x > y);
+    int i, j;
+    memcpy(&i, (const float *)a + 1, sizeof i);
+    memcpy(&j, (const float *)b + 1, sizeof j);
+    return (i < j) - (i > j);
 }
 
-int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
-                 float *scratch) {
-    if (temperature <= 0) return fg_argmax(logits, n);
-    /* scratch holds (probability, id) pairs, sorted by probability for the nucleus. */
+int sample_nucleus(const float *logits, int n, float temperature, float top_p, float *scratch,
+                   float *mass) {
     float m = logits[fg_argmax(logits, n)], sum = 0;
     for (int i = 0; i < n; i++) {
         scratch[2 * i] = expf((logits[i] - m) / temperature);
@@ -56,6 +61,15 @@ int sample_token(const float *logits, int n, float temperature, float top_p, fg_
         for (keep = 0; keep < n && cum < top_p * sum; keep++) cum += scratch[2 * keep];
         sum = cum;
     }
+    *mass = sum;
+    return keep;
+}
+
+int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
+                 float *scratch) {
+    if (temperature <= 0) return fg_argmax(logits, n);
+    float sum;
+    int keep = sample_nucleus(logits, n, temperature, top_p, scratch, &sum);
     float u = rng_uniform(rng) * sum, acc = 0;
     int id = 0;
     for (int i = 0; i < keep; i++) {

@@ -465,7 +465,12 @@ typedef struct {
 void rng_seed(fg_rng *r, uint64_t seed);
 uint64_t rng_next(fg_rng *r);
 int fg_argmax(const float *x, int n); /* the first of equal maxima, as torch.argmax */
-/* temperature <= 0: argmax. Else softmax(logits / temperature), top-p. scratch: 2 n floats. */
+/* The tokens a draw is left to: (probability, id) pairs of softmax(logits / temperature) in
+ * scratch (2 n floats), the first `keep` of them (the value returned) the nucleus of top_p (all
+ * n where top_p >= 1: unsorted), their sum in *mass. */
+int sample_nucleus(const float *logits, int n, float temperature, float top_p, float *scratch,
+                   float *mass);
+/* temperature <= 0: argmax. Else a draw from sample_nucleus's tokens. scratch: 2 n floats. */
 int sample_token(const float *logits, int n, float temperature, float top_p, fg_rng *rng,
                  float *scratch);
 /* Every prompt is a non-empty run of token ids in the vocab that fits the model's positions with

@@ -665,9 +665,21 @@ int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err) {
     return fd;
 }
 
+/* The folder path is in made again (mkdir_p), where another process took it away. */
+static int remake_folder_of(const char *path) {
+    char dir[FG_PATH_LEN];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return -1;
+    *slash = 0;
+    return mkdir_p(dir);
+}
+
 /* The new file fd (fg_new_file's) given the name `path` once it is complete, in place of any file
  * of that name: the temporary renamed, or the unnamed file linked (-1 with errno where it cannot
- * be). */
+ * be). An unnamed file keeps no folder from being removed: a run stopped beside this one, writing
+ * into the same new folders, takes them away as it ends (fg_remove_made_dirs), so where path's
+ * folder is gone it is made again. */
 int fg_new_file_name(fg_new *t, int fd, const char *path) {
     int rc;
     if (t->path[0]) {
@@ -678,6 +690,8 @@ int fg_new_file_name(fg_new *t, int fd, const char *path) {
         snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
         unlink(path); /* a stale file of the same name */
         rc = linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW);
+        if (rc != 0 && errno == ENOENT && remake_folder_of(path) == 0)
+            rc = linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW);
     }
     int e = errno;
     fg_new_file_remove(t); /* what is left of a temporary that could not be renamed */

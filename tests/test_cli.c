@@ -586,6 +586,7 @@ static void truncated_checkpoint(const char *dir) {
     const st_tensor *t = &a.tensors[a.n_tensors - 1];
     volatile char sum = 0;
     for (size_t i = 0; i < t->nbytes; i++) sum += ((const char *)t->data)[i];
+    (void)sum;
     _exit(4); /* not reached: the pages are gone */
 }
 
@@ -876,6 +877,30 @@ static void test_damaged_weight_file(void) {
     free(first);
     rm_tree(path);
     free(path);
+}
+
+/* Two runs writing dummy weights into the same new --path: the one stopped first takes away the
+ * folders it made while the other's weights are an unnamed file in them (which keeps no folder
+ * from being removed). The other names its file all the same: the folders are made again. */
+static void test_new_file_named_after_its_folder_went(void) {
+    char *root = make_temp_dir(), dir[4200], path[4300], err[FG_ERR_LEN] = "";
+    snprintf(dir, sizeof dir, "%s/made/here", root);
+    snprintf(path, sizeof path, "%s/weights.fgw", dir);
+    CU_ASSERT_FATAL(mkdir_p(dir) == 0);
+    fg_new made;
+    int fd = fg_new_file(dir, "--path", &made, err);
+    CU_ASSERT_FATAL(fd >= 0);
+    EXPECT(write(fd, "layers", 6) == 6 && !made.path[0], "the new file: %s", made.path[0] ? "named" : "not written");
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s/made", root);
+    EXPECT(rmdir(dir) == 0 && rmdir(parent) == 0, "the folders of an unnamed file removed: %s", strerror(errno));
+    int rc = fg_new_file_name(&made, fd, path);
+    struct stat st;
+    EXPECT(rc == 0 && stat(path, &st) == 0 && st.st_size == 6, "the file named after its folders went: %s",
+           rc ? strerror(errno) : "named, but not there");
+    close(fd);
+    rm_tree(root);
+    free(root);
 }
 
 /* Dummy weights on disk written where the file system has no O_TMPFILE (NFS, FUSE; here
@@ -2258,6 +2283,48 @@ static void test_perplexity_matches_pytorch(void) {
     perplexity_matches_pytorch(llama_kjv_dir, llama_kjv_text, llama_kjv_reference);
 }
 
+/* A sliding window shorter than the model's positions (Mistral's) bounds the windows, since a
+ * sequence must fit in it: by default they are that long, and the text is scored as the same
+ * weights without a sliding window score it with that --window; a longer --window is refused
+ * naming the sliding window (before, the default ran into generate()'s refusal of the prompt). */
+static void test_perplexity_sliding_window(void) {
+    char *dir = make_temp_dir(), cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp '%s'/* '%s'/", llama_kjv_dir, dir);
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    char *text = slurp(join(dir, "config.json"), NULL);
+    cJSON *config = cJSON_Parse(text);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(config);
+    cJSON_ReplaceItemInObject(config, "model_type", cJSON_CreateString("mistral"));
+    cJSON_AddNumberToObject(config, "sliding_window", 16);
+    char *edited = cJSON_Print(config);
+    write_text_file(join(dir, "config.json"), edited);
+    const char *none[] = {NULL}, *window16[] = {"--window", "16", NULL};
+    cJSON *windowed = perplexity_run_on(dir, llama_kjv_text, none);
+    cJSON *plain = perplexity_run_on(llama_kjv_dir, llama_kjv_text, window16);
+    EXPECT(number(windowed, "window") == 16 && number(windowed, "perplexity") == number(plain, "perplexity"),
+           "sliding_window 16: window %g, perplexity %.6f; the same weights with --window 16: %.6f",
+           number(windowed, "window"), number(windowed, "perplexity"), number(plain, "perplexity"));
+    EXPECT_FAIL(ARGS("perplexity", "--model", dir, "--text", llama_kjv_text, "--window", "17"), "--window 17",
+                "16 positions", "sliding_window");
+    cJSON_Delete(windowed), cJSON_Delete(plain), cJSON_Delete(config);
+    free(edited), free(text);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A --text that is not UTF-8 is scored byte for byte, with a note naming its first such byte. */
+static void test_perplexity_text_not_utf8(void) {
+    char *dir = make_temp_dir(), *out, *err;
+    const char *text = join(dir, "text.txt");
+    write_text_file(text, "In the beginning \xff\xfe God created\n");
+    int rc = run_flexgen(ARGS("perplexity", "--model", llama_kjv_dir, "--text", text), NULL, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "perplexity: ") && strstr(err, "not UTF-8 at byte 17") && count_lines(err) == 1,
+           "a text with bytes 0xff 0xfe: exit %d, stdout '%s', stderr '%s'", rc, out, err);
+    free(out), free(err);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Section 5 in the two modes: prefill attends to the fresh keys and values, so a 4-bit cache or
  * sparse attention cannot change its numbers; decode reads the cache, so both do. 4-bit weights
  * change both. */
@@ -2842,6 +2909,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "tokenize", test_tokenize);
     CU_add_test(s, "perplexity: the trained OPT and LLaMA against PyTorch, prefill and decode",
                 test_perplexity_matches_pytorch);
+    CU_add_test(s, "flexgen perplexity: a sliding window bounds the windows", test_perplexity_sliding_window);
+    CU_add_test(s, "flexgen perplexity: a text not in UTF-8 is scored with a note", test_perplexity_text_not_utf8);
     CU_add_test(s, "perplexity: section 5's approximations in prefill and in decode", test_perplexity_approximations);
     CU_add_test(s, "perplexity: top-1 predictions and agreement", test_perplexity_predictions);
     CU_add_test(s, "perplexity: bad input", test_perplexity_bad_input);
@@ -2859,6 +2928,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "a file size limit is a full disk, not SIGXFSZ's kill", test_file_size_limit_is_a_full_disk);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "dummy weights kept without O_TMPFILE, reused a layer at a time in memory", test_weight_file_kept);
+    CU_add_test(s, "a new file named after another run took its folders away",
+                test_new_file_named_after_its_folder_went);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
     CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);

@@ -665,6 +665,41 @@ static void test_greedy_ties(void) {
     }
 }
 
+/* The nucleus holds the tokens HF's warpers leave a draw to (tests/fixtures/sampling/top_p.json,
+ * scripts/make_sampling_fixture.py: TemperatureLogitsWarper then TopPLogitsWarper), tied
+ * probabilities at its edge included: there HF keeps the larger ids. */
+static void test_top_p_as_hf(void) {
+    char *text = slurp(fixture("sampling/top_p.json"), NULL);
+    cJSON *fixture_json = cJSON_Parse(text), *c;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_json);
+    int checked = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(fixture_json, "cases")) {
+        float logits[16], scratch[32], mass;
+        int n = 0, want[16], n_want = 0;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(c, "logits")) logits[n++] = (float)v->valuedouble;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(c, "kept")) want[n_want++] = v->valueint;
+        float t = (float)cJSON_GetObjectItemCaseSensitive(c, "temperature")->valuedouble;
+        float p = (float)cJSON_GetObjectItemCaseSensitive(c, "top_p")->valuedouble;
+        int keep = sample_nucleus(logits, n, t, p, scratch, &mass), kept[16] = {0}, same = keep == n_want;
+        for (int i = 0; i < keep; i++) {
+            int id;
+            memcpy(&id, &scratch[2 * i + 1], sizeof id);
+            kept[id] = 1;
+        }
+        for (int i = 0; i < n_want; i++) same = same && kept[want[i]];
+        char logits_text[200] = "";
+        for (int i = 0; i < n; i++)
+            snprintf(logits_text + strlen(logits_text), sizeof logits_text - strlen(logits_text), " %g", logits[i]);
+        EXPECT(same, "logits [%s ], T %g, top-p %g: %d tokens kept, HF keeps %d (ids %d%s)", logits_text, t, p, keep,
+               n_want, want[0], n_want > 1 ? " ..." : "");
+        checked++;
+    }
+    CU_ASSERT(checked > 50);
+    cJSON_Delete(fixture_json);
+    free(text);
+}
+
 /* Temperature divides the logits: over many seeds, the frequencies at T = 0.3 and T = 2.5 are
  * those of softmax(logits / T), within five standard deviations of the draws' count. */
 static void test_sampling_temperature(void) {
@@ -815,6 +850,7 @@ void add_model_tests(void) {
                 test_sizes_are_their_configs);
     CU_add_test(s, "greedy, temperature and top-p sampling", test_sampling);
     CU_add_test(s, "greedy takes the first of tied logits", test_greedy_ties);
+    CU_add_test(s, "top-p keeps the tokens HF keeps, ties at its edge too", test_top_p_as_hf);
     CU_add_test(s, "temperature divides the logits (T = 0.3, 2.5)", test_sampling_temperature);
     CU_add_test(s, "softmax of scores near 1000: finite weights summing to 1", test_large_scores);
 }
