@@ -254,7 +254,7 @@ run_emu = $(if $(SUITE),$(filter $(EMU_SUITES),$(SUITE)),all)
 # then runs the instruction-set matrix in the native binary (docs/TESTS.md; MATRIX=0: not).
 MATRIX ?= 1
 TALLY := build/test-tally
-TOTAL = awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' $(TALLY) /dev/null
+TOTAL = awk '{p += $$1; f += $$2; s += $$3} END {if (s) printf "%d skipped (not counted as passed; the suites say why)\n", s; printf "%d passed, %d failed\n", p, f}' $(TALLY) /dev/null
 
 # Both binaries' run, for make test and test-san: $(1) the native test binary, $(2) the flexgen
 # it runs; $(3) the emulated one, $(4) its flexgen; $(5) both's environment (the sanitizers');

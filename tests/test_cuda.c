@@ -69,6 +69,7 @@ static int gpu_present(void) {
         return 1;
     }
     if (!said++) printf("\n  GPU suite skipped: %s\n", why);
+    test_skip(why);
     return 0;
 }
 

@@ -52,7 +52,9 @@
 static int gpu_here(void) {
     char why[FG_ERR_LEN];
     setenv("OMP_WAIT_POLICY", "passive", 0); /* the children's idle threads sleep, as in test_cli.c */
-    return fg_cuda_backend(why) != NULL;
+    if (fg_cuda_backend(why)) return 1;
+    test_skip(why);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -583,6 +585,7 @@ static void test_pipeline(void) {
     if (!gpu_here()) return;
     if (*pipeline_missing()) {
         printf("\n  two stages on cuda skipped: %s", pipeline_missing());
+        test_skip(pipeline_missing());
         return;
     }
     models_init();

@@ -151,6 +151,7 @@ static int gpu_ready(void) {
     char why[FG_ERR_LEN];
     if (fg_cuda_backend(why)) return 1;
     if (!said++) printf("\n  kernel suite skipped: %s\n", why);
+    test_skip(why);
     return 0;
 }
 

@@ -231,13 +231,21 @@ void arglist_add(arglist *a, const char *const *args) {
  * failed, names the signal or the exit status, and starts the suite again after it: a crash hides
  * neither the other suites nor the rest of its own. Each suite ends with a line of its counts and
  * seconds; the run ends with a recap of them, each failed check named again under its suite (a
- * long run's log may keep only its end), and a last line `N passed, N failed` (counting tests). FLEXGEN_TEST_TALLY=FILE adds the two numbers to FILE instead of that line, for make
+ * long run's log may keep only its end), and a last line `N passed, N failed` (counting tests). A test that
+ * calls test_skip (no GPU, no MPI) ends "skipped", is counted apart (its end record's 2) and named on the line
+ * before the last. FLEXGEN_TEST_TALLY=FILE adds the three numbers to FILE instead of those lines, for make
  * test's total over both test binaries.
  * ============================================================================================ */
 
 static int report_fd = -1;                       /* a suite's process: FLEXGEN_TEST_REPORT */
 static unsigned tests_passed, tests_failed;      /* this process's tests */
+static unsigned tests_skipped;                   /* ... those that ran nothing (test_skip) */
 static double test_started;                      /* when the running test started (now_s) */
+static char skip_why[200];                       /* the running test's test_skip reason */
+
+void test_skip(const char *why) {
+    if (!skip_why[0]) snprintf(skip_why, sizeof skip_why, "%s", why && *why ? why : "skipped");
+}
 
 static double now_s(void) {
     struct timespec t;
@@ -297,12 +305,16 @@ static void report_failure(int test, const char *file, unsigned line, const char
  * of the report. */
 static void on_test_start(const CU_pTest test, const CU_pSuite suite) {
     printf("  Test: %s ...", test->pName);
+    skip_why[0] = 0;
     report("start %d\n", test_index(suite, test));
     test_started = now_s();
 }
 
 static void on_test_complete(const CU_pTest test, const CU_pSuite suite, const CU_pFailureRecord failures) {
-    if (!failures) {
+    if (!failures && skip_why[0]) {
+        tests_skipped++;
+        printf("skipped: %s\n", skip_why);
+    } else if (!failures) {
         tests_passed++;
         printf("passed (%.1f s)\n", now_s() - test_started);
     } else {
@@ -316,7 +328,7 @@ static void on_test_complete(const CU_pTest test, const CU_pSuite suite, const C
             report_failure(test_index(suite, test), file, f->uiLineNumber, condition);
         }
     }
-    report("end %d %d\n", test_index(suite, test), failures != NULL);
+    report("end %d %d\n", test_index(suite, test), failures ? 1 : skip_why[0] ? 2 : 0); /* 2: skipped */
     if (report_fd >= 0 && getenv("FLEXGEN_TEST_PATHS")) report_paths(0);
 }
 
@@ -373,7 +385,7 @@ typedef struct {
     char name[40], env[160], paths[600], trouble[400];
     char failures[6][240]; /* the first failed checks: the test, where, what (cut short) */
     unsigned n_failures;     /* all of them */
-    unsigned passed, failed;
+    unsigned passed, failed, skipped;
     double seconds, cpu_seconds; /* wall clock; user and system time of its processes, all told */
 } outcome;
 
@@ -485,7 +497,8 @@ static void run_in_children(const char *argv0, CU_pSuite suite, const char *env,
             } else if (sscanf(line, "end %d %d", &k, &f) == 2 && k >= 0 && k < n) {
                 open_test = -1;
                 done[k] = 1;
-                if (f) o->failed++, failed_here++;
+                if (f == 1) o->failed++, failed_here++;
+                else if (f == 2) o->skipped++;
                 else o->passed++;
             } else if (sscanf(line, "fail %d %n", &k, &at) == 1 && at > 0 && k >= 0 && k < n) {
                 if (o->n_failures < sizeof o->failures / sizeof *o->failures)
@@ -527,8 +540,10 @@ static void run_in_children(const char *argv0, CU_pSuite suite, const char *env,
     o->seconds = now_s() - t0;
     rm_tree(dir);
     free(dir);
-    printf("-- %s%s%s: %u passed, %u failed, %.1f s (%.1f s of CPU)%s%s\n", o->env, *o->env ? ": " : "", o->name,
-           o->passed, o->failed, o->seconds, o->cpu_seconds, *o->trouble ? "; " : "", o->trouble);
+    char skipped[32] = "";
+    if (o->skipped) snprintf(skipped, sizeof skipped, ", %u skipped", o->skipped);
+    printf("-- %s%s%s: %u passed, %u failed%s, %.1f s (%.1f s of CPU)%s%s\n", o->env, *o->env ? ": " : "", o->name,
+           o->passed, o->failed, skipped, o->seconds, o->cpu_seconds, *o->trouble ? "; " : "", o->trouble);
 }
 
 /* ============================================================================================
@@ -672,20 +687,22 @@ static void run_matrix(const char *argv0) {
 
 /* The recap of a run and its last line; returns whether everything passed. */
 static int recap(void) {
-    unsigned passed = 0, failed = 0;
+    unsigned passed = 0, failed = 0, skipped = 0;
     printf("\n== recap: each suite (and matrix cell) in processes of its own\n");
     for (int i = 0; i < n_outcomes; i++) {
         const outcome *o = &outcomes[i];
-        passed += o->passed, failed += o->failed;
-        printf("  %-6s %-14s %4u passed %3u failed %6.1f s %6.1f s CPU  %s\n", o->failed ? "FAILED" : "ok", o->name,
+        passed += o->passed, failed += o->failed, skipped += o->skipped;
+        printf("  %-6s %-14s %4u passed %3u failed %6.1f s %6.1f s CPU  %s", o->failed ? "FAILED" : "ok", o->name,
                o->passed, o->failed, o->seconds, o->cpu_seconds, o->env);
+        if (o->skipped) printf("%s%u skipped (the suite says why)", *o->env ? "  " : "", o->skipped);
+        printf("\n");
         if (*o->paths) printf("         ran on: %s\n", o->paths);
         if (*o->trouble) printf("         %s\n", o->trouble);
         unsigned shown = sizeof o->failures / sizeof *o->failures;
         for (unsigned k = 0; k < o->n_failures && k < shown; k++) printf("         %s\n", o->failures[k]);
         if (o->n_failures > shown) printf("         and %u more failed checks (above)\n", o->n_failures - shown);
     }
-    tests_passed += passed, tests_failed += failed;
+    tests_passed += passed, tests_failed += failed, tests_skipped += skipped;
     return failed == 0;
 }
 
@@ -694,11 +711,12 @@ static void closing_line(const char *argv0) {
     const char *tally = getenv("FLEXGEN_TEST_TALLY");
     FILE *f = tally ? fopen(tally, "a") : NULL;
     if (f) {
-        fprintf(f, "%u %u\n", tests_passed, tests_failed);
+        fprintf(f, "%u %u %u\n", tests_passed, tests_failed, tests_skipped);
         fclose(f);
-        printf("%s: %u passed, %u failed\n", argv0, tests_passed, tests_failed);
+        printf("%s: %u passed, %u failed, %u skipped\n", argv0, tests_passed, tests_failed, tests_skipped);
     } else {
         if (tally) fprintf(stderr, "%s: cannot add to %s: %s\n", argv0, tally, strerror(errno));
+        if (tests_skipped) printf("%u skipped (not counted as passed; the suites say why)\n", tests_skipped);
         printf("%u passed, %u failed\n", tests_passed, tests_failed);
     }
 }
@@ -754,7 +772,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         if (run_here(only, argv + 2, argc - 2)) return 2;
-        ok = tests_failed == 0 && tests_passed > 0;
+        ok = tests_failed == 0 && tests_passed + tests_skipped > 0;
         if (report_fd < 0) printf("\n");
     } else if (argc > 2) {
         fprintf(stderr, "%s: %s takes no other argument\n", argv[0], argv[1]);

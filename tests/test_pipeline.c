@@ -84,6 +84,7 @@ static int skipped(void) {
     static int said;
     if (!skip_reason[0]) return 0;
     if (!said++) printf("\n  pipeline suite skipped: %s\n", skip_reason);
+    test_skip(skip_reason);
     return 1;
 }
 
