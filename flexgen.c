@@ -7,20 +7,20 @@
  * is declared above them. The map (scripts/check_layout.sh holds each line to the function's
  * definition):
  *
- *   108  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
- *   139  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
- *   182  at                       an iteration: layer j, GPU batch k, its arena; before, after
- *   224  load_weight              Fig. 4's load_weight; load_weight_now, the plain loop's
- *   243  load_cache               Fig. 4's load_cache; store_cache below it
- *   289  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
- *   325  compute                  layer j of GPU batch k on the backend
- *   358  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
- *   483  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
- *   673  step_begins              a block's step: tokens back, pages; step_ends
- *   767  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   993  refill_slots             ended sequences' slots take the next prompts (--refill)
- *  1011  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1170  generate                 prompts in rounds of blocks (run_round)
+ *   109  block_schedule           Fig. 4's loops (step, block, layer, GPU batch) over the verbs
+ *   140  plain_schedule           the same without overlap (--overlap 0): FlexGen's plain loop
+ *   183  at                       an iteration: layer j, GPU batch k, its arena; before, after
+ *   225  load_weight              Fig. 4's load_weight; load_weight_now, the plain loop's
+ *   244  load_cache               Fig. 4's load_cache; store_cache below it
+ *   290  load_activation          Fig. 4's load_activation (its _at, _now); store_activation
+ *   326  compute                  layer j of GPU batch k on the backend
+ *   359  synchronize              Fig. 4's synchronize; the loop's prologue and epilogue
+ *   484  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
+ *   674  step_begins              a block's step: tokens back, pages; step_ends
+ *   768  sample_tokens            a block's next tokens from its logits; take_tokens below it
+ *   994  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *  1012  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1171  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -42,8 +42,9 @@
 #include <string.h>
 
 /* ============================================================================================
- * The block schedule (§4.2, Fig. 4), first. Its verbs follow it in Fig. 4's order, declared
- * here, and what they call from further down is declared below them.
+ * The block schedule (§4.2, Fig. 4), first. Its verbs follow it, each load beside its store,
+ * then compute and synchronize, declared here, and what they call from further down is declared
+ * below them.
  * ============================================================================================ */
 
 /* Two numberings of layers: the schedule's j runs over FlexGen's list (0 the input embedding,
@@ -160,7 +161,7 @@ static void plain_schedule(gen_run *run) {
  * staging arena it uses), submitting its moves to the I/O threads; the iteration's helpers first.
  * ============================================================================================ */
 
-/* Defined with what the verbs move, at the end of this file. */
+/* Defined below the verbs, with what they move. */
 static int any_past(const gpu_batch *gb);
 static size_t new_bytes(const block *bl, const gpu_batch *gb, int b);
 static void cache_fetch_task(fg_runtime *rt, const io_task *task);

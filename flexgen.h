@@ -80,7 +80,7 @@ typedef struct {
 int lp_solve(const lp_problem *p, lp_status *status, double *x, double *objective, char *err);
 
 /* ---- The cost model (lp.c, §4.3, Appendix A.3), in the paper's symbols ---- */
-/* A machine's constants (Table 7), bytes/s and FLOP/s (app/profile.c reads and writes them). */
+/* A machine's constants (Table 8), bytes/s and FLOP/s (app/profile.c reads and writes them). */
 typedef struct {
     double ctog_bdw, gtoc_bdw_cache, gtoc_bdw_hidden, dtoc_bdw;
     double ctod_bdw_cache_p, ctod_bdw_hidden_p, ctod_bdw_g;  /* cpu -> disk */

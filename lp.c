@@ -972,8 +972,8 @@ static int by_objective(const void *a, const void *b) {
     return x->gbs * x->ngb - y->gbs * y->ngb;
 }
 
-/* GPU batch sizes tried: 1, 2, 4, 8, then steps of a quarter of the power of two below
- * (multiples of 4, as §4.3 suggests: 12, 16, 20, ..., 32, 40, ..., 64, 80, ...). */
+/* GPU batch sizes tried: 1, 2, 4, 8, then steps of a quarter of the largest power of two at or
+ * below: 10, 12, 14, 16, 20, ..., 32, 40, ... (from 16 on multiples of 4, as §4.3's are). */
 static int next_gbs(int gbs) {
     if (gbs < 8) return 2 * gbs;
     int p = 1;

@@ -236,6 +236,9 @@ void q4_compress(const float *src, size_t outer, size_t len, size_t inner, uint8
 int q4_compress_fp16(const fp16 *src, size_t outer, size_t len, size_t inner,
                      uint8_t *dst); /* -1: no memory */
 void q4_decompress(const uint8_t *src, size_t outer, size_t len, size_t inner, float *dst);
+/* The indices of w's k largest (n values; scratch: n floats) into keep, increasing, ties to the
+ * earlier index; returns how many it kept: min(k, n), 0 where k <= 0 (a decode step whose
+ * sparsity keeps none of the earlier tokens). */
 int topk_keep(const float *w, int n, int k, int *keep, float *scratch);
 /* Tensor t of a checkpoint's layout (support/support.h's opt_layout) as 4-bit dummy weights,
  * made a group at a time from the seed without an fp16 copy of the whole. */

@@ -7,7 +7,7 @@
  * two to a byte. That cuts weights and cache about 3.6x against fp16 (36 bytes per 64 values),
  * which is what lets larger blocks and models fit (Table 2's "(c)" rows).
  *
- * The layout (the same bytes as FlexGen's compressed tensors): a tensor of shape
+ * The layout (FlexGen's groups and nibble order, not its bytes): a tensor of shape
  * [outer][len][inner] is grouped along len, padded to a multiple of 64 (G groups), and stored per
  * outer index as
  *     nibbles [G][32][inner] bytes: byte (g, p, i) holds element 64 g + 2 p in its high nibble
@@ -48,8 +48,9 @@ static void group_range(float lo, float hi, fp16 *min16, fp16 *scale16, float *m
     *inv = scale > 0 ? 1 / scale : 0;
 }
 
-/* One group: n values, `stride` apart, into 32 bytes `inner` apart, with its min and scale. A
- * whole group of contiguous values runs on support/simd.c's twins where the CPU has them. */
+/* One group: n values, `stride` apart, into 32 bytes `inner` apart, with its min and scale; a value
+ * halfway between two levels goes up, (int)(t + 0.5f). A whole group of contiguous values runs on
+ * support/simd.c's twins where the CPU has them, which round so too. */
 static void compress_group(const float *x, size_t stride, size_t n, uint8_t *bytes, size_t inner,
                            fp16 *min_out, fp16 *scale_out) {
     const fg_simd *simd = fg_simd_kernels();

@@ -7,11 +7,11 @@
  *
  *    43  tier_take                the tiers: every byte taken here, or refused
  *   107  disk_fetch               disk tier pages in (disk -> cpu); out: disk_release
- *   175  place_tensors            each tensor's home tier, by FlexGen's rule
- *   403  load_weights_into_homes  the weights written into their homes, once
- *   498  load_weight_at           a layer read ahead, converted into a staging arena
- *   602  shape_block              a block's buffers per tier; fg_check_plan below it
- *   889  alloc_block              a block's KV cache and activations on the tiers
+ *   176  place_tensors            each tensor's home tier, by FlexGen's rule
+ *   405  load_weights_into_homes  the weights written into their homes, once
+ *   500  load_weight_at           a layer read ahead, converted into a staging arena
+ *   604  shape_block              a block's buffers per tier; fg_check_plan below it
+ *   891  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -170,8 +170,9 @@ int is_staged(const fg_model *m, const weight_home *h) {
 /* FlexGen's placement rule (init_weight_list), for tensors [first, end) of one of FlexGen's
  * layers: in order, each goes to the tier in which the midpoint of its cumulative size (in
  * elements, as a percentage of the layer's) falls, the tiers taking the percentages in the order
- * disk, cpu, gpu: [0, wn) disk, [wn, wn + wc) cpu, the rest gpu. A tied tensor (lm_head) has no
- * home of its own here. */
+ * disk, cpu, gpu: [0, wn) disk, [wn, wn + wc) cpu, the rest gpu (a midpoint at wn exactly is on
+ * the cpu tier). A tied tensor (lm_head, the embedding's table again) is left out: it counts in
+ * neither the layer's size nor the sums, and has no home of its own here. */
 static void place_tensors(fg_model *m, int first, int end) {
     const fg_percent *pc = &m->rt->policy.percent;
     double disk_end = 100 - pc->wg - pc->wc;
@@ -190,9 +191,10 @@ static void place_tensors(fg_model *m, int first, int end) {
     }
 }
 
-/* Layer j's tensors. FlexGen's list has a decoder layer as two layers, its attention (q, k, v,
- * out_proj, their layer norm) and its MLP (fc1, fc2, their layer norm), each placed on its own:
- * at --percent 20 80 the out_proj of every layer goes to the gpu, fc2 does not. */
+/* Layer j's tensors. FlexGen's list has an OPT decoder layer as two layers, its attention (q, k,
+ * v, out_proj, their layer norm) and its MLP (fc1, fc2, their layer norm), each placed on its own:
+ * at --percent 20 80 the out_proj of every layer goes to the gpu, fc2 does not. A LLaMA-family
+ * decoder layer (no fc1; FlexGen has no such model) is placed as one list. */
 static void place_layer(fg_model *m, int j) {
     int first = m->layer_first[j];
     int end = m->layer_first[j + 1];
@@ -574,7 +576,7 @@ void micro_batches(const fg_model *m, int n_prompts, int *size, int *count) {
     *count = blocks < stages ? blocks : stages;
 }
 
-/* A block's shape for a job (§4.1): its GPU batches (gbs sequences each, ngb of them), their rows
+/* A block's shape for a job (§4.2): its GPU batches (gbs sequences each, ngb of them), their rows
  * on each tier, and the bytes of every buffer it holds there. These are the runtime's side of
  * lp.c's memory model (fg_memory_model_build, which the search holds against the capacities, with
  * bls = gbs x ngb, s = max_prompt, len = max_len): each size below is one of its terms, counted

@@ -35,7 +35,7 @@ static inline int diagonal_start(int k, int groups, int gen_len) {
 
 typedef struct {
     fg_device device;
-    int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.1) */
+    int gpu_batch_size, num_gpu_batches; /* the block is their product (§4.2) */
     fg_percent percent;
     int overlap;           /* I/O on its own threads, overlapping compute (Fig. 4) */
     int cpu_cache_compute; /* decode attention over a cpu or disk cache runs on the CPU */

@@ -1,4 +1,4 @@
-/* app/profile.c: this machine's constants for the cost model (the paper's §4.3 and Table 7's
+/* app/profile.c: this machine's constants for the cost model (the paper's §4.3 and Table 8's
  * symbols), measured on the paths the runtime takes: the backend's cpu -> gpu and gpu -> cpu
  * copies, the disk tier's mapped files in the offload dir (written back with msync, read by
  * faulting the pages in after dropping them from the page cache), and the backend's own layer

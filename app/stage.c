@@ -1,6 +1,7 @@
 /* app/stage.c: the stage hooks of a run in one process. §4.4's pipeline splits the layers
- * over stages (app/pipeline.c); one process is one stage whose first layer reads token ids
- * and whose last gives the logits, so nothing travels between stages and every hook does nothing.
+ * over stages (fg_stage_layers; app/pipeline.c's hooks); one process is one stage whose first layer
+ * reads token ids and whose last gives the logits, so nothing travels between stages and every hook
+ * does nothing.
  */
 #include "flexgen.h"
 #include "support/support.h"

@@ -10,8 +10,9 @@ order, synchronize before compute, a clamp left out, ...).
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
                                   python3 scripts/check_exercises.py --patterns
 (--patterns: only that every change still applies to its function, in a second; make test runs it)
-(a build and a suite run per check, two at a time (JOBS=N for another count): 53 checks took 73
-minutes on 2 busy cores; the copies go to a temporary directory, each removed after its check)."""
+(a build and a suite run per check, two at a time (JOBS=N for another count): 54 checks, 12 emptied
+bodies and 42 wrong versions; 53 of them took 73 minutes on 2 busy cores; the copies go to a
+temporary directory, each removed after its check)."""
 import concurrent.futures, os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments

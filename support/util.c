@@ -1,6 +1,9 @@
 /* support/util.c: what every other file uses: error lines (fg_fail), whole-file reads, fp16 and
  * bf16 conversions (F16C where the CPU has it), the CPU features the SIMD paths check, the names of
- * the tiers and links, and JSON lookups as Python's json makes them.
+ * the tiers and links, JSON lookups as Python's json makes them; output files, temporaries and
+ * the directories a run makes, with the signal handlers that remove them (and the SIGBUS watch of
+ * mapped files); unnamed files; clocks, sizes, pages and available memory; and the stubs of a
+ * build without CUDA.
  *
  * Weights and the KV cache are stored in IEEE fp16 (paper §3); compute is fp32. fp32_to_fp16
  * rounds to nearest even, as the hardware instruction and PyTorch's .half() do, so every path

@@ -1615,7 +1615,11 @@ static void test_portable_paths_match_reference(void) {
     setenv("FLEXGEN_NO_SIMD", "1", 1);
     float *plain = run_dump(dir, "plain.bin", ARGS("--compress-weight", "--compress-cache", "--attn-sparsity", "0.5"));
     unsetenv("FLEXGEN_NO_SIMD");
-    CU_ASSERT(simd && plain && !memcmp(simd, plain, DUMP_BYTES));
+    size_t differ = 0;
+    for (size_t i = 0; simd && plain && i < DUMP_BYTES / sizeof *simd; i++) differ += simd[i] != plain[i];
+    EXPECT(simd && plain && differ == 0, "4-bit weights and cache, sparsity 0.5: %zu logits differ between "
+           "FLEXGEN_NO_SIMD=1 and the SIMD paths (the 4-bit rounding of a value halfway between two levels goes "
+           "up on both, (int)(t + 0.5f): quant.c's compress_group)", differ);
     free(simd);
     free(plain);
     rm_tree(dir);

@@ -2,7 +2,7 @@
  * every element against its group's range, constant groups, a partial last group, and the byte
  * layout (nibble order, where min and scale sit), read back here by a decoder written from the
  * layout's description rather than from quant.c; and the CUDA decompression kernel's per-value
- * body (flexgen.h's q4_value), built for the host, against quant.c's decompression. */
+ * body (model.h's q4_value), built for the host, against quant.c's decompression. */
 #include "tests.h"
 
 #include <math.h>
@@ -161,7 +161,7 @@ static void test_layout(void) {
 }
 
 /* flexgen.cu's 4-bit decompression kernel gives each value a thread, which computes it with
- * flexgen.h's q4_value; built here for the host, it must give q4_decompress's bits for every
+ * model.h's q4_value; built here for the host, it must give q4_decompress's bits for every
  * value: groups along contiguous values (inner 1) and across rows, several outer indices, and
  * partial last groups. */
 static void test_kernel_dequant_body(void) {
