@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -648,11 +650,37 @@ void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64
 size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
 
+/* fg_new_file's named temporaries: PARTIAL and 6 characters of mkstemp's. */
+#define PARTIAL ".flexgen-partial-"
+
+/* The temporaries in dir that a process ended without a handler (kill -9) left behind: each
+ * temporary is held under flock by its process while it lives, so one that no process holds and
+ * that is over a minute old (not one just made, before its lock) is removed. */
+static void remove_dead_partials(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    time_t now = time(NULL);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, PARTIAL, strlen(PARTIAL)) ||
+            strlen(e->d_name) != strlen(PARTIAL) + 6)
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat st;
+        if (fd < 0) continue;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 60 &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
 /* A new file in dir: unnamed (O_TMPFILE) where the file system has it, else a temporary named
- * flexgen-XXXXXX in t->path (the handlers' to remove until fg_new_file_name or _remove), which
- * file systems without O_TMPFILE (NFS, FUSE) need for a file to be named later: an unnamed file
- * made by unlinking one cannot be linked back. FLEXGEN_TEST_NO_TMPFILE=1 takes the second way
- * (the tests). */
+ * .flexgen-partial-XXXXXX in t->path (the handlers' to remove until fg_new_file_name or _remove;
+ * held under flock, so that a later run removes it if this process is killed), which file
+ * systems without O_TMPFILE (NFS, FUSE) need for a file to be named later: an unnamed file made
+ * by unlinking one cannot be linked back. FLEXGEN_TEST_NO_TMPFILE=1 takes the second way (the
+ * tests). */
 int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err) {
     t->path[0] = 0;
     t->slot = -1;
@@ -660,8 +688,10 @@ int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err) {
     errno = EOPNOTSUPP;
     if (!getenv("FLEXGEN_TEST_NO_TMPFILE")) fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-        snprintf(t->path, sizeof t->path, "%.4180s/flexgen-XXXXXX", dir);
+        remove_dead_partials(dir);
+        snprintf(t->path, sizeof t->path, "%.4170s/" PARTIAL "XXXXXX", dir);
         fd = registered_mkstemp(t->path, &t->slot);
+        if (fd >= 0) flock(fd, LOCK_EX | LOCK_NB); /* the lock goes with the process */
         if (fd < 0) t->path[0] = 0;
     }
     if (fd < 0) return fg_fail(err, "%s %s: cannot create a file: %s", flag, dir, strerror(errno));

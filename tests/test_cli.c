@@ -25,6 +25,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -879,6 +880,39 @@ static void test_damaged_weight_file(void) {
     free(path);
 }
 
+/* Without O_TMPFILE, weights are written under a temporary name (.flexgen-partial-XXXXXX), held
+ * under flock while their process lives. One that a killed process left (unlocked, over a minute
+ * old) is removed as the next file is made there; one still held, one just made and a name of
+ * another length stay. */
+static void test_dead_partial_removed(void) {
+    char *dir = make_temp_dir(), err[FG_ERR_LEN] = "";
+    static const char *const names[] = {".flexgen-partial-Dead01", ".flexgen-partial-Held01",
+                                        ".flexgen-partial-Young1", ".flexgen-partial-user-file"};
+    struct timespec hour_ago[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
+    for (int i = 0; i < 4; i++) {
+        write_text_file(join(dir, names[i]), "part of a file");
+        if (i != 2) CU_ASSERT_FATAL(utimensat(AT_FDCWD, join(dir, names[i]), hour_ago, 0) == 0);
+    }
+    int held = open(join(dir, names[1]), O_RDONLY);
+    CU_ASSERT_FATAL(held >= 0 && flock(held, LOCK_EX) == 0);
+    setenv("FLEXGEN_TEST_NO_TMPFILE", "1", 1);
+    fg_new made;
+    int fd = fg_new_file(dir, "--path", &made, err);
+    unsetenv("FLEXGEN_TEST_NO_TMPFILE");
+    EXPECT(fd >= 0 && strstr(made.path, "/.flexgen-partial-"), "the new file: %s", fd >= 0 ? made.path : err);
+    for (int i = 0; i < 4; i++) {
+        int there = access(join(dir, names[i]), F_OK) == 0;
+        EXPECT(there == (i != 0), "%s: %s", names[i], there ? "still there" : "removed");
+    }
+    if (fd >= 0) {
+        fg_new_file_remove(&made);
+        close(fd);
+    }
+    close(held);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* Two runs writing dummy weights into the same new --path: the one stopped first takes away the
  * folders it made while the other's weights are an unnamed file in them (which keeps no folder
  * from being removed). The other names its file all the same: the folders are made again. */
@@ -926,7 +960,8 @@ static void test_weight_file_kept(void) {
         int weights = 0, others = 0;
         DIR *d = opendir(path);
         for (struct dirent *e; d && (e = readdir(d));)
-            if (e->d_name[0] != '.') *(strstr(e->d_name, ".fgw") ? &weights : &others) += 1;
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                *(strstr(e->d_name, ".fgw") ? &weights : &others) += 1;
         if (d) closedir(d);
         EXPECT(weights == 1 && others == 0, "run %d: %d weight files and %d others in --path", run, weights, others);
     }
@@ -2934,6 +2969,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "dummy weights kept without O_TMPFILE, reused a layer at a time in memory", test_weight_file_kept);
     CU_add_test(s, "a new file named after another run took its folders away",
                 test_new_file_named_after_its_folder_went);
+    CU_add_test(s, "a temporary a killed run left is removed as the next is made", test_dead_partial_removed);
     CU_add_test(s, "--trace writes a Chrome trace with a track per thread", test_trace);
     CU_add_test(s, "sampling is reproducible from --seed", test_sampling_is_seeded);
     CU_add_test(s, "greedy ignores --seed", test_greedy_ignores_seed);
