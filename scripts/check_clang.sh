@@ -7,17 +7,17 @@
 # compiles it with its own host compiler). clang's -fopenmp brings LLVM's OpenMP runtime beside
 # the GCC one that OpenBLAS's build uses (its -fopenmp=libgomp links GCC's but ignores every
 # OpenMP pragma): the matmul suite's test of 1, 2 and 3 threads holds the bits on that pair too.
-# Usage: bash scripts/check_clang.sh   (clang installed: scripts/setup_fuzz.sh installs it; .ci/run
-#        runs this after it). Exits 1 if the build or a test fails.
+# Usage: bash scripts/check_clang.sh   (clang and omp.h installed: scripts/setup.sh installs them;
+#        .ci/run runs this after make test-san). Exits 1 if the build or a test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
-command -v clang >/dev/null || { echo "check_clang.sh: no clang (bash scripts/setup_fuzz.sh installs it)" >&2; exit 2; }
+command -v clang >/dev/null || { echo "check_clang.sh: no clang (bash scripts/setup.sh installs it)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 git ls-files -z | xargs -0 tar -cf - | tar -xf - -C "$work"
 cd "$work" || exit 2
 if ! make --no-print-directory CC=clang NVCC= -j2 flexgen build/test_flexgen >build.log 2>&1; then
-    grep -E "error|warning" build.log | head -20
+    grep -E "error:|warning:" build.log | head -20
     echo "check_clang.sh: the build with clang failed"
     exit 1
 fi
