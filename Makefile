@@ -125,6 +125,8 @@ all: flexgen
 
 flexgen: $(call main_objs,build) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
+	@echo "flexgen: built $(if $(NVCC),with CUDA ($(NVCC)),without CUDA (no nvcc found; NVCC= names one)),\
+	 $(if $(MPICC),with MPI,without MPI (no mpicc)), $(if $(ONEDNN_H),with oneDNN,without oneDNN (no dnnl.h))"
 
 build/flexgen_cu.o: flexgen.cu $(HDR) $(CUDA_HDR)
 	@mkdir -p build
