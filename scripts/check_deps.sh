@@ -34,11 +34,21 @@ if ! grep -q -- "-O1 .*-I\. " <<<"$compile"; then
     echo "check_deps: make CFLAGS=-O1 compiles without the Makefile's own flags: ${compile:-no compile line}"
     fail=1
 fi
-nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# The toolkit's own nvcc, an executable (ELF) in TOOLKIT/bin: the nvcc first on the PATH may be a
+# shell script that runs it (/usr/local/bin/nvcc on some machines), and a link to a script would
+# not test where make looks.
+nvcc=
+for candidate in "$(command -v nvcc 2>/dev/null)" /usr/local/cuda/bin/nvcc; do
+    candidate=$(readlink -f "$candidate" 2>/dev/null) || continue
+    if [ -x "$candidate" ] && [ "$(head -c 4 "$candidate" | tail -c 3)" = ELF ]; then
+        nvcc=$candidate
+        break
+    fi
+done
 if [ -n "$nvcc" ]; then
-    toolkit=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+    toolkit=$(dirname "$(dirname "$nvcc")")
     links=$(mktemp -d)
-    ln -s "$(readlink -f "$nvcc")" "$links/nvcc"
+    ln -s "$nvcc" "$links/nvcc"
     link=$(env -u CUDA_HOME "$make" --no-print-directory -n -W flexgen.c NVCC="$links/nvcc" flexgen 2>/dev/null |
         grep -o -- "-L[^ ]*/lib64" | head -1)
     rm -rf "$links"
