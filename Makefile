@@ -29,17 +29,18 @@ CFLAGS ?= -O2
 # exercise leaves its helpers and parameters unused).
 WERROR ?= -Werror
 override CFLAGS += -std=c11 -Wall -Wextra $(WERROR) -fopenmp -I. -I$(BLAS_INC)
-LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
+# LDFLAGS= and LDLIBS= are added to the links the same way (the libraries the build needs kept).
+override LDLIBS += -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lcjson -lm
 ifneq ($(PREFIX),)
 override CFLAGS += $(DEPS_CFLAGS)
-LDLIBS += $(DEPS_LIBS)
+override LDLIBS += $(DEPS_LIBS)
 endif
 # oneDNN (Debian's libdnnl-dev), for the opt-in prefill schemes' products (support/onednn.c),
 # where its header is found; without it those products run on plain loops.
 ONEDNN_H := $(wildcard $(PREFIX)/usr/include/oneapi/dnnl/dnnl.h)
 ifneq ($(ONEDNN_H),)
 override CFLAGS += -DFLEXGEN_ONEDNN
-LDLIBS += -ldnnl
+override LDLIBS += -ldnnl
 endif
 # The tests' references: CUnit, and GLPK for lp.c (./flexgen itself links neither).
 TEST_LIBS := -lcunit -lglpk
@@ -107,7 +108,7 @@ endif
 MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 override CFLAGS += -DFLEXGEN_MPI $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-)
-LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
+override LDLIBS += $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link-info | cut -d' ' -f2-)
 endif
 HDR := model.h tiers.h flexgen.h support/support.h support/tools.h support/nfc.h support/nfc_tables.h app/app.h
 # The CUDA backend's plumbing (support/cuda_device.cu), beneath flexgen.cu: its header, for the
@@ -124,7 +125,7 @@ TOK_FIXTURES := $(patsubst tests/fixtures/%.xz,build/%,$(wildcard tests/fixtures
 all: flexgen
 
 flexgen: $(call main_objs,build) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 	@echo "flexgen: built $(if $(NVCC),with CUDA ($(NVCC)),without CUDA (no nvcc found; NVCC= names one)),\
 	 $(if $(MPICC),with MPI,without MPI (no mpicc)), $(if $(ONEDNN_H),with oneDNN,without oneDNN (no dnnl.h))"
 
@@ -142,7 +143,7 @@ build/test_kernels.o: tests/test_kernels.cu flexgen.cu $(HDR) $(CUDA_HDR) tests/
 	$(NVCC) $(NVCCFLAGS) -I$(BLAS_INC) $(if $(PREFIX),$(DEPS_CFLAGS)) -c -o $@ tests/test_kernels.cu
 
 build/test_flexgen: $(call test_objs,build) $(TEST_CUDA_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
 
 # The emulated GPU (tests/cuda_emu, docs/GPU.md): flexgen.cu, support/cuda_device.cu and the
 # kernel tests compiled by g++
@@ -191,15 +192,15 @@ $(1)/test_emu.o: build-emu/tests/cuda_emu/test_emu.cu $(EMU_HDR) tests/tests.h
 	@mkdir -p $(1)
 	$(CXX) $(EMU_CXXFLAGS) $(2) $(DEPFLAGS) -x c++ -c -o $$@ $$<
 $(1)/test_flexgen: $(call emu_test_objs,$(3),$(1)) $(1)/test_kernels.o $(1)/cuda_device_cu.o $(1)/test_emu.o $(1)/emu.o
-	$(CC) $(EMU_CFLAGS) $(2) -o $$@ $$^ $(EMU_LDLIBS) $(TEST_LIBS)
+	$(CC) $(EMU_CFLAGS) $(2) $(LDFLAGS) -o $$@ $$^ $(EMU_LDLIBS) $(TEST_LIBS)
 endef
 $(eval $(call emu_build,build-emu,,build))
 $(eval $(call emu_build,build-san-emu,$(SAN),build-san))
 
 flexgen-emu: $(call emu_main_objs,build,build-emu) build-emu/flexgen_cu.o build-emu/cuda_device_cu.o build-emu/emu.o
-	$(CC) $(EMU_CFLAGS) -o $@ $^ $(EMU_LDLIBS)
+	$(CC) $(EMU_CFLAGS) $(LDFLAGS) -o $@ $^ $(EMU_LDLIBS)
 build-san-emu/flexgen: $(call emu_main_objs,build-san,build-san-emu) build-san-emu/flexgen_cu.o build-san-emu/cuda_device_cu.o build-san-emu/emu.o
-	$(CC) $(EMU_CFLAGS) $(SAN) -o $@ $^ $(EMU_LDLIBS)
+	$(CC) $(EMU_CFLAGS) $(SAN) $(LDFLAGS) -o $@ $^ $(EMU_LDLIBS)
 
 # The C objects. Each source compiles once into build/obj/ (build-san/obj/ under the sanitizers),
 # for ./flexgen, the emulated GPU's ./flexgen-emu and both test binaries alike. Two sources read
@@ -300,10 +301,10 @@ test: flexgen build/test_flexgen flexgen-emu build-emu/test_flexgen $(TOK_FIXTUR
 	$(call run_suites,./build/test_flexgen,./flexgen,./build-emu/test_flexgen,./flexgen-emu,,,$(if $(filter 1,$(MATRIX)),--matrix))
 
 build-san/flexgen: $(call main_objs,build-san) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
+	$(CC) $(CFLAGS) $(SAN) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 
 build-san/test_flexgen: $(call test_objs,build-san) $(TEST_CUDA_OBJ)
-	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
+	$(CC) $(CFLAGS) $(SAN) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) $(TEST_LIBS)
 
 # test-san's options, harmless without a GPU. protect_shadow_gap=0: the CUDA driver maps memory
 # inside ASan's shadow gap, and with the gap protected cuInit fails and the GPU suite skips.

@@ -188,6 +188,10 @@ cp "$root/Makefile" "$work/tree/Makefile"
 sed -i 's/^override CFLAGS += -std=c11/CFLAGS += -std=c11/' "$work/tree/Makefile"
 expect "check_deps.sh, a Makefile whose flags a command-line CFLAGS drops" scripts/check_deps.sh fail \
     "make CFLAGS=-O1 compiles without the Makefile's own flags"
+cp "$root/Makefile" "$work/tree/Makefile"
+sed -i 's/^override LDLIBS += -L$(BLAS_LIB)/LDLIBS := -L$(BLAS_LIB)/' "$work/tree/Makefile"
+expect "check_deps.sh, a Makefile whose libraries a command-line LDLIBS drops" scripts/check_deps.sh fail \
+    "links without them or without the build's libraries"
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     cp "$root/Makefile" "$work/tree/Makefile"
     sed -i 's/,$(realpath $(NVCC)))$/,$(NVCC))/' "$work/tree/Makefile"

@@ -6,9 +6,10 @@
 # old SIMDe kernels after an edit to avx512.c). For each object below and a file it includes that
 # no rule of the Makefile names, make is asked what it would do were that file new (make -n -W,
 # its flags file held old): it must compile the object again.
-# Then two promises of the Makefile's own variables, read from make -n: a CFLAGS given on the
-# command line replaces the optimisation alone (the include paths and defines stay), and where
-# nvcc is a link to a toolkit elsewhere, the CUDA libraries are linked from that toolkit.
+# Then three promises of the Makefile's own variables, read from make -n: a CFLAGS given on the
+# command line replaces the optimisation alone (the include paths and defines stay), an LDFLAGS
+# and an LDLIBS are added to the link (its libraries stay), and where nvcc is a link to a toolkit
+# elsewhere, the CUDA libraries are linked from that toolkit.
 # Usage: bash scripts/check_deps.sh   (after a build; make test runs it; exits 1 on a miss)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -34,6 +35,12 @@ if ! grep -q -- "-O1 .*-I\. " <<<"$compile"; then
     echo "check_deps: make CFLAGS=-O1 compiles without the Makefile's own flags: ${compile:-no compile line}"
     fail=1
 fi
+link=$("$make" --no-print-directory -n -W flexgen.c LDFLAGS=-Wl,-O1 LDLIBS=-lrt flexgen 2>/dev/null |
+    grep -- "-o flexgen ")
+if ! grep -q -- "-Wl,-O1 .*-lrt .*-lopenblas" <<<"$link"; then
+    echo "check_deps: make LDFLAGS=-Wl,-O1 LDLIBS=-lrt links without them or without the build's libraries: ${link:-no link line}"
+    fail=1
+fi
 # The toolkit's own nvcc, an executable (ELF) in TOOLKIT/bin: the nvcc first on the PATH may be a
 # shell script that runs it (/usr/local/bin/nvcc on some machines), and a link to a script would
 # not test where make looks.
@@ -57,5 +64,5 @@ if [ -n "$nvcc" ]; then
         fail=1
     fi
 fi
-[ $fail = 0 ] && echo "check_deps: CFLAGS= and a linked nvcc keep the Makefile's flags and toolkit"
+[ $fail = 0 ] && echo "check_deps: CFLAGS=, LDFLAGS=, LDLIBS= and a linked nvcc keep the Makefile's flags, libraries and toolkit"
 exit $fail
