@@ -512,15 +512,6 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
     return check_flags(a, err);
 }
 
-/* dir gets path's directory ("." for a bare name); returns its last component. */
-static const char *split_path(const char *path, char *dir, size_t n) {
-    snprintf(dir, n, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, n, ".");
-    else *(slash == dir ? slash + 1 : slash) = 0;
-    return slash ? path + (slash - dir) + 1 : path;
-}
-
 /* Whether two paths name one file: the same device and inode, or (where neither exists yet) the
  * same name in the same directory. Names alone would miss ../p.txt, a link, a hard link. */
 static int same_file(const char *x, const char *y) {
@@ -528,7 +519,7 @@ static int same_file(const char *x, const char *y) {
     int has_x = stat(x, &a) == 0, has_y = stat(y, &b) == 0;
     if (has_x || has_y) return has_x && has_y && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
     char dx[4096], dy[4096];
-    const char *nx = split_path(x, dx, sizeof dx), *ny = split_path(y, dy, sizeof dy);
+    const char *nx = path_folder(x, dx, sizeof dx), *ny = path_folder(y, dy, sizeof dy);
     return !strcmp(nx, ny) && stat(dx, &a) == 0 && stat(dy, &b) == 0 && a.st_dev == b.st_dev &&
            a.st_ino == b.st_ino;
 }
@@ -580,7 +571,7 @@ static int name_read_in_dir(const char *path, const char *dir, char *found, size
  * where a run writes its own and reads those of others. */
 static int weights_name_in_dir(const char *path, const char *dir) {
     char out_dir[4096];
-    const char *name = split_path(path, out_dir, sizeof out_dir);
+    const char *name = path_folder(path, out_dir, sizeof out_dir);
     size_t len = strlen(name);
     struct stat a, b;
     return len > 4 && !strcmp(name + len - 4, ".fgw") && stat(out_dir, &a) == 0 &&
@@ -592,7 +583,7 @@ static int weights_name_in_dir(const char *path, const char *dir) {
  * `found` its name. */
 static int file_beside(const char *path, const char *in, int files, char *found, size_t n) {
     char dir[4096], name[256];
-    split_path(in, dir, sizeof dir);
+    path_folder(in, dir, sizeof dir);
     if (!name_in_dir(path, dir, fg_tokenizer_side_files, files, name, sizeof name))
         return 0; /* neither one there now nor one made there */
     return snprintf(found, n, "%s/%s", dir, name) > 0;

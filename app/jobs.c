@@ -402,10 +402,8 @@ static int names_file(const char *path, int fd) {
 /* Why path could not be opened: its directory, or the file itself. */
 static int open_failed(const char *path, int e, char *err) {
     char dir[FG_PATH_LEN];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
-    if (check_dir("--output", slash ? dir : ".", err)) return -1;
+    path_folder(path, dir, sizeof dir);
+    if (check_dir("--output", dir, err)) return -1;
     return fg_fail(err, "--output %s: %s", path, strerror(e));
 }
 

@@ -119,10 +119,9 @@ static dev_t file_system_of(const char *dir) {
     struct stat st;
     while (stat(path, &st) != 0) {
         if (!strcmp(path, "/") || !strcmp(path, ".")) return 0;
-        char *slash = strrchr(path, '/');
-        if (!slash) snprintf(path, sizeof path, ".");
-        else if (slash == path) path[1] = 0; /* "/x" to "/" */
-        else *slash = 0;
+        char up[FG_PATH_LEN];
+        path_folder(path, up, sizeof up);
+        snprintf(path, sizeof path, "%s", up);
     }
     return st.st_dev;
 }

@@ -436,9 +436,7 @@ static int config_from_cjson(const cJSON *root, const char *path, model_config *
  * does), and a file without one, or null, names none (the id -1); else config.json's. */
 static int generation_eos(const char *config_path, model_config *c, char *err) {
     char path[FG_PATH_LEN + 32];
-    const char *slash = strrchr(config_path, '/');
-    int dir_len = slash ? (int)(slash - config_path) : 1;
-    snprintf(path, sizeof path, "%.*s/generation_config.json", dir_len, slash ? config_path : ".");
+    path_beside(config_path, "generation_config.json", path, sizeof path);
     if (access(path, F_OK) != 0) return 0;
     char *text = fg_read_json_file(path, NULL, err);
     if (!text) return -1;

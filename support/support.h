@@ -29,9 +29,13 @@ void *line_alloc(size_t bytes);
 double mem_available_bytes(void);
 double host_memory_for_plans(void);
 int is_dir(const char *path);
-int check_dir(const char *flag, const char *dir, char *err);    /* exists and is writable */
-int mkdir_p(const char *dir);                                   /* -1 (errno) on failure */
-void default_weight_dir(char *out, size_t n);                   /* ~/.cache/flexgen */
+int check_dir(const char *flag, const char *dir, char *err); /* exists and is writable */
+int mkdir_p(const char *dir);                                /* -1 (errno) on failure */
+/* folder gets path's folder ("." for a bare name, "/" for a name at the root); returns the name
+ * after it, inside path. */
+const char *path_folder(const char *path, char *folder, size_t n);
+void path_beside(const char *path, const char *name, char *out, size_t n); /* name in its folder */
+void default_weight_dir(char *out, size_t n);                              /* ~/.cache/flexgen */
 int unnamed_file(const char *dir, const char *flag, char *err); /* an fd, removed at exit */
 /* A file made in dir and named once complete (the weights' file of --path): util.c. */
 typedef struct {

@@ -843,10 +843,7 @@ static int keep_encoder(fg_tokenizer *t, const token_list *encoder) {
 static int load_added_tokens(fg_tokenizer *t, const char *vocab_path, const int32_t *tok_sym,
                              char *err) {
     added_loader L = {0};
-    snprintf(L.dir, sizeof L.dir, "%s", vocab_path);
-    char *slash = strrchr(L.dir, '/');
-    if (!slash) snprintf(L.dir, sizeof L.dir, ".");
-    else *(slash == L.dir ? slash + 1 : slash) = '\0';
+    path_folder(vocab_path, L.dir, sizeof L.dir);
     int rc = read_added_tokens(t, &L, err);
     if (rc == 0 && (keep_encoder(t, &L.encoder) ||
                     build_decode_table(t, tok_sym, t->vocab_size, &L.decoder))) {

@@ -331,11 +331,8 @@ static int read_added(const cJSON *list, tok_added **out, int *n, const char *pa
  * post_processor has none, takes bos_token's id. */
 static int read_add_bos(const char *path, const tok_added *added, int n_added, tok_rules *r,
                         char *err) {
-    char cfg[4200];
-    snprintf(cfg, sizeof cfg, "%s", path);
-    char *slash = strrchr(cfg, '/');
-    snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0), "%s",
-             fg_tokenizer_side_files[0]);
+    char cfg[FG_PATH_LEN + 64];
+    path_beside(path, fg_tokenizer_side_files[0], cfg, sizeof cfg);
     if (access(cfg, F_OK) != 0) return 0;
     size_t len;
     char *buf = fg_read_json_file(cfg, &len, err);

@@ -471,18 +471,50 @@ static void release_temp(int slot) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* The temporary of o->target, created and registered (-1: a name over NAME_MAX, none free, or it
+/* The named temporaries (outputs', and fg_new_file's where there is no O_TMPFILE): PARTIAL and 6
+ * characters of mkstemp's. */
+#define PARTIAL ".flexgen-partial-"
+
+/* The temporaries in dir that a process ended without a handler (kill -9) left behind: each
+ * temporary is held under flock by its process while it lives, so one that no process holds and
+ * that is over a minute old (not one just made, before its lock) is removed. */
+static void remove_dead_partials(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    time_t now = time(NULL);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, PARTIAL, strlen(PARTIAL)) ||
+            strlen(e->d_name) != strlen(PARTIAL) + 6)
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat st;
+        if (fd < 0) continue;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 60 &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
+/* A named temporary in dir, its name (FG_PATH_LEN bytes) in `name`, registered with the handlers
+ * and held under flock while this process lives (the lock goes with the process, kill -9 too);
+ * the dead ones in dir are removed first. -1 with errno where it cannot be made. */
+static int partial_file(const char *dir, char *name, int *slot) {
+    remove_dead_partials(dir);
+    snprintf(name, FG_PATH_LEN, "%.4070s/" PARTIAL "XXXXXX", dir);
+    int fd = registered_mkstemp(name, slot);
+    if (fd >= 0) flock(fd, LOCK_EX | LOCK_NB);
+    return fd;
+}
+
+/* The temporary of o->target, a named one beside it (-1: a name over NAME_MAX, none free, or it
  * cannot be created). */
 static int output_temp(fg_output *o, char *err) {
-    const char *slash = strrchr(o->target, '/');
-    int dir_len = slash ? (int)(slash - o->target + 1) : 0;
-    int name_len = (int)strlen(o->target + dir_len);
-    if (name_len > NAME_MAX) /* said now, not at the rename after the run */
+    char dir[FG_PATH_LEN];
+    if (strlen(path_folder(o->target, dir, sizeof dir)) > NAME_MAX) /* now, not after the run */
         return fg_fail(err, "%s %s: %s", o->flag, o->path, strerror(ENAMETOOLONG));
-    if (name_len > NAME_MAX - 11) name_len = NAME_MAX - 11; /* a name of up to NAME_MAX has one */
-    snprintf(o->tmp, sizeof o->tmp, "%.*s%.*s.tmp-XXXXXX", dir_len, o->target, name_len,
-             o->target + dir_len);
-    int fd = registered_mkstemp(o->tmp, &o->slot);
+    int fd = partial_file(dir, o->tmp, &o->slot);
     if (fd < 0)
         return fg_fail(err, "%s %s: cannot create a file beside it: %s", o->flag, o->path,
                        strerror(errno));
@@ -622,8 +654,12 @@ int fg_output_check(const char *flag, const char *path, char *err) {
     if (fg_output_apart_from_std(flag, path, err)) return -1;
     fg_output o;
     if (fg_output_open(&o, flag, path, err)) return -1;
+    /* a block of it taken now: a device already full is said before the run, not after it */
+    int e = posix_fallocate(o.fd, 0, 1);
+    if (e == ENOSPC || e == EDQUOT)
+        fg_fail(err, "%s %s: %s", flag, path, fg_write_failure(o.tmp, e));
     fg_output_abort(&o);
-    return 0;
+    return e == ENOSPC || e == EDQUOT ? -1 : 0;
 }
 
 /* ============================================================================================
@@ -650,31 +686,6 @@ void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64
 size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 size_t page_up(size_t n) { return (n + page_size() - 1) & ~(page_size() - 1); }
 
-/* fg_new_file's named temporaries: PARTIAL and 6 characters of mkstemp's. */
-#define PARTIAL ".flexgen-partial-"
-
-/* The temporaries in dir that a process ended without a handler (kill -9) left behind: each
- * temporary is held under flock by its process while it lives, so one that no process holds and
- * that is over a minute old (not one just made, before its lock) is removed. */
-static void remove_dead_partials(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    time_t now = time(NULL);
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, PARTIAL, strlen(PARTIAL)) ||
-            strlen(e->d_name) != strlen(PARTIAL) + 6)
-            continue;
-        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        struct stat st;
-        if (fd < 0) continue;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 60 &&
-            flock(fd, LOCK_EX | LOCK_NB) == 0)
-            unlinkat(dirfd(d), e->d_name, 0);
-        close(fd);
-    }
-    closedir(d);
-}
-
 /* A new file in dir: unnamed (O_TMPFILE) where the file system has it, else a temporary named
  * .flexgen-partial-XXXXXX in t->path (the handlers' to remove until fg_new_file_name or _remove;
  * held under flock, so that a later run removes it if this process is killed), which file
@@ -688,10 +699,7 @@ int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err) {
     errno = EOPNOTSUPP;
     if (!getenv("FLEXGEN_TEST_NO_TMPFILE")) fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-        remove_dead_partials(dir);
-        snprintf(t->path, sizeof t->path, "%.4170s/" PARTIAL "XXXXXX", dir);
-        fd = registered_mkstemp(t->path, &t->slot);
-        if (fd >= 0) flock(fd, LOCK_EX | LOCK_NB); /* the lock goes with the process */
+        fd = partial_file(dir, t->path, &t->slot);
         if (fd < 0) t->path[0] = 0;
     }
     if (fd < 0) return fg_fail(err, "%s %s: cannot create a file: %s", flag, dir, strerror(errno));
@@ -701,10 +709,8 @@ int fg_new_file(const char *dir, const char *flag, fg_new *t, char *err) {
 /* The folder path is in made again (mkdir_p), where another process took it away. */
 static int remake_folder_of(const char *path) {
     char dir[FG_PATH_LEN];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return -1;
-    *slash = 0;
+    path_folder(path, dir, sizeof dir);
+    if (!strcmp(dir, ".") || !strcmp(dir, "/")) return -1;
     return mkdir_p(dir);
 }
 
@@ -797,6 +803,19 @@ static int make_dir(const char *path) {
     }
     pthread_mutex_unlock(&registry_lock);
     return 0;
+}
+
+const char *path_folder(const char *path, char *folder, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(folder, n, ".");
+    else if (slash == path) snprintf(folder, n, "/");
+    else snprintf(folder, n, "%.*s", (int)(slash - path), path);
+    return slash ? slash + 1 : path;
+}
+
+void path_beside(const char *path, const char *name, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    snprintf(out, n, "%.*s%s", slash ? (int)(slash + 1 - path) : 0, path, name);
 }
 
 int mkdir_p(const char *dir) {

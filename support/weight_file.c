@@ -137,7 +137,8 @@ static int intact(const weight_file *f, int fd, size_t size, const char *path) {
     return bad < 0;
 }
 
-/* An fd of an intact file, or -1. */
+/* An fd of an intact file, or -1; where check, each layer's checksum is checked too, and a note
+ * says why a file there is not taken. */
 static int weight_file_find(const weight_file *f, int check) {
     char path[FG_PATH_LEN];
     weight_file_path(f, path, sizeof path);
@@ -145,11 +146,21 @@ static int weight_file_find(const weight_file *f, int check) {
     weight_file_header want = header_of(f, size), have;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* read only: a run never writes it */
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == size &&
-        pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have &&
-        !memcmp(&have, &want, sizeof have) && (!check || intact(f, fd, size, path)))
-        return fd;
-    if (fd >= 0) close(fd);
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    int whole = (size_t)st.st_size == size &&
+                pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have &&
+                !memcmp(&have, &want, sizeof have);
+    if (whole && (!check || intact(f, fd, size, path))) return fd;
+    if (!whole && check) /* the run's own look (weight_file_map), not a plan's */
+        fprintf(stderr,
+                "flexgen: note: %s: %s, not the %s of these weights (cut short, or written by "
+                "another version); writing the dummy weights again\n",
+                path, (size_t)st.st_size == size ? "another header" : human((double)st.st_size).s,
+                human((double)size).s);
+    close(fd);
     return -1;
 }
 

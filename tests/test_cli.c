@@ -835,9 +835,10 @@ static void test_output_on_full_device(void) {
 /* Dummy weights in --path that were changed on disk (header and size intact) are found out by
  * their checksums and written again: the run gives the tokens of a fresh file, says so in one
  * note, and the next run reuses the new file in silence. Damaged twice: 8 MiB in the middle,
- * then only the file's last page (the output layer's last tensor, the last layer checked). */
+ * then only the file's last page (the output layer's last tensor, the last layer checked); and
+ * then cut short by a page, which the note says. */
 static void test_damaged_weight_file(void) {
-    enum { RUNS = 4 };
+    enum { RUNS = 5 };
     char *path = make_temp_dir(), *out, *err, dumps[RUNS][4200];
     for (int i = 0; i < RUNS; i++) snprintf(dumps[i], sizeof dumps[i], "%s/run%d.bin", path, i);
     const char *weights = NULL;
@@ -846,9 +847,10 @@ static void test_damaged_weight_file(void) {
                                   "--path", path, "--prompt-len", "8", "--gen-len", "2", "--gpu-batch-size",
                                   "2", "--quiet", "--dump-logits", dumps[run]), NULL, &out, &err);
         CU_ASSERT_EQUAL(rc, 0);
-        int damaged = run % 2 == 1;
-        EXPECT(damaged ? strstr(err, "does not match its checksum") && count_lines(err) == 1 : !err[0],
-               "run %d over %s weights: stderr '%s'", run, damaged ? "damaged" : "intact", err);
+        int damaged = run % 2 == 1, cut = run == 4;
+        const char *note = cut ? "cut short" : "does not match its checksum";
+        EXPECT(damaged || cut ? strstr(err, note) && count_lines(err) == 1 : !err[0],
+               "run %d over %s weights: stderr '%s'", run, cut ? "cut short" : damaged ? "damaged" : "intact", err);
         free(out), free(err);
         if (run == 0) {
             DIR *d = opendir(path);
@@ -866,13 +868,17 @@ static void test_damaged_weight_file(void) {
             CU_ASSERT(pwrite(fd, zeros, n, run == 0 ? st.st_size / 2 : st.st_size - 4096) == (ssize_t)n);
             close(fd);
         }
+        if (run == 3) {
+            struct stat st;
+            CU_ASSERT_FATAL(stat(weights, &st) == 0 && truncate(weights, st.st_size - 4096) == 0);
+        }
     }
     size_t n0, n;
     char *first = slurp(dumps[0], &n0);
     for (int run = 1; run < RUNS; run++) {
         char *again = slurp(dumps[run], &n);
         EXPECT(first && again && n == n0 && !memcmp(first, again, n), "run %d: logits differ from the "
-               "first run's, over weights that were damaged before runs 1 and 3", run);
+               "first run's, over weights that were damaged before runs 1 and 3 and cut short before run 4", run);
         free(again);
     }
     free(first);
@@ -881,9 +887,9 @@ static void test_damaged_weight_file(void) {
 }
 
 /* Without O_TMPFILE, weights are written under a temporary name (.flexgen-partial-XXXXXX), held
- * under flock while their process lives. One that a killed process left (unlocked, over a minute
- * old) is removed as the next file is made there; one still held, one just made and a name of
- * another length stay. */
+ * under flock while their process lives, and so is every output until it is renamed into place.
+ * One that a killed process left (unlocked, over a minute old) is removed as the next file or
+ * output is made there; one still held, one just made and a name of another length stay. */
 static void test_dead_partial_removed(void) {
     char *dir = make_temp_dir(), err[FG_ERR_LEN] = "";
     static const char *const names[] = {".flexgen-partial-Dead01", ".flexgen-partial-Held01",
@@ -908,6 +914,20 @@ static void test_dead_partial_removed(void) {
         fg_new_file_remove(&made);
         close(fd);
     }
+    /* an output's temporary: the same name, the same sweep */
+    write_text_file(join(dir, names[0]), "part of an output");
+    CU_ASSERT_FATAL(utimensat(AT_FDCWD, join(dir, names[0]), hour_ago, 0) == 0);
+    fg_output out;
+    char logits[4200];
+    snprintf(logits, sizeof logits, "%s", join(dir, "logits.bin"));
+    int opened = fg_output_open(&out, "--dump-logits", logits, err) == 0;
+    int probe = opened ? open(out.tmp, O_RDONLY) : -1; /* another open file: the lock is out.fd's */
+    int locked = probe >= 0 && flock(probe, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (probe >= 0) close(probe);
+    EXPECT(opened && strstr(out.tmp, "/.flexgen-partial-") && locked, "an output's temporary: %s, %s",
+           opened ? out.tmp : err, locked ? "held" : "not held by its process");
+    EXPECT(access(join(dir, names[0]), F_OK) != 0, "a dead temporary stays as an output is made beside it");
+    if (opened) fg_output_abort(&out);
     close(held);
     rm_tree(dir);
     free(dir);
@@ -1229,10 +1249,11 @@ static int run_on_disk(const char *off, const char *const *extra, char **out, ch
 
 /* $FLEXGEN_BIN with args in a child under a file size limit of `bytes` set there before exec,
  * with SIGXFSZ at its default as a shell's `ulimit -f` leaves it (exceeding the limit kills a
- * process that does not ignore it); where fsync_full, every fsync there fails with ENOSPC (a
- * device that allocates late, found full when a finished output is flushed). Returns the exit
- * status or 128 + the signal; *err gets its stderr (malloc'd), its stdout goes nowhere. */
-static int run_limited(const char *const *args, rlim_t bytes, int fsync_full, char **err) {
+ * process that does not ignore it); where full_call is a system call's number, every call of it
+ * there fails with ENOSPC (__NR_fsync: a device that allocates late, found full when a finished
+ * output is flushed; __NR_fallocate: a device full before the run). Returns the exit status or
+ * 128 + the signal; *err gets its stderr (malloc'd), its stdout goes nowhere. */
+static int run_limited(const char *const *args, rlim_t bytes, long full_call, char **err) {
     const char *argv[40] = {flexgen_bin()};
     int n = 1;
     while (*args && n < 39) argv[n++] = *args++;
@@ -1248,7 +1269,7 @@ static int run_limited(const char *const *args, rlim_t bytes, int fsync_full, ch
         limit.rlim_cur = bytes;
         int null = open("/dev/null", O_WRONLY);
         if (null < 0 || dup2(null, 1) < 0 || dup2(e[1], 2) < 0 || setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
-        if (fsync_full && fail_syscall_on_fd(__NR_fsync, -1, ENOSPC) != 0) _exit(126);
+        if (full_call && fail_syscall_on_fd(full_call, -1, ENOSPC) != 0) _exit(126);
         close(e[0]);
         signal(SIGXFSZ, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
@@ -1284,7 +1305,7 @@ static void test_file_size_limit_is_a_full_disk(void) {
     EXPECT(rc == 2 && strstr(err, "--dump-logits") && strstr(err, "file size limit") && count_lines(err) == 1,
            "--dump-logits past a file size limit (SIGXFSZ at its default): expected exit 2 and one line, got %d "
            "(153: killed by SIGXFSZ), '%s'", rc, err);
-    EXPECT(dir_entries(dir) == 0, "--dump-logits past a file size limit: %d files left (a .tmp-*)", dir_entries(dir));
+    EXPECT(dir_entries(dir) == 0, "--dump-logits past a file size limit: %d files left (a temporary)", dir_entries(dir));
     free(err);
     /* a step's logits larger than stdio's buffer, so that one write of them fails: 60 sequences
      * of LLaMA-kjv's vocabulary, 100 KiB allowed */
@@ -1294,7 +1315,7 @@ static void test_file_size_limit_is_a_full_disk(void) {
     EXPECT(rc == 2 && strstr(err, "--dump-logits") && strstr(err, "file size limit") && count_lines(err) == 1,
            "--dump-logits of 60 sequences past a file size limit of 100 KiB: expected exit 2 and one line, got %d "
            "(139: SIGSEGV), '%s'", rc, err);
-    EXPECT(dir_entries(dir) == 0, "--dump-logits of 60 sequences past a file size limit: %d files left (a .tmp-*)",
+    EXPECT(dir_entries(dir) == 0, "--dump-logits of 60 sequences past a file size limit: %d files left (a temporary)",
            dir_entries(dir));
     free(err);
     /* a job: its whole output, then a limit inside its records */
@@ -1339,7 +1360,7 @@ static void test_offload_dir_left_empty(void) {
     const char *logits = join(logits_dir, "l.bin");
     int rc = run_limited(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8", "--percent",
                               "0", "0", "0", "0", "0", "0", "--offload-dir", off, "--dump-logits", logits),
-                         RLIM_INFINITY, 1, &err);
+                         RLIM_INFINITY, __NR_fsync, &err);
     EXPECT(rc == 2 && strstr(err, "--dump-logits") && strstr(err, logits) && strstr(err, "no space left") &&
                count_lines(err) == 1,
            "the logits on a full device after generating: expected exit 2 and one line naming --dump-logits %s, "
@@ -1366,6 +1387,30 @@ static void test_offload_dir_left_empty(void) {
     free(out), free(err);
     rm_tree(off);
     free(off);
+}
+
+/* A device already full (not a block of it to be had) is said before the run, not after it: a
+ * run's --dump-logits and --trace exit 2 with one line naming the flag, the path and the full
+ * device, and leave nothing beside it (fg_output_check; profile's --out takes it too, before its
+ * minute of measuring). */
+static void test_output_on_device_full_before_run(void) {
+    char *dir = make_temp_dir(), *err, path[4200];
+    const char *const flags[] = {"--dump-logits", "--trace"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s", join(dir, i ? "trace.json" : "logits.bin"));
+        int rc = run_limited(ARGS("--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "8", "--quiet",
+                                  flags[i], path),
+                             RLIM_INFINITY, __NR_fallocate, &err);
+        EXPECT(rc == 2 && strstr(err, flags[i]) && strstr(err, path) && strstr(err, "no space left on the device") &&
+                   count_lines(err) == 1,
+               "%s on a device full before the run: expected exit 2 and one line naming it, %s and the full "
+               "device; got %d, '%s'", flags[i], path, rc, err);
+        EXPECT(dir_entries(dir) == 0, "%s on a device full before the run: %d files left", flags[i],
+               dir_entries(dir));
+        free(err);
+    }
+    rm_tree(dir);
+    free(dir);
 }
 
 /* Ctrl-C while dummy weights are written leaves no partial file in --path; Ctrl-C mid-decode
@@ -2959,6 +3004,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "bad policy flags, infeasible plans", test_bad_policy);
     CU_add_test(s, "--device cuda|cpu|auto", test_device);
     CU_add_test(s, "offload dir empty after runs, full disk is an error", test_offload_dir_left_empty);
+    CU_add_test(s, "an output on a device full before the run: said before it", test_output_on_device_full_before_run);
     CU_add_test(s, "Ctrl-C leaves no files", test_sigint_leaves_no_files);
     CU_add_test(s, "signals: no output temporaries, a truncated checkpoint named", test_signals_leave_no_files);
     CU_add_test(s, "signals ignored by the parent (nohup) stay ignored", test_ignored_signals_stay_ignored);
