@@ -340,7 +340,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuz
 fuzz: fuzz-toolchain $(FUZZ_TARGETS)
 
 # Before anything is compiled: can FUZZ_CC build a libFuzzer harness that includes omp.h? If not,
-# one line says what to install (scripts/setup.sh leaves clang out; scripts/setup_fuzz.sh has it).
+# one line says what to install (clang's libFuzzer runtime: scripts/setup_fuzz.sh installs it).
 FUZZ_PROBE := '\#include <omp.h>\n\#include <stddef.h>\n\#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n'
 fuzz-toolchain:
 	@mkdir -p build-fuzz
@@ -366,6 +366,17 @@ build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h app/args.c app/prompts.
 
 bench: flexgen
 	bash scripts/bench_cpu.sh
+
+# The programs of scripts/ that its benchmarks build (BENCHMARKS.md), with ./flexgen's flags:
+# bench_lp, bench_quant and bench_matmul link ./flexgen's objects (cli.o without its main(), as
+# the test binaries take it); sgemm_rate links support/blas_core.o; stream_rate stands alone.
+BENCH_OBJS = $(filter-out build/obj/app/cli.o,$(call main_objs,build)) build/obj-tests/app/cli.o
+build/bench_lp build/bench_quant build/bench_matmul: build/%: scripts/%.c $(BENCH_OBJS) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
+build/sgemm_rate: scripts/sgemm_rate.c build/obj/support/blas_core.o
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+build/stream_rate: scripts/stream_rate.c
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $<
 
 # The flags this build compiles with (scripts/call_graph.sh uses them).
 print-cflags:

@@ -3,6 +3,8 @@
 and the top-1 agreement with fp16, through `flexgen perplexity`, in prefill and in decode.
 
     python3 scripts/accuracy_table.py [--model models/opt-kjv] [--text models/opt-kjv/heldout.txt]
+                                      [--flexgen ./flexgen] [--only "NAME;NAME"]
+                                      [--pair "NAME;OTHER" ...] [-- FLAGS...]
 
 For each mode (prefill: each window in one pass; decode: the scored tokens one decode step at a
 time, as generation reads the KV cache) it runs fp16 first with --predictions, then each

@@ -17,7 +17,7 @@
 #   bash scripts/bench_blas_core.sh [--model NAME] [--batch B] [--prompt-len P] [--gen-len G]
 #                                   [--threads N] [--rounds N]
 # Environment: MODEL [opt-1.3b], BATCH [8], PROMPT_LEN [128], GEN_LEN [8], THREADS [nproc],
-# ROUNDS [2], FLEXGEN_PATH (--path of the dummy weights).
+# ROUNDS [2], WEIGHTS (--path of the dummy weights).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,7 +52,7 @@ done
 export OMP_NUM_THREADS="$THREADS"
 unset OPENBLAS_CORETYPE FLEXGEN_TEST_BLAS_LOW FLEXGEN_BLAS_CORE_FORCED
 path_args=()
-[ -n "${FLEXGEN_PATH:-}" ] && path_args=(--path "$FLEXGEN_PATH")
+[ -n "${WEIGHTS:-}" ] && path_args=(--path "$WEIGHTS")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

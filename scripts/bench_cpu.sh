@@ -21,15 +21,15 @@
 #   RSS=1       only the peak-RSS run;  SKIP_RSS=1  no peak-RSS run
 #   RSS_CONFIG  the peak-RSS run's configuration [opt-1.3b:8:128:32]
 #   SEED        --seed of both [0]
-#   VENV        the virtual environment with torch and transformers [./.venv if it exists,
-#               else /work/venv]
+#   VENV        the virtual environment with torch and transformers [.venv]
 #
-# For each configuration it measures the sgemm rate (scripts/sgemm_rate.c, best of SGEMM_REPS, on
-# the OpenBLAS core ./flexgen runs on) at the prefill's dominant shape (M = batch*prompt_len,
-# N = ffn = 4*hidden, K = hidden) and at the decode's (M = batch), before and after the runs (the
-# higher of the two is used); runs ./flexgen --json and scripts/bench_pytorch.py alternately REPS
-# times (so both face the same machine conditions), keeping the best (highest total throughput)
-# run of each; and reports, with ./flexgen's OpenBLAS core (--json's blas_core) and the targets:
+# For each configuration it measures the sgemm rate (scripts/sgemm_rate.c, built by make, best of
+# SGEMM_REPS, on the OpenBLAS core ./flexgen runs on) at the prefill's dominant shape
+# (M = batch*prompt_len, N = ffn = 4*hidden, K = hidden) and at the decode's (M = batch), before
+# and after the runs (the higher of the two is used); runs ./flexgen --json and
+# scripts/bench_pytorch.py alternately REPS times (so both face the same machine conditions),
+# keeping the best (highest total throughput) run of each; and reports, with ./flexgen's OpenBLAS
+# core (--json's blas_core) and the targets:
 #   ratio        flexgen / pytorch total throughput                                  (>= 2)
 #   prefill %    prefill matmul GFLOP/s / the prefill-shape sgemm rate               (>= 60%)
 #   step/mm      decode step time (decode_latency / (gen_len-1)) / the time its matmul FLOPs
@@ -53,9 +53,13 @@ die() {
     exit 1
 }
 log() { echo "bench_cpu.sh: $*" >&2; }
+usage_error() {
+    echo "bench_cpu.sh: $*" >&2
+    exit 2
+}
 
 usage() {
-    sed -n '9,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '/^# Run from/,/^#$/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
     echo "see the comment at the top of scripts/bench_cpu.sh for the environment variables"
 }
 
@@ -74,11 +78,11 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --rss) RSS=1 ;;
         --skip-rss) SKIP_RSS=1 ;;
-        --threads) [ $# -ge 2 ] || die "--threads needs a value"; THREADS="$2"; shift ;;
-        --reps) [ $# -ge 2 ] || die "--reps needs a value"; REPS="$2"; shift ;;
-        --results) [ $# -ge 2 ] || die "--results needs a value"; RESULTS="$2"; shift ;;
+        --threads) [ $# -ge 2 ] || usage_error "--threads needs a value"; THREADS="$2"; shift ;;
+        --reps) [ $# -ge 2 ] || usage_error "--reps needs a value"; REPS="$2"; shift ;;
+        --results) [ $# -ge 2 ] || usage_error "--results needs a value"; RESULTS="$2"; shift ;;
         -h|--help) usage; exit 0 ;;
-        -*) die "unknown option '$1' (try --help)" ;;
+        -*) usage_error "unknown option '$1' (try --help)" ;;
         *) positional+=("$1") ;;
     esac
     shift
@@ -86,21 +90,19 @@ done
 [ ${#positional[@]} -gt 0 ] && CONFIGS="${positional[*]}"
 
 is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
-is_pos_int "$THREADS" || die "THREADS must be a positive integer, got '$THREADS'"
-is_pos_int "$REPS" || die "REPS must be a positive integer, got '$REPS'"
-is_pos_int "$SGEMM_REPS" || die "SGEMM_REPS must be a positive integer, got '$SGEMM_REPS'"
-[[ "$SEED" =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
+is_pos_int "$THREADS" || usage_error "THREADS must be a positive integer, got '$THREADS'"
+is_pos_int "$REPS" || usage_error "REPS must be a positive integer, got '$REPS'"
+is_pos_int "$SGEMM_REPS" || usage_error "SGEMM_REPS must be a positive integer, got '$SGEMM_REPS'"
+[[ "$SEED" =~ ^[0-9]+$ ]] || usage_error "SEED must be a non-negative integer, got '$SEED'"
 check_config() {
     [[ "$1" =~ ^[A-Za-z0-9._-]+:[1-9][0-9]*:[1-9][0-9]*:[1-9][0-9]*$ ]] ||
-        die "bad configuration '$1': expected MODEL:BATCH:PROMPT_LEN:GEN_LEN, e.g. opt-125m:32:128:32"
+        usage_error "bad configuration '$1': expected MODEL:BATCH:PROMPT_LEN:GEN_LEN, e.g. opt-125m:32:128:32"
 }
 for cfg in $CONFIGS; do check_config "$cfg"; done
 check_config "$RSS_CONFIG"
 
 # ---- Python: the venv (torch, transformers) for the PyTorch runs and for the arithmetic ----
-if [ -z "${VENV:-}" ]; then
-    if [ -x .venv/bin/python ]; then VENV=.venv; else VENV=/work/venv; fi
-fi
+VENV="${VENV:-.venv}"
 SETUP_HINT="set up the benchmark environment (see the top of scripts/bench_cpu.sh):
   apt-get install -y python3-venv python3-torch
   /usr/bin/python3 -m venv --system-site-packages .venv && .venv/bin/pip install transformers==4.38.2
@@ -277,17 +279,12 @@ if [ "$RSS" = 1 ]; then check_models="$RSS_CONFIG"; else check_models="$CONFIGS"
 for cfg in $check_models; do calc dims "${cfg%%:*}" >/dev/null || exit 1; done
 
 # ---- build ----
-CC="${CC:-gcc}"
-ARCH="$("$CC" -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
-[ -n "$ARCH" ] || ARCH=x86_64-linux-gnu
 log "building ./flexgen"
 make --no-print-directory flexgen >&2 || die "make flexgen failed"
 mkdir -p build "$(dirname "$RESULTS")"
 if [ "$RSS" != 1 ]; then
     log "building build/sgemm_rate"
-    "$CC" -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I"/usr/include/$ARCH/openblas-openmp" \
-        -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c -L"/usr/lib/$ARCH/openblas-openmp" \
-        -Wl,-rpath,"/usr/lib/$ARCH/openblas-openmp" -lopenblas || die "building build/sgemm_rate failed"
+    make --no-print-directory build/sgemm_rate >&2 || die "make build/sgemm_rate failed"
 fi
 
 TMP="$(mktemp -d)"

@@ -9,7 +9,10 @@
 #             that each run is also a fraction of its bound
 # Every run's JSON and trace land in $OUT; a markdown table is printed. A run that is refused (the
 # plan does not fit), fails or times out is a row saying so, and the next run goes on.
-# `bash scripts/bench_gpu.sh policy MODEL` prints MODEL's fixed policy and exits.
+#
+# Usage (from the repository root):
+#   bash scripts/bench_gpu.sh                   the runs above
+#   bash scripts/bench_gpu.sh policy MODEL      prints MODEL's fixed policy and exits
 # Environment: FLEXGEN_BIN [./flexgen], WEIGHTS (dummy weights on disk) [~/.cache/flexgen],
 # OFFLOAD (the disk tier) [/var/tmp], OUT [bench-gpu-<UTC time>], MODELS [opt-6.7b opt-13b
 # opt-30b], HW (a hardware file; profiled into $OUT when missing), MAX_LATENCY (auto's bound on a
@@ -27,10 +30,19 @@ policy_for() {
         *) echo "bench_gpu.sh: no fixed policy for $1" >&2; return 1 ;;
     esac
 }
-if [ "${1:-}" = policy ]; then
-    policy_for "${2:?usage: bench_gpu.sh policy MODEL}"
-    exit
-fi
+usage_error() {
+    echo "bench_gpu.sh: $* (try --help)" >&2
+    exit 2
+}
+case "${1:-}" in
+    -h|--help) sed -n '/^# Usage/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    policy)
+        [ $# = 2 ] || usage_error "usage: bash scripts/bench_gpu.sh policy MODEL"
+        policy_for "$2" || exit 2
+        exit 0 ;;
+    "") ;;
+    *) usage_error "unknown argument '$1'" ;;
+esac
 
 BIN=${FLEXGEN_BIN:-./flexgen}
 WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
@@ -38,6 +50,10 @@ OFFLOAD=${OFFLOAD:-/var/tmp}
 OUT=${OUT:-bench-gpu-$(date -u +%Y%m%dT%H%M%SZ)}
 MODELS=${MODELS:-opt-6.7b opt-13b opt-30b}
 RUN_TIMEOUT=${RUN_TIMEOUT:-0}
+[[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] || usage_error "RUN_TIMEOUT must be a number of seconds, got '$RUN_TIMEOUT'"
+for model in $MODELS; do policy_for "$model" >/dev/null || exit 2; done
+command -v nvidia-smi >/dev/null || { echo "bench_gpu.sh: no nvidia-smi: run it on a machine with a GPU" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "bench_gpu.sh: $BIN is not built (make, or FLEXGEN_BIN=)" >&2; exit 1; }
 mkdir -p "$OUT"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
@@ -46,10 +62,11 @@ date -u +%Y-%m-%dT%H:%M:%SZ | tee "$OUT/when.txt"
 HW=${HW:-$OUT/hardware.json}
 [ -f "$HW" ] || timeout -k 10 "$RUN_TIMEOUT" "$BIN" profile --device cuda --offload-dir "$OFFLOAD" --out "$HW"
 
-run() { # name, flags...
-    local name=$1 rc=0
-    shift
-    local common=(--device cuda --gpu-mem 16G --path "$WEIGHTS" --offload-dir "$OFFLOAD" --prompt-len 512 --gen-len 32 "$@")
+run() { # name, model, flags... (without --model)
+    local name=$1 model=$2 rc=0
+    shift 2
+    local common=(--model "$model" --device cuda --gpu-mem 16G --path "$WEIGHTS" --offload-dir "$OFFLOAD"
+                  --prompt-len 512 --gen-len 32 "$@")
     timeout -k 10 "$RUN_TIMEOUT" "$BIN" --quiet --json --trace "$OUT/$name.trace.json" "${common[@]}" \
         > "$OUT/$name.json" 2> "$OUT/$name.err" || rc=$?
     if [ "$rc" != 0 ]; then
@@ -64,7 +81,7 @@ run() { # name, flags...
     # the prediction of the policy that ran (for auto: the one the search chose)
     # shellcheck disable=SC2086
     if ! "$BIN" policy --evaluate --json --hw "$HW" --device cuda --gpu-mem 16G --path "$WEIGHTS" \
-        --offload-dir "$OFFLOAD" --prompt-len 512 --gen-len 32 --model "$MODEL" $chosen \
+        --offload-dir "$OFFLOAD" --prompt-len 512 --gen-len 32 --model "$model" $chosen \
         > "$OUT/$name.predicted.json" 2> "$OUT/$name.predicted.err"; then
         echo "| $name | \`$chosen\` | ran, but no prediction: $(head -c 300 "$OUT/$name.predicted.err" | tr '\n|' '  ') |"
         return 0
@@ -83,8 +100,8 @@ PY
 
 echo "| run | policy | total tok/s | decode tok/s | predicted tok/s | fraction of bound | peak gpu GiB | cpu->gpu GiB | gpu->cpu GiB | disk->cpu GiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
-for MODEL in $MODELS; do
+for model in $MODELS; do
     # shellcheck disable=SC2046
-    run "$MODEL-fixed" --model "$MODEL" $(policy_for "$MODEL")
-    run "$MODEL-auto" --model "$MODEL" --policy auto --hw "$HW" --max-latency "${MAX_LATENCY:-600}"
+    run "$model-fixed" "$model" $(policy_for "$model")
+    run "$model-auto" "$model" --policy auto --hw "$HW" --max-latency "${MAX_LATENCY:-600}"
 done

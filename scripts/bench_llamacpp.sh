@@ -30,9 +30,7 @@
 # (llama.cpp feeds random token ids and computes logits without sampling; flexgen samples
 # greedily. llama-batched-bench runs a 16-token batch before timing.)
 # Run it on a quiet machine: llama.cpp's threads wait for each other by spinning, and with as
-# many threads as cores beside another busy process it slows down by up to 10x (seen here:
-# llama-160m F16 at batch 1 decoded 1.1 tok/s with -t 2 and 21.6 with -t 1 on 2 cores shared
-# with two busy processes).
+# many threads as cores beside another busy process it slows down by up to 10x.
 #
 # The "model larger than RAM" mode (--big): the shape (default llama-2-13b, 26 GB of fp16
 # weights) in fp16 only; flexgen with --policy auto --cpu-mem BIG_CPU_MEM [--gpu-mem BIG_GPU_MEM]
@@ -102,7 +100,7 @@
 #   SEED         seed of the random weights [0]
 #   CACHE_DIR    checkpoints and GGUF files, made once [/var/tmp/flexgen-llamacpp]
 #   RESULTS      raw JSON lines are appended here [build/llamacpp/results.jsonl]
-#   LLAMA_CPP    llama.cpp's source tree [/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp]
+#   LLAMA_CPP    llama.cpp's source tree (required: see "Setting up" above)
 #   LLAMA_AMX=1  llama.cpp with ggml's AMX kernels (see above) [0]
 #   LLAMA_BUILD  its build directory [$LLAMA_CPP/build-noamx; LLAMA_AMX=1: $LLAMA_CPP/build]
 #   VENV         the virtual environment with the Python packages [.venv-peers]; PY overrides it
@@ -191,7 +189,7 @@ QUANT_PURE="${QUANT_PURE:-1}"
 SEED="${SEED:-0}"
 CACHE_DIR="${CACHE_DIR:-/var/tmp/flexgen-llamacpp}"
 RESULTS="${RESULTS:-build/llamacpp/results.jsonl}"
-LLAMA_CPP="${LLAMA_CPP:-/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp}"
+LLAMA_CPP="${LLAMA_CPP:-}"
 VENV="${VENV:-.venv-peers}"
 BIG_CPU_MEM="${BIG_CPU_MEM:-16G}"
 BIG_GPU_MEM="${BIG_GPU_MEM:-}"
@@ -235,6 +233,7 @@ size_re='^[0-9]+([.][0-9]+)?[KMGT]?$'
 [ -z "$BIG_GPU_MEM" ] || [[ "$BIG_GPU_MEM" =~ $size_re ]] || usage_error "bad --gpu-mem '$BIG_GPU_MEM' (e.g. 8G)"
 [ -n "${BATCHES// /}" ] || usage_error "no batches given"
 for b in $BATCHES $BIG_BATCHES; do is_pos_int "$b" || usage_error "bad batch size '$b'"; done
+[ -n "$LLAMA_CPP" ] || usage_error "LLAMA_CPP is not set: point it at llama.cpp's source tree"
 FG_KINDS="fp16 4bit int8"
 LC_KINDS="F16 Q4_0 Q4_1"
 fg_engines=""

@@ -13,16 +13,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #define N 40
 #define M 40
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static double uniform(uint64_t *s, double lo, double hi) {
     *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -80,12 +73,12 @@ int main(int argc, char **argv) {
         lp_status st;
         double x[N], obj;
         char err[FG_ERR_LEN];
-        double t0 = now();
+        double t0 = now_seconds();
         if (lp_solve(&p, &st, x, &obj, err)) {
             fprintf(stderr, "bench_lp: %s\n", err);
             return 1;
         }
-        us[k] = (now() - t0) * 1e6;
+        us[k] = (now_seconds() - t0) * 1e6;
         optimal += st == LP_OPTIMAL;
     }
     qsort(us, count, sizeof *us, by_value);

@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# Microseconds per lp_solve on random 40 x 40 LPs, median and max (lp.c, §4.3).
-#   bash scripts/bench_lp.sh [number of LPs]
+# Microseconds per lp_solve on random 40 x 40 LPs, median and max (lp.c, §4.3): builds
+# build/bench_lp (make, from scripts/bench_lp.c and ./flexgen's objects) and runs it on COUNT LPs.
+#
+# Run from the repository root:
+#   bash scripts/bench_lp.sh [COUNT]        COUNT: the number of LPs, a positive integer [2000]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-ARCH=$(gcc -print-multiarch)
-mkdir -p build
-gcc -O2 -std=c11 -fopenmp -I. -I/usr/include/$ARCH/openblas-openmp -DFLEXGEN_NO_MAIN \
-    -o build/bench_lp scripts/bench_lp.c lp.c support/*.c app/*.c opt_model.c llama_model.c quant.c flexgen.c tiers.c \
-    -L/usr/lib/$ARCH/openblas-openmp -Wl,-rpath,/usr/lib/$ARCH/openblas-openmp -lopenblas -lcjson -lm
-./build/bench_lp "${1:-2000}"
+
+case "${1:-}" in
+    -h|--help) sed -n '/^# Run from/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+[ $# -le 1 ] || { echo "bench_lp.sh: one argument at most (try --help)" >&2; exit 2; }
+count="${1:-2000}"
+if ! [[ "$count" =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench_lp.sh: COUNT must be a positive integer, got '$count' (try --help)" >&2
+    exit 2
+fi
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+make --no-print-directory -s build/bench_lp
+./build/bench_lp "$count"

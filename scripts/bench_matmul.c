@@ -18,10 +18,11 @@
  * times (default 1) per timed pass; best of 8 passes. One matrix of a few hundred KiB with many
  * repeats measures the kernel from cache: its arithmetic alone. W is allocated as the CPU backend
  * allocates a tier's memory (fg_cpu_backend.alloc: huge pages where the kernel gives them). The
- * path is the CPU's widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. Built without oneDNN (as
- * scripts/bench_matmul.sh builds it), int8's prefill rows take support/onednn.c's exact AVX2
- * kernel, what a CPU without VNNI runs. One JSON line per run. scripts/bench_matmul.sh builds it
- * and runs the set BENCHMARKS.md quotes; by hand:
+ * path is the CPU's widest, or FLEXGEN_ISA's; threads: OMP_NUM_THREADS. `make build/bench_matmul`
+ * builds it with ./flexgen's flags and objects: with oneDNN where the Makefile finds it; built
+ * without oneDNN, int8's prefill rows take support/onednn.c's exact AVX2 kernel, what a CPU without
+ * VNNI runs. One JSON line per run. scripts/bench_matmul.sh builds it and runs the set
+ * BENCHMARKS.md quotes; by hand:
  *
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit
  *   OMP_NUM_THREADS=2 build/bench_matmul 1 4-bit 256 4096 1 500      (from L2)
@@ -37,13 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static int arg(int argc, char **argv, int i, int fallback) {
     int v = argc > i ? atoi(argv[i]) : fallback;
@@ -111,7 +105,7 @@ int main(int argc, char **argv) {
         }
     double best = 1e30;
     for (int pass = 0; pass < 8; pass++) {
-        double t0 = now();
+        double t0 = now_seconds();
         for (int r = 0; r < repeats; r++)
             for (int m = 0; m < matrices; m++)
                 if (blocks) matmul_int8_blocks(x, rows, in, W[m], 1, out, y, 0);
@@ -120,7 +114,7 @@ int main(int argc, char **argv) {
                 else
                     matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL,
                                    kept ? &columns : NULL);
-        double dt = now() - t0;
+        double dt = now_seconds() - t0;
         best = dt < best ? dt : best;
     }
     double each = best / matrices / repeats;

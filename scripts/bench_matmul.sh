@@ -2,10 +2,10 @@
 # One decode product alone against the machine's read rate (BENCHMARKS.md, "Decode at the read
 # limit"): scripts/bench_matmul.c on opt-1.3b's fc1 (2048 x 8192) and fc2 (8192 x 2048) from
 # memory (copies of W making 1 GiB, past every cache), and on a 256 x 4096 matrix from L2 (the
-# kernel's arithmetic alone), for 1 and 8 rows of
-# x, fp16 and 4-bit, on every path of the CPU's own kernels this CPU has; scripts/stream_rate.c
-# before and after. Each line is bench_matmul's JSON, with the share of the read rate (the
-# median of the stream readings).
+# kernel's arithmetic alone), for 1 and 8 rows of x, fp16 and 4-bit, on every path of the CPU's
+# own kernels this CPU has; scripts/stream_rate.c before and after. Both are built by make
+# (build/bench_matmul, build/stream_rate). Each line is bench_matmul's JSON, with the share of the
+# read rate (the median of the stream readings).
 #
 # Run from the repository root:
 #   bash scripts/bench_matmul.sh [--threads N]
@@ -15,21 +15,21 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 THREADS="${THREADS:-$(nproc)}"
-case "${1:-}" in
-    --threads) [ $# -ge 2 ] || { echo "bench_matmul.sh: --threads needs a value" >&2; exit 2; }; THREADS="$2" ;;
-    -h|--help) sed -n '/^# Run from/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    "") ;;
-    *) echo "bench_matmul.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
-esac
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --threads)
+            [ $# -ge 2 ] || { echo "bench_matmul.sh: --threads needs a value" >&2; exit 2; }
+            THREADS="$2"
+            shift ;;
+        -h|--help) sed -n '/^# Run from/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench_matmul.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
 [[ "$THREADS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_matmul.sh: expected a positive integer, got '$THREADS'" >&2; exit 2; }
 
 export OMP_NUM_THREADS="$THREADS"
-ARCH=$(gcc -print-multiarch)
-mkdir -p build
-gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
-gcc -O2 -std=c11 -Wall -Wextra -Werror -Wno-psabi -fopenmp -I. -I/usr/include/"$ARCH"/openblas-openmp -DFLEXGEN_NO_MAIN \
-    -o build/bench_matmul scripts/bench_matmul.c opt_model.c llama_model.c quant.c flexgen.c tiers.c lp.c support/*.c app/*.c \
-    -L/usr/lib/"$ARCH"/openblas-openmp -Wl,-rpath,/usr/lib/"$ARCH"/openblas-openmp -lopenblas -lcjson -lm
+make --no-print-directory -s build/stream_rate build/bench_matmul
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -8,12 +8,28 @@
 # Each run's JSON, /usr/bin/time -v and (for some) its --trace land in $OUT.
 # Dummy weights are written once to $WEIGHTS (26 GB for opt-13b, 4-bit: 3.8, 7.3 and 16.9 GB
 # for opt-6.7b, opt-13b and opt-30b) and reused.
+#
+# Usage (from the repository root; it takes no arguments):
+#   bash scripts/bench_offload.sh
+# Environment: FLEXGEN_BIN [./flexgen], WEIGHTS [~/.cache/flexgen], OFFLOAD (the disk tier)
+# [/var/tmp], OUT [bench-offload-<UTC time>], ONLY (one group: all, large, ablation or compress)
+# [all].
 set -euo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '/^# Usage/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "bench_offload.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+esac
 BIN=${FLEXGEN_BIN:-./flexgen}
 WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
 OFFLOAD=${OFFLOAD:-/var/tmp}
 OUT=${OUT:-bench-offload-$(date -u +%Y%m%dT%H%M%SZ)}
-ONLY=${ONLY:-all} # all | large | ablation | compress
+ONLY=${ONLY:-all}
+case "$ONLY" in
+    all|large|ablation|compress) ;;
+    *) echo "bench_offload.sh: ONLY must be all, large, ablation or compress, got '$ONLY'" >&2; exit 2 ;;
+esac
+[ -x "$BIN" ] || { echo "bench_offload.sh: $BIN is not built (make, or FLEXGEN_BIN=)" >&2; exit 2; }
 mkdir -p "$OUT"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
@@ -25,7 +41,8 @@ run() { # name, flags...
     python3 - "$OUT/$name.json" "$OUT/$name.time" "$name" <<'PY'
 import json, re, sys
 d = json.load(open(sys.argv[1]))
-rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(sys.argv[2]).read()).group(1)) * 1024
+m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(sys.argv[2]).read())
+rss = int(m.group(1)) * 1024 if m else float("nan")
 GiB = 1 << 30
 bound = max(d["compute_seconds"], d["disk_read_seconds"])
 print(f"{sys.argv[3]:<28} total {d['total_throughput']:8.3f} tok/s  decode {d['decode_throughput']:8.3f} tok/s  "

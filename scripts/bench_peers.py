@@ -341,6 +341,8 @@ def cmd_table(a):
     with open(a.run_file) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     runs = [r for r in recs if r["kind"] == "run"]
+    if not runs:
+        sys.exit(f"bench_peers.py: {a.run_file} holds no run to tabulate")
     agree = {(r["config"], r["engine"]): r for r in recs if r["kind"] == "agreement"}
     configs = list(dict.fromkeys(r["config"] for r in runs))
     engines = [e for e in ENGINES if any(r["engine"] == e for r in runs)]

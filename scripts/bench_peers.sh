@@ -46,7 +46,7 @@
 #   CHECK=0    no token check [1]
 #   SEED       seed of the random weights and the prompts [0]
 #   CACHE_DIR  checkpoints, conversions and prompt files [build/peers]
-#   RESULTS    raw JSON lines are appended here [build/peers/results.jsonl]
+#   RESULTS    raw JSON lines are appended here [CACHE_DIR/results.jsonl]
 #   VENV       the virtual environment with torch, transformers, ctranslate2 and numpy
 #              [./.venv-peers]
 #
@@ -95,7 +95,7 @@ ENGINES="${ENGINES:-$ALL_ENGINES}"
 CHECK="${CHECK:-1}"
 SEED="${SEED:-0}"
 CACHE_DIR="${CACHE_DIR:-build/peers}"
-RESULTS="${RESULTS:-$CACHE_DIR/results.jsonl}"
+RESULTS="${RESULTS:-}"
 VENV="${VENV:-.venv-peers}"
 
 smoke=0
@@ -129,6 +129,7 @@ if [ "$smoke" = 1 ]; then
 fi
 [ ${#positional[@]} -gt 0 ] && CONFIGS="${positional[*]}"
 [ -n "$rounds_flag" ] && ROUNDS="$rounds_flag"
+RESULTS="${RESULTS:-$CACHE_DIR/results.jsonl}" # after the flags, so that --cache-dir moves it
 ENGINES="${ENGINES//,/ }"
 
 is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
@@ -141,8 +142,9 @@ for e in $ENGINES; do
     [[ " $ALL_ENGINES " == *" $e "* ]] || usage_error "unknown engine '$e' (known: $ALL_ENGINES)"
 done
 has_engine() { [[ " $ENGINES " == *" $1 "* ]]; }
-# The models of scripts/bench_pytorch.py's MODELS table.
-KNOWN_MODELS="opt-125m opt-350m opt-1.3b opt-2.7b opt-6.7b opt-13b opt-30b opt-66b opt-175b"
+# The models of scripts/bench_pytorch.py's MODELS table (its import needs no torch).
+KNOWN_MODELS=$(cd scripts && python3 -c 'from bench_pytorch import MODELS; print(*MODELS)') ||
+    die "cannot read the models of scripts/bench_pytorch.py"
 for cfg in $CONFIGS; do
     [[ "$cfg" =~ ^([A-Za-z0-9._-]+):([1-9][0-9]*):([1-9][0-9]*):([1-9][0-9]*)$ ]] ||
         usage_error "bad configuration '$cfg': expected MODEL:BATCH:PROMPT_LEN:GEN_LEN," \

@@ -6,15 +6,45 @@
 # Each run's --json lands in $OUT; the table has decode, prefill and total throughput, the ratio
 # of two stages over one, and each stage's bubble (its compute thread waiting for the other).
 # Needs Open MPI (mpirun) and dummy weights written once to $WEIGHTS (13.4 GB for opt-6.7b).
+#
+# Usage (from the repository root; it takes no arguments):
+#   bash scripts/bench_pipeline.sh
+# Environment: FLEXGEN_BIN [./flexgen], WEIGHTS [~/.cache/flexgen], OFFLOAD (the disk tier)
+# [/var/tmp], OUT [bench-pipeline-<UTC time>], MODEL [opt-6.7b], CPU_MEM (--cpu-mem of each
+# process: below the model's weights, above half of them) [7G], PROMPTS (how many) [16],
+# PROMPT_LEN [16], GEN_LEN [8], GBS (--gpu-batch-size) [4], NGB (--num-gpu-batches) [2],
+# REPEAT [1], ONE_CPU_PERCENT (the one stage's share of the weights on the cpu tier) [45].
 set -euo pipefail
+usage_error() {
+    echo "bench_pipeline.sh: $* (try --help)" >&2
+    exit 2
+}
+case "${1:-}" in
+    -h|--help) sed -n '/^# Usage/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) usage_error "unknown argument '$1'" ;;
+esac
 BIN=${FLEXGEN_BIN:-./flexgen}
 WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
 OFFLOAD=${OFFLOAD:-/var/tmp}
 OUT=${OUT:-bench-pipeline-$(date -u +%Y%m%dT%H%M%SZ)}
 MODEL=${MODEL:-opt-6.7b}
-CPU_MEM=${CPU_MEM:-7G}      # per process: below the model's weights, above half of them
-PROMPTS=${PROMPTS:-16} PROMPT_LEN=${PROMPT_LEN:-16} GEN_LEN=${GEN_LEN:-8}
-GBS=${GBS:-4} NGB=${NGB:-2} REPEAT=${REPEAT:-1}
+CPU_MEM=${CPU_MEM:-7G}
+PROMPTS=${PROMPTS:-16}
+PROMPT_LEN=${PROMPT_LEN:-16}
+GEN_LEN=${GEN_LEN:-8}
+GBS=${GBS:-4}
+NGB=${NGB:-2}
+REPEAT=${REPEAT:-1}
+ONE_CPU_PERCENT=${ONE_CPU_PERCENT:-45}
+for v in PROMPTS PROMPT_LEN GEN_LEN GBS NGB REPEAT; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || usage_error "$v must be a positive integer, got '${!v}'"
+done
+if ! [[ $ONE_CPU_PERCENT =~ ^[0-9]+$ ]] || [ "$ONE_CPU_PERCENT" -gt 100 ]; then
+    usage_error "ONE_CPU_PERCENT must be 0 to 100, got '$ONE_CPU_PERCENT'"
+fi
+[ -x "$BIN" ] || { echo "bench_pipeline.sh: $BIN is not built (make, or FLEXGEN_BIN=)" >&2; exit 2; }
+command -v mpirun >/dev/null || { echo "bench_pipeline.sh: no mpirun: install Open MPI" >&2; exit 2; }
 CORES=$(nproc)
 mkdir -p "$OUT"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -31,7 +61,7 @@ COMMON=(--model "$MODEL" --prompt-ids "$OUT/prompts.txt" --gen-len "$GEN_LEN" --
         --num-gpu-batches "$NGB" --cpu-mem "$CPU_MEM" --path "$WEIGHTS" --offload-dir "$OFFLOAD"
         --device cpu --quiet --json)
 # One stage: as much of the weights on the cpu tier as --cpu-mem holds, the rest on disk.
-ONE=(--percent 0 "${ONE_CPU_PERCENT:-45}" 100 0 100 0)
+ONE=(--percent 0 "$ONE_CPU_PERCENT" 100 0 100 0)
 # Two stages: each one's half of the layers on its cpu tier.
 TWO=(--percent 0 100 100 0 100 0)
 

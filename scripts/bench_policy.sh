@@ -2,18 +2,34 @@
 # Policy search benchmarks (BENCHMARKS.md, "Policy search"):
 #   predict  this machine's constants (flexgen profile), then for each policy of a list the cost
 #            model's prediction (flexgen policy --evaluate) beside a real run's throughput
-#   sweep    opt-6.7b with --gpu-mem 12G --cpu-mem 4G (most weights must stay on disk), 32 prompts of 16
-#            tokens, 4 generated: --policy auto against a hand sweep of block shapes and weight
-#            placements
+#   sweep    opt-6.7b with --gpu-mem 12G --cpu-mem 4G (most weights must stay on disk), 32
+#            prompts of 16 tokens, 4 generated: --policy auto against a hand sweep of block
+#            shapes and weight placements
 #   search   time of the whole search, and of one LP (scripts/bench_lp.sh has the LP alone)
 # Every run's JSON lands in $OUT; the tables are printed. REUSE=1 keeps runs already in $OUT
 # and predicts them again (with another hardware file: HW=...).
+#
+# Usage (from the repository root; it takes no arguments):
+#   bash scripts/bench_policy.sh
+# Environment: FLEXGEN_BIN [./flexgen], WEIGHTS [~/.cache/flexgen], OFFLOAD (the disk tier)
+# [/var/tmp], OUT [bench-policy-<UTC time>], ONLY (one part: all, predict, sweep or search)
+# [all], HW (a hardware file; profiled into $OUT when missing) [$OUT/hw.json], REUSE [0].
 set -euo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '/^# Usage/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "bench_policy.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+esac
 BIN=${FLEXGEN_BIN:-./flexgen}
 WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen}
 OFFLOAD=${OFFLOAD:-/var/tmp}
 OUT=${OUT:-bench-policy-$(date -u +%Y%m%dT%H%M%SZ)}
-ONLY=${ONLY:-all} # all | predict | sweep | search
+ONLY=${ONLY:-all}
+case "$ONLY" in
+    all|predict|sweep|search) ;;
+    *) echo "bench_policy.sh: ONLY must be all, predict, sweep or search, got '$ONLY'" >&2; exit 2 ;;
+esac
+[ -x "$BIN" ] || { echo "bench_policy.sh: $BIN is not built (make, or FLEXGEN_BIN=)" >&2; exit 2; }
 mkdir -p "$OUT"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 HW=${HW:-$OUT/hw.json}
@@ -61,9 +77,11 @@ for i in range(32): print(' '.join(['2'] + [str(random.randrange(3, 50000)) for 
     echo "| run | policy | predicted tok/s | measured tok/s | error |"
     echo "|---|---|---|---|---|"
     for shape in "8 4" "16 2" "32 1"; do
-        set -- $shape
+        read -r gbs ngb <<<"$shape"
         for pct in "0 0 100 0 100 0" "25 0 100 0 100 0"; do
-            compare "sweep-$1x$2-w${pct// /-}" opt-6.7b 16 4 "${C[@]}" --gpu-batch-size "$1" --num-gpu-batches "$2" --percent $pct
+            read -ra percent <<<"$pct"
+            compare "sweep-${gbs}x$ngb-w${pct// /-}" opt-6.7b 16 4 "${C[@]}" --gpu-batch-size "$gbs" \
+                --num-gpu-batches "$ngb" --percent "${percent[@]}"
         done
     done
     A=(--hw "$HW" --model opt-6.7b --gen-len 4 "${C[@]}" --path "$WEIGHTS" --offload-dir "$OFFLOAD")

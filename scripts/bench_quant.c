@@ -14,14 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <omp.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 typedef enum { COMPRESS, DECOMPRESS, MEMCPY } op;
 
@@ -29,11 +22,11 @@ static double best_seconds(op o, float *x, uint8_t *q, float *y, size_t outer, s
                            size_t inner) {
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now();
+        double t0 = now_seconds();
         if (o == COMPRESS) q4_compress(x, outer, len, inner, q);
         else if (o == DECOMPRESS) q4_decompress(q, outer, len, inner, y);
         else memcpy(y, x, outer * len * inner * sizeof *x);
-        double dt = now() - t0;
+        double dt = now_seconds() - t0;
         best = dt < best ? dt : best;
     }
     return best;

@@ -11,13 +11,15 @@
 # the last, the median of those readings (a shared machine's read rate moves: one quiet moment
 # can read far above the rest, so the range is printed beside it), and the GEMM rate by
 # scripts/sgemm_rate.c at prefill's shape (M = 1024, N = ffn, K = hidden: the machine's
-# sustained fp32 rate), taken before and after the runs, the higher of the two. Per decode step (B sequences, the context c
-# of the step, L layers, hidden h, ffn f, vocabulary V, word_dim w):
+# sustained fp32 rate), taken before and after the runs, the higher of the two (both built by
+# make). Per decode step (B sequences, the context c of the step, L layers, hidden h, ffn f,
+# vocabulary V, word_dim w):
 #   bytes  every weight matrix as stored, once (the layers' and the embedding table as lm_head;
 #          2 bytes a weight for fp16, 36 bytes a group of 64 for 4-bit: 32 of values, an fp16 min
 #          and scale), the layers' biases and norms (fp16), and the KV cache read by attention:
 #          2 (K and V) * 2 bytes * L * B * c * h
-#   FLOPs  2 * B * (L * (4 h^2 + 2 h f) + V * w) for the products, plus 4 * B * L * c * h for
+#   FLOPs  2 * B * (L * (4 h^2 + 2 h f) + V * w) for the products (plus 2 * B * 2 w h for
+#          project_in and project_out where w != h, as in opt-350m), plus 4 * B * L * c * h for
 #          attention (QK^T and PV)
 # averaged over the steps (c = P + 1 .. P + G - 1). The step time is decode_latency / (G - 1).
 # The ratio step / bound is what to read: 1.0 is the roofline. Beside it: tokens per second
@@ -33,7 +35,7 @@
 #                                  [--prompt-len P] [--gen-len G] [--results FILE]
 #                                  [--base BIN] [--rounds N]
 # Environment: THREADS [nproc], MODEL [opt-1.3b], BATCHES ["1 8 32"], PROMPT_LEN [32],
-# GEN_LEN [16], RESULTS [build/roofline.jsonl] (one JSON line per run is appended), FLEXGEN_PATH
+# GEN_LEN [16], RESULTS [build/roofline.jsonl] (one JSON line per run is appended), WEIGHTS
 # (--path of the dummy weights) [~/.cache/flexgen], BASE [none], ROUNDS [1].
 set -euo pipefail
 
@@ -70,20 +72,33 @@ for v in "$THREADS" "$PROMPT_LEN" "$ROUNDS" $BATCHES; do [[ "$v" =~ ^[1-9][0-9]*
 [ -x ./flexgen ] || die "./flexgen is not built (run make)"
 
 export OMP_NUM_THREADS="$THREADS"
+# The model's hidden size and ffn, from scripts/bench_pytorch.py's table (an unknown model stops
+# here, before anything is built or run).
+dims=$(python3 - "$MODEL" <<'PY'
+import sys
+sys.path.insert(0, "scripts")
+from bench_pytorch import MODELS
+m = MODELS.get(sys.argv[1]) or sys.exit(f"bench_roofline.sh: unknown model {sys.argv[1]}")
+print(m[1], m[3])
+PY
+) || exit 2
+read -r H FFN <<<"$dims"
 mkdir -p build "$(dirname "$RESULTS")"
-BLAS=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
-gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
-gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I. -I"/usr/include/$(gcc -print-multiarch)/openblas-openmp" \
-    -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c -L"$BLAS" -Wl,-rpath,"$BLAS" -lopenblas
-
-read -r H FFN < <(python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_pytorch import MODELS
-m = MODELS.get('$MODEL') or sys.exit('bench_roofline.sh: unknown model $MODEL'); print(m[1], m[3])")
+make --no-print-directory -s build/stream_rate build/sgemm_rate
 stream() { build/stream_rate >>"$work/stream"; }
 rates() { stream; build/sgemm_rate 1024 "$FFN" "$H" >>"$work/sgemm"; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 path_args=()
-[ -n "${FLEXGEN_PATH:-}" ] && path_args=(--path "$FLEXGEN_PATH")
+[ -n "${WEIGHTS:-}" ] && path_args=(--path "$WEIGHTS")
+bins=(./flexgen)
+[ -n "$BASE" ] && bins+=("$BASE")
+
+# Each run's --json line, with its format and binary added.
+TAG_PY='import json, sys
+d = json.load(sys.stdin)
+d["format"], d["bin"] = sys.argv[1], sys.argv[2]
+print(json.dumps(d))'
 
 rates
 for fmt in fp16 4-bit 4-bit-int8; do
@@ -93,11 +108,11 @@ for fmt in fp16 4-bit 4-bit-int8; do
     for b in $BATCHES; do
         stream
         for ((round = 0; round < ROUNDS; round++)); do
-            for bin in ./flexgen $BASE; do
+            for bin in "${bins[@]}"; do
                 echo "bench_roofline.sh: $bin $MODEL $fmt batch $b (round $((round + 1)) of $ROUNDS) ..." >&2
                 "$bin" --model "$MODEL" --device cpu --gpu-batch-size "$b" --num-gpu-batches 1 \
                     --prompt-len "$PROMPT_LEN" --gen-len "$GEN_LEN" --json --quiet "${path_args[@]}" "${extra[@]}" |
-                    python3 -c "import json, sys; d = json.load(sys.stdin); d['format'] = '$fmt'; d['bin'] = '$bin'; print(json.dumps(d))" >>"$work/runs"
+                    python3 -c "$TAG_PY" "$fmt" "$bin" >>"$work/runs"
             done
         done
     done
@@ -142,7 +157,8 @@ with open(results, "a") as out:
         ctx = sum(P + s for s in range(1, G)) / (G - 1)
         step = d["decode_latency"] / (G - 1)
         nbytes = weight_bytes(d["format"]) + 2 * 2 * L * B * ctx * h
-        flops = 2 * B * (L * (4 * h * h + 2 * h * ffn) + VOCAB * wd) + 4 * B * L * ctx * h
+        proj = 2 * wd * h if wd != h else 0  # project_in and project_out (opt-350m)
+        flops = 2 * B * (L * (4 * h * h + 2 * h * ffn) + VOCAB * wd + proj) + 4 * B * L * ctx * h
         t_mem, t_flop = nbytes / bw, flops / gemm
         ratio = step / max(t_mem, t_flop)
         print(f"| {d['bin']} | {d.get('cpu_kernels', 'not reported')} | {d['format']} | {B} | {step * 1e3:.1f} | "

@@ -12,20 +12,41 @@
 # Each run prints its throughput and its mean time to a completed sequence (from the job's start),
 # then the cost model's prediction for each schedule at its block.
 #
-# Usage (from the repository root, after make):
+# Usage (from the repository root, after make; it takes no arguments):
 #   bash scripts/bench_schedule.sh
 # Environment: MODEL [opt-125m], PROMPT_LEN [32], GEN_LEN [128], GBS [4], GPU_MEM [360M],
-# N_PROMPTS [192], MAX_BATCHES [32], ROUNDS [2], THREADS [nproc], SEED [0].
+# N_PROMPTS [192], MAX_BATCHES [32], ROUNDS [2], THREADS [nproc], SEED [0], WEIGHTS (the dummy
+# weights' directory) [~/.cache/flexgen].
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MODEL=${MODEL:-opt-125m} PROMPT_LEN=${PROMPT_LEN:-32} GEN_LEN=${GEN_LEN:-128} GBS=${GBS:-4}
-GPU_MEM=${GPU_MEM:-360M} N_PROMPTS=${N_PROMPTS:-192} MAX_BATCHES=${MAX_BATCHES:-32} ROUNDS=${ROUNDS:-2}
+usage_error() {
+    echo "bench_schedule.sh: $* (try --help)" >&2
+    exit 2
+}
+case "${1:-}" in
+    -h|--help) sed -n '/^# Usage/,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) usage_error "unknown argument '$1'" ;;
+esac
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+MODEL=${MODEL:-opt-125m}
+PROMPT_LEN=${PROMPT_LEN:-32}
+GEN_LEN=${GEN_LEN:-128}
+GBS=${GBS:-4}
+GPU_MEM=${GPU_MEM:-360M}
+N_PROMPTS=${N_PROMPTS:-192}
+MAX_BATCHES=${MAX_BATCHES:-32}
+ROUNDS=${ROUNDS:-2}
 SEED=${SEED:-0}
-export OMP_NUM_THREADS=${THREADS:-$(nproc)}
+THREADS=${THREADS:-$(nproc)}
+for v in PROMPT_LEN GEN_LEN GBS N_PROMPTS MAX_BATCHES ROUNDS THREADS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || usage_error "$v must be a positive integer, got '${!v}'"
+done
+[[ $SEED =~ ^[0-9]+$ ]] || usage_error "SEED must be a non-negative integer, got '$SEED'"
+export OMP_NUM_THREADS=$THREADS
 [ -x ./flexgen ] || { echo "bench_schedule.sh: ./flexgen: not built (make)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-weights=${WEIGHT_DIR:-$HOME/.cache/flexgen}
+weights=${WEIGHTS:-$HOME/.cache/flexgen}
 python3 - "$N_PROMPTS" "$PROMPT_LEN" "$SEED" >"$work/prompts.txt" <<'EOF'
 import random, sys
 n, length, seed = map(int, sys.argv[1:])
@@ -55,6 +76,10 @@ largest() {
 declare -A ngb
 for s in zigzag diagonal; do
     ngb[$s]=$(largest "$s")
+    if [ "${ngb[$s]}" -eq 0 ]; then
+        echo "bench_schedule.sh: $s: not even one GPU batch of $GBS fits --gpu-mem $GPU_MEM" >&2
+        exit 1
+    fi
     echo "$s: the largest block in --gpu-mem $GPU_MEM: $GBS x ${ngb[$s]} = $((GBS * ngb[$s])) sequences" >&2
 done
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }

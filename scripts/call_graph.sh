@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The file-level call graph of the sources, as the linker sees it: compiles each .c file, the
 # paper's at the top level, the services beneath them in support/ and the program around them in
-# app/ (and uses build/flexgen_cu.o and build/cuda_device_cu.o when there are), then for each
-# object lists the files whose symbols it uses, and says whether the graph has a cycle. It
-# checks the levels too: a support/ file uses nothing of the paper's files or app/, and a paper
-# file nothing of app/ (the paper's runtime reaches app/ only through tables of functions: the
-# backends, the stage hooks). And it checks the includes: the paper's files include no support
-# header but support/support.h (and flexgen.cu its plumbing's, support/cuda_device.h, and its
-# kernels' helpers, support/cuda_kernels.h), and no
-# support/ file includes flexgen.h or an app/ header. docs/DESIGN.md draws the same graph.
+# app/ (and uses build/flexgen_cu.o and build/cuda_device_cu.o when there are), then for each object
+# lists the files whose symbols it uses, and says whether the graph has a cycle. It checks the
+# levels too: a support/ file uses nothing of the paper's files or app/, and a paper file nothing of
+# app/ (the paper's runtime reaches app/ only through tables of functions: the backends, the stage
+# hooks). And it checks the includes: the paper's files include no support header but
+# support/support.h (and flexgen.cu its plumbing's, support/cuda_device.h, and its kernels' helpers,
+# support/cuda_kernels.h), and no support/ file includes flexgen.h or an app/ header. docs/DESIGN.md
+# draws the same graph.
 # Usage: bash scripts/call_graph.sh [OBJECTS]   (from the repository root, after `make`)
 #   OBJECTS: a directory of the build's objects (make test passes build/obj), instead of compiling
 set -euo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT

@@ -10,13 +10,14 @@
 #   check_style.sh    a 101-column line in flexgen.cu (100 columns pass); a comma chain in a .c
 #                     file; a declaration of two variables in flexgen.c
 #   check_docs.sh     a doc pointing at code by line; a wrong file size; a function pointer the
-#                     block of table calls leaves out
+#                     block of table calls leaves out; a DESIGN.md without that block
 #   call_graph.sh     a support/ file that includes an app/ header; a paper file that includes a
 #                     support header other than support.h; two support/ files that call each
 #                     other (a cycle); a support/ file that calls app/ (up a level)
 #   check_deps.sh     a Makefile that no longer reads the compiler's lists of included files (a
 #                     copy that still reads them passes); one whose flags a CFLAGS on the command
-#                     line drops; one that takes a linked nvcc's folder for the CUDA toolkit
+#                     line drops; one whose libraries an LDLIBS on the command line drops; one
+#                     that takes a linked nvcc's folder for the CUDA toolkit (where nvcc is found)
 #   check_readme.sh   a README of the policy search's sample alone (it needs no model; ./flexgen
 #                     copied in): as it is it passes, with a number of its policy changed it
 #                     fails, with the search's timings changed it passes (they are masked)
@@ -26,7 +27,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 root=$(pwd)
-objects=$(cd "${1:-build/obj}" && pwd) || { echo "check_checks.sh: no objects in ${1:-build/obj}" >&2; exit 2; }
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+if [ $# -gt 1 ] || [ ! -d "${1:-build/obj}" ]; then
+    echo "check_checks.sh: no objects in ${1:-build/obj}; usage: bash scripts/check_checks.sh [OBJECTS]" >&2
+    exit 2
+fi
+objects=$(cd "${1:-build/obj}" && pwd) || exit 2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0
@@ -144,6 +152,10 @@ fresh_copy
 sed -i '/==> fg_search_request.place/d' "$work/tree/docs/DESIGN.md"
 expect "check_docs.sh, the table calls without fg_search_request.place" scripts/check_docs.sh fail \
     "fg_search_request.place"
+fresh_copy
+sed -i 's/The calls that go through tables of functions/The calls through tables/' "$work/tree/docs/DESIGN.md"
+expect "check_docs.sh, a DESIGN.md without the block of table calls" scripts/check_docs.sh fail \
+    "no block of table calls"
 
 # ---- call_graph.sh (its includes from the sources, its calls from objects) ----
 # The build's objects with planted files' objects beside them, in $work/obj: FILE (under the

@@ -335,12 +335,35 @@ def patterns_apply():
     return 1 if stale else 0
 
 
+def usage():
+    """The Usage lines of the docstring."""
+    doc = __doc__.split("\n")
+    start = next(i for i, l in enumerate(doc) if l.startswith("Usage:"))
+    end = next(i for i, l in enumerate(doc) if l.startswith("It works in"))
+    return "\n".join(doc[start:end])
+
+
 def main():
-    if sys.argv[1:] == ["--patterns"]:
-        return patterns_apply()
     args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(usage())
+        return 0
+    if "--patterns" in args:
+        if args != ["--patterns"]:
+            print(f"check_cuda_bugs.py: --patterns takes no other argument\n{usage()}", file=sys.stderr)
+            return 2
+        return patterns_apply()
     check_baseline = "--no-baseline" not in args
-    which = [int(a) for a in args if a != "--no-baseline"] or range(1, len(BUGS) + 1)
+    which = []
+    for a in args:
+        if a == "--no-baseline":
+            continue
+        if not re.fullmatch(r"[0-9]+", a) or not 1 <= int(a) <= len(BUGS):
+            print(f"check_cuda_bugs.py: '{a}' is neither a bug number (1 to {len(BUGS)}) nor a flag\n{usage()}",
+                  file=sys.stderr)
+            return 2
+        which.append(int(a))
+    which = which or range(1, len(BUGS) + 1)
     caught = missed = 0
     with tempfile.TemporaryDirectory(prefix="flexgen-bugs-") as tmp:
         if check_baseline and not baseline(os.path.join(tmp, "baseline")):

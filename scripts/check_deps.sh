@@ -12,6 +12,9 @@
 # elsewhere, the CUDA libraries are linked from that toolkit.
 # Usage: bash scripts/check_deps.sh   (after a build; make test runs it; exits 1 on a miss)
 set -uo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.." || exit
 make=${MAKE:-make}
 fail=0
@@ -55,10 +58,10 @@ done
 if [ -n "$nvcc" ]; then
     toolkit=$(dirname "$(dirname "$nvcc")")
     links=$(mktemp -d)
+    trap 'rm -rf "$links"' EXIT
     ln -s "$nvcc" "$links/nvcc"
     link=$(env -u CUDA_HOME "$make" --no-print-directory -n -W flexgen.c NVCC="$links/nvcc" flexgen 2>/dev/null |
         grep -o -- "-L[^ ]*/lib64" | head -1)
-    rm -rf "$links"
     if [ "$link" != "-L$toolkit/lib64" ]; then
         echo "check_deps: with nvcc a link to $toolkit, make links the CUDA libraries from '${link#-L}'"
         fail=1

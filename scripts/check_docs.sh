@@ -6,7 +6,8 @@
 #   - docs/TESTS.md's list of suites (the sentence "`make test SUITE=name` runs one (...)") names
 #     exactly the suites that tests/ registers (CU_add_suite);
 #   - no doc points at code by line number (`file.c:123`): docs name functions, and only the
-#     maps at the top of flexgen.c, lp.c and flexgen.cu give lines, which check_layout.sh keeps;
+#     maps at the top of flexgen.c, tiers.c, lp.c, flexgen.cu, opt_model.c and llama_model.c give
+#     lines, which check_layout.sh keeps;
 #   - a file's size stated as "`name` (N lines)" is the file's;
 #   - DESIGN.md's block of calls through tables names every function pointer of each struct it
 #     names (`lp.c ==> fg_search_request.check`: .place too).
@@ -15,12 +16,19 @@
 #   OBJECTS: the build's objects (make test passes build/obj), as for scripts/call_graph.sh.
 # Prints what disagrees; exits 1 on a disagreement, 2 when the graph cannot be made.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+case "${1:-}" in
+    -h|--help) sed -n '/^# Usage:/,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 write=0
 if [ "${1:-}" = --write ]; then
     write=1
     shift
 fi
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+    echo "check_docs.sh: usage: bash scripts/check_docs.sh [--write] [OBJECTS]" >&2
+    exit 2
+fi
+cd "$(dirname "$0")/.."
 graph=$(mktemp)
 trap 'rm -f "$graph"' EXIT
 # call_graph.sh exits 1 on a cycle or a call up a level; that is its own check's failure, and
@@ -130,14 +138,23 @@ for path in sorted(glob.glob('docs/*.md')) + ['README.md']:
 # assigns somewhere (`.field = ` or `->field = `), so that a pointer the code adds shows there.
 calls = re.search(r'The calls that go through tables of functions[^`]*```\n(.*?)```', text, re.S)
 named = set(re.findall(r'==> (\w+)\.(\w+)', calls.group(1))) if calls else set()
+if not named:
+    fail = True
+    print(f'{design}: no block of table calls (the words "The calls that go through tables of '
+          'functions", then a fenced block of `X ==> struct.field` lines)')
 sources = ' '.join(open(p, errors='replace').read() for p in tracked if p.endswith(('.c', '.cu', '.h'))
                    and not p.startswith('tests/'))
 for struct in sorted({s for s, _ in named}):
     decl = re.search(r'typedef struct \{((?:(?!typedef struct).)*?)\} ' + struct + ';', sources, re.S)
-    pointers = set(re.findall(r'\(\*(\w+)\)', decl.group(1))) if decl else set()
+    if not decl:
+        fail = True
+        print(f'{design}: the block of table calls names {struct}, which no '
+              f'`typedef struct {{...}} {struct};` of the sources declares')
+        continue
+    pointers = set(re.findall(r'\(\*(\w+)\)', decl.group(1)))
     pointer_types = set(re.findall(r'typedef [^;{]*\(\*(\w+)\)\(', sources))
     for kind in pointer_types:  # fields of a function pointer type by name: `fg_plan_check check;`
-        pointers |= set(re.findall(r'\b' + kind + r'\s+(\w+);', decl.group(1) if decl else ''))
+        pointers |= set(re.findall(r'\b' + kind + r'\s+(\w+);', decl.group(1)))
     for field in sorted(pointers - {f for s, f in named if s == struct}):
         fail = True
         print(f'{design}: the block of table calls has no `{struct}.{field}` (a function pointer of '

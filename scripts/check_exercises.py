@@ -10,9 +10,9 @@ order, synchronize before compute, a clamp left out, ...).
 Usage, from the repository root:  python3 scripts/check_exercises.py [FUNCTION ...]
                                   python3 scripts/check_exercises.py --patterns
 (--patterns: only that every change still applies to its function, in a second; make test runs it)
-(a build and a suite run per check, two at a time (JOBS=N for another count): 54 checks, 12 emptied
-bodies and 42 wrong versions; 53 of them took 73 minutes on 2 busy cores; the copies go to a
-temporary directory, each removed after its check)."""
+(FUNCTION: check only that function's exercise and wrong versions. Each check is a build and a
+suite run, minutes each, two at a time (JOBS=N for another count): 54 checks, 12 emptied bodies
+and 42 wrong versions; the copies go to a temporary directory, each removed after its check)."""
 import concurrent.futures, os, re, shutil, subprocess, sys, tempfile
 
 # function, file, body of the emptied function, suite, environment, make's arguments
@@ -117,13 +117,6 @@ WRONG_VERSIONS = [
       r'\1\5\4\2'), 'runtime', {}),
     ('block_schedule', 'flexgen.c', "the step loop stopped before the last step's tokens come back (i < steps)",
      (r'(\w+) <= (\w+)->steps;', r'\1 < \2->steps;'), 'model', {}),
-    # 10. diagonal_slots
-    ('diagonal_slots', 'flexgen.c', 'every batch started at step 0: a zig-zag order passed off as diagonal',
-     (r'diagonal_start\([^;]*\)', '0'), 'schedule', {}),
-    ('diagonal_slots', 'flexgen.c', 'the batches staggered by one step, not by n / K',
-     (r'diagonal_start\((\w+)[^;]*\)', r'\1'), 'schedule', {}),
-    ('diagonal_slots', 'flexgen.c', "an ended batch's pages not given back",
-     (r'(\s*)if \(([^;]*)\) end_sequence\(([^;]*)\);', r'\1(void)0;'), 'schedule', {}),
     # 9. q4_value
     ('q4_value', 'model.h', 'the nibbles of a pair swapped',
      (r'\((\w+) % 2 \? 0 : 4\)', r'(\1 % 2 ? 4 : 0)'), 'quant', {}),
@@ -131,6 +124,13 @@ WRONG_VERSIONS = [
      (r'\((\w+) \+ Q4_GROUP - 1\) / Q4_GROUP', r'\1 / Q4_GROUP'), 'quant', {}),
     ('q4_value', 'model.h', "min and scale indexed by the group alone, not the column's",
      (r'(\w+)\[(\w+) \* inner \+ \w+\]\)', r'\1[\2])'), 'quant', {}),
+    # 10. diagonal_slots
+    ('diagonal_slots', 'flexgen.c', 'every batch started at step 0: a zig-zag order passed off as diagonal',
+     (r'diagonal_start\([^;]*\)', '0'), 'schedule', {}),
+    ('diagonal_slots', 'flexgen.c', 'the batches staggered by one step, not by n / K',
+     (r'diagonal_start\((\w+)[^;]*\)', r'\1'), 'schedule', {}),
+    ('diagonal_slots', 'flexgen.c', "an ended batch's pages not given back",
+     (r'(\s*)if \(([^;]*)\) end_sequence\(([^;]*)\);', r'\1(void)0;'), 'schedule', {}),
     # 11. rope
     ('rope', 'llama_model.c', "a row's place among the new tokens as its position, not its cache slot",
      (r'\(float\)slot_of\(\w+, (\w+) / (\w+)->n_new, \1 % \2->n_new\)', r'(float)(\1 % \2->n_new)'), 'model', {}),
@@ -171,16 +171,13 @@ def wrong_version(text, name, change):
 RUN_THE_PROGRAM = ('runtime', 'cli', 'checkpoint', 'jobs', 'pipeline')
 
 
-def prepared(tmp, key, root, path, edit, make_args, suite, built, say):
+def prepared(tmp, key, root, path, edit, make_args, suite, say):
     """A copy of the tree with `edit` made to `path` and built (without the CUDA backend: every
     graded suite runs on the CPU), or None (with a line) if not."""
-    if key in built:
-        return built[key]
     tree = os.path.join(tmp, key)
     shutil.copytree(root, tree, ignore=shutil.ignore_patterns('.git', 'build-san', 'build-fuzz', 'build-emu', 'build-san-emu', 'peers', '.venv*'))
     src = os.path.join(tree, path)
     text = edit(open(src).read())
-    built[key] = None
     if text is None:
         say('%s: the change no longer applies to %s' % (key, path))
         return None
@@ -191,7 +188,6 @@ def prepared(tmp, key, root, path, edit, make_args, suite, built, say):
     if b.returncode:
         say('%s: the build failed\n%s' % (key, b.stderr[-1500:]))
         return None
-    built[key] = tree
     return tree
 
 
@@ -222,10 +218,25 @@ def patterns_apply(root, checks):
     return 1 if stale else 0
 
 
+def usage():
+    """The Usage lines of the docstring."""
+    return __doc__[__doc__.index('Usage,'):]
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    patterns = sys.argv[1:] == ['--patterns']
-    only = [] if patterns else sys.argv[1:]
+    args = sys.argv[1:]
+    if '-h' in args or '--help' in args:
+        print(usage())
+        sys.exit(0)
+    patterns = args == ['--patterns']
+    only = [] if patterns else args
+    known = {name for name, *_ in EXERCISES}
+    unknown = [a for a in only if a not in known]
+    if unknown:
+        print('check_exercises.py: no exercise %s (known: %s)\n%s'
+              % (', '.join(unknown), ', '.join(sorted(known)), usage()), file=sys.stderr)
+        sys.exit(2)
     checks = [(name, path, 'emptied', lambda t, n=name, b=body: emptied(t, n, b), suite, env, args)
               for name, path, body, suite, env, args in EXERCISES]
     make_args = {name: args for name, path, body, suite, env, args in EXERCISES}
@@ -234,14 +245,13 @@ def main():
     checks = [c for c in checks if not only or c[0] in only]
     if patterns:
         sys.exit(patterns_apply(root, checks))
-    built = {}
 
     def check(c):
         """One check's lines and whether it went wrong; its own copy of the tree."""
         name, path, what, edit, suite, env, args = c
         key = '%s %s' % (name, what)
         lines = []
-        tree = prepared(tmp, re.sub(r'[^\w.-]+', '-', key + ' ' + suite), root, path, edit, args, suite, built,
+        tree = prepared(tmp, re.sub(r'[^\w.-]+', '-', key + ' ' + suite), root, path, edit, args, suite,
                         lines.append)
         bad = graded(tree, key, suite, env, lines.append) if tree else 1
         if tree:

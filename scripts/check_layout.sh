@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# check_layout.sh: the layout a reader is promised, checked: the top level holds the paper's
-# source files (opt_model.c, quant.c, flexgen.c and tiers.c, lp.c, flexgen.cu) and the LLaMA
-# family's forward pass beside OPT's (llama_model.c, at most 200 lines); the services beneath
-# them are in support/ and the program around them in app/; the paper's five C files (opt_model.c,
-# quant.c, flexgen.c, tiers.c, lp.c) fit a reader's afternoon (4,000 lines together), README.md
-# 200. What a reader meets within them: no function in a paper file over 60 lines, nor any
-# elsewhere over 100 (the --help text aside); Fig. 4's loop and all it calls, its verbs' I/O
-# tasks too, within flexgen.c's first 750 lines (step_ends, the last, defined there); the CUDA backend's layer (cuda_layer)
-# within flexgen.cu's first 300 lines; and the maps at the top of flexgen.c, tiers.c, lp.c,
-# flexgen.cu, opt_model.c and llama_model.c give each function's line. Columns, file lengths and the formatter's style are
-# scripts/check_style.sh's.
+# check_layout.sh: the layout a reader is promised, checked: the top level holds the paper's source
+# files (opt_model.c, quant.c, flexgen.c and tiers.c, lp.c, flexgen.cu) and the LLaMA family's
+# forward pass beside OPT's (llama_model.c, at most 200 lines); the services beneath them are in
+# support/ and the program around them in app/; the paper's five C files (opt_model.c, quant.c,
+# flexgen.c, tiers.c, lp.c) fit a reader's afternoon (4,000 lines together), README.md 200. What a
+# reader meets within them: no function in a paper file over 60 lines, nor any elsewhere over 100
+# (the --help text aside); Fig. 4's loop and all it calls, its verbs' I/O tasks too, within
+# flexgen.c's first 750 lines (step_ends, the last, defined there); the CUDA backend's layer
+# (cuda_layer) within flexgen.cu's first 300 lines; and the maps at the top of flexgen.c, tiers.c,
+# lp.c, flexgen.cu, opt_model.c and llama_model.c give each function's line. Columns, file lengths
+# and the formatter's style are scripts/check_style.sh's.
 # Usage: bash scripts/check_layout.sh   (from anywhere; prints what it counted, exits 1 on a miss)
 #        bash scripts/check_layout.sh --fix-maps   (first writes each map row's line number anew)
 set -euo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 fail=0
 # The line of each function named in a file's map, where its definition begins.

@@ -16,11 +16,19 @@
 # refusal worded otherwise, a report without its peaks) is an error too. The table is printed
 # whole, then every row that failed, and the exit status is 1 if any did.
 #
+# Usage (from anywhere):
 #   bash scripts/check_memory_model.sh [SIZE ...]   [qwen2.5-0.5b llama-3.2-1b tinyllama-1.1b]
 #   BATCH=8 PROMPT=128 GEN=8 bash scripts/check_memory_model.sh llama-2-7b
+# Environment: FLEXGEN_BIN [./flexgen], BATCH [8], PROMPT [128], GEN [8], OVERHEAD [0.5].
 set -euo pipefail
+for a in "$@"; do
+    case "$a" in
+        -h|--help) sed -n '/^# Usage/,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "check_memory_model: unknown option '$a' (try --help)" >&2; exit 2 ;;
+    esac
+done
 cd "$(dirname "$0")/.."
-FLEXGEN=${FLEXGEN:-./flexgen}
+FLEXGEN=${FLEXGEN_BIN:-./flexgen}
 BATCH=${BATCH:-8}
 PROMPT=${PROMPT:-128}
 GEN=${GEN:-8}

@@ -8,9 +8,14 @@
 # and on the `blas:` line, which names this machine's library and core and is compared in its
 # shape only.
 # Prints `same` or `DIFF` per sample (with the first differing line), then `N passed, M failed`;
-# exits 1 if any sample differs.
+# exits 1 if any sample differs, 2 without ./flexgen.
+# Usage: bash scripts/check_readme.sh   (from anywhere, after `make`; make test runs it)
 set -uo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.." || exit
+[ -x ./flexgen ] || { echo "check_readme.sh: ./flexgen is not built (run make)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 - "$work" <<'PY'
@@ -26,7 +31,12 @@ def mask(line):
 passed = failed = 0
 for cmd, want in samples:
     args = shlex.split(cmd) + (['--offload-dir', work, '--path', work] if cmd.split()[:2] != ['./flexgen', 'policy'] else [])
-    got = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    try:
+        got = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        failed += 1
+        print('DIFF  %s\n      it did not run to its end: %s' % (cmd, e))
+        continue
     got_lines = (got.stdout + got.stderr).rstrip('\n').split('\n')
     want_lines = want.rstrip('\n').split('\n')
     diff = next((i for i in range(max(len(got_lines), len(want_lines)))

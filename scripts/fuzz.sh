@@ -7,12 +7,26 @@
 #
 #   bash scripts/fuzz.sh SECONDS [TARGET...]     e.g. bash scripts/fuzz.sh 60 config hardware
 #
-# FUZZ_RUNS=N stops each target after N executions instead, SECONDS then being a bound.
+# SECONDS is a positive integer. FUZZ_RUNS=N stops each target after N executions instead,
+# SECONDS then being a bound.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit
 
-seconds=${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}
+usage="usage: bash scripts/fuzz.sh SECONDS [TARGET...]"
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+seconds=${1:-}
+# libFuzzer reads a -max_total_time that is not a number as 0, which means no limit.
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+    echo "fuzz.sh: SECONDS must be a positive integer, got '$seconds'; $usage" >&2
+    exit 2
+fi
 shift
+if [ -n "${FUZZ_RUNS:-}" ] && ! [[ $FUZZ_RUNS =~ ^[1-9][0-9]*$ ]]; then
+    echo "fuzz.sh: FUZZ_RUNS must be a positive integer, got '$FUZZ_RUNS'" >&2
+    exit 2
+fi
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit
 targets=("$@")
 if [ ${#targets[@]} = 0 ]; then
     for bin in build-fuzz/fuzz_*; do targets+=("${bin#build-fuzz/fuzz_}"); done

@@ -19,10 +19,10 @@ Run from the repository root:
                                                 empty string, then 10,000 cases NFC changes and
                                                 2,000 it keeps, drawn from them)
 """
+import argparse
 import random
-import subprocess
 import re
-import sys
+import subprocess
 import unicodedata as ud
 
 SEED = 15
@@ -124,8 +124,15 @@ def all_cases():
 
 
 def main():
-    fixture = sys.argv[1:] == ["--fixture"]
-    path = "tests/fixtures/tokenizers/nfc-cases.txt" if fixture else (sys.argv[1] if len(sys.argv) > 1 else "/tmp/nfc_cases.txt")
+    ap = argparse.ArgumentParser(description="Writes the NFC test cases of tests/nfc_check.c.")
+    ap.add_argument("out", nargs="?", help="the file of all cases [/tmp/nfc_cases.txt]")
+    ap.add_argument("--fixture", action="store_true",
+                    help="write the sample of tests/fixtures/tokenizers/nfc-cases.txt.xz instead")
+    args = ap.parse_args()
+    if args.fixture and args.out:
+        ap.error("--fixture writes tests/fixtures/tokenizers/nfc-cases.txt.xz; give no OUT with it")
+    fixture = args.fixture
+    path = "tests/fixtures/tokenizers/nfc-cases.txt" if fixture else (args.out or "/tmp/nfc_cases.txt")
     cases = all_cases()
     if fixture:
         rng = random.Random(SEED + 1)

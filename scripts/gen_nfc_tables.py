@@ -12,10 +12,17 @@ Read off Python's `unicodedata` (its unidata_version is written into the header)
     (no singletons, no non-starter decompositions).
 Every table is sorted for binary search. The generator also checks the facts nfc.c relies on.
 
+The tables depend on the Unicode version of the Python that runs it (unicodedata.unidata_version:
+Python 3.11 has 14.0.0). The script refuses to write tables of another version than the header's
+NFC_UNIDATA_VERSION unless --force is given.
+
 Run from the repository root:
-    python3 scripts/gen_nfc_tables.py
+    python3 scripts/gen_nfc_tables.py [--force] [--output FILE]
 """
+import argparse
 import os
+import re
+import sys
 import unicodedata as ud
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,14 +165,33 @@ def render(ccc, decomps, comps):
     return "\n".join(lines)
 
 
+def recorded_version():
+    """The Unicode version the committed header was generated from, or None."""
+    try:
+        with open(TARGET) as f:
+            m = re.search(r'^#define NFC_UNIDATA_VERSION "([^"]+)"', f.read(), re.M)
+    except FileNotFoundError:
+        return None
+    return m.group(1) if m else None
+
+
 def main():
+    ap = argparse.ArgumentParser(description="Generates support/nfc_tables.h from Python's unicodedata.")
+    ap.add_argument("--output", default=TARGET, help="the header to write [support/nfc_tables.h]")
+    ap.add_argument("--force", action="store_true",
+                    help="write even if this Python's Unicode version differs from the header's")
+    args = ap.parse_args()
+    recorded = recorded_version()
+    if recorded and recorded != ud.unidata_version and not args.force:
+        sys.exit(f"gen_nfc_tables.py: this Python has Unicode {ud.unidata_version}, the header {recorded}; "
+                 f"run it with a Python of Unicode {recorded}, or give --force")
     ccc, decomps = ccc_ranges(), decompositions()
     comps = composites(decomps)
     check_assumptions(decomps, comps)
-    with open(TARGET, "w") as f:
+    with open(args.output, "w") as f:
         f.write(render(ccc, decomps, comps))
-    print(f"{TARGET}: Unicode {ud.unidata_version}, {len(ccc)} ccc ranges, "
-          f"{len(decomps)} decompositions, {len(comps)} composites, {os.path.getsize(TARGET)} bytes")
+    print(f"{args.output}: Unicode {ud.unidata_version}, {len(ccc)} ccc ranges, "
+          f"{len(decomps)} decompositions, {len(comps)} composites, {os.path.getsize(args.output)} bytes")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,17 @@ GPT-2's pre-tokenizer regex uses \\p{L}, \\p{N} and \\s as Python's `regex` modu
 every code point is classified as letter, number, whitespace or other, and runs of one class
 become ranges. The header is written whole.
 
-Run from the repository root:
-    /work/venv/bin/python scripts/gen_unicode_tables.py
-"""
-import os
+The tables depend on the version of `regex` (its Unicode data), which the header records on its
+line 8. The script refuses to write tables from another version than the header's unless --force
+is given; install the recorded one to rebuild them as they are (pip install regex==VERSION).
 
-import regex
+Run from the repository root, with `regex` installed:
+    python3 scripts/gen_unicode_tables.py [--force] [--output FILE]
+"""
+import argparse
+import os
+import re
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "support", "unicode_tables.h")
@@ -26,7 +31,7 @@ HEAD = """\
 NAMES = ["UC_O", "UC_L", "UC_N", "UC_S"]
 
 
-def classify():
+def classify(regex):
     letter, number, space = (regex.compile(p) for p in (r"\p{L}", r"\p{N}", r"\s"))
     classes = []
     for cp in range(0x110000):
@@ -50,8 +55,8 @@ def ranges(classes):
     return out
 
 
-def render(classes):
-    lines = [HEAD, f"/* regex {regex.__version__}: {{first, last, class}} for U+0080.., sorted */"]
+def render(classes, version):
+    lines = [HEAD, f"/* regex {version}: {{first, last, class}} for U+0080.., sorted */"]
     lines.append("static const uint8_t uc_ascii_class[128] = {")
     for row in range(0, 128, 32):
         lines.append("    " + ",".join(str(c) for c in classes[row:row + 32]) + ",")
@@ -64,9 +69,33 @@ def render(classes):
     return "\n".join(lines)
 
 
+def recorded_version():
+    """The regex version the committed header was generated with, or None."""
+    try:
+        with open(TARGET, encoding="utf-8") as f:
+            m = re.search(r"^/\* regex (\S+): ", f.read(), re.M)
+    except FileNotFoundError:
+        return None
+    return m.group(1) if m else None
+
+
 def main():
-    with open(TARGET, "w", encoding="utf-8") as f:
-        f.write(render(classify()) + "\n")
+    ap = argparse.ArgumentParser(description="Regenerates support/unicode_tables.h from Python's regex module.")
+    ap.add_argument("--output", default=TARGET, help="the header to write [support/unicode_tables.h]")
+    ap.add_argument("--force", action="store_true",
+                    help="write even if regex's version differs from the one the header records")
+    args = ap.parse_args()
+    try:
+        import regex
+    except ImportError:
+        sys.exit("gen_unicode_tables.py: the `regex` module is missing (pip install regex)")
+    recorded = recorded_version()
+    if recorded and recorded != regex.__version__ and not args.force:
+        sys.exit(f"gen_unicode_tables.py: regex is {regex.__version__}, the header was made with {recorded}; "
+                 f"install regex=={recorded}, or give --force to write tables of {regex.__version__}")
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(render(classify(regex), regex.__version__) + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -122,7 +122,6 @@ DIR=${1%/}
 if [ -e "$DIR" ] && [ ! -f "$DIR/MANIFEST" ]; then
     die "$DIR exists and is not a bundle (no MANIFEST): name a new directory"
 fi
-PYTHON=${PYTHON:-python3}
 for tool in apt-get apt-cache dpkg-deb sha256sum "$PYTHON"; do
     command -v "$tool" > /dev/null || die "$tool not found (this runs on Debian 12, with pip)"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# gpu_check.sh: the CUDA backend checked on a short GPU rental (a 16-core H100 or H200, no network),
-# in at most 10 minutes: two halves, each of which runs alone in at most 5, and a third, big, for a
-# second call of at most 5 more.
+# gpu_check.sh: the CUDA backend checked on a GPU machine (a 16-core H100 or H200; no network
+# needed) in three parts, the halves, each of which runs in at most 5 minutes, so that each can be
+# a command of its own: check and speed (the first 10 minutes), then big.
 #   check  build for the card's own SM only (make CUDA_SM=its capability)                [150 s]
 #          the kernel suite and the GPU suite, natively on the GPU                        [100 s]
 #          compute-sanitizer's memcheck over the kernel suite                              [60 s]
@@ -18,11 +18,11 @@
 #          timed); opt-13b offloaded (weights 40/60, cache and activations on the cpu,
 #          --cpu-cache-compute, 32 x 4); the llama-2-7b shape all on the GPU, fp16 and 4-bit
 #          (FlexGen has no LLaMA); where ncu is found, one decode step's kernels by GPU time and
-#          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; ncu_window below says
-#          how), and ncu's warp-state and memory sections on one decode launch of the 4-bit product
+#          DRAM bytes read (opt-6.7b, 4 x 1 and 32 x 1, fp16 and 4-bit; ncu_window below says how),
+#          and ncu's warp-state and memory sections on one decode launch of the 4-bit product
 #          (4 x 1) and of attention (32 x 1) (decode_stalls), and one prefill layer's kernels at
-#          32 x 1 (ncu_window). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b decodes at
-#          about 30 token/s).
+#          32 x 1 (ncu_window). 32 tokens are generated, 8 in the offloaded rows (FlexGen's opt-13b
+#          decodes at about 30 token/s).
 #          Each row of ours gives the counters of its busiest decode step (host waits, launches,
 #          cuBLAS products, copies in), and where the card is known, the decode's share of the
 #          weights' read limit and prefill's of the dense fp16 peak.
@@ -37,16 +37,16 @@
 #          32 x 1 and at 4 x 1 with §5's top-K (--attn-sparsity 0.1, FlexGen's too; at 4 x 1 the
 #          split's spans score the keys), and at 4 x 1 with top-K over a cache on the cpu tier (of
 #          V, the kept rows alone cross the link).
-# Every run has a limit of its own and none starts past its half's 5 minutes (a row then says
-# so). Results: $OUT/gpu-check.md, and at most 8 logs beside it: build.log, suites.log,
-# sanitizer.log, kjv.log, speed.log, flexgen.log, kernels.log, big.log; the runs' own output
-# (JSON, FlexGen's report, ncu's table, the cost model's predictions) in $OUT/.data, from which
-# the markdown is written (scripts/gpu_check_report.py). The halves may run as separate commands
-# with the same OUT, in any order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
-# bad usage. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal hung up) stops the run at once:
-# the running step's processes are ended (each run under a limit leads a process group of its
-# own, which a terminal's Ctrl-C or hang-up does not reach), FlexGen's offload directory is
-# removed, and the exit status is 130, 143 or 129.
+# Every run has a limit of its own and none starts past its half's 5 minutes (a row then says so).
+# Results: $OUT/gpu-check.md, and at most 8 logs beside it: build.log, suites.log, sanitizer.log,
+# kjv.log, speed.log, flexgen.log, kernels.log, big.log; the runs' own output (JSON, FlexGen's
+# report, ncu's table, the cost model's predictions) in $OUT/.data, from which the markdown is
+# written (scripts/gpu_check_report.py). The halves may run as separate commands with the same OUT,
+# in any order; a half run again replaces its results. The exit status is 1 if a check failed, 2 for
+# bad usage. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal hung up) stops the run at once: the
+# running step's processes are ended (each run under a limit leads a process group of its own, which
+# a terminal's Ctrl-C or hang-up does not reach), FlexGen's offload directory is removed, and the
+# exit status is 130, 143 or 129.
 #
 # --dry: the same plumbing on the emulated GPU (./flexgen-emu; docs/GPU.md), on models/opt-kjv and
 # models/llama-kjv at prompt 16 and 4 tokens, in under a minute, without FlexGen, compute-sanitizer
@@ -56,14 +56,15 @@
 #
 # Usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]
 #        (no half: all three, big last)
-# Environment: OUT [gpu-check-<UTC time>], PYTHON (with a CUDA build of torch) [python3],
-# WEIGHTS (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp],
-# ONLY (row names, e.g. "opt-6.7b-32x1 opt-175b-4bit-t4": the speed and big halves skip every
-# other row) [every row], BASE (a second checkout, e.g. of the commit before a change: the check
-# half builds its flexgen too, and each row of ours runs it first, the same way, for the table's
-# this / base) [none], FLEXGEN (0: FlexGen's runs are left out; row names: FlexGen runs beside
-# those rows alone) [1], HALF_SECONDS (the speed and big halves' time each, for a rental shorter
-# than the halves' 5 minutes each or a longer one) [290]
+# Environment: OUT [gpu-check-<UTC time>], PYTHON (with a CUDA build of torch) [python3], WEIGHTS
+# (dummy weights on disk) [~/.cache/flexgen], OFFLOAD (the disk tier) [/var/tmp], ONLY (row names,
+# e.g. "opt-6.7b-32x1 opt-175b-4bit-t4 stalls-q4": the speed and big halves skip every other row,
+# Nsight Compute's too: kernels, kernels-4bit, kernels-32x1, kernels-4bit-32x1, prefill-32x1,
+# stalls-q4, stalls-attention) [every row], BASE (a second checkout, e.g. of the commit before a
+# change: the check half builds its flexgen too, and each row of ours runs it first, the same way,
+# for the table's this / base) [none], FLEXGEN (0: FlexGen's runs are left out; row names: FlexGen
+# runs beside those rows alone) [1], HALF_SECONDS (the speed and big halves' time each: less where a
+# command has less than 5 minutes, more for longer runs) [290]
 set -uo pipefail
 
 usage="usage: bash scripts/gpu_check.sh [--bundle DIR] [--dry] [check] [speed] [big]"
@@ -84,6 +85,13 @@ case $HALF_SECONDS in
     '' | *[!0-9]*) echo "gpu_check.sh: HALF_SECONDS must be whole seconds, got '$HALF_SECONDS'" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.." || exit 2
+# The bundle before OUT is made, so that a wrong --bundle leaves no directory behind.
+if [ -n "$BUNDLE" ]; then
+    DEPS=$(bash scripts/gpu_bundle.sh prefix "$BUNDLE") || exit 2
+    export DEPS PYTHONPATH=$DEPS/python${PYTHONPATH:+:$PYTHONPATH}
+    export HF_HOME=$DEPS/hf HF_HUB_CACHE=$DEPS/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+fi
+
 OUT=${OUT:-gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 PYTHON=${PYTHON:-python3} WEIGHTS=${WEIGHTS:-$HOME/.cache/flexgen} OFFLOAD=${OFFLOAD:-/var/tmp}
@@ -119,12 +127,6 @@ stop() { # SIGNAL STATUS
 trap 'stop INT 130' INT
 trap 'stop TERM 143' TERM
 trap 'stop HUP 129' HUP # the terminal hung up
-
-if [ -n "$BUNDLE" ]; then
-    DEPS=$(bash scripts/gpu_bundle.sh prefix "$BUNDLE") || exit 2
-    export DEPS PYTHONPATH=$DEPS/python${PYTHONPATH:+:$PYTHONPATH}
-    export HF_HOME=$DEPS/hf HF_HUB_CACHE=$DEPS/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-fi
 
 if [ "$DRY" = 1 ]; then
     BIN=./flexgen-emu TESTS=./build-emu/test_flexgen GPU_MEM=1G GPU_MEM_32=1G
@@ -314,7 +316,7 @@ do_speed() {
     HALF_END=$(($(date +%s) + HALF_SECONDS))
     start_rows rows speed.log
     ROW_GPU_MEM=$GPU_MEM
-    rm -f "$OUT/.data"/kernels*
+    rm -f "$OUT/.data"/kernels* "$OUT/.data"/prefill-32x1* "$OUT/.data"/stalls-*
     local g=$GEN o=$GEN_OFFLOADED big=32
     [ "$DRY" = 0 ] || big=4
     local gpu=(--percent 100 0 100 0 100 0 --num-gpu-batches 1)
@@ -387,12 +389,15 @@ do_big() {
 }
 
 # Nsight Compute's path into the caller's $ncu and the half's seconds left into its $left; or, where
-# there is no GPU, no ncu or under 45 s left, why not into FILE (and fails).
-ncu_ready() { # FILE
-    local why=""
+# ONLY leaves the row out, there is no GPU, no ncu or under 45 s left, why not into FILE (and
+# fails).
+ncu_ready() { # FILE (.data/ROW.txt)
+    local why="" name
+    name=$(basename "$1" .txt)
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     left=$(time_left)
-    if [ "$DRY" = 1 ]; then why="no GPU"
+    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then why="ONLY leaves $name out"
+    elif [ "$DRY" = 1 ]; then why="no GPU"
     elif [ -z "$ncu" ]; then why="no ncu"
     elif [ "$left" -lt 45 ]; then why="too little time left"
     fi
@@ -441,9 +446,9 @@ print(*{"decode": (p, 2 * s), "prefill": (p // 32, p // 32)}[sys.argv[2]])' "$OU
 
 # Why a kernel reads below the card's rate: Nsight Compute's sections on one decode launch of it
 # (speed of light, memory workload, occupancy, warp states with their stall reasons, scheduler and
-# launch statistics) into .data/stalls-NAME.txt, where the half has time left. NAME KERNEL BATCH SKIP
-# flags...: opt-6.7b at BATCH x 1, the launch after the kernel's first SKIP (past its first decode
-# layers; prefill launches neither q4_rows_kernel nor attention_span_kernel).
+# launch statistics) into .data/stalls-NAME.txt, where the half has time left. NAME KERNEL BATCH
+# SKIP flags...: opt-6.7b at BATCH x 1, the launch after the kernel's first SKIP (past its first
+# decode layers; prefill launches neither q4_rows_kernel nor attention_span_kernel).
 decode_stalls() {
     local name=$1 kernel=$2 batch=$3 skip=$4 ncu left run
     shift 4

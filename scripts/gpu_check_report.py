@@ -4,17 +4,34 @@ OUT/.data: the machine, each check's result, the speed table (this project besid
 counters of each run's busiest decode step and, on a card named below, the decode's share of the
 weights' read limit and prefill's of the dense fp16 peak), one decode step's kernels by GPU time
 and DRAM bytes read, one prefill layer's, ncu's sections on one decode launch of two kernels, and
-the big half's rows
-(OPT-175B 4-bit) beside the cost model's predictions.
+the big half's rows (OPT-175B 4-bit) beside the cost model's predictions.
+
+Usage: python3 scripts/gpu_check_report.py OUT PROMPT_LEN   (gpu_check.sh runs it)
 """
 import csv
 import json
+import math
 import os
 import re
 import sys
 
+USAGE = "usage: python3 scripts/gpu_check_report.py OUT PROMPT_LEN"
+
+
+def usage_error(line):
+    print(f"gpu_check_report.py: {line}; {USAGE}", file=sys.stderr)
+    sys.exit(2)
+
+
+if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+    print(__doc__.strip())
+    sys.exit(0)
+if len(sys.argv) != 3 or not re.fullmatch(r"[1-9][0-9]*", sys.argv[2]):
+    usage_error("expected OUT and a positive PROMPT_LEN")
 out, prompt = sys.argv[1], int(sys.argv[2])
 data = os.path.join(out, ".data")
+if not os.path.isdir(data):
+    usage_error(f"no {data}: OUT is not a directory scripts/gpu_check.sh wrote")
 
 # Datasheet figures: HBM bandwidth (bytes/s) and dense fp16 tensor throughput (FLOP/s), by name.
 CARDS = [("H200", 4.8e12, 989e12), ("H100 NVL", 3.9e12, 835e12), ("H100 PCIe", 2.0e12, 756e12),
@@ -214,12 +231,15 @@ for name, weights, weight_mb, batch in (("kernels", "fp16", "13,300", 4), ("kern
     print(f"ncu's kernel times and DRAM bytes read over a window of {steps:.2f} decode steps ({attention}'s")
     print(f"launches over {LAYERS} layers), divided by the steps: {total / 1e3:.0f} us of kernels and")
     print(f"{read_bytes / 1e6:.0f} MB read a step; the weights the step needs are {weight_mb} MB ({weights}), its")
-    print(f"keys and values {batch} x 544 x 32 layers x 2 x 8 KB = {batch * 544 * 32 * 2 * 8192 / 1e6:,.0f} MB at the step's end. "
-          "Share: of the")
-    print("card's datasheet read rate, the kernel's bytes over its time.\n")
+    # the window's decode steps come right after prefill: their context, the prompt and a few tokens
+    ctx = prompt + math.ceil(steps)
+    print(f"keys and values {batch} x {ctx} x 32 layers x 2 x 8 KB = {batch * ctx * 32 * 2 * 8192 / 1e6:,.0f} MB "
+          f"at the window's last step (the prompt, {prompt}, and about {math.ceil(steps)} tokens).")
+    print("Share: of the card's datasheet read rate, the kernel's bytes over its time.\n")
     kernel_table(window, steps, "step", c[1] if c else 0)
 
-# opt-6.7b's products a prefill layer: 2 FLOPs a weight (12 h^2 of them, h = 4096) a token of 32 x 512
+# opt-6.7b's products a prefill layer: 2 FLOPs a weight (12 h^2 of them, h = 4096) a token of
+# 32 x 512
 PREFILL_LAYER_FLOPS = 2 * 12 * 4096 ** 2 * 32 * 512
 print("\n## One prefill layer's kernels by GPU time (opt-6.7b, 32 x 1, all on the GPU, fp16 weights)\n")
 window = kernel_window("prefill-32x1")

@@ -17,9 +17,10 @@
 #             A policy that needs more CPU memory than is available, by this project's memory
 #             model, is not run.                                                        [210 s]
 # The limits add up to 21.5 minutes, so that the whole run with the defaults (MODELS: opt-6.7b
-# and opt-13b) fits in 25 minutes on a machine with 16 cores, and so that build,test,test-gpu (480
-# s), test-san (330 s) and bench,flexgen (480 s) each fit in a 10-minute command. A failed or
-# stopped step does not stop the next. Where a GPU is present, a test step in which the GPU suite
+# and opt-13b) fits in 25 minutes on a machine with 16 cores, and the steps fall in three groups
+# of at most 8 minutes each, build,test,test-gpu (480 s), test-san (330 s) and bench,flexgen
+# (480 s), so that each group can be a command of its own (below). A failed or stopped step
+# does not stop the next. Where a GPU is present, a test step in which the GPU suite
 # skipped fails; without one, the steps that need it are recorded as skipped with the reason.
 #
 # Without a network: `--bundle DIR` (a directory that scripts/gpu_bundle.sh wrote) unpacks its
@@ -35,7 +36,7 @@
 # Run again with the same OUT, it adds to the same file (a step run again replaces its row), so
 # the steps can run one command at a time.
 #
-# Usage: bash scripts/gpu_first_run.sh [--bundle DIR]
+# Usage: bash scripts/gpu_first_run.sh [--bundle DIR | --bundle=DIR]
 # Environment:
 #   STEPS         the steps to run, separated by spaces or commas
 #                 [build test test-gpu test-san bench flexgen]
@@ -51,7 +52,7 @@
 #   BUNDLE_PREFIX where --bundle unpacks [/tmp/flexgen-bundle-<the bundle's MANIFEST hash>]
 #   WEIGHTS, OFFLOAD, HW, MAX_LATENCY  as in scripts/bench_gpu.sh; FlexGen offloads under
 #                 OFFLOAD [/var/tmp] too
-# For example, on a machine without a network that allows 10 minutes a command:
+# For example, without a network, in four commands of at most 10 minutes each:
 #   export OUT=first-run
 #   STEPS=build,test,test-gpu bash scripts/gpu_first_run.sh --bundle bundle
 #   STEPS=test-san bash scripts/gpu_first_run.sh --bundle bundle
@@ -76,13 +77,14 @@ step_limit() { # STEP: its time limit in seconds (the top comment's table), or S
 }
 
 if [ "${1:-}" != __step ]; then
-    usage="usage: bash scripts/gpu_first_run.sh [--bundle DIR]"
+    usage="usage: bash scripts/gpu_first_run.sh [--bundle DIR | --bundle=DIR]"
     BUNDLE=
     while [ $# -gt 0 ]; do
         case $1 in
             --bundle) [ $# -ge 2 ] || { echo "gpu_first_run.sh: --bundle needs a directory; $usage" >&2; exit 2; }
                 BUNDLE=$2; shift 2 ;;
             --bundle=*) BUNDLE=${1#--bundle=}; shift ;;
+            -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | grep -v '^# shellcheck' | sed 's/^# \{0,1\}//'; exit 0 ;;
             *) echo "gpu_first_run.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
         esac
     done
@@ -217,6 +219,16 @@ step_bench() {
     return "$rc"
 }
 
+stop_flexgen() { # the trap of step_flexgen's run: ends the run, removes its offload directory
+    trap '' TERM INT HUP
+    if [ -n "$run" ]; then
+        kill -TERM -- "-$run" 2>/dev/null || kill -TERM "$run" 2>/dev/null
+        wait "$run" 2>/dev/null
+    fi
+    rm -rf "$dir"
+    exit 1
+}
+
 step_flexgen() {
     have_gpu || { note "$(no_gpu)"; return 3; }
     local mod="" m err why=""
@@ -241,7 +253,7 @@ step_flexgen() {
         return 3
     fi
     mkdir -p "$OUT/flexgen"
-    local model policy dir rc failed=0
+    local model policy rc failed=0
     for model in $MODELS; do
         if ! policy=$(bash scripts/bench_gpu.sh policy "$model" 2>&1); then
             note "$policy"
@@ -268,10 +280,19 @@ step_flexgen() {
         rm -f "$OUT/flexgen/$model.log"
         echo "== $mod.flex_opt, $model: $policy" | tee -a "$LOG"
         rc=0
+        # The run goes in the background and the step waits for it, so that the TERM that ends a
+        # step at its limit runs the trap at once: it ends the run (timeout leads a process group
+        # of its own, which the step's TERM does not reach) and removes the offload directory.
+        run=""
+        trap 'stop_flexgen' TERM INT HUP
         # shellcheck disable=SC2086
         timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" -m "$mod.flex_opt" --model "facebook/$model" --path _DUMMY_ \
             --offload-dir "$dir" --prompt-len 512 --gen-len 32 $policy --log-file "$OUT/flexgen/$model.log" \
-            > "$OUT/flexgen/$model.out" 2>&1 || rc=$?
+            > "$OUT/flexgen/$model.out" 2>&1 &
+        run=$!
+        wait "$run" || rc=$?
+        trap - TERM INT HUP
+        run=""
         rm -rf "$dir"
         tail -n 8 "$OUT/flexgen/$model.out" | tee -a "$LOG"
         if [ "$rc" = 0 ]; then

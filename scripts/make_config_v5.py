@@ -8,12 +8,10 @@ the same model. Run with a Python that has transformers 5 (no network: the fixtu
 
     python3 scripts/make_config_v5.py
 """
+import argparse
 import json
 import os
 import tempfile
-
-import transformers
-from transformers import AutoConfig
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -22,6 +20,12 @@ NAMES = ["llama-tiny-mha", "llama-tiny-gqa2-llama3", "llama-tiny-gqa4-linear", "
 
 
 def main():
+    ap = argparse.ArgumentParser(description="Writes tests/fixtures/config-v5/NAME.json as transformers 5 saves "
+                                             "each LLaMA-family fixture's config.json.")
+    ap.parse_args()
+    import transformers
+    from transformers import AutoConfig
+
     major = int(transformers.__version__.split(".")[0])
     if major < 5:
         raise SystemExit(f"transformers {transformers.__version__}: version 5 writes rope_parameters")

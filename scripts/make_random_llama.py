@@ -225,13 +225,22 @@ def tokenizer_vocab(kind, fixtures):
 
 
 def parse_size(s):
+    """A size of bytes, "5GB", "512MiB" or "1000"; an argparse type (a bad one is its error)."""
     mult = {"K": 1000, "M": 1000 ** 2, "G": 1000 ** 3, "KB": 1000, "MB": 1000 ** 2,
             "GB": 1000 ** 3, "KIB": 1024, "MIB": 1024 ** 2, "GIB": 1024 ** 3}
     u = s.upper().rstrip()
-    for suf in sorted(mult, key=len, reverse=True):
-        if u.endswith(suf):
-            return int(float(u[:-len(suf)]) * mult[suf])
-    return int(u)
+    try:
+        for suf in sorted(mult, key=len, reverse=True):
+            if u.endswith(suf):
+                n = int(float(u[:-len(suf)]) * mult[suf])
+                break
+        else:
+            n = int(u)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {s!r} (e.g. 5GB, 512MiB)")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not a positive size: {s!r}")
+    return n
 
 
 def main():
@@ -243,7 +252,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights [0]")
     ap.add_argument("--std", type=float, default=0.02, help="std of the normal weights [0.02]")
     ap.add_argument("--layers", type=int, help="num_hidden_layers instead of the shape's")
-    ap.add_argument("--max-shard-size", default="5GB",
+    ap.add_argument("--max-shard-size", default="5GB", type=parse_size,
                     help="data bytes per shard (K/M/G: powers of 1000, KiB/MiB/GiB: of 1024) [5GB]")
     ap.add_argument("--tokenizer", default="auto",
                     help="auto (llama-spm for vocab 32000, llama-bpe for 128256), llama-spm, "
@@ -257,6 +266,8 @@ def main():
                     help="print the weights' bytes of --shape (with --layers) and exit")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = ap.parse_args()
+    if a.layers is not None and a.layers < 1:
+        ap.error("--layers must be at least 1")
 
     if a.list:
         for name, (cfg, _, what) in SHAPES.items():
@@ -278,11 +289,9 @@ def main():
         ap.error("--shape and --out are required")
     if os.path.exists(a.out):
         sys.exit(f"make_random_llama.py: {a.out} exists")
-    if a.layers is not None and a.layers < 1:
-        ap.error("--layers must be at least 1")
     if a.chunk_elems < 1:
         ap.error("--chunk-elems must be positive")
-    max_bytes = parse_size(a.max_shard_size)
+    max_bytes = a.max_shard_size
 
     cfg0, gen, _ = SHAPES[a.shape]
     cfg = copy.deepcopy(cfg0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the tiny OPT reference fixtures in tests/fixtures/<model>/.
 
-For each of three tiny, randomly initialised OPT models this script writes
+For each of six tiny, randomly initialised OPT models this script writes
 
     config.json, generation_config.json      (save_pretrained)
     model.safetensors | model-0000k-of-0000n.safetensors + model.safetensors.index.json
@@ -17,6 +17,9 @@ The models:
                    final layer norm, like facebook/opt-350m; saved as fp32, sharded
     opt-tiny-bf16  pre-LN, other dims, saved as bf16
     opt-deep       pre-LN, 20 layers, word_embed_proj_dim 72 > hidden 40 (project_in / out)
+    opt-tiny-text  pre-LN, with the vocab of tests/fixtures/tokenizer: text prompts through that
+                   tokenizer (an HF-layout directory with vocab.json and merges.txt); also writes
+                   texts.json, the prompts and what HF's tokenizer decodes the output to
     opt-outlier    pre-LN, 3 layers, with LLM.int8's outlier features: 4 hidden dims 24-56x the
                    rest in every linear layer's input (add_outliers below)
 
@@ -36,8 +39,9 @@ No position_ids are passed: HF derives OPT's positions from the attention mask
 (cumsum(mask) * mask - 1, looked up at + 2). No EOS stopping. The same prompts are then run one
 at a time without padding as a check of the padding semantics.
 
-Deterministic: fixed seeds, one CPU thread. Run with /work/venv/bin/python from anywhere:
-    python scripts/make_reference.py [--out DIR] [--only NAME ...]
+Deterministic: fixed seeds, one CPU thread. Run, from anywhere, with a Python that has torch,
+transformers and safetensors:
+    python3 scripts/make_reference.py [--out DIR] [--only NAME ...]
 """
 
 import argparse
@@ -276,9 +280,8 @@ def init_weights(model, spec):
 #     embed_tokens and embed_positions are scaled so that the residual stream entering layer 0
 #     has mean|h_j| = resid (150) x mean|h_other|; each layer's out_proj and fc2 bias on D is
 #     then set to keep that ratio at every LayerNorm's input (the other dims grow with depth, so
-#     D's biases do too). Balanced signs leave LayerNorm's mean nearly unmoved: a first try, 3
-#     dims signed -, +, - at 100x, moved it by ~1.6x a typical value in every row (width 64) and
-#     the model came to repeat one token.
+#     D's biases do too). Balanced signs leave LayerNorm's mean nearly unmoved; outlier dims of
+#     one sign would move every row's mean, and with it every other dim after the LayerNorm.
 #     Weights' rows for D are not scaled: out_proj's and fc2's 4-bit groups run along the output
 #     dim, so a scaled row would coarsen every group it is in; embeddings group along the
 #     vocab / positions, biases are not compressed.

@@ -9,17 +9,16 @@ sorted last (torch.sort ascending, ties in id order): the higher ids. The rows a
 (powers of two and small integers), so that ties are ties in both programs.
 Deterministic: running it again gives an identical file.
 
-Run from the repository root, with torch and transformers installed (5.24 wrote the committed
-file):
+Needs torch and transformers (5.24 wrote the committed file), e.g. in a virtual environment:
     python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install torch transformers
-    /tmp/hfvenv/bin/python scripts/make_sampling_fixture.py
+    /tmp/hfvenv/bin/python scripts/make_sampling_fixture.py [--output FILE]
 """
+import argparse
 import json
 import os
 
-import torch
-import transformers
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "tests", "fixtures", "sampling", "top_p.json")
 
 ROWS = [
     [0.0, 1.0, 1.0, 1.0, 1.0, -2.0],          # four tied on top (ids 1 .. 4)
@@ -32,6 +31,9 @@ TEMPERATURES = [1.0, 0.5]
 
 
 def kept(row, temperature, top_p):
+    import torch
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
     scores = torch.tensor([row], dtype=torch.float32)
     scores = TemperatureLogitsWarper(temperature)(None, scores)
     scores = TopPLogitsWarper(top_p)(None, scores)
@@ -39,10 +41,15 @@ def kept(row, temperature, top_p):
 
 
 def main():
+    ap = argparse.ArgumentParser(description="Writes tests/fixtures/sampling/top_p.json from HF transformers' "
+                                             "top-p warper.")
+    ap.add_argument("--output", default=OUT, help="the file to write [tests/fixtures/sampling/top_p.json]")
+    out = ap.parse_args().output
+    import transformers
+
     cases = [{"logits": row, "temperature": t, "top_p": p, "kept": kept(row, t, p)}
              for row in ROWS for t in TEMPERATURES for p in TOP_P]
-    out = "tests/fixtures/sampling/top_p.json"
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump({"transformers": transformers.__version__, "cases": cases}, f, indent=1)
         f.write("\n")

@@ -25,6 +25,7 @@ Deterministic: running it again gives identical files.
 The slow GPT2Tokenizer exists up to transformers 4.x. Run from the repository root:
     .venv/bin/python scripts/make_tokenizer_fixture.py
 """
+import argparse
 import json
 import os
 import shutil
@@ -375,6 +376,8 @@ def write_cases(directory, cases):
 
 
 def main():
+    ap = argparse.ArgumentParser(description="Writes tests/fixtures/tokenizer{,-gpt2,-added}/.")
+    ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     with tempfile.TemporaryDirectory() as workdir:
         fast = train(workdir)

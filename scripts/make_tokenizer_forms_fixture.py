@@ -29,6 +29,7 @@ Run from the repository root, with HF tokenizers installed (0.23 wrote the commi
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers
     /tmp/tokvenv/bin/python scripts/make_tokenizer_forms_fixture.py
 """
+import argparse
 import json
 import os
 
@@ -147,6 +148,7 @@ def decode_cases(tok):
 
 
 def main():
+    argparse.ArgumentParser(description="Writes tests/fixtures/tokenizer-forms/.").parse_args()
     os.makedirs(OUT, exist_ok=True)
     cases = {}
     for name, data in sorted(forms().items()):

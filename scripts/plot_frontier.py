@@ -9,37 +9,41 @@ profile`) for opt-1.3b at s = 64, n = 8, with the predicted and measured points 
 scripts/bench_policy.sh (its $OUT directory) beside it.
 
 usage: plot_frontier.py --hw THIS_MACHINE.json --bench BENCH_OUT_DIR --out PNG [--bin ./flexgen]
+                        [--path DIR]      (DIR: the dummy weights' directory [~/.cache/flexgen])
 Needs matplotlib (Debian: python3-matplotlib).
 """
 import argparse
 import glob
 import json
-import math
 import os
 import subprocess
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import sys
 
 
 def search(binary, hw, model, s, n, extra, max_latency=None):
+    """flexgen policy's --json, or (None, its error) where it refuses or fails."""
     cmd = [binary, "policy", "--json", "--hw", hw, "--model", model, "--prompt-len", str(s),
            "--gen-len", str(n)] + extra
     if max_latency:
         cmd += ["--max-latency", "%g" % max_latency]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else None
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"plot_frontier.py: cannot run {binary}: {e}")
+    if r.returncode != 0:
+        return None, f"{' '.join(cmd)}: {r.stderr.strip()}"
+    return json.loads(r.stdout), ""
 
 
 def frontier(binary, hw, model, s, n, extra):
-    best = search(binary, hw, model, s, n, extra)
+    best, error = search(binary, hw, model, s, n, extra)
+    if best is None:  # no policy at all: the search's own error says why
+        sys.exit(f"plot_frontier.py: {error}")
     points, lat = [], best["block_latency"]
     # from the unbounded optimum's latency down, until nothing fits
     for _ in range(40):
-        d = search(binary, hw, model, s, n, extra, lat)
-        if not d:
+        d, _ = search(binary, hw, model, s, n, extra, lat)
+        if not d:  # nothing fits a tighter bound: the frontier ends
             break
         points.append((d["block_latency"], d["predicted_throughput"]))
         lat = d["block_latency"] / 1.5
@@ -47,13 +51,20 @@ def frontier(binary, hw, model, s, n, extra):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description="The latency-throughput frontier of the paper's Fig. 1.")
     ap.add_argument("--hw", required=True)
     ap.add_argument("--bench", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--bin", default="./flexgen")
     ap.add_argument("--path", default=os.path.expanduser("~/.cache/flexgen"))
     a = ap.parse_args()
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("plot_frontier.py: matplotlib is missing (Debian: apt-get install python3-matplotlib)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, (t4, cpu) = plt.subplots(1, 2, figsize=(12, 4.5))
     t4_caps = ["--gpu-mem", "16G", "--cpu-mem", "208G", "--disk-mem", "1500G"]
     for model, extra, style in [("opt-30b", [], "C0-"), ("opt-175b", [], "C1-"),

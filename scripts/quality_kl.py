@@ -7,7 +7,9 @@ greedily in fp16 and with --compress-weight, --compress-cache, both, and both pl
 the next-token distributions. A step counts while the greedy tokens before it agree (the two runs
 then saw the same prefix); the report gives how many steps that was.
 
-    python3 scripts/quality_kl.py tests/fixtures/opt-tiny tests/fixtures/opt-tiny-350m
+    python3 scripts/quality_kl.py [--flexgen ./flexgen] [--gen-len N] CHECKPOINT_DIR...
+    e.g. python3 scripts/quality_kl.py tests/fixtures/opt-tiny tests/fixtures/opt-tiny-350m
+(--gen-len: the tokens generated a prompt [8].)
 """
 import argparse
 import os

@@ -14,12 +14,7 @@
  * ./flexgen runs on: it starts itself again on a better one where the library picked a core of an
  * older instruction set than the CPU has, by the same rule (support/blas_core.c); "core" names it.
  *
- * Build (as the Makefile links ./flexgen):
- *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -I.
- * -I/usr/include/x86_64-linux-gnu/openblas-openmp \
- *       -o build/sgemm_rate scripts/sgemm_rate.c support/blas_core.c \
- *       -L/usr/lib/x86_64-linux-gnu/openblas-openmp
- * -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas
+ * Built by `make build/sgemm_rate` (with ./flexgen's flags, and support/blas_core.o).
  */
 #define _GNU_SOURCE
 #include "support/tools.h"

@@ -9,8 +9,8 @@
  *
  *   {"mib":MIB,"reps":R,"threads":T,"gbs":G}        G in 10^9 bytes per second
  *
- * Threads: OMP_NUM_THREADS, as for ./flexgen. Build (as scripts/bench_roofline.sh does):
- *   gcc -O2 -std=c11 -Wall -Wextra -Werror -fopenmp -o build/stream_rate scripts/stream_rate.c
+ * Threads: OMP_NUM_THREADS, as for ./flexgen. Built by `make build/stream_rate` (with
+ * ./flexgen's flags; it links nothing of the project).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <errno.h>
