@@ -191,9 +191,12 @@ typedef struct {
     double cold_seconds; /* its latency: the cold first run's; < 0 without --warmup */
     double cold_prefill, cold_decode; /* the two parts of it: its prefill, its decode step */
     int job_finished;                 /* --resume found every prompt's record in --output */
-    int n_job_prompts;                /* the job's prompts, with those --output has records of */
-    uint64_t prompts_hash;            /* their ids and tokens (a job's identity) */
-    const char *hw;                   /* hardware file of the cost model (--hw) */
+    /* a pipeline's OpenBLAS cores and --bf16-prefill's oneDNN instruction sets, stage by stage,
+     * where the stages' differ (rank 0; "" where they agree): run.c's share_libraries */
+    char stage_cores[96], stage_prefill_libraries[96];
+    int n_job_prompts;     /* the job's prompts, with those --output has records of */
+    uint64_t prompts_hash; /* their ids and tokens (a job's identity) */
+    const char *hw;        /* hardware file of the cost model (--hw) */
     const char **prompts;
     int n_prompt_texts, prompt_len, json;
     int auto_policy;         /* --policy auto: search for the policy (§4.3) */

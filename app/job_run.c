@@ -34,8 +34,13 @@ int begin_job(const cli_args *a, job_output *out, char *err) {
     fg_blas_info_get(&blas);
     job_identity id = {.model = is_dir(a->model) ? NULL : a->model,
                        .device = fg_device_name(a->policy.device),
-                       .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL : blas.core,
-                       .prefill_library = a->policy.bf16_prefill ? gemm_library_isa() : NULL,
+                       .blas_core = a->policy.device == FG_DEVICE_CUDA ? NULL
+                                    : a->stage_cores[0]                ? a->stage_cores
+                                                                       : blas.core,
+                       .prefill_library = !a->policy.bf16_prefill ? NULL
+                                          : a->stage_prefill_libraries[0]
+                                              ? a->stage_prefill_libraries
+                                              : gemm_library_isa(),
                        .prompts_hash = a->prompts_hash,
                        .n_prompts = a->n_job_prompts};
     if (!id.model && job_checkpoint_hash(a->model, &id.checkpoint_hash, err)) return -1;

@@ -359,7 +359,7 @@ int fg_profile(const char *offload_dir, fg_device device, fg_hardware *hw, int v
     hw->gpu_is_host = be->gpu_is_host;
     fg_blas_info blas; /* the CPU's rates are OpenBLAS's on this core */
     fg_blas_info_get(&blas);
-    snprintf(hw->blas_core, sizeof hw->blas_core, "%s", blas.core);
+    snprintf(hw->blas_core, sizeof hw->blas_core, "%.*s", (int)sizeof hw->blas_core - 1, blas.core);
     if (check_dir("--offload-dir", offload_dir, err)) return -1;
     profile_step(verbose, "cpu -> gpu and gpu -> cpu copies, 4-bit decompression");
     if (profile_copies(be, hw, err)) return -1;

@@ -289,6 +289,10 @@ void report_run(const cli_args *a, const model_config *c, const prompt_set *p, c
     run_figures f = figures_of(a, c, p, t, max_prompt);
     fg_blas_info blas; /* the CPU's products and attention, on either device */
     fg_blas_info_get(&blas);
+    if (a->stage_cores[0]) { /* a pipeline whose stages run other cores */
+        snprintf(blas.core, sizeof blas.core, "%s", a->stage_cores);
+        snprintf(blas.why, sizeof blas.why, "the stages' own, stage by stage");
+    }
     if (a->json) report_json(a, c, p, t, st, max_prompt, device, stages, n_stages, &f, &blas);
     else report_text(a, t, st, device, stages, n_stages, &f, &blas);
 }

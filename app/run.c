@@ -138,20 +138,72 @@ static void combine_stages(const stage_report *all, int n, fg_stats *st, gen_tim
     }
 }
 
-/* The flags of the job, which every stage must share, against rank 0's; what rank 0 alone
- * writes (--dump-logits, --trace, --json, --output) is taken from it. */
+/* The flags of the job, which every stage must share, against rank 0's. Rank 0 alone reads the
+ * prompts and writes what is asked for (--dump-logits, --trace, --json, --output), so another
+ * stage may leave them out (mpirun's MPMD form); prompts it names must be rank 0's, and an output
+ * (or --warmup) given to it but not to rank 0 is refused, not dropped. */
 typedef struct {
     char model[256];
-    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, schedule,
-        schedule_given;
+    uint64_t prompts; /* the prompts' source: the flag that names them and its values, hashed */
+    int gen_len, stop_at_eos, prompt_len, gbs, ngb, auto_policy, dump, trace, output, json,
+        schedule, schedule_given;
     int compress_weight, compress_cache, int8, bf16; /* the numbers the job's records hold */
     int warmup;
     float temperature, top_p, sparsity;
     uint64_t seed;
 } job_flags;
 
+/* A 64-bit hash of a string, added to h (FNV-1a). */
+static uint64_t hash_text(const char *text, uint64_t h) {
+    for (const unsigned char *c = (const unsigned char *)text; c && *c; c++)
+        h = (h ^ *c) * 0x100000001b3ull;
+    /* the end of a text: "ab" then "c" hashes apart from "a" then "bc" */
+    return (h ^ 0xff) * 0x100000001b3ull;
+}
+
+/* The prompts' source as the command line names it: --prompt-file's path, --prompt-ids', or the
+ * --prompt texts; none (synthetic prompts of --prompt-len). */
+static uint64_t prompts_source(const cli_args *a) {
+    uint64_t h = hash_text(a->prompt_file  ? "--prompt-file"
+                           : a->prompt_ids ? "--prompt-ids"
+                                           : "",
+                           0xcbf29ce484222325ull);
+    h = hash_text(a->prompt_file ? a->prompt_file : a->prompt_ids, h);
+    for (int i = 0; i < a->n_prompt_texts; i++) h = hash_text(a->prompts[i], h);
+    return h;
+}
+
+/* Each stage's `name` gathered on rank 0 into out: "" where every stage's is rank 0's, else one a
+ * stage, comma-separated. */
+static void stage_names(fg_pipe *pipe, const char *name, char *out, size_t n) {
+    char mine[112];
+    snprintf(mine, sizeof mine, "%s,", name);
+    char *all = fg_pipe_gather_text(pipe, mine); /* rank 0's; NULL on the others */
+    size_t len = strlen(mine);
+    out[0] = 0;
+    for (size_t at = 0; all && all[at]; at += len)
+        if (strncmp(all + at, mine, len)) { /* a stage's differs from rank 0's */
+            all[strlen(all) - 1] = 0;
+            snprintf(out, n, "%s", all);
+            break;
+        }
+    free(all);
+}
+
+/* The libraries whose kernels set the bits of a CPU product, which a stage may run at another
+ * level than rank 0 (another machine, or OPENBLAS_CORETYPE and ONEDNN_MAX_CPU_ISA of its own):
+ * rank 0 takes every stage's into the job's identity and the report where they differ. */
+static void share_libraries(cli_args *a, fg_pipe *pipe) {
+    fg_blas_info blas;
+    fg_blas_info_get(&blas);
+    stage_names(pipe, blas.core, a->stage_cores, sizeof a->stage_cores);
+    stage_names(pipe, a->policy.bf16_prefill ? gemm_library_isa() : "", a->stage_prefill_libraries,
+                sizeof a->stage_prefill_libraries);
+}
+
 static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
-    job_flags mine = {.gen_len = a->gen.gen_len,
+    job_flags mine = {.prompts = prompts_source(a),
+                      .gen_len = a->gen.gen_len,
                       .stop_at_eos = a->gen.stop_at_eos,
                       .prompt_len = a->prompt_len,
                       .gbs = a->policy.gpu_batch_size,
@@ -162,6 +214,7 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
                       .dump = a->dump_logits != NULL,
                       .trace = a->trace != NULL,
                       .output = a->output != NULL,
+                      .json = a->json,
                       .compress_weight = a->policy.compress_weight,
                       .compress_cache = a->policy.compress_cache,
                       .int8 = a->policy.int8_activations,
@@ -174,6 +227,9 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
     snprintf(mine.model, sizeof mine.model, "%s", a->model);
     job_flags job = mine;
     fg_pipe_bcast(pipe, &job, sizeof job);
+    share_libraries(a, pipe); /* every stage takes part, before any refuses */
+    cli_args none = {0};      /* the source of a stage that names no prompts: rank 0's are taken */
+    uint64_t no_prompts = prompts_source(&none);
     if (fg_pipe_rank(pipe)) { /* rank 0 writes them; the others send it what they need */
         a->dump_logits = job.dump ? "(rank 0's)" : NULL;
         a->output = job.output ? "(rank 0's)" : NULL; /* the other stages run its rounds too */
@@ -181,10 +237,23 @@ static int share_job(cli_args *a, fg_pipe *pipe, char *err) {
         a->policy.trace = job.trace;
         a->warmup = job.warmup; /* every stage runs it, or none */
     }
-    const char *differs = strcmp(job.model, mine.model)                 ? "--model"
-                          : job.gen_len != mine.gen_len                 ? "--gen-len"
-                          : job.stop_at_eos != mine.stop_at_eos         ? "--stop-at-eos"
-                          : job.prompt_len != mine.prompt_len           ? "--prompt-len"
+    const char *unwritten = mine.dump && !job.dump       ? "--dump-logits"
+                            : mine.trace && !job.trace   ? "--trace"
+                            : mine.output && !job.output ? "--output"
+                            : mine.json && !job.json     ? "--json"
+                            : mine.warmup && !job.warmup ? "--warmup"
+                                                         : NULL;
+    if (unwritten)
+        return fg_fail(err,
+                       "%s is given to this stage but not to rank 0, which writes the outputs "
+                       "(and leads --warmup); give it to rank 0",
+                       unwritten);
+    const char *differs = strcmp(job.model, mine.model)         ? "--model"
+                          : job.gen_len != mine.gen_len         ? "--gen-len"
+                          : job.stop_at_eos != mine.stop_at_eos ? "--stop-at-eos"
+                          : job.prompt_len != mine.prompt_len   ? "--prompt-len"
+                          : mine.prompts != no_prompts && job.prompts != mine.prompts
+                              ? "--prompt-file, --prompt-ids or --prompt"
                           : job.seed != mine.seed                       ? "--seed"
                           : job.temperature != mine.temperature         ? "--temperature"
                           : job.top_p != mine.top_p                     ? "--top-p"

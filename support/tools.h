@@ -198,7 +198,7 @@ void sgemm_fixed_tiles(int m, int n, int k, const float *a, int lda, const float
 /* What the report says: "OpenBLAS 0.3.21", the core running, and why it is that one ("chosen
  * for AVX-512; the library picked Haswell", "OPENBLAS_CORETYPE", "as the library picked"). */
 typedef struct {
-    char library[32], core[32], why[96];
+    char library[32], core[96], why[96];
 } fg_blas_info;
 void fg_blas_info_get(fg_blas_info *b);
 

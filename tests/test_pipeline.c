@@ -421,6 +421,37 @@ static void test_job_output(void) {
     free(dir);
 }
 
+/* Stages on other OpenBLAS cores (on two machines, or a stage's own OPENBLAS_CORETYPE) sum
+ * prefill's products in other orders: the job's identity names each stage's core, and a job
+ * resumed with both stages on one core is another job. */
+static void test_stage_cores(void) {
+    if (skipped()) return;
+    if (!(fg_cpu_features() & FG_CPU_AVX2)) {
+        test_skip("OpenBLAS's Haswell and Zen cores need AVX2");
+        return;
+    }
+    char *dir = make_temp_dir(), out[4200];
+    snprintf(out, sizeof out, "%s", join(dir, "out.jsonl"));
+    const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--gen-len", "2", "--device", "cpu",
+                                  "--quiet", "--offload-dir", dir, "--output", out, NULL};
+    const char *const haswell[] = {"OPENBLAS_CORETYPE=Haswell", NULL}, *const zen[] = {"OPENBLAS_CORETYPE=Zen", NULL};
+    job two = mpirun_each(2, common, NULL, NULL, (const char *const *const[]){haswell, zen});
+    char *text = slurp(out, NULL);
+    EXPECT(two.rc == 0 && text && strstr(text, "\"blas_core\":\"Haswell,Zen\""),
+           "stages on Haswell and Zen: exit %d, the job's line: %.400s\n%.400s", two.rc, text ? text : "(none)",
+           two.err);
+    const char *const resume[] = {"--resume", NULL};
+    job again = mpirun_each(2, common, (const char *const *[]){resume, resume}, NULL,
+                            (const char *const *const[]){haswell, haswell});
+    EXPECT(again.rc == 2 && strstr(again.err, "another job") && strstr(again.err, "blas_core"),
+           "resumed with both stages on Haswell: expected exit 2 and 'another job: blas_core ...', got %d:\n%.600s",
+           again.rc, again.err);
+    free(text);
+    job_free(&two), job_free(&again);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* -np 1 is one process, as without mpirun; the JSON report names each stage otherwise. */
 static void test_report(void) {
     if (skipped()) return;
@@ -610,12 +641,20 @@ static void test_failures(void) {
     expect_job_fails("infeasible plan on one stage",
                      (const char *const *[]){NULL, (const char *[]){"--gpu-mem", "1K", NULL}}, 2, NULL,
                      "flexgen: rank 1 (stage 2 of 2): gpu tier", "--gpu-mem");
-    expect_job_fails("bad prompt file on rank 0",
-                     (const char *const *[]){(const char *[]){"--prompt-ids", "/nonexistent/p.txt", NULL}, NULL},
-                     2, NULL, "flexgen: rank 0 (stage 1 of 2): ", "/nonexistent/p.txt");
+    const char *const bad_prompts[] = {"--prompt-ids", "/nonexistent/p.txt", NULL};
+    expect_job_fails("bad prompt file (rank 0 reads it)", (const char *const *[]){bad_prompts, bad_prompts}, 2, NULL,
+                     "flexgen: rank 0 (stage 1 of 2): ", "/nonexistent/p.txt");
     expect_job_fails("flags the stages must share",
                      (const char *const *[]){NULL, NULL, (const char *[]){"--gen-len", "3", NULL}}, 3, NULL,
                      "flexgen: rank 2 (stage 3 of 3): ", "--gen-len");
+    /* rank 0 alone reads the prompts and writes the outputs: one asked of another stage alone,
+     * or other prompts there, is refused, not dropped */
+    expect_job_fails("--dump-logits on the last stage only",
+                     (const char *const *[]){NULL, (const char *[]){"--dump-logits", "/nonexistent/l.bin", NULL}}, 2,
+                     NULL, "flexgen: rank 1 (stage 2 of 2): ", "--dump-logits is given to this stage but not to rank 0");
+    expect_job_fails("other prompts on one stage",
+                     (const char *const *[]){NULL, (const char *[]){"--prompt-ids", "/nonexistent/p.txt", NULL}}, 2,
+                     NULL, "flexgen: rank 1 (stage 2 of 2): ", "--prompt-file, --prompt-ids or --prompt differs");
     expect_job_fails("a 4-bit cache on one stage only",
                      (const char *const *[]){NULL, (const char *[]){"--compress-cache", NULL}}, 2, NULL,
                      "flexgen: rank 1 (stage 2 of 2): ", "--compress-cache");
@@ -694,6 +733,7 @@ void add_pipeline_tests(void) {
     CU_add_test(s, "--stop-at-eos ends blocks early on every stage", test_stop_at_eos);
     CU_add_test(s, "a batch job (--output) on 2 stages writes one process's records", test_job_output);
     CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
+    CU_add_test(s, "stages on other OpenBLAS cores: the job's identity names each", test_stage_cores);
     CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
     CU_add_test(s, "the diagonal schedule on 2 and 3 stages: one process's zig-zag tokens", test_diagonal);
     CU_add_test(s, "a failing stage ends the job with one line, no files", test_failures);
