@@ -154,12 +154,16 @@ static int weight_file_find(const weight_file *f, int check) {
                 pread(fd, &have, sizeof have, 0) == (ssize_t)sizeof have &&
                 !memcmp(&have, &want, sizeof have);
     if (whole && (!check || intact(f, fd, size, path))) return fd;
-    if (!whole && check) /* the run's own look (weight_file_map), not a plan's */
+    if (!whole && check && (size_t)st.st_size != size) /* the run's own look, not a plan's */
         fprintf(stderr,
-                "flexgen: note: %s: %s, not the %s of these weights (cut short, or written by "
-                "another version); writing the dummy weights again\n",
-                path, (size_t)st.st_size == size ? "another header" : human((double)st.st_size).s,
-                human((double)size).s);
+                "flexgen: note: %s: %zu bytes, not the %zu of these weights (cut short, or "
+                "written by another version); writing the dummy weights again\n",
+                path, (size_t)st.st_size, size);
+    else if (!whole && check)
+        fprintf(stderr,
+                "flexgen: note: %s: another header than these weights' (written by another "
+                "version); writing the dummy weights again\n",
+                path);
     close(fd);
     return -1;
 }
