@@ -153,23 +153,15 @@ typedef struct {
     uint64_t seed;
 } job_flags;
 
-/* A 64-bit hash of a string, added to h (FNV-1a). */
-static uint64_t hash_text(const char *text, uint64_t h) {
-    for (const unsigned char *c = (const unsigned char *)text; c && *c; c++)
-        h = (h ^ *c) * 0x100000001b3ull;
-    /* the end of a text: "ab" then "c" hashes apart from "a" then "bc" */
-    return (h ^ 0xff) * 0x100000001b3ull;
-}
-
 /* The prompts' source as the command line names it: --prompt-file's path, --prompt-ids', or the
  * --prompt texts; none (synthetic prompts of --prompt-len). */
 static uint64_t prompts_source(const cli_args *a) {
-    uint64_t h = hash_text(a->prompt_file  ? "--prompt-file"
-                           : a->prompt_ids ? "--prompt-ids"
-                                           : "",
-                           0xcbf29ce484222325ull);
-    h = hash_text(a->prompt_file ? a->prompt_file : a->prompt_ids, h);
-    for (int i = 0; i < a->n_prompt_texts; i++) h = hash_text(a->prompts[i], h);
+    const char *flag = a->prompt_file ? "--prompt-file" : a->prompt_ids ? "--prompt-ids" : "";
+    const char *path = a->prompt_file ? a->prompt_file : a->prompt_ids ? a->prompt_ids : "";
+    uint64_t h = fg_fnv64_more(FG_FNV64_START, flag, strlen(flag) + 1); /* each with its NUL */
+    h = fg_fnv64_more(h, path, strlen(path) + 1);
+    for (int i = 0; i < a->n_prompt_texts; i++)
+        h = fg_fnv64_more(h, a->prompts[i], strlen(a->prompts[i]) + 1);
     return h;
 }
 
