@@ -15,6 +15,8 @@
 #include "support/tools.h"
 
 #include <cblas.h>
+#include <fcntl.h>
+#include <sched.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -23,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 /* Set beside OPENBLAS_CORETYPE when ./flexgen set it: the core the library had picked. Its
  * presence also stops a second start. */
@@ -194,6 +198,66 @@ void fg_blas_info_get(fg_blas_info *b) {
         snprintf(b->why, sizeof b->why, "OPENBLAS_CORETYPE=%.40s", env);
     else snprintf(b->why, sizeof b->why, "as the library picked");
 }
+
+/* ============================================================================================
+ * OpenBLAS's start under an address-space limit
+ * ============================================================================================ */
+
+/* As it loads, OpenBLAS takes a buffer of BLAS_BUFFER bytes for each of its threads, and where the
+ * address space (ulimit -v, RLIMIT_AS) has no room for one it asks again for ever: the program
+ * hangs before main, silent. So the executable's pre-initialiser, which the loader runs before
+ * any library's own, looks first: where the room left under the limit, past what is already
+ * mapped (the libraries), is less than the buffers of OpenBLAS's threads, it says so in one line
+ * and exits 2. OpenBLAS's threads: OPENBLAS_NUM_THREADS, else GOTO_NUM_THREADS, else
+ * OMP_NUM_THREADS, at most the CPUs this process may run on. (Measured with OpenBLAS 0.3.21: one
+ * thread started with 136 MiB of room and hung with 131; two started with 268 and hung with 258;
+ * so 144 MiB a thread is asked.) */
+enum { BLAS_BUFFER = 144 << 20 }; /* OpenBLAS 0.3's 128 MiB on x86-64, and a margin */
+
+static long env_number(char **envp, const char *name) { /* 0: unset or not a number */
+    size_t len = strlen(name);
+    for (char **e = envp; e && *e; e++)
+        if (!strncmp(*e, name, len) && (*e)[len] == '=') return strtol(*e + len + 1, NULL, 10);
+    return 0;
+}
+
+static long blas_threads(char **envp) {
+    cpu_set_t cpus;
+    long have = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    long want = env_number(envp, "OPENBLAS_NUM_THREADS");
+    if (want <= 0) want = env_number(envp, "GOTO_NUM_THREADS");
+    if (want <= 0) want = env_number(envp, "OMP_NUM_THREADS");
+    return want > 0 && want < have ? want : have;
+}
+
+static long mapped_bytes(void) { /* the address space in use: /proc/self/statm's first field */
+    char text[64] = {0};
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    return n > 0 ? strtol(text, NULL, 10) * sysconf(_SC_PAGESIZE) : 0;
+}
+
+static void blas_room_check(int argc, char **argv, char **envp) {
+    (void)argc;
+    (void)argv;
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_AS, &limit) || limit.rlim_cur == RLIM_INFINITY) return;
+    long threads = blas_threads(envp), used = mapped_bytes();
+    long room = (long)limit.rlim_cur - used, need = threads * (long)BLAS_BUFFER;
+    if (room >= need) return;
+    dprintf(2,
+            "flexgen: ulimit -v: the address-space limit of %ld MiB leaves %ld MiB past the "
+            "libraries, less than the %ld MiB OpenBLAS takes as it starts (%ld thread%s, 144 MiB "
+            "each), where it would wait for ever; raise the limit%s\n",
+            (long)(limit.rlim_cur >> 20), room > 0 ? room >> 20 : 0, need >> 20, threads,
+            threads == 1 ? "" : "s", threads == 1 ? "" : ", or set OMP_NUM_THREADS lower");
+    _exit(2);
+}
+
+__attribute__((section(".preinit_array"),
+               used)) static void (*const blas_room_first)(int, char **, char **) = blas_room_check;
 
 /* ============================================================================================
  * Every sgemm of the products

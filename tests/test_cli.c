@@ -1247,13 +1247,14 @@ static int run_on_disk(const char *off, const char *const *extra, char **out, ch
     return run_flexgen(args, NULL, out, err);
 }
 
-/* $FLEXGEN_BIN with args in a child under a file size limit of `bytes` set there before exec,
- * with SIGXFSZ at its default as a shell's `ulimit -f` leaves it (exceeding the limit kills a
- * process that does not ignore it); where full_call is a system call's number, every call of it
- * there fails with ENOSPC (__NR_fsync: a device that allocates late, found full when a finished
- * output is flushed; __NR_fallocate: a device full before the run). Returns the exit status or
- * 128 + the signal; *err gets its stderr (malloc'd), its stdout goes nowhere. */
-static int run_limited(const char *const *args, rlim_t bytes, long full_call, char **err) {
+/* $FLEXGEN_BIN with args in a child under a limit of `bytes` on `resource` set there before exec
+ * (RLIMIT_FSIZE: a shell's `ulimit -f`, with SIGXFSZ at its default as the shell leaves it,
+ * exceeding the limit kills a process that does not ignore it; RLIMIT_AS: `ulimit -v`), and killed
+ * by SIGALRM after a minute; where full_call is a system call's number, every call of it there
+ * fails with ENOSPC (__NR_fsync: a device that allocates late, found full when a finished output
+ * is flushed; __NR_fallocate: a device full before the run). Returns the exit status or 128 + the
+ * signal; *err gets its stderr (malloc'd), its stdout goes nowhere. */
+static int run_under_limit(const char *const *args, int resource, rlim_t bytes, long full_call, char **err) {
     const char *argv[40] = {flexgen_bin()};
     int n = 1;
     while (*args && n < 39) argv[n++] = *args++;
@@ -1265,14 +1266,16 @@ static int run_limited(const char *const *args, rlim_t bytes, long full_call, ch
     if (pid < 0) abort();
     if (pid == 0) {
         struct rlimit limit;
-        getrlimit(RLIMIT_FSIZE, &limit);
+        getrlimit(resource, &limit);
         limit.rlim_cur = bytes;
         int null = open("/dev/null", O_WRONLY);
-        if (null < 0 || dup2(null, 1) < 0 || dup2(e[1], 2) < 0 || setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
+        if (null < 0 || dup2(null, 1) < 0 || dup2(e[1], 2) < 0 || setrlimit(resource, &limit) != 0) _exit(126);
         if (full_call && fail_syscall_on_fd(full_call, -1, ENOSPC) != 0) _exit(126);
         close(e[0]);
         signal(SIGXFSZ, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
+        signal(SIGALRM, SIG_DFL);
+        alarm(60); /* kept across exec: a run that hangs is ended */
         execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -1286,8 +1289,40 @@ static int run_limited(const char *const *args, rlim_t bytes, long full_call, ch
     *err = eb.data;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+static int run_limited(const char *const *args, rlim_t bytes, long full_call, char **err) {
+    return run_under_limit(args, RLIMIT_FSIZE, bytes, full_call, err);
+}
 static int run_under_file_limit(const char *const *args, rlim_t bytes, char **err) {
     return run_limited(args, bytes, 0, err);
+}
+
+/* Under an address-space limit (ulimit -v) too small for OpenBLAS's start, which as it loads asks
+ * for its buffers again for ever, the run exits 2 with one line at once rather than hanging
+ * before main. The limits go up from 256 MiB in steps of 32 MiB: the first ones stop the loader
+ * (the libraries do not fit: not flexgen's to say), then a few leave too little room for
+ * OpenBLAS (the line), until --help runs; no run may be ended by the alarm. Not under the
+ * sanitizers, whose shadow memory no such limit holds. */
+static void test_address_space_limit(void) {
+#ifdef __SANITIZE_ADDRESS__
+    test_skip("AddressSanitizer reserves terabytes of address space: no ulimit -v runs it");
+    return;
+#endif
+    int said = 0, hung = 0, ran = 0;
+    for (rlim_t mib = 256; mib <= 8192 && !ran && !hung; mib += 32) {
+        char *err;
+        int rc = run_under_limit(ARGS("--help"), RLIMIT_AS, mib << 20, 0, &err);
+        if (rc == 128 + SIGALRM) hung = 1;
+        else if (rc == 2 && !strncmp(err, "flexgen: ulimit -v: ", 20)) {
+            said++;
+            EXPECT(count_lines(err) == 1 && strstr(err, "OpenBLAS") && strstr(err, "raise the limit"),
+                   "ulimit -v %lu MiB: expected one line naming OpenBLAS and what to do, got '%s'",
+                   (unsigned long)mib, err);
+        } else ran = rc == 0;
+        free(err);
+    }
+    EXPECT(!hung, "a run under an address-space limit did not end within a minute");
+    EXPECT(said > 0, "no address-space limit gave the line about OpenBLAS's start");
+    EXPECT(ran, "--help never ran under an address-space limit of up to 8 GiB");
 }
 
 /* A file size limit (`ulimit -f`) is a full disk to every output, not SIGXFSZ's kill: the logits
@@ -3011,6 +3046,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "an output on a full device: named, no temporary left", test_output_on_full_device);
     CU_add_test(s, "a run's --dump-logits and --trace: both or neither", test_run_files_both_or_neither);
     CU_add_test(s, "a file size limit is a full disk, not SIGXFSZ's kill", test_file_size_limit_is_a_full_disk);
+    CU_add_test(s, "an address-space limit too small for OpenBLAS: one line, not a hang", test_address_space_limit);
     CU_add_test(s, "damaged dummy weights are found and written again", test_damaged_weight_file);
     CU_add_test(s, "dummy weights kept without O_TMPFILE, reused a layer at a time in memory", test_weight_file_kept);
     CU_add_test(s, "a new file named after another run took its folders away",
