@@ -187,6 +187,7 @@ typedef struct {
     const char *model, *prompt_file, *prompt_ids, *dump_logits, *vocab, *merges, *tokenizer, *trace;
     const char *output;  /* --output: the job's records, appended as rounds finish (jobs.c) */
     int resume, quiet;   /* --resume: finish the job of --output; --quiet: no progress at all */
+    int progress;        /* --progress: progress on stderr even where it is not a terminal */
     int warmup;          /* --warmup: a short generate first, untimed (warm_up) */
     double cold_seconds; /* its latency: the cold first run's; < 0 without --warmup */
     double cold_prefill, cold_decode; /* the two parts of it: its prefill, its decode step */

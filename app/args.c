@@ -181,6 +181,8 @@ static void usage_search(FILE *out) {
 "                          figures leave out first-time costs (on a GPU: its context, cuBLAS,\n"
 "                          loading kernels); the report gives its latency as the cold run's\n"
 "  --quiet                 no progress on stderr\n"
+"  --progress              progress on stderr where it is not a terminal too (a log, mpirun,\n"
+"                          whose ranks write to a pipe): by default it shows on a terminal only\n"
 "  --help                  this text\n"
 "\n"
 "Threads: OMP_NUM_THREADS (default: all cores). Bad input exits with status 2; standard output\n"
@@ -353,7 +355,8 @@ static int parse_switch(const char *f, cli_args *a) {
     else if (!strcmp(f, "--quiet")) {
         a->gen.verbose = 0;
         a->quiet = 1;
-    } else if (!strcmp(f, "--resume")) a->resume = 1;
+    } else if (!strcmp(f, "--progress")) a->progress = 1;
+    else if (!strcmp(f, "--resume")) a->resume = 1;
     else if (!strcmp(f, "--warmup")) a->warmup = 1;
     else if (!strcmp(f, "--cpu-cache-compute")) p->cpu_cache_compute = 1;
     else if (!strcmp(f, "--compress-weight")) p->compress_weight = 1;
@@ -508,6 +511,7 @@ int parse_args(int argc, char **argv, cli_args *a, char *err) {
             if (!strcmp(f, ppl_flags[j])) a->ppl_flag = ppl_flags[j];
         i += takes_value;
     }
+    if (a->progress) a->gen.verbose = 1;
     a->policy.verbose = a->gen.verbose;
     return check_flags(a, err);
 }
@@ -652,6 +656,8 @@ static int check_outputs_apart(const cli_args *a, char *err) {
 
 /* Flags that need or exclude others. */
 static int check_flags(const cli_args *a, char *err) {
+    if (a->progress && a->quiet)
+        return fg_fail(err, "--progress and --quiet: give only one of them");
     if ((a->prompt_file != NULL) + (a->prompt_ids != NULL) + (a->n_prompt_texts > 0) > 1)
         return fg_fail(err, "--prompt, --prompt-file and --prompt-ids: give only one of them");
     if (a->prompt_len_given && (a->prompt_file || a->prompt_ids || a->n_prompt_texts))

@@ -341,6 +341,7 @@ static void test_bad_flag_values(void) {
     EXPECT_FAIL(ARGS("--prompt-file", "--help"), "--prompt-file", "got the flag --help");
     EXPECT_FAIL(ARGS("--offload-dir", "--percent", "0", "0", "0", "0", "0", "0"), "--offload-dir",
                 "expected a directory, got the flag --percent");
+    EXPECT_FAIL(ARGS("--quiet", "--progress"), "--progress and --quiet", "only one");
 }
 
 static void test_bad_flag_combinations(void) {

@@ -493,6 +493,28 @@ static void test_report(void) {
     free(dir);
 }
 
+/* Under mpirun every rank's stderr is a pipe, so progress is off by default; --progress shows
+ * rank 0's (the job's), once: the other ranks stay silent. */
+static int occurrences(const char *s, const char *what) {
+    int n = 0;
+    for (const char *at = s ? strstr(s, what) : NULL; at; at = strstr(at + 1, what)) n++;
+    return n;
+}
+
+static void test_progress(void) {
+    if (skipped()) return;
+    const char *const common[] = {"--model", tiny, "--prompt-ids", tiny_ids, "--device", "cpu", "--gen-len", "3", NULL};
+    job quiet = mpirun(2, common, NULL, NULL);
+    job shown = mpirun(2, common, (const char *const *[]){(const char *[]){"--progress", NULL},
+                                                          (const char *[]){"--progress", NULL}}, NULL);
+    CU_ASSERT_EQUAL(quiet.rc, 0);
+    CU_ASSERT_EQUAL(shown.rc, 0);
+    EXPECT(occurrences(quiet.err, "token 3/3") == 0, "2 stages without --progress: progress shown, '%s'", quiet.err);
+    EXPECT(occurrences(shown.err, "token 3/3") == 1 && occurrences(shown.err, "placing weights: layer 1/") == 1,
+           "2 stages with --progress: expected rank 0's progress once, got '%s'", shown.err);
+    job_free(&quiet), job_free(&shown);
+}
+
 /* --policy auto: each stage searches for its own layers and capacities, the stages agree on a
  * block shape, each stays within its --gpu-mem and --cpu-mem, and the logits are PyTorch's. */
 static void test_policy_auto(void) {
@@ -733,6 +755,7 @@ void add_pipeline_tests(void) {
     CU_add_test(s, "--stop-at-eos ends blocks early on every stage", test_stop_at_eos);
     CU_add_test(s, "a batch job (--output) on 2 stages writes one process's records", test_job_output);
     CU_add_test(s, "-np 1 is one process; the report and trace name each stage", test_report);
+    CU_add_test(s, "--progress under mpirun: rank 0's progress, once", test_progress);
     CU_add_test(s, "stages on other OpenBLAS cores: the job's identity names each", test_stage_cores);
     CU_add_test(s, "--policy auto plans each stage within its capacities", test_policy_auto);
     CU_add_test(s, "the diagonal schedule on 2 and 3 stages: one process's zig-zag tokens", test_diagonal);
