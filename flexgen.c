@@ -18,9 +18,9 @@
  *   484  cache_in_task            the verbs' I/O tasks: the cache's, then the activations'
  *   674  step_begins              a block's step: tokens back, pages; step_ends
  *   768  sample_tokens            a block's next tokens from its logits; take_tokens below it
- *   994  refill_slots             ended sequences' slots take the next prompts (--refill)
- *  1012  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
- *  1171  generate                 prompts in rounds of blocks (run_round)
+ *   993  refill_slots             ended sequences' slots take the next prompts (--refill)
+ *  1011  diagonal_slots           Appendix A.2: the GPU batches staggered, prompts streaming
+ *  1170  generate                 prompts in rounds of blocks (run_round)
  *
  * A layer's weights are loaded once and used by every GPU batch of the block before the next
  * layer's (§4.2: the block is a column of Fig. 3(b) walked in zig-zag), so the weights cross the
@@ -989,8 +989,7 @@ static void lay_out_rows(gen_run *run, block *bl, int k, int n_new) {
 
 /* Refill (one block, --stop-at-eos): ended sequences' slots take the next prompts, whose prefill
  * joins step i: the GPU batch computes rows for the longest, each running sequence its token last
- * after padding (prompts_to_take says when). A free slot meanwhile, or with no prompt left,
- * idles. */
+ * after padding (prompts_to_take says when); a slot without a prompt idles. */
 static void refill_slots(gen_run *run, block *bl, int i) {
     int gen_len = run->opt->gen_len;
     int promise[N_TIERS];

@@ -19,7 +19,7 @@
  *    42  rms_norm                 its RMSNorm
  *    91  rope                     q and k rotated at each token's position
  *    31  llama_embed              the token embeddings
- *   149  llama_output             the logits of each sequence's last token
+ *   150  llama_output             the logits of each sequence's last token
  */
 #include "model.h"
 #include "support/support.h"
@@ -126,6 +126,7 @@ void llama_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspa
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn, qw = q_width(c), kw = kv_width(c);
     int q4 = w->q4, products = w->products;
     float *x = gb->x, *gate = ws->ffn, *up = ws->ffn + (size_t)rows * f;
+    ws->prefill = gb->n_new > 1; /* a prompt takes prefill's scheme (opt_model.c) */
     qkv_layout at = qkv_layout_of(c, (size_t)rows);
     float *q = ws->qkv + at.at[0], *k = ws->qkv + at.at[1], *v = ws->qkv + at.at[2];
     /* input_layernorm; the q, k and v projections */

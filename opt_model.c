@@ -14,12 +14,12 @@
  * layer j, GPU batch k) and call them in any order it needs. Read opt_layer first; the map
  * (scripts/check_layout.sh holds each line to the function's definition):
  *
- *   367  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
- *    97  layer_norm               its layer norms
- *   162  store_kv                 this step's K and V into the cache (fp16, or 4-bit §5)
- *   308  attention                over the cache: prefill's two products, decode's dots, top-K
- *   122  opt_embed                token and position embeddings of a GPU batch
- *   406  opt_output               the logits of each sequence's last token
+ *   369  opt_layer                one decoder layer of a GPU batch, the steps in §3's order
+ *    98  layer_norm               its layer norms
+ *   164  store_kv                 this step's K and V into the cache (fp16, or 4-bit §5)
+ *   310  attention                over the cache: prefill's two products, decode's dots, top-K
+ *   123  opt_embed                token and position embeddings of a GPU batch
+ *   408  opt_output               the logits of each sequence's last token
  *    50  matmul_reference         the products as plain loops, which the fast kernels are held to
  *
  * Weights are stored as FlexGen stores them: fp16 (or 4-bit, §5), linear layers transposed to
@@ -84,12 +84,13 @@ void embed_t_reference(const float *x, int rows, int dim, const void *E, int q4_
 
 /* x[rows][in] times W[in][out] (weights are stored transposed, fp16 or 4-bit: support/matmul.c),
  * then the bias (widened once into ws->vec), and ReLU: matmul_weights' epilogue, in one pass over
- * y (in the int8 prefill product's finish, where that runs). */
+ * y (in the int8 prefill product's finish, where that runs). The opt-in schemes take every
+ * prompt (ws->prefill) in prefill's, however short: a prompt's numbers do not hang on its batch. */
 void linear_layer(const float *x, int rows, int in, const fp16 *W, const fp16 *b, int out, float *y,
                   int mode, int q4, int products, model_workspace *ws) {
     matmul_epilogue after = {ws->vec, mode == OUT_RELU};
     if (b) fp16_to_fp32_n(b, ws->vec, (size_t)out);
-    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->wide,
+    matmul_weights(x, rows, in, W, q4, out, y, mode == OUT_ADD, products, ws->prefill, ws->wide,
                    b ? &after : NULL, ws->int8_columns);
 }
 
@@ -123,6 +124,7 @@ void opt_embed(const model_weights *w, gpu_batch *gb, model_workspace *ws) {
     const model_config *c = &w->cfg;
     int rows = gb->batch * gb->n_new, wd = c->word_dim, h = c->hidden;
     float *x = gb->x, *words = w->project_in ? ws->h : x;
+    ws->prefill = gb->n_new > 1;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         matmul_embed_row(w->embed_tokens, w->q4, c->vocab, wd, gb->tokens[r],
@@ -370,6 +372,7 @@ void opt_layer(const model_weights *w, int layer, gpu_batch *gb, model_workspace
     int rows = gb->batch * gb->n_new, h = c->hidden, f = c->ffn;
     float *x = gb->x;
     const float *in = x;
+    ws->prefill = gb->n_new > 1;
     if (c->pre_ln) {
         layer_norm(x, rows, h, L->attn_ln_w, L->attn_ln_b, ws->h, ws);
         in = ws->h;
@@ -401,8 +404,7 @@ int output_rows(const gpu_batch *gb, int hidden, float *dst) {
     return rows;
 }
 
-/* logits[b] = lm_head(project_out(final_LN(x of b's last token))); with all_rows, the same for
- * every row of x. */
+/* logits[b] = lm_head(project_out(final_LN(x of b's last token))); all_rows: every row's. */
 void opt_output(const model_weights *w, gpu_batch *gb, model_workspace *ws, float *logits) {
     const model_config *c = &w->cfg;
     int h = c->hidden, rows = output_rows(gb, h, ws->h);

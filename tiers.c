@@ -11,7 +11,7 @@
  *   405  load_weights_into_homes  the weights written into their homes, once
  *   500  load_weight_at           a layer read ahead, converted into a staging arena
  *   604  shape_block              a block's buffers per tier; fg_check_plan below it
- *   891  alloc_block              a block's KV cache and activations on the tiers
+ *   890  alloc_block              a block's KV cache and activations on the tiers
  *
  * Below this file: the disk arena's mapping (support/disk_arena.c), the I/O threads
  * (support/io_links.c) and the KV cache's pages (support/kv_pages.c).
@@ -819,8 +819,7 @@ void free_block(block *bl) {
     memset(bl, 0, sizeof *bl);
 }
 
-/* A stage's buffers that its blocks share (they compute one at a time): staging, workspace,
- * logits. */
+/* A stage's buffers that its blocks share (one computes at a time): staging, workspace, logits. */
 static int alloc_stage_buffers(block *bl, char *err) {
     fg_runtime *rt = bl->rt;
     const block_shape *s = &bl->shape;

@@ -138,8 +138,8 @@ static cJSON *device_counts_json(const gen_timing *t) {
 }
 
 /* Whether prefill's products run an opt-in scheme on onednn.c, and the path its last product took
- * ("" without a scheme): gemm_path's, which names what ran, or "none ran" (no GPU batch's prompts
- * came to more than MATMUL_DECODE_ROWS tokens, so decode's products took every one). */
+ * ("" without a scheme): gemm_path's, which names what ran, or "none ran" (no prefill ran: every
+ * prompt was one token, a step that decode's products take). */
 static int prefill_scheme(const fg_policy *p) { return p->int8_activations || p->bf16_prefill; }
 
 static const char *prefill_path(const fg_policy *p) {

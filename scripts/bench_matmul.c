@@ -112,7 +112,8 @@ int main(int argc, char **argv) {
                 else if (lm_head)
                     matmul_embed_t(x, rows, in, W[m], 1, out, y, scratch, lm_head_stride);
                 else
-                    matmul_weights(x, rows, in, W[m], q4, out, y, 0, products, scratch, NULL,
+                    matmul_weights(x, rows, in, W[m], q4, out, y, 0, products,
+                                   rows > MATMUL_DECODE_ROWS, scratch, NULL,
                                    kept ? &columns : NULL);
         double dt = now_seconds() - t0;
         best = dt < best ? dt : best;

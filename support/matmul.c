@@ -69,7 +69,9 @@
  * VNNI kernels where the CPU has them, else that file's own paths with the same promise):
  * --int8-activations rounds x's rows and W's columns to int8 (int8.c), the columns straight from
  * the codes, 64 rows at a time in L1, with no fp32 panel (product_int8_rows); --bf16-prefill
- * rounds x and the same fp32 panels to bf16 (product_bf16).
+ * rounds x and the same fp32 panels to bf16 (product_bf16). Those two take every prompt, however
+ * short, so that a prompt is rounded the same way whatever GPU batch it is in, and a decode step
+ * past MATMUL_DECODE_ROWS rows (matmul_weights).
  *
  * lm_head reads E by rows (the table is [n][dim]), eight rows of E at a time (for 4-bit, rows of
  * one group: one min and one scale per d): each dot product in 8 lanes (lane l sums d = l mod 8),
@@ -689,14 +691,18 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
  * nearest, ties to even), the products summed in fp32 by gemm_bf16 (onednn.c: oneDNN's bf16
  * kernel, or, where oneDNN has none, as on CPUs without AVX-512, OpenBLAS's sgemm of the bf16
  * values widened back to fp32). A bf16 value keeps 8 bits of significand, so each operand moves
- * by at most 2^-9 of itself; the products of two of them are exact in fp32. */
+ * by at most 2^-9 of itself; the products of two of them are exact in fp32. wide: the caller's
+ * scratch for the widened panel, or NULL (a workspace of decode's rows, whose short prompts
+ * prefill here too): one of its own. */
 static void product_bf16(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
-                         int accumulate, float *wide) {
+                         int accumulate, float *scratch) {
     int cols = panel_width(in, out);
     uint16_t *x16 = line_alloc((size_t)rows * in * sizeof *x16), /* oneDNN's operands */
         *w16 = line_alloc((size_t)in * cols * sizeof *w16);
     float *panel = line_alloc((size_t)rows * cols * sizeof *panel);
-    if (!x16 || !w16 || !panel) {
+    float *own = scratch ? NULL : line_alloc((size_t)in * cols * sizeof *own);
+    float *wide = scratch ? scratch : own;
+    if (!x16 || !w16 || !panel || !wide) {
         fprintf(stderr, "flexgen: out of memory for a bf16 product of %d x %d x %d\n", rows, in,
                 out);
         abort();
@@ -717,6 +723,7 @@ static void product_bf16(const float *x, int rows, int in, const void *W, int q4
     free(x16);
     free(w16);
     free(panel);
+    free(own);
 }
 
 /* W's 7-bit columns j0 .. j0 + nc (int8.c's int8_column_block steps) straight from the codes, a
@@ -932,20 +939,25 @@ static void apply_epilogue(float *y, int rows, int out, const matmul_epilogue *a
     }
 }
 
+/* The opt-in schemes: prefill's (int8 rows rounded once, or bf16) for a prompt of any length, so
+ * that a prompt is rounded the same way whatever GPU batch it is in; decode's (int8 blocks, or
+ * fp32) for a decode step of up to MATMUL_DECODE_ROWS rows, and prefill's past that, where its
+ * denser product runs faster (docs/DESIGN.md, "Same bits"). fp32's own kernels go by rows too
+ * (sgemm's panel pays past MATMUL_DECODE_ROWS): the two differ only in the order of their sums. */
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
-                    float *y, int accumulate, int products, float *scratch,
+                    float *y, int accumulate, int products, int prefill, float *scratch,
                     const matmul_epilogue *after, const int8_column_set *kept) {
     int simd = use_simd();
-    int prefill = rows > MATMUL_DECODE_ROWS;
-    if (products == PRODUCTS_INT8 && q4_parts && prefill) {
+    int many = rows > MATMUL_DECODE_ROWS, scheme = prefill || many;
+    if (products == PRODUCTS_INT8 && q4_parts && scheme) {
         product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, after, simd, kept);
         return; /* the epilogue ran in the finish */
     }
     if (products == PRODUCTS_INT8 && q4_parts)
         matmul_int8_blocks(x, rows, in, W, q4_parts, out, y, accumulate);
-    else if (products == PRODUCTS_BF16_PREFILL && prefill)
+    else if (products == PRODUCTS_BF16_PREFILL && scheme)
         product_bf16(x, rows, in, W, q4_parts, out, y, accumulate, scratch);
-    else if (prefill) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
+    else if (many) product_sgemm(x, rows, in, W, q4_parts, out, y, accumulate, scratch, simd);
     else product_decode(x, rows, in, W, q4_parts, out, y, accumulate, simd);
     if (after && after->bias) apply_epilogue(y, rows, out, after);
 }

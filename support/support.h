@@ -208,10 +208,14 @@ size_t int8_columns_estimate(int in, int out);
 int int8_column_set_add(int8_column_set *set, const void *W, int q4_parts, int in, int out);
 const int8_columns *int8_column_set_find(const int8_column_set *set, const void *W); /* or NULL */
 void int8_column_set_free(int8_column_set *set);
-/* products: fg_products (model.h); kept: NULL, or the int8 columns made once (PRODUCTS_INT8's
- * prefill reads W's there, where the set has them, instead of making them from the codes) */
+/* products: fg_products (model.h); prefill: the GPU batch's phase (PRODUCTS_INT8 and
+ * PRODUCTS_BF16_PREFILL take prefill's scheme for a prompt of any rows, and for a decode step of
+ * more than MATMUL_DECODE_ROWS); scratch: matmul_scratch_floats(in, out)
+ * floats where rows > MATMUL_DECODE_ROWS; kept: NULL, or the int8 columns made once
+ * (PRODUCTS_INT8's prefill reads W's there, where the set has them, instead of making them from
+ * the codes) */
 void matmul_weights(const float *x, int rows, int in, const void *W, int q4_parts, int out,
-                    float *y, int accumulate, int products, float *scratch,
+                    float *y, int accumulate, int products, int prefill, float *scratch,
                     const matmul_epilogue *after, const int8_column_set *kept);
 /* int8.c; vnni: NULL, or the sums; pairs: NULL, or the path's kernel without a panel
  * (int8_pairs) */

@@ -2885,6 +2885,50 @@ static int isa_run(const char *isa, const char *threads, const char *const *extr
     return rc;
 }
 
+/* --int8-activations and --bf16-prefill round a sequence the same way in GPU batches of up to 64:
+ * a prompt takes prefill's scheme however short (a prompt of 40 tokens is 40 rows alone and
+ * 2,560 beside 63 copies of itself), and decode steps of up to 64 rows decode's. models/opt-kjv,
+ * 4-bit weights: the logits the same bits (lm_head's dots too, up to 64 rows). Chosen by rows,
+ * the prompt alone took decode's scheme in prefill: 2.6e-2 (int8) and 4.0e-3 (bf16) x
+ * max|logit| apart there. */
+static void test_schemes_batch_invariant(void) {
+    enum { SEQS = 64, PROMPT = 40, GEN = 4, VOCAB = 4096 };
+    char *dir = make_temp_dir(), *out, *err;
+    char one[4200], many[4200], alone[4200], batched[4200];
+    snprintf(one, sizeof one, "%s", join(dir, "one.txt"));
+    snprintf(many, sizeof many, "%s", join(dir, "many.txt"));
+    char line[PROMPT * 6 + 2] = "", *at = line;
+    uint64_t seed = 17;
+    for (int t = 0; t < PROMPT; t++) at += sprintf(at, t ? " %d" : "%d", 4 + (int)(test_uniform(&seed) * 4000));
+    strcat(line, "\n");
+    write_text_file(one, line);
+    FILE *f = fopen(many, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    for (int s = 0; s < SEQS; s++) fputs(line, f);
+    fclose(f);
+    static const char *const modes[] = {"--int8-activations", "--bf16-prefill"};
+    for (int m = 0; m < 2; m++) {
+        snprintf(alone, sizeof alone, "%s", join(dir, "alone.bin"));
+        snprintf(batched, sizeof batched, "%s", join(dir, "batched.bin"));
+        int rc = run_flexgen(ARGS("--model", kjv_dir, "--device", "cpu", "--prompt-ids", one, "--gen-len", "4",
+                                  "--compress-weight", modes[m], "--quiet", "--dump-logits", alone), NULL, &out, &err);
+        free(out), free(err);
+        rc |= run_flexgen(ARGS("--model", kjv_dir, "--device", "cpu", "--prompt-ids", many, "--gen-len", "4",
+                               "--gpu-batch-size", "64", "--compress-weight", modes[m], "--quiet", "--dump-logits",
+                               batched), NULL, &out, &err);
+        free(out), free(err);
+        CU_ASSERT_EQUAL_FATAL(rc, 0);
+        float *a = read_floats(alone, (size_t)GEN * VOCAB), *b = read_floats(batched, (size_t)SEQS * GEN * VOCAB);
+        EXPECT(!memcmp(a, b, (size_t)GEN * VOCAB * sizeof *a), "%s: the logits of a prompt alone and in a GPU batch "
+               "of %d differ (prefill's: %s)", modes[m], SEQS, memcmp(a, b, VOCAB * sizeof *a) ? "they differ" : "the same");
+        free(a), free(b);
+        unlink(alone), unlink(batched);
+    }
+    unlink(one), unlink(many);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* FLEXGEN_ISA: every path this machine has (portable, avx2, avx512 where the CPU has it, and
  * avx512-simde everywhere) runs a whole job to the same logits, bit for bit: opt-tiny's five
  * prompts in one GPU batch (left-padded), prefill and three decode steps, with fp16 weights, 4-bit
@@ -2962,15 +3006,18 @@ static void test_isa_paths(void) {
 }
 
 /* --bf16-prefill and --int8-activations: --json's prefill_products names the path prefill's last
- * product took (onednn.c's gemm_path), not one planned to name it: "none ran" where no GPU
- * batch's prompts come to more than 64 tokens (one prompt of 14 a batch: decode's products take
- * them), a path this CPU may run where they do (five a batch). stderr: nothing, or the one line
- * saying oneDNN has no bf16 product here. */
+ * product took (onednn.c's gemm_path), not one planned to name it: a path this CPU may run for
+ * prompts of any length in GPU batches of any size (one prompt of 14 a batch, five a batch), and
+ * "none ran" where every prompt is one token (a step of one token a sequence is decode's, whose
+ * products take it). stderr: nothing, or the one line saying oneDNN has no bf16 product here. */
 static void test_prefill_products(void) {
+    char *dir = make_temp_dir(), one_token[4200];
+    snprintf(one_token, sizeof one_token, "%s", join(dir, "one-token.txt"));
+    write_text_file(one_token, "5\n7\n");
     for (int int8 = 0; int8 < 2; int8++)
-        for (int batch = 1; batch <= 5; batch += 4) {
-            const char *args[] = {"--model", tiny_dir, "--prompt-ids", tiny_prompts, "--gen-len", "2", "--quiet",
-                                  "--device", "cpu", "--json", "--gpu-batch-size", batch == 1 ? "1" : "5",
+        for (int batch = 0; batch <= 5; batch += batch ? 4 : 1) { /* 0: the one-token prompts */
+            const char *args[] = {"--model", tiny_dir, "--prompt-ids", batch ? tiny_prompts : one_token, "--gen-len", "2",
+                                  "--quiet", "--device", "cpu", "--json", "--gpu-batch-size", batch == 5 ? "5" : "1",
                                   int8 ? "--compress-weight" : "--bf16-prefill", int8 ? "--int8-activations" : NULL, NULL};
             char *out, *err;
             int rc = run_flexgen(args, NULL, &out, &err);
@@ -2979,16 +3026,17 @@ static void test_prefill_products(void) {
             int onednn = !strncmp(path, "onednn ", 7), named;
             /* int8: W's columns kept with the weights (the tiny model's plan has room for them) */
             const char *ours = fg_cpu_has_avx2() ? "avx2 (exact int16 pairs), W kept" : "portable, W kept";
-            if (batch == 1)
+            if (batch == 0)
                 named = !strcmp(path, "none ran");
             else if (int8) /* oneDNN's kernels are all exact for W in 7 bits: VNNI's, AMX's, AVX2's gemm:jit */
                 named = onednn ? !!strstr(path, ", W kept") : !strcmp(path, ours);
             else
                 named = onednn || !strcmp(path, "fp32 sgemm of bf16 operands");
             int quiet = !err[0] || (!int8 && strstr(err, "--bf16-prefill") && count_lines(err) == 1);
-            EXPECT(rc == 0 && named && quiet, "%s, %d prompt(s) a GPU batch: expected exit 0 and \"prefill_products\" "
-                   "%s, got %d and '%s': %s", int8 ? "--int8-activations" : "--bf16-prefill", batch,
-                   batch == 1 ? "\"none ran\"" : "a path that ran", rc, path, err);
+            EXPECT(rc == 0 && named && quiet, "%s, %s: expected exit 0 and \"prefill_products\" %s, got %d and '%s': %s",
+                   int8 ? "--int8-activations" : "--bf16-prefill",
+                   batch == 0 ? "one-token prompts" : batch == 1 ? "one prompt a GPU batch" : "five a GPU batch",
+                   batch == 0 ? "\"none ran\"" : "a path that ran", rc, path, err);
             cJSON_Delete(o);
             free(out), free(err);
         }
@@ -3003,6 +3051,8 @@ static void test_prefill_products(void) {
            err);
     free(out), free(err);
 #endif
+    rm_tree(dir);
+    free(dir);
 }
 
 void add_cli_tests(void) {
@@ -3072,6 +3122,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
     CU_add_test(s, "OpenBLAS's core: one this CPU cannot run, or no core at all, is refused", test_blas_core_refused);
+    CU_add_test(s, "--int8-activations and --bf16-prefill: a sequence's logits in GPU batches of up to 64",
+                test_schemes_batch_invariant);
     CU_add_test(s, "FLEXGEN_ISA: every path to the same logits (fp16, 4-bit, int8), named in the report; bad names refused",
                 test_isa_paths);
     CU_add_test(s, "--bf16-prefill, --int8-activations: the report names the path prefill's products took, or none",

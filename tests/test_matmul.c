@@ -136,7 +136,7 @@ static void check_products(int q4) {
         const float *terms = q4 && rows <= MATMUL_DECODE_ROWS ? w.terms4 : NULL; /* prefill: v's sums */
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, scratch, NULL, NULL);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, 0, rows > MATMUL_DECODE_ROWS, scratch, NULL, NULL);
             int bad = count_apart_terms(x, rows, in, v, terms, out, acc ? y0 : NULL, y, NULL);
             EXPECT(bad == 0, "%s, %d part(s), rows %d, in %d, out %d%s: %d elements outside the bound",
                    q4 ? "4-bit" : "fp16", q4, rows, in, out, acc ? ", adding" : "", bad);
@@ -249,7 +249,7 @@ static void paths_agree_on(int q4, const int *shape, uint64_t seed, const fg_isa
     for (int p = 0; p < n_paths; p++) {
         y[p] = random_floats((size_t)rows * out, seed + 6);
         matmul_force_isa(paths[p]);
-        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, scratch, NULL, NULL);
+        matmul_weights(x, rows, in, q4 ? (const void *)w.w4 : (const void *)w.w16, q4, out, y[p], 1, 0, rows > MATMUL_DECODE_ROWS, scratch, NULL, NULL);
         matmul_force_isa(-1);
         EXPECT(!memcmp(y[0], y[p], (size_t)rows * out * sizeof(float)),
                "%s, %d part(s), rows %d, in %d, out %d: the %s path differs from the portable one",
@@ -281,10 +281,10 @@ static void test_rows_independent(void) {
     weights_make(&w, in, out, 1, 31);
     float *x = random_floats((size_t)rows * in, 37), *all = malloc((size_t)rows * out * sizeof *all);
     float *one = malloc((size_t)out * sizeof *one);
-    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, NULL, NULL, NULL);
+    matmul_weights(x, rows, in, w.w16, 0, out, all, 0, 0, 0, NULL, NULL, NULL);
     int differ = 0;
     for (int r = 0; r < rows; r++) {
-        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, NULL, NULL, NULL);
+        matmul_weights(x + (size_t)r * in, 1, in, w.w16, 0, out, one, 0, 0, 0, NULL, NULL, NULL);
         differ += memcmp(one, all + (size_t)r * out, (size_t)out * sizeof *one) != 0;
     }
     EXPECT(differ == 0, "%d of %d rows differ computed alone", differ, rows);
@@ -314,7 +314,7 @@ static void test_threads_change_no_bit(void) {
                 omp_set_num_threads(t + 1);
                 y[t] = malloc(n * sizeof *y[t]);
                 matmul_weights(x, rows, in, mode == 1 ? (const void *)w.w4 : w.w16, mode == 1, out, y[t], 0,
-                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, scratch, NULL, NULL);
+                               mode == 2 ? PRODUCTS_BF16_PREFILL : PRODUCTS_FP32, 1, scratch, NULL, NULL);
             }
             for (int t = 1; t < 3; t++)
                 EXPECT(!memcmp(y[0], y[t], n * sizeof *y[0]), "%s, rows %d, in %d, out %d: %d threads give other bits "
@@ -709,10 +709,10 @@ static float int8_rows_scheme(const float *xr, int in, const float *v, int out, 
     return want;
 }
 
-/* --int8-activations' prefill (rows > MATMUL_DECODE_ROWS): the scheme's bits, and within its
+/* --int8-activations' prefill (any rows: a short prompt's too): the scheme's bits, and within its
  * rounding bound of the exact product; a row with an outlier, a row of zeros. */
 static void check_int8_rows(int parts) {
-    static const int shapes[][3] = {{65, 70, 384}, {70, 130, 288}, {100, 64, 192}, {129, 200, 96}};
+    static const int shapes[][3] = {{2, 70, 384}, {9, 130, 288}, {65, 70, 384}, {70, 130, 288}, {100, 64, 192}, {129, 200, 96}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
         weights w;
@@ -727,7 +727,8 @@ static void check_int8_rows(int parts) {
             int acc = variant == 1;
             matmul_epilogue after = {bias, variant == 3};
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant >= 2 ? &after : NULL, NULL);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, 1, scratch, variant >= 2 ? &after : NULL,
+                           NULL);
             int differ = 0, beyond = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < out; c++) {
@@ -759,6 +760,44 @@ static void check_int8_rows(int parts) {
 
 static void test_int8_rows(void) { check_int8_rows(1); }
 
+/* The opt-in schemes take prefill's products for a prompt of any rows, the workspace's panel or
+ * none (a workspace of few rows has none); a decode step of up to MATMUL_DECODE_ROWS rows takes
+ * decode's (int8 blocks, fp32), past that prefill's. And a prefill row's int8 bits do not depend
+ * on the rows beside it, so a prompt is rounded the same way in any GPU batch. */
+static void test_schemes_follow_phase(void) {
+    enum { ROWS = MATMUL_DECODE_ROWS + 16, FEW = 5 };
+    int in = 200, out = 192;
+    size_t n = (size_t)ROWS * out;
+    weights w;
+    weights_make(&w, in, out, 1, 211);
+    float *x = random_floats((size_t)ROWS * in, 223), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
+    float *y = malloc(n * sizeof *y), *want = malloc(n * sizeof *want);
+    size_t few = (size_t)FEW * out;
+    matmul_weights(x, FEW, in, w.w4, 1, out, y, 0, PRODUCTS_INT8, 0, NULL, NULL, NULL);
+    matmul_int8_blocks(x, FEW, in, w.w4, 1, out, want, 0);
+    EXPECT(!memcmp(y, want, few * sizeof *y), "int8 decode of %d rows: not the blocks' bits", FEW);
+    matmul_weights(x, FEW, in, w.w4, 1, out, y, 0, PRODUCTS_BF16_PREFILL, 0, NULL, NULL, NULL);
+    matmul_weights(x, FEW, in, w.w4, 1, out, want, 0, PRODUCTS_FP32, 0, NULL, NULL, NULL);
+    EXPECT(!memcmp(y, want, few * sizeof *y), "bf16 prefill's decode of %d rows: not the fp32 bits", FEW);
+    matmul_weights(x, ROWS, in, w.w4, 1, out, y, 0, PRODUCTS_INT8, 0, scratch, NULL, NULL);
+    matmul_weights(x, ROWS, in, w.w4, 1, out, want, 0, PRODUCTS_INT8, 1, scratch, NULL, NULL);
+    EXPECT(!memcmp(y, want, n * sizeof *y), "int8 decode of %d rows: not prefill's scheme", ROWS);
+    matmul_weights(x, ROWS, in, w.w4, 1, out, y, 0, PRODUCTS_INT8, 1, scratch, NULL, NULL);
+    int differ = 0;
+    for (int r = 0; r < ROWS; r++) {
+        matmul_weights(x + (size_t)r * in, 1, in, w.w4, 1, out, want, 0, PRODUCTS_INT8, 1, NULL, NULL, NULL);
+        differ += memcmp(want, y + (size_t)r * out, (size_t)out * sizeof *y) != 0;
+    }
+    EXPECT(differ == 0, "int8 prefill: %d of %d rows differ from the row computed alone", differ, ROWS);
+    matmul_weights(x, FEW, in, w.w4, 1, out, y, 0, PRODUCTS_BF16_PREFILL, 1, scratch, NULL, NULL);
+    matmul_weights(x, FEW, in, w.w4, 1, out, want, 0, PRODUCTS_BF16_PREFILL, 1, NULL, NULL, NULL);
+    EXPECT(!memcmp(y, want, few * sizeof *y), "bf16 prefill of %d rows: another panel, other bits", FEW);
+    matmul_weights(x, FEW, in, w.w4, 1, out, want, 0, PRODUCTS_FP32, 1, scratch, NULL, NULL);
+    EXPECT(memcmp(y, want, few * sizeof *y) != 0, "bf16 prefill of %d rows: fp32's bits, not bf16's", FEW);
+    free(x), free(scratch), free(y), free(want);
+    weights_free(&w);
+}
+
 /* W's int8 columns kept (made once, as the runtime keeps them with resident weights): every
  * product gives the bits of the columns made per call, over two panels of W, in 3 parts, with
  * rows that are not the kept layout's, adding or with a bias and ReLU; and a set finds each W. */
@@ -785,8 +824,8 @@ static void test_int8_rows_kept(void) {
             matmul_epilogue after = {bias, 1};
             memcpy(want, y0, (size_t)rows * out * sizeof *want);
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, w.w4, parts, out, want, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, NULL);
-            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, scratch, variant == 2 ? &after : NULL, &set);
+            matmul_weights(x, rows, in, w.w4, parts, out, want, acc, PRODUCTS_INT8, 1, scratch, variant == 2 ? &after : NULL, NULL);
+            matmul_weights(x, rows, in, w.w4, parts, out, y, acc, PRODUCTS_INT8, 1, scratch, variant == 2 ? &after : NULL, &set);
             size_t differ = 0;
             for (size_t i = 0; i < (size_t)rows * out; i++) differ += memcmp(&want[i], &y[i], sizeof *y) != 0;
             EXPECT(strstr(gemm_path(0), ", W kept") != NULL, "int8 prefill, rows %d, "
@@ -825,7 +864,7 @@ static void check_bf16_prefill(int q4) {
         float *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
         for (int acc = 0; acc < 2; acc++) {
             memcpy(y, y0, (size_t)rows * out * sizeof *y);
-            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL, NULL);
+            matmul_weights(x, rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, 1, scratch, NULL, NULL);
             int beyond = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < out; c++) {
@@ -845,8 +884,8 @@ static void check_bf16_prefill(int q4) {
             int decode_rows = MATMUL_DECODE_ROWS;
             memcpy(y, y0, (size_t)decode_rows * out * sizeof *y);
             memcpy(y32, y0, (size_t)decode_rows * out * sizeof *y32);
-            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL, NULL);
-            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, scratch, NULL, NULL);
+            matmul_weights(x, decode_rows, in, W, q4, out, y, acc, PRODUCTS_BF16_PREFILL, 0, scratch, NULL, NULL);
+            matmul_weights(x, decode_rows, in, W, q4, out, y32, acc, PRODUCTS_FP32, 0, scratch, NULL, NULL);
             EXPECT(!memcmp(y, y32, (size_t)decode_rows * out * sizeof *y), "bf16 prefill, %s weights, %d rows (decode): "
                    "not the fp32 products' bits", q4 ? "4-bit" : "fp16", decode_rows);
         }
@@ -881,13 +920,13 @@ static void test_epilogue(void) {
                     float *want = random_floats(n, 149), *y = malloc(n * sizeof *y);
                     memcpy(y, want, n * sizeof *y);
                     const void *W = q4 ? (const void *)w.w4 : (const void *)w.w16;
-                    matmul_weights(x, rows, in, W, q4, out, want, relu, products[pi], scratch, NULL, NULL);
+                    matmul_weights(x, rows, in, W, q4, out, want, relu, products[pi], rows > MATMUL_DECODE_ROWS, scratch, NULL, NULL);
                     for (size_t i = 0; i < n; i++) {
                         float v = want[i] + bias[i % out];
                         want[i] = relu ? (v > 0 ? v : 0) : v;
                     }
                     matmul_epilogue after = {bias, relu};
-                    matmul_weights(x, rows, in, W, q4, out, y, relu, products[pi], scratch, &after, NULL);
+                    matmul_weights(x, rows, in, W, q4, out, y, relu, products[pi], rows > MATMUL_DECODE_ROWS, scratch, &after, NULL);
                     size_t differ = 0;
                     for (size_t i = 0; i < n; i++) differ += memcmp(&want[i], &y[i], sizeof *y) != 0;
                     EXPECT(differ == 0, "%d rows, products %d, %s weights, %s: %zu of %zu elements differ from the "
@@ -938,7 +977,7 @@ static void test_bf16_prefill_panels(void) {
     float *y = malloc((size_t)rows * out * sizeof *y), *scratch = malloc(matmul_scratch_floats(in, out) * sizeof *scratch);
     for (int acc = 0; acc < 2; acc++) {
         memcpy(y, y0, (size_t)rows * out * sizeof *y);
-        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, scratch, NULL, NULL);
+        matmul_weights(x, rows, in, w, 0, out, y, acc, PRODUCTS_BF16_PREFILL, 1, scratch, NULL, NULL);
         int beyond[2] = {0, 0}; /* first panel, the rest */
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < out; c++) {
@@ -1022,6 +1061,8 @@ void add_matmul_tests(void) {
                 test_gemm_paths);
     CU_add_test(s, "fp32 to bf16: to nearest, ties to even, NaN kept", test_bf16_rounding);
     CU_add_test(s, "int8 prefill, each row rounded once: the scheme's bits and its rounding bound", test_int8_rows);
+    CU_add_test(s, "int8 and bf16: prefill's scheme for a prompt of any rows; a prefill row's int8 bits alone",
+                test_schemes_follow_phase);
     CU_add_test(s, "int8 prefill on 4-bit q|k|v in 3 parts: the same", test_int8_rows_parts);
     CU_add_test(s, "int8 prefill with W's columns kept: the bits of the columns made per call", test_int8_rows_kept);
     CU_add_test(s, "bf16 prefill on fp16 weights: fp32's bound of the bf16 product; decode's rows keep fp32",
