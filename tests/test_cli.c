@@ -1064,7 +1064,7 @@ static const struct { const char *flag, *value; } FLAGS[] = {
     {"--prompt-file", "p.txt"}, {"--prompt-ids", "i.txt"}, {"--prompt-len", "4"},
     {"--gen-len", "4"}, {"--gpu-batch-size", "1"}, {"--num-gpu-batches", "1"},
     {"--temperature", "0.5"}, {"--top-p", "0.9"}, {"--seed", "3"}, {"--stop-at-eos", NULL}, {"--refill", NULL},
-    {"--dump-logits", "l.bin"}, {"--json", NULL}, {"--quiet", NULL}, {"--help", NULL},
+    {"--dump-logits", "l.bin"}, {"--json", NULL}, {"--quiet", NULL}, {"--progress", NULL}, {"--help", NULL},
     {"--path", "w"}, {"--overlap", "0"}, {"--cpu-cache-compute", NULL}, {"--pin-weight", "0"},
     {"--gpu-mem", "1G"}, {"--cpu-mem", "512M"}, {"--disk-mem", "2G"}, {"--offload-dir", "d"},
     {"--trace", "t.json"}, {"--percent", "1"}, {"--compress-weight", NULL},
