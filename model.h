@@ -147,7 +147,8 @@ typedef struct {
     float *ffn;            /* [rows][max(ffn, hidden)]; LLaMA: [2][rows][ffn], gate and up */
     float *thread_scratch; /* per thread: one (sequence, head)'s K, V and scores, or lm_head rows */
     size_t thread_floats;
-    float *wide; /* sgemm's panels of W (more than MATMUL_DECODE_ROWS rows); NULL in fewer */
+    float *wide; /* sgemm's panels of W (more than MATMUL_DECODE_ROWS rows); NULL where the
+                    workspace holds no more rows than that */
     int prefill; /* this GPU batch's phase (more than one new token a sequence), set by each
                     layer: --int8-activations' and --bf16-prefill's prefill scheme takes it */
     float *vec;  /* a bias, or a norm's weight and bias, widened to fp32 */

@@ -691,9 +691,9 @@ static void product_sgemm(const float *x, int rows, int in, const void *W, int q
  * nearest, ties to even), the products summed in fp32 by gemm_bf16 (onednn.c: oneDNN's bf16
  * kernel, or, where oneDNN has none, as on CPUs without AVX-512, OpenBLAS's sgemm of the bf16
  * values widened back to fp32). A bf16 value keeps 8 bits of significand, so each operand moves
- * by at most 2^-9 of itself; the products of two of them are exact in fp32. wide: the caller's
- * scratch for the widened panel, or NULL (a workspace of decode's rows, whose short prompts
- * prefill here too): one of its own. */
+ * by at most 2^-9 of itself; the products of two of them are exact in fp32. scratch: the
+ * caller's room for the widened panel, or NULL (a workspace of no more than decode's rows, whose
+ * short prompts prefill here too): then a panel of its own. */
 static void product_bf16(const float *x, int rows, int in, const void *W, int q4, int out, float *y,
                          int accumulate, float *scratch) {
     int cols = panel_width(in, out);
@@ -948,7 +948,8 @@ void matmul_weights(const float *x, int rows, int in, const void *W, int q4_part
                     float *y, int accumulate, int products, int prefill, float *scratch,
                     const matmul_epilogue *after, const int8_column_set *kept) {
     int simd = use_simd();
-    int many = rows > MATMUL_DECODE_ROWS, scheme = prefill || many;
+    int many = rows > MATMUL_DECODE_ROWS;
+    int scheme = prefill || many; /* the opt-in scheme's prefill products */
     if (products == PRODUCTS_INT8 && q4_parts && scheme) {
         product_int8_rows(x, rows, in, W, q4_parts, out, y, accumulate, after, simd, kept);
         return; /* the epilogue ran in the finish */
