@@ -1251,7 +1251,7 @@ static int run_on_disk(const char *off, const char *const *extra, char **out, ch
 /* $FLEXGEN_BIN with args in a child under a limit of `bytes` on `resource` set there before exec
  * (RLIMIT_FSIZE: a shell's `ulimit -f`, with SIGXFSZ at its default as the shell leaves it,
  * exceeding the limit kills a process that does not ignore it; RLIMIT_AS: `ulimit -v`), and killed
- * by SIGALRM after a minute; where full_call is a system call's number, every call of it there
+ * by SIGALRM after two minutes; where full_call is a system call's number, every call of it there
  * fails with ENOSPC (__NR_fsync: a device that allocates late, found full when a finished output
  * is flushed; __NR_fallocate: a device full before the run). Returns the exit status or 128 + the
  * signal; *err gets its stderr (malloc'd), its stdout goes nowhere. */
@@ -1276,7 +1276,7 @@ static int run_under_limit(const char *const *args, int resource, rlim_t bytes, 
         signal(SIGXFSZ, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
         signal(SIGALRM, SIG_DFL);
-        alarm(60); /* kept across exec: a run that hangs is ended */
+        alarm(120); /* kept across exec: a run that hangs is ended */
         execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -1321,7 +1321,7 @@ static void test_address_space_limit(void) {
         } else ran = rc == 0;
         free(err);
     }
-    EXPECT(!hung, "a run under an address-space limit did not end within a minute");
+    EXPECT(!hung, "a run under an address-space limit did not end within two minutes");
     EXPECT(said > 0, "no address-space limit gave the line about OpenBLAS's start");
     EXPECT(ran, "--help never ran under an address-space limit of up to 8 GiB");
 }
