@@ -169,6 +169,9 @@ int job_output_begin(job_output *o, char *header, char *err);
 /* An id of the output's records that none of the n prompts has, or NULL. */
 const char *job_output_stranger(const job_output *o, char *const *ids, int n);
 int job_output_done(const job_output *o, const char *id);
+/* The last line cut short by a crash (read_done noted it), cut off: done before the first append,
+ * and by a resumed job that finds every record there. */
+int job_output_cut_partial(job_output *o, char *err);
 /* Whole lines appended in one write and flushed to the disk; the first carries the header. The
  * path must still name the file the job holds. */
 int job_output_append(job_output *o, const char *lines, size_t len, char *err);

@@ -19,6 +19,7 @@
 #include "app/app.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,12 +96,24 @@ static int short_openmp_spin(void) {
     return 1;
 }
 
+/* A standard stream the run was started without (`2>&-`) is a free descriptor that the first
+ * file opened would take: an output file would then receive the messages or the report. Each
+ * closed one is given /dev/null, opened the other way round (stdin for writing, stdout and
+ * stderr for reading), so that it still fails as a closed one does and no file takes it (where
+ * /dev/null cannot be opened, the stream stays closed, as before). */
+static void hold_standard_streams(void) {
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) == -1 && errno == EBADF)
+            open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY); /* the lowest free: fd */
+}
+
 /* Both variables are read as the libraries load, so one new start takes both: OpenBLAS's core
  * where it picked one of an older instruction set than this CPU has (blas_core.c), and the spin. */
 int main(int argc, char **argv) {
     /* A file size limit (ulimit -f) is a full disk to every write: EFBIG, reported with one line
      * and the write taken back, where SIGXFSZ would kill the run mid-write. */
     signal(SIGXFSZ, SIG_IGN);
+    hold_standard_streams();
     const char *core = fg_blas_core_force();
     int spin = short_openmp_spin();
     if (core || spin) {

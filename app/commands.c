@@ -270,6 +270,10 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
     size_t size;
     char *text = fg_read_file(path, &size, err);
     if (!text) return fg_fail_flag(err, "--text");
+    if (memchr(text, 0, size)) { /* refused before the note below: one line */
+        free(text);
+        return fg_fail(err, "--text %s: a NUL byte: not a text file", path);
+    }
     size_t invalid = utf8_first_invalid(text, size);
     if (invalid < size)
         fprintf(stderr,
@@ -277,8 +281,7 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
                 "are (the tokenizer's byte tokens), where HF's tokenizers take decoded text\n",
                 path, invalid);
     prompt_set p = {0};
-    int rc = memchr(text, 0, size) ? fg_fail(err, "--text %s: a NUL byte: not a text file", path)
-                                   : add_text_prompt(&p, tok, text, size, NULL, err);
+    int rc = add_text_prompt(&p, tok, text, size, NULL, err);
     free(text);
     if (rc == 0) { /* the rest is freed */
         *ids = p.ids[0];
@@ -372,7 +375,7 @@ static void report_perplexity(const cli_args *a, const ppl_result *r, int agree,
     }
     printf("perplexity: %.4f over %ld tokens (%.5f nats each)\n", r->perplexity, r->scored,
            r->nll / (double)r->scored);
-    printf("windows: %d of %d tokens advancing %d, scored in %s on %s, %.2f s\n", r->windows,
+    printf("windows: %d of up to %d tokens advancing %d, scored in %s on %s, %.2f s\n", r->windows,
            r->window, r->stride, mode, device, r->seconds);
     if (a->compare)
         printf("top-1 agreement with %s: %.4f (%d of %ld)\n", a->compare,

@@ -173,7 +173,8 @@ int jsonl_prompt(const char *path, int line_no, const char *line, int vocab, int
     if (rc == 0) {
         char number[16];
         snprintf(number, sizeof number, "%d", line_no);
-        *id = name ? cJSON_PrintUnformatted(name) : strdup(number);
+        int zero = cJSON_IsNumber(name) && name->valuedouble == 0; /* -0 is 0, as 1.0 is 1 */
+        *id = zero ? strdup("0") : name ? cJSON_PrintUnformatted(name) : strdup(number);
         *text_out = text ? strdup(text->valuestring) : NULL;
         if (!*id || (text && !*text_out)) rc = fg_fail(err, "out of memory");
     }
@@ -443,6 +444,13 @@ static int lock_output(job_output *o, char *err) {
     return fg_fail(err, "--output %s: replaced again and again while it was opened", o->path);
 }
 
+/* A record as job_output_append writes it: beside its id, the tokens and why they stopped. */
+static int is_whole_record(const cJSON *rec) {
+    const cJSON *stop = fg_json_get(rec, "stop");
+    return cJSON_IsArray(fg_json_get(rec, "tokens")) && cJSON_IsString(stop) &&
+           (!strcmp(stop->valuestring, "eos") || !strcmp(stop->valuestring, "length"));
+}
+
 /* An existing output: its job line, the ids of its records; a last line without its newline (a
  * write cut short) is noted, to be cut off before the first record is added (a file that is
  * refused stays as it was). A first line without its newline is no job line. */
@@ -480,6 +488,9 @@ static int read_done(job_output *o, char *err) {
             o->recorded = job;
             job = NULL;
         } else if (!id) rc = fg_fail(err, "%s: not a record of a job (no \"id\")", what);
+        else if (!is_whole_record(rec))
+            rc = fg_fail(err, "%s: not a whole record (its \"tokens\" or \"stop\" is missing)",
+                         what);
         else if (!grown) rc = fg_fail(err, "out of memory");
         else if (!(grown[o->n_done] = cJSON_PrintUnformatted(id))) {
             o->done = grown;
@@ -587,6 +598,13 @@ static int write_all(job_output *o, const char *bytes, size_t len, char *err) {
     return 0;
 }
 
+int job_output_cut_partial(job_output *o, char *err) {
+    if (o->partial && ftruncate(o->fd, o->size) != 0)
+        return fg_fail(err, "--output %s: %s", o->path, strerror(errno));
+    o->partial = 0;
+    return 0;
+}
+
 int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
     if (!names_file(o->path, o->fd))
         return fg_fail(
@@ -594,9 +612,7 @@ int job_output_append(job_output *o, const char *lines, size_t len, char *err) {
             "--output %s: removed or replaced while the job ran; the records written there "
             "went with it, so the job stops",
             o->path);
-    if (o->partial && ftruncate(o->fd, o->size) != 0)
-        return fg_fail(err, "--output %s: %s", o->path, strerror(errno));
-    o->partial = 0;
+    if (job_output_cut_partial(o, err)) return -1;
     size_t h = o->size == 0 ? strlen(o->header) + 1 : 0; /* a new output's first line goes with
                                                             them */
     char *all = h ? malloc(h + len) : NULL;

@@ -82,6 +82,17 @@ static int plan_stages(cli_args *a, fg_pipe *pipe, const model_config *cfg, int 
     }
     rc = search_policy(a, &hw, cfg, shape_kept[0] ? 0 : n_prompts, lengths, shape_kept[0],
                        shape_kept[1], &res, err);
+    fg_search_result fresh; /* where a new job would fit, the kept shape is what is refused */
+    char fresh_err[FG_ERR_LEN];
+    if (rc && shape_kept[0] &&
+        search_policy(a, &hw, cfg, n_prompts, lengths, 0, 0, &fresh, fresh_err) == 0)
+        fg_fail(err,
+                "--resume: the job of %s keeps the block shape it began with (--gpu-batch-size %d, "
+                "--num-gpu-batches %d), which these capacities do not hold (a new job would take "
+                "--gpu-batch-size %d --num-gpu-batches %d); resume with the capacities it began "
+                "with, or run it again into a new output",
+                a->output, shape_kept[0], shape_kept[1], fresh.policy.gpu_batch_size,
+                fresh.policy.num_gpu_batches);
     if (fg_pipe_agree(pipe, rc, err)) return -1;
     int schedule = res.policy.schedule; /* zig-zag unless every stage chose the diagonal */
     if (agree_on_least(pipe, &schedule, 1)) {
@@ -490,6 +501,10 @@ int run_generation(cli_args *a, fg_pipe *pipe, char *err) {
         goto out;
     }
     if (a->job_finished) { /* --resume of a job whose every prompt has its record */
+        if (fg_pipe_agree(pipe, rank == 0 ? job_output_cut_partial(&job, err) : 0, err)) {
+            rc = -1;
+            goto out;
+        }
         if (rank == 0 && a->json) report_finished_job(a->output, job.n_done);
         else if (rank == 0 && !a->quiet)
             fprintf(stderr, "job: every prompt has its record in %s\n", a->output);

@@ -2496,8 +2496,8 @@ static void test_perplexity_bad_input(void) {
     write_text_file(empty, "");
     char nul_path[4200];
     snprintf(nul_path, sizeof nul_path, "%s", join(dir, "nul.txt"));
-    FILE *f = fopen(nul_path, "wb");
-    fwrite("In the\0 beginning", 1, 17, f);
+    FILE *f = fopen(nul_path, "wb"); /* not UTF-8 too: the refusal is still its one line */
+    fwrite("In the\xff\0 beginning", 1, 18, f);
     fclose(f);
     char short_path[4200];
     snprintf(short_path, sizeof short_path, "%s", join(dir, "short.txt"));
@@ -2645,6 +2645,42 @@ static void test_stdout_full(void) {
                "flexgen %s > /dev/full: expected exit 1 and one line; got %d, '%s'", args, rc, err);
         free(out), free(err);
     }
+    rm_tree(dir);
+    free(dir);
+}
+
+/* A run started with standard error closed (`2>&-`): its files hold their own bytes only. The
+ * first file opened used to take descriptor 2, and the job's progress and messages went into the
+ * job's records. */
+static void test_stderr_closed(void) {
+    char *dir = make_temp_dir(), job[4200], logits[4200], prompts[4200], cmd[16384];
+    snprintf(job, sizeof job, "%s", join(dir, "out.jsonl"));
+    snprintf(logits, sizeof logits, "%s", join(dir, "l.bin"));
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "p.jsonl"));
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10]}\n{\"prompt_ids\": [2, 11, 12]}\n");
+    snprintf(cmd, sizeof cmd, "%s --model %s --prompt-file %s --gen-len 2 --device cpu --progress --output %s 2>&-",
+             flexgen_bin(), kjv_dir, prompts, job);
+    char *out, *err;
+    int rc = run_command(ARGS("sh", "-c", cmd), NULL, &out, &err);
+    free(out), free(err);
+    char *text = slurp(job, NULL);
+    int records = 0, whole = text != NULL;
+    for (char *line = text; line && *line; records++) { /* each line one JSON object */
+        char *end = strchr(line, '\n');
+        whole &= end && line[0] == '{' && end[-1] == '}';
+        line = end ? end + 1 : line + strlen(line);
+    }
+    EXPECT(rc == 0 && whole && records == 3, "--output with stderr closed: exit %d, %d lines, expected 3 "
+           "JSON lines: '%.300s'", rc, records, text ? text : "");
+    free(text);
+    snprintf(cmd, sizeof cmd, "%s --model %s --prompt-file %s --gen-len 2 --device cpu --progress --dump-logits %s 2>&-",
+             flexgen_bin(), kjv_dir, prompts, logits);
+    rc = run_command(ARGS("sh", "-c", cmd), NULL, &out, &err);
+    free(out), free(err);
+    struct stat st;
+    long size = stat(logits, &st) == 0 ? (long)st.st_size : -1, want = 2L * 2 * 4096 * sizeof(float);
+    EXPECT(rc == 0 && size == want, "--dump-logits with stderr closed: exit %d, %ld bytes, expected %ld", rc, size,
+           want);
     rm_tree(dir);
     free(dir);
 }
@@ -3062,6 +3098,7 @@ void add_cli_tests(void) {
     CU_add_test(s, "bad --model directory or tokenizer files", test_bad_model_dir);
     CU_add_test(s, "flags a subcommand has no use for are refused", test_flags_of_other_commands);
     CU_add_test(s, "standard output that cannot be written: exit 1, one line", test_stdout_full);
+    CU_add_test(s, "standard error closed: the files hold their own bytes only", test_stderr_closed);
     CU_add_test(s, "standard input that cannot be read: exit 2, one line", test_stdin_unreadable);
     CU_add_test(s, "an output that is standard output's or standard error's file is refused",
                 test_output_is_a_std_stream);

@@ -437,6 +437,8 @@ static void test_job_bad_input(void) {
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "bad.jsonl line 1", "not a JSON object");
     write_text_file(bad, "{\"prompt_ids\": [2, 10], \"id\": 1}\n{\"prompt_ids\": [2, 12], \"id\": 1}\n");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 1 is given to two prompts");
+    write_text_file(bad, "{\"prompt_ids\": [2, 10], \"id\": 0}\n{\"prompt_ids\": [2, 12], \"id\": -0}\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", bad, "--output", output), "the id 0 is given to two prompts");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--output", dir), "--output", "not a regular file");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--resume"), "--resume", "--output");
     char dangling[4200]; /* a symbolic link to a file that does not exist: said as such */
@@ -649,6 +651,43 @@ static void test_job_resume_job_line_only(void) {
     free(dir);
 }
 
+/* A finished job's output whose last line was cut short (a crash while a record was written over
+ * a whole output, or a hand's edit): --resume drops the cut line and leaves the records as they
+ * were. A line that names an id and nothing else is no record: refused, the output untouched. */
+static void test_job_resume_finished_and_cut(void) {
+    char *dir = make_temp_dir(), prompts[4200], whole[4200], cut[4200];
+    snprintf(prompts, sizeof prompts, "%s", join(dir, "prompts.jsonl"));
+    snprintf(whole, sizeof whole, "%s", join(dir, "whole.jsonl"));
+    snprintf(cut, sizeof cut, "%s", join(dir, "cut.jsonl"));
+    write_text_file(prompts, "{\"prompt_ids\": [2, 10, 11], \"id\": \"a\"}\n{\"prompt_ids\": [2, 12], \"id\": \"b\"}\n");
+    const char *job[] = {flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "3", "--quiet",
+                         "--output", whole, NULL, NULL};
+    run_ok(job);
+    char *full = slurp(whole, NULL);
+    CU_ASSERT_FATAL(full && count_lines(full) == 3);
+    char *text = malloc(strlen(full) + 64);
+    sprintf(text, "%s{\"id\": \"a\", \"prom", full);
+    write_text_file(cut, text);
+    job[9] = cut, job[10] = "--resume";
+    char *out, *err;
+    int rc = run_command(job, NULL, &out, &err);
+    char *resumed = slurp(cut, NULL);
+    EXPECT(rc == 0 && resumed && !strcmp(resumed, full), "a finished output with a cut last line, resumed: expected "
+           "exit 0 and the cut line gone; got %d, '%.300s', output ends '%.60s'", rc, err,
+           resumed ? resumed + (strlen(resumed) > 60 ? strlen(resumed) - 60 : 0) : "(none)");
+    free(out), free(err), free(resumed);
+    char *first_two = first_lines(full, 2);
+    sprintf(text, "%s{\"id\": \"b\"}\n", first_two);
+    write_text_file(cut, text);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "3", "--output", cut, "--resume"),
+                "line 3", "not a whole record");
+    char *after = slurp(cut, NULL);
+    EXPECT(after && !strcmp(after, text), "a refused output was changed: '%.300s'", after ? after : "(none)");
+    free(after), free(first_two), free(text), free(full);
+    rm_tree(dir);
+    free(dir);
+}
+
 /* A LLaMA-family job (models/llama-kjv: its tokenizer.json, grouped-query attention, the KV cache
  * on disk): seven text prompts of different lengths in blocks of 2 x 2, cut after 3 records and
  * resumed, gives the uninterrupted output byte for byte; each record's completion is what its
@@ -854,6 +893,21 @@ static void test_job_identity(void) {
         }
         free(full), free(part), free(resumed);
     }
+    /* --policy auto keeps the block shape a job began with: capacities too small for it, where a new
+     * job would fit, are refused with one line that says so */
+    text[0] = 0;
+    for (int i = 0; i < 40; i++) sprintf(text + strlen(text), "{\"prompt_ids\": [2, %d, %d]}\n", 30 + i, 600 - i);
+    write_text_file(prompts, text);
+    unlink(output);
+    run_ok(ARGS(flexgen_bin(), "--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "4", "--quiet", "--policy",
+                "auto", "--hw", hw, "--gpu-mem", "64M", "--output", output));
+    char *full = slurp(output, NULL), *part = full ? first_lines(full, 3) : NULL;
+    CU_ASSERT_FATAL(part != NULL);
+    write_text_file(cut, part);
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-file", prompts, "--gen-len", "4", "--policy", "auto", "--hw", hw,
+                     "--gpu-mem", "6M", "--cpu-mem", "64M", "--output", cut, "--resume", "--quiet"),
+                "--resume", "keeps the block shape it began with", "a new job would take");
+    free(full), free(part);
     rm_tree(dir);
     free(dir);
 }
@@ -1135,7 +1189,8 @@ static void test_job_bad_lines(void) {
     EXPECT(full && strstr(full, "{\"id\":999999999999999,") && strstr(full, "{\"id\":\"\xc3\xa9\",\"prompt\":\"caf\xc3\xa9 \\\\u0000\""),
            "ids and strings as given: expected them back unchanged, got:\n%s", full ? full : "(no output)");
     static const char *const records[] = {"{\"id\":999999999999999,\"tokens\":[]}GARBAGE\n",
-                                          "{\"id\":\"zz\",\"tokens\":[5]}\n", "{\"id\":999999999999999,\"tokens\":[5]}\n"};
+                                          "{\"id\":\"zz\",\"tokens\":[5],\"stop\":\"length\"}\n",
+                                          "{\"id\":999999999999999,\"tokens\":[5],\"stop\":\"length\"}\n"};
     static const char *const says[] = {"text after the JSON object", "no prompt of this job has", "two records"};
     for (int i = 0; i < 3 && first; i++) { /* the job line and one record, then one that is not right */
         char *text = malloc(strlen(full) + 100), *after;
@@ -1290,6 +1345,8 @@ void add_job_tests(void) {
     CU_add_test(s, "a job killed mid-run resumes to an uninterrupted run's output, zig-zag and diagonal", test_job_resume_after_kill);
     CU_add_test(s, "--resume finds finished ids in any order", test_job_resume_unsorted_ids);
     CU_add_test(s, "--resume of an output that holds only its job line", test_job_resume_job_line_only);
+    CU_add_test(s, "--resume of a finished job drops a cut last line; a line of an id alone is refused",
+                test_job_resume_finished_and_cut);
     CU_add_test(s, "a LLaMA job: text through tokenizer.json, the cache on disk, cut and resumed", test_job_llama);
     CU_add_test(s, "one job at a time on an output; an output removed mid-job stops it", test_job_lock);
     CU_add_test(s, "a job stopped before its first record leaves no output", test_job_interrupted_early);
