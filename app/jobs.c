@@ -479,7 +479,8 @@ static int read_done(job_output *o, char *err) {
         cJSON *rec = memchr(line, 0, (size_t)len) ? NULL : parse_line(what, line, err);
         cJSON *job = line_no == 1 ? cJSON_DetachItemFromObject(rec, "flexgen_job") : NULL;
         const cJSON *id = line_no > 1 ? fg_json_get(rec, "id") : NULL;
-        char **grown = id ? realloc(o->done, (size_t)(o->n_done + 1) * sizeof *grown) : NULL;
+        int whole = id && is_whole_record(rec); /* grown only then: o->done stays valid */
+        char **grown = whole ? realloc(o->done, (size_t)(o->n_done + 1) * sizeof *grown) : NULL;
         if (memchr(line, 0, (size_t)len)) rc = fg_fail(err, "%s: a NUL byte", what);
         else if (!rec) rc = -1;
         else if (line_no == 1 && !cJSON_IsObject(job))
@@ -488,7 +489,7 @@ static int read_done(job_output *o, char *err) {
             o->recorded = job;
             job = NULL;
         } else if (!id) rc = fg_fail(err, "%s: not a record of a job (no \"id\")", what);
-        else if (!is_whole_record(rec))
+        else if (!whole)
             rc = fg_fail(err, "%s: not a whole record (its \"tokens\" or \"stop\" is missing)",
                          what);
         else if (!grown) rc = fg_fail(err, "out of memory");
