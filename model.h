@@ -16,8 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FG_ERR_LEN 512
 #define FG_PATH_LEN 4200 /* a path as the runtime keeps it, with room for a suffix */
+/* An error line: room for two long paths (an output and the input it would overwrite, 900 bytes
+ * each) and the words around them, so that the reason at its end is not cut off. */
+#define FG_ERR_LEN 2048
 
 /* OPT's special tokens; learned positions are looked up at position + 2. */
 enum { OPT_PAD_ID = 1, OPT_BOS_ID = 2, OPT_EOS_ID = 2, OPT_POS_OFFSET = 2 };

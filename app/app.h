@@ -263,6 +263,12 @@ int add_text_prompt(prompt_set *p, const fg_tokenizer *tok, const char *text, si
                     char *err);
 int synthetic_prompts(prompt_set *p, const cli_args *a, int stages, int vocab, char *err);
 int open_run_tokenizer(const cli_args *a, fg_tokenizer **tok, char *err);
+/* Where the tokenizer came from, as the user named it (for error lines). */
+void tokenizer_origin(const cli_args *a, char *out, size_t n);
+/* Every id of a tokenized text (name: "--text F", "F line 3") within the model's vocab; where one
+ * is not, the line names the tokenizer, whose vocab is bigger than the model's. */
+int check_tokenized_ids(const char *origin, const char *name, const int *ids, int n, int vocab,
+                        char *err);
 int gather_prompts(const cli_args *a, const fg_tokenizer *tok, const model_config *c, prompt_set *p,
                    char *err);
 long prompt_tokens(const prompt_set *p);

@@ -20,11 +20,26 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* OpenMP's threads (OMP_NUM_THREADS), at most 8 a CPU: libgomp starts every one and the
+ * workspace has a share for each, so a count far past the CPUs only breaks the run (65,535
+ * crashed inside libgomp, 30,000 took minutes to start, a million asked for 183 GiB). */
+static int check_thread_count(char *err) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN), most = 8 * (cpus > 0 ? cpus : 1);
+    int threads = omp_get_max_threads();
+    const char *given = getenv("OMP_NUM_THREADS");
+    if (threads <= most) return 0;
+    return fg_fail(err,
+                   "OMP_NUM_THREADS=%s: %d threads, more than the %ld (8 a CPU) this machine's %ld "
+                   "CPUs can run; set it lower",
+                   given ? given : "(unset)", threads, most, cpus);
+}
 
 int flexgen_main(int argc, char **argv) {
     char err[FG_ERR_LEN] = "";
@@ -38,6 +53,7 @@ int flexgen_main(int argc, char **argv) {
         rc = fg_fail(err, "flexgen %s runs in one process: start it without mpirun", command);
     if (rc == 0) rc = fg_isa_check_env(err);       /* FLEXGEN_ISA, before any kernel runs */
     if (rc == 0) rc = fg_blas_core_check_env(err); /* OPENBLAS_CORETYPE, before any product */
+    if (rc == 0) rc = check_thread_count(err);     /* before the first parallel loop */
     /* Under mpirun every stage takes part in the stages' agreements, whatever its own command line
      * (each context of mpirun has its own): one that left early, refusing its command or its
      * FLEXGEN_ISA, or for --help, would leave the others waiting in them for ever. */
@@ -47,7 +63,7 @@ int flexgen_main(int argc, char **argv) {
         rc = tokenize_command(argc, argv, err);
     } else if (argc > 1 && !strcmp(argv[1], "profile")) {
         rc = profile_command(argc, argv, err);
-        if (rc == 1) return 0;
+        if (rc == 1) rc = 0; /* --help, on standard output */
     } else {
         int policy = argc > 1 && !strcmp(argv[1], "policy");
         int perplexity = argc > 1 && !strcmp(argv[1], "perplexity");

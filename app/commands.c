@@ -236,6 +236,9 @@ int tokenize_command(int argc, char **argv, char *err) {
         while (k < 4 && strcmp(argv[i], flags[k])) k++;
         if (k == 4) return fg_fail(err, "%s: unknown option for tokenize", argv[i]);
         if (i + 1 >= argc) return fg_fail(err, "%s: missing value", argv[i]);
+        const char *kind = k == 3 ? "directory" : "file";
+        if (!argv[i + 1][0]) return fg_fail(err, "%s: an empty path; give a %s", argv[i], kind);
+        if (flag_for_path(argv[i], argv[i + 1], kind, err)) return -1;
         value[k] = argv[++i];
     }
     fg_tokenizer *tok = tokenize_tokenizer(value[0], value[1], value[2], value[3], err);
@@ -243,9 +246,15 @@ int tokenize_command(int argc, char **argv, char *err) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    int rc = 0;
+    int rc = 0, line_no = 0;
     while (rc == 0 && (len = getline(&line, &cap, stdin)) >= 0) {
+        line_no++; /* a line as --prompt-file takes it: its CR LF ending dropped, no NUL */
         if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+        if (len > 0 && line[len - 1] == '\r') line[--len] = 0;
+        if (memchr(line, 0, (size_t)len)) {
+            rc = fg_fail(err, "standard input line %d: a NUL byte inside the line", line_no);
+            break;
+        }
         int *ids, n;
         rc = tokenizer_encode(tok, line, (size_t)len, &ids, &n, err);
         for (int i = 0; rc == 0 && i < n; i++) printf(i ? " %d" : "%d", ids[i]);
@@ -290,31 +299,6 @@ static int read_text_ids(const fg_tokenizer *tok, const char *path, int **ids, i
     }
     prompts_free(&p);
     return rc;
-}
-
-/* Where the tokenizer came from, as the user named it: the flag and its file, or the model
- * directory's file. */
-static void tokenizer_origin(const cli_args *a, char *out, size_t n) {
-    char json[FG_PATH_LEN + 32];
-    snprintf(json, sizeof json, "%s/tokenizer.json", a->model);
-    if (a->tokenizer) snprintf(out, n, "--tokenizer %s", a->tokenizer);
-    else if (a->vocab) snprintf(out, n, "--vocab %s", a->vocab);
-    else if (access(json, F_OK) == 0) snprintf(out, n, "%s", json);
-    else snprintf(out, n, "%s/vocab.json", a->model);
-}
-
-/* Every id of the text within the model's vocab: a tokenizer of a bigger vocab is named. */
-static int check_text_ids(const cli_args *a, const int *ids, int n, int vocab, char *err) {
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= vocab) {
-            char origin[FG_PATH_LEN + 64];
-            tokenizer_origin(a, origin, sizeof origin);
-            return fg_fail(
-                err,
-                "%s: token id %d of --text %s is out of range [0, %d) (the model's vocab_size)",
-                origin, ids[i], a->text, vocab);
-        }
-    return 0;
 }
 
 /* Another run's --predictions: one token id a line, as many as the text has scored tokens. */
@@ -398,7 +382,12 @@ int perplexity_command(cli_args *a, char *err) {
     if (rc == 0) rc = open_run_tokenizer(a, &tok, err);
     if (rc == 0 && !tok) rc = fg_fail(err, "perplexity needs a tokenizer: " TOKENIZER_WAYS);
     if (rc == 0) rc = read_text_ids(tok, a->text, &ids, &n, err);
-    if (rc == 0) rc = check_text_ids(a, ids, n, cfg.vocab, err);
+    if (rc == 0) {
+        char origin[FG_PATH_LEN + 64], name[FG_PATH_LEN + 16];
+        tokenizer_origin(a, origin, sizeof origin);
+        snprintf(name, sizeof name, "--text %s", a->text);
+        rc = check_tokenized_ids(origin, name, ids, n, cfg.vocab, err);
+    }
     if (rc == 0 && a->compare && !(ref = malloc((size_t)n * sizeof *ref)))
         rc = fg_fail(err, "out of memory");
     if (rc == 0 && a->compare) rc = read_predictions(a->compare, n - 1, cfg.vocab, ref, err);

@@ -92,15 +92,6 @@ size_t utf8_first_invalid(const char *text, size_t len) {
 /* Whether text[0..len) is UTF-8 (JSON text must be). */
 static int utf8_valid(const char *text, size_t len) { return utf8_first_invalid(text, len) == len; }
 
-/* Whether the JSON text has the escape \u0000, which a C string cannot carry (it would end the
- * string there). */
-static int has_nul_escape(const char *s) {
-    for (; *s; s++)
-        if (*s == '\\' && s[1] == 'u' && !strncmp(s + 2, "0000", 4)) return 1;
-        else if (*s == '\\' && s[1]) s++; /* an escaped character: \\u0000 is text */
-    return 0;
-}
-
 /* One JSON object and nothing after it (but spaces), in valid UTF-8 without \u0000; NULL with
  * the reason in err. what: "F line N" for the error line. */
 static cJSON *parse_line(const char *what, const char *line, char *err) {
@@ -114,7 +105,7 @@ static cJSON *parse_line(const char *what, const char *line, char *err) {
     if (!o) fg_fail(err, "%s: malformed JSON", what);
     else if (!cJSON_IsObject(o)) fg_fail(err, "%s: not a JSON object", what);
     else if (end && *end) fg_fail(err, "%s: text after the JSON object: '%.20s'", what, end);
-    else if (has_nul_escape(line))
+    else if (fg_json_nul_escape(line, strlen(line)))
         fg_fail(err, "%s: a string holds \\u0000 (NUL), which no prompt or id may", what);
     else return o;
     cJSON_Delete(o);

@@ -46,28 +46,36 @@ int resolve_model_config(const char *model, model_config *cfg, char *err) {
     return 0;
 }
 
-/* One line on stderr where config.json's bos_token_id or eos_token_id is not a token of the model
- * (not below vocab_size): the model never generates it, so a sequence never ends on that id. */
+/* One line on stderr for each file whose bos_token_id or eos_token_id is not a token of the model
+ * (not below vocab_size): the model never generates it, so a sequence never ends on that id. The
+ * eos ids are generation_config.json's where that file is there (as the checkpoint reader takes
+ * them), else config.json's; OPT's BOS is its table's. */
 void warn_special_ids(const char *model, const model_config *cfg) {
-    char ids[256] = "";
-    size_t n = 0;
-    int count = 0;
-    if (cfg->family == FAMILY_OPT || !is_dir(model)) return;
-    if (cfg->bos_id >= cfg->vocab) {
-        n += (size_t)snprintf(ids + n, sizeof ids - n, "bos_token_id %d", cfg->bos_id);
-        count++;
+    if (!is_dir(model)) return;
+    char generation[4200];
+    snprintf(generation, sizeof generation, "%s/generation_config.json", model);
+    int eos_file = access(generation, F_OK) == 0; /* 0: config.json, 1: generation_config.json */
+    char ids[2][256] = {"", ""};
+    size_t n[2] = {0, 0};
+    int count[2] = {0, 0};
+    if (cfg->family != FAMILY_OPT && cfg->bos_id >= cfg->vocab) {
+        n[0] += (size_t)snprintf(ids[0], sizeof ids[0], "bos_token_id %d", cfg->bos_id);
+        count[0]++;
     }
-    for (int i = 0; i < cfg->n_eos && n < sizeof ids; i++)
-        if (cfg->eos_ids[i] >= cfg->vocab) {
-            n += (size_t)snprintf(ids + n, sizeof ids - n, "%seos_token_id %d", n ? ", " : "",
-                                  cfg->eos_ids[i]);
-            count++;
-        }
-    if (count == 0) return;
-    fprintf(stderr,
-            "flexgen: warning: %s/config.json: %s %s not below vocab_size %d: the model has no "
-            "such token\n",
-            model, ids, count > 1 ? "are" : "is", cfg->vocab);
+    for (int i = 0; i < cfg->n_eos; i++) {
+        size_t *used = &n[eos_file];
+        if (cfg->eos_ids[i] < cfg->vocab || *used >= sizeof ids[0]) continue;
+        *used += (size_t)snprintf(ids[eos_file] + *used, sizeof ids[0] - *used, "%seos_token_id %d",
+                                  *used ? ", " : "", cfg->eos_ids[i]);
+        count[eos_file]++;
+    }
+    static const char *const files[] = {"config.json", "generation_config.json"};
+    for (int f = 0; f < 2; f++)
+        if (count[f])
+            fprintf(stderr,
+                    "flexgen: warning: %s/%s: %s %s not below vocab_size %d: the model has no "
+                    "such token\n",
+                    model, files[f], ids[f], count[f] > 1 ? "are" : "is", cfg->vocab);
 }
 
 static int file_exists(const char *path) { return access(path, F_OK) == 0; }
@@ -89,18 +97,22 @@ int default_hw_file(char *path, size_t n, char *err) {
     return 0;
 }
 
-/* --hw FILE, or the default hardware file, measuring this machine once when there is none. */
+/* --hw FILE, or the default hardware file, measuring this machine once when there is none (a
+ * file that could not be written is said before the measuring; its steps are shown as a run's
+ * progress is). */
 int load_hardware(const cli_args *a, fg_hardware *hw, char *err) {
     if (a->hw) return fg_hardware_read(a->hw, hw, err) ? fg_fail_flag(err, "--hw") : 0;
     char path[4200];
     if (default_hw_file(path, sizeof path, err)) return -1;
     if (file_exists(path)) return fg_hardware_read(path, hw, err);
+    if (fg_output_check("hardware file", path, err)) return -1;
     const char *offload = a->policy.offload_dir ? a->policy.offload_dir : FG_DEFAULT_OFFLOAD_DIR;
     fprintf(stderr,
             "flexgen: no hardware file yet: profiling this machine once (about 30 s), "
             "saved to %s\n",
             path);
-    if (fg_profile(offload, a->policy.device, hw, 1, err) || fg_hardware_write(path, hw, err))
+    if (fg_profile(offload, a->policy.device, hw, a->gen.verbose, err) ||
+        fg_hardware_write(path, hw, err))
         return -1;
     return 0;
 }

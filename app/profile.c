@@ -407,10 +407,8 @@ static double *hw_field(fg_hardware *hw, int i) {
 #define HW_MAX 1e18
 
 int fg_hardware_read(const char *path, fg_hardware *hw, char *err) {
-    char *text = fg_read_file(path, NULL, err);
-    if (!text) return -1;
-    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1); /* the object and nothing after it */
-    free(text);
+    cJSON *root = fg_json_read_file(path, err);
+    if (!root) return -1;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return fg_fail(err, "%s: not a JSON object", path);

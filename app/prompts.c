@@ -144,15 +144,37 @@ static int parse_id_line(const char *path, int line_no, char *line, int vocab, i
     return 0;
 }
 
+/* Where the tokenizer came from, as the user named it: the flag and its file, or the model
+ * directory's file. */
+void tokenizer_origin(const cli_args *a, char *out, size_t n) {
+    char json[FG_PATH_LEN + 32];
+    snprintf(json, sizeof json, "%s/tokenizer.json", a->model);
+    if (a->tokenizer) snprintf(out, n, "--tokenizer %s", a->tokenizer);
+    else if (a->vocab) snprintf(out, n, "--vocab %s", a->vocab);
+    else if (access(json, F_OK) == 0) snprintf(out, n, "%s", json);
+    else snprintf(out, n, "%s/vocab.json", a->model);
+}
+
+int check_tokenized_ids(const char *origin, const char *name, const int *ids, int n, int vocab,
+                        char *err) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return fg_fail(err,
+                           "%s: token id %d of %s is out of range [0, %d) (the model's vocab_size)",
+                           origin, ids[i], name, vocab);
+    return 0;
+}
+
 /* Reads one prompt a line from path: token ids (tok == NULL), text, or (a name ending in .jsonl)
  * JSON objects, whose blank lines are skipped; each checked as it is read (check_prompt), so that
  * a prompt too long for the model is named by its line. A line may end in \r\n (a file written on
  * Windows): the \r is no part of a text prompt. A NUL byte ends no line: it is refused, as it
  * could only be a damaged or binary file. An empty line of ids or text is refused too: it would
- * be a prompt of BOS alone, more likely a slip than a wish (--prompt "" asks for one). */
+ * be a prompt of BOS alone, more likely a slip than a wish (--prompt "" asks for one). origin:
+ * the tokenizer's, for the line of a tokenized prompt with an id past the model's vocab. */
 static int read_prompt_lines(prompt_set *p, const char *flag, const char *path,
-                             const fg_tokenizer *tok, const model_config *c, int gen_len,
-                             char *err) {
+                             const fg_tokenizer *tok, const char *origin, const model_config *c,
+                             int gen_len, char *err) {
     int vocab = c->vocab;
     size_t size;
     char *text = fg_read_file(path, &size, err);
@@ -187,7 +209,9 @@ static int read_prompt_lines(prompt_set *p, const char *flag, const char *path,
         if (rc == 0 && p->n > before) {
             char name[4200];
             snprintf(name, sizeof name, "%s line %d", path, line_no);
-            rc = check_prompt(c, p->ids[before], p->lens[before], gen_len, name, err);
+            if (p->texts[before]) /* tokenized here */
+                rc = check_tokenized_ids(origin, name, p->ids[before], p->lens[before], vocab, err);
+            if (rc == 0) rc = check_prompt(c, p->ids[before], p->lens[before], gen_len, name, err);
         }
     }
     free(text);
@@ -241,12 +265,19 @@ int gather_prompts(const cli_args *a, const fg_tokenizer *tok, const model_confi
     if ((a->n_prompt_texts || (a->prompt_file && !is_jsonl(a->prompt_file))) && !tok)
         return fg_fail(err, "%s needs a tokenizer: " TOKENIZER_WAYS,
                        a->prompt_file ? "--prompt-file" : "--prompt");
+    char origin[FG_PATH_LEN + 64];
+    tokenizer_origin(a, origin, sizeof origin);
     if (a->prompt_ids)
-        return read_prompt_lines(p, "--prompt-ids", a->prompt_ids, NULL, c, gen_len, err);
+        return read_prompt_lines(p, "--prompt-ids", a->prompt_ids, NULL, origin, c, gen_len, err);
     if (a->prompt_file)
-        return read_prompt_lines(p, "--prompt-file", a->prompt_file, tok, c, gen_len, err);
-    for (int i = 0; i < a->n_prompt_texts; i++)
-        if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), NULL, err)) return -1;
+        return read_prompt_lines(p, "--prompt-file", a->prompt_file, tok, origin, c, gen_len, err);
+    for (int i = 0; i < a->n_prompt_texts; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "--prompt %d", i + 1);
+        if (add_text_prompt(p, tok, a->prompts[i], strlen(a->prompts[i]), NULL, err) ||
+            check_tokenized_ids(origin, name, p->ids[p->n - 1], p->lens[p->n - 1], c->vocab, err))
+            return -1;
+    }
     return 0;
 }
 

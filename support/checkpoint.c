@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ============================================================================================
@@ -140,10 +141,14 @@ static int json_flag(const cJSON *o, const char *key, int def, int *out, const c
     return -1;
 }
 
-/* The value of a field this project does not implement, in one line naming the field. */
+/* The value of a field this project does not implement, in one line naming the field. A number
+ * past a double's range (1e999), which cJSON reads as infinity and prints as null, is said so. */
 static int refuse_value(const cJSON *v, const char *field, const char *path, const char *why,
                         char *err) {
-    char *text = v ? cJSON_PrintUnformatted(v) : NULL;
+    int huge = cJSON_IsNumber(v) && !isfinite(v->valuedouble);
+    char *text = huge ? strdup("a number past a double's range")
+                 : v  ? cJSON_PrintUnformatted(v)
+                      : NULL;
     int long_text = text && strlen(text) > 60;
     fg_fail(err, "%s: %s is %.60s%s; %s", path, field, text ? text : "missing",
             long_text ? "..." : "", why);
@@ -437,11 +442,10 @@ static int config_from_cjson(const cJSON *root, const char *path, model_config *
 static int generation_eos(const char *config_path, model_config *c, char *err) {
     char path[FG_PATH_LEN + 32];
     path_beside(config_path, "generation_config.json", path, sizeof path);
-    if (access(path, F_OK) != 0) return 0;
-    char *text = fg_read_json_file(path, NULL, err);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
+    struct stat link;
+    if (lstat(path, &link) != 0) return 0; /* none; a link to nothing is read, and refused */
+    cJSON *root = fg_json_read_file(path, err);
+    if (!root) return -1;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return fg_fail(err, "%s: malformed JSON (not an object)", path);
@@ -458,11 +462,8 @@ static int generation_eos(const char *config_path, model_config *c, char *err) {
 /* config.json (and generation_config.json's eos ids), and whether it ties the output layer to the
  * embedding (tie_word_embeddings). */
 static int read_config(const char *path, model_config *cfg, int *tie_head, char *err) {
-    char *text = fg_read_file(path, NULL, err);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) return fg_fail(err, "%s: malformed JSON", path);
+    cJSON *root = fg_json_read_file(path, err);
+    if (!root) return -1;
     int rc = config_from_cjson(root, path, cfg, tie_head, err);
     cJSON_Delete(root);
     return rc ? rc : generation_eos(path, cfg, err);
@@ -1074,6 +1075,10 @@ int opt_checkpoint_open(const char *dir, model_config *cfg, st_archive *a, char 
     if (read_config(path, cfg, &tie_head, err)) return -1;
     snprintf(cfg->name, sizeof cfg->name, "%s", dir);
     if (st_open_dir(dir, a, err)) return -1;
+    if (a->n_tensors == 0) { /* not a count of layers that config.json gets wrong */
+        st_close(a);
+        return fg_fail(err, "%s: the checkpoint holds no tensors", dir);
+    }
     if (check_layer_count(cfg, a, path, err) || choose_head(a, cfg, tie_head, path, err)) {
         st_close(a);
         return -1;

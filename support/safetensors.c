@@ -109,14 +109,13 @@ static int parse_header(st_archive *a, int file, const char *path, char *err) {
     if (hlen > size - 8)
         return fg_fail(err, "%s: header length %llu beyond the file (%zu bytes)", path,
                        (unsigned long long)hlen, size);
-    const char *header = (const char *)map + 8, *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)hlen, &end, 0);
-    while (root && end < header + hlen &&
-           (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r'))
-        end++; /* the header may be padded with spaces, nothing else */
-    if (!cJSON_IsObject(root) || end != header + hlen) {
+    char header[FG_PATH_LEN + 16]; /* the JSON text may be padded with spaces, nothing else */
+    snprintf(header, sizeof header, "%s header", path);
+    cJSON *root = fg_json_parse(header, (const char *)map + 8, (size_t)hlen, err);
+    if (!root) return -1;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fg_fail(err, "%s: malformed JSON header", path);
+        return fg_fail(err, "%s: malformed JSON (not an object)", header);
     }
     int first = a->n_tensors, n = 0, rc = 0;
     for (const cJSON *e = root->child; e; e = e->next) n++;
@@ -194,10 +193,8 @@ static int by_tensor_name(const void *x, const void *y) {
 }
 
 static int open_index(const char *dir, const char *index_path, st_archive *a, char *err) {
-    char *text = fg_read_file(index_path, NULL, err);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
+    cJSON *root = fg_json_read_file(index_path, err);
+    if (!root) return -1;
     const cJSON *wm = fg_json_get(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);
@@ -222,6 +219,11 @@ static int open_index(const char *dir, const char *index_path, st_archive *a, ch
     if (rc == 0 && !by_name) rc = fg_fail(err, "out of memory");
     for (int i = 0; by_name && i < a->n_tensors; i++) by_name[i] = &a->tensors[i];
     if (by_name) qsort(by_name, (size_t)a->n_tensors, sizeof *by_name, by_tensor_name);
+    for (int i = 1; by_name && rc == 0 && i < a->n_tensors; i++) /* HF would take either */
+        if (!strcmp(by_name[i - 1]->name, by_name[i]->name))
+            rc = fg_fail(err, "%s: tensor %s is in two shards, %s and %s", index_path,
+                         by_name[i]->name, a->paths[by_name[i - 1]->file],
+                         a->paths[by_name[i]->file]);
     for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
         st_tensor key;
         const st_tensor *want = &key, **t = NULL;
@@ -284,10 +286,8 @@ int st_dir_files(const char *dir, char ***names, int *n, char *err) {
     int index = checkpoint_file(dir, path, sizeof path, err);
     if (index < 0) return -1;
     if (!index) return add_name(names, n, "model.safetensors") ? fg_fail(err, "out of memory") : 0;
-    char *text = fg_read_file(path, NULL, err); /* a FIFO or a directory: refused, not waited on */
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
+    cJSON *root = fg_json_read_file(path, err); /* a FIFO or a directory: refused, not waited on */
+    if (!root) return -1;
     const cJSON *wm = fg_json_get(root, "weight_map");
     if (!cJSON_IsObject(wm))
         rc = fg_fail(err, "%s: malformed JSON (expected an object with \"weight_map\")", path);

@@ -207,18 +207,6 @@ static int intern_byte_symbols(fg_tokenizer *t) {
 
 /* ---- vocab.json ---- */
 
-/* Line of the byte at `at` in buf, for cJSON's error position. */
-static int line_of(const char *buf, const char *at) {
-    int line = 1;
-    for (const char *p = buf; p < at; p++) line += *p == '\n';
-    return line;
-}
-
-static const char *skip_json_space(const char *p, const char *end) {
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) p++;
-    return p;
-}
-
 static int check_id(const cJSON *item, const char *path, char *err) {
     char tok[64];
     quote_token(tok, sizeof tok, item->string, strlen(item->string));
@@ -282,28 +270,8 @@ static int fill_vocab(fg_tokenizer *t, const cJSON *root, int32_t *tok_sym, cons
     return 0;
 }
 
-/* A whole JSON file, or NULL with the error. Like Python's json, data after the value is an
- * error. */
-static cJSON *parse_json_file(const char *path, char *err) {
-    size_t len;
-    char *buf = fg_read_json_file(path, &len, err);
-    if (!buf) return NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (root && end) end = skip_json_space(end, buf + len);
-    if (!root || (end && end < buf + len)) {
-        int line = end ? line_of(buf, end) : 0;
-        fg_fail(err, "%s: malformed JSON near line %d%s", path, line,
-                root ? " (data after the value)" : "");
-        cJSON_Delete(root);
-        root = NULL;
-    }
-    free(buf);
-    return root;
-}
-
 static int load_vocab(fg_tokenizer *t, const char *path, int32_t **tok_sym, char *err) {
-    cJSON *root = parse_json_file(path, err);
+    cJSON *root = fg_json_read_file(path, err);
     if (!root) return -1;
     int max_id, rc = scan_vocab(root, path, &max_id, err);
     if (rc == 0) {
@@ -485,7 +453,7 @@ static int read_added_file(added_loader *L, int which, char *err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", L->dir, fg_tokenizer_side_files[which]);
     if (access(path, F_OK) != 0) return 0;
-    if (!(L->files[which] = parse_json_file(path, err))) return -1;
+    if (!(L->files[which] = fg_json_read_file(path, err))) return -1;
     if (!cJSON_IsObject(L->files[which])) return fg_fail(err, "%s: not a JSON object", path);
     return 0;
 }
@@ -564,11 +532,8 @@ static int read_decoder(added_loader *L, const cJSON *dec, char *err) {
                            what, MAX_TOKEN_ID);
         special_token s;
         if (parse_token(it, 0, L, CONFIG_FILE, what, &s, err)) return -1;
-        if (s.tok.len == 0) /* no text to cut out; cJSON ends a string at \u0000 */
-            return fg_fail(err,
-                           "%s/tokenizer_config.json: %s: the content is empty (or starts "
-                           "with \\u0000)",
-                           L->dir, what);
+        if (s.tok.len == 0) /* no text to cut out */
+            return fg_fail(err, "%s/tokenizer_config.json: %s: the content is empty", L->dir, what);
         s.tok.id = (int)id;
         if (token_list_put(&L->decoder, &s.tok, 1)) return fg_fail(err, "tokenizer: out of memory");
     }
@@ -588,10 +553,8 @@ static int read_added_json(added_loader *L, char *err) {
                            tok, MAX_TOKEN_ID);
         }
         if (!it->string[0])
-            return fg_fail(err,
-                           "%s/added_tokens.json: the token with id %d is empty (or starts "
-                           "with \\u0000)",
-                           L->dir, (int)d);
+            return fg_fail(err, "%s/added_tokens.json: the token with id %d is empty", L->dir,
+                           (int)d);
         int repeated = 0;
         for (const cJSON *next = it->next; next && !repeated; next = next->next)
             repeated = !strcmp(next->string, it->string);

@@ -334,11 +334,12 @@ static int read_add_bos(const char *path, const tok_added *added, int n_added, t
     char cfg[FG_PATH_LEN + 64];
     path_beside(path, fg_tokenizer_side_files[0], cfg, sizeof cfg);
     if (access(cfg, F_OK) != 0) return 0;
-    size_t len;
-    char *buf = fg_read_json_file(cfg, &len, err);
-    cJSON *root = buf ? cJSON_ParseWithLength(buf, len) : NULL;
-    free(buf);
-    if (!root) return buf ? fg_fail(err, "%s: malformed JSON", cfg) : -1;
+    cJSON *root = fg_json_read_file(cfg, err);
+    if (!root) return -1;
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fg_fail(err, "%s: not a JSON object", cfg);
+    }
     const cJSON *add = fg_json_get(root, "add_bos_token"), *bos = fg_json_get(root, "bos_token");
     const char *text = cJSON_IsString(bos) ? bos->valuestring : str_of(bos, "content");
     if (add && !cJSON_IsBool(add) && !cJSON_IsNull(add)) {
@@ -388,12 +389,9 @@ static fg_tokenizer *read_tokenizer(const cJSON *root, const char *path, char *e
 }
 
 fg_tokenizer *tokenizer_load_json(const char *path, char *err) {
-    size_t len;
-    char *buf = fg_read_json_file(path, &len, err);
-    if (!buf) return NULL;
-    cJSON *root = cJSON_ParseWithLength(buf, len);
-    free(buf);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root = fg_json_read_file(path, err);
+    if (!root) return NULL;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         fg_fail(err, "%s: not a JSON object (malformed tokenizer.json)", path);
         return NULL;

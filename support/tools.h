@@ -16,9 +16,6 @@
  * refused without blocking, and so is a file too big to be one of the text files read whole
  * (config.json, vocab.json, merges.txt, the shard index, hardware files). */
 char *fg_read_file(const char *path, size_t *len, char *err);
-/* fg_read_file of a JSON file: a NUL byte in it is refused (JSON text has none; cJSON would end a
- * string there, where Python's json and HF's tokenizers refuse the file). */
-char *fg_read_json_file(const char *path, size_t *len, char *err);
 /* OPT's vocab.json is about 1 MB and its merges.txt 0.5 MB: 64 MiB leaves ample headroom and
  * stops a wrong path (a checkpoint, say) from being read into memory. */
 #define FG_MAX_TEXT_FILE ((size_t)64 << 20)
@@ -26,6 +23,15 @@ char *fg_read_json_file(const char *path, size_t *len, char *err);
  * it (cJSON's own lookup finds the first). Every JSON file read here goes through it. */
 typedef struct cJSON cJSON;
 const cJSON *fg_json_get(const cJSON *o, const char *key);
+/* JSON text[0..len) of `path` read as Python's json reads it, or NULL with one line naming the
+ * file: one value and only spaces after it; no NUL byte (JSON text has none); and no string
+ * holding the escape \u0000, which Python reads but a C string cannot carry (cJSON would end a
+ * key or a value there, and read it as another). Every JSON file read here goes through it. */
+cJSON *fg_json_parse(const char *path, const char *text, size_t len, char *err);
+/* fg_read_file, then fg_json_parse. */
+cJSON *fg_json_read_file(const char *path, char *err);
+/* The first escape \u0000 in JSON text[0..len), or NULL. */
+const char *fg_json_nul_escape(const char *text, size_t len);
 
 /* ------------------------------------------------------------------------------------------
  * Output files and signals (util.c). An output is written to a temporary beside its path and

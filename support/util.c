@@ -85,17 +85,52 @@ char *fg_read_file(const char *path, size_t *len, char *err) {
     return buf;
 }
 
-char *fg_read_json_file(const char *path, size_t *len, char *err) {
-    size_t n;
-    char *buf = fg_read_file(path, &n, err);
-    const char *nul = buf ? memchr(buf, 0, n) : NULL;
+const char *fg_json_nul_escape(const char *text, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++)
+        if (text[i] == '\\' && text[i + 1] == 'u' && i + 6 <= len &&
+            !memcmp(text + i + 2, "0000", 4))
+            return text + i;
+        else if (text[i] == '\\') i++; /* an escaped character: \\u0000 is text */
+    return NULL;
+}
+
+/* Line of the byte at `at` in text, for an error line. */
+static int line_of(const char *text, const char *at) {
+    int line = 1;
+    for (const char *p = text; p < at; p++) line += *p == '\n';
+    return line;
+}
+
+cJSON *fg_json_parse(const char *path, const char *text, size_t len, char *err) {
+    const char *nul = memchr(text, 0, len), *end = NULL;
     if (nul) {
-        fg_fail(err, "%s: a NUL byte at byte %zu: not JSON text", path, (size_t)(nul - buf));
-        free(buf);
+        fg_fail(err, "%s: a NUL byte at byte %zu: not JSON text", path, (size_t)(nul - text));
         return NULL;
     }
-    if (buf && len) *len = n;
-    return buf;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    while (root && end < text + len &&
+           (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
+    const char *escape = root ? fg_json_nul_escape(text, len) : NULL;
+    if (!root || end < text + len)
+        fg_fail(err, "%s: malformed JSON near line %d%s", path, end ? line_of(text, end) : 1,
+                root ? " (data after the value)" : "");
+    else if (escape)
+        fg_fail(err,
+                "%s line %d: a string holds \\u0000 (NUL), which would cut its key or value "
+                "short here; not read",
+                path, line_of(text, escape));
+    else return root;
+    cJSON_Delete(root);
+    return NULL;
+}
+
+cJSON *fg_json_read_file(const char *path, char *err) {
+    size_t len;
+    char *text = fg_read_file(path, &len, err);
+    cJSON *root = text ? fg_json_parse(path, text, len, err) : NULL;
+    free(text);
+    return root;
 }
 
 /* ============================================================================================

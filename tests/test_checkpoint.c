@@ -1005,7 +1005,7 @@ static void test_malformed_header(void) {
     char *dir = make_temp_dir();
     for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
         write_raw_safetensors(join(dir, "model.safetensors"), strlen(headers[i]), headers[i], 4);
-        EXPECT_ST_FAIL(dir, "model.safetensors", "malformed JSON header");
+        EXPECT_ST_FAIL(dir, "model.safetensors", "header: malformed JSON");
     }
     static const char entry[] = "{\"a\": 7}"; /* valid JSON, but a tensor that is no object */
     write_raw_safetensors(join(dir, "model.safetensors"), strlen(entry), entry, 0);
@@ -1019,7 +1019,7 @@ static void test_header_trailing_garbage(void) {
         "{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}garbage";
     char *dir = make_temp_dir();
     write_raw_safetensors(join(dir, "model.safetensors"), strlen(header), header, 4);
-    EXPECT_ST_FAIL(dir, "model.safetensors", "malformed JSON header");
+    EXPECT_ST_FAIL(dir, "model.safetensors", "header: malformed JSON");
     finish(dir, NULL);
 }
 
@@ -1086,6 +1086,72 @@ static void test_malformed_config(void) {
     EXPECT_LOAD_FAIL(dir, "config.json", "malformed JSON");
     write_text(dir, "config.json", "[\"opt\"]");
     EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "not a JSON object");
+    /* no tensors at all: said so, not as a layer count config.json would have wrong */
+    char *config = slurp(join(fixture("opt-tiny"), "config.json"), &(size_t){0});
+    CU_ASSERT_PTR_NOT_NULL_FATAL(config);
+    write_text(dir, "config.json", config);
+    free(config);
+    write_raw_safetensors(join(dir, "model.safetensors"), 2, "{}", 0);
+    EXPECT_LOAD_FAIL(dir, "the checkpoint holds no tensors");
+    finish(dir, NULL);
+}
+
+static char *sharded_copy(void (*edit)(cJSON *weight_map));
+
+/* A JSON file's text with `insert` put just after its first '{'. */
+static void insert_after_brace(const char *dir, const char *name, const char *insert) {
+    size_t n;
+    char *text = slurp(join(dir, name), &n);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    char *brace = strchr(text, '{');
+    CU_ASSERT_PTR_NOT_NULL_FATAL(brace);
+    size_t head = (size_t)(brace + 1 - text), add = strlen(insert);
+    char *edited = malloc(n + add + 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(edited);
+    memcpy(edited, text, head);
+    memcpy(edited + head, insert, add);
+    memcpy(edited + head + add, text + head, n - head + 1);
+    write_text(dir, name, edited);
+    free(edited);
+    free(text);
+}
+
+/* Python reads "a\u0000b" whole, and cJSON would cut a key or a value at the NUL: a key
+ * "model_type\u0000x" would be read as model_type, a second one, whose value (the last) wins.
+ * Every JSON file of a checkpoint refuses it, naming the file and line, and data after the value
+ * too. */
+static void test_json_nul_escape(void) {
+    char *dir = fixture_rewrite("opt-tiny");
+    char *config = slurp(join(dir, "config.json"), &(size_t){0});
+    CU_ASSERT_PTR_NOT_NULL_FATAL(config);
+    insert_after_brace(dir, "config.json", "\n\"model_type\\u0000x\": \"gpt2\",");
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json line 2", "\\u0000");
+    write_text(dir, "config.json", config);
+    insert_after_brace(dir, "config.json", "\"note\": \"a\\\\u0000 is text\",");
+    model_config c;
+    char err[FG_ERR_LEN] = "";
+    EXPECT(model_config_from_json(join(dir, "config.json"), &c, err) == 0,
+           "an escaped backslash before u0000 is text, not a NUL: %s", err);
+    write_text(dir, "config.json", config);
+    FILE *f = fopen(join(dir, "config.json"), "a");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(" trailing words", f);
+    fclose(f);
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "config.json", "malformed JSON",
+                       "data after the value");
+    write_text(dir, "config.json", config);
+    write_text(dir, "generation_config.json", "{\"eos_token_id\\u0000x\": 7, \"eos_token_id\": 2}");
+    EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json line 1", "\\u0000");
+    remove(join(dir, "generation_config.json"));
+    static const char header[] =
+        "{\"a\\u0000b\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}";
+    write_raw_safetensors(join(dir, "model.safetensors"), strlen(header), header, 4);
+    EXPECT_ST_FAIL(dir, "model.safetensors header line 1", "\\u0000");
+    free(config);
+    finish(dir, NULL);
+    dir = sharded_copy(NULL);
+    insert_after_brace(dir, "model.safetensors.index.json", "\"weight_map\\u0000x\": {},");
+    EXPECT_ST_FAIL(dir, "model.safetensors.index.json line 1", "\\u0000");
     finish(dir, NULL);
 }
 
@@ -1177,6 +1243,13 @@ static void test_generation_config_eos(void) {
         EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json", "malformed JSON");
         write_text(dir, "generation_config.json", "{\"eos_token_id\": \"</s>\"}");
         EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json", "\"eos_token_id\"", "token id");
+        write_text(dir, "generation_config.json", "{\"eos_token_id\": 1e999}"); /* not "null" */
+        EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json",
+                           "\"eos_token_id\" is a number past a double's range");
+        /* a link to nothing is a file that cannot be read, not a file that is not there */
+        remove(join(dir, "generation_config.json"));
+        CU_ASSERT_EQUAL_FATAL(symlink("/nonexistent/generation_config.json", join(dir, "generation_config.json")), 0);
+        EXPECT_CONFIG_FAIL(join(dir, "config.json"), "generation_config.json", "cannot open");
         finish(dir, NULL);
     }
 }
@@ -1549,6 +1622,11 @@ static void shard_ghost(cJSON *wm) {
                           cJSON_CreateString("model-00002-of-00003.safetensors"));
 }
 
+static void shard_copied(cJSON *wm) { /* a copy of shard 1 beside it, named for one tensor */
+    cJSON_ReplaceItemInObject(wm, "model.decoder.embed_tokens.weight",
+                              cJSON_CreateString("model-copy.safetensors"));
+}
+
 static void shard_path(cJSON *wm) {
     cJSON_ReplaceItemInObject(wm, L1 "fc1.bias", cJSON_CreateString("../model.safetensors"));
 }
@@ -1591,6 +1669,11 @@ static void test_malformed_index(void) {
     EXPECT_LOAD_FAIL(dir, "model.safetensors.index.json", "malformed JSON");
     write_text(dir, "model.safetensors.index.json", "{\"metadata\": {}}");
     EXPECT_ST_FAIL(dir, "model.safetensors.index.json", "weight_map");
+    finish(dir, NULL);
+    /* a tensor in two shards: named with both, not as one the index misplaces */
+    dir = sharded_copy(shard_copied);
+    copy_file(join(dir, "model-00001-of-00003.safetensors"), dir, "model-copy.safetensors");
+    EXPECT_ST_FAIL(dir, "model.safetensors.index.json", "is in two shards", "model-copy.safetensors");
     finish(dir, NULL);
 }
 
@@ -1780,6 +1863,8 @@ void add_checkpoint_tests(void) {
     CU_add_test(s, "header entries with bad fields", test_bad_header_fields);
     CU_add_test(s, "header with trailing garbage", test_header_trailing_garbage);
     CU_add_test(s, "malformed config.json", test_malformed_config);
+    CU_add_test(s, "a JSON string holding \\u0000, or data after the value: refused in every file",
+                test_json_nul_escape);
     CU_add_test(s, "unknown architecture", test_unknown_architecture);
     CU_add_test(s, "LLaMA family: each unimplemented config value refused, naming it", test_llama_config_refusals);
     CU_add_test(s, "LLaMA family: fields left out read with HF's defaults", test_llama_config_hf_defaults);

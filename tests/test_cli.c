@@ -1560,6 +1560,8 @@ static void test_tokenize(void) {
     EXPECT_FAIL(ARGS("tokenize", "--vocab"), "--vocab", "missing value");
     EXPECT_FAIL(ARGS("tokenize", "--bogus", "x"), "--bogus");
     EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab, "junk"), "junk", "unknown option");
+    EXPECT_FAIL(ARGS("tokenize", "--vocab", "", "--merges", merges), "--vocab", "an empty path");
+    EXPECT_FAIL(ARGS("tokenize", "--vocab", vocab, "--merges", "--model"), "--merges", "got the flag --model");
     EXPECT_FAIL(ARGS("profile", "--out", "x.json", "junk"), "junk", "unknown option");
     if (access(vocab, R_OK) || access(merges, R_OK)) {
         CU_PASS("tests/fixtures/tokenizer is not there yet: tokenize's output is not checked");
@@ -1571,6 +1573,31 @@ static void test_tokenize(void) {
                                       "in</s>side a wo</s>rd", "</s", ""));
     expect_tokenize("tokenizer-gpt2", ARGS("Hello <|endoftext|> world", "a<|im_start|>b"));
     expect_tokenize("tokenizer-added", ARGS("Hello <mask> world", "x <word>y", "a <eat>  b"));
+    /* stdin's lines as --prompt-file's: a CR LF ending is the line's end, a NUL byte refused */
+    char *crlf, *lf, *err;
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges), "Hello world\r\n", &crlf, &err), 0);
+    free(err);
+    CU_ASSERT_EQUAL(run_flexgen(ARGS("tokenize", "--vocab", vocab, "--merges", merges), "Hello world\n", &lf, &err), 0);
+    free(err);
+    EXPECT(!strcmp(crlf, lf), "tokenize: a CR LF line gave '%s', its LF form '%s'", crlf, lf);
+    free(crlf), free(lf);
+    static const char nul_line[] = "Hello\n"
+                                   "a\0b\n";
+    char *dir = make_temp_dir(), input[4200];
+    snprintf(input, sizeof input, "%s", join(dir, "nul.txt"));
+    FILE *f = fopen(input, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fwrite(nul_line, 1, sizeof nul_line - 1, f);
+    fclose(f);
+    const char *argv[] = {"/bin/sh", "-c", "exec \"$0\" tokenize --vocab \"$1\" --merges \"$2\" < \"$3\"",
+                          flexgen_bin(), vocab, merges, input, NULL};
+    char *out;
+    int rc = run_command(argv, NULL, &out, &err);
+    EXPECT(rc == 2 && count_lines(err) == 1 && strstr(err, "standard input line 2: a NUL byte"),
+           "tokenize, a NUL byte on line 2: expected exit 2 and one line, got %d, '%s'", rc, err);
+    free(out), free(err);
+    rm_tree(dir);
+    free(dir);
 }
 
 /* A bad special-token file beside vocab.json fails `flexgen tokenize` and a text prompt with one
@@ -1607,8 +1634,8 @@ static void test_tokenizer_special_files(void) {
                 "prompt 1", "token id 1000", "out of range");
     const char *file = join(dir, "prompts.txt");
     write_text_file(file, "Hi\nthere<|endoftext|>\n");
-    EXPECT_FAIL(ARGS("--model", text_dir, "--prompt-file", file, "--gen-len", "2"), "prompts.txt line 2:",
-                "token id 1000", "out of range");
+    EXPECT_FAIL(ARGS("--model", text_dir, "--prompt-file", file, "--gen-len", "2"), "vocab.json: token id 1000 of",
+                "prompts.txt line 2 is out of range");
     rm_tree(dir);
     free(dir);
 }
@@ -2017,6 +2044,27 @@ static void test_llama_family(void) {
            strstr(err, "bos_token_id 256, eos_token_id 300 are not below vocab_size 256"),
            "bos_token_id and eos_token_id past vocab_size: expected exit 0 and one warning line, got %d, '%s'", rc, err);
     free(out), free(err);
+    /* the eos ids of a generation_config.json beside it are named with that file, OPT's too */
+    write_text_file(join(bad, "generation_config.json"), "{\"eos_token_id\": 99999}");
+    rc = run_flexgen(ARGS("--model", bad, "--prompt-len", "4", "--gen-len", "2", "--device", "cpu", "--offload-dir",
+                          dir, "--quiet"), NULL, &out, &err);
+    EXPECT(rc == 0 && count_lines(err) == 2 && strstr(err, "config.json: bos_token_id 256 is not below") &&
+           strstr(err, "generation_config.json: eos_token_id 99999 is not below vocab_size 256"),
+           "generation_config.json's eos id past vocab_size: expected exit 0 and a line for each file, got %d, '%s'",
+           rc, err);
+    free(out), free(err);
+    char *opt = make_temp_dir(), copy[9000];
+    snprintf(copy, sizeof copy, "cp '%s'/* '%s/'", fixture("opt-tiny"), opt);
+    CU_ASSERT_EQUAL_FATAL(system(copy), 0);
+    write_text_file(join(opt, "generation_config.json"), "{\"eos_token_id\": 99999}");
+    rc = run_flexgen(ARGS("--model", opt, "--prompt-len", "4", "--gen-len", "2", "--device", "cpu", "--offload-dir",
+                          dir, "--quiet"), NULL, &out, &err);
+    EXPECT(rc == 0 && count_lines(err) == 1 && strstr(err, "generation_config.json: eos_token_id 99999 is not below"),
+           "OPT, generation_config.json's eos id past vocab_size: expected exit 0 and one warning, got %d, '%s'", rc,
+           err);
+    free(out), free(err);
+    rm_tree(opt);
+    free(opt);
     CU_ASSERT_EQUAL(dir_entries(dir), 0);
     rm_tree(bad), rm_tree(dir);
     free(bad), free(dir);
@@ -2300,6 +2348,14 @@ static void test_policy_bad_input(void) {
     EXPECT(rc == 128 + SIGINT && dir_entries(cache) == 0, "profile stopped by SIGINT: expected exit %d and nothing "
            "in XDG_CACHE_HOME; got %d and %d entries", 128 + SIGINT, rc, dir_entries(cache));
     free(out), free(err);
+    /* a default hardware file that cannot be written: said before a search measures the machine
+     * (one line: no note of profiling, no steps) */
+    char made[4200];
+    snprintf(made, sizeof made, "%s", join(cache, "flexgen"));
+    CU_ASSERT_EQUAL_FATAL(mkdir(made, 0755), 0);
+    CU_ASSERT_EQUAL_FATAL(symlink("/nonexistent/flexgen/hw.json", join(made, "hardware.json")), 0);
+    EXPECT_FAIL(ARGS("policy", "--model", "opt-125m", "--prompt-len", "8", "--gen-len", "4", "--offload-dir", dir),
+                "hardware file", "hardware.json", "does not exist");
     env_restore("XDG_CACHE_HOME", saved);
     rm_tree(cache);
     free(cache);
@@ -2539,6 +2595,13 @@ static void test_perplexity_bad_input(void) {
     snprintf(want, sizeof want, "%s: token id 5000 of --text %s is out of range [0, 2048)", join(big, "tokenizer.json"),
              text);
     EXPECT_FAIL(ARGS("perplexity", "--model", big, "--text", text), want);
+    /* a run's prompts, as text and as a file's lines, name the tokenizer the same way */
+    snprintf(want, sizeof want, "%s: token id 5000 of --prompt 2 is out of range [0, 2048)", join(big, "tokenizer.json"));
+    EXPECT_FAIL(ARGS("--model", big, "--prompt", "a", "--prompt", "the cat", "--gen-len", "2", "--offload-dir", dir),
+                want);
+    snprintf(want, sizeof want, "%s: token id 5000 of %s line 1 is out of range [0, 2048)", join(big, "tokenizer.json"),
+             text);
+    EXPECT_FAIL(ARGS("--model", big, "--prompt-file", text, "--gen-len", "2", "--offload-dir", dir), want);
     rm_tree(big);
     free(big);
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--decode"), "--decode", "a flag of `flexgen perplexity`");
@@ -2634,9 +2697,11 @@ static void test_stdout_full(void) {
     write_hw(hw);
     const char *runs[] = {"--model %s --prompt-ids %s --gen-len 2 --quiet --device cpu",
                           "tokenize --vocab %s/vocab.json --merges %s/merges.txt",
-                          "policy --model %s --hw %s --prompt-len 8 --gen-len 2", "perplexity --model %s --text %s --quiet"};
-    const char *first[] = {tiny_dir, kjv_dir, tiny_dir, kjv_dir}, *second[] = {tiny_prompts, kjv_dir, hw, kjv_text};
-    for (int i = 0; i < 4; i++) {
+                          "policy --model %s --hw %s --prompt-len 8 --gen-len 2", "perplexity --model %s --text %s --quiet",
+                          "profile --help%.0s%.0s", "--help%.0s%.0s"};
+    const char *first[] = {tiny_dir, kjv_dir, tiny_dir, kjv_dir, "", ""};
+    const char *second[] = {tiny_prompts, kjv_dir, hw, kjv_text, "", ""};
+    for (int i = 0; i < 6; i++) {
         char args[12000], *out, *err;
         snprintf(args, sizeof args, runs[i], first[i], second[i]);
         snprintf(cmd, sizeof cmd, "echo 'In the beginning' | %s %s > /dev/full", flexgen_bin(), args);
@@ -2901,6 +2966,11 @@ static void test_blas_core_refused(void) {
     env_restore("FLEXGEN_TEST_CPU", cpu);
     setenv("OPENBLAS_CORETYPE", "Haswel", 1); /* on the CPU as it is */
     EXPECT_FAIL(RUN_ARGS, "OPENBLAS_CORETYPE=Haswel", "no core of that name");
+    unsetenv("OPENBLAS_CORETYPE");
+    /* far more OpenMP threads than CPUs: refused before libgomp starts them (65,535 crashed it) */
+    char *threads = env_put("OMP_NUM_THREADS", "65535");
+    EXPECT_FAIL(RUN_ARGS, "OMP_NUM_THREADS=65535", "set it lower");
+    env_restore("OMP_NUM_THREADS", threads);
 #undef RUN_ARGS
     env_restore("OPENBLAS_CORETYPE", core);
     env_restore("FLEXGEN_ISA", isa);
@@ -3158,7 +3228,8 @@ void add_cli_tests(void) {
     CU_add_test(s, "OpenBLAS's core: the decision over a table", test_blas_core_decision);
     CU_add_test(s, "OpenBLAS's core: a low pick starts flexgen again, once, on the better core", test_blas_core_restart);
     CU_add_test(s, "OpenBLAS's core: the user's OPENBLAS_CORETYPE is kept and reported", test_blas_core_user);
-    CU_add_test(s, "OpenBLAS's core: one this CPU cannot run, or no core at all, is refused", test_blas_core_refused);
+    CU_add_test(s, "OpenBLAS's core this CPU cannot run or that is none, OpenMP's threads far past the CPUs: refused",
+                test_blas_core_refused);
     CU_add_test(s, "--int8-activations and --bf16-prefill: a sequence's logits in GPU batches of up to 64",
                 test_schemes_batch_invariant);
     CU_add_test(s, "FLEXGEN_ISA: every path to the same logits (fp16, 4-bit, int8), named in the report; bad names refused",

@@ -268,9 +268,10 @@ static void test_hardware_file(void) {
     EXPECT(back.ctog_bdw == 3 && back.gpu_is_host == 1, "ctog_bdw 2 then 3, gpu_is_host false then true: "
            "expected the last values, got %g and %d", back.ctog_bdw, back.gpu_is_host);
     static const struct { const char *text, *says; } bad[] = {
-        {"{\"ctog_bdw\": 2", "not a JSON object"},
+        {"{\"ctog_bdw\": 2", "malformed JSON"},
         {"[1, 2]", "not a JSON object"},
-        {FULL "} {}", "not a JSON object"}, /* text after the object */
+        {FULL "} {}", "data after the value"},
+        {FULL ", \"ctog_bdw\\u0000\": 1}", "line 1: a string holds \\u0000"},
         {"{\"ctog_bdw\": 2}", "\"gtoc_bdw_cache\" is missing"},
         {"{\"ctog_bdw\": \"fast\"}", "\"ctog_bdw\" is missing or not a number"},
         {"{\"ctog_bdw\": -1}", "\"ctog_bdw\" must be a rate in [1, 1e+18]"},

@@ -1228,6 +1228,22 @@ static void test_outputs_apart_from_inputs(void) {
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--dump-logits", join(dir, "x"), "--trace",
                      join(dir, "x")), "--trace", "--dump-logits");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--output", join(dir, "out.jsonl")), "--output", "--prompt-file");
+    /* two paths of 800 bytes: the line still ends with its reason */
+    char deep[4200], deep_prompts[4300];
+    snprintf(deep, sizeof deep, "%s", dir);
+    for (int i = 0; i < 4; i++) {
+        size_t at = strlen(deep);
+        deep[at] = '/';
+        memset(deep + at + 1, 'd', 199);
+        deep[at + 200] = 0;
+        CU_ASSERT_EQUAL_FATAL(mkdir(deep, 0755), 0);
+    }
+    snprintf(deep_prompts, sizeof deep_prompts, "%s/p.txt", deep);
+    write_text_file(deep_prompts, "2 10 11\n");
+    EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", deep_prompts, "--trace", deep_prompts), "--trace",
+                "which it would overwrite; give another file");
+    unlink(deep_prompts);
+    for (char *cut; (cut = strrchr(deep, '/')) && strlen(deep) > strlen(dir); *cut = 0) rmdir(deep);
     /* an empty path is no file (it made a temporary in the working directory and failed at the end) */
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--dump-logits", ""), "--dump-logits", "an empty path");
     EXPECT_FAIL(ARGS("--model", kjv_dir, "--prompt-ids", prompts, "--trace", ""), "--trace", "an empty path");

@@ -412,7 +412,7 @@ static void test_refusals(void) {
             "model.vocab is empty");
     refused("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<u>\", " SPM_VOCAB "}}", "unk_token \"<u>\" is not in");
     refused("{\"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", " SPM_VOCAB "}}", "added_tokens[0]");
-    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a\"]", "not a JSON object");
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a\"]", "malformed JSON");
     refused("[1, 2]", "not a JSON object");
 }
 

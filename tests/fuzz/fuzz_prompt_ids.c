@@ -19,7 +19,7 @@ static void read_prompts(const char *path, const fg_tokenizer *t, int vocab) {
     prompt_set p = {0};
     char err[FG_ERR_LEN] = "";
     model_config c = {.vocab = vocab, .max_pos = 64};
-    int rc = read_prompt_lines(&p, "--prompt-file", path, t, &c, 4, err);
+    int rc = read_prompt_lines(&p, "--prompt-file", path, t, "the fixture tokenizer", &c, 4, err);
     fuzz_check(rc, err, "read_prompt_lines");
     for (int i = 0; rc == 0 && i < p.n; i++) {
         if (p.lens[i] < 1 || p.lens[i] + 3 > c.max_pos) abort();
